@@ -1,0 +1,17 @@
+# Warnings, ccache and sanitizers for every target in the tree.
+find_program(CCACHE_PROGRAM ccache)
+if(CCACHE_PROGRAM)
+  set(CMAKE_C_COMPILER_LAUNCHER "${CCACHE_PROGRAM}")
+  set(CMAKE_CXX_COMPILER_LAUNCHER "${CCACHE_PROGRAM}")
+  set(CMAKE_CUDA_COMPILER_LAUNCHER "${CCACHE_PROGRAM}")
+endif()
+
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-Wall;-Wextra>")
+if(COLIBRI_WERROR)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-Werror>")
+endif()
+
+if(COLIBRI_SANITIZE)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=undefined>")
+  add_link_options(-fsanitize=address,undefined)
+endif()

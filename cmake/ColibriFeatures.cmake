@@ -1,0 +1,67 @@
+# Detects the optional dependencies. A feature set to ON that cannot be found stops configuration
+# with the package to install; AUTO quietly enables what is present.
+function(colibri_feature_result feature found missing_hint)
+  if(found)
+    set(${feature}_ENABLED ON PARENT_SCOPE)
+  elseif(${feature} STREQUAL "ON")
+    message(FATAL_ERROR "${feature}=ON but ${missing_hint}. Install it, or configure with -D${feature}=OFF.")
+  else()
+    set(${feature}_ENABLED OFF PARENT_SCOPE)
+  endif()
+endfunction()
+
+find_package(PkgConfig REQUIRED)
+
+# oneDNN
+set(_found OFF)
+if(NOT COLIBRI_WITH_ONEDNN STREQUAL "OFF")
+  find_package(dnnl CONFIG QUIET)
+  if(dnnl_FOUND)
+    set(_found ON)
+  endif()
+endif()
+colibri_feature_result(COLIBRI_WITH_ONEDNN ${_found} "oneDNN was not found (apt-get install libdnnl-dev)")
+
+# io_uring
+set(_found OFF)
+if(NOT COLIBRI_WITH_IO_URING STREQUAL "OFF")
+  pkg_check_modules(LIBURING QUIET IMPORTED_TARGET liburing)
+  if(LIBURING_FOUND)
+    set(_found ON)
+  endif()
+endif()
+colibri_feature_result(COLIBRI_WITH_IO_URING ${_found} "liburing was not found (apt-get install liburing-dev)")
+
+# Vulkan (loader headers and glslc to compile the shaders)
+set(_found OFF)
+if(NOT COLIBRI_WITH_VULKAN STREQUAL "OFF")
+  find_package(Vulkan QUIET)
+  find_program(GLSLC_PROGRAM glslc)
+  if(Vulkan_FOUND AND GLSLC_PROGRAM)
+    set(_found ON)
+  endif()
+endif()
+colibri_feature_result(COLIBRI_WITH_VULKAN ${_found} "Vulkan headers or glslc were not found (apt-get install libvulkan-dev glslc)")
+
+# CUDA
+set(_found OFF)
+if(NOT COLIBRI_WITH_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(_found ON)
+  endif()
+endif()
+colibri_feature_result(COLIBRI_WITH_CUDA ${_found} "no CUDA compiler was found (install the CUDA toolkit to /usr/local/cuda or set CMAKE_CUDA_COMPILER)")
+
+# Required dependencies of the core.
+find_package(yaml-cpp REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(Boost 1.74 REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+find_package(Threads REQUIRED)

@@ -1,0 +1,48 @@
+// colibri-cli's command framework: each cmd_*.cpp registers one subcommand with
+// COLIBRI_CLI_COMMAND(order, setup). Commands share the global options (profile, --set, log level).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "colibri/profile/profile.hpp"
+
+namespace colibri::cli {
+
+struct GlobalOptions {
+  std::string profile;                   // --profile NAME|PATH
+  std::vector<std::string> sets;         // --set KEY=VALUE (repeatable)
+  std::string expert_cache_size;         // --expert-cache-size
+  std::string vram_budget;               // --vram-budget
+  std::string prefetch_layers;           // --prefetch-layers
+  std::string log_level = "info";        // --log-level
+  int exit_code = 0;                     // set by the command that ran
+
+  // The CLI layer of the profile stack (the dedicated flags and every --set).
+  [[nodiscard]] std::vector<profile::Override> cli_overrides() const;
+  // Loads and validates the effective profile; prints the error and returns nullopt on failure.
+  [[nodiscard]] std::optional<profile::Profile> load_profile() const;
+};
+
+using CommandSetup = std::function<void(CLI::App& app, GlobalOptions& global)>;
+
+struct CommandRegistrar {
+  CommandRegistrar(int order, CommandSetup setup);
+};
+
+std::vector<std::pair<int, CommandSetup>>& registered_commands();
+
+// Adds --profile, --set and the dedicated profile flags to a subcommand.
+void add_profile_options(CLI::App& cmd, GlobalOptions& global);
+
+// Prints "error: ..." to stderr and returns the exit code for a failed command.
+int fail(const std::string& message);
+
+}  // namespace colibri::cli
+
+#define COLIBRI_CLI_CONCAT_(a, b) a##b
+#define COLIBRI_CLI_CONCAT(a, b) COLIBRI_CLI_CONCAT_(a, b)
+#define COLIBRI_CLI_COMMAND(order, setup) \
+  static ::colibri::cli::CommandRegistrar COLIBRI_CLI_CONCAT(colibri_cli_registrar_, __LINE__)(order, setup)

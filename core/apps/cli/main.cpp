@@ -1,0 +1,98 @@
+// colibri-cli: thin front end; each command lives in its own cmd_*.cpp.
+#include <algorithm>
+#include <iostream>
+
+#include "colibri/util/log.hpp"
+#include "command.hpp"
+
+namespace colibri::cli {
+
+std::vector<std::pair<int, CommandSetup>>& registered_commands() {
+  static std::vector<std::pair<int, CommandSetup>> commands;
+  return commands;
+}
+
+CommandRegistrar::CommandRegistrar(int order, CommandSetup setup) {
+  registered_commands().emplace_back(order, std::move(setup));
+}
+
+int fail(const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return 1;
+}
+
+std::vector<profile::Override> GlobalOptions::cli_overrides() const {
+  std::vector<profile::Override> out;
+  if (!expert_cache_size.empty()) out.push_back({"memory.expert_cache", expert_cache_size, "--expert-cache-size"});
+  if (!vram_budget.empty()) out.push_back({"memory.vram_budget", vram_budget, "--vram-budget"});
+  if (!prefetch_layers.empty()) out.push_back({"prefetch.layers", prefetch_layers, "--prefetch-layers"});
+  for (const auto& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos) {
+      out.push_back({s, "", "--set"});
+    } else {
+      out.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
+    }
+  }
+  return out;
+}
+
+std::optional<profile::Profile> GlobalOptions::load_profile() const {
+  for (const auto& s : sets) {
+    if (s.find('=') == std::string::npos) {
+      fail("--set " + s + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)");
+      return std::nullopt;
+    }
+  }
+  profile::LoadOptions opts;
+  opts.profile = profile;
+  opts.overrides = cli_overrides();
+  auto p = profile::Profile::load(opts);
+  if (!p) {
+    fail(p.error().message());
+    return std::nullopt;
+  }
+  return std::move(*p);
+}
+
+void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
+  cmd.add_option("--profile", global.profile, "Hardware profile: a name from the profile directories or a YAML path")
+      ->envname("COLIBRI_PROFILE");
+  cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
+  cmd.add_option("--expert-cache-size", global.expert_cache_size, "RAM tier for experts, e.g. 8G (memory.expert_cache)");
+  cmd.add_option("--vram-budget", global.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
+  cmd.add_option("--prefetch-layers", global.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
+}
+
+}  // namespace colibri::cli
+
+int main(int argc, char** argv) {
+  using namespace colibri;
+  CLI::App app{"colibri: run Mixture-of-Experts models larger than your GPU and RAM", "colibri-cli"};
+  app.set_version_flag("--version", std::string("colibri ") + COLIBRI_SDK_VERSION_STRING);
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the subcommand
+  cli::GlobalOptions global;
+  app.add_option("--log-level", global.log_level, "trace, debug, info, warn, error or off")
+      ->envname("COLIBRI_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+
+  auto& commands = cli::registered_commands();
+  std::stable_sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [order, setup] : commands) setup(app, global);
+
+  app.parse_complete_callback([&] {
+    if (auto st = util::set_log_level(global.log_level); !st) {
+      std::cerr << "error: " << st.message() << "\n";
+      std::exit(2);
+    }
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    return cli::fail(e.what());
+  }
+  return global.exit_code;
+}

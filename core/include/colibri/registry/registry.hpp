@@ -1,0 +1,94 @@
+// Finds plugin libraries, checks their ABI, scores them on this machine and creates their objects.
+// Built on Boost.DLL; libraries load RTLD_NOW | RTLD_LOCAL and stay loaded while the process runs.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "colibri/sdk/cache_policy.hpp"
+#include "colibri/sdk/compute.hpp"
+#include "colibri/sdk/plugin.hpp"
+#include "colibri/sdk/storage.hpp"
+
+namespace colibri::registry {
+
+// One directory of the search path and why it is there ("profile plugins.paths",
+// "COLIBRI_PLUGIN_PATH", "install dir", "next to the executable").
+struct SearchDir {
+  std::filesystem::path path;
+  std::string origin;
+};
+
+// The search order: profile plugins.paths, $COLIBRI_PLUGIN_PATH (colon-separated), the install
+// dir, then next to the executable (<exe>/../lib/colibri/plugins and <exe>/plugins).
+std::vector<SearchDir> default_search_path(const std::vector<std::string>& profile_paths);
+
+struct PluginInfo {
+  sdk::PluginKind kind = sdk::PluginKind::storage;
+  std::string name;
+  std::string version;
+  std::string description;
+  std::filesystem::path path;
+  std::string build_fingerprint;
+  std::vector<sdk::OptionSpec> options;
+  std::vector<std::string> capabilities;
+  sdk::Score score;
+  const sdk::PluginDescriptor* descriptor = nullptr;
+  std::shared_ptr<void> library;  // keeps the library loaded
+};
+
+struct BrokenPlugin {
+  std::filesystem::path path;
+  std::string reason;
+};
+
+class PluginRegistry {
+ public:
+  // Loads every libcolibri-*.so in the directories (first occurrence of a kind/name wins; a later
+  // one is reported broken as a duplicate). Never throws for bad libraries: they go to broken().
+  static PluginRegistry scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host);
+
+  [[nodiscard]] const std::vector<PluginInfo>& plugins() const noexcept { return plugins_; }
+  [[nodiscard]] const std::vector<BrokenPlugin>& broken() const noexcept { return broken_; }
+  [[nodiscard]] const std::vector<SearchDir>& search_path() const noexcept { return search_path_; }
+  [[nodiscard]] const sdk::HostInfo& host() const noexcept { return host_; }
+
+  [[nodiscard]] const PluginInfo* find(sdk::PluginKind kind, std::string_view name) const noexcept;
+
+  // `name` empty or "auto": the highest score above 0. Otherwise the named plugin, which must
+  // score above 0. Errors list the paths searched and the plugins available of that kind.
+  sdk::Expected<const PluginInfo*> select(sdk::PluginKind kind, std::string_view name) const;
+
+  // Creates an object of the plugin. `config` must already be validated against its schema.
+  // The result's deleter holds the library and the host services.
+  sdk::Expected<std::shared_ptr<sdk::PluginObject>> create(const PluginInfo& plugin, const sdk::ConfigView& config) const;
+
+  template <typename T>
+  sdk::Expected<std::shared_ptr<T>> create_as(const PluginInfo& plugin, const sdk::ConfigView& config) const {
+    auto obj = create(plugin, config);
+    if (!obj) return obj.error();
+    auto typed = std::dynamic_pointer_cast<T>(*obj);
+    if (!typed) {
+      return sdk::Status(sdk::StatusCode::internal, "plugin " + plugin.name + " (" + plugin.path.string() +
+                                                        ") created an object of the wrong kind");
+    }
+    return typed;
+  }
+
+ private:
+  void load_one(const std::filesystem::path& file, const sdk::HostInfo& host);
+
+  sdk::HostInfo host_;
+  std::vector<SearchDir> search_path_;
+  std::vector<PluginInfo> plugins_;
+  std::vector<BrokenPlugin> broken_;
+};
+
+// Reads a library's descriptor and checks it against this colibri: exact ABI version, compatible
+// build fingerprint, a valid kind and name. Exposed for tests and `plugins list`.
+sdk::Status check_descriptor(const sdk::PluginDescriptor* d, const std::filesystem::path& file);
+
+}  // namespace colibri::registry

@@ -1,0 +1,18 @@
+// What this machine is: CPU features (AMX only after a run-time probe), cores, memory.
+#pragma once
+
+#include "colibri/sdk/plugin.hpp"
+
+namespace colibri::util {
+
+// Detects the host once per process (cached); the AMX probe runs in a forked child so a fault
+// there cannot take the process down.
+const sdk::HostInfo& host_info();
+
+// Physical cores available to this process (affinity mask, SMT siblings counted once).
+unsigned physical_core_count();
+
+// Bytes of RAM this process may use: MemAvailable, capped by a cgroup v2 memory.max.
+std::uint64_t available_memory_bytes();
+
+}  // namespace colibri::util

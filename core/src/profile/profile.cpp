@@ -1,0 +1,529 @@
+#include "colibri/profile/profile.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+extern char** environ;
+
+namespace colibri::profile {
+
+namespace fs = std::filesystem;
+using sdk::OptionSpec;
+using sdk::OptionType;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+// clang-format off
+const OptionSpec kCanonical[] = {
+  {"compute.backend", OptionType::string, "cpu", "compute plugin: cpu, cuda, vulkan or a third-party name (auto: highest score)", true},
+  {"compute.device", OptionType::integer, "0", "device index for GPU backends"},
+  {"compute.threads", OptionType::integer, "auto", "compute threads (auto: physical cores)", true},
+  {"memory.expert_cache", OptionType::size, "auto", "RAM tier for experts (auto: sized from free RAM)", true},
+  {"memory.vram_budget", OptionType::size, "0", "VRAM tier for experts (0: none)"},
+  {"memory.kv_cache", OptionType::size, "auto", "KV cache size (auto: the model's context)", true},
+  {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
+  {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},
+  {"storage.queue_depth", OptionType::integer, "32", "reads in flight at once"},
+  {"storage.paths", OptionType::string_list, "[]", "extra directories holding expert files (stripe)"},
+  {"cache.policy", OptionType::string, "lru", "cache policy plugin: lru, pinned, frequency", true},
+  {"cache.pinned_experts", OptionType::string_list, "[]", "experts never evicted, as layer:expert"},
+  {"prefetch.layers", OptionType::integer, "2", "layers ahead whose experts are prefetched (0: off)"},
+  {"server.host", OptionType::string, "127.0.0.1", "address colibri-server binds"},
+  {"server.port", OptionType::integer, "8080", "port colibri-server listens on"},
+  {"plugins.paths", OptionType::string_list, "[]", "directories searched first for plugin libraries"},
+  {"models.dir", OptionType::string, "auto", "where model names are resolved (auto: $XDG_DATA_HOME/colibri/models)", true},
+};
+// clang-format on
+
+const char* const kTopLevelWords[] = {"extends", "description"};
+
+const OptionSpec* canonical(std::string_view key) {
+  for (const auto& o : kCanonical) {
+    if (key == o.name) return &o;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> sections() {
+  std::vector<std::string> out;
+  for (const auto& o : kCanonical) {
+    std::string s(o.name);
+    s = s.substr(0, s.find('.'));
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+bool is_plugin_section(std::string_view section) {
+  return section == "compute" || section == "storage" || section == "cache";
+}
+
+std::vector<std::string> section_keys(std::string_view section) {
+  std::vector<std::string> out;
+  for (const auto& o : kCanonical) {
+    std::string_view n(o.name);
+    if (n.substr(0, n.find('.')) == section) out.emplace_back(n.substr(n.find('.') + 1));
+  }
+  return out;
+}
+
+std::string suggestion(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::string m = sdk::closest_match(word, candidates);
+  return m.empty() ? std::string() : "; did you mean '" + m + "'?";
+}
+
+std::string qualified_suggestion(const std::string& section, std::string_view word,
+                                 const std::vector<std::string>& candidates) {
+  const std::string m = sdk::closest_match(word, candidates);
+  return m.empty() ? std::string() : "; did you mean '" + section + "." + m + "'?";
+}
+
+// Range checks beyond the type.
+Status check_range(const std::string& key, const sdk::ConfigValue& v) {
+  if (v.is_auto) return {};
+  auto int_in = [&](std::int64_t lo, std::int64_t hi) -> Status {
+    const auto* i = std::get_if<std::int64_t>(&v.value);
+    if (i != nullptr && (*i < lo || *i > hi)) {
+      return Status(StatusCode::invalid_argument,
+                    std::to_string(*i) + " is out of range; use " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    return {};
+  };
+  if (key == "server.port") return int_in(1, 65535);
+  if (key == "storage.queue_depth") return int_in(1, 4096);
+  if (key == "prefetch.layers") return int_in(0, 64);
+  if (key == "compute.threads") return int_in(1, 1024);
+  if (key == "compute.device") return int_in(0, 1024);
+  if (key == "cache.pinned_experts") {
+    for (const auto& item : std::get<std::vector<std::string>>(v.value)) {
+      const auto colon = item.find(':');
+      auto digits = [](std::string_view s) {
+        return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (colon == std::string::npos || !digits(std::string_view(item).substr(0, colon)) ||
+          !digits(std::string_view(item).substr(colon + 1))) {
+        return Status(StatusCode::invalid_argument, "'" + item + "' is not layer:expert (e.g. \"3:1\")");
+      }
+    }
+  }
+  return {};
+}
+
+struct RawValue {
+  std::string key;
+  std::string text;
+  Origin origin;
+};
+
+struct FileLayer {
+  fs::path file;
+  std::string name;
+  std::string extends;
+  std::vector<RawValue> values;
+};
+
+std::string mark_of(const fs::path& file, const YAML::Mark& m) {
+  return file.string() + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+std::string node_text(const YAML::Node& n) {
+  if (n.IsSequence()) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < n.size(); ++i) {
+      if (i) t += ", ";
+      t += n[i].Scalar();
+    }
+    return t + "]";
+  }
+  return n.Scalar();
+}
+
+sdk::Expected<FileLayer> parse_file(const fs::path& file) {
+  FileLayer layer;
+  layer.file = file;
+  layer.name = file.stem().string();
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file.string());
+  } catch (const YAML::ParserException& e) {
+    return Status(StatusCode::invalid_argument, mark_of(file, e.mark) + ": invalid YAML: " + e.msg);
+  } catch (const YAML::BadFile&) {
+    return Status(StatusCode::not_found, file.string() + ": cannot be read");
+  }
+  if (root.IsNull()) return layer;
+  if (!root.IsMap()) {
+    return Status(StatusCode::invalid_argument, mark_of(file, root.Mark()) + ": a profile is a mapping of sections (compute:, memory:, ...)");
+  }
+  const auto all_sections = sections();
+  std::vector<std::string> top_words(all_sections);
+  top_words.insert(top_words.end(), std::begin(kTopLevelWords), std::end(kTopLevelWords));
+  for (const auto& kv : root) {
+    const std::string top = kv.first.Scalar();
+    const YAML::Node& val = kv.second;
+    const std::string where = mark_of(file, kv.first.Mark());
+    if (top == "extends" || top == "description") {
+      if (!val.IsScalar()) return Status(StatusCode::invalid_argument, where + ": '" + top + "' takes a single value");
+      if (top == "extends") layer.extends = val.Scalar();
+      continue;
+    }
+    if (std::find(all_sections.begin(), all_sections.end(), top) == all_sections.end()) {
+      return Status(StatusCode::invalid_argument, where + ": unknown section '" + top + "'" + suggestion(top, top_words));
+    }
+    if (val.IsNull()) continue;
+    if (!val.IsMap()) {
+      return Status(StatusCode::invalid_argument, where + ": section '" + top + "' must be a mapping of keys");
+    }
+    for (const auto& item : val) {
+      const std::string key = top + "." + item.first.Scalar();
+      const std::string iwhere = mark_of(file, item.first.Mark());
+      const YAML::Node& v = item.second;
+      if (v.IsMap()) return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' takes a value or a list, not a mapping");
+      if (v.IsSequence()) {
+        for (const auto& e : v) {
+          if (!e.IsScalar()) {
+            return Status(StatusCode::invalid_argument, mark_of(file, e.Mark()) + ": '" + key + "' must be a list of plain values");
+          }
+        }
+      }
+      const OptionSpec* spec = canonical(key);
+      if (spec == nullptr && !is_plugin_section(top)) {
+        return Status(StatusCode::invalid_argument, iwhere + ": unknown key '" + key + "'" +
+                                                        suggestion(item.first.Scalar(), section_keys(top)));
+      }
+      if (spec != nullptr && v.IsSequence() && spec->type != OptionType::string_list) {
+        return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' takes a single " +
+                                                        std::string(to_string(spec->type)) + ", not a list");
+      }
+      const YAML::Mark vm = v.IsNull() ? item.first.Mark() : v.Mark();
+      layer.values.push_back({key, v.IsNull() ? "" : node_text(v),
+                              Origin{Origin::Layer::profile, layer.name + " (" + mark_of(file, vm) + ")"}});
+    }
+  }
+  return layer;
+}
+
+bool looks_like_path(std::string_view s) {
+  return s.find('/') != std::string_view::npos || s.ends_with(".yaml") || s.ends_with(".yml");
+}
+
+sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& relative_to,
+                                     const std::vector<fs::path>& dirs) {
+  std::vector<fs::path> candidates;
+  if (looks_like_path(name)) {
+    fs::path p(name);
+    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
+    candidates.push_back(p);
+  } else {
+    if (!relative_to.empty()) candidates.push_back(relative_to / (name + ".yaml"));
+    for (const auto& d : dirs) candidates.push_back(d / (name + ".yaml"));
+  }
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return c;
+  }
+  std::string msg = "profile '" + name + "' was not found; looked in:";
+  for (const auto& c : candidates) msg += "\n  " + c.string();
+  auto known = list_profiles(dirs);
+  if (!known.empty()) {
+    msg += "\navailable profiles:";
+    std::vector<std::string> names;
+    for (const auto& [n, p] : known) {
+      msg += " " + n;
+      names.push_back(n);
+    }
+    msg += suggestion(name, names);
+  }
+  return Status(StatusCode::not_found, msg);
+}
+
+std::string env_name(std::string_view key) {
+  std::string n = "COLIBRI_";
+  for (char c : key) n.push_back(c == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  return n;
+}
+
+}  // namespace
+
+std::string Origin::describe() const {
+  switch (layer) {
+    case Layer::builtin: return detail.empty() ? "built-in default" : "default of " + detail;
+    case Layer::profile: return "profile " + detail;
+    case Layer::environment: return "environment " + detail;
+    case Layer::cli: return "command line " + detail;
+  }
+  return detail;
+}
+
+std::span<const OptionSpec> canonical_options() { return kCanonical; }
+
+std::string_view plugin_section(sdk::PluginKind kind) {
+  switch (kind) {
+    case sdk::PluginKind::compute: return "compute";
+    case sdk::PluginKind::storage: return "storage";
+    case sdk::PluginKind::cache: return "cache";
+  }
+  return "";
+}
+
+std::string_view plugin_selector_key(sdk::PluginKind kind) {
+  switch (kind) {
+    case sdk::PluginKind::compute: return "compute.backend";
+    case sdk::PluginKind::storage: return "storage.plugin";
+    case sdk::PluginKind::cache: return "cache.policy";
+  }
+  return "";
+}
+
+std::vector<fs::path> default_profile_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg != nullptr && *xdg != '\0') {
+    dirs.emplace_back(fs::path(xdg) / "colibri" / "profiles");
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    dirs.emplace_back(fs::path(home) / ".config" / "colibri" / "profiles");
+  }
+  dirs.emplace_back("/etc/colibri/profiles");
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back((exe.parent_path() / ".." / "share" / "colibri" / "profiles").lexically_normal());
+  dirs.emplace_back(COLIBRI_PROFILE_INSTALL_DIR);
+  return dirs;
+}
+
+std::vector<std::pair<std::string, fs::path>> list_profiles(const std::vector<fs::path>& dirs) {
+  std::vector<std::pair<std::string, fs::path>> out;
+  std::set<std::string> seen;
+  for (const auto& d : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      if (e.path().extension() == ".yaml") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      if (seen.insert(f.stem().string()).second) out.emplace_back(f.stem().string(), f);
+    }
+  }
+  return out;
+}
+
+sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
+  try {
+    Profile prof;
+    const auto dirs = options.search_dirs.empty() ? default_profile_dirs() : options.search_dirs;
+
+    std::map<std::string, std::string> env = options.environment;
+    if (options.use_process_environment && env.empty()) {
+      for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+        std::string_view kv(*e);
+        if (!kv.starts_with("COLIBRI_")) continue;
+        const auto eq = kv.find('=');
+        if (eq != std::string_view::npos) env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+      }
+    }
+
+    // 1. Built-in defaults.
+    for (const auto& o : kCanonical) {
+      auto v = sdk::parse_option_value(o, o.default_value);
+      if (!v) return v.error().with_context(std::string("built-in default of ") + o.name);
+      prof.entries_[o.name] = Entry{o.name, o.default_value, *v, Origin{}, true};
+    }
+
+    // 2. The profile and what it extends (base first).
+    std::string requested = options.profile;
+    bool implicit = false;
+    if (requested.empty()) {
+      if (auto it = env.find("COLIBRI_PROFILE"); it != env.end() && !it->second.empty()) {
+        requested = it->second;
+      } else {
+        requested = "cpu";
+        implicit = true;
+      }
+    }
+    std::vector<FileLayer> chain;
+    auto first = find_profile(requested, {}, dirs);
+    if (!first) {
+      if (!implicit) return first.error();
+      prof.name_ = "built-in";
+    } else {
+      fs::path file = *first;
+      std::set<fs::path> visiting;
+      while (true) {
+        std::error_code ec;
+        fs::path canon = fs::weakly_canonical(file, ec);
+        if (!visiting.insert(ec ? file : canon).second) {
+          return Status(StatusCode::invalid_argument, file.string() + ": 'extends' forms a cycle");
+        }
+        auto layer = parse_file(file);
+        if (!layer) return layer.error();
+        prof.files_.push_back(file);
+        const std::string parent = layer->extends;
+        chain.push_back(std::move(*layer));
+        if (parent.empty()) break;
+        auto next = find_profile(parent, file.parent_path(), dirs);
+        if (!next) return next.error().with_context(file.string() + ": extends '" + parent + "'");
+        file = *next;
+      }
+      prof.name_ = chain.front().name;
+    }
+
+    auto apply = [&](const std::string& key, const std::string& text, const Origin& origin) -> Status {
+      const OptionSpec* spec = canonical(key);
+      Entry e{key, text, sdk::ConfigValue{text}, origin, false};
+      if (spec != nullptr) {
+        auto v = sdk::parse_option_value(*spec, text);
+        if (!v) return Status(StatusCode::invalid_argument, origin.detail + ": " + key + ": " + v.error().message());
+        if (auto st = check_range(key, *v); !st) {
+          return Status(StatusCode::invalid_argument, origin.detail + ": " + key + ": " + st.message());
+        }
+        e.value = *v;
+        e.validated = true;
+      }
+      prof.entries_[key] = std::move(e);
+      return {};
+    };
+
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      for (const auto& rv : it->values) {
+        if (auto st = apply(rv.key, rv.text, rv.origin); !st) return st;
+      }
+    }
+
+    // 3. Environment: COLIBRI_<SECTION>_<KEY> for the canonical keys.
+    for (const auto& o : kCanonical) {
+      const std::string name = env_name(o.name);
+      if (auto it = env.find(name); it != env.end()) {
+        if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name}); !st) return st;
+      }
+    }
+
+    // 4. Command line.
+    std::vector<std::string> all_keys;
+    for (const auto& o : kCanonical) all_keys.emplace_back(o.name);
+    for (const auto& ov : options.overrides) {
+      const std::string shown = ov.flag == "--set" ? "--set " + ov.key + "=" + ov.value : ov.flag + " " + ov.value;
+      const auto dot = ov.key.find('.');
+      if (dot == std::string::npos || dot == 0 || dot + 1 == ov.key.size()) {
+        return Status(StatusCode::invalid_argument,
+                      shown + ": keys are written section.key (e.g. storage.plugin)" + suggestion(ov.key, all_keys));
+      }
+      const std::string section = ov.key.substr(0, dot);
+      if (canonical(ov.key) == nullptr && !is_plugin_section(section)) {
+        return Status(StatusCode::invalid_argument, shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
+      }
+      if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown}); !st) return st;
+    }
+    return prof;
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string("loading the profile: ") + e.what());
+  }
+}
+
+sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view plugin_name,
+                                         std::span<const sdk::OptionSpec> options) {
+  const std::string section(plugin_section(kind));
+  const std::string prefix = section + ".";
+  std::vector<std::string> candidates;
+  for (const auto& k : section_keys(section)) candidates.push_back(k);
+  for (const auto& o : options) candidates.emplace_back(o.name);
+  for (auto& [key, entry] : entries_) {
+    if (!key.starts_with(prefix) || entry.validated) continue;
+    const std::string short_key = key.substr(prefix.size());
+    const OptionSpec* spec = nullptr;
+    for (const auto& o : options) {
+      if (short_key == o.name) spec = &o;
+    }
+    if (spec == nullptr) {
+      std::string known;
+      for (const auto& c : candidates) known += (known.empty() ? "" : ", ") + c;
+      return Status(StatusCode::invalid_argument,
+                    entry.origin.detail + ": unknown key '" + key + "'" + qualified_suggestion(section, short_key, candidates) + " (" +
+                        section + " keys with " + section + " plugin '" + std::string(plugin_name) + "': " + known + ")");
+    }
+    auto v = sdk::parse_option_value(*spec, entry.text);
+    if (!v) {
+      return Status(StatusCode::invalid_argument, entry.origin.detail + ": " + key + " (an option of " + section +
+                                                      " plugin '" + std::string(plugin_name) + "'): " + v.error().message());
+    }
+    entry.value = *v;
+    entry.validated = true;
+  }
+  for (const auto& o : options) {
+    const std::string key = prefix + o.name;
+    if (entries_.count(key) != 0 || o.default_value == nullptr || *o.default_value == '\0') continue;
+    auto v = sdk::parse_option_value(o, o.default_value);
+    if (!v) {
+      return Status(StatusCode::internal, section + " plugin '" + std::string(plugin_name) + "' has an invalid default for " +
+                                              o.name + ": " + v.error().message());
+    }
+    entries_[key] = Entry{key, o.default_value, *v,
+                          Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'"}, true};
+  }
+  return {};
+}
+
+std::vector<const Entry*> Profile::unvalidated() const {
+  std::vector<const Entry*> out;
+  for (const auto& [k, e] : entries_) {
+    if (!e.validated) out.push_back(&e);
+  }
+  return out;
+}
+
+sdk::Status Profile::require_all_validated() const {
+  for (const auto* e : unvalidated()) {
+    const std::string section = e->key.substr(0, e->key.find('.'));
+    return Status(StatusCode::invalid_argument, e->origin.detail + ": unknown key '" + e->key + "'" +
+                                                    qualified_suggestion(section, e->key.substr(section.size() + 1),
+                                                                         section_keys(section)));
+  }
+  return {};
+}
+
+sdk::ConfigView Profile::section(std::string_view section) const {
+  std::map<std::string, sdk::ConfigValue, std::less<>> values;
+  const std::string prefix = std::string(section) + ".";
+  for (const auto& [k, e] : entries_) {
+    if (k.starts_with(prefix)) values.emplace(k.substr(prefix.size()), e.value);
+  }
+  return sdk::ConfigView(std::move(values));
+}
+
+const Entry* Profile::find(std::string_view key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+std::string Profile::get_string(std::string_view key) const {
+  const Entry* e = find(key);
+  if (e == nullptr) return {};
+  if (const auto* s = std::get_if<std::string>(&e->value.value)) return *s;
+  return e->text;
+}
+
+std::vector<std::string> Profile::get_list(std::string_view key) const {
+  const Entry* e = find(key);
+  if (e == nullptr) return {};
+  if (const auto* l = std::get_if<std::vector<std::string>>(&e->value.value)) return *l;
+  return {};
+}
+
+std::optional<std::int64_t> Profile::get_int(std::string_view key) const {
+  const Entry* e = find(key);
+  if (e == nullptr || e->value.is_auto) return std::nullopt;
+  if (const auto* i = std::get_if<std::int64_t>(&e->value.value)) return *i;
+  return std::nullopt;
+}
+
+bool Profile::is_auto(std::string_view key) const {
+  const Entry* e = find(key);
+  return e != nullptr && e->value.is_auto;
+}
+
+}  // namespace colibri::profile

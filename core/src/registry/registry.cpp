@@ -1,0 +1,272 @@
+#include "colibri/registry/registry.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/dll/shared_library.hpp>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "registry/host_services.hpp"
+
+namespace colibri::registry {
+
+namespace fs = std::filesystem;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+fs::path executable_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : exe.parent_path();
+}
+
+// Libraries are never unloaded while the process runs (objects may still reference their code
+// from static destructors); this list keeps one reference to each.
+std::vector<std::shared_ptr<void>>& pinned_libraries() {
+  static auto* libs = new std::vector<std::shared_ptr<void>>();
+  return *libs;
+}
+std::mutex& pinned_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::vector<std::string> split_fingerprint(std::string_view fp) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : fp) {
+    if (c == ';') {
+      parts.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  parts.push_back(cur);
+  return parts;
+}
+
+std::string sdk_series() {
+  return std::to_string(COLIBRI_SDK_VERSION_MAJOR) + "." + std::to_string(COLIBRI_SDK_VERSION_MINOR);
+}
+
+bool valid_name(std::string_view n) {
+  if (n.empty() || n.size() > 64) return false;
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+std::vector<SearchDir> default_search_path(const std::vector<std::string>& profile_paths) {
+  std::vector<SearchDir> dirs;
+  for (const auto& p : profile_paths) dirs.push_back({p, "profile plugins.paths"});
+  if (const char* env = std::getenv("COLIBRI_PLUGIN_PATH"); env != nullptr && *env != '\0') {
+    std::string_view rest(env);
+    while (!rest.empty()) {
+      const auto colon = rest.find(':');
+      const auto item = rest.substr(0, colon);
+      if (!item.empty()) dirs.push_back({fs::path(item), "COLIBRI_PLUGIN_PATH"});
+      if (colon == std::string_view::npos) break;
+      rest.remove_prefix(colon + 1);
+    }
+  }
+  dirs.push_back({COLIBRI_PLUGIN_INSTALL_DIR, "install dir"});
+  if (const fs::path exe = executable_dir(); !exe.empty()) {
+    dirs.push_back({(exe / ".." / "lib" / "colibri" / "plugins").lexically_normal(), "next to the executable"});
+    dirs.push_back({exe / "plugins", "next to the executable"});
+  }
+  // The same directory reached twice is searched once, under its first origin.
+  std::vector<SearchDir> unique;
+  std::set<fs::path> seen;
+  for (auto& d : dirs) {
+    std::error_code ec;
+    fs::path key = fs::weakly_canonical(d.path, ec);
+    if (ec) key = d.path;
+    if (seen.insert(key).second) unique.push_back(std::move(d));
+  }
+  return unique;
+}
+
+Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
+  const std::string where = file.filename().string() + " (" + file.string() + ")";
+  if (d == nullptr) return Status(StatusCode::invalid_argument, "plugin " + where + ": colibri_plugin_entry() returned null");
+  if (d->header.struct_size < sizeof(sdk::colibri_plugin_header)) {
+    return Status(StatusCode::invalid_argument, "plugin " + where + ": descriptor header is too small (" +
+                                                    std::to_string(d->header.struct_size) + " bytes)");
+  }
+  if (d->header.abi_version != sdk::kAbiVersion) {
+    return Status(StatusCode::unsupported,
+                  "plugin " + where + " was built for SDK ABI " + std::to_string(d->header.abi_version) +
+                      ", this colibri has ABI " + std::to_string(sdk::kAbiVersion) + "; rebuild it against colibri-sdk " +
+                      sdk_series());
+  }
+  if (d->header.struct_size != sizeof(sdk::PluginDescriptor)) {
+    return Status(StatusCode::unsupported, "plugin " + where + " has a descriptor of " +
+                                               std::to_string(d->header.struct_size) + " bytes, expected " +
+                                               std::to_string(sizeof(sdk::PluginDescriptor)) +
+                                               "; rebuild it against colibri-sdk " + sdk_series());
+  }
+  const std::string theirs = d->header.build_fingerprint ? d->header.build_fingerprint : "";
+  const auto a = split_fingerprint(theirs);
+  const auto b = split_fingerprint(COLIBRI_SDK_BUILD_FINGERPRINT);
+  // Compiler family and standard-library ABI must match; the SDK patch version may differ.
+  if (a.size() != 3 || a[0] != b[0] || a[1] != b[1]) {
+    return Status(StatusCode::unsupported, "plugin " + where + " was built with '" + theirs +
+                                               "', this colibri with '" + COLIBRI_SDK_BUILD_FINGERPRINT +
+                                               "'; rebuild it with the same compiler and standard library");
+  }
+  sdk::PluginKind kind;
+  if (!parse_plugin_kind(to_string(d->kind), kind)) {
+    return Status(StatusCode::invalid_argument, "plugin " + where + " declares an unknown kind " +
+                                                    std::to_string(static_cast<unsigned>(d->kind)));
+  }
+  if (d->name == nullptr || !valid_name(d->name)) {
+    return Status(StatusCode::invalid_argument, "plugin " + where + " has an invalid name (use a-z, 0-9, '_', '-')");
+  }
+  if (d->score == nullptr || d->create == nullptr) {
+    return Status(StatusCode::invalid_argument, "plugin " + where + " has no score() or create() function");
+  }
+  return {};
+}
+
+PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host) {
+  PluginRegistry reg;
+  reg.host_ = host;
+  reg.search_path_ = std::move(search_path);
+  for (const auto& dir : reg.search_path_) {
+    std::error_code ec;
+    if (!fs::is_directory(dir.path, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(dir.path, ec)) {
+      const std::string fname = entry.path().filename().string();
+      if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());  // deterministic order within a directory
+    for (const auto& f : files) reg.load_one(f, host);
+  }
+  return reg;
+}
+
+void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  boost::dll::fs::error_code ec;
+  lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  if (ec || !lib->is_loaded()) {
+    const char* err = dlerror();
+    broken_.push_back({file, std::string("cannot be loaded: ") + (err ? err : ec.message())});
+    return;
+  }
+  if (!lib->has(COLIBRI_PLUGIN_ENTRY_SYMBOL)) {
+    broken_.push_back({file, "has no entry symbol '" COLIBRI_PLUGIN_ENTRY_SYMBOL
+                             "' (is it a colibri plugin? build it with colibri_add_plugin)"});
+    return;
+  }
+  using EntryFn = const sdk::PluginDescriptor*();
+  const sdk::PluginDescriptor* d = lib->get<EntryFn>(COLIBRI_PLUGIN_ENTRY_SYMBOL)();
+  if (auto st = check_descriptor(d, file); !st) {
+    broken_.push_back({file, st.message()});
+    return;
+  }
+  if (const PluginInfo* first = find(d->kind, d->name)) {
+    broken_.push_back({file, "duplicate " + std::string(to_string(d->kind)) + " plugin '" + d->name +
+                                 "': already provided by " + first->path.string() + " (earlier in the search path)"});
+    return;
+  }
+  PluginInfo info;
+  info.kind = d->kind;
+  info.name = d->name;
+  info.version = d->version ? d->version : "";
+  info.description = d->description ? d->description : "";
+  info.path = file;
+  info.build_fingerprint = d->header.build_fingerprint;
+  info.options.assign(d->options.begin(), d->options.end());
+  for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");
+  info.score = d->score(host);
+  if (info.score.value < 0) info.score.value = 0;
+  info.descriptor = d;
+  info.library = lib;
+  {
+    std::lock_guard lock(pinned_mutex());
+    pinned_libraries().push_back(lib);
+  }
+  plugins_.push_back(std::move(info));
+}
+
+const PluginInfo* PluginRegistry::find(sdk::PluginKind kind, std::string_view name) const noexcept {
+  for (const auto& p : plugins_) {
+    if (p.kind == kind && p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, std::string_view name) const {
+  const std::string kind_name(to_string(kind));
+  auto describe = [&]() {
+    std::ostringstream os;
+    os << "\n  searched:";
+    for (const auto& d : search_path_) os << "\n    " << d.path.string() << " (" << d.origin << ")";
+    os << "\n  available " << kind_name << " plugins:";
+    bool any = false;
+    for (const auto& p : plugins_) {
+      if (p.kind != kind) continue;
+      any = true;
+      os << "\n    " << p.name << " (score " << p.score.value;
+      if (p.score.value == 0 && !p.score.reason.empty()) os << ": " << p.score.reason;
+      os << ") " << p.path.string();
+    }
+    if (!any) os << " none";
+    for (const auto& b : broken_) os << "\n  broken: " << b.path.string() << ": " << b.reason;
+    return os.str();
+  };
+  if (name.empty() || name == "auto") {
+    const PluginInfo* best = nullptr;
+    for (const auto& p : plugins_) {
+      if (p.kind == kind && p.score.value > 0 && (best == nullptr || p.score.value > best->score.value)) best = &p;
+    }
+    if (best == nullptr) {
+      return Status(StatusCode::not_found, "no usable " + kind_name + " plugin was found" + describe());
+    }
+    return best;
+  }
+  const PluginInfo* p = find(kind, name);
+  if (p == nullptr) {
+    std::string hint;
+    for (const auto& b : broken_) {
+      if (b.path.filename().string().find("-" + std::string(name) + ".so") != std::string::npos) {
+        hint = "\n  " + b.path.string() + " looks like it but was refused: " + b.reason;
+      }
+    }
+    return Status(StatusCode::not_found, "no " + kind_name + " plugin named '" + std::string(name) + "'" + hint + describe());
+  }
+  if (p->score.value == 0) {
+    return Status(StatusCode::unsupported, kind_name + " plugin '" + p->name + "' (" + p->path.string() +
+                                               ") cannot run on this machine: " +
+                                               (p->score.reason.empty() ? "it scored 0" : p->score.reason) + describe());
+  }
+  return p;
+}
+
+sdk::Expected<std::shared_ptr<sdk::PluginObject>> PluginRegistry::create(const PluginInfo& plugin,
+                                                                          const sdk::ConfigView& config) const {
+  auto host = std::make_shared<PluginHostServices>(plugin.kind, plugin.name);
+  sdk::CreateContext ctx;
+  ctx.config = &config;
+  ctx.host = host.get();
+  ctx.host_info = &host_;
+  auto made = plugin.descriptor->create(ctx);
+  const std::string who = std::string(to_string(plugin.kind)) + " plugin '" + plugin.name + "' (" + plugin.path.string() + ")";
+  if (!made) return made.error().with_context(who + " failed to create");
+  if (*made == nullptr) return Status(StatusCode::internal, who + " returned no object");
+  std::shared_ptr<void> library = plugin.library;
+  return std::shared_ptr<sdk::PluginObject>(*made, [library, host](sdk::PluginObject* p) { delete p; });
+}
+
+}  // namespace colibri::registry

@@ -1,0 +1,27 @@
+// The cache-policy conformance suite. Instantiate it for your plugin:
+//
+//   INSTANTIATE_TEST_SUITE_P(MyPolicy, CacheConformance,
+//       ::testing::Values(colibri::sdk::testing::CacheParam{"/path/libcolibri-cache-mine.so", {}}),
+//       colibri::sdk::testing::CacheParamName);
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+namespace colibri::sdk::testing {
+
+struct CacheParam {
+  std::string library;
+  std::map<std::string, std::string> options;
+  std::string label = "default";
+};
+
+std::string CacheParamName(const ::testing::TestParamInfo<CacheParam>& info);
+
+class CacheConformance : public ::testing::TestWithParam<CacheParam> {};
+
+int cache_conformance_anchor();
+
+}  // namespace colibri::sdk::testing

@@ -1,0 +1,306 @@
+#include "colibri/sdk/testing/storage_conformance.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "colibri/sdk/testing/plugin_loader.hpp"
+
+namespace colibri::sdk::testing {
+
+namespace fs = std::filesystem;
+
+int storage_conformance_anchor() { return 1; }
+
+std::string StorageParamName(const ::testing::TestParamInfo<StorageParam>& info) {
+  std::string n = fs::path(info.param.library).stem().string() + "_" + info.param.label;
+  for (char& c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+namespace {
+
+struct AlignedBuffer {
+  explicit AlignedBuffer(std::size_t n) : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::size_t size;
+  std::byte* data;
+};
+
+class StorageFixture {
+ public:
+  explicit StorageFixture(const StorageParam& p) {
+    auto lib = LoadedPlugin::load(p.library);
+    if (!lib) {
+      error = lib.error().to_string();
+      return;
+    }
+    plugin = *lib;
+    host = std::make_shared<RecordingHost>();
+    auto s = plugin->create_as<Storage>(p.options, host);
+    if (!s) {
+      error = s.error().to_string();
+      return;
+    }
+    storage = *s;
+    // A scratch directory on the filesystem the tests run on (may refuse O_DIRECT: that must work too).
+    const char* tmp = std::getenv("TMPDIR");
+    dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("colibri-storage-" + std::to_string(::getpid()) + "-" +
+                                                   std::to_string(counter_++));
+    fs::create_directories(dir);
+  }
+  ~StorageFixture() {
+    storage.reset();
+    std::error_code ec;
+    if (!dir.empty()) fs::remove_all(dir, ec);
+  }
+
+  // A file of `size` pseudo-random bytes; returns its content.
+  std::vector<std::byte> make_file(const std::string& name, std::size_t size, unsigned seed = 7) {
+    std::vector<std::byte> content(size);
+    std::mt19937 rng(seed);
+    for (auto& b : content) b = static_cast<std::byte>(rng() & 0xff);
+    std::ofstream out(dir / name, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(content.data()), static_cast<std::streamsize>(content.size()));
+    return content;
+  }
+
+  std::shared_ptr<LoadedPlugin> plugin;
+  std::shared_ptr<RecordingHost> host;
+  std::shared_ptr<Storage> storage;
+  fs::path dir;
+  std::string error;
+
+ private:
+  static inline std::atomic<int> counter_{0};
+};
+
+#define STORAGE_FIXTURE(f)                  \
+  StorageFixture f(GetParam());             \
+  ASSERT_TRUE(f.error.empty()) << f.error;  \
+  ASSERT_NE(f.storage, nullptr)
+
+bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }
+
+}  // namespace
+
+TEST_P(StorageConformance, DescriptorIsStorage) {
+  auto lib = LoadedPlugin::load(GetParam().library);
+  ASSERT_TRUE(lib) << lib.error().to_string();
+  EXPECT_EQ((*lib)->descriptor().kind, PluginKind::storage);
+}
+
+TEST_P(StorageConformance, CapabilitiesAreConsistent) {
+  STORAGE_FIXTURE(f);
+  const auto caps = f.storage->capabilities();
+  EXPECT_GE(caps.queue_depth, 1u);
+  EXPECT_GE(caps.alignment, 1u);
+  EXPECT_EQ(caps.alignment & (caps.alignment - 1), 0u) << "alignment must be a power of two";
+}
+
+TEST_P(StorageConformance, MissingFileIsNotFound) {
+  STORAGE_FIXTURE(f);
+  auto file = f.storage->open((f.dir / "does-not-exist.bin").string());
+  ASSERT_FALSE(file);
+  EXPECT_EQ(file.error().code(), StatusCode::not_found);
+  EXPECT_NE(file.error().message().find("does-not-exist.bin"), std::string::npos) << file.error().message();
+}
+
+TEST_P(StorageConformance, DirectoryIsRefused) {
+  STORAGE_FIXTURE(f);
+  auto file = f.storage->open(f.dir.string());
+  EXPECT_FALSE(file);
+}
+
+TEST_P(StorageConformance, ReadsWholeFileExactly) {
+  STORAGE_FIXTURE(f);
+  const std::size_t size = 3 * 4096 * 16 + 4096;  // several aligned blocks
+  auto content = f.make_file("whole.bin", size);
+  auto file = f.storage->open((f.dir / "whole.bin").string());
+  ASSERT_TRUE(file) << file.error().to_string();
+  EXPECT_EQ((*file)->size(), size);
+  AlignedBuffer buf(size);
+  auto st = f.storage->read(**file, 0, {buf.data, size});
+  ASSERT_TRUE(st) << st.to_string();
+  EXPECT_TRUE(same_bytes(buf.data, content.data(), size));
+}
+
+TEST_P(StorageConformance, ReadsArbitraryRanges) {
+  STORAGE_FIXTURE(f);
+  const std::size_t size = 256 * 1024 + 123;  // not a multiple of any block size
+  auto content = f.make_file("ranges.bin", size, 11);
+  auto file = f.storage->open((f.dir / "ranges.bin").string());
+  ASSERT_TRUE(file) << file.error().to_string();
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    std::uint64_t off = rng() % size;
+    std::uint64_t len = rng() % (size - off + 1);
+    if (i % 4 == 0) {  // aligned requests exercise the direct path
+      off = off / 4096 * 4096;
+      len = std::min<std::uint64_t>(len / 4096 * 4096, (size - off) / 4096 * 4096);
+    }
+    AlignedBuffer buf(len);
+    auto st = f.storage->read(**file, off, {buf.data, len});
+    ASSERT_TRUE(st) << "offset " << off << " length " << len << ": " << st.to_string();
+    ASSERT_TRUE(same_bytes(buf.data, content.data() + off, len)) << "offset " << off << " length " << len;
+  }
+  // The last byte alone, and the tail that ends at EOF.
+  AlignedBuffer one(1);
+  ASSERT_TRUE(f.storage->read(**file, size - 1, {one.data, 1}));
+  EXPECT_EQ(one.data[0], content[size - 1]);
+}
+
+TEST_P(StorageConformance, ZeroLengthReadSucceeds) {
+  STORAGE_FIXTURE(f);
+  f.make_file("zero.bin", 4096);
+  auto file = f.storage->open((f.dir / "zero.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(1);
+  EXPECT_TRUE(f.storage->read(**file, 4096, {buf.data, 0}));
+}
+
+TEST_P(StorageConformance, ReadPastEndIsCorruptDataNotGarbage) {
+  STORAGE_FIXTURE(f);
+  f.make_file("short.bin", 10000);
+  auto file = f.storage->open((f.dir / "short.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(8192);
+  auto st = f.storage->read(**file, 4096, {buf.data, 8192});
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.code(), StatusCode::corrupt_data) << st.to_string();
+  EXPECT_FALSE(st.retryable());
+  EXPECT_NE(st.message().find("short.bin"), std::string::npos) << st.message();
+  auto far = f.storage->read(**file, 1u << 30, {buf.data, 16});
+  EXPECT_FALSE(far);
+}
+
+TEST_P(StorageConformance, ReadBatchFillsEveryRequest) {
+  STORAGE_FIXTURE(f);
+  const std::size_t size = 64 * 4096;
+  auto a = f.make_file("a.bin", size, 1);
+  auto b = f.make_file("b.bin", size, 2);
+  auto fa = f.storage->open((f.dir / "a.bin").string());
+  auto fb = f.storage->open((f.dir / "b.bin").string());
+  ASSERT_TRUE(fa && fb);
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  std::vector<ReadRequest> reqs;
+  for (int i = 0; i < 32; ++i) {
+    bufs.push_back(std::make_unique<AlignedBuffer>(8192));
+    ReadRequest r;
+    r.file = (i % 2 ? fb->get() : fa->get());
+    r.offset = static_cast<std::uint64_t>((i * 3) % 60) * 4096;
+    r.length = 8192;
+    r.buffer = bufs.back()->data;
+    r.user_tag = static_cast<std::uint64_t>(i);
+    r.status = Status(StatusCode::internal, "not completed");
+    reqs.push_back(r);
+  }
+  ReadRequest bad;  // one failing request must not spoil the others
+  bad.file = fa->get();
+  bad.offset = size;
+  bad.length = 4096;
+  bufs.push_back(std::make_unique<AlignedBuffer>(4096));
+  bad.buffer = bufs.back()->data;
+  reqs.push_back(bad);
+  f.storage->read_batch(reqs);
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(reqs[i].status) << i << ": " << reqs[i].status.to_string();
+    const auto& src = (i % 2 ? b : a);
+    EXPECT_TRUE(same_bytes(static_cast<std::byte*>(reqs[i].buffer), src.data() + reqs[i].offset, 8192)) << i;
+  }
+  EXPECT_FALSE(reqs.back().status);
+}
+
+TEST_P(StorageConformance, SubmitCallsBackExactlyOnceWithData) {
+  STORAGE_FIXTURE(f);
+  const std::size_t size = 128 * 4096;
+  auto content = f.make_file("async.bin", size, 5);
+  auto file = f.storage->open((f.dir / "async.bin").string());
+  ASSERT_TRUE(file);
+  constexpr int kRequests = 100;
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  std::vector<std::atomic<int>> calls(kRequests);
+  std::atomic<int> bad_data{0};
+  for (int i = 0; i < kRequests; ++i) {
+    bufs.push_back(std::make_unique<AlignedBuffer>(4096));
+    ReadRequest r;
+    r.file = file->get();
+    r.offset = static_cast<std::uint64_t>(i % 128) * 4096;
+    r.length = 4096;
+    r.buffer = bufs.back()->data;
+    r.priority = i % 3 == 0 ? ReadPriority::prefetch : ReadPriority::demand;
+    r.user_tag = static_cast<std::uint64_t>(i);
+    auto st = f.storage->submit(r, [&](ReadRequest& done) {
+      calls[done.user_tag].fetch_add(1);
+      if (!done.status || !same_bytes(static_cast<std::byte*>(done.buffer), content.data() + done.offset, done.length)) {
+        bad_data.fetch_add(1);
+      }
+    });
+    ASSERT_TRUE(st) << st.to_string();
+  }
+  f.storage->drain();
+  for (int i = 0; i < kRequests; ++i) EXPECT_EQ(calls[i].load(), 1) << "request " << i;
+  EXPECT_EQ(bad_data.load(), 0);
+}
+
+TEST_P(StorageConformance, SubmitWithoutCallbackIsRejected) {
+  STORAGE_FIXTURE(f);
+  f.make_file("cb.bin", 4096);
+  auto file = f.storage->open((f.dir / "cb.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(4096);
+  ReadRequest r;
+  r.file = file->get();
+  r.length = 4096;
+  r.buffer = buf.data;
+  EXPECT_FALSE(f.storage->submit(r, nullptr));
+}
+
+TEST_P(StorageConformance, ConcurrentReadersGetTheirOwnData) {
+  STORAGE_FIXTURE(f);
+  const std::size_t size = 256 * 4096;
+  auto content = f.make_file("conc.bin", size, 9);
+  auto file = f.storage->open((f.dir / "conc.bin").string());
+  ASSERT_TRUE(file);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      AlignedBuffer buf(16 * 4096);
+      for (int i = 0; i < 50; ++i) {
+        const std::uint64_t off = (rng() % 240) * 4096;
+        if (!f.storage->read(**file, off, {buf.data, 16 * 4096}) || !same_bytes(buf.data, content.data() + off, 16 * 4096)) {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_P(StorageConformance, FileChangedAfterOpenIsDetectedOrRead) {
+  // A file truncated after open must give an error for the missing range, never stale garbage.
+  STORAGE_FIXTURE(f);
+  f.make_file("trunc.bin", 8 * 4096);
+  auto file = f.storage->open((f.dir / "trunc.bin").string());
+  ASSERT_TRUE(file);
+  fs::resize_file(f.dir / "trunc.bin", 4096);
+  AlignedBuffer buf(4096);
+  auto st = f.storage->read(**file, 4 * 4096, {buf.data, 4096});
+  EXPECT_FALSE(st) << "read 4096 bytes at 16384 of a 4096-byte file";
+}
+
+}  // namespace colibri::sdk::testing
