@@ -202,7 +202,7 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
       }
       const YAML::Mark vm = v.IsNull() ? item.first.Mark() : v.Mark();
       layer.values.push_back({key, v.IsNull() ? "" : node_text(v),
-                              Origin{Origin::Layer::profile, layer.name + " (" + mark_of(file, vm) + ")"}});
+                              Origin{Origin::Layer::profile, layer.name + " (" + mark_of(file, vm) + ")", iwhere}});
     }
   }
   return layer;
@@ -399,7 +399,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     for (const auto& o : kCanonical) {
       const std::string name = env_name(o.name);
       if (auto it = env.find(name); it != env.end()) {
-        if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name}); !st) return st;
+        if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name, {}}); !st) return st;
       }
     }
 
@@ -417,7 +417,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
       if (canonical(ov.key) == nullptr && !is_plugin_section(section)) {
         return Status(StatusCode::invalid_argument, shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
       }
-      if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown}); !st) return st;
+      if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown, {}}); !st) return st;
     }
     return prof;
   } catch (const std::exception& e) {
@@ -443,7 +443,7 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
       std::string known;
       for (const auto& c : candidates) known += (known.empty() ? "" : ", ") + c;
       return Status(StatusCode::invalid_argument,
-                    entry.origin.detail + ": unknown key '" + key + "'" + qualified_suggestion(section, short_key, candidates) + " (" +
+                    entry.origin.key_place() + ": unknown key '" + key + "'" + qualified_suggestion(section, short_key, candidates) + " (" +
                         section + " keys with " + section + " plugin '" + std::string(plugin_name) + "': " + known + ")");
     }
     auto v = sdk::parse_option_value(*spec, entry.text);
@@ -463,7 +463,7 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
                                               o.name + ": " + v.error().message());
     }
     entries_[key] = Entry{key, o.default_value, *v,
-                          Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'"}, true};
+                          Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'", {}}, true};
   }
   return {};
 }
@@ -479,7 +479,7 @@ std::vector<const Entry*> Profile::unvalidated() const {
 sdk::Status Profile::require_all_validated() const {
   for (const auto* e : unvalidated()) {
     const std::string section = e->key.substr(0, e->key.find('.'));
-    return Status(StatusCode::invalid_argument, e->origin.detail + ": unknown key '" + e->key + "'" +
+    return Status(StatusCode::invalid_argument, e->origin.key_place() + ": unknown key '" + e->key + "'" +
                                                     qualified_suggestion(section, e->key.substr(section.size() + 1),
                                                                          section_keys(section)));
   }

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# What issue 2 promises a user, checked through the real colibri-cli binary:
+# plugins list shows pread and lru with scores; a misspelt profile key fails with its line and a
+# suggestion; a plugin built for another ABI is refused with both versions named.
+set -u
+cli=$1
+fixtures=$2
+work=$3
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+check() {  # check NAME EXPECTED_SUBSTRING OUTPUT
+  if [[ "$3" == *"$2"* ]]; then
+    echo "ok   - $1"
+  else
+    echo "FAIL - $1: expected to find: $2"
+    echo "---- output ----"; echo "$3"; echo "----------------"
+    failures=$((failures + 1))
+  fi
+}
+expect_rc() {  # expect_rc NAME WANT GOT
+  if [ "$2" = "$3" ]; then echo "ok   - $1 (exit $3)"; else echo "FAIL - $1: exit $3, wanted $2"; failures=$((failures + 1)); fi
+}
+
+out=$("$cli" plugins list 2>&1); rc=$?
+expect_rc "plugins list succeeds" 0 $rc
+check "pread is listed with its score" "storage  pread         1.0.0    100" "$out"
+check "lru is listed with its score" "cache    lru           1.0.0    100" "$out"
+
+out=$("$cli" plugins list --json 2>&1); rc=$?
+expect_rc "plugins list --json succeeds" 0 $rc
+check "json names pread" '"name": "pread"' "$out"
+check "json has capabilities" '"direct_io"' "$out"
+
+cat > "$work/typo.yaml" <<'YAML'
+extends: cpu
+memory:
+  expert_cache: 2G
+  vram_buget: 1G
+YAML
+out=$("$cli" profile show --profile "$work/typo.yaml" 2>&1); rc=$?
+expect_rc "misspelt profile key fails" 1 $rc
+check "misspelt key: file, line and column" "typo.yaml:4:3: unknown key 'memory.vram_buget'" "$out"
+check "misspelt key: suggestion" "did you mean 'vram_budget'?" "$out"
+
+cat > "$work/plugin-typo.yaml" <<'YAML'
+storage:
+  plugin: pread
+  thraeds: 4
+YAML
+out=$("$cli" profile show --profile "$work/plugin-typo.yaml" 2>&1); rc=$?
+expect_rc "misspelt plugin option fails" 1 $rc
+check "plugin option: line and suggestion" "plugin-typo.yaml:3:3: unknown key 'storage.thraeds'; did you mean 'storage.threads'?" "$out"
+
+out=$("$cli" profile show --profile cpu --set storage.queue_depth=7 2>&1); rc=$?
+expect_rc "profile show cpu" 0 $rc
+check "cpu profile value with origin" "cache.policy = lru" "$out"
+check "origin of a profile value" "# profile cpu (" "$out"
+check "--set wins and is named" "storage.queue_depth = 7" "$out"
+check "--set origin" "command line --set storage.queue_depth=7" "$out"
+check "plugin defaults are shown" "storage.threads = 0" "$out"
+
+out=$(COLIBRI_PREFETCH_LAYERS=1 "$cli" profile show --prefetch-layers 3 2>&1)
+check "flag beats environment" "prefetch.layers = 3" "$out"
+out=$(COLIBRI_PREFETCH_LAYERS=1 "$cli" profile show 2>&1)
+check "environment beats profile" "environment COLIBRI_PREFETCH_LAYERS" "$out"
+
+out=$("$cli" profile show --profile nvme-raid 2>&1)
+check "extends chain is shown" "extends " "$out"
+
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" plugins list 2>&1); rc=$?
+expect_rc "plugins list with a broken plugin still succeeds" 0 $rc
+check "wrong ABI refused with both versions" "was built for SDK ABI 2, this colibri has ABI 1" "$out"
+
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" profile show --set storage.plugin=fixture-abi 2>&1)
+check "selecting the refused plugin explains why" "looks like it but was refused" "$out"
+
+out=$("$cli" profile show --set nonsense 2>&1); rc=$?
+expect_rc "--set without = fails" 1 $rc
+check "--set without = explains" "write --set KEY=VALUE" "$out"
+
+out=$("$cli" --log-level loud plugins list 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "ok   - bad log level refused" || { echo "FAIL - bad log level accepted"; failures=$((failures + 1)); }
+
+echo "$((failures == 0 ? 1 : 0)) passed, $failures failed" | sed 's/^1 passed/all passed/' >/dev/null
+if [ $failures -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
+echo "all checks passed"

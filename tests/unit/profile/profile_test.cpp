@@ -1,0 +1,245 @@
+#include "colibri/profile/profile.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using colibri::profile::LoadOptions;
+using colibri::profile::Origin;
+using colibri::profile::Profile;
+using colibri::sdk::OptionSpec;
+using colibri::sdk::OptionType;
+using colibri::sdk::PluginKind;
+using ::testing::HasSubstr;
+
+class ProfileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("colibri-profile-test-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  colibri::sdk::Expected<Profile> load(const std::string& profile, std::vector<colibri::profile::Override> ov = {},
+                                       std::map<std::string, std::string> env = {}) {
+    LoadOptions o;
+    o.profile = profile;
+    o.overrides = std::move(ov);
+    o.environment = std::move(env);
+    o.use_process_environment = false;
+    o.search_dirs = {dir_};
+    return Profile::load(o);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ProfileTest, BuiltInDefaultsRunAnywhere) {
+  auto p = load("");  // no cpu.yaml in the search dirs: built-in only
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->name(), "built-in");
+  EXPECT_EQ(p->get_string("compute.backend"), "cpu");
+  EXPECT_EQ(p->get_string("storage.plugin"), "pread");
+  EXPECT_EQ(p->get_string("cache.policy"), "lru");
+  EXPECT_TRUE(p->is_auto("memory.expert_cache"));
+  EXPECT_EQ(p->get_int("server.port"), 8080);
+  EXPECT_EQ(p->find("server.port")->origin.layer, Origin::Layer::builtin);
+}
+
+TEST_F(ProfileTest, ExplicitProfileThatDoesNotExistIsAnError) {
+  write("laptop.yaml", "compute: {backend: cpu}\n");
+  auto p = load("lapton");
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("profile 'lapton' was not found"));
+  EXPECT_THAT(p.error().message(), HasSubstr("did you mean 'laptop'?"));
+}
+
+TEST_F(ProfileTest, SizesAndOriginsWithLineNumbers) {
+  const auto file = write("small.yaml",
+                          "# comment\n"
+                          "memory:\n"
+                          "  expert_cache: 8G\n"
+                          "  vram_budget: 512M\n"
+                          "prefetch:\n"
+                          "  layers: 3\n");
+  auto p = load(file.string());
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("memory.expert_cache"), 8LL << 30);
+  EXPECT_EQ(p->get_int("memory.vram_budget"), 512LL << 20);
+  EXPECT_EQ(p->get_int("prefetch.layers"), 3);
+  const auto* e = p->find("memory.vram_budget");
+  EXPECT_EQ(e->origin.layer, Origin::Layer::profile);
+  EXPECT_THAT(e->origin.describe(), HasSubstr("small.yaml:4:16"));
+}
+
+TEST_F(ProfileTest, ExtendsLayersBaseFirst) {
+  write("base.yaml", "memory: {expert_cache: 4G, vram_budget: 1G}\nstorage: {queue_depth: 8}\n");
+  write("derived.yaml", "extends: base\nmemory:\n  expert_cache: 6G\n");
+  auto p = load("derived");
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("memory.expert_cache"), 6LL << 30);  // derived wins
+  EXPECT_EQ(p->get_int("memory.vram_budget"), 1LL << 30);   // inherited
+  EXPECT_EQ(p->get_int("storage.queue_depth"), 8);
+  EXPECT_THAT(p->find("memory.vram_budget")->origin.describe(), HasSubstr("base.yaml"));
+  ASSERT_EQ(p->files().size(), 2u);
+  EXPECT_EQ(p->files()[0].filename(), "derived.yaml");
+}
+
+TEST_F(ProfileTest, ExtendsCycleIsAnError) {
+  write("a.yaml", "extends: b\n");
+  write("b.yaml", "extends: a\n");
+  auto p = load("a");
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("cycle"));
+}
+
+TEST_F(ProfileTest, PrecedenceCliOverEnvironmentOverProfile) {
+  write("p.yaml", "prefetch: {layers: 1}\nstorage: {queue_depth: 4}\nserver: {port: 9000}\n");
+  auto p = load("p", {{"prefetch.layers", "3", "--prefetch-layers"}},
+                {{"COLIBRI_PREFETCH_LAYERS", "2"}, {"COLIBRI_STORAGE_QUEUE_DEPTH", "16"}});
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("prefetch.layers"), 3);
+  EXPECT_EQ(p->find("prefetch.layers")->origin.describe(), "command line --prefetch-layers 3");
+  EXPECT_EQ(p->get_int("storage.queue_depth"), 16);
+  EXPECT_EQ(p->find("storage.queue_depth")->origin.describe(), "environment COLIBRI_STORAGE_QUEUE_DEPTH");
+  EXPECT_EQ(p->get_int("server.port"), 9000);
+}
+
+TEST_F(ProfileTest, EnvironmentSelectsTheProfile) {
+  write("envp.yaml", "server: {port: 7000}\n");
+  auto p = load("", {}, {{"COLIBRI_PROFILE", "envp"}});
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->name(), "envp");
+  EXPECT_EQ(p->get_int("server.port"), 7000);
+}
+
+TEST_F(ProfileTest, SetAnyKeyFromTheCommandLine) {
+  auto p = load("", {{"storage.plugin", "io_uring", "--set"}, {"cache.pinned_experts", "[3:1, 3:5]", "--set"}});
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_string("storage.plugin"), "io_uring");
+  EXPECT_THAT(p->get_list("cache.pinned_experts"), ::testing::ElementsAre("3:1", "3:5"));
+  EXPECT_EQ(p->find("storage.plugin")->origin.describe(), "command line --set storage.plugin=io_uring");
+}
+
+TEST_F(ProfileTest, MisspeltKeyGivesLineColumnAndSuggestion) {
+  const auto file = write("typo.yaml", "memory:\n  expert_cache: 8G\n  vram_buget: 2G\n");
+  auto p = load(file.string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("typo.yaml:3:3: unknown key 'memory.vram_buget'; did you mean 'vram_budget'?"));
+}
+
+TEST_F(ProfileTest, MisspeltSectionGivesSuggestion) {
+  auto p = load(write("sec.yaml", "memroy:\n  expert_cache: 8G\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("sec.yaml:1:1: unknown section 'memroy'; did you mean 'memory'?"));
+}
+
+TEST_F(ProfileTest, IllTypedValuesAreRejectedWithTheirPlace) {
+  auto p = load(write("bad.yaml", "storage:\n  direct_io: maybe\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("bad.yaml:2:14"));
+  EXPECT_THAT(p.error().message(), HasSubstr("'maybe' is not a boolean"));
+
+  auto size = load(write("size.yaml", "memory: {expert_cache: 8 gigs}\n").string());
+  ASSERT_FALSE(size);
+  EXPECT_THAT(size.error().message(), HasSubstr("is not a size"));
+
+  auto port = load(write("port.yaml", "server: {port: 70000}\n").string());
+  ASSERT_FALSE(port);
+  EXPECT_THAT(port.error().message(), HasSubstr("out of range; use 1..65535"));
+
+  auto pins = load(write("pins.yaml", "cache: {pinned_experts: [\"3:1\", \"x\"]}\n").string());
+  ASSERT_FALSE(pins);
+  EXPECT_THAT(pins.error().message(), HasSubstr("'x' is not layer:expert"));
+
+  auto list = load(write("list.yaml", "server: {host: [a, b]}\n").string());
+  ASSERT_FALSE(list);
+  EXPECT_THAT(list.error().message(), HasSubstr("takes a single string, not a list"));
+}
+
+TEST_F(ProfileTest, InvalidYamlNamesTheLine) {
+  auto p = load(write("broken.yaml", "memory:\n  expert_cache: [8G\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("broken.yaml:"));
+  EXPECT_THAT(p.error().message(), HasSubstr("invalid YAML"));
+}
+
+TEST_F(ProfileTest, BadCommandLineKeys) {
+  auto p = load("", {{"memory.expert_cach", "1G", "--set"}});
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("unknown key 'memory.expert_cach'; did you mean 'memory.expert_cache'?"));
+  auto q = load("", {{"plugin", "x", "--set"}});
+  ASSERT_FALSE(q);
+  EXPECT_THAT(q.error().message(), HasSubstr("section.key"));
+  auto r = load("", {{"memory.expert_cache", "lots", "--expert-cache-size"}});
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error().message(), HasSubstr("--expert-cache-size lots"));
+}
+
+const OptionSpec kPluginOptions[] = {
+    {"ring_entries", OptionType::integer, "256", "entries"},
+    {"sqpoll", OptionType::boolean, "false", "kernel polling"},
+};
+
+TEST_F(ProfileTest, PluginOptionsAreCheckedAgainstTheSchema) {
+  const auto file = write("uring.yaml", "storage:\n  plugin: io_uring\n  ring_entries: 512\n");
+  auto p = load(file.string());
+  ASSERT_TRUE(p) << p.error().message();
+  ASSERT_EQ(p->unvalidated().size(), 1u);
+  ASSERT_TRUE(p->apply_plugin_schema(PluginKind::storage, "io_uring", kPluginOptions));
+  EXPECT_TRUE(p->unvalidated().empty());
+  auto view = p->section("storage");
+  EXPECT_EQ(*view.get_int("ring_entries", 0), 512);
+  EXPECT_EQ(*view.get_bool("sqpoll", true), false);  // default filled in from the schema
+  EXPECT_EQ(view.get_string("plugin", "")->c_str(), std::string("io_uring"));
+}
+
+TEST_F(ProfileTest, MisspeltPluginOptionGetsLineAndSuggestion) {
+  const auto file = write("uring2.yaml", "storage:\n  plugin: io_uring\n  ring_entires: 512\n");
+  auto p = load(file.string());
+  ASSERT_TRUE(p) << p.error().message();
+  auto st = p->apply_plugin_schema(PluginKind::storage, "io_uring", kPluginOptions);
+  ASSERT_FALSE(st);
+  EXPECT_THAT(st.message(), HasSubstr("uring2.yaml:3:3: unknown key"));
+  EXPECT_THAT(st.message(), HasSubstr("unknown key 'storage.ring_entires'; did you mean 'storage.ring_entries'?"));
+}
+
+TEST_F(ProfileTest, IllTypedPluginOption) {
+  auto p = load("", {{"storage.sqpoll", "sometimes", "--set"}});
+  ASSERT_TRUE(p);
+  auto st = p->apply_plugin_schema(PluginKind::storage, "io_uring", kPluginOptions);
+  ASSERT_FALSE(st);
+  EXPECT_THAT(st.message(), HasSubstr("--set storage.sqpoll=sometimes"));
+  EXPECT_THAT(st.message(), HasSubstr("'sometimes' is not a boolean"));
+}
+
+TEST_F(ProfileTest, ShippedProfilesAllLoad) {
+  const fs::path shipped = fs::path(COLIBRI_TEST_SOURCE_DIR) / "configs" / "profiles";
+  int count = 0;
+  for (const auto& e : fs::directory_iterator(shipped)) {
+    if (e.path().extension() != ".yaml") continue;
+    ++count;
+    LoadOptions o;
+    o.profile = e.path().stem().string();
+    o.use_process_environment = false;
+    o.search_dirs = {shipped};
+    auto p = Profile::load(o);
+    EXPECT_TRUE(p) << e.path() << ": " << p.error().message();
+  }
+  EXPECT_GE(count, 5);
+}
+
+}  // namespace

@@ -1,0 +1,219 @@
+#include "colibri/registry/registry.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "colibri/util/host_info.hpp"
+#include "colibri/util/metrics.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using colibri::registry::PluginRegistry;
+using colibri::registry::SearchDir;
+using colibri::sdk::PluginKind;
+using colibri::sdk::StatusCode;
+using ::testing::HasSubstr;
+
+fs::path fixture_dir(const std::string& name) { return fs::path(COLIBRI_TEST_FIXTURE_PLUGIN_DIR) / name; }
+
+PluginRegistry scan(std::initializer_list<std::string> cases) {
+  std::vector<SearchDir> dirs;
+  for (const auto& c : cases) dirs.push_back({fixture_dir(c), "test"});
+  return PluginRegistry::scan(dirs, colibri::util::host_info());
+}
+
+std::string broken_reason(const PluginRegistry& reg, const std::string& file_part) {
+  for (const auto& b : reg.broken()) {
+    if (b.path.string().find(file_part) != std::string::npos) return b.reason;
+  }
+  return "<not listed as broken>";
+}
+
+TEST(Registry, LoadsAGoodPluginWithItsDescriptor) {
+  auto reg = scan({"good"});
+  ASSERT_EQ(reg.plugins().size(), 1u);
+  EXPECT_TRUE(reg.broken().empty());
+  const auto& p = reg.plugins().front();
+  EXPECT_EQ(p.kind, PluginKind::storage);
+  EXPECT_EQ(p.name, "fixture-good");
+  EXPECT_EQ(p.version, "0.0.1");
+  EXPECT_EQ(p.score.value, 50);
+  EXPECT_EQ(p.path.filename(), "libcolibri-storage-fixture-good.so");
+  ASSERT_EQ(p.options.size(), 1u);
+  EXPECT_STREQ(p.options[0].name, "greeting");
+  EXPECT_THAT(p.capabilities, ::testing::ElementsAre("fixture"));
+}
+
+TEST(Registry, RefusesAnotherAbiNamingBothVersions) {
+  auto reg = scan({"wrong_abi"});
+  EXPECT_TRUE(reg.plugins().empty());
+  const std::string reason = broken_reason(reg, "fixture-abi");
+  EXPECT_THAT(reason, HasSubstr("libcolibri-storage-fixture-abi.so"));
+  EXPECT_THAT(reason, HasSubstr("was built for SDK ABI " + std::to_string(colibri::sdk::kAbiVersion + 1)));
+  EXPECT_THAT(reason, HasSubstr("this colibri has ABI " + std::to_string(colibri::sdk::kAbiVersion)));
+  EXPECT_THAT(reason, HasSubstr("rebuild it against colibri-sdk"));
+}
+
+TEST(Registry, RefusesAnotherCompilerOrStandardLibrary) {
+  auto reg = scan({"wrong_fingerprint"});
+  EXPECT_TRUE(reg.plugins().empty());
+  const std::string reason = broken_reason(reg, "fixture-fp");
+  EXPECT_THAT(reason, HasSubstr("clang-99;libc++;sdk-9.9.9"));
+  EXPECT_THAT(reason, HasSubstr(COLIBRI_SDK_BUILD_FINGERPRINT));
+}
+
+TEST(Registry, ReportsALibraryWithoutEntrySymbol) {
+  auto reg = scan({"missing_entry"});
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_THAT(broken_reason(reg, "noentry"), HasSubstr("has no entry symbol 'colibri_plugin_entry'"));
+}
+
+TEST(Registry, ReportsAFileThatIsNotALibrary) {
+  const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "garbage";
+  fs::create_directories(dir);
+  std::ofstream(dir / "libcolibri-storage-garbage.so") << "this is not an ELF file";
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("cannot be loaded"));
+}
+
+TEST(Registry, ScoreZeroIsListedButNotSelected) {
+  auto reg = scan({"score_zero", "good"});
+  ASSERT_EQ(reg.plugins().size(), 2u);
+  const auto* zero = reg.find(PluginKind::storage, "fixture-zero");
+  ASSERT_NE(zero, nullptr);
+  EXPECT_EQ(zero->score.value, 0);
+  auto by_name = reg.select(PluginKind::storage, "fixture-zero");
+  ASSERT_FALSE(by_name);
+  EXPECT_EQ(by_name.error().code(), StatusCode::unsupported);
+  EXPECT_THAT(by_name.error().message(), HasSubstr("cannot run on this machine: needs a frobnicator"));
+  auto best = reg.select(PluginKind::storage, "auto");
+  ASSERT_TRUE(best);
+  EXPECT_EQ((*best)->name, "fixture-good");
+}
+
+TEST(Registry, AutoPicksTheHighestScore) {
+  auto reg = scan({"good", "high_score", "score_zero"});
+  auto best = reg.select(PluginKind::storage, "");
+  ASSERT_TRUE(best);
+  EXPECT_EQ((*best)->name, "fixture-high");
+  auto named = reg.select(PluginKind::storage, "fixture-good");  // a name overrides the score
+  ASSERT_TRUE(named);
+  EXPECT_EQ((*named)->name, "fixture-good");
+}
+
+TEST(Registry, CreateFailureNamesThePluginAndTheReason) {
+  auto reg = scan({"create_fails"});
+  auto p = reg.select(PluginKind::storage, "fixture-fails");
+  ASSERT_TRUE(p);
+  auto obj = reg.create(**p, {});
+  ASSERT_FALSE(obj);
+  EXPECT_THAT(obj.error().message(), HasSubstr("the fixture device exploded"));
+  EXPECT_THAT(obj.error().message(), HasSubstr("storage plugin 'fixture-fails'"));
+  EXPECT_THAT(obj.error().message(), HasSubstr("libcolibri-storage-fixture-fails.so"));
+}
+
+TEST(Registry, AnExceptionInCreateDoesNotCrossTheBoundary) {
+  auto reg = scan({"create_throws"});
+  auto p = reg.select(PluginKind::storage, "fixture-throws");
+  ASSERT_TRUE(p);
+  auto obj = reg.create(**p, {});
+  ASSERT_FALSE(obj);
+  EXPECT_THAT(obj.error().message(), HasSubstr("boom from the fixture constructor"));
+}
+
+TEST(Registry, DuplicateNameKeepsTheFirstInSearchOrder) {
+  auto reg = scan({"dup_first", "dup_second"});
+  const auto* p = reg.find(PluginKind::storage, "fixture-dup");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->score.value, 10);  // dup_first, although dup_second scores higher
+  EXPECT_THAT(p->path.string(), HasSubstr("dup_first"));
+  ASSERT_EQ(reg.broken().size(), 1u);
+  EXPECT_THAT(reg.broken()[0].path.string(), HasSubstr("dup_second"));
+  EXPECT_THAT(reg.broken()[0].reason, HasSubstr("duplicate storage plugin 'fixture-dup'"));
+  EXPECT_THAT(reg.broken()[0].reason, HasSubstr("dup_first"));
+}
+
+TEST(Registry, UnknownNameListsSearchPathAndAvailablePlugins) {
+  auto reg = scan({"good", "score_zero", "wrong_abi"});
+  auto p = reg.select(PluginKind::storage, "nvme-magic");
+  ASSERT_FALSE(p);
+  const std::string m = p.error().message();
+  EXPECT_THAT(m, HasSubstr("no storage plugin named 'nvme-magic'"));
+  EXPECT_THAT(m, HasSubstr(fixture_dir("good").string()));
+  EXPECT_THAT(m, HasSubstr(fixture_dir("wrong_abi").string()));
+  EXPECT_THAT(m, HasSubstr("fixture-good (score 50)"));
+  EXPECT_THAT(m, HasSubstr("fixture-zero (score 0: needs a frobnicator"));
+  EXPECT_THAT(m, HasSubstr("broken: "));
+  auto none = reg.select(PluginKind::compute, "auto");
+  ASSERT_FALSE(none);
+  EXPECT_THAT(none.error().message(), HasSubstr("available compute plugins: none"));
+}
+
+TEST(Registry, SelectingARefusedPluginByNameSaysWhyItWasRefused) {
+  auto reg = scan({"wrong_abi"});
+  auto p = reg.select(PluginKind::storage, "fixture-abi");
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("looks like it but was refused"));
+  EXPECT_THAT(p.error().message(), HasSubstr("was built for SDK ABI"));
+}
+
+TEST(Registry, ObjectsKeepWorkingAfterTheRegistryIsGone) {
+  std::shared_ptr<colibri::sdk::Storage> storage;
+  {
+    auto reg = scan({"good"});
+    std::map<std::string, colibri::sdk::ConfigValue, std::less<>> cfg{{"greeting", {std::string("salut")}}};
+    auto obj = reg.create_as<colibri::sdk::Storage>(reg.plugins().front(), colibri::sdk::ConfigView(cfg));
+    ASSERT_TRUE(obj) << obj.error().to_string();
+    storage = *obj;
+  }
+  auto f = storage->open("/nonexistent");  // calls into the library's code
+  ASSERT_FALSE(f);
+  EXPECT_THAT(f.error().message(), HasSubstr("greeting salut"));
+}
+
+TEST(Registry, PluginLogsAndMetricsCarryItsName) {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  auto logger = std::make_shared<spdlog::logger>("capture", sink);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::info);
+  auto reg = scan({"good"});
+  auto obj = reg.create(reg.plugins().front(), {});
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(obj);
+  EXPECT_THAT(captured.str(), HasSubstr("[storage/fixture-good] hello from fixture-good"));
+  EXPECT_GE(colibri::util::Metrics::global().get("storage_fixture_good_created_total"), 1.0);
+}
+
+TEST(Registry, FindsTheInTreePlugins) {
+  auto reg = PluginRegistry::scan({{COLIBRI_TEST_PLUGIN_DIR, "build"}}, colibri::util::host_info());
+  EXPECT_NE(reg.find(PluginKind::storage, "pread"), nullptr);
+  EXPECT_NE(reg.find(PluginKind::cache, "lru"), nullptr);
+  for (const auto& b : reg.broken()) ADD_FAILURE() << b.path << ": " << b.reason;
+}
+
+TEST(Registry, SearchPathOrder) {
+  ::setenv("COLIBRI_PLUGIN_PATH", "/opt/a:/opt/b", 1);
+  auto dirs = colibri::registry::default_search_path({"/profile/dir"});
+  ::unsetenv("COLIBRI_PLUGIN_PATH");
+  ASSERT_GE(dirs.size(), 5u);
+  EXPECT_EQ(dirs[0].path, "/profile/dir");
+  EXPECT_EQ(dirs[0].origin, "profile plugins.paths");
+  EXPECT_EQ(dirs[1].path, "/opt/a");
+  EXPECT_EQ(dirs[2].path, "/opt/b");
+  EXPECT_EQ(dirs[2].origin, "COLIBRI_PLUGIN_PATH");
+  EXPECT_EQ(dirs[3].origin, "install dir");
+  EXPECT_EQ(dirs[4].origin, "next to the executable");
+}
+
+}  // namespace

@@ -1,0 +1,109 @@
+#include "colibri/sdk/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include "colibri/sdk/dtype.hpp"
+#include "colibri/sdk/status.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+
+TEST(ParseSize, UnitsAreBinary) {
+  EXPECT_EQ(*parse_size("4096"), 4096u);
+  EXPECT_EQ(*parse_size("64K"), 64u * 1024);
+  EXPECT_EQ(*parse_size("512M"), 512ull << 20);
+  EXPECT_EQ(*parse_size("8G"), 8ull << 30);
+  EXPECT_EQ(*parse_size("8g"), 8ull << 30);
+  EXPECT_EQ(*parse_size("8GiB"), 8ull << 30);
+  EXPECT_EQ(*parse_size("8GB"), 8ull << 30);
+  EXPECT_EQ(*parse_size("1.5G"), 3ull << 29);
+  EXPECT_EQ(*parse_size("2T"), 2ull << 40);
+  EXPECT_EQ(*parse_size(" 16 M "), 16ull << 20);
+}
+
+TEST(ParseSize, RejectsNonsense) {
+  for (const char* bad : {"", "G", "eight", "8X", "-1G", "1.5", "8 gigs", "nan", "1e30T"}) {
+    auto v = parse_size(bad);
+    EXPECT_FALSE(v) << bad;
+    if (!v) {
+      EXPECT_NE(v.error().message().find("512M"), std::string::npos);
+    }
+  }
+}
+
+TEST(FormatSize, RoundTrips) {
+  for (std::uint64_t v : {0ull, 1ull, 1023ull, 1024ull, 1536ull, 8ull << 30, 512ull << 20, 3ull << 29}) {
+    auto back = parse_size(format_size(v));
+    ASSERT_TRUE(back) << format_size(v);
+    EXPECT_EQ(*back, v) << format_size(v);
+  }
+  EXPECT_EQ(format_size(8ull << 30), "8G");
+}
+
+TEST(OptionValues, ParseByType) {
+  OptionSpec b{"b", OptionType::boolean, "", ""};
+  EXPECT_EQ(std::get<bool>(parse_option_value(b, "true")->value), true);
+  EXPECT_EQ(std::get<bool>(parse_option_value(b, "off")->value), false);
+  EXPECT_FALSE(parse_option_value(b, "1"));
+  OptionSpec i{"i", OptionType::integer, "", "", true};
+  EXPECT_EQ(std::get<std::int64_t>(parse_option_value(i, "-12")->value), -12);
+  EXPECT_TRUE(parse_option_value(i, "auto")->is_auto);
+  EXPECT_FALSE(parse_option_value(i, "12abc"));
+  OptionSpec i_no_auto{"i", OptionType::integer, "", ""};
+  auto na = parse_option_value(i_no_auto, "auto");
+  ASSERT_FALSE(na);
+  EXPECT_NE(na.error().message().find("not an integer"), std::string::npos);
+  OptionSpec l{"l", OptionType::string_list, "", ""};
+  auto list = parse_option_value(l, "[a, 'b c', \"d\"]");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(std::get<std::vector<std::string>>(list->value), (std::vector<std::string>{"a", "b c", "d"}));
+  EXPECT_TRUE(std::get<std::vector<std::string>>(parse_option_value(l, "[]")->value).empty());
+  EXPECT_FALSE(parse_option_value(l, "[a, b"));
+}
+
+TEST(ConfigView, TypedGettersAndFallbacks) {
+  std::map<std::string, ConfigValue, std::less<>> m;
+  m["depth"] = ConfigValue{std::int64_t{32}};
+  m["name"] = ConfigValue{std::string("x")};
+  m["threads"] = ConfigValue{std::string("auto"), true};
+  ConfigView v(m);
+  EXPECT_EQ(*v.get_int("depth", 1), 32);
+  EXPECT_EQ(*v.get_int("missing", 7), 7);
+  EXPECT_EQ(*v.get_int("threads", 4), 4);  // auto -> the caller's fallback
+  EXPECT_TRUE(v.is_auto("threads"));
+  EXPECT_EQ(*v.get_number("depth", 0.0), 32.0);
+  auto wrong = v.get_bool("name", false);
+  ASSERT_FALSE(wrong);
+  EXPECT_NE(wrong.error().message().find("'name' is not a boolean"), std::string::npos);
+}
+
+TEST(ClosestMatch, SuggestsOnlyNearWords) {
+  const std::vector<std::string> keys{"expert_cache", "vram_budget", "kv_cache"};
+  EXPECT_EQ(closest_match("vram_buget", keys), "vram_budget");
+  EXPECT_EQ(closest_match("EXPERT_CACHE", keys), "expert_cache");
+  EXPECT_EQ(closest_match("completely_different", keys), "");
+}
+
+TEST(Status, CarriesRetryAndDataLossFlags) {
+  Status s(StatusCode::io_error, "read failed", true, false);
+  EXPECT_FALSE(s);
+  EXPECT_TRUE(s.retryable());
+  EXPECT_EQ(s.with_context("L3/E5").to_string(), "io_error: L3/E5: read failed (retryable)");
+  Expected<int> e(Status{});  // an ok Status is not an error value
+  EXPECT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().code(), StatusCode::internal);
+}
+
+TEST(DType, GgmlIdsAndBlockSizes) {
+  EXPECT_EQ(static_cast<int>(DType::q4_k), 12);
+  EXPECT_EQ(static_cast<int>(DType::bf16), 30);
+  EXPECT_EQ(row_bytes(DType::q4_k, 4096), 16u * 144);
+  EXPECT_EQ(row_bytes(DType::q8_0, 64), 68u);
+  EXPECT_EQ(row_bytes(DType::q4_k, 100), 0u);  // not whole blocks
+  EXPECT_EQ(parse_dtype("Q6_K"), DType::q6_k);
+  EXPECT_FALSE(parse_dtype("q7_k").has_value());
+  EXPECT_EQ(dtype_traits_by_id(99), nullptr);
+}
+
+}  // namespace
