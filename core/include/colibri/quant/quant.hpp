@@ -39,8 +39,8 @@ sdk::Status dequantize_row(DType type, const void* src, float* dst, std::int64_t
 // avx512f+avx512bw+avx512vl; FMA is never used, so results do not depend on the path.
 enum class Isa : std::uint8_t { scalar, avx2, avx512 };
 
-Isa best_isa() noexcept;                    // the path dequantize_row takes on this CPU
-bool isa_available(Isa isa) noexcept;       // whether this CPU can run `isa`
+Isa best_isa() noexcept;                       // the path dequantize_row takes on this CPU
+bool isa_available(Isa isa) noexcept;          // whether this CPU can run `isa`
 std::string_view to_string(Isa isa) noexcept;  // "scalar", "avx2", "avx512"
 
 // dequantize_row on a chosen path (tests and benchmarks). unsupported when the CPU lacks `isa`.
