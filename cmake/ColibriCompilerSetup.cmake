@@ -7,6 +7,11 @@ if(CCACHE_PROGRAM)
 endif()
 
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-Wall;-Wextra>")
+# GCC 12 reports -Wrestrict false positives inside libstdc++ for `"literal" + std::string` at -O2/-O3
+# (GCC bug 105651, fixed in GCC 13); the warning is kept for other compilers.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>")
+endif()
 if(COLIBRI_WERROR)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-Werror>")
 endif()
