@@ -1,0 +1,118 @@
+// Internal pieces of the tokenizer pipeline, each mirroring one HuggingFace tokenizers component so that the same
+// tokenizer.json gives the same tokens: normalizers, pre-tokenizers, the BPE model, post-processors and decoders.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "colibri/sdk/status.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "tokenizer/onig_regex.hpp"
+
+namespace colibri::tokenizer::detail {
+
+using json = nlohmann::json;
+
+// One split of the input as it moves through the pipeline. `added` >= 0 marks an added token found before the model.
+struct Piece {
+  std::string text;
+  TokenId added = -1;
+  bool at_origin = false;  // starts at offset 0 of the original input (Metaspace prepend_scheme "first")
+};
+
+// Parse errors carry the JSON path of the offending key.
+struct ParseError {
+  std::string path;
+  std::string message;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using Vocab = std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>>;
+
+// ---- normalizers ----
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual void normalize(std::string& text) const = 0;
+};
+std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& path);
+
+// ---- pre-tokenizers ----
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  // Splits every piece that is not an added token.
+  virtual void pre_tokenize(std::vector<Piece>& pieces) const = 0;
+};
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::string& path);
+
+// GPT-2's reversible byte <-> printable character mapping used by ByteLevel.
+const std::array<std::string, 256>& byte_level_chars();
+// Maps a UTF-8 encoded byte-level character back to its byte, or -1.
+int byte_level_byte(char32_t cp);
+
+// ---- BPE model ----
+class BpeModel {
+ public:
+  static BpeModel parse(const json& j, const std::string& path);  // throws ParseError
+
+  void tokenize(std::string_view word, std::vector<TokenId>& out) const;
+  [[nodiscard]] std::optional<TokenId> token_to_id(std::string_view piece) const;
+  [[nodiscard]] const std::string* id_to_token(TokenId id) const;
+  [[nodiscard]] std::size_t vocab_size() const { return vocab_.size(); }
+
+ private:
+  struct Merge {
+    std::uint32_t rank;
+    TokenId new_id;
+  };
+  void merge_word(std::string_view word, std::vector<TokenId>& out) const;
+
+  Vocab vocab_;
+  std::vector<const std::string*> by_id_;
+  std::unordered_map<std::uint64_t, Merge> merges_;
+  std::optional<std::string> unk_token_;
+  std::optional<std::string> continuing_subword_prefix_;
+  std::optional<std::string> end_of_word_suffix_;
+  bool fuse_unk_ = false;
+  bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
+  std::array<TokenId, 256> byte_tokens_{};  // "<0xAB>" ids for byte fallback, -1 when absent
+
+  // Word cache: HF caches merged words too; results are identical, it only saves time on repeated words.
+  std::unique_ptr<std::mutex> cache_mutex_ = std::make_unique<std::mutex>();
+  mutable std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>> cache_;
+};
+
+// ---- post-processors ----
+class PostProcessor {
+ public:
+  virtual ~PostProcessor() = default;
+  virtual void process(std::vector<TokenId>& ids, bool add_special) const = 0;
+  // Leading / trailing special ids of a single sequence (BOS / EOS candidates).
+  [[nodiscard]] virtual std::vector<TokenId> prefix_ids() const { return {}; }
+  [[nodiscard]] virtual std::vector<TokenId> suffix_ids() const { return {}; }
+};
+std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& path, const BpeModel& model,
+                                                   const Vocab& added);
+
+// ---- decoders ----
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+};
+std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& path);
+
+}  // namespace colibri::tokenizer::detail

@@ -1,0 +1,518 @@
+// Tokenizer: loads tokenizer.json and runs HF's pipeline: added tokens are split out first (non-normalized ones on
+// the raw text, normalized ones after normalization), then normalizer, pre-tokenizer, BPE and post-processor.
+#include "colibri/tokenizer/tokenizer.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include "tokenizer/pipeline.hpp"
+#include "tokenizer/utf8.hpp"
+
+namespace colibri::tokenizer {
+
+using detail::json;
+using detail::Piece;
+
+namespace {
+
+struct AddedToken {
+  std::string content;
+  TokenId id = -1;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = true;
+  bool special = false;
+};
+
+// Byte trie over added-token contents, giving leftmost-longest matches like HF's Aho-Corasick (LeftmostLongest).
+class TokenTrie {
+ public:
+  void insert(std::string_view pattern, std::size_t token_index) {
+    if (pattern.empty()) return;
+    std::size_t node = 0;
+    for (char c : pattern) {
+      const auto b = static_cast<unsigned char>(c);
+      auto& edges = nodes_[node].edges;
+      auto it =
+          std::lower_bound(edges.begin(), edges.end(), b,
+                           [](const std::pair<unsigned char, std::size_t>& e, unsigned char v) { return e.first < v; });
+      if (it != edges.end() && it->first == b) {
+        node = it->second;
+      } else {
+        const std::size_t child = nodes_.size();
+        edges.insert(it, {b, child});
+        nodes_.emplace_back();
+        node = child;
+      }
+    }
+    if (nodes_[node].token < 0) nodes_[node].token = static_cast<std::ptrdiff_t>(token_index);
+    first_bytes_[static_cast<unsigned char>(pattern[0])] = true;
+  }
+  [[nodiscard]] bool empty() const { return nodes_.size() == 1; }
+
+  // Longest pattern starting at `pos`: returns its length and sets token_index, or 0.
+  std::size_t longest_at(std::string_view text, std::size_t pos, std::size_t& token_index) const {
+    if (!first_bytes_[static_cast<unsigned char>(text[pos])]) return 0;
+    std::size_t node = 0;
+    std::size_t best = 0;
+    for (std::size_t i = pos; i < text.size(); ++i) {
+      const auto b = static_cast<unsigned char>(text[i]);
+      const auto& edges = nodes_[node].edges;
+      auto it =
+          std::lower_bound(edges.begin(), edges.end(), b,
+                           [](const std::pair<unsigned char, std::size_t>& e, unsigned char v) { return e.first < v; });
+      if (it == edges.end() || it->first != b) break;
+      node = it->second;
+      if (nodes_[node].token >= 0) {
+        best = i + 1 - pos;
+        token_index = static_cast<std::size_t>(nodes_[node].token);
+      }
+    }
+    return best;
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, std::size_t>> edges;
+    std::ptrdiff_t token = -1;
+  };
+  std::vector<Node> nodes_{1};
+  std::array<bool, 256> first_bytes_{};
+};
+
+const OnigRegex& word_char_regex() {
+  static const OnigRegex re = std::move(*OnigRegex::compile(R"(\w)"));
+  return re;
+}
+
+bool is_word_char_at(std::string_view s, std::size_t i) {
+  std::size_t start = 0, end = 0;
+  const std::size_t n = utf8::valid_sequence_length(s, i);
+  if (n == 0) return false;
+  return word_char_regex().search(s.substr(i, n), 0, start, end);
+}
+
+bool ends_with_word(std::string_view s) {
+  if (s.empty()) return false;
+  std::size_t i = s.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return is_word_char_at(s, i);
+}
+
+bool starts_with_word(std::string_view s) {
+  return !s.empty() && is_word_char_at(s, 0);
+}
+
+bool is_space_at(std::string_view s, std::size_t i, std::size_t& len) {
+  std::size_t j = i;
+  const char32_t cp = utf8::next_code_point(s, j);
+  len = j - i;
+  // Unicode White_Space, as Rust's \s.
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+std::string read_file(const std::filesystem::path& path, sdk::Status& status) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    status = sdk::make_error(sdk::StatusCode::not_found, "cannot open " + path.string());
+    return {};
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) status = sdk::make_error(sdk::StatusCode::io_error, "error reading " + path.string());
+  return ss.str();
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  detail::BpeModel model;
+  std::unique_ptr<detail::Normalizer> normalizer;
+  std::unique_ptr<detail::PreTokenizer> pre_tokenizer;
+  std::unique_ptr<detail::PostProcessor> post_processor;
+  std::unique_ptr<detail::Decoder> decoder;
+
+  std::vector<AddedToken> added;  // in HF registration order
+  std::unordered_map<TokenId, std::size_t> added_by_id;
+  detail::Vocab added_by_content;
+  std::unordered_map<std::string, bool> special_contents;
+  TokenTrie raw_trie;         // normalized == false: matched on the raw input
+  TokenTrie normalized_trie;  // normalized == true: matched on normalized text
+
+  std::string bos_token;
+  std::string eos_token;
+  std::optional<TokenId> bos_id;
+  std::optional<TokenId> eos_id;
+
+  [[nodiscard]] std::optional<TokenId> token_to_id(std::string_view s) const {
+    if (auto it = added_by_content.find(s); it != added_by_content.end()) return it->second;
+    return model.token_to_id(s);
+  }
+
+  [[nodiscard]] const std::string* id_to_token(TokenId id) const {
+    if (auto it = added_by_id.find(id); it != added_by_id.end()) return &added[it->second].content;
+    return model.id_to_token(id);
+  }
+
+  // HF's AddedVocabulary::find_matches followed by the split: pieces of `piece` around added tokens.
+  void split_added(const Piece& piece, const TokenTrie& trie, std::vector<Piece>& out) const {
+    const std::string_view s = piece.text;
+    if (s.empty()) return;  // HF drops empty splits at every stage
+    if (trie.empty()) {
+      out.push_back(piece);
+      return;
+    }
+    std::size_t start_offset = 0;
+    auto push_text = [&](std::size_t a, std::size_t b) {
+      Piece p;
+      p.text = std::string(s.substr(a, b - a));
+      p.at_origin = piece.at_origin && a == 0;
+      out.push_back(std::move(p));
+    };
+    std::size_t pos = 0;
+    while (pos < s.size()) {
+      std::size_t index = 0;
+      const std::size_t len = trie.longest_at(s, pos, index);
+      if (len == 0) {
+        ++pos;
+        continue;
+      }
+      const AddedToken& tok = added[index];
+      std::size_t start = pos;
+      std::size_t stop = pos + len;
+      pos = stop;  // matching resumes after the pattern, whatever lstrip/rstrip consumed
+      if (tok.single_word) {
+        const bool start_space = start == 0 || !ends_with_word(s.substr(0, start));
+        const bool stop_space = stop == s.size() || !starts_with_word(s.substr(stop));
+        if (!start_space || !stop_space) continue;
+      }
+      if (tok.lstrip) {
+        std::size_t new_start = start;
+        while (new_start > 0) {
+          std::size_t back = new_start - 1;
+          while (back > 0 && (static_cast<unsigned char>(s[back]) & 0xC0) == 0x80) --back;
+          std::size_t len_ws = 0;
+          if (!is_space_at(s, back, len_ws)) break;
+          new_start = back;
+        }
+        start = std::max(new_start, start_offset);
+      }
+      if (tok.rstrip) {
+        std::size_t len_ws = 0;
+        while (stop < s.size() && is_space_at(s, stop, len_ws)) stop += len_ws;
+      }
+      if (start_offset < start) push_text(start_offset, start);
+      Piece p;
+      p.text = std::string(s.substr(start, stop - start));
+      p.added = tok.id;
+      out.push_back(std::move(p));
+      start_offset = stop;
+    }
+    if (start_offset != s.size()) push_text(start_offset, s.size());
+  }
+
+  void add_tokens(std::vector<AddedToken> tokens) {
+    // Mirrors AddedVocabulary::add_tokens: an id comes from the vocabulary when the content is there, otherwise the
+    // next one after the model vocabulary, in file order.
+    auto next_id = static_cast<TokenId>(model.vocab_size());
+    for (auto& t : tokens) {
+      if (t.content.empty()) continue;
+      if (t.special) special_contents[t.content] = true;
+      std::optional<TokenId> id = token_to_id(t.content);
+      if (!id) id = next_id++;
+      t.id = *id;
+      if (auto it = added_by_id.find(*id); it != added_by_id.end()) {
+        added[it->second] = t;
+      } else {
+        added_by_id[*id] = added.size();
+        added.push_back(t);
+      }
+      added_by_content[t.content] = *id;
+    }
+    for (std::size_t i = 0; i < added.size(); ++i) {
+      if (!added[i].normalized) {
+        raw_trie.insert(added[i].content, i);
+      } else {
+        std::string pattern = added[i].content;
+        if (normalizer) normalizer->normalize(pattern);
+        normalized_trie.insert(pattern, i);
+      }
+    }
+  }
+
+  [[nodiscard]] std::vector<TokenId> encode(std::string_view raw, bool add_special) const {
+    const std::string text = utf8::to_valid_lossy(raw);
+    std::vector<Piece> pieces;
+    Piece whole;
+    whole.text = text;
+    whole.at_origin = true;
+    split_added(whole, raw_trie, pieces);
+
+    std::vector<Piece> normalized;
+    normalized.reserve(pieces.size());
+    for (auto& p : pieces) {
+      if (p.added >= 0) {
+        normalized.push_back(std::move(p));
+        continue;
+      }
+      if (normalizer) normalizer->normalize(p.text);
+      split_added(p, normalized_trie, normalized);
+    }
+    if (pre_tokenizer) pre_tokenizer->pre_tokenize(normalized);
+
+    std::vector<TokenId> ids;
+    ids.reserve(text.size() / 3 + 4);
+    for (const auto& p : normalized) {
+      if (p.added >= 0) {
+        ids.push_back(p.added);
+      } else {
+        model.tokenize(p.text, ids);
+      }
+    }
+    if (post_processor) post_processor->process(ids, add_special);
+    return ids;
+  }
+
+  [[nodiscard]] std::string decode(std::span<const TokenId> ids, bool skip_special) const {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (TokenId id : ids) {
+      const std::string* t = id_to_token(id);
+      if (t == nullptr) continue;
+      if (skip_special && special_contents.contains(*t)) continue;
+      tokens.push_back(*t);
+    }
+    if (!decoder) {
+      std::string out;
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (i > 0) out.push_back(' ');
+        out += tokens[i];
+      }
+      return out;
+    }
+    decoder->decode_chain(tokens);
+    std::string out;
+    for (const auto& t : tokens) out += t;
+    return out;
+  }
+};
+
+namespace {
+
+std::optional<std::string> config_token(const json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+namespace {
+
+sdk::Expected<std::shared_ptr<Tokenizer::Impl>> parse_impl(std::string_view json_text, std::string_view source) {
+  const std::string src(source);
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return sdk::make_error(sdk::StatusCode::corrupt_data,
+                           src + ": not valid JSON (" + e.what() + "); re-download or re-export tokenizer.json");
+  }
+  if (!root.is_object()) return sdk::make_error(sdk::StatusCode::corrupt_data, src + ": expected a JSON object");
+  auto impl = std::make_shared<Tokenizer::Impl>();
+  try {
+    auto model = root.find("model");
+    if (model == root.end()) throw detail::ParseError{"model", "missing key \"model\""};
+    impl->model = detail::BpeModel::parse(*model, "model");
+    if (auto n = root.find("normalizer"); n != root.end()) impl->normalizer = detail::make_normalizer(*n, "normalizer");
+    if (auto p = root.find("pre_tokenizer"); p != root.end()) {
+      impl->pre_tokenizer = detail::make_pre_tokenizer(*p, "pre_tokenizer");
+    }
+    if (auto d = root.find("decoder"); d != root.end()) impl->decoder = detail::make_decoder(*d, "decoder");
+
+    std::vector<AddedToken> added;
+    if (auto a = root.find("added_tokens"); a != root.end() && !a->is_null()) {
+      if (!a->is_array()) throw detail::ParseError{"added_tokens", "expected an array"};
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        const json& e = (*a)[i];
+        const std::string where = "added_tokens[" + std::to_string(i) + "]";
+        if (!e.is_object() || !e.contains("content") || !e["content"].is_string()) {
+          throw detail::ParseError{where, "expected an object with a string \"content\""};
+        }
+        AddedToken t;
+        t.content = e["content"].get<std::string>();
+        auto flag = [&](const char* key, bool fallback) {
+          auto it = e.find(key);
+          if (it == e.end() || it->is_null()) return fallback;
+          if (!it->is_boolean()) throw detail::ParseError{where + "." + key, "expected true or false"};
+          return it->get<bool>();
+        };
+        t.special = flag("special", false);
+        t.single_word = flag("single_word", false);
+        t.lstrip = flag("lstrip", false);
+        t.rstrip = flag("rstrip", false);
+        t.normalized = flag("normalized", !t.special);
+        added.push_back(std::move(t));
+      }
+    }
+    impl->add_tokens(std::move(added));
+    if (auto p = root.find("post_processor"); p != root.end()) {
+      impl->post_processor = detail::make_post_processor(*p, "post_processor", impl->model, impl->added_by_content);
+    }
+  } catch (const detail::ParseError& e) {
+    return sdk::make_error(sdk::StatusCode::corrupt_data, src + ": key '" + e.path + "': " + e.message);
+  } catch (const json::exception& e) {
+    return sdk::make_error(sdk::StatusCode::corrupt_data, src + ": unexpected JSON structure: " + e.what());
+  }
+  if (impl->post_processor) {
+    const auto prefix = impl->post_processor->prefix_ids();
+    const auto suffix = impl->post_processor->suffix_ids();
+    if (!prefix.empty()) impl->bos_id = prefix.front();
+    if (!suffix.empty()) impl->eos_id = suffix.back();
+  }
+  if (impl->bos_id) {
+    if (const std::string* t = impl->id_to_token(*impl->bos_id)) impl->bos_token = *t;
+  }
+  if (impl->eos_id) {
+    if (const std::string* t = impl->id_to_token(*impl->eos_id)) impl->eos_token = *t;
+  }
+  return impl;
+}
+
+}  // namespace
+
+sdk::Expected<Tokenizer> Tokenizer::from_json(std::string_view json_text, std::string_view source) {
+  auto impl = parse_impl(json_text, source);
+  if (!impl) return impl.error();
+  return Tokenizer(std::move(*impl));
+}
+
+sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  if (!std::filesystem::exists(file, ec)) {
+    return sdk::make_error(
+        sdk::StatusCode::not_found,
+        file.string() + ": no such file (expected a tokenizer.json or a model directory holding one)");
+  }
+  sdk::Status status;
+  const std::string text = read_file(file, status);
+  if (!status) return status;
+  auto parsed = parse_impl(text, file.string());
+  if (!parsed) return parsed.error();
+  std::shared_ptr<Impl> impl = std::move(*parsed);
+
+  // tokenizer_config.json names BOS/EOS for tokenizers whose post-processor does not (Llama 3, Qwen, ...).
+  const auto config_path = file.parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(config_path, ec)) {
+    sdk::Status config_status;
+    const std::string config_text = read_file(config_path, config_status);
+    const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+    if (config_status && config.is_object()) {
+      if (auto bos = config_token(config, "bos_token")) {
+        if (auto id = impl->token_to_id(*bos)) {
+          impl->bos_id = id;
+          impl->bos_token = *bos;
+        }
+      }
+      if (auto eos = config_token(config, "eos_token")) {
+        if (auto id = impl->token_to_id(*eos)) {
+          impl->eos_id = id;
+          impl->eos_token = *eos;
+        }
+      }
+    }
+  }
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special) const {
+  return impl_->encode(text, add_special);
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special) const {
+  return impl_->decode(ids, skip_special);
+}
+
+std::optional<std::string> Tokenizer::token_to_piece(TokenId id) const {
+  if (const std::string* t = impl_->id_to_token(id)) return *t;
+  return std::nullopt;
+}
+
+std::optional<TokenId> Tokenizer::piece_to_token(std::string_view piece) const {
+  return impl_->token_to_id(piece);
+}
+
+bool Tokenizer::is_special(TokenId id) const {
+  const std::string* t = impl_->id_to_token(id);
+  return t != nullptr && impl_->special_contents.contains(*t);
+}
+
+std::size_t Tokenizer::vocab_size() const {
+  std::size_t extra = 0;
+  for (const auto& t : impl_->added) {
+    if (!impl_->model.token_to_id(t.content)) ++extra;
+  }
+  return impl_->model.vocab_size() + extra;
+}
+
+std::optional<TokenId> Tokenizer::bos_id() const {
+  return impl_->bos_id;
+}
+std::optional<TokenId> Tokenizer::eos_id() const {
+  return impl_->eos_id;
+}
+std::string Tokenizer::bos_token() const {
+  return impl_->bos_token;
+}
+std::string Tokenizer::eos_token() const {
+  return impl_->eos_token;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+// More pending tokens than one character can span: a trailing U+FFFD is then real, not an unfinished character.
+constexpr std::size_t kMaxPendingTokens = 4;
+
+bool ends_with_replacement(std::string_view s) {
+  return s.size() >= 3 && s.substr(s.size() - 3) == utf8::kReplacementChar;
+}
+}  // namespace
+
+StreamDecoder::StreamDecoder(Tokenizer tokenizer, bool skip_special)
+    : tokenizer_(std::move(tokenizer)), skip_special_(skip_special) {}
+
+std::string StreamDecoder::push(TokenId id) {
+  ids_.push_back(id);
+  const std::string text = tokenizer_.decode(ids_, skip_special_);
+  const std::size_t pending = ids_.size() - context_;
+  if (text.size() <= prefix_.size() || text.compare(0, prefix_.size(), prefix_) != 0) return {};
+  if (ends_with_replacement(text) && pending <= kMaxPendingTokens) return {};
+  std::string out = text.substr(prefix_.size());
+  // The tokens just released become the context of the next chunk, so context-dependent decoders (a Strip of the
+  // leading space, Metaspace's first token) see the same neighbours as a full decode.
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
+  context_ = ids_.size();
+  prefix_ = tokenizer_.decode(ids_, skip_special_);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  const std::string text = tokenizer_.decode(ids_, skip_special_);
+  std::string out;
+  if (text.size() > prefix_.size() && text.compare(0, prefix_.size(), prefix_) == 0) out = text.substr(prefix_.size());
+  ids_.clear();
+  context_ = 0;
+  prefix_.clear();
+  return out;
+}
+
+}  // namespace colibri::tokenizer
