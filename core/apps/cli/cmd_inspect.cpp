@@ -1,0 +1,190 @@
+// colibri-cli inspect MODEL [--verify] [--json]
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
+#include "colibri/model/verify.hpp"
+#include "command.hpp"
+
+namespace colibri::cli {
+namespace {
+
+struct InspectOptions {
+  std::string model;
+  bool verify = false;
+  bool json = false;
+  std::string models_dir;
+};
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+std::string human_count(std::uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000ull) {
+    std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  } else if (n >= 1000000ull) {
+    std::snprintf(buf, sizeof buf, "%.2fM", static_cast<double>(n) / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(n));
+  }
+  return buf;
+}
+
+int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
+  std::filesystem::path models_dir = o.models_dir;
+  if (models_dir.empty()) {
+    if (auto prof = global.load_profile()) models_dir = prof->get_string("models.dir");
+  }
+  auto dir = model::resolve_model_path(o.model, models_dir);
+  if (!dir) return fail(dir.error().message());
+  auto m = model::load_manifest(*dir);
+  model::VerifyReport report;
+  if (o.verify) {
+    const bool tty = ::isatty(STDERR_FILENO) && !o.json;
+    report = model::verify_model(*dir, [tty](std::uint64_t done, std::uint64_t total) {
+      if (tty)
+        std::fprintf(stderr, "\rverifying %5.1f%%",
+                     total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0);
+    });
+    if (tty) std::fprintf(stderr, "\n");
+  }
+  if (!m && !(o.verify && report.manifest_ok)) {
+    if (o.json) {
+      nlohmann::json out = {{"model", dir->string()}, {"ok", false}, {"error", m.error().message()}};
+      if (o.verify) {
+        out["problems"] = nlohmann::json::array();
+        for (const auto& p : report.problems) out["problems"].push_back(p.message);
+      }
+      std::cout << out.dump(2) << "\n";
+      return 1;
+    }
+    if (o.verify && !report.problems.empty()) {
+      for (const auto& p : report.problems) std::cerr << "error: " << p.message << "\n";
+      return 1;
+    }
+    return fail(m.error().message());
+  }
+  model::Manifest man;
+  if (m) {
+    man = std::move(*m);
+  } else {
+    // The manifest parses but a file is missing or truncated: verify lists each; show the model anyway.
+    auto text = std::string{};
+    FILE* f = std::fopen((*dir / "manifest.json").c_str(), "rb");
+    if (f != nullptr) {
+      char buf[65536];
+      std::size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+      std::fclose(f);
+    }
+    auto parsed = model::parse_manifest(nlohmann::json::parse(text, nullptr, false), "manifest.json");
+    if (!parsed) return fail(parsed.error().message());
+    man = std::move(*parsed);
+  }
+  const auto& hp = man.hparams;
+  std::map<std::string, std::uint64_t> type_bytes;
+  for (const auto& t : man.tensors) type_bytes[std::string(sdk::to_string(t.type))] += t.size;
+  for (const auto& e : man.experts) {
+    for (const auto* p : {&e.gate, &e.up, &e.down}) type_bytes[std::string(sdk::to_string(p->type))] += p->size;
+  }
+  std::uint64_t largest = 0;
+  for (const auto& e : man.experts) largest = std::max(largest, e.size);
+  const std::size_t file_count = man.files.size() + man.tokenizer_files.size() + 1;
+  const bool ok = !o.verify || report.ok();
+  if (o.json) {
+    nlohmann::json out;
+    out["model"] = dir->string();
+    out["architecture"] = hp.architecture;
+    out["hparams"] = hp.to_json();
+    out["params_total"] = man.total_params();
+    out["params_active_per_token"] = man.active_params();
+    out["experts"] = {{"count", man.experts.size()},
+                      {"per_layer", hp.n_experts},
+                      {"top_k", hp.n_experts_per_tok},
+                      {"bytes", man.expert_bytes()},
+                      {"bytes_per_expert", largest}};
+    out["resident_bytes"] = man.resident_bytes();
+    out["bytes_per_token_all_miss"] = man.bytes_per_token_all_miss();
+    out["quantization"] = man.quantization;
+    out["types_bytes"] = type_bytes;
+    out["files"] = file_count;
+    if (o.verify) {
+      out["verify"] = {
+          {"ok", report.ok()}, {"files_checked", report.files_checked}, {"bytes_hashed", report.bytes_hashed}};
+      out["verify"]["problems"] = nlohmann::json::array();
+      for (const auto& p : report.problems) {
+        out["verify"]["problems"].push_back(
+            {{"file", p.file}, {"location", p.location}, {"kind", p.kind}, {"message", p.message}});
+      }
+    }
+    std::cout << out.dump(2) << "\n";
+    return ok ? 0 : 1;
+  }
+  std::cout << "model:         " << dir->string() << "\n"
+            << "architecture:  " << hp.architecture
+            << (hp.hf_architecture.empty() ? "" : " (" + hp.hf_architecture + ")") << "\n"
+            << "layers:        " << hp.num_layers << ", hidden " << hp.hidden_size << ", heads " << hp.num_heads << "/"
+            << hp.num_kv_heads << " (q/kv), head_dim " << hp.head_dim << ", vocab " << hp.vocab_size << "\n"
+            << "parameters:    " << human_count(man.total_params()) << " total, " << human_count(man.active_params())
+            << " active per token\n";
+  if (hp.dense) {
+    std::cout << "experts:       dense FFN (one always-selected expert per layer), "
+              << human_bytes(static_cast<double>(largest)) << " per layer\n";
+  } else {
+    std::cout << "experts:       " << man.experts.size() << " (" << hp.n_experts << " per layer, top-"
+              << hp.n_experts_per_tok << "), " << human_bytes(static_cast<double>(largest)) << " each, "
+              << human_bytes(static_cast<double>(man.expert_bytes())) << " in all\n";
+  }
+  std::cout << "resident:      " << human_bytes(static_cast<double>(man.resident_bytes())) << " (shared.bin)\n"
+            << "read/token:    " << human_bytes(static_cast<double>(man.bytes_per_token_all_miss()))
+            << " if every expert misses the cache\n"
+            << "quantization:  " << man.quantization.value("preset", std::string("?")) << ":";
+  for (const auto& [t, b] : type_bytes) std::cout << " " << t << " " << human_bytes(static_cast<double>(b));
+  std::cout << "\n";
+  if (man.quantization.contains("fallbacks") && !man.quantization["fallbacks"].empty()) {
+    std::cout << "fallbacks:     " << man.quantization["fallbacks"].size() << " tensors kept another type\n";
+  }
+  std::cout << "files:         " << file_count << "\n";
+  if (o.verify) {
+    if (report.ok()) {
+      std::cout << "verify:        ok (" << report.files_checked << " files, "
+                << human_bytes(static_cast<double>(report.bytes_hashed)) << " hashed)\n";
+    } else {
+      std::cout << "verify:        " << report.problems.size() << " problem(s)\n";
+      for (const auto& p : report.problems) std::cerr << "error: " << p.message << "\n";
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<InspectOptions>();
+  auto* cmd = app.add_subcommand("inspect",
+                                 "Show a colibri model: architecture, parameters, experts, sizes; --verify re-hashes");
+  cmd->add_option("model", o->model, "Model directory or name under the models directory")->required();
+  cmd->add_flag("--verify", o->verify, "Re-hash every file and report each missing, truncated or corrupt one");
+  cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->add_option("--models-dir", o->models_dir, "Where model names are looked up (default: profile models.dir)");
+  add_profile_options(*cmd, global);
+  cmd->callback([&global, o] { global.exit_code = run_inspect(global, *o); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(41, setup);
+
+}  // namespace colibri::cli

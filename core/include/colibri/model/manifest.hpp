@@ -1,0 +1,134 @@
+// The colibri model on disk (DESIGN.md, "Model on disk"): manifest.json, shared.bin and one blob per routed
+// expert. load_manifest() parses and bounds-checks everything a run relies on, without hashing; verify_model()
+// (verify.hpp) also re-hashes every file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "colibri/sdk/dtype.hpp"
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::model {
+
+inline constexpr int kManifestFormatVersion = 1;
+inline constexpr const char* kManifestFormatName = "colibri-model";
+inline constexpr std::uint64_t kBlobAlignment = 4096;
+
+// Every hyper-parameter the forward pass needs. Weights are stored in HuggingFace layout ([out, in], rows are
+// output features, Q/K rows not permuted), so rope is HF's rotate_half form for every architecture here.
+struct HyperParams {
+  std::string architecture;     // mixtral | qwen2_moe | qwen3_moe | olmoe | llama | mistral
+  std::string hf_architecture;  // MixtralForCausalLM, ... (empty when the source was a GGUF)
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t num_layers = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  std::int64_t max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  nlohmann::json rope_scaling;  // null, or the HF rope_scaling object (rope_type, factor, ...)
+  double rms_norm_eps = 1e-6;
+  std::string hidden_act = "silu";
+  std::int64_t sliding_window = 0;  // 0: full attention
+  bool tie_word_embeddings = false;
+  bool attention_qkv_bias = false;  // q/k/v projections have biases (Qwen2-MoE)
+  bool attention_out_bias = false;  // o projection has a bias
+  std::string qk_norm = "none";  // none | per_head (RMSNorm over head_dim: Qwen3) | full (over n_heads*head_dim: OLMoE)
+  double clip_qkv = 0.0;         // 0: none (OLMoE option)
+  // Feed-forward. Dense models are one always-selected expert per layer (n_experts 1, top-k 1).
+  bool dense = false;
+  std::int64_t n_experts = 0;
+  std::int64_t n_experts_per_tok = 0;
+  bool norm_topk_prob = false;
+  std::int64_t intermediate_size = 0;                // dense FFN size (dense models, dense layers of a MoE)
+  std::int64_t moe_intermediate_size = 0;            // routed expert FFN size
+  std::int64_t shared_expert_intermediate_size = 0;  // 0: no shared expert
+  bool shared_expert_gate = false;                   // sigmoid gate on the shared expert (Qwen2-MoE)
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;
+  std::int64_t bos_token_id = -1;
+  std::vector<std::int64_t> eos_token_ids;
+
+  // True when layer `layer` routes among n_experts (else it has one dense expert).
+  [[nodiscard]] bool layer_is_sparse(std::int64_t layer) const;
+  [[nodiscard]] std::int64_t layer_experts(std::int64_t layer) const { return layer_is_sparse(layer) ? n_experts : 1; }
+  [[nodiscard]] std::int64_t layer_ffn_size(std::int64_t layer) const {
+    return layer_is_sparse(layer) ? moe_intermediate_size : intermediate_size;
+  }
+  [[nodiscard]] std::int64_t layer_top_k(std::int64_t layer) const {
+    return layer_is_sparse(layer) ? n_experts_per_tok : 1;
+  }
+
+  [[nodiscard]] nlohmann::json to_json() const;
+  static sdk::Expected<HyperParams> from_json(const nlohmann::json& j);
+  // Consistency checks (positive sizes, heads divide, top-k <= experts); message names the field.
+  [[nodiscard]] sdk::Status validate() const;
+};
+
+struct TensorEntry {
+  std::string name;          // "blk.3.attn_q.weight", expert parts "blk.3.ffn_gate.5.weight"
+  std::string file;          // relative to the model directory
+  std::uint64_t offset = 0;  // absolute within the file
+  std::uint64_t size = 0;
+  sdk::DType type = sdk::DType::f32;
+  std::vector<std::int64_t> shape;  // HF order: [rows, row length]
+  std::uint64_t checksum = 0;       // xxHash64 of the tensor's bytes
+};
+
+struct ExpertEntry {
+  std::int64_t layer = 0;
+  std::int64_t expert = 0;
+  std::string file;
+  std::uint64_t offset = 0;  // the blob: one aligned range holding gate, up, down
+  std::uint64_t size = 0;
+  TensorEntry gate, up, down;  // offsets absolute within `file`
+};
+
+struct FileEntry {
+  std::string path;  // relative: "shared.bin", "experts/L007/E003.bin"
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;  // xxHash64 of the whole file
+};
+
+struct Manifest {
+  int format_version = kManifestFormatVersion;
+  HyperParams hparams;
+  std::vector<FileEntry> files;
+  std::vector<TensorEntry> tensors;  // everything in shared.bin
+  std::vector<ExpertEntry> experts;  // sorted by (layer, expert)
+  std::vector<std::string> tokenizer_files;
+  nlohmann::json tokenizer;     // {"source": "copied"|"gguf", "model": ..., "notes": ...}
+  nlohmann::json quantization;  // {"preset": ..., "types": {type: count}, "fallbacks": [...]}
+  nlohmann::json source;        // {"kind": "safetensors"|"gguf", "path": ...}
+
+  [[nodiscard]] const TensorEntry* tensor(const std::string& name) const;
+  [[nodiscard]] const ExpertEntry* expert(std::int64_t layer, std::int64_t expert) const;
+  [[nodiscard]] const FileEntry* file(const std::string& path) const;
+
+  [[nodiscard]] std::uint64_t resident_bytes() const;  // shared tensors
+  [[nodiscard]] std::uint64_t expert_bytes() const;    // all expert blobs
+  [[nodiscard]] std::uint64_t total_params() const;
+  [[nodiscard]] std::uint64_t active_params() const;             // shared + top-k experts in every layer
+  [[nodiscard]] std::uint64_t bytes_per_token_all_miss() const;  // top-k expert blobs read per layer
+
+  [[nodiscard]] nlohmann::json to_json() const;
+};
+
+// Parses a manifest object; `where` names it in messages.
+sdk::Expected<Manifest> parse_manifest(const nlohmann::json& j, const std::string& where);
+
+// Reads <dir>/manifest.json and checks every index entry against the files present: paths inside the model,
+// files present with the recorded size, tensors inside their files with the byte size their type and shape need,
+// one expert per (layer, expert) of every layer. Does not hash (see verify_model).
+sdk::Expected<Manifest> load_manifest(const std::filesystem::path& dir);
+
+// "L12/E5" for an expert blob path ("experts/L012/E005.bin"), "shared" for shared.bin, the path otherwise.
+std::string describe_model_file(const Manifest& m, const std::string& path);
+
+}  // namespace colibri::model

@@ -1,0 +1,366 @@
+#include "model/architecture.hpp"
+
+#include <map>
+
+namespace colibri::model {
+
+using nlohmann::json;
+using sdk::Status;
+using sdk::StatusCode;
+
+const char* to_string(TensorKind k) {
+  switch (k) {
+    case TensorKind::embedding: return "embedding";
+    case TensorKind::output: return "output";
+    case TensorKind::norm: return "norm";
+    case TensorKind::attn_q: return "attn_q";
+    case TensorKind::attn_k: return "attn_k";
+    case TensorKind::attn_v: return "attn_v";
+    case TensorKind::attn_o: return "attn_output";
+    case TensorKind::bias: return "bias";
+    case TensorKind::router: return "router";
+    case TensorKind::shared_expert_gate: return "shared_expert_gate";
+    case TensorKind::shared_expert: return "shared_expert";
+    case TensorKind::expert_gate: return "expert_gate";
+    case TensorKind::expert_up: return "expert_up";
+    case TensorKind::expert_down: return "expert_down";
+  }
+  return "?";
+}
+
+namespace {
+
+const std::map<std::string, std::string>& hf_arch_map() {
+  static const std::map<std::string, std::string> m{
+      {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"}};
+  return m;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+Status bad_config(const std::string& where, const std::string& what) {
+  return Status(StatusCode::invalid_argument, where + ": " + what);
+}
+
+}  // namespace
+
+std::vector<std::string> supported_hf_architectures() {
+  std::vector<std::string> v;
+  for (const auto& [k, _] : hf_arch_map()) v.push_back(k);
+  return v;
+}
+
+std::vector<std::string> supported_gguf_architectures() {
+  return {"llama", "olmoe", "qwen2moe", "qwen3moe"};
+}
+
+sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
+  if (!c.is_object()) return bad_config(where, "not a JSON object");
+  if (!c.contains("architectures") || !c["architectures"].is_array() || c["architectures"].empty() ||
+      !c["architectures"][0].is_string()) {
+    return bad_config(where, "has no \"architectures\" list; supported: " + join(supported_hf_architectures()));
+  }
+  HyperParams h;
+  h.hf_architecture = c["architectures"][0].get<std::string>();
+  auto it = hf_arch_map().find(h.hf_architecture);
+  if (it == hf_arch_map().end()) {
+    return Status(StatusCode::unsupported, where + ": architecture '" + h.hf_architecture +
+                                               "' is not supported; supported: " + join(supported_hf_architectures()));
+  }
+  h.architecture = it->second;
+  const std::string& a = h.architecture;
+  Status err;
+  auto get_int = [&](const char* key, std::int64_t def, bool required) -> std::int64_t {
+    if (!c.contains(key) || c[key].is_null()) {
+      if (required && err) err = bad_config(where, std::string("missing required field \"") + key + "\"");
+      return def;
+    }
+    if (!c[key].is_number_integer()) {
+      if (err) err = bad_config(where, std::string("field \"") + key + "\" must be an integer");
+      return def;
+    }
+    return c[key].get<std::int64_t>();
+  };
+  auto get_float = [&](const char* key, double def) -> double {
+    if (!c.contains(key) || c[key].is_null()) return def;
+    if (!c[key].is_number()) {
+      if (err) err = bad_config(where, std::string("field \"") + key + "\" must be a number");
+      return def;
+    }
+    return c[key].get<double>();
+  };
+  auto get_bool = [&](const char* key, bool def) -> bool {
+    if (!c.contains(key) || c[key].is_null()) return def;
+    if (!c[key].is_boolean()) {
+      if (err) err = bad_config(where, std::string("field \"") + key + "\" must be true or false");
+      return def;
+    }
+    return c[key].get<bool>();
+  };
+
+  h.vocab_size = get_int("vocab_size", 0, true);
+  h.hidden_size = get_int("hidden_size", 0, true);
+  h.num_layers = get_int("num_hidden_layers", 0, true);
+  h.num_heads = get_int("num_attention_heads", 0, true);
+  h.num_kv_heads = get_int("num_key_value_heads", h.num_heads, false);
+  h.head_dim = get_int("head_dim", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
+  h.max_position_embeddings = get_int("max_position_embeddings", 4096, false);
+  h.rms_norm_eps = get_float("rms_norm_eps", 1e-6);
+  h.rope_theta = get_float("rope_theta", a == "mixtral" ? 1e6 : 10000.0);
+  if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) h.rope_scaling = c["rope_scaling"];
+  // transformers >= 4.56 may write rope_parameters {rope_theta, rope_type, ...} instead.
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    const auto& rp = c["rope_parameters"];
+    if (rp.contains("rope_theta") && rp["rope_theta"].is_number()) h.rope_theta = rp["rope_theta"].get<double>();
+    if (rp.value("rope_type", std::string("default")) != "default") h.rope_scaling = rp;
+  }
+  if (c.contains("hidden_act") && c["hidden_act"].is_string()) h.hidden_act = c["hidden_act"].get<std::string>();
+  if (h.hidden_act == "silu" || h.hidden_act == "swish") h.hidden_act = "silu";
+  h.tie_word_embeddings = get_bool("tie_word_embeddings", false);
+  if (a == "mistral" || a == "mixtral") h.sliding_window = get_int("sliding_window", 0, false);
+  if ((a == "qwen2_moe" || a == "qwen3_moe") && get_bool("use_sliding_window", false)) {
+    return Status(StatusCode::unsupported,
+                  where + ": use_sliding_window=true (per-layer sliding windows) is not supported");
+  }
+  if (a == "llama" && get_bool("mlp_bias", false)) {
+    return Status(StatusCode::unsupported, where + ": mlp_bias=true is not supported");
+  }
+  if (a == "llama" || a == "qwen3_moe" || a == "olmoe") {
+    h.attention_qkv_bias = h.attention_out_bias = get_bool("attention_bias", false);
+  }
+  if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
+  if (a == "qwen3_moe") h.qk_norm = "per_head";
+  if (a == "olmoe") {
+    h.qk_norm = "full";
+    h.clip_qkv = get_float("clip_qkv", 0.0);
+  }
+  if (a == "llama" || a == "mistral") {
+    h.dense = true;
+    h.n_experts = 1;
+    h.n_experts_per_tok = 1;
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+  } else if (a == "mixtral") {
+    h.n_experts = get_int("num_local_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 2, false);
+    h.moe_intermediate_size = get_int("intermediate_size", 0, true);
+    h.norm_topk_prob = true;  // Mixtral renormalizes over the chosen experts
+  } else {
+    h.n_experts = get_int("num_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
+    h.norm_topk_prob = get_bool("norm_topk_prob", false);
+    if (a == "olmoe") {
+      h.moe_intermediate_size = get_int("intermediate_size", 0, true);
+    } else {
+      h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
+      h.intermediate_size = get_int("intermediate_size", 0, false);
+      h.decoder_sparse_step = get_int("decoder_sparse_step", 1, false);
+      if (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array()) {
+        for (const auto& l : c["mlp_only_layers"]) {
+          if (!l.is_number_integer()) return bad_config(where, "mlp_only_layers must list layer numbers");
+          h.mlp_only_layers.push_back(l.get<std::int64_t>());
+        }
+      }
+    }
+    if (a == "qwen2_moe") {
+      h.shared_expert_intermediate_size = get_int("shared_expert_intermediate_size", 0, false);
+      h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
+    }
+  }
+  h.bos_token_id = get_int("bos_token_id", -1, false);
+  if (c.contains("eos_token_id")) {
+    const auto& e = c["eos_token_id"];
+    if (e.is_number_integer()) {
+      h.eos_token_ids.push_back(e.get<std::int64_t>());
+    } else if (e.is_array()) {
+      for (const auto& x : e) {
+        if (x.is_number_integer()) h.eos_token_ids.push_back(x.get<std::int64_t>());
+      }
+    }
+  }
+  if (!err) return err;
+  if (auto s = h.validate(); !s) return Status(StatusCode::invalid_argument, where + ": " + s.message());
+  return h;
+}
+
+sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
+  const std::string where = g.path().string();
+  auto ga = g.get_string("general.architecture");
+  if (!ga) return bad_config(where, "has no general.architecture");
+  const auto supported = supported_gguf_architectures();
+  if (std::find(supported.begin(), supported.end(), *ga) == supported.end()) {
+    return Status(StatusCode::unsupported,
+                  where + ": GGUF architecture '" + *ga + "' is not supported; supported: " + join(supported));
+  }
+  HyperParams h;
+  Status err;
+  auto req = [&](const std::string& key) -> std::int64_t {
+    auto v = g.get_int(*ga + "." + key);
+    if (!v) {
+      if (err) err = bad_config(where, "missing metadata " + *ga + "." + key);
+      return 0;
+    }
+    return *v;
+  };
+  auto opt = [&](const std::string& key, std::int64_t def) { return g.get_int(*ga + "." + key).value_or(def); };
+  h.hidden_size = req("embedding_length");
+  h.num_layers = req("block_count");
+  h.num_heads = req("attention.head_count");
+  h.num_kv_heads = opt("attention.head_count_kv", h.num_heads);
+  h.head_dim = opt("attention.key_length", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0);
+  h.max_position_embeddings = opt("context_length", 4096);
+  h.rope_theta = g.get_float(*ga + ".rope.freq_base").value_or(10000.0);
+  h.rms_norm_eps = g.get_float(*ga + ".attention.layer_norm_rms_epsilon").value_or(1e-6);
+  h.sliding_window = opt("attention.sliding_window", 0);
+  if (auto st = g.get_string(*ga + ".rope.scaling.type"); st && *st != "none") {
+    h.rope_scaling = {{"rope_type", *st}, {"factor", g.get_float(*ga + ".rope.scaling.factor").value_or(1.0)}};
+    if (auto o = g.get_int(*ga + ".rope.scaling.original_context_length")) {
+      h.rope_scaling["original_max_position_embeddings"] = *o;
+    }
+  }
+  const std::int64_t n_exp = opt("expert_count", 0);
+  if (*ga == "llama") {
+    h.architecture = n_exp > 0 ? "mixtral" : "llama";
+  } else if (*ga == "qwen2moe") {
+    h.architecture = "qwen2_moe";
+  } else if (*ga == "qwen3moe") {
+    h.architecture = "qwen3_moe";
+  } else {
+    h.architecture = "olmoe";
+  }
+  const std::string& a = h.architecture;
+  if (a == "llama") {
+    h.dense = true;
+    h.n_experts = h.n_experts_per_tok = 1;
+    h.intermediate_size = req("feed_forward_length");
+  } else {
+    h.n_experts = n_exp;
+    h.n_experts_per_tok = req("expert_used_count");
+    h.moe_intermediate_size = opt("expert_feed_forward_length", 0);
+    if (h.moe_intermediate_size == 0) h.moe_intermediate_size = req("feed_forward_length");
+    h.intermediate_size = opt("feed_forward_length", 0);
+    const bool default_norm = a == "mixtral" || a == "qwen3_moe";  // what llama.cpp assumes without the key
+    h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
+    h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
+    // GGUF has no decoder_sparse_step: a layer without a router is dense.
+    for (std::int64_t l = 0; l < h.num_layers; ++l) {
+      if (g.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) h.mlp_only_layers.push_back(l);
+    }
+  }
+  h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
+  h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
+  if (a == "qwen3_moe") h.qk_norm = "per_head";
+  if (a == "olmoe") h.qk_norm = "full";
+  h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
+  h.tie_word_embeddings = g.find_tensor("output.weight") == nullptr;
+  if (auto v = g.get_int(*ga + ".vocab_size")) {
+    h.vocab_size = *v;
+  } else if (const auto* t = g.find_tensor("token_embd.weight"); t != nullptr && t->ne.size() == 2) {
+    h.vocab_size = t->ne[1];
+  } else if (const auto* toks = g.find("tokenizer.ggml.tokens")) {
+    h.vocab_size = static_cast<std::int64_t>(toks->array_size());
+  }
+  h.bos_token_id = g.get_int("tokenizer.ggml.bos_token_id").value_or(-1);
+  if (auto e = g.get_int("tokenizer.ggml.eos_token_id")) h.eos_token_ids.push_back(*e);
+  if (!err) return err;
+  if (auto s = h.validate(); !s) return Status(StatusCode::invalid_argument, where + ": " + s.message());
+  return h;
+}
+
+ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
+  ModelPlan plan;
+  const bool llama_rope_permute = gguf_arch == "llama";
+  const std::int64_t hid = hp.hidden_size, q_dim = hp.num_heads * hp.head_dim, kv_dim = hp.num_kv_heads * hp.head_dim;
+  auto add = [&](std::string name, std::string hf, std::vector<std::int64_t> shape, TensorKind kind, std::int64_t layer,
+                 std::int64_t permute = 0) {
+    PlannedTensor t;
+    t.gguf_name = name;
+    t.name = std::move(name);
+    t.hf_name = std::move(hf);
+    t.shape = std::move(shape);
+    t.kind = kind;
+    t.layer = layer;
+    t.gguf_permute_heads = llama_rope_permute ? permute : 0;
+    plan.shared.push_back(std::move(t));
+  };
+  add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
+  const bool mixtral = hp.architecture == "mixtral";
+  for (std::int64_t l = 0; l < hp.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
+    add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l, hp.num_heads);
+    add(b + "attn_k.weight", p + "self_attn.k_proj.weight", {kv_dim, hid}, TensorKind::attn_k, l, hp.num_kv_heads);
+    add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {kv_dim, hid}, TensorKind::attn_v, l);
+    if (hp.attention_qkv_bias) {
+      add(b + "attn_q.bias", p + "self_attn.q_proj.bias", {q_dim}, TensorKind::bias, l, hp.num_heads);
+      add(b + "attn_k.bias", p + "self_attn.k_proj.bias", {kv_dim}, TensorKind::bias, l, hp.num_kv_heads);
+      add(b + "attn_v.bias", p + "self_attn.v_proj.bias", {kv_dim}, TensorKind::bias, l);
+    }
+    add(b + "attn_output.weight", p + "self_attn.o_proj.weight", {hid, q_dim}, TensorKind::attn_o, l);
+    if (hp.attention_out_bias) add(b + "attn_output.bias", p + "self_attn.o_proj.bias", {hid}, TensorKind::bias, l);
+    if (hp.qk_norm == "per_head") {
+      add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {hp.head_dim}, TensorKind::norm, l);
+      add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {hp.head_dim}, TensorKind::norm, l);
+    } else if (hp.qk_norm == "full") {
+      add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {q_dim}, TensorKind::norm, l);
+      add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {kv_dim}, TensorKind::norm, l);
+    }
+    add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
+    const bool sparse = hp.layer_is_sparse(l);
+    if (sparse) {
+      add(b + "ffn_gate_inp.weight", p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"),
+          {hp.n_experts, hid}, TensorKind::router, l);
+      if (hp.shared_expert_intermediate_size > 0) {
+        const std::int64_t sff = hp.shared_expert_intermediate_size;
+        add(b + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", {sff, hid},
+            TensorKind::shared_expert, l);
+        add(b + "ffn_up_shexp.weight", p + "mlp.shared_expert.up_proj.weight", {sff, hid}, TensorKind::shared_expert,
+            l);
+        add(b + "ffn_down_shexp.weight", p + "mlp.shared_expert.down_proj.weight", {hid, sff},
+            TensorKind::shared_expert, l);
+        if (hp.shared_expert_gate) {
+          add(b + "ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", {1, hid},
+              TensorKind::shared_expert_gate, l);
+        }
+      }
+    }
+    // Experts: routed ones, or the dense FFN as expert 0.
+    const std::int64_t ff = hp.layer_ffn_size(l);
+    std::vector<std::array<PlannedTensor, 3>> layer;
+    for (std::int64_t e = 0; e < hp.layer_experts(l); ++e) {
+      std::array<PlannedTensor, 3> parts;
+      static const char* kPart[3] = {"gate", "up", "down"};
+      static const char* kMixtral[3] = {"w1", "w3", "w2"};
+      static const TensorKind kKind[3] = {TensorKind::expert_gate, TensorKind::expert_up, TensorKind::expert_down};
+      for (int i = 0; i < 3; ++i) {
+        PlannedTensor& t = parts[static_cast<std::size_t>(i)];
+        t.name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".weight";
+        t.kind = kKind[i];
+        t.layer = l;
+        t.expert = e;
+        t.shape = i == 2 ? std::vector<std::int64_t>{hid, ff} : std::vector<std::int64_t>{ff, hid};
+        if (!sparse) {
+          t.hf_name = p + "mlp." + kPart[i] + "_proj.weight";
+          t.gguf_name = b + "ffn_" + kPart[i] + ".weight";
+        } else {
+          t.hf_name = mixtral ? p + "block_sparse_moe.experts." + std::to_string(e) + "." + kMixtral[i] + ".weight"
+                              : p + "mlp.experts." + std::to_string(e) + "." + kPart[i] + "_proj.weight";
+          t.gguf_name = b + "ffn_" + kPart[i] + "_exps.weight";
+          t.gguf_expert = e;
+          t.gguf_alt_name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".weight";
+        }
+      }
+      layer.push_back(std::move(parts));
+    }
+    plan.experts.push_back(std::move(layer));
+  }
+  add("output_norm.weight", "model.norm.weight", {hid}, TensorKind::norm, -1);
+  if (!hp.tie_word_embeddings) add("output.weight", "lm_head.weight", {hp.vocab_size, hid}, TensorKind::output, -1);
+  return plan;
+}
+
+}  // namespace colibri::model

@@ -1,0 +1,64 @@
+// Architectures the converter understands: HF config.json / GGUF metadata -> HyperParams, and the canonical
+// list of tensors (names, HF names, GGUF names, shapes) each architecture has.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "colibri/model/gguf.hpp"
+#include "colibri/model/manifest.hpp"
+
+namespace colibri::model {
+
+enum class TensorKind {
+  embedding,
+  output,
+  norm,
+  attn_q,
+  attn_k,
+  attn_v,
+  attn_o,
+  bias,
+  router,
+  shared_expert_gate,
+  shared_expert,
+  expert_gate,
+  expert_up,
+  expert_down,
+};
+
+const char* to_string(TensorKind k);
+
+struct PlannedTensor {
+  std::string name;                     // canonical (llama.cpp-style) name
+  std::string hf_name;                  // name in a HF checkpoint
+  std::string gguf_name;                // name in a GGUF file (merged *_exps tensor for routed experts)
+  std::string gguf_alt_name;            // older per-expert GGUF name ("blk.L.ffn_gate.E.weight"), or empty
+  std::int64_t gguf_expert = -1;        // slice of the merged GGUF tensor
+  std::int64_t gguf_permute_heads = 0;  // llama.cpp permuted these rows for its rope (llama arch Q/K)
+  std::vector<std::int64_t> shape;      // HF order
+  TensorKind kind = TensorKind::norm;
+  std::int64_t layer = -1;
+  std::int64_t expert = -1;
+};
+
+struct ModelPlan {
+  std::vector<PlannedTensor> shared;
+  // experts[layer][expert] = {gate, up, down}
+  std::vector<std::vector<std::array<PlannedTensor, 3>>> experts;
+};
+
+// HF architectures (config.json "architectures") and GGUF general.architecture values supported.
+std::vector<std::string> supported_hf_architectures();
+std::vector<std::string> supported_gguf_architectures();
+
+sdk::Expected<HyperParams> hparams_from_hf_config(const nlohmann::json& config, const std::string& where);
+sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& gguf);
+
+ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch = "");
+
+}  // namespace colibri::model

@@ -1,0 +1,744 @@
+#include "colibri/model/convert.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "colibri/model/gguf.hpp"
+#include "colibri/model/gguf_tokenizer.hpp"
+#include "colibri/model/manifest.hpp"
+#include "colibri/model/safetensors.hpp"
+#include "colibri/quant/quant.hpp"
+#include "model/architecture.hpp"
+#include "model/file_io.hpp"
+
+namespace colibri::model {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using sdk::DType;
+using sdk::Status;
+using sdk::StatusCode;
+
+std::vector<std::string> convert_presets() {
+  return {"f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"};
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------------------
+// Input: where each planned tensor's bytes are.
+
+struct SourceRef {
+  DType type = DType::f32;
+  std::uint64_t base = 0;  // byte offset of this tensor (or expert slice) within the source tensor
+  std::uint64_t size = 0;
+  std::int64_t rows = 0, cols = 0;
+  std::int64_t permute_heads = 0;
+  const SafetensorsTensor* st = nullptr;
+  const GgufTensorInfo* gg = nullptr;
+  std::string name;  // source name for messages
+};
+
+struct Input {
+  bool is_gguf = false;
+  fs::path path;
+  std::optional<SafetensorsCheckpoint> st;
+  std::optional<GgufFile> gguf;
+  json config;
+
+  Status read(const SourceRef& r, std::uint64_t offset, void* dst, std::size_t n) const {
+    if (r.st != nullptr) return st->read(*r.st, r.base + offset, dst, n);
+    return gguf->read(*r.gg, r.base + offset, dst, n);
+  }
+};
+
+std::uint64_t elements(const std::vector<std::int64_t>& s) {
+  std::uint64_t n = 1;
+  for (auto d : s) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
+  const auto* t = in.st->find(p.hf_name);
+  if (t == nullptr) {
+    return Status(StatusCode::not_found, "tensor '" + p.hf_name + "' (needed by " + (in.path / "config.json").string() +
+                                             ") is missing from the checkpoint " + in.path.string());
+  }
+  SourceRef r;
+  r.st = t;
+  r.name = p.hf_name;
+  if (t->dtype == "F32") {
+    r.type = DType::f32;
+  } else if (t->dtype == "F16") {
+    r.type = DType::f16;
+  } else if (t->dtype == "BF16") {
+    r.type = DType::bf16;
+  } else {
+    return Status(StatusCode::unsupported, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
+                                               "' has dtype " + t->dtype +
+                                               "; colibri converts F32, F16 and BF16 weights");
+  }
+  if (t->shape != p.shape) {
+    return Status(StatusCode::invalid_argument, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
+                                                    "' has shape " + shape_text(t->shape) +
+                                                    " but config.json implies " + shape_text(p.shape));
+  }
+  r.size = t->size;
+  r.cols = p.shape.back();
+  r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));
+  return r;
+}
+
+sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
+  const GgufFile& g = *in.gguf;
+  const GgufTensorInfo* t = g.find_tensor(p.gguf_name);
+  std::int64_t slice = p.gguf_expert;
+  if (t == nullptr && !p.gguf_alt_name.empty()) {
+    t = g.find_tensor(p.gguf_alt_name);
+    slice = -1;
+  }
+  if (t == nullptr) {
+    return Status(StatusCode::not_found,
+                  g.path().string() + ": tensor '" + p.gguf_name + "' (needed by its metadata) is missing");
+  }
+  SourceRef r;
+  r.gg = t;
+  r.type = t->type;
+  r.name = t->name;
+  r.permute_heads = p.gguf_permute_heads;
+  std::vector<std::int64_t> shape(t->ne.rbegin(), t->ne.rend());
+  if (slice >= 0) {
+    if (shape.size() != 3 || shape[0] <= slice) {
+      return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has shape " +
+                                                      shape_text(shape) + ", which holds no expert " +
+                                                      std::to_string(slice));
+    }
+    shape.erase(shape.begin());
+    r.size = t->size / static_cast<std::uint64_t>(t->ne.back());
+    r.base = r.size * static_cast<std::uint64_t>(slice);
+  } else {
+    r.size = t->size;
+  }
+  // GGUF may drop or add unit dimensions (the shared-expert gate); the row length and element count must agree.
+  if (shape.back() != p.shape.back() || elements(shape) != elements(p.shape)) {
+    return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has shape " +
+                                                    shape_text(shape) + " but the metadata implies " +
+                                                    shape_text(p.shape));
+  }
+  r.cols = p.shape.back();
+  r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));
+  if (r.permute_heads > 0 && r.rows % (2 * r.permute_heads) != 0) {
+    return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has " +
+                                                    std::to_string(r.rows) + " rows, not divisible into " +
+                                                    std::to_string(r.permute_heads) + " rope heads");
+  }
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Target type per tensor: the preset's choice, with llama.cpp-style fallbacks for rows that do not fill blocks.
+
+bool use_more_bits(std::int64_t layer, std::int64_t n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+struct TypeChoice {
+  DType type;
+  std::optional<ConvertFallback> fallback;
+};
+
+sdk::Expected<TypeChoice> choose_target(const std::string& preset, const PlannedTensor& p, const SourceRef& src,
+                                        const HyperParams& hp) {
+  const bool float_kind = p.kind == TensorKind::norm || p.kind == TensorKind::bias || p.kind == TensorKind::router ||
+                          p.kind == TensorKind::shared_expert_gate || p.shape.size() == 1;
+  if (float_kind) return TypeChoice{DType::f32, std::nullopt};  // as llama.cpp keeps them
+  const auto* st = sdk::dtype_traits(src.type);
+  if (st != nullptr && st->quantized) {
+    if (!quant::is_supported(src.type)) {
+      return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +
+                                                 ", which colibri cannot run or convert; use a GGUF with f16, bf16, "
+                                                 "q8_0, q4_0 or q2_k..q6_k tensors");
+    }
+    return TypeChoice{src.type, std::nullopt};  // already quantized: copied, never re-quantized
+  }
+  const bool ffn_down = p.kind == TensorKind::expert_down || p.name.find("ffn_down") != std::string::npos;
+  const bool more = p.layer >= 0 && use_more_bits(p.layer, hp.num_layers);
+  DType want;
+  if (preset == "f32") {
+    want = DType::f32;
+  } else if (preset == "f16") {
+    want = DType::f16;
+  } else if (preset == "bf16") {
+    want = DType::bf16;
+  } else if (preset == "q8_0") {
+    want = DType::q8_0;
+  } else if (preset == "q6_k") {
+    want = DType::q6_k;
+  } else if (preset == "q5_k_m") {
+    want = p.kind == TensorKind::output || ((p.kind == TensorKind::attn_v || ffn_down) && more) ? DType::q6_k
+                                                                                                : DType::q5_k;
+  } else if (preset == "q4_k_m") {
+    want = p.kind == TensorKind::output || ((p.kind == TensorKind::attn_v || ffn_down) && more) ? DType::q6_k
+                                                                                                : DType::q4_k;
+  } else if (preset == "q3_k_m") {
+    if (p.kind == TensorKind::output) {
+      want = DType::q6_k;
+    } else if (p.kind == TensorKind::attn_v) {
+      want = p.layer < 2 ? DType::q5_k : DType::q4_k;
+    } else if (ffn_down) {
+      want = p.layer < hp.num_layers / 16 ? DType::q5_k : DType::q4_k;
+    } else if (p.kind == TensorKind::attn_o) {
+      want = DType::q4_k;
+    } else {
+      want = DType::q3_k;
+    }
+  } else if (preset == "q2_k") {
+    if (p.kind == TensorKind::output) {
+      want = DType::q6_k;
+    } else if (p.kind == TensorKind::attn_v || ffn_down) {
+      want = DType::q3_k;
+    } else {
+      want = DType::q2_k;
+    }
+  } else {
+    std::string list;
+    for (const auto& x : convert_presets()) list += (list.empty() ? "" : ", ") + x;
+    return Status(StatusCode::invalid_argument, "unknown preset '" + preset + "'; choose one of " + list);
+  }
+  const auto* wt = sdk::dtype_traits(want);
+  if (src.cols % wt->block_elems == 0) return TypeChoice{want, std::nullopt};
+  DType fb = DType::f16;
+  if (want == DType::q2_k || want == DType::q3_k) fb = DType::q4_0;
+  if (want == DType::q4_k || want == DType::q5_k || want == DType::q6_k) fb = DType::q8_0;
+  if (src.cols % sdk::dtype_traits(fb)->block_elems != 0) fb = DType::f16;
+  ConvertFallback f{p.name, std::string(wt->name), std::string(sdk::to_string(fb)),
+                    "rows of " + std::to_string(src.cols) + " elements do not fill " + std::string(wt->name) +
+                        " blocks of " + std::to_string(wt->block_elems)};
+  return TypeChoice{fb, f};
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Output files.
+
+class OutFile {
+ public:
+  static sdk::Expected<std::unique_ptr<OutFile>> create(const fs::path& path) {
+    auto f = io::File::create(path);
+    if (!f) return f.error();
+    auto o = std::make_unique<OutFile>();
+    o->file_ = std::move(*f);
+    o->state_ = XXH64_createState();
+    XXH64_reset(o->state_, 0);
+    return o;
+  }
+  ~OutFile() {
+    if (state_) XXH64_freeState(state_);
+  }
+  Status write(const void* p, std::size_t n) {
+    XXH64_update(state_, p, n);
+    pos_ += n;
+    return file_.write_all(p, n);
+  }
+  Status pad_to(std::uint64_t align) {
+    static const std::vector<char> zeros(kBlobAlignment, 0);
+    std::uint64_t pad = (align - pos_ % align) % align;
+    while (pad > 0) {
+      std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(pad, zeros.size()));
+      if (auto s = write(zeros.data(), n); !s) return s;
+      pad -= n;
+    }
+    return {};
+  }
+  [[nodiscard]] std::uint64_t pos() const { return pos_; }
+  // fsync + close; returns the file's xxHash64.
+  sdk::Expected<std::uint64_t> finish() {
+    if (auto s = file_.sync(); !s) return s;
+    if (auto s = file_.close(); !s) return s;
+    return static_cast<std::uint64_t>(XXH64_digest(state_));
+  }
+
+ private:
+  io::File file_;
+  XXH64_state_t* state_ = nullptr;
+  std::uint64_t pos_ = 0;
+};
+
+struct Progress {
+  std::uint64_t done = 0, total = 0;
+  const std::function<void(std::uint64_t, std::uint64_t)>* cb = nullptr;
+  void add(std::uint64_t n) {
+    done += n;
+    if (cb != nullptr && *cb) (*cb)(done, total);
+  }
+};
+
+// Runs fn(begin, end) over [0, n) split across up to `threads` threads.
+void parallel_rows(std::int64_t n, int threads, const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  int t = static_cast<int>(std::min<std::int64_t>(threads, n));
+  if (t <= 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::int64_t per = (n + t - 1) / t;
+  for (int i = 0; i < t; ++i) {
+    std::int64_t b = i * per, e = std::min(n, b + per);
+    if (b >= e) break;
+    pool.emplace_back(fn, b, e);
+  }
+  for (auto& th : pool) th.join();
+}
+
+// Source row index holding destination row `r` (undoes llama.cpp's rope permutation of Q/K rows).
+std::int64_t source_row(std::int64_t r, std::int64_t rows, std::int64_t heads) {
+  if (heads <= 0) return r;
+  const std::int64_t hd = rows / heads, half = hd / 2;
+  const std::int64_t h = r / hd, within = r % hd, i = within / half, j = within % half;
+  return h * hd + 2 * j + i;
+}
+
+// Streams one tensor from the input into `out` in `target` type; fills the entry's offset, size, checksum.
+Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile& out, int threads, Progress& progress,
+                    TensorEntry& entry) {
+  const std::size_t src_row = sdk::row_bytes(src.type, src.cols);
+  const std::size_t dst_row = sdk::row_bytes(target, src.cols);
+  if (src_row == 0 || dst_row == 0) {
+    return Status(StatusCode::internal, "tensor '" + src.name + "': rows do not fit the block size");
+  }
+  entry.offset = out.pos();
+  entry.type = target;
+  entry.size = dst_row * static_cast<std::uint64_t>(src.rows);
+  XXH64_state_t* state = XXH64_createState();
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> guard(state, &XXH64_freeState);
+  XXH64_reset(state, 0);
+  // Chunks of ~8 MiB of float rows per thread bound memory whatever the tensor size.
+  const std::int64_t per_thread = std::max<std::int64_t>(1, (8 << 20) / (src.cols * 4));
+  const std::int64_t chunk_rows = std::min<std::int64_t>(src.rows, per_thread * std::max(1, threads));
+  std::vector<char> in_buf(src_row * static_cast<std::size_t>(chunk_rows));
+  std::vector<char> out_buf(src.type == target ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
+  std::vector<float> scratch(src.type == target ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
+  for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk_rows) {
+    const std::int64_t n = std::min(chunk_rows, src.rows - r0);
+    if (src.permute_heads > 0) {
+      for (std::int64_t r = 0; r < n; ++r) {
+        std::int64_t sr = source_row(r0 + r, src.rows, src.permute_heads);
+        if (auto s = in.read(src, static_cast<std::uint64_t>(sr) * src_row, in_buf.data() + r * src_row, src_row); !s)
+          return s;
+      }
+    } else {
+      if (auto s = in.read(src, static_cast<std::uint64_t>(r0) * src_row, in_buf.data(), src_row * n); !s) return s;
+    }
+    const char* result = in_buf.data();
+    if (src.type != target) {
+      std::atomic<bool> failed{false};
+      std::string error;
+      std::mutex error_mutex;
+      parallel_rows(n, threads, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t r = b; r < e; ++r) {
+          float* f = scratch.data() + r * src.cols;
+          Status s = quant::dequantize_row(src.type, in_buf.data() + r * src_row, f, src.cols);
+          if (s) s = quant::quantize_row(target, f, out_buf.data() + r * dst_row, src.cols);
+          if (!s) {
+            std::lock_guard<std::mutex> lock(error_mutex);
+            failed = true;
+            error = s.to_string();
+            return;
+          }
+        }
+      });
+      if (failed) return Status(StatusCode::internal, "converting tensor '" + src.name + "': " + error);
+      result = out_buf.data();
+    }
+    const std::size_t bytes = dst_row * static_cast<std::size_t>(n);
+    XXH64_update(state, result, bytes);
+    if (auto s = out.write(result, bytes); !s) return s;
+    progress.add(bytes);
+  }
+  entry.checksum = XXH64_digest(state);
+  return {};
+}
+
+// ------------------------------------------------------------------------------------------------------------
+
+std::string layer_dir(std::int64_t l) {
+  char b[16];
+  std::snprintf(b, sizeof b, "L%03lld", static_cast<long long>(l));
+  return b;
+}
+std::string expert_file(std::int64_t e) {
+  char b[16];
+  std::snprintf(b, sizeof b, "E%03lld.bin", static_cast<long long>(e));
+  return b;
+}
+
+sdk::Expected<std::string> read_text(const fs::path& p) {
+  auto f = io::File::open_read(p);
+  if (!f) return f.error();
+  auto size = f->size();
+  if (!size) return size.error();
+  if (*size > (1ull << 31)) return Status(StatusCode::invalid_argument, p.string() + " is too large");
+  std::string s(*size, '\0');
+  if (auto st = f->read_at(s.data(), s.size(), 0); !st) return st;
+  return s;
+}
+
+Status write_text(const fs::path& p, const std::string& text) {
+  auto f = io::File::create(p);
+  if (!f) return f.error();
+  if (auto s = f->write_all(text.data(), text.size()); !s) return s;
+  if (auto s = f->sync(); !s) return s;
+  return f->close();
+}
+
+bool pid_alive(long pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+// Hidden sibling directories of earlier conversions of this output that died (their process is gone).
+void remove_stale_partials(const fs::path& output) {
+  std::error_code ec;
+  const std::string prefix = "." + output.filename().string() + ".colibri-partial-";
+  for (const auto& e :
+       fs::directory_iterator(output.parent_path().empty() ? fs::path(".") : output.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+    if (!pid_alive(pid)) fs::remove_all(e.path(), ec);
+  }
+}
+
+Status publish(const fs::path& tmp, const fs::path& output, bool force) {
+  std::error_code ec;
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_NOREPLACE) == 0) {
+    return io::fsync_directory(parent);
+  }
+  int err = errno;
+  if (err == EEXIST || err == ENOTEMPTY) {
+    if (!force) {
+      return Status(StatusCode::invalid_argument, "output " + output.string() +
+                                                      " appeared during the conversion; "
+                                                      "pass --force to replace it");
+    }
+    // Atomic swap: the old model stays whole until the new one is in place.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) == 0) {
+      if (auto s = io::fsync_directory(parent); !s) return s;
+      fs::remove_all(tmp, ec);  // now holds the old model
+      return {};
+    }
+    err = errno;
+  }
+  if (err == EINVAL || err == ENOSYS) {  // file systems without renameat2 flags
+    std::error_code ec2;
+    if (fs::exists(output, ec2)) {
+      if (!force) return Status(StatusCode::invalid_argument, "output " + output.string() + " exists; pass --force");
+      fs::path old = parent / ("." + output.filename().string() + ".colibri-old-" + std::to_string(::getpid()));
+      if (::rename(output.c_str(), old.c_str()) != 0) {
+        return Status(StatusCode::io_error,
+                      "cannot move the old " + output.string() + " aside: " + io::errno_text(errno));
+      }
+      if (::rename(tmp.c_str(), output.c_str()) != 0) {
+        int e2 = errno;
+        ::rename(old.c_str(), output.c_str());
+        return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + io::errno_text(e2));
+      }
+      if (auto s = io::fsync_directory(parent); !s) return s;
+      fs::remove_all(old, ec);
+      return {};
+    }
+    if (::rename(tmp.c_str(), output.c_str()) != 0) {
+      return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + io::errno_text(errno));
+    }
+    return io::fsync_directory(parent);
+  }
+  return Status(StatusCode::io_error,
+                "cannot rename " + tmp.string() + " to " + output.string() + ": " + io::errno_text(err));
+}
+
+struct Job {
+  const PlannedTensor* plan;
+  SourceRef src;
+  TypeChoice choice;
+};
+
+}  // namespace
+
+sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ConvertSummary summary;
+  std::error_code ec;
+  const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
+
+  // 1. Open and understand the input; nothing is written before every tensor is found and checked.
+  Input in;
+  in.path = opt.input;
+  if (!fs::exists(opt.input, ec))
+    return Status(StatusCode::not_found, "input " + opt.input.string() + " does not exist");
+  HyperParams hp;
+  std::string gguf_arch;
+  if (fs::is_directory(opt.input, ec)) {
+    const fs::path cfg_path = opt.input / "config.json";
+    auto text = read_text(cfg_path);
+    if (!text)
+      return text.error().with_context("reading the checkpoint config (is " + opt.input.string() +
+                                       " a HuggingFace checkpoint directory?)");
+    try {
+      in.config = json::parse(*text);
+    } catch (const std::exception& e) {
+      return Status(StatusCode::invalid_argument, cfg_path.string() + ": not valid JSON (" + e.what() + ")");
+    }
+    auto h = hparams_from_hf_config(in.config, cfg_path.string());
+    if (!h) return h.error();
+    hp = std::move(*h);
+    auto st = SafetensorsCheckpoint::open(opt.input);
+    if (!st) return st.error();
+    in.st = std::move(*st);
+    if (!fs::is_regular_file(opt.input / "tokenizer.json", ec)) {
+      return Status(StatusCode::not_found,
+                    "no tokenizer.json in " + opt.input.string() +
+                        "; colibri needs the HuggingFace fast tokenizer file next to the weights");
+    }
+  } else {
+    in.is_gguf = true;
+    auto g = GgufFile::open(opt.input);
+    if (!g) return g.error();
+    in.gguf = std::move(*g);
+    auto h = hparams_from_gguf(*in.gguf);
+    if (!h) return h.error();
+    hp = std::move(*h);
+    gguf_arch = in.gguf->get_string("general.architecture").value_or("");
+  }
+  summary.architecture = hp.architecture;
+  const ModelPlan plan = build_plan(hp, gguf_arch);
+
+  std::vector<Job> shared_jobs;
+  std::vector<std::vector<std::array<Job, 3>>> expert_jobs;
+  std::uint64_t total_bytes = 0;
+  auto make_job = [&](const PlannedTensor& p) -> sdk::Expected<Job> {
+    auto src = in.is_gguf ? locate_gguf(in, p) : locate_hf(in, p);
+    if (!src) return src.error();
+    auto choice = choose_target(opt.preset, p, *src, hp);
+    if (!choice) return choice.error();
+    total_bytes += sdk::row_bytes(choice->type, src->cols) * static_cast<std::uint64_t>(src->rows);
+    return Job{&p, *src, *choice};
+  };
+  for (const auto& p : plan.shared) {
+    auto j = make_job(p);
+    if (!j) return j.error();
+    shared_jobs.push_back(*j);
+  }
+  for (const auto& layer : plan.experts) {
+    expert_jobs.emplace_back();
+    for (const auto& parts : layer) {
+      std::array<Job, 3> jobs;
+      for (std::size_t i = 0; i < 3; ++i) {
+        auto j = make_job(parts[i]);
+        if (!j) return j.error();
+        jobs[i] = *j;
+      }
+      expert_jobs.back().push_back(jobs);
+    }
+  }
+  std::optional<RebuiltTokenizer> rebuilt;
+  if (in.is_gguf) {
+    auto tok = rebuild_tokenizer_from_gguf(*in.gguf);
+    if (!tok) return tok.error();
+    rebuilt = std::move(*tok);
+  }
+
+  // 2. The output: refused if present (unless --force); written into a hidden sibling first.
+  const fs::path output = fs::absolute(opt.output, ec).lexically_normal();
+  fs::path out_clean = output;
+  if (out_clean.filename().empty()) out_clean = out_clean.parent_path();
+  if (fs::exists(out_clean, ec) && !opt.force) {
+    return Status(StatusCode::invalid_argument, "output " + out_clean.string() +
+                                                    " already exists; pass --force to replace it (the old model is "
+                                                    "kept until the new one is complete)");
+  }
+  const fs::path parent = out_clean.parent_path();
+  if (!fs::is_directory(parent, ec)) {
+    return Status(StatusCode::not_found, "the output's parent directory " + parent.string() + " does not exist");
+  }
+  remove_stale_partials(out_clean);
+  const fs::path tmp =
+      parent / ("." + out_clean.filename().string() + ".colibri-partial-" + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec)) {
+    return Status(StatusCode::io_error, "cannot create " + tmp.string() + ": " + ec.message());
+  }
+  struct Cleanup {
+    fs::path dir;
+    bool armed = true;
+    ~Cleanup() {
+      std::error_code e;
+      if (armed) fs::remove_all(dir, e);
+    }
+  } cleanup{tmp};
+
+  Manifest m;
+  m.hparams = hp;
+  Progress progress;
+  progress.total = total_bytes;
+  progress.cb = &opt.progress;
+  std::map<std::string, int> type_counts;
+  auto note = [&](const Job& j) {
+    type_counts[std::string(sdk::to_string(j.choice.type))]++;
+    if (j.choice.fallback) summary.fallbacks.push_back(*j.choice.fallback);
+  };
+
+  // 3. shared.bin: every tensor 4 KiB aligned.
+  {
+    auto out = OutFile::create(tmp / "shared.bin");
+    if (!out) return out.error();
+    for (const auto& j : shared_jobs) {
+      if (auto s = (*out)->pad_to(kBlobAlignment); !s) return s;
+      TensorEntry e;
+      e.name = j.plan->name;
+      e.file = "shared.bin";
+      e.shape = j.plan->shape;
+      if (auto s = write_tensor(in, j.src, j.choice.type, **out, threads, progress, e); !s) return s;
+      m.tensors.push_back(std::move(e));
+      note(j);
+    }
+    if (auto s = (*out)->pad_to(kBlobAlignment); !s) return s;
+    FileEntry fe{"shared.bin", (*out)->pos(), 0};
+    auto sum = (*out)->finish();
+    if (!sum) return sum.error();
+    fe.checksum = *sum;
+    m.files.push_back(fe);
+  }
+
+  // 4. Experts: gate, up, down back to back, each part and the blob 4 KiB aligned so one read fetches it.
+  if (auto s = io::fsync_directory(tmp); !s) return s;
+  if (!fs::create_directory(tmp / "experts", ec))
+    return Status(StatusCode::io_error, "cannot create experts/: " + ec.message());
+  for (std::size_t l = 0; l < expert_jobs.size(); ++l) {
+    const std::string ldir = "experts/" + layer_dir(static_cast<std::int64_t>(l));
+    std::unique_ptr<OutFile> layer_out;
+    std::string layer_rel;
+    if (opt.split_experts) {
+      if (!fs::create_directory(tmp / ldir, ec))
+        return Status(StatusCode::io_error, "cannot create " + ldir + ": " + ec.message());
+    } else {
+      layer_rel = ldir + ".bin";
+      auto o = OutFile::create(tmp / layer_rel);
+      if (!o) return o.error();
+      layer_out = std::move(*o);
+    }
+    for (std::size_t e = 0; e < expert_jobs[l].size(); ++e) {
+      std::unique_ptr<OutFile> own;
+      std::string rel = layer_rel;
+      if (opt.split_experts) {
+        rel = ldir + "/" + expert_file(static_cast<std::int64_t>(e));
+        auto o = OutFile::create(tmp / rel);
+        if (!o) return o.error();
+        own = std::move(*o);
+      }
+      OutFile& out = opt.split_experts ? *own : *layer_out;
+      ExpertEntry ex;
+      ex.layer = static_cast<std::int64_t>(l);
+      ex.expert = static_cast<std::int64_t>(e);
+      ex.file = rel;
+      ex.offset = out.pos();
+      TensorEntry* parts[3] = {&ex.gate, &ex.up, &ex.down};
+      for (std::size_t i = 0; i < 3; ++i) {
+        const Job& j = expert_jobs[l][e][i];
+        if (auto s = out.pad_to(kBlobAlignment); !s) return s;
+        parts[i]->name = j.plan->name;
+        parts[i]->file = rel;
+        parts[i]->shape = j.plan->shape;
+        if (auto s = write_tensor(in, j.src, j.choice.type, out, threads, progress, *parts[i]); !s) return s;
+        note(j);
+      }
+      if (auto s = out.pad_to(kBlobAlignment); !s) return s;
+      ex.size = out.pos() - ex.offset;
+      summary.bytes_per_expert = std::max(summary.bytes_per_expert, ex.size);
+      m.experts.push_back(std::move(ex));
+      if (own) {
+        FileEntry fe{rel, own->pos(), 0};
+        auto sum = own->finish();
+        if (!sum) return sum.error();
+        fe.checksum = *sum;
+        m.files.push_back(fe);
+      }
+    }
+    if (layer_out) {
+      FileEntry fe{layer_rel, layer_out->pos(), 0};
+      auto sum = layer_out->finish();
+      if (!sum) return sum.error();
+      fe.checksum = *sum;
+      m.files.push_back(fe);
+    } else if (auto s = io::fsync_directory(tmp / ldir); !s) {
+      return s;
+    }
+  }
+  if (auto s = io::fsync_directory(tmp / "experts"); !s) return s;
+
+  // 5. Tokenizer files.
+  if (rebuilt) {
+    if (auto s = write_text(tmp / "tokenizer.json", rebuilt->tokenizer_json); !s) return s;
+    if (auto s = write_text(tmp / "tokenizer_config.json", rebuilt->tokenizer_config_json); !s) return s;
+    m.tokenizer_files = {"tokenizer.json", "tokenizer_config.json"};
+    m.tokenizer = {{"source", "gguf"}, {"model", rebuilt->model}, {"notes", rebuilt->notes}};
+    for (const auto& n : rebuilt->notes) summary.warnings.push_back("tokenizer: " + n);
+  } else {
+    m.tokenizer = {{"source", "copied"}};
+    for (const char* name :
+         {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
+      if (!fs::is_regular_file(opt.input / name, ec)) continue;
+      auto text = read_text(opt.input / name);
+      if (!text) return text.error();
+      if (auto s = write_text(tmp / name, *text); !s) return s;
+      m.tokenizer_files.push_back(name);
+    }
+  }
+
+  // 6. The manifest last, then publish by rename.
+  json types = json::object();
+  for (const auto& [t, n] : type_counts) types[t] = n;
+  json fallbacks = json::array();
+  for (const auto& f : summary.fallbacks) {
+    fallbacks.push_back({{"tensor", f.tensor}, {"wanted", f.wanted}, {"used", f.used}, {"reason", f.reason}});
+  }
+  m.quantization = {{"preset", opt.preset}, {"types", types}, {"fallbacks", fallbacks}};
+  m.source = {{"kind", in.is_gguf ? "gguf" : "safetensors"}, {"path", opt.input.string()}};
+  if (in.is_gguf) m.source["gguf_architecture"] = gguf_arch;
+  const std::string manifest_text = m.to_json().dump(1);
+  // Self-check: what we wrote must parse as what a run will read.
+  if (auto back = parse_manifest(json::parse(manifest_text), "new manifest"); !back) {
+    return Status(StatusCode::internal, "the new manifest does not validate: " + back.error().message());
+  }
+  if (auto s = write_text(tmp / "manifest.json", manifest_text); !s) return s;
+  if (auto s = io::fsync_directory(tmp); !s) return s;
+  if (auto s = publish(tmp, out_clean, opt.force); !s) return s;
+  cleanup.armed = false;
+
+  summary.files = m.files.size() + m.tokenizer_files.size() + 1;
+  summary.resident_bytes = m.resident_bytes();
+  summary.expert_bytes = m.expert_bytes();
+  summary.experts = m.experts.size();
+  summary.bytes_written = progress.done;
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return summary;
+}
+
+}  // namespace colibri::model

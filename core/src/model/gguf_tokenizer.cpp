@@ -1,0 +1,211 @@
+#include "colibri/model/gguf_tokenizer.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+namespace colibri::model {
+
+using nlohmann::json;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+// GGUF token types (llama.cpp's llama_token_type).
+constexpr std::int64_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5;
+
+// Pre-tokenizer split regexes of the tokenizer.ggml.pre names we know (from the matching tokenizer.json files).
+const char* kGpt2Regex = nullptr;  // ByteLevel's built-in GPT-2 regex
+const char* kLlama3Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+const char* kQwen2Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+
+json byte_level(bool use_regex, bool trim_offsets = false) {
+  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim_offsets}, {"use_regex", use_regex}};
+}
+
+json split_then_byte_level(const char* regex) {
+  return {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                    byte_level(false)})}};
+}
+
+// UTF-8 code point boundaries of s (python string indices, which HF's converter splits on).
+std::vector<std::size_t> char_boundaries(const std::string& s) {
+  std::vector<std::size_t> b;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) b.push_back(i);
+  }
+  b.push_back(s.size());
+  return b;
+}
+
+}  // namespace
+
+sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
+  const std::string where = g.path().string();
+  auto model = g.get_string("tokenizer.ggml.model");
+  if (!model) return Status(StatusCode::not_found, where + ": no tokenizer.ggml.model; the GGUF carries no tokenizer");
+  const GgufValue* tokens_v = g.find("tokenizer.ggml.tokens");
+  if (tokens_v == nullptr || !std::holds_alternative<std::vector<std::string>>(tokens_v->v)) {
+    return Status(StatusCode::corrupt_data, where + ": tokenizer.ggml.tokens is missing or not a string array");
+  }
+  const auto& tokens = std::get<std::vector<std::string>>(tokens_v->v);
+  std::vector<std::int64_t> types(tokens.size(), kNormal);
+  if (const auto* tv = g.find("tokenizer.ggml.token_type")) {
+    if (!std::holds_alternative<std::vector<std::int64_t>>(tv->v) || tv->array_size() != tokens.size()) {
+      return Status(StatusCode::corrupt_data,
+                    where + ": tokenizer.ggml.token_type must be an integer array as long as the tokens");
+    }
+    types = std::get<std::vector<std::int64_t>>(tv->v);
+  }
+  RebuiltTokenizer out;
+  out.model = *model;
+  json vocab = json::object();
+  std::unordered_map<std::string, std::int64_t> ids;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (ids.emplace(tokens[i], static_cast<std::int64_t>(i)).second) vocab[tokens[i]] = i;
+  }
+  json added = json::array();
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const auto t = types[i];
+    if (t == kControl || t == kUnknown || t == kUserDefined) {
+      added.push_back({{"id", i},
+                       {"content", tokens[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", t == kUserDefined},
+                       {"special", t != kUserDefined}});
+    }
+  }
+  json tok = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added}};
+  auto token_text = [&](const char* key) -> json {
+    auto id = g.get_int(key);
+    if (!id || *id < 0 || static_cast<std::size_t>(*id) >= tokens.size()) return nullptr;
+    return tokens[static_cast<std::size_t>(*id)];
+  };
+
+  if (*model == "gpt2") {
+    const GgufValue* mv = g.find("tokenizer.ggml.merges");
+    if (mv == nullptr || !std::holds_alternative<std::vector<std::string>>(mv->v)) {
+      return Status(StatusCode::corrupt_data, where + ": a gpt2 tokenizer needs tokenizer.ggml.merges (string array)");
+    }
+    const auto& merges = std::get<std::vector<std::string>>(mv->v);
+    const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+    json pre_tok;
+    if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
+      pre_tok = byte_level(true, true);
+    } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe") {
+      pre_tok = split_then_byte_level(kLlama3Regex);
+    } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
+      pre_tok = split_then_byte_level(kQwen2Regex);
+    } else {
+      pre_tok = byte_level(true, true);
+      out.notes.push_back("pre-tokenizer '" + pre +
+                          "' is not known to colibri; GPT-2's split regex is used, which "
+                          "may split some text differently from the original tokenizer");
+    }
+    (void)kGpt2Regex;
+    tok["normalizer"] = nullptr;
+    tok["pre_tokenizer"] = pre_tok;
+    tok["post_processor"] = nullptr;
+    tok["decoder"] = byte_level(true, true);
+    tok["model"] = {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", nullptr},
+                    {"continuing_subword_prefix", nullptr},
+                    {"end_of_word_suffix", nullptr},
+                    {"fuse_unk", false},
+                    {"byte_fallback", false},
+                    {"ignore_merges", false},
+                    {"vocab", vocab},
+                    {"merges", merges}};
+  } else if (*model == "llama") {
+    const GgufValue* sv = g.find("tokenizer.ggml.scores");
+    if (sv == nullptr || !std::holds_alternative<std::vector<double>>(sv->v) || sv->array_size() != tokens.size()) {
+      return Status(StatusCode::corrupt_data, where +
+                                                  ": a llama (SentencePiece) tokenizer needs tokenizer.ggml.scores "
+                                                  "as long as the tokens");
+    }
+    const auto& scores = std::get<std::vector<double>>(sv->v);
+    // Merges from scores, as HF's SentencePieceExtractor: every split of a piece into two pieces, ordered by the
+    // merged piece's score (highest first), ties by vocabulary order.
+    struct Merge {
+      std::int64_t left, right;
+      double score;
+    };
+    std::vector<Merge> merges;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::string& piece = tokens[i];
+      auto bounds = char_boundaries(piece);
+      std::vector<Merge> local;
+      for (std::size_t k = 1; k + 1 < bounds.size(); ++k) {
+        auto l = ids.find(piece.substr(0, bounds[k]));
+        auto r = ids.find(piece.substr(bounds[k]));
+        if (l != ids.end() && r != ids.end()) local.push_back({l->second, r->second, scores[i]});
+      }
+      std::sort(local.begin(), local.end(),
+                [](const Merge& a, const Merge& b) { return std::tie(a.left, a.right) < std::tie(b.left, b.right); });
+      merges.insert(merges.end(), local.begin(), local.end());
+    }
+    std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
+    json merges_j = json::array();
+    for (const auto& mg : merges) {
+      merges_j.push_back(
+          json::array({tokens[static_cast<std::size_t>(mg.left)], tokens[static_cast<std::size_t>(mg.right)]}));
+    }
+    const bool add_space = g.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+    json normalizers = json::array();
+    if (add_space) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+    normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+    tok["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
+    tok["pre_tokenizer"] = nullptr;
+    tok["post_processor"] = nullptr;
+    json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                                 {{"type", "ByteFallback"}},
+                                 {{"type", "Fuse"}}});
+    if (add_space) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    tok["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+    json unk = token_text("tokenizer.ggml.unknown_token_id");
+    tok["model"] = {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", unk},
+                    {"continuing_subword_prefix", nullptr},
+                    {"end_of_word_suffix", nullptr},
+                    {"fuse_unk", true},
+                    {"byte_fallback", true},
+                    {"ignore_merges", false},
+                    {"vocab", vocab},
+                    {"merges", merges_j}};
+  } else {
+    return Status(StatusCode::unsupported, where + ": tokenizer model '" + *model +
+                                               "' cannot be rebuilt; supported: gpt2 (byte-level BPE), llama "
+                                               "(SentencePiece BPE)");
+  }
+  (void)kUnused;
+  out.tokenizer_json = tok.dump();
+  json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+              {"bos_token", token_text("tokenizer.ggml.bos_token_id")},
+              {"eos_token", token_text("tokenizer.ggml.eos_token_id")},
+              {"unk_token", token_text("tokenizer.ggml.unknown_token_id")},
+              {"pad_token", token_text("tokenizer.ggml.padding_token_id")},
+              {"add_bos_token", g.get_bool("tokenizer.ggml.add_bos_token").value_or(*model == "llama")},
+              {"add_eos_token", g.get_bool("tokenizer.ggml.add_eos_token").value_or(false)},
+              {"clean_up_tokenization_spaces", false}};
+  if (auto ct = g.get_string("tokenizer.chat_template")) cfg["chat_template"] = *ct;
+  if (auto ctx = g.get_int(g.get_string("general.architecture").value_or("") + ".context_length")) {
+    cfg["model_max_length"] = *ctx;
+  }
+  out.tokenizer_config_json = cfg.dump(2);
+  return out;
+}
+
+}  // namespace colibri::model

@@ -1,0 +1,536 @@
+#include "colibri/model/manifest.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "model/file_io.hpp"
+
+namespace colibri::model {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using sdk::Status;
+using sdk::StatusCode;
+
+bool HyperParams::layer_is_sparse(std::int64_t layer) const {
+  if (dense || n_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return decoder_sparse_step <= 1 || (layer + 1) % decoder_sparse_step == 0;
+}
+
+json HyperParams::to_json() const {
+  json j;
+  j["architecture"] = architecture;
+  j["hf_architecture"] = hf_architecture;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["num_layers"] = num_layers;
+  j["num_heads"] = num_heads;
+  j["num_kv_heads"] = num_kv_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = rope_scaling;
+  j["rope_layout"] = "hf_rotate_half";
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["hidden_act"] = hidden_act;
+  j["sliding_window"] = sliding_window;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["attention_qkv_bias"] = attention_qkv_bias;
+  j["attention_out_bias"] = attention_out_bias;
+  j["qk_norm"] = qk_norm;
+  j["clip_qkv"] = clip_qkv;
+  j["dense"] = dense;
+  j["n_experts"] = n_experts;
+  j["n_experts_per_tok"] = n_experts_per_tok;
+  j["norm_topk_prob"] = norm_topk_prob;
+  j["intermediate_size"] = intermediate_size;
+  j["moe_intermediate_size"] = moe_intermediate_size;
+  j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  j["shared_expert_gate"] = shared_expert_gate;
+  j["decoder_sparse_step"] = decoder_sparse_step;
+  j["mlp_only_layers"] = mlp_only_layers;
+  j["bos_token_id"] = bos_token_id;
+  j["eos_token_ids"] = eos_token_ids;
+  return j;
+}
+
+namespace {
+
+// Typed field access with messages naming the field.
+class Fields {
+ public:
+  Fields(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+  [[nodiscard]] const Status& status() const { return status_; }
+
+  template <typename T>
+  T get(const char* key) {
+    if (!status_) return T{};
+    if (!j_.is_object() || !j_.contains(key)) {
+      status_ = Status(StatusCode::corrupt_data, where_ + ": missing field \"" + key + "\"");
+      return T{};
+    }
+    try {
+      return j_.at(key).get<T>();
+    } catch (const std::exception&) {
+      status_ = Status(StatusCode::corrupt_data, where_ + ": field \"" + key + "\" has the wrong type");
+      return T{};
+    }
+  }
+  const json& raw(const char* key) {
+    static const json null_json;
+    if (!j_.is_object() || !j_.contains(key)) return null_json;
+    return j_.at(key);
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+  Status status_;
+};
+
+Status bad(const std::string& msg) {
+  return Status(StatusCode::corrupt_data, msg);
+}
+
+}  // namespace
+
+sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
+  Fields f(j, "manifest hparams");
+  HyperParams h;
+  h.architecture = f.get<std::string>("architecture");
+  h.hf_architecture = f.get<std::string>("hf_architecture");
+  h.vocab_size = f.get<std::int64_t>("vocab_size");
+  h.hidden_size = f.get<std::int64_t>("hidden_size");
+  h.num_layers = f.get<std::int64_t>("num_layers");
+  h.num_heads = f.get<std::int64_t>("num_heads");
+  h.num_kv_heads = f.get<std::int64_t>("num_kv_heads");
+  h.head_dim = f.get<std::int64_t>("head_dim");
+  h.max_position_embeddings = f.get<std::int64_t>("max_position_embeddings");
+  h.rope_theta = f.get<double>("rope_theta");
+  h.rope_scaling = f.raw("rope_scaling");
+  h.rms_norm_eps = f.get<double>("rms_norm_eps");
+  h.hidden_act = f.get<std::string>("hidden_act");
+  h.sliding_window = f.get<std::int64_t>("sliding_window");
+  h.tie_word_embeddings = f.get<bool>("tie_word_embeddings");
+  h.attention_qkv_bias = f.get<bool>("attention_qkv_bias");
+  h.attention_out_bias = f.get<bool>("attention_out_bias");
+  h.qk_norm = f.get<std::string>("qk_norm");
+  h.clip_qkv = f.get<double>("clip_qkv");
+  h.dense = f.get<bool>("dense");
+  h.n_experts = f.get<std::int64_t>("n_experts");
+  h.n_experts_per_tok = f.get<std::int64_t>("n_experts_per_tok");
+  h.norm_topk_prob = f.get<bool>("norm_topk_prob");
+  h.intermediate_size = f.get<std::int64_t>("intermediate_size");
+  h.moe_intermediate_size = f.get<std::int64_t>("moe_intermediate_size");
+  h.shared_expert_intermediate_size = f.get<std::int64_t>("shared_expert_intermediate_size");
+  h.shared_expert_gate = f.get<bool>("shared_expert_gate");
+  h.decoder_sparse_step = f.get<std::int64_t>("decoder_sparse_step");
+  h.mlp_only_layers = f.get<std::vector<std::int64_t>>("mlp_only_layers");
+  h.bos_token_id = f.get<std::int64_t>("bos_token_id");
+  h.eos_token_ids = f.get<std::vector<std::int64_t>>("eos_token_ids");
+  if (!f.status()) return f.status();
+  if (auto s = h.validate(); !s) return s;
+  return h;
+}
+
+Status HyperParams::validate() const {
+  auto need = [](bool ok, const std::string& what) { return ok ? Status{} : bad("hyper-parameter " + what); };
+  const std::int64_t kMax = 1ll << 24;
+  if (auto s = need(vocab_size > 0 && vocab_size < (1ll << 31), "vocab_size must be positive"); !s) return s;
+  if (auto s = need(hidden_size > 0 && hidden_size < kMax, "hidden_size must be positive"); !s) return s;
+  if (auto s = need(num_layers > 0 && num_layers < 100000, "num_layers must be positive"); !s) return s;
+  if (auto s = need(num_heads > 0 && num_heads < kMax, "num_heads must be positive"); !s) return s;
+  if (auto s = need(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+      !s)
+    return s;
+  if (auto s = need(head_dim > 0 && head_dim % 2 == 0 && head_dim < kMax, "head_dim must be positive and even"); !s)
+    return s;
+  if (auto s = need(rms_norm_eps > 0, "rms_norm_eps must be positive"); !s) return s;
+  if (auto s = need(rope_theta > 0, "rope_theta must be positive"); !s) return s;
+  if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full",
+                    "qk_norm must be none, per_head or full");
+      !s)
+    return s;
+  if (auto s = need(hidden_act == "silu", "hidden_act '" + hidden_act + "' is not supported (silu only)"); !s) return s;
+  if (auto s =
+          need(sliding_window >= 0 && decoder_sparse_step >= 1, "sliding_window / decoder_sparse_step out of range");
+      !s)
+    return s;
+  if (dense) {
+    if (auto s = need(intermediate_size > 0 && intermediate_size < kMax, "intermediate_size must be positive"); !s)
+      return s;
+  } else {
+    if (auto s = need(n_experts > 0 && n_experts < 65536, "n_experts must be positive"); !s) return s;
+    if (auto s =
+            need(n_experts_per_tok > 0 && n_experts_per_tok <= n_experts, "n_experts_per_tok must be in 1..n_experts");
+        !s)
+      return s;
+    if (auto s =
+            need(moe_intermediate_size > 0 && moe_intermediate_size < kMax, "moe_intermediate_size must be positive");
+        !s)
+      return s;
+    for (std::int64_t l = 0; l < num_layers; ++l) {
+      if (!layer_is_sparse(l)) {
+        if (auto s = need(intermediate_size > 0 && intermediate_size < kMax,
+                          "intermediate_size must be positive (dense layers)");
+            !s)
+          return s;
+        break;
+      }
+    }
+  }
+  if (auto s = need(shared_expert_intermediate_size >= 0 && shared_expert_intermediate_size < kMax,
+                    "shared_expert_intermediate_size out of range");
+      !s)
+    return s;
+  return {};
+}
+
+const TensorEntry* Manifest::tensor(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+const ExpertEntry* Manifest::expert(std::int64_t layer, std::int64_t e) const {
+  auto it =
+      std::lower_bound(experts.begin(), experts.end(), std::make_pair(layer, e),
+                       [](const ExpertEntry& x, const auto& key) { return std::make_pair(x.layer, x.expert) < key; });
+  if (it == experts.end() || it->layer != layer || it->expert != e) return nullptr;
+  return &*it;
+}
+
+const FileEntry* Manifest::file(const std::string& path) const {
+  for (const auto& f : files) {
+    if (f.path == path) return &f;
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::uint64_t elements(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+std::uint64_t Manifest::resident_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors) n += t.size;
+  return n;
+}
+
+std::uint64_t Manifest::expert_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& e : experts) n += e.size;
+  return n;
+}
+
+std::uint64_t Manifest::total_params() const {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors) n += elements(t.shape);
+  for (const auto& e : experts) n += elements(e.gate.shape) + elements(e.up.shape) + elements(e.down.shape);
+  return n;
+}
+
+std::uint64_t Manifest::active_params() const {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors) n += elements(t.shape);
+  for (std::int64_t l = 0; l < hparams.num_layers; ++l) {
+    const auto* e = expert(l, 0);
+    if (e == nullptr) continue;
+    n += static_cast<std::uint64_t>(hparams.layer_top_k(l)) *
+         (elements(e->gate.shape) + elements(e->up.shape) + elements(e->down.shape));
+  }
+  return n;
+}
+
+std::uint64_t Manifest::bytes_per_token_all_miss() const {
+  std::uint64_t n = 0;
+  for (std::int64_t l = 0; l < hparams.num_layers; ++l) {
+    const auto* e = expert(l, 0);
+    if (e != nullptr) n += static_cast<std::uint64_t>(hparams.layer_top_k(l)) * e->size;
+  }
+  return n;
+}
+
+namespace {
+
+json tensor_json(const TensorEntry& t, bool with_file) {
+  json j;
+  j["name"] = t.name;
+  if (with_file) j["file"] = t.file;
+  j["offset"] = t.offset;
+  j["size"] = t.size;
+  j["type"] = std::string(sdk::to_string(t.type));
+  j["shape"] = t.shape;
+  j["xxh64"] = io::hex64(t.checksum);
+  return j;
+}
+
+Status parse_tensor(const json& j, TensorEntry& t, const std::string& where, const std::string& file) {
+  Fields f(j, where);
+  t.name = f.get<std::string>("name");
+  t.file = file.empty() ? f.get<std::string>("file") : file;
+  t.offset = f.get<std::uint64_t>("offset");
+  t.size = f.get<std::uint64_t>("size");
+  auto type = f.get<std::string>("type");
+  t.shape = f.get<std::vector<std::int64_t>>("shape");
+  auto sum = f.get<std::string>("xxh64");
+  if (!f.status()) return f.status();
+  auto dt = sdk::parse_dtype(type);
+  if (!dt) return bad(where + ": unknown type '" + type + "'");
+  t.type = *dt;
+  if (!io::parse_hex64(sum, t.checksum)) return bad(where + ": xxh64 '" + sum + "' is not 16 hex digits");
+  if (t.shape.empty() || t.shape.size() > 4) return bad(where + ": shape must have 1 to 4 dimensions");
+  for (auto d : t.shape) {
+    if (d <= 0 || d > (1ll << 40)) return bad(where + ": shape has a dimension of " + std::to_string(d));
+  }
+  std::uint64_t rows = elements(t.shape) / static_cast<std::uint64_t>(t.shape.back());
+  std::size_t row = sdk::row_bytes(t.type, t.shape.back());
+  if (row == 0) {
+    return bad(where + ": rows of " + std::to_string(t.shape.back()) + " elements do not fit " + type + " blocks");
+  }
+  if (row * rows != t.size) {
+    return bad(where + ": size " + std::to_string(t.size) + " does not match " + type + " of this shape (" +
+               std::to_string(row * rows) + " bytes)");
+  }
+  return {};
+}
+
+bool safe_relative(const std::string& p) {
+  if (p.empty() || p.front() == '/') return false;
+  fs::path path(p);
+  for (const auto& part : path) {
+    if (part == ".." || part == ".") return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+json Manifest::to_json() const {
+  json j;
+  j["format"] = kManifestFormatName;
+  j["format_version"] = format_version;
+  j["architecture"] = hparams.architecture;
+  j["hparams"] = hparams.to_json();
+  j["source"] = source;
+  j["quantization"] = quantization;
+  j["tokenizer"] = tokenizer;
+  j["tokenizer"]["files"] = tokenizer_files;
+  json files_j = json::array();
+  for (const auto& f : files) files_j.push_back({{"path", f.path}, {"size", f.size}, {"xxh64", io::hex64(f.checksum)}});
+  j["files"] = files_j;
+  json tensors_j = json::array();
+  for (const auto& t : tensors) tensors_j.push_back(tensor_json(t, true));
+  j["tensors"] = tensors_j;
+  json experts_j = json::array();
+  for (const auto& e : experts) {
+    experts_j.push_back({{"layer", e.layer},
+                         {"expert", e.expert},
+                         {"file", e.file},
+                         {"offset", e.offset},
+                         {"size", e.size},
+                         {"gate", tensor_json(e.gate, false)},
+                         {"up", tensor_json(e.up, false)},
+                         {"down", tensor_json(e.down, false)}});
+  }
+  j["experts"] = experts_j;
+  return j;
+}
+
+sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) {
+  if (!j.is_object()) return bad(where + ": not a JSON object");
+  Fields f(j, where);
+  auto format = f.get<std::string>("format");
+  auto version = f.get<int>("format_version");
+  if (!f.status()) return f.status();
+  if (format != kManifestFormatName) return bad(where + ": format is '" + format + "', not a colibri model");
+  if (version != kManifestFormatVersion) {
+    return bad(where + ": format_version " + std::to_string(version) + " is not supported (this colibri reads " +
+               std::to_string(kManifestFormatVersion) + "); re-run convert with this colibri");
+  }
+  Manifest m;
+  m.format_version = version;
+  auto hp = HyperParams::from_json(f.raw("hparams"));
+  if (!hp) return hp.error().with_context(where);
+  m.hparams = std::move(*hp);
+  m.source = f.raw("source");
+  m.quantization = f.raw("quantization");
+  m.tokenizer = f.raw("tokenizer");
+  if (m.tokenizer.is_object() && m.tokenizer.contains("files")) {
+    try {
+      m.tokenizer_files = m.tokenizer["files"].get<std::vector<std::string>>();
+    } catch (const std::exception&) {
+      return bad(where + ": tokenizer.files must be a list of file names");
+    }
+  }
+  for (const auto& t : m.tokenizer_files) {
+    if (!safe_relative(t)) return bad(where + ": tokenizer file '" + t + "' is not a path inside the model");
+  }
+  const json& files = f.raw("files");
+  const json& tensors = f.raw("tensors");
+  const json& experts = f.raw("experts");
+  if (!files.is_array() || !tensors.is_array() || !experts.is_array()) {
+    return bad(where + ": files, tensors and experts must be arrays");
+  }
+  std::set<std::string> file_set;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    Fields ff(files[i], where + " files[" + std::to_string(i) + "]");
+    FileEntry fe;
+    fe.path = ff.get<std::string>("path");
+    fe.size = ff.get<std::uint64_t>("size");
+    auto sum = ff.get<std::string>("xxh64");
+    if (!ff.status()) return ff.status();
+    if (!safe_relative(fe.path)) return bad(where + ": file '" + fe.path + "' is not a path inside the model");
+    if (!io::parse_hex64(sum, fe.checksum)) return bad(where + ": file '" + fe.path + "' has a bad xxh64");
+    if (!file_set.insert(fe.path).second) return bad(where + ": file '" + fe.path + "' listed twice");
+    m.files.push_back(fe);
+  }
+  auto within = [&](const TensorEntry& t, const std::string& what) -> Status {
+    const auto* fe = m.file(t.file);
+    if (fe == nullptr) return bad(where + ": " + what + " is in '" + t.file + "', which is not in the file list");
+    if (t.offset > fe->size || t.size > fe->size - t.offset) {
+      return bad(where + ": " + what + " [" + std::to_string(t.offset) + ", +" + std::to_string(t.size) +
+                 ") lies outside " + t.file + " (" + std::to_string(fe->size) + " bytes)");
+    }
+    return {};
+  };
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    TensorEntry t;
+    if (auto s = parse_tensor(tensors[i], t, where + " tensors[" + std::to_string(i) + "]", ""); !s) return s;
+    if (auto s = within(t, "tensor '" + t.name + "'"); !s) return s;
+    if (!names.insert(t.name).second) return bad(where + ": tensor '" + t.name + "' listed twice");
+    m.tensors.push_back(std::move(t));
+  }
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    const std::string ew = where + " experts[" + std::to_string(i) + "]";
+    Fields ef(experts[i], ew);
+    ExpertEntry e;
+    e.layer = ef.get<std::int64_t>("layer");
+    e.expert = ef.get<std::int64_t>("expert");
+    e.file = ef.get<std::string>("file");
+    e.offset = ef.get<std::uint64_t>("offset");
+    e.size = ef.get<std::uint64_t>("size");
+    if (!ef.status()) return ef.status();
+    const std::string name = "L" + std::to_string(e.layer) + "/E" + std::to_string(e.expert);
+    if (auto s = parse_tensor(ef.raw("gate"), e.gate, ew + ".gate", e.file); !s) return s;
+    if (auto s = parse_tensor(ef.raw("up"), e.up, ew + ".up", e.file); !s) return s;
+    if (auto s = parse_tensor(ef.raw("down"), e.down, ew + ".down", e.file); !s) return s;
+    TensorEntry blob;
+    blob.file = e.file;
+    blob.offset = e.offset;
+    blob.size = e.size;
+    if (auto s = within(blob, "expert " + name); !s) return s;
+    for (const TensorEntry* part : {&e.gate, &e.up, &e.down}) {
+      if (part->offset < e.offset || part->offset + part->size > e.offset + e.size) {
+        return bad(ew + ": a part of expert " + name + " lies outside its blob");
+      }
+    }
+    m.experts.push_back(std::move(e));
+  }
+  std::sort(m.experts.begin(), m.experts.end(), [](const ExpertEntry& a, const ExpertEntry& b) {
+    return std::tie(a.layer, a.expert) < std::tie(b.layer, b.expert);
+  });
+  // Every layer has exactly its experts, each once.
+  std::size_t idx = 0;
+  for (std::int64_t l = 0; l < m.hparams.num_layers; ++l) {
+    for (std::int64_t e = 0; e < m.hparams.layer_experts(l); ++e, ++idx) {
+      if (idx >= m.experts.size() || m.experts[idx].layer != l || m.experts[idx].expert != e) {
+        return bad(where + ": expert L" + std::to_string(l) + "/E" + std::to_string(e) +
+                   " is missing from the expert index; re-run convert");
+      }
+      const auto& ex = m.experts[idx];
+      const std::int64_t ff = m.hparams.layer_ffn_size(l), hid = m.hparams.hidden_size;
+      if (ex.gate.shape != std::vector<std::int64_t>{ff, hid} || ex.up.shape != std::vector<std::int64_t>{ff, hid} ||
+          ex.down.shape != std::vector<std::int64_t>{hid, ff}) {
+        return bad(where + ": expert L" + std::to_string(l) + "/E" + std::to_string(e) +
+                   " has shapes that do not match the hyper-parameters");
+      }
+    }
+  }
+  if (idx != m.experts.size()) return bad(where + ": the expert index lists experts the hyper-parameters do not have");
+  for (const char* required : {"token_embd.weight", "output_norm.weight"}) {
+    if (m.tensor(required) == nullptr) return bad(where + ": tensor '" + std::string(required) + "' is missing");
+  }
+  return m;
+}
+
+sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
+  const fs::path path = dir / "manifest.json";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status(StatusCode::not_found, io::path_text(dir) + " is not a model directory");
+  auto f = io::File::open_read(path);
+  if (!f) {
+    return Status(StatusCode::not_found, io::path_text(path) +
+                                             " is missing: not a colibri model, or its conversion did not finish; "
+                                             "re-run convert");
+  }
+  auto size = f->size();
+  if (!size) return size.error();
+  if (*size > (1ull << 30)) return bad(io::path_text(path) + " is implausibly large");
+  std::string text(*size, '\0');
+  if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    return bad(io::path_text(path) + ": not valid JSON (" + e.what() + "); re-run convert");
+  }
+  auto m = parse_manifest(j, io::path_text(path));
+  if (!m) return m;
+  // Files present with their recorded sizes (a cheap check; verify_model hashes).
+  for (const auto& fe : m->files) {
+    struct stat st {};
+    const fs::path p = dir / fe.path;
+    if (::stat(p.c_str(), &st) != 0) {
+      return Status(StatusCode::corrupt_data,
+                    describe_model_file(*m, fe.path) + ": file " + fe.path + " is missing; re-run convert");
+    }
+    if (static_cast<std::uint64_t>(st.st_size) != fe.size) {
+      return Status(StatusCode::corrupt_data, describe_model_file(*m, fe.path) + ": file " + fe.path + " is " +
+                                                  std::to_string(st.st_size) + " bytes, expected " +
+                                                  std::to_string(fe.size) + " (truncated?); re-run convert");
+    }
+  }
+  for (const auto& t : m->tokenizer_files) {
+    if (!fs::is_regular_file(dir / t, ec)) {
+      return Status(StatusCode::corrupt_data,
+                    "tokenizer file " + t + " is missing from " + io::path_text(dir) + "; re-run convert");
+    }
+  }
+  return m;
+}
+
+std::string describe_model_file(const Manifest& m, const std::string& path) {
+  if (path == "shared.bin") return "shared";
+  std::vector<const ExpertEntry*> in_file;
+  for (const auto& e : m.experts) {
+    if (e.file == path) in_file.push_back(&e);
+  }
+  if (in_file.empty()) return path;
+  // Built by appending: GCC 12 warns (-Wrestrict, falsely) on "literal" + std::string chains here.
+  std::string label("L");
+  label.append(std::to_string(in_file[0]->layer));
+  if (in_file.size() == 1) {
+    label.append("/E").append(std::to_string(in_file[0]->expert));
+  } else {
+    label.append(" (").append(std::to_string(in_file.size())).append(" experts)");
+  }
+  return label;
+}
+
+}  // namespace colibri::model

@@ -1,0 +1,208 @@
+#include "colibri/model/safetensors.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "model/file_io.hpp"
+
+namespace colibri::model {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+// A header larger than this is not a real checkpoint (the largest seen are a few MB).
+constexpr std::uint64_t kMaxHeaderBytes = 256ull << 20;
+
+Status corrupt(const fs::path& file, const std::string& what) {
+  return Status(StatusCode::corrupt_data, io::path_text(file) + ": " + what);
+}
+
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return __builtin_mul_overflow(a, b, &out);
+}
+
+}  // namespace
+
+struct SafetensorsCheckpoint::Shard {
+  io::File file;
+};
+
+std::size_t safetensors_dtype_size(const std::string& dtype) noexcept {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
+  return 0;
+}
+
+namespace {
+
+// Parses one file's header into `out` (absolute offsets). `wanted` (may be null) limits which names are kept.
+Status parse_shard(const fs::path& path, const io::File& file, std::size_t file_index,
+                   std::map<std::string, SafetensorsTensor>& out) {
+  auto size = file.size();
+  if (!size) return size.error();
+  if (*size < 8)
+    return corrupt(path, "file is " + std::to_string(*size) + " bytes, too short for a safetensors header");
+  unsigned char len_bytes[8];
+  if (auto s = file.read_at(len_bytes, 8, 0); !s) return s;
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > *size - 8) {
+    return corrupt(path, "header length " + std::to_string(header_len) + " runs past the end of the file (" +
+                             std::to_string(*size) + " bytes); the file is truncated or not safetensors");
+  }
+  if (header_len > kMaxHeaderBytes)
+    return corrupt(path, "header length " + std::to_string(header_len) + " is implausible");
+  std::string text(header_len, '\0');
+  if (auto s = file.read_at(text.data(), header_len, 8); !s) return s;
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const std::exception& e) {
+    return corrupt(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) return corrupt(path, "header is not a JSON object");
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_len = *size - data_start;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const json& e = it.value();
+    const std::string where = "tensor '" + it.key() + "'";
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
+        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2) {
+      return corrupt(path, where + " needs dtype (string), shape (array) and data_offsets ([begin, end])");
+    }
+    SafetensorsTensor t;
+    t.name = it.key();
+    t.dtype = e["dtype"].get<std::string>();
+    t.file_index = file_index;
+    std::size_t elem = safetensors_dtype_size(t.dtype);
+    if (elem == 0) return corrupt(path, where + " has unknown dtype '" + t.dtype + "'");
+    std::uint64_t count = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_unsigned())
+        return corrupt(path, where + " has a shape entry that is not a non-negative integer");
+      auto v = d.get<std::uint64_t>();
+      if (v > (1ull << 40) || mul_overflows(count, v, count)) return corrupt(path, where + " has an absurd shape");
+      t.shape.push_back(static_cast<std::int64_t>(v));
+    }
+    const auto& off = e["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return corrupt(path, where + " has data_offsets that are not non-negative integers");
+    }
+    auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    std::uint64_t expect = 0;
+    if (mul_overflows(count, elem, expect)) return corrupt(path, where + " is too large");
+    if (end < begin || end > data_len) {
+      return corrupt(path, where + " has data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                               "] outside the data section (" + std::to_string(data_len) +
+                               " bytes); the file is truncated or corrupt");
+    }
+    if (end - begin != expect) {
+      return corrupt(path, where + " holds " + std::to_string(end - begin) + " bytes but dtype " + t.dtype +
+                               " and its shape need " + std::to_string(expect));
+    }
+    t.offset = data_start + begin;
+    t.size = expect;
+    out[t.name] = std::move(t);
+  }
+  return {};
+}
+
+}  // namespace
+
+sdk::Expected<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const fs::path& dir_or_file) {
+  SafetensorsCheckpoint ckpt;
+  std::error_code ec;
+  std::vector<fs::path> shard_paths;
+  std::map<std::string, std::string> weight_map;
+  fs::path index_path;
+  if (fs::is_regular_file(dir_or_file, ec)) {
+    shard_paths.push_back(dir_or_file);
+  } else if (fs::is_regular_file(dir_or_file / "model.safetensors.index.json", ec)) {
+    index_path = dir_or_file / "model.safetensors.index.json";
+    auto f = io::File::open_read(index_path);
+    if (!f) return f.error();
+    auto size = f->size();
+    if (!size) return size.error();
+    std::string text(*size, '\0');
+    if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+    json index;
+    try {
+      index = json::parse(text);
+    } catch (const std::exception& e) {
+      return corrupt(index_path, std::string("not valid JSON: ") + e.what());
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return corrupt(index_path, "has no \"weight_map\" object");
+    }
+    std::map<std::string, std::size_t> seen;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) return corrupt(index_path, "weight_map[\"" + it.key() + "\"] is not a file name");
+      std::string fname = it.value().get<std::string>();
+      fs::path rel(fname);
+      if (fname.empty() || rel.is_absolute() || rel.has_parent_path() || fname == ".." || fname == ".") {
+        return corrupt(index_path, "weight_map[\"" + it.key() + "\"] names '" + fname +
+                                       "', which is not a file name in the checkpoint directory");
+      }
+      weight_map[it.key()] = fname;
+      if (!seen.count(fname)) {
+        seen[fname] = shard_paths.size();
+        shard_paths.push_back(dir_or_file / rel);
+      }
+    }
+    if (shard_paths.empty()) return corrupt(index_path, "weight_map is empty");
+  } else if (fs::is_regular_file(dir_or_file / "model.safetensors", ec)) {
+    shard_paths.push_back(dir_or_file / "model.safetensors");
+  } else {
+    return Status(StatusCode::not_found,
+                  "no model.safetensors or model.safetensors.index.json in " + io::path_text(dir_or_file));
+  }
+  for (const auto& p : shard_paths) {
+    auto f = io::File::open_read(p);
+    if (!f) {
+      if (!index_path.empty()) return f.error().with_context("shard listed in " + io::path_text(index_path));
+      return f.error();
+    }
+    auto shard = std::make_shared<Shard>();
+    shard->file = std::move(*f);
+    std::map<std::string, SafetensorsTensor> found;
+    if (auto s = parse_shard(p, shard->file, ckpt.files_.size(), found); !s) return s;
+    for (auto& [name, t] : found) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(name);
+        if (it == weight_map.end() || dir_or_file / it->second != p) continue;  // the index is authoritative
+      }
+      if (ckpt.tensors_.count(name)) return corrupt(p, "tensor '" + name + "' also appears in another shard");
+      ckpt.tensors_[name] = t;
+    }
+    ckpt.files_.push_back(p);
+    ckpt.shards_.push_back(std::move(shard));
+  }
+  for (const auto& [name, fname] : weight_map) {
+    if (!ckpt.tensors_.count(name)) {
+      return corrupt(dir_or_file / fname, "tensor '" + name + "' is listed in " + io::path_text(index_path) +
+                                              " but missing from this shard");
+    }
+  }
+  return ckpt;
+}
+
+const SafetensorsTensor* SafetensorsCheckpoint::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Status SafetensorsCheckpoint::read(const SafetensorsTensor& t, std::uint64_t offset, void* dst, std::size_t n) const {
+  if (t.file_index >= shards_.size() || offset > t.size || n > t.size - offset) {
+    return Status(StatusCode::invalid_argument, "read past the end of tensor '" + t.name + "'");
+  }
+  return shards_[t.file_index]->file.read_at(dst, n, t.offset + offset);
+}
+
+}  // namespace colibri::model

@@ -1,0 +1,92 @@
+#include "colibri/model/verify.hpp"
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <nlohmann/json.hpp>
+
+#include "colibri/model/manifest.hpp"
+#include "model/file_io.hpp"
+
+namespace colibri::model {
+
+namespace fs = std::filesystem;
+
+VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  VerifyReport report;
+  auto m = load_manifest(dir);
+  if (!m) {
+    // Size and presence problems are reported per file below when the manifest itself parses.
+    std::error_code ec;
+    std::string text;
+    auto parsed = [&]() -> sdk::Expected<Manifest> {
+      auto f = io::File::open_read(dir / "manifest.json");
+      if (!f) return f.error();
+      auto size = f->size();
+      if (!size) return size.error();
+      text.resize(*size);
+      if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+      try {
+        return parse_manifest(nlohmann::json::parse(text), (dir / "manifest.json").string());
+      } catch (const std::exception& e) {
+        return sdk::Status(sdk::StatusCode::corrupt_data, std::string("manifest.json is not valid JSON: ") + e.what());
+      }
+    }();
+    if (!parsed) {
+      report.problems.push_back({"manifest.json", "manifest", "invalid manifest", m.error().message()});
+      return report;
+    }
+    m = std::move(parsed);
+  }
+  report.manifest_ok = true;
+  std::uint64_t total = 0, done = 0;
+  for (const auto& f : m->files) total += f.size;
+  for (const auto& f : m->files) {
+    const std::string where = describe_model_file(*m, f.path);
+    struct stat st {};
+    const fs::path p = dir / f.path;
+    ++report.files_checked;
+    if (::stat(p.c_str(), &st) != 0) {
+      report.problems.push_back({f.path, where, "missing", where + ": " + f.path + " is missing; re-run convert"});
+      done += f.size;
+      continue;
+    }
+    if (static_cast<std::uint64_t>(st.st_size) != f.size) {
+      report.problems.push_back({f.path, where, "truncated",
+                                 where + ": " + f.path + " is " + std::to_string(st.st_size) + " bytes, expected " +
+                                     std::to_string(f.size) + " (truncated); re-run convert"});
+      done += f.size;
+      continue;
+    }
+    struct Ctx {
+      std::uint64_t* done;
+      std::uint64_t total;
+      const std::function<void(std::uint64_t, std::uint64_t)>* cb;
+    } ctx{&done, total, &progress};
+    auto sum = io::hash_file(
+        p,
+        [](std::uint64_t n, void* c) {
+          auto* x = static_cast<Ctx*>(c);
+          *x->done += n;
+          if (*x->cb) (*x->cb)(*x->done, x->total);
+        },
+        &ctx);
+    report.bytes_hashed += f.size;
+    if (!sum) {
+      report.problems.push_back(
+          {f.path, where, "unreadable", where + ": " + sum.error().message() + "; re-run convert"});
+    } else if (*sum != f.checksum) {
+      report.problems.push_back(
+          {f.path, where, "checksum mismatch", where + ": checksum mismatch in " + f.path + "; re-run convert"});
+    }
+  }
+  std::error_code ec;
+  for (const auto& t : m->tokenizer_files) {
+    if (!fs::is_regular_file(dir / t, ec)) {
+      report.problems.push_back({t, "tokenizer", "missing", "tokenizer: " + t + " is missing; re-run convert"});
+    }
+  }
+  return report;
+}
+
+}  // namespace colibri::model
