@@ -304,4 +304,15 @@ sdk::Expected<TypeChoice> choose_type(Preset preset, const ModelShape& model, co
   return choice;
 }
 
+sdk::Expected<TypeChoice> choose_type(Preset preset, TensorRole role, int layer, int n_layers, int n_experts,
+                                      std::int64_t row_elems, int n_head, int n_head_kv, bool tied_embeddings) {
+  ModelShape model;
+  model.n_layers = n_layers;
+  model.n_experts = n_experts;
+  model.n_head = n_head;
+  model.n_head_kv = n_head_kv;
+  model.tied_embeddings = tied_embeddings;
+  return choose_type(preset, model, TensorDesc{role, layer, row_elems});
+}
+
 }  // namespace colibri::quant

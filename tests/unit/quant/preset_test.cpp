@@ -185,6 +185,16 @@ TEST(QuantPreset, OutputWithOddWidthUsesQ8_0) {
   EXPECT_TRUE(odd->fallback);
 }
 
+TEST(QuantPreset, FlatCallFormAgrees) {
+  const auto flat = choose_type(Preset::q2_k, TensorRole::attn_v, 3, 32, 0, 4096, 32, 8);
+  ASSERT_TRUE(flat.has_value());
+  EXPECT_EQ(flat->type, DType::q4_k);
+  const auto moe = choose_type(Preset::q4_k_m, TensorRole::attn_k, 3, 32, 8, 4096);
+  ASSERT_TRUE(moe.has_value());
+  EXPECT_EQ(moe->type, DType::q8_0);
+  EXPECT_FALSE(choose_type(Preset::q4_k_m, TensorRole::attn_k, 40, 32, 8, 4096).has_value());
+}
+
 TEST(QuantPreset, InvalidArguments) {
   EXPECT_FALSE(choose_type(Preset::q4_k_m, kLlama7B, {TensorRole::attn_v, 32, 4096}).has_value());
   EXPECT_FALSE(choose_type(Preset::q4_k_m, kLlama7B, {TensorRole::ffn_down, -1, 4096}).has_value());

@@ -99,6 +99,11 @@ struct TypeChoice {
 // with layer outside [0, n_layers), row_elems < 1.
 sdk::Expected<TypeChoice> choose_type(Preset preset, const ModelShape& model, const TensorDesc& tensor);
 
+// Flat form of the same call.
+sdk::Expected<TypeChoice> choose_type(Preset preset, TensorRole role, int layer, int n_layers, int n_experts,
+                                      std::int64_t row_elems, int n_head = 0, int n_head_kv = 0,
+                                      bool tied_embeddings = false);
+
 // The call shape of llama.cpp's helper: use_more_bits(i_layer, n_layers).
 bool use_more_bits(int layer, int n_layers) noexcept;
 
