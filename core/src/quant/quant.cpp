@@ -5,6 +5,10 @@
 #include <cstring>
 #include <string>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "colibri/quant/float16.hpp"
 #include "quant/reference.hpp"
 
@@ -13,6 +17,27 @@ namespace colibri::quant {
 namespace {
 
 using detail::KernelTable;
+
+// ggml's results assume IEEE defaults: round to nearest, subnormals kept. A caller (or a library
+// such as a BLAS) may have set flush-to-zero / denormals-are-zero; switch them off for the call.
+class IeeeFloatMode {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  IeeeFloatMode() noexcept : saved_(_mm_getcsr()) {
+    constexpr unsigned kFtz = 1u << 15, kDaz = 1u << 6, kRounding = 3u << 13;
+    const unsigned wanted = saved_ & ~(kFtz | kDaz | kRounding);
+    if (wanted != saved_) _mm_setcsr(wanted);
+  }
+  ~IeeeFloatMode() {
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
+  }
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
+
+ private:
+  unsigned saved_;
+#endif
+};
 
 bool cpu_has_avx2() noexcept {
   __builtin_cpu_init();
@@ -78,6 +103,7 @@ sdk::Status dequantize_with(const KernelTable& k, DType type, const void* src, f
     return sdk::make_error(sdk::StatusCode::out_of_memory, "dequantize_row: out of memory");
   }
   if (n == 0) return sdk::Status::ok();
+  const IeeeFloatMode ieee;
   const auto* x = static_cast<const std::uint8_t*>(src);
   switch (type) {
     case DType::f32: std::memmove(dst, src, static_cast<std::size_t>(n) * sizeof(float)); break;
@@ -121,6 +147,7 @@ sdk::Status quantize_row(DType type, const float* src, void* dst, std::int64_t n
     return sdk::make_error(sdk::StatusCode::out_of_memory, "quantize_row: out of memory");
   }
   if (n == 0) return sdk::Status::ok();
+  const IeeeFloatMode ieee;
   auto* y = static_cast<std::uint8_t*>(dst);
   switch (type) {
     case DType::f32: std::memmove(dst, src, static_cast<std::size_t>(n) * sizeof(float)); break;

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "colibri/quant/float16.hpp"
 #include "colibri/quant/quant.hpp"
 #include "golden_io.hpp"
@@ -88,6 +92,35 @@ TEST_P(GoldenTest, DequantizeMatchesGgmlFloatsOnEveryPath) {
     }
   }
 }
+
+#if defined(__x86_64__)
+// Flush-to-zero / denormals-are-zero set by the caller must not change the bytes (k-quant sums of
+// squares of tiny weights are subnormal), and the caller's mode comes back unchanged.
+TEST_P(GoldenTest, CallerFlushToZeroModeDoesNotChangeResults) {
+  const std::string name = GetParam();
+  const auto type = sdk::parse_dtype(name);
+  ASSERT_TRUE(type.has_value());
+  const auto inputs = testing::read_inputs();
+  const GoldenType golden = testing::read_golden(name);
+  const unsigned saved = _mm_getcsr();
+  const unsigned ftz_daz = saved | (1u << 15) | (1u << 6);
+  for (const auto& c : golden.cases) {
+    std::vector<std::uint8_t> ours(c.quantized.size());
+    std::vector<float> back(c.n);
+    _mm_setcsr(ftz_daz);
+    const bool q_ok = quantize_row(*type, inputs[c.input_index].values.data(), ours.data(), c.n).is_ok();
+    const unsigned after_quantize = _mm_getcsr();
+    const bool d_ok = dequantize_row(*type, c.quantized.data(), back.data(), c.n).is_ok();
+    const unsigned after_dequantize = _mm_getcsr();
+    _mm_setcsr(saved);
+    ASSERT_TRUE(q_ok && d_ok);
+    EXPECT_EQ(after_quantize, ftz_daz);
+    EXPECT_EQ(after_dequantize, ftz_daz);
+    EXPECT_EQ(ours, c.quantized) << name << " input '" << inputs[c.input_index].name << "' under FTZ/DAZ";
+    EXPECT_EQ(first_bit_mismatch(back, c.dequantized), -1) << name << " under FTZ/DAZ";
+  }
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, GoldenTest,
                          ::testing::Values("f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k",
