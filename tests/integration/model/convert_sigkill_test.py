@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""SIGKILL `colibri-cli convert` at random points: the output path must then either not exist or hold a complete
+model that `inspect --verify` accepts, and any hidden partial directory left behind must not pass as a model
+unless it verifies too. With --force over an existing model, the output must always verify (old or new model).
+
+usage: convert_sigkill_test.py COLIBRI_CLI MAKE_TINY_MODEL_PY WORK_DIR [ROUNDS]
+"""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+
+def main():
+    cli, generator, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 10
+    seed = int(os.environ.get("COLIBRI_TEST_SEED", time.time()))
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    src = os.path.join(work, "src 模型")
+    if not os.path.exists(os.path.join(src, "config.json")):
+        subprocess.run([sys.executable, generator, "--arch", "mixtral", "--shape", "medium", "--dtype", "f32",
+                        "--out", src], check=True, stderr=subprocess.DEVNULL)
+    outdir = os.path.join(work, "out 模型")
+    os.makedirs(outdir, exist_ok=True)
+    out = os.path.join(outdir, "mixtral medium")
+
+    def convert_cmd(force=False):
+        return [cli, "convert", "--quiet", "-i", src, "-o", out, "-q", "f16", "--threads", "1"] + (["--force"] if force else [])
+
+    def verifies(path):
+        r = subprocess.run([cli, "inspect", path, "--verify", "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return r.returncode == 0
+
+    def accepted(path):
+        r = subprocess.run([cli, "inspect", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return r.returncode == 0
+
+    def partials():
+        return [os.path.join(outdir, n) for n in os.listdir(outdir) if ".colibri-partial-" in n]
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
+    subprocess.run(convert_cmd(), check=True, stdout=subprocess.DEVNULL)
+    duration = time.monotonic() - t0
+    assert verifies(out), "a complete conversion must verify"
+    print(f"full conversion takes {duration:.2f}s")
+
+    failures = []
+    outcomes = {"absent": 0, "complete": 0}
+    for i in range(rounds):
+        shutil.rmtree(out, ignore_errors=True)
+        p = subprocess.Popen(convert_cmd(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, duration * 1.05))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if os.path.exists(out):
+            outcomes["complete"] += 1
+            if not verifies(out):
+                failures.append(f"round {i}: {out} exists after SIGKILL but does not verify")
+        else:
+            outcomes["absent"] += 1
+        for d in partials():
+            if accepted(d) and not verifies(d):
+                failures.append(f"round {i}: partial directory {d} is accepted by inspect but does not verify")
+    print(f"plain conversions killed: {outcomes}")
+
+    # --force over an existing model: never without a whole model at the output path.
+    shutil.rmtree(out, ignore_errors=True)
+    subprocess.run(convert_cmd(), check=True, stdout=subprocess.DEVNULL)
+    for i in range(max(3, rounds // 2)):
+        p = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, duration * 1.05))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if not verifies(out):
+            failures.append(f"force round {i}: {out} does not verify after SIGKILL")
+
+    # The next conversion sweeps the partial directories of dead conversions.
+    subprocess.run(convert_cmd(force=True), check=True, stdout=subprocess.DEVNULL)
+    if partials():
+        failures.append(f"partial directories left after a later conversion: {partials()}")
+    if not verifies(out):
+        failures.append("final conversion does not verify")
+
+    for f in failures:
+        print("FAIL:", f)
+    print("ok" if not failures else f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+// End-to-end tests of the converter on tiny generated checkpoints of every supported architecture.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "colibri/model/convert.hpp"
+#include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
+#include "colibri/model/verify.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace colibri::model;
+
+namespace {
+
+// Paths with a space and CJK characters everywhere, on purpose.
+const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
+const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral"};
+
+std::string quote(const fs::path& p) {
+  return "'" + p.string() + "'";
+}
+
+int run(const std::string& cmd) {
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// Runs the fixture generator once per (name, args).
+fs::path fixture(const std::string& name, const std::string& args, bool with_gguf = true) {
+  const fs::path dir = kWork / "fixtures" / name;
+  if (fs::exists(dir / "config.json")) return dir;
+  fs::create_directories(dir.parent_path());
+  std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
+                    quote(fs::path(COLIBRI_TEST_SOURCE_DIR) / "tests/fixtures/make_tiny_model.py") + " --out " +
+                    quote(dir) + " " + args;
+  if (with_gguf) cmd += " --gguf " + quote(dir.string() + ".gguf");
+  cmd += " 2>/dev/null";
+  EXPECT_EQ(run(cmd), 0) << cmd;
+  return dir;
+}
+
+fs::path fresh_output(const std::string& name) {
+  const fs::path p = kWork / "out" / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ConvertSummary convert_ok(const fs::path& in, const fs::path& out, const std::string& preset, bool split = true) {
+  ConvertOptions o;
+  o.input = in;
+  o.output = out;
+  o.preset = preset;
+  o.threads = 2;
+  o.split_experts = split;
+  auto r = convert_model(o);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().to_string());
+  return r ? *r : ConvertSummary{};
+}
+
+// No hidden "<name>.colibri-partial-*" sibling may be left behind.
+bool partial_left(const fs::path& out) {
+  for (const auto& e : fs::directory_iterator(out.parent_path())) {
+    if (e.path().filename().string().find(out.filename().string() + ".colibri-partial") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+void expect_identical_models(const fs::path& a, const fs::path& b) {
+  auto ma = load_manifest(a), mb = load_manifest(b);
+  ASSERT_TRUE(ma.has_value()) << ma.error().to_string();
+  ASSERT_TRUE(mb.has_value()) << mb.error().to_string();
+  ASSERT_EQ(ma->files.size(), mb->files.size());
+  for (std::size_t i = 0; i < ma->files.size(); ++i) {
+    EXPECT_EQ(ma->files[i].path, mb->files[i].path);
+    EXPECT_EQ(ma->files[i].checksum, mb->files[i].checksum) << ma->files[i].path << " differs";
+    EXPECT_EQ(slurp(a / ma->files[i].path), slurp(b / mb->files[i].path)) << ma->files[i].path;
+  }
+  ASSERT_EQ(ma->tensors.size(), mb->tensors.size());
+  for (std::size_t i = 0; i < ma->tensors.size(); ++i) {
+    EXPECT_EQ(ma->tensors[i].name, mb->tensors[i].name);
+    EXPECT_EQ(ma->tensors[i].type, mb->tensors[i].type) << ma->tensors[i].name;
+    EXPECT_EQ(ma->tensors[i].checksum, mb->tensors[i].checksum) << ma->tensors[i].name;
+  }
+}
+
+class ArchTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ArchTest, SafetensorsAndGgufOfTheSameWeightsGiveIdenticalBlobs) {
+  const std::string arch = GetParam();
+  // bf16 checkpoint (2 shards + index) and a bf16 GGUF; the GGUF's llama-arch Q/K rows are permuted as llama.cpp does.
+  const fs::path src = fixture(arch + "-bf16", "--arch " + arch + " --dtype bf16 --shards 2");
+  const fs::path from_st = fresh_output(arch + " from st"), from_gguf = fresh_output(arch + " from gguf");
+  auto s1 = convert_ok(src, from_st, "bf16");
+  auto s2 = convert_ok(src.string() + ".gguf", from_gguf, "bf16");
+  EXPECT_GT(s1.experts, 0u);
+  EXPECT_TRUE(s1.fallbacks.empty());
+  expect_identical_models(from_st, from_gguf);
+  EXPECT_TRUE(verify_model(from_st).ok());
+  EXPECT_TRUE(verify_model(from_gguf).ok());
+}
+
+TEST_P(ArchTest, QuantizingTheSameFloatsFromEitherSourceIsIdentical) {
+  const std::string arch = GetParam();
+  const fs::path src = fixture(arch + "-f32", "--arch " + arch + " --dtype f32");
+  const fs::path a = fresh_output(arch + " q8 st"), b = fresh_output(arch + " q8 gguf");
+  convert_ok(src, a, "q8_0");
+  convert_ok(src.string() + ".gguf", b, "q8_0");
+  expect_identical_models(a, b);
+}
+
+TEST_P(ArchTest, ManifestCarriesTheConfigHyperParameters) {
+  const std::string arch = GetParam();
+  const fs::path src = fixture(arch + "-bf16", "--arch " + arch + " --dtype bf16 --shards 2");
+  const fs::path out = fresh_output(arch + " hp");
+  convert_ok(src, out, "f16");
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value()) << m.error().to_string();
+  const json cfg = json::parse(slurp(src / "config.json"));
+  const auto& h = m->hparams;
+  EXPECT_EQ(h.architecture, arch);
+  EXPECT_EQ(h.hf_architecture, cfg["architectures"][0]);
+  EXPECT_EQ(h.hidden_size, cfg["hidden_size"]);
+  EXPECT_EQ(h.num_layers, cfg["num_hidden_layers"]);
+  EXPECT_EQ(h.num_heads, cfg["num_attention_heads"]);
+  EXPECT_EQ(h.num_kv_heads, cfg["num_key_value_heads"]);
+  EXPECT_EQ(h.vocab_size, cfg["vocab_size"]);
+  EXPECT_DOUBLE_EQ(h.rope_theta, cfg["rope_theta"].get<double>());
+  EXPECT_DOUBLE_EQ(h.rms_norm_eps, cfg["rms_norm_eps"].get<double>());
+  EXPECT_EQ(h.tie_word_embeddings, cfg["tie_word_embeddings"].get<bool>());
+  EXPECT_EQ(h.bos_token_id, cfg["bos_token_id"]);
+  EXPECT_EQ(m->tensor("output.weight") == nullptr, h.tie_word_embeddings);
+  std::size_t experts = 0;
+  for (std::int64_t l = 0; l < h.num_layers; ++l) experts += static_cast<std::size_t>(h.layer_experts(l));
+  EXPECT_EQ(m->experts.size(), experts);
+  if (arch == "llama" || arch == "mistral") {
+    EXPECT_TRUE(h.dense);
+    EXPECT_EQ(m->experts.size(), static_cast<std::size_t>(h.num_layers));  // one always-selected expert per layer
+    EXPECT_EQ(m->experts[0].gate.shape, (std::vector<std::int64_t>{cfg["intermediate_size"], cfg["hidden_size"]}));
+  }
+  if (arch == "llama") {
+    EXPECT_EQ(h.rope_scaling["rope_type"], "llama3");
+  }
+  if (arch == "mistral") {
+    EXPECT_EQ(h.sliding_window, cfg["sliding_window"]);
+  }
+  if (arch == "mixtral") {
+    EXPECT_EQ(h.n_experts, cfg["num_local_experts"]);
+    EXPECT_TRUE(h.norm_topk_prob);
+  }
+  if (arch == "qwen2_moe") {
+    EXPECT_TRUE(h.attention_qkv_bias);
+    EXPECT_NE(m->tensor("blk.0.attn_q.bias"), nullptr);
+    EXPECT_NE(m->tensor("blk.0.ffn_gate_inp_shexp.weight"), nullptr);
+    EXPECT_EQ(h.shared_expert_intermediate_size, cfg["shared_expert_intermediate_size"]);
+    EXPECT_EQ(h.mlp_only_layers, (std::vector<std::int64_t>{1}));
+    EXPECT_FALSE(h.layer_is_sparse(1));
+    EXPECT_NE(m->expert(1, 0), nullptr);
+    EXPECT_EQ(m->expert(1, 1), nullptr);  // the dense layer has a single expert
+    EXPECT_EQ(m->expert(1, 0)->gate.shape[0], cfg["intermediate_size"]);
+    EXPECT_EQ(m->expert(0, 0)->gate.shape[0], cfg["moe_intermediate_size"]);
+  }
+  if (arch == "qwen3_moe") {
+    EXPECT_EQ(h.qk_norm, "per_head");
+    EXPECT_EQ(m->tensor("blk.0.attn_q_norm.weight")->shape, (std::vector<std::int64_t>{h.head_dim}));
+  }
+  if (arch == "olmoe") {
+    EXPECT_EQ(h.qk_norm, "full");
+    EXPECT_EQ(m->tensor("blk.0.attn_q_norm.weight")->shape, (std::vector<std::int64_t>{h.num_heads * h.head_dim}));
+  }
+  // Blobs: 4 KiB aligned, gate/up/down back to back in one range.
+  for (const auto& e : m->experts) {
+    EXPECT_EQ(e.offset % kBlobAlignment, 0u);
+    EXPECT_EQ(e.size % kBlobAlignment, 0u);
+    EXPECT_LT(e.gate.offset, e.up.offset);
+    EXPECT_LT(e.up.offset, e.down.offset);
+    EXPECT_LE(e.down.offset + e.down.size, e.offset + e.size);
+  }
+  for (const auto& t : m->tensors) {
+    if (t.shape.size() == 1 || t.name.find("ffn_gate_inp") != std::string::npos) {
+      EXPECT_EQ(t.type, colibri::sdk::DType::f32) << t.name;  // norms, biases, routers stay f32
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, ArchTest, ::testing::ValuesIn(kArchs));
+
+TEST(ModelConvert, GgufTokenizerIsRebuiltWithTheSameVocabAndMerges) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("tok from gguf");
+  convert_ok(src.string() + ".gguf", out, "bf16");
+  const json orig = json::parse(slurp(src / "tokenizer.json")), rebuilt = json::parse(slurp(out / "tokenizer.json"));
+  for (const auto& [tok, id] : orig["model"]["vocab"].items()) EXPECT_EQ(rebuilt["model"]["vocab"][tok], id) << tok;
+  EXPECT_EQ(rebuilt["model"]["merges"], orig["model"]["merges"]);
+  EXPECT_EQ(rebuilt["model"]["type"], "BPE");
+  const json cfg = json::parse(slurp(out / "tokenizer_config.json"));
+  EXPECT_EQ(cfg["bos_token"], "<|begin_of_text|>");
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->tokenizer["source"], "gguf");
+}
+
+TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("verify me");
+  convert_ok(src, out, "f16");
+  ASSERT_TRUE(verify_model(out).ok());
+  {  // flip one byte of L1/E2
+    std::fstream f(out / "experts/L001/E002.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  fs::resize_file(out / "experts/L000/E001.bin", 4096);
+  fs::remove(out / "experts/L001/E003.bin");
+  auto r = verify_model(out);
+  EXPECT_FALSE(r.ok());
+  std::map<std::string, std::string> by_where;
+  for (const auto& p : r.problems) by_where[p.location] = p.message;
+  ASSERT_EQ(r.problems.size(), 3u);
+  EXPECT_EQ(by_where["L1/E2"], "L1/E2: checksum mismatch in experts/L001/E002.bin; re-run convert");
+  EXPECT_NE(by_where["L0/E1"].find("truncated"), std::string::npos);
+  EXPECT_NE(by_where["L1/E3"].find("missing"), std::string::npos);
+  // A run refuses the model before reading anything.
+  auto m = load_manifest(out);
+  ASSERT_FALSE(m.has_value());
+  EXPECT_NE(m.error().message().find("re-run convert"), std::string::npos);
+}
+
+struct BadCase {
+  std::string name;
+  std::string expect;  // substring of the error
+};
+
+void expect_clean_failure(const fs::path& input, const std::string& expect, const std::string& tag) {
+  const fs::path out = fresh_output("bad " + tag);
+  ConvertOptions o;
+  o.input = input;
+  o.output = out;
+  o.preset = "f16";
+  auto r = convert_model(o);
+  ASSERT_FALSE(r.has_value()) << tag;
+  EXPECT_NE(r.error().message().find(expect), std::string::npos) << tag << ": " << r.error().message();
+  EXPECT_FALSE(fs::exists(out)) << tag;
+  EXPECT_FALSE(partial_left(out)) << tag;
+}
+
+fs::path copy_fixture(const fs::path& src, const std::string& name) {
+  const fs::path dst = kWork / "bad" / name;
+  fs::remove_all(dst);
+  fs::create_directories(dst.parent_path());
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
+  const fs::path src = fixture("qwen3_moe-bf16", "--arch qwen3_moe --dtype bf16 --shards 2");
+  {  // truncated shard
+    auto d = copy_fixture(src, "truncated");
+    fs::resize_file(d / "model-00002-of-00002.safetensors",
+                    fs::file_size(d / "model-00002-of-00002.safetensors") - 1000);
+    expect_clean_failure(d, "truncated", "truncated shard");
+  }
+  {  // header length past the end of the file
+    auto d = copy_fixture(src, "header");
+    std::fstream f(d / "model-00001-of-00002.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    const unsigned char len[8] = {0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0};
+    f.write(reinterpret_cast<const char*>(len), 8);
+    f.close();
+    expect_clean_failure(d, "header length", "header past end");
+  }
+  {  // wrong dtype: a weight declared I16 (same byte size, so only the dtype is wrong)
+    auto d = copy_fixture(src, "dtype");
+    const fs::path shard = d / "model-00001-of-00002.safetensors";
+    std::string bytes = slurp(shard);
+    auto pos = bytes.find("\"BF16\"");
+    ASSERT_NE(pos, std::string::npos);
+    bytes.replace(pos, 6, "\"I16\" ");
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+    expect_clean_failure(d, "dtype I16", "wrong dtype");
+  }
+  {  // an unknown dtype name
+    auto d = copy_fixture(src, "dtype2");
+    const fs::path shard = d / "model-00001-of-00002.safetensors";
+    std::string bytes = slurp(shard);
+    auto pos = bytes.find("\"BF16\"");
+    bytes.replace(pos, 6, "\"F17\" ");
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+    expect_clean_failure(d, "unknown dtype 'F17'", "unknown dtype");
+  }
+  {  // the config names a layer the checkpoint lacks
+    auto d = copy_fixture(src, "missing tensors");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() + 1;
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "tensor 'model.layers.2.input_layernorm.weight'", "missing tensors");
+  }
+  {  // an unsupported architecture is refused by name, listing the supported ones
+    auto d = copy_fixture(src, "arch");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "'DeepseekV3ForCausalLM' is not supported; supported: LlamaForCausalLM", "arch");
+  }
+  {  // a GGUF with an unknown tensor type
+    const fs::path g = kWork / "bad" / "unknown type.gguf";
+    std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
+                      quote(fs::path(COLIBRI_TEST_SOURCE_DIR) / "tests/fixtures/make_tiny_model.py") +
+                      " --arch olmoe --out " + quote(kWork / "bad" / "olmoe src") + " --gguf " + quote(g) +
+                      " --gguf-bad-type blk.1.attn_k.weight=99 2>/dev/null";
+    ASSERT_EQ(run(cmd), 0);
+    expect_clean_failure(g, "GGML type id 99", "gguf type");
+  }
+  {  // a truncated GGUF
+    const fs::path g = kWork / "bad" / "truncated.gguf";
+    fs::copy_file(src.string() + ".gguf", g, fs::copy_options::overwrite_existing);
+    fs::resize_file(g, fs::file_size(g) / 2);
+    expect_clean_failure(g, "truncated", "gguf truncated");
+  }
+}
+
+TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
+  const fs::path src = fixture("olmoe-bf16", "--arch olmoe --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("force");
+  convert_ok(src, out, "f16");
+  const std::string before = slurp(out / "manifest.json");
+  ConvertOptions o;
+  o.input = src;
+  o.output = out;
+  o.preset = "bf16";
+  auto r = convert_model(o);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("--force"), std::string::npos);
+  // --force with a broken input: the old model stays, whole.
+  auto broken = copy_fixture(src, "force broken");
+  fs::resize_file(broken / "model-00002-of-00002.safetensors", 100);
+  o.input = broken;
+  o.force = true;
+  ASSERT_FALSE(convert_model(o).has_value());
+  EXPECT_EQ(slurp(out / "manifest.json"), before);
+  EXPECT_TRUE(verify_model(out).ok());
+  // --force with a good input replaces it.
+  o.input = src;
+  ASSERT_TRUE(convert_model(o).has_value());
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->quantization["preset"], "bf16");
+  EXPECT_FALSE(partial_left(out));
+}
+
+TEST(ModelConvert, PackedLayerFilesWhenExpertsAreNotSplit) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("packed");
+  convert_ok(src, out, "bf16", false);
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value()) << m.error().to_string();
+  EXPECT_EQ(m->expert(1, 3)->file, "experts/L001.bin");
+  EXPECT_EQ(m->expert(1, 3)->offset % kBlobAlignment, 0u);
+  EXPECT_TRUE(verify_model(out).ok());
+}
+
+TEST(ModelConvert, QuantizedPresetsConvertVerifyAndReportFallbacks) {
+  const fs::path src = fixture("qwen2_moe-bf16", "--arch qwen2_moe --dtype bf16 --shards 2");
+  for (const char* preset : {"q8_0", "q4_k_m", "q2_k"}) {
+    const fs::path out = fresh_output(std::string("quant ") + preset);
+    auto s = convert_ok(src, out, preset);
+    auto m = load_manifest(out);
+    ASSERT_TRUE(m.has_value()) << m.error().to_string();
+    EXPECT_TRUE(verify_model(out).ok());
+    if (std::string(preset) == "q8_0") {
+      EXPECT_TRUE(s.fallbacks.empty());
+      EXPECT_EQ(m->expert(0, 0)->gate.type, colibri::sdk::DType::q8_0);
+    } else {
+      // Routed experts' down rows have moe_intermediate_size=128 elements: not a whole 256-element k-block.
+      EXPECT_FALSE(s.fallbacks.empty());
+      EXPECT_NE(m->expert(0, 0)->down.type, colibri::sdk::DType::q4_k);
+      EXPECT_FALSE(m->quantization["fallbacks"].empty());
+    }
+  }
+  auto m = load_manifest(kWork / "out" / "quant q4_k_m");
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->expert(0, 0)->gate.type, colibri::sdk::DType::q4_k);
+  EXPECT_EQ(m->tensor("output.weight")->type, colibri::sdk::DType::q6_k);
+}
+
+TEST(ModelConvert, CliConvertInspectAndNameResolution) {
+  const fs::path src = fixture("llama-bf16", "--arch llama --dtype bf16 --shards 2");
+  const fs::path models = kWork / "models dir 模型";
+  fs::remove_all(models);
+  fs::create_directories(models);
+  const std::string cli = quote(COLIBRI_TEST_CLI);
+  ASSERT_EQ(
+      run(cli + " convert --quiet -i " + quote(src) + " -o " + quote(models / "tiny llama") + " -q f16 > /dev/null"),
+      0);
+  EXPECT_NE(
+      run(cli + " convert --quiet -i " + quote(src) + " -o " + quote(models / "tiny llama") + " -q f16 2> /dev/null"),
+      0);
+  const fs::path json_out = kWork / "inspect.json";
+  ASSERT_EQ(run(cli + " inspect 'tiny llama' --models-dir " + quote(models) + " --verify --json > " + quote(json_out)),
+            0);
+  const json j = json::parse(slurp(json_out));
+  EXPECT_EQ(j["architecture"], "llama");
+  EXPECT_TRUE(j["verify"]["ok"].get<bool>());
+  EXPECT_EQ(j["params_total"], j["params_active_per_token"]);  // dense: every weight is active
+  auto resolved = resolve_model_path("tiny llama", models);
+  ASSERT_TRUE(resolved.has_value());
+  EXPECT_EQ(*resolved, models / "tiny llama");
+  fs::remove(models / "tiny llama" / "experts/L001/E000.bin");
+  const fs::path err = kWork / "inspect.err";
+  EXPECT_EQ(run(cli + " inspect " + quote(models / "tiny llama") + " --verify 2> " + quote(err) + " > /dev/null"), 1);
+  EXPECT_NE(slurp(err).find("L1/E0: experts/L001/E000.bin is missing; re-run convert"), std::string::npos)
+      << slurp(err);
+}
+
+}  // namespace
