@@ -388,7 +388,11 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
   }
   std::uint64_t pos = r.pos();
   g.data_offset_ = (pos + g.alignment_ - 1) / g.alignment_ * g.alignment_;
-  if (g.data_offset_ > *size) return bad("data section starts past the end of the file");
+  if (g.data_offset_ > *size) {
+    // A vocab-only file may end right after its header, without alignment padding.
+    if (!raws.empty()) return bad("data section starts past the end of the file");
+    g.data_offset_ = *size;
+  }
   const std::uint64_t data_len = *size - g.data_offset_;
 
   for (auto& raw : raws) {

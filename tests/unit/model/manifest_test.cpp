@@ -1,0 +1,169 @@
+#include "colibri/model/manifest.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "colibri/model/paths.hpp"
+#include "colibri/model/verify.hpp"
+#include "test_files.hpp"
+
+namespace colibri::model {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A hand-made one-layer dense model (two experts would need a router; dense is the smallest valid shape).
+struct TinyModel {
+  fs::path dir;
+  json manifest;
+};
+
+HyperParams tiny_hparams() {
+  HyperParams h;
+  h.architecture = "llama";
+  h.hf_architecture = "LlamaForCausalLM";
+  h.vocab_size = 4;
+  h.hidden_size = 2;
+  h.num_layers = 1;
+  h.num_heads = 1;
+  h.num_kv_heads = 1;
+  h.head_dim = 2;
+  h.max_position_embeddings = 16;
+  h.dense = true;
+  h.n_experts = 1;
+  h.n_experts_per_tok = 1;
+  h.intermediate_size = 4;
+  return h;
+}
+
+json tensor(const std::string& name, std::uint64_t offset, std::vector<std::int64_t> shape) {
+  std::uint64_t n = 4;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return {{"name", name},  {"offset", offset}, {"size", n},
+          {"type", "f32"}, {"shape", shape},   {"xxh64", "0000000000000000"}};
+}
+
+TinyModel make_model(const std::string& name) {
+  TinyModel t;
+  t.dir = testing::temp_dir(name);
+  testing::write_file(t.dir / "shared.bin", std::string(4096, '\1'));
+  testing::write_file(t.dir / "experts/L000/E000.bin", std::string(4096, '\2'));
+  json emb = tensor("token_embd.weight", 0, {4, 2});
+  emb["file"] = "shared.bin";
+  json norm = tensor("output_norm.weight", 64, {2});
+  norm["file"] = "shared.bin";
+  json m = {{"format", kManifestFormatName},
+            {"format_version", kManifestFormatVersion},
+            {"hparams", tiny_hparams().to_json()},
+            {"files",
+             {{{"path", "shared.bin"}, {"size", 4096}, {"xxh64", "0000000000000000"}},
+              {{"path", "experts/L000/E000.bin"}, {"size", 4096}, {"xxh64", "0000000000000000"}}}},
+            {"tensors", {emb, norm}},
+            {"experts",
+             {{{"layer", 0},
+               {"expert", 0},
+               {"file", "experts/L000/E000.bin"},
+               {"offset", 0},
+               {"size", 4096},
+               {"gate", tensor("g", 0, {4, 2})},
+               {"up", tensor("u", 64, {4, 2})},
+               {"down", tensor("d", 128, {2, 4})}}}}};
+  t.manifest = m;
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  return t;
+}
+
+void expect_rejected(const TinyModel& t, const json& m, const std::string& what) {
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  auto r = load_manifest(t.dir);
+  ASSERT_FALSE(r.has_value()) << what;
+  EXPECT_NE(r.error().message().find(what), std::string::npos) << r.error().message();
+}
+
+TEST(Manifest, LoadsAValidModelAndComputesSizes) {
+  auto t = make_model("manifest ok 模型");
+  auto m = load_manifest(t.dir);
+  ASSERT_TRUE(m.has_value()) << m.error().to_string();
+  EXPECT_EQ(m->expert(0, 0)->size, 4096u);
+  EXPECT_EQ(m->total_params(), 8u + 2u + 8u + 8u + 8u);
+  EXPECT_EQ(m->active_params(), m->total_params());
+  EXPECT_EQ(m->bytes_per_token_all_miss(), 4096u);
+  EXPECT_EQ(describe_model_file(*m, "experts/L000/E000.bin"), "L0/E0");
+  // Round trip through JSON.
+  auto again = parse_manifest(m->to_json(), "round trip");
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(again->to_json(), m->to_json());
+}
+
+TEST(Manifest, RejectsEverythingOutOfBounds) {
+  auto t = make_model("manifest bad");
+  json m = t.manifest;
+  m["files"][0]["path"] = "../shared.bin";
+  expect_rejected(t, m, "not a path inside the model");
+  m = t.manifest;
+  m["tensors"][1]["offset"] = 4090;
+  expect_rejected(t, m, "lies outside shared.bin");
+  m = t.manifest;
+  m["tensors"][1]["size"] = 12;
+  expect_rejected(t, m, "does not match f32 of this shape");
+  m = t.manifest;
+  m["tensors"][1]["type"] = "q9_9";
+  expect_rejected(t, m, "unknown type 'q9_9'");
+  m = t.manifest;
+  m["experts"][0]["down"]["offset"] = 4090;
+  expect_rejected(t, m, "lies outside");
+  m = t.manifest;
+  m["experts"] = json::array();
+  expect_rejected(t, m, "L0/E0 is missing from the expert index");
+  m = t.manifest;
+  m["format_version"] = 99;
+  expect_rejected(t, m, "format_version 99 is not supported");
+  m = t.manifest;
+  m["hparams"]["num_kv_heads"] = 3;
+  expect_rejected(t, m, "num_heads must be a multiple of num_kv_heads");
+  m = t.manifest;
+  m["hparams"].erase("rope_theta");
+  expect_rejected(t, m, "missing field \"rope_theta\"");
+  m = t.manifest;
+  m["files"][1]["size"] = 8192;
+  expect_rejected(t, m, "L0/E0: file experts/L000/E000.bin is 4096 bytes, expected 8192");
+  testing::write_file(t.dir / "manifest.json", "{ not json");
+  EXPECT_FALSE(load_manifest(t.dir).has_value());
+  fs::remove(t.dir / "manifest.json");
+  auto r = load_manifest(t.dir);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("conversion did not finish"), std::string::npos);
+}
+
+TEST(Manifest, VerifyReportsChecksumMismatchByExpert) {
+  auto t = make_model("manifest verify");
+  auto r = verify_model(t.dir);
+  EXPECT_TRUE(r.manifest_ok);
+  ASSERT_EQ(r.problems.size(), 2u);  // the hand-made checksums are zero
+  EXPECT_EQ(r.problems[1].message, "L0/E0: checksum mismatch in experts/L000/E000.bin; re-run convert");
+  EXPECT_EQ(r.problems[0].location, "shared");
+}
+
+TEST(ModelPaths, ResolvesDirectoriesAndNamesUnderTheModelsDir) {
+  auto base = testing::temp_dir("paths 模型 dir");
+  fs::create_directories(base / "models" / "my model");
+  auto byname = resolve_model_path("my model", base / "models");
+  ASSERT_TRUE(byname.has_value()) << byname.error().to_string();
+  EXPECT_EQ(*byname, base / "models" / "my model");
+  auto bypath = resolve_model_path((base / "models" / "my model").string(), "/nonexistent");
+  ASSERT_TRUE(bypath.has_value());
+  auto missing = resolve_model_path("nope", base / "models");
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().message().find((base / "models" / "nope").string()), std::string::npos);
+  ::setenv("XDG_DATA_HOME", (base / "xdg").c_str(), 1);
+  EXPECT_EQ(default_models_dir(), base / "xdg" / "colibri" / "models");
+  ::unsetenv("XDG_DATA_HOME");
+  ::setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(default_models_dir(), fs::path("/home/someone/.local/share/colibri/models"));
+}
+
+}  // namespace
+}  // namespace colibri::model
