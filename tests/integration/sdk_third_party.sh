@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the SDK component into a scratch prefix, builds examples/custom_cache_policy against it
+# with find_package(ColibriSDK), runs the cache conformance suite on it, and checks colibri-cli
+# finds it, validates its options and uses it when a profile names it.
+set -euo pipefail
+build=$1 cli=$2 example=$3 work=$4
+rm -rf "$work" && mkdir -p "$work"
+cmake --install "$build" --prefix "$work/prefix" --component sdk >/dev/null
+test -f "$work/prefix/lib/cmake/ColibriSDK/ColibriSDKConfig.cmake"
+test -f "$work/prefix/include/colibri/sdk/sdk.hpp"
+test -f "$work/prefix/lib/pkgconfig/colibri-sdk.pc"
+
+cmake -S "$example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" >/dev/null
+cmake --build "$work/build" >/dev/null
+test -f "$work/build/libcolibri-cache-fifo.so"
+ctest --test-dir "$work/build" --output-on-failure | tail -3
+
+# Only the entry symbol is exported.
+exported=$(nm -D --defined-only "$work/build/libcolibri-cache-fifo.so" | awk '{print $3}' | grep -v '^_' || true)
+[ "$exported" = "colibri_plugin_entry" ] || { echo "unexpected exports: $exported"; exit 1; }
+
+out=$(COLIBRI_PLUGIN_PATH="$work/build" "$cli" plugins list)
+echo "$out" | grep -q "cache    fifo          0.1.0    10" || { echo "fifo not listed:"; echo "$out"; exit 1; }
+
+cat > "$work/fifo.yaml" <<'YAML'
+cache:
+  policy: fifo
+  log_evictions: true
+YAML
+out=$(COLIBRI_PLUGIN_PATH="$work/build" "$cli" profile show --profile "$work/fifo.yaml")
+echo "$out" | grep -q "cache.log_evictions = true" || { echo "option not shown:"; echo "$out"; exit 1; }
+
+printf 'cache:\n  policy: fifo\n  log_evictons: true\n' > "$work/typo.yaml"
+if out=$(COLIBRI_PLUGIN_PATH="$work/build" "$cli" profile show --profile "$work/typo.yaml" 2>&1); then
+  echo "misspelt fifo option accepted"; exit 1
+fi
+echo "$out" | grep -q "typo.yaml:3:3: unknown key 'cache.log_evictons'; did you mean 'cache.log_evictions'?" \
+  || { echo "bad error: $out"; exit 1; }
+echo "third-party plugin: all checks passed"
