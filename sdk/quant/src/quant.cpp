@@ -10,7 +10,7 @@
 #endif
 
 #include "colibri/quant/float16.hpp"
-#include "quant/reference.hpp"
+#include "reference.hpp"
 
 namespace colibri::quant {
 

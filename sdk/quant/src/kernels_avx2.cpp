@@ -6,7 +6,7 @@
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
-#include "quant/reference.hpp"
+#include "reference.hpp"
 
 #define QUANT_TARGET __attribute__((target("avx2,f16c")))
 
@@ -32,7 +32,7 @@ QUANT_TARGET inline void emit16_min(float* y, __m128i q, float d, float m) {
 
 }  // namespace
 
-#include "quant/simd_kernels.inc"
+#include "simd_kernels.inc"
 
 namespace {
 

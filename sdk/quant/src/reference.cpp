@@ -1,7 +1,7 @@
 // Scalar reference block formats. The arithmetic follows ggml-quants.c step by step (same operation
 // order, same float/int conversions, no FMA): any reordering changes rounding and breaks the byte
 // compatibility that tests/data/quant checks.
-#include "quant/reference.hpp"
+#include "reference.hpp"
 
 #include <algorithm>
 #include <climits>

@@ -8,7 +8,7 @@
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
-#include "quant/reference.hpp"
+#include "reference.hpp"
 
 #define QUANT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 
@@ -26,7 +26,7 @@ QUANT_TARGET inline void emit16_min(float* y, __m128i q, float d, float m) {
 
 }  // namespace
 
-#include "quant/simd_kernels.inc"
+#include "simd_kernels.inc"
 
 namespace {
 
