@@ -23,21 +23,64 @@ struct DeviceInfo {
   std::string capabilities;            // "avx512 vnni", "sm_90", ...
 };
 
+// The op set. Shapes use GGML order: ne[0] is the contiguous (fastest) dimension, so a weight
+// matrix W with N output rows of K inputs has ne = {K, N}, and activations for T tokens of width
+// D have ne = {D, T}. Activations are f32 unless stated; weights may be any supported block type.
+//
+// THE ONE PROMISE applies to every backend: the result for a token must not depend on which other
+// tokens share the call (batch composition), on T, or on thread count. Accumulation order per
+// output element is fixed.
 enum class Op : std::uint32_t {
-  matmul,        // out[t, n] = sum_k w[n, k] * x[t, k]; w in any block format, 1..N tokens
-  expert_ffn,    // fused down(silu(gate x) * up x) for one expert's tokens
+  // in: W {K, N} (any type), X {K, T} f32 [, bias {N} f32]; out: Y {N, T} f32.
+  // Y[t][n] = sum_k W[n][k] * X[t][k] (+ bias[n]). Quantized W may quantize X per token (as
+  // GGML's vec_dot does, e.g. to q8_0 / q8_k); flags bit 0 (kExactActivations) forbids that.
+  matmul,
+  // in: W_gate {D, F}, W_up {D, F}, W_down {F, D} (any types), X {D, T}; out: Y {D, T}.
+  // Y = down(silu(gate X) * up X); same numerics as matmul + swiglu + matmul.
+  expert_ffn,
+  // in: X {D, R} f32, w {D} f32; out: Y {D, R}. y = x / sqrt(mean(x^2) + eps) * w, per row of D.
+  // (Per-head q/k norms pass X as {head_dim, n_heads * T}.)
   rms_norm,
+  // in: X {head_dim, n_heads, T} f32, positions {T} i32, inv_freq {rope_dims / 2} f32;
+  // out: Y same shape. Rotates the first rope_dims of each head by angle pos * inv_freq[i],
+  // cos/sin multiplied by params.scale. flags bit 1 (kRopeInterleaved) rotates pairs (2i, 2i+1)
+  // (GPT-J); otherwise pairs (i, i + rope_dims/2) (NeoX / HuggingFace rotate_half). The engine
+  // computes inv_freq, including rope scaling, so every scaling type is the same op.
   rope,
-  attention,     // causal attention of new tokens over the KV cache
+  // in: Q {head_dim, n_heads, T} f32, Kc {head_dim, n_kv_heads, S}, Vc {head_dim, n_kv_heads, S}
+  // (f32, f16 or q8_0 rows of head_dim); out: O {head_dim, n_heads, T}. Query t sits at position
+  // params.position + t and attends keys 0..position+t (causal), and only the last
+  // params.window keys when window > 0. Head h reads kv head h / (n_heads / n_kv_heads).
+  // Scores scaled by params.scale. Computed in key blocks with an online softmax (no S x T matrix).
+  attention,
+  // in: gate {F, T}, up {F, T}; out: silu(gate) * up.
   swiglu,
+  // in: A, B same shape; out: A + B.
   add,
-  topk_routing,  // router logits -> expert ids and weights
-  embedding,     // rows of a (quantized) table
+  // in: logits {E, T} f32; out: ids {k, T} i32, weights {k, T} f32, k = params.top_k.
+  // flags: kRoutingSoftmax (softmax over all E first; else raw logits), kRoutingRenormalize
+  // (weights of the chosen k divided by their sum), kRoutingSigmoid (sigmoid scores).
+  // Ties go to the lower expert id. Ids are listed by descending weight.
+  topk_routing,
+  // in: table {D, V} (any type), ids {T} i32; out: {D, T} f32, row ids[t] dequantized.
+  embedding,
+  // in: X {D, T}, w {T} f32; out (in place on outputs[0], {D, T}): Y[:, t] += w[t] * X[:, t].
+  // The engine combines experts with this in a fixed order.
+  scale_add,
+  // in: X; out: 1 / (1 + exp(-x)) elementwise (Qwen2-MoE shared-expert gate).
+  sigmoid,
   count_
 };
 
-// A dense or block-quantized tensor of up to 4 dims, ne[0] fastest. `data` is a host pointer for
-// host-visible buffers; device backends use `buffer` + `offset`.
+inline constexpr std::int32_t kExactActivations = 1 << 0;
+inline constexpr std::int32_t kRopeInterleaved = 1 << 1;
+inline constexpr std::int32_t kRoutingSoftmax = 1 << 2;
+inline constexpr std::int32_t kRoutingRenormalize = 1 << 3;
+inline constexpr std::int32_t kRoutingSigmoid = 1 << 4;
+
+// A dense or block-quantized tensor of up to 4 dims, ne[0] fastest, rows contiguous
+// (row_bytes(type, ne[0]) apart). `data` is a host pointer for host-visible buffers; device
+// backends use `buffer` + `offset`.
 struct Tensor {
   DType type = DType::f32;
   std::array<std::int64_t, 4> ne{1, 1, 1, 1};
@@ -48,14 +91,12 @@ struct Tensor {
 
 struct OpParams {
   float eps = 0.0f;            // rms_norm
-  float rope_theta = 0.0f;     // rope
   std::int32_t rope_dims = 0;  // rope: rotated dims per head
-  std::int32_t position = 0;   // rope / attention: first position of the batch
-  std::int32_t n_heads = 0;
-  std::int32_t n_kv_heads = 0;
+  std::int32_t position = 0;   // attention: position of the first query token
+  std::int32_t window = 0;     // attention: sliding window (0: none)
   std::int32_t top_k = 0;      // topk_routing
-  std::int32_t flags = 0;      // op-specific bit flags
-  float scale = 1.0f;
+  std::int32_t flags = 0;      // k* flags above
+  float scale = 1.0f;          // attention score scale; rope cos/sin scale
 };
 
 struct OpCall {
