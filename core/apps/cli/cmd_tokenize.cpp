@@ -1,0 +1,116 @@
+// colibri-cli tokenize (--model DIR | --tokenizer FILE) (--text TEXT | --jsonl FILE) [--add-special] [--decode]
+//   encode: each input is a string; prints {"ids":[...]} per input (one line per --jsonl line).
+//   --decode: each input is a JSON array of ids (or {"ids":[...]}); prints {"text":"..."} per input.
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "command.hpp"
+
+namespace colibri::cli {
+namespace {
+
+using nlohmann::json;
+
+struct TokenizeOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string text;
+  std::string jsonl;
+  bool decode = false;
+  bool add_special = false;
+  bool skip_special = false;
+};
+
+// One input to one output line; returns an error message or "".
+std::string process(const tokenizer::Tokenizer& tok, const TokenizeOptions& o, const json& input, std::string& line) {
+  if (!o.decode) {
+    if (!input.is_string()) return "expected a JSON string";
+    const auto ids = tok.encode(input.get_ref<const std::string&>(), o.add_special);
+    line = json{{"ids", ids}}.dump();
+    return {};
+  }
+  const json* ids = &input;
+  if (input.is_object() && input.contains("ids")) ids = &input["ids"];
+  if (!ids->is_array()) return "expected a JSON array of token ids or {\"ids\": [...]}";
+  std::vector<tokenizer::TokenId> values;
+  for (const auto& v : *ids) {
+    if (!v.is_number_integer()) return "token ids must be integers";
+    values.push_back(v.get<tokenizer::TokenId>());
+  }
+  line = json{{"text", tok.decode(values, o.skip_special)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return {};
+}
+
+int run_tokenize(const TokenizeOptions& o) {
+  const std::string source = o.model.empty() ? o.tokenizer : o.model;
+  auto tok = tokenizer::Tokenizer::from_file(source);
+  if (!tok) return fail(tok.error().message());
+
+  if (o.jsonl.empty()) {
+    json input;
+    if (o.decode) {
+      input = json::parse(o.text, nullptr, false);
+      if (input.is_discarded()) return fail("--text: with --decode, expected a JSON array of token ids");
+    } else {
+      input = o.text;
+    }
+    std::string line;
+    if (auto err = process(*tok, o, input, line); !err.empty()) return fail("--text: " + err);
+    std::cout << line << "\n";
+    return 0;
+  }
+
+  std::ifstream in(o.jsonl, std::ios::binary);
+  if (!in) return fail("cannot open " + o.jsonl);
+  // Validate everything first so a bad line never leaves half an output behind.
+  std::vector<std::string> lines;
+  std::string raw;
+  std::size_t number = 0;
+  while (std::getline(in, raw)) {
+    ++number;
+    if (!raw.empty() && raw.back() == '\r') raw.pop_back();
+    if (raw.empty()) continue;
+    const json input = json::parse(raw, nullptr, false);
+    if (input.is_discarded()) return fail(o.jsonl + ":" + std::to_string(number) + ": not valid JSON");
+    std::string line;
+    if (auto err = process(*tok, o, input, line); !err.empty()) {
+      return fail(o.jsonl + ":" + std::to_string(number) + ": " + err);
+    }
+    lines.push_back(std::move(line));
+  }
+  for (const auto& l : lines) std::cout << l << "\n";
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<TokenizeOptions>();
+  auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids (or decode ids) with a model's tokenizer.json");
+  auto* model = cmd->add_option("--model", o->model, "Model directory containing tokenizer.json");
+  auto* file = cmd->add_option("--tokenizer", o->tokenizer, "Path to a tokenizer.json");
+  model->excludes(file);
+  auto* text = cmd->add_option("--text", o->text, "One input (a string; with --decode a JSON array of ids)");
+  auto* jsonl = cmd->add_option("--jsonl", o->jsonl, "File with one JSON input per line; prints one JSON per line");
+  text->excludes(jsonl);
+  cmd->add_flag("--add-special", o->add_special, "Add the post-processor's special tokens (BOS/EOS)");
+  cmd->add_flag("--decode", o->decode, "Decode ids to text instead of encoding");
+  cmd->add_flag("--skip-special", o->skip_special, "With --decode: drop special tokens from the text");
+  cmd->callback([&global, o, model, file, text, jsonl] {
+    if (model->count() == 0 && file->count() == 0) {
+      global.exit_code = fail("tokenize: give --model DIR or --tokenizer FILE");
+      return;
+    }
+    if (text->count() == 0 && jsonl->count() == 0) {
+      global.exit_code = fail("tokenize: give --text TEXT or --jsonl FILE");
+      return;
+    }
+    global.exit_code = run_tokenize(*o);
+  });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(50, setup);
+
+}  // namespace colibri::cli

@@ -1,0 +1,67 @@
+// Chat templates: renders the Jinja `chat_template` of tokenizer_config.json into a prompt string.
+//
+// No C++ Jinja library exists in Debian, so colibri carries a small interpreter of the Jinja subset chat templates
+// use (statements if/elif/else, for (with loop.*, else, inline if-filter, tuple targets), set (plain, tuple,
+// namespace attribute, block), macro, break/continue; expressions with filters, tests, slices, method calls).
+// Its behaviour follows @huggingface/jinja, the renderer used as reference by tests/js/template_reference.mjs
+// (including its JavaScript-flavoured details: `true`/`false` print in lower case, str.strip(chars) ignores its
+// argument, object equality is identity). Anything outside the subset fails to parse with the construct and line.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::chat {
+
+struct RenderOptions {
+  bool add_generation_prompt = false;
+  std::string bos_token;
+  std::string eos_token;
+  // Tool definitions; null leaves `tools` undefined in the template.
+  nlohmann::ordered_json tools = nullptr;
+  // More variables (e.g. {"enable_thinking": false}); keys here override the ones above.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+};
+
+class Template {
+ public:
+  // Parses a template; errors name the line and the construct ("line 3: unsupported statement 'include'").
+  static sdk::Expected<Template> parse(std::string_view source, std::string_view name = "chat_template");
+
+  // `messages` is a JSON array of {role, content, ...}. Key order is kept (it shows in tojson output).
+  // A template's raise_exception() comes back as an invalid_argument error carrying its message.
+  [[nodiscard]] sdk::Expected<std::string> render(const nlohmann::ordered_json& messages,
+                                                  const RenderOptions& options) const;
+
+  struct Program;
+
+ private:
+  explicit Template(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+  std::shared_ptr<const Program> program_;
+};
+
+// Built-in templates for model families that ship none: "llama2", "mistral" (Mistral/Mixtral instruct v0.1),
+// "gpt-oss" (a plain harmony format: no tools, no reasoning channels), "chatml".
+std::optional<std::string_view> builtin_template(std::string_view family);
+
+// What tokenizer_config.json says about chat formatting.
+struct ChatConfig {
+  std::string template_source;
+  std::string template_origin;  // "tokenizer_config.json" or "built-in <family>"
+  std::string bos_token;
+  std::string eos_token;
+};
+
+// Reads tokenizer_config.json: chat_template (a string, or a list of {name, template} where "default" is used),
+// bos_token / eos_token (strings or AddedToken objects). Without a chat_template, the built-in template of
+// `family` is used; an empty family is guessed from the special tokens ("<|startoftext|>"/"<|return|>" -> gpt-oss,
+// "<s>" -> llama2, "<|im_end|>" -> chatml).
+sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family = "");
+
+}  // namespace colibri::chat

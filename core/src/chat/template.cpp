@@ -1,0 +1,211 @@
+#include "colibri/chat/template.hpp"
+
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "chat/jinja.hpp"
+
+namespace colibri::chat {
+
+using jinja::Value;
+
+struct Template::Program {
+  jinja::Program program;
+  std::string name;
+};
+
+namespace {
+
+Value to_value(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::null();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(j.get<std::int64_t>());
+    case nlohmann::ordered_json::value_t::number_float: {
+      // JavaScript has one number type: an integral float is an integer there.
+      const double d = j.get<double>();
+      if (d == static_cast<double>(static_cast<std::int64_t>(d))) return Value::integer(static_cast<std::int64_t>(d));
+      return Value::floating(d);
+    }
+    case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      jinja::Array a;
+      for (const auto& e : j) a.push_back(to_value(e));
+      return Value::array(std::move(a));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      Value o = Value::object();
+      for (auto it = j.begin(); it != j.end(); ++it) o.obj->set(it.key(), to_value(it.value()));
+      return o;
+    }
+    default: return Value::undefined();
+  }
+}
+
+void install_globals(jinja::Env& env) {
+  env.set("true", Value::boolean(true));
+  env.set("false", Value::boolean(false));
+  env.set("none", Value::null());
+  env.set("True", Value::boolean(true));
+  env.set("False", Value::boolean(false));
+  env.set("None", Value::null());
+  env.set("raise_exception", Value::function([](std::vector<Value>& args, jinja::Env&) -> Value {
+            std::string message = "raise_exception()";
+            if (!args.empty() && args[0].is(Value::Kind::string)) message = args[0].s;
+            throw jinja::Error{0, "template raised an exception: " + message};
+          }));
+  env.set("namespace", Value::function([](std::vector<Value>& args, jinja::Env&) {
+            Value ns = Value::object(Value::Kind::ns);
+            for (const auto& a : args) {
+              if (a.is(Value::Kind::kwargs) || a.is(Value::Kind::object)) {
+                for (const auto& [k, v] : a.obj->items) ns.obj->set(k, v);
+              } else {
+                throw jinja::Error{0, "namespace() takes a dict or keyword arguments"};
+              }
+            }
+            return ns;
+          }));
+  env.set("range", Value::function([](std::vector<Value>& args, jinja::Env&) {
+            std::int64_t start = 0, stop = 0, step = 1;
+            for (const auto& a : args) {
+              if (!a.is(Value::Kind::integer)) throw jinja::Error{0, "range() takes integers"};
+            }
+            if (args.size() == 1) {
+              stop = args[0].i;
+            } else if (args.size() >= 2) {
+              start = args[0].i;
+              stop = args[1].i;
+              if (args.size() > 2) step = args[2].i;
+            } else {
+              throw jinja::Error{0, "range() needs 1 to 3 arguments"};
+            }
+            if (step == 0) throw jinja::Error{0, "range() step must not be zero"};
+            jinja::Array out;
+            for (std::int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+              out.push_back(Value::integer(k));
+              if (out.size() > 1000000) throw jinja::Error{0, "range() is too large"};
+            }
+            return Value::array(std::move(out));
+          }));
+  env.set("strftime_now", Value::function([](std::vector<Value>& args, jinja::Env&) {
+            if (args.empty() || !args[0].is(Value::Kind::string))
+              throw jinja::Error{0, "strftime_now() needs a format"};
+            const std::time_t now = std::time(nullptr);
+            std::tm tm{};
+            localtime_r(&now, &tm);
+            char buf[256];
+            const std::size_t n = std::strftime(buf, sizeof buf, args[0].s.c_str(), &tm);
+            return Value::string(std::string(buf, n));
+          }));
+}
+
+std::string line_prefix(const std::string& name, int line) {
+  return line > 0 ? name + " line " + std::to_string(line) + ": " : name + ": ";
+}
+
+}  // namespace
+
+sdk::Expected<Template> Template::parse(std::string_view source, std::string_view name) {
+  auto program = std::make_shared<Program>();
+  program->name = std::string(name);
+  try {
+    program->program = jinja::parse(source);
+  } catch (const jinja::Error& e) {
+    return sdk::make_error(sdk::StatusCode::unsupported, line_prefix(program->name, e.line) + e.message);
+  }
+  return Template(std::move(program));
+}
+
+sdk::Expected<std::string> Template::render(const nlohmann::ordered_json& messages,
+                                            const RenderOptions& options) const {
+  if (!messages.is_array()) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument, "messages must be a JSON array of {role, content}");
+  }
+  jinja::Env env;
+  install_globals(env);
+  env.set("messages", to_value(messages));
+  env.set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
+  env.set("bos_token", Value::string(options.bos_token));
+  env.set("eos_token", Value::string(options.eos_token));
+  if (!options.tools.is_null()) env.set("tools", to_value(options.tools));
+  if (options.extra.is_object()) {
+    for (auto it = options.extra.begin(); it != options.extra.end(); ++it) env.set(it.key(), to_value(it.value()));
+  }
+  try {
+    return jinja::render(program_->program, env);
+  } catch (const jinja::Error& e) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument, line_prefix(program_->name, e.line) + e.message);
+  }
+}
+
+namespace {
+
+std::optional<std::string> token_content(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    return (*it)["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family) {
+  std::ifstream in(tokenizer_config, std::ios::binary);
+  if (!in) return sdk::make_error(sdk::StatusCode::not_found, "cannot open " + tokenizer_config.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return sdk::make_error(sdk::StatusCode::corrupt_data, tokenizer_config.string() + ": not a JSON object");
+  }
+  ChatConfig out;
+  out.bos_token = token_content(config, "bos_token").value_or("");
+  out.eos_token = token_content(config, "eos_token").value_or("");
+  if (auto t = config.find("chat_template"); t != config.end() && !t->is_null()) {
+    if (t->is_string()) {
+      out.template_source = t->get<std::string>();
+    } else if (t->is_array()) {
+      for (const auto& e : *t) {
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+          out.template_source = e["template"].get<std::string>();
+        }
+      }
+      if (out.template_source.empty()) {
+        return sdk::make_error(sdk::StatusCode::corrupt_data,
+                               tokenizer_config.string() + ": key 'chat_template': no entry named \"default\"");
+      }
+    } else {
+      return sdk::make_error(sdk::StatusCode::corrupt_data,
+                             tokenizer_config.string() + ": key 'chat_template': expected a string or a list");
+    }
+    out.template_origin = "tokenizer_config.json";
+    return out;
+  }
+  std::string fam(family);
+  if (fam.empty()) {
+    if (out.bos_token == "<|startoftext|>" || out.eos_token == "<|return|>") {
+      fam = "gpt-oss";
+    } else if (out.bos_token == "<s>") {
+      fam = "llama2";
+    } else if (out.eos_token == "<|im_end|>") {
+      fam = "chatml";
+    }
+  }
+  auto builtin = builtin_template(fam);
+  if (!builtin) {
+    return sdk::make_error(sdk::StatusCode::not_found,
+                           tokenizer_config.string() + " has no chat_template and no built-in template is known for " +
+                               (fam.empty() ? std::string("this model") : "family '" + fam + "'") +
+                               "; name one of llama2, mistral, gpt-oss, chatml");
+  }
+  out.template_source = std::string(*builtin);
+  out.template_origin = "built-in " + fam;
+  return out;
+}
+
+}  // namespace colibri::chat
