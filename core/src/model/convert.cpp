@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "colibri/model/gguf.hpp"
@@ -556,6 +557,29 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
         jobs[i] = *j;
       }
       expert_jobs.back().push_back(jobs);
+    }
+  }
+  {  // Tensors the architecture does not use are not silently dropped: the summary names them.
+    std::set<std::string> used;
+    for (const auto& j : shared_jobs) used.insert(j.src.name);
+    for (const auto& layer : expert_jobs) {
+      for (const auto& parts : layer) {
+        for (const auto& j : parts) used.insert(j.src.name);
+      }
+    }
+    std::vector<std::string> unused;
+    if (in.is_gguf) {
+      for (const auto& t : in.gguf->tensors()) {
+        if (!used.count(t.name)) unused.push_back(t.name);
+      }
+    } else {
+      for (const auto& [name, t] : in.st->tensors()) {
+        if (!used.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos) unused.push_back(name);
+      }
+    }
+    if (!unused.empty()) {
+      summary.warnings.push_back(std::to_string(unused.size()) + " tensor(s) of the input are not used by " +
+                                 hp.architecture + " and were skipped, e.g. '" + unused.front() + "'");
     }
   }
   std::optional<RebuiltTokenizer> rebuilt;
