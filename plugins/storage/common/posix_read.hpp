@@ -1,0 +1,253 @@
+// Shared by the in-tree storage plugins (header-only, compiled into each plugin; plugins link
+// only the SDK): POSIX files with a buffered and an O_DIRECT descriptor, exact positional reads
+// with precise errors, and a worker queue that serves demand reads before prefetch reads.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "colibri/sdk/sdk.hpp"
+
+namespace colibri::plugins::storage_common {
+
+using namespace colibri::sdk;
+
+inline constexpr std::size_t kDirectAlignment = 4096;
+
+inline std::string errno_text(int err) {
+  return std::strerror(err);
+}
+inline bool transient(int err) {
+  return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM;
+}
+
+inline bool direct_compatible(std::uint64_t offset, std::size_t length, const void* buffer) {
+  return offset % kDirectAlignment == 0 && length % kDirectAlignment == 0 &&
+         reinterpret_cast<std::uintptr_t>(buffer) % kDirectAlignment == 0;
+}
+
+class PosixFile : public StorageFile {
+ public:
+  PosixFile(std::string path, int buffered_fd, int direct_fd, std::uint64_t size)
+      : path_(std::move(path)), buffered_fd_(buffered_fd), direct_fd_(direct_fd), size_(size) {}
+  ~PosixFile() override {
+    if (direct_fd_ >= 0) ::close(direct_fd_);
+    if (buffered_fd_ >= 0) ::close(buffered_fd_);
+  }
+  PosixFile(const PosixFile&) = delete;
+  PosixFile& operator=(const PosixFile&) = delete;
+
+  std::uint64_t size() const noexcept override { return size_; }
+  const std::string& path() const noexcept override { return path_; }
+  bool direct_io() const noexcept override { return direct_fd_ >= 0; }
+  int buffered_fd() const noexcept { return buffered_fd_; }
+  int direct_fd() const noexcept { return direct_fd_; }
+
+ private:
+  std::string path_;
+  int buffered_fd_;
+  int direct_fd_;
+  std::uint64_t size_;
+};
+
+// Opens `path` read-only (regular files only), plus an O_DIRECT descriptor when `want_direct` and
+// the filesystem allows it. `warned` makes the "refuses O_DIRECT" note appear once per Storage.
+template <typename File = PosixFile>
+Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_direct, HostServices& host,
+                                           std::atomic<bool>& warned) noexcept {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
+                  "cannot open " + path + ": " + errno_text(err), transient(err));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status(StatusCode::invalid_argument, path + " is not a regular file");
+  }
+  int dfd = -1;
+  if (want_direct) {
+    dfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (dfd < 0 && !warned.exchange(true)) {
+      host.info("the filesystem of " + path + " refuses O_DIRECT (" + errno_text(errno) +
+                "); reading through the page cache instead");
+    }
+  }
+  try {
+    return std::make_unique<File>(path, fd, dfd, static_cast<std::uint64_t>(st.st_size));
+  } catch (...) {
+    if (dfd >= 0) ::close(dfd);
+    ::close(fd);
+    return Status(StatusCode::out_of_memory, "opening " + path);
+  }
+}
+
+inline Status range_error(const StorageFile& f, std::uint64_t offset, std::uint64_t length) {
+  return Status(StatusCode::corrupt_data, f.path() + " is " + std::to_string(f.size()) + " bytes; cannot read " +
+                                              std::to_string(length) + " bytes at offset " + std::to_string(offset) +
+                                              " (truncated file?)");
+}
+
+inline bool in_range(const StorageFile& f, std::uint64_t offset, std::uint64_t length) {
+  return offset <= f.size() && length <= f.size() - offset;
+}
+
+// Reads exactly dst.size() bytes from fd at offset (EINTR and partial reads continue).
+inline Status pread_exact(int fd, const std::string& path, std::uint64_t offset, std::span<std::byte> dst) noexcept {
+  std::size_t done = 0;
+  while (done < dst.size()) {
+    const ssize_t r = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return Status(StatusCode::io_error,
+                    "reading " + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) + " of " +
+                        path + ": " + errno_text(err),
+                    transient(err));
+    }
+    if (r == 0) {
+      return Status(StatusCode::corrupt_data, path + " ended after " + std::to_string(offset + done) +
+                                                  " bytes while reading " + std::to_string(dst.size()) +
+                                                  " bytes at offset " + std::to_string(offset) + " (truncated file?)");
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  return {};
+}
+
+// Range check, then O_DIRECT for aligned requests and buffered reads otherwise. A filesystem that
+// accepted O_DIRECT at open but rejects the read (EINVAL) is retried buffered.
+inline Status read_posix(PosixFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept {
+  if (!in_range(f, offset, dst.size())) return range_error(f, offset, dst.size());
+  if (f.direct_io() && direct_compatible(offset, dst.size(), dst.data())) {
+    Status st = pread_exact(f.direct_fd(), f.path(), offset, dst);
+    if (st || st.message().find(errno_text(EINVAL)) == std::string::npos) return st;
+  }
+  return pread_exact(f.buffered_fd(), f.path(), offset, dst);
+}
+
+inline Status check_request(const ReadRequest& r) {
+  if (r.file == nullptr || (r.buffer == nullptr && r.length > 0)) {
+    return Status(StatusCode::invalid_argument, "read request without a file or buffer");
+  }
+  return {};
+}
+
+// Worker threads serving submitted requests, demand before prefetch. The executor runs one request
+// and returns its status; callbacks run on the worker that read it.
+class ReadQueue {
+ public:
+  using Executor = std::function<Status(ReadRequest&)>;
+
+  ReadQueue(int threads, Executor exec) : exec_(std::move(exec)) {
+    workers_.reserve(static_cast<std::size_t>(threads));
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~ReadQueue() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  ReadQueue(const ReadQueue&) = delete;
+  ReadQueue& operator=(const ReadQueue&) = delete;
+
+  Status submit(ReadRequest request, ReadCallback done) noexcept {
+    if (!done) return Status(StatusCode::invalid_argument, "submit() needs a completion callback");
+    try {
+      std::lock_guard lock(mu_);
+      if (stopping_) return Status(StatusCode::cancelled, "storage is shutting down");
+      auto& q = request.priority == ReadPriority::demand ? demand_ : prefetch_;
+      q.push_back(Job{request, std::move(done)});
+      ++outstanding_;
+    } catch (...) {
+      return Status(StatusCode::out_of_memory, "queueing a read");
+    }
+    cv_.notify_one();
+    return {};
+  }
+
+  void drain() noexcept {
+    std::unique_lock lock(mu_);
+    idle_cv_.wait(lock, [this] { return outstanding_ == 0; });
+  }
+
+  [[nodiscard]] std::size_t threads() const noexcept { return workers_.size(); }
+
+ private:
+  struct Job {
+    ReadRequest request;
+    ReadCallback done;
+  };
+
+  void work() {
+    while (true) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !demand_.empty() || !prefetch_.empty(); });
+        if (demand_.empty() && prefetch_.empty()) return;  // stopping and nothing left
+        auto& q = !demand_.empty() ? demand_ : prefetch_;
+        job = std::move(q.front());
+        q.pop_front();
+      }
+      job.request.status = check_request(job.request);
+      if (job.request.status) job.request.status = exec_(job.request);
+      job.done(job.request);
+      {
+        std::lock_guard lock(mu_);
+        if (--outstanding_ == 0) idle_cv_.notify_all();
+      }
+    }
+  }
+
+  Executor exec_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Job> demand_;
+  std::deque<Job> prefetch_;
+  std::size_t outstanding_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// read_batch on top of submit(): every request in flight at once, returns when all completed.
+inline void batch_via_submit(Storage& storage, std::span<ReadRequest> requests) noexcept {
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::size_t remaining = requests.size();
+  for (auto& r : requests) {
+    ReadRequest* slot = &r;
+    Status st = storage.submit(r, [slot, &done_mu, &done_cv, &remaining](ReadRequest& completed) {
+      slot->status = completed.status;
+      std::lock_guard lock(done_mu);
+      if (--remaining == 0) done_cv.notify_all();
+    });
+    if (!st) {
+      r.status = st;
+      std::lock_guard lock(done_mu);
+      --remaining;
+    }
+  }
+  std::unique_lock lock(done_mu);
+  done_cv.wait(lock, [&] { return remaining == 0; });
+}
+
+}  // namespace colibri::plugins::storage_common

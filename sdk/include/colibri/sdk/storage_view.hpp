@@ -1,0 +1,58 @@
+// Optional storage interfaces reached with Storage::query_interface(id). A plugin that offers one
+// says so in StorageCapabilities and returns a pointer to it (owned by the Storage, valid while
+// the Storage lives); a plugin that does not returns nullptr.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "colibri/sdk/storage.hpp"
+
+namespace colibri::sdk {
+
+// ---- "colibri.storage.view.v1": zero-copy views into mapped files (capabilities().zero_copy) ----
+inline constexpr std::string_view kStorageViewInterface = "colibri.storage.view.v1";
+
+// Read-only bytes of a file range. The view keeps its mapping valid while it is alive, even after
+// the StorageFile (or the Storage) that produced it is destroyed. Touching a view of a file that
+// another process truncates afterwards is undefined (the kernel raises SIGBUS); read() checks the
+// size first and is the safe path for files that may change.
+class StorageView {
+ public:
+  virtual ~StorageView() = default;
+  [[nodiscard]] virtual std::span<const std::byte> bytes() const noexcept = 0;
+};
+
+class StorageViews {
+ public:
+  // A view of [offset, offset + length) of `file`; corrupt_data when the file is shorter now.
+  virtual Expected<std::unique_ptr<StorageView>> view(StorageFile& file, std::uint64_t offset,
+                                                      std::uint64_t length) noexcept = 0;
+
+ protected:
+  ~StorageViews() = default;
+};
+
+// ---- "colibri.storage.registered_buffers.v1": fixed buffers (capabilities().registered_buffers) ----
+inline constexpr std::string_view kRegisteredBuffersInterface = "colibri.storage.registered_buffers.v1";
+
+// The caller registers the memory its reads land in (typically the expert cache's slot arena) once;
+// afterwards every request whose buffer lies entirely inside a registered region is read without
+// per-read page pinning, and any other request is read the ordinary way. Regions stay owned by the
+// caller and must stay allocated until unregister_buffers() returns or the Storage is destroyed.
+class RegisteredBuffers {
+ public:
+  // Replaces any earlier registration. Waits for in-flight reads first. Fails (and leaves nothing
+  // registered) when the kernel refuses, e.g. over RLIMIT_MEMLOCK; reads then still work unregistered.
+  virtual Status register_buffers(std::span<const std::span<std::byte>> regions) noexcept = 0;
+  // Waits for in-flight reads, then forgets every region.
+  virtual void unregister_buffers() noexcept = 0;
+
+ protected:
+  ~RegisteredBuffers() = default;
+};
+
+}  // namespace colibri::sdk
