@@ -24,7 +24,7 @@ export function tokenizerDir(name) {
   const candidates = [];
   if (process.env.COLIBRI_TOKENIZERS_DIR) candidates.push(join(process.env.COLIBRI_TOKENIZERS_DIR, name));
   candidates.push(join(repoRoot, "..", "shared", "tokenizers", name));
-  if (NPM_PACKAGES[name]) candidates.push(join(here, "node_modules", NPM_PACKAGES[name], "models"));
+  if (NPM_PACKAGES[name]) candidates.push(join(here, "fallback", "node_modules", NPM_PACKAGES[name], "models"));
   return candidates.find((d) => existsSync(join(d, "tokenizer.json"))) ?? null;
 }
 

@@ -68,8 +68,7 @@ int run_template(const TemplateOptions& o) {
   }
   auto out = tmpl->render(messages, options);
   if (!out) return fail(out.error().message());
-  std::cout << *out;
-  if (out->empty() || out->back() != '\n') std::cout << "\n";
+  std::cout << *out;  // exactly the prompt: no newline is added
   return 0;
 }
 

@@ -2,6 +2,8 @@
 // the raw text, normalized ones after normalization), then normalizer, pre-tokenizer, BPE and post-processor.
 #include "colibri/tokenizer/tokenizer.hpp"
 
+#include <unicode/uchar.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -81,16 +83,15 @@ class TokenTrie {
   std::array<bool, 256> first_bytes_{};
 };
 
-const OnigRegex& word_char_regex() {
-  static const OnigRegex re = std::move(*OnigRegex::compile(R"(\w)"));
-  return re;
-}
-
+// Rust regex's Unicode \w (HF matches single_word boundaries with it): Alphabetic, marks, decimal digits,
+// connector punctuation and Join_Control (so a ZWJ counts as part of a word).
 bool is_word_char_at(std::string_view s, std::size_t i) {
-  std::size_t start = 0, end = 0;
-  const std::size_t n = utf8::valid_sequence_length(s, i);
-  if (n == 0) return false;
-  return word_char_regex().search(s.substr(i, n), 0, start, end);
+  if (utf8::valid_sequence_length(s, i) == 0) return false;
+  const auto c = static_cast<UChar32>(utf8::next_code_point(s, i));
+  if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL)) return true;
+  const auto type = u_charType(c);
+  return type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK ||
+         type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION;
 }
 
 bool ends_with_word(std::string_view s) {

@@ -28,7 +28,7 @@ inline std::optional<std::filesystem::path> tokenizer_dir(const std::string& nam
     candidates.emplace_back(std::filesystem::path(env) / name);
   candidates.push_back(source_dir() / ".." / "shared" / "tokenizers" / name);
   if (auto it = npm.find(name); it != npm.end()) {
-    candidates.push_back(source_dir() / "tests" / "js" / "node_modules" / it->second / "models");
+    candidates.push_back(source_dir() / "tests" / "js" / "fallback" / "node_modules" / it->second / "models");
   }
   for (const auto& c : candidates) {
     if (std::filesystem::exists(c / "tokenizer.json")) return c;
@@ -39,7 +39,7 @@ inline std::optional<std::filesystem::path> tokenizer_dir(const std::string& nam
 inline std::string missing_tokenizer_message(const std::string& name) {
   return "tokenizer '" + name +
          "' not found: set COLIBRI_TOKENIZERS_DIR, keep ../shared/tokenizers next to the repository, or run "
-         "`npm ci` in tests/js (llama2 is only in ../shared)";
+         "`npm ci` in tests/js/fallback (llama2 is only in ../shared)";
 }
 
 inline std::string read_text(const std::filesystem::path& p) {

