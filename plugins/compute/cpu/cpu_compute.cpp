@@ -1,0 +1,831 @@
+// compute/cpu: the reference backend. Every op of compute.hpp on host memory, with hand-written
+// AVX2 / AVX-512 (VNNI) row kernels picked at run time and the scalar path kept selectable
+// (`isa: scalar`). Output rows are split across a thread pool; the reduction of one output is
+// never split, so neither batch composition nor thread count changes a bit.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/blocks.hpp"
+#include "colibri/quant/float16.hpp"
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/sdk.hpp"
+#include "kernels.hpp"
+#include "thread_pool.hpp"
+
+namespace colibri::cpu {
+namespace {
+
+using namespace colibri::sdk;
+
+// ------------------------------------------------------------------ CPU features (create time only)
+
+bool cpu_has_avx2() noexcept {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool cpu_has_avx512() noexcept {
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+// ------------------------------------------------------------------ host buffers
+
+class HostBuffer final : public Buffer {
+ public:
+  HostBuffer(HostServices& host, void* data, std::size_t size) : host_(host), data_(data), size_(size) {}
+  ~HostBuffer() override { host_.free_aligned(data_); }
+  [[nodiscard]] std::size_t size() const noexcept override { return size_; }
+  [[nodiscard]] void* host_pointer() noexcept override { return data_; }
+
+ private:
+  HostServices& host_;
+  void* data_;
+  std::size_t size_;
+};
+
+// 64-byte aligned scratch that only grows.
+class Scratch {
+ public:
+  ~Scratch() { std::free(data_); }
+  std::byte* get(std::size_t bytes) {
+    if (bytes > size_) {
+      std::free(data_);
+      size_ = (bytes + 63) / 64 * 64;
+      data_ = static_cast<std::byte*>(std::aligned_alloc(64, size_));
+      if (data_ == nullptr) {
+        size_ = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return data_;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// ------------------------------------------------------------------ validation helpers
+
+std::string shape(const Tensor& t) {
+  std::string s = std::string(to_string(t.type)) + " {" + std::to_string(t.ne[0]);
+  int last = 3;
+  while (last > 1 && t.ne[last] == 1) --last;
+  for (int i = 1; i <= last; ++i) s += ", " + std::to_string(t.ne[i]);
+  return s + "}";
+}
+
+std::int64_t elems(const Tensor& t) {
+  return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+}
+std::int64_t rows(const Tensor& t) {
+  return t.ne[1] * t.ne[2] * t.ne[3];
+}
+
+Status bad(const char* op, const std::string& what) {
+  return Status(StatusCode::invalid_argument, std::string(op) + ": " + what);
+}
+
+bool is_weight_type(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: return true;
+    default: return false;
+  }
+}
+
+bool is_kv_type(DType t) {
+  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
+}
+
+// Shape sanity and the host address of a tensor.
+Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& out) {
+  for (int i = 0; i < 4; ++i) {
+    if (t.ne[i] < 1)
+      return bad(op, std::string(role) + " has ne[" + std::to_string(i) + "] = " + std::to_string(t.ne[i]) +
+                         "; every dimension must be >= 1");
+  }
+  const auto* traits = dtype_traits(t.type);
+  if (traits == nullptr)
+    return Status(StatusCode::unsupported, std::string(op) + ": " + role + " has an unknown type id " +
+                                               std::to_string(static_cast<unsigned>(t.type)));
+  const std::size_t rb = row_bytes(t.type, t.ne[0]);
+  if (rb == 0) {
+    return bad(op, std::string(role) + " " + shape(t) + ": ne[0] must be a multiple of " +
+                       std::to_string(traits->block_elems) + " for " + std::string(traits->name));
+  }
+  const std::size_t bytes = rb * static_cast<std::size_t>(rows(t));
+  if (t.data != nullptr) {
+    out = static_cast<std::byte*>(t.data);
+    return {};
+  }
+  if (t.buffer == nullptr) return bad(op, std::string(role) + " has neither data nor buffer");
+  auto* base = static_cast<std::byte*>(t.buffer->host_pointer());
+  if (base == nullptr)
+    return Status(StatusCode::unsupported,
+                  std::string(op) + ": " + role + " lives in a buffer that is not host-visible");
+  if (t.offset > t.buffer->size() || bytes > t.buffer->size() - t.offset) {
+    return bad(op, std::string(role) + " " + shape(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
+                       std::to_string(t.offset) + " but its buffer holds " + std::to_string(t.buffer->size()));
+  }
+  out = base + t.offset;
+  return {};
+}
+
+Status need_type(const char* op, const char* role, const Tensor& t, DType type) {
+  if (t.type != type) {
+    return Status(StatusCode::unsupported,
+                  std::string(op) + ": " + role + " must be " + std::string(to_string(type)) + ", got " + shape(t));
+  }
+  return {};
+}
+
+Status need_count(const char* op, const OpCall& c, std::size_t min_in, std::size_t max_in, std::size_t outs) {
+  if (c.inputs.size() < min_in || c.inputs.size() > max_in) {
+    return bad(op, "expects " + std::to_string(min_in) + (max_in != min_in ? ".." + std::to_string(max_in) : "") +
+                       " inputs, got " + std::to_string(c.inputs.size()));
+  }
+  if (c.outputs.size() != outs)
+    return bad(op, "expects " + std::to_string(outs) + " outputs, got " + std::to_string(c.outputs.size()));
+  return {};
+}
+
+#define COLIBRI_TRY(expr)                 \
+  do {                                    \
+    if (auto _s = (expr); !_s) return _s; \
+  } while (0)
+
+// ------------------------------------------------------------------ the backend
+
+struct Options {
+  int threads = 1;
+  const KernelSet* kernels = nullptr;
+  std::string isa;
+};
+
+class CpuCompute final : public ComputeBase {
+ public:
+  static Expected<std::unique_ptr<CpuCompute>> create(const CreateContext& ctx) {
+    auto isa = ctx.config->get_string("isa", "auto");
+    if (!isa) return isa.error();
+    auto threads = ctx.config->get_int("threads", 0);
+    if (!threads) return threads.error();
+    if (*threads < 0 || *threads > 1024) {
+      return Status(StatusCode::invalid_argument,
+                    "compute.threads must be auto, 0 (auto) or 1..1024, got " + std::to_string(*threads));
+    }
+    Options o;
+    const bool has512 = cpu_has_avx512(), has2 = cpu_has_avx2();
+    if (*isa == "auto") {
+      o.kernels = has512 ? &avx512_kernels() : has2 ? &avx2_kernels() : &scalar_kernels();
+    } else if (*isa == "scalar") {
+      o.kernels = &scalar_kernels();
+    } else if (*isa == "avx2") {
+      if (!has2)
+        return Status(StatusCode::unsupported,
+                      "compute.isa=avx2 needs avx2, fma and f16c, which this CPU lacks; use isa: auto");
+      o.kernels = &avx2_kernels();
+    } else if (*isa == "avx512") {
+      if (!has512)
+        return Status(
+            StatusCode::unsupported,
+            "compute.isa=avx512 needs avx512f, avx512bw, avx512vl and avx512vnni, which this CPU lacks; use isa: auto");
+      o.kernels = &avx512_kernels();
+    } else {
+      return Status(StatusCode::invalid_argument,
+                    "compute.isa must be auto, scalar, avx2 or avx512, got '" + *isa + "'");
+    }
+    o.isa = o.kernels->name;
+    const unsigned cores = ctx.host_info != nullptr ? ctx.host_info->physical_cores : 1;
+    o.threads = *threads > 0 ? static_cast<int>(*threads) : static_cast<int>(std::max(1u, cores));
+    return std::make_unique<CpuCompute>(*ctx.host, o);
+  }
+
+  CpuCompute(HostServices& host, const Options& o) : host_(host), opt_(o), pool_(o.threads), scratch_(o.threads) {
+    DeviceInfo d;
+    d.name = "cpu (" + std::to_string(o.threads) + " threads, " + o.isa + ")";
+    d.host_memory = true;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), avail = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) d.memory_total = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+    if (avail > 0 && page > 0)
+      d.memory_available = static_cast<std::uint64_t>(avail) * static_cast<std::uint64_t>(page);
+    d.capabilities = o.isa == "avx512" ? "avx512 vnni avx2 fma f16c" : o.isa == "avx2" ? "avx2 fma f16c" : "scalar";
+    devices_.push_back(d);
+    host_.info("compute cpu: " + d.name);
+  }
+
+  [[nodiscard]] std::span<const DeviceInfo> devices() const noexcept override { return devices_; }
+
+  Expected<std::unique_ptr<Buffer>> allocate(std::size_t bytes) noexcept override {
+    void* p = host_.allocate_aligned(bytes == 0 ? 64 : bytes, 64);
+    if (p == nullptr)
+      return Status(StatusCode::out_of_memory, "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    try {
+      return std::unique_ptr<Buffer>(new HostBuffer(host_, p, bytes));
+    } catch (...) {
+      host_.free_aligned(p);
+      return Status(StatusCode::out_of_memory, "cannot allocate a buffer object");
+    }
+  }
+
+  [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
+    switch (op) {
+      case Op::matmul:
+      case Op::expert_ffn:
+      case Op::embedding: return is_weight_type(weight_type);
+      case Op::attention: return is_kv_type(weight_type);
+      case Op::rms_norm:
+      case Op::rope:
+      case Op::swiglu:
+      case Op::add:
+      case Op::topk_routing:
+      case Op::scale_add:
+      case Op::sigmoid: return weight_type == DType::f32;
+      case Op::count_: return false;
+    }
+    return false;
+  }
+
+  Status run(const OpCall& c) noexcept override {
+    try {
+      std::lock_guard lock(mu_);
+      switch (c.op) {
+        case Op::matmul: return op_matmul(c);
+        case Op::expert_ffn: return op_expert_ffn(c);
+        case Op::rms_norm: return op_rms_norm(c);
+        case Op::rope: return op_rope(c);
+        case Op::attention: return op_attention(c);
+        case Op::swiglu: return op_swiglu(c);
+        case Op::add: return op_add(c);
+        case Op::topk_routing: return op_topk(c);
+        case Op::embedding: return op_embedding(c);
+        case Op::scale_add: return op_scale_add(c);
+        case Op::sigmoid: return op_sigmoid(c);
+        case Op::count_: break;
+      }
+      return Status(StatusCode::unsupported,
+                    "op id " + std::to_string(static_cast<unsigned>(c.op)) + " is not known to compute/cpu");
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::out_of_memory, "compute/cpu: out of memory for scratch space");
+    } catch (const std::exception& e) {
+      return Status(StatusCode::internal, std::string("compute/cpu: ") + e.what());
+    }
+  }
+
+ private:
+  // ---------------------------------------------------------------- matmul
+
+  // Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N), t in [0, T).
+  void matmul_core(DType wtype, const std::byte* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
+                   const float* bias, float* y, bool exact) {
+    const ActFormat fmt = act_format(wtype, exact);
+    const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
+    const bool dequant = exact && dtype_traits(wtype)->quantized;
+    const std::size_t abytes = act_row_bytes(fmt, k);
+    const std::size_t wbytes = row_bytes(wtype, k);
+    std::byte* act = act_scratch_.get(abytes * static_cast<std::size_t>(t));
+    pool_.run(t, [&](std::int64_t i, int) noexcept {
+      quantize_activations(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
+    });
+    if (dequant) {
+      for (auto& s : scratch_) s.get(static_cast<std::size_t>(k) * sizeof(float));
+    }
+    constexpr std::int64_t kRowsPerTask = 16;
+    constexpr std::int64_t kTokensPerTile = 8;
+    const std::int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+    pool_.run(tasks, [&](std::int64_t task, int worker) noexcept {
+      const std::int64_t r0 = task * kRowsPerTask, r1 = std::min(n, r0 + kRowsPerTask);
+      if (dequant) {
+        auto* row = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
+        for (std::int64_t r = r0; r < r1; ++r) {
+          (void)quant::dequantize_row(wtype, w + static_cast<std::size_t>(r) * wbytes, row, k);
+          for (std::int64_t i = 0; i < t; ++i) {
+            const float v = dot(row, act + static_cast<std::size_t>(i) * abytes, k);
+            y[i * n + r] = bias != nullptr ? v + bias[r] : v;
+          }
+        }
+        return;
+      }
+      for (std::int64_t t0 = 0; t0 < t; t0 += kTokensPerTile) {
+        const std::int64_t t1 = std::min(t, t0 + kTokensPerTile);
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const std::byte* wr = w + static_cast<std::size_t>(r) * wbytes;
+          for (std::int64_t i = t0; i < t1; ++i) {
+            const float v = dot(wr, act + static_cast<std::size_t>(i) * abytes, k);
+            y[i * n + r] = bias != nullptr ? v + bias[r] : v;
+          }
+        }
+      }
+    });
+  }
+
+  Status check_weight(const char* op, const char* role, const Tensor& w) {
+    if (!is_weight_type(w.type)) {
+      return Status(StatusCode::unsupported,
+                    std::string(op) + ": " + role + " type " + std::string(to_string(w.type)) +
+                        " is not supported by compute/cpu (f32, f16, bf16, q8_0, q4_0, q2_k..q6_k)");
+    }
+    if (w.ne[2] != 1 || w.ne[3] != 1) return bad(op, std::string(role) + " must be 2-D {K, N}, got " + shape(w));
+    return {};
+  }
+
+  Status op_matmul(const OpCall& c) {
+    const char* op = "matmul";
+    COLIBRI_TRY(need_count(op, c, 2, 3, 1));
+    const Tensor &W = c.inputs[0], &X = c.inputs[1], &Y = c.outputs[0];
+    COLIBRI_TRY(check_weight(op, "W (inputs[0])", W));
+    std::byte *w, *x, *y, *b = nullptr;
+    COLIBRI_TRY(resolve(op, "W (inputs[0])", W, w));
+    COLIBRI_TRY(resolve(op, "X (inputs[1])", X, x));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    COLIBRI_TRY(need_type(op, "X (inputs[1])", X, DType::f32));
+    COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
+    const std::int64_t k = W.ne[0], n = W.ne[1], t = rows(X);
+    if (X.ne[0] != k)
+      return bad(op, "X " + shape(X) + " has ne[0] = " + std::to_string(X.ne[0]) + " but W " + shape(W) +
+                         " has K = " + std::to_string(k));
+    if (Y.ne[0] != n || rows(Y) != t)
+      return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "} for W " +
+                         shape(W) + " and X " + shape(X));
+    if (c.inputs.size() == 3) {
+      const Tensor& B = c.inputs[2];
+      COLIBRI_TRY(resolve(op, "bias (inputs[2])", B, b));
+      COLIBRI_TRY(need_type(op, "bias (inputs[2])", B, DType::f32));
+      if (elems(B) != n) return bad(op, "bias " + shape(B) + " must have N = " + std::to_string(n) + " elements");
+    }
+    matmul_core(W.type, w, k, n, reinterpret_cast<const float*>(x), t, reinterpret_cast<const float*>(b),
+                reinterpret_cast<float*>(y), (c.params.flags & kExactActivations) != 0);
+    return {};
+  }
+
+  // ---------------------------------------------------------------- expert_ffn
+
+  Status op_expert_ffn(const OpCall& c) {
+    const char* op = "expert_ffn";
+    COLIBRI_TRY(need_count(op, c, 4, 4, 1));
+    const Tensor &G = c.inputs[0], &U = c.inputs[1], &D = c.inputs[2], &X = c.inputs[3], &Y = c.outputs[0];
+    COLIBRI_TRY(check_weight(op, "W_gate (inputs[0])", G));
+    COLIBRI_TRY(check_weight(op, "W_up (inputs[1])", U));
+    COLIBRI_TRY(check_weight(op, "W_down (inputs[2])", D));
+    std::byte *g, *u, *d, *x, *y;
+    COLIBRI_TRY(resolve(op, "W_gate (inputs[0])", G, g));
+    COLIBRI_TRY(resolve(op, "W_up (inputs[1])", U, u));
+    COLIBRI_TRY(resolve(op, "W_down (inputs[2])", D, d));
+    COLIBRI_TRY(resolve(op, "X (inputs[3])", X, x));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    COLIBRI_TRY(need_type(op, "X (inputs[3])", X, DType::f32));
+    COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
+    const std::int64_t dm = G.ne[0], f = G.ne[1], t = rows(X);
+    if (U.ne[0] != dm || U.ne[1] != f) return bad(op, "W_up " + shape(U) + " must match W_gate " + shape(G));
+    if (D.ne[0] != f || D.ne[1] != dm)
+      return bad(op, "W_down " + shape(D) + " must be {" + std::to_string(f) + ", " + std::to_string(dm) +
+                         "} for W_gate " + shape(G));
+    if (X.ne[0] != dm) return bad(op, "X " + shape(X) + " must have ne[0] = D = " + std::to_string(dm));
+    if (Y.ne[0] != dm || rows(Y) != t)
+      return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(dm) + ", " + std::to_string(t) + "}");
+    const bool exact = (c.params.flags & kExactActivations) != 0;
+    const std::size_t hidden = static_cast<std::size_t>(f * t);
+    auto* gate = reinterpret_cast<float*>(ffn_scratch_.get(2 * hidden * sizeof(float)));
+    float* up = gate + hidden;
+    matmul_core(G.type, g, dm, f, reinterpret_cast<const float*>(x), t, nullptr, gate, exact);
+    matmul_core(U.type, u, dm, f, reinterpret_cast<const float*>(x), t, nullptr, up, exact);
+    swiglu_rows(gate, up, gate, static_cast<std::int64_t>(hidden));
+    matmul_core(D.type, d, f, dm, gate, t, nullptr, reinterpret_cast<float*>(y), exact);
+    return {};
+  }
+
+  // ---------------------------------------------------------------- elementwise
+
+  static float silu_mul(float g, float u) noexcept { return g / (1.0f + std::exp(-g)) * u; }
+
+  void swiglu_rows(const float* g, const float* u, float* out, std::int64_t n) {
+    constexpr std::int64_t kChunk = 4096;
+    pool_.run((n + kChunk - 1) / kChunk, [&](std::int64_t task, int) noexcept {
+      const std::int64_t e = std::min(n, (task + 1) * kChunk);
+      for (std::int64_t i = task * kChunk; i < e; ++i) out[i] = silu_mul(g[i], u[i]);
+    });
+  }
+
+  Status same_shape(const char* op, const char* ra, const Tensor& a, const char* rb, const Tensor& b) {
+    if (a.ne != b.ne)
+      return bad(op, std::string(rb) + " " + shape(b) + " must have the shape of " + ra + " " + shape(a));
+    return {};
+  }
+
+  Status op_swiglu(const OpCall& c) {
+    const char* op = "swiglu";
+    COLIBRI_TRY(need_count(op, c, 2, 2, 1));
+    std::byte *g, *u, *y;
+    COLIBRI_TRY(resolve(op, "gate (inputs[0])", c.inputs[0], g));
+    COLIBRI_TRY(resolve(op, "up (inputs[1])", c.inputs[1], u));
+    COLIBRI_TRY(resolve(op, "out (outputs[0])", c.outputs[0], y));
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&c.inputs[0], &c.inputs[1], &c.outputs[0]})
+      COLIBRI_TRY(need_type(op, "every tensor", *t, DType::f32));
+    COLIBRI_TRY(same_shape(op, "gate", c.inputs[0], "up", c.inputs[1]));
+    COLIBRI_TRY(same_shape(op, "gate", c.inputs[0], "out", c.outputs[0]));
+    swiglu_rows(reinterpret_cast<const float*>(g), reinterpret_cast<const float*>(u), reinterpret_cast<float*>(y),
+                elems(c.inputs[0]));
+    return {};
+  }
+
+  template <typename Fn>
+  Status elementwise(const char* op, const OpCall& c, std::size_t n_in, Fn&& fn) {
+    COLIBRI_TRY(need_count(op, c, n_in, n_in, 1));
+    std::byte* p[3] = {};
+    for (std::size_t i = 0; i < n_in; ++i) {
+      const std::string role = "inputs[" + std::to_string(i) + "]";
+      COLIBRI_TRY(resolve(op, role.c_str(), c.inputs[i], p[i]));
+      COLIBRI_TRY(need_type(op, role.c_str(), c.inputs[i], DType::f32));
+      COLIBRI_TRY(same_shape(op, "inputs[0]", c.inputs[0], role.c_str(), c.inputs[i]));
+    }
+    std::byte* y;
+    COLIBRI_TRY(resolve(op, "outputs[0]", c.outputs[0], y));
+    COLIBRI_TRY(need_type(op, "outputs[0]", c.outputs[0], DType::f32));
+    COLIBRI_TRY(same_shape(op, "inputs[0]", c.inputs[0], "outputs[0]", c.outputs[0]));
+    const std::int64_t n = elems(c.inputs[0]);
+    const auto* a = reinterpret_cast<const float*>(p[0]);
+    const auto* b = reinterpret_cast<const float*>(p[1]);
+    auto* out = reinterpret_cast<float*>(y);
+    constexpr std::int64_t kChunk = 8192;
+    pool_.run((n + kChunk - 1) / kChunk, [&](std::int64_t task, int) noexcept {
+      const std::int64_t e = std::min(n, (task + 1) * kChunk);
+      for (std::int64_t i = task * kChunk; i < e; ++i) out[i] = fn(a[i], b != nullptr ? b[i] : 0.0f);
+    });
+    return {};
+  }
+
+  Status op_add(const OpCall& c) {
+    return elementwise("add", c, 2, [](float a, float b) noexcept { return a + b; });
+  }
+
+  Status op_sigmoid(const OpCall& c) {
+    return elementwise("sigmoid", c, 1, [](float a, float) noexcept { return 1.0f / (1.0f + std::exp(-a)); });
+  }
+
+  Status op_scale_add(const OpCall& c) {
+    const char* op = "scale_add";
+    COLIBRI_TRY(need_count(op, c, 2, 2, 1));
+    const Tensor &X = c.inputs[0], &Wt = c.inputs[1], &Y = c.outputs[0];
+    std::byte *x, *w, *y;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", X, x));
+    COLIBRI_TRY(resolve(op, "w (inputs[1])", Wt, w));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&X, &Wt, &Y})
+      COLIBRI_TRY(need_type(op, "every tensor", *t, DType::f32));
+    COLIBRI_TRY(same_shape(op, "X", X, "Y", Y));
+    const std::int64_t d = X.ne[0], t = rows(X);
+    if (elems(Wt) != t)
+      return bad(op, "w " + shape(Wt) + " must have one weight per token (" + std::to_string(t) + ")");
+    const auto* xs = reinterpret_cast<const float*>(x);
+    const auto* ws = reinterpret_cast<const float*>(w);
+    auto* ys = reinterpret_cast<float*>(y);
+    pool_.run(t, [&](std::int64_t i, int) noexcept {
+      const float s = ws[i];
+      for (std::int64_t j = 0; j < d; ++j) ys[i * d + j] += s * xs[i * d + j];
+    });
+    return {};
+  }
+
+  // ---------------------------------------------------------------- rms_norm
+
+  Status op_rms_norm(const OpCall& c) {
+    const char* op = "rms_norm";
+    COLIBRI_TRY(need_count(op, c, 2, 2, 1));
+    const Tensor &X = c.inputs[0], &Wt = c.inputs[1], &Y = c.outputs[0];
+    std::byte *x, *w, *y;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", X, x));
+    COLIBRI_TRY(resolve(op, "w (inputs[1])", Wt, w));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&X, &Wt, &Y})
+      COLIBRI_TRY(need_type(op, "every tensor", *t, DType::f32));
+    COLIBRI_TRY(same_shape(op, "X", X, "Y", Y));
+    const std::int64_t d = X.ne[0], r = rows(X);
+    if (elems(Wt) != d) return bad(op, "w " + shape(Wt) + " must have D = " + std::to_string(d) + " elements");
+    if (!(c.params.eps >= 0.0f)) return bad(op, "params.eps must be >= 0, got " + std::to_string(c.params.eps));
+    const auto* xs = reinterpret_cast<const float*>(x);
+    const auto* ws = reinterpret_cast<const float*>(w);
+    auto* ys = reinterpret_cast<float*>(y);
+    const double eps = c.params.eps;
+    pool_.run(r, [&](std::int64_t i, int) noexcept {
+      const float* xr = xs + i * d;
+      double ss = 0.0;
+      for (std::int64_t j = 0; j < d; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+      for (std::int64_t j = 0; j < d; ++j) ys[i * d + j] = static_cast<float>(xr[j] * inv) * ws[j];
+    });
+    return {};
+  }
+
+  // ---------------------------------------------------------------- rope
+
+  Status op_rope(const OpCall& c) {
+    const char* op = "rope";
+    COLIBRI_TRY(need_count(op, c, 3, 3, 1));
+    const Tensor &X = c.inputs[0], &P = c.inputs[1], &F = c.inputs[2], &Y = c.outputs[0];
+    std::byte *x, *p, *f, *y;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", X, x));
+    COLIBRI_TRY(resolve(op, "positions (inputs[1])", P, p));
+    COLIBRI_TRY(resolve(op, "inv_freq (inputs[2])", F, f));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    COLIBRI_TRY(need_type(op, "X (inputs[0])", X, DType::f32));
+    COLIBRI_TRY(need_type(op, "positions (inputs[1])", P, DType::i32));
+    COLIBRI_TRY(need_type(op, "inv_freq (inputs[2])", F, DType::f32));
+    COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
+    COLIBRI_TRY(same_shape(op, "X", X, "Y", Y));
+    const std::int64_t hd = X.ne[0], heads = X.ne[1], t = X.ne[2] * X.ne[3];
+    const std::int64_t rd = c.params.rope_dims;
+    if (rd <= 0 || rd % 2 != 0 || rd > hd)
+      return bad(op, "params.rope_dims = " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd) +
+                         " (head_dim)");
+    if (elems(P) != t)
+      return bad(op, "positions " + shape(P) + " must have one entry per token (" + std::to_string(t) + ")");
+    if (elems(F) != rd / 2)
+      return bad(op, "inv_freq " + shape(F) + " must have rope_dims / 2 = " + std::to_string(rd / 2) + " elements");
+    const auto* xs = reinterpret_cast<const float*>(x);
+    const auto* pos = reinterpret_cast<const std::int32_t*>(p);
+    const auto* inv = reinterpret_cast<const float*>(f);
+    auto* ys = reinterpret_cast<float*>(y);
+    const bool interleaved = (c.params.flags & kRopeInterleaved) != 0;
+    const float scale = c.params.scale;
+    const std::int64_t half = rd / 2;
+    pool_.run(t, [&](std::int64_t i, int) noexcept {
+      float cs[512], sn[512];
+      for (std::int64_t base = 0; base < half; base += 512) {
+        const std::int64_t m = std::min<std::int64_t>(512, half - base);
+        for (std::int64_t j = 0; j < m; ++j) {
+          const float theta = static_cast<float>(pos[i]) * inv[base + j];
+          cs[j] = static_cast<float>(std::cos(static_cast<double>(theta))) * scale;
+          sn[j] = static_cast<float>(std::sin(static_cast<double>(theta))) * scale;
+        }
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const float* xr = xs + (i * heads + h) * hd;
+          float* yr = ys + (i * heads + h) * hd;
+          for (std::int64_t j = 0; j < m; ++j) {
+            const std::int64_t a = interleaved ? 2 * (base + j) : base + j;
+            const std::int64_t b = interleaved ? a + 1 : a + half;
+            const float x0 = xr[a], x1 = xr[b];
+            yr[a] = x0 * cs[j] - x1 * sn[j];
+            yr[b] = x0 * sn[j] + x1 * cs[j];
+          }
+        }
+      }
+      if (xs != ys) {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          const float* xr = xs + (i * heads + h) * hd;
+          float* yr = ys + (i * heads + h) * hd;
+          for (std::int64_t j = rd; j < hd; ++j) yr[j] = xr[j];
+        }
+      }
+    });
+    return {};
+  }
+
+  // ---------------------------------------------------------------- attention
+
+  Status op_attention(const OpCall& c) {
+    const char* op = "attention";
+    COLIBRI_TRY(need_count(op, c, 3, 3, 1));
+    const Tensor &Q = c.inputs[0], &K = c.inputs[1], &V = c.inputs[2], &O = c.outputs[0];
+    std::byte *q, *k, *v, *o;
+    COLIBRI_TRY(resolve(op, "Q (inputs[0])", Q, q));
+    COLIBRI_TRY(resolve(op, "K cache (inputs[1])", K, k));
+    COLIBRI_TRY(resolve(op, "V cache (inputs[2])", V, v));
+    COLIBRI_TRY(resolve(op, "O (outputs[0])", O, o));
+    COLIBRI_TRY(need_type(op, "Q (inputs[0])", Q, DType::f32));
+    COLIBRI_TRY(need_type(op, "O (outputs[0])", O, DType::f32));
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&K, &V}) {
+      if (!is_kv_type(t->type))
+        return Status(StatusCode::unsupported,
+                      std::string(op) + ": KV cache type " + shape(*t) + " is not supported (f32, f16, q8_0)");
+    }
+    COLIBRI_TRY(same_shape(op, "Q", Q, "O", O));
+    const std::int64_t hd = Q.ne[0], heads = Q.ne[1], t = Q.ne[2] * Q.ne[3];
+    const std::int64_t kv_heads = K.ne[1], s = K.ne[2];
+    if (K.ne[0] != hd || V.ne[0] != hd)
+      return bad(op, "K " + shape(K) + " and V " + shape(V) + " must have head_dim = " + std::to_string(hd));
+    if (V.ne[1] != kv_heads || V.ne[2] != s || K.ne[3] != 1 || V.ne[3] != 1)
+      return bad(op, "V " + shape(V) + " must have the shape of K " + shape(K));
+    if (heads % kv_heads != 0)
+      return bad(
+          op, "n_heads = " + std::to_string(heads) + " is not a multiple of n_kv_heads = " + std::to_string(kv_heads));
+    const std::int64_t pos0 = c.params.position;
+    if (pos0 < 0 || pos0 + t > s)
+      return bad(op, "queries at positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + t - 1) + " need " +
+                         std::to_string(pos0 + t) + " cached keys, but the KV cache has S = " + std::to_string(s));
+    if (c.params.window < 0) return bad(op, "params.window must be >= 0");
+    for (auto& sc : scratch_) sc.get(static_cast<std::size_t>(4 * hd + 64) * sizeof(float));
+    const std::size_t krow = row_bytes(K.type, hd), vrow = row_bytes(V.type, hd);
+    const auto* qs = reinterpret_cast<const float*>(q);
+    auto* os = reinterpret_cast<float*>(o);
+    const float scale = c.params.scale;
+    const std::int64_t group = heads / kv_heads, window = c.params.window;
+    const KernelSet& ks = *opt_.kernels;
+    pool_.run(t * heads, [&](std::int64_t task, int worker) noexcept {
+      const std::int64_t i = task / heads, h = task % heads, kvh = h / group;
+      const std::int64_t p = pos0 + i;
+      const std::int64_t lo = window > 0 ? std::max<std::int64_t>(0, p - window + 1) : 0;
+      auto* buf = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
+      float* krow_f = buf;
+      float* vrow_f = buf + hd;
+      float* acc = buf + 2 * hd;
+      float* scores = buf + 3 * hd;  // kKeyBlock entries
+      const float* qr = qs + (i * heads + h) * hd;
+      for (std::int64_t j = 0; j < hd; ++j) acc[j] = 0.0f;
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      constexpr std::int64_t kKeyBlock = 64;
+      for (std::int64_t b0 = lo / kKeyBlock * kKeyBlock; b0 <= p; b0 += kKeyBlock) {
+        const std::int64_t j0 = std::max(lo, b0), j1 = std::min(p + 1, b0 + kKeyBlock);
+        float bm = -std::numeric_limits<float>::infinity();
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const std::byte* kr = k + static_cast<std::size_t>(j * kv_heads + kvh) * krow;
+          float dotv;
+          if (K.type == DType::f32) {
+            dotv = ks.f32(kr, qr, hd);
+          } else if (K.type == DType::f16) {
+            dotv = ks.f16(kr, qr, hd);
+          } else {
+            (void)quant::dequantize_row(K.type, kr, krow_f, hd);
+            dotv = ks.f32(krow_f, qr, hd);
+          }
+          const float sc = dotv * scale;
+          scores[j - j0] = sc;
+          bm = std::max(bm, sc);
+        }
+        const float mn = std::max(m, bm);
+        const float corr = std::exp(m - mn);  // 0 on the first block (m = -inf)
+        l *= corr;
+        for (std::int64_t d = 0; d < hd; ++d) acc[d] *= corr;
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const float pj = std::exp(scores[j - j0] - mn);
+          l += pj;
+          const std::byte* vr = v + static_cast<std::size_t>(j * kv_heads + kvh) * vrow;
+          const float* vf;
+          if (V.type == DType::f32) {
+            vf = reinterpret_cast<const float*>(vr);
+          } else {
+            (void)quant::dequantize_row(V.type, vr, vrow_f, hd);
+            vf = vrow_f;
+          }
+          for (std::int64_t d = 0; d < hd; ++d) acc[d] += pj * vf[d];
+        }
+        m = mn;
+      }
+      float* orow = os + (i * heads + h) * hd;
+      const float inv = 1.0f / l;
+      for (std::int64_t d = 0; d < hd; ++d) orow[d] = acc[d] * inv;
+    });
+    return {};
+  }
+
+  // ---------------------------------------------------------------- routing
+
+  Status op_topk(const OpCall& c) {
+    const char* op = "topk_routing";
+    COLIBRI_TRY(need_count(op, c, 1, 1, 2));
+    const Tensor &L = c.inputs[0], &I = c.outputs[0], &Wt = c.outputs[1];
+    std::byte *l, *ids, *w;
+    COLIBRI_TRY(resolve(op, "logits (inputs[0])", L, l));
+    COLIBRI_TRY(resolve(op, "ids (outputs[0])", I, ids));
+    COLIBRI_TRY(resolve(op, "weights (outputs[1])", Wt, w));
+    COLIBRI_TRY(need_type(op, "logits (inputs[0])", L, DType::f32));
+    COLIBRI_TRY(need_type(op, "ids (outputs[0])", I, DType::i32));
+    COLIBRI_TRY(need_type(op, "weights (outputs[1])", Wt, DType::f32));
+    const std::int64_t e = L.ne[0], t = rows(L), kk = c.params.top_k;
+    if (kk < 1 || kk > e)
+      return bad(op, "params.top_k = " + std::to_string(kk) + " must be in 1.." + std::to_string(e) + " (experts)");
+    if (I.ne[0] != kk || rows(I) != t)
+      return bad(op, "ids " + shape(I) + " must be {" + std::to_string(kk) + ", " + std::to_string(t) + "}");
+    if (Wt.ne[0] != kk || rows(Wt) != t)
+      return bad(op, "weights " + shape(Wt) + " must be {" + std::to_string(kk) + ", " + std::to_string(t) + "}");
+    const int flags = c.params.flags;
+    if ((flags & kRoutingSoftmax) && (flags & kRoutingSigmoid))
+      return bad(op, "kRoutingSoftmax and kRoutingSigmoid exclude each other");
+    const auto* ls = reinterpret_cast<const float*>(l);
+    for (std::int64_t i = 0; i < e * t; ++i) {
+      if (std::isnan(ls[i]))
+        return Status(StatusCode::invalid_argument, std::string(op) + ": logit of expert " + std::to_string(i % e) +
+                                                        " for token " + std::to_string(i / e) +
+                                                        " is NaN (the model produced NaN activations)");
+    }
+    auto* is = reinterpret_cast<std::int32_t*>(ids);
+    auto* ws = reinterpret_cast<float*>(w);
+    std::vector<float> score(static_cast<std::size_t>(e));
+    std::vector<std::int32_t> order(static_cast<std::size_t>(e));
+    for (std::int64_t i = 0; i < t; ++i) {
+      const float* x = ls + i * e;
+      if (flags & kRoutingSoftmax) {
+        float mx = x[0];
+        for (std::int64_t j = 1; j < e; ++j) mx = std::max(mx, x[j]);
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j < e; ++j) sum += (score[static_cast<std::size_t>(j)] = std::exp(x[j] - mx));
+        for (auto& s : score) s /= sum;
+      } else if (flags & kRoutingSigmoid) {
+        for (std::int64_t j = 0; j < e; ++j) score[static_cast<std::size_t>(j)] = 1.0f / (1.0f + std::exp(-x[j]));
+      } else {
+        for (std::int64_t j = 0; j < e; ++j) score[static_cast<std::size_t>(j)] = x[j];
+      }
+      for (std::int64_t j = 0; j < e; ++j) order[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+      std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](std::int32_t a, std::int32_t b) {
+        const float sa = score[static_cast<std::size_t>(a)], sb = score[static_cast<std::size_t>(b)];
+        return sa > sb || (sa == sb && a < b);
+      });
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < kk; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+      for (std::int64_t j = 0; j < kk; ++j) {
+        const std::int32_t id = order[static_cast<std::size_t>(j)];
+        is[i * kk + j] = id;
+        const float s = score[static_cast<std::size_t>(id)];
+        ws[i * kk + j] = (flags & kRoutingRenormalize) ? s / sum : s;
+      }
+    }
+    return {};
+  }
+
+  // ---------------------------------------------------------------- embedding
+
+  Status op_embedding(const OpCall& c) {
+    const char* op = "embedding";
+    COLIBRI_TRY(need_count(op, c, 2, 2, 1));
+    const Tensor &Tb = c.inputs[0], &I = c.inputs[1], &Y = c.outputs[0];
+    COLIBRI_TRY(check_weight(op, "table (inputs[0])", Tb));
+    std::byte *tb, *ids, *y;
+    COLIBRI_TRY(resolve(op, "table (inputs[0])", Tb, tb));
+    COLIBRI_TRY(resolve(op, "ids (inputs[1])", I, ids));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    COLIBRI_TRY(need_type(op, "ids (inputs[1])", I, DType::i32));
+    COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
+    const std::int64_t d = Tb.ne[0], vocab = Tb.ne[1], t = elems(I);
+    if (Y.ne[0] != d || rows(Y) != t)
+      return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
+    const auto* is = reinterpret_cast<const std::int32_t*>(ids);
+    for (std::int64_t i = 0; i < t; ++i) {
+      if (is[i] < 0 || is[i] >= vocab)
+        return bad(op, "token id " + std::to_string(is[i]) + " at position " + std::to_string(i) +
+                           " is outside the vocabulary 0.." + std::to_string(vocab - 1));
+    }
+    const std::size_t rb = row_bytes(Tb.type, d);
+    auto* ys = reinterpret_cast<float*>(y);
+    pool_.run(t, [&](std::int64_t i, int) noexcept {
+      (void)quant::dequantize_row(Tb.type, tb + static_cast<std::size_t>(is[i]) * rb, ys + i * d, d);
+    });
+    return {};
+  }
+
+  HostServices& host_;
+  Options opt_;
+  std::mutex mu_;
+  ThreadPool pool_;
+  std::vector<Scratch> scratch_;  // one per worker
+  Scratch act_scratch_;
+  Scratch ffn_scratch_;
+  std::vector<DeviceInfo> devices_;
+};
+
+// ------------------------------------------------------------------ descriptor
+
+// No ISA instruction runs here: the host probed the CPU.
+Score score(const HostInfo& h) noexcept {
+  const bool avx512 = h.avx2 && h.fma && h.f16c && h.avx512f && h.avx512bw && h.avx512vl && h.avx512_vnni;
+  if (avx512) return {300, "x86-64 with AVX-512 VNNI kernels"};
+  if (h.avx2 && h.fma && h.f16c) return {200, "x86-64 with AVX2 kernels"};
+  return {100, "x86-64 scalar kernels (no AVX2 on this CPU)"};
+}
+
+const OptionSpec kOptions[] = {
+    {"isa", OptionType::string, "auto",
+     "row kernels: auto (best this CPU runs), scalar (the reference path), avx2, avx512 (with VNNI)"},
+};
+const char* const kCapabilities[] = {"host_memory", "avx2", "avx512_vnni", "batch_invariant"};
+
+const PluginDescriptor kDescriptor{
+    make_plugin_header(),
+    PluginKind::compute,
+    "cpu",
+    "1.0.0",
+    "host CPU: every op, AVX2 / AVX-512 VNNI quantized matvec, batch- and thread-invariant results",
+    kOptions,
+    kCapabilities,
+    &score,
+    &create_guarded<CpuCompute>,
+};
+
+}  // namespace
+}  // namespace colibri::cpu
+
+COLIBRI_DEFINE_PLUGIN(colibri::cpu::kDescriptor)

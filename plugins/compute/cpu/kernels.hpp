@@ -1,0 +1,80 @@
+// Row kernels of the CPU backend: one dot product of a weight row with one token's activations.
+//
+// Every instruction-set path computes the same bits as the scalar path: integer sums inside a
+// block are exact, and the float steps around them (scale products, lane-wise accumulation, the
+// final reduction) are the same operations in the same order, without FMA. So a token's result
+// depends only on its own row pair, never on the batch, the thread or the ISA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "colibri/sdk/dtype.hpp"
+
+namespace colibri::cpu {
+
+using sdk::DType;
+
+// Activations quantized per 32 elements (for q8_0 / q4_0 weights): x ~= d * qs.
+struct Q8Block {
+  float d;
+  std::int32_t sum;  // sum of qs (the q4_0 offset term)
+  std::int8_t qs[32];
+};
+
+// Activations quantized per 256 elements (for k-quant weights), with sums per 16.
+struct Q8KBlock {
+  float d;
+  std::int16_t bsums[16];
+  std::int8_t qs[256];
+};
+
+static_assert(sizeof(Q8Block) == 40);
+static_assert(sizeof(Q8KBlock) == 292);
+
+// The activation format a weight type is multiplied with.
+enum class ActFormat { f32, q8_0, q8_k };
+ActFormat act_format(DType weight, bool exact_activations) noexcept;
+// Bytes of one token's activations of k elements in `format`.
+std::size_t act_row_bytes(ActFormat format, std::int64_t k) noexcept;
+// Quantizes (or copies) one token: k elements of x into act_row_bytes(format, k) bytes.
+void quantize_activations(ActFormat format, const float* x, void* out, std::int64_t k) noexcept;
+
+// One dot product: w_row (k elements of the weight type) with one token's activations.
+using DotFn = float (*)(const void* w_row, const void* act, std::int64_t k) noexcept;
+
+// Lanes of the float dot products: element i is accumulated in lane i % kF32Lanes, lanes reduced
+// as a fixed binary tree. 32 lanes = 4 AVX2 or 2 AVX-512 registers.
+inline constexpr int kF32Lanes = 32;
+// Lanes of the q8_0 / q4_0 block accumulation: block b goes to lane b % kBlockLanes.
+inline constexpr int kBlockLanes = 4;
+
+struct KernelSet {
+  const char* name;
+  DotFn f32;  // f32 weights (and every type in exact mode, after dequantizing the row)
+  DotFn f16;
+  DotFn bf16;
+  DotFn q8_0;
+  DotFn q4_0;
+  DotFn q2_k;
+  DotFn q3_k;
+  DotFn q4_k;
+  DotFn q5_k;
+  DotFn q6_k;
+  // y[i] = silu(g[i]) * u[i] etc. stay scalar: they are a rounding error of the time.
+};
+
+const KernelSet& scalar_kernels() noexcept;
+const KernelSet& avx2_kernels() noexcept;    // needs avx2, fma, f16c
+const KernelSet& avx512_kernels() noexcept;  // needs avx512f/bw/vl/vnni besides the above
+
+// The dot function for weights of `type` with activations in act_format(type, exact); nullptr
+// for a type the kernels do not handle.
+DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexcept;
+
+// Shared scalar pieces (used by every path so the float steps match exactly).
+float reduce_f32_lanes(const float* lanes) noexcept;    // kF32Lanes values, fixed tree
+float reduce_block_lanes(const float* lanes) noexcept;  // kBlockLanes values
+void unpack_q3_k_scales(const std::uint8_t* packed, std::int8_t* out) noexcept;
+
+}  // namespace colibri::cpu

@@ -1,0 +1,13 @@
+// The compute conformance suite on every kernel path of the cpu plugin; a path this CPU cannot
+// run is skipped (create() answers `unsupported`).
+#include "colibri/sdk/testing/compute_conformance.hpp"
+
+using colibri::sdk::testing::ComputeConformance;
+using colibri::sdk::testing::ComputeParam;
+
+INSTANTIATE_TEST_SUITE_P(Cpu, ComputeConformance,
+                         ::testing::Values(ComputeParam{CPU_PLUGIN_PATH, {{"isa", "scalar"}}, "scalar"},
+                                           ComputeParam{CPU_PLUGIN_PATH, {{"isa", "avx2"}}, "avx2"},
+                                           ComputeParam{CPU_PLUGIN_PATH, {{"isa", "avx512"}}, "avx512"},
+                                           ComputeParam{CPU_PLUGIN_PATH, {{"isa", "auto"}, {"threads", "2"}}, "auto"}),
+                         colibri::sdk::testing::ComputeParamName);

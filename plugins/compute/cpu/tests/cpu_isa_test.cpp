@@ -1,0 +1,153 @@
+// cpu-plugin specifics: every SIMD path gives the scalar path's bits, score() and options.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+namespace ct = colibri::sdk::testing;
+
+constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
+                                  DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+
+std::shared_ptr<Compute> make(const std::string& isa, const std::string& threads = "2") {
+  auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
+  if (!lib) return nullptr;
+  auto c = (*lib)->create_as<Compute>({{"isa", isa}, {"threads", threads}});
+  return c ? *c : nullptr;
+}
+
+std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, unsigned seed) {
+  const auto f = randn(static_cast<std::size_t>(k * n), seed, 0.2f);
+  std::vector<std::byte> out(row_bytes(type, k) * static_cast<std::size_t>(n));
+  EXPECT_TRUE(colibri::quant::quantize_row(type, f.data(), out.data(), k * n));
+  return out;
+}
+
+// Runs matmul of every type (and odd K for the float types) on `c`.
+std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
+  std::vector<std::vector<float>> results;
+  for (DType type : kWeightTypes) {
+    const bool plain = !dtype_traits(type)->quantized;
+    for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024}) {
+      const std::int64_t n = 50, t = 5;
+      auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
+      auto x = randn(static_cast<std::size_t>(k * t), 7, 3.0f);
+      std::vector<float> y(static_cast<std::size_t>(n * t));
+      Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+      Tensor out{DType::f32, {n, t, 1, 1}, y.data()};
+      OpParams p;
+      p.flags = exact ? kExactActivations : 0;
+      auto s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), p});
+      EXPECT_TRUE(s) << s.to_string();
+      results.push_back(std::move(y));
+    }
+  }
+  return results;
+}
+
+std::vector<float> attention(Compute& c, DType kv) {
+  const std::int64_t hd = 128, heads = 4, kvh = 2, s = 200, t = 3;
+  auto q = randn(static_cast<std::size_t>(hd * heads * t), 1);
+  auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 2);
+  auto vf = randn(static_cast<std::size_t>(hd * kvh * s), 3);
+  std::vector<std::byte> kb(row_bytes(kv, hd) * static_cast<std::size_t>(kvh * s)), vb(kb.size());
+  EXPECT_TRUE(colibri::quant::quantize_row(kv, kf.data(), kb.data(), hd * kvh * s));
+  EXPECT_TRUE(colibri::quant::quantize_row(kv, vf.data(), vb.data(), hd * kvh * s));
+  std::vector<float> o(q.size());
+  Tensor in[] = {Tensor{DType::f32, {hd, heads, t, 1}, q.data()}, Tensor{kv, {hd, kvh, s, 1}, kb.data()},
+                 Tensor{kv, {hd, kvh, s, 1}, vb.data()}};
+  Tensor out{DType::f32, {hd, heads, t, 1}, o.data()};
+  OpParams p;
+  p.position = 190;
+  p.scale = 0.09f;
+  EXPECT_TRUE(c.run(OpCall{Op::attention, in, std::span<Tensor>(&out, 1), p}));
+  return o;
+}
+
+class CpuIsa : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
+  auto simd = make(GetParam());
+  if (!simd) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto scalar = make("scalar");
+  ASSERT_TRUE(scalar);
+  for (bool exact : {false, true}) {
+    const auto a = matmuls(*scalar, exact);
+    const auto b = matmuls(*simd, exact);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)))
+          << "matmul case " << i << (exact ? " exact" : "") << " differs from the scalar path";
+    }
+  }
+  for (DType kv : {DType::f32, DType::f16, DType::q8_0}) {
+    const auto a = attention(*scalar, kv);
+    const auto b = attention(*simd, kv);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "attention kv=" << to_string(kv);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, ::testing::Values("avx2", "avx512", "auto"));
+
+TEST(CpuPlugin, ScoreRanksInstructionSetsFromHostInfoAlone) {
+  auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
+  ASSERT_TRUE(lib) << lib.error().to_string();
+  HostInfo plain;
+  HostInfo avx2 = plain;
+  avx2.avx2 = avx2.fma = avx2.f16c = true;
+  HostInfo avx512 = avx2;
+  avx512.avx512f = avx512.avx512bw = avx512.avx512vl = avx512.avx512_vnni = true;
+  const auto& d = (*lib)->descriptor();
+  const Score s0 = d.score(plain), s1 = d.score(avx2), s2 = d.score(avx512);
+  EXPECT_GT(s0.value, 0) << "the scalar path runs on every x86-64";
+  EXPECT_GT(s1.value, s0.value);
+  EXPECT_GT(s2.value, s1.value);
+  EXPECT_FALSE(s2.reason.empty());
+}
+
+TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
+  auto c = make("auto");
+  ASSERT_TRUE(c);
+  for (DType t : kWeightTypes) {
+    EXPECT_TRUE(c->supports(Op::matmul, t)) << to_string(t);
+    EXPECT_TRUE(c->supports(Op::expert_ffn, t)) << to_string(t);
+    EXPECT_TRUE(c->supports(Op::embedding, t)) << to_string(t);
+  }
+  for (DType t : {DType::f32, DType::f16, DType::q8_0}) EXPECT_TRUE(c->supports(Op::attention, t));
+  EXPECT_FALSE(c->supports(Op::attention, DType::q4_k));
+  EXPECT_FALSE(c->supports(Op::matmul, DType::q4_1));
+  for (Op op : {Op::rms_norm, Op::rope, Op::swiglu, Op::add, Op::topk_routing, Op::scale_add, Op::sigmoid}) {
+    EXPECT_TRUE(c->supports(op, DType::f32));
+  }
+  ASSERT_EQ(c->devices().size(), 1u);
+  EXPECT_TRUE(c->devices()[0].host_memory);
+  EXPECT_GT(c->devices()[0].memory_total, 0u);
+}
+
+TEST(CpuPlugin, RejectsBadOptionsWithTheKeyNamed) {
+  auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  auto a = (*lib)->create({{"isa", "sse9"}});
+  ASSERT_FALSE(a);
+  EXPECT_EQ(a.error().code(), StatusCode::invalid_argument);
+  EXPECT_NE(a.error().message().find("isa"), std::string::npos) << a.error().message();
+  auto b = (*lib)->create({{"threads", "-2"}});
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message().find("threads"), std::string::npos) << b.error().message();
+}
+
+}  // namespace

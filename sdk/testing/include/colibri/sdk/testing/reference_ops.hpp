@@ -1,0 +1,47 @@
+// Scalar float64 reference of every compute op (compute.hpp), written for clarity rather than
+// speed: the yardstick of the compute conformance suite. Weights of block types are dequantized
+// with colibri::quant (bit-exact GGML dequantizers) and then used in double precision.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "colibri/sdk/dtype.hpp"
+
+namespace colibri::sdk::testing::ref {
+
+// n elements of `type` at data, as floats (dequantized exactly as GGML does).
+std::vector<float> dequantize(DType type, const void* data, std::int64_t n);
+
+// Y[t * n + r] = sum_k W[r][k] * X[t][k] (+ bias[r]); W is n rows of k elements of `type`.
+std::vector<double> matmul(DType type, const void* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
+                           const float* bias = nullptr);
+
+// down(silu(gate X) * up X), every intermediate in double. gate/up: f rows of d; down: d rows of f.
+std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type, const void* up, DType down_type,
+                               const void* down, std::int64_t d, std::int64_t f, const float* x, std::int64_t t);
+
+std::vector<double> rms_norm(const float* x, std::int64_t d, std::int64_t rows, const float* w, float eps);
+
+// X {head_dim, heads, t}. The angle is float32(pos) * inv_freq[i] rounded to float32, as
+// HuggingFace computes it; cos and sin are then taken in double.
+std::vector<double> rope(const float* x, std::int64_t head_dim, std::int64_t heads, std::int64_t t,
+                         const std::int32_t* positions, const float* inv_freq, int rope_dims, bool interleaved,
+                         float scale);
+
+// Causal attention with a full (double) softmax. K/V are f32 {head_dim, kv_heads, s}.
+std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_t heads, std::int64_t t, const float* k,
+                              const float* v, std::int64_t kv_heads, std::int64_t s, std::int32_t position,
+                              std::int32_t window, float scale);
+
+double silu(double x);
+double sigmoid(double x);
+
+struct Routing {
+  std::vector<std::int32_t> ids;  // {k, t}
+  std::vector<double> weights;    // {k, t}
+};
+// flags: kRoutingSoftmax / kRoutingRenormalize / kRoutingSigmoid of compute.hpp.
+Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags);
+
+}  // namespace colibri::sdk::testing::ref

@@ -1,0 +1,743 @@
+#include "colibri/sdk/testing/compute_conformance.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include "colibri/quant/float16.hpp"
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+#include "colibri/sdk/testing/reference_ops.hpp"
+
+namespace colibri::sdk::testing {
+
+int compute_conformance_anchor() {
+  return 1;
+}
+
+std::string ComputeParamName(const ::testing::TestParamInfo<ComputeParam>& info) {
+  std::string n = std::filesystem::path(info.param.library).stem().string() + "_" + info.param.label;
+  for (char& c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+namespace {
+
+using Ne = std::array<std::int64_t, 4>;
+
+constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
+                                  DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+constexpr DType kKvTypes[] = {DType::f32, DType::f16, DType::q8_0};
+
+struct Made {
+  std::shared_ptr<Compute> compute;
+  std::string error;
+  bool skip = false;
+};
+
+Made make_compute(const ComputeParam& p, const std::map<std::string, std::string>& extra = {}) {
+  Made m;
+  auto lib = LoadedPlugin::load(p.library);
+  if (!lib) {
+    m.error = lib.error().to_string();
+    return m;
+  }
+  auto options = p.options;
+  for (const auto& [k, v] : extra) options[k] = v;
+  auto c = (*lib)->create_as<Compute>(options);
+  if (!c) {
+    m.skip = c.error().code() == StatusCode::unsupported;
+    m.error = c.error().to_string();
+    return m;
+  }
+  m.compute = *c;
+  return m;
+}
+
+#define COMPUTE_FIXTURE_WITH(var, extra)                     \
+  auto var##_made = make_compute(GetParam(), extra);         \
+  if (var##_made.skip) GTEST_SKIP() << var##_made.error;     \
+  ASSERT_TRUE(var##_made.error.empty()) << var##_made.error; \
+  Compute& var = *var##_made.compute
+
+#define COMPUTE_FIXTURE(var) COMPUTE_FIXTURE_WITH(var, (std::map<std::string, std::string>{}))
+
+std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::size_t tensor_bytes(DType type, const Ne& ne) {
+  return row_bytes(type, ne[0]) * static_cast<std::size_t>(ne[1] * ne[2] * ne[3]);
+}
+
+// A host array the suite moves into a device buffer for the call and back afterwards.
+struct Arg {
+  DType type;
+  Ne ne;
+  void* host;
+};
+
+Arg arg(DType type, Ne ne, void* host) {
+  return Arg{type, ne, host};
+}
+template <typename T>
+Arg arg(DType type, Ne ne, std::vector<T>& v) {
+  return Arg{type, ne, v.data()};
+}
+
+// Runs one op the way the engine does on any backend: tensors in buffers from allocate(),
+// uploaded with copy_to_device_async and read back with copy_to_host_async.
+Status run_op(Compute& c, Op op, std::vector<Arg> in, std::vector<Arg> out, OpParams params = {}) {
+  std::vector<std::unique_ptr<Buffer>> keep;
+  auto place = [&](const Arg& a, Tensor& t) -> Status {
+    const std::size_t bytes = tensor_bytes(a.type, a.ne);
+    auto b = c.allocate(std::max<std::size_t>(bytes, 1));
+    if (!b) return b.error();
+    if (bytes > 0) {
+      auto ev = c.copy_to_device_async(a.host, **b, 0, bytes);
+      if (!ev) return ev.error();
+      if (auto s = (*ev)->wait(); !s) return s;
+    }
+    t = Tensor{a.type, a.ne, nullptr, b->get(), 0};
+    keep.push_back(std::move(*b));
+    return {};
+  };
+  std::vector<Tensor> ti(in.size()), to(out.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (auto s = place(in[i], ti[i]); !s) return s;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (auto s = place(out[i], to[i]); !s) return s;
+  }
+  OpCall call{op, ti, to, params};
+  if (auto s = c.run(call); !s) return s;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::size_t bytes = tensor_bytes(out[i].type, out[i].ne);
+    auto ev = c.copy_to_host_async(*to[i].buffer, 0, out[i].host, bytes);
+    if (!ev) return ev.error();
+    if (auto s = (*ev)->wait(); !s) return s;
+  }
+  return c.synchronize();
+}
+
+struct Weights {
+  DType type;
+  std::int64_t k, n;
+  std::vector<std::byte> bytes;
+  std::vector<float> dequant;  // what the reference multiplies with
+};
+
+Weights make_weights(DType type, std::int64_t k, std::int64_t n, unsigned seed, float sigma = 0.1f) {
+  Weights w{type, k, n, {}, {}};
+  const auto f = randn(static_cast<std::size_t>(k * n), seed, sigma);
+  w.bytes.resize(row_bytes(type, k) * static_cast<std::size_t>(n));
+  auto s = quant::quantize_row(type, f.data(), w.bytes.data(), k * n);
+  if (!s) throw std::runtime_error(s.to_string());
+  w.dequant = ref::dequantize(type, w.bytes.data(), k * n);
+  return w;
+}
+
+// Collects mismatches and reports the first few with their index.
+class Mismatches {
+ public:
+  explicit Mismatches(std::string what) : what_(std::move(what)) {}
+  void check(std::size_t i, double got, double want, double tol) {
+    if (std::fabs(got - want) <= tol) return;  // NaN fails here too
+    if (count_++ < 4) text_ << "\n  [" << i << "] got " << got << ", want " << want << " (tolerance " << tol << ")";
+  }
+  ~Mismatches() {
+    if (count_ > 0) ADD_FAILURE() << what_ << ": " << count_ << " mismatches" << text_.str();
+  }
+
+ private:
+  std::string what_;
+  std::ostringstream text_;
+  int count_ = 0;
+};
+
+std::string label(DType t) {
+  return std::string(to_string(t));
+}
+
+// Quantized weights may quantize each token's activations to 8 bits (any block size up to the row):
+// each x moves by at most half a step of amax/127.
+bool may_quantize_activations(DType t) {
+  return dtype_traits(t)->quantized;
+}
+double activation_rounding(DType t) {
+  if (t == DType::f16) return std::ldexp(1.0, -11);
+  if (t == DType::bf16) return std::ldexp(1.0, -8);
+  return 0.0;
+}
+
+void check_matmul(DType type, const Weights& w, const std::vector<float>& x, std::int64_t t, const float* bias,
+                  const std::vector<float>& y, bool exact, const std::string& what) {
+  const std::int64_t k = w.k, n = w.n;
+  const auto want = ref::matmul(DType::f32, w.dequant.data(), k, n, x.data(), t, bias);
+  Mismatches mm(what);
+  double err2 = 0.0, budget2 = 0.0;
+  for (std::int64_t i = 0; i < t; ++i) {
+    float amax = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(i * k + j)]));
+    const double step = amax / 127.0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      double abs_wx = 0.0, abs_w = 0.0, w2 = 0.0;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const double wv = w.dequant[static_cast<std::size_t>(r * k + j)];
+        abs_wx += std::fabs(wv * x[static_cast<std::size_t>(i * k + j)]);
+        abs_w += std::fabs(wv);
+        w2 += wv * wv;
+      }
+      double tol = 1e-5 * abs_wx + 1e-6;
+      if (!exact) {
+        if (may_quantize_activations(type)) tol += 0.5 * step * abs_w * 1.001;
+        tol += activation_rounding(type) * abs_wx * 1.01;
+      }
+      const auto idx = static_cast<std::size_t>(i * n + r);
+      mm.check(idx, y[idx], want[idx], tol);
+      err2 += (y[idx] - want[idx]) * (y[idx] - want[idx]);
+      budget2 += w2 * step * step / 12.0;
+    }
+  }
+  if (!exact && may_quantize_activations(type)) {
+    // Rounding errors are spread, not worst-case: the total must look like honest 8-bit rounding.
+    EXPECT_LE(err2, 4.0 * budget2 + 1e-10) << what << ": error energy beyond 8-bit activation rounding";
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ plugin surface
+
+TEST_P(ComputeConformance, DescriptorIsCompute) {
+  auto lib = LoadedPlugin::load(GetParam().library);
+  ASSERT_TRUE(lib) << lib.error().to_string();
+  EXPECT_EQ((*lib)->descriptor().kind, PluginKind::compute);
+}
+
+TEST_P(ComputeConformance, DevicesDescribeThemselves) {
+  COMPUTE_FIXTURE(c);
+  auto devs = c.devices();
+  ASSERT_FALSE(devs.empty());
+  for (const auto& d : devs) {
+    EXPECT_FALSE(d.name.empty());
+    if (d.memory_total > 0) {
+      EXPECT_LE(d.memory_available, d.memory_total) << d.name;
+    }
+    if (!d.host_memory) {
+      EXPECT_GT(d.memory_total, 0u) << d.name << ": a device with its own memory must say how much";
+    }
+  }
+}
+
+TEST_P(ComputeConformance, BuffersRoundTripAndRejectOutOfRangeCopies) {
+  COMPUTE_FIXTURE(c);
+  auto b = c.allocate(1000);
+  ASSERT_TRUE(b) << b.error().to_string();
+  EXPECT_EQ((*b)->size(), 1000u);
+  if (void* p = (*b)->host_pointer(); p != nullptr) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << "host buffers must be 64-byte aligned";
+  }
+  std::vector<unsigned char> src(600), back(600, 0);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  auto up = c.copy_to_device_async(src.data(), **b, 300, 600);
+  ASSERT_TRUE(up) << up.error().to_string();
+  ASSERT_TRUE((*up)->wait());
+  auto down = c.copy_to_host_async(**b, 300, back.data(), 600);
+  ASSERT_TRUE(down) << down.error().to_string();
+  ASSERT_TRUE((*down)->wait());
+  EXPECT_TRUE((*down)->ready());
+  EXPECT_EQ(src, back);
+  auto bad_copy = c.copy_to_device_async(src.data(), **b, 500, 600);
+  EXPECT_FALSE(bad_copy && (*bad_copy)->wait()) << "a copy past the end of a buffer must fail";
+}
+
+// ------------------------------------------------------------------ matmul
+
+TEST_P(ComputeConformance, MatmulMatchesReferenceOnEveryWeightType) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t k = 512, n = 37;
+  for (DType type : kWeightTypes) {
+    if (!c.supports(Op::matmul, type)) continue;
+    const auto w = make_weights(type, k, n, 11);
+    const auto bias = randn(static_cast<std::size_t>(n), 5);
+    for (std::int64_t t : {1, 3, 17}) {
+      const auto x = randn(static_cast<std::size_t>(k * t), static_cast<unsigned>(100 + t));
+      for (bool exact : {true, false}) {
+        const bool with_bias = t == 3;
+        std::vector<float> y(static_cast<std::size_t>(n * t), std::nanf(""));
+        std::vector<Arg> in{arg(type, {k, n, 1, 1}, const_cast<std::byte*>(w.bytes.data())),
+                            arg(DType::f32, {k, t, 1, 1}, const_cast<float*>(x.data()))};
+        if (with_bias) in.push_back(arg(DType::f32, {n, 1, 1, 1}, const_cast<float*>(bias.data())));
+        OpParams p;
+        p.flags = exact ? kExactActivations : 0;
+        const std::string what = "matmul " + label(type) + " T=" + std::to_string(t) + (exact ? " exact" : "");
+        auto s = run_op(c, Op::matmul, in, {arg(DType::f32, {n, t, 1, 1}, y)}, p);
+        ASSERT_TRUE(s) << what << ": " << s.to_string();
+        check_matmul(type, w, x, t, with_bias ? bias.data() : nullptr, y, exact, what);
+      }
+    }
+  }
+}
+
+TEST_P(ComputeConformance, MatmulTokenResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t k = 512, n = 64, t = 7;
+  for (DType type : kWeightTypes) {
+    if (!c.supports(Op::matmul, type)) continue;
+    const auto w = make_weights(type, k, n, 21);
+    auto x = randn(static_cast<std::size_t>(k * t), 22);
+    for (bool exact : {false, true}) {
+      OpParams p;
+      p.flags = exact ? kExactActivations : 0;
+      std::vector<float> batch(static_cast<std::size_t>(n * t));
+      auto wb = const_cast<std::byte*>(w.bytes.data());
+      ASSERT_TRUE(run_op(c, Op::matmul, {arg(type, {k, n, 1, 1}, wb), arg(DType::f32, {k, t, 1, 1}, x)},
+                         {arg(DType::f32, {n, t, 1, 1}, batch)}, p));
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<float> one(static_cast<std::size_t>(n));
+        ASSERT_TRUE(run_op(c, Op::matmul,
+                           {arg(type, {k, n, 1, 1}, wb), arg(DType::f32, {k, 1, 1, 1}, x.data() + i * k)},
+                           {arg(DType::f32, {n, 1, 1, 1}, one)}, p));
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + i * n, one.size() * sizeof(float)))
+            << "matmul " << label(type) << (exact ? " exact" : "") << ": token " << i
+            << " differs alone and in a batch of 7";
+      }
+      std::vector<float> mid(static_cast<std::size_t>(n * 3));
+      ASSERT_TRUE(run_op(c, Op::matmul, {arg(type, {k, n, 1, 1}, wb), arg(DType::f32, {k, 3, 1, 1}, x.data() + 2 * k)},
+                         {arg(DType::f32, {n, 3, 1, 1}, mid)}, p));
+      EXPECT_EQ(0, std::memcmp(mid.data(), batch.data() + 2 * n, mid.size() * sizeof(float)))
+          << "matmul " << label(type) << ": tokens 2..4 differ in a batch of 3 and of 7";
+    }
+  }
+}
+
+TEST_P(ComputeConformance, ResultsDoNotDependOnThreadCount) {
+  COMPUTE_FIXTURE_WITH(one, (std::map<std::string, std::string>{{"threads", "1"}}));
+  COMPUTE_FIXTURE_WITH(two, (std::map<std::string, std::string>{{"threads", "2"}}));
+  const std::int64_t k = 512, n = 96, t = 7;
+  auto x = randn(static_cast<std::size_t>(k * t), 31);
+  for (DType type : kWeightTypes) {
+    if (!one.supports(Op::matmul, type)) continue;
+    const auto w = make_weights(type, k, n, 32);
+    auto wb = const_cast<std::byte*>(w.bytes.data());
+    std::vector<float> y1(static_cast<std::size_t>(n * t)), y2(y1.size());
+    ASSERT_TRUE(run_op(one, Op::matmul, {arg(type, {k, n, 1, 1}, wb), arg(DType::f32, {k, t, 1, 1}, x)},
+                       {arg(DType::f32, {n, t, 1, 1}, y1)}));
+    ASSERT_TRUE(run_op(two, Op::matmul, {arg(type, {k, n, 1, 1}, wb), arg(DType::f32, {k, t, 1, 1}, x)},
+                       {arg(DType::f32, {n, t, 1, 1}, y2)}));
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "matmul " << label(type);
+  }
+  // Attention over a long cache.
+  const std::int64_t hd = 64, h = 8, kvh = 2, s = 300;
+  auto q = randn(static_cast<std::size_t>(hd * h * t), 33);
+  auto kc = randn(static_cast<std::size_t>(hd * kvh * s), 34);
+  auto vc = randn(static_cast<std::size_t>(hd * kvh * s), 35);
+  OpParams p;
+  p.position = 250;
+  p.scale = 0.125f;
+  std::vector<float> o1(q.size()), o2(q.size());
+  std::vector<Arg> in{arg(DType::f32, {hd, h, t, 1}, q), arg(DType::f32, {hd, kvh, s, 1}, kc),
+                      arg(DType::f32, {hd, kvh, s, 1}, vc)};
+  ASSERT_TRUE(run_op(one, Op::attention, in, {arg(DType::f32, {hd, h, t, 1}, o1)}, p));
+  ASSERT_TRUE(run_op(two, Op::attention, in, {arg(DType::f32, {hd, h, t, 1}, o2)}, p));
+  EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float))) << "attention";
+}
+
+// ------------------------------------------------------------------ expert_ffn
+
+TEST_P(ComputeConformance, ExpertFfnMatchesReferenceAndTheComposedOps) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256, f = 512;
+  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},    {DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q8_0, DType::q8_0}, {DType::q4_0, DType::q4_0, DType::q5_k},
+                             {DType::bf16, DType::f16, DType::q2_k},  {DType::q3_k, DType::q3_k, DType::q4_k}};
+  for (const auto& combo : combos) {
+    if (!c.supports(Op::expert_ffn, combo[0]) || !c.supports(Op::expert_ffn, combo[1]) ||
+        !c.supports(Op::expert_ffn, combo[2])) {
+      continue;
+    }
+    const auto g = make_weights(combo[0], d, f, 41);
+    const auto u = make_weights(combo[1], d, f, 42);
+    const auto dn = make_weights(combo[2], f, d, 43);
+    auto gb = const_cast<std::byte*>(g.bytes.data());
+    auto ub = const_cast<std::byte*>(u.bytes.data());
+    auto db = const_cast<std::byte*>(dn.bytes.data());
+    for (std::int64_t t : {1, 5}) {
+      auto x = randn(static_cast<std::size_t>(d * t), static_cast<unsigned>(44 + t));
+      const auto want = ref::expert_ffn(DType::f32, g.dequant.data(), DType::f32, u.dequant.data(), DType::f32,
+                                        dn.dequant.data(), d, f, x.data(), t);
+      double rms = 0.0;
+      for (double v : want) rms += v * v;
+      rms = std::sqrt(rms / static_cast<double>(want.size()));
+      for (bool exact : {true, false}) {
+        const std::string what = "expert_ffn " + label(combo[0]) + "/" + label(combo[1]) + "/" + label(combo[2]) +
+                                 " T=" + std::to_string(t) + (exact ? " exact" : "");
+        OpParams p;
+        p.flags = exact ? kExactActivations : 0;
+        std::vector<float> y(static_cast<std::size_t>(d * t));
+        auto s = run_op(c, Op::expert_ffn,
+                        {arg(combo[0], {d, f, 1, 1}, gb), arg(combo[1], {d, f, 1, 1}, ub),
+                         arg(combo[2], {f, d, 1, 1}, db), arg(DType::f32, {d, t, 1, 1}, x)},
+                        {arg(DType::f32, {d, t, 1, 1}, y)}, p);
+        ASSERT_TRUE(s) << what << ": " << s.to_string();
+        double err2 = 0.0;
+        for (std::size_t i = 0; i < y.size(); ++i) err2 += (y[i] - want[i]) * (y[i] - want[i]);
+        const double rel = std::sqrt(err2 / static_cast<double>(y.size())) / rms;
+        EXPECT_LT(rel, exact ? 1e-4 : 0.03) << what << ": relative RMS error";
+
+        // The contract: the same numerics as matmul + swiglu + matmul.
+        std::vector<float> gate(static_cast<std::size_t>(f * t)), up(gate.size()), h(gate.size()), y2(y.size());
+        ASSERT_TRUE(run_op(c, Op::matmul, {arg(combo[0], {d, f, 1, 1}, gb), arg(DType::f32, {d, t, 1, 1}, x)},
+                           {arg(DType::f32, {f, t, 1, 1}, gate)}, p));
+        ASSERT_TRUE(run_op(c, Op::matmul, {arg(combo[1], {d, f, 1, 1}, ub), arg(DType::f32, {d, t, 1, 1}, x)},
+                           {arg(DType::f32, {f, t, 1, 1}, up)}, p));
+        ASSERT_TRUE(run_op(c, Op::swiglu, {arg(DType::f32, {f, t, 1, 1}, gate), arg(DType::f32, {f, t, 1, 1}, up)},
+                           {arg(DType::f32, {f, t, 1, 1}, h)}));
+        ASSERT_TRUE(run_op(c, Op::matmul, {arg(combo[2], {f, d, 1, 1}, db), arg(DType::f32, {f, t, 1, 1}, h)},
+                           {arg(DType::f32, {d, t, 1, 1}, y2)}, p));
+        EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)))
+            << what << ": differs from the composed ops";
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ norms, rope
+
+TEST_P(ComputeConformance, RmsNormMatchesReference) {
+  COMPUTE_FIXTURE(c);
+  struct Case {
+    std::int64_t d, rows;
+  };
+  for (const Case cs : {Case{4099, 3}, Case{64, 8 * 3}, Case{1, 1}}) {
+    auto x = randn(static_cast<std::size_t>(cs.d * cs.rows), 51, 3.0f);
+    auto w = randn(static_cast<std::size_t>(cs.d), 52);
+    std::vector<float> y(x.size());
+    OpParams p;
+    p.eps = 1e-6f;
+    ASSERT_TRUE(run_op(c, Op::rms_norm,
+                       {arg(DType::f32, {cs.d, cs.rows, 1, 1}, x), arg(DType::f32, {cs.d, 1, 1, 1}, w)},
+                       {arg(DType::f32, {cs.d, cs.rows, 1, 1}, y)}, p));
+    const auto want = ref::rms_norm(x.data(), cs.d, cs.rows, w.data(), p.eps);
+    Mismatches mm("rms_norm D=" + std::to_string(cs.d));
+    for (std::size_t i = 0; i < y.size(); ++i) mm.check(i, y[i], want[i], 2e-6 * std::fabs(want[i]) + 1e-6);
+  }
+}
+
+TEST_P(ComputeConformance, RopeMatchesReferenceInBothLayouts) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 3, t = 4;
+  std::vector<std::int32_t> pos{0, 1, 77, 4095};
+  auto x = randn(static_cast<std::size_t>(hd * heads * t), 61);
+  for (int rope_dims : {64, 32}) {
+    std::vector<float> inv(static_cast<std::size_t>(rope_dims / 2));
+    for (int i = 0; i < rope_dims / 2; ++i) {
+      inv[static_cast<std::size_t>(i)] = static_cast<float>(std::pow(10000.0, -2.0 * i / rope_dims));
+    }
+    for (bool interleaved : {false, true}) {
+      for (float scale : {1.0f, 0.75f}) {
+        OpParams p;
+        p.rope_dims = rope_dims;
+        p.flags = interleaved ? kRopeInterleaved : 0;
+        p.scale = scale;
+        std::vector<float> y(x.size());
+        const std::string what = "rope dims=" + std::to_string(rope_dims) + (interleaved ? " interleaved" : " neox") +
+                                 " scale=" + std::to_string(scale);
+        ASSERT_TRUE(run_op(c, Op::rope,
+                           {arg(DType::f32, {hd, heads, t, 1}, x), arg(DType::i32, {t, 1, 1, 1}, pos),
+                            arg(DType::f32, {rope_dims / 2, 1, 1, 1}, inv)},
+                           {arg(DType::f32, {hd, heads, t, 1}, y)}, p))
+            << what;
+        const auto want = ref::rope(x.data(), hd, heads, t, pos.data(), inv.data(), rope_dims, interleaved, scale);
+        Mismatches mm(what);
+        for (std::size_t i = 0; i < y.size(); ++i) mm.check(i, y[i], want[i], 1e-5 * (1.0 + std::fabs(want[i])));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ attention
+
+TEST_P(ComputeConformance, AttentionMatchesReferenceWithGqaWindowsAndCacheTypes) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 8, kvh = 2, s = 300;
+  struct Case {
+    std::int64_t t;
+    std::int32_t position, window;
+  };
+  const Case cases[] = {{1, 299, 0}, {3, 130, 0}, {17, 0, 0}, {17, 283, 0}, {3, 200, 50}, {1, 299, 1}};
+  const auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 71);
+  const auto vf = randn(static_cast<std::size_t>(hd * kvh * s), 72);
+  for (DType kv : kKvTypes) {
+    if (!c.supports(Op::attention, kv)) continue;
+    std::vector<std::byte> kb(tensor_bytes(kv, {hd, kvh, s, 1})), vb(kb.size());
+    ASSERT_TRUE(quant::quantize_row(kv, kf.data(), kb.data(), hd * kvh * s));
+    ASSERT_TRUE(quant::quantize_row(kv, vf.data(), vb.data(), hd * kvh * s));
+    const auto kd = ref::dequantize(kv, kb.data(), hd * kvh * s);
+    const auto vd = ref::dequantize(kv, vb.data(), hd * kvh * s);
+    for (const Case& cs : cases) {
+      auto q = randn(static_cast<std::size_t>(hd * heads * cs.t), static_cast<unsigned>(73 + cs.position));
+      OpParams p;
+      p.position = cs.position;
+      p.window = cs.window;
+      p.scale = 0.125f;
+      std::vector<float> o(q.size());
+      const std::string what = "attention kv=" + label(kv) + " T=" + std::to_string(cs.t) +
+                               " position=" + std::to_string(cs.position) + " window=" + std::to_string(cs.window);
+      auto st = run_op(c, Op::attention,
+                       {arg(DType::f32, {hd, heads, cs.t, 1}, q), arg(kv, {hd, kvh, s, 1}, kb.data()),
+                        arg(kv, {hd, kvh, s, 1}, vb.data())},
+                       {arg(DType::f32, {hd, heads, cs.t, 1}, o)}, p);
+      ASSERT_TRUE(st) << what << ": " << st.to_string();
+      const auto want =
+          ref::attention(q.data(), hd, heads, cs.t, kd.data(), vd.data(), kvh, s, cs.position, cs.window, p.scale);
+      Mismatches mm(what);
+      for (std::size_t i = 0; i < o.size(); ++i) mm.check(i, o[i], want[i], 2e-5 + 1e-5 * std::fabs(want[i]));
+    }
+  }
+}
+
+TEST_P(ComputeConformance, AttentionQueryResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 4, kvh = 1, s = 260, t = 7;
+  const std::int32_t pos0 = 200;
+  for (DType kv : kKvTypes) {
+    if (!c.supports(Op::attention, kv)) continue;
+    const auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 81);
+    const auto vf = randn(static_cast<std::size_t>(hd * kvh * s), 82);
+    std::vector<std::byte> kb(tensor_bytes(kv, {hd, kvh, s, 1})), vb(kb.size());
+    ASSERT_TRUE(quant::quantize_row(kv, kf.data(), kb.data(), hd * kvh * s));
+    ASSERT_TRUE(quant::quantize_row(kv, vf.data(), vb.data(), hd * kvh * s));
+    auto q = randn(static_cast<std::size_t>(hd * heads * t), 83);
+    for (std::int32_t window : {0, 40}) {
+      OpParams p;
+      p.position = pos0;
+      p.window = window;
+      p.scale = 0.125f;
+      std::vector<float> batch(q.size());
+      ASSERT_TRUE(run_op(c, Op::attention,
+                         {arg(DType::f32, {hd, heads, t, 1}, q), arg(kv, {hd, kvh, s, 1}, kb.data()),
+                          arg(kv, {hd, kvh, s, 1}, vb.data())},
+                         {arg(DType::f32, {hd, heads, t, 1}, batch)}, p));
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<float> one(static_cast<std::size_t>(hd * heads));
+        OpParams pi = p;
+        pi.position = pos0 + static_cast<std::int32_t>(i);
+        ASSERT_TRUE(run_op(c, Op::attention,
+                           {arg(DType::f32, {hd, heads, 1, 1}, q.data() + i * hd * heads),
+                            arg(kv, {hd, kvh, s, 1}, kb.data()), arg(kv, {hd, kvh, s, 1}, vb.data())},
+                           {arg(DType::f32, {hd, heads, 1, 1}, one)}, pi));
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + i * hd * heads, one.size() * sizeof(float)))
+            << "attention kv=" << label(kv) << " window=" << window << ": query " << i
+            << " differs alone and in a batch of 7";
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ elementwise
+
+TEST_P(ComputeConformance, ElementwiseOpsMatchReference) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 1001, t = 3;
+  const std::size_t n = static_cast<std::size_t>(d * t);
+  auto a = randn(n, 91, 4.0f);
+  auto b = randn(n, 92, 2.0f);
+  const Ne ne{d, t, 1, 1};
+  {
+    std::vector<float> y(n);
+    ASSERT_TRUE(run_op(c, Op::swiglu, {arg(DType::f32, ne, a), arg(DType::f32, ne, b)}, {arg(DType::f32, ne, y)}));
+    Mismatches mm("swiglu");
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = ref::silu(a[i]) * b[i];
+      mm.check(i, y[i], want, 1e-6 * std::fabs(want) + 1e-7);
+    }
+  }
+  {
+    std::vector<float> y(n);
+    ASSERT_TRUE(run_op(c, Op::add, {arg(DType::f32, ne, a), arg(DType::f32, ne, b)}, {arg(DType::f32, ne, y)}));
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] + b[i]) << "add at " << i;
+  }
+  {
+    std::vector<float> y(n);
+    ASSERT_TRUE(run_op(c, Op::sigmoid, {arg(DType::f32, ne, a)}, {arg(DType::f32, ne, y)}));
+    Mismatches mm("sigmoid");
+    for (std::size_t i = 0; i < n; ++i) mm.check(i, y[i], ref::sigmoid(a[i]), 1e-6 * ref::sigmoid(a[i]) + 1e-7);
+  }
+  {
+    std::vector<float> w{0.5f, -1.25f, 2.0f};
+    std::vector<float> y = b;  // accumulates in place
+    ASSERT_TRUE(
+        run_op(c, Op::scale_add, {arg(DType::f32, ne, a), arg(DType::f32, {t, 1, 1, 1}, w)}, {arg(DType::f32, ne, y)}));
+    Mismatches mm("scale_add");
+    for (std::size_t i = 0; i < n; ++i) {
+      const double want = b[i] + static_cast<double>(w[i / static_cast<std::size_t>(d)]) * a[i];
+      mm.check(i, y[i], want, 1e-6 * std::fabs(want) + 1e-6);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ routing, embedding
+
+TEST_P(ComputeConformance, TopkRoutingMatchesReferenceAndBreaksTiesByLowerId) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t e = 8, t = 6;
+  auto logits = randn(static_cast<std::size_t>(e * t), 101, 2.0f);
+  // Token 5: a four-way tie at the top.
+  const float tie[] = {1.0f, 3.0f, 3.0f, 0.0f, 3.0f, -1.0f, 2.0f, 3.0f};
+  std::copy(tie, tie + e, logits.begin() + 5 * e);
+  const int flag_sets[] = {kRoutingSoftmax | kRoutingRenormalize, kRoutingSoftmax, kRoutingSigmoid,
+                           kRoutingSigmoid | kRoutingRenormalize, 0};
+  for (int flags : flag_sets) {
+    for (int k : {1, 2, 3}) {
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(k * t), -1);
+      std::vector<float> w(ids.size());
+      OpParams p;
+      p.top_k = k;
+      p.flags = flags;
+      const std::string what = "topk flags=" + std::to_string(flags) + " k=" + std::to_string(k);
+      ASSERT_TRUE(run_op(c, Op::topk_routing, {arg(DType::f32, {e, t, 1, 1}, logits)},
+                         {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p))
+          << what;
+      const auto want = ref::topk_routing(logits.data(), e, t, k, flags);
+      EXPECT_EQ(ids, want.ids) << what;
+      Mismatches mm(what);
+      for (std::size_t i = 0; i < w.size(); ++i)
+        mm.check(i, w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7);
+      for (int j = 0; j < std::min(k, 3); ++j) {
+        EXPECT_EQ(ids[static_cast<std::size_t>(5 * k + j)], (std::array<int, 3>{1, 2, 4}[static_cast<std::size_t>(j)]))
+            << what << ": ties go to the lower expert id";
+      }
+    }
+  }
+}
+
+TEST_P(ComputeConformance, EmbeddingDequantizesTheRequestedRows) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256, v = 9;
+  std::vector<std::int32_t> ids{8, 0, 3, 3};
+  const auto t = static_cast<std::int64_t>(ids.size());
+  for (DType type : kWeightTypes) {
+    if (!c.supports(Op::embedding, type)) continue;
+    const auto table = make_weights(type, d, v, 111, 1.0f);
+    std::vector<float> y(static_cast<std::size_t>(d * t));
+    ASSERT_TRUE(run_op(
+        c, Op::embedding,
+        {arg(type, {d, v, 1, 1}, const_cast<std::byte*>(table.bytes.data())), arg(DType::i32, {t, 1, 1, 1}, ids)},
+        {arg(DType::f32, {d, t, 1, 1}, y)}))
+        << label(type);
+    Mismatches mm("embedding " + label(type));
+    for (std::int64_t i = 0; i < t; ++i) {
+      for (std::int64_t j = 0; j < d; ++j) {
+        const float want = table.dequant[static_cast<std::size_t>(ids[static_cast<std::size_t>(i)] * d + j)];
+        mm.check(static_cast<std::size_t>(i * d + j), y[static_cast<std::size_t>(i * d + j)], want,
+                 1e-6 * std::fabs(want));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ errors
+
+TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {
+  COMPUTE_FIXTURE(c);
+  std::vector<float> big(1 << 16, 0.5f);
+  std::vector<std::int32_t> ids{0, 1, 99};
+  auto expect_error = [&](const std::string& what, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (!s.is_ok()) {
+      EXPECT_FALSE(s.message().empty()) << what;
+    }
+  };
+  const auto w = make_weights(DType::f32, 512, 8, 121);
+  auto wb = const_cast<std::byte*>(w.bytes.data());
+  expect_error("matmul with K mismatch",
+               run_op(c, Op::matmul, {arg(DType::f32, {512, 8, 1, 1}, wb), arg(DType::f32, {256, 1, 1, 1}, big)},
+                      {arg(DType::f32, {8, 1, 1, 1}, big)}));
+  expect_error("matmul with a wrong output shape",
+               run_op(c, Op::matmul, {arg(DType::f32, {512, 8, 1, 1}, wb), arg(DType::f32, {512, 2, 1, 1}, big)},
+                      {arg(DType::f32, {8, 1, 1, 1}, big)}));
+  expect_error("matmul with a bias of the wrong length",
+               run_op(c, Op::matmul,
+                      {arg(DType::f32, {512, 8, 1, 1}, wb), arg(DType::f32, {512, 1, 1, 1}, big),
+                       arg(DType::f32, {7, 1, 1, 1}, big)},
+                      {arg(DType::f32, {8, 1, 1, 1}, big)}));
+  expect_error("matmul with one input",
+               run_op(c, Op::matmul, {arg(DType::f32, {512, 8, 1, 1}, wb)}, {arg(DType::f32, {8, 1, 1, 1}, big)}));
+  expect_error("matmul with f32 activations declared as f16",
+               run_op(c, Op::matmul, {arg(DType::f32, {512, 8, 1, 1}, wb), arg(DType::f16, {512, 1, 1, 1}, big)},
+                      {arg(DType::f32, {8, 1, 1, 1}, big)}));
+  for (DType unsupported : {DType::q4_1, DType::i32, DType::q8_k}) {
+    if (c.supports(Op::matmul, unsupported)) continue;
+    expect_error("matmul with unsupported weights " + label(unsupported),
+                 run_op(c, Op::matmul, {arg(unsupported, {256, 2, 1, 1}, big), arg(DType::f32, {256, 1, 1, 1}, big)},
+                        {arg(DType::f32, {2, 1, 1, 1}, big)}));
+  }
+  {
+    Tensor wt{DType::q4_k, {100, 4, 1, 1}, big.data()};  // 100 is not a whole number of 256-blocks
+    Tensor xt{DType::f32, {100, 1, 1, 1}, big.data()};
+    Tensor yt{DType::f32, {4, 1, 1, 1}, big.data()};
+    Tensor in[] = {wt, xt};
+    expect_error("matmul q4_k with K = 100", c.run(OpCall{Op::matmul, in, std::span<Tensor>(&yt, 1), {}}));
+    Tensor nul{DType::f32, {4, 1, 1, 1}, nullptr};
+    Tensor in2[] = {Tensor{DType::f32, {4, 4, 1, 1}, big.data()}, Tensor{DType::f32, {4, 1, 1, 1}, big.data()}};
+    expect_error("matmul into a tensor without data", c.run(OpCall{Op::matmul, in2, std::span<Tensor>(&nul, 1), {}}));
+    expect_error("an unknown op", c.run(OpCall{Op::count_, in2, std::span<Tensor>(&yt, 1), {}}));
+  }
+  {
+    OpParams p;
+    p.position = 10;
+    p.scale = 0.1f;
+    expect_error("attention past the end of the KV cache",
+                 run_op(c, Op::attention,
+                        {arg(DType::f32, {64, 2, 3, 1}, big), arg(DType::f32, {64, 1, 12, 1}, big),
+                         arg(DType::f32, {64, 1, 12, 1}, big)},
+                        {arg(DType::f32, {64, 2, 3, 1}, big)}, p));
+    expect_error("attention with heads not a multiple of kv heads",
+                 run_op(c, Op::attention,
+                        {arg(DType::f32, {64, 3, 1, 1}, big), arg(DType::f32, {64, 2, 12, 1}, big),
+                         arg(DType::f32, {64, 2, 12, 1}, big)},
+                        {arg(DType::f32, {64, 3, 1, 1}, big)}, OpParams{}));
+  }
+  {
+    const auto table = make_weights(DType::f32, 16, 10, 122);
+    expect_error("embedding with an id outside the vocabulary",
+                 run_op(c, Op::embedding,
+                        {arg(DType::f32, {16, 10, 1, 1}, const_cast<std::byte*>(table.bytes.data())),
+                         arg(DType::i32, {3, 1, 1, 1}, ids)},
+                        {arg(DType::f32, {16, 3, 1, 1}, big)}));
+  }
+  {
+    OpParams p;
+    p.top_k = 9;
+    std::vector<std::int32_t> out_ids(9);
+    expect_error("topk with k > experts",
+                 run_op(c, Op::topk_routing, {arg(DType::f32, {8, 1, 1, 1}, big)},
+                        {arg(DType::i32, {9, 1, 1, 1}, out_ids), arg(DType::f32, {9, 1, 1, 1}, big)}, p));
+  }
+  expect_error("add of different shapes",
+               run_op(c, Op::add, {arg(DType::f32, {10, 2, 1, 1}, big), arg(DType::f32, {10, 3, 1, 1}, big)},
+                      {arg(DType::f32, {10, 2, 1, 1}, big)}));
+  {
+    OpParams p;
+    p.rope_dims = 65;
+    std::vector<std::int32_t> pos{0};
+    expect_error("rope with odd rope_dims",
+                 run_op(c, Op::rope,
+                        {arg(DType::f32, {64, 1, 1, 1}, big), arg(DType::i32, {1, 1, 1, 1}, pos),
+                         arg(DType::f32, {32, 1, 1, 1}, big)},
+                        {arg(DType::f32, {64, 1, 1, 1}, big)}, p));
+  }
+}
+
+}  // namespace colibri::sdk::testing

@@ -1,0 +1,164 @@
+#include "colibri/sdk/testing/reference_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/compute.hpp"
+
+namespace colibri::sdk::testing::ref {
+
+std::vector<float> dequantize(DType type, const void* data, std::int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  auto s = quant::dequantize_row(type, data, out.data(), n, quant::Isa::scalar);
+  if (!s) throw std::invalid_argument("reference dequantize: " + s.to_string());
+  return out;
+}
+
+std::vector<double> matmul(DType type, const void* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
+                           const float* bias) {
+  const std::size_t rb = row_bytes(type, k);
+  std::vector<double> y(static_cast<std::size_t>(n * t));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto row = dequantize(type, static_cast<const std::byte*>(w) + static_cast<std::size_t>(r) * rb, k);
+    for (std::int64_t i = 0; i < t; ++i) {
+      double s = 0.0;
+      for (std::int64_t j = 0; j < k; ++j) s += static_cast<double>(row[static_cast<std::size_t>(j)]) * x[i * k + j];
+      y[static_cast<std::size_t>(i * n + r)] = s + (bias != nullptr ? bias[r] : 0.0);
+    }
+  }
+  return y;
+}
+
+double silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type, const void* up, DType down_type,
+                               const void* down, std::int64_t d, std::int64_t f, const float* x, std::int64_t t) {
+  const auto g = matmul(gate_type, gate, d, f, x, t);
+  const auto u = matmul(up_type, up, d, f, x, t);
+  const std::size_t rb = row_bytes(down_type, f);
+  std::vector<double> y(static_cast<std::size_t>(d * t));
+  for (std::int64_t r = 0; r < d; ++r) {
+    const auto row = dequantize(down_type, static_cast<const std::byte*>(down) + static_cast<std::size_t>(r) * rb, f);
+    for (std::int64_t i = 0; i < t; ++i) {
+      double s = 0.0;
+      for (std::int64_t j = 0; j < f; ++j) {
+        const auto idx = static_cast<std::size_t>(i * f + j);
+        s += static_cast<double>(row[static_cast<std::size_t>(j)]) * (silu(g[idx]) * u[idx]);
+      }
+      y[static_cast<std::size_t>(i * d + r)] = s;
+    }
+  }
+  return y;
+}
+
+std::vector<double> rms_norm(const float* x, std::int64_t d, std::int64_t rows, const float* w, float eps) {
+  std::vector<double> y(static_cast<std::size_t>(d * rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (std::int64_t j = 0; j < d; ++j) ss += static_cast<double>(x[r * d + j]) * x[r * d + j];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + eps);
+    for (std::int64_t j = 0; j < d; ++j) y[static_cast<std::size_t>(r * d + j)] = x[r * d + j] * inv * w[j];
+  }
+  return y;
+}
+
+std::vector<double> rope(const float* x, std::int64_t head_dim, std::int64_t heads, std::int64_t t,
+                         const std::int32_t* positions, const float* inv_freq, int rope_dims, bool interleaved,
+                         float scale) {
+  std::vector<double> y(x, x + head_dim * heads * t);
+  const int half = rope_dims / 2;
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t base = (i * heads + h) * head_dim;
+      for (int j = 0; j < half; ++j) {
+        const float theta = static_cast<float>(positions[i]) * inv_freq[j];
+        const double c = std::cos(static_cast<double>(theta)) * scale;
+        const double s = std::sin(static_cast<double>(theta)) * scale;
+        const std::int64_t a = interleaved ? 2 * j : j;
+        const std::int64_t b = interleaved ? a + 1 : a + half;
+        const double x0 = x[base + a], x1 = x[base + b];
+        y[static_cast<std::size_t>(base + a)] = x0 * c - x1 * s;
+        y[static_cast<std::size_t>(base + b)] = x0 * s + x1 * c;
+      }
+    }
+  }
+  return y;
+}
+
+std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_t heads, std::int64_t t, const float* k,
+                              const float* v, std::int64_t kv_heads, std::int64_t s, std::int32_t position,
+                              std::int32_t window, float scale) {
+  (void)s;
+  std::vector<double> o(static_cast<std::size_t>(head_dim * heads * t));
+  const std::int64_t group = heads / kv_heads;
+  for (std::int64_t i = 0; i < t; ++i) {
+    const std::int64_t p = position + i;
+    const std::int64_t lo = window > 0 ? std::max<std::int64_t>(0, p - window + 1) : 0;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t kvh = h / group;
+      const float* qr = q + (i * heads + h) * head_dim;
+      std::vector<double> sc;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::int64_t j = lo; j <= p; ++j) {
+        const float* kr = k + (j * kv_heads + kvh) * head_dim;
+        double d = 0.0;
+        for (std::int64_t e = 0; e < head_dim; ++e) d += static_cast<double>(qr[e]) * kr[e];
+        sc.push_back(d * scale);
+        mx = std::max(mx, sc.back());
+      }
+      double sum = 0.0;
+      for (auto& e : sc) sum += (e = std::exp(e - mx));
+      double* orow = o.data() + (i * heads + h) * head_dim;
+      for (std::int64_t j = lo; j <= p; ++j) {
+        const float* vr = v + (j * kv_heads + kvh) * head_dim;
+        const double pj = sc[static_cast<std::size_t>(j - lo)] / sum;
+        for (std::int64_t e = 0; e < head_dim; ++e) orow[e] += pj * vr[e];
+      }
+    }
+  }
+  return o;
+}
+
+Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags) {
+  Routing r;
+  for (std::int64_t i = 0; i < t; ++i) {
+    const float* x = logits + i * experts;
+    std::vector<double> score(static_cast<std::size_t>(experts));
+    if (flags & kRoutingSoftmax) {
+      const double mx = *std::max_element(x, x + experts);
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < experts; ++j) sum += (score[static_cast<std::size_t>(j)] = std::exp(x[j] - mx));
+      for (auto& s : score) s /= sum;
+    } else if (flags & kRoutingSigmoid) {
+      for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = sigmoid(x[j]);
+    } else {
+      for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = x[j];
+    }
+    std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      return score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)];
+    });
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t id = order[static_cast<std::size_t>(j)];
+      r.ids.push_back(id);
+      const double s = score[static_cast<std::size_t>(id)];
+      r.weights.push_back((flags & kRoutingRenormalize) ? s / sum : s);
+    }
+  }
+  return r;
+}
+
+}  // namespace colibri::sdk::testing::ref
