@@ -1,7 +1,9 @@
 // Bad input gets clear errors; invalid UTF-8, long inputs and streaming behave as documented.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "tokenizer/utf8.hpp"
@@ -134,14 +136,7 @@ TEST(Utf8, LossyConversionFollowsMaximalSubparts) {
 
 class ShippedTokenizer : public ::testing::TestWithParam<std::string> {
  protected:
-  std::optional<Tokenizer> load_shipped() {
-    const auto dir = test::tokenizer_dir(GetParam());
-    if (!dir) return std::nullopt;
-    auto tok = Tokenizer::from_file(*dir);
-    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
-    if (!tok) return std::nullopt;
-    return *tok;
-  }
+  const Tokenizer* load_shipped() { return test::shipped_tokenizer(GetParam()); }
 };
 
 TEST_P(ShippedTokenizer, InvalidUtf8IsEncodedAsReplacementCharacter) {
@@ -202,6 +197,39 @@ INSTANTIATE_TEST_SUITE_P(All, ShippedTokenizer,
                          ::testing::Values("mixtral", "llama2", "mistral_nemo", "qwen3", "llama3", "deepseek_v3",
                                            "gptoss"),
                          [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace colibri::tokenizer
+
+namespace colibri::tokenizer {
+namespace {
+
+// One Tokenizer shared by threads (the engine and server do this): same ids as a single thread.
+TEST(Concurrency, SharedTokenizerEncodesIdentically) {
+  const Tokenizer* tok = test::shipped_tokenizer("qwen3");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("qwen3");
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back("line " + std::to_string(i * 7919) + ": Hello 世界 don't " +
+                    std::string(static_cast<std::size_t>(i % 9), ' ') + "x");
+  }
+  std::vector<std::vector<TokenId>> expected;
+  for (const auto& t : texts) expected.push_back(tok->encode(t));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (std::size_t i = 0; i < texts.size(); ++i) {
+          const std::size_t k = (i + static_cast<std::size_t>(t) * 31) % texts.size();
+          if (tok->encode(texts[k]) != expected[k]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 }  // namespace
 }  // namespace colibri::tokenizer

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+#include "colibri/tokenizer/tokenizer.hpp"
+
 namespace colibri::test {
 
 inline std::filesystem::path source_dir() {
@@ -47,6 +49,20 @@ inline std::string read_text(const std::filesystem::path& p) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Loads a shipped tokenizer once per test binary (the large ones take a second to parse); nullptr when absent.
+inline const tokenizer::Tokenizer* shipped_tokenizer(const std::string& name) {
+  static std::map<std::string, std::optional<tokenizer::Tokenizer>> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    std::optional<tokenizer::Tokenizer> loaded;
+    if (const auto dir = tokenizer_dir(name)) {
+      if (auto tok = tokenizer::Tokenizer::from_file(*dir)) loaded = std::move(*tok);
+    }
+    it = cache.emplace(name, std::move(loaded)).first;
+  }
+  return it->second ? &*it->second : nullptr;
 }
 
 }  // namespace colibri::test
