@@ -1,0 +1,251 @@
+// storage/stripe: expert files spread over several directories (disks), each directory with its
+// own reader threads so the disks work in parallel, and mirror copies as a fallback.
+//
+// Placement lookup. The directories are, in order: where the opened path itself is (the model
+// directory), then every entry of `paths`. A file's path relative to the model is
+//   - the part after `model_dir` when that option is set and the path lies under it,
+//   - else the part from the last `experts` component on (experts/L007/E003.bin),
+//   - else the file name,
+// and it is looked up under each directory in that order. The first directory holding it is the
+// primary copy, whose threads serve the file's reads; every later one is a mirror. A failed read
+// (I/O error, short read of a truncated copy) is retried on the mirrors in order, and when one
+// succeeds the caller gets the data and the host log a warning naming the failed copy.
+#include <filesystem>
+
+#include "posix_read.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+namespace sc = colibri::plugins::storage_common;
+namespace fs = std::filesystem;
+
+struct Copy {
+  std::size_t member = 0;  // index into the directories
+  std::unique_ptr<sc::PosixFile> file;
+  std::atomic<bool> warned{false};  // one warning per failing copy, not one per read
+};
+
+class StripeFile final : public StorageFile {
+ public:
+  StripeFile(std::string path, std::vector<std::unique_ptr<Copy>> copies)
+      : path_(std::move(path)), copies_(std::move(copies)) {}
+  std::uint64_t size() const noexcept override { return copies_.front()->file->size(); }
+  const std::string& path() const noexcept override { return path_; }
+  bool direct_io() const noexcept override { return copies_.front()->file->direct_io(); }
+  std::vector<std::unique_ptr<Copy>>& copies() noexcept { return copies_; }
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<Copy>> copies_;  // primary first
+};
+
+// The path of `path` relative to the model (see the header comment).
+fs::path relative_to_model(const fs::path& path, const fs::path& model_dir) {
+  if (!model_dir.empty()) {
+    const fs::path rel = path.lexically_normal().lexically_relative(model_dir.lexically_normal());
+    if (!rel.empty() && *rel.begin() != "..") return rel;
+  }
+  std::vector<fs::path> parts(path.begin(), path.end());
+  for (std::size_t i = parts.size(); i-- > 0;) {
+    if (parts[i] == "experts" && i + 1 < parts.size()) {
+      fs::path rel;
+      for (std::size_t j = i; j < parts.size(); ++j) rel /= parts[j];
+      return rel;
+    }
+  }
+  return path.filename();
+}
+
+class StripeStorage final : public StorageBase {
+ public:
+  static Expected<std::unique_ptr<StripeStorage>> create(const CreateContext& ctx) {
+    const ConfigView& c = *ctx.config;
+    auto direct = c.get_bool("direct_io", true);
+    if (!direct) return direct.error();
+    auto depth = c.get_int("queue_depth", 32);
+    if (!depth) return depth.error();
+    auto threads = c.get_int("threads_per_path", 0);
+    if (!threads) return threads.error();
+    if (*threads < 0 || *threads > 256) {
+      return Status(StatusCode::invalid_argument, "storage.threads_per_path must be 0 (auto) or 1..256");
+    }
+    auto model_dir = c.get_string("model_dir", "");
+    if (!model_dir) return model_dir.error();
+    std::vector<std::string> paths;
+    if (c.contains("paths")) {
+      auto p = c.get_string_list("paths");
+      if (!p) return p.error();
+      paths = *p;
+    }
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      std::error_code ec;
+      if (paths[i].empty() || !fs::is_directory(paths[i], ec)) {
+        return Status(StatusCode::invalid_argument,
+                      "storage.paths[" + std::to_string(i) + "] '" + paths[i] +
+                          "' is not a directory; list the directories that hold expert files (or their mirrors)");
+      }
+    }
+    // auto: the queue depth shared out over the disks, 1..8 threads each.
+    const std::int64_t per =
+        *threads > 0 ? *threads : std::clamp<std::int64_t>(*depth / static_cast<std::int64_t>(paths.size() + 1), 1, 8);
+    return std::make_unique<StripeStorage>(*ctx.host, *direct, static_cast<int>(per), std::move(paths), *model_dir);
+  }
+
+  StripeStorage(HostServices& host, bool direct, int threads, std::vector<std::string> paths, std::string model_dir)
+      : host_(host), direct_(direct), threads_(threads), model_dir_(std::move(model_dir)) {
+    dirs_.push_back("");  // the model directory: wherever the opened path is
+    for (auto& p : paths) dirs_.push_back(std::move(p));
+    for (std::size_t i = 0; i < dirs_.size(); ++i) {
+      queues_.push_back(std::make_unique<sc::ReadQueue>(threads, [this](ReadRequest& r) { return read_request(r); }));
+    }
+  }
+
+  ~StripeStorage() override { queues_.clear(); }  // workers stop before the members they use go away
+
+  Expected<std::unique_ptr<StorageFile>> open(const std::string& path) noexcept override {
+    try {
+      const fs::path rel = relative_to_model(path, model_dir_);
+      std::vector<std::unique_ptr<Copy>> copies;
+      Status first_error;
+      std::string looked;
+      for (std::size_t m = 0; m < dirs_.size(); ++m) {
+        const std::string candidate = m == 0 ? path : (fs::path(dirs_[m]) / rel).string();
+        looked += (looked.empty() ? "" : ", ") + candidate;
+        auto f = sc::open_posix(candidate, direct_, host_, warned_direct_);
+        if (!f) {
+          if (f.error().code() != StatusCode::not_found && first_error.is_ok()) first_error = f.error();
+          continue;
+        }
+        if (!copies.empty() && (*f)->size() != copies.front()->file->size()) {
+          host_.warn("mirror " + candidate + " is " + std::to_string((*f)->size()) + " bytes but " +
+                     copies.front()->file->path() + " is " + std::to_string(copies.front()->file->size()) +
+                     "; not using it as a mirror (re-copy it)");
+          continue;
+        }
+        auto copy = std::make_unique<Copy>();
+        copy->member = m;
+        copy->file = std::move(*f);
+        copies.push_back(std::move(copy));
+      }
+      if (copies.empty()) {
+        if (!first_error.is_ok()) return first_error;
+        return Status(StatusCode::not_found, "cannot open " + path + ": " + rel.string() +
+                                                 " is in none of the stripe directories (looked at " + looked + ")");
+      }
+      return std::unique_ptr<StorageFile>(new StripeFile(path, std::move(copies)));
+    } catch (...) {
+      return Status(StatusCode::out_of_memory, "opening " + path);
+    }
+  }
+
+  void finished_one() noexcept {
+    std::lock_guard lock(mu_);
+    if (--outstanding_ == 0) idle_cv_.notify_all();
+  }
+
+  Status read(StorageFile& file, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
+    auto& f = static_cast<StripeFile&>(file);
+    if (!sc::in_range(f, offset, dst.size())) return sc::range_error(f, offset, dst.size());
+    auto& copies = f.copies();
+    Status first = sc::read_posix(*copies.front()->file, offset, dst);
+    if (first) {
+      host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
+      return first;
+    }
+    for (std::size_t i = 1; i < copies.size(); ++i) {
+      Status st = sc::read_posix(*copies[i]->file, offset, dst);
+      if (!st) continue;
+      host_.counter_add("mirror_fallbacks_total", 1);
+      host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
+      if (!copies.front()->warned.exchange(true)) {
+        host_.warn(first.to_string() + "; served from the mirror " + copies[i]->file->path() +
+                   " (further failures of this copy are not logged; check the disk or re-copy the file)");
+      }
+      return st;
+    }
+    host_.counter_add("read_errors_total", 1);
+    if (copies.size() > 1)
+      return first.with_context("every copy failed (" + std::to_string(copies.size()) + " copies)");
+    return first;
+  }
+
+  void read_batch(std::span<ReadRequest> requests) noexcept override { sc::batch_via_submit(*this, requests); }
+
+  // Each file's reads go to the threads of the directory holding its primary copy.
+  Status submit(ReadRequest request, ReadCallback done) noexcept override {
+    if (!done) return Status(StatusCode::invalid_argument, "submit() needs a completion callback");
+    const std::size_t member =
+        request.file == nullptr ? 0 : static_cast<StripeFile*>(request.file)->copies().front()->member;
+    {
+      std::lock_guard lock(mu_);
+      ++outstanding_;
+    }
+    // Counted across directories, so drain() also waits for reads a callback submits elsewhere.
+    Status st;
+    try {
+      st = queues_[member]->submit(request, [this, done = std::move(done)](ReadRequest& r) {
+        done(r);
+        finished_one();
+      });
+    } catch (...) {
+      st = Status(StatusCode::out_of_memory, "queueing a read");
+    }
+    if (!st) finished_one();
+    return st;
+  }
+
+  void drain() noexcept override {
+    std::unique_lock lock(mu_);
+    idle_cv_.wait(lock, [this] { return outstanding_ == 0; });
+  }
+
+  StorageCapabilities capabilities() const noexcept override {
+    StorageCapabilities c;
+    c.direct_io = direct_;
+    c.async = true;
+    c.queue_depth = static_cast<std::uint32_t>(threads_ * static_cast<int>(dirs_.size()));
+    c.alignment = sc::kDirectAlignment;
+    return c;
+  }
+
+ private:
+  HostServices& host_;
+  bool direct_;
+  int threads_;
+  std::string model_dir_;
+  std::vector<std::string> dirs_;
+  std::atomic<bool> warned_direct_{false};
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::size_t outstanding_ = 0;
+  std::vector<std::unique_ptr<sc::ReadQueue>> queues_;  // one per directory
+};
+
+Score score(const HostInfo&) noexcept {
+  return {40, "spreads experts over storage.paths; worth it with several disks (name it in the profile)"};
+}
+
+const OptionSpec kOptions[] = {
+    {"threads_per_path", OptionType::integer, "0",
+     "reader threads per directory (0: queue_depth shared over the directories, 1..8 each)"},
+    {"model_dir", OptionType::string, "",
+     "the model directory relative paths are taken from (empty: from the last 'experts' component)"},
+};
+const char* const kCapabilities[] = {"direct_io", "async", "priorities", "multi_path", "mirror_fallback"};
+
+const PluginDescriptor kDescriptor{
+    make_plugin_header(),
+    PluginKind::storage,
+    "stripe",
+    "1.0.0",
+    "experts spread over several directories, a queue per disk, mirror fallback",
+    kOptions,
+    kCapabilities,
+    &score,
+    &create_guarded<StripeStorage>,
+};
+
+}  // namespace
+
+COLIBRI_DEFINE_PLUGIN(kDescriptor)
