@@ -1,0 +1,141 @@
+// colibri-cli logits --model M --tokens 1,2,3 --out FILE.npy [--trace FILE.jsonl]
+// Float32 logits of every position as a NumPy .npy [tokens x vocab]; the routing trace as JSONL.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "engine_cli.hpp"
+
+namespace colibri::cli {
+namespace {
+
+struct LogitsOptions {
+  EngineCliOptions engine;
+  std::string tokens;
+  std::string prompt;
+  std::string out;
+  std::string trace;
+};
+
+// Writes via a temporary file and a rename, so a failed run never leaves a half-written file.
+bool write_atomically(const std::filesystem::path& path, const std::function<bool(std::ofstream&)>& body,
+                      std::string& error) {
+  const auto tmp = path.string() + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) {
+      error = "cannot write " + path.string() + ": " + std::strerror(errno);
+      return false;
+    }
+    if (!body(f) || !f.flush()) {
+      error = "writing " + path.string() + " failed: " + std::strerror(errno);
+      std::filesystem::remove(tmp);
+      return false;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    error = "cannot rename " + tmp + " to " + path.string() + ": " + ec.message();
+    std::filesystem::remove(tmp);
+    return false;
+  }
+  return true;
+}
+
+int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
+  if (o.tokens.empty() == o.prompt.empty()) return fail("give exactly one of --tokens and --prompt");
+  std::vector<std::int32_t> ids;
+  if (!o.tokens.empty()) {
+    std::stringstream ss(o.tokens);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        std::size_t used = 0;
+        const long long v = std::stoll(item, &used);
+        if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument(item);
+        ids.push_back(static_cast<std::int32_t>(v));
+      } catch (const std::exception&) {
+        return fail("--tokens: '" + item + "' is not a token id (write --tokens 1,2,3)");
+      }
+    }
+    if (ids.empty()) return fail("--tokens lists no token ids");
+  }
+  auto engine = open_engine(global, o.engine);
+  if (!engine) return 1;
+  if (!o.prompt.empty()) {
+    auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
+    if (!tok) return fail(tok.error().message());
+    ids = tok->encode(o.prompt, true);
+    if (ids.empty()) return fail("--prompt encodes to no tokens");
+  }
+  std::vector<float> logits;
+  std::vector<engine::RoutingRecord> trace;
+  if (auto s = engine->forward(ids, engine::LogitsWanted::all, logits, o.trace.empty() ? nullptr : &trace); !s) {
+    return fail(s.message());
+  }
+  const auto V = engine->vocab_size();
+  std::string error;
+  const bool ok = write_atomically(
+      o.out,
+      [&](std::ofstream& f) {
+        std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(ids.size()) + ", " +
+                             std::to_string(V) + "), }";
+        const std::size_t unpadded = 10 + header.size() + 1;
+        header.append((64 - unpadded % 64) % 64, ' ');
+        header.push_back('\n');
+        const auto len = static_cast<std::uint16_t>(header.size());
+        f.write("\x93NUMPY\x01\x00", 8);
+        const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
+        f.write(len_bytes, 2);
+        f.write(header.data(), static_cast<std::streamsize>(header.size()));
+        f.write(reinterpret_cast<const char*>(logits.data()),
+                static_cast<std::streamsize>(logits.size() * sizeof(float)));
+        return static_cast<bool>(f);
+      },
+      error);
+  if (!ok) return fail(error);
+  if (!o.trace.empty()) {
+    const bool ok_trace = write_atomically(
+        o.trace,
+        [&](std::ofstream& f) {
+          for (const auto& r : trace) {
+            nlohmann::json j = {{"position", r.position},
+                                {"token", ids[static_cast<std::size_t>(r.position)]},
+                                {"layer", r.layer},
+                                {"experts", r.experts},
+                                {"weights", r.weights}};
+            f << j.dump() << "\n";
+          }
+          return static_cast<bool>(f);
+        },
+        error);
+    if (!ok_trace) return fail(error);
+  }
+  std::cerr << "wrote " << ids.size() << " x " << V << " logits to " << o.out << "\n";
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<LogitsOptions>();
+  auto* cmd = app.add_subcommand("logits", "Run tokens through the model and save the logits of every position (.npy)");
+  add_engine_options(*cmd, o->engine, global);
+  cmd->add_option("--tokens", o->tokens, "Comma-separated token ids, e.g. 1,2,3");
+  cmd->add_option("--prompt", o->prompt, "Text to tokenize instead of --tokens (special tokens added)");
+  cmd->add_option("--out,-o", o->out, "Output .npy file: float32 [tokens x vocab]")->required();
+  cmd->add_option("--trace", o->trace, "JSONL file: per token and sparse layer, expert ids and weights");
+  cmd->callback([&global, o] { global.exit_code = run_logits(global, *o); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(40, setup);
+
+}  // namespace colibri::cli

@@ -1,0 +1,97 @@
+// Options shared by the commands that run a model (logits, run, chat, perplexity, bench) and the code that turns
+// them into an Engine.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "colibri/engine/engine.hpp"
+#include "colibri/engine/sampler.hpp"
+#include "colibri/model/paths.hpp"
+#include "command.hpp"
+
+namespace colibri::cli {
+
+struct EngineCliOptions {
+  std::string model;
+  std::int64_t ctx = 0;
+  std::string kv_type = "f16";
+  std::int64_t batch = 512;
+  bool exact = false;
+};
+
+inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions& global) {
+  cmd.add_option("--model,-m", o.model, "Model directory, or a name under models.dir")->required();
+  cmd.add_option("--ctx", o.ctx, "Context length in tokens (default: memory.kv_cache, else the model's)");
+  cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), q8_0 or f32");
+  cmd.add_option("--batch", o.batch, "Tokens per forward chunk (results do not depend on it)");
+  cmd.add_flag("--exact-activations", o.exact, "Never quantize activations in quantized matmuls");
+  add_profile_options(cmd, global);
+}
+
+// Prints the error and returns null on failure.
+inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, const EngineCliOptions& o) {
+  auto prof = global.load_profile();
+  if (!prof) return nullptr;
+  auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
+  if (!dir) {
+    fail(dir.error().message());
+    return nullptr;
+  }
+  auto kv = engine::parse_kv_type(o.kv_type);
+  if (!kv) {
+    fail(kv.error().message());
+    return nullptr;
+  }
+  if (o.ctx < 0) {
+    fail("--ctx must be positive");
+    return nullptr;
+  }
+  engine::EngineOptions eo;
+  eo.context = o.ctx;
+  eo.kv_type = *kv;
+  eo.ubatch = o.batch;
+  eo.exact_activations = o.exact;
+  auto e = engine::Engine::open(*dir, *prof, eo);
+  if (!e) {
+    fail(e.error().message());
+    return nullptr;
+  }
+  return std::move(*e);
+}
+
+inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool& seed_given) {
+  cmd.add_option("--temperature,--temp", s.temperature, "Sampling temperature (0: greedy)");
+  cmd.add_option("--top-k", s.top_k, "Keep the k most likely tokens (0: off)");
+  cmd.add_option("--top-p", s.top_p, "Nucleus sampling threshold (1: off)");
+  cmd.add_option("--min-p", s.min_p, "Drop tokens below min-p times the best one's probability (0: off)");
+  cmd.add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1: off)");
+  cmd.add_option("--presence-penalty", s.presence_penalty, "Presence penalty (0: off)");
+  cmd.add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty (0: off)");
+  cmd.add_option("--repeat-last-n", s.penalty_last_n, "Tokens the penalties look back at (-1: all)");
+  cmd.add_option("--seed", s.seed, "Random seed (same seed, same output)")->each([&seed_given](const std::string&) {
+    seed_given = true;
+  });
+}
+
+inline std::string mib(std::uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// One line: mode, plugins, speeds, expert cache and I/O.
+inline std::string stats_line(const engine::Engine& e, double prefill_tps, double decode_tps) {
+  const auto& st = e.experts().stats();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "[%s | backend %s | storage %s | cache %s | prefill %.1f tok/s | decode %.1f tok/s | expert hit rate "
+                "%.1f%% | read %s | I/O stall %.3f s]",
+                e.mode().c_str(), e.plugins().compute_name.c_str(), e.plugins().storage_name.c_str(),
+                e.plugins().cache_name.c_str(), prefill_tps, decode_tps, 100.0 * st.hit_rate(),
+                mib(st.bytes_read).c_str(), st.stall_seconds);
+  return buf;
+}
+
+}  // namespace colibri::cli

@@ -1,0 +1,121 @@
+// The inference engine: a converted model (manifest + shared weights resident + experts through the expert
+// manager), one sequence with its KV cache, and the per-layer program run through the compute plugin's op set.
+//
+// THE ONE PROMISE (DESIGN.md): for one backend and one model file, logits are bit-identical whatever the storage
+// plugin, cache policy, cache sizes or batch composition. The program keeps it by running every op per token
+// (the compute contract), combining routed experts in ascending expert id, and never changing routing or precision
+// for speed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "colibri/engine/expert_manager.hpp"
+#include "colibri/engine/kv_cache.hpp"
+#include "colibri/engine/memory.hpp"
+#include "colibri/engine/rope.hpp"
+#include "colibri/model/manifest.hpp"
+#include "colibri/profile/profile.hpp"
+#include "colibri/sdk/cache_policy.hpp"
+#include "colibri/sdk/compute.hpp"
+#include "colibri/sdk/storage.hpp"
+
+namespace colibri::engine {
+
+struct EngineOptions {
+  std::int64_t context = 0;                         // 0: from memory.kv_cache, else the model's max_position_embeddings
+  sdk::DType kv_type = sdk::DType::f16;             // f16 | q8_0 | f32
+  std::int64_t ubatch = 512;                        // tokens per forward chunk (prefill memory bound)
+  std::optional<std::uint64_t> expert_cache_bytes;  // overrides memory.expert_cache
+  bool exact_activations = false;                   // forbid per-token activation quantization in quantized matmuls
+};
+
+struct Plugins {
+  std::shared_ptr<sdk::Compute> compute;
+  std::shared_ptr<sdk::Storage> storage;
+  std::shared_ptr<sdk::CachePolicy> cache;
+  std::string compute_name, storage_name, cache_name;
+};
+
+// Routing of one token in one sparse layer (for --trace).
+struct RoutingRecord {
+  std::int64_t position = 0;
+  std::int64_t layer = 0;
+  std::vector<std::int32_t> experts;  // by descending weight, as the router ranked them
+  std::vector<float> weights;
+};
+
+enum class LogitsWanted { none, last, all };
+
+class Engine {
+ public:
+  // Creates the plugins the profile names and opens the model. Errors name the file or key at fault.
+  static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, profile::Profile& profile,
+                                                     EngineOptions options);
+  // With plugins the caller made (tests).
+  static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
+                                                     std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
+                                                     EngineOptions options);
+  ~Engine();
+
+  // Runs `tokens` at positions n_past() .. n_past()+T-1 and appends them to the KV cache. Fills `logits` with
+  // [rows x vocab] floats: every position (all), the last one (last) or nothing. `trace` (may be null) receives the
+  // routing of every token in every sparse layer. Errors leave n_past() unchanged.
+  sdk::Status forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
+                      std::vector<RoutingRecord>* trace = nullptr);
+
+  void reset() { n_past_ = 0; }
+  // Forgets positions >= n (n <= n_past()).
+  void truncate(std::int64_t n) { n_past_ = std::min(n_past_, std::max<std::int64_t>(0, n)); }
+  [[nodiscard]] std::int64_t n_past() const { return n_past_; }
+  [[nodiscard]] std::int64_t context() const { return kv_.context(); }
+  [[nodiscard]] std::int64_t vocab_size() const { return hp_.vocab_size; }
+  [[nodiscard]] const model::HyperParams& hparams() const { return hp_; }
+  [[nodiscard]] const model::Manifest& manifest() const { return manifest_; }
+  [[nodiscard]] const std::filesystem::path& model_dir() const { return dir_; }
+  [[nodiscard]] const Plugins& plugins() const { return plugins_; }
+  [[nodiscard]] const ExpertManager& experts() const { return *experts_; }
+  [[nodiscard]] const KvCache& kv_cache() const { return kv_; }
+  [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }
+  [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
+
+ private:
+  Engine();
+  struct Layer;
+  sdk::Status init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
+                   std::uint64_t kv_cache_bytes, EngineOptions options);
+  sdk::Status forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, LogitsWanted wanted,
+                            float* logits, std::vector<RoutingRecord>* trace);
+  sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
+                     sdk::OpParams params = {});
+  sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const float* h, float* out,
+                  std::vector<RoutingRecord>* trace);
+
+  model::Manifest manifest_;
+  model::HyperParams hp_;
+  std::filesystem::path dir_;
+  Plugins plugins_;
+  EngineOptions options_;
+  std::map<std::string, AlignedBuffer> shared_files_;  // file -> its bytes
+  std::uint64_t shared_bytes_ = 0;
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+  std::vector<Layer> layers_;
+  sdk::Tensor embedding_, output_norm_, output_;
+  std::optional<RopeFrequencies> rope_;
+  std::int32_t matmul_flags_ = 0;
+  KvCache kv_;
+  std::unique_ptr<ExpertManager> experts_;
+  std::int64_t n_past_ = 0;
+};
+
+// "f16" | "q8_0" | "f32" -> DType; errors name the flag value.
+sdk::Expected<sdk::DType> parse_kv_type(const std::string& text);
+
+}  // namespace colibri::engine

@@ -1,0 +1,65 @@
+// Text generation on one Engine sequence: prefill, then sample token by token, streaming text through the
+// tokenizer's StreamDecoder; stops at EOS, a stop string, max tokens or a full context.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "colibri/engine/engine.hpp"
+#include "colibri/engine/sampler.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+
+namespace colibri::engine {
+
+struct GenerateOptions {
+  std::int64_t max_tokens = 128;
+  std::vector<std::string> stop;  // generation ends before the first occurrence of any of these
+  bool stop_at_eos = true;
+  SamplingOptions sampling;
+};
+
+struct GenerateResult {
+  std::string text;                  // everything streamed (stop string excluded)
+  std::vector<std::int32_t> tokens;  // generated ids (EOS excluded)
+  std::string finish_reason;         // "eos" | "stop" | "length" | "context" | "cancelled"
+  std::int64_t prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  [[nodiscard]] double prefill_tokens_per_second() const {
+    return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0;
+  }
+  [[nodiscard]] double decode_tokens_per_second() const {
+    // The first generated token comes out of the prefill; decode time covers the rest.
+    const auto n = tokens.size() > 1 ? tokens.size() - 1 : 0;
+    return decode_seconds > 0 ? static_cast<double>(n) / decode_seconds : 0;
+  }
+};
+
+// Keeps back text that may be the start of a stop string; returns what is final.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds text; returns the part safe to emit. After a match, stopped() is true and nothing more is returned.
+  std::string push(std::string_view text);
+  // End of generation: whatever was held back (no stop string matched).
+  std::string flush();
+  [[nodiscard]] bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// Runs `prompt` from the engine's current position (chat turns continue the sequence) and generates. `on_text`
+// receives text as it becomes final; returning false cancels. Errors: a prompt that does not fit the context, bad
+// tokens, compute or storage failures.
+sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenizer& tok,
+                                       std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                                       const std::function<bool(std::string_view)>& on_text);
+
+}  // namespace colibri::engine

@@ -1,0 +1,42 @@
+// The KV cache: per layer, K and V rows of head_dim for every (position, kv head), stored as f16 (default), q8_0 or
+// f32. The attention op reads it as {head_dim, n_kv_heads, positions}.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "colibri/engine/memory.hpp"
+#include "colibri/sdk/compute.hpp"
+#include "colibri/sdk/dtype.hpp"
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::engine {
+
+class KvCache {
+ public:
+  // Bytes one position takes over all layers (K and V).
+  static std::uint64_t bytes_per_position(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
+                                          std::int64_t head_dim);
+  // type: f16, q8_0 (head_dim a multiple of 32) or f32; errors name the type and why.
+  static sdk::Expected<KvCache> create(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
+                                       std::int64_t head_dim, std::int64_t context);
+
+  // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}.
+  sdk::Status write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v);
+  // Views of positions [0, length) of a layer.
+  [[nodiscard]] sdk::Tensor keys(std::int64_t layer, std::int64_t length) const;
+  [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;
+
+  [[nodiscard]] std::int64_t context() const { return context_; }
+  [[nodiscard]] sdk::DType type() const { return type_; }
+  [[nodiscard]] std::uint64_t bytes() const { return total_bytes_; }
+
+ private:
+  sdk::DType type_ = sdk::DType::f16;
+  std::int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0, context_ = 0;
+  std::size_t row_bytes_ = 0;
+  std::uint64_t total_bytes_ = 0;
+  std::vector<AlignedBuffer> k_, v_;
+};
+
+}  // namespace colibri::engine

@@ -1,0 +1,47 @@
+// Token sampling: penalties, then greedy or temperature + top-k + top-p + min-p, drawn from a seeded generator
+// (same seed, same logits: same token, on every machine).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::engine {
+
+struct SamplingOptions {
+  float temperature = 0.8f;          // <= 0: greedy (argmax)
+  std::int32_t top_k = 40;           // <= 0: off
+  float top_p = 0.95f;               // >= 1: off
+  float min_p = 0.05f;               // <= 0: off; drops tokens below min_p * p(best)
+  float repetition_penalty = 1.0f;   // 1: off; CTRL-style (divide positive logits, multiply negative ones)
+  float presence_penalty = 0.0f;     // subtracted once per token present in the window
+  float frequency_penalty = 0.0f;    // subtracted per occurrence in the window
+  std::int32_t penalty_last_n = 64;  // window of recent tokens the penalties look at (0: none, -1: all)
+  std::uint64_t seed = 0;
+
+  // The first out-of-range value with the flag that sets it ("--top-p must be in (0, 1], got 1.5").
+  [[nodiscard]] sdk::Status validate() const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(SamplingOptions options);
+
+  // Picks the next token from one row of logits. `history` is every token so far (prompt included); penalties
+  // look at its last penalty_last_n entries.
+  std::int32_t sample(std::span<const float> logits, std::span<const std::int32_t> history);
+
+  [[nodiscard]] const SamplingOptions& options() const { return options_; }
+
+ private:
+  SamplingOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;
+  std::vector<std::int32_t> ids_;
+};
+
+}  // namespace colibri::engine

@@ -1,0 +1,559 @@
+#include "colibri/engine/engine.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <new>
+
+#include "colibri/registry/plugin_set.hpp"
+#include "colibri/util/host_info.hpp"
+
+namespace colibri::engine {
+
+using sdk::DType;
+using sdk::Op;
+using sdk::Status;
+using sdk::StatusCode;
+using sdk::Tensor;
+
+namespace {
+
+Tensor f32(float* p, std::int64_t a, std::int64_t b = 1, std::int64_t c = 1) {
+  Tensor t;
+  t.type = DType::f32;
+  t.ne = {a, b, c, 1};
+  t.data = p;
+  return t;
+}
+
+Tensor i32(std::int32_t* p, std::int64_t n) {
+  Tensor t;
+  t.type = DType::i32;
+  t.ne = {n, 1, 1, 1};
+  t.data = p;
+  return t;
+}
+
+Tensor i32_2d(std::int32_t* p, std::int64_t a, std::int64_t b) {
+  Tensor t = i32(p, a);
+  t.ne[1] = b;
+  return t;
+}
+
+const char* op_name(Op op) {
+  static const char* const kNames[] = {"matmul", "expert_ffn",   "rms_norm",  "rope",      "attention", "swiglu",
+                                       "add",    "topk_routing", "embedding", "scale_add", "sigmoid"};
+  const auto i = static_cast<std::size_t>(op);
+  return i < sizeof kNames / sizeof kNames[0] ? kNames[i] : "op";
+}
+
+bool present(const Tensor& t) {
+  return t.data != nullptr;
+}
+
+std::string bytes_text(std::uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+struct Engine::Layer {
+  Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, q_norm, k_norm, ffn_norm;
+  Tensor router, sh_gate, sh_up, sh_down, sh_gate_inp;
+  bool sparse = false;
+  std::int64_t top_k = 1;
+};
+
+// Activations reused between calls (sizes follow the chunk length).
+struct Engine::Scratch {
+  std::vector<float> x, h, q, k, v, q2, k2, attn, tmp, moe, router, weights, shared, gate, xe, ye, acc, last;
+  std::vector<std::int32_t> ids, positions, expert_ids;
+};
+
+Engine::Engine() = default;
+Engine::~Engine() = default;
+
+sdk::Expected<DType> parse_kv_type(const std::string& text) {
+  if (text == "f16") return DType::f16;
+  if (text == "q8_0") return DType::q8_0;
+  if (text == "f32") return DType::f32;
+  return Status(StatusCode::invalid_argument, "--kv-type '" + text + "' is not one of f16, q8_0, f32");
+}
+
+sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, profile::Profile& profile,
+                                                    EngineOptions options) {
+  const auto reg = registry::scan_for_profile(profile);
+  Plugins plugins;
+  auto compute_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::compute);
+  if (!compute_info) return compute_info.error();
+  auto compute = reg.create_as<sdk::Compute>(**compute_info, profile.section("compute"));
+  if (!compute) return compute.error().with_context("creating compute plugin " + (*compute_info)->name);
+  auto storage_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::storage);
+  if (!storage_info) return storage_info.error();
+  auto storage = reg.create_as<sdk::Storage>(**storage_info, profile.section("storage"));
+  if (!storage) return storage.error().with_context("creating storage plugin " + (*storage_info)->name);
+  auto cache_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::cache);
+  if (!cache_info) return cache_info.error();
+  auto cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
+  if (!cache) return cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+  plugins.compute = *compute;
+  plugins.storage = *storage;
+  plugins.cache = *cache;
+  plugins.compute_name = (*compute_info)->name;
+  plugins.storage_name = (*storage_info)->name;
+  plugins.cache_name = (*cache_info)->name;
+
+  std::uint64_t expert_cache = 0;
+  if (options.expert_cache_bytes) {
+    expert_cache = *options.expert_cache_bytes;
+  } else if (auto v = profile.get_int("memory.expert_cache")) {
+    expert_cache = static_cast<std::uint64_t>(*v);
+  } else {
+    // auto: 80% of what is free now (the shared weights and the KV cache come out of the same pool).
+    expert_cache = util::available_memory_bytes() / 10 * 8;
+  }
+  std::uint64_t kv_bytes = 0;
+  if (auto v = profile.get_int("memory.kv_cache")) kv_bytes = static_cast<std::uint64_t>(*v);
+  return open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
+}
+
+sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, Plugins plugins,
+                                                    std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
+                                                    EngineOptions options) {
+  std::unique_ptr<Engine> e(new Engine());
+  if (auto s = e->init(model_dir, std::move(plugins), expert_cache_bytes, kv_cache_bytes, options); !s) return s;
+  return e;
+}
+
+Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
+                    std::uint64_t kv_cache_bytes, EngineOptions options) {
+  auto m = model::load_manifest(dir);
+  if (!m) return m.error();
+  manifest_ = std::move(*m);
+  hp_ = manifest_.hparams;
+  dir_ = dir;
+  plugins_ = std::move(plugins);
+  options_ = options;
+  scratch_ = std::make_unique<Scratch>();
+  if (!plugins_.compute || !plugins_.storage)
+    return Status(StatusCode::invalid_argument, "engine needs compute and storage");
+  const auto devices = plugins_.compute->devices();
+  if (devices.empty() || !devices[0].host_memory) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                               " keeps buffers in device memory; this engine runs host-memory backends "
+                                               "(use compute.backend: cpu)");
+  }
+  if (hp_.hidden_act != "silu") {
+    return Status(StatusCode::unsupported,
+                  "manifest.json hparams.hidden_act '" + hp_.hidden_act + "' is not supported (only silu)");
+  }
+  if (options_.ubatch <= 0) return Status(StatusCode::invalid_argument, "--batch must be positive");
+  auto rope = RopeFrequencies::create(hp_);
+  if (!rope) return rope.error();
+  rope_ = std::move(*rope);
+  if (options_.exact_activations) matmul_flags_ = sdk::kExactActivations;
+
+  // Shared weights: every file they live in, read whole through the storage plugin, each tensor hash-checked.
+  for (const auto& t : manifest_.tensors) {
+    if (shared_files_.count(t.file) != 0) continue;
+    const auto* fe = manifest_.file(t.file);
+    const std::uint64_t size = fe != nullptr ? fe->size : t.offset + t.size;
+    AlignedBuffer buf;
+    try {
+      buf = AlignedBuffer((size + 4095) / 4096 * 4096);
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::out_of_memory, "no memory for the shared weights (" + bytes_text(size) + ")");
+    }
+    auto file = plugins_.storage->open((dir_ / t.file).string());
+    if (!file) return file.error().with_context("opening " + t.file);
+    if (auto s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size)); !s) {
+      return s.with_context("reading " + t.file);
+    }
+    shared_bytes_ += size;
+    shared_files_.emplace(t.file, std::move(buf));
+  }
+  for (const auto& t : manifest_.tensors) {
+    const auto* p = shared_files_.at(t.file).data() + t.offset;
+    if (static_cast<std::uint64_t>(XXH64(p, t.size, 0)) != t.checksum) {
+      return Status(StatusCode::corrupt_data, model::describe_model_file(manifest_, t.file) + ": tensor " + t.name +
+                                                  ": checksum mismatch; re-run convert");
+    }
+  }
+  Status missing;
+  auto get = [&](const std::string& name, std::vector<std::int64_t> shape, bool required) -> Tensor {
+    const auto* t = manifest_.tensor(name);
+    if (t == nullptr) {
+      if (required && missing) {
+        missing = Status(StatusCode::corrupt_data, "manifest.json has no tensor " + name + "; re-run convert");
+      }
+      return {};
+    }
+    if (t->shape != shape && missing) {
+      std::string want, got;
+      for (auto d : shape) want += (want.empty() ? "" : "x") + std::to_string(d);
+      for (auto d : t->shape) got += (got.empty() ? "" : "x") + std::to_string(d);
+      missing = Status(StatusCode::corrupt_data,
+                       "manifest.json: tensor " + name + " has shape " + got + ", the hyper-parameters need " + want);
+      return {};
+    }
+    if (!plugins_.compute->supports(shape.size() > 1 ? Op::matmul : Op::rms_norm, t->type) && missing &&
+        shape.size() > 1) {
+      missing = Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot multiply " +
+                                                    std::string(sdk::to_string(t->type)) + " weights (" + name + ")");
+    }
+    Tensor v;
+    v.type = t->type;
+    v.ne = {shape.size() > 1 ? shape[1] : shape[0], shape.size() > 1 ? shape[0] : 1, 1, 1};
+    v.data = shared_files_.at(t->file).data() + t->offset;
+    return v;
+  };
+  const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, qd = hp_.num_heads * hd, kvd = hp_.num_kv_heads * hd;
+  embedding_ = get("token_embd.weight", {hp_.vocab_size, D}, true);
+  output_norm_ = get("output_norm.weight", {D}, true);
+  output_ = get("output.weight", {hp_.vocab_size, D}, !hp_.tie_word_embeddings);
+  if (!present(output_)) output_ = embedding_;
+  for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(b + "attn_norm.weight", {D}, true);
+    L.wq = get(b + "attn_q.weight", {qd, D}, true);
+    L.wk = get(b + "attn_k.weight", {kvd, D}, true);
+    L.wv = get(b + "attn_v.weight", {kvd, D}, true);
+    L.bq = get(b + "attn_q.bias", {qd}, hp_.attention_qkv_bias);
+    L.bk = get(b + "attn_k.bias", {kvd}, hp_.attention_qkv_bias);
+    L.bv = get(b + "attn_v.bias", {kvd}, hp_.attention_qkv_bias);
+    L.wo = get(b + "attn_output.weight", {D, qd}, true);
+    L.bo = get(b + "attn_output.bias", {D}, hp_.attention_out_bias);
+    if (hp_.qk_norm == "per_head") {
+      L.q_norm = get(b + "attn_q_norm.weight", {hd}, true);
+      L.k_norm = get(b + "attn_k_norm.weight", {hd}, true);
+    } else if (hp_.qk_norm == "full") {
+      L.q_norm = get(b + "attn_q_norm.weight", {qd}, true);
+      L.k_norm = get(b + "attn_k_norm.weight", {kvd}, true);
+    } else if (hp_.qk_norm != "none") {
+      return Status(StatusCode::unsupported, "manifest.json hparams.qk_norm '" + hp_.qk_norm + "' is not supported");
+    }
+    L.ffn_norm = get(b + "ffn_norm.weight", {D}, true);
+    L.sparse = hp_.layer_is_sparse(l);
+    L.top_k = hp_.layer_top_k(l);
+    if (L.sparse) {
+      L.router = get(b + "ffn_gate_inp.weight", {hp_.n_experts, D}, true);
+      const std::int64_t sff = hp_.shared_expert_intermediate_size;
+      if (sff > 0) {
+        L.sh_gate = get(b + "ffn_gate_shexp.weight", {sff, D}, true);
+        L.sh_up = get(b + "ffn_up_shexp.weight", {sff, D}, true);
+        L.sh_down = get(b + "ffn_down_shexp.weight", {D, sff}, true);
+        L.sh_gate_inp = get(b + "ffn_gate_inp_shexp.weight", {1, D}, hp_.shared_expert_gate);
+      }
+    }
+    layers_.push_back(L);
+  }
+  if (!missing) return missing;
+  for (const auto& e : manifest_.experts) {
+    for (const auto* part : {&e.gate, &e.up, &e.down}) {
+      if (!plugins_.compute->supports(Op::expert_ffn, part->type)) {
+        return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
+                                                   std::string(sdk::to_string(part->type)) + " experts (" + part->name +
+                                                   ")");
+      }
+    }
+  }
+
+  // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
+  const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
+  std::int64_t ctx = options_.context;
+  if (ctx > 0) {
+    if (ctx > hp_.max_position_embeddings) {
+      return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
+                                                      std::to_string(hp_.max_position_embeddings) + " positions)");
+    }
+  } else if (kv_cache_bytes > 0) {
+    ctx = std::min<std::int64_t>(hp_.max_position_embeddings, static_cast<std::int64_t>(kv_cache_bytes / per_pos));
+    if (ctx <= 0) {
+      return Status(StatusCode::invalid_argument, "memory.kv_cache (" + std::to_string(kv_cache_bytes) +
+                                                      " bytes) holds no position; one needs " +
+                                                      std::to_string(per_pos) + " bytes");
+    }
+  } else {
+    const auto avail =
+        static_cast<std::int64_t>(util::available_memory_bytes() / 2 / std::max<std::uint64_t>(per_pos, 1));
+    ctx = std::max<std::int64_t>(1, std::min<std::int64_t>(hp_.max_position_embeddings, avail));
+  }
+  auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, ctx);
+  if (!kv) return kv.error();
+  kv_ = std::move(*kv);
+
+  experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
+  return experts_->preload();
+}
+
+Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
+                      sdk::OpParams params) {
+  std::array<Tensor, 8> in{}, out{};
+  std::size_t ni = 0, no = 0;
+  for (const auto& t : inputs) in[ni++] = t;
+  for (const auto& t : outputs) out[no++] = t;
+  sdk::OpCall call;
+  call.op = op;
+  call.inputs = std::span<const Tensor>(in.data(), ni);
+  call.outputs = std::span<Tensor>(out.data(), no);
+  call.params = params;
+  auto s = plugins_.compute->run(call);
+  if (!s) return s.with_context(std::string("compute backend ") + plugins_.compute_name + ", " + op_name(op));
+  return s;
+}
+
+Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
+                       std::vector<RoutingRecord>* trace) {
+  if (tokens.empty()) return Status(StatusCode::invalid_argument, "no tokens to run");
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= hp_.vocab_size) {
+      return Status(StatusCode::invalid_argument, "token " + std::to_string(tokens[i]) + " (at index " +
+                                                      std::to_string(i) + ") is outside the vocabulary 0.." +
+                                                      std::to_string(hp_.vocab_size - 1));
+    }
+  }
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  if (n_past_ + T > context()) {
+    return Status(StatusCode::invalid_argument, "the context is full: " + std::to_string(n_past_) +
+                                                    " positions used + " + std::to_string(T) +
+                                                    " new tokens exceed the context of " + std::to_string(context()) +
+                                                    " positions (raise --ctx or memory.kv_cache, up to the model's " +
+                                                    std::to_string(hp_.max_position_embeddings) + ")");
+  }
+  const auto V = static_cast<std::size_t>(hp_.vocab_size);
+  logits.assign(wanted == LogitsWanted::all    ? V * static_cast<std::size_t>(T)
+                : wanted == LogitsWanted::last ? V
+                                               : 0,
+                0.0f);
+  for (std::int64_t off = 0; off < T; off += options_.ubatch) {
+    const std::int64_t n = std::min(options_.ubatch, T - off);
+    const bool last_chunk = off + n == T;
+    LogitsWanted w = wanted == LogitsWanted::all                    ? LogitsWanted::all
+                     : (wanted == LogitsWanted::last && last_chunk) ? LogitsWanted::last
+                                                                    : LogitsWanted::none;
+    float* dst = wanted == LogitsWanted::all ? logits.data() + static_cast<std::size_t>(off) * V : logits.data();
+    if (auto s = forward_chunk(tokens.subspan(static_cast<std::size_t>(off), static_cast<std::size_t>(n)),
+                               n_past_ + off, w, dst, trace);
+        !s) {
+      return s;
+    }
+  }
+  n_past_ += T;
+  return {};
+}
+
+Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, LogitsWanted wanted,
+                             float* logits, std::vector<RoutingRecord>* trace) {
+  auto& S = *scratch_;
+  const std::int64_t T = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
+  const std::int64_t qd = nh * hd, kvd = nkv * hd;
+  auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+  S.x.resize(sz(D, T));
+  S.h.resize(sz(D, T));
+  S.tmp.resize(sz(D, T));
+  S.moe.resize(sz(D, T));
+  S.q.resize(sz(qd, T));
+  S.q2.resize(sz(qd, T));
+  S.attn.resize(sz(qd, T));
+  S.k.resize(sz(kvd, T));
+  S.k2.resize(sz(kvd, T));
+  S.v.resize(sz(kvd, T));
+  S.ids.assign(tokens.begin(), tokens.end());
+  S.positions.resize(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t)
+    S.positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(position + t);
+  const float eps = static_cast<float>(hp_.rms_norm_eps);
+  sdk::OpParams norm_p;
+  norm_p.eps = eps;
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  std::vector<float> inv_freq = rope_->inv_freq(position + T);
+  sdk::OpParams rope_p;
+  rope_p.rope_dims = rope_->rope_dims();
+  rope_p.scale = rope_->attention_scaling();
+  sdk::OpParams attn_p;
+  attn_p.position = static_cast<std::int32_t>(position);
+  attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
+  attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  Status s;
+#define COLIBRI_TRY(expr) \
+  if (s = (expr); !s) return s
+
+  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {f32(S.x.data(), D, T)}));
+  for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
+    const Layer& L = layers_[static_cast<std::size_t>(l)];
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.attn_norm}, {f32(S.h.data(), D, T)}, norm_p));
+    const Tensor h = f32(S.h.data(), D, T);
+    if (present(L.bq)) {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {f32(S.q.data(), qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {f32(S.k.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {f32(S.v.data(), kvd, T)}, mm_p));
+    } else {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {f32(S.q.data(), qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {f32(S.k.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {f32(S.v.data(), kvd, T)}, mm_p));
+    }
+    if (hp_.qk_norm == "per_head") {
+      COLIBRI_TRY(
+          run_op(Op::rms_norm, {f32(S.q.data(), hd, nh * T), L.q_norm}, {f32(S.q2.data(), hd, nh * T)}, norm_p));
+      COLIBRI_TRY(
+          run_op(Op::rms_norm, {f32(S.k.data(), hd, nkv * T), L.k_norm}, {f32(S.k2.data(), hd, nkv * T)}, norm_p));
+      std::swap(S.q, S.q2);
+      std::swap(S.k, S.k2);
+    } else if (hp_.qk_norm == "full") {
+      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.q.data(), qd, T), L.q_norm}, {f32(S.q2.data(), qd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.k.data(), kvd, T), L.k_norm}, {f32(S.k2.data(), kvd, T)}, norm_p));
+      std::swap(S.q, S.q2);
+      std::swap(S.k, S.k2);
+    }
+    if (hp_.clip_qkv > 0) {
+      const auto c = static_cast<float>(hp_.clip_qkv);
+      for (auto* buf : {&S.q, &S.k, &S.v}) {
+        for (auto& x : *buf) x = std::clamp(x, -c, c);
+      }
+    }
+    const Tensor freq = f32(inv_freq.data(), static_cast<std::int64_t>(inv_freq.size()));
+    const Tensor pos = i32(S.positions.data(), T);
+    COLIBRI_TRY(run_op(Op::rope, {f32(S.q.data(), hd, nh, T), pos, freq}, {f32(S.q2.data(), hd, nh, T)}, rope_p));
+    COLIBRI_TRY(run_op(Op::rope, {f32(S.k.data(), hd, nkv, T), pos, freq}, {f32(S.k2.data(), hd, nkv, T)}, rope_p));
+    COLIBRI_TRY(kv_.write(l, position, T, S.k2.data(), S.v.data()));
+    COLIBRI_TRY(run_op(Op::attention,
+                       {f32(S.q2.data(), hd, nh, T), kv_.keys(l, position + T), kv_.values(l, position + T)},
+                       {f32(S.attn.data(), hd, nh, T)}, attn_p));
+    if (present(L.bo)) {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T), L.bo}, {f32(S.tmp.data(), D, T)}, mm_p));
+    } else {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T)}, {f32(S.tmp.data(), D, T)}, mm_p));
+    }
+    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.tmp.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    std::swap(S.x, S.h);
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.ffn_norm}, {f32(S.h.data(), D, T)}, norm_p));
+    COLIBRI_TRY(moe(L, l, T, position, S.h.data(), S.moe.data(), trace));
+    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.moe.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    std::swap(S.x, S.h);
+  }
+  if (wanted == LogitsWanted::none) return {};
+  // Logits for every position, or only the last one.
+  const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
+  const float* src = S.x.data() + (wanted == LogitsWanted::all ? 0 : sz(D, T - 1));
+  S.last.assign(src, src + sz(D, rows));
+  COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
+  COLIBRI_TRY(run_op(Op::matmul, {output_, f32(S.h.data(), D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p));
+#undef COLIBRI_TRY
+  return {};
+}
+
+Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t position, const float* h_ptr,
+                   float* out, std::vector<RoutingRecord>* trace) {
+  auto& S = *scratch_;
+  const std::int64_t D = hp_.hidden_size;
+  const auto DT = static_cast<std::size_t>(D * T);
+  Tensor h = f32(const_cast<float*>(h_ptr), D, T);
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  Status s;
+  if (!L.sparse) {
+    auto w = experts_->acquire(l, 0);
+    if (!w) return w.error();
+    s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, h}, {f32(out, D, T)}, mm_p);
+    experts_->release(l, 0);
+    return s;
+  }
+  const std::int64_t E = hp_.n_experts, K = L.top_k;
+  S.router.resize(static_cast<std::size_t>(E * T));
+  S.weights.resize(static_cast<std::size_t>(K * T));
+  S.expert_ids.resize(static_cast<std::size_t>(K * T));
+  // The router runs unquantized activations: routing must not depend on how activations are packed.
+  sdk::OpParams router_p;
+  router_p.flags = sdk::kExactActivations;
+  if (s = run_op(Op::matmul, {L.router, h}, {f32(S.router.data(), E, T)}, router_p); !s) return s;
+  sdk::OpParams topk_p;
+  topk_p.top_k = static_cast<std::int32_t>(K);
+  topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
+  if (s = run_op(Op::topk_routing, {f32(S.router.data(), E, T)},
+                 {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
+      !s) {
+    return s;
+  }
+  // Each expert's tokens, experts in ascending id: this order fixes the per-token sum for every placement.
+  std::map<std::int32_t, std::vector<std::pair<std::int64_t, float>>> groups;
+  for (std::int64_t t = 0; t < T; ++t) {
+    RoutingRecord rec;
+    for (std::int64_t j = 0; j < K; ++j) {
+      const auto idx = static_cast<std::size_t>(t * K + j);
+      const std::int32_t e = S.expert_ids[idx];
+      if (e < 0 || e >= E) {
+        return Status(StatusCode::internal, "compute backend " + plugins_.compute_name + " routed to expert " +
+                                                std::to_string(e) + " of " + std::to_string(E));
+      }
+      groups[e].emplace_back(t, S.weights[idx]);
+      if (trace != nullptr) {
+        rec.experts.push_back(e);
+        rec.weights.push_back(S.weights[idx]);
+      }
+    }
+    if (trace != nullptr) {
+      rec.position = position + t;
+      rec.layer = l;
+      trace->push_back(std::move(rec));
+    }
+  }
+  std::fill(out, out + DT, 0.0f);
+  for (const auto& [e, members] : groups) {
+    const auto n = static_cast<std::int64_t>(members.size());
+    const auto Dn = static_cast<std::size_t>(D * n);
+    S.xe.resize(Dn);
+    S.ye.resize(Dn);
+    S.acc.resize(Dn);
+    S.gate.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+      std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
+                  sizeof(float) * static_cast<std::size_t>(D));
+      std::memcpy(S.acc.data() + i * D, out + t * static_cast<std::size_t>(D),
+                  sizeof(float) * static_cast<std::size_t>(D));
+      S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
+    }
+    auto w = experts_->acquire(l, e);
+    if (!w) return w.error();
+    s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, f32(S.xe.data(), D, n)}, {f32(S.ye.data(), D, n)}, mm_p);
+    experts_->release(l, e);
+    if (!s) return s;
+    if (s = run_op(Op::scale_add, {f32(S.ye.data(), D, n), f32(S.gate.data(), n)}, {f32(S.acc.data(), D, n)}); !s) {
+      return s;
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+      std::memcpy(out + t * static_cast<std::size_t>(D), S.acc.data() + i * D,
+                  sizeof(float) * static_cast<std::size_t>(D));
+    }
+  }
+  if (present(L.sh_gate)) {
+    S.shared.resize(DT);
+    if (s = run_op(Op::expert_ffn, {L.sh_gate, L.sh_up, L.sh_down, h}, {f32(S.shared.data(), D, T)}, mm_p); !s) {
+      return s;
+    }
+    if (present(L.sh_gate_inp)) {
+      S.gate.resize(static_cast<std::size_t>(T));
+      S.acc.resize(static_cast<std::size_t>(T));
+      if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, router_p); !s) return s;
+      if (s = run_op(Op::sigmoid, {f32(S.acc.data(), 1, T)}, {f32(S.gate.data(), 1, T)}); !s) return s;
+      if (s = run_op(Op::scale_add, {f32(S.shared.data(), D, T), f32(S.gate.data(), T)}, {f32(out, D, T)}); !s) {
+        return s;
+      }
+    } else {
+      S.acc.assign(out, out + DT);
+      if (s = run_op(Op::add, {f32(S.acc.data(), D, T), f32(S.shared.data(), D, T)}, {f32(out, D, T)}); !s) return s;
+    }
+  }
+  return {};
+}
+
+}  // namespace colibri::engine

@@ -1,0 +1,117 @@
+#include "colibri/engine/generate.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+namespace colibri::engine {
+
+using sdk::Status;
+using sdk::StatusCode;
+
+std::string StopMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  held_.append(text);
+  std::size_t first = std::string::npos;
+  for (const auto& s : stops_) {
+    if (s.empty()) continue;
+    first = std::min(first, held_.find(s));
+  }
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  std::size_t keep = 0;
+  for (const auto& s : stops_) {
+    for (std::size_t n = std::min(s.size() - (s.empty() ? 0 : 1), held_.size()); n > keep; --n) {
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  if (stopped_) return {};
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenizer& tok,
+                                       std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                                       const std::function<bool(std::string_view)>& on_text) {
+  if (auto s = options.sampling.validate(); !s) return s;
+  if (prompt.empty()) return Status(StatusCode::invalid_argument, "the prompt is empty (no tokens)");
+  if (options.max_tokens < 0) return Status(StatusCode::invalid_argument, "-n must not be negative");
+  const std::int64_t room = engine.context() - engine.n_past();
+  if (static_cast<std::int64_t>(prompt.size()) > room) {
+    return Status(StatusCode::invalid_argument, "the prompt has " + std::to_string(prompt.size()) +
+                                                    " tokens but only " + std::to_string(room) + " of the context's " +
+                                                    std::to_string(engine.context()) +
+                                                    " positions are free; shorten the prompt or raise --ctx");
+  }
+  std::vector<std::int64_t> eos = engine.hparams().eos_token_ids;
+  if (auto e = tok.eos_id()) eos.push_back(*e);
+
+  GenerateResult r;
+  r.prompt_tokens = static_cast<std::int64_t>(prompt.size());
+  std::vector<std::int32_t> history(prompt.begin(), prompt.end());
+  Sampler sampler(options.sampling);
+  tokenizer::StreamDecoder decoder(tok, /*skip_special=*/true);
+  StopMatcher stops(options.stop);
+  std::vector<float> logits;
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  if (auto s = engine.forward(prompt, LogitsWanted::last, logits); !s) return s;
+  r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  auto emit = [&](const std::string& text) {
+    if (text.empty()) return true;
+    r.text += text;
+    return !on_text || on_text(text);
+  };
+  r.finish_reason = "length";
+  t0 = clock::now();
+  for (std::int64_t i = 0; i < options.max_tokens; ++i) {
+    const std::int32_t next = sampler.sample(logits, history);
+    if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      r.finish_reason = "eos";
+      break;
+    }
+    r.tokens.push_back(next);
+    history.push_back(next);
+    if (!emit(stops.push(decoder.push(next)))) {
+      r.finish_reason = "cancelled";
+      break;
+    }
+    if (stops.stopped()) {
+      r.finish_reason = "stop";
+      break;
+    }
+    if (i + 1 == options.max_tokens) break;
+    if (engine.n_past() >= engine.context()) {
+      r.finish_reason = "context";
+      break;
+    }
+    const std::int32_t one[1] = {next};
+    if (auto s = engine.forward(one, LogitsWanted::last, logits); !s) return s;
+  }
+  if (!r.tokens.empty()) r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  if (r.finish_reason != "stop" && r.finish_reason != "cancelled") {
+    emit(stops.push(decoder.flush()));
+    if (stops.stopped()) {
+      r.finish_reason = "stop";
+    } else {
+      emit(stops.flush());
+    }
+  }
+  return r;
+}
+
+}  // namespace colibri::engine

@@ -1,0 +1,291 @@
+#!/usr/bin/python3
+"""Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
+transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
+modeling_llama, modeling_mistral, modeling_rope_utils). It reads the HF checkpoint itself (config.json +
+safetensors), not colibri's converted model, so a converter bug shows up too.
+
+  reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
+
+Semantics kept from HF, per architecture:
+  * RMSNorm: x / sqrt(mean(x^2) + eps) * w over the last axis.
+  * RoPE: rotate_half (pairs i, i + d/2), inv_freq from rope_scaling (default, linear, dynamic, llama3, yarn; yarn
+    also scales cos/sin by its attention factor).
+  * Attention: q/k/v projections (+bias for Qwen2-MoE), Qwen3-MoE q/k RMSNorm per head before rope, OLMoE q/k
+    RMSNorm over the whole projection (then clip_qkv), GQA (head h uses kv head h // (n_heads / n_kv)), causal mask,
+    sliding window (key j visible from query i when i - j < window), scores * head_dim^-0.5, softmax.
+  * MoE: router logits -> softmax over all experts -> top-k -> renormalise (Mixtral always; others when
+    norm_topk_prob) -> sum of w * down(silu(gate x) * up x); Qwen2-MoE adds sigmoid(shared_gate x) * shared(x).
+  * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step) run one SwiGLU MLP.
+  * lm_head, or the embedding matrix when tie_word_embeddings.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoint
+
+
+def _read_safetensors(path):
+    out = {}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        data = f.read()
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        raw = data[a:b]
+        dt = info["dtype"]
+        if dt == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif dt == "F16":
+            arr = np.frombuffer(raw, dtype="<f2")
+        elif dt == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name} has dtype {dt}, which the reference does not read")
+        out[name] = arr.astype(np.float64).reshape(info["shape"])
+    del base
+    return out
+
+
+def load_checkpoint(directory):
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    weights = {}
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for name in files:
+        weights.update(_read_safetensors(os.path.join(directory, name)))
+    return cfg, weights
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pieces
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x):
+    m = np.max(x, axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def head_dim_of(cfg):
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def rope_parameters(cfg, seq_len):
+    """(inv_freq, attention_scaling) as transformers' ROPE_INIT_FUNCTIONS give them."""
+    dim = head_dim_of(cfg)
+    base = cfg.get("rope_theta", 10000.0)
+    inv = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / rs["factor"], 1.0
+    if kind == "dynamic":
+        orig = rs.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        if seq_len <= orig:
+            return inv, 1.0
+        factor = rs["factor"]
+        b = base * ((factor * seq_len / orig) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / (b ** (np.arange(0, dim, 2, dtype=np.float64) / dim)), 1.0
+    if kind == "llama3":
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        low_wl, high_wl = old / low, old / high
+        wl = 2 * math.pi / inv
+        out = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        return np.where(medium, smoothed, out), 1.0
+    if kind == "yarn":
+        orig = rs.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        factor = rs.get("factor") or cfg["max_position_embeddings"] / orig
+
+        def mscale(s, m=1.0):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+        att = rs.get("attention_factor")
+        if att is None:
+            if rs.get("mscale") and rs.get("mscale_all_dim"):
+                att = mscale(factor, rs["mscale"]) / mscale(factor, rs["mscale_all_dim"])
+            else:
+                att = mscale(factor)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr(rot):
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        lo, hi = corr(beta_fast), corr(beta_slow)
+        if rs.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extra = 1 - ramp
+        return (inv / factor) * (1 - extra) + inv * extra, att
+    raise SystemExit(f"rope_type {kind} is not in the reference")
+
+
+def apply_rope(x, positions, inv_freq, scaling):
+    """x: [T, heads, dim]; HF rotate_half layout."""
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    cos, sin = np.cos(emb) * scaling, np.sin(emb) * scaling
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+def is_sparse(cfg, layer):
+    t = cfg["model_type"]
+    if t in ("qwen2_moe", "qwen3_moe"):
+        return layer not in (cfg.get("mlp_only_layers") or []) and cfg.get("num_experts", 0) > 0 and \
+            (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
+    return t in ("mixtral", "olmoe")
+
+
+def mlp(x, g, u, d):
+    return (silu(x @ g.T) * (x @ u.T)) @ d.T
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Forward
+
+
+def forward(cfg, W, tokens, trace=None):
+    t = cfg["model_type"]
+    eps = cfg["rms_norm_eps"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"], head_dim_of(cfg)
+    T = len(tokens)
+    pos = np.arange(T)
+    inv_freq, att_scale = rope_parameters(cfg, T)
+    window = 0
+    if t in ("mistral", "mixtral") and cfg.get("sliding_window"):
+        window = cfg["sliding_window"]
+    x = W["model.embed_tokens.weight"][np.asarray(tokens)]
+    i_idx, j_idx = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    visible = j_idx <= i_idx
+    if window:
+        visible &= (i_idx - j_idx) < window
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+
+        def proj(name):
+            y = h @ W[p + f"self_attn.{name}_proj.weight"].T
+            if p + f"self_attn.{name}_proj.bias" in W:
+                y = y + W[p + f"self_attn.{name}_proj.bias"]
+            return y
+
+        q, k, v = proj("q"), proj("k"), proj("v")
+        if t == "olmoe":
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+            if cfg.get("clip_qkv"):
+                c = cfg["clip_qkv"]
+                q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
+        q = q.reshape(T, nh, hd)
+        k = k.reshape(T, nkv, hd)
+        v = v.reshape(T, nkv, hd)
+        if t == "qwen3_moe":
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q = apply_rope(q, pos, inv_freq, att_scale)
+        k = apply_rope(k, pos, inv_freq, att_scale)
+        group = nh // nkv
+        out = np.zeros((T, nh, hd))
+        for head in range(nh):
+            kh = head // group
+            s = (q[:, head, :] @ k[:, kh, :].T) / math.sqrt(hd)
+            s = np.where(visible, s, -np.inf)
+            out[:, head, :] = softmax(s) @ v[:, kh, :]
+        a = out.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T
+        if p + "self_attn.o_proj.bias" in W:
+            a = a + W[p + "self_attn.o_proj.bias"]
+        x = x + a
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if is_sparse(cfg, l):
+            if t == "mixtral":
+                pre, ne, names = p + "block_sparse_moe.", cfg["num_local_experts"], ("w1", "w3", "w2")
+                renorm = True
+            else:
+                pre, ne, names = p + "mlp.", cfg["num_experts"], ("gate_proj", "up_proj", "down_proj")
+                renorm = bool(cfg.get("norm_topk_prob", False))
+            k_top = cfg["num_experts_per_tok"]
+            probs = softmax(h @ W[pre + "gate.weight"].T)
+            y = np.zeros_like(h)
+            for ti in range(T):
+                order = np.argsort(-probs[ti], kind="stable")[:k_top]
+                w = probs[ti][order]
+                if renorm:
+                    w = w / np.sum(w)
+                if trace is not None:
+                    trace.append({"position": ti, "layer": l, "experts": [int(e) for e in order],
+                                  "weights": [float(z) for z in w]})
+                for e, we in sorted(zip(order, w)):
+                    ep = pre + f"experts.{e}."
+                    y[ti] += we * mlp(h[ti:ti + 1], W[ep + names[0] + ".weight"], W[ep + names[1] + ".weight"],
+                                      W[ep + names[2] + ".weight"])[0]
+            if t == "qwen2_moe" and p + "mlp.shared_expert.gate_proj.weight" in W:
+                sh = mlp(h, W[p + "mlp.shared_expert.gate_proj.weight"], W[p + "mlp.shared_expert.up_proj.weight"],
+                         W[p + "mlp.shared_expert.down_proj.weight"])
+                gate = 1.0 / (1.0 + np.exp(-(h @ W[p + "mlp.shared_expert_gate.weight"].T)))
+                y = y + gate * sh
+        else:
+            y = mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+        x = x + y
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["lm_head.weight"] if "lm_head.weight" in W and not cfg.get("tie_word_embeddings", False) \
+        else W["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--out", required=True, help=".npy file for float64 logits [tokens x vocab]")
+    ap.add_argument("--trace", help="JSONL routing trace")
+    args = ap.parse_args()
+    cfg, W = load_checkpoint(args.checkpoint)
+    tokens = [int(x) for x in args.tokens.split(",") if x.strip()]
+    trace = [] if args.trace else None
+    logits = forward(cfg, W, tokens, trace)
+    np.save(args.out, logits)
+    if args.trace:
+        with open(args.trace, "w", encoding="utf-8") as f:
+            for r in trace:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
