@@ -1,0 +1,99 @@
+// Dequantization of one 32-element unit of a weight row, bit-identical to colibri::quant's
+// reference dequantize_row (same products in the same order; `precise` forbids fusing).
+// Define one of WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_K, WTYPE_Q6_K.
+#include "common.glsl"
+
+// Unit u (elements 32u .. 32u+31) of the row at `row`; `k` elements in the row (f32/f16 may end
+// inside a unit: missing elements are 0).
+void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
+#if defined(WTYPE_F32)
+  for (uint j = 0u; j < 32u; ++j) {
+    const uint e = u * 32u + j;
+    w[j] = e < k ? uintBitsToFloat(read_u32(row, e * 4u)) : 0.0;
+  }
+#elif defined(WTYPE_F16)
+  for (uint j = 0u; j < 32u; ++j) {
+    const uint e = u * 32u + j;
+    w[j] = e < k ? read_f16(row, e * 2u) : 0.0;
+  }
+#elif defined(WTYPE_Q8_0)
+  const uint blk = u * 34u;
+  const float d = read_f16(row, blk);
+  for (uint j = 0u; j < 32u; j += 4u) {
+    const uint q = read_u32(row, blk + 2u + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      precise float v = float(sext8(q >> (8u * i))) * d;
+      w[j + i] = v;
+    }
+  }
+#elif defined(WTYPE_Q4_K)
+  // 144-byte super-block: d, dmin, scales[12], qs[128]; sub-block s (0..7) of 32 elements uses
+  // the low nibbles of qs[32*(s/2) ..] for even s, the high nibbles for odd s.
+  const uint blk = (u / 8u) * 144u;
+  const uint s = u % 8u;
+  const float d = read_f16(row, blk);
+  const float dmin = read_f16(row, blk + 2u);
+  uint sc;
+  uint mn;
+  if (s < 4u) {
+    sc = read_u8(row, blk + 4u + s) & 63u;
+    mn = read_u8(row, blk + 4u + s + 4u) & 63u;
+  } else {
+    const uint a = read_u8(row, blk + 4u + s + 4u);
+    sc = (a & 0xFu) | ((read_u8(row, blk + 4u + s - 4u) >> 6) << 4);
+    mn = (a >> 4) | ((read_u8(row, blk + 4u + s) >> 6) << 4);
+  }
+  precise float d1 = d * float(sc);
+  precise float m1 = dmin * float(mn);
+  const uint qs = blk + 16u + 32u * (s / 2u);
+  const uint nib = (s & 1u) * 4u;
+  for (uint j = 0u; j < 32u; j += 4u) {
+    const uint q = read_u32(row, qs + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      precise float v = d1 * float((q >> (8u * i + nib)) & 0xFu) - m1;
+      w[j + i] = v;
+    }
+  }
+#elif defined(WTYPE_Q6_K)
+  // 210-byte super-block: ql[128], qh[64], scales[16] (int8), d. Unit u covers elements
+  // 32*(u%8) .. of the block: half h = (u%8)/4 selects the 128-element half, quarter q = u%4
+  // the nibble of ql and the 2-bit field of qh.
+  const uint blk = (u / 8u) * 210u;
+  const uint h = (u % 8u) / 4u;
+  const uint q = u % 4u;
+  const float d = read_f16(row, blk + 208u);
+  const uint ql = blk + h * 64u + (q & 1u) * 32u;
+  const uint qh = blk + 128u + h * 32u;
+  const uint ql_shift = (q / 2u) * 4u;
+  const uint qh_shift = q * 2u;
+  for (uint j = 0u; j < 32u; j += 4u) {
+    const uint lo = read_u32(row, ql + j);
+    const uint hi = read_u32(row, qh + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      const uint l = j + i;
+      const int sc = sext8(read_u8(row, blk + 192u + h * 8u + l / 16u + 2u * q));
+      const int qv = int(((lo >> (8u * i + ql_shift)) & 0xFu) | (((hi >> (8u * i + qh_shift)) & 3u) << 4)) - 32;
+      precise float ds = d * float(sc);
+      precise float v = ds * float(qv);
+      w[l] = v;
+    }
+  }
+#else
+#error "define one WTYPE_*"
+#endif
+}
+
+// Bytes of a row of k elements.
+uint row_bytes(uint k) {
+#if defined(WTYPE_F32)
+  return k * 4u;
+#elif defined(WTYPE_F16)
+  return k * 2u;
+#elif defined(WTYPE_Q8_0)
+  return (k / 32u) * 34u;
+#elif defined(WTYPE_Q4_K)
+  return (k / 256u) * 144u;
+#else
+  return (k / 256u) * 210u;
+#endif
+}

@@ -1,0 +1,72 @@
+#version 460
+// Routing top-k, one invocation per token (E is small). Scores are raw logits, a softmax over
+// all E, or sigmoids. Pick i takes the best (score, id) after pick i-1 in the order "higher score,
+// then lower id", so ties go to the lower expert id and ids come out by descending weight.
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+
+layout(push_constant) uniform Params {
+  uint64_t logits;   // {E, T}
+  uint64_t ids;      // {k, T} i32
+  uint64_t weights;  // {k, T} f32
+  uint e;
+  uint t;
+  uint k;
+  uint mode;  // 0 raw, 1 softmax, 2 sigmoid
+  uint renormalize;
+}
+p;
+
+float score(uint base, uint i, float mx, float sum) {
+  const float l = Floats(p.logits).v[base + i];
+  if (p.mode == 1u) {
+    precise float v = exp(l - mx) / sum;
+    return v;
+  }
+  if (p.mode == 2u) {
+    precise float v = 1.0 / (1.0 + exp(-l));
+    return v;
+  }
+  return l;
+}
+
+void main() {
+  const uint tok = gl_GlobalInvocationID.x;
+  if (tok >= p.t) return;
+  const uint base = tok * p.e;
+  float mx = Floats(p.logits).v[base];
+  for (uint i = 1u; i < p.e; ++i) mx = max(mx, Floats(p.logits).v[base + i]);
+  precise float sum = 0.0;
+  if (p.mode == 1u) {
+    for (uint i = 0u; i < p.e; ++i) sum = sum + exp(Floats(p.logits).v[base + i] - mx);
+  }
+
+  float prev_s = 0.0;
+  uint prev_id = 0u;
+  precise float chosen_sum = 0.0;
+  const uint obase = tok * p.k;
+  for (uint pick = 0u; pick < p.k; ++pick) {
+    float best_s = 0.0;
+    uint best_id = 0xFFFFFFFFu;
+    for (uint i = 0u; i < p.e; ++i) {
+      const float s = score(base, i, mx, sum);
+      const bool after_prev = pick == 0u || s < prev_s || (s == prev_s && i > prev_id);
+      if (after_prev && (best_id == 0xFFFFFFFFu || s > best_s)) {
+        best_s = s;
+        best_id = i;
+      }
+    }
+    Ints(p.ids).v[obase + pick] = int(best_id);
+    Floats(p.weights).v[obase + pick] = best_s;
+    chosen_sum = chosen_sum + best_s;
+    prev_s = best_s;
+    prev_id = best_id;
+  }
+  if (p.renormalize != 0u) {
+    for (uint pick = 0u; pick < p.k; ++pick) {
+      precise float v = Floats(p.weights).v[obase + pick] / chosen_sum;
+      Floats(p.weights).v[obase + pick] = v;
+    }
+  }
+}

@@ -1,0 +1,270 @@
+// Vulkan-specific behaviour the conformance suite does not cover: score() without a driver, device
+// selection, memory accounting, host-memory tensors, long-context rope angles, asynchronous copies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+namespace ct = colibri::sdk::testing;
+
+std::shared_ptr<ct::LoadedPlugin> plugin() {
+  auto lib = ct::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
+  if (!lib) ADD_FAILURE() << lib.error().to_string();
+  return lib ? *lib : nullptr;
+}
+
+bool vulkan_required() {
+  const char* v = std::getenv("COLIBRI_REQUIRE_VULKAN");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The Compute, or a skip saying why there is none (a failure when COLIBRI_REQUIRE_VULKAN=1).
+#define VULKAN_COMPUTE(var, options, host)                                                               \
+  auto var##_lib = plugin();                                                                             \
+  ASSERT_NE(var##_lib, nullptr);                                                                         \
+  auto var##_made = var##_lib->create_as<Compute>(options, host);                                        \
+  if (!var##_made && var##_made.error().code() == StatusCode::unsupported) {                             \
+    if (vulkan_required()) FAIL() << "COLIBRI_REQUIRE_VULKAN=1 but: " << var##_made.error().to_string(); \
+    GTEST_SKIP() << var##_made.error().to_string();                                                      \
+  }                                                                                                      \
+  ASSERT_TRUE(var##_made) << var##_made.error().to_string();                                             \
+  Compute& var = **var##_made
+
+const std::map<std::string, std::string> kStaging{{"map_device_memory", "false"}};
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(VulkanPlugin, RequiredDeviceExistsWhenCiAsksForIt) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  EXPECT_FALSE(c.devices().empty());
+}
+
+TEST(VulkanPlugin, ScoreIsZeroWithAReasonWhenNoDriverIsInstalled) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  ScopedEnv env("VK_DRIVER_FILES", "/nonexistent/colibri-no-such-icd.json");
+  const Score s = lib->descriptor().score(HostInfo{});
+  EXPECT_EQ(s.value, 0);
+  EXPECT_NE(s.reason.find("no Vulkan driver"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("mesa-vulkan-drivers"), std::string::npos) << s.reason;
+}
+
+TEST(VulkanPlugin, ScoreOfASoftwareDeviceLosesToTheCpuBackend) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  ScopedEnv env("VK_DRIVER_FILES", "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json");
+  const Score s = lib->descriptor().score(HostInfo{});
+  if (s.value == 0) GTEST_SKIP() << "lavapipe is not installed here: " << s.reason;
+  EXPECT_LT(s.value, 100) << "lavapipe must not outrank the CPU backend: " << s.reason;
+  EXPECT_NE(s.reason.find("software"), std::string::npos) << s.reason;
+}
+
+TEST(VulkanPlugin, UnknownDeviceIndexListsTheDevices) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  (void)c;
+  auto bad = c_lib->create_as<Compute>({{"device", "57"}});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), StatusCode::invalid_argument);
+  EXPECT_NE(bad.error().message().find("compute.device 57"), std::string::npos) << bad.error().message();
+  EXPECT_NE(bad.error().message().find("0: "), std::string::npos) << bad.error().message();
+}
+
+TEST(VulkanPlugin, DeviceMemoryIsAccountedAndReportedAtCreation) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  VULKAN_COMPUTE(c, {}, host);
+  const DeviceInfo before = c.devices().front();
+  EXPECT_GT(before.memory_total, 0u);
+  EXPECT_NE(before.capabilities.find("vulkan-1."), std::string::npos) << before.capabilities;
+  const std::size_t bytes = std::size_t{64} << 20;
+  auto b = c.allocate(bytes);
+  ASSERT_TRUE(b) << b.error().to_string();
+  const DeviceInfo during = c.devices().front();
+  if (before.capabilities.find("memory-budget") == std::string::npos) {
+    // Without VK_EXT_memory_budget the plugin counts its own allocations.
+    EXPECT_LE(during.memory_available + bytes, before.memory_available);
+    b->reset();
+    EXPECT_EQ(c.devices().front().memory_available, before.memory_available);
+  }
+  bool logged = false;
+  for (const auto& line : host->lines()) logged |= line.find("using Vulkan device 0") != std::string::npos;
+  EXPECT_TRUE(logged) << "create() should log the device it picked";
+}
+
+TEST(VulkanPlugin, AllocationBeyondTheDeviceIsAnOutOfMemoryError) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  auto b = c.allocate(std::size_t{1} << 50);
+  ASSERT_FALSE(b);
+  EXPECT_TRUE(b.error().code() == StatusCode::out_of_memory || b.error().code() == StatusCode::internal)
+      << b.error().to_string();
+  EXPECT_NE(b.error().message().find("allocating"), std::string::npos) << b.error().message();
+}
+
+TEST(VulkanPlugin, ManyAsynchronousCopiesCompleteAfterSynchronize) {
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  const std::size_t n = 8, chunk = 3000;
+  auto b = c.allocate(n * chunk);
+  ASSERT_TRUE(b);
+  EXPECT_EQ((*b)->host_pointer(), nullptr) << "map_device_memory=false must not map device buffers";
+  std::vector<unsigned char> src(n * chunk), back(n * chunk, 0);
+  std::iota(src.begin(), src.end(), 0);
+  std::vector<std::unique_ptr<Event>> ups;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto e = c.copy_to_device_async(src.data() + i * chunk, **b, i * chunk, chunk);
+    ASSERT_TRUE(e) << e.error().to_string();
+    ups.push_back(std::move(*e));
+  }
+  // Downloads are ordered after the uploads on the one queue; synchronize finishes them all.
+  std::vector<std::unique_ptr<Event>> downs;
+  for (std::size_t i = 0; i < n; ++i) {
+    auto e = c.copy_to_host_async(**b, i * chunk, back.data() + i * chunk, chunk);
+    ASSERT_TRUE(e) << e.error().to_string();
+    downs.push_back(std::move(*e));
+  }
+  ASSERT_TRUE(c.synchronize());
+  for (auto& e : downs) EXPECT_TRUE(e->ready());
+  EXPECT_EQ(src, back);
+}
+
+// Host tensors (data, no buffer) go through staging; results equal those of device tensors.
+TEST(VulkanPlugin, HostTensorsGiveTheSameResultsAsDeviceTensors) {
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  const std::int64_t k = 256, n = 16, t = 2;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist;
+  std::vector<float> wf(static_cast<std::size_t>(k * n)), x(static_cast<std::size_t>(k * t));
+  for (auto& v : wf) v = dist(rng);
+  for (auto& v : x) v = dist(rng);
+  std::vector<std::byte> w(row_bytes(DType::q6_k, k) * n);
+  ASSERT_TRUE(colibri::quant::quantize_row(DType::q6_k, wf.data(), w.data(), k * n));
+  std::vector<float> y_host(static_cast<std::size_t>(n * t)), y_dev(y_host.size());
+  {
+    Tensor in[] = {Tensor{DType::q6_k, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+    Tensor out{DType::f32, {n, t, 1, 1}, y_host.data()};
+    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+  }
+  {
+    // Weights at an offset that is only 2-byte aligned, as a q6_k tensor inside a blob can be.
+    const std::size_t w_off = 210 * 3 + 2;
+    auto buf = c.allocate(w_off + w.size() + x.size() * 4 + y_dev.size() * 4 + 64);
+    ASSERT_TRUE(buf);
+    const std::size_t x_off = (w_off + w.size() + 3) / 4 * 4, y_off = x_off + x.size() * 4;
+    ASSERT_TRUE((*c.copy_to_device_async(w.data(), **buf, w_off, w.size()))->wait());
+    ASSERT_TRUE((*c.copy_to_device_async(x.data(), **buf, x_off, x.size() * 4))->wait());
+    Tensor in[] = {Tensor{DType::q6_k, {k, n, 1, 1}, nullptr, buf->get(), w_off},
+                   Tensor{DType::f32, {k, t, 1, 1}, nullptr, buf->get(), x_off}};
+    Tensor out{DType::f32, {n, t, 1, 1}, nullptr, buf->get(), y_off};
+    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+    ASSERT_TRUE((*c.copy_to_host_async(**buf, y_off, y_dev.data(), y_dev.size() * 4))->wait());
+  }
+  EXPECT_EQ(0, std::memcmp(y_host.data(), y_dev.data(), y_host.size() * 4));
+  // And the reference says both are right.
+  std::vector<float> wd(static_cast<std::size_t>(k * n));
+  ASSERT_TRUE(colibri::quant::dequantize_row(DType::q6_k, w.data(), wd.data(), k * n));
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      double want = 0, mag = 0;
+      for (std::int64_t j = 0; j < k; ++j) {
+        want += static_cast<double>(wd[static_cast<std::size_t>(r * k + j)]) * x[static_cast<std::size_t>(i * k + j)];
+        mag += std::fabs(static_cast<double>(wd[static_cast<std::size_t>(r * k + j)]) *
+                         x[static_cast<std::size_t>(i * k + j)]);
+      }
+      EXPECT_NEAR(y_host[static_cast<std::size_t>(i * n + r)], want, 1e-5 * mag + 1e-6);
+    }
+  }
+}
+
+TEST(VulkanPlugin, BufferTensorsOutsideTheirBufferAreRejected) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  auto buf = c.allocate(1024);
+  ASSERT_TRUE(buf);
+  Tensor in[] = {Tensor{DType::f32, {256, 1, 1, 1}, nullptr, buf->get(), 0},
+                 Tensor{DType::f32, {256, 1, 1, 1}, nullptr, buf->get(), 512}};
+  Tensor out{DType::f32, {256, 1, 1, 1}, nullptr, buf->get(), 0};
+  const Status s = c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}});
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("B "), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("offset 512"), std::string::npos) << s.message();
+}
+
+// Long contexts: angles of tens of thousands of radians keep full float accuracy.
+TEST(VulkanPlugin, RopeStaysAccurateAtLargePositions) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  const std::int64_t hd = 128, t = 4;
+  std::vector<std::int32_t> pos{8191, 16384, 32767, 40000};
+  std::vector<float> inv(hd / 2), x(static_cast<std::size_t>(hd * t)), y(x.size());
+  for (std::int64_t i = 0; i < hd / 2; ++i)
+    inv[static_cast<std::size_t>(i)] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  for (auto& v : x) v = dist(rng);
+  Tensor in[] = {Tensor{DType::f32, {hd, 1, t, 1}, x.data()}, Tensor{DType::i32, {t, 1, 1, 1}, pos.data()},
+                 Tensor{DType::f32, {hd / 2, 1, 1, 1}, inv.data()}};
+  Tensor out{DType::f32, {hd, 1, t, 1}, y.data()};
+  OpParams p;
+  p.rope_dims = static_cast<std::int32_t>(hd);
+  ASSERT_TRUE(c.run(OpCall{Op::rope, in, std::span<Tensor>(&out, 1), p}));
+  double worst = 0;
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t j = 0; j < hd / 2; ++j) {
+      const float theta = static_cast<float>(pos[static_cast<std::size_t>(i)]) * inv[static_cast<std::size_t>(j)];
+      const double cs = std::cos(static_cast<double>(theta)), sn = std::sin(static_cast<double>(theta));
+      const double x0 = x[static_cast<std::size_t>(i * hd + j)], x1 = x[static_cast<std::size_t>(i * hd + j + hd / 2)];
+      worst = std::max(worst, std::fabs(y[static_cast<std::size_t>(i * hd + j)] - (x0 * cs - x1 * sn)));
+      worst = std::max(worst, std::fabs(y[static_cast<std::size_t>(i * hd + j + hd / 2)] - (x0 * sn + x1 * cs)));
+    }
+  }
+  EXPECT_LT(worst, 2e-6) << "worst absolute error of rotated values";
+}
+
+TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  for (DType t : {DType::f32, DType::f16, DType::q8_0, DType::q4_k, DType::q6_k}) {
+    EXPECT_TRUE(c.supports(Op::matmul, t)) << to_string(t);
+    EXPECT_TRUE(c.supports(Op::expert_ffn, t)) << to_string(t);
+    EXPECT_TRUE(c.supports(Op::embedding, t)) << to_string(t);
+  }
+  for (DType t : {DType::q4_0, DType::q2_k, DType::q3_k, DType::q5_k, DType::bf16}) {
+    EXPECT_FALSE(c.supports(Op::matmul, t)) << to_string(t);
+  }
+  EXPECT_TRUE(c.supports(Op::attention, DType::q8_0));
+  EXPECT_FALSE(c.supports(Op::attention, DType::q4_k));
+  std::vector<std::byte> w(row_bytes(DType::q4_0, 64) * 2);
+  std::vector<float> x(64), y(2);
+  Tensor in[] = {Tensor{DType::q4_0, {64, 2, 1, 1}, w.data()}, Tensor{DType::f32, {64, 1, 1, 1}, x.data()}};
+  Tensor out{DType::f32, {2, 1, 1, 1}, y.data()};
+  const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
+  EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+}
+
+}  // namespace

@@ -1,0 +1,324 @@
+// compute/vulkan: the plugin entry, score() and the Compute object's buffers and copies.
+//
+// score() creates no Vulkan instance and loads no driver: it opens only the loader library and
+// looks for installed driver manifests (ICD .json files). Whether a usable device exists is known
+// only in create(), which makes the instance and reports "no device" / "lacks feature X" there.
+#include "vulkan_compute.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+namespace colibri::vulkan {
+
+using sdk::Expected;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+std::vector<std::string> split_paths(const char* text) {
+  std::vector<std::string> out;
+  if (text == nullptr) return out;
+  std::string s(text);
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t end = std::min(s.find(':', start), s.size());
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Driver manifests the Vulkan loader would read (the loader's own search order, simplified).
+std::vector<std::string> icd_manifests() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> candidates;
+  const char* explicit_files = std::getenv("VK_DRIVER_FILES");
+  if (explicit_files == nullptr) explicit_files = std::getenv("VK_ICD_FILENAMES");
+  std::vector<std::string> dirs;
+  if (explicit_files != nullptr) {
+    candidates = split_paths(explicit_files);
+  } else {
+    const char* xdg_config = std::getenv("XDG_CONFIG_DIRS");
+    for (const auto& d : split_paths(xdg_config ? xdg_config : "/etc/xdg")) dirs.push_back(d + "/vulkan/icd.d");
+    dirs.push_back("/etc/vulkan/icd.d");
+    if (const char* home = std::getenv("XDG_DATA_HOME")) {
+      dirs.push_back(std::string(home) + "/vulkan/icd.d");
+    } else if (const char* h = std::getenv("HOME")) {
+      dirs.push_back(std::string(h) + "/.local/share/vulkan/icd.d");
+    }
+    const char* xdg_data = std::getenv("XDG_DATA_DIRS");
+    for (const auto& d : split_paths(xdg_data ? xdg_data : "/usr/local/share:/usr/share")) {
+      dirs.push_back(d + "/vulkan/icd.d");
+    }
+  }
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& c : candidates) {
+    if (fs::is_directory(c, ec)) {
+      dirs.push_back(c);
+    } else if (fs::is_regular_file(c, ec)) {
+      found.push_back(fs::path(c).filename().string());
+    }
+  }
+  for (const auto& d : dirs) {
+    for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".json") found.push_back(it->path().filename().string());
+    }
+    ec.clear();
+  }
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  return found;
+}
+
+bool gpu_device_node() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists("/dev/nvidia0", ec)) return true;
+  for (fs::directory_iterator it("/dev/dri", ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind("renderD", 0) == 0) return true;
+  }
+  return false;
+}
+
+sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
+  try {
+    Api api;
+    if (std::string e = load_loader(api); !e.empty()) {
+      return {0, e + "; install libvulkan1 and a Vulkan driver (mesa-vulkan-drivers)"};
+    }
+    const auto icds = icd_manifests();
+    if (icds.empty()) {
+      return {0,
+              "no Vulkan driver is installed (no ICD manifest in /usr/share/vulkan/icd.d, /etc/vulkan/icd.d or "
+              "VK_DRIVER_FILES); apt-get install mesa-vulkan-drivers or the GPU vendor's driver"};
+    }
+    std::string names;
+    bool hardware_driver = false;
+    for (const auto& n : icds) {
+      names += (names.empty() ? "" : ", ") + n;
+      if (n.find("lvp") == std::string::npos) hardware_driver = true;
+    }
+    if (hardware_driver && gpu_device_node()) {
+      return {400, "Vulkan drivers " + names + " and a GPU device node are present"};
+    }
+    // lavapipe runs shaders on the CPU: correct but slower than the CPU backend, so it must be
+    // asked for by name (compute.backend: vulkan) rather than win the automatic choice.
+    return {1, "only a software Vulkan device is likely here (drivers: " + names +
+                   "; no GPU device node); it works when selected with compute.backend: vulkan but is slower than "
+                   "the CPU backend"};
+  } catch (...) {
+    return {0, "probing for Vulkan failed"};
+  }
+}
+
+const sdk::OptionSpec kOptions[] = {
+    {"map_device_memory", sdk::OptionType::boolean, "true",
+     "map device-local memory into the host when it is the device's main heap (iGPU, lavapipe); false forces "
+     "staging copies"},
+};
+
+const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32", "f16", "q8_0", "q4_k", "q6_k"};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------- copies
+
+Status PendingCopy::finish(bool block) noexcept {
+  std::lock_guard lock(mu);
+  if (finished) return status;
+  if (!block && !submission->ready()) return {};
+  status = submission->wait();
+  if (status && host_dst != nullptr) std::memcpy(host_dst, staging.mapped, bytes);
+  ctx->give_staging(staging);
+  staging = Allocation{};
+  submission.reset();
+  finished = true;
+  return status;
+}
+
+bool PendingCopy::is_finished() noexcept {
+  std::lock_guard lock(mu);
+  return finished;
+}
+
+// ---------------------------------------------------------------------------------------- compute
+
+Expected<std::unique_ptr<VulkanCompute>> VulkanCompute::create(const sdk::CreateContext& cc) {
+  auto device = cc.config->get_int("device", 0);
+  if (!device) return device.error();
+  auto map = cc.config->get_bool("map_device_memory", true);
+  if (!map) return map.error();
+  ContextOptions options;
+  options.device_index = *device;
+  options.map_device_memory = *map;
+  auto ctx = Context::create(options, cc.host);
+  if (!ctx) return ctx.error();
+  return std::make_unique<VulkanCompute>(std::move(*ctx));
+}
+
+VulkanCompute::VulkanCompute(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)) {
+  devices_.push_back(ctx_->info());
+}
+
+VulkanCompute::~VulkanCompute() {
+  (void)synchronize();
+  ctx_->release(scratch_);
+  ctx_->release(status_);
+}
+
+std::span<const sdk::DeviceInfo> VulkanCompute::devices() const noexcept {
+  std::lock_guard lock(info_mu_);
+  devices_.front() = ctx_->info();  // memory_available changes as buffers come and go
+  return devices_;
+}
+
+Expected<std::unique_ptr<sdk::Buffer>> VulkanCompute::allocate(std::size_t bytes) noexcept {
+  try {
+    auto a = ctx_->allocate(bytes, false);
+    if (!a) return a.error();
+    return std::unique_ptr<sdk::Buffer>(new VulkanBuffer(ctx_, *a, bytes));
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "allocating a buffer object");
+  }
+}
+
+Expected<const VulkanBuffer*> VulkanCompute::own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
+                                                        const char* what) const {
+  const auto* vb = dynamic_cast<const VulkanBuffer*>(&b);
+  if (vb == nullptr || vb->context() != ctx_.get()) {
+    return Status(StatusCode::invalid_argument,
+                  std::string(what) + ": the buffer was not allocated by this Vulkan compute object");
+  }
+  if (offset > vb->size() || bytes > vb->size() - offset) {
+    return Status(StatusCode::invalid_argument, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
+                                                    std::to_string(offset) + " overrun the buffer of " +
+                                                    std::to_string(vb->size()) + " bytes");
+  }
+  return vb;
+}
+
+Status VulkanCompute::track(std::shared_ptr<PendingCopy> copy) {
+  std::lock_guard lock(copies_mu_);
+  std::erase_if(copies_, [](const std::shared_ptr<PendingCopy>& c) { return c->is_finished(); });
+  copies_.push_back(std::move(copy));
+  return {};
+}
+
+Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_device_async(const void* src, sdk::Buffer& dst,
+                                                                          std::size_t offset,
+                                                                          std::size_t bytes) noexcept {
+  try {
+    auto vb = own_buffer(dst, offset, bytes, "copy_to_device_async");
+    if (!vb) return vb.error();
+    if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    if (src == nullptr) return Status(StatusCode::invalid_argument, "copy_to_device_async: null source");
+    if (dst.host_pointer() != nullptr) {
+      // Mapped, coherent device memory: ops run synchronously, so nothing on the GPU is using it.
+      std::memcpy(static_cast<std::byte*>(dst.host_pointer()) + offset, src, bytes);
+      return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    }
+    auto staging = ctx_->take_staging(bytes);
+    if (!staging) return staging.error().with_context("copy_to_device_async");
+    std::memcpy(staging->mapped, src, bytes);
+    const VkBuffer from = staging->buffer;
+    const VkBuffer to = (*vb)->buffer();
+    auto sub = ctx_->submit([&](VkCommandBuffer cmd) {
+      VkBufferCopy region{0, offset, bytes};
+      ctx_->api().vkCmdCopyBuffer(cmd, from, to, 1, &region);
+    });
+    if (!sub) {
+      ctx_->give_staging(*staging);
+      return sub.error().with_context("copy_to_device_async");
+    }
+    auto copy = std::make_shared<PendingCopy>();
+    copy->ctx = ctx_;
+    copy->submission = std::move(*sub);
+    copy->staging = *staging;
+    copy->bytes = bytes;
+    (void)track(copy);
+    return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "copy_to_device_async");
+  }
+}
+
+Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_host_async(const sdk::Buffer& src, std::size_t offset,
+                                                                        void* dst, std::size_t bytes) noexcept {
+  try {
+    auto vb = own_buffer(src, offset, bytes, "copy_to_host_async");
+    if (!vb) return vb.error();
+    if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    if (dst == nullptr) return Status(StatusCode::invalid_argument, "copy_to_host_async: null destination");
+    if ((*vb)->mapped() != nullptr) {
+      std::memcpy(dst, static_cast<const std::byte*>((*vb)->mapped()) + offset, bytes);
+      return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    }
+    auto staging = ctx_->take_staging(bytes);
+    if (!staging) return staging.error().with_context("copy_to_host_async");
+    const VkBuffer from = (*vb)->buffer();
+    const VkBuffer to = staging->buffer;
+    auto sub = ctx_->submit([&](VkCommandBuffer cmd) {
+      VkBufferCopy region{offset, 0, bytes};
+      ctx_->api().vkCmdCopyBuffer(cmd, from, to, 1, &region);
+    });
+    if (!sub) {
+      ctx_->give_staging(*staging);
+      return sub.error().with_context("copy_to_host_async");
+    }
+    auto copy = std::make_shared<PendingCopy>();
+    copy->ctx = ctx_;
+    copy->submission = std::move(*sub);
+    copy->staging = *staging;
+    copy->host_dst = dst;
+    copy->bytes = bytes;
+    (void)track(copy);
+    return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "copy_to_host_async");
+  }
+}
+
+Status VulkanCompute::synchronize() noexcept {
+  std::vector<std::shared_ptr<PendingCopy>> pending;
+  {
+    std::lock_guard lock(copies_mu_);
+    pending.swap(copies_);
+  }
+  Status first;
+  for (auto& c : pending) {
+    Status s = c->finish(true);
+    if (!s && first) first = s;
+  }
+  Status idle = ctx_->wait_idle();
+  return first ? idle : first;
+}
+
+}  // namespace colibri::vulkan
+
+namespace {
+
+colibri::sdk::Expected<colibri::sdk::PluginObject*> create_vulkan(const colibri::sdk::CreateContext& ctx) noexcept {
+  return colibri::sdk::create_guarded<colibri::vulkan::VulkanCompute>(ctx);
+}
+
+const colibri::sdk::PluginDescriptor kDescriptor{
+    colibri::sdk::make_plugin_header(),
+    colibri::sdk::PluginKind::compute,
+    "vulkan",
+    "0.1.0",
+    "Vulkan compute shaders (SPIR-V embedded): quantized matmul, expert FFN, attention, norms",
+    colibri::vulkan::kOptions,
+    colibri::vulkan::kCapabilities,
+    &colibri::vulkan::score,
+    &create_vulkan,
+};
+
+}  // namespace
+
+COLIBRI_DEFINE_PLUGIN(kDescriptor)

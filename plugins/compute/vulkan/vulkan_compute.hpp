@@ -1,0 +1,104 @@
+// compute/vulkan: the Compute object, its buffers and copy events.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "colibri/sdk/sdk.hpp"
+#include "vulkan_device.hpp"
+
+namespace colibri::vulkan {
+
+class VulkanBuffer final : public sdk::Buffer {
+ public:
+  VulkanBuffer(std::shared_ptr<Context> ctx, Allocation a, std::size_t size)
+      : ctx_(std::move(ctx)), a_(a), size_(size) {}
+  ~VulkanBuffer() override { ctx_->release(a_); }
+  VulkanBuffer(const VulkanBuffer&) = delete;
+  VulkanBuffer& operator=(const VulkanBuffer&) = delete;
+
+  [[nodiscard]] std::size_t size() const noexcept override { return size_; }
+  [[nodiscard]] void* host_pointer() noexcept override { return a_.mapped; }
+  [[nodiscard]] const void* mapped() const noexcept { return a_.mapped; }
+  [[nodiscard]] VkBuffer buffer() const noexcept { return a_.buffer; }
+  [[nodiscard]] VkDeviceAddress address() const noexcept { return a_.address; }
+  [[nodiscard]] const Context* context() const noexcept { return ctx_.get(); }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  Allocation a_;
+  std::size_t size_;
+};
+
+// A copy through a staging buffer. Finishing it (wait, ready, or Compute::synchronize) copies
+// downloaded bytes to the caller's memory and returns the staging buffer to the pool.
+struct PendingCopy {
+  std::shared_ptr<Context> ctx;
+  std::shared_ptr<Submission> submission;
+  Allocation staging;
+  void* host_dst = nullptr;  // downloads only
+  std::size_t bytes = 0;
+  std::mutex mu;
+  bool finished = false;
+  sdk::Status status;
+
+  sdk::Status finish(bool block) noexcept;
+  [[nodiscard]] bool is_finished() noexcept;
+};
+
+class CopyEvent final : public sdk::Event {
+ public:
+  explicit CopyEvent(std::shared_ptr<PendingCopy> copy) : copy_(std::move(copy)) {}
+  sdk::Status wait() noexcept override { return copy_->finish(true); }
+  [[nodiscard]] bool ready() const noexcept override {
+    copy_->finish(false);
+    return copy_->is_finished();
+  }
+
+ private:
+  std::shared_ptr<PendingCopy> copy_;
+};
+
+// One command of an op: a shader, its push constants and its grid. Commands of one run() are
+// recorded into one command buffer with a barrier after each.
+struct Command {
+  const char* shader = "";
+  std::vector<std::byte> push;
+  std::uint32_t groups[3] = {1, 1, 1};
+};
+
+class VulkanCompute final : public sdk::Compute {
+ public:
+  static sdk::Expected<std::unique_ptr<VulkanCompute>> create(const sdk::CreateContext& ctx);
+  explicit VulkanCompute(std::shared_ptr<Context> ctx);
+  ~VulkanCompute() override;
+
+  [[nodiscard]] std::span<const sdk::DeviceInfo> devices() const noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override;
+  [[nodiscard]] bool supports(sdk::Op op, sdk::DType weight_type) const noexcept override;
+  sdk::Status run(const sdk::OpCall& call) noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
+                                                                  std::size_t bytes) noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
+                                                                std::size_t bytes) noexcept override;
+  sdk::Status synchronize() noexcept override;
+
+ private:
+  sdk::Status run_impl(const sdk::OpCall& call);
+  sdk::Expected<const VulkanBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
+                                                const char* what) const;
+  sdk::Status track(std::shared_ptr<PendingCopy> copy);
+  sdk::Status ensure_scratch(std::size_t bytes);
+
+  std::shared_ptr<Context> ctx_;
+  mutable std::mutex info_mu_;
+  mutable std::vector<sdk::DeviceInfo> devices_;
+  std::mutex copies_mu_;
+  std::vector<std::shared_ptr<PendingCopy>> copies_;
+  std::mutex run_mu_;  // ops run one at a time: scratch and status buffers are shared
+  Allocation scratch_;
+  Allocation status_;
+};
+
+}  // namespace colibri::vulkan

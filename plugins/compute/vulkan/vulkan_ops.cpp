@@ -1,0 +1,614 @@
+// compute/vulkan: op validation and dispatch. Every op checks shapes, types and ranges on the host
+// (a bad shape is an error naming the op and tensor, never a GPU fault), resolves each tensor to a
+// device address, records its commands into one command buffer and waits for it: run() returns
+// with the outputs written, like the CPU backend.
+#include <cstring>
+#include <string>
+
+#include "vulkan_compute.hpp"
+
+namespace colibri::vulkan {
+
+using sdk::DType;
+using sdk::Expected;
+using sdk::Op;
+using sdk::Status;
+using sdk::StatusCode;
+using sdk::Tensor;
+
+namespace {
+
+constexpr std::uint32_t kMaxGrid = 65535;
+constexpr std::uint32_t kGridX = 32768;  // matches common.glsl
+constexpr std::uint32_t kMatmulTile = 8;
+constexpr std::int64_t kMaxHeadDim = 256;
+constexpr std::uint64_t kMaxElems = 0xFFFFFFFFull;  // shaders index with 32-bit integers
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::matmul: return "matmul";
+    case Op::expert_ffn: return "expert_ffn";
+    case Op::rms_norm: return "rms_norm";
+    case Op::rope: return "rope";
+    case Op::attention: return "attention";
+    case Op::swiglu: return "swiglu";
+    case Op::add: return "add";
+    case Op::topk_routing: return "topk_routing";
+    case Op::embedding: return "embedding";
+    case Op::scale_add: return "scale_add";
+    case Op::sigmoid: return "sigmoid";
+    default: return "unknown op";
+  }
+}
+
+bool weight_type_ok(DType t) {
+  return t == DType::f32 || t == DType::f16 || t == DType::q8_0 || t == DType::q4_k || t == DType::q6_k;
+}
+bool kv_type_ok(DType t) {
+  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
+}
+
+const char* type_suffix(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::q8_0: return "q8_0";
+    case DType::q4_k: return "q4_k";
+    case DType::q6_k: return "q6_k";
+    default: return "";
+  }
+}
+
+std::uint64_t elems(const Tensor& t) {
+  return static_cast<std::uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
+}
+std::int64_t rows(const Tensor& t) {
+  return t.ne[1] * t.ne[2] * t.ne[3];
+}
+
+std::string shape_text(const Tensor& t) {
+  std::string s = std::string(sdk::to_string(t.type)) + " {";
+  for (int i = 0; i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.ne[static_cast<std::size_t>(i)]);
+  return s + "}";
+}
+
+template <typename T>
+std::vector<std::byte> as_bytes(const T& v) {
+  std::vector<std::byte> out(sizeof(T));
+  std::memcpy(out.data(), &v, sizeof(T));
+  return out;
+}
+
+std::uint32_t u32(std::int64_t v) {
+  return static_cast<std::uint32_t>(v);
+}
+
+// Push constants, laid out as in the shaders (std430: u64 first, then 4-byte fields).
+struct MatmulPush {
+  std::uint64_t w, x, y, bias;
+  std::uint32_t k, n, t, w_row_bytes;
+};
+struct GetRowsPush {
+  std::uint64_t table, ids, out, status;
+  std::uint32_t d, rows, t, row_bytes;
+};
+struct RmsNormPush {
+  std::uint64_t x, w, y;
+  std::uint32_t d, rows;
+  float eps;
+  std::uint32_t pad;
+};
+struct EltwisePush {
+  std::uint64_t a, b, y;
+  std::uint32_t n, mode, d, pad;
+};
+struct RopePush {
+  std::uint64_t x, positions, inv_freq, y;
+  std::uint32_t head_dim, n_heads, t, rope_dims, interleaved;
+  float scale;
+};
+struct AttentionPush {
+  std::uint64_t q, k, v, o;
+  std::uint32_t head_dim, n_heads, n_kv, t, position, window;
+  float scale;
+  std::uint32_t kv_row_bytes;
+};
+struct TopkPush {
+  std::uint64_t logits, ids, weights;
+  std::uint32_t e, t, k, mode, renormalize, pad;
+};
+static_assert(sizeof(MatmulPush) == 48 && sizeof(AttentionPush) == 64 && sizeof(RopePush) == 56);
+
+// Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
+// into staging buffers the shaders read directly, and outputs copied back after the run.
+class Binder {
+ public:
+  Binder(Context& ctx, const char* op) : ctx_(ctx), op_(op) {}
+  ~Binder() {
+    for (auto& s : staged_) ctx_.give_staging(s.staging);
+  }
+  Binder(const Binder&) = delete;
+  Binder& operator=(const Binder&) = delete;
+
+  // The device address of `t`; `what` names it in errors ("W", "X", ...).
+  Expected<std::uint64_t> bind(const Tensor& t, const char* what, bool is_output, std::size_t align) {
+    const auto* traits = sdk::dtype_traits(t.type);
+    if (traits == nullptr) return error(what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
+    for (std::size_t i = 0; i < 4; ++i) {
+      if (t.ne[i] <= 0) return error(what, "has a non-positive dimension: " + shape_text(t));
+    }
+    const std::size_t rb = sdk::row_bytes(t.type, t.ne[0]);
+    if (rb == 0) {
+      return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
+                             " blocks of " + std::to_string(traits->block_elems));
+    }
+    const std::size_t bytes = rb * static_cast<std::size_t>(rows(t));
+    std::uint64_t addr = 0;
+    if (t.buffer != nullptr) {
+      const auto* vb = dynamic_cast<const VulkanBuffer*>(t.buffer);
+      if (vb == nullptr || vb->context() != &ctx_) return error(what, "lives in a buffer of another compute object");
+      if (t.offset > vb->size() || bytes > vb->size() - t.offset) {
+        return error(what, shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
+                               std::to_string(t.offset) + " but its buffer holds " + std::to_string(vb->size()));
+      }
+      addr = vb->address() + t.offset;
+    } else if (t.data != nullptr) {
+      auto s = ctx_.take_staging(bytes);
+      if (!s) return s.error().with_context(std::string(op_) + ": staging " + what);
+      std::memcpy(s->mapped, t.data, bytes);
+      staged_.push_back({*s, is_output ? t.data : nullptr, bytes});
+      addr = s->address;
+    } else {
+      return error(what, "has neither a buffer nor host data");
+    }
+    if (addr % align != 0) {
+      return error(what, "starts at an address not aligned to " + std::to_string(align) + " bytes (offset " +
+                             std::to_string(t.offset) + ")");
+    }
+    return addr;
+  }
+
+  // Copies staged outputs back to the caller's host memory (after the GPU finished).
+  void copy_back() {
+    for (auto& s : staged_) {
+      if (s.host_out != nullptr) std::memcpy(s.host_out, s.staging.mapped, s.bytes);
+    }
+  }
+
+  Status error(const char* what, const std::string& message) const {
+    return Status(StatusCode::invalid_argument, std::string(op_) + ": " + what + " " + message);
+  }
+
+ private:
+  struct Staged {
+    Allocation staging;
+    void* host_out;
+    std::size_t bytes;
+  };
+  Context& ctx_;
+  const char* op_;
+  std::vector<Staged> staged_;
+};
+
+std::uint32_t groups_for(std::uint64_t items, std::uint32_t per_group) {
+  const std::uint64_t g = (items + per_group - 1) / per_group;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(g, 1), kMaxGrid));
+}
+
+// One workgroup per row, spread over x and z (see flat_group() in common.glsl).
+void row_grid(Command& c, std::uint64_t n_rows, std::uint32_t y) {
+  c.groups[0] = static_cast<std::uint32_t>(std::min<std::uint64_t>(n_rows, kGridX));
+  c.groups[1] = y;
+  c.groups[2] = static_cast<std::uint32_t>((n_rows + kGridX - 1) / kGridX);
+}
+
+Command matmul_command(DType wtype, std::uint64_t w, std::uint64_t x, std::uint64_t y, std::uint64_t bias,
+                       std::int64_t k, std::int64_t n, std::int64_t t) {
+  static const std::string kNames[] = {"matmul_f32", "matmul_f16", "matmul_q8_0", "matmul_q4_k", "matmul_q6_k"};
+  Command c;
+  for (const auto& name : kNames) {
+    if (name == std::string("matmul_") + type_suffix(wtype)) c.shader = name.c_str();
+  }
+  c.push = as_bytes(MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k))});
+  row_grid(c, static_cast<std::uint64_t>(n), static_cast<std::uint32_t>((t + kMatmulTile - 1) / kMatmulTile));
+  return c;
+}
+
+Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::uint64_t n, std::uint32_t mode,
+                        std::uint32_t d) {
+  Command c;
+  c.shader = "eltwise";
+  c.push = as_bytes(EltwisePush{a, b, y, static_cast<std::uint32_t>(n), mode, d, 0});
+  c.groups[0] = groups_for(n, 256);
+  return c;
+}
+
+}  // namespace
+
+bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
+  switch (op) {
+    case Op::matmul:
+    case Op::expert_ffn:
+    case Op::embedding: return weight_type_ok(weight_type);
+    case Op::attention: return kv_type_ok(weight_type);
+    case Op::rms_norm:
+    case Op::rope:
+    case Op::swiglu:
+    case Op::add:
+    case Op::topk_routing:
+    case Op::scale_add:
+    case Op::sigmoid: return weight_type == DType::f32;
+    default: return false;
+  }
+}
+
+Status VulkanCompute::ensure_scratch(std::size_t bytes) {
+  if (scratch_.size >= bytes) return {};
+  ctx_->release(scratch_);
+  auto a = ctx_->allocate(bytes, false);
+  if (!a) return a.error().with_context("expert_ffn scratch");
+  scratch_ = *a;
+  return {};
+}
+
+Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
+  try {
+    std::lock_guard lock(run_mu_);
+    return run_impl(call);
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": " + e.what());
+  } catch (...) {
+    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": unknown exception");
+  }
+}
+
+Status VulkanCompute::run_impl(const sdk::OpCall& call) {
+  const char* name = op_name(call.op);
+  const auto& in = call.inputs;
+  const auto& out = call.outputs;
+  auto count_error = [&](std::size_t n_in, std::size_t n_out) {
+    return Status(StatusCode::invalid_argument, std::string(name) + " takes " + std::to_string(n_in) + " inputs and " +
+                                                    std::to_string(n_out) + " outputs; got " +
+                                                    std::to_string(in.size()) + " and " + std::to_string(out.size()));
+  };
+  auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
+  auto need_f32 = [&](const Tensor& t, const char* what) -> Status {
+    if (t.type != DType::f32) return bad(std::string(what) + " must be f32, got " + shape_text(t));
+    if (elems(t) > kMaxElems) return bad(std::string(what) + " has more than 2^32 elements");
+    return {};
+  };
+  auto need_i32 = [&](const Tensor& t, const char* what) -> Status {
+    if (t.type != DType::i32) return bad(std::string(what) + " must be i32, got " + shape_text(t));
+    return {};
+  };
+#define COLIBRI_VK_TRY(expr)       \
+  do {                             \
+    if (Status s_ = (expr); !s_) { \
+      return s_;                   \
+    }                              \
+  } while (0)
+#define COLIBRI_VK_BIND(var, tensor, what, is_out, align) \
+  std::uint64_t var = 0;                                  \
+  {                                                       \
+    auto b_ = binder.bind(tensor, what, is_out, align);   \
+    if (!b_) return b_.error();                           \
+    var = *b_;                                            \
+  }
+
+  Binder binder(*ctx_, name);
+  std::vector<Command> cmds;
+  bool check_status = false;
+
+  switch (call.op) {
+    case Op::matmul: {
+      if ((in.size() != 2 && in.size() != 3) || out.size() != 1) return count_error(2, 1);
+      const Tensor& w = in[0];
+      const Tensor& x = in[1];
+      const Tensor& y = out[0];
+      if (!weight_type_ok(w.type)) {
+        return Status(StatusCode::unsupported, std::string("matmul: weight type ") +
+                                                   std::string(sdk::to_string(w.type)) + " is not supported by vulkan");
+      }
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      const std::int64_t k = w.ne[0], n = rows(w), t = rows(x);
+      if (x.ne[0] != k) return bad("X " + shape_text(x) + " does not match W " + shape_text(w) + " (ne[0] differs)");
+      if (y.ne[0] != n || rows(y) != t) {
+        return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "}");
+      }
+      COLIBRI_VK_BIND(wa, w, "W", false, w.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      std::uint64_t ba = 0;
+      if (in.size() == 3) {
+        COLIBRI_VK_TRY(need_f32(in[2], "bias"));
+        if (elems(in[2]) != static_cast<std::uint64_t>(n))
+          return bad("bias must have N = " + std::to_string(n) + " elements");
+        COLIBRI_VK_BIND(b, in[2], "bias", false, 4);
+        ba = b;
+      }
+      cmds.push_back(matmul_command(w.type, wa, xa, ya, ba, k, n, t));
+      break;
+    }
+    case Op::expert_ffn: {
+      if (in.size() != 4 || out.size() != 1) return count_error(4, 1);
+      const Tensor &wg = in[0], &wu = in[1], &wd = in[2], &x = in[3], &y = out[0];
+      for (const Tensor* w : {&wg, &wu, &wd}) {
+        if (!weight_type_ok(w->type)) {
+          return Status(StatusCode::unsupported, std::string("expert_ffn: weight type ") +
+                                                     std::string(sdk::to_string(w->type)) +
+                                                     " is not supported by vulkan");
+        }
+      }
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      const std::int64_t d = wg.ne[0], f = rows(wg), t = rows(x);
+      if (wu.ne[0] != d || rows(wu) != f) return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+      if (wd.ne[0] != f || rows(wd) != d) {
+        return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
+      }
+      if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
+      if (y.ne[0] != d || rows(y) != t) return bad("Y " + shape_text(y) + " must match X");
+      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems) return bad("F x T exceeds 2^32");
+      COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      const std::size_t ft_bytes = static_cast<std::size_t>(f * t) * sizeof(float);
+      const std::size_t aligned = (ft_bytes + 255) / 256 * 256;
+      COLIBRI_VK_TRY(ensure_scratch(2 * aligned));
+      const std::uint64_t gate = scratch_.address, up = scratch_.address + aligned;
+      // Same numerics as matmul + swiglu + matmul: the same shaders, in that order.
+      cmds.push_back(matmul_command(wg.type, ga, xa, gate, 0, d, f, t));
+      cmds.push_back(matmul_command(wu.type, ua, xa, up, 0, d, f, t));
+      cmds.push_back(eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
+      cmds.push_back(matmul_command(wd.type, da, gate, ya, 0, f, d, t));
+      break;
+    }
+    case Op::rms_norm: {
+      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
+      const Tensor &x = in[0], &w = in[1], &y = out[0];
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_f32(w, "w"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      if (elems(w) != static_cast<std::uint64_t>(x.ne[0]))
+        return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
+      if (y.ne[0] != x.ne[0] || rows(y) != rows(x)) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(wa, w, "w", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      Command c;
+      c.shader = "rms_norm";
+      c.push = as_bytes(RmsNormPush{xa, wa, ya, u32(x.ne[0]), u32(rows(x)), call.params.eps, 0});
+      row_grid(c, static_cast<std::uint64_t>(rows(x)), 1);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::rope: {
+      if (in.size() != 3 || out.size() != 1) return count_error(3, 1);
+      const Tensor &x = in[0], &pos = in[1], &freq = in[2], &y = out[0];
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_i32(pos, "positions"));
+      COLIBRI_VK_TRY(need_f32(freq, "inv_freq"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      const std::int64_t hd = x.ne[0], nh = x.ne[1], t = x.ne[2] * x.ne[3];
+      const std::int32_t rd = call.params.rope_dims;
+      if (hd % 2 != 0) return bad("head_dim " + std::to_string(hd) + " must be even");
+      if (rd <= 0 || rd % 2 != 0 || rd > hd) {
+        return bad("params.rope_dims " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd));
+      }
+      if (elems(pos) != static_cast<std::uint64_t>(t))
+        return bad("positions must have T = " + std::to_string(t) + " entries");
+      if (elems(freq) != static_cast<std::uint64_t>(rd / 2)) {
+        return bad("inv_freq must have rope_dims / 2 = " + std::to_string(rd / 2) + " entries");
+      }
+      if (elems(y) != elems(x) || y.ne[0] != hd) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(pa, pos, "positions", false, 4);
+      COLIBRI_VK_BIND(fa, freq, "inv_freq", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      Command c;
+      c.shader = "rope";
+      const std::uint32_t interleaved = (call.params.flags & sdk::kRopeInterleaved) ? 1u : 0u;
+      c.push = as_bytes(RopePush{xa, pa, fa, ya, u32(hd), u32(nh), u32(t), u32(rd), interleaved, call.params.scale});
+      c.groups[0] = groups_for(elems(x) / 2, 256);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::attention: {
+      if (in.size() != 3 || out.size() != 1) return count_error(3, 1);
+      const Tensor &q = in[0], &k = in[1], &v = in[2], &o = out[0];
+      COLIBRI_VK_TRY(need_f32(q, "Q"));
+      COLIBRI_VK_TRY(need_f32(o, "O"));
+      if (!kv_type_ok(k.type) || k.type != v.type) {
+        return Status(StatusCode::unsupported, "attention: KV cache types " + std::string(sdk::to_string(k.type)) +
+                                                   " / " + std::string(sdk::to_string(v.type)) +
+                                                   " are not supported by vulkan (f32, f16 or q8_0, both the same)");
+      }
+      const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3];
+      const std::int64_t nkv = k.ne[1], s = k.ne[2] * k.ne[3];
+      if (hd > kMaxHeadDim) return bad("head_dim " + std::to_string(hd) + " exceeds 256");
+      if (k.ne[0] != hd || v.ne[0] != hd || v.ne[1] != nkv || v.ne[2] * v.ne[3] != s) {
+        return bad("K " + shape_text(k) + " and V " + shape_text(v) + " must be {" + std::to_string(hd) +
+                   ", n_kv_heads, S} like Q " + shape_text(q));
+      }
+      if (nh % nkv != 0)
+        return bad(std::to_string(nh) + " query heads are not a multiple of " + std::to_string(nkv) + " KV heads");
+      if (call.params.position < 0 || call.params.window < 0)
+        return bad("params.position and params.window must be >= 0");
+      if (call.params.position + t > s) {
+        return bad("queries at positions " + std::to_string(call.params.position) + ".." +
+                   std::to_string(call.params.position + t - 1) + " need " + std::to_string(call.params.position + t) +
+                   " cached keys; the cache holds " + std::to_string(s));
+      }
+      if (t > kMaxGrid || nh > kMaxGrid) return bad("more than 65535 queries or heads in one call");
+      if (elems(o) != elems(q) || o.ne[0] != hd) return bad("O " + shape_text(o) + " must match Q " + shape_text(q));
+      COLIBRI_VK_BIND(qa, q, "Q", false, 4);
+      COLIBRI_VK_BIND(ka, k, "K", false, k.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(va, v, "V", false, v.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(oa, o, "O", true, 4);
+      static const std::string kNames[] = {"attention_f32", "attention_f16", "attention_q8_0"};
+      Command c;
+      c.shader = kNames[k.type == DType::f32 ? 0 : k.type == DType::f16 ? 1 : 2].c_str();
+      c.push = as_bytes(AttentionPush{qa, ka, va, oa, u32(hd), u32(nh), u32(nkv), u32(t), u32(call.params.position),
+                                      u32(call.params.window), call.params.scale, u32(sdk::row_bytes(k.type, hd))});
+      c.groups[0] = u32(nh);
+      c.groups[1] = u32(t);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::swiglu:
+    case Op::add: {
+      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
+      const Tensor &a = in[0], &b = in[1], &y = out[0];
+      COLIBRI_VK_TRY(need_f32(a, call.op == Op::add ? "A" : "gate"));
+      COLIBRI_VK_TRY(need_f32(b, call.op == Op::add ? "B" : "up"));
+      COLIBRI_VK_TRY(need_f32(y, "out"));
+      if (elems(b) != elems(a) || b.ne[0] != a.ne[0] || elems(y) != elems(a) || y.ne[0] != a.ne[0]) {
+        return bad("shapes differ: " + shape_text(a) + ", " + shape_text(b) + " -> " + shape_text(y));
+      }
+      COLIBRI_VK_BIND(aa, a, "A", false, 4);
+      COLIBRI_VK_BIND(bb, b, "B", false, 4);
+      COLIBRI_VK_BIND(ya, y, "out", true, 4);
+      cmds.push_back(eltwise_command(aa, bb, ya, elems(a), call.op == Op::add ? 0 : 1, 1));
+      break;
+    }
+    case Op::sigmoid: {
+      if (in.size() != 1 || out.size() != 1) return count_error(1, 1);
+      const Tensor &x = in[0], &y = out[0];
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
+        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      cmds.push_back(eltwise_command(xa, xa, ya, elems(x), 2, 1));
+      break;
+    }
+    case Op::scale_add: {
+      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
+      const Tensor &x = in[0], &w = in[1], &y = out[0];
+      COLIBRI_VK_TRY(need_f32(x, "X"));
+      COLIBRI_VK_TRY(need_f32(w, "w"));
+      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      if (elems(w) != static_cast<std::uint64_t>(rows(x)))
+        return bad("w must have T = " + std::to_string(rows(x)) + " entries");
+      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
+        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(wa, w, "w", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      cmds.push_back(eltwise_command(xa, wa, ya, elems(x), 3, u32(x.ne[0])));
+      break;
+    }
+    case Op::topk_routing: {
+      if (in.size() != 1 || out.size() != 2) return count_error(1, 2);
+      const Tensor &l = in[0], &ids = out[0], &wts = out[1];
+      COLIBRI_VK_TRY(need_f32(l, "logits"));
+      COLIBRI_VK_TRY(need_i32(ids, "ids"));
+      COLIBRI_VK_TRY(need_f32(wts, "weights"));
+      const std::int64_t e = l.ne[0], t = rows(l), k = call.params.top_k;
+      if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
+      if (ids.ne[0] != k || rows(ids) != t || wts.ne[0] != k || rows(wts) != t) {
+        return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
+      }
+      const std::int32_t f = call.params.flags;
+      if ((f & sdk::kRoutingSoftmax) && (f & sdk::kRoutingSigmoid)) {
+        return bad("flags kRoutingSoftmax and kRoutingSigmoid exclude each other");
+      }
+      COLIBRI_VK_BIND(la, l, "logits", false, 4);
+      COLIBRI_VK_BIND(ia, ids, "ids", true, 4);
+      COLIBRI_VK_BIND(wa, wts, "weights", true, 4);
+      Command c;
+      c.shader = "topk";
+      const std::uint32_t mode = (f & sdk::kRoutingSoftmax) ? 1u : (f & sdk::kRoutingSigmoid) ? 2u : 0u;
+      c.push =
+          as_bytes(TopkPush{la, ia, wa, u32(e), u32(t), u32(k), mode, (f & sdk::kRoutingRenormalize) ? 1u : 0u, 0});
+      c.groups[0] = groups_for(static_cast<std::uint64_t>(t), 64);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::embedding: {
+      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
+      const Tensor &table = in[0], &ids = in[1], &y = out[0];
+      if (!weight_type_ok(table.type)) {
+        return Status(StatusCode::unsupported, "embedding: table type " + std::string(sdk::to_string(table.type)) +
+                                                   " is not supported by vulkan");
+      }
+      COLIBRI_VK_TRY(need_i32(ids, "ids"));
+      COLIBRI_VK_TRY(need_f32(y, "out"));
+      const std::int64_t d = table.ne[0], v = rows(table), t = static_cast<std::int64_t>(elems(ids));
+      if (v > 0x7FFFFFFF) return bad("the table has more than 2^31 rows");
+      if (t > kMaxGrid) return bad("more than 65535 ids in one call");
+      if (y.ne[0] != d || rows(y) != t) {
+        return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
+      }
+      COLIBRI_VK_BIND(ta, table, "table", false, table.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(ia, ids, "ids", false, 4);
+      COLIBRI_VK_BIND(ya, y, "out", true, 4);
+      if (status_.buffer == VK_NULL_HANDLE) {
+        auto s = ctx_->allocate(16, true);
+        if (!s) return s.error().with_context("embedding status word");
+        status_ = *s;
+      }
+      std::memset(status_.mapped, 0, 8);
+      check_status = true;
+      Command c;
+      static const std::string kNames[] = {"get_rows_f32", "get_rows_f16", "get_rows_q8_0", "get_rows_q4_k",
+                                           "get_rows_q6_k"};
+      for (const auto& n : kNames) {
+        if (n == std::string("get_rows_") + type_suffix(table.type)) c.shader = n.c_str();
+      }
+      c.push = as_bytes(
+          GetRowsPush{ta, ia, ya, status_.address, u32(d), u32(v), u32(t), u32(sdk::row_bytes(table.type, d))});
+      c.groups[0] = groups_for(static_cast<std::uint64_t>((d + 31) / 32), 64);
+      c.groups[1] = u32(t);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    default:
+      return Status(StatusCode::unsupported,
+                    "op " + std::to_string(static_cast<int>(call.op)) + " is not implemented by the vulkan backend");
+  }
+#undef COLIBRI_VK_BIND
+#undef COLIBRI_VK_TRY
+
+  std::vector<VkPipeline> pipes;
+  for (const auto& c : cmds) {
+    auto p = ctx_->pipeline(c.shader);
+    if (!p) return p.error();
+    pipes.push_back(*p);
+  }
+  const Api& vk = ctx_->api();
+  const VkPipelineLayout layout = ctx_->pipeline_layout();
+  auto sub = ctx_->submit([&](VkCommandBuffer cmd) {
+    for (std::size_t i = 0; i < cmds.size(); ++i) {
+      if (i > 0) {
+        auto mb = make_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+        vk.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                &mb, 0, nullptr, 0, nullptr);
+      }
+      vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipes[i]);
+      vk.vkCmdPushConstants(cmd, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                            static_cast<std::uint32_t>(cmds[i].push.size()), cmds[i].push.data());
+      vk.vkCmdDispatch(cmd, cmds[i].groups[0], cmds[i].groups[1], cmds[i].groups[2]);
+    }
+  });
+  if (!sub) return sub.error().with_context(name);
+  if (Status s = (*sub)->wait(); !s) return s.with_context(name);
+  binder.copy_back();
+  if (check_status) {
+    std::uint32_t st[2];
+    std::memcpy(st, status_.mapped, sizeof(st));
+    if (st[0] != 0) {
+      return bad("ids[" + std::to_string(st[0] - 1) + "] = " + std::to_string(static_cast<std::int32_t>(st[1])) +
+                 " is outside the table of " + std::to_string(rows(in[0])) + " rows");
+    }
+  }
+  return {};
+}
+
+}  // namespace colibri::vulkan
