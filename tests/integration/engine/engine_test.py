@@ -1,0 +1,230 @@
+#!/usr/bin/python3
+"""End-to-end engine checks (run by ctest, label integration):
+
+  engine_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR [-k PATTERN]
+
+* reference: for every architecture (plus variants: sliding window, yarn and linear rope, OLMoE clip_qkv) a tiny
+  random checkpoint is converted at f32 and `colibri-cli logits` must match tests/reference/reference.py (float64,
+  HF semantics) within 1e-4 of the max-abs logit, per position, and route to the same experts.
+* quantized presets: f16, bf16, q8_0, q4_k_m against f32: mean KL divergence per preset is printed and bounded.
+* the one promise: logits are bit-identical in one batch or token by token, streaming with a tiny expert cache,
+  through another storage plugin or cache policy.
+* bad input: out-of-vocabulary tokens, a missing or corrupt expert file, an unwritable output.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "reference"))
+import reference  # noqa: E402
+
+CLI, GEN, WORK = None, None, None
+TOKENS = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64, 128, 2, 77, 199]
+
+
+def run(args, check=True):
+    p = subprocess.run([CLI] + args, capture_output=True, text=True, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def make_model(name, arch, patch=None, preset="f32"):
+    """HF checkpoint WORK/name (config patched by `patch`) and its conversion WORK/name-preset."""
+    ckpt = os.path.join(WORK, name)
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+        if patch:
+            with open(os.path.join(ckpt, "config.json")) as f:
+                cfg = json.load(f)
+            patch(cfg)
+            with open(os.path.join(ckpt, "config.json"), "w") as f:
+                json.dump(cfg, f)
+    out = os.path.join(WORK, f"{name}-{preset}")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        run(["convert", "--input", ckpt, "--output", out, "--quantize", preset])
+    return ckpt, out
+
+
+def logits(model, *extra, tokens=TOKENS, name="out"):
+    path = os.path.join(WORK, f"{os.path.basename(model)}-{name}.npy")
+    run(["logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", path] + list(extra))
+    return path
+
+
+VARIANTS = {
+    "mixtral": ("mixtral", None),
+    "qwen2_moe": ("qwen2_moe", None),
+    "qwen3_moe": ("qwen3_moe", None),
+    "olmoe": ("olmoe", None),
+    "llama": ("llama", None),  # tied embeddings, llama3 rope scaling
+    "mistral": ("mistral", None),
+    "mistral-window": ("mistral", lambda c: c.update(sliding_window=5)),
+    "mixtral-window": ("mixtral", lambda c: c.update(sliding_window=4)),
+    "llama-yarn": ("llama", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                             "original_max_position_embeddings": 64})),
+    "llama-linear": ("llama", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "olmoe-clip": ("olmoe", lambda c: c.update(clip_qkv=0.8)),
+    "qwen2_moe-norm": ("qwen2_moe", lambda c: c.update(norm_topk_prob=True)),
+}
+
+
+class Reference(unittest.TestCase):
+    def check(self, name):
+        arch, patch = VARIANTS[name]
+        ckpt, model = make_model(name, arch, patch)
+        got = np.load(logits(model, "--kv-type", "f32", "--trace", os.path.join(WORK, name + ".jsonl")))
+        cfg, W = reference.load_checkpoint(ckpt)
+        trace = []
+        want = reference.forward(cfg, W, TOKENS, trace)
+        self.assertEqual(got.shape, want.shape)
+        rel = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+        print(f"  {name}: max relative logit error {rel.max():.2e}", flush=True)
+        self.assertLessEqual(rel.max(), 1e-4, f"{name}: per-position relative errors {rel}")
+        with open(os.path.join(WORK, name + ".jsonl")) as f:
+            ours = [json.loads(line) for line in f]
+        self.assertEqual(len(ours), len(trace))
+        for a, b in zip(sorted(ours, key=lambda r: (r["layer"], r["position"])),
+                        sorted(trace, key=lambda r: (r["layer"], r["position"]))):
+            self.assertEqual(a["experts"], b["experts"], f"{name}: routing differs at {a}")
+            np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)
+
+
+for _name in VARIANTS:
+    setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
+
+
+def kl(p_logits, q_logits):
+    def logsoftmax(x):
+        x = x.astype(np.float64)
+        m = x.max(axis=1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    lp, lq = logsoftmax(p_logits), logsoftmax(q_logits)
+    return (np.exp(lp) * (lp - lq)).sum(axis=1)
+
+
+class Quantized(unittest.TestCase):
+    # Tiny random-weight models amplify weight noise (and flip near-tied routing), so these bounds are loose; the
+    # exactness of the quantized kernels is checked by test_q8_0_matches_rounded_reference.
+    BOUNDS = {"f16": 1e-5, "bf16": 2e-3, "q8_0": 3e-3, "q4_k_m": 0.2}
+
+    def test_presets_kl_against_f32(self):
+        failures = []
+        for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama"):
+            _, base = make_model(arch, arch)
+            ref = np.load(logits(base, "--kv-type", "f32"))
+            line = []
+            for preset, bound in self.BOUNDS.items():
+                _, model = make_model(arch, arch, preset=preset)
+                got = np.load(logits(model, "--kv-type", "f32"))
+                d = kl(ref, got)
+                line.append(f"{preset} {d.mean():.2e} (max {d.max():.2e})")
+                if not d.mean() < bound:
+                    failures.append(f"{arch} {preset}: mean KL {d.mean():.3e} >= {bound}")
+            print(f"  KL vs f32, {arch}: " + ", ".join(line), flush=True)
+        self.assertEqual(failures, [])
+
+    def test_q8_0_matches_rounded_reference(self):
+        """The q8_0 model with exact activations equals the float64 reference run on q8_0-rounded weights."""
+        ckpt, model = make_model("mixtral", "mixtral", preset="q8_0")
+        got = np.load(logits(model, "--kv-type", "f32", "--exact-activations", name="exact"))
+        cfg, W = reference.load_checkpoint(ckpt)
+
+        def q8_0(w):
+            # ggml's quantize_row_q8_0_ref, in float32 as it computes.
+            x = w.astype(np.float32).reshape(-1, 32)
+            d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+            inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+            x0 = (x * inv).astype(np.float32)
+            q = np.trunc(x0.astype(np.float64) + np.copysign(0.5, x0))  # roundf: half away from zero
+            return (q * d.astype(np.float16).astype(np.float64)).reshape(w.shape)
+
+        rounded = {k: (q8_0(v) if v.ndim == 2 and not k.endswith("gate.weight") else v) for k, v in W.items()}
+        want = reference.forward(cfg, rounded, TOKENS)
+        rel = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+        print(f"  mixtral q8_0 vs rounded reference: max relative error {rel.max():.2e}", flush=True)
+        self.assertLessEqual(rel.max(), 1e-4)
+
+
+class OnePromise(unittest.TestCase):
+    def same(self, a, b, what):
+        x, y = np.load(a), np.load(b)
+        self.assertTrue(np.array_equal(x.view(np.uint32), y.view(np.uint32)),
+                        f"{what}: logits differ, max abs {np.abs(x - y).max()}")
+
+    def test_batch_and_placement_invariance(self):
+        for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16")):
+            _, model = make_model(arch, arch, preset=preset)
+            base = logits(model, name="base")
+            self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")
+            self.same(base, logits(model, "--batch", "3", name="b3"), f"{arch}/{preset} chunks of 3")
+            # Streaming: a cache far smaller than the experts (each layer still fits its top-k).
+            with open(os.path.join(model, "manifest.json")) as f:
+                blob = max(e["size"] for e in json.load(f)["experts"])
+            small = str(3 * ((blob + 4095) // 4096 * 4096))
+            self.same(base, logits(model, "--expert-cache-size", small, name="small"),
+                      f"{arch}/{preset} tiny expert cache")
+            self.same(base, logits(model, "--set", "storage.plugin=mmap", name="mmap"), f"{arch}/{preset} mmap")
+            self.same(base, logits(model, "--set", "cache.policy=frequency", "--expert-cache-size", small,
+                                   name="freq"), f"{arch}/{preset} frequency policy")
+
+
+class BadInput(unittest.TestCase):
+    def test_token_out_of_vocab(self):
+        _, model = make_model("mixtral", "mixtral")
+        out = os.path.join(WORK, "oov.npy")
+        p = run(["logits", "--model", model, "--tokens", "1,99999", "--out", out], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("outside the vocabulary", p.stderr)
+        self.assertFalse(os.path.exists(out))
+        p = run(["logits", "--model", model, "--tokens", "1,x", "--out", out], check=False)
+        self.assertIn("'x' is not a token id", p.stderr)
+
+    def test_missing_and_corrupt_expert(self):
+        _, model = make_model("mixtral", "mixtral")
+        for what in ("missing", "corrupt"):
+            broken = os.path.join(WORK, "broken-" + what)
+            shutil.rmtree(broken, ignore_errors=True)
+            shutil.copytree(model, broken)
+            blob = os.path.join(broken, "experts", "L001", "E002.bin")
+            if what == "missing":
+                os.remove(blob)
+            else:
+                with open(blob, "r+b") as f:
+                    f.seek(100)
+                    b = f.read(1)
+                    f.seek(100)
+                    f.write(bytes([b[0] ^ 0xFF]))
+            p = run(["logits", "--model", broken, "--tokens", ",".join(map(str, TOKENS)), "--out",
+                     os.path.join(WORK, "x.npy"), "--expert-cache-size", "64M"], check=False)
+            self.assertNotEqual(p.returncode, 0, what)
+            self.assertIn("L1/E2" if what == "corrupt" else "E002.bin", p.stderr)
+            if what == "corrupt":
+                self.assertIn("checksum mismatch", p.stderr)
+
+    def test_context_too_small(self):
+        _, model = make_model("mixtral", "mixtral")
+        p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--ctx", "4", "--out",
+                 os.path.join(WORK, "ctx.npy")], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("context", p.stderr)
+
+    def test_unwritable_output(self):
+        _, model = make_model("mixtral", "mixtral")
+        p = run(["logits", "--model", model, "--tokens", "1,2", "--out", "/nonexistent/dir/x.npy"], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("/nonexistent/dir/x.npy", p.stderr)
+
+
+if __name__ == "__main__":
+    CLI, GEN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(WORK, exist_ok=True)
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)
