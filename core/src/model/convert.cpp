@@ -21,6 +21,7 @@
 #include "colibri/model/gguf_tokenizer.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/safetensors.hpp"
+#include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
 #include "model/architecture.hpp"
 #include "model/file_io.hpp"
@@ -34,7 +35,9 @@ using sdk::Status;
 using sdk::StatusCode;
 
 std::vector<std::string> convert_presets() {
-  return {"f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"};
+  std::vector<std::string> names;
+  for (auto p : quant::all_presets()) names.emplace_back(quant::to_string(p));
+  return names;
 }
 
 namespace {
@@ -158,20 +161,42 @@ sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
 // ------------------------------------------------------------------------------------------------------------
 // Target type per tensor: the preset's choice, with llama.cpp-style fallbacks for rows that do not fill blocks.
 
-bool use_more_bits(std::int64_t layer, std::int64_t n_layers) {
-  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
-}
-
 struct TypeChoice {
   DType type;
   std::optional<ConvertFallback> fallback;
 };
 
-sdk::Expected<TypeChoice> choose_target(const std::string& preset, const PlannedTensor& p, const SourceRef& src,
+// The preset's view of a planned tensor (quant/preset.hpp holds llama.cpp's mixing rules).
+quant::TensorRole preset_role(const PlannedTensor& p) {
+  using R = quant::TensorRole;
+  const auto has = [&](const char* part) { return p.name.find(part) != std::string::npos; };
+  switch (p.kind) {
+    case TensorKind::embedding: return R::token_embd;
+    case TensorKind::output: return R::output;
+    case TensorKind::norm: return has("attn_q_norm") ? R::attn_q_norm : has("attn_k_norm") ? R::attn_k_norm : R::norm;
+    case TensorKind::attn_q: return R::attn_q;
+    case TensorKind::attn_k: return R::attn_k;
+    case TensorKind::attn_v: return R::attn_v;
+    case TensorKind::attn_o: return R::attn_output;
+    case TensorKind::bias: return R::bias;
+    case TensorKind::router: return R::ffn_gate_inp;
+    case TensorKind::shared_expert_gate: return R::ffn_gate_inp_shexp;
+    case TensorKind::shared_expert: return has("down") ? R::ffn_down_shexp : has("up") ? R::ffn_up_shexp : R::ffn_gate_shexp;
+    case TensorKind::expert_gate: return R::ffn_gate;
+    case TensorKind::expert_up: return R::ffn_up;
+    case TensorKind::expert_down: return R::ffn_down;
+  }
+  return R::norm;
+}
+
+sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const PlannedTensor& p, const SourceRef& src,
                                         const HyperParams& hp) {
-  const bool float_kind = p.kind == TensorKind::norm || p.kind == TensorKind::bias || p.kind == TensorKind::router ||
-                          p.kind == TensorKind::shared_expert_gate || p.shape.size() == 1;
-  if (float_kind) return TypeChoice{DType::f32, std::nullopt};  // as llama.cpp keeps them
+  const auto preset = quant::parse_preset(preset_name);
+  if (!preset) {
+    return Status(StatusCode::invalid_argument,
+                  "unknown preset '" + preset_name + "'; choose one of " + quant::preset_names());
+  }
+  if (p.shape.size() == 1) return TypeChoice{DType::f32, std::nullopt};  // vectors stay f32, as llama.cpp keeps them
   const auto* st = sdk::dtype_traits(src.type);
   if (st != nullptr && st->quantized) {
     if (!quant::is_supported(src.type)) {
@@ -181,60 +206,21 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset, const Planned
     }
     return TypeChoice{src.type, std::nullopt};  // already quantized: copied, never re-quantized
   }
-  const bool ffn_down = p.kind == TensorKind::expert_down || p.name.find("ffn_down") != std::string::npos;
-  const bool more = p.layer >= 0 && use_more_bits(p.layer, hp.num_layers);
-  DType want;
-  if (preset == "f32") {
-    want = DType::f32;
-  } else if (preset == "f16") {
-    want = DType::f16;
-  } else if (preset == "bf16") {
-    want = DType::bf16;
-  } else if (preset == "q8_0") {
-    want = DType::q8_0;
-  } else if (preset == "q6_k") {
-    want = DType::q6_k;
-  } else if (preset == "q5_k_m") {
-    want = p.kind == TensorKind::output || ((p.kind == TensorKind::attn_v || ffn_down) && more) ? DType::q6_k
-                                                                                                : DType::q5_k;
-  } else if (preset == "q4_k_m") {
-    want = p.kind == TensorKind::output || ((p.kind == TensorKind::attn_v || ffn_down) && more) ? DType::q6_k
-                                                                                                : DType::q4_k;
-  } else if (preset == "q3_k_m") {
-    if (p.kind == TensorKind::output) {
-      want = DType::q6_k;
-    } else if (p.kind == TensorKind::attn_v) {
-      want = p.layer < 2 ? DType::q5_k : DType::q4_k;
-    } else if (ffn_down) {
-      want = p.layer < hp.num_layers / 16 ? DType::q5_k : DType::q4_k;
-    } else if (p.kind == TensorKind::attn_o) {
-      want = DType::q4_k;
-    } else {
-      want = DType::q3_k;
-    }
-  } else if (preset == "q2_k") {
-    if (p.kind == TensorKind::output) {
-      want = DType::q6_k;
-    } else if (p.kind == TensorKind::attn_v || ffn_down) {
-      want = DType::q3_k;
-    } else {
-      want = DType::q2_k;
-    }
-  } else {
-    std::string list;
-    for (const auto& x : convert_presets()) list += (list.empty() ? "" : ", ") + x;
-    return Status(StatusCode::invalid_argument, "unknown preset '" + preset + "'; choose one of " + list);
-  }
-  const auto* wt = sdk::dtype_traits(want);
-  if (src.cols % wt->block_elems == 0) return TypeChoice{want, std::nullopt};
-  DType fb = DType::f16;
-  if (want == DType::q2_k || want == DType::q3_k) fb = DType::q4_0;
-  if (want == DType::q4_k || want == DType::q5_k || want == DType::q6_k) fb = DType::q8_0;
-  if (src.cols % sdk::dtype_traits(fb)->block_elems != 0) fb = DType::f16;
-  ConvertFallback f{p.name, std::string(wt->name), std::string(sdk::to_string(fb)),
-                    "rows of " + std::to_string(src.cols) + " elements do not fill " + std::string(wt->name) +
-                        " blocks of " + std::to_string(wt->block_elems)};
-  return TypeChoice{fb, f};
+  quant::ModelShape shape;
+  shape.n_layers = static_cast<int>(hp.num_layers);
+  shape.n_experts = hp.dense ? 0 : static_cast<int>(hp.n_experts);
+  shape.n_head = static_cast<int>(hp.num_heads);
+  shape.n_head_kv = static_cast<int>(hp.num_kv_heads);
+  shape.tied_embeddings = hp.tie_word_embeddings;
+  quant::TensorDesc desc;
+  desc.role = preset_role(p);
+  desc.layer = static_cast<int>(p.layer);
+  desc.row_elems = src.cols;
+  auto c = quant::choose_type(*preset, shape, desc);
+  if (!c) return c.error().with_context("choosing the type of '" + p.name + "'");
+  if (!c->fallback) return TypeChoice{c->type, std::nullopt};
+  return TypeChoice{c->type, ConvertFallback{p.name, std::string(sdk::to_string(c->preset_type)),
+                                             std::string(sdk::to_string(c->type)), c->reason}};
 }
 
 // ------------------------------------------------------------------------------------------------------------
