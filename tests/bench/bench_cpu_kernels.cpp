@@ -1,0 +1,123 @@
+// Matrix-vector throughput of the cpu compute plugin per block format: a 4096 x 4096 weight
+// matrix times one token (decode), reported as weight bytes read per second. The plugin is
+// loaded from its .so (dlopen), as the engine does. Several copies of the matrix are cycled so
+// the working set (>= 96 MiB) is larger than the last-level cache: the figure is DRAM-bound like
+// a real decode step, not an L3 hit.
+//
+//   colibri_bench_cpu_kernels --benchmark_filter='matvec/q4_k'
+#include <benchmark/benchmark.h>
+
+#if __has_include("colibri/sdk/testing/plugin_loader.hpp") && defined(CPU_PLUGIN_PATH)
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+
+constexpr std::int64_t kK = 4096;
+constexpr std::int64_t kN = 4096;
+constexpr std::size_t kWorkingSet = 96u << 20;
+
+struct Matrix {
+  std::size_t bytes = 0;                  // of one copy
+  std::vector<std::vector<std::byte>> copies;
+};
+
+const Matrix& matrix(DType type) {
+  static std::map<DType, Matrix> cache;
+  auto it = cache.find(type);
+  if (it != cache.end()) return it->second;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> f(static_cast<std::size_t>(kK * kN));
+  for (auto& v : f) v = dist(rng);
+  Matrix m;
+  m.bytes = row_bytes(type, kK) * static_cast<std::size_t>(kN);
+  std::vector<std::byte> first(m.bytes);
+  if (!colibri::quant::quantize_row(type, f.data(), first.data(), kK * kN)) std::abort();
+  const std::size_t n = std::max<std::size_t>(1, (kWorkingSet + m.bytes - 1) / m.bytes);
+  for (std::size_t i = 0; i < n; ++i) m.copies.push_back(first);
+  return cache.emplace(type, std::move(m)).first->second;
+}
+
+std::shared_ptr<Compute> compute(const std::string& isa, int threads) {
+  static std::map<std::string, std::shared_ptr<Compute>> cache;
+  const std::string key = isa + "/" + std::to_string(threads);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::shared_ptr<Compute> c;
+  if (auto lib = colibri::sdk::testing::LoadedPlugin::load(CPU_PLUGIN_PATH)) {
+    if (auto made = (*lib)->create_as<Compute>({{"isa", isa}, {"threads", std::to_string(threads)}})) c = *made;
+  }
+  return cache[key] = c;
+}
+
+void matvec(benchmark::State& state, DType type, std::string isa, int threads, std::int64_t tokens) {
+  auto c = compute(isa, threads);
+  if (!c) {
+    state.SkipWithError(("isa=" + isa + " is not available on this CPU").c_str());
+    return;
+  }
+  const Matrix& m = matrix(type);
+  std::vector<float> x(static_cast<std::size_t>(kK * tokens)), y(static_cast<std::size_t>(kN * tokens));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (auto& v : x) v = dist(rng);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    Tensor in[] = {Tensor{type, {kK, kN, 1, 1}, const_cast<std::byte*>(m.copies[next].data())},
+                   Tensor{DType::f32, {kK, tokens, 1, 1}, x.data()}};
+    Tensor out{DType::f32, {kN, tokens, 1, 1}, y.data()};
+    if (auto s = c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}); !s) {
+      state.SkipWithError(s.to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % m.copies.size();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(m.bytes));
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
+}
+
+const int kRegistered = [] {
+  const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
+                         DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+  for (DType t : types) {
+    const std::string name(to_string(t));
+    for (int threads : {1, 2}) {
+      benchmark::RegisterBenchmark(("matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(), matvec, t,
+                                   std::string("auto"), threads, std::int64_t{1})
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+    for (const char* isa : {"avx2", "scalar"}) {
+      benchmark::RegisterBenchmark(("matvec/" + name + "/" + isa + "/threads:1").c_str(), matvec, t, std::string(isa),
+                                   1, std::int64_t{1})
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+    // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
+    benchmark::RegisterBenchmark(("matmul8/" + name + "/auto/threads:2").c_str(), matvec, t, std::string("auto"), 2,
+                                 std::int64_t{8})
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
+  }
+  return 0;
+}();
+
+}  // namespace
+
+#else
+// Built without the SDK testing library (COLIBRI_BUILD_TESTS=OFF): nothing to measure.
+#endif
+
+BENCHMARK_MAIN();
