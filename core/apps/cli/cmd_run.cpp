@@ -1,0 +1,74 @@
+// colibri-cli run --model M --prompt TEXT [-n N] [--profile P] [sampling flags]
+// Streams the continuation to stdout, then one stats line (stderr).
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "colibri/engine/generate.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "engine_cli.hpp"
+
+namespace colibri::cli {
+namespace {
+
+struct RunOptions {
+  EngineCliOptions engine;
+  std::string prompt;
+  std::int64_t max_tokens = 128;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool no_special = false;
+  engine::SamplingOptions sampling;
+  bool seed_given = false;
+};
+
+int run_run(const GlobalOptions& global, RunOptions& o) {
+  if (!o.seed_given) o.sampling.seed = std::random_device{}();
+  if (auto s = o.sampling.validate(); !s) return fail(s.message());
+  if (o.max_tokens < 0) return fail("-n must not be negative");
+  auto engine = open_engine(global, o.engine);
+  if (!engine) return 1;
+  auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
+  if (!tok) return fail(tok.error().message());
+  const auto ids = tok->encode(o.prompt, !o.no_special);
+  if (ids.empty()) return fail("--prompt encodes to no tokens");
+  engine::GenerateOptions g;
+  g.max_tokens = o.max_tokens;
+  g.stop = o.stop;
+  g.stop_at_eos = !o.ignore_eos;
+  g.sampling = o.sampling;
+  std::cout << o.prompt << std::flush;
+  auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {
+    std::cout << text << std::flush;
+    return static_cast<bool>(std::cout);
+  });
+  std::cout << "\n" << std::flush;
+  if (!r) return fail(r.error().message());
+  if (r->finish_reason == "context") {
+    std::cerr << "stopped: the context of " << engine->context()
+              << " positions is full (raise --ctx or memory.kv_cache)\n";
+  }
+  std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
+            << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
+            << ", seed " << o.sampling.seed << ")\n";
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<RunOptions>();
+  auto* cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streamed to the terminal");
+  add_engine_options(*cmd, o->engine, global);
+  cmd->add_option("--prompt,-p", o->prompt, "The prompt text")->required();
+  cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens to generate (default 128)");
+  cmd->add_option("--stop", o->stop, "Stop before this text (repeatable)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
+  cmd->add_flag("--no-special", o->no_special, "Do not add the tokenizer's special tokens (BOS) to the prompt");
+  add_sampling_options(*cmd, o->sampling, o->seed_given);
+  cmd->callback([&global, o] { global.exit_code = run_run(global, *o); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(41, setup);
+
+}  // namespace colibri::cli

@@ -1,0 +1,132 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "colibri/engine/kv_cache.hpp"
+#include "colibri/engine/rope.hpp"
+
+namespace colibri::engine {
+namespace {
+
+model::HyperParams params(nlohmann::json scaling = nullptr) {
+  model::HyperParams hp;
+  hp.head_dim = 64;
+  hp.rope_theta = 500000.0;
+  hp.max_position_embeddings = 131072;
+  hp.rope_scaling = std::move(scaling);
+  return hp;
+}
+
+TEST(Rope, DefaultFrequencies) {
+  auto r = RopeFrequencies::create(params());
+  ASSERT_TRUE(r) << r.error().message();
+  const auto& f = r->inv_freq(10);
+  ASSERT_EQ(f.size(), 32u);
+  EXPECT_FLOAT_EQ(f[0], 1.0f);
+  EXPECT_FLOAT_EQ(f[5], static_cast<float>(1.0 / std::pow(500000.0, 10.0 / 64)));
+  EXPECT_EQ(r->attention_scaling(), 1.0f);
+}
+
+TEST(Rope, LinearDividesEveryFrequency) {
+  auto base = RopeFrequencies::create(params());
+  auto r = RopeFrequencies::create(params({{"rope_type", "linear"}, {"factor", 4.0}}));
+  ASSERT_TRUE(r);
+  for (std::size_t i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(r->inv_freq(1)[i], base->inv_freq(1)[i] / 4);
+}
+
+TEST(Rope, Llama3KeepsHighFrequenciesAndScalesLowOnes) {
+  auto base = RopeFrequencies::create(params());
+  auto r = RopeFrequencies::create(params({{"rope_type", "llama3"},
+                                           {"factor", 8.0},
+                                           {"low_freq_factor", 1.0},
+                                           {"high_freq_factor", 4.0},
+                                           {"original_max_position_embeddings", 8192}}));
+  ASSERT_TRUE(r) << r.error().message();
+  const auto& f = r->inv_freq(1);
+  const auto& b = base->inv_freq(1);
+  int kept = 0, scaled = 0, smoothed = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const double wavelen = 2 * std::numbers::pi / b[i];
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_FLOAT_EQ(f[i], b[i]);
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(f[i], b[i] / 8);
+      ++scaled;
+    } else {
+      EXPECT_LT(f[i], b[i]);
+      EXPECT_GT(f[i], b[i] / 8);
+      ++smoothed;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(scaled, 0);
+  EXPECT_GT(smoothed, 0);
+}
+
+TEST(Rope, YarnScalesCosSinAndInterpolatesLowFrequencies) {
+  auto base = RopeFrequencies::create(params());
+  auto r = RopeFrequencies::create(
+      params({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}}));
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_NEAR(r->attention_scaling(), 0.1 * std::log(4.0) + 1.0, 1e-6);
+  EXPECT_FLOAT_EQ(r->inv_freq(1)[0], base->inv_freq(1)[0]);        // extrapolated
+  EXPECT_FLOAT_EQ(r->inv_freq(1)[31], base->inv_freq(1)[31] / 4);  // interpolated
+}
+
+TEST(Rope, DynamicGrowsTheBaseOnlyPastTheOriginalContext) {
+  auto hp = params({{"rope_type", "dynamic"}, {"factor", 2.0}});
+  hp.max_position_embeddings = 100;
+  auto r = RopeFrequencies::create(hp);
+  ASSERT_TRUE(r);
+  const auto short_f = r->inv_freq(50);
+  const auto base = short_f;
+  const auto long_f = r->inv_freq(400);
+  EXPECT_FLOAT_EQ(long_f[0], 1.0f);
+  EXPECT_LT(long_f[10], base[10]);
+  EXPECT_EQ(r->inv_freq(60), base);
+}
+
+TEST(Rope, UnknownTypeAndMissingFieldsAreErrors) {
+  auto r = RopeFrequencies::create(params({{"rope_type", "longrope"}}));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("longrope"), std::string::npos);
+  auto m = RopeFrequencies::create(params({{"rope_type", "llama3"}, {"factor", 8.0}}));
+  ASSERT_FALSE(m);
+  EXPECT_NE(m.error().message().find("low_freq_factor"), std::string::npos);
+}
+
+TEST(KvCache, StoresRowsInItsType) {
+  for (auto type : {sdk::DType::f32, sdk::DType::f16, sdk::DType::q8_0}) {
+    auto c = KvCache::create(type, 2, 2, 32, 8);
+    ASSERT_TRUE(c) << c.error().message();
+    std::vector<float> k(2 * 32 * 3), v(k.size());
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<float>(i) / 64.0f;
+      v[i] = -static_cast<float>(i) / 32.0f;
+    }
+    ASSERT_TRUE(c->write(1, 2, 3, k.data(), v.data()));
+    const auto keys = c->keys(1, 5);
+    EXPECT_EQ(keys.type, type);
+    EXPECT_EQ(keys.ne[0], 32);
+    EXPECT_EQ(keys.ne[1], 2);
+    EXPECT_EQ(keys.ne[2], 5);
+    if (type == sdk::DType::f32) {
+      const float* rows = static_cast<const float*>(keys.data) + 2 * 2 * 32;
+      EXPECT_EQ(rows[0], k[0]);
+      EXPECT_EQ(rows[k.size() - 1], k.back());
+    }
+    EXPECT_FALSE(c->write(1, 6, 3, k.data(), v.data()));  // past the context
+  }
+}
+
+TEST(KvCache, RejectsTypesThatDoNotFitTheHeadDim) {
+  auto c = KvCache::create(sdk::DType::q8_0, 2, 2, 48, 8);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message().find("head_dim"), std::string::npos);
+  EXPECT_FALSE(KvCache::create(sdk::DType::q4_k, 2, 2, 256, 8));
+}
+
+}  // namespace
+}  // namespace colibri::engine

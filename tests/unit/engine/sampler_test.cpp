@@ -1,0 +1,134 @@
+#include "colibri/engine/sampler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "colibri/engine/generate.hpp"
+
+namespace colibri::engine {
+namespace {
+
+SamplingOptions plain(float temperature = 1.0f) {
+  SamplingOptions o;
+  o.temperature = temperature;
+  o.top_k = 0;
+  o.top_p = 1.0f;
+  o.min_p = 0.0f;
+  return o;
+}
+
+TEST(Sampler, GreedyTakesTheArgmaxAndTiesGoToTheLowestId) {
+  Sampler s(plain(0.0f));
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(s.sample(logits, {}), 1);
+  logits[3] = 2.5f;
+  EXPECT_EQ(s.sample(logits, {}), 3);
+}
+
+TEST(Sampler, SameSeedSameTokensDifferentSeedDifferentTokens) {
+  std::vector<float> logits(50);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i));
+  auto draw = [&](std::uint64_t seed) {
+    auto o = plain();
+    o.seed = seed;
+    Sampler s(o);
+    std::vector<std::int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.sample(logits, {}));
+    return out;
+  };
+  EXPECT_EQ(draw(7), draw(7));
+  EXPECT_NE(draw(7), draw(8));
+}
+
+TEST(Sampler, FollowsTheSoftmaxDistribution) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  auto o = plain(1.0f);
+  o.seed = 42;
+  Sampler s(o);
+  std::vector<int> counts(3);
+  const int n = 30000;
+  for (int i = 0; i < n; ++i) ++counts[static_cast<std::size_t>(s.sample(logits, {}))];
+  const double z = 1 + std::exp(1.0) + std::exp(2.0);
+  EXPECT_NEAR(counts[0] / double(n), 1 / z, 0.01);
+  EXPECT_NEAR(counts[1] / double(n), std::exp(1.0) / z, 0.01);
+  EXPECT_NEAR(counts[2] / double(n), std::exp(2.0) / z, 0.01);
+}
+
+TEST(Sampler, TemperatureSharpens) {
+  const std::vector<float> logits = {0.0f, 1.0f};
+  auto o = plain(0.1f);
+  Sampler s(o);
+  int best = 0;
+  for (int i = 0; i < 2000; ++i) best += s.sample(logits, {}) == 1;
+  EXPECT_GT(best, 1990);  // p = 1 / (1 + e^-10)
+}
+
+TEST(Sampler, TopKTopPAndMinPCutTheTail) {
+  const std::vector<float> logits = {3.0f, 2.9f, 0.0f, -1.0f, 2.8f};
+  auto count_distinct = [&](SamplingOptions o) {
+    Sampler s(o);
+    std::vector<int> seen(logits.size());
+    for (int i = 0; i < 3000; ++i) seen[static_cast<std::size_t>(s.sample(logits, {}))] = 1;
+    return seen;
+  };
+  auto o = plain();
+  o.top_k = 2;
+  EXPECT_EQ(count_distinct(o), (std::vector<int>{1, 1, 0, 0, 0}));
+  o = plain();
+  o.top_p = 0.3f;  // the best token alone holds about 0.35
+  EXPECT_EQ(count_distinct(o), (std::vector<int>{1, 0, 0, 0, 0}));
+  o = plain();
+  o.min_p = 0.5f;  // tokens 2 and 3 are below half of the best one's probability
+  EXPECT_EQ(count_distinct(o), (std::vector<int>{1, 1, 0, 0, 1}));
+}
+
+TEST(Sampler, PenaltiesLowerRepeatedTokens) {
+  const std::vector<float> logits = {1.0f, 0.9f, -2.0f};
+  const std::vector<std::int32_t> history = {0, 0, 2};
+  auto o = plain(0.0f);
+  o.repetition_penalty = 1.2f;  // 1.0 / 1.2 < 0.9
+  EXPECT_EQ(Sampler(o).sample(logits, history), 1);
+  o = plain(0.0f);
+  o.frequency_penalty = 0.06f;  // 1.0 - 2 * 0.06 < 0.9
+  EXPECT_EQ(Sampler(o).sample(logits, history), 1);
+  o.frequency_penalty = 0.04f;  // 1.0 - 0.08 > 0.9
+  EXPECT_EQ(Sampler(o).sample(logits, history), 0);
+  o = plain(0.0f);
+  o.presence_penalty = 0.2f;
+  EXPECT_EQ(Sampler(o).sample(logits, history), 1);
+  o.penalty_last_n = 1;  // only token 2 is in the window
+  EXPECT_EQ(Sampler(o).sample(logits, history), 0);
+}
+
+TEST(Sampler, ValidateNamesTheFlag) {
+  auto o = plain();
+  o.top_p = 1.5f;
+  EXPECT_NE(o.validate().message().find("--top-p"), std::string::npos);
+  o = plain();
+  o.repetition_penalty = 0.0f;
+  EXPECT_NE(o.validate().message().find("--repeat-penalty"), std::string::npos);
+  EXPECT_TRUE(plain().validate().is_ok());
+}
+
+TEST(StopMatcher, HoldsBackPrefixesAndCutsAtTheStop) {
+  StopMatcher m({"STOP", "END"});
+  EXPECT_EQ(m.push("Hello S"), "Hello ");
+  EXPECT_EQ(m.push("T"), "");
+  EXPECT_EQ(m.push("OP and more"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("x"), "");
+}
+
+TEST(StopMatcher, ReleasesAFalseStartAndFlushes) {
+  StopMatcher m({"STOP"});
+  EXPECT_EQ(m.push("ST"), "");
+  EXPECT_EQ(m.push("AR"), "STAR");
+  EXPECT_EQ(m.push("ST"), "");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.flush(), "ST");
+}
+
+}  // namespace
+}  // namespace colibri::engine
