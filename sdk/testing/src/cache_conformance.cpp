@@ -191,4 +191,62 @@ TEST_P(CacheConformance, RandomWorkloadKeepsInvariants) {
   for (auto p : r.pinned) EXPECT_TRUE(r.resident.count(p)) << "a pinned entry left the cache";
 }
 
+// ---- Added with the pinned / frequency policies ----
+
+TEST_P(CacheConformance, VictimsAreDistinctUntilNoneIsLeft) {
+  CACHE_FIXTURE(policy);
+  Residency r;
+  for (std::uint32_t l = 0; l < 5; ++l) {
+    for (std::uint32_t e = 0; e < 10; ++e) {
+      policy->on_insert({l, e}, 1);
+      r.resident.insert(ExpertKey{l, e}.packed());
+    }
+  }
+  for (int i = 0; i < 100; ++i)
+    policy->on_access({static_cast<std::uint32_t>(i % 5), static_cast<std::uint32_t>(i % 7)});
+  std::set<std::uint64_t> seen;
+  while (auto v = policy->pick_victim(r.predicate())) {
+    ASSERT_TRUE(r.resident.count(v->packed())) << "victim " << v->layer << ":" << v->expert << " is not resident";
+    ASSERT_TRUE(seen.insert(v->packed()).second) << "victim offered twice";
+    r.resident.erase(v->packed());
+    policy->on_erase(*v);
+  }
+  EXPECT_EQ(seen.size(), 50u) << "some entries could never be evicted";
+}
+
+TEST_P(CacheConformance, ReinsertedEntryIsTrackedAgain) {
+  CACHE_FIXTURE(policy);
+  EvictablePredicate all{[](void*, ExpertKey) noexcept { return true; }, nullptr};
+  policy->on_insert({4, 4}, 1);
+  policy->on_pin({4, 4}, true);
+  policy->on_erase({4, 4});  // leaving the cache drops its pin too
+  EXPECT_FALSE(policy->pick_victim(all).has_value());
+  policy->on_insert({4, 4}, 1);
+  auto v = policy->pick_victim(all);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(*v, (ExpertKey{4, 4}));
+}
+
+TEST_P(CacheConformance, AccessDoesNotUnpin) {
+  CACHE_FIXTURE(policy);
+  EvictablePredicate all{[](void*, ExpertKey) noexcept { return true; }, nullptr};
+  policy->on_insert({1, 1}, 1);
+  policy->on_pin({1, 1}, true);
+  for (int i = 0; i < 10; ++i) policy->on_access({1, 1});
+  EXPECT_FALSE(policy->pick_victim(all).has_value());
+  policy->on_pin({1, 1}, false);
+  EXPECT_TRUE(policy->pick_victim(all).has_value());
+}
+
+TEST_P(CacheConformance, WantedPinsAreStableAndUnique) {
+  CACHE_FIXTURE(policy);
+  const auto a = policy->wanted_pins();
+  policy->on_insert({0, 0}, 1);
+  policy->clear();
+  const auto b = policy->wanted_pins();
+  EXPECT_EQ(a, b) << "wanted_pins() changed with the cache's contents";
+  std::set<std::uint64_t> unique;
+  for (auto k : a) EXPECT_TRUE(unique.insert(k.packed()).second) << k.layer << ":" << k.expert << " listed twice";
+}
+
 }  // namespace colibri::sdk::testing

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "colibri/sdk/storage_view.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
 
 namespace colibri::sdk::testing {
@@ -301,6 +304,172 @@ TEST_P(StorageConformance, FileChangedAfterOpenIsDetectedOrRead) {
   AlignedBuffer buf(4096);
   auto st = f.storage->read(**file, 4 * 4096, {buf.data, 4096});
   EXPECT_FALSE(st) << "read 4096 bytes at 16384 of a 4096-byte file";
+}
+
+// ---- Added with the io_uring / mmap / stripe plugins ----
+
+TEST_P(StorageConformance, DrainWaitsForCallbacksToReturn) {
+  STORAGE_FIXTURE(f);
+  auto content = f.make_file("drain.bin", 16 * 4096, 13);
+  auto file = f.storage->open((f.dir / "drain.bin").string());
+  ASSERT_TRUE(file);
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  std::atomic<int> returned{0};
+  for (int i = 0; i < 8; ++i) {
+    bufs.push_back(std::make_unique<AlignedBuffer>(4096));
+    ReadRequest r;
+    r.file = file->get();
+    r.offset = static_cast<std::uint64_t>(i) * 4096;
+    r.length = 4096;
+    r.buffer = bufs.back()->data;
+    ASSERT_TRUE(f.storage->submit(r, [&](ReadRequest&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a slow consumer
+      returned.fetch_add(1);
+    }));
+  }
+  f.storage->drain();
+  EXPECT_EQ(returned.load(), 8) << "drain() returned before every callback had";
+}
+
+TEST_P(StorageConformance, CallbacksMaySubmitFollowUpReads) {
+  // The expert manager chains reads from completions; drain() must cover the chained ones.
+  STORAGE_FIXTURE(f);
+  auto content = f.make_file("chain.bin", 32 * 4096, 17);
+  auto file = f.storage->open((f.dir / "chain.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(32 * 4096);
+  std::atomic<int> completed{0};
+  std::atomic<int> bad{0};
+  std::function<void(ReadRequest&)> chain = [&](ReadRequest& done) {
+    if (!done.status || !same_bytes(static_cast<std::byte*>(done.buffer), content.data() + done.offset, 4096)) {
+      bad.fetch_add(1);
+    }
+    completed.fetch_add(1);
+    if (done.user_tag + 1 < 32) {
+      ReadRequest next = done;
+      next.user_tag = done.user_tag + 1;
+      next.offset = next.user_tag * 4096;
+      next.buffer = buf.data + next.user_tag * 4096;
+      if (!f.storage->submit(next, chain)) bad.fetch_add(1);
+    }
+  };
+  ReadRequest first;
+  first.file = file->get();
+  first.length = 4096;
+  first.buffer = buf.data;
+  ASSERT_TRUE(f.storage->submit(first, chain));
+  f.storage->drain();
+  EXPECT_EQ(completed.load(), 32);
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_P(StorageConformance, FailedAsyncReadsReachTheirCallbackOnce) {
+  STORAGE_FIXTURE(f);
+  f.make_file("eof.bin", 4096);
+  auto file = f.storage->open((f.dir / "eof.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(8192);
+  std::atomic<int> calls{0};
+  StatusCode code = StatusCode::ok;
+  ReadRequest r;
+  r.file = file->get();
+  r.offset = 4096;
+  r.length = 8192;
+  r.buffer = buf.data;
+  ASSERT_TRUE(f.storage->submit(r, [&](ReadRequest& done) {
+    code = done.status.code();
+    calls.fetch_add(1);
+  }));
+  f.storage->drain();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(code, StatusCode::corrupt_data);
+}
+
+TEST_P(StorageConformance, MisalignedBuffersAreReadCorrectly) {
+  // Direct I/O needs aligned buffers; a plugin must fall back, not fail or corrupt.
+  STORAGE_FIXTURE(f);
+  auto content = f.make_file("misaligned.bin", 8 * 4096, 19);
+  auto file = f.storage->open((f.dir / "misaligned.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer buf(4 * 4096 + 64);
+  for (std::size_t shift : {1u, 8u, 512u}) {
+    auto st = f.storage->read(**file, 4096, {buf.data + shift, 2 * 4096});
+    ASSERT_TRUE(st) << "buffer offset " << shift << ": " << st.to_string();
+    EXPECT_TRUE(same_bytes(buf.data + shift, content.data() + 4096, 2 * 4096)) << "buffer offset " << shift;
+  }
+}
+
+TEST_P(StorageConformance, ClosingFilesReleasesDescriptors) {
+  STORAGE_FIXTURE(f);
+  f.make_file("fd.bin", 4096);
+  auto count_fds = [] {
+    std::error_code ec;
+    return std::distance(fs::directory_iterator("/proc/self/fd", ec), fs::directory_iterator());
+  };
+  AlignedBuffer buf(4096);
+  {  // warm-up: lazily created resources of the plugin are not leaks
+    auto file = f.storage->open((f.dir / "fd.bin").string());
+    ASSERT_TRUE(file);
+    ASSERT_TRUE(f.storage->read(**file, 0, {buf.data, 4096}));
+  }
+  const auto before = count_fds();
+  for (int i = 0; i < 50; ++i) {
+    auto file = f.storage->open((f.dir / "fd.bin").string());
+    ASSERT_TRUE(file);
+    ASSERT_TRUE(f.storage->read(**file, 0, {buf.data, 4096}));
+  }
+  EXPECT_EQ(count_fds(), before) << "file descriptors leaked by open/close";
+}
+
+TEST_P(StorageConformance, ZeroCopyViewsWhenAdvertised) {
+  STORAGE_FIXTURE(f);
+  auto* views = static_cast<StorageViews*>(f.storage->query_interface(kStorageViewInterface));
+  if (!f.storage->capabilities().zero_copy) {
+    EXPECT_EQ(views, nullptr) << "offers " << kStorageViewInterface << " without capabilities().zero_copy";
+    return;
+  }
+  ASSERT_NE(views, nullptr) << "capabilities().zero_copy without the " << kStorageViewInterface << " interface";
+  auto content = f.make_file("view.bin", 5 * 4096 + 7, 23);
+  auto file = f.storage->open((f.dir / "view.bin").string());
+  ASSERT_TRUE(file);
+  auto v = views->view(**file, 4095, 4096 + 9);
+  ASSERT_TRUE(v) << v.error().to_string();
+  file->reset();  // the view keeps its bytes valid
+  ASSERT_EQ((*v)->bytes().size(), 4096u + 9u);
+  EXPECT_TRUE(same_bytes((*v)->bytes().data(), content.data() + 4095, 4096 + 9));
+}
+
+TEST_P(StorageConformance, RegisteredBuffersWhenAdvertised) {
+  STORAGE_FIXTURE(f);
+  auto* reg = static_cast<RegisteredBuffers*>(f.storage->query_interface(kRegisteredBuffersInterface));
+  if (!f.storage->capabilities().registered_buffers) {
+    EXPECT_EQ(reg, nullptr) << "offers " << kRegisteredBuffersInterface << " without capabilities().registered_buffers";
+    return;
+  }
+  ASSERT_NE(reg, nullptr) << "capabilities().registered_buffers without the " << kRegisteredBuffersInterface
+                          << " interface";
+  auto content = f.make_file("reg.bin", 16 * 4096, 29);
+  auto file = f.storage->open((f.dir / "reg.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer arena(8 * 4096);
+  const std::span<std::byte> region(arena.data, 8 * 4096);
+  const Status st = reg->register_buffers(std::span<const std::span<std::byte>>(&region, 1));
+  if (!st) GTEST_SKIP() << "registration refused on this machine: " << st.to_string();
+  std::vector<ReadRequest> batch(8);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    batch[i].file = file->get();
+    batch[i].offset = (15 - i) * 4096;
+    batch[i].length = 4096;
+    batch[i].buffer = arena.data + i * 4096;
+  }
+  f.storage->read_batch(batch);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_TRUE(batch[i].status) << batch[i].status.to_string();
+    EXPECT_TRUE(same_bytes(arena.data + i * 4096, content.data() + (15 - i) * 4096, 4096)) << i;
+  }
+  reg->unregister_buffers();
+  ASSERT_TRUE(f.storage->read(**file, 0, {arena.data, 4096}));
+  EXPECT_TRUE(same_bytes(arena.data, content.data(), 4096));
 }
 
 }  // namespace colibri::sdk::testing
