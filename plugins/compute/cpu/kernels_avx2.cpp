@@ -1,6 +1,8 @@
 // AVX2 row kernels (avx2 + fma + f16c; FMA itself is never used so the bits match the scalar path).
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
 #include "kernels.hpp"

@@ -4,6 +4,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
 #include "kernels.hpp"

@@ -41,21 +41,24 @@ class ThreadPool {
   using TaskFn = void (*)(void* ctx, std::int64_t task, int worker) noexcept;
   void dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept;
   void work(int worker) noexcept;
-  void drain(int worker) noexcept;
+  // Claims and runs tasks of job `generation` until none is left. A late worker of a finished
+  // job claims nothing: the claim counter carries the job's generation in its high 32 bits.
+  void drain(std::uint32_t generation, int worker) noexcept;
 
   int threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_;
-  std::condition_variable done_;
-  std::atomic<std::uint64_t> generation_{0};
+  std::condition_variable done_cv_;
+  std::atomic<std::uint32_t> generation_{0};
   std::atomic<bool> stopping_{false};
-  // The current job.
+  // The current job; fn_ and ctx_ are read only after a successful claim (the job cannot end
+  // while a claimed task is unfinished, so they are still this job's).
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  std::int64_t tasks_ = 0;
-  std::atomic<std::int64_t> next_{0};
-  std::atomic<int> busy_{0};
+  std::atomic<std::int64_t> tasks_{0};
+  std::atomic<std::uint64_t> next_{0};  // (generation << 32) | next task
+  std::atomic<std::int64_t> done_{0};   // finished tasks of the current job
 };
 
 }  // namespace colibri::cpu
