@@ -1,0 +1,166 @@
+// colibri-cli bench --model M [--prompt-tokens N] [--gen-tokens N] [--json]
+// Prefill and decode speed on seeded random tokens, the expert cache and I/O counters, and the memory-bandwidth
+// bound of decode (active weight bytes per token over measured read bandwidth).
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "colibri/engine/sampler.hpp"
+#include "engine_cli.hpp"
+
+namespace colibri::cli {
+namespace {
+
+struct BenchOptions {
+  EngineCliOptions engine;
+  std::int64_t prompt_tokens = 128;
+  std::int64_t gen_tokens = 64;
+  bool json = false;
+  std::uint64_t seed = 1;
+};
+
+// Single-pass read bandwidth over a buffer far larger than the caches (bytes per second).
+double read_bandwidth() {
+  const std::size_t n = std::size_t{256} << 20;
+  std::vector<std::uint64_t> buf(n / 8);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+  double best = 0;
+  volatile std::uint64_t sink = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (std::size_t i = 0; i + 4 <= buf.size(); i += 4) {
+      a += buf[i];
+      b += buf[i + 1];
+      c += buf[i + 2];
+      d += buf[i + 3];
+    }
+    sink = sink + a + b + c + d;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n) / s);
+  }
+  return best;
+}
+
+// Weight bytes one decoded token reads: all shared tensors but the embedding table (one row), and the top-k
+// experts of each layer (the mean expert size of that layer).
+double active_bytes_per_token(const model::Manifest& m) {
+  double bytes = 0;
+  const auto& hp = m.hparams;
+  for (const auto& t : m.tensors) {
+    if (t.name == "token_embd.weight" && !hp.tie_word_embeddings) {
+      bytes += static_cast<double>(t.size) / static_cast<double>(hp.vocab_size);
+    } else {
+      bytes += static_cast<double>(t.size);
+    }
+  }
+  std::map<std::int64_t, std::pair<double, int>> per_layer;
+  for (const auto& e : m.experts) {
+    per_layer[e.layer].first += static_cast<double>(e.gate.size + e.up.size + e.down.size);
+    per_layer[e.layer].second += 1;
+  }
+  for (const auto& [layer, sum] : per_layer) {
+    bytes += sum.first / sum.second * static_cast<double>(hp.layer_top_k(layer));
+  }
+  return bytes;
+}
+
+int run_bench(const GlobalOptions& global, const BenchOptions& o) {
+  if (o.prompt_tokens <= 0 || o.gen_tokens < 0) return fail("--prompt-tokens must be positive, --gen-tokens >= 0");
+  auto t0 = std::chrono::steady_clock::now();
+  auto engine = open_engine(global, o.engine);
+  if (!engine) return 1;
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (o.prompt_tokens + o.gen_tokens > engine->context()) {
+    return fail("--prompt-tokens + --gen-tokens (" + std::to_string(o.prompt_tokens + o.gen_tokens) +
+                ") exceed the context of " + std::to_string(engine->context()) + " positions; raise --ctx");
+  }
+  std::mt19937_64 rng(o.seed);
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
+  for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(engine->vocab_size()));
+  std::vector<float> logits;
+  t0 = std::chrono::steady_clock::now();
+  if (auto s = engine->forward(prompt, engine::LogitsWanted::last, logits); !s) return fail(s.message());
+  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto after_prefill = engine->experts().stats();
+  engine::SamplingOptions greedy;
+  greedy.temperature = 0;
+  engine::Sampler sampler(greedy);
+  t0 = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < o.gen_tokens; ++i) {
+    const std::int32_t next[1] = {sampler.sample(logits, prompt)};
+    if (auto s = engine->forward(next, engine::LogitsWanted::last, logits); !s) return fail(s.message());
+  }
+  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& st = engine->experts().stats();
+  const double prefill_tps = static_cast<double>(o.prompt_tokens) / prefill_s;
+  const double decode_tps = o.gen_tokens > 0 ? static_cast<double>(o.gen_tokens) / decode_s : 0;
+  const double active = active_bytes_per_token(engine->manifest());
+  const double bandwidth = read_bandwidth();
+  const double bound = bandwidth / active;
+  const auto& hp = engine->hparams();
+  nlohmann::json j = {
+      {"model", engine->model_dir().string()},
+      {"architecture", hp.architecture},
+      {"preset", engine->manifest().quantization.value("preset", "")},
+      {"mode", engine->mode()},
+      {"backend", engine->plugins().compute_name},
+      {"storage", engine->plugins().storage_name},
+      {"cache", engine->plugins().cache_name},
+      {"kv_type", std::string(sdk::to_string(engine->kv_cache().type()))},
+      {"context", engine->context()},
+      {"load_seconds", load_s},
+      {"prompt_tokens", o.prompt_tokens},
+      {"gen_tokens", o.gen_tokens},
+      {"prefill_tokens_per_second", prefill_tps},
+      {"decode_tokens_per_second", decode_tps},
+      {"expert_hits", st.hits},
+      {"expert_misses", st.misses},
+      {"expert_hit_rate", st.hit_rate()},
+      {"decode_expert_misses", st.misses - after_prefill.misses},
+      {"bytes_read", st.bytes_read},
+      {"io_stall_seconds", st.stall_seconds},
+      {"active_weight_bytes_per_token", active},
+      {"memory_read_bandwidth_bytes_per_second", bandwidth},
+      {"decode_bandwidth_bound_tokens_per_second", bound},
+      {"decode_fraction_of_bound", decode_tps / bound},
+  };
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("model      %s (%s, %s)\n", j["model"].get<std::string>().c_str(), hp.architecture.c_str(),
+              j["preset"].get<std::string>().c_str());
+  std::printf("plugins    %s | backend %s | storage %s | cache %s | kv %s | ctx %lld\n", engine->mode().c_str(),
+              engine->plugins().compute_name.c_str(), engine->plugins().storage_name.c_str(),
+              engine->plugins().cache_name.c_str(), j["kv_type"].get<std::string>().c_str(),
+              static_cast<long long>(engine->context()));
+  std::printf("load       %.2f s\n", load_s);
+  std::printf("prefill    %lld tokens: %.1f tok/s\n", static_cast<long long>(o.prompt_tokens), prefill_tps);
+  std::printf("decode     %lld tokens: %.2f tok/s\n", static_cast<long long>(o.gen_tokens), decode_tps);
+  std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses), read %s, I/O stall %.3f s\n", 100.0 * st.hit_rate(),
+              static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
+              mib(st.bytes_read).c_str(), st.stall_seconds);
+  std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth: %.2f tok/s (decode at %.0f%%)\n",
+              active / (1024.0 * 1024.0), bandwidth / 1e9, bound, 100.0 * decode_tps / bound);
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Prefill and decode speed, expert cache and I/O, memory-bandwidth bound");
+  add_engine_options(*cmd, o->engine, global);
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length (default 128)");
+  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens decoded one at a time (default 64)");
+  cmd->add_option("--seed", o->seed, "Seed of the random prompt tokens");
+  cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->callback([&global, o] { global.exit_code = run_bench(global, *o); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(44, setup);
+
+}  // namespace colibri::cli

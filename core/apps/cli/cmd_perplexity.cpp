@@ -1,0 +1,153 @@
+// colibri-cli perplexity --model M --file TEXT [--ctx N] [--save-logits FILE] [--kl-base FILE]
+// Splits the tokenized text into chunks of --ctx tokens, runs each from an empty cache and scores every token
+// after the first of its chunk. --save-logits keeps the logits of a (base) run; --kl-base compares this run with
+// such a file: KL(base || this) per token and how often the top token agrees.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "engine_cli.hpp"
+
+namespace colibri::cli {
+namespace {
+
+constexpr const char* kMagic = "COLIBRI-LOGITS 1";
+
+struct PerplexityOptions {
+  EngineCliOptions engine;
+  std::string file;
+  std::string save_logits;
+  std::string kl_base;
+  std::int64_t max_chunks = 0;
+};
+
+// log-softmax of one row, in double.
+void log_softmax(const float* x, std::size_t n, std::vector<double>& out) {
+  out.resize(n);
+  double m = -INFINITY;
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[i]));
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - m);
+  const double lse = m + std::log(sum);
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<double>(x[i]) - lse;
+}
+
+int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
+  std::ifstream in(o.file, std::ios::binary);
+  if (!in) return fail("cannot read --file " + o.file + ": " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (o.engine.ctx == 0) o.engine.ctx = 512;
+  if (o.engine.ctx < 2) return fail("--ctx must be at least 2 to score anything");
+  auto engine = open_engine(global, o.engine);
+  if (!engine) return 1;
+  auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
+  if (!tok) return fail(tok.error().message());
+  const auto ids = tok->encode(ss.str(), false);
+  const auto ctx = engine->context();
+  std::int64_t chunks = static_cast<std::int64_t>(ids.size()) / ctx;
+  if (o.max_chunks > 0) chunks = std::min(chunks, o.max_chunks);
+  if (chunks == 0) {
+    return fail(o.file + " has " + std::to_string(ids.size()) + " tokens, fewer than one chunk of --ctx " +
+                std::to_string(ctx) + "; lower --ctx or give more text");
+  }
+  const auto V = static_cast<std::size_t>(engine->vocab_size());
+  const std::vector<std::int32_t> used(ids.begin(), ids.begin() + chunks * ctx);
+  const nlohmann::json header = {{"vocab", V}, {"ctx", ctx}, {"tokens", used}};
+
+  std::ifstream base;
+  if (!o.kl_base.empty()) {
+    base.open(o.kl_base, std::ios::binary);
+    if (!base) return fail("cannot read --kl-base " + o.kl_base + ": " + std::strerror(errno));
+    std::string magic, line;
+    std::getline(base, magic);
+    std::getline(base, line);
+    const auto h = nlohmann::json::parse(line, nullptr, false);
+    if (magic != kMagic || h.is_discarded()) {
+      return fail(o.kl_base + " is not a logits file written by colibri-cli perplexity --save-logits");
+    }
+    if (h != header) {
+      return fail(o.kl_base +
+                  " was saved from different tokens, --ctx or vocabulary; re-run the base model with the "
+                  "same --file and --ctx");
+    }
+  }
+  std::ofstream save;
+  const std::string save_tmp = o.save_logits + ".partial";
+  if (!o.save_logits.empty()) {
+    save.open(save_tmp, std::ios::binary | std::ios::trunc);
+    if (!save) return fail("cannot write --save-logits " + o.save_logits + ": " + std::strerror(errno));
+    save << kMagic << "\n" << header.dump() << "\n";
+  }
+  double nll = 0, kl_sum = 0, kl_max = 0;
+  std::int64_t scored = 0, agree = 0;
+  std::vector<float> logits, base_row(V);
+  std::vector<double> lp, lq;
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    engine->reset();
+    const std::span<const std::int32_t> chunk(used.data() + c * ctx, static_cast<std::size_t>(ctx));
+    if (auto s = engine->forward(chunk, engine::LogitsWanted::all, logits); !s) return fail(s.message());
+    for (std::int64_t i = 0; i + 1 < ctx; ++i) {
+      const float* row = logits.data() + static_cast<std::size_t>(i) * V;
+      log_softmax(row, V, lq);
+      nll -= lq[static_cast<std::size_t>(chunk[static_cast<std::size_t>(i + 1)])];
+      ++scored;
+      if (save.is_open()) save.write(reinterpret_cast<const char*>(row), static_cast<std::streamsize>(V * 4));
+      if (base.is_open()) {
+        if (!base.read(reinterpret_cast<char*>(base_row.data()), static_cast<std::streamsize>(V * 4))) {
+          return fail(o.kl_base + " is truncated; re-run the base model with --save-logits");
+        }
+        log_softmax(base_row.data(), V, lp);
+        double kl = 0;
+        for (std::size_t v = 0; v < V; ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
+        kl_sum += kl;
+        kl_max = std::max(kl_max, kl);
+        agree +=
+            std::max_element(lp.begin(), lp.end()) - lp.begin() == std::max_element(lq.begin(), lq.end()) - lq.begin();
+      }
+    }
+    if (tty)
+      std::cerr << "\rchunk " << c + 1 << "/" << chunks << ": perplexity so far " << std::exp(nll / scored)
+                << std::flush;
+  }
+  if (tty) std::cerr << "\n";
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (save.is_open()) {
+    save.close();
+    if (!save) return fail("writing --save-logits " + o.save_logits + " failed");
+    std::filesystem::rename(save_tmp, o.save_logits);
+  }
+  std::printf("perplexity %.4f over %lld tokens (%lld chunks of %lld, %.1f tok/s)\n", std::exp(nll / scored),
+              static_cast<long long>(scored), static_cast<long long>(chunks), static_cast<long long>(ctx),
+              static_cast<double>(chunks * ctx) / secs);
+  if (base.is_open()) {
+    std::printf("KL(base || this) mean %.6f max %.6f, top-1 agreement %.2f%%\n", kl_sum / scored, kl_max,
+                100.0 * static_cast<double>(agree) / static_cast<double>(scored));
+  }
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto o = std::make_shared<PerplexityOptions>();
+  auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file; KL divergence against a saved base run");
+  add_engine_options(*cmd, o->engine, global);
+  cmd->add_option("--file,-f", o->file, "UTF-8 text to score")->required();
+  cmd->add_option("--max-chunks", o->max_chunks, "Score at most this many chunks (0: all)");
+  cmd->add_option("--save-logits", o->save_logits, "Save this run's logits (to compare quantized runs against)");
+  cmd->add_option("--kl-base", o->kl_base, "Logits saved by --save-logits from the base model: report KL divergence");
+  cmd->callback([&global, o] { global.exit_code = run_perplexity(global, *o); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(43, setup);
+
+}  // namespace colibri::cli

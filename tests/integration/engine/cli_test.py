@@ -1,0 +1,101 @@
+#!/usr/bin/python3
+"""colibri-cli run / chat / perplexity / bench on a tiny random Mixtral (ctest label integration):
+
+  cli_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR
+"""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+CLI, GEN, WORK = None, None, None
+
+
+def cli(*args, stdin=None, check=True):
+    p = subprocess.run([CLI] + list(args), capture_output=True, text=True, input=stdin, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def model():
+    ckpt, out = os.path.join(WORK, "ckpt"), os.path.join(WORK, "tiny-mixtral")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        subprocess.run([sys.executable, GEN, "--arch", "mixtral", "--out", ckpt], check=True, capture_output=True)
+        cli("convert", "--input", ckpt, "--output", out, "--quantize", "q8_0")
+    return out
+
+
+class Run(unittest.TestCase):
+    def test_same_seed_same_text_and_stats_line(self):
+        a = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", "5", "--ignore-eos")
+        b = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", "5", "--ignore-eos")
+        c = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", "6", "--ignore-eos")
+        self.assertEqual(a.stdout, b.stdout)
+        self.assertNotEqual(a.stdout, c.stdout)
+        self.assertTrue(a.stdout.startswith("Hello world"))
+        stats = a.stderr.strip().splitlines()[-1]
+        for word in ("resident", "backend cpu", "storage pread", "cache lru", "prefill", "decode", "expert hit rate",
+                     "read", "I/O stall", "12 generated"):
+            self.assertIn(word, stats)
+
+    def test_greedy_is_deterministic_and_stop_string_cuts(self):
+        a = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "1")
+        b = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "2")
+        self.assertEqual(a.stdout, b.stdout)
+        generated = a.stdout[len("The fox"):].rstrip("\n")
+        if len(generated) >= 4:
+            stop = generated[2:4]
+            c = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--stop", stop)
+            self.assertEqual(c.stdout.rstrip("\n"), "The fox" + generated[:generated.index(stop)])
+            self.assertIn("stop", c.stderr.strip().splitlines()[-1])
+
+    def test_context_and_bad_flags(self):
+        p = cli("run", "-m", model(), "-p", "a b c d e f g h i j k l", "--ctx", "4", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("context", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "-n", "50", "--ctx", "8", "--ignore-eos", "--temp", "0")
+        self.assertIn("context of 8 positions is full", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
+        self.assertIn("--top-p", p.stderr)
+        p = cli("run", "-m", os.path.join(WORK, "no-such-model"), "-p", "hi", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no-such-model", p.stderr)
+
+
+class Chat(unittest.TestCase):
+    def test_two_turns(self):
+        p = cli("chat", "-m", model(), "-n", "6", "--seed", "3", stdin="Hello\nHow are you?\n")
+        self.assertEqual(p.stderr.count("expert hit rate"), 2, p.stderr)
+
+
+class Perplexity(unittest.TestCase):
+    def test_perplexity_and_kl_base(self):
+        text = os.path.join(WORK, "text.txt")
+        with open(text, "w") as f:
+            f.write("The quick brown fox jumps over the lazy dog. " * 40)
+        base = os.path.join(WORK, "base.logits")
+        a = cli("perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "2", "--save-logits", base)
+        self.assertRegex(a.stdout, r"perplexity [0-9.]+ over 62 tokens")
+        b = cli("perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "2", "--kl-base", base)
+        self.assertIn("KL(base || this) mean 0.000000 max 0.000000, top-1 agreement 100.00%", b.stdout)
+        c = cli("perplexity", "-m", model(), "-f", text, "--ctx", "16", "--max-chunks", "2", "--kl-base", base,
+                check=False)
+        self.assertIn("different tokens", c.stderr)
+
+
+class Bench(unittest.TestCase):
+    def test_json(self):
+        p = cli("bench", "-m", model(), "--prompt-tokens", "16", "--gen-tokens", "4", "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual(j["mode"], "resident")
+        self.assertGreater(j["decode_tokens_per_second"], 0)
+        self.assertGreater(j["active_weight_bytes_per_token"], 0)
+
+
+if __name__ == "__main__":
+    CLI, GEN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(WORK, exist_ok=True)
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)
