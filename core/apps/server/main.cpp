@@ -1,0 +1,208 @@
+// colibri-server --model M [--profile P] [--host 127.0.0.1] [--port 8080] [--api-key KEY] ...
+// Opens the model once and serves the OpenAI-compatible API until SIGTERM/SIGINT.
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "colibri/chat/template.hpp"
+#include "colibri/engine/engine.hpp"
+#include "colibri/model/paths.hpp"
+#include "colibri/profile/profile.hpp"
+#include "colibri/sdk/config.hpp"
+#include "colibri/sdk/version.hpp"
+#include "colibri/server/server.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/log.hpp"
+
+namespace {
+
+using namespace colibri;
+
+int fail(const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return 1;
+}
+
+struct Flags {
+  std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history;
+  std::string expert_cache_size, vram_budget, prefetch_layers, max_body = "4M", log_level = "info";
+  std::vector<std::string> sets;
+  int port = -1;
+  std::int64_t ctx = 0, ubatch = 512;
+  std::size_t max_queue = 64, max_connections = 256;
+  int max_batch = 8, io_threads = 2;
+  std::uint32_t max_header = 16384;
+  double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10;
+  bool exact = false;
+};
+
+std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+int serve(Flags& f) {
+  if (auto st = util::set_log_level(f.log_level); !st) return fail(st.message());
+  profile::LoadOptions lo;
+  lo.profile = f.profile;
+  if (!f.expert_cache_size.empty())
+    lo.overrides.push_back({"memory.expert_cache", f.expert_cache_size, "--expert-cache-size"});
+  if (!f.vram_budget.empty()) lo.overrides.push_back({"memory.vram_budget", f.vram_budget, "--vram-budget"});
+  if (!f.prefetch_layers.empty()) lo.overrides.push_back({"prefetch.layers", f.prefetch_layers, "--prefetch-layers"});
+  for (const auto& s : f.sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos)
+      return fail("--set " + s + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)");
+    lo.overrides.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
+  }
+  auto prof = profile::Profile::load(lo);
+  if (!prof) return fail(prof.error().message());
+
+  server::ServerOptions so;
+  so.host = !f.host.empty() ? f.host : prof->get_string("server.host");
+  if (so.host.empty()) so.host = "127.0.0.1";
+  std::int64_t port = f.port;
+  if (port < 0) port = prof->get_int("server.port").value_or(8080);
+  if (port < 0 || port > 65535) return fail("--port " + std::to_string(port) + " is not a TCP port (0..65535)");
+  so.port = static_cast<std::uint16_t>(port);
+  so.api_key = f.api_key;
+  auto body = sdk::parse_size(f.max_body);
+  if (!body || *body == 0) return fail("--max-body-size '" + f.max_body + "' is not a size (e.g. 4M)");
+  so.max_body_bytes = *body;
+  if (f.max_header < 1024) return fail("--max-header-size must be at least 1024 bytes");
+  so.max_header_bytes = f.max_header;
+  for (auto [v, name] : {std::pair{f.request_timeout, "--request-timeout"},
+                         {f.idle_timeout, "--idle-timeout"},
+                         {f.write_timeout, "--write-timeout"},
+                         {f.drain_timeout, "--drain-timeout"}}) {
+    if (!(v >= 0.0) || v > 86400.0) return fail(std::string(name) + " must be between 0 and 86400 seconds");
+  }
+  so.request_timeout = ms(f.request_timeout);
+  so.idle_timeout = ms(f.idle_timeout);
+  so.write_timeout = ms(f.write_timeout);
+  so.drain_timeout = ms(f.drain_timeout);
+  if (f.max_queue == 0) return fail("--max-queue must be at least 1");
+  if (f.max_batch < 1) return fail("--max-batch must be at least 1");
+  if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
+  so.max_connections = std::max<std::size_t>(1, f.max_connections);
+  so.io_threads = f.io_threads;
+  so.scheduler.max_queue = f.max_queue;
+  so.scheduler.max_batch = f.max_batch;
+  so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_string("cache.auto_pin_history");
+
+  auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));
+  if (!dir) return fail(dir.error().message());
+  auto kv = engine::parse_kv_type(f.kv_type);
+  if (!kv) return fail(kv.error().message());
+  if (f.ctx < 0) return fail("--ctx must be positive");
+  engine::EngineOptions eo;
+  eo.context = f.ctx;
+  eo.kv_type = *kv;
+  eo.ubatch = f.ubatch;
+  eo.exact_activations = f.exact;
+  auto tok = tokenizer::Tokenizer::from_file(*dir);
+  if (!tok) return fail(tok.error().message());
+
+  // Chat template: --chat-template (a built-in family or a file), else tokenizer_config.json, else none.
+  std::optional<chat::Template> tmpl;
+  chat::ChatConfig cc;
+  if (!f.chat_template.empty()) {
+    std::string source;
+    if (auto b = chat::builtin_template(f.chat_template)) {
+      source = std::string(*b);
+    } else {
+      std::ifstream in(f.chat_template);
+      if (!in)
+        return fail("--chat-template " + f.chat_template +
+                    " is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable file");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      source = ss.str();
+    }
+    auto t = chat::Template::parse(source, f.chat_template);
+    if (!t) return fail(t.error().message());
+    tmpl = std::move(*t);
+    cc.bos_token = tok->bos_token();
+    cc.eos_token = tok->eos_token();
+  } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json"); c) {
+    cc = *c;
+    auto t = chat::Template::parse(cc.template_source, cc.template_origin);
+    if (!t) return fail(t.error().message());
+    tmpl = std::move(*t);
+    spdlog::info("chat template: {}", cc.template_origin);
+  } else {
+    spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", c.error().message());
+  }
+
+  auto eng = engine::Engine::open(*dir, *prof, eo);
+  if (!eng) return fail(eng.error().message());
+  const auto context = (*eng)->context();
+  const auto mode = (*eng)->mode();
+  so.model_name = f.served_name;
+  auto srv = server::Server::create(std::move(*eng), std::move(*tok), std::move(tmpl), cc, so);
+  if (!srv) return fail(srv.error().message());
+  // One line on stdout that scripts can wait for (the port matters with --port 0).
+  std::printf("colibri-server listening on http://%s:%u (model %s, %s, context %lld)\n", so.host.c_str(),
+              static_cast<unsigned>((*srv)->port()),
+              (so.model_name.empty() ? dir->filename().string() : so.model_name).c_str(), mode.c_str(),
+              static_cast<long long>(context));
+  std::fflush(stdout);
+  (*srv)->run();
+  spdlog::info("colibri-server stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  CLI::App app{"colibri-server: OpenAI-compatible HTTP API for a colibri model", "colibri-server"};
+  app.set_version_flag("--version", std::string("colibri ") + COLIBRI_SDK_VERSION_STRING);
+  Flags f;
+  app.add_option("--model,-m", f.model, "Model directory, or a name under models.dir")->required();
+  app.add_option("--profile", f.profile, "Hardware profile: a name or a YAML path")->envname("COLIBRI_PROFILE");
+  app.add_option("--set", f.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
+  app.add_option("--expert-cache-size", f.expert_cache_size, "RAM tier for experts, e.g. 8G (memory.expert_cache)");
+  app.add_option("--vram-budget", f.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
+  app.add_option("--prefetch-layers", f.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
+  app.add_option("--host", f.host, "Address to listen on (default: server.host, 127.0.0.1)");
+  app.add_option("--port", f.port, "TCP port (default: server.port, 8080; 0 picks a free one)");
+  app.add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin")
+      ->envname("COLIBRI_API_KEY");
+  app.add_option("--served-model-name", f.served_name,
+                 "Model name clients must send (default: the model directory's name)");
+  app.add_option("--chat-template", f.chat_template,
+                 "Chat template: a built-in family or a Jinja file (default: tokenizer_config.json)");
+  app.add_option("--ctx", f.ctx, "Context length per sequence (default: memory.kv_cache, else the model's)");
+  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 (default), q8_0 or f32");
+  app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)");
+  app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
+  app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)");
+  app.add_option("--max-queue", f.max_queue, "Requests that may wait; more get 429 (default 64)");
+  app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
+  app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
+  app.add_option("--max-connections", f.max_connections, "Open connections at most (default 256)");
+  app.add_option("--request-timeout", f.request_timeout, "Seconds to receive a request (default 15)");
+  app.add_option("--idle-timeout", f.idle_timeout,
+                 "Seconds a keep-alive connection may wait for a request (default 60)");
+  app.add_option("--write-timeout", f.write_timeout, "Seconds one response write may take (default 60)");
+  app.add_option("--drain-timeout", f.drain_timeout, "SIGTERM: seconds streams get to finish (default 10)");
+  app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)");
+  app.add_option("--usage-history", f.usage_history,
+                 "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history)");
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")
+      ->envname("COLIBRI_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return serve(f);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}

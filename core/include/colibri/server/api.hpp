@@ -1,0 +1,93 @@
+// The OpenAI-compatible wire format: request validation (JSON -> CompletionRequest) and the response, stream-chunk
+// and error bodies. No networking here, so it is unit-tested without sockets.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "colibri/engine/sampler.hpp"
+
+namespace colibri::server {
+
+// An OpenAI-shaped error: {"error": {"message", "type", "param", "code"}} with its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+
+  [[nodiscard]] std::string body() const;
+};
+
+ApiError bad_request(std::string message, std::string param = "", std::string code = "");
+ApiError not_found_route(std::string_view method, std::string_view target);
+ApiError unauthorized();
+ApiError too_large(std::uint64_t limit_bytes);
+ApiError busy(std::size_t queue_limit);
+ApiError internal_error(std::string message);
+ApiError unavailable(std::string message);
+
+enum class Endpoint { chat, completions };
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::chat;
+  std::string model;
+  nlohmann::ordered_json messages;  // chat: [{role, content(string)}], content parts already joined
+  std::string prompt;               // completions: text prompt
+  std::vector<std::int32_t> prompt_tokens;
+  bool prompt_is_tokens = false;
+  bool echo = false;
+  std::optional<std::int64_t> max_tokens;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+  engine::SamplingOptions sampling;  // OpenAI defaults: temperature 1, top_p 1, no top-k/min-p
+  bool seed_given = false;
+};
+
+// Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot
+// exhaust the stack of the recursive parser.
+std::size_t json_nesting_depth(std::string_view text);
+inline constexpr std::size_t kMaxJsonDepth = 64;
+
+// Parses and validates a request body. Wrong types, out-of-range values and unsupported options come back as a 400
+// naming the field in `param`; the model name is not checked here (see check_model).
+std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
+
+// 404 model_not_found unless `requested` is the served model's name.
+std::optional<ApiError> check_model(const std::string& requested, const std::string& served);
+
+struct Usage {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  [[nodiscard]] nlohmann::json to_json() const;
+};
+
+// Maps the generation loop's reasons onto OpenAI's: eos/stop -> "stop", length/context -> "length".
+std::string openai_finish_reason(std::string_view reason);
+
+struct ResponseIds {
+  std::string id;  // chatcmpl-... / cmpl-...
+  std::int64_t created = 0;
+  std::string model;
+};
+
+// Non-streaming body.
+nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
+                                   const std::string& finish_reason, const Usage& usage);
+// One SSE data object. `role_chunk` gives the chat opener ({"role":"assistant","content":""}); a non-empty
+// `finish_reason` closes the choice.
+nlohmann::json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
+                            const std::string& finish_reason, bool role_chunk = false);
+// The stream_options.include_usage chunk: empty choices, usage set.
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage);
+// "data: <json>\n\n"
+std::string sse_event(const nlohmann::json& data);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace colibri::server

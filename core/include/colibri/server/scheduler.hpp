@@ -1,0 +1,128 @@
+// The engine scheduler: one thread owns the engine and its sequences. Requests wait in a bounded queue and join the
+// running batch at token boundaries; every step runs each active sequence one token further (a newly joined one
+// runs its prompt), checks cancellation first, and streams finished text through the job's callback.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "colibri/engine/engine.hpp"
+#include "colibri/engine/sampler.hpp"
+#include "colibri/server/api.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+
+namespace colibri::server {
+
+struct GenerationRequest {
+  std::vector<std::int32_t> prompt;
+  std::int64_t max_tokens = 16;  // >= 1; generation also ends when the context is full
+  std::vector<std::string> stop;
+  engine::SamplingOptions sampling;
+};
+
+struct GenerationEvent {
+  enum class Kind { text, finished, failed };
+  Kind kind = Kind::text;
+  std::string text;           // text: the new final text
+  std::string finish_reason;  // finished: "eos" | "stop" | "length" | "context" | "cancelled"
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  ApiError error;  // failed
+};
+
+// One request in the scheduler. Every accepted job gets exactly one terminal event (finished or failed).
+class Job {
+ public:
+  GenerationRequest request;
+  // Called on the scheduler thread; must not block (post the work elsewhere).
+  std::function<void(GenerationEvent&&)> on_event;
+
+  void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
+  [[nodiscard]] bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  std::size_t max_queue = 64;           // waiting requests beyond this are refused (429)
+  int max_batch = 8;                    // sequences decoding together
+  std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
+};
+
+struct SchedulerStats {
+  std::size_t queue_depth = 0;
+  std::size_t active = 0;
+  std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0;
+  std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0;
+  double busy_seconds = 0;              // time spent in forward passes
+  double recent_tokens_per_second = 0;  // generated tokens over the last 10 s
+  engine::ExpertStats experts;
+  std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Submit { accepted, queue_full, closed };
+  Submit submit(std::shared_ptr<Job> job);
+
+  // Runs `task` on the scheduler thread between steps (engine access from outside goes through here).
+  // Returns false when the scheduler is closed.
+  bool post(std::function<void(engine::Engine&)> task);
+
+  // Stops accepting jobs; lets active and queued ones finish for up to `grace`, then cancels the rest (they end
+  // with finish_reason "cancelled"), saves the usage history and joins the thread. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+
+  [[nodiscard]] SchedulerStats stats() const;
+  [[nodiscard]] std::int64_t context() const { return context_; }
+  [[nodiscard]] std::int64_t vocab_size() const { return vocab_; }
+  [[nodiscard]] const SchedulerOptions& options() const { return options_; }
+
+  struct Sequence;
+
+ private:
+  void loop();
+  void step(std::vector<std::unique_ptr<Sequence>>& active);
+  void finish(Sequence& seq, const std::string& reason);
+  void fail(Sequence& seq, const ApiError& error);
+  void count_routing(const std::vector<engine::RoutingRecord>& trace);
+  void refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
+                     std::uint64_t prompt_tokens);
+  void save_usage_history();
+
+  engine::Engine& engine_;
+  const tokenizer::Tokenizer& tokenizer_;
+  SchedulerOptions options_;
+  std::int64_t context_ = 0, vocab_ = 0;
+  std::vector<std::int64_t> eos_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::deque<std::function<void(engine::Engine&)>> tasks_;
+  bool closed_ = false, stopping_ = false, cancel_all_ = false;
+  SchedulerStats stats_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> recent_;
+  std::map<std::uint64_t, std::uint64_t> usage_;  // (layer << 32 | expert) -> router picks
+  std::thread thread_;
+  std::mutex shutdown_mu_;
+};
+
+}  // namespace colibri::server

@@ -1,0 +1,67 @@
+// colibri-server: the OpenAI-compatible HTTP API (Boost.Beast on an Asio io_context) in front of the scheduler.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "colibri/chat/template.hpp"
+#include "colibri/engine/engine.hpp"
+#include "colibri/sdk/status.hpp"
+#include "colibri/server/scheduler.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+
+namespace colibri::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8080;  // 0: any free port (see Server::port())
+  std::string api_key;        // non-empty: /v1 and /admin need "Authorization: Bearer <key>"
+  std::string model_name;     // what /v1/models lists and requests must name
+  std::uint64_t max_body_bytes = 4u << 20;
+  std::uint32_t max_header_bytes = 16u << 10;
+  std::chrono::milliseconds request_timeout{15000};  // to receive one request's header and body (slow clients)
+  std::chrono::milliseconds idle_timeout{60000};     // keep-alive connection with no request
+  std::chrono::milliseconds write_timeout{60000};    // one response write to a client that does not read
+  std::chrono::milliseconds drain_timeout{10000};    // SIGTERM: time streams get to finish before being cancelled
+  std::size_t max_connections = 256;
+  int io_threads = 2;
+  bool handle_signals = true;  // SIGTERM/SIGINT stop the server
+  SchedulerOptions scheduler;
+};
+
+class Server {
+ public:
+  // Binds the listening socket (errors name the address) and starts the scheduler. `chat_template` may be empty:
+  // then /v1/chat/completions answers 400 and /v1/completions still works.
+  static sdk::Expected<std::unique_ptr<Server>> create(std::unique_ptr<engine::Engine> engine,
+                                                       tokenizer::Tokenizer tokenizer,
+                                                       std::optional<chat::Template> chat_template,
+                                                       chat::ChatConfig chat_config, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  [[nodiscard]] std::uint16_t port() const;
+  // Serves until stop() or a signal; then drains streams (drain_timeout), saves the usage history and returns.
+  void run();
+  // Thread-safe; also what SIGTERM does.
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Prometheus text exposition of the server's counters, the scheduler and expert-cache statistics and the
+// process-wide util::Metrics values. `http_requests` maps {route, status} to counts.
+std::string render_metrics(const SchedulerStats& stats,
+                           const std::map<std::pair<std::string, int>, std::uint64_t>& http_requests,
+                           const std::string& model_name, double uptime_seconds);
+
+}  // namespace colibri::server

@@ -1,0 +1,416 @@
+#include "colibri/server/api.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace colibri::server {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+std::string ApiError::body() const {
+  json e;
+  e["message"] = message;
+  e["type"] = type;
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+ApiError not_found_route(std::string_view method, std::string_view target) {
+  return ApiError{404, "Unknown request URL: " + std::string(method) + " " + std::string(target) + ".",
+                  "invalid_request_error", "", "unknown_url"};
+}
+
+ApiError unauthorized() {
+  return ApiError{401,
+                  "Missing or incorrect API key. Send the key given to colibri-server --api-key as "
+                  "'Authorization: Bearer KEY'.",
+                  "invalid_request_error", "", "invalid_api_key"};
+}
+
+ApiError too_large(std::uint64_t limit_bytes) {
+  return ApiError{413,
+                  "The request body is larger than the server's limit of " + std::to_string(limit_bytes) +
+                      " bytes (colibri-server --max-body-size).",
+                  "invalid_request_error", "", "request_too_large"};
+}
+
+ApiError busy(std::size_t queue_limit) {
+  return ApiError{429,
+                  "The server is busy: " + std::to_string(queue_limit) +
+                      " requests are already waiting (colibri-server --max-queue). Retry later.",
+                  "rate_limit_error", "", "rate_limit_exceeded"};
+}
+
+ApiError internal_error(std::string message) {
+  return ApiError{500, std::move(message), "server_error", "", ""};
+}
+
+ApiError unavailable(std::string message) {
+  return ApiError{503, std::move(message), "server_error", "", "server_shutting_down"};
+}
+
+std::size_t json_nesting_depth(std::string_view text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+namespace {
+
+std::string type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_string()) return "string";
+  if (v.is_array()) return "array";
+  return "object";
+}
+
+ApiError wrong_type(const std::string& field, const std::string& want, const json& got) {
+  return bad_request("Invalid type for '" + field + "': expected " + want + ", but got " + type_name(got) + ".", field,
+                     "invalid_type");
+}
+
+ApiError out_of_range(const std::string& field, const std::string& range, const json& got) {
+  return bad_request("Invalid value for '" + field + "': expected " + range + ", but got " + got.dump() + ".", field,
+                     "invalid_value");
+}
+
+// A number field within [lo, hi]; absent or null leaves `out` alone.
+std::optional<ApiError> number_field(const json& body, const char* name, double lo, double hi, float& out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return wrong_type(name, "a number", *it);
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return out_of_range(name, "a number from " + json(lo).dump() + " to " + json(hi).dump(), *it);
+  }
+  out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+bool is_integer(const json& v) {
+  return v.is_number_integer() || v.is_number_unsigned();
+}
+
+// Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined).
+std::optional<ApiError> message_content(const json& content, const std::string& field, std::string& out) {
+  if (content.is_null()) return std::nullopt;
+  if (content.is_string()) {
+    out = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return wrong_type(field, "a string or an array of content parts", content);
+  for (std::size_t i = 0; i < content.size(); ++i) {
+    const auto& part = content[i];
+    const std::string pf = field + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) return wrong_type(pf, "an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string())
+      return bad_request("Missing required parameter: '" + pf + ".type'.", pf + ".type", "missing_required_parameter");
+    if (*type != "text") {
+      return bad_request("Content part type '" + type->get<std::string>() + "' is not supported (only 'text').",
+                         pf + ".type", "invalid_value");
+    }
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) {
+      return text == part.end() ? bad_request("Missing required parameter: '" + pf + ".text'.", pf + ".text",
+                                              "missing_required_parameter")
+                                : wrong_type(pf + ".text", "a string", *text);
+    }
+    out += text->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
+  auto it = body.find("messages");
+  if (it == body.end()) {
+    return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  }
+  if (!it->is_array()) return wrong_type("messages", "an array", *it);
+  if (it->empty()) return bad_request("'messages' must not be empty.", "messages", "invalid_value");
+  out = ordered_json::array();
+  for (std::size_t i = 0; i < it->size(); ++i) {
+    const auto& m = (*it)[i];
+    const std::string f = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return wrong_type(f, "an object", m);
+    auto role = m.find("role");
+    if (role == m.end()) {
+      return bad_request("Missing required parameter: '" + f + ".role'.", f + ".role", "missing_required_parameter");
+    }
+    if (!role->is_string()) return wrong_type(f + ".role", "a string", *role);
+    const auto r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool") {
+      return bad_request("Invalid value for '" + f + ".role': '" + r +
+                             "'; supported values are 'system', 'developer', 'user', 'assistant' and 'tool'.",
+                         f + ".role", "invalid_value");
+    }
+    std::string content;
+    auto c = m.find("content");
+    if (c != m.end()) {
+      if (auto e = message_content(*c, f + ".content", content)) return e;
+    } else if (r != "assistant") {
+      return bad_request("Missing required parameter: '" + f + ".content'.", f + ".content",
+                         "missing_required_parameter");
+    }
+    ordered_json msg;
+    msg["role"] = r == "developer" ? "system" : r;  // templates know "system"
+    msg["content"] = content;
+    auto name = m.find("name");
+    if (name != m.end() && name->is_string()) msg["name"] = *name;
+    out.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    return bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  }
+  const json* p = &*it;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];  // a batch of one
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    return bad_request("Only one prompt per request is supported; send a string, or an array of one.", "prompt",
+                       "invalid_value");
+  }
+  if (p->is_string()) {
+    out.prompt = p->get<std::string>();
+    return std::nullopt;
+  }
+  if (!p->is_array()) return wrong_type("prompt", "a string or an array of token ids", *p);
+  out.prompt_is_tokens = true;
+  for (std::size_t i = 0; i < p->size(); ++i) {
+    const auto& t = (*p)[i];
+    if (!is_integer(t)) return wrong_type("prompt[" + std::to_string(i) + "]", "an integer token id", t);
+    const auto v = t.get<std::int64_t>();
+    if (v < 0 || v > std::numeric_limits<std::int32_t>::max()) {
+      return out_of_range("prompt[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
+    }
+    out.prompt_tokens.push_back(static_cast<std::int32_t>(v));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
+                                                 CompletionRequest& out) {
+  out = CompletionRequest{};
+  out.endpoint = endpoint;
+  if (json_nesting_depth(body_text) > kMaxJsonDepth) {
+    return bad_request("The JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
+  }
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return bad_request(
+        "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8, "
+        "Content-Type: application/json).");
+  }
+  if (!body.is_object()) return bad_request("The request body must be a JSON object, got " + type_name(body) + ".");
+
+  auto model = body.find("model");
+  if (model == body.end() || model->is_null()) {
+    return bad_request("Missing required parameter: 'model'.", "model", "missing_required_parameter");
+  }
+  if (!model->is_string()) return wrong_type("model", "a string", *model);
+  out.model = model->get<std::string>();
+
+  if (endpoint == Endpoint::chat) {
+    if (auto e = parse_messages(body, out.messages)) return e;
+  } else {
+    if (auto e = parse_prompt(body, out)) return e;
+    if (auto it = body.find("echo"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) return wrong_type("echo", "a boolean", *it);
+      out.echo = it->get<bool>();
+    }
+    if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) {
+      return bad_request("'suffix' is not supported.", "suffix", "unsupported_parameter");
+    }
+  }
+
+  // OpenAI defaults: plain temperature sampling over the full distribution.
+  auto& s = out.sampling;
+  s.temperature = 1.0f;
+  s.top_p = 1.0f;
+  s.top_k = 0;
+  s.min_p = 0.0f;
+  s.repetition_penalty = 1.0f;
+  s.penalty_last_n = -1;
+  if (auto e = number_field(body, "temperature", 0.0, 2.0, s.temperature)) return e;
+  if (auto e = number_field(body, "top_p", 0.0, 1.0, s.top_p)) return e;
+  if (s.top_p <= 0.0f) {  // only the most likely token survives
+    s.top_p = 1.0f;
+    s.temperature = 0.0f;
+  }
+  if (auto e = number_field(body, "presence_penalty", -2.0, 2.0, s.presence_penalty)) return e;
+  if (auto e = number_field(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty)) return e;
+
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (!is_integer(*it)) return wrong_type(name, "an integer", *it);
+    if (it->is_number_integer() && it->get<std::int64_t>() < 1) {
+      return out_of_range(name, "an integer of at least 1", *it);
+    }
+    out.max_tokens = it->is_number_unsigned() && it->get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()
+                         ? std::numeric_limits<std::int64_t>::max()
+                         : it->get<std::int64_t>();
+  }
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!is_integer(*it)) return wrong_type("seed", "an integer", *it);
+    s.seed = it->is_number_unsigned() ? it->get<std::uint64_t>() : static_cast<std::uint64_t>(it->get<std::int64_t>());
+    out.seed_given = true;
+  }
+  if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
+    if (!is_integer(*it)) return wrong_type("n", "an integer", *it);
+    if (*it != 1) return bad_request("Only n=1 is supported.", "n", "unsupported_value");
+  }
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong_type("stream", "a boolean", *it);
+    out.stream = it->get<bool>();
+  }
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
+    if (!out.stream) {
+      return bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options", "invalid_value");
+    }
+    if (auto u = it->find("include_usage"); u != it->end() && !u->is_null()) {
+      if (!u->is_boolean()) return wrong_type("stream_options.include_usage", "a boolean", *u);
+      out.include_usage = u->get<bool>();
+    }
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      out.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      if (it->size() > 4) return bad_request("'stop' may hold at most 4 sequences.", "stop", "invalid_value");
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        if (!(*it)[i].is_string()) return wrong_type("stop[" + std::to_string(i) + "]", "a string", (*it)[i]);
+        out.stop.push_back((*it)[i].get<std::string>());
+      }
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *it);
+    }
+    std::erase_if(out.stop, [](const std::string& x) { return x.empty(); });
+  }
+  for (const char* name : {"logprobs", "top_logprobs", "tools", "functions", "logit_bias", "best_of"}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
+    if (std::string_view(name) == "best_of" && *it == 1) continue;
+    if (std::string_view(name) == "tools" && it->is_array() && it->empty()) continue;
+    if (std::string_view(name) == "logit_bias" && it->is_object() && it->empty()) continue;
+    return bad_request(std::string("'") + name + "' is not supported by colibri-server.", name,
+                       "unsupported_parameter");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_model(const std::string& requested, const std::string& served) {
+  if (requested == served) return std::nullopt;
+  return ApiError{
+      404, "The model '" + requested + "' does not exist; this server serves '" + served + "' (see GET /v1/models).",
+      "invalid_request_error", "model", "model_not_found"};
+}
+
+json Usage::to_json() const {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+std::string openai_finish_reason(std::string_view reason) {
+  if (reason == "eos" || reason == "stop") return "stop";
+  if (reason == "length" || reason == "context") return "length";
+  return std::string(reason);
+}
+
+namespace {
+
+json envelope(Endpoint endpoint, const ResponseIds& ids, bool chunk) {
+  return json{{"id", ids.id},
+              {"object",
+               endpoint == Endpoint::chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+              {"created", ids.created},
+              {"model", ids.model},
+              {"system_fingerprint", "colibri"}};
+}
+
+}  // namespace
+
+json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
+                         const std::string& finish_reason, const Usage& usage) {
+  json r = envelope(endpoint, ids, false);
+  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (endpoint == Endpoint::chat) {
+    choice["message"] = json{{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
+  } else {
+    choice["text"] = text;
+  }
+  r["choices"] = json::array({choice});
+  r["usage"] = usage.to_json();
+  return r;
+}
+
+json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const std::string& finish_reason,
+                  bool role_chunk) {
+  json r = envelope(endpoint, ids, true);
+  json choice{{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
+  if (endpoint == Endpoint::chat) {
+    json delta = json::object();
+    if (role_chunk) {
+      delta["role"] = "assistant";
+      delta["content"] = "";
+    } else if (!text.empty()) {
+      delta["content"] = text;
+    }
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  r["choices"] = json::array({choice});
+  return r;
+}
+
+json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage) {
+  json r = envelope(endpoint, ids, true);
+  r["choices"] = json::array();
+  r["usage"] = usage.to_json();
+  return r;
+}
+
+std::string sse_event(const json& data) {
+  // Invalid UTF-8 in generated text (a token split mid-character never reaches here, but be safe) becomes U+FFFD.
+  return "data: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,718 @@
+// The HTTP side of colibri-server. This is the only translation unit that includes Boost.Beast (compile time).
+//
+// Each connection is a Session on its own strand: read header (bounded size, deadline), answer 100-continue, read
+// body (bounded size, deadline), route, answer. Generation requests become scheduler Jobs whose events are posted
+// back to the session's strand; while a job runs the socket is watched for EOF so a client that goes away has its
+// sequence cancelled at the next token boundary.
+#define BOOST_BEAST_USE_STD_STRING_VIEW 1  // beast::string_view is std::string_view (only this TU uses Beast)
+
+#include <utility>  // Boost 1.74's asio/awaitable.hpp uses std::exchange without including it
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cerrno>
+#include <csignal>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "colibri/server/server.hpp"
+#include "spdlog/spdlog.h"
+
+namespace colibri::server {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+
+class Session;
+
+struct Server::Impl {
+  // Declared first so they outlive the io_context, whose destruction may destroy sessions.
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, std::uint64_t> http_requests;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions;
+
+  std::unique_ptr<engine::Engine> engine;
+  tokenizer::Tokenizer tokenizer;
+  std::optional<chat::Template> chat_template;
+  chat::ChatConfig chat_config;
+  ServerOptions opt;
+  std::unique_ptr<Scheduler> scheduler;
+
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  net::signal_set signals{ioc};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::thread drainer;
+  std::atomic<bool> stopping{false};
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::int64_t created_unix = static_cast<std::int64_t>(std::time(nullptr));
+  std::atomic<std::uint64_t> next_id{0};
+  std::uint64_t id_salt = std::random_device{}();
+
+  explicit Impl(tokenizer::Tokenizer tok) : tokenizer(std::move(tok)) {}
+
+  void count(const std::string& route, int status) {
+    std::lock_guard lock(mu);
+    ++http_requests[{route, status}];
+  }
+  void accept();
+  void stop();
+  std::string new_id(const char* prefix) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, static_cast<unsigned long long>(id_salt),
+                  static_cast<unsigned long long>(next_id.fetch_add(1)));
+    return buf;
+  }
+};
+
+namespace {
+
+bool same_key(std::string_view a, std::string_view b) {
+  // Constant time in the key's content.
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+bool is_quiet_close(const beast::error_code& ec) {
+  return ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+         ec == net::error::operation_aborted || ec == net::error::connection_reset ||
+         ec == net::error::bad_descriptor || ec == net::error::not_connected;
+}
+
+std::string chunk(std::string_view data) {
+  char head[24];
+  std::snprintf(head, sizeof head, "%zx\r\n", data.size());
+  std::string out(head);
+  out.append(data);
+  out += "\r\n";
+  return out;
+}
+
+}  // namespace
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, Server::Impl& srv) : stream_(std::move(socket)), srv_(srv) {}
+
+  void start(bool over_limit) {
+    {
+      std::lock_guard lock(srv_.mu);
+      srv_.sessions[this] = weak_from_this();
+    }
+    if (over_limit) {
+      route_ = "other";
+      respond_error(ApiError{503,
+                             "Too many open connections (colibri-server --max-connections " +
+                                 std::to_string(srv_.opt.max_connections) + "). Retry later.",
+                             "server_error", "", "too_many_connections"},
+                    /*close=*/true);
+      return;
+    }
+    read_request();
+  }
+
+  ~Session() {
+    std::lock_guard lock(srv_.mu);
+    srv_.sessions.erase(this);
+  }
+
+  // Shutdown: a connection waiting for its next request is closed now; one with a response in flight closes after
+  // it (keep-alive is off once stopping).
+  void close_if_idle() {
+    if (idle_) close_now();
+  }
+  net::any_io_executor executor() { return stream_.get_executor(); }
+
+ private:
+  void read_request() {
+    idle_ = true;
+    if (srv_.stopping) return close_now();
+    parser_.emplace();
+    parser_->header_limit(srv_.opt.max_header_bytes);
+    parser_->body_limit(srv_.opt.max_body_bytes);
+    stream_.expires_after(first_ ? srv_.opt.request_timeout : srv_.opt.idle_timeout);
+    first_ = false;
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    idle_ = false;
+    route_ = "other";
+    if (ec) {
+      if (ec == http::error::header_limit) {
+        return respond_error(ApiError{431,
+                                      "The request headers are larger than the server's limit of " +
+                                          std::to_string(srv_.opt.max_header_bytes) + " bytes.",
+                                      "invalid_request_error", "", "headers_too_large"},
+                             true);
+      }
+      // Beast checks a declared Content-Length against the body limit while parsing the header.
+      if (ec == http::error::body_limit) return respond_error(too_large(srv_.opt.max_body_bytes), true);
+      if (is_quiet_close(ec) || ec == http::error::partial_message) return close_now();
+      return respond_error(bad_request("Malformed HTTP request: " + ec.message() + "."), true);
+    }
+    auto& req = parser_->get();
+    const auto length = parser_->content_length();
+    if (length && *length > srv_.opt.max_body_bytes) return respond_error(too_large(srv_.opt.max_body_bytes), true);
+    stream_.expires_after(srv_.opt.request_timeout);
+    auto expect = req[http::field::expect];
+    if (!expect.empty() && beast::iequals(expect, "100-continue")) {
+      auto msg = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      net::async_write(stream_, net::buffer(*msg), [self = shared_from_this(), msg](beast::error_code e, std::size_t) {
+        if (e) return self->close_now();
+        self->read_body();
+      });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_body(ec); });
+  }
+
+  void on_body(beast::error_code ec) {
+    if (ec) {
+      if (ec == http::error::body_limit) return respond_error(too_large(srv_.opt.max_body_bytes), true);
+      if (is_quiet_close(ec) || ec == http::error::partial_message) return close_now();
+      return respond_error(bad_request("Malformed HTTP request: " + ec.message() + "."), true);
+    }
+    stream_.expires_never();
+    request_ = parser_->release();
+    keep_alive_ = request_.keep_alive();
+    try {
+      handle();
+    } catch (const std::exception& e) {
+      spdlog::error("request {} {} failed: {}", std::string(request_.method_string()), std::string(request_.target()),
+                    e.what());
+      if (!job_ && !responding_) respond_error(internal_error(std::string("Internal error: ") + e.what()), true);
+    }
+  }
+
+  void handle() {
+    std::string_view target = request_.target();
+    if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    const auto method = request_.method();
+    auto only = [&](http::verb allowed, const char* route) {
+      route_ = route;
+      if (method == allowed) return true;
+      respond_error(ApiError{405,
+                             "Method " + std::string(request_.method_string()) + " is not allowed on " +
+                                 std::string(target) + "; use " + std::string(http::to_string(allowed)) + ".",
+                             "invalid_request_error", "", "method_not_allowed"},
+                    false);
+      return false;
+    };
+    if (target == "/health") {
+      if (!only(http::verb::get, "/health")) return;
+      const auto st = srv_.scheduler->stats();
+      json body{{"status", srv_.stopping ? "shutting_down" : "ok"},
+                {"model", srv_.opt.model_name},
+                {"queue_depth", st.queue_depth},
+                {"active_sequences", st.active}};
+      return respond(srv_.stopping ? 503 : 200, body.dump(), "application/json");
+    }
+    if (target == "/metrics") {
+      if (!only(http::verb::get, "/metrics")) return;
+      std::map<std::pair<std::string, int>, std::uint64_t> counts;
+      {
+        std::lock_guard lock(srv_.mu);
+        counts = srv_.http_requests;
+      }
+      const double up = std::chrono::duration<double>(std::chrono::steady_clock::now() - srv_.started).count();
+      return respond(200, render_metrics(srv_.scheduler->stats(), counts, srv_.opt.model_name, up),
+                     "text/plain; version=0.0.4; charset=utf-8");
+    }
+    const bool api = target.starts_with("/v1/") || target == "/v1" || target.starts_with("/admin/");
+    if (api && !srv_.opt.api_key.empty()) {
+      const auto auth = request_[http::field::authorization];
+      constexpr std::string_view kBearer = "Bearer ";
+      if (auth.size() < kBearer.size() || !beast::iequals(auth.substr(0, kBearer.size()), kBearer) ||
+          !same_key(auth.substr(kBearer.size()), srv_.opt.api_key)) {
+        route_ = target.starts_with("/admin/") ? "/admin" : "/v1";
+        return respond_error(unauthorized(), false);
+      }
+    }
+    if (target == "/v1/models") {
+      if (!only(http::verb::get, "/v1/models")) return;
+      json list{{"object", "list"}, {"data", json::array({model_object()})}};
+      return respond(200, list.dump(), "application/json");
+    }
+    if (target.starts_with("/v1/models/")) {
+      if (!only(http::verb::get, "/v1/models/{model}")) return;
+      const auto name = std::string(target.substr(std::string_view("/v1/models/").size()));
+      if (auto e = check_model(name, srv_.opt.model_name)) return respond_error(*e, false);
+      return respond(200, model_object().dump(), "application/json");
+    }
+    if (target == "/v1/chat/completions") {
+      if (!only(http::verb::post, "/v1/chat/completions")) return;
+      return start_generation(Endpoint::chat);
+    }
+    if (target == "/v1/completions") {
+      if (!only(http::verb::post, "/v1/completions")) return;
+      return start_generation(Endpoint::completions);
+    }
+    if (target == "/admin/cache/stats") {
+      if (!only(http::verb::get, "/admin/cache/stats")) return;
+      return respond(200, cache_stats().dump(), "application/json");
+    }
+    if (target == "/admin/cache/clear" || target == "/admin/cache/warm") {
+      if (!only(http::verb::post, target == "/admin/cache/clear" ? "/admin/cache/clear" : "/admin/cache/warm")) return;
+      return respond_error(ApiError{501,
+                                    "The engine's expert manager has no " +
+                                        std::string(target == "/admin/cache/clear" ? "clear" : "warm") +
+                                        " operation yet; this endpoint is reserved for it.",
+                                    "server_error", "", "not_implemented"},
+                           false);
+    }
+    route_ = "other";
+    respond_error(not_found_route(request_.method_string(), target), false);
+  }
+
+  json model_object() const {
+    return json{
+        {"id", srv_.opt.model_name}, {"object", "model"}, {"created", srv_.created_unix}, {"owned_by", "colibri"}};
+  }
+
+  json cache_stats() const {
+    const auto st = srv_.scheduler->stats();
+    const auto& p = srv_.engine->plugins();
+    return json{{"mode", srv_.engine->mode()},
+                {"policy", p.cache_name},
+                {"storage", p.storage_name},
+                {"hits", st.experts.hits},
+                {"misses", st.experts.misses},
+                {"hit_rate", st.experts.hit_rate()},
+                {"evictions", st.experts.evictions},
+                {"bytes_read", st.experts.bytes_read},
+                {"stall_seconds", st.experts.stall_seconds},
+                {"resident_bytes", st.expert_resident_bytes},
+                {"budget_bytes", st.expert_budget_bytes}};
+  }
+
+  // --- generation ---------------------------------------------------------------------------------------------
+
+  void start_generation(Endpoint endpoint) {
+    endpoint_ = endpoint;
+    CompletionRequest req;
+    if (auto e = parse_completion_request(request_.body(), endpoint, req)) return respond_error(*e, false);
+    if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
+    std::vector<std::int32_t> prompt;
+    std::string echo_text;
+    if (endpoint == Endpoint::chat) {
+      if (!srv_.chat_template) {
+        return respond_error(bad_request("This model has no chat template (tokenizer_config.json chat_template); use "
+                                         "/v1/completions, or start the server with --chat-template."),
+                             false);
+      }
+      chat::RenderOptions ro;
+      ro.add_generation_prompt = true;
+      ro.bos_token = srv_.chat_config.bos_token;
+      ro.eos_token = srv_.chat_config.eos_token;
+      auto text = srv_.chat_template->render(req.messages, ro);
+      if (!text) {
+        return respond_error(bad_request("The chat template rejected the messages: " + text.error().message(),
+                                         "messages", "invalid_value"),
+                             false);
+      }
+      prompt = srv_.tokenizer.encode(*text, /*add_special=*/false);
+    } else if (req.prompt_is_tokens) {
+      for (std::size_t i = 0; i < req.prompt_tokens.size(); ++i) {
+        if (req.prompt_tokens[i] >= srv_.scheduler->vocab_size()) {
+          return respond_error(bad_request("Invalid token id " + std::to_string(req.prompt_tokens[i]) + " at prompt[" +
+                                               std::to_string(i) + "]: the vocabulary has " +
+                                               std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
+                                           "prompt", "invalid_value"),
+                               false);
+        }
+      }
+      prompt = req.prompt_tokens;
+      if (req.echo) echo_text = srv_.tokenizer.decode(prompt, true);
+    } else {
+      prompt = srv_.tokenizer.encode(req.prompt, /*add_special=*/true);
+      if (req.echo) echo_text = req.prompt;
+    }
+    if (prompt.empty()) return respond_error(bad_request("The prompt is empty.", "prompt", "invalid_value"), false);
+    const auto ctx = srv_.scheduler->context();
+    if (static_cast<std::int64_t>(prompt.size()) >= ctx) {
+      return respond_error(
+          bad_request("This model's maximum context length is " + std::to_string(ctx) + " tokens. However, your " +
+                          (endpoint == Endpoint::chat ? "messages" : "prompt") + " resulted in " +
+                          std::to_string(prompt.size()) +
+                          " tokens, which leaves no room to generate. Please reduce the length of the " +
+                          (endpoint == Endpoint::chat ? "messages." : "prompt."),
+                      endpoint == Endpoint::chat ? "messages" : "prompt", "context_length_exceeded"),
+          false);
+    }
+    if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
+    if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
+
+    auto job = std::make_shared<Job>();
+    job->request.prompt = std::move(prompt);
+    job->request.max_tokens = req.max_tokens.value_or(ctx);
+    job->request.stop = req.stop;
+    job->request.sampling = req.sampling;
+    job->on_event = [self = shared_from_this()](GenerationEvent&& ev) {
+      net::post(self->stream_.get_executor(), [self, ev = std::move(ev)]() mutable { self->on_event(std::move(ev)); });
+    };
+    ids_.id = srv_.new_id(endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-");
+    ids_.created = static_cast<std::int64_t>(std::time(nullptr));
+    ids_.model = srv_.opt.model_name;
+    streaming_ = req.stream;
+    include_usage_ = req.include_usage;
+    text_ = echo_text;
+    switch (srv_.scheduler->submit(job)) {
+      case Scheduler::Submit::queue_full:
+        job->on_event = nullptr;
+        return respond_error(busy(srv_.scheduler->options().max_queue), false);
+      case Scheduler::Submit::closed:
+        job->on_event = nullptr;
+        return respond_error(unavailable("The server is shutting down."), true);
+      case Scheduler::Submit::accepted: break;
+    }
+    job_ = std::move(job);
+    watch_disconnect();
+    if (streaming_) {
+      http::response<http::empty_body> res{http::status::ok, request_.version()};
+      res.set(http::field::server, "colibri");
+      res.set(http::field::content_type, "text/event-stream");
+      res.set(http::field::cache_control, "no-cache");
+      res.chunked(true);
+      res.keep_alive(keep_alive_);
+      std::ostringstream head;
+      head << res.base();
+      pending_ = head.str();
+      std::string first = sse_event(stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat));
+      if (endpoint == Endpoint::completions && echo_text.empty()) first.clear();
+      if (!first.empty()) pending_ += chunk(first);
+      srv_.count(route_, 200);
+      flush();
+    }
+  }
+
+  void on_event(GenerationEvent&& ev) {
+    if (!job_) return;
+    if (streaming_) return on_stream_event(std::move(ev));
+    switch (ev.kind) {
+      case GenerationEvent::Kind::text: text_ += ev.text; return;
+      case GenerationEvent::Kind::failed: job_.reset(); return respond_error(ev.error, true);
+      case GenerationEvent::Kind::finished:
+        job_.reset();
+        if (ev.finish_reason == "cancelled") {
+          if (client_gone_) return close_now();
+          return respond_error(unavailable("The server is shutting down; the request was cancelled."), true);
+        }
+        const Usage usage{ev.prompt_tokens, ev.completion_tokens};
+        return respond(200,
+                       completion_response(endpoint_, ids_, text_, openai_finish_reason(ev.finish_reason), usage)
+                           .dump(-1, ' ', false, json::error_handler_t::replace),
+                       "application/json");
+    }
+  }
+
+  void on_stream_event(GenerationEvent&& ev) {
+    switch (ev.kind) {
+      case GenerationEvent::Kind::text: pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, ""))); break;
+      case GenerationEvent::Kind::failed:
+        job_.reset();
+        pending_ += chunk("data: " + ev.error.body() + "\n\n");
+        pending_ += chunk(kSseDone);
+        pending_ += "0\r\n\r\n";
+        ended_ = true;
+        break;
+      case GenerationEvent::Kind::finished: {
+        job_.reset();
+        if (ev.finish_reason == "cancelled") {
+          if (client_gone_) return close_now();
+          pending_ +=
+              chunk("data: " + unavailable("The server is shutting down; the stream was cancelled.").body() + "\n\n");
+        } else {
+          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, "", openai_finish_reason(ev.finish_reason))));
+          if (include_usage_) {
+            pending_ += chunk(sse_event(usage_chunk(endpoint_, ids_, Usage{ev.prompt_tokens, ev.completion_tokens})));
+          }
+        }
+        pending_ += chunk(kSseDone);
+        pending_ += "0\r\n\r\n";
+        ended_ = true;
+        break;
+      }
+    }
+    flush();
+  }
+
+  void flush() {
+    if (writing_ || pending_.empty() || closed_) return;
+    writing_ = true;
+    auto data = std::make_shared<std::string>(std::move(pending_));
+    pending_.clear();
+    stream_.expires_after(srv_.opt.write_timeout);
+    net::async_write(stream_, net::buffer(*data), [self = shared_from_this(), data](beast::error_code ec, std::size_t) {
+      self->writing_ = false;
+      self->stream_.expires_never();
+      if (ec) {
+        self->client_gone_ = true;
+        if (self->job_) self->job_->cancel();  // the scheduler still sends the terminal event
+        return self->close_now();
+      }
+      if (!self->pending_.empty()) return self->flush();
+      if (self->ended_ && !self->job_) {
+        self->ended_ = false;
+        self->streaming_ = false;
+        if (self->keep_alive_ && !self->srv_.stopping) return self->read_request();
+        return self->close_graceful();
+      }
+    });
+  }
+
+  // While a job runs, a readable socket means EOF (client gone) or a pipelined request (left in the socket).
+  void watch_disconnect() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->job_ || self->closed_) return;
+      char c;
+      const auto n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        self->client_gone_ = true;
+        self->job_->cancel();
+        return;
+      }
+      if (n < 0) self->watch_disconnect();
+    });
+  }
+
+  // --- plain responses ------------------------------------------------------------------------------------------
+
+  void respond_error(const ApiError& e, bool close) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
+    if (e.status == 401) res->set(http::field::www_authenticate, "Bearer");
+    if (e.status == 429) res->set(http::field::retry_after, "1");
+    send(res, e.status, e.body(), "application/json", close);
+  }
+
+  void respond(int status, std::string body, const char* content_type) {
+    auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), 11);
+    send(res, status, std::move(body), content_type, false);
+  }
+
+  void send(const std::shared_ptr<http::response<http::string_body>>& res, int status, std::string body,
+            const char* content_type, bool close) {
+    if (closed_) return;
+    responding_ = true;
+    srv_.count(route_, status);
+    const bool keep = keep_alive_ && !close && !srv_.stopping;
+    res->version(request_.version() == 10 ? 10 : 11);
+    res->set(http::field::server, "colibri");
+    res->set(http::field::content_type, content_type);
+    res->keep_alive(keep);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    stream_.expires_after(srv_.opt.write_timeout);
+    http::async_write(stream_, *res, [self = shared_from_this(), res, keep](beast::error_code ec, std::size_t) {
+      self->responding_ = false;
+      self->stream_.expires_never();
+      if (ec) return self->close_now();
+      if (keep) return self->read_request();
+      self->close_graceful();
+    });
+  }
+
+  // Half-close, then drain what the client still sends (bounded) so our response is not lost to a reset.
+  void close_graceful() {
+    if (closed_) return;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close_now();
+    stream_.expires_after(std::chrono::seconds(2));
+    drain();
+  }
+
+  void drain() {
+    auto buf = std::make_shared<std::array<char, 4096>>();
+    stream_.async_read_some(net::buffer(*buf), [self = shared_from_this(), buf](beast::error_code ec, std::size_t n) {
+      self->drained_ += n;
+      if (ec || self->drained_ > (16u << 20)) return self->close_now();
+      self->drain();
+    });
+  }
+
+  void close_now() {
+    if (closed_) return;
+    closed_ = true;
+    if (job_) job_->cancel();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  Server::Impl& srv_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::request<http::string_body> request_;
+  std::string route_ = "other";
+  bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false;
+  std::uint64_t drained_ = 0;
+  // The generation in flight.
+  std::shared_ptr<Job> job_;
+  Endpoint endpoint_ = Endpoint::chat;
+  ResponseIds ids_;
+  bool streaming_ = false, include_usage_ = false, client_gone_ = false, ended_ = false, writing_ = false;
+  std::string text_, pending_;
+};
+
+void Server::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+      spdlog::warn("accept failed: {}", ec.message());
+      if (ec == net::error::no_descriptors) {
+        // Out of file descriptors: wait a moment instead of spinning.
+        auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(100));
+        t->async_wait([this, t](beast::error_code) { accept(); });
+        return;
+      }
+      return accept();
+    }
+    std::size_t live;
+    {
+      std::lock_guard lock(mu);
+      live = sessions.size();
+    }
+    std::make_shared<Session>(std::move(socket), *this)->start(live >= opt.max_connections);
+    accept();
+  });
+}
+
+void Server::Impl::stop() {
+  if (stopping.exchange(true)) return;
+  spdlog::info("stopping: no new requests; streams get {} ms to finish", opt.drain_timeout.count());
+  net::post(ioc, [this] {
+    beast::error_code ec;
+    acceptor.close(ec);
+    signals.cancel(ec);
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lock(mu);
+      for (auto& [p, w] : sessions) {
+        if (auto s = w.lock()) live.push_back(std::move(s));
+      }
+    }
+    // Idle keep-alive connections close now; busy ones after their response.
+    for (auto& s : live) net::post(s->executor(), [s] { s->close_if_idle(); });
+  });
+  drainer = std::thread([this] {
+    scheduler->shutdown(opt.drain_timeout);  // every job has had its terminal event after this
+    net::post(ioc, [this] {
+      std::vector<std::shared_ptr<Session>> live;
+      {
+        std::lock_guard lock(mu);
+        for (auto& [p, w] : sessions) {
+          if (auto s = w.lock()) live.push_back(std::move(s));
+        }
+      }
+      for (auto& s : live) net::post(s->executor(), [s] { s->close_if_idle(); });
+      // Responses still being written get a bounded time; then the io_context stops regardless.
+      auto t = std::make_shared<net::steady_timer>(ioc, opt.write_timeout);
+      t->async_wait([this, t](beast::error_code) { ioc.stop(); });
+      work.reset();
+      if (live.empty()) ioc.stop();
+    });
+  });
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  if (!impl_) return;
+  impl_->stop();
+  if (impl_->drainer.joinable()) impl_->drainer.join();
+  impl_->scheduler->shutdown(std::chrono::milliseconds(0));
+}
+
+sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::Engine> engine,
+                                                      tokenizer::Tokenizer tokenizer,
+                                                      std::optional<chat::Template> chat_template,
+                                                      chat::ChatConfig chat_config, ServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(tokenizer));
+  impl->engine = std::move(engine);
+  impl->chat_template = std::move(chat_template);
+  impl->chat_config = std::move(chat_config);
+  impl->opt = std::move(options);
+  if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
+  const std::string where = impl->opt.host + ":" + std::to_string(impl->opt.port);
+  try {
+    tcp::resolver resolver(impl->ioc);
+    auto results = resolver.resolve(impl->opt.host, std::to_string(impl->opt.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service);
+    if (results.empty())
+      return sdk::Status(sdk::StatusCode::invalid_argument, "--host " + impl->opt.host + " resolves to no address");
+    const tcp::endpoint ep = results.begin()->endpoint();
+    impl->acceptor.open(ep.protocol());
+    impl->acceptor.set_option(net::socket_base::reuse_address(true));
+    impl->acceptor.bind(ep);
+    impl->acceptor.listen(net::socket_base::max_listen_connections);
+  } catch (const boost::system::system_error& e) {
+    return sdk::Status(sdk::StatusCode::io_error,
+                       "cannot listen on " + where + ": " + e.code().message() + " (choose another --host/--port)");
+  }
+  impl->scheduler = std::make_unique<Scheduler>(*impl->engine, impl->tokenizer, impl->opt.scheduler);
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+std::uint16_t Server::port() const {
+  return impl_->acceptor.local_endpoint().port();
+}
+
+void Server::stop() {
+  impl_->stop();
+}
+
+void Server::run() {
+  auto& s = *impl_;
+  s.work.emplace(s.ioc.get_executor());
+  if (s.opt.handle_signals) {
+    s.signals.add(SIGTERM);
+    s.signals.add(SIGINT);
+    s.signals.async_wait([&s](beast::error_code ec, int sig) {
+      if (ec) return;
+      spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      s.stop();
+    });
+  }
+  s.accept();
+  auto worker = [&s] {
+    for (;;) {
+      try {
+        s.ioc.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("HTTP handler error: {}", e.what());  // one connection's problem; keep serving
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, s.opt.io_threads); ++i) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  if (s.drainer.joinable()) s.drainer.join();
+  s.scheduler->shutdown(std::chrono::milliseconds(0));
+  std::lock_guard lock(s.mu);
+  s.sessions.clear();
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,331 @@
+#include "colibri/server/scheduler.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "colibri/engine/generate.hpp"
+
+namespace colibri::server {
+
+using clock_type = std::chrono::steady_clock;
+
+struct Scheduler::Sequence {
+  Sequence(std::shared_ptr<Job> j, const tokenizer::Tokenizer& tok)
+      : job(std::move(j)),
+        history(job->request.prompt),
+        sampler(job->request.sampling),
+        decoder(tok, /*skip_special=*/true),
+        stops(job->request.stop) {}
+  std::shared_ptr<Job> job;
+  std::vector<std::int32_t> history;  // prompt + generated
+  engine::Sampler sampler;
+  tokenizer::StreamDecoder decoder;
+  engine::StopMatcher stops;
+  std::vector<float> logits;  // next-token distribution after the last forward
+  std::int64_t generated = 0;
+  bool prefilled = false;
+  bool done = false;
+  std::int32_t pending = -1;  // sampled token still to run through the model
+};
+
+Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
+    : engine_(engine), tokenizer_(tokenizer), options_(std::move(options)) {
+  context_ = engine_.context();
+  vocab_ = engine_.vocab_size();
+  eos_ = engine_.hparams().eos_token_ids;
+  if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
+  options_.max_batch = std::max(1, options_.max_batch);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  shutdown(std::chrono::milliseconds(0));
+}
+
+Scheduler::Submit Scheduler::submit(std::shared_ptr<Job> job) {
+  std::lock_guard lock(mu_);
+  if (closed_) return Submit::closed;
+  if (queue_.size() >= options_.max_queue) return Submit::queue_full;
+  queue_.push_back(std::move(job));
+  stats_.queue_depth = queue_.size();
+  cv_.notify_one();
+  return Submit::accepted;
+}
+
+bool Scheduler::post(std::function<void(engine::Engine&)> task) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return false;
+  tasks_.push_back(std::move(task));
+  cv_.notify_one();
+  return true;
+}
+
+void Scheduler::shutdown(std::chrono::milliseconds grace) {
+  std::lock_guard guard(shutdown_mu_);
+  if (!thread_.joinable()) return;
+  {
+    std::unique_lock lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+    const auto deadline = clock_type::now() + grace;
+    cv_.wait_until(lock, deadline, [this] { return queue_.empty() && stats_.active == 0; });
+    cancel_all_ = true;
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+  save_usage_history();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mu_);
+  SchedulerStats s = stats_;
+  // Rate over the last 10 s of generated tokens (decays to 0 when idle).
+  const auto now = clock_type::now();
+  std::uint64_t n = 0;
+  for (const auto& [t, k] : recent_) {
+    if (now - t <= std::chrono::seconds(10)) n += k;
+  }
+  s.recent_tokens_per_second = static_cast<double>(n) / 10.0;
+  return s;
+}
+
+void Scheduler::loop() {
+  std::vector<std::unique_ptr<Sequence>> active;
+  for (;;) {
+    std::deque<std::function<void(engine::Engine&)>> tasks;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty() || !queue_.empty() || !active.empty(); });
+      tasks.swap(tasks_);
+      if (cancel_all_) {
+        for (auto& seq : active) seq->job->cancel();
+        for (auto& job : queue_) job->cancel();
+      }
+      // Join at a token boundary. One engine sequence for now: a batch of one.
+      while (!queue_.empty() && static_cast<int>(active.size()) < std::min(options_.max_batch, 1)) {
+        active.push_back(std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_));
+        queue_.pop_front();
+        ++stats_.started;
+      }
+      stats_.queue_depth = queue_.size();
+      stats_.active = active.size();
+      if (stopping_ && active.empty() && queue_.empty() && tasks.empty()) break;
+    }
+    for (auto& task : tasks) task(engine_);
+    if (!active.empty()) step(active);
+    std::erase_if(active, [](const auto& s) { return s->done; });
+    {
+      std::lock_guard lock(mu_);
+      stats_.active = active.size();
+    }
+    cv_.notify_all();  // shutdown() waits for the queue to drain
+  }
+  // Jobs still queued when stopping (shutdown with no grace) end as cancelled.
+  std::deque<std::shared_ptr<Job>> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(queue_);
+    stats_.queue_depth = 0;
+  }
+  for (auto& job : left) {
+    GenerationEvent ev;
+    ev.kind = GenerationEvent::Kind::finished;
+    ev.finish_reason = "cancelled";
+    ev.prompt_tokens = static_cast<std::int64_t>(job->request.prompt.size());
+    if (job->on_event) job->on_event(std::move(ev));
+  }
+}
+
+void Scheduler::finish(Sequence& seq, const std::string& reason) {
+  if (reason != "stop" && reason != "cancelled") {
+    // Mirror engine::generate: whatever the decoder and the stop matcher held back is final now.
+    std::string tail = seq.stops.push(seq.decoder.flush());
+    std::string last;
+    std::string r = reason;
+    if (seq.stops.stopped()) {
+      r = "stop";
+    } else {
+      last = seq.stops.flush();
+    }
+    tail += last;
+    if (!tail.empty() && seq.job->on_event) {
+      GenerationEvent ev;
+      ev.text = std::move(tail);
+      seq.job->on_event(std::move(ev));
+    }
+    seq.done = true;
+    GenerationEvent ev;
+    ev.kind = GenerationEvent::Kind::finished;
+    ev.finish_reason = r;
+    ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+    ev.completion_tokens = seq.generated;
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.finished;
+    }
+    if (seq.job->on_event) seq.job->on_event(std::move(ev));
+    return;
+  }
+  seq.done = true;
+  GenerationEvent ev;
+  ev.kind = GenerationEvent::Kind::finished;
+  ev.finish_reason = reason;
+  ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+  ev.completion_tokens = seq.generated;
+  {
+    std::lock_guard lock(mu_);
+    ++(reason == "cancelled" ? stats_.cancelled : stats_.finished);
+  }
+  if (seq.job->on_event) seq.job->on_event(std::move(ev));
+}
+
+void Scheduler::fail(Sequence& seq, const ApiError& error) {
+  seq.done = true;
+  GenerationEvent ev;
+  ev.kind = GenerationEvent::Kind::failed;
+  ev.error = error;
+  ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+  ev.completion_tokens = seq.generated;
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.failed;
+  }
+  if (seq.job->on_event) seq.job->on_event(std::move(ev));
+}
+
+void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
+  // 1. Every prefilled sequence samples its next token; finished ones leave at this boundary.
+  std::uint64_t generated_now = 0;
+  for (auto& sp : active) {
+    Sequence& seq = *sp;
+    if (seq.job->cancelled()) {
+      finish(seq, "cancelled");
+      continue;
+    }
+    if (!seq.prefilled) continue;
+    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history);
+    if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
+      finish(seq, "eos");
+      continue;
+    }
+    ++seq.generated;
+    ++generated_now;
+    seq.history.push_back(next);
+    std::string text = seq.stops.push(seq.decoder.push(next));
+    if (!text.empty() && seq.job->on_event) {
+      GenerationEvent ev;
+      ev.text = std::move(text);
+      seq.job->on_event(std::move(ev));
+    }
+    if (seq.stops.stopped()) {
+      finish(seq, "stop");
+    } else if (seq.generated >= seq.job->request.max_tokens) {
+      finish(seq, "length");
+    } else if (static_cast<std::int64_t>(seq.history.size()) > context_) {  // no position left for `next`
+      finish(seq, "context");
+    } else {
+      seq.pending = next;
+    }
+  }
+
+  // 2. One forward pass: new sequences run their prompt, the others their sampled token.
+  std::uint64_t tokens_run = 0, prompt_run = 0;
+  const auto t0 = clock_type::now();
+  std::vector<engine::RoutingRecord> trace;
+  for (auto& sp : active) {
+    Sequence& seq = *sp;
+    if (seq.done) continue;
+    sdk::Status s;
+    if (!seq.prefilled) {
+      engine_.reset();
+      s = engine_.forward(seq.job->request.prompt, engine::LogitsWanted::last, seq.logits, &trace);
+      tokens_run += seq.job->request.prompt.size();
+      if (s) {
+        seq.prefilled = true;
+        prompt_run += seq.job->request.prompt.size();
+      }
+    } else {
+      const std::int32_t one[1] = {seq.pending};
+      s = engine_.forward(one, engine::LogitsWanted::last, seq.logits, &trace);
+      ++tokens_run;
+    }
+    if (!s) {
+      spdlog::error("generation failed: {}", s.message());
+      fail(seq, internal_error("The model failed to run: " + s.message()));
+    }
+  }
+  const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  count_routing(trace);
+  refresh_stats(seconds, generated_now, tokens_run, prompt_run);
+}
+
+void Scheduler::count_routing(const std::vector<engine::RoutingRecord>& trace) {
+  for (const auto& r : trace) {
+    for (auto e : r.experts) {
+      ++usage_[(static_cast<std::uint64_t>(r.layer) << 32) | static_cast<std::uint32_t>(e)];
+    }
+  }
+}
+
+void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
+                              std::uint64_t prompt_tokens) {
+  const auto now = clock_type::now();
+  std::lock_guard lock(mu_);
+  stats_.busy_seconds += forward_seconds;
+  stats_.generated_tokens += tokens_generated;
+  stats_.prompt_tokens += prompt_tokens;
+  stats_.batched_tokens += tokens_run;
+  if (tokens_run > 0) ++stats_.steps;
+  stats_.experts = engine_.experts().stats();
+  stats_.expert_resident_bytes = engine_.experts().resident_bytes();
+  stats_.expert_budget_bytes = engine_.experts().budget_bytes();
+  if (tokens_generated > 0) recent_.emplace_back(now, tokens_generated);
+  while (!recent_.empty() && now - recent_.front().first > std::chrono::seconds(10)) recent_.pop_front();
+}
+
+void Scheduler::save_usage_history() {
+  if (options_.usage_history.empty() || usage_.empty()) return;
+  const auto& path = options_.usage_history;
+  // Merge with what earlier runs counted; a malformed file is replaced (with a warning), never half-written.
+  std::map<std::string, std::uint64_t> counts;
+  if (std::ifstream in(path); in) {
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.contains("counts") && j["counts"].is_object()) {
+      for (const auto& [k, v] : j["counts"].items()) {
+        if (v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
+          counts[k] = v.get<std::uint64_t>();
+        }
+      }
+    } else {
+      spdlog::warn("usage history {} is not valid; starting it afresh", path.string());
+    }
+  }
+  for (const auto& [key, n] : usage_) {
+    counts[std::to_string(key >> 32) + ":" + std::to_string(key & 0xffffffffu)] += n;
+  }
+  nlohmann::json out{{"version", 1}, {"counts", counts}};
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << out.dump(1) << "\n";
+    f.flush();
+    if (!f) {
+      spdlog::error("could not write the usage history {}", tmp.string());
+      return;
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    spdlog::error("could not save the usage history {}: {}", path.string(), ec.message());
+  } else {
+    spdlog::info("saved expert usage history ({} experts) to {}", usage_.size(), path.string());
+  }
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,253 @@
+// The OpenAI wire format: request validation (status, param, code) and response shapes.
+#include "colibri/server/api.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "colibri/server/server.hpp"
+
+namespace colibri::server {
+namespace {
+
+using nlohmann::json;
+
+std::optional<ApiError> parse(const std::string& body, Endpoint ep, CompletionRequest& out) {
+  return parse_completion_request(body, ep, out);
+}
+
+ApiError expect_error(const std::string& body, Endpoint ep = Endpoint::chat) {
+  CompletionRequest r;
+  auto e = parse(body, ep, r);
+  EXPECT_TRUE(e.has_value()) << body;
+  return e.value_or(ApiError{});
+}
+
+const char* kChat = R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
+
+TEST(ServerApi, ValidChatRequestWithEveryOption) {
+  CompletionRequest r;
+  auto e = parse(R"({"model":"tiny","messages":[{"role":"system","content":"be brief"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+      "max_tokens":7,"temperature":0.5,"top_p":0.9,"seed":42,"presence_penalty":0.5,"frequency_penalty":-1,
+      "stop":["x","yz"],"stream":true,"stream_options":{"include_usage":true},"n":1,"user":"u"})",
+                 Endpoint::chat, r);
+  ASSERT_FALSE(e) << e->message;
+  EXPECT_EQ(r.model, "tiny");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1]["content"], "ab");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_TRUE(r.seed_given);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.sampling.validate());
+}
+
+TEST(ServerApi, OpenAiSamplingDefaults) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(kChat, Endpoint::chat, r));
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.0f);
+  EXPECT_FALSE(r.max_tokens);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.seed_given);
+}
+
+TEST(ServerApi, TopPZeroMeansGreedy) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","top_p":0})", Endpoint::completions, r));
+  EXPECT_LE(r.sampling.temperature, 0.0f);
+  EXPECT_TRUE(r.sampling.validate());
+}
+
+TEST(ServerApi, CompletionPromptForms) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"hello","echo":true})", Endpoint::completions, r));
+  EXPECT_EQ(r.prompt, "hello");
+  EXPECT_TRUE(r.echo);
+  EXPECT_FALSE(r.prompt_is_tokens);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":["only"]})", Endpoint::completions, r));
+  EXPECT_EQ(r.prompt, "only");
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":[1,2,3]})", Endpoint::completions, r));
+  EXPECT_TRUE(r.prompt_is_tokens);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<std::int32_t>{1, 2, 3}));
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":[[4,5]]})", Endpoint::completions, r));
+  EXPECT_EQ(r.prompt_tokens, (std::vector<std::int32_t>{4, 5}));
+}
+
+TEST(ServerApi, MalformedBodies) {
+  for (const char* body : {"", "{", "{\"model\": }", "nul", "{\"a\":1}}", "\xff\xfe"}) {
+    auto e = expect_error(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_NE(e.message.find("parse the JSON"), std::string::npos) << body;
+  }
+  auto e = expect_error("[1,2]");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("JSON object"), std::string::npos);
+}
+
+TEST(ServerApi, DeepNestingIsRefusedBeforeParsing) {
+  const std::string deep(200000, '[');
+  auto e = expect_error(deep);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("nests deeper"), std::string::npos);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[[{{{{","b":[1,[2]]})"), 3u);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"\"[[["})"), 1u);
+}
+
+struct FieldCase {
+  const char* body;
+  const char* param;
+  const char* code;
+};
+
+TEST(ServerApi, WrongTypesAndValuesNameTheField) {
+  const FieldCase cases[] = {
+      {R"({"messages":[{"role":"user","content":"x"}]})", "model", "missing_required_parameter"},
+      {R"({"model":5,"messages":[{"role":"user","content":"x"}]})", "model", "invalid_type"},
+      {R"({"model":"m"})", "messages", "missing_required_parameter"},
+      {R"({"model":"m","messages":"hi"})", "messages", "invalid_type"},
+      {R"({"model":"m","messages":[]})", "messages", "invalid_value"},
+      {R"({"model":"m","messages":[5]})", "messages[0]", "invalid_type"},
+      {R"({"model":"m","messages":[{"content":"x"}]})", "messages[0].role", "missing_required_parameter"},
+      {R"({"model":"m","messages":[{"role":"wizard","content":"x"}]})", "messages[0].role", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":7}]})", "messages[0].content", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user"}]})", "messages[0].content", "missing_required_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})",
+       "messages[0].content[0].type", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":2.5})", "temperature", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_p":1.5})", "top_p", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":-3})", "presence_penalty",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"frequency_penalty":true})", "frequency_penalty",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2.5})", "max_tokens", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"9"})", "max_tokens", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":2})", "n", "unsupported_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})",
+       "stream_options", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":5})", "stop", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a",1]})", "stop[1]", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", "stop",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs",
+       "unsupported_parameter"},
+  };
+  for (const auto& c : cases) {
+    auto e = expect_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.type, "invalid_request_error");
+  }
+  const FieldCase completion_cases[] = {
+      {R"({"model":"m"})", "prompt", "missing_required_parameter"},
+      {R"({"model":"m","prompt":5})", "prompt", "invalid_type"},
+      {R"({"model":"m","prompt":["a","b"]})", "prompt", "invalid_value"},
+      {R"({"model":"m","prompt":[1,-2]})", "prompt[1]", "invalid_value"},
+      {R"({"model":"m","prompt":[1,"x"]})", "prompt[1]", "invalid_type"},
+      {R"({"model":"m","prompt":"x","echo":1})", "echo", "invalid_type"},
+  };
+  for (const auto& c : completion_cases) {
+    auto e = expect_error(c.body, Endpoint::completions);
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
+  }
+}
+
+TEST(ServerApi, UnknownModelIs404) {
+  EXPECT_FALSE(check_model("tiny", "tiny"));
+  auto e = check_model("gpt-4", "tiny");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 404);
+  EXPECT_EQ(e->code, "model_not_found");
+  EXPECT_NE(e->message.find("gpt-4"), std::string::npos);
+}
+
+TEST(ServerApi, ErrorBodyIsOpenAiShaped) {
+  auto body = json::parse(bad_request("bad", "temperature", "invalid_type").body());
+  EXPECT_EQ(body["error"]["message"], "bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "temperature");
+  EXPECT_EQ(body["error"]["code"], "invalid_type");
+  auto plain = json::parse(internal_error("boom").body());
+  EXPECT_TRUE(plain["error"]["param"].is_null());
+  EXPECT_TRUE(plain["error"]["code"].is_null());
+  EXPECT_EQ(plain["error"]["type"], "server_error");
+  EXPECT_EQ(unauthorized().status, 401);
+  EXPECT_EQ(too_large(10).status, 413);
+  EXPECT_EQ(busy(3).status, 429);
+  EXPECT_EQ(not_found_route("GET", "/nope").status, 404);
+  // Invalid UTF-8 inside a message must still give valid JSON.
+  EXPECT_NO_THROW(json::parse(bad_request("bad \xff byte").body()));
+}
+
+TEST(ServerApi, ResponseShapes) {
+  const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
+  auto full = completion_response(Endpoint::chat, ids, "hello", "stop", Usage{3, 2});
+  EXPECT_EQ(full["object"], "chat.completion");
+  EXPECT_EQ(full["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "hello");
+  EXPECT_EQ(full["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(full["usage"]["total_tokens"], 5);
+  auto text = completion_response(Endpoint::completions, ids, "hi", "length", Usage{1, 1});
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "hi");
+
+  auto opener = stream_chunk(Endpoint::chat, ids, "", "", true);
+  EXPECT_EQ(opener["object"], "chat.completion.chunk");
+  EXPECT_EQ(opener["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(opener["choices"][0]["finish_reason"].is_null());
+  auto piece = stream_chunk(Endpoint::chat, ids, "abc", "");
+  EXPECT_EQ(piece["choices"][0]["delta"]["content"], "abc");
+  auto last = stream_chunk(Endpoint::chat, ids, "", "length");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  auto usage = usage_chunk(Endpoint::chat, ids, Usage{4, 5});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 5);
+
+  const auto event = sse_event(json{{"a", 1}});
+  EXPECT_EQ(event, "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+  EXPECT_EQ(openai_finish_reason("eos"), "stop");
+  EXPECT_EQ(openai_finish_reason("stop"), "stop");
+  EXPECT_EQ(openai_finish_reason("length"), "length");
+  EXPECT_EQ(openai_finish_reason("context"), "length");
+}
+
+TEST(ServerMetrics, PrometheusText) {
+  SchedulerStats s;
+  s.queue_depth = 3;
+  s.generated_tokens = 42;
+  s.experts.hits = 7;
+  s.experts.misses = 2;
+  s.experts.bytes_read = 4096;
+  std::map<std::pair<std::string, int>, std::uint64_t> http{{{"/v1/completions", 200}, 5}, {{"other", 404}, 1}};
+  const auto text = render_metrics(s, http, "ti\"ny", 1.5);
+  for (const char* line :
+       {"colibri_queue_depth 3\n", "colibri_generated_tokens_total 42\n", "colibri_expert_hits_total{tier=\"ram\"} 7\n",
+        "colibri_expert_hits_total{tier=\"vram\"} 0\n", "colibri_expert_misses_total{tier=\"ram\"} 2\n",
+        "colibri_expert_bytes_read_total 4096\n",
+        "colibri_http_requests_total{route=\"/v1/completions\",status=\"200\"} 5\n",
+        "colibri_info{model=\"ti\\\"ny\"} 1\n", "colibri_prefetch_accuracy 0\n",
+        "# TYPE colibri_io_stall_seconds_total counter\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+}
+
+}  // namespace
+}  // namespace colibri::server
