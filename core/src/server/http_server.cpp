@@ -6,8 +6,6 @@
 // sequence cancelled at the next token boundary.
 #define BOOST_BEAST_USE_STD_STRING_VIEW 1  // beast::string_view is std::string_view (only this TU uses Beast)
 
-#include <utility>  // Boost 1.74's asio/awaitable.hpp uses std::exchange without including it
-
 #include <sys/socket.h>
 
 #include <atomic>
@@ -22,6 +20,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <utility>  // Boost 1.74's asio/awaitable.hpp uses std::exchange without including it
 
 #include "colibri/server/server.hpp"
 #include "spdlog/spdlog.h"

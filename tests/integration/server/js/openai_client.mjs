@@ -1,0 +1,58 @@
+// node openai_client.mjs BASE_URL API_KEY MODEL
+// The official OpenAI SDK against colibri-server: models, chat and completions (plain and streamed), error types.
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+
+const [baseURL, apiKey, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
+
+const models = await client.models.list();
+const ids = [];
+for await (const m of models) ids.push(m.id);
+assert.deepEqual(ids, [model]);
+
+const messages = [{ role: "user", content: "Say something" }];
+const full = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 0, seed: 1 });
+assert.equal(full.object, "chat.completion");
+assert.equal(full.choices[0].message.role, "assistant");
+assert.ok(["stop", "length"].includes(full.choices[0].finish_reason));
+assert.equal(full.usage.total_tokens, full.usage.prompt_tokens + full.usage.completion_tokens);
+
+const stream = await client.chat.completions.create({
+  model, messages, max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true },
+});
+let text = "";
+let finish = null;
+let usage = null;
+for await (const chunk of stream) {
+  for (const c of chunk.choices) {
+    text += c.delta?.content ?? "";
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  if (chunk.usage) usage = chunk.usage;
+}
+assert.equal(text, full.choices[0].message.content);
+assert.equal(finish, full.choices[0].finish_reason);
+assert.deepEqual(usage, full.usage);
+
+const comp = await client.completions.create({ model, prompt: "Once", max_tokens: 8, temperature: 0 });
+const compStream = await client.completions.create({ model, prompt: "Once", max_tokens: 8, temperature: 0, stream: true });
+let compText = "";
+for await (const chunk of compStream) compText += chunk.choices[0]?.text ?? "";
+assert.equal(compText, comp.choices[0].text);
+
+// Errors surface as the SDK's typed errors with the server's status and code.
+await assert.rejects(client.chat.completions.create({ model: "no-such-model", messages }), (e) => {
+  assert.ok(e instanceof OpenAI.NotFoundError, String(e));
+  assert.equal(e.code, "model_not_found");
+  return true;
+});
+await assert.rejects(client.chat.completions.create({ model, messages, temperature: 5 }), (e) => {
+  assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+  assert.equal(e.param, "temperature");
+  return true;
+});
+const wrongKey = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 });
+await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+
+console.log(`openai SDK ok: chat ${JSON.stringify(text)}, completion ${JSON.stringify(compText)}`);

@@ -1,0 +1,572 @@
+#!/usr/bin/python3
+"""colibri-server end to end (ctest label integration):
+
+  server_test.py COLIBRI_CLI COLIBRI_SERVER FIXTURE_GENERATOR WORK_DIR [--node] [-k PATTERN]
+
+A tiny random Mixtral is converted once; each test class starts its own colibri-server on a free port.
+* API: health, models, completions and chat (non-streaming and SSE ending with [DONE]), usage, finish_reason, stop,
+  max_tokens, seed, penalties; greedy text equals `colibri-cli run --temperature 0`.
+* concurrency: 16 streaming clients at once give the same greedy text as the same prompts one at a time.
+* bad input: bad JSON, wrong types, unknown model, huge body, prompt longer than the context, unknown route,
+  oversized headers, malformed HTTP, slowloris headers, a full queue (429), bearer auth (401): status and the
+  OpenAI error shape; the server keeps serving afterwards.
+* lifecycle: a client that disconnects has its sequence cancelled; SIGTERM ends streams, saves the usage history
+  and exits 0.
+* --node: the official `openai` npm package (streaming and not) and curl; exits 77 (skipped) without npm/network.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+CLI = SERVER = GEN = WORK = None
+MODEL = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_model():
+    global MODEL
+    ckpt = os.path.join(WORK, "ckpt")
+    MODEL = os.path.join(WORK, "tiny")
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        subprocess.run([sys.executable, GEN, "--arch", "mixtral", "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+    if not os.path.exists(os.path.join(MODEL, "manifest.json")):
+        subprocess.run([CLI, "convert", "--input", ckpt, "--output", MODEL, "--quantize", "f32"], check=True,
+                       capture_output=True)
+
+
+class Server:
+    """A colibri-server process on a free port."""
+
+    def __init__(self, *extra):
+        self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
+        self.proc = subprocess.Popen([SERVER, "--model", MODEL, "--port", "0", "--ctx", "512", "--chat-template",
+                                      "chatml", "--log-level", "warn"] + list(extra),
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on http://" not in line:
+            self.proc.kill()
+            raise AssertionError(f"server did not start: {line!r}")
+        self.port = int(line.split("http://")[1].split()[0].rsplit(":", 1)[1])
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        raw = r.read()
+        conn.close()
+        return r.status, raw, r
+
+    def json(self, method, path, body=None, headers=None):
+        status, raw, _ = self.request(method, path, body, headers)
+        return status, json.loads(raw)
+
+    def stream(self, path, body, headers=None, timeout=120):
+        """SSE events of a streaming request: (status, [parsed data objects], saw_done)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request("POST", path, body=json.dumps(dict(body, stream=True)),
+                     headers=headers or {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raw = r.read()
+            conn.close()
+            return r.status, json.loads(raw), False
+        assert r.getheader("Content-Type") == "text/event-stream", r.getheader("Content-Type")
+        events, done = [], False
+        for line in r:
+            line = line.decode().rstrip("\r\n")
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            if line == "data: [DONE]":
+                done = True
+                continue
+            assert not done, "data after [DONE]"
+            events.append(json.loads(line[6:]))
+        conn.close()
+        return 200, events, done
+
+    def metric(self, name):
+        _, raw, _ = self.request("GET", "/metrics")
+        for line in raw.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+            self.proc.stdout.close()
+        return rc
+
+
+def stream_text(events, endpoint="chat"):
+    out = []
+    for e in events:
+        for c in e.get("choices", []):
+            out.append(c["delta"].get("content", "") if endpoint == "chat" else c["text"])
+    return "".join(out)
+
+
+def finish_of(events):
+    reasons = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
+    assert len(reasons) == 1, reasons
+    return reasons[0]
+
+
+PROMPTS = [f"The {w} of the colibri is" for w in
+           ["wing", "song", "nest", "color", "speed", "heart", "beak", "flight", "egg", "eye", "tail", "feather",
+            "morning", "river", "garden", "shadow"]]
+
+
+def assert_error(test, status, body, want_status, code=None, param=None):
+    test.assertEqual(status, want_status, body)
+    test.assertIn("error", body)
+    err = body["error"]
+    test.assertEqual(set(err), {"message", "type", "param", "code"}, err)
+    test.assertTrue(err["message"])
+    if code is not None:
+        test.assertEqual(err["code"], code, err)
+    if param is not None:
+        test.assertEqual(err["param"], param, err)
+
+
+class Api(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.assert_clean_exit = cls.s.stop()
+
+    def test_health_and_models(self):
+        status, body = self.s.json("GET", "/health")
+        self.assertEqual((status, body["status"], body["model"]), (200, "ok", "tiny"))
+        status, body = self.s.json("GET", "/v1/models")
+        self.assertEqual(status, 200)
+        self.assertEqual([m["id"] for m in body["data"]], ["tiny"])
+        self.assertEqual(body["data"][0]["object"], "model")
+        status, body = self.s.json("GET", "/v1/models/tiny")
+        self.assertEqual((status, body["id"]), (200, "tiny"))
+        status, body = self.s.json("GET", "/v1/models/other")
+        assert_error(self, status, body, 404, "model_not_found")
+
+    def test_completion_equals_cli_run(self):
+        prompt = "hello world"
+        status, body = self.s.json("POST", "/v1/completions",
+                                   {"model": "tiny", "prompt": prompt, "max_tokens": 24, "temperature": 0})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["object"], "text_completion")
+        choice = body["choices"][0]
+        p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "-n", "24", "--temperature", "0"],
+                           capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cli_text = p.stdout.decode("utf-8", "replace")
+        self.assertTrue(cli_text.startswith(prompt) and cli_text.endswith("\n"))
+        self.assertEqual(choice["text"], cli_text[len(prompt):-1])
+        usage = body["usage"]
+        self.assertEqual(usage["total_tokens"], usage["prompt_tokens"] + usage["completion_tokens"])
+        self.assertIn(f"({usage['prompt_tokens']} prompt + {usage['completion_tokens']} generated tokens",
+                      p.stderr.decode())
+        self.assertEqual(choice["finish_reason"], "length" if usage["completion_tokens"] == 24 else "stop")
+
+    def test_stream_equals_non_stream(self):
+        for endpoint, path, req in [
+                ("chat", "/v1/chat/completions",
+                 {"model": "tiny", "messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 16,
+                  "temperature": 0}),
+                ("text", "/v1/completions", {"model": "tiny", "prompt": "Once upon", "max_tokens": 16,
+                                             "temperature": 0})]:
+            status, full = self.s.json("POST", path, req)
+            self.assertEqual(status, 200, full)
+            status, events, done = self.s.stream(path, dict(req, stream_options={"include_usage": True}))
+            self.assertEqual(status, 200)
+            self.assertTrue(done, "stream did not end with data: [DONE]")
+            text = full["choices"][0]["message"]["content"] if endpoint == "chat" else full["choices"][0]["text"]
+            self.assertEqual(stream_text(events, endpoint), text)
+            self.assertEqual(finish_of(events), full["choices"][0]["finish_reason"])
+            self.assertEqual(events[-1]["choices"], [])
+            self.assertEqual(events[-1]["usage"], full["usage"])
+            self.assertTrue(all(e["id"] == events[0]["id"] for e in events))
+            if endpoint == "chat":
+                self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
+                self.assertEqual(events[0]["object"], "chat.completion.chunk")
+
+    def test_max_tokens_and_stop(self):
+        req = {"model": "tiny", "prompt": "The river", "max_tokens": 40, "temperature": 0}
+        _, full = self.s.json("POST", "/v1/completions", req)
+        text = full["choices"][0]["text"]
+        self.assertGreater(len(text), 6, "greedy output too short to test stop strings")
+        stop = text[3:6]
+        _, stopped = self.s.json("POST", "/v1/completions", dict(req, stop=[stop, "\x00never"]))
+        self.assertEqual(stopped["choices"][0]["text"], text[:text.find(stop)])
+        self.assertEqual(stopped["choices"][0]["finish_reason"], "stop")
+        _, short = self.s.json("POST", "/v1/completions", dict(req, max_tokens=3))
+        self.assertEqual(short["usage"]["completion_tokens"], 3)
+        self.assertEqual(short["choices"][0]["finish_reason"], "length")
+        self.assertTrue(text.startswith(short["choices"][0]["text"]) or "\ufffd" in short["choices"][0]["text"])
+
+    def test_seed_and_penalties(self):
+        req = {"model": "tiny", "prompt": "A bird", "max_tokens": 24, "temperature": 1.0}
+        a = self.s.json("POST", "/v1/completions", dict(req, seed=7))[1]["choices"][0]["text"]
+        b = self.s.json("POST", "/v1/completions", dict(req, seed=7))[1]["choices"][0]["text"]
+        self.assertEqual(a, b, "same seed, different text")
+        others = {self.s.json("POST", "/v1/completions", dict(req, seed=s))[1]["choices"][0]["text"]
+                  for s in (8, 9, 10)}
+        self.assertTrue(others - {a}, "the seed does not change sampling")
+        greedy = dict(req, temperature=0, max_tokens=48)
+        plain = self.s.json("POST", "/v1/completions", greedy)[1]["choices"][0]["text"]
+        penalized = {self.s.json("POST", "/v1/completions", dict(greedy, **{k: 2.0}))[1]["choices"][0]["text"]
+                     for k in ("presence_penalty", "frequency_penalty")}
+        self.assertTrue(penalized - {plain}, "penalties do not change greedy output")
+
+    def test_echo_and_token_prompt(self):
+        _, body = self.s.json("POST", "/v1/completions",
+                              {"model": "tiny", "prompt": "Echo me", "max_tokens": 4, "temperature": 0, "echo": True})
+        self.assertTrue(body["choices"][0]["text"].startswith("Echo me"))
+        _, body = self.s.json("POST", "/v1/completions",
+                              {"model": "tiny", "prompt": [5, 17, 99], "max_tokens": 4, "temperature": 0})
+        self.assertEqual(body["usage"]["prompt_tokens"], 3)
+
+    def test_bad_requests(self):
+        s = self.s
+        status, raw, _ = s.request("POST", "/v1/chat/completions", "{not json")
+        assert_error(self, status, json.loads(raw), 400)
+        cases = [
+            ({"model": "tiny", "messages": "hi"}, "messages", "invalid_type"),
+            ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature",
+             "invalid_type"),
+            ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens",
+             "invalid_value"),
+            ({"model": 3, "messages": [{"role": "user", "content": "x"}]}, "model", "invalid_type"),
+            ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop[0]",
+             "invalid_type"),
+        ]
+        for body, param, code in cases:
+            status, got = s.json("POST", "/v1/chat/completions", body)
+            assert_error(self, status, got, 400, code, param)
+        status, got = s.json("POST", "/v1/chat/completions",
+                             {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
+        assert_error(self, status, got, 404, "model_not_found", "model")
+        status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": [1, 999999]})
+        assert_error(self, status, got, 400, "invalid_value", "prompt")
+        status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "word " * 2000})
+        assert_error(self, status, got, 400, "context_length_exceeded", "prompt")
+        status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "stream": True,
+                                                         "temperature": 9})
+        assert_error(self, status, got, 400, "invalid_value", "temperature")
+        status, got = s.json("GET", "/v1/nothing-here")
+        assert_error(self, status, got, 404, "unknown_url")
+        status, got = s.json("GET", "/v1/chat/completions")
+        assert_error(self, status, got, 405)
+        deep = "[" * 100000
+        status, raw, _ = s.request("POST", "/v1/completions", deep)
+        assert_error(self, status, json.loads(raw), 400)
+        status, _ = s.json("GET", "/health")
+        self.assertEqual(status, 200)
+
+    def test_huge_body_is_413(self):
+        body = json.dumps({"model": "tiny", "prompt": "a" * (5 << 20)})
+        status, raw, _ = self.s.request("POST", "/v1/completions", body)
+        assert_error(self, status, json.loads(raw), 413, "request_too_large")
+        # Same without a Content-Length (chunked upload).
+        conn = http.client.HTTPConnection("127.0.0.1", self.s.port, timeout=30)
+        conn.putrequest("POST", "/v1/completions")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        try:
+            piece = b"a" * 65536
+            for _ in range(80):
+                conn.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            conn.send(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        r = conn.getresponse()
+        assert_error(self, r.status, json.loads(r.read()), 413)
+        conn.close()
+
+    def raw_exchange(self, data, timeout=10):
+        with socket.create_connection(("127.0.0.1", self.s.port), timeout=timeout) as sk:
+            sk.sendall(data)
+            chunks = []
+            while True:
+                try:
+                    b = sk.recv(65536)
+                except (ConnectionResetError, socket.timeout):
+                    break
+                if not b:
+                    break
+                chunks.append(b)
+            return b"".join(chunks)
+
+    def test_bad_http(self):
+        reply = self.raw_exchange(b"GARBAGE\x00\x01 / HTTP/9\r\n\r\n")
+        self.assertTrue(reply.startswith(b"HTTP/1.1 400"), reply[:100])
+        self.assertIn(b'"error"', reply)
+        big = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 40000 + b"\r\n\r\n"
+        reply = self.raw_exchange(big)
+        self.assertTrue(reply.startswith(b"HTTP/1.1 431"), reply[:100])
+        self.assertIn(b'"headers_too_large"', reply)
+
+    def test_slowloris_headers_are_cut_off(self):
+        # --request-timeout is 15 s by default; this server uses the default, so dribble for up to 25 s.
+        sk = socket.create_connection(("127.0.0.1", self.s.port), timeout=30)
+        t0 = time.time()
+        closed = False
+        sk.sendall(b"GET /health HTTP/1.1\r\n")
+        while time.time() - t0 < 25:
+            try:
+                sk.sendall(b"X-Slow: a\r\n")
+                sk.settimeout(1.0)
+                if sk.recv(1024) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            # Meanwhile the server answers others.
+            self.assertEqual(self.s.json("GET", "/health")[0], 200)
+        elapsed = time.time() - t0
+        sk.close()
+        self.assertTrue(closed, "a client sending headers forever was never cut off")
+        self.assertLess(elapsed, 20)
+
+    def test_metrics(self):
+        self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "count", "max_tokens": 5,
+                                                "temperature": 0})
+        _, raw, r = self.s.request("GET", "/metrics")
+        self.assertTrue(r.getheader("Content-Type").startswith("text/plain"))
+        text = raw.decode()
+        for name in ["colibri_generated_tokens_total", "colibri_prompt_tokens_total", "colibri_queue_depth",
+                     "colibri_generated_tokens_per_second", 'colibri_expert_hits_total{tier="ram"}',
+                     'colibri_expert_misses_total{tier="vram"}', "colibri_expert_bytes_read_total",
+                     "colibri_io_stall_seconds_total", "colibri_prefetch_accuracy",
+                     'colibri_http_requests_total{route="/v1/completions",status="200"}']:
+            self.assertIn("\n" + name + " ", text)
+        self.assertGreaterEqual(self.s.metric("colibri_generated_tokens_total"), 5)
+        _, stats = self.s.json("GET", "/admin/cache/stats")
+        self.assertGreater(stats["hits"] + stats["misses"], 0)
+        self.assertIn("budget_bytes", stats)
+
+
+class Concurrency(unittest.TestCase):
+    def test_16_streaming_clients_match_sequential(self):
+        s = Server("--max-batch", "8")
+        try:
+            def req(p):
+                return {"model": "tiny", "prompt": p, "max_tokens": 32, "temperature": 0}
+            sequential = []
+            for p in PROMPTS:
+                status, events, done = s.stream("/v1/completions", req(p))
+                self.assertTrue(status == 200 and done)
+                sequential.append(stream_text(events, "text"))
+            results = [None] * len(PROMPTS)
+            barrier = threading.Barrier(len(PROMPTS))
+
+            def client(i):
+                barrier.wait()
+                results[i] = s.stream("/v1/completions", req(PROMPTS[i]))
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for i, (status, events, done) in enumerate(results):
+                self.assertEqual(status, 200, events)
+                self.assertTrue(done)
+                self.assertEqual(stream_text(events, "text"), sequential[i], f"prompt {i} differs when concurrent")
+            self.assertEqual(len(set(sequential)), len(sequential), "prompts should give different texts")
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_full_queue_is_429(self):
+        s = Server("--max-queue", "1", "--max-batch", "1")
+        try:
+            results = []
+            lock = threading.Lock()
+            barrier = threading.Barrier(12)
+
+            def client(i):
+                barrier.wait()
+                r = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": PROMPTS[i], "max_tokens": 200,
+                                                       "temperature": 1.0, "seed": i})
+                with lock:
+                    results.append(r)
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            busy = [b for st, b in results if st == 429]
+            self.assertTrue(busy, "no request was refused with a queue of 1")
+            for st, b in results:
+                if st == 429:
+                    assert_error(self, st, b, 429, "rate_limit_exceeded")
+                else:
+                    self.assertEqual(st, 200, b)
+                    self.assertGreater(b["usage"]["completion_tokens"], 0)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_disconnect_cancels_and_sigterm_saves_history(self):
+        history = os.path.join(WORK, "usage.json")
+        if os.path.exists(history):
+            os.remove(history)
+        s = Server("--usage-history", history, "--drain-timeout", "0.5")
+        try:
+            body = {"model": "tiny", "prompt": "Go on and on", "max_tokens": 400, "temperature": 1.0, "seed": 3,
+                    "stream": True}
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+            conn.request("POST", "/v1/completions", body=json.dumps(body))
+            r = conn.getresponse()
+            self.assertEqual(r.status, 200)
+            r.readline()
+            conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+            deadline = time.time() + 10
+            while time.time() < deadline and s.metric("colibri_active_sequences") > 0:
+                time.sleep(0.05)
+            self.assertEqual(s.metric("colibri_active_sequences"), 0)
+            finished = s.metric("colibri_requests_finished_total")
+            cancelled = s.metric("colibri_requests_cancelled_total")
+            self.assertEqual(cancelled + finished, 1)
+            if cancelled == 1:
+                self.assertLess(s.metric("colibri_generated_tokens_total"), 400)
+
+            # SIGTERM with a stream in flight: the stream ends (finished or cancelled), then a clean exit.
+            got = {}
+
+            def client():
+                got["r"] = s.stream("/v1/completions", dict(body, max_tokens=500, seed=4))
+            t = threading.Thread(target=client)
+            t.start()
+            time.sleep(0.3)
+            rc = s.stop(signal.SIGTERM)
+            t.join(30)
+            self.assertFalse(t.is_alive())
+            self.assertEqual(rc, 0)
+            status, events, done = got["r"]
+            self.assertEqual(status, 200)
+            self.assertTrue(done, "the stream was cut without [DONE]")
+            with open(history) as f:
+                saved = json.load(f)
+            self.assertGreater(sum(saved["counts"].values()), 0)
+            self.assertTrue(all(":" in k for k in saved["counts"]))
+        finally:
+            s.stop()
+
+    def test_api_key(self):
+        s = Server("--api-key", "sekrit")
+        try:
+            req = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            status, body = s.json("POST", "/v1/completions", req)
+            assert_error(self, status, body, 401, "invalid_api_key")
+            status, body = s.json("POST", "/v1/completions", req, {"Authorization": "Bearer wrong"})
+            assert_error(self, status, body, 401, "invalid_api_key")
+            status, body = s.json("GET", "/admin/cache/stats")
+            assert_error(self, status, body, 401)
+            status, body = s.json("POST", "/v1/completions", req, {"Authorization": "Bearer sekrit"})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(s.json("GET", "/health")[0], 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
+class Clients(unittest.TestCase):
+    """Real clients: the openai npm package and curl."""
+
+    def test_openai_node_sdk(self):
+        npm, node = shutil.which("npm"), shutil.which("node")
+        if not npm or not node:
+            raise unittest.SkipTest("npm/node not installed")
+        jsdir = os.path.join(WORK, "js")
+        os.makedirs(jsdir, exist_ok=True)
+        for f in ("package.json", "openai_client.mjs"):
+            shutil.copy(os.path.join(HERE, "js", f), jsdir)
+        if not os.path.isdir(os.path.join(jsdir, "node_modules", "openai")):
+            p = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=jsdir,
+                               capture_output=True, text=True, timeout=300)
+            if p.returncode != 0:
+                raise unittest.SkipTest("npm install openai failed (offline?): " + p.stderr[-300:])
+        s = Server("--api-key", "node-key")
+        try:
+            p = subprocess.run([node, "openai_client.mjs", f"http://127.0.0.1:{s.port}/v1", "node-key", "tiny"],
+                               cwd=jsdir, capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            print(p.stdout.strip(), flush=True)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_curl(self):
+        curl = shutil.which("curl")
+        if not curl:
+            raise unittest.SkipTest("curl not installed")
+        s = Server()
+        try:
+            url = f"http://127.0.0.1:{s.port}"
+            body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                               "temperature": 0})
+            p = subprocess.run([curl, "-sS", "-f", url + "/v1/chat/completions", "-H", "Content-Type: application/json",
+                                "-d", body], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            full = json.loads(p.stdout)
+            self.assertEqual(full["object"], "chat.completion")
+            p = subprocess.run([curl, "-sS", "-N", url + "/v1/chat/completions", "-H",
+                                "Content-Type: application/json", "-d", json.dumps(dict(json.loads(body), stream=True))],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            lines = [l for l in p.stdout.split("\n") if l]
+            self.assertEqual(lines[-1], "data: [DONE]")
+            events = [json.loads(l[6:]) for l in lines[:-1]]
+            self.assertEqual(stream_text(events), full["choices"][0]["message"]["content"])
+            # curl sends "Expect: 100-continue" for large bodies; the server must answer it.
+            big = json.dumps({"model": "tiny", "prompt": "x " * 200 + "y" * 300000, "max_tokens": 1})
+            p = subprocess.run([curl, "-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_total}",
+                                url + "/v1/completions", "-H", "Content-Type: application/json", "--data-binary", "@-"],
+                               input=big, capture_output=True, text=True, timeout=60)
+            code, secs = p.stdout.split()
+            self.assertEqual(code, "400")  # longer than the 512-token context
+            self.assertLess(float(secs), 0.9, "the server did not answer Expect: 100-continue")
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
+def main():
+    global CLI, SERVER, GEN, WORK
+    args = sys.argv[1:]
+    node_only = "--node" in args
+    args = [a for a in args if a != "--node"]
+    CLI, SERVER, GEN, WORK = args[:4]
+    os.makedirs(WORK, exist_ok=True)
+    make_model()
+    rest = args[4:]
+    if node_only:
+        suite = unittest.defaultTestLoader.loadTestsFromName("test_openai_node_sdk", Clients)
+        res = unittest.TextTestRunner(verbosity=2).run(suite)
+        if res.skipped and not res.failures and not res.errors:
+            sys.exit(77)
+        sys.exit(0 if res.wasSuccessful() else 1)
+    unittest.main(argv=[sys.argv[0], "-v"] + rest)
+
+
+if __name__ == "__main__":
+    main()
