@@ -134,21 +134,12 @@ TEST(Utf8, LossyConversionFollowsMaximalSubparts) {
   EXPECT_FALSE(utf8::ends_with_incomplete_sequence("ab\xFF"));
 }
 
-class ShippedTokenizer : public ::testing::TestWithParam<std::string> {
- protected:
-  const Tokenizer* load_shipped() { return test::shipped_tokenizer(GetParam()); }
-};
-
-TEST_P(ShippedTokenizer, InvalidUtf8IsEncodedAsReplacementCharacter) {
-  auto tok = load_shipped();
-  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+void InvalidUtf8IsEncodedAsReplacementCharacter(const Tokenizer* tok) {
   EXPECT_EQ(tok->encode("caf\xC3 ok \xFF\xFE end \xE4\xBD"),
             tok->encode("caf\xEF\xBF\xBD ok \xEF\xBF\xBD\xEF\xBF\xBD end \xEF\xBF\xBD"));
 }
 
-TEST_P(ShippedTokenizer, LongLinesRoundTrip) {
-  auto tok = load_shipped();
-  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+void LongLinesRoundTrip(const Tokenizer* tok) {
   // 100 KB without a single space (one BPE word for SentencePiece-style models), then 100 KB of mixed text.
   std::string word;
   while (word.size() < 100000) word += "antidisestablishmentarianism";
@@ -160,9 +151,7 @@ TEST_P(ShippedTokenizer, LongLinesRoundTrip) {
   EXPECT_EQ(tok->decode(tok->encode(mixed)), mixed);
 }
 
-TEST_P(ShippedTokenizer, StreamingReleasesWholeCharacters) {
-  auto tok = load_shipped();
-  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+void StreamingReleasesWholeCharacters(const Tokenizer* tok) {
   // Rare characters fall back to bytes (SentencePiece) or split across byte-level tokens.
   const std::string text = "Hi 𓀀𓀁 ꙮ 🧑🏿‍💻 é 你好 \xF0\x9F\x9C\x81 end";
   const auto ids = tok->encode(text);
@@ -181,9 +170,7 @@ TEST_P(ShippedTokenizer, StreamingReleasesWholeCharacters) {
   EXPECT_GT(empty_chunks, 0) << "some token should have been held back until its character completed";
 }
 
-TEST_P(ShippedTokenizer, StreamingFlushReleasesAnUnfinishedCharacter) {
-  auto tok = load_shipped();
-  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+void StreamingFlushReleasesAnUnfinishedCharacter(const Tokenizer* tok) {
   const auto ids = tok->encode("𓀀");
   StreamDecoder stream(*tok);
   std::string out;
@@ -191,6 +178,30 @@ TEST_P(ShippedTokenizer, StreamingFlushReleasesAnUnfinishedCharacter) {
   out += stream.flush();
   std::vector<TokenId> partial(ids.begin(), ids.end() - 1);
   EXPECT_EQ(out, tok->decode(partial));
+}
+
+// One test per tokenizer (ctest runs each test in its own process; loading the large files is the slow part).
+class ShippedTokenizer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShippedTokenizer, Utf8LongLinesAndStreaming) {
+  const Tokenizer* tok = test::shipped_tokenizer(GetParam());
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message(GetParam());
+  {
+    SCOPED_TRACE("invalid UTF-8 is encoded as U+FFFD");
+    InvalidUtf8IsEncodedAsReplacementCharacter(tok);
+  }
+  {
+    SCOPED_TRACE("100 KB lines round-trip");
+    LongLinesRoundTrip(tok);
+  }
+  {
+    SCOPED_TRACE("streaming releases whole characters");
+    StreamingReleasesWholeCharacters(tok);
+  }
+  {
+    SCOPED_TRACE("flush releases an unfinished character");
+    StreamingFlushReleasesAnUnfinishedCharacter(tok);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ShippedTokenizer,
