@@ -123,7 +123,8 @@ const sdk::OptionSpec kOptions[] = {
      "staging copies"},
 };
 
-const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32", "f16", "q8_0", "q4_k", "q6_k"};
+const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",  "f16",
+                                     "bf16",   "q8_0",       "q4_0",      "q4_k", "q6_k"};
 
 }  // namespace
 

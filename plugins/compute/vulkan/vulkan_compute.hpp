@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "colibri/sdk/sdk.hpp"
@@ -63,7 +64,7 @@ class CopyEvent final : public sdk::Event {
 // One command of an op: a shader, its push constants and its grid. Commands of one run() are
 // recorded into one command buffer with a barrier after each.
 struct Command {
-  const char* shader = "";
+  std::string shader;
   std::vector<std::byte> push;
   std::uint32_t groups[3] = {1, 1, 1};
 };

@@ -42,7 +42,8 @@ const char* op_name(Op op) {
 }
 
 bool weight_type_ok(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::q8_0 || t == DType::q4_k || t == DType::q6_k;
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0 ||
+         t == DType::q4_k || t == DType::q6_k;
 }
 bool kv_type_ok(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
@@ -52,7 +53,9 @@ const char* type_suffix(DType t) {
   switch (t) {
     case DType::f32: return "f32";
     case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
     case DType::q8_0: return "q8_0";
+    case DType::q4_0: return "q4_0";
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
     default: return "";
@@ -204,11 +207,8 @@ void row_grid(Command& c, std::uint64_t n_rows, std::uint32_t y) {
 
 Command matmul_command(DType wtype, std::uint64_t w, std::uint64_t x, std::uint64_t y, std::uint64_t bias,
                        std::int64_t k, std::int64_t n, std::int64_t t) {
-  static const std::string kNames[] = {"matmul_f32", "matmul_f16", "matmul_q8_0", "matmul_q4_k", "matmul_q6_k"};
   Command c;
-  for (const auto& name : kNames) {
-    if (name == std::string("matmul_") + type_suffix(wtype)) c.shader = name.c_str();
-  }
+  c.shader = std::string("matmul_") + type_suffix(wtype);
   c.push = as_bytes(MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k))});
   row_grid(c, static_cast<std::uint64_t>(n), static_cast<std::uint32_t>((t + kMatmulTile - 1) / kMatmulTile));
   return c;
@@ -448,9 +448,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_BIND(ka, k, "K", false, k.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(va, v, "V", false, v.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(oa, o, "O", true, 4);
-      static const std::string kNames[] = {"attention_f32", "attention_f16", "attention_q8_0"};
       Command c;
-      c.shader = kNames[k.type == DType::f32 ? 0 : k.type == DType::f16 ? 1 : 2].c_str();
+      c.shader = std::string("attention_") + type_suffix(k.type);
       c.push = as_bytes(AttentionPush{qa, ka, va, oa, u32(hd), u32(nh), u32(nkv), u32(t), u32(call.params.position),
                                       u32(call.params.window), call.params.scale, u32(sdk::row_bytes(k.type, hd))});
       c.groups[0] = u32(nh);
@@ -555,11 +554,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       std::memset(status_.mapped, 0, 8);
       check_status = true;
       Command c;
-      static const std::string kNames[] = {"get_rows_f32", "get_rows_f16", "get_rows_q8_0", "get_rows_q4_k",
-                                           "get_rows_q6_k"};
-      for (const auto& n : kNames) {
-        if (n == std::string("get_rows_") + type_suffix(table.type)) c.shader = n.c_str();
-      }
+      c.shader = std::string("get_rows_") + type_suffix(table.type);
       c.push = as_bytes(
           GetRowsPush{ta, ia, ya, status_.address, u32(d), u32(v), u32(t), u32(sdk::row_bytes(table.type, d))});
       c.groups[0] = groups_for(static_cast<std::uint64_t>((d + 31) / 32), 64);

@@ -1,6 +1,6 @@
 // Dequantization of one 32-element unit of a weight row, bit-identical to colibri::quant's
 // reference dequantize_row (same products in the same order; `precise` forbids fusing).
-// Define one of WTYPE_F32, WTYPE_F16, WTYPE_Q8_0, WTYPE_Q4_K, WTYPE_Q6_K.
+// Define one of WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_K, WTYPE_Q6_K.
 #include "common.glsl"
 
 // Unit u (elements 32u .. 32u+31) of the row at `row`; `k` elements in the row (f32/f16 may end
@@ -15,6 +15,24 @@ void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
   for (uint j = 0u; j < 32u; ++j) {
     const uint e = u * 32u + j;
     w[j] = e < k ? read_f16(row, e * 2u) : 0.0;
+  }
+#elif defined(WTYPE_BF16)
+  for (uint j = 0u; j < 32u; ++j) {
+    const uint e = u * 32u + j;
+    w[j] = e < k ? uintBitsToFloat(read_u16(row, e * 2u) << 16) : 0.0;
+  }
+#elif defined(WTYPE_Q4_0)
+  // 18-byte block: d, qs[16]; element j < 16 is the low nibble of qs[j], j + 16 the high one.
+  const uint blk = u * 18u;
+  const float d = read_f16(row, blk);
+  for (uint j = 0u; j < 16u; j += 4u) {
+    const uint q = read_u32(row, blk + 2u + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      precise float lo = float(int((q >> (8u * i)) & 0xFu) - 8) * d;
+      precise float hi = float(int((q >> (8u * i + 4u)) & 0xFu) - 8) * d;
+      w[j + i] = lo;
+      w[j + i + 16u] = hi;
+    }
   }
 #elif defined(WTYPE_Q8_0)
   const uint blk = u * 34u;
@@ -80,20 +98,5 @@ void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
   }
 #else
 #error "define one WTYPE_*"
-#endif
-}
-
-// Bytes of a row of k elements.
-uint row_bytes(uint k) {
-#if defined(WTYPE_F32)
-  return k * 4u;
-#elif defined(WTYPE_F16)
-  return k * 2u;
-#elif defined(WTYPE_Q8_0)
-  return (k / 32u) * 34u;
-#elif defined(WTYPE_Q4_K)
-  return (k / 256u) * 144u;
-#else
-  return (k / 256u) * 210u;
 #endif
 }

@@ -79,6 +79,16 @@ TEST(VulkanPlugin, ScoreIsZeroWithAReasonWhenNoDriverIsInstalled) {
   EXPECT_NE(s.reason.find("mesa-vulkan-drivers"), std::string::npos) << s.reason;
 }
 
+TEST(VulkanPlugin, CreateWithoutADriverIsAClearUnsupportedError) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  ScopedEnv env("VK_DRIVER_FILES", "/nonexistent/colibri-no-such-icd.json");
+  auto c = lib->create_as<Compute>({});
+  ASSERT_FALSE(c) << "a Compute without any Vulkan driver";
+  EXPECT_EQ(c.error().code(), StatusCode::unsupported) << c.error().to_string();
+  EXPECT_NE(c.error().message().find("driver"), std::string::npos) << c.error().message();
+}
+
 TEST(VulkanPlugin, ScoreOfASoftwareDeviceLosesToTheCpuBackend) {
   auto lib = plugin();
   ASSERT_NE(lib, nullptr);
@@ -249,19 +259,19 @@ TEST(VulkanPlugin, RopeStaysAccurateAtLargePositions) {
 
 TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
   VULKAN_COMPUTE(c, {}, nullptr);
-  for (DType t : {DType::f32, DType::f16, DType::q8_0, DType::q4_k, DType::q6_k}) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
     EXPECT_TRUE(c.supports(Op::matmul, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::expert_ffn, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::embedding, t)) << to_string(t);
   }
-  for (DType t : {DType::q4_0, DType::q2_k, DType::q3_k, DType::q5_k, DType::bf16}) {
+  for (DType t : {DType::q4_1, DType::q2_k, DType::q3_k, DType::q5_k, DType::q8_k}) {
     EXPECT_FALSE(c.supports(Op::matmul, t)) << to_string(t);
   }
   EXPECT_TRUE(c.supports(Op::attention, DType::q8_0));
   EXPECT_FALSE(c.supports(Op::attention, DType::q4_k));
-  std::vector<std::byte> w(row_bytes(DType::q4_0, 64) * 2);
-  std::vector<float> x(64), y(2);
-  Tensor in[] = {Tensor{DType::q4_0, {64, 2, 1, 1}, w.data()}, Tensor{DType::f32, {64, 1, 1, 1}, x.data()}};
+  std::vector<std::byte> w(row_bytes(DType::q5_k, 256) * 2);
+  std::vector<float> x(256), y(2);
+  Tensor in[] = {Tensor{DType::q5_k, {256, 2, 1, 1}, w.data()}, Tensor{DType::f32, {256, 1, 1, 1}, x.data()}};
   Tensor out{DType::f32, {2, 1, 1, 1}, y.data()};
   const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();

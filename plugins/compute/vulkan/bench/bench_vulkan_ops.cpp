@@ -1,0 +1,143 @@
+// Op throughput of the Vulkan plugin on whatever device is present (lavapipe in CI):
+//   colibri_bench_vulkan_ops [--benchmark_filter=Matmul]
+// Tensors live in device buffers, as the engine's would; each iteration is one synchronous run().
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+
+std::shared_ptr<Compute>& compute() {
+  static std::shared_ptr<Compute> c = [] {
+    std::shared_ptr<Compute> made;
+    auto lib = testing::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
+    if (lib) {
+      auto obj = (*lib)->create_as<Compute>({});
+      if (obj) made = *obj;
+    }
+    return made;
+  }();
+  return c;
+}
+
+struct DeviceTensor {
+  std::unique_ptr<Buffer> buffer;
+  Tensor tensor;
+};
+
+DeviceTensor upload(Compute& c, DType type, std::array<std::int64_t, 4> ne, const void* data) {
+  const std::size_t bytes = row_bytes(type, ne[0]) * static_cast<std::size_t>(ne[1] * ne[2] * ne[3]);
+  DeviceTensor t;
+  auto made = c.allocate(bytes);
+  if (!made) return t;
+  t.buffer = std::move(*made);
+  if (data != nullptr) (void)(*c.copy_to_device_async(data, *t.buffer, 0, bytes))->wait();
+  t.tensor = Tensor{type, ne, nullptr, t.buffer.get(), 0};
+  return t;
+}
+
+std::vector<float> random_floats(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Args: weight type id, K (= N), T.
+void BM_Matmul(benchmark::State& state) {
+  auto c = compute();
+  if (!c) {
+    state.SkipWithError("no Vulkan device");
+    return;
+  }
+  const auto type = static_cast<DType>(state.range(0));
+  const std::int64_t k = state.range(1), n = state.range(1), t = state.range(2);
+  const auto wf = random_floats(static_cast<std::size_t>(k * n), 1);
+  std::vector<std::byte> w(row_bytes(type, k) * static_cast<std::size_t>(n));
+  (void)colibri::quant::quantize_row(type, wf.data(), w.data(), k * n);
+  const auto xf = random_floats(static_cast<std::size_t>(k * t), 2);
+  auto wt = upload(*c, type, {k, n, 1, 1}, w.data());
+  auto xt = upload(*c, DType::f32, {k, t, 1, 1}, xf.data());
+  auto yt = upload(*c, DType::f32, {n, t, 1, 1}, nullptr);
+  Tensor in[] = {wt.tensor, xt.tensor};
+  for (auto _ : state) {
+    if (!c->run(OpCall{Op::matmul, in, std::span<Tensor>(&yt.tensor, 1), {}})) state.SkipWithError("run failed");
+  }
+  state.SetLabel(std::string(to_string(type)) + " T=" + std::to_string(t));
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(w.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * k * n * t * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Matmul)
+    ->ArgsProduct({{static_cast<int>(DType::f16), static_cast<int>(DType::q8_0), static_cast<int>(DType::q4_k),
+                    static_cast<int>(DType::q6_k)},
+                   {2048},
+                   {1, 16}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Args: KV type id, cached keys S; 32 heads of 128 over 8 KV heads, one query.
+void BM_Attention(benchmark::State& state) {
+  auto c = compute();
+  if (!c) {
+    state.SkipWithError("no Vulkan device");
+    return;
+  }
+  const auto type = static_cast<DType>(state.range(0));
+  const std::int64_t hd = 128, heads = 32, kvh = 8, s = state.range(1);
+  const auto kvf = random_floats(static_cast<std::size_t>(hd * kvh * s), 3);
+  std::vector<std::byte> kv(row_bytes(type, hd) * static_cast<std::size_t>(kvh * s));
+  (void)colibri::quant::quantize_row(type, kvf.data(), kv.data(), hd * kvh * s);
+  const auto qf = random_floats(static_cast<std::size_t>(hd * heads), 4);
+  auto qt = upload(*c, DType::f32, {hd, heads, 1, 1}, qf.data());
+  auto kt = upload(*c, type, {hd, kvh, s, 1}, kv.data());
+  auto vt = upload(*c, type, {hd, kvh, s, 1}, kv.data());
+  auto ot = upload(*c, DType::f32, {hd, heads, 1, 1}, nullptr);
+  Tensor in[] = {qt.tensor, kt.tensor, vt.tensor};
+  OpParams p;
+  p.position = static_cast<std::int32_t>(s - 1);
+  p.scale = 0.088f;
+  for (auto _ : state) {
+    if (!c->run(OpCall{Op::attention, in, std::span<Tensor>(&ot.tensor, 1), p})) state.SkipWithError("run failed");
+  }
+  state.SetLabel(std::string(to_string(type)) + " S=" + std::to_string(s));
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(kv.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Attention)
+    ->ArgsProduct({{static_cast<int>(DType::f16), static_cast<int>(DType::q8_0)}, {1024}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_RmsNorm(benchmark::State& state) {
+  auto c = compute();
+  if (!c) {
+    state.SkipWithError("no Vulkan device");
+    return;
+  }
+  const std::int64_t d = 4096, rows = state.range(0);
+  const auto xf = random_floats(static_cast<std::size_t>(d * rows), 5);
+  const auto wf = random_floats(static_cast<std::size_t>(d), 6);
+  auto xt = upload(*c, DType::f32, {d, rows, 1, 1}, xf.data());
+  auto wt = upload(*c, DType::f32, {d, 1, 1, 1}, wf.data());
+  auto yt = upload(*c, DType::f32, {d, rows, 1, 1}, nullptr);
+  Tensor in[] = {xt.tensor, wt.tensor};
+  OpParams p;
+  p.eps = 1e-5f;
+  for (auto _ : state) {
+    if (!c->run(OpCall{Op::rms_norm, in, std::span<Tensor>(&yt.tensor, 1), p})) state.SkipWithError("run failed");
+  }
+}
+BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
