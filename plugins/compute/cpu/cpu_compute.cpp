@@ -296,6 +296,7 @@ class CpuCompute final : public ComputeBase {
                    const float* bias, float* y, bool exact) {
     const ActFormat fmt = act_format(wtype, exact);
     const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
+    const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
     const bool dequant = exact && dtype_traits(wtype)->quantized;
     const std::size_t abytes = act_row_bytes(fmt, k);
     const std::size_t wbytes = row_bytes(wtype, k);
@@ -326,6 +327,15 @@ class CpuCompute final : public ComputeBase {
         const std::int64_t t1 = std::min(t, t0 + kTokensPerTile);
         for (std::int64_t r = r0; r < r1; ++r) {
           const std::byte* wr = w + static_cast<std::size_t>(r) * wbytes;
+          if (tile != nullptr && t1 - t0 > 1) {
+            for (std::int64_t i = t0; i < t1; i += kTokenTile) {
+              const int m = static_cast<int>(std::min<std::int64_t>(kTokenTile, t1 - i));
+              float v[kTokenTile];
+              tile(wr, act + static_cast<std::size_t>(i) * abytes, abytes, m, k, v);
+              for (int j = 0; j < m; ++j) y[(i + j) * n + r] = bias != nullptr ? v[j] + bias[r] : v[j];
+            }
+            continue;
+          }
           for (std::int64_t i = t0; i < t1; ++i) {
             const float v = dot(wr, act + static_cast<std::size_t>(i) * abytes, k);
             y[i * n + r] = bias != nullptr ? v + bias[r] : v;

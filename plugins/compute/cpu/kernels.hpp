@@ -49,6 +49,12 @@ inline constexpr int kF32Lanes = 32;
 // Lanes of the q8_0 / q4_0 block accumulation: block b goes to lane b % kBlockLanes.
 inline constexpr int kBlockLanes = 4;
 
+// Several tokens against one weight row, the row decoded once: out[i] gets exactly the bits of
+// DotFn for token i (activations of token i at act + i * act_stride), ntok <= kTokenTile.
+inline constexpr int kTokenTile = 4;
+using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t act_stride, int ntok, std::int64_t k,
+                           float* out) noexcept;
+
 struct KernelSet {
   const char* name;
   DotFn f32;  // f32 weights (and every type in exact mode, after dequantizing the row)
@@ -61,7 +67,14 @@ struct KernelSet {
   DotFn q4_k;
   DotFn q5_k;
   DotFn q6_k;
-  // y[i] = silu(g[i]) * u[i] etc. stay scalar: they are a rounding error of the time.
+  // Multi-token versions of the quantized kernels; nullptr: call the DotFn per token.
+  DotTileFn tile_q8_0 = nullptr;
+  DotTileFn tile_q4_0 = nullptr;
+  DotTileFn tile_q2_k = nullptr;
+  DotTileFn tile_q3_k = nullptr;
+  DotTileFn tile_q4_k = nullptr;
+  DotTileFn tile_q5_k = nullptr;
+  DotTileFn tile_q6_k = nullptr;
 };
 
 const KernelSet& scalar_kernels() noexcept;
@@ -71,6 +84,9 @@ const KernelSet& avx512_kernels() noexcept;  // needs avx512f/bw/vl/vnni besides
 // The dot function for weights of `type` with activations in act_format(type, exact); nullptr
 // for a type the kernels do not handle.
 DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexcept;
+
+// The multi-token function for quantized weights with quantized activations; nullptr otherwise.
+DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept;
 
 // Shared scalar pieces (used by every path so the float steps match exactly).
 float reduce_f32_lanes(const float* lanes) noexcept;    // kF32Lanes values, fixed tree

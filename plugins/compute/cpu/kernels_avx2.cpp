@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
@@ -11,14 +12,32 @@ namespace colibri::cpu {
 namespace {
 
 #define KTARGET [[maybe_unused]] __attribute__((target("avx2,fma,f16c")))
+#define X86_DOT_U8S8 x86_dot_u8s8
 #include "kernels_x86.inc"
+#undef X86_DOT_U8S8
 #undef KTARGET
 
 }  // namespace
 
 const KernelSet& avx2_kernels() noexcept {
-  static constexpr KernelSet set{"avx2",       x86_dot_f32,  x86_dot_f16,  x86_dot_bf16, x86_dot_q8_0, x86_dot_q4_0,
-                                 x86_dot_q2_k, x86_dot_q3_k, x86_dot_q4_k, x86_dot_q5_k, x86_dot_q6_k};
+  static constexpr KernelSet set{"avx2",
+                                 x86_dot_f32,
+                                 x86_dot_f16,
+                                 x86_dot_bf16,
+                                 x86_dot_q8_0,
+                                 x86_dot_q4_0,
+                                 x86_dot_q2_k,
+                                 x86_dot_q3_k,
+                                 x86_dot_q4_k,
+                                 x86_dot_q5_k,
+                                 x86_dot_q6_k,
+                                 x86_tile_q32<false>,
+                                 x86_tile_q32<true>,
+                                 x86_tile_k<X86Q2K>,
+                                 x86_tile_k<X86Q3K>,
+                                 x86_tile_k<X86Q4K>,
+                                 x86_tile_k<X86Q5K>,
+                                 x86_tile_k<X86Q6K>};
   return set;
 }
 

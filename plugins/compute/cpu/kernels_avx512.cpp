@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
@@ -14,7 +15,14 @@ namespace colibri::cpu {
 namespace {
 
 #define KTARGET [[maybe_unused]] __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+// u8 x s8 with VNNI: one instruction, no int16 saturation.
+KTARGET inline __m256i z_dot_u8s8(__m256i u, __m256i s) noexcept {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+
+#define X86_DOT_U8S8 z_dot_u8s8
 #include "kernels_x86.inc"
+#undef X86_DOT_U8S8
 
 // 32 lanes = two 512-bit registers (lanes 0-15 and 16-31).
 KTARGET float z_dot_f32(const void* w_row, const void* act, std::int64_t k) noexcept {
@@ -70,11 +78,6 @@ KTARGET float z_dot_bf16(const void* w_row, const void* act, std::int64_t k) noe
   _mm512_store_ps(lanes + 16, a1);
   for (std::int64_t i = n32; i < k; ++i) lanes[i % kF32Lanes] += quant::bf16_to_fp32(w[i]) * x[i];
   return reduce_f32_lanes(lanes);
-}
-
-// u8 x s8 with VNNI: one instruction, no int16 saturation.
-KTARGET inline __m256i z_dot_u8s8(__m256i u, __m256i s) noexcept {
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
 KTARGET float z_dot_q8_0(const void* w_row, const void* act, std::int64_t k) noexcept {
@@ -133,8 +136,11 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
 }  // namespace
 
 const KernelSet& avx512_kernels() noexcept {
-  static constexpr KernelSet set{"avx512",     z_dot_f32,    z_dot_f16,    z_dot_bf16,   z_dot_q8_0,  z_dot_q4_0,
-                                 x86_dot_q2_k, x86_dot_q3_k, x86_dot_q4_k, x86_dot_q5_k, x86_dot_q6_k};
+  static constexpr KernelSet set{"avx512",           z_dot_f32,          z_dot_f16,          z_dot_bf16,
+                                 z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
+                                 x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
+                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>};
   return set;
 }
 

@@ -133,6 +133,20 @@ DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexc
   }
 }
 
+DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept {
+  if (exact_activations) return nullptr;
+  switch (type) {
+    case DType::q8_0: return set.tile_q8_0;
+    case DType::q4_0: return set.tile_q4_0;
+    case DType::q2_k: return set.tile_q2_k;
+    case DType::q3_k: return set.tile_q3_k;
+    case DType::q4_k: return set.tile_q4_k;
+    case DType::q5_k: return set.tile_q5_k;
+    case DType::q6_k: return set.tile_q6_k;
+    default: return nullptr;
+  }
+}
+
 namespace {
 
 float dot_f32(const void* w_row, const void* act, std::int64_t k) noexcept {
