@@ -211,7 +211,12 @@ class CpuCompute final : public ComputeBase {
       return Status(StatusCode::invalid_argument,
                     "compute.isa must be auto, scalar, avx2 or avx512, got '" + *isa + "'");
     }
-    o.isa = o.kernels->name;
+    const KernelSet& ks = *o.kernels;
+    const bool complete = ks.f32 && ks.f16 && ks.bf16 && ks.q8_0 && ks.q4_0 && ks.q2_k && ks.q3_k && ks.q4_k &&
+                          ks.q5_k && ks.q6_k && ks.scale_axpy;
+    if (!complete)
+      return Status(StatusCode::internal, std::string("compute/cpu: kernel set ") + ks.name + " is incomplete");
+    o.isa = ks.name;
     const unsigned cores = ctx.host_info != nullptr ? ctx.host_info->physical_cores : 1;
     o.threads = *threads > 0 ? static_cast<int>(*threads) : static_cast<int>(std::max(1u, cores));
     return std::make_unique<CpuCompute>(*ctx.host, o);
@@ -680,7 +685,7 @@ class CpuCompute final : public ComputeBase {
         const float mn = std::max(m, bm);
         const float corr = std::exp(m - mn);  // 0 on the first block (m = -inf)
         l *= corr;
-        for (std::int64_t d = 0; d < hd; ++d) acc[d] *= corr;
+        float c = corr;  // folded into the first value row of the block: acc = acc * corr + p * v
         for (std::int64_t j = j0; j < j1; ++j) {
           const float pj = std::exp(scores[j - j0] - mn);
           l += pj;
@@ -692,7 +697,8 @@ class CpuCompute final : public ComputeBase {
             (void)quant::dequantize_row(V.type, vr, vrow_f, hd);
             vf = vrow_f;
           }
-          for (std::int64_t d = 0; d < hd; ++d) acc[d] += pj * vf[d];
+          ks.scale_axpy(acc, c, pj, vf, hd);
+          c = 1.0f;
         }
         m = mn;
       }

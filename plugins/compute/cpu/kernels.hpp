@@ -75,7 +75,11 @@ struct KernelSet {
   DotTileFn tile_q4_k = nullptr;
   DotTileFn tile_q5_k = nullptr;
   DotTileFn tile_q6_k = nullptr;
+  // y[i] = y[i] * c + a * x[i] (elementwise, so every vector width gives the same bits).
+  void (*scale_axpy)(float* y, float c, float a, const float* x, std::int64_t n) noexcept = nullptr;
 };
+
+void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;
 
 const KernelSet& scalar_kernels() noexcept;
 const KernelSet& avx2_kernels() noexcept;    // needs avx2, fma, f16c

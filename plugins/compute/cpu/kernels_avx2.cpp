@@ -37,7 +37,8 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_tile_k<X86Q3K>,
                                  x86_tile_k<X86Q4K>,
                                  x86_tile_k<X86Q5K>,
-                                 x86_tile_k<X86Q6K>};
+                                 x86_tile_k<X86Q6K>,
+                                 x86_scale_axpy};
   return set;
 }
 

@@ -140,7 +140,7 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>};
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy};
   return set;
 }
 

@@ -133,6 +133,10 @@ DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexc
   }
 }
 
+void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = y[i] * c + a * x[i];
+}
+
 DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept {
   if (exact_activations) return nullptr;
   switch (type) {
@@ -354,8 +358,9 @@ float dot_q6_k(const void* w_row, const void* act, std::int64_t k) noexcept {
 }  // namespace
 
 const KernelSet& scalar_kernels() noexcept {
-  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0, dot_q4_0,
-                                 dot_q2_k, dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k};
+  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0,         dot_q4_0, dot_q2_k,
+                                 dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, nullptr,          nullptr,  nullptr,
+                                 nullptr,  nullptr,  nullptr,  nullptr,  scale_axpy_scalar};
   return set;
 }
 
