@@ -90,6 +90,7 @@ int serve(Flags& f) {
   so.io_threads = f.io_threads;
   so.scheduler.max_queue = f.max_queue;
   so.scheduler.max_batch = f.max_batch;
+  so.scheduler.prefill_chunk = f.ubatch;
   so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_string("cache.auto_pin_history");
 
   auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));

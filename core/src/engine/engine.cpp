@@ -556,4 +556,187 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
   return {};
 }
 
+// --- Several sequences in one step ---------------------------------------------------------------------------
+// The same program as forward_chunk over the concatenation of every item's tokens: per-token ops (norms, matmuls,
+// rope, the MoE with each routed expert run once for all its tokens) see all tokens at once, attention and the KV
+// writes go per sequence. Per-token results are those of a single-sequence forward (batch-composition invariance
+// of the compute contract; experts combined in ascending id per token).
+
+sdk::Expected<std::unique_ptr<Engine::Sequence>> Engine::new_sequence() const {
+  auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, kv_.context());
+  if (!kv) return kv.error();
+  auto seq = std::make_unique<Sequence>();
+  seq->kv = std::move(*kv);
+  return seq;
+}
+
+Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<RoutingRecord>* trace) {
+  if (items.empty()) return Status(StatusCode::invalid_argument, "no sequences to run");
+  std::int64_t T = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    if (it.sequence == nullptr || it.tokens.empty()) {
+      return Status(StatusCode::invalid_argument, "batch item " + std::to_string(i) + " has no sequence or no tokens");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (items[j].sequence == it.sequence) {
+        return Status(StatusCode::invalid_argument, "a sequence appears twice in one batch");
+      }
+    }
+    for (std::size_t t = 0; t < it.tokens.size(); ++t) {
+      if (it.tokens[t] < 0 || it.tokens[t] >= hp_.vocab_size) {
+        return Status(StatusCode::invalid_argument, "token " + std::to_string(it.tokens[t]) + " (at index " +
+                                                        std::to_string(t) + ") is outside the vocabulary 0.." +
+                                                        std::to_string(hp_.vocab_size - 1));
+      }
+    }
+    const auto n = static_cast<std::int64_t>(it.tokens.size());
+    if (it.sequence->n_past + n > it.sequence->kv.context()) {
+      return Status(StatusCode::invalid_argument,
+                    "the context is full: " + std::to_string(it.sequence->n_past) + " positions used + " +
+                        std::to_string(n) + " new tokens exceed the context of " +
+                        std::to_string(it.sequence->kv.context()) + " positions");
+    }
+    T += n;
+  }
+  auto& S = *scratch_;
+  const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
+  const std::int64_t qd = nh * hd, kvd = nkv * hd;
+  auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+  S.x.resize(sz(D, T));
+  S.h.resize(sz(D, T));
+  S.tmp.resize(sz(D, T));
+  S.moe.resize(sz(D, T));
+  S.q.resize(sz(qd, T));
+  S.q2.resize(sz(qd, T));
+  S.attn.resize(sz(qd, T));
+  S.k.resize(sz(kvd, T));
+  S.k2.resize(sz(kvd, T));
+  S.v.resize(sz(kvd, T));
+  S.ids.clear();
+  S.positions.clear();
+  std::vector<std::int64_t> first(items.size());  // each item's first row in the concatenation
+  std::vector<std::vector<float>> inv_freq(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    first[i] = static_cast<std::int64_t>(S.ids.size());
+    const auto pos = items[i].sequence->n_past;
+    const auto n = static_cast<std::int64_t>(items[i].tokens.size());
+    S.ids.insert(S.ids.end(), items[i].tokens.begin(), items[i].tokens.end());
+    for (std::int64_t t = 0; t < n; ++t) S.positions.push_back(static_cast<std::int32_t>(pos + t));
+    inv_freq[i] = rope_->inv_freq(pos + n);  // "dynamic" rope depends on each sequence's own length
+  }
+  const float eps = static_cast<float>(hp_.rms_norm_eps);
+  sdk::OpParams norm_p;
+  norm_p.eps = eps;
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  sdk::OpParams rope_p;
+  rope_p.rope_dims = rope_->rope_dims();
+  rope_p.scale = rope_->attention_scaling();
+  Status s;
+#define COLIBRI_TRY(expr) \
+  if (s = (expr); !s) return s
+
+  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {f32(S.x.data(), D, T)}));
+  for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
+    const Layer& L = layers_[static_cast<std::size_t>(l)];
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.attn_norm}, {f32(S.h.data(), D, T)}, norm_p));
+    const Tensor h = f32(S.h.data(), D, T);
+    if (present(L.bq)) {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {f32(S.q.data(), qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {f32(S.k.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {f32(S.v.data(), kvd, T)}, mm_p));
+    } else {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {f32(S.q.data(), qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {f32(S.k.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {f32(S.v.data(), kvd, T)}, mm_p));
+    }
+    if (hp_.qk_norm == "per_head") {
+      COLIBRI_TRY(
+          run_op(Op::rms_norm, {f32(S.q.data(), hd, nh * T), L.q_norm}, {f32(S.q2.data(), hd, nh * T)}, norm_p));
+      COLIBRI_TRY(
+          run_op(Op::rms_norm, {f32(S.k.data(), hd, nkv * T), L.k_norm}, {f32(S.k2.data(), hd, nkv * T)}, norm_p));
+      std::swap(S.q, S.q2);
+      std::swap(S.k, S.k2);
+    } else if (hp_.qk_norm == "full") {
+      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.q.data(), qd, T), L.q_norm}, {f32(S.q2.data(), qd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.k.data(), kvd, T), L.k_norm}, {f32(S.k2.data(), kvd, T)}, norm_p));
+      std::swap(S.q, S.q2);
+      std::swap(S.k, S.k2);
+    }
+    if (hp_.clip_qkv > 0) {
+      const auto c = static_cast<float>(hp_.clip_qkv);
+      for (auto* buf : {&S.q, &S.k, &S.v}) {
+        for (auto& x : *buf) x = std::clamp(x, -c, c);
+      }
+    }
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const std::int64_t off = first[i], n = static_cast<std::int64_t>(items[i].tokens.size());
+      const std::int64_t pos = items[i].sequence->n_past;
+      KvCache& kv = items[i].sequence->kv;
+      const Tensor freq = f32(inv_freq[i].data(), static_cast<std::int64_t>(inv_freq[i].size()));
+      const Tensor positions = i32(S.positions.data() + off, n);
+      float* q = S.q.data() + sz(qd, off);
+      float* q2 = S.q2.data() + sz(qd, off);
+      float* k = S.k.data() + sz(kvd, off);
+      float* k2 = S.k2.data() + sz(kvd, off);
+      COLIBRI_TRY(run_op(Op::rope, {f32(q, hd, nh, n), positions, freq}, {f32(q2, hd, nh, n)}, rope_p));
+      COLIBRI_TRY(run_op(Op::rope, {f32(k, hd, nkv, n), positions, freq}, {f32(k2, hd, nkv, n)}, rope_p));
+      COLIBRI_TRY(kv.write(l, pos, n, k2, S.v.data() + sz(kvd, off)));
+      sdk::OpParams attn_p;
+      attn_p.position = static_cast<std::int32_t>(pos);
+      attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
+      attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+      COLIBRI_TRY(run_op(Op::attention, {f32(q2, hd, nh, n), kv.keys(l, pos + n), kv.values(l, pos + n)},
+                         {f32(S.attn.data() + sz(qd, off), hd, nh, n)}, attn_p));
+    }
+    if (present(L.bo)) {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T), L.bo}, {f32(S.tmp.data(), D, T)}, mm_p));
+    } else {
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T)}, {f32(S.tmp.data(), D, T)}, mm_p));
+    }
+    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.tmp.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    std::swap(S.x, S.h);
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.ffn_norm}, {f32(S.h.data(), D, T)}, norm_p));
+    // Routing records carry positions relative to the batch; fix them up per sequence below.
+    const std::size_t trace_from = trace != nullptr ? trace->size() : 0;
+    COLIBRI_TRY(moe(L, l, T, 0, S.h.data(), S.moe.data(), trace));
+    if (trace != nullptr) {
+      for (std::size_t r = trace_from; r < trace->size(); ++r) {
+        auto& rec = (*trace)[r];
+        rec.position = S.positions[static_cast<std::size_t>(rec.position)];
+      }
+    }
+    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.moe.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    std::swap(S.x, S.h);
+  }
+  // Logits of each item's last token that wants them, as rows of one output matmul.
+  std::vector<std::size_t> want;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].logits != nullptr) want.push_back(i);
+  }
+  if (!want.empty()) {
+    const auto rows = static_cast<std::int64_t>(want.size());
+    const auto V = static_cast<std::size_t>(hp_.vocab_size);
+    S.last.resize(sz(D, rows));
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      const std::size_t i = want[r];
+      const std::int64_t row = first[i] + static_cast<std::int64_t>(items[i].tokens.size()) - 1;
+      std::memcpy(S.last.data() + sz(D, static_cast<std::int64_t>(r)), S.x.data() + sz(D, row),
+                  sizeof(float) * static_cast<std::size_t>(D));
+    }
+    std::vector<float> all(V * want.size());
+    COLIBRI_TRY(
+        run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
+    COLIBRI_TRY(run_op(Op::matmul, {output_, f32(S.h.data(), D, rows)}, {f32(all.data(), hp_.vocab_size, rows)}, mm_p));
+    for (std::size_t r = 0; r < want.size(); ++r) {
+      items[want[r]].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),
+                                    all.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+    }
+  }
+#undef COLIBRI_TRY
+  for (const auto& it : items) it.sequence->n_past += static_cast<std::int64_t>(it.tokens.size());
+  return {};
+}
+
 }  // namespace colibri::engine

@@ -6,6 +6,10 @@
 // sequence cancelled at the next token boundary.
 #define BOOST_BEAST_USE_STD_STRING_VIEW 1  // beast::string_view is std::string_view (only this TU uses Beast)
 
+// clang-format off
+#include <utility>  // first: Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>
+// clang-format on
+
 #include <sys/socket.h>
 
 #include <atomic>
@@ -20,7 +24,6 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
-#include <utility>  // Boost 1.74's asio/awaitable.hpp uses std::exchange without including it
 
 #include "colibri/server/server.hpp"
 #include "spdlog/spdlog.h"

@@ -87,6 +87,9 @@ std::string render_metrics(const SchedulerStats& s,
         static_cast<double>(s.steps));
   w.one("colibri_engine_step_tokens_total", "counter",
         "Tokens run through the model over all steps (prompt and generated).", static_cast<double>(s.batched_tokens));
+  w.one("colibri_engine_step_sequences_total", "counter",
+        "Sequences run over all steps (divided by steps: the mean batch size).",
+        static_cast<double>(s.batched_sequences));
   w.one("colibri_queue_depth", "gauge", "Requests waiting to join the batch.", static_cast<double>(s.queue_depth));
   w.one("colibri_active_sequences", "gauge", "Sequences in the running batch.", static_cast<double>(s.active));
 

@@ -28,7 +28,9 @@ struct Scheduler::Sequence {
   std::int64_t generated = 0;
   bool prefilled = false;
   bool done = false;
-  std::int32_t pending = -1;  // sampled token still to run through the model
+  std::int32_t pending = -1;                        // sampled token still to run through the model
+  std::unique_ptr<engine::Engine::Sequence> state;  // its KV cache and position
+  std::size_t prompt_done = 0;                      // prompt tokens already run (prefill goes in chunks)
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -38,6 +40,7 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   eos_ = engine_.hparams().eos_token_ids;
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
   options_.max_batch = std::max(1, options_.max_batch);
+  options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -105,8 +108,8 @@ void Scheduler::loop() {
         for (auto& seq : active) seq->job->cancel();
         for (auto& job : queue_) job->cancel();
       }
-      // Join at a token boundary. One engine sequence for now: a batch of one.
-      while (!queue_.empty() && static_cast<int>(active.size()) < std::min(options_.max_batch, 1)) {
+      // Join at a token boundary.
+      while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
         active.push_back(std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_));
         queue_.pop_front();
         ++stats_.started;
@@ -117,6 +120,9 @@ void Scheduler::loop() {
     }
     for (auto& task : tasks) task(engine_);
     if (!active.empty()) step(active);
+    for (auto& seq : active) {
+      if (seq->done) release_state(*seq);
+    }
     std::erase_if(active, [](const auto& s) { return s->done; });
     {
       std::lock_guard lock(mu_);
@@ -232,35 +238,68 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     }
   }
 
-  // 2. One forward pass: new sequences run their prompt, the others their sampled token.
+  // 2. One forward pass over the whole batch: joining sequences run (a chunk of) their prompt, the others their
+  // sampled token; each routed expert is read once for all of them.
   std::uint64_t tokens_run = 0, prompt_run = 0;
   const auto t0 = clock_type::now();
   std::vector<engine::RoutingRecord> trace;
+  std::vector<engine::Engine::BatchItem> items;
+  std::vector<Sequence*> members;
   for (auto& sp : active) {
     Sequence& seq = *sp;
     if (seq.done) continue;
-    sdk::Status s;
-    if (!seq.prefilled) {
-      engine_.reset();
-      s = engine_.forward(seq.job->request.prompt, engine::LogitsWanted::last, seq.logits, &trace);
-      tokens_run += seq.job->request.prompt.size();
-      if (s) {
-        seq.prefilled = true;
-        prompt_run += seq.job->request.prompt.size();
+    if (!seq.state) {
+      if (!free_states_.empty()) {
+        seq.state = std::move(free_states_.back());
+        free_states_.pop_back();
+      } else {
+        auto st = engine_.new_sequence();
+        if (!st) {
+          fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
+          continue;
+        }
+        seq.state = std::move(*st);
       }
-    } else {
-      const std::int32_t one[1] = {seq.pending};
-      s = engine_.forward(one, engine::LogitsWanted::last, seq.logits, &trace);
-      ++tokens_run;
+      seq.state->n_past = 0;
     }
-    if (!s) {
+    engine::Engine::BatchItem item;
+    item.sequence = seq.state.get();
+    if (!seq.prefilled) {
+      const auto& prompt = seq.job->request.prompt;
+      const std::size_t n =
+          std::min<std::size_t>(prompt.size() - seq.prompt_done, static_cast<std::size_t>(options_.prefill_chunk));
+      item.tokens = std::span<const std::int32_t>(prompt.data() + seq.prompt_done, n);
+      if (seq.prompt_done + n == prompt.size()) item.logits = &seq.logits;
+      prompt_run += n;
+    } else {
+      item.tokens = std::span<const std::int32_t>(&seq.pending, 1);
+      item.logits = &seq.logits;
+    }
+    tokens_run += item.tokens.size();
+    items.push_back(item);
+    members.push_back(&seq);
+  }
+  if (!items.empty()) {
+    if (auto s = engine_.forward_batch(items, &trace); !s) {
       spdlog::error("generation failed: {}", s.message());
-      fail(seq, internal_error("The model failed to run: " + s.message()));
+      for (auto* seq : members) fail(*seq, internal_error("The model failed to run: " + s.message()));
+      prompt_run = 0;
+    } else {
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        Sequence& seq = *members[i];
+        if (seq.prefilled) continue;
+        seq.prompt_done += items[i].tokens.size();
+        if (seq.prompt_done == seq.job->request.prompt.size()) seq.prefilled = true;
+      }
     }
   }
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   count_routing(trace);
-  refresh_stats(seconds, generated_now, tokens_run, prompt_run);
+  refresh_stats(seconds, generated_now, tokens_run, prompt_run, items.size());
+}
+
+void Scheduler::release_state(Sequence& seq) {
+  if (seq.state) free_states_.push_back(std::move(seq.state));
 }
 
 void Scheduler::count_routing(const std::vector<engine::RoutingRecord>& trace) {
@@ -272,12 +311,13 @@ void Scheduler::count_routing(const std::vector<engine::RoutingRecord>& trace) {
 }
 
 void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
-                              std::uint64_t prompt_tokens) {
+                              std::uint64_t prompt_tokens, std::uint64_t sequences_run) {
   const auto now = clock_type::now();
   std::lock_guard lock(mu_);
   stats_.busy_seconds += forward_seconds;
   stats_.generated_tokens += tokens_generated;
   stats_.prompt_tokens += prompt_tokens;
+  stats_.batched_sequences += sequences_run;
   stats_.batched_tokens += tokens_run;
   if (tokens_run > 0) ++stats_.steps;
   stats_.experts = engine_.experts().stats();

@@ -379,22 +379,38 @@ class Concurrency(unittest.TestCase):
                 status, events, done = s.stream("/v1/completions", req(p))
                 self.assertTrue(status == 200 and done)
                 sequential.append(stream_text(events, "text"))
-            results = [None] * len(PROMPTS)
-            barrier = threading.Barrier(len(PROMPTS))
+            # Sampled too (a seed per prompt): any difference in the logits would show up as different draws.
+            sampled = [dict(req(p), temperature=1.0, seed=i, max_tokens=24) for i, p in enumerate(PROMPTS)]
+            sequential_sampled = [s.json("POST", "/v1/completions", r)[1]["choices"][0]["text"] for r in sampled]
 
-            def client(i):
-                barrier.wait()
-                results[i] = s.stream("/v1/completions", req(PROMPTS[i]))
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            def run_concurrently(fn):
+                results = [None] * len(PROMPTS)
+                barrier = threading.Barrier(len(PROMPTS))
+
+                def client(i):
+                    barrier.wait()
+                    results[i] = fn(i)
+                threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                return results
+
+            steps0 = s.metric("colibri_engine_steps_total")
+            seqs0 = s.metric("colibri_engine_step_sequences_total")
+            results = run_concurrently(lambda i: s.stream("/v1/completions", req(PROMPTS[i])))
+            mean_batch = (s.metric("colibri_engine_step_sequences_total") - seqs0) / (
+                s.metric("colibri_engine_steps_total") - steps0)
+            print(f"  16 concurrent streams: mean batch {mean_batch:.2f} sequences per step", flush=True)
+            self.assertGreater(mean_batch, 2.0, "concurrent requests were not batched")
             for i, (status, events, done) in enumerate(results):
                 self.assertEqual(status, 200, events)
                 self.assertTrue(done)
                 self.assertEqual(stream_text(events, "text"), sequential[i], f"prompt {i} differs when concurrent")
             self.assertEqual(len(set(sequential)), len(sequential), "prompts should give different texts")
+            got = run_concurrently(lambda i: s.json("POST", "/v1/completions", sampled[i])[1]["choices"][0]["text"])
+            self.assertEqual(got, sequential_sampled)
         finally:
             self.assertEqual(s.stop(), 0)
 

@@ -70,6 +70,24 @@ class Engine {
   sdk::Status forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
                       std::vector<RoutingRecord>* trace = nullptr);
 
+  // --- Several sequences in one step (continuous batching) ---
+  // A sequence with its own KV cache (this engine's context and KV type) and position.
+  struct Sequence {
+    KvCache kv;
+    std::int64_t n_past = 0;
+  };
+  [[nodiscard]] sdk::Expected<std::unique_ptr<Sequence>> new_sequence() const;
+  struct BatchItem {
+    Sequence* sequence = nullptr;
+    std::span<const std::int32_t> tokens;  // run at sequence->n_past ..; appended to its KV cache
+    std::vector<float>* logits = nullptr;  // non-null: the last token's [vocab] logits
+  };
+  // Runs every item's tokens in one pass: per-token ops over the union of all tokens (each routed expert is read
+  // once and runs all its tokens together), attention per sequence. Each sequence gets exactly the logits a
+  // forward() of its own would give (the compute contract's batch-composition invariance). Errors leave every
+  // n_past unchanged.
+  sdk::Status forward_batch(std::span<const BatchItem> items, std::vector<RoutingRecord>* trace = nullptr);
+
   void reset() { n_past_ = 0; }
   // Forgets positions >= n (n <= n_past()).
   void truncate(std::int64_t n) { n_past_ = std::min(n_past_, std::max<std::int64_t>(0, n)); }

@@ -58,6 +58,7 @@ class Job {
 struct SchedulerOptions {
   std::size_t max_queue = 64;           // waiting requests beyond this are refused (429)
   int max_batch = 8;                    // sequences decoding together
+  std::int64_t prefill_chunk = 512;     // prompt tokens a joining sequence runs per step (bounds a step's latency)
   std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
 };
 
@@ -65,7 +66,7 @@ struct SchedulerStats {
   std::size_t queue_depth = 0;
   std::size_t active = 0;
   std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0;
-  std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0;
+  std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0, batched_sequences = 0;
   double busy_seconds = 0;              // time spent in forward passes
   double recent_tokens_per_second = 0;  // generated tokens over the last 10 s
   engine::ExpertStats experts;
@@ -100,11 +101,12 @@ class Scheduler {
  private:
   void loop();
   void step(std::vector<std::unique_ptr<Sequence>>& active);
+  void release_state(Sequence& seq);
   void finish(Sequence& seq, const std::string& reason);
   void fail(Sequence& seq, const ApiError& error);
   void count_routing(const std::vector<engine::RoutingRecord>& trace);
   void refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
-                     std::uint64_t prompt_tokens);
+                     std::uint64_t prompt_tokens, std::uint64_t sequences_run);
   void save_usage_history();
 
   engine::Engine& engine_;
@@ -120,7 +122,8 @@ class Scheduler {
   bool closed_ = false, stopping_ = false, cancel_all_ = false;
   SchedulerStats stats_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> recent_;
-  std::map<std::uint64_t, std::uint64_t> usage_;  // (layer << 32 | expert) -> router picks
+  std::map<std::uint64_t, std::uint64_t> usage_;                        // (layer << 32 | expert) -> router picks
+  std::vector<std::unique_ptr<engine::Engine::Sequence>> free_states_;  // KV caches kept for reuse
   std::thread thread_;
   std::mutex shutdown_mu_;
 };
