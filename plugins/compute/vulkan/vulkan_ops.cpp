@@ -22,7 +22,8 @@ constexpr std::uint32_t kMaxGrid = 65535;
 constexpr std::uint32_t kGridX = 32768;  // matches common.glsl
 constexpr std::uint32_t kMatmulTile = 8;
 constexpr std::int64_t kMaxHeadDim = 256;
-constexpr std::uint64_t kMaxElems = 0xFFFFFFFFull;  // shaders index with 32-bit integers
+// Shaders index with 32-bit integers and grid-stride loops add up to 2^24 to an index.
+constexpr std::uint64_t kMaxElems = 0x7FFFFFFFull;
 
 const char* op_name(Op op) {
   switch (op) {
@@ -274,7 +275,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
   auto need_f32 = [&](const Tensor& t, const char* what) -> Status {
     if (t.type != DType::f32) return bad(std::string(what) + " must be f32, got " + shape_text(t));
-    if (elems(t) > kMaxElems) return bad(std::string(what) + " has more than 2^32 elements");
+    if (elems(t) > kMaxElems) return bad(std::string(what) + " has more than 2^31 elements; split the call");
     return {};
   };
   auto need_i32 = [&](const Tensor& t, const char* what) -> Status {
@@ -349,7 +350,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       }
       if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
       if (y.ne[0] != d || rows(y) != t) return bad("Y " + shape_text(y) + " must match X");
-      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems) return bad("F x T exceeds 2^32");
+      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems) return bad("F x T exceeds 2^31; split the call");
       COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
