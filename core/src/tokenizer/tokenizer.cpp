@@ -483,6 +483,14 @@ namespace {
 // More pending tokens than one character can span: a trailing U+FFFD is then real, not an unfinished character.
 constexpr std::size_t kMaxPendingTokens = 4;
 
+// Length of the common prefix of a and b, backed off to a character boundary of a.
+std::size_t common_prefix(std::string_view a, std::string_view b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  while (n > 0 && n < a.size() && (static_cast<unsigned char>(a[n]) & 0xC0) == 0x80) --n;
+  return n;
+}
+
 bool ends_with_replacement(std::string_view s) {
   return s.size() >= 3 && s.substr(s.size() - 3) == utf8::kReplacementChar;
 }
@@ -495,9 +503,12 @@ std::string StreamDecoder::push(TokenId id) {
   ids_.push_back(id);
   const std::string text = tokenizer_.decode(ids_, skip_special_);
   const std::size_t pending = ids_.size() - context_;
-  if (text.size() <= prefix_.size() || text.compare(0, prefix_.size(), prefix_) != 0) return {};
   if (ends_with_replacement(text) && pending <= kMaxPendingTokens) return {};
-  std::string out = text.substr(prefix_.size());
+  const std::size_t common = common_prefix(text, prefix_);
+  if (common == text.size()) return {};  // nothing new yet (e.g. a skipped special token)
+  // Normally common == prefix_.size(). If the decoder rewrote already released text (only after a real U+FFFD was
+  // forced out), release from the divergence point rather than lose text.
+  std::string out = text.substr(common);
   // The tokens just released become the context of the next chunk, so context-dependent decoders (a Strip of the
   // leading space, Metaspace's first token) see the same neighbours as a full decode.
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
@@ -508,8 +519,7 @@ std::string StreamDecoder::push(TokenId id) {
 
 std::string StreamDecoder::flush() {
   const std::string text = tokenizer_.decode(ids_, skip_special_);
-  std::string out;
-  if (text.size() > prefix_.size() && text.compare(0, prefix_.size(), prefix_) == 0) out = text.substr(prefix_.size());
+  std::string out = text.substr(common_prefix(text, prefix_));
   ids_.clear();
   context_ = 0;
   prefix_.clear();

@@ -244,3 +244,36 @@ TEST(Concurrency, SharedTokenizerEncodesIdentically) {
 
 }  // namespace
 }  // namespace colibri::tokenizer
+
+namespace colibri::tokenizer {
+namespace {
+
+// Genuinely invalid bytes (a model can emit them) are released as U+FFFD after a few tokens instead of stalling,
+// and nothing is lost when a character completes afterwards.
+TEST(Streaming, InvalidBytesDoNotStallOrLoseText) {
+  const Tokenizer* tok = test::shipped_tokenizer("mixtral");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("mixtral");
+  std::vector<TokenId> ids;
+  for (const char* piece : {"<0xFF>", "<0xFF>", "<0xFF>", "<0xFF>", "<0xFF>", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>"}) {
+    auto id = tok->piece_to_token(piece);
+    ASSERT_TRUE(id.has_value()) << piece;
+    ids.push_back(*id);
+  }
+  ids.push_back(*tok->piece_to_token("▁ok"));
+  StreamDecoder stream(*tok);
+  std::string joined;
+  bool released_before_end = false;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string chunk = stream.push(ids[i]);
+    EXPECT_TRUE(utf8::is_valid(chunk));
+    if (!chunk.empty() && i + 1 < ids.size()) released_before_end = true;
+    joined += chunk;
+  }
+  joined += stream.flush();
+  EXPECT_TRUE(released_before_end);
+  EXPECT_NE(joined.find("ok"), std::string::npos);
+  EXPECT_EQ(joined, tok->decode(ids));
+}
+
+}  // namespace
+}  // namespace colibri::tokenizer
