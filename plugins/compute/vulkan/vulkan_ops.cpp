@@ -43,8 +43,19 @@ const char* op_name(Op op) {
 }
 
 bool weight_type_ok(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::q8_0 || t == DType::q4_0 ||
-         t == DType::q4_k || t == DType::q6_k;
+  switch (t) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: return true;
+    default: return false;
+  }
 }
 bool kv_type_ok(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
@@ -57,6 +68,9 @@ const char* type_suffix(DType t) {
     case DType::bf16: return "bf16";
     case DType::q8_0: return "q8_0";
     case DType::q4_0: return "q4_0";
+    case DType::q2_k: return "q2_k";
+    case DType::q3_k: return "q3_k";
+    case DType::q5_k: return "q5_k";
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
     default: return "";
@@ -350,7 +364,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       }
       if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
       if (y.ne[0] != d || rows(y) != t) return bad("Y " + shape_text(y) + " must match X");
-      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems) return bad("F x T exceeds 2^31; split the call");
+      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems)
+        return bad("F x T exceeds 2^31; split the call");
       COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);

@@ -1,6 +1,7 @@
 // Dequantization of one 32-element unit of a weight row, bit-identical to colibri::quant's
 // reference dequantize_row (same products in the same order; `precise` forbids fusing).
-// Define one of WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q4_K, WTYPE_Q6_K.
+// Define one of WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q2_K, WTYPE_Q3_K,
+// WTYPE_Q4_K, WTYPE_Q5_K, WTYPE_Q6_K.
 #include "common.glsl"
 
 // Unit u (elements 32u .. 32u+31) of the row at `row`; `k` elements in the row (f32/f16 may end
@@ -44,10 +45,60 @@ void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
       w[j + i] = v;
     }
   }
-#elif defined(WTYPE_Q4_K)
-  // 144-byte super-block: d, dmin, scales[12], qs[128]; sub-block s (0..7) of 32 elements uses
-  // the low nibbles of qs[32*(s/2) ..] for even s, the high nibbles for odd s.
+#elif defined(WTYPE_Q2_K)
+  // 84-byte super-block: scales[16] (min << 4 | scale), qs[64], d, dmin. Unit u: half h of 128
+  // elements, 2-bit plane j; its 32 elements are qs[32h ..] >> 2j, scale pair 8h + 2j, 8h + 2j + 1.
+  const uint blk = (u / 8u) * 84u;
+  const uint h = (u % 8u) / 4u;
+  const uint j = u % 4u;
+  const float d = read_f16(row, blk + 80u);
+  const float dmin = read_f16(row, blk + 82u);
+  for (uint half16 = 0u; half16 < 2u; ++half16) {
+    const uint sc = read_u8(row, blk + h * 8u + 2u * j + half16);
+    precise float dl = d * float(sc & 0xFu);
+    precise float ml = dmin * float(sc >> 4);
+    for (uint l = 0u; l < 16u; l += 4u) {
+      const uint q = read_u32(row, blk + 16u + h * 32u + half16 * 16u + l);
+      for (uint i = 0u; i < 4u; ++i) {
+        precise float v = dl * float((q >> (8u * i + 2u * j)) & 3u) - ml;
+        w[half16 * 16u + l + i] = v;
+      }
+    }
+  }
+#elif defined(WTYPE_Q3_K)
+  // 110-byte super-block: hmask[32], qs[64], scales[12] (16 packed 6-bit values), d. Unit u: half
+  // h, 2-bit plane j; the high bit is bit 4h + j of hmask[l]; a clear bit subtracts 4.
+  const uint blk = (u / 8u) * 110u;
+  const uint h = (u % 8u) / 4u;
+  const uint j = u % 4u;
+  const float d_all = read_f16(row, blk + 108u);
+  for (uint half16 = 0u; half16 < 2u; ++half16) {
+    const uint is = h * 8u + 2u * j + half16;
+    const uint lo = is < 8u ? read_u8(row, blk + 96u + is) & 0xFu : read_u8(row, blk + 96u + is - 8u) >> 4;
+    const uint hi = (read_u8(row, blk + 96u + 8u + is % 4u) >> (2u * (is / 4u))) & 3u;
+    precise float dl = d_all * float(int(lo | (hi << 4)) - 32);
+    for (uint l = 0u; l < 16u; l += 4u) {
+      const uint q = read_u32(row, blk + 32u + h * 32u + half16 * 16u + l);
+      const uint hm = read_u32(row, blk + half16 * 16u + l);
+      for (uint i = 0u; i < 4u; ++i) {
+        const int q2 = int((q >> (8u * i + 2u * j)) & 3u);
+        const int sub = ((hm >> (8u * i + 4u * h + j)) & 1u) != 0u ? 0 : 4;
+        precise float v = dl * float(q2 - sub);
+        w[half16 * 16u + l + i] = v;
+      }
+    }
+  }
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+  // q4_k: 144-byte super-block d, dmin, scales[12], qs[128]. q5_k: 176 bytes, qh[32] between
+  // scales and qs adds bit s of qh[l] as 16. Sub-block s (0..7) of 32 elements uses the low
+  // nibbles of qs[32*(s/2) ..] for even s, the high nibbles for odd s.
+#if defined(WTYPE_Q4_K)
   const uint blk = (u / 8u) * 144u;
+  const uint qs_off = 16u;
+#else
+  const uint blk = (u / 8u) * 176u;
+  const uint qs_off = 48u;
+#endif
   const uint s = u % 8u;
   const float d = read_f16(row, blk);
   const float dmin = read_f16(row, blk + 2u);
@@ -63,12 +114,19 @@ void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
   }
   precise float d1 = d * float(sc);
   precise float m1 = dmin * float(mn);
-  const uint qs = blk + 16u + 32u * (s / 2u);
+  const uint qs = blk + qs_off + 32u * (s / 2u);
   const uint nib = (s & 1u) * 4u;
   for (uint j = 0u; j < 32u; j += 4u) {
     const uint q = read_u32(row, qs + j);
+#if defined(WTYPE_Q5_K)
+    const uint qh = read_u32(row, blk + 16u + j);
+#endif
     for (uint i = 0u; i < 4u; ++i) {
-      precise float v = d1 * float((q >> (8u * i + nib)) & 0xFu) - m1;
+      uint level = (q >> (8u * i + nib)) & 0xFu;
+#if defined(WTYPE_Q5_K)
+      level += ((qh >> (8u * i + s)) & 1u) * 16u;
+#endif
+      precise float v = d1 * float(level) - m1;
       w[j + i] = v;
     }
   }

@@ -259,19 +259,20 @@ TEST(VulkanPlugin, RopeStaysAccurateAtLargePositions) {
 
 TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
   VULKAN_COMPUTE(c, {}, nullptr);
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k, DType::q4_k,
+                  DType::q5_k, DType::q6_k}) {
     EXPECT_TRUE(c.supports(Op::matmul, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::expert_ffn, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::embedding, t)) << to_string(t);
   }
-  for (DType t : {DType::q4_1, DType::q2_k, DType::q3_k, DType::q5_k, DType::q8_k}) {
+  for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_1, DType::q8_k}) {
     EXPECT_FALSE(c.supports(Op::matmul, t)) << to_string(t);
   }
   EXPECT_TRUE(c.supports(Op::attention, DType::q8_0));
   EXPECT_FALSE(c.supports(Op::attention, DType::q4_k));
-  std::vector<std::byte> w(row_bytes(DType::q5_k, 256) * 2);
+  std::vector<std::byte> w(row_bytes(DType::q4_1, 256) * 2);
   std::vector<float> x(256), y(2);
-  Tensor in[] = {Tensor{DType::q5_k, {256, 2, 1, 1}, w.data()}, Tensor{DType::f32, {256, 1, 1, 1}, x.data()}};
+  Tensor in[] = {Tensor{DType::q4_1, {256, 2, 1, 1}, w.data()}, Tensor{DType::f32, {256, 1, 1, 1}, x.data()}};
   Tensor out{DType::f32, {2, 1, 1, 1}, y.data()};
   const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
