@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -276,6 +277,70 @@ TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
   Tensor out{DType::f32, {2, 1, 1, 1}, y.data()};
   const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+}
+
+// The engine uploads from storage threads while its scheduler runs ops: results must not change.
+TEST(VulkanPlugin, ConcurrentRunsAndCopiesFromManyThreads) {
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  const std::int64_t k = 512, n = 24;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  std::vector<float> wf(static_cast<std::size_t>(k * n));
+  for (auto& v : wf) v = dist(rng);
+  std::vector<std::byte> w(row_bytes(DType::q4_k, k) * n);
+  ASSERT_TRUE(colibri::quant::quantize_row(DType::q4_k, wf.data(), w.data(), k * n));
+  auto wbuf = c.allocate(w.size());
+  ASSERT_TRUE(wbuf);
+  ASSERT_TRUE((*c.copy_to_device_async(w.data(), **wbuf, 0, w.size()))->wait());
+  const Tensor wt{DType::q4_k, {k, n, 1, 1}, nullptr, wbuf->get(), 0};
+
+  constexpr int kThreads = 4, kRounds = 6;
+  std::vector<std::vector<float>> xs(kThreads), want(kThreads), got(kThreads);
+  for (int i = 0; i < kThreads; ++i) {
+    xs[static_cast<std::size_t>(i)].resize(static_cast<std::size_t>(k));
+    for (auto& v : xs[static_cast<std::size_t>(i)]) v = dist(rng);
+    want[static_cast<std::size_t>(i)].resize(static_cast<std::size_t>(n));
+    Tensor in[] = {wt, Tensor{DType::f32, {k, 1, 1, 1}, xs[static_cast<std::size_t>(i)].data()}};
+    Tensor out{DType::f32, {n, 1, 1, 1}, want[static_cast<std::size_t>(i)].data()};
+    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+  }
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const auto id = static_cast<std::size_t>(i);
+      auto buf = c.allocate(static_cast<std::size_t>(k + n) * 4);
+      if (!buf) {
+        errors[id] = buf.error().to_string();
+        return;
+      }
+      std::vector<float> y(static_cast<std::size_t>(n));
+      for (int r = 0; r < kRounds; ++r) {
+        auto up = c.copy_to_device_async(xs[id].data(), **buf, 0, static_cast<std::size_t>(k) * 4);
+        if (!up || !(*up)->wait()) {
+          errors[id] = "upload failed";
+          return;
+        }
+        Tensor in[] = {wt, Tensor{DType::f32, {k, 1, 1, 1}, nullptr, buf->get(), 0}};
+        Tensor out{DType::f32, {n, 1, 1, 1}, nullptr, buf->get(), static_cast<std::size_t>(k) * 4};
+        if (Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}); !s) {
+          errors[id] = s.to_string();
+          return;
+        }
+        auto down = c.copy_to_host_async(**buf, static_cast<std::size_t>(k) * 4, y.data(), y.size() * 4);
+        if (!down || !(*down)->wait()) {
+          errors[id] = "download failed";
+          return;
+        }
+        if (std::memcmp(y.data(), want[id].data(), y.size() * 4) != 0) {
+          errors[id] = "round " + std::to_string(r) + " differs from the single-threaded result";
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(errors[static_cast<std::size_t>(i)], "") << "thread " << i;
 }
 
 }  // namespace
