@@ -43,6 +43,7 @@ std::vector<std::string> icd_manifests() {
   if (explicit_files != nullptr) {
     candidates = split_paths(explicit_files);
   } else {
+    candidates = split_paths(std::getenv("VK_ADD_DRIVER_FILES"));
     const char* xdg_config = std::getenv("XDG_CONFIG_DIRS");
     for (const auto& d : split_paths(xdg_config ? xdg_config : "/etc/xdg")) dirs.push_back(d + "/vulkan/icd.d");
     dirs.push_back("/etc/vulkan/icd.d");

@@ -213,8 +213,11 @@ Status Context::init(const ContextOptions& options) {
     return vk_error("creating the pipeline layout", r);
   }
 
-  // Buffers go to the largest device-local heap. Its host-visible type is used (and the buffers
-  // mapped) only when that heap is the main one: UMA / iGPU / full ReBAR, never a 256 MiB BAR.
+  // Buffers go to the largest device-local heap. It is mapped only on unified-memory devices (iGPU,
+  // CPU): there mapped memory is ordinary cached RAM. A discrete GPU's BAR / ReBAR mapping is
+  // uncached for reads and often small, so discrete GPUs always copy through staging buffers.
+  const bool unified =
+      props_.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU || props_.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   std::uint64_t largest_local = 0;
   int largest_heap = -1;
   for (std::uint32_t h = 0; h < mem_props_.memoryHeapCount; ++h) {
@@ -230,7 +233,7 @@ Status Context::init(const ContextOptions& options) {
     if (static_cast<int>(t.heapIndex) != largest_heap || !(t.propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)) {
       continue;
     }
-    const bool is_mappable = (t.propertyFlags & mappable) == mappable;
+    const bool is_mappable = unified && (t.propertyFlags & mappable) == mappable;
     if (device_type_index_ < 0 || (options.map_device_memory && is_mappable && !device_mapped_)) {
       device_type_index_ = static_cast<int>(i);
       device_mapped_ = options.map_device_memory && is_mappable;
