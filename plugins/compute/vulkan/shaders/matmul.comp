@@ -47,11 +47,11 @@ void main() {
       acc[i] = a;
     }
   }
-  for (uint i = 0u; i < kTile; ++i) partial[i][lid] = acc[i];
+  for (uint i = 0u; i < nt; ++i) partial[i][lid] = acc[i];
   barrier();
   for (uint s = 32u; s > 0u; s >>= 1u) {
     if (lid < s) {
-      for (uint i = 0u; i < kTile; ++i) {
+      for (uint i = 0u; i < nt; ++i) {
         precise float v = partial[i][lid] + partial[i][lid + s];
         partial[i][lid] = v;
       }
