@@ -122,6 +122,9 @@ const sdk::OptionSpec kOptions[] = {
     {"map_device_memory", sdk::OptionType::boolean, "true",
      "map device-local memory into the host when it is the device's main heap (iGPU, lavapipe); false forces "
      "staging copies"},
+    {"import_host_memory", sdk::OptionType::boolean, "true",
+     "let shaders use host-memory tensors in place (VK_EXT_external_memory_host); false copies them through staging "
+     "buffers"},
 };
 
 const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",  "f16",
@@ -156,9 +159,12 @@ Expected<std::unique_ptr<VulkanCompute>> VulkanCompute::create(const sdk::Create
   if (!device) return device.error();
   auto map = cc.config->get_bool("map_device_memory", true);
   if (!map) return map.error();
+  auto import = cc.config->get_bool("import_host_memory", true);
+  if (!import) return import.error();
   ContextOptions options;
   options.device_index = *device;
   options.map_device_memory = *map;
+  options.import_host_memory = *import;
   auto ctx = Context::create(options, cc.host);
   if (!ctx) return ctx.error();
   return std::make_unique<VulkanCompute>(std::move(*ctx));

@@ -157,6 +157,9 @@ Status Context::init(const ContextOptions& options) {
   api_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n_ext, exts.data());
   for (const auto& e : exts) {
     if (std::strcmp(e.extensionName, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME) == 0) has_budget_ = true;
+    if (std::strcmp(e.extensionName, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) == 0) {
+      has_host_import_ = options.import_host_memory;
+    }
   }
 
   std::uint32_t n_fam = 0;
@@ -183,13 +186,24 @@ Status Context::init(const ContextOptions& options) {
   auto want = make_info<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
   want.pNext = &want12;
   want.features.shaderInt64 = VK_TRUE;
-  const char* budget_ext = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+  std::vector<const char*> extensions;
+  if (has_budget_) extensions.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  if (has_host_import_) {
+    auto host_props = make_info<VkPhysicalDeviceExternalMemoryHostPropertiesEXT>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT);
+    auto props2 = make_info<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+    props2.pNext = &host_props;
+    api_.vkGetPhysicalDeviceProperties2(physical_, &props2);
+    import_alignment_ = host_props.minImportedHostPointerAlignment;
+    has_host_import_ = import_alignment_ > 0 && (import_alignment_ & (import_alignment_ - 1)) == 0;
+    if (has_host_import_) extensions.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+  }
   auto dci = make_info<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.pNext = &want;
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
-  dci.enabledExtensionCount = has_budget_ ? 1 : 0;
-  dci.ppEnabledExtensionNames = has_budget_ ? &budget_ext : nullptr;
+  dci.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+  dci.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();
   if (VkResult r = api_.vkCreateDevice(physical_, &dci, nullptr, &device_); r != VK_SUCCESS) {
     device_ = VK_NULL_HANDLE;
     return vk_error("creating " + which, r);
@@ -198,6 +212,11 @@ Status Context::init(const ContextOptions& options) {
     return Status(StatusCode::unsupported, which + ": the driver lacks " + missing);
   }
   api_.vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  if (has_host_import_) {
+    api_.vkGetMemoryHostPointerPropertiesEXT = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+        api_.vkGetDeviceProcAddr(device_, "vkGetMemoryHostPointerPropertiesEXT"));
+    has_host_import_ = api_.vkGetMemoryHostPointerPropertiesEXT != nullptr;
+  }
 
   auto pci = make_info<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
   pci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -244,6 +263,7 @@ Status Context::init(const ContextOptions& options) {
   std::string caps = "vulkan-" + version_text(props_.apiVersion) + " " + device_type_name(props_.deviceType);
   std::replace(caps.begin(), caps.end(), ' ', '-');
   caps += has_budget_ ? " memory-budget" : "";
+  caps += has_host_import_ ? " host-import" : "";
   caps += device_mapped_ ? " mapped-device-memory" : " staging-copies";
   capabilities_ = caps;
   if (host_ != nullptr) {
@@ -388,6 +408,61 @@ void Context::release(Allocation& a) noexcept {
     api_.vkFreeMemory(device_, a.memory, nullptr);
   }
   a = Allocation{};
+}
+
+Expected<Allocation> Context::import_host(void* ptr, std::size_t bytes) noexcept {
+  if (!has_host_import_) return Status(StatusCode::unsupported, "host memory import is not available");
+  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uintptr_t base = start & ~static_cast<std::uintptr_t>(import_alignment_ - 1);
+  const std::uintptr_t end =
+      (start + bytes + import_alignment_ - 1) & ~static_cast<std::uintptr_t>(import_alignment_ - 1);
+  constexpr auto kHandle = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  auto host_props = make_info<VkMemoryHostPointerPropertiesEXT>(VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT);
+  if (VkResult r =
+          api_.vkGetMemoryHostPointerPropertiesEXT(device_, kHandle, reinterpret_cast<void*>(base), &host_props);
+      r != VK_SUCCESS) {
+    return vk_error("querying host memory for import", r);
+  }
+  Allocation a;
+  a.size = end - base;
+  auto ext = make_info<VkExternalMemoryBufferCreateInfo>(VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO);
+  ext.handleTypes = kHandle;
+  auto bci = make_info<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+  bci.pNext = &ext;
+  bci.size = a.size;
+  bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+              VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
+  if (VkResult r = api_.vkCreateBuffer(device_, &bci, nullptr, &a.buffer); r != VK_SUCCESS) {
+    return vk_error("creating a buffer over host memory", r);
+  }
+  VkMemoryRequirements req{};
+  api_.vkGetBufferMemoryRequirements(device_, a.buffer, &req);
+  const int type =
+      find_memory_type(req.memoryTypeBits & host_props.memoryTypeBits, 0, VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  if (type < 0 || !(mem_props_.memoryTypes[type].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+    release(a);
+    return Status(StatusCode::unsupported, "no coherent memory type can import host memory");
+  }
+  auto import_info = make_info<VkImportMemoryHostPointerInfoEXT>(VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT);
+  import_info.handleType = kHandle;
+  import_info.pHostPointer = reinterpret_cast<void*>(base);
+  auto flags = make_info<VkMemoryAllocateFlagsInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO);
+  flags.flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT;
+  flags.pNext = &import_info;
+  auto mai = make_info<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
+  mai.pNext = &flags;
+  mai.allocationSize = a.size;
+  mai.memoryTypeIndex = static_cast<std::uint32_t>(type);
+  if (VkResult r = api_.vkAllocateMemory(device_, &mai, nullptr, &a.memory); r != VK_SUCCESS) {
+    a.memory = VK_NULL_HANDLE;
+    release(a);
+    return vk_error("importing host memory", r);
+  }
+  api_.vkBindBufferMemory(device_, a.buffer, a.memory, 0);
+  auto bai = make_info<VkBufferDeviceAddressInfo>(VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO);
+  bai.buffer = a.buffer;
+  a.address = api_.vkGetBufferDeviceAddress(device_, &bai) + (start - base);
+  return a;
 }
 
 Expected<Allocation> Context::take_staging(std::size_t bytes) noexcept {

@@ -30,7 +30,8 @@ struct Allocation {
 
 struct ContextOptions {
   std::int64_t device_index = 0;
-  bool map_device_memory = true;  // use host-visible device-local memory when it is the main heap
+  bool map_device_memory = true;   // map device-local memory on unified-memory devices
+  bool import_host_memory = true;  // run host tensors in place (VK_EXT_external_memory_host)
 };
 
 class Context;
@@ -75,6 +76,11 @@ class Context : public std::enable_shared_from_this<Context> {
   sdk::Expected<Allocation> allocate(std::size_t bytes, bool host_visible) noexcept;
   void release(Allocation& a) noexcept;
 
+  // Host memory [ptr, ptr + bytes) wrapped as a buffer the shaders read and write in place
+  // (VK_EXT_external_memory_host), so host tensors need no copies; `address` points at ptr.
+  // unsupported when the device cannot import; the caller then stages. Release with release().
+  sdk::Expected<Allocation> import_host(void* ptr, std::size_t bytes) noexcept;
+
   // Staging buffers are pooled: take one of at least `bytes`, give it back when the GPU is done.
   sdk::Expected<Allocation> take_staging(std::size_t bytes) noexcept;
   void give_staging(Allocation a) noexcept;
@@ -110,6 +116,8 @@ class Context : public std::enable_shared_from_this<Context> {
   VkPhysicalDeviceProperties props_{};
   VkPhysicalDeviceMemoryProperties mem_props_{};
   bool has_budget_ = false;
+  bool has_host_import_ = false;
+  VkDeviceSize import_alignment_ = 0;
   bool device_mapped_ = false;
   int device_type_index_ = -1;   // memory type of Compute buffers
   int staging_type_index_ = -1;  // host-visible coherent (cached when possible)

@@ -73,6 +73,7 @@ struct Api {
   COLIBRI_VK_DEVICE_FUNCTIONS(COLIBRI_VK_DECLARE)
 #undef COLIBRI_VK_DECLARE
   PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr = nullptr;
+  PFN_vkGetMemoryHostPointerPropertiesEXT vkGetMemoryHostPointerPropertiesEXT = nullptr;  // optional
 };
 
 // Opens libvulkan.so.1 (once per process; never closed) and fills the global functions. Returns

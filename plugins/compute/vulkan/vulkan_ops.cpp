@@ -144,6 +144,7 @@ class Binder {
   Binder(Context& ctx, const char* op) : ctx_(ctx), op_(op) {}
   ~Binder() {
     for (auto& s : staged_) ctx_.give_staging(s.staging);
+    for (auto& a : imported_) ctx_.release(a);
   }
   Binder(const Binder&) = delete;
   Binder& operator=(const Binder&) = delete;
@@ -171,6 +172,14 @@ class Binder {
       }
       addr = vb->address() + t.offset;
     } else if (t.data != nullptr) {
+      // Host memory: used in place when the device can import it, else copied through staging.
+      if (auto imported = ctx_.import_host(t.data, bytes); imported) {
+        imported_.push_back(*imported);
+        addr = imported->address;
+        if (addr % align != 0)
+          return error(what, "starts at an address not aligned to " + std::to_string(align) + " bytes");
+        return addr;
+      }
       auto s = ctx_.take_staging(bytes);
       if (!s) return s.error().with_context(std::string(op_) + ": staging " + what);
       std::memcpy(s->mapped, t.data, bytes);
@@ -206,6 +215,7 @@ class Binder {
   Context& ctx_;
   const char* op_;
   std::vector<Staged> staged_;
+  std::vector<Allocation> imported_;
 };
 
 std::uint32_t groups_for(std::uint64_t items, std::uint32_t per_group) {

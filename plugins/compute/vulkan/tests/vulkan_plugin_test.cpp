@@ -166,9 +166,13 @@ TEST(VulkanPlugin, ManyAsynchronousCopiesCompleteAfterSynchronize) {
   EXPECT_EQ(src, back);
 }
 
-// Host tensors (data, no buffer) go through staging; results equal those of device tensors.
-TEST(VulkanPlugin, HostTensorsGiveTheSameResultsAsDeviceTensors) {
-  VULKAN_COMPUTE(c, kStaging, nullptr);
+// Host tensors (data, no buffer) are imported or staged; results equal those of device tensors.
+class VulkanHostTensors : public ::testing::TestWithParam<bool> {};
+
+TEST_P(VulkanHostTensors, GiveTheSameResultsAsDeviceTensors) {
+  const std::map<std::string, std::string> options{{"map_device_memory", "false"},
+                                                   {"import_host_memory", GetParam() ? "true" : "false"}};
+  VULKAN_COMPUTE(c, options, nullptr);
   const std::int64_t k = 256, n = 16, t = 2;
   std::mt19937 rng(7);
   std::normal_distribution<float> dist;
@@ -213,6 +217,9 @@ TEST(VulkanPlugin, HostTensorsGiveTheSameResultsAsDeviceTensors) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Vulkan, VulkanHostTensors, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "imported" : "staged"; });
 
 TEST(VulkanPlugin, BufferTensorsOutsideTheirBufferAreRejected) {
   VULKAN_COMPUTE(c, {}, nullptr);
