@@ -2,6 +2,8 @@
 // (a bad shape is an error naming the op and tensor, never a GPU fault), resolves each tensor to a
 // device address, records its commands into one command buffer and waits for it: run() returns
 // with the outputs written, like the CPU backend.
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -104,7 +106,7 @@ std::uint32_t u32(std::int64_t v) {
 // Push constants, laid out as in the shaders (std430: u64 first, then 4-byte fields).
 struct MatmulPush {
   std::uint64_t w, x, y, bias;
-  std::uint32_t k, n, t, w_row_bytes;
+  std::uint32_t k, n, t, w_row_bytes, tpr, pad;
 };
 struct GetRowsPush {
   std::uint64_t table, ids, out, status;
@@ -135,7 +137,7 @@ struct TopkPush {
   std::uint64_t logits, ids, weights;
   std::uint32_t e, t, k, mode, renormalize, pad;
 };
-static_assert(sizeof(MatmulPush) == 48 && sizeof(AttentionPush) == 64 && sizeof(RopePush) == 56);
+static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 64 && sizeof(RopePush) == 56);
 
 // Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
 // into staging buffers the shaders read directly, and outputs copied back after the run.
@@ -232,10 +234,16 @@ void row_grid(Command& c, std::uint64_t n_rows, std::uint32_t y) {
 
 Command matmul_command(DType wtype, std::uint64_t w, std::uint64_t x, std::uint64_t y, std::uint64_t bias,
                        std::int64_t k, std::int64_t n, std::int64_t t) {
+  // Threads per row from K alone (never from T, so the reduction order is fixed per weight):
+  // enough for every 32-element unit, at most the 64 of a workgroup.
+  const auto units = static_cast<std::uint32_t>((k + 31) / 32);
+  const std::uint32_t tpr = std::min<std::uint32_t>(64, std::bit_ceil(units));
   Command c;
   c.shader = std::string("matmul_") + type_suffix(wtype);
-  c.push = as_bytes(MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k))});
-  row_grid(c, static_cast<std::uint64_t>(n), static_cast<std::uint32_t>((t + kMatmulTile - 1) / kMatmulTile));
+  c.push = as_bytes(MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k)), tpr, 0});
+  const std::uint64_t rows_per_group = 64 / tpr;
+  row_grid(c, (static_cast<std::uint64_t>(n) + rows_per_group - 1) / rows_per_group,
+           static_cast<std::uint32_t>((t + kMatmulTile - 1) / kMatmulTile));
   return c;
 }
 
