@@ -146,11 +146,11 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
   if (e == nullptr) {
     return Status(StatusCode::not_found, "the manifest has no expert " + key_name(layer, expert));
   }
-  ++stats_.misses;
   const std::uint64_t bytes = (e->size + 4095) / 4096 * 4096;
   if (auto s = make_room(bytes); !s) return s;
   Slot slot;
   if (auto s = load(*e, slot); !s) return s;
+  ++stats_.misses;
   slot.in_use = 1;
   used_bytes_ += slot.data.size();
   auto [pos, inserted] = slots_.emplace(key.packed(), std::move(slot));

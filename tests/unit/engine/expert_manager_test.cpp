@@ -1,0 +1,166 @@
+#include "colibri/engine/expert_manager.hpp"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <list>
+#include <map>
+
+namespace colibri::engine {
+namespace {
+
+using sdk::ExpertKey;
+
+// Serves files from memory.
+class MemoryStorage final : public sdk::StorageBase {
+ public:
+  class File final : public sdk::StorageFile {
+   public:
+    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
+    std::uint64_t size() const noexcept override { return size_; }
+    const std::string& path() const noexcept override { return path_; }
+    bool direct_io() const noexcept override { return false; }
+
+   private:
+    std::string path_;
+    std::uint64_t size_;
+  };
+  std::map<std::string, std::vector<std::byte>> files;
+  int reads = 0;
+
+  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
+    auto it = files.find(path);
+    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path + ": no such file");
+    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
+  }
+  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
+    const auto& bytes = files.at(f.path());
+    if (offset + dst.size() > bytes.size()) return sdk::Status(sdk::StatusCode::corrupt_data, "short read");
+    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
+    ++reads;
+    return {};
+  }
+  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
+};
+
+// Least recently used first; records what it heard.
+class ListPolicy final : public sdk::CachePolicy {
+ public:
+  std::list<ExpertKey> order;
+  std::vector<ExpertKey> pins;
+  void on_insert(ExpertKey k, std::uint64_t) noexcept override { order.push_back(k); }
+  void on_access(ExpertKey k) noexcept override {
+    order.remove(k);
+    order.push_back(k);
+  }
+  void on_erase(ExpertKey k) noexcept override { order.remove(k); }
+  std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate& ok) noexcept override {
+    for (auto k : order) {
+      if (ok(k)) return k;
+    }
+    return std::nullopt;
+  }
+  std::vector<ExpertKey> wanted_pins() const noexcept override { return pins; }
+  void clear() noexcept override { order.clear(); }
+};
+
+constexpr std::uint64_t kBlob = 4096;
+
+struct Fixture {
+  model::Manifest manifest;
+  std::shared_ptr<MemoryStorage> storage = std::make_shared<MemoryStorage>();
+  std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
+
+  Fixture(int layers, int experts) {
+    for (int l = 0; l < layers; ++l) {
+      for (int e = 0; e < experts; ++e) {
+        model::ExpertEntry x;
+        x.layer = l;
+        x.expert = e;
+        x.file = "experts/L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
+        x.size = kBlob;
+        std::vector<std::byte> bytes(kBlob, std::byte(l * 16 + e));
+        std::uint64_t at = 0;
+        for (auto* part : {&x.gate, &x.up, &x.down}) {
+          part->type = sdk::DType::f32;
+          part->shape = {8, 32};
+          part->offset = at;
+          part->size = 8 * 32 * 4;
+          part->checksum = XXH64(bytes.data() + at, part->size, 0);
+          at += 1024;
+        }
+        storage->files["/m/" + x.file] = bytes;
+        manifest.experts.push_back(x);
+      }
+    }
+  }
+};
+
+TEST(ExpertManager, ResidentWhenTheBudgetHoldsEverything) {
+  Fixture f(2, 3);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 6 * kBlob);
+  EXPECT_TRUE(m.resident());
+  ASSERT_TRUE(m.preload());
+  EXPECT_EQ(f.storage->reads, 6);
+  auto w = m.acquire(1, 2);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(w->up.data)[0], 16 + 2);
+  EXPECT_EQ(w->gate.ne[0], 32);
+  EXPECT_EQ(w->gate.ne[1], 8);
+  m.release(1, 2);
+  EXPECT_EQ(m.stats().hits, 1u);
+  EXPECT_EQ(m.stats().misses, 0u);
+  EXPECT_EQ(f.storage->reads, 6);
+}
+
+TEST(ExpertManager, EvictsThroughThePolicyButNeverAnExpertInUse) {
+  Fixture f(1, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  EXPECT_FALSE(m.resident());
+  ASSERT_TRUE(m.preload());
+  ASSERT_TRUE(m.acquire(0, 0));  // held
+  ASSERT_TRUE(m.acquire(0, 1));
+  m.release(0, 1);
+  ASSERT_TRUE(m.acquire(0, 2));  // evicts 1, the only evictable one
+  EXPECT_EQ(m.stats().evictions, 1u);
+  EXPECT_EQ(std::count(f.policy->order.begin(), f.policy->order.end(), ExpertKey{0, 1}), 0);
+  auto full = m.acquire(0, 3);  // 0 and 2 are both in use
+  ASSERT_FALSE(full);
+  EXPECT_NE(full.error().message().find("expert_cache"), std::string::npos);
+  m.release(0, 0);
+  ASSERT_TRUE(m.acquire(0, 3));
+  EXPECT_EQ(m.stats().misses, 4u);
+  EXPECT_LE(m.resident_bytes(), 2 * kBlob);
+}
+
+TEST(ExpertManager, PinnedExpertsStay) {
+  Fixture f(1, 4);
+  f.policy->pins = {{0, 3}};
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  ASSERT_TRUE(m.preload());
+  for (int e : {0, 1, 2, 0, 1}) {
+    ASSERT_TRUE(m.acquire(0, e));
+    m.release(0, e);
+  }
+  const int reads = f.storage->reads;
+  ASSERT_TRUE(m.acquire(0, 3));
+  EXPECT_EQ(f.storage->reads, reads);
+}
+
+TEST(ExpertManager, CorruptOrMissingBlobsAreNamed) {
+  Fixture f(2, 2);
+  f.storage->files["/m/experts/L1E0.bin"][1500] = std::byte{0xFF};
+  f.storage->files.erase("/m/experts/L0E1.bin");
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  auto bad = m.acquire(1, 0);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("L1/E0: checksum mismatch"), std::string::npos) << bad.error().message();
+  auto gone = m.acquire(0, 1);
+  ASSERT_FALSE(gone);
+  EXPECT_NE(gone.error().message().find("L0/E1"), std::string::npos) << gone.error().message();
+  EXPECT_FALSE(m.preload());  // resident mode reads everything and meets the same files
+}
+
+}  // namespace
+}  // namespace colibri::engine
