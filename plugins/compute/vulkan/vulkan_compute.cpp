@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <system_error>
 
@@ -77,14 +78,29 @@ std::vector<std::string> icd_manifests() {
   return found;
 }
 
-bool gpu_device_node() {
+// PCI vendor ids of the GPUs that have a kernel render node or the NVIDIA device node.
+std::vector<std::string> gpu_vendors() {
   namespace fs = std::filesystem;
+  std::vector<std::string> vendors;
   std::error_code ec;
-  if (fs::exists("/dev/nvidia0", ec)) return true;
-  for (fs::directory_iterator it("/dev/dri", ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->path().filename().string().rfind("renderD", 0) == 0) return true;
+  if (fs::exists("/dev/nvidia0", ec)) vendors.emplace_back("0x10de");
+  for (fs::directory_iterator it("/sys/class/drm", ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind("renderD", 0) != 0) continue;
+    std::ifstream in(it->path() / "device" / "vendor");
+    std::string v;
+    if (in >> v) vendors.push_back(v);
   }
-  return false;
+  return vendors;
+}
+
+// The GPU a driver manifest serves, when its name says so ("intel_icd.x86_64.json" -> Intel).
+bool driver_matches(const std::string& icd, const std::vector<std::string>& vendors) {
+  auto has = [&](const char* v) { return std::find(vendors.begin(), vendors.end(), v) != vendors.end(); };
+  if (icd.find("lvp") != std::string::npos) return false;  // lavapipe: the CPU
+  if (icd.find("intel") != std::string::npos) return has("0x8086");
+  if (icd.find("radeon") != std::string::npos || icd.find("amd") != std::string::npos) return has("0x1002");
+  if (icd.find("nvidia") != std::string::npos || icd.find("nouveau") != std::string::npos) return has("0x10de");
+  return !vendors.empty();  // another vendor's driver: trust it when any GPU is present
 }
 
 sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
@@ -99,20 +115,18 @@ sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
               "no Vulkan driver is installed (no ICD manifest in /usr/share/vulkan/icd.d, /etc/vulkan/icd.d or "
               "VK_DRIVER_FILES); apt-get install mesa-vulkan-drivers or the GPU vendor's driver"};
     }
-    std::string names;
-    bool hardware_driver = false;
+    const auto vendors = gpu_vendors();
+    std::string names, matched;
     for (const auto& n : icds) {
       names += (names.empty() ? "" : ", ") + n;
-      if (n.find("lvp") == std::string::npos) hardware_driver = true;
+      if (driver_matches(n, vendors)) matched += (matched.empty() ? "" : ", ") + n;
     }
-    if (hardware_driver && gpu_device_node()) {
-      return {400, "Vulkan drivers " + names + " and a GPU device node are present"};
-    }
+    if (!matched.empty()) return {400, "Vulkan driver " + matched + " matches a GPU of this machine"};
     // lavapipe runs shaders on the CPU: correct but slower than the CPU backend, so it must be
     // asked for by name (compute.backend: vulkan) rather than win the automatic choice.
     return {1, "only a software Vulkan device is likely here (drivers: " + names +
-                   "; no GPU device node); it works when selected with compute.backend: vulkan but is slower than "
-                   "the CPU backend"};
+                   "; none matches a GPU of this machine); it works when selected with compute.backend: vulkan but "
+                   "is slower than the CPU backend"};
   } catch (...) {
     return {0, "probing for Vulkan failed"};
   }
@@ -127,8 +141,8 @@ const sdk::OptionSpec kOptions[] = {
      "buffers"},
 };
 
-const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",  "f16",
-                                     "bf16",   "q8_0",       "q4_0",      "q4_k", "q6_k"};
+const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",  "f16",  "bf16", "q8_0",
+                                     "q4_0",   "q2_k",       "q3_k",      "q4_k", "q5_k", "q6_k"};
 
 }  // namespace
 
