@@ -6,7 +6,20 @@ namespace colibri::cpu {
 
 namespace {
 constexpr int kSpin = 20000;  // pause iterations (~0.5 ms) before sleeping: decode steps come back to back
+constexpr std::uint64_t kClosed = 0xFFFFFFFFu;  // a task index no job reaches: nothing to claim
+
+#ifdef COLIBRI_THREAD_POOL_TESTING
+void publish_pause() noexcept {
+  if (thread_pool_publish_pause != nullptr) thread_pool_publish_pause();
 }
+#else
+void publish_pause() noexcept {}
+#endif
+}  // namespace
+
+#ifdef COLIBRI_THREAD_POOL_TESTING
+void (*thread_pool_publish_pause)() noexcept = nullptr;
+#endif
 
 ThreadPool::ThreadPool(int threads) : threads_(threads < 1 ? 1 : threads) {
   workers_.reserve(static_cast<std::size_t>(threads_ - 1));
@@ -27,7 +40,9 @@ void ThreadPool::drain(std::uint32_t generation, int worker) noexcept {
   while (true) {
     if (static_cast<std::uint32_t>(v >> 32) != generation) return;
     const auto task = static_cast<std::int64_t>(v & 0xFFFFFFFFu);
-    if (task >= tasks_.load(std::memory_order_relaxed)) return;
+    // Acquire pairs with dispatch(): seeing the next job's count implies seeing its closed claim
+    // word, so the compare-exchange below fails instead of claiming a task of the wrong job.
+    if (task >= tasks_.load(std::memory_order_acquire)) return;
     if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
     fn_(ctx_, task, worker);
     const std::int64_t finished = done_.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -44,10 +59,16 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
   {
     std::lock_guard lock(mu_);
     gen = generation_.load(std::memory_order_relaxed) + 1;
+    // Close the previous job's claim word before touching the job: a worker that just finished its
+    // last task may still hold that word, and must not pair it with this job's count and function
+    // (it would run a task twice and push done_ past `tasks`, so the wait below never ended).
+    next_.store((static_cast<std::uint64_t>(gen) << 32) | kClosed, std::memory_order_seq_cst);
     fn_ = fn;
     ctx_ = ctx;
-    tasks_.store(tasks, std::memory_order_relaxed);
+    tasks_.store(tasks, std::memory_order_release);
+    publish_pause();
     done_.store(0, std::memory_order_relaxed);
+    publish_pause();
     next_.store(static_cast<std::uint64_t>(gen) << 32, std::memory_order_release);
     generation_.store(gen, std::memory_order_release);
   }

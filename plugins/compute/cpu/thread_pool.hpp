@@ -12,6 +12,12 @@
 
 namespace colibri::cpu {
 
+#ifdef COLIBRI_THREAD_POOL_TESTING
+// Test seam (only in the pool's own test build): called by dispatch() between the steps that
+// publish a job, so a test can stretch the windows where a descheduled thread would race.
+extern void (*thread_pool_publish_pause)() noexcept;
+#endif
+
 class ThreadPool {
  public:
   // `threads` includes the calling thread: 1 means "run everything inline".
@@ -23,7 +29,7 @@ class ThreadPool {
   [[nodiscard]] int size() const noexcept { return threads_; }
 
   // Calls fn(task, worker) for every task in [0, tasks), worker in [0, size()); returns when all
-  // have run. fn must not throw. Not reentrant (the backend serialises calls).
+  // have run. fn must not throw. Not reentrant (the backend serialises calls). tasks < 2^32 - 1.
   template <typename Fn>
   void run(std::int64_t tasks, Fn&& fn) noexcept {
     if (tasks <= 0) return;

@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -30,6 +35,40 @@ TEST(ThreadPool, RunsEveryTaskOnceAcrossManyBackToBackJobs) {
       ASSERT_EQ(bad_worker.load(), 0);
     }
   }
+}
+
+// A worker that finished the last task of a job must not claim a task of the next job through
+// the old job's claim word while dispatch() publishes the next job. It used to: the task ran twice
+// and done_ overshot the task count, so run() waited forever (a rare hang under machine load). The
+// seam sleeps inside the publish steps to make that preemption certain; a watchdog turns a hang
+// into a failure.
+TEST(ThreadPool, WorkerOfFinishedJobNeverClaimsTaskOfNextJob) {
+  colibri::cpu::thread_pool_publish_pause = []() noexcept {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  };
+  std::promise<void> finished;
+  auto finished_future = finished.get_future();
+  std::atomic<int> duplicate_job{-1};
+  std::thread runner([&] {
+    ThreadPool pool(4);
+    std::vector<std::atomic<int>> hits(64);
+    for (int job = 0; job < 3000 && duplicate_job.load() < 0; ++job) {
+      const std::int64_t tasks = 2 + job % 31;  // growing counts make a stale claim look valid
+      for (std::int64_t i = 0; i < tasks; ++i) hits[static_cast<std::size_t>(i)].store(0);
+      pool.run(tasks, [&](std::int64_t task, int) noexcept { hits[static_cast<std::size_t>(task)].fetch_add(1); });
+      for (std::int64_t i = 0; i < tasks; ++i) {
+        if (hits[static_cast<std::size_t>(i)].load() != 1) duplicate_job = job;
+      }
+    }
+    finished.set_value();
+  });
+  if (finished_future.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "ThreadPool::run() did not return within 120 s (lost completion)\n");
+    std::_Exit(1);  // the pool thread is stuck; it cannot be joined
+  }
+  runner.join();
+  colibri::cpu::thread_pool_publish_pause = nullptr;
+  EXPECT_EQ(duplicate_job.load(), -1) << "a task ran twice or never in job " << duplicate_job.load();
 }
 
 TEST(ThreadPool, ZeroTasksReturnsAtOnce) {
