@@ -1,5 +1,5 @@
 // compute/scalar: a toy third-party backend built only against the installed SDK. It computes a
-// subset of the op set in plain scalar C++ (f32 weights and KV cache only, no fused expert FFN)
+// subset of the op set in plain scalar C++ (f32 weights and KV cache only)
 // and answers supports() = false for the rest, which is how a partial backend tells the engine
 // and the conformance suite what it can do. Single-threaded, so results never depend on batch
 // or thread count (THE ONE PROMISE of compute.hpp).
@@ -104,8 +104,6 @@ class ScalarCompute final : public ComputeBase {
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
-      case Op::expert_ffn:
-      case Op::attention:
       case Op::count_: return false;
       default: return weight_type == DType::f32;
     }
@@ -124,7 +122,7 @@ class ScalarCompute final : public ComputeBase {
         case Op::topk_routing: return topk(c);
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
-        case Op::expert_ffn: return Status(StatusCode::unsupported, "scalar: this backend does not implement the op");
+        case Op::expert_ffn: return expert_ffn(c);
         default: return bad("unknown op " + std::to_string(static_cast<std::uint32_t>(c.op)));
       }
     } catch (const std::exception& e) {
@@ -155,6 +153,27 @@ class ScalarCompute final : public ComputeBase {
       }
     }
     return {};
+  }
+
+  // down(silu(gate X) * up X), composed from the ops above exactly as the contract describes.
+  static Status expert_ffn(const OpCall& c) {
+    for (const Tensor& t : c.inputs) {
+      if (t.type != DType::f32) return Status(StatusCode::unsupported, "scalar: expert_ffn supports f32 weights only");
+    }
+    if (auto s = check(c, "expert_ffn", 4, 4, 1); !s) return s;
+    const Tensor &gate = c.inputs[0], &up = c.inputs[1], &down = c.inputs[2], &x = c.inputs[3];
+    const std::int64_t d = gate.ne[0], f = gate.ne[1], t = rows(x);
+    if (up.ne != gate.ne || down.ne[0] != f || down.ne[1] != d || x.ne[0] != d) {
+      return bad("expert_ffn: expects gate and up {D, F}, down {F, D}, X {D, T}");
+    }
+    std::vector<float> g(static_cast<std::size_t>(f * t)), u(g.size()), h(g.size());
+    const Tensor gt{DType::f32, {f, t, 1, 1}, g.data()}, ut{DType::f32, {f, t, 1, 1}, u.data()};
+    Tensor outs[] = {gt, ut, Tensor{DType::f32, {f, t, 1, 1}, h.data()}};
+    const Tensor in_gate[] = {gate, x}, in_up[] = {up, x}, in_act[] = {gt, ut}, in_down[] = {down, outs[2]};
+    if (auto s = matmul(OpCall{Op::matmul, in_gate, {&outs[0], 1}, c.params}); !s) return s;
+    if (auto s = matmul(OpCall{Op::matmul, in_up, {&outs[1], 1}, c.params}); !s) return s;
+    if (auto s = elementwise(OpCall{Op::swiglu, in_act, {&outs[2], 1}, c.params}); !s) return s;
+    return matmul(OpCall{Op::matmul, in_down, c.outputs, c.params});
   }
 
   static Status rms_norm(const OpCall& c) {

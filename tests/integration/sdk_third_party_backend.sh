@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the SDK component into a scratch prefix, builds examples/third_party_backend against it
-# with find_package(ColibriSDK), runs the compute conformance suite on it, and checks colibri-cli
-# lists it and selects it when a profile names it.
+# with find_package(ColibriSDK), runs the compute conformance suite on it, checks colibri-cli
+# lists it, and that a profile naming it runs a tiny f32 model to the same greedy text as the CPU
+# backend.
 set -euo pipefail
 build=$1 cli=$2 example=$3 work=$4
+src=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work"
 cmake --install "$build" --prefix "$work/prefix" --component sdk >/dev/null
 
@@ -23,4 +25,14 @@ echo "$out" | grep -Eq "compute +scalar +0\.1\.0 +1 " || { echo "scalar not list
 printf 'compute:\n  backend: scalar\n  threads: 1\n' > "$work/scalar.yaml"
 out=$(COLIBRI_PLUGIN_PATH="$work/build" "$cli" profile show --profile "$work/scalar.yaml")
 echo "$out" | grep -q "compute.backend = scalar" || { echo "backend not shown:"; echo "$out"; exit 1; }
+
+# The scalar backend claims f32 only: an f32 model with an f32 KV cache runs on it.
+/usr/bin/python3 "$src/tests/fixtures/make_tiny_model.py" --arch mixtral --out "$work/hf" >/dev/null
+"$cli" convert --input "$work/hf" --output "$work/model" --quantize f32 >/dev/null 2>&1
+gen() { COLIBRI_PLUGIN_PATH="$work/build" "$cli" run -m "$work/model" -p "Hello world" -n 8 --temp 0 --ignore-eos \
+          --kv-type f32 "$@" 2>"$work/run.err"; }
+scalar=$(gen --profile "$work/scalar.yaml") || { cat "$work/run.err"; exit 1; }
+grep -q "backend scalar" "$work/run.err" || { echo "run did not use the scalar backend:"; cat "$work/run.err"; exit 1; }
+cpu=$(gen --set compute.backend=cpu) || { cat "$work/run.err"; exit 1; }
+[ "$scalar" = "$cpu" ] || { printf 'scalar: %q\ncpu:    %q\n' "$scalar" "$cpu"; exit 1; }
 echo "third-party backend: all checks passed"
