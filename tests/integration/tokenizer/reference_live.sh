@@ -21,7 +21,8 @@ install() {  # install <dir>
   echo "installing npm packages in $1 ..."
   local log
   log="$(mktemp)"
-  if ! (cd "$1" && npm ci --no-audit --no-fund >"$log" 2>&1); then
+  # Bounded: with the registry unreachable npm retries for many minutes, which must read as a skip, not a timeout.
+  if ! (cd "$1" && timeout 240 npm ci --no-audit --no-fund --fetch-timeout=60000 --fetch-retries=1 >"$log" 2>&1); then
     echo "SKIP: npm ci failed in $1 (offline?):"
     tail -5 "$log"
     rm -f "$log"
