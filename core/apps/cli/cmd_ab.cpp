@@ -1,0 +1,293 @@
+// colibri-cli ab replay | import | live: which cache policy and size to run, with numbers (see README "A/B testing").
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "colibri/ab/replay.hpp"
+#include "colibri/ab/report.hpp"
+#include "colibri/ab/trace.hpp"
+#include "colibri/registry/plugin_set.hpp"
+#include "engine_cli.hpp"
+
+namespace colibri::cli {
+namespace {
+
+struct ReplayOptions {
+  std::string trace;
+  std::vector<std::string> policies;
+  std::string cache_experts;
+  bool per_layer = false;
+  std::string report;
+  bool json = false;
+  std::string model;
+  std::uint64_t expert_bytes = 0;
+};
+
+// "pinned:0:1,3:2" -> name pinned, cache.pinned_experts=[0:1, 3:2]; "NAME:key=value;key=value" -> cache.key=value.
+sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_policy(const std::string& spec) {
+  const auto colon = spec.find(':');
+  std::string name = spec.substr(0, colon);
+  if (name.empty()) return sdk::Status(sdk::StatusCode::invalid_argument, "--policy '" + spec + "' names no policy");
+  std::vector<profile::Override> ov{{"cache.policy", name, "--policy"}};
+  if (colon == std::string::npos) return std::make_pair(spec, ov);
+  const std::string rest = spec.substr(colon + 1);
+  if (rest.find('=') == std::string::npos) {
+    if (name != "pinned") {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         "--policy '" + spec +
+                             "': write settings as NAME:key=value;key=value (a bare list of "
+                             "layer:expert is only for pinned)");
+    }
+    std::string list = "[";
+    std::stringstream ss(rest);
+    std::string item;
+    while (std::getline(ss, item, ',')) list += (list.size() > 1 ? ", " : "") + item;
+    ov.push_back({"cache.pinned_experts", list + "]", "--policy"});
+  } else {
+    std::stringstream ss(rest);
+    std::string item;
+    while (std::getline(ss, item, ';')) {
+      const auto eq = item.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return sdk::Status(sdk::StatusCode::invalid_argument,
+                           "--policy '" + spec + "': '" + item + "' is not key=value");
+      }
+      ov.push_back({"cache." + item.substr(0, eq), item.substr(eq + 1), "--policy"});
+    }
+  }
+  return std::make_pair(spec, ov);
+}
+
+sdk::Expected<std::vector<std::uint64_t>> parse_sizes(const std::string& text) {
+  std::vector<std::uint64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      out.push_back(static_cast<std::uint64_t>(v));
+    } catch (const std::exception&) {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         "--cache-experts: '" + item + "' is not a positive expert count (write e.g. 8,16,32)");
+    }
+  }
+  if (out.empty()) return sdk::Status(sdk::StatusCode::invalid_argument, "--cache-experts lists no sizes");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::string percent(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", 100.0 * v);
+  return buf;
+}
+
+nlohmann::json result_json(const ab::ReplayResult& r, bool per_layer) {
+  nlohmann::json j = {{"policy", r.policy},
+                      {"hit_rate", r.hit_rate()},
+                      {"hits", r.stats.hits},
+                      {"misses", r.stats.misses},
+                      {"preload_loads", r.stats.preload_loads},
+                      {"evictions", r.stats.evictions},
+                      {"bytes_read", r.stats.bytes_read}};
+  if (per_layer) {
+    j["per_layer"] = nlohmann::json::array();
+    for (std::size_t l = 0; l < r.per_layer.size(); ++l) {
+      const auto& s = r.per_layer[l];
+      j["per_layer"].push_back({{"layer", l}, {"hits", s.hits}, {"misses", s.misses}, {"bytes_read", s.bytes_read}});
+    }
+  }
+  return j;
+}
+
+int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
+  auto sizes = parse_sizes(o.cache_experts);
+  if (!sizes) return fail(sizes.error().message());
+  if (o.policies.empty()) return fail("give at least one --policy (e.g. --policy lru --policy frequency)");
+  std::vector<std::pair<std::string, std::vector<profile::Override>>> specs;
+  for (const auto& p : o.policies) {
+    auto s = parse_policy(p);
+    if (!s) return fail(s.error().message());
+    specs.push_back(*s);
+  }
+  std::optional<model::Manifest> manifest;
+  if (!o.model.empty()) {
+    auto prof = global.load_profile();
+    if (!prof) return 1;
+    auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
+    if (!dir) return fail(dir.error().message());
+    auto m = model::load_manifest(*dir);
+    if (!m) return fail(m.error().message());
+    manifest = std::move(*m);
+  }
+  const auto expert_sizes =
+      manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(o.expert_bytes);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto trace = ab::read_trace(o.trace);
+  if (!trace) return fail(trace.error().message());
+  const auto seq = ab::AccessSequence::from_trace(*trace);
+  trace->clear();
+  const auto universe = ab::universe_of(seq, expert_sizes);
+  std::uint64_t slot = 1;
+  for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
+  for (auto k : seq.keys) {
+    if (!expert_sizes.read_bytes(k)) {
+      return fail(o.trace + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
+                  ", which model " + o.model + " does not have (a trace of another model?)");
+    }
+  }
+
+  ab::ReplayReport report;
+  report.trace = o.trace;
+  report.records = seq.records();
+  report.accesses = seq.keys.size();
+  report.bytes_known = expert_sizes.known();
+  for (const auto n : *sizes) {
+    ab::SizeResults sr;
+    sr.cache_experts = n;
+    sr.budget_bytes = n * slot;
+    for (const auto& [name, overrides] : specs) {
+      profile::LoadOptions lo;
+      lo.profile = global.profile;
+      lo.overrides = global.cli_overrides();
+      lo.overrides.insert(lo.overrides.end(), overrides.begin(), overrides.end());
+      auto prof = profile::Profile::load(lo);
+      if (!prof) return fail(prof.error().message());
+      const auto reg = registry::scan_for_profile(*prof);
+      auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
+      if (!policy) return fail("--policy " + name + ": " + policy.error().message());
+      auto r = ab::replay(seq, *policy, name, sr.budget_bytes, expert_sizes, universe);
+      if (!r) {
+        return fail("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
+                    "; use a larger cache");
+      }
+      sr.policies.push_back(std::move(*r));
+    }
+    auto best = ab::belady(seq, n, expert_sizes);
+    if (!best) return fail("--cache-experts " + std::to_string(n) + ": " + best.error().message());
+    sr.optimal = std::move(*best);
+    report.sizes.push_back(std::move(sr));
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (!o.report.empty()) {
+    const auto html = ab::render_html(&report, nullptr);
+    const auto tmp = o.report + ".partial";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      if (!f || !(f << html) || !f.flush()) {
+        std::filesystem::remove(tmp);
+        return fail("cannot write report " + o.report);
+      }
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, o.report, ec);
+    if (ec) return fail("cannot write report " + o.report + ": " + ec.message());
+  }
+
+  if (o.json) {
+    nlohmann::json j = {{"trace", o.trace},
+                        {"records", report.records},
+                        {"accesses", report.accesses},
+                        {"bytes_known", report.bytes_known},
+                        {"seconds", report.seconds},
+                        {"sizes", nlohmann::json::array()}};
+    for (const auto& sr : report.sizes) {
+      nlohmann::json s = {{"cache_experts", sr.cache_experts}, {"budget_bytes", sr.budget_bytes}};
+      s["policies"] = nlohmann::json::array();
+      for (const auto& r : sr.policies) s["policies"].push_back(result_json(r, o.per_layer));
+      s["optimal"] = result_json(sr.optimal, o.per_layer);
+      j["sizes"].push_back(s);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("trace %s: %llu records, %llu expert accesses, %zu layers\n", o.trace.c_str(),
+              static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
+              static_cast<std::size_t>(seq.layers));
+  for (const auto& sr : report.sizes) {
+    std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
+                report.bytes_known ? (" (" + mib(sr.budget_bytes) + ")").c_str() : "");
+    std::printf("  %-24s %9s %10s %10s %14s\n", "policy", "hit rate", "misses", "preload", "bytes read");
+    auto row = [&](const ab::ReplayResult& r) {
+      std::printf("  %-24s %9s %10llu %10llu %14s\n", r.policy.c_str(), percent(r.hit_rate()).c_str(),
+                  static_cast<unsigned long long>(r.stats.misses),
+                  static_cast<unsigned long long>(r.stats.preload_loads),
+                  report.bytes_known ? mib(r.stats.bytes_read).c_str() : "n/a");
+      if (!o.per_layer) return;
+      for (std::size_t l = 0; l < r.per_layer.size(); ++l) {
+        const auto& s = r.per_layer[l];
+        if (s.hits + s.misses == 0) continue;
+        const double hr = static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses);
+        std::printf("    layer %-16zu %9s %10llu %10s %14s\n", l, percent(hr).c_str(),
+                    static_cast<unsigned long long>(s.misses), "",
+                    report.bytes_known ? mib(s.bytes_read).c_str() : "n/a");
+      }
+    };
+    for (const auto& r : sr.policies) row(r);
+    auto opt = sr.optimal;
+    opt.policy = "optimal (Belady)";
+    row(opt);
+  }
+  std::printf("\nreplayed %llu accesses x %zu sizes x %zu policies (+ optimal) in %.2f s\n",
+              static_cast<unsigned long long>(report.accesses), report.sizes.size(), specs.size(), report.seconds);
+  if (!o.report.empty()) std::printf("report: %s\n", o.report.c_str());
+  return 0;
+}
+
+struct ImportOptions {
+  std::string input, format, out;
+};
+
+int run_import(const ImportOptions& o) {
+  auto fmt = ab::parse_import_format(o.format);
+  if (!fmt) return fail(fmt.error().message());
+  auto records = ab::import_trace(o.input, *fmt);
+  if (!records) return fail(records.error().message());
+  if (auto s = ab::write_trace(o.out, *records); !s) return fail(s.message());
+  std::cerr << "wrote " << records->size() << " routing records to " << o.out << "\n";
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  auto* ab_cmd = app.add_subcommand("ab", "A/B test cache policies: replay routing traces, import traces, live runs");
+  ab_cmd->require_subcommand(1);
+
+  auto ro = std::make_shared<ReplayOptions>();
+  auto* rep = ab_cmd->add_subcommand("replay", "Replay a routing trace through cache policies against the optimum");
+  rep->add_option("--trace", ro->trace, "Routing trace (JSONL, see README)")->required();
+  rep->add_option("--policy", ro->policies, "Cache policy plugin: NAME, pinned:L:E,L:E or NAME:key=value;key=value")
+      ->required();
+  rep->add_option("--cache-experts", ro->cache_experts, "Cache sizes in experts, comma-separated (e.g. 8,16,32)")
+      ->required();
+  rep->add_flag("--per-layer", ro->per_layer, "Break hit rates down by layer");
+  rep->add_option("--report", ro->report, "Write a self-contained HTML report");
+  rep->add_flag("--json", ro->json, "Print JSON instead of tables");
+  rep->add_option("--model,-m", ro->model, "Model whose manifest gives the expert sizes");
+  rep->add_option("--expert-bytes", ro->expert_bytes, "Bytes per expert when no --model is given");
+  add_profile_options(*rep, global);
+  rep->callback([&global, ro] { global.exit_code = run_replay(global, *ro); });
+
+  auto io = std::make_shared<ImportOptions>();
+  auto* imp = ab_cmd->add_subcommand("import", "Convert a routing trace from another tool into colibri's JSONL");
+  imp->add_option("input", io->input, "Input file")->required();
+  imp->add_option("--format", io->format,
+                  "csv (layer,expert[,request,position,weight,token]) or json "
+                  "(array of {\"layer\", \"experts\"})")
+      ->required();
+  imp->add_option("--out,-o", io->out, "Output JSONL trace")->required();
+  imp->callback([&global, io] { global.exit_code = run_import(*io); });
+}
+
+}  // namespace
+
+COLIBRI_CLI_COMMAND(85, setup);
+
+}  // namespace colibri::cli

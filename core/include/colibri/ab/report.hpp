@@ -1,0 +1,58 @@
+// The A/B report: a self-contained HTML page (inline SVG and CSS, no scripts, no network) with hit rate against
+// cache size per policy beside Belady's optimum, per-size tables, and paired live runs when present.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "colibri/ab/replay.hpp"
+
+namespace colibri::ab {
+
+struct SizeResults {
+  std::uint64_t cache_experts = 0;
+  std::uint64_t budget_bytes = 0;
+  std::vector<ReplayResult> policies;  // in --policy order
+  ReplayResult optimal;
+};
+
+struct ReplayReport {
+  std::string trace;
+  std::uint64_t records = 0;
+  std::uint64_t accesses = 0;
+  bool bytes_known = false;
+  double seconds = 0;
+  std::vector<SizeResults> sizes;  // ascending cache size
+};
+
+// One profile's side of a live A/B run.
+struct LiveSide {
+  std::string profile;
+  std::vector<double> decode_tps, hit_rate, bytes_read;  // one per run
+};
+
+struct LiveVerdict {
+  double median_diff = 0;          // median of paired (B - A) decode tok/s
+  double ci_low = 0, ci_high = 0;  // 95% bootstrap CI of the median paired difference
+  int b_faster = 0, a_faster = 0;  // sign test counts
+  double sign_p = 1;               // two-sided sign test p-value
+  bool within_noise = true;
+  std::string text;  // the plain-language verdict
+};
+
+struct LiveReport {
+  std::string model;
+  std::string mode;  // "cold" or "warm"
+  LiveSide a, b;
+  LiveVerdict verdict;
+};
+
+double median(std::vector<double> v);
+// Paired analysis of decode tok/s: sign test and a seeded bootstrap CI of the median difference.
+LiveVerdict compare_paired(const std::vector<double>& a, const std::vector<double>& b, std::uint64_t seed = 1);
+
+// Either part may be absent (null).
+std::string render_html(const ReplayReport* replay, const LiveReport* live);
+
+}  // namespace colibri::ab

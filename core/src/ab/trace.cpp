@@ -1,0 +1,259 @@
+#include "colibri/ab/trace.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace colibri::ab {
+
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+Status bad(const std::string& where, const std::string& what) {
+  return Status(StatusCode::invalid_argument, where + ": " + what);
+}
+
+// Reads an integer field; `required` false leaves `out` alone when the key is absent.
+Status get_int(const nlohmann::json& j, const char* key, bool required, std::int64_t min, std::int64_t& out,
+               const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    return required ? bad(where, std::string("missing field \"") + key + "\"") : Status{};
+  }
+  if (!it->is_number_integer() || it->get<std::int64_t>() < min) {
+    return bad(where, std::string("field \"") + key + "\" must be an integer >= " + std::to_string(min) + ", got " +
+                          it->dump());
+  }
+  out = it->get<std::int64_t>();
+  return {};
+}
+
+Status record_from_json(const nlohmann::json& j, TraceRecord& r, const std::string& where) {
+  if (!j.is_object()) return bad(where, "expected a JSON object, got " + std::string(j.type_name()));
+  if (auto s = get_int(j, "request", false, 0, r.request, where); !s) return s;
+  if (auto s = get_int(j, "position", false, 0, r.position, where); !s) return s;
+  if (auto s = get_int(j, "token", false, -1, r.token, where); !s) return s;
+  if (auto s = get_int(j, "layer", true, 0, r.layer, where); !s) return s;
+  if (r.layer > 0xffffffffLL) return bad(where, "field \"layer\" is out of range");
+  auto e = j.find("experts");
+  if (e == j.end()) return bad(where, "missing field \"experts\" (a list of expert ids)");
+  if (!e->is_array() || e->empty()) return bad(where, "field \"experts\" must be a non-empty list of expert ids");
+  r.experts.clear();
+  for (const auto& x : *e) {
+    if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() > INT32_MAX) {
+      return bad(where, "field \"experts\" holds " + x.dump() + ", not an expert id (integer >= 0)");
+    }
+    r.experts.push_back(x.get<std::int32_t>());
+  }
+  r.weights.clear();
+  if (auto w = j.find("weights"); w != j.end() && !w->is_null()) {
+    if (!w->is_array() || w->size() != e->size()) {
+      return bad(where, "field \"weights\" must be a list as long as \"experts\" (" + std::to_string(e->size()) + ")");
+    }
+    for (const auto& x : *w) {
+      if (!x.is_number()) return bad(where, "field \"weights\" holds " + x.dump() + ", not a number");
+      r.weights.push_back(x.get<float>());
+    }
+  }
+  return {};
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cell;
+  std::stringstream ss(line);
+  while (std::getline(ss, cell, ',')) {
+    while (!cell.empty() && (cell.back() == ' ' || cell.back() == '\r')) cell.pop_back();
+    std::size_t start = 0;
+    while (start < cell.size() && cell[start] == ' ') ++start;
+    out.push_back(cell.substr(start));
+  }
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+}  // namespace
+
+std::string to_jsonl(const TraceRecord& r) {
+  nlohmann::json j = {{"request", r.request}, {"position", r.position}};
+  if (r.token >= 0) j["token"] = r.token;
+  j["layer"] = r.layer;
+  j["experts"] = r.experts;
+  if (!r.weights.empty()) j["weights"] = r.weights;
+  return j.dump();
+}
+
+sdk::Expected<std::vector<TraceRecord>> read_trace(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status(StatusCode::not_found, "cannot read trace " + path.string() + ": " + std::strerror(errno));
+  }
+  std::vector<TraceRecord> out;
+  std::string line;
+  std::size_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path.string() + ":" + std::to_string(n);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) {
+      return bad(where,
+                 "not valid JSON (each line must be one routing record; `colibri-cli ab import` converts "
+                 "CSV and JSON arrays)");
+    }
+    TraceRecord r;
+    if (auto s = record_from_json(j, r, where); !s) return s;
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) return bad(path.string(), "the trace holds no routing records");
+  return out;
+}
+
+Status write_trace(const std::filesystem::path& path, const std::vector<TraceRecord>& records) {
+  const auto tmp = path.string() + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+    for (const auto& r : records) f << to_jsonl(r) << '\n';
+    if (!f.flush()) {
+      std::filesystem::remove(tmp);
+      return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(errno));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    return Status(StatusCode::io_error, "cannot rename " + tmp + " to " + path.string() + ": " + ec.message());
+  }
+  return {};
+}
+
+sdk::Expected<ImportFormat> parse_import_format(const std::string& name) {
+  if (name == "csv") return ImportFormat::csv;
+  if (name == "json") return ImportFormat::json;
+  return Status(StatusCode::invalid_argument, "--format '" + name + "' is not known; use csv or json");
+}
+
+namespace {
+
+sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& path, std::ifstream& in) {
+  std::string line;
+  std::size_t n = 0;
+  std::vector<std::string> header;
+  while (header.empty() && std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") != std::string::npos) header = split_csv(line);
+  }
+  int col_layer = -1, col_expert = -1, col_request = -1, col_position = -1, col_weight = -1, col_token = -1;
+  for (std::size_t i = 0; i < header.size(); ++i) {
+    const auto& h = header[i];
+    int* slot = h == "layer"      ? &col_layer
+                : h == "expert"   ? &col_expert
+                : h == "request"  ? &col_request
+                : h == "position" ? &col_position
+                : h == "weight"   ? &col_weight
+                : h == "token"    ? &col_token
+                                  : nullptr;
+    if (slot == nullptr) {
+      return bad(path.string() + ":" + std::to_string(n),
+                 "unknown column \"" + h + "\" (known: layer, expert, request, position, weight, token)");
+    }
+    *slot = static_cast<int>(i);
+  }
+  if (col_layer < 0 || col_expert < 0) {
+    return bad(path.string() + ":" + std::to_string(n), "the header must name the columns layer and expert");
+  }
+  std::vector<TraceRecord> out;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path.string() + ":" + std::to_string(n);
+    const auto cells = split_csv(line);
+    if (cells.size() != header.size()) {
+      return bad(where, std::to_string(cells.size()) + " columns, the header has " + std::to_string(header.size()));
+    }
+    auto integer = [&](int col, std::int64_t& v) -> Status {
+      try {
+        std::size_t used = 0;
+        v = std::stoll(cells[static_cast<std::size_t>(col)], &used);
+        if (used != cells[static_cast<std::size_t>(col)].size() || v < 0) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        return bad(where, "column " + header[static_cast<std::size_t>(col)] + ": '" +
+                              cells[static_cast<std::size_t>(col)] + "' is not an integer >= 0");
+      }
+      return {};
+    };
+    std::int64_t layer = 0, expert = 0, request = 0, position = -1, token = -1;
+    if (auto s = integer(col_layer, layer); !s) return s;
+    if (auto s = integer(col_expert, expert); !s) return s;
+    if (expert > INT32_MAX) return bad(where, "column expert: out of range");
+    if (col_request >= 0) {
+      if (auto s = integer(col_request, request); !s) return s;
+    }
+    if (col_position >= 0) {
+      if (auto s = integer(col_position, position); !s) return s;
+    }
+    if (col_token >= 0) {
+      if (auto s = integer(col_token, token); !s) return s;
+    }
+    float weight = 0;
+    if (col_weight >= 0) {
+      try {
+        std::size_t used = 0;
+        weight = std::stof(cells[static_cast<std::size_t>(col_weight)], &used);
+        if (used != cells[static_cast<std::size_t>(col_weight)].size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        return bad(where, "column weight: '" + cells[static_cast<std::size_t>(col_weight)] + "' is not a number");
+      }
+    }
+    const bool joins = position >= 0 && !out.empty() && out.back().request == request &&
+                       out.back().position == position && out.back().layer == layer;
+    if (!joins) {
+      TraceRecord r;
+      r.request = request;
+      r.position = position >= 0 ? position : static_cast<std::int64_t>(out.size());
+      r.layer = layer;
+      r.token = token;
+      out.push_back(std::move(r));
+    }
+    out.back().experts.push_back(static_cast<std::int32_t>(expert));
+    if (col_weight >= 0) out.back().weights.push_back(weight);
+  }
+  if (out.empty()) return bad(path.string(), "the CSV holds no rows after its header");
+  return out;
+}
+
+sdk::Expected<std::vector<TraceRecord>> import_json(const std::filesystem::path& path, std::ifstream& in) {
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  if (doc.is_discarded()) return bad(path.string(), "not valid JSON (expected an array of {\"layer\", \"experts\"})");
+  if (!doc.is_array()) return bad(path.string(), "expected a JSON array of {\"layer\", \"experts\"} records");
+  std::vector<TraceRecord> out;
+  for (std::size_t i = 0; i < doc.size(); ++i) {
+    TraceRecord r;
+    r.position = -1;
+    if (auto s = record_from_json(doc[i], r, path.string() + ": record [" + std::to_string(i) + "]"); !s) return s;
+    if (r.position < 0) {
+      // Without positions, a record per layer per token: a new position starts when the layer does not increase.
+      const bool same_request = !out.empty() && out.back().request == r.request;
+      r.position = !same_request ? 0 : (r.layer > out.back().layer ? out.back().position : out.back().position + 1);
+    }
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) return bad(path.string(), "the array holds no records");
+  return out;
+}
+
+}  // namespace
+
+sdk::Expected<std::vector<TraceRecord>> import_trace(const std::filesystem::path& path, ImportFormat format) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status(StatusCode::not_found, "cannot read " + path.string() + ": " + std::strerror(errno));
+  return format == ImportFormat::csv ? import_csv(path, in) : import_json(path, in);
+}
+
+}  // namespace colibri::ab

@@ -1,0 +1,136 @@
+// CacheSim must follow the expert manager's rules: both driven with the same accesses give the same hit/miss sequence.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <map>
+#include <random>
+
+#include "colibri/ab/replay.hpp"
+#include "colibri/engine/expert_manager.hpp"
+#include "colibri/registry/registry.hpp"
+#include "colibri/util/host_info.hpp"
+
+namespace colibri::ab {
+namespace {
+
+class MemoryStorage final : public sdk::StorageBase {
+ public:
+  class File final : public sdk::StorageFile {
+   public:
+    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
+    std::uint64_t size() const noexcept override { return size_; }
+    const std::string& path() const noexcept override { return path_; }
+    bool direct_io() const noexcept override { return false; }
+
+   private:
+    std::string path_;
+    std::uint64_t size_;
+  };
+  std::map<std::string, std::vector<std::byte>> files;
+  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
+    auto it = files.find(path);
+    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path);
+    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
+  }
+  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
+    const auto& bytes = files.at(f.path());
+    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
+    return {};
+  }
+  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
+};
+
+// A model of `layers` x `experts` blobs of 5000 bytes (slots round to 8192, as in the manager).
+struct FakeModel {
+  model::Manifest manifest;
+  std::shared_ptr<MemoryStorage> storage = std::make_shared<MemoryStorage>();
+  FakeModel(int layers, int experts) {
+    for (int l = 0; l < layers; ++l) {
+      for (int e = 0; e < experts; ++e) {
+        model::ExpertEntry x;
+        x.layer = l;
+        x.expert = e;
+        x.file = "L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
+        x.size = 5000;
+        std::vector<std::byte> bytes(x.size, std::byte(l * 16 + e));
+        std::uint64_t at = 0;
+        for (auto* part : {&x.gate, &x.up, &x.down}) {
+          part->type = sdk::DType::f32;
+          part->shape = {8, 32};
+          part->offset = at;
+          part->size = 8 * 32 * 4;
+          part->checksum = XXH64(bytes.data() + at, part->size, 0);
+          at += 1024;
+        }
+        storage->files["/m/" + x.file] = bytes;
+        manifest.experts.push_back(x);
+      }
+    }
+  }
+};
+
+std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {
+  static const auto reg = registry::PluginRegistry::scan({{COLIBRI_TEST_PLUGIN_DIR, "build"}}, util::host_info());
+  const auto* info = reg.find(sdk::PluginKind::cache, name);
+  if (info == nullptr) return nullptr;
+  auto p = reg.create_as<sdk::CachePolicy>(*info, sdk::ConfigView{});
+  return p ? *p : nullptr;
+}
+
+TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
+  const int layers = 3, experts = 10, k = 2;
+  FakeModel fm(layers, experts);
+  const auto sizes = ExpertSizes::from_manifest(fm.manifest);
+  std::vector<sdk::ExpertKey> universe;
+  for (const auto& e : fm.manifest.experts) {
+    universe.push_back({static_cast<std::uint32_t>(e.layer), static_cast<std::uint32_t>(e.expert)});
+  }
+  std::mt19937 rng(3);
+  std::geometric_distribution<int> skew(0.3);
+  for (const char* name : {"lru", "frequency", "pinned"}) {
+    for (std::uint64_t slots : {2u, 3u, 5u, 9u, 30u}) {
+      const std::uint64_t budget = slots * 8192;
+      auto p1 = policy(name), p2 = policy(name);
+      ASSERT_TRUE(p1 && p2) << name;
+      engine::ExpertManager manager(fm.manifest, "/m", fm.storage, p1, budget);
+      CacheSim sim(p2, budget, sizes, universe);
+      ASSERT_EQ(manager.resident(), sim.resident());
+      ASSERT_TRUE(manager.preload());
+      ASSERT_TRUE(sim.preload());
+      std::string want, got;
+      for (int step = 0; step < 400; ++step) {
+        const auto layer = static_cast<std::uint32_t>(step % layers);
+        std::vector<std::uint32_t> picked;
+        while (static_cast<int>(picked.size()) < k) {
+          const auto e = static_cast<std::uint32_t>(skew(rng) % experts);
+          if (std::find(picked.begin(), picked.end(), e) == picked.end()) picked.push_back(e);
+        }
+        for (auto e : picked) {
+          const auto misses = manager.stats().misses;
+          ASSERT_TRUE(manager.acquire(layer, e));
+          want += manager.stats().misses > misses ? 'm' : 'h';
+          auto hit = sim.acquire({layer, e});
+          ASSERT_TRUE(hit) << hit.error().message();
+          got += *hit ? 'h' : 'm';
+        }
+        for (auto e : picked) {
+          manager.release(layer, e);
+          sim.release({layer, e});
+        }
+      }
+      EXPECT_EQ(got, want) << name << " with " << slots << " slots";
+      EXPECT_EQ(sim.stats().misses, manager.stats().misses);
+      EXPECT_EQ(sim.stats().evictions, manager.stats().evictions);
+      EXPECT_EQ(sim.stats().bytes_read, manager.stats().bytes_read);
+      if (slots >= 5) {
+        EXPECT_NE(want.find('h'), std::string::npos);
+      }
+      if (slots < 30) {
+        EXPECT_GT(manager.stats().evictions, 0u);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace colibri::ab
