@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 #include <string>
 
 namespace colibri::sdk::testing {
@@ -19,6 +20,8 @@ struct CacheParam {
 };
 
 std::string CacheParamName(const ::testing::TestParamInfo<CacheParam>& info);
+// Test logs show "<library file> [label]" instead of the struct's bytes.
+inline void PrintTo(const CacheParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
 
 class CacheConformance : public ::testing::TestWithParam<CacheParam> {};
 

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 #include <string>
 
 namespace colibri::sdk::testing {
@@ -25,6 +26,8 @@ struct ComputeParam {
 };
 
 std::string ComputeParamName(const ::testing::TestParamInfo<ComputeParam>& info);
+// Test logs show "<library file> [label]" instead of the struct's bytes.
+inline void PrintTo(const ComputeParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
 
 class ComputeConformance : public ::testing::TestWithParam<ComputeParam> {};
 

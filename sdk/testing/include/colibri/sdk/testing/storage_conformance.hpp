@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <ostream>
 #include <string>
 
 namespace colibri::sdk::testing {
@@ -19,6 +20,8 @@ struct StorageParam {
 };
 
 std::string StorageParamName(const ::testing::TestParamInfo<StorageParam>& info);
+// Test logs show "<library file> [label]" instead of the struct's bytes.
+inline void PrintTo(const StorageParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
 
 class StorageConformance : public ::testing::TestWithParam<StorageParam> {};
 
