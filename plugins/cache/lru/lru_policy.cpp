@@ -1,10 +1,7 @@
 // cache/lru: evicts the least recently used evictable entry. O(1) per access; a victim search
 // walks from the cold end past entries that are in use or pinned.
-#include <list>
-#include <unordered_map>
-#include <unordered_set>
-
 #include "colibri/sdk/sdk.hpp"
+#include "recency_order.hpp"
 
 namespace {
 
@@ -14,58 +11,21 @@ class LruPolicy final : public CachePolicy {
  public:
   static Expected<std::unique_ptr<LruPolicy>> create(const CreateContext&) { return std::make_unique<LruPolicy>(); }
 
-  void on_insert(ExpertKey key, std::uint64_t) noexcept override { touch(key); }
+  void on_insert(ExpertKey key, std::uint64_t) noexcept override { order_.touch(key.packed()); }
   void on_access(ExpertKey key) noexcept override {
-    if (where_.count(key.packed())) touch(key);
+    if (order_.contains(key.packed())) order_.touch(key.packed());
   }
-  void on_erase(ExpertKey key) noexcept override {
-    auto it = where_.find(key.packed());
-    if (it == where_.end()) return;
-    order_.erase(it->second);
-    where_.erase(it);
-    pinned_.erase(key.packed());
-  }
-  void on_pin(ExpertKey key, bool pinned) noexcept override {
-    try {
-      if (pinned) {
-        pinned_.insert(key.packed());
-      } else {
-        pinned_.erase(key.packed());
-      }
-    } catch (...) {
-    }
-  }
+  void on_erase(ExpertKey key) noexcept override { order_.erase(key.packed()); }
+  void on_pin(ExpertKey key, bool pinned) noexcept override { order_.set_pinned(key.packed(), pinned); }
   std::optional<ExpertKey> pick_victim(const EvictablePredicate& evictable) noexcept override {
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {  // back = least recently used
-      const ExpertKey k = ExpertKey::unpack(*it);
-      if (!pinned_.count(*it) && evictable(k)) return k;
-    }
-    return std::nullopt;
+    auto v = order_.coldest([&](std::uint64_t k) { return evictable(ExpertKey::unpack(k)); });
+    if (!v) return std::nullopt;
+    return ExpertKey::unpack(*v);
   }
-  void clear() noexcept override {
-    order_.clear();
-    where_.clear();
-    pinned_.clear();
-  }
+  void clear() noexcept override { order_.clear(); }
 
  private:
-  void touch(ExpertKey key) noexcept {
-    try {
-      const auto p = key.packed();
-      auto it = where_.find(p);
-      if (it != where_.end()) {
-        order_.splice(order_.begin(), order_, it->second);
-      } else {
-        order_.push_front(p);
-        where_.emplace(p, order_.begin());
-      }
-    } catch (...) {  // out of memory: the entry is simply not tracked (never a victim)
-    }
-  }
-
-  std::list<std::uint64_t> order_;  // front = most recently used
-  std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
-  std::unordered_set<std::uint64_t> pinned_;
+  colibri::plugins::cache_common::RecencyOrder order_;
 };
 
 Score score(const HostInfo&) noexcept { return {100, ""}; }

@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "colibri/sdk/sdk.hpp"
+#include "recency_order.hpp"
 
 namespace {
 
@@ -126,38 +127,23 @@ class PinnedPolicy final : public CachePolicy {
     for (ExpertKey k : wanted_) wanted_set_.insert(k.packed());
   }
 
-  void on_insert(ExpertKey key, std::uint64_t) noexcept override { touch(key); }
+  void on_insert(ExpertKey key, std::uint64_t) noexcept override { order_.touch(key.packed()); }
   void on_access(ExpertKey key) noexcept override {
-    if (where_.count(key.packed())) touch(key);
+    if (order_.contains(key.packed())) order_.touch(key.packed());
   }
-  void on_erase(ExpertKey key) noexcept override {
-    auto it = where_.find(key.packed());
-    if (it == where_.end()) return;
-    order_.erase(it->second);
-    where_.erase(it);
-    pinned_.erase(key.packed());
-  }
-  void on_pin(ExpertKey key, bool pinned) noexcept override {
-    try {
-      if (pinned) {
-        pinned_.insert(key.packed());
-      } else {
-        pinned_.erase(key.packed());
-      }
-    } catch (...) {
-    }
-  }
+  void on_erase(ExpertKey key) noexcept override { order_.erase(key.packed()); }
+  void on_pin(ExpertKey key, bool pinned) noexcept override { order_.set_pinned(key.packed(), pinned); }
   std::optional<ExpertKey> pick_victim(const EvictablePredicate& evictable) noexcept override {
     std::optional<ExpertKey> wanted_victim;
-    for (auto it = order_.rbegin(); it != order_.rend(); ++it) {  // back = least recently used
-      if (pinned_.count(*it)) continue;
-      const ExpertKey k = ExpertKey::unpack(*it);
-      if (wanted_set_.count(*it)) {
+    auto v = order_.coldest([&](std::uint64_t packed) {
+      const ExpertKey k = ExpertKey::unpack(packed);
+      if (wanted_set_.count(packed)) {  // wanted but not pinned: evicted only when nothing else is
         if (!wanted_victim && evictable(k)) wanted_victim = k;
-        continue;
+        return false;
       }
-      if (evictable(k)) return k;
-    }
+      return evictable(k);
+    });
+    if (v) return ExpertKey::unpack(*v);
     return wanted_victim;
   }
   std::vector<ExpertKey> wanted_pins() const noexcept override {
@@ -167,32 +153,13 @@ class PinnedPolicy final : public CachePolicy {
       return {};
     }
   }
-  void clear() noexcept override {
-    order_.clear();
-    where_.clear();
-    pinned_.clear();
-  }
+  void clear() noexcept override { order_.clear(); }
 
  private:
-  void touch(ExpertKey key) noexcept {
-    try {
-      const auto p = key.packed();
-      auto it = where_.find(p);
-      if (it != where_.end()) {
-        order_.splice(order_.begin(), order_, it->second);
-      } else {
-        order_.push_front(p);
-        where_.emplace(p, order_.begin());
-      }
-    } catch (...) {  // out of memory: the entry is simply not tracked (never a victim)
-    }
-  }
 
   std::vector<ExpertKey> wanted_;
   std::unordered_set<std::uint64_t> wanted_set_;
-  std::list<std::uint64_t> order_;  // front = most recently used
-  std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where_;
-  std::unordered_set<std::uint64_t> pinned_;
+  colibri::plugins::cache_common::RecencyOrder order_;
 };
 
 Score score(const HostInfo&) noexcept {
