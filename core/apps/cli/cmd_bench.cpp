@@ -1,6 +1,8 @@
 // colibri-cli bench --model M [--prompt-tokens N] [--gen-tokens N] [--json]
 // Prefill and decode speed on seeded random tokens, the expert cache and I/O counters, and the memory-bandwidth
 // bound of decode (active weight bytes per token over measured read bandwidth).
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -127,6 +129,26 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       {"decode_bandwidth_bound_tokens_per_second", bound},
       {"decode_fraction_of_bound", decode_tps / bound},
   };
+  // Streaming figures: what the disk delivered, prefetch quality, memory high-water mark.
+  const std::uint64_t decode_bytes = st.bytes_read - after_prefill.bytes_read;
+  const double bytes_per_token = o.gen_tokens > 0 ? static_cast<double>(decode_bytes) / static_cast<double>(o.gen_tokens)
+                                                  : static_cast<double>(st.bytes_read) /
+                                                        static_cast<double>(o.prompt_tokens);
+  const double run_s = prefill_s + decode_s;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  j["prefetch_layers"] = engine->prefetch_layers();
+  j["prefetch_issued"] = st.prefetch_issued;
+  j["prefetch_used"] = st.prefetch_used;
+  j["prefetch_wasted"] = st.prefetch_wasted;
+  j["prefetch_failed"] = st.prefetch_failed;
+  j["prefetch_precision"] = st.prediction_precision();
+  j["prefetch_recall"] = st.prediction_recall();
+  j["stall_saved_seconds"] = st.stall_saved_seconds;
+  j["bytes_read_per_token"] = bytes_per_token;
+  j["disk_bytes_per_second"] = run_s > 0 ? static_cast<double>(st.bytes_read) / run_s : 0.0;
+  j["peak_rss_bytes"] = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+  save_usage(*engine);
   if (o.json) {
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -143,6 +165,14 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses), read %s, I/O stall %.3f s\n", 100.0 * st.hit_rate(),
               static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
               mib(st.bytes_read).c_str(), st.stall_seconds);
+  std::printf("streaming  %s read/token, disk %.3f GB/s, stall %.3f s (prefetch saved %.3f s), peak RSS %s\n",
+              mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(),
+              j["disk_bytes_per_second"].get<double>() / 1e9, st.stall_seconds, st.stall_saved_seconds,
+              mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+  std::printf("prefetch   %lld layers: %llu issued, %llu used, %llu wasted; prediction precision %.1f%%, recall %.1f%%\n",
+              static_cast<long long>(engine->prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
+              static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
+              100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
   std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth: %.2f tok/s (decode at %.0f%%)\n",
               active / (1024.0 * 1024.0), bandwidth / 1e9, bound, 100.0 * decode_tps / bound);
   return 0;

@@ -51,6 +51,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
             << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
             << ", seed " << o.sampling.seed << ")\n";
+  save_usage(*engine);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
+#include "colibri/engine/usage_history.hpp"
 #include "colibri/model/paths.hpp"
 #include "command.hpp"
 
@@ -91,7 +92,24 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
                 e.mode().c_str(), e.plugins().compute_name.c_str(), e.plugins().storage_name.c_str(),
                 e.plugins().cache_name.c_str(), prefill_tps, decode_tps, 100.0 * st.hit_rate(),
                 mib(st.bytes_read).c_str(), st.stall_seconds);
-  return buf;
+  std::string line = buf;
+  if (st.predicted > 0 || st.prefetch_issued > 0) {
+    std::snprintf(buf, sizeof buf, " [prefetch %lld layers: %llu issued, %llu used | precision %.1f%% | recall %.1f%%]",
+                  static_cast<long long>(e.prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
+                  static_cast<unsigned long long>(st.prefetch_used), 100.0 * st.prediction_precision(),
+                  100.0 * st.prediction_recall());
+    line += buf;
+  }
+  return line;
+}
+
+// Adds this run's expert usage to the model's persisted history (what `cache stats|warm` and the pinned policy's
+// auto_pin_history read). A failure costs the history, not the run: warn only.
+inline void save_usage(const engine::Engine& e) {
+  const auto path = engine::usage_history_path(e.model_dir());
+  if (auto s = engine::merge_usage_history(path, e.experts().usage()); !s) {
+    std::fprintf(stderr, "warning: expert usage history not saved: %s\n", s.message().c_str());
+  }
 }
 
 }  // namespace colibri::cli

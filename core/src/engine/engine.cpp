@@ -73,6 +73,8 @@ struct Engine::Layer {
 struct Engine::Scratch {
   std::vector<float> x, h, q, k, v, q2, k2, attn, tmp, moe, router, weights, shared, gate, xe, ye, acc, last;
   std::vector<std::int32_t> ids, positions, expert_ids;
+  std::vector<float> pred_router, pred_weights;  // prefetch predictions (never the routing itself)
+  std::vector<std::int32_t> pred_ids;
 };
 
 Engine::Engine() = default;
@@ -119,6 +121,10 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   }
   std::uint64_t kv_bytes = 0;
   if (auto v = profile.get_int("memory.kv_cache")) kv_bytes = static_cast<std::uint64_t>(*v);
+  if (!options.prefetch_layers) {
+    auto v = profile.get_int("prefetch.layers");
+    options.prefetch_layers = v ? *v : 2;
+  }
   return open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
 }
 
@@ -157,6 +163,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!rope) return rope.error();
   rope_ = std::move(*rope);
   if (options_.exact_activations) matmul_flags_ = sdk::kExactActivations;
+  prefetch_layers_ = std::max<std::int64_t>(0, options_.prefetch_layers.value_or(0));
 
   // Shared weights: every file they live in, read whole through the storage plugin, each tensor hash-checked.
   for (const auto& t : manifest_.tensors) {
@@ -459,7 +466,10 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
   sdk::OpParams mm_p;
   mm_p.flags = matmul_flags_;
   Status s;
+  if (l == 0) predicted_.clear();  // a new pass: predictions are per pass
   if (!L.sparse) {
+    const sdk::ExpertKey dense_key{static_cast<std::uint32_t>(l), 0};
+    if (s = prefetch_ahead(l, T, h_ptr, std::span<const sdk::ExpertKey>(&dense_key, 1)); !s) return s;
     auto w = experts_->acquire(l, 0);
     if (!w) return w.error();
     s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, h}, {f32(out, D, T)}, mm_p);
@@ -504,6 +514,17 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       rec.layer = l;
       trace->push_back(std::move(rec));
     }
+  }
+  if (prefetch_layers_ > 0 && !experts_->resident()) {
+    std::vector<sdk::ExpertKey> keep;
+    for (const auto& g : groups) keep.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
+    if (auto it = predicted_.find(l); it != predicted_.end()) {
+      std::uint64_t correct = 0;
+      for (const auto& g : groups) correct += it->second.count(g.first);
+      experts_->note_prediction(it->second.size(), correct, groups.size());
+      predicted_.erase(it);
+    }
+    if (s = prefetch_ahead(l, T, h_ptr, keep); !s) return s;
   }
   std::fill(out, out + DT, 0.0f);
   for (const auto& [e, members] : groups) {
@@ -553,6 +574,46 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       if (s = run_op(Op::add, {f32(S.acc.data(), D, T), f32(S.shared.data(), D, T)}, {f32(out, D, T)}); !s) return s;
     }
   }
+  return {};
+}
+
+// Prefetch: the routers of the next prefetch_layers_ layers applied to this layer's hidden state predict their
+// experts; the predicted misses are queued below demand reads. Only timing changes: routing itself is untouched.
+Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const float* h_ptr,
+                              std::span<const sdk::ExpertKey> keep) {
+  if (prefetch_layers_ <= 0 || experts_->resident()) return {};
+  auto& S = *scratch_;
+  const std::int64_t D = hp_.hidden_size, E = hp_.n_experts;
+  std::vector<sdk::ExpertKey> wanted;
+  sdk::OpParams router_p;
+  router_p.flags = sdk::kExactActivations;
+  for (std::int64_t m = l + 1; m <= l + prefetch_layers_ && m < hp_.num_layers; ++m) {
+    const Layer& M = layers_[static_cast<std::size_t>(m)];
+    if (!M.sparse) {
+      wanted.push_back({static_cast<std::uint32_t>(m), 0});
+      continue;
+    }
+    const std::int64_t K = M.top_k;
+    S.pred_router.resize(static_cast<std::size_t>(E * T));
+    S.pred_weights.resize(static_cast<std::size_t>(K * T));
+    S.pred_ids.resize(static_cast<std::size_t>(K * T));
+    Status s = run_op(Op::matmul, {M.router, f32(const_cast<float*>(h_ptr), D, T)}, {f32(S.pred_router.data(), E, T)},
+                      router_p);
+    if (!s) return s;
+    sdk::OpParams topk_p;
+    topk_p.top_k = static_cast<std::int32_t>(K);
+    topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
+    s = run_op(Op::topk_routing, {f32(S.pred_router.data(), E, T)},
+               {i32_2d(S.pred_ids.data(), K, T), f32(S.pred_weights.data(), K, T)}, topk_p);
+    if (!s) return s;
+    std::set<std::int32_t> mine;
+    for (const auto e : S.pred_ids) {
+      if (e >= 0 && e < E) mine.insert(e);
+    }
+    for (const auto e : mine) wanted.push_back({static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(e)});
+    predicted_[m].insert(mine.begin(), mine.end());
+  }
+  experts_->prefetch(wanted, keep);
   return {};
 }
 

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <new>
 
 namespace colibri::engine {
@@ -41,6 +42,8 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
 }
 
 ExpertManager::~ExpertManager() {
+  // Prefetch reads write into our slots and call back into mutex_: let them finish first.
+  if (storage_ && !inflight_.empty()) storage_->drain();
   if (policy_) policy_->clear();
 }
 
@@ -55,6 +58,7 @@ Status ExpertManager::preload() {
       auto w = acquire(key.layer, key.expert);
       if (!w) return w.error();
       release(key.layer, key.expert);
+      if (--usage_[key.packed()] == 0) usage_.erase(key.packed());  // loading a pin is not a use
       auto& slot = slots_[key.packed()];
       if (!slot.pinned) {
         slot.pinned = true;
@@ -84,11 +88,19 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
   slot.entry = &e;
   const auto start = std::chrono::steady_clock::now();
   auto file = storage_->open((dir_ / e.file).string());
-  if (!file) return file.error().with_context("opening " + where + " (" + e.file + ")");
+  // The fix goes with the error: a missing or damaged blob comes back by copying it again or re-converting.
+  const std::string fix = "; restore " + e.file + " from a good copy or re-run convert";
+  if (!file) return Status(file.error().code(), "opening expert " + where + " (" + e.file + "): " +
+                                                    file.error().message() + fix);
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!s) return s.with_context("reading " + where + " (" + e.file + ")");
+  if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
   stats_.bytes_read += e.size;
+  return verify(e, slot);
+}
+
+Status ExpertManager::verify(const model::ExpertEntry& e, const Slot& slot) const {
+  const std::string where = key_name(e.layer, e.expert);
   for (const auto* part : {&e.gate, &e.up, &e.down}) {
     if (part->offset < e.offset || part->offset + part->size > e.offset + e.size) {
       return Status(StatusCode::corrupt_data,
@@ -105,22 +117,50 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
 bool ExpertManager::evictable(void* ctx, sdk::ExpertKey key) noexcept {
   auto* self = static_cast<ExpertManager*>(ctx);
   auto it = self->slots_.find(key.packed());
-  return it != self->slots_.end() && it->second.in_use == 0 && !it->second.pinned;
+  if (it == self->slots_.end() || it->second.in_use != 0 || it->second.pinned || it->second.pending) return false;
+  if (self->prefetch_eviction_) {
+    if (it->second.prefetched_unused) return false;
+    for (const auto k : self->keep_) {
+      if (k.packed() == key.packed()) return false;
+    }
+  }
+  return true;
+}
+
+void ExpertManager::erase_slot(std::map<std::uint64_t, Slot>::iterator it) {
+  const auto key = sdk::ExpertKey::unpack(it->first);
+  const bool known_to_policy = !it->second.pending;
+  if (it->second.prefetched_unused) ++stats_.prefetch_wasted;
+  used_bytes_ -= it->second.data.size();
+  slots_.erase(it);
+  if (policy_ && known_to_policy) policy_->on_erase(key);
 }
 
 Status ExpertManager::make_room(std::uint64_t bytes) {
   while (used_bytes_ + bytes > budget_) {
     std::optional<sdk::ExpertKey> victim;
     if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{&ExpertManager::evictable, this});
+    if ((!victim || !evictable(this, *victim)) && !prefetch_eviction_ && !inflight_.empty()) {
+      // Prefetches in flight hold the room a demand read needs: wait for one to land (it becomes evictable).
+      std::vector<std::shared_ptr<Pending>> pending;
+      for (const auto k : inflight_) pending.push_back(slots_.at(k).pending);
+      const auto start = std::chrono::steady_clock::now();
+      {
+        std::unique_lock lock(mutex_);
+        landed_.wait(lock, [&] {
+          return std::any_of(pending.begin(), pending.end(), [](const auto& p) { return p->done; });
+        });
+      }
+      stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      reap();
+      continue;
+    }
     if (!victim || !evictable(this, *victim)) {
       return Status(StatusCode::out_of_memory,
                     "memory.expert_cache (" + std::to_string(budget_) +
                         " bytes) cannot hold the experts one layer needs at once; raise it (--expert-cache-size)");
     }
-    auto it = slots_.find(victim->packed());
-    used_bytes_ -= it->second.data.size();
-    slots_.erase(it);
-    policy_->on_erase(*victim);
+    erase_slot(slots_.find(victim->packed()));
     ++stats_.evictions;
   }
   return {};
@@ -135,8 +175,30 @@ ExpertWeights ExpertManager::weights_of(const Slot& slot) const {
 
 sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int64_t expert) {
   const auto key = key_of(layer, expert);
+  ++usage_[key.packed()];
+  reap();
   auto it = slots_.find(key.packed());
+  if (it != slots_.end() && it->second.pending) {
+    // Single flight: wait for the prefetch read of this expert instead of reading it again.
+    const auto start = std::chrono::steady_clock::now();
+    {
+      std::unique_lock lock(mutex_);
+      auto pending = it->second.pending;
+      landed_.wait(lock, [&] { return pending->done; });
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats_.stall_seconds += waited;
+    const double read_seconds = it->second.pending->read_seconds;
+    const auto packed = key.packed();
+    reap(&packed);
+    it = slots_.find(packed);
+    if (it != slots_.end()) stats_.stall_saved_seconds += std::max(0.0, read_seconds - waited);
+  }
   if (it != slots_.end()) {
+    if (it->second.prefetched_unused) {
+      it->second.prefetched_unused = false;
+      ++stats_.prefetch_used;
+    }
     ++stats_.hits;
     ++it->second.in_use;
     if (policy_) policy_->on_access(key);
@@ -157,6 +219,93 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
   (void)inserted;
   if (policy_) policy_->on_insert(key, e->size);
   return weights_of(pos->second);
+}
+
+void ExpertManager::reap(const std::uint64_t* only) {
+  if (inflight_.empty()) return;
+  std::vector<std::uint64_t> landed;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto k : inflight_) {
+      if (only != nullptr && k != *only) continue;
+      auto it = slots_.find(k);
+      if (it != slots_.end() && it->second.pending && it->second.pending->done) landed.push_back(k);
+    }
+  }
+  for (const auto k : landed) {
+    inflight_.erase(std::find(inflight_.begin(), inflight_.end(), k));
+    auto it = slots_.find(k);
+    auto& slot = it->second;
+    Status s = slot.pending->status;
+    if (s) s = verify(*slot.entry, slot);
+    if (!s) {
+      // A failed prefetch is dropped quietly: the demand read that follows reports the fault.
+      ++stats_.prefetch_failed;
+      erase_slot(it);
+      continue;
+    }
+    stats_.bytes_read += slot.entry->size;
+    slot.pending.reset();
+    slot.prefetched_unused = true;
+    if (policy_) policy_->on_insert(sdk::ExpertKey::unpack(k), slot.entry->size);
+  }
+}
+
+std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep) {
+  if (resident_ || wanted.empty()) return 0;
+  reap();
+  std::size_t queued = 0;
+  for (const auto key : wanted) {
+    if (slots_.count(key.packed()) != 0) continue;
+    const auto* e = manifest_.expert(key.layer, key.expert);
+    if (e == nullptr) continue;
+    const std::uint64_t bytes = (e->size + 4095) / 4096 * 4096;
+    prefetch_eviction_ = true;
+    keep_ = keep;
+    const bool room = static_cast<bool>(make_room(bytes));
+    prefetch_eviction_ = false;
+    keep_ = {};
+    if (!room) break;  // the rest would not fit either without evicting what is needed now
+    auto file = storage_->open((dir_ / e->file).string());
+    if (!file) continue;  // the demand read will report it
+    Slot slot;
+    try {
+      slot.data = AlignedBuffer(bytes);
+    } catch (const std::bad_alloc&) {
+      break;
+    }
+    slot.entry = e;
+    auto pending = std::make_shared<Pending>();
+    pending->file = std::move(*file);
+    pending->submitted = std::chrono::steady_clock::now();
+    slot.pending = pending;
+    sdk::ReadRequest req;
+    req.file = pending->file.get();
+    req.offset = e->offset;
+    req.length = e->size;
+    req.buffer = slot.data.data();
+    req.priority = sdk::ReadPriority::prefetch;
+    req.user_tag = key.packed();
+    used_bytes_ += slot.data.size();
+    slots_.emplace(key.packed(), std::move(slot));
+    inflight_.push_back(key.packed());
+    const auto st = storage_->submit(req, [this, pending](sdk::ReadRequest& done) {
+      const auto now = std::chrono::steady_clock::now();
+      std::lock_guard lock(mutex_);
+      pending->status = done.status;
+      pending->read_seconds = std::chrono::duration<double>(now - pending->submitted).count();
+      pending->done = true;
+      landed_.notify_all();
+    });
+    if (!st) {
+      inflight_.pop_back();
+      erase_slot(slots_.find(key.packed()));
+      break;
+    }
+    ++stats_.prefetch_issued;
+    ++queued;
+  }
+  return queued;
 }
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {

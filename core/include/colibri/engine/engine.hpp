@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@ struct EngineOptions {
   std::int64_t ubatch = 512;                        // tokens per forward chunk (prefill memory bound)
   std::optional<std::uint64_t> expert_cache_bytes;  // overrides memory.expert_cache
   bool exact_activations = false;                   // forbid per-token activation quantization in quantized matmuls
+  std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
 };
 
 struct Plugins {
@@ -99,6 +101,7 @@ class Engine {
   [[nodiscard]] const std::filesystem::path& model_dir() const { return dir_; }
   [[nodiscard]] const Plugins& plugins() const { return plugins_; }
   [[nodiscard]] const ExpertManager& experts() const { return *experts_; }
+  [[nodiscard]] std::int64_t prefetch_layers() const { return prefetch_layers_; }
   [[nodiscard]] const KvCache& kv_cache() const { return kv_; }
   [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
@@ -131,6 +134,10 @@ class Engine {
   KvCache kv_;
   std::unique_ptr<ExpertManager> experts_;
   std::int64_t n_past_ = 0;
+  // Prefetch: layers ahead, and the experts predicted for each coming layer of the current pass.
+  sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const float* h, std::span<const sdk::ExpertKey> keep);
+  std::int64_t prefetch_layers_ = 0;
+  std::map<std::int64_t, std::set<std::int32_t>> predicted_;
 };
 
 // "f16" | "q8_0" | "f32" -> DType; errors name the flag value.

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <vector>
 
 #include "colibri/engine/memory.hpp"
@@ -28,7 +31,26 @@ struct ExpertStats {
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t bytes_read = 0;
-  double stall_seconds = 0;  // time demand reads kept the forward pass waiting
+  double stall_seconds = 0;  // time demand reads (and waits for in-flight prefetches) kept the forward pass waiting
+  // Prefetch: reads queued ahead of need (ReadPriority::prefetch), how many of them the router then used, how many
+  // were evicted or failed unused, and the read time they took off the critical path (submit-to-completion time
+  // of each used prefetch minus what the forward pass still waited for it; an estimate).
+  std::uint64_t prefetch_issued = 0;
+  std::uint64_t prefetch_used = 0;
+  std::uint64_t prefetch_wasted = 0;
+  std::uint64_t prefetch_failed = 0;
+  double stall_saved_seconds = 0;
+  // Router predictions for the next layers against the experts those layers then picked (all experts predicted,
+  // resident or not): precision = correct / predicted, recall = correct / actual.
+  std::uint64_t predicted = 0;
+  std::uint64_t predicted_correct = 0;
+  std::uint64_t actual = 0;
+  [[nodiscard]] double prediction_precision() const {
+    return predicted == 0 ? 0.0 : static_cast<double>(predicted_correct) / static_cast<double>(predicted);
+  }
+  [[nodiscard]] double prediction_recall() const {
+    return actual == 0 ? 0.0 : static_cast<double>(predicted_correct) / static_cast<double>(actual);
+  }
   [[nodiscard]] double hit_rate() const {
     return hits + misses == 0 ? 1.0 : static_cast<double>(hits) / static_cast<double>(hits + misses);
   }
@@ -52,19 +74,47 @@ class ExpertManager {
   sdk::Expected<ExpertWeights> acquire(std::int64_t layer, std::int64_t expert);
   void release(std::int64_t layer, std::int64_t expert);
 
+  // Queues asynchronous reads (ReadPriority::prefetch) of the experts in `wanted` that are neither resident nor in
+  // flight. A prefetch never fails the caller and never evicts an expert in use, pinned, named in `keep` (the
+  // current layer's experts) or prefetched and not used yet; without room it is skipped. Returns how many it queued.
+  // A later acquire() of an expert in flight waits for that read instead of reading again (single flight).
+  std::size_t prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep = {});
+  // Counts router predictions against the experts the layer then used (see ExpertStats).
+  void note_prediction(std::uint64_t predicted, std::uint64_t correct, std::uint64_t actual) {
+    stats_.predicted += predicted;
+    stats_.predicted_correct += correct;
+    stats_.actual += actual;
+  }
+  // Experts acquired so far, by layer:expert (the usage history's counts).
+  [[nodiscard]] const std::map<std::uint64_t, std::uint64_t>& usage() const { return usage_; }
+
   [[nodiscard]] const ExpertStats& stats() const { return stats_; }
   [[nodiscard]] std::uint64_t resident_bytes() const { return used_bytes_; }
   [[nodiscard]] std::uint64_t budget_bytes() const { return budget_; }
 
  private:
+  // A prefetch read in flight; the storage thread sets done under mutex_.
+  struct Pending {
+    std::unique_ptr<sdk::StorageFile> file;
+    std::chrono::steady_clock::time_point submitted;
+    double read_seconds = 0;
+    bool done = false;
+    sdk::Status status;
+  };
   struct Slot {
     const model::ExpertEntry* entry = nullptr;
     AlignedBuffer data;
     int in_use = 0;
     bool pinned = false;
+    std::shared_ptr<Pending> pending;  // non-null until the prefetch read lands and is verified
+    bool prefetched_unused = false;    // landed by prefetch, not acquired yet
   };
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
+  sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
   sdk::Status make_room(std::uint64_t bytes);
+  // Settles landed prefetches (verify, hand to the policy); `only` limits it to one key.
+  void reap(const std::uint64_t* only = nullptr);
+  void erase_slot(std::map<std::uint64_t, Slot>::iterator it);
   static bool evictable(void* ctx, sdk::ExpertKey key) noexcept;
   ExpertWeights weights_of(const Slot& slot) const;
 
@@ -77,6 +127,12 @@ class ExpertManager {
   bool resident_ = false;
   std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
   ExpertStats stats_;
+  std::map<std::uint64_t, std::uint64_t> usage_;
+  std::vector<std::uint64_t> inflight_;            // keys with a pending prefetch
+  bool prefetch_eviction_ = false;                 // make_room on behalf of a prefetch (stricter evictable())
+  std::span<const sdk::ExpertKey> keep_;           // during a prefetch: experts it must not evict
+  std::mutex mutex_;                               // guards Pending::done/status/read_seconds
+  std::condition_variable landed_;
 };
 
 }  // namespace colibri::engine

@@ -1,0 +1,187 @@
+// colibri-cli model stripe MODEL --to DIR2[,DIR3...] [--copy]
+// Spreads a converted model's expert files round-robin over the model directory and DIR2.. (one member each in
+// turn; the model directory keeps its share), for the stripe storage plugin.
+//   default  each file given to another directory is copied there, checked against the manifest's xxh64, fsynced
+//            and renamed into place; only then is the original replaced (atomically) by a symlink to the copy, so
+//            the model directory still lists every file (load_manifest checks them) while the bytes live on the
+//            other disk. A crash at any point leaves every path naming a complete file; re-running resumes.
+//   --copy   keeps the originals: the copies are mirrors the stripe plugin falls back to when a read fails.
+// The placement is recorded as a profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe,
+// storage.paths: [DIR2, ...]); run with --profile <MODEL>/stripe.yaml.
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+#include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
+#include "command.hpp"
+
+namespace colibri::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct StripeOptions {
+  std::string model;
+  std::string to;
+  bool copy = false;
+};
+
+bool fsync_path(const fs::path& p, int flags) {
+  const int fd = ::open(p.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Copies src to dst via dst.partial: checks the bytes against the manifest's hash, fsyncs, renames.
+std::string copy_checked(const fs::path& src, const fs::path& dst, const model::FileEntry& fe) {
+  std::error_code ec;
+  fs::create_directories(dst.parent_path(), ec);
+  if (ec) return "cannot create " + dst.parent_path().string() + ": " + ec.message();
+  const fs::path tmp = dst.string() + ".partial";
+  const int in = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) return "cannot open " + src.string() + ": " + std::strerror(errno);
+  const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const std::string why = std::strerror(errno);
+    ::close(in);
+    return "cannot write " + tmp.string() + ": " + why;
+  }
+  XXH64_state_t* h = XXH64_createState();
+  XXH64_reset(h, 0);
+  std::vector<char> buf(4 << 20);
+  std::string err;
+  std::uint64_t total = 0;
+  while (err.empty()) {
+    const auto n = ::read(in, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = "reading " + src.string() + " failed: " + std::strerror(errno);
+    if (n <= 0) break;
+    XXH64_update(h, buf.data(), static_cast<std::size_t>(n));
+    total += static_cast<std::uint64_t>(n);
+    for (ssize_t done = 0; done < n && err.empty();) {
+      const auto w = ::write(out, buf.data() + done, static_cast<std::size_t>(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) err = "writing " + tmp.string() + " failed: " + std::strerror(errno);
+      if (w > 0) done += w;
+    }
+  }
+  const auto hash = XXH64_digest(h);
+  XXH64_freeState(h);
+  ::close(in);
+  if (err.empty() && (total != fe.size || hash != fe.checksum)) {
+    err = src.string() + " does not match manifest.json (size or xxh64); restore it or re-run convert";
+  }
+  if (err.empty() && ::fsync(out) != 0) err = "cannot flush " + tmp.string() + ": " + std::strerror(errno);
+  if (::close(out) != 0 && err.empty()) err = "cannot close " + tmp.string() + ": " + std::strerror(errno);
+  if (err.empty()) {
+    fs::rename(tmp, dst, ec);
+    if (ec) err = "cannot rename " + tmp.string() + " to " + dst.string() + ": " + ec.message();
+  }
+  if (!err.empty()) {
+    fs::remove(tmp, ec);
+    return err;
+  }
+  fsync_path(dst.parent_path(), O_RDONLY | O_DIRECTORY);
+  return {};
+}
+
+int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
+  auto prof = global.load_profile();
+  if (!prof) return 1;
+  auto dir_r = model::resolve_model_path(o.model, prof->get_string("models.dir"));
+  if (!dir_r) return fail(dir_r.error().message());
+  std::error_code ec;
+  const fs::path dir = fs::canonical(*dir_r, ec);
+  if (ec) return fail("cannot resolve " + dir_r->string() + ": " + ec.message());
+  auto m = model::load_manifest(dir);
+  if (!m) return fail(m.error().message());
+  std::vector<fs::path> members;
+  std::stringstream ss(o.to);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    fs::create_directories(item, ec);
+    if (ec) return fail("--to: cannot create " + item + ": " + ec.message());
+    const fs::path d = fs::canonical(item, ec);
+    if (ec) return fail("--to: cannot resolve " + item + ": " + ec.message());
+    if (d == dir) return fail("--to: " + item + " is the model directory itself; name other directories");
+    for (const auto& seen : members) {
+      if (seen == d) return fail("--to names " + item + " twice");
+    }
+    members.push_back(d);
+  }
+  if (members.empty()) return fail("--to names no directory (write --to DIR2[,DIR3...])");
+  std::set<std::string> expert_files;
+  for (const auto& e : m->experts) expert_files.insert(e.file);
+  std::vector<std::size_t> placed(members.size() + 1, 0);
+  std::size_t i = 0;
+  for (const auto& rel : expert_files) {
+    const std::size_t member = i++ % (members.size() + 1);
+    ++placed[member];
+    if (member == 0) continue;  // the model directory keeps its share
+    const auto* fe = m->file(rel);
+    if (fe == nullptr) return fail("manifest.json lists expert file " + rel + " without a files entry; re-run convert");
+    const fs::path src = dir / rel;
+    const fs::path dst = members[member - 1] / rel;
+    if (fs::is_symlink(src, ec) && fs::equivalent(src, dst, ec)) continue;  // done by an earlier run
+    if (auto err = copy_checked(src, dst, *fe); !err.empty()) return fail(err);
+    if (o.copy) continue;
+    // Replace the original by a symlink in one rename: the path always names a complete file.
+    const fs::path link = src.string() + ".stripe-link";
+    fs::remove(link, ec);
+    fs::create_symlink(dst, link, ec);
+    if (ec) return fail("cannot create symlink " + link.string() + ": " + ec.message());
+    fs::rename(link, src, ec);
+    if (ec) return fail("cannot replace " + src.string() + " by a symlink: " + ec.message());
+    fsync_path(src.parent_path(), O_RDONLY | O_DIRECTORY);
+  }
+  // The placement, as a profile the stripe plugin reads.
+  const fs::path profile_path = dir / "stripe.yaml";
+  {
+    std::ofstream f(profile_path.string() + ".partial", std::ios::trunc);
+    f << "# Written by colibri-cli model stripe: expert files of this model spread over these directories.\n"
+      << "description: " << dir.filename().string() << " striped over " << members.size() + 1 << " directories"
+      << (o.copy ? " (mirrors)" : "") << "\nstorage:\n  plugin: stripe\n  paths:\n";
+    for (const auto& d : members) f << "    - " << d.string() << "\n";
+    f.flush();
+    if (!f) return fail("cannot write " + profile_path.string());
+  }
+  fs::rename(profile_path.string() + ".partial", profile_path, ec);
+  if (ec) return fail("cannot write " + profile_path.string() + ": " + ec.message());
+  std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
+            << " stay in " << dir.string();
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    std::cout << ", " << placed[k + 1] << (o.copy ? " copied to " : " moved to ") << members[k].string();
+  }
+  std::cout << "\nplacement: " << profile_path.string() << " (run with --profile " << profile_path.string() << ")\n";
+  return 0;
+}
+
+void setup(CLI::App& app, GlobalOptions& global) {
+  CLI::App* model_cmd = nullptr;
+  for (auto* sub : app.get_subcommands([](CLI::App* a) { return a->get_name() == "model"; })) model_cmd = sub;
+  if (model_cmd == nullptr) model_cmd = app.add_subcommand("model", "Operations on a converted model");
+  model_cmd->require_subcommand(1);
+  auto o = std::make_shared<StripeOptions>();
+  auto* cmd = model_cmd->add_subcommand(
+      "stripe", "Spread expert files over several directories (disks) for the stripe storage plugin");
+  cmd->add_option("model", o->model, "Model directory, or a name under models.dir")->required();
+  cmd->add_option("--to", o->to, "Other directories, comma-separated: DIR2[,DIR3...]")->required();
+  cmd->add_flag("--copy", o->copy, "Copy instead of move: the copies become mirrors (fallback on read errors)");
+  add_profile_options(*cmd, global);
+  cmd->callback([&global, o] { global.exit_code = run_stripe(global, *o); });
+}
+
+COLIBRI_CLI_COMMAND(45, setup);
+
+}  // namespace
+}  // namespace colibri::cli

@@ -1,0 +1,155 @@
+#include "colibri/engine/usage_history.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace colibri::engine {
+
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace fs = std::filesystem;
+
+std::uint64_t UsageHistory::total() const {
+  std::uint64_t n = 0;
+  for (const auto& [key, c] : counts) n += c;
+  return n;
+}
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> UsageHistory::most_used(std::size_t n) const {
+  std::vector<std::pair<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t>> all(counts.begin(), counts.end());
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> out;
+  for (std::size_t i = 0; i < all.size() && i < n; ++i) out.push_back(all[i].first);
+  return out;
+}
+
+void UsageHistory::add_packed(const std::map<std::uint64_t, std::uint64_t>& usage) {
+  for (const auto& [packed, n] : usage) {
+    counts[{static_cast<std::uint32_t>(packed >> 32), static_cast<std::uint32_t>(packed & 0xffffffffu)}] += n;
+  }
+}
+
+fs::path colibri_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') return fs::path(xdg) / "colibri";
+  const char* home = std::getenv("HOME");
+  return fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "colibri";
+}
+
+fs::path usage_history_path(const fs::path& model_dir) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(model_dir, ec), ec);
+  if (ec) abs = model_dir;
+  const std::string text = abs.string();
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  std::string name = abs.filename().string();
+  if (name.empty()) name = "model";
+  // Two models with the same directory name in different places get different files.
+  return colibri_cache_dir() / "usage" / (name + "-" + std::string(hash, 8) + ".json");
+}
+
+namespace {
+
+bool parse_key(const std::string& text, std::uint32_t& layer, std::uint32_t& expert) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
+  auto parse = [](const char* b, const char* e, std::uint32_t& v) {
+    auto [p, ec] = std::from_chars(b, e, v);
+    return ec == std::errc() && p == e;
+  };
+  return parse(text.data(), text.data() + colon, layer) &&
+         parse(text.data() + colon + 1, text.data() + text.size(), expert);
+}
+
+}  // namespace
+
+sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
+  UsageHistory h;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (!fs::exists(path)) return h;
+    return Status(StatusCode::io_error, "cannot read usage history " + path.string() + ": " + std::strerror(errno));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const std::string fix = "; fix it or remove it (colibri-cli cache clear --model M)";
+  if (j.is_discarded() || !j.is_object()) {
+    return Status(StatusCode::invalid_argument, "usage history " + path.string() + " is not a JSON object" + fix);
+  }
+  if (j.contains("version") && (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)) {
+    return Status(StatusCode::invalid_argument, "usage history " + path.string() + ": \"version\" must be 1" + fix);
+  }
+  if (!j.contains("counts") || !j["counts"].is_object()) {
+    return Status(StatusCode::invalid_argument, "usage history " + path.string() + " has no \"counts\" object" + fix);
+  }
+  for (const auto& [k, v] : j["counts"].items()) {
+    std::uint32_t layer = 0, expert = 0;
+    if (!parse_key(k, layer, expert)) {
+      return Status(StatusCode::invalid_argument,
+                    "usage history " + path.string() + ": key \"" + k + "\" is not layer:expert" + fix);
+    }
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
+      return Status(StatusCode::invalid_argument,
+                    "usage history " + path.string() + ": \"" + k + "\" must be a non-negative integer" + fix);
+    }
+    h.counts[{layer, expert}] += v.get<std::uint64_t>();
+  }
+  return h;
+}
+
+Status save_usage_history(const fs::path& path, const UsageHistory& history) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
+  nlohmann::ordered_json counts = nlohmann::ordered_json::object();
+  for (const auto& [key, n] : history.counts) counts[std::to_string(key.first) + ":" + std::to_string(key.second)] = n;
+  const std::string text = nlohmann::ordered_json{{"version", 1}, {"counts", counts}}.dump(1) + "\n";
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status(StatusCode::io_error, "cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const auto n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      fs::remove(tmp, ec);
+      return Status(StatusCode::io_error, "writing " + tmp.string() + " failed: " + why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    fs::remove(tmp, ec);
+    return Status(StatusCode::io_error, "cannot flush " + tmp.string() + " to disk");
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return Status(StatusCode::io_error, "cannot rename " + tmp.string() + " to " + path.string());
+  }
+  return {};
+}
+
+Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage) {
+  if (usage.empty()) return {};
+  auto h = load_usage_history(path);
+  if (!h) return h.error();
+  h->add_packed(usage);
+  return save_usage_history(path, *h);
+}
+
+}  // namespace colibri::engine

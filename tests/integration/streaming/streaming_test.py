@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""Expert streaming checks (run by ctest, label integration):
+
+  streaming_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR [-k PATTERN]
+
+* the one promise: one prompt under every storage plugin (pread, io_uring where the kernel allows it, mmap, stripe)
+  x every cache policy (lru, pinned, frequency) x cache sizes from one expert to everything resident x prefetch
+  0..3 gives byte-identical `colibri-cli logits` output.
+* prefetch: a streamed bench issues prefetches, uses some, and reports precision and recall within 0..1.
+* faults: a missing, truncated or corrupt expert fails the request naming the expert and the fix.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import unittest
+
+CLI, GEN, WORK = None, None, None
+TOKENS = [5, 17, 99, 3, 250, 42, 7, 300, 11, 64, 128, 2, 77, 199, 31, 8]
+
+
+def run(args, check=True, env=None):
+    p = subprocess.run([CLI] + args, capture_output=True, text=True, timeout=300, env=env)
+    if check and p.returncode != 0:
+        raise AssertionError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+def model():
+    """A tiny Mixtral (4 layers, 8 experts, top-2) converted at q8_0: WORK/mixtral-q8_0."""
+    ckpt = os.path.join(WORK, "mixtral")
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        subprocess.run([sys.executable, GEN, "--arch", "mixtral", "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+    out = os.path.join(WORK, "mixtral-q8_0")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        run(["convert", "--input", ckpt, "--output", out, "--quantize", "q8_0"])
+    return out
+
+
+def manifest(m):
+    with open(os.path.join(m, "manifest.json")) as f:
+        return json.load(f)
+
+
+def slot_bytes(m):
+    return max((e["size"] + 4095) // 4096 * 4096 for e in manifest(m)["experts"])
+
+
+def logits_bytes(m, name, *extra, tokens=TOKENS):
+    path = os.path.join(WORK, name + ".npy")
+    run(["logits", "--model", m, "--tokens", ",".join(map(str, tokens)), "--out", path] + list(extra))
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def io_uring_available(m):
+    p = run(["logits", "--model", m, "--tokens", "1", "--out", os.path.join(WORK, "probe.npy"), "--set",
+             "storage.plugin=io_uring"], check=False)
+    return p.returncode == 0
+
+
+def striped(m, copy=False):
+    """A copy of the model spread by `colibri-cli model stripe` over itself and a second directory."""
+    name = "striped-copy" if copy else "striped"
+    dst, disk2 = os.path.join(WORK, name), os.path.join(WORK, name + "-disk2")
+    if not os.path.exists(os.path.join(dst, "stripe.yaml")):
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.rmtree(disk2, ignore_errors=True)
+        shutil.copytree(m, dst)
+        run(["model", "stripe", dst, "--to", disk2] + (["--copy"] if copy else []))
+    return dst, disk2
+
+
+class Promise(unittest.TestCase):
+    def test_every_plugin_policy_size_and_prefetch_depth(self):
+        m = model()
+        man = manifest(m)
+        slot = slot_bytes(m)
+        layers = man["hparams"]["num_layers"]
+        n_experts = len(man["experts"])
+        base = logits_bytes(m, "base", "--prefetch-layers", "0")
+        # One expert, one per layer, a quarter of them, everything (resident).
+        sizes = {"one": slot, "per-layer": slot * layers, "quarter": slot * max(1, n_experts // 4),
+                 "all": slot * n_experts}
+        stripe_dir, disk2 = striped(m)
+        storages = [("pread", m, []), ("mmap", m, []), ("stripe", stripe_dir, ["--set", f"storage.paths=[{disk2}]"])]
+        if io_uring_available(m):
+            storages.append(("io_uring", m, []))
+        else:
+            print("  io_uring unavailable here: skipped", flush=True)
+        pins = ["--set", "cache.pinned_experts=[1:3]"]
+        runs = 0
+        for storage, path, extra in storages:
+            for policy in ("lru", "pinned", "frequency"):
+                for size_name, size in sizes.items():
+                    if policy == "pinned" and size_name == "one":
+                        continue  # a pin leaves no room in a one-expert cache (checked below)
+                    for depth in range(4):
+                        args = ["--set", f"storage.plugin={storage}", "--set", f"cache.policy={policy}",
+                                "--expert-cache-size", str(size), "--prefetch-layers", str(depth)] + extra
+                        if policy == "pinned":
+                            args += pins
+                        got = logits_bytes(path, f"{storage}-{policy}-{size_name}-{depth}", *args)
+                        runs += 1
+                        self.assertEqual(got, base, f"logits differ: storage {storage}, policy {policy}, cache "
+                                                    f"{size_name} ({size} bytes), prefetch {depth}")
+        print(f"  {runs} configurations: bit-identical logits", flush=True)
+
+    def test_pins_that_do_not_fit_are_an_error(self):
+        m = model()
+        p = run(["logits", "--model", m, "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy"), "--set",
+                 "cache.policy=pinned", "--set", "cache.pinned_experts=[0:1,1:3]", "--expert-cache-size",
+                 str(slot_bytes(m))], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("expert_cache", p.stderr)
+
+
+class Prefetch(unittest.TestCase):
+    def bench(self, m, depth, size):
+        p = run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "24", "--json", "--prefetch-layers",
+                 str(depth), "--expert-cache-size", str(size)])
+        return json.loads(p.stdout)
+
+    def test_prefetch_is_counted(self):
+        m = model()
+        layers = manifest(m)["hparams"]["num_layers"]
+        size = slot_bytes(m) * layers * 3  # streaming: room for a layer's top-k plus the prefetched ones
+        off = self.bench(m, 0, size)
+        self.assertEqual(off["mode"], "streaming")
+        self.assertEqual(off["prefetch_issued"], 0)
+        on = self.bench(m, 2, size)
+        print(f"  prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, precision "
+              f"{on['prefetch_precision']:.2f}, recall {on['prefetch_recall']:.2f}, misses {on['expert_misses']} "
+              f"(without prefetch {off['expert_misses']})", flush=True)
+        self.assertGreater(on["prefetch_issued"], 0)
+        self.assertGreater(on["prefetch_used"], 0)
+        self.assertLessEqual(on["prefetch_used"], on["prefetch_issued"])
+        for k in ("prefetch_precision", "prefetch_recall"):
+            self.assertGreater(on[k], 0.0)
+            self.assertLessEqual(on[k], 1.0)
+        # Prefetched experts replace demand reads.
+        self.assertLess(on["expert_misses"], off["expert_misses"])
+        for k in ("bytes_read_per_token", "disk_bytes_per_second", "peak_rss_bytes"):
+            self.assertGreater(on[k], 0, k)
+
+
+class Stripe(unittest.TestCase):
+    def test_move_leaves_links_and_a_profile(self):
+        m = model()
+        dst, disk2 = striped(m)
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        moved = [f for f in files if os.path.islink(os.path.join(dst, f))]
+        self.assertEqual(len(moved), len(files) // 2)
+        for f in moved:
+            self.assertTrue(os.path.isfile(os.path.join(disk2, f)))
+            self.assertEqual(os.path.realpath(os.path.join(dst, f)), os.path.realpath(os.path.join(disk2, f)))
+        self.assertFalse([p for p in os.listdir(os.path.join(disk2, "experts", "L000")) if p.endswith(".partial")])
+        with open(os.path.join(dst, "stripe.yaml")) as f:
+            text = f.read()
+        self.assertIn("plugin: stripe", text)
+        self.assertIn(os.path.realpath(disk2), text)
+        base = logits_bytes(m, "stripe-base")
+        self.assertEqual(logits_bytes(dst, "stripe-profile", "--profile", os.path.join(dst, "stripe.yaml")), base)
+        # Running it again changes nothing.
+        run(["model", "stripe", dst, "--to", disk2])
+        self.assertEqual(len([f for f in files if os.path.islink(os.path.join(dst, f))]), len(moved))
+
+    def test_copy_makes_mirrors_that_serve_a_failing_disk(self):
+        m = model()
+        dst, disk2 = striped(m, copy=True)
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        self.assertFalse([f for f in files if os.path.islink(os.path.join(dst, f))])
+        mirrored = [f for f in files if os.path.isfile(os.path.join(disk2, f))]
+        self.assertEqual(len(mirrored), len(files) // 2)
+        base = logits_bytes(m, "mirror-base")
+        self.assertEqual(logits_bytes(dst, "mirror", "--profile", os.path.join(dst, "stripe.yaml"),
+                                      "--expert-cache-size", str(slot_bytes(m) * 4)), base)
+
+    def test_bad_targets_are_refused(self):
+        m = model()
+        p = run(["model", "stripe", m, "--to", m], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("model directory itself", p.stderr)
+        p = run(["model", "stripe", os.path.join(WORK, "nope"), "--to", os.path.join(WORK, "d")], check=False)
+        self.assertNotEqual(p.returncode, 0)
+
+
+class UsageHistory(unittest.TestCase):
+    def test_bench_saves_history_and_cache_commands_act_on_it(self):
+        m = model()
+        env = dict(os.environ, XDG_CACHE_HOME=os.path.join(WORK, "xdg"))
+        shutil.rmtree(env["XDG_CACHE_HOME"], ignore_errors=True)
+        p = subprocess.run([CLI, "cache", "stats", "--model", m], capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("0 uses", p.stdout)
+        for _ in range(2):
+            run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "4", "--json"], env=env)
+        hist_dir = os.path.join(env["XDG_CACHE_HOME"], "colibri", "usage")
+        [name] = os.listdir(hist_dir)
+        with open(os.path.join(hist_dir, name)) as f:
+            hist = json.load(f)
+        self.assertEqual(hist["version"], 1)
+        layers = manifest(m)["hparams"]["num_layers"]
+        self.assertTrue(all(0 <= int(k.split(":")[0]) < layers for k in hist["counts"]))
+        total = sum(hist["counts"].values())
+        self.assertGreater(total, 0)
+        p = run(["cache", "stats", "--model", m], env=env)
+        self.assertIn(f"{total} uses", p.stdout)
+        p = run(["cache", "warm", "--model", m, "--top", "3"], env=env)
+        self.assertIn("warmed 3 experts", p.stdout)
+        self.assertIn("auto_pin_history: " + os.path.join(hist_dir, name), p.stdout)
+        # The pinned policy learns its pins from that file; the answer stays the same.
+        base = logits_bytes(m, "hist-base")
+        pinned = logits_bytes(m, "hist-pinned", "--set", "cache.policy=pinned", "--set",
+                              "cache.auto_pin_history=" + os.path.join(hist_dir, name), "--set",
+                              "cache.auto_pin_count=3", "--expert-cache-size", str(slot_bytes(m) * 6))
+        self.assertEqual(pinned, base)
+        p = run(["cache", "clear", "--model", m], env=env)
+        self.assertIn("removed", p.stdout)
+        self.assertFalse(os.listdir(hist_dir))
+        p = run(["cache", "warm", "--model", m], check=False, env=env)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no usage history", p.stderr)
+
+
+class Faults(unittest.TestCase):
+    def broken(self, what):
+        m = model()
+        dst = os.path.join(WORK, "broken-" + what)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(m, dst)
+        blob = os.path.join(dst, "experts", "L001", "E002.bin")
+        if what == "missing":
+            os.remove(blob)
+        elif what == "truncated":
+            os.truncate(blob, os.path.getsize(blob) // 2)
+        else:
+            with open(blob, "r+b") as f:
+                f.seek(64)
+                b = f.read(1)
+                f.seek(64)
+                f.write(bytes([b[0] ^ 0xFF]))
+        return dst
+
+    def test_broken_expert_files_name_the_expert_and_the_fix(self):
+        for what in ("missing", "truncated", "corrupt"):
+            m = self.broken(what)
+            for depth in ("0", "2"):
+                p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
+                         os.path.join(WORK, "x.npy"), "--expert-cache-size", str(slot_bytes(m) * 4),
+                         "--prefetch-layers", depth], check=False)
+                self.assertNotEqual(p.returncode, 0, what)
+                self.assertIn("L1/E2", p.stderr, f"{what}: {p.stderr}")
+                self.assertIn("re-run convert", p.stderr, f"{what}: {p.stderr}")
+                self.assertNotIn("Traceback", p.stderr)
+                self.assertFalse(os.path.exists(os.path.join(WORK, "x.npy.partial")))
+
+    def test_injected_faults_name_the_expert(self):
+        m = model()
+        cases = {"fail_path_substring": "E002.bin", "short_read_path_substring": "E002.bin",
+                 "missing_path_substring": "L001/E002.bin"}
+        for option, value in cases.items():
+            p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
+                     os.path.join(WORK, "x.npy"), "--set", "storage.plugin=faulty", "--set",
+                     f"storage.{option}={value}", "--expert-cache-size", str(slot_bytes(m) * 4)], check=False)
+            self.assertNotEqual(p.returncode, 0, option)
+            self.assertRegex(p.stderr, r"L\d+/E2", f"{option}: {p.stderr}")
+
+
+if __name__ == "__main__":
+    CLI, GEN, WORK = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
+    os.makedirs(WORK, exist_ok=True)
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)

@@ -1,0 +1,269 @@
+// ExpertManager prefetch: reads queued through Storage::submit land as ordinary cache entries, a demand for an
+// expert in flight waits for that read (one read, not two), prefetch never evicts what is in use, kept or
+// prefetched-and-unused, and a failed prefetch leaves the demand read to report the fault.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "colibri/engine/expert_manager.hpp"
+
+namespace colibri::engine {
+namespace {
+
+using sdk::ExpertKey;
+
+// Serves files from memory; submit() holds requests until complete_all() (another thread may call it).
+class DeferredStorage final : public sdk::StorageBase {
+ public:
+  class File final : public sdk::StorageFile {
+   public:
+    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
+    std::uint64_t size() const noexcept override { return size_; }
+    const std::string& path() const noexcept override { return path_; }
+    bool direct_io() const noexcept override { return false; }
+
+   private:
+    std::string path_;
+    std::uint64_t size_;
+  };
+  std::map<std::string, std::vector<std::byte>> files;
+  std::atomic<int> reads{0};
+  std::atomic<int> prefetch_reads{0};
+
+  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
+    auto it = files.find(path);
+    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path + ": no such file");
+    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
+  }
+  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
+    const auto& bytes = files.at(f.path());
+    if (offset + dst.size() > bytes.size()) return sdk::Status(sdk::StatusCode::corrupt_data, "short read");
+    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
+    ++reads;
+    return {};
+  }
+  sdk::Status submit(sdk::ReadRequest request, sdk::ReadCallback done) noexcept override {
+    EXPECT_EQ(request.priority, sdk::ReadPriority::prefetch);
+    std::lock_guard lock(mu_);
+    queued_.emplace_back(request, std::move(done));
+    return {};
+  }
+  std::size_t queued() {
+    std::lock_guard lock(mu_);
+    return queued_.size();
+  }
+  void complete_all() {
+    std::vector<std::pair<sdk::ReadRequest, sdk::ReadCallback>> now;
+    {
+      std::lock_guard lock(mu_);
+      now.swap(queued_);
+    }
+    for (auto& [r, done] : now) {
+      r.status = read_request(r);
+      ++prefetch_reads;
+      done(r);
+    }
+  }
+  void drain() noexcept override { complete_all(); }
+  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<sdk::ReadRequest, sdk::ReadCallback>> queued_;
+};
+
+class ListPolicy final : public sdk::CachePolicy {
+ public:
+  std::list<ExpertKey> order;
+  void on_insert(ExpertKey k, std::uint64_t) noexcept override { order.push_back(k); }
+  void on_access(ExpertKey k) noexcept override {
+    order.remove(k);
+    order.push_back(k);
+  }
+  void on_erase(ExpertKey k) noexcept override { order.remove(k); }
+  std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate& ok) noexcept override {
+    for (auto k : order) {
+      if (ok(k)) return k;
+    }
+    return std::nullopt;
+  }
+  void clear() noexcept override { order.clear(); }
+};
+
+constexpr std::uint64_t kBlob = 4096;
+
+struct Fixture {
+  model::Manifest manifest;
+  std::shared_ptr<DeferredStorage> storage = std::make_shared<DeferredStorage>();
+  std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
+
+  Fixture(int layers, int experts) {
+    for (int l = 0; l < layers; ++l) {
+      for (int e = 0; e < experts; ++e) {
+        model::ExpertEntry x;
+        x.layer = l;
+        x.expert = e;
+        x.file = "experts/L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
+        x.size = kBlob;
+        std::vector<std::byte> bytes(kBlob, std::byte(l * 16 + e));
+        std::uint64_t at = 0;
+        for (auto* part : {&x.gate, &x.up, &x.down}) {
+          part->type = sdk::DType::f32;
+          part->shape = {8, 32};
+          part->offset = at;
+          part->size = 8 * 32 * 4;
+          part->checksum = XXH64(bytes.data() + at, part->size, 0);
+          at += 1024;
+        }
+        storage->files["/m/" + x.file] = bytes;
+        manifest.experts.push_back(x);
+      }
+    }
+  }
+};
+
+ExpertKey key(std::uint32_t l, std::uint32_t e) {
+  return {l, e};
+}
+
+TEST(Prefetch, LandedPrefetchIsAHitAndReadsOnce) {
+  Fixture f(2, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  ASSERT_FALSE(m.resident());
+  const ExpertKey want[] = {key(1, 2)};
+  EXPECT_EQ(m.prefetch(want), 1u);
+  EXPECT_EQ(m.prefetch(want), 0u);  // already in flight: not queued twice
+  f.storage->complete_all();
+  auto w = m.acquire(1, 2);
+  ASSERT_TRUE(w) << w.error().message();
+  EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->gate.data)), 1 * 16 + 2);
+  m.release(1, 2);
+  EXPECT_EQ(f.storage->reads.load(), 1);
+  EXPECT_EQ(m.stats().misses, 0u);
+  EXPECT_EQ(m.stats().hits, 1u);
+  EXPECT_EQ(m.stats().prefetch_issued, 1u);
+  EXPECT_EQ(m.stats().prefetch_used, 1u);
+  EXPECT_EQ(m.stats().bytes_read, kBlob);
+}
+
+TEST(Prefetch, DemandForAnExpertInFlightWaitsForThatRead) {
+  Fixture f(1, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  const ExpertKey want[] = {key(0, 3)};
+  ASSERT_EQ(m.prefetch(want), 1u);
+  std::thread completer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    f.storage->complete_all();
+  });
+  auto w = m.acquire(0, 3);  // blocks until the completer lands the prefetch
+  completer.join();
+  ASSERT_TRUE(w) << w.error().message();
+  m.release(0, 3);
+  EXPECT_EQ(f.storage->reads.load(), 1);  // single flight: no second read
+  EXPECT_EQ(m.stats().misses, 0u);
+  EXPECT_EQ(m.stats().prefetch_used, 1u);
+  EXPECT_GT(m.stats().stall_seconds, 0.0);
+}
+
+TEST(Prefetch, NeverEvictsInUseKeptOrUnusedPrefetchedExperts) {
+  Fixture f(2, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  ASSERT_TRUE(m.acquire(0, 0));  // in use
+  ASSERT_TRUE(m.acquire(0, 1));
+  m.release(0, 1);  // resident, but kept below
+  const ExpertKey keep[] = {key(0, 1)};
+  const ExpertKey want[] = {key(1, 0), key(1, 1)};
+  EXPECT_EQ(m.prefetch(want, keep), 1u);  // room for one only: 0:0 in use, 0:1 kept
+  f.storage->complete_all();
+  const ExpertKey more[] = {key(1, 2)};
+  EXPECT_EQ(m.prefetch(more, keep), 0u);  // would have to evict 0:0 (in use), 0:1 (kept) or 1:0 (unused prefetch)
+  m.release(0, 0);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+  // A demand read may evict an unused prefetch; that counts as wasted.
+  ASSERT_TRUE(m.acquire(1, 3));
+  m.release(1, 3);
+  ASSERT_TRUE(m.acquire(0, 2));
+  m.release(0, 2);
+  ASSERT_TRUE(m.acquire(1, 2));
+  m.release(1, 2);
+  EXPECT_EQ(m.stats().prefetch_wasted, 1u);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Prefetch, FailedPrefetchLeavesTheDemandReadToReportTheFault) {
+  Fixture f(1, 2);
+  f.storage->files["/m/experts/L0E1.bin"][100] = std::byte{0xFF};
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  const ExpertKey want[] = {key(0, 1)};
+  ASSERT_EQ(m.prefetch(want), 1u);
+  f.storage->complete_all();
+  auto bad = m.acquire(0, 1);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
+      << bad.error().message();
+  EXPECT_EQ(m.stats().prefetch_failed, 1u);
+  // The manager goes on: another expert still loads, within budget.
+  auto good = m.acquire(0, 0);
+  ASSERT_TRUE(good) << good.error().message();
+  m.release(0, 0);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Prefetch, DemandReadWaitsForPrefetchesHoldingTheRoomItNeeds) {
+  Fixture f(1, 3);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  const ExpertKey want[] = {key(0, 1)};
+  ASSERT_EQ(m.prefetch(want), 1u);  // the only slot, in flight
+  std::thread completer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    f.storage->complete_all();
+  });
+  auto w = m.acquire(0, 2);  // needs that slot: waits for the read to land, then evicts it
+  completer.join();
+  ASSERT_TRUE(w) << w.error().message();
+  m.release(0, 2);
+  EXPECT_EQ(m.stats().prefetch_wasted, 1u);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Prefetch, ResidentModeNeverPrefetches) {
+  Fixture f(1, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  ASSERT_TRUE(m.preload());
+  const ExpertKey want[] = {key(0, 1)};
+  EXPECT_EQ(m.prefetch(want), 0u);
+  EXPECT_EQ(f.storage->queued(), 0u);
+}
+
+TEST(Prefetch, DestructionWaitsForReadsInFlight) {
+  Fixture f(1, 4);
+  {
+    ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+    const ExpertKey want[] = {key(0, 1), key(0, 2)};
+    ASSERT_EQ(m.prefetch(want), 2u);
+  }  // drain() lands both before the slots go away
+  EXPECT_EQ(f.storage->prefetch_reads.load(), 2);
+}
+
+TEST(Usage, CountsAcquiresButNotPinLoads) {
+  Fixture f(1, 3);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(m.acquire(0, 2));
+    m.release(0, 2);
+  }
+  ASSERT_TRUE(m.acquire(0, 0));
+  m.release(0, 0);
+  EXPECT_EQ(m.usage().at(key(0, 2).packed()), 3u);
+  EXPECT_EQ(m.usage().at(key(0, 0).packed()), 1u);
+  EXPECT_EQ(m.usage().count(key(0, 1).packed()), 0u);
+}
+
+}  // namespace
+}  // namespace colibri::engine

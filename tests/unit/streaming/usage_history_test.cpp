@@ -1,0 +1,73 @@
+#include "colibri/engine/usage_history.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+
+namespace colibri::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const auto d = fs::path(COLIBRI_TEST_BINARY_DIR) / "streaming-unit" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+TEST(UsageHistory, PathFollowsXdgCacheHomeAndDiffersPerModel) {
+  const auto d = scratch("xdg");
+  ::setenv("XDG_CACHE_HOME", d.c_str(), 1);
+  const auto a = usage_history_path("/models/a/mixtral");
+  const auto b = usage_history_path("/models/b/mixtral");
+  EXPECT_EQ(a.parent_path(), d / "colibri" / "usage");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.filename().string().rfind("mixtral-", 0), 0u) << a;
+  ::unsetenv("XDG_CACHE_HOME");
+  ::setenv("HOME", d.c_str(), 1);
+  EXPECT_EQ(colibri_cache_dir(), d / ".cache" / "colibri");
+}
+
+TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
+  const auto file = scratch("merge") / "h.json";
+  EXPECT_TRUE(load_usage_history(file)->counts.empty());  // missing: empty, not an error
+  std::map<std::uint64_t, std::uint64_t> run{{(3ull << 32) | 1, 5}, {(0ull << 32) | 7, 2}};
+  ASSERT_TRUE(merge_usage_history(file, run));
+  ASSERT_TRUE(merge_usage_history(file, run));
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"version\": 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"3:1\": 10"), std::string::npos) << text;
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->total(), 14u);
+  const auto top = h->most_used(1);
+  ASSERT_EQ(top.size(), 1u);
+  EXPECT_EQ(top[0], std::make_pair(3u, 1u));
+  EXPECT_FALSE(fs::exists(file.string() + ".tmp"));
+}
+
+TEST(UsageHistory, MalformedFilesNameTheFileAndEntry) {
+  const auto d = scratch("bad");
+  const std::pair<const char*, const char*> cases[] = {
+      {"[]", "not a JSON object"},
+      {"{\"version\":2,\"counts\":{}}", "\"version\" must be 1"},
+      {"{\"counts\":{\"3-1\":4}}", "key \"3-1\" is not layer:expert"},
+      {"{\"counts\":{\"3:1\":-4}}", "\"3:1\" must be a non-negative integer"},
+  };
+  for (const auto& [text, want] : cases) {
+    const auto file = d / "h.json";
+    std::ofstream(file) << text;
+    auto h = load_usage_history(file);
+    ASSERT_FALSE(h) << text;
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+    EXPECT_NE(h.error().message().find(file.string()), std::string::npos) << h.error().message();
+    // A bad file is not silently replaced by a merge.
+    EXPECT_FALSE(merge_usage_history(file, {{1, 1}}));
+  }
+}
+
+}  // namespace
+}  // namespace colibri::engine
