@@ -1,6 +1,7 @@
 // End-to-end tests of the converter on tiny generated checkpoints of every supported architecture.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -34,17 +35,27 @@ int run(const std::string& cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-// Runs the fixture generator once per (name, args).
+// Runs the fixture generator once per (name, args). ctest -j runs the cases as parallel processes
+// sharing these fixtures, so each is written under a private name and renamed into place: nobody
+// reads a half-written one (the generator is deterministic, so whichever copy lands is the same).
 fs::path fixture(const std::string& name, const std::string& args, bool with_gguf = true) {
   const fs::path dir = kWork / "fixtures" / name;
   if (fs::exists(dir / "config.json")) return dir;
   fs::create_directories(dir.parent_path());
+  const fs::path tmp = kWork / "fixtures" / (name + ".tmp-" + std::to_string(::getpid()));
+  const fs::path tmp_gguf = tmp.string() + ".gguf";
+  fs::remove_all(tmp);
+  fs::remove(tmp_gguf);
   std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
                     quote(fs::path(COLIBRI_TEST_SOURCE_DIR) / "tests/fixtures/make_tiny_model.py") + " --out " +
-                    quote(dir) + " " + args;
-  if (with_gguf) cmd += " --gguf " + quote(dir.string() + ".gguf");
+                    quote(tmp) + " " + args;
+  if (with_gguf) cmd += " --gguf " + quote(tmp_gguf);
   cmd += " 2>/dev/null";
   EXPECT_EQ(run(cmd), 0) << cmd;
+  std::error_code ec;
+  if (with_gguf) fs::rename(tmp_gguf, dir.string() + ".gguf", ec);  // before the directory: its presence means done
+  fs::rename(tmp, dir, ec);  // fails when another process got there first; its copy is complete
+  if (ec) fs::remove_all(tmp);
   return dir;
 }
 

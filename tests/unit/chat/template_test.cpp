@@ -2,6 +2,7 @@
 #include "colibri/chat/template.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -158,7 +159,8 @@ TEST(ChatConfig, ShippedConfigsAndBuiltinFallback) {
 }
 
 TEST(ChatConfig, BadFiles) {
-  const auto tmp = fs::temp_directory_path() / "colibri_chat_config_test.json";
+  // Per process: another ctest run on the same machine (the asan and release builds) uses /tmp too.
+  const auto tmp = fs::temp_directory_path() / ("colibri_chat_config_test_" + std::to_string(::getpid()) + ".json");
   { std::ofstream(tmp) << "{ not json"; }
   auto bad = load_chat_config(tmp);
   ASSERT_FALSE(bad.has_value());
