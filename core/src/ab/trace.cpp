@@ -79,7 +79,7 @@ std::vector<std::string> split_csv(const std::string& line) {
 }  // namespace
 
 std::string to_jsonl(const TraceRecord& r) {
-  nlohmann::json j = {{"request", r.request}, {"position", r.position}};
+  nlohmann::ordered_json j = {{"request", r.request}, {"position", r.position}};
   if (r.token >= 0) j["token"] = r.token;
   j["layer"] = r.layer;
   j["experts"] = r.experts;

@@ -39,6 +39,7 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
       policy_(std::move(policy)),
       budget_(budget_bytes) {
   resident_ = manifest_.expert_bytes() <= budget_;
+  async_storage_ = storage_ && storage_->capabilities().async;
 }
 
 ExpertManager::~ExpertManager() {
@@ -252,7 +253,8 @@ void ExpertManager::reap(const std::uint64_t* only) {
 }
 
 std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep) {
-  if (resident_ || wanted.empty()) return 0;
+  // A synchronous storage would read inline on the forward pass's thread: nothing to overlap, only cost.
+  if (resident_ || wanted.empty() || !async_storage_) return 0;
   reap();
   std::size_t queued = 0;
   for (const auto key : wanted) {

@@ -71,7 +71,12 @@ class DeferredStorage final : public sdk::StorageBase {
     }
   }
   void drain() noexcept override { complete_all(); }
-  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
+  bool async = true;
+  sdk::StorageCapabilities capabilities() const noexcept override {
+    sdk::StorageCapabilities c;
+    c.async = async;
+    return c;
+  }
 
  private:
   std::mutex mu_;
@@ -236,6 +241,15 @@ TEST(Prefetch, ResidentModeNeverPrefetches) {
   Fixture f(1, 2);
   ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
   ASSERT_TRUE(m.preload());
+  const ExpertKey want[] = {key(0, 1)};
+  EXPECT_EQ(m.prefetch(want), 0u);
+  EXPECT_EQ(f.storage->queued(), 0u);
+}
+
+TEST(Prefetch, SynchronousStorageIsNotPrefetchedFrom) {
+  Fixture f(1, 4);
+  f.storage->async = false;
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
   const ExpertKey want[] = {key(0, 1)};
   EXPECT_EQ(m.prefetch(want), 0u);
   EXPECT_EQ(f.storage->queued(), 0u);

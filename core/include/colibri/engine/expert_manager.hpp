@@ -75,7 +75,7 @@ class ExpertManager {
   void release(std::int64_t layer, std::int64_t expert);
 
   // Queues asynchronous reads (ReadPriority::prefetch) of the experts in `wanted` that are neither resident nor in
-  // flight. A prefetch never fails the caller and never evicts an expert in use, pinned, named in `keep` (the
+  // flight (nothing when the storage reads synchronously). A prefetch never fails the caller and never evicts an expert in use, pinned, named in `keep` (the
   // current layer's experts) or prefetched and not used yet; without room it is skipped. Returns how many it queued.
   // A later acquire() of an expert in flight waits for that read instead of reading again (single flight).
   std::size_t prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep = {});
@@ -125,6 +125,7 @@ class ExpertManager {
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
   bool resident_ = false;
+  bool async_storage_ = false;  // the storage overlaps submitted reads (else prefetch is skipped)
   std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;

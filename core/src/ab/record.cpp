@@ -1,0 +1,41 @@
+#include "colibri/ab/record.hpp"
+
+#include <algorithm>
+
+namespace colibri::ab {
+
+void append_routing(std::vector<TraceRecord>& out, std::int64_t request,
+                    const std::vector<engine::RoutingRecord>& routing, std::span<const std::int32_t> tokens,
+                    std::int64_t first_position) {
+  for (const auto& r : routing) {
+    TraceRecord t;
+    t.request = request;
+    t.position = r.position;
+    const auto i = r.position - first_position;
+    t.token = i >= 0 && i < static_cast<std::int64_t>(tokens.size()) ? tokens[static_cast<std::size_t>(i)] : -1;
+    t.layer = r.layer;
+    t.experts = r.experts;
+    t.weights = r.weights;
+    out.push_back(std::move(t));
+  }
+}
+
+sdk::Status record_generation(engine::Engine& e, std::span<const std::int32_t> prompt,
+                              std::span<const std::int32_t> decoded, std::int64_t request,
+                              std::vector<TraceRecord>& out) {
+  e.reset();
+  std::vector<float> logits;
+  std::vector<engine::RoutingRecord> routing;
+  if (auto s = e.forward(prompt, engine::LogitsWanted::none, logits, &routing); !s) return s;
+  append_routing(out, request, routing, prompt, 0);
+  if (decoded.empty()) return {};
+  routing.clear();
+  if (auto s = e.forward(decoded, engine::LogitsWanted::none, logits, &routing); !s) return s;
+  std::stable_sort(routing.begin(), routing.end(), [](const auto& a, const auto& b) {
+    return a.position != b.position ? a.position < b.position : a.layer < b.layer;
+  });
+  append_routing(out, request, routing, decoded, static_cast<std::int64_t>(prompt.size()));
+  return {};
+}
+
+}  // namespace colibri::ab
