@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "colibri/ab/record.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "engine_cli.hpp"
 
@@ -21,6 +22,7 @@ struct BenchOptions {
   std::int64_t gen_tokens = 64;
   bool json = false;
   std::uint64_t seed = 1;
+  std::string record_trace;
 };
 
 // Single-pass read bandwidth over a buffer far larger than the caches (bytes per second).
@@ -84,7 +86,10 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(engine->vocab_size()));
   std::vector<float> logits;
   t0 = std::chrono::steady_clock::now();
-  if (auto s = engine->forward(prompt, engine::LogitsWanted::last, logits); !s) return fail(s.message());
+  std::vector<engine::RoutingRecord> routing;
+  auto* routing_out = o.record_trace.empty() ? nullptr : &routing;
+  std::vector<std::int32_t> trace_tokens(prompt);  // tokens by position, for the trace
+  if (auto s = engine->forward(prompt, engine::LogitsWanted::last, logits, routing_out); !s) return fail(s.message());
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto after_prefill = engine->experts().stats();
   engine::SamplingOptions greedy;
@@ -93,9 +98,16 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   t0 = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < o.gen_tokens; ++i) {
     const std::int32_t next[1] = {sampler.sample(logits, prompt)};
-    if (auto s = engine->forward(next, engine::LogitsWanted::last, logits); !s) return fail(s.message());
+    if (auto s = engine->forward(next, engine::LogitsWanted::last, logits, routing_out); !s) return fail(s.message());
+    if (routing_out != nullptr) trace_tokens.push_back(next[0]);
   }
   const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (routing_out != nullptr) {
+    std::vector<ab::TraceRecord> trace;
+    ab::append_routing(trace, 0, routing, trace_tokens, 0);
+    if (auto s = ab::write_trace(o.record_trace, trace); !s) return fail(s.message());
+    std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
+  }
   const auto& st = engine->experts().stats();
   const double prefill_tps = static_cast<double>(o.prompt_tokens) / prefill_s;
   const double decode_tps = o.gen_tokens > 0 ? static_cast<double>(o.gen_tokens) / decode_s : 0;
@@ -186,6 +198,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens decoded one at a time (default 64)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompt tokens");
   cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->add_option("--record-trace", o->record_trace, "Write the routing trace (JSONL, see README) to this file");
   cmd->callback([&global, o] { global.exit_code = run_bench(global, *o); });
 }
 

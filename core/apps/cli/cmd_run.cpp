@@ -4,6 +4,7 @@
 #include <iostream>
 #include <random>
 
+#include "colibri/ab/record.hpp"
 #include "colibri/engine/generate.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "engine_cli.hpp"
@@ -20,6 +21,7 @@ struct RunOptions {
   bool no_special = false;
   engine::SamplingOptions sampling;
   bool seed_given = false;
+  std::string record_trace;
 };
 
 int run_run(const GlobalOptions& global, RunOptions& o) {
@@ -52,6 +54,15 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
             << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
             << ", seed " << o.sampling.seed << ")\n";
   save_usage(*engine);
+  if (!o.record_trace.empty()) {
+    // After statistics and usage history: recording re-runs the tokens (see ab/record.hpp).
+    std::vector<ab::TraceRecord> trace;
+    const auto n_decoded = std::min(r->tokens.size(), static_cast<std::size_t>(engine->n_past()) - ids.size());
+    const auto decoded = std::span<const std::int32_t>(r->tokens).first(n_decoded);
+    if (auto s = ab::record_generation(*engine, ids, decoded, 0, trace); !s) return fail(s.message());
+    if (auto s = ab::write_trace(o.record_trace, trace); !s) return fail(s.message());
+    std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
+  }
   return 0;
 }
 
@@ -63,6 +74,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens to generate (default 128)");
   cmd->add_option("--stop", o->stop, "Stop before this text (repeatable)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
+  cmd->add_option("--record-trace", o->record_trace, "Write the routing trace (JSONL, see README) to this file");
   cmd->add_flag("--no-special", o->no_special, "Do not add the tokenizer's special tokens (BOS) to the prompt");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   cmd->callback([&global, o] { global.exit_code = run_run(global, *o); });
