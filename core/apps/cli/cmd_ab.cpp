@@ -94,6 +94,7 @@ nlohmann::json result_json(const ab::ReplayResult& r, bool per_layer) {
                       {"hits", r.stats.hits},
                       {"misses", r.stats.misses},
                       {"preload_loads", r.stats.preload_loads},
+                      {"reads", r.reads()},
                       {"evictions", r.stats.evictions},
                       {"bytes_read", r.stats.bytes_read}};
   if (per_layer) {

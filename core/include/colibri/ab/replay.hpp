@@ -102,10 +102,12 @@ struct LayerStats {
 };
 
 struct ReplayResult {
-  std::string policy;  // "optimal" for Belady
-  SimStats stats;
+  std::string policy;                 // "optimal" for Belady
+  SimStats stats;                     // hits and misses of trace accesses; preload_loads apart; bytes_read of both
   std::vector<LayerStats> per_layer;  // trace accesses only (no preload)
   std::uint64_t accesses = 0;
+  // Every expert read, preload included: never below the optimum's.
+  [[nodiscard]] std::uint64_t reads() const { return stats.misses + stats.preload_loads; }
   // Hits over trace accesses, as a run reports it.
   [[nodiscard]] double hit_rate() const {
     return accesses == 0 ? 0 : static_cast<double>(stats.hits) / static_cast<double>(accesses);
