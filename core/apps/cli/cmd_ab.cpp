@@ -9,7 +9,9 @@
 #include "colibri/ab/replay.hpp"
 #include "colibri/ab/report.hpp"
 #include "colibri/ab/trace.hpp"
+#include "colibri/engine/generate.hpp"
 #include "colibri/registry/plugin_set.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -257,6 +259,144 @@ int run_import(const ImportOptions& o) {
   return 0;
 }
 
+struct LiveOptions {
+  std::string model;
+  std::vector<std::string> profiles;
+  std::string prompts;
+  int runs = 5;
+  bool cold = false, warm = false;
+  std::int64_t tokens = 32;
+  std::string report;
+  bool json = false;
+};
+
+struct Side {
+  std::string name;
+  std::optional<profile::Profile> profile;
+  std::unique_ptr<engine::Engine> engine;  // kept between runs with --warm
+};
+
+sdk::Expected<std::unique_ptr<engine::Engine>> open_side(Side& s, const std::filesystem::path& dir) {
+  return engine::Engine::open(dir, *s.profile, engine::EngineOptions{});
+}
+
+// Generates every prompt greedily; returns decode tok/s over all of them, hit rate and bytes read of this run.
+sdk::Status run_once(engine::Engine& e, const tokenizer::Tokenizer& tok, const std::vector<std::string>& prompts,
+                     std::int64_t tokens, ab::LiveSide& out) {
+  const auto before = e.experts().stats();
+  double decode_s = 0, decoded = 0;
+  for (const auto& p : prompts) {
+    e.reset();
+    engine::GenerateOptions g;
+    g.max_tokens = tokens;
+    g.stop_at_eos = false;
+    g.sampling.temperature = 0;
+    auto r = engine::generate(e, tok, tok.encode(p, true), g, nullptr);
+    if (!r) return r.error();
+    decode_s += r->decode_seconds;
+    decoded += r->tokens.size() > 1 ? static_cast<double>(r->tokens.size() - 1) : 0;
+  }
+  const auto& after = e.experts().stats();
+  const double hits = static_cast<double>(after.hits - before.hits);
+  const double misses = static_cast<double>(after.misses - before.misses);
+  out.decode_tps.push_back(decode_s > 0 ? decoded / decode_s : 0);
+  out.hit_rate.push_back(hits + misses > 0 ? hits / (hits + misses) : 1);
+  out.bytes_read.push_back(static_cast<double>(after.bytes_read - before.bytes_read));
+  return {};
+}
+
+int run_live(const LiveOptions& o) {
+  if (o.profiles.size() != 2) return fail("give exactly two profiles: --profile A --profile B");
+  if (o.runs < 1) return fail("--runs must be at least 1");
+  if (o.tokens < 2) return fail("--tokens must be at least 2 (decode speed needs two generated tokens)");
+  if (o.cold && o.warm) return fail("give one of --cold and --warm");
+  std::vector<std::string> prompts;
+  if (o.prompts.empty()) {
+    prompts = {"The history of the printing press", "Write a short poem about the sea."};
+  } else {
+    std::ifstream f(o.prompts);
+    if (!f) return fail("cannot read --prompts " + o.prompts);
+    std::string line;
+    while (std::getline(f, line)) {
+      if (!line.empty()) prompts.push_back(line);
+    }
+    if (prompts.empty()) return fail("--prompts " + o.prompts + " holds no prompts (one per line)");
+  }
+  Side sides[2];
+  for (int i = 0; i < 2; ++i) {
+    sides[i].name = o.profiles[static_cast<std::size_t>(i)];
+    profile::LoadOptions lo;
+    lo.profile = sides[i].name;
+    auto p = profile::Profile::load(lo);
+    if (!p) return fail("--profile " + sides[i].name + ": " + p.error().message());
+    sides[i].profile = std::move(*p);
+  }
+  auto dir = model::resolve_model_path(o.model, sides[0].profile->get_string("models.dir"));
+  if (!dir) return fail(dir.error().message());
+  auto tok = tokenizer::Tokenizer::from_file(*dir);
+  if (!tok) return fail(tok.error().message());
+  ab::LiveReport rep;
+  rep.model = o.model;
+  rep.mode = o.warm ? "warm" : "cold";
+  rep.a.profile = sides[0].name;
+  rep.b.profile = sides[1].name;
+  ab::LiveSide* out[2] = {&rep.a, &rep.b};
+  for (int run = 0; run < o.runs; ++run) {
+    for (int i = 0; i < 2; ++i) {  // interleaved: A B A B ...
+      auto& s = sides[i];
+      if (!s.engine || !o.warm) {
+        s.engine.reset();  // cold: a fresh engine, empty expert cache
+        auto e = open_side(s, *dir);
+        if (!e) return fail("--profile " + s.name + ": " + e.error().message());
+        s.engine = std::move(*e);
+        if (o.warm) {
+          ab::LiveSide discard;
+          if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, discard); !st) return fail(st.message());
+        }
+      }
+      if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, *out[i]); !st) {
+        return fail("--profile " + s.name + ": " + st.message());
+      }
+      if (!o.warm) s.engine.reset();
+      std::fprintf(stderr, "run %d %s: %.2f decode tok/s, hit rate %.1f%%\n", run + 1, s.name.c_str(),
+                   out[i]->decode_tps.back(), 100 * out[i]->hit_rate.back());
+    }
+  }
+  rep.verdict = ab::compare_paired(rep.a.decode_tps, rep.b.decode_tps);
+  if (!o.report.empty()) {
+    std::ofstream f(o.report + ".partial", std::ios::binary | std::ios::trunc);
+    if (!f || !(f << ab::render_html(nullptr, &rep)) || !f.flush()) return fail("cannot write report " + o.report);
+    f.close();
+    std::error_code ec;
+    std::filesystem::rename(o.report + ".partial", o.report, ec);
+    if (ec) return fail("cannot write report " + o.report + ": " + ec.message());
+  }
+  if (o.json) {
+    nlohmann::json j = {{"model", o.model}, {"mode", rep.mode}, {"runs", o.runs}};
+    for (const auto* side : {&rep.a, &rep.b}) {
+      j[side == &rep.a ? "a" : "b"] = {{"profile", side->profile},
+                                       {"decode_tps", side->decode_tps},
+                                       {"decode_tps_median", ab::median(side->decode_tps)},
+                                       {"hit_rate", side->hit_rate},
+                                       {"bytes_read", side->bytes_read}};
+    }
+    j["verdict"] = {{"median_diff", rep.verdict.median_diff},   {"ci_low", rep.verdict.ci_low},
+                    {"ci_high", rep.verdict.ci_high},           {"sign_p", rep.verdict.sign_p},
+                    {"within_noise", rep.verdict.within_noise}, {"text", rep.verdict.text}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto* side : {&rep.a, &rep.b}) {
+    const auto& t = side->decode_tps;
+    std::printf("%s %-20s decode %.2f tok/s median (min %.2f, max %.2f), hit rate %.1f%%, read %s per run\n",
+                side == &rep.a ? "A" : "B", side->profile.c_str(), ab::median(t), *std::min_element(t.begin(), t.end()),
+                *std::max_element(t.begin(), t.end()), 100 * ab::median(side->hit_rate),
+                mib(static_cast<std::uint64_t>(ab::median(side->bytes_read))).c_str());
+  }
+  std::printf("verdict: %s\n", rep.verdict.text.c_str());
+  return 0;
+}
+
 void setup(CLI::App& app, GlobalOptions& global) {
   auto* ab_cmd = app.add_subcommand("ab", "A/B test cache policies: replay routing traces, import traces, live runs");
   ab_cmd->require_subcommand(1);
@@ -285,6 +425,19 @@ void setup(CLI::App& app, GlobalOptions& global) {
       ->required();
   imp->add_option("--out,-o", io->out, "Output JSONL trace")->required();
   imp->callback([&global, io] { global.exit_code = run_import(*io); });
+
+  auto lo = std::make_shared<LiveOptions>();
+  auto* live = ab_cmd->add_subcommand("live", "Interleaved paired runs of two profiles (A B A B ...) with a verdict");
+  live->add_option("--model,-m", lo->model, "Model directory, or a name under models.dir")->required();
+  live->add_option("--profile", lo->profiles, "Profile A, then profile B (NAME or PATH)")->required();
+  live->add_option("--prompts", lo->prompts, "Prompts, one per line (default: two built-in prompts)");
+  live->add_option("--runs", lo->runs, "Pairs of runs (default 5; the sign test needs 6 for p < 0.05)");
+  live->add_option("--tokens,-n", lo->tokens, "Tokens generated per prompt (default 32)");
+  live->add_flag("--cold", lo->cold, "A fresh engine (empty expert cache) for every run (default)");
+  live->add_flag("--warm", lo->warm, "One engine per profile, warmed by an unmeasured run first");
+  live->add_option("--report", lo->report, "Write a self-contained HTML report");
+  live->add_flag("--json", lo->json, "Print JSON");
+  live->callback([&global, lo] { global.exit_code = run_live(*lo); });
 }
 
 }  // namespace

@@ -161,6 +161,30 @@ class Replay(unittest.TestCase):
         self.assertIn('data-policy="optimal (Belady)"', dom)
 
 
+class Live(unittest.TestCase):
+    def test_paired_runs_verdict_and_report(self):
+        m = model()
+        profiles = []
+        for name, policy in (("a", "lru"), ("b", "frequency")):
+            path = os.path.join(WORK, name + ".yaml")
+            with open(path, "w") as f:
+                f.write(f"memory:\n  expert_cache: 1M\ncache:\n  policy: {policy}\n")
+            profiles += ["--profile", path]
+        report = os.path.join(WORK, "live.html")
+        p = cli("ab", "live", "-m", m, *profiles, "--runs", "3", "-n", "4", "--json", "--report", report)
+        j = json.loads(p.stdout)
+        self.assertEqual(len(j["a"]["decode_tps"]), 3)
+        self.assertEqual(len(j["b"]["hit_rate"]), 3)
+        self.assertTrue(j["verdict"]["within_noise"])  # 3 pairs can never reach p < 0.05
+        self.assertIn("within noise", j["verdict"]["text"])
+        self.assertIn(j["verdict"]["text"].split(" (")[0], open(report).read())
+        # Runs alternate A B A B.
+        order = [l.split()[2].rstrip(":") for l in p.stderr.splitlines() if l.startswith("run ")]
+        self.assertEqual(order, [profiles[1], profiles[3]] * 3)
+        p = cli("ab", "live", "-m", m, "--profile", profiles[1], check=False)
+        self.assertIn("exactly two profiles", p.stderr)
+
+
 if __name__ == "__main__":
     CLI, GEN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
     result = unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2, exit=False).result
