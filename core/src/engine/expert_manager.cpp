@@ -91,8 +91,9 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
   auto file = storage_->open((dir_ / e.file).string());
   // The fix goes with the error: a missing or damaged blob comes back by copying it again or re-converting.
   const std::string fix = "; restore " + e.file + " from a good copy or re-run convert";
-  if (!file) return Status(file.error().code(), "opening expert " + where + " (" + e.file + "): " +
-                                                    file.error().message() + fix);
+  if (!file)
+    return Status(file.error().code(),
+                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + fix);
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
@@ -148,9 +149,8 @@ Status ExpertManager::make_room(std::uint64_t bytes) {
       const auto start = std::chrono::steady_clock::now();
       {
         std::unique_lock lock(mutex_);
-        landed_.wait(lock, [&] {
-          return std::any_of(pending.begin(), pending.end(), [](const auto& p) { return p->done; });
-        });
+        landed_.wait(
+            lock, [&] { return std::any_of(pending.begin(), pending.end(), [](const auto& p) { return p->done; }); });
       }
       stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       reap();

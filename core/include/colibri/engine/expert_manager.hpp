@@ -75,9 +75,10 @@ class ExpertManager {
   void release(std::int64_t layer, std::int64_t expert);
 
   // Queues asynchronous reads (ReadPriority::prefetch) of the experts in `wanted` that are neither resident nor in
-  // flight (nothing when the storage reads synchronously). A prefetch never fails the caller and never evicts an expert in use, pinned, named in `keep` (the
-  // current layer's experts) or prefetched and not used yet; without room it is skipped. Returns how many it queued.
-  // A later acquire() of an expert in flight waits for that read instead of reading again (single flight).
+  // flight (nothing when the storage reads synchronously). A prefetch never fails the caller and never evicts an expert
+  // in use, pinned, named in `keep` (the current layer's experts) or prefetched and not used yet; without room it is
+  // skipped. Returns how many it queued. A later acquire() of an expert in flight waits for that read instead of
+  // reading again (single flight).
   std::size_t prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep = {});
   // Counts router predictions against the experts the layer then used (see ExpertStats).
   void note_prediction(std::uint64_t predicted, std::uint64_t correct, std::uint64_t actual) {
@@ -125,14 +126,14 @@ class ExpertManager {
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
   bool resident_ = false;
-  bool async_storage_ = false;  // the storage overlaps submitted reads (else prefetch is skipped)
+  bool async_storage_ = false;           // the storage overlaps submitted reads (else prefetch is skipped)
   std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
-  std::vector<std::uint64_t> inflight_;            // keys with a pending prefetch
-  bool prefetch_eviction_ = false;                 // make_room on behalf of a prefetch (stricter evictable())
-  std::span<const sdk::ExpertKey> keep_;           // during a prefetch: experts it must not evict
-  std::mutex mutex_;                               // guards Pending::done/status/read_seconds
+  std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch
+  bool prefetch_eviction_ = false;        // make_room on behalf of a prefetch (stricter evictable())
+  std::span<const sdk::ExpertKey> keep_;  // during a prefetch: experts it must not evict
+  std::mutex mutex_;                      // guards Pending::done/status/read_seconds
   std::condition_variable landed_;
 };
 
