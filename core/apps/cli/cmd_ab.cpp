@@ -109,15 +109,76 @@ nlohmann::json result_json(const ab::ReplayResult& r, bool per_layer) {
   return j;
 }
 
+struct PolicySpec {
+  std::string name;     // as reported
+  std::string profile;  // the profile it comes from ("" : the default)
+  std::vector<profile::Override> overrides;
+};
+
+// Replays the trace at every size through every policy and the optimum. Returns an error message, or "" on success.
+std::string compute_replay(const std::vector<PolicySpec>& specs, const std::string& trace_path,
+                           const std::vector<std::uint64_t>& sizes, const ab::ExpertSizes& expert_sizes,
+                           const std::string& model_name, ab::ReplayReport& report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto trace = ab::read_trace(trace_path);
+  if (!trace) return (trace.error().message());
+  const auto seq = ab::AccessSequence::from_trace(*trace);
+  trace->clear();
+  const auto universe = ab::universe_of(seq, expert_sizes);
+  std::uint64_t slot = 1;
+  for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
+  for (auto k : seq.keys) {
+    if (!expert_sizes.read_bytes(k)) {
+      return (trace_path + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
+              ", which model " + model_name + " does not have (a trace of another model?)");
+    }
+  }
+
+  report.trace = trace_path;
+  report.records = seq.records();
+  report.accesses = seq.keys.size();
+  report.bytes_known = expert_sizes.known();
+  for (const auto n : sizes) {
+    ab::SizeResults sr;
+    sr.cache_experts = n;
+    sr.budget_bytes = n * slot;
+    for (const auto& [name, profile_name, overrides] : specs) {
+      profile::LoadOptions lo;
+      lo.profile = profile_name;
+      lo.overrides = overrides;
+      auto prof = profile::Profile::load(lo);
+      if (!prof) return prof.error().message();
+      const auto reg = registry::scan_for_profile(*prof);
+      auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
+      if (!policy) return ("--policy " + name + ": " + policy.error().message());
+      auto r = ab::replay(seq, *policy, name, sr.budget_bytes, expert_sizes, universe);
+      if (!r) {
+        return ("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
+                "; use a larger cache");
+      }
+      sr.policies.push_back(std::move(*r));
+    }
+    auto best = ab::belady(seq, n, expert_sizes);
+    if (!best) return ("--cache-experts " + std::to_string(n) + ": " + best.error().message());
+    sr.optimal = std::move(*best);
+    report.sizes.push_back(std::move(sr));
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.layers = seq.layers;
+  return "";
+}
+
 int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   auto sizes = parse_sizes(o.cache_experts);
   if (!sizes) return fail(sizes.error().message());
   if (o.policies.empty()) return fail("give at least one --policy (e.g. --policy lru --policy frequency)");
-  std::vector<std::pair<std::string, std::vector<profile::Override>>> specs;
+  std::vector<PolicySpec> specs;
   for (const auto& p : o.policies) {
     auto s = parse_policy(p);
     if (!s) return fail(s.error().message());
-    specs.push_back(*s);
+    auto overrides = global.cli_overrides();
+    overrides.insert(overrides.end(), s->second.begin(), s->second.end());
+    specs.push_back({s->first, global.profile, overrides});
   }
   std::optional<model::Manifest> manifest;
   if (!o.model.empty()) {
@@ -132,53 +193,8 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   const auto expert_sizes =
       manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(o.expert_bytes);
 
-  const auto t0 = std::chrono::steady_clock::now();
-  auto trace = ab::read_trace(o.trace);
-  if (!trace) return fail(trace.error().message());
-  const auto seq = ab::AccessSequence::from_trace(*trace);
-  trace->clear();
-  const auto universe = ab::universe_of(seq, expert_sizes);
-  std::uint64_t slot = 1;
-  for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
-  for (auto k : seq.keys) {
-    if (!expert_sizes.read_bytes(k)) {
-      return fail(o.trace + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
-                  ", which model " + o.model + " does not have (a trace of another model?)");
-    }
-  }
-
   ab::ReplayReport report;
-  report.trace = o.trace;
-  report.records = seq.records();
-  report.accesses = seq.keys.size();
-  report.bytes_known = expert_sizes.known();
-  for (const auto n : *sizes) {
-    ab::SizeResults sr;
-    sr.cache_experts = n;
-    sr.budget_bytes = n * slot;
-    for (const auto& [name, overrides] : specs) {
-      profile::LoadOptions lo;
-      lo.profile = global.profile;
-      lo.overrides = global.cli_overrides();
-      lo.overrides.insert(lo.overrides.end(), overrides.begin(), overrides.end());
-      auto prof = profile::Profile::load(lo);
-      if (!prof) return fail(prof.error().message());
-      const auto reg = registry::scan_for_profile(*prof);
-      auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
-      if (!policy) return fail("--policy " + name + ": " + policy.error().message());
-      auto r = ab::replay(seq, *policy, name, sr.budget_bytes, expert_sizes, universe);
-      if (!r) {
-        return fail("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
-                    "; use a larger cache");
-      }
-      sr.policies.push_back(std::move(*r));
-    }
-    auto best = ab::belady(seq, n, expert_sizes);
-    if (!best) return fail("--cache-experts " + std::to_string(n) + ": " + best.error().message());
-    sr.optimal = std::move(*best);
-    report.sizes.push_back(std::move(sr));
-  }
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (auto err = compute_replay(specs, o.trace, *sizes, expert_sizes, o.model, report); !err.empty()) return fail(err);
 
   if (!o.report.empty()) {
     const auto html = ab::render_html(&report, nullptr);
@@ -214,7 +230,7 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   }
   std::printf("trace %s: %llu records, %llu expert accesses, %zu layers\n", o.trace.c_str(),
               static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
-              static_cast<std::size_t>(seq.layers));
+              static_cast<std::size_t>(report.layers));
   for (const auto& sr : report.sizes) {
     std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
                 report.bytes_known ? (" (" + mib(sr.budget_bytes) + ")").c_str() : "");
@@ -268,6 +284,8 @@ struct LiveOptions {
   std::int64_t tokens = 32;
   std::string report;
   bool json = false;
+  std::string trace;  // with cache_experts: replay it through both profiles' policies into the report
+  std::string cache_experts;
 };
 
 struct Side {
@@ -310,6 +328,11 @@ int run_live(const LiveOptions& o) {
   if (o.runs < 1) return fail("--runs must be at least 1");
   if (o.tokens < 2) return fail("--tokens must be at least 2 (decode speed needs two generated tokens)");
   if (o.cold && o.warm) return fail("give one of --cold and --warm");
+  if (o.trace.empty() != o.cache_experts.empty()) return fail("--trace and --cache-experts go together");
+  std::vector<std::uint64_t> no_sizes;
+  auto sizes =
+      o.cache_experts.empty() ? sdk::Expected<std::vector<std::uint64_t>>(no_sizes) : parse_sizes(o.cache_experts);
+  if (!sizes) return fail(sizes.error().message());
   std::vector<std::string> prompts;
   if (o.prompts.empty()) {
     prompts = {"The history of the printing press", "Write a short poem about the sea."};
@@ -363,9 +386,23 @@ int run_live(const LiveOptions& o) {
     }
   }
   rep.verdict = ab::compare_paired(rep.a.decode_tps, rep.b.decode_tps);
+  std::optional<ab::ReplayReport> replayed;
+  if (!o.trace.empty()) {
+    auto manifest = model::load_manifest(*dir);
+    if (!manifest) return fail(manifest.error().message());
+    const auto expert_sizes = ab::ExpertSizes::from_manifest(*manifest);
+    std::vector<PolicySpec> specs;
+    for (const auto& s : sides)
+      specs.push_back({s.name + " (" + s.profile->get_string("cache.policy") + ")", s.name, {}});
+    replayed.emplace();
+    if (auto err = compute_replay(specs, o.trace, *sizes, expert_sizes, o.model, *replayed); !err.empty()) {
+      return fail(err);
+    }
+  }
   if (!o.report.empty()) {
     std::ofstream f(o.report + ".partial", std::ios::binary | std::ios::trunc);
-    if (!f || !(f << ab::render_html(nullptr, &rep)) || !f.flush()) return fail("cannot write report " + o.report);
+    if (!f || !(f << ab::render_html(replayed ? &*replayed : nullptr, &rep)) || !f.flush())
+      return fail("cannot write report " + o.report);
     f.close();
     std::error_code ec;
     std::filesystem::rename(o.report + ".partial", o.report, ec);
@@ -437,6 +474,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   live->add_flag("--warm", lo->warm, "One engine per profile, warmed by an unmeasured run first");
   live->add_option("--report", lo->report, "Write a self-contained HTML report");
   live->add_flag("--json", lo->json, "Print JSON");
+  live->add_option("--trace", lo->trace, "Also replay this trace through both profiles' cache policies (report)");
+  live->add_option("--cache-experts", lo->cache_experts, "Cache sizes for --trace, comma-separated");
   live->callback([&global, lo] { global.exit_code = run_live(*lo); });
 }
 

@@ -171,13 +171,19 @@ class Live(unittest.TestCase):
                 f.write(f"memory:\n  expert_cache: 1M\ncache:\n  policy: {policy}\n")
             profiles += ["--profile", path]
         report = os.path.join(WORK, "live.html")
-        p = cli("ab", "live", "-m", m, *profiles, "--runs", "3", "-n", "4", "--json", "--report", report)
+        trace = Replay().trace()
+        p = cli("ab", "live", "-m", m, *profiles, "--runs", "3", "-n", "4", "--json", "--report", report,
+                "--trace", trace, "--cache-experts", "3,4")
+        html = open(report).read()
+        # The report holds both: the replay plot (each profile's policy and the optimum) and the live verdict.
+        self.assertEqual(html.count("<polyline"), 3)
+        self.assertIn("(frequency)", html)
         j = json.loads(p.stdout)
         self.assertEqual(len(j["a"]["decode_tps"]), 3)
         self.assertEqual(len(j["b"]["hit_rate"]), 3)
         self.assertTrue(j["verdict"]["within_noise"])  # 3 pairs can never reach p < 0.05
         self.assertIn("within noise", j["verdict"]["text"])
-        self.assertIn(j["verdict"]["text"].split(" (")[0], open(report).read())
+        self.assertIn(j["verdict"]["text"].split(" (")[0], html)
         # Runs alternate A B A B.
         order = [l.split()[2].rstrip(":") for l in p.stderr.splitlines() if l.startswith("run ")]
         self.assertEqual(order, [profiles[1], profiles[3]] * 3)

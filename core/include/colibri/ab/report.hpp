@@ -21,6 +21,7 @@ struct ReplayReport {
   std::string trace;
   std::uint64_t records = 0;
   std::uint64_t accesses = 0;
+  std::uint32_t layers = 0;
   bool bytes_known = false;
   double seconds = 0;
   std::vector<SizeResults> sizes;  // ascending cache size
