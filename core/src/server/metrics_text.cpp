@@ -112,12 +112,17 @@ std::string render_metrics(const SchedulerStats& s,
         static_cast<double>(s.expert_resident_bytes));
   w.one("colibri_expert_cache_budget_bytes", "gauge", "RAM tier budget (memory.expert_cache).",
         static_cast<double>(s.expert_budget_bytes));
-  w.one("colibri_prefetch_issued_total", "counter",
-        "Prefetch reads issued. Always 0 for now: the engine has no prefetcher yet.", 0);
-  w.one("colibri_prefetch_used_total", "counter",
-        "Prefetched experts the router then picked. Always 0 for now: the engine has no prefetcher yet.", 0);
+  w.one("colibri_prefetch_issued_total", "counter", "Prefetch reads issued for the next layers' predicted experts.",
+        static_cast<double>(s.experts.prefetch_issued));
+  w.one("colibri_prefetch_used_total", "counter", "Prefetched experts the router then picked.",
+        static_cast<double>(s.experts.prefetch_used));
+  w.one("colibri_prefetch_wasted_total", "counter", "Prefetched experts evicted before any use.",
+        static_cast<double>(s.experts.prefetch_wasted));
   w.one("colibri_prefetch_accuracy", "gauge",
-        "Share of prefetched experts that were used (0..1). Always 0 for now: the engine has no prefetcher yet.", 0);
+        "Prediction precision: share of predicted experts the router then picked (0..1).",
+        s.experts.prediction_precision());
+  w.one("colibri_prefetch_recall", "gauge", "Prediction recall: share of picked experts that were predicted (0..1).",
+        s.experts.prediction_recall());
 
   // What the plugins report through the host services (process-wide).
   const auto plugin_values = util::Metrics::global().snapshot();
