@@ -66,13 +66,22 @@ class FifoPolicy final : public CachePolicy {
   std::unordered_set<std::uint64_t> pinned_;
 };
 
-Score score(const HostInfo&) noexcept { return {10, ""}; }
+Score score(const HostInfo&) noexcept {
+  return {10, ""};
+}
 
 const OptionSpec kOptions[] = {{"log_evictions", OptionType::boolean, "false", "log every eviction at info level"}};
 
 const PluginDescriptor kDescriptor{
-    make_plugin_header(), PluginKind::cache, "fifo", "0.1.0", "first in, first out (example third-party plugin)",
-    kOptions, {}, &score, &create_guarded<FifoPolicy>,
+    make_plugin_header(),
+    PluginKind::cache,
+    "fifo",
+    "0.1.0",
+    "first in, first out (example third-party plugin)",
+    kOptions,
+    {},
+    &score,
+    &create_guarded<FifoPolicy>,
 };
 
 }  // namespace

@@ -28,15 +28,18 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+char lower(char c) {
+  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 }  // namespace
 
 Expected<std::uint64_t> parse_size(std::string_view text) noexcept {
   const std::string_view original = text;
   auto bad = [&]() {
-    return Status(StatusCode::invalid_argument,
-                  "'" + std::string(original) + "' is not a size; write bytes or a number with K, M, G or T (e.g. 512M, 8G)");
+    return Status(
+        StatusCode::invalid_argument,
+        "'" + std::string(original) + "' is not a size; write bytes or a number with K, M, G or T (e.g. 512M, 8G)");
   };
   text = trim(text);
   if (text.empty()) return bad();
@@ -99,8 +102,8 @@ Expected<ConfigValue> parse_option_value(const OptionSpec& spec, std::string_vie
       return v;
     }
     auto wrong = [&](std::string_view expected) {
-      return Status(StatusCode::invalid_argument, "'" + std::string(t) + "' is not " + std::string(expected) +
-                                                      (spec.allow_auto ? " (or auto)" : ""));
+      return Status(StatusCode::invalid_argument,
+                    "'" + std::string(t) + "' is not " + std::string(expected) + (spec.allow_auto ? " (or auto)" : ""));
     };
     switch (spec.type) {
       case OptionType::boolean:
@@ -151,7 +154,9 @@ Expected<ConfigValue> parse_option_value(const OptionSpec& spec, std::string_vie
   }
 }
 
-bool ConfigView::contains(std::string_view key) const noexcept { return values_.find(key) != values_.end(); }
+bool ConfigView::contains(std::string_view key) const noexcept {
+  return values_.find(key) != values_.end();
+}
 
 bool ConfigView::is_auto(std::string_view key) const noexcept {
   const auto* v = find(key);
@@ -170,8 +175,7 @@ Expected<T> typed_get(const ConfigView& view, std::string_view key, T fallback, 
   const ConfigValue* v = view.find(key);
   if (v == nullptr || v->is_auto) return fallback;
   if (const T* p = std::get_if<T>(&v->value)) return *p;
-  return Status(StatusCode::invalid_argument,
-                "option '" + std::string(key) + "' is not " + std::string(type_name));
+  return Status(StatusCode::invalid_argument, "option '" + std::string(key) + "' is not " + std::string(type_name));
 }
 
 }  // namespace

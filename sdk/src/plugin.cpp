@@ -42,7 +42,8 @@ Expected<std::unique_ptr<Event>> ComputeBase::copy_to_device_async(const void* s
                                                                    std::size_t bytes) noexcept {
   if (auto s = check_range(offset, bytes, dst.size()); !s) return s;
   void* p = dst.host_pointer();
-  if (p == nullptr) return Status(StatusCode::unsupported, "buffer is not host-visible; the backend must override copies");
+  if (p == nullptr)
+    return Status(StatusCode::unsupported, "buffer is not host-visible; the backend must override copies");
   std::memcpy(static_cast<std::byte*>(p) + offset, src, bytes);
   return std::unique_ptr<Event>(new (std::nothrow) CompletedEvent());
 }
@@ -51,7 +52,8 @@ Expected<std::unique_ptr<Event>> ComputeBase::copy_to_host_async(const Buffer& s
                                                                  std::size_t bytes) noexcept {
   if (auto s = check_range(offset, bytes, src.size()); !s) return s;
   const void* p = const_cast<Buffer&>(src).host_pointer();
-  if (p == nullptr) return Status(StatusCode::unsupported, "buffer is not host-visible; the backend must override copies");
+  if (p == nullptr)
+    return Status(StatusCode::unsupported, "buffer is not host-visible; the backend must override copies");
   std::memcpy(dst, static_cast<const std::byte*>(p) + offset, bytes);
   return std::unique_ptr<Event>(new (std::nothrow) CompletedEvent());
 }

@@ -27,7 +27,7 @@ constexpr std::int64_t kN = 4096;
 constexpr std::size_t kWorkingSet = 96u << 20;
 
 struct Matrix {
-  std::size_t bytes = 0;                  // of one copy
+  std::size_t bytes = 0;  // of one copy
   std::vector<std::vector<std::byte>> copies;
 };
 

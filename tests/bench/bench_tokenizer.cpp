@@ -64,12 +64,12 @@ int main(int argc, char** argv) {
     }
     keep.push_back(std::make_unique<Tokenizer>(std::move(*tok)));
     const Tokenizer* t = keep.back().get();
-    benchmark::RegisterBenchmark((std::string("encode_corpus_1MB/") + name).c_str(),
-                                 [t](benchmark::State& s) { encode(s, *t, text); })
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark((std::string("encode_100KB_word/") + name).c_str(),
-                                 [t](benchmark::State& s) { encode(s, *t, word); })
-        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("encode_corpus_1MB/") + name).c_str(), [t](benchmark::State& s) {
+      encode(s, *t, text);
+    })->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("encode_100KB_word/") + name).c_str(), [t](benchmark::State& s) {
+      encode(s, *t, word);
+    })->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -143,9 +143,9 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   };
   // Streaming figures: what the disk delivered, prefetch quality, memory high-water mark.
   const std::uint64_t decode_bytes = st.bytes_read - after_prefill.bytes_read;
-  const double bytes_per_token =
-      o.gen_tokens > 0 ? static_cast<double>(decode_bytes) / static_cast<double>(o.gen_tokens)
-                       : static_cast<double>(st.bytes_read) / static_cast<double>(o.prompt_tokens);
+  const double bytes_per_token = o.gen_tokens > 0
+                                     ? static_cast<double>(decode_bytes) / static_cast<double>(o.gen_tokens)
+                                     : static_cast<double>(st.bytes_read) / static_cast<double>(o.prompt_tokens);
   const double run_s = prefill_s + decode_s;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -178,14 +178,14 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
               mib(st.bytes_read).c_str(), st.stall_seconds);
   std::printf("streaming  %s read/token, disk %.3f GB/s, stall %.3f s (prefetch saved %.3f s), peak RSS %s\n",
-              mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(),
-              j["disk_bytes_per_second"].get<double>() / 1e9, st.stall_seconds, st.stall_saved_seconds,
-              mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
-  std::printf("prefetch   %lld layers: %llu issued, %llu used, %llu wasted; prediction precision %.1f%%, "
-              "recall %.1f%%\n",
-              static_cast<long long>(engine->prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
-              static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
-              100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
+              mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(), j["disk_bytes_per_second"].get<double>() / 1e9,
+              st.stall_seconds, st.stall_saved_seconds, mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+  std::printf(
+      "prefetch   %lld layers: %llu issued, %llu used, %llu wasted; prediction precision %.1f%%, "
+      "recall %.1f%%\n",
+      static_cast<long long>(engine->prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
+      static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
+      100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
   std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth: %.2f tok/s (decode at %.0f%%)\n",
               active / (1024.0 * 1024.0), bandwidth / 1e9, bound, 100.0 * decode_tps / bound);
   return 0;

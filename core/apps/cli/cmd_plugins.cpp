@@ -21,13 +21,16 @@ int list_plugins(const GlobalOptions& global, const PluginsOptions& opts) {
   if (opts.json) {
     nlohmann::json out;
     out["search_path"] = nlohmann::json::array();
-    for (const auto& d : reg.search_path()) out["search_path"].push_back({{"path", d.path.string()}, {"origin", d.origin}});
+    for (const auto& d : reg.search_path())
+      out["search_path"].push_back({{"path", d.path.string()}, {"origin", d.origin}});
     out["plugins"] = nlohmann::json::array();
     for (const auto& p : reg.plugins()) {
       nlohmann::json opts_json = nlohmann::json::array();
       for (const auto& o : p.options) {
-        opts_json.push_back({{"name", o.name}, {"type", std::string(sdk::to_string(o.type))},
-                             {"default", o.default_value ? o.default_value : ""}, {"doc", o.doc ? o.doc : ""}});
+        opts_json.push_back({{"name", o.name},
+                             {"type", std::string(sdk::to_string(o.type))},
+                             {"default", o.default_value ? o.default_value : ""},
+                             {"doc", o.doc ? o.doc : ""}});
       }
       out["plugins"].push_back({{"kind", std::string(to_string(p.kind))},
                                 {"name", p.name},
@@ -49,14 +52,16 @@ int list_plugins(const GlobalOptions& global, const PluginsOptions& opts) {
     for (const auto& d : reg.search_path()) std::cout << "  " << d.path.string() << " (" << d.origin << ")\n";
   } else {
     std::cout << std::left << std::setw(9) << "KIND" << std::setw(14) << "NAME" << std::setw(9) << "VERSION"
-              << std::setw(7) << "SCORE" << "PATH\n";
+              << std::setw(7) << "SCORE"
+              << "PATH\n";
     for (const auto& p : reg.plugins()) {
       std::cout << std::setw(9) << to_string(p.kind) << std::setw(14) << p.name << std::setw(9) << p.version
                 << std::setw(7) << p.score.value << p.path.string() << "\n";
       std::string caps;
       for (const auto& c : p.capabilities) caps += (caps.empty() ? "" : ", ") + c;
       if (!caps.empty()) std::cout << "         capabilities: " << caps << "\n";
-      if (!p.score.reason.empty()) std::cout << "         " << (p.score.value == 0 ? "unusable: " : "") << p.score.reason << "\n";
+      if (!p.score.reason.empty())
+        std::cout << "         " << (p.score.value == 0 ? "unusable: " : "") << p.score.reason << "\n";
     }
   }
   for (const auto& b : reg.broken()) std::cout << "broken   " << b.path.string() << "\n         " << b.reason << "\n";
@@ -67,7 +72,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* plugins = app.add_subcommand("plugins", "List the compute, storage and cache plugins found");
   plugins->require_subcommand(1);
   auto opts = std::make_shared<PluginsOptions>();
-  auto* list = plugins->add_subcommand("list", "Every plugin found: kind, name, version, score here, path, capabilities");
+  auto* list =
+      plugins->add_subcommand("list", "Every plugin found: kind, name, version, score here, path, capabilities");
   list->add_flag("--json", opts->json, "Machine-readable output");
   add_profile_options(*list, global);
   list->callback([&global, opts] { global.exit_code = list_plugins(global, *opts); });

@@ -24,7 +24,8 @@ std::string auto_meaning(const std::string& key) {
   if (key == "models.dir") {
     const char* xdg = std::getenv("XDG_DATA_HOME");
     const char* home = std::getenv("HOME");
-    return xdg && *xdg ? std::string(xdg) + "/colibri/models" : std::string(home ? home : "~") + "/.local/share/colibri/models";
+    return xdg && *xdg ? std::string(xdg) + "/colibri/models"
+                       : std::string(home ? home : "~") + "/.local/share/colibri/models";
   }
   return {};
 }

@@ -12,13 +12,13 @@
 namespace colibri::cli {
 
 struct GlobalOptions {
-  std::string profile;                   // --profile NAME|PATH
-  std::vector<std::string> sets;         // --set KEY=VALUE (repeatable)
-  std::string expert_cache_size;         // --expert-cache-size
-  std::string vram_budget;               // --vram-budget
-  std::string prefetch_layers;           // --prefetch-layers
-  std::string log_level = "info";        // --log-level
-  int exit_code = 0;                     // set by the command that ran
+  std::string profile;             // --profile NAME|PATH
+  std::vector<std::string> sets;   // --set KEY=VALUE (repeatable)
+  std::string expert_cache_size;   // --expert-cache-size
+  std::string vram_budget;         // --vram-budget
+  std::string prefetch_layers;     // --prefetch-layers
+  std::string log_level = "info";  // --log-level
+  int exit_code = 0;               // set by the command that ran
 
   // The CLI layer of the profile stack (the dedicated flags and every --set).
   [[nodiscard]] std::vector<profile::Override> cli_overrides() const;

@@ -59,7 +59,8 @@ void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
   cmd.add_option("--profile", global.profile, "Hardware profile: a name from the profile directories or a YAML path")
       ->envname("COLIBRI_PROFILE");
   cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
-  cmd.add_option("--expert-cache-size", global.expert_cache_size, "RAM tier for experts, e.g. 8G (memory.expert_cache)");
+  cmd.add_option("--expert-cache-size", global.expert_cache_size,
+                 "RAM tier for experts, e.g. 8G (memory.expert_cache)");
   cmd.add_option("--vram-budget", global.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
   cmd.add_option("--prefetch-layers", global.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
 }

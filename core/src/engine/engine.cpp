@@ -653,10 +653,10 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     }
     const auto n = static_cast<std::int64_t>(it.tokens.size());
     if (it.sequence->n_past + n > it.sequence->kv.context()) {
-      return Status(StatusCode::invalid_argument,
-                    "the context is full: " + std::to_string(it.sequence->n_past) + " positions used + " +
-                        std::to_string(n) + " new tokens exceed the context of " +
-                        std::to_string(it.sequence->kv.context()) + " positions");
+      return Status(StatusCode::invalid_argument, "the context is full: " + std::to_string(it.sequence->n_past) +
+                                                      " positions used + " + std::to_string(n) +
+                                                      " new tokens exceed the context of " +
+                                                      std::to_string(it.sequence->kv.context()) + " positions");
     }
     T += n;
   }
@@ -787,8 +787,7 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
                   sizeof(float) * static_cast<std::size_t>(D));
     }
     std::vector<float> all(V * want.size());
-    COLIBRI_TRY(
-        run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
     COLIBRI_TRY(run_op(Op::matmul, {output_, f32(S.h.data(), D, rows)}, {f32(all.data(), hp_.vocab_size, rows)}, mm_p));
     for (std::size_t r = 0; r < want.size(); ++r) {
       items[want[r]].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),

@@ -181,7 +181,8 @@ quant::TensorRole preset_role(const PlannedTensor& p) {
     case TensorKind::bias: return R::bias;
     case TensorKind::router: return R::ffn_gate_inp;
     case TensorKind::shared_expert_gate: return R::ffn_gate_inp_shexp;
-    case TensorKind::shared_expert: return has("down") ? R::ffn_down_shexp : has("up") ? R::ffn_up_shexp : R::ffn_gate_shexp;
+    case TensorKind::shared_expert:
+      return has("down") ? R::ffn_down_shexp : has("up") ? R::ffn_up_shexp : R::ffn_gate_shexp;
     case TensorKind::expert_gate: return R::ffn_gate;
     case TensorKind::expert_up: return R::ffn_up;
     case TensorKind::expert_down: return R::ffn_down;

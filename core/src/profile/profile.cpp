@@ -104,7 +104,8 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
     for (const auto& item : std::get<std::vector<std::string>>(v.value)) {
       const auto colon = item.find(':');
       auto digits = [](std::string_view s) {
-        return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+        return !s.empty() && s.size() < 10 &&
+               std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
       };
       if (colon == std::string::npos || !digits(std::string_view(item).substr(0, colon)) ||
           !digits(std::string_view(item).substr(colon + 1))) {
@@ -158,7 +159,8 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   }
   if (root.IsNull()) return layer;
   if (!root.IsMap()) {
-    return Status(StatusCode::invalid_argument, mark_of(file, root.Mark()) + ": a profile is a mapping of sections (compute:, memory:, ...)");
+    return Status(StatusCode::invalid_argument,
+                  mark_of(file, root.Mark()) + ": a profile is a mapping of sections (compute:, memory:, ...)");
   }
   const auto all_sections = sections();
   std::vector<std::string> top_words(all_sections);
@@ -173,7 +175,8 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
       continue;
     }
     if (std::find(all_sections.begin(), all_sections.end(), top) == all_sections.end()) {
-      return Status(StatusCode::invalid_argument, where + ": unknown section '" + top + "'" + suggestion(top, top_words));
+      return Status(StatusCode::invalid_argument,
+                    where + ": unknown section '" + top + "'" + suggestion(top, top_words));
     }
     if (val.IsNull()) continue;
     if (!val.IsMap()) {
@@ -183,22 +186,24 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
       const std::string key = top + "." + item.first.Scalar();
       const std::string iwhere = mark_of(file, item.first.Mark());
       const YAML::Node& v = item.second;
-      if (v.IsMap()) return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' takes a value or a list, not a mapping");
+      if (v.IsMap())
+        return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' takes a value or a list, not a mapping");
       if (v.IsSequence()) {
         for (const auto& e : v) {
           if (!e.IsScalar()) {
-            return Status(StatusCode::invalid_argument, mark_of(file, e.Mark()) + ": '" + key + "' must be a list of plain values");
+            return Status(StatusCode::invalid_argument,
+                          mark_of(file, e.Mark()) + ": '" + key + "' must be a list of plain values");
           }
         }
       }
       const OptionSpec* spec = canonical(key);
       if (spec == nullptr && !is_plugin_section(top)) {
-        return Status(StatusCode::invalid_argument, iwhere + ": unknown key '" + key + "'" +
-                                                        suggestion(item.first.Scalar(), section_keys(top)));
+        return Status(StatusCode::invalid_argument,
+                      iwhere + ": unknown key '" + key + "'" + suggestion(item.first.Scalar(), section_keys(top)));
       }
       if (spec != nullptr && v.IsSequence() && spec->type != OptionType::string_list) {
-        return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' takes a single " +
-                                                        std::string(to_string(spec->type)) + ", not a list");
+        return Status(StatusCode::invalid_argument,
+                      iwhere + ": '" + key + "' takes a single " + std::string(to_string(spec->type)) + ", not a list");
       }
       const YAML::Mark vm = v.IsNull() ? item.first.Mark() : v.Mark();
       layer.values.push_back({key, v.IsNull() ? "" : node_text(v),
@@ -260,7 +265,9 @@ std::string Origin::describe() const {
   return detail;
 }
 
-std::span<const OptionSpec> canonical_options() { return kCanonical; }
+std::span<const OptionSpec> canonical_options() {
+  return kCanonical;
+}
 
 std::string_view plugin_section(sdk::PluginKind kind) {
   switch (kind) {
@@ -415,7 +422,8 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
       }
       const std::string section = ov.key.substr(0, dot);
       if (canonical(ov.key) == nullptr && !is_plugin_section(section)) {
-        return Status(StatusCode::invalid_argument, shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
+        return Status(StatusCode::invalid_argument,
+                      shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
       }
       if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown, {}}); !st) return st;
     }
@@ -442,14 +450,16 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
     if (spec == nullptr) {
       std::string known;
       for (const auto& c : candidates) known += (known.empty() ? "" : ", ") + c;
-      return Status(StatusCode::invalid_argument,
-                    entry.origin.key_place() + ": unknown key '" + key + "'" + qualified_suggestion(section, short_key, candidates) + " (" +
-                        section + " keys with " + section + " plugin '" + std::string(plugin_name) + "': " + known + ")");
+      return Status(StatusCode::invalid_argument, entry.origin.key_place() + ": unknown key '" + key + "'" +
+                                                      qualified_suggestion(section, short_key, candidates) + " (" +
+                                                      section + " keys with " + section + " plugin '" +
+                                                      std::string(plugin_name) + "': " + known + ")");
     }
     auto v = sdk::parse_option_value(*spec, entry.text);
     if (!v) {
       return Status(StatusCode::invalid_argument, entry.origin.detail + ": " + key + " (an option of " + section +
-                                                      " plugin '" + std::string(plugin_name) + "'): " + v.error().message());
+                                                      " plugin '" + std::string(plugin_name) +
+                                                      "'): " + v.error().message());
     }
     entry.value = *v;
     entry.validated = true;
@@ -459,11 +469,12 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
     if (entries_.count(key) != 0 || o.default_value == nullptr || *o.default_value == '\0') continue;
     auto v = sdk::parse_option_value(o, o.default_value);
     if (!v) {
-      return Status(StatusCode::internal, section + " plugin '" + std::string(plugin_name) + "' has an invalid default for " +
-                                              o.name + ": " + v.error().message());
+      return Status(StatusCode::internal, section + " plugin '" + std::string(plugin_name) +
+                                              "' has an invalid default for " + o.name + ": " + v.error().message());
     }
-    entries_[key] = Entry{key, o.default_value, *v,
-                          Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'", {}}, true};
+    entries_[key] =
+        Entry{key, o.default_value, *v,
+              Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'", {}}, true};
   }
   return {};
 }
@@ -479,9 +490,9 @@ std::vector<const Entry*> Profile::unvalidated() const {
 sdk::Status Profile::require_all_validated() const {
   for (const auto* e : unvalidated()) {
     const std::string section = e->key.substr(0, e->key.find('.'));
-    return Status(StatusCode::invalid_argument, e->origin.key_place() + ": unknown key '" + e->key + "'" +
-                                                    qualified_suggestion(section, e->key.substr(section.size() + 1),
-                                                                         section_keys(section)));
+    return Status(StatusCode::invalid_argument,
+                  e->origin.key_place() + ": unknown key '" + e->key + "'" +
+                      qualified_suggestion(section, e->key.substr(section.size() + 1), section_keys(section)));
   }
   return {};
 }

@@ -45,10 +45,16 @@ void* PluginHostServices::allocate_aligned(std::size_t bytes, std::size_t alignm
   return std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
 }
 
-void PluginHostServices::free_aligned(void* ptr) noexcept { std::free(ptr); }
+void PluginHostServices::free_aligned(void* ptr) noexcept {
+  std::free(ptr);
+}
 
-void* PluginHostServices::allocate_pinned(std::size_t bytes) noexcept { return allocate_aligned(bytes, 4096); }
+void* PluginHostServices::allocate_pinned(std::size_t bytes) noexcept {
+  return allocate_aligned(bytes, 4096);
+}
 
-void PluginHostServices::free_pinned(void* ptr) noexcept { free_aligned(ptr); }
+void PluginHostServices::free_pinned(void* ptr) noexcept {
+  free_aligned(ptr);
+}
 
 }  // namespace colibri::registry

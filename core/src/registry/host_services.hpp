@@ -25,7 +25,7 @@ class PluginHostServices final : public sdk::HostServices {
   [[nodiscard]] const std::string& tag() const noexcept { return tag_; }
 
  private:
-  std::string tag_;           // "storage/pread"
+  std::string tag_;            // "storage/pread"
   std::string metric_prefix_;  // "storage_pread_"
 };
 

@@ -58,9 +58,8 @@ std::string sdk_series() {
 
 bool valid_name(std::string_view n) {
   if (n.empty() || n.size() > 64) return false;
-  return std::all_of(n.begin(), n.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
+  return std::all_of(n.begin(), n.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
 }
 
 }  // namespace
@@ -97,16 +96,17 @@ std::vector<SearchDir> default_search_path(const std::vector<std::string>& profi
 
 Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   const std::string where = file.filename().string() + " (" + file.string() + ")";
-  if (d == nullptr) return Status(StatusCode::invalid_argument, "plugin " + where + ": colibri_plugin_entry() returned null");
+  if (d == nullptr)
+    return Status(StatusCode::invalid_argument, "plugin " + where + ": colibri_plugin_entry() returned null");
   if (d->header.struct_size < sizeof(sdk::colibri_plugin_header)) {
     return Status(StatusCode::invalid_argument, "plugin " + where + ": descriptor header is too small (" +
                                                     std::to_string(d->header.struct_size) + " bytes)");
   }
   if (d->header.abi_version != sdk::kAbiVersion) {
-    return Status(StatusCode::unsupported,
-                  "plugin " + where + " was built for SDK ABI " + std::to_string(d->header.abi_version) +
-                      ", this colibri has ABI " + std::to_string(sdk::kAbiVersion) + "; rebuild it against colibri-sdk " +
-                      sdk_series());
+    return Status(StatusCode::unsupported, "plugin " + where + " was built for SDK ABI " +
+                                               std::to_string(d->header.abi_version) + ", this colibri has ABI " +
+                                               std::to_string(sdk::kAbiVersion) + "; rebuild it against colibri-sdk " +
+                                               sdk_series());
   }
   if (d->header.struct_size != sizeof(sdk::PluginDescriptor)) {
     return Status(StatusCode::unsupported, "plugin " + where + " has a descriptor of " +
@@ -119,14 +119,14 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   const auto b = split_fingerprint(COLIBRI_SDK_BUILD_FINGERPRINT);
   // Compiler family and standard-library ABI must match; the SDK patch version may differ.
   if (a.size() != 3 || a[0] != b[0] || a[1] != b[1]) {
-    return Status(StatusCode::unsupported, "plugin " + where + " was built with '" + theirs +
-                                               "', this colibri with '" + COLIBRI_SDK_BUILD_FINGERPRINT +
+    return Status(StatusCode::unsupported, "plugin " + where + " was built with '" + theirs + "', this colibri with '" +
+                                               COLIBRI_SDK_BUILD_FINGERPRINT +
                                                "'; rebuild it with the same compiler and standard library");
   }
   sdk::PluginKind kind;
   if (!parse_plugin_kind(to_string(d->kind), kind)) {
-    return Status(StatusCode::invalid_argument, "plugin " + where + " declares an unknown kind " +
-                                                    std::to_string(static_cast<unsigned>(d->kind)));
+    return Status(StatusCode::invalid_argument,
+                  "plugin " + where + " declares an unknown kind " + std::to_string(static_cast<unsigned>(d->kind)));
   }
   if (d->name == nullptr || !valid_name(d->name)) {
     return Status(StatusCode::invalid_argument, "plugin " + where + " has an invalid name (use a-z, 0-9, '_', '-')");
@@ -244,25 +244,27 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
         hint = "\n  " + b.path.string() + " looks like it but was refused: " + b.reason;
       }
     }
-    return Status(StatusCode::not_found, "no " + kind_name + " plugin named '" + std::string(name) + "'" + hint + describe());
+    return Status(StatusCode::not_found,
+                  "no " + kind_name + " plugin named '" + std::string(name) + "'" + hint + describe());
   }
   if (p->score.value == 0) {
-    return Status(StatusCode::unsupported, kind_name + " plugin '" + p->name + "' (" + p->path.string() +
-                                               ") cannot run on this machine: " +
-                                               (p->score.reason.empty() ? "it scored 0" : p->score.reason) + describe());
+    return Status(StatusCode::unsupported,
+                  kind_name + " plugin '" + p->name + "' (" + p->path.string() + ") cannot run on this machine: " +
+                      (p->score.reason.empty() ? "it scored 0" : p->score.reason) + describe());
   }
   return p;
 }
 
 sdk::Expected<std::shared_ptr<sdk::PluginObject>> PluginRegistry::create(const PluginInfo& plugin,
-                                                                          const sdk::ConfigView& config) const {
+                                                                         const sdk::ConfigView& config) const {
   auto host = std::make_shared<PluginHostServices>(plugin.kind, plugin.name);
   sdk::CreateContext ctx;
   ctx.config = &config;
   ctx.host = host.get();
   ctx.host_info = &host_;
   auto made = plugin.descriptor->create(ctx);
-  const std::string who = std::string(to_string(plugin.kind)) + " plugin '" + plugin.name + "' (" + plugin.path.string() + ")";
+  const std::string who =
+      std::string(to_string(plugin.kind)) + " plugin '" + plugin.name + "' (" + plugin.path.string() + ")";
   if (!made) return made.error().with_context(who + " failed to create");
   if (*made == nullptr) return Status(StatusCode::internal, who + " returned no object");
   std::shared_ptr<void> library = plugin.library;

@@ -53,9 +53,9 @@ bool probe_amx() {
     constexpr long kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) _exit(2);
     alignas(64) unsigned char cfg[64] = {};
-    cfg[0] = 1;                 // palette 1
-    cfg[16] = 64;               // tile 0: 64 bytes per row
-    cfg[48] = 1;                // tile 0: 1 row
+    cfg[0] = 1;                                                                    // palette 1
+    cfg[16] = 64;                                                                  // tile 0: 64 bytes per row
+    cfg[48] = 1;                                                                   // tile 0: 1 row
     __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0x00" ::"a"(cfg) : "memory");  // ldtilecfg [rax]
     __asm__ volatile(".byte 0xc4, 0xe2, 0x78, 0x49, 0xc0" ::: "memory");           // tilerelease
     _exit(0);

@@ -28,19 +28,14 @@ class LruPolicy final : public CachePolicy {
   colibri::plugins::cache_common::RecencyOrder order_;
 };
 
-Score score(const HostInfo&) noexcept { return {100, ""}; }
+Score score(const HostInfo&) noexcept {
+  return {100, ""};
+}
 
 const char* const kCapabilities[] = {"recency"};
 
 const PluginDescriptor kDescriptor{
-    make_plugin_header(),
-    PluginKind::cache,
-    "lru",
-    "1.0.0",
-    "least recently used",
-    {},
-    kCapabilities,
-    &score,
+    make_plugin_header(),       PluginKind::cache, "lru", "1.0.0", "least recently used", {}, kCapabilities, &score,
     &create_guarded<LruPolicy>,
 };
 

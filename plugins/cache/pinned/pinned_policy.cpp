@@ -156,7 +156,6 @@ class PinnedPolicy final : public CachePolicy {
   void clear() noexcept override { order_.clear(); }
 
  private:
-
   std::vector<ExpertKey> wanted_;
   std::unordered_set<std::uint64_t> wanted_set_;
   colibri::plugins::cache_common::RecencyOrder order_;

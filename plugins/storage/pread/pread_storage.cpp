@@ -72,7 +72,9 @@ class PreadStorage final : public StorageBase {
   common::ReadQueue queue_;  // last: its workers stop before the members they use go away
 };
 
-Score score(const HostInfo&) noexcept { return {100, "positional reads work on every Linux filesystem"}; }
+Score score(const HostInfo&) noexcept {
+  return {100, "positional reads work on every Linux filesystem"};
+}
 
 const OptionSpec kOptions[] = {
     {"threads", OptionType::integer, "0", "reader threads (0: queue_depth, at most 8)"},

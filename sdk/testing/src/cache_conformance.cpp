@@ -8,7 +8,9 @@
 
 namespace colibri::sdk::testing {
 
-int cache_conformance_anchor() { return 1; }
+int cache_conformance_anchor() {
+  return 1;
+}
 
 std::string CacheParamName(const ::testing::TestParamInfo<CacheParam>& info) {
   std::string n = std::filesystem::path(info.param.library).stem().string() + "_" + info.param.label;
@@ -49,10 +51,10 @@ struct Residency {
   }
 };
 
-#define CACHE_FIXTURE(p)                             \
-  std::string error;                                 \
-  auto p = make_policy(GetParam(), error);           \
-  ASSERT_TRUE(error.empty()) << error;               \
+#define CACHE_FIXTURE(p)                   \
+  std::string error;                       \
+  auto p = make_policy(GetParam(), error); \
+  ASSERT_TRUE(error.empty()) << error;     \
   ASSERT_NE(p, nullptr)
 
 }  // namespace
@@ -130,7 +132,7 @@ TEST_P(CacheConformance, ErasedEntriesAreForgotten) {
   EXPECT_EQ(*v, (ExpertKey{0, 2}));
   policy->on_erase({0, 2});
   EXPECT_FALSE(policy->pick_victim(all).has_value());
-  policy->on_erase({9, 9});  // erasing an unknown key is harmless
+  policy->on_erase({9, 9});   // erasing an unknown key is harmless
   policy->on_access({9, 9});  // so is touching one
   EXPECT_FALSE(policy->pick_victim(all).has_value());
 }

@@ -37,7 +37,9 @@ void* RecordingHost::allocate_aligned(std::size_t bytes, std::size_t alignment) 
   return std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
 }
 
-void RecordingHost::free_aligned(void* ptr) noexcept { std::free(ptr); }
+void RecordingHost::free_aligned(void* ptr) noexcept {
+  std::free(ptr);
+}
 
 std::vector<std::string> RecordingHost::lines() const {
   std::lock_guard lock(mu_);
@@ -82,8 +84,8 @@ Expected<std::shared_ptr<PluginObject>> LoadedPlugin::create(const std::map<std:
   // Canonical keys the conformance suites may pass; the rest must be in the plugin's schema.
   static const OptionSpec kCommon[] = {
       {"direct_io", OptionType::boolean, "true", ""}, {"queue_depth", OptionType::integer, "32", ""},
-      {"paths", OptionType::string_list, "[]", ""},    {"pinned_experts", OptionType::string_list, "[]", ""},
-      {"device", OptionType::integer, "0", ""},        {"threads", OptionType::integer, "auto", "", true},
+      {"paths", OptionType::string_list, "[]", ""},   {"pinned_experts", OptionType::string_list, "[]", ""},
+      {"device", OptionType::integer, "0", ""},       {"threads", OptionType::integer, "auto", "", true},
   };
   std::map<std::string, ConfigValue, std::less<>> values;
   auto find_spec = [&](const std::string& name) -> const OptionSpec* {

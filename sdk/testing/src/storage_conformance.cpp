@@ -4,11 +4,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -20,7 +20,9 @@ namespace colibri::sdk::testing {
 
 namespace fs = std::filesystem;
 
-int storage_conformance_anchor() { return 1; }
+int storage_conformance_anchor() {
+  return 1;
+}
 
 std::string StorageParamName(const ::testing::TestParamInfo<StorageParam>& info) {
   std::string n = fs::path(info.param.library).stem().string() + "_" + info.param.label;
@@ -33,7 +35,8 @@ std::string StorageParamName(const ::testing::TestParamInfo<StorageParam>& info)
 namespace {
 
 struct AlignedBuffer {
-  explicit AlignedBuffer(std::size_t n) : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))) {}
+  explicit AlignedBuffer(std::size_t n)
+      : size(n), data(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096 + 4096))) {}
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -59,8 +62,8 @@ class StorageFixture {
     storage = *s;
     // A scratch directory on the filesystem the tests run on (may refuse O_DIRECT: that must work too).
     const char* tmp = std::getenv("TMPDIR");
-    dir = fs::path(tmp && *tmp ? tmp : "/tmp") / ("colibri-storage-" + std::to_string(::getpid()) + "-" +
-                                                   std::to_string(counter_++));
+    dir = fs::path(tmp && *tmp ? tmp : "/tmp") /
+          ("colibri-storage-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     fs::create_directories(dir);
   }
   ~StorageFixture() {
@@ -89,12 +92,14 @@ class StorageFixture {
   static inline std::atomic<int> counter_{0};
 };
 
-#define STORAGE_FIXTURE(f)                  \
-  StorageFixture f(GetParam());             \
-  ASSERT_TRUE(f.error.empty()) << f.error;  \
+#define STORAGE_FIXTURE(f)                 \
+  StorageFixture f(GetParam());            \
+  ASSERT_TRUE(f.error.empty()) << f.error; \
   ASSERT_NE(f.storage, nullptr)
 
-bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) { return std::memcmp(a, b, n) == 0; }
+bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) {
+  return std::memcmp(a, b, n) == 0;
+}
 
 }  // namespace
 
@@ -246,7 +251,8 @@ TEST_P(StorageConformance, SubmitCallsBackExactlyOnceWithData) {
     r.user_tag = static_cast<std::uint64_t>(i);
     auto st = f.storage->submit(r, [&](ReadRequest& done) {
       calls[done.user_tag].fetch_add(1);
-      if (!done.status || !same_bytes(static_cast<std::byte*>(done.buffer), content.data() + done.offset, done.length)) {
+      if (!done.status ||
+          !same_bytes(static_cast<std::byte*>(done.buffer), content.data() + done.offset, done.length)) {
         bad_data.fetch_add(1);
       }
     });
@@ -284,7 +290,8 @@ TEST_P(StorageConformance, ConcurrentReadersGetTheirOwnData) {
       AlignedBuffer buf(16 * 4096);
       for (int i = 0; i < 50; ++i) {
         const std::uint64_t off = (rng() % 240) * 4096;
-        if (!f.storage->read(**file, off, {buf.data, 16 * 4096}) || !same_bytes(buf.data, content.data() + off, 16 * 4096)) {
+        if (!f.storage->read(**file, off, {buf.data, 16 * 4096}) ||
+            !same_bytes(buf.data, content.data() + off, 16 * 4096)) {
           failures.fetch_add(1);
         }
       }

@@ -138,7 +138,8 @@ TEST_F(ProfileTest, MisspeltKeyGivesLineColumnAndSuggestion) {
   const auto file = write("typo.yaml", "memory:\n  expert_cache: 8G\n  vram_buget: 2G\n");
   auto p = load(file.string());
   ASSERT_FALSE(p);
-  EXPECT_THAT(p.error().message(), HasSubstr("typo.yaml:3:3: unknown key 'memory.vram_buget'; did you mean 'vram_budget'?"));
+  EXPECT_THAT(p.error().message(),
+              HasSubstr("typo.yaml:3:3: unknown key 'memory.vram_buget'; did you mean 'vram_budget'?"));
 }
 
 TEST_F(ProfileTest, MisspeltSectionGivesSuggestion) {

@@ -22,7 +22,9 @@ using colibri::sdk::PluginKind;
 using colibri::sdk::StatusCode;
 using ::testing::HasSubstr;
 
-fs::path fixture_dir(const std::string& name) { return fs::path(COLIBRI_TEST_FIXTURE_PLUGIN_DIR) / name; }
+fs::path fixture_dir(const std::string& name) {
+  return fs::path(COLIBRI_TEST_FIXTURE_PLUGIN_DIR) / name;
+}
 
 PluginRegistry scan(std::initializer_list<std::string> cases) {
   std::vector<SearchDir> dirs;

@@ -248,8 +248,8 @@ TEST(ServerMetrics, PrometheusText) {
         "colibri_expert_hits_total{tier=\"vram\"} 0\n", "colibri_expert_misses_total{tier=\"ram\"} 2\n",
         "colibri_expert_bytes_read_total 4096\n",
         "colibri_http_requests_total{route=\"/v1/completions\",status=\"200\"} 5\n",
-        "colibri_info{model=\"ti\\\"ny\"} 1\n", "colibri_prefetch_accuracy 0.75\n",
-        "colibri_prefetch_recall 0.5\n", "colibri_prefetch_issued_total 8\n", "colibri_prefetch_used_total 6\n",
+        "colibri_info{model=\"ti\\\"ny\"} 1\n", "colibri_prefetch_accuracy 0.75\n", "colibri_prefetch_recall 0.5\n",
+        "colibri_prefetch_issued_total 8\n", "colibri_prefetch_used_total 6\n",
         "# TYPE colibri_io_stall_seconds_total counter\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }

@@ -59,7 +59,8 @@ std::string_view plugin_selector_key(sdk::PluginKind kind);  // compute.backend,
 // Where profile names are looked up, in order.
 std::vector<std::filesystem::path> default_profile_dirs();
 // Profile names found in those directories, with their files.
-std::vector<std::pair<std::string, std::filesystem::path>> list_profiles(const std::vector<std::filesystem::path>& dirs);
+std::vector<std::pair<std::string, std::filesystem::path>> list_profiles(
+    const std::vector<std::filesystem::path>& dirs);
 
 class Profile {
  public:

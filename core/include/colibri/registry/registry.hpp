@@ -64,7 +64,8 @@ class PluginRegistry {
 
   // Creates an object of the plugin. `config` must already be validated against its schema.
   // The result's deleter holds the library and the host services.
-  sdk::Expected<std::shared_ptr<sdk::PluginObject>> create(const PluginInfo& plugin, const sdk::ConfigView& config) const;
+  sdk::Expected<std::shared_ptr<sdk::PluginObject>> create(const PluginInfo& plugin,
+                                                           const sdk::ConfigView& config) const;
 
   template <typename T>
   sdk::Expected<std::shared_ptr<T>> create_as(const PluginInfo& plugin, const sdk::ConfigView& config) const {

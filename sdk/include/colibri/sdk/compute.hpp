@@ -44,7 +44,8 @@ enum class Op : std::uint32_t {
   // in: X {head_dim, n_heads, T} f32, positions {T} i32, inv_freq {rope_dims / 2} f32;
   // out: Y same shape. Rotates the first rope_dims of each head by angle pos * inv_freq[i],
   // cos/sin multiplied by params.scale. The angle is float32(pos) * inv_freq[i] rounded to
-  // float32, as HuggingFace computes it (at pos 4095 a double angle differs by ~2e-4). flags bit 1 (kRopeInterleaved) rotates pairs (2i, 2i+1)
+  // float32, as HuggingFace computes it (at pos 4095 a double angle differs by ~2e-4). flags bit 1 (kRopeInterleaved)
+  // rotates pairs (2i, 2i+1)
   // (GPT-J); otherwise pairs (i, i + rope_dims/2) (NeoX / HuggingFace rotate_half). The engine
   // computes inv_freq, including rope scaling, so every scaling type is the same op.
   rope,

@@ -17,9 +17,9 @@
 namespace colibri::sdk {
 
 enum class OptionType : std::uint8_t {
-  boolean,      // true / false
-  integer,      // 64-bit signed
-  number,       // double
+  boolean,  // true / false
+  integer,  // 64-bit signed
+  number,   // double
   string,
   size,         // bytes; profiles write 512M, 8G, 1.5T
   string_list,  // [a, b, c]

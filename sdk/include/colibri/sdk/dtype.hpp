@@ -34,7 +34,7 @@ enum class DType : std::uint32_t {
 
 struct DTypeTraits {
   DType type;
-  std::string_view name;     // "q4_k" (GGML spells it "q4_K"; parse accepts both)
+  std::string_view name;      // "q4_k" (GGML spells it "q4_K"; parse accepts both)
   std::uint32_t block_elems;  // elements per block (1 for plain types)
   std::uint32_t block_bytes;  // bytes per block
   bool quantized;

@@ -139,5 +139,7 @@ Expected<PluginObject*> create_guarded(const CreateContext& ctx) noexcept {
 // Declares the entry symbol of a plugin library:
 //   COLIBRI_DEFINE_PLUGIN(kDescriptor)
 // where kDescriptor is a `static const colibri::sdk::PluginDescriptor` in the same file.
-#define COLIBRI_DEFINE_PLUGIN(descriptor) \
-  COLIBRI_PLUGIN_EXPORT const ::colibri::sdk::PluginDescriptor* colibri_plugin_entry() { return &(descriptor); }
+#define COLIBRI_DEFINE_PLUGIN(descriptor)                                                \
+  COLIBRI_PLUGIN_EXPORT const ::colibri::sdk::PluginDescriptor* colibri_plugin_entry() { \
+    return &(descriptor);                                                                \
+  }

@@ -55,7 +55,9 @@ class Status {
   std::string message_;
 };
 
-inline Status make_error(StatusCode code, std::string message) { return Status(code, std::move(message)); }
+inline Status make_error(StatusCode code, std::string message) {
+  return Status(code, std::move(message));
+}
 
 // A value or the Status explaining why there is none (std::expected is C++23).
 template <typename T>
@@ -63,7 +65,7 @@ class [[nodiscard]] Expected {
   static_assert(!std::is_same_v<std::remove_cv_t<T>, Status>, "Expected<Status> is meaningless");
 
  public:
-  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Expected(Status error) : v_(std::in_place_index<1>, std::move(error)) {  // NOLINT(google-explicit-constructor)
     if (std::get<1>(v_).is_ok()) {
       v_.template emplace<1>(StatusCode::internal, "Expected constructed from an ok Status");

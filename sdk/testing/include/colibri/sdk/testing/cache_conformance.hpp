@@ -21,7 +21,9 @@ struct CacheParam {
 
 std::string CacheParamName(const ::testing::TestParamInfo<CacheParam>& info);
 // Test logs show "<library file> [label]" instead of the struct's bytes.
-inline void PrintTo(const CacheParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
+inline void PrintTo(const CacheParam& p, std::ostream* os) {
+  *os << p.library << " [" << p.label << "]";
+}
 
 class CacheConformance : public ::testing::TestWithParam<CacheParam> {};
 

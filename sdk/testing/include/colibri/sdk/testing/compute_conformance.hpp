@@ -27,7 +27,9 @@ struct ComputeParam {
 
 std::string ComputeParamName(const ::testing::TestParamInfo<ComputeParam>& info);
 // Test logs show "<library file> [label]" instead of the struct's bytes.
-inline void PrintTo(const ComputeParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
+inline void PrintTo(const ComputeParam& p, std::ostream* os) {
+  *os << p.library << " [" << p.label << "]";
+}
 
 class ComputeConformance : public ::testing::TestWithParam<ComputeParam> {};
 

@@ -21,7 +21,9 @@ struct StorageParam {
 
 std::string StorageParamName(const ::testing::TestParamInfo<StorageParam>& info);
 // Test logs show "<library file> [label]" instead of the struct's bytes.
-inline void PrintTo(const StorageParam& p, std::ostream* os) { *os << p.library << " [" << p.label << "]"; }
+inline void PrintTo(const StorageParam& p, std::ostream* os) {
+  *os << p.library << " [" << p.label << "]";
+}
 
 class StorageConformance : public ::testing::TestWithParam<StorageParam> {};
 
