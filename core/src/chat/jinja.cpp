@@ -1085,28 +1085,8 @@ bool strict_equal(const Value& a, const Value& b) {
   }
 }
 
-std::u16string to_u16(const std::string& s) {
-  std::u16string out(s.size() + 1, u'\0');
-  int32_t len = 0;
-  UErrorCode err = U_ZERO_ERROR;
-  u_strFromUTF8(reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &len, s.data(),
-                static_cast<int32_t>(s.size()), &err);
-  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
-  return out;
-}
-
-std::string from_u16(const std::u16string& s) {
-  std::string out(s.size() * 3 + 1, '\0');
-  int32_t len = 0;
-  UErrorCode err = U_ZERO_ERROR;
-  u_strToUTF8(out.data(), static_cast<int32_t>(out.size()), &len, reinterpret_cast<const UChar*>(s.data()),
-              static_cast<int32_t>(s.size()), &err);
-  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
-  return out;
-}
-
 std::string change_case(const std::string& s, bool upper) {
-  const std::u16string in = to_u16(s);
+  const std::u16string in = utf8::to_utf16(s);
   std::u16string out(in.size() * 3 + 4, u'\0');
   UErrorCode err = U_ZERO_ERROR;
   const int32_t n =
@@ -1116,7 +1096,7 @@ std::string change_case(const std::string& s, bool upper) {
                            reinterpret_cast<const UChar*>(in.data()), static_cast<int32_t>(in.size()), "", &err);
   if (U_FAILURE(err)) return s;
   out.resize(static_cast<std::size_t>(n));
-  return from_u16(out);
+  return utf8::from_utf16(out);
 }
 
 std::vector<std::string> code_points(const std::string& s) {

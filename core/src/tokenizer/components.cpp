@@ -118,26 +118,6 @@ class ReplaceNormalizer final : public Normalizer {
   }
 };
 
-std::u16string to_utf16(std::string_view s) {
-  std::u16string out(s.size() + 1, u'\0');
-  int32_t len = 0;
-  UErrorCode err = U_ZERO_ERROR;
-  u_strFromUTF8(reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &len, s.data(),
-                static_cast<int32_t>(s.size()), &err);
-  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
-  return out;
-}
-
-std::string to_utf8(const std::u16string& s) {
-  std::string out(s.size() * 3 + 1, '\0');
-  int32_t len = 0;
-  UErrorCode err = U_ZERO_ERROR;
-  u_strToUTF8(out.data(), static_cast<int32_t>(out.size()), &len, reinterpret_cast<const UChar*>(s.data()),
-              static_cast<int32_t>(s.size()), &err);
-  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
-  return out;
-}
-
 class UnicodeNormalizer final : public Normalizer {
  public:
   enum class Form { nfc, nfd, nfkc, nfkd };
@@ -155,7 +135,7 @@ class UnicodeNormalizer final : public Normalizer {
   void normalize(std::string& text) const override {
     // ASCII is invariant under every normalization form.
     if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return;
-    const std::u16string in = to_utf16(text);
+    const std::u16string in = utf8::to_utf16(text);
     UErrorCode err = U_ZERO_ERROR;
     if (unorm2_isNormalized(norm_, reinterpret_cast<const UChar*>(in.data()), static_cast<int32_t>(in.size()), &err) &&
         U_SUCCESS(err)) {
@@ -168,7 +148,7 @@ class UnicodeNormalizer final : public Normalizer {
                          reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &err);
     if (U_FAILURE(err)) return;
     out.resize(static_cast<std::size_t>(n));
-    text = to_utf8(out);
+    text = utf8::from_utf16(out);
   }
 
  private:
@@ -191,7 +171,7 @@ class LowercaseNormalizer final : public Normalizer {
       std::u16string one;
       std::string tmp;
       utf8::append(tmp, cp);
-      one = to_utf16(tmp);
+      one = utf8::to_utf16(tmp);
       std::u16string lowered(8, u'\0');
       UErrorCode err = U_ZERO_ERROR;
       const int32_t n =
@@ -202,7 +182,7 @@ class LowercaseNormalizer final : public Normalizer {
         continue;
       }
       lowered.resize(static_cast<std::size_t>(n));
-      out += to_utf8(lowered);
+      out += utf8::from_utf16(lowered);
     }
     text = std::move(out);
   }

@@ -1,5 +1,7 @@
 #include "tokenizer/utf8.hpp"
 
+#include <unicode/ustring.h>
+
 namespace colibri::tokenizer::utf8 {
 namespace {
 
@@ -144,6 +146,26 @@ bool ends_with_incomplete_sequence(std::string_view s) noexcept {
     return !complete && n == back && lead_length(b) > back;
   }
   return false;
+}
+
+std::u16string to_utf16(std::string_view s) {
+  std::u16string out(s.size() + 1, u'\0');
+  int32_t len = 0;
+  UErrorCode err = U_ZERO_ERROR;
+  u_strFromUTF8(reinterpret_cast<UChar*>(out.data()), static_cast<int32_t>(out.size()), &len, s.data(),
+                static_cast<int32_t>(s.size()), &err);
+  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
+  return out;
+}
+
+std::string from_utf16(const std::u16string& s) {
+  std::string out(s.size() * 3 + 1, '\0');
+  int32_t len = 0;
+  UErrorCode err = U_ZERO_ERROR;
+  u_strToUTF8(out.data(), static_cast<int32_t>(out.size()), &len, reinterpret_cast<const UChar*>(s.data()),
+              static_cast<int32_t>(s.size()), &err);
+  out.resize(U_SUCCESS(err) ? static_cast<std::size_t>(len) : 0);
+  return out;
 }
 
 }  // namespace colibri::tokenizer::utf8

@@ -31,4 +31,8 @@ bool ends_with_incomplete_sequence(std::string_view s) noexcept;
 
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
+// UTF-16 for ICU calls (normalization, case mapping); invalid input gives an empty result.
+std::u16string to_utf16(std::string_view s);
+std::string from_utf16(const std::u16string& s);
+
 }  // namespace colibri::tokenizer::utf8
