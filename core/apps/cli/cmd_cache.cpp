@@ -1,3 +1,4 @@
+// colibri-cli cache stats|clear|warm --server URL: the expert cache of a running colibri-server (/admin/cache/*).
 // colibri-cli cache stats|clear|warm --model M: the model's persisted expert usage history
 // ($XDG_CACHE_HOME/colibri/usage/, written at the end of `run` and `bench`).
 //   stats  the history file, how many expert uses it holds, the most used experts.
@@ -10,12 +11,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/server/api.hpp"
+#include "colibri/server/http_client.hpp"
 #include "command.hpp"
 
 namespace colibri::cli {
@@ -24,7 +29,96 @@ namespace {
 struct CacheOptions {
   std::string model;
   std::size_t top = 10;
+  bool top_given = false;
+  std::string server, api_key;
+  std::vector<std::string> experts;  // warm --server: "layer:expert"
+  bool json = false;
 };
+
+// --- --server: a running colibri-server ---
+
+// One admin request; the parsed JSON answer, or nullopt after printing why not.
+std::optional<nlohmann::json> admin_call(const CacheOptions& o, const char* method, const char* path,
+                                         const std::string& body) {
+  auto url = server::parse_http_url(o.server);
+  if (!url) {
+    fail("--server: " + url.error().message());
+    return std::nullopt;
+  }
+  server::HttpRequestOptions ro;
+  ro.bearer_token = o.api_key;
+  auto res = server::http_request(*url, method, path, body, ro);
+  if (!res) {
+    fail(res.error().message());
+    return std::nullopt;
+  }
+  auto j = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  if (res->status == 401) {
+    fail(o.api_key.empty()
+             ? "the server at " + o.server + " needs an API key: pass --api-key KEY (or set COLIBRI_API_KEY)"
+             : "the server at " + o.server + " rejected the API key given with --api-key");
+    return std::nullopt;
+  }
+  if (res->status != 200) {
+    std::string why = res->body.substr(0, 300);
+    if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].value("message", "") != "") {
+      why = j["error"]["message"].get<std::string>();
+    }
+    if (res->status == 404) why += " (is " + o.server + " a colibri-server?)";
+    fail("the server at " + o.server + " answered " + std::to_string(res->status) + ": " + why);
+    return std::nullopt;
+  }
+  if (!j.is_object()) {
+    fail("the server at " + o.server + " answered " + path + " with something that is not a JSON object");
+    return std::nullopt;
+  }
+  return j;
+}
+
+// Prints the answer as JSON (--json) or as aligned "key  value" lines.
+void print_answer(const CacheOptions& o, const nlohmann::json& j) {
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key == "object") continue;
+    std::cout << std::left << std::setw(18) << key << (value.is_string() ? value.get<std::string>() : value.dump())
+              << "\n";
+  }
+}
+
+int server_stats(const CacheOptions& o) {
+  auto j = admin_call(o, "GET", "/admin/cache/stats", "");
+  if (!j) return 1;
+  print_answer(o, *j);
+  return 0;
+}
+
+int server_clear(const CacheOptions& o) {
+  auto j = admin_call(o, "POST", "/admin/cache/clear", "");
+  if (!j) return 1;
+  print_answer(o, *j);
+  return 0;
+}
+
+int server_warm(const CacheOptions& o) {
+  nlohmann::json body = nlohmann::json::object();
+  if (!o.experts.empty()) {
+    if (o.top_given) return fail("give either --experts or --top, not both");
+    for (const auto& e : o.experts) {
+      if (!server::parse_expert_key(e)) return fail("--experts " + e + ": write layer:expert, e.g. 3:1");
+    }
+    body["experts"] = o.experts;
+  } else if (o.top_given) {
+    if (o.top == 0) return fail("--top must be at least 1");
+    body["top"] = o.top;
+  }
+  auto j = admin_call(o, "POST", "/admin/cache/warm", body.empty() ? "" : body.dump());
+  if (!j) return 1;
+  print_answer(o, *j);
+  return 0;
+}
 
 std::optional<std::filesystem::path> model_dir(const GlobalOptions& global, const CacheOptions& o) {
   auto prof = global.load_profile();
@@ -113,18 +207,49 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
 
 void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<CacheOptions>();
-  auto* cmd = app.add_subcommand("cache", "The model's persisted expert usage history (stats, clear, warm)");
+  auto* cmd = app.add_subcommand("cache",
+                                 "The expert cache of a running server (--server URL), or a model's persisted usage "
+                                 "history (--model M): stats, clear, warm");
   cmd->require_subcommand(1);
-  auto add = [&](const char* name, const char* help, int (*fn)(const GlobalOptions&, const CacheOptions&)) {
+  auto add = [&](const char* name, const char* help, int (*fn)(const GlobalOptions&, const CacheOptions&),
+                 int (*server_fn)(const CacheOptions&)) {
     auto* sub = cmd->add_subcommand(name, help);
-    sub->add_option("--model,-m", o->model, "Model directory, or a name under models.dir")->required();
-    sub->add_option("--top", o->top, "How many of the most used experts (default 10)");
+    auto* model = sub->add_option("--model,-m", o->model, "Model directory, or a name under models.dir");
+    auto* server = sub->add_option("--server", o->server, "A running colibri-server, e.g. http://127.0.0.1:8080");
+    model->excludes(server);
+    sub->add_option("--api-key", o->api_key, "With --server: the key given to colibri-server --api-key")
+        ->envname("COLIBRI_API_KEY");
+    sub->add_flag("--json", o->json, "With --server: print the server's JSON answer");
+    auto* top = sub->add_option(
+        "--top", o->top, "How many of the most used experts (default 10; with --server: until the cache is full)");
+    if (std::string_view(name) == "warm") {
+      sub->add_option("--experts", o->experts, "With --server: warm these experts (layer:expert, e.g. 3:1,3:5)")
+          ->delimiter(',');
+    }
     add_profile_options(*sub, global);
-    sub->callback([&global, o, fn] { global.exit_code = fn(global, *o); });
+    sub->callback([&global, o, fn, server_fn, top] {
+      o->top_given = top->count() > 0;
+      if (!o->server.empty()) {
+        global.exit_code = server_fn(*o);
+      } else if (!o->model.empty()) {
+        if (!o->experts.empty()) {
+          global.exit_code = fail("--experts needs --server (it warms a running server's cache)");
+          return;
+        }
+        global.exit_code = fn(global, *o);
+      } else {
+        global.exit_code = fail("give --server URL (a running colibri-server) or --model M (its usage history)");
+      }
+    });
   };
-  add("stats", "Where the history is, how many uses it holds, the most used experts", cache_stats);
-  add("clear", "Remove the history", cache_clear);
-  add("warm", "Read the most used experts into the page cache and print the profile lines that pin them", cache_warm);
+  add("stats", "Cache statistics of the server, or where the history is and its most used experts", cache_stats,
+      server_stats);
+  add("clear", "Drop the server's cached experts (not pinned, not in use), or remove the history", cache_clear,
+      server_clear);
+  add("warm",
+      "Load experts into the server's cache (--experts, else the most used), or read them into the page cache and "
+      "print the profile lines that pin them",
+      cache_warm, server_warm);
 }
 
 COLIBRI_CLI_COMMAND(60, setup);

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/model/paths.hpp"
@@ -27,7 +28,7 @@ int fail(const std::string& message) {
 }
 
 struct Flags {
-  std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history;
+  std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace;
   std::string expert_cache_size, vram_budget, prefetch_layers, max_body = "4M", log_level = "info";
   std::vector<std::string> sets;
   int port = -1;
@@ -137,6 +138,14 @@ int serve(Flags& f) {
     spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", c.error().message());
   }
 
+  std::shared_ptr<ab::TraceWriter> trace;
+  if (!f.record_trace.empty()) {
+    auto w = ab::TraceWriter::open(f.record_trace);
+    if (!w) return fail("--record-trace: " + w.error().message());
+    trace = std::move(*w);
+    so.scheduler.trace = trace;
+  }
+
   auto eng = engine::Engine::open(*dir, *prof, eo);
   if (!eng) return fail(eng.error().message());
   const auto context = (*eng)->context();
@@ -151,6 +160,7 @@ int serve(Flags& f) {
               static_cast<long long>(context));
   std::fflush(stdout);
   (*srv)->run();
+  if (trace) spdlog::info("routing trace: {} records in {}", trace->records_written(), f.record_trace);
   spdlog::info("colibri-server stopped");
   return 0;
 }
@@ -193,6 +203,8 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)");
   app.add_option("--usage-history", f.usage_history,
                  "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history)");
+  app.add_option("--record-trace", f.record_trace,
+                 "Write the routing of every request to this JSONL file (README: Routing traces)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")
       ->envname("COLIBRI_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));

@@ -310,6 +310,72 @@ std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std:
   return queued;
 }
 
+void ExpertManager::settle_prefetches() {
+  if (inflight_.empty()) return;
+  storage_->drain();  // every submitted read has called back after this
+  reap();
+}
+
+CacheClearResult ExpertManager::clear() {
+  settle_prefetches();
+  CacheClearResult r;
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    auto next = std::next(it);
+    if (it->second.in_use != 0) {
+      ++r.kept_in_use;
+    } else if (it->second.pinned) {
+      ++r.kept_pinned;
+    } else {
+      ++r.dropped;
+      r.dropped_bytes += it->second.data.size();
+      erase_slot(it);
+    }
+    it = next;
+  }
+  return r;
+}
+
+sdk::Expected<CacheWarmResult> ExpertManager::warm(std::span<const sdk::ExpertKey> keys) {
+  for (const auto key : keys) {
+    if (manifest_.expert(key.layer, key.expert) == nullptr) {
+      return Status(StatusCode::invalid_argument, "the model has no expert " + key_name(key.layer, key.expert));
+    }
+  }
+  settle_prefetches();
+  CacheWarmResult r;
+  const double stall_before = stats_.stall_seconds;  // warming is not time a forward pass waited
+  const std::uint64_t read_before = stats_.bytes_read;
+  Status failed;
+  for (const auto key : keys) {
+    if (slots_.count(key.packed()) != 0) {
+      ++r.already_resident;
+      continue;
+    }
+    const auto* e = manifest_.expert(key.layer, key.expert);
+    const std::uint64_t bytes = (e->size + 4095) / 4096 * 4096;
+    // The prefetch rules: never evict what is in use, pinned, prefetched-unused or one of `keys`.
+    prefetch_eviction_ = true;
+    keep_ = keys;
+    const bool room = static_cast<bool>(make_room(bytes));
+    prefetch_eviction_ = false;
+    keep_ = {};
+    if (!room) {
+      ++r.no_room;
+      continue;
+    }
+    Slot slot;
+    if (failed = load(*e, slot); !failed) break;
+    used_bytes_ += slot.data.size();
+    slots_.emplace(key.packed(), std::move(slot));
+    if (policy_) policy_->on_insert(key, e->size);
+    ++r.loaded;
+  }
+  r.bytes_read = stats_.bytes_read - read_before;
+  stats_.stall_seconds = stall_before;
+  if (!failed) return failed;
+  return r;
+}
+
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
   auto it = slots_.find(key_of(layer, expert).packed());
   if (it != slots_.end() && it->second.in_use > 0) --it->second.in_use;

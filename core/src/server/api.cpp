@@ -1,5 +1,6 @@
 #include "colibri/server/api.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -220,22 +221,133 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
-                                                 CompletionRequest& out) {
-  out = CompletionRequest{};
-  out.endpoint = endpoint;
+// A JSON object body, nesting bounded before parsing.
+std::optional<ApiError> parse_object(std::string_view body_text, json& body) {
   if (json_nesting_depth(body_text) > kMaxJsonDepth) {
     return bad_request("The JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
   }
-  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return bad_request(
         "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8, "
         "Content-Type: application/json).");
   }
   if (!body.is_object()) return bad_request("The request body must be a JSON object, got " + type_name(body) + ".");
+  return std::nullopt;
+}
+
+// Admin bodies are optional: empty (or only whitespace) means {}.
+std::optional<ApiError> parse_optional_object(std::string_view body_text, json& body) {
+  if (body_text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    body = json::object();
+    return std::nullopt;
+  }
+  return parse_object(body_text, body);
+}
+
+std::optional<ApiError> unknown_fields(const json& body, std::initializer_list<std::string_view> known) {
+  for (const auto& [key, value] : body.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string names;
+      for (auto k : known) names += (names.empty() ? "'" : ", '") + std::string(k) + "'";
+      return bad_request(
+          "Unrecognized request argument supplied: '" + key + "'" +
+              (known.size() == 0 ? std::string(" (this request takes no arguments).") : " (known: " + names + ")."),
+          key, "unknown_parameter");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_cache_clear_request(std::string_view body_text) {
+  json body;
+  if (auto e = parse_optional_object(body_text, body)) return e;
+  return unknown_fields(body, {});
+}
+
+std::optional<ApiError> parse_cache_warm_request(std::string_view body_text, CacheWarmRequest& out) {
+  out = CacheWarmRequest{};
+  json body;
+  if (auto e = parse_optional_object(body_text, body)) return e;
+  if (auto e = unknown_fields(body, {"experts", "top"})) return e;
+  auto experts = body.find("experts");
+  auto top = body.find("top");
+  const bool has_experts = experts != body.end() && !experts->is_null();
+  const bool has_top = top != body.end() && !top->is_null();
+  if (has_experts && has_top) {
+    return bad_request("Give either 'experts' or 'top', not both.", "top", "invalid_value");
+  }
+  if (has_top) {
+    if (!is_integer(*top)) return wrong_type("top", "an integer", *top);
+    if (top->get<std::int64_t>() < 1 || top->get<std::int64_t>() > 10000000) {
+      return out_of_range("top", "an integer from 1 to 10000000", *top);
+    }
+    out.top = top->get<std::int64_t>();
+  }
+  if (has_experts) {
+    if (!experts->is_array()) return wrong_type("experts", "an array of \"layer:expert\" strings", *experts);
+    if (experts->empty()) {
+      return bad_request("'experts' is empty: name at least one \"layer:expert\", or leave it out.", "experts",
+                         "invalid_value");
+    }
+    for (std::size_t i = 0; i < experts->size(); ++i) {
+      const auto& x = (*experts)[i];
+      const std::string field = "experts[" + std::to_string(i) + "]";
+      if (!x.is_string()) return wrong_type(field, "a \"layer:expert\" string", x);
+      auto key = parse_expert_key(x.get<std::string>());
+      if (!key) return out_of_range(field, "\"layer:expert\" with two non-negative integers, e.g. \"3:1\"", x);
+      out.experts.push_back(*key);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<sdk::ExpertKey> parse_expert_key(std::string_view text) {
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  auto number = [](std::string_view t) -> std::optional<std::uint32_t> {
+    if (t.empty() || t.size() > 9) return std::nullopt;
+    std::uint32_t v = 0;
+    for (const char c : t) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + static_cast<std::uint32_t>(c - '0');
+    }
+    return v;
+  };
+  auto layer = number(text.substr(0, colon));
+  auto expert = number(text.substr(colon + 1));
+  if (!layer || !expert) return std::nullopt;
+  return sdk::ExpertKey{*layer, *expert};
+}
+
+std::optional<ApiError> check_context(Endpoint endpoint, std::int64_t prompt_tokens,
+                                      std::optional<std::int64_t> max_tokens, std::int64_t context) {
+  const std::string what = endpoint == Endpoint::chat ? "messages" : "prompt";
+  const std::string head = "This model's maximum context length is " + std::to_string(context) + " tokens. However, ";
+  if (prompt_tokens >= context) {
+    return bad_request(head + "your " + what + " resulted in " + std::to_string(prompt_tokens) +
+                           " tokens, which leaves no room to generate. Please reduce the length of the " + what + ".",
+                       what, "context_length_exceeded");
+  }
+  if (max_tokens && *max_tokens > context - prompt_tokens) {
+    // Both are below 2^63, so the sum fits in 64 unsigned bits even for max_tokens near INT64_MAX.
+    const auto requested = static_cast<std::uint64_t>(prompt_tokens) + static_cast<std::uint64_t>(*max_tokens);
+    return bad_request(head + "you requested " + std::to_string(requested) + " tokens (" +
+                           std::to_string(prompt_tokens) + " in the " + what + ", " + std::to_string(*max_tokens) +
+                           " in the completion). Please reduce the length of the " + what + " or completion.",
+                       what, "context_length_exceeded");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
+                                                 CompletionRequest& out) {
+  out = CompletionRequest{};
+  out.endpoint = endpoint;
+  json body;
+  if (auto e = parse_object(body_text, body)) return e;
 
   auto model = body.find("model");
   if (model == body.end() || model->is_null()) {

@@ -1,4 +1,4 @@
-// The HTTP side of colibri-server. This is the only translation unit that includes Boost.Beast (compile time).
+// The HTTP side of colibri-server. Boost.Beast (slow to compile) stays in this TU and http_client.cpp.
 //
 // Each connection is a Session on its own strand: read header (bounded size, deadline), answer 100-continue, read
 // body (bounded size, deadline), route, answer. Generation requests become scheduler Jobs whose events are posted
@@ -24,7 +24,9 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 
+#include "colibri/engine/usage_history.hpp"
 #include "colibri/server/server.hpp"
 #include "spdlog/spdlog.h"
 
@@ -273,17 +275,111 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!only(http::verb::get, "/admin/cache/stats")) return;
       return respond(200, cache_stats().dump(), "application/json");
     }
-    if (target == "/admin/cache/clear" || target == "/admin/cache/warm") {
-      if (!only(http::verb::post, target == "/admin/cache/clear" ? "/admin/cache/clear" : "/admin/cache/warm")) return;
-      return respond_error(ApiError{501,
-                                    "The engine's expert manager has no " +
-                                        std::string(target == "/admin/cache/clear" ? "clear" : "warm") +
-                                        " operation yet; this endpoint is reserved for it.",
-                                    "server_error", "", "not_implemented"},
-                           false);
+    if (target == "/admin/cache/clear") {
+      if (!only(http::verb::post, "/admin/cache/clear")) return;
+      if (auto e = parse_cache_clear_request(request_.body())) return respond_error(*e, false);
+      return run_admin([](engine::Engine& eng) -> AdminResult {
+        const auto r = eng.experts().clear();
+        json out{{"object", "cache.clear"},
+                 {"dropped_experts", r.dropped},
+                 {"dropped_bytes", r.dropped_bytes},
+                 {"kept_in_use", r.kept_in_use},
+                 {"kept_pinned", r.kept_pinned}};
+        return with_residency(std::move(out), eng.experts());
+      });
+    }
+    if (target == "/admin/cache/warm") {
+      if (!only(http::verb::post, "/admin/cache/warm")) return;
+      CacheWarmRequest req;
+      if (auto e = parse_cache_warm_request(request_.body(), req)) return respond_error(*e, false);
+      const auto& manifest = srv_.engine->manifest();  // immutable: safe to read here
+      for (std::size_t i = 0; i < req.experts.size(); ++i) {
+        const auto k = req.experts[i];
+        if (manifest.expert(k.layer, k.expert) == nullptr) {
+          return respond_error(
+              bad_request("Invalid value for 'experts[" + std::to_string(i) + "]': the model has no expert " +
+                              std::to_string(k.layer) + ":" + std::to_string(k.expert) + ".",
+                          "experts[" + std::to_string(i) + "]", "invalid_value"),
+              false);
+        }
+      }
+      auto history = !srv_.opt.scheduler.usage_history.empty() ? srv_.opt.scheduler.usage_history
+                                                               : engine::usage_history_path(srv_.engine->model_dir());
+      return run_admin([req = std::move(req), history = std::move(history)](engine::Engine& eng) -> AdminResult {
+        return warm_cache(eng, req, history);
+      });
     }
     route_ = "other";
     respond_error(not_found_route(request_.method_string(), target), false);
+  }
+
+  // --- cache admin: runs on the scheduler thread between steps; the answer comes back to this strand ---
+
+  using AdminResult = std::variant<json, ApiError>;
+
+  void run_admin(std::function<AdminResult(engine::Engine&)> op) {
+    auto self = shared_from_this();
+    const bool posted = srv_.scheduler->post([self, op = std::move(op)](engine::Engine& eng) {
+      AdminResult result;
+      try {
+        result = op(eng);
+      } catch (const std::exception& e) {
+        result = internal_error(std::string("Internal error: ") + e.what());
+      }
+      net::post(self->stream_.get_executor(), [self, result = std::move(result)] {
+        if (const auto* body = std::get_if<json>(&result)) return self->respond(200, body->dump(), "application/json");
+        self->respond_error(std::get<ApiError>(result), false);
+      });
+    });
+    if (!posted) respond_error(unavailable("The server is shutting down."), true);
+  }
+
+  static json with_residency(json out, const engine::ExpertManager& experts) {
+    out["resident_experts"] = experts.resident_count();
+    out["resident_bytes"] = experts.resident_bytes();
+    out["budget_bytes"] = experts.budget_bytes();
+    return out;
+  }
+
+  // The named experts, or the most used ones (the usage history file plus this process's counts).
+  static AdminResult warm_cache(engine::Engine& eng, const CacheWarmRequest& req,
+                                const std::filesystem::path& history_path) {
+    std::vector<sdk::ExpertKey> keys = req.experts;
+    json out{{"object", "cache.warm"}};
+    if (keys.empty()) {
+      auto history = engine::load_usage_history(history_path);
+      if (!history) return internal_error("Cannot read the usage history: " + history.error().message());
+      history->add_packed(eng.experts().usage());
+      const auto& manifest = eng.manifest();
+      const std::size_t n = req.top ? static_cast<std::size_t>(*req.top) : history->counts.size();
+      for (const auto& [layer, expert] : history->most_used(n)) {
+        if (manifest.expert(layer, expert) == nullptr) {
+          return bad_request("The usage history " + history_path.string() + " names expert " + std::to_string(layer) +
+                                 ":" + std::to_string(expert) +
+                                 ", which this model does not have; remove the file or name the experts to warm.",
+                             req.top ? "top" : "", "invalid_usage_history");
+        }
+        keys.push_back({layer, expert});
+      }
+      if (keys.empty()) {
+        return bad_request("No expert usage is known yet (" + history_path.string() +
+                               " is empty or missing and this server has run no request); send requests first or "
+                               "name the experts: {\"experts\": [\"0:1\", ...]}.",
+                           req.top ? "top" : "", "no_usage_history");
+      }
+      out["source"] = "usage_history";
+      out["usage_history"] = history_path.string();
+    } else {
+      out["source"] = "experts";
+    }
+    auto r = eng.experts().warm(keys);
+    if (!r) return internal_error("Warming the expert cache failed: " + r.error().message());
+    out["requested"] = keys.size();
+    out["loaded"] = r->loaded;
+    out["already_resident"] = r->already_resident;
+    out["no_room"] = r->no_room;
+    out["bytes_read"] = r->bytes_read;
+    return with_residency(std::move(out), eng.experts());
   }
 
   json model_object() const {
@@ -303,6 +399,7 @@ class Session : public std::enable_shared_from_this<Session> {
                 {"evictions", st.experts.evictions},
                 {"bytes_read", st.experts.bytes_read},
                 {"stall_seconds", st.experts.stall_seconds},
+                {"resident_experts", st.expert_resident_count},
                 {"resident_bytes", st.expert_resident_bytes},
                 {"budget_bytes", st.expert_budget_bytes}};
   }
@@ -351,22 +448,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (prompt.empty()) return respond_error(bad_request("The prompt is empty.", "prompt", "invalid_value"), false);
     const auto ctx = srv_.scheduler->context();
-    if (static_cast<std::int64_t>(prompt.size()) >= ctx) {
-      return respond_error(
-          bad_request("This model's maximum context length is " + std::to_string(ctx) + " tokens. However, your " +
-                          (endpoint == Endpoint::chat ? "messages" : "prompt") + " resulted in " +
-                          std::to_string(prompt.size()) +
-                          " tokens, which leaves no room to generate. Please reduce the length of the " +
-                          (endpoint == Endpoint::chat ? "messages." : "prompt."),
-                      endpoint == Endpoint::chat ? "messages" : "prompt", "context_length_exceeded"),
-          false);
-    }
+    const auto prompt_tokens = static_cast<std::int64_t>(prompt.size());
+    if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(*e, false);
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
     auto job = std::make_shared<Job>();
     job->request.prompt = std::move(prompt);
-    job->request.max_tokens = req.max_tokens.value_or(ctx);
+    job->request.max_tokens = req.max_tokens.value_or(ctx - prompt_tokens);
     job->request.stop = req.stop;
     job->request.sampling = req.sampling;
     job->on_event = [self = shared_from_this()](GenerationEvent&& ev) {

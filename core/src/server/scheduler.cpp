@@ -31,6 +31,7 @@ struct Scheduler::Sequence {
   std::int32_t pending = -1;                        // sampled token still to run through the model
   std::unique_ptr<engine::Engine::Sequence> state;  // its KV cache and position
   std::size_t prompt_done = 0;                      // prompt tokens already run (prefill goes in chunks)
+  std::int64_t request_id = 0;                      // in the routing trace
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -111,6 +112,7 @@ void Scheduler::loop() {
       // Join at a token boundary.
       while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
         active.push_back(std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_));
+        active.back()->request_id = next_request_id_++;
         queue_.pop_front();
         ++stats_.started;
       }
@@ -119,6 +121,10 @@ void Scheduler::loop() {
       if (stopping_ && active.empty() && queue_.empty() && tasks.empty()) break;
     }
     for (auto& task : tasks) task(engine_);
+    if (!tasks.empty()) {
+      std::lock_guard lock(mu_);
+      refresh_expert_stats();
+    }
     if (!active.empty()) step(active);
     for (auto& seq : active) {
       if (seq->done) release_state(*seq);
@@ -245,6 +251,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   std::vector<engine::RoutingRecord> trace;
   std::vector<engine::Engine::BatchItem> items;
   std::vector<Sequence*> members;
+  std::vector<std::int64_t> first_positions;  // each item's n_past before the pass (for the trace)
   for (auto& sp : active) {
     Sequence& seq = *sp;
     if (seq.done) continue;
@@ -278,6 +285,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     tokens_run += item.tokens.size();
     items.push_back(item);
     members.push_back(&seq);
+    first_positions.push_back(seq.state->n_past);
   }
   if (!items.empty()) {
     if (auto s = engine_.forward_batch(items, &trace); !s) {
@@ -285,6 +293,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       for (auto* seq : members) fail(*seq, internal_error("The model failed to run: " + s.message()));
       prompt_run = 0;
     } else {
+      if (options_.trace) record_trace(trace, items, members, first_positions);
       for (std::size_t i = 0; i < members.size(); ++i) {
         Sequence& seq = *members[i];
         if (seq.prefilled) continue;
@@ -310,6 +319,49 @@ void Scheduler::count_routing(const std::vector<engine::RoutingRecord>& trace) {
   }
 }
 
+void Scheduler::record_trace(const std::vector<engine::RoutingRecord>& trace,
+                             const std::vector<engine::Engine::BatchItem>& items, const std::vector<Sequence*>& members,
+                             const std::vector<std::int64_t>& first_positions) {
+  // forward_batch gives, for each sparse layer in order, one record per token of the concatenated batch in row
+  // order; the row says which sequence (item) the record belongs to. Positions are checked against that mapping.
+  std::vector<std::size_t> item_of_row;
+  for (std::size_t i = 0; i < items.size(); ++i) item_of_row.insert(item_of_row.end(), items[i].tokens.size(), i);
+  const std::size_t rows = item_of_row.size();
+  std::vector<ab::TraceRecord> out;
+  out.reserve(trace.size());
+  for (std::size_t k = 0; k < trace.size(); ++k) {
+    const std::size_t row = rows == 0 ? 0 : k % rows;
+    const std::size_t i = rows == 0 ? 0 : item_of_row[row];
+    const std::int64_t offset = trace[k].position - first_positions[i];
+    if (rows == 0 || trace.size() % rows != 0 || offset < 0 ||
+        offset >= static_cast<std::int64_t>(items[i].tokens.size())) {
+      spdlog::error("routing trace {}: the engine's routing records do not match the batch; recording stops",
+                    options_.trace->path().string());
+      options_.trace.reset();
+      return;
+    }
+    ab::TraceRecord r;
+    r.request = members[i]->request_id;
+    r.position = trace[k].position;
+    r.token = items[i].tokens[static_cast<std::size_t>(offset)];
+    r.layer = trace[k].layer;
+    r.experts = trace[k].experts;
+    r.weights = trace[k].weights;
+    out.push_back(std::move(r));
+  }
+  if (auto s = options_.trace->append(out); !s) {
+    spdlog::error("{}", s.message());
+    options_.trace.reset();
+  }
+}
+
+void Scheduler::refresh_expert_stats() {
+  stats_.experts = engine_.experts().stats();
+  stats_.expert_resident_bytes = engine_.experts().resident_bytes();
+  stats_.expert_budget_bytes = engine_.experts().budget_bytes();
+  stats_.expert_resident_count = engine_.experts().resident_count();
+}
+
 void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
                               std::uint64_t prompt_tokens, std::uint64_t sequences_run) {
   const auto now = clock_type::now();
@@ -320,9 +372,7 @@ void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_gener
   stats_.batched_sequences += sequences_run;
   stats_.batched_tokens += tokens_run;
   if (tokens_run > 0) ++stats_.steps;
-  stats_.experts = engine_.experts().stats();
-  stats_.expert_resident_bytes = engine_.experts().resident_bytes();
-  stats_.expert_budget_bytes = engine_.experts().budget_bytes();
+  refresh_expert_stats();
   if (tokens_generated > 0) recent_.emplace_back(now, tokens_generated);
   while (!recent_.empty() && now - recent_.front().first > std::chrono::seconds(10)) recent_.pop_front();
 }

@@ -101,6 +101,8 @@ class Engine {
   [[nodiscard]] const std::filesystem::path& model_dir() const { return dir_; }
   [[nodiscard]] const Plugins& plugins() const { return plugins_; }
   [[nodiscard]] const ExpertManager& experts() const { return *experts_; }
+  // Cache admin (clear, warm): only between forward passes, on the thread that runs them.
+  [[nodiscard]] ExpertManager& experts() { return *experts_; }
   [[nodiscard]] std::int64_t prefetch_layers() const { return prefetch_layers_; }
   [[nodiscard]] const KvCache& kv_cache() const { return kv_; }
   [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }

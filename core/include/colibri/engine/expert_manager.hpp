@@ -56,6 +56,22 @@ struct ExpertStats {
   }
 };
 
+// What ExpertManager::clear() dropped and what it had to keep.
+struct CacheClearResult {
+  std::size_t dropped = 0;
+  std::uint64_t dropped_bytes = 0;
+  std::size_t kept_in_use = 0;
+  std::size_t kept_pinned = 0;
+};
+
+// What ExpertManager::warm() did with the experts it was given.
+struct CacheWarmResult {
+  std::size_t loaded = 0;
+  std::size_t already_resident = 0;
+  std::size_t no_room = 0;  // left out: the budget was full of experts warm may not evict
+  std::uint64_t bytes_read = 0;
+};
+
 class ExpertManager {
  public:
   // budget_bytes: RAM for expert slots. Experts are checked against their manifest checksums when read.
@@ -89,6 +105,16 @@ class ExpertManager {
   // Experts acquired so far, by layer:expert (the usage history's counts).
   [[nodiscard]] const std::map<std::uint64_t, std::uint64_t>& usage() const { return usage_; }
 
+  // Cache admin (colibri-server /admin/cache/*); call between forward passes, never during one.
+  // Drops every resident expert that is neither in use nor pinned (prefetches in flight land first) and tells the
+  // policy (on_erase). Not counted as evictions. Resident mode reloads what it needs on demand afterwards.
+  CacheClearResult clear();
+  // Loads `keys` in order (the most wanted first) until the budget is full. Room comes from the policy's victims,
+  // never an expert in use, pinned or named in `keys`; what does not fit is counted in no_room. Loads are not
+  // misses and not usage; their bytes count in bytes_read. An unknown key is an error before anything is loaded.
+  sdk::Expected<CacheWarmResult> warm(std::span<const sdk::ExpertKey> keys);
+  [[nodiscard]] std::size_t resident_count() const { return slots_.size() - inflight_.size(); }
+
   [[nodiscard]] const ExpertStats& stats() const { return stats_; }
   [[nodiscard]] std::uint64_t resident_bytes() const { return used_bytes_; }
   [[nodiscard]] std::uint64_t budget_bytes() const { return budget_; }
@@ -113,6 +139,8 @@ class ExpertManager {
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
   sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
   sdk::Status make_room(std::uint64_t bytes);
+  // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).
+  void settle_prefetches();
   // Settles landed prefetches (verify, hand to the policy); `only` limits it to one key.
   void reap(const std::uint64_t* only = nullptr);
   void erase_slot(std::map<std::uint64_t, Slot>::iterator it);

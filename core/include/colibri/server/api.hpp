@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "colibri/engine/sampler.hpp"
+#include "colibri/sdk/cache_policy.hpp"
 
 namespace colibri::server {
 
@@ -61,6 +62,24 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint
 
 // 404 model_not_found unless `requested` is the served model's name.
 std::optional<ApiError> check_model(const std::string& requested, const std::string& served);
+
+// 400 context_length_exceeded when the prompt leaves no room to generate or prompt + max_tokens exceeds the
+// context, naming the numbers (OpenAI's wording); `param` is "messages" or "prompt".
+std::optional<ApiError> check_context(Endpoint endpoint, std::int64_t prompt_tokens,
+                                      std::optional<std::int64_t> max_tokens, std::int64_t context);
+
+// --- /admin/cache ---
+// "layer:expert" (e.g. "3:1"), the cache.pinned_experts spelling.
+std::optional<sdk::ExpertKey> parse_expert_key(std::string_view text);
+// POST /admin/cache/clear: an empty body or {} (unknown fields are a 400 naming them).
+std::optional<ApiError> parse_cache_clear_request(std::string_view body);
+// POST /admin/cache/warm: empty or {} (the usage history's most used experts until the cache is full),
+// {"experts": ["3:1", ...]} or {"top": N} (the N most used). Whether the experts exist is checked by the caller.
+struct CacheWarmRequest {
+  std::vector<sdk::ExpertKey> experts;
+  std::optional<std::int64_t> top;
+};
+std::optional<ApiError> parse_cache_warm_request(std::string_view body, CacheWarmRequest& out);
 
 struct Usage {
   std::int64_t prompt_tokens = 0;

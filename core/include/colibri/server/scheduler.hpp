@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "colibri/ab/trace_writer.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/server/api.hpp"
@@ -60,6 +61,8 @@ struct SchedulerOptions {
   int max_batch = 8;                    // sequences decoding together
   std::int64_t prefill_chunk = 512;     // prompt tokens a joining sequence runs per step (bounds a step's latency)
   std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
+  // Non-null (--record-trace): every step appends its routing, one request id per job in the order jobs joined.
+  std::shared_ptr<ab::TraceWriter> trace;
 };
 
 struct SchedulerStats {
@@ -71,6 +74,7 @@ struct SchedulerStats {
   double recent_tokens_per_second = 0;  // generated tokens over the last 10 s
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
+  std::size_t expert_resident_count = 0;
 };
 
 class Scheduler {
@@ -83,8 +87,8 @@ class Scheduler {
   enum class Submit { accepted, queue_full, closed };
   Submit submit(std::shared_ptr<Job> job);
 
-  // Runs `task` on the scheduler thread between steps (engine access from outside goes through here).
-  // Returns false when the scheduler is closed.
+  // Runs `task` on the scheduler thread between steps (engine access from outside goes through here); the expert
+  // statistics in stats() are refreshed after it. Returns false when the scheduler is closed.
   bool post(std::function<void(engine::Engine&)> task);
 
   // Stops accepting jobs; lets active and queued ones finish for up to `grace`, then cancels the rest (they end
@@ -105,6 +109,10 @@ class Scheduler {
   void finish(Sequence& seq, const std::string& reason);
   void fail(Sequence& seq, const ApiError& error);
   void count_routing(const std::vector<engine::RoutingRecord>& trace);
+  void record_trace(const std::vector<engine::RoutingRecord>& trace,
+                    const std::vector<engine::Engine::BatchItem>& items, const std::vector<Sequence*>& members,
+                    const std::vector<std::int64_t>& first_positions);
+  void refresh_expert_stats();  // under mu_
   void refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
                      std::uint64_t prompt_tokens, std::uint64_t sequences_run);
   void save_usage_history();
@@ -122,6 +130,7 @@ class Scheduler {
   bool closed_ = false, stopping_ = false, cancel_all_ = false;
   SchedulerStats stats_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> recent_;
+  std::int64_t next_request_id_ = 0;                                    // trace request ids, in join order
   std::map<std::uint64_t, std::uint64_t> usage_;                        // (layer << 32 | expert) -> router picks
   std::vector<std::unique_ptr<engine::Engine::Sequence>> free_states_;  // KV caches kept for reuse
   std::thread thread_;
