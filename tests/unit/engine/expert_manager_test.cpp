@@ -162,5 +162,114 @@ TEST(ExpertManager, CorruptOrMissingBlobsAreNamed) {
   EXPECT_FALSE(m.preload());  // resident mode reads everything and meets the same files
 }
 
+// --- cache admin: clear() and warm() (colibri-server /admin/cache/*) ---
+
+std::vector<std::uint8_t> bytes_of(const ExpertWeights& w) {
+  const auto* p = static_cast<const std::uint8_t*>(w.gate.data);
+  return {p, p + 3 * 1024};  // gate, up and down lie back to back in the fixture's blobs
+}
+
+TEST(ExpertManagerAdmin, ClearKeepsExpertsInUseAndPinnedAndTellsThePolicy) {
+  Fixture f(1, 4);
+  f.policy->pins = {{0, 3}};
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  ASSERT_FALSE(m.resident());
+  ASSERT_TRUE(m.preload());
+  auto held = m.acquire(0, 0);
+  ASSERT_TRUE(held);
+  auto first = m.acquire(0, 1);
+  ASSERT_TRUE(first);
+  const auto before = bytes_of(*first);
+  m.release(0, 1);
+  ASSERT_EQ(m.resident_count(), 3u);
+  const auto evictions = m.stats().evictions;
+
+  const auto r = m.clear();
+  EXPECT_EQ(r.dropped, 1u);
+  EXPECT_EQ(r.dropped_bytes, kBlob);
+  EXPECT_EQ(r.kept_in_use, 1u);
+  EXPECT_EQ(r.kept_pinned, 1u);
+  EXPECT_EQ(m.resident_count(), 2u);
+  EXPECT_EQ(m.resident_bytes(), 2 * kBlob);
+  EXPECT_EQ(m.stats().evictions, evictions);  // clearing is not eviction
+  EXPECT_EQ(std::count(f.policy->order.begin(), f.policy->order.end(), ExpertKey{0, 1}), 0);
+  // The held expert's weights are still valid and the pinned one is still a hit.
+  EXPECT_EQ(static_cast<const std::uint8_t*>(held->gate.data)[0], 0);
+  const int reads = f.storage->reads;
+  ASSERT_TRUE(m.acquire(0, 3));
+  m.release(0, 3);
+  EXPECT_EQ(f.storage->reads, reads);
+  // The dropped one comes back from storage, byte for byte.
+  const auto misses = m.stats().misses;
+  auto again = m.acquire(0, 1);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(m.stats().misses, misses + 1);
+  EXPECT_EQ(bytes_of(*again), before);
+  m.release(0, 1);
+  m.release(0, 0);
+  EXPECT_EQ(m.clear().dropped, 2u);  // 0:0 no longer in use; 0:3 stays pinned
+  EXPECT_EQ(m.resident_count(), 1u);
+}
+
+TEST(ExpertManagerAdmin, ClearInResidentModeReloadsOnDemand) {
+  Fixture f(2, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  ASSERT_TRUE(m.resident());
+  ASSERT_TRUE(m.preload());
+  auto w = m.acquire(1, 1);
+  ASSERT_TRUE(w);
+  const auto before = bytes_of(*w);
+  m.release(1, 1);
+  EXPECT_EQ(m.clear().dropped, 4u);
+  EXPECT_EQ(m.resident_bytes(), 0u);
+  EXPECT_TRUE(f.policy->order.empty());
+  auto again = m.acquire(1, 1);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(bytes_of(*again), before);
+  EXPECT_EQ(m.resident_count(), 1u);
+}
+
+TEST(ExpertManagerAdmin, WarmLoadsUntilTheBudgetIsFullWithoutEvictingWhatItMustKeep) {
+  Fixture f(2, 4);
+  f.policy->pins = {{0, 3}};
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  ASSERT_TRUE(m.preload());
+  ASSERT_TRUE(m.acquire(0, 0));  // in use during the warm
+  ASSERT_TRUE(m.acquire(0, 1));
+  m.release(0, 1);  // evictable: the only victim warm may take
+  const auto misses = m.stats().misses;
+  const auto bytes = m.stats().bytes_read;
+  const auto usage = m.usage();
+  const std::vector<ExpertKey> keys{{1, 0}, {0, 0}, {1, 1}, {1, 2}};
+  auto r = m.warm(keys);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->already_resident, 1u);  // 0:0
+  EXPECT_EQ(r->loaded, 2u);            // 1:0, then 1:1 in place of 0:1
+  EXPECT_EQ(r->no_room, 1u);           // 1:2: 0:0 in use, 0:3 pinned, 1:0 and 1:1 asked for
+  EXPECT_EQ(r->bytes_read, 2 * kBlob);
+  EXPECT_EQ(m.stats().bytes_read, bytes + 2 * kBlob);
+  EXPECT_EQ(m.stats().misses, misses);  // warming is not a miss
+  EXPECT_EQ(m.usage(), usage);          // nor a use
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+  const int reads = f.storage->reads;
+  for (auto k : {ExpertKey{1, 0}, ExpertKey{1, 1}, ExpertKey{0, 3}}) {
+    ASSERT_TRUE(m.acquire(k.layer, k.expert));
+    m.release(k.layer, k.expert);
+  }
+  EXPECT_EQ(f.storage->reads, reads);  // all hits
+  m.release(0, 0);
+}
+
+TEST(ExpertManagerAdmin, WarmRejectsAnUnknownExpertBeforeLoading) {
+  Fixture f(1, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, kBlob);
+  const std::vector<ExpertKey> keys{{0, 0}, {0, 9}};
+  auto r = m.warm(keys);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("L0/E9"), std::string::npos) << r.error().message();
+  EXPECT_EQ(m.resident_count(), 0u);
+  EXPECT_EQ(f.storage->reads, 0);
+}
+
 }  // namespace
 }  // namespace colibri::engine

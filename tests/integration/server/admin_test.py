@@ -1,0 +1,279 @@
+#!/usr/bin/python3
+"""colibri-server cache admin, routing traces and context limits end to end (ctest label integration):
+
+  admin_test.py COLIBRI_CLI COLIBRI_SERVER FIXTURE_GENERATOR WORK_DIR [-k PATTERN]
+
+* POST /admin/cache/clear and /admin/cache/warm: what they drop and load, stats before and after, greedy text
+  unchanged by either, bad bodies (400 naming the field), auth.
+* colibri-cli cache stats|clear|warm --server URL: answers, connection refused, 401 without --api-key, bad URL.
+* colibri-server --record-trace: one request id per request, the same routing as `colibri-cli run --record-trace`,
+  whole lines after SIGTERM mid-stream, and `colibri-cli ab replay` reads it.
+* prompt + max_tokens beyond the context: 400 context_length_exceeded naming both numbers.
+Uses the Server helper of server_test.py (same directory).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import server_test as st
+
+SLOT = 3 * 256 * 512 * 4  # one expert of the tiny f32 Mixtral (hidden 256, intermediate 512), a multiple of 4 KiB
+
+
+def cli(*args, check=True, timeout=120):
+    p = subprocess.run([st.CLI] + list(args), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"colibri-cli {' '.join(args)} failed ({p.returncode}): {p.stderr}")
+    return p
+
+
+def greedy(s, prompt="The colibri", n=24):
+    status, body = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": n,
+                                                      "temperature": 0})
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def free_port():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+class CacheAdmin(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # Room for 4 of the 8 experts (streaming), one of them pinned.
+        cls.s = st.Server("--expert-cache-size", str(4 * SLOT), "--set", "cache.policy=pinned", "--set",
+                          "cache.pinned_experts=[0:1]")
+        cls.url = f"http://127.0.0.1:{cls.s.port}"
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def stats(self):
+        status, body = self.s.json("GET", "/admin/cache/stats")
+        self.assertEqual(status, 200, body)
+        return body
+
+    def post(self, path, body=None):
+        return self.s.json("POST", path, body)
+
+    def test_clear_and_warm(self):
+        text = greedy(self.s)
+        before = self.stats()
+        self.assertEqual(before["budget_bytes"], 4 * SLOT)
+        self.assertGreaterEqual(before["resident_experts"], 2)
+
+        status, r = self.post("/admin/cache/clear")
+        self.assertEqual(status, 200, r)
+        self.assertEqual(r["object"], "cache.clear")
+        self.assertEqual(r["kept_pinned"], 1)
+        self.assertEqual(r["kept_in_use"], 0)
+        self.assertEqual(r["dropped_experts"], before["resident_experts"] - 1)
+        self.assertEqual(r["dropped_bytes"], r["dropped_experts"] * SLOT)
+        self.assertEqual((r["resident_experts"], r["resident_bytes"]), (1, SLOT))
+        after = self.stats()
+        self.assertEqual((after["resident_experts"], after["resident_bytes"]), (1, SLOT))
+        self.assertEqual(after["evictions"], before["evictions"])
+
+        # Same greedy text from a cold cache; the misses show the reloads.
+        self.assertEqual(greedy(self.s), text)
+        self.assertGreater(self.stats()["misses"], after["misses"])
+
+        self.post("/admin/cache/clear")
+        bytes0 = self.stats()["bytes_read"]
+        status, r = self.post("/admin/cache/warm", {"experts": ["0:0", "1:2", "0:1"]})
+        self.assertEqual(status, 200, r)
+        self.assertEqual((r["object"], r["source"]), ("cache.warm", "experts"))
+        self.assertEqual((r["requested"], r["loaded"], r["already_resident"], r["no_room"]), (3, 2, 1, 0))
+        self.assertEqual(r["bytes_read"], 2 * SLOT)
+        self.assertEqual(r["resident_experts"], 3)
+        st_ = self.stats()
+        self.assertEqual(st_["resident_experts"], 3)
+        self.assertEqual(st_["bytes_read"], bytes0 + 2 * SLOT)
+
+        # The usage this server has seen: most used first, until the cache is full.
+        status, r = self.post("/admin/cache/warm")
+        self.assertEqual(status, 200, r)
+        self.assertEqual(r["source"], "usage_history")
+        self.assertEqual(r["loaded"] + r["already_resident"] + r["no_room"], r["requested"])
+        self.assertEqual(r["resident_experts"], 4)
+        self.assertLessEqual(r["resident_bytes"], r["budget_bytes"])
+        status, r = self.post("/admin/cache/warm", {"top": 2})
+        self.assertEqual((status, r["requested"]), (200, 2))
+        self.assertEqual(greedy(self.s), text)
+
+    def test_bad_admin_requests(self):
+        cases = [
+            ("/admin/cache/warm", {"experts": ["9:9"]}, "experts[0]", "invalid_value"),
+            ("/admin/cache/warm", {"experts": ["0:1", "zero:one"]}, "experts[1]", "invalid_value"),
+            ("/admin/cache/warm", {"top": -1}, "top", "invalid_value"),
+            ("/admin/cache/warm", {"tpo": 3}, "tpo", "unknown_parameter"),
+            ("/admin/cache/clear", {"everything": True}, "everything", "unknown_parameter"),
+        ]
+        for path, body, param, code in cases:
+            status, got = self.post(path, body)
+            st.assert_error(self, status, got, 400, code, param)
+        status, raw, _ = self.s.request("POST", "/admin/cache/warm", "{nope")
+        st.assert_error(self, status, json.loads(raw), 400)
+        status, got = self.s.json("GET", "/admin/cache/clear")
+        st.assert_error(self, status, got, 405)
+        self.assertEqual(self.s.json("GET", "/health")[0], 200)
+
+    def test_cli_server(self):
+        p = cli("cache", "stats", "--server", self.url)
+        self.assertIn("resident_experts", p.stdout)
+        self.assertIn("budget_bytes", p.stdout)
+        p = cli("cache", "clear", "--server", self.url, "--json")
+        self.assertEqual(json.loads(p.stdout)["object"], "cache.clear")
+        p = cli("cache", "warm", "--server", self.url, "--experts", "0:0,1:1", "--json")
+        r = json.loads(p.stdout)
+        self.assertEqual((r["requested"], r["loaded"]), (2, 2))
+        greedy(self.s, n=4)
+        r = json.loads(cli("cache", "warm", "--server", self.url, "--top", "3", "--json").stdout)
+        self.assertEqual(r["requested"], 3)
+        p = cli("cache", "warm", "--server", self.url, "--experts", "7:7", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("experts[0]", p.stderr)
+        self.assertIn("400", p.stderr)
+
+    def test_context_limits(self):
+        status, got = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": [5] * 500,
+                                                              "max_tokens": 20})
+        st.assert_error(self, status, got, 400, "context_length_exceeded", "prompt")
+        for number in ("512", "520", "500", "20"):
+            self.assertIn(number, got["error"]["message"])
+        status, got = self.s.json("POST", "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 600})
+        st.assert_error(self, status, got, 400, "context_length_exceeded", "messages")
+        self.assertIn("600 in the completion", got["error"]["message"])
+        # max_tokens left out: up to what the context has left.
+        status, body = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": [5] * 500,
+                                                               "temperature": 0})
+        self.assertEqual(status, 200, body)
+        u = body["usage"]
+        self.assertLessEqual(u["total_tokens"], 512)
+        if body["choices"][0]["finish_reason"] == "length":
+            self.assertEqual(u["total_tokens"], 512)
+
+
+class ClientErrors(unittest.TestCase):
+    def test_api_key_refused_connection_and_bad_url(self):
+        s = st.Server("--api-key", "sekrit")
+        try:
+            url = f"http://127.0.0.1:{s.port}"
+            p = cli("cache", "stats", "--server", url, check=False)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("--api-key", p.stderr)
+            p = cli("cache", "clear", "--server", url, "--api-key", "wrong", check=False)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("rejected", p.stderr)
+            status, got = s.json("POST", "/admin/cache/clear")
+            st.assert_error(self, status, got, 401)
+            p = cli("cache", "clear", "--server", url, "--api-key", "sekrit")
+            self.assertIn("dropped_experts", p.stdout)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        dead = f"http://127.0.0.1:{free_port()}"
+        p = cli("cache", "stats", "--server", dead, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(dead, p.stderr)
+        self.assertIn("colibri-server", p.stderr)
+        for bad in ("htp://127.0.0.1:1", "http://127.0.0.1:99999", "https://127.0.0.1:1"):
+            p = cli("cache", "stats", "--server", bad, check=False)
+            self.assertEqual(p.returncode, 1, bad)
+            self.assertIn(bad, p.stderr)
+        p = cli("cache", "stats", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--server", p.stderr)
+
+
+def read_jsonl(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.endswith(b"\n"), "the trace ends in the middle of a line"
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+class RecordTrace(unittest.TestCase):
+    def test_trace_matches_run_and_replays(self):
+        path = os.path.join(st.WORK, "server-trace.jsonl")
+        s = st.Server("--record-trace", path, "--drain-timeout", "0.5")
+        prompt, n = "hello there", 6
+        try:
+            status, body = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": n,
+                                                              "temperature": 0})
+            self.assertEqual(status, 200, body)
+            generated = body["usage"]["completion_tokens"]
+            # Two at once (batched together), then a stream cut short by SIGTERM.
+            threads = [threading.Thread(target=greedy, args=(s, p, 8)) for p in st.PROMPTS[:2]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            got = {}
+
+            def long_stream():
+                got["r"] = s.stream("/v1/completions", {"model": "tiny", "prompt": "Go on", "max_tokens": 400,
+                                                        "temperature": 1.0, "seed": 1})
+            t = threading.Thread(target=long_stream)
+            t.start()
+            time.sleep(0.5)
+        finally:
+            rc = s.stop(signal.SIGTERM)
+        t.join(30)
+        self.assertEqual(rc, 0)
+        recs = read_jsonl(path)
+        self.assertEqual(sorted({r["request"] for r in recs}), [0, 1, 2, 3])
+        layers = 2
+        first = [r for r in recs if r["request"] == 0]
+        # The first request ran alone: every position of the prompt and of all but the last sampled token,
+        # in every sparse layer; the same routing, tokens and weights as `colibri-cli run --record-trace`.
+        self.assertEqual(len(first), (len(first) // layers) * layers)
+        run_trace = os.path.join(st.WORK, "run-trace.jsonl")
+        cli("run", "--model", st.MODEL, "--prompt", prompt, "-n", str(n), "--temperature", "0", "--record-trace",
+            run_trace)
+        by_key = {(r["position"], r["layer"]): r for r in read_jsonl(run_trace)}
+        prompt_tokens = len({r["position"] for r in first}) - (generated - 1)
+        self.assertGreater(prompt_tokens, 0)
+        for r in first:
+            ref = by_key[(r["position"], r["layer"])]
+            self.assertEqual((r["token"], r["experts"], r["weights"]), (ref["token"], ref["experts"], ref["weights"]),
+                             r)
+        self.assertEqual(sorted({r["position"] for r in first}), list(range(prompt_tokens + generated - 1)))
+        for req in (1, 2):
+            positions = sorted({r["position"] for r in recs if r["request"] == req})
+            self.assertEqual(positions, list(range(len(positions))))
+        p = cli("ab", "replay", "--trace", path, "--model", st.MODEL, "--policy", "lru", "--cache-experts", "2,4",
+                "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual([x["cache_experts"] for x in j["sizes"]], [2, 4])
+        self.assertGreater(j["sizes"][0]["policies"][0]["hits"] + j["sizes"][0]["policies"][0]["misses"], 0)
+
+    def test_unwritable_trace_is_named(self):
+        bad = os.path.join(st.WORK, "no-such-dir", "t.jsonl")
+        p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", "--record-trace", bad],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(bad, p.stderr)
+
+
+def main():
+    args = sys.argv[1:]
+    st.CLI, st.SERVER, st.GEN, st.WORK = args[:4]
+    os.makedirs(st.WORK, exist_ok=True)
+    st.make_model()
+    unittest.main(argv=[sys.argv[0], "-v"] + args[4:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+// TraceWriter: appended batches read back as one trace; a path that cannot be written is named.
+#include "colibri/ab/trace_writer.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace colibri::ab {
+namespace {
+
+TEST(TraceWriter, AppendsWholeLinesThatReadBack) {
+  const auto path = std::filesystem::temp_directory_path() / ("colibri-trace-" + std::to_string(::getpid()) + ".jsonl");
+  {
+    auto w = TraceWriter::open(path);
+    ASSERT_TRUE(w) << w.error().message();
+    TraceRecord a{0, 0, 11, 1, {3, 1}, {0.75f, 0.25f}};
+    TraceRecord b{1, 0, 12, 1, {2, 0}, {}};
+    ASSERT_TRUE((*w)->append(std::vector<TraceRecord>{a}));
+    ASSERT_TRUE((*w)->append(std::vector<TraceRecord>{}));
+    // Readable between appends: what is there is whole lines.
+    auto partial = read_trace(path);
+    ASSERT_TRUE(partial) << partial.error().message();
+    EXPECT_EQ(partial->size(), 1u);
+    ASSERT_TRUE((*w)->append(std::vector<TraceRecord>{b, a}));
+    EXPECT_EQ((*w)->records_written(), 3u);
+  }
+  auto got = read_trace(path);
+  ASSERT_TRUE(got) << got.error().message();
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ((*got)[1].request, 1);
+  EXPECT_EQ((*got)[1].token, 12);
+  EXPECT_EQ((*got)[0].experts, (std::vector<std::int32_t>{3, 1}));
+  EXPECT_EQ((*got)[0].weights, (std::vector<float>{0.75f, 0.25f}));
+  // Opening again starts a new trace.
+  { ASSERT_TRUE(TraceWriter::open(path)); }
+  EXPECT_EQ(std::filesystem::file_size(path), 0u);
+  std::filesystem::remove(path);
+}
+
+TEST(TraceWriter, AnUnwritablePathIsNamed) {
+  auto w = TraceWriter::open("/nonexistent-dir/trace.jsonl");
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.error().message().find("/nonexistent-dir/trace.jsonl"), std::string::npos) << w.error().message();
+}
+
+}  // namespace
+}  // namespace colibri::ab
