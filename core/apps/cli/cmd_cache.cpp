@@ -38,8 +38,8 @@ struct CacheOptions {
 // --- --server: a running colibri-server ---
 
 // One admin request; the parsed JSON answer, or nullopt after printing why not.
-std::optional<nlohmann::json> admin_call(const CacheOptions& o, const char* method, const char* path,
-                                         const std::string& body) {
+std::optional<nlohmann::ordered_json> admin_call(const CacheOptions& o, const char* method, const char* path,
+                                                 const std::string& body) {
   auto url = server::parse_http_url(o.server);
   if (!url) {
     fail("--server: " + url.error().message());
@@ -52,7 +52,7 @@ std::optional<nlohmann::json> admin_call(const CacheOptions& o, const char* meth
     fail(res.error().message());
     return std::nullopt;
   }
-  auto j = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  auto j = nlohmann::ordered_json::parse(res->body, nullptr, /*allow_exceptions=*/false);
   if (res->status == 401) {
     fail(o.api_key.empty()
              ? "the server at " + o.server + " needs an API key: pass --api-key KEY (or set COLIBRI_API_KEY)"
@@ -76,7 +76,7 @@ std::optional<nlohmann::json> admin_call(const CacheOptions& o, const char* meth
 }
 
 // Prints the answer as JSON (--json) or as aligned "key  value" lines.
-void print_answer(const CacheOptions& o, const nlohmann::json& j) {
+void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
   if (o.json) {
     std::cout << j.dump(2) << "\n";
     return;
@@ -103,7 +103,7 @@ int server_clear(const CacheOptions& o) {
 }
 
 int server_warm(const CacheOptions& o) {
-  nlohmann::json body = nlohmann::json::object();
+  nlohmann::ordered_json body = nlohmann::ordered_json::object();
   if (!o.experts.empty()) {
     if (o.top_given) return fail("give either --experts or --top, not both");
     for (const auto& e : o.experts) {

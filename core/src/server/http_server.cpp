@@ -280,11 +280,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (auto e = parse_cache_clear_request(request_.body())) return respond_error(*e, false);
       return run_admin([](engine::Engine& eng) -> AdminResult {
         const auto r = eng.experts().clear();
-        json out{{"object", "cache.clear"},
-                 {"dropped_experts", r.dropped},
-                 {"dropped_bytes", r.dropped_bytes},
-                 {"kept_in_use", r.kept_in_use},
-                 {"kept_pinned", r.kept_pinned}};
+        ojson out{{"object", "cache.clear"},
+                  {"dropped_experts", r.dropped},
+                  {"dropped_bytes", r.dropped_bytes},
+                  {"kept_in_use", r.kept_in_use},
+                  {"kept_pinned", r.kept_pinned}};
         return with_residency(std::move(out), eng.experts());
       });
     }
@@ -315,7 +315,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- cache admin: runs on the scheduler thread between steps; the answer comes back to this strand ---
 
-  using AdminResult = std::variant<json, ApiError>;
+  // Admin answers keep their keys in the order written (readable as `colibri-cli cache` prints them).
+  using ojson = nlohmann::ordered_json;
+  using AdminResult = std::variant<ojson, ApiError>;
 
   void run_admin(std::function<AdminResult(engine::Engine&)> op) {
     auto self = shared_from_this();
@@ -327,14 +329,14 @@ class Session : public std::enable_shared_from_this<Session> {
         result = internal_error(std::string("Internal error: ") + e.what());
       }
       net::post(self->stream_.get_executor(), [self, result = std::move(result)] {
-        if (const auto* body = std::get_if<json>(&result)) return self->respond(200, body->dump(), "application/json");
+        if (const auto* body = std::get_if<ojson>(&result)) return self->respond(200, body->dump(), "application/json");
         self->respond_error(std::get<ApiError>(result), false);
       });
     });
     if (!posted) respond_error(unavailable("The server is shutting down."), true);
   }
 
-  static json with_residency(json out, const engine::ExpertManager& experts) {
+  static ojson with_residency(ojson out, const engine::ExpertManager& experts) {
     out["resident_experts"] = experts.resident_count();
     out["resident_bytes"] = experts.resident_bytes();
     out["budget_bytes"] = experts.budget_bytes();
@@ -345,7 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
   static AdminResult warm_cache(engine::Engine& eng, const CacheWarmRequest& req,
                                 const std::filesystem::path& history_path) {
     std::vector<sdk::ExpertKey> keys = req.experts;
-    json out{{"object", "cache.warm"}};
+    ojson out{{"object", "cache.warm"}};
     if (keys.empty()) {
       auto history = engine::load_usage_history(history_path);
       if (!history) return internal_error("Cannot read the usage history: " + history.error().message());
@@ -387,21 +389,21 @@ class Session : public std::enable_shared_from_this<Session> {
         {"id", srv_.opt.model_name}, {"object", "model"}, {"created", srv_.created_unix}, {"owned_by", "colibri"}};
   }
 
-  json cache_stats() const {
+  ojson cache_stats() const {
     const auto st = srv_.scheduler->stats();
     const auto& p = srv_.engine->plugins();
-    return json{{"mode", srv_.engine->mode()},
-                {"policy", p.cache_name},
-                {"storage", p.storage_name},
-                {"hits", st.experts.hits},
-                {"misses", st.experts.misses},
-                {"hit_rate", st.experts.hit_rate()},
-                {"evictions", st.experts.evictions},
-                {"bytes_read", st.experts.bytes_read},
-                {"stall_seconds", st.experts.stall_seconds},
-                {"resident_experts", st.expert_resident_count},
-                {"resident_bytes", st.expert_resident_bytes},
-                {"budget_bytes", st.expert_budget_bytes}};
+    return ojson{{"mode", srv_.engine->mode()},
+                 {"policy", p.cache_name},
+                 {"storage", p.storage_name},
+                 {"hits", st.experts.hits},
+                 {"misses", st.experts.misses},
+                 {"hit_rate", st.experts.hit_rate()},
+                 {"evictions", st.experts.evictions},
+                 {"bytes_read", st.experts.bytes_read},
+                 {"stall_seconds", st.experts.stall_seconds},
+                 {"resident_experts", st.expert_resident_count},
+                 {"resident_bytes", st.expert_resident_bytes},
+                 {"budget_bytes", st.expert_budget_bytes}};
   }
 
   // --- generation ---------------------------------------------------------------------------------------------

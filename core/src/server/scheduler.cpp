@@ -42,6 +42,7 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
   options_.max_batch = std::max(1, options_.max_batch);
   options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
+  refresh_expert_stats();  // the cache's budget and residency are known before the first step
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -50,7 +50,7 @@ fs::path tiny_model() {
 std::unique_ptr<engine::Engine> open_engine(const fs::path& model) {
   ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
   profile::LoadOptions lo;
-  lo.profile = "cpu";
+  lo.use_process_environment = false;  // the built-in defaults (cpu backend), whatever $COLIBRI_PROFILE says
   lo.overrides = {{"storage.plugin", "pread", "--set"},
                   {"cache.policy", "pinned", "--set"},
                   {"cache.pinned_experts", "[0:1]", "--set"},
