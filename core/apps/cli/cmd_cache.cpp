@@ -232,8 +232,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
       if (!o->server.empty()) {
         global.exit_code = server_fn(*o);
       } else if (!o->model.empty()) {
-        if (!o->experts.empty()) {
-          global.exit_code = fail("--experts needs --server (it warms a running server's cache)");
+        if (!o->experts.empty() || o->json) {
+          global.exit_code = fail(std::string(o->json ? "--json" : "--experts") + " needs --server (a running server)");
           return;
         }
         global.exit_code = fn(global, *o);
