@@ -112,6 +112,23 @@ class CacheAdmin(unittest.TestCase):
         self.assertEqual((status, r["requested"]), (200, 2))
         self.assertEqual(greedy(self.s), text)
 
+    def test_clear_and_warm_during_a_stream_do_not_change_it(self):
+        req = {"model": "tiny", "prompt": "A long story", "max_tokens": 300, "temperature": 0}
+        alone = self.s.json("POST", "/v1/completions", req)[1]["choices"][0]["text"]
+        got = {}
+        t = threading.Thread(target=lambda: got.update(r=self.s.stream("/v1/completions", req)))
+        t.start()
+        answers = []
+        while t.is_alive() and len(answers) < 40:
+            answers.append(self.post("/admin/cache/clear")[0])
+            answers.append(self.post("/admin/cache/warm", {"experts": ["1:0", "1:3"]})[0])
+        t.join(60)
+        print(f"  {len(answers)} admin requests during the stream", flush=True)
+        self.assertEqual(set(answers), {200})
+        status, events, done = got["r"]
+        self.assertTrue(status == 200 and done)
+        self.assertEqual(st.stream_text(events, "text"), alone)
+
     def test_bad_admin_requests(self):
         cases = [
             ("/admin/cache/warm", {"experts": ["9:9"]}, "experts[0]", "invalid_value"),
@@ -192,6 +209,17 @@ class ClientErrors(unittest.TestCase):
             p = cli("cache", "stats", "--server", bad, check=False)
             self.assertEqual(p.returncode, 1, bad)
             self.assertIn(bad, p.stderr)
+        # Nothing to warm from yet: a fresh server with an empty usage history.
+        history = os.path.join(st.WORK, "no-history.json")
+        if os.path.exists(history):
+            os.remove(history)
+        s = st.Server("--usage-history", history)
+        try:
+            status, got = s.json("POST", "/admin/cache/warm", {"top": 3})
+            st.assert_error(self, status, got, 400, "no_usage_history", "top")
+            self.assertIn(history, got["error"]["message"])
+        finally:
+            self.assertEqual(s.stop(), 0)
         p = cli("cache", "stats", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--server", p.stderr)
