@@ -39,6 +39,13 @@ sdk::Expected<std::unique_ptr<VramTier>> VramTier::create(const model::Manifest&
                   "memory.vram_budget (" + sdk::format_size(budget_bytes) + ") holds no expert: one slot needs " +
                       sdk::format_size(t->slot_bytes_) + "; raise it (--vram-budget) or set it to 0");
   }
+  if (const auto devices = t->compute_->devices();
+      !devices.empty() && devices[0].memory_total > 0 && count * t->slot_bytes_ > devices[0].memory_available) {
+    return Status(StatusCode::out_of_memory,
+                  "memory.vram_budget (" + sdk::format_size(budget_bytes) + "): " + devices[0].name + " has only " +
+                      sdk::format_size(devices[0].memory_available) + " free for the " +
+                      sdk::format_size(count * t->slot_bytes_) + " of expert slots; lower it (--vram-budget)");
+  }
   const std::uint64_t per_buffer = std::max<std::uint64_t>(1, kBufferBytes / t->slot_bytes_);
   for (std::uint64_t first = 0; first < count; first += per_buffer) {
     const std::uint64_t n = std::min(per_buffer, count - first);

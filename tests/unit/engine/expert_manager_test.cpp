@@ -325,13 +325,19 @@ TEST(ExpertManagerVram, PinnedExpertsStayInVram) {
   EXPECT_EQ(m.stats().uploads, uploads);
 }
 
-TEST(ExpertManagerVram, ABudgetBelowOneExpertIsAClearError) {
+TEST(ExpertManagerVram, ABudgetBelowOneExpertOrAboveTheDeviceIsAClearError) {
   Fixture f(1, 2);
   ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
   auto s = m.enable_vram(std::make_shared<DeviceCompute>(), std::make_shared<ListPolicy>(), kBlob - 1);
   ASSERT_FALSE(s);
   EXPECT_NE(s.message().find("memory.vram_budget"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("holds no expert"), std::string::npos) << s.message();
+  auto small_gpu = std::make_shared<DeviceCompute>();
+  small_gpu->info[0].memory_available = kBlob;  // room for one slot, two asked for
+  s = m.enable_vram(small_gpu, std::make_shared<ListPolicy>(), 2 * kBlob);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("fake gpu has only"), std::string::npos) << s.message();
+  EXPECT_EQ(small_gpu->allocated, 0u);
 }
 
 TEST(ExpertManager, CorruptOrMissingBlobsAreNamed) {
