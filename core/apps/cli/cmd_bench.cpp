@@ -160,6 +160,18 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["bytes_read_per_token"] = bytes_per_token;
   j["disk_bytes_per_second"] = run_s > 0 ? static_cast<double>(st.bytes_read) / run_s : 0.0;
   j["peak_rss_bytes"] = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
+  // The VRAM tier, when the backend has device memory and memory.vram_budget > 0 (expert_hits above: RAM tier).
+  const auto* vram = engine->experts().vram();
+  j["vram_budget_bytes"] = vram != nullptr ? vram->budget_bytes() : 0;
+  j["vram_slots"] = vram != nullptr ? vram->slot_count() : 0;
+  j["vram_allocated_bytes"] = vram != nullptr ? vram->allocated_bytes() : 0;
+  j["vram_hits"] = st.vram_hits;
+  j["vram_misses"] = st.vram_misses;
+  j["vram_hit_rate"] = vram != nullptr ? st.vram_hit_rate() : 0.0;
+  j["vram_evictions"] = st.vram_evictions;
+  j["vram_uploads"] = st.uploads;
+  j["bytes_uploaded"] = st.bytes_uploaded;
+  j["upload_seconds"] = st.upload_seconds;
   save_usage(*engine);
   if (o.json) {
     std::cout << j.dump(2) << "\n";
@@ -177,6 +189,15 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses), read %s, I/O stall %.3f s\n", 100.0 * st.hit_rate(),
               static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
               mib(st.bytes_read).c_str(), st.stall_seconds);
+  if (vram != nullptr) {
+    std::printf(
+        "vram       %zu slots (%s of %s budget): hit rate %.1f%% (%llu hits, %llu misses), %llu uploads, %s "
+        "uploaded in %.3f s\n",
+        vram->slot_count(), mib(vram->allocated_bytes()).c_str(), mib(vram->budget_bytes()).c_str(),
+        100.0 * st.vram_hit_rate(), static_cast<unsigned long long>(st.vram_hits),
+        static_cast<unsigned long long>(st.vram_misses), static_cast<unsigned long long>(st.uploads),
+        mib(st.bytes_uploaded).c_str(), st.upload_seconds);
+  }
   std::printf("streaming  %s read/token, disk %.3f GB/s, stall %.3f s (prefetch saved %.3f s), peak RSS %s\n",
               mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(), j["disk_bytes_per_second"].get<double>() / 1e9,
               st.stall_seconds, st.stall_saved_seconds, mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());

@@ -93,6 +93,12 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
                 e.plugins().cache_name.c_str(), prefill_tps, decode_tps, 100.0 * st.hit_rate(),
                 mib(st.bytes_read).c_str(), st.stall_seconds);
   std::string line = buf;
+  if (const auto* vram = e.experts().vram()) {
+    std::snprintf(buf, sizeof buf, " [vram %zu slots of %s | hit rate %.1f%% | uploaded %s in %llu uploads]",
+                  vram->slot_count(), mib(vram->slot_bytes()).c_str(), 100.0 * st.vram_hit_rate(),
+                  mib(st.bytes_uploaded).c_str(), static_cast<unsigned long long>(st.uploads));
+    line += buf;
+  }
   if (st.predicted > 0 || st.prefetch_issued > 0) {
     std::snprintf(buf, sizeof buf, " [prefetch %lld layers: %llu issued, %llu used | precision %.1f%% | recall %.1f%%]",
                   static_cast<long long>(e.prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),

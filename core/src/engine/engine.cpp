@@ -1,5 +1,6 @@
 #include "colibri/engine/engine.hpp"
 
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -103,6 +104,15 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   if (!cache_info) return cache_info.error();
   auto cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
   if (!cache) return cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+  if (!options.vram_budget_bytes) {
+    auto v = profile.get_int("memory.vram_budget");
+    options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
+  }
+  if (*options.vram_budget_bytes > 0) {
+    auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
+    if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+    plugins.vram_cache = *vram_cache;
+  }
   plugins.compute = *compute;
   plugins.storage = *storage;
   plugins.cache = *cache;
@@ -149,11 +159,15 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!plugins_.compute || !plugins_.storage)
     return Status(StatusCode::invalid_argument, "engine needs compute and storage");
   const auto devices = plugins_.compute->devices();
-  if (devices.empty() || !devices[0].host_memory) {
+  // Activations, the KV cache and the shared weights stay in host memory: a device-memory backend must take host
+  // tensors (kHostTensorsInterface); only routed experts move into its buffers (the VRAM tier).
+  if (devices.empty() ||
+      (!devices[0].host_memory && plugins_.compute->query_interface(sdk::kHostTensorsInterface) == nullptr)) {
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
-                                               " keeps buffers in device memory; this engine runs host-memory backends "
-                                               "(use compute.backend: cpu)");
+                                               " keeps buffers in device memory and cannot run host tensors; this "
+                                               "engine needs one that can (use compute.backend: cpu or vulkan)");
   }
+  const bool has_device_memory = devices[0].memory_total > 0;
   if (hp_.hidden_act != "silu") {
     return Status(StatusCode::unsupported,
                   "manifest.json hparams.hidden_act '" + hp_.hidden_act + "' is not supported (only silu)");
@@ -296,6 +310,18 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   kv_ = std::move(*kv);
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
+  const std::uint64_t vram_budget = options_.vram_budget_bytes.value_or(0);
+  if (vram_budget > 0 && !has_device_memory) {
+    spdlog::warn("memory.vram_budget ({}) ignored: compute backend {} has no device memory",
+                 sdk::format_size(vram_budget), plugins_.compute_name);
+  } else if (vram_budget > 0) {
+    if (!plugins_.vram_cache) {
+      return Status(StatusCode::invalid_argument,
+                    "memory.vram_budget is set but no cache policy instance was given "
+                    "for the VRAM tier (Plugins::vram_cache)");
+    }
+    if (auto s = experts_->enable_vram(plugins_.compute, plugins_.vram_cache, vram_budget); !s) return s;
+  }
   return experts_->preload();
 }
 

@@ -20,15 +20,25 @@ sdk::ExpertKey key_of(std::int64_t layer, std::int64_t expert) {
   return {static_cast<std::uint32_t>(layer), static_cast<std::uint32_t>(expert)};
 }
 
-sdk::Tensor weight_view(const model::TensorEntry& t, std::byte* base) {
+sdk::Tensor weight_view(const model::TensorEntry& t, std::byte* base, sdk::Buffer* buffer, std::size_t offset) {
   sdk::Tensor v;
   v.type = t.type;
   v.ne = {t.shape.size() > 1 ? t.shape[1] : t.shape[0], t.shape.size() > 1 ? t.shape[0] : 1, 1, 1};
   v.data = base;
+  v.buffer = buffer;
+  v.offset = offset;
   return v;
 }
 
 }  // namespace
+
+ExpertWeights expert_weights(const model::ExpertEntry& e, std::byte* host, sdk::Buffer* buffer, std::size_t offset) {
+  auto part = [&](const model::TensorEntry& t) {
+    const std::size_t at = t.offset - e.offset;
+    return weight_view(t, host != nullptr ? host + at : nullptr, buffer, buffer != nullptr ? offset + at : 0);
+  };
+  return {part(e.gate), part(e.up), part(e.down)};
+}
 
 ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::path model_dir,
                              std::shared_ptr<sdk::Storage> storage, std::shared_ptr<sdk::CachePolicy> policy,
@@ -67,14 +77,46 @@ Status ExpertManager::preload() {
       }
     }
   }
-  if (!resident_) return {};
-  for (const auto& e : manifest_.experts) {
-    if (slots_.count(key_of(e.layer, e.expert).packed()) != 0) continue;
-    Slot slot;
-    if (auto s = load(e, slot); !s) return s;
-    used_bytes_ += slot.data.size();
-    slots_.emplace(key_of(e.layer, e.expert).packed(), std::move(slot));
-    if (policy_) policy_->on_insert(key_of(e.layer, e.expert), e.size);
+  if (resident_) {
+    for (const auto& e : manifest_.experts) {
+      if (slots_.count(key_of(e.layer, e.expert).packed()) != 0) continue;
+      Slot slot;
+      if (auto s = load(e, slot); !s) return s;
+      used_bytes_ += slot.data.size();
+      slots_.emplace(key_of(e.layer, e.expert).packed(), std::move(slot));
+      if (policy_) policy_->on_insert(key_of(e.layer, e.expert), e.size);
+    }
+  }
+  return vram_ ? preload_vram() : Status{};
+}
+
+Status ExpertManager::preload_vram() {
+  std::vector<sdk::ExpertKey> wanted;
+  if (vram_->holds_all()) {
+    for (const auto& e : manifest_.experts) wanted.push_back(key_of(e.layer, e.expert));
+  } else if (policy_) {
+    wanted = policy_->wanted_pins();
+  }
+  // Pins leave room for the most experts one layer runs at once, so demand uploads always find a slot.
+  std::int64_t top_k = 1;
+  for (std::int64_t l = 0; l < manifest_.hparams.num_layers; ++l) {
+    top_k = std::max(top_k, manifest_.hparams.layer_top_k(l));
+  }
+  const bool pin = !vram_->holds_all();
+  std::size_t pinned = 0;
+  for (const auto key : wanted) {
+    if (pin && pinned + static_cast<std::size_t>(top_k) >= vram_->slot_count()) break;
+    if (!vram_->contains(key)) {
+      auto ram = acquire_ram(key.layer, key.expert);
+      if (!ram) return ram.error();
+      if (--usage_[key.packed()] == 0) usage_.erase(key.packed());  // loading is not a use
+      const auto& slot = slots_.at(key.packed());
+      auto w = vram_->upload(key, *slot.entry, slot.data.data());
+      release_ram(key.layer, key.expert);
+      if (!w) return w.error();
+      vram_->release(key);
+    }
+    if (pin && vram_->pin(key)) ++pinned;
   }
   return {};
 }
@@ -168,13 +210,34 @@ Status ExpertManager::make_room(std::uint64_t bytes) {
 }
 
 ExpertWeights ExpertManager::weights_of(const Slot& slot) const {
-  const auto& e = *slot.entry;
-  return {weight_view(e.gate, slot.data.data() + (e.gate.offset - e.offset)),
-          weight_view(e.up, slot.data.data() + (e.up.offset - e.offset)),
-          weight_view(e.down, slot.data.data() + (e.down.offset - e.offset))};
+  return expert_weights(*slot.entry, const_cast<std::byte*>(slot.data.data()));
+}
+
+Status ExpertManager::enable_vram(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy,
+                                  std::uint64_t budget_bytes) {
+  auto tier = VramTier::create(manifest_, std::move(compute), std::move(policy), budget_bytes, stats_);
+  if (!tier) return tier.error();
+  vram_ = std::move(*tier);
+  return {};
 }
 
 sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int64_t expert) {
+  if (!vram_) return acquire_ram(layer, expert);
+  const auto key = key_of(layer, expert);
+  if (auto w = vram_->acquire(key)) {
+    ++usage_[key.packed()];
+    return *w;
+  }
+  // VRAM miss: through the RAM tier (a hit there or a read), then upload; the RAM slot is free again once copied.
+  auto ram = acquire_ram(layer, expert);
+  if (!ram) return ram;
+  const auto& slot = slots_.at(key.packed());
+  auto w = vram_->upload(key, *slot.entry, slot.data.data());
+  release_ram(layer, expert);
+  return w;
+}
+
+sdk::Expected<ExpertWeights> ExpertManager::acquire_ram(std::int64_t layer, std::int64_t expert) {
   const auto key = key_of(layer, expert);
   ++usage_[key.packed()];
   reap();
@@ -254,11 +317,11 @@ void ExpertManager::reap(const std::uint64_t* only) {
 
 std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep) {
   // A synchronous storage would read inline on the forward pass's thread: nothing to overlap, only cost.
-  if (resident_ || wanted.empty() || !async_storage_) return 0;
+  if (resident_ || wanted.empty() || !async_storage_ || (vram_ && vram_->holds_all())) return 0;
   reap();
   std::size_t queued = 0;
   for (const auto key : wanted) {
-    if (slots_.count(key.packed()) != 0) continue;
+    if (slots_.count(key.packed()) != 0 || (vram_ && vram_->contains(key))) continue;
     const auto* e = manifest_.expert(key.layer, key.expert);
     if (e == nullptr) continue;
     const std::uint64_t bytes = (e->size + 4095) / 4096 * 4096;
@@ -377,6 +440,14 @@ sdk::Expected<CacheWarmResult> ExpertManager::warm(std::span<const sdk::ExpertKe
 }
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
+  if (vram_) {
+    vram_->release(key_of(layer, expert));
+    return;
+  }
+  release_ram(layer, expert);
+}
+
+void ExpertManager::release_ram(std::int64_t layer, std::int64_t expert) {
   auto it = slots_.find(key_of(layer, expert).packed());
   if (it != slots_.end() && it->second.in_use > 0) --it->second.in_use;
 }

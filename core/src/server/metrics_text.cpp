@@ -94,14 +94,15 @@ std::string render_metrics(const SchedulerStats& s,
   w.one("colibri_active_sequences", "gauge", "Sequences in the running batch.", static_cast<double>(s.active));
 
   w.family("colibri_expert_hits_total", "counter",
-           "Expert lookups served from a memory tier. tier=\"vram\" stays 0: the engine has no VRAM tier yet.");
+           "Expert lookups served from a memory tier (tier=\"ram\" counts only lookups the VRAM tier missed).");
   w.sample("colibri_expert_hits_total", static_cast<double>(s.experts.hits), "tier=\"ram\"");
-  w.sample("colibri_expert_hits_total", 0, "tier=\"vram\"");
+  w.sample("colibri_expert_hits_total", static_cast<double>(s.experts.vram_hits), "tier=\"vram\"");
   w.family("colibri_expert_misses_total", "counter",
-           "Expert lookups that missed a tier (a RAM miss reads from storage). tier=\"vram\" stays 0: no VRAM "
-           "tier yet.");
+           "Expert lookups that missed a tier (a VRAM miss uploads from RAM, a RAM miss reads from storage).");
   w.sample("colibri_expert_misses_total", static_cast<double>(s.experts.misses), "tier=\"ram\"");
-  w.sample("colibri_expert_misses_total", 0, "tier=\"vram\"");
+  w.sample("colibri_expert_misses_total", static_cast<double>(s.experts.vram_misses), "tier=\"vram\"");
+  w.one("colibri_expert_bytes_uploaded_total", "counter", "Bytes of expert weights uploaded into the VRAM tier.",
+        static_cast<double>(s.experts.bytes_uploaded));
   w.one("colibri_expert_evictions_total", "counter", "Experts evicted from the RAM tier.",
         static_cast<double>(s.experts.evictions));
   w.one("colibri_expert_bytes_read_total", "counter", "Bytes of expert weights read from storage.",

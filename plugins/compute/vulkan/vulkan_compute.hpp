@@ -84,6 +84,10 @@ class VulkanCompute final : public sdk::Compute {
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
                                                                 std::size_t bytes) noexcept override;
   sdk::Status synchronize() noexcept override;
+  // Host tensors are imported or staged per call (ops.cpp Binder), so the engine may mix them with our buffers.
+  [[nodiscard]] void* query_interface(std::string_view id) noexcept override {
+    return id == sdk::kHostTensorsInterface ? this : nullptr;
+  }
 
  private:
   sdk::Status run_impl(const sdk::OpCall& call);

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <list>
 #include <map>
 
@@ -146,6 +147,197 @@ TEST(ExpertManager, PinnedExpertsStay) {
   const int reads = f.storage->reads;
   ASSERT_TRUE(m.acquire(0, 3));
   EXPECT_EQ(f.storage->reads, reads);
+}
+
+// A compute backend with device memory: buffers are not host-visible (unless `mapped`) and uploads land only when
+// their event is waited on, so weights used before the wait would show the old bytes.
+class DeviceCompute final : public sdk::Compute {
+ public:
+  class DeviceBuffer final : public sdk::Buffer {
+   public:
+    DeviceBuffer(DeviceCompute& owner, std::size_t n) : owner_(owner), bytes(n) {}
+    ~DeviceBuffer() override { owner_.allocated -= bytes.size(); }
+    std::size_t size() const noexcept override { return bytes.size(); }
+    void* host_pointer() noexcept override { return owner_.mapped ? bytes.data() : nullptr; }
+    DeviceCompute& owner_;
+    std::vector<std::byte> bytes;
+  };
+  class LateCopy final : public sdk::Event {
+   public:
+    LateCopy(const void* src, std::byte* dst, std::size_t n) : src_(src), dst_(dst), n_(n) {}
+    sdk::Status wait() noexcept override {
+      if (!done_) std::memcpy(dst_, src_, n_);
+      done_ = true;
+      return {};
+    }
+    bool ready() const noexcept override { return done_; }
+
+   private:
+    const void* src_;
+    std::byte* dst_;
+    std::size_t n_;
+    bool done_ = false;
+  };
+
+  bool mapped = false;
+  std::uint64_t allocated = 0, peak_allocated = 0;
+  int copies = 0;
+  std::vector<sdk::DeviceInfo> info{{"fake gpu", false, 1ull << 30, 1ull << 30, ""}};
+
+  std::span<const sdk::DeviceInfo> devices() const noexcept override { return info; }
+  sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override {
+    allocated += bytes;
+    peak_allocated = std::max(peak_allocated, allocated);
+    return std::unique_ptr<sdk::Buffer>(std::make_unique<DeviceBuffer>(*this, bytes));
+  }
+  bool supports(sdk::Op, sdk::DType) const noexcept override { return true; }
+  sdk::Status run(const sdk::OpCall&) noexcept override { return {}; }
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
+                                                                  std::size_t bytes) noexcept override {
+    auto& b = static_cast<DeviceBuffer&>(dst);
+    if (offset + bytes > b.bytes.size()) return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
+    ++copies;
+    return std::unique_ptr<sdk::Event>(std::make_unique<LateCopy>(src, b.bytes.data() + offset, bytes));
+  }
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer&, std::size_t, void*,
+                                                                std::size_t) noexcept override {
+    return sdk::Status(sdk::StatusCode::unsupported, "not needed");
+  }
+  sdk::Status synchronize() noexcept override { return {}; }
+};
+
+// The first byte of an expert's gate weights as the device holds them.
+int device_byte(const sdk::Tensor& t) {
+  return static_cast<int>(static_cast<DeviceCompute::DeviceBuffer*>(t.buffer)->bytes.at(t.offset));
+}
+
+TEST(ExpertManagerVram, UploadsFromRamAndServesTheDeviceBuffer) {
+  Fixture f(2, 4);
+  auto gpu = std::make_shared<DeviceCompute>();
+  auto vram_policy = std::make_shared<ListPolicy>();
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob + 100));
+  ASSERT_TRUE(m.preload());
+  ASSERT_NE(m.vram(), nullptr);
+  EXPECT_EQ(m.vram()->slot_count(), 3u);
+  EXPECT_EQ(gpu->allocated, 3 * kBlob);
+  auto w = m.acquire(1, 2);
+  ASSERT_TRUE(w);
+  ASSERT_NE(w->gate.buffer, nullptr);
+  EXPECT_EQ(w->gate.data, nullptr);  // device memory: no host pointer
+  EXPECT_EQ(device_byte(w->gate), 16 + 2);
+  EXPECT_EQ(device_byte(w->down), 16 + 2);
+  EXPECT_EQ(w->down.offset - w->gate.offset, 2048u);
+  m.release(1, 2);
+  EXPECT_EQ(m.stats().vram_misses, 1u);
+  EXPECT_EQ(m.stats().misses, 1u);  // the RAM tier read it once
+  EXPECT_EQ(m.stats().uploads, 1u);
+  EXPECT_EQ(m.stats().bytes_uploaded, kBlob);
+  const int reads = f.storage->reads;
+  ASSERT_TRUE(m.acquire(1, 2));
+  m.release(1, 2);
+  EXPECT_EQ(m.stats().vram_hits, 1u);
+  EXPECT_EQ(m.stats().hits + m.stats().misses, 1u);  // a VRAM hit never asks the RAM tier
+  EXPECT_EQ(f.storage->reads, reads);
+  EXPECT_EQ(gpu->copies, 1);
+}
+
+TEST(ExpertManagerVram, NeverEvictsAnExpertInUseAndNeverGoesOverBudget) {
+  Fixture f(2, 4);
+  auto gpu = std::make_shared<DeviceCompute>();
+  auto vram_policy = std::make_shared<ListPolicy>();
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 2 * kBlob));
+  ASSERT_TRUE(m.preload());
+  auto a = m.acquire(0, 0);
+  auto b = m.acquire(0, 1);
+  ASSERT_TRUE(a && b);
+  auto full = m.acquire(0, 2);  // both slots in use
+  ASSERT_FALSE(full);
+  EXPECT_NE(full.error().message().find("vram_budget"), std::string::npos) << full.error().message();
+  m.release(0, 1);
+  auto c = m.acquire(0, 2);  // evicts 0:1, the only one not in use
+  ASSERT_TRUE(c);
+  EXPECT_EQ(m.stats().vram_evictions, 1u);
+  EXPECT_TRUE(m.vram()->contains({0, 0}));
+  EXPECT_FALSE(m.vram()->contains({0, 1}));
+  EXPECT_EQ(device_byte(a->gate), 0);  // 0:0's slot was not reused
+  EXPECT_EQ(device_byte(c->gate), 2);  // 0:2 took 0:1's slot
+  EXPECT_EQ(c->gate.buffer, b->gate.buffer);
+  EXPECT_EQ(c->gate.offset, b->gate.offset);
+  m.release(0, 0);
+  m.release(0, 2);
+  // Many more lookups than slots: the device never holds more than the budget.
+  for (int i = 0; i < 40; ++i) {
+    const int l = i % 2, e = (i * 7) % 4;
+    auto w = m.acquire(l, e);
+    ASSERT_TRUE(w) << w.error().message();
+    EXPECT_EQ(device_byte(w->up), l * 16 + e);
+    m.release(l, e);
+    EXPECT_LE(m.vram()->resident_bytes(), 2 * kBlob);
+  }
+  EXPECT_LE(gpu->peak_allocated, 2 * kBlob);
+  EXPECT_EQ(m.stats().vram_hits + m.stats().vram_misses, 44u);  // a, b, the refused one, c and 40
+  EXPECT_EQ(m.stats().uploads, m.stats().vram_misses - 1);      // the refused lookup uploaded nothing
+  EXPECT_EQ(m.stats().bytes_uploaded, m.stats().uploads * kBlob);
+}
+
+TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {
+  Fixture f(2, 3);
+  auto gpu = std::make_shared<DeviceCompute>();
+  gpu->mapped = true;  // a unified-memory device: weights also carry the host pointer
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 1ull << 30));
+  EXPECT_EQ(gpu->allocated, 6 * kBlob);  // no more slots than experts
+  ASSERT_TRUE(m.preload());
+  EXPECT_TRUE(m.vram()->holds_all());
+  EXPECT_EQ(m.stats().uploads, 6u);
+  const int reads = f.storage->reads;
+  for (int e : {2, 0, 1}) {
+    auto w = m.acquire(1, e);
+    ASSERT_TRUE(w);
+    ASSERT_NE(w->gate.data, nullptr);
+    EXPECT_EQ(static_cast<const std::uint8_t*>(w->gate.data)[0], 16 + e);
+    m.release(1, e);
+  }
+  const ExpertKey wanted[] = {{0, 1}, {1, 1}};
+  EXPECT_EQ(m.prefetch(wanted), 0u);  // nothing to fetch: all in VRAM
+  EXPECT_EQ(m.stats().vram_hits, 3u);
+  EXPECT_EQ(m.stats().vram_misses, 0u);
+  EXPECT_EQ(f.storage->reads, reads);
+}
+
+TEST(ExpertManagerVram, PinnedExpertsStayInVram) {
+  Fixture f(1, 4);
+  f.policy->pins = {{0, 3}};
+  auto vram_policy = std::make_shared<ListPolicy>();
+  vram_policy->pins = f.policy->pins;
+  auto gpu = std::make_shared<DeviceCompute>();
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob));
+  ASSERT_TRUE(m.preload());
+  for (int e : {0, 1, 2, 0, 1, 2}) {
+    ASSERT_TRUE(m.acquire(0, e));
+    m.release(0, e);
+  }
+  const auto uploads = m.stats().uploads;
+  ASSERT_TRUE(m.acquire(0, 3));
+  EXPECT_EQ(m.stats().uploads, uploads);
+}
+
+TEST(ExpertManagerVram, ABudgetBelowOneExpertOrAboveTheDeviceIsAClearError) {
+  Fixture f(1, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto s = m.enable_vram(std::make_shared<DeviceCompute>(), std::make_shared<ListPolicy>(), kBlob - 1);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("memory.vram_budget"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("holds no expert"), std::string::npos) << s.message();
+  auto small_gpu = std::make_shared<DeviceCompute>();
+  small_gpu->info[0].memory_available = kBlob;  // room for one slot, two asked for
+  s = m.enable_vram(small_gpu, std::make_shared<ListPolicy>(), 2 * kBlob);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("fake gpu has only"), std::string::npos) << s.message();
+  EXPECT_EQ(small_gpu->allocated, 0u);
 }
 
 TEST(ExpertManager, CorruptOrMissingBlobsAreNamed) {

@@ -236,6 +236,9 @@ TEST(ServerMetrics, PrometheusText) {
   s.experts.hits = 7;
   s.experts.misses = 2;
   s.experts.bytes_read = 4096;
+  s.experts.vram_hits = 5;
+  s.experts.vram_misses = 4;
+  s.experts.bytes_uploaded = 8192;
   s.experts.prefetch_issued = 8;
   s.experts.prefetch_used = 6;
   s.experts.predicted = 8;
@@ -245,7 +248,8 @@ TEST(ServerMetrics, PrometheusText) {
   const auto text = render_metrics(s, http, "ti\"ny", 1.5);
   for (const char* line :
        {"colibri_queue_depth 3\n", "colibri_generated_tokens_total 42\n", "colibri_expert_hits_total{tier=\"ram\"} 7\n",
-        "colibri_expert_hits_total{tier=\"vram\"} 0\n", "colibri_expert_misses_total{tier=\"ram\"} 2\n",
+        "colibri_expert_hits_total{tier=\"vram\"} 5\n", "colibri_expert_misses_total{tier=\"ram\"} 2\n",
+        "colibri_expert_misses_total{tier=\"vram\"} 4\n", "colibri_expert_bytes_uploaded_total 8192\n",
         "colibri_expert_bytes_read_total 4096\n",
         "colibri_http_requests_total{route=\"/v1/completions\",status=\"200\"} 5\n",
         "colibri_info{model=\"ti\\\"ny\"} 1\n", "colibri_prefetch_accuracy 0.75\n", "colibri_prefetch_recall 0.5\n",

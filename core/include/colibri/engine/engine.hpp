@@ -36,12 +36,14 @@ struct EngineOptions {
   std::optional<std::uint64_t> expert_cache_bytes;  // overrides memory.expert_cache
   bool exact_activations = false;                   // forbid per-token activation quantization in quantized matmuls
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
+  std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
 };
 
 struct Plugins {
   std::shared_ptr<sdk::Compute> compute;
   std::shared_ptr<sdk::Storage> storage;
   std::shared_ptr<sdk::CachePolicy> cache;
+  std::shared_ptr<sdk::CachePolicy> vram_cache;  // the VRAM tier's own instance of the same policy plugin
   std::string compute_name, storage_name, cache_name;
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "colibri/engine/memory.hpp"
+#include "colibri/engine/vram_tier.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/sdk/cache_policy.hpp"
 #include "colibri/sdk/compute.hpp"
@@ -25,6 +26,11 @@ namespace colibri::engine {
 struct ExpertWeights {
   sdk::Tensor gate, up, down;  // GGML order: gate/up {D, F}, down {F, D}
 };
+
+// The tensors of expert `e` whose blob starts at `host` (may be null for device memory) and, in a device buffer, at
+// `buffer` + `offset`.
+ExpertWeights expert_weights(const model::ExpertEntry& e, std::byte* host, sdk::Buffer* buffer = nullptr,
+                             std::size_t offset = 0);
 
 struct ExpertStats {
   std::uint64_t hits = 0;
@@ -53,6 +59,19 @@ struct ExpertStats {
   }
   [[nodiscard]] double hit_rate() const {
     return hits + misses == 0 ? 1.0 : static_cast<double>(hits) / static_cast<double>(hits + misses);
+  }
+  // The VRAM tier (when enabled): lookups it served and missed (a miss goes to the RAM tier, then uploads), slots it
+  // freed for others, uploads and their bytes, and the time the forward pass waited for uploads. `hits`/`misses`
+  // above are the RAM tier's and then count only VRAM misses.
+  std::uint64_t vram_hits = 0;
+  std::uint64_t vram_misses = 0;
+  std::uint64_t vram_evictions = 0;
+  std::uint64_t uploads = 0;
+  std::uint64_t bytes_uploaded = 0;
+  double upload_seconds = 0;
+  [[nodiscard]] double vram_hit_rate() const {
+    return vram_hits + vram_misses == 0 ? 1.0
+                                        : static_cast<double>(vram_hits) / static_cast<double>(vram_hits + vram_misses);
   }
 };
 
@@ -83,10 +102,17 @@ class ExpertManager {
 
   // True when every expert fits the budget (resident mode).
   [[nodiscard]] bool resident() const { return resident_; }
-  // Loads every expert (resident mode) and the policy's wanted pins.
+  // Adds the VRAM tier (vram_tier.hpp) in front of the RAM tier: slots in `compute`'s buffers within budget_bytes,
+  // victims picked by `policy` (an instance of its own). Call before preload().
+  sdk::Status enable_vram(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy,
+                          std::uint64_t budget_bytes);
+  [[nodiscard]] const VramTier* vram() const { return vram_.get(); }
+  // Loads every expert (resident mode) and the policy's wanted pins; with a VRAM tier that holds every expert,
+  // uploads them all, and pins the wanted pins there too while room for one layer's experts is left.
   sdk::Status preload();
 
-  // Makes the expert resident and marks it in use until release(); the weights stay valid until then.
+  // Makes the expert resident and marks it in use until release(); the weights stay valid until then. With a VRAM
+  // tier the weights are in its device buffer: a VRAM miss goes through the RAM tier and uploads.
   sdk::Expected<ExpertWeights> acquire(std::int64_t layer, std::int64_t expert);
   void release(std::int64_t layer, std::int64_t expert);
 
@@ -136,6 +162,9 @@ class ExpertManager {
     std::shared_ptr<Pending> pending;  // non-null until the prefetch read lands and is verified
     bool prefetched_unused = false;    // landed by prefetch, not acquired yet
   };
+  sdk::Expected<ExpertWeights> acquire_ram(std::int64_t layer, std::int64_t expert);
+  void release_ram(std::int64_t layer, std::int64_t expert);
+  sdk::Status preload_vram();
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
   sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
   sdk::Status make_room(std::uint64_t bytes);
@@ -163,6 +192,7 @@ class ExpertManager {
   std::span<const sdk::ExpertKey> keep_;  // during a prefetch: experts it must not evict
   std::mutex mutex_;                      // guards Pending::done/status/read_seconds
   std::condition_variable landed_;
+  std::unique_ptr<VramTier> vram_;  // last: it counts into stats_
 };
 
 }  // namespace colibri::engine

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Vulkan backend under the whole engine (ctest compute.vulkan.engine, label integration):
 
-  vulkan_engine_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR
+  vulkan_engine_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR [--vram]
 
 * every tiny architecture, converted at f32: `colibri-cli logits` on compute.backend=vulkan matches the CPU backend
   within 1e-4 of the max-abs logit per position (f32 KV cache, exact activations, so both backends compute the same
@@ -9,9 +9,16 @@
 * every other preset (q8_0 ... q2_k, f16, bf16): the same bound against the CPU backend;
 * the one promise on Vulkan: logits bit-identical in one batch, token by token and in chunks of 3.
 
+With --vram (ctest compute.vulkan.vram): the one promise with the VRAM expert tier. memory.vram_budget 0, one
+expert slot, a quarter of the experts and all of them, each with the RAM tier holding everything or one expert, on
+mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's path,
+staging uploads, weights only in device buffers), token by token and in one batch: logits bit-identical. The bench
+reports the tier: uploads happen, the slots stay within the budget, all-in-VRAM decodes without an upload.
+
 Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -48,8 +55,66 @@ def logits(path, name, *extra):
     return np.load(out)
 
 
+def same(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def vram_promise():
+    failures = []
+    for arch, preset in (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m")):
+        m = model(arch, preset)
+        with open(os.path.join(m, "manifest.json")) as f:
+            experts = json.load(f)["experts"]
+        slot = max((e["size"] + 4095) // 4096 * 4096 for e in experts)
+        sizes = {"none": 0, "one": slot, "quarter": slot * max(1, len(experts) // 4), "all": slot * len(experts)}
+        base = logits(m, "vram-base", *VULKAN)
+        runs = 0
+        for name, budget in sizes.items():
+            for ram in ("all", "one"):
+                for mapped in ("true", "false"):
+                    for batch in ("512", "1"):
+                        extra = VULKAN + ["--vram-budget", str(budget), "--set", f"compute.map_device_memory={mapped}",
+                                          "--batch", batch]
+                        if ram == "one":
+                            extra += ["--expert-cache-size", str(slot)]
+                        got = logits(m, f"vram-{name}-{ram}-{mapped}-{batch}", *extra)
+                        runs += 1
+                        if not same(base, got):
+                            failures.append(f"{arch}/{preset}: vram {name} ({budget} bytes), RAM {ram}, mapped "
+                                            f"{mapped}, batch {batch}: logits differ (max abs "
+                                            f"{np.abs(base - got).max()})")
+        print(f"  {arch}/{preset}: {runs} VRAM tier placements checked against vram_budget 0", flush=True)
+
+        def bench(budget, *extra):
+            p = run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "8", "--json", "--vram-budget",
+                     str(budget), "--set", "compute.map_device_memory=false"] + VULKAN + list(extra))
+            return json.loads(p.stdout)
+
+        small = bench(sizes["quarter"], "--expert-cache-size", str(slot))
+        if not (small["vram_uploads"] > 0 and small["bytes_uploaded"] >= small["vram_uploads"] * min(
+                e["size"] for e in experts)):
+            failures.append(f"{arch}: a quarter in VRAM uploaded nothing: {small}")
+        if not (0 < small["vram_allocated_bytes"] <= small["vram_budget_bytes"] == sizes["quarter"]):
+            failures.append(f"{arch}: VRAM slots over budget: {small['vram_allocated_bytes']} > {sizes['quarter']}")
+        if small["vram_hits"] + small["vram_misses"] == 0 or small["vram_misses"] != small["vram_uploads"]:
+            failures.append(f"{arch}: VRAM lookups do not add up: {small}")
+        if small["expert_hits"] + small["expert_misses"] != small["vram_misses"]:
+            failures.append(f"{arch}: the RAM tier should see exactly the VRAM misses: {small}")
+        full = bench(sizes["all"])
+        if full["vram_misses"] != 0 or full["vram_uploads"] != len(experts) or full["vram_hit_rate"] != 1.0:
+            failures.append(f"{arch}: everything in VRAM should upload each expert once at load and then only hit: "
+                            f"{full}")
+        off = bench(0)
+        if off["vram_slots"] != 0 or off["vram_uploads"] != 0:
+            failures.append(f"{arch}: vram_budget 0 made a VRAM tier: {off}")
+        print(f"  {arch}/{preset}: bench VRAM stats: quarter {small['vram_hits']} hits / {small['vram_misses']} "
+              f"misses, {small['bytes_uploaded']} bytes uploaded; all {full['vram_hits']} hits", flush=True)
+    return failures
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = os.path.join(WORK, "xdg-cache")  # bench writes usage history there
     probe = subprocess.run([CLI, "plugins", "list"], capture_output=True, text=True)
     try:
         run(["logits", "--model", model("mixtral", "f32"), "--tokens", "1", "--out",
@@ -60,6 +125,12 @@ def main():
             return 1
         print(f"SKIP: no usable Vulkan device:\n{e}")
         return 77
+
+    if "--vram" in sys.argv[4:]:
+        failures = vram_promise()
+        for f in failures:
+            print("FAIL:", f)
+        return 1 if failures else 0
 
     failures = []
     cases = [(a, "f32") for a in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral")]

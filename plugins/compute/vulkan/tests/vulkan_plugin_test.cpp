@@ -202,6 +202,18 @@ TEST_P(VulkanHostTensors, GiveTheSameResultsAsDeviceTensors) {
     ASSERT_TRUE((*c.copy_to_host_async(**buf, y_off, y_dev.data(), y_dev.size() * 4))->wait());
   }
   EXPECT_EQ(0, std::memcmp(y_host.data(), y_dev.data(), y_host.size() * 4));
+  {
+    // Mixed, as the engine's VRAM tier runs experts: weights in our buffer, activations in host memory.
+    std::vector<float> y_mixed(y_host.size());
+    auto buf = c.allocate(w.size() + 2);
+    ASSERT_TRUE(buf);
+    ASSERT_TRUE((*c.copy_to_device_async(w.data(), **buf, 2, w.size()))->wait());
+    Tensor in[] = {Tensor{DType::q6_k, {k, n, 1, 1}, nullptr, buf->get(), 2},
+                   Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+    Tensor out{DType::f32, {n, t, 1, 1}, y_mixed.data()};
+    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+    EXPECT_EQ(0, std::memcmp(y_host.data(), y_mixed.data(), y_host.size() * 4));
+  }
   // And the reference says both are right.
   std::vector<float> wd(static_cast<std::size_t>(k * n));
   ASSERT_TRUE(colibri::quant::dequantize_row(DType::q6_k, w.data(), wd.data(), k * n));
@@ -220,6 +232,22 @@ TEST_P(VulkanHostTensors, GiveTheSameResultsAsDeviceTensors) {
 
 INSTANTIATE_TEST_SUITE_P(Vulkan, VulkanHostTensors, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "imported" : "staged"; });
+
+// map_device_memory: false makes lavapipe look like a discrete GPU: device memory the host cannot see, reported as
+// such, while host tensors are still accepted (what the engine asks before running it).
+TEST(VulkanPlugin, UnmappedDeviceMemoryActsAsADiscreteGpu) {
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  const DeviceInfo info = c.devices().front();
+  EXPECT_FALSE(info.host_memory);
+  EXPECT_GT(info.memory_total, 0u);
+  EXPECT_LE(info.memory_available, info.memory_total);
+  EXPECT_NE(info.capabilities.find("staging-copies"), std::string::npos) << info.capabilities;
+  EXPECT_NE(c.query_interface(kHostTensorsInterface), nullptr);
+  EXPECT_EQ(c.query_interface("colibri.compute.no-such-interface"), nullptr);
+  auto buf = c.allocate(4096);
+  ASSERT_TRUE(buf);
+  EXPECT_EQ((*buf)->host_pointer(), nullptr);
+}
 
 TEST(VulkanPlugin, BufferTensorsOutsideTheirBufferAreRejected) {
   VULKAN_COMPUTE(c, {}, nullptr);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "colibri/sdk/dtype.hpp"
 #include "colibri/sdk/plugin.hpp"
@@ -122,6 +123,11 @@ class Event {
   virtual Status wait() noexcept = 0;
   [[nodiscard]] virtual bool ready() const noexcept = 0;
 };
+
+// query_interface id a device-memory backend (DeviceInfo::host_memory false) answers non-null to when run() also
+// takes host tensors (`data` set, no `buffer`), e.g. by importing or staging them: the engine then keeps activations
+// and shared weights in host memory and hands it expert weights in buffers from allocate().
+inline constexpr std::string_view kHostTensorsInterface = "colibri.compute.host-tensors.v1";
 
 class Compute : public PluginObject {
  public:

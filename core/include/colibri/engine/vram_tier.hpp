@@ -1,0 +1,91 @@
+// The VRAM expert tier: fixed slots in buffers from the compute backend's allocate(), as many as memory.vram_budget
+// holds (never more than the model has experts), filled by uploading an expert's blob from the RAM tier
+// (copy_to_device_async, waited on before the expert runs). Its own cache-policy instance picks victims among
+// slots that are neither in use nor pinned. The weights it hands out reference the device buffer (Tensor::buffer +
+// offset; Tensor::data is the buffer's host pointer where it has one), so the expert runs on the same backend with
+// the same bytes as from RAM: placement changes speed, never the answer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "colibri/model/manifest.hpp"
+#include "colibri/sdk/cache_policy.hpp"
+#include "colibri/sdk/compute.hpp"
+
+namespace colibri::engine {
+
+struct ExpertWeights;
+struct ExpertStats;
+
+class VramTier {
+ public:
+  // Slots of the largest expert blob (4 KiB rounded), grouped into buffers of at most kBufferBytes. Errors when the
+  // budget holds no slot or the backend cannot allocate them, naming memory.vram_budget.
+  static sdk::Expected<std::unique_ptr<VramTier>> create(const model::Manifest& manifest,
+                                                         std::shared_ptr<sdk::Compute> compute,
+                                                         std::shared_ptr<sdk::CachePolicy> policy,
+                                                         std::uint64_t budget_bytes, ExpertStats& stats);
+  ~VramTier();
+  VramTier(const VramTier&) = delete;
+  VramTier& operator=(const VramTier&) = delete;
+
+  static constexpr std::uint64_t kBufferBytes = 256ull << 20;  // few allocations, each well under device limits
+
+  // A VRAM hit: marks the expert in use and returns its device weights; nullopt when it has no slot (a miss).
+  std::optional<ExpertWeights> acquire(sdk::ExpertKey key);
+  // Uploads the expert's blob (`blob`: its bytes as read, e.size of them) into a free slot, evicting through the
+  // policy when none is free, waits for the copy and marks it in use. out_of_memory when every slot is in use or
+  // pinned.
+  sdk::Expected<ExpertWeights> upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob);
+  void release(sdk::ExpertKey key);
+  // Pins a resident expert for the whole run (never evicted); false when it has no slot.
+  bool pin(sdk::ExpertKey key);
+  [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
+  // Every expert of the model has a slot of its own: nothing is ever evicted.
+  [[nodiscard]] bool holds_all() const { return slot_count() >= expert_count_; }
+  // Forgets every expert not in use (their slots become free).
+  void clear();
+
+  [[nodiscard]] std::size_t slot_count() const { return slots_.size(); }
+  [[nodiscard]] std::size_t resident_count() const { return entries_.size(); }
+  [[nodiscard]] std::uint64_t slot_bytes() const { return slot_bytes_; }
+  // Bytes of device memory the slots hold (allocated at start): never above the budget.
+  [[nodiscard]] std::uint64_t allocated_bytes() const { return allocated_; }
+  [[nodiscard]] std::uint64_t resident_bytes() const { return entries_.size() * slot_bytes_; }
+  [[nodiscard]] std::uint64_t budget_bytes() const { return budget_; }
+
+ private:
+  struct Place {
+    sdk::Buffer* buffer = nullptr;
+    std::size_t offset = 0;
+  };
+  struct Entry {
+    const model::ExpertEntry* expert = nullptr;
+    std::size_t slot = 0;
+    int in_use = 0;
+    bool pinned = false;
+  };
+  VramTier(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy, ExpertStats& stats)
+      : compute_(std::move(compute)), policy_(std::move(policy)), stats_(stats) {}
+  static bool evictable(void* ctx, sdk::ExpertKey key) noexcept;
+  ExpertWeights weights_of(const Entry& entry) const;
+  void erase(std::map<std::uint64_t, Entry>::iterator it);
+
+  std::shared_ptr<sdk::Compute> compute_;
+  std::shared_ptr<sdk::CachePolicy> policy_;
+  ExpertStats& stats_;
+  std::vector<std::unique_ptr<sdk::Buffer>> buffers_;
+  std::vector<Place> slots_;
+  std::vector<std::size_t> free_;  // slot indices without an expert
+  std::map<std::uint64_t, Entry> entries_;
+  std::uint64_t slot_bytes_ = 0;
+  std::uint64_t allocated_ = 0;
+  std::uint64_t budget_ = 0;
+  std::size_t expert_count_ = 0;
+};
+
+}  // namespace colibri::engine

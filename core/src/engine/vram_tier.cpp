@@ -1,0 +1,169 @@
+#include "colibri/engine/vram_tier.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "colibri/engine/expert_manager.hpp"
+#include "colibri/sdk/config.hpp"
+
+namespace colibri::engine {
+
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+std::string key_text(sdk::ExpertKey key) {
+  return "L" + std::to_string(key.layer) + "/E" + std::to_string(key.expert);
+}
+
+}  // namespace
+
+sdk::Expected<std::unique_ptr<VramTier>> VramTier::create(const model::Manifest& manifest,
+                                                          std::shared_ptr<sdk::Compute> compute,
+                                                          std::shared_ptr<sdk::CachePolicy> policy,
+                                                          std::uint64_t budget_bytes, ExpertStats& stats) {
+  if (!compute) return Status(StatusCode::invalid_argument, "the VRAM tier needs a compute backend");
+  std::unique_ptr<VramTier> t(new VramTier(std::move(compute), std::move(policy), stats));
+  t->budget_ = budget_bytes;
+  t->expert_count_ = manifest.experts.size();
+  for (const auto& e : manifest.experts) t->slot_bytes_ = std::max(t->slot_bytes_, round_up(e.size, 4096));
+  if (t->slot_bytes_ == 0) return t;  // no experts: nothing to hold
+  const std::uint64_t count = std::min<std::uint64_t>(budget_bytes / t->slot_bytes_, t->expert_count_);
+  if (count == 0) {
+    return Status(StatusCode::invalid_argument,
+                  "memory.vram_budget (" + sdk::format_size(budget_bytes) + ") holds no expert: one slot needs " +
+                      sdk::format_size(t->slot_bytes_) + "; raise it (--vram-budget) or set it to 0");
+  }
+  if (const auto devices = t->compute_->devices();
+      !devices.empty() && devices[0].memory_total > 0 && count * t->slot_bytes_ > devices[0].memory_available) {
+    return Status(StatusCode::out_of_memory,
+                  "memory.vram_budget (" + sdk::format_size(budget_bytes) + "): " + devices[0].name + " has only " +
+                      sdk::format_size(devices[0].memory_available) + " free for the " +
+                      sdk::format_size(count * t->slot_bytes_) + " of expert slots; lower it (--vram-budget)");
+  }
+  const std::uint64_t per_buffer = std::max<std::uint64_t>(1, kBufferBytes / t->slot_bytes_);
+  for (std::uint64_t first = 0; first < count; first += per_buffer) {
+    const std::uint64_t n = std::min(per_buffer, count - first);
+    auto buf = t->compute_->allocate(n * t->slot_bytes_);
+    if (!buf) {
+      return Status(buf.error().code(), "memory.vram_budget (" + sdk::format_size(budget_bytes) +
+                                            "): allocating expert slots on the device failed after " +
+                                            sdk::format_size(t->allocated_) + ": " + buf.error().message() +
+                                            "; lower it (--vram-budget)");
+    }
+    for (std::uint64_t i = 0; i < n; ++i)
+      t->slots_.push_back({buf->get(), static_cast<std::size_t>(i * t->slot_bytes_)});
+    t->allocated_ += n * t->slot_bytes_;
+    t->buffers_.push_back(std::move(*buf));
+  }
+  // Lowest slot first: pop_back hands out slot 0 first.
+  for (std::size_t i = t->slots_.size(); i-- > 0;) t->free_.push_back(i);
+  return t;
+}
+
+VramTier::~VramTier() {
+  // Nothing runs after the engine is gone; make sure no upload still reads a RAM slot or writes a buffer.
+  if (compute_) (void)compute_->synchronize();
+  if (policy_) policy_->clear();
+}
+
+ExpertWeights VramTier::weights_of(const Entry& entry) const {
+  const Place& p = slots_[entry.slot];
+  auto* host = static_cast<std::byte*>(p.buffer->host_pointer());
+  return expert_weights(*entry.expert, host != nullptr ? host + p.offset : nullptr, p.buffer, p.offset);
+}
+
+std::optional<ExpertWeights> VramTier::acquire(sdk::ExpertKey key) {
+  auto it = entries_.find(key.packed());
+  if (it == entries_.end()) {
+    ++stats_.vram_misses;
+    return std::nullopt;
+  }
+  ++stats_.vram_hits;
+  ++it->second.in_use;
+  if (policy_) policy_->on_access(key);
+  return weights_of(it->second);
+}
+
+bool VramTier::evictable(void* ctx, sdk::ExpertKey key) noexcept {
+  const auto* self = static_cast<const VramTier*>(ctx);
+  auto it = self->entries_.find(key.packed());
+  return it != self->entries_.end() && it->second.in_use == 0 && !it->second.pinned;
+}
+
+void VramTier::erase(std::map<std::uint64_t, Entry>::iterator it) {
+  const auto key = sdk::ExpertKey::unpack(it->first);
+  free_.push_back(it->second.slot);
+  entries_.erase(it);
+  if (policy_) policy_->on_erase(key);
+}
+
+sdk::Expected<ExpertWeights> VramTier::upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob) {
+  if (auto it = entries_.find(key.packed()); it != entries_.end()) {
+    ++it->second.in_use;  // uploaded meanwhile: nothing to copy
+    return weights_of(it->second);
+  }
+  if (e.size > slot_bytes_) {
+    return Status(StatusCode::internal, key_text(key) + " (" + std::to_string(e.size) +
+                                            " bytes) is larger than a VRAM slot; the manifest changed under us");
+  }
+  if (free_.empty()) {
+    std::optional<sdk::ExpertKey> victim;
+    if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{&VramTier::evictable, this});
+    if (!victim || !evictable(this, *victim)) {
+      return Status(StatusCode::out_of_memory,
+                    "memory.vram_budget (" + sdk::format_size(budget_) + ", " + std::to_string(slots_.size()) +
+                        " expert slots) cannot hold the experts one layer needs at once; raise it (--vram-budget)");
+    }
+    erase(entries_.find(victim->packed()));
+    ++stats_.vram_evictions;
+  }
+  const std::size_t slot = free_.back();
+  const Place& p = slots_[slot];
+  const auto start = std::chrono::steady_clock::now();
+  auto event = compute_->copy_to_device_async(blob, *p.buffer, p.offset, e.size);
+  Status s = event ? (*event)->wait() : event.error();
+  stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!s) return s.with_context("uploading expert " + key_text(key) + " to the VRAM tier");
+  free_.pop_back();
+  stats_.bytes_uploaded += e.size;
+  ++stats_.uploads;
+  auto [it, inserted] = entries_.emplace(key.packed(), Entry{&e, slot, 1, false});
+  (void)inserted;
+  if (policy_) policy_->on_insert(key, e.size);
+  return weights_of(it->second);
+}
+
+void VramTier::release(sdk::ExpertKey key) {
+  auto it = entries_.find(key.packed());
+  if (it != entries_.end() && it->second.in_use > 0) --it->second.in_use;
+}
+
+bool VramTier::pin(sdk::ExpertKey key) {
+  auto it = entries_.find(key.packed());
+  if (it == entries_.end()) return false;
+  if (!it->second.pinned) {
+    it->second.pinned = true;
+    if (policy_) policy_->on_pin(key, true);
+  }
+  return true;
+}
+
+void VramTier::clear() {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.in_use != 0) {
+      ++it;
+      continue;
+    }
+    auto next = std::next(it);
+    erase(it);
+    it = next;
+  }
+}
+
+}  // namespace colibri::engine
