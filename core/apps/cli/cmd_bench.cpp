@@ -159,6 +159,11 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["stall_saved_seconds"] = st.stall_saved_seconds;
   j["bytes_read_per_token"] = bytes_per_token;
   j["disk_bytes_per_second"] = run_s > 0 ? static_cast<double>(st.bytes_read) / run_s : 0.0;
+  // Decode alone: what the disk delivered while decoding, and the experts that had to come from it (demand misses
+  // plus prefetches that were used), the figure a disk bound divides by.
+  j["decode_disk_bytes_per_second"] = decode_s > 0 ? static_cast<double>(decode_bytes) / decode_s : 0.0;
+  j["decode_prefetch_used"] = st.prefetch_used - after_prefill.prefetch_used;
+  j["decode_io_stall_seconds"] = st.stall_seconds - after_prefill.stall_seconds;
   j["peak_rss_bytes"] = static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;
   // The VRAM tier, when the backend has device memory and memory.vram_budget > 0 (expert_hits above: RAM tier).
   const auto* vram = engine->experts().vram();

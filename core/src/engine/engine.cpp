@@ -541,16 +541,22 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       trace->push_back(std::move(rec));
     }
   }
+  std::vector<sdk::ExpertKey> needed;
+  if (!experts_->resident()) {
+    // This layer's misses go to the disk together (they share the device queue) before any is waited for.
+    for (const auto& g : groups) {
+      needed.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
+    }
+    experts_->fetch(needed);
+  }
   if (prefetch_layers_ > 0 && !experts_->resident()) {
-    std::vector<sdk::ExpertKey> keep;
-    for (const auto& g : groups) keep.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
     if (auto it = predicted_.find(l); it != predicted_.end()) {
       std::uint64_t correct = 0;
       for (const auto& g : groups) correct += it->second.count(g.first);
       experts_->note_prediction(it->second.size(), correct, groups.size());
       predicted_.erase(it);
     }
-    if (s = prefetch_ahead(l, T, h_ptr, keep); !s) return s;
+    if (s = prefetch_ahead(l, T, h_ptr, needed); !s) return s;
   }
   std::fill(out, out + DT, 0.0f);
   for (const auto& [e, members] : groups) {

@@ -124,7 +124,7 @@ Status ExpertManager::preload_vram() {
 Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
   const std::string where = key_name(e.layer, e.expert);
   try {
-    slot.data = AlignedBuffer((e.size + 4095) / 4096 * 4096);
+    slot.data = take_buffer((e.size + 4095) / 4096 * 4096);
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::out_of_memory, "no memory for expert " + where);
   }
@@ -144,13 +144,17 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
 }
 
 Status ExpertManager::verify(const model::ExpertEntry& e, const Slot& slot) const {
+  return verify(e, slot.data.data());
+}
+
+Status ExpertManager::verify(const model::ExpertEntry& e, const std::byte* data) const {
   const std::string where = key_name(e.layer, e.expert);
   for (const auto* part : {&e.gate, &e.up, &e.down}) {
     if (part->offset < e.offset || part->offset + part->size > e.offset + e.size) {
       return Status(StatusCode::corrupt_data,
                     where + ": tensor " + part->name + " lies outside its blob; re-run convert");
     }
-    const auto* p = slot.data.data() + (part->offset - e.offset);
+    const auto* p = data + (part->offset - e.offset);
     if (static_cast<std::uint64_t>(XXH64(p, part->size, 0)) != part->checksum) {
       return Status(StatusCode::corrupt_data, where + ": checksum mismatch; re-run convert");
     }
@@ -163,7 +167,7 @@ bool ExpertManager::evictable(void* ctx, sdk::ExpertKey key) noexcept {
   auto it = self->slots_.find(key.packed());
   if (it == self->slots_.end() || it->second.in_use != 0 || it->second.pinned || it->second.pending) return false;
   if (self->prefetch_eviction_) {
-    if (it->second.prefetched_unused) return false;
+    if (it->second.prefetched_unused || it->second.fetched) return false;
     for (const auto k : self->keep_) {
       if (k.packed() == key.packed()) return false;
     }
@@ -176,6 +180,11 @@ void ExpertManager::erase_slot(std::map<std::uint64_t, Slot>::iterator it) {
   const bool known_to_policy = !it->second.pending;
   if (it->second.prefetched_unused) ++stats_.prefetch_wasted;
   used_bytes_ -= it->second.data.size();
+  try {
+    spare_.push_back(std::move(it->second.data));
+  } catch (const std::bad_alloc&) {
+    // Not kept for reuse: the buffer is freed with its slot.
+  }
   slots_.erase(it);
   if (policy_ && known_to_policy) policy_->on_erase(key);
 }
@@ -243,20 +252,28 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire_ram(std::int64_t layer, std:
   reap();
   auto it = slots_.find(key.packed());
   if (it != slots_.end() && it->second.pending) {
-    // Single flight: wait for the prefetch read of this expert instead of reading it again.
+    // Single flight: wait for the read of this expert in flight instead of reading it again.
     const auto start = std::chrono::steady_clock::now();
+    auto pending = it->second.pending;
     {
       std::unique_lock lock(mutex_);
-      auto pending = it->second.pending;
       landed_.wait(lock, [&] { return pending->done; });
     }
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     stats_.stall_seconds += waited;
-    const double read_seconds = it->second.pending->read_seconds;
     const auto packed = key.packed();
     reap(&packed);
     it = slots_.find(packed);
-    if (it != slots_.end()) stats_.stall_saved_seconds += std::max(0.0, read_seconds - waited);
+    if (it != slots_.end() && !pending->demand) {
+      stats_.stall_saved_seconds += std::max(0.0, pending->read_seconds - waited);
+    }
+  }
+  if (it != slots_.end() && it->second.fetched) {
+    // Read by fetch() for this use: a miss, handed to the policy as an insert when it landed.
+    it->second.fetched = false;
+    ++stats_.misses;
+    ++it->second.in_use;
+    return weights_of(it->second);
   }
   if (it != slots_.end()) {
     if (it->second.prefetched_unused) {
@@ -300,17 +317,17 @@ void ExpertManager::reap(const std::uint64_t* only) {
     inflight_.erase(std::find(inflight_.begin(), inflight_.end(), k));
     auto it = slots_.find(k);
     auto& slot = it->second;
-    Status s = slot.pending->status;
-    if (s) s = verify(*slot.entry, slot);
+    const Status s = slot.pending->status;  // the read's, then the checksum's
+    const bool demand = slot.pending->demand;
     if (!s) {
-      // A failed prefetch is dropped quietly: the demand read that follows reports the fault.
-      ++stats_.prefetch_failed;
+      // A failed read in flight is dropped quietly: the synchronous demand read that follows reports the fault.
+      if (!demand) ++stats_.prefetch_failed;
       erase_slot(it);
       continue;
     }
     stats_.bytes_read += slot.entry->size;
     slot.pending.reset();
-    slot.prefetched_unused = true;
+    (demand ? slot.fetched : slot.prefetched_unused) = true;
     if (policy_) policy_->on_insert(sdk::ExpertKey::unpack(k), slot.entry->size);
   }
 }
@@ -331,42 +348,7 @@ std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std:
     prefetch_eviction_ = false;
     keep_ = {};
     if (!room) break;  // the rest would not fit either without evicting what is needed now
-    auto file = storage_->open((dir_ / e->file).string());
-    if (!file) continue;  // the demand read will report it
-    Slot slot;
-    try {
-      slot.data = AlignedBuffer(bytes);
-    } catch (const std::bad_alloc&) {
-      break;
-    }
-    slot.entry = e;
-    auto pending = std::make_shared<Pending>();
-    pending->file = std::move(*file);
-    pending->submitted = std::chrono::steady_clock::now();
-    slot.pending = pending;
-    sdk::ReadRequest req;
-    req.file = pending->file.get();
-    req.offset = e->offset;
-    req.length = e->size;
-    req.buffer = slot.data.data();
-    req.priority = sdk::ReadPriority::prefetch;
-    req.user_tag = key.packed();
-    used_bytes_ += slot.data.size();
-    slots_.emplace(key.packed(), std::move(slot));
-    inflight_.push_back(key.packed());
-    const auto st = storage_->submit(req, [this, pending](sdk::ReadRequest& done) {
-      const auto now = std::chrono::steady_clock::now();
-      std::lock_guard lock(mutex_);
-      pending->status = done.status;
-      pending->read_seconds = std::chrono::duration<double>(now - pending->submitted).count();
-      pending->done = true;
-      landed_.notify_all();
-    });
-    if (!st) {
-      inflight_.pop_back();
-      erase_slot(slots_.find(key.packed()));
-      break;
-    }
+    if (!start_read(key, *e, bytes, sdk::ReadPriority::prefetch)) continue;  // the demand read reports why
     ++stats_.prefetch_issued;
     ++queued;
   }
@@ -395,6 +377,8 @@ CacheClearResult ExpertManager::clear() {
     }
     it = next;
   }
+  spare_.clear();  // clearing gives the memory back, not just the slots
+  if (vram_) r.vram_dropped = vram_->clear();
   return r;
 }
 
@@ -437,6 +421,93 @@ sdk::Expected<CacheWarmResult> ExpertManager::warm(std::span<const sdk::ExpertKe
   stats_.stall_seconds = stall_before;
   if (!failed) return failed;
   return r;
+}
+
+std::size_t ExpertManager::fetch(std::span<const sdk::ExpertKey> needed) {
+  if (resident_ || needed.empty() || !async_storage_) return 0;
+  reap();
+  std::size_t queued = 0;
+  for (const auto key : needed) {
+    if (slots_.count(key.packed()) != 0 || (vram_ && vram_->contains(key))) continue;
+    const auto* e = manifest_.expert(key.layer, key.expert);
+    if (e == nullptr) continue;  // acquire() reports it
+    const std::uint64_t bytes = (e->size + 4095) / 4096 * 4096;
+    prefetch_eviction_ = true;  // never wait here, never evict another needed or unused read
+    keep_ = needed;
+    const bool room = static_cast<bool>(make_room(bytes));
+    prefetch_eviction_ = false;
+    keep_ = {};
+    if (!room) break;  // acquire() makes room for the rest, one at a time
+    if (start_read(key, *e, bytes, sdk::ReadPriority::demand)) ++queued;
+  }
+  return queued;
+}
+
+bool ExpertManager::ready(std::int64_t layer, std::int64_t expert) const {
+  auto it = slots_.find(key_of(layer, expert).packed());
+  return it != slots_.end() && !it->second.pending;
+}
+
+bool ExpertManager::start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes,
+                               sdk::ReadPriority priority) {
+  auto file = storage_->open((dir_ / e.file).string());
+  if (!file) return false;
+  Slot slot;
+  try {
+    slot.data = take_buffer(bytes);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  slot.entry = &e;
+  auto pending = std::make_shared<Pending>();
+  pending->file = std::move(*file);
+  pending->submitted = std::chrono::steady_clock::now();
+  pending->demand = priority == sdk::ReadPriority::demand;
+  slot.pending = pending;
+  sdk::ReadRequest req;
+  req.file = pending->file.get();
+  req.offset = e.offset;
+  req.length = e.size;
+  req.buffer = slot.data.data();
+  req.priority = priority;
+  req.user_tag = key.packed();
+  const std::byte* data = slot.data.data();
+  used_bytes_ += slot.data.size();
+  slots_.emplace(key.packed(), std::move(slot));
+  inflight_.push_back(key.packed());
+  const auto st = storage_->submit(req, [this, pending, entry = &e, data](sdk::ReadRequest& done) {
+    const auto now = std::chrono::steady_clock::now();
+    // The checksum runs here, on the storage thread, while the forward pass computes.
+    Status s = done.status;
+    if (s) s = verify(*entry, data);
+    std::lock_guard lock(mutex_);
+    pending->status = s;
+    pending->read_seconds = std::chrono::duration<double>(now - pending->submitted).count();
+    pending->done = true;
+    landed_.notify_all();
+  });
+  if (!st) {
+    inflight_.pop_back();
+    erase_slot(slots_.find(key.packed()));
+    return false;
+  }
+  return true;
+}
+
+AlignedBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
+  // The smallest spare that fits: experts of two sizes (layer types differ) would otherwise rarely match, and every
+  // mismatch costs an munmap plus faulting in and zeroing a new buffer. Taking a spare keeps resident + spare bytes.
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if (it->size() >= bytes && (best == spare_.end() || it->size() < best->size())) best = it;
+  }
+  if (best != spare_.end()) {
+    AlignedBuffer b = std::move(*best);
+    spare_.erase(best);
+    return b;
+  }
+  spare_.clear();  // none fits: free them before allocating, so resident + spare bytes stay within the budget
+  return AlignedBuffer(bytes);
 }
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {

@@ -154,16 +154,19 @@ bool VramTier::pin(sdk::ExpertKey key) {
   return true;
 }
 
-void VramTier::clear() {
+std::size_t VramTier::clear() {
+  std::size_t dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second.in_use != 0) {
+    if (it->second.in_use != 0 || it->second.pinned) {
       ++it;
       continue;
     }
     auto next = std::next(it);
     erase(it);
+    ++dropped;
     it = next;
   }
+  return dropped;
 }
 
 }  // namespace colibri::engine

@@ -284,7 +284,8 @@ class Session : public std::enable_shared_from_this<Session> {
                   {"dropped_experts", r.dropped},
                   {"dropped_bytes", r.dropped_bytes},
                   {"kept_in_use", r.kept_in_use},
-                  {"kept_pinned", r.kept_pinned}};
+                  {"kept_pinned", r.kept_pinned},
+                  {"vram_dropped_experts", r.vram_dropped}};
         return with_residency(std::move(out), eng.experts());
       });
     }

@@ -59,12 +59,20 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
       return Status(StatusCode::invalid_argument,
                     "storage.queue_depth is " + std::to_string(*depth) + "; io_uring needs 1..4096");
     }
-    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth));
+    auto chunk = ctx.config->get_int("chunk_kib", 2048);
+    if (!chunk) return chunk.error();
+    if (*chunk < 0 || *chunk > (1 << 20) || *chunk % 4 != 0) {
+      return Status(StatusCode::invalid_argument, "storage.chunk_kib is " + std::to_string(*chunk) +
+                                                      "; use 0 (never split) or a multiple of 4 up to 1048576");
+    }
+    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth),
+                                               static_cast<std::uint64_t>(*chunk) << 10);
     if (Status st = self->start(); !st) return st;
     return self;
   }
 
-  UringStorage(HostServices& host, bool direct, unsigned depth) : host_(host), direct_(direct), depth_(depth) {}
+  UringStorage(HostServices& host, bool direct, unsigned depth, std::uint64_t chunk_bytes)
+      : host_(host), direct_(direct), depth_(depth), chunk_bytes_(chunk_bytes) {}
 
   ~UringStorage() override {
     if (!started_) return;
@@ -137,19 +145,27 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
       done(request);
       return {};
     }
-    Op* op = nullptr;
+    std::vector<std::unique_ptr<Op>> ops;
     try {
-      op = new Op{request, std::move(done)};
-      std::lock_guard lock(mu_);
-      if (stopping_) {
-        delete op;
-        return Status(StatusCode::cancelled, "storage is shutting down");
+      // A long read becomes several SQEs in flight at once (up to a quarter of the depth each).
+      const std::uint64_t chunks = sc::chunk_count(request, chunk_bytes_, std::max(1u, depth_ / 4));
+      if (chunks <= 1) {
+        ops.push_back(std::make_unique<Op>(Op{request, std::move(done)}));
+      } else {
+        for (auto& [c, cb] : sc::split_request(request, std::move(done), chunks)) {
+          ops.push_back(std::make_unique<Op>(Op{c, std::move(cb)}));
+        }
       }
-      (request.priority == ReadPriority::demand ? demand_ : prefetch_).push_back(op);
-      ++outstanding_;
+      std::lock_guard lock(mu_);
+      if (stopping_) return Status(StatusCode::cancelled, "storage is shutting down");
+      auto& q = request.priority == ReadPriority::demand ? demand_ : prefetch_;
+      for (auto& op : ops) {
+        q.push_back(op.get());
+        static_cast<void>(op.release());
+        ++outstanding_;
+      }
       pump_locked();
     } catch (...) {
-      delete op;
       return Status(StatusCode::out_of_memory, "queueing a read");
     }
     return {};
@@ -369,6 +385,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
   HostServices& host_;
   bool direct_;
   unsigned depth_;
+  std::uint64_t chunk_bytes_;
   std::atomic<bool> warned_direct_{false};
   io_uring ring_{};
   bool started_ = false;
@@ -404,6 +421,10 @@ Score score(const HostInfo& host) noexcept {
   return {0, "io_uring_setup failed: " + sc::errno_text(err) + "; use pread"};
 }
 
+const OptionSpec kOptions[] = {
+    {"chunk_kib", OptionType::integer, "2048",
+     "reads longer than this are split into chunks in flight at once (0: never)"},
+};
 const char* const kCapabilities[] = {"direct_io", "async", "priorities", "registered_buffers"};
 
 const PluginDescriptor kDescriptor{
@@ -412,7 +433,7 @@ const PluginDescriptor kDescriptor{
     "io_uring",
     "1.0.0",
     "io_uring reads at queue_depth, O_DIRECT, registered buffers, a completion thread",
-    {},
+    kOptions,
     kCapabilities,
     &score,
     &create_guarded<UringStorage>,

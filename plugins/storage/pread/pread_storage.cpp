@@ -23,13 +23,22 @@ class PreadStorage final : public StorageBase {
     if (*threads < 0 || *threads > 256) {
       return Status(StatusCode::invalid_argument, "storage.threads must be 0 (auto) or 1..256");
     }
+    auto chunk = ctx.config->get_int("chunk_kib", 2048);
+    if (!chunk) return chunk.error();
+    if (*chunk < 0 || *chunk > (1 << 20) || *chunk % 4 != 0) {
+      return Status(StatusCode::invalid_argument, "storage.chunk_kib is " + std::to_string(*chunk) +
+                                                      "; use 0 (never split) or a multiple of 4 up to 1048576");
+    }
     // auto: one thread per outstanding read up to 8; NVMe needs depth, but threads cost memory.
     const int n = *threads > 0 ? static_cast<int>(*threads) : static_cast<int>(std::clamp<std::int64_t>(*depth, 1, 8));
-    return std::make_unique<PreadStorage>(*ctx.host, *direct, n);
+    return std::make_unique<PreadStorage>(*ctx.host, *direct, n, static_cast<std::uint64_t>(*chunk) << 10);
   }
 
-  PreadStorage(HostServices& host, bool direct, int threads)
-      : host_(host), direct_(direct), queue_(threads, [this](ReadRequest& r) { return read_request(r); }) {}
+  PreadStorage(HostServices& host, bool direct, int threads, std::uint64_t chunk_bytes)
+      : host_(host),
+        direct_(direct),
+        queue_(
+            threads, [this](ReadRequest& r) { return read_request(r); }, chunk_bytes) {}
 
   Expected<std::unique_ptr<StorageFile>> open(const std::string& path) noexcept override {
     auto f = common::open_posix(path, direct_, host_, warned_direct_);
@@ -78,6 +87,8 @@ Score score(const HostInfo&) noexcept {
 
 const OptionSpec kOptions[] = {
     {"threads", OptionType::integer, "0", "reader threads (0: queue_depth, at most 8)"},
+    {"chunk_kib", OptionType::integer, "2048",
+     "reads longer than this are split into chunks read by several threads at once (0: never)"},
 };
 const char* const kCapabilities[] = {"direct_io", "async", "priorities"};
 

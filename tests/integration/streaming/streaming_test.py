@@ -86,20 +86,23 @@ class Promise(unittest.TestCase):
         sizes = {"one": slot, "per-layer": slot * layers, "quarter": slot * max(1, n_experts // 4),
                  "all": slot * n_experts}
         stripe_dir, disk2 = striped(m)
-        storages = [("pread", m, []), ("mmap", m, []), ("stripe", stripe_dir, ["--set", f"storage.paths=[{disk2}]"])]
+        # (label, plugin, model, extra options); "chunked": every read above 4 KiB split into chunks read at once.
+        chunked = ["--set", "storage.chunk_kib=4"]
+        storages = [("pread", "pread", m, []), ("pread-chunked", "pread", m, chunked), ("mmap", "mmap", m, []),
+                    ("stripe", "stripe", stripe_dir, ["--set", f"storage.paths=[{disk2}]"])]
         if io_uring_available(m):
-            storages.append(("io_uring", m, []))
+            storages += [("io_uring", "io_uring", m, []), ("io_uring-chunked", "io_uring", m, chunked)]
         else:
             print("  io_uring unavailable here: skipped", flush=True)
         pins = ["--set", "cache.pinned_experts=[1:3]"]
         runs = 0
-        for storage, path, extra in storages:
+        for storage, plugin, path, extra in storages:
             for policy in ("lru", "pinned", "frequency"):
                 for size_name, size in sizes.items():
                     if policy == "pinned" and size_name == "one":
                         continue  # a pin leaves no room in a one-expert cache (checked below)
                     for depth in range(4):
-                        args = ["--set", f"storage.plugin={storage}", "--set", f"cache.policy={policy}",
+                        args = ["--set", f"storage.plugin={plugin}", "--set", f"cache.policy={policy}",
                                 "--expert-cache-size", str(size), "--prefetch-layers", str(depth)] + extra
                         if policy == "pinned":
                             args += pins

@@ -81,6 +81,7 @@ struct CacheClearResult {
   std::uint64_t dropped_bytes = 0;
   std::size_t kept_in_use = 0;
   std::size_t kept_pinned = 0;
+  std::size_t vram_dropped = 0;  // experts the VRAM tier forgot (its slots stay allocated)
 };
 
 // What ExpertManager::warm() did with the experts it was given.
@@ -122,6 +123,14 @@ class ExpertManager {
   // skipped. Returns how many it queued. A later acquire() of an expert in flight waits for that read instead of
   // reading again (single flight).
   std::size_t prefetch(std::span<const sdk::ExpertKey> wanted, std::span<const sdk::ExpertKey> keep = {});
+  // Queues the reads of every expert in `needed` (one layer's routed experts) that is neither resident nor in flight,
+  // all at once at demand priority, so a layer's misses share the device queue instead of being read one after
+  // another; acquire() then waits for each (single flight) and counts it as a miss. Like prefetch() it never waits,
+  // never evicts what is in use, pinned, needed or prefetched and not used yet, and does nothing on a synchronous
+  // storage. Returns how many reads it queued.
+  std::size_t fetch(std::span<const sdk::ExpertKey> needed);
+  // True when acquire() of this expert would return without waiting for a read.
+  [[nodiscard]] bool ready(std::int64_t layer, std::int64_t expert) const;
   // Counts router predictions against the experts the layer then used (see ExpertStats).
   void note_prediction(std::uint64_t predicted, std::uint64_t correct, std::uint64_t actual) {
     stats_.predicted += predicted;
@@ -152,7 +161,8 @@ class ExpertManager {
     std::chrono::steady_clock::time_point submitted;
     double read_seconds = 0;
     bool done = false;
-    sdk::Status status;
+    bool demand = false;  // queued by fetch(): a miss when acquired, not a prefetch
+    sdk::Status status;   // the read's, then the checksum check's (run on the storage thread)
   };
   struct Slot {
     const model::ExpertEntry* entry = nullptr;
@@ -161,12 +171,18 @@ class ExpertManager {
     bool pinned = false;
     std::shared_ptr<Pending> pending;  // non-null until the prefetch read lands and is verified
     bool prefetched_unused = false;    // landed by prefetch, not acquired yet
+    bool fetched = false;              // landed by fetch(), not acquired yet
   };
   sdk::Expected<ExpertWeights> acquire_ram(std::int64_t layer, std::int64_t expert);
   void release_ram(std::int64_t layer, std::int64_t expert);
   sdk::Status preload_vram();
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
   sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
+  sdk::Status verify(const model::ExpertEntry& e, const std::byte* data) const;
+  // Queues an asynchronous read of `e` into a new slot (shared by prefetch() and fetch()); false when it did not.
+  bool start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes, sdk::ReadPriority priority);
+  // A slot buffer of `bytes`: an evicted one of that size when there is one (no page faults, no zeroing), else new.
+  AlignedBuffer take_buffer(std::uint64_t bytes);
   sdk::Status make_room(std::uint64_t bytes);
   // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).
   void settle_prefetches();
@@ -191,6 +207,9 @@ class ExpertManager {
   bool prefetch_eviction_ = false;        // make_room on behalf of a prefetch (stricter evictable())
   std::span<const sdk::ExpertKey> keep_;  // during a prefetch: experts it must not evict
   std::mutex mutex_;                      // guards Pending::done/status/read_seconds
+  // Buffers of evicted slots kept for the next load. Resident plus spare bytes never exceed the budget: a spare is
+  // made by an eviction and reused by the load that needed the room, or freed before a new buffer is allocated.
+  std::vector<AlignedBuffer> spare_;
   std::condition_variable landed_;
   std::unique_ptr<VramTier> vram_;  // last: it counts into stats_
 };

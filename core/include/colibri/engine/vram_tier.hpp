@@ -47,8 +47,8 @@ class VramTier {
   [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
   // Every expert of the model has a slot of its own: nothing is ever evicted.
   [[nodiscard]] bool holds_all() const { return slot_count() >= expert_count_; }
-  // Forgets every expert not in use (their slots become free).
-  void clear();
+  // Forgets every expert neither in use nor pinned (their slots become free); returns how many.
+  std::size_t clear();
 
   [[nodiscard]] std::size_t slot_count() const { return slots_.size(); }
   [[nodiscard]] std::size_t resident_count() const { return entries_.size(); }

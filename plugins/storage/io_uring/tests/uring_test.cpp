@@ -42,7 +42,9 @@ std::vector<StorageParam> conformance_params() {
   return {StorageParam{URING_PLUGIN_PATH, {{"direct_io", "true"}}, "direct"},
           StorageParam{URING_PLUGIN_PATH, {{"direct_io", "false"}}, "buffered"},
           StorageParam{URING_PLUGIN_PATH, {{"queue_depth", "1"}}, "depth1"},
-          StorageParam{URING_PLUGIN_PATH, {{"queue_depth", "128"}}, "depth128"}};
+          StorageParam{URING_PLUGIN_PATH, {{"queue_depth", "128"}}, "depth128"},
+          // every request above 4 KiB split into SQEs in flight at once
+          StorageParam{URING_PLUGIN_PATH, {{"chunk_kib", "4"}}, "chunked"}};
 }
 
 }  // namespace

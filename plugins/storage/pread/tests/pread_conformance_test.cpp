@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -12,7 +13,9 @@ using colibri::sdk::testing::StorageParam;
 INSTANTIATE_TEST_SUITE_P(Pread, StorageConformance,
                          ::testing::Values(StorageParam{PREAD_PLUGIN_PATH, {{"direct_io", "true"}}, "direct"},
                                            StorageParam{PREAD_PLUGIN_PATH, {{"direct_io", "false"}}, "buffered"},
-                                           StorageParam{PREAD_PLUGIN_PATH, {{"threads", "1"}}, "one_thread"}),
+                                           StorageParam{PREAD_PLUGIN_PATH, {{"threads", "1"}}, "one_thread"},
+                                           // every request above 4 KiB split over the workers
+                                           StorageParam{PREAD_PLUGIN_PATH, {{"chunk_kib", "4"}}, "chunked"}),
                          colibri::sdk::testing::StorageParamName);
 
 namespace {
@@ -73,6 +76,71 @@ TEST(PreadStorage, CountsBytesReadThroughHostMetrics) {
   ASSERT_TRUE((*s)->read(**f, 100, buf));
   EXPECT_EQ(host->metric("bytes_read_total"), 5000.0);
   EXPECT_EQ(static_cast<char>(buf[0]), 'y');
+  std::filesystem::remove(file);
+}
+
+TEST(PreadStorage, RejectsBadChunkSize) {
+  auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  auto s = (*lib)->create({{"chunk_kib", "6"}});
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("chunk_kib"), std::string::npos);
+}
+
+// One submitted read split into chunks completes once, as the request that was submitted, with every byte; when a
+// chunk fails (the file shrank after open), the whole request fails once with that chunk's error.
+TEST(PreadStorage, SplitReadCompletesOnceAsTheWholeRequest) {
+  const std::filesystem::path file = std::filesystem::current_path() / "pread-chunked.bin";
+  const std::size_t size = 1 << 20;
+  std::string content(size, '\0');
+  for (std::size_t i = 0; i < size; ++i) content[i] = static_cast<char>((i * 131 + 7) % 251);
+  std::ofstream(file, std::ios::binary) << content;
+  auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  auto s = (*lib)->create_as<Storage>({{"chunk_kib", "64"}, {"threads", "4"}});
+  ASSERT_TRUE(s);
+  auto f = (*s)->open(file.string());
+  ASSERT_TRUE(f);
+  for (const auto& [offset, length] : {std::pair<std::uint64_t, std::uint64_t>{4096, 700 * 1024},  // aligned
+                                       {123, 555555},                                              // neither
+                                       {0, size}}) {
+    std::vector<std::byte> buf(length);
+    int calls = 0;
+    ReadRequest got;
+    ReadRequest r;
+    r.file = f->get();
+    r.offset = offset;
+    r.length = length;
+    r.buffer = buf.data();
+    r.user_tag = 42;
+    ASSERT_TRUE((*s)->submit(r, [&](ReadRequest& done) {
+      ++calls;
+      got = done;
+    }));
+    (*s)->drain();
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(got.status) << got.status.to_string();
+    EXPECT_EQ(got.offset, offset);
+    EXPECT_EQ(got.length, length);
+    EXPECT_EQ(got.buffer, buf.data());
+    EXPECT_EQ(got.user_tag, 42u);
+    EXPECT_EQ(std::memcmp(buf.data(), content.data() + offset, length), 0) << "offset " << offset;
+  }
+  std::filesystem::resize_file(file, size / 2);  // chunks beyond the new end fail
+  std::vector<std::byte> buf(size);
+  int calls = 0;
+  Status result;
+  ReadRequest r;
+  r.file = f->get();
+  r.length = size;
+  r.buffer = buf.data();
+  ASSERT_TRUE((*s)->submit(r, [&](ReadRequest& done) {
+    ++calls;
+    result = done.status;
+  }));
+  (*s)->drain();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(result.code(), StatusCode::corrupt_data) << result.to_string();
   std::filesystem::remove(file);
 }
 
