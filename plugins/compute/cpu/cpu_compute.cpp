@@ -302,6 +302,7 @@ class CpuCompute final : public ComputeBase {
     const ActFormat fmt = act_format(wtype, exact);
     const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
     const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
+    const DotRowsFn rows_fn = select_rows(*opt_.kernels, wtype, exact);
     const bool dequant = exact && dtype_traits(wtype)->quantized;
     const std::size_t abytes = act_row_bytes(fmt, k);
     const std::size_t wbytes = row_bytes(wtype, k);
@@ -312,8 +313,10 @@ class CpuCompute final : public ComputeBase {
     if (dequant) {
       for (auto& s : scratch_) s.get(static_cast<std::size_t>(k) * sizeof(float));
     }
-    constexpr std::int64_t kRowsPerTask = 16;
+    constexpr std::int64_t kRowsPerTask = kRowTile;
     constexpr std::int64_t kTokensPerTile = 8;
+    // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
+    constexpr std::int64_t kRowsKernelTokens = 3;
     const std::int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
     pool_.run(tasks, [&](std::int64_t task, int worker) noexcept {
       const std::int64_t r0 = task * kRowsPerTask, r1 = std::min(n, r0 + kRowsPerTask);
@@ -325,6 +328,15 @@ class CpuCompute final : public ComputeBase {
             const float v = dot(row, act + static_cast<std::size_t>(i) * abytes, k);
             y[i * n + r] = bias != nullptr ? v + bias[r] : v;
           }
+        }
+        return;
+      }
+      if (rows_fn != nullptr && t <= kRowsKernelTokens) {
+        for (std::int64_t i = 0; i < t; ++i) {
+          float v[kRowTile];
+          rows_fn(w + static_cast<std::size_t>(r0) * wbytes, wbytes, static_cast<int>(r1 - r0),
+                  act + static_cast<std::size_t>(i) * abytes, k, v);
+          for (std::int64_t r = r0; r < r1; ++r) y[i * n + r] = bias != nullptr ? v[r - r0] + bias[r] : v[r - r0];
         }
         return;
       }

@@ -1,9 +1,11 @@
 // AVX-512 row kernels: 512-bit float rows, VNNI (vpdpbusd) for the 32-element block formats, and
 // the 256-bit k-quant kernels re-encoded for this target. Same bits as the scalar path.
-// GCC 12 reports its own _mm512_undefined_* pass-through values as maybe-uninitialized; they are not.
+// GCC 12 reports its own _mm512_undefined_* pass-through values as (maybe-)uninitialized; they are not.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -131,6 +133,198 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
   return reduce_block_lanes(lanes);
 }
 
+// ---------------------------------------------------------------- eight rows, one token
+//
+// Rows are taken eight at a time (a short last group repeats its last row and drops the extra
+// results) and read in runs of eight super-blocks per row, so every row is a sequential stream
+// for the prefetchers. The integer sum of each (row, super-block) is exact; the float updates of
+// the eight rows then run as one 8-lane vector of exactly the scalar operations, super-block by
+// super-block in order, so each row keeps the bits of its DotFn.
+
+// Totals of eight 16-lane vectors.
+KTARGET inline __m256i z_sum8(const __m512i* v) noexcept {
+  __m512i p[4], q[2];
+  for (int i = 0; i < 4; ++i)
+    p[i] =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    q[i] =
+        _mm512_add_epi32(_mm512_unpacklo_epi64(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_epi64(p[2 * i], p[2 * i + 1]));
+  // Each 128-bit lane of q[0] holds partial sums of vectors 0-3, of q[1] vectors 4-7.
+  const __m512i z = _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i t = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+// Totals of eight 4-lane vectors.
+KTARGET inline __m256i z_sum8x4(const __m128i* v) noexcept {
+  const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
+  const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(v[4], v[5]), _mm_hadd_epi32(v[6], v[7]));
+  return _mm256_set_m128i(hi, lo);
+}
+
+// 8x8 int32 transpose: lane j of m[i] goes to lane i of m[j].
+KTARGET inline void z_transpose8(__m256i* m) noexcept {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    m[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    m[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+KTARGET inline __m256 z_fp16_low(__m256i words) noexcept {
+  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+}
+KTARGET inline __m256 z_fp16_high(__m256i words) noexcept {
+  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
+}
+
+KTARGET inline __m512i z_load_2x32(const std::int8_t* lo, const std::int8_t* hi) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(x86_load32(lo)), x86_load32(hi), 1);
+}
+
+// int16 lanes 0-15 <- byte `lo` of each 128-bit lane, lanes 16-31 <- byte `hi` (a vpshufb index).
+KTARGET inline __m512i z_spread_index(int lo, int hi) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(0x8000 | lo))),
+                            _mm256_set1_epi16(static_cast<short>(0x8000 | hi)), 1);
+}
+
+struct ZQ4K {
+  using Block = quant::BlockQ4_K;
+  static constexpr bool kMins = true;
+  static constexpr std::size_t kWordAt = 0;  // d | dmin << 16
+  // Integer sum of one block (16 lanes) and its min term (4 lanes).
+  KTARGET static __m512i block(const Block& x, const Q8KBlock& y, __m128i& msum) noexcept {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // 64 weight bytes hold 4 sub-blocks: the low nibbles of bytes 0-31 / 32-63 are sub-blocks
+    // 2c / 2c+2 of that half, the high nibbles 2c+1 / 2c+3; the activations are paired to match.
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                    _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), z_load_2x32(y.qs, y.qs + 64)),
+                                    _mm512_shuffle_epi8(sc, z_spread_index(0, 2)));
+    s = _mm512_dpwssd_epi32(
+        s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), z_load_2x32(y.qs + 32, y.qs + 96)),
+        _mm512_shuffle_epi8(sc, z_spread_index(1, 3)));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), z_load_2x32(y.qs + 128, y.qs + 192)),
+                            _mm512_shuffle_epi8(sc, z_spread_index(4, 6)));
+    s = _mm512_dpwssd_epi32(
+        s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), z_load_2x32(y.qs + 160, y.qs + 224)),
+        _mm512_shuffle_epi8(sc, z_spread_index(5, 7)));
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), pairs);
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    const __m256 ydv = _mm256_set1_ps(yd);
+    const __m256 dall = _mm256_mul_ps(ydv, z_fp16_low(dd)), dmin = _mm256_mul_ps(ydv, z_fp16_high(dd));
+    return _mm256_add_ps(
+        acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(ms))));
+  }
+};
+
+// 64 weights are groups 4v..4v+3 of 16: int16 lane i of their products takes scale 4v + i / 8.
+alignas(64) inline constexpr std::int16_t kQ6KSpread[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+struct ZQ6K {
+  using Block = quant::BlockQ6_K;
+  static constexpr bool kMins = false;
+  static constexpr std::size_t kWordAt = sizeof(Block) - 4;  // d is the block's last 2 bytes
+  KTARGET static __m512i block(const Block& x, const Q8KBlock& y, __m128i&) noexcept {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m512i sc = _mm512_zextsi256_si512(sc16);
+    // The -32 offset of every weight: -32 * sum_g scale[g] * bsums[g].
+    __m512i s = _mm512_zextsi256_si512(
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(_mm256_slli_epi16(sc16, 5), x86_load32(y.bsums))));
+    for (int half = 0; half < 2; ++half) {
+      const __m512i l = _mm512_loadu_si512(x.ql + 64 * half);
+      const __m256i qh = x86_load32(x.qh + 32 * half);
+      // Bytes 0-31: qh (high bits of weights 0-31 and 64-95 of the half), 32-63: qh >> 2 (32-63, 96-127).
+      const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(h, m30));
+      const __m512i i0 = _mm512_load_si512(kQ6KSpread[2 * half]), i1 = _mm512_load_si512(kQ6KSpread[2 * half + 1]);
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u0, _mm512_loadu_si512(y.qs + 128 * half)),
+                              _mm512_permutexvar_epi16(i0, sc));
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u1, _mm512_loadu_si512(y.qs + 128 * half + 64)),
+                              _mm512_permutexvar_epi16(i1, sc));
+    }
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i) noexcept {
+    return _mm256_add_ps(acc,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yd), z_fp16_high(dd)), _mm256_cvtepi32_ps(is)));
+  }
+};
+
+template <typename F>
+KTARGET void z_rows_k(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
+                      float* out) noexcept {
+  using Block = typename F::Block;
+  constexpr int kB = static_cast<int>(sizeof(Block));
+  // Up to 64 super-blocks of a row are read in one go, row after row: the eight rows are then one
+  // contiguous stream (they are consecutive in memory), which the hardware prefetchers follow.
+  constexpr int kSegChunks = 8;
+  const auto* y = static_cast<const Q8KBlock*>(act);
+  const std::int64_t nb = k / 256;
+  const __m256i block_offsets = _mm256_setr_epi32(0, kB, 2 * kB, 3 * kB, 4 * kB, 5 * kB, 6 * kB, 7 * kB);
+  for (int first = 0; first < nrows; first += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (std::int64_t seg = 0; seg < nb; seg += 8 * kSegChunks) {
+      const int chunks = static_cast<int>(std::min<std::int64_t>(kSegChunks, (nb - seg + 7) / 8));
+      // [chunk][row]: lane j = super-block seg + 8 * chunk + j of that row.
+      __m256i is[kSegChunks][8], ms[kSegChunks][8], dd[kSegChunks][8];
+      for (int r = 0; r < 8; ++r) {
+        const std::size_t row = static_cast<std::size_t>(std::min(first + r, nrows - 1));
+        for (int c = 0; c < chunks; ++c) {
+          const std::int64_t b0 = seg + 8 * c;
+          const int nblk = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+          const auto* x = reinterpret_cast<const Block*>(w + row * stride) + b0;
+          __m512i isum[8];
+          __m128i msum[8] = {};
+          for (int j = 0; j < 8; ++j) isum[j] = j < nblk ? F::block(x[j], y[b0 + j], msum[j]) : _mm512_setzero_si512();
+          is[c][r] = z_sum8(isum);
+          if constexpr (F::kMins) ms[c][r] = z_sum8x4(msum);
+          const auto valid = static_cast<__mmask8>((1u << nblk) - 1);
+          dd[c][r] = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), valid, block_offsets,
+                                                  reinterpret_cast<const std::byte*>(x) + F::kWordAt, 1);
+        }
+      }
+      for (int c = 0; c < chunks; ++c) {
+        const std::int64_t b0 = seg + 8 * c;
+        const int nblk = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+        z_transpose8(is[c]);
+        z_transpose8(dd[c]);
+        if constexpr (F::kMins) z_transpose8(ms[c]);
+        for (int j = 0; j < nblk; ++j) acc = F::update(acc, y[b0 + j].d, dd[c][j], is[c][j], ms[c][j]);
+      }
+    }
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc);
+    for (int r = 0; r < std::min(8, nrows - first); ++r) out[first + r] = v[r];
+  }
+}
+
 #undef KTARGET
 
 }  // namespace
@@ -140,7 +334,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy};
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     z_rows_k<ZQ4K>,
+                                 z_rows_k<ZQ6K>};
   return set;
 }
 
