@@ -88,6 +88,7 @@ struct KernelSet {
   // Several weight rows against one token; nullptr: call the DotFn per row.
   DotRowsFn rows_q4_k = nullptr;
   DotRowsFn rows_q6_k = nullptr;
+  DotRowsFn rows_q5_k = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

@@ -194,38 +194,55 @@ KTARGET inline __m512i z_load_2x32(const std::int8_t* lo, const std::int8_t* hi)
   return _mm512_inserti64x4(_mm512_castsi256_si512(x86_load32(lo)), x86_load32(hi), 1);
 }
 
-// int16 lanes 0-15 <- byte `lo` of each 128-bit lane, lanes 16-31 <- byte `hi` (a vpshufb index).
+// int16 lanes 0-15 = lo, lanes 16-31 = hi.
+KTARGET inline __m512i z_int16_halves(int lo, int hi) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(lo))),
+                            _mm256_set1_epi16(static_cast<short>(hi)), 1);
+}
+
+// A vpshufb index: int16 lanes 0-15 <- byte `lo` of each 128-bit lane, lanes 16-31 <- byte `hi`.
 KTARGET inline __m512i z_spread_index(int lo, int hi) noexcept {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(0x8000 | lo))),
-                            _mm256_set1_epi16(static_cast<short>(0x8000 | hi)), 1);
+  return z_int16_halves(0x8000 | lo, 0x8000 | hi);
 }
 
 struct ZQ4K {
   using Block = quant::BlockQ4_K;
   static constexpr bool kMins = true;
   static constexpr std::size_t kWordAt = 0;  // d | dmin << 16
-  // Integer sum of one block (16 lanes) and its min term (4 lanes).
-  KTARGET static __m512i block(const Block& x, const Q8KBlock& y, __m128i& msum) noexcept {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    // 64 weight bytes hold 4 sub-blocks: the low nibbles of bytes 0-31 / 32-63 are sub-blocks
-    // 2c / 2c+2 of that half, the high nibbles 2c+1 / 2c+3; the activations are paired to match.
+  struct Consts {
+    __m512i m4, spread[4];
+  };
+  // 64 weight bytes hold 4 sub-blocks: the low nibbles of bytes 0-31 / 32-63 are sub-blocks
+  // 2c / 2c+2 of that half, the high nibbles 2c+1 / 2c+3; the activations are paired to match.
+  struct Act {
+    __m512i y[4];
+    __m128i pairs;  // bsums[2j] + bsums[2j+1]: activation sum of sub-block j
+  };
+  KTARGET static Consts consts() noexcept {
+    return {_mm512_set1_epi8(0x0F),
+            {z_spread_index(0, 2), z_spread_index(1, 3), z_spread_index(4, 6), z_spread_index(5, 7)}};
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept {
+    a.y[0] = z_load_2x32(y.qs, y.qs + 64);
+    a.y[1] = z_load_2x32(y.qs + 32, y.qs + 96);
+    a.y[2] = z_load_2x32(y.qs + 128, y.qs + 192);
+    a.y[3] = z_load_2x32(y.qs + 160, y.qs + 224);
+    a.pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+  }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
     const __m128i sm = x86_k4_scales(x.scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
-    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                    _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), z_load_2x32(y.qs, y.qs + 64)),
-                                    _mm512_shuffle_epi8(sc, z_spread_index(0, 2)));
-    s = _mm512_dpwssd_epi32(
-        s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), z_load_2x32(y.qs + 32, y.qs + 96)),
-        _mm512_shuffle_epi8(sc, z_spread_index(1, 3)));
-    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), z_load_2x32(y.qs + 128, y.qs + 192)),
-                            _mm512_shuffle_epi8(sc, z_spread_index(4, 6)));
-    s = _mm512_dpwssd_epi32(
-        s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), z_load_2x32(y.qs + 160, y.qs + 224)),
-        _mm512_shuffle_epi8(sc, z_spread_index(5, 7)));
-    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
-    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), pairs);
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_and_si512(q0, c.m4), a.y[0]),
+                                    _mm512_shuffle_epi8(sc, c.spread[0]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), c.m4), a.y[1]),
+                            _mm512_shuffle_epi8(sc, c.spread[1]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(q1, c.m4), a.y[2]),
+                            _mm512_shuffle_epi8(sc, c.spread[2]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), c.m4), a.y[3]),
+                            _mm512_shuffle_epi8(sc, c.spread[3]));
+    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), a.pairs);
     return s;
   }
   KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
@@ -233,6 +250,44 @@ struct ZQ4K {
     const __m256 dall = _mm256_mul_ps(ydv, z_fp16_low(dd)), dmin = _mm256_mul_ps(ydv, z_fp16_high(dd));
     return _mm256_add_ps(
         acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(ms))));
+  }
+};
+
+// q4_k plus a fifth bit per weight: bit i of qh[l] belongs to sub-block i, byte l.
+struct ZQ5K {
+  using Block = quant::BlockQ5_K;
+  static constexpr bool kMins = true;
+  static constexpr std::size_t kWordAt = 0;
+  using Act = ZQ4K::Act;
+  struct Consts {
+    ZQ4K::Consts q4;
+    __m512i m10, shift[4];  // per int16 lane: the qh bit of that lane's sub-block
+  };
+  KTARGET static Consts consts() noexcept {
+    return {ZQ4K::consts(),
+            _mm512_set1_epi8(0x10),
+            {z_int16_halves(0, 2), z_int16_halves(1, 3), z_int16_halves(4, 6), z_int16_halves(5, 7)}};
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept { ZQ4K::prepare(y, a); }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+    const __m512i h = _mm512_broadcast_i64x4(x86_load32(x.qh));
+    const __m512i m4 = c.q4.m4;
+    const __m512i u[4] = {_mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                          _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+    __m512i s = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+      const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c.shift[v]), 4), c.m10);
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_or_si512(u[v], hi), a.y[v]),
+                              _mm512_shuffle_epi8(sc, c.q4.spread[v]));
+    }
+    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), a.pairs);
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    return ZQ4K::update(acc, yd, dd, is, ms);
   }
 };
 
@@ -249,25 +304,39 @@ struct ZQ6K {
   using Block = quant::BlockQ6_K;
   static constexpr bool kMins = false;
   static constexpr std::size_t kWordAt = sizeof(Block) - 4;  // d is the block's last 2 bytes
-  KTARGET static __m512i block(const Block& x, const Q8KBlock& y, __m128i&) noexcept {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  struct Consts {
+    __m512i m4, m30, spread[4];
+  };
+  struct Act {
+    __m512i y[4];  // elements 64v..64v+63
+    __m256i bsums;
+  };
+  KTARGET static Consts consts() noexcept {
+    Consts c{_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30), {}};
+    for (int v = 0; v < 4; ++v) c.spread[v] = _mm512_load_si512(kQ6KSpread[v]);
+    return c;
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept {
+    for (int v = 0; v < 4; ++v) a.y[v] = _mm512_loadu_si512(y.qs + 64 * v);
+    a.bsums = x86_load32(y.bsums);
+  }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i&) noexcept {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
     const __m512i sc = _mm512_zextsi256_si512(sc16);
     // The -32 offset of every weight: -32 * sum_g scale[g] * bsums[g].
     __m512i s = _mm512_zextsi256_si512(
-        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(_mm256_slli_epi16(sc16, 5), x86_load32(y.bsums))));
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(_mm256_slli_epi16(sc16, 5), a.bsums)));
     for (int half = 0; half < 2; ++half) {
       const __m512i l = _mm512_loadu_si512(x.ql + 64 * half);
       const __m256i qh = x86_load32(x.qh + 32 * half);
       // Bytes 0-31: qh (high bits of weights 0-31 and 64-95 of the half), 32-63: qh >> 2 (32-63, 96-127).
       const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
-      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(h, m30));
-      const __m512i i0 = _mm512_load_si512(kQ6KSpread[2 * half]), i1 = _mm512_load_si512(kQ6KSpread[2 * half + 1]);
-      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u0, _mm512_loadu_si512(y.qs + 128 * half)),
-                              _mm512_permutexvar_epi16(i0, sc));
-      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u1, _mm512_loadu_si512(y.qs + 128 * half + 64)),
-                              _mm512_permutexvar_epi16(i1, sc));
+      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(l, c.m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), c.m30));
+      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), c.m4), _mm512_and_si512(h, c.m30));
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u0, a.y[2 * half]),
+                              _mm512_permutexvar_epi16(c.spread[2 * half], sc));
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u1, a.y[2 * half + 1]),
+                              _mm512_permutexvar_epi16(c.spread[2 * half + 1], sc));
     }
     return s;
   }
@@ -276,6 +345,14 @@ struct ZQ6K {
                          _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yd), z_fp16_high(dd)), _mm256_cvtepi32_ps(is)));
   }
 };
+
+// Software prefetch this many super-blocks ahead in the row stream (it runs on into the next
+// row, which follows in memory; prefetching past the matrix is harmless).
+constexpr int kPrefetchBlocks = 6;
+template <std::size_t kBytes>
+KTARGET inline void z_prefetch(const void* p) noexcept {
+  for (std::size_t line = 0; line < kBytes; line += 64) _mm_prefetch(static_cast<const char*>(p) + line, _MM_HINT_T0);
+}
 
 template <typename F>
 KTARGET void z_rows_k(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
@@ -287,22 +364,33 @@ KTARGET void z_rows_k(const std::byte* w, std::size_t stride, int nrows, const v
   constexpr int kSegChunks = 8;
   const auto* y = static_cast<const Q8KBlock*>(act);
   const std::int64_t nb = k / 256;
+  const typename F::Consts consts = F::consts();
   const __m256i block_offsets = _mm256_setr_epi32(0, kB, 2 * kB, 3 * kB, 4 * kB, 5 * kB, 6 * kB, 7 * kB);
-  for (int first = 0; first < nrows; first += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (std::int64_t seg = 0; seg < nb; seg += 8 * kSegChunks) {
-      const int chunks = static_cast<int>(std::min<std::int64_t>(kSegChunks, (nb - seg + 7) / 8));
+  typename F::Act prepared[8 * kSegChunks];
+  for (std::int64_t seg = 0; seg < nb; seg += 8 * kSegChunks) {
+    const int chunks = static_cast<int>(std::min<std::int64_t>(kSegChunks, (nb - seg + 7) / 8));
+    const int seg_blocks = static_cast<int>(std::min<std::int64_t>(8 * kSegChunks, nb - seg));
+    for (int j = 0; j < seg_blocks; ++j) F::prepare(y[seg + j], prepared[j]);
+    for (int first = 0; first < nrows; first += 8) {
       // [chunk][row]: lane j = super-block seg + 8 * chunk + j of that row.
       __m256i is[kSegChunks][8], ms[kSegChunks][8], dd[kSegChunks][8];
       for (int r = 0; r < 8; ++r) {
         const std::size_t row = static_cast<std::size_t>(std::min(first + r, nrows - 1));
         for (int c = 0; c < chunks; ++c) {
-          const std::int64_t b0 = seg + 8 * c;
-          const int nblk = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
-          const auto* x = reinterpret_cast<const Block*>(w + row * stride) + b0;
+          const int nblk = std::min(8, seg_blocks - 8 * c);
+          const auto* x = reinterpret_cast<const Block*>(w + row * stride) + seg + 8 * c;
+          const typename F::Act* a = prepared + 8 * c;
           __m512i isum[8];
           __m128i msum[8] = {};
-          for (int j = 0; j < 8; ++j) isum[j] = j < nblk ? F::block(x[j], y[b0 + j], msum[j]) : _mm512_setzero_si512();
+          if (nblk == 8) {
+            for (int j = 0; j < 8; ++j) {
+              z_prefetch<sizeof(Block)>(x + j + kPrefetchBlocks);
+              isum[j] = F::block(consts, x[j], a[j], msum[j]);
+            }
+          } else {
+            for (int j = 0; j < 8; ++j)
+              isum[j] = j < nblk ? F::block(consts, x[j], a[j], msum[j]) : _mm512_setzero_si512();
+          }
           is[c][r] = z_sum8(isum);
           if constexpr (F::kMins) ms[c][r] = z_sum8x4(msum);
           const auto valid = static_cast<__mmask8>((1u << nblk) - 1);
@@ -310,18 +398,22 @@ KTARGET void z_rows_k(const std::byte* w, std::size_t stride, int nrows, const v
                                                   reinterpret_cast<const std::byte*>(x) + F::kWordAt, 1);
         }
       }
+      // acc of rows first..first+7 lives in out between segments (one segment unless K > 16384).
+      alignas(32) float v[8] = {};
+      if (seg > 0) {
+        for (int r = 0; r < std::min(8, nrows - first); ++r) v[r] = out[first + r];
+      }
+      __m256 acc = _mm256_load_ps(v);
       for (int c = 0; c < chunks; ++c) {
-        const std::int64_t b0 = seg + 8 * c;
-        const int nblk = static_cast<int>(std::min<std::int64_t>(8, nb - b0));
+        const int nblk = std::min(8, seg_blocks - 8 * c);
         z_transpose8(is[c]);
         z_transpose8(dd[c]);
         if constexpr (F::kMins) z_transpose8(ms[c]);
-        for (int j = 0; j < nblk; ++j) acc = F::update(acc, y[b0 + j].d, dd[c][j], is[c][j], ms[c][j]);
+        for (int j = 0; j < nblk; ++j) acc = F::update(acc, y[seg + 8 * c + j].d, dd[c][j], is[c][j], ms[c][j]);
       }
+      _mm256_store_ps(v, acc);
+      for (int r = 0; r < std::min(8, nrows - first); ++r) out[first + r] = v[r];
     }
-    alignas(32) float v[8];
-    _mm256_store_ps(v, acc);
-    for (int r = 0; r < std::min(8, nrows - first); ++r) out[first + r] = v[r];
   }
 }
 
@@ -335,7 +427,7 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
                                  x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     z_rows_k<ZQ4K>,
-                                 z_rows_k<ZQ6K>};
+                                 z_rows_k<ZQ6K>,     z_rows_k<ZQ5K>};
   return set;
 }
 

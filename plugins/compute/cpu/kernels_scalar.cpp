@@ -155,6 +155,7 @@ DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) 
   if (exact_activations) return nullptr;
   switch (type) {
     case DType::q4_k: return set.rows_q4_k;
+    case DType::q5_k: return set.rows_q5_k;
     case DType::q6_k: return set.rows_q6_k;
     default: return nullptr;
   }
