@@ -133,13 +133,7 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
   return reduce_block_lanes(lanes);
 }
 
-// ---------------------------------------------------------------- eight rows, one token
-//
-// Rows are taken eight at a time (a short last group repeats its last row and drops the extra
-// results) and read in runs of eight super-blocks per row, so every row is a sequential stream
-// for the prefetchers. The integer sum of each (row, super-block) is exact; the float updates of
-// the eight rows then run as one 8-lane vector of exactly the scalar operations, super-block by
-// super-block in order, so each row keeps the bits of its DotFn.
+// ---------------------------------------------------------------- eight rows, one token (512-bit blocks)
 
 // Totals of eight 16-lane vectors.
 KTARGET inline __m256i z_sum8(const __m512i* v) noexcept {
@@ -155,39 +149,6 @@ KTARGET inline __m256i z_sum8(const __m512i* v) noexcept {
                                      _mm512_shuffle_i32x4(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
   const __m512i t = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
   return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
-}
-
-// Totals of eight 4-lane vectors.
-KTARGET inline __m256i z_sum8x4(const __m128i* v) noexcept {
-  const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
-  const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(v[4], v[5]), _mm_hadd_epi32(v[6], v[7]));
-  return _mm256_set_m128i(hi, lo);
-}
-
-// 8x8 int32 transpose: lane j of m[i] goes to lane i of m[j].
-KTARGET inline void z_transpose8(__m256i* m) noexcept {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    m[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
-    m[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
-  }
-}
-
-KTARGET inline __m256 z_fp16_low(__m256i words) noexcept {
-  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
-}
-KTARGET inline __m256 z_fp16_high(__m256i words) noexcept {
-  return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(words, 16)));
 }
 
 KTARGET inline __m512i z_load_2x32(const std::int8_t* lo, const std::int8_t* hi) noexcept {
@@ -206,6 +167,8 @@ KTARGET inline __m512i z_spread_index(int lo, int hi) noexcept {
 }
 
 struct ZQ4K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
   using Block = quant::BlockQ4_K;
   static constexpr bool kMins = true;
   static constexpr std::size_t kWordAt = 0;  // d | dmin << 16
@@ -246,15 +209,14 @@ struct ZQ4K {
     return s;
   }
   KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
-    const __m256 ydv = _mm256_set1_ps(yd);
-    const __m256 dall = _mm256_mul_ps(ydv, z_fp16_low(dd)), dmin = _mm256_mul_ps(ydv, z_fp16_high(dd));
-    return _mm256_add_ps(
-        acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(ms))));
+    return x86_update_k4(acc, yd, dd, is, ms);
   }
 };
 
 // q4_k plus a fifth bit per weight: bit i of qh[l] belongs to sub-block i, byte l.
 struct ZQ5K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
   using Block = quant::BlockQ5_K;
   static constexpr bool kMins = true;
   static constexpr std::size_t kWordAt = 0;
@@ -287,7 +249,7 @@ struct ZQ5K {
     return s;
   }
   KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
-    return ZQ4K::update(acc, yd, dd, is, ms);
+    return x86_update_k4(acc, yd, dd, is, ms);
   }
 };
 
@@ -301,6 +263,8 @@ alignas(64) inline constexpr std::int16_t kQ6KSpread[4][32] = {
 };
 
 struct ZQ6K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
   using Block = quant::BlockQ6_K;
   static constexpr bool kMins = false;
   static constexpr std::size_t kWordAt = sizeof(Block) - 4;  // d is the block's last 2 bytes
@@ -340,82 +304,10 @@ struct ZQ6K {
     }
     return s;
   }
-  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i) noexcept {
-    return _mm256_add_ps(acc,
-                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yd), z_fp16_high(dd)), _mm256_cvtepi32_ps(is)));
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    return x86_update_q6(acc, yd, dd, is, ms);
   }
 };
-
-// Software prefetch this many super-blocks ahead in the row stream (it runs on into the next
-// row, which follows in memory; prefetching past the matrix is harmless).
-constexpr int kPrefetchBlocks = 6;
-template <std::size_t kBytes>
-KTARGET inline void z_prefetch(const void* p) noexcept {
-  for (std::size_t line = 0; line < kBytes; line += 64) _mm_prefetch(static_cast<const char*>(p) + line, _MM_HINT_T0);
-}
-
-template <typename F>
-KTARGET void z_rows_k(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
-                      float* out) noexcept {
-  using Block = typename F::Block;
-  constexpr int kB = static_cast<int>(sizeof(Block));
-  // Up to 64 super-blocks of a row are read in one go, row after row: the eight rows are then one
-  // contiguous stream (they are consecutive in memory), which the hardware prefetchers follow.
-  constexpr int kSegChunks = 8;
-  const auto* y = static_cast<const Q8KBlock*>(act);
-  const std::int64_t nb = k / 256;
-  const typename F::Consts consts = F::consts();
-  const __m256i block_offsets = _mm256_setr_epi32(0, kB, 2 * kB, 3 * kB, 4 * kB, 5 * kB, 6 * kB, 7 * kB);
-  typename F::Act prepared[8 * kSegChunks];
-  for (std::int64_t seg = 0; seg < nb; seg += 8 * kSegChunks) {
-    const int chunks = static_cast<int>(std::min<std::int64_t>(kSegChunks, (nb - seg + 7) / 8));
-    const int seg_blocks = static_cast<int>(std::min<std::int64_t>(8 * kSegChunks, nb - seg));
-    for (int j = 0; j < seg_blocks; ++j) F::prepare(y[seg + j], prepared[j]);
-    for (int first = 0; first < nrows; first += 8) {
-      // [chunk][row]: lane j = super-block seg + 8 * chunk + j of that row.
-      __m256i is[kSegChunks][8], ms[kSegChunks][8], dd[kSegChunks][8];
-      for (int r = 0; r < 8; ++r) {
-        const std::size_t row = static_cast<std::size_t>(std::min(first + r, nrows - 1));
-        for (int c = 0; c < chunks; ++c) {
-          const int nblk = std::min(8, seg_blocks - 8 * c);
-          const auto* x = reinterpret_cast<const Block*>(w + row * stride) + seg + 8 * c;
-          const typename F::Act* a = prepared + 8 * c;
-          __m512i isum[8];
-          __m128i msum[8] = {};
-          if (nblk == 8) {
-            for (int j = 0; j < 8; ++j) {
-              z_prefetch<sizeof(Block)>(x + j + kPrefetchBlocks);
-              isum[j] = F::block(consts, x[j], a[j], msum[j]);
-            }
-          } else {
-            for (int j = 0; j < 8; ++j)
-              isum[j] = j < nblk ? F::block(consts, x[j], a[j], msum[j]) : _mm512_setzero_si512();
-          }
-          is[c][r] = z_sum8(isum);
-          if constexpr (F::kMins) ms[c][r] = z_sum8x4(msum);
-          const auto valid = static_cast<__mmask8>((1u << nblk) - 1);
-          dd[c][r] = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), valid, block_offsets,
-                                                  reinterpret_cast<const std::byte*>(x) + F::kWordAt, 1);
-        }
-      }
-      // acc of rows first..first+7 lives in out between segments (one segment unless K > 16384).
-      alignas(32) float v[8] = {};
-      if (seg > 0) {
-        for (int r = 0; r < std::min(8, nrows - first); ++r) v[r] = out[first + r];
-      }
-      __m256 acc = _mm256_load_ps(v);
-      for (int c = 0; c < chunks; ++c) {
-        const int nblk = std::min(8, seg_blocks - 8 * c);
-        z_transpose8(is[c]);
-        z_transpose8(dd[c]);
-        if constexpr (F::kMins) z_transpose8(ms[c]);
-        for (int j = 0; j < nblk; ++j) acc = F::update(acc, y[seg + 8 * c + j].d, dd[c][j], is[c][j], ms[c][j]);
-      }
-      _mm256_store_ps(v, acc);
-      for (int r = 0; r < std::min(8, nrows - first); ++r) out[first + r] = v[r];
-    }
-  }
-}
 
 #undef KTARGET
 
@@ -426,8 +318,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     z_rows_k<ZQ4K>,
-                                 z_rows_k<ZQ6K>,     z_rows_k<ZQ5K>};
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>};
   return set;
 }
 

@@ -3,11 +3,28 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace colibri::cpu {
 
 namespace {
-constexpr int kSpin = 20000;  // pause iterations (~0.5 ms) before sleeping: decode steps come back to back
+// How long a thread spins before it sleeps. A decode step issues hundreds of jobs with short host
+// work between them; a sleeping worker costs a futex wake (an inter-processor interrupt, slow in a
+// VM) and arrives late, so the other thread does most of the job. Measured in time, not in pause
+// instructions, whose length differs between CPUs by 10x.
+constexpr auto kSpinTime = std::chrono::microseconds(1000);
+
+// Spins until done() or kSpinTime has passed; returns done().
+template <typename Done>
+bool spin_until(Done&& done) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    _mm_pause();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - start > kSpinTime) return done();
+  }
+}
+
 constexpr std::uint64_t kClosed = 0xFFFFFFFFu;  // a task index no job reaches: nothing to claim
 
 #ifdef COLIBRI_THREAD_POOL_TESTING
@@ -84,8 +101,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
   wake_.notify_all();
   drain(gen, 0);
   // Only tasks other threads have claimed are left; wait for those, never for idle workers.
-  for (int spin = 0; spin < kSpin && done_.load(std::memory_order_acquire) != tasks; ++spin) _mm_pause();
-  if (done_.load(std::memory_order_acquire) != tasks) {
+  if (!spin_until([&] { return done_.load(std::memory_order_acquire) == tasks; })) {
     std::unique_lock lock(mu_);
     done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == tasks; });
   }
@@ -94,11 +110,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
 void ThreadPool::work(int worker) noexcept {
   std::uint32_t seen = 0;
   while (true) {
-    for (int spin = 0; spin < kSpin && generation_.load(std::memory_order_acquire) == seen && !stopping_.load();
-         ++spin) {
-      _mm_pause();
-    }
-    if (generation_.load(std::memory_order_acquire) == seen) {
+    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stopping_.load(); })) {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stopping_.load() || generation_.load() != seen; });
     }
