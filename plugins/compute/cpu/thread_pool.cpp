@@ -25,6 +25,7 @@ bool spin_until(Done&& done) noexcept {
   }
 }
 
+constexpr std::int64_t kMaxClaim = 4;
 constexpr std::uint64_t kClosed = 0xFFFFFFFFu;  // a task index no job reaches: nothing to claim
 
 #ifdef COLIBRI_THREAD_POOL_TESTING
@@ -63,10 +64,12 @@ void ThreadPool::drain(std::uint32_t generation, int worker) noexcept {
     // word, so the compare-exchange below fails instead of claiming a task of the wrong job.
     const std::int64_t total = tasks_.load(std::memory_order_acquire);
     if (task >= total) return;
-    // Guided claims: a share of what is left, shrinking to single tasks at the end. A job costs a
-    // few contended atomics per thread instead of two per task (the claim word and done_ bounce
-    // between cores), and the small last claims still even out the threads' finishing times.
-    const std::int64_t chunk = std::max<std::int64_t>(1, (total - task) / (2 * static_cast<std::int64_t>(threads_)));
+    // Guided claims: a share of what is left, at most kMaxClaim tasks, down to single tasks at the
+    // end. Fewer contended atomics than one claim per task (the claim word and done_ bounce between
+    // cores), the small last claims even out the finishing times, and the cap bounds what a thread
+    // that the OS deschedules mid-claim (a shared machine) holds back from the others.
+    const std::int64_t chunk =
+        std::clamp<std::int64_t>((total - task) / (2 * static_cast<std::int64_t>(threads_)), 1, kMaxClaim);
     if (!next_.compare_exchange_weak(v, v + static_cast<std::uint64_t>(chunk), std::memory_order_acq_rel,
                                      std::memory_order_acquire))
       continue;
