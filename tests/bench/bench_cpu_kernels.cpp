@@ -5,9 +5,13 @@
 // a real decode step, not an L3 hit.
 //
 //   colibri_bench_cpu_kernels --benchmark_filter='matvec/q4_k'
+//
+// COLIBRI_BENCH_BASELINE_PLUGIN=/path/to/an/older/libcolibri-compute-cpu.so adds `base/` rows
+// (the same decode matvecs on that build), so before/after figures come from one run.
 #include <benchmark/benchmark.h>
 
 #if __has_include("colibri/sdk/testing/plugin_loader.hpp") && defined(CPU_PLUGIN_PATH)
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -25,6 +29,9 @@ using namespace colibri::sdk;
 constexpr std::int64_t kK = 4096;
 constexpr std::int64_t kN = 4096;
 constexpr std::size_t kWorkingSet = 96u << 20;
+// `cached/` rows: the first 256 rows of one copy, read again and again from the caches, so the
+// figure is the kernel's arithmetic throughput rather than DRAM's.
+constexpr std::int64_t kCachedRows = 256;
 
 struct Matrix {
   std::size_t bytes = 0;  // of one copy
@@ -48,42 +55,45 @@ const Matrix& matrix(DType type) {
   return cache.emplace(type, std::move(m)).first->second;
 }
 
-std::shared_ptr<Compute> compute(const std::string& isa, int threads) {
+std::shared_ptr<Compute> compute(const std::string& isa, int threads, const std::string& path = CPU_PLUGIN_PATH) {
   static std::map<std::string, std::shared_ptr<Compute>> cache;
-  const std::string key = isa + "/" + std::to_string(threads);
+  const std::string key = path + "/" + isa + "/" + std::to_string(threads);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   std::shared_ptr<Compute> c;
-  if (auto lib = colibri::sdk::testing::LoadedPlugin::load(CPU_PLUGIN_PATH)) {
+  if (auto lib = colibri::sdk::testing::LoadedPlugin::load(path)) {
     if (auto made = (*lib)->create_as<Compute>({{"isa", isa}, {"threads", std::to_string(threads)}})) c = *made;
   }
   return cache[key] = c;
 }
 
-void matvec(benchmark::State& state, DType type, std::string isa, int threads, std::int64_t tokens) {
-  auto c = compute(isa, threads);
+void matvec(benchmark::State& state, DType type, std::string isa, int threads, std::int64_t tokens, std::string path,
+            bool cached) {
+  auto c = compute(isa, threads, path);
   if (!c) {
-    state.SkipWithError(("isa=" + isa + " is not available on this CPU").c_str());
+    state.SkipWithError(("isa=" + isa + " is not available on this CPU (or " + path + " did not load)").c_str());
     return;
   }
   const Matrix& m = matrix(type);
-  std::vector<float> x(static_cast<std::size_t>(kK * tokens)), y(static_cast<std::size_t>(kN * tokens));
+  const std::int64_t n = cached ? kCachedRows : kN;
+  const std::size_t bytes = cached ? row_bytes(type, kK) * static_cast<std::size_t>(n) : m.bytes;
+  std::vector<float> x(static_cast<std::size_t>(kK * tokens)), y(static_cast<std::size_t>(n * tokens));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (auto& v : x) v = dist(rng);
   std::size_t next = 0;
   for (auto _ : state) {
-    Tensor in[] = {Tensor{type, {kK, kN, 1, 1}, const_cast<std::byte*>(m.copies[next].data())},
+    Tensor in[] = {Tensor{type, {kK, n, 1, 1}, const_cast<std::byte*>(m.copies[next].data())},
                    Tensor{DType::f32, {kK, tokens, 1, 1}, x.data()}};
-    Tensor out{DType::f32, {kN, tokens, 1, 1}, y.data()};
+    Tensor out{DType::f32, {n, tokens, 1, 1}, y.data()};
     if (auto s = c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}); !s) {
       state.SkipWithError(s.to_string().c_str());
       return;
     }
     benchmark::DoNotOptimize(y.data());
-    next = (next + 1) % m.copies.size();
+    if (!cached) next = (next + 1) % m.copies.size();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(m.bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
 }
@@ -91,23 +101,39 @@ void matvec(benchmark::State& state, DType type, std::string isa, int threads, s
 const int kRegistered = [] {
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
                          DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+  const char* baseline = std::getenv("COLIBRI_BENCH_BASELINE_PLUGIN");
   for (DType t : types) {
     const std::string name(to_string(t));
     for (int threads : {1, 2}) {
+      if (baseline != nullptr && *baseline != '\0') {
+        benchmark::RegisterBenchmark(("base/matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(),
+                                     matvec, t, std::string("auto"), threads, std::int64_t{1}, std::string(baseline),
+                                     false)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
       benchmark::RegisterBenchmark(("matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(), matvec, t,
-                                   std::string("auto"), threads, std::int64_t{1})
+                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+    for (const bool base : {true, false}) {
+      if (base && (baseline == nullptr || *baseline == '\0')) continue;
+      benchmark::RegisterBenchmark(
+          (std::string(base ? "base/" : "") + "cached/matvec/" + name + "/auto/threads:1").c_str(), matvec, t,
+          std::string("auto"), 1, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), true)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
     for (const char* isa : {"avx2", "scalar"}) {
       benchmark::RegisterBenchmark(("matvec/" + name + "/" + isa + "/threads:1").c_str(), matvec, t, std::string(isa),
-                                   1, std::int64_t{1})
+                                   1, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
     benchmark::RegisterBenchmark(("matmul8/" + name + "/auto/threads:2").c_str(), matvec, t, std::string("auto"), 2,
-                                 std::int64_t{8})
+                                 std::int64_t{8}, std::string(CPU_PLUGIN_PATH), false)
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();
   }

@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -296,58 +297,105 @@ class CpuCompute final : public ComputeBase {
  private:
   // ---------------------------------------------------------------- matmul
 
+  // One weight matrix of a matmul: Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N).
+  struct MatJob {
+    DType wtype;
+    const std::byte* w;
+    std::int64_t n;
+    const float* bias;
+    float* y;
+  };
+
+  static constexpr std::int64_t kRowsPerTask = kRowTile;
+  static std::int64_t row_tasks(std::int64_t n) noexcept { return (n + kRowsPerTask - 1) / kRowsPerTask; }
+
   // Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N), t in [0, T).
   void matmul_core(DType wtype, const std::byte* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
                    const float* bias, float* y, bool exact) {
-    const ActFormat fmt = act_format(wtype, exact);
-    const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
-    const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
-    const bool dequant = exact && dtype_traits(wtype)->quantized;
+    const MatJob job{wtype, w, n, bias, y};
+    matmul_jobs({&job, 1}, k, x, t, exact);
+  }
+
+  // Several matrices with the same K and X (whose weight types take the same activation format)
+  // in one pool run: the activations are quantized once and the threads meet once.
+  void matmul_jobs(std::span<const MatJob> jobs, std::int64_t k, const float* x, std::int64_t t, bool exact) {
+    const ActFormat fmt = act_format(jobs[0].wtype, exact);
     const std::size_t abytes = act_row_bytes(fmt, k);
-    const std::size_t wbytes = row_bytes(wtype, k);
     std::byte* act = act_scratch_.get(abytes * static_cast<std::size_t>(t));
     pool_.run(t, [&](std::int64_t i, int) noexcept {
       quantize_activations(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
     });
+    bool dequant = false;
+    std::int64_t tasks = 0;
+    for (const MatJob& j : jobs) {
+      dequant = dequant || (exact && dtype_traits(j.wtype)->quantized);
+      tasks += row_tasks(j.n);
+    }
     if (dequant) {
       for (auto& s : scratch_) s.get(static_cast<std::size_t>(k) * sizeof(float));
     }
-    constexpr std::int64_t kRowsPerTask = 16;
-    constexpr std::int64_t kTokensPerTile = 8;
-    const std::int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
     pool_.run(tasks, [&](std::int64_t task, int worker) noexcept {
-      const std::int64_t r0 = task * kRowsPerTask, r1 = std::min(n, r0 + kRowsPerTask);
-      if (dequant) {
-        auto* row = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
-        for (std::int64_t r = r0; r < r1; ++r) {
-          (void)quant::dequantize_row(wtype, w + static_cast<std::size_t>(r) * wbytes, row, k);
-          for (std::int64_t i = 0; i < t; ++i) {
-            const float v = dot(row, act + static_cast<std::size_t>(i) * abytes, k);
-            y[i * n + r] = bias != nullptr ? v + bias[r] : v;
-          }
-        }
-        return;
-      }
-      for (std::int64_t t0 = 0; t0 < t; t0 += kTokensPerTile) {
-        const std::int64_t t1 = std::min(t, t0 + kTokensPerTile);
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const std::byte* wr = w + static_cast<std::size_t>(r) * wbytes;
-          if (tile != nullptr && t1 - t0 > 1) {
-            for (std::int64_t i = t0; i < t1; i += kTokenTile) {
-              const int m = static_cast<int>(std::min<std::int64_t>(kTokenTile, t1 - i));
-              float v[kTokenTile];
-              tile(wr, act + static_cast<std::size_t>(i) * abytes, abytes, m, k, v);
-              for (int j = 0; j < m; ++j) y[(i + j) * n + r] = bias != nullptr ? v[j] + bias[r] : v[j];
-            }
-            continue;
-          }
-          for (std::int64_t i = t0; i < t1; ++i) {
-            const float v = dot(wr, act + static_cast<std::size_t>(i) * abytes, k);
-            y[i * n + r] = bias != nullptr ? v + bias[r] : v;
-          }
-        }
-      }
+      std::size_t j = 0;
+      while (task >= row_tasks(jobs[j].n)) task -= row_tasks(jobs[j++].n);
+      matmul_rows(jobs[j], task * kRowsPerTask, k, act, abytes, t, exact, worker);
     });
+  }
+
+  // Rows [r0, r0 + kRowsPerTask) of one matrix for every token.
+  void matmul_rows(const MatJob& job, std::int64_t r0, std::int64_t k, const std::byte* act, std::size_t abytes,
+                   std::int64_t t, bool exact, int worker) noexcept {
+    constexpr std::int64_t kTokensPerTile = 8;
+    // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
+    constexpr std::int64_t kRowsKernelTokens = 3;
+    const DType wtype = job.wtype;
+    const std::byte* w = job.w;
+    const std::int64_t n = job.n;
+    const float* bias = job.bias;
+    float* y = job.y;
+    const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
+    const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
+    const DotRowsFn rows_fn = select_rows(*opt_.kernels, wtype, exact);
+    const std::size_t wbytes = row_bytes(wtype, k);
+    const std::int64_t r1 = std::min(n, r0 + kRowsPerTask);
+    if (exact && dtype_traits(wtype)->quantized) {
+      auto* row = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        (void)quant::dequantize_row(wtype, w + static_cast<std::size_t>(r) * wbytes, row, k);
+        for (std::int64_t i = 0; i < t; ++i) {
+          const float v = dot(row, act + static_cast<std::size_t>(i) * abytes, k);
+          y[i * n + r] = bias != nullptr ? v + bias[r] : v;
+        }
+      }
+      return;
+    }
+    if (rows_fn != nullptr && t <= kRowsKernelTokens) {
+      for (std::int64_t i = 0; i < t; ++i) {
+        float v[kRowTile];
+        rows_fn(w + static_cast<std::size_t>(r0) * wbytes, wbytes, static_cast<int>(r1 - r0),
+                act + static_cast<std::size_t>(i) * abytes, k, v);
+        for (std::int64_t r = r0; r < r1; ++r) y[i * n + r] = bias != nullptr ? v[r - r0] + bias[r] : v[r - r0];
+      }
+      return;
+    }
+    for (std::int64_t t0 = 0; t0 < t; t0 += kTokensPerTile) {
+      const std::int64_t t1 = std::min(t, t0 + kTokensPerTile);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::byte* wr = w + static_cast<std::size_t>(r) * wbytes;
+        if (tile != nullptr && t1 - t0 > 1) {
+          for (std::int64_t i = t0; i < t1; i += kTokenTile) {
+            const int m = static_cast<int>(std::min<std::int64_t>(kTokenTile, t1 - i));
+            float v[kTokenTile];
+            tile(wr, act + static_cast<std::size_t>(i) * abytes, abytes, m, k, v);
+            for (int j = 0; j < m; ++j) y[(i + j) * n + r] = bias != nullptr ? v[j] + bias[r] : v[j];
+          }
+          continue;
+        }
+        for (std::int64_t i = t0; i < t1; ++i) {
+          const float v = dot(wr, act + static_cast<std::size_t>(i) * abytes, k);
+          y[i * n + r] = bias != nullptr ? v + bias[r] : v;
+        }
+      }
+    }
   }
 
   Status check_weight(const char* op, const char* role, const Tensor& w) {
@@ -418,8 +466,14 @@ class CpuCompute final : public ComputeBase {
     const std::size_t hidden = static_cast<std::size_t>(f * t);
     auto* gate = reinterpret_cast<float*>(ffn_scratch_.get(2 * hidden * sizeof(float)));
     float* up = gate + hidden;
-    matmul_core(G.type, g, dm, f, reinterpret_cast<const float*>(x), t, nullptr, gate, exact);
-    matmul_core(U.type, u, dm, f, reinterpret_cast<const float*>(x), t, nullptr, up, exact);
+    const auto* xs = reinterpret_cast<const float*>(x);
+    if (act_format(G.type, exact) == act_format(U.type, exact)) {
+      const MatJob both[] = {{G.type, g, f, nullptr, gate}, {U.type, u, f, nullptr, up}};
+      matmul_jobs(both, dm, xs, t, exact);
+    } else {
+      matmul_core(G.type, g, dm, f, xs, t, nullptr, gate, exact);
+      matmul_core(U.type, u, dm, f, xs, t, nullptr, up, exact);
+    }
     swiglu_rows(gate, up, gate, static_cast<std::int64_t>(hidden));
     matmul_core(D.type, d, f, dm, gate, t, nullptr, reinterpret_cast<float*>(y), exact);
     return {};

@@ -55,6 +55,14 @@ inline constexpr int kTokenTile = 4;
 using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t act_stride, int ntok, std::int64_t k,
                            float* out) noexcept;
 
+// Several weight rows against one token (decode): the token's activation block is loaded once
+// for all rows, scales are unpacked in vector registers and the per-row float updates run as
+// one vector across rows. out[r] gets exactly the bits of DotFn for row r (at w + r * row_stride),
+// nrows <= kRowTile.
+inline constexpr int kRowTile = 16;
+using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
+                           float* out) noexcept;
+
 struct KernelSet {
   const char* name;
   DotFn f32;  // f32 weights (and every type in exact mode, after dequantizing the row)
@@ -77,6 +85,10 @@ struct KernelSet {
   DotTileFn tile_q6_k = nullptr;
   // y[i] = y[i] * c + a * x[i] (elementwise, so every vector width gives the same bits).
   void (*scale_axpy)(float* y, float c, float a, const float* x, std::int64_t n) noexcept = nullptr;
+  // Several weight rows against one token; nullptr: call the DotFn per row.
+  DotRowsFn rows_q4_k = nullptr;
+  DotRowsFn rows_q6_k = nullptr;
+  DotRowsFn rows_q5_k = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;
@@ -91,6 +103,9 @@ DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexc
 
 // The multi-token function for quantized weights with quantized activations; nullptr otherwise.
 DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept;
+
+// The multi-row function for quantized weights with quantized activations; nullptr otherwise.
+DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) noexcept;
 
 // Shared scalar pieces (used by every path so the float steps match exactly).
 float reduce_f32_lanes(const float* lanes) noexcept;    // kF32Lanes values, fixed tree

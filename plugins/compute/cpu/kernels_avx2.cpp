@@ -1,6 +1,7 @@
 // AVX2 row kernels (avx2 + fma + f16c; FMA itself is never used so the bits match the scalar path).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -38,7 +39,10 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_tile_k<X86Q4K>,
                                  x86_tile_k<X86Q5K>,
                                  x86_tile_k<X86Q6K>,
-                                 x86_scale_axpy};
+                                 x86_scale_axpy,
+                                 x86_rows_k<XQ4K>,
+                                 x86_rows_k<XQ6K>,
+                                 x86_rows_k<XQ5K>};
   return set;
 }
 

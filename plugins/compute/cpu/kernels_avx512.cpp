@@ -1,9 +1,11 @@
 // AVX-512 row kernels: 512-bit float rows, VNNI (vpdpbusd) for the 32-element block formats, and
 // the 256-bit k-quant kernels re-encoded for this target. Same bits as the scalar path.
-// GCC 12 reports its own _mm512_undefined_* pass-through values as maybe-uninitialized; they are not.
+// GCC 12 reports its own _mm512_undefined_* pass-through values as (maybe-)uninitialized; they are not.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -131,6 +133,182 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
   return reduce_block_lanes(lanes);
 }
 
+// ---------------------------------------------------------------- eight rows, one token (512-bit blocks)
+
+// Totals of eight 16-lane vectors.
+KTARGET inline __m256i z_sum8(const __m512i* v) noexcept {
+  __m512i p[4], q[2];
+  for (int i = 0; i < 4; ++i)
+    p[i] =
+        _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    q[i] =
+        _mm512_add_epi32(_mm512_unpacklo_epi64(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_epi64(p[2 * i], p[2 * i + 1]));
+  // Each 128-bit lane of q[0] holds partial sums of vectors 0-3, of q[1] vectors 4-7.
+  const __m512i z = _mm512_add_epi32(_mm512_shuffle_i32x4(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i t = _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  return _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+}
+
+KTARGET inline __m512i z_load_2x32(const std::int8_t* lo, const std::int8_t* hi) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(x86_load32(lo)), x86_load32(hi), 1);
+}
+
+// int16 lanes 0-15 = lo, lanes 16-31 = hi.
+KTARGET inline __m512i z_int16_halves(int lo, int hi) noexcept {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(lo))),
+                            _mm256_set1_epi16(static_cast<short>(hi)), 1);
+}
+
+// A vpshufb index: int16 lanes 0-15 <- byte `lo` of each 128-bit lane, lanes 16-31 <- byte `hi`.
+KTARGET inline __m512i z_spread_index(int lo, int hi) noexcept {
+  return z_int16_halves(0x8000 | lo, 0x8000 | hi);
+}
+
+struct ZQ4K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
+  using Block = quant::BlockQ4_K;
+  static constexpr bool kMins = true;
+  static constexpr std::size_t kWordAt = 0;  // d | dmin << 16
+  struct Consts {
+    __m512i m4, spread[4];
+  };
+  // 64 weight bytes hold 4 sub-blocks: the low nibbles of bytes 0-31 / 32-63 are sub-blocks
+  // 2c / 2c+2 of that half, the high nibbles 2c+1 / 2c+3; the activations are paired to match.
+  struct Act {
+    __m512i y[4];
+    __m128i pairs;  // bsums[2j] + bsums[2j+1]: activation sum of sub-block j
+  };
+  KTARGET static Consts consts() noexcept {
+    return {_mm512_set1_epi8(0x0F),
+            {z_spread_index(0, 2), z_spread_index(1, 3), z_spread_index(4, 6), z_spread_index(5, 7)}};
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept {
+    a.y[0] = z_load_2x32(y.qs, y.qs + 64);
+    a.y[1] = z_load_2x32(y.qs + 32, y.qs + 96);
+    a.y[2] = z_load_2x32(y.qs + 128, y.qs + 192);
+    a.y[3] = z_load_2x32(y.qs + 160, y.qs + 224);
+    a.pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+  }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_and_si512(q0, c.m4), a.y[0]),
+                                    _mm512_shuffle_epi8(sc, c.spread[0]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), c.m4), a.y[1]),
+                            _mm512_shuffle_epi8(sc, c.spread[1]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(q1, c.m4), a.y[2]),
+                            _mm512_shuffle_epi8(sc, c.spread[2]));
+    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), c.m4), a.y[3]),
+                            _mm512_shuffle_epi8(sc, c.spread[3]));
+    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), a.pairs);
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    return x86_update_k4(acc, yd, dd, is, ms);
+  }
+};
+
+// q4_k plus a fifth bit per weight: bit i of qh[l] belongs to sub-block i, byte l.
+struct ZQ5K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
+  using Block = quant::BlockQ5_K;
+  static constexpr bool kMins = true;
+  static constexpr std::size_t kWordAt = 0;
+  using Act = ZQ4K::Act;
+  struct Consts {
+    ZQ4K::Consts q4;
+    __m512i m10, shift[4];  // per int16 lane: the qh bit of that lane's sub-block
+  };
+  KTARGET static Consts consts() noexcept {
+    return {ZQ4K::consts(),
+            _mm512_set1_epi8(0x10),
+            {z_int16_halves(0, 2), z_int16_halves(1, 3), z_int16_halves(4, 6), z_int16_halves(5, 7)}};
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept { ZQ4K::prepare(y, a); }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+    const __m512i h = _mm512_broadcast_i64x4(x86_load32(x.qh));
+    const __m512i m4 = c.q4.m4;
+    const __m512i u[4] = {_mm512_and_si512(q0, m4), _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                          _mm512_and_si512(q1, m4), _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4)};
+    __m512i s = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+      const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c.shift[v]), 4), c.m10);
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(_mm512_or_si512(u[v], hi), a.y[v]),
+                              _mm512_shuffle_epi8(sc, c.q4.spread[v]));
+    }
+    msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), a.pairs);
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    return x86_update_k4(acc, yd, dd, is, ms);
+  }
+};
+
+// 64 weights are groups 4v..4v+3 of 16: int16 lane i of their products takes scale 4v + i / 8.
+alignas(64) inline constexpr std::int16_t kQ6KSpread[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+struct ZQ6K {
+  using Int = __m512i;
+  KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
+  using Block = quant::BlockQ6_K;
+  static constexpr bool kMins = false;
+  static constexpr std::size_t kWordAt = sizeof(Block) - 4;  // d is the block's last 2 bytes
+  struct Consts {
+    __m512i m4, m30, spread[4];
+  };
+  struct Act {
+    __m512i y[4];  // elements 64v..64v+63
+    __m256i bsums;
+  };
+  KTARGET static Consts consts() noexcept {
+    Consts c{_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30), {}};
+    for (int v = 0; v < 4; ++v) c.spread[v] = _mm512_load_si512(kQ6KSpread[v]);
+    return c;
+  }
+  KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept {
+    for (int v = 0; v < 4; ++v) a.y[v] = _mm512_loadu_si512(y.qs + 64 * v);
+    a.bsums = x86_load32(y.bsums);
+  }
+  KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i&) noexcept {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m512i sc = _mm512_zextsi256_si512(sc16);
+    // The -32 offset of every weight: -32 * sum_g scale[g] * bsums[g].
+    __m512i s = _mm512_zextsi256_si512(
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(_mm256_slli_epi16(sc16, 5), a.bsums)));
+    for (int half = 0; half < 2; ++half) {
+      const __m512i l = _mm512_loadu_si512(x.ql + 64 * half);
+      const __m256i qh = x86_load32(x.qh + 32 * half);
+      // Bytes 0-31: qh (high bits of weights 0-31 and 64-95 of the half), 32-63: qh >> 2 (32-63, 96-127).
+      const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(l, c.m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), c.m30));
+      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), c.m4), _mm512_and_si512(h, c.m30));
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u0, a.y[2 * half]),
+                              _mm512_permutexvar_epi16(c.spread[2 * half], sc));
+      s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(u1, a.y[2 * half + 1]),
+                              _mm512_permutexvar_epi16(c.spread[2 * half + 1], sc));
+    }
+    return s;
+  }
+  KTARGET static __m256 update(__m256 acc, float yd, __m256i dd, __m256i is, __m256i ms) noexcept {
+    return x86_update_q6(acc, yd, dd, is, ms);
+  }
+};
+
 #undef KTARGET
 
 }  // namespace
@@ -140,7 +318,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy};
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>};
   return set;
 }
 

@@ -151,6 +151,16 @@ DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) 
   }
 }
 
+DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) noexcept {
+  if (exact_activations) return nullptr;
+  switch (type) {
+    case DType::q4_k: return set.rows_q4_k;
+    case DType::q5_k: return set.rows_q5_k;
+    case DType::q6_k: return set.rows_q6_k;
+    default: return nullptr;
+  }
+}
+
 namespace {
 
 float dot_f32(const void* w_row, const void* act, std::int64_t k) noexcept {

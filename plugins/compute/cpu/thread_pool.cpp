@@ -2,10 +2,30 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <chrono>
+
 namespace colibri::cpu {
 
 namespace {
-constexpr int kSpin = 20000;  // pause iterations (~0.5 ms) before sleeping: decode steps come back to back
+// How long a thread spins before it sleeps. A decode step issues hundreds of jobs with short host
+// work between them; a sleeping worker costs a futex wake (an inter-processor interrupt, slow in a
+// VM) and arrives late, so the other thread does most of the job. Measured in time, not in pause
+// instructions, whose length differs between CPUs by 10x.
+constexpr auto kSpinTime = std::chrono::microseconds(1000);
+
+// Spins until done() or kSpinTime has passed; returns done().
+template <typename Done>
+bool spin_until(Done&& done) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    _mm_pause();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - start > kSpinTime) return done();
+  }
+}
+
+constexpr std::int64_t kMaxClaim = 4;
 constexpr std::uint64_t kClosed = 0xFFFFFFFFu;  // a task index no job reaches: nothing to claim
 
 #ifdef COLIBRI_THREAD_POOL_TESTING
@@ -42,11 +62,20 @@ void ThreadPool::drain(std::uint32_t generation, int worker) noexcept {
     const auto task = static_cast<std::int64_t>(v & 0xFFFFFFFFu);
     // Acquire pairs with dispatch(): seeing the next job's count implies seeing its closed claim
     // word, so the compare-exchange below fails instead of claiming a task of the wrong job.
-    if (task >= tasks_.load(std::memory_order_acquire)) return;
-    if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-    fn_(ctx_, task, worker);
-    const std::int64_t finished = done_.fetch_add(1, std::memory_order_acq_rel) + 1;
-    if (finished == tasks_.load(std::memory_order_relaxed) && worker != 0) {
+    const std::int64_t total = tasks_.load(std::memory_order_acquire);
+    if (task >= total) return;
+    // Guided claims: a share of what is left, at most kMaxClaim tasks, down to single tasks at the
+    // end. Fewer contended atomics than one claim per task (the claim word and done_ bounce between
+    // cores), the small last claims even out the finishing times, and the cap bounds what a thread
+    // that the OS deschedules mid-claim (a shared machine) holds back from the others.
+    const std::int64_t chunk =
+        std::clamp<std::int64_t>((total - task) / (2 * static_cast<std::int64_t>(threads_)), 1, kMaxClaim);
+    if (!next_.compare_exchange_weak(v, v + static_cast<std::uint64_t>(chunk), std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
+      continue;
+    for (std::int64_t i = task; i < task + chunk; ++i) fn_(ctx_, i, worker);
+    const std::int64_t finished = done_.fetch_add(chunk, std::memory_order_acq_rel) + chunk;
+    if (finished == total && worker != 0) {
       std::lock_guard lock(mu_);
       done_cv_.notify_all();
     }
@@ -75,8 +104,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
   wake_.notify_all();
   drain(gen, 0);
   // Only tasks other threads have claimed are left; wait for those, never for idle workers.
-  for (int spin = 0; spin < kSpin && done_.load(std::memory_order_acquire) != tasks; ++spin) _mm_pause();
-  if (done_.load(std::memory_order_acquire) != tasks) {
+  if (!spin_until([&] { return done_.load(std::memory_order_acquire) == tasks; })) {
     std::unique_lock lock(mu_);
     done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == tasks; });
   }
@@ -85,11 +113,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
 void ThreadPool::work(int worker) noexcept {
   std::uint32_t seen = 0;
   while (true) {
-    for (int spin = 0; spin < kSpin && generation_.load(std::memory_order_acquire) == seen && !stopping_.load();
-         ++spin) {
-      _mm_pause();
-    }
-    if (generation_.load(std::memory_order_acquire) == seen) {
+    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stopping_.load(); })) {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stopping_.load() || generation_.load() != seen; });
     }

@@ -37,24 +37,26 @@ std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, uns
   return out;
 }
 
-// Runs matmul of every type (and odd K for the float types) on `c`.
+// Runs matmul of every type (and odd K for the float types) on `c`, for one token (the multi-row
+// decode kernels), two and five (the multi-token tiles); 50 rows leave a short last row group.
 std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   std::vector<std::vector<float>> results;
   for (DType type : kWeightTypes) {
     const bool plain = !dtype_traits(type)->quantized;
-    for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024}) {
-      const std::int64_t n = 50, t = 5;
-      auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
-      auto x = randn(static_cast<std::size_t>(k * t), 7, 3.0f);
-      std::vector<float> y(static_cast<std::size_t>(n * t));
-      Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
-      Tensor out{DType::f32, {n, t, 1, 1}, y.data()};
-      OpParams p;
-      p.flags = exact ? kExactActivations : 0;
-      auto s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), p});
-      EXPECT_TRUE(s) << s.to_string();
-      results.push_back(std::move(y));
-    }
+    for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024})
+      for (std::int64_t t : {1, 2, 5}) {
+        const std::int64_t n = 50;
+        auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
+        auto x = randn(static_cast<std::size_t>(k * t), 7, 3.0f);
+        std::vector<float> y(static_cast<std::size_t>(n * t));
+        Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+        Tensor out{DType::f32, {n, t, 1, 1}, y.data()};
+        OpParams p;
+        p.flags = exact ? kExactActivations : 0;
+        auto s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), p});
+        EXPECT_TRUE(s) << s.to_string();
+        results.push_back(std::move(y));
+      }
   }
   return results;
 }
