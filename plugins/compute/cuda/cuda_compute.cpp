@@ -1,9 +1,10 @@
 // compute/cuda: the plugin entry, score() and the Compute object's buffers and copies.
 //
 // The CUDA runtime is linked statically (cudart_static), and it opens the driver (libcuda.so.1)
-// itself at first use, so the plugin loads on machines without a driver. score() initialises no
-// CUDA at all: it looks for the driver library and the GPU device nodes. Whether a usable device
-// exists is known only in create(), which answers `unsupported` with the reason.
+// itself at first use, so the plugin loads on machines without a driver. score() looks for the
+// driver library and the GPU device nodes and initialises CUDA only where the nodes are hidden
+// (sandboxes). Whether a usable device exists is known only in create(), which answers
+// `unsupported` with the reason.
 #include "cuda_compute.hpp"
 
 #include <dlfcn.h>
@@ -74,7 +75,15 @@ sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
       return {0, std::string("CUDA_VISIBLE_DEVICES=\"") + v + "\" hides every CUDA device"};
     }
     if (!gpu_device_node_exists()) {
-      return {0, "the NVIDIA driver is installed but no CUDA device is present (no /dev/nvidia<N> device node)"};
+      // Sandboxes may hide the device nodes from /dev: only then ask the driver itself.
+      int count = 0;
+      const cudaError_t e = cudaGetDeviceCount(&count);
+      cudaGetLastError();
+      if (e != cudaSuccess || count == 0) {
+        return {0, std::string("the NVIDIA driver is installed but no CUDA device is present (no /dev/nvidia<N> "
+                               "device node; the driver says: ") +
+                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")"};
+      }
     }
     const std::string version = driver_version_text();
     return {500, "NVIDIA GPU with driver " + (version.empty() ? std::string("(version unknown)") : version)};

@@ -15,6 +15,7 @@
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
 #include "colibri/sdk/testing/reference_ops.hpp"
+#include "cuda_plugin_path.hpp"
 
 namespace {
 
@@ -22,7 +23,7 @@ using namespace colibri::sdk;
 namespace ct = colibri::sdk::testing;
 
 std::shared_ptr<ct::LoadedPlugin> plugin() {
-  auto lib = ct::LoadedPlugin::load(CUDA_PLUGIN_PATH);
+  auto lib = ct::LoadedPlugin::load(cuda_plugin_path());
   if (!lib) ADD_FAILURE() << lib.error().to_string();
   return lib ? *lib : nullptr;
 }
