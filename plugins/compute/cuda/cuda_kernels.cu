@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda_dequant.cuh"
 #include "cuda_kernels.hpp"
 
 namespace colibri::cuda {
@@ -20,162 +21,18 @@ namespace {
 constexpr std::uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
                         kQ6_K = 14, kBF16 = 30;
 
-constexpr int kChunk = 32;  // weights are dequantized 32 at a time by one lane
-
-__device__ __forceinline__ float f16(const std::uint8_t* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
-}
-__device__ __forceinline__ float bf16(const std::uint8_t* p) {
-  return __uint_as_float(static_cast<unsigned>(*reinterpret_cast<const unsigned short*>(p)) << 16);
-}
-
-// ---------------------------------------------------------------- dequantization of one 32-chunk
-// chunk(row, c, valid, w): elements 32c .. 32c+31 of a row; `valid` < 32 only for the last chunk
-// of plain-float rows (quantized rows are whole blocks).
-
-struct F32 {
-  __device__ static void chunk(const std::uint8_t* row, int c, int valid, float* w) {
-    const float* r = reinterpret_cast<const float*>(row) + c * kChunk;
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) w[j] = j < valid ? r[j] : 0.0f;
-  }
-};
-struct F16 {
-  __device__ static void chunk(const std::uint8_t* row, int c, int valid, float* w) {
-    const std::uint8_t* r = row + c * kChunk * 2;
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) w[j] = j < valid ? f16(r + 2 * j) : 0.0f;
-  }
-};
-struct BF16 {
-  __device__ static void chunk(const std::uint8_t* row, int c, int valid, float* w) {
-    const std::uint8_t* r = row + c * kChunk * 2;
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) w[j] = j < valid ? bf16(r + 2 * j) : 0.0f;
-  }
-};
-struct Q8_0 {  // 34-byte blocks of 32: d, qs[32]
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + c * 34;
-    const float d = f16(b);
-    const auto* qs = reinterpret_cast<const std::int8_t*>(b + 2);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) w[j] = __fmul_rn(static_cast<float>(qs[j]), d);
-  }
-};
-struct Q4_0 {  // 18-byte blocks of 32: d, qs[16] (low nibbles first)
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + c * 18;
-    const float d = f16(b);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int q = b[2 + j];
-      w[j] = __fmul_rn(static_cast<float>((q & 0xF) - 8), d);
-      w[j + 16] = __fmul_rn(static_cast<float>((q >> 4) - 8), d);
-    }
-  }
-};
-struct Q2_K {  // 84 bytes per 256: scales[16], qs[64], d, dmin
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + (c / 8) * 84;
-    const int cc = c % 8, h = cc / 4, shift = 2 * (cc % 4);
-    const float d = f16(b + 80), dmin = f16(b + 82);
-    const std::uint8_t* q = b + 16 + 32 * h;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int sc = b[8 * h + 2 * (cc % 4) + half];
-      const float dl = __fmul_rn(d, static_cast<float>(sc & 0xF));
-      const float ml = __fmul_rn(dmin, static_cast<float>(sc >> 4));
-#pragma unroll
-      for (int l = 0; l < 16; ++l) {
-        const int v = (q[16 * half + l] >> shift) & 3;
-        w[16 * half + l] = __fsub_rn(__fmul_rn(dl, static_cast<float>(v)), ml);
-      }
-    }
-  }
-};
-struct Q3_K {  // 110 bytes per 256: hmask[32], qs[64], scales[12], d
-  __device__ static int scale(const std::uint8_t* s, int i) {
-    const int low = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
-    const int high = (s[8 + (i % 4)] >> (2 * (i / 4))) & 3;
-    return (low | (high << 4)) - 32;
-  }
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + (c / 8) * 110;
-    const int cc = c % 8, h = cc / 4, j = cc % 4, shift = 2 * j;
-    const int m = 1 << (4 * h + j);
-    const float d = f16(b + 108);
-    const std::uint8_t* hm = b;
-    const std::uint8_t* q = b + 32 + 32 * h;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float dl = __fmul_rn(d, static_cast<float>(scale(b + 96, 8 * h + 2 * j + half)));
-#pragma unroll
-      for (int l = 0; l < 16; ++l) {
-        const int v = ((q[16 * half + l] >> shift) & 3) - ((hm[16 * half + l] & m) ? 0 : 4);
-        w[16 * half + l] = __fmul_rn(dl, static_cast<float>(v));
-      }
-    }
-  }
-};
-// q4_k / q5_k: the 6-bit scale and min of sub-block j (blocks.hpp k4_scale_min).
-__device__ __forceinline__ void k4_scale_min(int j, const std::uint8_t* q, int& sc, int& mn) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    mn = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-struct Q4_K {  // 144 bytes per 256: d, dmin, scales[12], qs[128]
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + (c / 8) * 144;
-    const int sub = c % 8;
-    int sc, mn;
-    k4_scale_min(sub, b + 4, sc, mn);
-    const float d1 = __fmul_rn(f16(b), static_cast<float>(sc));
-    const float m1 = __fmul_rn(f16(b + 2), static_cast<float>(mn));
-    const std::uint8_t* q = b + 16 + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) w[l] = __fsub_rn(__fmul_rn(d1, static_cast<float>((q[l] >> shift) & 0xF)), m1);
-  }
-};
-struct Q5_K {  // 176 bytes per 256: d, dmin, scales[12], qh[32], qs[128]
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + (c / 8) * 176;
-    const int sub = c % 8;
-    int sc, mn;
-    k4_scale_min(sub, b + 4, sc, mn);
-    const float d1 = __fmul_rn(f16(b), static_cast<float>(sc));
-    const float m1 = __fmul_rn(f16(b + 2), static_cast<float>(mn));
-    const std::uint8_t* qh = b + 16;
-    const std::uint8_t* q = b + 48 + 32 * (sub / 2);
-    const int shift = 4 * (sub % 2), u = 1 << sub;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int v = ((q[l] >> shift) & 0xF) + ((qh[l] & u) ? 16 : 0);
-      w[l] = __fsub_rn(__fmul_rn(d1, static_cast<float>(v)), m1);
-    }
-  }
-};
-struct Q6_K {  // 210 bytes per 256: ql[128], qh[64], scales[16] (int8), d
-  __device__ static void chunk(const std::uint8_t* row, int c, int, float* w) {
-    const std::uint8_t* b = row + (c / 8) * 210;
-    const int cc = c % 8, h = cc / 4, quarter = cc % 4;
-    const float d = f16(b + 208);
-    const std::uint8_t* ql = b + 64 * h + (quarter % 2) * 32;
-    const std::uint8_t* qh = b + 128 + 32 * h;
-    const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192 + 8 * h + 2 * quarter);
-    const int lshift = 4 * (quarter / 2), hshift = 2 * quarter;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int v = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-      w[l] = __fmul_rn(__fmul_rn(d, static_cast<float>(sc[l / 16])), static_cast<float>(v));
-    }
-  }
-};
+using dequant::BF16;
+using dequant::F16;
+using dequant::f16_at;
+using dequant::F32;
+using dequant::kChunk;
+using dequant::Q2_K;
+using dequant::Q3_K;
+using dequant::Q4_0;
+using dequant::Q4_K;
+using dequant::Q5_K;
+using dequant::Q6_K;
+using dequant::Q8_0;
 
 // ---------------------------------------------------------------- matmul
 // A warp owns R rows; lane l dequantizes chunks l, l+32, ... of each (the split depends on K only)
@@ -184,6 +41,23 @@ struct Q6_K {  // 210 bytes per 256: ql[128], qh[64], scales[16] (int8), d
 // the operations on any one output element does not.
 
 constexpr int kMatmulThreads = 256;
+
+// 32 activations (zeros past `valid`), as 16-byte loads where the address allows.
+__device__ __forceinline__ void load_x(const float* p, int valid, float (&xv)[kChunk]) {
+  if (valid == kChunk && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0) {
+#pragma unroll
+    for (int j = 0; j < kChunk / 4; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p) + j);
+      xv[4 * j] = v.x;
+      xv[4 * j + 1] = v.y;
+      xv[4 * j + 2] = v.z;
+      xv[4 * j + 3] = v.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
+}
 constexpr int kWarps = kMatmulThreads / 32;
 
 template <class F, int NT, int R>
@@ -214,8 +88,7 @@ __global__ void __launch_bounds__(kMatmulThreads)
     if constexpr (NT == 1) {
       // Decode: the token's 32 activations stay in registers while each row's chunk streams by.
       float xv[kChunk];
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) xv[j] = j < valid ? __ldg(xs[0] + base + j) : 0.0f;
+      load_x(xs[0] + base, valid, xv);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wv[kChunk];
@@ -229,12 +102,12 @@ __global__ void __launch_bounds__(kMatmulThreads)
       for (int r = 0; r < R; ++r) F::chunk(wr[r], c, valid, wv[r]);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        const float* xp = xs[i] + base;
+        float xv[kChunk];
+        load_x(xs[i] + base, valid, xv);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
-          const float xv = j < valid ? __ldg(xp + j) : 0.0f;
 #pragma unroll
-          for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r][j], xv, acc[r][i]);
+          for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r][j], xv[j], acc[r][i]);
         }
       }
     }
@@ -296,7 +169,10 @@ __global__ void embedding_kernel(const std::uint8_t* __restrict__ table, std::si
     const int valid = min(kChunk, d - c * kChunk);
     float wv[kChunk];
     F::chunk(row, c, valid, wv);
-    for (int j = 0; j < valid; ++j) out[c * kChunk + j] = wv[j];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (j < valid) out[c * kChunk + j] = wv[j];
+    }
   }
 }
 
@@ -354,12 +230,12 @@ struct KvF32 {
   __device__ static float at(const std::uint8_t* row, int e) { return reinterpret_cast<const float*>(row)[e]; }
 };
 struct KvF16 {
-  __device__ static float at(const std::uint8_t* row, int e) { return f16(row + 2 * e); }
+  __device__ static float at(const std::uint8_t* row, int e) { return f16_at(row + 2 * e); }
 };
 struct KvQ8_0 {
   __device__ static float at(const std::uint8_t* row, int e) {
     const std::uint8_t* b = row + (e / 32) * 34;
-    return __fmul_rn(static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 2)[e % 32]), f16(b));
+    return __fmul_rn(static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 2)[e % 32]), f16_at(b));
   }
 };
 
