@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
 constexpr int kNormThreads = 256;
 
 __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int d, float eps) {
+    rms_norm_kernel(const float* x, const float* __restrict__ w, float* y, int d, float eps) {  // y may be x
   __shared__ double part[kNormThreads];
   const float* xr = x + static_cast<std::size_t>(blockIdx.x) * d;
   float* yr = y + static_cast<std::size_t>(blockIdx.x) * d;
