@@ -7,6 +7,12 @@
 // reference term by term with non-contractible products and differences (mul_rn, sub_rn), so the
 // values are bit-identical to the CPU backend's. Bytes are read as 32-bit words (load_words): a
 // quarter of the load instructions of byte loads, at any alignment.
+//
+// Lane layouts (formats with kLanes): for rows that are whole 256-element units, a warp dequantizes
+// one unit per step and lane l produces 8 weights: w[0..3] for elements off0(l)..off0(l)+3 of the unit
+// and w[4..7] for off1(l)..off1(l)+3. Neighbouring lanes read neighbouring words of the row and of
+// the activations, so a warp's loads are coalesced (the chunk path above gives each lane its own
+// block, 32 loads of scattered lines per warp instruction).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -17,6 +23,7 @@
 namespace colibri::cuda::dequant {
 
 constexpr int kChunk = 32;
+constexpr int kUnit = 256;  // elements a warp takes per step in the lane layouts
 
 #ifdef __CUDA_ARCH__
 #define COLIBRI_HD __device__ __forceinline__
@@ -94,6 +101,11 @@ COLIBRI_HD int byte12(std::uint32_t w0, std::uint32_t w1, std::uint32_t w2, int 
   return static_cast<int>((word >> (8 * (i & 3))) & 0xFFu);
 }
 
+// Byte i (0..7, known only at run time) of two words.
+COLIBRI_HD int byte8(std::uint32_t w0, std::uint32_t w1, int i) {
+  return static_cast<int>(((i < 4 ? w0 : w1) >> (8 * (i & 3))) & 0xFFu);
+}
+
 COLIBRI_HD float half_bits(unsigned bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xFFFFu)));
 }
@@ -121,6 +133,15 @@ COLIBRI_HD float bf16_bits(unsigned bits) {
 }
 
 struct F32 {
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 8 * lane; }
+  COLIBRI_HD static int off1(int lane) { return 8 * lane + 4; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    std::uint32_t v[8];
+    load_words(row + (static_cast<std::size_t>(u) * kUnit + 8 * lane) * 4, v);
+    COLIBRI_UNROLL
+    for (int j = 0; j < 8; ++j) w[j] = as_float(v[j]);
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int valid, float* w) {
     const std::uint8_t* r = row + c * kChunk * 4;
     if (valid == kChunk) {
@@ -142,6 +163,18 @@ struct F32 {
 template <bool Brain>
 struct Half16 {
   COLIBRI_HD static float convert(unsigned bits) { return Brain ? bf16_bits(bits) : half_bits(bits); }
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 8 * lane; }
+  COLIBRI_HD static int off1(int lane) { return 8 * lane + 4; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    std::uint32_t v[4];
+    load_words(row + (static_cast<std::size_t>(u) * kUnit + 8 * lane) * 2, v);
+    COLIBRI_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      w[2 * j] = convert(v[j]);
+      w[2 * j + 1] = convert(v[j] >> 16);
+    }
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int valid, float* w) {
     const std::uint8_t* r = row + c * kChunk * 2;
     if (valid == kChunk) {
@@ -171,6 +204,18 @@ using F16 = Half16<false>;
 using BF16 = Half16<true>;
 
 struct Q8_0 {  // 34-byte blocks of 32: d, qs[32]
+  // Lanes: 4 per block, 8 consecutive weights each.
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 32 * (lane / 4) + 8 * (lane % 4); }
+  COLIBRI_HD static int off1(int lane) { return off0(lane) + 4; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    const std::uint8_t* b = row + (static_cast<std::size_t>(u) * 8 + lane / 4) * 34;
+    const float d = f16_at(b);
+    std::uint32_t q[2];
+    load_words(b + 2 + 8 * (lane % 4), q);
+    COLIBRI_UNROLL
+    for (int j = 0; j < 8; ++j) w[j] = mul_rn(static_cast<float>(static_cast<std::int8_t>(byte_at(q, j))), d);
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + c * 34;
     const float d = f16_at(b);
@@ -181,6 +226,22 @@ struct Q8_0 {  // 34-byte blocks of 32: d, qs[32]
   }
 };
 struct Q4_0 {  // 18-byte blocks of 32: d, qs[16] (low nibbles first)
+  // Lanes: 4 per block; a lane's 4 bytes hold elements 4m..4m+3 (low) and 16+4m.. (high nibbles).
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 32 * (lane / 4) + 4 * (lane % 4); }
+  COLIBRI_HD static int off1(int lane) { return off0(lane) + 16; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    const std::uint8_t* b = row + (static_cast<std::size_t>(u) * 8 + lane / 4) * 18;
+    const float d = f16_at(b);
+    std::uint32_t q[1];
+    load_words(b + 2 + 4 * (lane % 4), q);
+    COLIBRI_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int v = byte_at(q, j);
+      w[j] = mul_rn(static_cast<float>((v & 0xF) - 8), d);
+      w[j + 4] = mul_rn(static_cast<float>((v >> 4) - 8), d);
+    }
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + c * 18;
     const float d = f16_at(b);
@@ -195,6 +256,7 @@ struct Q4_0 {  // 18-byte blocks of 32: d, qs[16] (low nibbles first)
   }
 };
 struct Q2_K {  // 84 bytes per 256: scales[16], qs[64], d, dmin
+  static constexpr bool kLanes = false;
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + (c / 8) * 84;
     const int cc = c % 8, h = cc / 4, j = cc % 4, shift = 2 * j;
@@ -217,6 +279,7 @@ struct Q2_K {  // 84 bytes per 256: scales[16], qs[64], d, dmin
   }
 };
 struct Q3_K {  // 110 bytes per 256: hmask[32], qs[64], scales[12], d
+  static constexpr bool kLanes = false;
   COLIBRI_HD static int scale(const std::uint32_t (&s)[3], int i) {
     const int low = i < 8 ? (byte12(s[0], s[1], s[2], i) & 0xF) : (byte12(s[0], s[1], s[2], i - 8) >> 4);
     const int high = (byte12(s[0], s[1], s[2], 8 + (i % 4)) >> (2 * (i / 4))) & 3;
@@ -254,6 +317,29 @@ COLIBRI_HD void k4_scale_min(int j, std::uint32_t s0, std::uint32_t s1, std::uin
   }
 }
 struct Q4_K {  // 144 bytes per 256: d, dmin, scales[12], qs[128]
+  // Lanes: 8 per 32-byte pair of sub-blocks 2p, 2p+1; a lane's word holds 4 weights of each.
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 64 * (lane / 8) + 4 * (lane % 8); }
+  COLIBRI_HD static int off1(int lane) { return off0(lane) + 32; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    const std::uint8_t* b = row + static_cast<std::size_t>(u) * 144;
+    const int p = lane / 8;
+    std::uint32_t head[4], q[1];
+    load_words(b, head);
+    load_words(b + 16 + 32 * p + 4 * (lane % 8), q);
+    int sc0, mn0, sc1, mn1;
+    k4_scale_min(2 * p, head[1], head[2], head[3], sc0, mn0);
+    k4_scale_min(2 * p + 1, head[1], head[2], head[3], sc1, mn1);
+    const float d = half_bits(head[0]), dmin = half_bits(head[0] >> 16);
+    const float d1 = mul_rn(d, static_cast<float>(sc0)), m1 = mul_rn(dmin, static_cast<float>(mn0));
+    const float d2 = mul_rn(d, static_cast<float>(sc1)), m2 = mul_rn(dmin, static_cast<float>(mn1));
+    COLIBRI_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int v = byte_at(q, j);
+      w[j] = sub_rn(mul_rn(d1, static_cast<float>(v & 0xF)), m1);
+      w[j + 4] = sub_rn(mul_rn(d2, static_cast<float>(v >> 4)), m2);
+    }
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + (c / 8) * 144;
     const int sub = c % 8;
@@ -270,6 +356,31 @@ struct Q4_K {  // 144 bytes per 256: d, dmin, scales[12], qs[128]
   }
 };
 struct Q5_K {  // 176 bytes per 256: d, dmin, scales[12], qh[32], qs[128]
+  // Lanes as q4_k; the fifth bit of element e of sub-block s is bit s of qh[e % 32].
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 64 * (lane / 8) + 4 * (lane % 8); }
+  COLIBRI_HD static int off1(int lane) { return off0(lane) + 32; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    const std::uint8_t* b = row + static_cast<std::size_t>(u) * 176;
+    const int p = lane / 8, m = lane % 8;
+    std::uint32_t head[4], qh[1], q[1];
+    load_words(b, head);
+    load_words(b + 16 + 4 * m, qh);
+    load_words(b + 48 + 32 * p + 4 * m, q);
+    int sc0, mn0, sc1, mn1;
+    k4_scale_min(2 * p, head[1], head[2], head[3], sc0, mn0);
+    k4_scale_min(2 * p + 1, head[1], head[2], head[3], sc1, mn1);
+    const float d = half_bits(head[0]), dmin = half_bits(head[0] >> 16);
+    const float d1 = mul_rn(d, static_cast<float>(sc0)), m1 = mul_rn(dmin, static_cast<float>(mn0));
+    const float d2 = mul_rn(d, static_cast<float>(sc1)), m2 = mul_rn(dmin, static_cast<float>(mn1));
+    const int u1 = 1 << (2 * p), u2 = 2 << (2 * p);
+    COLIBRI_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int v = byte_at(q, j), h = byte_at(qh, j);
+      w[j] = sub_rn(mul_rn(d1, static_cast<float>((v & 0xF) + ((h & u1) ? 16 : 0))), m1);
+      w[j + 4] = sub_rn(mul_rn(d2, static_cast<float>((v >> 4) + ((h & u2) ? 16 : 0))), m2);
+    }
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + (c / 8) * 176;
     const int sub = c % 8;
@@ -290,6 +401,32 @@ struct Q5_K {  // 176 bytes per 256: d, dmin, scales[12], qh[32], qs[128]
   }
 };
 struct Q6_K {  // 210 bytes per 256: ql[128], qh[64], scales[16] (int8), d
+  // Lanes: half h = lane / 16, sel = (lane / 8) % 2, m = lane % 8 covers l = 4m..4m+3 of
+  // ql[64h + 32sel + l]: low nibbles are elements 128h + 32sel + l, high nibbles those 64 further.
+  static constexpr bool kLanes = true;
+  COLIBRI_HD static int off0(int lane) { return 128 * (lane / 16) + 32 * ((lane / 8) % 2) + 4 * (lane % 8); }
+  COLIBRI_HD static int off1(int lane) { return off0(lane) + 64; }
+  COLIBRI_HD static void lane(const std::uint8_t* row, int u, int lane, float* w) {
+    const std::uint8_t* b = row + static_cast<std::size_t>(u) * 210;
+    const int h = lane / 16, sel = (lane / 8) % 2, m = lane % 8;
+    std::uint32_t ql[1], qh[1], sc[2];
+    load_words(b + 64 * h + 32 * sel + 4 * m, ql);
+    load_words(b + 128 + 32 * h + 4 * m, qh);
+    load_words(b + 192 + 8 * h, sc);
+    const float d = f16_at(b + 208);
+    const int is = m / 4;
+    const auto s_lo = static_cast<std::int8_t>(byte8(sc[0], sc[1], is + 2 * sel));
+    const auto s_hi = static_cast<std::int8_t>(byte8(sc[0], sc[1], is + 4 + 2 * sel));
+    const float d_lo = mul_rn(d, static_cast<float>(s_lo)), d_hi = mul_rn(d, static_cast<float>(s_hi));
+    COLIBRI_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int v = byte_at(ql, j), hb = byte_at(qh, j);
+      const int lo = ((v & 0xF) | (((hb >> (2 * sel)) & 3) << 4)) - 32;
+      const int hi = ((v >> 4) | (((hb >> (4 + 2 * sel)) & 3) << 4)) - 32;
+      w[j] = mul_rn(d_lo, static_cast<float>(lo));
+      w[j + 4] = mul_rn(d_hi, static_cast<float>(hi));
+    }
+  }
   COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
     const std::uint8_t* b = row + (c / 8) * 210;
     const int cc = c % 8, h = cc / 4, quarter = cc % 4;

@@ -35,18 +35,23 @@ using dequant::Q6_K;
 using dequant::Q8_0;
 
 // ---------------------------------------------------------------- matmul
-// A warp owns R rows; lane l dequantizes chunks l, l+32, ... of each (the split depends on K only)
-// and accumulates NT tokens at once, so weights are read once per NT tokens and X once per R rows.
-// Lane partial sums are combined by a fixed xor-shuffle tree. NT and R vary with T, the order of
-// the operations on any one output element does not.
+// A warp owns R rows and accumulates NT tokens at once, so weights are read once per NT tokens and
+// activations once per R rows. Each lane keeps one partial sum per row and token; the 32 partial
+// sums are combined by a fixed xor-shuffle tree. Which weights a lane takes depends on K alone:
+// - lane layouts (dequant.cuh; K a multiple of 256): the warp walks the row one 256-element unit at
+//   a time, lane l taking 8 weights whose words and activations neighbour lane l+1's (coalesced);
+// - chunk path (q2_k, q3_k, other K): lane l dequantizes 32-weight chunks l, l+32, ...
+// NT and R vary with T; the operations on any one output element, and their order, do not.
 
 constexpr int kMatmulThreads = 256;
+constexpr int kWarps = kMatmulThreads / 32;
 
-// 32 activations (zeros past `valid`), as 16-byte loads where the address allows.
-__device__ __forceinline__ void load_x(const float* p, int valid, float (&xv)[kChunk]) {
-  if (valid == kChunk && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0) {
+// n activations (zeros past `valid`), as 16-byte loads where `vec` says the address allows.
+template <int N>
+__device__ __forceinline__ void load_x(const float* p, int valid, bool vec, float* xv) {
+  if (vec && valid == N) {
 #pragma unroll
-    for (int j = 0; j < kChunk / 4; ++j) {
+    for (int j = 0; j < N / 4; ++j) {
       const float4 v = __ldg(reinterpret_cast<const float4*>(p) + j);
       xv[4 * j] = v.x;
       xv[4 * j + 1] = v.y;
@@ -56,31 +61,85 @@ __device__ __forceinline__ void load_x(const float* p, int valid, float (&xv)[kC
     return;
   }
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
+  for (int j = 0; j < N; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
 }
-constexpr int kWarps = kMatmulThreads / 32;
+
+// The rows and tokens a warp works on (rows past N and tokens past T repeat the last real one).
+template <int NT, int R>
+struct WarpTile {
+  long long row0;
+  int t0;
+  const std::uint8_t* w[R];
+  const float* x[NT];
+
+  __device__ WarpTile(const std::uint8_t* weights, std::size_t row_bytes, const float* acts, int k, int n, int t) {
+    row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
+    t0 = blockIdx.y * NT;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      w[r] = weights + static_cast<std::size_t>(min(row0 + r, static_cast<long long>(n - 1))) * row_bytes;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) x[i] = acts + static_cast<std::size_t>(min(t0 + i, t - 1)) * k;
+  }
+
+  // Sums the lanes' partial sums (fixed tree) and lane 0 writes Y (+ bias).
+  __device__ void store(float (&acc)[R][NT], float* y, const float* bias, int n, int t) const {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        float s = acc[r][i];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
+        const long long row = row0 + r;
+        if (threadIdx.x % 32 == 0 && row < n && t0 + i < t) {
+          y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
+        }
+      }
+    }
+  }
+};
 
 template <class F, int NT, int R>
 __global__ void __launch_bounds__(kMatmulThreads)
-    matmul_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
-                  float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
+    matmul_lanes_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
+                        float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
+  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+  if (tile.row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int lane = threadIdx.x % 32;
-  const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
-  if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
-  const int t0 = blockIdx.y * NT;
-  const std::uint8_t* wr[R];
+  const int o0 = F::off0(lane), o1 = F::off1(lane);
+  const bool vec = (reinterpret_cast<std::uintptr_t>(x) & 15) == 0;  // K % 256 == 0: every token row alike
+  float acc[R][NT] = {};
+  const int units = k / dequant::kUnit;
+#pragma unroll 2
+  for (int u = 0; u < units; ++u) {
+    float wv[R][8];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    wr[r] = w + static_cast<std::size_t>(min(row0 + r, static_cast<long long>(n - 1))) * row_bytes;
-  const float* xs[NT];
+    for (int r = 0; r < R; ++r) F::lane(tile.w[r], u, lane, wv[r]);
 #pragma unroll
-  for (int i = 0; i < NT; ++i) xs[i] = x + static_cast<std::size_t>(min(t0 + i, t - 1)) * k;
-  float acc[R][NT];
+    for (int i = 0; i < NT; ++i) {
+      float xv[8];
+      const float* xp = tile.x[i] + u * dequant::kUnit;
+      load_x<4>(xp + o0, 4, vec, xv);
+      load_x<4>(xp + o1, 4, vec, xv + 4);
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-    for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
+        for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r][j], xv[j], acc[r][i]);
+      }
+    }
   }
+  tile.store(acc, y, bias, n, t);
+}
+
+template <class F, int NT, int R>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_chunks_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
+                         float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
+  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+  if (tile.row0 >= n) return;
+  const int lane = threadIdx.x % 32;
+  float acc[R][NT] = {};
   const int chunks = (k + kChunk - 1) / kChunk;
   for (int c = lane; c < chunks; c += 32) {
     const int base = c * kChunk;
@@ -88,22 +147,22 @@ __global__ void __launch_bounds__(kMatmulThreads)
     if constexpr (NT == 1) {
       // Decode: the token's 32 activations stay in registers while each row's chunk streams by.
       float xv[kChunk];
-      load_x(xs[0] + base, valid, xv);
+      load_x<kChunk>(tile.x[0] + base, valid, (reinterpret_cast<std::uintptr_t>(tile.x[0] + base) & 15) == 0, xv);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         float wv[kChunk];
-        F::chunk(wr[r], c, valid, wv);
+        F::chunk(tile.w[r], c, valid, wv);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) acc[r][0] = fmaf(wv[j], xv[j], acc[r][0]);
       }
     } else {
       float wv[R][kChunk];
 #pragma unroll
-      for (int r = 0; r < R; ++r) F::chunk(wr[r], c, valid, wv[r]);
+      for (int r = 0; r < R; ++r) F::chunk(tile.w[r], c, valid, wv[r]);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         float xv[kChunk];
-        load_x(xs[i] + base, valid, xv);
+        load_x<kChunk>(tile.x[i] + base, valid, (reinterpret_cast<std::uintptr_t>(tile.x[i] + base) & 15) == 0, xv);
 #pragma unroll
         for (int j = 0; j < kChunk; ++j) {
 #pragma unroll
@@ -112,42 +171,46 @@ __global__ void __launch_bounds__(kMatmulThreads)
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      float s = acc[r][i];
-#pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
-      const long long row = row0 + r;
-      if (lane == 0 && row < n && t0 + i < t) {
-        y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
-      }
-    }
-  }
+  tile.store(acc, y, bias, n, t);
 }
 
-template <class F, int NT, int R>
+template <class F, int NT, int R, bool Lanes>
 cudaError_t matmul_as(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
                       std::int64_t k, std::int64_t n, std::int64_t t) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((t + NT - 1) / NT));
-  matmul_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, x, y, bias,
-                                                          static_cast<int>(k), static_cast<int>(n),
-                                                          static_cast<int>(t));
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  const int ki = static_cast<int>(k), ni = static_cast<int>(n), ti = static_cast<int>(t);
+  if constexpr (Lanes) {
+    matmul_lanes_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+  } else {
+    matmul_chunks_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+  }
   return cudaGetLastError();
 }
 
-// Token tile by T: one token reads each weight once; bigger batches share each dequantized chunk
-// among 8 tokens (the "tiled" path for prefill).
+// Token tiles by T: one token reads each weight once; bigger batches share each dequantized weight
+// among up to 8 tokens (the tiled path for prefill). The layout is chosen by K alone.
 template <class F>
 cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
                        std::int64_t k, std::int64_t n, std::int64_t t) {
-  if (t == 1) return matmul_as<F, 1, 4>(s, w, rb, x, y, bias, k, n, t);
-  if (t == 2) return matmul_as<F, 2, 4>(s, w, rb, x, y, bias, k, n, t);
-  if (t <= 4) return matmul_as<F, 4, 2>(s, w, rb, x, y, bias, k, n, t);
-  return matmul_as<F, 8, 2>(s, w, rb, x, y, bias, k, n, t);
+  if constexpr (F::kLanes) {
+    if (k % dequant::kUnit == 0) {
+      if (t == 1) return matmul_as<F, 1, 4, true>(s, w, rb, x, y, bias, k, n, t);
+      if (t == 2) return matmul_as<F, 2, 4, true>(s, w, rb, x, y, bias, k, n, t);
+      if (t <= 4) return matmul_as<F, 4, 2, true>(s, w, rb, x, y, bias, k, n, t);
+      return matmul_as<F, 8, 2, true>(s, w, rb, x, y, bias, k, n, t);
+    }
+    // Rows that are not whole units (rare shapes): two tiles suffice, the order is the same.
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+  } else {
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t == 2) return matmul_as<F, 2, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t <= 4) return matmul_as<F, 4, 2, false>(s, w, rb, x, y, bias, k, n, t);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+  }
 }
 
 // ---------------------------------------------------------------- embedding

@@ -45,6 +45,59 @@ void expect_chunks_match(DType type, std::int64_t n, unsigned seed, std::size_t 
   }
 }
 
+// The lane layouts: the 32 lanes cover each 256-element unit exactly once, and every weight a lane
+// produces is the reference's weight at the element the lane's offsets name.
+template <class F>
+void expect_lanes_match(DType type, std::int64_t units, std::size_t offset) {
+  const std::int64_t n = units * dq::kUnit;
+  std::mt19937 rng(static_cast<unsigned>(units + offset));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 89 == 0 ? 30.0f : 1.0f);
+  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
+  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
+  ASSERT_TRUE(colibri::quant::quantize_row(type, x.data(), row, n));
+  std::vector<float> want(x.size());
+  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  std::vector<int> covered(dq::kUnit, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int j = 0; j < 4; ++j) {
+      ++covered[static_cast<std::size_t>(F::off0(lane) + j)];
+      ++covered[static_cast<std::size_t>(F::off1(lane) + j)];
+    }
+  }
+  for (int e = 0; e < dq::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+  for (std::int64_t u = 0; u < units; ++u) {
+    for (int lane = 0; lane < 32; ++lane) {
+      float got[8];
+      F::lane(row, static_cast<int>(u), lane, got);
+      for (int j = 0; j < 8; ++j) {
+        const std::int64_t e = u * dq::kUnit + (j < 4 ? F::off0(lane) + j : F::off1(lane) + j - 4);
+        const float expect = want[static_cast<std::size_t>(e)];
+        std::uint32_t a, b;
+        std::memcpy(&a, &got[j], 4);
+        std::memcpy(&b, &expect, 4);
+        ASSERT_EQ(a, b) << colibri::sdk::to_string(type) << " unit " << u << " lane " << lane << " weight " << j
+                        << " (element " << e << "): got " << got[j] << ", want " << expect;
+      }
+    }
+  }
+}
+
+TEST(CudaDequant, LaneLayoutsCoverEachUnitOnceAndMatchColibriQuant) {
+  for (std::size_t offset : {0, 2}) {
+    expect_lanes_match<dq::Q4_K>(DType::q4_k, 5, offset);
+    expect_lanes_match<dq::Q5_K>(DType::q5_k, 5, offset);
+    expect_lanes_match<dq::Q6_K>(DType::q6_k, 5, offset);
+    expect_lanes_match<dq::Q8_0>(DType::q8_0, 3, offset);
+    expect_lanes_match<dq::Q4_0>(DType::q4_0, 3, offset);
+    expect_lanes_match<dq::F16>(DType::f16, 2, offset);
+    expect_lanes_match<dq::BF16>(DType::bf16, 2, offset);
+  }
+  expect_lanes_match<dq::F32>(DType::f32, 2, 0);
+  static_assert(!dq::Q2_K::kLanes && !dq::Q3_K::kLanes, "q2_k and q3_k take the chunk path");
+}
+
 TEST(CudaDequant, EveryChunkOfEveryFormatIsBitIdenticalToColibriQuant) {
   for (std::size_t offset : {0, 2, 6}) {
     for (unsigned seed : {1u, 2u}) {
