@@ -1,0 +1,146 @@
+// GEMV bandwidth of the CUDA matmul kernels per weight format, against the device memory bandwidth
+// measured in the same run by a device-to-device cudaMemcpy (read + write bytes). Timed with CUDA
+// events over repeated launches, so launch gaps, not host overhead, are what remains.
+//
+//   colibri_bench_cuda_gemv [--k 4096] [--n 65536] [--reps 20]
+//
+// Weights are large enough (>= 150 MB for q4_k) that L2 cannot hold them between launches. Prints a
+// markdown table: per format the bytes read per call, the median time for T = 1 and T = 8, GB/s of
+// weights at T = 1 and its share of the measured bandwidth.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/dtype.hpp"
+#include "cuda_kernels.hpp"
+
+namespace {
+
+using colibri::sdk::DType;
+
+#define CHECK(expr)                                                                                       \
+  do {                                                                                                    \
+    if (cudaError_t e_ = (expr); e_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+// Median milliseconds of `reps` runs of fn, each bracketed by events.
+template <typename F>
+float median_ms(int reps, F fn) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  fn();  // warm-up
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a));
+    fn();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    CHECK(cudaEventElapsedTime(&m, a, b));
+    ms.push_back(m);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::int64_t k = 4096, n = 65536;
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--k") {
+      k = std::atoll(argv[i + 1]);
+    } else if (a == "--n") {
+      n = std::atoll(argv[i + 1]);
+    } else if (a == "--reps") {
+      reps = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "unknown option %s (use --k, --n, --reps)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (k % 256 != 0 || n < 64 || reps < 1) {
+    std::fprintf(stderr, "--k must be a multiple of 256, --n at least 64, --reps at least 1\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+
+  // Measured bandwidth: a 1 GiB device-to-device copy reads and writes every byte.
+  const std::size_t probe = std::size_t{1} << 30;
+  void *pa = nullptr, *pb = nullptr;
+  CHECK(cudaMalloc(&pa, probe));
+  CHECK(cudaMalloc(&pb, probe));
+  CHECK(cudaMemset(pa, 1, probe));
+  const float copy_ms = median_ms(reps, [&] { CHECK(cudaMemcpyAsync(pb, pa, probe, cudaMemcpyDeviceToDevice)); });
+  const double device_gbs = 2.0 * static_cast<double>(probe) / (copy_ms * 1e-3) / 1e9;
+  CHECK(cudaFree(pa));
+  CHECK(cudaFree(pb));
+  std::printf("device: %s (sm_%d%d), measured D2D bandwidth %.0f GB/s (read + write of 1 GiB)\n", prop.name, prop.major,
+              prop.minor, device_gbs);
+  std::printf("matrix: K = %lld, N = %lld, median of %d launches\n\n", static_cast<long long>(k),
+              static_cast<long long>(n), reps);
+  std::printf("| format | MB read | T=1 us | T=8 us | GB/s (T=1) | of measured |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+
+  // 64 quantized rows repeated: realistic block contents at any N without quantizing N rows.
+  const std::int64_t tile_rows = 64;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> tile(static_cast<std::size_t>(k * tile_rows));
+  for (auto& v : tile) v = dist(rng);
+  std::vector<float> x(static_cast<std::size_t>(k * 8));
+  for (auto& v : x) v = dist(rng);
+  void *xbuf = nullptr, *ybuf = nullptr;
+  CHECK(cudaMalloc(&xbuf, x.size() * sizeof(float)));
+  CHECK(cudaMalloc(&ybuf, static_cast<std::size_t>(n) * 8 * sizeof(float)));
+  const auto* dx = static_cast<const float*>(xbuf);
+  auto* dy = static_cast<float*>(ybuf);
+  CHECK(cudaMemcpy(xbuf, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+  for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k,
+                     DType::f16, DType::bf16, DType::f32}) {
+    const std::size_t rb = colibri::sdk::row_bytes(type, k);
+    std::vector<std::byte> q(rb * static_cast<std::size_t>(tile_rows));
+    if (!colibri::quant::quantize_row(type, tile.data(), q.data(), k * tile_rows)) {
+      std::fprintf(stderr, "quantizing %s failed\n", std::string(colibri::sdk::to_string(type)).c_str());
+      return 1;
+    }
+    const std::size_t bytes = rb * static_cast<std::size_t>(n);
+    void* dw = nullptr;
+    CHECK(cudaMalloc(&dw, bytes));
+    for (std::int64_t r = 0; r < n; r += tile_rows) {
+      const std::int64_t m = std::min(tile_rows, n - r);
+      CHECK(cudaMemcpy(static_cast<std::byte*>(dw) + static_cast<std::size_t>(r) * rb, q.data(),
+                       rb * static_cast<std::size_t>(m), cudaMemcpyHostToDevice));
+    }
+    const auto wt = static_cast<std::uint32_t>(type);
+    const float t1 =
+        median_ms(reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1)); });
+    const float t8 =
+        median_ms(reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 8)); });
+    const double gbs = static_cast<double>(bytes) / (t1 * 1e-3) / 1e9;
+    std::printf("| %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", std::string(colibri::sdk::to_string(type)).c_str(),
+                static_cast<double>(bytes) / 1e6, t1 * 1e3, t8 * 1e3, gbs, 100.0 * gbs / device_gbs);
+    CHECK(cudaFree(dw));
+  }
+  CHECK(cudaFree(xbuf));
+  CHECK(cudaFree(ybuf));
+  return 0;
+}

@@ -1,0 +1,410 @@
+// compute/cuda: the plugin entry, score() and the Compute object's buffers and copies.
+//
+// The CUDA runtime is linked statically (cudart_static), and it opens the driver (libcuda.so.1)
+// itself at first use, so the plugin loads on machines without a driver. score() looks for the
+// driver library and the GPU device nodes and initialises CUDA only where the nodes are hidden
+// (sandboxes). Whether a usable device exists is known only in create(), which answers
+// `unsupported` with the reason.
+#include "cuda_compute.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+
+#include "cuda_kernels.hpp"
+
+namespace colibri::cuda {
+
+using sdk::Expected;
+using sdk::Status;
+using sdk::StatusCode;
+
+Status cuda_status(cudaError_t e, const std::string& what, StatusCode code) {
+  return Status(code, what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+namespace {
+
+// "the NVIDIA driver is not installed" / "cannot be loaded", or empty when libcuda.so.1 opens.
+std::string driver_library_problem() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    return std::string("the NVIDIA driver is not installed (libcuda.so.1 cannot be loaded: ") + (e ? e : "not found") +
+           "); install the NVIDIA driver to use the CUDA backend";
+  }
+  dlclose(h);
+  return {};
+}
+
+std::string driver_version_text() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  std::getline(in, line);
+  const auto pos = line.find("Kernel Module");
+  if (pos == std::string::npos) return {};
+  std::string rest = line.substr(pos + 13);
+  rest.erase(0, rest.find_first_not_of(" \t"));
+  return rest.substr(0, rest.find_first_of(" \t"));
+}
+
+bool gpu_device_node_exists() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it("/dev", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() > 6 && n.rfind("nvidia", 0) == 0 &&
+        std::all_of(n.begin() + 6, n.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
+  try {
+    if (std::string p = driver_library_problem(); !p.empty()) return {0, p};
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && (*v == '\0' || *v == '-')) {
+      return {0, std::string("CUDA_VISIBLE_DEVICES=\"") + v + "\" hides every CUDA device"};
+    }
+    if (!gpu_device_node_exists()) {
+      // Sandboxes may hide the device nodes from /dev: only then ask the driver itself.
+      int count = 0;
+      const cudaError_t e = cudaGetDeviceCount(&count);
+      cudaGetLastError();
+      if (e != cudaSuccess || count == 0) {
+        return {0, std::string("the NVIDIA driver is installed but no CUDA device is present (no /dev/nvidia<N> "
+                               "device node; the driver says: ") +
+                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")"};
+      }
+    }
+    const std::string version = driver_version_text();
+    return {500, "NVIDIA GPU with driver " + (version.empty() ? std::string("(version unknown)") : version)};
+  } catch (...) {
+    return {0, "probing for CUDA failed"};
+  }
+}
+
+const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",           "f16",
+                                     "bf16",   "q8_0",       "q4_0",      "q2_k",          "q3_k",
+                                     "q4_k",   "q5_k",       "q6_k",      "device_memory", "batch_invariant"};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------- pinned pool
+
+PinnedPool::~PinnedPool() {
+  for (auto& [cap, p] : free_) cudaFreeHost(p);
+}
+
+Expected<PinnedPool::Block> PinnedPool::take(std::size_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= 2 * std::max<std::size_t>(bytes, 1 << 20)) {
+      Block b{it->second, it->first};
+      kept_ -= it->first;
+      free_.erase(it);
+      return b;
+    }
+  }
+  // Power-of-two sizes from 64 KiB, so blocks are reused across copies of similar size.
+  const std::size_t cap = std::bit_ceil(std::max<std::size_t>(bytes, 64 << 10));
+  void* p = nullptr;
+  if (cudaError_t e = cudaHostAlloc(&p, cap, cudaHostAllocPortable); e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_status(e, "allocating " + std::to_string(cap) + " bytes of pinned host memory",
+                       StatusCode::out_of_memory);
+  }
+  return Block{p, cap};
+}
+
+void PinnedPool::give(Block b) noexcept {
+  if (b.ptr == nullptr) return;
+  std::lock_guard lock(mu_);
+  if (kept_ + b.capacity > keep_bytes_) {
+    cudaFreeHost(b.ptr);
+    return;
+  }
+  kept_ += b.capacity;
+  free_.emplace(b.capacity, b.ptr);
+}
+
+// ---------------------------------------------------------------------------------------- device
+
+Device::~Device() {
+  (void)use();
+  if (compute != nullptr) cudaStreamDestroy(compute);
+  if (copy != nullptr) cudaStreamDestroy(copy);
+}
+
+Status Device::use() const {
+  if (cudaError_t e = cudaSetDevice(index); e != cudaSuccess) return cuda_status(e, "cudaSetDevice");
+  return {};
+}
+
+CudaBuffer::~CudaBuffer() {
+  (void)dev_->use();
+  cudaFree(ptr_);  // waits for work still using the memory
+}
+
+// ---------------------------------------------------------------------------------------- copies
+
+Status PendingCopy::finish(bool block) noexcept {
+  std::lock_guard lock(mu);
+  if (finished) return status;
+  (void)dev->use();
+  if (!block) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaErrorNotReady) return {};
+    if (q != cudaSuccess) status = cuda_status(q, "copy");
+  }
+  if (status) {
+    if (cudaError_t e = cudaEventSynchronize(done); e != cudaSuccess) status = cuda_status(e, "copy");
+  }
+  if (status && host_dst != nullptr) std::memcpy(host_dst, staging.ptr, bytes);
+  cudaEventDestroy(done);
+  dev->pinned.give(staging);
+  staging = {};
+  finished = true;
+  return status;
+}
+
+bool PendingCopy::is_finished() noexcept {
+  std::lock_guard lock(mu);
+  return finished;
+}
+
+// ---------------------------------------------------------------------------------------- compute
+
+Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateContext& cc) {
+  auto index = cc.config->get_int("device", 0);
+  if (!index) return index.error();
+  if (std::string p = driver_library_problem(); !p.empty()) return Status(StatusCode::unsupported, p);
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    cudaGetLastError();
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    return Status(StatusCode::unsupported,
+                  std::string("no usable CUDA device: ") + cudaGetErrorString(e) + " (" +
+                      (driver > 0 ? "the driver supports CUDA " + version(driver) + ", " : "") +
+                      "this plugin was built with CUDA " + version(CUDART_VERSION) + ")");
+  }
+  if (count == 0) return Status(StatusCode::unsupported, "the NVIDIA driver reports no CUDA device");
+  if (*index < 0 || *index >= count) {
+    return Status(StatusCode::invalid_argument, "compute.device = " + std::to_string(*index) + " but there are " +
+                                                    std::to_string(count) + " CUDA devices (0.." +
+                                                    std::to_string(count - 1) + "; see nvidia-smi -L)");
+  }
+  auto dev = std::make_shared<Device>();
+  dev->index = static_cast<int>(*index);
+  if (Status s = dev->use(); !s) return Status(StatusCode::unsupported, s.message());
+  if (cudaError_t e = cudaGetDeviceProperties(&dev->prop, dev->index); e != cudaSuccess) {
+    return cuda_status(e, "cudaGetDeviceProperties", StatusCode::unsupported);
+  }
+  if (cudaError_t e = kernel_image_status(); e != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::unsupported, std::string(dev->prop.name) + " (sm_" + std::to_string(dev->prop.major) +
+                                               std::to_string(dev->prop.minor) + ") cannot run this build's kernels (" +
+                                               cudaGetErrorString(e) + "); rebuild with -DCMAKE_CUDA_ARCHITECTURES=" +
+                                               std::to_string(dev->prop.major) + std::to_string(dev->prop.minor));
+  }
+  if (cudaError_t e = cudaStreamCreateWithFlags(&dev->compute, cudaStreamNonBlocking); e != cudaSuccess) {
+    return cuda_status(e, "creating the compute stream");
+  }
+  if (cudaError_t e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking); e != cudaSuccess) {
+    return cuda_status(e, "creating the copy stream");
+  }
+  return std::make_unique<CudaCompute>(std::move(dev));
+}
+
+CudaCompute::CudaCompute(std::shared_ptr<Device> dev) : dev_(std::move(dev)) {
+  sdk::DeviceInfo d;
+  d.name = dev_->prop.name;
+  d.host_memory = false;
+  d.capabilities = "sm_" + std::to_string(dev_->prop.major) + std::to_string(dev_->prop.minor);
+  d.memory_total = dev_->prop.totalGlobalMem;
+  devices_.push_back(std::move(d));
+}
+
+CudaCompute::~CudaCompute() {
+  (void)synchronize();
+  (void)dev_->use();
+  cudaFree(arena_);
+  cudaFreeHost(staging_);
+  cudaFree(status_dev_);
+  cudaFreeHost(status_host_);
+}
+
+std::span<const sdk::DeviceInfo> CudaCompute::devices() const noexcept {
+  std::lock_guard lock(info_mu_);
+  std::size_t free_bytes = 0, total = 0;
+  if (dev_->use() && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) {
+    devices_.front().memory_total = total;
+    devices_.front().memory_available = free_bytes;
+  } else {
+    cudaGetLastError();
+  }
+  return devices_;
+}
+
+Expected<std::unique_ptr<sdk::Buffer>> CudaCompute::allocate(std::size_t bytes) noexcept {
+  try {
+    if (Status s = dev_->use(); !s) return s;
+    void* p = nullptr;
+    if (cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1)); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_status(e, "allocating " + std::to_string(bytes) + " bytes of device memory on " + dev_->prop.name,
+                         StatusCode::out_of_memory);
+    }
+    return std::unique_ptr<sdk::Buffer>(new CudaBuffer(dev_, p, bytes));
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "allocating a buffer object");
+  }
+}
+
+Expected<const CudaBuffer*> CudaCompute::own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
+                                                    const char* what) const {
+  const auto* cb = dynamic_cast<const CudaBuffer*>(&b);
+  if (cb == nullptr || cb->device() != dev_.get()) {
+    return Status(StatusCode::invalid_argument,
+                  std::string(what) + ": the buffer was not allocated by this CUDA compute object");
+  }
+  if (offset > cb->size() || bytes > cb->size() - offset) {
+    return Status(StatusCode::invalid_argument, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
+                                                    std::to_string(offset) + " overrun the buffer of " +
+                                                    std::to_string(cb->size()) + " bytes");
+  }
+  return cb;
+}
+
+Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<PendingCopy> copy, void* to,
+                                                              const void* from, cudaMemcpyKind kind) {
+  const char* what = kind == cudaMemcpyHostToDevice ? "copy_to_device_async" : "copy_to_host_async";
+  if (cudaError_t e = cudaEventCreateWithFlags(&copy->done, cudaEventDisableTiming); e != cudaSuccess) {
+    dev_->pinned.give(copy->staging);
+    return cuda_status(e, what);
+  }
+  cudaError_t e = cudaMemcpyAsync(to, from, copy->bytes, kind, dev_->copy);
+  if (e == cudaSuccess) e = cudaEventRecord(copy->done, dev_->copy);
+  if (e != cudaSuccess) {
+    cudaStreamSynchronize(dev_->copy);  // the staging block may still be read
+    cudaEventDestroy(copy->done);
+    dev_->pinned.give(copy->staging);
+    return cuda_status(e, what);
+  }
+  {
+    std::lock_guard lock(copies_mu_);
+    std::erase_if(copies_, [](const std::shared_ptr<PendingCopy>& c) { return c->is_finished(); });
+    copies_.push_back(copy);
+  }
+  return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+}
+
+Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const void* src, sdk::Buffer& dst,
+                                                                        std::size_t offset,
+                                                                        std::size_t bytes) noexcept {
+  try {
+    auto cb = own_buffer(dst, offset, bytes, "copy_to_device_async");
+    if (!cb) return cb.error();
+    if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    if (src == nullptr) return Status(StatusCode::invalid_argument, "copy_to_device_async: null source");
+    if (Status s = dev_->use(); !s) return s;
+    auto staging = dev_->pinned.take(bytes);
+    if (!staging) {
+      // No pinned memory left: a synchronous copy from pageable memory still works.
+      if (cudaError_t e = cudaMemcpy((*cb)->device_pointer() + offset, src, bytes, cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return cuda_status(e, "copy_to_device_async");
+      }
+      return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    }
+    // The caller's memory is free to reuse as soon as this returns.
+    std::memcpy(staging->ptr, src, bytes);
+    auto copy = std::make_shared<PendingCopy>();
+    copy->dev = dev_;
+    copy->staging = *staging;
+    copy->bytes = bytes;
+    return start_copy(std::move(copy), (*cb)->device_pointer() + offset, staging->ptr, cudaMemcpyHostToDevice);
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "copy_to_device_async");
+  }
+}
+
+Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk::Buffer& src, std::size_t offset,
+                                                                      void* dst, std::size_t bytes) noexcept {
+  try {
+    auto cb = own_buffer(src, offset, bytes, "copy_to_host_async");
+    if (!cb) return cb.error();
+    if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    if (dst == nullptr) return Status(StatusCode::invalid_argument, "copy_to_host_async: null destination");
+    if (Status s = dev_->use(); !s) return s;
+    auto staging = dev_->pinned.take(bytes);
+    if (!staging) {
+      if (cudaError_t e = cudaMemcpy(dst, (*cb)->device_pointer() + offset, bytes, cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return cuda_status(e, "copy_to_host_async");
+      }
+      return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    }
+    auto copy = std::make_shared<PendingCopy>();
+    copy->dev = dev_;
+    copy->staging = *staging;
+    copy->host_dst = dst;
+    copy->bytes = bytes;
+    return start_copy(std::move(copy), staging->ptr, (*cb)->device_pointer() + offset, cudaMemcpyDeviceToHost);
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "copy_to_host_async");
+  }
+}
+
+Status CudaCompute::synchronize() noexcept {
+  std::vector<std::shared_ptr<PendingCopy>> pending;
+  {
+    std::lock_guard lock(copies_mu_);
+    pending.swap(copies_);
+  }
+  Status first;
+  for (auto& c : pending) {
+    Status s = c->finish(true);
+    if (!s && first) first = s;
+  }
+  if (Status s = dev_->use(); !s) return s;
+  for (cudaStream_t st : {dev_->compute, dev_->copy}) {
+    if (cudaError_t e = cudaStreamSynchronize(st); e != cudaSuccess && first) first = cuda_status(e, "synchronize");
+  }
+  return first;
+}
+
+}  // namespace colibri::cuda
+
+namespace {
+
+colibri::sdk::Expected<colibri::sdk::PluginObject*> create_cuda(const colibri::sdk::CreateContext& ctx) noexcept {
+  return colibri::sdk::create_guarded<colibri::cuda::CudaCompute>(ctx);
+}
+
+const colibri::sdk::PluginDescriptor kDescriptor{
+    colibri::sdk::make_plugin_header(),
+    colibri::sdk::PluginKind::compute,
+    "cuda",
+    "0.1.0",
+    "NVIDIA CUDA kernels: quantized GEMV / tiled matmul, expert FFN, attention over a device KV cache, norms",
+    {},
+    colibri::cuda::kCapabilities,
+    &colibri::cuda::score,
+    &create_cuda,
+};
+
+}  // namespace
+
+COLIBRI_DEFINE_PLUGIN(kDescriptor)

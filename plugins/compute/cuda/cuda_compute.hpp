@@ -1,0 +1,141 @@
+// compute/cuda: the Compute object, its device buffers, pinned staging and copy events.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "colibri/sdk/sdk.hpp"
+
+namespace colibri::cuda {
+
+sdk::Status cuda_status(cudaError_t e, const std::string& what, sdk::StatusCode code = sdk::StatusCode::internal);
+
+// Page-locked host memory, pooled: cudaHostAlloc is slow (it maps pages for the device), so freed
+// blocks are kept (up to a cap) and reused by later copies.
+class PinnedPool {
+ public:
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t capacity = 0;
+  };
+  explicit PinnedPool(std::size_t keep_bytes) : keep_bytes_(keep_bytes) {}
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  sdk::Expected<Block> take(std::size_t bytes);
+  void give(Block b) noexcept;
+
+ private:
+  std::mutex mu_;
+  std::multimap<std::size_t, void*> free_;  // capacity -> block
+  std::size_t kept_ = 0;
+  std::size_t keep_bytes_;
+};
+
+// What every object of one Compute shares; buffers and events keep it alive.
+struct Device {
+  int index = 0;
+  cudaDeviceProp prop{};
+  cudaStream_t compute = nullptr;  // ops
+  cudaStream_t copy = nullptr;     // copy_to_*_async, so uploads overlap ops
+  PinnedPool pinned{std::size_t{512} << 20};
+
+  ~Device();
+  // Makes this device current for the calling thread (the CUDA runtime's current device is per thread).
+  [[nodiscard]] sdk::Status use() const;
+};
+
+class CudaBuffer final : public sdk::Buffer {
+ public:
+  CudaBuffer(std::shared_ptr<Device> dev, void* ptr, std::size_t size) : dev_(std::move(dev)), ptr_(ptr), size_(size) {}
+  ~CudaBuffer() override;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+
+  [[nodiscard]] std::size_t size() const noexcept override { return size_; }
+  [[nodiscard]] void* host_pointer() noexcept override { return nullptr; }
+  [[nodiscard]] std::byte* device_pointer() const noexcept { return static_cast<std::byte*>(ptr_); }
+  [[nodiscard]] const Device* device() const noexcept { return dev_.get(); }
+
+ private:
+  std::shared_ptr<Device> dev_;
+  void* ptr_;
+  std::size_t size_;
+};
+
+// A copy in flight on the copy stream. Finishing it (wait, ready, or synchronize) copies a download
+// from staging to the caller's memory and returns the staging block.
+struct PendingCopy {
+  std::shared_ptr<Device> dev;
+  cudaEvent_t done = nullptr;
+  PinnedPool::Block staging;
+  void* host_dst = nullptr;  // downloads only
+  std::size_t bytes = 0;
+  std::mutex mu;
+  bool finished = false;
+  sdk::Status status;
+
+  sdk::Status finish(bool block) noexcept;
+  [[nodiscard]] bool is_finished() noexcept;
+};
+
+class CopyEvent final : public sdk::Event {
+ public:
+  explicit CopyEvent(std::shared_ptr<PendingCopy> copy) : copy_(std::move(copy)) {}
+  sdk::Status wait() noexcept override { return copy_->finish(true); }
+  [[nodiscard]] bool ready() const noexcept override {
+    (void)copy_->finish(false);
+    return copy_->is_finished();
+  }
+
+ private:
+  std::shared_ptr<PendingCopy> copy_;
+};
+
+class CudaCompute final : public sdk::Compute {
+ public:
+  static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
+  explicit CudaCompute(std::shared_ptr<Device> dev);
+  ~CudaCompute() override;
+
+  [[nodiscard]] std::span<const sdk::DeviceInfo> devices() const noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override;
+  [[nodiscard]] bool supports(sdk::Op op, sdk::DType weight_type) const noexcept override;
+  sdk::Status run(const sdk::OpCall& call) noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
+                                                                  std::size_t bytes) noexcept override;
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
+                                                                std::size_t bytes) noexcept override;
+  sdk::Status synchronize() noexcept override;
+
+ private:
+  friend class Binder;
+  sdk::Status run_impl(const sdk::OpCall& call);
+  sdk::Expected<const CudaBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
+                                              const char* what) const;
+  sdk::Expected<std::unique_ptr<sdk::Event>> start_copy(std::shared_ptr<PendingCopy> copy, void* to, const void* from,
+                                                        cudaMemcpyKind kind);
+  sdk::Status grow(void*& ptr, std::size_t& capacity, std::size_t bytes, bool pinned, const char* what);
+
+  std::shared_ptr<Device> dev_;
+  mutable std::mutex info_mu_;
+  mutable std::vector<sdk::DeviceInfo> devices_;
+  std::mutex copies_mu_;
+  std::vector<std::shared_ptr<PendingCopy>> copies_;
+  // Ops run one at a time: the arenas and the status word are shared.
+  std::mutex run_mu_;
+  void* arena_ = nullptr;  // device copies of host tensors, and expert_ffn's intermediates
+  std::size_t arena_size_ = 0;
+  void* staging_ = nullptr;  // pinned mirror of the host tensors of one call
+  std::size_t staging_size_ = 0;
+  std::int32_t* status_dev_ = nullptr;  // error word of embedding / topk
+  std::int32_t* status_host_ = nullptr;
+};
+
+}  // namespace colibri::cuda

@@ -1,0 +1,556 @@
+// compute/cuda: every kernel of the backend.
+//
+// Numerics (the one promise): each output element is reduced in an order that depends only on the
+// op's own shape (K, head_dim, a query's position), never on T or on other tokens. Products and sums
+// that the promise or the reference depends on are spelled out (fmaf, __fmul_rn, __fsub_rn) so
+// that the compiler's FMA contraction cannot differ between template instantiations. Dequantization
+// follows colibri::quant's reference term by term, so it is bit-identical to the CPU backend.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_dequant.cuh"
+#include "cuda_kernels.hpp"
+
+namespace colibri::cuda {
+namespace {
+
+// GGML type ids (colibri::sdk::DType).
+constexpr std::uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
+                        kQ6_K = 14, kBF16 = 30;
+
+using dequant::BF16;
+using dequant::F16;
+using dequant::f16_at;
+using dequant::F32;
+using dequant::kChunk;
+using dequant::Q2_K;
+using dequant::Q3_K;
+using dequant::Q4_0;
+using dequant::Q4_K;
+using dequant::Q5_K;
+using dequant::Q6_K;
+using dequant::Q8_0;
+
+// ---------------------------------------------------------------- matmul
+// A warp owns R rows and accumulates NT tokens at once, so weights are read once per NT tokens and
+// activations once per R rows. Each lane keeps one partial sum per row and token; the 32 partial
+// sums are combined by a fixed xor-shuffle tree. Which weights a lane takes depends on K alone:
+// - lane layouts (dequant.cuh; K a multiple of 256): the warp walks the row one 256-element unit at
+//   a time, lane l taking 8 weights whose words and activations neighbour lane l+1's (coalesced);
+// - chunk path (q2_k, q3_k, other K): lane l dequantizes 32-weight chunks l, l+32, ...
+// NT and R vary with T; the operations on any one output element, and their order, do not.
+
+constexpr int kMatmulThreads = 256;
+constexpr int kWarps = kMatmulThreads / 32;
+
+// n activations (zeros past `valid`), as 16-byte loads where `vec` says the address allows.
+template <int N>
+__device__ __forceinline__ void load_x(const float* p, int valid, bool vec, float* xv) {
+  if (vec && valid == N) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p) + j);
+      xv[4 * j] = v.x;
+      xv[4 * j + 1] = v.y;
+      xv[4 * j + 2] = v.z;
+      xv[4 * j + 3] = v.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
+}
+
+// The rows and tokens a warp works on (rows past N and tokens past T repeat the last real one).
+template <int NT, int R>
+struct WarpTile {
+  long long row0;
+  int t0;
+  const std::uint8_t* w[R];
+  const float* x[NT];
+
+  __device__ WarpTile(const std::uint8_t* weights, std::size_t row_bytes, const float* acts, int k, int n, int t) {
+    row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
+    t0 = blockIdx.y * NT;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      w[r] = weights + static_cast<std::size_t>(min(row0 + r, static_cast<long long>(n - 1))) * row_bytes;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) x[i] = acts + static_cast<std::size_t>(min(t0 + i, t - 1)) * k;
+  }
+
+  // Sums the lanes' partial sums (fixed tree) and lane 0 writes Y (+ bias).
+  __device__ void store(float (&acc)[R][NT], float* y, const float* bias, int n, int t) const {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        float s = acc[r][i];
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
+        const long long row = row0 + r;
+        if (threadIdx.x % 32 == 0 && row < n && t0 + i < t) {
+          y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
+        }
+      }
+    }
+  }
+};
+
+template <class F, int NT, int R>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_lanes_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
+                        float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
+  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+  if (tile.row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
+  const int lane = threadIdx.x % 32;
+  const int o0 = F::off0(lane), o1 = F::off1(lane);
+  const bool vec = (reinterpret_cast<std::uintptr_t>(x) & 15) == 0;  // K % 256 == 0: every token row alike
+  float acc[R][NT] = {};
+  const int units = k / dequant::kUnit;
+#pragma unroll 2
+  for (int u = 0; u < units; ++u) {
+    float wv[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) F::lane(tile.w[r], u, lane, wv[r]);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      float xv[8];
+      const float* xp = tile.x[i] + u * dequant::kUnit;
+      load_x<4>(xp + o0, 4, vec, xv);
+      load_x<4>(xp + o1, 4, vec, xv + 4);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r][j], xv[j], acc[r][i]);
+      }
+    }
+  }
+  tile.store(acc, y, bias, n, t);
+}
+
+template <class F, int NT, int R>
+__global__ void __launch_bounds__(kMatmulThreads)
+    matmul_chunks_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
+                         float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
+  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+  if (tile.row0 >= n) return;
+  const int lane = threadIdx.x % 32;
+  float acc[R][NT] = {};
+  const int chunks = (k + kChunk - 1) / kChunk;
+  for (int c = lane; c < chunks; c += 32) {
+    const int base = c * kChunk;
+    const int valid = min(kChunk, k - base);
+    if constexpr (NT == 1) {
+      // Decode: the token's 32 activations stay in registers while each row's chunk streams by.
+      float xv[kChunk];
+      load_x<kChunk>(tile.x[0] + base, valid, (reinterpret_cast<std::uintptr_t>(tile.x[0] + base) & 15) == 0, xv);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wv[kChunk];
+        F::chunk(tile.w[r], c, valid, wv);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) acc[r][0] = fmaf(wv[j], xv[j], acc[r][0]);
+      }
+    } else {
+      float wv[R][kChunk];
+#pragma unroll
+      for (int r = 0; r < R; ++r) F::chunk(tile.w[r], c, valid, wv[r]);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        float xv[kChunk];
+        load_x<kChunk>(tile.x[i] + base, valid, (reinterpret_cast<std::uintptr_t>(tile.x[i] + base) & 15) == 0, xv);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][i] = fmaf(wv[r][j], xv[j], acc[r][i]);
+        }
+      }
+    }
+  }
+  tile.store(acc, y, bias, n, t);
+}
+
+template <class F, int NT, int R, bool Lanes>
+cudaError_t matmul_as(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
+                      std::int64_t k, std::int64_t n, std::int64_t t) {
+  const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
+  const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>((t + NT - 1) / NT));
+  const auto* wb = static_cast<const std::uint8_t*>(w);
+  const int ki = static_cast<int>(k), ni = static_cast<int>(n), ti = static_cast<int>(t);
+  if constexpr (Lanes) {
+    matmul_lanes_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+  } else {
+    matmul_chunks_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+  }
+  return cudaGetLastError();
+}
+
+// Token tiles by T: one token reads each weight once; bigger batches share each dequantized weight
+// among up to 8 tokens (the tiled path for prefill). The layout is chosen by K alone.
+template <class F>
+cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
+                       std::int64_t k, std::int64_t n, std::int64_t t) {
+  if constexpr (F::kLanes) {
+    if (k % dequant::kUnit == 0) {
+      if (t == 1) return matmul_as<F, 1, 4, true>(s, w, rb, x, y, bias, k, n, t);
+      if (t == 2) return matmul_as<F, 2, 4, true>(s, w, rb, x, y, bias, k, n, t);
+      if (t <= 4) return matmul_as<F, 4, 2, true>(s, w, rb, x, y, bias, k, n, t);
+      return matmul_as<F, 8, 2, true>(s, w, rb, x, y, bias, k, n, t);
+    }
+    // Rows that are not whole units (rare shapes): two tiles suffice, the order is the same.
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+  } else {
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t == 2) return matmul_as<F, 2, 4, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t <= 4) return matmul_as<F, 4, 2, false>(s, w, rb, x, y, bias, k, n, t);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+template <class F>
+__global__ void embedding_kernel(const std::uint8_t* __restrict__ table, std::size_t row_bytes,
+                                 const std::int32_t* __restrict__ ids, float* __restrict__ y, int d, int vocab,
+                                 std::int32_t* status) {
+  const int i = blockIdx.y;
+  const int id = ids[i];
+  if (id < 0 || id >= vocab) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && atomicCAS(status, 0, i + 1) == 0) status[1] = id;
+    return;
+  }
+  const int chunks = (d + kChunk - 1) / kChunk;
+  const std::uint8_t* row = table + static_cast<std::size_t>(id) * row_bytes;
+  float* out = y + static_cast<std::size_t>(i) * d;
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += gridDim.x * blockDim.x) {
+    const int valid = min(kChunk, d - c * kChunk);
+    float wv[kChunk];
+    F::chunk(row, c, valid, wv);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (j < valid) out[c * kChunk + j] = wv[j];
+    }
+  }
+}
+
+template <class F>
+cudaError_t embedding_for(cudaStream_t s, const void* table, std::size_t rb, const std::int32_t* ids, float* y,
+                          std::int64_t d, std::int64_t vocab, std::int64_t t, std::int32_t* status) {
+  const std::int64_t chunks = (d + kChunk - 1) / kChunk;
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((chunks + 63) / 64, 1024)), static_cast<unsigned>(t));
+  embedding_kernel<F><<<grid, 64, 0, s>>>(static_cast<const std::uint8_t*>(table), rb, ids, y, static_cast<int>(d),
+                                          static_cast<int>(vocab), status);
+  return cudaGetLastError();
+}
+
+template <template <class> class Launch, typename... Args>
+cudaError_t by_type(std::uint32_t type, Args... args) {
+  switch (type) {
+    case kF32: return Launch<F32>::run(args...);
+    case kF16: return Launch<F16>::run(args...);
+    case kBF16: return Launch<BF16>::run(args...);
+    case kQ8_0: return Launch<Q8_0>::run(args...);
+    case kQ4_0: return Launch<Q4_0>::run(args...);
+    case kQ2_K: return Launch<Q2_K>::run(args...);
+    case kQ3_K: return Launch<Q3_K>::run(args...);
+    case kQ4_K: return Launch<Q4_K>::run(args...);
+    case kQ5_K: return Launch<Q5_K>::run(args...);
+    case kQ6_K: return Launch<Q6_K>::run(args...);
+    default: return cudaErrorInvalidValue;
+  }
+}
+template <class F>
+struct MatmulLaunch {
+  template <typename... Args>
+  static cudaError_t run(Args... args) {
+    return matmul_for<F>(args...);
+  }
+};
+template <class F>
+struct EmbeddingLaunch {
+  template <typename... Args>
+  static cudaError_t run(Args... args) {
+    return embedding_for<F>(args...);
+  }
+};
+
+// ---------------------------------------------------------------- attention
+// One block per (head, query). Keys in blocks of 64 aligned to key 0 (so the blocks a query sees
+// depend only on its own position and window), scored by warps (lanes split head_dim, fixed
+// shuffle tree), then an online softmax whose sums run over the block's keys in order.
+
+constexpr int kAttnThreads = 128;
+constexpr int kKeyBlock = 64;
+constexpr int kMaxHeadDim = 256;
+
+struct KvF32 {
+  __device__ static float at(const std::uint8_t* row, int e) { return reinterpret_cast<const float*>(row)[e]; }
+};
+struct KvF16 {
+  __device__ static float at(const std::uint8_t* row, int e) { return f16_at(row + 2 * e); }
+};
+struct KvQ8_0 {
+  __device__ static float at(const std::uint8_t* row, int e) {
+    const std::uint8_t* b = row + (e / 32) * 34;
+    return __fmul_rn(static_cast<float>(reinterpret_cast<const std::int8_t*>(b + 2)[e % 32]), f16_at(b));
+  }
+};
+
+template <class KV>
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a) {
+  __shared__ float qs[kMaxHeadDim];
+  __shared__ float score[kKeyBlock];
+  __shared__ float prob[kKeyBlock];
+  const int h = blockIdx.x, i = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int hd = a.head_dim;
+  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int p = a.position + i;
+  const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  const float* q = a.q + (static_cast<std::size_t>(i) * a.n_heads + h) * hd;
+  for (int e = tid; e < hd; e += kAttnThreads) qs[e] = q[e];
+  const auto* kbase = static_cast<const std::uint8_t*>(a.k);
+  const auto* vbase = static_cast<const std::uint8_t*>(a.v);
+  auto row_of = [&](const std::uint8_t* base, int j) {
+    return base + (static_cast<std::size_t>(j) * a.n_kv_heads + kvh) * a.kv_row_bytes;
+  };
+  float m = -INFINITY, l = 0.0f;
+  float acc[kMaxHeadDim / kAttnThreads] = {0.0f, 0.0f};
+  __syncthreads();
+  for (int kb = lo / kKeyBlock * kKeyBlock; kb <= p; kb += kKeyBlock) {
+    constexpr int kPerWarp = kKeyBlock / (kAttnThreads / 32);
+    for (int kk = 0; kk < kPerWarp; ++kk) {
+      const int slot = warp * kPerWarp + kk, j = kb + slot;
+      float s = -INFINITY;
+      if (j >= lo && j <= p) {
+        const std::uint8_t* kr = row_of(kbase, j);
+        float dot = 0.0f;
+        for (int e = lane; e < hd; e += 32) dot = fmaf(qs[e], KV::at(kr, e), dot);
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
+        s = __fmul_rn(dot, a.scale);
+      }
+      if (lane == 0) score[slot] = s;
+    }
+    __syncthreads();
+    float mb = m;
+    for (int j = 0; j < kKeyBlock; ++j) mb = fmaxf(mb, score[j]);
+    if (tid < kKeyBlock) prob[tid] = expf(score[tid] - mb);  // exp(-inf) = 0 for keys outside the range
+    __syncthreads();
+    const float corr = expf(m - mb);  // 0 on the first block (m = -inf)
+    float sum = 0.0f;
+    for (int j = 0; j < kKeyBlock; ++j) sum = __fadd_rn(sum, prob[j]);
+    l = fmaf(l, corr, sum);
+#pragma unroll
+    for (int r = 0; r < kMaxHeadDim / kAttnThreads; ++r) {
+      const int e = tid + r * kAttnThreads;
+      if (e >= hd) break;
+      float o = __fmul_rn(acc[r], corr);
+      const int jmax = min(kKeyBlock, p + 1 - kb);
+      for (int j = max(0, lo - kb); j < jmax; ++j) o = fmaf(prob[j], KV::at(row_of(vbase, kb + j), e), o);
+      acc[r] = o;
+    }
+    m = mb;
+    __syncthreads();  // score / prob are rewritten by the next block
+  }
+  float* o = a.o + (static_cast<std::size_t>(i) * a.n_heads + h) * hd;
+#pragma unroll
+  for (int r = 0; r < kMaxHeadDim / kAttnThreads; ++r) {
+    const int e = tid + r * kAttnThreads;
+    if (e < hd) o[e] = __fdiv_rn(acc[r], l);
+  }
+}
+
+// ---------------------------------------------------------------- rms_norm, rope, elementwise
+
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(const float* x, const float* __restrict__ w, float* y, int d, float eps) {  // y may be x
+  __shared__ double part[kNormThreads];
+  const float* xr = x + static_cast<std::size_t>(blockIdx.x) * d;
+  float* yr = y + static_cast<std::size_t>(blockIdx.x) * d;
+  double ss = 0.0;
+  for (int j = threadIdx.x; j < d; j += kNormThreads) {
+    const double v = xr[j];
+    ss = fma(v, v, ss);
+  }
+  part[threadIdx.x] = ss;
+  __syncthreads();
+  for (int stride = kNormThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = static_cast<float>(1.0 / sqrt(part[0] / d + static_cast<double>(eps)));
+  for (int j = threadIdx.x; j < d; j += kNormThreads) yr[j] = __fmul_rn(__fmul_rn(xr[j], inv), w[j]);
+}
+
+// One thread per (pair or pass-through element); in place is safe (each pair is read, then written
+// by the same thread).
+__global__ void rope_kernel(const float* x, const std::int32_t* __restrict__ positions,
+                            const float* __restrict__ inv_freq, float* y, long long heads_total, int head_dim,
+                            int n_heads, int rope_dims, int interleaved, float scale) {
+  const int half = rope_dims / 2;
+  const int per_head = half + (head_dim - rope_dims);
+  const long long n = heads_total * per_head;
+  for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long head = idx / per_head;
+    const int j = static_cast<int>(idx % per_head);
+    const std::size_t base = static_cast<std::size_t>(head) * head_dim;
+    if (j >= half) {  // dims past rope_dims pass through
+      const int e = rope_dims + (j - half);
+      y[base + e] = x[base + e];
+      continue;
+    }
+    const int token = static_cast<int>(head / n_heads);
+    const float theta = __fmul_rn(static_cast<float>(positions[token]), inv_freq[j]);
+    double sn, cs;
+    sincos(static_cast<double>(theta), &sn, &cs);
+    const double c = cs * scale, s = sn * scale;
+    const int ia = interleaved ? 2 * j : j;
+    const int ib = interleaved ? ia + 1 : ia + half;
+    const double x0 = x[base + ia], x1 = x[base + ib];
+    y[base + ia] = static_cast<float>(x0 * c - x1 * s);
+    y[base + ib] = static_cast<float>(x0 * s + x1 * c);
+  }
+}
+
+__device__ __forceinline__ float sigmoidf(float v) {
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v)));
+}
+
+__global__ void eltwise_kernel(int mode, const float* a, const float* b, float* y, long long n, long long d) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    switch (mode) {
+      case 0: y[i] = __fadd_rn(a[i], b[i]); break;
+      case 1: y[i] = __fmul_rn(__fmul_rn(a[i], sigmoidf(a[i])), b[i]); break;
+      case 2: y[i] = sigmoidf(a[i]); break;
+      default: y[i] = fmaf(b[i / d], a[i], y[i]); break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- topk routing
+// One thread per token. Picks in (score desc, id asc) order without storing the chosen ids: the
+// next pick is the best candidate ranked after the previous one.
+
+__device__ float route_score(const float* x, int j, int mode, float mx, float sum) {
+  if (mode == 1) return __fdiv_rn(expf(x[j] - mx), sum);
+  if (mode == 2) return sigmoidf(x[j]);
+  return x[j];
+}
+
+__global__ void topk_kernel(const float* __restrict__ logits, std::int32_t* __restrict__ ids,
+                            float* __restrict__ weights, int e, int t, int k, int mode, int renormalize,
+                            std::int32_t* status) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= t) return;
+  const float* x = logits + static_cast<std::size_t>(i) * e;
+  float mx = x[0], sum = 0.0f;
+  for (int j = 0; j < e; ++j) {
+    if (isnan(x[j])) {
+      if (atomicCAS(status, 0, i + 1) == 0) status[1] = j;
+      return;
+    }
+    mx = fmaxf(mx, x[j]);
+  }
+  if (mode == 1) {
+    for (int j = 0; j < e; ++j) sum = __fadd_rn(sum, expf(x[j] - mx));
+  }
+  float prev = INFINITY, chosen_sum = 0.0f;
+  int prev_id = -1;
+  std::int32_t* out_ids = ids + static_cast<std::size_t>(i) * k;
+  float* out_w = weights + static_cast<std::size_t>(i) * k;
+  for (int pick = 0; pick < k; ++pick) {
+    int best = -1;
+    float best_s = 0.0f;
+    for (int j = 0; j < e; ++j) {
+      const float s = route_score(x, j, mode, mx, sum);
+      const bool after_prev = s < prev || (s == prev && j > prev_id);
+      if (after_prev && (best < 0 || s > best_s)) best = j, best_s = s;
+    }
+    out_ids[pick] = best;
+    out_w[pick] = best_s;
+    chosen_sum = __fadd_rn(chosen_sum, best_s);
+    prev = best_s;
+    prev_id = best;
+  }
+  if (renormalize) {
+    for (int pick = 0; pick < k; ++pick) out_w[pick] = __fdiv_rn(out_w[pick], chosen_sum);
+  }
+}
+
+unsigned grid_for(long long items, int threads) {
+  const long long g = (items + threads - 1) / threads;
+  return static_cast<unsigned>(g < 1 ? 1 : (g > 65535 ? 65535 : g));
+}
+
+}  // namespace
+
+cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                          const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n,
+                          std::int64_t t) noexcept {
+  return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
+}
+
+cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const void* table, std::size_t row_bytes,
+                             const std::int32_t* ids, float* y, std::int64_t d, std::int64_t vocab, std::int64_t t,
+                             std::int32_t* status) noexcept {
+  return by_type<EmbeddingLaunch>(wtype, stream, table, row_bytes, ids, y, d, vocab, t, status);
+}
+
+cudaError_t launch_attention(cudaStream_t stream, std::uint32_t kv_type, const AttentionArgs& a) noexcept {
+  const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.t));
+  switch (kv_type) {
+    case kF32: attention_kernel<KvF32><<<grid, kAttnThreads, 0, stream>>>(a); break;
+    case kF16: attention_kernel<KvF16><<<grid, kAttnThreads, 0, stream>>>(a); break;
+    case kQ8_0: attention_kernel<KvQ8_0><<<grid, kAttnThreads, 0, stream>>>(a); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rms_norm(cudaStream_t stream, const float* x, const float* w, float* y, std::int64_t d,
+                            std::int64_t rows, float eps) noexcept {
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(x, w, y, static_cast<int>(d), eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(cudaStream_t stream, const float* x, const std::int32_t* positions, const float* inv_freq,
+                        float* y, std::int64_t head_dim, std::int64_t n_heads, std::int64_t t, std::int32_t rope_dims,
+                        bool interleaved, float scale) noexcept {
+  const long long heads_total = n_heads * t;
+  const long long items = heads_total * (rope_dims / 2 + (head_dim - rope_dims));
+  rope_kernel<<<grid_for(items, 256), 256, 0, stream>>>(x, positions, inv_freq, y, heads_total,
+                                                        static_cast<int>(head_dim), static_cast<int>(n_heads),
+                                                        rope_dims, interleaved ? 1 : 0, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
+                           std::int64_t d) noexcept {
+  eltwise_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<int>(mode), a, b, y, n, d);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,
+                        std::int64_t t, std::int32_t k, int mode, bool renormalize, std::int32_t* status) noexcept {
+  topk_kernel<<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, status);
+  return cudaGetLastError();
+}
+
+cudaError_t kernel_image_status() noexcept {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, eltwise_kernel);
+}
+
+}  // namespace colibri::cuda

@@ -1,0 +1,54 @@
+// compute/cuda: kernel launchers. Plain C++ interface over cuda_kernels.cu so the plugin (and the
+// GEMV benchmark) need no CUDA language. Pointers are device pointers; shapes were validated by
+// the caller. Every launcher enqueues on `stream` and returns the launch error (cudaSuccess when
+// queued). Weight and cache types are GGML type ids (colibri::sdk::DType values).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace colibri::cuda {
+
+// Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart.
+cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                          const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n,
+                          std::int64_t t) noexcept;
+
+// Y {d, t}: rows ids[i] of the table; an id outside 0..vocab-1 sets status[0] = i + 1, status[1] = id.
+cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const void* table, std::size_t row_bytes,
+                             const std::int32_t* ids, float* y, std::int64_t d, std::int64_t vocab, std::int64_t t,
+                             std::int32_t* status) noexcept;
+
+struct AttentionArgs {
+  const float* q;
+  const void* k;
+  const void* v;
+  float* o;
+  std::int32_t head_dim, n_heads, n_kv_heads, t, position, window;
+  float scale;
+  std::size_t kv_row_bytes;  // bytes of one cached row of head_dim
+};
+cudaError_t launch_attention(cudaStream_t stream, std::uint32_t kv_type, const AttentionArgs& a) noexcept;
+
+cudaError_t launch_rms_norm(cudaStream_t stream, const float* x, const float* w, float* y, std::int64_t d,
+                            std::int64_t rows, float eps) noexcept;
+
+cudaError_t launch_rope(cudaStream_t stream, const float* x, const std::int32_t* positions, const float* inv_freq,
+                        float* y, std::int64_t head_dim, std::int64_t n_heads, std::int64_t t, std::int32_t rope_dims,
+                        bool interleaved, float scale) noexcept;
+
+enum class Eltwise : int { add, swiglu, sigmoid, scale_add };
+// add / swiglu: y = f(a, b); sigmoid: y = f(a); scale_add: y[i] += b[i / d] * a[i].
+cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
+                           std::int64_t d) noexcept;
+
+// mode: 0 raw logits, 1 softmax, 2 sigmoid. A NaN logit sets status[0] = token + 1, status[1] = expert.
+cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,
+                        std::int64_t t, std::int32_t k, int mode, bool renormalize, std::int32_t* status) noexcept;
+
+// cudaSuccess when this build holds code the current device can run (else cudaErrorNoKernelImageForDevice).
+cudaError_t kernel_image_status() noexcept;
+
+}  // namespace colibri::cuda

@@ -1,0 +1,11 @@
+// The compute conformance suite on the CUDA plugin. Without a usable device create() answers
+// `unsupported` and the suite skips with the reason; cuda_plugin_test.cpp's RequiredDevice test
+// fails instead when COLIBRI_REQUIRE_CUDA=1.
+#include "colibri/sdk/testing/compute_conformance.hpp"
+#include "cuda_plugin_path.hpp"
+
+using colibri::sdk::testing::ComputeConformance;
+using colibri::sdk::testing::ComputeParam;
+
+INSTANTIATE_TEST_SUITE_P(Cuda, ComputeConformance, ::testing::Values(ComputeParam{cuda_plugin_path(), {}, "device"}),
+                         colibri::sdk::testing::ComputeParamName);

@@ -1,0 +1,124 @@
+// The CUDA kernels' dequantization (cuda_dequant.cuh), compiled for the host: every chunk of every
+// weight format bit-identical to colibri::quant. Runs without a GPU, so the bit fiddling of each
+// block layout is checked on every CI run.
+#include "cuda_dequant.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+
+namespace {
+
+using colibri::sdk::DType;
+namespace dq = colibri::cuda::dequant;
+
+template <class F>
+void expect_chunks_match(DType type, std::int64_t n, unsigned seed, std::size_t offset) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 97 == 0 ? 40.0f : 1.0f);  // a few outliers
+  // Rows at any offset in a buffer: word-aligned and not (the kernels then join aligned words).
+  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
+  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
+  ASSERT_TRUE(colibri::quant::quantize_row(type, x.data(), row, n));
+  std::vector<float> want(x.size());
+  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  const std::int64_t chunks = (n + dq::kChunk - 1) / dq::kChunk;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const int valid = static_cast<int>(std::min<std::int64_t>(dq::kChunk, n - c * dq::kChunk));
+    float got[dq::kChunk];
+    F::chunk(row, static_cast<int>(c), valid, got);
+    for (int j = 0; j < dq::kChunk; ++j) {
+      const float expect = j < valid ? want[static_cast<std::size_t>(c * dq::kChunk + j)] : 0.0f;
+      std::uint32_t a, b;
+      std::memcpy(&a, &got[j], 4);
+      std::memcpy(&b, &expect, 4);
+      ASSERT_EQ(a, b) << colibri::sdk::to_string(type) << " chunk " << c << " element " << j << ": got " << got[j]
+                      << ", want " << expect;
+    }
+  }
+}
+
+// The lane layouts: the 32 lanes cover each 256-element unit exactly once, and every weight a lane
+// produces is the reference's weight at the element the lane's offsets name.
+template <class F>
+void expect_lanes_match(DType type, std::int64_t units, std::size_t offset) {
+  const std::int64_t n = units * dq::kUnit;
+  std::mt19937 rng(static_cast<unsigned>(units + offset));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 89 == 0 ? 30.0f : 1.0f);
+  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
+  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
+  ASSERT_TRUE(colibri::quant::quantize_row(type, x.data(), row, n));
+  std::vector<float> want(x.size());
+  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  std::vector<int> covered(dq::kUnit, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int j = 0; j < 4; ++j) {
+      ++covered[static_cast<std::size_t>(F::off0(lane) + j)];
+      ++covered[static_cast<std::size_t>(F::off1(lane) + j)];
+    }
+  }
+  for (int e = 0; e < dq::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+  for (std::int64_t u = 0; u < units; ++u) {
+    for (int lane = 0; lane < 32; ++lane) {
+      float got[8];
+      F::lane(row, static_cast<int>(u), lane, got);
+      for (int j = 0; j < 8; ++j) {
+        const std::int64_t e = u * dq::kUnit + (j < 4 ? F::off0(lane) + j : F::off1(lane) + j - 4);
+        const float expect = want[static_cast<std::size_t>(e)];
+        std::uint32_t a, b;
+        std::memcpy(&a, &got[j], 4);
+        std::memcpy(&b, &expect, 4);
+        ASSERT_EQ(a, b) << colibri::sdk::to_string(type) << " unit " << u << " lane " << lane << " weight " << j
+                        << " (element " << e << "): got " << got[j] << ", want " << expect;
+      }
+    }
+  }
+}
+
+TEST(CudaDequant, LaneLayoutsCoverEachUnitOnceAndMatchColibriQuant) {
+  for (std::size_t offset : {0, 2}) {
+    expect_lanes_match<dq::Q4_K>(DType::q4_k, 5, offset);
+    expect_lanes_match<dq::Q5_K>(DType::q5_k, 5, offset);
+    expect_lanes_match<dq::Q6_K>(DType::q6_k, 5, offset);
+    expect_lanes_match<dq::Q8_0>(DType::q8_0, 3, offset);
+    expect_lanes_match<dq::Q4_0>(DType::q4_0, 3, offset);
+    expect_lanes_match<dq::F16>(DType::f16, 2, offset);
+    expect_lanes_match<dq::BF16>(DType::bf16, 2, offset);
+  }
+  expect_lanes_match<dq::F32>(DType::f32, 2, 0);
+  static_assert(!dq::Q2_K::kLanes && !dq::Q3_K::kLanes, "q2_k and q3_k take the chunk path");
+}
+
+TEST(CudaDequant, EveryChunkOfEveryFormatIsBitIdenticalToColibriQuant) {
+  for (std::size_t offset : {0, 2, 6}) {
+    for (unsigned seed : {1u, 2u}) {
+      expect_chunks_match<dq::Q4_K>(DType::q4_k, 256 * 6, seed, offset);
+      expect_chunks_match<dq::Q5_K>(DType::q5_k, 256 * 6, seed, offset);
+      expect_chunks_match<dq::Q6_K>(DType::q6_k, 256 * 6, seed, offset);
+      expect_chunks_match<dq::Q2_K>(DType::q2_k, 256 * 6, seed, offset);
+      expect_chunks_match<dq::Q3_K>(DType::q3_k, 256 * 6, seed, offset);
+      expect_chunks_match<dq::Q8_0>(DType::q8_0, 32 * 13, seed, offset);
+      expect_chunks_match<dq::Q4_0>(DType::q4_0, 32 * 13, seed, offset);
+    }
+  }
+}
+
+TEST(CudaDequant, PlainFloatRowsIncludingAPartialLastChunk) {
+  for (std::int64_t n : {std::int64_t{96}, std::int64_t{100}, std::int64_t{4099}}) {
+    expect_chunks_match<dq::F32>(DType::f32, n, 7, 0);
+    expect_chunks_match<dq::F16>(DType::f16, n, 8, 0);
+    expect_chunks_match<dq::F16>(DType::f16, n, 8, 2);
+    expect_chunks_match<dq::BF16>(DType::bf16, n, 9, 2);
+  }
+}
+
+}  // namespace

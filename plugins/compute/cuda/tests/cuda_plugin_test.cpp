@@ -1,0 +1,307 @@
+// CUDA-specific behaviour the conformance suite does not cover: loading and score() without a
+// driver or device, device info, host-memory tensors, shapes past one warp's worth of chunks and
+// every token-tile size of the matmul kernel, wide heads and long caches in attention, many
+// asynchronous copies in flight.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/plugin_loader.hpp"
+#include "colibri/sdk/testing/reference_ops.hpp"
+#include "cuda_plugin_path.hpp"
+
+namespace {
+
+using namespace colibri::sdk;
+namespace ct = colibri::sdk::testing;
+
+std::shared_ptr<ct::LoadedPlugin> plugin() {
+  auto lib = ct::LoadedPlugin::load(cuda_plugin_path());
+  if (!lib) ADD_FAILURE() << lib.error().to_string();
+  return lib ? *lib : nullptr;
+}
+
+bool cuda_required() {
+  const char* v = std::getenv("COLIBRI_REQUIRE_CUDA");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The Compute, or a skip saying why there is none (a failure when COLIBRI_REQUIRE_CUDA=1).
+#define CUDA_COMPUTE(var, options)                                                                   \
+  auto var##_lib = plugin();                                                                         \
+  ASSERT_NE(var##_lib, nullptr);                                                                     \
+  auto var##_made = var##_lib->create_as<Compute>(options);                                          \
+  if (!var##_made && var##_made.error().code() == StatusCode::unsupported) {                         \
+    if (cuda_required()) FAIL() << "COLIBRI_REQUIRE_CUDA=1 but: " << var##_made.error().to_string(); \
+    GTEST_SKIP() << var##_made.error().to_string();                                                  \
+  }                                                                                                  \
+  ASSERT_TRUE(var##_made) << var##_made.error().to_string();                                         \
+  Compute& var = **var##_made
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+bool names_what_is_missing(const std::string& reason) {
+  for (const char* word : {"NVIDIA driver", "CUDA device", "CUDA_VISIBLE_DEVICES", "cannot run this build"}) {
+    if (reason.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
+std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::size_t bytes_of(DType type, const std::array<std::int64_t, 4>& ne) {
+  return row_bytes(type, ne[0]) * static_cast<std::size_t>(ne[1] * ne[2] * ne[3]);
+}
+
+struct HostArg {
+  DType type;
+  std::array<std::int64_t, 4> ne;
+  void* host;
+};
+
+// Runs an op with every tensor in a device buffer (device = true) or passed as host memory.
+Status run_op(Compute& c, Op op, const std::vector<HostArg>& in, const std::vector<HostArg>& out, OpParams p,
+              bool device = true) {
+  std::vector<std::unique_ptr<Buffer>> keep;
+  auto place = [&](const HostArg& a, Tensor& t) -> Status {
+    t = Tensor{a.type, a.ne, a.host, nullptr, 0};
+    if (!device) return {};
+    auto b = c.allocate(bytes_of(a.type, a.ne));
+    if (!b) return b.error();
+    auto ev = c.copy_to_device_async(a.host, **b, 0, bytes_of(a.type, a.ne));
+    if (!ev) return ev.error();
+    if (Status s = (*ev)->wait(); !s) return s;
+    t = Tensor{a.type, a.ne, nullptr, b->get(), 0};
+    keep.push_back(std::move(*b));
+    return {};
+  };
+  std::vector<Tensor> ti(in.size()), to(out.size());
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (Status s = place(in[i], ti[i]); !s) return s;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (Status s = place(out[i], to[i]); !s) return s;
+  }
+  if (Status s = c.run(OpCall{op, ti, to, p}); !s) return s;
+  if (!device) return {};
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    auto ev = c.copy_to_host_async(*to[i].buffer, 0, out[i].host, bytes_of(out[i].type, out[i].ne));
+    if (!ev) return ev.error();
+    if (Status s = (*ev)->wait(); !s) return s;
+  }
+  return c.synchronize();
+}
+
+std::vector<std::byte> quantized(DType type, const std::vector<float>& f) {
+  std::vector<std::byte> q(row_bytes(type, static_cast<std::int64_t>(f.size())));
+  EXPECT_TRUE(colibri::quant::quantize_row(type, f.data(), q.data(), static_cast<std::int64_t>(f.size())));
+  return q;
+}
+
+// ------------------------------------------------------------------ without a device
+
+TEST(CudaPlugin, LoadsEverywhereAndScoresZeroWithAReasonWhenItCannotRun) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  EXPECT_EQ(lib->descriptor().kind, PluginKind::compute);
+  EXPECT_STREQ(lib->descriptor().name, "cuda");
+  const Score s = lib->descriptor().score(HostInfo{});
+  auto made = lib->create_as<Compute>({});
+  if (s.value == 0) {
+    EXPECT_TRUE(names_what_is_missing(s.reason)) << s.reason;
+    ASSERT_FALSE(made) << "score() said the backend cannot run (" << s.reason << ") but create() worked";
+    EXPECT_EQ(made.error().code(), StatusCode::unsupported) << made.error().to_string();
+    EXPECT_TRUE(names_what_is_missing(made.error().message())) << made.error().to_string();
+  } else {
+    EXPECT_FALSE(s.reason.empty());
+    if (!made) {
+      EXPECT_EQ(made.error().code(), StatusCode::unsupported) << made.error().to_string();
+      EXPECT_FALSE(made.error().message().empty());
+    }
+  }
+}
+
+TEST(CudaPlugin, ScoreIsZeroWhenCudaVisibleDevicesHidesEveryDevice) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  ScopedEnv env("CUDA_VISIBLE_DEVICES", "");
+  const Score s = lib->descriptor().score(HostInfo{});
+  EXPECT_EQ(s.value, 0) << s.reason;
+  EXPECT_TRUE(names_what_is_missing(s.reason)) << s.reason;
+}
+
+// ------------------------------------------------------------------ with a device
+
+TEST(CudaPlugin, RequiredDeviceExistsWhenAskedFor) {
+  CUDA_COMPUTE(c, {});
+  EXPECT_FALSE(c.devices().empty());
+}
+
+TEST(CudaPlugin, DeviceDescribesItsArchitectureAndMemory) {
+  CUDA_COMPUTE(c, {});
+  ASSERT_EQ(c.devices().size(), 1u);
+  const DeviceInfo& d = c.devices().front();
+  EXPECT_FALSE(d.host_memory);
+  EXPECT_EQ(d.capabilities.rfind("sm_", 0), 0u) << d.capabilities;
+  EXPECT_GT(d.memory_total, 0u);
+  EXPECT_LE(d.memory_available, d.memory_total);
+  auto before = c.devices().front().memory_available;
+  auto big = c.allocate(std::size_t{256} << 20);
+  ASSERT_TRUE(big) << big.error().to_string();
+  EXPECT_LT(c.devices().front().memory_available, before) << "memory_available must follow allocations";
+}
+
+TEST(CudaPlugin, AnUnknownDeviceIndexIsAClearError) {
+  CUDA_COMPUTE(c, {});
+  (void)c;
+  auto lib = plugin();
+  auto bad = lib->create_as<Compute>({{"device", "99"}});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), StatusCode::invalid_argument);
+  EXPECT_NE(bad.error().message().find("compute.device"), std::string::npos) << bad.error().to_string();
+}
+
+TEST(CudaPlugin, HostMemoryTensorsGiveTheSameBitsAsDeviceBuffers) {
+  CUDA_COMPUTE(c, {});
+  const std::int64_t k = 4096, n = 100, t = 5;
+  auto wq = quantized(DType::q4_k, randn(static_cast<std::size_t>(k * n), 1, 0.1f));
+  auto x = randn(static_cast<std::size_t>(k * t), 2);
+  std::vector<float> on_device(static_cast<std::size_t>(n * t)), on_host(on_device.size(), std::nanf(""));
+  const std::vector<HostArg> in{{DType::q4_k, {k, n, 1, 1}, wq.data()}, {DType::f32, {k, t, 1, 1}, x.data()}};
+  ASSERT_TRUE(run_op(c, Op::matmul, in, {{DType::f32, {n, t, 1, 1}, on_device.data()}}, {}, true));
+  ASSERT_TRUE(run_op(c, Op::matmul, in, {{DType::f32, {n, t, 1, 1}, on_host.data()}}, {}, false));
+  EXPECT_EQ(0, std::memcmp(on_device.data(), on_host.data(), on_host.size() * sizeof(float)));
+  // scale_add accumulates into its output: a host output must be read as well as written.
+  std::vector<float> acc(static_cast<std::size_t>(k * t), 1.0f), w{0.5f, 1.0f, 2.0f, -1.0f, 0.0f};
+  ASSERT_TRUE(run_op(c, Op::scale_add, {{DType::f32, {k, t, 1, 1}, x.data()}, {DType::f32, {t, 1, 1, 1}, w.data()}},
+                     {{DType::f32, {k, t, 1, 1}, acc.data()}}, {}, false));
+  for (std::int64_t i = 0; i < t; ++i) {
+    const auto at = static_cast<std::size_t>(i * k + 7);
+    EXPECT_FLOAT_EQ(acc[at], 1.0f + w[static_cast<std::size_t>(i)] * x[at]) << "token " << i;
+  }
+}
+
+// K = 4096 gives each lane several chunks (the conformance suite's K = 512 gives at most one),
+// K = 4100 a partial last chunk for the float types; T runs through every token-tile size.
+TEST(CudaPlugin, LongRowsAndEveryTokenTileKeepTheBatchPromise) {
+  CUDA_COMPUTE(c, {});
+  const std::int64_t n = 77, tmax = 40;
+  for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k,
+                     DType::f16, DType::bf16, DType::f32}) {
+    const std::int64_t k = dtype_traits(type)->quantized ? 4096 : 4100;
+    auto w = quantized(type, randn(static_cast<std::size_t>(k * n), 3, 0.1f));
+    const auto wd = ct::ref::dequantize(type, w.data(), k * n);
+    auto x = randn(static_cast<std::size_t>(k * tmax), 4);
+    std::vector<float> all(static_cast<std::size_t>(n * tmax));
+    ASSERT_TRUE(run_op(c, Op::matmul, {{type, {k, n, 1, 1}, w.data()}, {DType::f32, {k, tmax, 1, 1}, x.data()}},
+                       {{DType::f32, {n, tmax, 1, 1}, all.data()}}, {}));
+    const auto want = ct::ref::matmul(DType::f32, wd.data(), k, n, x.data(), tmax, nullptr);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      ASSERT_NEAR(all[i], want[i], 1e-4 * (1.0 + std::fabs(want[i]))) << to_string(type) << " at " << i;
+    }
+    for (std::int64_t t : {1, 2, 3, 5, 9}) {
+      std::vector<float> part(static_cast<std::size_t>(n * t));
+      ASSERT_TRUE(run_op(c, Op::matmul, {{type, {k, n, 1, 1}, w.data()}, {DType::f32, {k, t, 1, 1}, x.data() + 11 * k}},
+                         {{DType::f32, {n, t, 1, 1}, part.data()}}, {}));
+      EXPECT_EQ(0, std::memcmp(part.data(), all.data() + 11 * n, part.size() * sizeof(float)))
+          << to_string(type) << ": tokens 11.." << 10 + t << " differ in a batch of " << t << " and of " << tmax;
+    }
+  }
+}
+
+TEST(CudaPlugin, AttentionWithWideHeadsAndALongCache) {
+  CUDA_COMPUTE(c, {});
+  const std::int64_t heads = 4, kvh = 2, s = 1000, t = 3;
+  for (std::int64_t hd : {128, 256}) {
+    for (DType kv : {DType::f16, DType::q8_0}) {
+      auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 5);
+      auto vf = randn(static_cast<std::size_t>(hd * kvh * s), 6);
+      auto kb = quantized(kv, kf), vb = quantized(kv, vf);
+      const auto kd = ct::ref::dequantize(kv, kb.data(), hd * kvh * s);
+      const auto vd = ct::ref::dequantize(kv, vb.data(), hd * kvh * s);
+      auto q = randn(static_cast<std::size_t>(hd * heads * t), 7);
+      for (std::int32_t window : {0, 300}) {
+        OpParams p;
+        p.position = 997;
+        p.window = window;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        std::vector<float> o(q.size());
+        ASSERT_TRUE(run_op(c, Op::attention,
+                           {{DType::f32, {hd, heads, t, 1}, q.data()},
+                            {kv, {hd, kvh, s, 1}, kb.data()},
+                            {kv, {hd, kvh, s, 1}, vb.data()}},
+                           {{DType::f32, {hd, heads, t, 1}, o.data()}}, p));
+        const auto want =
+            ct::ref::attention(q.data(), hd, heads, t, kd.data(), vd.data(), kvh, s, p.position, window, p.scale);
+        for (std::size_t i = 0; i < o.size(); ++i) {
+          ASSERT_NEAR(o[i], want[i], 2e-5 + 1e-5 * std::fabs(want[i]))
+              << "hd " << hd << " kv " << to_string(kv) << " window " << window << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaPlugin, ManyCopiesInFlightAllArrive) {
+  CUDA_COMPUTE(c, {});
+  const std::size_t n = 16, bytes = std::size_t{4} << 20;
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<std::unique_ptr<Event>> events;
+  std::vector<std::vector<unsigned char>> want(n);
+  std::vector<unsigned char> src(bytes);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < bytes; j += 4096) src[j] = static_cast<unsigned char>(i * 31 + j / 4096);
+    want[i] = src;
+    auto b = c.allocate(bytes);
+    ASSERT_TRUE(b) << b.error().to_string();
+    // One source array for all: it is the caller's again as soon as the call returns.
+    auto ev = c.copy_to_device_async(src.data(), **b, 0, bytes);
+    ASSERT_TRUE(ev) << ev.error().to_string();
+    bufs.push_back(std::move(*b));
+    events.push_back(std::move(*ev));
+  }
+  ASSERT_TRUE(c.synchronize());
+  for (auto& e : events) EXPECT_TRUE(e->ready());
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<unsigned char> back(bytes);
+    auto ev = c.copy_to_host_async(*bufs[i], 0, back.data(), bytes);
+    ASSERT_TRUE(ev) << ev.error().to_string();
+    ASSERT_TRUE((*ev)->wait());
+    EXPECT_EQ(back, want[i]) << "buffer " << i;
+  }
+}
+
+}  // namespace
