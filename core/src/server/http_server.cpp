@@ -329,6 +329,7 @@ class Session : public std::enable_shared_from_this<Session> {
       } catch (const std::exception& e) {
         result = internal_error(std::string("Internal error: ") + e.what());
       }
+      self->srv_.scheduler->publish_expert_stats();  // a stats request after this answer sees the change
       net::post(self->stream_.get_executor(), [self, result = std::move(result)] {
         if (const auto* body = std::get_if<ojson>(&result)) return self->respond(200, body->dump(), "application/json");
         self->respond_error(std::get<ApiError>(result), false);

@@ -122,10 +122,6 @@ void Scheduler::loop() {
       if (stopping_ && active.empty() && queue_.empty() && tasks.empty()) break;
     }
     for (auto& task : tasks) task(engine_);
-    if (!tasks.empty()) {
-      std::lock_guard lock(mu_);
-      refresh_expert_stats();
-    }
     if (!active.empty()) step(active);
     for (auto& seq : active) {
       if (seq->done) release_state(*seq);
@@ -354,6 +350,11 @@ void Scheduler::record_trace(const std::vector<engine::RoutingRecord>& trace,
     spdlog::error("{}", s.message());
     options_.trace.reset();
   }
+}
+
+void Scheduler::publish_expert_stats() {
+  std::lock_guard lock(mu_);
+  refresh_expert_stats();
 }
 
 void Scheduler::refresh_expert_stats() {

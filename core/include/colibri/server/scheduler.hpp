@@ -87,9 +87,12 @@ class Scheduler {
   enum class Submit { accepted, queue_full, closed };
   Submit submit(std::shared_ptr<Job> job);
 
-  // Runs `task` on the scheduler thread between steps (engine access from outside goes through here); the expert
-  // statistics in stats() are refreshed after it. Returns false when the scheduler is closed.
+  // Runs `task` on the scheduler thread between steps (engine access from outside goes through here). Returns false
+  // when the scheduler is closed.
   bool post(std::function<void(engine::Engine&)> task);
+  // Publishes the expert cache's statistics to stats() now; only on the scheduler thread (in a posted task), so a
+  // task that changes the cache can answer with stats() already showing the change.
+  void publish_expert_stats();
 
   // Stops accepting jobs; lets active and queued ones finish for up to `grace`, then cancels the rest (they end
   // with finish_reason "cancelled"), saves the usage history and joins the thread. Idempotent.
@@ -112,7 +115,7 @@ class Scheduler {
   void record_trace(const std::vector<engine::RoutingRecord>& trace,
                     const std::vector<engine::Engine::BatchItem>& items, const std::vector<Sequence*>& members,
                     const std::vector<std::int64_t>& first_positions);
-  void refresh_expert_stats();  // under mu_
+  void refresh_expert_stats();  // under mu_ (or before the thread starts)
   void refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,
                      std::uint64_t prompt_tokens, std::uint64_t sequences_run);
   void save_usage_history();
