@@ -280,12 +280,9 @@ class Session : public std::enable_shared_from_this<Session> {
       if (auto e = parse_cache_clear_request(request_.body())) return respond_error(*e, false);
       return run_admin([](engine::Engine& eng) -> AdminResult {
         const auto r = eng.experts().clear();
-        ojson out{{"object", "cache.clear"},
-                  {"dropped_experts", r.dropped},
-                  {"dropped_bytes", r.dropped_bytes},
-                  {"kept_in_use", r.kept_in_use},
-                  {"kept_pinned", r.kept_pinned},
-                  {"vram_dropped_experts", r.vram_dropped}};
+        ojson out{{"object", "cache.clear"},          {"dropped_experts", r.dropped},
+                  {"dropped_bytes", r.dropped_bytes}, {"kept_in_use", r.kept_in_use},
+                  {"kept_pinned", r.kept_pinned},     {"vram_dropped_experts", r.vram_dropped}};
         return with_residency(std::move(out), eng.experts());
       });
     }
