@@ -113,6 +113,10 @@ class CudaCompute final : public sdk::Compute {
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
                                                                 std::size_t bytes) noexcept override;
   sdk::Status synchronize() noexcept override;
+  // run() stages host tensors through pinned memory, so the engine may keep activations on the host.
+  [[nodiscard]] void* query_interface(std::string_view id) noexcept override {
+    return id == sdk::kHostTensorsInterface ? this : nullptr;
+  }
 
  private:
   friend class Binder;
