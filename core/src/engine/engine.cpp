@@ -161,13 +161,14 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   const auto devices = plugins_.compute->devices();
   // Activations, the KV cache and the shared weights stay in host memory: a device-memory backend must take host
   // tensors (kHostTensorsInterface); only routed experts move into its buffers (the VRAM tier).
-  if (devices.empty() ||
-      (!devices[0].host_memory && plugins_.compute->query_interface(sdk::kHostTensorsInterface) == nullptr)) {
+  const bool host_tensors = plugins_.compute->query_interface(sdk::kHostTensorsInterface) != nullptr;
+  if (devices.empty() || (!devices[0].host_memory && !host_tensors)) {
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
                                                " keeps buffers in device memory and cannot run host tensors; this "
                                                "engine needs one that can (use compute.backend: cpu or vulkan)");
   }
-  const bool has_device_memory = devices[0].memory_total > 0;
+  // Memory of its own, for the VRAM tier (the CPU backend reports host RAM as memory_total: not a tier).
+  const bool has_device_memory = !devices[0].host_memory || host_tensors;
   if (hp_.hidden_act != "silu") {
     return Status(StatusCode::unsupported,
                   "manifest.json hparams.hidden_act '" + hp_.hidden_act + "' is not supported (only silu)");

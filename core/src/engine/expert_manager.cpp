@@ -238,6 +238,7 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
     return *w;
   }
   // VRAM miss: through the RAM tier (a hit there or a read), then upload; the RAM slot is free again once copied.
+  if (auto s = vram_->make_room(); !s) return s;
   auto ram = acquire_ram(layer, expert);
   if (!ram) return ram;
   const auto& slot = slots_.at(key.packed());

@@ -103,6 +103,20 @@ void VramTier::erase(std::map<std::uint64_t, Entry>::iterator it) {
   if (policy_) policy_->on_erase(key);
 }
 
+Status VramTier::make_room() {
+  if (!free_.empty()) return {};
+  std::optional<sdk::ExpertKey> victim;
+  if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{&VramTier::evictable, this});
+  if (!victim || !evictable(this, *victim)) {
+    return Status(StatusCode::out_of_memory,
+                  "memory.vram_budget (" + sdk::format_size(budget_) + ", " + std::to_string(slots_.size()) +
+                      " expert slots) cannot hold the experts one layer needs at once; raise it (--vram-budget)");
+  }
+  erase(entries_.find(victim->packed()));
+  ++stats_.vram_evictions;
+  return {};
+}
+
 sdk::Expected<ExpertWeights> VramTier::upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob) {
   if (auto it = entries_.find(key.packed()); it != entries_.end()) {
     ++it->second.in_use;  // uploaded meanwhile: nothing to copy
@@ -112,17 +126,7 @@ sdk::Expected<ExpertWeights> VramTier::upload(sdk::ExpertKey key, const model::E
     return Status(StatusCode::internal, key_text(key) + " (" + std::to_string(e.size) +
                                             " bytes) is larger than a VRAM slot; the manifest changed under us");
   }
-  if (free_.empty()) {
-    std::optional<sdk::ExpertKey> victim;
-    if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{&VramTier::evictable, this});
-    if (!victim || !evictable(this, *victim)) {
-      return Status(StatusCode::out_of_memory,
-                    "memory.vram_budget (" + sdk::format_size(budget_) + ", " + std::to_string(slots_.size()) +
-                        " expert slots) cannot hold the experts one layer needs at once; raise it (--vram-budget)");
-    }
-    erase(entries_.find(victim->packed()));
-    ++stats_.vram_evictions;
-  }
+  if (auto s = make_room(); !s) return s;
   const std::size_t slot = free_.back();
   const Place& p = slots_[slot];
   const auto start = std::chrono::steady_clock::now();

@@ -252,9 +252,11 @@ TEST(ExpertManagerVram, NeverEvictsAnExpertInUseAndNeverGoesOverBudget) {
   auto a = m.acquire(0, 0);
   auto b = m.acquire(0, 1);
   ASSERT_TRUE(a && b);
+  const int reads = f.storage->reads;
   auto full = m.acquire(0, 2);  // both slots in use
   ASSERT_FALSE(full);
   EXPECT_NE(full.error().message().find("vram_budget"), std::string::npos) << full.error().message();
+  EXPECT_EQ(f.storage->reads, reads);  // refused before reading
   m.release(0, 1);
   auto c = m.acquire(0, 2);  // evicts 0:1, the only one not in use
   ASSERT_TRUE(c);

@@ -41,6 +41,9 @@ class VramTier {
   // policy when none is free, waits for the copy and marks it in use. out_of_memory when every slot is in use or
   // pinned.
   sdk::Expected<ExpertWeights> upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob);
+  // Frees a slot (evicting through the policy) unless one is free; out_of_memory when every slot is in use or
+  // pinned. upload() does it too; calling it first spares a read whose upload would fail.
+  sdk::Status make_room();
   void release(sdk::ExpertKey key);
   // Pins a resident expert for the whole run (never evicted); false when it has no slot.
   bool pin(sdk::ExpertKey key);

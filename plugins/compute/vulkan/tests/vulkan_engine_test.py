@@ -13,7 +13,8 @@ With --vram (ctest compute.vulkan.vram): the one promise with the VRAM expert ti
 expert slot, a quarter of the experts and all of them, each with the RAM tier holding everything or one expert, on
 mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's path,
 staging uploads, weights only in device buffers), token by token and in one batch: logits bit-identical. The bench
-reports the tier: uploads happen, the slots stay within the budget, all-in-VRAM decodes without an upload.
+reports the tier: uploads happen, the slots stay within the budget, all-in-VRAM decodes without an upload; the CPU
+backend (no device memory) ignores vram_budget with a warning.
 
 Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1.
 """
@@ -107,6 +108,11 @@ def vram_promise():
         off = bench(0)
         if off["vram_slots"] != 0 or off["vram_uploads"] != 0:
             failures.append(f"{arch}: vram_budget 0 made a VRAM tier: {off}")
+        cpu = run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json", "--vram-budget",
+                   str(sizes["all"])])
+        if json.loads(cpu.stdout)["vram_slots"] != 0 or "vram_budget" not in cpu.stderr:
+            failures.append(f"{arch}: the CPU backend has no device memory: vram_budget must be ignored with a warning "
+                            f"({cpu.stderr.strip()})")
         print(f"  {arch}/{preset}: bench VRAM stats: quarter {small['vram_hits']} hits / {small['vram_misses']} "
               f"misses, {small['bytes_uploaded']} bytes uploaded; all {full['vram_hits']} hits", flush=True)
     return failures

@@ -124,9 +124,10 @@ class Event {
   [[nodiscard]] virtual bool ready() const noexcept = 0;
 };
 
-// query_interface id a device-memory backend (DeviceInfo::host_memory false) answers non-null to when run() also
-// takes host tensors (`data` set, no `buffer`), e.g. by importing or staging them: the engine then keeps activations
-// and shared weights in host memory and hands it expert weights in buffers from allocate().
+// query_interface id a backend with memory of its own (a GPU's, mapped into the host or not; never the CPU backend,
+// whose buffers are host memory) answers non-null to when run() also takes host tensors (`data` set, no `buffer`),
+// e.g. by importing or staging them. The engine then keeps activations and shared weights in host memory and, with
+// memory.vram_budget, hands it expert weights in buffers from allocate() (the VRAM tier).
 inline constexpr std::string_view kHostTensorsInterface = "colibri.compute.host-tensors.v1";
 
 class Compute : public PluginObject {
