@@ -400,6 +400,10 @@ class Session : public std::enable_shared_from_this<Session> {
                  {"evictions", st.experts.evictions},
                  {"bytes_read", st.experts.bytes_read},
                  {"stall_seconds", st.experts.stall_seconds},
+                 {"vram_hits", st.experts.vram_hits},
+                 {"vram_misses", st.experts.vram_misses},
+                 {"vram_evictions", st.experts.vram_evictions},
+                 {"bytes_uploaded", st.experts.bytes_uploaded},
                  {"resident_experts", st.expert_resident_count},
                  {"resident_bytes", st.expert_resident_bytes},
                  {"budget_bytes", st.expert_budget_bytes}};
