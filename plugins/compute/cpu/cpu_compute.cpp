@@ -322,8 +322,9 @@ class CpuCompute final : public ComputeBase {
     const ActFormat fmt = act_format(jobs[0].wtype, exact);
     const std::size_t abytes = act_row_bytes(fmt, k);
     std::byte* act = act_scratch_.get(abytes * static_cast<std::size_t>(t));
+    const auto quantize = opt_.kernels->quantize != nullptr ? opt_.kernels->quantize : &quantize_activations;
     pool_.run(t, [&](std::int64_t i, int) noexcept {
-      quantize_activations(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
+      quantize(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
     });
     bool dequant = false;
     std::int64_t tasks = 0;

@@ -89,6 +89,8 @@ struct KernelSet {
   DotRowsFn rows_q4_k = nullptr;
   DotRowsFn rows_q6_k = nullptr;
   DotRowsFn rows_q5_k = nullptr;
+  // quantize_activations with the same bits; nullptr: the scalar function.
+  void (*quantize)(ActFormat format, const float* x, void* out, std::int64_t k) noexcept = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

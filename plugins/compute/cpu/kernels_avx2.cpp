@@ -42,7 +42,8 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_scale_axpy,
                                  x86_rows_k<XQ4K>,
                                  x86_rows_k<XQ6K>,
-                                 x86_rows_k<XQ5K>};
+                                 x86_rows_k<XQ5K>,
+                                 x86_quantize_activations};
   return set;
 }
 
