@@ -58,8 +58,8 @@ using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t 
 // Several weight rows against one token (decode): the token's activation block is loaded once
 // for all rows, scales are unpacked in vector registers and the per-row float updates run as
 // one vector across rows. out[r] gets exactly the bits of DotFn for row r (at w + r * row_stride),
-// nrows <= kRowTile.
-inline constexpr int kRowTile = 16;
+// nrows <= kRowTile (also the rows of one pool task: fewer, longer sequential streams per job).
+inline constexpr int kRowTile = 64;
 using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
                            float* out) noexcept;
 
