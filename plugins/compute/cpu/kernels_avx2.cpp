@@ -43,6 +43,7 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_rows_k<XQ4K>,
                                  x86_rows_k<XQ6K>,
                                  x86_rows_k<XQ5K>,
+                                 x86_scale_axpy_f16,
                                  x86_quantize_activations};
   return set;
 }

@@ -357,29 +357,12 @@ struct ZQ6K {
 }  // namespace
 
 const KernelSet& avx512_kernels() noexcept {
-  static constexpr KernelSet set{"avx512",
-                                 z_dot_f32,
-                                 z_dot_f16,
-                                 z_dot_bf16,
-                                 z_dot_q8_0,
-                                 z_dot_q4_0,
-                                 x86_dot_q2_k,
-                                 x86_dot_q3_k,
-                                 x86_dot_q4_k,
-                                 x86_dot_q5_k,
-                                 x86_dot_q6_k,
-                                 x86_tile_q32<false>,
-                                 x86_tile_q32<true>,
-                                 x86_tile_k<X86Q2K>,
-                                 x86_tile_k<X86Q3K>,
-                                 x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>,
-                                 x86_tile_k<X86Q6K>,
-                                 x86_scale_axpy,
-                                 x86_rows_k<ZQ4K>,
-                                 x86_rows_k<ZQ6K>,
-                                 x86_rows_k<ZQ5K>,
-                                 x86_quantize_activations};
+  static constexpr KernelSet set{"avx512",           z_dot_f32,          z_dot_f16,          z_dot_bf16,
+                                 z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
+                                 x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
+                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
+                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations};
   return set;
 }
 
