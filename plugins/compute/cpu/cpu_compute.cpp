@@ -322,8 +322,9 @@ class CpuCompute final : public ComputeBase {
     const ActFormat fmt = act_format(jobs[0].wtype, exact);
     const std::size_t abytes = act_row_bytes(fmt, k);
     std::byte* act = act_scratch_.get(abytes * static_cast<std::size_t>(t));
+    const auto quantize = opt_.kernels->quantize != nullptr ? opt_.kernels->quantize : &quantize_activations;
     pool_.run(t, [&](std::int64_t i, int) noexcept {
-      quantize_activations(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
+      quantize(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
     });
     bool dequant = false;
     std::int64_t tasks = 0;
@@ -744,14 +745,14 @@ class CpuCompute final : public ComputeBase {
           const float pj = std::exp(scores[j - j0] - mn);
           l += pj;
           const std::byte* vr = v + static_cast<std::size_t>(j * kv_heads + kvh) * vrow;
-          const float* vf;
           if (V.type == DType::f32) {
-            vf = reinterpret_cast<const float*>(vr);
+            ks.scale_axpy(acc, c, pj, reinterpret_cast<const float*>(vr), hd);
+          } else if (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr) {
+            ks.scale_axpy_f16(acc, c, pj, reinterpret_cast<const std::uint16_t*>(vr), hd);
           } else {
             (void)quant::dequantize_row(V.type, vr, vrow_f, hd);
-            vf = vrow_f;
+            ks.scale_axpy(acc, c, pj, vrow_f, hd);
           }
-          ks.scale_axpy(acc, c, pj, vf, hd);
           c = 1.0f;
         }
         m = mn;

@@ -58,8 +58,8 @@ using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t 
 // Several weight rows against one token (decode): the token's activation block is loaded once
 // for all rows, scales are unpacked in vector registers and the per-row float updates run as
 // one vector across rows. out[r] gets exactly the bits of DotFn for row r (at w + r * row_stride),
-// nrows <= kRowTile.
-inline constexpr int kRowTile = 16;
+// nrows <= kRowTile (also the rows of one pool task: fewer, longer sequential streams per job).
+inline constexpr int kRowTile = 64;
 using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
                            float* out) noexcept;
 
@@ -89,6 +89,10 @@ struct KernelSet {
   DotRowsFn rows_q4_k = nullptr;
   DotRowsFn rows_q6_k = nullptr;
   DotRowsFn rows_q5_k = nullptr;
+  // scale_axpy with fp16 x (same bits as converting x first); nullptr: convert, then scale_axpy.
+  void (*scale_axpy_f16)(float* y, float c, float a, const std::uint16_t* x, std::int64_t n) noexcept = nullptr;
+  // quantize_activations with the same bits; nullptr: the scalar function.
+  void (*quantize)(ActFormat format, const float* x, void* out, std::int64_t k) noexcept = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

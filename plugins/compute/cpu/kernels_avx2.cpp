@@ -42,7 +42,9 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_scale_axpy,
                                  x86_rows_k<XQ4K>,
                                  x86_rows_k<XQ6K>,
-                                 x86_rows_k<XQ5K>};
+                                 x86_rows_k<XQ5K>,
+                                 x86_scale_axpy_f16,
+                                 x86_quantize_activations};
   return set;
 }
 

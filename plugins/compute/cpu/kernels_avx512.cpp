@@ -166,6 +166,33 @@ KTARGET inline __m512i z_spread_index(int lo, int hi) noexcept {
   return z_int16_halves(0x8000 | lo, 0x8000 | hi);
 }
 
+// x86_k4_scales of 8 consecutive blocks, four per 512-bit register.
+template <typename Block>
+KTARGET inline void z_k4_scales8(const Block* x, __m128i* out) noexcept {
+  const __m512i pick = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m512i pick_top =
+      _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m512i keep =
+      _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  for (int h = 0; h < 2; ++h) {
+    const auto raw16 = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[4 * h + j].scales)); };
+    __m512i raw = _mm512_castsi128_si512(raw16(0));
+    raw = _mm512_inserti32x4(raw, raw16(1), 1);
+    raw = _mm512_inserti32x4(raw, raw16(2), 2);
+    raw = _mm512_inserti32x4(raw, raw16(3), 3);
+    const __m512i a = _mm512_shuffle_epi8(raw, pick), top = _mm512_shuffle_epi8(raw, pick_top);
+    const __m512i a_hi = _mm512_mask_blend_epi8(0xF000F000F000F000ull, a, _mm512_srli_epi16(a, 4));
+    const __m512i r = _mm512_or_si512(_mm512_and_si512(a_hi, keep),
+                                      _mm512_and_si512(_mm512_srli_epi16(top, 2), _mm512_set1_epi8(0x30)));
+    _mm512_storeu_si512(out + 4 * h, r);
+  }
+}
+
+// A block format for x86_rows_k: Consts (vector constants, built once per call), Act (one token's
+// super-block laid out for the weights, built once per call and read by every row), block() (the
+// exact integer sum of one row's super-block, plus the min term of formats with mins), block8()
+// (optional: eight consecutive super-blocks of a row), update() (the scalar path's float steps
+// for eight rows at once).
 struct ZQ4K {
   using Int = __m512i;
   KTARGET static __m256i sum8(const __m512i* v) noexcept { return z_sum8(v); }
@@ -194,7 +221,15 @@ struct ZQ4K {
                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
   }
   KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
-    const __m128i sm = x86_k4_scales(x.scales);
+    return block(c, x, x86_k4_scales(x.scales), a, msum);
+  }
+  KTARGET static void block8(const Consts& c, const Block* x, const Act* a, __m512i* isum, __m128i* msum) noexcept {
+    __m128i sm[8];
+    z_k4_scales8(x, sm);
+    for (int j = 0; j < 8; ++j) isum[j] = block(c, x[j], sm[j], a[j], msum[j]);
+  }
+  // sm: the block's scales and mins as x86_k4_scales gives them.
+  KTARGET static __m512i block(const Consts& c, const Block& x, __m128i sm, const Act& a, __m128i& msum) noexcept {
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
     __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_and_si512(q0, c.m4), a.y[0]),
@@ -232,7 +267,15 @@ struct ZQ5K {
   }
   KTARGET static void prepare(const Q8KBlock& y, Act& a) noexcept { ZQ4K::prepare(y, a); }
   KTARGET static __m512i block(const Consts& c, const Block& x, const Act& a, __m128i& msum) noexcept {
-    const __m128i sm = x86_k4_scales(x.scales);
+    return block(c, x, x86_k4_scales(x.scales), a, msum);
+  }
+  KTARGET static void block8(const Consts& c, const Block* x, const Act* a, __m512i* isum, __m128i* msum) noexcept {
+    __m128i sm[8];
+    z_k4_scales8(x, sm);
+    for (int j = 0; j < 8; ++j) isum[j] = block(c, x[j], sm[j], a[j], msum[j]);
+  }
+  // sm: the block's scales and mins as x86_k4_scales gives them.
+  KTARGET static __m512i block(const Consts& c, const Block& x, __m128i sm, const Act& a, __m128i& msum) noexcept {
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
     const __m512i h = _mm512_broadcast_i64x4(x86_load32(x.qh));
@@ -319,7 +362,7 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
                                  x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
-                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>};
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations};
   return set;
 }
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "colibri/quant/quant.hpp"
@@ -38,12 +39,14 @@ std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, uns
 }
 
 // Runs matmul of every type (and odd K for the float types) on `c`, for one token (the multi-row
-// decode kernels), two and five (the multi-token tiles); 50 rows leave a short last row group.
+// decode kernels), two and five (the multi-token tiles); 50 rows leave a short last row group and
+// K = 16896 (66 super-blocks) crosses a segment of the multi-row kernels.
 std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   std::vector<std::vector<float>> results;
   for (DType type : kWeightTypes) {
     const bool plain = !dtype_traits(type)->quantized;
-    for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024})
+    for (std::int64_t k :
+         plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024, 16896})
       for (std::int64_t t : {1, 2, 5}) {
         const std::int64_t n = 50;
         auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
@@ -100,6 +103,33 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
     const auto a = attention(*scalar, kv);
     const auto b = attention(*simd, kv);
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "attention kv=" << to_string(kv);
+  }
+}
+
+// Activation quantization at its edges: with amax = 127 the scale is exactly 1, so x * (1/d) lands
+// on ties (n + 0.5, rounded half to even), and a NaN must become -127 on every path.
+TEST_P(CpuIsa, QuantizesActivationTiesAndNaNLikeTheScalarPath) {
+  auto simd = make(GetParam());
+  if (!simd) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto scalar = make("scalar");
+  ASSERT_TRUE(scalar);
+  const std::int64_t k = 512, n = 20;
+  std::vector<float> x(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < k; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(i % 61 - 30) + 0.5f;
+  x[0] = 127.0f;  // first 256 / first 32: the block maximum
+  x[256] = -127.0f;
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  x[300] = -126.5f;
+  for (DType type : {DType::q8_0, DType::q4_k, DType::q6_k}) {
+    auto w = quantized(type, k, n, 99);
+    std::vector<float> a(static_cast<std::size_t>(n)), b(a.size());
+    for (auto* out : {&a, &b}) {
+      Compute& c = out == &a ? *scalar : *simd;
+      Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, 1, 1, 1}, x.data()}};
+      Tensor y{DType::f32, {n, 1, 1, 1}, out->data()};
+      ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&y, 1), {}}));
+    }
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << to_string(type);
   }
 }
 
