@@ -76,6 +76,7 @@ struct Engine::Scratch {
   std::vector<std::int32_t> ids, positions, expert_ids;
   std::vector<float> pred_router, pred_weights;  // prefetch predictions (never the routing itself)
   std::vector<std::int32_t> pred_ids;
+  std::map<std::int32_t, std::vector<float>> expert_out;  // routed experts' outputs until they are summed in order
 };
 
 Engine::Engine() = default;
@@ -559,27 +560,43 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
     }
     if (s = prefetch_ahead(l, T, h_ptr, needed); !s) return s;
   }
-  std::fill(out, out + DT, 0.0f);
-  for (const auto& [e, members] : groups) {
+  // Experts already resident run first, while the reads of the others are still in flight; their outputs are summed
+  // afterwards in ascending expert id, with the same operations on the same buffers as when computed in that order,
+  // so what was resident never changes the result.
+  std::vector<std::int32_t> order, waiting;
+  for (const auto& g : groups) (experts_->ready(l, g.first) ? order : waiting).push_back(g.first);
+  order.insert(order.end(), waiting.begin(), waiting.end());
+  for (const auto e : order) {
+    const auto& members = groups[e];
     const auto n = static_cast<std::int64_t>(members.size());
     const auto Dn = static_cast<std::size_t>(D * n);
     S.xe.resize(Dn);
     S.ye.resize(Dn);
-    S.acc.resize(Dn);
-    S.gate.resize(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
       const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
       std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
                   sizeof(float) * static_cast<std::size_t>(D));
-      std::memcpy(S.acc.data() + i * D, out + t * static_cast<std::size_t>(D),
-                  sizeof(float) * static_cast<std::size_t>(D));
-      S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
     }
     auto w = experts_->acquire(l, e);
     if (!w) return w.error();
     s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, f32(S.xe.data(), D, n)}, {f32(S.ye.data(), D, n)}, mm_p);
     experts_->release(l, e);
     if (!s) return s;
+    S.expert_out[e].assign(S.ye.begin(), S.ye.end());
+  }
+  std::fill(out, out + DT, 0.0f);
+  for (const auto& [e, members] : groups) {
+    const auto n = static_cast<std::int64_t>(members.size());
+    const auto Dn = static_cast<std::size_t>(D * n);
+    S.ye.assign(S.expert_out[e].begin(), S.expert_out[e].end());
+    S.acc.resize(Dn);
+    S.gate.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+      std::memcpy(S.acc.data() + i * D, out + t * static_cast<std::size_t>(D),
+                  sizeof(float) * static_cast<std::size_t>(D));
+      S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
+    }
     if (s = run_op(Op::scale_add, {f32(S.ye.data(), D, n), f32(S.gate.data(), n)}, {f32(S.acc.data(), D, n)}); !s) {
       return s;
     }

@@ -147,6 +147,18 @@ inline Status check_request(const ReadRequest& r) {
   return {};
 }
 
+// The `chunk_kib` option shared by the plugins that split reads: bytes, 0 = never split.
+inline constexpr std::int64_t kDefaultChunkKib = 2048;
+inline Expected<std::uint64_t> chunk_bytes_option(const ConfigView& config) {
+  auto kib = config.get_int("chunk_kib", kDefaultChunkKib);
+  if (!kib) return kib.error();
+  if (*kib < 0 || *kib > (1 << 20) || *kib % 4 != 0) {
+    return Status(StatusCode::invalid_argument, "storage.chunk_kib is " + std::to_string(*kib) +
+                                                    "; use 0 (never split) or a multiple of 4 up to 1048576");
+  }
+  return static_cast<std::uint64_t>(*kib) << 10;
+}
+
 // Large reads split into chunks read at once: one 20 MiB expert then keeps several requests in the
 // device queue instead of one, and lands sooner. How many chunks `r` becomes: up to max_chunks of at
 // least chunk_bytes (0: never split); 1 for an invalid request, so it fails exactly as an unsplit read.

@@ -59,14 +59,9 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
       return Status(StatusCode::invalid_argument,
                     "storage.queue_depth is " + std::to_string(*depth) + "; io_uring needs 1..4096");
     }
-    auto chunk = ctx.config->get_int("chunk_kib", 2048);
+    auto chunk = sc::chunk_bytes_option(*ctx.config);
     if (!chunk) return chunk.error();
-    if (*chunk < 0 || *chunk > (1 << 20) || *chunk % 4 != 0) {
-      return Status(StatusCode::invalid_argument, "storage.chunk_kib is " + std::to_string(*chunk) +
-                                                      "; use 0 (never split) or a multiple of 4 up to 1048576");
-    }
-    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth),
-                                               static_cast<std::uint64_t>(*chunk) << 10);
+    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth), *chunk);
     if (Status st = self->start(); !st) return st;
     return self;
   }

@@ -23,15 +23,11 @@ class PreadStorage final : public StorageBase {
     if (*threads < 0 || *threads > 256) {
       return Status(StatusCode::invalid_argument, "storage.threads must be 0 (auto) or 1..256");
     }
-    auto chunk = ctx.config->get_int("chunk_kib", 2048);
+    auto chunk = common::chunk_bytes_option(*ctx.config);
     if (!chunk) return chunk.error();
-    if (*chunk < 0 || *chunk > (1 << 20) || *chunk % 4 != 0) {
-      return Status(StatusCode::invalid_argument, "storage.chunk_kib is " + std::to_string(*chunk) +
-                                                      "; use 0 (never split) or a multiple of 4 up to 1048576");
-    }
     // auto: one thread per outstanding read up to 8; NVMe needs depth, but threads cost memory.
     const int n = *threads > 0 ? static_cast<int>(*threads) : static_cast<int>(std::clamp<std::int64_t>(*depth, 1, 8));
-    return std::make_unique<PreadStorage>(*ctx.host, *direct, n, static_cast<std::uint64_t>(*chunk) << 10);
+    return std::make_unique<PreadStorage>(*ctx.host, *direct, n, *chunk);
   }
 
   PreadStorage(HostServices& host, bool direct, int threads, std::uint64_t chunk_bytes)

@@ -70,6 +70,8 @@ class StripeStorage final : public StorageBase {
     if (*threads < 0 || *threads > 256) {
       return Status(StatusCode::invalid_argument, "storage.threads_per_path must be 0 (auto) or 1..256");
     }
+    auto chunk = sc::chunk_bytes_option(c);
+    if (!chunk) return chunk.error();
     auto model_dir = c.get_string("model_dir", "");
     if (!model_dir) return model_dir.error();
     std::vector<std::string> paths;
@@ -89,15 +91,18 @@ class StripeStorage final : public StorageBase {
     // auto: the queue depth shared out over the disks, 1..8 threads each.
     const std::int64_t per =
         *threads > 0 ? *threads : std::clamp<std::int64_t>(*depth / static_cast<std::int64_t>(paths.size() + 1), 1, 8);
-    return std::make_unique<StripeStorage>(*ctx.host, *direct, static_cast<int>(per), std::move(paths), *model_dir);
+    return std::make_unique<StripeStorage>(*ctx.host, *direct, static_cast<int>(per), *chunk, std::move(paths),
+                                           *model_dir);
   }
 
-  StripeStorage(HostServices& host, bool direct, int threads, std::vector<std::string> paths, std::string model_dir)
+  StripeStorage(HostServices& host, bool direct, int threads, std::uint64_t chunk_bytes, std::vector<std::string> paths,
+                std::string model_dir)
       : host_(host), direct_(direct), threads_(threads), model_dir_(std::move(model_dir)) {
     dirs_.push_back("");  // the model directory: wherever the opened path is
     for (auto& p : paths) dirs_.push_back(std::move(p));
     for (std::size_t i = 0; i < dirs_.size(); ++i) {
-      queues_.push_back(std::make_unique<sc::ReadQueue>(threads, [this](ReadRequest& r) { return read_request(r); }));
+      queues_.push_back(std::make_unique<sc::ReadQueue>(
+          threads, [this](ReadRequest& r) { return read_request(r); }, chunk_bytes));
     }
   }
 
@@ -229,6 +234,8 @@ Score score(const HostInfo&) noexcept {
 const OptionSpec kOptions[] = {
     {"threads_per_path", OptionType::integer, "0",
      "reader threads per directory (0: queue_depth shared over the directories, 1..8 each)"},
+    {"chunk_kib", OptionType::integer, "2048",
+     "reads longer than this are split into chunks read by a directory's threads at once (0: never)"},
     {"model_dir", OptionType::string, "",
      "the model directory relative paths are taken from (empty: from the last 'experts' component)"},
 };

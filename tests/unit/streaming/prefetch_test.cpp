@@ -35,6 +35,7 @@ class DeferredStorage final : public sdk::StorageBase {
   std::map<std::string, std::vector<std::byte>> files;
   std::atomic<int> reads{0};
   std::atomic<int> prefetch_reads{0};
+  std::atomic<int> demand_submits{0};  // fetch() queues at demand priority, prefetch() below it
 
   sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
     auto it = files.find(path);
@@ -49,7 +50,7 @@ class DeferredStorage final : public sdk::StorageBase {
     return {};
   }
   sdk::Status submit(sdk::ReadRequest request, sdk::ReadCallback done) noexcept override {
-    EXPECT_EQ(request.priority, sdk::ReadPriority::prefetch);
+    if (request.priority == sdk::ReadPriority::demand) ++demand_submits;
     std::lock_guard lock(mu_);
     queued_.emplace_back(request, std::move(done));
     return {};
@@ -155,6 +156,7 @@ TEST(Prefetch, LandedPrefetchIsAHitAndReadsOnce) {
   EXPECT_EQ(m.stats().prefetch_issued, 1u);
   EXPECT_EQ(m.stats().prefetch_used, 1u);
   EXPECT_EQ(m.stats().bytes_read, kBlob);
+  EXPECT_EQ(f.storage->demand_submits.load(), 0);  // prefetches queue below demand reads
 }
 
 TEST(Prefetch, DemandForAnExpertInFlightWaitsForThatRead) {
@@ -277,6 +279,121 @@ TEST(Usage, CountsAcquiresButNotPinLoads) {
   EXPECT_EQ(m.usage().at(key(0, 2).packed()), 3u);
   EXPECT_EQ(m.usage().at(key(0, 0).packed()), 1u);
   EXPECT_EQ(m.usage().count(key(0, 1).packed()), 0u);
+}
+
+// fetch(): one layer's misses queued together at demand priority; each is read once and counts as a miss.
+TEST(Fetch, LayerMissesAreQueuedTogetherAndCountAsMisses) {
+  Fixture f(1, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  const ExpertKey layer[] = {key(0, 1), key(0, 2)};
+  EXPECT_EQ(m.fetch(layer), 2u);
+  EXPECT_EQ(f.storage->queued(), 2u);  // both in flight before either is waited for
+  EXPECT_EQ(f.storage->demand_submits.load(), 2);
+  EXPECT_FALSE(m.ready(0, 1));
+  EXPECT_EQ(m.fetch(layer), 0u);  // in flight: not queued twice
+  f.storage->complete_all();
+  for (const auto& k : layer) {
+    auto w = m.acquire(k.layer, k.expert);
+    ASSERT_TRUE(w) << w.error().message();
+    EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->down.data)), k.expert);
+    m.release(k.layer, k.expert);
+  }
+  EXPECT_EQ(f.storage->reads.load(), 2);
+  EXPECT_EQ(m.stats().misses, 2u);
+  EXPECT_EQ(m.stats().hits, 0u);
+  EXPECT_EQ(m.stats().prefetch_issued, 0u);
+  EXPECT_EQ(m.stats().prefetch_used, 0u);
+  EXPECT_EQ(m.stats().bytes_read, 2 * kBlob);
+  EXPECT_TRUE(m.ready(0, 1));
+  EXPECT_FALSE(m.ready(0, 3));
+}
+
+TEST(Fetch, DemandWaitsForTheFetchInFlight) {
+  Fixture f(1, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  const ExpertKey layer[] = {key(0, 3)};
+  ASSERT_EQ(m.fetch(layer), 1u);
+  std::thread completer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    f.storage->complete_all();
+  });
+  auto w = m.acquire(0, 3);
+  completer.join();
+  ASSERT_TRUE(w) << w.error().message();
+  m.release(0, 3);
+  EXPECT_EQ(f.storage->reads.load(), 1);
+  EXPECT_EQ(m.stats().misses, 1u);
+  EXPECT_GT(m.stats().stall_seconds, 0.0);
+  EXPECT_EQ(m.stats().stall_saved_seconds, 0.0);  // a demand read saves nothing
+}
+
+TEST(Fetch, NeverEvictsInUseOrNeededExperts) {
+  Fixture f(1, 4);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  ASSERT_TRUE(m.acquire(0, 0));  // in use
+  const ExpertKey layer[] = {key(0, 1), key(0, 2)};
+  EXPECT_EQ(m.fetch(layer), 1u);  // room for one: the second would evict 0:0 (in use) or 0:1 (needed)
+  f.storage->complete_all();
+  m.release(0, 0);
+  for (const auto& k : layer) {  // the rest is read on demand
+    ASSERT_TRUE(m.acquire(k.layer, k.expert));
+    m.release(k.layer, k.expert);
+  }
+  EXPECT_EQ(m.stats().misses, 3u);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Fetch, CorruptExpertIsReportedByTheDemandRead) {
+  Fixture f(1, 2);
+  f.storage->files["/m/experts/L0E1.bin"][2000] = std::byte{0xFF};
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  const ExpertKey layer[] = {key(0, 1)};
+  ASSERT_EQ(m.fetch(layer), 1u);
+  f.storage->complete_all();
+  auto bad = m.acquire(0, 1);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
+      << bad.error().message();
+  EXPECT_EQ(m.stats().prefetch_failed, 0u);  // not a prefetch
+  ASSERT_TRUE(m.acquire(0, 0));
+  m.release(0, 0);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Fetch, SynchronousStorageIsNotFetchedFrom) {
+  Fixture f(1, 2);
+  f.storage->async = false;
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  ASSERT_FALSE(m.resident());
+  const ExpertKey layer[] = {key(0, 1)};
+  EXPECT_EQ(m.fetch(layer), 0u);
+}
+
+// An evicted expert's buffer holds the next one loaded (no new mapping to fault in and zero), even a smaller one,
+// and resident bytes never exceed the budget.
+TEST(SlotBuffers, EvictedBufferIsReusedForTheNextLoad) {
+  Fixture f(1, 3);
+  f.manifest.experts[0].size = 2 * kBlob;  // a larger blob first
+  f.storage->files["/m/experts/L0E0.bin"].resize(2 * kBlob);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  ASSERT_FALSE(m.resident());
+  auto a = m.acquire(0, 0);
+  ASSERT_TRUE(a);
+  const void* first = a->gate.data;
+  m.release(0, 0);
+  auto b = m.acquire(0, 1);  // evicts 0:0 and lands in its buffer
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->gate.data, first);
+  EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(b->gate.data)), 1);
+  EXPECT_EQ(m.resident_bytes(), 2 * kBlob);  // the reused buffer's size, not the blob's
+  m.release(0, 1);
+  auto c = m.acquire(0, 2);  // evicts 0:1 again: still one buffer, within the budget
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->gate.data, first);
+  EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(c->gate.data)), 2);
+  m.release(0, 2);
+  EXPECT_EQ(m.stats().evictions, 2u);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         StorageParam{STRIPE_PLUGIN_PATH, {}, "model_dir_only"},
         StorageParam{STRIPE_PLUGIN_PATH, {{"paths", "[" + empty_extra_dir() + "]"}}, "two_dirs"},
-        StorageParam{STRIPE_PLUGIN_PATH, {{"direct_io", "false"}, {"threads_per_path", "1"}}, "buffered_one_thread"}),
+        StorageParam{STRIPE_PLUGIN_PATH, {{"direct_io", "false"}, {"threads_per_path", "1"}}, "buffered_one_thread"},
+        StorageParam{STRIPE_PLUGIN_PATH, {{"paths", "[" + empty_extra_dir() + "]"}, {"chunk_kib", "4"}}, "chunked"}),
     colibri::sdk::testing::StorageParamName);
 
 namespace {
