@@ -35,12 +35,6 @@ Status bad(const std::string& what) {
   return Status(StatusCode::invalid_argument, "scalar: " + what);
 }
 
-std::int64_t elements(const Tensor& t) {
-  return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
-}
-std::int64_t rows(const Tensor& t) {
-  return t.ne[1] * t.ne[2] * t.ne[3];
-}
 bool same_shape(const Tensor& a, const Tensor& b) {
   return a.ne == b.ne;
 }
@@ -137,10 +131,10 @@ class ScalarCompute final : public ComputeBase {
     }
     if (auto s = check(c, "matmul", 2, 3, 1); !s) return s;
     const Tensor &w = c.inputs[0], &x = c.inputs[1], &y = c.outputs[0];
-    const std::int64_t k = w.ne[0], n = w.ne[1], t = rows(x);
+    const std::int64_t k = w.ne[0], n = w.ne[1], t = row_count(x);
     if (x.ne[0] != k) return bad("matmul: X has K=" + std::to_string(x.ne[0]) + ", W has K=" + std::to_string(k));
-    if (y.ne[0] != n || rows(y) != t) return bad("matmul: output must be {N, T}");
-    if (c.inputs.size() == 3 && elements(c.inputs[2]) != n) return bad("matmul: bias must have N elements");
+    if (y.ne[0] != n || row_count(y) != t) return bad("matmul: output must be {N, T}");
+    if (c.inputs.size() == 3 && element_count(c.inputs[2]) != n) return bad("matmul: bias must have N elements");
     const float *wp = host<float>(w), *xp = host<float>(x);
     const float* bias = c.inputs.size() == 3 ? host<float>(c.inputs[2]) : nullptr;
     float* yp = host<float>(y);
@@ -162,7 +156,7 @@ class ScalarCompute final : public ComputeBase {
     }
     if (auto s = check(c, "expert_ffn", 4, 4, 1); !s) return s;
     const Tensor &gate = c.inputs[0], &up = c.inputs[1], &down = c.inputs[2], &x = c.inputs[3];
-    const std::int64_t d = gate.ne[0], f = gate.ne[1], t = rows(x);
+    const std::int64_t d = gate.ne[0], f = gate.ne[1], t = row_count(x);
     if (up.ne != gate.ne || down.ne[0] != f || down.ne[1] != d || x.ne[0] != d) {
       return bad("expert_ffn: expects gate and up {D, F}, down {F, D}, X {D, T}");
     }
@@ -180,10 +174,10 @@ class ScalarCompute final : public ComputeBase {
     if (auto s = check(c, "rms_norm", 2, 2, 1); !s) return s;
     const Tensor &x = c.inputs[0], &w = c.inputs[1], &y = c.outputs[0];
     const std::int64_t d = x.ne[0];
-    if (elements(w) != d || !same_shape(x, y)) return bad("rms_norm: w must have D elements and Y the shape of X");
+    if (element_count(w) != d || !same_shape(x, y)) return bad("rms_norm: w must have D elements and Y the shape of X");
     const float *xp = host<float>(x), *wp = host<float>(w);
     float* yp = host<float>(y);
-    for (std::int64_t r = 0; r < rows(x); ++r) {
+    for (std::int64_t r = 0; r < row_count(x); ++r) {
       double ss = 0.0;
       for (std::int64_t j = 0; j < d; ++j) ss += static_cast<double>(xp[r * d + j]) * xp[r * d + j];
       const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + c.params.eps);
@@ -198,11 +192,12 @@ class ScalarCompute final : public ComputeBase {
     const std::int64_t hd = x.ne[0], heads = x.ne[1], t = x.ne[2] * x.ne[3];
     const int dims = c.params.rope_dims, half = dims / 2;
     if (dims <= 0 || dims % 2 != 0 || dims > hd) return bad("rope: rope_dims must be even and in 1..head_dim");
-    if (elements(pos) != t || elements(inv) != half || !same_shape(x, y)) return bad("rope: shapes do not match");
+    if (element_count(pos) != t || element_count(inv) != half || !same_shape(x, y))
+      return bad("rope: shapes do not match");
     const float *xp = host<float>(x), *ip = host<float>(inv);
     const std::int32_t* pp = host<std::int32_t>(pos);
     float* yp = host<float>(y);
-    if (yp != xp) std::memcpy(yp, xp, static_cast<std::size_t>(elements(x)) * sizeof(float));
+    if (yp != xp) std::memcpy(yp, xp, static_cast<std::size_t>(element_count(x)) * sizeof(float));
     const bool interleaved = (c.params.flags & kRopeInterleaved) != 0;
     for (std::int64_t i = 0; i < t; ++i) {
       for (std::int64_t h = 0; h < heads; ++h) {
@@ -232,7 +227,7 @@ class ScalarCompute final : public ComputeBase {
     const float* ap = host<float>(a);
     const float* bp = unary ? nullptr : host<float>(c.inputs[1]);
     float* yp = host<float>(c.outputs[0]);
-    for (std::int64_t i = 0; i < elements(a); ++i) {
+    for (std::int64_t i = 0; i < element_count(a); ++i) {
       const double x = ap[i];
       if (c.op == Op::add) {
         yp[i] = ap[i] + bp[i];
@@ -248,12 +243,12 @@ class ScalarCompute final : public ComputeBase {
   static Status scale_add(const OpCall& c) {
     if (auto s = check(c, "scale_add", 2, 2, 1); !s) return s;
     const Tensor &x = c.inputs[0], &w = c.inputs[1], &y = c.outputs[0];
-    if (!same_shape(x, y) || elements(w) != rows(x))
+    if (!same_shape(x, y) || element_count(w) != row_count(x))
       return bad("scale_add: Y must have X's shape and w one weight per token");
     const float *xp = host<float>(x), *wp = host<float>(w);
     float* yp = host<float>(y);
     const std::int64_t d = x.ne[0];
-    for (std::int64_t t = 0; t < rows(x); ++t) {
+    for (std::int64_t t = 0; t < row_count(x); ++t) {
       for (std::int64_t j = 0; j < d; ++j) yp[t * d + j] += wp[t] * xp[t * d + j];
     }
     return {};
@@ -262,9 +257,9 @@ class ScalarCompute final : public ComputeBase {
   static Status topk(const OpCall& c) {
     if (auto s = check(c, "topk_routing", 1, 1, 2, {{true, 0}}); !s) return s;
     const Tensor &logits = c.inputs[0], &ids = c.outputs[0], &weights = c.outputs[1];
-    const std::int64_t e = logits.ne[0], t = rows(logits), k = c.params.top_k;
+    const std::int64_t e = logits.ne[0], t = row_count(logits), k = c.params.top_k;
     if (k < 1 || k > e) return bad("topk_routing: top_k must be in 1..experts (" + std::to_string(e) + ")");
-    if (ids.ne[0] != k || rows(ids) != t || !same_shape(ids, weights))
+    if (ids.ne[0] != k || row_count(ids) != t || !same_shape(ids, weights))
       return bad("topk_routing: outputs must be {k, T}");
     const float* lp = host<float>(logits);
     auto* ip = host<std::int32_t>(ids);
@@ -352,8 +347,8 @@ class ScalarCompute final : public ComputeBase {
     }
     if (auto s = check(c, "embedding", 2, 2, 1, {{false, 1}}); !s) return s;
     const Tensor &table = c.inputs[0], &ids = c.inputs[1], &y = c.outputs[0];
-    const std::int64_t d = table.ne[0], v = rows(table), t = elements(ids);
-    if (y.ne[0] != d || rows(y) != t) return bad("embedding: output must be {D, T}");
+    const std::int64_t d = table.ne[0], v = row_count(table), t = element_count(ids);
+    if (y.ne[0] != d || row_count(y) != t) return bad("embedding: output must be {D, T}");
     const float* tp = host<float>(table);
     const auto* ip = host<const std::int32_t>(ids);
     for (std::int64_t i = 0; i < t; ++i) {

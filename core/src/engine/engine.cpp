@@ -44,13 +44,6 @@ Tensor i32_2d(std::int32_t* p, std::int64_t a, std::int64_t b) {
   return t;
 }
 
-const char* op_name(Op op) {
-  static const char* const kNames[] = {"matmul", "expert_ffn",   "rms_norm",  "rope",      "attention", "swiglu",
-                                       "add",    "topk_routing", "embedding", "scale_add", "sigmoid"};
-  const auto i = static_cast<std::size_t>(op);
-  return i < sizeof kNames / sizeof kNames[0] ? kNames[i] : "op";
-}
-
 bool present(const Tensor& t) {
   return t.data != nullptr;
 }

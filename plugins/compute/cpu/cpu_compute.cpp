@@ -84,13 +84,6 @@ std::string shape(const Tensor& t) {
   return s + "}";
 }
 
-std::int64_t elems(const Tensor& t) {
-  return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
-}
-std::int64_t rows(const Tensor& t) {
-  return t.ne[1] * t.ne[2] * t.ne[3];
-}
-
 Status bad(const char* op, const std::string& what) {
   return Status(StatusCode::invalid_argument, std::string(op) + ": " + what);
 }
@@ -131,7 +124,7 @@ Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& ou
     return bad(op, std::string(role) + " " + shape(t) + ": ne[0] must be a multiple of " +
                        std::to_string(traits->block_elems) + " for " + std::string(traits->name));
   }
-  const std::size_t bytes = rb * static_cast<std::size_t>(rows(t));
+  const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
   if (t.data != nullptr) {
     out = static_cast<std::byte*>(t.data);
     return {};
@@ -420,18 +413,19 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
     COLIBRI_TRY(need_type(op, "X (inputs[1])", X, DType::f32));
     COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
-    const std::int64_t k = W.ne[0], n = W.ne[1], t = rows(X);
+    const std::int64_t k = W.ne[0], n = W.ne[1], t = sdk::row_count(X);
     if (X.ne[0] != k)
       return bad(op, "X " + shape(X) + " has ne[0] = " + std::to_string(X.ne[0]) + " but W " + shape(W) +
                          " has K = " + std::to_string(k));
-    if (Y.ne[0] != n || rows(Y) != t)
+    if (Y.ne[0] != n || sdk::row_count(Y) != t)
       return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "} for W " +
                          shape(W) + " and X " + shape(X));
     if (c.inputs.size() == 3) {
       const Tensor& B = c.inputs[2];
       COLIBRI_TRY(resolve(op, "bias (inputs[2])", B, b));
       COLIBRI_TRY(need_type(op, "bias (inputs[2])", B, DType::f32));
-      if (elems(B) != n) return bad(op, "bias " + shape(B) + " must have N = " + std::to_string(n) + " elements");
+      if (sdk::element_count(B) != n)
+        return bad(op, "bias " + shape(B) + " must have N = " + std::to_string(n) + " elements");
     }
     matmul_core(W.type, w, k, n, reinterpret_cast<const float*>(x), t, reinterpret_cast<const float*>(b),
                 reinterpret_cast<float*>(y), (c.params.flags & kExactActivations) != 0);
@@ -455,13 +449,13 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
     COLIBRI_TRY(need_type(op, "X (inputs[3])", X, DType::f32));
     COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
-    const std::int64_t dm = G.ne[0], f = G.ne[1], t = rows(X);
+    const std::int64_t dm = G.ne[0], f = G.ne[1], t = sdk::row_count(X);
     if (U.ne[0] != dm || U.ne[1] != f) return bad(op, "W_up " + shape(U) + " must match W_gate " + shape(G));
     if (D.ne[0] != f || D.ne[1] != dm)
       return bad(op, "W_down " + shape(D) + " must be {" + std::to_string(f) + ", " + std::to_string(dm) +
                          "} for W_gate " + shape(G));
     if (X.ne[0] != dm) return bad(op, "X " + shape(X) + " must have ne[0] = D = " + std::to_string(dm));
-    if (Y.ne[0] != dm || rows(Y) != t)
+    if (Y.ne[0] != dm || sdk::row_count(Y) != t)
       return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(dm) + ", " + std::to_string(t) + "}");
     const bool exact = (c.params.flags & kExactActivations) != 0;
     const std::size_t hidden = static_cast<std::size_t>(f * t);
@@ -510,7 +504,7 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(same_shape(op, "gate", c.inputs[0], "up", c.inputs[1]));
     COLIBRI_TRY(same_shape(op, "gate", c.inputs[0], "out", c.outputs[0]));
     swiglu_rows(reinterpret_cast<const float*>(g), reinterpret_cast<const float*>(u), reinterpret_cast<float*>(y),
-                elems(c.inputs[0]));
+                sdk::element_count(c.inputs[0]));
     return {};
   }
 
@@ -528,7 +522,7 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(resolve(op, "outputs[0]", c.outputs[0], y));
     COLIBRI_TRY(need_type(op, "outputs[0]", c.outputs[0], DType::f32));
     COLIBRI_TRY(same_shape(op, "inputs[0]", c.inputs[0], "outputs[0]", c.outputs[0]));
-    const std::int64_t n = elems(c.inputs[0]);
+    const std::int64_t n = sdk::element_count(c.inputs[0]);
     const auto* a = reinterpret_cast<const float*>(p[0]);
     const auto* b = reinterpret_cast<const float*>(p[1]);
     auto* out = reinterpret_cast<float*>(y);
@@ -559,8 +553,8 @@ class CpuCompute final : public ComputeBase {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&X, &Wt, &Y})
       COLIBRI_TRY(need_type(op, "every tensor", *t, DType::f32));
     COLIBRI_TRY(same_shape(op, "X", X, "Y", Y));
-    const std::int64_t d = X.ne[0], t = rows(X);
-    if (elems(Wt) != t)
+    const std::int64_t d = X.ne[0], t = sdk::row_count(X);
+    if (sdk::element_count(Wt) != t)
       return bad(op, "w " + shape(Wt) + " must have one weight per token (" + std::to_string(t) + ")");
     const auto* xs = reinterpret_cast<const float*>(x);
     const auto* ws = reinterpret_cast<const float*>(w);
@@ -585,8 +579,9 @@ class CpuCompute final : public ComputeBase {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&X, &Wt, &Y})
       COLIBRI_TRY(need_type(op, "every tensor", *t, DType::f32));
     COLIBRI_TRY(same_shape(op, "X", X, "Y", Y));
-    const std::int64_t d = X.ne[0], r = rows(X);
-    if (elems(Wt) != d) return bad(op, "w " + shape(Wt) + " must have D = " + std::to_string(d) + " elements");
+    const std::int64_t d = X.ne[0], r = sdk::row_count(X);
+    if (sdk::element_count(Wt) != d)
+      return bad(op, "w " + shape(Wt) + " must have D = " + std::to_string(d) + " elements");
     if (!(c.params.eps >= 0.0f)) return bad(op, "params.eps must be >= 0, got " + std::to_string(c.params.eps));
     const auto* xs = reinterpret_cast<const float*>(x);
     const auto* ws = reinterpret_cast<const float*>(w);
@@ -623,9 +618,9 @@ class CpuCompute final : public ComputeBase {
     if (rd <= 0 || rd % 2 != 0 || rd > hd)
       return bad(op, "params.rope_dims = " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd) +
                          " (head_dim)");
-    if (elems(P) != t)
+    if (sdk::element_count(P) != t)
       return bad(op, "positions " + shape(P) + " must have one entry per token (" + std::to_string(t) + ")");
-    if (elems(F) != rd / 2)
+    if (sdk::element_count(F) != rd / 2)
       return bad(op, "inv_freq " + shape(F) + " must have rope_dims / 2 = " + std::to_string(rd / 2) + " elements");
     const auto* xs = reinterpret_cast<const float*>(x);
     const auto* pos = reinterpret_cast<const std::int32_t*>(p);
@@ -777,12 +772,12 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(need_type(op, "logits (inputs[0])", L, DType::f32));
     COLIBRI_TRY(need_type(op, "ids (outputs[0])", I, DType::i32));
     COLIBRI_TRY(need_type(op, "weights (outputs[1])", Wt, DType::f32));
-    const std::int64_t e = L.ne[0], t = rows(L), kk = c.params.top_k;
+    const std::int64_t e = L.ne[0], t = sdk::row_count(L), kk = c.params.top_k;
     if (kk < 1 || kk > e)
       return bad(op, "params.top_k = " + std::to_string(kk) + " must be in 1.." + std::to_string(e) + " (experts)");
-    if (I.ne[0] != kk || rows(I) != t)
+    if (I.ne[0] != kk || sdk::row_count(I) != t)
       return bad(op, "ids " + shape(I) + " must be {" + std::to_string(kk) + ", " + std::to_string(t) + "}");
-    if (Wt.ne[0] != kk || rows(Wt) != t)
+    if (Wt.ne[0] != kk || sdk::row_count(Wt) != t)
       return bad(op, "weights " + shape(Wt) + " must be {" + std::to_string(kk) + ", " + std::to_string(t) + "}");
     const int flags = c.params.flags;
     if ((flags & kRoutingSoftmax) && (flags & kRoutingSigmoid))
@@ -841,8 +836,8 @@ class CpuCompute final : public ComputeBase {
     COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
     COLIBRI_TRY(need_type(op, "ids (inputs[1])", I, DType::i32));
     COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
-    const std::int64_t d = Tb.ne[0], vocab = Tb.ne[1], t = elems(I);
-    if (Y.ne[0] != d || rows(Y) != t)
+    const std::int64_t d = Tb.ne[0], vocab = Tb.ne[1], t = sdk::element_count(I);
+    if (Y.ne[0] != d || sdk::row_count(Y) != t)
       return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
     const auto* is = reinterpret_cast<const std::int32_t*>(ids);
     for (std::int64_t i = 0; i < t; ++i) {

@@ -27,23 +27,6 @@ constexpr std::int64_t kMaxGridY = 65535;
 constexpr std::int64_t kMaxMatmulTokens = kMaxGridY * 8;  // token tiles of 8 on grid.y
 constexpr std::size_t kArenaAlign = 256;
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::matmul: return "matmul";
-    case Op::expert_ffn: return "expert_ffn";
-    case Op::rms_norm: return "rms_norm";
-    case Op::rope: return "rope";
-    case Op::attention: return "attention";
-    case Op::swiglu: return "swiglu";
-    case Op::add: return "add";
-    case Op::topk_routing: return "topk_routing";
-    case Op::embedding: return "embedding";
-    case Op::scale_add: return "scale_add";
-    case Op::sigmoid: return "sigmoid";
-    default: return "unknown op";
-  }
-}
-
 bool weight_type_ok(DType t) {
   switch (t) {
     case DType::f32:
@@ -63,12 +46,6 @@ bool kv_type_ok(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
 }
 
-std::int64_t elems(const Tensor& t) {
-  return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
-}
-std::int64_t rows(const Tensor& t) {
-  return t.ne[1] * t.ne[2] * t.ne[3];
-}
 std::string shape_text(const Tensor& t) {
   std::string s = std::string(sdk::to_string(t.type)) + " {";
   for (std::size_t i = 0; i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
@@ -80,7 +57,7 @@ std::size_t tensor_bytes(const Tensor& t) {
   for (auto n : t.ne) {
     if (n <= 0) return 0;
   }
-  return sdk::row_bytes(t.type, t.ne[0]) * static_cast<std::size_t>(rows(t));
+  return sdk::row_bytes(t.type, t.ne[0]) * static_cast<std::size_t>(sdk::row_count(t));
 }
 std::size_t align_up(std::size_t v) {
   return (v + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
@@ -130,7 +107,7 @@ class Binder {
       return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
                              " blocks of " + std::to_string(traits->block_elems));
     }
-    const std::size_t bytes = rb * static_cast<std::size_t>(rows(t));
+    const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
     std::byte* ptr = nullptr;
     if (t.buffer != nullptr) {
       const auto* cb = dynamic_cast<const CudaBuffer*>(t.buffer);
@@ -257,7 +234,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   auto need = [&](const Tensor& t, DType type, const char* what) -> Status {
     if (t.type != type)
       return bad(std::string(what) + " must be " + std::string(sdk::to_string(type)) + ", got " + shape_text(t));
-    if (elems(t) > kMaxInt) return bad(std::string(what) + " has more than 2^31 elements; split the call");
+    if (sdk::element_count(t) > kMaxInt) return bad(std::string(what) + " has more than 2^31 elements; split the call");
     return {};
   };
   auto unsupported_weight = [&](const Tensor& w) {
@@ -305,7 +282,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   Binder binder(*this, name);
   std::size_t extra_scratch = 0;
   if (call.op == Op::expert_ffn && in.size() == 4) {
-    const std::int64_t f = rows(in[0]), t = rows(in[3]);
+    const std::int64_t f = sdk::row_count(in[0]), t = sdk::row_count(in[3]);
     if (f > 0 && t > 0 && f * t <= kMaxInt)
       extra_scratch = 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float));
   }
@@ -319,9 +296,9 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       if (!weight_type_ok(w.type)) return unsupported_weight(w);
       COLIBRI_CUDA_TRY(need(x, DType::f32, "X"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "Y"));
-      const std::int64_t k = w.ne[0], n = rows(w), t = rows(x);
+      const std::int64_t k = w.ne[0], n = sdk::row_count(w), t = sdk::row_count(x);
       if (x.ne[0] != k) return bad("X " + shape_text(x) + " does not match W " + shape_text(w) + " (ne[0] differs)");
-      if (y.ne[0] != n || rows(y) != t) {
+      if (y.ne[0] != n || sdk::row_count(y) != t) {
         return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "}");
       }
       if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
@@ -331,7 +308,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       const float* ba = nullptr;
       if (in.size() == 3) {
         COLIBRI_CUDA_TRY(need(in[2], DType::f32, "bias"));
-        if (elems(in[2]) != n) return bad("bias must have N = " + std::to_string(n) + " elements");
+        if (sdk::element_count(in[2]) != n) return bad("bias must have N = " + std::to_string(n) + " elements");
         COLIBRI_CUDA_BIND(b, const float*, in[2], "bias", false, 4);
         ba = b;
       }
@@ -347,13 +324,14 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_CUDA_TRY(need(x, DType::f32, "X"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "Y"));
-      const std::int64_t d = wg.ne[0], f = rows(wg), t = rows(x);
-      if (wu.ne[0] != d || rows(wu) != f) return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
-      if (wd.ne[0] != f || rows(wd) != d) {
+      const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
+      if (wu.ne[0] != d || sdk::row_count(wu) != f)
+        return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+      if (wd.ne[0] != f || sdk::row_count(wd) != d) {
         return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
       }
       if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
-      if (y.ne[0] != d || rows(y) != t) return bad("Y " + shape_text(y) + " must match X");
+      if (y.ne[0] != d || sdk::row_count(y) != t) return bad("Y " + shape_text(y) + " must match X");
       if (f * t > kMaxInt) return bad("F x T exceeds 2^31; split the call");
       if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
       COLIBRI_CUDA_BIND(ga, const void*, wg, "W_gate", false, weight_align(wg.type));
@@ -379,12 +357,13 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_TRY(need(x, DType::f32, "X"));
       COLIBRI_CUDA_TRY(need(w, DType::f32, "w"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "Y"));
-      if (elems(w) != x.ne[0]) return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
-      if (y.ne[0] != x.ne[0] || rows(y) != rows(x)) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      if (sdk::element_count(w) != x.ne[0]) return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
+      if (y.ne[0] != x.ne[0] || sdk::row_count(y) != sdk::row_count(x))
+        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(wa, const float*, w, "w", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
-      COLIBRI_CUDA_TRY(launched(launch_rms_norm(st, xa, wa, ya, x.ne[0], rows(x), call.params.eps)));
+      COLIBRI_CUDA_TRY(launched(launch_rms_norm(st, xa, wa, ya, x.ne[0], sdk::row_count(x), call.params.eps)));
       break;
     }
     case Op::rope: {
@@ -400,10 +379,11 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       if (rd <= 0 || rd % 2 != 0 || rd > hd) {
         return bad("params.rope_dims " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd));
       }
-      if (elems(pos) != t) return bad("positions must have T = " + std::to_string(t) + " entries");
-      if (elems(freq) != rd / 2)
+      if (sdk::element_count(pos) != t) return bad("positions must have T = " + std::to_string(t) + " entries");
+      if (sdk::element_count(freq) != rd / 2)
         return bad("inv_freq must have rope_dims / 2 = " + std::to_string(rd / 2) + " entries");
-      if (elems(y) != elems(x) || y.ne[0] != hd) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      if (sdk::element_count(y) != sdk::element_count(x) || y.ne[0] != hd)
+        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(pa, const std::int32_t*, pos, "positions", false, 4);
       COLIBRI_CUDA_BIND(fa, const float*, freq, "inv_freq", false, 4);
@@ -440,7 +420,8 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
                    " cached keys; the cache holds " + std::to_string(s));
       }
       if (t > kMaxGridY) return bad("more than 65535 queries in one call");
-      if (elems(o) != elems(q) || o.ne[0] != hd) return bad("O " + shape_text(o) + " must match Q " + shape_text(q));
+      if (sdk::element_count(o) != sdk::element_count(q) || o.ne[0] != hd)
+        return bad("O " + shape_text(o) + " must match Q " + shape_text(q));
       COLIBRI_CUDA_BIND(qa, const float*, q, "Q", false, 4);
       COLIBRI_CUDA_BIND(ka, const void*, k, "K", false, weight_align(k.type));
       COLIBRI_CUDA_BIND(va, const void*, v, "V", false, weight_align(v.type));
@@ -468,13 +449,15 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_TRY(need(a, DType::f32, add ? "A" : "gate"));
       COLIBRI_CUDA_TRY(need(b, DType::f32, add ? "B" : "up"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "out"));
-      if (elems(b) != elems(a) || b.ne[0] != a.ne[0] || elems(y) != elems(a) || y.ne[0] != a.ne[0]) {
+      if (sdk::element_count(b) != sdk::element_count(a) || b.ne[0] != a.ne[0] ||
+          sdk::element_count(y) != sdk::element_count(a) || y.ne[0] != a.ne[0]) {
         return bad("shapes differ: " + shape_text(a) + ", " + shape_text(b) + " -> " + shape_text(y));
       }
       COLIBRI_CUDA_BIND(aa, const float*, a, add ? "A" : "gate", false, 4);
       COLIBRI_CUDA_BIND(bb, const float*, b, add ? "B" : "up", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "out", true, 4);
-      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, add ? Eltwise::add : Eltwise::swiglu, aa, bb, ya, elems(a), 1)));
+      COLIBRI_CUDA_TRY(
+          launched(launch_eltwise(st, add ? Eltwise::add : Eltwise::swiglu, aa, bb, ya, sdk::element_count(a), 1)));
       break;
     }
     case Op::sigmoid: {
@@ -482,11 +465,11 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       const Tensor &x = in[0], &y = out[0];
       COLIBRI_CUDA_TRY(need(x, DType::f32, "X"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "Y"));
-      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
+      if (sdk::element_count(y) != sdk::element_count(x) || y.ne[0] != x.ne[0])
         return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
-      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::sigmoid, xa, xa, ya, elems(x), 1)));
+      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::sigmoid, xa, xa, ya, sdk::element_count(x), 1)));
       break;
     }
     case Op::scale_add: {
@@ -495,13 +478,14 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_TRY(need(x, DType::f32, "X"));
       COLIBRI_CUDA_TRY(need(w, DType::f32, "w"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "Y"));
-      if (elems(w) != rows(x)) return bad("w must have T = " + std::to_string(rows(x)) + " entries");
-      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
+      if (sdk::element_count(w) != sdk::row_count(x))
+        return bad("w must have T = " + std::to_string(sdk::row_count(x)) + " entries");
+      if (sdk::element_count(y) != sdk::element_count(x) || y.ne[0] != x.ne[0])
         return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(wa, const float*, w, "w", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
-      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::scale_add, xa, wa, ya, elems(x), x.ne[0])));
+      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::scale_add, xa, wa, ya, sdk::element_count(x), x.ne[0])));
       break;
     }
     case Op::topk_routing: {
@@ -510,9 +494,9 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_TRY(need(l, DType::f32, "logits"));
       COLIBRI_CUDA_TRY(need(ids, DType::i32, "ids"));
       COLIBRI_CUDA_TRY(need(wts, DType::f32, "weights"));
-      const std::int64_t e = l.ne[0], t = rows(l), k = call.params.top_k;
+      const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
-      if (ids.ne[0] != k || rows(ids) != t || wts.ne[0] != k || rows(wts) != t) {
+      if (ids.ne[0] != k || sdk::row_count(ids) != t || wts.ne[0] != k || sdk::row_count(wts) != t) {
         return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
       }
       const std::int32_t f = call.params.flags;
@@ -539,10 +523,10 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_CUDA_TRY(need(ids, DType::i32, "ids"));
       COLIBRI_CUDA_TRY(need(y, DType::f32, "out"));
-      const std::int64_t d = table.ne[0], v = rows(table), t = elems(ids);
+      const std::int64_t d = table.ne[0], v = sdk::row_count(table), t = sdk::element_count(ids);
       if (v > kMaxInt) return bad("the table has more than 2^31 rows");
       if (t > kMaxGridY) return bad("more than 65535 ids in one call");
-      if (y.ne[0] != d || rows(y) != t) {
+      if (y.ne[0] != d || sdk::row_count(y) != t) {
         return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
       }
       COLIBRI_CUDA_BIND(ta, const void*, table, "table", false, weight_align(table.type));
@@ -574,7 +558,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
     const std::int32_t at = status_host_[0] - 1, value = status_host_[1];
     if (call.op == Op::embedding) {
       return bad("token id " + std::to_string(value) + " at position " + std::to_string(at) +
-                 " is outside the vocabulary 0.." + std::to_string(rows(in[0]) - 1));
+                 " is outside the vocabulary 0.." + std::to_string(sdk::row_count(in[0]) - 1));
     }
     return bad("logit of expert " + std::to_string(value) + " for token " + std::to_string(at) +
                " is NaN (the model produced NaN activations)");

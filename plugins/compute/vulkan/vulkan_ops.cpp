@@ -27,23 +27,6 @@ constexpr std::int64_t kMaxHeadDim = 256;
 // Shaders index with 32-bit integers and grid-stride loops add up to 2^24 to an index.
 constexpr std::uint64_t kMaxElems = 0x7FFFFFFFull;
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::matmul: return "matmul";
-    case Op::expert_ffn: return "expert_ffn";
-    case Op::rms_norm: return "rms_norm";
-    case Op::rope: return "rope";
-    case Op::attention: return "attention";
-    case Op::swiglu: return "swiglu";
-    case Op::add: return "add";
-    case Op::topk_routing: return "topk_routing";
-    case Op::embedding: return "embedding";
-    case Op::scale_add: return "scale_add";
-    case Op::sigmoid: return "sigmoid";
-    default: return "unknown op";
-  }
-}
-
 bool weight_type_ok(DType t) {
   switch (t) {
     case DType::f32:
@@ -80,10 +63,7 @@ const char* type_suffix(DType t) {
 }
 
 std::uint64_t elems(const Tensor& t) {
-  return static_cast<std::uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
-}
-std::int64_t rows(const Tensor& t) {
-  return t.ne[1] * t.ne[2] * t.ne[3];
+  return static_cast<std::uint64_t>(sdk::element_count(t));
 }
 
 std::string shape_text(const Tensor& t) {
@@ -163,7 +143,7 @@ class Binder {
       return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
                              " blocks of " + std::to_string(traits->block_elems));
     }
-    const std::size_t bytes = rb * static_cast<std::size_t>(rows(t));
+    const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
     std::uint64_t addr = 0;
     if (t.buffer != nullptr) {
       const auto* vb = dynamic_cast<const VulkanBuffer*>(t.buffer);
@@ -344,9 +324,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_VK_TRY(need_f32(x, "X"));
       COLIBRI_VK_TRY(need_f32(y, "Y"));
-      const std::int64_t k = w.ne[0], n = rows(w), t = rows(x);
+      const std::int64_t k = w.ne[0], n = sdk::row_count(w), t = sdk::row_count(x);
       if (x.ne[0] != k) return bad("X " + shape_text(x) + " does not match W " + shape_text(w) + " (ne[0] differs)");
-      if (y.ne[0] != n || rows(y) != t) {
+      if (y.ne[0] != n || sdk::row_count(y) != t) {
         return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "}");
       }
       COLIBRI_VK_BIND(wa, w, "W", false, w.type == DType::f32 ? 4 : 2);
@@ -375,13 +355,14 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_VK_TRY(need_f32(x, "X"));
       COLIBRI_VK_TRY(need_f32(y, "Y"));
-      const std::int64_t d = wg.ne[0], f = rows(wg), t = rows(x);
-      if (wu.ne[0] != d || rows(wu) != f) return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
-      if (wd.ne[0] != f || rows(wd) != d) {
+      const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
+      if (wu.ne[0] != d || sdk::row_count(wu) != f)
+        return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+      if (wd.ne[0] != f || sdk::row_count(wd) != d) {
         return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
       }
       if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
-      if (y.ne[0] != d || rows(y) != t) return bad("Y " + shape_text(y) + " must match X");
+      if (y.ne[0] != d || sdk::row_count(y) != t) return bad("Y " + shape_text(y) + " must match X");
       if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems)
         return bad("F x T exceeds 2^31; split the call");
       COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
@@ -408,14 +389,15 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_TRY(need_f32(y, "Y"));
       if (elems(w) != static_cast<std::uint64_t>(x.ne[0]))
         return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
-      if (y.ne[0] != x.ne[0] || rows(y) != rows(x)) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+      if (y.ne[0] != x.ne[0] || sdk::row_count(y) != sdk::row_count(x))
+        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(wa, w, "w", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
       Command c;
       c.shader = "rms_norm";
-      c.push = as_bytes(RmsNormPush{xa, wa, ya, u32(x.ne[0]), u32(rows(x)), call.params.eps, 0});
-      row_grid(c, static_cast<std::uint64_t>(rows(x)), 1);
+      c.push = as_bytes(RmsNormPush{xa, wa, ya, u32(x.ne[0]), u32(sdk::row_count(x)), call.params.eps, 0});
+      row_grid(c, static_cast<std::uint64_t>(sdk::row_count(x)), 1);
       cmds.push_back(std::move(c));
       break;
     }
@@ -525,8 +507,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_TRY(need_f32(x, "X"));
       COLIBRI_VK_TRY(need_f32(w, "w"));
       COLIBRI_VK_TRY(need_f32(y, "Y"));
-      if (elems(w) != static_cast<std::uint64_t>(rows(x)))
-        return bad("w must have T = " + std::to_string(rows(x)) + " entries");
+      if (elems(w) != static_cast<std::uint64_t>(sdk::row_count(x)))
+        return bad("w must have T = " + std::to_string(sdk::row_count(x)) + " entries");
       if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
         return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
@@ -541,9 +523,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_TRY(need_f32(l, "logits"));
       COLIBRI_VK_TRY(need_i32(ids, "ids"));
       COLIBRI_VK_TRY(need_f32(wts, "weights"));
-      const std::int64_t e = l.ne[0], t = rows(l), k = call.params.top_k;
+      const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
-      if (ids.ne[0] != k || rows(ids) != t || wts.ne[0] != k || rows(wts) != t) {
+      if (ids.ne[0] != k || sdk::row_count(ids) != t || wts.ne[0] != k || sdk::row_count(wts) != t) {
         return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
       }
       const std::int32_t f = call.params.flags;
@@ -571,10 +553,10 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_VK_TRY(need_i32(ids, "ids"));
       COLIBRI_VK_TRY(need_f32(y, "out"));
-      const std::int64_t d = table.ne[0], v = rows(table), t = static_cast<std::int64_t>(elems(ids));
+      const std::int64_t d = table.ne[0], v = sdk::row_count(table), t = static_cast<std::int64_t>(elems(ids));
       if (v > 0x7FFFFFFF) return bad("the table has more than 2^31 rows");
       if (t > kMaxGrid) return bad("more than 65535 ids in one call");
-      if (y.ne[0] != d || rows(y) != t) {
+      if (y.ne[0] != d || sdk::row_count(y) != t) {
         return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
       }
       COLIBRI_VK_BIND(ta, table, "table", false, table.type == DType::f32 ? 4 : 2);
@@ -634,7 +616,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     std::memcpy(st, status_.mapped, sizeof(st));
     if (st[0] != 0) {
       return bad("ids[" + std::to_string(st[0] - 1) + "] = " + std::to_string(static_cast<std::int32_t>(st[1])) +
-                 " is outside the table of " + std::to_string(rows(in[0])) + " rows");
+                 " is outside the table of " + std::to_string(sdk::row_count(in[0])) + " rows");
     }
   }
   return {};

@@ -93,6 +93,32 @@ struct Tensor {
   std::size_t offset = 0;
 };
 
+// Elements of a tensor, and its rows (everything above ne[0]): what every backend's shape checks need.
+[[nodiscard]] inline std::int64_t element_count(const Tensor& t) noexcept {
+  return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+}
+[[nodiscard]] inline std::int64_t row_count(const Tensor& t) noexcept {
+  return t.ne[1] * t.ne[2] * t.ne[3];
+}
+
+// "matmul", "expert_ffn", ...: the op's name for messages.
+[[nodiscard]] constexpr const char* op_name(Op op) noexcept {
+  switch (op) {
+    case Op::matmul: return "matmul";
+    case Op::expert_ffn: return "expert_ffn";
+    case Op::rms_norm: return "rms_norm";
+    case Op::rope: return "rope";
+    case Op::attention: return "attention";
+    case Op::swiglu: return "swiglu";
+    case Op::add: return "add";
+    case Op::topk_routing: return "topk_routing";
+    case Op::embedding: return "embedding";
+    case Op::scale_add: return "scale_add";
+    case Op::sigmoid: return "sigmoid";
+    default: return "unknown op";
+  }
+}
+
 struct OpParams {
   float eps = 0.0f;            // rms_norm
   std::int32_t rope_dims = 0;  // rope: rotated dims per head
