@@ -12,6 +12,7 @@
 // succeeds the caller gets the data and the host log a warning naming the failed copy.
 #include <filesystem>
 
+#include "colibri/sdk/storage_view.hpp"
 #include "posix_read.hpp"
 
 namespace {
@@ -57,7 +58,7 @@ fs::path relative_to_model(const fs::path& path, const fs::path& model_dir) {
   return path.filename();
 }
 
-class StripeStorage final : public StorageBase {
+class StripeStorage final : public StorageBase, public StorageCancel {
  public:
   static Expected<std::unique_ptr<StripeStorage>> create(const CreateContext& ctx) {
     const ConfigView& c = *ctx.config;
@@ -203,6 +204,18 @@ class StripeStorage final : public StorageBase {
   void drain() noexcept override {
     std::unique_lock lock(mu_);
     idle_cv_.wait(lock, [this] { return outstanding_ == 0; });
+  }
+
+  // Withdrawn from whichever directory's queue holds them; their wrapped callbacks keep the count right.
+  bool cancel(std::uint64_t user_tag) noexcept override {
+    bool any = false;
+    for (auto& q : queues_) any = q->cancel(user_tag) || any;
+    return any;
+  }
+
+  void* query_interface(std::string_view id) noexcept override {
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
+    return nullptr;
   }
 
   StorageCapabilities capabilities() const noexcept override {
