@@ -206,7 +206,7 @@ inline std::vector<std::pair<ReadRequest, ReadCallback>> split_request(const Rea
 }
 
 // Moves the entries of `q` that `match` into `out`, keeping the order of the rest (cancel() of the
-// queueing plugins). An entry there is no memory to move stays queued: it is then read as usual.
+// queueing plugins). An entry that cannot be moved (no memory) stays queued and is read as usual.
 template <class T, class Match>
 void withdraw_if(std::deque<T>& q, std::vector<T>& out, Match match) noexcept {
   for (auto it = q.begin(); it != q.end();) {
