@@ -154,6 +154,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["prefetch_used"] = st.prefetch_used;
   j["prefetch_wasted"] = st.prefetch_wasted;
   j["prefetch_failed"] = st.prefetch_failed;
+  j["prefetch_cancelled"] = st.prefetch_cancelled;
   j["prefetch_precision"] = st.prediction_precision();
   j["prefetch_recall"] = st.prediction_recall();
   j["stall_saved_seconds"] = st.stall_saved_seconds;
@@ -207,11 +208,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(), j["disk_bytes_per_second"].get<double>() / 1e9,
               st.stall_seconds, st.stall_saved_seconds, mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
   std::printf(
-      "prefetch   %lld layers: %llu issued, %llu used, %llu wasted; prediction precision %.1f%%, "
+      "prefetch   %lld layers: %llu issued, %llu used, %llu wasted, %llu cancelled; prediction precision %.1f%%, "
       "recall %.1f%%\n",
       static_cast<long long>(engine->prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
       static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
-      100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
+      static_cast<unsigned long long>(st.prefetch_cancelled), 100.0 * st.prediction_precision(),
+      100.0 * st.prediction_recall());
   std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth: %.2f tok/s (decode at %.0f%%)\n",
               active / (1024.0 * 1024.0), bandwidth / 1e9, bound, 100.0 * decode_tps / bound);
   return 0;

@@ -577,6 +577,8 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
     if (!s) return s;
     S.expert_out[e].assign(S.ye.begin(), S.ye.end());
   }
+  // Prefetches of this layer still queued were for experts the router did not pick: free the disk queue.
+  if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
   std::fill(out, out + DT, 0.0f);
   for (const auto& [e, members] : groups) {
     const auto n = static_cast<std::int64_t>(members.size());

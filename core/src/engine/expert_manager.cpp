@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <new>
 
 namespace colibri::engine {
@@ -50,6 +51,8 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
       budget_(budget_bytes) {
   resident_ = manifest_.expert_bytes() <= budget_;
   async_storage_ = storage_ && storage_->capabilities().async;
+  if (async_storage_)
+    cancel_ = static_cast<sdk::StorageCancel*>(storage_->query_interface(sdk::kStorageCancelInterface));
 }
 
 ExpertManager::~ExpertManager() {
@@ -322,7 +325,7 @@ void ExpertManager::reap(const std::uint64_t* only) {
     const bool demand = slot.pending->demand;
     if (!s) {
       // A failed read in flight is dropped quietly: the synchronous demand read that follows reports the fault.
-      if (!demand) ++stats_.prefetch_failed;
+      if (!demand) ++(s.code() == StatusCode::cancelled ? stats_.prefetch_cancelled : stats_.prefetch_failed);
       erase_slot(it);
       continue;
     }
@@ -444,6 +447,24 @@ std::size_t ExpertManager::fetch(std::span<const sdk::ExpertKey> needed) {
   return queued;
 }
 
+std::size_t ExpertManager::cancel_stale(std::int64_t layer) {
+  if (cancel_ == nullptr || inflight_.empty()) return 0;
+  std::vector<std::uint64_t> stale;  // tags; cancel() calls back into mutex_, so it runs unlocked
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto k : inflight_) {
+      const auto& p = *slots_.at(k).pending;
+      if (!p.demand && !p.done && static_cast<std::int64_t>(sdk::ExpertKey::unpack(k).layer) <= layer) {
+        stale.push_back(p.tag);
+      }
+    }
+  }
+  std::size_t withdrawn = 0;
+  for (const auto tag : stale) withdrawn += cancel_->cancel(tag) ? 1 : 0;
+  reap();  // the withdrawn slots go back to the budget now
+  return withdrawn;
+}
+
 bool ExpertManager::ready(std::int64_t layer, std::int64_t expert) const {
   auto it = slots_.find(key_of(layer, expert).packed());
   return it != slots_.end() && !it->second.pending;
@@ -471,7 +492,9 @@ bool ExpertManager::start_read(sdk::ExpertKey key, const model::ExpertEntry& e, 
   req.length = e.size;
   req.buffer = slot.data.data();
   req.priority = priority;
-  req.user_tag = key.packed();
+  static std::atomic<std::uint64_t> next_tag{1};
+  pending->tag = next_tag.fetch_add(1, std::memory_order_relaxed);
+  req.user_tag = pending->tag;
   const std::byte* data = slot.data.data();
   used_bytes_ += slot.data.size();
   slots_.emplace(key.packed(), std::move(slot));

@@ -119,6 +119,9 @@ std::string render_metrics(const SchedulerStats& s,
         static_cast<double>(s.experts.prefetch_used));
   w.one("colibri_prefetch_wasted_total", "counter", "Prefetched experts evicted before any use.",
         static_cast<double>(s.experts.prefetch_wasted));
+  w.one("colibri_prefetch_cancelled_total", "counter",
+        "Prefetches withdrawn from the disk queue before they started (their layer had passed).",
+        static_cast<double>(s.experts.prefetch_cancelled));
   w.one("colibri_prefetch_accuracy", "gauge",
         "Prediction precision: share of predicted experts the router then picked (0..1).",
         s.experts.prediction_precision());

@@ -205,6 +205,25 @@ inline std::vector<std::pair<ReadRequest, ReadCallback>> split_request(const Rea
   return out;
 }
 
+// Moves the entries of `q` that `match` into `out`, keeping the order of the rest (cancel() of the
+// queueing plugins). An entry that cannot be moved (no memory) stays queued and is read as usual.
+template <class T, class Match>
+void withdraw_if(std::deque<T>& q, std::vector<T>& out, Match match) noexcept {
+  for (auto it = q.begin(); it != q.end();) {
+    if (!match(*it)) {
+      ++it;
+      continue;
+    }
+    try {
+      out.push_back(std::move(*it));
+    } catch (...) {
+      ++it;
+      continue;
+    }
+    it = q.erase(it);
+  }
+}
+
 // Worker threads serving submitted requests, demand before prefetch. The executor runs one request
 // and returns its status; callbacks run on the worker that read it. With chunk_bytes > 0, long
 // requests are split (chunk_count, split_request) over up to one chunk per worker.
@@ -256,6 +275,27 @@ class ReadQueue {
   }
 
   [[nodiscard]] std::size_t threads() const noexcept { return workers_.size(); }
+
+  // StorageCancel::cancel for this queue: withdraws the waiting jobs tagged `user_tag` and calls them
+  // back here, with StatusCode::cancelled.
+  bool cancel(std::uint64_t user_tag) noexcept {
+    std::vector<Job> withdrawn;
+    {
+      std::lock_guard lock(mu_);
+      for (auto* q : {&demand_, &prefetch_}) {
+        withdraw_if(*q, withdrawn, [&](const Job& j) { return j.request.user_tag == user_tag; });
+      }
+    }
+    if (withdrawn.empty()) return false;
+    for (auto& job : withdrawn) {
+      job.request.status = Status(StatusCode::cancelled, "read cancelled before it started");
+      job.done(job.request);
+    }
+    std::lock_guard lock(mu_);
+    outstanding_ -= withdrawn.size();
+    if (outstanding_ == 0) idle_cv_.notify_all();
+    return true;
+  }
 
  private:
   struct Job {

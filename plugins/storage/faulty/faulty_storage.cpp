@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "colibri/sdk/storage_view.hpp"
 #include "posix_read.hpp"
 
 namespace {
@@ -26,7 +27,7 @@ bool matches(const std::string& path, const std::string& needle) {
   return !needle.empty() && path.find(needle) != std::string::npos;
 }
 
-class FaultyStorage final : public StorageBase {
+class FaultyStorage final : public StorageBase, public StorageCancel {
  public:
   static Expected<std::unique_ptr<FaultyStorage>> create(const CreateContext& ctx) {
     const ConfigView& c = *ctx.config;
@@ -117,6 +118,12 @@ class FaultyStorage final : public StorageBase {
     return queue_.submit(request, std::move(done));
   }
   void drain() noexcept override { queue_.drain(); }
+  // A slow disk (delay_ms) keeps prefetches queued: the case cancel is for.
+  bool cancel(std::uint64_t user_tag) noexcept override { return queue_.cancel(user_tag); }
+  void* query_interface(std::string_view id) noexcept override {
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
+    return nullptr;
+  }
 
   StorageCapabilities capabilities() const noexcept override {
     StorageCapabilities c;

@@ -8,6 +8,9 @@
 // later request whose buffer lies inside a registered region is read with IORING_OP_READ_FIXED,
 // which skips pinning the pages on each read. Other requests are ordinary reads.
 //
+// Cancel: through query_interface("colibri.storage.cancel.v1") requests still waiting in the two
+// queues are withdrawn; those already on the ring complete.
+//
 // Threads: submit() may be called from any thread, including from a completion callback.
 // Callbacks run on the completion thread and should be short: the next completions wait for them.
 #include <liburing.h>
@@ -48,7 +51,7 @@ struct Op {
   int retries = 0;
 };
 
-class UringStorage final : public StorageBase, public RegisteredBuffers {
+class UringStorage final : public StorageBase, public RegisteredBuffers, public StorageCancel {
  public:
   static Expected<std::unique_ptr<UringStorage>> create(const CreateContext& ctx) {
     auto direct = ctx.config->get_bool("direct_io", true);
@@ -89,6 +92,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
 
   void* query_interface(std::string_view id) noexcept override {
     if (id == kRegisteredBuffersInterface) return static_cast<RegisteredBuffers*>(this);
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
     return nullptr;
   }
 
@@ -169,6 +173,27 @@ class UringStorage final : public StorageBase, public RegisteredBuffers {
   void drain() noexcept override {
     std::unique_lock lock(mu_);
     idle_cv_.wait(lock, [this] { return outstanding_ == 0; });
+  }
+
+  // Only requests waiting beyond the queue depth are withdrawn; those on the ring are the kernel's.
+  bool cancel(std::uint64_t user_tag) noexcept override {
+    std::vector<Op*> withdrawn;
+    {
+      std::lock_guard lock(mu_);
+      for (auto* q : {&demand_, &prefetch_}) {
+        sc::withdraw_if(*q, withdrawn, [&](const Op* op) { return op->request.user_tag == user_tag; });
+      }
+    }
+    if (withdrawn.empty()) return false;
+    for (Op* op : withdrawn) {
+      op->request.status = Status(StatusCode::cancelled, "read cancelled before it started");
+      op->done(op->request);
+      delete op;
+    }
+    std::lock_guard lock(mu_);
+    outstanding_ -= withdrawn.size();
+    if (outstanding_ == 0) idle_cv_.notify_all();
+    return true;
   }
 
   StorageCapabilities capabilities() const noexcept override {

@@ -83,7 +83,7 @@ std::size_t page_size() {
   return p;
 }
 
-class MmapStorage final : public StorageBase, public StorageViews {
+class MmapStorage final : public StorageBase, public StorageViews, public StorageCancel {
  public:
   static Expected<std::unique_ptr<MmapStorage>> create(const CreateContext& ctx) {
     const ConfigView& c = *ctx.config;
@@ -120,6 +120,7 @@ class MmapStorage final : public StorageBase, public StorageViews {
 
   void* query_interface(std::string_view id) noexcept override {
     if (id == kStorageViewInterface) return static_cast<StorageViews*>(this);
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
     return nullptr;
   }
 
@@ -195,6 +196,7 @@ class MmapStorage final : public StorageBase, public StorageViews {
     return queue_.submit(request, std::move(done));
   }
   void drain() noexcept override { queue_.drain(); }
+  bool cancel(std::uint64_t user_tag) noexcept override { return queue_.cancel(user_tag); }
 
   StorageCapabilities capabilities() const noexcept override {
     StorageCapabilities c;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "colibri/sdk/sdk.hpp"
+#include "colibri/sdk/storage_view.hpp"
 #include "posix_read.hpp"
 
 namespace {
@@ -11,7 +12,7 @@ namespace {
 using namespace colibri::sdk;
 namespace common = colibri::plugins::storage_common;
 
-class PreadStorage final : public StorageBase {
+class PreadStorage final : public StorageBase, public StorageCancel {
  public:
   static Expected<std::unique_ptr<PreadStorage>> create(const CreateContext& ctx) {
     auto direct = ctx.config->get_bool("direct_io", true);
@@ -60,6 +61,14 @@ class PreadStorage final : public StorageBase {
   }
 
   void drain() noexcept override { queue_.drain(); }
+
+  // Queued requests no worker has picked yet are withdrawn (a stale prefetch stops holding the queue).
+  bool cancel(std::uint64_t user_tag) noexcept override { return queue_.cancel(user_tag); }
+
+  void* query_interface(std::string_view id) noexcept override {
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
+    return nullptr;
+  }
 
   StorageCapabilities capabilities() const noexcept override {
     StorageCapabilities c;

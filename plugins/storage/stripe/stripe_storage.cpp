@@ -10,8 +10,17 @@
 // primary copy, whose threads serve the file's reads; every later one is a mirror. A failed read
 // (I/O error, short read of a truncated copy) is retried on the mirrors in order, and when one
 // succeeds the caller gets the data and the host log a warning naming the failed copy.
+//
+// `colibri-cli model stripe` moves files to another directory and leaves a symlink in the model
+// directory. A copy is served by the queue of the directory that really holds it: a path that
+// resolves (through symlinks) into one of `paths` reads on that directory's threads, and two
+// candidates that resolve to the same file are one copy, not a file and its mirror. Each queue
+// counts the requests it served in the host counter reads_dir<N>_total (0: the model directory,
+// N: paths[N-1]).
+#include <algorithm>
 #include <filesystem>
 
+#include "colibri/sdk/storage_view.hpp"
 #include "posix_read.hpp"
 
 namespace {
@@ -21,7 +30,8 @@ namespace sc = colibri::plugins::storage_common;
 namespace fs = std::filesystem;
 
 struct Copy {
-  std::size_t member = 0;  // index into the directories
+  std::size_t member = 0;  // index into the directories: the one that really holds the file
+  fs::path real;           // the file's path with every symlink resolved
   std::unique_ptr<sc::PosixFile> file;
   std::atomic<bool> warned{false};  // one warning per failing copy, not one per read
 };
@@ -40,11 +50,16 @@ class StripeFile final : public StorageFile {
   std::vector<std::unique_ptr<Copy>> copies_;  // primary first
 };
 
+// `path` relative to `dir` when it lies under it, else empty.
+fs::path relative_under(const fs::path& path, const fs::path& dir) {
+  const fs::path rel = path.lexically_normal().lexically_relative(dir.lexically_normal());
+  return !rel.empty() && *rel.begin() != ".." ? rel : fs::path();
+}
+
 // The path of `path` relative to the model (see the header comment).
 fs::path relative_to_model(const fs::path& path, const fs::path& model_dir) {
   if (!model_dir.empty()) {
-    const fs::path rel = path.lexically_normal().lexically_relative(model_dir.lexically_normal());
-    if (!rel.empty() && *rel.begin() != "..") return rel;
+    if (fs::path rel = relative_under(path, model_dir); !rel.empty()) return rel;
   }
   std::vector<fs::path> parts(path.begin(), path.end());
   for (std::size_t i = parts.size(); i-- > 0;) {
@@ -57,7 +72,7 @@ fs::path relative_to_model(const fs::path& path, const fs::path& model_dir) {
   return path.filename();
 }
 
-class StripeStorage final : public StorageBase {
+class StripeStorage final : public StorageBase, public StorageCancel {
  public:
   static Expected<std::unique_ptr<StripeStorage>> create(const CreateContext& ctx) {
     const ConfigView& c = *ctx.config;
@@ -101,8 +116,17 @@ class StripeStorage final : public StorageBase {
     dirs_.push_back("");  // the model directory: wherever the opened path is
     for (auto& p : paths) dirs_.push_back(std::move(p));
     for (std::size_t i = 0; i < dirs_.size(); ++i) {
+      std::error_code ec;
+      fs::path real = i == 0 ? fs::path() : fs::weakly_canonical(dirs_[i], ec);
+      real_dirs_.push_back(ec ? fs::path(dirs_[i]) : real);
+      served_metric_.push_back("reads_dir" + std::to_string(i) + "_total");
       queues_.push_back(std::make_unique<sc::ReadQueue>(
-          threads, [this](ReadRequest& r) { return read_request(r); }, chunk_bytes));
+          threads,
+          [this, i](ReadRequest& r) {
+            host_.counter_add(served_metric_[i], 1);
+            return read_request(r);
+          },
+          chunk_bytes));
     }
   }
 
@@ -122,6 +146,12 @@ class StripeStorage final : public StorageBase {
           if (f.error().code() != StatusCode::not_found && first_error.is_ok()) first_error = f.error();
           continue;
         }
+        std::error_code ec;
+        fs::path real = fs::canonical(candidate, ec);
+        if (ec) real = fs::path(candidate).lexically_normal();
+        if (std::any_of(copies.begin(), copies.end(), [&](const auto& c) { return c->real == real; })) {
+          continue;  // a symlink to a copy already found: the same file, not a mirror
+        }
         if (!copies.empty() && (*f)->size() != copies.front()->file->size()) {
           host_.warn("mirror " + candidate + " is " + std::to_string((*f)->size()) + " bytes but " +
                      copies.front()->file->path() + " is " + std::to_string(copies.front()->file->size()) +
@@ -129,7 +159,8 @@ class StripeStorage final : public StorageBase {
           continue;
         }
         auto copy = std::make_unique<Copy>();
-        copy->member = m;
+        copy->member = owner(real, m);
+        copy->real = std::move(real);
         copy->file = std::move(*f);
         copies.push_back(std::move(copy));
       }
@@ -142,6 +173,15 @@ class StripeStorage final : public StorageBase {
     } catch (...) {
       return Status(StatusCode::out_of_memory, "opening " + path);
     }
+  }
+
+  // The directory whose queue serves the file at `real` (symlinks resolved): the member of `paths` it lies under,
+  // else `found_in` (where it was looked up).
+  std::size_t owner(const fs::path& real, std::size_t found_in) const {
+    for (std::size_t i = 1; i < real_dirs_.size(); ++i) {
+      if (!relative_under(real, real_dirs_[i]).empty()) return i;
+    }
+    return found_in;
   }
 
   void finished_one() noexcept {
@@ -205,6 +245,18 @@ class StripeStorage final : public StorageBase {
     idle_cv_.wait(lock, [this] { return outstanding_ == 0; });
   }
 
+  // Withdrawn from whichever directory's queue holds them; their wrapped callbacks keep the count right.
+  bool cancel(std::uint64_t user_tag) noexcept override {
+    bool any = false;
+    for (auto& q : queues_) any = q->cancel(user_tag) || any;
+    return any;
+  }
+
+  void* query_interface(std::string_view id) noexcept override {
+    if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
+    return nullptr;
+  }
+
   StorageCapabilities capabilities() const noexcept override {
     StorageCapabilities c;
     c.direct_io = direct_;
@@ -220,6 +272,8 @@ class StripeStorage final : public StorageBase {
   int threads_;
   std::string model_dir_;
   std::vector<std::string> dirs_;
+  std::vector<fs::path> real_dirs_;         // dirs_ with symlinks resolved (the model directory's: empty)
+  std::vector<std::string> served_metric_;  // per directory: reads_dir<N>_total
   std::atomic<bool> warned_direct_{false};
   std::mutex mu_;
   std::condition_variable idle_cv_;

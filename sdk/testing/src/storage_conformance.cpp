@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -477,6 +478,85 @@ TEST_P(StorageConformance, RegisteredBuffersWhenAdvertised) {
   reg->unregister_buffers();
   ASSERT_TRUE(f.storage->read(**file, 0, {arena.data, 4096}));
   EXPECT_TRUE(same_bytes(arena.data, content.data(), 4096));
+}
+
+// Optional: "colibri.storage.cancel.v1". Reads whose callbacks do not return yet hold every worker (or
+// the completion thread), so the prefetches queued behind them have not started and can be withdrawn.
+TEST_P(StorageConformance, CancelWithdrawsQueuedRequestsWhenOffered) {
+  STORAGE_FIXTURE(f);
+  auto* canceller = static_cast<StorageCancel*>(f.storage->query_interface(kStorageCancelInterface));
+  if (canceller == nullptr) GTEST_SKIP() << "the plugin does not offer " << kStorageCancelInterface;
+  auto content = f.make_file("cancel.bin", 64 * 4096, 31);
+  auto file = f.storage->open((f.dir / "cancel.bin").string());
+  ASSERT_TRUE(file);
+  const int blockers = 2 * static_cast<int>(std::max<std::uint32_t>(1, f.storage->capabilities().queue_depth));
+  constexpr int kQueued = 32;
+  constexpr std::uint64_t kBlockerTag = 1u << 20;
+  std::atomic<bool> go{false};
+  auto wait_for_go = [&go] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!go.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  std::atomic<int> blocker_calls{0};
+  for (int i = 0; i < blockers; ++i) {
+    bufs.push_back(std::make_unique<AlignedBuffer>(4096));
+    ReadRequest r;
+    r.file = file->get();
+    r.offset = static_cast<std::uint64_t>(i % 64) * 4096;
+    r.length = 4096;
+    r.buffer = bufs.back()->data;
+    r.user_tag = kBlockerTag + static_cast<std::uint64_t>(i);
+    ASSERT_TRUE(f.storage->submit(r, [&](ReadRequest&) {
+      blocker_calls.fetch_add(1);
+      wait_for_go();
+    }));
+  }
+  std::vector<std::atomic<int>> calls(kQueued);
+  std::vector<std::atomic<int>> codes(kQueued);
+  std::atomic<int> bad_data{0};
+  for (int i = 0; i < kQueued; ++i) {
+    bufs.push_back(std::make_unique<AlignedBuffer>(4096));
+    ReadRequest r;
+    r.file = file->get();
+    r.offset = static_cast<std::uint64_t>(i) * 4096;
+    r.length = 4096;
+    r.buffer = bufs.back()->data;
+    r.priority = ReadPriority::prefetch;
+    r.user_tag = static_cast<std::uint64_t>(i);
+    ASSERT_TRUE(f.storage->submit(r, [&](ReadRequest& done) {
+      codes[done.user_tag].store(static_cast<int>(done.status.code()));
+      calls[done.user_tag].fetch_add(1);
+      if (done.status && !same_bytes(static_cast<std::byte*>(done.buffer), content.data() + done.offset, done.length)) {
+        bad_data.fetch_add(1);
+      }
+    }));
+  }
+  std::vector<bool> withdrawn(kQueued);
+  int cancelled = 0;
+  for (int i = kQueued; i-- > 0;) {  // the last queued first: the least likely to have started
+    withdrawn[i] = canceller->cancel(static_cast<std::uint64_t>(i));
+    if (!withdrawn[i]) continue;
+    ++cancelled;
+    EXPECT_EQ(calls[i].load(), 1) << "request " << i
+                                  << ": a withdrawn whole request is called back before cancel returns";
+    EXPECT_EQ(codes[i].load(), static_cast<int>(StatusCode::cancelled)) << "request " << i;
+  }
+  EXPECT_FALSE(canceller->cancel(kBlockerTag * 2)) << "a tag never submitted";
+  go.store(true);
+  f.storage->drain();
+  EXPECT_GE(cancelled, kQueued / 2) << "prefetches queued behind blocked callbacks should not have started";
+  EXPECT_EQ(blocker_calls.load(), blockers);
+  for (int i = 0; i < kQueued; ++i) {
+    EXPECT_EQ(calls[i].load(), 1) << "request " << i << " called back " << calls[i].load() << " times";
+    if (!withdrawn[i]) {
+      EXPECT_EQ(codes[i].load(), static_cast<int>(StatusCode::ok)) << "request " << i;
+    }
+    EXPECT_FALSE(canceller->cancel(static_cast<std::uint64_t>(i))) << "request " << i << " has completed";
+  }
+  EXPECT_EQ(bad_data.load(), 0);
 }
 
 }  // namespace colibri::sdk::testing

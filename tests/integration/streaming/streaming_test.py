@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 CLI, GEN, WORK = None, None, None
@@ -135,12 +136,16 @@ class Prefetch(unittest.TestCase):
         self.assertEqual(off["mode"], "streaming")
         self.assertEqual(off["prefetch_issued"], 0)
         on = self.bench(m, 2, size)
-        print(f"  prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, precision "
+        print(f"  prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, cancelled "
+              f"{on['prefetch_cancelled']}, precision "
               f"{on['prefetch_precision']:.2f}, recall {on['prefetch_recall']:.2f}, misses {on['expert_misses']} "
               f"(without prefetch {off['expert_misses']})", flush=True)
         self.assertGreater(on["prefetch_issued"], 0)
         self.assertGreater(on["prefetch_used"], 0)
         self.assertLessEqual(on["prefetch_used"], on["prefetch_issued"])
+        # Stale prefetches withdrawn before they started are neither used nor read (how many is timing).
+        self.assertGreaterEqual(on["prefetch_cancelled"], 0)
+        self.assertLessEqual(on["prefetch_used"] + on["prefetch_cancelled"], on["prefetch_issued"])
         for k in ("prefetch_precision", "prefetch_recall"):
             self.assertGreater(on[k], 0.0)
             self.assertLessEqual(on[k], 1.0)
@@ -148,6 +153,29 @@ class Prefetch(unittest.TestCase):
         self.assertLess(on["expert_misses"], off["expert_misses"])
         for k in ("bytes_read_per_token", "disk_bytes_per_second", "peak_rss_bytes"):
             self.assertGreater(on[k], 0, k)
+
+    def test_stale_prefetches_on_a_slow_disk_are_cancelled_without_changing_logits(self):
+        m = model()
+        size = slot_bytes(m) * 6
+        # One reader thread that sleeps before each read: predicted experts the router then skips are still queued
+        # when their layer has passed.
+        slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=5", "--set", "storage.queue_depth=1",
+                "--expert-cache-size", str(size), "--prefetch-layers", "2"]
+        # Which prefetches find room depends on which reads have landed (timing), so a run might issue no stale one
+        # (24 of 24 runs of this setup did): up to three runs, each with a fresh usage history (a cache warmed from
+        # an earlier run's would leave little to prefetch).
+        for attempt in range(3):
+            env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(dir=WORK))
+            p = run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "24", "--json"] + slow, env=env)
+            on = json.loads(p.stdout)
+            print(f"  slow disk, prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, cancelled "
+                  f"{on['prefetch_cancelled']}, wasted {on['prefetch_wasted']}", flush=True)
+            self.assertLessEqual(on["prefetch_used"] + on["prefetch_cancelled"], on["prefetch_issued"])
+            if on["prefetch_cancelled"] > 0:
+                break
+        self.assertGreater(on["prefetch_cancelled"], 0)
+        base = logits_bytes(m, "slow-base", "--prefetch-layers", "0")
+        self.assertEqual(logits_bytes(m, "slow-prefetch", *slow), base)
 
 
 class Stripe(unittest.TestCase):

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "colibri/engine/expert_manager.hpp"
+#include "colibri/sdk/storage_view.hpp"
 
 namespace colibri::engine {
 namespace {
@@ -19,7 +20,8 @@ namespace {
 using sdk::ExpertKey;
 
 // Serves files from memory; submit() holds requests until complete_all() (another thread may call it).
-class DeferredStorage final : public sdk::StorageBase {
+// Offers "colibri.storage.cancel.v1" over its queue unless offer_cancel is false.
+class DeferredStorage final : public sdk::StorageBase, public sdk::StorageCancel {
  public:
   class File final : public sdk::StorageFile {
    public:
@@ -72,6 +74,29 @@ class DeferredStorage final : public sdk::StorageBase {
     }
   }
   void drain() noexcept override { complete_all(); }
+  bool offer_cancel = true;
+  void* query_interface(std::string_view id) noexcept override {
+    return offer_cancel && id == sdk::kStorageCancelInterface ? static_cast<sdk::StorageCancel*>(this) : nullptr;
+  }
+  bool cancel(std::uint64_t user_tag) noexcept override {
+    std::vector<std::pair<sdk::ReadRequest, sdk::ReadCallback>> withdrawn;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = queued_.begin(); it != queued_.end();) {
+        if (it->first.user_tag == user_tag) {
+          withdrawn.push_back(std::move(*it));
+          it = queued_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& [r, done] : withdrawn) {
+      r.status = sdk::Status(sdk::StatusCode::cancelled, "cancelled");
+      done(r);
+    }
+    return !withdrawn.empty();
+  }
   bool async = true;
   sdk::StorageCapabilities capabilities() const noexcept override {
     sdk::StorageCapabilities c;
@@ -394,6 +419,57 @@ TEST(SlotBuffers, EvictedBufferIsReusedForTheNextLoad) {
   m.release(0, 2);
   EXPECT_EQ(m.stats().evictions, 2u);
   EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(CancelStale, WithdrawsQueuedPrefetchesOfLayersThatHavePassed) {
+  Fixture f(3, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  const ExpertKey want[] = {key(1, 0), key(1, 1), key(2, 0)};
+  ASSERT_EQ(m.prefetch(want), 3u);
+  const ExpertKey needed[] = {key(0, 1)};
+  ASSERT_EQ(m.fetch(needed), 1u);  // a demand read of an earlier layer: never stale
+  EXPECT_EQ(m.resident_bytes(), 4 * kBlob);
+  EXPECT_EQ(m.cancel_stale(1), 2u);  // layer 1 is done: its two prefetches were not picked
+  EXPECT_EQ(m.stats().prefetch_cancelled, 2u);
+  EXPECT_EQ(m.stats().prefetch_failed, 0u);
+  EXPECT_EQ(m.resident_bytes(), 2 * kBlob) << "withdrawn slots go back to the budget";
+  EXPECT_EQ(f.storage->queued(), 2u);  // 2:0 and the demand read of 0:1 stay queued
+  EXPECT_EQ(m.cancel_stale(1), 0u);
+  f.storage->complete_all();
+  EXPECT_EQ(f.storage->reads.load(), 2);
+  // Cancelling changes where bytes come from, never which: a cancelled expert is read on demand.
+  for (const auto k : {key(1, 0), key(2, 0), key(0, 1)}) {
+    auto w = m.acquire(k.layer, k.expert);
+    ASSERT_TRUE(w) << w.error().message();
+    EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->gate.data)), k.layer * 16 + k.expert);
+    m.release(k.layer, k.expert);
+  }
+  EXPECT_EQ(m.stats().prefetch_used, 1u);  // 2:0
+  EXPECT_EQ(m.stats().misses, 2u);         // 1:0 read again on demand, 0:1 fetched
+  EXPECT_EQ(m.stats().prefetch_wasted, 0u);
+  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(CancelStale, LandedPrefetchesAndStoragesWithoutCancelAreLeftAlone) {
+  Fixture f(2, 2);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  const ExpertKey want[] = {key(1, 0)};
+  ASSERT_EQ(m.prefetch(want), 1u);
+  f.storage->complete_all();
+  EXPECT_EQ(m.cancel_stale(1), 0u);  // it has landed: it stays cached
+  EXPECT_EQ(m.resident_count(), 1u);
+
+  Fixture g(2, 2);
+  g.storage->offer_cancel = false;
+  ExpertManager n(g.manifest, "/m", g.storage, g.policy, 2 * kBlob);
+  ASSERT_EQ(n.prefetch(want), 1u);
+  EXPECT_EQ(n.cancel_stale(1), 0u);
+  EXPECT_EQ(g.storage->queued(), 1u);
+  g.storage->complete_all();
+  ASSERT_TRUE(n.acquire(1, 0));
+  n.release(1, 0);
+  EXPECT_EQ(n.stats().prefetch_used, 1u);
+  EXPECT_EQ(n.stats().prefetch_cancelled, 0u);
 }
 
 }  // namespace

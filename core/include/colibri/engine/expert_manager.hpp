@@ -20,6 +20,7 @@
 #include "colibri/sdk/cache_policy.hpp"
 #include "colibri/sdk/compute.hpp"
 #include "colibri/sdk/storage.hpp"
+#include "colibri/sdk/storage_view.hpp"
 
 namespace colibri::engine {
 
@@ -45,6 +46,7 @@ struct ExpertStats {
   std::uint64_t prefetch_used = 0;
   std::uint64_t prefetch_wasted = 0;
   std::uint64_t prefetch_failed = 0;
+  std::uint64_t prefetch_cancelled = 0;  // withdrawn from the storage queue before they started (cancel_stale)
   double stall_saved_seconds = 0;
   // Router predictions for the next layers against the experts those layers then picked (all experts predicted,
   // resident or not): precision = correct / predicted, recall = correct / actual.
@@ -129,6 +131,11 @@ class ExpertManager {
   // never evicts what is in use, pinned, needed or prefetched and not used yet, and does nothing on a synchronous
   // storage. Returns how many reads it queued.
   std::size_t fetch(std::span<const sdk::ExpertKey> needed);
+  // Call once layer `layer` has acquired its experts: the prefetches of that layer (and earlier ones) still waiting
+  // in the storage queue were for experts the router did not pick, so they are withdrawn and stop holding the disk
+  // queue (storage interface "colibri.storage.cancel.v1"; nothing happens without it). Reads already started land
+  // as usual. Returns how many it withdrew.
+  std::size_t cancel_stale(std::int64_t layer);
   // True when acquire() of this expert would return without waiting for a read.
   [[nodiscard]] bool ready(std::int64_t layer, std::int64_t expert) const;
   // Counts router predictions against the experts the layer then used (see ExpertStats).
@@ -161,8 +168,9 @@ class ExpertManager {
     std::chrono::steady_clock::time_point submitted;
     double read_seconds = 0;
     bool done = false;
-    bool demand = false;  // queued by fetch(): a miss when acquired, not a prefetch
-    sdk::Status status;   // the read's, then the checksum check's (run on the storage thread)
+    bool demand = false;    // queued by fetch(): a miss when acquired, not a prefetch
+    std::uint64_t tag = 0;  // the request's user_tag: unique per read, so cancel() never reaches another manager's
+    sdk::Status status;     // the read's, then the checksum check's (run on the storage thread)
   };
   struct Slot {
     const model::ExpertEntry* entry = nullptr;
@@ -199,8 +207,9 @@ class ExpertManager {
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
   bool resident_ = false;
-  bool async_storage_ = false;           // the storage overlaps submitted reads (else prefetch is skipped)
-  std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
+  bool async_storage_ = false;            // the storage overlaps submitted reads (else prefetch is skipped)
+  sdk::StorageCancel* cancel_ = nullptr;  // the storage's cancel interface, when it offers one
+  std::map<std::uint64_t, Slot> slots_;   // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
   std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch

@@ -224,6 +224,51 @@ TEST_F(StripeTest, EachDirectoryHasItsOwnQueue) {
   EXPECT_EQ(buf[4096], expected(0, 2));
 }
 
+// `colibri-cli model stripe` leaves a symlink in the model dir to the moved file: its reads go to the queue of the
+// directory that holds it, and the symlink and its target are one copy, not a file and its mirror.
+TEST_F(StripeTest, MovedFileBehindASymlinkIsReadByItsOwnDirectorysQueue) {
+  const auto stays = write_expert("model", 0, 0, 4096, 1);
+  const auto moved = write_expert("disk2", 0, 1, 2 * 4096, 2);
+  const auto link = root_ / "model/experts/L000/E001.bin";
+  fs::create_symlink(moved, link);
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto s = make({{"paths", dirs({"disk2"})}, {"threads_per_path", "1"}}, host);
+  ASSERT_NE(s, nullptr);
+  auto fa = s->open(stays.string());
+  auto fb = s->open(link.string());  // the engine names the model's path
+  ASSERT_TRUE(fa && fb);
+  std::vector<std::byte> buf(3 * 4096);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> b_done;
+  ReadRequest ra;
+  ra.file = fa->get();
+  ra.length = 4096;
+  ra.buffer = buf.data();
+  ASSERT_TRUE(s->submit(ra, [&](ReadRequest&) { released.wait(); }));  // occupies the model dir's only thread
+  ReadRequest rb = ra;
+  rb.file = fb->get();
+  rb.length = 2 * 4096;
+  rb.buffer = buf.data() + 4096;
+  ASSERT_TRUE(s->submit(rb, [&](ReadRequest& c) {
+    EXPECT_TRUE(c.status) << c.status.to_string();
+    b_done.set_value();
+  }));
+  const auto status = b_done.get_future().wait_for(std::chrono::seconds(20));
+  release.set_value();
+  s->drain();
+  EXPECT_EQ(status, std::future_status::ready) << "the moved file's read waited for the model dir's thread";
+  for (std::size_t i = 0; i < 2 * 4096; ++i) ASSERT_EQ(buf[4096 + i], expected(i, 2)) << i;
+  EXPECT_EQ(host->metric("reads_dir0_total"), 1.0);  // E000, which stayed
+  EXPECT_EQ(host->metric("reads_dir1_total"), 1.0);  // E001, through the symlink
+  // Not its own mirror: a failing copy has no other copy to fall back to.
+  fs::resize_file(moved, 4096);
+  Status st = s->read(**fb, 4096, {buf.data(), 4096});
+  ASSERT_FALSE(st);
+  EXPECT_EQ(host->metric("mirror_fallbacks_total"), 0.0);
+  EXPECT_EQ(st.message().find("every copy failed"), std::string::npos) << st.message();
+}
+
 TEST_F(StripeTest, PathsThatAreNotDirectoriesAreRejected) {
   auto lib = ct::LoadedPlugin::load(STRIPE_PLUGIN_PATH);
   ASSERT_TRUE(lib);

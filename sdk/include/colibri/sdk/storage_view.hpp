@@ -1,6 +1,6 @@
 // Optional storage interfaces reached with Storage::query_interface(id). A plugin that offers one
-// says so in StorageCapabilities and returns a pointer to it (owned by the Storage, valid while
-// the Storage lives); a plugin that does not returns nullptr.
+// returns a pointer to it (owned by the Storage, valid while the Storage lives) and, for views and
+// registered buffers, says so in StorageCapabilities; a plugin that does not returns nullptr.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +53,24 @@ class RegisteredBuffers {
 
  protected:
   ~RegisteredBuffers() = default;
+};
+
+// ---- "colibri.storage.cancel.v1": withdraw queued requests that no longer matter ----
+inline constexpr std::string_view kStorageCancelInterface = "colibri.storage.cancel.v1";
+
+// A prefetch the caller no longer needs should stop holding a place in the device queue. cancel()
+// withdraws every request submitted with `user_tag` that is still waiting in the plugin's queue;
+// requests already handed to the OS (or the kernel ring) finish normally. Each withdrawn request
+// still gets its callback exactly once, with StatusCode::cancelled: before cancel() returns, or, when
+// a request was split into parts and some part had started, once that part finishes. drain() counts
+// withdrawn requests like any other. Returns whether it withdrew anything. Callable from any thread
+// except a callback of the request being cancelled.
+class StorageCancel {
+ public:
+  virtual bool cancel(std::uint64_t user_tag) noexcept = 0;
+
+ protected:
+  ~StorageCancel() = default;
 };
 
 }  // namespace colibri::sdk
