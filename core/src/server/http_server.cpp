@@ -72,6 +72,8 @@ struct Server::Impl {
   }
   void accept();
   void stop();
+  // Stops the io_context once no session is left, or at the deadline.
+  void stop_when_sessions_end(std::chrono::steady_clock::time_point deadline);
   std::string new_id(const char* prefix) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, static_cast<unsigned long long>(id_salt),
@@ -722,13 +724,24 @@ void Server::Impl::stop() {
         }
       }
       for (auto& s : live) net::post(s->executor(), [s] { s->close_if_idle(); });
-      // Responses still being written get a bounded time; then the io_context stops regardless.
-      auto t = std::make_shared<net::steady_timer>(ioc, opt.write_timeout);
-      t->async_wait([this, t](beast::error_code) { ioc.stop(); });
+      live.clear();
       work.reset();
-      if (live.empty()) ioc.stop();
+      // Responses still being written get a bounded time. A single timer for all of it kept the process up for
+      // the whole write timeout whenever a session was still closing at this moment.
+      stop_when_sessions_end(std::chrono::steady_clock::now() + opt.write_timeout);
     });
   });
+}
+
+void Server::Impl::stop_when_sessions_end(std::chrono::steady_clock::time_point deadline) {
+  bool open = false;
+  {
+    std::lock_guard lock(mu);
+    for (auto& [p, w] : sessions) open = open || !w.expired();
+  }
+  if (!open || std::chrono::steady_clock::now() >= deadline) return ioc.stop();
+  auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(20));
+  t->async_wait([this, t, deadline](beast::error_code) { stop_when_sessions_end(deadline); });
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
