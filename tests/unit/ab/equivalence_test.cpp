@@ -9,64 +9,16 @@
 #include "colibri/engine/expert_manager.hpp"
 #include "colibri/registry/registry.hpp"
 #include "colibri/util/host_info.hpp"
+#include "support/memory_experts.hpp"
 
 namespace colibri::ab {
 namespace {
 
-class MemoryStorage final : public sdk::StorageBase {
- public:
-  class File final : public sdk::StorageFile {
-   public:
-    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
-    std::uint64_t size() const noexcept override { return size_; }
-    const std::string& path() const noexcept override { return path_; }
-    bool direct_io() const noexcept override { return false; }
-
-   private:
-    std::string path_;
-    std::uint64_t size_;
-  };
-  std::map<std::string, std::vector<std::byte>> files;
-  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
-    auto it = files.find(path);
-    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path);
-    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
-  }
-  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
-    const auto& bytes = files.at(f.path());
-    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
-    return {};
-  }
-  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
-};
-
 // A model of `layers` x `experts` blobs of 5000 bytes (slots round to 8192, as in the manager).
 struct FakeModel {
   model::Manifest manifest;
-  std::shared_ptr<MemoryStorage> storage = std::make_shared<MemoryStorage>();
-  FakeModel(int layers, int experts) {
-    for (int l = 0; l < layers; ++l) {
-      for (int e = 0; e < experts; ++e) {
-        model::ExpertEntry x;
-        x.layer = l;
-        x.expert = e;
-        x.file = "L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
-        x.size = 5000;
-        std::vector<std::byte> bytes(x.size, std::byte(l * 16 + e));
-        std::uint64_t at = 0;
-        for (auto* part : {&x.gate, &x.up, &x.down}) {
-          part->type = sdk::DType::f32;
-          part->shape = {8, 32};
-          part->offset = at;
-          part->size = 8 * 32 * 4;
-          part->checksum = XXH64(bytes.data() + at, part->size, 0);
-          at += 1024;
-        }
-        storage->files["/m/" + x.file] = bytes;
-        manifest.experts.push_back(x);
-      }
-    }
-  }
+  std::shared_ptr<testing::MemoryStorage> storage = std::make_shared<testing::MemoryStorage>();
+  FakeModel(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, 5000, ""); }
 };
 
 std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {

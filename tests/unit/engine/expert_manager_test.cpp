@@ -8,63 +8,15 @@
 #include <list>
 #include <map>
 
+#include "support/memory_experts.hpp"
+
 namespace colibri::engine {
 namespace {
 
 using sdk::ExpertKey;
 
-// Serves files from memory.
-class MemoryStorage final : public sdk::StorageBase {
- public:
-  class File final : public sdk::StorageFile {
-   public:
-    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
-    std::uint64_t size() const noexcept override { return size_; }
-    const std::string& path() const noexcept override { return path_; }
-    bool direct_io() const noexcept override { return false; }
-
-   private:
-    std::string path_;
-    std::uint64_t size_;
-  };
-  std::map<std::string, std::vector<std::byte>> files;
-  int reads = 0;
-
-  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
-    auto it = files.find(path);
-    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path + ": no such file");
-    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
-  }
-  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
-    const auto& bytes = files.at(f.path());
-    if (offset + dst.size() > bytes.size()) return sdk::Status(sdk::StatusCode::corrupt_data, "short read");
-    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
-    ++reads;
-    return {};
-  }
-  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
-};
-
-// Least recently used first; records what it heard.
-class ListPolicy final : public sdk::CachePolicy {
- public:
-  std::list<ExpertKey> order;
-  std::vector<ExpertKey> pins;
-  void on_insert(ExpertKey k, std::uint64_t) noexcept override { order.push_back(k); }
-  void on_access(ExpertKey k) noexcept override {
-    order.remove(k);
-    order.push_back(k);
-  }
-  void on_erase(ExpertKey k) noexcept override { order.remove(k); }
-  std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate& ok) noexcept override {
-    for (auto k : order) {
-      if (ok(k)) return k;
-    }
-    return std::nullopt;
-  }
-  std::vector<ExpertKey> wanted_pins() const noexcept override { return pins; }
-  void clear() noexcept override { order.clear(); }
-};
+using testing::ListPolicy;
+using testing::MemoryStorage;
 
 constexpr std::uint64_t kBlob = 4096;
 
@@ -73,29 +25,7 @@ struct Fixture {
   std::shared_ptr<MemoryStorage> storage = std::make_shared<MemoryStorage>();
   std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
 
-  Fixture(int layers, int experts) {
-    for (int l = 0; l < layers; ++l) {
-      for (int e = 0; e < experts; ++e) {
-        model::ExpertEntry x;
-        x.layer = l;
-        x.expert = e;
-        x.file = "experts/L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
-        x.size = kBlob;
-        std::vector<std::byte> bytes(kBlob, std::byte(l * 16 + e));
-        std::uint64_t at = 0;
-        for (auto* part : {&x.gate, &x.up, &x.down}) {
-          part->type = sdk::DType::f32;
-          part->shape = {8, 32};
-          part->offset = at;
-          part->size = 8 * 32 * 4;
-          part->checksum = XXH64(bytes.data() + at, part->size, 0);
-          at += 1024;
-        }
-        storage->files["/m/" + x.file] = bytes;
-        manifest.experts.push_back(x);
-      }
-    }
-  }
+  Fixture(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, kBlob); }
 };
 
 TEST(ExpertManager, ResidentWhenTheBudgetHoldsEverything) {

@@ -13,6 +13,7 @@
 
 #include "colibri/engine/expert_manager.hpp"
 #include "colibri/sdk/storage_view.hpp"
+#include "support/memory_experts.hpp"
 
 namespace colibri::engine {
 namespace {
@@ -21,36 +22,11 @@ using sdk::ExpertKey;
 
 // Serves files from memory; submit() holds requests until complete_all() (another thread may call it).
 // Offers "colibri.storage.cancel.v1" over its queue unless offer_cancel is false.
-class DeferredStorage final : public sdk::StorageBase, public sdk::StorageCancel {
+class DeferredStorage final : public testing::MemoryStorage, public sdk::StorageCancel {
  public:
-  class File final : public sdk::StorageFile {
-   public:
-    File(std::string path, std::uint64_t size) : path_(std::move(path)), size_(size) {}
-    std::uint64_t size() const noexcept override { return size_; }
-    const std::string& path() const noexcept override { return path_; }
-    bool direct_io() const noexcept override { return false; }
-
-   private:
-    std::string path_;
-    std::uint64_t size_;
-  };
-  std::map<std::string, std::vector<std::byte>> files;
-  std::atomic<int> reads{0};
   std::atomic<int> prefetch_reads{0};
   std::atomic<int> demand_submits{0};  // fetch() queues at demand priority, prefetch() below it
 
-  sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
-    auto it = files.find(path);
-    if (it == files.end()) return sdk::Status(sdk::StatusCode::not_found, path + ": no such file");
-    return std::unique_ptr<sdk::StorageFile>(std::make_unique<File>(path, it->second.size()));
-  }
-  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
-    const auto& bytes = files.at(f.path());
-    if (offset + dst.size() > bytes.size()) return sdk::Status(sdk::StatusCode::corrupt_data, "short read");
-    std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(offset), dst.size(), dst.begin());
-    ++reads;
-    return {};
-  }
   sdk::Status submit(sdk::ReadRequest request, sdk::ReadCallback done) noexcept override {
     if (request.priority == sdk::ReadPriority::demand) ++demand_submits;
     std::lock_guard lock(mu_);
@@ -109,23 +85,7 @@ class DeferredStorage final : public sdk::StorageBase, public sdk::StorageCancel
   std::vector<std::pair<sdk::ReadRequest, sdk::ReadCallback>> queued_;
 };
 
-class ListPolicy final : public sdk::CachePolicy {
- public:
-  std::list<ExpertKey> order;
-  void on_insert(ExpertKey k, std::uint64_t) noexcept override { order.push_back(k); }
-  void on_access(ExpertKey k) noexcept override {
-    order.remove(k);
-    order.push_back(k);
-  }
-  void on_erase(ExpertKey k) noexcept override { order.remove(k); }
-  std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate& ok) noexcept override {
-    for (auto k : order) {
-      if (ok(k)) return k;
-    }
-    return std::nullopt;
-  }
-  void clear() noexcept override { order.clear(); }
-};
+using testing::ListPolicy;
 
 constexpr std::uint64_t kBlob = 4096;
 
@@ -134,29 +94,7 @@ struct Fixture {
   std::shared_ptr<DeferredStorage> storage = std::make_shared<DeferredStorage>();
   std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
 
-  Fixture(int layers, int experts) {
-    for (int l = 0; l < layers; ++l) {
-      for (int e = 0; e < experts; ++e) {
-        model::ExpertEntry x;
-        x.layer = l;
-        x.expert = e;
-        x.file = "experts/L" + std::to_string(l) + "E" + std::to_string(e) + ".bin";
-        x.size = kBlob;
-        std::vector<std::byte> bytes(kBlob, std::byte(l * 16 + e));
-        std::uint64_t at = 0;
-        for (auto* part : {&x.gate, &x.up, &x.down}) {
-          part->type = sdk::DType::f32;
-          part->shape = {8, 32};
-          part->offset = at;
-          part->size = 8 * 32 * 4;
-          part->checksum = XXH64(bytes.data() + at, part->size, 0);
-          at += 1024;
-        }
-        storage->files["/m/" + x.file] = bytes;
-        manifest.experts.push_back(x);
-      }
-    }
-  }
+  Fixture(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, kBlob); }
 };
 
 ExpertKey key(std::uint32_t l, std::uint32_t e) {
