@@ -541,7 +541,8 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
     }
     default:
       return Status(StatusCode::unsupported,
-                    "op " + std::to_string(static_cast<int>(call.op)) + " is not implemented by the cuda backend");
+                    "op " + std::to_string(static_cast<int>(call.op)) +
+                        " is not in the op set this cuda backend was built with (a newer SDK's op?)");
   }
 #undef COLIBRI_CUDA_BIND
 #undef COLIBRI_CUDA_TRY

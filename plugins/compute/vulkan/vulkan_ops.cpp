@@ -580,7 +580,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     }
     default:
       return Status(StatusCode::unsupported,
-                    "op " + std::to_string(static_cast<int>(call.op)) + " is not implemented by the vulkan backend");
+                    "op " + std::to_string(static_cast<int>(call.op)) +
+                        " is not in the op set this vulkan backend was built with (a newer SDK's op?)");
   }
 #undef COLIBRI_VK_BIND
 #undef COLIBRI_VK_TRY
