@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -38,21 +39,31 @@ struct Matrix {
   std::vector<std::vector<std::byte>> copies;
 };
 
-const Matrix& matrix(DType type) {
-  static std::map<DType, Matrix> cache;
-  auto it = cache.find(type);
+// A decode step's shapes: the default square matrix, and a Mixtral-shaped expert's gate/up
+// (K 2048 -> N 5632) and down (K 5632 -> N 2048) projections.
+struct Shape {
+  const char* name;
+  std::int64_t k, n;
+};
+constexpr Shape kSquare{"", kK, kN};
+constexpr Shape kExpertShapes[] = {{"expert_up/", 2048, 5632}, {"expert_down/", 5632, 2048}};
+
+const Matrix& matrix(DType type, const Shape& shape = kSquare) {
+  static std::map<std::tuple<DType, std::int64_t, std::int64_t>, Matrix> cache;
+  const auto key = std::make_tuple(type, shape.k, shape.n);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   std::mt19937 rng(42);
   std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> f(static_cast<std::size_t>(kK * kN));
+  std::vector<float> f(static_cast<std::size_t>(shape.k * shape.n));
   for (auto& v : f) v = dist(rng);
   Matrix m;
-  m.bytes = row_bytes(type, kK) * static_cast<std::size_t>(kN);
+  m.bytes = row_bytes(type, shape.k) * static_cast<std::size_t>(shape.n);
   std::vector<std::byte> first(m.bytes);
-  if (!colibri::quant::quantize_row(type, f.data(), first.data(), kK * kN)) std::abort();
+  if (!colibri::quant::quantize_row(type, f.data(), first.data(), shape.k * shape.n)) std::abort();
   const std::size_t n = std::max<std::size_t>(1, (kWorkingSet + m.bytes - 1) / m.bytes);
   for (std::size_t i = 0; i < n; ++i) m.copies.push_back(first);
-  return cache.emplace(type, std::move(m)).first->second;
+  return cache.emplace(key, std::move(m)).first->second;
 }
 
 std::shared_ptr<Compute> compute(const std::string& isa, int threads, const std::string& path = CPU_PLUGIN_PATH) {
@@ -68,23 +79,23 @@ std::shared_ptr<Compute> compute(const std::string& isa, int threads, const std:
 }
 
 void matvec(benchmark::State& state, DType type, std::string isa, int threads, std::int64_t tokens, std::string path,
-            bool cached) {
+            bool cached, Shape shape) {
   auto c = compute(isa, threads, path);
   if (!c) {
     state.SkipWithError(("isa=" + isa + " is not available on this CPU (or " + path + " did not load)").c_str());
     return;
   }
-  const Matrix& m = matrix(type);
-  const std::int64_t n = cached ? kCachedRows : kN;
-  const std::size_t bytes = cached ? row_bytes(type, kK) * static_cast<std::size_t>(n) : m.bytes;
-  std::vector<float> x(static_cast<std::size_t>(kK * tokens)), y(static_cast<std::size_t>(n * tokens));
+  const Matrix& m = matrix(type, shape);
+  const std::int64_t k = shape.k, n = cached ? kCachedRows : shape.n;
+  const std::size_t bytes = cached ? row_bytes(type, k) * static_cast<std::size_t>(n) : m.bytes;
+  std::vector<float> x(static_cast<std::size_t>(k * tokens)), y(static_cast<std::size_t>(n * tokens));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (auto& v : x) v = dist(rng);
   std::size_t next = 0;
   for (auto _ : state) {
-    Tensor in[] = {Tensor{type, {kK, n, 1, 1}, const_cast<std::byte*>(m.copies[next].data())},
-                   Tensor{DType::f32, {kK, tokens, 1, 1}, x.data()}};
+    Tensor in[] = {Tensor{type, {k, n, 1, 1}, const_cast<std::byte*>(m.copies[next].data())},
+                   Tensor{DType::f32, {k, tokens, 1, 1}, x.data()}};
     Tensor out{DType::f32, {n, tokens, 1, 1}, y.data()};
     if (auto s = c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}); !s) {
       state.SkipWithError(s.to_string().c_str());
@@ -108,12 +119,12 @@ const int kRegistered = [] {
       if (baseline != nullptr && *baseline != '\0') {
         benchmark::RegisterBenchmark(("base/matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(),
                                      matvec, t, std::string("auto"), threads, std::int64_t{1}, std::string(baseline),
-                                     false)
+                                     false, kSquare)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
       benchmark::RegisterBenchmark(("matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(), matvec, t,
-                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false)
+                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false, kSquare)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
@@ -121,19 +132,29 @@ const int kRegistered = [] {
       if (base && (baseline == nullptr || *baseline == '\0')) continue;
       benchmark::RegisterBenchmark(
           (std::string(base ? "base/" : "") + "cached/matvec/" + name + "/auto/threads:1").c_str(), matvec, t,
-          std::string("auto"), 1, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), true)
+          std::string("auto"), 1, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), true, kSquare)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
     for (const char* isa : {"avx2", "scalar"}) {
       benchmark::RegisterBenchmark(("matvec/" + name + "/" + isa + "/threads:1").c_str(), matvec, t, std::string(isa),
-                                   1, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false)
+                                   1, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false, kSquare)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
+    for (const Shape& shape : kExpertShapes) {
+      for (const bool base : {true, false}) {
+        if (base && (baseline == nullptr || *baseline == '\0')) continue;
+        benchmark::RegisterBenchmark(
+            (std::string(base ? "base/" : "") + shape.name + "matvec/" + name + "/auto/threads:2").c_str(), matvec, t,
+            std::string("auto"), 2, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), false, shape)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+    }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
     benchmark::RegisterBenchmark(("matmul8/" + name + "/auto/threads:2").c_str(), matvec, t, std::string("auto"), 2,
-                                 std::int64_t{8}, std::string(CPU_PLUGIN_PATH), false)
+                                 std::int64_t{8}, std::string(CPU_PLUGIN_PATH), false, kSquare)
         ->Unit(benchmark::kMicrosecond)
         ->UseRealTime();
   }
