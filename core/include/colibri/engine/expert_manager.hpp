@@ -38,6 +38,7 @@ struct ExpertStats {
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t bytes_read = 0;
+  std::uint64_t buffers_mapped = 0;  // RAM slot buffers newly mapped (the OS zeroes each page at first touch)
   double stall_seconds = 0;  // time demand reads (and waits for in-flight prefetches) kept the forward pass waiting
   // Prefetch: reads queued ahead of need (ReadPriority::prefetch), how many of them the router then used, how many
   // were evicted or failed unused, and the read time they took off the critical path (submit-to-completion time
@@ -191,6 +192,8 @@ class ExpertManager {
   bool start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes, sdk::ReadPriority priority);
   // A slot buffer of `bytes`: an evicted one of that size when there is one (no page faults, no zeroing), else new.
   AlignedBuffer take_buffer(std::uint64_t bytes);
+  // Bytes of the RAM slot that holds `e`.
+  [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
   // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).
   void settle_prefetches();
@@ -207,7 +210,8 @@ class ExpertManager {
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
   bool resident_ = false;
-  bool async_storage_ = false;            // the storage overlaps submitted reads (else prefetch is skipped)
+  std::uint64_t slot_bytes_ = 0;  // streaming: every RAM slot's size (the largest expert's); 0: each expert's own
+  bool async_storage_ = false;    // the storage overlaps submitted reads (else prefetch is skipped)
   sdk::StorageCancel* cancel_ = nullptr;  // the storage's cancel interface, when it offers one
   std::map<std::uint64_t, Slot> slots_;   // by ExpertKey::packed()
   ExpertStats stats_;
