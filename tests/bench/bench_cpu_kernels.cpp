@@ -154,10 +154,14 @@ const int kRegistered = [] {
       }
     }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
-    benchmark::RegisterBenchmark(("matmul8/" + name + "/auto/threads:2").c_str(), matvec, t, std::string("auto"), 2,
-                                 std::int64_t{8}, std::string(CPU_PLUGIN_PATH), false, kSquare)
-        ->Unit(benchmark::kMicrosecond)
-        ->UseRealTime();
+    for (const bool base : {true, false}) {
+      if (base && (baseline == nullptr || *baseline == '\0')) continue;
+      benchmark::RegisterBenchmark((std::string(base ? "base/" : "") + "matmul8/" + name + "/auto/threads:2").c_str(),
+                                   matvec, t, std::string("auto"), 2, std::int64_t{8},
+                                   std::string(base ? baseline : CPU_PLUGIN_PATH), false, kSquare)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
   }
   return 0;
 }();

@@ -51,7 +51,7 @@ inline constexpr int kBlockLanes = 4;
 
 // Several tokens against one weight row, the row decoded once: out[i] gets exactly the bits of
 // DotFn for token i (activations of token i at act + i * act_stride), ntok <= kTokenTile.
-inline constexpr int kTokenTile = 4;
+inline constexpr int kTokenTile = 8;
 using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t act_stride, int ntok, std::int64_t k,
                            float* out) noexcept;
 

@@ -352,6 +352,131 @@ struct ZQ6K {
   }
 };
 
+// ---------------------------------------------------------------- k-quant row x up to 8 tokens (512-bit)
+//
+// The row's super-block is decoded once (the AVX2 path's decode; its 32-weight vectors joined in pairs, so that
+// 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
+// reduced together. The scalar path's float steps then run with one token per lane, in the same order.
+
+// Min terms of the tile's tokens: ms = sum_j min[j] * (activation sum of sub-block j).
+KTARGET inline int z_k4_min_sum(__m128i mins16, const std::int16_t* bsums) noexcept {
+  const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8)));
+  __m128i p = _mm_madd_epi16(mins16, pairs);
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
+  return _mm_cvtsi128_si32(p);
+}
+
+// q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
+struct ZTileQ4K {
+  using Block = quant::BlockQ4_K;
+  struct Extra {
+    __m128i mins16;
+    float d, dmin;
+  };
+  KTARGET static __m128i scales(const Block& x, __m512i* s, Extra& e) noexcept {
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    for (int v = 0; v < 4; ++v) s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
+    e.mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    e.d = quant::fp16_to_fp32(x.d);
+    e.dmin = quant::fp16_to_fp32(x.dmin);
+    return sm;
+  }
+  KTARGET static __m512i nibbles(const std::uint8_t* qs32) noexcept {
+    const __m512i q = _mm512_broadcast_i64x4(x86_load32(qs32));
+    return _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFFFF0000u, q, 4), _mm512_set1_epi8(0x0F));
+  }
+  KTARGET static void decode(const Block& x, __m512i* u, __m512i* s, Extra& e) noexcept {
+    scales(x, s, e);
+    for (int v = 0; v < 4; ++v) u[v] = nibbles(x.qs + 32 * v);
+  }
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, int n, __m256i is) noexcept {
+    alignas(32) float yd[8] = {};
+    alignas(32) std::int32_t ms[8] = {};
+    for (int t = 0; t < n; ++t) {
+      yd[t] = y[t]->d;
+      ms[t] = z_k4_min_sum(e.mins16, y[t]->bsums);
+    }
+    const __m256 ydv = _mm256_load_ps(yd);
+    const __m256 dall = _mm256_mul_ps(ydv, _mm256_set1_ps(e.d)), dmin = _mm256_mul_ps(ydv, _mm256_set1_ps(e.dmin));
+    const __m256 msf = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(ms)));
+    return _mm256_add_ps(acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dmin, msf)));
+  }
+};
+
+// q5_k: q4_k plus bit i of qh[l] for sub-block i, byte l.
+struct ZTileQ5K : ZTileQ4K {
+  using Block = quant::BlockQ5_K;
+  KTARGET static void decode(const Block& x, __m512i* u, __m512i* s, Extra& e) noexcept {
+    const __m128i sm = x86_k4_scales(x.scales);
+    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    const __m512i h = _mm512_broadcast_i64x4(x86_load32(x.qh));
+    for (int v = 0; v < 4; ++v) {
+      s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
+      const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, z_int16_halves(2 * v, 2 * v + 1)), 4),
+                                          _mm512_set1_epi8(0x10));
+      u[v] = _mm512_or_si512(nibbles(x.qs + 32 * v), hi);
+    }
+    e.mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    e.d = quant::fp16_to_fp32(x.d);
+    e.dmin = quant::fp16_to_fp32(x.dmin);
+  }
+};
+
+// q6_k: the AVX2 path's decode (weights in order, a scale per 16), joined in pairs.
+struct ZTileQ6K {
+  using Block = quant::BlockQ6_K;
+  using Extra = X86Q6K::Extra;
+  KTARGET static void decode(const Block& x, __m512i* u2, __m512i* s2, Extra& e) noexcept {
+    __m256i u[8], s[8];
+    X86Q6K::decode(x, u, s, e);
+    for (int v = 0; v < 4; ++v) {
+      u2[v] = _mm512_inserti64x4(_mm512_castsi256_si512(u[2 * v]), u[2 * v + 1], 1);
+      s2[v] = _mm512_inserti64x4(_mm512_castsi256_si512(s[2 * v]), s[2 * v + 1], 1);
+    }
+  }
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, int n, __m256i is) noexcept {
+    alignas(32) float yd[8] = {};
+    alignas(32) std::int32_t offset[8] = {};  // the -32 of every weight: 32 * sum_g scale[g] * bsums[g]
+    for (int t = 0; t < n; ++t) {
+      yd[t] = y[t]->d;
+      offset[t] = 32 * x86_scaled_bsums(e.sc, y[t]->bsums);
+    }
+    is = _mm256_sub_epi32(is, _mm256_load_si256(reinterpret_cast<const __m256i*>(offset)));
+    const __m256 dall = _mm256_mul_ps(_mm256_load_ps(yd), _mm256_set1_ps(e.d));
+    return _mm256_add_ps(acc, _mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)));
+  }
+};
+
+template <typename T>
+KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t stride, int ntok, std::int64_t k,
+                      float* out) noexcept {
+  static_assert(kTokenTile <= 8, "one lane per token");
+  const auto* w = static_cast<const typename T::Block*>(w_row);
+  __m256 acc = _mm256_setzero_ps();
+  const Q8KBlock* y[8] = {};
+  for (std::int64_t b = 0; b < k / 256; ++b) {
+    __m512i u[4], s[4];
+    typename T::Extra e;
+    T::decode(w[b], u, s, e);
+    __m512i is[8];
+    for (int t = 0; t < 8; ++t) {
+      is[t] = _mm512_setzero_si512();
+      if (t >= ntok) continue;
+      y[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t) * stride) + b;
+      for (int v = 0; v < 4; ++v) {
+        is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(y[t]->qs + 64 * v)), s[v]);
+      }
+    }
+    acc = T::update(acc, e, y, ntok, z_sum8(is));
+  }
+  alignas(32) float v[8];
+  _mm256_store_ps(v, acc);
+  for (int t = 0; t < ntok; ++t) out[t] = v[t];
+}
+
 #undef KTARGET
 
 }  // namespace
@@ -360,8 +485,8 @@ const KernelSet& avx512_kernels() noexcept {
   static constexpr KernelSet set{"avx512",           z_dot_f32,          z_dot_f16,          z_dot_bf16,
                                  z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
-                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>, x86_tile_k<X86Q6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
+                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, z_tile_k<ZTileQ4K>,
+                                 z_tile_k<ZTileQ5K>, z_tile_k<ZTileQ6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
                                  x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations};
   return set;
 }
