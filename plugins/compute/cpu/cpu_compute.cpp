@@ -262,32 +262,36 @@ class CpuCompute final : public ComputeBase {
   }
 
   Status run(const OpCall& c) noexcept override {
-    try {
-      std::lock_guard lock(mu_);
-      switch (c.op) {
-        case Op::matmul: return op_matmul(c);
-        case Op::expert_ffn: return op_expert_ffn(c);
-        case Op::rms_norm: return op_rms_norm(c);
-        case Op::rope: return op_rope(c);
-        case Op::attention: return op_attention(c);
-        case Op::swiglu: return op_swiglu(c);
-        case Op::add: return op_add(c);
-        case Op::topk_routing: return op_topk(c);
-        case Op::embedding: return op_embedding(c);
-        case Op::scale_add: return op_scale_add(c);
-        case Op::sigmoid: return op_sigmoid(c);
-        case Op::count_: break;
+    return guarded("compute/cpu", [&]() -> Status {
+      try {
+        std::lock_guard lock(mu_);
+        return dispatch(c);
+      } catch (const std::bad_alloc&) {
+        return Status(StatusCode::out_of_memory, "compute/cpu: out of memory for scratch space");
       }
-      return Status(StatusCode::unsupported,
-                    "op id " + std::to_string(static_cast<unsigned>(c.op)) + " is not known to compute/cpu");
-    } catch (const std::bad_alloc&) {
-      return Status(StatusCode::out_of_memory, "compute/cpu: out of memory for scratch space");
-    } catch (const std::exception& e) {
-      return Status(StatusCode::internal, std::string("compute/cpu: ") + e.what());
-    }
+    });
   }
 
  private:
+  Status dispatch(const OpCall& c) {
+    switch (c.op) {
+      case Op::matmul: return op_matmul(c);
+      case Op::expert_ffn: return op_expert_ffn(c);
+      case Op::rms_norm: return op_rms_norm(c);
+      case Op::rope: return op_rope(c);
+      case Op::attention: return op_attention(c);
+      case Op::swiglu: return op_swiglu(c);
+      case Op::add: return op_add(c);
+      case Op::topk_routing: return op_topk(c);
+      case Op::embedding: return op_embedding(c);
+      case Op::scale_add: return op_scale_add(c);
+      case Op::sigmoid: return op_sigmoid(c);
+      case Op::count_: break;
+    }
+    return Status(StatusCode::unsupported,
+                  "op id " + std::to_string(static_cast<unsigned>(c.op)) + " is not known to compute/cpu");
+  }
+
   // ---------------------------------------------------------------- matmul
 
   // One weight matrix of a matmul: Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N).

@@ -210,15 +210,11 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
 }
 
 Status CudaCompute::run(const sdk::OpCall& call) noexcept {
-  try {
+  return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
     if (Status s = dev_->use(); !s) return s;
     return run_impl(call);
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": " + e.what());
-  } catch (...) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": unknown exception");
-  }
+  });
 }
 
 Status CudaCompute::run_impl(const sdk::OpCall& call) {

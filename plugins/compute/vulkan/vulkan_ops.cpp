@@ -265,14 +265,10 @@ Status VulkanCompute::ensure_scratch(std::size_t bytes) {
 }
 
 Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
-  try {
+  return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
     return run_impl(call);
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": " + e.what());
-  } catch (...) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": unknown exception");
-  }
+  });
 }
 
 Status VulkanCompute::run_impl(const sdk::OpCall& call) {
