@@ -88,26 +88,6 @@ Status bad(const char* op, const std::string& what) {
   return Status(StatusCode::invalid_argument, std::string(op) + ": " + what);
 }
 
-bool is_weight_type(DType t) {
-  switch (t) {
-    case DType::f32:
-    case DType::f16:
-    case DType::bf16:
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q2_k:
-    case DType::q3_k:
-    case DType::q4_k:
-    case DType::q5_k:
-    case DType::q6_k: return true;
-    default: return false;
-  }
-}
-
-bool is_kv_type(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
-}
-
 // Shape sanity and the host address of a tensor.
 Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& out) {
   for (int i = 0; i < 4; ++i) {
@@ -244,21 +224,7 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    switch (op) {
-      case Op::matmul:
-      case Op::expert_ffn:
-      case Op::embedding: return is_weight_type(weight_type);
-      case Op::attention: return is_kv_type(weight_type);
-      case Op::rms_norm:
-      case Op::rope:
-      case Op::swiglu:
-      case Op::add:
-      case Op::topk_routing:
-      case Op::scale_add:
-      case Op::sigmoid: return weight_type == DType::f32;
-      case Op::count_: return false;
-    }
-    return false;
+    return supports_every_op(op, weight_type);
   }
 
   Status run(const OpCall& c) noexcept override {
