@@ -279,4 +279,38 @@ Status check_op_call(const OpCall& call, std::string_view backend) {
   return Checker(call, backend).run();
 }
 
+namespace {
+
+Status tensor_error(std::string_view op, std::string_view what, const std::string& message) {
+  return Status(StatusCode::invalid_argument, std::string(op) + ": " + std::string(what) + " " + message);
+}
+
+}  // namespace
+
+Expected<std::size_t> checked_bytes(const Tensor& t, std::string_view op, std::string_view what) {
+  const auto* traits = dtype_traits(t.type);
+  if (traits == nullptr)
+    return tensor_error(op, what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
+  for (const std::int64_t n : t.ne) {
+    if (n <= 0) return tensor_error(op, what, "has a non-positive dimension: " + shape_text(t));
+  }
+  const std::size_t rb = row_bytes(t.type, t.ne[0]);
+  if (rb == 0) {
+    return tensor_error(op, what,
+                        "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
+                            " blocks of " + std::to_string(traits->block_elems));
+  }
+  return rb * static_cast<std::size_t>(row_count(t));
+}
+
+Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view op, std::string_view what) {
+  const std::size_t size = t.buffer->size();
+  if (t.offset > size || bytes > size - t.offset) {
+    return tensor_error(op, what,
+                        shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
+                            std::to_string(t.offset) + " but its buffer holds " + std::to_string(size));
+  }
+  return {};
+}
+
 }  // namespace colibri::sdk

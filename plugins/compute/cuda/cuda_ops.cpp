@@ -73,25 +73,14 @@ class Binder {
 
   // The device address of `t`; `what` names it in errors ("W", "X", ...).
   Expected<void*> bind(const Tensor& t, const char* what, bool is_output, std::size_t align) {
-    const auto* traits = sdk::dtype_traits(t.type);
-    if (traits == nullptr) return error(what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
-    for (std::size_t i = 0; i < 4; ++i) {
-      if (t.ne[i] <= 0) return error(what, "has a non-positive dimension: " + shape_text(t));
-    }
-    const std::size_t rb = sdk::row_bytes(t.type, t.ne[0]);
-    if (rb == 0) {
-      return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
-                             " blocks of " + std::to_string(traits->block_elems));
-    }
-    const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
+    auto checked = sdk::checked_bytes(t, op_, what);
+    if (!checked) return checked.error();
+    const std::size_t bytes = *checked;
     std::byte* ptr = nullptr;
     if (t.buffer != nullptr) {
       const auto* cb = dynamic_cast<const CudaBuffer*>(t.buffer);
       if (cb == nullptr || cb->device() != c_.dev_.get()) return error(what, "lives in a buffer of another backend");
-      if (t.offset > cb->size() || bytes > cb->size() - t.offset) {
-        return error(what, shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
-                               std::to_string(t.offset) + " but its buffer holds " + std::to_string(cb->size()));
-      }
+      if (Status s = sdk::check_buffer_range(t, bytes, op_, what); !s) return s;
       ptr = cb->device_pointer() + t.offset;
     } else if (t.data != nullptr) {
       if (used_ + bytes > scratch_at_) return error(what, "was not counted by reserve()");

@@ -107,25 +107,14 @@ class Binder {
 
   // The device address of `t`; `what` names it in errors ("W", "X", ...).
   Expected<std::uint64_t> bind(const Tensor& t, const char* what, bool is_output, std::size_t align) {
-    const auto* traits = sdk::dtype_traits(t.type);
-    if (traits == nullptr) return error(what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
-    for (std::size_t i = 0; i < 4; ++i) {
-      if (t.ne[i] <= 0) return error(what, "has a non-positive dimension: " + shape_text(t));
-    }
-    const std::size_t rb = sdk::row_bytes(t.type, t.ne[0]);
-    if (rb == 0) {
-      return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
-                             " blocks of " + std::to_string(traits->block_elems));
-    }
-    const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
+    auto checked = sdk::checked_bytes(t, op_, what);
+    if (!checked) return checked.error();
+    const std::size_t bytes = *checked;
     std::uint64_t addr = 0;
     if (t.buffer != nullptr) {
       const auto* vb = dynamic_cast<const VulkanBuffer*>(t.buffer);
       if (vb == nullptr || vb->context() != &ctx_) return error(what, "lives in a buffer of another compute object");
-      if (t.offset > vb->size() || bytes > vb->size() - t.offset) {
-        return error(what, shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
-                               std::to_string(t.offset) + " but its buffer holds " + std::to_string(vb->size()));
-      }
+      if (Status s = sdk::check_buffer_range(t, bytes, op_, what); !s) return s;
       addr = vb->address() + t.offset;
     } else if (t.data != nullptr) {
       // Host memory: used in place when the device can import it, else copied through staging.

@@ -144,3 +144,37 @@ TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
 }
 
 }  // namespace
+
+namespace {
+
+struct SizedBuffer final : colibri::sdk::Buffer {
+  std::size_t bytes;
+  explicit SizedBuffer(std::size_t n) : bytes(n) {}
+  [[nodiscard]] std::size_t size() const noexcept override { return bytes; }
+  [[nodiscard]] void* host_pointer() noexcept override { return nullptr; }
+};
+
+TEST(CheckedBytes, WholeBlocksOfPositiveDims) {
+  auto q = checked_bytes(tensor(DType::q4_k, {512, 3, 1, 1}), "matmul", "W");
+  ASSERT_TRUE(q);
+  EXPECT_EQ(*q, 3u * 2 * 144);
+  EXPECT_EQ(checked_bytes(tensor(DType::f32, {4, 0, 1, 1}), "add", "A").error().message(),
+            "add: A has a non-positive dimension: f32 {4, 0, 1, 1}");
+  EXPECT_EQ(checked_bytes(tensor(DType::q8_0, {40, 1, 1, 1}), "matmul", "W").error().message(),
+            "matmul: W rows of 40 elements are not whole q8_0 blocks of 32");
+  EXPECT_EQ(checked_bytes(tensor(static_cast<DType>(77), {1, 1, 1, 1}), "matmul", "W").error().message(),
+            "matmul: W has an unknown type id 77");
+}
+
+TEST(CheckBufferRange, TheTensorMustLieInsideItsBuffer) {
+  SizedBuffer buffer(64);
+  Tensor t = tensor(DType::f32, {8, 1, 1, 1});
+  t.buffer = &buffer;
+  t.offset = 32;
+  EXPECT_TRUE(check_buffer_range(t, 32, "add", "A"));
+  t.offset = 40;
+  EXPECT_EQ(check_buffer_range(t, 32, "add", "A").message(),
+            "add: A f32 {8, 1, 1, 1} needs 32 bytes at offset 40 but its buffer holds 64");
+}
+
+}  // namespace

@@ -2,6 +2,7 @@
 // runs every op with them, and the host-side validation of an OpCall with errors that name the op and tensor.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -27,5 +28,12 @@ namespace colibri::sdk {
 // Unsupported types and ops name `backend`: "matmul: weight type q4_1 is not supported by cuda". Grid-size limits
 // are the backend's own. Buffers and addresses are not looked at.
 [[nodiscard]] Status check_op_call(const OpCall& call, std::string_view backend);
+
+// Bytes of `t` when it has a known type, every dim >= 1 and rows of whole blocks; else an invalid_argument error
+// "<op>: <what> has a non-positive dimension: f32 {0, 1, 1, 1}" (`what` names the tensor: "W", "X", ...).
+[[nodiscard]] Expected<std::size_t> checked_bytes(const Tensor& t, std::string_view op, std::string_view what);
+// Whether the `bytes` of `t` lie inside t.buffer from t.offset on; else "<op>: <what> f32 {..} needs N bytes at
+// offset O but its buffer holds S".
+[[nodiscard]] Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view op, std::string_view what);
 
 }  // namespace colibri::sdk
