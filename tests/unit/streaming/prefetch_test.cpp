@@ -170,23 +170,31 @@ TEST(Prefetch, NeverEvictsInUseKeptOrUnusedPrefetchedExperts) {
   EXPECT_LE(m.resident_bytes(), m.budget_bytes());
 }
 
-TEST(Prefetch, FailedPrefetchLeavesTheDemandReadToReportTheFault) {
+// Byte `at` of expert 0:1's file corrupted, its read queued by `queue` (prefetch or fetch) and landed: the demand
+// read reports the checksum mismatch (`failed_prefetches` counts it as a failed prefetch or not), and the manager
+// goes on: another expert still loads, within budget.
+template <typename Queue>
+void expect_corrupt_expert_reported_on_demand(std::size_t at, Queue queue, std::uint64_t failed_prefetches) {
   Fixture f(1, 2);
-  f.storage->files["/m/experts/L0E1.bin"][100] = std::byte{0xFF};
+  f.storage->files["/m/experts/L0E1.bin"][at] = std::byte{0xFF};
   auto m = f.manager(1 * kBlob);
   const ExpertKey want[] = {key(0, 1)};
-  ASSERT_EQ(m.prefetch(want), 1u);
+  ASSERT_EQ(queue(m, want), 1u);
   f.storage->complete_all();
   auto bad = m.acquire(0, 1);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
       << bad.error().message();
-  EXPECT_EQ(m.stats().prefetch_failed, 1u);
-  // The manager goes on: another expert still loads, within budget.
+  EXPECT_EQ(m.stats().prefetch_failed, failed_prefetches);
   auto good = m.acquire(0, 0);
   ASSERT_TRUE(good) << good.error().message();
   m.release(0, 0);
   EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+}
+
+TEST(Prefetch, FailedPrefetchLeavesTheDemandReadToReportTheFault) {
+  expect_corrupt_expert_reported_on_demand(
+      100, [](ExpertManager& m, std::span<const ExpertKey> k) { return m.prefetch(k); }, 1);
 }
 
 TEST(Prefetch, DemandReadWaitsForPrefetchesHoldingTheRoomItNeeds) {
@@ -302,20 +310,9 @@ TEST(Fetch, NeverEvictsInUseOrNeededExperts) {
 }
 
 TEST(Fetch, CorruptExpertIsReportedByTheDemandRead) {
-  Fixture f(1, 2);
-  f.storage->files["/m/experts/L0E1.bin"][2000] = std::byte{0xFF};
-  auto m = f.manager(1 * kBlob);
-  const ExpertKey layer[] = {key(0, 1)};
-  ASSERT_EQ(m.fetch(layer), 1u);
-  f.storage->complete_all();
-  auto bad = m.acquire(0, 1);
-  ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
-      << bad.error().message();
-  EXPECT_EQ(m.stats().prefetch_failed, 0u);  // not a prefetch
-  ASSERT_TRUE(m.acquire(0, 0));
-  m.release(0, 0);
-  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+  // A fetch is not a prefetch: no failed prefetch.
+  expect_corrupt_expert_reported_on_demand(
+      2000, [](ExpertManager& m, std::span<const ExpertKey> k) { return m.fetch(k); }, 0);
 }
 
 TEST(Fetch, SynchronousStorageIsNotFetchedFrom) {
