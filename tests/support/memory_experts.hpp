@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "colibri/engine/expert_manager.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/sdk/cache_policy.hpp"
 #include "colibri/sdk/storage.hpp"
@@ -100,5 +101,21 @@ inline void add_memory_experts(model::Manifest& manifest, MemoryStorage& storage
     }
   }
 }
+
+// `layers` x `experts` in-memory experts of `blob_bytes` each in a Storage (MemoryStorage or a subclass), an LRU
+// list policy, and expert managers over them (model dir "/m").
+template <typename Storage = MemoryStorage>
+struct MemoryExpertSet {
+  model::Manifest manifest;
+  std::shared_ptr<Storage> storage = std::make_shared<Storage>();
+  std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
+
+  MemoryExpertSet(int layers, int experts, std::uint64_t blob_bytes) {
+    add_memory_experts(manifest, *storage, layers, experts, blob_bytes);
+  }
+  [[nodiscard]] engine::ExpertManager manager(std::uint64_t budget_bytes) const {
+    return engine::ExpertManager(manifest, "/m", storage, policy, budget_bytes);
+  }
+};
 
 }  // namespace colibri::testing

@@ -88,26 +88,6 @@ Status bad(const char* op, const std::string& what) {
   return Status(StatusCode::invalid_argument, std::string(op) + ": " + what);
 }
 
-bool is_weight_type(DType t) {
-  switch (t) {
-    case DType::f32:
-    case DType::f16:
-    case DType::bf16:
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q2_k:
-    case DType::q3_k:
-    case DType::q4_k:
-    case DType::q5_k:
-    case DType::q6_k: return true;
-    default: return false;
-  }
-}
-
-bool is_kv_type(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
-}
-
 // Shape sanity and the host address of a tensor.
 Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& out) {
   for (int i = 0; i < 4; ++i) {
@@ -244,50 +224,40 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    switch (op) {
-      case Op::matmul:
-      case Op::expert_ffn:
-      case Op::embedding: return is_weight_type(weight_type);
-      case Op::attention: return is_kv_type(weight_type);
-      case Op::rms_norm:
-      case Op::rope:
-      case Op::swiglu:
-      case Op::add:
-      case Op::topk_routing:
-      case Op::scale_add:
-      case Op::sigmoid: return weight_type == DType::f32;
-      case Op::count_: return false;
-    }
-    return false;
+    return supports_every_op(op, weight_type);
   }
 
   Status run(const OpCall& c) noexcept override {
-    try {
-      std::lock_guard lock(mu_);
-      switch (c.op) {
-        case Op::matmul: return op_matmul(c);
-        case Op::expert_ffn: return op_expert_ffn(c);
-        case Op::rms_norm: return op_rms_norm(c);
-        case Op::rope: return op_rope(c);
-        case Op::attention: return op_attention(c);
-        case Op::swiglu: return op_swiglu(c);
-        case Op::add: return op_add(c);
-        case Op::topk_routing: return op_topk(c);
-        case Op::embedding: return op_embedding(c);
-        case Op::scale_add: return op_scale_add(c);
-        case Op::sigmoid: return op_sigmoid(c);
-        case Op::count_: break;
+    return guarded("compute/cpu", [&]() -> Status {
+      try {
+        std::lock_guard lock(mu_);
+        return dispatch(c);
+      } catch (const std::bad_alloc&) {
+        return Status(StatusCode::out_of_memory, "compute/cpu: out of memory for scratch space");
       }
-      return Status(StatusCode::unsupported,
-                    "op id " + std::to_string(static_cast<unsigned>(c.op)) + " is not known to compute/cpu");
-    } catch (const std::bad_alloc&) {
-      return Status(StatusCode::out_of_memory, "compute/cpu: out of memory for scratch space");
-    } catch (const std::exception& e) {
-      return Status(StatusCode::internal, std::string("compute/cpu: ") + e.what());
-    }
+    });
   }
 
  private:
+  Status dispatch(const OpCall& c) {
+    switch (c.op) {
+      case Op::matmul: return op_matmul(c);
+      case Op::expert_ffn: return op_expert_ffn(c);
+      case Op::rms_norm: return op_rms_norm(c);
+      case Op::rope: return op_rope(c);
+      case Op::attention: return op_attention(c);
+      case Op::swiglu: return op_swiglu(c);
+      case Op::add: return op_add(c);
+      case Op::topk_routing: return op_topk(c);
+      case Op::embedding: return op_embedding(c);
+      case Op::scale_add: return op_scale_add(c);
+      case Op::sigmoid: return op_sigmoid(c);
+      case Op::count_: break;
+    }
+    return Status(StatusCode::unsupported,
+                  "op id " + std::to_string(static_cast<unsigned>(c.op)) + " is not known to compute/cpu");
+  }
+
   // ---------------------------------------------------------------- matmul
 
   // One weight matrix of a matmul: Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N).

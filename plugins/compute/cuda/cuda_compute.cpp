@@ -274,17 +274,8 @@ Expected<std::unique_ptr<sdk::Buffer>> CudaCompute::allocate(std::size_t bytes) 
 
 Expected<const CudaBuffer*> CudaCompute::own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                     const char* what) const {
-  const auto* cb = dynamic_cast<const CudaBuffer*>(&b);
-  if (cb == nullptr || cb->device() != dev_.get()) {
-    return Status(StatusCode::invalid_argument,
-                  std::string(what) + ": the buffer was not allocated by this CUDA compute object");
-  }
-  if (offset > cb->size() || bytes > cb->size() - offset) {
-    return Status(StatusCode::invalid_argument, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
-                                                    std::to_string(offset) + " overrun the buffer of " +
-                                                    std::to_string(cb->size()) + " bytes");
-  }
-  return cb;
+  return sdk::own_buffer<CudaBuffer>(b, offset, bytes, what, "CUDA",
+                                     [&](const CudaBuffer& cb) { return cb.device() == dev_.get(); });
 }
 
 Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<PendingCopy> copy, void* to,
@@ -302,12 +293,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<Pe
     dev_->pinned.give(copy->staging);
     return cuda_status(e, what);
   }
-  {
-    std::lock_guard lock(copies_mu_);
-    std::erase_if(copies_, [](const std::shared_ptr<PendingCopy>& c) { return c->is_finished(); });
-    copies_.push_back(copy);
-  }
-  return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+  return copies_.track(std::move(copy));
 }
 
 Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const void* src, sdk::Buffer& dst,
@@ -368,16 +354,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
 }
 
 Status CudaCompute::synchronize() noexcept {
-  std::vector<std::shared_ptr<PendingCopy>> pending;
-  {
-    std::lock_guard lock(copies_mu_);
-    pending.swap(copies_);
-  }
-  Status first;
-  for (auto& c : pending) {
-    Status s = c->finish(true);
-    if (!s && first) first = s;
-  }
+  Status first = copies_.finish_all();
   if (Status s = dev_->use(); !s) return s;
   for (cudaStream_t st : {dev_->compute, dev_->copy}) {
     if (cudaError_t e = cudaStreamSynchronize(st); e != cudaSuccess && first) first = cuda_status(e, "synchronize");

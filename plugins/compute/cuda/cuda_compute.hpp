@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "colibri/sdk/device_copies.hpp"
 #include "colibri/sdk/sdk.hpp"
 
 namespace colibri::cuda {
@@ -85,19 +86,6 @@ struct PendingCopy {
   [[nodiscard]] bool is_finished() noexcept;
 };
 
-class CopyEvent final : public sdk::Event {
- public:
-  explicit CopyEvent(std::shared_ptr<PendingCopy> copy) : copy_(std::move(copy)) {}
-  sdk::Status wait() noexcept override { return copy_->finish(true); }
-  [[nodiscard]] bool ready() const noexcept override {
-    (void)copy_->finish(false);
-    return copy_->is_finished();
-  }
-
- private:
-  std::shared_ptr<PendingCopy> copy_;
-};
-
 class CudaCompute final : public sdk::Compute {
  public:
   static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
@@ -130,8 +118,7 @@ class CudaCompute final : public sdk::Compute {
   std::shared_ptr<Device> dev_;
   mutable std::mutex info_mu_;
   mutable std::vector<sdk::DeviceInfo> devices_;
-  std::mutex copies_mu_;
-  std::vector<std::shared_ptr<PendingCopy>> copies_;
+  sdk::CopiesInFlight<PendingCopy> copies_;
   // Ops run one at a time: the arenas and the status word are shared.
   std::mutex run_mu_;
   void* arena_ = nullptr;  // device copies of host tensors, and expert_ffn's intermediates

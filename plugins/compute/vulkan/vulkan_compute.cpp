@@ -212,24 +212,8 @@ Expected<std::unique_ptr<sdk::Buffer>> VulkanCompute::allocate(std::size_t bytes
 
 Expected<const VulkanBuffer*> VulkanCompute::own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                         const char* what) const {
-  const auto* vb = dynamic_cast<const VulkanBuffer*>(&b);
-  if (vb == nullptr || vb->context() != ctx_.get()) {
-    return Status(StatusCode::invalid_argument,
-                  std::string(what) + ": the buffer was not allocated by this Vulkan compute object");
-  }
-  if (offset > vb->size() || bytes > vb->size() - offset) {
-    return Status(StatusCode::invalid_argument, std::string(what) + ": " + std::to_string(bytes) + " bytes at offset " +
-                                                    std::to_string(offset) + " overrun the buffer of " +
-                                                    std::to_string(vb->size()) + " bytes");
-  }
-  return vb;
-}
-
-Status VulkanCompute::track(std::shared_ptr<PendingCopy> copy) {
-  std::lock_guard lock(copies_mu_);
-  std::erase_if(copies_, [](const std::shared_ptr<PendingCopy>& c) { return c->is_finished(); });
-  copies_.push_back(std::move(copy));
-  return {};
+  return sdk::own_buffer<VulkanBuffer>(b, offset, bytes, what, "Vulkan",
+                                       [&](const VulkanBuffer& vb) { return vb.context() == ctx_.get(); });
 }
 
 Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_device_async(const void* src, sdk::Buffer& dst,
@@ -263,8 +247,7 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_device_async(const 
     copy->submission = std::move(*sub);
     copy->staging = *staging;
     copy->bytes = bytes;
-    (void)track(copy);
-    return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+    return copies_.track(std::move(copy));
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_to_device_async");
   }
@@ -299,24 +282,14 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_host_async(const sd
     copy->staging = *staging;
     copy->host_dst = dst;
     copy->bytes = bytes;
-    (void)track(copy);
-    return std::unique_ptr<sdk::Event>(new CopyEvent(std::move(copy)));
+    return copies_.track(std::move(copy));
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_to_host_async");
   }
 }
 
 Status VulkanCompute::synchronize() noexcept {
-  std::vector<std::shared_ptr<PendingCopy>> pending;
-  {
-    std::lock_guard lock(copies_mu_);
-    pending.swap(copies_);
-  }
-  Status first;
-  for (auto& c : pending) {
-    Status s = c->finish(true);
-    if (!s && first) first = s;
-  }
+  Status first = copies_.finish_all();
   Status idle = ctx_->wait_idle();
   return first ? idle : first;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "colibri/sdk/device_copies.hpp"
 #include "colibri/sdk/sdk.hpp"
 #include "vulkan_device.hpp"
 
@@ -48,19 +49,6 @@ struct PendingCopy {
   [[nodiscard]] bool is_finished() noexcept;
 };
 
-class CopyEvent final : public sdk::Event {
- public:
-  explicit CopyEvent(std::shared_ptr<PendingCopy> copy) : copy_(std::move(copy)) {}
-  sdk::Status wait() noexcept override { return copy_->finish(true); }
-  [[nodiscard]] bool ready() const noexcept override {
-    copy_->finish(false);
-    return copy_->is_finished();
-  }
-
- private:
-  std::shared_ptr<PendingCopy> copy_;
-};
-
 // One command of an op: a shader, its push constants and its grid. Commands of one run() are
 // recorded into one command buffer with a barrier after each.
 struct Command {
@@ -93,14 +81,12 @@ class VulkanCompute final : public sdk::Compute {
   sdk::Status run_impl(const sdk::OpCall& call);
   sdk::Expected<const VulkanBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                 const char* what) const;
-  sdk::Status track(std::shared_ptr<PendingCopy> copy);
   sdk::Status ensure_scratch(std::size_t bytes);
 
   std::shared_ptr<Context> ctx_;
   mutable std::mutex info_mu_;
   mutable std::vector<sdk::DeviceInfo> devices_;
-  std::mutex copies_mu_;
-  std::vector<std::shared_ptr<PendingCopy>> copies_;
+  sdk::CopiesInFlight<PendingCopy> copies_;
   std::mutex run_mu_;  // ops run one at a time: scratch and status buffers are shared
   Allocation scratch_;
   Allocation status_;

@@ -1,7 +1,8 @@
-// compute/vulkan: op validation and dispatch. Every op checks shapes, types and ranges on the host
-// (a bad shape is an error naming the op and tensor, never a GPU fault), resolves each tensor to a
-// device address, records its commands into one command buffer and waits for it: run() returns
-// with the outputs written, like the CPU backend.
+// compute/vulkan: op validation and dispatch. Every call is checked on the host first
+// (sdk::check_op_call plus this backend's grid limits: a bad shape is an error naming the op and
+// tensor, never a GPU fault); then each tensor is resolved to a device address, the commands are
+// recorded into one command buffer and run() waits for it: it returns with the outputs written, like
+// the CPU backend.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -14,6 +15,7 @@ namespace colibri::vulkan {
 using sdk::DType;
 using sdk::Expected;
 using sdk::Op;
+using sdk::shape_text;
 using sdk::Status;
 using sdk::StatusCode;
 using sdk::Tensor;
@@ -23,28 +25,6 @@ namespace {
 constexpr std::uint32_t kMaxGrid = 65535;
 constexpr std::uint32_t kGridX = 32768;  // matches common.glsl
 constexpr std::uint32_t kMatmulTile = 8;
-constexpr std::int64_t kMaxHeadDim = 256;
-// Shaders index with 32-bit integers and grid-stride loops add up to 2^24 to an index.
-constexpr std::uint64_t kMaxElems = 0x7FFFFFFFull;
-
-bool weight_type_ok(DType t) {
-  switch (t) {
-    case DType::f32:
-    case DType::f16:
-    case DType::bf16:
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q2_k:
-    case DType::q3_k:
-    case DType::q4_k:
-    case DType::q5_k:
-    case DType::q6_k: return true;
-    default: return false;
-  }
-}
-bool kv_type_ok(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
-}
 
 const char* type_suffix(DType t) {
   switch (t) {
@@ -64,12 +44,6 @@ const char* type_suffix(DType t) {
 
 std::uint64_t elems(const Tensor& t) {
   return static_cast<std::uint64_t>(sdk::element_count(t));
-}
-
-std::string shape_text(const Tensor& t) {
-  std::string s = std::string(sdk::to_string(t.type)) + " {";
-  for (int i = 0; i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.ne[static_cast<std::size_t>(i)]);
-  return s + "}";
 }
 
 template <typename T>
@@ -133,25 +107,14 @@ class Binder {
 
   // The device address of `t`; `what` names it in errors ("W", "X", ...).
   Expected<std::uint64_t> bind(const Tensor& t, const char* what, bool is_output, std::size_t align) {
-    const auto* traits = sdk::dtype_traits(t.type);
-    if (traits == nullptr) return error(what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
-    for (std::size_t i = 0; i < 4; ++i) {
-      if (t.ne[i] <= 0) return error(what, "has a non-positive dimension: " + shape_text(t));
-    }
-    const std::size_t rb = sdk::row_bytes(t.type, t.ne[0]);
-    if (rb == 0) {
-      return error(what, "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
-                             " blocks of " + std::to_string(traits->block_elems));
-    }
-    const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
+    auto checked = sdk::checked_bytes(t, op_, what);
+    if (!checked) return checked.error();
+    const std::size_t bytes = *checked;
     std::uint64_t addr = 0;
     if (t.buffer != nullptr) {
       const auto* vb = dynamic_cast<const VulkanBuffer*>(t.buffer);
       if (vb == nullptr || vb->context() != &ctx_) return error(what, "lives in a buffer of another compute object");
-      if (t.offset > vb->size() || bytes > vb->size() - t.offset) {
-        return error(what, shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
-                               std::to_string(t.offset) + " but its buffer holds " + std::to_string(vb->size()));
-      }
+      if (Status s = sdk::check_buffer_range(t, bytes, op_, what); !s) return s;
       addr = vb->address() + t.offset;
     } else if (t.data != nullptr) {
       // Host memory: used in place when the device can import it, else copied through staging.
@@ -239,20 +202,7 @@ Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::
 }  // namespace
 
 bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
-  switch (op) {
-    case Op::matmul:
-    case Op::expert_ffn:
-    case Op::embedding: return weight_type_ok(weight_type);
-    case Op::attention: return kv_type_ok(weight_type);
-    case Op::rms_norm:
-    case Op::rope:
-    case Op::swiglu:
-    case Op::add:
-    case Op::topk_routing:
-    case Op::scale_add:
-    case Op::sigmoid: return weight_type == DType::f32;
-    default: return false;
-  }
+  return sdk::supports_every_op(op, weight_type);
 }
 
 Status VulkanCompute::ensure_scratch(std::size_t bytes) {
@@ -265,35 +215,19 @@ Status VulkanCompute::ensure_scratch(std::size_t bytes) {
 }
 
 Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
-  try {
+  return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
     return run_impl(call);
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": " + e.what());
-  } catch (...) {
-    return Status(StatusCode::internal, std::string(op_name(call.op)) + ": unknown exception");
-  }
+  });
 }
 
 Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   const char* name = op_name(call.op);
   const auto& in = call.inputs;
   const auto& out = call.outputs;
-  auto count_error = [&](std::size_t n_in, std::size_t n_out) {
-    return Status(StatusCode::invalid_argument, std::string(name) + " takes " + std::to_string(n_in) + " inputs and " +
-                                                    std::to_string(n_out) + " outputs; got " +
-                                                    std::to_string(in.size()) + " and " + std::to_string(out.size()));
-  };
+  // Shaders index with 32-bit integers: check_op_call refuses tensors of 2^31 elements or more.
+  if (Status s = sdk::check_op_call(call, "vulkan"); !s) return s;
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
-  auto need_f32 = [&](const Tensor& t, const char* what) -> Status {
-    if (t.type != DType::f32) return bad(std::string(what) + " must be f32, got " + shape_text(t));
-    if (elems(t) > kMaxElems) return bad(std::string(what) + " has more than 2^31 elements; split the call");
-    return {};
-  };
-  auto need_i32 = [&](const Tensor& t, const char* what) -> Status {
-    if (t.type != DType::i32) return bad(std::string(what) + " must be i32, got " + shape_text(t));
-    return {};
-  };
 #define COLIBRI_VK_TRY(expr)       \
   do {                             \
     if (Status s_ = (expr); !s_) { \
@@ -314,29 +248,13 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
 
   switch (call.op) {
     case Op::matmul: {
-      if ((in.size() != 2 && in.size() != 3) || out.size() != 1) return count_error(2, 1);
-      const Tensor& w = in[0];
-      const Tensor& x = in[1];
-      const Tensor& y = out[0];
-      if (!weight_type_ok(w.type)) {
-        return Status(StatusCode::unsupported, std::string("matmul: weight type ") +
-                                                   std::string(sdk::to_string(w.type)) + " is not supported by vulkan");
-      }
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
+      const Tensor &w = in[0], &x = in[1], &y = out[0];
       const std::int64_t k = w.ne[0], n = sdk::row_count(w), t = sdk::row_count(x);
-      if (x.ne[0] != k) return bad("X " + shape_text(x) + " does not match W " + shape_text(w) + " (ne[0] differs)");
-      if (y.ne[0] != n || sdk::row_count(y) != t) {
-        return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "}");
-      }
       COLIBRI_VK_BIND(wa, w, "W", false, w.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
       std::uint64_t ba = 0;
       if (in.size() == 3) {
-        COLIBRI_VK_TRY(need_f32(in[2], "bias"));
-        if (elems(in[2]) != static_cast<std::uint64_t>(n))
-          return bad("bias must have N = " + std::to_string(n) + " elements");
         COLIBRI_VK_BIND(b, in[2], "bias", false, 4);
         ba = b;
       }
@@ -344,27 +262,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::expert_ffn: {
-      if (in.size() != 4 || out.size() != 1) return count_error(4, 1);
       const Tensor &wg = in[0], &wu = in[1], &wd = in[2], &x = in[3], &y = out[0];
-      for (const Tensor* w : {&wg, &wu, &wd}) {
-        if (!weight_type_ok(w->type)) {
-          return Status(StatusCode::unsupported, std::string("expert_ffn: weight type ") +
-                                                     std::string(sdk::to_string(w->type)) +
-                                                     " is not supported by vulkan");
-        }
-      }
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
       const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
-      if (wu.ne[0] != d || sdk::row_count(wu) != f)
-        return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
-      if (wd.ne[0] != f || sdk::row_count(wd) != d) {
-        return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
-      }
-      if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
-      if (y.ne[0] != d || sdk::row_count(y) != t) return bad("Y " + shape_text(y) + " must match X");
-      if (static_cast<std::uint64_t>(f) * static_cast<std::uint64_t>(t) > kMaxElems)
-        return bad("F x T exceeds 2^31; split the call");
       COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
@@ -382,15 +281,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::rms_norm: {
-      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
       const Tensor &x = in[0], &w = in[1], &y = out[0];
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_f32(w, "w"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
-      if (elems(w) != static_cast<std::uint64_t>(x.ne[0]))
-        return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
-      if (y.ne[0] != x.ne[0] || sdk::row_count(y) != sdk::row_count(x))
-        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(wa, w, "w", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
@@ -402,24 +293,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::rope: {
-      if (in.size() != 3 || out.size() != 1) return count_error(3, 1);
       const Tensor &x = in[0], &pos = in[1], &freq = in[2], &y = out[0];
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_i32(pos, "positions"));
-      COLIBRI_VK_TRY(need_f32(freq, "inv_freq"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
       const std::int64_t hd = x.ne[0], nh = x.ne[1], t = x.ne[2] * x.ne[3];
       const std::int32_t rd = call.params.rope_dims;
-      if (hd % 2 != 0) return bad("head_dim " + std::to_string(hd) + " must be even");
-      if (rd <= 0 || rd % 2 != 0 || rd > hd) {
-        return bad("params.rope_dims " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd));
-      }
-      if (elems(pos) != static_cast<std::uint64_t>(t))
-        return bad("positions must have T = " + std::to_string(t) + " entries");
-      if (elems(freq) != static_cast<std::uint64_t>(rd / 2)) {
-        return bad("inv_freq must have rope_dims / 2 = " + std::to_string(rd / 2) + " entries");
-      }
-      if (elems(y) != elems(x) || y.ne[0] != hd) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(pa, pos, "positions", false, 4);
       COLIBRI_VK_BIND(fa, freq, "inv_freq", false, 4);
@@ -433,33 +309,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::attention: {
-      if (in.size() != 3 || out.size() != 1) return count_error(3, 1);
       const Tensor &q = in[0], &k = in[1], &v = in[2], &o = out[0];
-      COLIBRI_VK_TRY(need_f32(q, "Q"));
-      COLIBRI_VK_TRY(need_f32(o, "O"));
-      if (!kv_type_ok(k.type) || k.type != v.type) {
-        return Status(StatusCode::unsupported, "attention: KV cache types " + std::string(sdk::to_string(k.type)) +
-                                                   " / " + std::string(sdk::to_string(v.type)) +
-                                                   " are not supported by vulkan (f32, f16 or q8_0, both the same)");
-      }
-      const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3];
-      const std::int64_t nkv = k.ne[1], s = k.ne[2] * k.ne[3];
-      if (hd > kMaxHeadDim) return bad("head_dim " + std::to_string(hd) + " exceeds 256");
-      if (k.ne[0] != hd || v.ne[0] != hd || v.ne[1] != nkv || v.ne[2] * v.ne[3] != s) {
-        return bad("K " + shape_text(k) + " and V " + shape_text(v) + " must be {" + std::to_string(hd) +
-                   ", n_kv_heads, S} like Q " + shape_text(q));
-      }
-      if (nh % nkv != 0)
-        return bad(std::to_string(nh) + " query heads are not a multiple of " + std::to_string(nkv) + " KV heads");
-      if (call.params.position < 0 || call.params.window < 0)
-        return bad("params.position and params.window must be >= 0");
-      if (call.params.position + t > s) {
-        return bad("queries at positions " + std::to_string(call.params.position) + ".." +
-                   std::to_string(call.params.position + t - 1) + " need " + std::to_string(call.params.position + t) +
-                   " cached keys; the cache holds " + std::to_string(s));
-      }
+      const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3], nkv = k.ne[1];
       if (t > kMaxGrid || nh > kMaxGrid) return bad("more than 65535 queries or heads in one call");
-      if (elems(o) != elems(q) || o.ne[0] != hd) return bad("O " + shape_text(o) + " must match Q " + shape_text(q));
       COLIBRI_VK_BIND(qa, q, "Q", false, 4);
       COLIBRI_VK_BIND(ka, k, "K", false, k.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(va, v, "V", false, v.type == DType::f32 ? 4 : 2);
@@ -475,14 +327,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     }
     case Op::swiglu:
     case Op::add: {
-      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
       const Tensor &a = in[0], &b = in[1], &y = out[0];
-      COLIBRI_VK_TRY(need_f32(a, call.op == Op::add ? "A" : "gate"));
-      COLIBRI_VK_TRY(need_f32(b, call.op == Op::add ? "B" : "up"));
-      COLIBRI_VK_TRY(need_f32(y, "out"));
-      if (elems(b) != elems(a) || b.ne[0] != a.ne[0] || elems(y) != elems(a) || y.ne[0] != a.ne[0]) {
-        return bad("shapes differ: " + shape_text(a) + ", " + shape_text(b) + " -> " + shape_text(y));
-      }
       COLIBRI_VK_BIND(aa, a, "A", false, 4);
       COLIBRI_VK_BIND(bb, b, "B", false, 4);
       COLIBRI_VK_BIND(ya, y, "out", true, 4);
@@ -490,27 +335,14 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::sigmoid: {
-      if (in.size() != 1 || out.size() != 1) return count_error(1, 1);
       const Tensor &x = in[0], &y = out[0];
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
-      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
-        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
       cmds.push_back(eltwise_command(xa, xa, ya, elems(x), 2, 1));
       break;
     }
     case Op::scale_add: {
-      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
       const Tensor &x = in[0], &w = in[1], &y = out[0];
-      COLIBRI_VK_TRY(need_f32(x, "X"));
-      COLIBRI_VK_TRY(need_f32(w, "w"));
-      COLIBRI_VK_TRY(need_f32(y, "Y"));
-      if (elems(w) != static_cast<std::uint64_t>(sdk::row_count(x)))
-        return bad("w must have T = " + std::to_string(sdk::row_count(x)) + " entries");
-      if (elems(y) != elems(x) || y.ne[0] != x.ne[0])
-        return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(wa, w, "w", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
@@ -518,20 +350,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::topk_routing: {
-      if (in.size() != 1 || out.size() != 2) return count_error(1, 2);
       const Tensor &l = in[0], &ids = out[0], &wts = out[1];
-      COLIBRI_VK_TRY(need_f32(l, "logits"));
-      COLIBRI_VK_TRY(need_i32(ids, "ids"));
-      COLIBRI_VK_TRY(need_f32(wts, "weights"));
       const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
-      if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
-      if (ids.ne[0] != k || sdk::row_count(ids) != t || wts.ne[0] != k || sdk::row_count(wts) != t) {
-        return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
-      }
       const std::int32_t f = call.params.flags;
-      if ((f & sdk::kRoutingSoftmax) && (f & sdk::kRoutingSigmoid)) {
-        return bad("flags kRoutingSoftmax and kRoutingSigmoid exclude each other");
-      }
       COLIBRI_VK_BIND(la, l, "logits", false, 4);
       COLIBRI_VK_BIND(ia, ids, "ids", true, 4);
       COLIBRI_VK_BIND(wa, wts, "weights", true, 4);
@@ -545,20 +366,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::embedding: {
-      if (in.size() != 2 || out.size() != 1) return count_error(2, 1);
       const Tensor &table = in[0], &ids = in[1], &y = out[0];
-      if (!weight_type_ok(table.type)) {
-        return Status(StatusCode::unsupported, "embedding: table type " + std::string(sdk::to_string(table.type)) +
-                                                   " is not supported by vulkan");
-      }
-      COLIBRI_VK_TRY(need_i32(ids, "ids"));
-      COLIBRI_VK_TRY(need_f32(y, "out"));
-      const std::int64_t d = table.ne[0], v = sdk::row_count(table), t = static_cast<std::int64_t>(elems(ids));
-      if (v > 0x7FFFFFFF) return bad("the table has more than 2^31 rows");
+      const std::int64_t d = table.ne[0], v = sdk::row_count(table), t = sdk::element_count(ids);
       if (t > kMaxGrid) return bad("more than 65535 ids in one call");
-      if (y.ne[0] != d || sdk::row_count(y) != t) {
-        return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
-      }
       COLIBRI_VK_BIND(ta, table, "table", false, table.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(ia, ids, "ids", false, 4);
       COLIBRI_VK_BIND(ya, y, "out", true, 4);
@@ -578,10 +388,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(std::move(c));
       break;
     }
-    default:
-      return Status(StatusCode::unsupported,
-                    "op " + std::to_string(static_cast<int>(call.op)) +
-                        " is not in the op set this vulkan backend was built with (a newer SDK's op?)");
+    default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no shader");
   }
 #undef COLIBRI_VK_BIND
 #undef COLIBRI_VK_TRY

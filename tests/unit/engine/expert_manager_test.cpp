@@ -20,17 +20,13 @@ using testing::MemoryStorage;
 
 constexpr std::uint64_t kBlob = 4096;
 
-struct Fixture {
-  model::Manifest manifest;
-  std::shared_ptr<MemoryStorage> storage = std::make_shared<MemoryStorage>();
-  std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
-
-  Fixture(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, kBlob); }
+struct Fixture : testing::MemoryExpertSet<> {
+  Fixture(int layers, int experts) : MemoryExpertSet(layers, experts, kBlob) {}
 };
 
 TEST(ExpertManager, ResidentWhenTheBudgetHoldsEverything) {
   Fixture f(2, 3);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 6 * kBlob);
+  auto m = f.manager(6 * kBlob);
   EXPECT_TRUE(m.resident());
   ASSERT_TRUE(m.preload());
   EXPECT_EQ(f.storage->reads, 6);
@@ -47,7 +43,7 @@ TEST(ExpertManager, ResidentWhenTheBudgetHoldsEverything) {
 
 TEST(ExpertManager, EvictsThroughThePolicyButNeverAnExpertInUse) {
   Fixture f(1, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   EXPECT_FALSE(m.resident());
   ASSERT_TRUE(m.preload());
   ASSERT_TRUE(m.acquire(0, 0));  // held
@@ -97,7 +93,7 @@ TEST(ExpertManager, StreamingSlotsFitEveryExpertSoBuffersAreReused) {
 TEST(ExpertManager, PinnedExpertsStay) {
   Fixture f(1, 4);
   f.policy->pins = {{0, 3}};
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   ASSERT_TRUE(m.preload());
   for (int e : {0, 1, 2, 0, 1}) {
     ASSERT_TRUE(m.acquire(0, e));
@@ -174,7 +170,7 @@ TEST(ExpertManagerVram, UploadsFromRamAndServesTheDeviceBuffer) {
   Fixture f(2, 4);
   auto gpu = std::make_shared<DeviceCompute>();
   auto vram_policy = std::make_shared<ListPolicy>();
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob + 100));
   ASSERT_TRUE(m.preload());
   ASSERT_NE(m.vram(), nullptr);
@@ -205,7 +201,7 @@ TEST(ExpertManagerVram, NeverEvictsAnExpertInUseAndNeverGoesOverBudget) {
   Fixture f(2, 4);
   auto gpu = std::make_shared<DeviceCompute>();
   auto vram_policy = std::make_shared<ListPolicy>();
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  auto m = f.manager(1 * kBlob);
   ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 2 * kBlob));
   ASSERT_TRUE(m.preload());
   auto a = m.acquire(0, 0);
@@ -247,7 +243,7 @@ TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {
   Fixture f(2, 3);
   auto gpu = std::make_shared<DeviceCompute>();
   gpu->mapped = true;  // a unified-memory device: weights also carry the host pointer
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  auto m = f.manager(1 * kBlob);
   ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 1ull << 30));
   EXPECT_EQ(gpu->allocated, 6 * kBlob);  // no more slots than experts
   ASSERT_TRUE(m.preload());
@@ -274,7 +270,7 @@ TEST(ExpertManagerVram, PinnedExpertsStayInVram) {
   auto vram_policy = std::make_shared<ListPolicy>();
   vram_policy->pins = f.policy->pins;
   auto gpu = std::make_shared<DeviceCompute>();
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto m = f.manager(4 * kBlob);
   ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob));
   ASSERT_TRUE(m.preload());
   for (int e : {0, 1, 2, 0, 1, 2}) {
@@ -288,7 +284,7 @@ TEST(ExpertManagerVram, PinnedExpertsStayInVram) {
 
 TEST(ExpertManagerVram, ABudgetBelowOneExpertOrAboveTheDeviceIsAClearError) {
   Fixture f(1, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto m = f.manager(4 * kBlob);
   auto s = m.enable_vram(std::make_shared<DeviceCompute>(), std::make_shared<ListPolicy>(), kBlob - 1);
   ASSERT_FALSE(s);
   EXPECT_NE(s.message().find("memory.vram_budget"), std::string::npos) << s.message();
@@ -305,7 +301,7 @@ TEST(ExpertManager, CorruptOrMissingBlobsAreNamed) {
   Fixture f(2, 2);
   f.storage->files["/m/experts/L1E0.bin"][1500] = std::byte{0xFF};
   f.storage->files.erase("/m/experts/L0E1.bin");
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  auto m = f.manager(1 << 20);
   auto bad = m.acquire(1, 0);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("L1/E0: checksum mismatch"), std::string::npos) << bad.error().message();
@@ -325,7 +321,7 @@ std::vector<std::uint8_t> bytes_of(const ExpertWeights& w) {
 TEST(ExpertManagerAdmin, ClearKeepsExpertsInUseAndPinnedAndTellsThePolicy) {
   Fixture f(1, 4);
   f.policy->pins = {{0, 3}};
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  auto m = f.manager(3 * kBlob);
   ASSERT_FALSE(m.resident());
   ASSERT_TRUE(m.preload());
   auto held = m.acquire(0, 0);
@@ -366,7 +362,7 @@ TEST(ExpertManagerAdmin, ClearKeepsExpertsInUseAndPinnedAndTellsThePolicy) {
 
 TEST(ExpertManagerAdmin, ClearInResidentModeReloadsOnDemand) {
   Fixture f(2, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto m = f.manager(4 * kBlob);
   ASSERT_TRUE(m.resident());
   ASSERT_TRUE(m.preload());
   auto w = m.acquire(1, 1);
@@ -385,7 +381,7 @@ TEST(ExpertManagerAdmin, ClearInResidentModeReloadsOnDemand) {
 TEST(ExpertManagerAdmin, WarmLoadsUntilTheBudgetIsFullWithoutEvictingWhatItMustKeep) {
   Fixture f(2, 4);
   f.policy->pins = {{0, 3}};
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto m = f.manager(4 * kBlob);
   ASSERT_TRUE(m.preload());
   ASSERT_TRUE(m.acquire(0, 0));  // in use during the warm
   ASSERT_TRUE(m.acquire(0, 1));
@@ -415,7 +411,7 @@ TEST(ExpertManagerAdmin, WarmLoadsUntilTheBudgetIsFullWithoutEvictingWhatItMustK
 
 TEST(ExpertManagerAdmin, WarmRejectsAnUnknownExpertBeforeLoading) {
   Fixture f(1, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, kBlob);
+  auto m = f.manager(kBlob);
   const std::vector<ExpertKey> keys{{0, 0}, {0, 9}};
   auto r = m.warm(keys);
   ASSERT_FALSE(r);

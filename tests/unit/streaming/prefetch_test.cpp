@@ -89,21 +89,29 @@ using testing::ListPolicy;
 
 constexpr std::uint64_t kBlob = 4096;
 
-struct Fixture {
-  model::Manifest manifest;
-  std::shared_ptr<DeferredStorage> storage = std::make_shared<DeferredStorage>();
-  std::shared_ptr<ListPolicy> policy = std::make_shared<ListPolicy>();
-
-  Fixture(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, kBlob); }
+struct Fixture : testing::MemoryExpertSet<DeferredStorage> {
+  Fixture(int layers, int experts) : MemoryExpertSet(layers, experts, kBlob) {}
 };
 
 ExpertKey key(std::uint32_t l, std::uint32_t e) {
   return {l, e};
 }
 
+// m.acquire(layer, expert) while another thread lands the queued reads after `delay`: a demand that has to wait.
+auto acquire_while_landing(ExpertManager& m, DeferredStorage& storage, std::int64_t layer, std::int64_t expert,
+                           std::chrono::milliseconds delay) {
+  std::thread completer([&] {
+    std::this_thread::sleep_for(delay);
+    storage.complete_all();
+  });
+  auto w = m.acquire(layer, expert);
+  completer.join();
+  return w;
+}
+
 TEST(Prefetch, LandedPrefetchIsAHitAndReadsOnce) {
   Fixture f(2, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  auto m = f.manager(3 * kBlob);
   ASSERT_FALSE(m.resident());
   const ExpertKey want[] = {key(1, 2)};
   EXPECT_EQ(m.prefetch(want), 1u);
@@ -124,15 +132,11 @@ TEST(Prefetch, LandedPrefetchIsAHitAndReadsOnce) {
 
 TEST(Prefetch, DemandForAnExpertInFlightWaitsForThatRead) {
   Fixture f(1, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   const ExpertKey want[] = {key(0, 3)};
   ASSERT_EQ(m.prefetch(want), 1u);
-  std::thread completer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    f.storage->complete_all();
-  });
-  auto w = m.acquire(0, 3);  // blocks until the completer lands the prefetch
-  completer.join();
+  // Blocks until the completer lands the prefetch.
+  auto w = acquire_while_landing(m, *f.storage, 0, 3, std::chrono::milliseconds(50));
   ASSERT_TRUE(w) << w.error().message();
   m.release(0, 3);
   EXPECT_EQ(f.storage->reads.load(), 1);  // single flight: no second read
@@ -143,7 +147,7 @@ TEST(Prefetch, DemandForAnExpertInFlightWaitsForThatRead) {
 
 TEST(Prefetch, NeverEvictsInUseKeptOrUnusedPrefetchedExperts) {
   Fixture f(2, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  auto m = f.manager(3 * kBlob);
   ASSERT_TRUE(m.acquire(0, 0));  // in use
   ASSERT_TRUE(m.acquire(0, 1));
   m.release(0, 1);  // resident, but kept below
@@ -166,36 +170,40 @@ TEST(Prefetch, NeverEvictsInUseKeptOrUnusedPrefetchedExperts) {
   EXPECT_LE(m.resident_bytes(), m.budget_bytes());
 }
 
-TEST(Prefetch, FailedPrefetchLeavesTheDemandReadToReportTheFault) {
+// Byte `at` of expert 0:1's file corrupted, its read queued by `queue` (prefetch or fetch) and landed: the demand
+// read reports the checksum mismatch (`failed_prefetches` counts it as a failed prefetch or not), and the manager
+// goes on: another expert still loads, within budget.
+template <typename Queue>
+void expect_corrupt_expert_reported_on_demand(std::size_t at, Queue queue, std::uint64_t failed_prefetches) {
   Fixture f(1, 2);
-  f.storage->files["/m/experts/L0E1.bin"][100] = std::byte{0xFF};
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  f.storage->files["/m/experts/L0E1.bin"][at] = std::byte{0xFF};
+  auto m = f.manager(1 * kBlob);
   const ExpertKey want[] = {key(0, 1)};
-  ASSERT_EQ(m.prefetch(want), 1u);
+  ASSERT_EQ(queue(m, want), 1u);
   f.storage->complete_all();
   auto bad = m.acquire(0, 1);
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
       << bad.error().message();
-  EXPECT_EQ(m.stats().prefetch_failed, 1u);
-  // The manager goes on: another expert still loads, within budget.
+  EXPECT_EQ(m.stats().prefetch_failed, failed_prefetches);
   auto good = m.acquire(0, 0);
   ASSERT_TRUE(good) << good.error().message();
   m.release(0, 0);
   EXPECT_LE(m.resident_bytes(), m.budget_bytes());
 }
 
+TEST(Prefetch, FailedPrefetchLeavesTheDemandReadToReportTheFault) {
+  expect_corrupt_expert_reported_on_demand(
+      100, [](ExpertManager& m, std::span<const ExpertKey> k) { return m.prefetch(k); }, 1);
+}
+
 TEST(Prefetch, DemandReadWaitsForPrefetchesHoldingTheRoomItNeeds) {
   Fixture f(1, 3);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  auto m = f.manager(1 * kBlob);
   const ExpertKey want[] = {key(0, 1)};
   ASSERT_EQ(m.prefetch(want), 1u);  // the only slot, in flight
-  std::thread completer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    f.storage->complete_all();
-  });
-  auto w = m.acquire(0, 2);  // needs that slot: waits for the read to land, then evicts it
-  completer.join();
+  // Needs that slot: waits for the read to land, then evicts it.
+  auto w = acquire_while_landing(m, *f.storage, 0, 2, std::chrono::milliseconds(30));
   ASSERT_TRUE(w) << w.error().message();
   m.release(0, 2);
   EXPECT_EQ(m.stats().prefetch_wasted, 1u);
@@ -204,7 +212,7 @@ TEST(Prefetch, DemandReadWaitsForPrefetchesHoldingTheRoomItNeeds) {
 
 TEST(Prefetch, ResidentModeNeverPrefetches) {
   Fixture f(1, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  auto m = f.manager(1 << 20);
   ASSERT_TRUE(m.preload());
   const ExpertKey want[] = {key(0, 1)};
   EXPECT_EQ(m.prefetch(want), 0u);
@@ -214,7 +222,7 @@ TEST(Prefetch, ResidentModeNeverPrefetches) {
 TEST(Prefetch, SynchronousStorageIsNotPrefetchedFrom) {
   Fixture f(1, 4);
   f.storage->async = false;
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   const ExpertKey want[] = {key(0, 1)};
   EXPECT_EQ(m.prefetch(want), 0u);
   EXPECT_EQ(f.storage->queued(), 0u);
@@ -223,7 +231,7 @@ TEST(Prefetch, SynchronousStorageIsNotPrefetchedFrom) {
 TEST(Prefetch, DestructionWaitsForReadsInFlight) {
   Fixture f(1, 4);
   {
-    ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+    auto m = f.manager(2 * kBlob);
     const ExpertKey want[] = {key(0, 1), key(0, 2)};
     ASSERT_EQ(m.prefetch(want), 2u);
   }  // drain() lands both before the slots go away
@@ -232,7 +240,7 @@ TEST(Prefetch, DestructionWaitsForReadsInFlight) {
 
 TEST(Usage, CountsAcquiresButNotPinLoads) {
   Fixture f(1, 3);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 << 20);
+  auto m = f.manager(1 << 20);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(m.acquire(0, 2));
     m.release(0, 2);
@@ -247,7 +255,7 @@ TEST(Usage, CountsAcquiresButNotPinLoads) {
 // fetch(): one layer's misses queued together at demand priority; each is read once and counts as a miss.
 TEST(Fetch, LayerMissesAreQueuedTogetherAndCountAsMisses) {
   Fixture f(1, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 3 * kBlob);
+  auto m = f.manager(3 * kBlob);
   const ExpertKey layer[] = {key(0, 1), key(0, 2)};
   EXPECT_EQ(m.fetch(layer), 2u);
   EXPECT_EQ(f.storage->queued(), 2u);  // both in flight before either is waited for
@@ -273,15 +281,10 @@ TEST(Fetch, LayerMissesAreQueuedTogetherAndCountAsMisses) {
 
 TEST(Fetch, DemandWaitsForTheFetchInFlight) {
   Fixture f(1, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   const ExpertKey layer[] = {key(0, 3)};
   ASSERT_EQ(m.fetch(layer), 1u);
-  std::thread completer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    f.storage->complete_all();
-  });
-  auto w = m.acquire(0, 3);
-  completer.join();
+  auto w = acquire_while_landing(m, *f.storage, 0, 3, std::chrono::milliseconds(50));
   ASSERT_TRUE(w) << w.error().message();
   m.release(0, 3);
   EXPECT_EQ(f.storage->reads.load(), 1);
@@ -292,7 +295,7 @@ TEST(Fetch, DemandWaitsForTheFetchInFlight) {
 
 TEST(Fetch, NeverEvictsInUseOrNeededExperts) {
   Fixture f(1, 4);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   ASSERT_TRUE(m.acquire(0, 0));  // in use
   const ExpertKey layer[] = {key(0, 1), key(0, 2)};
   EXPECT_EQ(m.fetch(layer), 1u);  // room for one: the second would evict 0:0 (in use) or 0:1 (needed)
@@ -307,26 +310,15 @@ TEST(Fetch, NeverEvictsInUseOrNeededExperts) {
 }
 
 TEST(Fetch, CorruptExpertIsReportedByTheDemandRead) {
-  Fixture f(1, 2);
-  f.storage->files["/m/experts/L0E1.bin"][2000] = std::byte{0xFF};
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
-  const ExpertKey layer[] = {key(0, 1)};
-  ASSERT_EQ(m.fetch(layer), 1u);
-  f.storage->complete_all();
-  auto bad = m.acquire(0, 1);
-  ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message().find("L0/E1: checksum mismatch; re-run convert"), std::string::npos)
-      << bad.error().message();
-  EXPECT_EQ(m.stats().prefetch_failed, 0u);  // not a prefetch
-  ASSERT_TRUE(m.acquire(0, 0));
-  m.release(0, 0);
-  EXPECT_LE(m.resident_bytes(), m.budget_bytes());
+  // A fetch is not a prefetch: no failed prefetch.
+  expect_corrupt_expert_reported_on_demand(
+      2000, [](ExpertManager& m, std::span<const ExpertKey> k) { return m.fetch(k); }, 0);
 }
 
 TEST(Fetch, SynchronousStorageIsNotFetchedFrom) {
   Fixture f(1, 2);
   f.storage->async = false;
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 1 * kBlob);
+  auto m = f.manager(1 * kBlob);
   ASSERT_FALSE(m.resident());
   const ExpertKey layer[] = {key(0, 1)};
   EXPECT_EQ(m.fetch(layer), 0u);
@@ -338,7 +330,7 @@ TEST(SlotBuffers, EvictedBufferIsReusedForTheNextLoad) {
   Fixture f(1, 3);
   f.manifest.experts[0].size = 2 * kBlob;  // a larger blob first
   f.storage->files["/m/experts/L0E0.bin"].resize(2 * kBlob);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   ASSERT_FALSE(m.resident());
   auto a = m.acquire(0, 0);
   ASSERT_TRUE(a);
@@ -361,7 +353,7 @@ TEST(SlotBuffers, EvictedBufferIsReusedForTheNextLoad) {
 
 TEST(CancelStale, WithdrawsQueuedPrefetchesOfLayersThatHavePassed) {
   Fixture f(3, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 4 * kBlob);
+  auto m = f.manager(4 * kBlob);
   const ExpertKey want[] = {key(1, 0), key(1, 1), key(2, 0)};
   ASSERT_EQ(m.prefetch(want), 3u);
   const ExpertKey needed[] = {key(0, 1)};
@@ -390,7 +382,7 @@ TEST(CancelStale, WithdrawsQueuedPrefetchesOfLayersThatHavePassed) {
 
 TEST(CancelStale, LandedPrefetchesAndStoragesWithoutCancelAreLeftAlone) {
   Fixture f(2, 2);
-  ExpertManager m(f.manifest, "/m", f.storage, f.policy, 2 * kBlob);
+  auto m = f.manager(2 * kBlob);
   const ExpertKey want[] = {key(1, 0)};
   ASSERT_EQ(m.prefetch(want), 1u);
   f.storage->complete_all();
@@ -399,7 +391,7 @@ TEST(CancelStale, LandedPrefetchesAndStoragesWithoutCancelAreLeftAlone) {
 
   Fixture g(2, 2);
   g.storage->offer_cancel = false;
-  ExpertManager n(g.manifest, "/m", g.storage, g.policy, 2 * kBlob);
+  auto n = g.manager(2 * kBlob);
   ASSERT_EQ(n.prefetch(want), 1u);
   EXPECT_EQ(n.cancel_stale(1), 0u);
   EXPECT_EQ(g.storage->queued(), 1u);

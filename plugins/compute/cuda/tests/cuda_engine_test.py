@@ -10,90 +10,26 @@
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1, and when the engine
 does not run device-memory backends (engine.cpp refused host_memory = false until the VRAM-tier work lands).
+The checks themselves live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
 """
 
 import os
-import subprocess
 import sys
 
-import numpy as np
-
-CLI, GEN, WORK = sys.argv[1:4]
-TOKENS = "5,17,99,3,250,42,7,300,11"
-CUDA = ["--set", "compute.backend=cuda"]
-EXACT = ["--exact-activations", "--kv-type", "f32"]
-
-
-def run(args):
-    p = subprocess.run([CLI] + args, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise RuntimeError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return p
-
-
-def model(arch, preset):
-    ckpt = os.path.join(WORK, f"ckpt-{arch}")
-    if not os.path.exists(os.path.join(ckpt, "config.json")):
-        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
-                       capture_output=True)
-    out = os.path.join(WORK, f"{arch}-{preset}")
-    if not os.path.exists(os.path.join(out, "manifest.json")):
-        run(["convert", "--input", ckpt, "--output", out, "--quantize", preset, "--force"])
-    return out
-
-
-def logits(path, name, *extra):
-    out = os.path.join(WORK, f"{os.path.basename(path)}-{name}.npy")
-    run(["logits", "--model", path, "--tokens", TOKENS, "--out", out] + list(extra))
-    return np.load(out)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "tests",
+                                "support"))
+import backend_engine  # noqa: E402
 
 
 def main():
-    os.makedirs(WORK, exist_ok=True)
-    try:
-        run(["logits", "--model", model("mixtral", "f32"), "--tokens", "1", "--out",
-             os.path.join(WORK, "probe.npy")] + CUDA)
-    except RuntimeError as e:
-        if "keeps buffers in device memory" in str(e):
-            # The engine itself cannot drive a device-memory backend yet: not this plugin's failure.
-            print(f"SKIP: the engine does not run device-memory backends yet:\n{e}")
-            return 77
-        if os.environ.get("COLIBRI_REQUIRE_CUDA") == "1":
-            print(f"FAIL: COLIBRI_REQUIRE_CUDA=1 but the CUDA backend cannot run:\n{e}")
-            return 1
-        print(f"SKIP: no usable CUDA device:\n{e}")
-        return 77
-
-    failures = []
-    cases = [(a, "f32") for a in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral")]
-    cases += [("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"), ("olmoe", "f16"), ("llama", "q5_k_m"),
-              ("qwen3_moe", "q3_k_m"), ("mixtral", "q2_k"), ("mistral", "bf16"), ("olmoe", "q6_k")]
-    for arch, preset in cases:
-        m = model(arch, preset)
-        cpu = logits(m, "cpu", *EXACT)
-        gpu = logits(m, "cuda", *(EXACT + CUDA))
-        rel = np.abs(cpu - gpu).max(axis=1) / np.abs(cpu).max(axis=1)
-        same_argmax = bool((cpu.argmax(axis=1) == gpu.argmax(axis=1)).all())
-        print(f"  {arch}/{preset}: cuda vs cpu max relative error {rel.max():.2e}, same argmax: {same_argmax}",
-              flush=True)
-        if not rel.max() <= 1e-4:
-            failures.append(f"{arch}/{preset}: cuda differs from cpu by {rel.max():.3e} of the max logit")
-        if not same_argmax:
-            failures.append(f"{arch}/{preset}: cuda picks another greedy token than cpu")
-
-    for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m")):
-        m = model(arch, preset)
-        base = logits(m, "cuda-base", *CUDA)
-        for batch in ("1", "3"):
-            other = logits(m, f"cuda-b{batch}", "--batch", batch, *CUDA)
-            if not np.array_equal(base.view(np.uint32), other.view(np.uint32)):
-                failures.append(f"{arch}/{preset}: cuda logits with --batch {batch} differ from one batch "
-                                f"(max abs {np.abs(base - other).max()})")
-        print(f"  {arch}/{preset}: cuda batch invariance checked", flush=True)
-
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    engine = backend_engine.Engine(*sys.argv[1:4], "cuda")
+    # The engine itself cannot drive a device-memory backend yet: not this plugin's failure.
+    skip = engine.probe("CUDA", "COLIBRI_REQUIRE_CUDA", skips={
+        "keeps buffers in device memory": "the engine does not run device-memory backends yet"})
+    if skip is not None:
+        return skip
+    cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS + [("olmoe", "q6_k")]
+    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
 
 
 if __name__ == "__main__":

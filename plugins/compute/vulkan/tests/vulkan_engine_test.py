@@ -16,79 +16,51 @@ staging uploads, weights only in device buffers), token by token and in one batc
 reports the tier: uploads happen, the slots stay within the budget, all-in-VRAM decodes without an upload; the CPU
 backend (no device memory) ignores vram_budget with a warning.
 
-Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1.
+Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1. The checks against the
+CPU backend and of batch invariance live in tests/support/backend_engine.py, shared with the CUDA backend's test.
 """
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 
-CLI, GEN, WORK = sys.argv[1:4]
-TOKENS = "5,17,99,3,250,42,7,300,11"
-VULKAN = ["--set", "compute.backend=vulkan"]
-EXACT = ["--exact-activations", "--kv-type", "f32"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "tests",
+                                "support"))
+import backend_engine  # noqa: E402
 
 
-def run(args):
-    p = subprocess.run([CLI] + args, capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        raise RuntimeError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return p
-
-
-def model(arch, preset):
-    ckpt = os.path.join(WORK, f"ckpt-{arch}")
-    if not os.path.exists(os.path.join(ckpt, "config.json")):
-        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
-                       capture_output=True)
-    out = os.path.join(WORK, f"{arch}-{preset}")
-    if not os.path.exists(os.path.join(out, "manifest.json")):
-        run(["convert", "--input", ckpt, "--output", out, "--quantize", preset, "--force"])
-    return out
-
-
-def logits(path, name, *extra):
-    out = os.path.join(WORK, f"{os.path.basename(path)}-{name}.npy")
-    run(["logits", "--model", path, "--tokens", TOKENS, "--out", out] + list(extra))
-    return np.load(out)
-
-
-def same(a, b):
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def vram_promise():
+def vram_promise(engine):
     failures = []
     for arch, preset in (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m")):
-        m = model(arch, preset)
+        m = engine.model(arch, preset)
         with open(os.path.join(m, "manifest.json")) as f:
             experts = json.load(f)["experts"]
         slot = max((e["size"] + 4095) // 4096 * 4096 for e in experts)
         sizes = {"none": 0, "one": slot, "quarter": slot * max(1, len(experts) // 4), "all": slot * len(experts)}
-        base = logits(m, "vram-base", *VULKAN)
+        base = engine.logits(m, "vram-base", *engine.on_backend)
         runs = 0
         for name, budget in sizes.items():
             for ram in ("all", "one"):
                 for mapped in ("true", "false"):
                     for batch in ("512", "1"):
-                        extra = VULKAN + ["--vram-budget", str(budget), "--set", f"compute.map_device_memory={mapped}",
-                                          "--batch", batch]
+                        extra = engine.on_backend + ["--vram-budget", str(budget), "--set",
+                                                     f"compute.map_device_memory={mapped}", "--batch", batch]
                         if ram == "one":
                             extra += ["--expert-cache-size", str(slot)]
-                        got = logits(m, f"vram-{name}-{ram}-{mapped}-{batch}", *extra)
+                        got = engine.logits(m, f"vram-{name}-{ram}-{mapped}-{batch}", *extra)
                         runs += 1
-                        if not same(base, got):
+                        if not backend_engine.same(base, got):
                             failures.append(f"{arch}/{preset}: vram {name} ({budget} bytes), RAM {ram}, mapped "
                                             f"{mapped}, batch {batch}: logits differ (max abs "
                                             f"{np.abs(base - got).max()})")
         print(f"  {arch}/{preset}: {runs} VRAM tier placements checked against vram_budget 0", flush=True)
 
         def bench(budget, *extra):
-            p = run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "8", "--json", "--vram-budget",
-                     str(budget), "--set", "compute.map_device_memory=false"] + VULKAN + list(extra))
+            p = engine.run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "8", "--json",
+                            "--vram-budget", str(budget), "--set", "compute.map_device_memory=false"] +
+                           engine.on_backend + list(extra))
             return json.loads(p.stdout)
 
         small = bench(sizes["quarter"], "--expert-cache-size", str(slot))
@@ -108,8 +80,8 @@ def vram_promise():
         off = bench(0)
         if off["vram_slots"] != 0 or off["vram_uploads"] != 0:
             failures.append(f"{arch}: vram_budget 0 made a VRAM tier: {off}")
-        cpu = run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json", "--vram-budget",
-                   str(sizes["all"])])
+        cpu = engine.run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
+                          "--vram-budget", str(sizes["all"])])
         if json.loads(cpu.stdout)["vram_slots"] != 0 or "vram_budget" not in cpu.stderr:
             failures.append(f"{arch}: the CPU backend has no device memory: vram_budget must be ignored with a warning "
                             f"({cpu.stderr.strip()})")
@@ -119,55 +91,15 @@ def vram_promise():
 
 
 def main():
-    os.makedirs(WORK, exist_ok=True)
-    os.environ["XDG_CACHE_HOME"] = os.path.join(WORK, "xdg-cache")  # bench writes usage history there
-    probe = subprocess.run([CLI, "plugins", "list"], capture_output=True, text=True)
-    try:
-        run(["logits", "--model", model("mixtral", "f32"), "--tokens", "1", "--out",
-             os.path.join(WORK, "probe.npy")] + VULKAN)
-    except RuntimeError as e:
-        if os.environ.get("COLIBRI_REQUIRE_VULKAN") == "1":
-            print(f"FAIL: COLIBRI_REQUIRE_VULKAN=1 but the Vulkan backend cannot run:\n{e}\n{probe.stdout}")
-            return 1
-        print(f"SKIP: no usable Vulkan device:\n{e}")
-        return 77
-
+    engine = backend_engine.Engine(*sys.argv[1:4], "vulkan")
+    os.environ["XDG_CACHE_HOME"] = os.path.join(engine.work, "xdg-cache")  # bench writes usage history there
+    skip = engine.probe("Vulkan", "COLIBRI_REQUIRE_VULKAN")
+    if skip is not None:
+        return skip
     if "--vram" in sys.argv[4:]:
-        failures = vram_promise()
-        for f in failures:
-            print("FAIL:", f)
-        return 1 if failures else 0
-
-    failures = []
-    cases = [(a, "f32") for a in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral")]
-    cases += [("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"), ("olmoe", "f16"), ("llama", "q5_k_m"),
-              ("qwen3_moe", "q3_k_m"), ("mixtral", "q2_k"), ("mistral", "bf16")]
-    for arch, preset in cases:
-        m = model(arch, preset)
-        cpu = logits(m, "cpu", *EXACT)
-        vk = logits(m, "vk", *(EXACT + VULKAN))
-        rel = np.abs(cpu - vk).max(axis=1) / np.abs(cpu).max(axis=1)
-        same_argmax = bool((cpu.argmax(axis=1) == vk.argmax(axis=1)).all())
-        print(f"  {arch}/{preset}: vulkan vs cpu max relative error {rel.max():.2e}, same argmax: {same_argmax}",
-              flush=True)
-        if not rel.max() <= 1e-4:
-            failures.append(f"{arch}/{preset}: vulkan differs from cpu by {rel.max():.3e} of the max logit")
-        if not same_argmax:
-            failures.append(f"{arch}/{preset}: vulkan picks another greedy token than cpu")
-
-    for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m")):
-        m = model(arch, preset)
-        base = logits(m, "vk-base", *VULKAN)
-        for batch in ("1", "3"):
-            other = logits(m, f"vk-b{batch}", "--batch", batch, *VULKAN)
-            if not np.array_equal(base.view(np.uint32), other.view(np.uint32)):
-                failures.append(f"{arch}/{preset}: vulkan logits with --batch {batch} differ from one batch "
-                                f"(max abs {np.abs(base - other).max()})")
-        print(f"  {arch}/{preset}: vulkan batch invariance checked", flush=True)
-
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+        return backend_engine.report(vram_promise(engine))
+    cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
+    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
 
 
 if __name__ == "__main__":

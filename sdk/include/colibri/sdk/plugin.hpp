@@ -121,15 +121,11 @@ constexpr colibri_plugin_header make_plugin_header() noexcept {
 // into a Status, so none escapes the boundary.
 template <typename T>
 Expected<PluginObject*> create_guarded(const CreateContext& ctx) noexcept {
-  try {
+  return guarded("create threw", [&]() -> Expected<PluginObject*> {
     auto made = T::create(ctx);
     if (!made) return made.error();
     return static_cast<PluginObject*>(made->release());
-  } catch (const std::exception& e) {
-    return Status(StatusCode::internal, std::string("create threw: ") + e.what());
-  } catch (...) {
-    return Status(StatusCode::internal, "create threw an unknown exception");
-  }
+  });
 }
 
 }  // namespace colibri::sdk

@@ -3,6 +3,7 @@
 
 #include "colibri/sdk/cache_policy.hpp"
 #include "colibri/sdk/compute.hpp"
+#include "colibri/sdk/compute_checks.hpp"
 #include "colibri/sdk/config.hpp"
 #include "colibri/sdk/dtype.hpp"
 #include "colibri/sdk/host.hpp"

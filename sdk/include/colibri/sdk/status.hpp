@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -89,5 +90,18 @@ class [[nodiscard]] Expected {
  private:
   std::variant<T, Status> v_;
 };
+
+// Runs fn() (returning Status or Expected<T>) and turns an exception it throws into an internal-error Status,
+// "<context>: <what()>", so that a noexcept call at the plugin boundary never lets one escape.
+template <typename Fn>
+std::invoke_result_t<Fn&> guarded(std::string_view context, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Status(StatusCode::internal, std::string(context) + ": " + e.what());
+  } catch (...) {
+    return Status(StatusCode::internal, std::string(context) + ": unknown exception");
+  }
+}
 
 }  // namespace colibri::sdk

@@ -1,0 +1,39 @@
+// What backends of the compute kind share around run(): the standard type sets, supports() for a backend that
+// runs every op with them, and the host-side validation of an OpCall with errors that name the op and tensor.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "colibri/sdk/compute.hpp"
+
+namespace colibri::sdk {
+
+// Weight types of matmul, expert_ffn and embedding that the in-tree backends run: f32, f16, bf16, q8_0, q4_0,
+// q2_k .. q6_k.
+[[nodiscard]] bool is_weight_type(DType type) noexcept;
+// KV cache row types of attention: f32, f16, q8_0.
+[[nodiscard]] bool is_kv_type(DType type) noexcept;
+// Compute::supports() of a backend that runs every op: weights of is_weight_type, KV of is_kv_type, f32 otherwise.
+[[nodiscard]] bool supports_every_op(Op op, DType weight_type) noexcept;
+
+// "f32 {4096, 7, 1, 1}": a tensor's type and all four dims, for messages.
+[[nodiscard]] std::string shape_text(const Tensor& t);
+
+// The checks a device backend makes on the host before it dispatches `call`, so a bad call is an error naming the
+// op and tensor instead of a device fault: input and output counts, types (weights of is_weight_type, KV of
+// is_kv_type), shapes and parameter ranges as compute.hpp states them, and the limits device kernels share
+// (32-bit element indices: no tensor, F x T of expert_ffn or embedding table of 2^31 or more; head_dim <= 256).
+// Unsupported types and ops name `backend`: "matmul: weight type q4_1 is not supported by cuda". Grid-size limits
+// are the backend's own. Buffers and addresses are not looked at.
+[[nodiscard]] Status check_op_call(const OpCall& call, std::string_view backend);
+
+// Bytes of `t` when it has a known type, every dim >= 1 and rows of whole blocks; else an invalid_argument error
+// "<op>: <what> has a non-positive dimension: f32 {0, 1, 1, 1}" (`what` names the tensor: "W", "X", ...).
+[[nodiscard]] Expected<std::size_t> checked_bytes(const Tensor& t, std::string_view op, std::string_view what);
+// Whether the `bytes` of `t` lie inside t.buffer from t.offset on; else "<op>: <what> f32 {..} needs N bytes at
+// offset O but its buffer holds S".
+[[nodiscard]] Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view op, std::string_view what);
+
+}  // namespace colibri::sdk

@@ -1,0 +1,316 @@
+#include "colibri/sdk/compute_checks.hpp"
+
+namespace colibri::sdk {
+
+namespace {
+
+constexpr std::int64_t kMaxHeadDim = 256;
+constexpr std::int64_t kMaxInt = 0x7FFFFFFF;
+
+// Shapes of one call; each method returns the first problem it finds.
+class Checker {
+ public:
+  Checker(const OpCall& call, std::string_view backend) : c_(call), backend_(backend), name_(op_name(call.op)) {}
+
+  Status run() const {
+    switch (c_.op) {
+      case Op::matmul: return matmul();
+      case Op::expert_ffn: return expert_ffn();
+      case Op::rms_norm: return rms_norm();
+      case Op::rope: return rope();
+      case Op::attention: return attention();
+      case Op::swiglu:
+      case Op::add: return binary();
+      case Op::sigmoid: return sigmoid();
+      case Op::scale_add: return scale_add();
+      case Op::topk_routing: return topk();
+      case Op::embedding: return embedding();
+      default:
+        return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
+                                                   " is not in the op set this " + std::string(backend_) +
+                                                   " backend was built with (a newer SDK's op?)");
+    }
+  }
+
+ private:
+  [[nodiscard]] Status bad(const std::string& m) const {
+    return Status(StatusCode::invalid_argument, std::string(name_) + ": " + m);
+  }
+  [[nodiscard]] bool counts(std::size_t n_in, std::size_t n_out) const {
+    return c_.inputs.size() == n_in && c_.outputs.size() == n_out;
+  }
+  [[nodiscard]] Status count_error(std::size_t n_in, std::size_t n_out) const {
+    return Status(StatusCode::invalid_argument, std::string(name_) + " takes " + std::to_string(n_in) + " inputs and " +
+                                                    std::to_string(n_out) + " outputs; got " +
+                                                    std::to_string(c_.inputs.size()) + " and " +
+                                                    std::to_string(c_.outputs.size()));
+  }
+  [[nodiscard]] Status need(const Tensor& t, DType type, const char* what) const {
+    if (t.type != type)
+      return bad(std::string(what) + " must be " + std::string(to_string(type)) + ", got " + shape_text(t));
+    if (element_count(t) > kMaxInt) return bad(std::string(what) + " has more than 2^31 elements; split the call");
+    return {};
+  }
+  [[nodiscard]] Status unsupported_weight(const Tensor& w, const char* role) const {
+    return Status(StatusCode::unsupported, std::string(name_) + ": " + role + " type " +
+                                               std::string(to_string(w.type)) + " is not supported by " +
+                                               std::string(backend_));
+  }
+  [[nodiscard]] Status same_as(const Tensor& y, const char* y_name, const Tensor& x, const char* x_name) const {
+    if (element_count(y) != element_count(x) || y.ne[0] != x.ne[0])
+      return bad(std::string(y_name) + " " + shape_text(y) + " must match " + x_name + " " + shape_text(x));
+    return {};
+  }
+
+  Status matmul() const {
+    if (!counts(2, 1) && !counts(3, 1)) return count_error(2, 1);
+    const Tensor &w = c_.inputs[0], &x = c_.inputs[1], &y = c_.outputs[0];
+    if (!is_weight_type(w.type)) return unsupported_weight(w, "weight");
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const std::int64_t k = w.ne[0], n = row_count(w), t = row_count(x);
+    if (x.ne[0] != k) return bad("X " + shape_text(x) + " does not match W " + shape_text(w) + " (ne[0] differs)");
+    if (y.ne[0] != n || row_count(y) != t) {
+      return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(t) + "}");
+    }
+    if (c_.inputs.size() == 3) {
+      if (Status s = need(c_.inputs[2], DType::f32, "bias"); !s) return s;
+      if (element_count(c_.inputs[2]) != n) return bad("bias must have N = " + std::to_string(n) + " elements");
+    }
+    return {};
+  }
+
+  Status expert_ffn() const {
+    if (!counts(4, 1)) return count_error(4, 1);
+    const Tensor &wg = c_.inputs[0], &wu = c_.inputs[1], &wd = c_.inputs[2], &x = c_.inputs[3], &y = c_.outputs[0];
+    for (const Tensor* w : {&wg, &wu, &wd}) {
+      if (!is_weight_type(w->type)) return unsupported_weight(*w, "weight");
+    }
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const std::int64_t d = wg.ne[0], f = row_count(wg), t = row_count(x);
+    if (wu.ne[0] != d || row_count(wu) != f)
+      return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+    if (wd.ne[0] != f || row_count(wd) != d) {
+      return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
+    }
+    if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
+    if (y.ne[0] != d || row_count(y) != t) return bad("Y " + shape_text(y) + " must match X");
+    if (f * t > kMaxInt) return bad("F x T exceeds 2^31; split the call");
+    return {};
+  }
+
+  Status rms_norm() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &x = c_.inputs[0], &w = c_.inputs[1], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(w, DType::f32, "w"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    if (element_count(w) != x.ne[0]) return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
+    if (y.ne[0] != x.ne[0] || row_count(y) != row_count(x))
+      return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+    return {};
+  }
+
+  Status rope() const {
+    if (!counts(3, 1)) return count_error(3, 1);
+    const Tensor &x = c_.inputs[0], &pos = c_.inputs[1], &freq = c_.inputs[2], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(pos, DType::i32, "positions"); !s) return s;
+    if (Status s = need(freq, DType::f32, "inv_freq"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const std::int64_t hd = x.ne[0], t = x.ne[2] * x.ne[3];
+    const std::int32_t rd = c_.params.rope_dims;
+    if (hd % 2 != 0) return bad("head_dim " + std::to_string(hd) + " must be even");
+    if (rd <= 0 || rd % 2 != 0 || rd > hd) {
+      return bad("params.rope_dims " + std::to_string(rd) + " must be even and in 2.." + std::to_string(hd));
+    }
+    if (element_count(pos) != t) return bad("positions must have T = " + std::to_string(t) + " entries");
+    if (element_count(freq) != rd / 2)
+      return bad("inv_freq must have rope_dims / 2 = " + std::to_string(rd / 2) + " entries");
+    return same_as(y, "Y", x, "X");
+  }
+
+  Status attention() const {
+    if (!counts(3, 1)) return count_error(3, 1);
+    const Tensor &q = c_.inputs[0], &k = c_.inputs[1], &v = c_.inputs[2], &o = c_.outputs[0];
+    if (Status s = need(q, DType::f32, "Q"); !s) return s;
+    if (Status s = need(o, DType::f32, "O"); !s) return s;
+    if (!is_kv_type(k.type) || k.type != v.type) {
+      return Status(StatusCode::unsupported, "attention: KV cache types " + std::string(to_string(k.type)) + " / " +
+                                                 std::string(to_string(v.type)) + " are not supported by " +
+                                                 std::string(backend_) + " (f32, f16 or q8_0, both the same)");
+    }
+    const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3];
+    const std::int64_t nkv = k.ne[1], s = k.ne[2] * k.ne[3];
+    if (hd > kMaxHeadDim) return bad("head_dim " + std::to_string(hd) + " exceeds 256");
+    if (k.ne[0] != hd || v.ne[0] != hd || v.ne[1] != nkv || v.ne[2] * v.ne[3] != s) {
+      return bad("K " + shape_text(k) + " and V " + shape_text(v) + " must be {" + std::to_string(hd) +
+                 ", n_kv_heads, S} like Q " + shape_text(q));
+    }
+    if (nkv <= 0 || nh % nkv != 0) {
+      return bad(std::to_string(nh) + " query heads are not a multiple of " + std::to_string(nkv) + " KV heads");
+    }
+    const OpParams& p = c_.params;
+    if (p.position < 0 || p.window < 0) return bad("params.position and params.window must be >= 0");
+    if (p.position + t > s) {
+      return bad("queries at positions " + std::to_string(p.position) + ".." + std::to_string(p.position + t - 1) +
+                 " need " + std::to_string(p.position + t) + " cached keys; the cache holds " + std::to_string(s));
+    }
+    return same_as(o, "O", q, "Q");
+  }
+
+  // swiglu (gate, up) and add (A, B).
+  Status binary() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &a = c_.inputs[0], &b = c_.inputs[1], &y = c_.outputs[0];
+    const bool add = c_.op == Op::add;
+    if (Status s = need(a, DType::f32, add ? "A" : "gate"); !s) return s;
+    if (Status s = need(b, DType::f32, add ? "B" : "up"); !s) return s;
+    if (Status s = need(y, DType::f32, "out"); !s) return s;
+    if (element_count(b) != element_count(a) || b.ne[0] != a.ne[0] || element_count(y) != element_count(a) ||
+        y.ne[0] != a.ne[0]) {
+      return bad("shapes differ: " + shape_text(a) + ", " + shape_text(b) + " -> " + shape_text(y));
+    }
+    return {};
+  }
+
+  Status sigmoid() const {
+    if (!counts(1, 1)) return count_error(1, 1);
+    const Tensor &x = c_.inputs[0], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    return same_as(y, "Y", x, "X");
+  }
+
+  Status scale_add() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &x = c_.inputs[0], &w = c_.inputs[1], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(w, DType::f32, "w"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    if (element_count(w) != row_count(x)) return bad("w must have T = " + std::to_string(row_count(x)) + " entries");
+    return same_as(y, "Y", x, "X");
+  }
+
+  Status topk() const {
+    if (!counts(1, 2)) return count_error(1, 2);
+    const Tensor &l = c_.inputs[0], &ids = c_.outputs[0], &wts = c_.outputs[1];
+    if (Status s = need(l, DType::f32, "logits"); !s) return s;
+    if (Status s = need(ids, DType::i32, "ids"); !s) return s;
+    if (Status s = need(wts, DType::f32, "weights"); !s) return s;
+    const std::int64_t e = l.ne[0], t = row_count(l), k = c_.params.top_k;
+    if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
+    if (ids.ne[0] != k || row_count(ids) != t || wts.ne[0] != k || row_count(wts) != t) {
+      return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
+    }
+    const std::int32_t f = c_.params.flags;
+    if ((f & kRoutingSoftmax) && (f & kRoutingSigmoid)) {
+      return bad("flags kRoutingSoftmax and kRoutingSigmoid exclude each other");
+    }
+    return {};
+  }
+
+  Status embedding() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &table = c_.inputs[0], &ids = c_.inputs[1], &y = c_.outputs[0];
+    if (!is_weight_type(table.type)) return unsupported_weight(table, "table");
+    if (Status s = need(ids, DType::i32, "ids"); !s) return s;
+    if (Status s = need(y, DType::f32, "out"); !s) return s;
+    const std::int64_t d = table.ne[0], t = element_count(ids);
+    if (row_count(table) > kMaxInt) return bad("the table has more than 2^31 rows");
+    if (y.ne[0] != d || row_count(y) != t) {
+      return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
+    }
+    return {};
+  }
+
+  const OpCall& c_;
+  std::string_view backend_;
+  const char* name_;
+};
+
+}  // namespace
+
+bool is_weight_type(DType type) noexcept {
+  switch (type) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q6_k: return true;
+    default: return false;
+  }
+}
+
+bool is_kv_type(DType type) noexcept {
+  return type == DType::f32 || type == DType::f16 || type == DType::q8_0;
+}
+
+bool supports_every_op(Op op, DType weight_type) noexcept {
+  switch (op) {
+    case Op::matmul:
+    case Op::expert_ffn:
+    case Op::embedding: return is_weight_type(weight_type);
+    case Op::attention: return is_kv_type(weight_type);
+    case Op::rms_norm:
+    case Op::rope:
+    case Op::swiglu:
+    case Op::add:
+    case Op::topk_routing:
+    case Op::scale_add:
+    case Op::sigmoid: return weight_type == DType::f32;
+    default: return false;
+  }
+}
+
+std::string shape_text(const Tensor& t) {
+  std::string s = std::string(to_string(t.type)) + " {";
+  for (std::size_t i = 0; i < t.ne.size(); ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
+  return s + "}";
+}
+
+Status check_op_call(const OpCall& call, std::string_view backend) {
+  return Checker(call, backend).run();
+}
+
+namespace {
+
+Status tensor_error(std::string_view op, std::string_view what, const std::string& message) {
+  return Status(StatusCode::invalid_argument, std::string(op) + ": " + std::string(what) + " " + message);
+}
+
+}  // namespace
+
+Expected<std::size_t> checked_bytes(const Tensor& t, std::string_view op, std::string_view what) {
+  const auto* traits = dtype_traits(t.type);
+  if (traits == nullptr)
+    return tensor_error(op, what, "has an unknown type id " + std::to_string(static_cast<int>(t.type)));
+  for (const std::int64_t n : t.ne) {
+    if (n <= 0) return tensor_error(op, what, "has a non-positive dimension: " + shape_text(t));
+  }
+  const std::size_t rb = row_bytes(t.type, t.ne[0]);
+  if (rb == 0) {
+    return tensor_error(op, what,
+                        "rows of " + std::to_string(t.ne[0]) + " elements are not whole " + std::string(traits->name) +
+                            " blocks of " + std::to_string(traits->block_elems));
+  }
+  return rb * static_cast<std::size_t>(row_count(t));
+}
+
+Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view op, std::string_view what) {
+  const std::size_t size = t.buffer->size();
+  if (t.offset > size || bytes > size - t.offset) {
+    return tensor_error(op, what,
+                        shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
+                            std::to_string(t.offset) + " but its buffer holds " + std::to_string(size));
+  }
+  return {};
+}
+
+}  // namespace colibri::sdk

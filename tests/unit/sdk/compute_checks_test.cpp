@@ -1,0 +1,180 @@
+// sdk::check_op_call: the host-side checks the device backends share, with errors naming the op, the tensor and
+// the backend; and supports_every_op, the supports() of a backend that runs every op.
+#include "colibri/sdk/compute_checks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace colibri::sdk;
+
+Tensor tensor(DType type, std::array<std::int64_t, 4> ne) {
+  Tensor t;
+  t.type = type;
+  t.ne = ne;
+  return t;
+}
+
+// One call's tensors, kept alive for the spans of the OpCall.
+struct Call {
+  std::vector<Tensor> in, out;
+  OpCall call;
+  Call(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs, OpParams params = {})
+      : in(inputs), out(outputs) {
+    call.op = op;
+    call.inputs = in;
+    call.outputs = out;
+    call.params = params;
+  }
+  [[nodiscard]] Status check() const { return check_op_call(call, "testdev"); }
+};
+
+TEST(CheckOpCall, AcceptsWellFormedCalls) {
+  EXPECT_TRUE(Call(Op::matmul, {tensor(DType::q4_k, {256, 8, 1, 1}), tensor(DType::f32, {256, 3, 1, 1})},
+                   {tensor(DType::f32, {8, 3, 1, 1})})
+                  .check());
+  OpParams p;
+  p.position = 2;
+  EXPECT_TRUE(
+      Call(Op::attention,
+           {tensor(DType::f32, {64, 4, 3, 1}), tensor(DType::f16, {64, 2, 5, 1}), tensor(DType::f16, {64, 2, 5, 1})},
+           {tensor(DType::f32, {64, 4, 3, 1})}, p)
+          .check());
+  OpParams k;
+  k.top_k = 2;
+  k.flags = kRoutingSoftmax | kRoutingRenormalize;
+  EXPECT_TRUE(Call(Op::topk_routing, {tensor(DType::f32, {8, 4, 1, 1})},
+                   {tensor(DType::i32, {2, 4, 1, 1}), tensor(DType::f32, {2, 4, 1, 1})}, k)
+                  .check());
+}
+
+TEST(CheckOpCall, NamesTheOpAndTheTensor) {
+  const Status count =
+      Call(Op::rms_norm, {tensor(DType::f32, {8, 1, 1, 1})}, {tensor(DType::f32, {8, 1, 1, 1})}).check();
+  EXPECT_EQ(count.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(count.message(), "rms_norm takes 2 inputs and 1 outputs; got 1 and 1");
+
+  const Status type = Call(Op::matmul, {tensor(DType::f32, {16, 4, 1, 1}), tensor(DType::f16, {16, 1, 1, 1})},
+                           {tensor(DType::f32, {4, 1, 1, 1})})
+                          .check();
+  EXPECT_EQ(type.message(), "matmul: X must be f32, got f16 {16, 1, 1, 1}");
+
+  const Status shape = Call(Op::matmul, {tensor(DType::f32, {16, 4, 1, 1}), tensor(DType::f32, {8, 1, 1, 1})},
+                            {tensor(DType::f32, {4, 1, 1, 1})})
+                           .check();
+  EXPECT_EQ(shape.message(), "matmul: X f32 {8, 1, 1, 1} does not match W f32 {16, 4, 1, 1} (ne[0] differs)");
+
+  const Status bias =
+      Call(Op::matmul,
+           {tensor(DType::f32, {16, 4, 1, 1}), tensor(DType::f32, {16, 1, 1, 1}), tensor(DType::f32, {3, 1, 1, 1})},
+           {tensor(DType::f32, {4, 1, 1, 1})})
+          .check();
+  EXPECT_EQ(bias.message(), "matmul: bias must have N = 4 elements");
+
+  const Status rope =
+      Call(Op::rope,
+           {tensor(DType::f32, {8, 2, 3, 1}), tensor(DType::i32, {3, 1, 1, 1}), tensor(DType::f32, {4, 1, 1, 1})},
+           {tensor(DType::f32, {8, 2, 3, 1})}, OpParams{.rope_dims = 10})
+          .check();
+  EXPECT_EQ(rope.message(), "rope: params.rope_dims 10 must be even and in 2..8");
+}
+
+TEST(CheckOpCall, UnsupportedTypesAndOpsNameTheBackend) {
+  const Status weight = Call(Op::expert_ffn,
+                             {tensor(DType::f32, {16, 8, 1, 1}), tensor(DType::q4_1, {16, 8, 1, 1}),
+                              tensor(DType::f32, {8, 16, 1, 1}), tensor(DType::f32, {16, 1, 1, 1})},
+                             {tensor(DType::f32, {16, 1, 1, 1})})
+                            .check();
+  EXPECT_EQ(weight.code(), StatusCode::unsupported);
+  EXPECT_EQ(weight.message(), "expert_ffn: weight type q4_1 is not supported by testdev");
+
+  const Status table = Call(Op::embedding, {tensor(DType::q8_k, {256, 10, 1, 1}), tensor(DType::i32, {2, 1, 1, 1})},
+                            {tensor(DType::f32, {256, 2, 1, 1})})
+                           .check();
+  EXPECT_EQ(table.message(), "embedding: table type q8_k is not supported by testdev");
+
+  const Status kv =
+      Call(Op::attention,
+           {tensor(DType::f32, {64, 2, 1, 1}), tensor(DType::f16, {64, 2, 4, 1}), tensor(DType::f32, {64, 2, 4, 1})},
+           {tensor(DType::f32, {64, 2, 1, 1})})
+          .check();
+  EXPECT_EQ(kv.code(), StatusCode::unsupported);
+  EXPECT_EQ(kv.message(),
+            "attention: KV cache types f16 / f32 are not supported by testdev (f32, f16 or q8_0, both the same)");
+
+  const Status op = Call(Op::count_, {}, {}).check();
+  EXPECT_EQ(op.code(), StatusCode::unsupported);
+  EXPECT_EQ(op.message(), "op 11 is not in the op set this testdev backend was built with (a newer SDK's op?)");
+}
+
+TEST(CheckOpCall, RefusesWhatDeviceKernelsCannotIndex) {
+  const Status big =
+      Call(Op::sigmoid, {tensor(DType::f32, {1 << 16, 1 << 15, 1, 1})}, {tensor(DType::f32, {1 << 16, 1 << 15, 1, 1})})
+          .check();
+  EXPECT_EQ(big.message(), "sigmoid: X has more than 2^31 elements; split the call");
+  const Status head =
+      Call(Op::attention,
+           {tensor(DType::f32, {512, 1, 1, 1}), tensor(DType::f32, {512, 1, 4, 1}), tensor(DType::f32, {512, 1, 4, 1})},
+           {tensor(DType::f32, {512, 1, 1, 1})})
+          .check();
+  EXPECT_EQ(head.message(), "attention: head_dim 512 exceeds 256");
+  // No KV heads: an error, not a division by zero.
+  const Status no_kv =
+      Call(Op::attention,
+           {tensor(DType::f32, {64, 2, 1, 1}), tensor(DType::f32, {64, 0, 4, 1}), tensor(DType::f32, {64, 0, 4, 1})},
+           {tensor(DType::f32, {64, 2, 1, 1})})
+          .check();
+  EXPECT_EQ(no_kv.message(), "attention: 2 query heads are not a multiple of 0 KV heads");
+}
+
+TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
+  EXPECT_TRUE(supports_every_op(Op::matmul, DType::q6_k));
+  EXPECT_TRUE(supports_every_op(Op::embedding, DType::bf16));
+  EXPECT_FALSE(supports_every_op(Op::expert_ffn, DType::q4_1));
+  EXPECT_TRUE(supports_every_op(Op::attention, DType::q8_0));
+  EXPECT_FALSE(supports_every_op(Op::attention, DType::q4_k));
+  EXPECT_TRUE(supports_every_op(Op::rms_norm, DType::f32));
+  EXPECT_FALSE(supports_every_op(Op::rope, DType::f16));
+  EXPECT_FALSE(supports_every_op(Op::count_, DType::f32));
+  EXPECT_EQ(shape_text(tensor(DType::q8_0, {32, 7, 1, 1})), "q8_0 {32, 7, 1, 1}");
+}
+
+}  // namespace
+
+namespace {
+
+struct SizedBuffer final : colibri::sdk::Buffer {
+  std::size_t bytes;
+  explicit SizedBuffer(std::size_t n) : bytes(n) {}
+  [[nodiscard]] std::size_t size() const noexcept override { return bytes; }
+  [[nodiscard]] void* host_pointer() noexcept override { return nullptr; }
+};
+
+TEST(CheckedBytes, WholeBlocksOfPositiveDims) {
+  auto q = checked_bytes(tensor(DType::q4_k, {512, 3, 1, 1}), "matmul", "W");
+  ASSERT_TRUE(q);
+  EXPECT_EQ(*q, 3u * 2 * 144);
+  EXPECT_EQ(checked_bytes(tensor(DType::f32, {4, 0, 1, 1}), "add", "A").error().message(),
+            "add: A has a non-positive dimension: f32 {4, 0, 1, 1}");
+  EXPECT_EQ(checked_bytes(tensor(DType::q8_0, {40, 1, 1, 1}), "matmul", "W").error().message(),
+            "matmul: W rows of 40 elements are not whole q8_0 blocks of 32");
+  EXPECT_EQ(checked_bytes(tensor(static_cast<DType>(77), {1, 1, 1, 1}), "matmul", "W").error().message(),
+            "matmul: W has an unknown type id 77");
+}
+
+TEST(CheckBufferRange, TheTensorMustLieInsideItsBuffer) {
+  SizedBuffer buffer(64);
+  Tensor t = tensor(DType::f32, {8, 1, 1, 1});
+  t.buffer = &buffer;
+  t.offset = 32;
+  EXPECT_TRUE(check_buffer_range(t, 32, "add", "A"));
+  t.offset = 40;
+  EXPECT_EQ(check_buffer_range(t, 32, "add", "A").message(),
+            "add: A f32 {8, 1, 1, 1} needs 32 bytes at offset 40 but its buffer holds 64");
+}
+
+}  // namespace
