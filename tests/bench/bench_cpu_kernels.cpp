@@ -124,7 +124,8 @@ const int kRegistered = [] {
             ->UseRealTime();
       }
       benchmark::RegisterBenchmark(("matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(), matvec, t,
-                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false, kSquare)
+                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false,
+                                   kSquare)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }

@@ -156,6 +156,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["prefetch_wasted"] = st.prefetch_wasted;
   j["prefetch_failed"] = st.prefetch_failed;
   j["prefetch_cancelled"] = st.prefetch_cancelled;
+  j["buffers_mapped"] = st.buffers_mapped;
   j["prefetch_precision"] = st.prediction_precision();
   j["prefetch_recall"] = st.prediction_recall();
   j["stall_saved_seconds"] = st.stall_saved_seconds;

@@ -41,6 +41,14 @@ CacheSim::CacheSim(std::shared_ptr<sdk::CachePolicy> policy, std::uint64_t budge
   std::uint64_t all = 0;
   for (auto k : universe_) all += sizes_.known() ? sizes_.read_bytes(k).value_or(0) : 1;
   resident_ = all <= budget_;
+  if (!resident_ && sizes_.known()) {
+    // As the expert manager: when streaming, every slot has the largest expert's size.
+    for (auto k : universe_) stream_slot_ = std::max(stream_slot_, sizes_.slot_bytes(k).value_or(0));
+  }
+}
+
+std::uint64_t CacheSim::slot_of(ExpertKey key) const {
+  return stream_slot_ != 0 ? stream_slot_ : *sizes_.slot_bytes(key);
 }
 
 CacheSim::~CacheSim() {
@@ -69,7 +77,7 @@ Status CacheSim::preload() {
   for (const auto key : universe_) {
     if (slots_.count(key.packed()) != 0) continue;
     Slot slot;
-    slot.bytes = *sizes_.slot_bytes(key);
+    slot.bytes = slot_of(key);
     used_ += slot.bytes;
     stats_.bytes_read += *sizes_.read_bytes(key);
     ++stats_.preload_loads;
@@ -112,7 +120,7 @@ sdk::Expected<bool> CacheSim::acquire(ExpertKey key) {
   }
   const auto read = sizes_.read_bytes(key);
   if (!read) return Status(StatusCode::not_found, "the manifest has no expert " + key_name(key));
-  const auto slot_bytes = *sizes_.slot_bytes(key);
+  const auto slot_bytes = slot_of(key);
   if (auto s = make_room(slot_bytes); !s) return s;
   ++stats_.misses;
   stats_.bytes_read += *read;

@@ -19,6 +19,14 @@ struct FakeModel {
   model::Manifest manifest;
   std::shared_ptr<testing::MemoryStorage> storage = std::make_shared<testing::MemoryStorage>();
   FakeModel(int layers, int experts) { testing::add_memory_experts(manifest, *storage, layers, experts, 5000, ""); }
+  // Layer 1's blobs get `bytes` instead (two expert sizes, as when some layers use a bigger format).
+  void resize_layer1(std::uint64_t bytes) {
+    for (auto& e : manifest.experts) {
+      if (e.layer != 1) continue;
+      e.size = bytes;
+      storage->files["/m/" + e.file].resize(bytes);
+    }
+  }
 };
 
 std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {
@@ -29,9 +37,10 @@ std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {
   return p ? *p : nullptr;
 }
 
-TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
+void expect_same_sequences(bool two_sizes) {
   const int layers = 3, experts = 10, k = 2;
   FakeModel fm(layers, experts);
+  if (two_sizes) fm.resize_layer1(12000);
   const auto sizes = ExpertSizes::from_manifest(fm.manifest);
   std::vector<sdk::ExpertKey> universe;
   for (const auto& e : fm.manifest.experts) {
@@ -41,7 +50,7 @@ TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
   std::geometric_distribution<int> skew(0.3);
   for (const char* name : {"lru", "frequency", "pinned"}) {
     for (std::uint64_t slots : {2u, 3u, 5u, 9u, 30u}) {
-      const std::uint64_t budget = slots * 8192;
+      const std::uint64_t budget = slots * (two_sizes ? 12288 : 8192);
       auto p1 = policy(name), p2 = policy(name);
       ASSERT_TRUE(p1 && p2) << name;
       engine::ExpertManager manager(fm.manifest, "/m", fm.storage, p1, budget);
@@ -70,7 +79,7 @@ TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
           sim.release({layer, e});
         }
       }
-      EXPECT_EQ(got, want) << name << " with " << slots << " slots";
+      EXPECT_EQ(got, want) << name << " with " << slots << " slots" << (two_sizes ? ", two expert sizes" : "");
       EXPECT_EQ(sim.stats().misses, manager.stats().misses);
       EXPECT_EQ(sim.stats().evictions, manager.stats().evictions);
       EXPECT_EQ(sim.stats().bytes_read, manager.stats().bytes_read);
@@ -82,6 +91,14 @@ TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
       }
     }
   }
+}
+
+TEST(Equivalence, SameHitMissSequenceAsTheExpertManager) {
+  expect_same_sequences(false);
+}
+
+TEST(Equivalence, SameHitMissSequenceWithTwoExpertSizes) {
+  expect_same_sequences(true);
 }
 
 }  // namespace

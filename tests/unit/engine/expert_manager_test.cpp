@@ -68,6 +68,35 @@ TEST(ExpertManager, EvictsThroughThePolicyButNeverAnExpertInUse) {
   EXPECT_LE(m.resident_bytes(), 2 * kBlob);
 }
 
+TEST(ExpertManager, StreamingSlotsFitEveryExpertSoBuffersAreReused) {
+  // Two expert sizes, as when some layers' down projections use a bigger format: with one size per slot an evicted
+  // buffer always fits the next expert, so a long cyclic run maps no new buffers after the first fill.
+  Fixture f(2, 4);
+  for (auto& e : f.manifest.experts) {
+    if (e.layer == 1) {
+      e.size = 3 * kBlob;
+      f.storage->files["/m/" + e.file].resize(e.size);
+    }
+  }
+  const std::uint64_t budget = 3 * (3 * kBlob);
+  ExpertManager m(f.manifest, "/m", f.storage, f.policy, budget);
+  ASSERT_FALSE(m.resident());
+  ASSERT_TRUE(m.preload());
+  for (int round = 0; round < 6; ++round) {
+    for (int l = 0; l < 2; ++l) {
+      for (int e = 0; e < 4; ++e) {
+        auto w = m.acquire(l, e);
+        ASSERT_TRUE(w) << w.error().message();
+        EXPECT_EQ(static_cast<const std::uint8_t*>(w->gate.data)[0], l * 16 + e);
+        m.release(l, e);
+        EXPECT_LE(m.resident_bytes(), budget);
+      }
+    }
+  }
+  EXPECT_EQ(m.stats().misses, 6u * 8u);
+  EXPECT_EQ(m.stats().buffers_mapped, 3u);
+}
+
 TEST(ExpertManager, PinnedExpertsStay) {
   Fixture f(1, 4);
   f.policy->pins = {{0, 3}};

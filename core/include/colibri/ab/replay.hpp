@@ -83,6 +83,8 @@ class CacheSim {
   const ExpertSizes& sizes_;
   std::vector<sdk::ExpertKey> universe_;
   bool resident_ = false;
+  std::uint64_t stream_slot_ = 0;  // not resident: the one slot size (the largest expert's); 0: each expert's own
+  [[nodiscard]] std::uint64_t slot_of(sdk::ExpertKey key) const;
   std::uint64_t used_ = 0;
   std::unordered_map<std::uint64_t, Slot> slots_;
   SimStats stats_;

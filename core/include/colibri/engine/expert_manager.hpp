@@ -39,6 +39,7 @@ struct ExpertStats {
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t bytes_read = 0;
+  std::uint64_t buffers_mapped = 0;  // RAM slot buffers newly mapped (the OS zeroes each page at first touch)
   double stall_seconds = 0;  // time demand reads (and waits for in-flight prefetches) kept the forward pass waiting
   // Prefetch: reads queued ahead of need (ReadPriority::prefetch), how many of them the router then used, how many
   // were evicted or failed unused, and the read time they took off the critical path (submit-to-completion time
@@ -223,6 +224,8 @@ class ExpertManager {
   SlotBuffer take_buffer(std::uint64_t bytes);
   // A new slot buffer, registered with the storage when it offers that (the first refusal is logged and ends it).
   SlotBuffer new_buffer(std::uint64_t bytes);
+  // Bytes of the RAM slot that holds `e`.
+  [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
   // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).
   void settle_prefetches();
@@ -239,7 +242,8 @@ class ExpertManager {
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
   bool resident_ = false;
-  bool async_storage_ = false;              // the storage overlaps submitted reads (else prefetch is skipped)
+  std::uint64_t slot_bytes_ = 0;  // streaming: every RAM slot's size (the largest expert's); 0: each expert's own
+  bool async_storage_ = false;    // the storage overlaps submitted reads (else prefetch is skipped)
   sdk::StorageCancel* cancel_ = nullptr;    // the storage's cancel interface, when it offers one
   sdk::StorageBuffers* buffers_ = nullptr;  // the storage's buffer registration, while it accepts ours
   std::map<std::uint64_t, Slot> slots_;     // by ExpertKey::packed()
