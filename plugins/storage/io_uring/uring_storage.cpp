@@ -139,13 +139,15 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
       return Status(StatusCode::invalid_argument, "storage.callback_threads is " + std::to_string(*callback_threads) +
                                                       "; use 0 (callbacks on the completion thread) or 1..64");
     }
-    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth), *chunk);
+    auto fixed = ctx.config->get_bool("fixed_buffers", true);
+    if (!fixed) return fixed.error();
+    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth), *chunk, *fixed);
     if (Status st = self->start(static_cast<int>(*callback_threads)); !st) return st;
     return self;
   }
 
-  UringStorage(HostServices& host, bool direct, unsigned depth, std::uint64_t chunk_bytes)
-      : host_(host), direct_(direct), depth_(depth), chunk_bytes_(chunk_bytes) {}
+  UringStorage(HostServices& host, bool direct, unsigned depth, std::uint64_t chunk_bytes, bool fixed_buffers)
+      : host_(host), direct_(direct), depth_(depth), chunk_bytes_(chunk_bytes), fixed_buffers_(fixed_buffers) {}
 
   ~UringStorage() override {
     if (!started_) return;
@@ -167,8 +169,8 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
   }
 
   void* query_interface(std::string_view id) noexcept override {
-    if (id == kRegisteredBuffersInterface) return static_cast<RegisteredBuffers*>(this);
-    if (id == kStorageBuffersInterface) return static_cast<StorageBuffers*>(this);
+    if (fixed_buffers_ && id == kRegisteredBuffersInterface) return static_cast<RegisteredBuffers*>(this);
+    if (fixed_buffers_ && id == kStorageBuffersInterface) return static_cast<StorageBuffers*>(this);
     if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
     return nullptr;
   }
@@ -267,7 +269,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     StorageCapabilities c;
     c.direct_io = direct_;
     c.async = true;
-    c.registered_buffers = true;
+    c.registered_buffers = fixed_buffers_;
     c.queue_depth = depth_;
     c.alignment = sc::kDirectAlignment;
     return c;
@@ -596,6 +598,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
   bool direct_;
   unsigned depth_;
   std::uint64_t chunk_bytes_;
+  bool fixed_buffers_;  // offer buffer registration (off: every read is plain, no memory pinned)
   std::atomic<bool> warned_direct_{false};
   io_uring ring_{};
   bool started_ = false;
@@ -639,6 +642,8 @@ Score score(const HostInfo& host) noexcept {
 const OptionSpec kOptions[] = {
     {"chunk_kib", OptionType::integer, "2048",
      "reads longer than this are split into chunks in flight at once (0: never)"},
+    {"fixed_buffers", OptionType::boolean, "true",
+     "offer buffer registration, so reads into the expert cache's slots are fixed reads (false: pin nothing)"},
     {"callback_threads", OptionType::integer, "2",
      "threads running completion callbacks, so their work (checksums) overlaps (0: on the completion thread)"},
 };

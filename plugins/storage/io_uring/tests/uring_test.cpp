@@ -49,7 +49,8 @@ std::vector<StorageParam> conformance_params() {
           StorageParam{URING_PLUGIN_PATH, {{"chunk_kib", "4"}}, "chunked"},
           // callbacks on the completion thread instead of the callback threads
           StorageParam{URING_PLUGIN_PATH, {{"callback_threads", "0"}}, "inline_callbacks"},
-          StorageParam{URING_PLUGIN_PATH, {{"callback_threads", "1"}, {"queue_depth", "2"}}, "one_callback_thread"}};
+          StorageParam{URING_PLUGIN_PATH, {{"callback_threads", "1"}, {"queue_depth", "2"}}, "one_callback_thread"},
+          StorageParam{URING_PLUGIN_PATH, {{"fixed_buffers", "false"}}, "no_fixed_buffers"}};
 }
 
 }  // namespace
@@ -221,6 +222,15 @@ TEST_F(UringTest, BuffersRegisteredOneByOneServeFixedReadsAndOthersStayPlain) {
   EXPECT_EQ(host->metric("fixed_reads_total"), 7.0);
   whole->unregister_buffers();
   EXPECT_EQ(reg->register_buffer(std::span<std::byte>()).code(), StatusCode::invalid_argument);
+}
+
+TEST_F(UringTest, FixedBuffersCanBeTurnedOff) {
+  auto s = make({{"fixed_buffers", "false"}});
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->capabilities().registered_buffers);
+  EXPECT_EQ(s->query_interface(kStorageBuffersInterface), nullptr);
+  EXPECT_EQ(s->query_interface(kRegisteredBuffersInterface), nullptr);
+  EXPECT_NE(s->query_interface(kStorageCancelInterface), nullptr);
 }
 
 // Callbacks run on several threads: two requests' callbacks (the expert cache verifies checksums there) overlap.
