@@ -11,6 +11,7 @@
 
 #include "colibri/ab/record.hpp"
 #include "colibri/engine/sampler.hpp"
+#include "colibri/util/metrics.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -179,6 +180,24 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["vram_uploads"] = st.uploads;
   j["bytes_uploaded"] = st.bytes_uploaded;
   j["upload_seconds"] = st.upload_seconds;
+  // What the storage plugin counted itself (host metrics): reads per stripe directory, io_uring's fixed and plain
+  // reads, errors. Counters are whole numbers; JSON shows them so.
+  const auto storage_counters = util::Metrics::global().with_prefix(
+      util::plugin_metric_prefix(sdk::to_string(sdk::PluginKind::storage), engine->plugins().storage_name));
+  nlohmann::json storage_json = nlohmann::json::object();
+  for (const auto& [name, v] : storage_counters) {
+    if (v >= 0 && v < 9e15 && v == static_cast<double>(static_cast<std::uint64_t>(v))) {
+      storage_json[name] = static_cast<std::uint64_t>(v);
+    } else {
+      storage_json[name] = v;
+    }
+  }
+  j["storage_metrics"] = storage_json;
+  std::vector<nlohmann::json> reads_per_dir;  // stripe: reads_dir<N>_total, directory 0 the model's own
+  for (std::size_t d = 0; storage_json.contains("reads_dir" + std::to_string(d) + "_total"); ++d) {
+    reads_per_dir.push_back(storage_json["reads_dir" + std::to_string(d) + "_total"]);
+  }
+  if (!reads_per_dir.empty()) j["storage_reads_per_dir"] = reads_per_dir;
   save_usage(*engine);
   if (o.json) {
     std::cout << j.dump(2) << "\n";
@@ -215,6 +234,21 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
       static_cast<unsigned long long>(st.prefetch_cancelled), 100.0 * st.prediction_precision(),
       100.0 * st.prediction_recall());
+  if (!storage_counters.empty()) {
+    std::string line;
+    for (const auto& [name, v] : storage_counters) {
+      line += (line.empty() ? "" : ", ") + name + " " + storage_json[name].dump();
+    }
+    std::printf("storage    %s: %s\n", engine->plugins().storage_name.c_str(), line.c_str());
+  }
+  if (!reads_per_dir.empty()) {
+    std::string dirs;
+    for (std::size_t d = 0; d < reads_per_dir.size(); ++d) {
+      dirs += (d == 0 ? "" : ", ") + std::string("dir") + std::to_string(d) + " " + reads_per_dir[d].dump();
+    }
+    std::printf("stripe     reads per directory (dir0: the model directory, dirN: storage.paths[N-1]): %s\n",
+                dirs.c_str());
+  }
   std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth: %.2f tok/s (decode at %.0f%%)\n",
               active / (1024.0 * 1024.0), bandwidth / 1e9, bound, 100.0 * decode_tps / bound);
   return 0;

@@ -1,5 +1,6 @@
 #include "colibri/engine/expert_manager.hpp"
 
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -64,6 +65,9 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
   async_storage_ = storage_ && storage_->capabilities().async;
   if (async_storage_)
     cancel_ = static_cast<sdk::StorageCancel*>(storage_->query_interface(sdk::kStorageCancelInterface));
+  // Registered slots pay off when slots are read into again and again; resident mode reads each one once.
+  if (storage_ && !resident_)
+    buffers_ = static_cast<sdk::StorageBuffers*>(storage_->query_interface(sdk::kStorageBuffersInterface));
 }
 
 ExpertManager::~ExpertManager() {
@@ -533,7 +537,7 @@ std::uint64_t ExpertManager::slot_bytes(const model::ExpertEntry& e) const {
   return slot_bytes_ != 0 ? slot_bytes_ : round_to_page(e.size);
 }
 
-AlignedBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
+ExpertManager::SlotBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
   // The smallest spare that fits: experts of two sizes (layer types differ) would otherwise rarely match, and every
   // mismatch costs an munmap plus faulting in and zeroing a new buffer. Taking a spare keeps resident + spare bytes.
   auto best = spare_.end();
@@ -541,14 +545,27 @@ AlignedBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
     if (it->size() >= bytes && (best == spare_.end() || it->size() < best->size())) best = it;
   }
   if (best != spare_.end()) {
-    AlignedBuffer b = std::move(*best);
+    SlotBuffer b = std::move(*best);
     spare_.erase(best);
     return b;
   }
   spare_.clear();  // none fits: free them before allocating, so resident + spare bytes stay within the budget
-  AlignedBuffer fresh(bytes);
+  return new_buffer(bytes);
+}
+
+ExpertManager::SlotBuffer ExpertManager::new_buffer(std::uint64_t bytes) {
+  AlignedBuffer data(bytes);
   ++stats_.buffers_mapped;
-  return fresh;
+  if (buffers_ == nullptr) return SlotBuffer(std::move(data), nullptr);
+  const Status s = buffers_->register_buffer({data.data(), data.size()});
+  if (s) return SlotBuffer(std::move(data), buffers_);
+  // Reads still work, each pinning its pages; one warning, and no more attempts that would fail the same way.
+  spdlog::warn(
+      "expert cache: the storage did not register a slot buffer, so expert reads go without registered "
+      "buffers: {}",
+      s.message());
+  buffers_ = nullptr;
+  return SlotBuffer(std::move(data), nullptr);
 }
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {

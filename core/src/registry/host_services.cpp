@@ -8,11 +8,8 @@
 namespace colibri::registry {
 
 PluginHostServices::PluginHostServices(sdk::PluginKind kind, std::string name)
-    : tag_(std::string(to_string(kind)) + "/" + name), metric_prefix_(std::string(to_string(kind)) + "_" + name + "_") {
-  for (char& c : metric_prefix_) {
-    if (c == '-') c = '_';
-  }
-}
+    : tag_(std::string(to_string(kind)) + "/" + name),
+      metric_prefix_(util::plugin_metric_prefix(to_string(kind), name)) {}
 
 void PluginHostServices::log(sdk::LogLevel level, std::string_view message) noexcept {
   try {

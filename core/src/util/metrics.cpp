@@ -38,4 +38,21 @@ std::map<std::string, double> Metrics::snapshot() const {
   return {values_.begin(), values_.end()};
 }
 
+std::map<std::string, double> Metrics::with_prefix(std::string_view prefix) const {
+  std::lock_guard lock(mu_);
+  std::map<std::string, double> out;
+  for (auto it = values_.lower_bound(prefix); it != values_.end() && it->first.starts_with(prefix); ++it) {
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  }
+  return out;
+}
+
+std::string plugin_metric_prefix(std::string_view kind, std::string_view name) {
+  std::string prefix = std::string(kind) + "_" + std::string(name) + "_";
+  for (char& c : prefix) {
+    if (c == '-') c = '_';
+  }
+  return prefix;
+}
+
 }  // namespace colibri::util

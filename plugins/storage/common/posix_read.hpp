@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -276,6 +277,17 @@ class ReadQueue {
 
   [[nodiscard]] std::size_t threads() const noexcept { return workers_.size(); }
 
+  // How many parts submit() splits `r` into.
+  [[nodiscard]] std::uint64_t chunks_for(const ReadRequest& r) const noexcept {
+    return chunk_count(r, chunk_bytes_, workers_.size());
+  }
+
+  // Whether the calling thread is one of the workers (a callback running): it must not wait for the queue.
+  [[nodiscard]] bool on_worker() const noexcept {
+    const auto self = std::this_thread::get_id();
+    return std::any_of(workers_.begin(), workers_.end(), [&](const std::thread& t) { return t.get_id() == self; });
+  }
+
   // StorageCancel::cancel for this queue: withdraws the waiting jobs tagged `user_tag` and calls them
   // back here, with StatusCode::cancelled.
   bool cancel(std::uint64_t user_tag) noexcept {
@@ -334,6 +346,34 @@ class ReadQueue {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
+
+// A synchronous read on top of an asynchronous submission (`submit(ReadRequest, ReadCallback) -> Status`), so
+// read() gets submit()'s splitting and overlap: one demand request, then wait for its callback. Must not be called
+// from a thread that completes requests (it would wait for itself).
+template <class Submit>
+Status read_via_submit(Submit&& submit, StorageFile& file, std::uint64_t offset, std::span<std::byte> dst) noexcept {
+  struct Latch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    Status result;
+  } latch;
+  ReadRequest r;
+  r.file = &file;
+  r.offset = offset;
+  r.length = dst.size();
+  r.buffer = dst.data();
+  Status st = submit(r, [&latch](ReadRequest& done) {
+    std::lock_guard lock(latch.mu);
+    latch.result = done.status;
+    latch.finished = true;
+    latch.cv.notify_one();
+  });
+  if (!st) return st;
+  std::unique_lock lock(latch.mu);
+  latch.cv.wait(lock, [&] { return latch.finished; });
+  return latch.result;
+}
 
 // read_batch on top of submit(): every request in flight at once, returns when all completed.
 inline void batch_via_submit(Storage& storage, std::span<ReadRequest> requests) noexcept {

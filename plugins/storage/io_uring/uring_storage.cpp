@@ -1,18 +1,25 @@
 // storage/io_uring: one ring per Storage, `queue_depth` reads in flight, one completion thread
-// that reaps completions and runs the callbacks. Requests beyond the depth wait in two queues,
-// demand before prefetch. O_DIRECT for aligned requests where the filesystem allows it, buffered
-// otherwise (and when a filesystem rejects a direct read with EINVAL).
+// that reaps completions and hands the callbacks to `callback_threads` workers (so the caller's
+// work in them, e.g. checksums, overlaps across requests and never delays reaping). Requests
+// beyond the depth wait in two queues, demand before prefetch. O_DIRECT for aligned requests where
+// the filesystem allows it, buffered otherwise (and when a filesystem rejects a direct read with
+// EINVAL).
 //
-// Registered (fixed) buffers: through query_interface("colibri.storage.registered_buffers.v1")
-// the caller registers the memory its reads land in once (the expert cache's slot arena); every
-// later request whose buffer lies inside a registered region is read with IORING_OP_READ_FIXED,
-// which skips pinning the pages on each read. Other requests are ordinary reads.
+// Registered (fixed) buffers: one sparse table per ring. Through
+// query_interface("colibri.storage.buffers.v1") the caller registers each buffer as it allocates
+// it (the expert cache's slots); through "colibri.storage.registered_buffers.v1" it registers a
+// whole set at once. Every request whose buffer lies inside a registered one is read with
+// IORING_OP_READ_FIXED, which skips pinning the pages on each read; other requests are ordinary
+// reads. A fixed read the kernel refuses is retried as an ordinary one. Counters
+// fixed_reads_total and plain_reads_total count the reads (SQEs) of each kind.
 //
 // Cancel: through query_interface("colibri.storage.cancel.v1") requests still waiting in the two
 // queues are withdrawn; those already on the ring complete.
 //
 // Threads: submit() may be called from any thread, including from a completion callback.
-// Callbacks run on the completion thread and should be short: the next completions wait for them.
+// Callbacks run on the callback threads (with callback_threads 0: on the completion thread, where
+// the next completions wait for them). A request holds its place in the queue depth until its
+// callback has returned, so slow callbacks hold back new reads rather than pile up.
 #include <liburing.h>
 #include <sys/syscall.h>
 
@@ -41,17 +48,79 @@ namespace sc = colibri::plugins::storage_common;
 
 constexpr std::uint64_t kMaxChunk = 1ull << 30;  // one SQE reads at most this much (lengths are 32-bit)
 constexpr int kMaxTransientRetries = 8;
+constexpr unsigned kBufferTableEntries = 1u << 14;  // the kernel's limit (IORING_MAX_REG_BUFFERS)
 
 // One request from submit() to its callback.
 struct Op {
   ReadRequest request;
   ReadCallback done;
   std::uint64_t done_bytes = 0;
-  bool avoid_direct = false;  // the filesystem rejected a direct read of this request
+  bool avoid_direct = false;     // the filesystem rejected a direct read of this request
+  bool fixed = false;            // the SQE on the ring reads into a registered buffer
+  bool avoid_fixed = false;      // the kernel refused a fixed read of this request
+  bool inline_callback = false;  // `done` is trivial (a synchronous read's latch): run it on the completion thread
   int retries = 0;
 };
 
-class UringStorage final : public StorageBase, public RegisteredBuffers, public StorageCancel {
+// Threads that run completion callbacks in the order they are posted, each on whichever is free.
+class CallbackPool {
+ public:
+  CallbackPool(int threads, std::function<void(Op*)> run) : run_(std::move(run)) {
+    workers_.reserve(static_cast<std::size_t>(threads));
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~CallbackPool() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  CallbackPool(const CallbackPool&) = delete;
+  CallbackPool& operator=(const CallbackPool&) = delete;
+
+  [[nodiscard]] bool on_worker() const noexcept {
+    const auto self = std::this_thread::get_id();
+    return std::any_of(workers_.begin(), workers_.end(), [&](const std::thread& t) { return t.get_id() == self; });
+  }
+
+  // False when it could not queue (no memory): the caller runs the callback itself.
+  bool post(Op* op) noexcept {
+    try {
+      std::lock_guard lock(mu_);
+      queue_.push_back(op);
+    } catch (...) {
+      return false;
+    }
+    cv_.notify_one();
+    return true;
+  }
+
+ private:
+  void work() {
+    while (true) {
+      Op* op = nullptr;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        op = queue_.front();
+        queue_.pop_front();
+      }
+      run_(op);
+    }
+  }
+
+  std::function<void(Op*)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op*> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+class UringStorage final : public StorageBase, public RegisteredBuffers, public StorageBuffers, public StorageCancel {
  public:
   static Expected<std::unique_ptr<UringStorage>> create(const CreateContext& ctx) {
     auto direct = ctx.config->get_bool("direct_io", true);
@@ -64,13 +133,21 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     }
     auto chunk = sc::chunk_bytes_option(*ctx.config);
     if (!chunk) return chunk.error();
-    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth), *chunk);
-    if (Status st = self->start(); !st) return st;
+    auto callback_threads = ctx.config->get_int("callback_threads", 2);
+    if (!callback_threads) return callback_threads.error();
+    if (*callback_threads < 0 || *callback_threads > 64) {
+      return Status(StatusCode::invalid_argument, "storage.callback_threads is " + std::to_string(*callback_threads) +
+                                                      "; use 0 (callbacks on the completion thread) or 1..64");
+    }
+    auto fixed = ctx.config->get_bool("fixed_buffers", true);
+    if (!fixed) return fixed.error();
+    auto self = std::make_unique<UringStorage>(*ctx.host, *direct, static_cast<unsigned>(*depth), *chunk, *fixed);
+    if (Status st = self->start(static_cast<int>(*callback_threads)); !st) return st;
     return self;
   }
 
-  UringStorage(HostServices& host, bool direct, unsigned depth, std::uint64_t chunk_bytes)
-      : host_(host), direct_(direct), depth_(depth), chunk_bytes_(chunk_bytes) {}
+  UringStorage(HostServices& host, bool direct, unsigned depth, std::uint64_t chunk_bytes, bool fixed_buffers)
+      : host_(host), direct_(direct), depth_(depth), chunk_bytes_(chunk_bytes), fixed_buffers_(fixed_buffers) {}
 
   ~UringStorage() override {
     if (!started_) return;
@@ -87,11 +164,13 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
       }
     }
     reaper_.join();
+    callbacks_.reset();  // idle after drain()
     io_uring_queue_exit(&ring_);
   }
 
   void* query_interface(std::string_view id) noexcept override {
-    if (id == kRegisteredBuffersInterface) return static_cast<RegisteredBuffers*>(this);
+    if (fixed_buffers_ && id == kRegisteredBuffersInterface) return static_cast<RegisteredBuffers*>(this);
+    if (fixed_buffers_ && id == kStorageBuffersInterface) return static_cast<StorageBuffers*>(this);
     if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
     return nullptr;
   }
@@ -106,34 +185,23 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     auto& f = static_cast<sc::PosixFile&>(file);
     if (!sc::in_range(f, offset, dst.size())) return sc::range_error(f, offset, dst.size());
     if (dst.empty()) return {};
-    // A callback that reads synchronously must not wait for the thread it runs on.
-    if (std::this_thread::get_id() == reaper_.get_id()) return sc::read_posix(f, offset, dst);
-    struct Latch {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool finished = false;
-      Status result;
-    } latch;
-    ReadRequest r;
-    r.file = &file;
-    r.offset = offset;
-    r.length = dst.size();
-    r.buffer = dst.data();
-    Status st = submit(r, [&latch](ReadRequest& done) {
-      std::lock_guard lock(latch.mu);
-      latch.result = done.status;
-      latch.finished = true;
-      latch.cv.notify_one();
-    });
-    if (!st) return st;
-    std::unique_lock lock(latch.mu);
-    latch.cv.wait(lock, [&] { return latch.finished; });
-    return latch.result;
+    // A callback that reads synchronously must not wait for a queue slot its own request holds.
+    if (std::this_thread::get_id() == reaper_.get_id() || (callbacks_ && callbacks_->on_worker())) {
+      return sc::read_posix(f, offset, dst);
+    }
+    // The latch's callback is trivial: it runs on the completion thread, never behind other callbacks.
+    return sc::read_via_submit([this](ReadRequest r, ReadCallback done) { return enqueue(r, std::move(done), true); },
+                               file, offset, dst);
   }
 
   void read_batch(std::span<ReadRequest> requests) noexcept override { sc::batch_via_submit(*this, requests); }
 
   Status submit(ReadRequest request, ReadCallback done) noexcept override {
+    return enqueue(std::move(request), std::move(done), false);
+  }
+
+  // submit(); `inline_callback`: `done` is trivial and may run on the completion thread.
+  Status enqueue(ReadRequest request, ReadCallback done, bool inline_callback) noexcept {
     if (!done) return Status(StatusCode::invalid_argument, "submit() needs a completion callback");
     Status early = sc::check_request(request);
     if (early && !sc::in_range(*request.file, request.offset, request.length)) {
@@ -155,6 +223,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
           ops.push_back(std::make_unique<Op>(Op{c, std::move(cb)}));
         }
       }
+      for (auto& op : ops) op->inline_callback = inline_callback;
       std::lock_guard lock(mu_);
       if (stopping_) return Status(StatusCode::cancelled, "storage is shutting down");
       auto& q = request.priority == ReadPriority::demand ? demand_ : prefetch_;
@@ -200,47 +269,85 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     StorageCapabilities c;
     c.direct_io = direct_;
     c.async = true;
-    c.registered_buffers = true;
+    c.registered_buffers = fixed_buffers_;
     c.queue_depth = depth_;
     c.alignment = sc::kDirectAlignment;
     return c;
   }
 
+  // registered_buffers.v1: the whole table at once (1 GiB per entry, the kernel's cap).
   Status register_buffers(std::span<const std::span<std::byte>> regions) noexcept override {
     drain();
     std::lock_guard lock(mu_);
-    unregister_locked();
+    clear_table_locked();
     try {
       std::vector<iovec> iov;
-      std::vector<Region> table;
       for (const auto& r : regions) {
-        for (std::size_t at = 0; at < r.size(); at += kMaxChunk) {  // the kernel caps one buffer at 1 GiB
-          const std::size_t n = std::min<std::size_t>(kMaxChunk, r.size() - at);
-          iov.push_back(iovec{r.data() + at, n});
-          const auto start = reinterpret_cast<std::uintptr_t>(r.data() + at);
-          table.push_back(Region{start, start + n, static_cast<int>(iov.size() - 1)});
+        for (std::size_t at = 0; at < r.size(); at += kMaxChunk) {
+          iov.push_back(iovec{r.data() + at, std::min<std::size_t>(kMaxChunk, r.size() - at)});
         }
       }
       if (iov.empty()) return {};
-      const int ret = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
-      if (ret < 0) {
-        return Status(ret == -ENOMEM ? StatusCode::out_of_memory : StatusCode::unsupported,
-                      "io_uring refused to register " + std::to_string(iov.size()) + " buffers: " +
-                          sc::errno_text(-ret) + (ret == -ENOMEM ? " (locked-memory limit: raise `ulimit -l`)" : "") +
-                          "; reads continue without registered buffers");
+      if (iov.size() > kBufferTableEntries) {
+        return Status(StatusCode::invalid_argument, "cannot register " + std::to_string(iov.size()) +
+                                                        " buffers; io_uring holds at most " +
+                                                        std::to_string(kBufferTableEntries));
       }
-      std::sort(table.begin(), table.end(), [](const Region& a, const Region& b) { return a.start < b.start; });
-      regions_ = std::move(table);
+      Status st = open_table_locked();
+      if (st.code() == StatusCode::unsupported) return register_dense_locked(iov);  // an old kernel
+      for (const auto& v : iov) {
+        if (st) st = add_buffer_locked(static_cast<std::byte*>(v.iov_base), v.iov_len);
+      }
+      if (!st) clear_table_locked();
+      return st;
     } catch (...) {
+      clear_table_locked();
       return Status(StatusCode::out_of_memory, "registering buffers");
     }
-    return {};
   }
 
   void unregister_buffers() noexcept override {
     drain();
     std::lock_guard lock(mu_);
-    unregister_locked();
+    clear_table_locked();
+  }
+
+  // buffers.v1: one entry of the sparse table per buffer; no waiting for reads elsewhere.
+  Status register_buffer(std::span<std::byte> range) noexcept override {
+    if (range.empty()) return Status(StatusCode::invalid_argument, "cannot register an empty buffer");
+    if (range.size() > kMaxChunk) {
+      return Status(StatusCode::invalid_argument, "cannot register a buffer of " + std::to_string(range.size()) +
+                                                      " bytes; io_uring registers at most 1 GiB per buffer");
+    }
+    std::lock_guard lock(mu_);
+    if (fixed_index(range.data(), range.size()) >= 0) return {};  // already inside a registered buffer
+    try {
+      if (Status st = open_table_locked(); !st) return st;
+      return add_buffer_locked(range.data(), range.size());
+    } catch (...) {
+      return Status(StatusCode::out_of_memory, "registering a buffer");
+    }
+  }
+
+  void unregister_buffer(std::span<std::byte> range) noexcept override {
+    std::lock_guard lock(mu_);
+    const auto start = reinterpret_cast<std::uintptr_t>(range.data());
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const Region& r) { return r.start == start && r.end == start + range.size(); });
+    if (it == regions_.end()) return;
+    if (table_ == Table::sparse) {
+      iovec empty{nullptr, 0};
+      __u64 tag = 0;
+      const int ret = io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(it->index), &empty, &tag, 1);
+      if (ret < 0) {
+        // The entry stays registered (harmless: no read lands there once the caller frees it) and stays used.
+        host_.warn("io_uring could not unregister a buffer: " + sc::errno_text(-ret));
+        regions_.erase(it);
+        return;
+      }
+      free_entries_.push_back(it->index);
+    }
+    regions_.erase(it);
   }
 
  private:
@@ -249,8 +356,9 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     std::uintptr_t end;
     int index;
   };
+  enum class Table { none, sparse, dense };
 
-  Status start() {
+  Status start(int callback_threads) {
     const int ret = io_uring_queue_init(depth_, &ring_, 0);
     if (ret < 0) {
       return Status(StatusCode::unsupported, "io_uring_queue_init(" + std::to_string(depth_) +
@@ -259,19 +367,89 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
                                                  "use storage.plugin: pread");
     }
     try {
+      if (callback_threads > 0) {
+        callbacks_ = std::make_unique<CallbackPool>(callback_threads, [this](Op* op) { finish(op); });
+      }
       reaper_ = std::thread([this] { reap(); });
     } catch (...) {
+      callbacks_.reset();
       io_uring_queue_exit(&ring_);
-      return Status(StatusCode::internal, "cannot start the io_uring completion thread");
+      return Status(StatusCode::internal, "cannot start the io_uring completion threads");
     }
     started_ = true;
     return {};
   }
 
-  void unregister_locked() {
-    if (regions_.empty()) return;
-    io_uring_unregister_buffers(&ring_);
+  // A sparse table (kernel 5.19+) whose entries come and go. Caller holds mu_.
+  Status open_table_locked() {
+    if (table_ == Table::sparse) return {};
+    if (table_ == Table::dense) {
+      return Status(StatusCode::unsupported,
+                    "the registered-buffer table is held by registered_buffers.v1 (this kernel has no sparse tables)");
+    }
+    if (!sparse_error_.is_ok()) return sparse_error_;
+    const int ret = io_uring_register_buffers_sparse(&ring_, kBufferTableEntries);
+    if (ret < 0) {
+      sparse_error_ =
+          Status(StatusCode::unsupported,
+                 "io_uring refused a sparse registered-buffer table: " + sc::errno_text(-ret) + " (needs Linux 5.19+)");
+      return sparse_error_;
+    }
+    table_ = Table::sparse;
+    free_entries_.clear();
+    for (unsigned i = kBufferTableEntries; i-- > 0;) free_entries_.push_back(static_cast<int>(i));
+    return {};
+  }
+
+  // Registers one buffer in a free entry of the sparse table. Caller holds mu_.
+  Status add_buffer_locked(std::byte* data, std::size_t size) {
+    const auto start = reinterpret_cast<std::uintptr_t>(data);
+    auto next = std::upper_bound(regions_.begin(), regions_.end(), start,
+                                 [](std::uintptr_t s, const Region& r) { return s < r.start; });
+    if ((next != regions_.end() && next->start < start + size) ||
+        (next != regions_.begin() && std::prev(next)->end > start)) {
+      return Status(StatusCode::invalid_argument, "the buffer overlaps a registered one without lying inside it");
+    }
+    if (free_entries_.empty()) {
+      return Status(StatusCode::out_of_memory,
+                    "all " + std::to_string(kBufferTableEntries) + " registered-buffer entries are in use");
+    }
+    const int index = free_entries_.back();
+    iovec iov{data, size};
+    __u64 tag = 0;  // no release notification: the completion thread reads every CQE as a request
+    const int ret = io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(index), &iov, &tag, 1);
+    if (ret < 0) return refused(ret, 1);
+    free_entries_.pop_back();
+    regions_.insert(next, Region{start, start + size, index});
+    return {};
+  }
+
+  // registered_buffers.v1 where the kernel has no sparse tables: one dense registration. Caller holds mu_.
+  Status register_dense_locked(const std::vector<iovec>& iov) {
+    const int ret = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+    if (ret < 0) return refused(ret, iov.size());
+    table_ = Table::dense;
+    for (std::size_t i = 0; i < iov.size(); ++i) {
+      const auto start = reinterpret_cast<std::uintptr_t>(iov[i].iov_base);
+      regions_.push_back(Region{start, start + iov[i].iov_len, static_cast<int>(i)});
+    }
+    std::sort(regions_.begin(), regions_.end(), [](const Region& a, const Region& b) { return a.start < b.start; });
+    return {};
+  }
+
+  Status refused(int ret, std::size_t buffers) const {
+    return Status(ret == -ENOMEM ? StatusCode::out_of_memory : StatusCode::unsupported,
+                  "io_uring refused to register " + std::to_string(buffers) + " buffer(s): " + sc::errno_text(-ret) +
+                      (ret == -ENOMEM ? " (locked-memory limit: raise `ulimit -l` or grant CAP_IPC_LOCK)" : "") +
+                      "; reads continue without registered buffers");
+  }
+
+  // Drops the whole table (the next registration opens a new one). Caller holds mu_, no read in flight.
+  void clear_table_locked() {
+    if (table_ != Table::none) io_uring_unregister_buffers(&ring_);
+    table_ = Table::none;
     regions_.clear();
+    free_entries_.clear();
   }
 
   int fixed_index(const void* buf, std::uint64_t len) const {
@@ -297,12 +475,14 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     const auto len = static_cast<unsigned>(std::min<std::uint64_t>(r.length - op->done_bytes, kMaxChunk));
     const bool direct = f.direct_io() && !op->avoid_direct && sc::direct_compatible(off, len, buf);
     const int fd = direct ? f.direct_fd() : f.buffered_fd();
-    const int fixed = regions_.empty() ? -1 : fixed_index(buf, len);
-    if (fixed >= 0) {
+    const int fixed = regions_.empty() || op->avoid_fixed ? -1 : fixed_index(buf, len);
+    op->fixed = fixed >= 0;
+    if (op->fixed) {
       io_uring_prep_read_fixed(sqe, fd, buf, len, off, fixed);
       ++fixed_reads_;
     } else {
       io_uring_prep_read(sqe, fd, buf, len, off);
+      ++plain_reads_;
     }
     COLIBRI_RING_RELEASE(op);
     io_uring_sqe_set_data(sqe, op);
@@ -358,7 +538,10 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     bool again = false;
     if (res < 0) {
       const int err = -res;
-      if (err == EINVAL && f.direct_io() && !op->avoid_direct) {
+      if ((err == EFAULT || err == EINVAL) && op->fixed) {
+        op->avoid_fixed = true;  // the registration no longer covers the buffer: an ordinary read never fails for it
+        again = true;
+      } else if (err == EINVAL && f.direct_io() && !op->avoid_direct) {
         op->avoid_direct = true;  // accepted O_DIRECT at open, refuses it now: read buffered
         again = true;
       } else if ((err == EINTR || err == EAGAIN) && op->retries++ < kMaxTransientRetries) {
@@ -387,25 +570,35 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
       return;
     }
     if (r.status) host_.counter_add("bytes_read_total", static_cast<double>(r.length));
+    std::uint64_t fixed_reads = 0;
+    std::uint64_t plain_reads = 0;
     {
       std::lock_guard lock(mu_);
-      --in_flight_;
-      pump_locked();
+      fixed_reads = std::exchange(fixed_reads_, 0);
+      plain_reads = std::exchange(plain_reads_, 0);
     }
-    op->done(r);
+    // Counted before the callback runs, so a caller that saw its read complete sees its count too.
+    if (fixed_reads > 0) host_.counter_add("fixed_reads_total", static_cast<double>(fixed_reads));
+    if (plain_reads > 0) host_.counter_add("plain_reads_total", static_cast<double>(plain_reads));
+    if (op->inline_callback || !callbacks_ || !callbacks_->post(op)) finish(op);
+  }
+
+  // Runs the callback of a completed request, then forgets it. The request keeps its place in the queue depth
+  // until its callback has returned: callbacks that cannot keep up hold back new reads instead of piling up.
+  void finish(Op* op) {
+    op->done(op->request);
     delete op;
     std::lock_guard lock(mu_);
+    --in_flight_;
+    pump_locked();
     if (--outstanding_ == 0) idle_cv_.notify_all();
-    if (fixed_reads_ > 0) {
-      host_.counter_add("fixed_reads_total", static_cast<double>(fixed_reads_));
-      fixed_reads_ = 0;
-    }
   }
 
   HostServices& host_;
   bool direct_;
   unsigned depth_;
   std::uint64_t chunk_bytes_;
+  bool fixed_buffers_;  // offer buffer registration (off: every read is plain, no memory pinned)
   std::atomic<bool> warned_direct_{false};
   io_uring ring_{};
   bool started_ = false;
@@ -415,11 +608,16 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
   std::condition_variable idle_cv_;
   std::deque<Op*> demand_;
   std::deque<Op*> prefetch_;
-  unsigned in_flight_ = 0;       // on the ring now
+  unsigned in_flight_ = 0;       // on the ring, or completed and in its callback
   std::size_t outstanding_ = 0;  // submitted, callback not yet returned
   std::uint64_t fixed_reads_ = 0;
+  std::uint64_t plain_reads_ = 0;
   bool stopping_ = false;
-  std::vector<Region> regions_;
+  Table table_ = Table::none;
+  Status sparse_error_;                      // why the kernel refused a sparse table (asked once)
+  std::vector<Region> regions_;              // registered buffers, by start address
+  std::vector<int> free_entries_;            // of the sparse table, the lowest last
+  std::unique_ptr<CallbackPool> callbacks_;  // null: callbacks run on the completion thread
 };
 
 // A bare io_uring_setup: cheap, loads nothing, and sees what a real ring would see (no kernel
@@ -444,6 +642,10 @@ Score score(const HostInfo& host) noexcept {
 const OptionSpec kOptions[] = {
     {"chunk_kib", OptionType::integer, "2048",
      "reads longer than this are split into chunks in flight at once (0: never)"},
+    {"fixed_buffers", OptionType::boolean, "true",
+     "offer buffer registration, so reads into the expert cache's slots are fixed reads (false: pin nothing)"},
+    {"callback_threads", OptionType::integer, "2",
+     "threads running completion callbacks, so their work (checksums) overlaps (0: on the completion thread)"},
 };
 const char* const kCapabilities[] = {"direct_io", "async", "priorities", "registered_buffers"};
 

@@ -35,7 +35,11 @@ class PreadStorage final : public StorageBase, public StorageCancel {
       : host_(host),
         direct_(direct),
         queue_(
-            threads, [this](ReadRequest& r) { return read_request(r); }, chunk_bytes) {}
+            threads,
+            [this](ReadRequest& r) {
+              return read_now(*r.file, r.offset, std::span<std::byte>(static_cast<std::byte*>(r.buffer), r.length));
+            },
+            chunk_bytes) {}
 
   Expected<std::unique_ptr<StorageFile>> open(const std::string& path) noexcept override {
     auto f = common::open_posix(path, direct_, host_, warned_direct_);
@@ -43,14 +47,20 @@ class PreadStorage final : public StorageBase, public StorageCancel {
     return std::unique_ptr<StorageFile>(std::move(*f));
   }
 
+  // A long read is split like a submitted one and its parts read by the pool at once; a worker (a callback
+  // reading synchronously) reads inline instead of waiting for the pool it belongs to.
   Status read(StorageFile& file, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
-    Status st = common::read_posix(static_cast<common::PosixFile&>(file), offset, dst);
-    if (st) {
-      host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
-    } else if (st.code() == StatusCode::io_error) {
-      host_.counter_add("read_errors_total", 1);
+    ReadRequest r;
+    r.file = &file;
+    r.offset = offset;
+    r.length = dst.size();
+    r.buffer = dst.data();
+    if (queue_.chunks_for(r) > 1 && !queue_.on_worker()) {
+      return common::read_via_submit(
+          [this](ReadRequest req, ReadCallback done) { return queue_.submit(req, std::move(done)); }, file, offset,
+          dst);
     }
-    return st;
+    return read_now(file, offset, dst);
   }
 
   // Parallel across the pool, then wait for this batch only.
@@ -80,6 +90,18 @@ class PreadStorage final : public StorageBase, public StorageCancel {
   }
 
  private:
+  // One positional read (a whole request or one part of it); reads_total counts them.
+  Status read_now(StorageFile& file, std::uint64_t offset, std::span<std::byte> dst) noexcept {
+    Status st = common::read_posix(static_cast<common::PosixFile&>(file), offset, dst);
+    host_.counter_add("reads_total", 1);
+    if (st) {
+      host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
+    } else if (st.code() == StatusCode::io_error) {
+      host_.counter_add("read_errors_total", 1);
+    }
+    return st;
+  }
+
   HostServices& host_;
   bool direct_;
   std::atomic<bool> warned_direct_{false};

@@ -14,9 +14,10 @@
 // `colibri-cli model stripe` moves files to another directory and leaves a symlink in the model
 // directory. A copy is served by the queue of the directory that really holds it: a path that
 // resolves (through symlinks) into one of `paths` reads on that directory's threads, and two
-// candidates that resolve to the same file are one copy, not a file and its mirror. Each queue
-// counts the requests it served in the host counter reads_dir<N>_total (0: the model directory,
-// N: paths[N-1]).
+// candidates that resolve to the same file are one copy, not a file and its mirror. The host
+// counter reads_dir<N>_total (0: the model directory, N: paths[N-1]) counts the reads each
+// directory served, synchronous or queued (a split request counts its parts; a read a mirror
+// served counts there; one every copy failed counts at the primary).
 #include <algorithm>
 #include <filesystem>
 
@@ -121,12 +122,7 @@ class StripeStorage final : public StorageBase, public StorageCancel {
       real_dirs_.push_back(ec ? fs::path(dirs_[i]) : real);
       served_metric_.push_back("reads_dir" + std::to_string(i) + "_total");
       queues_.push_back(std::make_unique<sc::ReadQueue>(
-          threads,
-          [this, i](ReadRequest& r) {
-            host_.counter_add(served_metric_[i], 1);
-            return read_request(r);
-          },
-          chunk_bytes));
+          threads, [this](ReadRequest& r) { return read_request(r); }, chunk_bytes));
     }
   }
 
@@ -195,12 +191,14 @@ class StripeStorage final : public StorageBase, public StorageCancel {
     auto& copies = f.copies();
     Status first = sc::read_posix(*copies.front()->file, offset, dst);
     if (first) {
+      host_.counter_add(served_metric_[copies.front()->member], 1);
       host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
       return first;
     }
     for (std::size_t i = 1; i < copies.size(); ++i) {
       Status st = sc::read_posix(*copies[i]->file, offset, dst);
       if (!st) continue;
+      host_.counter_add(served_metric_[copies[i]->member], 1);
       host_.counter_add("mirror_fallbacks_total", 1);
       host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
       if (!copies.front()->warned.exchange(true)) {
@@ -209,6 +207,7 @@ class StripeStorage final : public StorageBase, public StorageCancel {
       }
       return st;
     }
+    host_.counter_add(served_metric_[copies.front()->member], 1);
     host_.counter_add("read_errors_total", 1);
     if (copies.size() > 1)
       return first.with_context("every copy failed (" + std::to_string(copies.size()) + " copies)");

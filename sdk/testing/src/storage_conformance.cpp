@@ -480,6 +480,44 @@ TEST_P(StorageConformance, RegisteredBuffersWhenAdvertised) {
   EXPECT_TRUE(same_bytes(arena.data, content.data(), 4096));
 }
 
+// Optional: "colibri.storage.buffers.v1" (needs capabilities().registered_buffers). Reads into a buffer registered on
+// its own, into part of it, next to it and after it is unregistered all deliver the file's bytes; registering twice
+// and unregistering twice are harmless.
+TEST_P(StorageConformance, BufferRegistrationWhenOffered) {
+  STORAGE_FIXTURE(f);
+  auto* reg = static_cast<StorageBuffers*>(f.storage->query_interface(kStorageBuffersInterface));
+  if (reg == nullptr) GTEST_SKIP() << "the plugin does not offer " << kStorageBuffersInterface;
+  EXPECT_TRUE(f.storage->capabilities().registered_buffers)
+      << "offers " << kStorageBuffersInterface << " without capabilities().registered_buffers";
+  auto content = f.make_file("slots.bin", 32 * 4096, 37);
+  auto file = f.storage->open((f.dir / "slots.bin").string());
+  ASSERT_TRUE(file);
+  AlignedBuffer slot(8 * 4096);
+  AlignedBuffer other(8 * 4096);
+  const Status st = reg->register_buffer({slot.data, 8 * 4096});
+  if (!st) GTEST_SKIP() << "registration refused on this machine: " << st.to_string();
+  EXPECT_TRUE(reg->register_buffer({slot.data, 8 * 4096})) << "registering again is harmless";
+  ASSERT_TRUE(f.storage->read(**file, 4 * 4096, {slot.data, 8 * 4096}));
+  EXPECT_TRUE(same_bytes(slot.data, content.data() + 4 * 4096, 8 * 4096));
+  std::vector<ReadRequest> batch(4);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    batch[i].file = file->get();
+    batch[i].offset = (31 - i) * 4096;
+    batch[i].length = 4096;
+    batch[i].buffer = (i % 2 == 0 ? slot.data : other.data) + i * 4096;
+  }
+  f.storage->read_batch(batch);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_TRUE(batch[i].status) << batch[i].status.to_string();
+    EXPECT_TRUE(same_bytes(static_cast<std::byte*>(batch[i].buffer), content.data() + (31 - i) * 4096, 4096)) << i;
+  }
+  reg->unregister_buffer({slot.data, 8 * 4096});
+  reg->unregister_buffer({slot.data, 8 * 4096});
+  reg->unregister_buffer({other.data, 8 * 4096});  // never registered
+  ASSERT_TRUE(f.storage->read(**file, 0, {slot.data, 4096}));
+  EXPECT_TRUE(same_bytes(slot.data, content.data(), 4096));
+}
+
 // Optional: "colibri.storage.cancel.v1". Reads whose callbacks do not return yet hold every worker (or
 // the completion thread), so the prefetches queued behind them have not started and can be withdrawn.
 TEST_P(StorageConformance, CancelWithdrawsQueuedRequestsWhenOffered) {

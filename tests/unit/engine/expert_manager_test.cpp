@@ -1,12 +1,15 @@
 #include "colibri/engine/expert_manager.hpp"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 #include <list>
 #include <map>
+#include <sstream>
 
 #include "support/memory_experts.hpp"
 
@@ -418,6 +421,114 @@ TEST(ExpertManagerAdmin, WarmRejectsAnUnknownExpertBeforeLoading) {
   EXPECT_NE(r.error().message().find("L0/E9"), std::string::npos) << r.error().message();
   EXPECT_EQ(m.resident_count(), 0u);
   EXPECT_EQ(f.storage->reads, 0);
+}
+
+// Offers "colibri.storage.buffers.v1": records what is registered, and whether each read lands inside it.
+class RegisteringStorage final : public MemoryStorage, public sdk::StorageBuffers {
+ public:
+  bool refuse = false;
+  int register_calls = 0;
+  int unregister_calls = 0;
+  int reads_registered = 0;
+  int unregister_unknown = 0;
+  std::map<const std::byte*, std::size_t> live;  // registered ranges
+
+  void* query_interface(std::string_view id) noexcept override {
+    return id == sdk::kStorageBuffersInterface ? static_cast<sdk::StorageBuffers*>(this) : nullptr;
+  }
+  sdk::Status register_buffer(std::span<std::byte> range) noexcept override {
+    ++register_calls;
+    if (refuse) return sdk::Status(sdk::StatusCode::out_of_memory, "locked-memory limit (test)");
+    live[range.data()] = range.size();
+    return {};
+  }
+  void unregister_buffer(std::span<std::byte> range) noexcept override {
+    ++unregister_calls;
+    auto it = live.find(range.data());
+    if (it == live.end() || it->second != range.size()) {
+      ++unregister_unknown;
+      return;
+    }
+    live.erase(it);
+  }
+  sdk::Status read(sdk::StorageFile& f, std::uint64_t offset, std::span<std::byte> dst) noexcept override {
+    auto it = live.upper_bound(dst.data());
+    if (it != live.begin() && dst.data() + dst.size() <= std::prev(it)->first + std::prev(it)->second) {
+      ++reads_registered;
+    }
+    return MemoryStorage::read(f, offset, dst);
+  }
+};
+
+TEST(ExpertManagerBuffers, SlotBuffersAreRegisteredWhileTheyLiveAndReadsLandInThem) {
+  model::Manifest manifest;
+  auto storage = std::make_shared<RegisteringStorage>();
+  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
+  {
+    ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 2 * kBlob);
+    ASSERT_TRUE(m.preload());
+    for (int e : {0, 1, 2, 3, 0, 2, 1}) {  // evictions: the freed slots' buffers are reused
+      auto w = m.acquire(0, e);
+      ASSERT_TRUE(w) << w.error().message();
+      EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->gate.data)), e);
+      m.release(0, e);
+    }
+    EXPECT_EQ(storage->reads, 7);
+    EXPECT_EQ(storage->reads_registered, 7);
+    EXPECT_EQ(storage->register_calls, 2) << "a slot buffer is registered once and reused";
+    EXPECT_LE(storage->live.size(), 2u);
+    m.clear();  // frees its buffers: unregistered first
+    EXPECT_TRUE(storage->live.empty());
+    ASSERT_TRUE(m.acquire(0, 3));
+    m.release(0, 3);
+    EXPECT_EQ(storage->live.size(), 1u);
+  }
+  EXPECT_TRUE(storage->live.empty()) << "the manager's destruction unregisters what it registered";
+  EXPECT_EQ(storage->register_calls, storage->unregister_calls);
+  EXPECT_EQ(storage->unregister_unknown, 0);
+}
+
+TEST(ExpertManagerBuffers, ResidentModeRegistersNothing) {
+  model::Manifest manifest;
+  auto storage = std::make_shared<RegisteringStorage>();
+  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
+  ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 4 * kBlob);
+  ASSERT_TRUE(m.resident());
+  ASSERT_TRUE(m.preload());
+  EXPECT_EQ(storage->reads, 4);
+  EXPECT_EQ(storage->register_calls, 0);
+}
+
+TEST(ExpertManagerBuffers, ARefusedRegistrationWarnsOnceAndReadsGoOnUnregistered) {
+  model::Manifest manifest;
+  auto storage = std::make_shared<RegisteringStorage>();
+  storage->refuse = true;
+  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
+  std::ostringstream captured;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  {
+    ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 2 * kBlob);
+    for (int e : {0, 1, 2, 3, 1}) {
+      auto w = m.acquire(0, e);
+      ASSERT_TRUE(w) << w.error().message();
+      EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->down.data)), e);
+      m.release(0, e);
+    }
+    m.clear();
+    ASSERT_TRUE(m.acquire(0, 2));
+    m.release(0, 2);
+  }
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(storage->register_calls, 1) << "no further attempts after a refusal";
+  EXPECT_EQ(storage->unregister_calls, 0) << "nothing registered, nothing to unregister";
+  EXPECT_EQ(storage->reads, 6);
+  const std::string log = captured.str();
+  EXPECT_NE(log.find("locked-memory limit (test)"), std::string::npos) << log;
+  const std::string warning = "did not register a slot buffer";
+  ASSERT_NE(log.find(warning), std::string::npos) << log;
+  EXPECT_EQ(log.find(warning), log.rfind(warning)) << "one warning: " << log;
 }
 
 }  // namespace

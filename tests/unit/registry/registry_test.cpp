@@ -195,6 +195,12 @@ TEST(Registry, PluginLogsAndMetricsCarryItsName) {
   ASSERT_TRUE(obj);
   EXPECT_THAT(captured.str(), HasSubstr("[storage/fixture-good] hello from fixture-good"));
   EXPECT_GE(colibri::util::Metrics::global().get("storage_fixture_good_created_total"), 1.0);
+  // How bench finds one plugin's counters: by its prefix, names without it.
+  const auto own =
+      colibri::util::Metrics::global().with_prefix(colibri::util::plugin_metric_prefix("storage", "fixture-good"));
+  ASSERT_EQ(own.count("created_total"), 1u);
+  EXPECT_GE(own.at("created_total"), 1.0);
+  for (const auto& [name, v] : own) EXPECT_EQ(name.find("storage_"), std::string::npos) << name;
 }
 
 TEST(Registry, FindsTheInTreePlugins) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "colibri/engine/memory.hpp"
@@ -163,6 +164,35 @@ class ExpertManager {
   [[nodiscard]] std::uint64_t budget_bytes() const { return budget_; }
 
  private:
+  // A slot's memory. While registered with the storage (interface "colibri.storage.buffers.v1") reads into it skip
+  // per-read page pinning; it is unregistered before it is freed.
+  class SlotBuffer {
+   public:
+    SlotBuffer() = default;
+    SlotBuffer(AlignedBuffer data, sdk::StorageBuffers* registry) : data_(std::move(data)), registry_(registry) {}
+    ~SlotBuffer() { unregister(); }
+    SlotBuffer(SlotBuffer&& o) noexcept : data_(std::move(o.data_)), registry_(std::exchange(o.registry_, nullptr)) {}
+    SlotBuffer& operator=(SlotBuffer&& o) noexcept {
+      if (this != &o) {
+        unregister();
+        data_ = std::move(o.data_);
+        registry_ = std::exchange(o.registry_, nullptr);
+      }
+      return *this;
+    }
+    SlotBuffer(const SlotBuffer&) = delete;
+    SlotBuffer& operator=(const SlotBuffer&) = delete;
+    [[nodiscard]] std::byte* data() const { return data_.data(); }
+    [[nodiscard]] std::size_t size() const { return data_.size(); }
+
+   private:
+    void unregister() noexcept {
+      if (registry_ != nullptr) registry_->unregister_buffer({data_.data(), data_.size()});
+      registry_ = nullptr;
+    }
+    AlignedBuffer data_;
+    sdk::StorageBuffers* registry_ = nullptr;  // non-null while registered
+  };
   // A prefetch read in flight; the storage thread sets done under mutex_.
   struct Pending {
     std::unique_ptr<sdk::StorageFile> file;
@@ -175,7 +205,7 @@ class ExpertManager {
   };
   struct Slot {
     const model::ExpertEntry* entry = nullptr;
-    AlignedBuffer data;
+    SlotBuffer data;
     int in_use = 0;
     bool pinned = false;
     std::shared_ptr<Pending> pending;  // non-null until the prefetch read lands and is verified
@@ -191,7 +221,9 @@ class ExpertManager {
   // Queues an asynchronous read of `e` into a new slot (shared by prefetch() and fetch()); false when it did not.
   bool start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes, sdk::ReadPriority priority);
   // A slot buffer of `bytes`: an evicted one of that size when there is one (no page faults, no zeroing), else new.
-  AlignedBuffer take_buffer(std::uint64_t bytes);
+  SlotBuffer take_buffer(std::uint64_t bytes);
+  // A new slot buffer, registered with the storage when it offers that (the first refusal is logged and ends it).
+  SlotBuffer new_buffer(std::uint64_t bytes);
   // Bytes of the RAM slot that holds `e`.
   [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
@@ -212,8 +244,9 @@ class ExpertManager {
   bool resident_ = false;
   std::uint64_t slot_bytes_ = 0;  // streaming: every RAM slot's size (the largest expert's); 0: each expert's own
   bool async_storage_ = false;    // the storage overlaps submitted reads (else prefetch is skipped)
-  sdk::StorageCancel* cancel_ = nullptr;  // the storage's cancel interface, when it offers one
-  std::map<std::uint64_t, Slot> slots_;   // by ExpertKey::packed()
+  sdk::StorageCancel* cancel_ = nullptr;    // the storage's cancel interface, when it offers one
+  sdk::StorageBuffers* buffers_ = nullptr;  // the storage's buffer registration, while it accepts ours
+  std::map<std::uint64_t, Slot> slots_;     // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
   std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch
@@ -222,7 +255,7 @@ class ExpertManager {
   std::mutex mutex_;                      // guards Pending::done/status/read_seconds
   // Buffers of evicted slots kept for the next load. Resident plus spare bytes never exceed the budget: a spare is
   // made by an eviction and reused by the load that needed the room, or freed before a new buffer is allocated.
-  std::vector<AlignedBuffer> spare_;
+  std::vector<SlotBuffer> spare_;
   std::condition_variable landed_;
   std::unique_ptr<VramTier> vram_;  // last: it counts into stats_
 };

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,7 +46,11 @@ std::vector<StorageParam> conformance_params() {
           StorageParam{URING_PLUGIN_PATH, {{"queue_depth", "1"}}, "depth1"},
           StorageParam{URING_PLUGIN_PATH, {{"queue_depth", "128"}}, "depth128"},
           // every request above 4 KiB split into SQEs in flight at once
-          StorageParam{URING_PLUGIN_PATH, {{"chunk_kib", "4"}}, "chunked"}};
+          StorageParam{URING_PLUGIN_PATH, {{"chunk_kib", "4"}}, "chunked"},
+          // callbacks on the completion thread instead of the callback threads
+          StorageParam{URING_PLUGIN_PATH, {{"callback_threads", "0"}}, "inline_callbacks"},
+          StorageParam{URING_PLUGIN_PATH, {{"callback_threads", "1"}, {"queue_depth", "2"}}, "one_callback_thread"},
+          StorageParam{URING_PLUGIN_PATH, {{"fixed_buffers", "false"}}, "no_fixed_buffers"}};
 }
 
 }  // namespace
@@ -149,6 +155,175 @@ TEST_F(UringTest, RegisteredBuffersServeReadsInsideThemAndOnlyThose) {
   ASSERT_TRUE(s->read(**f, 0, {arena.data, 4096}));
   EXPECT_EQ(host->metric("fixed_reads_total"), fixed_after_arena + 1.0);
 }
+
+// colibri.storage.buffers.v1: buffers registered one by one; reads inside one are fixed reads (also when a long read
+// is split into chunks), reads elsewhere plain ones, and both deliver the file's bytes.
+TEST_F(UringTest, BuffersRegisteredOneByOneServeFixedReadsAndOthersStayPlain) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto s = make({{"chunk_kib", "16"}}, host);
+  ASSERT_NE(s, nullptr);
+  auto* reg = static_cast<StorageBuffers*>(s->query_interface(kStorageBuffersInterface));
+  ASSERT_NE(reg, nullptr);
+  auto f = s->open(make_file("slots.bin", 64 * 4096));
+  ASSERT_TRUE(f);
+  Aligned a(16 * 4096);
+  Aligned b(16 * 4096);
+  Status st = reg->register_buffer({a.data, a.size});
+  if (!st) GTEST_SKIP() << "registration refused here: " << st.to_string();
+  auto check = [&](const std::byte* buf, std::uint64_t offset, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], expected(offset + i)) << "byte " << i;
+  };
+  // One whole-buffer read: 64 KiB in four 16 KiB chunks, every one fixed.
+  ASSERT_TRUE(s->read(**f, 8 * 4096, {a.data, a.size}));
+  check(a.data, 8 * 4096, a.size);
+  EXPECT_EQ(host->metric("fixed_reads_total"), 4.0);
+  EXPECT_EQ(host->metric("plain_reads_total"), 0.0);
+  // Unregistered memory: a plain read, same bytes.
+  ASSERT_TRUE(s->read(**f, 3 * 4096, {b.data, 4096}));
+  check(b.data, 3 * 4096, 4096);
+  EXPECT_EQ(host->metric("plain_reads_total"), 1.0);
+  // Idempotent: the same range, or a part of it, is already registered; an overlap that sticks out is refused.
+  EXPECT_TRUE(reg->register_buffer({a.data, a.size}));
+  EXPECT_TRUE(reg->register_buffer({a.data + 4096, 4096}));
+  const Status overlap = reg->register_buffer({a.data + 8 * 4096, 16 * 4096});
+  EXPECT_EQ(overlap.code(), StatusCode::invalid_argument) << overlap.to_string();
+  ASSERT_TRUE(reg->register_buffer({b.data, b.size}));
+  // An async read into each.
+  ReadRequest ra;
+  ra.file = f->get();
+  ra.offset = 40 * 4096;
+  ra.length = 4096;
+  ra.buffer = a.data + 4096;
+  ReadRequest rb = ra;
+  rb.offset = 50 * 4096;
+  rb.buffer = b.data + 15 * 4096;
+  std::vector<ReadRequest> batch{ra, rb};
+  s->read_batch(batch);
+  for (auto& r : batch) ASSERT_TRUE(r.status) << r.status.to_string();
+  check(a.data + 4096, 40 * 4096, 4096);
+  check(b.data + 15 * 4096, 50 * 4096, 4096);
+  EXPECT_EQ(host->metric("fixed_reads_total"), 6.0);
+  // Unregistered again (twice: the second is a no-op): plain reads into it, correct bytes.
+  reg->unregister_buffer({a.data, a.size});
+  reg->unregister_buffer({a.data, a.size});
+  ASSERT_TRUE(s->read(**f, 0, {a.data, 4096}));
+  check(a.data, 0, 4096);
+  EXPECT_EQ(host->metric("plain_reads_total"), 2.0);
+  EXPECT_EQ(host->metric("fixed_reads_total"), 6.0);
+  // Its table entry is free again, and the whole-set interface replaces these registrations.
+  ASSERT_TRUE(reg->register_buffer({a.data, a.size}));
+  auto* whole = static_cast<RegisteredBuffers*>(s->query_interface(kRegisteredBuffersInterface));
+  ASSERT_NE(whole, nullptr);
+  const std::span<std::byte> only_b(b.data, b.size);
+  ASSERT_TRUE(whole->register_buffers(std::span<const std::span<std::byte>>(&only_b, 1)));
+  ASSERT_TRUE(s->read(**f, 0, {a.data, 4096}));
+  EXPECT_EQ(host->metric("plain_reads_total"), 3.0);
+  ASSERT_TRUE(s->read(**f, 0, {b.data, 4096}));
+  EXPECT_EQ(host->metric("fixed_reads_total"), 7.0);
+  whole->unregister_buffers();
+  EXPECT_EQ(reg->register_buffer(std::span<std::byte>()).code(), StatusCode::invalid_argument);
+}
+
+TEST_F(UringTest, FixedBuffersCanBeTurnedOff) {
+  auto s = make({{"fixed_buffers", "false"}});
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->capabilities().registered_buffers);
+  EXPECT_EQ(s->query_interface(kStorageBuffersInterface), nullptr);
+  EXPECT_EQ(s->query_interface(kRegisteredBuffersInterface), nullptr);
+  EXPECT_NE(s->query_interface(kStorageCancelInterface), nullptr);
+}
+
+// Callbacks run on several threads: two requests' callbacks (the expert cache verifies checksums there) overlap.
+TEST_F(UringTest, CallbacksOfDifferentRequestsRunAtOnce) {
+  auto s = make({{"callback_threads", "2"}});
+  ASSERT_NE(s, nullptr);
+  auto f = s->open(make_file("overlap.bin", 2 * 4096));
+  ASSERT_TRUE(f);
+  Aligned buf(2 * 4096);
+  std::mutex mu;
+  std::condition_variable cv;
+  int inside = 0;
+  int saw_both = 0;
+  auto meet = [&](ReadRequest& done) {
+    ASSERT_TRUE(done.status) << done.status.to_string();
+    std::unique_lock lock(mu);
+    ++inside;
+    cv.notify_all();
+    if (cv.wait_for(lock, std::chrono::seconds(10), [&] { return inside == 2; })) ++saw_both;
+  };
+  for (int i = 0; i < 2; ++i) {
+    ReadRequest r;
+    r.file = f->get();
+    r.offset = static_cast<std::uint64_t>(i) * 4096;
+    r.length = 4096;
+    r.buffer = buf.data + i * 4096;
+    ASSERT_TRUE(s->submit(r, meet));
+  }
+  s->drain();
+  EXPECT_EQ(saw_both, 2) << "each callback waited for the other: they ran at the same time";
+}
+
+#if defined(__x86_64__)
+// Without CAP_IPC_LOCK and with a small RLIMIT_MEMLOCK the kernel refuses to pin a large buffer: register_buffer says
+// so (naming the limit) and reads into the buffer still deliver the file's bytes, as plain reads. Runs in a child,
+// which gives up the capability; returns "" on success, else what went wrong.
+std::string registration_refused_in_child(const std::string& path) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    auto report = [&](const std::string& what) {
+      if (::write(pipefd[1], what.data(), what.size()) < 0) ::_exit(4);
+      ::_exit(0);
+    };
+    rlimit small{64 * 1024, 64 * 1024};
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2]{};
+    if (::setrlimit(RLIMIT_MEMLOCK, &small) != 0 || ::syscall(SYS_capget, &header, caps) != 0) report("setup");
+    caps[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    if (::syscall(SYS_capset, &header, caps) != 0) report("capset");
+    auto lib = ct::LoadedPlugin::load(URING_PLUGIN_PATH);
+    if (!lib) report("load");
+    auto host = std::make_shared<ct::RecordingHost>();
+    auto s = (*lib)->create_as<Storage>({}, host);
+    if (!s) report("create: " + s.error().to_string());
+    auto* reg = static_cast<StorageBuffers*>((*s)->query_interface(kStorageBuffersInterface));
+    auto f = (*s)->open(path);
+    if (reg == nullptr || !f) report("interface or open");
+    const std::size_t n = 4 << 20;
+    Aligned buf(n);
+    const Status st = reg->register_buffer({buf.data, n});
+    if (st) report("a 4 MiB buffer was registered under a 64 KiB locked-memory limit");
+    if (st.message().find("ulimit -l") == std::string::npos)
+      report("the refusal does not name the limit: " + st.to_string());
+    const Status read = (*s)->read(**f, 0, {buf.data, n});
+    if (!read) report("read after the refusal: " + read.to_string());
+    for (std::size_t i = 0; i < n; ++i) {
+      if (buf.data[i] != static_cast<std::byte>((i * 13) % 253)) report("wrong byte " + std::to_string(i));
+    }
+    if (host->metric("fixed_reads_total") != 0.0) report("fixed reads without a registration");
+    report("");
+  }
+  ::close(pipefd[1]);
+  std::string out;
+  char chunk[256];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], chunk, sizeof(chunk))) > 0) out.append(chunk, static_cast<std::size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child failed with status " + std::to_string(status);
+  return out;
+}
+
+TEST_F(UringTest, RefusedRegistrationLeavesReadsWorking) {
+  const std::string path = make_file("memlock.bin", 4 << 20);
+  const std::string problem = registration_refused_in_child(path);
+  if (problem == "capset" || problem == "setup") GTEST_SKIP() << "cannot drop CAP_IPC_LOCK here";
+  EXPECT_EQ(problem, "");
+}
+#endif
 
 TEST_F(UringTest, DemandReadsOvertakeQueuedPrefetches) {
   auto s = make({{"queue_depth", "1"}});

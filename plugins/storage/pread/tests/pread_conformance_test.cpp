@@ -144,4 +144,56 @@ TEST(PreadStorage, SplitReadCompletesOnceAsTheWholeRequest) {
   std::filesystem::remove(file);
 }
 
+// read() splits a long range like submit() does and the pool reads the parts at once (reads_total counts the
+// positional reads); a failing part fails the whole read; a callback on a worker that reads synchronously reads
+// inline rather than waiting for the pool it is part of.
+TEST(PreadStorage, SynchronousReadsAreChunkedLikeSubmittedOnes) {
+  const std::filesystem::path file = std::filesystem::current_path() / "pread-sync-chunked.bin";
+  const std::size_t size = 1 << 20;
+  std::string content(size, '\0');
+  for (std::size_t i = 0; i < size; ++i) content[i] = static_cast<char>((i * 97 + 3) % 251);
+  std::ofstream(file, std::ios::binary) << content;
+  auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto s = (*lib)->create_as<Storage>({{"chunk_kib", "64"}, {"threads", "4"}}, host);
+  ASSERT_TRUE(s);
+  auto f = (*s)->open(file.string());
+  ASSERT_TRUE(f);
+  std::vector<std::byte> buf(700 * 1024);
+  ASSERT_TRUE((*s)->read(**f, 4096, buf));
+  EXPECT_EQ(std::memcmp(buf.data(), content.data() + 4096, buf.size()), 0);
+  EXPECT_EQ(host->metric("reads_total"), 4.0) << "700 KiB in 64 KiB chunks over 4 threads: 4 parts";
+  EXPECT_EQ(host->metric("bytes_read_total"), static_cast<double>(buf.size()));
+  ASSERT_TRUE((*s)->read(**f, 123, {buf.data(), 60000}));  // below one chunk: one read
+  EXPECT_EQ(std::memcmp(buf.data(), content.data() + 123, 60000), 0);
+  EXPECT_EQ(host->metric("reads_total"), 5.0);
+
+  auto unsplit = (*lib)->create_as<Storage>({{"chunk_kib", "0"}, {"threads", "4"}}, host);
+  ASSERT_TRUE(unsplit);
+  auto uf = (*unsplit)->open(file.string());
+  ASSERT_TRUE(uf);
+  ASSERT_TRUE((*unsplit)->read(**uf, 0, buf));
+  EXPECT_EQ(host->metric("reads_total"), 6.0) << "chunk_kib 0 never splits";
+
+  // From a callback (on a worker): inline, whole.
+  std::vector<std::byte> small(4096);
+  std::vector<std::byte> inner(size);
+  Status inner_status(StatusCode::internal, "not called");
+  ReadRequest r;
+  r.file = f->get();
+  r.length = small.size();
+  r.buffer = small.data();
+  ASSERT_TRUE((*s)->submit(r, [&](ReadRequest&) { inner_status = (*s)->read(**f, 0, inner); }));
+  (*s)->drain();
+  EXPECT_TRUE(inner_status) << inner_status.to_string();
+  EXPECT_EQ(std::memcmp(inner.data(), content.data(), size), 0);
+  EXPECT_EQ(host->metric("reads_total"), 8.0) << "the submitted read, then the callback's read unsplit";
+
+  std::filesystem::resize_file(file, size / 2);  // parts beyond the new end fail
+  const Status st = (*s)->read(**f, 0, inner);
+  EXPECT_EQ(st.code(), StatusCode::corrupt_data) << st.to_string();
+  std::filesystem::remove(file);
+}
+
 }  // namespace

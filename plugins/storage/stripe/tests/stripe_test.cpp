@@ -148,6 +148,8 @@ TEST_F(StripeTest, FailedCopyIsServedFromTheMirrorWithAWarning) {
   s->drain();
   EXPECT_EQ(host->metric("mirror_fallbacks_total"), 2.0);
   EXPECT_EQ(host->lines().size(), 1u);
+  EXPECT_EQ(host->metric("reads_dir1_total"), 2.0) << "the mirror's directory served both";
+  EXPECT_EQ(host->metric("reads_dir0_total"), 0.0);
 }
 
 TEST_F(StripeTest, WithoutAMirrorTheErrorNamesTheFile) {
@@ -259,14 +261,17 @@ TEST_F(StripeTest, MovedFileBehindASymlinkIsReadByItsOwnDirectorysQueue) {
   s->drain();
   EXPECT_EQ(status, std::future_status::ready) << "the moved file's read waited for the model dir's thread";
   for (std::size_t i = 0; i < 2 * 4096; ++i) ASSERT_EQ(buf[4096 + i], expected(i, 2)) << i;
-  EXPECT_EQ(host->metric("reads_dir0_total"), 1.0);  // E000, which stayed
-  EXPECT_EQ(host->metric("reads_dir1_total"), 1.0);  // E001, through the symlink
+  EXPECT_EQ(host->metric("reads_dir0_total"), 1.0);   // E000, which stayed
+  EXPECT_EQ(host->metric("reads_dir1_total"), 1.0);   // E001, through the symlink
+  ASSERT_TRUE(s->read(**fa, 0, {buf.data(), 4096}));  // synchronous reads count too
+  EXPECT_EQ(host->metric("reads_dir0_total"), 2.0);
   // Not its own mirror: a failing copy has no other copy to fall back to.
   fs::resize_file(moved, 4096);
   Status st = s->read(**fb, 4096, {buf.data(), 4096});
   ASSERT_FALSE(st);
   EXPECT_EQ(host->metric("mirror_fallbacks_total"), 0.0);
   EXPECT_EQ(st.message().find("every copy failed"), std::string::npos) << st.message();
+  EXPECT_EQ(host->metric("reads_dir1_total"), 2.0) << "a read every copy failed counts at the primary";
 }
 
 TEST_F(StripeTest, PathsThatAreNotDirectoriesAreRejected) {

@@ -55,6 +55,28 @@ class RegisteredBuffers {
   ~RegisteredBuffers() = default;
 };
 
+// ---- "colibri.storage.buffers.v1": register buffers one at a time (capabilities().registered_buffers) ----
+inline constexpr std::string_view kStorageBuffersInterface = "colibri.storage.buffers.v1";
+
+// For callers whose buffers come and go (the expert cache's slots): each buffer is registered when it is
+// allocated and unregistered before it is freed, without waiting for reads elsewhere. Reads landing entirely
+// inside a registered buffer skip per-read page pinning; every other read works as before. Shares the plugin's
+// table with registered_buffers.v1, whose register_buffers() and unregister_buffers() replace these entries too.
+class StorageBuffers {
+ public:
+  // Registers `range`. Idempotent: a range inside one already registered succeeds without a new entry. A failure
+  // says why (locked-memory limit, a kernel without the feature, a full table, an overlap with a registered
+  // range) and leaves nothing registered; reads into `range` then simply stay unregistered. The memory stays the
+  // caller's and must stay allocated until unregister_buffer() of it returns or the Storage is destroyed.
+  virtual Status register_buffer(std::span<std::byte> range) noexcept = 0;
+  // Forgets the entry registered for exactly `range` (nothing when there is none). No read into it may be in
+  // flight.
+  virtual void unregister_buffer(std::span<std::byte> range) noexcept = 0;
+
+ protected:
+  ~StorageBuffers() = default;
+};
+
 // ---- "colibri.storage.cancel.v1": withdraw queued requests that no longer matter ----
 inline constexpr std::string_view kStorageCancelInterface = "colibri.storage.cancel.v1";
 
