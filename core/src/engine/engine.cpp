@@ -45,7 +45,7 @@ Tensor i32_2d(std::int32_t* p, std::int64_t a, std::int64_t b) {
 }
 
 bool present(const Tensor& t) {
-  return t.data != nullptr;
+  return t.data != nullptr || t.buffer != nullptr;
 }
 
 std::string bytes_text(std::uint64_t b) {
@@ -101,6 +101,11 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   if (!options.vram_budget_bytes) {
     auto v = profile.get_int("memory.vram_budget");
     options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
+  }
+  if (!options.shared_on_device) {
+    auto v = profile.section("memory").get_bool("shared_on_device", true);
+    if (!v) return v.error();
+    options.shared_on_device = *v;
   }
   if (*options.vram_budget_bytes > 0) {
     auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
@@ -270,6 +275,10 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     layers_.push_back(L);
   }
   if (!missing) return missing;
+  // A discrete GPU would otherwise receive every shared weight over the bus at every call.
+  if (!devices[0].host_memory && options_.shared_on_device.value_or(true)) {
+    if (auto s = upload_shared_weights(devices[0]); !s) return s;
+  }
   for (const auto& e : manifest_.experts) {
     for (const auto* part : {&e.gate, &e.up, &e.down}) {
       if (!plugins_.compute->supports(Op::expert_ffn, part->type)) {
@@ -318,6 +327,74 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     if (auto s = experts_->enable_vram(plugins_.compute, plugins_.vram_cache, vram_budget); !s) return s;
   }
   return experts_->preload();
+}
+
+Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
+  constexpr std::size_t kAlign = 256;                           // every backend's buffer offset alignment
+  constexpr std::size_t kBufferBytes = std::size_t{256} << 20;  // as the VRAM tier: one allocation stays modest
+  std::vector<Tensor*> views = {&embedding_, &output_norm_, &output_};
+  for (auto& L : layers_) {
+    for (Tensor* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.bo, &L.q_norm, &L.k_norm,
+                      &L.ffn_norm, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down, &L.sh_gate_inp}) {
+      if (t->data != nullptr) views.push_back(t);
+    }
+  }
+  // Each distinct tensor (tied embeddings share one) gets a place: buffer index and offset.
+  struct Place {
+    std::size_t buffer = 0, offset = 0, bytes = 0;
+  };
+  std::map<const void*, Place> places;
+  std::vector<std::size_t> buffer_bytes;
+  std::uint64_t total = 0;
+  for (const Tensor* t : views) {
+    if (places.count(t->data) != 0) continue;
+    const std::size_t bytes = sdk::row_bytes(t->type, t->ne[0]) * static_cast<std::size_t>(sdk::row_count(*t));
+    const std::size_t padded = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (buffer_bytes.empty() || (buffer_bytes.back() > 0 && buffer_bytes.back() + padded > kBufferBytes)) {
+      buffer_bytes.push_back(0);
+    }
+    places[t->data] = {buffer_bytes.size() - 1, buffer_bytes.back(), bytes};
+    buffer_bytes.back() += padded;
+    total += padded;
+  }
+  if (device.memory_total > 0 && total > device.memory_available) {
+    spdlog::warn(
+        "memory.shared_on_device: {} has {} free, the shared weights need {}; they stay in host memory and "
+        "cross the bus at every call (set memory.shared_on_device: false to silence this)",
+        device.name, sdk::format_size(device.memory_available), sdk::format_size(total));
+    return {};
+  }
+  std::vector<std::unique_ptr<sdk::Buffer>> buffers;
+  for (const std::size_t bytes : buffer_bytes) {
+    auto buf = plugins_.compute->allocate(bytes);
+    if (!buf) {
+      return Status(buf.error().code(),
+                    "memory.shared_on_device: allocating " + sdk::format_size(total) + " of shared weights on " +
+                        device.name + " failed: " + buf.error().message() + "; set memory.shared_on_device: false");
+    }
+    buffers.push_back(std::move(*buf));
+  }
+  std::vector<std::unique_ptr<sdk::Event>> copies;
+  for (const auto& [host, place] : places) {
+    auto ev = plugins_.compute->copy_to_device_async(host, *buffers[place.buffer], place.offset, place.bytes);
+    if (!ev) return ev.error().with_context("memory.shared_on_device: uploading the shared weights");
+    copies.push_back(std::move(*ev));
+  }
+  for (auto& ev : copies) {
+    if (auto s = ev->wait(); !s) return s.with_context("memory.shared_on_device: uploading the shared weights");
+  }
+  for (Tensor* t : views) {
+    const Place& place = places.at(t->data);
+    sdk::Buffer* buf = buffers[place.buffer].get();
+    auto* mapped = static_cast<std::byte*>(buf->host_pointer());
+    t->buffer = buf;
+    t->offset = place.offset;
+    t->data = mapped != nullptr ? mapped + place.offset : nullptr;
+  }
+  shared_device_ = std::move(buffers);
+  shared_device_bytes_ = total;
+  shared_files_.clear();  // the host copy is not read again
+  return {};
 }
 
 Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,

@@ -26,6 +26,7 @@ const OptionSpec kCanonical[] = {
   {"compute.threads", OptionType::integer, "auto", "compute threads (auto: physical cores)", true},
   {"memory.expert_cache", OptionType::size, "auto", "RAM tier for experts (auto: sized from free RAM)", true},
   {"memory.vram_budget", OptionType::size, "0", "VRAM tier for experts (0: none)"},
+  {"memory.shared_on_device", OptionType::boolean, "true", "upload the shared (non-expert) weights once into a discrete GPU's memory"},
   {"memory.kv_cache", OptionType::size, "auto", "KV cache size (auto: the model's context)", true},
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
   {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},

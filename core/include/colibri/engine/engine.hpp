@@ -37,6 +37,7 @@ struct EngineOptions {
   bool exact_activations = false;                   // forbid per-token activation quantization in quantized matmuls
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
+  std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
 };
 
 struct Plugins {
@@ -108,6 +109,8 @@ class Engine {
   [[nodiscard]] std::int64_t prefetch_layers() const { return prefetch_layers_; }
   [[nodiscard]] const KvCache& kv_cache() const { return kv_; }
   [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }
+  // Bytes of shared weights held in the compute backend's device memory (memory.shared_on_device).
+  [[nodiscard]] std::uint64_t shared_device_bytes() const { return shared_device_bytes_; }
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
 
  private:
@@ -119,6 +122,7 @@ class Engine {
                             float* logits, std::vector<RoutingRecord>* trace);
   sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                      sdk::OpParams params = {});
+  sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
   sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const float* h, float* out,
                   std::vector<RoutingRecord>* trace);
 
@@ -137,6 +141,8 @@ class Engine {
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
   std::unique_ptr<ExpertManager> experts_;
+  std::vector<std::unique_ptr<sdk::Buffer>> shared_device_;  // the shared weights in device memory, when uploaded
+  std::uint64_t shared_device_bytes_ = 0;
   std::int64_t n_past_ = 0;
   // Prefetch: layers ahead, and the experts predicted for each coming layer of the current pass.
   sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const float* h, std::span<const sdk::ExpertKey> keep);

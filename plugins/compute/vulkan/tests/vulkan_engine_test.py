@@ -80,6 +80,20 @@ def vram_promise(engine):
         off = bench(0)
         if off["vram_slots"] != 0 or off["vram_uploads"] != 0:
             failures.append(f"{arch}: vram_budget 0 made a VRAM tier: {off}")
+        # Unmapped device memory is a discrete GPU: the shared weights are uploaded once (the logits above, all
+        # unmapped runs included, matched the mapped base run); mapped memory, or the key off, keeps them in host memory.
+        if not 0 < off["shared_device_bytes"] or full["shared_device_bytes"] != off["shared_device_bytes"]:
+            failures.append(f"{arch}: unmapped device memory should hold the shared weights: {off}")
+        host_shared = bench(0, "--set", "memory.shared_on_device=false")
+        mapped = json.loads(engine.run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json"] +
+                                       engine.on_backend).stdout)
+        if host_shared["shared_device_bytes"] != 0 or mapped["shared_device_bytes"] != 0:
+            failures.append(f"{arch}: shared weights on the device with memory.shared_on_device=false "
+                            f"({host_shared['shared_device_bytes']}) or mapped memory ({mapped['shared_device_bytes']})")
+        unmapped_host = engine.logits(m, "vram-shared-host", *engine.on_backend, "--set", "compute.map_device_memory=false",
+                                      "--set", "memory.shared_on_device=false")
+        if not backend_engine.same(base, unmapped_host):
+            failures.append(f"{arch}/{preset}: shared weights staged per call give other logits than uploaded once")
         cpu = engine.run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
                           "--vram-budget", str(sizes["all"])])
         if json.loads(cpu.stdout)["vram_slots"] != 0 or "vram_budget" not in cpu.stderr:
