@@ -158,11 +158,12 @@ class Prefetch(unittest.TestCase):
         m = model()
         size = slot_bytes(m) * 6
         # One reader thread that sleeps before each read: predicted experts the router then skips are still queued
-        # when their layer has passed.
-        slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=5", "--set", "storage.queue_depth=1",
+        # when their layer has passed. 20 ms, not 5: on a loaded machine the forward pass slowed down enough for a
+        # 5 ms disk to drain its queue in time (0 cancelled in 3 of 3 runs of one failure, with 3 busy loops beside).
+        slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=20", "--set", "storage.queue_depth=1",
                 "--expert-cache-size", str(size), "--prefetch-layers", "2"]
         # Which prefetches find room depends on which reads have landed (timing), so a run might issue no stale one
-        # (24 of 24 runs of this setup did): up to three runs, each with a fresh usage history (a cache warmed from
+        # (none did in 6 runs under 3-4 busy loops): up to three runs, each with a fresh usage history (a cache warmed from
         # an earlier run's would leave little to prefetch).
         for attempt in range(3):
             env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(dir=WORK))
