@@ -95,6 +95,18 @@ Status ExpertManager::preload() {
       }
     }
   }
+  if (!resident_ && slot_bytes_ > 0) {
+    // Streaming: the slots are fixed, so map them now. A storage that registers buffers (io_uring) pins, and so
+    // faults in, each one as it is mapped: at load, not on the forward pass's thread in the middle of a prefill.
+    const std::uint64_t slots = std::min<std::uint64_t>(budget_ / slot_bytes_, manifest_.experts.size());
+    while (slots_.size() + spare_.size() < slots && used_bytes_ + (spare_.size() + 1) * slot_bytes_ <= budget_) {
+      try {
+        spare_.push_back(new_buffer(slot_bytes_));
+      } catch (const std::bad_alloc&) {
+        break;  // the reads map what they need, and report it if that fails
+      }
+    }
+  }
   if (resident_) {
     for (const auto& e : manifest_.experts) {
       if (slots_.count(key_of(e.layer, e.expert).packed()) != 0) continue;

@@ -78,6 +78,7 @@ TEST(ExpertManager, StreamingSlotsFitEveryExpertSoBuffersAreReused) {
   ExpertManager m(f.manifest, "/m", f.storage, f.policy, budget);
   ASSERT_FALSE(m.resident());
   ASSERT_TRUE(m.preload());
+  EXPECT_EQ(m.stats().buffers_mapped, 3u) << "streaming slots are mapped at load";
   for (int round = 0; round < 6; ++round) {
     for (int l = 0; l < 2; ++l) {
       for (int e = 0; e < 4; ++e) {
@@ -467,6 +468,8 @@ TEST(ExpertManagerBuffers, SlotBuffersAreRegisteredWhileTheyLiveAndReadsLandInTh
   {
     ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 2 * kBlob);
     ASSERT_TRUE(m.preload());
+    EXPECT_EQ(storage->register_calls, 2) << "the fixed slots are mapped and registered at load";
+    EXPECT_EQ(storage->reads, 0);
     for (int e : {0, 1, 2, 3, 0, 2, 1}) {  // evictions: the freed slots' buffers are reused
       auto w = m.acquire(0, e);
       ASSERT_TRUE(w) << w.error().message();
