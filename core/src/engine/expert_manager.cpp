@@ -98,13 +98,13 @@ Status ExpertManager::preload() {
   if (!resident_ && slot_bytes_ > 0) {
     // Streaming: the slots are fixed, so map them now. A storage that registers buffers (io_uring) pins, and so
     // faults in, each one as it is mapped: at load, not on the forward pass's thread in the middle of a prefill.
-    const std::uint64_t slots = std::min<std::uint64_t>(budget_ / slot_bytes_, manifest_.experts.size());
-    while (slots_.size() + spare_.size() < slots && used_bytes_ + (spare_.size() + 1) * slot_bytes_ <= budget_) {
-      try {
-        spare_.push_back(new_buffer(slot_bytes_));
-      } catch (const std::bad_alloc&) {
-        break;  // the reads map what they need, and report it if that fails
-      }
+    const std::uint64_t room = used_bytes_ < budget_ ? budget_ - used_bytes_ : 0;  // pins may already use some
+    const std::uint64_t free_slots =
+        std::min<std::uint64_t>(room / slot_bytes_, manifest_.experts.size() - slots_.size());
+    try {
+      while (spare_.size() < free_slots) spare_.push_back(new_buffer(slot_bytes_));
+    } catch (const std::bad_alloc&) {
+      // The reads map what they need, and report it if that fails.
     }
   }
   if (resident_) {
@@ -217,6 +217,16 @@ void ExpertManager::erase_slot(std::map<std::uint64_t, Slot>::iterator it) {
   }
   slots_.erase(it);
   if (policy_ && known_to_policy) policy_->on_erase(key);
+}
+
+bool ExpertManager::make_room_sparing(std::uint64_t bytes, std::span<const sdk::ExpertKey> keep) {
+  // The prefetch rules: never wait for a read, never evict what is in use, pinned, read but not yet used, or in `keep`.
+  prefetch_eviction_ = true;
+  keep_ = keep;
+  const bool room = static_cast<bool>(make_room(bytes));
+  prefetch_eviction_ = false;
+  keep_ = {};
+  return room;
 }
 
 Status ExpertManager::make_room(std::uint64_t bytes) {
@@ -373,11 +383,7 @@ std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std:
     const auto* e = manifest_.expert(key.layer, key.expert);
     if (e == nullptr) continue;
     const std::uint64_t bytes = slot_bytes(*e);
-    prefetch_eviction_ = true;
-    keep_ = keep;
-    const bool room = static_cast<bool>(make_room(bytes));
-    prefetch_eviction_ = false;
-    keep_ = {};
+    const bool room = make_room_sparing(bytes, keep);
     if (!room) break;  // the rest would not fit either without evicting what is needed now
     if (!start_read(key, *e, bytes, sdk::ReadPriority::prefetch)) continue;  // the demand read reports why
     ++stats_.prefetch_issued;
@@ -431,12 +437,7 @@ sdk::Expected<CacheWarmResult> ExpertManager::warm(std::span<const sdk::ExpertKe
     }
     const auto* e = manifest_.expert(key.layer, key.expert);
     const std::uint64_t bytes = slot_bytes(*e);
-    // The prefetch rules: never evict what is in use, pinned, prefetched-unused or one of `keys`.
-    prefetch_eviction_ = true;
-    keep_ = keys;
-    const bool room = static_cast<bool>(make_room(bytes));
-    prefetch_eviction_ = false;
-    keep_ = {};
+    const bool room = make_room_sparing(bytes, keys);
     if (!room) {
       ++r.no_room;
       continue;
@@ -463,11 +464,7 @@ std::size_t ExpertManager::fetch(std::span<const sdk::ExpertKey> needed) {
     const auto* e = manifest_.expert(key.layer, key.expert);
     if (e == nullptr) continue;  // acquire() reports it
     const std::uint64_t bytes = slot_bytes(*e);
-    prefetch_eviction_ = true;  // never wait here, never evict another needed or unused read
-    keep_ = needed;
-    const bool room = static_cast<bool>(make_room(bytes));
-    prefetch_eviction_ = false;
-    keep_ = {};
+    const bool room = make_room_sparing(bytes, needed);
     if (!room) break;  // acquire() makes room for the rest, one at a time
     if (start_read(key, *e, bytes, sdk::ReadPriority::demand)) ++queued;
   }
@@ -550,8 +547,8 @@ std::uint64_t ExpertManager::slot_bytes(const model::ExpertEntry& e) const {
 }
 
 ExpertManager::SlotBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
-  // The smallest spare that fits: experts of two sizes (layer types differ) would otherwise rarely match, and every
-  // mismatch costs an munmap plus faulting in and zeroing a new buffer. Taking a spare keeps resident + spare bytes.
+  // The smallest spare that fits (when streaming all slots have one size; resident slots keep each expert's own).
+  // Taking a spare keeps resident + spare bytes.
   auto best = spare_.end();
   for (auto it = spare_.begin(); it != spare_.end(); ++it) {
     if (it->size() >= bytes && (best == spare_.end() || it->size() < best->size())) best = it;

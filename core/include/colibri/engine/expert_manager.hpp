@@ -227,6 +227,8 @@ class ExpertManager {
   // Bytes of the RAM slot that holds `e`.
   [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
+  // make_room under the prefetch rules (no waiting; `keep` and unused reads are not evicted); true when it fits.
+  bool make_room_sparing(std::uint64_t bytes, std::span<const sdk::ExpertKey> keep);
   // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).
   void settle_prefetches();
   // Settles landed prefetches (verify, hand to the policy); `only` limits it to one key.
