@@ -358,31 +358,22 @@ struct ZQ6K {
 // 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
 // reduced together. The scalar path's float steps then run with one token per lane, in the same order.
 
-// Min terms of the tile's tokens: ms = sum_j min[j] * (activation sum of sub-block j).
-KTARGET inline int z_k4_min_sum(__m128i mins16, const std::int16_t* bsums) noexcept {
-  const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums)),
-                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8)));
-  __m128i p = _mm_madd_epi16(mins16, pairs);
-  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
-  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
-  return _mm_cvtsi128_si32(p);
-}
-
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
   using Block = quant::BlockQ4_K;
   struct Extra {
-    __m128i mins16;
+    alignas(16) std::int16_t mn[8];  // the sub-blocks' mins, for x86_k4_min_sum
     float d, dmin;
   };
-  KTARGET static __m128i scales(const Block& x, __m512i* s, Extra& e) noexcept {
+  // The scales of sub-blocks 2v and 2v+1 in s[v]'s halves, the mins and d / dmin (q4_k and q5_k alike).
+  template <typename B>
+  KTARGET static void scales(const B& x, __m512i* s, Extra& e) noexcept {
     const __m128i sm = x86_k4_scales(x.scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     for (int v = 0; v < 4; ++v) s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
-    e.mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    _mm_store_si128(reinterpret_cast<__m128i*>(e.mn), _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
     e.d = quant::fp16_to_fp32(x.d);
     e.dmin = quant::fp16_to_fp32(x.dmin);
-    return sm;
   }
   KTARGET static __m512i nibbles(const std::uint8_t* qs32) noexcept {
     const __m512i q = _mm512_broadcast_i64x4(x86_load32(qs32));
@@ -397,7 +388,7 @@ struct ZTileQ4K {
     alignas(32) std::int32_t ms[8] = {};
     for (int t = 0; t < n; ++t) {
       yd[t] = y[t]->d;
-      ms[t] = z_k4_min_sum(e.mins16, y[t]->bsums);
+      ms[t] = x86_k4_min_sum(e.mn, y[t]->bsums);
     }
     const __m256 ydv = _mm256_load_ps(yd);
     const __m256 dall = _mm256_mul_ps(ydv, _mm256_set1_ps(e.d)), dmin = _mm256_mul_ps(ydv, _mm256_set1_ps(e.dmin));
@@ -410,18 +401,13 @@ struct ZTileQ4K {
 struct ZTileQ5K : ZTileQ4K {
   using Block = quant::BlockQ5_K;
   KTARGET static void decode(const Block& x, __m512i* u, __m512i* s, Extra& e) noexcept {
-    const __m128i sm = x86_k4_scales(x.scales);
-    const __m512i sc = _mm512_broadcast_i32x4(sm);
+    scales(x, s, e);
     const __m512i h = _mm512_broadcast_i64x4(x86_load32(x.qh));
     for (int v = 0; v < 4; ++v) {
-      s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
       const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, z_int16_halves(2 * v, 2 * v + 1)), 4),
                                           _mm512_set1_epi8(0x10));
       u[v] = _mm512_or_si512(nibbles(x.qs + 32 * v), hi);
     }
-    e.mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
-    e.d = quant::fp16_to_fp32(x.d);
-    e.dmin = quant::fp16_to_fp32(x.dmin);
   }
 };
 
