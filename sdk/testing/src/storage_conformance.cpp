@@ -102,6 +102,24 @@ bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) {
   return std::memcmp(a, b, n) == 0;
 }
 
+// One read_batch of 4 KiB pages, page `last - i` of the file into dst[i] (backwards, so no two reads are
+// neighbours); every request must succeed with the file's bytes.
+void expect_batch_reads_pages(Storage& storage, StorageFile& file, const std::vector<std::byte>& content,
+                              std::span<std::byte* const> dst, std::size_t last) {
+  std::vector<ReadRequest> batch(dst.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    batch[i].file = &file;
+    batch[i].offset = (last - i) * 4096;
+    batch[i].length = 4096;
+    batch[i].buffer = dst[i];
+  }
+  storage.read_batch(batch);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_TRUE(batch[i].status) << batch[i].status.to_string();
+    EXPECT_TRUE(same_bytes(dst[i], content.data() + (last - i) * 4096, 4096)) << i;
+  }
+}
+
 }  // namespace
 
 TEST_P(StorageConformance, DescriptorIsStorage) {
@@ -463,18 +481,9 @@ TEST_P(StorageConformance, RegisteredBuffersWhenAdvertised) {
   const std::span<std::byte> region(arena.data, 8 * 4096);
   const Status st = reg->register_buffers(std::span<const std::span<std::byte>>(&region, 1));
   if (!st) GTEST_SKIP() << "registration refused on this machine: " << st.to_string();
-  std::vector<ReadRequest> batch(8);
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    batch[i].file = file->get();
-    batch[i].offset = (15 - i) * 4096;
-    batch[i].length = 4096;
-    batch[i].buffer = arena.data + i * 4096;
-  }
-  f.storage->read_batch(batch);
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    ASSERT_TRUE(batch[i].status) << batch[i].status.to_string();
-    EXPECT_TRUE(same_bytes(arena.data + i * 4096, content.data() + (15 - i) * 4096, 4096)) << i;
-  }
+  std::vector<std::byte*> pages(8);
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = arena.data + i * 4096;
+  expect_batch_reads_pages(*f.storage, **file, content, pages, 15);
   reg->unregister_buffers();
   ASSERT_TRUE(f.storage->read(**file, 0, {arena.data, 4096}));
   EXPECT_TRUE(same_bytes(arena.data, content.data(), 4096));
@@ -499,18 +508,9 @@ TEST_P(StorageConformance, BufferRegistrationWhenOffered) {
   EXPECT_TRUE(reg->register_buffer({slot.data, 8 * 4096})) << "registering again is harmless";
   ASSERT_TRUE(f.storage->read(**file, 4 * 4096, {slot.data, 8 * 4096}));
   EXPECT_TRUE(same_bytes(slot.data, content.data() + 4 * 4096, 8 * 4096));
-  std::vector<ReadRequest> batch(4);
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    batch[i].file = file->get();
-    batch[i].offset = (31 - i) * 4096;
-    batch[i].length = 4096;
-    batch[i].buffer = (i % 2 == 0 ? slot.data : other.data) + i * 4096;
-  }
-  f.storage->read_batch(batch);
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    ASSERT_TRUE(batch[i].status) << batch[i].status.to_string();
-    EXPECT_TRUE(same_bytes(static_cast<std::byte*>(batch[i].buffer), content.data() + (31 - i) * 4096, 4096)) << i;
-  }
+  std::vector<std::byte*> pages(4);  // alternately inside and outside the registered buffer
+  for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = (i % 2 == 0 ? slot.data : other.data) + i * 4096;
+  expect_batch_reads_pages(*f.storage, **file, content, pages, 31);
   reg->unregister_buffer({slot.data, 8 * 4096});
   reg->unregister_buffer({slot.data, 8 * 4096});
   reg->unregister_buffer({other.data, 8 * 4096});  // never registered
