@@ -112,56 +112,33 @@ void matvec(benchmark::State& state, DType type, std::string isa, int threads, s
 const int kRegistered = [] {
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
                          DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
-  const char* baseline = std::getenv("COLIBRI_BENCH_BASELINE_PLUGIN");
+  const char* env = std::getenv("COLIBRI_BENCH_BASELINE_PLUGIN");
+  const std::string baseline = env != nullptr ? env : "";
+  // `label` on this build's plugin; with a baseline plugin and `compare`, also `base/label` on that one, first.
+  const auto add = [&](const std::string& label, DType t, const std::string& isa, int threads, std::int64_t tokens,
+                       bool cached, const Shape& shape, bool compare) {
+    for (const bool base : {true, false}) {
+      if (base && (!compare || baseline.empty())) continue;
+      benchmark::RegisterBenchmark((base ? "base/" + label : label).c_str(), matvec, t, isa, threads, tokens,
+                                   base ? baseline : std::string(CPU_PLUGIN_PATH), cached, shape)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+  };
   for (DType t : types) {
     const std::string name(to_string(t));
     for (int threads : {1, 2}) {
-      if (baseline != nullptr && *baseline != '\0') {
-        benchmark::RegisterBenchmark(("base/matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(),
-                                     matvec, t, std::string("auto"), threads, std::int64_t{1}, std::string(baseline),
-                                     false, kSquare)
-            ->Unit(benchmark::kMicrosecond)
-            ->UseRealTime();
-      }
-      benchmark::RegisterBenchmark(("matvec/" + name + "/auto/threads:" + std::to_string(threads)).c_str(), matvec, t,
-                                   std::string("auto"), threads, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false,
-                                   kSquare)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime();
+      add("matvec/" + name + "/auto/threads:" + std::to_string(threads), t, "auto", threads, 1, false, kSquare, true);
     }
-    for (const bool base : {true, false}) {
-      if (base && (baseline == nullptr || *baseline == '\0')) continue;
-      benchmark::RegisterBenchmark(
-          (std::string(base ? "base/" : "") + "cached/matvec/" + name + "/auto/threads:1").c_str(), matvec, t,
-          std::string("auto"), 1, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), true, kSquare)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime();
-    }
+    add("cached/matvec/" + name + "/auto/threads:1", t, "auto", 1, 1, true, kSquare, true);
     for (const char* isa : {"avx2", "scalar"}) {
-      benchmark::RegisterBenchmark(("matvec/" + name + "/" + isa + "/threads:1").c_str(), matvec, t, std::string(isa),
-                                   1, std::int64_t{1}, std::string(CPU_PLUGIN_PATH), false, kSquare)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime();
+      add("matvec/" + name + "/" + isa + "/threads:1", t, isa, 1, 1, false, kSquare, false);
     }
     for (const Shape& shape : kExpertShapes) {
-      for (const bool base : {true, false}) {
-        if (base && (baseline == nullptr || *baseline == '\0')) continue;
-        benchmark::RegisterBenchmark(
-            (std::string(base ? "base/" : "") + shape.name + "matvec/" + name + "/auto/threads:2").c_str(), matvec, t,
-            std::string("auto"), 2, std::int64_t{1}, std::string(base ? baseline : CPU_PLUGIN_PATH), false, shape)
-            ->Unit(benchmark::kMicrosecond)
-            ->UseRealTime();
-      }
+      add(std::string(shape.name) + "matvec/" + name + "/auto/threads:2", t, "auto", 2, 1, false, shape, true);
     }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
-    for (const bool base : {true, false}) {
-      if (base && (baseline == nullptr || *baseline == '\0')) continue;
-      benchmark::RegisterBenchmark((std::string(base ? "base/" : "") + "matmul8/" + name + "/auto/threads:2").c_str(),
-                                   matvec, t, std::string("auto"), 2, std::int64_t{8},
-                                   std::string(base ? baseline : CPU_PLUGIN_PATH), false, kSquare)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime();
-    }
+    add("matmul8/" + name + "/auto/threads:2", t, "auto", 2, 8, false, kSquare, true);
   }
   return 0;
 }();
