@@ -462,11 +462,10 @@ class RegisteringStorage final : public MemoryStorage, public sdk::StorageBuffer
 };
 
 TEST(ExpertManagerBuffers, SlotBuffersAreRegisteredWhileTheyLiveAndReadsLandInThem) {
-  model::Manifest manifest;
-  auto storage = std::make_shared<RegisteringStorage>();
-  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
+  testing::MemoryExpertSet<RegisteringStorage> f(1, 4, kBlob);
+  const auto& storage = f.storage;
   {
-    ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 2 * kBlob);
+    auto m = f.manager(2 * kBlob);
     ASSERT_TRUE(m.preload());
     EXPECT_EQ(storage->register_calls, 2) << "the fixed slots are mapped and registered at load";
     EXPECT_EQ(storage->reads, 0);
@@ -492,10 +491,9 @@ TEST(ExpertManagerBuffers, SlotBuffersAreRegisteredWhileTheyLiveAndReadsLandInTh
 }
 
 TEST(ExpertManagerBuffers, ResidentModeRegistersNothing) {
-  model::Manifest manifest;
-  auto storage = std::make_shared<RegisteringStorage>();
-  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
-  ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 4 * kBlob);
+  testing::MemoryExpertSet<RegisteringStorage> f(1, 4, kBlob);
+  const auto& storage = f.storage;
+  auto m = f.manager(4 * kBlob);
   ASSERT_TRUE(m.resident());
   ASSERT_TRUE(m.preload());
   EXPECT_EQ(storage->reads, 4);
@@ -503,16 +501,15 @@ TEST(ExpertManagerBuffers, ResidentModeRegistersNothing) {
 }
 
 TEST(ExpertManagerBuffers, ARefusedRegistrationWarnsOnceAndReadsGoOnUnregistered) {
-  model::Manifest manifest;
-  auto storage = std::make_shared<RegisteringStorage>();
+  testing::MemoryExpertSet<RegisteringStorage> f(1, 4, kBlob);
+  const auto& storage = f.storage;
   storage->refuse = true;
-  testing::add_memory_experts(manifest, *storage, 1, 4, kBlob);
   std::ostringstream captured;
   auto previous = spdlog::default_logger();
   spdlog::set_default_logger(
       std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
   {
-    ExpertManager m(manifest, "/m", storage, std::make_shared<ListPolicy>(), 2 * kBlob);
+    auto m = f.manager(2 * kBlob);
     for (int e : {0, 1, 2, 3, 1}) {
       auto w = m.acquire(0, e);
       ASSERT_TRUE(w) << w.error().message();
