@@ -11,6 +11,7 @@
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
 #include "colibri/sdk/testing/reference_ops.hpp"
+#include "colibri/sdk/testing/test_data.hpp"
 
 namespace colibri::sdk::testing {
 
@@ -66,14 +67,6 @@ Made make_compute(const ComputeParam& p, const std::map<std::string, std::string
   Compute& var = *var##_made.compute
 
 #define COMPUTE_FIXTURE(var) COMPUTE_FIXTURE_WITH(var, (std::map<std::string, std::string>{}))
-
-std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
 
 std::size_t tensor_bytes(DType type, const Ne& ne) {
   return row_bytes(type, ne[0]) * static_cast<std::size_t>(ne[1] * ne[2] * ne[3]);

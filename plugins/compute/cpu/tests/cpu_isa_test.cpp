@@ -7,11 +7,13 @@
 
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
+#include "colibri/sdk/testing/test_data.hpp"
 
 namespace {
 
 using namespace colibri::sdk;
 namespace ct = colibri::sdk::testing;
+using ct::randn;
 
 constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
                                   DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
@@ -21,14 +23,6 @@ std::shared_ptr<Compute> make(const std::string& isa, const std::string& threads
   if (!lib) return nullptr;
   auto c = (*lib)->create_as<Compute>({{"isa", isa}, {"threads", threads}});
   return c ? *c : nullptr;
-}
-
-std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
 }
 
 std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, unsigned seed) {

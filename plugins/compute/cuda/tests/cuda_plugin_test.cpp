@@ -15,12 +15,15 @@
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
 #include "colibri/sdk/testing/reference_ops.hpp"
+#include "colibri/sdk/testing/test_data.hpp"
 #include "cuda_plugin_path.hpp"
 
 namespace {
 
 using namespace colibri::sdk;
 namespace ct = colibri::sdk::testing;
+using ct::randn;
+using ct::ScopedEnv;
 
 std::shared_ptr<ct::LoadedPlugin> plugin() {
   auto lib = ct::LoadedPlugin::load(cuda_plugin_path());
@@ -45,41 +48,11 @@ bool cuda_required() {
   ASSERT_TRUE(var##_made) << var##_made.error().to_string();                                         \
   Compute& var = **var##_made
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 bool names_what_is_missing(const std::string& reason) {
   for (const char* word : {"NVIDIA driver", "CUDA device", "CUDA_VISIBLE_DEVICES", "cannot run this build"}) {
     if (reason.find(word) != std::string::npos) return true;
   }
   return false;
-}
-
-std::vector<float> randn(std::size_t n, unsigned seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
 }
 
 std::size_t bytes_of(DType type, const std::array<std::int64_t, 4>& ne) {

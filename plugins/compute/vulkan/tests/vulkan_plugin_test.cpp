@@ -14,11 +14,13 @@
 
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
+#include "colibri/sdk/testing/test_data.hpp"
 
 namespace {
 
 using namespace colibri::sdk;
 namespace ct = colibri::sdk::testing;
+using ct::ScopedEnv;
 
 std::shared_ptr<ct::LoadedPlugin> plugin() {
   auto lib = ct::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
@@ -44,26 +46,6 @@ bool vulkan_required() {
   Compute& var = **var##_made
 
 const std::map<std::string, std::string> kStaging{{"map_device_memory", "false"}};
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 TEST(VulkanPlugin, RequiredDeviceExistsWhenCiAsksForIt) {
   VULKAN_COMPUTE(c, {}, nullptr);
