@@ -614,13 +614,9 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
     }
   }
   std::vector<sdk::ExpertKey> needed;
-  if (!experts_->resident()) {
-    // This layer's misses go to the disk together (they share the device queue) before any is waited for.
-    for (const auto& g : groups) {
-      needed.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
-    }
-    experts_->fetch(needed);
-  }
+  for (const auto& g : groups) needed.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
+  // This layer's misses go to the disk together (they share the device queue) before any is waited for.
+  if (!experts_->resident()) experts_->fetch(needed);
   if (prefetch_layers_ > 0 && !experts_->resident()) {
     if (auto it = predicted_.find(l); it != predicted_.end()) {
       std::uint64_t correct = 0;
@@ -630,6 +626,8 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
     }
     if (s = prefetch_ahead(l, T, h_ptr, needed); !s) return s;
   }
+  // With a VRAM tier, the uploads of the experts in RAM start now and cross the bus while those in VRAM compute.
+  experts_->stage_uploads(needed);
   // Experts already resident run first, while the reads of the others are still in flight; their outputs are summed
   // afterwards in ascending expert id, with the same operations on the same buffers as when computed in that order,
   // so what was resident never changes the result.

@@ -287,6 +287,24 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
   return w;
 }
 
+std::size_t ExpertManager::stage_uploads(std::span<const sdk::ExpertKey> needed) {
+  if (!vram_) return 0;
+  reap();
+  std::size_t started = 0;
+  for (const auto key : needed) {
+    if (vram_->contains(key)) continue;
+    auto it = slots_.find(key.packed());
+    if (it == slots_.end() || it->second.pending) continue;  // not in RAM yet: acquire() reads, then uploads
+    if (!vram_->begin_upload(key, *it->second.entry, it->second.data.data(), needed)) continue;
+    ++started;
+    // The RAM tier served it: a hit (counted, heard by the policy) whose use is counted once, by the acquire() that
+    // runs it. The slot is ready, so this neither reads nor waits.
+    if (auto ram = acquire_ram(key.layer, key.expert); ram) release_ram(key.layer, key.expert);
+    if (--usage_[key.packed()] == 0) usage_.erase(key.packed());
+  }
+  return started;
+}
+
 sdk::Expected<ExpertWeights> ExpertManager::acquire_ram(std::int64_t layer, std::int64_t expert) {
   const auto key = key_of(layer, expert);
   ++usage_[key.packed()];
@@ -490,6 +508,7 @@ std::size_t ExpertManager::cancel_stale(std::int64_t layer) {
 }
 
 bool ExpertManager::ready(std::int64_t layer, std::int64_t expert) const {
+  if (vram_) return vram_->ready(key_of(layer, expert));
   auto it = slots_.find(key_of(layer, expert).packed());
   return it != slots_.end() && !it->second.pending;
 }

@@ -1,5 +1,7 @@
 #include "colibri/engine/vram_tier.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -84,16 +86,41 @@ std::optional<ExpertWeights> VramTier::acquire(sdk::ExpertKey key) {
     ++stats_.vram_misses;
     return std::nullopt;
   }
-  ++stats_.vram_hits;
-  ++it->second.in_use;
+  Entry& entry = it->second;
+  if (entry.upload) {
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = entry.upload->wait();
+    stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    entry.upload.reset();
+    if (!s) {
+      // The slot's bytes are undefined: forget it, and let the caller upload again (which reports a lasting error).
+      spdlog::warn("uploading expert {} to the VRAM tier failed ({}); uploading it again", key_text(key), s.message());
+      if (!entry.miss_counted) ++stats_.vram_misses;
+      erase(it);
+      return std::nullopt;
+    }
+  }
+  if (entry.miss_counted) {
+    entry.miss_counted = false;  // counted when begin_upload() started it
+  } else {
+    ++stats_.vram_hits;
+  }
+  ++entry.in_use;
   if (policy_) policy_->on_access(key);
-  return weights_of(it->second);
+  return weights_of(entry);
+}
+
+bool VramTier::ready(sdk::ExpertKey key) const {
+  auto it = entries_.find(key.packed());
+  return it != entries_.end() && (!it->second.upload || it->second.upload->ready());
 }
 
 bool VramTier::evictable(void* ctx, sdk::ExpertKey key) noexcept {
   const auto* self = static_cast<const VramTier*>(ctx);
   auto it = self->entries_.find(key.packed());
-  return it != self->entries_.end() && it->second.in_use == 0 && !it->second.pinned;
+  if (it == self->entries_.end() || it->second.in_use != 0 || it->second.pinned) return false;
+  if (it->second.upload && !it->second.upload->ready()) return false;
+  return std::find(self->keep_.begin(), self->keep_.end(), key) == self->keep_.end();
 }
 
 void VramTier::erase(std::map<std::uint64_t, Entry>::iterator it) {
@@ -117,30 +144,63 @@ Status VramTier::make_room() {
   return {};
 }
 
+VramTier::Entry* VramTier::start_upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob,
+                                        bool wait, Status& error) {
+  if (e.size > slot_bytes_) {
+    error = Status(StatusCode::internal, key_text(key) + " (" + std::to_string(e.size) +
+                                             " bytes) is larger than a VRAM slot; the manifest changed under us");
+    return nullptr;
+  }
+  if (error = make_room(); !error) return nullptr;
+  const std::size_t slot = free_.back();
+  const Place& p = slots_[slot];
+  const auto start = std::chrono::steady_clock::now();
+  auto event = compute_->copy_to_device_async(blob, *p.buffer, p.offset, e.size);
+  if (event && wait) {
+    error = (*event)->wait();
+    event->reset();
+  } else if (!event) {
+    error = event.error();
+  }
+  stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!error) {
+    error = error.with_context("uploading expert " + key_text(key) + " to the VRAM tier");
+    return nullptr;
+  }
+  free_.pop_back();
+  stats_.bytes_uploaded += e.size;
+  ++stats_.uploads;
+  Entry entry{&e, slot, 0, false, nullptr, false};
+  if (!wait) entry.upload = std::move(*event);
+  auto [it, inserted] = entries_.emplace(key.packed(), std::move(entry));
+  (void)inserted;
+  if (policy_) policy_->on_insert(key, e.size);
+  return &it->second;
+}
+
 sdk::Expected<ExpertWeights> VramTier::upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob) {
   if (auto it = entries_.find(key.packed()); it != entries_.end()) {
     ++it->second.in_use;  // uploaded meanwhile: nothing to copy
     return weights_of(it->second);
   }
-  if (e.size > slot_bytes_) {
-    return Status(StatusCode::internal, key_text(key) + " (" + std::to_string(e.size) +
-                                            " bytes) is larger than a VRAM slot; the manifest changed under us");
-  }
-  if (auto s = make_room(); !s) return s;
-  const std::size_t slot = free_.back();
-  const Place& p = slots_[slot];
-  const auto start = std::chrono::steady_clock::now();
-  auto event = compute_->copy_to_device_async(blob, *p.buffer, p.offset, e.size);
-  Status s = event ? (*event)->wait() : event.error();
-  stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!s) return s.with_context("uploading expert " + key_text(key) + " to the VRAM tier");
-  free_.pop_back();
-  stats_.bytes_uploaded += e.size;
-  ++stats_.uploads;
-  auto [it, inserted] = entries_.emplace(key.packed(), Entry{&e, slot, 1, false});
-  (void)inserted;
-  if (policy_) policy_->on_insert(key, e.size);
-  return weights_of(it->second);
+  Status error;
+  Entry* entry = start_upload(key, e, blob, true, error);
+  if (entry == nullptr) return error;
+  entry->in_use = 1;
+  return weights_of(*entry);
+}
+
+bool VramTier::begin_upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob,
+                            std::span<const sdk::ExpertKey> keep) {
+  if (entries_.count(key.packed()) != 0) return false;
+  keep_ = keep;
+  Status error;
+  Entry* entry = start_upload(key, e, blob, false, error);
+  keep_ = {};
+  if (entry == nullptr) return false;  // acquire() misses and upload() reports what is wrong
+  entry->miss_counted = true;
+  ++stats_.vram_misses;
+  return true;
 }
 
 void VramTier::release(sdk::ExpertKey key) {
@@ -161,6 +221,7 @@ bool VramTier::pin(sdk::ExpertKey key) {
 std::size_t VramTier::clear() {
   std::size_t dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.upload) (void)it->second.upload->wait();  // the copy still writes the slot
     if (it->second.in_use != 0 || it->second.pinned) {
       ++it;
       continue;

@@ -254,6 +254,33 @@ TEST_P(ComputeConformance, BuffersRoundTripAndRejectOutOfRangeCopies) {
   EXPECT_FALSE(bad_copy && (*bad_copy)->wait()) << "a copy past the end of a buffer must fail";
 }
 
+// The engine starts a layer's expert uploads together and reuses their RAM slots before waiting (sdk/compute.hpp).
+TEST_P(ComputeConformance, UploadSourceMayBeReusedOnceTheCallReturns) {
+  COMPUTE_FIXTURE(c);
+  constexpr std::size_t kBytes = 1 << 20;  // large enough that a backend copying lazily would still be at work
+  auto b = c.allocate(2 * kBytes);
+  ASSERT_TRUE(b) << b.error().to_string();
+  std::vector<unsigned char> src(kBytes), back(2 * kBytes, 0);
+  std::vector<std::unique_ptr<sdk::Event>> events;
+  for (std::size_t part = 0; part < 2; ++part) {
+    for (std::size_t i = 0; i < kBytes; ++i) src[i] = static_cast<unsigned char>(i * 13 + part * 101 + 5);
+    auto up = c.copy_to_device_async(src.data(), **b, part * kBytes, kBytes);
+    ASSERT_TRUE(up) << up.error().to_string();
+    events.push_back(std::move(*up));
+  }
+  std::fill(src.begin(), src.end(), 0);
+  for (auto& ev : events) ASSERT_TRUE(ev->wait());
+  auto down = c.copy_to_host_async(**b, 0, back.data(), back.size());
+  ASSERT_TRUE(down) << down.error().to_string();
+  ASSERT_TRUE((*down)->wait());
+  for (std::size_t part = 0; part < 2; ++part) {
+    for (std::size_t i = 0; i < kBytes; i += 4093) {
+      ASSERT_EQ(back[part * kBytes + i], static_cast<unsigned char>(i * 13 + part * 101 + 5))
+          << "copy " << part << ", byte " << i << ": the upload read its source after copy_to_device_async returned";
+    }
+  }
+}
+
 // ------------------------------------------------------------------ matmul
 
 TEST_P(ComputeConformance, MatmulMatchesReferenceOnEveryWeightType) {

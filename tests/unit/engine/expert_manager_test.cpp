@@ -109,7 +109,8 @@ TEST(ExpertManager, PinnedExpertsStay) {
 }
 
 // A compute backend with device memory: buffers are not host-visible (unless `mapped`) and uploads land only when
-// their event is waited on, so weights used before the wait would show the old bytes.
+// their event is waited on, so weights used before the wait would show the old bytes. Like the real backends it
+// stages the source at the call, which may then be reused (sdk/compute.hpp).
 class DeviceCompute final : public sdk::Compute {
  public:
   class DeviceBuffer final : public sdk::Buffer {
@@ -123,18 +124,18 @@ class DeviceCompute final : public sdk::Compute {
   };
   class LateCopy final : public sdk::Event {
    public:
-    LateCopy(const void* src, std::byte* dst, std::size_t n) : src_(src), dst_(dst), n_(n) {}
+    LateCopy(const void* src, std::byte* dst, std::size_t n)
+        : staged_(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + n), dst_(dst) {}
     sdk::Status wait() noexcept override {
-      if (!done_) std::memcpy(dst_, src_, n_);
+      if (!done_) std::memcpy(dst_, staged_.data(), staged_.size());
       done_ = true;
       return {};
     }
     bool ready() const noexcept override { return done_; }
 
    private:
-    const void* src_;
+    std::vector<std::byte> staged_;
     std::byte* dst_;
-    std::size_t n_;
     bool done_ = false;
   };
 
@@ -241,6 +242,53 @@ TEST(ExpertManagerVram, NeverEvictsAnExpertInUseAndNeverGoesOverBudget) {
   EXPECT_EQ(m.stats().vram_hits + m.stats().vram_misses, 44u);  // a, b, the refused one, c and 40
   EXPECT_EQ(m.stats().uploads, m.stats().vram_misses - 1);      // the refused lookup uploaded nothing
   EXPECT_EQ(m.stats().bytes_uploaded, m.stats().uploads * kBlob);
+}
+
+TEST(ExpertManagerVram, StagedUploadsStartTogetherAndAreWaitedForByAcquire) {
+  Fixture f(1, 5);
+  auto gpu = std::make_shared<DeviceCompute>();
+  auto vram_policy = std::make_shared<ListPolicy>();
+  auto m = f.manager(5 * kBlob);  // every expert in RAM
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob));
+  ASSERT_TRUE(m.preload());
+  ASSERT_TRUE(m.acquire(0, 0));
+  m.release(0, 0);
+  EXPECT_TRUE(m.ready(0, 0));
+  EXPECT_FALSE(m.ready(0, 1));  // in RAM only: acquire() would upload and wait
+  const ExpertKey layer[] = {{0, 0}, {0, 1}, {0, 2}};
+  EXPECT_EQ(m.stage_uploads(layer), 2u);  // 0:0 is in VRAM already
+  EXPECT_EQ(gpu->copies, 3);
+  EXPECT_FALSE(m.ready(0, 1));  // the copy has not landed
+  EXPECT_EQ(m.stats().vram_misses, 3u);
+  EXPECT_EQ(m.stats().hits, 3u);  // each came from the RAM tier once
+  auto w = m.acquire(0, 1);       // waits for the copy: the weights show the expert's bytes
+  ASSERT_TRUE(w);
+  EXPECT_EQ(device_byte(w->gate), 1);
+  m.release(0, 1);
+  ASSERT_TRUE(m.acquire(0, 2));
+  m.release(0, 2);
+  EXPECT_EQ(m.stats().vram_hits, 0u);  // the staged acquires are the misses counted when staging
+  EXPECT_EQ(m.stats().vram_misses, 3u);
+  EXPECT_EQ(m.stats().hits, 3u);
+  EXPECT_EQ(m.stats().uploads, 3u);
+  EXPECT_EQ(m.usage().at(ExpertKey{0, 1}.packed()), 1u);  // one use, not one per tier
+  // VRAM is full (0:0, 0:1, 0:2; 0:0 least recently used). The next layer needs 0:0 and 0:3: staging evicts 0:1,
+  // the least recently used expert that is not needed, never 0:0.
+  const ExpertKey next[] = {{0, 0}, {0, 3}};
+  EXPECT_EQ(m.stage_uploads(next), 1u);
+  EXPECT_TRUE(m.vram()->contains({0, 0}));
+  EXPECT_FALSE(m.vram()->contains({0, 1}));
+  EXPECT_TRUE(m.vram()->contains({0, 3}));
+  // A copy still in flight is never evicted: with 0:3 uploading and 0:0, 0:2 needed, 0:4 finds no room and is left
+  // to acquire().
+  const ExpertKey crowded[] = {{0, 0}, {0, 2}, {0, 4}};
+  EXPECT_EQ(m.stage_uploads(crowded), 0u);
+  EXPECT_FALSE(m.vram()->contains({0, 4}));
+  EXPECT_EQ(gpu->copies, 4);
+  auto late = m.acquire(0, 3);
+  ASSERT_TRUE(late);
+  EXPECT_EQ(device_byte(late->down), 3);
+  m.release(0, 3);
 }
 
 TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {

@@ -138,7 +138,12 @@ class ExpertManager {
   // queue (storage interface "colibri.storage.cancel.v1"; nothing happens without it). Reads already started land
   // as usual. Returns how many it withdrew.
   std::size_t cancel_stale(std::int64_t layer);
-  // True when acquire() of this expert would return without waiting for a read.
+  // With a VRAM tier: starts uploading every expert in `needed` (one layer's routed experts) that is in RAM but not
+  // in VRAM, without waiting, so the copies cross the bus while the experts already in VRAM compute; acquire() then
+  // waits for each. Never evicts from VRAM what is in use, pinned or needed; what finds no room, or is still being
+  // read, is uploaded by acquire() as before. Returns how many uploads it started.
+  std::size_t stage_uploads(std::span<const sdk::ExpertKey> needed);
+  // True when acquire() of this expert would return without waiting for a read (or, with a VRAM tier, an upload).
   [[nodiscard]] bool ready(std::int64_t layer, std::int64_t expert) const;
   // Counts router predictions against the experts the layer then used (see ExpertStats).
   void note_prediction(std::uint64_t predicted, std::uint64_t correct, std::uint64_t actual) {

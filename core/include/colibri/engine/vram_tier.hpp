@@ -1,6 +1,7 @@
 // The VRAM expert tier: fixed slots in buffers from the compute backend's allocate(), as many as memory.vram_budget
 // holds (never more than the model has experts), filled by uploading an expert's blob from the RAM tier
-// (copy_to_device_async, waited on before the expert runs). Its own cache-policy instance picks victims among
+// (copy_to_device_async, waited on before the expert runs; begin_upload() starts a layer's uploads early so they
+// cross the bus while other experts compute). Its own cache-policy instance picks victims among
 // slots that are neither in use nor pinned. The weights it hands out reference the device buffer (Tensor::buffer +
 // offset; Tensor::data is the buffer's host pointer where it has one), so the expert runs on the same backend with
 // the same bytes as from RAM: placement changes speed, never the answer.
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "colibri/model/manifest.hpp"
@@ -41,6 +43,13 @@ class VramTier {
   // policy when none is free, waits for the copy and marks it in use. out_of_memory when every slot is in use or
   // pinned.
   sdk::Expected<ExpertWeights> upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob);
+  // Starts uploading the expert into a free slot without waiting (the backend may reuse `blob` once the copy call
+  // returns: sdk/compute.hpp); the next acquire() waits for the copy and is counted as this miss, not as a hit.
+  // Room comes from the policy's victims, never an expert in use, pinned, uploading or named in `keep`. False
+  // (nothing changed) when there is no such room or the copy could not start: acquire() then misses and upload()
+  // runs as usual.
+  bool begin_upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob,
+                    std::span<const sdk::ExpertKey> keep);
   // Frees a slot (evicting through the policy) unless one is free; out_of_memory when every slot is in use or
   // pinned. upload() does it too; calling it first spares a read whose upload would fail.
   sdk::Status make_room();
@@ -48,6 +57,8 @@ class VramTier {
   // Pins a resident expert for the whole run (never evicted); false when it has no slot.
   bool pin(sdk::ExpertKey key);
   [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
+  // Resident with its upload (if any) complete: acquire() returns without waiting.
+  [[nodiscard]] bool ready(sdk::ExpertKey key) const;
   // Every expert of the model has a slot of its own: nothing is ever evicted.
   [[nodiscard]] bool holds_all() const { return slot_count() >= expert_count_; }
   // Forgets every expert neither in use nor pinned (their slots become free); returns how many.
@@ -71,10 +82,16 @@ class VramTier {
     std::size_t slot = 0;
     int in_use = 0;
     bool pinned = false;
+    std::unique_ptr<sdk::Event> upload;  // begin_upload()'s copy, until acquire() waits for it
+    bool miss_counted = false;           // begun by begin_upload(): its first acquire() is that miss, not a hit
   };
   VramTier(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy, ExpertStats& stats)
       : compute_(std::move(compute)), policy_(std::move(policy)), stats_(stats) {}
   static bool evictable(void* ctx, sdk::ExpertKey key) noexcept;
+  // Copies the blob into a free slot (making room first) and inserts its entry, with the copy's event when `wait`
+  // is false; the entry, or nullptr with `error` set.
+  Entry* start_upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob, bool wait,
+                      sdk::Status& error);
   ExpertWeights weights_of(const Entry& entry) const;
   void erase(std::map<std::uint64_t, Entry>::iterator it);
 
@@ -89,6 +106,7 @@ class VramTier {
   std::uint64_t allocated_ = 0;
   std::uint64_t budget_ = 0;
   std::size_t expert_count_ = 0;
+  std::span<const sdk::ExpertKey> keep_;  // during begin_upload(): experts its eviction must spare
 };
 
 }  // namespace colibri::engine

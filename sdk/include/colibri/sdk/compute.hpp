@@ -162,7 +162,9 @@ class Compute : public PluginObject {
   virtual Expected<std::unique_ptr<Buffer>> allocate(std::size_t bytes) noexcept = 0;
   [[nodiscard]] virtual bool supports(Op op, DType weight_type) const noexcept = 0;
   virtual Status run(const OpCall& call) noexcept = 0;
-  // Copies between host memory and a buffer; the event completes when the data has arrived.
+  // Copies between host memory and a buffer; the event completes when the data has arrived. copy_to_device_async
+  // is done with `src` when it returns (the caller may reuse it before the event completes); copy_to_host_async
+  // writes `dst` until its event completes.
   virtual Expected<std::unique_ptr<Event>> copy_to_device_async(const void* src, Buffer& dst, std::size_t offset,
                                                                 std::size_t bytes) noexcept = 0;
   virtual Expected<std::unique_ptr<Event>> copy_to_host_async(const Buffer& src, std::size_t offset, void* dst,
