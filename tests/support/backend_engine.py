@@ -9,6 +9,7 @@
   chunks of 3.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,136 @@ class Engine:
                                     f"batch (max abs {np.abs(base - other).max()})")
             print(f"  {arch}/{preset}: {self.backend} batch invariance checked", flush=True)
         return failures
+
+
+    def _bench(self, m, *extra, prompt=8, gen=8):
+        p = self.run(["bench", "--model", m, "--prompt-tokens", str(prompt), "--gen-tokens", str(gen), "--json"] +
+                     self.on_backend + list(extra))
+        return json.loads(p.stdout), p.stderr
+
+    def _vram_sizes(self, m):
+        with open(os.path.join(m, "manifest.json")) as f:
+            experts = json.load(f)["experts"]
+        slot = max((e["size"] + 4095) // 4096 * 4096 for e in experts)
+        sizes = {"none": 0, "one": slot, "quarter": slot * max(1, len(experts) // 4), "all": slot * len(experts)}
+        return experts, slot, sizes
+
+    def vram_promise(self, placements, discrete):
+        """The one promise with the VRAM expert tier: memory.vram_budget 0, one expert slot, a quarter of the experts
+        and all of them, each with the RAM tier holding everything or one expert, under every placement (name ->
+        extra arguments, e.g. mapped and unmapped device memory), token by token and in one batch: logits
+        bit-identical. The bench (with `discrete`, the arguments of a discrete GPU's path) reports the tier: uploads
+        happen, the slots stay within the budget, all-in-VRAM decodes without an upload; the CPU backend (no device
+        memory) ignores vram_budget with a warning."""
+        failures = []
+        for arch, preset in VRAM_CASES:
+            m = self.model(arch, preset)
+            experts, slot, sizes = self._vram_sizes(m)
+            base = self.logits(m, "vram-base", *self.on_backend)
+            runs = 0
+            for name, budget in sizes.items():
+                for ram in ("all", "one"):
+                    for placement, args in placements.items():
+                        for batch in ("512", "1"):
+                            extra = self.on_backend + ["--vram-budget", str(budget), "--batch", batch] + args
+                            if ram == "one":
+                                extra += ["--expert-cache-size", str(slot)]
+                            got = self.logits(m, f"vram-{name}-{ram}-{placement}-{batch}", *extra)
+                            runs += 1
+                            if not same(base, got):
+                                failures.append(f"{arch}/{preset}: vram {name} ({budget} bytes), RAM {ram}, "
+                                                f"{placement}, batch {batch}: logits differ (max abs "
+                                                f"{np.abs(base - got).max()})")
+            print(f"  {arch}/{preset}: {runs} VRAM tier placements checked against vram_budget 0", flush=True)
+            small, _ = self._bench(m, "--vram-budget", str(sizes["quarter"]), "--expert-cache-size", str(slot),
+                                   *discrete)
+            if not (small["vram_uploads"] > 0 and small["bytes_uploaded"] >= small["vram_uploads"] * min(
+                    e["size"] for e in experts)):
+                failures.append(f"{arch}: a quarter in VRAM uploaded nothing: {small}")
+            if not (0 < small["vram_allocated_bytes"] <= small["vram_budget_bytes"] == sizes["quarter"]):
+                failures.append(f"{arch}: VRAM slots over budget: {small['vram_allocated_bytes']} > {sizes['quarter']}")
+            if small["vram_hits"] + small["vram_misses"] == 0 or small["vram_misses"] != small["vram_uploads"]:
+                failures.append(f"{arch}: VRAM lookups do not add up: {small}")
+            if small["expert_hits"] + small["expert_misses"] != small["vram_misses"]:
+                failures.append(f"{arch}: the RAM tier should see exactly the VRAM misses: {small}")
+            full, _ = self._bench(m, "--vram-budget", str(sizes["all"]), *discrete)
+            if full["vram_misses"] != 0 or full["vram_uploads"] != len(experts) or full["vram_hit_rate"] != 1.0:
+                failures.append(f"{arch}: everything in VRAM should upload each expert once at load and then only "
+                                f"hit: {full}")
+            off, _ = self._bench(m, "--vram-budget", "0", *discrete)
+            if off["vram_slots"] != 0 or off["vram_uploads"] != 0:
+                failures.append(f"{arch}: vram_budget 0 made a VRAM tier: {off}")
+            cpu = self.run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
+                            "--vram-budget", str(sizes["all"])])
+            if json.loads(cpu.stdout)["vram_slots"] != 0 or "vram_budget" not in cpu.stderr:
+                failures.append(f"{arch}: the CPU backend has no device memory: vram_budget must be ignored with a "
+                                f"warning ({cpu.stderr.strip()})")
+            print(f"  {arch}/{preset}: bench VRAM stats: quarter {small['vram_hits']} hits / {small['vram_misses']} "
+                  f"misses, {small['bytes_uploaded']} bytes uploaded; all {full['vram_hits']} hits", flush=True)
+        return failures
+
+    def cpu_fallback(self, discrete):
+        """compute.cpu_fallback: auto on a discrete GPU's path (`discrete`), its cost model forced each way:
+        * uploads never pay (compute.upload_gbps tiny): every VRAM miss runs on the CPU, VRAM only fills its free
+          slots (no eviction), and the logits stay within 1e-4 of the max-abs logit of the backend alone (exact
+          activations, f32 KV cache), with the same greedy tokens;
+        * the CPU never pays (compute.cpu_gbps tiny): nothing runs on the CPU and the logits are bit-identical to
+          compute.cpu_fallback: off;
+        * every expert in VRAM: the fallback switches itself off (no cost model), logits bit-identical;
+        * a wrong value is an error naming the key; the CPU backend itself ignores the key."""
+        failures = []
+        for arch, preset in VRAM_CASES:
+            m = self.model(arch, preset)
+            experts, slot, sizes = self._vram_sizes(m)
+            quarter = ["--vram-budget", str(sizes["quarter"])] + discrete
+            auto = ["--set", "compute.cpu_fallback=auto"]
+            base = self.logits(m, "fallback-base", *(EXACT + self.on_backend + quarter))
+            cpu_wins = auto + ["--set", "compute.upload_gbps=0.000001"]
+            got = self.logits(m, "fallback-cpu", *(EXACT + self.on_backend + quarter + cpu_wins))
+            rel = np.abs(base - got).max(axis=1) / np.abs(base).max(axis=1)
+            if not rel.max() <= 1e-4 or not (base.argmax(axis=1) == got.argmax(axis=1)).all():
+                failures.append(f"{arch}/{preset}: experts on the CPU moved the logits by {rel.max():.3e} of the max "
+                                f"logit, or the greedy token")
+            st, err = self._bench(m, *(quarter + cpu_wins))
+            cost = st["cost_model"]
+            if cost is None or cost["cpu_token_limit"] == 0 or "compute.cpu_fallback: auto" not in err:
+                failures.append(f"{arch}: no cost model (or one where the CPU never wins) with uploads at 1 kB/s: "
+                                f"{cost}\n{err}")
+            elif not (st["cpu_fallback_runs"] > 0 and st["cpu_fallback_runs"] == st["vram_misses"] and
+                      st["cpu_fallback_bytes"] >= st["cpu_fallback_runs"] * min(e["size"] for e in experts)):
+                failures.append(f"{arch}: with uploads at 1 kB/s every VRAM miss should run on the CPU: {st}")
+            elif not (st["vram_evictions"] == 0 and 0 < st["vram_uploads"] <= st["vram_slots"] and
+                      st["vram_hits"] > 0):
+                failures.append(f"{arch}: the CPU's experts should fill free VRAM slots only, and hit there later: "
+                                f"{st}")
+            upload_wins = auto + ["--set", "compute.cpu_gbps=0.000001"]
+            same_as_off = self.logits(m, "fallback-upload", *(EXACT + self.on_backend + quarter + upload_wins))
+            st, _ = self._bench(m, *(quarter + upload_wins))
+            if not same(base, same_as_off) or st["cpu_fallback_runs"] != 0 or st["vram_uploads"] == 0:
+                failures.append(f"{arch}/{preset}: with the CPU at 1 kB/s nothing may run there and the logits must "
+                                f"be those of cpu_fallback off: {st}")
+            everything = ["--vram-budget", str(sizes["all"])] + discrete
+            st, _ = self._bench(m, *(everything + auto))
+            full = self.logits(m, "fallback-all", *(EXACT + self.on_backend + everything + auto))
+            if st["cost_model"] is not None or st["cpu_fallback_runs"] != 0 or not same(base, full):
+                failures.append(f"{arch}/{preset}: every expert in VRAM leaves nothing for the CPU: {st}")
+            try:
+                self.run(["bench", "--model", m, "--prompt-tokens", "2", "--gen-tokens", "1"] + self.on_backend +
+                         ["--set", "compute.cpu_fallback=maybe"])
+                failures.append(f"{arch}: compute.cpu_fallback=maybe was accepted")
+            except RuntimeError as e:
+                if "compute.cpu_fallback 'maybe'" not in str(e):
+                    failures.append(f"{arch}: a wrong compute.cpu_fallback should name the key: {e}")
+            on_cpu = json.loads(self.run(["bench", "--model", m, "--prompt-tokens", "2", "--gen-tokens", "1", "--json",
+                                          "--set", "compute.cpu_fallback=auto"]).stdout)
+            if on_cpu["cost_model"] is not None:
+                failures.append(f"{arch}: the CPU backend has nothing to fall back from: {on_cpu['cost_model']}")
+            print(f"  {arch}/{preset}: cpu_fallback checked (cost model {cost})", flush=True)
+        return failures
+
+
+# The models the VRAM tier checks run on.
+VRAM_CASES = (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"))
 
 
 def same(a, b):

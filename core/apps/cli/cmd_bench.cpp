@@ -180,6 +180,19 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["vram_uploads"] = st.uploads;
   j["bytes_uploaded"] = st.bytes_uploaded;
   j["upload_seconds"] = st.upload_seconds;
+  // compute.cpu_fallback: experts run on the CPU instead of uploaded, and the cost model that chose them.
+  j["cpu_fallback_runs"] = st.cpu_runs;
+  j["cpu_fallback_bytes"] = st.cpu_run_bytes;
+  j["cpu_fallback_seconds"] = st.cpu_run_seconds;
+  if (const auto* cost = engine->offload_cost()) {
+    j["cost_model"] = {{"upload_bytes_per_second", cost->upload_bytes_per_second},
+                       {"device_bytes_per_second", cost->device_bytes_per_second},
+                       {"cpu_bytes_per_second", cost->cpu_bytes_per_second},
+                       {"cpu_extra_token", cost->cpu_extra_token},
+                       {"cpu_token_limit", cost->cpu_token_limit()}};
+  } else {
+    j["cost_model"] = nullptr;
+  }
   j["shared_device_bytes"] = engine->shared_device_bytes();  // shared weights uploaded once (memory.shared_on_device)
   // What the storage plugin counted itself (host metrics): reads per stripe directory, io_uring's fixed and plain
   // reads, errors. Counters are whole numbers; JSON shows them so.

@@ -99,6 +99,11 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
                   mib(st.bytes_uploaded).c_str(), static_cast<unsigned long long>(st.uploads));
     line += buf;
   }
+  if (e.offload_cost() != nullptr) {
+    std::snprintf(buf, sizeof buf, " [cpu fallback %llu experts, %s in %.3f s]",
+                  static_cast<unsigned long long>(st.cpu_runs), mib(st.cpu_run_bytes).c_str(), st.cpu_run_seconds);
+    line += buf;
+  }
   if (st.predicted > 0 || st.prefetch_issued > 0) {
     std::snprintf(buf, sizeof buf, " [prefetch %lld layers: %llu issued, %llu used | precision %.1f%% | recall %.1f%%]",
                   static_cast<long long>(e.prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),

@@ -4,8 +4,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <new>
 
@@ -111,6 +113,34 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
     if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + (*cache_info)->name);
     plugins.vram_cache = *vram_cache;
+  }
+  auto compute_section = profile.section("compute");
+  const std::string fallback = profile.get_string("compute.cpu_fallback");
+  if (!fallback.empty() && fallback != "off" && fallback != "auto") {
+    const auto* entry = profile.find("compute.cpu_fallback");
+    return Status(StatusCode::invalid_argument, "compute.cpu_fallback '" + fallback + "' (" +
+                                                    (entry != nullptr ? entry->origin.describe() : "") +
+                                                    ") is not one of off, auto");
+  }
+  if (fallback == "auto" && (*compute_info)->name != "cpu") {
+    const auto* cpu_info = reg.find(sdk::PluginKind::compute, "cpu");
+    if (cpu_info == nullptr) {
+      return Status(StatusCode::not_found,
+                    "compute.cpu_fallback: auto needs the cpu compute plugin (libcolibri-compute-cpu.so), which is not "
+                    "in the plugin search path; install it or set compute.cpu_fallback: off");
+    }
+    auto cpu = reg.create_as<sdk::Compute>(*cpu_info, compute_section);
+    if (!cpu) return cpu.error().with_context("compute.cpu_fallback: creating compute plugin cpu");
+    plugins.cpu_fallback = *cpu;
+  }
+  for (auto [key, out] : {std::pair{"upload_gbps", &options.upload_gbps}, std::pair{"cpu_gbps", &options.cpu_gbps}}) {
+    if (*out > 0) continue;
+    auto v = compute_section.get_number(key, 0);
+    if (!v) return v.error();
+    if (*v < 0) {
+      return Status(StatusCode::invalid_argument, std::string("compute.") + key + " must be 0 (measure) or positive");
+    }
+    *out = *v;
   }
   plugins.compute = *compute;
   plugins.storage = *storage;
@@ -326,7 +356,118 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     }
     if (auto s = experts_->enable_vram(plugins_.compute, plugins_.vram_cache, vram_budget); !s) return s;
   }
-  return experts_->preload();
+  if (auto s = experts_->preload(); !s) return s;
+  return plugins_.cpu_fallback ? setup_cpu_fallback(has_device_memory) : Status{};
+}
+
+bool Engine::cpu_runs(std::int64_t l, std::int64_t e, std::int64_t tokens) const {
+  if (!plugins_.cpu_fallback || experts_->in_vram(l, e)) return false;
+  const auto* entry = manifest_.expert(l, e);
+  return entry != nullptr && offload_.cpu_faster(entry->size, tokens);
+}
+
+Status Engine::run_expert(std::int64_t l, std::int64_t e, const Tensor& x, const Tensor& y, bool on_cpu,
+                          const sdk::OpParams& params) {
+  if (!on_cpu) {
+    auto w = experts_->acquire(l, e);
+    if (!w) return w.error();
+    Status s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, x}, {y}, params);
+    experts_->release(l, e);
+    return s;
+  }
+  auto w = experts_->acquire_for_cpu(l, e);
+  if (!w) return w.error();
+  experts_->fill_vram(l, e);  // while VRAM has free slots: uploaded during the CPU run, a hit next time
+  const auto start = std::chrono::steady_clock::now();
+  Status s = run_op_on(*plugins_.cpu_fallback, "cpu (compute.cpu_fallback)", Op::expert_ffn,
+                       {w->gate, w->up, w->down, x}, {y}, params);
+  experts_->release_for_cpu(l, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
+}
+
+Status Engine::setup_cpu_fallback(bool has_device_memory) {
+  if (!has_device_memory) {
+    spdlog::warn("compute.cpu_fallback ignored: compute backend {} runs experts from host memory already",
+                 plugins_.compute_name);
+    plugins_.cpu_fallback.reset();
+    return {};
+  }
+  if (experts_->vram() != nullptr && experts_->vram()->holds_all()) {
+    spdlog::info("compute.cpu_fallback: every expert is in VRAM; nothing runs on the CPU");
+    plugins_.cpu_fallback.reset();
+    return {};
+  }
+  const model::ExpertEntry* probe = nullptr;
+  for (const auto& e : manifest_.experts) {
+    for (const auto* part : {&e.gate, &e.up, &e.down}) {
+      if (!plugins_.cpu_fallback->supports(Op::expert_ffn, part->type)) {
+        return Status(StatusCode::unsupported, "compute.cpu_fallback: the cpu backend cannot run " +
+                                                   std::string(sdk::to_string(part->type)) + " experts (" + part->name +
+                                                   "); set compute.cpu_fallback: off");
+      }
+    }
+    if (probe == nullptr || e.size > probe->size) probe = &e;
+  }
+  if (probe == nullptr) {
+    plugins_.cpu_fallback.reset();
+    return {};
+  }
+  // Calibration on the largest expert: each rate is the best of a few runs after a warm-up.
+  const std::int64_t D = hp_.hidden_size;
+  constexpr std::int64_t kBatch = 16;
+  std::vector<float> x(static_cast<std::size_t>(D * kBatch)), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 2001) / 1000.0f - 1.0f;
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  auto best_of = [](int reps, const std::function<Status()>& fn) -> sdk::Expected<double> {
+    double best = 1e30;
+    for (int r = 0; r <= reps; ++r) {  // r == 0: warm-up
+      const auto start = std::chrono::steady_clock::now();
+      if (auto s = fn(); !s) return s;
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (r > 0) best = std::min(best, t);
+    }
+    return std::max(best, 1e-9);
+  };
+  const double bytes = static_cast<double>(probe->size);
+  auto s = experts_->with_ram_weights(probe->layer, probe->expert, [&](const ExpertWeights& w) -> Status {
+    auto run_cpu = [&](std::int64_t n) {
+      return [&, n] {
+        return run_op_on(*plugins_.cpu_fallback, "cpu", Op::expert_ffn, {w.gate, w.up, w.down, f32(x.data(), D, n)},
+                         {f32(y.data(), D, n)}, mm_p);
+      };
+    };
+    auto one = best_of(3, run_cpu(1));
+    if (!one) return one.error();
+    auto many = best_of(2, run_cpu(kBatch));
+    if (!many) return many.error();
+    offload_.cpu_bytes_per_second = bytes / *one;
+    offload_.cpu_extra_token = std::max(0.0, (*many / *one - 1.0) / static_cast<double>(kBatch - 1));
+    auto buf = plugins_.compute->allocate((probe->size + 4095) / 4096 * 4096);
+    if (!buf) return buf.error().with_context("allocating device memory for one expert");
+    auto upload = best_of(2, [&]() -> Status {
+      auto ev = plugins_.compute->copy_to_device_async(w.gate.data, **buf, 0, probe->size);
+      return ev ? (*ev)->wait() : ev.error();
+    });
+    if (!upload) return upload.error();
+    offload_.upload_bytes_per_second = bytes / *upload;
+    auto* mapped = static_cast<std::byte*>((*buf)->host_pointer());
+    const ExpertWeights dw = expert_weights(*probe, mapped, buf->get(), 0);
+    auto device = best_of(3, [&] {
+      return run_op(Op::expert_ffn, {dw.gate, dw.up, dw.down, f32(x.data(), D, 1)}, {f32(y.data(), D, 1)}, mm_p);
+    });
+    if (!device) return device.error();
+    offload_.device_bytes_per_second = bytes / *device;
+    return plugins_.compute->synchronize();
+  });
+  if (!s) return s.with_context("compute.cpu_fallback: measuring the cost model");
+  if (options_.upload_gbps > 0) offload_.upload_bytes_per_second = options_.upload_gbps * 1e9;
+  if (options_.cpu_gbps > 0) offload_.cpu_bytes_per_second = options_.cpu_gbps * 1e9;
+  spdlog::info("compute.cpu_fallback: auto: {}", offload_.describe());
+  spdlog::warn(
+      "compute.cpu_fallback: auto runs some experts on the CPU: logits now depend on which experts were in VRAM "
+      "(bit-identical results across placements need compute.cpu_fallback: off)");
+  return {};
 }
 
 Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
@@ -399,6 +540,11 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
 
 Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
                       sdk::OpParams params) {
+  return run_op_on(*plugins_.compute, plugins_.compute_name, op, inputs, outputs, params);
+}
+
+Status Engine::run_op_on(sdk::Compute& compute, const std::string& name, Op op, std::initializer_list<Tensor> inputs,
+                         std::initializer_list<Tensor> outputs, sdk::OpParams params) {
   std::array<Tensor, 8> in{}, out{};
   std::size_t ni = 0, no = 0;
   for (const auto& t : inputs) in[ni++] = t;
@@ -408,8 +554,8 @@ Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initiali
   call.inputs = std::span<const Tensor>(in.data(), ni);
   call.outputs = std::span<Tensor>(out.data(), no);
   call.params = params;
-  auto s = plugins_.compute->run(call);
-  if (!s) return s.with_context(std::string("compute backend ") + plugins_.compute_name + ", " + op_name(op));
+  auto s = compute.run(call);
+  if (!s) return s.with_context("compute backend " + name + ", " + std::string(op_name(op)));
   return s;
 }
 
@@ -568,11 +714,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
   if (!L.sparse) {
     const sdk::ExpertKey dense_key{static_cast<std::uint32_t>(l), 0};
     if (s = prefetch_ahead(l, T, h_ptr, std::span<const sdk::ExpertKey>(&dense_key, 1)); !s) return s;
-    auto w = experts_->acquire(l, 0);
-    if (!w) return w.error();
-    s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, h}, {f32(out, D, T)}, mm_p);
-    experts_->release(l, 0);
-    return s;
+    return run_expert(l, 0, h, f32(out, D, T), cpu_runs(l, 0, T), mm_p);
   }
   const std::int64_t E = hp_.n_experts, K = L.top_k;
   S.router.resize(static_cast<std::size_t>(E * T));
@@ -626,13 +768,28 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
     }
     if (s = prefetch_ahead(l, T, h_ptr, needed); !s) return s;
   }
+  // compute.cpu_fallback: the experts not in VRAM that the cost model gives to the CPU, for this many tokens.
+  std::set<std::int32_t> on_cpu;
+  if (plugins_.cpu_fallback) {
+    for (const auto& [e, members] : groups) {
+      if (cpu_runs(l, e, static_cast<std::int64_t>(members.size()))) on_cpu.insert(e);
+    }
+    std::erase_if(needed, [&](sdk::ExpertKey k) { return on_cpu.count(static_cast<std::int32_t>(k.expert)) != 0; });
+  }
   // With a VRAM tier, the uploads of the experts in RAM start now and cross the bus while those in VRAM compute.
   experts_->stage_uploads(needed);
-  // Experts already resident run first, while the reads of the others are still in flight; their outputs are summed
-  // afterwards in ascending expert id, with the same operations on the same buffers as when computed in that order,
-  // so what was resident never changes the result.
-  std::vector<std::int32_t> order, waiting;
-  for (const auto& g : groups) (experts_->ready(l, g.first) ? order : waiting).push_back(g.first);
+  // Experts already resident run first, while the reads of the others are still in flight (and, with a VRAM tier,
+  // the uploads), then those on the CPU; their outputs are summed afterwards in ascending expert id, with the same
+  // operations on the same buffers as when computed in that order, so what was resident never changes the result.
+  std::vector<std::int32_t> order, cpu_order, waiting;
+  for (const auto& g : groups) {
+    if (on_cpu.count(g.first) != 0) {
+      cpu_order.push_back(g.first);
+    } else {
+      (experts_->ready(l, g.first) ? order : waiting).push_back(g.first);
+    }
+  }
+  order.insert(order.end(), cpu_order.begin(), cpu_order.end());
   order.insert(order.end(), waiting.begin(), waiting.end());
   for (const auto e : order) {
     const auto& members = groups[e];
@@ -645,11 +802,9 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
                   sizeof(float) * static_cast<std::size_t>(D));
     }
-    auto w = experts_->acquire(l, e);
-    if (!w) return w.error();
-    s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, f32(S.xe.data(), D, n)}, {f32(S.ye.data(), D, n)}, mm_p);
-    experts_->release(l, e);
-    if (!s) return s;
+    if (s = run_expert(l, e, f32(S.xe.data(), D, n), f32(S.ye.data(), D, n), on_cpu.count(e) != 0, mm_p); !s) {
+      return s;
+    }
     S.expert_out[e].assign(S.ye.begin(), S.ye.end());
   }
   // Prefetches of this layer still queued were for experts the router did not pick: free the disk queue.

@@ -604,6 +604,51 @@ void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
   release_ram(layer, expert);
 }
 
+sdk::Expected<ExpertWeights> ExpertManager::acquire_for_cpu(std::int64_t layer, std::int64_t expert) {
+  auto w = acquire_ram(layer, expert);
+  if (!w) return w;
+  if (vram_) ++stats_.vram_misses;
+  ++stats_.cpu_runs;
+  if (const auto* e = manifest_.expert(layer, expert)) stats_.cpu_run_bytes += e->size;
+  return w;
+}
+
+void ExpertManager::release_for_cpu(std::int64_t layer, std::int64_t expert, double seconds) {
+  stats_.cpu_run_seconds += seconds;
+  release_ram(layer, expert);
+}
+
+bool ExpertManager::fill_vram(std::int64_t layer, std::int64_t expert) {
+  if (!vram_) return false;
+  auto it = slots_.find(key_of(layer, expert).packed());
+  if (it == slots_.end() || it->second.pending) return false;
+  return vram_->begin_fill(key_of(layer, expert), *it->second.entry, it->second.data.data());
+}
+
+bool ExpertManager::in_vram(std::int64_t layer, std::int64_t expert) const {
+  return vram_ && vram_->contains(key_of(layer, expert));
+}
+
+Status ExpertManager::with_ram_weights(std::int64_t layer, std::int64_t expert,
+                                       const std::function<Status(const ExpertWeights&)>& fn) {
+  const ExpertStats before = stats_;
+  const auto key = key_of(layer, expert).packed();
+  auto w = acquire_ram(layer, expert);
+  if (w) {
+    Status s = fn(*w);
+    release_ram(layer, expert);
+    if (!s) return s;
+  }
+  // A load, not a use: what it read and evicted counts, not the lookup.
+  const ExpertStats after = stats_;
+  stats_ = before;
+  stats_.bytes_read = after.bytes_read;
+  stats_.buffers_mapped = after.buffers_mapped;
+  stats_.evictions = after.evictions;
+  if (auto it = usage_.find(key); it != usage_.end() && --it->second == 0) usage_.erase(it);
+  return w ? Status{} : w.error();
+}
+
 void ExpertManager::release_ram(std::int64_t layer, std::int64_t expert) {
   auto it = slots_.find(key_of(layer, expert).packed());
   if (it != slots_.end() && it->second.in_use > 0) --it->second.in_use;

@@ -203,6 +203,12 @@ bool VramTier::begin_upload(sdk::ExpertKey key, const model::ExpertEntry& e, con
   return true;
 }
 
+bool VramTier::begin_fill(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob) {
+  if (free_.empty() || entries_.count(key.packed()) != 0) return false;
+  Status error;
+  return start_upload(key, e, blob, false, error) != nullptr;
+}
+
 void VramTier::release(sdk::ExpertKey key) {
   auto it = entries_.find(key.packed());
   if (it != entries_.end() && it->second.in_use > 0) --it->second.in_use;

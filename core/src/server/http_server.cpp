@@ -406,6 +406,7 @@ class Session : public std::enable_shared_from_this<Session> {
                  {"vram_misses", st.experts.vram_misses},
                  {"vram_evictions", st.experts.vram_evictions},
                  {"bytes_uploaded", st.experts.bytes_uploaded},
+                 {"cpu_fallback_runs", st.experts.cpu_runs},
                  {"resident_experts", st.expert_resident_count},
                  {"resident_bytes", st.expert_resident_bytes},
                  {"budget_bytes", st.expert_budget_bytes}};

@@ -103,6 +103,9 @@ std::string render_metrics(const SchedulerStats& s,
   w.sample("colibri_expert_misses_total", static_cast<double>(s.experts.vram_misses), "tier=\"vram\"");
   w.one("colibri_expert_bytes_uploaded_total", "counter", "Bytes of expert weights uploaded into the VRAM tier.",
         static_cast<double>(s.experts.bytes_uploaded));
+  w.one("colibri_expert_cpu_fallback_runs_total", "counter",
+        "Experts not in VRAM run on the CPU instead of uploaded (compute.cpu_fallback: auto).",
+        static_cast<double>(s.experts.cpu_runs));
   w.one("colibri_expert_evictions_total", "counter", "Experts evicted from the RAM tier.",
         static_cast<double>(s.experts.evictions));
   w.one("colibri_expert_bytes_read_total", "counter", "Bytes of expert weights read from storage.",

@@ -291,6 +291,47 @@ TEST(ExpertManagerVram, StagedUploadsStartTogetherAndAreWaitedForByAcquire) {
   m.release(0, 3);
 }
 
+TEST(ExpertManagerVram, CpuRunsCountAsVramMissesAndFillOnlyFreeSlots) {
+  Fixture f(1, 4);
+  auto gpu = std::make_shared<DeviceCompute>();
+  auto m = f.manager(4 * kBlob);
+  ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 1 * kBlob));
+  ASSERT_TRUE(m.preload());
+  // Measuring reads the expert but is no lookup.
+  int seen = -1;
+  ASSERT_TRUE(m.with_ram_weights(0, 2, [&](const ExpertWeights& w) {
+    seen = static_cast<const std::uint8_t*>(w.gate.data)[0];
+    return sdk::Status{};
+  }));
+  EXPECT_EQ(seen, 2);
+  EXPECT_EQ(m.stats().hits + m.stats().misses, 0u);
+  EXPECT_TRUE(m.usage().empty());
+  auto w = m.acquire_for_cpu(0, 1);
+  ASSERT_TRUE(w);
+  ASSERT_NE(w->gate.data, nullptr);  // RAM weights, for the CPU backend
+  EXPECT_EQ(w->gate.buffer, nullptr);
+  EXPECT_TRUE(m.fill_vram(0, 1));  // the one slot is free
+  m.release_for_cpu(0, 1, 0.25);
+  EXPECT_EQ(m.stats().cpu_runs, 1u);
+  EXPECT_EQ(m.stats().cpu_run_bytes, kBlob);
+  EXPECT_DOUBLE_EQ(m.stats().cpu_run_seconds, 0.25);
+  EXPECT_EQ(m.stats().vram_misses, 1u);
+  EXPECT_TRUE(m.in_vram(0, 1));
+  ASSERT_TRUE(m.acquire_for_cpu(0, 3));
+  EXPECT_FALSE(m.fill_vram(0, 3));  // no free slot: a fill never evicts
+  m.release_for_cpu(0, 3, 0);
+  EXPECT_TRUE(m.in_vram(0, 1));
+  EXPECT_FALSE(m.in_vram(0, 3));
+  EXPECT_EQ(m.stats().vram_evictions, 0u);
+  auto filled = m.acquire(0, 1);  // the fill's copy is waited for: a hit, not a miss
+  ASSERT_TRUE(filled);
+  EXPECT_EQ(device_byte(filled->gate), 1);
+  m.release(0, 1);
+  EXPECT_EQ(m.stats().vram_hits, 1u);
+  EXPECT_EQ(m.stats().vram_misses, 2u);
+  EXPECT_EQ(m.stats().uploads, 1u);
+}
+
 TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {
   Fixture f(2, 3);
   auto gpu = std::make_shared<DeviceCompute>();

@@ -239,6 +239,7 @@ TEST(ServerMetrics, PrometheusText) {
   s.experts.vram_hits = 5;
   s.experts.vram_misses = 4;
   s.experts.bytes_uploaded = 8192;
+  s.experts.cpu_runs = 9;
   s.experts.prefetch_issued = 8;
   s.experts.prefetch_used = 6;
   s.experts.predicted = 8;
@@ -250,7 +251,7 @@ TEST(ServerMetrics, PrometheusText) {
        {"colibri_queue_depth 3\n", "colibri_generated_tokens_total 42\n", "colibri_expert_hits_total{tier=\"ram\"} 7\n",
         "colibri_expert_hits_total{tier=\"vram\"} 5\n", "colibri_expert_misses_total{tier=\"ram\"} 2\n",
         "colibri_expert_misses_total{tier=\"vram\"} 4\n", "colibri_expert_bytes_uploaded_total 8192\n",
-        "colibri_expert_bytes_read_total 4096\n",
+        "colibri_expert_bytes_read_total 4096\n", "colibri_expert_cpu_fallback_runs_total 9\n",
         "colibri_http_requests_total{route=\"/v1/completions\",status=\"200\"} 5\n",
         "colibri_info{model=\"ti\\\"ny\"} 1\n", "colibri_prefetch_accuracy 0.75\n", "colibri_prefetch_recall 0.5\n",
         "colibri_prefetch_issued_total 8\n", "colibri_prefetch_used_total 6\n",

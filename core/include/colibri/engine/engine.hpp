@@ -4,7 +4,7 @@
 // THE ONE PROMISE (DESIGN.md): for one backend and one model file, logits are bit-identical whatever the storage
 // plugin, cache policy, cache sizes or batch composition. The program keeps it by running every op per token
 // (the compute contract), combining routed experts in ascending expert id, and never changing routing or precision
-// for speed.
+// for speed. The one opt-in exception is compute.cpu_fallback: auto, which runs some experts on a second backend.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,7 @@
 #include "colibri/engine/expert_manager.hpp"
 #include "colibri/engine/kv_cache.hpp"
 #include "colibri/engine/memory.hpp"
+#include "colibri/engine/offload_cost.hpp"
 #include "colibri/engine/rope.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/profile/profile.hpp"
@@ -38,6 +39,9 @@ struct EngineOptions {
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
+  // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
+  double upload_gbps = 0;
+  double cpu_gbps = 0;
 };
 
 struct Plugins {
@@ -45,6 +49,9 @@ struct Plugins {
   std::shared_ptr<sdk::Storage> storage;
   std::shared_ptr<sdk::CachePolicy> cache;
   std::shared_ptr<sdk::CachePolicy> vram_cache;  // the VRAM tier's own instance of the same policy plugin
+  // compute.cpu_fallback: auto: the CPU backend, for experts not in VRAM that the cost model says run faster there
+  // than uploaded. Logits then depend on which experts were in VRAM (two backends, two sets of low bits).
+  std::shared_ptr<sdk::Compute> cpu_fallback;
   std::string compute_name, storage_name, cache_name;
 };
 
@@ -112,6 +119,8 @@ class Engine {
   // Bytes of shared weights held in the compute backend's device memory (memory.shared_on_device).
   [[nodiscard]] std::uint64_t shared_device_bytes() const { return shared_device_bytes_; }
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
+  // compute.cpu_fallback's cost model; null when the fallback is off (or had nothing to fall back for).
+  [[nodiscard]] const OffloadCost* offload_cost() const { return plugins_.cpu_fallback ? &offload_ : nullptr; }
 
  private:
   Engine();
@@ -122,6 +131,16 @@ class Engine {
                             float* logits, std::vector<RoutingRecord>* trace);
   sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                      sdk::OpParams params = {});
+  sdk::Status run_op_on(sdk::Compute& compute, const std::string& name, sdk::Op op,
+                        std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
+                        sdk::OpParams params = {});
+  // compute.cpu_fallback: keeps the CPU backend only where experts can miss VRAM, and measures the cost model.
+  sdk::Status setup_cpu_fallback(bool has_device_memory);
+  // Whether expert e of layer l runs on the CPU for `tokens` tokens (compute.cpu_fallback and its cost model).
+  [[nodiscard]] bool cpu_runs(std::int64_t l, std::int64_t e, std::int64_t tokens) const;
+  // Runs the expert over x into y: on the CPU backend from RAM when `on_cpu`, else on the backend (VRAM or RAM).
+  sdk::Status run_expert(std::int64_t l, std::int64_t e, const sdk::Tensor& x, const sdk::Tensor& y, bool on_cpu,
+                         const sdk::OpParams& params);
   sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
   sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const float* h, float* out,
                   std::vector<RoutingRecord>* trace);
@@ -141,6 +160,7 @@ class Engine {
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
   std::unique_ptr<ExpertManager> experts_;
+  OffloadCost offload_;
   std::vector<std::unique_ptr<sdk::Buffer>> shared_device_;  // the shared weights in device memory, when uploaded
   std::uint64_t shared_device_bytes_ = 0;
   std::int64_t n_past_ = 0;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,11 @@ struct ExpertStats {
   [[nodiscard]] double hit_rate() const {
     return hits + misses == 0 ? 1.0 : static_cast<double>(hits) / static_cast<double>(hits + misses);
   }
+  // compute.cpu_fallback: experts not in VRAM that ran on the CPU backend from RAM instead of being uploaded (each a
+  // VRAM miss too), their weight bytes, and the time they took.
+  std::uint64_t cpu_runs = 0;
+  std::uint64_t cpu_run_bytes = 0;
+  double cpu_run_seconds = 0;
   // The VRAM tier (when enabled): lookups it served and missed (a miss goes to the RAM tier, then uploads), slots it
   // freed for others, uploads and their bytes, and the time the forward pass waited for uploads. `hits`/`misses`
   // above are the RAM tier's and then count only VRAM misses.
@@ -120,6 +126,18 @@ class ExpertManager {
   // tier the weights are in its device buffer: a VRAM miss goes through the RAM tier and uploads.
   sdk::Expected<ExpertWeights> acquire(std::int64_t layer, std::int64_t expert);
   void release(std::int64_t layer, std::int64_t expert);
+  // compute.cpu_fallback: the expert's weights in RAM (read if needed), to run on the CPU backend instead of
+  // uploading it; counted as a VRAM miss and a CPU run. Release with release_for_cpu(), passing the run's time.
+  sdk::Expected<ExpertWeights> acquire_for_cpu(std::int64_t layer, std::int64_t expert);
+  void release_for_cpu(std::int64_t layer, std::int64_t expert, double seconds);
+  [[nodiscard]] bool in_vram(std::int64_t layer, std::int64_t expert) const;
+  // Starts uploading an expert acquired for the CPU into a free VRAM slot, if one is free (VramTier::begin_fill):
+  // the copy overlaps the CPU run, and the expert's next use hits VRAM. True when it started.
+  bool fill_vram(std::int64_t layer, std::int64_t expert);
+  // Runs `fn` with the expert's weights in RAM (read if needed) without counting a use, a hit or a miss: for
+  // measuring (the cost model's calibration), not for running the model.
+  sdk::Status with_ram_weights(std::int64_t layer, std::int64_t expert,
+                               const std::function<sdk::Status(const ExpertWeights&)>& fn);
 
   // Queues asynchronous reads (ReadPriority::prefetch) of the experts in `wanted` that are neither resident nor in
   // flight (nothing when the storage reads synchronously). A prefetch never fails the caller and never evicts an expert

@@ -50,6 +50,9 @@ class VramTier {
   // runs as usual.
   bool begin_upload(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob,
                     std::span<const sdk::ExpertKey> keep);
+  // Like begin_upload, but only into a free slot (never evicting) and not a miss: the expert runs elsewhere now
+  // (compute.cpu_fallback) and is in VRAM for its next use. False when no slot is free.
+  bool begin_fill(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob);
   // Frees a slot (evicting through the policy) unless one is free; out_of_memory when every slot is in use or
   // pinned. upload() does it too; calling it first spares a read whose upload would fail.
   sdk::Status make_room();

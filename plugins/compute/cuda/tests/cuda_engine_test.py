@@ -6,11 +6,13 @@
 * every tiny architecture at f32, and every quantization preset (q4_0 is covered by the conformance suite only): `colibri-cli logits` with
   compute.backend=cuda against the CPU backend, within 1e-4 of the max-abs logit per position (f32 KV cache,
   exact activations: both backends compute the same sums in different orders), and the same greedy token;
-* the one promise on CUDA: logits bit-identical in one batch, token by token and in chunks of 3.
+* the one promise on CUDA: logits bit-identical in one batch, token by token and in chunks of 3;
+* the VRAM expert tier (Engine.vram_promise): bit-identical logits for every VRAM budget x RAM cache x batch, and
+  its bench counters;
+* compute.cpu_fallback: auto and its cost model (Engine.cpu_fallback).
 
-Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1, and when the engine
-does not run device-memory backends (engine.cpp refused host_memory = false until the VRAM-tier work lands).
-The checks themselves live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
+Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
+live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
 """
 
 import os
@@ -23,13 +25,12 @@ import backend_engine  # noqa: E402
 
 def main():
     engine = backend_engine.Engine(*sys.argv[1:4], "cuda")
-    # The engine itself cannot drive a device-memory backend yet: not this plugin's failure.
-    skip = engine.probe("CUDA", "COLIBRI_REQUIRE_CUDA", skips={
-        "keeps buffers in device memory": "the engine does not run device-memory backends yet"})
+    skip = engine.probe("CUDA", "COLIBRI_REQUIRE_CUDA")
     if skip is not None:
         return skip
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS + [("olmoe", "q6_k")]
-    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
+    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
+                                 engine.vram_promise({"device": []}, []) + engine.cpu_fallback([]))
 
 
 if __name__ == "__main__":
