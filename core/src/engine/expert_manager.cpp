@@ -247,6 +247,9 @@ Status ExpertManager::make_room(std::uint64_t bytes) {
       reap();
       continue;
     }
+    if ((!victim || !evictable(this, *victim)) && !copy_holds_.empty() && release_copy_holds(!prefetch_eviction_)) {
+      continue;  // uploads held the room: they are done now (a prefetch never waits for them)
+    }
     if (!victim || !evictable(this, *victim)) {
       return Status(StatusCode::out_of_memory,
                     "memory.expert_cache (" + std::to_string(budget_) +
@@ -264,14 +267,19 @@ ExpertWeights ExpertManager::weights_of(const Slot& slot) const {
 
 Status ExpertManager::enable_vram(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy,
                                   std::uint64_t budget_bytes) {
+  auto* host = static_cast<sdk::ComputeHostRegister*>(compute->query_interface(sdk::kHostRegisterInterface));
   auto tier = VramTier::create(manifest_, std::move(compute), std::move(policy), budget_bytes, stats_);
   if (!tier) return tier.error();
   vram_ = std::move(*tier);
+  // RAM slots the backend reads directly: uploads skip its staging copy. Not when every expert has a VRAM slot
+  // (each is uploaded once, at load).
+  if (!vram_->holds_all()) host_register_ = host;
   return {};
 }
 
 sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int64_t expert) {
   if (!vram_) return acquire_ram(layer, expert);
+  if (!copy_holds_.empty()) release_copy_holds(false);
   const auto key = key_of(layer, expert);
   if (auto w = vram_->acquire(key)) {
     ++usage_[key.packed()];
@@ -290,12 +298,14 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
 std::size_t ExpertManager::stage_uploads(std::span<const sdk::ExpertKey> needed) {
   if (!vram_) return 0;
   reap();
+  release_copy_holds(false);
   std::size_t started = 0;
   for (const auto key : needed) {
     if (vram_->contains(key)) continue;
     auto it = slots_.find(key.packed());
     if (it == slots_.end() || it->second.pending) continue;  // not in RAM yet: acquire() reads, then uploads
     if (!vram_->begin_upload(key, *it->second.entry, it->second.data.data(), needed)) continue;
+    hold_for_copy(key, it->second);
     ++started;
     // The RAM tier served it: a hit (counted, heard by the policy) whose use is counted once, by the acquire() that
     // runs it. The slot is ready, so this neither reads nor waits.
@@ -418,6 +428,7 @@ void ExpertManager::settle_prefetches() {
 
 CacheClearResult ExpertManager::clear() {
   settle_prefetches();
+  if (vram_) release_copy_holds(true);
   CacheClearResult r;
   for (auto it = slots_.begin(); it != slots_.end();) {
     auto next = std::next(it);
@@ -584,16 +595,49 @@ ExpertManager::SlotBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
 ExpertManager::SlotBuffer ExpertManager::new_buffer(std::uint64_t bytes) {
   AlignedBuffer data(bytes);
   ++stats_.buffers_mapped;
-  if (buffers_ == nullptr) return SlotBuffer(std::move(data), nullptr);
-  const Status s = buffers_->register_buffer({data.data(), data.size()});
-  if (s) return SlotBuffer(std::move(data), buffers_);
-  // Reads still work, each pinning its pages; one warning, and no more attempts that would fail the same way.
-  spdlog::warn(
-      "expert cache: the storage did not register a slot buffer, so expert reads go without registered "
-      "buffers: {}",
-      s.message());
-  buffers_ = nullptr;
-  return SlotBuffer(std::move(data), nullptr);
+  sdk::StorageBuffers* storage = nullptr;
+  if (buffers_ != nullptr) {
+    if (const Status s = buffers_->register_buffer({data.data(), data.size()}); s) {
+      storage = buffers_;
+    } else {
+      // Reads still work, each pinning its pages; one warning, and no more attempts that would fail the same way.
+      spdlog::warn(
+          "expert cache: the storage did not register a slot buffer, so expert reads go without registered "
+          "buffers: {}",
+          s.message());
+      buffers_ = nullptr;
+    }
+  }
+  sdk::ComputeHostRegister* host = nullptr;
+  if (host_register_ != nullptr) {
+    if (const Status s = host_register_->register_host(data.data(), data.size()); s) {
+      host = host_register_;
+    } else {
+      // Uploads still work, staged through the backend's own pinned memory.
+      spdlog::warn("expert cache: the compute backend did not register a slot buffer, so uploads are staged: {}",
+                   s.message());
+      host_register_ = nullptr;
+    }
+  }
+  return SlotBuffer(std::move(data), storage, host);
+}
+
+void ExpertManager::hold_for_copy(sdk::ExpertKey key, Slot& slot) {
+  if (!slot.data.host_registered() || !vram_->copying(key)) return;
+  ++slot.in_use;
+  copy_holds_.push_back(key);
+}
+
+bool ExpertManager::release_copy_holds(bool wait) {
+  bool released = false;
+  std::erase_if(copy_holds_, [&](sdk::ExpertKey key) {
+    if (wait) vram_->finish_copy(key);
+    if (vram_->copying(key)) return false;
+    release_ram(key.layer, key.expert);
+    released = true;
+    return true;
+  });
+  return released;
 }
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
@@ -620,9 +664,12 @@ void ExpertManager::release_for_cpu(std::int64_t layer, std::int64_t expert, dou
 
 bool ExpertManager::fill_vram(std::int64_t layer, std::int64_t expert) {
   if (!vram_) return false;
+  release_copy_holds(false);
   auto it = slots_.find(key_of(layer, expert).packed());
   if (it == slots_.end() || it->second.pending) return false;
-  return vram_->begin_fill(key_of(layer, expert), *it->second.entry, it->second.data.data());
+  if (!vram_->begin_fill(key_of(layer, expert), *it->second.entry, it->second.data.data())) return false;
+  hold_for_copy(key_of(layer, expert), it->second);
+  return true;
 }
 
 bool ExpertManager::in_vram(std::int64_t layer, std::int64_t expert) const {

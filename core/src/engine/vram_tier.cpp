@@ -110,6 +110,26 @@ std::optional<ExpertWeights> VramTier::acquire(sdk::ExpertKey key) {
   return weights_of(entry);
 }
 
+bool VramTier::copying(sdk::ExpertKey key) const {
+  auto it = entries_.find(key.packed());
+  return it != entries_.end() && it->second.upload && !it->second.upload->ready();
+}
+
+void VramTier::finish_copy(sdk::ExpertKey key) {
+  auto it = entries_.find(key.packed());
+  if (it == entries_.end() || !it->second.upload) return;
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = it->second.upload->wait();
+  stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  it->second.upload.reset();
+  if (!s) {
+    spdlog::warn("uploading expert {} to the VRAM tier failed ({}); it will be uploaded again", key_text(key),
+                 s.message());
+    if (it->second.miss_counted) --stats_.vram_misses;  // its acquire() misses and counts itself
+    erase(it);
+  }
+}
+
 bool VramTier::ready(sdk::ExpertKey key) const {
   auto it = entries_.find(key.packed());
   return it != entries_.end() && (!it->second.upload || it->second.upload->ready());

@@ -296,6 +296,41 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<Pe
   return copies_.track(std::move(copy));
 }
 
+Status CudaCompute::register_host(void* ptr, std::size_t bytes) noexcept {
+  try {
+    if (ptr == nullptr || bytes == 0) return Status(StatusCode::invalid_argument, "register_host: an empty region");
+    if (Status s = dev_->use(); !s) return s;
+    if (cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable); e != cudaSuccess) {
+      cudaGetLastError();
+      return cuda_status(e, "registering " + std::to_string(bytes) + " bytes of host memory (cudaHostRegister)",
+                         StatusCode::out_of_memory);
+    }
+    std::lock_guard lock(registered_mu_);
+    registered_[static_cast<const std::byte*>(ptr)] = bytes;
+    return {};
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "register_host");
+  }
+}
+
+void CudaCompute::unregister_host(void* ptr) noexcept {
+  std::lock_guard lock(registered_mu_);
+  auto it = registered_.find(static_cast<const std::byte*>(ptr));
+  if (it == registered_.end()) return;
+  registered_.erase(it);
+  (void)dev_->use();
+  cudaStreamSynchronize(dev_->copy);  // the caller waited for its copies; this makes sure none still reads it
+  cudaHostUnregister(ptr);
+  cudaGetLastError();
+}
+
+bool CudaCompute::registered(const void* src, std::size_t bytes) const {
+  const auto* p = static_cast<const std::byte*>(src);
+  std::lock_guard lock(registered_mu_);
+  auto it = registered_.upper_bound(p);
+  return it != registered_.begin() && p + bytes <= std::prev(it)->first + std::prev(it)->second;
+}
+
 Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const void* src, sdk::Buffer& dst,
                                                                         std::size_t offset,
                                                                         std::size_t bytes) noexcept {
@@ -305,6 +340,13 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const vo
     if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     if (src == nullptr) return Status(StatusCode::invalid_argument, "copy_to_device_async: null source");
     if (Status s = dev_->use(); !s) return s;
+    if (registered(src, bytes)) {
+      // Page-locked already: the copy engine reads it directly while the caller goes on (kHostRegisterInterface).
+      auto copy = std::make_shared<PendingCopy>();
+      copy->dev = dev_;
+      copy->bytes = bytes;
+      return start_copy(std::move(copy), (*cb)->device_pointer() + offset, src, cudaMemcpyHostToDevice);
+    }
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
       // No pinned memory left: a synchronous copy from pageable memory still works.

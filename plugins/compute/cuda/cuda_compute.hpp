@@ -86,7 +86,7 @@ struct PendingCopy {
   [[nodiscard]] bool is_finished() noexcept;
 };
 
-class CudaCompute final : public sdk::Compute {
+class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
  public:
   static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
   explicit CudaCompute(std::shared_ptr<Device> dev);
@@ -101,10 +101,15 @@ class CudaCompute final : public sdk::Compute {
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
                                                                 std::size_t bytes) noexcept override;
   sdk::Status synchronize() noexcept override;
-  // run() stages host tensors through pinned memory, so the engine may keep activations on the host.
+  // run() stages host tensors through pinned memory, so the engine may keep activations on the host; registered
+  // host memory (cudaHostRegister) is uploaded straight from where it is, without the staging copy.
   [[nodiscard]] void* query_interface(std::string_view id) noexcept override {
-    return id == sdk::kHostTensorsInterface ? this : nullptr;
+    if (id == sdk::kHostTensorsInterface) return this;
+    if (id == sdk::kHostRegisterInterface) return static_cast<sdk::ComputeHostRegister*>(this);
+    return nullptr;
   }
+  sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override;
+  void unregister_host(void* ptr) noexcept override;
 
  private:
   friend class Binder;
@@ -119,6 +124,10 @@ class CudaCompute final : public sdk::Compute {
   mutable std::mutex info_mu_;
   mutable std::vector<sdk::DeviceInfo> devices_;
   sdk::CopiesInFlight<PendingCopy> copies_;
+  // Host regions registered with cudaHostRegister: start -> bytes.
+  [[nodiscard]] bool registered(const void* src, std::size_t bytes) const;
+  mutable std::mutex registered_mu_;
+  std::map<const std::byte*, std::size_t> registered_;
   // Ops run one at a time: the arenas and the status word are shared.
   std::mutex run_mu_;
   void* arena_ = nullptr;  // device copies of host tensors, and expert_ffn's intermediates

@@ -110,8 +110,10 @@ TEST(ExpertManager, PinnedExpertsStay) {
 
 // A compute backend with device memory: buffers are not host-visible (unless `mapped`) and uploads land only when
 // their event is waited on, so weights used before the wait would show the old bytes. Like the real backends it
-// stages the source at the call, which may then be reused (sdk/compute.hpp).
-class DeviceCompute final : public sdk::Compute {
+// stages the source at the call, which may then be reused (sdk/compute.hpp), unless the source lies in memory
+// registered through kHostRegisterInterface (offered when `offer_register`): that is read only at the wait, like
+// DMA, so a source reused before then shows.
+class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
  public:
   class DeviceBuffer final : public sdk::Buffer {
    public:
@@ -124,10 +126,12 @@ class DeviceCompute final : public sdk::Compute {
   };
   class LateCopy final : public sdk::Event {
    public:
-    LateCopy(const void* src, std::byte* dst, std::size_t n)
-        : staged_(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + n), dst_(dst) {}
+    LateCopy(const void* src, std::byte* dst, std::size_t n, bool direct)
+        : dst_(dst), n_(n), direct_(direct ? static_cast<const std::byte*>(src) : nullptr) {
+      if (!direct) staged_.assign(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + n);
+    }
     sdk::Status wait() noexcept override {
-      if (!done_) std::memcpy(dst_, staged_.data(), staged_.size());
+      if (!done_) std::memcpy(dst_, direct_ != nullptr ? direct_ : staged_.data(), n_);
       done_ = true;
       return {};
     }
@@ -136,8 +140,31 @@ class DeviceCompute final : public sdk::Compute {
    private:
     std::vector<std::byte> staged_;
     std::byte* dst_;
+    std::size_t n_;
+    const std::byte* direct_;
     bool done_ = false;
   };
+
+  bool offer_register = false;
+  bool refuse_register = false;
+  int register_calls = 0;
+  int direct_copies = 0;
+  std::map<const std::byte*, std::size_t> registered;
+  void* query_interface(std::string_view id) noexcept override {
+    return offer_register && id == sdk::kHostRegisterInterface ? static_cast<sdk::ComputeHostRegister*>(this) : nullptr;
+  }
+  sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override {
+    ++register_calls;
+    if (refuse_register) return sdk::Status(sdk::StatusCode::out_of_memory, "no pinnable memory (test)");
+    registered[static_cast<const std::byte*>(ptr)] = bytes;
+    return {};
+  }
+  void unregister_host(void* ptr) noexcept override { registered.erase(static_cast<const std::byte*>(ptr)); }
+  bool in_registered(const void* p, std::size_t n) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    auto it = registered.upper_bound(b);
+    return it != registered.begin() && b + n <= std::prev(it)->first + std::prev(it)->second;
+  }
 
   bool mapped = false;
   std::uint64_t allocated = 0, peak_allocated = 0;
@@ -157,7 +184,9 @@ class DeviceCompute final : public sdk::Compute {
     auto& b = static_cast<DeviceBuffer&>(dst);
     if (offset + bytes > b.bytes.size()) return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
     ++copies;
-    return std::unique_ptr<sdk::Event>(std::make_unique<LateCopy>(src, b.bytes.data() + offset, bytes));
+    const bool direct = in_registered(src, bytes);
+    direct_copies += direct ? 1 : 0;
+    return std::unique_ptr<sdk::Event>(std::make_unique<LateCopy>(src, b.bytes.data() + offset, bytes, direct));
   }
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer&, std::size_t, void*,
                                                                 std::size_t) noexcept override {
@@ -330,6 +359,51 @@ TEST(ExpertManagerVram, CpuRunsCountAsVramMissesAndFillOnlyFreeSlots) {
   EXPECT_EQ(m.stats().vram_hits, 1u);
   EXPECT_EQ(m.stats().vram_misses, 2u);
   EXPECT_EQ(m.stats().uploads, 1u);
+}
+
+TEST(ExpertManagerVram, RegisteredSlotsAreReadDirectlyAndHeldUntilTheCopyIsDone) {
+  Fixture f(1, 4);
+  auto gpu = std::make_shared<DeviceCompute>();
+  gpu->offer_register = true;
+  {
+    auto m = f.manager(1 * kBlob);  // one RAM slot: the next read must reuse it
+    ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 3 * kBlob));
+    ASSERT_TRUE(m.preload());
+    EXPECT_EQ(gpu->registered.size(), 1u) << "the RAM slot is registered with the backend at load";
+    // 0:3 in RAM only. Staging it starts a copy straight from the registered RAM slot, so that slot must stay 0:3's
+    // until the copy is done, even when 0:1's read needs the room.
+    ASSERT_TRUE(m.with_ram_weights(0, 3, [](const ExpertWeights&) { return sdk::Status{}; }));
+    const ExpertKey next[] = {{0, 1}, {0, 3}};
+    const int direct_before = gpu->direct_copies;
+    EXPECT_EQ(m.stage_uploads(next), 1u);  // 0:3 starts uploading straight from the RAM slot
+    EXPECT_EQ(gpu->direct_copies, direct_before + 1);
+    auto b = m.acquire(0, 1);  // needs the RAM slot that 0:3's copy still reads: waits for that copy first
+    ASSERT_TRUE(b) << b.error().message();
+    EXPECT_EQ(device_byte(b->gate), 1);
+    m.release(0, 1);
+    auto c = m.acquire(0, 3);
+    ASSERT_TRUE(c);
+    EXPECT_EQ(device_byte(c->gate), 3) << "the copy read a reused RAM slot";
+    EXPECT_EQ(device_byte(c->down), 3);
+    m.release(0, 3);
+  }
+  EXPECT_TRUE(gpu->registered.empty()) << "every registration ends with the manager";
+
+  // A refusal: one warning, and uploads go on staged.
+  auto refusing = std::make_shared<DeviceCompute>();
+  refusing->offer_register = true;
+  refusing->refuse_register = true;
+  auto m = f.manager(2 * kBlob);
+  ASSERT_TRUE(m.enable_vram(refusing, std::make_shared<ListPolicy>(), 1 * kBlob));
+  ASSERT_TRUE(m.preload());
+  for (int e : {0, 1, 2, 3}) {
+    auto w = m.acquire(0, e);
+    ASSERT_TRUE(w);
+    EXPECT_EQ(device_byte(w->up), e);
+    m.release(0, e);
+  }
+  EXPECT_EQ(refusing->register_calls, 1);
+  EXPECT_EQ(refusing->direct_copies, 0);
 }
 
 TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {

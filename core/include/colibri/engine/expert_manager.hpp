@@ -188,18 +188,24 @@ class ExpertManager {
 
  private:
   // A slot's memory. While registered with the storage (interface "colibri.storage.buffers.v1") reads into it skip
-  // per-read page pinning; it is unregistered before it is freed.
+  // per-read page pinning; while registered with the compute backend (sdk::kHostRegisterInterface) uploads read it
+  // directly. It is unregistered before it is freed.
   class SlotBuffer {
    public:
     SlotBuffer() = default;
-    SlotBuffer(AlignedBuffer data, sdk::StorageBuffers* registry) : data_(std::move(data)), registry_(registry) {}
+    SlotBuffer(AlignedBuffer data, sdk::StorageBuffers* registry, sdk::ComputeHostRegister* host)
+        : data_(std::move(data)), registry_(registry), host_(host) {}
     ~SlotBuffer() { unregister(); }
-    SlotBuffer(SlotBuffer&& o) noexcept : data_(std::move(o.data_)), registry_(std::exchange(o.registry_, nullptr)) {}
+    SlotBuffer(SlotBuffer&& o) noexcept
+        : data_(std::move(o.data_)),
+          registry_(std::exchange(o.registry_, nullptr)),
+          host_(std::exchange(o.host_, nullptr)) {}
     SlotBuffer& operator=(SlotBuffer&& o) noexcept {
       if (this != &o) {
         unregister();
         data_ = std::move(o.data_);
         registry_ = std::exchange(o.registry_, nullptr);
+        host_ = std::exchange(o.host_, nullptr);
       }
       return *this;
     }
@@ -207,14 +213,19 @@ class ExpertManager {
     SlotBuffer& operator=(const SlotBuffer&) = delete;
     [[nodiscard]] std::byte* data() const { return data_.data(); }
     [[nodiscard]] std::size_t size() const { return data_.size(); }
+    // Uploads may read it after copy_to_device_async returns.
+    [[nodiscard]] bool host_registered() const { return host_ != nullptr; }
 
    private:
     void unregister() noexcept {
       if (registry_ != nullptr) registry_->unregister_buffer({data_.data(), data_.size()});
+      if (host_ != nullptr) host_->unregister_host(data_.data());
       registry_ = nullptr;
+      host_ = nullptr;
     }
     AlignedBuffer data_;
-    sdk::StorageBuffers* registry_ = nullptr;  // non-null while registered
+    sdk::StorageBuffers* registry_ = nullptr;   // non-null while registered
+    sdk::ComputeHostRegister* host_ = nullptr;  // non-null while registered
   };
   // A prefetch read in flight; the storage thread sets done under mutex_.
   struct Pending {
@@ -245,8 +256,14 @@ class ExpertManager {
   bool start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes, sdk::ReadPriority priority);
   // A slot buffer of `bytes`: an evicted one of that size when there is one (no page faults, no zeroing), else new.
   SlotBuffer take_buffer(std::uint64_t bytes);
-  // A new slot buffer, registered with the storage when it offers that (the first refusal is logged and ends it).
+  // A new slot buffer, registered with the storage and the compute backend when they offer that (the first refusal
+  // of each is logged and ends it).
   SlotBuffer new_buffer(std::uint64_t bytes);
+  // After a copy into VRAM started from this slot: holds the slot until the copy is done when it reads registered
+  // memory directly.
+  void hold_for_copy(sdk::ExpertKey key, Slot& slot);
+  // Gives back the holds whose copies are done (`wait`: waits for them all first). True when one was given back.
+  bool release_copy_holds(bool wait);
   // Bytes of the RAM slot that holds `e`.
   [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
@@ -271,7 +288,11 @@ class ExpertManager {
   bool async_storage_ = false;    // the storage overlaps submitted reads (else prefetch is skipped)
   sdk::StorageCancel* cancel_ = nullptr;    // the storage's cancel interface, when it offers one
   sdk::StorageBuffers* buffers_ = nullptr;  // the storage's buffer registration, while it accepts ours
-  std::map<std::uint64_t, Slot> slots_;     // by ExpertKey::packed()
+  // The compute backend's host registration (VRAM tier, not every expert in VRAM), while it accepts ours.
+  sdk::ComputeHostRegister* host_register_ = nullptr;
+  // Experts whose RAM slot an upload from registered memory may still read: held in use until the copy is done.
+  std::vector<sdk::ExpertKey> copy_holds_;
+  std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
   std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch

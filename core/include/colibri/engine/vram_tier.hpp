@@ -62,6 +62,10 @@ class VramTier {
   [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
   // Resident with its upload (if any) complete: acquire() returns without waiting.
   [[nodiscard]] bool ready(sdk::ExpertKey key) const;
+  // True while a begin_upload() or begin_fill() copy of the expert may still read its source.
+  [[nodiscard]] bool copying(sdk::ExpertKey key) const;
+  // Waits for that copy; a failed one forgets the expert (its next acquire() misses and uploads again).
+  void finish_copy(sdk::ExpertKey key);
   // Every expert of the model has a slot of its own: nothing is ever evicted.
   [[nodiscard]] bool holds_all() const { return slot_count() >= expert_count_; }
   // Forgets every expert neither in use nor pinned (their slots become free); returns how many.

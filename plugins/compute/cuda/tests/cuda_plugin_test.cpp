@@ -4,6 +4,7 @@
 // asynchronous copies in flight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -275,6 +276,42 @@ TEST(CudaPlugin, ManyCopiesInFlightAllArrive) {
     ASSERT_TRUE((*ev)->wait());
     EXPECT_EQ(back, want[i]) << "buffer " << i;
   }
+}
+
+TEST(CudaPlugin, RegisteredHostMemoryUploadsDirectlyAndUnregisters) {
+  CUDA_COMPUTE(c, {});
+  auto* reg = static_cast<ComputeHostRegister*>(c.query_interface(kHostRegisterInterface));
+  ASSERT_NE(reg, nullptr) << "the CUDA backend offers host registration";
+  const std::size_t bytes = std::size_t{8} << 20;
+  void* raw = std::aligned_alloc(4096, bytes);
+  ASSERT_NE(raw, nullptr);
+  auto* src = static_cast<unsigned char*>(raw);
+  for (std::size_t j = 0; j < bytes; ++j) src[j] = static_cast<unsigned char>(j * 7 + 3);
+  ASSERT_TRUE(reg->register_host(raw, bytes));
+  auto b = c.allocate(bytes);
+  ASSERT_TRUE(b) << b.error().to_string();
+  // A part inside the region and the whole of it: both arrive once the events complete.
+  auto part = c.copy_to_device_async(src + 4096, **b, 0, 4096);
+  auto whole = c.copy_to_device_async(src, **b, 0, bytes);
+  ASSERT_TRUE(part && whole);
+  ASSERT_TRUE((*part)->wait());
+  ASSERT_TRUE((*whole)->wait());
+  std::vector<unsigned char> back(bytes);
+  auto down = c.copy_to_host_async(**b, 0, back.data(), bytes);
+  ASSERT_TRUE(down) << down.error().to_string();
+  ASSERT_TRUE((*down)->wait());
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), src));
+  reg->unregister_host(raw);
+  // Unregistered, the same memory is staged again: the source may change right after the call.
+  auto staged = c.copy_to_device_async(src, **b, 0, bytes);
+  ASSERT_TRUE(staged);
+  std::fill(src, src + bytes, 0);
+  ASSERT_TRUE((*staged)->wait());
+  down = c.copy_to_host_async(**b, 0, back.data(), bytes);
+  ASSERT_TRUE(down && (*down)->wait());
+  EXPECT_EQ(back[4097], static_cast<unsigned char>(4097 * 7 + 3));
+  EXPECT_FALSE(reg->register_host(nullptr, 0)) << "an empty region is an error";
+  std::free(raw);
 }
 
 }  // namespace

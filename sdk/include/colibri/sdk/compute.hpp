@@ -156,6 +156,23 @@ class Event {
 // memory.vram_budget, hands it expert weights in buffers from allocate() (the VRAM tier).
 inline constexpr std::string_view kHostTensorsInterface = "colibri.compute.host-tensors.v1";
 
+// query_interface id of a backend whose uploads read registered host memory directly (DMA, e.g. cudaHostRegister)
+// instead of copying it into a staging buffer first; query_interface returns a ComputeHostRegister*. A
+// copy_to_device_async whose source lies in a registered region may read it until its event completes, not only
+// until it returns: the caller keeps those bytes unchanged until then. The engine registers its RAM expert slots.
+inline constexpr std::string_view kHostRegisterInterface = "colibri.compute.host-register.v1";
+
+class ComputeHostRegister {
+ public:
+  // Registers [ptr, ptr + bytes); an error leaves it unregistered (copies from it still work, staged).
+  virtual Status register_host(void* ptr, std::size_t bytes) noexcept = 0;
+  // Ends a registration made with this ptr; every copy from the region has completed.
+  virtual void unregister_host(void* ptr) noexcept = 0;
+
+ protected:
+  ~ComputeHostRegister() = default;
+};
+
 class Compute : public PluginObject {
  public:
   [[nodiscard]] virtual std::span<const DeviceInfo> devices() const noexcept = 0;
@@ -163,8 +180,8 @@ class Compute : public PluginObject {
   [[nodiscard]] virtual bool supports(Op op, DType weight_type) const noexcept = 0;
   virtual Status run(const OpCall& call) noexcept = 0;
   // Copies between host memory and a buffer; the event completes when the data has arrived. copy_to_device_async
-  // is done with `src` when it returns (the caller may reuse it before the event completes); copy_to_host_async
-  // writes `dst` until its event completes.
+  // is done with `src` when it returns (the caller may reuse it before the event completes) unless `src` lies in
+  // memory registered through kHostRegisterInterface; copy_to_host_async writes `dst` until its event completes.
   virtual Expected<std::unique_ptr<Event>> copy_to_device_async(const void* src, Buffer& dst, std::size_t offset,
                                                                 std::size_t bytes) noexcept = 0;
   virtual Expected<std::unique_ptr<Event>> copy_to_host_async(const Buffer& src, std::size_t offset, void* dst,
