@@ -116,7 +116,8 @@ class Engine:
 
     def vram_promise(self, placements, discrete, budgets=("none", "one", "quarter", "all")):
         """The one promise with the VRAM expert tier: memory.vram_budget 0, one expert slot, a quarter of the experts
-        and all of them, each with the RAM tier holding everything or one expert, under every placement (name ->
+        and all of them (memory.vram_admission frequency, the default, and always), each with the RAM tier holding
+        everything or one expert, under every placement (name ->
         extra arguments, e.g. mapped and unmapped device memory), token by token and in one batch: logits
         bit-identical. The bench (with `discrete`, the arguments of a discrete GPU's path) reports the tier: uploads
         happen, the slots stay within the budget, all-in-VRAM decodes without an upload; the CPU backend (no device
@@ -132,7 +133,9 @@ class Engine:
                 for ram in ("all", "one"):
                     for placement, args in placements.items():
                         for batch in ("512", "1"):
-                            extra = self.on_backend + ["--vram-budget", str(budget), "--batch", batch] + args
+                            admission = "always" if batch == "1" else "frequency"  # both, without doubling the runs
+                            extra = self.on_backend + ["--vram-budget", str(budget), "--batch", batch, "--set",
+                                                       f"memory.vram_admission={admission}"] + args
                             if ram == "one":
                                 extra += ["--expert-cache-size", str(slot)]
                             got = self.logits(m, f"vram-{name}-{ram}-{placement}-{batch}", *extra)
@@ -149,8 +152,13 @@ class Engine:
                 failures.append(f"{arch}: a quarter in VRAM uploaded nothing: {small}")
             if not (0 < small["vram_allocated_bytes"] <= small["vram_budget_bytes"] == sizes["quarter"]):
                 failures.append(f"{arch}: VRAM slots over budget: {small['vram_allocated_bytes']} > {sizes['quarter']}")
-            if small["vram_hits"] + small["vram_misses"] == 0 or small["vram_misses"] != small["vram_uploads"]:
-                failures.append(f"{arch}: VRAM lookups do not add up: {small}")
+            if (small["vram_hits"] + small["vram_misses"] == 0 or
+                    small["vram_misses"] != small["vram_uploads"] + small["vram_bypassed"]):
+                failures.append(f"{arch}: VRAM lookups do not add up (misses = uploads + run from RAM): {small}")
+            always, _ = self._bench(m, "--vram-budget", str(sizes["quarter"]), "--expert-cache-size", str(slot),
+                                    "--set", "memory.vram_admission=always", *discrete)
+            if always["vram_bypassed"] != 0 or always["vram_misses"] != always["vram_uploads"]:
+                failures.append(f"{arch}: memory.vram_admission=always should upload every miss: {always}")
             if small["expert_hits"] + small["expert_misses"] != small["vram_misses"]:
                 failures.append(f"{arch}: the RAM tier should see exactly the VRAM misses: {small}")
             full, _ = self._bench(m, "--vram-budget", str(sizes["all"]), *discrete)

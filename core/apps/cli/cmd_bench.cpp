@@ -178,6 +178,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["vram_hit_rate"] = vram != nullptr ? st.vram_hit_rate() : 0.0;
   j["vram_evictions"] = st.vram_evictions;
   j["vram_uploads"] = st.uploads;
+  j["vram_bypassed"] = st.vram_bypassed;  // misses memory.vram_admission ran from RAM instead of uploading
   j["bytes_uploaded"] = st.bytes_uploaded;
   j["upload_seconds"] = st.upload_seconds;
   // compute.cpu_fallback: experts run on the CPU instead of uploaded, and the cost model that chose them.

@@ -94,9 +94,10 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
                 mib(st.bytes_read).c_str(), st.stall_seconds);
   std::string line = buf;
   if (const auto* vram = e.experts().vram()) {
-    std::snprintf(buf, sizeof buf, " [vram %zu slots of %s | hit rate %.1f%% | uploaded %s in %llu uploads]",
-                  vram->slot_count(), mib(vram->slot_bytes()).c_str(), 100.0 * st.vram_hit_rate(),
-                  mib(st.bytes_uploaded).c_str(), static_cast<unsigned long long>(st.uploads));
+    std::snprintf(
+        buf, sizeof buf, " [vram %zu slots of %s | hit rate %.1f%% | uploaded %s in %llu uploads | %llu run from RAM]",
+        vram->slot_count(), mib(vram->slot_bytes()).c_str(), 100.0 * st.vram_hit_rate(), mib(st.bytes_uploaded).c_str(),
+        static_cast<unsigned long long>(st.uploads), static_cast<unsigned long long>(st.vram_bypassed));
     line += buf;
   }
   if (e.offload_cost() != nullptr) {

@@ -109,6 +109,15 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     if (!v) return v.error();
     options.shared_on_device = *v;
   }
+  if (const std::string admission = profile.get_string("memory.vram_admission"); !admission.empty()) {
+    if (admission != "frequency" && admission != "always") {
+      const auto* entry = profile.find("memory.vram_admission");
+      return Status(StatusCode::invalid_argument, "memory.vram_admission '" + admission + "' (" +
+                                                      (entry != nullptr ? entry->origin.describe() : "") +
+                                                      ") is not one of frequency, always");
+    }
+    options.vram_admission = admission == "frequency";
+  }
   if (*options.vram_budget_bytes > 0) {
     auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
     if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + (*cache_info)->name);
@@ -354,7 +363,10 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                     "memory.vram_budget is set but no cache policy instance was given "
                     "for the VRAM tier (Plugins::vram_cache)");
     }
-    if (auto s = experts_->enable_vram(plugins_.compute, plugins_.vram_cache, vram_budget); !s) return s;
+    if (auto s = experts_->enable_vram(plugins_.compute, plugins_.vram_cache, vram_budget, options_.vram_admission);
+        !s) {
+      return s;
+    }
   }
   if (auto s = experts_->preload(); !s) return s;
   return plugins_.cpu_fallback ? setup_cpu_fallback(has_device_memory) : Status{};

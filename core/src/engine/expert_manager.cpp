@@ -266,11 +266,12 @@ ExpertWeights ExpertManager::weights_of(const Slot& slot) const {
 }
 
 Status ExpertManager::enable_vram(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy,
-                                  std::uint64_t budget_bytes) {
+                                  std::uint64_t budget_bytes, bool admission) {
   auto* host = static_cast<sdk::ComputeHostRegister*>(compute->query_interface(sdk::kHostRegisterInterface));
   auto tier = VramTier::create(manifest_, std::move(compute), std::move(policy), budget_bytes, stats_);
   if (!tier) return tier.error();
   vram_ = std::move(*tier);
+  vram_->set_admission(admission);
   // RAM slots the backend reads directly: uploads skip its staging copy. Not when every expert has a VRAM slot
   // (each is uploaded once, at load).
   if (!vram_->holds_all()) host_register_ = host;
@@ -282,8 +283,19 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire(std::int64_t layer, std::int
   if (!copy_holds_.empty()) release_copy_holds(false);
   const auto key = key_of(layer, expert);
   if (auto w = vram_->acquire(key)) {
+    vram_->note_use(key);
     ++usage_[key.packed()];
     return *w;
+  }
+  const bool admitted = vram_->admits(key);  // on the uses before this one, as staging decides
+  vram_->note_use(key);
+  if (!admitted) {
+    // Not worth a slot yet: runs from its RAM slot, which the backend reads per call (same bytes, same bits).
+    auto ram = acquire_ram(layer, expert);
+    if (!ram) return ram;
+    ++stats_.vram_bypassed;
+    ++bypassed_[key.packed()];
+    return ram;
   }
   // VRAM miss: through the RAM tier (a hit there or a read), then upload; the RAM slot is free again once copied.
   if (auto s = vram_->make_room(); !s) return s;
@@ -642,8 +654,12 @@ bool ExpertManager::release_copy_holds(bool wait) {
 
 void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
   if (vram_) {
-    vram_->release(key_of(layer, expert));
-    return;
+    auto it = bypassed_.find(key_of(layer, expert).packed());
+    if (it == bypassed_.end()) {
+      vram_->release(key_of(layer, expert));
+      return;
+    }
+    if (--it->second == 0) bypassed_.erase(it);
   }
   release_ram(layer, expert);
 }
@@ -651,7 +667,10 @@ void ExpertManager::release(std::int64_t layer, std::int64_t expert) {
 sdk::Expected<ExpertWeights> ExpertManager::acquire_for_cpu(std::int64_t layer, std::int64_t expert) {
   auto w = acquire_ram(layer, expert);
   if (!w) return w;
-  if (vram_) ++stats_.vram_misses;
+  if (vram_) {
+    ++stats_.vram_misses;
+    vram_->note_use(key_of(layer, expert));
+  }
   ++stats_.cpu_runs;
   if (const auto* e = manifest_.expert(layer, expert)) stats_.cpu_run_bytes += e->size;
   return w;

@@ -150,6 +150,27 @@ void VramTier::erase(std::map<std::uint64_t, Entry>::iterator it) {
   if (policy_) policy_->on_erase(key);
 }
 
+void VramTier::note_use(sdk::ExpertKey key) {
+  ++uses_[key.packed()];
+  if (++uses_since_halving_ < 10 * std::max<std::uint64_t>(slots_.size(), 1)) return;
+  uses_since_halving_ = 0;
+  for (auto it = uses_.begin(); it != uses_.end();) {
+    it->second /= 2;
+    it = it->second == 0 ? uses_.erase(it) : std::next(it);
+  }
+}
+
+bool VramTier::admits(sdk::ExpertKey key) {
+  if (!admission_ || !free_.empty() || !policy_) return true;
+  const auto victim = policy_->pick_victim(sdk::EvictablePredicate{&VramTier::evictable, this});
+  if (!victim || !evictable(this, *victim)) return true;  // make_room() reports what is wrong
+  auto count = [&](sdk::ExpertKey k) {
+    auto it = uses_.find(k.packed());
+    return it == uses_.end() ? 0u : it->second;
+  };
+  return count(key) > count(*victim);
+}
+
 Status VramTier::make_room() {
   if (!free_.empty()) return {};
   std::optional<sdk::ExpertKey> victim;
@@ -215,7 +236,7 @@ bool VramTier::begin_upload(sdk::ExpertKey key, const model::ExpertEntry& e, con
   if (entries_.count(key.packed()) != 0) return false;
   keep_ = keep;
   Status error;
-  Entry* entry = start_upload(key, e, blob, false, error);
+  Entry* entry = admits(key) ? start_upload(key, e, blob, false, error) : nullptr;
   keep_ = {};
   if (entry == nullptr) return false;  // acquire() misses and upload() reports what is wrong
   entry->miss_counted = true;

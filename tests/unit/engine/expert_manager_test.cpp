@@ -236,7 +236,7 @@ TEST(ExpertManagerVram, NeverEvictsAnExpertInUseAndNeverGoesOverBudget) {
   auto gpu = std::make_shared<DeviceCompute>();
   auto vram_policy = std::make_shared<ListPolicy>();
   auto m = f.manager(1 * kBlob);
-  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 2 * kBlob));
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 2 * kBlob, /*admission=*/false));  // every miss uploads
   ASSERT_TRUE(m.preload());
   auto a = m.acquire(0, 0);
   auto b = m.acquire(0, 1);
@@ -278,7 +278,7 @@ TEST(ExpertManagerVram, StagedUploadsStartTogetherAndAreWaitedForByAcquire) {
   auto gpu = std::make_shared<DeviceCompute>();
   auto vram_policy = std::make_shared<ListPolicy>();
   auto m = f.manager(5 * kBlob);  // every expert in RAM
-  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob));
+  ASSERT_TRUE(m.enable_vram(gpu, vram_policy, 3 * kBlob, /*admission=*/false));
   ASSERT_TRUE(m.preload());
   ASSERT_TRUE(m.acquire(0, 0));
   m.release(0, 0);
@@ -367,7 +367,7 @@ TEST(ExpertManagerVram, RegisteredSlotsAreReadDirectlyAndHeldUntilTheCopyIsDone)
   gpu->offer_register = true;
   {
     auto m = f.manager(1 * kBlob);  // one RAM slot: the next read must reuse it
-    ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 3 * kBlob));
+    ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 3 * kBlob, /*admission=*/false));
     ASSERT_TRUE(m.preload());
     EXPECT_EQ(gpu->registered.size(), 1u) << "the RAM slot is registered with the backend at load";
     // 0:3 in RAM only. Staging it starts a copy straight from the registered RAM slot, so that slot must stay 0:3's
@@ -394,7 +394,7 @@ TEST(ExpertManagerVram, RegisteredSlotsAreReadDirectlyAndHeldUntilTheCopyIsDone)
   refusing->offer_register = true;
   refusing->refuse_register = true;
   auto m = f.manager(2 * kBlob);
-  ASSERT_TRUE(m.enable_vram(refusing, std::make_shared<ListPolicy>(), 1 * kBlob));
+  ASSERT_TRUE(m.enable_vram(refusing, std::make_shared<ListPolicy>(), 1 * kBlob, /*admission=*/false));
   ASSERT_TRUE(m.preload());
   for (int e : {0, 1, 2, 3}) {
     auto w = m.acquire(0, e);
@@ -404,6 +404,64 @@ TEST(ExpertManagerVram, RegisteredSlotsAreReadDirectlyAndHeldUntilTheCopyIsDone)
   }
   EXPECT_EQ(refusing->register_calls, 1);
   EXPECT_EQ(refusing->direct_copies, 0);
+}
+
+// Four experts used in turn, three VRAM slots: a cyclic scan. Uploading every miss (LRU victims) never hits;
+// admission keeps three experts and runs the fourth from RAM.
+TEST(ExpertManagerVram, AdmissionKeepsACyclicWorkingSetInsteadOfThrashing) {
+  for (const bool admission : {false, true}) {
+    SCOPED_TRACE(admission ? "admission" : "every miss uploads");
+    Fixture f(1, 4);
+    auto gpu = std::make_shared<DeviceCompute>();
+    gpu->mapped = true;  // weights carry host pointers either way, to check the bytes wherever they run from
+    auto m = f.manager(4 * kBlob);
+    ASSERT_TRUE(m.enable_vram(gpu, std::make_shared<ListPolicy>(), 3 * kBlob, admission));
+    ASSERT_TRUE(m.preload());
+    for (int round = 0; round < 10; ++round) {
+      for (int e = 0; e < 4; ++e) {
+        auto w = m.acquire(0, e);
+        ASSERT_TRUE(w) << w.error().message();
+        EXPECT_EQ(static_cast<const std::uint8_t*>(w->gate.data)[0], e);
+        m.release(0, e);
+      }
+    }
+    const auto& st = m.stats();
+    EXPECT_EQ(st.vram_hits + st.vram_misses, 40u);
+    EXPECT_EQ(st.vram_misses, st.uploads + st.vram_bypassed);
+    if (admission) {
+      EXPECT_EQ(st.vram_hits, 27u);  // 0, 1, 2 hit from the second round on
+      EXPECT_EQ(st.uploads, 3u);
+      EXPECT_EQ(st.vram_bypassed, 10u);
+      EXPECT_EQ(st.vram_evictions, 0u);
+    } else {
+      EXPECT_EQ(st.vram_hits, 0u);
+      EXPECT_EQ(st.uploads, 40u);
+      EXPECT_EQ(st.vram_bypassed, 0u);
+    }
+  }
+}
+
+// Admission follows what is hot now: an expert used more often than the victim takes its slot.
+TEST(ExpertManagerVram, AdmissionLetsAnExpertInOnceItIsUsedMoreThanTheVictim) {
+  Fixture f(1, 3);
+  auto m = f.manager(3 * kBlob);
+  ASSERT_TRUE(m.enable_vram(std::make_shared<DeviceCompute>(), std::make_shared<ListPolicy>(), 1 * kBlob));
+  ASSERT_TRUE(m.preload());
+  auto use = [&](int e) {
+    auto w = m.acquire(0, e);
+    ASSERT_TRUE(w);
+    m.release(0, e);
+  };
+  use(0);  // takes the free slot
+  use(1);  // 0 uses vs 0:0's 1: runs from RAM
+  EXPECT_FALSE(m.in_vram(0, 1));
+  use(1);  // 1 use vs 1: still not more
+  EXPECT_FALSE(m.in_vram(0, 1));
+  use(1);  // 2 uses vs 1: evicts 0:0
+  EXPECT_TRUE(m.in_vram(0, 1));
+  EXPECT_FALSE(m.in_vram(0, 0));
+  EXPECT_EQ(m.stats().vram_bypassed, 2u);
+  EXPECT_EQ(m.stats().vram_evictions, 1u);
 }
 
 TEST(ExpertManagerVram, HoldsEveryExpertWhenTheBudgetAllows) {

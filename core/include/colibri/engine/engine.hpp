@@ -39,6 +39,7 @@ struct EngineOptions {
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
+  bool vram_admission = true;                       // memory.vram_admission: frequency (true) | always
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
   double upload_gbps = 0;
   double cpu_gbps = 0;

@@ -78,6 +78,7 @@ struct ExpertStats {
   std::uint64_t vram_evictions = 0;
   std::uint64_t uploads = 0;
   std::uint64_t bytes_uploaded = 0;
+  std::uint64_t vram_bypassed = 0;  // VRAM misses admission kept out of the tier: run from RAM, not uploaded
   double upload_seconds = 0;
   [[nodiscard]] double vram_hit_rate() const {
     return vram_hits + vram_misses == 0 ? 1.0
@@ -115,8 +116,9 @@ class ExpertManager {
   [[nodiscard]] bool resident() const { return resident_; }
   // Adds the VRAM tier (vram_tier.hpp) in front of the RAM tier: slots in `compute`'s buffers within budget_bytes,
   // victims picked by `policy` (an instance of its own). Call before preload().
+  // `admission`: memory.vram_admission (VramTier::admits); an expert it turns away runs from RAM (vram_bypassed).
   sdk::Status enable_vram(std::shared_ptr<sdk::Compute> compute, std::shared_ptr<sdk::CachePolicy> policy,
-                          std::uint64_t budget_bytes);
+                          std::uint64_t budget_bytes, bool admission = true);
   [[nodiscard]] const VramTier* vram() const { return vram_.get(); }
   // Loads every expert (resident mode) and the policy's wanted pins; with a VRAM tier that holds every expert,
   // uploads them all, and pins the wanted pins there too while room for one layer's experts is left.
@@ -292,6 +294,8 @@ class ExpertManager {
   sdk::ComputeHostRegister* host_register_ = nullptr;
   // Experts whose RAM slot an upload from registered memory may still read: held in use until the copy is done.
   std::vector<sdk::ExpertKey> copy_holds_;
+  // Experts acquired from RAM because VRAM admission turned them away, with how many acquires are unreleased.
+  std::map<std::uint64_t, int> bypassed_;
   std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;

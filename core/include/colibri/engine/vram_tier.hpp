@@ -53,6 +53,16 @@ class VramTier {
   // Like begin_upload, but only into a free slot (never evicting) and not a miss: the expert runs elsewhere now
   // (compute.cpu_fallback) and is in VRAM for its next use. False when no slot is free.
   bool begin_fill(sdk::ExpertKey key, const model::ExpertEntry& e, const std::byte* blob);
+  // Admission (on unless set_admission(false)): when every slot is taken, an expert earns one only if it has been
+  // used more often than the victim the policy would evict (use counts halved every 10 x slots uses, so they follow
+  // what is hot now). Without that rule a tier smaller than what one token touches is a cyclic scan that LRU and
+  // decayed frequency both turn into zero hits; with it, the experts already there stay and the others run from
+  // host memory (the same bytes on the same backend: the same bits).
+  void set_admission(bool on) { admission_ = on; }
+  // Counts a use of the expert for admission (call once per use, hit or miss).
+  void note_use(sdk::ExpertKey key);
+  // Whether a miss of this expert should take a slot now: a free slot, no admission, or more uses than the victim.
+  [[nodiscard]] bool admits(sdk::ExpertKey key);
   // Frees a slot (evicting through the policy) unless one is free; out_of_memory when every slot is in use or
   // pinned. upload() does it too; calling it first spares a read whose upload would fail.
   sdk::Status make_room();
@@ -114,6 +124,9 @@ class VramTier {
   std::uint64_t budget_ = 0;
   std::size_t expert_count_ = 0;
   std::span<const sdk::ExpertKey> keep_;  // during begin_upload(): experts its eviction must spare
+  bool admission_ = true;
+  std::map<std::uint64_t, std::uint32_t> uses_;  // admission's use counts, by ExpertKey::packed()
+  std::uint64_t uses_since_halving_ = 0;
 };
 
 }  // namespace colibri::engine
