@@ -56,6 +56,32 @@ std::string bytes_text(std::uint64_t b) {
   return buf;
 }
 
+// A profile key with a fixed set of values (the first is the default when it is absent); errors name where it was set.
+sdk::Expected<std::string> profile_choice(const profile::Profile& profile, const std::string& key,
+                                          std::initializer_list<const char*> allowed) {
+  std::string value = profile.get_string(key);
+  if (value.empty()) return std::string(*allowed.begin());
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return value;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  const auto* entry = profile.find(key);
+  return Status(
+      StatusCode::invalid_argument,
+      key + " '" + value + "' (" + (entry != nullptr ? entry->origin.describe() : "") + ") is not one of " + list);
+}
+
+// The first gate/up/down tensor of any expert that `compute` cannot run, or null.
+const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute) {
+  for (const auto& e : manifest.experts) {
+    for (const auto* part : {&e.gate, &e.up, &e.down}) {
+      if (!compute.supports(Op::expert_ffn, part->type)) return part;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 struct Engine::Layer {
@@ -109,29 +135,18 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     if (!v) return v.error();
     options.shared_on_device = *v;
   }
-  if (const std::string admission = profile.get_string("memory.vram_admission"); !admission.empty()) {
-    if (admission != "frequency" && admission != "always") {
-      const auto* entry = profile.find("memory.vram_admission");
-      return Status(StatusCode::invalid_argument, "memory.vram_admission '" + admission + "' (" +
-                                                      (entry != nullptr ? entry->origin.describe() : "") +
-                                                      ") is not one of frequency, always");
-    }
-    options.vram_admission = admission == "frequency";
-  }
+  auto admission = profile_choice(profile, "memory.vram_admission", {"frequency", "always"});
+  if (!admission) return admission.error();
+  options.vram_admission = *admission == "frequency";
   if (*options.vram_budget_bytes > 0) {
     auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
     if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + (*cache_info)->name);
     plugins.vram_cache = *vram_cache;
   }
   auto compute_section = profile.section("compute");
-  const std::string fallback = profile.get_string("compute.cpu_fallback");
-  if (!fallback.empty() && fallback != "off" && fallback != "auto") {
-    const auto* entry = profile.find("compute.cpu_fallback");
-    return Status(StatusCode::invalid_argument, "compute.cpu_fallback '" + fallback + "' (" +
-                                                    (entry != nullptr ? entry->origin.describe() : "") +
-                                                    ") is not one of off, auto");
-  }
-  if (fallback == "auto" && (*compute_info)->name != "cpu") {
+  auto fallback = profile_choice(profile, "compute.cpu_fallback", {"off", "auto"});
+  if (!fallback) return fallback.error();
+  if (*fallback == "auto" && (*compute_info)->name != "cpu") {
     const auto* cpu_info = reg.find(sdk::PluginKind::compute, "cpu");
     if (cpu_info == nullptr) {
       return Status(StatusCode::not_found,
@@ -318,14 +333,10 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!devices[0].host_memory && options_.shared_on_device.value_or(true)) {
     if (auto s = upload_shared_weights(devices[0]); !s) return s;
   }
-  for (const auto& e : manifest_.experts) {
-    for (const auto* part : {&e.gate, &e.up, &e.down}) {
-      if (!plugins_.compute->supports(Op::expert_ffn, part->type)) {
-        return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
-                                                   std::string(sdk::to_string(part->type)) + " experts (" + part->name +
-                                                   ")");
-      }
-    }
+  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.compute)) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
+                                               std::string(sdk::to_string(part->type)) + " experts (" + part->name +
+                                               ")");
   }
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
@@ -409,15 +420,13 @@ Status Engine::setup_cpu_fallback(bool has_device_memory) {
     plugins_.cpu_fallback.reset();
     return {};
   }
+  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.cpu_fallback)) {
+    return Status(StatusCode::unsupported, "compute.cpu_fallback: the cpu backend cannot run " +
+                                               std::string(sdk::to_string(part->type)) + " experts (" + part->name +
+                                               "); set compute.cpu_fallback: off");
+  }
   const model::ExpertEntry* probe = nullptr;
   for (const auto& e : manifest_.experts) {
-    for (const auto* part : {&e.gate, &e.up, &e.down}) {
-      if (!plugins_.cpu_fallback->supports(Op::expert_ffn, part->type)) {
-        return Status(StatusCode::unsupported, "compute.cpu_fallback: the cpu backend cannot run " +
-                                                   std::string(sdk::to_string(part->type)) + " experts (" + part->name +
-                                                   "); set compute.cpu_fallback: off");
-      }
-    }
     if (probe == nullptr || e.size > probe->size) probe = &e;
   }
   if (probe == nullptr) {

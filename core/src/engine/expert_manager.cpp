@@ -87,7 +87,7 @@ Status ExpertManager::preload() {
       auto w = acquire(key.layer, key.expert);
       if (!w) return w.error();
       release(key.layer, key.expert);
-      if (--usage_[key.packed()] == 0) usage_.erase(key.packed());  // loading a pin is not a use
+      uncount_use(key);  // loading a pin is not a use
       auto& slot = slots_[key.packed()];
       if (!slot.pinned) {
         slot.pinned = true;
@@ -139,7 +139,7 @@ Status ExpertManager::preload_vram() {
     if (!vram_->contains(key)) {
       auto ram = acquire_ram(key.layer, key.expert);
       if (!ram) return ram.error();
-      if (--usage_[key.packed()] == 0) usage_.erase(key.packed());  // loading is not a use
+      uncount_use(key);  // loading is not a use
       const auto& slot = slots_.at(key.packed());
       auto w = vram_->upload(key, *slot.entry, slot.data.data());
       release_ram(key.layer, key.expert);
@@ -322,7 +322,7 @@ std::size_t ExpertManager::stage_uploads(std::span<const sdk::ExpertKey> needed)
     // The RAM tier served it: a hit (counted, heard by the policy) whose use is counted once, by the acquire() that
     // runs it. The slot is ready, so this neither reads nor waits.
     if (auto ram = acquire_ram(key.layer, key.expert); ram) release_ram(key.layer, key.expert);
-    if (--usage_[key.packed()] == 0) usage_.erase(key.packed());
+    uncount_use(key);
   }
   return started;
 }
@@ -607,29 +607,24 @@ ExpertManager::SlotBuffer ExpertManager::take_buffer(std::uint64_t bytes) {
 ExpertManager::SlotBuffer ExpertManager::new_buffer(std::uint64_t bytes) {
   AlignedBuffer data(bytes);
   ++stats_.buffers_mapped;
+  // Each registry while it accepts: the first refusal is logged once and ends further attempts, which would fail
+  // the same way. Reads still work, each pinning its pages; uploads still work, staged by the backend.
+  auto accepted = [](auto*& registry, const Status& s, const char* what) {
+    if (!s) {
+      spdlog::warn("expert cache: {}: {}", what, s.message());
+      registry = nullptr;
+    }
+    return registry;
+  };
   sdk::StorageBuffers* storage = nullptr;
   if (buffers_ != nullptr) {
-    if (const Status s = buffers_->register_buffer({data.data(), data.size()}); s) {
-      storage = buffers_;
-    } else {
-      // Reads still work, each pinning its pages; one warning, and no more attempts that would fail the same way.
-      spdlog::warn(
-          "expert cache: the storage did not register a slot buffer, so expert reads go without registered "
-          "buffers: {}",
-          s.message());
-      buffers_ = nullptr;
-    }
+    storage = accepted(buffers_, buffers_->register_buffer({data.data(), data.size()}),
+                       "the storage did not register a slot buffer, so expert reads go without registered buffers");
   }
   sdk::ComputeHostRegister* host = nullptr;
   if (host_register_ != nullptr) {
-    if (const Status s = host_register_->register_host(data.data(), data.size()); s) {
-      host = host_register_;
-    } else {
-      // Uploads still work, staged through the backend's own pinned memory.
-      spdlog::warn("expert cache: the compute backend did not register a slot buffer, so uploads are staged: {}",
-                   s.message());
-      host_register_ = nullptr;
-    }
+    host = accepted(host_register_, host_register_->register_host(data.data(), data.size()),
+                    "the compute backend did not register a slot buffer, so uploads are staged");
   }
   return SlotBuffer(std::move(data), storage, host);
 }
@@ -695,24 +690,24 @@ bool ExpertManager::in_vram(std::int64_t layer, std::int64_t expert) const {
   return vram_ && vram_->contains(key_of(layer, expert));
 }
 
+void ExpertManager::uncount_use(sdk::ExpertKey key) {
+  if (auto it = usage_.find(key.packed()); it != usage_.end() && --it->second == 0) usage_.erase(it);
+}
+
 Status ExpertManager::with_ram_weights(std::int64_t layer, std::int64_t expert,
                                        const std::function<Status(const ExpertWeights&)>& fn) {
   const ExpertStats before = stats_;
-  const auto key = key_of(layer, expert).packed();
   auto w = acquire_ram(layer, expert);
-  if (w) {
-    Status s = fn(*w);
-    release_ram(layer, expert);
-    if (!s) return s;
-  }
-  // A load, not a use: what it read and evicted counts, not the lookup.
+  Status s = w ? fn(*w) : w.error();
+  if (w) release_ram(layer, expert);
+  // A load, not a use (whether or not `fn` succeeded): what it read and evicted counts, not the lookup.
   const ExpertStats after = stats_;
   stats_ = before;
   stats_.bytes_read = after.bytes_read;
   stats_.buffers_mapped = after.buffers_mapped;
   stats_.evictions = after.evictions;
-  if (auto it = usage_.find(key); it != usage_.end() && --it->second == 0) usage_.erase(it);
-  return w ? Status{} : w.error();
+  uncount_use(key_of(layer, expert));
+  return s;
 }
 
 void ExpertManager::release_ram(std::int64_t layer, std::int64_t expert) {

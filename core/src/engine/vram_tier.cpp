@@ -82,24 +82,15 @@ ExpertWeights VramTier::weights_of(const Entry& entry) const {
 
 std::optional<ExpertWeights> VramTier::acquire(sdk::ExpertKey key) {
   auto it = entries_.find(key.packed());
+  if (it != entries_.end() && it->second.upload) {
+    finish_copy(key);
+    it = entries_.find(key.packed());  // gone when the copy failed: a miss, and the caller uploads again
+  }
   if (it == entries_.end()) {
     ++stats_.vram_misses;
     return std::nullopt;
   }
   Entry& entry = it->second;
-  if (entry.upload) {
-    const auto start = std::chrono::steady_clock::now();
-    const Status s = entry.upload->wait();
-    stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    entry.upload.reset();
-    if (!s) {
-      // The slot's bytes are undefined: forget it, and let the caller upload again (which reports a lasting error).
-      spdlog::warn("uploading expert {} to the VRAM tier failed ({}); uploading it again", key_text(key), s.message());
-      if (!entry.miss_counted) ++stats_.vram_misses;
-      erase(it);
-      return std::nullopt;
-    }
-  }
   if (entry.miss_counted) {
     entry.miss_counted = false;  // counted when begin_upload() started it
   } else {
@@ -123,9 +114,11 @@ void VramTier::finish_copy(sdk::ExpertKey key) {
   stats_.upload_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   it->second.upload.reset();
   if (!s) {
+    // The slot's bytes are undefined: forget it; its next acquire() misses and uploads again (reporting a lasting
+    // error).
     spdlog::warn("uploading expert {} to the VRAM tier failed ({}); it will be uploaded again", key_text(key),
                  s.message());
-    if (it->second.miss_counted) --stats_.vram_misses;  // its acquire() misses and counts itself
+    if (it->second.miss_counted) --stats_.vram_misses;  // that acquire() counts the miss itself
     erase(it);
   }
 }

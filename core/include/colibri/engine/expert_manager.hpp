@@ -250,6 +250,8 @@ class ExpertManager {
   };
   sdk::Expected<ExpertWeights> acquire_ram(std::int64_t layer, std::int64_t expert);
   void release_ram(std::int64_t layer, std::int64_t expert);
+  // Takes back the use an acquire counted for a load (usage()).
+  void uncount_use(sdk::ExpertKey key);
   sdk::Status preload_vram();
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
   sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
