@@ -237,6 +237,34 @@ class Engine:
         return failures
 
 
+    def kv_on_device(self, discrete):
+        """memory.kv_on_device (default true) on a discrete GPU's path (`discrete`): the KV cache lives in device
+        memory, its bytes as bench's kv_device_bytes, and attention reads it there; the logits are bit-identical to
+        the KV cache in host memory (memory.kv_on_device=false) for every KV type, token by token and in one batch,
+        on three architectures (qwen3_moe with per-head q/k norms)."""
+        failures = []
+        for arch, preset in (("mixtral", "q8_0"), ("qwen3_moe", "q4_k_m"), ("mistral", "f32")):
+            m = self.model(arch, preset)
+            for kv in ("f16", "q8_0", "f32"):
+                for batch in ("512", "1"):
+                    args = self.on_backend + discrete + ["--kv-type", kv, "--batch", batch]
+                    host = self.logits(m, f"kv-host-{kv}-{batch}", *args, "--set", "memory.kv_on_device=false")
+                    dev = self.logits(m, f"kv-device-{kv}-{batch}", *args)
+                    if not same(host, dev):
+                        failures.append(f"{arch}/{preset}: KV cache {kv} in device memory, batch {batch}: logits "
+                                        f"differ from it in host memory (max abs {np.abs(host - dev).max()})")
+            with open(os.path.join(m, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            want = 2 * hp["num_layers"] * hp["num_kv_heads"] * hp["head_dim"] * 2 * 64  # K and V, f16, 64 positions
+            on, _ = self._bench(m, *discrete, "--ctx", "64")
+            off, _ = self._bench(m, *discrete, "--ctx", "64", "--set", "memory.kv_on_device=false")
+            if on["kv_device_bytes"] != want or off["kv_device_bytes"] != 0:
+                failures.append(f"{arch}: kv_device_bytes should be {want} (the f16 cache of 64 positions) with "
+                                f"memory.kv_on_device and 0 without: {on['kv_device_bytes']}, {off['kv_device_bytes']}")
+            print(f"  {arch}/{preset}: KV cache in device memory checked ({on['kv_device_bytes']} bytes)", flush=True)
+        return failures
+
+
 # The models the VRAM tier checks run on.
 VRAM_CASES = (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"))
 

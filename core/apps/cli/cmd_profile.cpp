@@ -19,7 +19,7 @@ struct ProfileOptions {
 std::string auto_meaning(const std::string& key) {
   if (key == "compute.threads") return std::to_string(util::physical_core_count()) + " threads (physical cores)";
   if (key == "memory.expert_cache") {
-    return sdk::format_size(util::available_memory_bytes() / 2) + " (half of the RAM available now)";
+    return sdk::format_size(util::auto_expert_cache_bytes()) + " (80% of the RAM available now)";
   }
   if (key == "models.dir") {
     const char* xdg = std::getenv("XDG_DATA_HOME");

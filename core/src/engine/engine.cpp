@@ -24,6 +24,9 @@ using sdk::Tensor;
 
 namespace {
 
+// An automatic context smaller than this (or the model's) does not move the KV cache into device memory.
+constexpr std::int64_t kMinDeviceContext = 2048;
+
 Tensor f32(float* p, std::int64_t a, std::int64_t b = 1, std::int64_t c = 1) {
   Tensor t;
   t.type = DType::f32;
@@ -130,10 +133,12 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     auto v = profile.get_int("memory.vram_budget");
     options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
   }
-  if (!options.shared_on_device) {
-    auto v = profile.section("memory").get_bool("shared_on_device", true);
+  for (auto [key, out] :
+       {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device}}) {
+    if (*out) continue;
+    auto v = profile.section("memory").get_bool(key, true);
     if (!v) return v.error();
-    options.shared_on_device = *v;
+    *out = *v;
   }
   auto admission = profile_choice(profile, "memory.vram_admission", {"frequency", "always"});
   if (!admission) return admission.error();
@@ -179,8 +184,7 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   } else if (auto v = profile.get_int("memory.expert_cache")) {
     expert_cache = static_cast<std::uint64_t>(*v);
   } else {
-    // auto: 80% of what is free now (the shared weights and the KV cache come out of the same pool).
-    expert_cache = util::available_memory_bytes() / 10 * 8;
+    expert_cache = util::auto_expert_cache_bytes();
   }
   std::uint64_t kv_bytes = 0;
   if (auto v = profile.get_int("memory.kv_cache")) kv_bytes = static_cast<std::uint64_t>(*v);
@@ -359,9 +363,31 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
         static_cast<std::int64_t>(util::available_memory_bytes() / 2 / std::max<std::uint64_t>(per_pos, 1));
     ctx = std::max<std::int64_t>(1, std::min<std::int64_t>(hp_.max_position_embeddings, avail));
   }
-  auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, ctx);
+  // Attention on a discrete GPU reads the KV cache in place; in host memory the whole prefix would cross the bus at
+  // every layer of every token. Device memory is committed when allocated (host pages only as they fill), so an
+  // automatic context there takes at most half of what the VRAM tier leaves free.
+  kv_on_device_ = !devices[0].host_memory && options_.kv_on_device.value_or(true);
+  if (kv_on_device_ && options_.context <= 0 && kv_cache_bytes == 0) {
+    const std::uint64_t free = plugins_.compute->devices()[0].memory_available;
+    const std::uint64_t tier = options_.vram_budget_bytes.value_or(0);
+    const auto fits =
+        static_cast<std::int64_t>((free > tier ? (free - tier) / 2 : 0) / std::max<std::uint64_t>(per_pos, 1));
+    if (fits >= std::min<std::int64_t>(ctx, kMinDeviceContext)) {
+      ctx = std::min(ctx, fits);
+    } else {
+      spdlog::warn(
+          "memory.kv_on_device: {} has room for {} positions of KV cache next to the VRAM tier; the KV cache "
+          "stays in host memory (lower memory.vram_budget, or set --ctx to place a smaller one there)",
+          devices[0].name, fits);
+      kv_on_device_ = false;
+    }
+  }
+  auto kv = make_kv_cache(ctx);
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
+  if (kv_.on_device()) {
+    spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
+  }
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
   const std::uint64_t vram_budget = options_.vram_budget_bytes.value_or(0);
@@ -569,6 +595,19 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
   shared_device_bytes_ = total;
   shared_files_.clear();  // the host copy is not read again
   return {};
+}
+
+sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
+  if (kv_on_device_) {
+    auto kv =
+        KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context, plugins_.compute);
+    if (kv) return kv;
+    spdlog::warn(
+        "memory.kv_on_device: {}; this KV cache stays in host memory and crosses the bus at every attention "
+        "(lower --ctx, or set memory.kv_on_device: false to silence this)",
+        kv.error().message());
+  }
+  return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context);
 }
 
 Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
@@ -932,7 +971,7 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const float* h_ptr
 // of the compute contract; experts combined in ascending id per token).
 
 sdk::Expected<std::unique_ptr<Engine::Sequence>> Engine::new_sequence() const {
-  auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, kv_.context());
+  auto kv = make_kv_cache(kv_.context());
   if (!kv) return kv.error();
   auto seq = std::make_unique<Sequence>();
   seq->kv = std::move(*kv);

@@ -17,7 +17,7 @@ std::uint64_t KvCache::bytes_per_position(DType type, std::int64_t layers, std::
 }
 
 sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
-                                       std::int64_t context) {
+                                       std::int64_t context, std::shared_ptr<sdk::Compute> device) {
   if (type != DType::f16 && type != DType::q8_0 && type != DType::f32) {
     return Status(StatusCode::invalid_argument,
                   "KV cache type " + std::string(sdk::to_string(type)) + " is not supported; use f16, q8_0 or f32");
@@ -36,6 +36,21 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.context_ = context;
   c.row_bytes_ = sdk::row_bytes(type, head_dim);
   const std::size_t per_layer = c.row_bytes_ * static_cast<std::size_t>(kv_heads * context);
+  c.total_bytes_ = 2ull * per_layer * static_cast<std::uint64_t>(layers);
+  if (device) {
+    for (std::int64_t l = 0; l < layers; ++l) {
+      for (auto* list : {&c.k_dev_, &c.v_dev_}) {
+        auto buf = device->allocate(per_layer);
+        if (!buf) {
+          return buf.error().with_context("allocating the KV cache of " + std::to_string(context) + " positions (" +
+                                          std::to_string(c.total_bytes_) + " bytes) in device memory");
+        }
+        list->push_back(std::move(*buf));
+      }
+    }
+    c.device_ = std::move(device);
+    return c;
+  }
   try {
     for (std::int64_t l = 0; l < layers; ++l) {
       c.k_.emplace_back(per_layer);
@@ -46,7 +61,6 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
                                                  " bytes for the KV cache of " + std::to_string(context) +
                                                  " positions; lower --ctx or memory.kv_cache");
   }
-  c.total_bytes_ = 2ull * per_layer * static_cast<std::uint64_t>(layers);
   return c;
 }
 
@@ -54,16 +68,44 @@ Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t co
   if (layer < 0 || layer >= layers_ || position < 0 || count < 0 || position + count > context_) {
     return Status(StatusCode::invalid_argument, "KV cache write outside the context");
   }
+  if (count == 0) return {};
   const std::int64_t n = count * kv_heads_ * head_dim_;
   const std::size_t at = static_cast<std::size_t>(position * kv_heads_) * row_bytes_;
-  for (int which = 0; which < 2; ++which) {
-    std::byte* dst = (which == 0 ? k_ : v_)[static_cast<std::size_t>(layer)].data() + at;
-    const float* src = which == 0 ? k : v;
+  const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
+  const auto L = static_cast<std::size_t>(layer);
+  auto encode = [&](const float* src, std::byte* dst) -> Status {
     if (type_ == DType::f32) {
       std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-    } else if (auto s = quant::quantize_row(type_, src, dst, n); !s) {
-      return s.with_context("storing the KV cache");
+      return {};
     }
+    if (auto s = quant::quantize_row(type_, src, dst, n); !s) return s.with_context("storing the KV cache");
+    return {};
+  };
+  for (int which = 0; which < 2; ++which) {
+    const float* src = which == 0 ? k : v;
+    sdk::Buffer* buffer = device_ ? (which == 0 ? k_dev_ : v_dev_)[L].get() : nullptr;
+    std::byte* rows = nullptr;  // where attention reads them, when the host can write there
+    if (buffer == nullptr) {
+      rows = (which == 0 ? k_ : v_)[L].data() + at;
+    } else if (auto* mapped = static_cast<std::byte*>(buffer->host_pointer())) {
+      rows = mapped + at;
+    }
+    if (rows != nullptr) {
+      if (auto s = encode(src, rows); !s) return s;
+      continue;
+    }
+    // Unmapped device memory: encode the new rows in staging (f32 rows go as they are) and send only them up.
+    const void* up = src;
+    if (type_ != DType::f32) {
+      staging_.resize(bytes);
+      if (auto s = encode(src, staging_.data()); !s) return s;
+      up = staging_.data();
+    }
+    auto ev = device_->copy_to_device_async(up, *buffer, at, bytes);
+    if (!ev) return ev.error().with_context("uploading KV cache rows");
+    // Waited here: the attention that reads these rows is the next op (copy_to_device_async is done with `up` at
+    // return, so staging may be reused for V at once).
+    if (auto s = (*ev)->wait(); !s) return s.with_context("uploading KV cache rows");
   }
   return {};
 }
@@ -72,13 +114,23 @@ sdk::Tensor KvCache::keys(std::int64_t layer, std::int64_t length) const {
   sdk::Tensor t;
   t.type = type_;
   t.ne = {head_dim_, kv_heads_, length, 1};
-  t.data = k_[static_cast<std::size_t>(layer)].data();
+  if (device_) {
+    t.buffer = k_dev_[static_cast<std::size_t>(layer)].get();
+    t.data = t.buffer->host_pointer();
+  } else {
+    t.data = k_[static_cast<std::size_t>(layer)].data();
+  }
   return t;
 }
 
 sdk::Tensor KvCache::values(std::int64_t layer, std::int64_t length) const {
   sdk::Tensor t = keys(layer, length);
-  t.data = v_[static_cast<std::size_t>(layer)].data();
+  if (device_) {
+    t.buffer = v_dev_[static_cast<std::size_t>(layer)].get();
+    t.data = t.buffer->host_pointer();
+  } else {
+    t.data = v_[static_cast<std::size_t>(layer)].data();
+  }
   return t;
 }
 

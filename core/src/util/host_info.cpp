@@ -123,4 +123,8 @@ std::uint64_t available_memory_bytes() {
   return avail;
 }
 
+std::uint64_t auto_expert_cache_bytes() {
+  return available_memory_bytes() / 10 * 8;
+}
+
 }  // namespace colibri::util

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "support/device_compute.hpp"
 #include "support/memory_experts.hpp"
 
 namespace colibri::engine {
@@ -18,6 +19,7 @@ namespace {
 
 using sdk::ExpertKey;
 
+using testing::DeviceCompute;
 using testing::ListPolicy;
 using testing::MemoryStorage;
 
@@ -107,93 +109,6 @@ TEST(ExpertManager, PinnedExpertsStay) {
   ASSERT_TRUE(m.acquire(0, 3));
   EXPECT_EQ(f.storage->reads, reads);
 }
-
-// A compute backend with device memory: buffers are not host-visible (unless `mapped`) and uploads land only when
-// their event is waited on, so weights used before the wait would show the old bytes. Like the real backends it
-// stages the source at the call, which may then be reused (sdk/compute.hpp), unless the source lies in memory
-// registered through kHostRegisterInterface (offered when `offer_register`): that is read only at the wait, like
-// DMA, so a source reused before then shows.
-class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
- public:
-  class DeviceBuffer final : public sdk::Buffer {
-   public:
-    DeviceBuffer(DeviceCompute& owner, std::size_t n) : owner_(owner), bytes(n) {}
-    ~DeviceBuffer() override { owner_.allocated -= bytes.size(); }
-    std::size_t size() const noexcept override { return bytes.size(); }
-    void* host_pointer() noexcept override { return owner_.mapped ? bytes.data() : nullptr; }
-    DeviceCompute& owner_;
-    std::vector<std::byte> bytes;
-  };
-  class LateCopy final : public sdk::Event {
-   public:
-    LateCopy(const void* src, std::byte* dst, std::size_t n, bool direct)
-        : dst_(dst), n_(n), direct_(direct ? static_cast<const std::byte*>(src) : nullptr) {
-      if (!direct) staged_.assign(static_cast<const std::byte*>(src), static_cast<const std::byte*>(src) + n);
-    }
-    sdk::Status wait() noexcept override {
-      if (!done_) std::memcpy(dst_, direct_ != nullptr ? direct_ : staged_.data(), n_);
-      done_ = true;
-      return {};
-    }
-    bool ready() const noexcept override { return done_; }
-
-   private:
-    std::vector<std::byte> staged_;
-    std::byte* dst_;
-    std::size_t n_;
-    const std::byte* direct_;
-    bool done_ = false;
-  };
-
-  bool offer_register = false;
-  bool refuse_register = false;
-  int register_calls = 0;
-  int direct_copies = 0;
-  std::map<const std::byte*, std::size_t> registered;
-  void* query_interface(std::string_view id) noexcept override {
-    return offer_register && id == sdk::kHostRegisterInterface ? static_cast<sdk::ComputeHostRegister*>(this) : nullptr;
-  }
-  sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override {
-    ++register_calls;
-    if (refuse_register) return sdk::Status(sdk::StatusCode::out_of_memory, "no pinnable memory (test)");
-    registered[static_cast<const std::byte*>(ptr)] = bytes;
-    return {};
-  }
-  void unregister_host(void* ptr) noexcept override { registered.erase(static_cast<const std::byte*>(ptr)); }
-  bool in_registered(const void* p, std::size_t n) const {
-    const auto* b = static_cast<const std::byte*>(p);
-    auto it = registered.upper_bound(b);
-    return it != registered.begin() && b + n <= std::prev(it)->first + std::prev(it)->second;
-  }
-
-  bool mapped = false;
-  std::uint64_t allocated = 0, peak_allocated = 0;
-  int copies = 0;
-  std::vector<sdk::DeviceInfo> info{{"fake gpu", false, 1ull << 30, 1ull << 30, ""}};
-
-  std::span<const sdk::DeviceInfo> devices() const noexcept override { return info; }
-  sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override {
-    allocated += bytes;
-    peak_allocated = std::max(peak_allocated, allocated);
-    return std::unique_ptr<sdk::Buffer>(std::make_unique<DeviceBuffer>(*this, bytes));
-  }
-  bool supports(sdk::Op, sdk::DType) const noexcept override { return true; }
-  sdk::Status run(const sdk::OpCall&) noexcept override { return {}; }
-  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
-                                                                  std::size_t bytes) noexcept override {
-    auto& b = static_cast<DeviceBuffer&>(dst);
-    if (offset + bytes > b.bytes.size()) return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
-    ++copies;
-    const bool direct = in_registered(src, bytes);
-    direct_copies += direct ? 1 : 0;
-    return std::unique_ptr<sdk::Event>(std::make_unique<LateCopy>(src, b.bytes.data() + offset, bytes, direct));
-  }
-  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer&, std::size_t, void*,
-                                                                std::size_t) noexcept override {
-    return sdk::Status(sdk::StatusCode::unsupported, "not needed");
-  }
-  sdk::Status synchronize() noexcept override { return {}; }
-};
 
 // The first byte of an expert's gate weights as the device holds them.
 int device_byte(const sdk::Tensor& t) {

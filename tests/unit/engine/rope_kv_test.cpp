@@ -5,6 +5,7 @@
 
 #include "colibri/engine/kv_cache.hpp"
 #include "colibri/engine/rope.hpp"
+#include "support/device_compute.hpp"
 
 namespace colibri::engine {
 namespace {
@@ -119,6 +120,77 @@ TEST(KvCache, StoresRowsInItsType) {
     }
     EXPECT_FALSE(c->write(1, 6, 3, k.data(), v.data()));  // past the context
   }
+}
+
+// The rows a host cache holds for one write, per type: what a device cache must hold too.
+std::vector<std::byte> host_rows(sdk::DType type, const std::vector<float>& k, const std::vector<float>& v,
+                                 bool values) {
+  auto host = KvCache::create(type, 2, 2, 32, 8);
+  EXPECT_TRUE(host);
+  EXPECT_TRUE(host->write(1, 2, 3, k.data(), v.data()));
+  const auto t = values ? host->values(1, 5) : host->keys(1, 5);
+  const auto* p = static_cast<const std::byte*>(t.data);
+  const std::size_t row = sdk::row_bytes(type, 32);
+  return {p + 2 * 2 * row, p + 5 * 2 * row};
+}
+
+TEST(KvCache, OnADeviceHoldsTheSameRowsAndSendsOnlyTheNewOnes) {
+  std::vector<float> k(2 * 32 * 3), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::sin(static_cast<float>(i));
+    v[i] = std::cos(static_cast<float>(i)) * 3.0f;
+  }
+  for (auto type : {sdk::DType::f32, sdk::DType::f16, sdk::DType::q8_0}) {
+    auto gpu = std::make_shared<testing::DeviceCompute>();
+    auto c = KvCache::create(type, 2, 2, 32, 8, gpu);
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_TRUE(c->on_device());
+    const std::size_t row = sdk::row_bytes(type, 32);
+    EXPECT_EQ(gpu->allocated, 2u * 2u * 2u * 8u * row) << "K and V of both layers, every position";
+    EXPECT_EQ(gpu->allocated, c->bytes());
+    ASSERT_TRUE(c->write(1, 2, 3, k.data(), v.data()));
+    EXPECT_EQ(gpu->copies, 2) << "one upload for K, one for V";
+    for (bool values : {false, true}) {
+      const auto t = values ? c->values(1, 5) : c->keys(1, 5);
+      ASSERT_NE(t.buffer, nullptr);
+      EXPECT_EQ(t.data, nullptr) << "unmapped device memory has no host pointer";
+      EXPECT_EQ(t.offset, 0u);
+      EXPECT_EQ(t.ne[2], 5);
+      // The write waited for its uploads (DeviceCompute lands a copy at its wait): the rows are there now.
+      const auto& bytes = static_cast<testing::DeviceCompute::DeviceBuffer*>(t.buffer)->bytes;
+      const std::vector<std::byte> held(bytes.begin() + static_cast<std::ptrdiff_t>(2 * 2 * row),
+                                        bytes.begin() + static_cast<std::ptrdiff_t>(5 * 2 * row));
+      EXPECT_EQ(held, host_rows(type, k, v, values)) << sdk::to_string(type) << (values ? " V" : " K");
+    }
+    EXPECT_NE(c->keys(0, 1).buffer, c->keys(1, 1).buffer);
+    EXPECT_FALSE(c->write(1, 6, 3, k.data(), v.data()));  // past the context
+    EXPECT_EQ(gpu->copies, 2);
+  }
+}
+
+TEST(KvCache, OnMappedDeviceMemoryWritesInPlace) {
+  auto gpu = std::make_shared<testing::DeviceCompute>();
+  gpu->mapped = true;
+  auto c = KvCache::create(sdk::DType::f16, 1, 1, 32, 4, gpu);
+  ASSERT_TRUE(c);
+  std::vector<float> k(32, 0.5f), v(32, -2.0f);
+  ASSERT_TRUE(c->write(0, 3, 1, k.data(), v.data()));
+  EXPECT_EQ(gpu->copies, 0);
+  const auto t = c->values(0, 4);
+  ASSERT_NE(t.data, nullptr);
+  EXPECT_EQ(t.data, t.buffer->host_pointer());
+  EXPECT_EQ(static_cast<const std::uint16_t*>(t.data)[3 * 32], 0xC000) << "-2.0 in f16 at position 3";
+}
+
+TEST(KvCache, ADeviceWithoutRoomIsAnErrorNamingTheCache) {
+  auto gpu = std::make_shared<testing::DeviceCompute>();
+  gpu->allocate_limit = 3 * 2 * 32 * 8;  // three of the four per-layer buffers
+  auto c = KvCache::create(sdk::DType::f16, 2, 1, 32, 8, gpu);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code(), sdk::StatusCode::out_of_memory);
+  EXPECT_NE(c.error().message().find("KV cache of 8 positions"), std::string::npos) << c.error().message();
+  EXPECT_NE(c.error().message().find("device memory"), std::string::npos);
+  EXPECT_EQ(gpu->allocated, 0u) << "what was allocated is given back";
 }
 
 TEST(KvCache, RejectsTypesThatDoNotFitTheHeadDim) {

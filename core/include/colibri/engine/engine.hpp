@@ -39,6 +39,7 @@ struct EngineOptions {
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
+  std::optional<bool> kv_on_device;                 // overrides memory.kv_on_device
   bool vram_admission = true;                       // memory.vram_admission: frequency (true) | always
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
   double upload_gbps = 0;
@@ -119,6 +120,8 @@ class Engine {
   [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }
   // Bytes of shared weights held in the compute backend's device memory (memory.shared_on_device).
   [[nodiscard]] std::uint64_t shared_device_bytes() const { return shared_device_bytes_; }
+  // Bytes of this engine's KV cache held in the compute backend's device memory (memory.kv_on_device).
+  [[nodiscard]] std::uint64_t kv_device_bytes() const { return kv_.on_device() ? kv_.bytes() : 0; }
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
   // compute.cpu_fallback's cost model; null when the fallback is off (or had nothing to fall back for).
   [[nodiscard]] const OffloadCost* offload_cost() const { return plugins_.cpu_fallback ? &offload_ : nullptr; }
@@ -143,6 +146,8 @@ class Engine {
   sdk::Status run_expert(std::int64_t l, std::int64_t e, const sdk::Tensor& x, const sdk::Tensor& y, bool on_cpu,
                          const sdk::OpParams& params);
   sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
+  // A KV cache of `context` positions: in device memory when kv_on_device_ and it fits there, else in host memory.
+  [[nodiscard]] sdk::Expected<KvCache> make_kv_cache(std::int64_t context) const;
   sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const float* h, float* out,
                   std::vector<RoutingRecord>* trace);
 
@@ -160,6 +165,7 @@ class Engine {
   std::optional<RopeFrequencies> rope_;
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
+  bool kv_on_device_ = false;  // memory.kv_on_device on a backend whose memory is not the host's
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;
   std::vector<std::unique_ptr<sdk::Buffer>> shared_device_;  // the shared weights in device memory, when uploaded

@@ -1,8 +1,11 @@
 // The KV cache: per layer, K and V rows of head_dim for every (position, kv head), stored as f16 (default), q8_0 or
-// f32. The attention op reads it as {head_dim, n_kv_heads, positions}.
+// f32. The attention op reads it as {head_dim, n_kv_heads, positions}. In host memory, or in a compute backend's
+// buffers (a discrete GPU's memory): attention then reads it in place instead of receiving the whole prefix over the
+// bus at every layer of every token; a write sends only the new rows.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "colibri/engine/memory.hpp"
@@ -17,19 +20,22 @@ class KvCache {
   // Bytes one position takes over all layers (K and V).
   static std::uint64_t bytes_per_position(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
                                           std::int64_t head_dim);
-  // type: f16, q8_0 (head_dim a multiple of 32) or f32; errors name the type and why.
+  // type: f16, q8_0 (head_dim a multiple of 32) or f32; errors name the type and why. With `device`, the rows live
+  // in buffers from device->allocate() (one per layer for K and one for V); an allocation that fails is an error.
   static sdk::Expected<KvCache> create(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
-                                       std::int64_t head_dim, std::int64_t context);
+                                       std::int64_t head_dim, std::int64_t context,
+                                       std::shared_ptr<sdk::Compute> device = nullptr);
 
   // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}.
   sdk::Status write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v);
-  // Views of positions [0, length) of a layer.
+  // Views of positions [0, length) of a layer: host data, or a device buffer (data set only when it is mapped).
   [[nodiscard]] sdk::Tensor keys(std::int64_t layer, std::int64_t length) const;
   [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;
 
   [[nodiscard]] std::int64_t context() const { return context_; }
   [[nodiscard]] sdk::DType type() const { return type_; }
   [[nodiscard]] std::uint64_t bytes() const { return total_bytes_; }
+  [[nodiscard]] bool on_device() const { return device_ != nullptr; }
 
  private:
   sdk::DType type_ = sdk::DType::f16;
@@ -37,6 +43,9 @@ class KvCache {
   std::size_t row_bytes_ = 0;
   std::uint64_t total_bytes_ = 0;
   std::vector<AlignedBuffer> k_, v_;
+  std::shared_ptr<sdk::Compute> device_;                     // keeps the buffers' backend alive
+  std::vector<std::unique_ptr<sdk::Buffer>> k_dev_, v_dev_;  // per layer, when on a device
+  std::vector<std::byte> staging_;                           // new rows in the cache's type, on their way up
 };
 
 }  // namespace colibri::engine

@@ -15,4 +15,8 @@ unsigned physical_core_count();
 // Bytes of RAM this process may use: MemAvailable, capped by a cgroup v2 memory.max.
 std::uint64_t available_memory_bytes();
 
+// memory.expert_cache: auto: 80% of available_memory_bytes() now. An upper bound (a model that fits maps only its
+// experts); the shared weights and the KV cache, which fills as the context does, come out of the rest.
+std::uint64_t auto_expert_cache_bytes();
+
 }  // namespace colibri::util

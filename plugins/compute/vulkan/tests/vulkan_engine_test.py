@@ -12,7 +12,9 @@
 With --vram (ctest compute.vulkan.vram): backend_engine.Engine.vram_promise (the one promise with the VRAM expert
 tier) on mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's
 path, staging uploads, weights only in device buffers); shared weights uploaded once to unmapped memory only; and
-backend_engine.Engine.cpu_fallback (compute.cpu_fallback: auto and its cost model) on unmapped memory.
+backend_engine.Engine.cpu_fallback (compute.cpu_fallback: auto and its cost model) and
+backend_engine.Engine.kv_on_device (the KV cache in device memory, logits bit-identical to it in host memory) on
+unmapped memory; on mapped memory the KV cache stays in host memory.
 
 Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1. The checks against the
 CPU backend and of batch invariance live in tests/support/backend_engine.py, shared with the CUDA backend's test.
@@ -55,6 +57,13 @@ def shared_weights(engine):
     return failures
 
 
+def kv_mapped(engine):
+    """Mapped device memory is the host's: the KV cache stays a host allocation there."""
+    st = json.loads(engine.run(["bench", "--model", engine.model("mixtral", "q8_0"), "--prompt-tokens", "4",
+                                "--gen-tokens", "2", "--json", "--ctx", "64"] + engine.on_backend).stdout)
+    return [] if st["kv_device_bytes"] == 0 else [f"mapped memory holds a device KV cache: {st['kv_device_bytes']}"]
+
+
 def main():
     engine = backend_engine.Engine(*sys.argv[1:4], "vulkan")
     os.environ["XDG_CACHE_HOME"] = os.path.join(engine.work, "xdg-cache")  # bench writes usage history there
@@ -65,7 +74,7 @@ def main():
         mapped, unmapped = (["--set", f"compute.map_device_memory={m}"] for m in ("true", "false"))
         return backend_engine.report(
             engine.vram_promise({"mapped": mapped, "unmapped": unmapped}, unmapped) + shared_weights(engine) +
-            engine.cpu_fallback(unmapped))
+            engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
 
