@@ -265,6 +265,30 @@ class Engine:
         return failures
 
 
+    def activations_on_device(self, discrete, archs=ARCHS):
+        """memory.activations_on_device (default true) on a discrete GPU's path (`discrete`): activations stay in
+        device buffers from op to op (bench's activations_on_device), and the logits are bit-identical to activations
+        in host memory, staged per op, on every tiny architecture (shared experts with and without a gate, dense
+        layers, per-head q/k norms), token by token (decode: each routed expert takes every token, in place), in
+        chunks of 3 (rows gathered per expert) and in one batch."""
+        failures = []
+        for arch in archs:
+            m = self.model(arch, "q8_0")
+            for batch in ("512", "3", "1"):
+                args = self.on_backend + discrete + ["--batch", batch]
+                host = self.logits(m, f"act-host-{batch}", *args, "--set", "memory.activations_on_device=false")
+                dev = self.logits(m, f"act-device-{batch}", *args)
+                if not same(host, dev):
+                    failures.append(f"{arch}/q8_0: activations in device memory, batch {batch}: logits differ from "
+                                    f"activations in host memory (max abs {np.abs(host - dev).max()})")
+            on, _ = self._bench(m, *discrete, prompt=4, gen=2)
+            off, _ = self._bench(m, *discrete, "--set", "memory.activations_on_device=false", prompt=4, gen=2)
+            if on["activations_on_device"] is not True or off["activations_on_device"] is not False:
+                failures.append(f"{arch}: bench should report activations_on_device true by default on this path and "
+                                f"false with the key off: {on['activations_on_device']}, {off['activations_on_device']}")
+            print(f"  {arch}/q8_0: activations in device memory checked", flush=True)
+        return failures
+
 # The models the VRAM tier checks run on.
 VRAM_CASES = (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"))
 

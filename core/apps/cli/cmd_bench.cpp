@@ -196,6 +196,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   }
   j["shared_device_bytes"] = engine->shared_device_bytes();  // shared weights uploaded once (memory.shared_on_device)
   j["kv_device_bytes"] = engine->kv_device_bytes();          // KV cache in device memory (memory.kv_on_device)
+  j["activations_on_device"] = engine->activations_on_device();  // memory.activations_on_device
   // What the storage plugin counted itself (host metrics): reads per stripe directory, io_uring's fixed and plain
   // reads, errors. Counters are whole numbers; JSON shows them so.
   const auto storage_counters = util::Metrics::global().with_prefix(

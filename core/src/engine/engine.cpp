@@ -94,9 +94,19 @@ struct Engine::Layer {
   std::int64_t top_k = 1;
 };
 
+// An activation array: host floats, or, with activations on the device, a buffer of the backend's own memory that
+// the ops read and write in place (only what the host must see crosses the bus: routing, KV rows, logits).
+struct Engine::Act {
+  std::vector<float> host;
+  std::unique_ptr<sdk::Buffer> buffer;
+};
+
 // Activations reused between calls (sizes follow the chunk length).
 struct Engine::Scratch {
-  std::vector<float> x, h, q, k, v, q2, k2, attn, tmp, moe, router, weights, shared, gate, xe, ye, acc, last;
+  sdk::Compute* device = nullptr;  // set: the Acts live in its buffers
+  Act x, h, q, k, v, q2, k2, attn, tmp, moe, sum, shared, router;
+  std::vector<Act> routed;  // per routed expert of a layer whose every token it runs (decode): its output
+  std::vector<float> down, weights, gate, xe, ye, acc, last;  // host side: downloads, gathers, small vectors
   std::vector<std::int32_t> ids, positions, expert_ids;
   std::vector<float> pred_router, pred_weights;  // prefetch predictions (never the routing itself)
   std::vector<std::int32_t> pred_ids;
@@ -134,7 +144,8 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
   }
   for (auto [key, out] :
-       {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device}}) {
+       {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device},
+        std::pair{"activations_on_device", &options.activations_on_device}}) {
     if (*out) continue;
     auto v = profile.section("memory").get_bool(key, true);
     if (!v) return v.error();
@@ -216,8 +227,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!plugins_.compute || !plugins_.storage)
     return Status(StatusCode::invalid_argument, "engine needs compute and storage");
   const auto devices = plugins_.compute->devices();
-  // Activations, the KV cache and the shared weights stay in host memory: a device-memory backend must take host
-  // tensors (kHostTensorsInterface); only routed experts move into its buffers (the VRAM tier).
+  // A backend with memory of its own must also take host tensors (kHostTensorsInterface): token ids, positions,
+  // routing weights and logits stay in host memory, and without memory.*_on_device everything else does too.
   const bool host_tensors = plugins_.compute->query_interface(sdk::kHostTensorsInterface) != nullptr;
   if (devices.empty() || (!devices[0].host_memory && !host_tensors)) {
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
@@ -385,6 +396,11 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   auto kv = make_kv_cache(ctx);
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
+  // Activations on a discrete GPU stay there from op to op; in host memory every op would send its inputs over the
+  // bus and wait for its outputs to come back.
+  if (!devices[0].host_memory && options_.activations_on_device.value_or(true)) {
+    scratch_->device = plugins_.compute.get();
+  }
   if (kv_.on_device()) {
     spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
   }
@@ -424,13 +440,26 @@ Status Engine::run_expert(std::int64_t l, std::int64_t e, const Tensor& x, const
     experts_->release(l, e);
     return s;
   }
+  // The CPU backend reads host memory: activations on the device come down and the result goes back up.
+  auto& S = *scratch_;
+  auto xp = host_view(x, S.xe);
+  if (!xp) return xp.error();
+  Tensor xh = x, yh = y;
+  xh.buffer = yh.buffer = nullptr;
+  xh.offset = yh.offset = 0;
+  xh.data = const_cast<float*>(*xp);
+  if (y.buffer != nullptr) {
+    S.ye.resize(static_cast<std::size_t>(sdk::element_count(y)));
+    yh.data = S.ye.data();
+  }
   auto w = experts_->acquire_for_cpu(l, e);
   if (!w) return w.error();
   experts_->fill_vram(l, e);  // while VRAM has free slots: uploaded during the CPU run, a hit next time
   const auto start = std::chrono::steady_clock::now();
   Status s = run_op_on(*plugins_.cpu_fallback, "cpu (compute.cpu_fallback)", Op::expert_ffn,
-                       {w->gate, w->up, w->down, x}, {y}, params);
+                       {w->gate, w->up, w->down, xh}, {yh}, params);
   experts_->release_for_cpu(l, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (s && y.buffer != nullptr) s = from_host(S.ye.data(), y);
   return s;
 }
 
@@ -631,6 +660,73 @@ Status Engine::run_op_on(sdk::Compute& compute, const std::string& name, Op op, 
   return s;
 }
 
+bool Engine::activations_on_device() const {
+  return scratch_->device != nullptr;
+}
+
+Status Engine::size(Act& a, std::size_t floats) {
+  if (scratch_->device == nullptr) {
+    a.host.resize(floats);
+    return {};
+  }
+  const std::size_t bytes = std::max<std::size_t>(floats, 1) * sizeof(float);
+  if (a.buffer && a.buffer->size() >= bytes) return {};
+  a.buffer.reset();
+  auto b = scratch_->device->allocate(bytes + bytes / 2);  // room to grow with the next chunk
+  if (!b) return b.error().with_context("allocating " + bytes_text(bytes) + " of activations in device memory");
+  a.buffer = std::move(*b);
+  return {};
+}
+
+Tensor Engine::view(Act& a, std::int64_t ne0, std::int64_t ne1, std::int64_t ne2, std::size_t at) const {
+  if (!a.buffer) return f32(a.host.data() + at, ne0, ne1, ne2);
+  Tensor t = f32(nullptr, ne0, ne1, ne2);
+  t.buffer = a.buffer.get();
+  t.offset = at * sizeof(float);
+  return t;
+}
+
+Status Engine::to_host(const Tensor& t, float* dst) {
+  const auto bytes = static_cast<std::size_t>(sdk::element_count(t)) * sizeof(float);
+  if (t.buffer == nullptr) {
+    if (t.data != dst) std::memcpy(dst, t.data, bytes);
+    return {};
+  }
+  auto ev = plugins_.compute->copy_to_host_async(*t.buffer, t.offset, dst, bytes);
+  if (!ev) return ev.error().with_context("downloading activations");
+  return (*ev)->wait();
+}
+
+Status Engine::from_host(const float* src, const Tensor& t) {
+  const auto bytes = static_cast<std::size_t>(sdk::element_count(t)) * sizeof(float);
+  if (t.buffer == nullptr) {
+    if (t.data != src) std::memcpy(t.data, src, bytes);
+    return {};
+  }
+  auto ev = plugins_.compute->copy_to_device_async(src, *t.buffer, t.offset, bytes);
+  if (!ev) return ev.error().with_context("uploading activations");
+  return (*ev)->wait();  // the op that reads them runs next
+}
+
+sdk::Expected<const float*> Engine::host_view(const Tensor& t, std::vector<float>& staging) {
+  if (t.buffer == nullptr) return static_cast<const float*>(t.data);
+  staging.resize(static_cast<std::size_t>(sdk::element_count(t)));
+  if (auto s = to_host(t, staging.data()); !s) return s;
+  return staging.data();
+}
+
+Status Engine::clamp(const Tensor& t, float limit) {
+  auto& S = *scratch_;
+  float* p = static_cast<float*>(t.data);
+  if (t.buffer != nullptr) {
+    S.down.resize(static_cast<std::size_t>(sdk::element_count(t)));
+    if (auto s = to_host(t, S.down.data()); !s) return s;
+    p = S.down.data();
+  }
+  for (std::int64_t i = 0; i < sdk::element_count(t); ++i) p[i] = std::clamp(p[i], -limit, limit);
+  return t.buffer != nullptr ? from_host(p, t) : Status{};
+}
+
 Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
                        std::vector<RoutingRecord>* trace) {
   if (tokens.empty()) return Status(StatusCode::invalid_argument, "no tokens to run");
@@ -678,16 +774,13 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
   auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
-  S.x.resize(sz(D, T));
-  S.h.resize(sz(D, T));
-  S.tmp.resize(sz(D, T));
-  S.moe.resize(sz(D, T));
-  S.q.resize(sz(qd, T));
-  S.q2.resize(sz(qd, T));
-  S.attn.resize(sz(qd, T));
-  S.k.resize(sz(kvd, T));
-  S.k2.resize(sz(kvd, T));
-  S.v.resize(sz(kvd, T));
+  Status s;
+#define COLIBRI_TRY(expr) \
+  if (s = (expr); !s) return s
+
+  for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
+  for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
+  for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
   S.ids.assign(tokens.begin(), tokens.end());
   S.positions.resize(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t)
@@ -705,101 +798,102 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
   attn_p.position = static_cast<std::int32_t>(position);
   attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
   attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  Status s;
-#define COLIBRI_TRY(expr) \
-  if (s = (expr); !s) return s
 
-  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {f32(S.x.data(), D, T)}));
+  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {view(S.x, D, T)}));
   for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
     const Layer& L = layers_[static_cast<std::size_t>(l)];
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.attn_norm}, {f32(S.h.data(), D, T)}, norm_p));
-    const Tensor h = f32(S.h.data(), D, T);
+    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.attn_norm}, {view(S.h, D, T)}, norm_p));
+    const Tensor h = view(S.h, D, T);
     if (present(L.bq)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {f32(S.q.data(), qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {f32(S.k.data(), kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {f32(S.v.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {view(S.q, qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {view(S.k, kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {view(S.v, kvd, T)}, mm_p));
     } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {f32(S.q.data(), qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {f32(S.k.data(), kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {f32(S.v.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {view(S.q, qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {view(S.k, kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
     }
     if (hp_.qk_norm == "per_head") {
-      COLIBRI_TRY(
-          run_op(Op::rms_norm, {f32(S.q.data(), hd, nh * T), L.q_norm}, {f32(S.q2.data(), hd, nh * T)}, norm_p));
-      COLIBRI_TRY(
-          run_op(Op::rms_norm, {f32(S.k.data(), hd, nkv * T), L.k_norm}, {f32(S.k2.data(), hd, nkv * T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
       std::swap(S.q, S.q2);
       std::swap(S.k, S.k2);
     } else if (hp_.qk_norm == "full") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.q.data(), qd, T), L.q_norm}, {f32(S.q2.data(), qd, T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.k.data(), kvd, T), L.k_norm}, {f32(S.k2.data(), kvd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
       std::swap(S.q, S.q2);
       std::swap(S.k, S.k2);
     }
     if (hp_.clip_qkv > 0) {
       const auto c = static_cast<float>(hp_.clip_qkv);
-      for (auto* buf : {&S.q, &S.k, &S.v}) {
-        for (auto& x : *buf) x = std::clamp(x, -c, c);
-      }
+      COLIBRI_TRY(clamp(view(S.q, qd, T), c));
+      COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
+      COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
     }
     const Tensor freq = f32(inv_freq.data(), static_cast<std::int64_t>(inv_freq.size()));
     const Tensor pos = i32(S.positions.data(), T);
-    COLIBRI_TRY(run_op(Op::rope, {f32(S.q.data(), hd, nh, T), pos, freq}, {f32(S.q2.data(), hd, nh, T)}, rope_p));
-    COLIBRI_TRY(run_op(Op::rope, {f32(S.k.data(), hd, nkv, T), pos, freq}, {f32(S.k2.data(), hd, nkv, T)}, rope_p));
-    COLIBRI_TRY(kv_.write(l, position, T, S.k2.data(), S.v.data()));
-    COLIBRI_TRY(run_op(Op::attention,
-                       {f32(S.q2.data(), hd, nh, T), kv_.keys(l, position + T), kv_.values(l, position + T)},
-                       {f32(S.attn.data(), hd, nh, T)}, attn_p));
+    COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, T), pos, freq}, {view(S.q2, hd, nh, T)}, rope_p));
+    COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, T), pos, freq}, {view(S.k2, hd, nkv, T)}, rope_p));
+    COLIBRI_TRY(write_kv(kv_, l, position, view(S.k2, kvd, T), view(S.v, kvd, T)));
+    COLIBRI_TRY(run_op(Op::attention, {view(S.q2, hd, nh, T), kv_.keys(l, position + T), kv_.values(l, position + T)},
+                       {view(S.attn, hd, nh, T)}, attn_p));
     if (present(L.bo)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T), L.bo}, {f32(S.tmp.data(), D, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
     } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T)}, {f32(S.tmp.data(), D, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T)}, {view(S.tmp, D, T)}, mm_p));
     }
-    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.tmp.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.tmp, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.ffn_norm}, {f32(S.h.data(), D, T)}, norm_p));
-    COLIBRI_TRY(moe(L, l, T, position, S.h.data(), S.moe.data(), trace));
-    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.moe.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.ffn_norm}, {view(S.h, D, T)}, norm_p));
+    COLIBRI_TRY(moe(L, l, T, position, view(S.h, D, T), S.moe, trace));
+    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
   }
   if (wanted == LogitsWanted::none) return {};
   // Logits for every position, or only the last one.
   const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
-  const float* src = S.x.data() + (wanted == LogitsWanted::all ? 0 : sz(D, T - 1));
-  S.last.assign(src, src + sz(D, rows));
-  COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
-  COLIBRI_TRY(run_op(Op::matmul, {output_, f32(S.h.data(), D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p));
+  const std::size_t first = wanted == LogitsWanted::all ? 0 : sz(D, T - 1);
+  COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, rows, 1, first), output_norm_}, {view(S.h, D, rows)}, norm_p));
+  COLIBRI_TRY(run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p));
 #undef COLIBRI_TRY
   return {};
 }
 
-Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t position, const float* h_ptr,
-                   float* out, std::vector<RoutingRecord>* trace) {
+Status Engine::write_kv(KvCache& kv, std::int64_t l, std::int64_t position, const Tensor& k, const Tensor& v) {
+  auto& S = *scratch_;
+  auto kp = host_view(k, S.down);
+  if (!kp) return kp.error();
+  auto vp = host_view(v, S.acc);
+  if (!vp) return vp.error();
+  return kv.write(l, position, k.ne[1], *kp, *vp);
+}
+
+Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t position, const Tensor& h, Act& out,
+                   std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
   const std::int64_t D = hp_.hidden_size;
   const auto DT = static_cast<std::size_t>(D * T);
-  Tensor h = f32(const_cast<float*>(h_ptr), D, T);
   sdk::OpParams mm_p;
   mm_p.flags = matmul_flags_;
   Status s;
   if (l == 0) predicted_.clear();  // a new pass: predictions are per pass
   if (!L.sparse) {
     const sdk::ExpertKey dense_key{static_cast<std::uint32_t>(l), 0};
-    if (s = prefetch_ahead(l, T, h_ptr, std::span<const sdk::ExpertKey>(&dense_key, 1)); !s) return s;
-    return run_expert(l, 0, h, f32(out, D, T), cpu_runs(l, 0, T), mm_p);
+    if (s = prefetch_ahead(l, T, h, std::span<const sdk::ExpertKey>(&dense_key, 1)); !s) return s;
+    return run_expert(l, 0, h, view(out, D, T), cpu_runs(l, 0, T), mm_p);
   }
   const std::int64_t E = hp_.n_experts, K = L.top_k;
-  S.router.resize(static_cast<std::size_t>(E * T));
+  if (s = size(S.router, static_cast<std::size_t>(E * T)); !s) return s;
   S.weights.resize(static_cast<std::size_t>(K * T));
   S.expert_ids.resize(static_cast<std::size_t>(K * T));
   // The router runs unquantized activations: routing must not depend on how activations are packed.
   sdk::OpParams router_p;
   router_p.flags = sdk::kExactActivations;
-  if (s = run_op(Op::matmul, {L.router, h}, {f32(S.router.data(), E, T)}, router_p); !s) return s;
+  if (s = run_op(Op::matmul, {L.router, h}, {view(S.router, E, T)}, router_p); !s) return s;
   sdk::OpParams topk_p;
   topk_p.top_k = static_cast<std::int32_t>(K);
   topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
-  if (s = run_op(Op::topk_routing, {f32(S.router.data(), E, T)},
+  if (s = run_op(Op::topk_routing, {view(S.router, E, T)},
                  {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
       !s) {
     return s;
@@ -838,7 +932,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       experts_->note_prediction(it->second.size(), correct, groups.size());
       predicted_.erase(it);
     }
-    if (s = prefetch_ahead(l, T, h_ptr, needed); !s) return s;
+    if (s = prefetch_ahead(l, T, h, needed); !s) return s;
   }
   // compute.cpu_fallback: the experts not in VRAM that the cost model gives to the CPU, for this many tokens.
   std::set<std::int32_t> on_cpu;
@@ -863,62 +957,97 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
   }
   order.insert(order.end(), cpu_order.begin(), cpu_order.end());
   order.insert(order.end(), waiting.begin(), waiting.end());
-  for (const auto e : order) {
-    const auto& members = groups[e];
-    const auto n = static_cast<std::int64_t>(members.size());
-    const auto Dn = static_cast<std::size_t>(D * n);
-    S.xe.resize(Dn);
-    S.ye.resize(Dn);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
-      std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
-                  sizeof(float) * static_cast<std::size_t>(D));
+  // When every routed expert runs every token (always in decode), each takes h as it is and adds into out where it
+  // lies, on the device with activations there; otherwise rows are gathered and scattered in host memory. Both do
+  // the same operations on the same values.
+  const bool whole = std::all_of(groups.begin(), groups.end(),
+                                 [&](const auto& g) { return static_cast<std::int64_t>(g.second.size()) == T; });
+  if (whole) {
+    if (S.routed.size() < groups.size()) S.routed.resize(groups.size());
+    std::map<std::int32_t, std::size_t> slot;
+    for (const auto& g : groups) slot.emplace(g.first, slot.size());
+    for (const auto e : order) {
+      Act& y = S.routed[slot.at(e)];
+      if (s = size(y, DT); !s) return s;
+      if (s = run_expert(l, e, h, view(y, D, T), on_cpu.count(e) != 0, mm_p); !s) return s;
     }
-    if (s = run_expert(l, e, f32(S.xe.data(), D, n), f32(S.ye.data(), D, n), on_cpu.count(e) != 0, mm_p); !s) {
-      return s;
+    if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
+    S.acc.assign(DT, 0.0f);
+    if (s = from_host(S.acc.data(), view(out, D, T)); !s) return s;
+    for (const auto& [e, members] : groups) {
+      S.gate.resize(members.size());
+      for (std::size_t i = 0; i < members.size(); ++i) S.gate[i] = members[i].second;
+      if (s = run_op(Op::scale_add, {view(S.routed[slot.at(e)], D, T), f32(S.gate.data(), T)}, {view(out, D, T)}); !s) {
+        return s;
+      }
     }
-    S.expert_out[e].assign(S.ye.begin(), S.ye.end());
-  }
-  // Prefetches of this layer still queued were for experts the router did not pick: free the disk queue.
-  if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
-  std::fill(out, out + DT, 0.0f);
-  for (const auto& [e, members] : groups) {
-    const auto n = static_cast<std::int64_t>(members.size());
-    const auto Dn = static_cast<std::size_t>(D * n);
-    S.ye.assign(S.expert_out[e].begin(), S.expert_out[e].end());
-    S.acc.resize(Dn);
-    S.gate.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
-      std::memcpy(S.acc.data() + i * D, out + t * static_cast<std::size_t>(D),
-                  sizeof(float) * static_cast<std::size_t>(D));
-      S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
+  } else {
+    auto hp = host_view(h, S.down);
+    if (!hp) return hp.error();
+    const float* h_ptr = *hp;
+    for (const auto e : order) {
+      const auto& members = groups[e];
+      const auto n = static_cast<std::int64_t>(members.size());
+      const auto Dn = static_cast<std::size_t>(D * n);
+      S.xe.resize(Dn);
+      S.ye.resize(Dn);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+        std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
+                    sizeof(float) * static_cast<std::size_t>(D));
+      }
+      if (s = run_expert(l, e, f32(S.xe.data(), D, n), f32(S.ye.data(), D, n), on_cpu.count(e) != 0, mm_p); !s) {
+        return s;
+      }
+      S.expert_out[e].assign(S.ye.begin(), S.ye.end());
     }
-    if (s = run_op(Op::scale_add, {f32(S.ye.data(), D, n), f32(S.gate.data(), n)}, {f32(S.acc.data(), D, n)}); !s) {
-      return s;
+    // Prefetches of this layer still queued were for experts the router did not pick: free the disk queue.
+    if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
+    // The sum in host memory: out itself, or (activations on the device) a host copy uploaded at the end.
+    float* sum = out.host.data();
+    if (out.buffer) {
+      S.last.resize(DT);
+      sum = S.last.data();
     }
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
-      std::memcpy(out + t * static_cast<std::size_t>(D), S.acc.data() + i * D,
-                  sizeof(float) * static_cast<std::size_t>(D));
+    std::fill(sum, sum + DT, 0.0f);
+    for (const auto& [e, members] : groups) {
+      const auto n = static_cast<std::int64_t>(members.size());
+      const auto Dn = static_cast<std::size_t>(D * n);
+      S.ye.assign(S.expert_out[e].begin(), S.expert_out[e].end());
+      S.acc.resize(Dn);
+      S.gate.resize(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+        std::memcpy(S.acc.data() + i * D, sum + t * static_cast<std::size_t>(D),
+                    sizeof(float) * static_cast<std::size_t>(D));
+        S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
+      }
+      if (s = run_op(Op::scale_add, {f32(S.ye.data(), D, n), f32(S.gate.data(), n)}, {f32(S.acc.data(), D, n)}); !s) {
+        return s;
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
+        std::memcpy(sum + t * static_cast<std::size_t>(D), S.acc.data() + i * D,
+                    sizeof(float) * static_cast<std::size_t>(D));
+      }
     }
+    if (s = from_host(sum, view(out, D, T)); !s) return s;
   }
   if (present(L.sh_gate)) {
-    S.shared.resize(DT);
-    if (s = run_op(Op::expert_ffn, {L.sh_gate, L.sh_up, L.sh_down, h}, {f32(S.shared.data(), D, T)}, mm_p); !s) {
-      return s;
-    }
+    if (s = size(S.shared, DT); !s) return s;
+    if (s = run_op(Op::expert_ffn, {L.sh_gate, L.sh_up, L.sh_down, h}, {view(S.shared, D, T)}, mm_p); !s) return s;
     if (present(L.sh_gate_inp)) {
       S.gate.resize(static_cast<std::size_t>(T));
       S.acc.resize(static_cast<std::size_t>(T));
       if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, router_p); !s) return s;
       if (s = run_op(Op::sigmoid, {f32(S.acc.data(), 1, T)}, {f32(S.gate.data(), 1, T)}); !s) return s;
-      if (s = run_op(Op::scale_add, {f32(S.shared.data(), D, T), f32(S.gate.data(), T)}, {f32(out, D, T)}); !s) {
+      if (s = run_op(Op::scale_add, {view(S.shared, D, T), f32(S.gate.data(), T)}, {view(out, D, T)}); !s) {
         return s;
       }
     } else {
-      S.acc.assign(out, out + DT);
-      if (s = run_op(Op::add, {f32(S.acc.data(), D, T), f32(S.shared.data(), D, T)}, {f32(out, D, T)}); !s) return s;
+      if (s = size(S.sum, DT); !s) return s;
+      if (s = run_op(Op::add, {view(out, D, T), view(S.shared, D, T)}, {view(S.sum, D, T)}); !s) return s;
+      std::swap(out, S.sum);
     }
   }
   return {};
@@ -926,11 +1055,10 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
 
 // Prefetch: the routers of the next prefetch_layers_ layers applied to this layer's hidden state predict their
 // experts; the predicted misses are queued below demand reads. Only timing changes: routing itself is untouched.
-Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const float* h_ptr,
-                              std::span<const sdk::ExpertKey> keep) {
+Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, std::span<const sdk::ExpertKey> keep) {
   if (prefetch_layers_ <= 0 || experts_->resident()) return {};
   auto& S = *scratch_;
-  const std::int64_t D = hp_.hidden_size, E = hp_.n_experts;
+  const std::int64_t E = hp_.n_experts;
   std::vector<sdk::ExpertKey> wanted;
   sdk::OpParams router_p;
   router_p.flags = sdk::kExactActivations;
@@ -944,8 +1072,7 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const float* h_ptr
     S.pred_router.resize(static_cast<std::size_t>(E * T));
     S.pred_weights.resize(static_cast<std::size_t>(K * T));
     S.pred_ids.resize(static_cast<std::size_t>(K * T));
-    Status s = run_op(Op::matmul, {M.router, f32(const_cast<float*>(h_ptr), D, T)}, {f32(S.pred_router.data(), E, T)},
-                      router_p);
+    Status s = run_op(Op::matmul, {M.router, h}, {f32(S.pred_router.data(), E, T)}, router_p);
     if (!s) return s;
     sdk::OpParams topk_p;
     topk_p.top_k = static_cast<std::int32_t>(K);
@@ -1011,16 +1138,12 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
   auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
-  S.x.resize(sz(D, T));
-  S.h.resize(sz(D, T));
-  S.tmp.resize(sz(D, T));
-  S.moe.resize(sz(D, T));
-  S.q.resize(sz(qd, T));
-  S.q2.resize(sz(qd, T));
-  S.attn.resize(sz(qd, T));
-  S.k.resize(sz(kvd, T));
-  S.k2.resize(sz(kvd, T));
-  S.v.resize(sz(kvd, T));
+  Status s;
+#define COLIBRI_TRY(expr) \
+  if (s = (expr); !s) return s
+  for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
+  for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
+  for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
   S.ids.clear();
   S.positions.clear();
   std::vector<std::int64_t> first(items.size());  // each item's first row in the concatenation
@@ -1041,42 +1164,37 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
   sdk::OpParams rope_p;
   rope_p.rope_dims = rope_->rope_dims();
   rope_p.scale = rope_->attention_scaling();
-  Status s;
-#define COLIBRI_TRY(expr) \
-  if (s = (expr); !s) return s
 
-  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {f32(S.x.data(), D, T)}));
+  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {view(S.x, D, T)}));
   for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
     const Layer& L = layers_[static_cast<std::size_t>(l)];
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.attn_norm}, {f32(S.h.data(), D, T)}, norm_p));
-    const Tensor h = f32(S.h.data(), D, T);
+    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.attn_norm}, {view(S.h, D, T)}, norm_p));
+    const Tensor h = view(S.h, D, T);
     if (present(L.bq)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {f32(S.q.data(), qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {f32(S.k.data(), kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {f32(S.v.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {view(S.q, qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {view(S.k, kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {view(S.v, kvd, T)}, mm_p));
     } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {f32(S.q.data(), qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {f32(S.k.data(), kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {f32(S.v.data(), kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {view(S.q, qd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {view(S.k, kvd, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
     }
     if (hp_.qk_norm == "per_head") {
-      COLIBRI_TRY(
-          run_op(Op::rms_norm, {f32(S.q.data(), hd, nh * T), L.q_norm}, {f32(S.q2.data(), hd, nh * T)}, norm_p));
-      COLIBRI_TRY(
-          run_op(Op::rms_norm, {f32(S.k.data(), hd, nkv * T), L.k_norm}, {f32(S.k2.data(), hd, nkv * T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
       std::swap(S.q, S.q2);
       std::swap(S.k, S.k2);
     } else if (hp_.qk_norm == "full") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.q.data(), qd, T), L.q_norm}, {f32(S.q2.data(), qd, T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.k.data(), kvd, T), L.k_norm}, {f32(S.k2.data(), kvd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
+      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
       std::swap(S.q, S.q2);
       std::swap(S.k, S.k2);
     }
     if (hp_.clip_qkv > 0) {
       const auto c = static_cast<float>(hp_.clip_qkv);
-      for (auto* buf : {&S.q, &S.k, &S.v}) {
-        for (auto& x : *buf) x = std::clamp(x, -c, c);
-      }
+      COLIBRI_TRY(clamp(view(S.q, qd, T), c));
+      COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
+      COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
     }
     for (std::size_t i = 0; i < items.size(); ++i) {
       const std::int64_t off = first[i], n = static_cast<std::int64_t>(items[i].tokens.size());
@@ -1084,38 +1202,37 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
       KvCache& kv = items[i].sequence->kv;
       const Tensor freq = f32(inv_freq[i].data(), static_cast<std::int64_t>(inv_freq[i].size()));
       const Tensor positions = i32(S.positions.data() + off, n);
-      float* q = S.q.data() + sz(qd, off);
-      float* q2 = S.q2.data() + sz(qd, off);
-      float* k = S.k.data() + sz(kvd, off);
-      float* k2 = S.k2.data() + sz(kvd, off);
-      COLIBRI_TRY(run_op(Op::rope, {f32(q, hd, nh, n), positions, freq}, {f32(q2, hd, nh, n)}, rope_p));
-      COLIBRI_TRY(run_op(Op::rope, {f32(k, hd, nkv, n), positions, freq}, {f32(k2, hd, nkv, n)}, rope_p));
-      COLIBRI_TRY(kv.write(l, pos, n, k2, S.v.data() + sz(kvd, off)));
+      COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
+                         {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
+      COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
+                         {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
+      COLIBRI_TRY(write_kv(kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
       sdk::OpParams attn_p;
       attn_p.position = static_cast<std::int32_t>(pos);
       attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
       attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-      COLIBRI_TRY(run_op(Op::attention, {f32(q2, hd, nh, n), kv.keys(l, pos + n), kv.values(l, pos + n)},
-                         {f32(S.attn.data() + sz(qd, off), hd, nh, n)}, attn_p));
+      COLIBRI_TRY(run_op(Op::attention,
+                         {view(S.q2, hd, nh, n, sz(qd, off)), kv.keys(l, pos + n), kv.values(l, pos + n)},
+                         {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
     }
     if (present(L.bo)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T), L.bo}, {f32(S.tmp.data(), D, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
     } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, f32(S.attn.data(), qd, T)}, {f32(S.tmp.data(), D, T)}, mm_p));
+      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T)}, {view(S.tmp, D, T)}, mm_p));
     }
-    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.tmp.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.tmp, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.x.data(), D, T), L.ffn_norm}, {f32(S.h.data(), D, T)}, norm_p));
+    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.ffn_norm}, {view(S.h, D, T)}, norm_p));
     // Routing records carry positions relative to the batch; fix them up per sequence below.
     const std::size_t trace_from = trace != nullptr ? trace->size() : 0;
-    COLIBRI_TRY(moe(L, l, T, 0, S.h.data(), S.moe.data(), trace));
+    COLIBRI_TRY(moe(L, l, T, 0, view(S.h, D, T), S.moe, trace));
     if (trace != nullptr) {
       for (std::size_t r = trace_from; r < trace->size(); ++r) {
         auto& rec = (*trace)[r];
         rec.position = S.positions[static_cast<std::size_t>(rec.position)];
       }
     }
-    COLIBRI_TRY(run_op(Op::add, {f32(S.x.data(), D, T), f32(S.moe.data(), D, T)}, {f32(S.h.data(), D, T)}));
+    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
   }
   // Logits of each item's last token that wants them, as rows of one output matmul.
@@ -1130,12 +1247,11 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     for (std::size_t r = 0; r < want.size(); ++r) {
       const std::size_t i = want[r];
       const std::int64_t row = first[i] + static_cast<std::int64_t>(items[i].tokens.size()) - 1;
-      std::memcpy(S.last.data() + sz(D, static_cast<std::int64_t>(r)), S.x.data() + sz(D, row),
-                  sizeof(float) * static_cast<std::size_t>(D));
+      COLIBRI_TRY(to_host(view(S.x, D, 1, 1, sz(D, row)), S.last.data() + sz(D, static_cast<std::int64_t>(r))));
     }
     std::vector<float> all(V * want.size());
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {f32(S.h.data(), D, rows)}, norm_p));
-    COLIBRI_TRY(run_op(Op::matmul, {output_, f32(S.h.data(), D, rows)}, {f32(all.data(), hp_.vocab_size, rows)}, mm_p));
+    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {view(S.h, D, rows)}, norm_p));
+    COLIBRI_TRY(run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(all.data(), hp_.vocab_size, rows)}, mm_p));
     for (std::size_t r = 0; r < want.size(); ++r) {
       items[want[r]].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),
                                     all.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));

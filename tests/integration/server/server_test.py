@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """colibri-server end to end (ctest label integration):
 
-  server_test.py COLIBRI_CLI COLIBRI_SERVER FIXTURE_GENERATOR WORK_DIR [--node] [-k PATTERN]
+  server_test.py COLIBRI_CLI COLIBRI_SERVER FIXTURE_GENERATOR WORK_DIR [--node] [--backend-args "ARGS"] [-k PATTERN]
 
 A tiny random Mixtral is converted once; each test class starts its own colibri-server on a free port.
 * API: health, models, completions and chat (non-streaming and SSE ending with [DONE]), usage, finish_reason, stop,
@@ -12,6 +12,8 @@ A tiny random Mixtral is converted once; each test class starts its own colibri-
   OpenAI error shape; the server keeps serving afterwards.
 * lifecycle: a client that disconnects has its sequence cancelled; SIGTERM ends streams, saves the usage history
   and exits 0.
+* --backend-args "ARGS": every server gets ARGS (e.g. a GPU backend; the device backends' tests run the concurrency
+  test so), after a probe that exits 77 (skipped) when that backend cannot run, unless COLIBRI_REQUIRE_BACKEND=1.
 * --node: the official `openai` npm package (streaming and not) and curl; exits 77 (skipped) without npm/network.
 """
 
@@ -30,6 +32,7 @@ import unittest
 
 CLI = SERVER = GEN = WORK = None
 MODEL = None
+BACKEND_ARGS = []  # --backend-args: added to every server, e.g. to run these tests on a GPU backend
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -57,7 +60,7 @@ class Server:
     def __init__(self, *extra):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
         self.proc = subprocess.Popen([SERVER, "--model", MODEL, "--port", "0", "--ctx", "512", "--chat-template",
-                                      "chatml", "--log-level", "warn"] + list(extra),
+                                      "chatml", "--log-level", "warn"] + BACKEND_ARGS + list(extra),
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=die_with_parent)
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
@@ -580,14 +583,32 @@ class Clients(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
 
 
+def backend_usable():
+    """With --backend-args: None when that backend runs a token here, else the exit code (77: skipped, or 1 when
+    COLIBRI_REQUIRE_BACKEND=1)."""
+    p = subprocess.run([CLI, "logits", "--model", MODEL, "--tokens", "1", "--out", os.path.join(WORK, "probe.npy")] +
+                       BACKEND_ARGS, capture_output=True, text=True)
+    if p.returncode == 0:
+        return None
+    print(f"{'FAIL' if os.environ.get('COLIBRI_REQUIRE_BACKEND') == '1' else 'SKIP'}: {' '.join(BACKEND_ARGS)} "
+          f"cannot run here:\n{p.stderr}")
+    return 1 if os.environ.get("COLIBRI_REQUIRE_BACKEND") == "1" else 77
+
+
 def main():
-    global CLI, SERVER, GEN, WORK
+    global CLI, SERVER, GEN, WORK, BACKEND_ARGS
     args = sys.argv[1:]
     node_only = "--node" in args
     args = [a for a in args if a != "--node"]
+    if "--backend-args" in args:
+        i = args.index("--backend-args")
+        BACKEND_ARGS = args[i + 1].split()
+        del args[i:i + 2]
     CLI, SERVER, GEN, WORK = args[:4]
     os.makedirs(WORK, exist_ok=True)
     make_model()
+    if BACKEND_ARGS and (code := backend_usable()) is not None:
+        sys.exit(code)
     rest = args[4:]
     if node_only:
         suite = unittest.defaultTestLoader.loadTestsFromName("test_openai_node_sdk", Clients)

@@ -40,6 +40,7 @@ struct EngineOptions {
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
   std::optional<bool> kv_on_device;                 // overrides memory.kv_on_device
+  std::optional<bool> activations_on_device;        // overrides memory.activations_on_device
   bool vram_admission = true;                       // memory.vram_admission: frequency (true) | always
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
   double upload_gbps = 0;
@@ -122,6 +123,8 @@ class Engine {
   [[nodiscard]] std::uint64_t shared_device_bytes() const { return shared_device_bytes_; }
   // Bytes of this engine's KV cache held in the compute backend's device memory (memory.kv_on_device).
   [[nodiscard]] std::uint64_t kv_device_bytes() const { return kv_.on_device() ? kv_.bytes() : 0; }
+  // Whether activations stay in the compute backend's device memory between ops (memory.activations_on_device).
+  [[nodiscard]] bool activations_on_device() const;
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
   // compute.cpu_fallback's cost model; null when the fallback is off (or had nothing to fall back for).
   [[nodiscard]] const OffloadCost* offload_cost() const { return plugins_.cpu_fallback ? &offload_ : nullptr; }
@@ -148,8 +151,21 @@ class Engine {
   sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
   // A KV cache of `context` positions: in device memory when kv_on_device_ and it fits there, else in host memory.
   [[nodiscard]] sdk::Expected<KvCache> make_kv_cache(std::int64_t context) const;
-  sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const float* h, float* out,
-                  std::vector<RoutingRecord>* trace);
+  struct Act;
+  // Activations: sized for `floats` (host vector, or a device buffer that grows), viewed as an f32 tensor from
+  // element `at`, copied to and from host memory (memcpy for host arrays), clamped in place.
+  sdk::Status size(Act& a, std::size_t floats);
+  [[nodiscard]] sdk::Tensor view(Act& a, std::int64_t ne0, std::int64_t ne1 = 1, std::int64_t ne2 = 1,
+                                 std::size_t at = 0) const;
+  sdk::Status to_host(const sdk::Tensor& t, float* dst);
+  sdk::Status from_host(const float* src, const sdk::Tensor& t);
+  sdk::Expected<const float*> host_view(const sdk::Tensor& t, std::vector<float>& staging);
+  sdk::Status clamp(const sdk::Tensor& t, float limit);
+  // Appends k and v {kv_heads * head_dim, T} (host or device) at `position` of layer l.
+  sdk::Status write_kv(KvCache& kv, std::int64_t l, std::int64_t position, const sdk::Tensor& k, const sdk::Tensor& v);
+  // The layer's experts over h {D, T} into out (its Act: the no-gate shared expert swaps in its sum).
+  sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const sdk::Tensor& h,
+                  Act& out, std::vector<RoutingRecord>* trace);
 
   model::Manifest manifest_;
   model::HyperParams hp_;
@@ -172,7 +188,8 @@ class Engine {
   std::uint64_t shared_device_bytes_ = 0;
   std::int64_t n_past_ = 0;
   // Prefetch: layers ahead, and the experts predicted for each coming layer of the current pass.
-  sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const float* h, std::span<const sdk::ExpertKey> keep);
+  sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const sdk::Tensor& h,
+                             std::span<const sdk::ExpertKey> keep);
   std::int64_t prefetch_layers_ = 0;
   std::map<std::int64_t, std::set<std::int32_t>> predicted_;
 };

@@ -11,7 +11,9 @@
   cache x batch (fewer budgets than on Vulkan: each run creates a CUDA context, and gpu-check has 10 minutes), and
   its bench counters, all-in-VRAM included;
 * compute.cpu_fallback: auto and its cost model (Engine.cpu_fallback);
-* the KV cache in device memory (the default; Engine.kv_on_device): logits bit-identical to it in host memory.
+* the KV cache in device memory (the default; Engine.kv_on_device): logits bit-identical to it in host memory;
+* activations in device memory between ops (the default; Engine.activations_on_device): logits bit-identical to
+  staging them per op.
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
 live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
@@ -33,7 +35,8 @@ def main():
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS + [("olmoe", "q6_k")]
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
                                  engine.vram_promise({"device": []}, [], budgets=("one", "quarter")) +
-                                 engine.cpu_fallback([]) + engine.kv_on_device([]))
+                                 engine.cpu_fallback([]) + engine.kv_on_device([]) +
+                                 engine.activations_on_device([]))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ With --vram (ctest compute.vulkan.vram): backend_engine.Engine.vram_promise (the
 tier) on mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's
 path, staging uploads, weights only in device buffers); shared weights uploaded once to unmapped memory only; and
 backend_engine.Engine.cpu_fallback (compute.cpu_fallback: auto and its cost model) and
-backend_engine.Engine.kv_on_device (the KV cache in device memory, logits bit-identical to it in host memory) on
-unmapped memory; on mapped memory the KV cache stays in host memory.
+backend_engine.Engine.kv_on_device (the KV cache in device memory, logits bit-identical to it in host memory) and
+backend_engine.Engine.activations_on_device (activations kept in device buffers between ops, logits bit-identical to
+staging them per op) on unmapped memory; on mapped memory the KV cache stays in host memory.
 
 Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1. The checks against the
 CPU backend and of batch invariance live in tests/support/backend_engine.py, shared with the CUDA backend's test.
@@ -74,7 +75,8 @@ def main():
         mapped, unmapped = (["--set", f"compute.map_device_memory={m}"] for m in ("true", "false"))
         return backend_engine.report(
             engine.vram_promise({"mapped": mapped, "unmapped": unmapped}, unmapped) + shared_weights(engine) +
-            engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine))
+            engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine) +
+            engine.activations_on_device(unmapped))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
 
