@@ -770,7 +770,31 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
 Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, LogitsWanted wanted,
                              float* logits, std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
-  const std::int64_t T = static_cast<std::int64_t>(tokens.size());
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t D = hp_.hidden_size;
+  S.ids.assign(tokens.begin(), tokens.end());
+  const Segment one{&kv_, position, 0, T};
+  if (auto s = run_layers(std::span<const Segment>(&one, 1), trace); !s) return s;
+  if (wanted == LogitsWanted::none) return {};
+  // Logits for every position, or only the last one.
+  const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
+  const auto first = static_cast<std::size_t>(wanted == LogitsWanted::all ? 0 : D * (T - 1));
+  sdk::OpParams norm_p;
+  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  if (auto s = run_op(Op::rms_norm, {view(S.x, D, rows, 1, first), output_norm_}, {view(S.h, D, rows)}, norm_p); !s) {
+    return s;
+  }
+  return run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p);
+}
+
+// The layers over S.ids, the concatenated tokens of `segments`: per-token ops (norms, matmuls, the MoE with each
+// routed expert run once for all its tokens) see all tokens at once; rope, the KV writes and attention go per
+// segment, each at its own positions in its own KV cache. Leaves the last hidden states in S.x.
+Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace) {
+  auto& S = *scratch_;
+  const auto T = static_cast<std::int64_t>(S.ids.size());
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
   auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
@@ -781,23 +805,21 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
   for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
   for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
   for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
-  S.ids.assign(tokens.begin(), tokens.end());
   S.positions.resize(static_cast<std::size_t>(T));
-  for (std::int64_t t = 0; t < T; ++t)
-    S.positions[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(position + t);
-  const float eps = static_cast<float>(hp_.rms_norm_eps);
+  std::vector<std::vector<float>> inv_freq;
+  for (const auto& g : segments) {
+    for (std::int64_t t = 0; t < g.n; ++t) {
+      S.positions[static_cast<std::size_t>(g.first + t)] = static_cast<std::int32_t>(g.position + t);
+    }
+    inv_freq.push_back(rope_->inv_freq(g.position + g.n));  // "dynamic" rope depends on each sequence's length
+  }
   sdk::OpParams norm_p;
-  norm_p.eps = eps;
+  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
   sdk::OpParams mm_p;
   mm_p.flags = matmul_flags_;
-  std::vector<float> inv_freq = rope_->inv_freq(position + T);
   sdk::OpParams rope_p;
   rope_p.rope_dims = rope_->rope_dims();
   rope_p.scale = rope_->attention_scaling();
-  sdk::OpParams attn_p;
-  attn_p.position = static_cast<std::int32_t>(position);
-  attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
-  attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
 
   COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {view(S.x, D, T)}));
   for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
@@ -830,13 +852,23 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
       COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
       COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
     }
-    const Tensor freq = f32(inv_freq.data(), static_cast<std::int64_t>(inv_freq.size()));
-    const Tensor pos = i32(S.positions.data(), T);
-    COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, T), pos, freq}, {view(S.q2, hd, nh, T)}, rope_p));
-    COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, T), pos, freq}, {view(S.k2, hd, nkv, T)}, rope_p));
-    COLIBRI_TRY(write_kv(kv_, l, position, view(S.k2, kvd, T), view(S.v, kvd, T)));
-    COLIBRI_TRY(run_op(Op::attention, {view(S.q2, hd, nh, T), kv_.keys(l, position + T), kv_.values(l, position + T)},
-                       {view(S.attn, hd, nh, T)}, attn_p));
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      const auto& [kv, pos, off, n] = segments[i];
+      const Tensor freq = f32(inv_freq[i].data(), static_cast<std::int64_t>(inv_freq[i].size()));
+      const Tensor positions = i32(S.positions.data() + off, n);
+      COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
+                         {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
+      COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
+                         {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
+      COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
+      sdk::OpParams attn_p;
+      attn_p.position = static_cast<std::int32_t>(pos);
+      attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
+      attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+      COLIBRI_TRY(run_op(Op::attention,
+                         {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
+                         {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+    }
     if (present(L.bo)) {
       COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
     } else {
@@ -845,16 +877,18 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.tmp, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
     COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.ffn_norm}, {view(S.h, D, T)}, norm_p));
-    COLIBRI_TRY(moe(L, l, T, position, view(S.h, D, T), S.moe, trace));
+    // Routing records carry rows of the concatenation; they become each token's position.
+    const std::size_t trace_from = trace != nullptr ? trace->size() : 0;
+    COLIBRI_TRY(moe(L, l, T, view(S.h, D, T), S.moe, trace));
+    if (trace != nullptr) {
+      for (std::size_t r = trace_from; r < trace->size(); ++r) {
+        auto& rec = (*trace)[r];
+        rec.position = S.positions[static_cast<std::size_t>(rec.position)];
+      }
+    }
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
   }
-  if (wanted == LogitsWanted::none) return {};
-  // Logits for every position, or only the last one.
-  const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
-  const std::size_t first = wanted == LogitsWanted::all ? 0 : sz(D, T - 1);
-  COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, rows, 1, first), output_norm_}, {view(S.h, D, rows)}, norm_p));
-  COLIBRI_TRY(run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p));
 #undef COLIBRI_TRY
   return {};
 }
@@ -868,7 +902,7 @@ Status Engine::write_kv(KvCache& kv, std::int64_t l, std::int64_t position, cons
   return kv.write(l, position, k.ne[1], *kp, *vp);
 }
 
-Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t position, const Tensor& h, Act& out,
+Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor& h, Act& out,
                    std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
   const std::int64_t D = hp_.hidden_size;
@@ -916,7 +950,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, std::int64_t 
       }
     }
     if (trace != nullptr) {
-      rec.position = position + t;
+      rec.position = t;  // the row; run_layers turns it into the token's position
       rec.layer = l;
       trace->push_back(std::move(rec));
     }
@@ -1135,106 +1169,25 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     T += n;
   }
   auto& S = *scratch_;
-  const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
-  const std::int64_t qd = nh * hd, kvd = nkv * hd;
+  const std::int64_t D = hp_.hidden_size;
   auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+  S.ids.clear();
+  std::vector<Segment> segments;
+  std::vector<std::int64_t> first(items.size());  // each item's first row in the concatenation
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    first[i] = static_cast<std::int64_t>(S.ids.size());
+    S.ids.insert(S.ids.end(), items[i].tokens.begin(), items[i].tokens.end());
+    segments.push_back({&items[i].sequence->kv, items[i].sequence->n_past, first[i],
+                        static_cast<std::int64_t>(items[i].tokens.size())});
+  }
   Status s;
 #define COLIBRI_TRY(expr) \
   if (s = (expr); !s) return s
-  for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
-  for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
-  for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
-  S.ids.clear();
-  S.positions.clear();
-  std::vector<std::int64_t> first(items.size());  // each item's first row in the concatenation
-  std::vector<std::vector<float>> inv_freq(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    first[i] = static_cast<std::int64_t>(S.ids.size());
-    const auto pos = items[i].sequence->n_past;
-    const auto n = static_cast<std::int64_t>(items[i].tokens.size());
-    S.ids.insert(S.ids.end(), items[i].tokens.begin(), items[i].tokens.end());
-    for (std::int64_t t = 0; t < n; ++t) S.positions.push_back(static_cast<std::int32_t>(pos + t));
-    inv_freq[i] = rope_->inv_freq(pos + n);  // "dynamic" rope depends on each sequence's own length
-  }
-  const float eps = static_cast<float>(hp_.rms_norm_eps);
+  COLIBRI_TRY(run_layers(segments, trace));
   sdk::OpParams norm_p;
-  norm_p.eps = eps;
+  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
   sdk::OpParams mm_p;
   mm_p.flags = matmul_flags_;
-  sdk::OpParams rope_p;
-  rope_p.rope_dims = rope_->rope_dims();
-  rope_p.scale = rope_->attention_scaling();
-
-  COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {view(S.x, D, T)}));
-  for (std::int64_t l = 0; l < hp_.num_layers; ++l) {
-    const Layer& L = layers_[static_cast<std::size_t>(l)];
-    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.attn_norm}, {view(S.h, D, T)}, norm_p));
-    const Tensor h = view(S.h, D, T);
-    if (present(L.bq)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {view(S.q, qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {view(S.k, kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {view(S.v, kvd, T)}, mm_p));
-    } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {view(S.q, qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {view(S.k, kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
-    }
-    if (hp_.qk_norm == "per_head") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
-      std::swap(S.q, S.q2);
-      std::swap(S.k, S.k2);
-    } else if (hp_.qk_norm == "full") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
-      std::swap(S.q, S.q2);
-      std::swap(S.k, S.k2);
-    }
-    if (hp_.clip_qkv > 0) {
-      const auto c = static_cast<float>(hp_.clip_qkv);
-      COLIBRI_TRY(clamp(view(S.q, qd, T), c));
-      COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
-      COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
-    }
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const std::int64_t off = first[i], n = static_cast<std::int64_t>(items[i].tokens.size());
-      const std::int64_t pos = items[i].sequence->n_past;
-      KvCache& kv = items[i].sequence->kv;
-      const Tensor freq = f32(inv_freq[i].data(), static_cast<std::int64_t>(inv_freq[i].size()));
-      const Tensor positions = i32(S.positions.data() + off, n);
-      COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
-                         {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
-      COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
-                         {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
-      COLIBRI_TRY(write_kv(kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
-      sdk::OpParams attn_p;
-      attn_p.position = static_cast<std::int32_t>(pos);
-      attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
-      attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-      COLIBRI_TRY(run_op(Op::attention,
-                         {view(S.q2, hd, nh, n, sz(qd, off)), kv.keys(l, pos + n), kv.values(l, pos + n)},
-                         {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
-    }
-    if (present(L.bo)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
-    } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T)}, {view(S.tmp, D, T)}, mm_p));
-    }
-    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.tmp, D, T)}, {view(S.h, D, T)}));
-    std::swap(S.x, S.h);
-    COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.ffn_norm}, {view(S.h, D, T)}, norm_p));
-    // Routing records carry positions relative to the batch; fix them up per sequence below.
-    const std::size_t trace_from = trace != nullptr ? trace->size() : 0;
-    COLIBRI_TRY(moe(L, l, T, 0, view(S.h, D, T), S.moe, trace));
-    if (trace != nullptr) {
-      for (std::size_t r = trace_from; r < trace->size(); ++r) {
-        auto& rec = (*trace)[r];
-        rec.position = S.positions[static_cast<std::size_t>(rec.position)];
-      }
-    }
-    COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
-    std::swap(S.x, S.h);
-  }
   // Logits of each item's last token that wants them, as rows of one output matmul.
   std::vector<std::size_t> want;
   for (std::size_t i = 0; i < items.size(); ++i) {

@@ -163,9 +163,16 @@ class Engine {
   sdk::Status clamp(const sdk::Tensor& t, float limit);
   // Appends k and v {kv_heads * head_dim, T} (host or device) at `position` of layer l.
   sdk::Status write_kv(KvCache& kv, std::int64_t l, std::int64_t position, const sdk::Tensor& k, const sdk::Tensor& v);
-  // The layer's experts over h {D, T} into out (its Act: the no-gate shared expert swaps in its sum).
-  sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, std::int64_t position, const sdk::Tensor& h,
-                  Act& out, std::vector<RoutingRecord>* trace);
+  // The layer's experts over h {D, T} into out (its Act: the no-gate shared expert swaps in its sum); routing
+  // records carry the row t.
+  sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, const sdk::Tensor& h, Act& out,
+                  std::vector<RoutingRecord>* trace);
+  // T tokens' rows [first, first + n) of S.ids at positions position.. of one KV cache.
+  struct Segment {
+    KvCache* kv;
+    std::int64_t position, first, n;
+  };
+  sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace);
 
   model::Manifest manifest_;
   model::HyperParams hp_;
