@@ -109,6 +109,7 @@ class Checker {
     if (element_count(w) != x.ne[0]) return bad("w must have D = " + std::to_string(x.ne[0]) + " elements");
     if (y.ne[0] != x.ne[0] || row_count(y) != row_count(x))
       return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+    if (!(c_.params.eps >= 0.0f)) return bad("params.eps must be >= 0, got " + std::to_string(c_.params.eps));
     return {};
   }
 

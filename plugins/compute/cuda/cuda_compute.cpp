@@ -349,7 +349,9 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const vo
     }
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
-      // No pinned memory left: a synchronous copy from pageable memory still works.
+      // No pinned memory left: a synchronous copy from pageable memory still works, after the copies queued on the
+      // copy stream (the legacy stream does not wait for a non-blocking one).
+      cudaStreamSynchronize(dev_->copy);
       if (cudaError_t e = cudaMemcpy((*cb)->device_pointer() + offset, src, bytes, cudaMemcpyHostToDevice);
           e != cudaSuccess) {
         return cuda_status(e, "copy_to_device_async");
@@ -378,6 +380,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
     if (Status s = dev_->use(); !s) return s;
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
+      cudaStreamSynchronize(dev_->copy);  // see copy_to_device_async
       if (cudaError_t e = cudaMemcpy(dst, (*cb)->device_pointer() + offset, bytes, cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return cuda_status(e, "copy_to_host_async");

@@ -723,6 +723,11 @@ TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {
                         {arg(DType::f32, {64, 2, 3, 1}, big), arg(DType::f32, {64, 1, 12, 1}, big),
                          arg(DType::f32, {64, 1, 12, 1}, big)},
                         {arg(DType::f32, {64, 2, 3, 1}, big)}, p));
+    OpParams negative;
+    negative.eps = -1e-3f;
+    expect_error("rms_norm with a negative eps",
+                 run_op(c, Op::rms_norm, {arg(DType::f32, {64, 2, 1, 1}, big), arg(DType::f32, {64, 1, 1, 1}, big)},
+                        {arg(DType::f32, {64, 2, 1, 1}, big)}, negative));
     expect_error("attention with heads not a multiple of kv heads",
                  run_op(c, Op::attention,
                         {arg(DType::f32, {64, 3, 1, 1}, big), arg(DType::f32, {64, 2, 12, 1}, big),
