@@ -11,10 +11,20 @@
 
 namespace colibri::cuda {
 
-// Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart.
+// Device scratch for X quantized to 8 bits: t * k bytes (256-byte aligned) and t * k / 256 floats.
+struct Q8Scratch {
+  std::int8_t* q;
+  float* d;
+};
+// Bytes of Q8Scratch that a matmul over {k, t} activations needs (0 when it would not use it).
+std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept;
+
+// Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart. With `q8` (the op
+// may quantize activations: no kExactActivations) a q4_k matmul whose k is a multiple of 256 quantizes X per token
+// into it and takes integer dot products; otherwise X stays f32. The choice never depends on where W lies.
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
-                          const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n,
-                          std::int64_t t) noexcept;
+                          const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
+                          const Q8Scratch* q8 = nullptr) noexcept;
 
 // Y {d, t}: rows ids[i] of the table; an id outside 0..vocab-1 sets status[0] = i + 1, status[1] = id.
 cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const void* table, std::size_t row_bytes,

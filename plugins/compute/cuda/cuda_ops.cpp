@@ -165,7 +165,14 @@ Status CudaCompute::run(const sdk::OpCall& call) noexcept {
   return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
     if (Status s = dev_->use(); !s) return s;
-    return run_impl(call);
+    cudaGetLastError();  // an error handled before (a failed copy or allocation) is not this call's launch error
+    Status s = run_impl(call);
+    if (!s) {
+      // Kernels queued before the failure must not write the outputs after run() has returned.
+      cudaStreamSynchronize(dev_->compute);
+      cudaGetLastError();
+    }
+    return s;
   });
 }
 
@@ -220,7 +227,30 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
     if (f > 0 && t > 0 && f * t <= kMaxInt)
       extra_scratch = 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float));
   }
+  // 8-bit activations for the matmuls that take them (sdk: quantized W may quantize X unless kExactActivations),
+  // after the expert's gate/up scratch; one region serves X (gate, up) and then the gate output (down).
+  const std::size_t ffn_scratch = extra_scratch;
+  std::size_t q8_bytes = 0;
+  if ((call.params.flags & sdk::kExactActivations) == 0 && !in.empty()) {
+    if (call.op == Op::matmul && in.size() >= 2) {
+      q8_bytes = q8_scratch_bytes(in[0].ne[0], sdk::row_count(in[1]));
+    } else if (call.op == Op::expert_ffn && in.size() == 4 && extra_scratch > 0) {
+      const std::int64_t d = in[0].ne[0], f = sdk::row_count(in[0]), t = sdk::row_count(in[3]);
+      q8_bytes = std::max(q8_scratch_bytes(d, t), q8_scratch_bytes(f, t));
+    }
+  }
+  extra_scratch += align_up(q8_bytes);
   COLIBRI_CUDA_TRY(binder.reserve(call, extra_scratch));
+  Q8Scratch q8_scratch{};
+  const Q8Scratch* q8 = nullptr;
+  if (q8_bytes > 0) {
+    auto* base = reinterpret_cast<std::byte*>(binder.scratch(ffn_scratch));
+    const std::int64_t k = call.op == Op::matmul ? in[0].ne[0] : std::max(in[0].ne[0], sdk::row_count(in[0]));
+    const std::int64_t t = sdk::row_count(call.op == Op::matmul ? in[1] : in[3]);
+    q8_scratch.q = reinterpret_cast<std::int8_t*>(base);
+    q8_scratch.d = reinterpret_cast<float*>(base + align_up(static_cast<std::size_t>(k * t)));
+    q8 = &q8_scratch;
+  }
   cudaStream_t st = dev_->compute;
 
   switch (call.op) {
@@ -236,8 +266,8 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
         COLIBRI_CUDA_BIND(b, const float*, in[2], "bias", false, 4);
         ba = b;
       }
-      COLIBRI_CUDA_TRY(launched(
-          launch_matmul(st, static_cast<std::uint32_t>(w.type), wa, sdk::row_bytes(w.type, k), xa, ya, ba, k, n, t)));
+      COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(w.type), wa, sdk::row_bytes(w.type, k), xa,
+                                              ya, ba, k, n, t, q8)));
       break;
     }
     case Op::expert_ffn: {
@@ -250,15 +280,15 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
       float* gate = binder.scratch(0);
-      float* up = binder.scratch(extra_scratch / 2);
+      float* up = binder.scratch(ffn_scratch / 2);
       // Same numerics as matmul + swiglu + matmul: the same kernels, in that order.
       COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wg.type), ga, sdk::row_bytes(wg.type, d),
-                                              xa, gate, nullptr, d, f, t)));
+                                              xa, gate, nullptr, d, f, t, q8)));
       COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wu.type), ua, sdk::row_bytes(wu.type, d),
-                                              xa, up, nullptr, d, f, t)));
+                                              xa, up, nullptr, d, f, t, q8)));
       COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::swiglu, gate, up, gate, f * t, 1)));
       COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wd.type), da, sdk::row_bytes(wd.type, f),
-                                              gate, ya, nullptr, f, d, t)));
+                                              gate, ya, nullptr, f, d, t, q8)));
       break;
     }
     case Op::rms_norm: {

@@ -113,6 +113,12 @@ int main(int argc, char** argv) {
   const auto* dx = static_cast<const float*>(xbuf);
   auto* dy = static_cast<float*>(ybuf);
   CHECK(cudaMemcpy(xbuf, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+  // 8-bit activations, as the engine's matmuls may use them (the default; kExactActivations keeps X in f32).
+  void* q8buf = nullptr;
+  CHECK(cudaMalloc(&q8buf, colibri::cuda::q8_scratch_bytes(k, 8)));
+  const colibri::cuda::Q8Scratch q8{
+      static_cast<std::int8_t*>(q8buf),
+      reinterpret_cast<float*>(static_cast<std::byte*>(q8buf) + (k * 8 + 255) / 256 * 256)};
 
   for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k,
                      DType::f16, DType::bf16, DType::f32}) {
@@ -131,16 +137,22 @@ int main(int argc, char** argv) {
                        rb * static_cast<std::size_t>(m), cudaMemcpyHostToDevice));
     }
     const auto wt = static_cast<std::uint32_t>(type);
-    const float t1 =
-        median_ms(reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1)); });
-    const float t8 =
-        median_ms(reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 8)); });
-    const double gbs = static_cast<double>(bytes) / (t1 * 1e-3) / 1e9;
-    std::printf("| %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", std::string(colibri::sdk::to_string(type)).c_str(),
-                static_cast<double>(bytes) / 1e6, t1 * 1e3, t8 * 1e3, gbs, 100.0 * gbs / device_gbs);
+    // The default (X may be quantized, where the format's kernel does), then, where that differs, exact f32 X.
+    for (const colibri::cuda::Q8Scratch* acts : {&q8, static_cast<const colibri::cuda::Q8Scratch*>(nullptr)}) {
+      if (acts == nullptr && type != DType::q4_k) continue;
+      const float t1 = median_ms(
+          reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1, acts)); });
+      const float t8 = median_ms(
+          reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 8, acts)); });
+      const double gbs = static_cast<double>(bytes) / (t1 * 1e-3) / 1e9;
+      std::printf("| %s%s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", std::string(colibri::sdk::to_string(type)).c_str(),
+                  acts == nullptr ? " exact" : "", static_cast<double>(bytes) / 1e6, t1 * 1e3, t8 * 1e3, gbs,
+                  100.0 * gbs / device_gbs);
+    }
     CHECK(cudaFree(dw));
   }
   CHECK(cudaFree(xbuf));
   CHECK(cudaFree(ybuf));
+  CHECK(cudaFree(q8buf));
   return 0;
 }
