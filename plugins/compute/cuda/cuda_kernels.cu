@@ -357,7 +357,9 @@ cudaError_t matmul_q4k_q8(cudaStream_t s, const void* w, std::size_t rb, const f
   quantize_q8_kernel<<<dim3(static_cast<unsigned>(k / kQ8Block), static_cast<unsigned>(t)), 32, 0, s>>>(
       x, q8.q, q8.d, static_cast<int>(k));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (t == 1) return matmul_q4k_q8_as<1, 4>(s, w, rb, q8, y, bias, k, n, t);
+  // One row per warp for decode: more warps in flight beat sharing X (57% of bandwidth on an H200 against 47% for
+  // four rows); the row count never changes an output element's order.
+  if (t == 1) return matmul_q4k_q8_as<1, 1>(s, w, rb, q8, y, bias, k, n, t);
   if (t == 2) return matmul_q4k_q8_as<2, 4>(s, w, rb, q8, y, bias, k, n, t);
   if (t <= 4) return matmul_q4k_q8_as<4, 2>(s, w, rb, q8, y, bias, k, n, t);
   return matmul_q4k_q8_as<8, 2>(s, w, rb, q8, y, bias, k, n, t);
