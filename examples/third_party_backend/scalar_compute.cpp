@@ -175,6 +175,7 @@ class ScalarCompute final : public ComputeBase {
     const Tensor &x = c.inputs[0], &w = c.inputs[1], &y = c.outputs[0];
     const std::int64_t d = x.ne[0];
     if (element_count(w) != d || !same_shape(x, y)) return bad("rms_norm: w must have D elements and Y the shape of X");
+    if (!(c.params.eps >= 0.0f)) return bad("rms_norm: params.eps must be >= 0");
     const float *xp = host<float>(x), *wp = host<float>(w);
     float* yp = host<float>(y);
     for (std::int64_t r = 0; r < row_count(x); ++r) {

@@ -1,9 +1,13 @@
-// colibri-cli profile show [--profile NAME|PATH] [--json]; profile list
+// colibri-cli profile show [--profile NAME|PATH] [--json] [--model M [--ctx N] [--kv-type T]]; profile list
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "colibri/engine/engine.hpp"
+#include "colibri/engine/memory_plan.hpp"
+#include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/util/host_info.hpp"
 #include "command.hpp"
@@ -13,7 +17,92 @@ namespace {
 
 struct ProfileOptions {
   bool json = false;
+  std::string model;            // --model: add the memory plan of this model
+  std::int64_t ctx = 0;         // --ctx
+  std::string kv_type = "f16";  // --kv-type
 };
+
+// What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why.
+std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const ProfileOptions& o) {
+  auto dir = model::resolve_model_path(o.model, prof.get_string("models.dir"));
+  if (!dir) {
+    fail(dir.error().message());
+    return std::nullopt;
+  }
+  auto man = model::load_manifest(*dir);
+  if (!man) {
+    fail(man.error().message());
+    return std::nullopt;
+  }
+  auto kv_type = engine::parse_kv_type(o.kv_type);
+  if (!kv_type) {
+    fail(kv_type.error().message());
+    return std::nullopt;
+  }
+  const auto int_of = [&](const char* key) {
+    auto v = prof.get_int(key);
+    return v ? static_cast<std::uint64_t>(*v) : 0;
+  };
+  const std::uint64_t expert_cache =
+      prof.get_int("memory.expert_cache") ? int_of("memory.expert_cache") : util::auto_expert_cache_bytes();
+  auto plan = engine::plan_memory(*man, expert_cache, int_of("memory.vram_budget"), o.ctx, int_of("memory.kv_cache"),
+                                  *kv_type, util::available_memory_bytes());
+  if (!plan) {
+    fail(plan.error().message());
+    return std::nullopt;
+  }
+  const auto& p = *plan;
+  nlohmann::json j{{"model", dir->string()},
+                   {"shared_bytes", p.shared_bytes},
+                   {"expert_bytes", p.expert_bytes},
+                   {"experts", p.expert_count},
+                   {"expert_cache_bytes", p.expert_cache},
+                   {"mode", p.resident ? "resident" : "streaming"},
+                   {"slot_bytes", p.slot_bytes},
+                   {"ram_slots", p.ram_slots},
+                   {"ram_expert_bytes", p.ram_bytes},
+                   {"vram_budget_bytes", p.vram_budget},
+                   {"vram_slots", p.vram_slots},
+                   {"vram_expert_bytes", p.vram_bytes},
+                   {"context", p.context},
+                   {"kv_type", o.kv_type},
+                   {"kv_bytes_per_position", p.kv_bytes_per_position},
+                   {"kv_bytes", p.kv_bytes},
+                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes}};
+  return j;
+}
+
+void print_plan(const nlohmann::json& j) {
+  auto sz = [&](const char* key) { return sdk::format_size(j[key].get<std::uint64_t>()); };
+  const auto experts = j["experts"].get<std::uint64_t>();
+  std::cout << "\nmemory plan for " << j["model"].get<std::string>() << " (before loading; bench --json measures it):\n"
+            << "  shared weights  " << sz("shared_bytes")
+            << " in host RAM; uploaded once to a discrete GPU instead (memory.shared_on_device)\n"
+            << "  routed experts  " << sz("expert_bytes") << " in " << experts << " files\n";
+  if (j["mode"] == "resident") {
+    std::cout << "  RAM tier        " << sz("ram_expert_bytes") << ": resident, every expert fits memory.expert_cache ("
+              << sz("expert_cache_bytes") << ")\n";
+  } else {
+    const auto slots = j["ram_slots"].get<std::uint64_t>();
+    std::cout << "  RAM tier        " << sz("ram_expert_bytes") << ": streaming, " << slots << " slots of "
+              << sz("slot_bytes") << " (" << (experts > 0 ? 100 * slots / experts : 0)
+              << "% of the experts) in memory.expert_cache (" << sz("expert_cache_bytes")
+              << "); the rest is read from disk as routed\n";
+  }
+  if (j["vram_slots"].get<std::uint64_t>() > 0) {
+    std::cout << "  VRAM tier       " << sz("vram_expert_bytes") << ": " << j["vram_slots"] << " slots of "
+              << sz("slot_bytes") << " in memory.vram_budget (" << sz("vram_budget_bytes")
+              << "), on a backend with device memory\n";
+  } else {
+    std::cout << "  VRAM tier       none (memory.vram_budget 0)\n";
+  }
+  std::cout << "  KV cache        " << sz("kv_bytes") << ": " << j["context"] << " positions x "
+            << sz("kv_bytes_per_position") << " (" << j["kv_type"].get<std::string>()
+            << "); host pages are paid as the context fills; on a discrete GPU it is allocated there"
+            << " (memory.kv_on_device)\n"
+            << "  host RAM        at most " << sz("host_bytes_at_most")
+            << " (shared + RAM tier + KV cache) on the CPU backend\n";
+}
 
 // What an `auto` resolves to on this machine, shown beside it.
 std::string auto_meaning(const std::string& key) {
@@ -33,6 +122,11 @@ std::string auto_meaning(const std::string& key) {
 int show(const GlobalOptions& global, const ProfileOptions& opts) {
   auto prof = global.load_profile();
   if (!prof) return 1;
+  std::optional<nlohmann::json> plan;
+  if (!opts.model.empty()) {
+    plan = memory_plan(*prof, opts);
+    if (!plan) return 1;
+  }
   const auto reg = registry::scan_for_profile(*prof);
   std::vector<std::string> notes;
   for (auto kind : {sdk::PluginKind::compute, sdk::PluginKind::storage, sdk::PluginKind::cache}) {
@@ -55,6 +149,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
       out["values"][key] = v;
     }
     out["problems"] = notes;
+    if (plan) out["memory_plan"] = *plan;
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -77,6 +172,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     std::cout << "\n";
   }
   for (const auto& n : notes) std::cout << "\nnote: " << n << "\n";
+  if (plan) print_plan(*plan);
   return 0;
 }
 
@@ -93,6 +189,11 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto opts = std::make_shared<ProfileOptions>();
   auto* show_cmd = prof->add_subcommand("show", "Every effective value with where it came from");
   show_cmd->add_flag("--json", opts->json, "Machine-readable output");
+  show_cmd->add_option("--model,-m", opts->model,
+                       "Also print what this model takes where (shared weights, RAM and VRAM tiers, KV cache)");
+  show_cmd->add_option("--ctx", opts->ctx,
+                       "Context for the KV cache line (default: memory.kv_cache, else the model's)");
+  show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32");
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });
   auto* list_cmd = prof->add_subcommand("list", "Profiles found in the profile directories");

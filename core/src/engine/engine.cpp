@@ -11,6 +11,7 @@
 #include <map>
 #include <new>
 
+#include "colibri/engine/memory_plan.hpp"
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/util/host_info.hpp"
 
@@ -356,24 +357,10 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
-  std::int64_t ctx = options_.context;
-  if (ctx > 0) {
-    if (ctx > hp_.max_position_embeddings) {
-      return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
-                                                      std::to_string(hp_.max_position_embeddings) + " positions)");
-    }
-  } else if (kv_cache_bytes > 0) {
-    ctx = std::min<std::int64_t>(hp_.max_position_embeddings, static_cast<std::int64_t>(kv_cache_bytes / per_pos));
-    if (ctx <= 0) {
-      return Status(StatusCode::invalid_argument, "memory.kv_cache (" + std::to_string(kv_cache_bytes) +
-                                                      " bytes) holds no position; one needs " +
-                                                      std::to_string(per_pos) + " bytes");
-    }
-  } else {
-    const auto avail =
-        static_cast<std::int64_t>(util::available_memory_bytes() / 2 / std::max<std::uint64_t>(per_pos, 1));
-    ctx = std::max<std::int64_t>(1, std::min<std::int64_t>(hp_.max_position_embeddings, avail));
-  }
+  auto planned = kv_context(options_.context, kv_cache_bytes, per_pos, hp_.max_position_embeddings,
+                            util::available_memory_bytes());
+  if (!planned) return planned.error();
+  std::int64_t ctx = *planned;
   // Attention on a discrete GPU reads the KV cache in place; in host memory the whole prefix would cross the bus at
   // every layer of every token. Device memory is committed when allocated (host pages only as they fill), so an
   // automatic context there takes at most half of what the VRAM tier leaves free.

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <new>
 
+#include "colibri/engine/memory_plan.hpp"
+
 namespace colibri::engine {
 
 using sdk::Status;
@@ -60,7 +62,7 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
     // Streaming: one slot size, the largest expert's, so that every evicted buffer fits the next expert. With exact
     // sizes the layers' two expert sizes (e.g. q4_k vs q6_k down) rarely matched a spare, and each mismatch freed it
     // and faulted in a fresh buffer: zeroing those pages was 23% of the CPU time of a streamed decode.
-    for (const auto& e : manifest_.experts) slot_bytes_ = std::max(slot_bytes_, round_to_page(e.size));
+    slot_bytes_ = expert_slot_bytes(manifest_);
   }
   async_storage_ = storage_ && storage_->capabilities().async;
   if (async_storage_)

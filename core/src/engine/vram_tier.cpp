@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "colibri/engine/expert_manager.hpp"
+#include "colibri/engine/memory_plan.hpp"
 #include "colibri/sdk/config.hpp"
 
 namespace colibri::engine {
@@ -14,10 +15,6 @@ using sdk::Status;
 using sdk::StatusCode;
 
 namespace {
-
-std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
-  return (n + to - 1) / to * to;
-}
 
 std::string key_text(sdk::ExpertKey key) {
   return "L" + std::to_string(key.layer) + "/E" + std::to_string(key.expert);
@@ -33,7 +30,7 @@ sdk::Expected<std::unique_ptr<VramTier>> VramTier::create(const model::Manifest&
   std::unique_ptr<VramTier> t(new VramTier(std::move(compute), std::move(policy), stats));
   t->budget_ = budget_bytes;
   t->expert_count_ = manifest.experts.size();
-  for (const auto& e : manifest.experts) t->slot_bytes_ = std::max(t->slot_bytes_, round_up(e.size, 4096));
+  t->slot_bytes_ = expert_slot_bytes(manifest);
   if (t->slot_bytes_ == 0) return t;  // no experts: nothing to hold
   const std::uint64_t count = std::min<std::uint64_t>(budget_bytes / t->slot_bytes_, t->expert_count_);
   if (count == 0) {

@@ -95,6 +95,49 @@ class Bench(unittest.TestCase):
         self.assertGreater(j["active_weight_bytes_per_token"], 0)
 
 
+class MemoryPlan(unittest.TestCase):
+    """profile show --model: what the model takes where, before loading, as the engine then sizes it."""
+
+    def test_plan_matches_the_manifest_and_the_engine(self):
+        m = model()
+        with open(os.path.join(m, "manifest.json")) as f:
+            man = json.load(f)
+        hp = man["hparams"]
+        slot = max((e["size"] + 4095) // 4096 * 4096 for e in man["experts"])
+        flags = ["--expert-cache-size", str(2 * slot), "--vram-budget", str(3 * slot)]
+        plan = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)["memory_plan"]
+        self.assertEqual(plan["shared_bytes"], sum(t["size"] for t in man["tensors"]))
+        self.assertEqual(plan["expert_bytes"], sum(e["size"] for e in man["experts"]))
+        self.assertEqual((plan["mode"], plan["slot_bytes"], plan["ram_slots"], plan["ram_expert_bytes"]),
+                         ("streaming", slot, 2, 2 * slot))
+        self.assertEqual((plan["vram_slots"], plan["vram_expert_bytes"]), (3, 3 * slot))
+        kv = 64 * 2 * hp["num_layers"] * hp["num_kv_heads"] * hp["head_dim"] * 2  # K and V, f16
+        self.assertEqual((plan["context"], plan["kv_bytes"]), (64, kv))
+        self.assertEqual(plan["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + kv)
+        bench = json.loads(cli("bench", "-m", m, "--ctx", "64", "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
+                               *flags).stdout)
+        self.assertEqual((bench["mode"], bench["context"], bench["buffers_mapped"]),
+                         (plan["mode"], plan["context"], plan["ram_slots"]))
+        text = cli("profile", "show", "--model", m, "--ctx", "64", *flags).stdout
+        self.assertIn("streaming, 2 slots of", text)
+        self.assertIn("64 positions", text)
+        q8 = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--kv-type", "q8_0", "--json").stdout)
+        self.assertLess(q8["memory_plan"]["kv_bytes"], kv)
+        self.assertEqual(q8["memory_plan"]["mode"], "resident")  # the automatic RAM tier holds this tiny model
+
+    def test_bad_plans_are_the_engines_errors(self):
+        m = model()
+        p = cli("profile", "show", "--model", m, "--vram-budget", "1K", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("memory.vram_budget", p.stderr)
+        p = cli("profile", "show", "--model", m, "--ctx", "100000000", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("exceeds the model's context", p.stderr)
+        p = cli("profile", "show", "--model", os.path.join(WORK, "no-such-model"), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no-such-model", p.stderr)
+
+
 if __name__ == "__main__":
     CLI, GEN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(WORK, exist_ok=True)

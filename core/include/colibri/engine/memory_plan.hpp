@@ -1,0 +1,45 @@
+// What a model will take where under a profile's memory keys, from its manifest alone (colibri-cli profile show
+// --model prints it before anything is loaded). The engine sizes its tiers and its KV cache with these same functions.
+#pragma once
+
+#include <cstdint>
+
+#include "colibri/model/manifest.hpp"
+#include "colibri/sdk/dtype.hpp"
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::engine {
+
+// One expert slot: the largest expert blob rounded up to 4 KiB (the RAM tier's slots when streaming, the VRAM tier's).
+[[nodiscard]] std::uint64_t expert_slot_bytes(const model::Manifest& manifest);
+
+// The KV cache's positions: `requested` (--ctx; at most the model's), else memory.kv_cache / bytes per position (at
+// most the model's), else as many as half of `host_available` holds (at least 1, at most the model's). Errors name
+// the flag or key.
+sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
+                                       std::uint64_t bytes_per_position, std::int64_t model_max,
+                                       std::uint64_t host_available);
+
+struct MemoryPlan {
+  std::uint64_t shared_bytes = 0;  // shared.bin: host RAM, or a discrete GPU's memory (memory.shared_on_device)
+  std::uint64_t expert_bytes = 0;  // every routed expert
+  std::uint64_t expert_count = 0;
+  std::uint64_t expert_cache = 0;  // memory.expert_cache, resolved
+  bool resident = false;           // every expert fits: loaded at start, never evicted
+  std::uint64_t slot_bytes = 0;    // one expert slot (RAM when streaming, VRAM)
+  std::uint64_t ram_slots = 0;     // streaming: slots the RAM tier holds
+  std::uint64_t ram_bytes = 0;     // RAM the expert tier takes at most
+  std::uint64_t vram_budget = 0;   // memory.vram_budget
+  std::uint64_t vram_slots = 0;    // experts the VRAM tier holds
+  std::uint64_t vram_bytes = 0;    // device memory its slots take
+  std::int64_t context = 0;        // KV cache positions
+  std::uint64_t kv_bytes_per_position = 0;
+  std::uint64_t kv_bytes = 0;
+};
+
+// Errors as the engine would give them at load (a context over the model's, a VRAM budget below one slot).
+sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
+                                      std::uint64_t vram_budget, std::int64_t requested_context,
+                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available);
+
+}  // namespace colibri::engine

@@ -1,0 +1,85 @@
+#include "colibri/engine/memory_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "colibri/engine/kv_cache.hpp"
+#include "colibri/sdk/config.hpp"
+
+namespace colibri::engine {
+
+using sdk::Status;
+using sdk::StatusCode;
+
+std::uint64_t expert_slot_bytes(const model::Manifest& manifest) {
+  std::uint64_t slot = 0;
+  for (const auto& e : manifest.experts) slot = std::max<std::uint64_t>(slot, (e.size + 4095) / 4096 * 4096);
+  return slot;
+}
+
+sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
+                                       std::uint64_t bytes_per_position, std::int64_t model_max,
+                                       std::uint64_t host_available) {
+  const std::uint64_t per_pos = std::max<std::uint64_t>(bytes_per_position, 1);
+  if (requested > 0) {
+    if (requested > model_max) {
+      return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(requested) +
+                                                      " exceeds the model's context (" + std::to_string(model_max) +
+                                                      " positions)");
+    }
+    return requested;
+  }
+  if (kv_cache_bytes > 0) {
+    const auto ctx = std::min<std::int64_t>(model_max, static_cast<std::int64_t>(kv_cache_bytes / per_pos));
+    if (ctx <= 0) {
+      return Status(StatusCode::invalid_argument, "memory.kv_cache (" + std::to_string(kv_cache_bytes) +
+                                                      " bytes) holds no position; one needs " +
+                                                      std::to_string(bytes_per_position) + " bytes");
+    }
+    return ctx;
+  }
+  const auto avail = static_cast<std::int64_t>(host_available / 2 / per_pos);
+  return std::max<std::int64_t>(1, std::min<std::int64_t>(model_max, avail));
+}
+
+sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
+                                      std::uint64_t vram_budget, std::int64_t requested_context,
+                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available) {
+  const auto& hp = manifest.hparams;
+  MemoryPlan p;
+  p.shared_bytes = manifest.resident_bytes();
+  p.expert_bytes = manifest.expert_bytes();
+  p.expert_count = manifest.experts.size();
+  p.expert_cache = expert_cache;
+  p.slot_bytes = expert_slot_bytes(manifest);
+  p.resident = p.expert_bytes <= expert_cache;
+  if (p.resident) {
+    p.ram_bytes = p.expert_bytes;
+  } else if (p.slot_bytes > 0) {
+    p.ram_slots = std::min<std::uint64_t>(expert_cache / p.slot_bytes, p.expert_count);
+    p.ram_bytes = p.ram_slots * p.slot_bytes;
+  }
+  p.vram_budget = vram_budget;
+  if (vram_budget > 0 && p.slot_bytes > 0) {
+    p.vram_slots = std::min<std::uint64_t>(vram_budget / p.slot_bytes, p.expert_count);
+    if (p.vram_slots == 0) {
+      return Status(StatusCode::invalid_argument,
+                    "memory.vram_budget (" + sdk::format_size(vram_budget) + ") holds no expert: one slot needs " +
+                        sdk::format_size(p.slot_bytes) + "; raise it (--vram-budget) or set it to 0");
+    }
+    p.vram_bytes = p.vram_slots * p.slot_bytes;
+  }
+  if (sdk::row_bytes(kv_type, hp.head_dim) == 0) {
+    return Status(StatusCode::invalid_argument, "KV cache type " + std::string(sdk::to_string(kv_type)) +
+                                                    " does not fit head_dim " + std::to_string(hp.head_dim));
+  }
+  p.kv_bytes_per_position = KvCache::bytes_per_position(kv_type, hp.num_layers, hp.num_kv_heads, hp.head_dim);
+  auto ctx = kv_context(requested_context, kv_cache_bytes, p.kv_bytes_per_position, hp.max_position_embeddings,
+                        host_available);
+  if (!ctx) return ctx.error();
+  p.context = *ctx;
+  p.kv_bytes = p.kv_bytes_per_position * static_cast<std::uint64_t>(p.context);
+  return p;
+}
+
+}  // namespace colibri::engine

@@ -1,0 +1,65 @@
+#include "colibri/engine/memory_plan.hpp"
+
+#include <gtest/gtest.h>
+
+namespace colibri::engine {
+namespace {
+
+model::Manifest manifest_with(std::initializer_list<std::uint64_t> expert_sizes) {
+  model::Manifest m;
+  m.hparams.num_layers = 2;
+  m.hparams.num_kv_heads = 2;
+  m.hparams.head_dim = 64;
+  m.hparams.max_position_embeddings = 1000;
+  std::uint32_t i = 0;
+  for (auto size : expert_sizes) {
+    model::ExpertEntry e;
+    e.layer = 0;
+    e.expert = i++;
+    e.size = size;
+    m.experts.push_back(e);
+  }
+  return m;
+}
+
+TEST(MemoryPlan, ContextComesFromTheFlagTheKeyOrHalfTheFreeRam) {
+  EXPECT_EQ(*kv_context(500, 0, 100, 1000, 0), 500);
+  auto over = kv_context(1001, 0, 100, 1000, 0);
+  ASSERT_FALSE(over);
+  EXPECT_NE(over.error().message().find("--ctx 1001"), std::string::npos);
+  EXPECT_EQ(*kv_context(0, 250 * 100, 100, 1000, 0), 250);
+  EXPECT_EQ(*kv_context(0, 5000 * 100, 100, 1000, 0), 1000) << "never more than the model's";
+  auto tiny = kv_context(0, 99, 100, 1000, 0);
+  ASSERT_FALSE(tiny);
+  EXPECT_NE(tiny.error().message().find("memory.kv_cache"), std::string::npos);
+  EXPECT_EQ(*kv_context(0, 0, 100, 1000, 2 * 300 * 100), 300) << "half of the free RAM";
+  EXPECT_EQ(*kv_context(0, 0, 100, 1000, 0), 1) << "at least one position";
+}
+
+TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
+  const auto m = manifest_with({5000, 4096, 4096, 4096});
+  EXPECT_EQ(expert_slot_bytes(m), 8192u) << "the largest expert, rounded up to 4 KiB";
+  auto resident = plan_memory(m, 1u << 20, 0, 100, 0, sdk::DType::f16, 0);
+  ASSERT_TRUE(resident);
+  EXPECT_TRUE(resident->resident);
+  EXPECT_EQ(resident->ram_bytes, 5000u + 3 * 4096u);
+  EXPECT_EQ(resident->kv_bytes_per_position, 2u * 2 * 2 * 64 * 2);
+  EXPECT_EQ(resident->kv_bytes, 100u * resident->kv_bytes_per_position);
+  auto streaming = plan_memory(m, 2 * 8192 + 100, 3 * 8192, 0, 0, sdk::DType::q8_0, 1u << 30);
+  ASSERT_TRUE(streaming);
+  EXPECT_FALSE(streaming->resident);
+  EXPECT_EQ(streaming->ram_slots, 2u) << "17288 bytes of experts do not fit 16484: slots of the largest";
+  EXPECT_EQ(streaming->ram_bytes, 2u * 8192);
+  EXPECT_EQ(streaming->vram_slots, 3u);
+  EXPECT_EQ(streaming->context, 1000);
+  auto all_vram = plan_memory(m, 8192, 100 * 8192, 0, 0, sdk::DType::f16, 0);
+  ASSERT_TRUE(all_vram);
+  EXPECT_EQ(all_vram->vram_slots, 4u) << "never more slots than experts";
+  auto below = plan_memory(m, 8192, 8191, 0, 0, sdk::DType::f16, 0);
+  ASSERT_FALSE(below);
+  EXPECT_NE(below.error().message().find("memory.vram_budget"), std::string::npos);
+  EXPECT_FALSE(plan_memory(m, 8192, 0, 0, 0, sdk::DType::q4_k, 0)) << "a KV type that does not fit head_dim";
+}
+
+}  // namespace
+}  // namespace colibri::engine
