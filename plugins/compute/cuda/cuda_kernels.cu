@@ -64,6 +64,25 @@ __device__ __forceinline__ void load_x(const float* p, int valid, bool vec, floa
   for (int j = 0; j < N; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
 }
 
+// Sums a warp's partial sums for rows row0.. and tokens t0.. (fixed tree) and lane 0 writes Y (+ bias).
+template <int NT, int R>
+__device__ __forceinline__ void store_tile(float (&acc)[R][NT], long long row0, int t0, float* y, const float* bias,
+                                           int n, int t) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      float s = acc[r][i];
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
+      const long long row = row0 + r;
+      if (threadIdx.x % 32 == 0 && row < n && t0 + i < t) {
+        y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
+      }
+    }
+  }
+}
+
 // The rows and tokens a warp works on (rows past N and tokens past T repeat the last real one).
 template <int NT, int R>
 struct WarpTile {
@@ -82,21 +101,8 @@ struct WarpTile {
     for (int i = 0; i < NT; ++i) x[i] = acts + static_cast<std::size_t>(min(t0 + i, t - 1)) * k;
   }
 
-  // Sums the lanes' partial sums (fixed tree) and lane 0 writes Y (+ bias).
   __device__ void store(float (&acc)[R][NT], float* y, const float* bias, int n, int t) const {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        float s = acc[r][i];
-#pragma unroll
-        for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
-        const long long row = row0 + r;
-        if (threadIdx.x % 32 == 0 && row < n && t0 + i < t) {
-          y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
-        }
-      }
-    }
+    store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
   }
 };
 
@@ -325,19 +331,7 @@ __global__ void __launch_bounds__(kMatmulThreads)
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      float s = acc[r][i];
-#pragma unroll
-      for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
-      const long long row = row0 + r;
-      if (lane == 0 && row < n && t0 + i < t) {
-        y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
-      }
-    }
-  }
+  store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
 }
 
 template <int NT, int R>
