@@ -641,10 +641,20 @@ unsigned grid_for(long long items, int threads) {
 
 }  // namespace
 
+namespace {
+std::size_t q8_values_bytes(std::int64_t k, std::int64_t t) {
+  return (static_cast<std::size_t>(k * t) + 255) / 256 * 256;
+}
+}  // namespace
+
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept {
   if (k % kQ8Block != 0) return 0;
-  const auto q = static_cast<std::size_t>(k * t);
-  return (q + 255) / 256 * 256 + static_cast<std::size_t>(k / kQ8Block * t) * sizeof(float);
+  return q8_values_bytes(k, t) + static_cast<std::size_t>(k / kQ8Block * t) * sizeof(float);
+}
+
+Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
+  auto* b = static_cast<std::byte*>(base);
+  return {reinterpret_cast<std::int8_t*>(b), reinterpret_cast<float*>(b + q8_values_bytes(k, t))};
 }
 
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,

@@ -16,8 +16,10 @@ struct Q8Scratch {
   std::int8_t* q;
   float* d;
 };
-// Bytes of Q8Scratch that a matmul over {k, t} activations needs (0 when it would not use it).
+// Bytes of Q8Scratch that a matmul over {k, t} activations needs (0 when it would not use it), and that scratch
+// laid out at `base` (device memory of at least that many bytes, 256-byte aligned).
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept;
+Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept;
 
 // Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart. With `q8` (the op
 // may quantize activations: no kExactActivations) a q4_k matmul whose k is a multiple of 256 quantizes X per token

@@ -228,27 +228,31 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       extra_scratch = 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float));
   }
   // 8-bit activations for the matmuls that take them (sdk: quantized W may quantize X unless kExactActivations),
-  // after the expert's gate/up scratch; one region serves X (gate, up) and then the gate output (down).
+  // after the expert's gate/up scratch. One region, laid out for the largest K that takes them, serves X (gate, up)
+  // and then the gate output (down); a matmul whose K does not take them leaves it alone.
   const std::size_t ffn_scratch = extra_scratch;
-  std::size_t q8_bytes = 0;
-  if ((call.params.flags & sdk::kExactActivations) == 0 && !in.empty()) {
+  std::int64_t q8_k = 0, q8_t = 0;
+  const auto consider = [&](std::int64_t k, std::int64_t t) {
+    if (q8_scratch_bytes(k, t) > 0 && k > q8_k) {
+      q8_k = k;
+      q8_t = t;
+    }
+  };
+  if ((call.params.flags & sdk::kExactActivations) == 0) {
     if (call.op == Op::matmul && in.size() >= 2) {
-      q8_bytes = q8_scratch_bytes(in[0].ne[0], sdk::row_count(in[1]));
+      consider(in[0].ne[0], sdk::row_count(in[1]));
     } else if (call.op == Op::expert_ffn && in.size() == 4 && extra_scratch > 0) {
-      const std::int64_t d = in[0].ne[0], f = sdk::row_count(in[0]), t = sdk::row_count(in[3]);
-      q8_bytes = std::max(q8_scratch_bytes(d, t), q8_scratch_bytes(f, t));
+      consider(in[0].ne[0], sdk::row_count(in[3]));
+      consider(sdk::row_count(in[0]), sdk::row_count(in[3]));
     }
   }
+  const std::size_t q8_bytes = q8_k > 0 ? q8_scratch_bytes(q8_k, q8_t) : 0;
   extra_scratch += align_up(q8_bytes);
   COLIBRI_CUDA_TRY(binder.reserve(call, extra_scratch));
   Q8Scratch q8_scratch{};
   const Q8Scratch* q8 = nullptr;
   if (q8_bytes > 0) {
-    auto* base = reinterpret_cast<std::byte*>(binder.scratch(ffn_scratch));
-    const std::int64_t k = call.op == Op::matmul ? in[0].ne[0] : std::max(in[0].ne[0], sdk::row_count(in[0]));
-    const std::int64_t t = sdk::row_count(call.op == Op::matmul ? in[1] : in[3]);
-    q8_scratch.q = reinterpret_cast<std::int8_t*>(base);
-    q8_scratch.d = reinterpret_cast<float*>(base + align_up(static_cast<std::size_t>(k * t)));
+    q8_scratch = q8_scratch_at(binder.scratch(ffn_scratch), q8_k, q8_t);
     q8 = &q8_scratch;
   }
   cudaStream_t st = dev_->compute;

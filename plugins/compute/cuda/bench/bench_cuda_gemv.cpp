@@ -116,9 +116,7 @@ int main(int argc, char** argv) {
   // 8-bit activations, as the engine's matmuls may use them (the default; kExactActivations keeps X in f32).
   void* q8buf = nullptr;
   CHECK(cudaMalloc(&q8buf, colibri::cuda::q8_scratch_bytes(k, 8)));
-  const colibri::cuda::Q8Scratch q8{
-      static_cast<std::int8_t*>(q8buf),
-      reinterpret_cast<float*>(static_cast<std::byte*>(q8buf) + (k * 8 + 255) / 256 * 256)};
+  const colibri::cuda::Q8Scratch q8 = colibri::cuda::q8_scratch_at(q8buf, k, 8);
 
   for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k,
                      DType::f16, DType::bf16, DType::f32}) {
