@@ -518,7 +518,7 @@ Status Engine::setup_cpu_fallback(bool has_device_memory) {
     if (!many) return many.error();
     offload_.cpu_bytes_per_second = bytes / *one;
     offload_.cpu_extra_token = std::max(0.0, (*many / *one - 1.0) / static_cast<double>(kBatch - 1));
-    auto buf = plugins_.compute->allocate((probe->size + 4095) / 4096 * 4096);
+    auto buf = plugins_.compute->allocate(expert_slot_bytes(manifest_));  // the largest expert's slot
     if (!buf) return buf.error().with_context("allocating device memory for one expert");
     auto upload = best_of(2, [&]() -> Status {
       auto ev = plugins_.compute->copy_to_device_async(w.gate.data, **buf, 0, probe->size);
@@ -703,15 +703,22 @@ sdk::Expected<const float*> Engine::host_view(const Tensor& t, std::vector<float
 }
 
 Status Engine::clamp(const Tensor& t, float limit) {
-  auto& S = *scratch_;
-  float* p = static_cast<float*>(t.data);
-  if (t.buffer != nullptr) {
-    S.down.resize(static_cast<std::size_t>(sdk::element_count(t)));
-    if (auto s = to_host(t, S.down.data()); !s) return s;
-    p = S.down.data();
-  }
+  auto values = host_view(t, scratch_->down);
+  if (!values) return values.error();
+  auto* p = const_cast<float*>(*values);  // t's own host data, or the downloaded copy
   for (std::int64_t i = 0; i < sdk::element_count(t); ++i) p[i] = std::clamp(p[i], -limit, limit);
-  return t.buffer != nullptr ? from_host(p, t) : Status{};
+  return from_host(p, t);  // nothing to copy for a host tensor
+}
+
+Status Engine::output_head(const Tensor& x, float* logits) {
+  const std::int64_t rows = sdk::row_count(x);
+  sdk::OpParams norm_p;
+  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
+  sdk::OpParams mm_p;
+  mm_p.flags = matmul_flags_;
+  const Tensor h = view(scratch_->h, hp_.hidden_size, rows);
+  if (auto s = run_op(Op::rms_norm, {x, output_norm_}, {h}, norm_p); !s) return s;
+  return run_op(Op::matmul, {output_, h}, {f32(logits, hp_.vocab_size, rows)}, mm_p);
 }
 
 Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
@@ -766,14 +773,7 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
   // Logits for every position, or only the last one.
   const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
   const auto first = static_cast<std::size_t>(wanted == LogitsWanted::all ? 0 : D * (T - 1));
-  sdk::OpParams norm_p;
-  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
-  sdk::OpParams mm_p;
-  mm_p.flags = matmul_flags_;
-  if (auto s = run_op(Op::rms_norm, {view(S.x, D, rows, 1, first), output_norm_}, {view(S.h, D, rows)}, norm_p); !s) {
-    return s;
-  }
-  return run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(logits, hp_.vocab_size, rows)}, mm_p);
+  return output_head(view(S.x, D, rows, 1, first), logits);
 }
 
 // The layers over S.ids, the concatenated tokens of `segments`: per-token ops (norms, matmuls, the MoE with each
@@ -1034,7 +1034,6 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     for (const auto& [e, members] : groups) {
       const auto n = static_cast<std::int64_t>(members.size());
       const auto Dn = static_cast<std::size_t>(D * n);
-      S.ye.assign(S.expert_out[e].begin(), S.expert_out[e].end());
       S.acc.resize(Dn);
       S.gate.resize(static_cast<std::size_t>(n));
       for (std::int64_t i = 0; i < n; ++i) {
@@ -1043,7 +1042,9 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
                     sizeof(float) * static_cast<std::size_t>(D));
         S.gate[static_cast<std::size_t>(i)] = members[static_cast<std::size_t>(i)].second;
       }
-      if (s = run_op(Op::scale_add, {f32(S.ye.data(), D, n), f32(S.gate.data(), n)}, {f32(S.acc.data(), D, n)}); !s) {
+      if (s = run_op(Op::scale_add, {f32(S.expert_out[e].data(), D, n), f32(S.gate.data(), n)},
+                     {f32(S.acc.data(), D, n)});
+          !s) {
         return s;
       }
       for (std::int64_t i = 0; i < n; ++i) {
@@ -1171,10 +1172,6 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
 #define COLIBRI_TRY(expr) \
   if (s = (expr); !s) return s
   COLIBRI_TRY(run_layers(segments, trace));
-  sdk::OpParams norm_p;
-  norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
-  sdk::OpParams mm_p;
-  mm_p.flags = matmul_flags_;
   // Logits of each item's last token that wants them, as rows of one output matmul.
   std::vector<std::size_t> want;
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -1190,8 +1187,7 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
       COLIBRI_TRY(to_host(view(S.x, D, 1, 1, sz(D, row)), S.last.data() + sz(D, static_cast<std::int64_t>(r))));
     }
     std::vector<float> all(V * want.size());
-    COLIBRI_TRY(run_op(Op::rms_norm, {f32(S.last.data(), D, rows), output_norm_}, {view(S.h, D, rows)}, norm_p));
-    COLIBRI_TRY(run_op(Op::matmul, {output_, view(S.h, D, rows)}, {f32(all.data(), hp_.vocab_size, rows)}, mm_p));
+    COLIBRI_TRY(output_head(f32(S.last.data(), D, rows), all.data()));
     for (std::size_t r = 0; r < want.size(); ++r) {
       items[want[r]].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),
                                     all.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));

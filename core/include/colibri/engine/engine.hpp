@@ -161,6 +161,8 @@ class Engine {
   sdk::Status from_host(const float* src, const sdk::Tensor& t);
   sdk::Expected<const float*> host_view(const sdk::Tensor& t, std::vector<float>& staging);
   sdk::Status clamp(const sdk::Tensor& t, float limit);
+  // Logits of the rows of x {D, rows} (host or device): output norm, then the output matmul into logits.
+  sdk::Status output_head(const sdk::Tensor& x, float* logits);
   // Appends k and v {kv_heads * head_dim, T} (host or device) at `position` of layer l.
   sdk::Status write_kv(KvCache& kv, std::int64_t l, std::int64_t position, const sdk::Tensor& k, const sdk::Tensor& v);
   // The layer's experts over h {D, T} into out (its Act: the no-gate shared expert swaps in its sum); routing
