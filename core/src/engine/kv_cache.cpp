@@ -111,25 +111,24 @@ Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t co
 }
 
 sdk::Tensor KvCache::keys(std::int64_t layer, std::int64_t length) const {
-  sdk::Tensor t;
-  t.type = type_;
-  t.ne = {head_dim_, kv_heads_, length, 1};
-  if (device_) {
-    t.buffer = k_dev_[static_cast<std::size_t>(layer)].get();
-    t.data = t.buffer->host_pointer();
-  } else {
-    t.data = k_[static_cast<std::size_t>(layer)].data();
-  }
-  return t;
+  return rows(k_, k_dev_, layer, length);
 }
 
 sdk::Tensor KvCache::values(std::int64_t layer, std::int64_t length) const {
-  sdk::Tensor t = keys(layer, length);
+  return rows(v_, v_dev_, layer, length);
+}
+
+sdk::Tensor KvCache::rows(const std::vector<AlignedBuffer>& host, const std::vector<std::unique_ptr<sdk::Buffer>>& dev,
+                          std::int64_t layer, std::int64_t length) const {
+  sdk::Tensor t;
+  t.type = type_;
+  t.ne = {head_dim_, kv_heads_, length, 1};
+  const auto L = static_cast<std::size_t>(layer);
   if (device_) {
-    t.buffer = v_dev_[static_cast<std::size_t>(layer)].get();
+    t.buffer = dev[L].get();
     t.data = t.buffer->host_pointer();
   } else {
-    t.data = v_[static_cast<std::size_t>(layer)].data();
+    t.data = host[L].data();
   }
   return t;
 }

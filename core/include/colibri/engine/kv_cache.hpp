@@ -38,6 +38,11 @@ class KvCache {
   [[nodiscard]] bool on_device() const { return device_ != nullptr; }
 
  private:
+  // keys() or values(): one layer's rows in host memory or in its device buffer.
+  [[nodiscard]] sdk::Tensor rows(const std::vector<AlignedBuffer>& host,
+                                 const std::vector<std::unique_ptr<sdk::Buffer>>& dev, std::int64_t layer,
+                                 std::int64_t length) const;
+
   sdk::DType type_ = sdk::DType::f16;
   std::int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0, context_ = 0;
   std::size_t row_bytes_ = 0;
