@@ -445,7 +445,4 @@ struct Q6_K {  // 210 bytes per 256: ql[128], qh[64], scales[16] (int8), d
   }
 };
 
-#undef COLIBRI_HD
-#undef COLIBRI_UNROLL
-
 }  // namespace colibri::cuda::dequant

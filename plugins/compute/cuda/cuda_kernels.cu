@@ -13,6 +13,7 @@
 
 #include "cuda_dequant.cuh"
 #include "cuda_kernels.hpp"
+#include "cuda_q8dot.cuh"
 
 namespace colibri::cuda {
 namespace {
@@ -219,21 +220,23 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
   }
 }
 
-// ---------------------------------------------------------------- matmul on 8-bit activations (q4_k)
-// Without kExactActivations a quantized matmul may quantize X per token (as GGML's vec_dot does). For q4_k, X is
-// quantized per 256 elements (d = amax / 127, q = round(x / d)) and each lane takes 16 bytes of one sub-block pair
-// of one unit: integer dot products (dp4a, exact in any order), then one float step per lane and unit,
-// acc += dx * (d * sum(sc * dot) - dmin * sum(mn * xsum)). Lane l takes units l / 8, l / 8 + 4, ..., so the terms
-// of an output element and their order depend on K alone, for every token tile; the float-per-weight path spends
-// about nine instructions per weight, this one about one.
+// ---------------------------------------------------------------- matmul on 8-bit activations
+// Without kExactActivations a quantized matmul may quantize X per token (as GGML's vec_dot and the CPU backend do).
+// X is quantized the CPU backend's way (q8dot.cuh: per 256 for the k-quants, per 32 for q8_0 and q4_0), then each
+// lane takes 32 weights of one unit at a time: integer dot products (dp4a, exact in any order) and one float step,
+// acc += dx * part. Lane l takes units l / 8, l / 8 + 4, ..., so the terms of an output element and their order
+// depend on K alone, for every token tile; the float-per-weight path spends about nine instructions per weight,
+// this one about one.
 
-constexpr int kQ8Block = 256;
-
+// One warp per 256 elements of one token, 8 per lane: d = amax / 127 over each kBlock-element block (lanes
+// kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes (same integers, so the
+// two backends' sums agree).
+template <int kBlock>
 __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __restrict__ q, float* __restrict__ d,
                                    int k) {
-  const int lane = threadIdx.x, blocks = k / kQ8Block;
+  const int lane = threadIdx.x;
   const std::size_t at =
-      static_cast<std::size_t>(blockIdx.y) * k + static_cast<std::size_t>(blockIdx.x) * kQ8Block + 8 * lane;
+      static_cast<std::size_t>(blockIdx.y) * k + static_cast<std::size_t>(blockIdx.x) * q8dot::kUnit + 8 * lane;
   float v[8];
   float amax = 0.0f;
 #pragma unroll
@@ -242,40 +245,39 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
     amax = fmaxf(amax, fabsf(v[j]));
   }
 #pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  const float scale = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  for (int off = kBlock / 16; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float dq = __fdiv_rn(amax, 127.0f);
+  const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
   std::uint32_t packed[2] = {0, 0};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int qi = max(-127, min(127, __float2int_rn(__fmul_rn(v[j], scale))));
+    const float s = __fmul_rn(v[j], id);
+    const int qi = !(s >= -127.0f) ? -127 : (s > 127.0f ? 127 : __float2int_rn(s));
     packed[j / 4] |= (static_cast<std::uint32_t>(qi) & 0xFFu) << (8 * (j % 4));
   }
   *reinterpret_cast<uint2*>(q + at) = make_uint2(packed[0], packed[1]);
-  if (lane == 0) d[static_cast<std::size_t>(blockIdx.y) * blocks + blockIdx.x] = __fdiv_rn(amax, 127.0f);
+  if (lane % (kBlock / 8) == 0) d[at / kBlock] = dq;
 }
 
-__device__ __forceinline__ int dot16(uint4 w, uint4 x) {
-  return __dp4a(static_cast<int>(w.w), static_cast<int>(x.w),
-                __dp4a(static_cast<int>(w.z), static_cast<int>(x.z),
-                       __dp4a(static_cast<int>(w.y), static_cast<int>(x.y),
-                              __dp4a(static_cast<int>(w.x), static_cast<int>(x.x), 0))));
-}
-__device__ __forceinline__ uint4 nibbles(uint4 q, int shift) {
-  constexpr std::uint32_t m = 0x0F0F0F0Fu;
-  return make_uint4((q.x >> shift) & m, (q.y >> shift) & m, (q.z >> shift) & m, (q.w >> shift) & m);
+// 16 activations of a lane and their sum.
+__device__ __forceinline__ q8dot::X16 load_x16(const std::int8_t* p) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  q8dot::X16 x{{v.x, v.y, v.z, v.w}, 0};
+  constexpr std::uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+  x.sum = q8dot::dot16(ones, x);
+  return x;
 }
 
-template <int NT, int R>
+template <class F, int NT, int R>
 __global__ void __launch_bounds__(kMatmulThreads)
-    matmul_q4k_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
-                         const float* __restrict__ xd, float* __restrict__ y, const float* __restrict__ bias, int k,
-                         int n, int t) {
+    matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
+                     const float* __restrict__ xd, float* __restrict__ y, const float* __restrict__ bias, int k, int n,
+                     int t) {
   const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int t0 = blockIdx.y * NT;
-  const int lane = threadIdx.x % 32;
-  const int p = (lane % 8) / 2, half = lane % 2;
-  const int units = k / kQ8Block;
+  const int lane = threadIdx.x % 32, j = lane % 8;
+  const int units = k / q8dot::kUnit;
   const std::uint8_t* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -285,78 +287,79 @@ __global__ void __launch_bounds__(kMatmulThreads)
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
     const int tok = min(t0 + i, t - 1);
-    xr[i] = xq + static_cast<std::size_t>(tok) * k + 64 * p + 16 * half;
-    dr[i] = xd + static_cast<std::size_t>(tok) * units;
+    xr[i] = xq + static_cast<std::size_t>(tok) * k;
+    dr[i] = xd + static_cast<std::size_t>(tok) * (k / F::kXBlock);
   }
-  const bool aligned = (reinterpret_cast<std::uintptr_t>(w) & 15) == 0;
+  const int xo0 = F::xoff0(j), xo1 = F::xoff1(j);
+  // W at any address (its place must not choose the path, or placement would change the bits): 16-byte loads where
+  // the format and the rows allow (row_bytes is then a multiple of 16, so the whole warp agrees), word loads
+  // otherwise; the same bytes either way.
+  const bool vec = F::kVector && (reinterpret_cast<std::uintptr_t>(w) & 15) == 0;
   float acc[R][NT] = {};
   for (int u = lane / 8; u < units; u += 4) {
-    uint4 xa[NT], xb[NT];
-    int sa[NT], sb[NT];
+    q8dot::X16 xa[NT], xb[NT];
+    float dx[NT];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      xa[i] = __ldg(reinterpret_cast<const uint4*>(xr[i] + u * kQ8Block));
-      xb[i] = __ldg(reinterpret_cast<const uint4*>(xr[i] + u * kQ8Block + 32));
-      sa[i] = dot16(make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u), xa[i]);
-      sb[i] = dot16(make_uint4(0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u), xb[i]);
+      xa[i] = load_x16(xr[i] + u * q8dot::kUnit + xo0);
+      xb[i] = load_x16(xr[i] + u * q8dot::kUnit + xo1);
+      dx[i] = __ldg(dr[i] + (u * q8dot::kUnit + xo0) / F::kXBlock);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* b = wr[r] + static_cast<std::size_t>(u) * 144;
-      // W at any address (its place must not choose the path, or placement would change the bits): 16-byte loads
-      // when the rows allow (row_bytes is a multiple of 16, so the whole warp agrees), word loads otherwise; the
-      // same bytes either way.
-      std::uint32_t head[4], qw[4];
-      if (aligned) {
-        const uint4 h4 = __ldg(reinterpret_cast<const uint4*>(b));
-        const uint4 q4 = __ldg(reinterpret_cast<const uint4*>(b + 16 + 32 * p + 16 * half));
-        head[0] = h4.x, head[1] = h4.y, head[2] = h4.z, head[3] = h4.w;
-        qw[0] = q4.x, qw[1] = q4.y, qw[2] = q4.z, qw[3] = q4.w;
-      } else {
-        dequant::load_words(b, head);
-        dequant::load_words(b + 16 + 32 * p + 16 * half, qw);
-      }
-      int sc0, mn0, sc1, mn1;
-      dequant::k4_scale_min(2 * p, head[1], head[2], head[3], sc0, mn0);
-      dequant::k4_scale_min(2 * p + 1, head[1], head[2], head[3], sc1, mn1);
-      const float d = dequant::half_bits(head[0]), dmin = dequant::half_bits(head[0] >> 16);
-      const uint4 q = make_uint4(qw[0], qw[1], qw[2], qw[3]);
-      const uint4 lo = nibbles(q, 0), hi = nibbles(q, 4);
+      float part[NT];
+      F::template part<NT>(wr[r] + static_cast<std::size_t>(u) * F::kUnitBytes, j, vec, xa, xb, part);
 #pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        const int isum = sc0 * dot16(lo, xa[i]) + sc1 * dot16(hi, xb[i]);
-        const int imin = mn0 * sa[i] + mn1 * sb[i];
-        const float part = __fsub_rn(__fmul_rn(d, static_cast<float>(isum)), __fmul_rn(dmin, static_cast<float>(imin)));
-        acc[r][i] = fmaf(__ldg(dr[i] + u), part, acc[r][i]);
-      }
+      for (int i = 0; i < NT; ++i) acc[r][i] = fmaf(dx[i], part[i], acc[r][i]);
     }
   }
   store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
 }
 
-template <int NT, int R>
-cudaError_t matmul_q4k_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
-                             const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
+template <class F, int NT, int R>
+cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
+                         const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((t + NT - 1) / NT));
-  matmul_q4k_q8_kernel<NT, R><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, q8.q, q8.d, y,
-                                                              bias, static_cast<int>(k), static_cast<int>(n),
-                                                              static_cast<int>(t));
+  matmul_q8_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, q8.q, q8.d, y,
+                                                             bias, static_cast<int>(k), static_cast<int>(n),
+                                                             static_cast<int>(t));
   return cudaGetLastError();
 }
 
-cudaError_t matmul_q4k_q8(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
+template <class F>
+cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
                           const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
-  quantize_q8_kernel<<<dim3(static_cast<unsigned>(k / kQ8Block), static_cast<unsigned>(t)), 32, 0, s>>>(
+  quantize_q8_kernel<F::kXBlock><<<dim3(static_cast<unsigned>(k / q8dot::kUnit), static_cast<unsigned>(t)), 32, 0, s>>>(
       x, q8.q, q8.d, static_cast<int>(k));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  // One row per warp for decode: more warps in flight beat sharing X (57% of bandwidth on an H200 against 47% for
-  // four rows); the row count never changes an output element's order.
-  if (t == 1) return matmul_q4k_q8_as<1, 1>(s, w, rb, q8, y, bias, k, n, t);
-  if (t == 2) return matmul_q4k_q8_as<2, 4>(s, w, rb, q8, y, bias, k, n, t);
-  if (t <= 4) return matmul_q4k_q8_as<4, 2>(s, w, rb, q8, y, bias, k, n, t);
-  return matmul_q4k_q8_as<8, 2>(s, w, rb, q8, y, bias, k, n, t);
+  // One row per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
+  // for four rows); the row count never changes an output element's order.
+  if (t == 1) return matmul_q8_as<F, 1, 1>(s, w, rb, q8, y, bias, k, n, t);
+  if (t == 2) return matmul_q8_as<F, 2, 4>(s, w, rb, q8, y, bias, k, n, t);
+  if (t <= 4) return matmul_q8_as<F, 4, 2>(s, w, rb, q8, y, bias, k, n, t);
+  return matmul_q8_as<F, 8, 2>(s, w, rb, q8, y, bias, k, n, t);
+}
+
+cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::size_t rb, const float* x,
+                      const Q8Scratch& q8, float* y, const float* bias, std::int64_t k, std::int64_t n,
+                      std::int64_t t) {
+  switch (type) {
+    case kQ4_K: return matmul_q8_for<q8dot::Q4_K>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ5_K: return matmul_q8_for<q8dot::Q5_K>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ6_K: return matmul_q8_for<q8dot::Q6_K>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ2_K: return matmul_q8_for<q8dot::Q2_K>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+bool takes_q8(std::uint32_t type) {
+  return type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kQ2_K || type == kQ3_K || type == kQ8_0 ||
+         type == kQ4_0;
 }
 
 // ---------------------------------------------------------------- embedding
@@ -648,8 +651,9 @@ std::size_t q8_values_bytes(std::int64_t k, std::int64_t t) {
 }  // namespace
 
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept {
-  if (k % kQ8Block != 0) return 0;
-  return q8_values_bytes(k, t) + static_cast<std::size_t>(k / kQ8Block * t) * sizeof(float);
+  if (k % q8dot::kUnit != 0) return 0;
+  // Scales for the smallest activation block (32), which every format's layout fits in.
+  return q8_values_bytes(k, t) + static_cast<std::size_t>(k / 32 * t) * sizeof(float);
 }
 
 Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
@@ -660,8 +664,8 @@ Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8) noexcept {
-  if (q8 != nullptr && wtype == kQ4_K && k % kQ8Block == 0) {
-    return matmul_q4k_q8(stream, w, row_bytes, x, *q8, y, bias, k, n, t);
+  if (q8 != nullptr && takes_q8(wtype) && k % q8dot::kUnit == 0) {
+    return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
 }

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     const auto wt = static_cast<std::uint32_t>(type);
     // The default (X may be quantized, where the format's kernel does), then, where that differs, exact f32 X.
     for (const colibri::cuda::Q8Scratch* acts : {&q8, static_cast<const colibri::cuda::Q8Scratch*>(nullptr)}) {
-      if (acts == nullptr && type != DType::q4_k) continue;
+      if (acts == nullptr && !colibri::sdk::dtype_traits(type)->quantized) continue;
       const float t1 = median_ms(
           reps, [&] { CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1, acts)); });
       const float t8 = median_ms(

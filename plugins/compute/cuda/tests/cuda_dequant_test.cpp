@@ -1,21 +1,25 @@
-// The CUDA kernels' dequantization (cuda_dequant.cuh), compiled for the host: every chunk of every
-// weight format bit-identical to colibri::quant. Runs without a GPU, so the bit fiddling of each
-// block layout is checked on every CI run.
+// The CUDA kernels' dequantization (cuda_dequant.cuh) and integer dot products (cuda_q8dot.cuh), compiled for the
+// host: every chunk of every weight format bit-identical to colibri::quant, every lane's integer dot product equal to
+// the reference weights times its activations. Runs without a GPU, so the bit fiddling of each block layout is
+// checked on every CI run.
 #include "cuda_dequant.cuh"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
+#include "cuda_q8dot.cuh"
 
 namespace {
 
 using colibri::sdk::DType;
 namespace dq = colibri::cuda::dequant;
+namespace q8 = colibri::cuda::q8dot;
 
 template <class F>
 void expect_chunks_match(DType type, std::int64_t n, unsigned seed, std::size_t offset) {
@@ -96,6 +100,87 @@ TEST(CudaDequant, LaneLayoutsCoverEachUnitOnceAndMatchColibriQuant) {
   }
   expect_lanes_match<dq::F32>(DType::f32, 2, 0);
   static_assert(!dq::Q2_K::kLanes && !dq::Q3_K::kLanes, "q2_k and q3_k take the chunk path");
+}
+
+// The integer lanes: the 8 lanes of a unit cover its 256 elements exactly once, and each lane's part() is the
+// reference's weights at the elements its offsets name times the activations there (two tokens at once, as the
+// kernel's token tiles do), up to float rounding; a wrong bit, byte or scale in a layout is far outside that.
+template <class F>
+void expect_q8_parts_match(DType type, std::int64_t units, std::size_t offset, unsigned seed) {
+  const std::int64_t n = units * q8::kUnit;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> w(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = dist(rng) * (i % 83 == 0 ? 25.0f : 1.0f) + (i % 7 == 0 ? 0.3f : 0.0f);
+  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
+  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
+  ASSERT_EQ(colibri::sdk::row_bytes(type, n), static_cast<std::size_t>(units * F::kUnitBytes));
+  ASSERT_TRUE(colibri::quant::quantize_row(type, w.data(), row, n));
+  std::vector<float> want(w.size());
+  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  std::uniform_int_distribution<int> byte(-127, 127);
+  std::vector<std::int8_t> x[2];
+  for (auto& xi : x) {
+    xi.resize(static_cast<std::size_t>(n));
+    for (auto& v : xi) v = static_cast<std::int8_t>(byte(rng));
+  }
+  std::vector<int> covered(q8::kUnit, 0);
+  for (int j = 0; j < 8; ++j) {
+    for (int e = 0; e < 16; ++e) {
+      ++covered[static_cast<std::size_t>(F::xoff0(j) + e)];
+      ++covered[static_cast<std::size_t>(F::xoff1(j) + e)];
+    }
+  }
+  for (int e = 0; e < q8::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+  const auto x16 = [](const std::int8_t* p) {
+    q8::X16 v{};
+    std::memcpy(v.q, p, 16);
+    for (int e = 0; e < 16; ++e) v.sum += p[e];
+    return v;
+  };
+  for (std::int64_t u = 0; u < units; ++u) {
+    for (int j = 0; j < 8; ++j) {
+      q8::X16 xa[2], xb[2];
+      for (int i = 0; i < 2; ++i) {
+        xa[i] = x16(x[i].data() + u * q8::kUnit + F::xoff0(j));
+        xb[i] = x16(x[i].data() + u * q8::kUnit + F::xoff1(j));
+      }
+      float got[2];
+      F::template part<2>(row + u * F::kUnitBytes, j, false, xa, xb, got);
+      for (int i = 0; i < 2; ++i) {
+        double expect = 0.0, magnitude = 0.0;
+        for (int off : {F::xoff0(j), F::xoff1(j)}) {
+          for (int e = 0; e < 16; ++e) {
+            const auto at = static_cast<std::size_t>(u * q8::kUnit + off + e);
+            expect += static_cast<double>(want[at]) * x[i][at];
+            magnitude += std::fabs(static_cast<double>(want[at]) * x[i][at]) + std::fabs(want[at]) * 127.0;
+          }
+        }
+        ASSERT_NEAR(got[i], expect, 1e-6 * magnitude) << colibri::sdk::to_string(type) << " unit " << u << " lane " << j
+                                                      << " token " << i << " offset " << offset;
+      }
+    }
+  }
+}
+
+TEST(CudaQ8Dot, EveryLaneOfEveryFormatIsTheReferenceWeightsTimesItsActivations) {
+  for (std::size_t offset : {0, 2}) {
+    for (unsigned seed : {1u, 2u}) {
+      expect_q8_parts_match<q8::Q4_K>(DType::q4_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q5_K>(DType::q5_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q6_K>(DType::q6_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q2_K>(DType::q2_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q3_K>(DType::q3_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q8_0>(DType::q8_0, 3, offset, seed);
+      expect_q8_parts_match<q8::Q4_0>(DType::q4_0, 3, offset, seed);
+    }
+  }
+}
+
+TEST(CudaQ8Dot, Dp4aIsASignedByteDotProduct) {
+  // 0x80 is -128, 0x7F is 127, 0xFF is -1: the host form of the instruction must read bytes as signed.
+  EXPECT_EQ(q8::dp4a(0x80FF7F01u, 0x02030405u, 10), 10 + (-128 * 2) + (-1 * 3) + (127 * 4) + (1 * 5));
 }
 
 TEST(CudaDequant, EveryChunkOfEveryFormatIsBitIdenticalToColibriQuant) {

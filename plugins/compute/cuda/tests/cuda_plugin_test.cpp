@@ -188,35 +188,39 @@ TEST(CudaPlugin, HostMemoryTensorsGiveTheSameBitsAsDeviceBuffers) {
   }
 }
 
-// q4_k on 8-bit activations loads W 16 bytes at a time where it can: a W at an address that does not allow it (a
-// VRAM slot or shared buffer puts tensors 2-byte aligned) takes word loads of the same bytes, same result.
-TEST(CudaPlugin, Q4kOnEightBitActivationsGivesTheSameBitsAtAnyAddress) {
+// On 8-bit activations q4_k and q5_k load W 16 bytes at a time where they can: a W at an address that does not allow
+// it (a VRAM slot or shared buffer puts tensors 2-byte aligned) takes word loads of the same bytes, same result; the
+// other formats' blocks are never 16-byte aligned and must not care either.
+TEST(CudaPlugin, EightBitActivationsGiveTheSameBitsAtAnyAddress) {
   CUDA_COMPUTE(c, {});
   const std::int64_t k = 2048, n = 40, t = 3;
-  auto w = quantized(DType::q4_k, randn(static_cast<std::size_t>(k * n), 7, 0.1f));
   auto x = randn(static_cast<std::size_t>(k * t), 8);
-  std::vector<float> results[2];
-  for (std::size_t offset : {std::size_t{0}, std::size_t{2}}) {
-    auto buf = c.allocate(w.size() + 16);
-    ASSERT_TRUE(buf);
-    auto ev = c.copy_to_device_async(w.data(), **buf, offset, w.size());
-    ASSERT_TRUE(ev);
-    ASSERT_TRUE((*ev)->wait());
-    auto& y = results[offset == 0 ? 0 : 1];
-    y.assign(static_cast<std::size_t>(n * t), std::nanf(""));
-    Tensor in[] = {Tensor{DType::q4_k, {k, n, 1, 1}, nullptr, buf->get(), offset},
-                   Tensor{DType::f32, {k, t, 1, 1}, x.data(), nullptr, 0}};
-    Tensor out{DType::f32, {n, t, 1, 1}, y.data(), nullptr, 0};
-    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+  for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q2_k, DType::q3_k, DType::q8_0, DType::q4_0}) {
+    auto w = quantized(type, randn(static_cast<std::size_t>(k * n), 7, 0.1f));
+    std::vector<float> results[2];
+    for (std::size_t offset : {std::size_t{0}, std::size_t{2}}) {
+      auto buf = c.allocate(w.size() + 16);
+      ASSERT_TRUE(buf);
+      auto ev = c.copy_to_device_async(w.data(), **buf, offset, w.size());
+      ASSERT_TRUE(ev);
+      ASSERT_TRUE((*ev)->wait());
+      auto& y = results[offset == 0 ? 0 : 1];
+      y.assign(static_cast<std::size_t>(n * t), std::nanf(""));
+      Tensor in[] = {Tensor{type, {k, n, 1, 1}, nullptr, buf->get(), offset},
+                     Tensor{DType::f32, {k, t, 1, 1}, x.data(), nullptr, 0}};
+      Tensor out{DType::f32, {n, t, 1, 1}, y.data(), nullptr, 0};
+      ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}})) << to_string(type);
+    }
+    EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)))
+        << to_string(type);
+    EXPECT_FALSE(std::isnan(results[1][0])) << to_string(type);
   }
-  EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
-  EXPECT_FALSE(std::isnan(results[1][0]));
 }
 
 // K = 4096 gives each lane several chunks (the conformance suite's K = 512 gives at most one),
 // K = 4100 a partial last chunk for the float types; T runs through every token-tile size. With exact activations
-// the result is the f32 reference's within 1e-4; without (q4_k then takes 8-bit activations) within the 8-bit
-// rounding of X, and the batch promise holds either way.
+// the result is the f32 reference's within 1e-4; without (quantized formats then take 8-bit activations) within the
+// 8-bit rounding of X, and the batch promise holds either way.
 TEST(CudaPlugin, LongRowsAndEveryTokenTileKeepTheBatchPromise) {
   CUDA_COMPUTE(c, {});
   const std::int64_t n = 77, tmax = 40;
@@ -235,7 +239,8 @@ TEST(CudaPlugin, LongRowsAndEveryTokenTileKeepTheBatchPromise) {
       ASSERT_TRUE(run_op(c, Op::matmul, {{type, {k, n, 1, 1}, w.data()}, {DType::f32, {k, tmax, 1, 1}, x.data()}},
                          {{DType::f32, {n, tmax, 1, 1}, all.data()}}, p));
       for (std::size_t i = 0; i < all.size(); ++i) {
-        // 8-bit X: each term is off by at most half a step of its 256-block (amax / 254) times |w|.
+        // 8-bit X: each term is off by at most half a step of its block (at most its 256 elements' amax / 254) times
+        // |w|.
         double bound = 1e-4 * (1.0 + std::fabs(want[i]));
         if (!exact) {
           const std::size_t tok = i / static_cast<std::size_t>(n), row = i % static_cast<std::size_t>(n);

@@ -1,0 +1,269 @@
+// compute/cuda: integer dot products of each block format with 8-bit activations, shared by the matmul kernel and a
+// host-side test (cuda_dequant_test.cpp) that checks every format against colibri::quant without a GPU.
+//
+// Without kExactActivations the SDK lets a quantized matmul quantize X per token, as the CPU backend does: per 256
+// elements for the k-quants (its q8_K), per 32 for q8_0 and q4_0 (its q8_0), d = amax / 127. A warp then walks a
+// row one 256-element unit at a time with 8 lanes per unit: lane j of a unit takes the 16 activations at xoff0(j)
+// and the 16 at xoff1(j), and part() turns the matching 32 weights into one float, exact integer sums (dp4a) inside
+// and a scale product or two outside. The kernel adds dx * part, dx being the activation scale of the lane's
+// elements. A lane's bytes neighbour its neighbours' bytes, so a warp's loads are coalesced.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_dequant.cuh"
+
+namespace colibri::cuda::q8dot {
+
+using dequant::byte12;
+using dequant::byte8;
+using dequant::f16_at;
+using dequant::half_bits;
+using dequant::load_words;
+using dequant::mul_rn;
+using dequant::sub_rn;
+
+constexpr int kUnit = 256;
+
+// 16 activations: four words of int8 and their sum.
+struct X16 {
+  std::uint32_t q[4];
+  int sum;
+};
+
+// Sum of the products of the four signed bytes of a and b, plus c.
+COLIBRI_HD int dp4a(std::uint32_t a, std::uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
+#else
+  for (int i = 0; i < 4; ++i) {
+    c += static_cast<int>(static_cast<std::int8_t>(a >> (8 * i))) *
+         static_cast<int>(static_cast<std::int8_t>(b >> (8 * i)));
+  }
+  return c;
+#endif
+}
+COLIBRI_HD int dot16(const std::uint32_t (&w)[4], const X16& x) {
+  return dp4a(w[3], x.q[3], dp4a(w[2], x.q[2], dp4a(w[1], x.q[1], dp4a(w[0], x.q[0], 0))));
+}
+// Bits `shift`.. of every byte of four words, under `mask` (0x0F0F0F0F: nibbles, 0x03030303: two bits).
+COLIBRI_HD void bits(const std::uint32_t (&q)[4], int shift, std::uint32_t mask, std::uint32_t (&out)[4]) {
+  COLIBRI_UNROLL
+  for (int i = 0; i < 4; ++i) out[i] = (q[i] >> shift) & mask;
+}
+// ORs bit `bit` of every byte of h, moved to bit `to`, into out.
+COLIBRI_HD void add_high(const std::uint32_t (&h)[4], int bit, std::uint32_t mask, int to, std::uint32_t (&out)[4]) {
+  COLIBRI_UNROLL
+  for (int i = 0; i < 4; ++i) out[i] |= ((h[i] >> bit) & mask) << to;
+}
+
+// 16 bytes at p: one 16-byte load where `vec` says p allows it, else words; the same bytes either way.
+COLIBRI_HD void load16(const std::uint8_t* p, bool vec, std::uint32_t (&w)[4]) {
+#ifdef __CUDA_ARCH__
+  if (vec) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    return;
+  }
+#else
+  (void)vec;
+#endif
+  load_words(p, w);
+}
+
+// d * isum - dmin * imin: the k-quants with a minimum per sub-block.
+COLIBRI_HD float scaled_minus_min(float d, int isum, float dmin, int imin) {
+  return sub_rn(mul_rn(d, static_cast<float>(isum)), mul_rn(dmin, static_cast<float>(imin)));
+}
+
+// q4_k / q5_k: lane j takes 16 bytes of the sub-block pair p = j / 2 (its low nibbles are 16 elements of sub-block
+// 2p, its high nibbles the same 16 of sub-block 2p + 1).
+struct K4Lanes {
+  static constexpr int kXBlock = 256;
+  COLIBRI_HD static int xoff0(int j) { return 64 * (j / 2) + 16 * (j % 2); }
+  COLIBRI_HD static int xoff1(int j) { return xoff0(j) + 32; }
+  template <int NT>
+  COLIBRI_HD static void finish(const std::uint32_t (&head)[4], int j, const std::uint32_t (&lo)[4],
+                                const std::uint32_t (&hi)[4], const X16 (&xa)[NT], const X16 (&xb)[NT],
+                                float (&out)[NT]) {
+    int sc0, mn0, sc1, mn1;
+    dequant::k4_scale_min(2 * (j / 2), head[1], head[2], head[3], sc0, mn0);
+    dequant::k4_scale_min(2 * (j / 2) + 1, head[1], head[2], head[3], sc1, mn1);
+    const float d = half_bits(head[0]), dmin = half_bits(head[0] >> 16);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      out[i] =
+          scaled_minus_min(d, sc0 * dot16(lo, xa[i]) + sc1 * dot16(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
+    }
+  }
+};
+
+struct Q4_K : K4Lanes {  // 144 bytes per unit: d, dmin, scales[12], qs[128]
+  static constexpr int kUnitBytes = 144;
+  static constexpr bool kVector = true;  // 16-byte loads when the row allows
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    std::uint32_t head[4], q[4], lo[4], hi[4];
+    load16(b, vec, head);
+    load16(b + 16 + 32 * (j / 2) + 16 * (j % 2), vec, q);
+    bits(q, 0, 0x0F0F0F0Fu, lo);
+    bits(q, 4, 0x0F0F0F0Fu, hi);
+    finish(head, j, lo, hi, xa, xb, out);
+  }
+};
+
+struct Q5_K : K4Lanes {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[128]
+  static constexpr int kUnitBytes = 176;
+  static constexpr bool kVector = true;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const int p = j / 2, h = j % 2;
+    std::uint32_t head[4], qh[4], q[4], lo[4], hi[4];
+    load16(b, vec, head);
+    load16(b + 16 + 16 * h, vec, qh);  // the fifth bit of element e of sub-block s: bit s of qh[e % 32]
+    load16(b + 48 + 32 * p + 16 * h, vec, q);
+    bits(q, 0, 0x0F0F0F0Fu, lo);
+    bits(q, 4, 0x0F0F0F0Fu, hi);
+    add_high(qh, 2 * p, 0x01010101u, 4, lo);
+    add_high(qh, 2 * p + 1, 0x01010101u, 4, hi);
+    finish(head, j, lo, hi, xa, xb, out);
+  }
+};
+
+// q6_k: lane j takes half hh = j / 4, quarter sel = (j / 2) % 2, l0 = 16 (j % 2): 16 bytes of ql at
+// 64 hh + 32 sel + l0, whose low nibbles are elements 128 hh + 32 sel + l0 .. and high nibbles those 64 further,
+// and the 16 bytes of qh that hold their top two bits. Values are 0..63 here, the -32 comes off with the sums.
+struct Q6_K {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
+  static constexpr int kUnitBytes = 210;
+  static constexpr bool kVector = false;
+  static constexpr int kXBlock = 256;
+  COLIBRI_HD static int xoff0(int j) { return 128 * (j / 4) + 32 * ((j / 2) % 2) + 16 * (j % 2); }
+  COLIBRI_HD static int xoff1(int j) { return xoff0(j) + 64; }
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const int hh = j / 4, sel = (j / 2) % 2, l0 = 16 * (j % 2);
+    std::uint32_t ql[4], qh[4], sc[2], lo[4], hi[4];
+    load_words(b + 64 * hh + 32 * sel + l0, ql);
+    load_words(b + 128 + 32 * hh + l0, qh);
+    load_words(b + 192 + 8 * hh, sc);
+    const float d = f16_at(b + 208);
+    const int is = 2 * sel + l0 / 16;
+    const int s0 = static_cast<std::int8_t>(byte8(sc[0], sc[1], is));
+    const int s1 = static_cast<std::int8_t>(byte8(sc[0], sc[1], is + 4));
+    bits(ql, 0, 0x0F0F0F0Fu, lo);
+    bits(ql, 4, 0x0F0F0F0Fu, hi);
+    add_high(qh, 2 * sel, 0x03030303u, 4, lo);
+    add_high(qh, 4 + 2 * sel, 0x03030303u, 4, hi);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      const int isum = s0 * (dot16(lo, xa[i]) - 32 * xa[i].sum) + s1 * (dot16(hi, xb[i]) - 32 * xb[i].sum);
+      out[i] = mul_rn(d, static_cast<float>(isum));
+    }
+  }
+};
+
+// q2_k / q3_k: lane j takes half h = j / 4 and shift s = j % 4: bits 2s.. of the 32 bytes qs[32h ..] are elements
+// 128 h + 32 s .., two 16-element sub-blocks.
+struct K2Lanes {
+  static constexpr int kXBlock = 256;
+  static constexpr bool kVector = false;
+  COLIBRI_HD static int xoff0(int j) { return 128 * (j / 4) + 32 * (j % 4); }
+  COLIBRI_HD static int xoff1(int j) { return xoff0(j) + 16; }
+};
+
+struct Q2_K : K2Lanes {  // 84 bytes per unit: scales[16] (scale | min << 4), qs[64], d, dmin
+  static constexpr int kUnitBytes = 84;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const int h = j / 4, s = j % 4;
+    std::uint32_t sc[4], q0[4], q1[4], dm[1], qa[4], qb[4];
+    load_words(b, sc);
+    load_words(b + 16 + 32 * h, q0);
+    load_words(b + 32 + 32 * h, q1);
+    load_words(b + 80, dm);
+    bits(q0, 2 * s, 0x03030303u, qa);
+    bits(q1, 2 * s, 0x03030303u, qb);
+    const int s0 = dequant::byte_at(sc, 8 * h + 2 * s), s1 = dequant::byte_at(sc, 8 * h + 2 * s + 1);
+    const float d = half_bits(dm[0]), dmin = half_bits(dm[0] >> 16);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      out[i] = scaled_minus_min(d, (s0 & 0xF) * dot16(qa, xa[i]) + (s1 & 0xF) * dot16(qb, xb[i]), dmin,
+                                (s0 >> 4) * xa[i].sum + (s1 >> 4) * xb[i].sum);
+    }
+  }
+};
+
+struct Q3_K : K2Lanes {  // 110 bytes per unit: hmask[32], qs[64], scales[12], d
+  static constexpr int kUnitBytes = 110;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const int h = j / 4, s = j % 4;
+    std::uint32_t h0[4], h1[4], q0[4], q1[4], sc[3], qa[4], qb[4];
+    load_words(b, h0);
+    load_words(b + 16, h1);
+    load_words(b + 32 + 32 * h, q0);
+    load_words(b + 48 + 32 * h, q1);
+    load_words(b + 96, sc);
+    const float d = f16_at(b + 108);
+    // Values 0..7 here (two low bits, the hmask bit as 4); the -4 comes off with the sums.
+    bits(q0, 2 * s, 0x03030303u, qa);
+    bits(q1, 2 * s, 0x03030303u, qb);
+    add_high(h0, 4 * h + s, 0x01010101u, 2, qa);
+    add_high(h1, 4 * h + s, 0x01010101u, 2, qb);
+    const int s0 = dequant::Q3_K::scale(sc, 8 * h + 2 * s), s1 = dequant::Q3_K::scale(sc, 8 * h + 2 * s + 1);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      const int isum = s0 * (dot16(qa, xa[i]) - 4 * xa[i].sum) + s1 * (dot16(qb, xb[i]) - 4 * xb[i].sum);
+      out[i] = mul_rn(d, static_cast<float>(isum));
+    }
+  }
+};
+
+// q8_0 / q4_0: lane j takes block j of the unit (32 elements), activations quantized per 32 as well.
+struct B32Lanes {
+  static constexpr int kXBlock = 32;
+  static constexpr bool kVector = false;
+  COLIBRI_HD static int xoff0(int j) { return 32 * j; }
+  COLIBRI_HD static int xoff1(int j) { return 32 * j + 16; }
+};
+
+struct Q8_0 : B32Lanes {  // 34-byte blocks: d, qs[32]
+  static constexpr int kUnitBytes = 8 * 34;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const std::uint8_t* blk = b + 34 * j;
+    std::uint32_t qa[4], qb[4];
+    load_words(blk + 2, qa);
+    load_words(blk + 18, qb);
+    const float d = f16_at(blk);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) out[i] = mul_rn(d, static_cast<float>(dot16(qa, xa[i]) + dot16(qb, xb[i])));
+  }
+};
+
+struct Q4_0 : B32Lanes {  // 18-byte blocks: d, qs[16] (low nibbles elements 0..15, high nibbles 16..31)
+  static constexpr int kUnitBytes = 8 * 18;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const std::uint8_t* blk = b + 18 * j;
+    std::uint32_t q[4], lo[4], hi[4];
+    load_words(blk + 2, q);
+    const float d = f16_at(blk);
+    bits(q, 0, 0x0F0F0F0Fu, lo);
+    bits(q, 4, 0x0F0F0F0Fu, hi);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      const int isum = dot16(lo, xa[i]) + dot16(hi, xb[i]) - 8 * (xa[i].sum + xb[i].sum);
+      out[i] = mul_rn(d, static_cast<float>(isum));
+    }
+  }
+};
+
+}  // namespace colibri::cuda::q8dot
