@@ -141,8 +141,34 @@ void PinnedPool::give(Block b) noexcept {
 
 Device::~Device() {
   (void)use();
+  if (compute != nullptr) cudaStreamSynchronize(compute);
+  for (cudaEvent_t e : ring) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (compute != nullptr) cudaStreamDestroy(compute);
   if (copy != nullptr) cudaStreamDestroy(copy);
+}
+
+std::uint64_t Device::record_ops() {
+  std::lock_guard lock(ring_mu);
+  const std::uint64_t stamp = stamps + 1;
+  if (cudaEventRecord(ring[stamp % kRing], compute) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  stamps = stamp;
+  return stamp;
+}
+
+cudaError_t Device::after_ops(std::uint64_t stamp, cudaStream_t stream) {
+  if (stamp == 0) return cudaSuccess;
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard lock(ring_mu);
+    e = ring[stamp % kRing];
+  }
+  // Recorded again meanwhile: the wait is for later ops of the same stream, which end after those of `stamp`.
+  return stream != nullptr ? cudaStreamWaitEvent(stream, e, 0) : cudaEventSynchronize(e);
 }
 
 Status Device::use() const {
@@ -152,7 +178,8 @@ Status Device::use() const {
 
 CudaBuffer::~CudaBuffer() {
   (void)dev_->use();
-  cudaFree(ptr_);  // waits for work still using the memory
+  dev_->after_ops(last_ops.load(), nullptr);  // kernels still reading or writing it
+  cudaFree(ptr_);
 }
 
 // ---------------------------------------------------------------------------------------- copies
@@ -224,6 +251,11 @@ Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateCont
   if (cudaError_t e = cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking); e != cudaSuccess) {
     return cuda_status(e, "creating the copy stream");
   }
+  for (cudaEvent_t& e : dev->ring) {
+    if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming); r != cudaSuccess) {
+      return cuda_status(r, "creating the op stream's events");
+    }
+  }
   return std::make_unique<CudaCompute>(std::move(dev));
 }
 
@@ -278,14 +310,17 @@ Expected<const CudaBuffer*> CudaCompute::own_buffer(const sdk::Buffer& b, std::s
                                      [&](const CudaBuffer& cb) { return cb.device() == dev_.get(); });
 }
 
-Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<PendingCopy> copy, void* to,
-                                                              const void* from, cudaMemcpyKind kind) {
+Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<PendingCopy> copy,
+                                                              const CudaBuffer& buffer, void* to, const void* from,
+                                                              cudaMemcpyKind kind) {
   const char* what = kind == cudaMemcpyHostToDevice ? "copy_to_device_async" : "copy_to_host_async";
   if (cudaError_t e = cudaEventCreateWithFlags(&copy->done, cudaEventDisableTiming); e != cudaSuccess) {
     dev_->pinned.give(copy->staging);
     return cuda_status(e, what);
   }
-  cudaError_t e = cudaMemcpyAsync(to, from, copy->bytes, kind, dev_->copy);
+  // An upload must not overwrite what queued ops still read, a download must see what they write.
+  cudaError_t e = dev_->after_ops(buffer.last_ops.load(), dev_->copy);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(to, from, copy->bytes, kind, dev_->copy);
   if (e == cudaSuccess) e = cudaEventRecord(copy->done, dev_->copy);
   if (e != cudaSuccess) {
     cudaStreamSynchronize(dev_->copy);  // the staging block may still be read
@@ -345,13 +380,14 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const vo
       auto copy = std::make_shared<PendingCopy>();
       copy->dev = dev_;
       copy->bytes = bytes;
-      return start_copy(std::move(copy), (*cb)->device_pointer() + offset, src, cudaMemcpyHostToDevice);
+      return start_copy(std::move(copy), **cb, (*cb)->device_pointer() + offset, src, cudaMemcpyHostToDevice);
     }
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
       // No pinned memory left: a synchronous copy from pageable memory still works, after the copies queued on the
-      // copy stream (the legacy stream does not wait for a non-blocking one).
+      // copy stream and the ops using the buffer (the legacy stream does not wait for non-blocking ones).
       cudaStreamSynchronize(dev_->copy);
+      dev_->after_ops((*cb)->last_ops.load(), nullptr);
       if (cudaError_t e = cudaMemcpy((*cb)->device_pointer() + offset, src, bytes, cudaMemcpyHostToDevice);
           e != cudaSuccess) {
         return cuda_status(e, "copy_to_device_async");
@@ -364,7 +400,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const vo
     copy->dev = dev_;
     copy->staging = *staging;
     copy->bytes = bytes;
-    return start_copy(std::move(copy), (*cb)->device_pointer() + offset, staging->ptr, cudaMemcpyHostToDevice);
+    return start_copy(std::move(copy), **cb, (*cb)->device_pointer() + offset, staging->ptr, cudaMemcpyHostToDevice);
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_to_device_async");
   }
@@ -381,6 +417,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
       cudaStreamSynchronize(dev_->copy);  // see copy_to_device_async
+      dev_->after_ops((*cb)->last_ops.load(), nullptr);
       if (cudaError_t e = cudaMemcpy(dst, (*cb)->device_pointer() + offset, bytes, cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return cuda_status(e, "copy_to_host_async");
@@ -392,7 +429,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
     copy->staging = *staging;
     copy->host_dst = dst;
     copy->bytes = bytes;
-    return start_copy(std::move(copy), staging->ptr, (*cb)->device_pointer() + offset, cudaMemcpyDeviceToHost);
+    return start_copy(std::move(copy), **cb, staging->ptr, (*cb)->device_pointer() + offset, cudaMemcpyDeviceToHost);
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_to_host_async");
   }

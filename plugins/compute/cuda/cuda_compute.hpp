@@ -3,6 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,9 +49,21 @@ struct Device {
   cudaStream_t copy = nullptr;     // copy_to_*_async, so uploads overlap ops
   PinnedPool pinned{std::size_t{512} << 20};
 
+  // Copies after ops. run() does not wait for kernels that touch only device buffers; it records the op stream in
+  // ring[stamp % kRing] and stamps the buffers it bound. A copy into or out of a buffer first makes the copy stream
+  // wait for the buffer's stamp (a later record of the same slot is later work on the same stream: still safe).
+  static constexpr std::uint64_t kRing = 64;
+  std::array<cudaEvent_t, kRing> ring{};
+  std::mutex ring_mu;
+  std::uint64_t stamps = 0;
+
   ~Device();
   // Makes this device current for the calling thread (the CUDA runtime's current device is per thread).
   [[nodiscard]] sdk::Status use() const;
+  // Records the ops queued so far; returns their stamp (0 if recording failed: the caller then waits for them).
+  std::uint64_t record_ops();
+  // Makes `stream` wait for the ops of `stamp` (0: none); with a null stream, the calling thread waits.
+  cudaError_t after_ops(std::uint64_t stamp, cudaStream_t stream);
 };
 
 class CudaBuffer final : public sdk::Buffer {
@@ -63,6 +77,8 @@ class CudaBuffer final : public sdk::Buffer {
   [[nodiscard]] void* host_pointer() noexcept override { return nullptr; }
   [[nodiscard]] std::byte* device_pointer() const noexcept { return static_cast<std::byte*>(ptr_); }
   [[nodiscard]] const Device* device() const noexcept { return dev_.get(); }
+  // The stamp of the last run() that bound this buffer and did not wait for its kernels (Device::record_ops).
+  mutable std::atomic<std::uint64_t> last_ops{0};
 
  private:
   std::shared_ptr<Device> dev_;
@@ -116,8 +132,8 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
   sdk::Status run_impl(const sdk::OpCall& call);
   sdk::Expected<const CudaBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                               const char* what) const;
-  sdk::Expected<std::unique_ptr<sdk::Event>> start_copy(std::shared_ptr<PendingCopy> copy, void* to, const void* from,
-                                                        cudaMemcpyKind kind);
+  sdk::Expected<std::unique_ptr<sdk::Event>> start_copy(std::shared_ptr<PendingCopy> copy, const CudaBuffer& buffer,
+                                                        void* to, const void* from, cudaMemcpyKind kind);
   sdk::Status grow(void*& ptr, std::size_t& capacity, std::size_t bytes, bool pinned, const char* what);
 
   std::shared_ptr<Device> dev_;

@@ -1,8 +1,11 @@
 // compute/cuda: op validation and dispatch. Every call is checked on the host first (sdk::check_op_call
 // plus this backend's grid limits: a bad shape is an error naming the op and tensor, never a device
-// fault); then each tensor is resolved to a device pointer, the kernels launch on the compute stream
-// and run() waits: it returns with the outputs written, like the CPU and Vulkan backends. Host tensors
-// (data, no buffer) go through pinned staging into a device arena and back.
+// fault); then each tensor is resolved to a device pointer and the kernels launch on the compute stream.
+// A call on device buffers alone returns once its kernels are queued: later ops follow them on the same
+// stream, and a copy into or out of a buffer waits for the ops that used it (Device::record_ops), so to
+// the caller the outputs are written when run() returns, as on the CPU and Vulkan backends. A call with
+// host tensors (data, no buffer: staged through pinned memory into a device arena and back) or a status
+// word (bad token ids, NaN logits) waits for its kernels and reports what they found.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -82,7 +85,9 @@ class Binder {
       if (cb == nullptr || cb->device() != c_.dev_.get()) return error(what, "lives in a buffer of another backend");
       if (Status s = sdk::check_buffer_range(t, bytes, op_, what); !s) return s;
       ptr = cb->device_pointer() + t.offset;
+      bound_.push_back(cb);
     } else if (t.data != nullptr) {
+      staged_ = true;
       if (used_ + bytes > scratch_at_) return error(what, "was not counted by reserve()");
       ptr = static_cast<std::byte*>(c_.arena_) + used_;
       std::byte* pinned = static_cast<std::byte*>(c_.staging_) + used_;
@@ -104,8 +109,16 @@ class Binder {
     return static_cast<void*>(ptr);
   }
 
-  // After the kernels were queued: downloads staged outputs, waits, copies them to the caller.
-  Status finish() {
+  // After the kernels were queued. Without host tensors or a status word to read: stamps the bound buffers with the
+  // queued ops (copies of them wait for those) and returns. Otherwise downloads staged outputs, waits, copies them
+  // to the caller.
+  Status finish(bool read_status) {
+    if (!staged_ && !read_status) {
+      if (const std::uint64_t stamp = c_.dev_->record_ops(); stamp != 0) {
+        for (const CudaBuffer* b : bound_) b->last_ops.store(stamp);
+        return {};
+      }
+    }
     for (const auto& s : staged_out_) {
       if (cudaError_t e = cudaMemcpyAsync(s.pinned, s.device, s.bytes, cudaMemcpyDeviceToHost, c_.dev_->compute);
           e != cudaSuccess) {
@@ -135,6 +148,8 @@ class Binder {
   std::size_t used_ = 0;
   std::size_t scratch_at_ = 0;
   std::vector<Staged> staged_out_;
+  bool staged_ = false;  // a host tensor went through the pinned staging, which the next call reuses
+  std::vector<const CudaBuffer*> bound_;
 };
 
 Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, bool pinned, const char* what) {
@@ -405,7 +420,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       return cuda_status(e, std::string(name) + ": reading the status word");
     }
   }
-  if (Status s = binder.finish(); !s) return s;
+  if (Status s = binder.finish(check_status); !s) return s;
   if (check_status && status_host_[0] != 0) {
     const std::int32_t at = status_host_[0] - 1, value = status_host_[1];
     if (call.op == Op::embedding) {

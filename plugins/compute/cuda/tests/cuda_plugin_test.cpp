@@ -1,7 +1,7 @@
 // CUDA-specific behaviour the conformance suite does not cover: loading and score() without a
 // driver or device, device info, host-memory tensors, shapes past one warp's worth of chunks and
 // every token-tile size of the matmul kernel, wide heads and long caches in attention, many
-// asynchronous copies in flight.
+// asynchronous copies in flight, copies ordered after the queued ops that use their buffer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -215,6 +215,64 @@ TEST(CudaPlugin, EightBitActivationsGiveTheSameBitsAtAnyAddress) {
         << to_string(type);
     EXPECT_FALSE(std::isnan(results[1][0])) << to_string(type);
   }
+}
+
+// run() on device buffers alone returns once its kernels are queued. A copy must still see the buffer as if every
+// earlier run() had finished: an upload into W waits for the queued matmuls that read it, a download of Y for those
+// that write it. Eight long matmuls (milliseconds each) are queued and W is overwritten at once from registered
+// memory (no staging copy delays the DMA); every Y must be the old W's product.
+TEST(CudaPlugin, CopiesWaitForQueuedOpsThatUseTheBuffer) {
+  CUDA_COMPUTE(c, {});
+  auto* reg = static_cast<ComputeHostRegister*>(c.query_interface(kHostRegisterInterface));
+  ASSERT_NE(reg, nullptr);
+  const std::int64_t k = 4096, n = 4096, t = 256;
+  const auto w_old = randn(static_cast<std::size_t>(k * n), 21);
+  auto w_new = randn(static_cast<std::size_t>(k * n), 22);
+  const auto x = randn(static_cast<std::size_t>(k * t), 23);
+  std::vector<float> want(static_cast<std::size_t>(n * t));
+  ASSERT_TRUE(run_op(c, Op::matmul,
+                     {{DType::f32, {k, n, 1, 1}, const_cast<float*>(w_old.data())},
+                      {DType::f32, {k, t, 1, 1}, const_cast<float*>(x.data())}},
+                     {{DType::f32, {n, t, 1, 1}, want.data()}}, {}));
+  auto upload = [&](const std::vector<float>& v) -> std::unique_ptr<Buffer> {
+    auto b = c.allocate(v.size() * sizeof(float));
+    EXPECT_TRUE(b);
+    if (!b) return nullptr;
+    auto ev = c.copy_to_device_async(v.data(), **b, 0, v.size() * sizeof(float));
+    EXPECT_TRUE(ev && (*ev)->wait());
+    return std::move(*b);
+  };
+  auto w = upload(w_old), xb = upload(x);
+  ASSERT_TRUE(w && xb);
+  constexpr int kQueued = 8;
+  std::vector<std::unique_ptr<Buffer>> ys;
+  for (int i = 0; i < kQueued; ++i) {
+    auto y = c.allocate(want.size() * sizeof(float));
+    ASSERT_TRUE(y);
+    Tensor in[] = {Tensor{DType::f32, {k, n, 1, 1}, nullptr, w.get(), 0},
+                   Tensor{DType::f32, {k, t, 1, 1}, nullptr, xb.get(), 0}};
+    Tensor out{DType::f32, {n, t, 1, 1}, nullptr, y->get(), 0};
+    ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+    ys.push_back(std::move(*y));
+  }
+  ASSERT_TRUE(reg->register_host(w_new.data(), w_new.size() * sizeof(float)));
+  auto overwrite = c.copy_to_device_async(w_new.data(), *w, 0, w_new.size() * sizeof(float));
+  ASSERT_TRUE(overwrite);
+  ASSERT_TRUE((*overwrite)->wait());
+  reg->unregister_host(w_new.data());
+  for (int i = 0; i < kQueued; ++i) {
+    std::vector<float> got(want.size(), std::nanf(""));
+    auto ev = c.copy_to_host_async(*ys[static_cast<std::size_t>(i)], 0, got.data(), got.size() * sizeof(float));
+    ASSERT_TRUE(ev);
+    ASSERT_TRUE((*ev)->wait());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+        << "matmul " << i << " of " << kQueued;
+  }
+  // And W holds the new values: the upload was not lost behind the ops.
+  std::vector<float> back(w_new.size());
+  auto ev = c.copy_to_host_async(*w, 0, back.data(), back.size() * sizeof(float));
+  ASSERT_TRUE(ev && (*ev)->wait());
+  EXPECT_EQ(0, std::memcmp(back.data(), w_new.data(), back.size() * sizeof(float)));
 }
 
 // K = 4096 gives each lane several chunks (the conformance suite's K = 512 gives at most one),
