@@ -98,6 +98,7 @@ class ScalarCompute final : public ComputeBase {
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
+      case Op::store_rows:  // optional (the engine then encodes KV rows on the host); buffers here are host memory
       case Op::count_: return false;
       default: return weight_type == DType::f32;
     }

@@ -25,6 +25,7 @@ class Checker {
       case Op::scale_add: return scale_add();
       case Op::topk_routing: return topk();
       case Op::embedding: return embedding();
+      case Op::store_rows: return store_rows();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -224,6 +225,22 @@ class Checker {
       return bad("out " + shape_text(y) + " must be {" + std::to_string(d) + ", " + std::to_string(t) + "}");
     }
     return {};
+  }
+
+  Status store_rows() const {
+    if (!counts(1, 1)) return count_error(1, 1);
+    const Tensor &x = c_.inputs[0], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (!is_kv_type(y.type)) {
+      return Status(StatusCode::unsupported, std::string(name_) + ": Y type " + std::string(to_string(y.type)) +
+                                                 " is not a KV cache type (f32, f16, q8_0)");
+    }
+    if (element_count(y) > kMaxInt) return bad("Y has more than 2^31 elements; split the call");
+    if (row_bytes(y.type, y.ne[0]) == 0) {
+      return bad("Y " + shape_text(y) + ": ne[0] must be a multiple of the " + std::string(to_string(y.type)) +
+                 " block");
+    }
+    return same_as(y, "Y", x, "X");
   }
 
   const OpCall& c_;

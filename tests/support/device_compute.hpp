@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "colibri/quant/quant.hpp"
 #include "colibri/sdk/compute.hpp"
 
 namespace colibri::testing {
@@ -85,7 +86,24 @@ class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister
     return std::unique_ptr<sdk::Buffer>(std::make_unique<DeviceBuffer>(*this, bytes));
   }
   bool supports(sdk::Op, sdk::DType) const noexcept override { return true; }
-  sdk::Status run(const sdk::OpCall&) noexcept override { return {}; }
+  // Ops do nothing, except store_rows (KV rows encoded in device memory), which encodes as the SDK states.
+  int store_rows_calls = 0;
+  sdk::Status run(const sdk::OpCall& call) noexcept override {
+    if (call.op != sdk::Op::store_rows) return {};
+    ++store_rows_calls;
+    const sdk::Tensor &x = call.inputs[0], &y = call.outputs[0];
+    auto bytes_of = [](const sdk::Tensor& t) -> std::byte* {
+      if (t.buffer == nullptr) return static_cast<std::byte*>(t.data);
+      return static_cast<DeviceBuffer*>(t.buffer)->bytes.data() + t.offset;
+    };
+    const auto* src = reinterpret_cast<const float*>(bytes_of(x));
+    const std::int64_t n = sdk::element_count(x);
+    if (y.type == sdk::DType::f32) {
+      std::memcpy(bytes_of(y), src, static_cast<std::size_t>(n) * sizeof(float));
+      return {};
+    }
+    return quant::quantize_row(y.type, src, bytes_of(y), n);
+  }
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
                                                                   std::size_t bytes) noexcept override {
     auto& b = static_cast<DeviceBuffer&>(dst);

@@ -881,6 +881,8 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
 }
 
 Status Engine::write_kv(KvCache& kv, std::int64_t l, std::int64_t position, const Tensor& k, const Tensor& v) {
+  // K and V already in the cache's device memory: encoded there, no round trip through the host.
+  if (k.buffer != nullptr && v.buffer != nullptr && kv.stores_on_device()) return kv.store(l, position, k.ne[1], k, v);
   auto& S = *scratch_;
   auto kp = host_view(k, S.down);
   if (!kp) return kp.error();

@@ -110,6 +110,32 @@ Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t co
   return {};
 }
 
+bool KvCache::stores_on_device() const {
+  return device_ != nullptr && device_->supports(sdk::Op::store_rows, type_);
+}
+
+Status KvCache::store(std::int64_t layer, std::int64_t position, std::int64_t count, const sdk::Tensor& k,
+                      const sdk::Tensor& v) {
+  if (layer < 0 || layer >= layers_ || position < 0 || count < 0 || position + count > context_) {
+    return Status(StatusCode::invalid_argument, "KV cache write outside the context");
+  }
+  if (!stores_on_device()) return Status(StatusCode::internal, "KV cache store() without a device that encodes rows");
+  if (count == 0) return {};
+  const auto L = static_cast<std::size_t>(layer);
+  for (int which = 0; which < 2; ++which) {
+    sdk::Tensor rows;
+    rows.type = type_;
+    rows.ne = {kv_heads_ * head_dim_, count, 1, 1};
+    rows.buffer = (which == 0 ? k_dev_ : v_dev_)[L].get();
+    rows.offset = static_cast<std::size_t>(position * kv_heads_) * row_bytes_;
+    if (auto* mapped = static_cast<std::byte*>(rows.buffer->host_pointer())) rows.data = mapped + rows.offset;
+    const sdk::Tensor& src = which == 0 ? k : v;
+    sdk::OpCall call{sdk::Op::store_rows, std::span<const sdk::Tensor>(&src, 1), std::span<sdk::Tensor>(&rows, 1), {}};
+    if (auto s = device_->run(call); !s) return s.with_context("storing the KV cache");
+  }
+  return {};
+}
+
 sdk::Tensor KvCache::keys(std::int64_t layer, std::int64_t length) const {
   return rows(k_, k_dev_, layer, length);
 }

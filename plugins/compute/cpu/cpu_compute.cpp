@@ -224,7 +224,7 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    return supports_every_op(op, weight_type);
+    return op == Op::store_rows ? is_kv_type(weight_type) : supports_every_op(op, weight_type);
   }
 
   Status run(const OpCall& c) noexcept override {
@@ -252,6 +252,7 @@ class CpuCompute final : public ComputeBase {
       case Op::embedding: return op_embedding(c);
       case Op::scale_add: return op_scale_add(c);
       case Op::sigmoid: return op_sigmoid(c);
+      case Op::store_rows: return op_store_rows(c);
       case Op::count_: break;
     }
     return Status(StatusCode::unsupported,
@@ -510,6 +511,27 @@ class CpuCompute final : public ComputeBase {
 
   Status op_sigmoid(const OpCall& c) {
     return elementwise("sigmoid", c, 1, [](float a, float) noexcept { return 1.0f / (1.0f + std::exp(-a)); });
+  }
+
+  // The reference encoding itself (colibri::quant), row by row across the pool.
+  Status op_store_rows(const OpCall& c) {
+    const char* op = "store_rows";
+    COLIBRI_TRY(check_op_call(c, "cpu"));
+    const Tensor &X = c.inputs[0], &Y = c.outputs[0];
+    std::byte *x, *y;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", X, x));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    const std::int64_t d = X.ne[0];
+    const std::size_t rb = row_bytes(Y.type, d);
+    const auto* xs = reinterpret_cast<const float*>(x);
+    pool_.run(sdk::row_count(X), [&](std::int64_t r, int) noexcept {
+      if (Y.type == DType::f32) {
+        std::memcpy(y + static_cast<std::size_t>(r) * rb, xs + r * d, rb);
+      } else {
+        (void)quant::quantize_row(Y.type, xs + r * d, y + static_cast<std::size_t>(r) * rb, d);
+      }
+    });
+    return {};
   }
 
   Status op_scale_add(const OpCall& c) {

@@ -362,6 +362,45 @@ bool takes_q8(std::uint32_t type) {
          type == kQ4_0;
 }
 
+// ---------------------------------------------------------------- store_rows
+// New KV rows encoded where the cache lives, as colibri::quant::quantize_row does (ggml's reference), byte for byte:
+// f16 rounds to nearest even; q8_0 per 32: amax (a NaN wins, as ggml's MAX), d = amax / 127 as f16,
+// q = round(x * (1 / d)) half away from zero, cast like x86 (NaN or out of range: INT_MIN, whose low byte is 0).
+
+__global__ void store_rows_f16_kernel(const float* __restrict__ x, std::uint16_t* __restrict__ y, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    y[i] = __half_as_ushort(__float2half_rn(x[i]));
+  }
+}
+
+__device__ __forceinline__ int truncate_like_x86(float f) {
+  if (!(f > -2147483904.0f && f < 2147483648.0f)) return static_cast<int>(0x80000000u);
+  return static_cast<int>(f);
+}
+
+// One thread per 34-byte block (2-byte aligned: written as 17 halfwords).
+__global__ void store_rows_q8_0_kernel(const float* __restrict__ x, std::uint16_t* __restrict__ y, long long blocks) {
+  for (long long b = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; b < blocks;
+       b += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float v = fabsf(xb[j]);
+      amax = amax > v ? amax : v;
+    }
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    std::uint16_t* out = y + b * 17;
+    out[0] = __half_as_ushort(__float2half_rn(d));
+    for (int j = 0; j < 32; j += 2) {
+      const auto q0 = static_cast<std::uint8_t>(truncate_like_x86(roundf(__fmul_rn(xb[j], id))));
+      const auto q1 = static_cast<std::uint8_t>(truncate_like_x86(roundf(__fmul_rn(xb[j + 1], id))));
+      out[1 + j / 2] = static_cast<std::uint16_t>(q0 | (q1 << 8));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- embedding
 
 template <class F>
@@ -668,6 +707,20 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
     return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
+}
+
+cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,
+                              std::int64_t n) noexcept {
+  switch (type) {
+    case kF32:
+      return cudaMemcpyAsync(y, x, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream);
+    case kF16: store_rows_f16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, static_cast<std::uint16_t*>(y), n); break;
+    case kQ8_0:
+      store_rows_q8_0_kernel<<<grid_for(n / 32, 128), 128, 0, stream>>>(x, static_cast<std::uint16_t*>(y), n / 32);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const void* table, std::size_t row_bytes,

@@ -28,6 +28,11 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8 = nullptr) noexcept;
 
+// n elements of X encoded into Y of a KV cache type (f32, f16, q8_0; n a multiple of 32 for q8_0), the bytes of
+// colibri::quant::quantize_row. Y is 2-byte aligned.
+cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,
+                              std::int64_t n) noexcept;
+
 // Y {d, t}: rows ids[i] of the table; an id outside 0..vocab-1 sets status[0] = i + 1, status[1] = id.
 cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const void* table, std::size_t row_bytes,
                              const std::int32_t* ids, float* y, std::int64_t d, std::int64_t vocab, std::int64_t t,

@@ -173,7 +173,7 @@ Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, b
 }
 
 bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
-  return sdk::supports_every_op(op, weight_type);
+  return op == Op::store_rows ? sdk::is_kv_type(weight_type) : sdk::supports_every_op(op, weight_type);
 }
 
 Status CudaCompute::run(const sdk::OpCall& call) noexcept {
@@ -406,6 +406,14 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       check_status = true;
       COLIBRI_CUDA_TRY(launched(launch_embedding(st, static_cast<std::uint32_t>(table.type), ta,
                                                  sdk::row_bytes(table.type, d), ia, ya, d, v, t, *sw)));
+      break;
+    }
+    case Op::store_rows: {
+      const Tensor &x = in[0], &y = out[0];
+      COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
+      COLIBRI_CUDA_BIND(ya, void*, y, "Y", true, weight_align(y.type));
+      COLIBRI_CUDA_TRY(
+          launched(launch_store_rows(st, static_cast<std::uint32_t>(y.type), xa, ya, sdk::element_count(x))));
       break;
     }
     default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no kernel");

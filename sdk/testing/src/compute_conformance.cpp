@@ -667,6 +667,58 @@ TEST_P(ComputeConformance, EmbeddingDequantizesTheRequestedRows) {
   }
 }
 
+// store_rows (optional): new rows encoded at an offset inside a larger buffer, as a KV cache write places them, must
+// be the bytes of colibri::quant::quantize_row, and the bytes around them must stay as they were. Values include
+// values at a q8_0 rounding tie (x / d = k + 0.5, up to an ulp) and halfway between two f16 values.
+TEST_P(ComputeConformance, StoreRowsEncodesLikeColibriQuantAndTouchesNothingElse) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 128, rows = 5, before = 3, after = 2;
+  auto x = randn(static_cast<std::size_t>(d * rows), 131, 2.0f);
+  x[7] = 40.0f;                          // block 0's amax: d = 40 / 127
+  x[8] = 40.0f / 127.0f * 2.5f;          // at (or an ulp from) a tie of the q8_0 rounding
+  x[40] = 1.0f + std::ldexp(1.0f, -11);  // halfway between two f16 values
+  x[41] = -(1.0f + 3.0f * std::ldexp(1.0f, -11));
+  int tested = 0;
+  for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
+    if (!c.supports(Op::store_rows, type)) continue;
+    ++tested;
+    const std::size_t rb = row_bytes(type, d);
+    std::vector<std::byte> want(rb * static_cast<std::size_t>(rows));
+    if (type == DType::f32) {
+      std::memcpy(want.data(), x.data(), want.size());
+    } else {
+      ASSERT_TRUE(quant::quantize_row(type, x.data(), want.data(), d * rows));
+    }
+    const std::size_t total = rb * static_cast<std::size_t>(before + rows + after);
+    std::vector<std::byte> sentinel(total);
+    for (std::size_t i = 0; i < total; ++i) sentinel[i] = static_cast<std::byte>(0xA5 ^ (i * 7));
+    auto xb = c.allocate(x.size() * sizeof(float));
+    auto yb = c.allocate(total);
+    ASSERT_TRUE(xb && yb);
+    auto up = c.copy_to_device_async(x.data(), **xb, 0, x.size() * sizeof(float));
+    ASSERT_TRUE(up && (*up)->wait());
+    auto fill = c.copy_to_device_async(sentinel.data(), **yb, 0, total);
+    ASSERT_TRUE(fill && (*fill)->wait());
+    const Tensor in{DType::f32, {d, rows, 1, 1}, (*xb)->host_pointer(), xb->get(), 0};
+    Tensor out{type, {d, rows, 1, 1}, nullptr, yb->get(), rb * static_cast<std::size_t>(before)};
+    if (void* p = (*yb)->host_pointer()) out.data = static_cast<std::byte*>(p) + out.offset;
+    ASSERT_TRUE(c.run(OpCall{Op::store_rows, std::span<const Tensor>(&in, 1), std::span<Tensor>(&out, 1), {}}))
+        << label(type);
+    std::vector<std::byte> got(total);
+    auto down = c.copy_to_host_async(**yb, 0, got.data(), total);
+    ASSERT_TRUE(down && (*down)->wait());
+    const std::size_t at = rb * static_cast<std::size_t>(before);
+    EXPECT_EQ(0, std::memcmp(got.data(), sentinel.data(), at)) << label(type) << ": bytes before the rows changed";
+    EXPECT_EQ(0,
+              std::memcmp(got.data() + at + want.size(), sentinel.data() + at + want.size(), total - at - want.size()))
+        << label(type) << ": bytes after the rows changed";
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[at + i], want[i]) << label(type) << ": byte " << i << " of the rows (row " << i / rb << ")";
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "store_rows is optional and this backend does not offer it";
+}
+
 // ------------------------------------------------------------------ errors
 
 TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {
@@ -713,6 +765,14 @@ TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {
     Tensor in2[] = {Tensor{DType::f32, {4, 4, 1, 1}, big.data()}, Tensor{DType::f32, {4, 1, 1, 1}, big.data()}};
     expect_error("matmul into a tensor without data", c.run(OpCall{Op::matmul, in2, std::span<Tensor>(&nul, 1), {}}));
     expect_error("an unknown op", c.run(OpCall{Op::count_, in2, std::span<Tensor>(&yt, 1), {}}));
+    Tensor q4{DType::q4_k, {256, 1, 1, 1}, big.data()};
+    Tensor x256{DType::f32, {256, 1, 1, 1}, big.data()};
+    expect_error("store_rows into q4_k rows",
+                 c.run(OpCall{Op::store_rows, std::span<const Tensor>(&x256, 1), std::span<Tensor>(&q4, 1), {}}));
+    Tensor q8{DType::q8_0, {48, 1, 1, 1}, big.data()};
+    Tensor x48{DType::f32, {48, 1, 1, 1}, big.data()};
+    expect_error("store_rows of 48 elements into q8_0 rows",
+                 c.run(OpCall{Op::store_rows, std::span<const Tensor>(&x48, 1), std::span<Tensor>(&q8, 1), {}}));
   }
   {
     OpParams p;

@@ -168,6 +168,44 @@ TEST(KvCache, OnADeviceHoldsTheSameRowsAndSendsOnlyTheNewOnes) {
   }
 }
 
+// Rows already in device memory (the engine's activations there) are encoded there by store_rows: the same bytes
+// as write() uploads, at the same place, and no copy crosses the bus.
+TEST(KvCache, StoreEncodesOnTheDeviceTheBytesWriteWouldUpload) {
+  std::vector<float> k(2 * 32 * 3), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::sin(static_cast<float>(i) * 0.7f) * 5.0f;
+    v[i] = std::cos(static_cast<float>(i)) * 3.0f;
+  }
+  for (auto type : {sdk::DType::f32, sdk::DType::f16, sdk::DType::q8_0}) {
+    auto gpu = std::make_shared<testing::DeviceCompute>();
+    auto written = KvCache::create(type, 2, 2, 32, 8, gpu);
+    auto stored = KvCache::create(type, 2, 2, 32, 8, gpu);
+    ASSERT_TRUE(written && stored);
+    ASSERT_TRUE(stored->stores_on_device());
+    ASSERT_TRUE(written->write(1, 2, 3, k.data(), v.data()));
+    const int copies = gpu->copies;
+    // K and V as the engine holds them: f32 {kv_heads * head_dim, T} in device buffers, at an offset.
+    auto act = gpu->allocate((16 + k.size() + v.size()) * sizeof(float));
+    ASSERT_TRUE(act);
+    auto& act_bytes = static_cast<testing::DeviceCompute::DeviceBuffer&>(**act).bytes;
+    std::memcpy(act_bytes.data() + 16 * sizeof(float), k.data(), k.size() * sizeof(float));
+    std::memcpy(act_bytes.data() + (16 + k.size()) * sizeof(float), v.data(), v.size() * sizeof(float));
+    sdk::Tensor kt{sdk::DType::f32, {64, 3, 1, 1}, nullptr, act->get(), 16 * sizeof(float)};
+    sdk::Tensor vt{sdk::DType::f32, {64, 3, 1, 1}, nullptr, act->get(), (16 + k.size()) * sizeof(float)};
+    ASSERT_TRUE(stored->store(1, 2, 3, kt, vt));
+    EXPECT_EQ(gpu->copies, copies) << "nothing uploaded";
+    EXPECT_EQ(gpu->store_rows_calls, 2) << "K and V";
+    for (bool values : {false, true}) {
+      const auto a = values ? written->values(1, 8) : written->keys(1, 8);
+      const auto b = values ? stored->values(1, 8) : stored->keys(1, 8);
+      EXPECT_EQ(static_cast<testing::DeviceCompute::DeviceBuffer*>(a.buffer)->bytes,
+                static_cast<testing::DeviceCompute::DeviceBuffer*>(b.buffer)->bytes)
+          << sdk::to_string(type) << (values ? " V" : " K");
+    }
+    EXPECT_FALSE(stored->store(1, 6, 3, kt, vt));  // past the context
+  }
+}
+
 TEST(KvCache, OnMappedDeviceMemoryWritesInPlace) {
   auto gpu = std::make_shared<testing::DeviceCompute>();
   gpu->mapped = true;

@@ -108,7 +108,27 @@ TEST(CheckOpCall, UnsupportedTypesAndOpsNameTheBackend) {
 
   const Status op = Call(Op::count_, {}, {}).check();
   EXPECT_EQ(op.code(), StatusCode::unsupported);
-  EXPECT_EQ(op.message(), "op 11 is not in the op set this testdev backend was built with (a newer SDK's op?)");
+  EXPECT_EQ(op.message(), "op " + std::to_string(static_cast<int>(Op::count_)) +
+                              " is not in the op set this testdev backend was built with (a newer SDK's op?)");
+}
+
+TEST(CheckOpCall, StoreRowsTakesF32RowsIntoAKvTypeOfTheSameShape) {
+  EXPECT_TRUE(Call(Op::store_rows, {tensor(DType::f32, {64, 3, 1, 1})}, {tensor(DType::q8_0, {64, 3, 1, 1})}).check());
+  EXPECT_TRUE(Call(Op::store_rows, {tensor(DType::f32, {64, 3, 1, 1})}, {tensor(DType::f16, {64, 3, 1, 1})}).check());
+  const Status q4 =
+      Call(Op::store_rows, {tensor(DType::f32, {256, 1, 1, 1})}, {tensor(DType::q4_k, {256, 1, 1, 1})}).check();
+  EXPECT_EQ(q4.code(), StatusCode::unsupported);
+  EXPECT_NE(q4.message().find("q4_k is not a KV cache type"), std::string::npos) << q4.message();
+  const Status block =
+      Call(Op::store_rows, {tensor(DType::f32, {48, 1, 1, 1})}, {tensor(DType::q8_0, {48, 1, 1, 1})}).check();
+  EXPECT_EQ(block.code(), StatusCode::invalid_argument);
+  EXPECT_NE(block.message().find("multiple of the q8_0 block"), std::string::npos) << block.message();
+  const Status shape =
+      Call(Op::store_rows, {tensor(DType::f32, {64, 3, 1, 1})}, {tensor(DType::f16, {64, 2, 1, 1})}).check();
+  EXPECT_EQ(shape.code(), StatusCode::invalid_argument);
+  const Status x16 =
+      Call(Op::store_rows, {tensor(DType::f16, {64, 3, 1, 1})}, {tensor(DType::f16, {64, 3, 1, 1})}).check();
+  EXPECT_EQ(x16.code(), StatusCode::invalid_argument);
 }
 
 TEST(CheckOpCall, RefusesWhatDeviceKernelsCannotIndex) {

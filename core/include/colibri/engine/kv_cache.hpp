@@ -28,6 +28,12 @@ class KvCache {
 
   // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}.
   sdk::Status write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v);
+  // Whether store() can run: the cache is in device memory whose backend encodes rows there (Op::store_rows).
+  [[nodiscard]] bool stores_on_device() const;
+  // Stores T positions starting at `position` from k and v {head_dim * kv_heads, T} f32 tensors the cache's backend
+  // reads (its device buffers): encoded there by store_rows, so nothing crosses the bus. Same bytes as write().
+  sdk::Status store(std::int64_t layer, std::int64_t position, std::int64_t count, const sdk::Tensor& k,
+                    const sdk::Tensor& v);
   // Views of positions [0, length) of a layer: host data, or a device buffer (data set only when it is mapped).
   [[nodiscard]] sdk::Tensor keys(std::int64_t layer, std::int64_t length) const;
   [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;

@@ -73,6 +73,13 @@ enum class Op : std::uint32_t {
   scale_add,
   // in: X; out: 1 / (1 + exp(-x)) elementwise (Qwen2-MoE shared-expert gate).
   sigmoid,
+  // in: X {D, R} f32; out: Y {D, R} of a KV cache type (f32, f16, q8_0; D a multiple of its block), usually a view
+  // into a cache at the rows of new positions. Each row is encoded exactly as colibri::quant::quantize_row does
+  // (ggml's reference: f16 rounds to nearest even; q8_0 takes d = amax / 127 per 32, stored as f16, and
+  // round(x / d) half away from zero), so the bytes are the same on every backend. Optional: the engine writes new
+  // KV rows with it where the cache lives in device memory and supports(store_rows, type) says so, and otherwise
+  // encodes them on the host and uploads them.
+  store_rows,
   count_
 };
 
@@ -115,6 +122,7 @@ struct Tensor {
     case Op::embedding: return "embedding";
     case Op::scale_add: return "scale_add";
     case Op::sigmoid: return "sigmoid";
+    case Op::store_rows: return "store_rows";
     default: return "unknown op";
   }
 }
