@@ -76,6 +76,10 @@ struct EltwisePush {
   std::uint64_t a, b, y;
   std::uint32_t n, mode, d, pad;
 };
+struct StoreRowsPush {
+  std::uint64_t x, y;
+  std::uint32_t n, mode;
+};
 struct RopePush {
   std::uint64_t x, positions, inv_freq, y;
   std::uint32_t head_dim, n_heads, t, rope_dims, interleaved;
@@ -202,6 +206,8 @@ Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::
 }  // namespace
 
 bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
+  // store_rows: f32 and f16 rows; q8_0 would need correctly rounded divisions, which Vulkan does not promise.
+  if (op == Op::store_rows) return weight_type == DType::f32 || weight_type == DType::f16;
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -385,6 +391,22 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
           GetRowsPush{ta, ia, ya, status_.address, u32(d), u32(v), u32(t), u32(sdk::row_bytes(table.type, d))});
       c.groups[0] = groups_for(static_cast<std::uint64_t>((d + 31) / 32), 64);
       c.groups[1] = u32(t);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::store_rows: {
+      const Tensor &x = in[0], &y = out[0];
+      if (!supports(Op::store_rows, y.type)) {
+        return Status(StatusCode::unsupported, std::string(name) + ": Y type " + std::string(sdk::to_string(y.type)) +
+                                                   " is not supported by vulkan (f32 or f16)");
+      }
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      Command c;
+      c.shader = "store_rows";
+      const std::uint64_t n = elems(x);
+      c.push = as_bytes(StoreRowsPush{xa, ya, static_cast<std::uint32_t>(n), y.type == DType::f16 ? 1u : 0u});
+      c.groups[0] = groups_for(y.type == DType::f16 ? (n + 1) / 2 : n, 256);
       cmds.push_back(std::move(c));
       break;
     }
