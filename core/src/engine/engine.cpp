@@ -106,6 +106,8 @@ struct Engine::Act {
 struct Engine::Scratch {
   sdk::Compute* device = nullptr;  // set: the Acts live in its buffers
   Act x, h, q, k, v, q2, k2, attn, tmp, moe, sum, shared, router;
+  Act rope_in;  // a pass's positions (i32 bits) and each segment's inv_freq: uploaded once, read by every layer
+  Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
   std::vector<Act> routed;  // per routed expert of a layer whose every token it runs (decode): its output
   std::vector<float> down, weights, gate, xe, ye, acc, last;  // host side: downloads, gathers, small vectors
   std::vector<std::int32_t> ids, positions, expert_ids;
@@ -684,6 +686,26 @@ Status Engine::to_host(const Tensor& t, float* dst) {
   return (*ev)->wait();
 }
 
+Status Engine::from_host_all(std::initializer_list<std::pair<const float*, Tensor>> copies) {
+  std::vector<std::unique_ptr<sdk::Event>> pending;
+  for (const auto& [src, t] : copies) {
+    const auto bytes = static_cast<std::size_t>(sdk::element_count(t)) * sizeof(float);
+    if (t.buffer == nullptr) {
+      if (t.data != src) std::memcpy(t.data, src, bytes);
+      continue;
+    }
+    auto ev = plugins_.compute->copy_to_device_async(src, *t.buffer, t.offset, bytes);
+    if (!ev) return ev.error().with_context("uploading activations");
+    pending.push_back(std::move(*ev));
+  }
+  // All in flight before the first wait: one round trip for the lot.
+  Status first;
+  for (auto& ev : pending) {
+    if (Status s = ev->wait(); !s && first) first = s;
+  }
+  return first;
+}
+
 Status Engine::from_host(const float* src, const Tensor& t) {
   const auto bytes = static_cast<std::size_t>(sdk::element_count(t)) * sizeof(float);
   if (t.buffer == nullptr) {
@@ -793,13 +815,21 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
   for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
   S.positions.resize(static_cast<std::size_t>(T));
-  std::vector<std::vector<float>> inv_freq;
+  // rope's inputs, in one array (host, or device memory beside the activations, uploaded once for every layer):
+  // positions as i32 bits, then each segment's inv_freq ("dynamic" rope depends on each sequence's length).
+  std::vector<float> rope_host(static_cast<std::size_t>(T));
+  std::vector<std::pair<std::size_t, std::int64_t>> freq_at;  // per segment: element offset, count
   for (const auto& g : segments) {
     for (std::int64_t t = 0; t < g.n; ++t) {
       S.positions[static_cast<std::size_t>(g.first + t)] = static_cast<std::int32_t>(g.position + t);
     }
-    inv_freq.push_back(rope_->inv_freq(g.position + g.n));  // "dynamic" rope depends on each sequence's length
+    const auto f = rope_->inv_freq(g.position + g.n);
+    freq_at.emplace_back(rope_host.size(), static_cast<std::int64_t>(f.size()));
+    rope_host.insert(rope_host.end(), f.begin(), f.end());
   }
+  std::memcpy(rope_host.data(), S.positions.data(), S.positions.size() * sizeof(std::int32_t));
+  COLIBRI_TRY(size(S.rope_in, rope_host.size()));
+  COLIBRI_TRY(from_host(rope_host.data(), view(S.rope_in, static_cast<std::int64_t>(rope_host.size()))));
   sdk::OpParams norm_p;
   norm_p.eps = static_cast<float>(hp_.rms_norm_eps);
   sdk::OpParams mm_p;
@@ -841,8 +871,9 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     }
     for (std::size_t i = 0; i < segments.size(); ++i) {
       const auto& [kv, pos, off, n] = segments[i];
-      const Tensor freq = f32(inv_freq[i].data(), static_cast<std::int64_t>(inv_freq[i].size()));
-      const Tensor positions = i32(S.positions.data() + off, n);
+      const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
+      Tensor positions = view(S.rope_in, n, 1, 1, static_cast<std::size_t>(off));
+      positions.type = DType::i32;
       COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
                          {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
       COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
@@ -995,12 +1026,22 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       if (s = run_expert(l, e, h, view(y, D, T), on_cpu.count(e) != 0, mm_p); !s) return s;
     }
     if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
+    // out = 0 and every expert's routing weights go up together (one wait), then the sum runs on the device.
     S.acc.assign(DT, 0.0f);
-    if (s = from_host(S.acc.data(), view(out, D, T)); !s) return s;
+    S.gate.assign(groups.size() * static_cast<std::size_t>(T), 0.0f);
     for (const auto& [e, members] : groups) {
-      S.gate.resize(members.size());
-      for (std::size_t i = 0; i < members.size(); ++i) S.gate[i] = members[i].second;
-      if (s = run_op(Op::scale_add, {view(S.routed[slot.at(e)], D, T), f32(S.gate.data(), T)}, {view(out, D, T)}); !s) {
+      for (std::size_t i = 0; i < members.size(); ++i)
+        S.gate[slot.at(e) * static_cast<std::size_t>(T) + i] = members[i].second;
+    }
+    if (s = size(S.gates, S.gate.size()); !s) return s;
+    const Tensor gates = view(S.gates, static_cast<std::int64_t>(S.gate.size()));
+    if (s = from_host_all({{S.acc.data(), view(out, D, T)}, {S.gate.data(), gates}}); !s) return s;
+    for (const auto& g : groups) {
+      const std::size_t at = slot.at(g.first);
+      if (s = run_op(Op::scale_add,
+                     {view(S.routed[at], D, T), view(S.gates, T, 1, 1, at * static_cast<std::size_t>(T))},
+                     {view(out, D, T)});
+          !s) {
         return s;
       }
     }

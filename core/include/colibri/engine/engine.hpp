@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colibri/engine/expert_manager.hpp"
@@ -159,6 +161,8 @@ class Engine {
                                  std::size_t at = 0) const;
   sdk::Status to_host(const sdk::Tensor& t, float* dst);
   sdk::Status from_host(const float* src, const sdk::Tensor& t);
+  // Several from_host() copies, all started before any is waited for.
+  sdk::Status from_host_all(std::initializer_list<std::pair<const float*, sdk::Tensor>> copies);
   sdk::Expected<const float*> host_view(const sdk::Tensor& t, std::vector<float>& staging);
   sdk::Status clamp(const sdk::Tensor& t, float limit);
   // Logits of the rows of x {D, rows} (host or device): output norm, then the output matmul into logits.
