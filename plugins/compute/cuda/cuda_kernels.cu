@@ -259,15 +259,6 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
   if (lane % (kBlock / 8) == 0) d[at / kBlock] = dq;
 }
 
-// 16 activations of a lane and their sum.
-__device__ __forceinline__ q8dot::X16 load_x16(const std::int8_t* p) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  q8dot::X16 x{{v.x, v.y, v.z, v.w}, 0};
-  constexpr std::uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
-  x.sum = q8dot::dot16(ones, x);
-  return x;
-}
-
 template <class F, int NT, int R>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
@@ -276,43 +267,8 @@ __global__ void __launch_bounds__(kMatmulThreads)
   const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int t0 = blockIdx.y * NT;
-  const int lane = threadIdx.x % 32, j = lane % 8;
-  const int units = k / q8dot::kUnit;
-  const std::uint8_t* wr[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    wr[r] = w + static_cast<std::size_t>(min(row0 + r, static_cast<long long>(n - 1))) * row_bytes;
-  const std::int8_t* xr[NT];
-  const float* dr[NT];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    const int tok = min(t0 + i, t - 1);
-    xr[i] = xq + static_cast<std::size_t>(tok) * k;
-    dr[i] = xd + static_cast<std::size_t>(tok) * (k / F::kXBlock);
-  }
-  const int xo0 = F::xoff0(j), xo1 = F::xoff1(j);
-  // W at any address (its place must not choose the path, or placement would change the bits): 16-byte loads where
-  // the format and the rows allow (row_bytes is then a multiple of 16, so the whole warp agrees), word loads
-  // otherwise; the same bytes either way.
-  const bool vec = F::kVector && (reinterpret_cast<std::uintptr_t>(w) & 15) == 0;
-  float acc[R][NT] = {};
-  for (int u = lane / 8; u < units; u += 4) {
-    q8dot::X16 xa[NT], xb[NT];
-    float dx[NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      xa[i] = load_x16(xr[i] + u * q8dot::kUnit + xo0);
-      xb[i] = load_x16(xr[i] + u * q8dot::kUnit + xo1);
-      dx[i] = __ldg(dr[i] + (u * q8dot::kUnit + xo0) / F::kXBlock);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float part[NT];
-      F::template part<NT>(wr[r] + static_cast<std::size_t>(u) * F::kUnitBytes, j, vec, xa, xb, part);
-#pragma unroll
-      for (int i = 0; i < NT; ++i) acc[r][i] = fmaf(dx[i], part[i], acc[r][i]);
-    }
-  }
+  float acc[R][NT];
+  q8dot::lane_sums<F, NT, R>(w, row_bytes, xq, xd, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
   store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
 }
 

@@ -9,7 +9,9 @@
 // elements. A lane's bytes neighbour its neighbours' bytes, so a warp's loads are coalesced.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda_dequant.cuh"
 
@@ -22,6 +24,15 @@ using dequant::half_bits;
 using dequant::load_words;
 using dequant::mul_rn;
 using dequant::sub_rn;
+
+// dx * part + acc with one rounding, on the host as on the device.
+COLIBRI_HD float fma_rn(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
 
 constexpr int kUnit = 256;
 
@@ -265,5 +276,78 @@ struct Q4_0 : B32Lanes {  // 18-byte blocks: d, qs[16] (low nibbles elements 0..
     }
   }
 };
+
+// 16 activations at p (16-byte aligned) and their sum.
+COLIBRI_HD X16 load_x16(const std::int8_t* p) {
+  X16 x{};
+#ifdef __CUDA_ARCH__
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  x.q[0] = v.x, x.q[1] = v.y, x.q[2] = v.z, x.q[3] = v.w;
+#else
+  std::memcpy(x.q, p, 16);
+#endif
+  const std::uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+  x.sum = dot16(ones, x);
+  return x;
+}
+COLIBRI_HD float load_scale(const float* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// What lane `lane` of the warp that owns rows row0.. and tokens t0.. adds up, before the warp's fixed shuffle tree:
+// acc[r][i] over units lane / 8, lane / 8 + 4, ... of row row0 + r (rows past n repeat the last) and token t0 + i
+// (tokens past t repeat the last). xq holds each token's k activations (256-byte aligned), xd each token's
+// k / F::kXBlock scales. The matmul kernel runs it on the device, the host test as it is.
+template <class F, int NT, int R>
+COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd, int k,
+                          int n, int t, long long row0, int t0, int lane, float (&acc)[R][NT]) {
+  const int j = lane % 8;
+  const int units = k / kUnit;
+  const std::uint8_t* wr[R];
+  COLIBRI_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const long long row = row0 + r < n ? row0 + r : n - 1;
+    wr[r] = w + static_cast<std::size_t>(row) * row_bytes;
+  }
+  const std::int8_t* xr[NT];
+  const float* dr[NT];
+  COLIBRI_UNROLL
+  for (int i = 0; i < NT; ++i) {
+    const int tok = t0 + i < t ? t0 + i : t - 1;
+    xr[i] = xq + static_cast<std::size_t>(tok) * k;
+    dr[i] = xd + static_cast<std::size_t>(tok) * (k / F::kXBlock);
+  }
+  const int xo0 = F::xoff0(j), xo1 = F::xoff1(j);
+  // W at any address (its place must not choose the path, or placement would change the bits): 16-byte loads where
+  // the format and the rows allow (row_bytes is then a multiple of 16, so the whole warp agrees), word loads
+  // otherwise; the same bytes either way.
+  const bool vec = F::kVector && (reinterpret_cast<std::uintptr_t>(w) & 15) == 0;
+  COLIBRI_UNROLL
+  for (int r = 0; r < R; ++r) {
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
+  }
+  for (int u = lane / 8; u < units; u += 4) {
+    X16 xa[NT], xb[NT];
+    float dx[NT];
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      xa[i] = load_x16(xr[i] + u * kUnit + xo0);
+      xb[i] = load_x16(xr[i] + u * kUnit + xo1);
+      dx[i] = load_scale(dr[i] + (u * kUnit + xo0) / F::kXBlock);
+    }
+    COLIBRI_UNROLL
+    for (int r = 0; r < R; ++r) {
+      float part[NT];
+      F::template part<NT>(wr[r] + static_cast<std::size_t>(u) * F::kUnitBytes, j, vec, xa, xb, part);
+      COLIBRI_UNROLL
+      for (int i = 0; i < NT; ++i) acc[r][i] = fma_rn(dx[i], part[i], acc[r][i]);
+    }
+  }
+}
 
 }  // namespace colibri::cuda::q8dot

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -176,6 +177,91 @@ TEST(CudaQ8Dot, EveryLaneOfEveryFormatIsTheReferenceWeightsTimesItsActivations) 
       expect_q8_parts_match<q8::Q4_0>(DType::q4_0, 3, offset, seed);
     }
   }
+}
+
+// The matmul kernel's lanes as a whole (q8dot::lane_sums, run here lane by lane, then the warp's shuffle tree):
+// activations quantized the CPU backend's way, every unit, token and row reached, rows and tokens past the end
+// clamped, and an output element's bits the same in every token and row tile (the batch promise).
+template <class F>
+void expect_warp_matches(DType type) {
+  const std::int64_t k = 1024, n = 5, t = 3;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> w(static_cast<std::size_t>(k * n)), x(static_cast<std::size_t>(k * t));
+  for (auto& v : w) v = dist(rng) * 0.1f;
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 61 == 0 ? 8.0f : 1.0f);
+  const std::size_t rb = colibri::sdk::row_bytes(type, k);
+  std::vector<std::uint32_t> storage((rb * static_cast<std::size_t>(n) + 3) / 4);
+  auto* wq = reinterpret_cast<std::uint8_t*>(storage.data());
+  ASSERT_TRUE(colibri::quant::quantize_row(type, w.data(), wq, k * n));
+  std::vector<float> wd(w.size());
+  ASSERT_TRUE(colibri::quant::dequantize_row(type, wq, wd.data(), k * n));
+  // X as the kernels take it: d = amax / 127 per block, q = x * (1 / d) rounded half to even.
+  std::vector<std::int8_t> xq(x.size());
+  std::vector<float> xd(x.size() / F::kXBlock);
+  for (std::size_t b = 0; b < xd.size(); ++b) {
+    float amax = 0.0f;
+    for (int e = 0; e < F::kXBlock; ++e) amax = std::max(amax, std::fabs(x[b * F::kXBlock + e]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    xd[b] = d;
+    for (int e = 0; e < F::kXBlock; ++e) {
+      xq[b * F::kXBlock + e] = static_cast<std::int8_t>(std::nearbyint(x[b * F::kXBlock + e] * id));
+    }
+  }
+  // One warp's output for rows row0.. and tokens t0..: lane sums, then the fixed xor tree.
+  auto warp = [&]<int NT, int R>(long long row0, int t0) {
+    float lanes[32][R][NT];
+    for (int l = 0; l < 32; ++l) {
+      q8::lane_sums<F, NT, R>(wq, rb, xq.data(), xd.data(), static_cast<int>(k), static_cast<int>(n),
+                              static_cast<int>(t), row0, t0, l, lanes[l]);
+    }
+    for (int off = 16; off >= 1; off >>= 1) {
+      float next[32][R][NT];
+      for (int l = 0; l < 32; ++l) {
+        for (int r = 0; r < R; ++r) {
+          for (int i = 0; i < NT; ++i) next[l][r][i] = lanes[l][r][i] + lanes[l ^ off][r][i];
+        }
+      }
+      std::memcpy(lanes, next, sizeof(lanes));
+    }
+    std::vector<float> out(R * NT);
+    for (int r = 0; r < R; ++r) {
+      for (int i = 0; i < NT; ++i) out[static_cast<std::size_t>(r * NT + i)] = lanes[0][r][i];
+    }
+    return out;
+  };
+  for (long long row = 0; row < n; ++row) {
+    for (int tok = 0; tok < t; ++tok) {
+      double want = 0.0, magnitude = 0.0;
+      for (std::int64_t e = 0; e < k; ++e) {
+        const double term = static_cast<double>(wd[static_cast<std::size_t>(row * k + e)]) *
+                            xq[static_cast<std::size_t>(tok * k + e)] *
+                            xd[static_cast<std::size_t>((tok * k + e) / F::kXBlock)];
+        want += term;
+        magnitude += std::fabs(term);
+      }
+      const float one = warp.template operator()<1, 1>(row, tok)[0];
+      ASSERT_NEAR(one, want, 1e-5 * magnitude) << colibri::sdk::to_string(type) << " row " << row << " token " << tok;
+      // The same element inside wider tiles (rows and tokens past the end repeat the last, as the kernel's do).
+      const auto tile = warp.template operator()<4, 2>(row - row % 2, 0);
+      std::uint32_t a, b;
+      const float in_tile = tile[static_cast<std::size_t>((row % 2) * 4 + tok)];
+      std::memcpy(&a, &one, 4);
+      std::memcpy(&b, &in_tile, 4);
+      EXPECT_EQ(a, b) << colibri::sdk::to_string(type) << " row " << row << " token " << tok
+                      << ": a 4-token, 2-row tile changes the bits";
+    }
+  }
+}
+
+TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
+  expect_warp_matches<q8::Q4_K>(DType::q4_k);
+  expect_warp_matches<q8::Q5_K>(DType::q5_k);
+  expect_warp_matches<q8::Q6_K>(DType::q6_k);
+  expect_warp_matches<q8::Q2_K>(DType::q2_k);
+  expect_warp_matches<q8::Q3_K>(DType::q3_k);
+  expect_warp_matches<q8::Q8_0>(DType::q8_0);
+  expect_warp_matches<q8::Q4_0>(DType::q4_0);
 }
 
 TEST(CudaQ8Dot, Dp4aIsASignedByteDotProduct) {
