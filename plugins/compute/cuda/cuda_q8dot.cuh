@@ -87,6 +87,18 @@ COLIBRI_HD float scaled_minus_min(float d, int isum, float dmin, int imin) {
   return sub_rn(mul_rn(d, static_cast<float>(isum)), mul_rn(dmin, static_cast<float>(imin)));
 }
 
+// d * (s0 * sum((a - offset) * xa) + s1 * sum((b - offset) * xb)): the formats whose values carry a fixed offset
+// (q6_k 32, q3_k 4, q4_0 8), taken off through the activations' sums.
+template <int NT>
+COLIBRI_HD void offset_parts(float d, int s0, int s1, int offset, const std::uint32_t (&a)[4],
+                             const std::uint32_t (&b)[4], const X16 (&xa)[NT], const X16 (&xb)[NT], float (&out)[NT]) {
+  COLIBRI_UNROLL
+  for (int i = 0; i < NT; ++i) {
+    const int isum = s0 * (dot16(a, xa[i]) - offset * xa[i].sum) + s1 * (dot16(b, xb[i]) - offset * xb[i].sum);
+    out[i] = mul_rn(d, static_cast<float>(isum));
+  }
+}
+
 // q4_k / q5_k: lane j takes 16 bytes of the sub-block pair p = j / 2 (its low nibbles are 16 elements of sub-block
 // 2p, its high nibbles the same 16 of sub-block 2p + 1).
 struct K4Lanes {
@@ -168,11 +180,7 @@ struct Q6_K {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
     bits(ql, 4, 0x0F0F0F0Fu, hi);
     add_high(qh, 2 * sel, 0x03030303u, 4, lo);
     add_high(qh, 4 + 2 * sel, 0x03030303u, 4, hi);
-    COLIBRI_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      const int isum = s0 * (dot16(lo, xa[i]) - 32 * xa[i].sum) + s1 * (dot16(hi, xb[i]) - 32 * xb[i].sum);
-      out[i] = mul_rn(d, static_cast<float>(isum));
-    }
+    offset_parts(d, s0, s1, 32, lo, hi, xa, xb, out);
   }
 };
 
@@ -227,11 +235,7 @@ struct Q3_K : K2Lanes {  // 110 bytes per unit: hmask[32], qs[64], scales[12], d
     add_high(h0, 4 * h + s, 0x01010101u, 2, qa);
     add_high(h1, 4 * h + s, 0x01010101u, 2, qb);
     const int s0 = dequant::Q3_K::scale(sc, 8 * h + 2 * s), s1 = dequant::Q3_K::scale(sc, 8 * h + 2 * s + 1);
-    COLIBRI_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      const int isum = s0 * (dot16(qa, xa[i]) - 4 * xa[i].sum) + s1 * (dot16(qb, xb[i]) - 4 * xb[i].sum);
-      out[i] = mul_rn(d, static_cast<float>(isum));
-    }
+    offset_parts(d, s0, s1, 4, qa, qb, xa, xb, out);
   }
 };
 
@@ -269,11 +273,7 @@ struct Q4_0 : B32Lanes {  // 18-byte blocks: d, qs[16] (low nibbles elements 0..
     const float d = f16_at(blk);
     bits(q, 0, 0x0F0F0F0Fu, lo);
     bits(q, 4, 0x0F0F0F0Fu, hi);
-    COLIBRI_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      const int isum = dot16(lo, xa[i]) + dot16(hi, xb[i]) - 8 * (xa[i].sum + xb[i].sum);
-      out[i] = mul_rn(d, static_cast<float>(isum));
-    }
+    offset_parts(d, 1, 1, 8, lo, hi, xa, xb, out);
   }
 };
 
