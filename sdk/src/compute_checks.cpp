@@ -275,7 +275,8 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::matmul:
     case Op::expert_ffn:
     case Op::embedding: return is_weight_type(weight_type);
-    case Op::attention: return is_kv_type(weight_type);
+    case Op::attention:
+    case Op::store_rows: return is_kv_type(weight_type);
     case Op::rms_norm:
     case Op::rope:
     case Op::swiglu:

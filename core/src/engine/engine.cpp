@@ -707,14 +707,7 @@ Status Engine::from_host_all(std::initializer_list<std::pair<const float*, Tenso
 }
 
 Status Engine::from_host(const float* src, const Tensor& t) {
-  const auto bytes = static_cast<std::size_t>(sdk::element_count(t)) * sizeof(float);
-  if (t.buffer == nullptr) {
-    if (t.data != src) std::memcpy(t.data, src, bytes);
-    return {};
-  }
-  auto ev = plugins_.compute->copy_to_device_async(src, *t.buffer, t.offset, bytes);
-  if (!ev) return ev.error().with_context("uploading activations");
-  return (*ev)->wait();  // the op that reads them runs next
+  return from_host_all({{src, t}});  // the op that reads them runs next
 }
 
 sdk::Expected<const float*> Engine::host_view(const Tensor& t, std::vector<float>& staging) {

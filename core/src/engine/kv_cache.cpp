@@ -64,10 +64,15 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   return c;
 }
 
-Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v) {
+Status KvCache::check_range(std::int64_t layer, std::int64_t position, std::int64_t count) const {
   if (layer < 0 || layer >= layers_ || position < 0 || count < 0 || position + count > context_) {
     return Status(StatusCode::invalid_argument, "KV cache write outside the context");
   }
+  return {};
+}
+
+Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v) {
+  if (auto s = check_range(layer, position, count); !s) return s;
   if (count == 0) return {};
   const std::int64_t n = count * kv_heads_ * head_dim_;
   const std::size_t at = static_cast<std::size_t>(position * kv_heads_) * row_bytes_;
@@ -116,9 +121,7 @@ bool KvCache::stores_on_device() const {
 
 Status KvCache::store(std::int64_t layer, std::int64_t position, std::int64_t count, const sdk::Tensor& k,
                       const sdk::Tensor& v) {
-  if (layer < 0 || layer >= layers_ || position < 0 || count < 0 || position + count > context_) {
-    return Status(StatusCode::invalid_argument, "KV cache write outside the context");
-  }
+  if (auto s = check_range(layer, position, count); !s) return s;
   if (!stores_on_device()) return Status(StatusCode::internal, "KV cache store() without a device that encodes rows");
   if (count == 0) return {};
   const auto L = static_cast<std::size_t>(layer);

@@ -224,7 +224,7 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    return op == Op::store_rows ? is_kv_type(weight_type) : supports_every_op(op, weight_type);
+    return supports_every_op(op, weight_type);
   }
 
   Status run(const OpCall& c) noexcept override {

@@ -173,7 +173,7 @@ Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, b
 }
 
 bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
-  return op == Op::store_rows ? sdk::is_kv_type(weight_type) : sdk::supports_every_op(op, weight_type);
+  return sdk::supports_every_op(op, weight_type);
 }
 
 Status CudaCompute::run(const sdk::OpCall& call) noexcept {

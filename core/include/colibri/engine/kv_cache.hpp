@@ -44,6 +44,8 @@ class KvCache {
   [[nodiscard]] bool on_device() const { return device_ != nullptr; }
 
  private:
+  // write() and store(): positions [position, position + count) of a layer fit the cache.
+  [[nodiscard]] sdk::Status check_range(std::int64_t layer, std::int64_t position, std::int64_t count) const;
   // keys() or values(): one layer's rows in host memory or in its device buffer.
   [[nodiscard]] sdk::Tensor rows(const std::vector<AlignedBuffer>& host,
                                  const std::vector<std::unique_ptr<sdk::Buffer>>& dev, std::int64_t layer,
