@@ -22,18 +22,33 @@ using colibri::sdk::DType;
 namespace dq = colibri::cuda::dequant;
 namespace q8 = colibri::cuda::q8dot;
 
+// Values quantized to `type` at `offset` bytes into word storage (word-aligned or not: the kernels then join aligned
+// words), and what colibri::quant dequantizes them to: the reference every test compares with.
+struct QuantizedRow {
+  std::vector<std::uint32_t> storage;
+  std::uint8_t* bytes = nullptr;
+  std::vector<float> want;
+};
+QuantizedRow quantized_row(DType type, const std::vector<float>& values, std::size_t offset) {
+  const auto n = static_cast<std::int64_t>(values.size());
+  QuantizedRow r;
+  r.storage.resize((colibri::sdk::row_bytes(type, n) + 16) / 4);
+  r.bytes = reinterpret_cast<std::uint8_t*>(r.storage.data()) + offset;
+  EXPECT_TRUE(colibri::quant::quantize_row(type, values.data(), r.bytes, n));
+  r.want.resize(values.size());
+  EXPECT_TRUE(colibri::quant::dequantize_row(type, r.bytes, r.want.data(), n));
+  return r;
+}
+
 template <class F>
 void expect_chunks_match(DType type, std::int64_t n, unsigned seed, std::size_t offset) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 97 == 0 ? 40.0f : 1.0f);  // a few outliers
-  // Rows at any offset in a buffer: word-aligned and not (the kernels then join aligned words).
-  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
-  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
-  ASSERT_TRUE(colibri::quant::quantize_row(type, x.data(), row, n));
-  std::vector<float> want(x.size());
-  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  const auto q = quantized_row(type, x, offset);
+  const std::uint8_t* row = q.bytes;
+  const std::vector<float>& want = q.want;
   const std::int64_t chunks = (n + dq::kChunk - 1) / dq::kChunk;
   for (std::int64_t c = 0; c < chunks; ++c) {
     const int valid = static_cast<int>(std::min<std::int64_t>(dq::kChunk, n - c * dq::kChunk));
@@ -59,11 +74,9 @@ void expect_lanes_match(DType type, std::int64_t units, std::size_t offset) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 89 == 0 ? 30.0f : 1.0f);
-  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
-  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
-  ASSERT_TRUE(colibri::quant::quantize_row(type, x.data(), row, n));
-  std::vector<float> want(x.size());
-  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  const auto q = quantized_row(type, x, offset);
+  const std::uint8_t* row = q.bytes;
+  const std::vector<float>& want = q.want;
   std::vector<int> covered(dq::kUnit, 0);
   for (int lane = 0; lane < 32; ++lane) {
     for (int j = 0; j < 4; ++j) {
@@ -114,12 +127,10 @@ void expect_q8_parts_match(DType type, std::int64_t units, std::size_t offset, u
   std::vector<float> w(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = dist(rng) * (i % 83 == 0 ? 25.0f : 1.0f) + (i % 7 == 0 ? 0.3f : 0.0f);
-  std::vector<std::uint32_t> storage((colibri::sdk::row_bytes(type, n) + 16) / 4);
-  std::uint8_t* row = reinterpret_cast<std::uint8_t*>(storage.data()) + offset;
   ASSERT_EQ(colibri::sdk::row_bytes(type, n), static_cast<std::size_t>(units * F::kUnitBytes));
-  ASSERT_TRUE(colibri::quant::quantize_row(type, w.data(), row, n));
-  std::vector<float> want(w.size());
-  ASSERT_TRUE(colibri::quant::dequantize_row(type, row, want.data(), n));
+  const auto q = quantized_row(type, w, offset);
+  const std::uint8_t* row = q.bytes;
+  const std::vector<float>& want = q.want;
   std::uniform_int_distribution<int> byte(-127, 127);
   std::vector<std::int8_t> x[2];
   for (auto& xi : x) {
@@ -191,11 +202,9 @@ void expect_warp_matches(DType type) {
   for (auto& v : w) v = dist(rng) * 0.1f;
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = dist(rng) * (i % 61 == 0 ? 8.0f : 1.0f);
   const std::size_t rb = colibri::sdk::row_bytes(type, k);
-  std::vector<std::uint32_t> storage((rb * static_cast<std::size_t>(n) + 3) / 4);
-  auto* wq = reinterpret_cast<std::uint8_t*>(storage.data());
-  ASSERT_TRUE(colibri::quant::quantize_row(type, w.data(), wq, k * n));
-  std::vector<float> wd(w.size());
-  ASSERT_TRUE(colibri::quant::dequantize_row(type, wq, wd.data(), k * n));
+  const auto wrows = quantized_row(type, w, 0);
+  const std::uint8_t* wq = wrows.bytes;
+  const std::vector<float>& wd = wrows.want;
   // X as the kernels take it: d = amax / 127 per block, q = x * (1 / d) rounded half to even.
   std::vector<std::int8_t> xq(x.size());
   std::vector<float> xd(x.size() / F::kXBlock);
