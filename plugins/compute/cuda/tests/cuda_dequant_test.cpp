@@ -22,6 +22,20 @@ using colibri::sdk::DType;
 namespace dq = colibri::cuda::dequant;
 namespace q8 = colibri::cuda::q8dot;
 
+// `lanes` lanes, each taking `run` elements at off0(lane) and `run` at off1(lane), cover a 256-element unit exactly
+// once.
+template <class Off0, class Off1>
+void expect_unit_covered_once(int lanes, int run, Off0 off0, Off1 off1) {
+  std::vector<int> covered(dq::kUnit, 0);
+  for (int lane = 0; lane < lanes; ++lane) {
+    for (int e = 0; e < run; ++e) {
+      ++covered[static_cast<std::size_t>(off0(lane) + e)];
+      ++covered[static_cast<std::size_t>(off1(lane) + e)];
+    }
+  }
+  for (int e = 0; e < dq::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+}
+
 // Values quantized to `type` at `offset` bytes into word storage (word-aligned or not: the kernels then join aligned
 // words), and what colibri::quant dequantizes them to: the reference every test compares with.
 struct QuantizedRow {
@@ -77,14 +91,7 @@ void expect_lanes_match(DType type, std::int64_t units, std::size_t offset) {
   const auto q = quantized_row(type, x, offset);
   const std::uint8_t* row = q.bytes;
   const std::vector<float>& want = q.want;
-  std::vector<int> covered(dq::kUnit, 0);
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int j = 0; j < 4; ++j) {
-      ++covered[static_cast<std::size_t>(F::off0(lane) + j)];
-      ++covered[static_cast<std::size_t>(F::off1(lane) + j)];
-    }
-  }
-  for (int e = 0; e < dq::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+  ASSERT_NO_FATAL_FAILURE(expect_unit_covered_once(32, 4, F::off0, F::off1));
   for (std::int64_t u = 0; u < units; ++u) {
     for (int lane = 0; lane < 32; ++lane) {
       float got[8];
@@ -137,14 +144,8 @@ void expect_q8_parts_match(DType type, std::int64_t units, std::size_t offset, u
     xi.resize(static_cast<std::size_t>(n));
     for (auto& v : xi) v = static_cast<std::int8_t>(byte(rng));
   }
-  std::vector<int> covered(q8::kUnit, 0);
-  for (int j = 0; j < 8; ++j) {
-    for (int e = 0; e < 16; ++e) {
-      ++covered[static_cast<std::size_t>(F::xoff0(j) + e)];
-      ++covered[static_cast<std::size_t>(F::xoff1(j) + e)];
-    }
-  }
-  for (int e = 0; e < q8::kUnit; ++e) ASSERT_EQ(covered[static_cast<std::size_t>(e)], 1) << "element " << e;
+  static_assert(q8::kUnit == dq::kUnit);
+  ASSERT_NO_FATAL_FAILURE(expect_unit_covered_once(8, 16, F::xoff0, F::xoff1));
   const auto x16 = [](const std::int8_t* p) {
     q8::X16 v{};
     std::memcpy(v.q, p, 16);
