@@ -727,11 +727,20 @@ class CpuCompute final : public ComputeBase {
         const float mn = std::max(m, bm);
         const float corr = std::exp(m - mn);  // 0 on the first block (m = -inf)
         l *= corr;
+        for (std::int64_t j = j0; j < j1; ++j) {
+          scores[j - j0] = std::exp(scores[j - j0] - mn);
+          l += scores[j - j0];
+        }
+        const std::size_t vstride = static_cast<std::size_t>(kv_heads) * vrow;
+        const std::byte* v0 = v + static_cast<std::size_t>(j0 * kv_heads + kvh) * vrow;
+        m = mn;
+        if (ks.scale_axpy_rows != nullptr &&
+            ks.scale_axpy_rows(acc, corr, scores, v0, vstride, static_cast<int>(j1 - j0), hd, V.type))
+          continue;
         float c = corr;  // folded into the first value row of the block: acc = acc * corr + p * v
         for (std::int64_t j = j0; j < j1; ++j) {
-          const float pj = std::exp(scores[j - j0] - mn);
-          l += pj;
-          const std::byte* vr = v + static_cast<std::size_t>(j * kv_heads + kvh) * vrow;
+          const float pj = scores[j - j0];
+          const std::byte* vr = v0 + static_cast<std::size_t>(j - j0) * vstride;
           if (V.type == DType::f32) {
             ks.scale_axpy(acc, c, pj, reinterpret_cast<const float*>(vr), hd);
           } else if (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr) {
@@ -742,7 +751,6 @@ class CpuCompute final : public ComputeBase {
           }
           c = 1.0f;
         }
-        m = mn;
       }
       float* orow = os + (i * heads + h) * hd;
       const float inv = 1.0f / l;

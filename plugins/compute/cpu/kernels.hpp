@@ -93,6 +93,11 @@ struct KernelSet {
   void (*scale_axpy_f16)(float* y, float c, float a, const std::uint16_t* x, std::int64_t n) noexcept = nullptr;
   // quantize_activations with the same bits; nullptr: the scalar function.
   void (*quantize)(ActFormat format, const float* x, void* out, std::int64_t k) noexcept = nullptr;
+  // Attention's value rows: for j = 0..n-1, y = y * (j == 0 ? c : 1) + a[j] * x_j (x_j = x + j * stride, f32
+  // or f16 per the type), the bits of n scale_axpy calls (y * 1 is exact) with y kept in registers instead of
+  // memory between rows. false: n too large for registers or the type not handled; nothing was written.
+  bool (*scale_axpy_rows)(float* y, float c, const float* a, const void* x, std::size_t stride_bytes, int n,
+                          std::int64_t hd, DType type) noexcept = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

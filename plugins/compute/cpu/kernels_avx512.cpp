@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
@@ -26,7 +27,21 @@ KTARGET inline __m256i z_dot_u8s8(__m256i u, __m256i s) noexcept {
 #include "kernels_x86.inc"
 #undef X86_DOT_U8S8
 
-// 32 lanes = two 512-bit registers (lanes 0-15 and 16-31).
+// 32 lanes = two 512-bit registers (lanes 0-15 and 16-31), reduced as x86_finish does.
+template <typename Tail>
+KTARGET inline float z_finish(__m512 a0, __m512 a1, std::int64_t done, std::int64_t k, Tail&& tail) noexcept {
+  if (done == k) {
+    const __m512 v = _mm512_add_ps(a0, a1);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return x86_tree8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+  }
+  alignas(64) float lanes[kF32Lanes];
+  _mm512_store_ps(lanes, a0);
+  _mm512_store_ps(lanes + 16, a1);
+  for (std::int64_t i = done; i < k; ++i) lanes[i % kF32Lanes] += tail(i);
+  return reduce_f32_lanes(lanes);
+}
+
 KTARGET float z_dot_f32(const void* w_row, const void* act, std::int64_t k) noexcept {
   const auto* w = static_cast<const float*>(w_row);
   const auto* x = static_cast<const float*>(act);
@@ -36,11 +51,7 @@ KTARGET float z_dot_f32(const void* w_row, const void* act, std::int64_t k) noex
     a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i)));
     a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16)));
   }
-  alignas(64) float lanes[kF32Lanes];
-  _mm512_store_ps(lanes, a0);
-  _mm512_store_ps(lanes + 16, a1);
-  for (std::int64_t i = n32; i < k; ++i) lanes[i % kF32Lanes] += w[i] * x[i];
-  return reduce_f32_lanes(lanes);
+  return z_finish(a0, a1, n32, k, [&](std::int64_t i) { return w[i] * x[i]; });
 }
 
 KTARGET float z_dot_f16(const void* w_row, const void* act, std::int64_t k) noexcept {
@@ -54,11 +65,7 @@ KTARGET float z_dot_f16(const void* w_row, const void* act, std::int64_t k) noex
     a0 = _mm512_add_ps(a0, _mm512_mul_ps(w0, _mm512_loadu_ps(x + i)));
     a1 = _mm512_add_ps(a1, _mm512_mul_ps(w1, _mm512_loadu_ps(x + i + 16)));
   }
-  alignas(64) float lanes[kF32Lanes];
-  _mm512_store_ps(lanes, a0);
-  _mm512_store_ps(lanes + 16, a1);
-  for (std::int64_t i = n32; i < k; ++i) lanes[i % kF32Lanes] += quant::fp16_to_fp32(w[i]) * x[i];
-  return reduce_f32_lanes(lanes);
+  return z_finish(a0, a1, n32, k, [&](std::int64_t i) { return quant::fp16_to_fp32(w[i]) * x[i]; });
 }
 
 KTARGET inline __m512 z_load_bf16(const std::uint16_t* p) noexcept {
@@ -75,11 +82,7 @@ KTARGET float z_dot_bf16(const void* w_row, const void* act, std::int64_t k) noe
     a0 = _mm512_add_ps(a0, _mm512_mul_ps(z_load_bf16(w + i), _mm512_loadu_ps(x + i)));
     a1 = _mm512_add_ps(a1, _mm512_mul_ps(z_load_bf16(w + i + 16), _mm512_loadu_ps(x + i + 16)));
   }
-  alignas(64) float lanes[kF32Lanes];
-  _mm512_store_ps(lanes, a0);
-  _mm512_store_ps(lanes + 16, a1);
-  for (std::int64_t i = n32; i < k; ++i) lanes[i % kF32Lanes] += quant::bf16_to_fp32(w[i]) * x[i];
-  return reduce_f32_lanes(lanes);
+  return z_finish(a0, a1, n32, k, [&](std::int64_t i) { return quant::bf16_to_fp32(w[i]) * x[i]; });
 }
 
 KTARGET float z_dot_q8_0(const void* w_row, const void* act, std::int64_t k) noexcept {
@@ -463,6 +466,42 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
   for (int t = 0; t < ntok; ++t) out[t] = v[t];
 }
 
+// scale_axpy_rows for head_dim = 16 * NV: y lives in NV registers across the rows, so each row adds
+// one product to a register instead of a load, multiply, add and store of y (a chain through memory
+// that bounded long-context decode).
+template <int NV, bool F16>
+KTARGET void z_axpy_rows(float* y, float c, const float* a, const std::byte* x, std::size_t stride, int n) noexcept {
+  __m512 acc[NV];
+  const __m512 vc = _mm512_set1_ps(c);
+  for (int i = 0; i < NV; ++i) acc[i] = _mm512_mul_ps(_mm512_loadu_ps(y + 16 * i), vc);
+  for (int j = 0; j < n; ++j) {
+    const __m512 va = _mm512_set1_ps(a[j]);
+    const std::byte* row = x + static_cast<std::size_t>(j) * stride;
+    for (int i = 0; i < NV; ++i) {
+      const __m512 v = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + i))
+                           : _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * i);
+      acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(va, v));
+    }
+  }
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(y + 16 * i, acc[i]);
+}
+
+template <bool F16, int... NV>
+KTARGET bool z_axpy_rows_for(int nv, float* y, float c, const float* a, const std::byte* x, std::size_t stride, int n,
+                             std::integer_sequence<int, NV...>) noexcept {
+  return ((nv == NV + 1 ? (z_axpy_rows<NV + 1, F16>(y, c, a, x, stride, n), true) : false) || ...);
+}
+
+KTARGET bool z_scale_axpy_rows(float* y, float c, const float* a, const void* x, std::size_t stride, int n,
+                               std::int64_t hd, DType type) noexcept {
+  if (n < 1 || hd % 16 != 0 || hd > 256 || (type != DType::f16 && type != DType::f32)) return false;
+  const auto nv = static_cast<int>(hd / 16);
+  const auto* rows = static_cast<const std::byte*>(x);
+  constexpr auto kUpTo16 = std::make_integer_sequence<int, 16>{};
+  return type == DType::f16 ? z_axpy_rows_for<true>(nv, y, c, a, rows, stride, n, kUpTo16)
+                            : z_axpy_rows_for<false>(nv, y, c, a, rows, stride, n, kUpTo16);
+}
+
 #undef KTARGET
 
 }  // namespace
@@ -473,7 +512,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
                                  x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, z_tile_k<ZTileQ4K>,
                                  z_tile_k<ZTileQ5K>, z_tile_k<ZTileQ6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
-                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations};
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations,
+                                 z_scale_axpy_rows};
   return set;
 }
 
