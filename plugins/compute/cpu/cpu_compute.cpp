@@ -26,6 +26,9 @@ namespace {
 
 using namespace colibri::sdk;
 
+// Query heads one attention task takes at most (they share each key and value row it reads).
+constexpr std::int64_t kMaxGroupedQueries = 8;
+
 // ------------------------------------------------------------------ CPU features (create time only)
 
 bool cpu_has_avx2() noexcept {
@@ -686,75 +689,93 @@ class CpuCompute final : public ComputeBase {
       return bad(op, "queries at positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + t - 1) + " need " +
                          std::to_string(pos0 + t) + " cached keys, but the KV cache has S = " + std::to_string(s));
     if (c.params.window < 0) return bad(op, "params.window must be >= 0");
-    for (auto& sc : scratch_) sc.get(static_cast<std::size_t>(4 * hd + 64) * sizeof(float));
     const std::size_t krow = row_bytes(K.type, hd), vrow = row_bytes(V.type, hd);
     const auto* qs = reinterpret_cast<const float*>(q);
     auto* os = reinterpret_cast<float*>(o);
     const float scale = c.params.scale;
     const std::int64_t group = heads / kv_heads, window = c.params.window;
     const KernelSet& ks = *opt_.kernels;
-    pool_.run(t * heads, [&](std::int64_t task, int worker) noexcept {
-      const std::int64_t i = task / heads, h = task % heads, kvh = h / group;
+    // A task takes `g` query heads of one position that share a KV head: each key and value row is read
+    // once for all of them. g is the largest divisor of the group that still leaves a task per thread;
+    // every query's arithmetic is the same whatever g is.
+    std::int64_t g = std::min<std::int64_t>(group, kMaxGroupedQueries);
+    while (g > 1 && (group % g != 0 || t * heads / g < pool_.size())) --g;
+    constexpr std::int64_t kKeyBlock = 64;
+    // Per worker: acc (g * hd), scores (g * kKeyBlock), a dequantized key or value row (hd), m, l, corr (g each).
+    const std::size_t scratch_floats = static_cast<std::size_t>(g * (hd + kKeyBlock + 3) + hd);
+    for (auto& sc : scratch_) sc.get(scratch_floats * sizeof(float));
+    pool_.run(t * heads / g, [&](std::int64_t task, int worker) noexcept {
+      const std::int64_t i = task / (heads / g), h0 = task % (heads / g) * g, kvh = h0 / group;
       const std::int64_t p = pos0 + i;
       const std::int64_t lo = window > 0 ? std::max<std::int64_t>(0, p - window + 1) : 0;
       auto* buf = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
-      float* krow_f = buf;
-      float* vrow_f = buf + hd;
-      float* acc = buf + 2 * hd;
-      float* scores = buf + 3 * hd;  // kKeyBlock entries
-      const float* qr = qs + (i * heads + h) * hd;
-      for (std::int64_t j = 0; j < hd; ++j) acc[j] = 0.0f;
-      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
-      constexpr std::int64_t kKeyBlock = 64;
+      float* acc = buf;                       // g rows of hd
+      float* scores = acc + g * hd;           // g rows of kKeyBlock
+      float* row_f = scores + g * kKeyBlock;  // one dequantized key or value row
+      float* m = row_f + hd;
+      float* l = m + g;
+      float* corr = l + g;
+      const float* qr = qs + (i * heads + h0) * hd;  // the g queries, hd apart
+      const int nq = static_cast<int>(g);
+      std::fill(acc, acc + g * hd, 0.0f);
+      std::fill(m, m + g, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + g, 0.0f);
+      const std::size_t kstride = static_cast<std::size_t>(kv_heads) * krow;
+      const std::size_t vstride = static_cast<std::size_t>(kv_heads) * vrow;
       for (std::int64_t b0 = lo / kKeyBlock * kKeyBlock; b0 <= p; b0 += kKeyBlock) {
         const std::int64_t j0 = std::max(lo, b0), j1 = std::min(p + 1, b0 + kKeyBlock);
-        float bm = -std::numeric_limits<float>::infinity();
-        for (std::int64_t j = j0; j < j1; ++j) {
-          const std::byte* kr = k + static_cast<std::size_t>(j * kv_heads + kvh) * krow;
-          float dotv;
-          if (K.type == DType::f32) {
-            dotv = ks.f32(kr, qr, hd);
-          } else if (K.type == DType::f16) {
-            dotv = ks.f16(kr, qr, hd);
-          } else {
-            (void)quant::dequantize_row(K.type, kr, krow_f, hd);
-            dotv = ks.f32(krow_f, qr, hd);
-          }
-          const float sc = dotv * scale;
-          scores[j - j0] = sc;
-          bm = std::max(bm, sc);
-        }
-        const float mn = std::max(m, bm);
-        const float corr = std::exp(m - mn);  // 0 on the first block (m = -inf)
-        l *= corr;
-        for (std::int64_t j = j0; j < j1; ++j) {
-          scores[j - j0] = std::exp(scores[j - j0] - mn);
-          l += scores[j - j0];
-        }
-        const std::size_t vstride = static_cast<std::size_t>(kv_heads) * vrow;
+        const int nkeys = static_cast<int>(j1 - j0);
+        const std::byte* k0 = k + static_cast<std::size_t>(j0 * kv_heads + kvh) * krow;
         const std::byte* v0 = v + static_cast<std::size_t>(j0 * kv_heads + kvh) * vrow;
-        m = mn;
-        if (ks.scale_axpy_rows != nullptr &&
-            ks.scale_axpy_rows(acc, corr, scores, v0, vstride, static_cast<int>(j1 - j0), hd, V.type))
-          continue;
-        float c = corr;  // folded into the first value row of the block: acc = acc * corr + p * v
-        for (std::int64_t j = j0; j < j1; ++j) {
-          const float pj = scores[j - j0];
-          const std::byte* vr = v0 + static_cast<std::size_t>(j - j0) * vstride;
-          if (V.type == DType::f32) {
-            ks.scale_axpy(acc, c, pj, reinterpret_cast<const float*>(vr), hd);
-          } else if (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr) {
-            ks.scale_axpy_f16(acc, c, pj, reinterpret_cast<const std::uint16_t*>(vr), hd);
-          } else {
-            (void)quant::dequantize_row(V.type, vr, vrow_f, hd);
-            ks.scale_axpy(acc, c, pj, vrow_f, hd);
+        if (ks.dot_rows_multi == nullptr ||
+            !ks.dot_rows_multi(k0, kstride, nkeys, qr, nq, hd, K.type, scores, kKeyBlock)) {
+          for (int j = 0; j < nkeys; ++j) {
+            const std::byte* kr = k0 + static_cast<std::size_t>(j) * kstride;
+            const bool plain = K.type == DType::f32 || K.type == DType::f16;
+            if (!plain) (void)quant::dequantize_row(K.type, kr, row_f, hd);
+            for (int n = 0; n < nq; ++n) {
+              const float* qn = qr + n * hd;
+              scores[n * kKeyBlock + j] = K.type == DType::f16   ? ks.f16(kr, qn, hd)
+                                          : K.type == DType::f32 ? ks.f32(kr, qn, hd)
+                                                                 : ks.f32(row_f, qn, hd);
+            }
           }
-          c = 1.0f;
+        }
+        for (int n = 0; n < nq; ++n) {
+          float* sn = scores + n * kKeyBlock;
+          float bm = -std::numeric_limits<float>::infinity();
+          for (int j = 0; j < nkeys; ++j) bm = std::max(bm, sn[j] *= scale);
+          const float mn = std::max(m[n], bm);
+          corr[n] = std::exp(m[n] - mn);  // 0 on the first block (m = -inf)
+          l[n] *= corr[n];
+          for (int j = 0; j < nkeys; ++j) l[n] += (sn[j] = std::exp(sn[j] - mn));
+          m[n] = mn;
+        }
+        if (ks.scale_axpy_rows_multi != nullptr &&
+            ks.scale_axpy_rows_multi(acc, corr, scores, kKeyBlock, nq, v0, vstride, nkeys, hd, V.type))
+          continue;
+        for (int j = 0; j < nkeys; ++j) {
+          const std::byte* vr = v0 + static_cast<std::size_t>(j) * vstride;
+          const bool plain = V.type == DType::f32 || (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr);
+          if (!plain) (void)quant::dequantize_row(V.type, vr, row_f, hd);
+          for (int n = 0; n < nq; ++n) {
+            // The block's correction is folded into its first value row: acc = acc * corr + p * v.
+            const float cn = j == 0 ? corr[n] : 1.0f, pj = scores[n * kKeyBlock + j];
+            float* an = acc + n * hd;
+            if (V.type == DType::f32)
+              ks.scale_axpy(an, cn, pj, reinterpret_cast<const float*>(vr), hd);
+            else if (plain)
+              ks.scale_axpy_f16(an, cn, pj, reinterpret_cast<const std::uint16_t*>(vr), hd);
+            else
+              ks.scale_axpy(an, cn, pj, row_f, hd);
+          }
         }
       }
-      float* orow = os + (i * heads + h) * hd;
-      const float inv = 1.0f / l;
-      for (std::int64_t d = 0; d < hd; ++d) orow[d] = acc[d] * inv;
+      for (int n = 0; n < nq; ++n) {
+        float* orow = os + (i * heads + h0 + n) * hd;
+        const float inv = 1.0f / l[n];
+        for (std::int64_t d = 0; d < hd; ++d) orow[d] = acc[n * hd + d] * inv;
+      }
     });
     return {};
   }

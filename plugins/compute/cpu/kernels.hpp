@@ -93,11 +93,16 @@ struct KernelSet {
   void (*scale_axpy_f16)(float* y, float c, float a, const std::uint16_t* x, std::int64_t n) noexcept = nullptr;
   // quantize_activations with the same bits; nullptr: the scalar function.
   void (*quantize)(ActFormat format, const float* x, void* out, std::int64_t k) noexcept = nullptr;
-  // Attention's value rows: for j = 0..n-1, y = y * (j == 0 ? c : 1) + a[j] * x_j (x_j = x + j * stride, f32
-  // or f16 per the type), the bits of n scale_axpy calls (y * 1 is exact) with y kept in registers instead of
-  // memory between rows. false: n too large for registers or the type not handled; nothing was written.
-  bool (*scale_axpy_rows)(float* y, float c, const float* a, const void* x, std::size_t stride_bytes, int n,
-                          std::int64_t hd, DType type) noexcept = nullptr;
+  // Attention over nq queries that share a KV head (a GQA group), one block of keys at a time; each query's
+  // result has the bits of the one-query functions, so grouping never changes the answer. false: this
+  // head_dim or KV type is not handled here; nothing was written (the caller uses the one-query path).
+  // Scores: out[n * out_stride + j] = f16/f32 DotFn(key j at k + j * stride bytes, query n at q + n * hd, hd).
+  bool (*dot_rows_multi)(const void* k, std::size_t stride, int nkeys, const float* q, int nq, std::int64_t hd,
+                         DType type, float* out, std::size_t out_stride) noexcept = nullptr;
+  // Values: for query n (y + n * hd) and j = 0..nkeys-1, y = y * (j == 0 ? c[n] : 1) + a[n * a_stride + j] * x_j
+  // (x_j at x + j * stride bytes): the bits of nkeys scale_axpy calls (y * 1 is exact), y held in registers.
+  bool (*scale_axpy_rows_multi)(float* y, const float* c, const float* a, std::size_t a_stride, int nq, const void* x,
+                                std::size_t stride, int nkeys, std::int64_t hd, DType type) noexcept = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

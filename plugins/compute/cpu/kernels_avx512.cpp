@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -466,40 +467,101 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
   for (int t = 0; t < ntok; ++t) out[t] = v[t];
 }
 
-// scale_axpy_rows for head_dim = 16 * NV: y lives in NV registers across the rows, so each row adds
-// one product to a register instead of a load, multiply, add and store of y (a chain through memory
-// that bounded long-context decode).
-template <int NV, bool F16>
-KTARGET void z_axpy_rows(float* y, float c, const float* a, const std::byte* x, std::size_t stride, int n) noexcept {
-  __m512 acc[NV];
-  const __m512 vc = _mm512_set1_ps(c);
-  for (int i = 0; i < NV; ++i) acc[i] = _mm512_mul_ps(_mm512_loadu_ps(y + 16 * i), vc);
-  for (int j = 0; j < n; ++j) {
-    const __m512 va = _mm512_set1_ps(a[j]);
-    const std::byte* row = x + static_cast<std::size_t>(j) * stride;
-    for (int i = 0; i < NV; ++i) {
-      const __m512 v = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row) + i))
-                           : _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * i);
-      acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(va, v));
+// Row element e of an f16 or f32 row, 16 at a time, as f32.
+template <bool F16>
+KTARGET inline __m512 z_load16(const std::byte* row, int e) noexcept {
+  if constexpr (F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + e);
+}
+
+// dot_rows_multi for head_dim = 32 * NC: the key row is converted once into 2 * NC registers and
+// multiplied with every query; lanes as z_dot_f16 / z_dot_f32 (element e in lane e % 32).
+template <int NC, bool F16>
+KTARGET void z_dot_rows(const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq, float* out,
+                        std::size_t out_stride) noexcept {
+  for (int j = 0; j < nkeys; ++j) {
+    const std::byte* row = k + static_cast<std::size_t>(j) * stride;
+    __m512 kr[2 * NC];
+    for (int i = 0; i < 2 * NC; ++i) kr[i] = z_load16<F16>(row, 16 * i);
+    for (int n = 0; n < nq; ++n) {
+      const float* qn = q + static_cast<std::size_t>(n) * (32 * NC);
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+      for (int c = 0; c < NC; ++c) {
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(kr[2 * c], _mm512_loadu_ps(qn + 32 * c)));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(kr[2 * c + 1], _mm512_loadu_ps(qn + 32 * c + 16)));
+      }
+      out[static_cast<std::size_t>(n) * out_stride + static_cast<std::size_t>(j)] =
+          z_finish(a0, a1, 0, 0, [](std::int64_t) { return 0.0f; });
     }
   }
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(y + 16 * i, acc[i]);
 }
 
-template <bool F16, int... NV>
-KTARGET bool z_axpy_rows_for(int nv, float* y, float c, const float* a, const std::byte* x, std::size_t stride, int n,
-                             std::integer_sequence<int, NV...>) noexcept {
-  return ((nv == NV + 1 ? (z_axpy_rows<NV + 1, F16>(y, c, a, x, stride, n), true) : false) || ...);
+// scale_axpy_rows_multi on W vectors of columns (16 * W floats from column col) for NQ queries: the
+// NQ * W sums stay in registers across the keys, and each value vector is loaded once for all queries.
+template <int W, int NQ, bool F16>
+KTARGET void z_axpy_cols(float* y, std::size_t hd, const float* c, const float* a, std::size_t a_stride,
+                         const std::byte* x, std::size_t stride, int nkeys, int col) noexcept {
+  __m512 acc[NQ][W];
+  for (int n = 0; n < NQ; ++n) {
+    const __m512 vc = _mm512_set1_ps(c[n]);
+    for (int i = 0; i < W; ++i) acc[n][i] = _mm512_mul_ps(_mm512_loadu_ps(y + n * hd + col + 16 * i), vc);
+  }
+  for (int j = 0; j < nkeys; ++j) {
+    const std::byte* row = x + static_cast<std::size_t>(j) * stride;
+    __m512 v[W];
+    for (int i = 0; i < W; ++i) v[i] = z_load16<F16>(row, col + 16 * i);
+    for (int n = 0; n < NQ; ++n) {
+      const __m512 va = _mm512_set1_ps(a[n * a_stride + static_cast<std::size_t>(j)]);
+      for (int i = 0; i < W; ++i) acc[n][i] = _mm512_add_ps(acc[n][i], _mm512_mul_ps(va, v[i]));
+    }
+  }
+  for (int n = 0; n < NQ; ++n)
+    for (int i = 0; i < W; ++i) _mm512_storeu_ps(y + n * hd + col + 16 * i, acc[n][i]);
 }
 
-KTARGET bool z_scale_axpy_rows(float* y, float c, const float* a, const void* x, std::size_t stride, int n,
-                               std::int64_t hd, DType type) noexcept {
-  if (n < 1 || hd % 16 != 0 || hd > 256 || (type != DType::f16 && type != DType::f32)) return false;
-  const auto nv = static_cast<int>(hd / 16);
+constexpr int kAxpyQueries = 4;  // queries per pass: 4 x 4 sums + 4 value vectors fit the 32 registers
+using AxpyColsFn = void (*)(float*, std::size_t, const float*, const float*, std::size_t, const std::byte*, std::size_t,
+                            int, int) noexcept;
+
+template <bool F16, int... I>
+constexpr std::array<AxpyColsFn, sizeof...(I)> z_axpy_table(std::integer_sequence<int, I...>) noexcept {
+  return {&z_axpy_cols<I % 4 + 1, I / 4 + 1, F16>...};  // index (NQ - 1) * 4 + (W - 1)
+}
+
+KTARGET bool z_scale_axpy_rows_multi(float* y, const float* c, const float* a, std::size_t a_stride, int nq,
+                                     const void* x, std::size_t stride, int nkeys, std::int64_t hd,
+                                     DType type) noexcept {
+  if (nkeys < 1 || nq < 1 || hd % 16 != 0 || (type != DType::f16 && type != DType::f32)) return false;
+  static constexpr auto kF16 = z_axpy_table<true>(std::make_integer_sequence<int, 4 * kAxpyQueries>{});
+  static constexpr auto kF32 = z_axpy_table<false>(std::make_integer_sequence<int, 4 * kAxpyQueries>{});
+  const auto& table = type == DType::f16 ? kF16 : kF32;
   const auto* rows = static_cast<const std::byte*>(x);
-  constexpr auto kUpTo16 = std::make_integer_sequence<int, 16>{};
-  return type == DType::f16 ? z_axpy_rows_for<true>(nv, y, c, a, rows, stride, n, kUpTo16)
-                            : z_axpy_rows_for<false>(nv, y, c, a, rows, stride, n, kUpTo16);
+  const auto h = static_cast<std::size_t>(hd);
+  for (int n0 = 0; n0 < nq; n0 += kAxpyQueries) {
+    const int queries = std::min(kAxpyQueries, nq - n0);
+    for (int col = 0; col < hd; col += 64) {
+      const int w = static_cast<int>(std::min<std::int64_t>(4, (hd - col) / 16));
+      table[static_cast<std::size_t>((queries - 1) * 4 + (w - 1))](y + n0 * h, h, c + n0, a + n0 * a_stride, a_stride,
+                                                                   rows, stride, nkeys, col);
+    }
+  }
+  return true;
+}
+
+template <bool F16, int... NC>
+KTARGET bool z_dot_rows_for(int nc, const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq,
+                            float* out, std::size_t out_stride, std::integer_sequence<int, NC...>) noexcept {
+  return ((nc == NC + 1 ? (z_dot_rows<NC + 1, F16>(k, stride, nkeys, q, nq, out, out_stride), true) : false) || ...);
+}
+
+KTARGET bool z_dot_rows_multi(const void* k, std::size_t stride, int nkeys, const float* q, int nq, std::int64_t hd,
+                              DType type, float* out, std::size_t out_stride) noexcept {
+  if (hd % 32 != 0 || hd > 256 || (type != DType::f16 && type != DType::f32)) return false;
+  const auto nc = static_cast<int>(hd / 32);
+  const auto* rows = static_cast<const std::byte*>(k);
+  constexpr auto kUpTo8 = std::make_integer_sequence<int, 8>{};
+  return type == DType::f16 ? z_dot_rows_for<true>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8)
+                            : z_dot_rows_for<false>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
 }
 
 #undef KTARGET
@@ -507,13 +569,19 @@ KTARGET bool z_scale_axpy_rows(float* y, float c, const float* a, const void* x,
 }  // namespace
 
 const KernelSet& avx512_kernels() noexcept {
-  static constexpr KernelSet set{"avx512",           z_dot_f32,          z_dot_f16,          z_dot_bf16,
-                                 z_dot_q8_0,         z_dot_q4_0,         x86_dot_q2_k,       x86_dot_q3_k,
-                                 x86_dot_q4_k,       x86_dot_q5_k,       x86_dot_q6_k,       x86_tile_q32<false>,
-                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>, x86_tile_k<X86Q3K>, z_tile_k<ZTileQ4K>,
-                                 z_tile_k<ZTileQ5K>, z_tile_k<ZTileQ6K>, x86_scale_axpy,     x86_rows_k<ZQ4K>,
-                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,   x86_scale_axpy_f16, x86_quantize_activations,
-                                 z_scale_axpy_rows};
+  static constexpr KernelSet set{"avx512",           z_dot_f32,
+                                 z_dot_f16,          z_dot_bf16,
+                                 z_dot_q8_0,         z_dot_q4_0,
+                                 x86_dot_q2_k,       x86_dot_q3_k,
+                                 x86_dot_q4_k,       x86_dot_q5_k,
+                                 x86_dot_q6_k,       x86_tile_q32<false>,
+                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>,
+                                 x86_tile_k<X86Q3K>, z_tile_k<ZTileQ4K>,
+                                 z_tile_k<ZTileQ5K>, z_tile_k<ZTileQ6K>,
+                                 x86_scale_axpy,     x86_rows_k<ZQ4K>,
+                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,
+                                 x86_scale_axpy_f16, x86_quantize_activations,
+                                 z_dot_rows_multi,   z_scale_axpy_rows_multi};
   return set;
 }
 

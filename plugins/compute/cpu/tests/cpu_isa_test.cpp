@@ -59,8 +59,13 @@ std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   return results;
 }
 
-std::vector<float> attention(Compute& c, DType kv, std::int64_t hd) {
-  const std::int64_t heads = 4, kvh = 2, s = 200, t = 3;
+struct AttentionShape {
+  std::int64_t hd, heads, kvh, t;
+};
+
+std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
+  const auto [hd, heads, kvh, t] = shape;
+  const std::int64_t s = 200;
   auto q = randn(static_cast<std::size_t>(hd * heads * t), 1);
   auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 2);
   auto vf = randn(static_cast<std::size_t>(hd * kvh * s), 3);
@@ -95,15 +100,36 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
     }
   }
   // head_dim 128 and 64 fill the 32 lanes of the float dot products; 80 leaves a tail (q8_0 rows need whole
-  // 32-element blocks, so it skips 80).
+  // 32-element blocks, so it skips 80). 16 query heads on 2 KV heads group 8 queries per task (two passes of
+  // the value kernel); one token of 8 on 2 is decode.
   for (DType kv : {DType::f32, DType::f16, DType::q8_0})
-    for (std::int64_t hd : {128, 64, 80}) {
-      if (kv == DType::q8_0 && hd % 32 != 0) continue;
-      const auto a = attention(*scalar, kv, hd);
-      const auto b = attention(*simd, kv, hd);
+    for (AttentionShape shape : {AttentionShape{128, 4, 2, 3}, AttentionShape{64, 4, 2, 3}, AttentionShape{80, 4, 2, 3},
+                                 AttentionShape{64, 16, 2, 5}, AttentionShape{128, 8, 2, 1}}) {
+      if (kv == DType::q8_0 && shape.hd % 32 != 0) continue;
+      const auto a = attention(*scalar, kv, shape);
+      const auto b = attention(*simd, kv, shape);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-          << "attention kv=" << to_string(kv) << " head_dim=" << hd;
+          << "attention kv=" << to_string(kv) << " head_dim=" << shape.hd << " heads=" << shape.heads
+          << " kv_heads=" << shape.kvh << " tokens=" << shape.t;
     }
+}
+
+// An attention task takes as many query heads of a KV head as leaves a task per thread, so 1, 3 and 16
+// threads group differently; every query's bits must stay the same.
+TEST_P(CpuIsa, AttentionDoesNotDependOnHowQueriesAreGrouped) {
+  auto one = make(GetParam(), "1");
+  if (!one) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  for (const char* threads : {"3", "16"}) {
+    auto many = make(GetParam(), threads);
+    ASSERT_TRUE(many);
+    for (DType kv : {DType::f16, DType::q8_0})
+      for (AttentionShape shape : {AttentionShape{64, 16, 2, 1}, AttentionShape{128, 12, 4, 2}}) {
+        const auto a = attention(*one, kv, shape);
+        const auto b = attention(*many, kv, shape);
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << "threads=" << threads << " kv=" << to_string(kv) << " heads=" << shape.heads;
+      }
+  }
 }
 
 // Activation quantization at its edges: with amax = 127 the scale is exactly 1, so x * (1/d) lands
