@@ -44,7 +44,9 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_rows_k<XQ6K>,
                                  x86_rows_k<XQ5K>,
                                  x86_scale_axpy_f16,
-                                 x86_quantize_activations};
+                                 x86_quantize_activations,
+                                 x86_dot_rows_multi,
+                                 x86_scale_axpy_rows_multi};
   return set;
 }
 
