@@ -167,7 +167,9 @@ cudaError_t Device::after_ops(std::uint64_t stamp, cudaStream_t stream) {
     std::lock_guard lock(ring_mu);
     e = ring[stamp % kRing];
   }
-  // Recorded again meanwhile: the wait is for later ops of the same stream, which end after those of `stamp`.
+  // Recorded again meanwhile: the wait is for later ops of the same stream, which end after those of `stamp`. Done
+  // already (the usual case for a stamp many calls old): nothing to wait for.
+  if (cudaEventQuery(e) == cudaSuccess) return cudaSuccess;  // cudaErrorNotReady is not kept as a last error
   return stream != nullptr ? cudaStreamWaitEvent(stream, e, 0) : cudaEventSynchronize(e);
 }
 

@@ -228,7 +228,7 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
 // depend on K alone, for every token tile; the float-per-weight path spends about nine instructions per weight,
 // this one about one.
 
-// One warp per 256 elements of one token, 8 per lane: d = amax / 127 over each kBlock-element block (lanes
+// One warp per 256 elements (blockIdx.y) of one token (blockIdx.x), 8 per lane: d = amax / 127 over each kBlock-element block (lanes
 // kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes (same integers, so the
 // two backends' sums agree).
 template <int kBlock>
@@ -236,7 +236,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
                                    int k) {
   const int lane = threadIdx.x;
   const std::size_t at =
-      static_cast<std::size_t>(blockIdx.y) * k + static_cast<std::size_t>(blockIdx.x) * q8dot::kUnit + 8 * lane;
+      static_cast<std::size_t>(blockIdx.x) * k + static_cast<std::size_t>(blockIdx.y) * q8dot::kUnit + 8 * lane;
   float v[8];
   float amax = 0.0f;
 #pragma unroll
@@ -287,7 +287,8 @@ cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
                           const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
-  quantize_q8_kernel<F::kXBlock><<<dim3(static_cast<unsigned>(k / q8dot::kUnit), static_cast<unsigned>(t)), 32, 0, s>>>(
+  // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
+  quantize_q8_kernel<F::kXBlock><<<dim3(static_cast<unsigned>(t), static_cast<unsigned>(k / q8dot::kUnit)), 32, 0, s>>>(
       x, q8.q, q8.d, static_cast<int>(k));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   // One row per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
@@ -323,10 +324,17 @@ bool takes_q8(std::uint32_t type) {
 // f16 rounds to nearest even; q8_0 per 32: amax (a NaN wins, as ggml's MAX), d = amax / 127 as f16,
 // q = round(x * (1 / d)) half away from zero, cast like x86 (NaN or out of range: INT_MIN, whose low byte is 0).
 
+// colibri::quant::fp32_to_fp16's bits: round to nearest even, and a NaN becomes sign | 0x7E00 (the device's
+// conversion gives 0x7FFF for every NaN).
+__device__ __forceinline__ std::uint16_t fp16_bits_like_host(float f) {
+  if (isnan(f)) return static_cast<std::uint16_t>((__float_as_uint(f) >> 16 & 0x8000u) | 0x7E00u);
+  return __half_as_ushort(__float2half_rn(f));
+}
+
 __global__ void store_rows_f16_kernel(const float* __restrict__ x, std::uint16_t* __restrict__ y, long long n) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    y[i] = __half_as_ushort(__float2half_rn(x[i]));
+    y[i] = fp16_bits_like_host(x[i]);
   }
 }
 
@@ -348,7 +356,7 @@ __global__ void store_rows_q8_0_kernel(const float* __restrict__ x, std::uint16_
     const float d = __fdiv_rn(amax, 127.0f);
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     std::uint16_t* out = y + b * 17;
-    out[0] = __half_as_ushort(__float2half_rn(d));
+    out[0] = fp16_bits_like_host(d);
     for (int j = 0; j < 32; j += 2) {
       const auto q0 = static_cast<std::uint8_t>(truncate_like_x86(roundf(__fmul_rn(xb[j], id))));
       const auto q1 = static_cast<std::uint8_t>(truncate_like_x86(roundf(__fmul_rn(xb[j + 1], id))));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -678,6 +679,7 @@ TEST_P(ComputeConformance, StoreRowsEncodesLikeColibriQuantAndTouchesNothingElse
   x[8] = 40.0f / 127.0f * 2.5f;          // at (or an ulp from) a tie of the q8_0 rounding
   x[40] = 1.0f + std::ldexp(1.0f, -11);  // halfway between two f16 values
   x[41] = -(1.0f + 3.0f * std::ldexp(1.0f, -11));
+  x[4 * d + 9] = -std::numeric_limits<float>::quiet_NaN();  // f16 sign | 0x7E00; q8_0: d is NaN, the block's q 0
   int tested = 0;
   for (DType type : {DType::f32, DType::f16, DType::q8_0}) {
     if (!c.supports(Op::store_rows, type)) continue;

@@ -327,6 +327,25 @@ TEST(CudaPlugin, LongRowsAndEveryTokenTileKeepTheBatchPromise) {
   }
 }
 
+// CUDA grids hold at most 65535 blocks in y: a batch of more tokens must still quantize every token's activations
+// (they once sat on grid.y), so tokens past 65535 equal the same token run alone.
+TEST(CudaPlugin, MoreTokensThanAGridColumnHolds) {
+  CUDA_COMPUTE(c, {});
+  const std::int64_t k = 256, n = 4, t = 70000;
+  auto w = quantized(DType::q4_k, randn(static_cast<std::size_t>(k * n), 5, 0.1f));
+  auto x = randn(static_cast<std::size_t>(k * t), 6);
+  std::vector<float> all(static_cast<std::size_t>(n * t));
+  ASSERT_TRUE(run_op(c, Op::matmul, {{DType::q4_k, {k, n, 1, 1}, w.data()}, {DType::f32, {k, t, 1, 1}, x.data()}},
+                     {{DType::f32, {n, t, 1, 1}, all.data()}}, {}));
+  for (std::int64_t tok : {std::int64_t{0}, std::int64_t{65535}, std::int64_t{69999}}) {
+    std::vector<float> one(static_cast<std::size_t>(n));
+    ASSERT_TRUE(run_op(c, Op::matmul,
+                       {{DType::q4_k, {k, n, 1, 1}, w.data()}, {DType::f32, {k, 1, 1, 1}, x.data() + tok * k}},
+                       {{DType::f32, {n, 1, 1, 1}, one.data()}}, {}));
+    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + tok * n, one.size() * sizeof(float))) << "token " << tok;
+  }
+}
+
 TEST(CudaPlugin, AttentionWithWideHeadsAndALongCache) {
   CUDA_COMPUTE(c, {});
   const std::int64_t heads = 4, kvh = 2, s = 1000, t = 3;
