@@ -695,6 +695,7 @@ class CpuCompute final : public ComputeBase {
     const float scale = c.params.scale;
     const std::int64_t group = heads / kv_heads, window = c.params.window;
     const KernelSet& ks = *opt_.kernels;
+    const auto softmax = ks.softmax_block != nullptr ? ks.softmax_block : softmax_block_scalar;
     // A task takes `g` query heads of one position that share a KV head: each key and value row is read
     // once for all of them. g is the largest divisor of the group that still leaves a task per thread;
     // every query's arithmetic is the same whatever g is.
@@ -742,13 +743,10 @@ class CpuCompute final : public ComputeBase {
           }
         }
         for (int n = 0; n < nq; ++n) {
-          float* sn = scores + n * kKeyBlock;
-          float bm = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j < nkeys; ++j) bm = std::max(bm, sn[j] *= scale);
-          const float mn = std::max(m[n], bm);
-          corr[n] = std::exp(m[n] - mn);  // 0 on the first block (m = -inf)
-          l[n] *= corr[n];
-          for (int j = 0; j < nkeys; ++j) l[n] += (sn[j] = std::exp(sn[j] - mn));
+          float block_sum;
+          const float mn = softmax(scores + n * kKeyBlock, nkeys, scale, m[n], &block_sum);
+          corr[n] = softmax_exp(m[n] - mn);  // 0 on the first block (m = -inf)
+          l[n] = l[n] * corr[n] + block_sum;
           m[n] = mn;
         }
         if (ks.scale_axpy_rows_multi != nullptr &&

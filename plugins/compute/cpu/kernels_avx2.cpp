@@ -46,7 +46,8 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_scale_axpy_f16,
                                  x86_quantize_activations,
                                  x86_dot_rows_multi,
-                                 x86_scale_axpy_rows_multi};
+                                 x86_scale_axpy_rows_multi,
+                                 x86_softmax_block};
   return set;
 }
 

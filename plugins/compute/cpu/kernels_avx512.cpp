@@ -467,6 +467,46 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
   for (int t = 0; t < ntok; ++t) out[t] = v[t];
 }
 
+// softmax_exp on 16 lanes: the scalar function's operations, lane by lane.
+KTARGET inline __m512 z_softmax_exp(__m512 x) noexcept {
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
+  __m512 p = _mm512_set1_ps(kExpPoly[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpPoly[i]));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kSoftmaxExpMin), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kSoftmaxExpMax), _CMP_GT_OQ), y,
+                           _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+// softmax_block_scalar on 16 lanes: one vector holds the sum's 16 lanes.
+KTARGET float z_softmax_block(float* s, int n, float scale, float m, float* sum) noexcept {
+  const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mx = _mm512_set1_ps(m);
+  for (int j = 0; j < n; j += 16) {
+    const auto k = static_cast<__mmask16>(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), vs);
+    _mm512_mask_storeu_ps(s + j, k, v);
+    mx = _mm512_max_ps(_mm512_mask_blend_ps(k, ninf, v), mx);  // a NaN score leaves mx
+  }
+  const float mn = _mm512_reduce_max_ps(mx);
+  const __m512 vm = _mm512_set1_ps(mn);
+  __m512 acc = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 16) {
+    const auto k = static_cast<__mmask16>(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+    const __m512 e = z_softmax_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+  }
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  *sum = x86_tree8(_mm256_add_ps(_mm512_castps512_ps256(acc), hi));
+  return mn;
+}
+
 // Row element e of an f16 or f32 row, 16 at a time, as f32.
 template <bool F16>
 KTARGET inline __m512 z_load16(const std::byte* row, int e) noexcept {
@@ -581,7 +621,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_scale_axpy,     x86_rows_k<ZQ4K>,
                                  x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,
                                  x86_scale_axpy_f16, x86_quantize_activations,
-                                 z_dot_rows_multi,   z_scale_axpy_rows_multi};
+                                 z_dot_rows_multi,   z_scale_axpy_rows_multi,
+                                 z_softmax_block};
   return set;
 }
 

@@ -61,10 +61,11 @@ std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
 
 struct AttentionShape {
   std::int64_t hd, heads, kvh, t;
+  float scale = 0.09f;  // 40: scores hundreds apart, so softmax_exp underflows to 0
 };
 
 std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
-  const auto [hd, heads, kvh, t] = shape;
+  const auto [hd, heads, kvh, t, scale] = shape;
   const std::int64_t s = 200;
   auto q = randn(static_cast<std::size_t>(hd * heads * t), 1);
   auto kf = randn(static_cast<std::size_t>(hd * kvh * s), 2);
@@ -78,7 +79,7 @@ std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
   Tensor out{DType::f32, {hd, heads, t, 1}, o.data()};
   OpParams p;
   p.position = 190;
-  p.scale = 0.09f;
+  p.scale = scale;
   EXPECT_TRUE(c.run(OpCall{Op::attention, in, std::span<Tensor>(&out, 1), p}));
   return o;
 }
@@ -101,10 +102,11 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
   }
   // head_dim 128 and 64 fill the 32 lanes of the float dot products; 80 leaves a tail (q8_0 rows need whole
   // 32-element blocks, so it skips 80). 16 query heads on 2 KV heads group 8 queries per task (two passes of
-  // the value kernel); one token of 8 on 2 is decode.
+  // the value kernel); one token of 8 on 2 is decode; the last has scores hundreds apart.
   for (DType kv : {DType::f32, DType::f16, DType::q8_0})
-    for (AttentionShape shape : {AttentionShape{128, 4, 2, 3}, AttentionShape{64, 4, 2, 3}, AttentionShape{80, 4, 2, 3},
-                                 AttentionShape{64, 16, 2, 5}, AttentionShape{128, 8, 2, 1}}) {
+    for (AttentionShape shape :
+         {AttentionShape{128, 4, 2, 3}, AttentionShape{64, 4, 2, 3}, AttentionShape{80, 4, 2, 3},
+          AttentionShape{64, 16, 2, 5}, AttentionShape{128, 8, 2, 1}, AttentionShape{64, 8, 2, 3, 40.0f}}) {
       if (kv == DType::q8_0 && shape.hd % 32 != 0) continue;
       const auto a = attention(*scalar, kv, shape);
       const auto b = attention(*simd, kv, shape);
