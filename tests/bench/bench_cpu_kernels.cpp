@@ -46,7 +46,10 @@ struct Shape {
   std::int64_t k, n;
 };
 constexpr Shape kSquare{"", kK, kN};
-constexpr Shape kExpertShapes[] = {{"expert_up/", 2048, 5632}, {"expert_down/", 5632, 2048}};
+// Mixtral-bench's experts (K = 5632: 22 super-blocks, 6 after the last chunk of 8) and Qwen3-MoE's down projection
+// (K = 768: rows shorter than a chunk).
+constexpr Shape kExpertShapes[] = {
+    {"expert_up/", 2048, 5632}, {"expert_down/", 5632, 2048}, {"qwen3_down/", 768, 2048}};
 
 const Matrix& matrix(DType type, const Shape& shape = kSquare) {
   static std::map<std::tuple<DType, std::int64_t, std::int64_t>, Matrix> cache;
