@@ -450,13 +450,12 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- elementwise
 
-  static float silu_mul(float g, float u) noexcept { return g / (1.0f + std::exp(-g)) * u; }
-
   void swiglu_rows(const float* g, const float* u, float* out, std::int64_t n) {
     constexpr std::int64_t kChunk = 4096;
+    const auto swiglu = opt_.kernels->swiglu != nullptr ? opt_.kernels->swiglu : swiglu_scalar;
     pool_.run((n + kChunk - 1) / kChunk, [&](std::int64_t task, int) noexcept {
-      const std::int64_t e = std::min(n, (task + 1) * kChunk);
-      for (std::int64_t i = task * kChunk; i < e; ++i) out[i] = silu_mul(g[i], u[i]);
+      const std::int64_t i = task * kChunk;
+      swiglu(g + i, u + i, out + i, std::min(kChunk, n - i));
     });
   }
 
@@ -745,7 +744,7 @@ class CpuCompute final : public ComputeBase {
         for (int n = 0; n < nq; ++n) {
           float block_sum;
           const float mn = softmax(scores + n * kKeyBlock, nkeys, scale, m[n], &block_sum);
-          corr[n] = softmax_exp(m[n] - mn);  // 0 on the first block (m = -inf)
+          corr[n] = portable_exp(m[n] - mn);  // 0 on the first block (m = -inf)
           l[n] = l[n] * corr[n] + block_sum;
           m[n] = mn;
         }

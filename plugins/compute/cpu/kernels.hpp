@@ -105,25 +105,30 @@ struct KernelSet {
                                 std::size_t stride, int nkeys, std::int64_t hd, DType type) noexcept = nullptr;
   // softmax_block_scalar with the same bits; nullptr: that function.
   float (*softmax_block)(float* s, int n, float scale, float m, float* sum) noexcept = nullptr;
+  // swiglu_scalar with the same bits; nullptr: that function.
+  void (*swiglu)(const float* g, const float* u, float* out, std::int64_t n) noexcept = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;
 
-// e^x for attention's softmax. std::exp differs between C libraries and has no vector form, so the CPU backend
-// computes its own, the same operations on every path: n = nearest(x * log2 e), r = x - n ln 2 (in two parts),
-// a degree-7 polynomial in r (Horner, no FMA), times 2^n; within 2 ulp of e^x. Below kSoftmaxExpMin it is 0 (the
-// value would be subnormal), above kSoftmaxExpMax infinity, NaN stays NaN.
-inline constexpr float kSoftmaxExpMin = -87.0f;
-inline constexpr float kSoftmaxExpMax = 88.0f;
+// e^x for attention's softmax and SwiGLU. std::exp differs between C libraries and has no vector form, so the CPU
+// backend computes its own, the same operations on every path: n = nearest(x * log2 e), r = x - n ln 2 (in two parts),
+// a degree-7 polynomial in r (Horner, no FMA), times 2^n; within 2 ulp of e^x. Below kPortableExpMin it is 0 (the
+// value would be subnormal), above kPortableExpMax infinity, NaN stays NaN.
+inline constexpr float kPortableExpMin = -87.0f;
+inline constexpr float kPortableExpMax = 88.0f;
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2Hi = 0.693359375f;  // 9 significant bits: n * kLn2Hi is exact
 inline constexpr float kLn2Lo = -2.12194440e-4f;
 inline constexpr float kExpPoly[8] = {1.0f,         1.0f,          0.5f,          1.0f / 6.0f,
                                       1.0f / 24.0f, 1.0f / 120.0f, 1.0f / 720.0f, 1.0f / 5040.0f};
-float softmax_exp(float x) noexcept;
+float portable_exp(float x) noexcept;
+
+// SwiGLU: out[i] = g[i] / (1 + portable_exp(-g[i])) * u[i], operation for operation on every path.
+void swiglu_scalar(const float* g, const float* u, float* out, std::int64_t n) noexcept;
 
 // One block of attention scores (n <= 64): s[j] *= scale; mn = max(m, every s[j]) (a NaN score is skipped);
-// s[j] = softmax_exp(s[j] - mn). Returns mn; *sum = the new s[j] summed in 16 lanes (j % 16), then lanes i and
+// s[j] = portable_exp(s[j] - mn). Returns mn; *sum = the new s[j] summed in 16 lanes (j % 16), then lanes i and
 // i + k added for k = 8, 4, 2, 1.
 float softmax_block_scalar(float* s, int n, float scale, float m, float* sum) noexcept;
 

@@ -47,7 +47,10 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_quantize_activations,
                                  x86_dot_rows_multi,
                                  x86_scale_axpy_rows_multi,
-                                 x86_softmax_block};
+                                 x86_softmax_block,
+                                 x86_swiglu};
+  // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
+  static_assert(set.swiglu == x86_swiglu, "list every KernelSet member");
   return set;
 }
 

@@ -471,8 +471,8 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
   for (int t = 0; t < ntok; ++t) out[t] = v[t];
 }
 
-// softmax_exp on 16 lanes: the scalar function's operations, lane by lane.
-KTARGET inline __m512 z_softmax_exp(__m512 x) noexcept {
+// portable_exp on 16 lanes: the scalar function's operations, lane by lane.
+KTARGET inline __m512 z_portable_exp(__m512 x) noexcept {
   const __m512 n =
       _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))),
@@ -481,10 +481,22 @@ KTARGET inline __m512 z_softmax_exp(__m512 x) noexcept {
   for (int i = 6; i >= 0; --i) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpPoly[i]));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kSoftmaxExpMin), _CMP_LT_OQ), y, _mm512_setzero_ps());
-  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kSoftmaxExpMax), _CMP_GT_OQ), y,
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kPortableExpMin), _CMP_LT_OQ), y, _mm512_setzero_ps());
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(kPortableExpMax), _CMP_GT_OQ), y,
                            _mm512_set1_ps(std::numeric_limits<float>::infinity()));
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+KTARGET void z_swiglu(const float* g, const float* u, float* out, std::int64_t n) noexcept {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 e = z_portable_exp(_mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(gv), _mm512_set1_epi32(static_cast<int>(0x80000000u)))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+  }
+  swiglu_scalar(g + i, u + i, out + i, n - i);
 }
 
 // softmax_block_scalar on 16 lanes: one vector holds the sum's 16 lanes.
@@ -502,7 +514,7 @@ KTARGET float z_softmax_block(float* s, int n, float scale, float m, float* sum)
   __m512 acc = _mm512_setzero_ps();
   for (int j = 0; j < n; j += 16) {
     const auto k = static_cast<__mmask16>(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
-    const __m512 e = z_softmax_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+    const __m512 e = z_portable_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
     _mm512_mask_storeu_ps(s + j, k, e);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
   }
@@ -626,7 +638,9 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,
                                  x86_scale_axpy_f16, x86_quantize_activations,
                                  z_dot_rows_multi,   z_scale_axpy_rows_multi,
-                                 z_softmax_block};
+                                 z_softmax_block,    z_swiglu};
+  // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
+  static_assert(set.swiglu == z_swiglu, "list every KernelSet member");
   return set;
 }
 

@@ -137,15 +137,19 @@ void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t 
   for (std::int64_t i = 0; i < n; ++i) y[i] = y[i] * c + a * x[i];
 }
 
-float softmax_exp(float x) noexcept {
+float portable_exp(float x) noexcept {
   if (x != x) return x;
-  if (x < kSoftmaxExpMin) return 0.0f;
-  if (x > kSoftmaxExpMax) return std::numeric_limits<float>::infinity();
+  if (x < kPortableExpMin) return 0.0f;
+  if (x > kPortableExpMax) return std::numeric_limits<float>::infinity();
   const float n = std::nearbyint(x * kLog2e);
   const float r = (x - n * kLn2Hi) - n * kLn2Lo;
   float p = kExpPoly[7];
   for (int i = 6; i >= 0; --i) p = p * r + kExpPoly[i];
   return p * std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23);
+}
+
+void swiglu_scalar(const float* g, const float* u, float* out, std::int64_t n) noexcept {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + portable_exp(-g[i])) * u[i];
 }
 
 float softmax_block_scalar(float* s, int n, float scale, float m, float* sum) noexcept {
@@ -155,7 +159,7 @@ float softmax_block_scalar(float* s, int n, float scale, float m, float* sum) no
     if (s[j] > mn) mn = s[j];
   }
   float lanes[16] = {};
-  for (int j = 0; j < n; ++j) lanes[j % 16] += (s[j] = softmax_exp(s[j] - mn));
+  for (int j = 0; j < n; ++j) lanes[j % 16] += (s[j] = portable_exp(s[j] - mn));
   for (int k = 8; k > 0; k /= 2)
     for (int i = 0; i < k; ++i) lanes[i] += lanes[i + k];
   *sum = lanes[0];

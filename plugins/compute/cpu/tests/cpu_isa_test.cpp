@@ -1,6 +1,7 @@
 // cpu-plugin specifics: every SIMD path gives the scalar path's bits, score() and options.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -61,7 +62,7 @@ std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
 
 struct AttentionShape {
   std::int64_t hd, heads, kvh, t;
-  float scale = 0.09f;  // 40: scores hundreds apart, so softmax_exp underflows to 0
+  float scale = 0.09f;  // 40: scores hundreds apart, so portable_exp underflows to 0
 };
 
 std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
@@ -84,6 +85,26 @@ std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
   return o;
 }
 
+// SwiGLU over 1031 values (a tail after the last vector), gates up to +-120 so e^-g under- and overflows.
+std::vector<float> swiglu(Compute& c) {
+  const std::int64_t n = 1031;
+  auto g = randn(static_cast<std::size_t>(n), 11, 40.0f);
+  const auto u = randn(static_cast<std::size_t>(n), 12);
+  g[3] = 0.0f;
+  g[4] = -0.0f;
+  std::vector<float> y(g.size());
+  Tensor in[] = {Tensor{DType::f32, {n, 1, 1, 1}, g.data()},
+                 Tensor{DType::f32, {n, 1, 1, 1}, const_cast<float*>(u.data())}};
+  Tensor out{DType::f32, {n, 1, 1, 1}, y.data()};
+  const auto s = c.run(OpCall{Op::swiglu, in, std::span<Tensor>(&out, 1), {}});
+  EXPECT_TRUE(s) << s.to_string();
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double want = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+    EXPECT_NEAR(y[i], want, 1e-6 * (1.0 + std::fabs(want))) << "swiglu at " << i << ", gate " << g[i];
+  }
+  return y;
+}
+
 class CpuIsa : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
@@ -100,6 +121,8 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
           << "matmul case " << i << (exact ? " exact" : "") << " differs from the scalar path";
     }
   }
+  const auto sa = swiglu(*scalar), sb = swiglu(*simd);
+  EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float))) << "swiglu";
   // head_dim 128 and 64 fill the 32 lanes of the float dot products; 80 leaves a tail (q8_0 rows need whole
   // 32-element blocks, so it skips 80). 16 query heads on 2 KV heads group 8 queries per task (two passes of
   // the value kernel); one token of 8 on 2 is decode; the last has scores hundreds apart.

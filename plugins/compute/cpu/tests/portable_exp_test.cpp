@@ -1,4 +1,4 @@
-// softmax_exp: the CPU backend's own e^x for attention (kernels.hpp says why it does not call std::exp).
+// portable_exp: the CPU backend's own e^x for attention (kernels.hpp says why it does not call std::exp).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -11,8 +11,8 @@
 
 namespace {
 
+using colibri::cpu::portable_exp;
 using colibri::cpu::softmax_block_scalar;
-using colibri::cpu::softmax_exp;
 
 // Distance in units in the last place between a float and the exact value.
 double ulps(float got, double want) {
@@ -21,32 +21,32 @@ double ulps(float got, double want) {
   return std::fabs(static_cast<double>(got) - want) / ulp;
 }
 
-TEST(SoftmaxExp, IsWithinTwoUlpOverTheWholeRangeItComputes) {
+TEST(PortableExp, IsWithinTwoUlpOverTheWholeRangeItComputes) {
   double worst = 0.0;
   float at = 0.0f;
   // Every 64th float from the bottom of the range to 0, and a stretch above it.
-  for (std::uint32_t b = std::bit_cast<std::uint32_t>(colibri::cpu::kSoftmaxExpMin); b > 0x80000000u; b -= 64) {
+  for (std::uint32_t b = std::bit_cast<std::uint32_t>(colibri::cpu::kPortableExpMin); b > 0x80000000u; b -= 64) {
     const float x = std::bit_cast<float>(b);
-    const double e = ulps(softmax_exp(x), std::exp(static_cast<double>(x)));
+    const double e = ulps(portable_exp(x), std::exp(static_cast<double>(x)));
     if (e > worst) worst = e, at = x;
   }
-  for (float x = 0.0f; x <= colibri::cpu::kSoftmaxExpMax; x += 0.001f) {
-    const double e = ulps(softmax_exp(x), std::exp(static_cast<double>(x)));
+  for (float x = 0.0f; x <= colibri::cpu::kPortableExpMax; x += 0.001f) {
+    const double e = ulps(portable_exp(x), std::exp(static_cast<double>(x)));
     if (e > worst) worst = e, at = x;
   }
   EXPECT_LE(worst, 2.0) << "worst at x = " << at;
 }
 
-TEST(SoftmaxExp, EdgesAreExact) {
+TEST(PortableExp, EdgesAreExact) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(softmax_exp(0.0f), 1.0f);
-  EXPECT_EQ(softmax_exp(-0.0f), 1.0f);
-  EXPECT_EQ(softmax_exp(-kInf), 0.0f);  // the first key block's correction (running max -inf)
-  EXPECT_EQ(softmax_exp(-87.5f), 0.0f);
-  EXPECT_GT(softmax_exp(-86.9f), 0.0f);
-  EXPECT_EQ(softmax_exp(kInf), kInf);
-  EXPECT_EQ(softmax_exp(88.5f), kInf);
-  EXPECT_TRUE(std::isnan(softmax_exp(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(portable_exp(0.0f), 1.0f);
+  EXPECT_EQ(portable_exp(-0.0f), 1.0f);
+  EXPECT_EQ(portable_exp(-kInf), 0.0f);  // the first key block's correction (running max -inf)
+  EXPECT_EQ(portable_exp(-87.5f), 0.0f);
+  EXPECT_GT(portable_exp(-86.9f), 0.0f);
+  EXPECT_EQ(portable_exp(kInf), kInf);
+  EXPECT_EQ(portable_exp(88.5f), kInf);
+  EXPECT_TRUE(std::isnan(portable_exp(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(SoftmaxBlock, ScalesTakesTheMaxAndExponentiates) {
@@ -62,7 +62,7 @@ TEST(SoftmaxBlock, ScalesTakesTheMaxAndExponentiates) {
     for (float r : raw) want_max = std::max(want_max, r * 0.5f);
     EXPECT_EQ(mn, want_max) << "n = " << n;
     for (int j = 0; j < n; ++j) {
-      const float want = softmax_exp(raw[static_cast<std::size_t>(j)] * 0.5f - mn);
+      const float want = portable_exp(raw[static_cast<std::size_t>(j)] * 0.5f - mn);
       EXPECT_EQ(s[static_cast<std::size_t>(j)], want) << "n = " << n << ", j = " << j;
       want_sum += want;
     }
