@@ -523,22 +523,37 @@ KTARGET float z_softmax_block(float* s, int n, float scale, float m, float* sum)
   return mn;
 }
 
-// Row element e of an f16 or f32 row, 16 at a time, as f32.
-template <bool F16>
+// Elements e..e+15 of a KV row of type T (f32, f16, or q8_0 with e a multiple of 16) as f32, exactly as
+// colibri::quant::dequantize_row gives them (q8_0: qs * d).
+template <DType T>
 KTARGET inline __m512 z_load16(const std::byte* row, int e) noexcept {
-  if constexpr (F16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
-  return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + e);
+  if constexpr (T == DType::f16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+  } else if constexpr (T == DType::q8_0) {
+    const std::byte* block = row + static_cast<std::size_t>(e / 32) * sizeof(quant::BlockQ8_0);
+    std::uint16_t d;
+    std::memcpy(&d, block, sizeof(d));
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + e % 32));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(quant::fp16_to_fp32(d)));
+  } else {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + e);
+  }
+}
+
+// The KV types the grouped-query kernels read.
+constexpr bool z_kv_type(DType t) noexcept {
+  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
 }
 
 // dot_rows_multi for head_dim = 32 * NC: the key row is converted once into 2 * NC registers and
-// multiplied with every query; lanes as z_dot_f16 / z_dot_f32 (element e in lane e % 32).
-template <int NC, bool F16>
+// multiplied with every query; lanes as z_dot_f16 / z_dot_f32 (element e in lane e % 32; q8_0 dequantized first).
+template <int NC, DType T>
 KTARGET void z_dot_rows(const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq, float* out,
                         std::size_t out_stride) noexcept {
   for (int j = 0; j < nkeys; ++j) {
     const std::byte* row = k + static_cast<std::size_t>(j) * stride;
     __m512 kr[2 * NC];
-    for (int i = 0; i < 2 * NC; ++i) kr[i] = z_load16<F16>(row, 16 * i);
+    for (int i = 0; i < 2 * NC; ++i) kr[i] = z_load16<T>(row, 16 * i);
     for (int n = 0; n < nq; ++n) {
       const float* qn = q + static_cast<std::size_t>(n) * (32 * NC);
       __m512 a0 = _mm512_setzero_ps(), a1 = a0;
@@ -554,7 +569,7 @@ KTARGET void z_dot_rows(const std::byte* k, std::size_t stride, int nkeys, const
 
 // scale_axpy_rows_multi on W vectors of columns (16 * W floats from column col) for NQ queries: the
 // NQ * W sums stay in registers across the keys, and each value vector is loaded once for all queries.
-template <int W, int NQ, bool F16>
+template <int W, int NQ, DType T>
 KTARGET void z_axpy_cols(float* y, std::size_t hd, const float* c, const float* a, std::size_t a_stride,
                          const std::byte* x, std::size_t stride, int nkeys, int col) noexcept {
   __m512 acc[NQ][W];
@@ -565,7 +580,7 @@ KTARGET void z_axpy_cols(float* y, std::size_t hd, const float* c, const float* 
   for (int j = 0; j < nkeys; ++j) {
     const std::byte* row = x + static_cast<std::size_t>(j) * stride;
     __m512 v[W];
-    for (int i = 0; i < W; ++i) v[i] = z_load16<F16>(row, col + 16 * i);
+    for (int i = 0; i < W; ++i) v[i] = z_load16<T>(row, col + 16 * i);
     for (int n = 0; n < NQ; ++n) {
       const __m512 va = _mm512_set1_ps(a[n * a_stride + static_cast<std::size_t>(j)]);
       for (int i = 0; i < W; ++i) acc[n][i] = _mm512_add_ps(acc[n][i], _mm512_mul_ps(va, v[i]));
@@ -579,18 +594,20 @@ constexpr int kAxpyQueries = 4;  // queries per pass: 4 x 4 sums + 4 value vecto
 using AxpyColsFn = void (*)(float*, std::size_t, const float*, const float*, std::size_t, const std::byte*, std::size_t,
                             int, int) noexcept;
 
-template <bool F16, int... I>
+template <DType T, int... I>
 constexpr std::array<AxpyColsFn, sizeof...(I)> z_axpy_table(std::integer_sequence<int, I...>) noexcept {
-  return {&z_axpy_cols<I % 4 + 1, I / 4 + 1, F16>...};  // index (NQ - 1) * 4 + (W - 1)
+  return {&z_axpy_cols<I % 4 + 1, I / 4 + 1, T>...};  // index (NQ - 1) * 4 + (W - 1)
 }
 
 KTARGET bool z_scale_axpy_rows_multi(float* y, const float* c, const float* a, std::size_t a_stride, int nq,
                                      const void* x, std::size_t stride, int nkeys, std::int64_t hd,
                                      DType type) noexcept {
-  if (nkeys < 1 || nq < 1 || hd % 16 != 0 || (type != DType::f16 && type != DType::f32)) return false;
-  static constexpr auto kF16 = z_axpy_table<true>(std::make_integer_sequence<int, 4 * kAxpyQueries>{});
-  static constexpr auto kF32 = z_axpy_table<false>(std::make_integer_sequence<int, 4 * kAxpyQueries>{});
-  const auto& table = type == DType::f16 ? kF16 : kF32;
+  if (nkeys < 1 || nq < 1 || hd % (type == DType::q8_0 ? 32 : 16) != 0 || !z_kv_type(type)) return false;
+  constexpr auto kTables = std::make_integer_sequence<int, 4 * kAxpyQueries>{};
+  static constexpr auto kHalf = z_axpy_table<DType::f16>(kTables);
+  static constexpr auto kFloat = z_axpy_table<DType::f32>(kTables);
+  static constexpr auto kQ8 = z_axpy_table<DType::q8_0>(kTables);
+  const auto& table = type == DType::f16 ? kHalf : type == DType::f32 ? kFloat : kQ8;
   const auto* rows = static_cast<const std::byte*>(x);
   const auto h = static_cast<std::size_t>(hd);
   for (int n0 = 0; n0 < nq; n0 += kAxpyQueries) {
@@ -604,20 +621,23 @@ KTARGET bool z_scale_axpy_rows_multi(float* y, const float* c, const float* a, s
   return true;
 }
 
-template <bool F16, int... NC>
+template <DType T, int... NC>
 KTARGET bool z_dot_rows_for(int nc, const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq,
                             float* out, std::size_t out_stride, std::integer_sequence<int, NC...>) noexcept {
-  return ((nc == NC + 1 ? (z_dot_rows<NC + 1, F16>(k, stride, nkeys, q, nq, out, out_stride), true) : false) || ...);
+  return ((nc == NC + 1 ? (z_dot_rows<NC + 1, T>(k, stride, nkeys, q, nq, out, out_stride), true) : false) || ...);
 }
 
 KTARGET bool z_dot_rows_multi(const void* k, std::size_t stride, int nkeys, const float* q, int nq, std::int64_t hd,
                               DType type, float* out, std::size_t out_stride) noexcept {
-  if (hd % 32 != 0 || hd > 256 || (type != DType::f16 && type != DType::f32)) return false;
+  if (hd % 32 != 0 || hd > 256 || !z_kv_type(type)) return false;
   const auto nc = static_cast<int>(hd / 32);
   const auto* rows = static_cast<const std::byte*>(k);
   constexpr auto kUpTo8 = std::make_integer_sequence<int, 8>{};
-  return type == DType::f16 ? z_dot_rows_for<true>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8)
-                            : z_dot_rows_for<false>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
+  switch (type) {
+    case DType::f16: return z_dot_rows_for<DType::f16>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
+    case DType::f32: return z_dot_rows_for<DType::f32>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
+    default: return z_dot_rows_for<DType::q8_0>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
+  }
 }
 
 #undef KTARGET
