@@ -273,8 +273,11 @@ class CpuCompute final : public ComputeBase {
     float* y;
   };
 
-  static constexpr std::int64_t kRowsPerTask = kRowTile;
-  static std::int64_t row_tasks(std::int64_t n) noexcept { return (n + kRowsPerTask - 1) / kRowsPerTask; }
+  // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
+  static constexpr std::int64_t kRowsKernelTokens = 3;
+  static std::int64_t row_tasks(std::int64_t n, std::int64_t per_task) noexcept {
+    return (n + per_task - 1) / per_task;
+  }
 
   // Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N), t in [0, T).
   void matmul_core(DType wtype, const std::byte* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
@@ -294,27 +297,32 @@ class CpuCompute final : public ComputeBase {
       quantize(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
     });
     bool dequant = false;
-    std::int64_t tasks = 0;
+    std::int64_t tiles = 0;
     for (const MatJob& j : jobs) {
       dequant = dequant || (exact && dtype_traits(j.wtype)->quantized);
-      tasks += row_tasks(j.n);
+      tiles += row_tasks(j.n, kRowTile);
     }
+    // Decode: 64 rows of a small matrix are about a microsecond of work, so claiming tasks costs a fair share of
+    // it; a task takes up to 4 row tiles as long as every thread still gets 4 tasks. Rows never depend on the split.
+    const std::int64_t per_task =
+        t <= kRowsKernelTokens ? kRowTile * std::clamp<std::int64_t>(tiles / (4 * pool_.size()), 1, 4) : kRowTile;
+    std::int64_t tasks = 0;
+    for (const MatJob& j : jobs) tasks += row_tasks(j.n, per_task);
     if (dequant) {
       for (auto& s : scratch_) s.get(static_cast<std::size_t>(k) * sizeof(float));
     }
     pool_.run(tasks, [&](std::int64_t task, int worker) noexcept {
       std::size_t j = 0;
-      while (task >= row_tasks(jobs[j].n)) task -= row_tasks(jobs[j++].n);
-      matmul_rows(jobs[j], task * kRowsPerTask, k, act, abytes, t, exact, worker);
+      while (task >= row_tasks(jobs[j].n, per_task)) task -= row_tasks(jobs[j++].n, per_task);
+      const std::int64_t r0 = task * per_task;
+      matmul_rows(jobs[j], r0, std::min(jobs[j].n, r0 + per_task), k, act, abytes, t, exact, worker);
     });
   }
 
-  // Rows [r0, r0 + kRowsPerTask) of one matrix for every token.
-  void matmul_rows(const MatJob& job, std::int64_t r0, std::int64_t k, const std::byte* act, std::size_t abytes,
-                   std::int64_t t, bool exact, int worker) noexcept {
+  // Rows [r0, r1) of one matrix for every token.
+  void matmul_rows(const MatJob& job, std::int64_t r0, std::int64_t r1, std::int64_t k, const std::byte* act,
+                   std::size_t abytes, std::int64_t t, bool exact, int worker) noexcept {
     constexpr std::int64_t kTokensPerTile = 8;
-    // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
-    constexpr std::int64_t kRowsKernelTokens = 3;
     const DType wtype = job.wtype;
     const std::byte* w = job.w;
     const std::int64_t n = job.n;
@@ -324,7 +332,6 @@ class CpuCompute final : public ComputeBase {
     const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
     const DotRowsFn rows_fn = select_rows(*opt_.kernels, wtype, exact);
     const std::size_t wbytes = row_bytes(wtype, k);
-    const std::int64_t r1 = std::min(n, r0 + kRowsPerTask);
     if (exact && dtype_traits(wtype)->quantized) {
       auto* row = reinterpret_cast<float*>(scratch_[static_cast<std::size_t>(worker)].get(0));
       for (std::int64_t r = r0; r < r1; ++r) {
@@ -337,12 +344,14 @@ class CpuCompute final : public ComputeBase {
       return;
     }
     if (rows_fn != nullptr && t <= kRowsKernelTokens) {
-      for (std::int64_t i = 0; i < t; ++i) {
-        float v[kRowTile];
-        rows_fn(w + static_cast<std::size_t>(r0) * wbytes, wbytes, static_cast<int>(r1 - r0),
-                act + static_cast<std::size_t>(i) * abytes, k, v);
-        for (std::int64_t r = r0; r < r1; ++r) y[i * n + r] = bias != nullptr ? v[r - r0] + bias[r] : v[r - r0];
-      }
+      for (std::int64_t i = 0; i < t; ++i)
+        for (std::int64_t q0 = r0; q0 < r1; q0 += kRowTile) {
+          const std::int64_t q1 = std::min(r1, q0 + kRowTile);
+          float v[kRowTile];
+          rows_fn(w + static_cast<std::size_t>(q0) * wbytes, wbytes, static_cast<int>(q1 - q0),
+                  act + static_cast<std::size_t>(i) * abytes, k, v);
+          for (std::int64_t r = q0; r < q1; ++r) y[i * n + r] = bias != nullptr ? v[r - q0] + bias[r] : v[r - q0];
+        }
       return;
     }
     for (std::int64_t t0 = 0; t0 < t; t0 += kTokensPerTile) {

@@ -139,6 +139,32 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
     }
 }
 
+// Decode tasks take up to 4 tiles of 64 rows when there are enough for every thread (2 threads: 2000 rows in 256-row
+// tasks; 16 threads: 64-row tasks). Neither the split nor the ISA may change a bit.
+TEST_P(CpuIsa, DecodeRowsDoNotDependOnHowTasksSplitThem) {
+  auto two = make(GetParam(), "2");
+  if (!two) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto sixteen = make(GetParam(), "16");
+  auto scalar = make("scalar", "1");
+  ASSERT_TRUE(sixteen && scalar);
+  for (DType type : {DType::q4_k, DType::q6_k, DType::q8_0, DType::f16}) {
+    const std::int64_t k = 512, n = 2000;
+    auto w = quantized(type, k, n, 77);
+    const auto x = randn(static_cast<std::size_t>(k), 78);
+    std::vector<std::vector<float>> ys;
+    for (Compute* c : {two.get(), sixteen.get(), scalar.get()}) {
+      std::vector<float> y(static_cast<std::size_t>(n));
+      Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()},
+                     Tensor{DType::f32, {k, 1, 1, 1}, const_cast<float*>(x.data())}};
+      Tensor out{DType::f32, {n, 1, 1, 1}, y.data()};
+      ASSERT_TRUE(c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+      ys.push_back(std::move(y));
+    }
+    EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ys[0].size() * sizeof(float))) << to_string(type);
+    EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[2].data(), ys[0].size() * sizeof(float))) << to_string(type);
+  }
+}
+
 // An attention task takes as many query heads of a KV head as leaves a task per thread, so 1, 3 and 16
 // threads group differently; every query's bits must stay the same.
 TEST_P(CpuIsa, AttentionDoesNotDependOnHowQueriesAreGrouped) {
