@@ -28,14 +28,19 @@ KTARGET inline __m256i z_dot_u8s8(__m256i u, __m256i s) noexcept {
 #include "kernels_x86.inc"
 #undef X86_DOT_U8S8
 
+// reduce_f32_lanes's tree on 16 lanes in one register (from the step s = 8 on), and on 32 lanes in two (lanes 0-15
+// and 16-31, from s = 16 on).
+KTARGET inline float z_tree16(__m512 v) noexcept {
+  return x86_tree16(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+KTARGET inline float z_tree32(__m512 a0, __m512 a1) noexcept {
+  return z_tree16(_mm512_add_ps(a0, a1));
+}
+
 // 32 lanes = two 512-bit registers (lanes 0-15 and 16-31), reduced as x86_finish does.
 template <typename Tail>
 KTARGET inline float z_finish(__m512 a0, __m512 a1, std::int64_t done, std::int64_t k, Tail&& tail) noexcept {
-  if (done == k) {
-    const __m512 v = _mm512_add_ps(a0, a1);
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return x86_tree8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
-  }
+  if (done == k) return z_tree32(a0, a1);
   alignas(64) float lanes[kF32Lanes];
   _mm512_store_ps(lanes, a0);
   _mm512_store_ps(lanes + 16, a1);
@@ -518,8 +523,7 @@ KTARGET float z_softmax_block(float* s, int n, float scale, float m, float* sum)
     _mm512_mask_storeu_ps(s + j, k, e);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
   }
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  *sum = x86_tree8(_mm256_add_ps(_mm512_castps512_ps256(acc), hi));
+  *sum = z_tree16(acc);
   return mn;
 }
 
@@ -540,11 +544,6 @@ KTARGET inline __m512 z_load16(const std::byte* row, int e) noexcept {
   }
 }
 
-// The KV types the grouped-query kernels read.
-constexpr bool z_kv_type(DType t) noexcept {
-  return t == DType::f32 || t == DType::f16 || t == DType::q8_0;
-}
-
 // dot_rows_multi for head_dim = 32 * NC: the key row is converted once into 2 * NC registers and
 // multiplied with every query; lanes as z_dot_f16 / z_dot_f32 (element e in lane e % 32; q8_0 dequantized first).
 template <int NC, DType T>
@@ -561,8 +560,7 @@ KTARGET void z_dot_rows(const std::byte* k, std::size_t stride, int nkeys, const
         a0 = _mm512_add_ps(a0, _mm512_mul_ps(kr[2 * c], _mm512_loadu_ps(qn + 32 * c)));
         a1 = _mm512_add_ps(a1, _mm512_mul_ps(kr[2 * c + 1], _mm512_loadu_ps(qn + 32 * c + 16)));
       }
-      out[static_cast<std::size_t>(n) * out_stride + static_cast<std::size_t>(j)] =
-          z_finish(a0, a1, 0, 0, [](std::int64_t) { return 0.0f; });
+      out[static_cast<std::size_t>(n) * out_stride + static_cast<std::size_t>(j)] = z_tree32(a0, a1);
     }
   }
 }
@@ -602,42 +600,39 @@ constexpr std::array<AxpyColsFn, sizeof...(I)> z_axpy_table(std::integer_sequenc
 KTARGET bool z_scale_axpy_rows_multi(float* y, const float* c, const float* a, std::size_t a_stride, int nq,
                                      const void* x, std::size_t stride, int nkeys, std::int64_t hd,
                                      DType type) noexcept {
-  if (nkeys < 1 || nq < 1 || hd % (type == DType::q8_0 ? 32 : 16) != 0 || !z_kv_type(type)) return false;
-  constexpr auto kTables = std::make_integer_sequence<int, 4 * kAxpyQueries>{};
-  static constexpr auto kHalf = z_axpy_table<DType::f16>(kTables);
-  static constexpr auto kFloat = z_axpy_table<DType::f32>(kTables);
-  static constexpr auto kQ8 = z_axpy_table<DType::q8_0>(kTables);
-  const auto& table = type == DType::f16 ? kHalf : type == DType::f32 ? kFloat : kQ8;
+  if (nkeys < 1 || nq < 1 || hd % (type == DType::q8_0 ? 32 : 16) != 0) return false;
   const auto* rows = static_cast<const std::byte*>(x);
   const auto h = static_cast<std::size_t>(hd);
-  for (int n0 = 0; n0 < nq; n0 += kAxpyQueries) {
-    const int queries = std::min(kAxpyQueries, nq - n0);
-    for (int col = 0; col < hd; col += 64) {
-      const int w = static_cast<int>(std::min<std::int64_t>(4, (hd - col) / 16));
-      table[static_cast<std::size_t>((queries - 1) * 4 + (w - 1))](y + n0 * h, h, c + n0, a + n0 * a_stride, a_stride,
-                                                                   rows, stride, nkeys, col);
+  return x86_for_kv_type(type, [&](auto t) {
+    static constexpr auto kTable =
+        z_axpy_table<decltype(t)::value>(std::make_integer_sequence<int, 4 * kAxpyQueries>{});
+    for (int n0 = 0; n0 < nq; n0 += kAxpyQueries) {
+      const int queries = std::min(kAxpyQueries, nq - n0);
+      for (int col = 0; col < hd; col += 64) {
+        const int w = static_cast<int>(std::min<std::int64_t>(4, (hd - col) / 16));
+        kTable[static_cast<std::size_t>((queries - 1) * 4 + (w - 1))](y + n0 * h, h, c + n0, a + n0 * a_stride,
+                                                                      a_stride, rows, stride, nkeys, col);
+      }
     }
-  }
-  return true;
+  });
 }
 
+// z_dot_rows<nc, T> for a run-time nc in 1..sizeof...(NC).
 template <DType T, int... NC>
-KTARGET bool z_dot_rows_for(int nc, const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq,
+KTARGET void z_dot_rows_for(int nc, const std::byte* k, std::size_t stride, int nkeys, const float* q, int nq,
                             float* out, std::size_t out_stride, std::integer_sequence<int, NC...>) noexcept {
-  return ((nc == NC + 1 ? (z_dot_rows<NC + 1, T>(k, stride, nkeys, q, nq, out, out_stride), true) : false) || ...);
+  (void)((nc == NC + 1 && (z_dot_rows<NC + 1, T>(k, stride, nkeys, q, nq, out, out_stride), true)) || ...);
 }
 
 KTARGET bool z_dot_rows_multi(const void* k, std::size_t stride, int nkeys, const float* q, int nq, std::int64_t hd,
                               DType type, float* out, std::size_t out_stride) noexcept {
-  if (hd % 32 != 0 || hd > 256 || !z_kv_type(type)) return false;
+  if (hd % 32 != 0 || hd > 256) return false;  // hd / 32 in 1..8
   const auto nc = static_cast<int>(hd / 32);
   const auto* rows = static_cast<const std::byte*>(k);
-  constexpr auto kUpTo8 = std::make_integer_sequence<int, 8>{};
-  switch (type) {
-    case DType::f16: return z_dot_rows_for<DType::f16>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
-    case DType::f32: return z_dot_rows_for<DType::f32>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
-    default: return z_dot_rows_for<DType::q8_0>(nc, rows, stride, nkeys, q, nq, out, out_stride, kUpTo8);
-  }
+  return x86_for_kv_type(type, [&](auto t) {
+    z_dot_rows_for<decltype(t)::value>(nc, rows, stride, nkeys, q, nq, out, out_stride,
+                                       std::make_integer_sequence<int, 8>{});
+  });
 }
 
 #undef KTARGET

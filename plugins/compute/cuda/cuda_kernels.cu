@@ -228,9 +228,9 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
 // depend on K alone, for every token tile; the float-per-weight path spends about nine instructions per weight,
 // this one about one.
 
-// One warp per 256 elements (blockIdx.y) of one token (blockIdx.x), 8 per lane: d = amax / 127 over each kBlock-element block (lanes
-// kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes (same integers, so the
-// two backends' sums agree).
+// One warp per 256 elements (blockIdx.y) of one token (blockIdx.x), 8 per lane: d = amax / 127 over each
+// kBlock-element block (lanes kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes
+// (same integers, so the two backends' sums agree).
 template <int kBlock>
 __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __restrict__ q, float* __restrict__ d,
                                    int k) {
