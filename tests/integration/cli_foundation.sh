@@ -53,7 +53,7 @@ check "plugin option: line and suggestion" "plugin-typo.yaml:3:3: unknown key 's
 
 out=$("$cli" profile show --profile cpu --set storage.queue_depth=7 2>&1); rc=$?
 expect_rc "profile show cpu" 0 $rc
-check "cpu profile value with origin" "cache.policy = lru" "$out"
+check "cpu profile value with origin" "cache.policy = frequency" "$out"
 check "origin of a profile value" "# profile cpu (" "$out"
 check "--set wins and is named" "storage.queue_depth = 7" "$out"
 check "--set origin" "command line --set storage.queue_depth=7" "$out"

@@ -159,6 +159,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["buffers_mapped"] = st.buffers_mapped;
   j["prefetch_precision"] = st.prediction_precision();
   j["prefetch_recall"] = st.prediction_recall();
+  j["prefetch_predicted"] = st.predicted;  // experts predicted for the next layers (prefetch.confidence filters)
   j["stall_saved_seconds"] = st.stall_saved_seconds;
   j["bytes_read_per_token"] = bytes_per_token;
   j["disk_bytes_per_second"] = run_s > 0 ? static_cast<double>(st.bytes_read) / run_s : 0.0;

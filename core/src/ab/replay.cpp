@@ -129,7 +129,10 @@ sdk::Expected<bool> CacheSim::acquire(ExpertKey key) {
   slot.in_use = 1;
   used_ += slot_bytes;
   slots_.emplace(key.packed(), slot);
-  if (policy_) policy_->on_insert(key, *read);
+  if (policy_) {
+    policy_->on_insert(key, *read);
+    policy_->on_access(key);  // read for this use, as the expert manager tells it
+  }
   return false;
 }
 

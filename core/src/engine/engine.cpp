@@ -204,7 +204,12 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   if (auto v = profile.get_int("memory.kv_cache")) kv_bytes = static_cast<std::uint64_t>(*v);
   if (!options.prefetch_layers) {
     auto v = profile.get_int("prefetch.layers");
-    options.prefetch_layers = v ? *v : 2;
+    options.prefetch_layers = v ? *v : 1;
+  }
+  if (!options.prefetch_confidence) {
+    auto v = profile.section("prefetch").get_number("confidence", 1.0);
+    if (!v) return v.error();
+    options.prefetch_confidence = *v;
   }
   return open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
 }
@@ -250,6 +255,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   rope_ = std::move(*rope);
   if (options_.exact_activations) matmul_flags_ = sdk::kExactActivations;
   prefetch_layers_ = std::max<std::int64_t>(0, options_.prefetch_layers.value_or(0));
+  prefetch_confidence_ = std::max(0.0, options_.prefetch_confidence.value_or(1.0));
 
   // Shared weights: every file they live in, read whole through the storage plugin, each tensor hash-checked.
   for (const auto& t : manifest_.tensors) {
@@ -1113,6 +1119,9 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
 
 // Prefetch: the routers of the next prefetch_layers_ layers applied to this layer's hidden state predict their
 // experts; the predicted misses are queued below demand reads. Only timing changes: routing itself is untouched.
+// Only confident guesses are read (weight >= prefetch_confidence_ x the mean of the token's top-k): a guess waits in
+// its slot until used, so with a cache smaller than a token's experts every wrong one held a slot the cache policy
+// would have kept a much used expert in (at 25% of the experts, all top-2 guesses left no decode hit at all).
 Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, std::span<const sdk::ExpertKey> keep) {
   if (prefetch_layers_ <= 0 || experts_->resident()) return {};
   auto& S = *scratch_;
@@ -1139,8 +1148,18 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, s
                {i32_2d(S.pred_ids.data(), K, T), f32(S.pred_weights.data(), K, T)}, topk_p);
     if (!s) return s;
     std::set<std::int32_t> mine;
-    for (const auto e : S.pred_ids) {
-      if (e >= 0 && e < E) mine.insert(e);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto at = static_cast<std::size_t>(t * K);
+      float sum = 0;
+      for (std::int64_t k = 0; k < K; ++k) sum += S.pred_weights[at + static_cast<std::size_t>(k)];
+      const double floor = prefetch_confidence_ * static_cast<double>(sum) / static_cast<double>(K);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const auto i = at + static_cast<std::size_t>(k);
+        const auto e = S.pred_ids[i];
+        // k = 0 is the most likely (topk_routing ranks); at confidence <= 1 it is at least the mean, rounding aside.
+        const bool confident = (k == 0 && prefetch_confidence_ <= 1) || static_cast<double>(S.pred_weights[i]) >= floor;
+        if (e >= 0 && e < E && confident) mine.insert(e);
+      }
     }
     for (const auto e : mine) wanted.push_back({static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(e)});
     predicted_[m].insert(mine.begin(), mine.end());

@@ -356,6 +356,7 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire_ram(std::int64_t layer, std:
     it->second.fetched = false;
     ++stats_.misses;
     ++it->second.in_use;
+    if (policy_) policy_->on_access(key);
     return weights_of(it->second);
   }
   if (it != slots_.end()) {
@@ -381,7 +382,10 @@ sdk::Expected<ExpertWeights> ExpertManager::acquire_ram(std::int64_t layer, std:
   used_bytes_ += slot.data.size();
   auto [pos, inserted] = slots_.emplace(key.packed(), std::move(slot));
   (void)inserted;
-  if (policy_) policy_->on_insert(key, e->size);
+  if (policy_) {
+    policy_->on_insert(key, e->size);
+    policy_->on_access(key);  // read for this use
+  }
   return weights_of(pos->second);
 }
 

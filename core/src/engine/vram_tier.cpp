@@ -218,6 +218,7 @@ sdk::Expected<ExpertWeights> VramTier::upload(sdk::ExpertKey key, const model::E
   Entry* entry = start_upload(key, e, blob, true, error);
   if (entry == nullptr) return error;
   entry->in_use = 1;
+  if (policy_) policy_->on_access(key);  // uploaded for this use
   return weights_of(*entry);
 }
 

@@ -38,9 +38,10 @@ const OptionSpec kCanonical[] = {
   {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},
   {"storage.queue_depth", OptionType::integer, "32", "reads in flight at once"},
   {"storage.paths", OptionType::string_list, "[]", "extra directories holding expert files (stripe)"},
-  {"cache.policy", OptionType::string, "lru", "cache policy plugin: lru, pinned, frequency", true},
+  {"cache.policy", OptionType::string, "frequency", "cache policy plugin: frequency, lru, pinned", true},
   {"cache.pinned_experts", OptionType::string_list, "[]", "experts never evicted, as layer:expert"},
-  {"prefetch.layers", OptionType::integer, "2", "layers ahead whose experts are prefetched (0: off)"},
+  {"prefetch.layers", OptionType::integer, "1", "layers ahead whose experts are prefetched (0: off)"},
+  {"prefetch.confidence", OptionType::number, "1", "prefetch a predicted expert only if its predicted routing weight is at least this many times the mean of the token's top-k weights (1: the above-average ones, always the most likely; 0: all top-k)"},
   {"server.host", OptionType::string, "127.0.0.1", "address colibri-server binds"},
   {"server.port", OptionType::integer, "8080", "port colibri-server listens on"},
   {"plugins.paths", OptionType::string_list, "[]", "directories searched first for plugin libraries"},
@@ -105,6 +106,12 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   if (key == "server.port") return int_in(1, 65535);
   if (key == "storage.queue_depth") return int_in(1, 4096);
   if (key == "prefetch.layers") return int_in(0, 64);
+  if (key == "prefetch.confidence") {
+    const auto* d = std::get_if<double>(&v.value);
+    if (d != nullptr && !(*d >= 0 && *d <= 64)) {
+      return Status(StatusCode::invalid_argument, std::to_string(*d) + " is out of range; use 0..64");
+    }
+  }
   if (key == "compute.threads") return int_in(1, 1024);
   if (key == "compute.device") return int_in(0, 1024);
   if (key == "cache.pinned_experts") {

@@ -37,8 +37,8 @@ class Run(unittest.TestCase):
         self.assertNotEqual(a.stdout, c.stdout)
         self.assertTrue(a.stdout.startswith("Hello world"))
         stats = a.stderr.strip().splitlines()[-1]
-        for word in ("resident", "backend cpu", "storage pread", "cache lru", "prefill", "decode", "expert hit rate",
-                     "read", "I/O stall", "12 generated"):
+        for word in ("resident", "backend cpu", "storage pread", "cache frequency", "prefill", "decode",
+                     "expert hit rate", "read", "I/O stall", "12 generated"):
             self.assertIn(word, stats)
 
     def test_greedy_is_deterministic_and_stop_string_cuts(self):

@@ -5,7 +5,8 @@
 
 * the one promise: one prompt under every storage plugin (pread, io_uring where the kernel allows it, mmap, stripe)
   x every cache policy (lru, pinned, frequency) x cache sizes from one expert to everything resident x prefetch
-  0..3 gives byte-identical `colibri-cli logits` output.
+  0..3 (prefetch.confidence 1 and 0) gives byte-identical `colibri-cli logits` output.
+* prefetch.confidence: 1 predicts fewer experts than 0 (every top-k guess), 64 none; -1 is refused.
 * prefetch: a streamed bench issues prefetches, uses some, and reports precision and recall within 0..1.
 * faults: a missing, truncated or corrupt expert fails the request naming the expert and the fix.
 """
@@ -103,8 +104,10 @@ class Promise(unittest.TestCase):
                     if policy == "pinned" and size_name == "one":
                         continue  # a pin leaves no room in a one-expert cache (checked below)
                     for depth in range(4):
+                        # Odd depths prefetch every predicted expert, even ones only the likely ones.
                         args = ["--set", f"storage.plugin={plugin}", "--set", f"cache.policy={policy}",
-                                "--expert-cache-size", str(size), "--prefetch-layers", str(depth)] + extra
+                                "--expert-cache-size", str(size), "--prefetch-layers", str(depth), "--set",
+                                f"prefetch.confidence={depth % 2 == 0 and 1 or 0}"] + extra
                         if policy == "pinned":
                             args += pins
                         got = logits_bytes(path, f"{storage}-{policy}-{size_name}-{depth}", *args)
@@ -124,9 +127,34 @@ class Promise(unittest.TestCase):
 
 class Prefetch(unittest.TestCase):
     def bench(self, m, depth, size):
+        # lru: it keeps no most used experts for a guess to displace, so every used prefetch is a demand read saved;
+        # confidence 0: every guess, so there are plenty to count.
         p = run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "24", "--json", "--prefetch-layers",
-                 str(depth), "--expert-cache-size", str(size)])
+                 str(depth), "--expert-cache-size", str(size), "--set", "cache.policy=lru", "--set",
+                 "prefetch.confidence=0"])
         return json.loads(p.stdout)
+
+    def test_confidence_keeps_only_likely_guesses(self):
+        m = model()
+        size = slot_bytes(m) * manifest(m)["hparams"]["num_layers"] * 3
+
+        def bench(confidence):
+            p = run(["bench", "--model", m, "--prompt-tokens", "8", "--gen-tokens", "24", "--json",
+                     "--prefetch-layers", "2", "--expert-cache-size", str(size), "--set",
+                     f"prefetch.confidence={confidence}"])
+            return json.loads(p.stdout)
+
+        every, likely, none = bench(0), bench(1), bench(64)
+        print(f"  predicted at confidence 0 / 1 / 64: {every['prefetch_predicted']} / {likely['prefetch_predicted']} "
+              f"/ {none['prefetch_predicted']}", flush=True)
+        # 1 keeps the above-average guesses of each token (the top one at least): fewer than all top-k, not none.
+        self.assertGreater(likely["prefetch_predicted"], 0)
+        self.assertLess(likely["prefetch_predicted"], every["prefetch_predicted"])
+        self.assertEqual(none["prefetch_predicted"], 0)
+        self.assertEqual(none["prefetch_issued"], 0)
+        p = run(["bench", "--model", m, "--gen-tokens", "1", "--set", "prefetch.confidence=-1"], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("prefetch.confidence", p.stderr)
 
     def test_prefetch_is_counted(self):
         m = model()
@@ -161,7 +189,7 @@ class Prefetch(unittest.TestCase):
         # when their layer has passed. 20 ms, not 5: on a loaded machine the forward pass slowed down enough for a
         # 5 ms disk to drain its queue in time (0 cancelled in 3 of 3 runs of one failure, with 3 busy loops beside).
         slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=20", "--set", "storage.queue_depth=1",
-                "--expert-cache-size", str(size), "--prefetch-layers", "2"]
+                "--expert-cache-size", str(size), "--prefetch-layers", "2", "--set", "prefetch.confidence=0"]
         # Which prefetches find room depends on which reads have landed (timing), so a run might issue no stale one
         # (none did in 6 runs under 3-4 busy loops): up to three runs, each with a fresh usage history (a cache warmed from
         # an earlier run's would leave little to prefetch).

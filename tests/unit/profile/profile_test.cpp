@@ -53,7 +53,7 @@ TEST_F(ProfileTest, BuiltInDefaultsRunAnywhere) {
   EXPECT_EQ(p->name(), "built-in");
   EXPECT_EQ(p->get_string("compute.backend"), "cpu");
   EXPECT_EQ(p->get_string("storage.plugin"), "pread");
-  EXPECT_EQ(p->get_string("cache.policy"), "lru");
+  EXPECT_EQ(p->get_string("cache.policy"), "frequency");
   EXPECT_TRUE(p->is_auto("memory.expert_cache"));
   EXPECT_EQ(p->get_int("server.port"), 8080);
   EXPECT_EQ(p->find("server.port")->origin.layer, Origin::Layer::builtin);

@@ -402,5 +402,63 @@ TEST(CancelStale, LandedPrefetchesAndStoragesWithoutCancelAreLeftAlone) {
   EXPECT_EQ(n.stats().prefetch_cancelled, 0u);
 }
 
+// Records what the policy hears per expert; victims as ListPolicy picks them.
+class CountingPolicy final : public sdk::CachePolicy {
+ public:
+  std::map<std::uint64_t, int> inserts, accesses;
+  void on_insert(ExpertKey k, std::uint64_t bytes) noexcept override {
+    ++inserts[k.packed()];
+    order_.on_insert(k, bytes);
+  }
+  void on_access(ExpertKey k) noexcept override {
+    ++accesses[k.packed()];
+    order_.on_access(k);
+  }
+  void on_erase(ExpertKey k) noexcept override { order_.on_erase(k); }
+  std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate& ok) noexcept override {
+    return order_.pick_victim(ok);
+  }
+  void clear() noexcept override { order_.clear(); }
+
+ private:
+  ListPolicy order_;
+};
+
+// The policy contract (sdk/cache_policy.hpp): every use is one on_access, whatever read the expert; an insert is
+// not a use, so a prefetch that is never used and a warm load leave no access behind.
+TEST(PolicyEvents, EachUseIsOneAccessAndInsertsAreNotUses) {
+  Fixture f(2, 4);
+  auto counting = std::make_shared<CountingPolicy>();
+  ExpertManager m(f.manifest, "/m", f.storage, counting, 5 * kBlob);
+  auto use = [&](std::uint32_t l, std::uint32_t e) {
+    ASSERT_TRUE(m.acquire(l, e));
+    m.release(l, e);
+  };
+  use(0, 0);  // demand miss, read synchronously
+  use(0, 0);  // hit
+  const ExpertKey fetched[] = {key(0, 1)};
+  ASSERT_EQ(m.fetch(fetched), 1u);
+  const ExpertKey guessed[] = {key(1, 0), key(1, 1)};
+  ASSERT_EQ(m.prefetch(guessed), 2u);
+  f.storage->complete_all();
+  use(0, 1);  // fetched for this use
+  use(1, 0);  // prefetched and used
+  const ExpertKey warmed[] = {key(1, 2)};
+  ASSERT_TRUE(m.warm(warmed));
+  EXPECT_EQ(m.stats().misses, 2u);
+  EXPECT_EQ(m.stats().hits, 2u);
+  const std::map<std::uint64_t, int> inserts{
+      {key(0, 0).packed(), 1}, {key(0, 1).packed(), 1}, {key(1, 0).packed(), 1},
+      {key(1, 1).packed(), 1}, {key(1, 2).packed(), 1},
+  };
+  const std::map<std::uint64_t, int> accesses{
+      {key(0, 0).packed(), 2},
+      {key(0, 1).packed(), 1},
+      {key(1, 0).packed(), 1},
+  };
+  EXPECT_EQ(counting->inserts, inserts);
+  EXPECT_EQ(counting->accesses, accesses);  // 1:1 (never used) and 1:2 (warmed) have none
+}
+
 }  // namespace
 }  // namespace colibri::engine

@@ -39,6 +39,7 @@ struct EngineOptions {
   std::optional<std::uint64_t> expert_cache_bytes;  // overrides memory.expert_cache
   bool exact_activations = false;                   // forbid per-token activation quantization in quantized matmuls
   std::optional<std::int64_t> prefetch_layers;      // overrides prefetch.layers (0: off; only when streaming)
+  std::optional<double> prefetch_confidence;        // overrides prefetch.confidence
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
   std::optional<bool> kv_on_device;                 // overrides memory.kv_on_device
@@ -204,6 +205,7 @@ class Engine {
   sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const sdk::Tensor& h,
                              std::span<const sdk::ExpertKey> keep);
   std::int64_t prefetch_layers_ = 0;
+  double prefetch_confidence_ = 1.0;
   std::map<std::int64_t, std::set<std::int32_t>> predicted_;
 };
 

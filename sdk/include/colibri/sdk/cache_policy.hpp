@@ -34,7 +34,10 @@ struct EvictablePredicate {
 
 class CachePolicy : public PluginObject {
  public:
+  // The entry became resident: read for a use (on_access follows), ahead of need by a prefetch (on_access follows
+  // when it is used; on_erase may come first when the guess was wrong), or loaded by preload/warm. Not a use.
   virtual void on_insert(ExpertKey key, std::uint64_t bytes) noexcept = 0;
+  // One use of a resident entry, hit or miss: every use is reported exactly once.
   virtual void on_access(ExpertKey key) noexcept = 0;
   // The entry left the cache (evicted or cleared).
   virtual void on_erase(ExpertKey key) noexcept = 0;
