@@ -109,7 +109,9 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   if (key == "prefetch.confidence") {
     const auto* d = std::get_if<double>(&v.value);
     if (d != nullptr && !(*d >= 0 && *d <= 64)) {
-      return Status(StatusCode::invalid_argument, std::to_string(*d) + " is out of range; use 0..64");
+      std::ostringstream text;
+      text << *d;
+      return Status(StatusCode::invalid_argument, text.str() + " is out of range; use 0..64");
     }
   }
   if (key == "compute.threads") return int_in(1, 1024);
