@@ -42,7 +42,7 @@ TEST(FrequencyPolicy, LeastFrequentlyUsedGoesFirst) {
   auto p = make({});
   ASSERT_NE(p, nullptr);
   for (std::uint32_t e = 0; e < 3; ++e) p->on_insert({0, e}, 1);
-  for (int i = 0; i < 5; ++i) p->on_access({0, 0});  // 0: 6 uses, 1: 3, 2: 1
+  for (int i = 0; i < 5; ++i) p->on_access({0, 0});  // 0: 5 uses, 1: 2, 2: none (its insert counts as one)
   for (int i = 0; i < 2; ++i) p->on_access({0, 1});
   EXPECT_EQ(drain_victims(*p), (std::vector<std::uint32_t>{2, 1, 0}));
 }
@@ -62,7 +62,7 @@ TEST(FrequencyPolicy, TiesGoToTheLeastRecentlyUsed) {
 }
 
 TEST(FrequencyPolicy, OldPopularityDecays) {
-  // Expert 0 was used 20 times long ago; expert 1 is used steadily now.
+  // Expert 0 was used 19 times long ago; expert 1 is used steadily now.
   for (const auto& [half_life, expected_first] :
        std::vector<std::pair<std::string, std::uint32_t>>{{"1000000", 1u}, {"10", 0u}}) {
     auto p = make({{"half_life", half_life}});
@@ -75,7 +75,7 @@ TEST(FrequencyPolicy, OldPopularityDecays) {
     for (int i = 0; i < 200; ++i) p->on_access({0, 2});
     auto v = p->pick_victim(EvictablePredicate{[](void*, ExpertKey k) noexcept { return k.expert != 2; }, nullptr});
     ASSERT_TRUE(v);
-    // Without decay 0 (20 uses) beats 1 (10 uses); with a short half-life 0's uses are older.
+    // Without decay 0 (19 uses) beats 1 (9 uses); with a short half-life 0's uses are older.
     EXPECT_EQ(v->expert, expected_first) << "half_life " << half_life;
   }
 }
