@@ -151,6 +151,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   j["prefetch_layers"] = engine->prefetch_layers();
+  j["prefetch_confidence"] = engine->prefetch_confidence();
   j["prefetch_issued"] = st.prefetch_issued;
   j["prefetch_used"] = st.prefetch_used;
   j["prefetch_wasted"] = st.prefetch_wasted;
@@ -246,12 +247,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(), j["disk_bytes_per_second"].get<double>() / 1e9,
               st.stall_seconds, st.stall_saved_seconds, mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
   std::printf(
-      "prefetch   %lld layers: %llu issued, %llu used, %llu wasted, %llu cancelled; prediction precision %.1f%%, "
-      "recall %.1f%%\n",
-      static_cast<long long>(engine->prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
-      static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
-      static_cast<unsigned long long>(st.prefetch_cancelled), 100.0 * st.prediction_precision(),
-      100.0 * st.prediction_recall());
+      "prefetch   %lld layers, confidence %g: %llu issued, %llu used, %llu wasted, %llu cancelled; prediction "
+      "precision %.1f%%, recall %.1f%%\n",
+      static_cast<long long>(engine->prefetch_layers()), engine->prefetch_confidence(),
+      static_cast<unsigned long long>(st.prefetch_issued), static_cast<unsigned long long>(st.prefetch_used),
+      static_cast<unsigned long long>(st.prefetch_wasted), static_cast<unsigned long long>(st.prefetch_cancelled),
+      100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
   if (!storage_counters.empty()) {
     std::string line;
     for (const auto& [name, v] : storage_counters) {

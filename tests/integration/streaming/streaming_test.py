@@ -145,6 +145,8 @@ class Prefetch(unittest.TestCase):
             return json.loads(p.stdout)
 
         every, likely, none = bench(0), bench(1), bench(64)
+        self.assertEqual([every["prefetch_confidence"], likely["prefetch_confidence"], none["prefetch_confidence"]],
+                         [0, 1, 64])
         print(f"  predicted at confidence 0 / 1 / 64: {every['prefetch_predicted']} / {likely['prefetch_predicted']} "
               f"/ {none['prefetch_predicted']}", flush=True)
         # 1 keeps the above-average guesses of each token (the top one at least): fewer than all top-k, not none.

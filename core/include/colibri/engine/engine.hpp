@@ -120,6 +120,7 @@ class Engine {
   // Cache admin (clear, warm): only between forward passes, on the thread that runs them.
   [[nodiscard]] ExpertManager& experts() { return *experts_; }
   [[nodiscard]] std::int64_t prefetch_layers() const { return prefetch_layers_; }
+  [[nodiscard]] double prefetch_confidence() const { return prefetch_confidence_; }
   [[nodiscard]] const KvCache& kv_cache() const { return kv_; }
   [[nodiscard]] std::uint64_t shared_bytes() const { return shared_bytes_; }
   // Bytes of shared weights held in the compute backend's device memory (memory.shared_on_device).
