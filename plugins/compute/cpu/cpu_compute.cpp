@@ -704,6 +704,9 @@ class CpuCompute final : public ComputeBase {
     const std::int64_t group = heads / kv_heads, window = c.params.window;
     const KernelSet& ks = *opt_.kernels;
     const auto softmax = ks.softmax_block != nullptr ? ks.softmax_block : softmax_block_scalar;
+    // Rows the one-query kernels read as they are; others are dequantized first.
+    const bool plain_keys = K.type == DType::f32 || K.type == DType::f16;
+    const bool plain_values = V.type == DType::f32 || (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr);
     // A task takes `g` query heads of one position that share a KV head: each key and value row is read
     // once for all of them. g is the largest divisor of the group that still leaves a task per thread;
     // every query's arithmetic is the same whatever g is.
@@ -740,8 +743,7 @@ class CpuCompute final : public ComputeBase {
             !ks.dot_rows_multi(k0, kstride, nkeys, qr, nq, hd, K.type, scores, kKeyBlock)) {
           for (int j = 0; j < nkeys; ++j) {
             const std::byte* kr = k0 + static_cast<std::size_t>(j) * kstride;
-            const bool plain = K.type == DType::f32 || K.type == DType::f16;
-            if (!plain) (void)quant::dequantize_row(K.type, kr, row_f, hd);
+            if (!plain_keys) (void)quant::dequantize_row(K.type, kr, row_f, hd);
             for (int n = 0; n < nq; ++n) {
               const float* qn = qr + n * hd;
               scores[n * kKeyBlock + j] = K.type == DType::f16   ? ks.f16(kr, qn, hd)
@@ -762,15 +764,14 @@ class CpuCompute final : public ComputeBase {
           continue;
         for (int j = 0; j < nkeys; ++j) {
           const std::byte* vr = v0 + static_cast<std::size_t>(j) * vstride;
-          const bool plain = V.type == DType::f32 || (V.type == DType::f16 && ks.scale_axpy_f16 != nullptr);
-          if (!plain) (void)quant::dequantize_row(V.type, vr, row_f, hd);
+          if (!plain_values) (void)quant::dequantize_row(V.type, vr, row_f, hd);
           for (int n = 0; n < nq; ++n) {
             // The block's correction is folded into its first value row: acc = acc * corr + p * v.
             const float cn = j == 0 ? corr[n] : 1.0f, pj = scores[n * kKeyBlock + j];
             float* an = acc + n * hd;
             if (V.type == DType::f32)
               ks.scale_axpy(an, cn, pj, reinterpret_cast<const float*>(vr), hd);
-            else if (plain)
+            else if (plain_values)
               ks.scale_axpy_f16(an, cn, pj, reinterpret_cast<const std::uint16_t*>(vr), hd);
             else
               ks.scale_axpy(an, cn, pj, row_f, hd);
