@@ -53,12 +53,10 @@ class FrequencyPolicy final : public CachePolicy {
         it = entries_.emplace(p, Entry{}).first;
       } else if (it->second.resident) {
         order_.erase(rank_of(p, it->second));
-        it->second.score -= it->second.credit;
       }
       Entry& e = it->second;
       e.resident = true;
       e.credit = current_weight();
-      e.score += e.credit;
       e.last = clock_;
       order_.insert(rank_of(p, e));
     } catch (...) {  // out of memory: the entry is not tracked (never a victim)
@@ -74,8 +72,8 @@ class FrequencyPolicy final : public CachePolicy {
       order_.erase(rank_of(p, e));
       ++clock_;
       const double weight = current_weight();
-      e.score += weight - e.credit;  // the first use after an insert replaces its provisional credit
-      e.credit = 0;
+      e.score += weight;
+      e.credit = 0;  // the first use after an insert replaces its provisional credit
       e.last = clock_;
       order_.insert(rank_of(p, e));
       if (weight > 0x1p500) rescale(weight);
@@ -89,8 +87,7 @@ class FrequencyPolicy final : public CachePolicy {
     if (it == entries_.end() || !it->second.resident) return;
     order_.erase(rank_of(p, it->second));
     Entry& e = it->second;
-    e.score -= e.credit;  // never used while resident: the insert was not a use
-    e.credit = 0;
+    e.credit = 0;  // never used while resident: the insert was not a use
     e.resident = false;
     if (!history_ || e.score <= 0) entries_.erase(it);
   }
@@ -125,7 +122,8 @@ class FrequencyPolicy final : public CachePolicy {
  private:
   struct Entry {
     double score = 0;        // decayed uses, kept after eviction when history_ is on
-    double credit = 0;       // the provisional use an insert added, until the first use or the erase
+    double credit = 0;       // the provisional use of an insert, until the first use or the erase; kept apart from
+                             // score so that a score never depends on when the insert came (the same bits either way)
     std::uint64_t last = 0;  // clock of the latest use or insert: the tie-break
     bool resident = false;
   };
@@ -139,7 +137,7 @@ class FrequencyPolicy final : public CachePolicy {
       return key < o.key;
     }
   };
-  static Rank rank_of(std::uint64_t key, const Entry& e) { return Rank{e.score, e.last, key}; }
+  static Rank rank_of(std::uint64_t key, const Entry& e) { return Rank{e.score + e.credit, e.last, key}; }
 
   // Weight of a use now, relative to base_ (the clock of the last rescale), so it stays representable.
   [[nodiscard]] double current_weight() const { return std::exp2(static_cast<double>(clock_ - base_) / half_life_); }
