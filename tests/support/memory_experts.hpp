@@ -36,6 +36,9 @@ class MemoryStorage : public sdk::StorageBase {
   };
   std::map<std::string, std::vector<std::byte>> files;
   std::atomic<int> reads{0};
+  // Reported as asynchronous (reads still run inline in submit()), as every storage plugin is: the expert manager
+  // then reads a layer's misses together (fetch) as it does in a run.
+  bool async = false;
 
   sdk::Expected<std::unique_ptr<sdk::StorageFile>> open(const std::string& path) noexcept override {
     auto it = files.find(path);
@@ -49,7 +52,11 @@ class MemoryStorage : public sdk::StorageBase {
     ++reads;
     return {};
   }
-  sdk::StorageCapabilities capabilities() const noexcept override { return {}; }
+  sdk::StorageCapabilities capabilities() const noexcept override {
+    sdk::StorageCapabilities c;
+    c.async = async;
+    return c;
+  }
 };
 
 // Least recently used first; `pins` is what it asks to pin.

@@ -135,7 +135,7 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
   }
 
   report.trace = trace_path;
-  report.records = seq.records();
+  report.records = seq.records;
   report.accesses = seq.keys.size();
   report.bytes_known = expert_sizes.known();
   for (const auto n : sizes) {

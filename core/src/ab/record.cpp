@@ -14,6 +14,7 @@ void append_routing(std::vector<TraceRecord>& out, std::int64_t request,
     const auto i = r.position - first_position;
     t.token = i >= 0 && i < static_cast<std::int64_t>(tokens.size()) ? tokens[static_cast<std::size_t>(i)] : -1;
     t.layer = r.layer;
+    t.step = r.step;
     t.experts = r.experts;
     t.weights = r.weights;
     out.push_back(std::move(t));
@@ -34,6 +35,9 @@ sdk::Status record_generation(engine::Engine& e, std::span<const std::int32_t> p
   std::stable_sort(routing.begin(), routing.end(), [](const auto& a, const auto& b) {
     return a.position != b.position ? a.position < b.position : a.layer < b.layer;
   });
+  // The run decoded one token per forward pass: one step per position, after the prompt's.
+  const std::int64_t after_prompt = out.empty() ? 0 : out.back().step + 1;
+  for (auto& r : routing) r.step = after_prompt + (r.position - static_cast<std::int64_t>(prompt.size()));
   append_routing(out, request, routing, decoded, static_cast<std::int64_t>(prompt.size()));
   return {};
 }

@@ -90,14 +90,28 @@ Status CacheSim::preload() {
 bool CacheSim::evictable(void* ctx, ExpertKey key) noexcept {
   auto* self = static_cast<CacheSim*>(ctx);
   auto it = self->slots_.find(key.packed());
-  return it != self->slots_.end() && it->second.in_use == 0 && !it->second.pinned;
+  if (it == self->slots_.end() || it->second.in_use != 0 || it->second.pinned) return false;
+  // A read not yet told to the policy is still in flight in the manager: not evictable.
+  return std::find(self->untold_.begin(), self->untold_.end(), key) == self->untold_.end();
+}
+
+bool CacheSim::evictable_sparing(void* ctx, ExpertKey key) noexcept {
+  auto* self = static_cast<CacheSim*>(ctx);
+  if (!evictable(ctx, key) || self->slots_.at(key.packed()).fetched) return false;
+  return std::find(self->sparing_.begin(), self->sparing_.end(), key) == self->sparing_.end();
+}
+
+bool CacheSim::ready(ExpertKey key) const {
+  auto it = slots_.find(key.packed());
+  return it != slots_.end() && !it->second.fetched;
 }
 
 Status CacheSim::make_room(std::uint64_t bytes) {
+  const auto ok = sparing_.empty() ? &CacheSim::evictable : &CacheSim::evictable_sparing;
   while (used_ + bytes > budget_) {
     std::optional<ExpertKey> victim;
-    if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{&CacheSim::evictable, this});
-    if (!victim || !evictable(this, *victim)) {
+    if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{ok, this});
+    if (!victim || !ok(this, *victim)) {
       return Status(StatusCode::out_of_memory,
                     "a cache of " + std::to_string(budget_) + " bytes cannot hold the experts one layer needs at once");
     }
@@ -110,8 +124,48 @@ Status CacheSim::make_room(std::uint64_t bytes) {
   return {};
 }
 
+std::size_t CacheSim::fetch(std::span<const ExpertKey> needed) {
+  if (resident_) return 0;
+  tell_fetched();
+  std::size_t queued = 0;
+  for (const auto key : needed) {
+    if (slots_.count(key.packed()) != 0) continue;
+    const auto read = sizes_.read_bytes(key);
+    if (!read) continue;  // acquire() reports it
+    const auto bytes = slot_of(key);
+    sparing_ = needed;
+    const bool room = static_cast<bool>(make_room(bytes));
+    sparing_ = {};
+    if (!room) break;  // acquire() makes room for the rest, one at a time
+    Slot slot;
+    slot.bytes = bytes;
+    slot.fetched = true;
+    used_ += bytes;
+    stats_.bytes_read += *read;
+    slots_.emplace(key.packed(), slot);
+    untold_.push_back(key);
+    ++queued;
+  }
+  return queued;
+}
+
+void CacheSim::tell_fetched() {
+  for (const auto key : untold_) {
+    if (policy_) policy_->on_insert(key, *sizes_.read_bytes(key));
+  }
+  untold_.clear();
+}
+
 sdk::Expected<bool> CacheSim::acquire(ExpertKey key) {
+  tell_fetched();  // the manager's reap(): reads that landed reach the policy before this use
   auto it = slots_.find(key.packed());
+  if (it != slots_.end() && it->second.fetched) {
+    it->second.fetched = false;
+    ++stats_.misses;
+    ++it->second.in_use;
+    if (policy_) policy_->on_access(key);
+    return false;
+  }
   if (it != slots_.end()) {
     ++stats_.hits;
     ++it->second.in_use;
@@ -143,13 +197,25 @@ void CacheSim::release(ExpertKey key) {
 
 AccessSequence AccessSequence::from_trace(const std::vector<TraceRecord>& trace) {
   AccessSequence s;
-  s.begin.reserve(trace.size() + 1);
-  for (const auto& r : trace) {
-    s.begin.push_back(s.keys.size());
-    for (auto e : r.experts) {
-      s.keys.push_back({static_cast<std::uint32_t>(r.layer), static_cast<std::uint32_t>(e)});
+  s.records = trace.size();
+  std::vector<std::int32_t> experts;
+  for (std::size_t r = 0; r < trace.size();) {
+    const auto& first = trace[r];
+    std::size_t end = r + 1;
+    if (first.step >= 0) {
+      while (end < trace.size() && trace[end].step == first.step && trace[end].layer == first.layer) ++end;
     }
-    s.layers = std::max(s.layers, static_cast<std::uint32_t>(r.layer) + 1);
+    experts.clear();
+    for (auto i = r; i < end; ++i) experts.insert(experts.end(), trace[i].experts.begin(), trace[i].experts.end());
+    std::sort(experts.begin(), experts.end());
+    experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+    s.begin.push_back(s.keys.size());
+    s.first_record.push_back(r);
+    for (auto e : experts) {
+      s.keys.push_back({static_cast<std::uint32_t>(first.layer), static_cast<std::uint32_t>(e)});
+    }
+    s.layers = std::max(s.layers, static_cast<std::uint32_t>(first.layer) + 1);
+    r = end;
   }
   s.begin.push_back(s.keys.size());
   return s;
@@ -171,6 +237,26 @@ std::vector<ExpertKey> universe_of(const AccessSequence& seq, const ExpertSizes&
   return out;
 }
 
+Status replay_group(CacheSim& sim, std::span<const ExpertKey> group, const std::function<void(ExpertKey, bool)>& seen) {
+  // This layer's misses go to the disk together, then the experts resident before them run first.
+  sim.fetch(group);
+  std::vector<ExpertKey> order;
+  order.reserve(group.size());
+  for (const auto k : group) {
+    if (sim.ready(k)) order.push_back(k);
+  }
+  for (const auto k : group) {
+    if (!sim.ready(k)) order.push_back(k);
+  }
+  for (const auto k : order) {
+    auto hit = sim.acquire(k);
+    if (!hit) return hit.error().with_context("layer " + std::to_string(k.layer));
+    sim.release(k);
+    seen(k, *hit);
+  }
+  return {};
+}
+
 sdk::Expected<ReplayResult> replay(const AccessSequence& seq, std::shared_ptr<sdk::CachePolicy> policy,
                                    std::string name, std::uint64_t budget_bytes, const ExpertSizes& sizes,
                                    const std::vector<ExpertKey>& universe) {
@@ -181,23 +267,18 @@ sdk::Expected<ReplayResult> replay(const AccessSequence& seq, std::shared_ptr<sd
   CacheSim sim(std::move(policy), budget_bytes, sizes, universe);
   if (auto s = sim.preload(); !s) return s;
   const SimStats before = sim.stats();
-  for (std::size_t r = 0; r < seq.records(); ++r) {
-    for (auto i = seq.begin[r]; i < seq.begin[r + 1]; ++i) {
-      const auto k = seq.keys[i];
-      auto hit = sim.acquire(k);
-      if (!hit) {
-        return hit.error().with_context("replaying record " + std::to_string(r + 1) + " (layer " +
-                                        std::to_string(k.layer) + ")");
-      }
+  for (std::size_t g = 0; g < seq.groups(); ++g) {
+    const std::span<const ExpertKey> group(seq.keys.data() + seq.begin[g], seq.begin[g + 1] - seq.begin[g]);
+    auto s = replay_group(sim, group, [&](ExpertKey k, bool hit) {
       auto& l = out.per_layer[k.layer];
-      if (*hit) {
+      if (hit) {
         ++l.hits;
       } else {
         ++l.misses;
         l.bytes_read += sizes.read_bytes(k).value_or(0);
       }
-    }
-    for (auto i = seq.begin[r]; i < seq.begin[r + 1]; ++i) sim.release(seq.keys[i]);
+    });
+    if (!s) return s.with_context("replaying trace record " + std::to_string(seq.first_record[g] + 1));
   }
   out.stats = sim.stats();
   // Trace accesses only; preload reads stay in preload_loads and bytes_read.
@@ -207,6 +288,7 @@ sdk::Expected<ReplayResult> replay(const AccessSequence& seq, std::shared_ptr<sd
 }
 
 sdk::Expected<ReplayResult> belady(const AccessSequence& seq, std::uint64_t slots, const ExpertSizes& sizes) {
+  if (slots == 0) return Status(StatusCode::invalid_argument, "a cache of 0 experts holds nothing");
   constexpr auto kNever = std::numeric_limits<std::uint64_t>::max();
   const auto n = seq.keys.size();
   // next_use[i]: the next access index of the same expert after i.
@@ -228,10 +310,21 @@ sdk::Expected<ReplayResult> belady(const AccessSequence& seq, std::uint64_t slot
   out.per_layer.resize(seq.layers);
   std::unordered_map<std::uint64_t, std::uint64_t> resident;  // key -> its next use
   std::set<std::pair<std::uint64_t, std::uint64_t>, std::greater<>> by_next;
-  std::vector<std::uint64_t> current;  // keys of the record being replayed (in use)
-  for (std::size_t r = 0; r < seq.records(); ++r) {
-    current.clear();
-    for (auto i = seq.begin[r]; i < seq.begin[r + 1]; ++i) {
+  std::vector<std::size_t> order;  // access indices of the group, as the replay orders them
+  for (std::size_t g = 0; g < seq.groups(); ++g) {
+    order.clear();
+    for (auto i = seq.begin[g]; i < seq.begin[g + 1]; ++i) {
+      if (resident.count(seq.keys[i].packed()) != 0) order.push_back(i);
+    }
+    const auto first_miss = order.size();
+    for (auto i = seq.begin[g]; i < seq.begin[g + 1]; ++i) {
+      if (resident.count(seq.keys[i].packed()) == 0) order.push_back(i);
+    }
+    // The misses needed latest are read first: when the group's experts do not all fit, those read early are the
+    // ones evicted before the group ends, and the ones needed soonest stay.
+    std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(first_miss), order.end(),
+                     [&](std::size_t x, std::size_t y) { return next_use[x] > next_use[y]; });
+    for (const auto i : order) {
       const auto key = seq.keys[i].packed();
       auto& l = out.per_layer[seq.keys[i].layer];
       auto it = resident.find(key);
@@ -241,31 +334,22 @@ sdk::Expected<ReplayResult> belady(const AccessSequence& seq, std::uint64_t slot
         by_next.erase({it->second, key});
         it->second = next_use[i];
         by_next.insert({next_use[i], key});
-      } else {
-        if (resident.size() >= slots) {
-          auto victim = by_next.begin();
-          while (victim != by_next.end() &&
-                 std::find(current.begin(), current.end(), victim->second) != current.end()) {
-            ++victim;
-          }
-          if (victim == by_next.end()) {
-            return Status(StatusCode::out_of_memory, "a cache of " + std::to_string(slots) +
-                                                         " experts cannot hold the experts of record " +
-                                                         std::to_string(r + 1) + " at once");
-          }
-          resident.erase(victim->second);
-          by_next.erase(victim);
-          ++out.stats.evictions;
-        }
-        const auto bytes = sizes.read_bytes(seq.keys[i]).value_or(0);
-        ++out.stats.misses;
-        ++l.misses;
-        out.stats.bytes_read += bytes;
-        l.bytes_read += bytes;
-        resident.emplace(key, next_use[i]);
-        by_next.insert({next_use[i], key});
+        continue;
       }
-      current.push_back(key);
+      // The group's experts resident at its start were used first, so every resident expert may go.
+      if (resident.size() >= slots) {
+        const auto victim = by_next.begin();
+        resident.erase(victim->second);
+        by_next.erase(victim);
+        ++out.stats.evictions;
+      }
+      const auto bytes = sizes.read_bytes(seq.keys[i]).value_or(0);
+      ++out.stats.misses;
+      ++l.misses;
+      out.stats.bytes_read += bytes;
+      l.bytes_read += bytes;
+      resident.emplace(key, next_use[i]);
+      by_next.insert({next_use[i], key});
     }
   }
   return out;

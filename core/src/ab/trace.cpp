@@ -39,6 +39,7 @@ Status record_from_json(const nlohmann::json& j, TraceRecord& r, const std::stri
   if (auto s = get_int(j, "token", false, -1, r.token, where); !s) return s;
   if (auto s = get_int(j, "layer", true, 0, r.layer, where); !s) return s;
   if (r.layer > 0xffffffffLL) return bad(where, "field \"layer\" is out of range");
+  if (auto s = get_int(j, "step", false, 0, r.step, where); !s) return s;
   auto e = j.find("experts");
   if (e == j.end()) return bad(where, "missing field \"experts\" (a list of expert ids)");
   if (!e->is_array() || e->empty()) return bad(where, "field \"experts\" must be a non-empty list of expert ids");
@@ -82,6 +83,7 @@ std::string to_jsonl(const TraceRecord& r) {
   nlohmann::ordered_json j = {{"request", r.request}, {"position", r.position}};
   if (r.token >= 0) j["token"] = r.token;
   j["layer"] = r.layer;
+  if (r.step >= 0) j["step"] = r.step;
   j["experts"] = r.experts;
   if (!r.weights.empty()) j["weights"] = r.weights;
   return j.dump();
@@ -149,7 +151,8 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
     ++n;
     if (line.find_first_not_of(" \t\r") != std::string::npos) header = split_csv(line);
   }
-  int col_layer = -1, col_expert = -1, col_request = -1, col_position = -1, col_weight = -1, col_token = -1;
+  int col_layer = -1, col_expert = -1, col_request = -1, col_position = -1, col_weight = -1, col_token = -1,
+      col_step = -1;
   for (std::size_t i = 0; i < header.size(); ++i) {
     const auto& h = header[i];
     int* slot = h == "layer"      ? &col_layer
@@ -158,10 +161,11 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
                 : h == "position" ? &col_position
                 : h == "weight"   ? &col_weight
                 : h == "token"    ? &col_token
+                : h == "step"     ? &col_step
                                   : nullptr;
     if (slot == nullptr) {
       return bad(path.string() + ":" + std::to_string(n),
-                 "unknown column \"" + h + "\" (known: layer, expert, request, position, weight, token)");
+                 "unknown column \"" + h + "\" (known: layer, expert, request, position, weight, token, step)");
     }
     *slot = static_cast<int>(i);
   }
@@ -188,7 +192,7 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
       }
       return {};
     };
-    std::int64_t layer = 0, expert = 0, request = 0, position = -1, token = -1;
+    std::int64_t layer = 0, expert = 0, request = 0, position = -1, token = -1, step = -1;
     if (auto s = integer(col_layer, layer); !s) return s;
     if (auto s = integer(col_expert, expert); !s) return s;
     if (expert > INT32_MAX) return bad(where, "column expert: out of range");
@@ -201,6 +205,9 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
     if (col_token >= 0) {
       if (auto s = integer(col_token, token); !s) return s;
     }
+    if (col_step >= 0) {
+      if (auto s = integer(col_step, step); !s) return s;
+    }
     float weight = 0;
     if (col_weight >= 0) {
       try {
@@ -212,13 +219,14 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
       }
     }
     const bool joins = position >= 0 && !out.empty() && out.back().request == request &&
-                       out.back().position == position && out.back().layer == layer;
+                       out.back().position == position && out.back().layer == layer && out.back().step == step;
     if (!joins) {
       TraceRecord r;
       r.request = request;
       r.position = position >= 0 ? position : static_cast<std::int64_t>(out.size());
       r.layer = layer;
       r.token = token;
+      r.step = step;
       out.push_back(std::move(r));
     }
     out.back().experts.push_back(static_cast<std::int32_t>(expert));

@@ -801,6 +801,7 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
 // routed expert run once for all its tokens) see all tokens at once; rope, the KV writes and attention go per
 // segment, each at its own positions in its own KV cache. Leaves the last hidden states in S.x.
 Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace) {
+  ++passes_;
   auto& S = *scratch_;
   const auto T = static_cast<std::int64_t>(S.ids.size());
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
@@ -901,6 +902,7 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
       for (std::size_t r = trace_from; r < trace->size(); ++r) {
         auto& rec = (*trace)[r];
         rec.position = S.positions[static_cast<std::size_t>(rec.position)];
+        rec.step = passes_;
       }
     }
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));

@@ -342,6 +342,7 @@ void Scheduler::record_trace(const std::vector<engine::RoutingRecord>& trace,
     r.position = trace[k].position;
     r.token = items[i].tokens[static_cast<std::size_t>(offset)];
     r.layer = trace[k].layer;
+    r.step = trace[k].step;
     r.experts = trace[k].experts;
     r.weights = trace[k].weights;
     out.push_back(std::move(r));

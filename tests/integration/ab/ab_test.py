@@ -57,6 +57,10 @@ class Trace(unittest.TestCase):
         # Decode records come token by token, every layer in order.
         decode = recs[12 * layers:]
         self.assertEqual([r["position"] for r in decode], [12 + i // layers for i in range(5 * layers)])
+        # Steps: the 12 prompt tokens ran as one forward pass, each decoded token as one more.
+        self.assertEqual(len({r["step"] for r in recs[:12 * layers]}), 1)
+        self.assertEqual([r["step"] for r in decode], sorted(r["step"] for r in decode))
+        self.assertEqual(len({r["step"] for r in decode}), 5)
         t2 = os.path.join(WORK, "run.jsonl")
         p = cli("run", "-m", m, "--prompt", "hello there", "-n", "4", "--seed", "3", "--ignore-eos",
                 "--record-trace", t2)
@@ -65,6 +69,10 @@ class Trace(unittest.TestCase):
         self.assertEqual(positions, list(range(len(positions))))
         self.assertEqual(len(recs), len(positions) * layers)
         self.assertIn("routing trace", p.stderr)
+        # As the run ran: the prompt in one pass, then a pass per decoded token (a step per position).
+        steps = {r["position"]: r["step"] for r in recs}
+        self.assertEqual(len({r["step"] for r in recs}), 1 + 3)  # -n 4: the last token never runs
+        self.assertEqual(len({steps[q] for q in positions[-3:]}), 3)
 
     def test_import_csv_and_json(self):
         csv = os.path.join(WORK, "t.csv")
@@ -76,6 +84,11 @@ class Trace(unittest.TestCase):
         self.assertEqual([(r["position"], r["layer"], r["experts"]) for r in recs],
                          [(0, 0, [3, 1]), (0, 1, [2]), (1, 0, [3])])
         self.assertAlmostEqual(recs[0]["weights"][0], 0.7, places=5)
+        with open(csv, "w") as f:
+            f.write("step,position,layer,expert\n7,0,0,3\n7,0,0,1\n7,1,0,3\n8,2,0,2\n")
+        cli("ab", "import", csv, "--format", "csv", "-o", out)
+        self.assertEqual([(r["step"], r["position"], r["experts"]) for r in read_jsonl(out)],
+                         [(7, 0, [3, 1]), (7, 1, [3]), (8, 2, [2])])
         js = os.path.join(WORK, "t.json")
         with open(js, "w") as f:
             json.dump([{"layer": 0, "experts": [1, 2]}, {"layer": 1, "experts": [0, 3]},
@@ -131,8 +144,36 @@ class Replay(unittest.TestCase):
         p = cli("ab", "replay", "--trace", bad, "--policy", "lru", "--cache-experts", "3", check=False)
         self.assertIn("bad.jsonl:2", p.stderr)
         self.assertIn("experts", p.stderr)
-        p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "1", check=False)
+        # Two pinned experts in a cache of one leave no room.
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:0:0,0:1",
+                "--cache-experts", "1", check=False)
+        self.assertNotEqual(p.returncode, 0)
         self.assertIn("larger cache", p.stderr)
+
+    def test_replay_counts_what_the_run_counted(self):
+        # A run without prefetch and its own trace replayed at the same cache size: the same hits and misses,
+        # prefill (8-token passes, each expert read once per pass) and decode alike.
+        m = model()
+        with open(os.path.join(m, "manifest.json")) as f:
+            experts = json.load(f)["experts"]
+        slot = max((e["size"] + 4095) // 4096 * 4096 for e in experts)
+        checked = 0
+        for policy in ("lru", "frequency"):
+            for slots in (1, 2, 3, 5):
+                t = os.path.join(WORK, f"run-{policy}-{slots}.jsonl")
+                p = cli("bench", "-m", m, "--prompt-tokens", "24", "--gen-tokens", "24", "--batch", "8",
+                        "--prefetch-layers", "0", "--set", f"cache.policy={policy}", "--expert-cache-size",
+                        str(slots * slot), "--json", "--record-trace", t)
+                run = json.loads(p.stdout)
+                recs = read_jsonl(t)
+                self.assertEqual(len({r["step"] for r in recs}), 3 + 24)  # 3 prefill passes, one per decoded token
+                p = cli("ab", "replay", "--trace", t, "-m", m, "--policy", policy, "--cache-experts", str(slots),
+                        "--json")
+                got = json.loads(p.stdout)["sizes"][0]["policies"][0]
+                want = (run["expert_hits"], run["expert_misses"])
+                self.assertEqual((got["hits"], got["misses"]), want, f"{policy} with {slots} slots")
+                checked += run["expert_hits"] > 0 and run["expert_misses"] > 0
+        self.assertGreater(checked, 0)  # some sizes both hit and miss
 
     def test_html_report_renders_in_chromium(self):
         report = os.path.join(WORK, "report.html")

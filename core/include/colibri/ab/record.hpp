@@ -15,9 +15,10 @@ void append_routing(std::vector<TraceRecord>& out, std::int64_t request,
                     std::int64_t first_position);
 
 // Records the routing of a finished generation by running it again from position 0 (the engine is reset): the prompt
-// in one forward, in the order the run's prefill made its accesses, then the decoded tokens in one forward whose
-// records are put in decode order (position, then layer). Routing does not depend on how tokens are batched (the
-// compute contract), so the trace is the run's. Call it after the run's statistics are taken: it moves them.
+// in one forward, in the order and steps (forward passes) of the run's prefill, then the decoded tokens in one
+// forward whose records are put in decode order (position, then layer), a step per token as the run decoded them.
+// Routing does not depend on how tokens are batched (the compute contract), so the trace is the run's. Call it after
+// the run's statistics are taken: it moves them.
 sdk::Status record_generation(engine::Engine& e, std::span<const std::int32_t> prompt,
                               std::span<const std::int32_t> decoded, std::int64_t request,
                               std::vector<TraceRecord>& out);

@@ -65,6 +65,7 @@ struct Plugins {
 struct RoutingRecord {
   std::int64_t position = 0;
   std::int64_t layer = 0;
+  std::int64_t step = 0;  // the forward pass (prefill chunk or batch step) it ran in: one expert access per step
   std::vector<std::int32_t> experts;  // by descending weight, as the router ranked them
   std::vector<float> weights;
 };
@@ -202,6 +203,7 @@ class Engine {
   std::vector<std::unique_ptr<sdk::Buffer>> shared_device_;  // the shared weights in device memory, when uploaded
   std::uint64_t shared_device_bytes_ = 0;
   std::int64_t n_past_ = 0;
+  std::int64_t passes_ = 0;  // forward passes run (routing records' step)
   // Prefetch: layers ahead, and the experts predicted for each coming layer of the current pass.
   sdk::Status prefetch_ahead(std::int64_t l, std::int64_t T, const sdk::Tensor& h,
                              std::span<const sdk::ExpertKey> keep);
