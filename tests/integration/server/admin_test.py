@@ -287,6 +287,35 @@ class RecordTrace(unittest.TestCase):
         self.assertEqual([x["cache_experts"] for x in j["sizes"]], [2, 4])
         self.assertGreater(j["sizes"][0]["policies"][0]["hits"] + j["sizes"][0]["policies"][0]["misses"], 0)
 
+    def test_batched_trace_replays_to_the_server_counts(self):
+        # Requests decoding together share forward passes: the trace's steps group them, and `ab replay` of it counts
+        # the hits and misses the server counted (no prefetch, a cache of 3 of the 8 experts, 4-token prefill passes).
+        path = os.path.join(st.WORK, "server-batched-trace.jsonl")
+        s = st.Server("--record-trace", path, "--prefetch-layers", "0", "--expert-cache-size", str(3 * SLOT),
+                      "--set", "cache.policy=lru", "--batch", "4")
+        try:
+            threads = [threading.Thread(target=greedy, args=(s, p, 10)) for p in st.PROMPTS[:3]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            served = (s.metric('colibri_expert_hits_total{tier="ram"}'),
+                      s.metric('colibri_expert_misses_total{tier="ram"}'))
+        finally:
+            self.assertEqual(s.stop(signal.SIGTERM), 0)
+        recs = read_jsonl(path)
+        self.assertEqual(sorted({r["request"] for r in recs}), [0, 1, 2])
+        self.assertGreater(len({r["step"] for r in recs}), 3)
+        requests_of_step = {}
+        for r in recs:
+            requests_of_step.setdefault(r["step"], set()).add(r["request"])
+        self.assertTrue(any(len(v) > 1 for v in requests_of_step.values()), "no two requests ever ran together")
+        p = cli("ab", "replay", "--trace", path, "--model", st.MODEL, "--policy", "lru", "--cache-experts", "3",
+                "--json")
+        got = json.loads(p.stdout)["sizes"][0]["policies"][0]
+        self.assertEqual((got["hits"], got["misses"]), served)
+        self.assertGreater(served[1], 0)
+
     def test_unwritable_trace_is_named(self):
         bad = os.path.join(st.WORK, "no-such-dir", "t.jsonl")
         p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", "--record-trace", bad],
