@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "colibri/registry/registry.hpp"
+#include "colibri/util/host_info.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -57,6 +60,17 @@ TEST_F(ProfileTest, BuiltInDefaultsRunAnywhere) {
   EXPECT_TRUE(p->is_auto("memory.expert_cache"));
   EXPECT_EQ(p->get_int("server.port"), 8080);
   EXPECT_EQ(p->find("server.port")->origin.layer, Origin::Layer::builtin);
+}
+
+TEST_F(ProfileTest, AutoPicksTheDefaultCachePolicy) {
+  // `cache.policy: auto` takes the highest-scoring policy: it must be the one a profile gets by default.
+  auto p = load("");
+  ASSERT_TRUE(p) << p.error().message();
+  const auto reg =
+      colibri::registry::PluginRegistry::scan({{COLIBRI_TEST_PLUGIN_DIR, "build"}}, colibri::util::host_info());
+  auto best = reg.select(colibri::sdk::PluginKind::cache, "auto");
+  ASSERT_TRUE(best) << best.error().message();
+  EXPECT_EQ((*best)->name, p->get_string("cache.policy"));
 }
 
 TEST_F(ProfileTest, ExplicitProfileThatDoesNotExistIsAnError) {
