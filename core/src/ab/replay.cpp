@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <unordered_set>
 
@@ -128,15 +129,13 @@ std::size_t CacheSim::fetch(std::span<const ExpertKey> needed) {
   if (resident_) return 0;
   tell_fetched();
   std::size_t queued = 0;
+  sparing_ = needed;
   for (const auto key : needed) {
     if (slots_.count(key.packed()) != 0) continue;
     const auto read = sizes_.read_bytes(key);
     if (!read) continue;  // acquire() reports it
     const auto bytes = slot_of(key);
-    sparing_ = needed;
-    const bool room = static_cast<bool>(make_room(bytes));
-    sparing_ = {};
-    if (!room) break;  // acquire() makes room for the rest, one at a time
+    if (!make_room(bytes)) break;  // acquire() makes room for the rest, one at a time
     Slot slot;
     slot.bytes = bytes;
     slot.fetched = true;
@@ -146,6 +145,7 @@ std::size_t CacheSim::fetch(std::span<const ExpertKey> needed) {
     untold_.push_back(key);
     ++queued;
   }
+  sparing_ = {};
   return queued;
 }
 
@@ -240,14 +240,8 @@ std::vector<ExpertKey> universe_of(const AccessSequence& seq, const ExpertSizes&
 Status replay_group(CacheSim& sim, std::span<const ExpertKey> group, const std::function<void(ExpertKey, bool)>& seen) {
   // This layer's misses go to the disk together, then the experts resident before them run first.
   sim.fetch(group);
-  std::vector<ExpertKey> order;
-  order.reserve(group.size());
-  for (const auto k : group) {
-    if (sim.ready(k)) order.push_back(k);
-  }
-  for (const auto k : group) {
-    if (!sim.ready(k)) order.push_back(k);
-  }
+  std::vector<ExpertKey> order(group.begin(), group.end());
+  std::stable_partition(order.begin(), order.end(), [&](ExpertKey k) { return sim.ready(k); });
   for (const auto k : order) {
     auto hit = sim.acquire(k);
     if (!hit) return hit.error().with_context("layer " + std::to_string(k.layer));
@@ -312,18 +306,13 @@ sdk::Expected<ReplayResult> belady(const AccessSequence& seq, std::uint64_t slot
   std::set<std::pair<std::uint64_t, std::uint64_t>, std::greater<>> by_next;
   std::vector<std::size_t> order;  // access indices of the group, as the replay orders them
   for (std::size_t g = 0; g < seq.groups(); ++g) {
-    order.clear();
-    for (auto i = seq.begin[g]; i < seq.begin[g + 1]; ++i) {
-      if (resident.count(seq.keys[i].packed()) != 0) order.push_back(i);
-    }
-    const auto first_miss = order.size();
-    for (auto i = seq.begin[g]; i < seq.begin[g + 1]; ++i) {
-      if (resident.count(seq.keys[i].packed()) == 0) order.push_back(i);
-    }
+    order.resize(seq.begin[g + 1] - seq.begin[g]);
+    std::iota(order.begin(), order.end(), seq.begin[g]);
+    const auto first_miss = std::stable_partition(
+        order.begin(), order.end(), [&](std::size_t i) { return resident.count(seq.keys[i].packed()) != 0; });
     // The misses needed latest are read first: when the group's experts do not all fit, those read early are the
     // ones evicted before the group ends, and the ones needed soonest stay.
-    std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(first_miss), order.end(),
-                     [&](std::size_t x, std::size_t y) { return next_use[x] > next_use[y]; });
+    std::stable_sort(first_miss, order.end(), [&](std::size_t x, std::size_t y) { return next_use[x] > next_use[y]; });
     for (const auto i : order) {
       const auto key = seq.keys[i].packed();
       auto& l = out.per_layer[seq.keys[i].layer];
