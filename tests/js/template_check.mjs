@@ -1,7 +1,7 @@
 // Live comparison (integration test): @huggingface/jinja vs `colibri-cli template` for every template and case.
 //   node tests/js/template_check.mjs /path/to/colibri-cli      (exit 0 ok, 1 mismatch, 77 skip)
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Template } from "@huggingface/jinja";
@@ -9,6 +9,7 @@ import { allTemplates, cases, renderCase } from "./template_reference.mjs";
 
 const cli = process.argv[2];
 const tmp = mkdtempSync(join(tmpdir(), "colibri-tplcheck-"));
+process.on("exit", () => rmSync(tmp, { recursive: true, force: true }));
 const templates = allTemplates();
 if (templates.length === 0) process.exit(77);
 let failures = 0;

@@ -2,10 +2,9 @@
 // every shipped tokenizer and variant. Exit 0 = identical, 1 = mismatch, 77 = nothing to compare (skip).
 //   node tests/js/tokenizer_check.mjs /path/to/colibri-cli
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { allTokenizerFiles, loadHF, readCorpus } from "./tokenizer_common.mjs";
+import { allTokenizerFiles, loadHF, readCorpus, scratchDir } from "./tokenizer_common.mjs";
 
 const cli = process.argv[2];
 if (!cli) {
@@ -41,7 +40,7 @@ for (let i = 0; i < Number(process.env.COLIBRI_FUZZ_COUNT ?? 150); i++) {
 }
 const texts = [...readCorpus(), ...fuzz];
 
-const tmp = mkdtempSync(join(tmpdir(), "colibri-tokcheck-"));
+const tmp = scratchDir("colibri-tokcheck-");
 const input = join(tmp, "input.jsonl");
 writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
 

@@ -1,5 +1,5 @@
 // Shared helpers of the tokenizer reference scripts: locating tokenizer files, building variants, running HF.
-import { existsSync, readFileSync, writeFileSync, mkdtempSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -51,10 +51,17 @@ export function applyVariant(baseJson, variant) {
   return tok;
 }
 
+// A temporary directory removed when the process exits (pass or fail), so test runs leave nothing behind.
+export function scratchDir(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
 // Every tokenizer to check: {name, file} for the shipped ones plus variants written to a temp directory.
 export function allTokenizerFiles({ log = console.error } = {}) {
   const out = [];
-  const tmp = mkdtempSync(join(tmpdir(), "colibri-tok-"));
+  const tmp = scratchDir("colibri-tok-");
   const variants = JSON.parse(readFileSync(join(dataDir, "variants.json"), "utf8")).variants;
   for (const name of TOKENIZERS) {
     const dir = tokenizerDir(name);

@@ -40,8 +40,21 @@ inline void write_file(const std::filesystem::path& p, const std::string& bytes)
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// One directory per test process, removed when the process exits so runs leave nothing in /tmp.
+inline const std::filesystem::path& process_temp_root() {
+  static const struct Root {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("colibri model test " + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } root;
+  return root.path;
+}
+
 inline std::filesystem::path temp_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("colibri model test " + std::to_string(::getpid())) / name;
+  auto d = process_temp_root() / name;
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;

@@ -17,13 +17,17 @@ namespace {
 namespace fs = std::filesystem;
 
 // An empty second directory: the conformance files are found in the first (the model dir).
+// Made while the parameters are built (also by --gtest_list_tests), so it is removed at exit, not by a test.
 std::string empty_extra_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("colibri-stripe-empty-" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir.string();
+  static const struct EmptyDir {
+    fs::path path = fs::temp_directory_path() / ("colibri-stripe-empty-" + std::to_string(::getpid()));
+    EmptyDir() { fs::create_directories(path); }
+    ~EmptyDir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } dir;
+  return dir.path.string();
 }
 
 }  // namespace
