@@ -192,12 +192,14 @@ class Prefetch(unittest.TestCase):
         # 5 ms disk to drain its queue in time (0 cancelled in 3 of 3 runs of one failure, with 3 busy loops beside).
         slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=20", "--set", "storage.queue_depth=1",
                 "--expert-cache-size", str(size), "--prefetch-layers", "2", "--set", "prefetch.confidence=0"]
-        # Which prefetches find room depends on which reads have landed (timing), so a run might issue no stale one
-        # (none did in 6 runs under 3-4 busy loops): up to three runs, each with a fresh usage history (a cache warmed from
-        # an earlier run's would leave little to prefetch).
-        for attempt in range(3):
+        # Which prefetches find room depends on which reads have landed (timing), and a prompt whose decode repeats
+        # itself soon misses nothing: one seed's 24 tokens issued no stale prefetch in 3 of 3 runs on a busy
+        # machine. 96 tokens of a different prompt per attempt (each of seeds 2-8 cancelled 1-16 in a sample), each
+        # with a fresh usage history (a cache warmed from an earlier run's would leave little to prefetch).
+        for seed in (2, 3, 4, 5):
             env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(dir=WORK))
-            p = run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "24", "--json"] + slow, env=env)
+            p = run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "96", "--seed", str(seed),
+                     "--json"] + slow, env=env)
             on = json.loads(p.stdout)
             print(f"  slow disk, prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, cancelled "
                   f"{on['prefetch_cancelled']}, wasted {on['prefetch_wasted']}", flush=True)
