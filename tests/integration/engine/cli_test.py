@@ -94,6 +94,16 @@ class Bench(unittest.TestCase):
         self.assertGreater(j["decode_tokens_per_second"], 0)
         self.assertGreater(j["active_weight_bytes_per_token"], 0)
 
+    def test_bandwidth_bound_is_read_with_the_compute_threads(self):
+        # The bound's bandwidth comes from as many threads as decode runs (one thread reads about half as fast).
+        for threads in ("1", "2"):
+            j = json.loads(cli("bench", "-m", model(), "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
+                               "--set", f"compute.threads={threads}").stdout)
+            self.assertEqual(j["memory_read_bandwidth_threads"], int(threads))
+            self.assertGreater(j["memory_read_bandwidth_bytes_per_second"], 0)
+            self.assertAlmostEqual(j["decode_bandwidth_bound_tokens_per_second"],
+                                   j["memory_read_bandwidth_bytes_per_second"] / j["active_weight_bytes_per_token"])
+
 
 class MemoryPlan(unittest.TestCase):
     """profile show --model: what the model takes where, before loading, as the engine then sizes it."""
