@@ -145,8 +145,10 @@ const int kRegistered = [] {
     // The multi-token kernels' arithmetic from the caches: 8 tokens (a full tile) and 4 (a Qwen3-MoE expert's share
     // of a 64-token prefill chunk: 64 x top-8 / 128 experts).
     for (const std::int64_t tokens : {4, 8}) {
-      add("cached/matmul" + std::to_string(tokens) + "/" + name + "/auto/threads:1", t, "auto", 1, tokens, true,
-          kSquare, true);
+      for (const char* isa : {"auto", "avx2"}) {
+        add("cached/matmul" + std::to_string(tokens) + "/" + name + "/" + isa + "/threads:1", t, isa, 1, tokens, true,
+            kSquare, true);
+      }
     }
   }
   return 0;

@@ -371,43 +371,18 @@ struct ZQ6K {
 // 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
 // reduced together. The scalar path's float steps then run with one token per lane, in the same order.
 
-// The 8 tokens' per-block terms as vectors (lane t = token t), never through memory: a scalar per token stored and
-// read back as a vector stalls on store forwarding. Exact integers, so summing in another order keeps the bits.
-// Lane t: sum_i y[t]->bsums[i] * m[i].
-KTARGET inline __m256i z_bsum_dots8(const Q8KBlock* const* y, __m256i m) noexcept {
-  __m256i p[8];
-  for (int t = 0; t < 8; ++t) p[t] = _mm256_madd_epi16(x86_load32(y[t]->bsums), m);
-  // a's 128-bit halves: tokens 0-3's sums over lanes 0-3 and over 4-7; b: tokens 4-7.
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-KTARGET inline __m256 z_token_scales8(const Q8KBlock* const* y) noexcept {
-  return _mm256_setr_ps(y[0]->d, y[1]->d, y[2]->d, y[3]->d, y[4]->d, y[5]->d, y[6]->d, y[7]->d);
-}
-
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
   using Block = quant::BlockQ4_K;
-  struct Extra {
-    __m256i mn;  // the sub-blocks' mins as int16, each twice: mins[g] meets bsums[2g] and bsums[2g + 1]
-    float d, dmin;
-  };
+  using Extra = X86Q4K::Extra;
   // The scales of sub-blocks 2v and 2v+1 in s[v]'s halves, the mins and d / dmin (q4_k and q5_k alike).
   template <typename B>
   KTARGET static void scales(const B& x, __m512i* s, Extra& e) noexcept {
     const __m128i sm = x86_k4_scales(x.scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     for (int v = 0; v < 4; ++v) s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
-    const __m128i mins = _mm_srli_si128(sm, 8);
-    e.mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins));
-    // d and dmin side by side: F16C converts both exactly, as quant::fp16_to_fp32 does one at a time.
-    std::uint32_t both;
-    std::memcpy(&both, &x.d, sizeof both);
-    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(both)));
-    e.d = _mm_cvtss_f32(f);
-    e.dmin = _mm_cvtss_f32(_mm_movehdup_ps(f));
+    e.mn = x86_k4_mins_paired(sm);
+    x86_fp16_pair(&x.d, e.d, e.dmin);
   }
   KTARGET static __m512i nibbles(const std::uint8_t* qs32) noexcept {
     const __m512i q = _mm512_broadcast_i64x4(x86_load32(qs32));
@@ -419,10 +394,7 @@ struct ZTileQ4K {
   }
   // y: 8 tokens' blocks (past ntok, any valid block: those lanes are dropped).
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
-    const __m256 ydv = z_token_scales8(y);
-    const __m256 dall = _mm256_mul_ps(ydv, _mm256_set1_ps(e.d)), dmin = _mm256_mul_ps(ydv, _mm256_set1_ps(e.dmin));
-    const __m256 msf = _mm256_cvtepi32_ps(z_bsum_dots8(y, e.mn));
-    return _mm256_add_ps(acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dmin, msf)));
+    return X86Q4K::update(acc, e, y, is);
   }
 };
 
@@ -453,11 +425,7 @@ struct ZTileQ6K {
     }
   }
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
-    // The -32 of every weight: 32 * sum_g scale[g] * bsums[g].
-    const __m256i offset = _mm256_slli_epi32(z_bsum_dots8(y, _mm256_cvtepi8_epi16(e.sc)), 5);
-    is = _mm256_sub_epi32(is, offset);
-    const __m256 dall = _mm256_mul_ps(z_token_scales8(y), _mm256_set1_ps(e.d));
-    return _mm256_add_ps(acc, _mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)));
+    return X86Q6K::update(acc, e, y, is);
   }
 };
 
