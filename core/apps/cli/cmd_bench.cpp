@@ -31,7 +31,9 @@ struct BenchOptions {
 // Single-pass read bandwidth over a buffer far larger than the caches (bytes per second), read by `threads` threads
 // at once: decode reads its weights with every compute thread, and one thread alone reaches about half of that.
 double read_bandwidth(int threads) {
-  const std::size_t n = std::size_t{512} << 20;
+  // 256 MiB: far above any last-level cache, and small enough for a bench run inside a memory budget (a cgroup
+  // sized for the expert cache), where it briefly adds to what the process holds.
+  const std::size_t n = std::size_t{256} << 20;
   std::vector<std::uint64_t> buf(n / 8);
   for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = i;
   const std::size_t per = buf.size() / static_cast<std::size_t>(threads) / 4 * 4;
@@ -134,6 +136,9 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   const double prefill_tps = static_cast<double>(o.prompt_tokens) / prefill_s;
   const double decode_tps = o.gen_tokens > 0 ? static_cast<double>(o.gen_tokens) / decode_s : 0;
   const double active = active_bytes_per_token(engine->manifest());
+  // The run's peak RSS, before the bandwidth probe's buffer adds to it.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
   const int bw_threads = compute_threads(global);
   const double bandwidth = read_bandwidth(bw_threads);
   const double bound = bandwidth / active;
@@ -171,8 +176,6 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
                                      ? static_cast<double>(decode_bytes) / static_cast<double>(o.gen_tokens)
                                      : static_cast<double>(st.bytes_read) / static_cast<double>(o.prompt_tokens);
   const double run_s = prefill_s + decode_s;
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
   j["prefetch_layers"] = engine->prefetch_layers();
   j["prefetch_confidence"] = engine->prefetch_confidence();
   j["prefetch_issued"] = st.prefetch_issued;

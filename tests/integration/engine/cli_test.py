@@ -103,6 +103,9 @@ class Bench(unittest.TestCase):
             self.assertGreater(j["memory_read_bandwidth_bytes_per_second"], 0)
             self.assertAlmostEqual(j["decode_bandwidth_bound_tokens_per_second"],
                                    j["memory_read_bandwidth_bytes_per_second"] / j["active_weight_bytes_per_token"])
+            # The probe's 256 MiB buffer comes after the run and is not part of the run's peak RSS (a tiny model).
+            self.assertGreater(j["peak_rss_bytes"], 0)
+            self.assertLess(j["peak_rss_bytes"], 200 << 20)
 
 
 class MemoryPlan(unittest.TestCase):
