@@ -19,4 +19,7 @@ endif()
 if(COLIBRI_SANITIZE)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=undefined>")
   add_link_options(-fsanitize=address,undefined)
+  # Line tables only (after RelWithDebInfo's -g, so it wins): reports keep function, file and line; compiling takes
+  # about 30% less time (engine.cpp: 47 s instead of 68), which is most of CI's ASan job.
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-g1>")
 endif()
