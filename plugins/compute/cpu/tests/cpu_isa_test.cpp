@@ -34,8 +34,8 @@ std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, uns
 }
 
 // Runs matmul of every type (and odd K for the float types) on `c`, for one token (the multi-row
-// decode kernels), two, five, eight and thirteen (the multi-token tiles: partial, full, one full and one
-// partial); 50 rows leave a short last row group and
+// decode kernels), two, then the multi-token tiles: four and five (partial), eight (full), eleven and thirteen (one
+// full and one partial of 3 or 5 tokens); 50 rows leave a short last row group and
 // K = 16896 (66 super-blocks) crosses a segment of the multi-row kernels.
 std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   std::vector<std::vector<float>> results;
@@ -43,7 +43,7 @@ std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
     const bool plain = !dtype_traits(type)->quantized;
     for (std::int64_t k :
          plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024, 16896})
-      for (std::int64_t t : {1, 2, 5, 8, 13}) {
+      for (std::int64_t t : {1, 2, 4, 5, 8, 11, 13}) {
         const std::int64_t n = 50;
         auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
         auto x = randn(static_cast<std::size_t>(k * t), 7, 3.0f);
