@@ -294,11 +294,11 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     std::printf("stripe     reads per directory (dir0: the model directory, dirN: storage.paths[N-1]): %s\n",
                 dirs.c_str());
   }
-  std::printf(
-      "bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth (%d thread%s): %.2f tok/s (decode "
-      "at %.0f%%)\n",
-      active / (1024.0 * 1024.0), bandwidth / 1e9, bw_threads, bw_threads == 1 ? "" : "s", bound,
-      100.0 * decode_tps / bound);
+  char decode_share[48] = "no decode measured: --gen-tokens 0";
+  if (o.gen_tokens > 0)
+    std::snprintf(decode_share, sizeof decode_share, "decode at %.0f%%", 100.0 * decode_tps / bound);
+  std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth (%d thread%s): %.2f tok/s (%s)\n",
+              active / (1024.0 * 1024.0), bandwidth / 1e9, bw_threads, bw_threads == 1 ? "" : "s", bound, decode_share);
   return 0;
 }
 
