@@ -1,15 +1,14 @@
 // Live comparison (integration test): @huggingface/jinja vs `colibri-cli template` for every template and case.
 //   node tests/js/template_check.mjs /path/to/colibri-cli      (exit 0 ok, 1 mismatch, 77 skip)
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Template } from "@huggingface/jinja";
 import { allTemplates, cases, renderCase } from "./template_reference.mjs";
+import { scratchDir } from "./tokenizer_common.mjs";
 
 const cli = process.argv[2];
-const tmp = mkdtempSync(join(tmpdir(), "colibri-tplcheck-"));
-process.on("exit", () => rmSync(tmp, { recursive: true, force: true }));
+const tmp = scratchDir("colibri-tplcheck-");
 const templates = allTemplates();
 if (templates.length === 0) process.exit(77);
 let failures = 0;
