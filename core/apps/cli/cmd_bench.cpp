@@ -65,9 +65,8 @@ double read_bandwidth(int threads) {
 }
 
 // The threads the CPU backend runs: compute.threads, or (auto) the physical cores, as compute/cpu picks them.
-int compute_threads(const GlobalOptions& global) {
-  auto prof = global.load_profile();
-  const auto configured = prof ? prof->get_int("compute.threads") : std::nullopt;
+int compute_threads(const profile::Profile& prof) {
+  const auto configured = prof.get_int("compute.threads");
   const auto n = configured.value_or(0) > 0 ? *configured : static_cast<std::int64_t>(util::host_info().physical_cores);
   return static_cast<int>(std::clamp<std::int64_t>(n, 1, 1024));
 }
@@ -98,7 +97,8 @@ double active_bytes_per_token(const model::Manifest& m) {
 int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   if (o.prompt_tokens <= 0 || o.gen_tokens < 0) return fail("--prompt-tokens must be positive, --gen-tokens >= 0");
   auto t0 = std::chrono::steady_clock::now();
-  auto engine = open_engine(global, o.engine);
+  std::optional<profile::Profile> prof;
+  auto engine = open_engine(global, o.engine, &prof);
   if (!engine) return 1;
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.prompt_tokens + o.gen_tokens > engine->context()) {
@@ -139,7 +139,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   // The run's peak RSS, before the bandwidth probe's buffer adds to it.
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  const int bw_threads = compute_threads(global);
+  const int bw_threads = compute_threads(*prof);
   const double bandwidth = read_bandwidth(bw_threads);
   const double bound = bandwidth / active;
   const auto& hp = engine->hparams();

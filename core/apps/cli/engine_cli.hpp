@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "colibri/engine/engine.hpp"
@@ -31,8 +32,9 @@ inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions
   add_profile_options(cmd, global);
 }
 
-// Prints the error and returns null on failure.
-inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, const EngineCliOptions& o) {
+// Prints the error and returns null on failure. `profile_out`: where to keep the profile the engine was opened with.
+inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, const EngineCliOptions& o,
+                                                   std::optional<profile::Profile>* profile_out = nullptr) {
   auto prof = global.load_profile();
   if (!prof) return nullptr;
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
@@ -59,6 +61,7 @@ inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, 
     fail(e.error().message());
     return nullptr;
   }
+  if (profile_out != nullptr) *profile_out = std::move(prof);
   return std::move(*e);
 }
 
