@@ -381,9 +381,7 @@ struct ZTileQ4K {
     const __m128i sm = x86_k4_scales(x.scales);
     const __m512i sc = _mm512_broadcast_i32x4(sm);
     for (int v = 0; v < 4; ++v) s[v] = _mm512_shuffle_epi8(sc, z_spread_index(2 * v, 2 * v + 1));
-    e.mn = x86_k4_mins_paired(sm);
-    static_assert(offsetof(B, dmin) == offsetof(B, d) + 2, "d and dmin side by side");
-    x86_fp16_pair(&x.d, e.d, e.dmin);
+    X86Q4K::extra(x, sm, e);
   }
   KTARGET static __m512i nibbles(const std::uint8_t* qs32) noexcept {
     const __m512i q = _mm512_broadcast_i64x4(x86_load32(qs32));
