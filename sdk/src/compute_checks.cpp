@@ -26,6 +26,7 @@ class Checker {
       case Op::topk_routing: return topk();
       case Op::embedding: return embedding();
       case Op::store_rows: return store_rows();
+      case Op::expert_ffn_group: return expert_ffn_group();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -83,21 +84,39 @@ class Checker {
 
   Status expert_ffn() const {
     if (!counts(4, 1)) return count_error(4, 1);
-    const Tensor &wg = c_.inputs[0], &wu = c_.inputs[1], &wd = c_.inputs[2], &x = c_.inputs[3], &y = c_.outputs[0];
-    for (const Tensor* w : {&wg, &wu, &wd}) {
-      if (!is_weight_type(w->type)) return unsupported_weight(*w, "weight");
+    return expert(0, "");
+  }
+
+  Status expert_ffn_group() const {
+    const std::size_t n = c_.inputs.size();
+    if (n == 0 || n % 4 != 0 || c_.outputs.size() != n / 4) {
+      return bad("takes 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert; got " + std::to_string(n) +
+                 " inputs and " + std::to_string(c_.outputs.size()) + " outputs");
     }
-    if (Status s = need(x, DType::f32, "X"); !s) return s;
-    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    for (std::size_t e = 0; e < n / 4; ++e) {
+      if (Status s = expert(e, "expert " + std::to_string(e) + ": "); !s) return s;
+    }
+    return {};
+  }
+
+  // Expert e of an expert_ffn (e = 0) or expert_ffn_group call: inputs 4e..4e+3, output e.
+  Status expert(std::size_t e, const std::string& who) const {
+    const Tensor &wg = c_.inputs[4 * e], &wu = c_.inputs[4 * e + 1], &wd = c_.inputs[4 * e + 2],
+                 &x = c_.inputs[4 * e + 3], &y = c_.outputs[e];
+    for (const Tensor* w : {&wg, &wu, &wd}) {
+      if (!is_weight_type(w->type)) return unsupported_weight(*w, (who + "weight").c_str());
+    }
+    if (Status s = need(x, DType::f32, (who + "X").c_str()); !s) return s;
+    if (Status s = need(y, DType::f32, (who + "Y").c_str()); !s) return s;
     const std::int64_t d = wg.ne[0], f = row_count(wg), t = row_count(x);
     if (wu.ne[0] != d || row_count(wu) != f)
-      return bad("W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+      return bad(who + "W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
     if (wd.ne[0] != f || row_count(wd) != d) {
-      return bad("W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
+      return bad(who + "W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) + "}");
     }
-    if (x.ne[0] != d) return bad("X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
-    if (y.ne[0] != d || row_count(y) != t) return bad("Y " + shape_text(y) + " must match X");
-    if (f * t > kMaxInt) return bad("F x T exceeds 2^31; split the call");
+    if (x.ne[0] != d) return bad(who + "X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
+    if (y.ne[0] != d || row_count(y) != t) return bad(who + "Y " + shape_text(y) + " must match X");
+    if (f * t > kMaxInt) return bad(who + "F x T exceeds 2^31; split the call");
     return {};
   }
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -112,6 +113,65 @@ void matvec(benchmark::State& state, DType type, std::string isa, int threads, s
       benchmark::Counter(static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
 }
 
+// A Qwen3-MoE layer's routed experts (hidden 2048, experts of 768, gate/up q4_k, down q6_k): `experts` of them, each
+// over `tokens` tokens of its own, either one expert_ffn call per expert or one expert_ffn_group call for all. Enough
+// distinct experts are cycled that every call reads them from DRAM. Reported as expert weight bytes per second.
+void qwen3_experts(benchmark::State& state, int experts, std::int64_t tokens, bool group, std::string path) {
+  auto c = compute("auto", 2, path);
+  if (!c || (group && !c->supports(Op::expert_ffn_group, DType::q4_k))) {
+    state.SkipWithError(("no expert_ffn_group in " + path).c_str());
+    return;
+  }
+  constexpr std::int64_t kD = 2048, kF = 768;
+  const Matrix& gate = matrix(DType::q4_k, {"", kD, kF});
+  const Matrix& down = matrix(DType::q6_k, {"", kF, kD});
+  // matrix() keeps >= 96 MiB of copies of each; expert i of a call takes copy (call * experts + i) of each.
+  const std::size_t copies = std::min(gate.copies.size(), down.copies.size());
+  const std::size_t bytes = 2 * gate.bytes + down.bytes;
+  std::vector<std::vector<float>> x, y;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int e = 0; e < experts; ++e) {
+    x.emplace_back(static_cast<std::size_t>(kD * tokens));
+    for (auto& v : x.back()) v = dist(rng);
+    y.emplace_back(x.back().size());
+  }
+  std::vector<Tensor> in, out;
+  std::size_t next = 0;
+  for (auto _ : state) {
+    in.clear();
+    out.clear();
+    for (int e = 0; e < experts; ++e) {
+      // gate and up are two copies of one matrix: the same bytes to read as distinct weights
+      auto* g = const_cast<std::byte*>(gate.copies[next % copies].data());
+      auto* u = const_cast<std::byte*>(gate.copies[(next + 1) % copies].data());
+      auto* d = const_cast<std::byte*>(down.copies[next % copies].data());
+      next = (next + 2) % copies;
+      in.insert(in.end(), {Tensor{DType::q4_k, {kD, kF, 1, 1}, g}, Tensor{DType::q4_k, {kD, kF, 1, 1}, u},
+                           Tensor{DType::q6_k, {kF, kD, 1, 1}, d},
+                           Tensor{DType::f32, {kD, tokens, 1, 1}, x[static_cast<std::size_t>(e)].data()}});
+      out.push_back(Tensor{DType::f32, {kD, tokens, 1, 1}, y[static_cast<std::size_t>(e)].data()});
+    }
+    Status s;
+    if (group) {
+      s = c->run(OpCall{Op::expert_ffn_group, in, out, {}});
+    } else {
+      for (int e = 0; s && e < experts; ++e) {
+        s = c->run(OpCall{Op::expert_ffn,
+                          std::span<const Tensor>(in).subspan(static_cast<std::size_t>(4 * e), 4),
+                          std::span<Tensor>(out).subspan(static_cast<std::size_t>(e), 1),
+                          {}});
+      }
+    }
+    if (!s) {
+      state.SkipWithError(s.to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * experts * static_cast<std::int64_t>(bytes));
+}
+
 const int kRegistered = [] {
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
                          DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
@@ -148,6 +208,20 @@ const int kRegistered = [] {
       for (const char* isa : {"auto", "avx2"}) {
         add("cached/matmul" + std::to_string(tokens) + "/" + name + "/" + isa + "/threads:1", t, isa, 1, tokens, true,
             kSquare, true);
+      }
+    }
+  }
+  // A decode step's 8 routed experts, and a 64-token prefill chunk's share of 32 of its 128 experts (4 tokens each).
+  for (const auto& [label, experts, tokens] :
+       {std::tuple{"decode8", 8, std::int64_t{1}}, std::tuple{"prefill32x4", 32, std::int64_t{4}}}) {
+    for (const bool group : {false, true}) {
+      const std::string name = std::string("qwen3_experts/") + label + (group ? "/group" : "/one_by_one");
+      for (const bool base : {true, false}) {
+        if (base && baseline.empty()) continue;
+        benchmark::RegisterBenchmark((base ? "base/" + name : name).c_str(), qwen3_experts, experts, tokens, group,
+                                     base ? baseline : std::string(CPU_PLUGIN_PATH))
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
       }
     }
   }

@@ -77,10 +77,11 @@ sdk::Expected<std::string> profile_choice(const profile::Profile& profile, const
 }
 
 // The first gate/up/down tensor of any expert that `compute` cannot run, or null.
-const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute) {
+const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute,
+                                                  Op op = Op::expert_ffn) {
   for (const auto& e : manifest.experts) {
     for (const auto* part : {&e.gate, &e.up, &e.down}) {
-      if (!compute.supports(Op::expert_ffn, part->type)) return part;
+      if (!compute.supports(op, part->type)) return part;
     }
   }
   return nullptr;
@@ -114,6 +115,7 @@ struct Engine::Scratch {
   std::vector<float> pred_router, pred_weights;  // prefetch predictions (never the routing itself)
   std::vector<std::int32_t> pred_ids;
   std::map<std::int32_t, std::vector<float>> expert_out;  // routed experts' outputs until they are summed in order
+  std::vector<Tensor> group_x, group_y, group_inputs;     // one expert_ffn_group call's tensors
 };
 
 Engine::Engine() = default;
@@ -362,6 +364,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                std::string(sdk::to_string(part->type)) + " experts (" + part->name +
                                                ")");
   }
+  group_experts_ = unsupported_expert_part(manifest_, *plugins_.compute, Op::expert_ffn_group) == nullptr;
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
@@ -455,6 +458,51 @@ Status Engine::run_expert(std::int64_t l, std::int64_t e, const Tensor& x, const
                        {w->gate, w->up, w->down, xh}, {yh}, params);
   experts_->release_for_cpu(l, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (s && y.buffer != nullptr) s = from_host(S.ye.data(), y);
+  return s;
+}
+
+std::size_t Engine::groupable(std::int64_t l, std::span<const std::int32_t> order, std::size_t from,
+                              const std::set<std::int32_t>& on_cpu) const {
+  std::size_t n = 0;
+  while (group_experts_ && from + n < order.size() && on_cpu.count(order[from + n]) == 0 &&
+         experts_->ready(l, order[from + n]))
+    ++n;
+  return n;
+}
+
+Status Engine::run_expert_group(std::int64_t l, std::span<const std::int32_t> experts, std::span<const Tensor> xs,
+                                std::span<Tensor> ys, const sdk::OpParams& params) {
+  auto& in = scratch_->group_inputs;
+  in.clear();
+  std::size_t acquired = 0;
+  Status s;
+  for (const auto e : experts) {
+    auto w = experts_->acquire(l, e);
+    if (!w) {
+      s = w.error();
+      break;
+    }
+    in.insert(in.end(), {w->gate, w->up, w->down, xs[acquired]});
+    ++acquired;
+  }
+  if (s) {
+    sdk::OpCall call;
+    call.op = Op::expert_ffn_group;
+    call.inputs = in;
+    call.outputs = ys;
+    call.params = params;
+    s = plugins_.compute->run(call);
+    if (!s) s = s.with_context("compute backend " + plugins_.compute_name + ", expert_ffn_group");
+  }
+  for (std::size_t i = 0; i < acquired; ++i) experts_->release(l, experts[i]);
+  if (acquired == experts.size() && s.code() == StatusCode::unsupported) {
+    // supports() said yes, the backend said no (a plugin older than its answer): one expert at a time from now on.
+    spdlog::warn("{}; running experts one at a time", s.message());
+    group_experts_ = false;
+    for (std::size_t i = 0; i < experts.size(); ++i) {
+      if (s = run_expert(l, experts[i], xs[i], ys[i], false, params); !s) return s;
+    }
+  }
   return s;
 }
 
@@ -1021,10 +1069,26 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     if (S.routed.size() < groups.size()) S.routed.resize(groups.size());
     std::map<std::int32_t, std::size_t> slot;
     for (const auto& g : groups) slot.emplace(g.first, slot.size());
-    for (const auto e : order) {
-      Act& y = S.routed[slot.at(e)];
-      if (s = size(y, DT); !s) return s;
-      if (s = run_expert(l, e, h, view(y, D, T), on_cpu.count(e) != 0, mm_p); !s) return s;
+    for (std::size_t i = 0; i < order.size();) {
+      // The experts ready to run on the backend go in one call where it offers expert_ffn_group.
+      const std::size_t n = std::max<std::size_t>(1, groupable(l, order, i, on_cpu));
+      auto& xs = S.group_x;
+      auto& ys = S.group_y;
+      xs.clear();
+      ys.clear();
+      for (std::size_t j = i; j < i + n; ++j) {
+        Act& y = S.routed[slot.at(order[j])];
+        if (s = size(y, DT); !s) return s;
+        xs.push_back(h);
+        ys.push_back(view(y, D, T));
+      }
+      if (n > 1) {
+        s = run_expert_group(l, std::span(order).subspan(i, n), xs, ys, mm_p);
+      } else {
+        s = run_expert(l, order[i], h, ys[0], on_cpu.count(order[i]) != 0, mm_p);
+      }
+      if (!s) return s;
+      i += n;
     }
     if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
     // out = 0 and every expert's routing weights go up together (one wait), then the sum runs on the device.
@@ -1050,21 +1114,42 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     auto hp = host_view(h, S.down);
     if (!hp) return hp.error();
     const float* h_ptr = *hp;
-    for (const auto e : order) {
-      const auto& members = groups[e];
-      const auto n = static_cast<std::int64_t>(members.size());
-      const auto Dn = static_cast<std::size_t>(D * n);
-      S.xe.resize(Dn);
-      S.ye.resize(Dn);
-      for (std::int64_t i = 0; i < n; ++i) {
-        const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(i)].first);
-        std::memcpy(S.xe.data() + i * D, h_ptr + t * static_cast<std::size_t>(D),
-                    sizeof(float) * static_cast<std::size_t>(D));
+    for (std::size_t i = 0; i < order.size();) {
+      // Each expert's rows gathered one after another; the experts ready on the backend go in one call where it
+      // offers expert_ffn_group.
+      const std::size_t count = std::max<std::size_t>(1, groupable(l, order, i, on_cpu));
+      const auto batch = std::span(order).subspan(i, count);
+      std::size_t rows = 0;
+      for (const auto e : batch) rows += groups[e].size();
+      S.xe.resize(rows * static_cast<std::size_t>(D));
+      S.ye.resize(S.xe.size());
+      auto& xs = S.group_x;
+      auto& ys = S.group_y;
+      xs.clear();
+      ys.clear();
+      for (std::size_t at = 0; const auto e : batch) {
+        const auto& members = groups[e];
+        const auto n = static_cast<std::int64_t>(members.size());
+        for (std::int64_t r = 0; r < n; ++r) {
+          const auto t = static_cast<std::size_t>(members[static_cast<std::size_t>(r)].first);
+          std::memcpy(S.xe.data() + at + static_cast<std::size_t>(r * D), h_ptr + t * static_cast<std::size_t>(D),
+                      sizeof(float) * static_cast<std::size_t>(D));
+        }
+        xs.push_back(f32(S.xe.data() + at, D, n));
+        ys.push_back(f32(S.ye.data() + at, D, n));
+        at += static_cast<std::size_t>(D * n);
       }
-      if (s = run_expert(l, e, f32(S.xe.data(), D, n), f32(S.ye.data(), D, n), on_cpu.count(e) != 0, mm_p); !s) {
-        return s;
+      if (count > 1) {
+        s = run_expert_group(l, batch, xs, ys, mm_p);
+      } else {
+        s = run_expert(l, batch[0], xs[0], ys[0], on_cpu.count(batch[0]) != 0, mm_p);
       }
-      S.expert_out[e].assign(S.ye.begin(), S.ye.end());
+      if (!s) return s;
+      for (std::size_t j = 0; j < count; ++j) {
+        const auto* y = static_cast<const float*>(ys[j].data);
+        S.expert_out[batch[j]].assign(y, y + sdk::element_count(ys[j]));
+      }
+      i += count;
     }
     // Prefetches of this layer still queued were for experts the router did not pick: free the disk queue.
     if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);

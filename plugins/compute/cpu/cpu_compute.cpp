@@ -227,7 +227,7 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    return supports_every_op(op, weight_type);
+    return op == Op::expert_ffn_group ? is_weight_type(weight_type) : supports_every_op(op, weight_type);
   }
 
   Status run(const OpCall& c) noexcept override {
@@ -245,7 +245,8 @@ class CpuCompute final : public ComputeBase {
   Status dispatch(const OpCall& c) {
     switch (c.op) {
       case Op::matmul: return op_matmul(c);
-      case Op::expert_ffn: return op_expert_ffn(c);
+      case Op::expert_ffn:
+      case Op::expert_ffn_group: return op_expert_ffn(c);
       case Op::rms_norm: return op_rms_norm(c);
       case Op::rope: return op_rope(c);
       case Op::attention: return op_attention(c);
@@ -264,65 +265,118 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- matmul
 
-  // One weight matrix of a matmul: Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N).
+  // One weight matrix of a matmul and its activations: Y[i][r] = dot(W[r], X[i]) (+ bias[r]) for r in [0, n),
+  // i in [0, t). Jobs of one pool run may have different weights, K, X and T.
   struct MatJob {
     DType wtype;
     const std::byte* w;
     std::int64_t n;
     const float* bias;
     float* y;
+    std::int64_t k;
+    const float* x;
+    std::int64_t t;
+  };
+
+  // An activation of matmul_jobs, quantized to `fmt` at act_scratch_ + at, abytes per token.
+  struct Activation {
+    const float* x;
+    std::int64_t k, t;
+    ActFormat fmt;
+    std::size_t abytes, at;
   };
 
   // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
   static constexpr std::int64_t kRowsKernelTokens = 3;
+  // Activations up to this many floats are quantized by the calling thread: a pool pass costs more than the work.
+  static constexpr std::int64_t kInlineQuantizeFloats = 32768;
   static std::int64_t row_tasks(std::int64_t n, std::int64_t per_task) noexcept {
     return (n + per_task - 1) / per_task;
   }
 
-  // Y[t][n] = dot(W[n], X[t]) (+ bias[n]) for n in [0, N), t in [0, T).
   void matmul_core(DType wtype, const std::byte* w, std::int64_t k, std::int64_t n, const float* x, std::int64_t t,
                    const float* bias, float* y, bool exact) {
-    const MatJob job{wtype, w, n, bias, y};
-    matmul_jobs({&job, 1}, k, x, t, exact);
+    const MatJob job{wtype, w, n, bias, y, k, x, t};
+    matmul_jobs({&job, 1}, exact);
   }
 
-  // Several matrices with the same K and X (whose weight types take the same activation format)
-  // in one pool run: the activations are quantized once and the threads meet once.
-  void matmul_jobs(std::span<const MatJob> jobs, std::int64_t k, const float* x, std::int64_t t, bool exact) {
-    const ActFormat fmt = act_format(jobs[0].wtype, exact);
-    const std::size_t abytes = act_row_bytes(fmt, k);
-    std::byte* act = act_scratch_.get(abytes * static_cast<std::size_t>(t));
-    const auto quantize = opt_.kernels->quantize != nullptr ? opt_.kernels->quantize : &quantize_activations;
-    pool_.run(t, [&](std::int64_t i, int) noexcept {
-      quantize(fmt, x + i * k, act + static_cast<std::size_t>(i) * abytes, k);
-    });
+  // Several matrices in one pool run: each distinct activation (X, K, T and the format its weights take) is
+  // quantized once, and the threads meet once per run instead of once per matrix.
+  void matmul_jobs(std::span<const MatJob> jobs, bool exact) {
+    std::vector<Activation>& acts = acts_;
+    std::vector<std::size_t>& act_of = act_of_job_;
+    acts.clear();
+    act_of.assign(jobs.size(), 0);
+    std::size_t total = 0;
+    std::int64_t rows = 0, floats = 0, max_k = 0, tiles = 0;
     bool dequant = false;
-    std::int64_t tiles = 0;
-    for (const MatJob& j : jobs) {
-      dequant = dequant || (exact && dtype_traits(j.wtype)->quantized);
-      tiles += row_tasks(j.n, kRowTile);
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      const MatJob& job = jobs[j];
+      const ActFormat fmt = act_format(job.wtype, exact);
+      std::size_t a = 0;
+      while (a < acts.size() && !(acts[a].x == job.x && acts[a].k == job.k && acts[a].t == job.t && acts[a].fmt == fmt))
+        ++a;
+      if (a == acts.size()) {
+        const std::size_t abytes = act_row_bytes(fmt, job.k);
+        acts.push_back({job.x, job.k, job.t, fmt, abytes, total});
+        total += abytes * static_cast<std::size_t>(job.t);
+        rows += job.t;
+        floats += job.k * job.t;
+      }
+      act_of[j] = a;
+      max_k = std::max(max_k, job.k);
+      dequant = dequant || (exact && dtype_traits(job.wtype)->quantized);
+      tiles += row_tasks(job.n, kRowTile);
+    }
+    std::byte* act = act_scratch_.get(total);
+    const auto quantize = opt_.kernels->quantize != nullptr ? opt_.kernels->quantize : &quantize_activations;
+    // first_row[a]: the quantize task of activation a's first row; first_task[j]: job j's first row task.
+    std::vector<std::int64_t>& first_row = first_row_;
+    first_row.clear();
+    for (std::int64_t r = 0; const Activation& a : acts) {
+      first_row.push_back(r);
+      r += a.t;
+    }
+    const auto quantize_row = [&](std::int64_t row) noexcept {
+      const auto a =
+          static_cast<std::size_t>(std::upper_bound(first_row.begin(), first_row.end(), row) - first_row.begin() - 1);
+      const Activation& v = acts[a];
+      row -= first_row[a];
+      quantize(v.fmt, v.x + row * v.k, act + v.at + static_cast<std::size_t>(row) * v.abytes, v.k);
+    };
+    if (floats <= kInlineQuantizeFloats) {
+      for (std::int64_t r = 0; r < rows; ++r) quantize_row(r);
+    } else {
+      pool_.run(rows, [&](std::int64_t r, int) noexcept { quantize_row(r); });
     }
     // Decode: 64 rows of a small matrix are about a microsecond of work, so claiming tasks costs a fair share of
     // it; a task takes up to 4 row tiles as long as every thread still gets 4 tasks. Rows never depend on the split.
-    const std::int64_t per_task =
-        t <= kRowsKernelTokens ? kRowTile * std::clamp<std::int64_t>(tiles / (4 * pool_.size()), 1, 4) : kRowTile;
+    const std::int64_t decode_rows = kRowTile * std::clamp<std::int64_t>(tiles / (4 * pool_.size()), 1, 4);
+    const auto per_task = [&](const MatJob& job) { return job.t <= kRowsKernelTokens ? decode_rows : kRowTile; };
+    std::vector<std::int64_t>& first_task = first_task_;
+    first_task.clear();
     std::int64_t tasks = 0;
-    for (const MatJob& j : jobs) tasks += row_tasks(j.n, per_task);
+    for (const MatJob& j : jobs) {
+      first_task.push_back(tasks);
+      tasks += row_tasks(j.n, per_task(j));
+    }
     if (dequant) {
-      for (auto& s : scratch_) s.get(static_cast<std::size_t>(k) * sizeof(float));
+      for (auto& sc : scratch_) sc.get(static_cast<std::size_t>(max_k) * sizeof(float));
     }
     pool_.run(tasks, [&](std::int64_t task, int worker) noexcept {
-      std::size_t j = 0;
-      while (task >= row_tasks(jobs[j].n, per_task)) task -= row_tasks(jobs[j++].n, per_task);
-      const std::int64_t r0 = task * per_task;
-      matmul_rows(jobs[j], r0, std::min(jobs[j].n, r0 + per_task), k, act, abytes, t, exact, worker);
+      const auto j = static_cast<std::size_t>(std::upper_bound(first_task.begin(), first_task.end(), task) -
+                                              first_task.begin() - 1);
+      const std::int64_t step = per_task(jobs[j]), r0 = (task - first_task[j]) * step;
+      const Activation& a = acts[act_of[j]];
+      matmul_rows(jobs[j], r0, std::min(jobs[j].n, r0 + step), act + a.at, a.abytes, exact, worker);
     });
   }
 
   // Rows [r0, r1) of one matrix for every token.
-  void matmul_rows(const MatJob& job, std::int64_t r0, std::int64_t r1, std::int64_t k, const std::byte* act,
-                   std::size_t abytes, std::int64_t t, bool exact, int worker) noexcept {
+  void matmul_rows(const MatJob& job, std::int64_t r0, std::int64_t r1, const std::byte* act, std::size_t abytes,
+                   bool exact, int worker) noexcept {
     constexpr std::int64_t kTokensPerTile = 8;
+    const std::int64_t k = job.k, t = job.t;
     const DType wtype = job.wtype;
     const std::byte* w = job.w;
     const std::int64_t n = job.n;
@@ -429,43 +483,88 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- expert_ffn
 
-  Status op_expert_ffn(const OpCall& c) {
-    const char* op = "expert_ffn";
-    COLIBRI_TRY(need_count(op, c, 4, 4, 1));
-    const Tensor &G = c.inputs[0], &U = c.inputs[1], &D = c.inputs[2], &X = c.inputs[3], &Y = c.outputs[0];
-    COLIBRI_TRY(check_weight(op, "W_gate (inputs[0])", G));
-    COLIBRI_TRY(check_weight(op, "W_up (inputs[1])", U));
-    COLIBRI_TRY(check_weight(op, "W_down (inputs[2])", D));
+  // One expert of an expert_ffn or expert_ffn_group call, checked.
+  struct ExpertCall {
+    DType gtype, utype, dtype;
+    const std::byte *g, *u, *d;
+    const float* x;
+    float* y;
+    std::int64_t dm, f, t;
+  };
+
+  Status check_expert(const char* op, const OpCall& c, std::size_t e, ExpertCall& out) {
+    const std::string who = c.op == Op::expert_ffn_group ? "expert " + std::to_string(e) + ": " : "";
+    const auto role = [&](const char* name, std::size_t index, bool input) {
+      return who + name + (input ? " (inputs[" : " (outputs[") + std::to_string(index) + "])";
+    };
+    const Tensor &G = c.inputs[4 * e], &U = c.inputs[4 * e + 1], &D = c.inputs[4 * e + 2], &X = c.inputs[4 * e + 3],
+                 &Y = c.outputs[e];
+    const std::string rg = role("W_gate", 4 * e, true), ru = role("W_up", 4 * e + 1, true),
+                      rd = role("W_down", 4 * e + 2, true), rx = role("X", 4 * e + 3, true), ry = role("Y", e, false);
+    COLIBRI_TRY(check_weight(op, rg.c_str(), G));
+    COLIBRI_TRY(check_weight(op, ru.c_str(), U));
+    COLIBRI_TRY(check_weight(op, rd.c_str(), D));
     std::byte *g, *u, *d, *x, *y;
-    COLIBRI_TRY(resolve(op, "W_gate (inputs[0])", G, g));
-    COLIBRI_TRY(resolve(op, "W_up (inputs[1])", U, u));
-    COLIBRI_TRY(resolve(op, "W_down (inputs[2])", D, d));
-    COLIBRI_TRY(resolve(op, "X (inputs[3])", X, x));
-    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
-    COLIBRI_TRY(need_type(op, "X (inputs[3])", X, DType::f32));
-    COLIBRI_TRY(need_type(op, "Y (outputs[0])", Y, DType::f32));
+    COLIBRI_TRY(resolve(op, rg.c_str(), G, g));
+    COLIBRI_TRY(resolve(op, ru.c_str(), U, u));
+    COLIBRI_TRY(resolve(op, rd.c_str(), D, d));
+    COLIBRI_TRY(resolve(op, rx.c_str(), X, x));
+    COLIBRI_TRY(resolve(op, ry.c_str(), Y, y));
+    COLIBRI_TRY(need_type(op, rx.c_str(), X, DType::f32));
+    COLIBRI_TRY(need_type(op, ry.c_str(), Y, DType::f32));
     const std::int64_t dm = G.ne[0], f = G.ne[1], t = sdk::row_count(X);
-    if (U.ne[0] != dm || U.ne[1] != f) return bad(op, "W_up " + shape(U) + " must match W_gate " + shape(G));
+    if (U.ne[0] != dm || U.ne[1] != f) return bad(op, who + "W_up " + shape(U) + " must match W_gate " + shape(G));
     if (D.ne[0] != f || D.ne[1] != dm)
-      return bad(op, "W_down " + shape(D) + " must be {" + std::to_string(f) + ", " + std::to_string(dm) +
+      return bad(op, who + "W_down " + shape(D) + " must be {" + std::to_string(f) + ", " + std::to_string(dm) +
                          "} for W_gate " + shape(G));
-    if (X.ne[0] != dm) return bad(op, "X " + shape(X) + " must have ne[0] = D = " + std::to_string(dm));
+    if (X.ne[0] != dm) return bad(op, who + "X " + shape(X) + " must have ne[0] = D = " + std::to_string(dm));
     if (Y.ne[0] != dm || sdk::row_count(Y) != t)
-      return bad(op, "Y " + shape(Y) + " must be {" + std::to_string(dm) + ", " + std::to_string(t) + "}");
-    const bool exact = (c.params.flags & kExactActivations) != 0;
-    const std::size_t hidden = static_cast<std::size_t>(f * t);
-    auto* gate = reinterpret_cast<float*>(ffn_scratch_.get(2 * hidden * sizeof(float)));
-    float* up = gate + hidden;
-    const auto* xs = reinterpret_cast<const float*>(x);
-    if (act_format(G.type, exact) == act_format(U.type, exact)) {
-      const MatJob both[] = {{G.type, g, f, nullptr, gate}, {U.type, u, f, nullptr, up}};
-      matmul_jobs(both, dm, xs, t, exact);
-    } else {
-      matmul_core(G.type, g, dm, f, xs, t, nullptr, gate, exact);
-      matmul_core(U.type, u, dm, f, xs, t, nullptr, up, exact);
+      return bad(op, who + "Y " + shape(Y) + " must be {" + std::to_string(dm) + ", " + std::to_string(t) + "}");
+    out = {G.type, U.type, D.type, g, u, d, reinterpret_cast<const float*>(x), reinterpret_cast<float*>(y), dm, f, t};
+    return {};
+  }
+
+  // expert_ffn is a group of one. Every expert's gate and up projections go through one pool run, its swiglu
+  // through another, the down projections through a third; each row of each matrix is computed as it would be
+  // alone, so grouping changes no bit.
+  Status op_expert_ffn(const OpCall& c) {
+    const bool group = c.op == Op::expert_ffn_group;
+    const char* op = group ? "expert_ffn_group" : "expert_ffn";
+    if (!group) {
+      COLIBRI_TRY(need_count(op, c, 4, 4, 1));
+    } else if (c.inputs.empty() || c.inputs.size() % 4 != 0 || c.outputs.size() != c.inputs.size() / 4) {
+      return bad(op, "expects 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert, got " +
+                         std::to_string(c.inputs.size()) + " inputs and " + std::to_string(c.outputs.size()) +
+                         " outputs");
     }
-    swiglu_rows(gate, up, gate, static_cast<std::int64_t>(hidden));
-    matmul_core(D.type, d, f, dm, gate, t, nullptr, reinterpret_cast<float*>(y), exact);
+    std::vector<ExpertCall>& ex = experts_;
+    ex.resize(c.outputs.size());
+    for (std::size_t e = 0; e < ex.size(); ++e) COLIBRI_TRY(check_expert(op, c, e, ex[e]));
+    const bool exact = (c.params.flags & kExactActivations) != 0;
+    std::vector<std::int64_t>& at = hidden_at_;  // expert e's gate and up rows start at at[e] in their halves
+    at.clear();
+    std::int64_t hidden = 0;
+    for (const ExpertCall& x : ex) {
+      at.push_back(hidden);
+      hidden += x.f * x.t;
+    }
+    auto* gate = reinterpret_cast<float*>(ffn_scratch_.get(2 * static_cast<std::size_t>(hidden) * sizeof(float)));
+    float* up = gate + hidden;
+    std::vector<MatJob>& jobs = jobs_;
+    jobs.clear();
+    for (std::size_t e = 0; e < ex.size(); ++e) {
+      const ExpertCall& x = ex[e];
+      jobs.push_back({x.gtype, x.g, x.f, nullptr, gate + at[e], x.dm, x.x, x.t});
+      jobs.push_back({x.utype, x.u, x.f, nullptr, up + at[e], x.dm, x.x, x.t});
+    }
+    matmul_jobs(jobs, exact);
+    swiglu_rows(gate, up, gate, hidden);
+    jobs.clear();
+    for (std::size_t e = 0; e < ex.size(); ++e) {
+      const ExpertCall& x = ex[e];
+      jobs.push_back({x.dtype, x.d, x.dm, nullptr, x.y, x.f, gate + at[e], x.t});
+    }
+    matmul_jobs(jobs, exact);
     return {};
   }
 
@@ -900,6 +999,12 @@ class CpuCompute final : public ComputeBase {
   std::vector<Scratch> scratch_;  // one per worker
   Scratch act_scratch_;
   Scratch ffn_scratch_;
+  // matmul_jobs' and expert_ffn's bookkeeping, kept so a decode step does not allocate.
+  std::vector<Activation> acts_;
+  std::vector<std::size_t> act_of_job_;
+  std::vector<std::int64_t> first_row_, first_task_, hidden_at_;
+  std::vector<MatJob> jobs_;
+  std::vector<ExpertCall> experts_;
   std::vector<DeviceInfo> devices_;
 };
 

@@ -196,6 +196,10 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   const auto& in = call.inputs;
   const auto& out = call.outputs;
   if (Status s = sdk::check_op_call(call, "cuda"); !s) return s;
+  // The optional expert_ffn_group has no kernel here (supports() says so); the engine then calls expert_ffn.
+  if (call.op == Op::expert_ffn_group) {
+    return Status(StatusCode::unsupported, "cuda: expert_ffn_group is not implemented; call expert_ffn per expert");
+  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
   auto launched = [&](cudaError_t e) -> Status {
     if (e != cudaSuccess) return cuda_status(e, std::string(name) + ": launching a kernel");

@@ -233,6 +233,10 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   const auto& out = call.outputs;
   // Shaders index with 32-bit integers: check_op_call refuses tensors of 2^31 elements or more.
   if (Status s = sdk::check_op_call(call, "vulkan"); !s) return s;
+  // The optional expert_ffn_group has no kernel here (supports() says so); the engine then calls expert_ffn.
+  if (call.op == Op::expert_ffn_group) {
+    return Status(StatusCode::unsupported, "vulkan: expert_ffn_group is not implemented; call expert_ffn per expert");
+  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
 #define COLIBRI_VK_TRY(expr)       \
   do {                             \

@@ -433,6 +433,74 @@ TEST_P(ComputeConformance, ExpertFfnMatchesReferenceAndTheComposedOps) {
   }
 }
 
+// ------------------------------------------------------------------ expert_ffn_group
+
+// The optional group op: every expert's output has the bits of expert_ffn on its own inputs, whatever the other
+// experts in the call (types, F, T). A backend without it says `unsupported`, which sends the engine to expert_ffn.
+TEST_P(ComputeConformance, ExpertFfnGroupHasTheBitsOfExpertFfnPerExpert) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256;
+  struct Expert {
+    DType g, u, dn;
+    std::int64_t f, t;
+  };
+  const Expert experts[] = {{DType::q4_k, DType::q4_k, DType::q6_k, 512, 1},
+                            {DType::q8_0, DType::q8_0, DType::q8_0, 256, 5},
+                            {DType::bf16, DType::f16, DType::q2_k, 512, 1},
+                            {DType::q3_k, DType::q3_k, DType::q4_k, 768, 9},
+                            {DType::f32, DType::q5_k, DType::q4_0, 256, 1}};
+  bool supported = true;
+  for (const Expert& e : experts) {
+    for (DType t : {e.g, e.u, e.dn}) supported = supported && c.supports(Op::expert_ffn_group, t);
+  }
+  std::vector<Weights> w;
+  std::vector<std::vector<float>> x, y;
+  std::vector<Arg> in, out;
+  for (std::size_t i = 0; i < std::size(experts); ++i) {
+    const Expert& e = experts[i];
+    const auto seed = static_cast<unsigned>(60 + 4 * i);
+    w.push_back(make_weights(e.g, d, e.f, seed));
+    w.push_back(make_weights(e.u, d, e.f, seed + 1));
+    w.push_back(make_weights(e.dn, e.f, d, seed + 2));
+    x.push_back(randn(static_cast<std::size_t>(d * e.t), seed + 3));
+    y.emplace_back(static_cast<std::size_t>(d * e.t), std::numeric_limits<float>::quiet_NaN());
+  }
+  for (std::size_t i = 0; i < std::size(experts); ++i) {
+    const Expert& e = experts[i];
+    in.push_back(arg(e.g, {d, e.f, 1, 1}, const_cast<std::byte*>(w[3 * i].bytes.data())));
+    in.push_back(arg(e.u, {d, e.f, 1, 1}, const_cast<std::byte*>(w[3 * i + 1].bytes.data())));
+    in.push_back(arg(e.dn, {e.f, d, 1, 1}, const_cast<std::byte*>(w[3 * i + 2].bytes.data())));
+    in.push_back(arg(DType::f32, {d, e.t, 1, 1}, x[i]));
+    out.push_back(arg(DType::f32, {d, e.t, 1, 1}, y[i]));
+  }
+  if (!supported) {
+    const Status s = run_op(c, Op::expert_ffn_group, in, out);
+    EXPECT_EQ(s.code(), StatusCode::unsupported) << "a backend without expert_ffn_group: " << s.to_string();
+    GTEST_SKIP() << "this backend does not offer the optional expert_ffn_group";
+  }
+  for (bool exact : {false, true}) {
+    OpParams p;
+    p.flags = exact ? kExactActivations : 0;
+    const Status s = run_op(c, Op::expert_ffn_group, in, out, p);
+    ASSERT_TRUE(s) << s.to_string();
+    for (std::size_t i = 0; i < std::size(experts); ++i) {
+      std::vector<float> alone(y[i].size());
+      ASSERT_TRUE(run_op(c, Op::expert_ffn, {in[4 * i], in[4 * i + 1], in[4 * i + 2], in[4 * i + 3]},
+                         {arg(DType::f32, out[i].ne, alone)}, p));
+      EXPECT_EQ(0, std::memcmp(y[i].data(), alone.data(), alone.size() * sizeof(float)))
+          << "expert " << i << (exact ? " exact" : "") << ": the group's output differs from expert_ffn's";
+    }
+  }
+  // Counts that do not come in fours, and an expert whose shapes disagree, are refused naming the problem.
+  const Status three = run_op(c, Op::expert_ffn_group, {in[0], in[1], in[2]}, {out[0]});
+  EXPECT_FALSE(three);
+  EXPECT_NE(three.message().find("expert_ffn_group"), std::string::npos) << three.to_string();
+  const Status mismatch =
+      run_op(c, Op::expert_ffn_group, {in[0], in[1], in[2], in[3], in[4], in[1], in[6], in[7]}, {out[0], out[1]});
+  EXPECT_FALSE(mismatch);
+  EXPECT_NE(mismatch.message().find("expert 1"), std::string::npos) << mismatch.to_string();
+}
+
 // ------------------------------------------------------------------ norms, rope
 
 TEST_P(ComputeConformance, RmsNormMatchesReference) {

@@ -1,6 +1,7 @@
 // The expert cache's admin operations on a real engine: logits stay bit-identical after clear() and warm() (the one
-// promise), pinned experts survive a clear, and the statistics show the reloads. Tiny Mixtral from
-// tests/fixtures/make_tiny_model.py, the built cpu/pread/pinned plugins.
+// promise), pinned experts survive a clear, and the statistics show the reloads. Also the engine's use of the
+// optional expert_ffn_group op: the same bits with it, without it, and after a backend refuses it. Tiny Mixtral from
+// tests/fixtures/make_tiny_model.py, the built cpu/pread/pinned/lru plugins.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include "colibri/engine/engine.hpp"
 #include "colibri/model/convert.hpp"
 #include "colibri/profile/profile.hpp"
+#include "colibri/registry/plugin_set.hpp"
 
 namespace fs = std::filesystem;
 using namespace colibri;
@@ -76,6 +78,117 @@ std::vector<float> logits_of(engine::Engine& e, const std::vector<std::int32_t>&
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The cpu backend behind a seam: `offer` decides what supports() says of expert_ffn_group, `refuse` makes run()
+// answer `unsupported` for it (a plugin whose supports() promises more than its run() does); the calls are counted.
+class GroupSeam final : public sdk::Compute {
+ public:
+  GroupSeam(std::shared_ptr<sdk::Compute> inner, bool offer, bool refuse)
+      : inner_(std::move(inner)), offer_(offer), refuse_(refuse) {}
+  int group_calls = 0, refused = 0, single_calls = 0;
+  std::span<const sdk::DeviceInfo> devices() const noexcept override { return inner_->devices(); }
+  sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override {
+    return inner_->allocate(bytes);
+  }
+  bool supports(sdk::Op op, sdk::DType type) const noexcept override {
+    return op == sdk::Op::expert_ffn_group ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
+  }
+  sdk::Status run(const sdk::OpCall& call) noexcept override {
+    if (call.op == sdk::Op::expert_ffn_group) {
+      ++group_calls;
+      if (refuse_) {
+        ++refused;
+        return sdk::Status(sdk::StatusCode::unsupported, "seam: expert_ffn_group refused (test)");
+      }
+    }
+    if (call.op == sdk::Op::expert_ffn) ++single_calls;
+    return inner_->run(call);
+  }
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
+                                                                  std::size_t bytes) noexcept override {
+    return inner_->copy_to_device_async(src, dst, offset, bytes);
+  }
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
+                                                                std::size_t bytes) noexcept override {
+    return inner_->copy_to_host_async(src, offset, dst, bytes);
+  }
+  sdk::Status synchronize() noexcept override { return inner_->synchronize(); }
+
+ private:
+  std::shared_ptr<sdk::Compute> inner_;
+  bool offer_, refuse_;
+};
+
+// An engine on the built cpu, pread and lru plugins with the cpu backend behind a GroupSeam; `cache_bytes` below
+// the model's experts streams them.
+std::unique_ptr<engine::Engine> open_with_seam(const fs::path& model, std::shared_ptr<GroupSeam>& seam, bool offer,
+                                               bool refuse, std::uint64_t cache_bytes) {
+  ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
+  profile::LoadOptions lo;
+  lo.use_process_environment = false;
+  lo.overrides = {{"prefetch.layers", "0", "--set"}};
+  auto prof = profile::Profile::load(lo);
+  EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
+  if (!prof) return nullptr;
+  const auto reg = registry::scan_for_profile(*prof);
+  const auto* cpu = reg.find(sdk::PluginKind::compute, "cpu");
+  const auto* pread = reg.find(sdk::PluginKind::storage, "pread");
+  const auto* lru = reg.find(sdk::PluginKind::cache, "lru");
+  EXPECT_TRUE(cpu && pread && lru) << "built plugins not found in " << COLIBRI_TEST_PLUGIN_DIR;
+  if (!cpu || !pread || !lru) return nullptr;
+  auto compute = reg.create_as<sdk::Compute>(*cpu, prof->section("compute"));
+  auto storage = reg.create_as<sdk::Storage>(*pread, prof->section("storage"));
+  auto cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
+  EXPECT_TRUE(compute && storage && cache);
+  if (!compute || !storage || !cache) return nullptr;
+  seam = std::make_shared<GroupSeam>(*compute, offer, refuse);
+  engine::Plugins plugins;
+  plugins.compute = seam;
+  plugins.storage = *storage;
+  plugins.cache = *cache;
+  plugins.compute_name = "cpu (seam)";
+  engine::EngineOptions eo;
+  eo.context = 64;
+  auto e = engine::Engine::open(model, plugins, cache_bytes, 0, eo);
+  EXPECT_TRUE(e) << (e ? "" : e.error().message());
+  return e ? std::move(*e) : nullptr;
+}
+
+// Logits of a prompt in one pass (experts run rows gathered per expert) and then token by token (every routed
+// expert runs the whole batch), concatenated.
+std::vector<float> prompt_then_steps(engine::Engine& e) {
+  const std::vector<std::int32_t> tokens{1, 17, 42, 99, 5, 250, 3, 77, 12, 8};
+  auto all = logits_of(e, tokens);
+  e.reset();
+  for (const auto t : tokens) {
+    std::vector<float> step;
+    auto s = e.forward(std::span(&t, 1), engine::LogitsWanted::last, step);
+    EXPECT_TRUE(s) << s.message();
+    all.insert(all.end(), step.begin(), step.end());
+  }
+  return all;
+}
+
+TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt) {
+  const auto model = tiny_model();
+  for (const std::uint64_t cache_bytes : {std::uint64_t{64} * kSlot, std::uint64_t{4} * kSlot}) {
+    const std::string where = cache_bytes > 16 * kSlot ? "resident" : "streaming";
+    std::shared_ptr<GroupSeam> grouped, single, refusing;
+    auto a = open_with_seam(model, grouped, true, false, cache_bytes);
+    auto b = open_with_seam(model, single, false, false, cache_bytes);
+    auto c = open_with_seam(model, refusing, true, true, cache_bytes);
+    ASSERT_TRUE(a && b && c);
+    ASSERT_EQ(a->mode(), where);
+    const auto want = prompt_then_steps(*b);
+    ASSERT_FALSE(want.empty());
+    EXPECT_TRUE(bit_identical(prompt_then_steps(*a), want)) << where << ": expert_ffn_group changed the logits";
+    EXPECT_TRUE(bit_identical(prompt_then_steps(*c), want)) << where << ": the fallback changed the logits";
+    EXPECT_EQ(single->group_calls, 0) << where << ": expert_ffn_group called though supports() said no";
+    EXPECT_GT(single->single_calls, 0);
+    EXPECT_GT(grouped->group_calls, 0) << where << ": the engine never grouped the experts of a layer";
+    EXPECT_EQ(refusing->refused, 1) << where << ": after one refusal the engine must stop asking";
+  }
 }
 
 TEST(CacheAdminEngine, LogitsAreBitIdenticalAfterClearAndWarm) {

@@ -151,6 +151,31 @@ TEST(CheckOpCall, RefusesWhatDeviceKernelsCannotIndex) {
   EXPECT_EQ(no_kv.message(), "attention: 2 query heads are not a multiple of 0 KV heads");
 }
 
+TEST(CheckOpCall, ExpertFfnGroupChecksEveryExpertAndNamesIt) {
+  const auto expert = [](std::int64_t f, std::int64_t t) {
+    return std::vector<Tensor>{tensor(DType::q4_k, {256, f, 1, 1}), tensor(DType::q4_k, {256, f, 1, 1}),
+                               tensor(DType::q6_k, {f, 256, 1, 1}), tensor(DType::f32, {256, t, 1, 1})};
+  };
+  Call ok(Op::expert_ffn_group, {}, {tensor(DType::f32, {256, 1, 1, 1}), tensor(DType::f32, {256, 3, 1, 1})});
+  for (const auto& part : {expert(512, 1), expert(256, 3)}) ok.in.insert(ok.in.end(), part.begin(), part.end());
+  ok.call.inputs = ok.in;
+  EXPECT_TRUE(ok.check()) << ok.check().message();
+
+  Call wrong_t = ok;
+  wrong_t.in[7] = tensor(DType::f32, {256, 2, 1, 1});  // expert 1's X has 2 tokens, its Y 3
+  wrong_t.call.inputs = wrong_t.in;
+  wrong_t.call.outputs = wrong_t.out;
+  EXPECT_EQ(wrong_t.check().message(), "expert_ffn_group: expert 1: Y f32 {256, 3, 1, 1} must match X");
+
+  Call short_call = ok;
+  short_call.in.pop_back();
+  short_call.call.inputs = short_call.in;
+  short_call.call.outputs = short_call.out;
+  EXPECT_EQ(short_call.check().message(),
+            "expert_ffn_group: takes 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert; got 7 inputs and 2 "
+            "outputs");
+}
+
 TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
   EXPECT_TRUE(supports_every_op(Op::matmul, DType::q6_k));
   EXPECT_TRUE(supports_every_op(Op::embedding, DType::bf16));
@@ -160,6 +185,7 @@ TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
   EXPECT_TRUE(supports_every_op(Op::rms_norm, DType::f32));
   EXPECT_FALSE(supports_every_op(Op::rope, DType::f16));
   EXPECT_FALSE(supports_every_op(Op::count_, DType::f32));
+  EXPECT_FALSE(supports_every_op(Op::expert_ffn_group, DType::q4_k)) << "optional: a backend claims it itself";
   EXPECT_EQ(shape_text(tensor(DType::q8_0, {32, 7, 1, 1})), "q8_0 {32, 7, 1, 1}");
 }
 

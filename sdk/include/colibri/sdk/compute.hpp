@@ -80,6 +80,13 @@ enum class Op : std::uint32_t {
   // KV rows with it where the cache lives in device memory and supports(store_rows, type) says so, and otherwise
   // encodes them on the host and uploads them.
   store_rows,
+  // Optional. in: W_gate_e, W_up_e, W_down_e, X_e for each of E >= 1 experts (4E tensors, each four as
+  // expert_ffn's inputs); out: Y_e {D, T_e} for each (E tensors). Every Y_e has the bits expert_ffn gives for its
+  // four inputs: T_e and the weight types may differ between experts, and the X_e may be one tensor. No output may
+  // overlap an input. One call lets a backend run a layer's experts together (one pass of its threads or one launch
+  // per projection for all of them, activations quantized once); the engine uses it where supports() says so for
+  // every weight type and otherwise calls expert_ffn per expert, as it also does after an `unsupported` answer.
+  expert_ffn_group,
   count_
 };
 
@@ -123,6 +130,7 @@ struct Tensor {
     case Op::scale_add: return "scale_add";
     case Op::sigmoid: return "sigmoid";
     case Op::store_rows: return "store_rows";
+    case Op::expert_ffn_group: return "expert_ffn_group";
     default: return "unknown op";
   }
 }
