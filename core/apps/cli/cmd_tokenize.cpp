@@ -35,9 +35,16 @@ std::string process(const tokenizer::Tokenizer& tok, const TokenizeOptions& o, c
   if (input.is_object() && input.contains("ids")) ids = &input["ids"];
   if (!ids->is_array()) return "expected a JSON array of token ids or {\"ids\": [...]}";
   std::vector<tokenizer::TokenId> values;
-  for (const auto& v : *ids) {
+  for (std::size_t i = 0; i < ids->size(); ++i) {
+    const json& v = (*ids)[i];
     if (!v.is_number_integer()) return "token ids must be integers";
-    values.push_back(v.get<tokenizer::TokenId>());
+    // The library skips ids it does not know (as HuggingFace's decode does); here they are named instead.
+    const auto id = v.get<std::int64_t>();
+    if (id < 0 || id > INT32_MAX || !tok.token_to_piece(static_cast<tokenizer::TokenId>(id))) {
+      return "id " + std::to_string(id) + " (element " + std::to_string(i) + ") is not in the vocabulary of " +
+             std::to_string(tok.vocab_size()) + " tokens";
+    }
+    values.push_back(static_cast<tokenizer::TokenId>(id));
   }
   line = json{{"text", tok.decode(values, o.skip_special)}}.dump(-1, ' ', false, json::error_handler_t::replace);
   return {};

@@ -78,17 +78,24 @@ BpeModel BpeModel::parse(const json& j, const std::string& path) {
   auto vocab = j.find("vocab");
   if (vocab == j.end() || !vocab->is_object()) fail(path + ".vocab", "missing or not an object of piece -> id");
   m.vocab_.reserve(vocab->size());
+  // The id table is indexed by id: a stray huge id would allocate gigabytes. Real vocabularies stay far below this
+  // (the largest, Gemma's, has 262k pieces), and gaps in the ids cost memory too.
+  constexpr std::int64_t kMaxId = (std::int64_t{1} << 24) - 1;
   TokenId max_id = -1;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0 ||
-        it.value().get<std::int64_t>() > INT32_MAX) {
+    if (!it.value().is_number_integer() || it.value().get<std::int64_t>() < 0) {
       fail(path + ".vocab[" + json(it.key()).dump() + "]", "expected a non-negative integer id");
+    }
+    if (it.value().get<std::int64_t>() > kMaxId) {
+      fail(path + ".vocab[" + json(it.key()).dump() + "]",
+           "id " + std::to_string(it.value().get<std::int64_t>()) + " is beyond " + std::to_string(kMaxId) +
+               "; ids index a table, so they must stay below the vocabulary's size");
     }
     const auto id = static_cast<TokenId>(it.value().get<std::int64_t>());
     m.vocab_[it.key()] = id;
     max_id = std::max(max_id, id);
   }
-  m.by_id_.assign(static_cast<std::size_t>(max_id + 1), nullptr);
+  m.by_id_.assign(static_cast<std::size_t>(max_id) + 1, nullptr);
   for (const auto& [piece, id] : m.vocab_) m.by_id_[static_cast<std::size_t>(id)] = &piece;
 
   auto merges = j.find("merges");

@@ -37,6 +37,13 @@ first="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | head -1)"
 check "jsonl line matches --text" "$plain" "$first"
 decoded="$("$cli" tokenize --model "$dir" --decode --text '[1,22177,4304]' --skip-special)"
 check "decode" '{"text":"Hello world"}' "$decoded"
+for bad in 99999999 -1 4294967296; do
+  if "$cli" tokenize --model "$dir" --decode --text "[1,$bad]" >"$tmp/out" 2>"$tmp/err"; then
+    check "decode of id $bad fails" 1 0
+  else
+    check "decode names id $bad" 1 "$(grep -c "id $bad (element 1) is not in the vocabulary" "$tmp/err")"
+  fi
+done
 
 printf '%s\n' '"ok"' '42' > "$tmp/bad.jsonl"
 if "$cli" tokenize --model "$dir" --jsonl "$tmp/bad.jsonl" >"$tmp/out" 2>"$tmp/err"; then

@@ -91,6 +91,19 @@ TEST(BadInput, MergeOutsideVocabulary) {
   EXPECT_NE(e.find("zz"), std::string::npos) << e;
 }
 
+TEST(BadInput, HugeVocabularyIdIsRefusedNotAllocated) {
+  for (const std::int64_t id : {std::int64_t{2147483647}, std::int64_t{1} << 24}) {
+    json j = tiny_bpe();
+    j["model"]["vocab"]["zz"] = id;
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find("model.vocab[\"zz\"]"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::to_string(id)), std::string::npos) << e;
+  }
+  json j = tiny_bpe();
+  j["model"]["vocab"]["zz"] = (std::int64_t{1} << 24) - 1;  // the largest id taken
+  EXPECT_TRUE(Tokenizer::from_json(j.dump(), "tiny.json").has_value());
+}
+
 TEST(BadInput, UnsupportedComponentsAndBadRegex) {
   json j = tiny_bpe();
   j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
