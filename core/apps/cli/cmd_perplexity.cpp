@@ -80,6 +80,15 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   }
   std::ofstream save;
   const std::string save_tmp = o.save_logits + ".partial";
+  // A run that fails part-way leaves no half-written logits behind (the target itself is only replaced at the end).
+  struct RemoveUnlessPublished {
+    std::string path;
+    bool published = false;
+    ~RemoveUnlessPublished() {
+      std::error_code ec;
+      if (!path.empty() && !published) std::filesystem::remove(path, ec);
+    }
+  } partial{o.save_logits.empty() ? std::string() : save_tmp};
   if (!o.save_logits.empty()) {
     save.open(save_tmp, std::ios::binary | std::ios::trunc);
     if (!save) return fail("cannot write --save-logits " + o.save_logits + ": " + std::strerror(errno));
@@ -120,10 +129,16 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   }
   if (tty) std::cerr << "\n";
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (base.is_open() && base.peek() != std::char_traits<char>::eof()) {
+    return fail(o.kl_base + " holds more logits than this run scored; it was not saved from this --file and --ctx");
+  }
   if (save.is_open()) {
     save.close();
     if (!save) return fail("writing --save-logits " + o.save_logits + " failed");
-    std::filesystem::rename(save_tmp, o.save_logits);
+    std::error_code ec;
+    std::filesystem::rename(save_tmp, o.save_logits, ec);
+    if (ec) return fail("cannot write --save-logits " + o.save_logits + ": " + ec.message());
+    partial.published = true;
   }
   std::printf("perplexity %.4f over %lld tokens (%lld chunks of %lld, %.1f tok/s)\n", std::exp(nll / scored),
               static_cast<long long>(scored), static_cast<long long>(chunks), static_cast<long long>(ctx),

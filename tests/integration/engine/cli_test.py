@@ -85,6 +85,29 @@ class Perplexity(unittest.TestCase):
                 check=False)
         self.assertIn("different tokens", c.stderr)
 
+    def test_bad_kl_base_leaves_no_partial_logits(self):
+        text = os.path.join(WORK, "text2.txt")
+        with open(text, "w") as f:
+            f.write("Pack my box with five dozen liquor jugs. " * 40)
+        base = os.path.join(WORK, "base2.logits")
+        args = ["perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "2"]
+        cli(*args, "--save-logits", base)
+        with open(base, "rb") as f:
+            blob = f.read()
+        out = os.path.join(WORK, "new2.logits")
+        with open(out, "wb") as f:
+            f.write(b"what the user had")
+        for name, data, message in (("short", blob[:-4], "is truncated"), ("long", blob + b"\0" * 8, "more logits")):
+            bad = os.path.join(WORK, f"{name}.logits")
+            with open(bad, "wb") as f:
+                f.write(data)
+            p = cli(*args, "--kl-base", bad, "--save-logits", out, check=False)
+            self.assertNotEqual(p.returncode, 0, name)
+            self.assertIn(message, p.stderr)
+            self.assertFalse(os.path.exists(out + ".partial"), f"{name}: a half-written .partial was left behind")
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(), b"what the user had", f"{name}: the existing --save-logits file changed")
+
 
 class Bench(unittest.TestCase):
     def test_json(self):
