@@ -32,6 +32,13 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// manifest.json's "quantization" is informational (what convert was asked for): shown, never trusted to be well-formed.
+std::string quantization_preset(const nlohmann::json& q) {
+  if (!q.is_object()) return "?";
+  const auto it = q.find("preset");
+  return it != q.end() && it->is_string() ? it->get<std::string>() : "?";
+}
+
 std::string human_count(std::uint64_t n) {
   char buf[32];
   if (n >= 1000000000ull) {
@@ -152,10 +159,11 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
   std::cout << "resident:      " << human_bytes(static_cast<double>(man.resident_bytes())) << " (shared.bin)\n"
             << "read/token:    " << human_bytes(static_cast<double>(man.bytes_per_token_all_miss()))
             << " if every expert misses the cache\n"
-            << "quantization:  " << man.quantization.value("preset", std::string("?")) << ":";
+            << "quantization:  " << quantization_preset(man.quantization) << ":";
   for (const auto& [t, b] : type_bytes) std::cout << " " << t << " " << human_bytes(static_cast<double>(b));
   std::cout << "\n";
-  if (man.quantization.contains("fallbacks") && !man.quantization["fallbacks"].empty()) {
+  if (man.quantization.is_object() && man.quantization.contains("fallbacks") &&
+      man.quantization["fallbacks"].is_array() && !man.quantization["fallbacks"].empty()) {
     std::cout << "fallbacks:     " << man.quantization["fallbacks"].size() << " tensors kept another type\n";
   }
   std::cout << "files:         " << file_count << "\n";
