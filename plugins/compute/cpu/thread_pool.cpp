@@ -14,9 +14,12 @@ namespace {
 // instructions, whose length differs between CPUs by 10x.
 constexpr auto kSpinTime = std::chrono::microseconds(1000);
 
-// Spins until done() or kSpinTime has passed; returns done().
+// Spins until done() or kSpinTime has passed; returns done(). Not at all when `spin` is false: with more threads
+// than CPUs a spinning thread holds the CPU that the thread it waits for needs (1024 threads on 2 CPUs took a
+// minute for 2 tokens).
 template <typename Done>
-bool spin_until(Done&& done) noexcept {
+bool spin_until(bool spin, Done&& done) noexcept {
+  if (!spin) return done();
   const auto start = std::chrono::steady_clock::now();
   for (unsigned i = 1;; ++i) {
     if (done()) return true;
@@ -41,7 +44,9 @@ void publish_pause() noexcept {}
 void (*thread_pool_publish_pause)() noexcept = nullptr;
 #endif
 
-ThreadPool::ThreadPool(int threads) : threads_(threads < 1 ? 1 : threads) {
+ThreadPool::ThreadPool(int threads)
+    : threads_(threads < 1 ? 1 : threads),
+      spin_(static_cast<unsigned>(threads_) <= std::max(1u, std::thread::hardware_concurrency())) {
   workers_.reserve(static_cast<std::size_t>(threads_ - 1));
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { work(i); });
 }
@@ -104,7 +109,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
   wake_.notify_all();
   drain(gen, 0);
   // Only tasks other threads have claimed are left; wait for those, never for idle workers.
-  if (!spin_until([&] { return done_.load(std::memory_order_acquire) == tasks; })) {
+  if (!spin_until(spin_, [&] { return done_.load(std::memory_order_acquire) == tasks; })) {
     std::unique_lock lock(mu_);
     done_cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == tasks; });
   }
@@ -113,7 +118,7 @@ void ThreadPool::dispatch(std::int64_t tasks, TaskFn fn, void* ctx) noexcept {
 void ThreadPool::work(int worker) noexcept {
   std::uint32_t seen = 0;
   while (true) {
-    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || stopping_.load(); })) {
+    if (!spin_until(spin_, [&] { return generation_.load(std::memory_order_acquire) != seen || stopping_.load(); })) {
       std::unique_lock lock(mu_);
       wake_.wait(lock, [&] { return stopping_.load() || generation_.load() != seen; });
     }

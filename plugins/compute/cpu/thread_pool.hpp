@@ -27,6 +27,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   [[nodiscard]] int size() const noexcept { return threads_; }
+  // Whether waiting threads spin before they sleep: only while every thread can have a CPU of its own.
+  [[nodiscard]] bool spins() const noexcept { return spin_; }
 
   // Calls fn(task, worker) for every task in [0, tasks), worker in [0, size()); returns when all
   // have run. fn must not throw. Not reentrant (the backend serialises calls). tasks < 2^32 - 1.
@@ -52,6 +54,7 @@ class ThreadPool {
   void drain(std::uint32_t generation, int worker) noexcept;
 
   int threads_;
+  bool spin_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_;

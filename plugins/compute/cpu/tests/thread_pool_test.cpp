@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +35,22 @@ TEST(ThreadPool, RunsEveryTaskOnceAcrossManyBackToBackJobs) {
       }
       ASSERT_EQ(bad_worker.load(), 0);
     }
+  }
+}
+
+// More threads than CPUs: nobody spins (a spinning waiter would hold the CPU the awaited thread needs), and every
+// task still runs exactly once.
+TEST(ThreadPool, OversubscribedPoolSleepsInsteadOfSpinningAndStaysCorrect) {
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  EXPECT_TRUE(ThreadPool(1).spins());
+  EXPECT_EQ(ThreadPool(static_cast<int>(cpus)).spins(), true);
+  ThreadPool pool(static_cast<int>(cpus) * 4 + 1);
+  EXPECT_FALSE(pool.spins());
+  for (int job = 0; job < 200; ++job) {
+    const std::int64_t tasks = 1 + job % 53;
+    std::vector<std::atomic<int>> hits(static_cast<std::size_t>(tasks));
+    pool.run(tasks, [&](std::int64_t task, int) noexcept { hits[static_cast<std::size_t>(task)].fetch_add(1); });
+    for (std::int64_t i = 0; i < tasks; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << job;
   }
 }
 
