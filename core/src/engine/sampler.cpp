@@ -12,7 +12,9 @@ using sdk::StatusCode;
 
 Status SamplingOptions::validate() const {
   auto bad = [](const std::string& m) { return Status(StatusCode::invalid_argument, m); };
-  if (!std::isfinite(temperature)) return bad("--temperature must be a finite number");
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return bad("--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
+  }
   if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("--top-p must be in (0, 1], got " + std::to_string(top_p));
   if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("--min-p must be in [0, 1], got " + std::to_string(min_p));
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {

@@ -167,7 +167,14 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   layer.name = file.stem().string();
   YAML::Node root;
   try {
-    root = YAML::LoadFile(file.string());
+    // All documents, so that a second one (after a `---`) is an error instead of being ignored.
+    const auto docs = YAML::LoadAllFromFile(file.string());
+    if (docs.size() > 1) {
+      return Status(StatusCode::invalid_argument,
+                    mark_of(file, docs[1].Mark()) + ": a second YAML document (after '---'); a profile is one " +
+                        "document: merge the two, or put the second in its own file and use 'extends'");
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::ParserException& e) {
     return Status(StatusCode::invalid_argument, mark_of(file, e.mark) + ": invalid YAML: " + e.msg);
   } catch (const YAML::BadFile&) {

@@ -109,6 +109,8 @@ TEST(Sampler, ValidateNamesTheFlag) {
   o = plain();
   o.repetition_penalty = 0.0f;
   EXPECT_NE(o.validate().message().find("--repeat-penalty"), std::string::npos);
+  EXPECT_NE(plain(-1.0f).validate().message().find("--temperature must be a finite number >= 0"), std::string::npos);
+  EXPECT_TRUE(plain(0.0f).validate().is_ok());
   EXPECT_TRUE(plain().validate().is_ok());
 }
 

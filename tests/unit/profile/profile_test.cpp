@@ -192,6 +192,15 @@ TEST_F(ProfileTest, InvalidYamlNamesTheLine) {
   EXPECT_THAT(p.error().message(), HasSubstr("invalid YAML"));
 }
 
+TEST_F(ProfileTest, SecondYamlDocumentIsAnErrorNotIgnored) {
+  auto p = load(write("two.yaml", "memory:\n  expert_cache: 8G\n---\ncompute:\n  backend: cuda\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("two.yaml:4"));
+  EXPECT_THAT(p.error().message(), HasSubstr("a second YAML document"));
+  auto one = load(write("one.yaml", "---\nmemory:\n  expert_cache: 8G\n").string());  // a leading --- is fine
+  EXPECT_TRUE(one) << one.error().message();
+}
+
 TEST_F(ProfileTest, BadCommandLineKeys) {
   auto p = load("", {{"memory.expert_cach", "1G", "--set"}});
   ASSERT_FALSE(p);
