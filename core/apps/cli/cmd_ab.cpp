@@ -12,6 +12,7 @@
 #include "colibri/engine/generate.hpp"
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -198,17 +199,10 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
 
   if (!o.report.empty()) {
     const auto html = ab::render_html(&report, nullptr);
-    const auto tmp = o.report + ".partial";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      if (!f || !(f << html) || !f.flush()) {
-        std::filesystem::remove(tmp);
-        return fail("cannot write report " + o.report);
-      }
+    if (auto s = util::write_file_atomically(o.report, [&](std::ostream& f) { return static_cast<bool>(f << html); });
+        !s) {
+      return fail("report: " + s.message());
     }
-    std::error_code ec;
-    std::filesystem::rename(tmp, o.report, ec);
-    if (ec) return fail("cannot write report " + o.report + ": " + ec.message());
   }
 
   if (o.json) {
@@ -400,13 +394,11 @@ int run_live(const LiveOptions& o) {
     }
   }
   if (!o.report.empty()) {
-    std::ofstream f(o.report + ".partial", std::ios::binary | std::ios::trunc);
-    if (!f || !(f << ab::render_html(replayed ? &*replayed : nullptr, &rep)) || !f.flush())
-      return fail("cannot write report " + o.report);
-    f.close();
-    std::error_code ec;
-    std::filesystem::rename(o.report + ".partial", o.report, ec);
-    if (ec) return fail("cannot write report " + o.report + ": " + ec.message());
+    const auto html = ab::render_html(replayed ? &*replayed : nullptr, &rep);
+    if (auto s = util::write_file_atomically(o.report, [&](std::ostream& f) { return static_cast<bool>(f << html); });
+        !s) {
+      return fail("report: " + s.message());
+    }
   }
   if (o.json) {
     nlohmann::json j = {{"model", o.model}, {"mode", rep.mode}, {"runs", o.runs}};

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -23,32 +24,6 @@ struct LogitsOptions {
   std::string out;
   std::string trace;
 };
-
-// Writes via a temporary file and a rename, so a failed run never leaves a half-written file.
-bool write_atomically(const std::filesystem::path& path, const std::function<bool(std::ofstream&)>& body,
-                      std::string& error) {
-  const auto tmp = path.string() + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) {
-      error = "cannot write " + path.string() + ": " + std::strerror(errno);
-      return false;
-    }
-    if (!body(f) || !f.flush()) {
-      error = "writing " + path.string() + " failed: " + std::strerror(errno);
-      std::filesystem::remove(tmp);
-      return false;
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    error = "cannot rename " + tmp + " to " + path.string() + ": " + ec.message();
-    std::filesystem::remove(tmp);
-    return false;
-  }
-  return true;
-}
 
 int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
   if (o.tokens.empty() == o.prompt.empty()) return fail("give exactly one of --tokens and --prompt");
@@ -82,42 +57,34 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
     return fail(s.message());
   }
   const auto V = engine->vocab_size();
-  std::string error;
-  const bool ok = write_atomically(
-      o.out,
-      [&](std::ofstream& f) {
-        std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(ids.size()) + ", " +
-                             std::to_string(V) + "), }";
-        const std::size_t unpadded = 10 + header.size() + 1;
-        header.append((64 - unpadded % 64) % 64, ' ');
-        header.push_back('\n');
-        const auto len = static_cast<std::uint16_t>(header.size());
-        f.write("\x93NUMPY\x01\x00", 8);
-        const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
-        f.write(len_bytes, 2);
-        f.write(header.data(), static_cast<std::streamsize>(header.size()));
-        f.write(reinterpret_cast<const char*>(logits.data()),
-                static_cast<std::streamsize>(logits.size() * sizeof(float)));
-        return static_cast<bool>(f);
-      },
-      error);
-  if (!ok) return fail(error);
+  auto s = util::write_file_atomically(o.out, [&](std::ostream& f) {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(ids.size()) + ", " +
+                         std::to_string(V) + "), }";
+    const std::size_t unpadded = 10 + header.size() + 1;
+    header.append((64 - unpadded % 64) % 64, ' ');
+    header.push_back('\n');
+    const auto len = static_cast<std::uint16_t>(header.size());
+    f.write("\x93NUMPY\x01\x00", 8);
+    const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
+    f.write(len_bytes, 2);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    f.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    return static_cast<bool>(f);
+  });
+  if (!s) return fail(s.message());
   if (!o.trace.empty()) {
-    const bool ok_trace = write_atomically(
-        o.trace,
-        [&](std::ofstream& f) {
-          for (const auto& r : trace) {
-            nlohmann::json j = {{"position", r.position},
-                                {"token", ids[static_cast<std::size_t>(r.position)]},
-                                {"layer", r.layer},
-                                {"experts", r.experts},
-                                {"weights", r.weights}};
-            f << j.dump() << "\n";
-          }
-          return static_cast<bool>(f);
-        },
-        error);
-    if (!ok_trace) return fail(error);
+    s = util::write_file_atomically(o.trace, [&](std::ostream& f) {
+      for (const auto& r : trace) {
+        nlohmann::json j = {{"position", r.position},
+                            {"token", ids[static_cast<std::size_t>(r.position)]},
+                            {"layer", r.layer},
+                            {"experts", r.experts},
+                            {"weights", r.weights}};
+        f << j.dump() << "\n";
+      }
+      return static_cast<bool>(f);
+    });
+    if (!s) return fail(s.message());
   }
   std::cerr << "wrote " << ids.size() << " x " << V << " logits to " << o.out << "\n";
   return 0;

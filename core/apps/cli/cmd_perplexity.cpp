@@ -9,9 +9,11 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -78,21 +80,12 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
                   "same --file and --ctx");
     }
   }
-  std::ofstream save;
-  const std::string save_tmp = o.save_logits + ".partial";
-  // A run that fails part-way leaves no half-written logits behind (the target itself is only replaced at the end).
-  struct RemoveUnlessPublished {
-    std::string path;
-    bool published = false;
-    ~RemoveUnlessPublished() {
-      std::error_code ec;
-      if (!path.empty() && !published) std::filesystem::remove(path, ec);
-    }
-  } partial{o.save_logits.empty() ? std::string() : save_tmp};
+  std::optional<util::OutputFile> save;  // a failed run leaves no half-written file and the old one as it was
   if (!o.save_logits.empty()) {
-    save.open(save_tmp, std::ios::binary | std::ios::trunc);
-    if (!save) return fail("cannot write --save-logits " + o.save_logits + ": " + std::strerror(errno));
-    save << kMagic << "\n" << header.dump() << "\n";
+    auto f = util::OutputFile::open(o.save_logits);
+    if (!f) return fail("--save-logits: " + f.error().message());
+    save.emplace(std::move(*f));
+    save->stream() << kMagic << "\n" << header.dump() << "\n";
   }
   double nll = 0, kl_sum = 0, kl_max = 0;
   std::int64_t scored = 0, agree = 0;
@@ -109,7 +102,7 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
       log_softmax(row, V, lq);
       nll -= lq[static_cast<std::size_t>(chunk[static_cast<std::size_t>(i + 1)])];
       ++scored;
-      if (save.is_open()) save.write(reinterpret_cast<const char*>(row), static_cast<std::streamsize>(V * 4));
+      if (save) save->stream().write(reinterpret_cast<const char*>(row), static_cast<std::streamsize>(V * 4));
       if (base.is_open()) {
         if (!base.read(reinterpret_cast<char*>(base_row.data()), static_cast<std::streamsize>(V * 4))) {
           return fail(o.kl_base + " is truncated; re-run the base model with --save-logits");
@@ -132,13 +125,8 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   if (base.is_open() && base.peek() != std::char_traits<char>::eof()) {
     return fail(o.kl_base + " holds more logits than this run scored; it was not saved from this --file and --ctx");
   }
-  if (save.is_open()) {
-    save.close();
-    if (!save) return fail("writing --save-logits " + o.save_logits + " failed");
-    std::error_code ec;
-    std::filesystem::rename(save_tmp, o.save_logits, ec);
-    if (ec) return fail("cannot write --save-logits " + o.save_logits + ": " + ec.message());
-    partial.published = true;
+  if (save) {
+    if (auto s = save->commit(); !s) return fail("--save-logits: " + s.message());
   }
   std::printf("perplexity %.4f over %lld tokens (%lld chunks of %lld, %.1f tok/s)\n", std::exp(nll / scored),
               static_cast<long long>(scored), static_cast<long long>(chunks), static_cast<long long>(ctx),

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/util/output_file.hpp"
+
 namespace colibri::ab {
 
 using sdk::Status;
@@ -116,23 +118,10 @@ sdk::Expected<std::vector<TraceRecord>> read_trace(const std::filesystem::path& 
 }
 
 Status write_trace(const std::filesystem::path& path, const std::vector<TraceRecord>& records) {
-  const auto tmp = path.string() + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  return util::write_file_atomically(path, [&](std::ostream& f) {
     for (const auto& r : records) f << to_jsonl(r) << '\n';
-    if (!f.flush()) {
-      std::filesystem::remove(tmp);
-      return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(errno));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    return Status(StatusCode::io_error, "cannot rename " + tmp + " to " + path.string() + ": " + ec.message());
-  }
-  return {};
+    return static_cast<bool>(f);
+  });
 }
 
 sdk::Expected<ImportFormat> parse_import_format(const std::string& name) {

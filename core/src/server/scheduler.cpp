@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "colibri/engine/generate.hpp"
+#include "colibri/util/output_file.hpp"
 
 namespace colibri::server {
 
@@ -401,21 +402,11 @@ void Scheduler::save_usage_history() {
     counts[std::to_string(key >> 32) + ":" + std::to_string(key & 0xffffffffu)] += n;
   }
   nlohmann::json out{{"version", 1}, {"counts", counts}};
-  auto tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << out.dump(1) << "\n";
-    f.flush();
-    if (!f) {
-      spdlog::error("could not write the usage history {}", tmp.string());
-      return;
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    spdlog::error("could not save the usage history {}: {}", path.string(), ec.message());
+  // Replaced whole or not at all (a link to it is followed, not replaced).
+  if (auto s = util::write_file_atomically(
+          path, [&](std::ostream& f) { return static_cast<bool>(f << out.dump(1) << "\n"); });
+      !s) {
+    spdlog::error("could not save the usage history: {}", s.message());
   } else {
     spdlog::info("saved expert usage history ({} experts) to {}", usage_.size(), path.string());
   }

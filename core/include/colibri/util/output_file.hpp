@@ -1,0 +1,43 @@
+// A file a command writes for the user (logits, traces, reports): a failure part-way never leaves half of it, and
+// never touches what the path held before. Bytes go to PATH.partial next to the file and a rename puts them in
+// place at commit(). A path naming a device or a FIFO (/dev/stdout, a pipe) is written directly, as the shell's `>`
+// would; a symlink is followed, so the file it points to is replaced and the link stays.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "colibri/sdk/status.hpp"
+
+namespace colibri::util {
+
+class OutputFile {
+ public:
+  // Errors name the path and the system's reason.
+  static sdk::Expected<OutputFile> open(const std::filesystem::path& path);
+  OutputFile(OutputFile&&) noexcept = default;
+  OutputFile& operator=(OutputFile&&) = delete;
+  OutputFile(const OutputFile&) = delete;
+  ~OutputFile();  // without a successful commit(): the .partial file is removed
+
+  [[nodiscard]] std::ostream& stream() { return *out_; }
+  // Flushes, closes and renames into place; an error leaves the old file as it was.
+  sdk::Status commit();
+  // Where the bytes go until commit() (the path itself for a device or a FIFO).
+  [[nodiscard]] const std::filesystem::path& writing_to() const { return partial_; }
+
+ private:
+  OutputFile() = default;
+  std::filesystem::path target_, partial_;
+  std::unique_ptr<std::ofstream> out_;
+  bool direct_ = false, committed_ = false;
+};
+
+// open(), body, commit(): body returns false when it failed (its stream's state is checked too).
+sdk::Status write_file_atomically(const std::filesystem::path& path, const std::function<bool(std::ostream&)>& body);
+
+}  // namespace colibri::util

@@ -1,0 +1,71 @@
+#include "colibri/util/output_file.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace colibri::util {
+
+namespace fs = std::filesystem;
+using sdk::Status;
+using sdk::StatusCode;
+
+sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
+  OutputFile f;
+  f.target_ = path;
+  std::error_code ec;
+  const auto link = fs::symlink_status(path, ec);
+  if (fs::is_symlink(link)) {
+    // Replace the file the link names, not the link: resolve it (it may not exist yet, a dangling link).
+    const fs::path resolved = fs::weakly_canonical(path, ec);
+    if (ec) return Status(StatusCode::io_error, "cannot resolve the link " + path.string() + ": " + ec.message());
+    f.target_ = resolved;
+  }
+  const auto st = fs::status(f.target_, ec);
+  f.direct_ = fs::exists(st) && !fs::is_regular_file(st);
+  if (fs::is_directory(st)) {
+    return Status(StatusCode::invalid_argument, path.string() + " is a directory; give a file name");
+  }
+  f.partial_ = f.direct_ ? f.target_ : fs::path(f.target_.string() + ".partial");
+  f.out_ = std::make_unique<std::ofstream>(f.partial_, std::ios::binary | std::ios::trunc);
+  if (!*f.out_) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  return f;
+}
+
+OutputFile::~OutputFile() {
+  if (!out_ || committed_ || direct_) return;
+  out_->close();
+  std::error_code ec;
+  fs::remove(partial_, ec);
+}
+
+Status OutputFile::commit() {
+  out_->flush();
+  const bool ok = static_cast<bool>(*out_);
+  const int err = errno;
+  out_->close();
+  if (!ok || !*out_) {
+    return Status(StatusCode::io_error,
+                  "writing " + target_.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
+  }
+  if (!direct_) {
+    std::error_code ec;
+    fs::rename(partial_, target_, ec);
+    if (ec) {
+      return Status(StatusCode::io_error,
+                    "cannot rename " + partial_.string() + " to " + target_.string() + ": " + ec.message());
+    }
+  }
+  committed_ = true;
+  return {};
+}
+
+Status write_file_atomically(const fs::path& path, const std::function<bool(std::ostream&)>& body) {
+  auto f = OutputFile::open(path);
+  if (!f) return f.error();
+  if (!body(f->stream()) || !f->stream()) {
+    return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(errno));
+  }
+  return f->commit();
+}
+
+}  // namespace colibri::util

@@ -1,0 +1,104 @@
+// util::OutputFile: a failed write never leaves half a file or changes the old one; links are followed, devices and
+// FIFOs are written directly instead of being replaced by a regular file.
+#include "colibri/util/output_file.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+using colibri::util::OutputFile;
+using colibri::util::write_file_atomically;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "colibri-output-file-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+TEST(OutputFile, CommitReplacesAndAFailureKeepsTheOldFile) {
+  TempDir dir;
+  const fs::path out = dir.path / "logits.npy";
+  write(out, "old");
+  ASSERT_TRUE(write_file_atomically(out, [](std::ostream& f) { return static_cast<bool>(f << "new"); }));
+  EXPECT_EQ(read(out), "new");
+  EXPECT_FALSE(fs::exists(out.string() + ".partial"));
+
+  const auto failed = write_file_atomically(out, [](std::ostream& f) {
+    f << "half";
+    return false;  // the body's own failure
+  });
+  EXPECT_FALSE(failed);
+  EXPECT_NE(failed.message().find(out.string()), std::string::npos) << failed.message();
+  EXPECT_EQ(read(out), "new");
+  EXPECT_FALSE(fs::exists(out.string() + ".partial")) << "the half-written file was left behind";
+  {
+    auto f = OutputFile::open(out);
+    ASSERT_TRUE(f);
+    f->stream() << "abandoned";
+    EXPECT_TRUE(fs::exists(f->writing_to()));
+  }  // never committed
+  EXPECT_EQ(read(out), "new");
+  EXPECT_FALSE(fs::exists(out.string() + ".partial"));
+}
+
+TEST(OutputFile, SymlinkIsFollowedNotReplaced) {
+  TempDir dir;
+  fs::create_directory(dir.path / "real");
+  const fs::path target = dir.path / "real" / "trace.jsonl", link = dir.path / "trace.jsonl";
+  write(target, "old");
+  fs::create_symlink(target, link);
+  ASSERT_TRUE(write_file_atomically(link, [](std::ostream& f) { return static_cast<bool>(f << "new"); }));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link))) << "the link was replaced by a file";
+  EXPECT_EQ(read(target), "new");
+}
+
+TEST(OutputFile, FifoIsWrittenDirectly) {
+  TempDir dir;
+  const fs::path fifo = dir.path / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string got;
+  std::thread reader([&] { got = read(fifo); });
+  const auto s = write_file_atomically(fifo, [](std::ostream& f) { return static_cast<bool>(f << "through"); });
+  reader.join();
+  EXPECT_TRUE(s) << s.message();
+  EXPECT_EQ(got, "through");
+  EXPECT_TRUE(fs::is_fifo(fs::status(fifo))) << "the FIFO was replaced by a regular file";
+  EXPECT_FALSE(fs::exists(fifo.string() + ".partial"));
+}
+
+TEST(OutputFile, DirectoryAndUnwritablePlacesAreNamedErrors) {
+  TempDir dir;
+  const auto d = OutputFile::open(dir.path);
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.error().message().find("is a directory"), std::string::npos) << d.error().message();
+  const auto missing = OutputFile::open(dir.path / "no" / "such" / "dir" / "x.npy");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message().find("no/such/dir/x.npy"), std::string::npos) << missing.error().message();
+}
+
+}  // namespace
