@@ -406,6 +406,12 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   sdk::Status status;
   const std::string text = read_file(file, status);
   if (!status) return status;
+  if (text.rfind("GGUF", 0) == 0) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument,
+                           file.string() +
+                               " is a GGUF file, not a tokenizer.json; convert it (colibri-cli convert) "
+                               "and pass the model directory, whose tokenizer.json convert writes");
+  }
   auto parsed = parse_impl(text, file.string());
   if (!parsed) return parsed.error();
   std::shared_ptr<Impl> impl = std::move(*parsed);

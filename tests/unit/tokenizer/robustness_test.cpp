@@ -1,7 +1,10 @@
 // Bad input gets clear errors; invalid UTF-8, long inputs and streaming behave as documented.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -121,6 +124,19 @@ TEST(BadInput, UnsupportedComponentsAndBadRegex) {
   j = tiny_bpe();
   j["added_tokens"][0]["content"] = 5;
   EXPECT_NE(error_of(j).find("added_tokens[0]"), std::string::npos);
+}
+
+TEST(BadInput, GgufFileGivenAsTokenizerIsNamed) {
+  const auto path = std::filesystem::temp_directory_path() / ("colibri-tok-" + std::to_string(::getpid()) + ".gguf");
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write("GGUF\x03\x00\x00\x00", 8);
+  }
+  auto tok = Tokenizer::from_file(path);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(tok.has_value());
+  EXPECT_NE(tok.error().message().find("is a GGUF file, not a tokenizer.json"), std::string::npos)
+      << tok.error().message();
 }
 
 TEST(BadInput, MissingFile) {
