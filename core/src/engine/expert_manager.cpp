@@ -182,7 +182,7 @@ Status ExpertManager::verify(const model::ExpertEntry& e, const Slot& slot) cons
 Status ExpertManager::verify(const model::ExpertEntry& e, const std::byte* data) const {
   const std::string where = key_name(e.layer, e.expert);
   for (const auto* part : {&e.gate, &e.up, &e.down}) {
-    if (part->offset < e.offset || part->offset + part->size > e.offset + e.size) {
+    if (part->offset < e.offset || part->size > e.size || part->offset - e.offset > e.size - part->size) {
       return Status(StatusCode::corrupt_data,
                     where + ": tensor " + part->name + " lies outside its blob; re-run convert");
     }

@@ -49,7 +49,8 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
         if (def) return *def;
         return bad(std::string("rope_type '") + type + "' needs \"" + key + "\"");
       }
-      if (!rs[key].is_number()) return bad(std::string("\"") + key + "\" must be a number");
+      if (!rs[key].is_number() || !std::isfinite(rs[key].get<double>()))
+        return bad(std::string("\"") + key + "\" must be a finite number");
       return rs[key].get<double>();
     };
     r.type_ = type;
@@ -67,6 +68,7 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
       r.factor_ = *factor;
       auto orig = number("original_max_position_embeddings", static_cast<double>(hp.max_position_embeddings));
       if (!orig) return orig.error();
+      if (*orig < 1 || *orig > 1e12) return bad("\"original_max_position_embeddings\" is out of range");
       r.original_max_ = static_cast<std::int64_t>(*orig);
     } else if (type == "llama3") {
       auto factor = number("factor", std::nullopt);
@@ -77,6 +79,9 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
         if (!*e) return e->error();
       }
       if (*high == *low) return bad("llama3 needs high_freq_factor != low_freq_factor");
+      if (*factor <= 0 || *low <= 0 || *high <= 0 || *orig <= 0) {
+        return bad("llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings > 0");
+      }
       const double low_wavelen = *orig / *low, high_wavelen = *orig / *high;
       for (auto& f : inv) {
         const double wavelen = 2 * std::numbers::pi / f;
@@ -92,8 +97,10 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
       // transformers' _compute_yarn_parameters: the explicit factor wins; original_max defaults to the model's.
       auto orig = number("original_max_position_embeddings", static_cast<double>(hp.max_position_embeddings));
       if (!orig) return orig.error();
+      if (*orig <= 0) return bad("\"original_max_position_embeddings\" must be positive");
       auto factor = number("factor", static_cast<double>(hp.max_position_embeddings) / *orig);
       if (!factor) return factor.error();
+      if (*factor <= 0) return bad("\"factor\" must be positive");
       auto get_mscale = [](double scale, double mscale) {
         return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
       };
@@ -101,9 +108,11 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
       if (rs.contains("attention_factor") && rs["attention_factor"].is_number()) {
         attention = rs["attention_factor"].get<double>();
       } else {
-        const double mscale = rs.value("mscale", 0.0), mscale_all = rs.value("mscale_all_dim", 0.0);
-        attention = (mscale != 0 && mscale_all != 0) ? get_mscale(*factor, mscale) / get_mscale(*factor, mscale_all)
-                                                     : get_mscale(*factor, 1.0);
+        auto mscale = number("mscale", 0.0), mscale_all = number("mscale_all_dim", 0.0);  // a string here threw
+        if (!mscale) return mscale.error();
+        if (!mscale_all) return mscale_all.error();
+        attention = (*mscale != 0 && *mscale_all != 0) ? get_mscale(*factor, *mscale) / get_mscale(*factor, *mscale_all)
+                                                       : get_mscale(*factor, 1.0);
       }
       const double beta_fast =
           rs.contains("beta_fast") && rs["beta_fast"].is_number() ? rs["beta_fast"].get<double>() : 32.0;

@@ -47,6 +47,11 @@ Status bad_config(const std::string& where, const std::string& what) {
   return Status(StatusCode::invalid_argument, where + ": " + what);
 }
 
+Status bad_gguf_hparams(const std::string& where, const Status& s) {
+  return Status(StatusCode::invalid_argument,
+                where + ": metadata " + s.message() + "; the GGUF's metadata is damaged, re-export it");
+}
+
 }  // namespace
 
 std::vector<std::string> supported_hf_architectures() {
@@ -117,7 +122,12 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
     const auto& rp = c["rope_parameters"];
     if (rp.contains("rope_theta") && rp["rope_theta"].is_number()) h.rope_theta = rp["rope_theta"].get<double>();
-    if (rp.value("rope_type", std::string("default")) != "default") h.rope_scaling = rp;
+    if (rp.contains("rope_type") && !rp["rope_type"].is_string()) {
+      return bad_config(where,
+                        "rope_parameters.rope_type is " + rp["rope_type"].dump() +
+                            "; it must be a string such as \"default\", \"linear\" or \"yarn\"; fix it in config.json");
+    }
+    if (rp.contains("rope_type") && rp["rope_type"].get<std::string>() != "default") h.rope_scaling = rp;
   }
   if (c.contains("hidden_act") && c["hidden_act"].is_string()) h.hidden_act = c["hidden_act"].get<std::string>();
   if (h.hidden_act == "silu" || h.hidden_act == "swish") h.hidden_act = "silu";
@@ -183,7 +193,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
   }
   if (!err) return err;
-  if (auto s = h.validate(); !s) return Status(StatusCode::invalid_argument, where + ": " + s.message());
+  if (auto s = h.validate(); !s) {
+    return Status(StatusCode::invalid_argument, where + ": " + s.message() + "; fix it in config.json");
+  }
   return h;
 }
 
@@ -246,10 +258,6 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     const bool default_norm = a == "mixtral" || a == "qwen3_moe";  // what llama.cpp assumes without the key
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
-    // GGUF has no decoder_sparse_step: a layer without a router is dense.
-    for (std::int64_t l = 0; l < h.num_layers; ++l) {
-      if (g.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) h.mlp_only_layers.push_back(l);
-    }
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
@@ -267,7 +275,15 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.bos_token_id = g.get_int("tokenizer.ggml.bos_token_id").value_or(-1);
   if (auto e = g.get_int("tokenizer.ggml.eos_token_id")) h.eos_token_ids.push_back(*e);
   if (!err) return err;
-  if (auto s = h.validate(); !s) return Status(StatusCode::invalid_argument, where + ": " + s.message());
+  // Validated before the loop over the layers below, which an absurd block_count would make endless.
+  if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
+  if (!h.dense) {
+    // GGUF has no decoder_sparse_step: a layer without a router is dense.
+    for (std::int64_t l = 0; l < h.num_layers; ++l) {
+      if (g.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) h.mlp_only_layers.push_back(l);
+    }
+    if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
+  }
   return h;
 }
 

@@ -414,6 +414,61 @@ void remove_stale_partials(const fs::path& output) {
   }
 }
 
+// --force replaces only what convert itself made (or an empty directory): anything else may be user data.
+Status check_replaceable(const fs::path& output) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(output, ec);
+  if (ec || !fs::exists(st)) return {};
+  if (fs::is_directory(output, ec)) {
+    if (fs::is_regular_file(output / "manifest.json", ec)) return {};
+    std::error_code list_ec;
+    const bool empty = fs::directory_iterator(output, list_ec) == fs::directory_iterator();
+    if (empty && !list_ec) return {};
+  }
+  return Status(StatusCode::invalid_argument,
+                "output " + output.string() +
+                    " exists and is not a colibri model (it has no manifest.json); --force only replaces an earlier "
+                    "colibri model. Choose another output path, or move " +
+                    output.string() + " away yourself");
+}
+
+// True when `inner` is `outer` or lies inside it (both absolute and normalized).
+bool path_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+// Symlinks resolved so that two spellings of one directory compare equal.
+fs::path resolved(const fs::path& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
+  if (ec) r = fs::absolute(p, ec);
+  r = r.lexically_normal();
+  if (r.filename().empty()) r = r.parent_path();
+  return r;
+}
+
+Status check_not_overlapping(const fs::path& input, const fs::path& output) {
+  const fs::path in = resolved(input), out = resolved(output);
+  const char* how = nullptr;
+  if (in == out) {
+    how = "is the input itself";
+  } else if (path_within(out, in)) {
+    how = "lies inside the input";
+  } else if (path_within(in, out)) {
+    how = "contains the input";
+  }
+  if (how == nullptr) return {};
+  return Status(StatusCode::invalid_argument, "output " + output.string() + " " + how + " (" + input.string() +
+                                                  "); convert never writes over or into its input. Choose an "
+                                                  "output path outside " +
+                                                  in.string());
+}
+
 Status publish(const fs::path& tmp, const fs::path& output, bool force) {
   std::error_code ec;
   const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
@@ -427,6 +482,8 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
                                                       " appeared during the conversion; "
                                                       "pass --force to replace it");
     }
+    // Checked again: the output may have appeared while we converted.
+    if (auto s = check_replaceable(output); !s) return s;
     // Atomic swap: the old model stays whole until the new one is in place.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) == 0) {
       if (auto s = io::fsync_directory(parent); !s) return s;
@@ -439,6 +496,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
     std::error_code ec2;
     if (fs::exists(output, ec2)) {
       if (!force) return Status(StatusCode::invalid_argument, "output " + output.string() + " exists; pass --force");
+      if (auto s = check_replaceable(output); !s) return s;
       fs::path old = parent / ("." + output.filename().string() + ".colibri-old-" + std::to_string(::getpid()));
       if (::rename(output.c_str(), old.c_str()) != 0) {
         return Status(StatusCode::io_error,
@@ -481,6 +539,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   in.path = opt.input;
   if (!fs::exists(opt.input, ec))
     return Status(StatusCode::not_found, "input " + opt.input.string() + " does not exist");
+  if (auto s = check_not_overlapping(opt.input, opt.output); !s) return s;
   HyperParams hp;
   std::string gguf_arch;
   if (fs::is_directory(opt.input, ec)) {
@@ -585,6 +644,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                                     " already exists; pass --force to replace it (the old model is "
                                                     "kept until the new one is complete)");
   }
+  if (auto s = check_replaceable(out_clean); !s) return s;
   const fs::path parent = out_clean.parent_path();
   if (!fs::is_directory(parent, ec)) {
     return Status(StatusCode::not_found, "the output's parent directory " + parent.string() + " does not exist");
@@ -733,7 +793,14 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   m.quantization = {{"preset", opt.preset}, {"types", types}, {"fallbacks", fallbacks}};
   m.source = {{"kind", in.is_gguf ? "gguf" : "safetensors"}, {"path", opt.input.string()}};
   if (in.is_gguf) m.source["gguf_architecture"] = gguf_arch;
-  const std::string manifest_text = m.to_json().dump(1);
+  std::string manifest_text;
+  try {
+    manifest_text = m.to_json().dump(1);
+  } catch (const json::exception&) {  // JSON holds only UTF-8: a non-UTF-8 input path or metadata string
+    return Status(StatusCode::invalid_argument,
+                  "cannot write manifest.json: the input path " + opt.input.string() +
+                      " or a metadata string it records is not valid UTF-8; rename the input or fix its metadata");
+  }
   // Self-check: what we wrote must parse as what a run will read.
   if (auto back = parse_manifest(json::parse(manifest_text), "new manifest"); !back) {
     return Status(StatusCode::internal, "the new manifest does not validate: " + back.error().message());

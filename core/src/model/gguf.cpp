@@ -1,5 +1,6 @@
 #include "colibri/model/gguf.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "model/file_io.hpp"
@@ -428,6 +429,22 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
     info.size = bytes;
     g.tensor_index_[info.name] = g.tensors_.size();
     g.tensors_.push_back(std::move(info));
+  }
+  // Writers give every tensor its own bytes; data shared between two tensors means a damaged index, and
+  // converting it would silently give two weights the same values.
+  std::vector<const GgufTensorInfo*> by_offset;
+  for (const auto& t : g.tensors_) by_offset.push_back(&t);
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  for (std::size_t i = 1; i < by_offset.size(); ++i) {
+    const auto& a = *by_offset[i - 1];
+    const auto& b = *by_offset[i];
+    if (b.offset - a.offset < a.size) {  // sorted and both in bounds: no overflow
+      return bad("tensor '" + b.name + "' data [" + std::to_string(b.offset - g.data_offset_) + ", +" +
+                 std::to_string(b.size) + ") overlaps tensor '" + a.name + "' [" +
+                 std::to_string(a.offset - g.data_offset_) + ", +" + std::to_string(a.size) +
+                 "); the file's tensor index is damaged, re-export it");
+    }
   }
   return g;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <unordered_map>
 
 namespace colibri::model {
@@ -47,6 +48,59 @@ std::vector<std::size_t> char_boundaries(const std::string& s) {
   return b;
 }
 
+// Strict UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF), as JSON output needs.
+bool valid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// Names the first string of `v` that is not UTF-8 (tokenizer.json cannot hold it), e.g. tokenizer.ggml.tokens[5].
+Status check_utf8(const std::vector<std::string>& v, const std::string& key, const std::string& where,
+                  bool indexed = true) {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!valid_utf8(v[i])) {
+      return Status(StatusCode::corrupt_data, where + ": " + key + (indexed ? "[" + std::to_string(i) + "]" : "") +
+                                                  " is not valid UTF-8, so no tokenizer.json can hold it; the "
+                                                  "GGUF's vocabulary is damaged, re-export it");
+    }
+  }
+  return {};
+}
+
+// Token -> id, looked up by string_view so that candidate splits of a piece need no copies.
+struct ViewHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using TokenIds = std::unordered_map<std::string, std::int64_t, ViewHash, std::equal_to<>>;
+
 }  // namespace
 
 sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
@@ -58,6 +112,7 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     return Status(StatusCode::corrupt_data, where + ": tokenizer.ggml.tokens is missing or not a string array");
   }
   const auto& tokens = std::get<std::vector<std::string>>(tokens_v->v);
+  if (auto s = check_utf8(tokens, "tokenizer.ggml.tokens", where); !s) return s;
   std::vector<std::int64_t> types(tokens.size(), kNormal);
   if (const auto* tv = g.find("tokenizer.ggml.token_type")) {
     if (!std::holds_alternative<std::vector<std::int64_t>>(tv->v) || tv->array_size() != tokens.size()) {
@@ -69,7 +124,7 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
   RebuiltTokenizer out;
   out.model = *model;
   json vocab = json::object();
-  std::unordered_map<std::string, std::int64_t> ids;
+  TokenIds ids;
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (ids.emplace(tokens[i], static_cast<std::int64_t>(i)).second) vocab[tokens[i]] = i;
   }
@@ -99,7 +154,9 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       return Status(StatusCode::corrupt_data, where + ": a gpt2 tokenizer needs tokenizer.ggml.merges (string array)");
     }
     const auto& merges = std::get<std::vector<std::string>>(mv->v);
+    if (auto s = check_utf8(merges, "tokenizer.ggml.merges", where); !s) return s;
     const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+    if (auto s = check_utf8({pre}, "tokenizer.ggml.pre", where, false); !s) return s;
     json pre_tok;
     if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
       pre_tok = byte_level(true, true);
@@ -143,14 +200,22 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       double score;
     };
     std::vector<Merge> merges;
+    // A split can only match when both halves have the length of some token: testing that first keeps a very
+    // long piece linear in its length instead of hashing a prefix at every one of its characters.
+    std::size_t max_len = 0;
+    for (const auto& t : tokens) max_len = std::max(max_len, t.size());
+    std::vector<bool> is_token_length(max_len + 1, false);
+    for (const auto& t : tokens) is_token_length[t.size()] = true;
     for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const std::string& piece = tokens[i];
-      auto bounds = char_boundaries(piece);
+      const std::string_view piece = tokens[i];
+      auto bounds = char_boundaries(tokens[i]);
       std::vector<Merge> local;
       for (std::size_t k = 1; k + 1 < bounds.size(); ++k) {
+        if (!is_token_length[bounds[k]] || !is_token_length[piece.size() - bounds[k]]) continue;
         auto l = ids.find(piece.substr(0, bounds[k]));
+        if (l == ids.end()) continue;
         auto r = ids.find(piece.substr(bounds[k]));
-        if (l != ids.end() && r != ids.end()) local.push_back({l->second, r->second, scores[i]});
+        if (r != ids.end()) local.push_back({l->second, r->second, scores[i]});
       }
       std::sort(local.begin(), local.end(),
                 [](const Merge& a, const Merge& b) { return std::tie(a.left, a.right) < std::tie(b.left, b.right); });
@@ -191,7 +256,11 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
                                                "(SentencePiece BPE)");
   }
   (void)kUnused;
-  out.tokenizer_json = tok.dump();
+  try {
+    out.tokenizer_json = tok.dump();
+  } catch (const json::exception&) {  // every string was checked above; this is the last line of defence
+    return Status(StatusCode::corrupt_data, where + ": the tokenizer holds text that is not valid UTF-8");
+  }
   json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
               {"bos_token", token_text("tokenizer.ggml.bos_token_id")},
               {"eos_token", token_text("tokenizer.ggml.eos_token_id")},
@@ -200,11 +269,18 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
               {"add_bos_token", g.get_bool("tokenizer.ggml.add_bos_token").value_or(*model == "llama")},
               {"add_eos_token", g.get_bool("tokenizer.ggml.add_eos_token").value_or(false)},
               {"clean_up_tokenization_spaces", false}};
-  if (auto ct = g.get_string("tokenizer.chat_template")) cfg["chat_template"] = *ct;
+  if (auto ct = g.get_string("tokenizer.chat_template")) {
+    if (auto s = check_utf8({*ct}, "tokenizer.chat_template", where, false); !s) return s;
+    cfg["chat_template"] = *ct;
+  }
   if (auto ctx = g.get_int(g.get_string("general.architecture").value_or("") + ".context_length")) {
     cfg["model_max_length"] = *ctx;
   }
-  out.tokenizer_config_json = cfg.dump(2);
+  try {
+    out.tokenizer_config_json = cfg.dump(2);
+  } catch (const json::exception&) {
+    return Status(StatusCode::corrupt_data, where + ": the tokenizer config holds text that is not valid UTF-8");
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -135,24 +136,90 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
   h.bos_token_id = f.get<std::int64_t>("bos_token_id");
   h.eos_token_ids = f.get<std::vector<std::int64_t>>("eos_token_ids");
   if (!f.status()) return f.status();
-  if (auto s = h.validate(); !s) return s;
+  if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
   return h;
 }
 
+namespace {
+
+// Caps well above any real model (largest today: ~128 layers, 512 experts, hidden 16k, 10M context) that keep
+// everything sized by them (the conversion plan, the expert index, per-layer loops) small: a corrupt or
+// hostile count fails here, before any allocation or loop, instead of exhausting memory or time.
+constexpr std::int64_t kMaxLayers = 4096;
+constexpr std::int64_t kMaxExperts = 65535;           // per layer (expert ids are packed into 16 bits)
+constexpr std::int64_t kMaxExpertsTotal = 1ll << 17;  // layers x experts: one file and three index entries each
+constexpr std::int64_t kMaxDim = 1ll << 20;           // hidden, FFN and attention widths
+constexpr std::int64_t kMaxHeads = 1ll << 16;
+constexpr std::int64_t kMaxContext = 1ll << 30;  // max_position_embeddings, rope original context
+
+std::string range_text(std::int64_t lo, std::int64_t hi) {
+  return std::to_string(lo) + ".." + std::to_string(hi);
+}
+
+// rope_scaling: numbers the rope code divides by or takes logs of must be finite and in range, else the run
+// produces NaN logits far from the cause.
+Status validate_rope_scaling(const json& rs) {
+  auto need = [](bool ok, const std::string& what) {
+    return ok ? Status{} : bad("hyper-parameter rope_scaling." + what);
+  };
+  if (rs.is_null()) return {};
+  if (!rs.is_object()) return bad("hyper-parameter rope_scaling must be an object or null");
+  for (const char* key : {"rope_type", "type"}) {
+    if (rs.contains(key) && !rs[key].is_null() && !rs[key].is_string()) {
+      return need(false, std::string(key) + " must be a string such as \"linear\", \"llama3\" or \"yarn\"");
+    }
+  }
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                          "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}) {
+    if (!rs.contains(key) || rs[key].is_null()) continue;
+    const json& v = rs[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      return need(false, std::string(key) + " is " + (v.is_number() ? "not finite" : v.dump()) +
+                             "; it must be a finite number");
+    }
+  }
+  auto positive = [&](const char* key) -> Status {
+    if (!rs.contains(key) || rs[key].is_null() || rs[key].get<double>() > 0) return {};
+    return need(false, std::string(key) + " is " + rs[key].dump() + "; it must be > 0");
+  };
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "attention_factor"}) {
+    if (auto s = positive(key); !s) return s;
+  }
+  if (rs.contains("original_max_position_embeddings") && !rs["original_max_position_embeddings"].is_null()) {
+    const double o = rs["original_max_position_embeddings"].get<double>();
+    if (auto s = need(o >= 1 && o <= static_cast<double>(kMaxContext),
+                      "original_max_position_embeddings is " + rs["original_max_position_embeddings"].dump() +
+                          "; it must be in " + range_text(1, kMaxContext));
+        !s)
+      return s;
+  }
+  return {};
+}
+
+}  // namespace
+
 Status HyperParams::validate() const {
   auto need = [](bool ok, const std::string& what) { return ok ? Status{} : bad("hyper-parameter " + what); };
-  const std::int64_t kMax = 1ll << 24;
-  if (auto s = need(vocab_size > 0 && vocab_size < (1ll << 31), "vocab_size must be positive"); !s) return s;
-  if (auto s = need(hidden_size > 0 && hidden_size < kMax, "hidden_size must be positive"); !s) return s;
-  if (auto s = need(num_layers > 0 && num_layers < 100000, "num_layers must be positive"); !s) return s;
-  if (auto s = need(num_heads > 0 && num_heads < kMax, "num_heads must be positive"); !s) return s;
+  // "key is N; it must be in lo..hi" for the count and size fields.
+  auto in_range = [&](std::int64_t v, std::int64_t lo, std::int64_t hi, const std::string& key) {
+    return need(v >= lo && v <= hi, key + " is " + std::to_string(v) + "; it must be in " + range_text(lo, hi));
+  };
+  // Counts first: the checks below loop over the layers.
+  if (auto s = in_range(num_layers, 1, kMaxLayers, "num_layers (config num_hidden_layers, GGUF block_count)"); !s)
+    return s;
+  if (auto s = in_range(vocab_size, 1, (1ll << 31) - 1, "vocab_size"); !s) return s;
+  if (auto s = in_range(hidden_size, 1, kMaxDim, "hidden_size"); !s) return s;
+  if (auto s = in_range(num_heads, 1, kMaxHeads, "num_heads"); !s) return s;
   if (auto s = need(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
       !s)
     return s;
-  if (auto s = need(head_dim > 0 && head_dim % 2 == 0 && head_dim < kMax, "head_dim must be positive and even"); !s)
+  if (auto s = need(head_dim > 0 && head_dim % 2 == 0 && head_dim <= kMaxDim, "head_dim must be positive and even"); !s)
     return s;
-  if (auto s = need(rms_norm_eps > 0, "rms_norm_eps must be positive"); !s) return s;
-  if (auto s = need(rope_theta > 0, "rope_theta must be positive"); !s) return s;
+  if (auto s = in_range(num_heads * head_dim, 1, kMaxDim, "num_heads x head_dim"); !s) return s;
+  if (auto s = in_range(max_position_embeddings, 1, kMaxContext, "max_position_embeddings"); !s) return s;
+  if (auto s = need(rms_norm_eps > 0 && std::isfinite(rms_norm_eps), "rms_norm_eps must be positive"); !s) return s;
+  if (auto s = need(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta must be positive"); !s) return s;
+  if (auto s = validate_rope_scaling(rope_scaling); !s) return s;
   if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full",
                     "qk_norm must be none, per_head or full");
       !s)
@@ -162,33 +229,29 @@ Status HyperParams::validate() const {
           need(sliding_window >= 0 && decoder_sparse_step >= 1, "sliding_window / decoder_sparse_step out of range");
       !s)
     return s;
+  if (auto s = need(mlp_only_layers.size() <= static_cast<std::size_t>(num_layers),
+                    "mlp_only_layers lists more layers than num_layers");
+      !s)
+    return s;
   if (dense) {
-    if (auto s = need(intermediate_size > 0 && intermediate_size < kMax, "intermediate_size must be positive"); !s)
-      return s;
+    if (auto s = in_range(intermediate_size, 1, kMaxDim, "intermediate_size"); !s) return s;
   } else {
-    if (auto s = need(n_experts > 0 && n_experts < 65536, "n_experts must be positive"); !s) return s;
+    if (auto s = in_range(n_experts, 1, kMaxExperts, "n_experts (config num_local_experts / num_experts)"); !s)
+      return s;
+    if (auto s = in_range(num_layers * n_experts, 1, kMaxExpertsTotal, "num_layers x n_experts"); !s) return s;
     if (auto s =
             need(n_experts_per_tok > 0 && n_experts_per_tok <= n_experts, "n_experts_per_tok must be in 1..n_experts");
         !s)
       return s;
-    if (auto s =
-            need(moe_intermediate_size > 0 && moe_intermediate_size < kMax, "moe_intermediate_size must be positive");
-        !s)
-      return s;
+    if (auto s = in_range(moe_intermediate_size, 1, kMaxDim, "moe_intermediate_size"); !s) return s;
     for (std::int64_t l = 0; l < num_layers; ++l) {
       if (!layer_is_sparse(l)) {
-        if (auto s = need(intermediate_size > 0 && intermediate_size < kMax,
-                          "intermediate_size must be positive (dense layers)");
-            !s)
-          return s;
+        if (auto s = in_range(intermediate_size, 1, kMaxDim, "intermediate_size (of the dense layers)"); !s) return s;
         break;
       }
     }
   }
-  if (auto s = need(shared_expert_intermediate_size >= 0 && shared_expert_intermediate_size < kMax,
-                    "shared_expert_intermediate_size out of range");
-      !s)
-    return s;
+  if (auto s = in_range(shared_expert_intermediate_size, 0, kMaxDim, "shared_expert_intermediate_size"); !s) return s;
   return {};
 }
 
@@ -434,9 +497,12 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
     blob.offset = e.offset;
     blob.size = e.size;
     if (auto s = within(blob, "expert " + name); !s) return s;
-    for (const TensorEntry* part : {&e.gate, &e.up, &e.down}) {
-      if (part->offset < e.offset || part->offset + part->size > e.offset + e.size) {
-        return bad(ew + ": a part of expert " + name + " lies outside its blob");
+    // Written without offset + size: a huge offset would wrap and pass, and the run would read out of bounds.
+    for (const auto& [part, label] : {std::pair{&e.gate, "gate"}, std::pair{&e.up, "up"}, std::pair{&e.down, "down"}}) {
+      if (part->offset < e.offset || part->size > e.size || part->offset - e.offset > e.size - part->size) {
+        return bad(ew + "." + label + ": part [" + std::to_string(part->offset) + ", +" + std::to_string(part->size) +
+                   ") of expert " + name + " lies outside its blob [" + std::to_string(e.offset) + ", +" +
+                   std::to_string(e.size) + ") in " + e.file + "; re-run convert");
       }
     }
     m.experts.push_back(std::move(e));

@@ -379,6 +379,74 @@ TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
   EXPECT_FALSE(partial_left(out));
 }
 
+// Every file of `dir` with its bytes, to show that a refused --force left a directory exactly as it was.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path());
+  }
+  return files;
+}
+
+TEST(ModelConvert, ForceNeverReplacesANonModelDirectoryOrTheInput) {
+  const fs::path src = fixture("olmoe-bf16", "--arch olmoe --dtype bf16 --shards 2");
+  ConvertOptions o;
+  o.preset = "bf16";
+  o.threads = 2;
+  o.force = true;
+  auto refused = [&](const fs::path& in, const fs::path& out, const std::string& why) {
+    o.input = in;
+    o.output = out;
+    auto r = convert_model(o);
+    ASSERT_FALSE(r.has_value()) << in << " -> " << out;
+    EXPECT_NE(r.error().message().find(why), std::string::npos) << r.error().message();
+  };
+  {  // a directory of the user's that is not a colibri model
+    const fs::path user = fresh_output("user notes");
+    fs::create_directories(user / "sub");
+    std::ofstream(user / "notes.txt") << "precious";
+    std::ofstream(user / "sub" / "more.txt") << "also precious";
+    const auto before = snapshot(user);
+    refused(src, user, "is not a colibri model (it has no manifest.json)");
+    EXPECT_EQ(snapshot(user), before);
+    EXPECT_FALSE(partial_left(user));
+    // A plain file is no model either.
+    const fs::path file = fresh_output("user file");
+    std::ofstream(file) << "precious";
+    refused(src, file, "is not a colibri model");
+    EXPECT_EQ(slurp(file), "precious");
+  }
+  {  // the input itself, a directory inside it, one containing it, and a GGUF file as its own output
+    const fs::path in = copy_fixture(src, "force onto input");
+    const auto before = snapshot(in);
+    refused(in, in, "is the input itself");
+    refused(in, in / ".", "is the input itself");
+    refused(in, in / "model", "lies inside the input");
+    refused(in, in.parent_path(), "contains the input");
+    EXPECT_EQ(snapshot(in), before);
+    const fs::path gguf = kWork / "bad" / "force onto input.gguf";
+    fs::copy_file(src.string() + ".gguf", gguf, fs::copy_options::overwrite_existing);
+    const std::string gguf_before = slurp(gguf);
+    refused(gguf, gguf, "is the input itself");
+    EXPECT_EQ(slurp(gguf), gguf_before);
+    // Through a symlink to the input, too.
+    const fs::path link = kWork / "bad" / "force link";
+    fs::remove(link);
+    fs::create_directory_symlink(in, link);
+    refused(in, link, "is the input itself");
+    EXPECT_EQ(snapshot(in), before);
+  }
+  {  // an empty directory and an earlier model are still replaced
+    const fs::path empty = fresh_output("force empty");
+    fs::create_directories(empty);
+    o.input = src;
+    o.output = empty;
+    ASSERT_TRUE(convert_model(o).has_value());
+    ASSERT_TRUE(convert_model(o).has_value());
+    EXPECT_TRUE(verify_model(empty).ok());
+  }
+}
+
 TEST(ModelConvert, PackedLayerFilesWhenExpertsAreNotSplit) {
   const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
   const fs::path out = fresh_output("packed");

@@ -7,6 +7,7 @@
 
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/gguf_tokenizer.hpp"
+#include "model/architecture.hpp"
 #include "test_files.hpp"
 
 namespace colibri::model {
@@ -135,6 +136,8 @@ TEST(GgufReader, RejectsBadMagicVersionTypeAndOffsets) {
   expect_error(sample_gguf(3, 99), "GGML type id 99");
   expect_error(sample_gguf(3, 0, 40), "not a multiple of the alignment");
   expect_error(sample_gguf(3, 0, 1 << 20), "runs past the end of the file");
+  // "b" (34 bytes) placed on "a" (32 bytes at 0): two weights would share bytes.
+  expect_error(sample_gguf(3, 0, 0), "tensor 'b' data [0, +34) overlaps tensor 'a' [0, +32)");
   // A string claiming more bytes than the file has.
   Bytes b;
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(1).pod<std::uint64_t>(1ull << 60);
@@ -214,6 +217,74 @@ TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
   EXPECT_EQ(j["added_tokens"][1]["content"], "<s>");
   auto cfg = nlohmann::json::parse(r->tokenizer_config_json);
   EXPECT_EQ(cfg["bos_token"], "<s>");
+}
+
+// A SentencePiece GGUF holding only a vocabulary (tokens with scores).
+std::string spm_gguf(const std::vector<std::string>& toks) {
+  Bytes b;
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(3);
+  b.str("tokenizer.ggml.model").pod<std::uint32_t>(STR).str("llama");
+  b.str("tokenizer.ggml.tokens").pod<std::uint32_t>(ARR).pod<std::uint32_t>(STR).pod<std::uint64_t>(toks.size());
+  for (const auto& t : toks) b.str(t);
+  b.str("tokenizer.ggml.scores").pod<std::uint32_t>(ARR).pod<std::uint32_t>(F32).pod<std::uint64_t>(toks.size());
+  for (std::size_t i = 0; i < toks.size(); ++i) b.pod(-static_cast<float>(i));
+  return b.data;
+}
+
+TEST(GgufTokenizer, InvalidUtf8TokenIsNamedByKeyAndIndex) {
+  auto dir = testing::temp_dir("bad utf8");
+  for (const std::string bad : {"\xff", "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {
+    testing::write_file(dir / "u.gguf", spm_gguf({"<unk>", "a", bad}));
+    auto g = GgufFile::open(dir / "u.gguf");
+    ASSERT_TRUE(g.has_value()) << g.error().to_string();
+    auto r = rebuild_tokenizer_from_gguf(*g);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_NE(r.error().message().find("tokenizer.ggml.tokens[2] is not valid UTF-8"), std::string::npos)
+        << r.error().message();
+  }
+  // Valid multi-byte text passes.
+  testing::write_file(dir / "u.gguf", spm_gguf({"<unk>", "模型", "\xf0\x9f\x98\x80", "\xc2\xa0"}));
+  auto g = GgufFile::open(dir / "u.gguf");
+  ASSERT_TRUE(g.has_value());
+  EXPECT_TRUE(rebuild_tokenizer_from_gguf(*g).has_value());
+}
+
+// A piece of hundreds of thousands of characters: its merges are found without trying every split of it (which
+// took minutes); the result is the same as trying them all.
+TEST(GgufTokenizer, VeryLongPieceStillGivesItsMerges) {
+  const std::string longa(300000, 'a');
+  auto dir = testing::temp_dir("long piece");
+  testing::write_file(dir / "l.gguf", spm_gguf({"<unk>", "a", "b", longa, longa + "b", "ab"}));
+  auto g = GgufFile::open(dir / "l.gguf");
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  auto r = rebuild_tokenizer_from_gguf(*g);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  auto merges = nlohmann::json::parse(r->tokenizer_json)["model"]["merges"];
+  ASSERT_EQ(merges.size(), 2u) << merges.dump().substr(0, 200);
+  EXPECT_EQ(merges[0], nlohmann::json::array({longa, "b"}));  // higher score (lower index) first
+  EXPECT_EQ(merges[1], nlohmann::json::array({"a", "b"}));
+}
+
+// block_count is checked before anything loops over the layers (a huge one used to spin for ever).
+TEST(GgufHyperParams, AbsurdBlockCountIsRefusedByKeyBeforeAnyLoop) {
+  Bytes b;
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(7);
+  b.str("general.architecture").pod<std::uint32_t>(STR).str("qwen3moe");
+  b.str("qwen3moe.block_count").pod<std::uint32_t>(U64).pod<std::uint64_t>(1ull << 40);
+  b.str("qwen3moe.embedding_length").pod<std::uint32_t>(U32).pod<std::uint32_t>(8);
+  b.str("qwen3moe.attention.head_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(2);
+  b.str("qwen3moe.expert_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(4);
+  b.str("qwen3moe.expert_used_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(2);
+  b.str("qwen3moe.expert_feed_forward_length").pod<std::uint32_t>(U32).pod<std::uint32_t>(8);
+  auto dir = testing::temp_dir("block count");
+  testing::write_file(dir / "b.gguf", b.data);
+  auto g = GgufFile::open(dir / "b.gguf");
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  auto h = hparams_from_gguf(*g);
+  ASSERT_FALSE(h.has_value());
+  EXPECT_NE(h.error().message().find("GGUF block_count) is 1099511627776; it must be in 1..4096"), std::string::npos)
+      << h.error().message();
+  EXPECT_NE(h.error().message().find("b.gguf"), std::string::npos);
 }
 
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "colibri/model/paths.hpp"
@@ -136,6 +137,96 @@ TEST(Manifest, RejectsEverythingOutOfBounds) {
   auto r = load_manifest(t.dir);
   ASSERT_FALSE(r.has_value());
   EXPECT_NE(r.error().message().find("conversion did not finish"), std::string::npos);
+}
+
+TEST(Manifest, PartOffsetsThatWrapAroundAreRejectedByName) {
+  auto t = make_model("manifest wrap");
+  json m = t.manifest;
+  // offset + size wraps to 16: inside the blob if added naively.
+  m["experts"][0]["down"]["offset"] = std::numeric_limits<std::uint64_t>::max() - 15;
+  expect_rejected(t, m, "experts[0].down: part [18446744073709551600, +32) of expert L0/E0 lies outside its blob");
+  m = t.manifest;
+  m["experts"][0]["up"]["offset"] = 4096 - 32 + 1;
+  expect_rejected(t, m, "experts[0].up: part [4065, +32) of expert L0/E0 lies outside its blob [0, +4096)");
+  m = t.manifest;
+  m["experts"][0]["up"]["offset"] = 4096 - 32;  // exactly at the end is fine
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  EXPECT_TRUE(load_manifest(t.dir).has_value());
+}
+
+void expect_invalid(const HyperParams& h, const std::string& what) {
+  auto s = h.validate();
+  ASSERT_FALSE(s.is_ok()) << what;
+  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+}
+
+TEST(HyperParams, AbsurdCountsAndSizesAreRejectedNamingTheKey) {
+  ASSERT_TRUE(tiny_hparams().validate().is_ok());
+  auto h = tiny_hparams();
+  h.num_layers = 99999;
+  expect_invalid(h, "num_layers (config num_hidden_layers, GGUF block_count) is 99999; it must be in 1..4096");
+  h = tiny_hparams();
+  h.num_layers = 1ll << 40;
+  expect_invalid(h, "num_layers");
+  h = tiny_hparams();
+  h.hidden_size = 1ll << 30;
+  expect_invalid(h, "hidden_size is 1073741824");
+  h = tiny_hparams();
+  h.max_position_embeddings = -5;
+  expect_invalid(h, "max_position_embeddings is -5");
+  h = tiny_hparams();
+  h.intermediate_size = 0;
+  expect_invalid(h, "intermediate_size is 0");
+  // Each count within its cap, the product not: the expert index would need billions of entries.
+  h = tiny_hparams();
+  h.dense = false;
+  h.num_layers = 4000;
+  h.n_experts = 65535;
+  h.n_experts_per_tok = 2;
+  h.moe_intermediate_size = 4;
+  expect_invalid(h, "num_layers x n_experts is 262140000");
+  h.n_experts = 32;
+  EXPECT_TRUE(h.validate().is_ok()) << h.validate().message();
+  h.n_experts = 70000;
+  expect_invalid(h, "n_experts (config num_local_experts / num_experts) is 70000");
+}
+
+TEST(HyperParams, RopeScalingValuesTheRopeDividesByAreChecked) {
+  auto with = [](json rs) {
+    auto h = tiny_hparams();
+    h.rope_scaling = std::move(rs);
+    return h;
+  };
+  EXPECT_TRUE(with({{"rope_type", "linear"}, {"factor", 2.0}}).validate().is_ok());
+  expect_invalid(with({{"rope_type", "llama3"},
+                       {"factor", 0},
+                       {"low_freq_factor", 1},
+                       {"high_freq_factor", 4},
+                       {"original_max_position_embeddings", 8192}}),
+                 "rope_scaling.factor is 0; it must be > 0");
+  expect_invalid(with({{"rope_type", "linear"}, {"factor", -3}}), "rope_scaling.factor is -3");
+  expect_invalid(with({{"rope_type", "yarn"}, {"factor", std::numeric_limits<double>::infinity()}}),
+                 "rope_scaling.factor");
+  expect_invalid(with({{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 0}}),
+                 "rope_scaling.original_max_position_embeddings is 0");
+  expect_invalid(with({{"rope_type", "dynamic"}, {"factor", 4}, {"original_max_position_embeddings", 1e300}}),
+                 "rope_scaling.original_max_position_embeddings is 1e+300");
+  expect_invalid(with({{"rope_type", "yarn"}, {"factor", 4}, {"mscale", "1"}}),
+                 "rope_scaling.mscale is \"1\"; it must be a finite number");
+  expect_invalid(with({{"rope_type", 5}}), "rope_scaling.rope_type must be a string");
+  expect_invalid(with({{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", 0}}),
+                 "rope_scaling.low_freq_factor is 0");
+  expect_invalid(with(json::array()), "rope_scaling must be an object or null");
+}
+
+TEST(Manifest, BadHyperParametersNameTheManifestAndTheField) {
+  auto t = make_model("manifest hparams");
+  json m = t.manifest;
+  m["hparams"]["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 0}};
+  expect_rejected(t, m, "rope_scaling.factor is 0; it must be > 0 (in hparams); re-run convert");
+  m = t.manifest;
+  m["hparams"]["max_position_embeddings"] = -5;
+  expect_rejected(t, m, "max_position_embeddings is -5");
 }
 
 TEST(Manifest, VerifyReportsChecksumMismatchByExpert) {
