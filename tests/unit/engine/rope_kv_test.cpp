@@ -98,6 +98,32 @@ TEST(Rope, UnknownTypeAndMissingFieldsAreErrors) {
   EXPECT_NE(m.error().message().find("low_freq_factor"), std::string::npos);
 }
 
+// Values the frequencies divide by, or cast to integers, are refused by name (a factor of 0 gave NaN logits; an
+// original context of 1e300 was an undefined cast).
+TEST(Rope, ZeroNegativeAndNonFiniteScalingValuesAreErrors) {
+  const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                 {"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 8192}};
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    auto rs = llama3;
+    rs[key] = 0.0;
+    auto r = RopeFrequencies::create(params(rs));
+    ASSERT_FALSE(r) << key;
+    EXPECT_NE(r.error().message().find("> 0"), std::string::npos) << r.error().message();
+  }
+  auto yarn = RopeFrequencies::create(params({{"rope_type", "yarn"}, {"factor", -2.0}}));
+  ASSERT_FALSE(yarn);
+  EXPECT_NE(yarn.error().message().find("\"factor\" must be positive"), std::string::npos) << yarn.error().message();
+  auto dynamic = RopeFrequencies::create(
+      params({{"rope_type", "dynamic"}, {"factor", 2.0}, {"original_max_position_embeddings", 1e300}}));
+  ASSERT_FALSE(dynamic);
+  EXPECT_NE(dynamic.error().message().find("original_max_position_embeddings"), std::string::npos)
+      << dynamic.error().message();
+  EXPECT_TRUE(RopeFrequencies::create(params(llama3)));
+}
+
 TEST(KvCache, StoresRowsInItsType) {
   for (auto type : {sdk::DType::f32, sdk::DType::f16, sdk::DType::q8_0}) {
     auto c = KvCache::create(type, 2, 2, 32, 8);
