@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -249,6 +250,12 @@ TEST(ModelPaths, ResolvesDirectoriesAndNamesUnderTheModelsDir) {
   auto missing = resolve_model_path("nope", base / "models");
   ASSERT_FALSE(missing.has_value());
   EXPECT_NE(missing.error().message().find((base / "models" / "nope").string()), std::string::npos);
+  std::ofstream(base / "model.gguf") << "GGUF";
+  auto file = resolve_model_path((base / "model.gguf").string(), base / "models");
+  ASSERT_FALSE(file.has_value());
+  EXPECT_NE(file.error().message().find("is a file, not a colibri model directory; convert it first"),
+            std::string::npos)
+      << file.error().message();
   ::setenv("XDG_DATA_HOME", (base / "xdg").c_str(), 1);
   EXPECT_EQ(default_models_dir(), base / "xdg" / "colibri" / "models");
   ::unsetenv("XDG_DATA_HOME");
