@@ -23,6 +23,7 @@
 #include "colibri/model/safetensors.hpp"
 #include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
 #include "model/architecture.hpp"
 #include "model/file_io.hpp"
 
@@ -564,6 +565,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                     "no tokenizer.json in " + opt.input.string() +
                         "; colibri needs the HuggingFace fast tokenizer file next to the weights");
     }
+    // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
+    // not the first run afterwards.
+    if (auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json"); !tok) {
+      return tok.error().with_context("the checkpoint's tokenizer");
+    }
   } else {
     in.is_gguf = true;
     auto g = GgufFile::open(opt.input);
@@ -633,6 +639,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto tok = rebuild_tokenizer_from_gguf(*in.gguf);
     if (!tok) return tok.error();
     rebuilt = std::move(*tok);
+    if (auto check = tokenizer::Tokenizer::from_json(rebuilt->tokenizer_json, "tokenizer.json rebuilt from the GGUF");
+        !check) {
+      return check.error().with_context(opt.input.string() + ": its vocabulary does not make a usable tokenizer");
+    }
   }
 
   // 2. The output: refused if present (unless --force); written into a hidden sibling first.

@@ -326,6 +326,13 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "tensor 'model.layers.2.input_layernorm.weight'", "missing tensors");
   }
+  {  // a tokenizer.json colibri cannot load fails the conversion, not the first run after it
+    auto d = copy_fixture(src, "tokenizer");
+    json tok = json::parse(slurp(d / "tokenizer.json"));
+    tok["model"]["merges"] = json::array({"zz yy"});
+    std::ofstream(d / "tokenizer.json", std::ios::trunc) << tok.dump();
+    expect_clean_failure(d, "the checkpoint's tokenizer: ", "bad tokenizer");
+  }
   {  // an unsupported architecture is refused by name, listing the supported ones
     auto d = copy_fixture(src, "arch");
     json cfg = json::parse(slurp(d / "config.json"));
