@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +44,13 @@ std::vector<std::string> convert_presets() {
 }
 
 namespace {
+
+// "3.4e+38", "inf": a value for a message.
+std::string shortest(float v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", static_cast<double>(v));
+  return b;
+}
 
 // ------------------------------------------------------------------------------------------------------------
 // Input: where each planned tensor's bytes are.
@@ -324,7 +333,16 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
   const std::int64_t chunk_rows = std::min<std::int64_t>(src.rows, per_thread * std::max(1, threads));
   std::vector<char> in_buf(src_row * static_cast<std::size_t>(chunk_rows));
   std::vector<char> out_buf(src.type == target ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
-  std::vector<float> scratch(src.type == target ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
+  // Float tensors copied as they are are still read once for non-finite values (block types are checked when
+  // re-quantized; a copied block's bytes are not decoded, to keep GGUF copies at disk speed).
+  const bool check_copy =
+      src.type == target && (src.type == DType::f32 || src.type == DType::f16 || src.type == DType::bf16);
+  // The largest magnitude the target holds: f16's largest value; block types store f16 scales of about amax / 127
+  // (q8_0) down to amax / 945 (q4_k), so 2^20 keeps every scale finite.
+  const float limit = target == DType::f16                            ? 65504.0f
+                      : target == DType::f32 || target == DType::bf16 ? std::numeric_limits<float>::max()
+                                                                      : 1048576.0f;
+  std::vector<float> scratch(src.type == target && !check_copy ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
   for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk_rows) {
     const std::int64_t n = std::min(chunk_rows, src.rows - r0);
     if (src.permute_heads > 0) {
@@ -337,7 +355,7 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
       if (auto s = in.read(src, static_cast<std::uint64_t>(r0) * src_row, in_buf.data(), src_row * n); !s) return s;
     }
     const char* result = in_buf.data();
-    if (src.type != target) {
+    if (src.type != target || check_copy) {
       std::atomic<bool> failed{false};
       std::string error;
       std::mutex error_mutex;
@@ -345,7 +363,20 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
         for (std::int64_t r = b; r < e; ++r) {
           float* f = scratch.data() + r * src.cols;
           Status s = quant::dequantize_row(src.type, in_buf.data() + r * src_row, f, src.cols);
-          if (s) s = quant::quantize_row(target, f, out_buf.data() + r * dst_row, src.cols);
+          // A non-finite weight, or one past what the target's f16 values or block scales hold, would quantize into
+          // inf (NaN logits at run): refuse it here, by place. Real weights are orders of magnitude smaller.
+          if (s) {
+            const auto bad = std::find_if_not(f, f + src.cols, [&](float v) { return std::abs(v) <= limit; });
+            if (bad != f + src.cols) {
+              s = Status(StatusCode::corrupt_data,
+                         "row " + std::to_string(r0 + r) + ", column " + std::to_string(bad - f) + " holds " +
+                             shortest(*bad) +
+                             (std::isfinite(*bad) ? "; " + std::string(sdk::to_string(target)) +
+                                                        " cannot hold it (convert to f32 or bf16 if the weight is real)"
+                                                  : "; the checkpoint is damaged (weights must be finite)"));
+            }
+          }
+          if (s && !check_copy) s = quant::quantize_row(target, f, out_buf.data() + r * dst_row, src.cols);
           if (!s) {
             std::lock_guard<std::mutex> lock(error_mutex);
             failed = true;
@@ -354,8 +385,8 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
           }
         }
       });
-      if (failed) return Status(StatusCode::internal, "converting tensor '" + src.name + "': " + error);
-      result = out_buf.data();
+      if (failed) return Status(StatusCode::corrupt_data, "converting tensor '" + src.name + "': " + error);
+      if (!check_copy) result = out_buf.data();
     }
     const std::size_t bytes = dst_row * static_cast<std::size_t>(n);
     XXH64_update(state, result, bytes);

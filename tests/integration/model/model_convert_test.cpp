@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -325,6 +326,30 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     cfg["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() + 1;
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "tensor 'model.layers.2.input_layernorm.weight'", "missing tensors");
+  }
+  for (const auto& [bits, expect] :
+       {std::pair{std::uint16_t{0x7F80}, std::string("holds inf; the checkpoint is damaged")},
+        std::pair{std::uint16_t{0x7E00}, std::string("holds 4.25353e+37; f16 cannot hold it")}}) {
+    // one bf16 weight set to +inf, or to 2^125 (finite, but past f16): refused by tensor, row and column
+    auto d = copy_fixture(src, "weight " + std::to_string(bits));
+    const fs::path shard = d / "model-00001-of-00002.safetensors";
+    std::string bytes = slurp(shard);
+    std::uint64_t header = 0;
+    std::memcpy(&header, bytes.data(), 8);
+    const json h = json::parse(bytes.substr(8, header));
+    std::string name;
+    std::uint64_t at = 0;
+    for (const auto& [key, t] : h.items()) {
+      if (key != "__metadata__" && t["dtype"] == "BF16" && t["shape"].size() == 2) {
+        name = key;
+        at = 8 + header + t["data_offsets"][0].get<std::uint64_t>() + 2 * 3;  // row 0, column 3
+        break;
+      }
+    }
+    ASSERT_FALSE(name.empty());
+    std::memcpy(bytes.data() + at, &bits, 2);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+    expect_clean_failure(d, "row 0, column 3 " + expect, "weight " + name);
   }
   {  // a tokenizer.json colibri cannot load fails the conversion, not the first run after it
     auto d = copy_fixture(src, "tokenizer");
