@@ -13,17 +13,21 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
   OutputFile f;
   f.target_ = path;
   std::error_code ec;
-  const auto link = fs::symlink_status(path, ec);
-  if (fs::is_symlink(link)) {
-    // Replace the file the link names, not the link: resolve it (it may not exist yet, a dangling link).
+  const auto st = fs::status(path, ec);  // through any links
+  if (fs::is_directory(st)) {
+    return Status(StatusCode::invalid_argument, path.string() + " is a directory; give a file name");
+  }
+  // A device or FIFO is opened by its own name: the kernel follows links such as /dev/stdout -> /proc/self/fd/1
+  // -> pipe:[...], which no path resolution could.
+  // Names under /dev and /proc (/dev/stdout redirected to a file) are the caller's descriptors: never replaced.
+  const std::string text = path.lexically_normal().string();
+  const bool special = text.rfind("/dev/", 0) == 0 || text.rfind("/proc/", 0) == 0;
+  f.direct_ = special || (fs::exists(st) && !fs::is_regular_file(st));
+  if (!f.direct_ && fs::is_symlink(fs::symlink_status(path, ec))) {
+    // Replace the file the link names, not the link (it may not exist yet: a dangling link).
     const fs::path resolved = fs::weakly_canonical(path, ec);
     if (ec) return Status(StatusCode::io_error, "cannot resolve the link " + path.string() + ": " + ec.message());
     f.target_ = resolved;
-  }
-  const auto st = fs::status(f.target_, ec);
-  f.direct_ = fs::exists(st) && !fs::is_regular_file(st);
-  if (fs::is_directory(st)) {
-    return Status(StatusCode::invalid_argument, path.string() + " is a directory; give a file name");
   }
   f.partial_ = f.direct_ ? f.target_ : fs::path(f.target_.string() + ".partial");
   f.out_ = std::make_unique<std::ofstream>(f.partial_, std::ios::binary | std::ios::trunc);

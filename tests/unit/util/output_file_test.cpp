@@ -89,6 +89,27 @@ TEST(OutputFile, FifoIsWrittenDirectly) {
   EXPECT_EQ(got, "through");
   EXPECT_TRUE(fs::is_fifo(fs::status(fifo))) << "the FIFO was replaced by a regular file";
   EXPECT_FALSE(fs::exists(fifo.string() + ".partial"));
+
+  // Through a link, as /dev/stdout -> /proc/self/fd/1 -> pipe:[...] (a target no path resolution reaches).
+  const fs::path link = dir.path / "stdout";
+  fs::create_symlink(fifo, link);
+  std::thread again([&] { got = read(fifo); });
+  const auto via = write_file_atomically(link, [](std::ostream& f) { return static_cast<bool>(f << "linked"); });
+  again.join();
+  EXPECT_TRUE(via) << via.message();
+  EXPECT_EQ(got, "linked");
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link)));
+}
+
+TEST(OutputFile, ProcessStdoutIsWrittenDirectly) {
+  // /dev/stdout of this test is whatever ctest gave it (a pipe or a file): never replaced, never an error.
+  const auto before = fs::symlink_status("/dev/stdout");
+  auto f = OutputFile::open("/dev/stdout");
+  ASSERT_TRUE(f) << f.error().message();
+  EXPECT_EQ(f->writing_to(), fs::path("/dev/stdout"));
+  f->stream() << "";
+  EXPECT_TRUE(f->commit());
+  EXPECT_EQ(fs::symlink_status("/dev/stdout").type(), before.type());
 }
 
 TEST(OutputFile, DirectoryAndUnwritablePlacesAreNamedErrors) {
