@@ -18,6 +18,7 @@ namespace colibri::chat::jinja {
 namespace utf8 = tokenizer::utf8;
 
 const Value* Object::find(std::string_view key) const {
+  charge(items.size() / 16);  // a linear search: huge dicts cost more
   for (const auto& [k, v] : items) {
     if (k == key) return &v;
   }
@@ -25,6 +26,11 @@ const Value* Object::find(std::string_view key) const {
 }
 
 void Object::set(const std::string& key, Value v) {
+  const int d = v.nesting() + 1;
+  if (d > kMaxValueDepth) {
+    throw Error{0, "lists/dicts are nested too deeply (limit " + std::to_string(kMaxValueDepth) + ")"};
+  }
+  depth = std::max(depth, d);
   for (auto& [k, existing] : items) {
     if (k == key) {
       existing = std::move(v);
@@ -34,10 +40,62 @@ void Object::set(const std::string& key, Value v) {
   items.emplace_back(key, std::move(v));
 }
 
+int Value::nesting() const {
+  switch (kind) {
+    case Kind::array:
+    case Kind::function: return depth;
+    case Kind::object:
+    case Kind::kwargs: return obj->depth;
+    case Kind::ns: return 1;
+    default: return 0;
+  }
+}
+
+Value Value::array(Array v) {
+  if (v.size() > kMaxItems) throw Error{0, "list is too long (limit " + std::to_string(kMaxItems) + " items)"};
+  int d = 0;
+  for (const auto& e : v) d = std::max(d, e.nesting());
+  if (d + 1 > kMaxValueDepth) {
+    throw Error{0, "lists/dicts are nested too deeply (limit " + std::to_string(kMaxValueDepth) + ")"};
+  }
+  charge(v.size());
+  Value r = make(Kind::array);
+  r.depth = static_cast<std::uint16_t>(d + 1);
+  r.arr = std::make_shared<Array>(std::move(v));
+  return r;
+}
+
 namespace {
 
 [[noreturn]] void fail(int line, std::string message) {
   throw Error{line, std::move(message)};
+}
+
+// Per render; a thread renders one template at a time.
+struct RenderState {
+  std::uint64_t steps = 0;
+  int eval_depth = 0;
+  std::vector<std::shared_ptr<Object>> namespaces;
+};
+thread_local RenderState* t_state = nullptr;
+thread_local std::uint64_t t_last_steps = 0;
+
+void check_size(std::size_t bytes, int line) {
+  if (bytes > kMaxOutputBytes) {
+    fail(line, "template output or string is too large (limit " + std::to_string(kMaxOutputBytes >> 20) + " MiB)");
+  }
+}
+
+[[noreturn]] void overflow(int line, const std::string& what) {
+  fail(line, "integer overflow in " + what + " (integers are 64-bit)");
+}
+
+// A double as int64 (truncated toward zero), or an error: out-of-range conversions are undefined behaviour.
+std::int64_t to_int64(double d, int line) {
+  if (std::isnan(d)) fail(line, "cannot convert NaN to an integer");
+  if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+    overflow(line, "conversion of a float to an integer");
+  return static_cast<std::int64_t>(d);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -405,11 +463,52 @@ struct Node {
   std::int64_t i = 0;
   double f = 0;
   bool flag = false;  // member: computed; test: negate
+  int depth = 1;      // height of the subtree (bounded: destroying and evaluating it recurse)
   NodePtr x, y, z;    // operands (object/property, left/right, condition...)
   std::vector<NodePtr> list, body, alt;
 };
 
 namespace {
+
+std::string nesting_error() {
+  return "nested too deeply (limit " + std::to_string(kMaxNesting) + ")";
+}
+
+// Sets n's depth from its children; fails before a loop such as `a+a+a...` builds a tree too deep to handle.
+NodePtr deepen(NodePtr n) {
+  int d = 0;
+  for (const NodePtr* c : {&n->x, &n->y, &n->z}) {
+    if (*c) d = std::max(d, (*c)->depth);
+  }
+  for (const auto* v : {&n->list, &n->body, &n->alt}) {
+    for (const auto& c : *v) {
+      if (c) d = std::max(d, c->depth);
+    }
+  }
+  n->depth = d + 1;
+  if (n->depth > kMaxNesting) fail(n->line, nesting_error());
+  return n;
+}
+
+std::int64_t parse_int_literal(const std::string& text, int line) {
+  std::string_view digits = text;
+  if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
+  std::int64_t v = 0;
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (r.ec == std::errc::result_out_of_range) {
+    fail(line, "integer literal " + text + " is out of range (integers are 64-bit)");
+  }
+  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size()) fail(line, "invalid number " + text);
+  return v;
+}
+
+double parse_float_literal(const std::string& text, int line) {
+  char* end = nullptr;
+  const double d = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) fail(line, "invalid number " + text);
+  if (!std::isfinite(d)) fail(line, "float literal " + text + " is out of range");
+  return d;
+}
 
 NodePtr node(Node::T t, int line) {
   auto n = std::make_shared<Node>();
@@ -433,6 +532,22 @@ class Parser {
  private:
   std::vector<Token> toks_;
   std::size_t pos_ = 0;
+  int nest_ = 0;
+
+  // Bounds the parser's recursion (parentheses, blocks, elif chains, unary operators...).
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (p_.nest_ >= kMaxNesting) fail(p_.line(), nesting_error());
+      ++p_.nest_;
+    }
+    ~Nest() { --p_.nest_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
 
   [[nodiscard]] int line() const {
     if (pos_ < toks_.size()) return toks_[pos_].line;
@@ -476,6 +591,7 @@ class Parser {
   }
 
   NodePtr parse_any() {
+    const Nest nest(*this);
     const Token& t = toks_[pos_];
     switch (t.type) {
       case Tok::comment: ++pos_; return nullptr;
@@ -485,7 +601,7 @@ class Parser {
         ++pos_;
         return n;
       }
-      case Tok::open_stmt: return parse_statement();
+      case Tok::open_stmt: return deepen(parse_statement());
       case Tok::open_expr: {
         ++pos_;
         auto e = parse_expression();
@@ -577,6 +693,7 @@ class Parser {
   }
 
   NodePtr parse_if(int at) {
+    const Nest nest(*this);
     auto n = node(Node::T::if_, at);
     n->x = parse_expression();
     expect(Tok::close_stmt, "'%}'");
@@ -590,7 +707,7 @@ class Parser {
       expect(Tok::close_stmt, "'%}'");
       n->alt = parse_until({"endif"}, "if", at);
     }
-    return n;
+    return deepen(n);
   }
 
   NodePtr parse_expression_sequence(bool primary) {
@@ -606,12 +723,13 @@ class Parser {
     if (!tuple) return items[0];
     auto n = node(Node::T::tuple, at);
     n->list = std::move(items);
-    return n;
+    return deepen(n);
   }
 
   NodePtr parse_expression() { return parse_if_expression(); }
 
   NodePtr parse_if_expression() {
+    const Nest nest(*this);
     auto a = parse_or();
     if (is_ident("if")) {
       const int at = line();
@@ -623,12 +741,12 @@ class Parser {
         n->x = test;
         n->y = a;
         n->z = parse_if_expression();
-        return n;
+        return deepen(n);
       }
       auto n = node(Node::T::select, at);
       n->x = a;
       n->y = test;
-      return n;
+      return deepen(n);
     }
     return a;
   }
@@ -638,7 +756,7 @@ class Parser {
     n->str = std::move(op);
     n->x = std::move(l);
     n->y = std::move(r);
-    return n;
+    return deepen(n);
   }
 
   NodePtr parse_or() {
@@ -661,12 +779,13 @@ class Parser {
   }
   NodePtr parse_not() {
     if (is_ident("not")) {
+      const Nest nest(*this);
       const int at = line();
       ++pos_;
       auto n = node(Node::T::unary, at);
       n->str = "not";
       n->x = parse_not();
-      return n;
+      return deepen(n);
     }
     return parse_comparison();
   }
@@ -730,7 +849,7 @@ class Parser {
       n->str = next().value;
       n->flag = negate;
       n->x = operand;
-      operand = n;
+      operand = deepen(n);
     }
     return operand;
   }
@@ -749,17 +868,18 @@ class Parser {
       auto n = node(Node::T::filter, at);
       n->x = operand;
       n->y = parse_filter_name();
-      operand = n;
+      operand = deepen(n);
     }
     return operand;
   }
   NodePtr parse_unary_sign() {
     if ((is(Tok::unary) || is(Tok::additive)) && (toks_[pos_].value == "-" || toks_[pos_].value == "+")) {
+      const Nest nest(*this);
       const int at = line();
       auto n = node(Node::T::unary, at);
       n->str = next().value;
       n->x = parse_unary_sign();
-      return n;
+      return deepen(n);
     }
     return parse_call_member();
   }
@@ -769,10 +889,11 @@ class Parser {
     return member;
   }
   NodePtr parse_call(NodePtr callee) {
+    const Nest nest(*this);
     auto n = node(Node::T::call, line());
     n->x = std::move(callee);
     n->list = parse_args();
-    NodePtr expr = parse_member(n);
+    NodePtr expr = parse_member(deepen(n));
     if (is(Tok::lparen)) expr = parse_call(expr);
     return expr;
   }
@@ -791,7 +912,7 @@ class Parser {
         auto kw = node(Node::T::kwarg, arg->line);
         kw->str = arg->str;
         kw->x = parse_expression();
-        arg = kw;
+        arg = deepen(kw);
       }
       args.push_back(arg);
       if (is(Tok::comma)) ++pos_;
@@ -830,7 +951,7 @@ class Parser {
           sl->x = parts[0];
           sl->y = parts.size() > 1 ? parts[1] : nullptr;
           sl->z = parts.size() > 2 ? parts[2] : nullptr;
-          n->y = sl;
+          n->y = deepen(sl);
         } else {
           n->y = parts[0];
         }
@@ -840,10 +961,10 @@ class Parser {
         if (p.type != Tok::ident && p.type != Tok::number) fail(p.line, "expected a name after '.'");
         auto prop = node(p.type == Tok::ident ? Node::T::ident : Node::T::int_lit, p.line);
         prop->str = p.value;
-        if (p.type == Tok::number) prop->i = std::stoll(p.value);
+        if (p.type == Tok::number) prop->i = parse_int_literal(p.value, p.line);
         n->y = prop;
       }
-      object = n;
+      object = deepen(n);
     }
     return object;
   }
@@ -853,11 +974,11 @@ class Parser {
       case Tok::number: {
         if (t.value.find('.') != std::string::npos) {
           auto n = node(Node::T::float_lit, t.line);
-          n->f = std::stod(t.value);
+          n->f = parse_float_literal(t.value, t.line);
           return n;
         }
         auto n = node(Node::T::int_lit, t.line);
-        n->i = std::stoll(t.value);
+        n->i = parse_int_literal(t.value, t.line);
         return n;
       }
       case Tok::string: {
@@ -884,7 +1005,7 @@ class Parser {
           if (is(Tok::comma)) ++pos_;
         }
         ++pos_;
-        return n;
+        return deepen(n);
       }
       case Tok::lbrace: {
         auto n = node(Node::T::object, t.line);
@@ -896,7 +1017,7 @@ class Parser {
           if (is(Tok::comma)) ++pos_;
         }
         ++pos_;
-        return n;
+        return deepen(n);
       }
       default: fail(t.line, "unexpected '" + t.value + "' in an expression");
     }
@@ -981,6 +1102,10 @@ std::string json_string(const std::string& s) {
 
 std::string to_json_impl(const Value& v, int indent, int depth, bool convert_undefined, const std::string& item_sep,
                          const std::string& key_sep) {
+  if (depth >= kMaxValueDepth) {
+    fail(0, "value is nested too deeply to print (limit " + std::to_string(kMaxValueDepth) +
+                "; does a namespace contain itself?)");
+  }
   switch (v.kind) {
     case Value::Kind::null: return "null";
     case Value::Kind::undefined: return convert_undefined ? "null" : "undefined";
@@ -997,9 +1122,14 @@ std::string to_json_impl(const Value& v, int indent, int depth, bool convert_und
       for (int k = 0; k < depth; ++k) base += unit;
       const std::string child = base + unit;
       std::vector<std::string> parts;
+      std::size_t total = 0;
+      auto add = [&](std::string p) {
+        total += p.size() + child.size() + item_sep.size();
+        check_size(total, 0);
+        parts.push_back(std::move(p));
+      };
       if (v.kind == Value::Kind::array) {
-        for (const auto& e : *v.arr)
-          parts.push_back(to_json_impl(e, indent, depth + 1, convert_undefined, item_sep, key_sep));
+        for (const auto& e : *v.arr) add(to_json_impl(e, indent, depth + 1, convert_undefined, item_sep, key_sep));
         std::string out = "[";
         if (indent > 0 && !parts.empty()) {
           out += child;
@@ -1012,7 +1142,7 @@ std::string to_json_impl(const Value& v, int indent, int depth, bool convert_und
       for (const auto& [key, value] : v.obj->items) {
         std::string p =
             json_string(key) + key_sep + to_json_impl(value, indent, depth + 1, convert_undefined, item_sep, key_sep);
-        parts.push_back(indent > 0 ? child + p : p);
+        add(indent > 0 ? child + p : p);
       }
       std::string out = "{";
       for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? item_sep : "") + parts[k];
@@ -1101,11 +1231,13 @@ std::string change_case(const std::string& s, bool upper) {
 
 std::vector<std::string> code_points(const std::string& s) {
   std::vector<std::string> out;
+  charge(s.size() / 8);
   std::size_t i = 0;
   while (i < s.size()) {
     const std::size_t start = i;
     utf8::next_code_point(s, i);
     out.push_back(s.substr(start, i - start));
+    if (out.size() > kMaxItems) fail(0, "string is too long to split into characters");
   }
   return out;
 }
@@ -1127,12 +1259,12 @@ std::vector<T> py_slice(const std::vector<T>& a, std::optional<std::int64_t> sta
     std::int64_t s = start.value_or(0), e = stop.value_or(len);
     s = s < 0 ? std::max(len + s, std::int64_t{0}) : std::min(s, len);
     e = e < 0 ? std::max(len + e, std::int64_t{0}) : std::min(e, len);
-    for (std::int64_t k = s; k < e; k += step) out.push_back(a[static_cast<std::size_t>(k)]);
+    for (std::int64_t k = s; k<e; k = step> e - k ? e : k + step) out.push_back(a[static_cast<std::size_t>(k)]);
   } else {
     std::int64_t s = start.value_or(len - 1), e = stop.value_or(-1);
     s = s < 0 ? std::max(len + s, std::int64_t{-1}) : std::min(s, len - 1);
     e = e < -1 ? std::max(len + e, std::int64_t{-1}) : std::min(e, len - 1);
-    for (std::int64_t k = s; k > e; k += step) out.push_back(a[static_cast<std::size_t>(k)]);
+    for (std::int64_t k = s; k > e; k = step < e - k ? e : k + step) out.push_back(a[static_cast<std::size_t>(k)]);
   }
   return out;
 }
@@ -1142,14 +1274,50 @@ struct ContinueSignal {};
 
 class Interpreter {
  public:
+  explicit Interpreter(RenderState& state) : state_(state) {}
+
   std::string block(const std::vector<NodePtr>& body, Env& env) {
     std::string out;
-    for (const auto& n : body) exec(*n, env, out);
+    for (const auto& n : body) {
+      exec(*n, env, out);
+      check_size(out.size(), n->line);
+    }
     return out;
   }
 
  private:
+  RenderState& state_;
+
+  // Bounds the evaluator's recursion (macros, nested blocks) and counts each evaluation against the step budget.
+  class Frame {
+   public:
+    Frame(RenderState& st, int line) : st_(st) {
+      if (st_.eval_depth >= kMaxEvalDepth) {
+        fail(line, "nested too deeply (limit " + std::to_string(kMaxEvalDepth) +
+                       " nested evaluations; is a macro calling itself without end?)");
+      }
+      ++st_.eval_depth;
+      charge(1);
+    }
+    ~Frame() { --st_.eval_depth; }
+    Frame(const Frame&) = delete;
+    Frame& operator=(const Frame&) = delete;
+
+   private:
+    RenderState& st_;
+  };
+
   void exec(const Node& n, Env& env, std::string& out) {
+    const Frame frame(state_, n.line);
+    try {
+      exec_node(n, env, out);
+    } catch (Error& e) {
+      if (e.line == 0) e.line = n.line;
+      throw;
+    }
+  }
+
+  void exec_node(const Node& n, Env& env, std::string& out) {
     switch (n.t) {
       case Node::T::text: out += n.str; return;
       case Node::T::set: exec_set(n, env); return;
@@ -1207,14 +1375,18 @@ class Interpreter {
       iterable_node = iterable_node->x.get();
     }
     Value iterable = eval(*iterable_node, scope);
-    Array items_all;
+    // Lists are immutable, so the loop reads the list itself rather than a copy.
+    std::shared_ptr<const Array> items_all;
     if (iterable.is(Value::Kind::array)) {
-      items_all = *iterable.arr;
+      items_all = iterable.arr;
     } else if (iterable.is(Value::Kind::object)) {
-      for (const auto& [k, _] : iterable.obj->items) items_all.push_back(Value::string(k));
+      auto keys = std::make_shared<Array>();
+      for (const auto& [k, _] : iterable.obj->items) keys->push_back(Value::string(k));
+      items_all = std::move(keys);
     } else {
       fail(n.line, "cannot loop over a " + kind_name(iterable) + " (expected a list or dict)");
     }
+    charge(items_all->size());
     auto bind = [&](Env& target, const Value& item) {
       if (n.x->t == Node::T::ident) {
         target.set(n.x->str, item);
@@ -1227,15 +1399,17 @@ class Interpreter {
         target.set(n.x->list[k]->str, (*item.arr)[k]);
       }
     };
-    Array items;
-    for (const auto& item : items_all) {
-      if (test) {
+    std::shared_ptr<const Array> kept = items_all;
+    if (test) {
+      auto passing = std::make_shared<Array>();
+      for (const auto& item : *items_all) {
         Env probe(&scope);
         bind(probe, item);
-        if (!truthy(eval(*test, probe))) continue;
+        if (truthy(eval(*test, probe))) passing->push_back(item);
       }
-      items.push_back(item);
+      kept = std::move(passing);
     }
+    const Array& items = *kept;
     bool iterated = false;
     const auto count = static_cast<std::int64_t>(items.size());
     for (std::int64_t k = 0; k < count; ++k) {
@@ -1251,8 +1425,10 @@ class Interpreter {
       loop.obj->set("nextitem", k < count - 1 ? items[static_cast<std::size_t>(k + 1)] : Value::undefined());
       scope.set("loop", loop);
       bind(scope, items[static_cast<std::size_t>(k)]);
+      charge(5);  // an iteration also builds loop.* (9 entries)
       try {
         out += block(n.body, scope);  // an iteration cut by break/continue contributes nothing (as the reference)
+        check_size(out.size(), n.line);
       } catch (const ContinueSignal&) {
         continue;
       } catch (const BreakSignal&) {
@@ -1304,6 +1480,22 @@ class Interpreter {
 
  public:
   Value eval(const Node& n, Env& env) {
+    const Frame frame(state_, n.line);
+    try {
+      Value v = eval_node(n, env);
+      if (v.is(Value::Kind::string)) {
+        check_size(v.s.size(), n.line);
+        charge(v.s.size() / 64);  // strings are copied by value: long ones cost more
+      }
+      return v;
+    } catch (Error& e) {
+      if (e.line == 0) e.line = n.line;
+      throw;
+    }
+  }
+
+ private:
+  Value eval_node(const Node& n, Env& env) {
     switch (n.t) {
       case Node::T::int_lit: return Value::integer(n.i);
       case Node::T::float_lit: return Value::floating(n.f);
@@ -1332,9 +1524,12 @@ class Interpreter {
         Value v = eval(*n.x, env);
         if (n.str == "not") return Value::boolean(!truthy(v));
         if (v.is_number() || v.is(Value::Kind::boolean)) {
-          const double sign = n.str == "-" ? -1 : 1;
-          if (v.is(Value::Kind::floating)) return Value::floating(sign * v.f);
-          return Value::integer(static_cast<std::int64_t>(sign) * static_cast<std::int64_t>(v.number()));
+          if (v.is(Value::Kind::floating)) return Value::floating(n.str == "-" ? -v.f : v.f);
+          const std::int64_t i = v.is(Value::Kind::integer) ? v.i : v.b ? 1 : 0;
+          if (n.str == "+") return Value::integer(i);
+          std::int64_t r = 0;
+          if (__builtin_sub_overflow(std::int64_t{0}, i, &r)) overflow(n.line, "unary '-'");
+          return Value::integer(r);
         }
         fail(n.line, "unary '" + n.str + "' needs a number, got " + kind_name(v));
       }
@@ -1494,21 +1689,43 @@ class Interpreter {
     if (left.is_number() && right.is_number()) {
       const bool fl = left.is(K::floating) || right.is(K::floating);
       const double a = left.number(), b = right.number();
-      if (n.str == "+") return fl ? Value::floating(a + b) : Value::integer(left.i + right.i);
-      if (n.str == "-") return fl ? Value::floating(a - b) : Value::integer(left.i - right.i);
-      if (n.str == "*") return fl ? Value::floating(a * b) : Value::integer(left.i * right.i);
+      const std::int64_t x = left.i, y = right.i;
+      std::int64_t r = 0;
+      // Python raises ZeroDivisionError where JavaScript would print Infinity/NaN.
+      if ((n.str == "/" || n.str == "//" || n.str == "%") && b == 0) {
+        fail(n.line, n.str == "%" ? "modulo by zero" : "division by zero");
+      }
+      if (n.str == "+") {
+        if (fl) return Value::floating(a + b);
+        if (__builtin_add_overflow(x, y, &r)) overflow(n.line, "'+'");
+        return Value::integer(r);
+      }
+      if (n.str == "-") {
+        if (fl) return Value::floating(a - b);
+        if (__builtin_sub_overflow(x, y, &r)) overflow(n.line, "'-'");
+        return Value::integer(r);
+      }
+      if (n.str == "*") {
+        if (fl) return Value::floating(a * b);
+        if (__builtin_mul_overflow(x, y, &r)) overflow(n.line, "'*'");
+        return Value::integer(r);
+      }
       if (n.str == "/") return Value::floating(a / b);
       if (n.str == "//") {
-        if (!fl && right.i == 0) fail(n.line, "integer division by zero");
-        return fl ? Value::floating(std::floor(a / b)) : Value::integer(static_cast<std::int64_t>(std::floor(a / b)));
+        if (fl) return Value::floating(std::floor(a / b));
+        if (x == INT64_MIN && y == -1) overflow(n.line, "'//'");
+        r = x / y;
+        if (x % y != 0 && ((x < 0) != (y < 0))) --r;  // floor, as Python
+        return Value::integer(r);
       }
       if (n.str == "%") {
-        if (!fl && right.i == 0) fail(n.line, "modulo by zero");
-        return fl ? Value::floating(std::fmod(a, b)) : Value::integer(left.i % right.i);
+        if (fl) return Value::floating(std::fmod(a, b));
+        return Value::integer(y == -1 ? 0 : x % y);  // INT64_MIN % -1 traps in C++
       }
-      if (n.str == "**")
-        return fl || b < 0 ? Value::floating(std::pow(a, b))
-                           : Value::integer(static_cast<std::int64_t>(std::pow(a, b)));
+      if (n.str == "**") {
+        if (fl || y < 0) return Value::floating(std::pow(a, b));
+        return Value::integer(int_pow(x, y, n.line));
+      }
       if (n.str == "<") return Value::boolean(a < b);
       if (n.str == ">") return Value::boolean(a > b);
       if (n.str == "<=") return Value::boolean(a <= b);
@@ -1521,6 +1738,7 @@ class Interpreter {
     }
     if (right.is(K::array) && (n.str == "in" || n.str == "not in")) {
       bool found = false;
+      charge(right.arr->size());
       for (const auto& e : *right.arr) found = found || strict_equal(e, left);
       return Value::boolean(found == (n.str == "in"));
     }
@@ -1544,6 +1762,21 @@ class Interpreter {
       if (n.str == "not in") return Value::boolean(right.obj->find(left.s) == nullptr);
     }
     fail(n.line, "unsupported operator '" + n.str + "' between " + kind_name(left) + " and " + kind_name(right));
+  }
+
+  static std::int64_t int_pow(std::int64_t base, std::int64_t exp, int line) {
+    std::int64_t result = 1;
+    while (exp > 0) {
+      if ((exp & 1) != 0 && __builtin_mul_overflow(result, base, &result)) overflow(line, "'**'");
+      exp >>= 1;
+      if (exp > 0 && __builtin_mul_overflow(base, base, &base)) overflow(line, "'**'");
+    }
+    return result;
+  }
+
+  static void push_part(Array& parts, Value v) {
+    if (parts.size() >= kMaxItems) fail(0, "split() makes too many parts (limit " + std::to_string(kMaxItems) + ")");
+    parts.push_back(std::move(v));
   }
 
   // Methods and properties of strings, lists and dicts (str.strip(), dict.items(), list.length, ...).
@@ -1600,14 +1833,14 @@ class Interpreter {
               while (std::size_t n = space_len_at(t, i)) i += n;
               if (i >= t.size()) break;
               if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
-                parts.push_back(Value::string(t.substr(i)));
+                push_part(parts, Value::string(t.substr(i)));
                 break;
               }
               const std::size_t start = i;
               while (i < t.size() && space_len_at(t, i) == 0) {
                 utf8::next_code_point(t, i);
               }
-              parts.push_back(Value::string(t.substr(start, i - start)));
+              push_part(parts, Value::string(t.substr(start, i - start)));
             }
             return Value::array(std::move(parts));
           }
@@ -1616,15 +1849,15 @@ class Interpreter {
           std::size_t start = 0;
           while (true) {
             if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
-              parts.push_back(Value::string(s.substr(start)));
+              push_part(parts, Value::string(s.substr(start)));
               break;
             }
             const std::size_t at = s.find(sep.s, start);
             if (at == std::string::npos) {
-              parts.push_back(Value::string(s.substr(start)));
+              push_part(parts, Value::string(s.substr(start)));
               break;
             }
-            parts.push_back(Value::string(s.substr(start, at - start)));
+            push_part(parts, Value::string(s.substr(start, at - start)));
             start = at + sep.s.size();
           }
           return Value::array(std::move(parts));
@@ -1640,6 +1873,16 @@ class Interpreter {
       return Value::undefined();
     }
     if (self.is(K::object)) {
+      Value m = builtin_dict_method(self, name);
+      if (m.is(K::function)) m.depth = static_cast<std::uint16_t>(self.obj->depth + 1);  // it holds the dict
+      return m;
+    }
+    return Value::undefined();
+  }
+
+  static Value builtin_dict_method(const Value& self, const std::string& name) {
+    using K = Value::Kind;
+    {
       const std::shared_ptr<Object> obj = self.obj;
       if (name == "items") return Value::function([obj](std::vector<Value>&, Env&) { return items_of(*obj); });
       if (name == "keys") {
@@ -1706,6 +1949,7 @@ class Interpreter {
           ++done;
         }
         out += c;
+        check_size(out.size(), 0);
       }
       if (count < 0 || done < count) out += to;
       return out;
@@ -1717,10 +1961,19 @@ class Interpreter {
       const std::size_t at = s.find(from, start);
       if (at == std::string::npos) break;
       out += s.substr(start, at - start) + to;
+      check_size(out.size(), 0);
       start = at + from.size();
       ++done;
     }
     return out + s.substr(start);
+  }
+
+  static int indent_width(const Value& width, int line) {
+    if (width.i < 0 || width.i > kMaxIndent) {
+      fail(line,
+           "indent width must be between 0 and " + std::to_string(kMaxIndent) + ", got " + std::to_string(width.i));
+    }
+    return static_cast<int>(width.i);
   }
 
   Value kwarg(const std::vector<Value>& args, const char* name) {
@@ -1751,7 +2004,7 @@ class Interpreter {
     if (name == "safe") return operand;
     if (name == "tojson") {
       const Value indent = kwarg(args, "indent");
-      return Value::string(to_json(operand, indent.is(K::integer) ? static_cast<int>(indent.i) : -1));
+      return Value::string(to_json(operand, indent.is(K::integer) ? indent_width(indent, line) : -1));
     }
     if (name == "default" || name == "d") {
       const Value fallback = positional.size() > 0 ? positional[0] : Value::string("");
@@ -1771,7 +2024,10 @@ class Interpreter {
       Value sep = positional.size() > 0 ? positional[0] : kwarg(args, "separator");
       const std::string separator = sep.is(K::string) ? sep.s : "";
       std::string out;
-      for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? separator : "") + parts[k];
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        out += (k ? separator : "") + parts[k];
+        check_size(out.size(), line);
+      }
       return Value::string(out);
     }
     if (operand.is(K::array)) {
@@ -1786,6 +2042,7 @@ class Interpreter {
         Array out;
         for (const auto& e : a) {
           bool seen = false;
+          charge(out.size());  // quadratic
           for (const auto& o : out) seen = seen || strict_equal(o, e);
           if (!seen) out.push_back(e);
         }
@@ -1832,6 +2089,7 @@ class Interpreter {
         const bool reverse = truthy(positional.size() > 0 ? positional[0] : kwarg(args, "reverse"));
         Array out = a;
         std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+          charge(1);
           const Value vx = attr.is(K::string) ? lookup_path(x, attr.s) : x;
           const Value vy = attr.is(K::string) ? lookup_path(y, attr.s) : y;
           const int c = compare(vx, vy, line);
@@ -1860,14 +2118,14 @@ class Interpreter {
         const double d = std::strtod(s.c_str(), &end);
         const bool ok = end != s.c_str();
         if (!ok) return positional.empty() ? (name == "int" ? Value::integer(0) : Value::floating(0)) : positional[0];
-        return name == "int" ? Value::integer(static_cast<std::int64_t>(std::trunc(d))) : Value::floating(d);
+        return name == "int" ? Value::integer(to_int64(std::trunc(d), line)) : Value::floating(d);
       }
       if (name == "replace") return Value::string(replace_string(s, args));
       if (name == "indent") {
         const Value width = positional.size() > 0 ? positional[0] : kwarg(args, "width");
         const bool first = truthy(positional.size() > 1 ? positional[1] : kwarg(args, "first"));
         const bool blank = truthy(positional.size() > 2 ? positional[2] : kwarg(args, "blank"));
-        const std::string pad(static_cast<std::size_t>(width.is(K::integer) ? width.i : 4), ' ');
+        const std::string pad(static_cast<std::size_t>(width.is(K::integer) ? indent_width(width, line) : 4), ' ');
         std::string out;
         std::size_t start = 0;
         for (std::size_t lineno = 0;; ++lineno) {
@@ -1879,6 +2137,7 @@ class Interpreter {
           } else {
             out += pad + part;
           }
+          check_size(out.size(), line);
           if (nl == std::string::npos) break;
           start = nl + 1;
         }
@@ -1887,9 +2146,15 @@ class Interpreter {
       fail(line, "unsupported filter '" + name + "' on a string");
     }
     if (operand.is_number()) {
-      if (name == "abs")
-        return operand.is(K::integer) ? Value::integer(std::llabs(operand.i)) : Value::floating(std::fabs(operand.f));
-      if (name == "int") return Value::integer(static_cast<std::int64_t>(std::floor(operand.number())));
+      if (name == "abs") {
+        if (operand.is(K::floating)) return Value::floating(std::fabs(operand.f));
+        if (operand.i == INT64_MIN) overflow(line, "filter 'abs'");
+        return Value::integer(operand.i < 0 ? -operand.i : operand.i);
+      }
+      if (name == "int") {
+        if (operand.is(K::integer)) return operand;
+        return Value::integer(to_int64(std::floor(operand.f), line));
+      }
       if (name == "float") return Value::floating(operand.number());
       if (name == "string") return Value::string(to_string(operand));
       if (name == "round") {
@@ -1969,8 +2234,48 @@ Program parse(std::string_view source) {
   return parser.parse_program();
 }
 
+void charge(std::uint64_t steps) {
+  RenderState* st = t_state;
+  if (st == nullptr) return;
+  st->steps = steps > kMaxSteps ? kMaxSteps + 1 : st->steps + steps;
+  if (st->steps > kMaxSteps) {
+    fail(0, "template exceeded its step budget (" + std::to_string(kMaxSteps) +
+                " evaluations, loop iterations and copied items; does it loop without end?)");
+  }
+}
+
+std::uint64_t last_render_steps() {
+  return t_last_steps;
+}
+
+Value make_namespace() {
+  Value ns = Value::object(Value::Kind::ns);
+  if (t_state != nullptr) t_state->namespaces.push_back(ns.obj);
+  return ns;
+}
+
 std::string render(const Program& program, Env& globals) {
-  Interpreter interp;
+  RenderState state;
+  RenderState* const outer = t_state;
+  t_state = &state;
+  struct Cleanup {
+    RenderState& state;
+    RenderState* outer;
+    ~Cleanup() {
+      t_state = outer;
+      t_last_steps = state.steps;
+      // Namespaces lived until now, so no value died through a chain of them; empty them before they go: this
+      // breaks cycles (which would leak) and leaves only bounded chains of immutable lists/dicts to destroy.
+      std::vector<std::pair<std::string, Value>> contents;
+      for (const auto& ns : state.namespaces) {
+        for (auto& item : ns->items) contents.push_back(std::move(item));
+        ns->items.clear();
+      }
+      contents.clear();
+      state.namespaces.clear();
+    }
+  } cleanup{state, outer};
+  Interpreter interp(state);
   try {
     return interp.block(program.body, globals);
   } catch (const BreakSignal&) {

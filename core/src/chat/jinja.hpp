@@ -1,6 +1,7 @@
 // Internal: the Jinja-subset interpreter behind colibri::chat::Template (see colibri/chat/template.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,13 +18,25 @@ struct Error {
   std::string message;
 };
 
+// Limits that keep a hostile template (they come with model files and run on every server request) from crashing
+// or hanging the process. Real chat templates stay far below each of them.
+inline constexpr int kMaxNesting = 256;            // parser recursion and syntax-tree depth
+inline constexpr int kMaxEvalDepth = 512;          // nested evaluations at render time (macro recursion included)
+inline constexpr int kMaxValueDepth = 256;         // nesting of lists/dicts (input JSON, literals, tojson)
+inline constexpr std::size_t kMaxItems = 1000000;  // items in one list
+inline constexpr std::size_t kMaxOutputBytes = 16u << 20;  // any string, the rendered prompt included
+inline constexpr std::uint64_t kMaxSteps = 10000000;       // evaluations, loop iterations and copied items
+inline constexpr int kMaxIndent = 1024;                    // |indent and |tojson(indent=...) widths
+
 struct Value;
 class Env;
 using Array = std::vector<Value>;
 
 struct Object {
   std::vector<std::pair<std::string, Value>> items;  // insertion order, like a JavaScript Map
+  int depth = 1;                                     // max nesting() of items + 1 (only grows)
   [[nodiscard]] const Value* find(std::string_view key) const;
+  // Throws Error when the dict would be too deeply nested.
   void set(const std::string& key, Value v);
 };
 
@@ -45,6 +58,7 @@ struct Value {
   };
   Kind kind = Kind::undefined;
   bool b = false;
+  std::uint16_t depth = 0;  // lists and functions: nesting of the (immutable) contents; see nesting()
   std::int64_t i = 0;
   double f = 0;
   std::string s;
@@ -74,11 +88,8 @@ struct Value {
     r.s = std::move(v);
     return r;
   }
-  static Value array(Array v = {}) {
-    Value r = make(Kind::array);
-    r.arr = std::make_shared<Array>(std::move(v));
-    return r;
-  }
+  // Throws Error when the list is too long or too deeply nested.
+  static Value array(Array v = {});
   static Value object(Kind kind = Kind::object) {
     Value r = make(kind);
     r.obj = std::make_shared<Object>();
@@ -89,6 +100,10 @@ struct Value {
     r.fn = std::make_shared<Function>(std::move(f));
     return r;
   }
+  // Depth of nested immutable containers below and including this value. A namespace counts as a leaf: it is the
+  // only mutable container, so it is kept alive until the end of the render (see render()) and never destroyed
+  // through a chain, and printing guards its own depth.
+  [[nodiscard]] int nesting() const;
   [[nodiscard]] bool is(Kind k) const { return kind == k; }
   [[nodiscard]] bool is_number() const { return kind == Kind::integer || kind == Kind::floating; }
   [[nodiscard]] double number() const {
@@ -106,6 +121,8 @@ struct Value {
 class Env {
  public:
   explicit Env(Env* parent = nullptr) : parent_(parent) {}
+  Env(const Env&) = delete;
+  Env& operator=(const Env&) = delete;
   void set(const std::string& name, Value v) { vars_[name] = std::move(v); }
   [[nodiscard]] Value lookup(const std::string& name) const {
     for (const Env* e = this; e != nullptr; e = e->parent_) {
@@ -129,8 +146,16 @@ struct Program {
 
 // Throws Error.
 Program parse(std::string_view source);
-// Throws Error. `globals` holds messages, bos_token, ... already converted.
+// Throws Error. `globals` holds messages, bos_token, ... already converted. Enforces the limits above.
 std::string render(const Program& program, Env& globals);
+
+// Steps the last render on this thread used (for tests that check real templates stay far below kMaxSteps).
+std::uint64_t last_render_steps();
+// For builtins: counts `steps` against the budget of the render running on this thread (throws Error when spent).
+void charge(std::uint64_t steps);
+// A new namespace object, kept alive until the end of the render running on this thread, then emptied (this
+// breaks the cycles `{% set ns.self = ns %}` can make).
+Value make_namespace();
 
 std::string to_json(const Value& v, int indent = -1, bool convert_undefined = true);
 

@@ -1,5 +1,8 @@
 #include "colibri/chat/template.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -17,27 +20,45 @@ struct Template::Program {
 
 namespace {
 
-Value to_value(const nlohmann::ordered_json& j) {
+// Request JSON nested deeper than this is refused (the conversion recurses; templates need a few levels).
+constexpr int kMaxInputDepth = 128;
+
+Value to_value(const nlohmann::ordered_json& j, const char* what, int depth = 0) {
+  if (depth > kMaxInputDepth) {
+    throw jinja::Error{0, std::string(what) + " is nested too deeply (limit " + std::to_string(kMaxInputDepth) + ")"};
+  }
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::null();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(j.get<std::int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<std::int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const auto u = j.get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(INT64_MAX)) return Value::floating(static_cast<double>(u));
+      return Value::integer(static_cast<std::int64_t>(u));
+    }
     case nlohmann::ordered_json::value_t::number_float: {
-      // JavaScript has one number type: an integral float is an integer there.
+      // JavaScript has one number type: an integral float is an integer there (if it fits: casting one that does
+      // not is undefined behaviour).
       const double d = j.get<double>();
-      if (d == static_cast<double>(static_cast<std::int64_t>(d))) return Value::integer(static_cast<std::int64_t>(d));
+      if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == std::trunc(d)) {
+        return Value::integer(static_cast<std::int64_t>(d));
+      }
       return Value::floating(d);
     }
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       jinja::Array a;
-      for (const auto& e : j) a.push_back(to_value(e));
+      for (const auto& e : j) a.push_back(to_value(e, what, depth + 1));
       return Value::array(std::move(a));
     }
     case nlohmann::ordered_json::value_t::object: {
       Value o = Value::object();
-      for (auto it = j.begin(); it != j.end(); ++it) o.obj->set(it.key(), to_value(it.value()));
+      // JSON keys are unique: append rather than Object::set's linear search (quadratic on huge objects).
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        Value v = to_value(it.value(), what, depth + 1);
+        o.obj->depth = std::max(o.obj->depth, v.nesting() + 1);
+        o.obj->items.emplace_back(it.key(), std::move(v));
+      }
       return o;
     }
     default: return Value::undefined();
@@ -57,10 +78,13 @@ void install_globals(jinja::Env& env) {
             throw jinja::Error{0, "template raised an exception: " + message};
           }));
   env.set("namespace", Value::function([](std::vector<Value>& args, jinja::Env&) {
-            Value ns = Value::object(Value::Kind::ns);
+            Value ns = jinja::make_namespace();
             for (const auto& a : args) {
               if (a.is(Value::Kind::kwargs) || a.is(Value::Kind::object)) {
-                for (const auto& [k, v] : a.obj->items) ns.obj->set(k, v);
+                for (const auto& [k, v] : a.obj->items) {
+                  jinja::charge(ns.obj->items.size());  // set() searches linearly
+                  ns.obj->set(k, v);
+                }
               } else {
                 throw jinja::Error{0, "namespace() takes a dict or keyword arguments"};
               }
@@ -83,9 +107,12 @@ void install_globals(jinja::Env& env) {
             }
             if (step == 0) throw jinja::Error{0, "range() step must not be zero"};
             jinja::Array out;
-            for (std::int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+            for (std::int64_t k = start; step > 0 ? k < stop : k > stop;) {
+              if (out.size() >= jinja::kMaxItems) {
+                throw jinja::Error{0, "range() is too large (limit " + std::to_string(jinja::kMaxItems) + " items)"};
+              }
               out.push_back(Value::integer(k));
-              if (out.size() > 1000000) throw jinja::Error{0, "range() is too large"};
+              if (__builtin_add_overflow(k, step, &k)) break;  // the next value would be past stop anyway
             }
             return Value::array(std::move(out));
           }));
@@ -125,18 +152,22 @@ sdk::Expected<std::string> Template::render(const nlohmann::ordered_json& messag
   }
   jinja::Env env;
   install_globals(env);
-  env.set("messages", to_value(messages));
-  env.set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
-  env.set("bos_token", Value::string(options.bos_token));
-  env.set("eos_token", Value::string(options.eos_token));
-  if (!options.tools.is_null()) env.set("tools", to_value(options.tools));
-  if (options.extra.is_object()) {
-    for (auto it = options.extra.begin(); it != options.extra.end(); ++it) env.set(it.key(), to_value(it.value()));
-  }
   try {
+    env.set("messages", to_value(messages, "messages"));
+    env.set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
+    env.set("bos_token", Value::string(options.bos_token));
+    env.set("eos_token", Value::string(options.eos_token));
+    if (!options.tools.is_null()) env.set("tools", to_value(options.tools, "tools"));
+    if (options.extra.is_object()) {
+      for (auto it = options.extra.begin(); it != options.extra.end(); ++it) {
+        env.set(it.key(), to_value(it.value(), it.key().c_str()));
+      }
+    }
     return jinja::render(program_->program, env);
   } catch (const jinja::Error& e) {
     return sdk::make_error(sdk::StatusCode::invalid_argument, line_prefix(program_->name, e.line) + e.message);
+  } catch (const std::bad_alloc&) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument, program_->name + ": out of memory while rendering");
   }
 }
 

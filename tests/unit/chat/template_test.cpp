@@ -2,11 +2,14 @@
 #include "colibri/chat/template.hpp"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
+#include "chat/jinja.hpp"
 #include "unit/tokenizer/test_paths.hpp"
 
 namespace colibri::chat {
@@ -44,6 +47,7 @@ TEST_P(GoldenTemplate, RendersLikeTheReference) {
   ASSERT_TRUE(tmpl.has_value()) << tmpl.error().to_string();
   std::istringstream golden(test::read_text(chat_data() / "golden" / (GetParam() + ".jsonl")));
   int checked = 0;
+  std::uint64_t max_steps = 0;
   for (std::string line; std::getline(golden, line);) {
     if (line.empty()) continue;
     const ojson expected = ojson::parse(line);
@@ -56,6 +60,7 @@ TEST_P(GoldenTemplate, RendersLikeTheReference) {
     if (c.contains("tools")) options.tools = c["tools"];
     if (c.contains("extra")) options.extra = c["extra"];
     auto out = tmpl->render(c["messages"], options);
+    max_steps = std::max(max_steps, jinja::last_render_steps());
     if (expected.contains("error")) {
       EXPECT_FALSE(out.has_value()) << "case " << expected["case"] << " should fail like the reference ("
                                     << expected["error"] << ") but rendered:\n"
@@ -67,6 +72,8 @@ TEST_P(GoldenTemplate, RendersLikeTheReference) {
     ++checked;
   }
   EXPECT_GT(checked, 10);
+  // Real templates stay far below the step budget that stops runaway loops.
+  EXPECT_LT(max_steps, jinja::kMaxSteps / 1000) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GoldenTemplate, ::testing::ValuesIn(golden_templates()), [](const auto& info) {
@@ -133,6 +140,183 @@ TEST(TemplateBasics, LoopControlScopingAndFilters) {
   EXPECT_EQ(*out, "[0:X][1:Z]n=2 1,2,3 2 {\"k\": 1}");  // -%} ate the space
 }
 
+// ---- hostile templates (model files are untrusted): each fails with a message naming the problem and the line ----
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  for (int k = 0; k < n; ++k) out += s;
+  return out;
+}
+
+const ojson& two_messages() {
+  static const ojson m = ojson::parse(R"([{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello"}])");
+  return m;
+}
+
+// The parse or render error, or "rendered: <output>".
+std::string outcome(const std::string& src, const ojson& messages = two_messages()) {
+  auto t = Template::parse(src, "t");
+  if (!t) return t.error().message();
+  auto out = t->render(messages, {});
+  if (!out) return out.error().message();
+  return "rendered: " + *out;
+}
+
+#define EXPECT_FAILS_WITH(src, line, what)                                                  \
+  do {                                                                                      \
+    const std::string got_ = outcome(src);                                                  \
+    EXPECT_NE(got_.find(std::string("t line ") + #line + ": "), std::string::npos) << got_; \
+    EXPECT_NE(got_.find(what), std::string::npos) << got_;                                  \
+  } while (0)
+
+TEST(TemplateLimits, DeepNestingIsAParseError) {
+  EXPECT_FAILS_WITH("{{ " + repeat("(", 100000) + "1" + repeat(")", 100000) + " }}", 1,
+                    "nested too deeply (limit 256)");
+  EXPECT_FAILS_WITH("x\n" + repeat("{% if true %}", 20000) + repeat("{% endif %}", 20000), 2, "nested too deeply");
+  EXPECT_FAILS_WITH("{% if a %}" + repeat("{% elif a %}", 20000) + "{% endif %}", 1, "nested too deeply");
+  // Loops build these trees without recursing: the tree depth itself is bounded.
+  EXPECT_FAILS_WITH("{{ 1" + repeat(" + 1", 100000) + " }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ 'a'" + repeat(" | upper", 100000) + " }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ x" + repeat(".a", 100000) + " }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ " + repeat("(1 + ", 200) + "1" + repeat(" + 1)", 200) + " }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ " + repeat("not ", 100000) + "x }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ " + repeat("- ", 100000) + "1 }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{{ f" + repeat("()", 100000) + " }}", 1, "nested too deeply");
+  // Reasonable nesting still works.
+  EXPECT_EQ(outcome("{{ " + repeat("(", 100) + "1" + repeat(")", 100) + " }}"), "rendered: 1");
+  EXPECT_EQ(outcome(repeat("{% if true %}", 60) + "y" + repeat("{% endif %}", 60)), "rendered: y");
+  EXPECT_EQ(outcome("{{ 0" + repeat(" + 1", 200) + " }}"), "rendered: 200");
+}
+
+TEST(TemplateLimits, RunawayRecursionIsARenderError) {
+  EXPECT_FAILS_WITH("{% macro f(n) %}{{ f(n) }}{% endmacro %}\n{{ f(1) }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH("{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}", 1,
+                    "nested too deeply");
+  // Bounded recursion works.
+  EXPECT_EQ(outcome("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) | length }}"),
+            "rendered: 71");
+}
+
+TEST(TemplateLimits, CyclesAndDeepValues) {
+  EXPECT_FAILS_WITH("{% set x = namespace(a=1) %}{% set x.a = x %}\n{{ x }}", 2, "nested too deeply to print");
+  EXPECT_FAILS_WITH("{% set x = namespace(a=1) %}{% set x.a = [x] %}{{ x | tojson }}", 1, "nested too deeply to print");
+  // A cycle that is never printed renders (and does not leak: the ASan run checks).
+  EXPECT_EQ(outcome("{% set x = namespace(a=1) %}{% set x.a = {'k': x} %}{% set f = x.a.items %}{% set x.f = f %}ok"),
+            "rendered: ok");
+  EXPECT_FAILS_WITH("{% set ns = namespace(x=0) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}", 1,
+                    "nested too deeply (limit 256)");
+  // A long chain of namespaces is fine to build and to destroy (no recursion through it).
+  EXPECT_EQ(outcome("{% set head = namespace(next=none) %}{% set ns = namespace(tail=head) %}"
+                    "{% for i in range(100000) %}{% set t = namespace(next=none) %}{% set ns.tail.next = t %}"
+                    "{% set ns.tail = t %}{% endfor %}done"),
+            "rendered: done");
+  ojson deep = "x";
+  for (int k = 0; k < 100000; ++k) deep = ojson::array({std::move(deep)});
+  const std::string got = outcome("{{ messages }}", deep);
+  EXPECT_NE(got.find("messages is nested too deeply"), std::string::npos) << got;
+  // Floats that do not fit an integer stay floats (the cast would be undefined behaviour).
+  EXPECT_EQ(outcome("{{ messages[0] > 1 }} {{ messages[1] }}", ojson::parse("[1e300, 18446744073709551615]")),
+            "rendered: true 18446744073709551616.0");
+}
+
+TEST(TemplateLimits, IntegerOverflowAndDivisionByZero) {
+  EXPECT_FAILS_WITH("{{ 9223372036854775807 + 1 }}", 1, "integer overflow in '+'");
+  EXPECT_FAILS_WITH("\n{{ (-9223372036854775807 - 1) - 1 }}", 2, "integer overflow in '-'");
+  EXPECT_FAILS_WITH("{{ 4294967296 * 4294967296 }}", 1, "integer overflow in '*'");
+  EXPECT_FAILS_WITH("{{ 2 ** 100 }}", 1, "integer overflow in '**'");
+  EXPECT_FAILS_WITH("{% set m = -9223372036854775807 - 1 %}{{ -m }}", 1, "integer overflow in unary '-'");
+  EXPECT_FAILS_WITH("{{ (-9223372036854775807 - 1) | abs }}", 1, "integer overflow in filter 'abs'");
+  EXPECT_FAILS_WITH("{{ (-9223372036854775807 - 1) // -1 }}", 1, "integer overflow in '//'");
+  EXPECT_FAILS_WITH("{{ '1e300' | int }}", 1, "integer overflow");
+  EXPECT_FAILS_WITH("{{ (10.0 ** 300) | int }}", 1, "integer overflow");
+  EXPECT_FAILS_WITH("{{ 99999999999999999999999 }}", 1, "integer literal 99999999999999999999999 is out of range");
+  EXPECT_FAILS_WITH("{{ x.99999999999999999999999 }}", 1, "out of range");
+  for (const char* src : {"{{ 1 / 0 }}", "{{ 1 // 0 }}", "{{ 1.5 / 0 }}", "{{ 1 / 0.0 }}"}) {
+    EXPECT_FAILS_WITH(src, 1, "division by zero");
+  }
+  EXPECT_FAILS_WITH("{{ 1 % 0 }}", 1, "modulo by zero");
+  EXPECT_EQ(outcome("{{ (-9223372036854775807 - 1) % -1 }} {{ 2 ** 62 }} {{ 3 ** 0 }} {{ -7 // 2 }} {{ 7 // -2 }} "
+                    "{{ -9223372036854775807 - 1 }} {{ 9007199254740993 + 0 }}"),
+            "rendered: 0 4611686018427387904 1 -4 -4 -9223372036854775808 9007199254740993");
+  EXPECT_EQ(outcome("{{ range(0, 9223372036854775807, 4611686018427387904) | list }}"),
+            "rendered: [0, 4611686018427387904]");
+  EXPECT_EQ(outcome("{{ [1, 2, 3][::9223372036854775807] }} {{ [1, 2, 3][::-9223372036854775807] }}"),
+            "rendered: [1] [3]");
+  EXPECT_FAILS_WITH("{{ range(2000000) | length }}", 1, "range() is too large");
+}
+
+TEST(TemplateLimits, SizesAndBudget) {
+  EXPECT_FAILS_WITH("{{ 'x' | indent(100000000000) }}", 1, "indent width must be between 0 and 1024");
+  EXPECT_FAILS_WITH("{{ 'x' | indent(-1) }}", 1, "indent width must be between 0 and 1024, got -1");
+  EXPECT_FAILS_WITH("{{ messages | tojson(indent=100000000) }}", 1, "indent width must be between 0 and 1024");
+  EXPECT_EQ(outcome("{{ 'a\nb' | indent(2) }}|{{ [1] | tojson(indent=1) }}"), "rendered: a\n  b|[\n 1\n]");
+  // Output, strings and lists are capped.
+  EXPECT_FAILS_WITH("{% for i in range(1000000) %}{{ '" + std::string(4096, 'x') + "' }}{% endfor %}", 1,
+                    "template output or string is too large (limit 16 MiB)");
+  EXPECT_FAILS_WITH("{% set ns = namespace(s='x') %}\n{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+                    2, "too large");
+  EXPECT_FAILS_WITH(
+      "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}"
+      "{% set ns.s = ns.s.replace('', ns.s) %}{% endfor %}",
+      1, "too large");
+  EXPECT_FAILS_WITH("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+                    1, "list is too long");
+  EXPECT_FAILS_WITH("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", 1,
+                    "template exceeded its step budget");
+  EXPECT_FAILS_WITH(
+      "{% set l = range(1000000) | list %}{% for i in range(1000000) %}{% for j in l %}{% break %}"
+      "{% endfor %}{% endfor %}",
+      1, "step budget");
+}
+
+// The deepest templates the limits allow must fit a thread stack far smaller than the usual 8 MiB.
+void run_on_small_stack(const std::function<void()>& fn) {
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr std::size_t kStack = 8u << 20;  // sanitizer frames are several times larger
+#else
+  constexpr std::size_t kStack = 1u << 20;
+#endif
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, kStack), 0);
+  pthread_t thread;
+  auto* arg = const_cast<std::function<void()>*>(&fn);
+  ASSERT_EQ(pthread_create(
+                &thread, &attr,
+                [](void* p) -> void* {
+                  (*static_cast<std::function<void()>*>(p))();
+                  return nullptr;
+                },
+                arg),
+            0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+TEST(TemplateLimits, DeepestAllowedTemplatesFitASmallStack) {
+  std::vector<std::string> got;
+  run_on_small_stack([&] {
+    got.push_back(outcome("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"));
+    got.push_back(outcome("{% macro f(n) %}{{ (n | string) ~ f(n + 1) }}{% endmacro %}{{ f(1) }}"));
+    got.push_back(
+        outcome("{% macro f(n) %}{{ [n] | map(attribute='x') | list ~ ((f(n + 1))) }}{% endmacro %}{{ f(1) }}"));
+    got.push_back(outcome("{{ " + repeat("(", 250) + "1" + repeat(")", 250) + " }}"));
+    got.push_back(outcome("{{ " + repeat("f(", 250) + repeat(")", 250) + " }}"));
+    got.push_back(outcome("{{ " + repeat("[", 250) + repeat("]", 250) + " }}"));
+    got.push_back(outcome(repeat("{% if true %}", 250) + repeat("{% endif %}", 250)));
+    got.push_back(outcome(repeat("{% for i in [1] %}", 250) + repeat("{% endfor %}", 250)));
+    got.push_back(outcome("{% set ns = namespace(x=0) %}{% for i in range(300) %}{% set ns.x = [ns.x] %}{% endfor %}"));
+    got.push_back(
+        outcome("{% set ns = namespace(x=0) %}{% for i in range(254) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                "{{ ns.x | tojson | length }}"));
+    got.push_back(outcome("{% set x = namespace(a=1) %}{% set x.a = x %}{{ x }}"));
+  });
+  ASSERT_EQ(got.size(), 11u);
+  for (const auto& g : got) EXPECT_FALSE(g.empty());
+  EXPECT_NE(got[0].find("nested too deeply"), std::string::npos) << got[0];
+  EXPECT_EQ(got[9], "rendered: 509");
+}
+
 TEST(ChatConfig, ShippedConfigsAndBuiltinFallback) {
   for (const std::string name : {"qwen3", "llama3", "mistral_nemo", "deepseek_v3", "gptoss", "mixtral", "llama2"}) {
     const auto dir = test::tokenizer_dir(name);
@@ -149,6 +333,8 @@ TEST(ChatConfig, ShippedConfigsAndBuiltinFallback) {
     auto out = tmpl->render(ojson::parse(R"([{"role":"user","content":"ping"}])"), o);
     ASSERT_TRUE(out.has_value()) << name << ": " << out.error().to_string();
     EXPECT_NE(out->find("ping"), std::string::npos) << name;
+    EXPECT_LT(jinja::last_render_steps(), jinja::kMaxSteps / 1000) << name;
+
     if (name == "gptoss") {
       EXPECT_EQ(config->template_origin, "built-in gpt-oss");
     }

@@ -6,6 +6,9 @@
 // Its behaviour follows @huggingface/jinja, the renderer used as reference by tests/js/template_reference.mjs
 // (including its JavaScript-flavoured details: `true`/`false` print in lower case, str.strip(chars) ignores its
 // argument, object equality is identity). Anything outside the subset fails to parse with the construct and line.
+// Templates come with model files, so they are untrusted: too deep nesting or recursion, integer overflow (integers
+// are 64-bit), division by zero (an error as in Python, not JavaScript's Infinity), oversized output (16 MiB) and a
+// render that exceeds its step budget all fail with an error naming the line, never a crash or a hang.
 #pragma once
 
 #include <filesystem>
