@@ -119,7 +119,9 @@ class ScalarCompute final : public ComputeBase {
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
         case Op::expert_ffn: return expert_ffn(c);
-        default: return bad("unknown op " + std::to_string(static_cast<std::uint32_t>(c.op)));
+        default:  // store_rows, expert_ffn_group, or an op of a newer SDK: supports() said no
+          return Status(StatusCode::unsupported,
+                        "scalar: op " + std::to_string(static_cast<std::uint32_t>(c.op)) + " is not implemented");
       }
     } catch (const std::exception& e) {
       return Status(StatusCode::internal, std::string("scalar: ") + e.what());
