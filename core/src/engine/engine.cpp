@@ -470,8 +470,9 @@ std::size_t Engine::groupable(std::int64_t l, std::span<const std::int32_t> orde
   return n;
 }
 
-Status Engine::run_expert_group(std::int64_t l, std::span<const std::int32_t> experts, std::span<const Tensor> xs,
-                                std::span<Tensor> ys, const sdk::OpParams& params) {
+Status Engine::run_experts(std::int64_t l, std::span<const std::int32_t> experts, std::span<const Tensor> xs,
+                           std::span<Tensor> ys, const std::set<std::int32_t>& on_cpu, const sdk::OpParams& params) {
+  if (experts.size() == 1) return run_expert(l, experts[0], xs[0], ys[0], on_cpu.count(experts[0]) != 0, params);
   auto& in = scratch_->group_inputs;
   in.clear();
   std::size_t acquired = 0;
@@ -1082,12 +1083,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
         xs.push_back(h);
         ys.push_back(view(y, D, T));
       }
-      if (n > 1) {
-        s = run_expert_group(l, std::span(order).subspan(i, n), xs, ys, mm_p);
-      } else {
-        s = run_expert(l, order[i], h, ys[0], on_cpu.count(order[i]) != 0, mm_p);
-      }
-      if (!s) return s;
+      if (s = run_experts(l, std::span(order).subspan(i, n), xs, ys, on_cpu, mm_p); !s) return s;
       i += n;
     }
     if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
@@ -1139,12 +1135,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
         ys.push_back(f32(S.ye.data() + at, D, n));
         at += static_cast<std::size_t>(D * n);
       }
-      if (count > 1) {
-        s = run_expert_group(l, batch, xs, ys, mm_p);
-      } else {
-        s = run_expert(l, batch[0], xs[0], ys[0], on_cpu.count(batch[0]) != 0, mm_p);
-      }
-      if (!s) return s;
+      if (s = run_experts(l, batch, xs, ys, on_cpu, mm_p); !s) return s;
       for (std::size_t j = 0; j < count; ++j) {
         const auto* y = static_cast<const float*>(ys[j].data);
         S.expert_out[batch[j]].assign(y, y + sdk::element_count(ys[j]));

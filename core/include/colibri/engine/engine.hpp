@@ -157,9 +157,10 @@ class Engine {
   // wait) and not on the CPU fallback; 0 where the backend does not offer the op.
   [[nodiscard]] std::size_t groupable(std::int64_t l, std::span<const std::int32_t> order, std::size_t from,
                                       const std::set<std::int32_t>& on_cpu) const;
-  // Runs experts[i] over xs[i] into ys[i] in one expert_ffn_group call (the same bits as run_expert per expert).
-  sdk::Status run_expert_group(std::int64_t l, std::span<const std::int32_t> experts, std::span<const sdk::Tensor> xs,
-                               std::span<sdk::Tensor> ys, const sdk::OpParams& params);
+  // Runs experts[i] over xs[i] into ys[i]: one alone through run_expert, several (all groupable()) in one
+  // expert_ffn_group call, with the same bits as run_expert per expert.
+  sdk::Status run_experts(std::int64_t l, std::span<const std::int32_t> experts, std::span<const sdk::Tensor> xs,
+                          std::span<sdk::Tensor> ys, const std::set<std::int32_t>& on_cpu, const sdk::OpParams& params);
   sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
   // A KV cache of `context` positions: in device memory when kv_on_device_ and it fits there, else in host memory.
   [[nodiscard]] sdk::Expected<KvCache> make_kv_cache(std::int64_t context) const;
