@@ -21,6 +21,7 @@
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
 namespace colibri::cli {
@@ -146,17 +147,18 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   }
   // The placement, as a profile the stripe plugin reads.
   const fs::path profile_path = dir / "stripe.yaml";
-  {
-    std::ofstream f(profile_path.string() + ".partial", std::ios::trunc);
-    f << "# Written by colibri-cli model stripe: expert files of this model spread over these directories.\n"
-      << "description: " << dir.filename().string() << " striped over " << members.size() + 1 << " directories"
-      << (o.copy ? " (mirrors)" : "") << "\nstorage:\n  plugin: stripe\n  paths:\n";
-    for (const auto& d : members) f << "    - " << d.string() << "\n";
-    f.flush();
-    if (!f) return fail("cannot write " + profile_path.string());
+  if (auto s = util::write_file_atomically(
+          profile_path,
+          [&](std::ostream& f) {
+            f << "# Written by colibri-cli model stripe: expert files of this model spread over these directories.\n"
+              << "description: " << dir.filename().string() << " striped over " << members.size() + 1 << " directories"
+              << (o.copy ? " (mirrors)" : "") << "\nstorage:\n  plugin: stripe\n  paths:\n";
+            for (const auto& d : members) f << "    - " << d.string() << "\n";
+            return static_cast<bool>(f);
+          });
+      !s) {
+    return fail(s.message());
   }
-  fs::rename(profile_path.string() + ".partial", profile_path, ec);
-  if (ec) return fail("cannot write " + profile_path.string() + ": " + ec.message());
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
             << " stay in " << dir.string();
   for (std::size_t k = 0; k < members.size(); ++k) {
