@@ -65,6 +65,12 @@ std::string sample_gguf(std::uint32_t version = 3, std::uint32_t tensor_type = 0
   return b.data;
 }
 
+// Writes `bytes` as `file` and opens it.
+sdk::Expected<GgufFile> open_bytes(const fs::path& file, const std::string& bytes) {
+  testing::write_file(file, bytes);
+  return GgufFile::open(file);
+}
+
 TEST(GgufReader, ReadsEveryValueTypeTensorInfosAndData) {
   for (std::uint32_t version : {2u, 3u}) {
     auto dir = testing::temp_dir("gguf ok 模型");
@@ -200,9 +206,7 @@ TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
   for (auto t : types) b.pod(t);
   b.str("tokenizer.ggml.bos_token_id").pod<std::uint32_t>(U32).pod<std::uint32_t>(1);
   b.str("tokenizer.ggml.unknown_token_id").pod<std::uint32_t>(U32).pod<std::uint32_t>(0);
-  auto dir = testing::temp_dir("spm");
-  testing::write_file(dir / "spm.gguf", b.data);
-  auto g = GgufFile::open(dir / "spm.gguf");
+  auto g = open_bytes(testing::temp_dir("spm") / "spm.gguf", b.data);
   ASSERT_TRUE(g.has_value()) << g.error().to_string();
   auto r = rebuild_tokenizer_from_gguf(*g);
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
@@ -234,8 +238,7 @@ std::string spm_gguf(const std::vector<std::string>& toks) {
 TEST(GgufTokenizer, InvalidUtf8TokenIsNamedByKeyAndIndex) {
   auto dir = testing::temp_dir("bad utf8");
   for (const std::string bad : {"\xff", "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {
-    testing::write_file(dir / "u.gguf", spm_gguf({"<unk>", "a", bad}));
-    auto g = GgufFile::open(dir / "u.gguf");
+    auto g = open_bytes(dir / "u.gguf", spm_gguf({"<unk>", "a", bad}));
     ASSERT_TRUE(g.has_value()) << g.error().to_string();
     auto r = rebuild_tokenizer_from_gguf(*g);
     ASSERT_FALSE(r.has_value());
@@ -243,8 +246,7 @@ TEST(GgufTokenizer, InvalidUtf8TokenIsNamedByKeyAndIndex) {
         << r.error().message();
   }
   // Valid multi-byte text passes.
-  testing::write_file(dir / "u.gguf", spm_gguf({"<unk>", "模型", "\xf0\x9f\x98\x80", "\xc2\xa0"}));
-  auto g = GgufFile::open(dir / "u.gguf");
+  auto g = open_bytes(dir / "u.gguf", spm_gguf({"<unk>", "模型", "\xf0\x9f\x98\x80", "\xc2\xa0"}));
   ASSERT_TRUE(g.has_value());
   EXPECT_TRUE(rebuild_tokenizer_from_gguf(*g).has_value());
 }
@@ -253,9 +255,8 @@ TEST(GgufTokenizer, InvalidUtf8TokenIsNamedByKeyAndIndex) {
 // took minutes); the result is the same as trying them all.
 TEST(GgufTokenizer, VeryLongPieceStillGivesItsMerges) {
   const std::string longa(300000, 'a');
-  auto dir = testing::temp_dir("long piece");
-  testing::write_file(dir / "l.gguf", spm_gguf({"<unk>", "a", "b", longa, longa + "b", "ab"}));
-  auto g = GgufFile::open(dir / "l.gguf");
+  auto g =
+      open_bytes(testing::temp_dir("long piece") / "l.gguf", spm_gguf({"<unk>", "a", "b", longa, longa + "b", "ab"}));
   ASSERT_TRUE(g.has_value()) << g.error().to_string();
   auto r = rebuild_tokenizer_from_gguf(*g);
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
@@ -276,9 +277,7 @@ TEST(GgufHyperParams, AbsurdBlockCountIsRefusedByKeyBeforeAnyLoop) {
   b.str("qwen3moe.expert_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(4);
   b.str("qwen3moe.expert_used_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(2);
   b.str("qwen3moe.expert_feed_forward_length").pod<std::uint32_t>(U32).pod<std::uint32_t>(8);
-  auto dir = testing::temp_dir("block count");
-  testing::write_file(dir / "b.gguf", b.data);
-  auto g = GgufFile::open(dir / "b.gguf");
+  auto g = open_bytes(testing::temp_dir("block count") / "b.gguf", b.data);
   ASSERT_TRUE(g.has_value()) << g.error().to_string();
   auto h = hparams_from_gguf(*g);
   ASSERT_FALSE(h.has_value());
@@ -292,9 +291,7 @@ TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(2);
   b.str("tokenizer.ggml.model").pod<std::uint32_t>(STR).str("rwkv");
   b.str("tokenizer.ggml.tokens").pod<std::uint32_t>(ARR).pod<std::uint32_t>(STR).pod<std::uint64_t>(1).str("a");
-  auto dir = testing::temp_dir("rwkv");
-  testing::write_file(dir / "r.gguf", b.data);
-  auto g = GgufFile::open(dir / "r.gguf");
+  auto g = open_bytes(testing::temp_dir("rwkv") / "r.gguf", b.data);
   ASSERT_TRUE(g.has_value());
   auto r = rebuild_tokenizer_from_gguf(*g);
   ASSERT_FALSE(r.has_value());
