@@ -17,9 +17,9 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
   if (fs::is_directory(st)) {
     return Status(StatusCode::invalid_argument, path.string() + " is a directory; give a file name");
   }
-  // A device or FIFO is opened by its own name: the kernel follows links such as /dev/stdout -> /proc/self/fd/1
-  // -> pipe:[...], which no path resolution could.
-  // Names under /dev and /proc (/dev/stdout redirected to a file) are the caller's descriptors: never replaced.
+  // A device or FIFO, and any name under /dev or /proc (the caller's descriptors, even /dev/stdout redirected to a
+  // file), is opened by its own name: the kernel follows links such as /dev/stdout -> /proc/self/fd/1 -> pipe:[...],
+  // which no path resolution could, and nothing there is replaced.
   const std::string text = path.lexically_normal().string();
   const bool special = text.rfind("/dev/", 0) == 0 || text.rfind("/proc/", 0) == 0;
   f.direct_ = special || (fs::exists(st) && !fs::is_regular_file(st));
