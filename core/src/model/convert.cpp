@@ -446,13 +446,54 @@ void remove_stale_partials(const fs::path& output) {
   }
 }
 
+// An earlier model may hold files the user put there (notes, a fine-tune's extra weights); replacing the directory
+// would delete them. Only the manifest's files and what colibri itself writes beside them may go.
+Status check_only_model_files(const fs::path& output) {
+  auto text = read_text(output / "manifest.json");
+  if (!text) return text.error().with_context("--force over " + output.string());
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  auto m = j.is_discarded() ? sdk::Expected<Manifest>(Status(StatusCode::invalid_argument, "not valid JSON"))
+                            : parse_manifest(j, (output / "manifest.json").string());
+  if (!m) {
+    return Status(StatusCode::invalid_argument,
+                  "output " + output.string() + " has a manifest.json colibri cannot read (" + m.error().message() +
+                      "), so convert cannot tell its own files from yours and will not replace it. Move " +
+                      output.string() + " away yourself, or choose another output path");
+  }
+  std::set<std::string> own = {"manifest.json", "stripe.yaml"};
+  for (const auto& f : m->files) own.insert(fs::path(f.path).lexically_normal().generic_string());
+  for (const auto& f : m->tokenizer_files) own.insert(fs::path(f).lexically_normal().generic_string());
+  std::vector<std::string> foreign;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(output, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code st_ec;
+    if (it->is_directory(st_ec) && !it->is_symlink(st_ec)) continue;  // their files are checked one by one
+    const std::string rel = it->path().lexically_relative(output).generic_string();
+    if (!own.count(rel)) foreign.push_back(rel);
+  }
+  if (ec) {
+    return Status(StatusCode::io_error,
+                  "cannot list " + output.string() + " to check it before --force replaces it: " + ec.message());
+  }
+  if (foreign.empty()) return {};
+  std::sort(foreign.begin(), foreign.end());
+  std::string names;
+  for (size_t i = 0; i < foreign.size() && i < 5; ++i) names += (i ? ", " : "") + foreign[i];
+  if (foreign.size() > 5) names += " and " + std::to_string(foreign.size() - 5) + " more";
+  return Status(StatusCode::invalid_argument, "output " + output.string() +
+                                                  " is a colibri model that also holds files convert did not write (" +
+                                                  names + "); --force would delete them. Move them out of " +
+                                                  output.string() + " first, or choose another output path");
+}
+
 // --force replaces only what convert itself made (or an empty directory): anything else may be user data.
 Status check_replaceable(const fs::path& output) {
   std::error_code ec;
   const auto st = fs::symlink_status(output, ec);
   if (ec || !fs::exists(st)) return {};
   if (fs::is_directory(output, ec)) {
-    if (fs::is_regular_file(output / "manifest.json", ec)) return {};
+    if (fs::is_regular_file(output / "manifest.json", ec)) return check_only_model_files(output);
     std::error_code list_ec;
     const bool empty = fs::directory_iterator(output, list_ec) == fs::directory_iterator();
     if (empty && !list_ec) return {};

@@ -477,6 +477,28 @@ TEST(ModelConvert, ForceNeverReplacesANonModelDirectoryOrTheInput) {
     ASSERT_TRUE(convert_model(o).has_value());
     EXPECT_TRUE(verify_model(empty).ok());
   }
+  {  // an earlier model that also holds the user's files is not replaced; colibri's own stripe.yaml may go
+    const fs::path model = fresh_output("force model with notes");
+    o.input = src;
+    o.output = model;
+    ASSERT_TRUE(convert_model(o).has_value());
+    std::ofstream(model / "stripe.yaml") << "storage: {plugin: stripe}\n";
+    ASSERT_TRUE(convert_model(o).has_value());
+    EXPECT_FALSE(fs::exists(model / "stripe.yaml"));
+    std::ofstream(model / "notes.txt") << "precious";
+    std::ofstream(model / "experts" / "L000" / "mine.bin") << "also precious";
+    const auto before = snapshot(model);
+    refused(src, model, "holds files convert did not write (experts/L000/mine.bin, notes.txt)");
+    EXPECT_EQ(snapshot(model), before);
+    EXPECT_FALSE(partial_left(model));
+    // A manifest colibri cannot read: it cannot tell whose files are whose.
+    fs::remove(model / "notes.txt");
+    fs::remove(model / "experts" / "L000" / "mine.bin");
+    std::ofstream(model / "manifest.json") << "{\"format\": ";
+    const auto broken = snapshot(model);
+    refused(src, model, "has a manifest.json colibri cannot read");
+    EXPECT_EQ(snapshot(model), broken);
+  }
 }
 
 TEST(ModelConvert, PackedLayerFilesWhenExpertsAreNotSplit) {
