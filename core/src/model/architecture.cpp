@@ -182,14 +182,19 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
   }
   h.bos_token_id = get_int("bos_token_id", -1, false);
-  if (c.contains("eos_token_id")) {
+  if (c.contains("eos_token_id") && !c["eos_token_id"].is_null()) {
+    // Dropping a malformed id would make generation run past the end of every answer.
     const auto& e = c["eos_token_id"];
-    if (e.is_number_integer()) {
-      h.eos_token_ids.push_back(e.get<std::int64_t>());
-    } else if (e.is_array()) {
-      for (const auto& x : e) {
-        if (x.is_number_integer()) h.eos_token_ids.push_back(x.get<std::int64_t>());
+    const json ids = e.is_array() ? e : json::array({e});
+    for (const auto& x : ids) {
+      if (!x.is_number_integer() || x.get<std::int64_t>() < 0) {
+        if (err) {
+          err = bad_config(where, "field \"eos_token_id\" is " + e.dump().substr(0, 80) +
+                                      "; it must be a token id or a list of token ids (whole numbers of 0 or more)");
+        }
+        break;
       }
+      h.eos_token_ids.push_back(x.get<std::int64_t>());
     }
   }
   if (!err) return err;

@@ -207,8 +207,14 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const Pl
     return Status(StatusCode::invalid_argument,
                   "unknown preset '" + preset_name + "'; choose one of " + quant::preset_names());
   }
-  if (p.shape.size() == 1) return TypeChoice{DType::f32, std::nullopt};  // vectors stay f32, as llama.cpp keeps them
   const auto* st = sdk::dtype_traits(src.type);
+  // Refused while planning, before any output is written (GGUF also has i8..i64 and f64 tensors).
+  if (st != nullptr && !st->quantized && src.type != DType::f32 && src.type != DType::f16 && src.type != DType::bf16) {
+    return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +
+                                               ", which colibri cannot convert; weights must be f32, f16, bf16 or "
+                                               "a supported block type (q8_0, q4_0, q2_k..q6_k)");
+  }
+  if (p.shape.size() == 1) return TypeChoice{DType::f32, std::nullopt};  // vectors stay f32, as llama.cpp keeps them
   if (st != nullptr && st->quantized) {
     if (!quant::is_supported(src.type)) {
       return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +

@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
+#include <vector>
 
 #include "model/file_io.hpp"
 
@@ -63,6 +65,33 @@ json HyperParams::to_json() const {
 
 namespace {
 
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// What `v` must be to hold a T exactly, or nullptr when it does.
+template <typename T>
+const char* mismatch(const json& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean() ? nullptr : "true or false";
+  } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+    return v.is_number_unsigned() ? nullptr : "a whole number of 0 or more";
+  } else if constexpr (std::is_integral_v<T>) {
+    return v.is_number_integer() ? nullptr : "a whole number";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return v.is_number() ? nullptr : "a number";
+  } else if constexpr (IsVector<T>::value) {
+    if (!v.is_array()) return "a list";
+    const bool all_fit =
+        std::all_of(v.begin(), v.end(), [](const json& e) { return mismatch<typename T::value_type>(e) == nullptr; });
+    if (all_fit) return nullptr;
+    return std::is_integral_v<typename T::value_type> ? "a list of whole numbers" : "a list of the right type";
+  } else {
+    return nullptr;  // strings and the rest: nlohmann's own check
+  }
+}
+
 // Typed field access with messages naming the field.
 class Fields {
  public:
@@ -76,8 +105,15 @@ class Fields {
       status_ = Status(StatusCode::corrupt_data, where_ + ": missing field \"" + key + "\"");
       return T{};
     }
+    const json& v = j_.at(key);
+    // nlohmann converts 2.5 to 2 and -1 to 2^64-1 without a word; a manifest with either is damaged.
+    if (const char* want = mismatch<T>(v)) {
+      status_ = Status(StatusCode::corrupt_data,
+                       where_ + ": field \"" + key + "\" must be " + want + ", not " + v.dump().substr(0, 80));
+      return T{};
+    }
     try {
-      return j_.at(key).get<T>();
+      return v.get<T>();
     } catch (const std::exception&) {
       status_ = Status(StatusCode::corrupt_data, where_ + ": field \"" + key + "\" has the wrong type");
       return T{};
@@ -169,6 +205,15 @@ Status validate_rope_scaling(const json& rs) {
       return need(false, std::string(key) + " must be a string such as \"linear\", \"llama3\" or \"yarn\"");
     }
   }
+  for (const char* key : {"rope_type", "type"}) {
+    if (!rs.contains(key) || !rs[key].is_string()) continue;
+    const std::string type = rs[key].get<std::string>();
+    if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
+      return need(false, std::string(key) + " '" + type +
+                             "' is not supported (supported: default, linear, dynamic, llama3, yarn)");
+    }
+    break;  // rope_type wins over the older "type", as in transformers
+  }
   for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
                           "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}) {
     if (!rs.contains(key) || rs[key].is_null()) continue;
@@ -218,7 +263,11 @@ Status HyperParams::validate() const {
   if (auto s = in_range(num_heads * head_dim, 1, kMaxDim, "num_heads x head_dim"); !s) return s;
   if (auto s = in_range(max_position_embeddings, 1, kMaxContext, "max_position_embeddings"); !s) return s;
   if (auto s = need(rms_norm_eps > 0 && std::isfinite(rms_norm_eps), "rms_norm_eps must be positive"); !s) return s;
-  if (auto s = need(rope_theta > 0 && std::isfinite(rope_theta), "rope_theta must be positive"); !s) return s;
+  // Real models use 1e4..1e8; at 1 or below the frequencies stop falling and yarn's log(theta) is 0 or negative.
+  if (auto s = need(rope_theta > 1 && rope_theta <= 1e12,
+                    "rope_theta is " + json(rope_theta).dump() + "; it must be above 1 and at most 1e12");
+      !s)
+    return s;
   if (auto s = validate_rope_scaling(rope_scaling); !s) return s;
   if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full",
                     "qk_norm must be none, per_head or full");

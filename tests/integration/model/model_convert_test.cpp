@@ -365,6 +365,20 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "'DeepseekV3ForCausalLM' is not supported; supported: LlamaForCausalLM", "arch");
   }
+  {  // an eos id that is no token id is refused, not dropped (generation would never stop)
+    auto d = copy_fixture(src, "eos");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["eos_token_id"] = json::array({2, "abc"});
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "field \"eos_token_id\" is [2,\"abc\"]; it must be a token id or a list", "eos");
+  }
+  {  // an unknown rope type is refused at convert, not at the first run
+    auto d = copy_fixture(src, "rope");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4}};
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "rope_scaling.rope_type 'longrope' is not supported", "rope");
+  }
   {  // a GGUF with an unknown tensor type
     const fs::path g = kWork / "bad" / "unknown type.gguf";
     std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
@@ -373,6 +387,10 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
                       " --gguf-bad-type blk.1.attn_k.weight=99 2>/dev/null";
     ASSERT_EQ(run(cmd), 0);
     expect_clean_failure(g, "GGML type id 99", "gguf type");
+    // A type GGUF knows but weights never use: refused while planning, by name.
+    cmd.replace(cmd.find("=99"), 3, "=24");
+    ASSERT_EQ(run(cmd), 0);
+    expect_clean_failure(g, "tensor 'blk.1.attn_k.weight' is stored as i8, which colibri cannot convert", "gguf i8");
   }
   {  // a truncated GGUF
     const fs::path g = kWork / "bad" / "truncated.gguf";

@@ -218,6 +218,18 @@ TEST(HyperParams, RopeScalingValuesTheRopeDividesByAreChecked) {
   expect_invalid(with({{"rope_type", "llama3"}, {"factor", 8}, {"low_freq_factor", 0}}),
                  "rope_scaling.low_freq_factor is 0");
   expect_invalid(with(json::array()), "rope_scaling must be an object or null");
+  expect_invalid(with({{"rope_type", "longrope"}, {"factor", 4}}),
+                 "rope_scaling.rope_type 'longrope' is not supported (supported: default, linear, dynamic, llama3, "
+                 "yarn)");
+  expect_invalid(with({{"type", "su"}}), "rope_scaling.type 'su' is not supported");
+  EXPECT_TRUE(with({{"rope_type", "yarn"}, {"type", "su"}, {"factor", 4}}).validate().is_ok());
+  auto h = tiny_hparams();
+  h.rope_theta = 1;
+  expect_invalid(h, "rope_theta is 1.0; it must be above 1 and at most 1e12");
+  h.rope_theta = 1e300;
+  expect_invalid(h, "rope_theta is 1e+300");
+  h.rope_theta = 1e8;
+  EXPECT_TRUE(h.validate().is_ok());
 }
 
 TEST(Manifest, BadHyperParametersNameTheManifestAndTheField) {
@@ -228,6 +240,23 @@ TEST(Manifest, BadHyperParametersNameTheManifestAndTheField) {
   m = t.manifest;
   m["hparams"]["max_position_embeddings"] = -5;
   expect_rejected(t, m, "max_position_embeddings is -5");
+  // Numbers of the wrong kind are refused, not rounded or wrapped.
+  m = t.manifest;
+  m["hparams"]["num_layers"] = 1.5;
+  expect_rejected(t, m, "manifest hparams: field \"num_layers\" must be a whole number, not 1.5");
+  m = t.manifest;
+  m["hparams"]["eos_token_ids"] = json::array({2, 2.5});
+  expect_rejected(t, m, "field \"eos_token_ids\" must be a list of whole numbers, not [2,2.5]");
+  m = t.manifest;
+  m["hparams"]["dense"] = 1;
+  expect_rejected(t, m, "field \"dense\" must be true or false, not 1");
+  m = t.manifest;
+  m["tensors"][1]["offset"] = -1;
+  expect_rejected(t, m, "field \"offset\" must be a whole number of 0 or more, not -1");
+  m = t.manifest;
+  m["hparams"]["rope_theta"] = 10000;  // an integer where a float is expected is fine
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  EXPECT_TRUE(load_manifest(t.dir).has_value());
 }
 
 TEST(Manifest, VerifyReportsChecksumMismatchByExpert) {
