@@ -1718,13 +1718,26 @@ class Interpreter {
         if (x % y != 0 && ((x < 0) != (y < 0))) --r;  // floor, as Python
         return Value::integer(r);
       }
-      if (n.str == "%") {
-        if (fl) return Value::floating(std::fmod(a, b));
-        return Value::integer(y == -1 ? 0 : x % y);  // INT64_MIN % -1 traps in C++
+      if (n.str == "%") {  // the sign of the divisor, as Python (-7 % 3 is 2), where C++ takes the dividend's
+        if (fl) {
+          double m = std::fmod(a, b);
+          if (m != 0 && (m < 0) != (b < 0)) m += b;
+          return Value::floating(m);
+        }
+        if (y == -1) return Value::integer(0);  // INT64_MIN % -1 traps in C++
+        r = x % y;
+        if (r != 0 && (r < 0) != (y < 0)) r += y;
+        return Value::integer(r);
       }
       if (n.str == "**") {
-        if (fl || y < 0) return Value::floating(std::pow(a, b));
-        return Value::integer(int_pow(x, y, n.line));
+        if (!fl && y >= 0) return Value::integer(int_pow(x, y, n.line));
+        const double p = std::pow(a, b);
+        // Python raises OverflowError for 10.0 ** 400 and gives a complex number for (-8) ** 0.5.
+        if (std::isinf(p) && std::isfinite(a) && std::isfinite(b)) fail(n.line, "'**' result is too large (overflow)");
+        if (std::isnan(p) && !std::isnan(a) && !std::isnan(b)) {
+          fail(n.line, "'**' of a negative number to a fractional power has no real value");
+        }
+        return Value::floating(p);
       }
       if (n.str == "<") return Value::boolean(a < b);
       if (n.str == ">") return Value::boolean(a > b);

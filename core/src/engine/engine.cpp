@@ -144,6 +144,12 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   if (!cache_info) return cache_info.error();
   auto cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
   if (!cache) return cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+  if (const auto pins = profile.get_list("cache.pinned_experts"); !pins.empty() && (*cache)->wanted_pins().empty()) {
+    spdlog::warn(
+        "cache.pinned_experts ({} listed) ignored: cache policy {} does not pin experts; set cache.policy: "
+        "pinned to keep them",
+        pins.size(), (*cache_info)->name);
+  }
   if (!options.vram_budget_bytes) {
     auto v = profile.get_int("memory.vram_budget");
     options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;

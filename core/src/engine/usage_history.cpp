@@ -1,7 +1,5 @@
 #include "colibri/engine/usage_history.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -13,6 +11,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "colibri/util/output_file.hpp"
 
 namespace colibri::engine {
 
@@ -117,31 +117,7 @@ Status save_usage_history(const fs::path& path, const UsageHistory& history) {
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   for (const auto& [key, n] : history.counts) counts[std::to_string(key.first) + ":" + std::to_string(key.second)] = n;
   const std::string text = nlohmann::ordered_json{{"version", 1}, {"counts", counts}}.dump(1) + "\n";
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status(StatusCode::io_error, "cannot write " + tmp.string() + ": " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const auto n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      fs::remove(tmp, ec);
-      return Status(StatusCode::io_error, "writing " + tmp.string() + " failed: " + why);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    fs::remove(tmp, ec);
-    return Status(StatusCode::io_error, "cannot flush " + tmp.string() + " to disk");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return Status(StatusCode::io_error, "cannot rename " + tmp.string() + " to " + path.string());
-  }
-  return {};
+  return util::write_file_atomically(path, [&](std::ostream& out) { return static_cast<bool>(out << text); });
 }
 
 Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage) {

@@ -4,10 +4,42 @@
 #include <cstring>
 
 #include "model/file_io.hpp"
+#include "tokenizer/utf8.hpp"
 
 namespace colibri::model {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// A name from the file as it can be shown in an error: control bytes and bytes that are not UTF-8 as \xNN (a corrupt
+// key would otherwise print raw bytes into the terminal), and at most 120 bytes.
+std::string shown(std::string_view name) {
+  std::string out;
+  std::size_t i = 0;
+  for (; i < name.size() && out.size() < 120;) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const std::size_t n = c >= 0x80 ? tokenizer::utf8::valid_sequence_length(name, i) : 1;
+    if (c >= 0x80 && n > 0) {
+      out.append(name.substr(i, n));
+      i += n;
+      continue;
+    }
+    if (c < 0x20 || c == 0x7f || c >= 0x80) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+    ++i;
+  }
+  if (i < name.size()) out += "...";
+  return out;
+}
+
+}  // namespace
 using sdk::Status;
 using sdk::StatusCode;
 
@@ -343,13 +375,13 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
     std::string key;
     if (auto s = r.string(key, "metadata key #" + std::to_string(i)); !s) return s;
     std::uint32_t t = 0;
-    if (auto s = r.pod(t, "type of metadata '" + key + "'"); !s) return s;
+    if (auto s = r.pod(t, "type of metadata '" + shown(key) + "'"); !s) return s;
     if (t > static_cast<std::uint32_t>(GgufType::f64)) {
-      return bad("metadata '" + key + "' has unknown value type " + std::to_string(t));
+      return bad("metadata '" + shown(key) + "' has unknown value type " + std::to_string(t));
     }
     GgufValue v;
-    if (auto s = read_value(r, static_cast<GgufType>(t), v, "metadata '" + key + "'", 0, path); !s) return s;
-    if (g.metadata_.count(key)) return bad("metadata key '" + key + "' appears twice");
+    if (auto s = read_value(r, static_cast<GgufType>(t), v, "metadata '" + shown(key) + "'", 0, path); !s) return s;
+    if (g.metadata_.count(key)) return bad("metadata key '" + shown(key) + "' appears twice");
     g.metadata_.emplace(std::move(key), std::move(v));
   }
   if (const auto* a = g.find("general.alignment")) {
@@ -372,7 +404,7 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     Raw t;
     if (auto s = r.string(t.name, "tensor name #" + std::to_string(i)); !s) return s;
-    const std::string where = "tensor '" + t.name + "'";
+    const std::string where = "tensor '" + shown(t.name) + "'";
     std::uint32_t n_dims = 0;
     if (auto s = r.pod(n_dims, where + " dimension count"); !s) return s;
     if (n_dims == 0 || n_dims > kMaxDims)
@@ -397,7 +429,7 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
   const std::uint64_t data_len = *size - g.data_offset_;
 
   for (auto& raw : raws) {
-    const std::string where = "tensor '" + raw.name + "'";
+    const std::string where = "tensor '" + shown(raw.name) + "'";
     const auto* traits = sdk::dtype_traits_by_id(raw.type);
     if (traits == nullptr) {
       return bad(where + " has GGML type id " + std::to_string(raw.type) +
@@ -440,8 +472,8 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
     const auto& a = *by_offset[i - 1];
     const auto& b = *by_offset[i];
     if (b.offset - a.offset < a.size) {  // sorted and both in bounds: no overflow
-      return bad("tensor '" + b.name + "' data [" + std::to_string(b.offset - g.data_offset_) + ", +" +
-                 std::to_string(b.size) + ") overlaps tensor '" + a.name + "' [" +
+      return bad("tensor '" + shown(b.name) + "' data [" + std::to_string(b.offset - g.data_offset_) + ", +" +
+                 std::to_string(b.size) + ") overlaps tensor '" + shown(a.name) + "' [" +
                  std::to_string(a.offset - g.data_offset_) + ", +" + std::to_string(a.size) +
                  "); the file's tensor index is damaged, re-export it");
     }

@@ -1,5 +1,8 @@
 #include "colibri/util/output_file.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -52,6 +55,14 @@ Status OutputFile::commit() {
                   "writing " + target_.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
   }
   if (!direct_) {
+    // On disk before the rename: after a crash the path holds the old bytes or the new, never an empty file.
+    const int fd = ::open(partial_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const int why = errno;
+      if (fd >= 0) ::close(fd);
+      return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + std::strerror(why));
+    }
+    ::close(fd);
     std::error_code ec;
     fs::rename(partial_, target_, ec);
     if (ec) {

@@ -3,12 +3,15 @@
 // optional expert_ffn_group op: the same bits with it, without it, and after a backend refuses it. Tiny Mixtral from
 // tests/fixtures/make_tiny_model.py, the built cpu/pread/pinned/lru plugins.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "colibri/engine/engine.hpp"
 #include "colibri/model/convert.hpp"
@@ -49,12 +52,12 @@ fs::path tiny_model() {
   return model;
 }
 
-std::unique_ptr<engine::Engine> open_engine(const fs::path& model) {
+std::unique_ptr<engine::Engine> open_engine(const fs::path& model, const std::string& policy = "pinned") {
   ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
   profile::LoadOptions lo;
   lo.use_process_environment = false;  // the built-in defaults (cpu backend), whatever $COLIBRI_PROFILE says
   lo.overrides = {{"storage.plugin", "pread", "--set"},
-                  {"cache.policy", "pinned", "--set"},
+                  {"cache.policy", policy, "--set"},
                   {"cache.pinned_experts", "[0:1]", "--set"},
                   {"prefetch.layers", "0", "--set"}};
   auto prof = profile::Profile::load(lo);
@@ -188,6 +191,24 @@ TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt
     EXPECT_GT(single->single_calls, 0);
     EXPECT_GT(grouped->group_calls, 0) << where << ": the engine never grouped the experts of a layer";
     EXPECT_EQ(refusing->refused, 1) << where << ": after one refusal the engine must stop asking";
+  }
+}
+
+// cache.pinned_experts only means something to a policy that pins: any other says so, instead of silently not pinning.
+TEST(CacheAdminEngine, PinnedExpertsUnderAPolicyThatDoesNotPinAreReported) {
+  const fs::path model = tiny_model();
+  for (const std::string policy : {"lru", "pinned"}) {
+    std::ostringstream captured;
+    auto previous = spdlog::default_logger();
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+    auto e = open_engine(model, policy);
+    spdlog::set_default_logger(previous);
+    ASSERT_TRUE(e) << policy;
+    const bool warned =
+        captured.str().find("cache.pinned_experts (1 listed) ignored: cache policy lru does not pin experts") !=
+        std::string::npos;
+    EXPECT_EQ(warned, policy == "lru") << policy << ": " << captured.str();
   }
 }
 

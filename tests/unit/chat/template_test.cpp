@@ -235,6 +235,11 @@ TEST(TemplateLimits, IntegerOverflowAndDivisionByZero) {
     EXPECT_FAILS_WITH(src, 1, "division by zero");
   }
   EXPECT_FAILS_WITH("{{ 1 % 0 }}", 1, "modulo by zero");
+  // Python's rules, which HuggingFace's templates are written for: % takes the divisor's sign, ** overflows loudly.
+  EXPECT_EQ(outcome("{{ -7 % 3 }} {{ 7 % -3 }} {{ 7 % 3 }} {{ -7.5 % 2 }} {{ 7.5 % -2 }} {{ -6 % 3 }} {{ 2 ** -1 }}"),
+            "rendered: 2 -2 1 0.5 -0.5 0 0.5");
+  EXPECT_FAILS_WITH("{{ 10.0 ** 400 }}", 1, "'**' result is too large");
+  EXPECT_FAILS_WITH("{{ (-8) ** 0.5 }}", 1, "has no real value");
   EXPECT_EQ(outcome("{{ (-9223372036854775807 - 1) % -1 }} {{ 2 ** 62 }} {{ 3 ** 0 }} {{ -7 // 2 }} {{ 7 // -2 }} "
                     "{{ -9223372036854775807 - 1 }} {{ 9007199254740993 + 0 }}"),
             "rendered: 0 4611686018427387904 1 -4 -4 -9223372036854775808 9007199254740993");

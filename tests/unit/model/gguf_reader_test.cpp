@@ -149,6 +149,15 @@ TEST(GgufReader, RejectsBadMagicVersionTypeAndOffsets) {
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(1).pod<std::uint64_t>(1ull << 60);
   b.raw(std::string(64, '\0'));
   expect_error(b.data, "more than the rest of the file");
+  // A corrupt key is shown escaped: its bytes never reach the terminal raw. Valid UTF-8 stays readable.
+  Bytes k;
+  k.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(2);
+  for (int i = 0; i < 2; ++i) k.str("a\x1b[2Jb\xff模").pod<std::uint32_t>(U8).pod<std::uint8_t>(1);
+  expect_error(k.data, "metadata key 'a\\x1b[2Jb\\xff模' appears twice");
+  Bytes l;
+  l.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(1);
+  l.str(std::string(500, 'k')).pod<std::uint32_t>(99);
+  expect_error(l.data, "metadata '" + std::string(120, 'k') + "...' has unknown value type 99");
 }
 
 const fs::path kVocabDir = "/work/shared/gguf-vocab";

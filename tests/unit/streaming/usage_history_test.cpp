@@ -46,7 +46,7 @@ TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
   const auto top = h->most_used(1);
   ASSERT_EQ(top.size(), 1u);
   EXPECT_EQ(top[0], std::make_pair(3u, 1u));
-  EXPECT_FALSE(fs::exists(file.string() + ".tmp"));
+  EXPECT_FALSE(fs::exists(file.string() + ".partial"));
 }
 
 TEST(UsageHistory, MalformedFilesNameTheFileAndEntry) {

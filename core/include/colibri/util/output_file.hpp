@@ -1,8 +1,8 @@
 // A file a command writes for the user (logits, traces, reports): a failure part-way never leaves half of it, and
 // never touches what the path held before. Bytes go to PATH.partial next to the file and a rename puts them in
-// place at commit(). A path naming a device or a FIFO (a pipe), or any path under /dev or /proc (/dev/stdout), is
-// written directly, as the shell's `>` would; a symlink is followed, so the file it points to is replaced and the
-// link stays.
+// place at commit(), after an fsync. A path naming a device or a FIFO (a pipe), or any path under /dev or /proc
+// (/dev/stdout), is written directly, as the shell's `>` would; a symlink is followed, so the file it points to is
+// replaced and the link stays.
 #pragma once
 
 #include <filesystem>
