@@ -24,7 +24,41 @@ Status SamplingOptions::validate() const {
     return bad("--presence-penalty and --frequency-penalty must be finite numbers");
   }
   if (penalty_last_n < -1) return bad("--repeat-last-n must be -1 (all), 0 (off) or positive");
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return bad("logit_bias: token id " + std::to_string(id) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return bad("logit_bias: the bias of token " + std::to_string(id) + " must be in [-100, 100], got " +
+                 std::to_string(bias));
+    }
+  }
   return {};
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, std::int32_t id, std::size_t top) {
+  TokenLogprob out;
+  out.id = id;
+  if (logits.empty()) return out;
+  // log-softmax in double: max + log(sum(exp(l - max))).
+  const double max_l = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float l : logits) sum += std::exp(static_cast<double>(l) - max_l);
+  const double log_z = max_l + std::log(sum);
+  auto lp = [&](std::int32_t t) {
+    return static_cast<float>(static_cast<double>(logits[static_cast<std::size_t>(t)]) - log_z);
+  };
+  if (id >= 0 && static_cast<std::size_t>(id) < logits.size()) out.logprob = lp(id);
+  top = std::min(top, logits.size());
+  if (top == 0) return out;
+  std::vector<std::int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(top), ids.end(),
+                    [&](std::int32_t a, std::int32_t b) {
+                      const float la = logits[static_cast<std::size_t>(a)], lb = logits[static_cast<std::size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  out.top.reserve(top);
+  for (std::size_t i = 0; i < top; ++i) out.top.emplace_back(ids[i], lp(ids[i]));
+  return out;
 }
 
 Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {}
@@ -33,6 +67,9 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   const auto n = static_cast<std::int32_t>(logits.size());
   work_.assign(logits.begin(), logits.end());
   const auto& o = options_;
+  for (const auto& [id, bias] : o.logit_bias) {
+    if (id >= 0 && id < n) work_[static_cast<std::size_t>(id)] += bias;
+  }
   const bool penalties = o.repetition_penalty != 1.0f || o.presence_penalty != 0.0f || o.frequency_penalty != 0.0f;
   if (penalties && o.penalty_last_n != 0 && !history.empty()) {
     std::size_t window =

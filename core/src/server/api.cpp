@@ -1,8 +1,11 @@
 #include "colibri/server/api.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
+
+#include "tokenizer/utf8.hpp"
 
 namespace colibri::server {
 
@@ -342,6 +345,60 @@ std::optional<ApiError> check_context(Endpoint endpoint, std::int64_t prompt_tok
   return std::nullopt;
 }
 
+namespace {
+
+// chat: logprobs (bool) and top_logprobs (0..20); completions: logprobs (0..20 alternatives).
+std::optional<ApiError> parse_logprobs(const json& body, Endpoint endpoint, CompletionRequest& out) {
+  auto count = [&](const char* name, const json& v, int& n) -> std::optional<ApiError> {
+    if (!is_integer(v)) return wrong_type(name, "an integer", v);
+    if (v.is_number_unsigned() ? v.get<std::uint64_t>() > kMaxTopLogprobs
+                               : v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > kMaxTopLogprobs) {
+      return out_of_range(name, "an integer from 0 to " + std::to_string(kMaxTopLogprobs), v);
+    }
+    n = v.get<int>();
+    return std::nullopt;
+  };
+  auto lp = body.find("logprobs");
+  const bool given = lp != body.end() && !lp->is_null() && !(lp->is_boolean() && !lp->get<bool>());
+  if (endpoint == Endpoint::completions) {
+    if (given) return count("logprobs", *lp, out.logprobs);
+    return std::nullopt;
+  }
+  if (given && !lp->is_boolean()) return wrong_type("logprobs", "a boolean", *lp);
+  auto top = body.find("top_logprobs");
+  if (top != body.end() && !top->is_null()) {
+    if (!given) {
+      return bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value");
+    }
+    return count("top_logprobs", *top, out.logprobs);
+  }
+  if (given) out.logprobs = 0;
+  return std::nullopt;
+}
+
+// {"<token id>": bias in [-100, 100]}; ids are checked against the vocabulary by the server.
+std::optional<ApiError> parse_logit_bias(const json& body, engine::SamplingOptions& s) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return wrong_type("logit_bias", "an object mapping token ids to numbers", *it);
+  for (const auto& [key, value] : it->items()) {
+    const std::string param = "logit_bias[\"" + key.substr(0, 40) + "\"]";
+    std::int32_t id = 0;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0) {
+      return bad_request("Invalid key in 'logit_bias': '" + key.substr(0, 40) + "' is not a token id.", "logit_bias",
+                         "invalid_value");
+    }
+    if (!value.is_number()) return wrong_type(param, "a number", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) return out_of_range(param, "a number from -100 to 100", value);
+    s.logit_bias.emplace_back(id, static_cast<float>(bias));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
                                                  CompletionRequest& out) {
   out = CompletionRequest{};
@@ -434,12 +491,15 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     }
     std::erase_if(out.stop, [](const std::string& x) { return x.empty(); });
   }
-  for (const char* name : {"logprobs", "top_logprobs", "tools", "functions", "logit_bias", "best_of"}) {
+  if (auto e = parse_logprobs(body, endpoint, out)) return e;
+  if (auto e = parse_logit_bias(body, s)) return e;
+  for (const char* name : {"tools", "functions", "best_of", "response_format"}) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
     if (std::string_view(name) == "best_of" && *it == 1) continue;
     if (std::string_view(name) == "tools" && it->is_array() && it->empty()) continue;
-    if (std::string_view(name) == "logit_bias" && it->is_object() && it->empty()) continue;
+    // Plain text is what every answer is; JSON mode would need constrained sampling, which colibri lacks.
+    if (std::string_view(name) == "response_format" && it->is_object() && it->value("type", json()) == "text") continue;
     return bad_request(std::string("'") + name + "' is not supported by colibri-server.", name,
                        "unsupported_parameter");
   }
@@ -478,10 +538,56 @@ json envelope(Endpoint endpoint, const ResponseIds& ids, bool chunk) {
 
 }  // namespace
 
+json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>& tokens, const TokenBytes& bytes_of,
+                     std::int64_t& text_offset) {
+  // A token may be part of a character: "token" is its text with U+FFFD for that, "bytes" its exact bytes.
+  auto entry = [&](std::int32_t id, float logprob, bool chat_top) {
+    const std::string bytes = bytes_of(id);
+    json e{{"token", tokenizer::utf8::to_valid_lossy(bytes)}, {"logprob", logprob}};
+    if (chat_top) {
+      json list = json::array();
+      for (const unsigned char c : bytes) list.push_back(static_cast<int>(c));
+      e["bytes"] = std::move(list);
+    }
+    return e;
+  };
+  if (endpoint == Endpoint::chat) {
+    json content = json::array();
+    for (const auto& t : tokens) {
+      json e = entry(t.id, t.logprob, true);
+      json top = json::array();
+      for (const auto& [id, lp] : t.top) top.push_back(entry(id, lp, true));
+      e["top_logprobs"] = std::move(top);
+      content.push_back(std::move(e));
+    }
+    return json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& t : tokens) {
+    json e = entry(t.id, t.logprob, false);
+    offsets.push_back(text_offset);
+    const std::string text = e["token"].get<std::string>();
+    std::size_t i = 0;
+    while (i < text.size()) {
+      tokenizer::utf8::next_code_point(text, i);
+      ++text_offset;
+    }
+    texts.push_back(text);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : t.top) top[tokenizer::utf8::to_valid_lossy(bytes_of(id))] = lp;
+    tops.push_back(std::move(top));
+  }
+  return json{{"tokens", std::move(texts)},
+              {"token_logprobs", std::move(lps)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
+}
+
 json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage) {
+                         const std::string& finish_reason, const Usage& usage, const json& logprobs) {
   json r = envelope(endpoint, ids, false);
-  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  json choice{{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
   if (endpoint == Endpoint::chat) {
     choice["message"] = json{{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
   } else {
@@ -493,9 +599,9 @@ json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::s
 }
 
 json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const std::string& finish_reason,
-                  bool role_chunk) {
+                  bool role_chunk, const json& logprobs) {
   json r = envelope(endpoint, ids, true);
-  json choice{{"index", 0}, {"logprobs", nullptr}};
+  json choice{{"index", 0}, {"logprobs", logprobs}};
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
   if (endpoint == Endpoint::chat) {
     json delta = json::object();

@@ -29,6 +29,7 @@
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/server/server.hpp"
 #include "spdlog/spdlog.h"
+#include "tokenizer/utf8.hpp"
 
 namespace colibri::server {
 
@@ -458,6 +459,16 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto ctx = srv_.scheduler->context();
     const auto prompt_tokens = static_cast<std::int64_t>(prompt.size());
     if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(*e, false);
+    for (const auto& [id, bias] : req.sampling.logit_bias) {
+      if (id >= srv_.scheduler->vocab_size()) {
+        return respond_error(bad_request("Invalid token id " + std::to_string(id) +
+                                             " in 'logit_bias': the vocabulary "
+                                             "has " +
+                                             std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
+                                         "logit_bias", "invalid_value"),
+                             false);
+      }
+    }
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
@@ -466,6 +477,13 @@ class Session : public std::enable_shared_from_this<Session> {
     job->request.max_tokens = req.max_tokens.value_or(ctx - prompt_tokens);
     job->request.stop = req.stop;
     job->request.sampling = req.sampling;
+    job->request.logprobs = req.logprobs;
+    logprobs_wanted_ = req.logprobs >= 0;
+    text_offset_ = 0;
+    for (std::size_t i = 0; i < echo_text.size();) {  // completions count offsets in characters, echo included
+      tokenizer::utf8::next_code_point(echo_text, i);
+      ++text_offset_;
+    }
     job->on_event = [self = shared_from_this()](GenerationEvent&& ev) {
       net::post(self->stream_.get_executor(), [self, ev = std::move(ev)]() mutable { self->on_event(std::move(ev)); });
     };
@@ -508,7 +526,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!job_) return;
     if (streaming_) return on_stream_event(std::move(ev));
     switch (ev.kind) {
-      case GenerationEvent::Kind::text: text_ += ev.text; return;
+      case GenerationEvent::Kind::text:
+        text_ += ev.text;
+        logprobs_.insert(logprobs_.end(), ev.logprobs.begin(), ev.logprobs.end());
+        return;
       case GenerationEvent::Kind::failed: job_.reset(); return respond_error(ev.error, true);
       case GenerationEvent::Kind::finished:
         job_.reset();
@@ -518,7 +539,8 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         const Usage usage{ev.prompt_tokens, ev.completion_tokens};
         return respond(200,
-                       completion_response(endpoint_, ids_, text_, openai_finish_reason(ev.finish_reason), usage)
+                       completion_response(endpoint_, ids_, text_, openai_finish_reason(ev.finish_reason), usage,
+                                           logprobs_json(logprobs_))
                            .dump(-1, ' ', false, json::error_handler_t::replace),
                        "application/json");
     }
@@ -526,7 +548,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_stream_event(GenerationEvent&& ev) {
     switch (ev.kind) {
-      case GenerationEvent::Kind::text: pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, ""))); break;
+      case GenerationEvent::Kind::text:
+        pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
+                                                 ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs))));
+        break;
       case GenerationEvent::Kind::failed:
         job_.reset();
         pending_ += chunk("data: " + ev.error.body() + "\n\n");
@@ -672,6 +697,16 @@ class Session : public std::enable_shared_from_this<Session> {
   ResponseIds ids_;
   bool streaming_ = false, include_usage_ = false, client_gone_ = false, ended_ = false, writing_ = false;
   std::string text_, pending_;
+  bool logprobs_wanted_ = false;
+  std::vector<engine::TokenLogprob> logprobs_;  // non-streaming: every generated token's, for the response
+  std::int64_t text_offset_ = 0;                // completions: where the next token starts in the choice's text
+
+  nlohmann::json logprobs_json(const std::vector<engine::TokenLogprob>& tokens) {
+    if (!logprobs_wanted_) return nullptr;
+    return logprobs_object(
+        endpoint_, tokens, [this](std::int32_t id) { return srv_.tokenizer.token_bytes(id).value_or(""); },
+        text_offset_);
+  }
 };
 
 void Server::Impl::accept() {

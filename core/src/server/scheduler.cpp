@@ -226,9 +226,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     ++generated_now;
     seq.history.push_back(next);
     std::string text = seq.stops.push(seq.decoder.push(next));
-    if (!text.empty() && seq.job->on_event) {
+    const int top = seq.job->request.logprobs;
+    if ((!text.empty() || top >= 0) && seq.job->on_event) {
       GenerationEvent ev;
       ev.text = std::move(text);
+      if (top >= 0) ev.logprobs.push_back(engine::token_logprob(seq.logits, next, static_cast<std::size_t>(top)));
       seq.job->on_event(std::move(ev));
     }
     if (seq.stops.stopped()) {

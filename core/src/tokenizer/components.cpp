@@ -546,30 +546,37 @@ class SequenceDecoder final : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts) p->decode_chain(tokens);
   }
+  void piece_bytes(std::string& token) const override {
+    for (const auto& p : parts) p->piece_bytes(token);
+  }
 };
 
 class ByteLevelDecoder final : public Decoder {
  public:
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::string bytes;
-    for (const auto& t : tokens) {
-      const std::size_t mark = bytes.size();
-      bool all = true;
-      std::size_t i = 0;
-      while (i < t.size()) {
-        const int b = byte_level_byte(utf8::next_code_point(t, i));
-        if (b < 0) {
-          all = false;
-          break;
-        }
-        bytes.push_back(static_cast<char>(b));
-      }
-      if (!all) {
+    for (const auto& t : tokens) append_bytes(bytes, t);
+    tokens.assign(1, utf8::to_valid_lossy(bytes));
+  }
+  void piece_bytes(std::string& token) const override {
+    std::string bytes;
+    append_bytes(bytes, token);
+    token = std::move(bytes);
+  }
+
+ private:
+  static void append_bytes(std::string& bytes, const std::string& t) {
+    const std::size_t mark = bytes.size();
+    std::size_t i = 0;
+    while (i < t.size()) {
+      const int b = byte_level_byte(utf8::next_code_point(t, i));
+      if (b < 0) {
         bytes.resize(mark);
         bytes += t;  // not a byte-level token (e.g. an added token): its own UTF-8 bytes
+        return;
       }
+      bytes.push_back(static_cast<char>(b));
     }
-    tokens.assign(1, utf8::to_valid_lossy(bytes));
   }
 };
 
@@ -579,6 +586,7 @@ class ReplaceDecoder final : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) replace.normalize(t);
   }
+  void piece_bytes(std::string& token) const override { replace.normalize(token); }
 };
 
 class ByteFallbackDecoder final : public Decoder {
@@ -597,11 +605,7 @@ class ByteFallbackDecoder final : public Decoder {
       pending.clear();
     };
     for (auto& t : tokens) {
-      int byte = -1;
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-          std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
-        byte = std::stoi(t.substr(3, 2), nullptr, 16);
-      }
+      const int byte = fallback_byte(t);
       if (byte >= 0) {
         pending.push_back(static_cast<char>(byte));
       } else {
@@ -611,6 +615,19 @@ class ByteFallbackDecoder final : public Decoder {
     }
     flush();
     tokens = std::move(out);
+  }
+  void piece_bytes(std::string& token) const override {
+    if (const int byte = fallback_byte(token); byte >= 0) token.assign(1, static_cast<char>(byte));
+  }
+
+ private:
+  // The byte of a "<0xE6>" token, or -1.
+  static int fallback_byte(const std::string& t) {
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      return std::stoi(t.substr(3, 2), nullptr, 16);
+    }
+    return -1;
   }
 };
 
@@ -677,6 +694,18 @@ class MetaspaceDecoder final : public Decoder {
       }
       tokens[k] = std::move(out);
     }
+  }
+  void piece_bytes(std::string& token) const override {
+    std::string out;
+    for (std::size_t pos = 0; pos < token.size();) {
+      if (token.compare(pos, replacement.size(), replacement) == 0) {
+        out.push_back(' ');
+        pos += replacement.size();
+      } else {
+        out.push_back(token[pos++]);
+      }
+    }
+    token = std::move(out);
   }
 };
 

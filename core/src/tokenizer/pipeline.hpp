@@ -112,6 +112,9 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // One token's bytes as it adds them inside a text: raw (no U+FFFD repair of a partial character) and without the
+  // steps that depend on its neighbours (Strip, Fuse, Metaspace's first token).
+  virtual void piece_bytes(std::string& token) const { (void)token; }
 };
 std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& path);
 

@@ -453,6 +453,14 @@ std::optional<std::string> Tokenizer::token_to_piece(TokenId id) const {
   return std::nullopt;
 }
 
+std::optional<std::string> Tokenizer::token_bytes(TokenId id) const {
+  const std::string* t = impl_->id_to_token(id);
+  if (t == nullptr) return std::nullopt;
+  std::string bytes = *t;
+  if (impl_->decoder) impl_->decoder->piece_bytes(bytes);
+  return bytes;
+}
+
 std::optional<TokenId> Tokenizer::piece_to_token(std::string_view piece) const {
   return impl_->token_to_id(piece);
 }

@@ -134,6 +134,19 @@ def stream_text(events, endpoint="chat"):
     return "".join(out)
 
 
+def gpt2_unicode_to_byte():
+    """GPT-2's byte-level alphabet: the character each byte is written as in a ByteLevel vocabulary, reversed."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[chr(b)] = b
+        else:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
+
+
 def finish_of(events):
     reasons = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
     assert len(reasons) == 1, reasons
@@ -254,6 +267,62 @@ class Api(unittest.TestCase):
         _, body = self.s.json("POST", "/v1/completions",
                               {"model": "tiny", "prompt": [5, 17, 99], "max_tokens": 4, "temperature": 0})
         self.assertEqual(body["usage"]["prompt_tokens"], 3)
+
+    def test_logprobs_and_logit_bias(self):
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me more"}], "max_tokens": 12,
+                "temperature": 0, "logprobs": True, "top_logprobs": 3}
+        status, full = self.s.json("POST", "/v1/chat/completions", chat)
+        self.assertEqual(status, 200, full)
+        choice = full["choices"][0]
+        entries = choice["logprobs"]["content"]
+        self.assertGreater(len(entries), 1)
+        self.assertEqual(len(entries), full["usage"]["completion_tokens"])
+        for e in entries:
+            self.assertLessEqual(e["logprob"], 0.0)
+            tops = e["top_logprobs"]
+            self.assertEqual(len(tops), 3)
+            self.assertEqual([t["logprob"] for t in tops], sorted((t["logprob"] for t in tops), reverse=True))
+            # Greedy without penalties takes the model's most likely token.
+            self.assertEqual((e["bytes"], e["logprob"]), (tops[0]["bytes"], tops[0]["logprob"]))
+            self.assertEqual(e["token"], bytes(e["bytes"]).decode("utf-8", "replace"))
+        self.assertEqual(b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", "replace"),
+                         choice["message"]["content"])
+        # Streamed: the same tokens and numbers, spread over the chunks.
+        status, events, done = self.s.stream("/v1/chat/completions", chat)
+        self.assertTrue(done)
+        streamed = [x for ev in events for c in ev["choices"] if c.get("logprobs") for x in c["logprobs"]["content"]]
+        self.assertEqual(streamed, entries)
+        self.assertEqual(stream_text(events), choice["message"]["content"])
+        _, plain = self.s.json("POST", "/v1/chat/completions", dict(chat, logprobs=False, top_logprobs=None))
+        self.assertIsNone(plain["choices"][0]["logprobs"])
+
+        # Completions: the legacy shape, offsets counted from the echoed prompt.
+        req = {"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "temperature": 0, "logprobs": 2, "echo": True}
+        _, body = self.s.json("POST", "/v1/completions", req)
+        lp = body["choices"][0]["logprobs"]
+        self.assertEqual(len(lp["tokens"]), body["usage"]["completion_tokens"])
+        self.assertEqual(len(lp["top_logprobs"]), len(lp["tokens"]))
+        self.assertTrue(all(len(t) <= 2 for t in lp["top_logprobs"]))
+        self.assertEqual(lp["text_offset"][0], len("Once upon"))
+        self.assertEqual(lp["text_offset"], sorted(lp["text_offset"]))
+        self.assertEqual("Once upon" + "".join(lp["tokens"]), body["choices"][0]["text"])
+
+        # logit_bias by token id: -100 bans the greedy first token, +100 forces another.
+        with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+            vocab = json.load(f)["model"]["vocab"]
+        to_byte = gpt2_unicode_to_byte()
+        id_of = {bytes(to_byte[ch] for ch in piece): i for piece, i in vocab.items() if all(ch in to_byte for ch in piece)}
+        first = id_of[bytes(entries[0]["bytes"])]
+        _, banned = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={str(first): -100}))
+        self.assertNotEqual(banned["choices"][0]["logprobs"]["content"][0]["bytes"], entries[0]["bytes"])
+        forced = id_of[b" the"] if b" the" in id_of else id_of[b"a"]
+        _, pushed = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={str(forced): 100}))
+        got = {bytes(e["bytes"]) for e in pushed["choices"][0]["logprobs"]["content"]}
+        self.assertEqual(got, {next(b for b, i in id_of.items() if i == forced)})
+        status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 1}))
+        assert_error(self, status, err, 400, "invalid_value", "logit_bias")
+        status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_object"}))
+        assert_error(self, status, err, 400, "unsupported_parameter", "response_format")
 
     def test_bad_requests(self):
         s = self.s

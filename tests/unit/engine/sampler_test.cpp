@@ -114,6 +114,47 @@ TEST(Sampler, ValidateNamesTheFlag) {
   EXPECT_TRUE(plain().validate().is_ok());
 }
 
+TEST(Sampler, LogitBiasShiftsTheLogitBeforeSampling) {
+  const std::vector<float> logits = {0.0f, 3.0f, 1.0f};
+  auto o = plain(0.0f);
+  EXPECT_EQ(Sampler(o).sample(logits, {}), 1);
+  o.logit_bias = {{2, 2.5f}};
+  EXPECT_EQ(Sampler(o).sample(logits, {}), 2);
+  o.logit_bias = {{1, -100.0f}, {7, 50.0f}};  // an id past the logits is ignored here (the server refuses it)
+  EXPECT_EQ(Sampler(o).sample(logits, {}), 2);
+  // Under sampling, -100 bans: 2000 draws never give token 1.
+  o = plain(1.0f);
+  o.logit_bias = {{1, -100.0f}};
+  Sampler s(o);
+  for (int i = 0; i < 2000; ++i) ASSERT_NE(s.sample(logits, {}), 1);
+  o.logit_bias = {{0, 100.5f}};
+  EXPECT_NE(o.validate().message().find("logit_bias: the bias of token 0 must be in [-100, 100]"), std::string::npos);
+  o.logit_bias = {{-3, 1.0f}};
+  EXPECT_NE(o.validate().message().find("token id -3 is negative"), std::string::npos);
+}
+
+TEST(Sampler, TokenLogprobIsTheLogSoftmaxOfTheRawLogits) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -50.0f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  auto lp = [&](int i) { return static_cast<float>(logits[static_cast<std::size_t>(i)] - std::log(z)); };
+  const auto r = token_logprob(logits, 2, 3);
+  EXPECT_EQ(r.id, 2);
+  EXPECT_FLOAT_EQ(r.logprob, lp(2));
+  ASSERT_EQ(r.top.size(), 3u);
+  // Most likely first, the tie between 1 and 3 to the lower id.
+  EXPECT_EQ(r.top[0].first, 1);
+  EXPECT_EQ(r.top[1].first, 3);
+  EXPECT_EQ(r.top[2].first, 2);
+  EXPECT_FLOAT_EQ(r.top[0].second, lp(1));
+  EXPECT_FLOAT_EQ(r.top[2].second, r.logprob);
+  EXPECT_TRUE(token_logprob(logits, 4, 0).top.empty());
+  EXPECT_EQ(token_logprob(logits, 0, 99).top.size(), logits.size());
+  // Large logits do not overflow: the shift by the max keeps exp in range.
+  const std::vector<float> big = {1000.0f, 1000.0f};
+  EXPECT_FLOAT_EQ(token_logprob(big, 0, 0).logprob, static_cast<float>(-std::log(2.0)));
+}
+
 TEST(StopMatcher, HoldsBackPrefixesAndCutsAtTheStop) {
   StopMatcher m({"STOP", "END"});
   EXPECT_EQ(m.push("Hello S"), "Hello ");

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "colibri/server/server.hpp"
@@ -143,7 +145,26 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a",1]})", "stop[1]", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", "stop",
        "invalid_value"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", "logprobs",
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":3})", "logprobs", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1})", "top_logprobs",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":1.5})", "top_logprobs",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":[1]})", "logit_bias", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}})", "logit_bias",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"-4":1}})", "logit_bias",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":101}})", "logit_bias[\"5\"]",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":"1"}})", "logit_bias[\"5\"]",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       "response_format", "unsupported_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools",
        "unsupported_parameter"},
   };
   for (const auto& c : cases) {
@@ -160,12 +181,76 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":[1,-2]})", "prompt[1]", "invalid_value"},
       {R"({"model":"m","prompt":[1,"x"]})", "prompt[1]", "invalid_type"},
       {R"({"model":"m","prompt":"x","echo":1})", "echo", "invalid_type"},
+      {R"({"model":"m","prompt":"x","logprobs":true})", "logprobs", "invalid_type"},
+      {R"({"model":"m","prompt":"x","logprobs":50})", "logprobs", "invalid_value"},
   };
   for (const auto& c : completion_cases) {
     auto e = expect_error(c.body, Endpoint::completions);
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
   }
+}
+
+TEST(ServerApi, LogprobsAndLogitBiasAreRead) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(kChat, Endpoint::chat, r));
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_TRUE(r.sampling.logit_bias.empty());
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::chat, r));
+  EXPECT_EQ(r.logprobs, 0);
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20,
+                        "logit_bias":{"17":-100,"3":2.5},"response_format":{"type":"text"}})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.logprobs, 20);
+  const std::vector<std::pair<std::int32_t, float>> bias = {{17, -100.0f}, {3, 2.5f}};
+  auto got = r.sampling.logit_bias;
+  std::sort(got.begin(), got.end());
+  auto want = bias;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  ASSERT_FALSE(
+      parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false})", Endpoint::chat, r));
+  EXPECT_EQ(r.logprobs, -1);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","logprobs":5})", Endpoint::completions, r));
+  EXPECT_EQ(r.logprobs, 5);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","logprobs":0})", Endpoint::completions, r));
+  EXPECT_EQ(r.logprobs, 0);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","logprobs":null})", Endpoint::completions, r));
+  EXPECT_EQ(r.logprobs, -1);
+}
+
+TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {
+  // Token 1 is "é" cut in two: its own bytes are not UTF-8, so "token" shows U+FFFD and "bytes" the byte.
+  const std::map<std::int32_t, std::string> text = {{0, " the"}, {1, "\xc3"}, {2, "\xa9"}, {3, "x"}};
+  const TokenBytes bytes_of = [&](std::int32_t id) { return text.at(id); };
+  const std::vector<engine::TokenLogprob> tokens = {{0, -0.25f, {{0, -0.25f}, {3, -2.0f}}},
+                                                    {1, -1.5f, {{1, -1.5f}, {0, -3.0f}}}};
+  std::int64_t offset = 0;
+  const json chat = logprobs_object(Endpoint::chat, tokens, bytes_of, offset);
+  ASSERT_EQ(chat["content"].size(), 2u);
+  EXPECT_TRUE(chat["refusal"].is_null());
+  EXPECT_EQ(chat["content"][0]["token"], " the");
+  EXPECT_FLOAT_EQ(chat["content"][0]["logprob"].get<float>(), -0.25f);
+  EXPECT_EQ(chat["content"][0]["bytes"], json::array({32, 116, 104, 101}));
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["token"], "x");
+  EXPECT_FLOAT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"].get<float>(), -2.0f);
+  EXPECT_EQ(chat["content"][1]["token"], "\xEF\xBF\xBD");
+  EXPECT_EQ(chat["content"][1]["bytes"], json::array({0xc3}));
+  EXPECT_EQ(offset, 0);  // chat has no offsets
+
+  offset = 5;  // an echoed prompt of 5 characters comes first
+  const json legacy = logprobs_object(Endpoint::completions, tokens, bytes_of, offset);
+  EXPECT_EQ(legacy["tokens"], json::array({" the", "\xEF\xBF\xBD"}));
+  EXPECT_EQ(legacy["text_offset"], json::array({5, 9}));
+  EXPECT_EQ(offset, 10);
+  EXPECT_FLOAT_EQ(legacy["token_logprobs"][1].get<float>(), -1.5f);
+  EXPECT_FLOAT_EQ(legacy["top_logprobs"][0]["x"].get<float>(), -2.0f);
+  EXPECT_EQ(legacy["top_logprobs"][1].size(), 2u);
+
+  const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
+  EXPECT_TRUE(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1}, chat)["choices"][0]["logprobs"], chat);
+  EXPECT_EQ(stream_chunk(Endpoint::chat, ids, "", "", false, chat)["choices"][0]["logprobs"], chat);
 }
 
 TEST(ServerApi, UnknownModelIs404) {

@@ -6,6 +6,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colibri/sdk/status.hpp"
@@ -22,10 +23,21 @@ struct SamplingOptions {
   float frequency_penalty = 0.0f;    // subtracted per occurrence in the window
   std::int32_t penalty_last_n = 64;  // window of recent tokens the penalties look at (0: none, -1: all)
   std::uint64_t seed = 0;
+  // Added to a token's logit before anything else (OpenAI's logit_bias: -100 bans a token, 100 all but forces it).
+  std::vector<std::pair<std::int32_t, float>> logit_bias;
 
   // The first out-of-range value with the flag that sets it ("--top-p must be in (0, 1], got 1.5").
   [[nodiscard]] sdk::Status validate() const;
 };
+
+// A token's log-probability under the model's own distribution (the raw logits: before logit_bias, penalties and
+// temperature), with the `top` most likely tokens (most likely first, ties to the lower id), as OpenAI's logprobs.
+struct TokenLogprob {
+  std::int32_t id = 0;
+  float logprob = 0;
+  std::vector<std::pair<std::int32_t, float>> top;
+};
+TokenLogprob token_logprob(std::span<const float> logits, std::int32_t id, std::size_t top);
 
 class Sampler {
  public:

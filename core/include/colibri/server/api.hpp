@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -49,6 +50,7 @@ struct CompletionRequest {
   bool include_usage = false;
   engine::SamplingOptions sampling;  // OpenAI defaults: temperature 1, top_p 1, no top-k/min-p
   bool seed_given = false;
+  int logprobs = -1;  // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
 };
 
 // Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot
@@ -96,13 +98,27 @@ struct ResponseIds {
   std::string model;
 };
 
-// Non-streaming body.
+// The most alternatives a request may ask for per token (chat top_logprobs, completions logprobs).
+inline constexpr int kMaxTopLogprobs = 20;
+
+// The bytes of a token (the tokenizer's token_bytes), for the logprobs objects.
+using TokenBytes = std::function<std::string(std::int32_t)>;
+
+// A choice's "logprobs" object for `tokens`: chat {"content": [{token, logprob, bytes, top_logprobs}], "refusal"};
+// completions {tokens, token_logprobs, top_logprobs, text_offset}, where `text_offset` (code points into the choice's
+// text) is where the first token starts and is advanced past the last.
+nlohmann::json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>& tokens,
+                               const TokenBytes& bytes_of, std::int64_t& text_offset);
+
+// Non-streaming body; `logprobs` is the choice's logprobs object (null when not asked for).
 nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
-                                   const std::string& finish_reason, const Usage& usage);
+                                   const std::string& finish_reason, const Usage& usage,
+                                   const nlohmann::json& logprobs = nullptr);
 // One SSE data object. `role_chunk` gives the chat opener ({"role":"assistant","content":""}); a non-empty
 // `finish_reason` closes the choice.
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
-                            const std::string& finish_reason, bool role_chunk = false);
+                            const std::string& finish_reason, bool role_chunk = false,
+                            const nlohmann::json& logprobs = nullptr);
 // The stream_options.include_usage chunk: empty choices, usage set.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage);
 // "data: <json>\n\n"

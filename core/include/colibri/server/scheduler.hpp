@@ -30,13 +30,15 @@ struct GenerationRequest {
   std::int64_t max_tokens = 16;  // >= 1; generation also ends when the context is full
   std::vector<std::string> stop;
   engine::SamplingOptions sampling;
+  int logprobs = -1;  // >= 0: report each generated token's logprob with this many alternatives
 };
 
 struct GenerationEvent {
   enum class Kind { text, finished, failed };
   Kind kind = Kind::text;
-  std::string text;           // text: the new final text
-  std::string finish_reason;  // finished: "eos" | "stop" | "length" | "context" | "cancelled"
+  std::string text;                            // text: the new final text
+  std::vector<engine::TokenLogprob> logprobs;  // text: the tokens generated with it (when asked for)
+  std::string finish_reason;                   // finished: "eos" | "stop" | "length" | "context" | "cancelled"
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
   ApiError error;  // failed

@@ -36,6 +36,9 @@ class Tokenizer {
   // The vocabulary string of a token (byte-level pieces are in their mapped form, e.g. "Ġthe").
   [[nodiscard]] std::optional<std::string> token_to_piece(TokenId id) const;
   [[nodiscard]] std::optional<TokenId> piece_to_token(std::string_view piece) const;
+  // The bytes a token adds to a text it is in the middle of ("Ġthe" and "▁the" give " the", "<0xE6>" the byte
+  // 0xE6): what OpenAI's logprobs report per token. Not always valid UTF-8 on its own.
+  [[nodiscard]] std::optional<std::string> token_bytes(TokenId id) const;
   [[nodiscard]] bool is_special(TokenId id) const;
   [[nodiscard]] std::size_t vocab_size() const;  // model vocabulary plus added tokens
 
