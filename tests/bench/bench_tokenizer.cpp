@@ -2,14 +2,18 @@
 // (tests/data/tokenizer/corpus.jsonl joined by newlines) repeated 48 times (~1 MB); tests/js/tokenizer_bench.mjs
 // measures the HuggingFace library on the very same text for a side-by-side comparison.
 // Tokenizers are looked up in $COLIBRI_TOKENIZERS_DIR or ../shared/tokenizers next to the repository.
+// json_mask/*: the time JSON mode adds to each generated token (one mask over the whole vocabulary), inside a string
+// (most tokens pass their first byte) and after a value (most fail there).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/engine/json_constraint.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 
 namespace {
@@ -50,6 +54,18 @@ void encode(benchmark::State& state, const Tokenizer& tok, const std::string& te
   state.counters["tokens"] = static_cast<double>(tokens);
 }
 
+void json_mask(benchmark::State& state, const Tokenizer& tok, const std::string& prefix) {
+  const colibri::engine::JsonTokenMask mask(tok, tok.vocab_size());
+  colibri::engine::JsonConstraint json;
+  if (!json.advance(prefix)) state.SkipWithError("the prefix is not JSON");
+  std::vector<std::uint8_t> allowed;
+  for (auto _ : state) {
+    mask.allowed(json, allowed);
+    benchmark::DoNotOptimize(allowed.data());
+  }
+  state.counters["allowed"] = static_cast<double>(std::count(allowed.begin(), allowed.end(), 1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,6 +85,12 @@ int main(int argc, char** argv) {
     })->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("encode_100KB_word/") + name).c_str(), [t](benchmark::State& s) {
       encode(s, *t, word);
+    })->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("json_mask_in_string/") + name).c_str(), [t](benchmark::State& s) {
+      json_mask(s, *t, R"({"name": "col)");
+    })->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("json_mask_after_value/") + name).c_str(), [t](benchmark::State& s) {
+      json_mask(s, *t, R"({"a": [1, 2)");
     })->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);

@@ -19,6 +19,7 @@ struct RunOptions {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   bool no_special = false;
+  bool json = false;
   engine::SamplingOptions sampling;
   bool seed_given = false;
   std::string record_trace;
@@ -39,6 +40,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.stop = o.stop;
   g.stop_at_eos = !o.ignore_eos;
   g.sampling = o.sampling;
+  g.json_object = o.json;
   std::cout << o.prompt << std::flush;
   auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {
     std::cout << text << std::flush;
@@ -76,6 +78,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
   cmd->add_option("--record-trace", o->record_trace, "Write the routing trace (JSONL, see README) to this file");
   cmd->add_flag("--no-special", o->no_special, "Do not add the tokenizer's special tokens (BOS) to the prompt");
+  cmd->add_flag("--json", o->json,
+                "JSON mode: generate one JSON object (only tokens that keep it valid JSON), stop when it closes");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   cmd->callback([&global, o] { global.exit_code = run_run(global, *o); });
 }

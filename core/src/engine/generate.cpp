@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+
+#include "colibri/engine/json_constraint.hpp"
 
 namespace colibri::engine {
 
@@ -77,9 +80,17 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     return !on_text || on_text(text);
   };
   r.finish_reason = "length";
+  std::optional<JsonTokenMask> json_tokens;
+  JsonConstraint json;
+  std::vector<std::uint8_t> allowed;
+  if (options.json_object) json_tokens.emplace(tok, logits.size());
   t0 = clock::now();
   for (std::int64_t i = 0; i < options.max_tokens; ++i) {
-    const std::int32_t next = sampler.sample(logits, history);
+    if (json_tokens) {
+      json_tokens->allowed(json, allowed);
+      if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
+    }
+    const std::int32_t next = sampler.sample(logits, history, allowed);
     if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "eos";
       break;
@@ -92,6 +103,10 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     }
     if (stops.stopped()) {
       r.finish_reason = "stop";
+      break;
+    }
+    if (json_tokens && json.advance(json_tokens->bytes(next)) && json.complete()) {
+      r.finish_reason = "eos";  // the object is the whole answer, as if the model had ended it
       break;
     }
     if (i + 1 == options.max_tokens) break;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
@@ -63,9 +64,15 @@ TokenLogprob token_logprob(std::span<const float> logits, std::int32_t id, std::
 
 Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {}
 
-std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std::int32_t> history) {
+std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std::int32_t> history,
+                             std::span<const std::uint8_t> allowed) {
   const auto n = static_cast<std::int32_t>(logits.size());
   work_.assign(logits.begin(), logits.end());
+  if (!allowed.empty()) {
+    for (std::size_t i = 0; i < work_.size() && i < allowed.size(); ++i) {
+      if (allowed[i] == 0) work_[i] = -std::numeric_limits<float>::infinity();
+    }
+  }
   const auto& o = options_;
   for (const auto& [id, bias] : o.logit_bias) {
     if (id >= 0 && id < n) work_[static_cast<std::size_t>(id)] += bias;
@@ -136,6 +143,8 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
     acc += p[i];
     if (u < acc) return ids_[i];
   }
+  // Rounding left u at or past the sum: the last token that has any probability (never a banned one).
+  while (keep > 1 && p[keep - 1] <= 0) --keep;
   return ids_[keep - 1];
 }
 

@@ -493,13 +493,28 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   }
   if (auto e = parse_logprobs(body, endpoint, out)) return e;
   if (auto e = parse_logit_bias(body, s)) return e;
-  for (const char* name : {"tools", "functions", "best_of", "response_format"}) {
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("response_format", "an object", *it);
+    const json type = it->value("type", json());
+    if (!type.is_string()) return wrong_type("response_format.type", "a string", type);
+    if (type == "json_object") {
+      out.json_object = true;
+    } else if (type == "json_schema") {
+      return bad_request(
+          "'response_format' of type 'json_schema' is not supported by colibri-server; "
+          "{\"type\": \"json_object\"} gives valid JSON without a schema.",
+          "response_format", "unsupported_value");
+    } else if (type != "text") {
+      return bad_request(
+          "Invalid value for 'response_format.type': expected 'text' or 'json_object', but got " + type.dump() + ".",
+          "response_format.type", "invalid_value");
+    }
+  }
+  for (const char* name : {"tools", "functions", "best_of"}) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
     if (std::string_view(name) == "best_of" && *it == 1) continue;
     if (std::string_view(name) == "tools" && it->is_array() && it->empty()) continue;
-    // Plain text is what every answer is; JSON mode would need constrained sampling, which colibri lacks.
-    if (std::string_view(name) == "response_format" && it->is_object() && it->value("type", json()) == "text") continue;
     return bad_request(std::string("'") + name + "' is not supported by colibri-server.", name,
                        "unsupported_parameter");
   }

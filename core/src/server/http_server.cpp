@@ -478,6 +478,7 @@ class Session : public std::enable_shared_from_this<Session> {
     job->request.stop = req.stop;
     job->request.sampling = req.sampling;
     job->request.logprobs = req.logprobs;
+    job->request.json_object = req.json_object;
     logprobs_wanted_ = req.logprobs >= 0;
     text_offset_ = 0;
     for (std::size_t i = 0; i < echo_text.size();) {  // completions count offsets in characters, echo included

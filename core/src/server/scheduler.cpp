@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "colibri/engine/generate.hpp"
 #include "colibri/util/output_file.hpp"
@@ -19,7 +21,9 @@ struct Scheduler::Sequence {
         history(job->request.prompt),
         sampler(job->request.sampling),
         decoder(tok, /*skip_special=*/true),
-        stops(job->request.stop) {}
+        stops(job->request.stop) {
+    if (job->request.json_object) json.emplace();
+  }
   std::shared_ptr<Job> job;
   std::vector<std::int32_t> history;  // prompt + generated
   engine::Sampler sampler;
@@ -33,6 +37,8 @@ struct Scheduler::Sequence {
   std::unique_ptr<engine::Engine::Sequence> state;  // its KV cache and position
   std::size_t prompt_done = 0;                      // prompt tokens already run (prefill goes in chunks)
   std::int64_t request_id = 0;                      // in the routing trace
+  std::optional<engine::JsonConstraint> json;       // JSON mode
+  std::vector<std::uint8_t> allowed;                // JSON mode: this step's token mask
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -217,7 +223,15 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       continue;
     }
     if (!seq.prefilled) continue;
-    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history);
+    if (seq.json) {
+      if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_);
+      json_tokens_->allowed(*seq.json, seq.allowed);
+      if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
+        finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
+        continue;
+      }
+    }
+    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed);
     if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
       finish(seq, "eos");
       continue;
@@ -233,8 +247,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       if (top >= 0) ev.logprobs.push_back(engine::token_logprob(seq.logits, next, static_cast<std::size_t>(top)));
       seq.job->on_event(std::move(ev));
     }
+    if (seq.json) seq.json->advance(json_tokens_->bytes(next));
     if (seq.stops.stopped()) {
       finish(seq, "stop");
+    } else if (seq.json && seq.json->complete()) {
+      finish(seq, "eos");  // the object is the whole answer: what a stop matcher held back is released
     } else if (seq.generated >= seq.job->request.max_tokens) {
       finish(seq, "length");
     } else if (static_cast<std::int64_t>(seq.history.size()) > context_) {  // no position left for `next`

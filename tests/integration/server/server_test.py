@@ -321,8 +321,54 @@ class Api(unittest.TestCase):
         self.assertEqual(got, {next(b for b, i in id_of.items() if i == forced)})
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 1}))
         assert_error(self, status, err, 400, "invalid_value", "logit_bias")
-        status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_object"}))
-        assert_error(self, status, err, 400, "unsupported_parameter", "response_format")
+        status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
+        assert_error(self, status, err, 400, "unsupported_value", "response_format")
+
+    def test_json_mode(self):
+        # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.
+        # A bias toward '"' (strings close sooner) makes most answers finish within max_tokens.
+        with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+            vocab = json.load(f)["model"]["vocab"]
+        bias = {str(vocab['"']): 3}
+        req = {"model": "tiny", "messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 300,
+               "temperature": 1.0, "logit_bias": bias, "response_format": {"type": "json_object"}}
+        finished, members = 0, 0
+        for seed in range(8):
+            status, body = self.s.json("POST", "/v1/chat/completions", dict(req, seed=seed))
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            text = choice["message"]["content"]
+            self.assertTrue(text.startswith("{"), text)
+            if choice["finish_reason"] == "stop":
+                finished += 1
+                self.assertIsInstance(json.loads(text), dict, text)
+                members += len(json.loads(text))
+        self.assertGreaterEqual(finished, 4)
+        self.assertGreater(members, 0, "only empty objects: the test shows too little")
+        # Streamed, the same object arrives in pieces.
+        _, whole = self.s.json("POST", "/v1/chat/completions", dict(req, seed=1))
+        status, events, done = self.s.stream("/v1/chat/completions", dict(req, seed=1))
+        self.assertTrue(done)
+        self.assertEqual(stream_text(events), whole["choices"][0]["message"]["content"])
+        # colibri-cli run --json takes the same path: greedy, it gives the server's text, one JSON object.
+        prompt = "A list"
+        _, body = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 200,
+                                                          "temperature": 0, "response_format": {"type": "json_object"}})
+        p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "-n", "200", "--temperature", "0",
+                            "--json"], capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        cli_text = p.stdout.decode("utf-8", "replace")[len(prompt):-1]
+        self.assertEqual(cli_text, body["choices"][0]["text"])
+        self.assertEqual(body["choices"][0]["finish_reason"], "stop")
+        self.assertIsInstance(json.loads(cli_text), dict)
+        # The same requests without JSON mode are not JSON: the constraint is what makes them so.
+        free = dict(req)
+        del free["response_format"]
+        texts = [self.s.json("POST", "/v1/chat/completions", dict(free, seed=s))[1]["choices"][0]["message"]["content"]
+                 for s in range(4)]
+        for t in texts:
+            with self.assertRaises(ValueError, msg=t):
+                json.loads(t)
 
     def test_bad_requests(self):
         s = self.s

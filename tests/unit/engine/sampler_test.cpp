@@ -133,6 +133,26 @@ TEST(Sampler, LogitBiasShiftsTheLogitBeforeSampling) {
   EXPECT_NE(o.validate().message().find("token id -3 is negative"), std::string::npos);
 }
 
+TEST(Sampler, OnlyAllowedTokensAreEverChosen) {
+  const std::vector<float> logits = {5.0f, 1.0f, 4.0f, 0.5f, 3.0f};
+  const std::vector<std::uint8_t> allowed = {0, 1, 0, 1, 1};
+  EXPECT_EQ(Sampler(plain(0.0f)).sample(logits, {}, allowed), 4);  // greedy: the best allowed one
+  for (const float t : {0.5f, 1.0f, 2.0f}) {
+    auto o = plain(t);
+    o.top_k = 0;
+    o.seed = 9;
+    o.repetition_penalty = 1.3f;
+    o.logit_bias = {{0, 50.0f}};  // a bias does not lift a ban
+    Sampler s(o);
+    std::vector<int> counts(logits.size());
+    const std::vector<std::int32_t> history = {0, 2};
+    for (int i = 0; i < 3000; ++i) ++counts[static_cast<std::size_t>(s.sample(logits, history, allowed))];
+    EXPECT_EQ(counts[0] + counts[2], 0) << t;
+    EXPECT_GT(counts[1], 0) << t;  // every allowed token keeps its chance
+    EXPECT_GT(counts[3], 0) << t;
+  }
+}
+
 TEST(Sampler, TokenLogprobIsTheLogSoftmaxOfTheRawLogits) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -50.0f};
   double z = 0;

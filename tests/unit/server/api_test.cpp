@@ -162,8 +162,12 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
        "invalid_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":"1"}})", "logit_bias[\"5\"]",
        "invalid_type"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       "response_format", "unsupported_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format", "unsupported_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+       "response_format.type", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":"json"})", "response_format",
+       "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools",
        "unsupported_parameter"},
   };
@@ -202,12 +206,17 @@ TEST(ServerApi, LogprobsAndLogitBiasAreRead) {
                         "logit_bias":{"17":-100,"3":2.5},"response_format":{"type":"text"}})",
                      Endpoint::chat, r));
   EXPECT_EQ(r.logprobs, 20);
+  EXPECT_FALSE(r.json_object);
   const std::vector<std::pair<std::int32_t, float>> bias = {{17, -100.0f}, {3, 2.5f}};
   auto got = r.sampling.logit_bias;
   std::sort(got.begin(), got.end());
   auto want = bias;
   std::sort(want.begin(), want.end());
   EXPECT_EQ(got, want);
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                        "response_format":{"type":"json_object"}})",
+                     Endpoint::chat, r));
+  EXPECT_TRUE(r.json_object);
   ASSERT_FALSE(
       parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false})", Endpoint::chat, r));
   EXPECT_EQ(r.logprobs, -1);

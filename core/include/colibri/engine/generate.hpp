@@ -20,6 +20,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;  // generation ends before the first occurrence of any of these
   bool stop_at_eos = true;
   SamplingOptions sampling;
+  bool json_object = false;  // JSON mode: only tokens that keep the text one valid JSON object; stops when it closes
 };
 
 struct GenerateResult {

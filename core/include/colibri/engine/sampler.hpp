@@ -44,8 +44,10 @@ class Sampler {
   explicit Sampler(SamplingOptions options);
 
   // Picks the next token from one row of logits. `history` is every token so far (prompt included); penalties
-  // look at its last penalty_last_n entries.
-  std::int32_t sample(std::span<const float> logits, std::span<const std::int32_t> history);
+  // look at its last penalty_last_n entries. A non-empty `allowed` (one entry per logit, 0 = banned) restricts the
+  // choice to the allowed tokens (JSON mode); at least one must be allowed.
+  std::int32_t sample(std::span<const float> logits, std::span<const std::int32_t> history,
+                      std::span<const std::uint8_t> allowed = {});
 
   [[nodiscard]] const SamplingOptions& options() const { return options_; }
 

@@ -50,7 +50,8 @@ struct CompletionRequest {
   bool include_usage = false;
   engine::SamplingOptions sampling;  // OpenAI defaults: temperature 1, top_p 1, no top-k/min-p
   bool seed_given = false;
-  int logprobs = -1;  // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
+  int logprobs = -1;         // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
+  bool json_object = false;  // response_format {"type": "json_object"}
 };
 
 // Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot

@@ -19,6 +19,7 @@
 
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/engine/engine.hpp"
+#include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/server/api.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
@@ -30,7 +31,8 @@ struct GenerationRequest {
   std::int64_t max_tokens = 16;  // >= 1; generation also ends when the context is full
   std::vector<std::string> stop;
   engine::SamplingOptions sampling;
-  int logprobs = -1;  // >= 0: report each generated token's logprob with this many alternatives
+  int logprobs = -1;         // >= 0: report each generated token's logprob with this many alternatives
+  bool json_object = false;  // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
 };
 
 struct GenerationEvent {
@@ -127,6 +129,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::int64_t context_ = 0, vocab_ = 0;
   std::vector<std::int64_t> eos_;
+  std::unique_ptr<engine::JsonTokenMask> json_tokens_;  // JSON mode, built at first use
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,299 @@
+#include "colibri/engine/json_constraint.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include "tokenizer/utf8.hpp"
+
+namespace colibri::engine {
+
+bool JsonConstraint::accepts(std::string_view bytes) const {
+  JsonConstraint copy = *this;
+  for (const char c : bytes) {
+    if (!copy.step(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+bool JsonConstraint::advance(std::string_view bytes) {
+  JsonConstraint next = *this;
+  for (const char c : bytes) {
+    if (!next.step(static_cast<unsigned char>(c))) return false;
+  }
+  *this = next;
+  return true;
+}
+
+bool JsonConstraint::whitespace(unsigned char c) {
+  if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
+  return ++whitespace_run_ <= kMaxWhitespaceRun;
+}
+
+bool JsonConstraint::open(char bracket) {
+  if (depth_ >= kMaxDepth) return false;
+  stack_[depth_++] = bracket;
+  mode_ = bracket == '{' ? Mode::key_or_end : Mode::array_first;
+  return true;
+}
+
+bool JsonConstraint::close(char bracket) {
+  if (depth_ == 0 || stack_[depth_ - 1] != bracket) return false;
+  --depth_;
+  mode_ = depth_ == 0 ? Mode::done : Mode::after_value;
+  return true;
+}
+
+bool JsonConstraint::end_value() {
+  mode_ = Mode::after_value;
+  return true;
+}
+
+bool JsonConstraint::start_number(Num first) {
+  number_ = first;
+  number_length_ = 1;
+  mode_ = Mode::number;
+  return true;
+}
+
+bool JsonConstraint::start_value(unsigned char c) {
+  switch (c) {
+    case '{': return open('{');
+    case '[': return open('[');
+    case '"':
+      mode_ = Mode::string;
+      string_is_key_ = false;
+      pending_ = 0;
+      return true;
+    case 't': literal_ = "rue"; break;
+    case 'f': literal_ = "alse"; break;
+    case 'n': literal_ = "ull"; break;
+    case '-': return start_number(Num::minus);
+    case '0': return start_number(Num::zero);
+    default:
+      if (c >= '1' && c <= '9') return start_number(Num::integer);
+      return false;
+  }
+  mode_ = Mode::literal;
+  return true;
+}
+
+bool JsonConstraint::after_value(unsigned char c) {
+  if (whitespace(c)) return true;
+  if (c == ',') {
+    mode_ = stack_[depth_ - 1] == '{' ? Mode::key : Mode::value;
+    return true;
+  }
+  if (c == '}') return close('{');
+  if (c == ']') return close('[');
+  return false;
+}
+
+bool JsonConstraint::step(unsigned char c) {
+  if (c != ' ' && c != '\t' && c != '\n' && c != '\r') whitespace_run_ = 0;
+  switch (mode_) {
+    case Mode::done: return false;
+    case Mode::top:  // no whitespace first: an answer starts with its '{', as llama.cpp's JSON grammar has it
+      return c == '{' && open('{');
+    case Mode::value:
+      if (whitespace(c)) return true;
+      return start_value(c);
+    case Mode::array_first:
+      if (whitespace(c)) return true;
+      if (c == ']') return close('[');
+      return start_value(c);
+    case Mode::key_or_end:
+    case Mode::key:
+      if (whitespace(c)) return true;
+      if (c == '}' && mode_ == Mode::key_or_end) return close('{');
+      if (c != '"') return false;
+      mode_ = Mode::string;
+      string_is_key_ = true;
+      pending_ = 0;
+      return true;
+    case Mode::colon:
+      if (whitespace(c)) return true;
+      if (c != ':') return false;
+      mode_ = Mode::value;
+      return true;
+    case Mode::after_value: return after_value(c);
+    case Mode::string:
+      if (pending_ > 0) {  // inside a multi-byte UTF-8 character
+        if (c < lo_ || c > hi_) return false;
+        lo_ = 0x80;
+        hi_ = 0xBF;
+        --pending_;
+        return true;
+      }
+      if (c == '"') {
+        if (string_is_key_) {
+          mode_ = Mode::colon;
+          return true;
+        }
+        return end_value();
+      }
+      if (c == '\\') {
+        mode_ = Mode::string_escape;
+        return true;
+      }
+      if (c < 0x20) return false;  // control characters must be escaped
+      if (c < 0x80) return true;
+      // UTF-8 lead bytes, with the first continuation's range (RFC 3629: no overlongs, surrogates or > U+10FFFF).
+      lo_ = 0x80;
+      hi_ = 0xBF;
+      if (c >= 0xC2 && c <= 0xDF) {
+        pending_ = 1;
+      } else if (c >= 0xE0 && c <= 0xEF) {
+        pending_ = 2;
+        if (c == 0xE0) lo_ = 0xA0;
+        if (c == 0xED) hi_ = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        pending_ = 3;
+        if (c == 0xF0) lo_ = 0x90;
+        if (c == 0xF4) hi_ = 0x8F;
+      } else {
+        return false;
+      }
+      return true;
+    case Mode::string_escape:
+      if (c == 'u') {
+        mode_ = Mode::string_unicode;
+        pending_ = 4;
+        return true;
+      }
+      if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
+      mode_ = Mode::string;
+      return true;
+    case Mode::string_unicode: {
+      const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+      if (!hex) return false;
+      if (--pending_ == 0) mode_ = Mode::string;
+      return true;
+    }
+    case Mode::literal:
+      if (c != static_cast<unsigned char>(*literal_)) return false;
+      if (*++literal_ == '\0') return end_value();
+      return true;
+    case Mode::number: {
+      const bool digit = c >= '0' && c <= '9';
+      // Bounded so that every number fits a double (parsers refuse 1e400): 64 bytes, exponents of 2 digits.
+      const bool ends = !digit && c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-';
+      if (!ends && ++number_length_ > kMaxNumberLength) return false;
+      switch (number_) {
+        case Num::minus:
+          if (c == '0') {
+            number_ = Num::zero;
+          } else if (digit) {
+            number_ = Num::integer;
+          } else {
+            return false;
+          }
+          return true;
+        case Num::zero:
+        case Num::integer:
+          if (digit && number_ == Num::integer) return true;
+          if (c == '.') {
+            number_ = Num::dot;
+            return true;
+          }
+          if (c == 'e' || c == 'E') {
+            number_ = Num::exp_mark;
+            return true;
+          }
+          break;  // the number ends here
+        case Num::dot:
+          if (!digit) return false;
+          number_ = Num::fraction;
+          return true;
+        case Num::fraction:
+          if (digit) return true;
+          if (c == 'e' || c == 'E') {
+            number_ = Num::exp_mark;
+            return true;
+          }
+          break;
+        case Num::exp_mark:
+          if (c == '+' || c == '-') {
+            number_ = Num::exp_sign;
+            return true;
+          }
+          [[fallthrough]];
+        case Num::exp_sign:
+          if (!digit) return false;
+          number_ = Num::exponent;
+          exponent_digits_ = 1;
+          return true;
+        case Num::exponent:
+          if (digit) return ++exponent_digits_ <= 2;
+          break;
+      }
+      // A complete number followed by something else: that byte belongs to what follows the value.
+      mode_ = Mode::after_value;
+      return after_value(c);
+    }
+  }
+  return false;
+}
+
+JsonTokenMask::JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab)
+    : bytes_(vocab), first_(vocab, 0), second_(vocab, 0), length_(vocab, 0), kind_(vocab, never) {
+  for (std::size_t id = 0; id < vocab; ++id) {
+    const auto t = static_cast<tokenizer::TokenId>(id);
+    if (tokenizer.is_special(t)) continue;
+    std::string b = tokenizer.token_bytes(t).value_or("");
+    if (b.empty()) continue;
+    bool is_plain = true;
+    for (std::size_t i = 0; i < b.size() && is_plain;) {
+      const auto c = static_cast<unsigned char>(b[i]);
+      if (c >= 0x80) {
+        const std::size_t n = tokenizer::utf8::valid_sequence_length(b, i);
+        is_plain = n > 0;
+        i += n;
+      } else {
+        is_plain = c >= 0x20 && c != '"' && c != '\\';
+        ++i;
+      }
+    }
+    first_[id] = static_cast<std::uint8_t>(b[0]);
+    if (b.size() > 1) second_[id] = static_cast<std::uint8_t>(b[1]);
+    length_[id] = static_cast<std::uint8_t>(std::min<std::size_t>(b.size(), 255));
+    kind_[id] = is_plain ? plain : other;
+    bytes_[id] = std::move(b);
+  }
+}
+
+void JsonTokenMask::allowed(const JsonConstraint& json, std::vector<std::uint8_t>& allowed) const {
+  // Most tokens fail on their first or second byte (after a value, " the" passes its space, not its 't'): each
+  // first byte is tested once, and the second bytes after an accepted first once that first byte is needed.
+  std::array<std::uint8_t, 256> first{};
+  std::array<JsonConstraint, 256> after{};
+  for (int b = 0; b < 256; ++b) {
+    after[static_cast<std::size_t>(b)] = json;
+    first[static_cast<std::size_t>(b)] = after[static_cast<std::size_t>(b)].step(static_cast<unsigned char>(b));
+  }
+  std::array<std::uint8_t, 256> row_ready{};
+  std::vector<std::uint8_t> second(256 * 256, 0);
+  auto second_ok = [&](unsigned b, unsigned c) {
+    if (!row_ready[b]) {
+      for (unsigned x = 0; x < 256; ++x) second[b * 256 + x] = after[b].accepts_byte(static_cast<unsigned char>(x));
+      row_ready[b] = 1;
+    }
+    return second[b * 256 + c] != 0;
+  };
+  const bool plain_ok = json.in_plain_string();
+  allowed.assign(bytes_.size(), 0);
+  for (std::size_t id = 0; id < bytes_.size(); ++id) {
+    if (kind_[id] == never || !first[first_[id]]) continue;
+    if (length_[id] == 1 || (kind_[id] == plain && plain_ok)) {
+      allowed[id] = 1;
+    } else if (second_ok(first_[id], second_[id])) {
+      allowed[id] = length_[id] == 2 || json.accepts(bytes_[id]);
+    }
+  }
+}
+
+const std::string& JsonTokenMask::bytes(std::int32_t id) const {
+  static const std::string none;
+  return id >= 0 && static_cast<std::size_t>(id) < bytes_.size() ? bytes_[static_cast<std::size_t>(id)] : none;
+}
+
+}  // namespace colibri::engine

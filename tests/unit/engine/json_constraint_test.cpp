@@ -1,0 +1,133 @@
+#include "colibri/engine/json_constraint.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace colibri::engine {
+namespace {
+
+// Feeds `text` one byte at a time; returns how many bytes were accepted.
+std::size_t accepted_prefix(const std::string& text, JsonConstraint& c) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (!c.advance(text.substr(i, 1))) return i;
+  }
+  return text.size();
+}
+
+TEST(JsonConstraint, AcceptsValidObjectsWhole) {
+  const std::vector<std::string> valid = {
+      "{}",
+      "{\n}",
+      R"({"a":1})",
+      R"({"a": -0.5e+10, "b": [true, false, null, 0, -12, 3.25E-2, "x"], "c": {"d": []}})",
+      R"({"esc": "q\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00", "utf8": "é模😀"})",
+      R"({"nested": [[[[{}]]]], "e": [ ] , "f" : { } })",
+  };
+  for (const auto& text : valid) {
+    JsonConstraint c;
+    EXPECT_EQ(accepted_prefix(text, c), text.size()) << text;
+    EXPECT_TRUE(c.complete()) << text;
+    EXPECT_FALSE(c.accepts(" ")) << "nothing after the object: " << text;
+    EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << text;
+  }
+  // Split anywhere, the pieces are accepted the same way (tokens are multi-byte).
+  const std::string text = valid[3];
+  for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+    JsonConstraint c;
+    ASSERT_TRUE(c.advance(text.substr(0, cut))) << cut;
+    ASSERT_TRUE(c.advance(text.substr(cut))) << cut;
+    EXPECT_TRUE(c.complete());
+  }
+}
+
+TEST(JsonConstraint, RefusesTheFirstInvalidByte) {
+  // text, how many bytes are valid
+  const std::vector<std::pair<std::string, std::size_t>> invalid = {
+      {"[1]", 0},                       // the top level must be an object
+      {"x", 0},                         //
+      {R"({a:1})", 1},                  // keys are strings
+      {R"({"a" 1})", 5},                // the colon is missing
+      {R"({"a":01})", 6},               // no leading zeros
+      {R"({"a":1.})", 7},               // a fraction needs digits
+      {R"({"a":1e})", 7},               // so does an exponent
+      {R"({"a":-})", 6},                //
+      {R"({"a":tru})", 8},              //
+      {R"({"a":nul,})", 8},             //
+      {R"({"a":[1,]})", 8},             // no trailing commas
+      {R"({"a":1,})", 7},               //
+      {R"({"a":[1}})", 7},              // brackets must match
+      {"{\"a\":\"\x01\"}", 6},          // control characters must be escaped
+      {R"({"a":"\x"})", 7},             // unknown escape
+      {R"({"a":"\u12G4"})", 10},        // \u takes 4 hex digits
+      {"{\"a\":\"\xC0\xAF\"}", 6},      // overlong UTF-8
+      {"{\"a\":\"\xED\xA0\x80\"}", 7},  // a surrogate in UTF-8
+      {"{\"a\":\"\xE6\x41\"}", 7},      // a lead byte without its continuation
+      {"{} {}", 2},                     // one object only
+      {"{\"a\":1}}", 7},                //
+      {R"({"a":1e123})", 9},            // exponents of 2 digits at most: every number fits a double
+      {"{\"a\":" + std::string(70, '7'), 5 + JsonConstraint::kMaxNumberLength},
+  };
+  for (const auto& [text, ok] : invalid) {
+    JsonConstraint c;
+    EXPECT_EQ(accepted_prefix(text, c), ok) << text;
+    EXPECT_FALSE(c.accepts(text.substr(ok, 1))) << text;
+    EXPECT_FALSE(JsonConstraint().accepts(text)) << text;
+  }
+}
+
+TEST(JsonConstraint, DepthAndWhitespaceAreBounded) {
+  JsonConstraint c;
+  ASSERT_TRUE(c.advance("{\"a\":"));
+  for (std::size_t i = 1; i < JsonConstraint::kMaxDepth; ++i) ASSERT_TRUE(c.advance("[")) << i;
+  EXPECT_FALSE(c.accepts("["));
+  EXPECT_TRUE(c.accepts("]"));
+  JsonConstraint w;
+  EXPECT_FALSE(w.accepts(" "));  // the answer starts with its '{'
+  EXPECT_TRUE(w.advance("{"));
+  EXPECT_TRUE(w.advance(std::string(JsonConstraint::kMaxWhitespaceRun, '\n')));
+  EXPECT_FALSE(w.accepts(" "));
+  EXPECT_TRUE(w.accepts("}"));
+  // Spaces inside strings are text, not layout.
+  EXPECT_TRUE(w.accepts("\"" + std::string(500, ' ') + "\""));
+}
+
+// A random walk that only takes bytes the automaton accepts, steered to close what it opened: every text it
+// completes is valid JSON (checked by nlohmann), so the constraint never lets a model write invalid JSON.
+TEST(JsonConstraint, EveryCompletedRandomWalkIsValidJson) {
+  const std::string alphabet = "{}[]\",:0123456789-+.eE truefalsn\\u/bAF\n\t\xC3\xA9\xE6\xA8\xA1";
+  std::mt19937 rng(1234);
+  int completed = 0;
+  for (int walk = 0; walk < 3000; ++walk) {
+    JsonConstraint c;
+    std::string text;
+    for (int step = 0; step < 400 && !c.complete(); ++step) {
+      std::vector<char> options;
+      for (const char ch : alphabet) {
+        if (c.accepts(std::string(1, ch))) options.push_back(ch);
+      }
+      ASSERT_FALSE(options.empty()) << "a dead end after " << text;  // some byte always continues valid JSON
+      // Late in the walk prefer closing brackets and quotes so that walks finish.
+      char pick = options[rng() % options.size()];
+      if (step > 200) {
+        for (const char ch : {'"', '}', ']', '0'}) {
+          if (c.accepts(std::string(1, ch)) && rng() % 2 == 0) pick = ch;
+        }
+      }
+      ASSERT_TRUE(c.advance(std::string(1, pick)));
+      text += pick;
+    }
+    if (!c.complete()) continue;
+    ++completed;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(text)) << text;
+    EXPECT_TRUE(j.is_object()) << text;
+  }
+  EXPECT_GT(completed, 1000);
+}
+
+}  // namespace
+}  // namespace colibri::engine
