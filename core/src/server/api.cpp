@@ -531,7 +531,8 @@ std::optional<ApiError> check_model(const std::string& requested, const std::str
 json Usage::to_json() const {
   return json{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 std::string openai_finish_reason(std::string_view reason) {

@@ -538,7 +538,7 @@ class Session : public std::enable_shared_from_this<Session> {
           if (client_gone_) return close_now();
           return respond_error(unavailable("The server is shutting down; the request was cancelled."), true);
         }
-        const Usage usage{ev.prompt_tokens, ev.completion_tokens};
+        const Usage usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens};
         return respond(200,
                        completion_response(endpoint_, ids_, text_, openai_finish_reason(ev.finish_reason), usage,
                                            logprobs_json(logprobs_))
@@ -569,7 +569,8 @@ class Session : public std::enable_shared_from_this<Session> {
         } else {
           pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, "", openai_finish_reason(ev.finish_reason))));
           if (include_usage_) {
-            pending_ += chunk(sse_event(usage_chunk(endpoint_, ids_, Usage{ev.prompt_tokens, ev.completion_tokens})));
+            pending_ += chunk(sse_event(
+                usage_chunk(endpoint_, ids_, Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens})));
           }
         }
         pending_ += chunk(kSseDone);

@@ -79,6 +79,9 @@ std::string render_metrics(const SchedulerStats& s,
   w.one("colibri_requests_failed_total", "counter", "Generation requests that failed in the engine.",
         static_cast<double>(s.failed));
   w.one("colibri_prompt_tokens_total", "counter", "Prompt tokens run (prefill).", static_cast<double>(s.prompt_tokens));
+  w.one("colibri_prompt_tokens_cached_total", "counter",
+        "Prompt tokens taken from an earlier request's KV cache instead of being run.",
+        static_cast<double>(s.cached_prompt_tokens));
   w.one("colibri_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(s.generated_tokens));
   w.one("colibri_generated_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.",
         s.recent_tokens_per_second);

@@ -37,6 +37,7 @@ struct Scheduler::Sequence {
   std::unique_ptr<engine::Engine::Sequence> state;  // its KV cache and position
   std::size_t prompt_done = 0;                      // prompt tokens already run (prefill goes in chunks)
   std::int64_t request_id = 0;                      // in the routing trace
+  std::int64_t cached = 0;                          // prompt tokens reused from an earlier request's KV cache
   std::optional<engine::JsonConstraint> json;       // JSON mode
   std::vector<std::uint8_t> allowed;                // JSON mode: this step's token mask
 };
@@ -178,6 +179,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason) {
     ev.kind = GenerationEvent::Kind::finished;
     ev.finish_reason = r;
     ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+    ev.cached_tokens = seq.cached;
     ev.completion_tokens = seq.generated;
     {
       std::lock_guard lock(mu_);
@@ -191,6 +193,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason) {
   ev.kind = GenerationEvent::Kind::finished;
   ev.finish_reason = reason;
   ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+  ev.cached_tokens = seq.cached;
   ev.completion_tokens = seq.generated;
   {
     std::lock_guard lock(mu_);
@@ -205,6 +208,7 @@ void Scheduler::fail(Sequence& seq, const ApiError& error) {
   ev.kind = GenerationEvent::Kind::failed;
   ev.error = error;
   ev.prompt_tokens = static_cast<std::int64_t>(seq.job->request.prompt.size());
+  ev.cached_tokens = seq.cached;
   ev.completion_tokens = seq.generated;
   {
     std::lock_guard lock(mu_);
@@ -273,18 +277,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     Sequence& seq = *sp;
     if (seq.done) continue;
     if (!seq.state) {
-      if (!free_states_.empty()) {
-        seq.state = std::move(free_states_.back());
-        free_states_.pop_back();
-      } else {
-        auto st = engine_.new_sequence();
-        if (!st) {
-          fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
-          continue;
-        }
-        seq.state = std::move(*st);
-      }
-      seq.state->n_past = 0;
+      take_state(seq);
+      if (!seq.state) continue;
     }
     engine::Engine::BatchItem item;
     item.sequence = seq.state.get();
@@ -324,8 +318,45 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   refresh_stats(seconds, generated_now, tokens_run, prompt_run, items.size());
 }
 
+void Scheduler::take_state(Sequence& seq) {
+  const auto& prompt = seq.job->request.prompt;
+  std::size_t best = free_states_.size(), best_common = 0;
+  for (std::size_t i = 0; i < free_states_.size(); ++i) {
+    const auto& held = free_states_[i].tokens;
+    const auto common = static_cast<std::size_t>(
+        std::mismatch(held.begin(), held.end(), prompt.begin(), prompt.end()).first - held.begin());
+    if (best == free_states_.size() || common > best_common) {
+      best = i;
+      best_common = common;
+    }
+  }
+  if (best < free_states_.size()) {
+    seq.state = std::move(free_states_[best].state);
+    free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(best));
+  } else {
+    auto st = engine_.new_sequence();
+    if (!st) {
+      fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
+      return;
+    }
+    seq.state = std::move(*st);
+  }
+  // The last prompt token always runs: its logits are the first token's distribution.
+  const auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
+  seq.state->n_past = reuse;
+  seq.prompt_done = static_cast<std::size_t>(reuse);
+  seq.cached = reuse;
+  std::lock_guard lock(mu_);
+  stats_.cached_prompt_tokens += static_cast<std::uint64_t>(reuse);
+}
+
 void Scheduler::release_state(Sequence& seq) {
-  if (seq.state) free_states_.push_back(std::move(seq.state));
+  if (!seq.state) return;
+  // The KV holds the first n_past tokens of prompt + generated (the last sampled token may not have run).
+  const auto n = std::min<std::size_t>(static_cast<std::size_t>(seq.state->n_past), seq.history.size());
+  free_states_.push_back(
+      {std::move(seq.state),
+       std::vector<std::int32_t>(seq.history.begin(), seq.history.begin() + static_cast<std::ptrdiff_t>(n))});
 }
 
 void Scheduler::count_routing(const std::vector<engine::RoutingRecord>& trace) {

@@ -226,7 +226,12 @@ class Api(unittest.TestCase):
             self.assertEqual(stream_text(events, endpoint), text)
             self.assertEqual(finish_of(events), full["choices"][0]["finish_reason"])
             self.assertEqual(events[-1]["choices"], [])
-            self.assertEqual(events[-1]["usage"], full["usage"])
+            # The stream found the request before it in the KV cache: all but the last prompt token were reused.
+            streamed_usage, full_usage = dict(events[-1]["usage"]), dict(full["usage"])
+            self.assertEqual(streamed_usage.pop("prompt_tokens_details")["cached_tokens"],
+                             full_usage["prompt_tokens"] - 1)
+            full_usage.pop("prompt_tokens_details")
+            self.assertEqual(streamed_usage, full_usage)
             self.assertTrue(all(e["id"] == events[0]["id"] for e in events))
             if endpoint == "chat":
                 self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
@@ -323,6 +328,31 @@ class Api(unittest.TestCase):
         assert_error(self, status, err, 400, "invalid_value", "logit_bias")
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
         assert_error(self, status, err, 400, "unsupported_value", "response_format")
+
+    def test_prompt_cache_reuses_a_shared_prefix_exactly(self):
+        # The same prompt again runs only its last token; the answer, logprobs included, has the same bits.
+        prompt = "The colibri hovers over the red flowers of the garden and drinks their nectar while the sun rises"
+        req = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 3}
+        _, first = self.s.json("POST", "/v1/completions", req)
+        _, again = self.s.json("POST", "/v1/completions", req)
+        n = again["usage"]["prompt_tokens"]
+        self.assertGreater(n, 10)
+        self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], n - 1)
+        self.assertLess(first["usage"]["prompt_tokens_details"]["cached_tokens"], n - 1)
+        self.assertEqual(again["choices"][0], first["choices"][0])
+        # A longer prompt sharing that one's prefix (a conversation's next turn) reuses what it shares.
+        longer = dict(req, prompt=prompt + " and the bees hum")
+        _, turn = self.s.json("POST", "/v1/completions", longer)
+        self.assertGreaterEqual(turn["usage"]["prompt_tokens_details"]["cached_tokens"], n - 2)
+        # The same answer as a server that never saw the prefix.
+        fresh = Server()
+        try:
+            _, cold = fresh.json("POST", "/v1/completions", longer)
+            self.assertEqual(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            self.assertEqual(cold["choices"][0], turn["choices"][0])
+        finally:
+            self.assertEqual(fresh.stop(), 0)
+        self.assertGreaterEqual(self.s.metric("colibri_prompt_tokens_cached_total"), 2 * n - 3)
 
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.

@@ -310,9 +310,10 @@ TEST(ServerApi, ResponseShapes) {
   auto last = stream_chunk(Endpoint::chat, ids, "", "length");
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
-  auto usage = usage_chunk(Endpoint::chat, ids, Usage{4, 5});
+  auto usage = usage_chunk(Endpoint::chat, ids, Usage{4, 5, 3});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
 
   const auto event = sse_event(json{{"a", 1}});
   EXPECT_EQ(event, "data: {\"a\":1}\n\n");

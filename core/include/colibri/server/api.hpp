@@ -87,6 +87,7 @@ std::optional<ApiError> parse_cache_warm_request(std::string_view body, CacheWar
 struct Usage {
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
+  std::int64_t cached_tokens = 0;  // prompt_tokens_details.cached_tokens: reused from an earlier request's KV cache
   [[nodiscard]] nlohmann::json to_json() const;
 };
 

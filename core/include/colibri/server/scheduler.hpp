@@ -42,6 +42,7 @@ struct GenerationEvent {
   std::vector<engine::TokenLogprob> logprobs;  // text: the tokens generated with it (when asked for)
   std::string finish_reason;                   // finished: "eos" | "stop" | "length" | "context" | "cancelled"
   std::int64_t prompt_tokens = 0;
+  std::int64_t cached_tokens = 0;  // of the prompt, taken from an earlier request's KV cache instead of being run
   std::int64_t completion_tokens = 0;
   ApiError error;  // failed
 };
@@ -74,8 +75,9 @@ struct SchedulerStats {
   std::size_t active = 0;
   std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0;
   std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0, batched_sequences = 0;
-  double busy_seconds = 0;              // time spent in forward passes
-  double recent_tokens_per_second = 0;  // generated tokens over the last 10 s
+  std::uint64_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from an earlier request (not run)
+  double busy_seconds = 0;                 // time spent in forward passes
+  double recent_tokens_per_second = 0;     // generated tokens over the last 10 s
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
   std::size_t expert_resident_count = 0;
@@ -138,9 +140,17 @@ class Scheduler {
   bool closed_ = false, stopping_ = false, cancel_all_ = false;
   SchedulerStats stats_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> recent_;
-  std::int64_t next_request_id_ = 0;                                    // trace request ids, in join order
-  std::map<std::uint64_t, std::uint64_t> usage_;                        // (layer << 32 | expert) -> router picks
-  std::vector<std::unique_ptr<engine::Engine::Sequence>> free_states_;  // KV caches kept for reuse
+  std::int64_t next_request_id_ = 0;              // trace request ids, in join order
+  std::map<std::uint64_t, std::uint64_t> usage_;  // (layer << 32 | expert) -> router picks
+  // KV caches kept for reuse, each with the tokens it holds: a new request takes the one sharing the longest
+  // prefix with its prompt and runs only the rest (KV entries depend only on the tokens before them, so the
+  // result is the same bits as running the whole prompt).
+  struct FreeState {
+    std::unique_ptr<engine::Engine::Sequence> state;
+    std::vector<std::int32_t> tokens;
+  };
+  std::vector<FreeState> free_states_;
+  void take_state(Sequence& seq);
   std::thread thread_;
   std::mutex shutdown_mu_;
 };

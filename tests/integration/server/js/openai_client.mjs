@@ -33,6 +33,10 @@ for await (const chunk of stream) {
 }
 assert.equal(text, full.choices[0].message.content);
 assert.equal(finish, full.choices[0].finish_reason);
+// The second request found the first one's prompt in the server's KV cache: only the cached count differs.
+assert.equal(usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens - 1);
+delete usage.prompt_tokens_details;
+delete full.usage.prompt_tokens_details;
 assert.deepEqual(usage, full.usage);
 
 const comp = await client.completions.create({ model, prompt: "Once", max_tokens: 8, temperature: 0 });
