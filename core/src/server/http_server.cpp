@@ -461,10 +461,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(*e, false);
     for (const auto& [id, bias] : req.sampling.logit_bias) {
       if (id >= srv_.scheduler->vocab_size()) {
+        const std::string vocab = std::to_string(srv_.scheduler->vocab_size());
         return respond_error(bad_request("Invalid token id " + std::to_string(id) +
-                                             " in 'logit_bias': the vocabulary "
-                                             "has " +
-                                             std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
+                                             " in 'logit_bias': the vocabulary has " + vocab + " tokens.",
                                          "logit_bias", "invalid_value"),
                              false);
       }
@@ -480,6 +479,7 @@ class Session : public std::enable_shared_from_this<Session> {
     job->request.logprobs = req.logprobs;
     job->request.json_object = req.json_object;
     logprobs_wanted_ = req.logprobs >= 0;
+    logprobs_.clear();  // a keep-alive connection's earlier request had its own
     text_offset_ = 0;
     for (std::size_t i = 0; i < echo_text.size();) {  // completions count offsets in characters, echo included
       tokenizer::utf8::next_code_point(echo_text, i);

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -230,6 +229,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     if (seq.json) {
       if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_);
       json_tokens_->allowed(*seq.json, seq.allowed);
+      for (const auto e : eos_) {  // an end token not marked special must not end the answer mid-object either
+        if (e >= 0 && static_cast<std::size_t>(e) < seq.allowed.size()) seq.allowed[static_cast<std::size_t>(e)] = 0;
+      }
       if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
         finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
         continue;

@@ -300,6 +300,13 @@ class Api(unittest.TestCase):
         self.assertEqual(stream_text(events), choice["message"]["content"])
         _, plain = self.s.json("POST", "/v1/chat/completions", dict(chat, logprobs=False, top_logprobs=None))
         self.assertIsNone(plain["choices"][0]["logprobs"])
+        # Two requests on one keep-alive connection: the second answer has only its own tokens.
+        conn = http.client.HTTPConnection("127.0.0.1", self.s.port, timeout=60)
+        for _ in range(2):
+            conn.request("POST", "/v1/chat/completions", json.dumps(chat), {"Content-Type": "application/json"})
+            again = json.loads(conn.getresponse().read())
+            self.assertEqual(again["choices"][0]["logprobs"]["content"], entries)
+        conn.close()
 
         # Completions: the legacy shape, offsets counted from the echoed prompt.
         req = {"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "temperature": 0, "logprobs": 2, "echo": True}
