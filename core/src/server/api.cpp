@@ -442,6 +442,17 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   }
   if (auto e = number_field(body, "presence_penalty", -2.0, 2.0, s.presence_penalty)) return e;
   if (auto e = number_field(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty)) return e;
+  // Extensions vLLM and llama.cpp's server also take: off unless given.
+  if (auto e = number_field(body, "min_p", 0.0, 1.0, s.min_p)) return e;
+  if (auto e = number_field(body, "repetition_penalty", 0.01, 10.0, s.repetition_penalty)) return e;
+  if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {
+    if (!is_integer(*it)) return wrong_type("top_k", "an integer", *it);
+    // -1 and 0 both mean off (vLLM writes -1).
+    if (it->is_number_unsigned() ? it->get<std::uint64_t>() > 1000000u : it->get<std::int64_t>() < -1) {
+      return out_of_range("top_k", "-1 or 0 (off), or a number of tokens up to 1000000", *it);
+    }
+    s.top_k = std::max<std::int32_t>(0, static_cast<std::int32_t>(it->get<std::int64_t>()));
+  }
 
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     auto it = body.find(name);

@@ -264,6 +264,11 @@ class Api(unittest.TestCase):
         penalized = {self.s.json("POST", "/v1/completions", dict(greedy, **{k: 2.0}))[1]["choices"][0]["text"]
                      for k in ("presence_penalty", "frequency_penalty")}
         self.assertTrue(penalized - {plain}, "penalties do not change greedy output")
+        # vLLM's extensions: top_k 1 keeps only the best token, so sampling at any seed is greedy.
+        top1 = self.s.json("POST", "/v1/completions", dict(greedy, temperature=1.0, seed=5, top_k=1))[1]
+        self.assertEqual(top1["choices"][0]["text"], plain)
+        repeated = self.s.json("POST", "/v1/completions", dict(greedy, repetition_penalty=3.0))[1]
+        self.assertNotEqual(repeated["choices"][0]["text"], plain)
 
     def test_echo_and_token_prompt(self):
         _, body = self.s.json("POST", "/v1/completions",

@@ -195,6 +195,23 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
   }
 }
 
+TEST(ServerApi, VllmSamplingExtensionsAreRead) {
+  CompletionRequest r;
+  ASSERT_FALSE(
+      parse(R"({"model":"m","prompt":"x","top_k":40,"min_p":0.1,"repetition_penalty":1.2})", Endpoint::completions, r));
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.2f);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","top_k":-1})", Endpoint::completions, r));
+  EXPECT_EQ(r.sampling.top_k, 0);
+  for (const char* body : {R"({"model":"m","prompt":"x","top_k":-2})", R"({"model":"m","prompt":"x","min_p":1.5})",
+                           R"({"model":"m","prompt":"x","repetition_penalty":0})"}) {
+    const auto e = expect_error(body, Endpoint::completions);
+    EXPECT_EQ(e.code, "invalid_value") << body;
+  }
+  EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","top_k":2.5})", Endpoint::completions).param, "top_k");
+}
+
 TEST(ServerApi, LogprobsAndLogitBiasAreRead) {
   CompletionRequest r;
   ASSERT_FALSE(parse(kChat, Endpoint::chat, r));
