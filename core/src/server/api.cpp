@@ -472,7 +472,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   }
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("n", "an integer", *it);
-    if (*it != 1) return bad_request("Only n=1 is supported.", "n", "unsupported_value");
+    const bool huge = it->is_number_unsigned() && it->get<std::uint64_t>() > kMaxChoices;
+    if (huge || it->get<std::int64_t>() < 1 || it->get<std::int64_t>() > kMaxChoices) {
+      return out_of_range("n", "an integer from 1 to " + std::to_string(kMaxChoices), *it);
+    }
+    out.n = it->get<int>();
   }
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return wrong_type("stream", "a boolean", *it);
@@ -611,24 +615,33 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
               {"text_offset", std::move(offsets)}};
 }
 
-json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage, const json& logprobs) {
+json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::vector<Choice>& choices,
+                         const Usage& usage) {
   json r = envelope(endpoint, ids, false);
-  json choice{{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-  if (endpoint == Endpoint::chat) {
-    choice["message"] = json{{"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
-  } else {
-    choice["text"] = text;
+  r["choices"] = json::array();
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json choice{{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
+    if (endpoint == Endpoint::chat) {
+      choice["message"] = json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = c.text;
+    }
+    r["choices"].push_back(std::move(choice));
   }
-  r["choices"] = json::array({choice});
   r["usage"] = usage.to_json();
   return r;
 }
 
+json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
+                         const std::string& finish_reason, const Usage& usage, const json& logprobs) {
+  return completion_response(endpoint, ids, std::vector<Choice>{{text, finish_reason, logprobs}}, usage);
+}
+
 json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const std::string& finish_reason,
-                  bool role_chunk, const json& logprobs) {
+                  bool role_chunk, const json& logprobs, int index) {
   json r = envelope(endpoint, ids, true);
-  json choice{{"index", 0}, {"logprobs", logprobs}};
+  json choice{{"index", index}, {"logprobs", logprobs}};
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
   if (endpoint == Endpoint::chat) {
     json delta = json::object();

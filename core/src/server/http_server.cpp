@@ -207,7 +207,8 @@ class Session : public std::enable_shared_from_this<Session> {
     } catch (const std::exception& e) {
       spdlog::error("request {} {} failed: {}", std::string(request_.method_string()), std::string(request_.target()),
                     e.what());
-      if (!job_ && !responding_) respond_error(internal_error(std::string("Internal error: ") + e.what()), true);
+      if (jobs_.empty() && !responding_)
+        respond_error(internal_error(std::string("Internal error: ") + e.what()), true);
     }
   }
 
@@ -471,39 +472,57 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
-    auto job = std::make_shared<Job>();
-    job->request.prompt = std::move(prompt);
-    job->request.max_tokens = req.max_tokens.value_or(ctx - prompt_tokens);
-    job->request.stop = req.stop;
-    job->request.sampling = req.sampling;
-    job->request.logprobs = req.logprobs;
-    job->request.json_object = req.json_object;
-    logprobs_wanted_ = req.logprobs >= 0;
-    logprobs_.clear();  // a keep-alive connection's earlier request had its own
-    text_offset_ = 0;
-    for (std::size_t i = 0; i < echo_text.size();) {  // completions count offsets in characters, echo included
-      tokenizer::utf8::next_code_point(echo_text, i);
-      ++text_offset_;
+    // One job per choice; events carry the request's generation so that a late event of an earlier request on
+    // this connection is never taken for this one's.
+    const std::uint64_t generation = ++generation_;
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < req.n; ++i) {
+      auto job = std::make_shared<Job>();
+      job->request.prompt = prompt;
+      job->request.max_tokens = req.max_tokens.value_or(ctx - prompt_tokens);
+      job->request.stop = req.stop;
+      job->request.sampling = req.sampling;
+      if (req.seed_given) job->request.sampling.seed = req.sampling.seed + static_cast<std::uint64_t>(i);
+      if (!req.seed_given && i > 0) {
+        job->request.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
+      }
+      job->request.logprobs = req.logprobs;
+      job->request.json_object = req.json_object;
+      job->on_event = [self = shared_from_this(), generation, i](GenerationEvent&& ev) {
+        net::post(self->stream_.get_executor(), [self, generation, i, ev = std::move(ev)]() mutable {
+          if (generation == self->generation_) self->on_event(static_cast<std::size_t>(i), std::move(ev));
+        });
+      };
+      jobs.push_back(std::move(job));
     }
-    job->on_event = [self = shared_from_this()](GenerationEvent&& ev) {
-      net::post(self->stream_.get_executor(), [self, ev = std::move(ev)]() mutable { self->on_event(std::move(ev)); });
-    };
+    logprobs_wanted_ = req.logprobs >= 0;
+    std::int64_t echo_chars = 0;  // completions count logprob offsets in characters, echo included
+    for (std::size_t i = 0; i < echo_text.size();) {
+      tokenizer::utf8::next_code_point(echo_text, i);
+      ++echo_chars;
+    }
+    choices_.assign(jobs.size(), ChoiceState{});
+    for (auto& c : choices_) {
+      c.text = echo_text;
+      c.text_offset = echo_chars;
+    }
+    open_choices_ = jobs.size();
+    usage_ = Usage{};
     ids_.id = srv_.new_id(endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-");
     ids_.created = static_cast<std::int64_t>(std::time(nullptr));
     ids_.model = srv_.opt.model_name;
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
-    text_ = echo_text;
-    switch (srv_.scheduler->submit(job)) {
-      case Scheduler::Submit::queue_full:
-        job->on_event = nullptr;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      const auto submitted = srv_.scheduler->submit(jobs[i]);
+      if (submitted == Scheduler::Submit::accepted) continue;
+      ++generation_;  // the choices already queued are cancelled; their events are for no one
+      for (std::size_t k = 0; k < i; ++k) jobs[k]->cancel();
+      if (submitted == Scheduler::Submit::queue_full)
         return respond_error(busy(srv_.scheduler->options().max_queue), false);
-      case Scheduler::Submit::closed:
-        job->on_event = nullptr;
-        return respond_error(unavailable("The server is shutting down."), true);
-      case Scheduler::Submit::accepted: break;
+      return respond_error(unavailable("The server is shutting down."), true);
     }
-    job_ = std::move(job);
+    jobs_ = std::move(jobs);
     watch_disconnect();
     if (streaming_) {
       http::response<http::empty_body> res{http::status::ok, request_.version()};
@@ -515,70 +534,83 @@ class Session : public std::enable_shared_from_this<Session> {
       std::ostringstream head;
       head << res.base();
       pending_ = head.str();
-      std::string first = sse_event(stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat));
-      if (endpoint == Endpoint::completions && echo_text.empty()) first.clear();
-      if (!first.empty()) pending_ += chunk(first);
+      if (endpoint == Endpoint::chat || !echo_text.empty()) {
+        for (std::size_t i = 0; i < jobs_.size(); ++i) {
+          pending_ += chunk(sse_event(
+              stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat, nullptr, static_cast<int>(i))));
+        }
+      }
       srv_.count(route_, 200);
       flush();
     }
   }
 
-  void on_event(GenerationEvent&& ev) {
-    if (!job_) return;
-    if (streaming_) return on_stream_event(std::move(ev));
-    switch (ev.kind) {
-      case GenerationEvent::Kind::text:
-        text_ += ev.text;
-        logprobs_.insert(logprobs_.end(), ev.logprobs.begin(), ev.logprobs.end());
-        return;
-      case GenerationEvent::Kind::failed: job_.reset(); return respond_error(ev.error, true);
-      case GenerationEvent::Kind::finished:
-        job_.reset();
-        if (ev.finish_reason == "cancelled") {
-          if (client_gone_) return close_now();
-          return respond_error(unavailable("The server is shutting down; the request was cancelled."), true);
-        }
-        const Usage usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens};
-        return respond(200,
-                       completion_response(endpoint_, ids_, text_, openai_finish_reason(ev.finish_reason), usage,
-                                           logprobs_json(logprobs_))
-                           .dump(-1, ' ', false, json::error_handler_t::replace),
-                       "application/json");
-    }
+  void cancel_jobs() {
+    for (auto& job : jobs_) job->cancel();  // the scheduler still sends each its terminal event
   }
 
-  void on_stream_event(GenerationEvent&& ev) {
+  // One choice's event. The request ends when every choice has finished, or at the first failure or cancellation.
+  void on_event(std::size_t index, GenerationEvent&& ev) {
+    if (jobs_.empty()) return;
+    ChoiceState& c = choices_[index];
     switch (ev.kind) {
       case GenerationEvent::Kind::text:
-        pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
-                                                 ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs))));
-        break;
-      case GenerationEvent::Kind::failed:
-        job_.reset();
-        pending_ += chunk("data: " + ev.error.body() + "\n\n");
-        pending_ += chunk(kSseDone);
-        pending_ += "0\r\n\r\n";
-        ended_ = true;
-        break;
-      case GenerationEvent::Kind::finished: {
-        job_.reset();
-        if (ev.finish_reason == "cancelled") {
-          if (client_gone_) return close_now();
-          pending_ +=
-              chunk("data: " + unavailable("The server is shutting down; the stream was cancelled.").body() + "\n\n");
-        } else {
-          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, "", openai_finish_reason(ev.finish_reason))));
-          if (include_usage_) {
-            pending_ += chunk(sse_event(
-                usage_chunk(endpoint_, ids_, Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens})));
-          }
+        if (streaming_) {
+          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
+                                                   ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
+                                                   static_cast<int>(index))));
+          return flush();
         }
-        pending_ += chunk(kSseDone);
-        pending_ += "0\r\n\r\n";
-        ended_ = true;
-        break;
-      }
+        c.text += ev.text;
+        c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+        return;
+      case GenerationEvent::Kind::failed:
+        cancel_jobs();
+        jobs_.clear();
+        if (!streaming_) return respond_error(ev.error, true);
+        pending_ += chunk("data: " + ev.error.body() + "\n\n");
+        return end_stream();
+      case GenerationEvent::Kind::finished: break;
     }
+    if (ev.finish_reason == "cancelled") {
+      cancel_jobs();
+      jobs_.clear();
+      if (client_gone_) return close_now();
+      if (!streaming_) {
+        return respond_error(unavailable("The server is shutting down; the request was cancelled."), true);
+      }
+      pending_ +=
+          chunk("data: " + unavailable("The server is shutting down; the stream was cancelled.").body() + "\n\n");
+      return end_stream();
+    }
+    c.finish_reason = openai_finish_reason(ev.finish_reason);
+    // The prompt counts once; the completions add up; cached: what every choice reused.
+    usage_.prompt_tokens = ev.prompt_tokens;
+    usage_.completion_tokens += ev.completion_tokens;
+    usage_.cached_tokens =
+        open_choices_ == choices_.size() ? ev.cached_tokens : std::min(usage_.cached_tokens, ev.cached_tokens);
+    --open_choices_;
+    if (streaming_) {
+      pending_ +=
+          chunk(sse_event(stream_chunk(endpoint_, ids_, "", c.finish_reason, false, nullptr, static_cast<int>(index))));
+    }
+    if (open_choices_ > 0) return streaming_ ? flush() : void();
+    jobs_.clear();
+    if (streaming_) {
+      if (include_usage_) pending_ += chunk(sse_event(usage_chunk(endpoint_, ids_, usage_)));
+      return end_stream();
+    }
+    std::vector<Choice> choices;
+    for (auto& ch : choices_) choices.push_back({ch.text, ch.finish_reason, logprobs_json(ch.logprobs, ch)});
+    respond(200,
+            completion_response(endpoint_, ids_, choices, usage_).dump(-1, ' ', false, json::error_handler_t::replace),
+            "application/json");
+  }
+
+  void end_stream() {
+    pending_ += chunk(kSseDone);
+    pending_ += "0\r\n\r\n";
+    ended_ = true;
     flush();
   }
 
@@ -593,11 +625,11 @@ class Session : public std::enable_shared_from_this<Session> {
       self->stream_.expires_never();
       if (ec) {
         self->client_gone_ = true;
-        if (self->job_) self->job_->cancel();  // the scheduler still sends the terminal event
+        self->cancel_jobs();
         return self->close_now();
       }
       if (!self->pending_.empty()) return self->flush();
-      if (self->ended_ && !self->job_) {
+      if (self->ended_ && self->jobs_.empty()) {
         self->ended_ = false;
         self->streaming_ = false;
         if (self->keep_alive_ && !self->srv_.stopping) return self->read_request();
@@ -609,12 +641,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // While a job runs, a readable socket means EOF (client gone) or a pipelined request (left in the socket).
   void watch_disconnect() {
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      if (ec || !self->job_ || self->closed_) return;
+      if (ec || self->jobs_.empty() || self->closed_) return;
       char c;
       const auto n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         self->client_gone_ = true;
-        self->job_->cancel();
+        self->cancel_jobs();
         return;
       }
       if (n < 0) self->watch_disconnect();
@@ -679,7 +711,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_now() {
     if (closed_) return;
     closed_ = true;
-    if (job_) job_->cancel();
+    cancel_jobs();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -693,21 +725,29 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string route_ = "other";
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false;
   std::uint64_t drained_ = 0;
-  // The generation in flight.
-  std::shared_ptr<Job> job_;
+  // The generation in flight: one job per choice (empty when none).
+  std::vector<std::shared_ptr<Job>> jobs_;
+  std::uint64_t generation_ = 0;  // numbers this connection's requests; events of an earlier one are dropped
+  struct ChoiceState {
+    std::string text;
+    std::string finish_reason;
+    std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
+    std::int64_t text_offset = 0;                // completions: where the next token starts in the choice's text
+  };
+  std::vector<ChoiceState> choices_;
+  std::size_t open_choices_ = 0;
+  Usage usage_;
   Endpoint endpoint_ = Endpoint::chat;
   ResponseIds ids_;
   bool streaming_ = false, include_usage_ = false, client_gone_ = false, ended_ = false, writing_ = false;
-  std::string text_, pending_;
+  std::string pending_;
   bool logprobs_wanted_ = false;
-  std::vector<engine::TokenLogprob> logprobs_;  // non-streaming: every generated token's, for the response
-  std::int64_t text_offset_ = 0;                // completions: where the next token starts in the choice's text
 
-  nlohmann::json logprobs_json(const std::vector<engine::TokenLogprob>& tokens) {
+  nlohmann::json logprobs_json(const std::vector<engine::TokenLogprob>& tokens, ChoiceState& choice) {
     if (!logprobs_wanted_) return nullptr;
     return logprobs_object(
         endpoint_, tokens, [this](std::int32_t id) { return srv_.tokenizer.token_bytes(id).value_or(""); },
-        text_offset_);
+        choice.text_offset);
   }
 };
 

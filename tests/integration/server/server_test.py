@@ -341,6 +341,35 @@ class Api(unittest.TestCase):
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
         assert_error(self, status, err, 400, "unsupported_value", "response_format")
 
+    def test_several_choices(self):
+        # n choices run as n sequences with seeds seed, seed + 1, ...: choice i is the single request with seed + i.
+        req = {"model": "tiny", "prompt": "A bird", "max_tokens": 10, "temperature": 1.0, "seed": 40}
+        status, body = self.s.json("POST", "/v1/completions", dict(req, n=3, logprobs=1))
+        self.assertEqual(status, 200, body)
+        self.assertEqual([c["index"] for c in body["choices"]], [0, 1, 2])
+        singles = [self.s.json("POST", "/v1/completions", dict(req, seed=40 + i, logprobs=1))[1] for i in range(3)]
+        for i in range(3):
+            self.assertEqual(body["choices"][i]["text"], singles[i]["choices"][0]["text"])
+            self.assertEqual(body["choices"][i]["logprobs"], singles[i]["choices"][0]["logprobs"])
+        self.assertGreater(len({c["text"] for c in body["choices"]}), 1)
+        self.assertEqual(body["usage"]["completion_tokens"], sum(x["usage"]["completion_tokens"] for x in singles))
+        self.assertEqual(body["usage"]["prompt_tokens"], singles[0]["usage"]["prompt_tokens"])
+        # Streamed: each chunk names its choice; each choice ends once; usage comes last.
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 1.0,
+                "seed": 3, "n": 2}
+        _, full = self.s.json("POST", "/v1/chat/completions", chat)
+        status, events, done = self.s.stream("/v1/chat/completions",
+                                             dict(chat, stream_options={"include_usage": True}))
+        self.assertTrue(done)
+        for i in range(2):
+            mine = [dict(e, choices=[c for c in e["choices"] if c["index"] == i]) for e in events]
+            self.assertEqual(stream_text(mine), full["choices"][i]["message"]["content"])
+            self.assertEqual(finish_of(mine), full["choices"][i]["finish_reason"])
+        self.assertEqual(events[-1]["choices"], [])
+        self.assertEqual(events[-1]["usage"]["completion_tokens"], full["usage"]["completion_tokens"])
+        status, err = self.s.json("POST", "/v1/completions", dict(req, n=17))
+        assert_error(self, status, err, 400, "invalid_value", "n")
+
     def test_prompt_cache_reuses_a_shared_prefix_exactly(self):
         # The same prompt again runs only its last token; the answer, logprobs included, has the same bits.
         prompt = "The colibri hovers over the red flowers of the garden and drinks their nectar while the sun rises"

@@ -137,7 +137,9 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":2.5})", "max_tokens", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"9"})", "max_tokens", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"seed":"1"})", "seed", "invalid_type"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":2})", "n", "unsupported_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":17})", "n", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":0})", "n", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"n":1.5})", "n", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})",
        "stream_options", "invalid_value"},
@@ -193,6 +195,22 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
   }
+}
+
+TEST(ServerApi, SeveralChoices) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","n":3})", Endpoint::completions, r));
+  EXPECT_EQ(r.n, 3);
+  ASSERT_FALSE(parse(kChat, Endpoint::chat, r));
+  EXPECT_EQ(r.n, 1);
+  const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
+  const auto body =
+      completion_response(Endpoint::chat, ids, {{"a", "stop", nullptr}, {"bc", "length", nullptr}}, Usage{3, 4, 2});
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["message"]["content"], "bc");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "length");
+  EXPECT_EQ(stream_chunk(Endpoint::completions, ids, "z", "", false, nullptr, 2)["choices"][0]["index"], 2);
 }
 
 TEST(ServerApi, VllmSamplingExtensionsAreRead) {

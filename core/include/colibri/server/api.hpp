@@ -52,7 +52,10 @@ struct CompletionRequest {
   bool seed_given = false;
   int logprobs = -1;         // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
   bool json_object = false;  // response_format {"type": "json_object"}
+  int n = 1;                 // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
 };
+
+inline constexpr int kMaxChoices = 16;
 
 // Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot
 // exhaust the stack of the recursive parser.
@@ -112,7 +115,15 @@ using TokenBytes = std::function<std::string(std::int32_t)>;
 nlohmann::json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>& tokens,
                                const TokenBytes& bytes_of, std::int64_t& text_offset);
 
-// Non-streaming body; `logprobs` is the choice's logprobs object (null when not asked for).
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+  nlohmann::json logprobs;  // the choice's logprobs object (null when not asked for)
+};
+// Non-streaming body with choices 0, 1, ...
+nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::vector<Choice>& choices,
+                                   const Usage& usage);
+// The same with one choice.
 nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
                                    const std::string& finish_reason, const Usage& usage,
                                    const nlohmann::json& logprobs = nullptr);
@@ -120,7 +131,7 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, co
 // `finish_reason` closes the choice.
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
                             const std::string& finish_reason, bool role_chunk = false,
-                            const nlohmann::json& logprobs = nullptr);
+                            const nlohmann::json& logprobs = nullptr, int index = 0);
 // The stream_options.include_usage chunk: empty choices, usage set.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage);
 // "data: <json>\n\n"
