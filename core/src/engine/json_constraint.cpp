@@ -118,9 +118,8 @@ bool JsonConstraint::step(unsigned char c) {
     case Mode::after_value: return after_value(c);
     case Mode::string:
       if (pending_ > 0) {  // inside a multi-byte UTF-8 character
-        if (c < lo_ || c > hi_) return false;
-        lo_ = 0x80;
-        hi_ = 0xBF;
+        if (lead_ != 0 ? !tokenizer::utf8::second_ok(lead_, c) : (c < 0x80 || c > 0xBF)) return false;
+        lead_ = 0;
         --pending_;
         return true;
       }
@@ -137,22 +136,10 @@ bool JsonConstraint::step(unsigned char c) {
       }
       if (c < 0x20) return false;  // control characters must be escaped
       if (c < 0x80) return true;
-      // UTF-8 lead bytes, with the first continuation's range (RFC 3629: no overlongs, surrogates or > U+10FFFF).
-      lo_ = 0x80;
-      hi_ = 0xBF;
-      if (c >= 0xC2 && c <= 0xDF) {
-        pending_ = 1;
-      } else if (c >= 0xE0 && c <= 0xEF) {
-        pending_ = 2;
-        if (c == 0xE0) lo_ = 0xA0;
-        if (c == 0xED) hi_ = 0x9F;
-      } else if (c >= 0xF0 && c <= 0xF4) {
-        pending_ = 3;
-        if (c == 0xF0) lo_ = 0x90;
-        if (c == 0xF4) hi_ = 0x8F;
-      } else {
-        return false;
-      }
+      // A UTF-8 lead byte: strict, as JSON text must be (no overlongs, surrogates or code points past U+10FFFF).
+      if (tokenizer::utf8::lead_length(c) < 2) return false;
+      pending_ = static_cast<std::uint8_t>(tokenizer::utf8::lead_length(c) - 1);
+      lead_ = c;
       return true;
     case Mode::string_escape:
       if (c == 'u') {

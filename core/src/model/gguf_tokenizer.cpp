@@ -5,6 +5,8 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "tokenizer/utf8.hpp"
+
 namespace colibri::model {
 
 using nlohmann::json;
@@ -48,44 +50,11 @@ std::vector<std::size_t> char_boundaries(const std::string& s) {
   return b;
 }
 
-// Strict UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF), as JSON output needs.
-bool valid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      n = 1;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      n = 2;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      n = 3;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= n) return false;
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
-
 // Names the first string of `v` that is not UTF-8 (tokenizer.json cannot hold it), e.g. tokenizer.ggml.tokens[5].
 Status check_utf8(const std::vector<std::string>& v, const std::string& key, const std::string& where,
                   bool indexed = true) {
   for (std::size_t i = 0; i < v.size(); ++i) {
-    if (!valid_utf8(v[i])) {
+    if (!tokenizer::utf8::is_valid(v[i])) {
       return Status(StatusCode::corrupt_data, where + ": " + key + (indexed ? "[" + std::to_string(i) + "]" : "") +
                                                   " is not valid UTF-8, so no tokenizer.json can hold it; the "
                                                   "GGUF's vocabulary is damaged, re-export it");

@@ -3,9 +3,6 @@
 #include <unicode/ustring.h>
 
 namespace colibri::tokenizer::utf8 {
-namespace {
-
-// Expected total length for a lead byte, 0 when the byte cannot start a sequence.
 std::size_t lead_length(unsigned char b) noexcept {
   if (b < 0x80) return 1;
   if (b >= 0xC2 && b <= 0xDF) return 2;
@@ -14,7 +11,6 @@ std::size_t lead_length(unsigned char b) noexcept {
   return 0;
 }
 
-// Allowed range of the second byte (the first continuation), which depends on the lead byte.
 bool second_ok(unsigned char lead, unsigned char b) noexcept {
   switch (lead) {
     case 0xE0: return b >= 0xA0 && b <= 0xBF;
@@ -24,6 +20,8 @@ bool second_ok(unsigned char lead, unsigned char b) noexcept {
     default: return b >= 0x80 && b <= 0xBF;
   }
 }
+
+namespace {
 
 // How many bytes starting at i match a valid sequence prefix; sets `complete` when a full character is there.
 std::size_t matched_prefix(std::string_view s, std::size_t i, bool& complete) noexcept {

@@ -8,6 +8,12 @@
 
 namespace colibri::tokenizer::utf8 {
 
+// The length of the character a lead byte starts (1 for ASCII), 0 for a byte that cannot start one.
+std::size_t lead_length(unsigned char b) noexcept;
+// Whether `b` may follow `lead` as its first continuation byte (RFC 3629 excludes overlong forms, surrogates and
+// code points past U+10FFFF by this byte's range); later continuations are 0x80..0xBF.
+bool second_ok(unsigned char lead, unsigned char b) noexcept;
+
 // Length of the valid UTF-8 sequence starting at s[i], or 0 when the bytes there are not a valid sequence
 // (overlong forms, surrogates and values past U+10FFFF are invalid, as in Rust's str).
 std::size_t valid_sequence_length(std::string_view s, std::size_t i) noexcept;

@@ -69,9 +69,9 @@ class JsonConstraint {
   bool string_is_key_ = false;
   Num number_ = Num::minus;
   std::uint8_t number_length_ = 0, exponent_digits_ = 0;
-  std::uint8_t pending_ = 0;            // string: UTF-8 continuation bytes still due; \u: hex digits still due
-  std::uint8_t lo_ = 0x80, hi_ = 0xBF;  // the range of the next continuation byte (overlongs, surrogates)
-  const char* literal_ = nullptr;       // the rest of "true" / "false" / "null"
+  std::uint8_t pending_ = 0;       // string: UTF-8 continuation bytes still due; \u: hex digits still due
+  std::uint8_t lead_ = 0;          // a UTF-8 lead byte whose first continuation is due (0: none)
+  const char* literal_ = nullptr;  // the rest of "true" / "false" / "null"
   int whitespace_run_ = 0;
 };
 
