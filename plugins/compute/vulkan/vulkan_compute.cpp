@@ -141,8 +141,11 @@ const sdk::OptionSpec kOptions[] = {
      "buffers"},
 };
 
-const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",  "f16",  "bf16", "q8_0",
-                                     "q4_0",   "q2_k",       "q3_k",      "q4_k", "q5_k", "q6_k"};
+const char* const kCapabilities[] = {"matmul",    "expert_ffn", "expert_ffn_group",
+                                     "attention", "f32",        "f16",
+                                     "bf16",      "q8_0",       "q4_0",
+                                     "q2_k",      "q3_k",       "q4_k",
+                                     "q5_k",      "q6_k"};
 
 }  // namespace
 

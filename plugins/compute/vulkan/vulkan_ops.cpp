@@ -208,6 +208,8 @@ Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::
 bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   // store_rows: f32 and f16 rows; q8_0 would need correctly rounded divisions, which Vulkan does not promise.
   if (op == Op::store_rows) return weight_type == DType::f32 || weight_type == DType::f16;
+  // A layer's experts in one submission: the expert_ffn commands of each, one after another.
+  if (op == Op::expert_ffn_group) return sdk::supports_every_op(Op::expert_ffn, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -233,10 +235,6 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   const auto& out = call.outputs;
   // Shaders index with 32-bit integers: check_op_call refuses tensors of 2^31 elements or more.
   if (Status s = sdk::check_op_call(call, "vulkan"); !s) return s;
-  // The optional expert_ffn_group has no kernel here (supports() says so); the engine then calls expert_ffn.
-  if (call.op == Op::expert_ffn_group) {
-    return Status(StatusCode::unsupported, "vulkan: expert_ffn_group is not implemented; call expert_ffn per expert");
-  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
 #define COLIBRI_VK_TRY(expr)       \
   do {                             \
@@ -271,23 +269,37 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(matmul_command(w.type, wa, xa, ya, ba, k, n, t));
       break;
     }
-    case Op::expert_ffn: {
-      const Tensor &wg = in[0], &wu = in[1], &wd = in[2], &x = in[3], &y = out[0];
-      const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
-      COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
-      COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
-      COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
-      COLIBRI_VK_BIND(xa, x, "X", false, 4);
-      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
-      const std::size_t ft_bytes = static_cast<std::size_t>(f * t) * sizeof(float);
-      const std::size_t aligned = (ft_bytes + 255) / 256 * 256;
-      COLIBRI_VK_TRY(ensure_scratch(2 * aligned));
-      const std::uint64_t gate = scratch_.address, up = scratch_.address + aligned;
-      // Same numerics as matmul + swiglu + matmul: the same shaders, in that order.
-      cmds.push_back(matmul_command(wg.type, ga, xa, gate, 0, d, f, t));
-      cmds.push_back(matmul_command(wu.type, ua, xa, up, 0, d, f, t));
-      cmds.push_back(eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
-      cmds.push_back(matmul_command(wd.type, da, gate, ya, 0, f, d, t));
+    case Op::expert_ffn:
+    case Op::expert_ffn_group: {
+      // expert_ffn is a group of one. Every expert gets its own gate/up scratch, so a group is one submission of
+      // each expert's commands in turn (one wait instead of one per expert), with the bits of expert_ffn alone.
+      const std::size_t experts = out.size();
+      auto scratch_of = [&](std::size_t e) {
+        const std::size_t ft_bytes =
+            static_cast<std::size_t>(sdk::row_count(in[4 * e]) * sdk::row_count(in[4 * e + 3])) * sizeof(float);
+        return (ft_bytes + 255) / 256 * 256;
+      };
+      std::size_t scratch_bytes = 0;
+      for (std::size_t e = 0; e < experts; ++e) scratch_bytes += 2 * scratch_of(e);
+      COLIBRI_VK_TRY(ensure_scratch(scratch_bytes));
+      std::uint64_t next = scratch_.address;
+      for (std::size_t e = 0; e < experts; ++e) {
+        const Tensor &wg = in[4 * e], &wu = in[4 * e + 1], &wd = in[4 * e + 2], &x = in[4 * e + 3], &y = out[e];
+        const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
+        COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
+        COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
+        COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
+        COLIBRI_VK_BIND(xa, x, "X", false, 4);
+        COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+        const std::size_t aligned = scratch_of(e);
+        const std::uint64_t gate = next, up = next + aligned;
+        next += 2 * aligned;
+        // Same numerics as matmul + swiglu + matmul: the same shaders, in that order.
+        cmds.push_back(matmul_command(wg.type, ga, xa, gate, 0, d, f, t));
+        cmds.push_back(matmul_command(wu.type, ua, xa, up, 0, d, f, t));
+        cmds.push_back(eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
+        cmds.push_back(matmul_command(wd.type, da, gate, ya, 0, f, d, t));
+      }
       break;
     }
     case Op::rms_norm: {
