@@ -140,4 +140,48 @@ BENCHMARK(BM_RmsNorm)->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTi
 
 }  // namespace
 
+// A decode step's 8 experts of one layer (Qwen3-MoE's shape scaled down for lavapipe: d 512, f 256, q4_k, one
+// token each): arg 0 runs 8 expert_ffn calls (8 submissions and waits), arg 1 one expert_ffn_group call.
+void BM_ExpertsOfALayer(benchmark::State& state) {
+  auto c = compute();
+  if (!c) {
+    state.SkipWithError("no Vulkan device");
+    return;
+  }
+  const bool group = state.range(0) != 0;
+  const std::int64_t d = 512, f = 256;
+  constexpr int kExperts = 8;
+  std::vector<DeviceTensor> keep;
+  std::vector<Tensor> in, out;
+  for (int e = 0; e < kExperts; ++e) {
+    for (const auto& [rows, cols] : {std::pair{f, d}, std::pair{f, d}, std::pair{d, f}}) {
+      const auto wf = random_floats(static_cast<std::size_t>(rows * cols), static_cast<unsigned>(10 * e + rows));
+      std::vector<std::byte> w(row_bytes(DType::q4_k, cols) * static_cast<std::size_t>(rows));
+      (void)colibri::quant::quantize_row(DType::q4_k, wf.data(), w.data(), rows * cols);
+      keep.push_back(upload(*c, DType::q4_k, {cols, rows, 1, 1}, w.data()));
+      in.push_back(keep.back().tensor);
+    }
+    const auto xf = random_floats(static_cast<std::size_t>(d), static_cast<unsigned>(e));
+    keep.push_back(upload(*c, DType::f32, {d, 1, 1, 1}, xf.data()));
+    in.push_back(keep.back().tensor);
+    keep.push_back(upload(*c, DType::f32, {d, 1, 1, 1}, nullptr));
+    out.push_back(keep.back().tensor);
+  }
+  for (auto _ : state) {
+    if (group) {
+      if (!c->run(OpCall{Op::expert_ffn_group, in, out, {}})) state.SkipWithError("run failed");
+      continue;
+    }
+    for (int e = 0; e < kExperts; ++e) {
+      const OpCall call{Op::expert_ffn,
+                        std::span<Tensor>(in).subspan(4 * e, 4),
+                        std::span<Tensor>(out).subspan(static_cast<std::size_t>(e), 1),
+                        {}};
+      if (!c->run(call)) state.SkipWithError("run failed");
+    }
+  }
+  state.SetLabel(group ? "one expert_ffn_group" : "8 expert_ffn");
+}
+BENCHMARK(BM_ExpertsOfALayer)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 BENCHMARK_MAIN();
