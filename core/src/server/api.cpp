@@ -443,6 +443,17 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   if (auto e = number_field(body, "presence_penalty", -2.0, 2.0, s.presence_penalty)) return e;
   if (auto e = number_field(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty)) return e;
   // Extensions vLLM and llama.cpp's server also take: off unless given.
+  if (auto it = body.find("ignore_eos"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong_type("ignore_eos", "a boolean", *it);
+    out.ignore_eos = it->get<bool>();
+  }
+  if (auto it = body.find("min_tokens"); it != body.end() && !it->is_null()) {
+    if (!is_integer(*it)) return wrong_type("min_tokens", "an integer", *it);
+    if (!it->is_number_unsigned()) return out_of_range("min_tokens", "an integer of 0 or more", *it);
+    out.min_tokens = it->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+                         ? std::numeric_limits<std::int64_t>::max()
+                         : it->get<std::int64_t>();
+  }
   if (auto e = number_field(body, "min_p", 0.0, 1.0, s.min_p)) return e;
   if (auto e = number_field(body, "repetition_penalty", 0.01, 10.0, s.repetition_penalty)) return e;
   if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {

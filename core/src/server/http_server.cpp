@@ -488,6 +488,8 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       job->request.logprobs = req.logprobs;
       job->request.json_object = req.json_object;
+      job->request.min_tokens = req.min_tokens;
+      job->request.ignore_eos = req.ignore_eos;
       job->on_event = [self = shared_from_this(), generation, i](GenerationEvent&& ev) {
         net::post(self->stream_.get_executor(), [self, generation, i, ev = std::move(ev)]() mutable {
           if (generation == self->generation_) self->on_event(static_cast<std::size_t>(i), std::move(ev));

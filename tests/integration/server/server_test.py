@@ -269,6 +269,20 @@ class Api(unittest.TestCase):
         self.assertEqual(top1["choices"][0]["text"], plain)
         repeated = self.s.json("POST", "/v1/completions", dict(greedy, repetition_penalty=3.0))[1]
         self.assertNotEqual(repeated["choices"][0]["text"], plain)
+        # min_tokens and ignore_eos: with the end token pushed to the top, the answer ends at once, after exactly
+        # min_tokens, or never before max_tokens.
+        with open(os.path.join(MODEL, "tokenizer_config.json"), encoding="utf-8") as f:
+            eos_text = json.load(f)["eos_token"]
+        with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+            eos = next(t["id"] for t in json.load(f)["added_tokens"] if t["content"] == eos_text)
+        ending = dict(greedy, max_tokens=12, logit_bias={str(eos): 100})
+        usage_of = lambda extra: self.s.json("POST", "/v1/completions", dict(ending, **extra))[1]
+        self.assertEqual(usage_of({})["usage"]["completion_tokens"], 0)
+        five = usage_of({"min_tokens": 5})
+        self.assertEqual((five["usage"]["completion_tokens"], five["choices"][0]["finish_reason"]), (5, "stop"))
+        endless = usage_of({"ignore_eos": True})
+        self.assertEqual((endless["usage"]["completion_tokens"], endless["choices"][0]["finish_reason"]),
+                         (12, "length"))
 
     def test_echo_and_token_prompt(self):
         _, body = self.s.json("POST", "/v1/completions",

@@ -222,6 +222,13 @@ TEST(ServerApi, VllmSamplingExtensionsAreRead) {
   EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.2f);
   ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","top_k":-1})", Endpoint::completions, r));
   EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.ignore_eos);
+  EXPECT_EQ(r.min_tokens, 0);
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","ignore_eos":true,"min_tokens":7})", Endpoint::completions, r));
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.min_tokens, 7);
+  EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","min_tokens":-1})", Endpoint::completions).param, "min_tokens");
+  EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","ignore_eos":1})", Endpoint::completions).code, "invalid_type");
   for (const char* body : {R"({"model":"m","prompt":"x","top_k":-2})", R"({"model":"m","prompt":"x","min_p":1.5})",
                            R"({"model":"m","prompt":"x","repetition_penalty":0})"}) {
     const auto e = expect_error(body, Endpoint::completions);

@@ -50,9 +50,11 @@ struct CompletionRequest {
   bool include_usage = false;
   engine::SamplingOptions sampling;  // OpenAI defaults: temperature 1, top_p 1, no top-k/min-p
   bool seed_given = false;
-  int logprobs = -1;         // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
-  bool json_object = false;  // response_format {"type": "json_object"}
-  int n = 1;                 // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
+  int logprobs = -1;            // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
+  bool json_object = false;     // response_format {"type": "json_object"}
+  int n = 1;                    // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
+  std::int64_t min_tokens = 0;  // vLLM's: no end token before this many
+  bool ignore_eos = false;      // vLLM's: never end at an end token
 };
 
 inline constexpr int kMaxChoices = 16;
