@@ -24,7 +24,7 @@ class JsonConstraint {
 
   // Whether appending `bytes` keeps the text a prefix of a valid JSON object (the state does not change).
   [[nodiscard]] bool accepts(std::string_view bytes) const;
-  // Appends `bytes`; returns false (and leaves the state unchanged) when accepts() would have.
+  // Appends `bytes`; returns false, leaving the state unchanged, where accepts() would.
   bool advance(std::string_view bytes);
   // The top-level object is closed: the text is one complete JSON object.
   [[nodiscard]] bool complete() const { return mode_ == Mode::done; }
