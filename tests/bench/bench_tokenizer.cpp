@@ -55,7 +55,9 @@ void encode(benchmark::State& state, const Tokenizer& tok, const std::string& te
 }
 
 void json_mask(benchmark::State& state, const Tokenizer& tok, const std::string& prefix) {
-  const colibri::engine::JsonTokenMask mask(tok, tok.vocab_size());
+  std::vector<std::int64_t> end_tokens;
+  if (const auto eos = tok.eos_id()) end_tokens.push_back(*eos);
+  const colibri::engine::JsonTokenMask mask(tok, tok.vocab_size(), end_tokens);
   colibri::engine::JsonConstraint json;
   if (!json.advance(prefix)) state.SkipWithError("the prefix is not JSON");
   std::vector<std::uint8_t> allowed;

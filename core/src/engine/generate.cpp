@@ -83,14 +83,11 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   std::optional<JsonTokenMask> json_tokens;
   JsonConstraint json;
   std::vector<std::uint8_t> allowed;
-  if (options.json_object) json_tokens.emplace(tok, logits.size());
+  if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
   t0 = clock::now();
   for (std::int64_t i = 0; i < options.max_tokens; ++i) {
     if (json_tokens) {
       json_tokens->allowed(json, allowed);
-      for (const auto e : eos) {  // an end token not marked special must not end the answer mid-object either
-        if (e >= 0 && static_cast<std::size_t>(e) < allowed.size()) allowed[static_cast<std::size_t>(e)] = 0;
-      }
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
     }
     const std::int32_t next = sampler.sample(logits, history, allowed);

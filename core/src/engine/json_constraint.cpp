@@ -221,11 +221,15 @@ bool JsonConstraint::step(unsigned char c) {
   return false;
 }
 
-JsonTokenMask::JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab)
+JsonTokenMask::JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab,
+                             std::span<const std::int64_t> end_tokens)
     : bytes_(vocab), first_(vocab, 0), second_(vocab, 0), length_(vocab, 0), kind_(vocab, never) {
   for (std::size_t id = 0; id < vocab; ++id) {
     const auto t = static_cast<tokenizer::TokenId>(id);
-    if (tokenizer.is_special(t)) continue;
+    if (tokenizer.is_special(t) ||
+        std::find(end_tokens.begin(), end_tokens.end(), static_cast<std::int64_t>(id)) != end_tokens.end()) {
+      continue;
+    }
     std::string b = tokenizer.token_bytes(t).value_or("");
     if (b.empty()) continue;
     bool is_plain = true;

@@ -226,26 +226,20 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       continue;
     }
     if (!seq.prefilled) continue;
-    const bool ban_eos = seq.job->request.ignore_eos || seq.generated < seq.job->request.min_tokens;
-    if (seq.json) {
-      if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_);
+    if (seq.json) {  // its mask never allows an end token
+      if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_, eos_);
       json_tokens_->allowed(*seq.json, seq.allowed);
-    } else if (ban_eos) {
-      seq.allowed.assign(static_cast<std::size_t>(vocab_), 1);
-    } else {
-      seq.allowed.clear();
-    }
-    // JSON mode bans end tokens too: one not marked special must not end the answer mid-object.
-    if (seq.json || ban_eos) {
-      for (const auto e : eos_) {
-        if (e >= 0 && static_cast<std::size_t>(e) < seq.allowed.size()) seq.allowed[static_cast<std::size_t>(e)] = 0;
-      }
-    }
-    if (seq.json) {
       if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
         finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
         continue;
       }
+    } else if (seq.job->request.ignore_eos || seq.generated < seq.job->request.min_tokens) {
+      seq.allowed.assign(static_cast<std::size_t>(vocab_), 1);
+      for (const auto e : eos_) {
+        if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
+      }
+    } else {
+      seq.allowed.clear();
     }
     const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed);
     if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,7 +47,7 @@ class JsonConstraint {
     after_value,     // ',' or the container's closing bracket
     string,          // inside a string
     string_escape,   // after '\'
-    string_unicode,  // inside \uXXXX
+    string_unicode,  // inside a \u escape (its 4 hex digits)
     number,          // inside a number (see number_)
     literal,         // inside true / false / null
     done,
@@ -78,9 +79,10 @@ class JsonConstraint {
 // JSON mode at the token level: each token's bytes, and which tokens keep a JsonConstraint's text valid.
 class JsonTokenMask {
  public:
-  // `vocab`: the model's logits per token (may exceed the tokenizer's ids). Special tokens are never allowed:
-  // "<|im_end|>" is not text, even inside a JSON string.
-  JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab);
+  // `vocab`: the model's logits per token (may exceed the tokenizer's ids). Special tokens and `end_tokens` are
+  // never allowed: "<|im_end|>" is not text, even inside a JSON string, and an end token not marked special must not
+  // end the answer mid-object.
+  JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab, std::span<const std::int64_t> end_tokens);
   // allowed[id] = 1 when appending the token keeps `json` a valid prefix, else 0.
   void allowed(const JsonConstraint& json, std::vector<std::uint8_t>& allowed) const;
   [[nodiscard]] const std::string& bytes(std::int32_t id) const;
