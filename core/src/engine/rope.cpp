@@ -141,8 +141,7 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
       r.attention_scaling_ = static_cast<float>(attention);
     } else {
       return Status(StatusCode::unsupported, "manifest.json hparams.rope_scaling: rope_type '" + type +
-                                                 "' is not supported (supported: default, linear, dynamic, llama3, "
-                                                 "yarn)");
+                                                 "' is not supported (supported: " + model::rope_types_text() + ")");
     }
   }
   r.base_ = to_float(inv);

@@ -208,9 +208,8 @@ Status validate_rope_scaling(const json& rs) {
   for (const char* key : {"rope_type", "type"}) {
     if (!rs.contains(key) || !rs[key].is_string()) continue;
     const std::string type = rs[key].get<std::string>();
-    if (type != "default" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
-      return need(false, std::string(key) + " '" + type +
-                             "' is not supported (supported: default, linear, dynamic, llama3, yarn)");
+    if (!is_supported_rope_type(type)) {
+      return need(false, std::string(key) + " '" + type + "' is not supported (supported: " + rope_types_text() + ")");
     }
     break;  // rope_type wins over the older "type", as in transformers
   }
@@ -242,6 +241,16 @@ Status validate_rope_scaling(const json& rs) {
 }
 
 }  // namespace
+
+bool is_supported_rope_type(const std::string& type) {
+  return std::find(std::begin(kRopeTypes), std::end(kRopeTypes), type) != std::end(kRopeTypes);
+}
+
+std::string rope_types_text() {
+  std::string text;
+  for (const char* t : kRopeTypes) text += (text.empty() ? "" : ", ") + std::string(t);
+  return text;
+}
 
 Status HyperParams::validate() const {
   auto need = [](bool ok, const std::string& what) { return ok ? Status{} : bad("hyper-parameter " + what); };

@@ -71,6 +71,11 @@ struct HyperParams {
   [[nodiscard]] sdk::Status validate() const;
 };
 
+// The rope_scaling types the engine's rope implements (HuggingFace's names), and them as "a, b, c" for messages.
+inline constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+bool is_supported_rope_type(const std::string& type);
+std::string rope_types_text();
+
 struct TensorEntry {
   std::string name;          // "blk.3.attn_q.weight", expert parts "blk.3.ffn_gate.5.weight"
   std::string file;          // relative to the model directory
