@@ -680,32 +680,24 @@ class MetaspaceDecoder final : public Decoder {
   std::string replacement;
   bool prepend = true;
   void decode_chain(std::vector<std::string>& tokens) const override {
-    for (std::size_t k = 0; k < tokens.size(); ++k) {
-      std::string out;
-      const std::string& t = tokens[k];
-      std::size_t pos = 0;
-      while (pos < t.size()) {
-        if (t.compare(pos, replacement.size(), replacement) == 0) {
-          if (!(k == 0 && prepend)) out.push_back(' ');
-          pos += replacement.size();
-        } else {
-          out.push_back(t[pos++]);
-        }
-      }
-      tokens[k] = std::move(out);
-    }
+    // As HF: the first token's replacements are dropped when a space was prepended at encoding.
+    for (std::size_t k = 0; k < tokens.size(); ++k) tokens[k] = spaced(tokens[k], k == 0 && prepend);
   }
-  void piece_bytes(std::string& token) const override {
+  void piece_bytes(std::string& token) const override { token = spaced(token, false); }
+
+ private:
+  // `t` with each replacement made a space, or dropped.
+  std::string spaced(const std::string& t, bool drop) const {
     std::string out;
-    for (std::size_t pos = 0; pos < token.size();) {
-      if (token.compare(pos, replacement.size(), replacement) == 0) {
-        out.push_back(' ');
+    for (std::size_t pos = 0; pos < t.size();) {
+      if (t.compare(pos, replacement.size(), replacement) == 0) {
+        if (!drop) out.push_back(' ');
         pos += replacement.size();
       } else {
-        out.push_back(token[pos++]);
+        out.push_back(t[pos++]);
       }
     }
-    token = std::move(out);
+    return out;
   }
 };
 
