@@ -609,11 +609,7 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
     json e = entry(t.id, t.logprob, false);
     offsets.push_back(text_offset);
     const std::string text = e["token"].get<std::string>();
-    std::size_t i = 0;
-    while (i < text.size()) {
-      tokenizer::utf8::next_code_point(text, i);
-      ++text_offset;
-    }
+    text_offset += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(text));
     texts.push_back(text);
     lps.push_back(t.logprob);
     json top = json::object();

@@ -498,11 +498,8 @@ class Session : public std::enable_shared_from_this<Session> {
       jobs.push_back(std::move(job));
     }
     logprobs_wanted_ = req.logprobs >= 0;
-    std::int64_t echo_chars = 0;  // completions count logprob offsets in characters, echo included
-    for (std::size_t i = 0; i < echo_text.size();) {
-      tokenizer::utf8::next_code_point(echo_text, i);
-      ++echo_chars;
-    }
+    // Completions count logprob offsets in characters, echo included.
+    const auto echo_chars = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
     choices_.assign(jobs.size(), ChoiceState{});
     for (auto& c : choices_) {
       c.text = echo_text;

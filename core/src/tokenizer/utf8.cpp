@@ -58,6 +58,12 @@ std::size_t invalid_sequence_length(std::string_view s, std::size_t i) noexcept 
   return n == 0 ? 1 : n;
 }
 
+std::size_t code_point_count(std::string_view s) noexcept {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < s.size(); ++n) next_code_point(s, i);
+  return n;
+}
+
 bool is_valid(std::string_view s) noexcept {
   std::size_t i = 0;
   while (i < s.size()) {

@@ -27,6 +27,9 @@ bool is_valid(std::string_view s) noexcept;
 // Replaces each maximal invalid subsequence by U+FFFD.
 std::string to_valid_lossy(std::string_view s);
 
+// Characters in `s` as next_code_point walks them (an invalid byte counts as one).
+std::size_t code_point_count(std::string_view s) noexcept;
+
 // Decodes the (valid) code point at s[i] and advances i. Invalid bytes yield U+FFFD and advance one byte.
 char32_t next_code_point(std::string_view s, std::size_t& i) noexcept;
 
