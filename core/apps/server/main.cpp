@@ -126,6 +126,8 @@ int serve(Flags& f) {
     auto t = chat::Template::parse(source, f.chat_template);
     if (!t) return fail(t.error().message());
     tmpl = std::move(*t);
+    cc.template_source = std::move(source);
+    cc.template_origin = f.chat_template;
     cc.bos_token = tok->bos_token();
     cc.eos_token = tok->eos_token();
   } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json"); c) {

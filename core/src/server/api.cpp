@@ -153,6 +153,40 @@ std::optional<ApiError> message_content(const json& content, const std::string& 
   return std::nullopt;
 }
 
+// An assistant message's earlier calls, for the template: {id, type, function: {name, arguments}} with the arguments
+// text as given (render_chat decides how the template gets it).
+std::optional<ApiError> parse_history_tool_calls(const json& calls, const std::string& field, ordered_json& out) {
+  if (!calls.is_array()) return wrong_type(field, "an array", calls);
+  out = ordered_json::array();
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    const json& call = calls[i];
+    const std::string cf = field + "[" + std::to_string(i) + "]";
+    auto missing = [&](const std::string& what) {
+      return bad_request("Missing required parameter: '" + cf + what + "'.", cf + what, "missing_required_parameter");
+    };
+    if (!call.is_object()) return wrong_type(cf, "an object", call);
+    auto id = call.find("id");
+    if (id == call.end()) return missing(".id");
+    if (!id->is_string()) return wrong_type(cf + ".id", "a string", *id);
+    if (auto type = call.find("type"); type != call.end() && *type != "function") {
+      return bad_request("Invalid value for '" + cf + ".type': only 'function' is supported.", cf + ".type",
+                         "invalid_value");
+    }
+    auto function = call.find("function");
+    if (function == call.end()) return missing(".function");
+    if (!function->is_object()) return wrong_type(cf + ".function", "an object", *function);
+    auto name = function->find("name");
+    if (name == function->end()) return missing(".function.name");
+    if (!name->is_string()) return wrong_type(cf + ".function.name", "a string", *name);
+    auto arguments = function->find("arguments");
+    if (arguments == function->end()) return missing(".function.arguments");
+    if (!arguments->is_string()) return wrong_type(cf + ".function.arguments", "a string", *arguments);
+    out.push_back(ordered_json{
+        {"id", *id}, {"type", "function"}, {"function", ordered_json{{"name", *name}, {"arguments", *arguments}}}});
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
   auto it = body.find("messages");
   if (it == body.end()) {
@@ -186,9 +220,29 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     }
     ordered_json msg;
     msg["role"] = r == "developer" ? "system" : r;  // templates know "system"
-    msg["content"] = content;
+    // An assistant turn of calls alone keeps its null content (see render_chat).
+    const bool null_content = r == "assistant" && (c == m.end() || c->is_null());
+    msg["content"] = null_content ? ordered_json(nullptr) : ordered_json(content);
     auto name = m.find("name");
     if (name != m.end() && name->is_string()) msg["name"] = *name;
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (r != "assistant") {
+        return bad_request("'" + f + ".tool_calls' is only allowed in an assistant message.", f + ".tool_calls",
+                           "invalid_value");
+      }
+      ordered_json list;
+      if (auto e = parse_history_tool_calls(*calls, f + ".tool_calls", list)) return e;
+      if (!list.empty()) msg["tool_calls"] = std::move(list);
+    }
+    if (r == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || id->is_null()) {
+        return bad_request("Missing required parameter: '" + f + ".tool_call_id'.", f + ".tool_call_id",
+                           "missing_required_parameter");
+      }
+      if (!id->is_string()) return wrong_type(f + ".tool_call_id", "a string", *id);
+      msg["tool_call_id"] = *id;
+    }
     out.push_back(std::move(msg));
   }
   return std::nullopt;
@@ -397,6 +451,142 @@ std::optional<ApiError> parse_logit_bias(const json& body, engine::SamplingOptio
   return std::nullopt;
 }
 
+bool valid_function_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+// tools, tool_choice and parallel_tool_calls (chat only). The definitions are taken from the body re-read with its
+// key order kept: the template shows them to the model as written.
+std::optional<ApiError> parse_tools(const json& body, std::string_view body_text, Endpoint endpoint,
+                                    CompletionRequest& out) {
+  auto tools = body.find("tools");
+  auto choice = body.find("tool_choice");
+  const bool has_tools = tools != body.end() && !tools->is_null() && !(tools->is_array() && tools->empty());
+  const bool has_choice = choice != body.end() && !choice->is_null();
+  if (endpoint == Endpoint::completions) {
+    for (const char* name : {"tools", "tool_choice", "parallel_tool_calls"}) {
+      if (auto it = body.find(name); it != body.end() && !it->is_null()) {
+        return bad_request(std::string("'") + name + "' is only supported by /v1/chat/completions.", name,
+                           "unsupported_parameter");
+      }
+    }
+    return std::nullopt;
+  }
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
+    if (!p->is_boolean()) return wrong_type("parallel_tool_calls", "a boolean", *p);
+    out.parallel_tool_calls = p->get<bool>();
+  }
+  if (!has_tools) {
+    if (tools != body.end() && !tools->is_null() && !tools->is_array()) {
+      return wrong_type("tools", "an array of tool definitions", *tools);
+    }
+    if (has_choice && *choice != "none") {
+      return bad_request("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+                         "tool_choice", "invalid_value");
+    }
+    return std::nullopt;
+  }
+  if (!tools->is_array()) return wrong_type("tools", "an array of tool definitions", *tools);
+  if (tools->size() > kMaxTools) {
+    return bad_request("'tools' holds " + std::to_string(tools->size()) + " definitions; at most " +
+                           std::to_string(kMaxTools) + " are allowed.",
+                       "tools", "invalid_value");
+  }
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < tools->size(); ++i) {
+    const json& tool = (*tools)[i];
+    const std::string f = "tools[" + std::to_string(i) + "]";
+    if (!tool.is_object()) return wrong_type(f, "an object", tool);
+    auto type = tool.find("type");
+    if (type == tool.end())
+      return bad_request("Missing required parameter: '" + f + ".type'.", f + ".type", "missing_required_parameter");
+    if (*type != "function") {
+      return bad_request(
+          "Invalid value for '" + f + ".type': only 'function' tools are supported, got " + type->dump() + ".",
+          f + ".type", "invalid_value");
+    }
+    auto function = tool.find("function");
+    if (function == tool.end()) {
+      return bad_request("Missing required parameter: '" + f + ".function'.", f + ".function",
+                         "missing_required_parameter");
+    }
+    if (!function->is_object()) return wrong_type(f + ".function", "an object", *function);
+    auto name = function->find("name");
+    if (name == function->end()) {
+      return bad_request("Missing required parameter: '" + f + ".function.name'.", f + ".function.name",
+                         "missing_required_parameter");
+    }
+    if (!name->is_string()) return wrong_type(f + ".function.name", "a string", *name);
+    if (!valid_function_name(name->get<std::string>())) {
+      return bad_request("Invalid value for '" + f + ".function.name': " + name->dump() +
+                             " must be 1 to 64 letters, digits, underscores or dashes.",
+                         f + ".function.name", "invalid_value");
+    }
+    if (std::find(names.begin(), names.end(), name->get<std::string>()) != names.end()) {
+      return bad_request(
+          "Invalid value for '" + f + ".function.name': the function " + name->dump() + " is defined twice.",
+          f + ".function.name", "invalid_value");
+    }
+    names.push_back(name->get<std::string>());
+    if (auto d = function->find("description"); d != function->end() && !d->is_null() && !d->is_string()) {
+      return wrong_type(f + ".function.description", "a string", *d);
+    }
+    if (auto p = function->find("parameters"); p != function->end() && !p->is_null() && !p->is_object()) {
+      return wrong_type(f + ".function.parameters", "a JSON Schema object", *p);
+    }
+  }
+  out.tool_choice = CompletionRequest::ToolChoice::automatic;
+  if (has_choice) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "none") {
+        out.tool_choice = CompletionRequest::ToolChoice::none;
+      } else if (c == "required") {
+        if (names.size() != 1) {
+          return bad_request(
+              "'tool_choice': 'required' is supported with exactly one tool; with several, name the function "
+              "({\"type\": \"function\", \"function\": {\"name\": ...}}) or use 'auto'.",
+              "tool_choice", "unsupported_value");
+        }
+        out.tool_choice = CompletionRequest::ToolChoice::function;
+        out.tool_choice_name = names[0];
+      } else if (c != "auto") {
+        return bad_request(
+            "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object naming "
+            "a function, but got " +
+                choice->dump() + ".",
+            "tool_choice", "invalid_value");
+      }
+    } else if (choice->is_object()) {
+      auto function = choice->find("function");
+      const json* name = function != choice->end() && function->is_object() && function->contains("name")
+                             ? &(*function)["name"]
+                             : nullptr;
+      if (choice->value("type", json()) != "function" || name == nullptr || !name->is_string()) {
+        return bad_request(
+            "Invalid value for 'tool_choice': an object must be {\"type\": \"function\", \"function\": "
+            "{\"name\": \"...\"}}.",
+            "tool_choice", "invalid_value");
+      }
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) == names.end()) {
+        return bad_request("Invalid value for 'tool_choice': the function " + name->dump() + " is not in 'tools'.",
+                           "tool_choice", "invalid_value");
+      }
+      out.tool_choice = CompletionRequest::ToolChoice::function;
+      out.tool_choice_name = name->get<std::string>();
+    } else {
+      return wrong_type("tool_choice", "a string or an object", *choice);
+    }
+  }
+  if (out.tool_choice != CompletionRequest::ToolChoice::none) {
+    out.tools = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false).value("tools", ordered_json());
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
@@ -536,15 +726,47 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
           "response_format.type", "invalid_value");
     }
   }
-  for (const char* name : {"tools", "functions", "best_of"}) {
+  if (auto e = parse_tools(body, body_text, endpoint, out)) return e;
+  for (const char* name : {"functions", "function_call", "best_of"}) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
     if (std::string_view(name) == "best_of" && *it == 1) continue;
-    if (std::string_view(name) == "tools" && it->is_array() && it->empty()) continue;
-    return bad_request(std::string("'") + name + "' is not supported by colibri-server.", name,
-                       "unsupported_parameter");
+    return bad_request(std::string("'") + name + "' is not supported by colibri-server" +
+                           (name[0] == 'f' ? " (it is deprecated; use 'tools' and 'tool_choice')." : "."),
+                       name, "unsupported_parameter");
   }
   return std::nullopt;
+}
+
+sdk::Expected<std::string> render_chat(const chat::Template& chat_template, const ordered_json& messages,
+                                       const chat::RenderOptions& options) {
+  // The variants, most faithful first: null content as given, then as "" (a template may render "" without error
+  // yet drop the calls); each with arguments as objects (keys in the order written), then as the given text.
+  std::optional<sdk::Expected<std::string>> first_error;
+  for (const bool fill_null : {false, true}) {
+    for (const bool object_arguments : {true, false}) {
+      ordered_json variant = messages;
+      bool changed = false;
+      for (auto& m : variant) {
+        if (fill_null && m.contains("content") && m["content"].is_null()) {
+          m["content"] = "";
+          changed = true;
+        }
+        if (!object_arguments || !m.contains("tool_calls")) continue;
+        for (auto& call : m["tool_calls"]) {
+          auto& args = call["function"]["arguments"];
+          if (!args.is_string()) continue;
+          ordered_json parsed = ordered_json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (!parsed.is_discarded() && parsed.is_object()) args = std::move(parsed);
+        }
+      }
+      if (fill_null && !changed) break;
+      auto text = chat_template.render(variant, options);
+      if (text) return text;
+      if (!first_error) first_error = std::move(text);
+    }
+  }
+  return std::move(*first_error);
 }
 
 std::optional<ApiError> check_model(const std::string& requested, const std::string& served) {
@@ -630,7 +852,14 @@ json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::v
     const Choice& c = choices[i];
     json choice{{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
     if (endpoint == Endpoint::chat) {
-      choice["message"] = json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      const bool no_content = !c.tool_calls.empty() && c.text.empty();
+      choice["message"] =
+          json{{"role", "assistant"}, {"content", no_content ? json(nullptr) : json(c.text)}, {"refusal", nullptr}};
+      if (!c.tool_calls.empty()) {
+        json calls = json::array();
+        for (const auto& call : c.tool_calls) calls.push_back(call.to_json());
+        choice["message"]["tool_calls"] = std::move(calls);
+      }
     } else {
       choice["text"] = c.text;
     }
@@ -642,7 +871,7 @@ json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::v
 
 json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
                          const std::string& finish_reason, const Usage& usage, const json& logprobs) {
-  return completion_response(endpoint, ids, std::vector<Choice>{{text, finish_reason, logprobs}}, usage);
+  return completion_response(endpoint, ids, std::vector<Choice>{{text, finish_reason, logprobs, {}}}, usage);
 }
 
 json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const std::string& finish_reason,
@@ -663,6 +892,24 @@ json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& 
     choice["text"] = text;
   }
   r["choices"] = json::array({choice});
+  return r;
+}
+
+json tool_call_chunk(const ResponseIds& ids, int index, int call_index, const ToolCall* call,
+                     const std::string& arguments) {
+  json piece{{"index", call_index}};
+  if (call != nullptr) {
+    piece["id"] = call->id;
+    piece["type"] = "function";
+    piece["function"] = json{{"name", call->name}, {"arguments", arguments}};
+  } else {
+    piece["function"] = json{{"arguments", arguments}};
+  }
+  json r = envelope(Endpoint::chat, ids, true);
+  r["choices"] = json::array({json{{"index", index},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr},
+                                   {"delta", {{"tool_calls", json::array({piece})}}}}});
   return r;
 }
 

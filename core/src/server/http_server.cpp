@@ -16,6 +16,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <ctime>
@@ -51,6 +52,8 @@ struct Server::Impl {
   tokenizer::Tokenizer tokenizer;
   std::optional<chat::Template> chat_template;
   chat::ChatConfig chat_config;
+  ToolFormat tool_format = ToolFormat::none;  // how the template's model writes tool calls
+  bool template_reads_tools = false;          // whether the template shows `tools` to the model
   ServerOptions opt;
   std::unique_ptr<Scheduler> scheduler;
 
@@ -111,6 +114,8 @@ std::string chunk(std::string_view data) {
 }  // namespace
 
 class Session : public std::enable_shared_from_this<Session> {
+  struct ChoiceState;
+
  public:
   Session(tcp::socket&& socket, Server::Impl& srv) : stream_(std::move(socket)), srv_(srv) {}
 
@@ -433,11 +438,19 @@ class Session : public std::enable_shared_from_this<Session> {
       ro.add_generation_prompt = true;
       ro.bos_token = srv_.chat_config.bos_token;
       ro.eos_token = srv_.chat_config.eos_token;
-      auto text = srv_.chat_template->render(req.messages, ro);
+      if (req.tool_choice != CompletionRequest::ToolChoice::none) {
+        if (auto e = check_tools_usable()) return respond_error(*e, false);
+        ro.tools = req.tools;
+      }
+      auto text = render_chat(*srv_.chat_template, req.messages, ro);
       if (!text) {
         return respond_error(bad_request("The chat template rejected the messages: " + text.error().message(),
                                          "messages", "invalid_value"),
                              false);
+      }
+      // A named call: the answer starts as that call, so the model writes only its arguments (in JSON mode).
+      if (req.tool_choice == CompletionRequest::ToolChoice::function) {
+        *text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
       }
       prompt = srv_.tokenizer.encode(*text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
@@ -490,6 +503,10 @@ class Session : public std::enable_shared_from_this<Session> {
       job->request.json_object = req.json_object;
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
+      if (req.tool_choice == CompletionRequest::ToolChoice::function) job->request.json_object = true;
+      if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
+        job->request.keep_special = tool_marker_is_special(srv_.tool_format);
+      }
       job->on_event = [self = shared_from_this(), generation, i](GenerationEvent&& ev) {
         net::post(self->stream_.get_executor(), [self, generation, i, ev = std::move(ev)]() mutable {
           if (generation == self->generation_) self->on_event(static_cast<std::size_t>(i), std::move(ev));
@@ -501,9 +518,14 @@ class Session : public std::enable_shared_from_this<Session> {
     // Completions count logprob offsets in characters, echo included.
     const auto echo_chars = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
     choices_.assign(jobs.size(), ChoiceState{});
+    parallel_tool_calls_ = req.parallel_tool_calls;
     for (auto& c : choices_) {
       c.text = echo_text;
       c.text_offset = echo_chars;
+      if (req.tool_choice == CompletionRequest::ToolChoice::automatic) c.tool_stream.emplace(srv_.tool_format);
+      if (req.tool_choice == CompletionRequest::ToolChoice::function) {
+        c.forced = ToolCall{tool_call_id(srv_.tool_format, random_u64()), req.tool_choice_name, ""};
+      }
     }
     open_choices_ = jobs.size();
     usage_ = Usage{};
@@ -554,7 +576,17 @@ class Session : public std::enable_shared_from_this<Session> {
     ChoiceState& c = choices_[index];
     switch (ev.kind) {
       case GenerationEvent::Kind::text:
+        if (c.tool_stream) ev.text = c.tool_stream->push(ev.text);
         if (streaming_) {
+          if (c.forced) {
+            // The forced call's arguments stream as they are written; its first piece names it.
+            if (ev.text.empty() && c.forced_opened) return;
+            pending_ += chunk(sse_event(
+                tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, ev.text)));
+            c.forced_opened = true;
+            return flush();
+          }
+          if (ev.text.empty() && ev.logprobs.empty()) return;
           pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
                                                    ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
                                                    static_cast<int>(index))));
@@ -583,6 +615,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return end_stream();
     }
     c.finish_reason = openai_finish_reason(ev.finish_reason);
+    finish_tool_calls(index, c);
     // The prompt counts once; the completions add up; cached: what every choice reused.
     usage_.prompt_tokens = ev.prompt_tokens;
     usage_.completion_tokens += ev.completion_tokens;
@@ -600,10 +633,73 @@ class Session : public std::enable_shared_from_this<Session> {
       return end_stream();
     }
     std::vector<Choice> choices;
-    for (auto& ch : choices_) choices.push_back({ch.text, ch.finish_reason, logprobs_json(ch.logprobs, ch)});
+    for (auto& ch : choices_) {
+      choices.push_back({ch.text, ch.finish_reason, logprobs_json(ch.logprobs, ch), std::move(ch.calls)});
+    }
     respond(200,
             completion_response(endpoint_, ids_, choices, usage_).dump(-1, ' ', false, json::error_handler_t::replace),
             "application/json");
+  }
+
+  // At a choice's end: the forced call is complete, or the text held back since a call marker is parsed. Streaming
+  // sends what is left (content first, then each call); otherwise the calls wait in the choice for the response.
+  void finish_tool_calls(std::size_t index, ChoiceState& c) {
+    if (c.forced) {
+      if (streaming_ && !c.forced_opened) {
+        pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), 0, &*c.forced, "")));
+      }
+      if (!streaming_) {
+        c.forced->arguments = std::exchange(c.text, {});
+        c.calls.push_back(*c.forced);
+      }
+      if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+      return;
+    }
+    if (!c.tool_stream) return;
+    ToolParse parsed = c.tool_stream->finish();
+    if (!parallel_tool_calls_ && parsed.calls.size() > 1) parsed.calls.resize(1);
+    for (auto& call : parsed.calls) call.id = tool_call_id(srv_.tool_format, random_u64());
+    if (!parsed.calls.empty()) c.finish_reason = "tool_calls";
+    if (!streaming_) {
+      c.text += parsed.content;
+      if (!parsed.calls.empty()) {
+        while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
+      }
+      c.calls = std::move(parsed.calls);
+      return;
+    }
+    if (!parsed.content.empty()) {
+      pending_ +=
+          chunk(sse_event(stream_chunk(endpoint_, ids_, parsed.content, "", false, nullptr, static_cast<int>(index))));
+    }
+    for (std::size_t k = 0; k < parsed.calls.size(); ++k) {
+      pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &parsed.calls[k],
+                                                  parsed.calls[k].arguments)));
+    }
+  }
+
+  // Tools asked for, but the template cannot show them to the model or its calls are in no syntax colibri reads.
+  std::optional<ApiError> check_tools_usable() const {
+    const std::string origin =
+        srv_.chat_config.template_origin.empty() ? "--chat-template" : srv_.chat_config.template_origin;
+    if (!srv_.template_reads_tools) {
+      return bad_request("The chat template (" + origin +
+                             ") does not show tool definitions to the model, so 'tools' cannot be used with it. "
+                             "Start colibri-server with --chat-template FILE, a template that renders 'tools'.",
+                         "tools", "unsupported_value");
+    }
+    if (srv_.tool_format == ToolFormat::none) {
+      return bad_request("The chat template (" + origin +
+                             ") writes tool calls in no syntax colibri reads (hermes <tool_call>, mistral "
+                             "[TOOL_CALLS], deepseek_v3), so their calls could not be returned.",
+                         "tools", "unsupported_value");
+    }
+    return std::nullopt;
+  }
+
+  static std::uint64_t random_u64() {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
   }
 
   void end_stream() {
@@ -732,6 +828,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string finish_reason;
     std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
     std::int64_t text_offset = 0;                // completions: where the next token starts in the choice's text
+    std::optional<ToolCallStream> tool_stream;   // tool_choice auto: splits content from calls
+    std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
+    bool forced_opened = false;                  // streaming: the forced call's first piece was sent
+    std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
   };
   std::vector<ChoiceState> choices_;
   std::size_t open_choices_ = 0;
@@ -741,6 +841,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool streaming_ = false, include_usage_ = false, client_gone_ = false, ended_ = false, writing_ = false;
   std::string pending_;
   bool logprobs_wanted_ = false;
+  bool parallel_tool_calls_ = true;
 
   nlohmann::json logprobs_json(const std::vector<engine::TokenLogprob>& tokens, ChoiceState& choice) {
     if (!logprobs_wanted_) return nullptr;
@@ -838,6 +939,8 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->engine = std::move(engine);
   impl->chat_template = std::move(chat_template);
   impl->chat_config = std::move(chat_config);
+  impl->tool_format = detect_tool_format(impl->chat_config.template_source);
+  impl->template_reads_tools = template_reads_tools(impl->chat_config.template_source);
   impl->opt = std::move(options);
   if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
   const std::string where = impl->opt.host + ":" + std::to_string(impl->opt.port);

@@ -19,7 +19,7 @@ struct Scheduler::Sequence {
       : job(std::move(j)),
         history(job->request.prompt),
         sampler(job->request.sampling),
-        decoder(tok, /*skip_special=*/true),
+        decoder(tok, /*skip_special=*/!job->request.keep_special),
         stops(job->request.stop) {
     if (job->request.json_object) json.emplace();
   }

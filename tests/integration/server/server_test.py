@@ -59,8 +59,10 @@ class Server:
 
     def __init__(self, *extra):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
-        self.proc = subprocess.Popen([SERVER, "--model", MODEL, "--port", "0", "--ctx", "512", "--chat-template",
-                                      "chatml", "--log-level", "warn"] + BACKEND_ARGS + list(extra),
+        defaults = [] if "--chat-template" in extra else ["--chat-template", "chatml"]
+        defaults += [] if "--ctx" in extra else ["--ctx", "512"]
+        self.proc = subprocess.Popen([SERVER, "--model", MODEL, "--port", "0", "--log-level", "warn"] + defaults +
+                                     BACKEND_ARGS + list(extra),
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=die_with_parent)
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
@@ -454,6 +456,85 @@ class Api(unittest.TestCase):
         for t in texts:
             with self.assertRaises(ValueError, msg=t):
                 json.loads(t)
+
+    def test_tool_calls(self):
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 40,
+               "temperature": 0}
+        # The built-in chatml template shows no tools: asking for them is a 400 naming the fix, not silence.
+        status, body = self.s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather]))
+        assert_error(self, status, body, 400, "unsupported_value", "tools")
+        self.assertIn("--chat-template", body["error"]["message"])
+        status, body = self.s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather], tool_choice="none"))
+        self.assertEqual(status, 200, body)
+
+        # Qwen3's template (hermes <tool_call> syntax) shows them.
+        with open(os.path.join(HERE, "..", "..", "data", "chat", "golden", "qwen3.json"), encoding="utf-8") as f:
+            source = json.load(f)["source"]
+        template = os.path.join(WORK, "qwen3_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write(source)
+        s = Server("--chat-template", template, "--ctx", "2048")
+        try:
+            _, plain = s.json("POST", "/v1/chat/completions", ask)
+            status, auto = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather]))
+            self.assertEqual(status, 200, auto)
+            self.assertGreater(auto["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"] + 30)
+            # Streamed, the auto answer's content is the same (nothing lost to the marker hold-back).
+            _, events, done = s.stream("/v1/chat/completions", dict(ask, tools=[weather]))
+            self.assertTrue(done)
+            message = auto["choices"][0]["message"]
+            self.assertEqual(stream_text(events), message["content"] or "")
+            self.assertEqual(finish_of(events), auto["choices"][0]["finish_reason"])
+
+            # Naming the function forces a call: the model writes only its arguments, as one JSON object. A bias
+            # toward '"' makes most random answers close the object within max_tokens.
+            with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+                vocab = json.load(f)["model"]["vocab"]
+            named = dict(ask, tools=[weather], max_tokens=300, temperature=1.0, logit_bias={str(vocab['"']): 3},
+                         tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            called = None
+            for seed in range(8):
+                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                self.assertIn(choice["finish_reason"], ("tool_calls", "length"), choice)
+                self.assertIsNone(choice["message"]["content"])
+                (call,) = choice["message"]["tool_calls"]
+                self.assertEqual((call["type"], call["function"]["name"]), ("function", "get_weather"))
+                self.assertTrue(call["id"].startswith("call_"), call)
+                if choice["finish_reason"] == "tool_calls":
+                    self.assertIsInstance(json.loads(call["function"]["arguments"]), dict, call)
+                    called = called if called is not None else (seed, call)
+            self.assertIsNotNone(called, "no forced call finished within max_tokens")
+            # Streamed: the first piece names the call, the rest add to its arguments, which add up to the same.
+            seed, call = called
+            _, events, done = s.stream("/v1/chat/completions", dict(named, seed=seed))
+            self.assertTrue(done)
+            pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
+                      if "tool_calls" in d]
+            self.assertEqual((pieces[0]["id"][:5], pieces[0]["function"]["name"]), ("call_", "get_weather"))
+            self.assertTrue(all("id" not in p and "name" not in p["function"] for p in pieces[1:]))
+            self.assertEqual("".join(p["function"]["arguments"] for p in pieces), call["function"]["arguments"])
+            self.assertEqual(finish_of(events), "tool_calls")
+            # "required" with one tool is that tool.
+            status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, tool_choice="required"))
+            self.assertEqual(body["choices"][0]["message"]["tool_calls"][0]["function"], call["function"])
+
+            # A history with a call (content null, as the OpenAI SDKs send it) and its result renders: Qwen3's
+            # template fails on null content, so the server gives it "" instead.
+            history = dict(ask, tools=[weather], messages=ask["messages"] + [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 3}"}])
+            status, body = s.json("POST", "/v1/chat/completions", history)
+            self.assertEqual(status, 200, body)
+            self.assertGreater(body["usage"]["prompt_tokens"], auto["usage"]["prompt_tokens"] + 10)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
     def test_bad_requests(self):
         s = self.s

@@ -13,6 +13,7 @@ namespace colibri::server {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 std::optional<ApiError> parse(const std::string& body, Endpoint ep, CompletionRequest& out) {
   return parse_completion_request(body, ep, out);
@@ -170,8 +171,38 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
        "response_format.type", "invalid_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":"json"})", "response_format",
        "invalid_type"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools",
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "tools[0].function",
+       "missing_required_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":{"type":"function"}})", "tools",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval","function":{}}]})",
+       "tools[0].type", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       "tools[0].function.name", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})",
+       "tools[1].function.name", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]})",
+       "tools[0].function.parameters", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})", "tool_choice",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"always"})",
+       "tool_choice", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       "tool_choice", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":"required"})",
+       "tool_choice", "unsupported_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls",
+       "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})", "functions",
        "unsupported_parameter"},
+      {R"({"model":"m","messages":[{"role":"tool","content":"21"}]})", "messages[0].tool_call_id",
+       "missing_required_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls",
+       "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{}}}]}]})",
+       "messages[0].tool_calls[0].function.arguments", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]})",
+       "messages[0].tool_calls[0].id", "missing_required_parameter"},
   };
   for (const auto& c : cases) {
     auto e = expect_error(c.body);
@@ -189,12 +220,108 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":"x","echo":1})", "echo", "invalid_type"},
       {R"({"model":"m","prompt":"x","logprobs":true})", "logprobs", "invalid_type"},
       {R"({"model":"m","prompt":"x","logprobs":50})", "logprobs", "invalid_value"},
+      {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", "tools",
+       "unsupported_parameter"},
   };
   for (const auto& c : completion_cases) {
     auto e = expect_error(c.body, Endpoint::completions);
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
   }
+}
+
+TEST(ServerApi, ToolsAndToolHistoryAreRead) {
+  // Tools keep the order their keys were written in (the template shows them to the model as JSON).
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[
+      {"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object",
+       "properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}}]})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::automatic);
+  EXPECT_EQ(r.tools.dump(),
+            R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object",)"
+            R"("properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}}])");
+  EXPECT_TRUE(r.parallel_tool_calls);
+  // "none" leaves them out; "required" with one tool is that tool; a named one is kept.
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}}])";
+  ASSERT_FALSE(
+      parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":"none"})",
+            Endpoint::chat, r));
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::none);
+  EXPECT_TRUE(r.tools.is_null());
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools +
+                         R"(,"tool_choice":"required","parallel_tool_calls":false})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::function);
+  EXPECT_EQ(r.tool_choice_name, "f");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools +
+                         R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::function);
+  // History: the calls as given (render_chat decides how the template sees the arguments); a call-only assistant
+  // turn keeps null content; a tool result keeps its call id.
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":null,"tool_calls":[
+        {"id":"c1","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": [2]}"}},
+        {"id":"c2","function":{"name":"g","arguments":"not json"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"ok"}]})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(
+      r.messages[1].dump(),
+      R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f",)"
+      R"("arguments":"{\"b\": 1, \"a\": [2]}"}},{"id":"c2","type":"function","function":{"name":"g","arguments":"not json"}}]})");
+  EXPECT_EQ(r.messages[2].dump(), R"({"role":"tool","content":"ok","tool_call_id":"c1"})");
+}
+
+TEST(ServerApi, RenderChatFindsTheVariantTheTemplateTakes) {
+  const ojson messages = ojson::parse(R"([{"role":"assistant","content":null,"tool_calls":[
+      {"id":"c","type":"function","function":{"name":"f","arguments":"{\"z\": 1, \"a\": 2}"}}]}])");
+  auto render = [&](const char* source) -> std::string {
+    auto t = chat::Template::parse(source);
+    EXPECT_TRUE(t.has_value());
+    auto text = render_chat(*t, messages, {});
+    return text ? *text : "error: " + text.error().message();
+  };
+  // tojson of the arguments (Mistral's way) gets the object, keys in the order written, not a quoted string.
+  EXPECT_EQ(render("{{ messages[0].tool_calls[0].function.arguments | tojson }}"), R"({"z": 1, "a": 2})");
+  // Adding them to a string (DeepSeek V3's way) fails for an object, so the given text is used.
+  EXPECT_EQ(render("{{ 'args: ' + messages[0].tool_calls[0].function.arguments }}"), R"(args: {"z": 1, "a": 2})");
+  // Null content: kept for a template that tests for it, "" for one that fails on it.
+  EXPECT_EQ(render("{% if messages[0].content is none %}calls{% else %}text{% endif %}"), "calls");
+  EXPECT_EQ(render("{{ messages[0].content + '!' }}"), "!");
+  EXPECT_EQ(render("{{ 'a: ' + messages[0].tool_calls[0].function.arguments + messages[0].content }}"),
+            R"(a: {"z": 1, "a": 2})");
+  // An error no variant avoids comes back as the template's own.
+  const std::string failed = render("{{ raise_exception('no assistant first') }}");
+  EXPECT_NE(failed.find("no assistant first"), std::string::npos) << failed;
+}
+
+TEST(ServerApi, ToolCallResponseShapes) {
+  const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
+  const ToolCall call{"call_abc", "get_weather", R"({"city":"Oslo"})"};
+  const auto body = completion_response(Endpoint::chat, ids, {{"", "tool_calls", nullptr, {call}}}, Usage{3, 4, 0});
+  const auto& message = body["choices"][0]["message"];
+  EXPECT_TRUE(message["content"].is_null());
+  EXPECT_EQ(message["tool_calls"], json::array({call.to_json()}));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+  // Content beside calls is kept; without calls there is no tool_calls key.
+  const auto both = completion_response(Endpoint::chat, ids, {{"Let me see.", "tool_calls", nullptr, {call}}}, {});
+  EXPECT_EQ(both["choices"][0]["message"]["content"], "Let me see.");
+  EXPECT_FALSE(
+      completion_response(Endpoint::chat, ids, {{"hi", "stop", nullptr, {}}}, {})["choices"][0]["message"].contains(
+          "tool_calls"));
+  // Streamed: the first piece carries id, type and name; later ones only add arguments.
+  const auto first = tool_call_chunk(ids, 2, 1, &call, "{\"ci");
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["index"], 2);
+  EXPECT_EQ(
+      first["choices"][0]["delta"]["tool_calls"],
+      json::parse(
+          R"([{"index":1,"id":"call_abc","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}])"));
+  const auto later = tool_call_chunk(ids, 2, 1, nullptr, "ty\"}");
+  EXPECT_EQ(later["choices"][0]["delta"]["tool_calls"],
+            json::parse(R"([{"index":1,"function":{"arguments":"ty\"}"}}])"));
 }
 
 TEST(ServerApi, SeveralChoices) {
@@ -204,8 +331,8 @@ TEST(ServerApi, SeveralChoices) {
   ASSERT_FALSE(parse(kChat, Endpoint::chat, r));
   EXPECT_EQ(r.n, 1);
   const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
-  const auto body =
-      completion_response(Endpoint::chat, ids, {{"a", "stop", nullptr}, {"bc", "length", nullptr}}, Usage{3, 4, 2});
+  const auto body = completion_response(Endpoint::chat, ids,
+                                        {{"a", "stop", nullptr, {}}, {"bc", "length", nullptr, {}}}, Usage{3, 4, 2});
   ASSERT_EQ(body["choices"].size(), 2u);
   EXPECT_EQ(body["choices"][1]["index"], 1);
   EXPECT_EQ(body["choices"][1]["message"]["content"], "bc");

@@ -10,8 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#include "colibri/chat/template.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/sdk/cache_policy.hpp"
+#include "colibri/server/tool_calls.hpp"
 
 namespace colibri::server {
 
@@ -39,8 +41,10 @@ enum class Endpoint { chat, completions };
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::chat;
   std::string model;
-  nlohmann::ordered_json messages;  // chat: [{role, content(string)}], content parts already joined
-  std::string prompt;               // completions: text prompt
+  // chat: [{role, content, ...}]: content parts joined into a string (null only for an assistant turn of tool calls
+  // alone), tool_calls (arguments as the given text), tool_call_id.
+  nlohmann::ordered_json messages;
+  std::string prompt;  // completions: text prompt
   std::vector<std::int32_t> prompt_tokens;
   bool prompt_is_tokens = false;
   bool echo = false;
@@ -55,7 +59,15 @@ struct CompletionRequest {
   int n = 1;                    // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
   std::int64_t min_tokens = 0;  // vLLM's: no end token before this many
   bool ignore_eos = false;      // vLLM's: never end at an end token
+  // Tool calling (chat): the definitions in the order given (they show in the prompt), and what tool_choice asks.
+  nlohmann::ordered_json tools = nullptr;
+  enum class ToolChoice { none, automatic, function };
+  ToolChoice tool_choice = ToolChoice::none;  // "required" with one tool is that function
+  std::string tool_choice_name;               // function: the one the answer calls
+  bool parallel_tool_calls = true;            // false: only the first call is returned
 };
+
+inline constexpr std::size_t kMaxTools = 128;
 
 inline constexpr int kMaxChoices = 16;
 
@@ -67,6 +79,14 @@ inline constexpr std::size_t kMaxJsonDepth = 64;
 // Parses and validates a request body. Wrong types, out-of-range values and unsupported options come back as a 400
 // naming the field in `param`; the model name is not checked here (see check_model).
 std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
+
+// Renders the chat for the model. Templates disagree on an assistant turn of tool calls: Mistral's writes the
+// arguments with tojson (a string would be quoted twice) while DeepSeek V3's adds them to a string (an object fails);
+// DeepSeek V3's writes the calls only when content is null while Qwen3's fails on null. So null content goes in as
+// given, else as ""; each with the arguments as objects, else as the given text: the first variant the template
+// renders wins (the first error is returned when none does).
+sdk::Expected<std::string> render_chat(const chat::Template& chat_template, const nlohmann::ordered_json& messages,
+                                       const chat::RenderOptions& options);
 
 // 404 model_not_found unless `requested` is the served model's name.
 std::optional<ApiError> check_model(const std::string& requested, const std::string& served);
@@ -120,7 +140,8 @@ nlohmann::json logprobs_object(Endpoint endpoint, const std::vector<engine::Toke
 struct Choice {
   std::string text;
   std::string finish_reason;
-  nlohmann::json logprobs;  // the choice's logprobs object (null when not asked for)
+  nlohmann::json logprobs;           // the choice's logprobs object (null when not asked for)
+  std::vector<ToolCall> tool_calls;  // chat: the message's tool_calls (its content is null when `text` is empty)
 };
 // Non-streaming body with choices 0, 1, ...
 nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::vector<Choice>& choices,
@@ -134,6 +155,10 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, co
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
                             const std::string& finish_reason, bool role_chunk = false,
                             const nlohmann::json& logprobs = nullptr, int index = 0);
+// A chat chunk carrying one tool call of choice `index`: the first piece of a call has its id, type and name (`call`
+// non-null); later pieces add to its arguments.
+nlohmann::json tool_call_chunk(const ResponseIds& ids, int index, int call_index, const ToolCall* call,
+                               const std::string& arguments);
 // The stream_options.include_usage chunk: empty choices, usage set.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage);
 // "data: <json>\n\n"

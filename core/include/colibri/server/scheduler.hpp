@@ -35,6 +35,7 @@ struct GenerationRequest {
   bool json_object = false;     // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
   std::int64_t min_tokens = 0;  // end tokens are banned until this many tokens are generated
   bool ignore_eos = false;      // end tokens are banned throughout: generation ends by length, stop or context
+  bool keep_special = false;    // special tokens are decoded into the text (a tool call marker that is one)
 };
 
 struct GenerationEvent {

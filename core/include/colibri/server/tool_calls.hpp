@@ -1,0 +1,67 @@
+// Tool calling for /v1/chat/completions: how a model family writes its calls (found from its chat template), the
+// prefix that forces a named call, and the parser that splits generated text into content and calls. No networking
+// here, so it is unit-tested without sockets.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace colibri::server {
+
+// The call syntaxes colibri reads:
+//   hermes      (Qwen2.5/Qwen3, Hermes): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, repeated
+//   mistral     (Mistral Nemo/Small, Mixtral 8x22B): [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+//   deepseek_v3 (DeepSeek V3/R1):
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+//               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+enum class ToolFormat { none, hermes, mistral, deepseek_v3 };
+
+// The format whose markers the template writes (for earlier calls in the history); none when it writes none.
+ToolFormat detect_tool_format(std::string_view template_source);
+std::string_view tool_format_name(ToolFormat format);
+// Whether the template reads the `tools` variable at all (if not, the model would never see the definitions).
+bool template_reads_tools(std::string_view template_source);
+// Whether the call marker is a special token, which the decoder must keep for the parser to see it.
+bool tool_marker_is_special(ToolFormat format);
+
+// Appended to the rendered prompt when tool_choice names a function: the model continues with the arguments object.
+std::string forced_call_prefix(ToolFormat format, std::string_view function_name);
+
+struct ToolCall {
+  std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands)
+  std::string name;
+  std::string arguments;                         // a JSON text, as OpenAI sends it
+  [[nodiscard]] nlohmann::json to_json() const;  // {"id", "type": "function", "function": {"name", "arguments"}}
+};
+
+// A new call id; `random` is any 64-bit random source's output, one per call.
+std::string tool_call_id(ToolFormat format, std::uint64_t random);
+
+struct ToolParse {
+  std::string content;          // the text that is not a call
+  std::vector<ToolCall> calls;  // ids left empty
+};
+
+// Splits a finished answer. When a call's text does not parse (broken JSON, no name), nothing is taken as a call:
+// the whole text stays content, so nothing the model wrote is lost.
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text);
+
+// The same for a stream: push() returns the content that can be sent now, holding back text from the first call
+// marker on (and any tail that may be the start of one); finish() parses what was held back.
+class ToolCallStream {
+ public:
+  explicit ToolCallStream(ToolFormat format) : format_(format) {}
+  std::string push(std::string_view text);
+  // `content` is the held-back text that is not a call (all of it when the calls do not parse).
+  ToolParse finish();
+
+ private:
+  ToolFormat format_;
+  std::string held_;
+  bool in_calls_ = false;
+};
+
+}  // namespace colibri::server

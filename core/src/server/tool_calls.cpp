@@ -1,0 +1,283 @@
+#include "colibri/server/tool_calls.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+namespace colibri::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralOpen = "[TOOL_CALLS]";
+constexpr std::string_view kDeepseekCallsOpen = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kDeepseekCallsClose = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDeepseekCallOpen = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kDeepseekCallClose = "<｜tool▁call▁end｜>";
+constexpr std::string_view kDeepseekSep = "<｜tool▁sep｜>";
+
+std::string_view opening_marker(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::hermes: return kHermesOpen;
+    case ToolFormat::mistral: return kMistralOpen;
+    case ToolFormat::deepseek_v3: return kDeepseekCallsOpen;
+    case ToolFormat::none: break;
+  }
+  return {};
+}
+
+bool is_space(char c) {
+  return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+std::size_t skip_space(std::string_view text, std::size_t pos) {
+  while (pos < text.size() && is_space(text[pos])) ++pos;
+  return pos;
+}
+std::string_view trim_right(std::string_view text) {
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  return text;
+}
+bool is_identifier_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// The end of the JSON object or array that starts at `pos`; nullopt when it does not close in `text`.
+std::optional<std::size_t> json_value_end(std::string_view text, std::size_t pos) {
+  if (pos >= text.size() || (text[pos] != '{' && text[pos] != '[')) return std::nullopt;
+  std::size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = pos; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::nullopt;
+}
+
+// The JSON object or array at `pos` (after whitespace), and where it ends.
+std::optional<json> json_value_at(std::string_view text, std::size_t& pos) {
+  const std::size_t start = skip_space(text, pos);
+  const auto end = json_value_end(text, start);
+  if (!end) return std::nullopt;
+  json value = json::parse(text.substr(start, *end - start), nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return std::nullopt;
+  pos = *end;
+  return value;
+}
+
+// Arguments as OpenAI sends them: a JSON text. An object is written compactly; a string that holds JSON is taken
+// as that text; missing arguments are an empty object.
+std::optional<std::string> arguments_text(const json* arguments) {
+  if (arguments == nullptr || arguments->is_null()) return std::string("{}");
+  if (arguments->is_object()) return arguments->dump(-1, ' ', false, json::error_handler_t::replace);
+  if (arguments->is_string()) {
+    const auto& s = arguments->get_ref<const std::string&>();
+    if (json::accept(s)) return s;
+  }
+  return std::nullopt;
+}
+
+// {"name": ..., "arguments": {...}} (some models write "parameters").
+std::optional<ToolCall> call_from_object(const json& object) {
+  if (!object.is_object()) return std::nullopt;
+  auto name = object.find("name");
+  if (name == object.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
+  auto args = object.find("arguments");
+  if (args == object.end()) args = object.find("parameters");
+  auto text = arguments_text(args == object.end() ? nullptr : &*args);
+  if (!text) return std::nullopt;
+  return ToolCall{"", name->get<std::string>(), std::move(*text)};
+}
+
+// Each parser starts at the opening marker and returns the calls and where they end, or nullopt.
+using Calls = std::optional<std::pair<std::vector<ToolCall>, std::size_t>>;
+
+Calls parse_hermes(std::string_view text, std::size_t pos) {
+  std::vector<ToolCall> calls;
+  while (text.substr(pos).starts_with(kHermesOpen)) {
+    pos += kHermesOpen.size();
+    auto object = json_value_at(text, pos);
+    if (!object) return std::nullopt;
+    auto call = call_from_object(*object);
+    if (!call) return std::nullopt;
+    calls.push_back(std::move(*call));
+    pos = skip_space(text, pos);
+    if (text.substr(pos).starts_with(kHermesClose)) pos += kHermesClose.size();  // may be cut off by the end token
+    if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(kHermesOpen)) pos = next;
+  }
+  return std::make_pair(std::move(calls), pos);
+}
+
+Calls parse_mistral(std::string_view text, std::size_t pos) {
+  std::vector<ToolCall> calls;
+  while (text.substr(pos).starts_with(kMistralOpen)) {
+    pos += kMistralOpen.size();
+    auto value = json_value_at(text, pos);
+    if (!value) return std::nullopt;
+    const json list = value->is_array() ? *value : json::array({*value});
+    if (list.empty()) return std::nullopt;
+    for (const auto& object : list) {
+      auto call = call_from_object(object);
+      if (!call) return std::nullopt;
+      calls.push_back(std::move(*call));
+    }
+    if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(kMistralOpen)) pos = next;
+  }
+  return std::make_pair(std::move(calls), pos);
+}
+
+Calls parse_deepseek(std::string_view text, std::size_t pos) {
+  pos += kDeepseekCallsOpen.size();
+  std::vector<ToolCall> calls;
+  for (;;) {
+    pos = skip_space(text, pos);
+    if (!text.substr(pos).starts_with(kDeepseekCallOpen)) break;
+    pos += kDeepseekCallOpen.size();
+    const std::size_t sep = text.find(kDeepseekSep, pos);
+    if (sep == std::string_view::npos) return std::nullopt;
+    pos = sep + kDeepseekSep.size();
+    const std::size_t line_end = text.find('\n', pos);
+    if (line_end == std::string_view::npos) return std::nullopt;
+    ToolCall call{"", std::string(trim_right(text.substr(pos, line_end - pos))), ""};
+    pos = skip_space(text, line_end);
+    if (call.name.empty() || !text.substr(pos).starts_with("```")) return std::nullopt;
+    pos += 3;
+    if (text.substr(pos).starts_with("json")) pos += 4;
+    auto args = json_value_at(text, pos);
+    if (!args || !args->is_object()) return std::nullopt;
+    call.arguments = args->dump(-1, ' ', false, json::error_handler_t::replace);
+    pos = skip_space(text, pos);
+    if (text.substr(pos).starts_with("```")) pos += 3;
+    pos = skip_space(text, pos);
+    if (text.substr(pos).starts_with(kDeepseekCallClose)) pos += kDeepseekCallClose.size();
+    calls.push_back(std::move(call));
+  }
+  if (calls.empty()) return std::nullopt;
+  if (text.substr(pos).starts_with(kDeepseekCallsClose)) pos += kDeepseekCallsClose.size();
+  return std::make_pair(std::move(calls), pos);
+}
+
+}  // namespace
+
+ToolFormat detect_tool_format(std::string_view source) {
+  if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
+  if (source.find(kMistralOpen) != std::string_view::npos) return ToolFormat::mistral;
+  if (source.find(kDeepseekCallsOpen) != std::string_view::npos) return ToolFormat::deepseek_v3;
+  return ToolFormat::none;
+}
+
+std::string_view tool_format_name(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::hermes: return "hermes";
+    case ToolFormat::mistral: return "mistral";
+    case ToolFormat::deepseek_v3: return "deepseek_v3";
+    case ToolFormat::none: break;
+  }
+  return "none";
+}
+
+bool template_reads_tools(std::string_view source) {
+  for (std::size_t at = source.find("tools"); at != std::string_view::npos; at = source.find("tools", at + 1)) {
+    const bool starts = at == 0 || !is_identifier_char(source[at - 1]);
+    const bool ends = at + 5 >= source.size() || !is_identifier_char(source[at + 5]);
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+bool tool_marker_is_special(ToolFormat format) {
+  return format == ToolFormat::mistral;  // [TOOL_CALLS] is a control token; the others decode as text
+}
+
+std::string forced_call_prefix(ToolFormat format, std::string_view function_name) {
+  const std::string name = json(std::string(function_name)).dump();
+  switch (format) {
+    case ToolFormat::hermes: return std::string(kHermesOpen) + "\n{\"name\": " + name + ", \"arguments\": ";
+    case ToolFormat::mistral: return std::string(kMistralOpen) + "[{\"name\": " + name + ", \"arguments\": ";
+    case ToolFormat::deepseek_v3:
+      return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + "function" + std::string(kDeepseekSep) +
+             std::string(function_name) + "\n```json\n";
+    case ToolFormat::none: break;
+  }
+  return {};
+}
+
+json ToolCall::to_json() const {
+  return json{{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
+}
+
+std::string tool_call_id(ToolFormat format, std::uint64_t random) {
+  static constexpr char kAlphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  std::string id = format == ToolFormat::mistral ? "" : "call_";
+  for (int i = 0; i < 9; ++i) {  // 62^9 > 2^53: collisions within a conversation are not a concern
+    id += kAlphabet[random % 62];
+    random /= 62;
+  }
+  return id;
+}
+
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text) {
+  const std::string_view marker = opening_marker(format);
+  const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
+  if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
+  Calls calls = format == ToolFormat::hermes    ? parse_hermes(text, at)
+                : format == ToolFormat::mistral ? parse_mistral(text, at)
+                                                : parse_deepseek(text, at);
+  if (!calls) return ToolParse{std::string(text), {}};
+  ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
+  // Text after the calls is kept, so that nothing the model wrote is lost.
+  if (const std::string_view rest = text.substr(skip_space(text, calls->second)); !trim_right(rest).empty()) {
+    out.content += (out.content.empty() ? "" : "\n") + std::string(trim_right(rest));
+  }
+  return out;
+}
+
+std::string ToolCallStream::push(std::string_view text) {
+  held_ += text;
+  const std::string_view marker = opening_marker(format_);
+  if (in_calls_ || marker.empty()) {
+    if (marker.empty()) return std::exchange(held_, {});
+    return {};
+  }
+  std::size_t keep = 0;
+  if (const std::size_t at = held_.find(marker); at != std::string::npos) {
+    in_calls_ = true;
+    keep = held_.size() - at;
+  } else {
+    // The longest tail that may still grow into the marker.
+    for (std::size_t n = std::min(held_.size(), marker.size() - 1); n > 0; --n) {
+      if (marker.starts_with(std::string_view(held_).substr(held_.size() - n))) {
+        keep = n;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+ToolParse ToolCallStream::finish() {
+  if (!in_calls_) return ToolParse{std::exchange(held_, {}), {}};
+  ToolParse parsed = parse_tool_calls(format_, held_);
+  held_.clear();
+  return parsed;
+}
+
+}  // namespace colibri::server

@@ -1,0 +1,208 @@
+// Tool calls: the parser reads what each family's own chat template writes, streaming splits text exactly as the
+// whole-text parse does, and text that is not a well-formed call is never lost.
+#include "colibri/server/tool_calls.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "colibri/server/api.hpp"
+#include "unit/tokenizer/test_paths.hpp"
+
+namespace colibri::server {
+namespace {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+ojson golden_meta(const std::string& name) {
+  return ojson::parse(test::read_text(test::source_dir() / "tests/data/chat/golden" / (name + ".json")));
+}
+
+std::vector<std::pair<std::string, json>> names_and_args(const ToolParse& p) {
+  std::vector<std::pair<std::string, json>> out;
+  for (const auto& c : p.calls) out.emplace_back(c.name, json::parse(c.arguments));
+  return out;
+}
+
+TEST(ToolCalls, FormatComesFromTheTemplatesMarkers) {
+  const std::pair<const char*, ToolFormat> cases[] = {
+      {"qwen3", ToolFormat::hermes}, {"mistral_nemo", ToolFormat::mistral}, {"deepseek_v3", ToolFormat::deepseek_v3},
+      {"llama3", ToolFormat::none},  {"builtin_chatml", ToolFormat::none},  {"builtin_mistral", ToolFormat::none}};
+  for (const auto& [name, want] : cases) {
+    const std::string source = golden_meta(name)["source"].get<std::string>();
+    EXPECT_EQ(detect_tool_format(source), want) << name;
+  }
+  EXPECT_TRUE(template_reads_tools(golden_meta("qwen3")["source"].get<std::string>()));
+  EXPECT_TRUE(template_reads_tools(golden_meta("mistral_nemo")["source"].get<std::string>()));
+  // DeepSeek V3's template writes earlier calls but never the definitions; Llama 3.0's knows no tools.
+  EXPECT_FALSE(template_reads_tools(golden_meta("deepseek_v3")["source"].get<std::string>()));
+  EXPECT_FALSE(template_reads_tools(golden_meta("llama3")["source"].get<std::string>()));
+  EXPECT_FALSE(template_reads_tools("{{ tool_calls }}{{ my_tools }}{{ toolset }}"));
+  EXPECT_TRUE(template_reads_tools("{% if tools %}x{% endif %}"));
+}
+
+// An OpenAI request whose history holds two calls and their results, rendered by the family's real template: the
+// parser reads the calls back from what the template wrote (the syntax the model was trained on).
+TEST(ToolCalls, ParsesWhatEachTemplateWritesForEarlierCalls) {
+  const std::string body = R"({"model": "m", "messages": [
+      {"role": "user", "content": "Weather in Paris and Rome?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call12345", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+        {"id": "call67890", "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"CET\"}"}}]},
+      {"role": "tool", "tool_call_id": "call12345", "content": "{\"temp_c\": 21}"},
+      {"role": "tool", "tool_call_id": "call67890", "content": "{\"time\": \"10:00\"}"}]})";
+  CompletionRequest req;
+  ASSERT_FALSE(parse_completion_request(body, Endpoint::chat, req).has_value());
+  struct Case {
+    const char* name;
+    ToolFormat format;
+    std::string end;  // where the assistant's turn ends in the rendered text
+  };
+  const Case cases[] = {{"qwen3", ToolFormat::hermes, "<|im_end|>"},
+                        {"mistral_nemo", ToolFormat::mistral, "</s>"},
+                        {"deepseek_v3", ToolFormat::deepseek_v3, "<｜end▁of▁sentence｜><｜tool▁outputs▁begin｜>"}};
+  for (const auto& c : cases) {
+    const ojson meta = golden_meta(c.name);
+    auto tmpl = chat::Template::parse(meta["source"].get<std::string>(), c.name);
+    ASSERT_TRUE(tmpl.has_value()) << c.name;
+    chat::RenderOptions options;
+    options.add_generation_prompt = true;
+    options.bos_token = meta["bos"].get<std::string>();
+    options.eos_token = meta["eos"].get<std::string>();
+    auto text = render_chat(*tmpl, req.messages, options);
+    ASSERT_TRUE(text.has_value()) << c.name << ": " << text.error().message();
+    const std::string marker = c.format == ToolFormat::hermes    ? "<tool_call>"
+                               : c.format == ToolFormat::mistral ? "[TOOL_CALLS]"
+                                                                 : "<｜tool▁calls▁begin｜>";
+    const auto begin = text->find(marker);
+    ASSERT_NE(begin, std::string::npos) << c.name << " wrote no calls:\n" << *text;
+    const auto end = text->find(c.end, begin);
+    ASSERT_NE(end, std::string::npos) << c.name;
+    const ToolParse p = parse_tool_calls(c.format, std::string_view(*text).substr(begin, end - begin));
+    const std::vector<std::pair<std::string, json>> want = {{"get_weather", json{{"city", "Paris"}, {"days", 2}}},
+                                                            {"get_time", json{{"zone", "CET"}}}};
+    EXPECT_EQ(names_and_args(p), want) << c.name << ":\n" << text->substr(begin, end - begin);
+    EXPECT_EQ(p.content, "") << c.name;
+  }
+}
+
+TEST(ToolCalls, HermesContentBeforeAndAfterTheCallsIsKept) {
+  const std::string text =
+      "Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, \"}\"]}}\n</tool_call>\n"
+      "<tool_call>{\"name\": \"b\", \"arguments\": \"{\\\"y\\\": true}\"}</tool_call>\nDone.";
+  const ToolParse p = parse_tool_calls(ToolFormat::hermes, text);
+  const std::vector<std::pair<std::string, json>> want = {{"a", json{{"x", json::array({1, "}"})}}},
+                                                          {"b", json{{"y", true}}}};
+  EXPECT_EQ(names_and_args(p), want);
+  EXPECT_EQ(p.content, "Let me look.\nDone.");
+  // The end token may cut off the closing tag; "parameters" is read as "arguments"; no arguments is {}.
+  const ToolParse cut = parse_tool_calls(ToolFormat::hermes, "<tool_call>\n{\"name\": \"a\", \"parameters\": {}}");
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, "{}");
+  const ToolParse bare = parse_tool_calls(ToolFormat::hermes, "<tool_call>{\"name\": \"now\"}</tool_call>");
+  ASSERT_EQ(bare.calls.size(), 1u);
+  EXPECT_EQ(bare.calls[0].arguments, "{}");
+}
+
+TEST(ToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
+  const std::pair<ToolFormat, std::string> cases[] = {
+      {ToolFormat::hermes, "Sure <tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1</tool_call>"},
+      {ToolFormat::hermes, "<tool_call>{\"arguments\": {}}</tool_call>"},                          // no name
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": 5}</tool_call>"},          // not an object
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>oops"},             // second broken
+      {ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": 3}]"},  // name not a string
+      {ToolFormat::mistral, "[TOOL_CALLS][]"},
+      {ToolFormat::deepseek_v3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": "},
+  };
+  for (const auto& [format, text] : cases) {
+    const ToolParse p = parse_tool_calls(format, text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+    EXPECT_EQ(p.content, text);
+  }
+  // Without its marker, text is content whatever it looks like.
+  const ToolParse plain = parse_tool_calls(ToolFormat::hermes, "{\"name\": \"a\", \"arguments\": {}}");
+  EXPECT_TRUE(plain.calls.empty());
+  EXPECT_EQ(plain.content, "{\"name\": \"a\", \"arguments\": {}}");
+}
+
+TEST(ToolCalls, MistralAndDeepseekSyntaxes) {
+  const ToolParse m =
+      parse_tool_calls(ToolFormat::mistral,
+                       "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"k\": \"v\"}}, {\"name\": \"b\", "
+                       "\"arguments\": {}}][TOOL_CALLS]{\"name\": \"c\", \"arguments\": {\"n\": 1}}");
+  const std::vector<std::pair<std::string, json>> want_m = {
+      {"a", json{{"k", "v"}}}, {"b", json::object()}, {"c", json{{"n", 1}}}};
+  EXPECT_EQ(names_and_args(m), want_m);
+  const ToolParse d = parse_tool_calls(
+      ToolFormat::deepseek_v3,
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{\"k\": \"v\"}\n```"
+      "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>b\n```json\n{}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>");
+  const std::vector<std::pair<std::string, json>> want_d = {{"a", json{{"k", "v"}}}, {"b", json::object()}};
+  EXPECT_EQ(names_and_args(d), want_d);
+  EXPECT_EQ(d.content, "Checking.");
+}
+
+// Whatever the chunking, the stream sends the same content and finds the same calls as parsing the whole text, and
+// sends nothing from the marker on before finish().
+TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
+  const std::pair<ToolFormat, std::string> cases[] = {
+      {ToolFormat::hermes,
+       "I will call <tool> and <tool_cal... no.\n<tool_call>\n{\"name\": \"a\", \"arguments\": "
+       "{\"q\": \"<tool_call>\"}}\n</tool_call>"},
+      {ToolFormat::hermes, "No call here, only a tail <tool_ca"},
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1</tool_call>"},  // malformed
+      {ToolFormat::mistral, "[TOOL_CA is not it; [TOOL_CALLS][{\"name\": \"m\", \"arguments\": {}}]"},
+      {ToolFormat::deepseek_v3,
+       "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{}\n```<｜tool▁call▁end｜>"},
+      {ToolFormat::none, "<tool_call>{\"name\": \"a\"}</tool_call>"},
+  };
+  for (const auto& [format, text] : cases) {
+    const ToolParse whole = parse_tool_calls(format, text);
+    for (const std::size_t step : {std::size_t{1}, std::size_t{3}, std::size_t{7}, text.size()}) {
+      ToolCallStream stream(format);
+      std::string sent;
+      for (std::size_t i = 0; i < text.size(); i += step) sent += stream.push(std::string_view(text).substr(i, step));
+      const ToolParse rest = stream.finish();
+      EXPECT_EQ(names_and_args(rest), names_and_args(whole)) << text << " step " << step;
+      if (whole.calls.empty()) {
+        EXPECT_EQ(sent + rest.content, text) << "step " << step;
+      } else {
+        // Content before the marker went out while streaming (these texts have none after the calls); nothing of
+        // the calls did.
+        while (!sent.empty() && (sent.back() == ' ' || sent.back() == '\n')) sent.pop_back();
+        EXPECT_EQ(sent, whole.content) << "step " << step;
+        EXPECT_EQ(rest.content, "");
+      }
+    }
+  }
+}
+
+TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {
+  // The prefix plus the arguments object the model writes (and the closing the template would add) is one call.
+  const std::pair<ToolFormat, std::string> closings[] = {{ToolFormat::hermes, "}\n</tool_call>"},
+                                                         {ToolFormat::mistral, "}]"},
+                                                         {ToolFormat::deepseek_v3, "\n```<｜tool▁call▁end｜>"}};
+  for (const auto& [format, closing] : closings) {
+    const std::string text = forced_call_prefix(format, "get_weather") + "{\"city\": \"Oslo\"}" + closing;
+    const ToolParse p = parse_tool_calls(format, text);
+    const std::vector<std::pair<std::string, json>> want = {{"get_weather", json{{"city", "Oslo"}}}};
+    EXPECT_EQ(names_and_args(p), want) << text;
+  }
+  EXPECT_EQ(forced_call_prefix(ToolFormat::none, "f"), "");
+  // Mistral's template refuses ids that are not 9 alphanumerics.
+  for (std::uint64_t r : {0ull, 1ull, 0xFFFFFFFFFFFFFFFFull, 123456789ull}) {
+    const std::string m = tool_call_id(ToolFormat::mistral, r);
+    EXPECT_EQ(m.size(), 9u);
+    EXPECT_TRUE(std::all_of(m.begin(), m.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); }));
+    EXPECT_TRUE(tool_call_id(ToolFormat::hermes, r).starts_with("call_"));
+  }
+  EXPECT_NE(tool_call_id(ToolFormat::hermes, 1), tool_call_id(ToolFormat::hermes, 2));
+  EXPECT_EQ((ToolCall{"call_1", "f", "{}"}.to_json()),
+            json::parse(R"({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}})"));
+}
+
+}  // namespace
+}  // namespace colibri::server
