@@ -28,7 +28,8 @@ int fail(const std::string& message) {
 }
 
 struct Flags {
-  std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace;
+  std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace,
+                                                          reasoning_format = "separate";
   std::string expert_cache_size, vram_budget, prefetch_layers, max_body = "4M", log_level = "info";
   std::vector<std::string> sets;
   int port = -1;
@@ -87,6 +88,7 @@ int serve(Flags& f) {
   if (f.max_queue == 0) return fail("--max-queue must be at least 1");
   if (f.max_batch < 1) return fail("--max-batch must be at least 1");
   if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
+  so.separate_reasoning = f.reasoning_format == "separate";
   so.max_connections = std::max<std::size_t>(1, f.max_connections);
   so.io_threads = f.io_threads;
   so.scheduler.max_queue = f.max_queue;
@@ -205,6 +207,10 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)");
   app.add_option("--usage-history", f.usage_history,
                  "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history)");
+  app.add_option("--reasoning-format", f.reasoning_format,
+                 "separate: a reasoning model's <think> block is returned as reasoning_content; inline: left in the "
+                 "content")
+      ->check(CLI::IsMember({"separate", "inline"}));
   app.add_option("--record-trace", f.record_trace,
                  "Write the routing of every request to this JSONL file (README: Routing traces)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")

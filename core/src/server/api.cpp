@@ -727,6 +727,23 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     }
   }
   if (auto e = parse_tools(body, body_text, endpoint, out)) return e;
+  if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+    // vLLM's and llama.cpp's: more template variables, e.g. {"enable_thinking": false} for Qwen3.
+    if (endpoint == Endpoint::completions) {
+      return bad_request("'chat_template_kwargs' is only supported by /v1/chat/completions.", "chat_template_kwargs",
+                         "unsupported_parameter");
+    }
+    if (!it->is_object()) return wrong_type("chat_template_kwargs", "an object", *it);
+    for (const char* reserved : {"messages", "tools", "add_generation_prompt"}) {
+      if (it->contains(reserved)) {
+        return bad_request(
+            std::string("'chat_template_kwargs' may not set '") + reserved + "'; the request's own fields give it.",
+            std::string("chat_template_kwargs.") + reserved, "invalid_value");
+      }
+    }
+    out.template_kwargs = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false)
+                              .value("chat_template_kwargs", ordered_json());
+  }
   for (const char* name : {"functions", "function_call", "best_of"}) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
@@ -855,6 +872,7 @@ json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::v
       const bool no_content = !c.tool_calls.empty() && c.text.empty();
       choice["message"] =
           json{{"role", "assistant"}, {"content", no_content ? json(nullptr) : json(c.text)}, {"refusal", nullptr}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       if (!c.tool_calls.empty()) {
         json calls = json::array();
         for (const auto& call : c.tool_calls) calls.push_back(call.to_json());
@@ -892,6 +910,15 @@ json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& 
     choice["text"] = text;
   }
   r["choices"] = json::array({choice});
+  return r;
+}
+
+json reasoning_chunk(const ResponseIds& ids, int index, const std::string& reasoning) {
+  json r = envelope(Endpoint::chat, ids, true);
+  r["choices"] = json::array({json{{"index", index},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr},
+                                   {"delta", {{"reasoning_content", reasoning}}}}});
   return r;
 }
 

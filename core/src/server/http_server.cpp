@@ -54,6 +54,7 @@ struct Server::Impl {
   chat::ChatConfig chat_config;
   ToolFormat tool_format = ToolFormat::none;  // how the template's model writes tool calls
   bool template_reads_tools = false;          // whether the template shows `tools` to the model
+  bool split_reasoning = false;               // the template's model thinks in <think> blocks, returned apart
   ServerOptions opt;
   std::unique_ptr<Scheduler> scheduler;
 
@@ -428,6 +429,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
     std::vector<std::int32_t> prompt;
     std::string echo_text;
+    bool opens_reasoning = false;  // the prompt ends inside a <think> block
     if (endpoint == Endpoint::chat) {
       if (!srv_.chat_template) {
         return respond_error(bad_request("This model has no chat template (tokenizer_config.json chat_template); use "
@@ -438,6 +440,7 @@ class Session : public std::enable_shared_from_this<Session> {
       ro.add_generation_prompt = true;
       ro.bos_token = srv_.chat_config.bos_token;
       ro.eos_token = srv_.chat_config.eos_token;
+      ro.extra = req.template_kwargs;
       if (req.tool_choice != CompletionRequest::ToolChoice::none) {
         if (auto e = check_tools_usable()) return respond_error(*e, false);
         ro.tools = req.tools;
@@ -452,6 +455,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         *text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
       }
+      opens_reasoning = prompt_opens_reasoning(*text);
       prompt = srv_.tokenizer.encode(*text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
       for (std::size_t i = 0; i < req.prompt_tokens.size(); ++i) {
@@ -523,6 +527,11 @@ class Session : public std::enable_shared_from_this<Session> {
       c.text = echo_text;
       c.text_offset = echo_chars;
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic) c.tool_stream.emplace(srv_.tool_format);
+      // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
+      if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
+          req.tool_choice != CompletionRequest::ToolChoice::function) {
+        c.reasoning.emplace(opens_reasoning);
+      }
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         c.forced = ToolCall{tool_call_id(srv_.tool_format, random_u64()), req.tool_choice_name, ""};
       }
@@ -575,9 +584,18 @@ class Session : public std::enable_shared_from_this<Session> {
     if (jobs_.empty()) return;
     ChoiceState& c = choices_[index];
     switch (ev.kind) {
-      case GenerationEvent::Kind::text:
+      case GenerationEvent::Kind::text: {
+        std::string reasoning;
+        if (c.reasoning) {
+          ReasoningSplit split = c.reasoning->push(ev.text);
+          reasoning = std::move(split.reasoning);
+          ev.text = std::move(split.content);
+        }
         if (c.tool_stream) ev.text = c.tool_stream->push(ev.text);
         if (streaming_) {
+          if (!reasoning.empty()) {
+            pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
+          }
           if (c.forced) {
             // The forced call's arguments stream as they are written; its first piece names it.
             if (ev.text.empty() && c.forced_opened) return;
@@ -586,15 +604,17 @@ class Session : public std::enable_shared_from_this<Session> {
             c.forced_opened = true;
             return flush();
           }
-          if (ev.text.empty() && ev.logprobs.empty()) return;
+          if (ev.text.empty() && ev.logprobs.empty()) return flush();
           pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
                                                    ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
                                                    static_cast<int>(index))));
           return flush();
         }
+        c.reasoning_text += reasoning;
         c.text += ev.text;
         c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
         return;
+      }
       case GenerationEvent::Kind::failed:
         cancel_jobs();
         jobs_.clear();
@@ -615,7 +635,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return end_stream();
     }
     c.finish_reason = openai_finish_reason(ev.finish_reason);
-    finish_tool_calls(index, c);
+    finish_choice_text(index, c);
     // The prompt counts once; the completions add up; cached: what every choice reused.
     usage_.prompt_tokens = ev.prompt_tokens;
     usage_.completion_tokens += ev.completion_tokens;
@@ -634,16 +654,36 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     std::vector<Choice> choices;
     for (auto& ch : choices_) {
-      choices.push_back({ch.text, ch.finish_reason, logprobs_json(ch.logprobs, ch), std::move(ch.calls)});
+      choices.push_back({ch.text, ch.finish_reason, logprobs_json(ch.logprobs, ch), std::move(ch.calls),
+                         std::move(ch.reasoning_text)});
     }
     respond(200,
             completion_response(endpoint_, ids_, choices, usage_).dump(-1, ' ', false, json::error_handler_t::replace),
             "application/json");
   }
 
-  // At a choice's end: the forced call is complete, or the text held back since a call marker is parsed. Streaming
-  // sends what is left (content first, then each call); otherwise the calls wait in the choice for the response.
-  void finish_tool_calls(std::size_t index, ChoiceState& c) {
+  // At a choice's end: what the reasoning split held back is final; the forced call is complete, or the text held
+  // back since a call marker is parsed. Streaming sends what is left (reasoning, content, then each call); otherwise
+  // it waits in the choice for the response.
+  void finish_choice_text(std::size_t index, ChoiceState& c) {
+    std::string content;
+    if (c.reasoning) {
+      ReasoningSplit rest = c.reasoning->finish();
+      if (streaming_ && !rest.reasoning.empty()) {
+        pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), rest.reasoning)));
+      }
+      if (!streaming_) c.reasoning_text += rest.reasoning;
+      content = std::move(rest.content);
+    }
+    if (c.tool_stream) content = c.tool_stream->push(content);
+    if (!content.empty()) {
+      if (streaming_) {
+        pending_ +=
+            chunk(sse_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
+      } else {
+        c.text += content;
+      }
+    }
     if (c.forced) {
       if (streaming_ && !c.forced_opened) {
         pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), 0, &*c.forced, "")));
@@ -832,6 +872,8 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
     std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
+    std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content
+    std::string reasoning_text;                  // non-streaming: the message's reasoning_content
   };
   std::vector<ChoiceState> choices_;
   std::size_t open_choices_ = 0;
@@ -942,6 +984,7 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->tool_format = detect_tool_format(impl->chat_config.template_source);
   impl->template_reads_tools = template_reads_tools(impl->chat_config.template_source);
   impl->opt = std::move(options);
+  impl->split_reasoning = impl->opt.separate_reasoning && template_has_reasoning(impl->chat_config.template_source);
   if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
   const std::string where = impl->opt.host + ":" + std::to_string(impl->opt.port);
   try {

@@ -536,6 +536,45 @@ class Api(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_reasoning_and_template_kwargs(self):
+        # A DeepSeek-R1-like template opens the thinking block in the prompt (unless enable_thinking is false), so
+        # the answer starts inside it: the server returns that part as reasoning_content.
+        template = os.path.join(WORK, "thinking_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                    "{% else %}<think>\n{% endif %}{% endif %}")
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 24,
+               "temperature": 0}
+        separate = Server("--chat-template", template)
+        inline = Server("--chat-template", template, "--reasoning-format", "inline")
+        try:
+            _, split = separate.json("POST", "/v1/chat/completions", ask)
+            _, whole = inline.json("POST", "/v1/chat/completions", ask)
+            text = whole["choices"][0]["message"]["content"]
+            self.assertNotIn("reasoning_content", whole["choices"][0]["message"])
+            message = split["choices"][0]["message"]
+            # The same greedy text, split at </think> (which a random model does not write: all of it is reasoning).
+            self.assertEqual(message["reasoning_content"] + message["content"], text)
+            self.assertEqual(message["reasoning_content"], text.split("</think>")[0])
+            self.assertGreater(len(message["reasoning_content"]), 0)
+            # Streamed, the pieces add up to the same, reasoning first.
+            _, events, done = separate.stream("/v1/chat/completions", ask)
+            self.assertTrue(done)
+            deltas = [c["delta"] for e in events for c in e["choices"]]
+            self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas), message["reasoning_content"])
+            self.assertEqual(stream_text(events), message["content"])
+            # enable_thinking false closes the block in the prompt: the answer is content.
+            quiet = dict(ask, chat_template_kwargs={"enable_thinking": False})
+            _, body = separate.json("POST", "/v1/chat/completions", quiet)
+            self.assertGreater(body["usage"]["prompt_tokens"], split["usage"]["prompt_tokens"])
+            self.assertNotIn("reasoning_content", body["choices"][0]["message"])
+            self.assertGreater(len(body["choices"][0]["message"]["content"]), 0)
+        finally:
+            self.assertEqual(separate.stop(), 0)
+            self.assertEqual(inline.stop(), 0)
+
     def test_bad_requests(self):
         s = self.s
         status, raw, _ = s.request("POST", "/v1/chat/completions", "{not json")

@@ -324,6 +324,34 @@ TEST(ServerApi, ToolCallResponseShapes) {
             json::parse(R"([{"index":1,"function":{"arguments":"ty\"}"}}])"));
 }
 
+TEST(ServerApi, ChatTemplateKwargsAndReasoning) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+                         "chat_template_kwargs":{"enable_thinking":false,"b":1,"a":2}})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.template_kwargs.dump(), R"({"enable_thinking":false,"b":1,"a":2})");
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]})",
+            "chat_template_kwargs"},
+           {R"({"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":[]}})",
+            "chat_template_kwargs.messages"},
+           {R"({"model":"m","prompt":"x","chat_template_kwargs":{}})", "chat_template_kwargs"}}) {
+    const auto ep = body.find("prompt") != std::string::npos ? Endpoint::completions : Endpoint::chat;
+    auto e = expect_error(body, ep);
+    EXPECT_EQ(e.param, param) << body;
+  }
+  const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
+  const auto body = completion_response(Endpoint::chat, ids, {{"21", "stop", nullptr, {}, "3 times 7"}}, {});
+  EXPECT_EQ(body["choices"][0]["message"]["reasoning_content"], "3 times 7");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "21");
+  EXPECT_FALSE(
+      completion_response(Endpoint::chat, ids, {{"21", "stop", nullptr, {}}}, {})["choices"][0]["message"].contains(
+          "reasoning_content"));
+  const auto piece = reasoning_chunk(ids, 1, "hmm");
+  EXPECT_EQ(piece["choices"][0]["delta"], json({{"reasoning_content", "hmm"}}));
+  EXPECT_EQ(piece["choices"][0]["index"], 1);
+}
+
 TEST(ServerApi, SeveralChoices) {
   CompletionRequest r;
   ASSERT_FALSE(parse(R"({"model":"m","prompt":"x","n":3})", Endpoint::completions, r));

@@ -13,7 +13,7 @@
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/sdk/cache_policy.hpp"
-#include "colibri/server/tool_calls.hpp"
+#include "colibri/server/chat_output.hpp"
 
 namespace colibri::server {
 
@@ -61,6 +61,7 @@ struct CompletionRequest {
   bool ignore_eos = false;      // vLLM's: never end at an end token
   // Tool calling (chat): the definitions in the order given (they show in the prompt), and what tool_choice asks.
   nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
   enum class ToolChoice { none, automatic, function };
   ToolChoice tool_choice = ToolChoice::none;  // "required" with one tool is that function
   std::string tool_choice_name;               // function: the one the answer calls
@@ -142,6 +143,7 @@ struct Choice {
   std::string finish_reason;
   nlohmann::json logprobs;           // the choice's logprobs object (null when not asked for)
   std::vector<ToolCall> tool_calls;  // chat: the message's tool_calls (its content is null when `text` is empty)
+  std::string reasoning = {};        // chat: the message's reasoning_content (left out when empty)
 };
 // Non-streaming body with choices 0, 1, ...
 nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::vector<Choice>& choices,
@@ -155,6 +157,8 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseIds& ids, co
 nlohmann::json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& text,
                             const std::string& finish_reason, bool role_chunk = false,
                             const nlohmann::json& logprobs = nullptr, int index = 0);
+// A chat chunk carrying reasoning text of choice `index` (delta.reasoning_content).
+nlohmann::json reasoning_chunk(const ResponseIds& ids, int index, const std::string& reasoning);
 // A chat chunk carrying one tool call of choice `index`: the first piece of a call has its id, type and name (`call`
 // non-null); later pieces add to its arguments.
 nlohmann::json tool_call_chunk(const ResponseIds& ids, int index, int call_index, const ToolCall* call,

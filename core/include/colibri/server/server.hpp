@@ -30,6 +30,8 @@ struct ServerOptions {
   std::size_t max_connections = 256;
   int io_threads = 2;
   bool handle_signals = true;  // SIGTERM/SIGINT stop the server
+  // A template whose model thinks in <think> blocks: the block is returned as reasoning_content (else left inline).
+  bool separate_reasoning = true;
   SchedulerOptions scheduler;
 };
 

@@ -1,6 +1,6 @@
-// Tool calling for /v1/chat/completions: how a model family writes its calls (found from its chat template), the
-// prefix that forces a named call, and the parser that splits generated text into content and calls. No networking
-// here, so it is unit-tested without sockets.
+// What a chat answer holds besides its content, for /v1/chat/completions: tool calls (how a model family writes them,
+// found from its chat template; the prefix that forces a named call; the parser that splits them from content) and
+// reasoning (the <think> block of Qwen3 and DeepSeek R1). No networking here, so it is unit-tested without sockets.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,33 @@ class ToolCallStream {
   ToolFormat format_;
   std::string held_;
   bool in_calls_ = false;
+};
+
+// Reasoning models write their thinking first, between <think> and </think>; OpenAI-compatible servers (vLLM,
+// llama.cpp) return it apart as `reasoning_content`. Whether a template's model does so is read from its source.
+bool template_has_reasoning(std::string_view template_source);
+// Whether the rendered prompt already opens the thinking block (DeepSeek R1's template ends with "<think>\n"), so the
+// answer starts inside it without writing the tag.
+bool prompt_opens_reasoning(std::string_view prompt);
+
+struct ReasoningSplit {
+  std::string reasoning;
+  std::string content;
+};
+
+// Splits an answer as it streams: a leading <think>...</think> (whitespace around it dropped) is reasoning, the rest
+// content. An answer that starts with anything else is all content; one that ends inside the block is all reasoning.
+// push() returns what is final; text that may still turn out to be a tag is held back until the next push or finish.
+class ReasoningStream {
+ public:
+  explicit ReasoningStream(bool starts_inside) : state_(starts_inside ? State::reasoning : State::start) {}
+  ReasoningSplit push(std::string_view text);
+  ReasoningSplit finish();
+
+ private:
+  enum class State { start, reasoning, after, content };
+  State state_;
+  std::string held_;
 };
 
 }  // namespace colibri::server

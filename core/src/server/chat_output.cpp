@@ -1,4 +1,4 @@
-#include "colibri/server/tool_calls.hpp"
+#include "colibri/server/chat_output.hpp"
 
 #include <algorithm>
 #include <optional>
@@ -43,6 +43,17 @@ std::string_view trim_right(std::string_view text) {
 bool is_identifier_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
+
+// How many bytes at the end of `text` may still grow into `marker` (the longest tail that is a proper prefix of it).
+std::size_t marker_tail(std::string_view text, std::string_view marker) {
+  for (std::size_t n = std::min(text.size(), marker.size() - 1); n > 0; --n) {
+    if (marker.starts_with(text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
 
 // The end of the JSON object or array that starts at `pos`; nullopt when it does not close in `text`.
 std::optional<std::size_t> json_value_end(std::string_view text, std::size_t pos) {
@@ -255,18 +266,10 @@ std::string ToolCallStream::push(std::string_view text) {
     if (marker.empty()) return std::exchange(held_, {});
     return {};
   }
-  std::size_t keep = 0;
+  std::size_t keep = marker_tail(held_, marker);
   if (const std::size_t at = held_.find(marker); at != std::string::npos) {
     in_calls_ = true;
     keep = held_.size() - at;
-  } else {
-    // The longest tail that may still grow into the marker.
-    for (std::size_t n = std::min(held_.size(), marker.size() - 1); n > 0; --n) {
-      if (marker.starts_with(std::string_view(held_).substr(held_.size() - n))) {
-        keep = n;
-        break;
-      }
-    }
   }
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
@@ -278,6 +281,68 @@ ToolParse ToolCallStream::finish() {
   ToolParse parsed = parse_tool_calls(format_, held_);
   held_.clear();
   return parsed;
+}
+
+bool template_has_reasoning(std::string_view source) {
+  return source.find(kThinkOpen) != std::string_view::npos && source.find(kThinkClose) != std::string_view::npos;
+}
+
+bool prompt_opens_reasoning(std::string_view prompt) {
+  return trim_right(prompt).ends_with(kThinkOpen);
+}
+
+ReasoningSplit ReasoningStream::push(std::string_view text) {
+  held_ += text;
+  ReasoningSplit out;
+  for (;;) {
+    switch (state_) {
+      case State::start: {
+        // Undecided until the first non-space bytes show whether they are the opening tag.
+        const std::size_t begin = skip_space(held_, 0);
+        const std::string_view rest = std::string_view(held_).substr(begin);
+        if (rest.starts_with(kThinkOpen)) {
+          held_.erase(0, begin + kThinkOpen.size());
+          state_ = State::reasoning;
+          continue;
+        }
+        if (rest.empty() || kThinkOpen.starts_with(rest)) return out;
+        state_ = State::content;
+        continue;
+      }
+      case State::reasoning: {
+        if (const std::size_t at = held_.find(kThinkClose); at != std::string::npos) {
+          out.reasoning += held_.substr(0, at);
+          held_.erase(0, at + kThinkClose.size());
+          state_ = State::after;
+          continue;
+        }
+        const std::size_t keep = marker_tail(held_, kThinkClose);
+        out.reasoning += held_.substr(0, held_.size() - keep);
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      case State::after: {
+        // The blank lines between the block and the answer belong to neither.
+        const std::size_t begin = skip_space(held_, 0);
+        held_.erase(0, begin);
+        if (held_.empty()) return out;
+        state_ = State::content;
+        continue;
+      }
+      case State::content: out.content += std::exchange(held_, {}); return out;
+    }
+  }
+}
+
+ReasoningSplit ReasoningStream::finish() {
+  ReasoningSplit out;
+  if (state_ == State::reasoning) {
+    out.reasoning = std::exchange(held_, {});
+  } else if (state_ != State::after) {
+    out.content = std::exchange(held_, {});  // start: a lone prefix of "<think>" (or spaces) is content
+  }
+  held_.clear();
+  return out;
 }
 
 }  // namespace colibri::server

@@ -1,6 +1,7 @@
 // Tool calls: the parser reads what each family's own chat template writes, streaming splits text exactly as the
-// whole-text parse does, and text that is not a well-formed call is never lost.
-#include "colibri/server/tool_calls.hpp"
+// whole-text parse does, and text that is not a well-formed call is never lost. Reasoning: a leading <think> block
+// is split off whatever the chunking.
+#include "colibri/server/chat_output.hpp"
 
 #include <gtest/gtest.h>
 
@@ -202,6 +203,58 @@ TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {
   EXPECT_NE(tool_call_id(ToolFormat::hermes, 1), tool_call_id(ToolFormat::hermes, 2));
   EXPECT_EQ((ToolCall{"call_1", "f", "{}"}.to_json()),
             json::parse(R"({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}})"));
+}
+
+ReasoningSplit split_in_steps(bool starts_inside, std::string_view text, std::size_t step) {
+  ReasoningStream stream(starts_inside);
+  ReasoningSplit all;
+  auto add = [&](ReasoningSplit part) {
+    // Reasoning is final before any content is sent.
+    if (!part.reasoning.empty()) {
+      EXPECT_EQ(all.content, "") << text;
+    }
+    all.reasoning += part.reasoning;
+    all.content += part.content;
+  };
+  for (std::size_t i = 0; i < text.size(); i += step) add(stream.push(text.substr(i, step)));
+  add(stream.finish());
+  return all;
+}
+
+TEST(Reasoning, ALeadingThinkBlockIsSplitOffWhateverTheChunking) {
+  struct Case {
+    bool starts_inside;
+    std::string text, reasoning, content;
+  };
+  const Case cases[] = {
+      {false, "<think>\n3 times 7 is 21.\n</think>\n\n21", "\n3 times 7 is 21.\n", "21"},
+      {false, "\n <think>a</think>b</think>", "a", "b</think>"},  // only the first block; spaces before it dropped
+      {false, "21, no thinking <think>x</think>", "", "21, no thinking <think>x</think>"},
+      {false, "<thin", "", "<thin"},  // a lone prefix of the tag stays content
+      {false, "<think>cut off by max_tokens </thi", "cut off by max_tokens </thi", ""},
+      {false, "<think></think>", "", ""},
+      {true, "R1 starts inside.\n</think>\n\nAnswer", "R1 starts inside.\n", "Answer"},
+      {true, "never closed", "never closed", ""},
+      {false, "", "", ""},
+  };
+  for (const auto& c : cases) {
+    for (const std::size_t step :
+         {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::max<std::size_t>(1, c.text.size())}) {
+      const ReasoningSplit got = split_in_steps(c.starts_inside, c.text, step);
+      EXPECT_EQ(got.reasoning, c.reasoning) << c.text << " step " << step;
+      EXPECT_EQ(got.content, c.content) << c.text << " step " << step;
+    }
+  }
+}
+
+TEST(Reasoning, TemplatesAndPromptsThatThink) {
+  EXPECT_TRUE(template_has_reasoning(golden_meta("qwen3")["source"].get<std::string>()));
+  EXPECT_FALSE(template_has_reasoning(golden_meta("mistral_nemo")["source"].get<std::string>()));
+  EXPECT_FALSE(template_has_reasoning(golden_meta("builtin_chatml")["source"].get<std::string>()));
+  EXPECT_TRUE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+  // Qwen3 with enable_thinking false closes an empty block in the prompt: the answer is content.
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_opens_reasoning("<|im_start|>assistant\n"));
 }
 
 }  // namespace
