@@ -1,7 +1,9 @@
 // colibri-cli run --model M --prompt TEXT [-n N] [--profile P] [sampling flags]
 // Streams the continuation to stdout, then one stats line (stderr).
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "colibri/ab/record.hpp"
@@ -20,6 +22,7 @@ struct RunOptions {
   bool ignore_eos = false;
   bool no_special = false;
   bool json = false;
+  std::string json_schema;  // a JSON Schema file
   engine::SamplingOptions sampling;
   bool seed_given = false;
   std::string record_trace;
@@ -29,6 +32,16 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
   if (o.max_tokens < 0) return fail("-n must not be negative");
+  std::shared_ptr<const engine::JsonSchema> schema;
+  if (!o.json_schema.empty()) {
+    std::ifstream in(o.json_schema, std::ios::binary);
+    if (!in) return fail("--json-schema " + o.json_schema + ": cannot open the file");
+    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return fail("--json-schema " + o.json_schema + ": not valid JSON");
+    auto compiled = engine::JsonSchema::compile(doc);
+    if (!compiled) return fail("--json-schema " + o.json_schema + ": " + compiled.error().message());
+    schema = *compiled;
+  }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
@@ -40,7 +53,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.stop = o.stop;
   g.stop_at_eos = !o.ignore_eos;
   g.sampling = o.sampling;
-  g.json_object = o.json;
+  g.json_object = o.json || schema != nullptr;
+  g.json_schema = schema;
   std::cout << o.prompt << std::flush;
   auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {
     std::cout << text << std::flush;
@@ -80,6 +94,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--no-special", o->no_special, "Do not add the tokenizer's special tokens (BOS) to the prompt");
   cmd->add_flag("--json", o->json,
                 "JSON mode: generate one JSON object (only tokens that keep it valid JSON), stop when it closes");
+  cmd->add_option("--json-schema", o->json_schema,
+                  "JSON mode with a JSON Schema file: the object must also conform to it (README: JSON Schema)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   cmd->callback([&global, o] { global.exit_code = run_run(global, *o); });
 }

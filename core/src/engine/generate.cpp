@@ -81,7 +81,7 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   };
   r.finish_reason = "length";
   std::optional<JsonTokenMask> json_tokens;
-  JsonConstraint json;
+  JsonConstraint json(options.json_schema.get());
   std::vector<std::uint8_t> allowed;
   if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
   t0 = clock::now();

@@ -29,18 +29,92 @@ bool JsonConstraint::whitespace(unsigned char c) {
   return ++whitespace_run_ <= kMaxWhitespaceRun;
 }
 
+using Kind = JsonSchema::Kind;
+
 bool JsonConstraint::open(char bracket) {
   if (depth_ >= kMaxDepth) return false;
+  frame_node_[depth_] = value_node_;
+  frame_seen_[depth_] = 0;
   stack_[depth_++] = bracket;
   mode_ = bracket == '{' ? Mode::key_or_end : Mode::array_first;
+  if (bracket == '[')
+    value_node_ = value_node_ == JsonSchema::kAny ? JsonSchema::kAny : schema_->nodes[value_node_].item;
+  return true;
+}
+
+bool JsonConstraint::frame_accepts_close() const {
+  const std::uint16_t node = frame_node_[depth_ - 1];
+  if (node == JsonSchema::kAny) return true;
+  const auto& n = schema_->nodes[node];
+  if (n.kind == Kind::object) return (n.required & ~frame_seen_[depth_ - 1]) == 0;
+  if (n.kind == Kind::array) return frame_seen_[depth_ - 1] >= n.min_items;
   return true;
 }
 
 bool JsonConstraint::close(char bracket) {
-  if (depth_ == 0 || stack_[depth_ - 1] != bracket) return false;
+  if (depth_ == 0 || stack_[depth_ - 1] != bracket || !frame_accepts_close()) return false;
   --depth_;
   mode_ = depth_ == 0 ? Mode::done : Mode::after_value;
   return true;
+}
+
+template <class F>
+void JsonConstraint::for_each_candidate(F&& f) const {
+  const auto& n = schema_->nodes[literal_node_];
+  if (!literal_key_) {
+    for (std::size_t i = 0; i < n.literals.size(); ++i) {
+      if (f(n.literals[i], i)) return;
+    }
+    return;
+  }
+  const std::uint64_t seen = frame_seen_[depth_ - 1];
+  for (std::size_t i = 0; i < n.keys.size(); ++i) {
+    if ((seen >> i & 1) == 0 && f(n.keys[i], i)) return;
+  }
+}
+
+bool JsonConstraint::literal_complete(std::size_t length) const {
+  const std::string_view typed(match_.data(), length);
+  bool found = false;
+  for_each_candidate([&](const std::string& c, std::size_t) { return found = c == typed; });
+  return found;
+}
+
+// One byte of a property name or enum value: it must keep the text a prefix of an allowed one. The value ends when
+// it is complete and no longer allowed text continues it; a number ("1" beside "12") may also end at the next byte.
+bool JsonConstraint::literal_step(unsigned char c) {
+  if (match_length_ < match_.size()) {
+    match_[match_length_] = static_cast<char>(c);
+    const std::string_view typed(match_.data(), match_length_ + 1u);
+    bool prefix = false, exact = false, longer = false;
+    std::size_t exact_index = 0;
+    for_each_candidate([&](const std::string& cand, std::size_t i) {
+      if (cand.size() < typed.size() || cand.compare(0, typed.size(), typed) != 0) return false;
+      prefix = true;
+      if (cand.size() == typed.size()) {
+        exact = true;
+        exact_index = i;
+      } else {
+        longer = true;
+      }
+      return false;
+    });
+    if (prefix) {
+      ++match_length_;
+      if (!exact || longer) return true;
+      if (literal_key_) {
+        frame_seen_[depth_ - 1] |= std::uint64_t{1} << exact_index;
+        value_node_ = schema_->nodes[literal_node_].values[exact_index];
+        mode_ = Mode::colon;
+        return true;
+      }
+      return end_value();
+    }
+  }
+  // Not a continuation: only a complete value followed by what comes after it.
+  if (literal_key_ || !literal_complete(match_length_)) return false;
+  end_value();
+  return after_value(c);
 }
 
 bool JsonConstraint::end_value() {
@@ -56,6 +130,55 @@ bool JsonConstraint::start_number(Num first) {
 }
 
 bool JsonConstraint::start_value(unsigned char c) {
+  integer_only_ = false;
+  if (value_node_ != JsonSchema::kAny) {
+    std::uint16_t node = value_node_;
+    const JsonSchema::Node* n = &schema_->nodes[node];
+    if (n->kind == Kind::any_of) {
+      const auto cls = c == '{'                             ? JsonSchema::c_object
+                       : c == '['                           ? JsonSchema::c_array
+                       : c == '"'                           ? JsonSchema::c_string
+                       : c == 't' || c == 'f'               ? JsonSchema::c_boolean
+                       : c == 'n'                           ? JsonSchema::c_null
+                       : c == '-' || (c >= '0' && c <= '9') ? JsonSchema::c_number
+                                                            : JsonSchema::kClasses;
+      if (cls == JsonSchema::kClasses || n->branch[cls] == JsonSchema::kAny) return false;
+      node = n->branch[cls];
+      n = &schema_->nodes[node];
+    }
+    value_node_ = node;
+    const bool number_start = c == '-' || (c >= '0' && c <= '9');
+    switch (n->kind) {
+      case Kind::any: value_node_ = JsonSchema::kAny; break;
+      case Kind::object:
+      case Kind::map:
+        if (c != '{') return false;
+        break;
+      case Kind::array:
+        if (c != '[') return false;
+        break;
+      case Kind::string:
+        if (c != '"') return false;
+        break;
+      case Kind::integer: integer_only_ = true; [[fallthrough]];
+      case Kind::number:
+        if (!number_start) return false;
+        break;
+      case Kind::boolean:
+        if (c != 't' && c != 'f') return false;
+        break;
+      case Kind::null:
+        if (c != 'n') return false;
+        break;
+      case Kind::literals:
+        mode_ = Mode::literal_set;
+        literal_node_ = node;
+        literal_key_ = false;
+        match_length_ = 0;
+        return literal_step(c);
+      case Kind::any_of: return false;  // unions are flattened when compiled
+    }
+  }
   switch (c) {
     case '{': return open('{');
     case '[': return open('[');
@@ -80,6 +203,18 @@ bool JsonConstraint::start_value(unsigned char c) {
 bool JsonConstraint::after_value(unsigned char c) {
   if (whitespace(c)) return true;
   if (c == ',') {
+    const std::uint16_t node = frame_node_[depth_ - 1];
+    if (node != JsonSchema::kAny) {
+      const auto& n = schema_->nodes[node];
+      // A closed object takes another member only while a property is left; an array only below maxItems.
+      const std::uint64_t all = n.keys.size() >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n.keys.size()) - 1;
+      if (n.kind == Kind::object && (frame_seen_[depth_ - 1] & all) == all) return false;
+      if (n.kind == Kind::array) {
+        if (frame_seen_[depth_ - 1] >= n.max_items) return false;
+        ++frame_seen_[depth_ - 1];
+        value_node_ = n.item;
+      }
+    }
     mode_ = stack_[depth_ - 1] == '{' ? Mode::key : Mode::value;
     return true;
   }
@@ -93,19 +228,31 @@ bool JsonConstraint::step(unsigned char c) {
   switch (mode_) {
     case Mode::done: return false;
     case Mode::top:  // no whitespace first: an answer starts with its '{', as llama.cpp's JSON grammar has it
-      return c == '{' && open('{');
+      return c == '{' && start_value(c);
     case Mode::value:
       if (whitespace(c)) return true;
       return start_value(c);
-    case Mode::array_first:
+    case Mode::array_first: {
       if (whitespace(c)) return true;
       if (c == ']') return close('[');
+      const std::uint16_t node = frame_node_[depth_ - 1];
+      if (node != JsonSchema::kAny && schema_->nodes[node].max_items == 0) return false;
+      frame_seen_[depth_ - 1] = 1;
       return start_value(c);
+    }
     case Mode::key_or_end:
     case Mode::key:
       if (whitespace(c)) return true;
       if (c == '}' && mode_ == Mode::key_or_end) return close('{');
       if (c != '"') return false;
+      if (const std::uint16_t node = frame_node_[depth_ - 1];
+          node != JsonSchema::kAny && schema_->nodes[node].kind == Kind::object) {
+        mode_ = Mode::literal_set;  // one of the properties not written yet
+        literal_node_ = node;
+        literal_key_ = true;
+        match_length_ = 0;
+        return literal_step(c);
+      }
       mode_ = Mode::string;
       string_is_key_ = true;
       pending_ = 0;
@@ -126,6 +273,9 @@ bool JsonConstraint::step(unsigned char c) {
       if (c == '"') {
         if (string_is_key_) {
           mode_ = Mode::colon;
+          // A map's values follow its schema; a free object's are free.
+          const std::uint16_t node = frame_node_[depth_ - 1];
+          value_node_ = node == JsonSchema::kAny ? JsonSchema::kAny : schema_->nodes[node].item;
           return true;
         }
         return end_value();
@@ -156,6 +306,7 @@ bool JsonConstraint::step(unsigned char c) {
       if (--pending_ == 0) mode_ = Mode::string;
       return true;
     }
+    case Mode::literal_set: return literal_step(c);
     case Mode::literal:
       if (c != static_cast<unsigned char>(*literal_)) return false;
       if (*++literal_ == '\0') return end_value();
@@ -178,6 +329,7 @@ bool JsonConstraint::step(unsigned char c) {
         case Num::zero:
         case Num::integer:
           if (digit && number_ == Num::integer) return true;
+          if (integer_only_) break;  // schema "integer": no fraction, no exponent
           if (c == '.') {
             number_ = Num::dot;
             return true;

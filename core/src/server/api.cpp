@@ -716,13 +716,25 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (type == "json_object") {
       out.json_object = true;
     } else if (type == "json_schema") {
-      return bad_request(
-          "'response_format' of type 'json_schema' is not supported by colibri-server; "
-          "{\"type\": \"json_object\"} gives valid JSON without a schema.",
-          "response_format", "unsupported_value");
+      const json spec = it->value("json_schema", json());
+      if (!spec.is_object()) return wrong_type("response_format.json_schema", "an object", spec);
+      const json schema = spec.value("schema", json());
+      if (schema.is_null()) {
+        return bad_request("Missing required parameter: 'response_format.json_schema.schema'.",
+                           "response_format.json_schema.schema", "missing_required_parameter");
+      }
+      auto compiled = engine::JsonSchema::compile(schema);
+      if (!compiled) {
+        return bad_request("Invalid 'response_format.json_schema.schema': " + compiled.error().message() + ".",
+                           "response_format.json_schema.schema", "invalid_value");
+      }
+      out.json_object = true;
+      out.json_schema = *compiled;
     } else if (type != "text") {
       return bad_request(
-          "Invalid value for 'response_format.type': expected 'text' or 'json_object', but got " + type.dump() + ".",
+          "Invalid value for 'response_format.type': expected 'text', 'json_object' or 'json_schema', "
+          "but got " +
+              type.dump() + ".",
           "response_format.type", "invalid_value");
     }
   }

@@ -489,6 +489,20 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
+    // A forced call's arguments follow the function's parameters schema where colibri can enforce it (else they
+    // are any JSON object, as without a schema).
+    std::shared_ptr<const engine::JsonSchema> forced_schema;
+    if (req.tool_choice == CompletionRequest::ToolChoice::function) {
+      for (const auto& tool : req.tools) {
+        const auto& fn = tool["function"];
+        if (fn["name"] != req.tool_choice_name || !fn.contains("parameters")) continue;
+        if (auto s = engine::JsonSchema::compile(json::parse(fn["parameters"].dump())); s) {
+          forced_schema = *s;
+        } else {
+          spdlog::debug("tool {}: parameters not enforced: {}", req.tool_choice_name, s.error().message());
+        }
+      }
+    }
     // One job per choice; events carry the request's generation so that a late event of an earlier request on
     // this connection is never taken for this one's.
     const std::uint64_t generation = ++generation_;
@@ -507,7 +521,11 @@ class Session : public std::enable_shared_from_this<Session> {
       job->request.json_object = req.json_object;
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
-      if (req.tool_choice == CompletionRequest::ToolChoice::function) job->request.json_object = true;
+      job->request.json_schema = req.json_schema;
+      if (req.tool_choice == CompletionRequest::ToolChoice::function) {
+        job->request.json_object = true;
+        job->request.json_schema = forced_schema;
+      }
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
         job->request.keep_special = tool_marker_is_special(srv_.tool_format);
       }

@@ -21,7 +21,7 @@ struct Scheduler::Sequence {
         sampler(job->request.sampling),
         decoder(tok, /*skip_special=*/!job->request.keep_special),
         stops(job->request.stop) {
-    if (job->request.json_object) json.emplace();
+    if (job->request.json_object) json.emplace(job->request.json_schema.get());
   }
   std::shared_ptr<Job> job;
   std::vector<std::int32_t> history;  // prompt + generated

@@ -448,6 +448,45 @@ class Api(unittest.TestCase):
         self.assertEqual(cli_text, body["choices"][0]["text"])
         self.assertEqual(body["choices"][0]["finish_reason"], "stop")
         self.assertIsInstance(json.loads(cli_text), dict)
+        # With a JSON Schema, every finished answer also conforms to it (closed object, types, enum, maxItems).
+        schema = {"type": "object", "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3}},
+            "required": ["name", "age"], "additionalProperties": False}
+        schema_req = dict(req, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+        conforming = 0
+        for seed in range(6):
+            status, body = self.s.json("POST", "/v1/chat/completions", dict(schema_req, seed=seed))
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            if choice["finish_reason"] != "stop":
+                continue
+            obj = json.loads(choice["message"]["content"])
+            self.assertLessEqual(set(obj), {"name", "age", "tags"}, obj)
+            self.assertIsInstance(obj["name"], str)
+            self.assertIsInstance(obj["age"], int)
+            self.assertTrue(set(obj.get("tags", [])) <= {"x", "y"} and len(obj.get("tags", [])) <= 3, obj)
+            conforming += 1
+        self.assertGreaterEqual(conforming, 3)
+        # colibri-cli run --json-schema takes the same path.
+        schema_file = os.path.join(WORK, "person.schema.json")
+        with open(schema_file, "w") as f:
+            json.dump(schema, f)
+        _, body = self.s.json("POST", "/v1/completions", {
+            "model": "tiny", "prompt": prompt, "max_tokens": 200, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+        p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "-n", "200", "--temperature", "0",
+                            "--json-schema", schema_file], capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.decode("utf-8", "replace")[len(prompt):-1], body["choices"][0]["text"])
+        self.assertTrue(body["choices"][0]["text"].startswith("{"), body["choices"][0]["text"])
+        # A keyword colibri cannot enforce is a 400 naming it, for the server and the CLI alike.
+        with open(schema_file, "w") as f:
+            json.dump({"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}}}, f)
+        p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "--json-schema", schema_file],
+                           capture_output=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("properties.name.maxLength", p.stderr.decode())
         # The same requests without JSON mode are not JSON: the constraint is what makes them so.
         free = dict(req)
         del free["response_format"]
@@ -506,7 +545,10 @@ class Api(unittest.TestCase):
                 self.assertEqual((call["type"], call["function"]["name"]), ("function", "get_weather"))
                 self.assertTrue(call["id"].startswith("call_"), call)
                 if choice["finish_reason"] == "tool_calls":
-                    self.assertIsInstance(json.loads(call["function"]["arguments"]), dict, call)
+                    # The arguments follow the function's parameters schema: {"city": <string>} and nothing else.
+                    args = json.loads(call["function"]["arguments"])
+                    self.assertEqual(list(args), ["city"], call)
+                    self.assertIsInstance(args["city"], str)
                     called = called if called is not None else (seed, call)
             self.assertIsNotNone(called, "no forced call finished within max_tokens")
             # Streamed: the first piece names the call, the rest add to its arguments, which add up to the same.

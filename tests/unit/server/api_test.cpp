@@ -166,7 +166,11 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":"1"}})", "logit_bias[\"5\"]",
        "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
-       "response_format", "unsupported_value"},
+       "response_format.json_schema", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a"}}})",
+       "response_format.json_schema.schema", "missing_required_parameter"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"a":{"type":"string","pattern":"x"}}}}}})",
+       "response_format.json_schema.schema", "invalid_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
        "response_format.type", "invalid_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":"json"})", "response_format",
@@ -322,6 +326,24 @@ TEST(ServerApi, ToolCallResponseShapes) {
   const auto later = tool_call_chunk(ids, 2, 1, nullptr, "ty\"}");
   EXPECT_EQ(later["choices"][0]["delta"]["tool_calls"],
             json::parse(R"([{"index":1,"function":{"arguments":"ty\"}"}}])"));
+}
+
+TEST(ServerApi, JsonSchemaResponseFormatIsCompiled) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+      "json_schema":{"name":"p","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},
+      "required":["a"],"additionalProperties":false}}}})",
+                     Endpoint::chat, r));
+  EXPECT_TRUE(r.json_object);
+  ASSERT_NE(r.json_schema, nullptr);
+  engine::JsonConstraint c(r.json_schema.get());
+  EXPECT_TRUE(c.advance(R"({"a": 1})"));
+  EXPECT_FALSE(engine::JsonConstraint(r.json_schema.get()).accepts(R"({"b")"));
+  // The error names the place in the schema.
+  auto e =
+      expect_error(R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+      "json_schema":{"schema":{"type":"object","properties":{"a":{"type":"string","minLength":2}}}}}})");
+  EXPECT_NE(e.message.find("properties.a.minLength"), std::string::npos) << e.message;
 }
 
 TEST(ServerApi, ChatTemplateKwargsAndReasoning) {

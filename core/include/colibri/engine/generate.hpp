@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "colibri/engine/engine.hpp"
+#include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 
@@ -21,6 +22,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   SamplingOptions sampling;
   bool json_object = false;  // JSON mode: only tokens that keep the text one valid JSON object; stops when it closes
+  std::shared_ptr<const JsonSchema> json_schema;  // with json_object: the object must also conform to this
 };
 
 struct GenerateResult {

@@ -1,21 +1,65 @@
 // JSON mode (the API's response_format {"type": "json_object"}): a byte-level pushdown automaton for JSON text whose
 // top-level value is an object, starting at its '{'. Sampling asks it which tokens keep the text a prefix of valid JSON
-// and bans the rest, so the model can only write JSON; generation stops when the object closes.
+// and bans the rest, so the model can only write JSON; generation stops when the object closes. With a JsonSchema
+// ({"type": "json_schema"}) it also keeps the text a prefix of an object the schema accepts.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "colibri/sdk/status.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 
 namespace colibri::engine {
 
+// A JSON Schema compiled for JsonConstraint. Enforced: type (one or a list), properties + required (objects are closed:
+// additionalProperties false unless the object lists no properties, when additionalProperties may give the values'
+// schema), items, minItems, maxItems, enum, const, anyOf / oneOf whose branches start differently (string or null,
+// object or array...), $ref to #/$defs/... or #/definitions/... (recursion included). Annotations (title,
+// description, default, examples, format, $schema, ...) are accepted and not enforced. Any other keyword (pattern,
+// minLength, minimum, allOf, ...) is refused, naming where it is, rather than silently not enforced.
+class JsonSchema {
+ public:
+  static constexpr std::uint16_t kAny = 0xFFFF;         // no constraint: any JSON value
+  static constexpr std::size_t kMaxProperties = 64;     // per object (a bit each while it is written)
+  static constexpr std::size_t kMaxLiteralBytes = 128;  // a property name or enum value, as JSON text
+  static constexpr std::size_t kMaxNodes = 4096;
+
+  // Errors (invalid_argument) name the place in the schema ("properties.tags.items: 'pattern' is not supported").
+  static sdk::Expected<std::shared_ptr<const JsonSchema>> compile(const nlohmann::json& schema);
+
+  enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
+  // The first byte of a value tells its class; an any_of node picks its branch by it.
+  enum Class : std::uint8_t { c_object, c_array, c_string, c_number, c_boolean, c_null, kClasses };
+  struct Node {
+    Kind kind = Kind::any;
+    std::vector<std::string> keys;      // object: property names as JSON text ("\"name\""), in schema order
+    std::vector<std::uint16_t> values;  // object: each property's node
+    std::uint64_t required = 0;         // object: bit i = keys[i] is required
+    std::uint16_t item = kAny;          // array: items; map: the values
+    std::uint32_t min_items = 0, max_items = std::numeric_limits<std::uint32_t>::max();
+    std::vector<std::string> literals;             // literals: the allowed values as compact JSON text
+    std::array<std::uint16_t, kClasses> branch{};  // any_of: the node for each first-byte class (kAny: none)
+  };
+  std::vector<Node> nodes;
+  std::uint16_t root = kAny;
+};
+
 class JsonConstraint {
  public:
+  JsonConstraint() = default;
+  // `schema` (may be null: any object) must outlive the constraint and its copies.
+  explicit JsonConstraint(const JsonSchema* schema) : schema_(schema) {
+    if (schema != nullptr) value_node_ = schema->root;
+  }
+
   // Deeper nesting is refused (the stack is a fixed array, so accepts() copies no heap memory).
   static constexpr std::size_t kMaxDepth = 64;
   // A longer run of whitespace outside strings is refused: a model that only emits spaces would never finish.
@@ -50,6 +94,7 @@ class JsonConstraint {
     string_unicode,  // inside a \u escape (its 4 hex digits)
     number,          // inside a number (see number_)
     literal,         // inside true / false / null
+    literal_set,     // schema: a property name or enum value, one of a list of JSON texts (match_ so far)
     done,
   };
   enum class Num : std::uint8_t { minus, zero, integer, dot, fraction, exp_mark, exp_sign, exponent };
@@ -63,7 +108,21 @@ class JsonConstraint {
   bool start_value(unsigned char c);
   bool start_number(Num first);
   bool whitespace(unsigned char c);
+  bool literal_step(unsigned char c);
+  bool literal_complete(std::size_t length) const;  // match_[0, length) is one of the candidates
+  template <class F>
+  void for_each_candidate(F&& f) const;  // literal_set: each allowed text (and its key index), until f returns true
+  [[nodiscard]] bool frame_accepts_close() const;  // the innermost container may close here (required, minItems)
 
+  const JsonSchema* schema_ = nullptr;
+  std::array<std::uint16_t, kMaxDepth> frame_node_{};  // each open container's schema node
+  std::array<std::uint64_t, kMaxDepth> frame_seen_{};  // object: bit i = property i written; array: items begun
+  std::uint16_t value_node_ = JsonSchema::kAny;        // the schema of the value that starts next
+  bool integer_only_ = false;                          // the number being written must be an integer
+  std::uint16_t literal_node_ = JsonSchema::kAny;      // literal_set: the node whose keys or literals are allowed
+  bool literal_key_ = false;                           // literal_set: a property name (else an enum value)
+  std::uint8_t match_length_ = 0;
+  std::array<char, JsonSchema::kMaxLiteralBytes> match_{};
   Mode mode_ = Mode::top;
   std::array<char, kMaxDepth> stack_{};  // '{' or '['
   std::uint8_t depth_ = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "colibri/chat/template.hpp"
+#include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/sdk/cache_policy.hpp"
 #include "colibri/server/chat_output.hpp"
@@ -54,8 +55,9 @@ struct CompletionRequest {
   bool include_usage = false;
   engine::SamplingOptions sampling;  // OpenAI defaults: temperature 1, top_p 1, no top-k/min-p
   bool seed_given = false;
-  int logprobs = -1;            // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
-  bool json_object = false;     // response_format {"type": "json_object"}
+  int logprobs = -1;         // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
+  bool json_object = false;  // response_format {"type": "json_object"} (or "json_schema")
+  std::shared_ptr<const engine::JsonSchema> json_schema;  // response_format {"type": "json_schema"}
   int n = 1;                    // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
   std::int64_t min_tokens = 0;  // vLLM's: no end token before this many
   bool ignore_eos = false;      // vLLM's: never end at an end token

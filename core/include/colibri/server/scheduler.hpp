@@ -31,11 +31,12 @@ struct GenerationRequest {
   std::int64_t max_tokens = 16;  // >= 1; generation also ends when the context is full
   std::vector<std::string> stop;
   engine::SamplingOptions sampling;
-  int logprobs = -1;            // >= 0: report each generated token's logprob with this many alternatives
-  bool json_object = false;     // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
-  std::int64_t min_tokens = 0;  // end tokens are banned until this many tokens are generated
-  bool ignore_eos = false;      // end tokens are banned throughout: generation ends by length, stop or context
-  bool keep_special = false;    // special tokens are decoded into the text (a tool call marker that is one)
+  int logprobs = -1;         // >= 0: report each generated token's logprob with this many alternatives
+  bool json_object = false;  // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
+  std::shared_ptr<const engine::JsonSchema> json_schema;  // JSON mode: the object must also conform to this
+  std::int64_t min_tokens = 0;                            // end tokens are banned until this many tokens are generated
+  bool ignore_eos = false;    // end tokens are banned throughout: generation ends by length, stop or context
+  bool keep_special = false;  // special tokens are decoded into the text (a tool call marker that is one)
 };
 
 struct GenerationEvent {

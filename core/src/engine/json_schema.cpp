@@ -1,0 +1,324 @@
+// JsonSchema::compile: a JSON Schema (the subset JsonSchema names) to the node table JsonConstraint walks.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "colibri/engine/json_constraint.hpp"
+
+namespace colibri::engine {
+
+using nlohmann::json;
+
+namespace {
+
+using Kind = JsonSchema::Kind;
+
+// Keywords that only describe: accepted, not enforced.
+const std::set<std::string, std::less<>> kAnnotations = {
+    "title",    "description", "default",  "examples",  "format",   "$schema", "$id",
+    "$comment", "deprecated",  "readOnly", "writeOnly", "nullable", "strict"};
+// Keywords enforced (by the node they build).
+const std::set<std::string, std::less<>> kEnforced = {"type",  "properties", "required", "additionalProperties",
+                                                      "items", "minItems",   "maxItems", "enum",
+                                                      "const", "anyOf",      "oneOf",    "$ref",
+                                                      "$defs", "definitions"};
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+
+  sdk::Expected<std::uint16_t> node(const json& s, const std::string& path, int depth) {
+    // A $ref being resolved is claimed by the object node its target starts with (see object()).
+    const std::string claim = std::exchange(pending_ref_, {});
+    if (depth > 64) return error(path, "nests deeper than 64 levels");
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return JsonSchema::kAny;
+      return error(path, "is false (no value is allowed)");
+    }
+    if (!s.is_object()) return error(path, "must be an object or a boolean");
+    for (const auto& [key, value] : s.items()) {
+      if (kAnnotations.contains(key) || kEnforced.contains(key)) continue;
+      return error(path.empty() ? key : path + "." + key,
+                   "is not supported (colibri enforces type, properties, required, additionalProperties, items, "
+                   "minItems, maxItems, enum, const, anyOf, oneOf and $ref; remove it or use json_object)");
+    }
+    if (auto ref = s.find("$ref"); ref != s.end()) return reference(*ref, path, depth);
+    if (auto e = s.find("enum"); e != s.end()) return literals(*e, path + ".enum");
+    if (auto c = s.find("const"); c != s.end()) return literals(json::array({*c}), path + ".const");
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (auto alt = s.find(key); alt != s.end()) return any_of(*alt, path + "." + key, depth);
+    }
+    auto type = s.find("type");
+    object_claim_ = claim;
+    if (type == s.end()) {
+      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
+        return typed(s, "object", path, depth);
+      if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
+        return typed(s, "array", path, depth);
+      return JsonSchema::kAny;
+    }
+    if (type->is_string()) return typed(s, type->get<std::string>(), path, depth);
+    object_claim_.clear();
+    if (!type->is_array() || type->empty()) return error(path + ".type", "must be a type name or a list of them");
+    json branches = json::array();
+    for (const auto& t : *type) {
+      json branch = s;
+      branch["type"] = t;
+      branches.push_back(std::move(branch));
+    }
+    return any_of(branches, path + ".type", depth);
+  }
+
+  std::vector<JsonSchema::Node> nodes;
+
+ private:
+  sdk::Status error(const std::string& path, const std::string& what) const {
+    return sdk::Status(sdk::StatusCode::invalid_argument,
+                       "schema" + (path.empty() ? "" : " at '" + path + "'") + ": " + what);
+  }
+
+  sdk::Expected<std::uint16_t> add(JsonSchema::Node n) {
+    if (nodes.size() >= JsonSchema::kMaxNodes) {
+      return error("", "is too large (more than " + std::to_string(JsonSchema::kMaxNodes) + " nodes)");
+    }
+    nodes.push_back(std::move(n));
+    return static_cast<std::uint16_t>(nodes.size() - 1);
+  }
+
+  sdk::Expected<std::uint16_t> typed(const json& s, const std::string& type, const std::string& path, int depth) {
+    JsonSchema::Node n;
+    if (type == "object") return object(s, path, depth);
+    object_claim_.clear();
+    if (type == "array") {
+      n.kind = Kind::array;
+      if (auto items = s.find("items"); items != s.end()) {
+        auto item = node(*items, path + ".items", depth + 1);
+        if (!item) return item.error();
+        n.item = *item;
+      }
+      for (const char* key : {"minItems", "maxItems"}) {
+        auto it = s.find(key);
+        if (it == s.end()) continue;
+        if (!it->is_number_unsigned() || it->get<std::uint64_t>() > 0xFFFFFFFEu) {
+          return error(path + "." + key, "must be a non-negative integer");
+        }
+        (key[1] == 'i' ? n.min_items : n.max_items) = static_cast<std::uint32_t>(it->get<std::uint64_t>());
+      }
+      if (n.min_items > n.max_items) return error(path + ".minItems", "is larger than maxItems");
+      return add(std::move(n));
+    }
+    if (type == "string")
+      n.kind = Kind::string;
+    else if (type == "number")
+      n.kind = Kind::number;
+    else if (type == "integer")
+      n.kind = Kind::integer;
+    else if (type == "boolean")
+      n.kind = Kind::boolean;
+    else if (type == "null")
+      n.kind = Kind::null;
+    else
+      return error(path + ".type", "'" + type + "' is not a JSON Schema type");
+    return add(std::move(n));
+  }
+
+  sdk::Expected<std::uint16_t> object(const json& s, const std::string& path, int depth) {
+    const std::string claim = std::exchange(object_claim_, {});
+    auto props = s.find("properties");
+    auto additional = s.find("additionalProperties");
+    const bool has_props = props != s.end() && props->is_object() && !props->empty();
+    if (props != s.end() && !props->is_object()) return error(path + ".properties", "must be an object");
+    if (!has_props) {
+      // No listed properties: a map whose values follow additionalProperties (any value when absent or true).
+      JsonSchema::Node n;
+      n.kind = Kind::map;
+      if (additional != s.end()) {
+        auto item = node(*additional, path + ".additionalProperties", depth + 1);
+        if (!item && additional->is_boolean()) {
+          n.kind = Kind::object;  // false: only {}
+        } else if (!item) {
+          return item.error();
+        } else {
+          n.item = *item;
+        }
+      }
+      if (auto required = s.find("required"); required != s.end() && required->is_array() && !required->empty()) {
+        return error(path + ".required", "names properties the schema does not list");
+      }
+      return add(std::move(n));
+    }
+    if (additional != s.end() && !(additional->is_boolean() && !additional->get<bool>())) {
+      return error(path + ".additionalProperties",
+                   "is not supported beside 'properties' (objects with properties are closed: set it to false)");
+    }
+    if (props->size() > JsonSchema::kMaxProperties) {
+      return error(path + ".properties",
+                   "lists more than " + std::to_string(JsonSchema::kMaxProperties) + " properties");
+    }
+    // The node is added before its properties are compiled, so that a property may refer back to it.
+    auto id = add(JsonSchema::Node{});
+    if (!id) return id;
+    if (!claim.empty()) refs_[claim] = *id;
+    JsonSchema::Node n;
+    n.kind = Kind::object;
+    for (const auto& [name, sub] : props->items()) {
+      std::string key = json(name).dump();
+      if (key.size() > JsonSchema::kMaxLiteralBytes) {
+        return error(path + ".properties",
+                     "has a property name longer than " + std::to_string(JsonSchema::kMaxLiteralBytes - 2) + " bytes");
+      }
+      auto value = node(sub, path + ".properties." + name, depth + 1);
+      if (!value) return value.error();
+      n.keys.push_back(std::move(key));
+      n.values.push_back(*value);
+    }
+    if (auto required = s.find("required"); required != s.end()) {
+      if (!required->is_array()) return error(path + ".required", "must be an array of property names");
+      for (const auto& r : *required) {
+        const std::string key = r.is_string() ? json(r).dump() : "";
+        auto at = std::find(n.keys.begin(), n.keys.end(), key);
+        if (at == n.keys.end()) {
+          return error(path + ".required", r.dump() + " is not one of the object's properties");
+        }
+        n.required |= std::uint64_t{1} << (at - n.keys.begin());
+      }
+    }
+    nodes[*id] = std::move(n);
+    return id;
+  }
+
+  sdk::Expected<std::uint16_t> literals(const json& values, const std::string& path) {
+    if (!values.is_array() || values.empty()) return error(path, "must be a non-empty array");
+    JsonSchema::Node n;
+    n.kind = Kind::literals;
+    for (const auto& v : values) {
+      if (v.is_object() || v.is_array())
+        return error(path, "holds an object or array (only scalar values are supported)");
+      std::string text = v.dump(-1, ' ', false, json::error_handler_t::strict);
+      if (text.size() > JsonSchema::kMaxLiteralBytes) {
+        return error(path, "holds a value longer than " + std::to_string(JsonSchema::kMaxLiteralBytes) + " bytes");
+      }
+      if (std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
+    }
+    return add(std::move(n));
+  }
+
+  // The class of the first byte a node's values start with; kClasses for a node that starts in several ways.
+  std::uint8_t class_of(std::uint16_t id, std::set<std::uint8_t>& classes) const {
+    if (id == JsonSchema::kAny) {
+      for (std::uint8_t c = 0; c < JsonSchema::kClasses; ++c) classes.insert(c);
+      return JsonSchema::kClasses;
+    }
+    const auto& n = nodes[id];
+    switch (n.kind) {
+      case Kind::object:
+      case Kind::map: classes.insert(JsonSchema::c_object); break;
+      case Kind::array: classes.insert(JsonSchema::c_array); break;
+      case Kind::string: classes.insert(JsonSchema::c_string); break;
+      case Kind::number:
+      case Kind::integer: classes.insert(JsonSchema::c_number); break;
+      case Kind::boolean: classes.insert(JsonSchema::c_boolean); break;
+      case Kind::null: classes.insert(JsonSchema::c_null); break;
+      case Kind::literals:
+        for (const auto& l : n.literals) {
+          const char c = l[0];
+          classes.insert(c == '"'               ? JsonSchema::c_string
+                         : c == 't' || c == 'f' ? JsonSchema::c_boolean
+                         : c == 'n'             ? JsonSchema::c_null
+                                                : JsonSchema::c_number);
+        }
+        break;
+      case Kind::any_of:
+        for (std::uint8_t c = 0; c < JsonSchema::kClasses; ++c) {
+          if (n.branch[c] != JsonSchema::kAny) classes.insert(c);
+        }
+        break;
+      case Kind::any: break;
+    }
+    return classes.size() == 1 ? *classes.begin() : static_cast<std::uint8_t>(JsonSchema::kClasses);
+  }
+
+  sdk::Expected<std::uint16_t> any_of(const json& branches, const std::string& path, int depth) {
+    if (!branches.is_array() || branches.empty()) return error(path, "must be a non-empty array");
+    JsonSchema::Node n;
+    n.kind = Kind::any_of;
+    n.branch.fill(JsonSchema::kAny);
+    std::array<bool, JsonSchema::kClasses> taken{};
+    for (std::size_t i = 0; i < branches.size(); ++i) {
+      const std::string bp = path + "[" + std::to_string(i) + "]";
+      auto id = node(branches[i], bp, depth + 1);
+      if (!id) return id.error();
+      if (*id == JsonSchema::kAny) return JsonSchema::kAny;  // one branch takes anything: so does the union
+      std::set<std::uint8_t> classes;
+      class_of(*id, classes);
+      for (const std::uint8_t c : classes) {
+        if (taken[c]) {
+          // integer beside number: number covers both.
+          const auto kind = nodes[*id].kind, other = nodes[n.branch[c]].kind;
+          if ((kind == Kind::integer && other == Kind::number) || (kind == Kind::number && other == Kind::integer)) {
+            if (kind == Kind::number) n.branch[c] = *id;
+            continue;
+          }
+          return error(bp,
+                       "starts like an earlier branch (colibri picks a branch by the value's first byte: "
+                       "branches must differ in type, e.g. a string or null)");
+        }
+        taken[c] = true;
+        // A branch that is itself a union contributes its own branch for this class.
+        n.branch[c] = nodes[*id].kind == Kind::any_of ? nodes[*id].branch[c] : *id;
+      }
+    }
+    return add(std::move(n));
+  }
+
+  sdk::Expected<std::uint16_t> reference(const json& ref, const std::string& path, int depth) {
+    if (!ref.is_string()) return error(path + ".$ref", "must be a string");
+    const std::string r = ref.get<std::string>();
+    if (auto done = refs_.find(r); done != refs_.end()) return done->second;
+    const json* target = nullptr;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      if (!r.starts_with(prefix)) continue;
+      const std::string name = r.substr(std::string_view(prefix).size());
+      const char* section = prefix[2] == '$' ? "$defs" : "definitions";
+      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name)) {
+        target = &root_[section][name];
+      }
+    }
+    if (r == "#") target = &root_;
+    if (target == nullptr) return error(path + ".$ref", "'" + r + "' is not #, #/$defs/NAME or #/definitions/NAME");
+    // A recursive reference resolves to an object node added before its properties (see object()); other
+    // recursion (a reference that is its own value) has no value to start with.
+    if (in_progress_.contains(r)) return error(path + ".$ref", "'" + r + "' refers to itself without an object");
+    in_progress_.insert(r);
+    pending_ref_ = r;
+    auto id = node(*target, path + ".$ref", depth + 1);
+    in_progress_.erase(r);
+    if (!id) return id;
+    refs_[r] = *id;
+    return id;
+  }
+
+  const json& root_;
+  std::string pending_ref_, object_claim_;
+  std::map<std::string, std::uint16_t> refs_;
+  std::set<std::string> in_progress_;
+};
+
+}  // namespace
+
+sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json& schema) {
+  Compiler c(schema);
+  auto root = c.node(schema, "", 0);
+  if (!root) return root.error();
+  if (*root != kAny && c.nodes[*root].kind != Kind::object && c.nodes[*root].kind != Kind::map) {
+    return sdk::Status(sdk::StatusCode::invalid_argument,
+                       "schema: the root must be an object (\"type\": \"object\"), as an answer is one JSON object");
+  }
+  auto out = std::make_shared<JsonSchema>();
+  out->nodes = std::move(c.nodes);
+  out->root = *root;
+  return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
+}  // namespace colibri::engine
