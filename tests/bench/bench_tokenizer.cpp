@@ -54,11 +54,27 @@ void encode(benchmark::State& state, const Tokenizer& tok, const std::string& te
   state.counters["tokens"] = static_cast<double>(tokens);
 }
 
-void json_mask(benchmark::State& state, const Tokenizer& tok, const std::string& prefix) {
+// A schema with the shapes structured outputs use: a closed object, an enum, a nullable field, a list of objects.
+const char* const kBenchSchema = R"({"type": "object", "properties": {
+    "name": {"type": "string"}, "category": {"enum": ["bird", "insect", "mammal", "reptile"]},
+    "weight_grams": {"type": ["number", "null"]},
+    "sightings": {"type": "array", "items": {"type": "object", "properties": {"place": {"type": "string"},
+                  "count": {"type": "integer"}}, "required": ["place", "count"]}}},
+    "required": ["name", "category", "sightings"]})";
+
+// `schema` empty: JSON mode; else JSON Schema mode with that schema.
+void json_mask(benchmark::State& state, const Tokenizer& tok, const std::string& prefix,
+               const std::string& schema = "") {
   std::vector<std::int64_t> end_tokens;
   if (const auto eos = tok.eos_id()) end_tokens.push_back(*eos);
   const colibri::engine::JsonTokenMask mask(tok, tok.vocab_size(), end_tokens);
-  colibri::engine::JsonConstraint json;
+  std::shared_ptr<const colibri::engine::JsonSchema> compiled;
+  if (!schema.empty()) {
+    auto c = colibri::engine::JsonSchema::compile(nlohmann::json::parse(schema));
+    if (!c) return state.SkipWithError(c.error().message().c_str());
+    compiled = *c;
+  }
+  colibri::engine::JsonConstraint json(compiled.get());
   if (!json.advance(prefix)) state.SkipWithError("the prefix is not JSON");
   std::vector<std::uint8_t> allowed;
   for (auto _ : state) {
@@ -93,6 +109,16 @@ int main(int argc, char** argv) {
     })->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("json_mask_after_value/") + name).c_str(), [t](benchmark::State& s) {
       json_mask(s, *t, R"({"a": [1, 2)");
+    })->Unit(benchmark::kMillisecond);
+    // JSON Schema mode: a key of a closed object (a few names allowed), an enum value, a free string.
+    benchmark::RegisterBenchmark((std::string("json_schema_mask_key/") + name).c_str(), [t](benchmark::State& s) {
+      json_mask(s, *t, R"({"name": "Anna", ")", kBenchSchema);
+    })->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("json_schema_mask_enum/") + name).c_str(), [t](benchmark::State& s) {
+      json_mask(s, *t, R"({"category": "b)", kBenchSchema);
+    })->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark((std::string("json_schema_mask_in_string/") + name).c_str(), [t](benchmark::State& s) {
+      json_mask(s, *t, R"({"name": "col)", kBenchSchema);
     })->Unit(benchmark::kMillisecond);
   }
   benchmark::Initialize(&argc, argv);
