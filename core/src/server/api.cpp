@@ -545,14 +545,13 @@ std::optional<ApiError> parse_tools(const json& body, std::string_view body_text
       if (c == "none") {
         out.tool_choice = CompletionRequest::ToolChoice::none;
       } else if (c == "required") {
-        if (names.size() != 1) {
-          return bad_request(
-              "'tool_choice': 'required' is supported with exactly one tool; with several, name the function "
-              "({\"type\": \"function\", \"function\": {\"name\": ...}}) or use 'auto'.",
-              "tool_choice", "unsupported_value");
+        if (names.size() == 1) {
+          out.tool_choice = CompletionRequest::ToolChoice::function;
+          out.tool_choice_name = names[0];
+        } else {
+          out.tool_choice = CompletionRequest::ToolChoice::required;
+          out.tool_names = names;
         }
-        out.tool_choice = CompletionRequest::ToolChoice::function;
-        out.tool_choice_name = names[0];
       } else if (c != "auto") {
         return bad_request(
             "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object naming "

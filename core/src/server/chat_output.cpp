@@ -229,6 +229,28 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
   return {};
 }
 
+std::string required_call_prefix(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::hermes: return std::string(kHermesOpen) + "\n";
+    case ToolFormat::mistral: return std::string(kMistralOpen) + "[";
+    case ToolFormat::deepseek_v3:
+    case ToolFormat::none: break;
+  }
+  return {};
+}
+
+json required_call_schema(const std::vector<std::string>& names) {
+  return json{{"type", "object"},
+              {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},
+              {"required", {"name", "arguments"}}};
+}
+
+std::optional<ToolCall> call_from_json_text(std::string_view text) {
+  const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (object.is_discarded()) return std::nullopt;
+  return call_from_object(object);
+}
+
 json ToolCall::to_json() const {
   return json{{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", arguments}}}};
 }

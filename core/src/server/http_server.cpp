@@ -455,6 +455,20 @@ class Session : public std::enable_shared_from_this<Session> {
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         *text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
       }
+      // "required" with several: the answer starts as a call and names one of them inside its JSON.
+      if (req.tool_choice == CompletionRequest::ToolChoice::required) {
+        const std::string opener = required_call_prefix(srv_.tool_format);
+        if (opener.empty()) {
+          return respond_error(
+              bad_request("'tool_choice': 'required' with several tools needs a call syntax that names the function "
+                          "inside its JSON; this template's (" +
+                              std::string(tool_format_name(srv_.tool_format)) +
+                              ") does not. Name the function, or use 'auto'.",
+                          "tool_choice", "unsupported_value"),
+              false);
+        }
+        *text += opener;
+      }
       opens_reasoning = prompt_opens_reasoning(*text);
       prompt = srv_.tokenizer.encode(*text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
@@ -492,6 +506,11 @@ class Session : public std::enable_shared_from_this<Session> {
     // A forced call's arguments follow the function's parameters schema where colibri can enforce it (else they
     // are any JSON object, as without a schema).
     std::shared_ptr<const engine::JsonSchema> forced_schema;
+    if (req.tool_choice == CompletionRequest::ToolChoice::required) {
+      auto s = engine::JsonSchema::compile(required_call_schema(req.tool_names));
+      if (!s) return respond_error(internal_error("the required-call schema: " + s.error().message()), false);
+      forced_schema = *s;
+    }
     if (req.tool_choice == CompletionRequest::ToolChoice::function) {
       for (const auto& tool : req.tools) {
         const auto& fn = tool["function"];
@@ -522,7 +541,8 @@ class Session : public std::enable_shared_from_this<Session> {
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
       job->request.json_schema = req.json_schema;
-      if (req.tool_choice == CompletionRequest::ToolChoice::function) {
+      if (req.tool_choice == CompletionRequest::ToolChoice::function ||
+          req.tool_choice == CompletionRequest::ToolChoice::required) {
         job->request.json_object = true;
         job->request.json_schema = forced_schema;
       }
@@ -547,9 +567,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic) c.tool_stream.emplace(srv_.tool_format);
       // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
       if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
-          req.tool_choice != CompletionRequest::ToolChoice::function) {
+          req.tool_choice != CompletionRequest::ToolChoice::function &&
+          req.tool_choice != CompletionRequest::ToolChoice::required) {
         c.reasoning.emplace(opens_reasoning);
       }
+      c.required_call = req.tool_choice == CompletionRequest::ToolChoice::required;
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         c.forced = ToolCall{tool_call_id(srv_.tool_format, random_u64()), req.tool_choice_name, ""};
       }
@@ -610,6 +632,11 @@ class Session : public std::enable_shared_from_this<Session> {
           ev.text = std::move(split.content);
         }
         if (c.tool_stream) ev.text = c.tool_stream->push(ev.text);
+        if (c.required_call) {
+          c.text += ev.text;  // the call object is parsed whole at the end (its name may come last)
+          if (!streaming_) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+          return;
+        }
         if (streaming_) {
           if (!reasoning.empty()) {
             pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
@@ -711,6 +738,24 @@ class Session : public std::enable_shared_from_this<Session> {
         c.calls.push_back(*c.forced);
       }
       if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+      return;
+    }
+    if (c.required_call) {
+      auto call = call_from_json_text(c.text);
+      if (call) {
+        call->id = tool_call_id(srv_.tool_format, random_u64());
+        if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+        if (streaming_) {
+          pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), 0, &*call, call->arguments)));
+        } else {
+          c.calls.push_back(std::move(*call));
+        }
+        c.text.clear();
+      } else if (streaming_ && !c.text.empty()) {
+        // Cut off before the object closed: what was written is content, so nothing is lost.
+        pending_ +=
+            chunk(sse_event(stream_chunk(endpoint_, ids_, c.text, "", false, nullptr, static_cast<int>(index))));
+      }
       return;
     }
     if (!c.tool_stream) return;
@@ -889,6 +934,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<ToolCallStream> tool_stream;   // tool_choice auto: splits content from calls
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
+    bool required_call = false;                  // tool_choice "required" with several tools: the text is the call
     std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
     std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content
     std::string reasoning_text;                  // non-streaming: the message's reasoning_content

@@ -561,6 +561,29 @@ class Api(unittest.TestCase):
             self.assertTrue(all("id" not in p and "name" not in p["function"] for p in pieces[1:]))
             self.assertEqual("".join(p["function"]["arguments"] for p in pieces), call["function"]["arguments"])
             self.assertEqual(finish_of(events), "tool_calls")
+            # "required" with several tools: the answer is a call of one of them (the name is constrained too).
+            clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+            names = set()
+            for k in range(6):
+                status, body = s.json("POST", "/v1/chat/completions",
+                                      dict(named, seed=k, tools=[weather, clock], tool_choice="required"))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                if choice["finish_reason"] != "tool_calls":
+                    continue
+                (any_call,) = choice["message"]["tool_calls"]
+                self.assertIn(any_call["function"]["name"], ("get_weather", "get_time"))
+                self.assertIsInstance(json.loads(any_call["function"]["arguments"]), dict)
+                names.add(any_call["function"]["name"])
+            self.assertGreater(len(names), 0, "no required call finished within max_tokens")
+            _, events, done = s.stream("/v1/chat/completions",
+                                       dict(named, seed=0, tools=[weather, clock], tool_choice="required"))
+            _, whole = s.json("POST", "/v1/chat/completions",
+                              dict(named, seed=0, tools=[weather, clock], tool_choice="required"))
+            if whole["choices"][0]["finish_reason"] == "tool_calls":
+                pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
+                          if "tool_calls" in d]
+                self.assertEqual(pieces[0]["function"], whole["choices"][0]["message"]["tool_calls"][0]["function"])
             # "required" with one tool is that tool.
             status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, tool_choice="required"))
             self.assertEqual(body["choices"][0]["message"]["tool_calls"][0]["function"], call["function"])

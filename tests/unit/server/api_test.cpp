@@ -193,8 +193,6 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
        "tool_choice", "invalid_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
        "tool_choice", "invalid_value"},
-      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":"required"})",
-       "tool_choice", "unsupported_value"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"parallel_tool_calls":"no"})", "parallel_tool_calls",
        "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})", "functions",
@@ -263,6 +261,12 @@ TEST(ServerApi, ToolsAndToolHistoryAreRead) {
                          R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})",
                      Endpoint::chat, r));
   EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::function);
+  // "required" with several tools: any of them.
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+      "function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":"required"})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::required);
+  EXPECT_EQ(r.tool_names, (std::vector<std::string>{"f", "g"}));
   // History: the calls as given (render_chat decides how the template sees the arguments); a call-only assistant
   // turn keeps null content; a tool result keeps its call id.
   ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"},

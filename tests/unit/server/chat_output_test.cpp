@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "colibri/engine/json_constraint.hpp"
 #include "colibri/server/api.hpp"
 #include "unit/tokenizer/test_paths.hpp"
 
@@ -179,6 +180,30 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
       }
     }
   }
+}
+
+// "required" with several tools: the opener plus any object the schema lets through is one call of a listed tool.
+TEST(ToolCalls, RequiredCallOpenerAndSchema) {
+  auto schema = engine::JsonSchema::compile(required_call_schema({"get_weather", "get_time"}));
+  ASSERT_TRUE(schema.has_value()) << schema.error().message();
+  engine::JsonConstraint c(schema->get());
+  const std::string object = R"({"arguments": {"zone": "CET"}, "name": "get_time"})";
+  ASSERT_TRUE(c.advance(object));
+  EXPECT_TRUE(c.complete());
+  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_w1")"));
+  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_time"})"));  // arguments required
+  const auto call = call_from_json_text(object);
+  ASSERT_TRUE(call.has_value());
+  EXPECT_EQ(call->name, "get_time");
+  EXPECT_EQ(json::parse(call->arguments), json({{"zone", "CET"}}));
+  EXPECT_FALSE(call_from_json_text(R"({"name": "get_time", "arguments": )").has_value());
+  for (const auto format : {ToolFormat::hermes, ToolFormat::mistral}) {
+    const std::string closing = format == ToolFormat::hermes ? "\n</tool_call>" : "]";
+    const ToolParse p = parse_tool_calls(format, required_call_prefix(format) + object + closing);
+    ASSERT_EQ(p.calls.size(), 1u) << tool_format_name(format);
+    EXPECT_EQ(p.calls[0].name, "get_time");
+  }
+  EXPECT_EQ(required_call_prefix(ToolFormat::deepseek_v3), "");  // its name is outside JSON
 }
 
 TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {

@@ -64,9 +64,10 @@ struct CompletionRequest {
   // Tool calling (chat): the definitions in the order given (they show in the prompt), and what tool_choice asks.
   nlohmann::ordered_json tools = nullptr;
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
-  enum class ToolChoice { none, automatic, function };
+  enum class ToolChoice { none, automatic, function, required };
   ToolChoice tool_choice = ToolChoice::none;  // "required" with one tool is that function
   std::string tool_choice_name;               // function: the one the answer calls
+  std::vector<std::string> tool_names;        // required: the functions, one of which the answer calls
   bool parallel_tool_calls = true;            // false: only the first call is returned
 };
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,12 +31,21 @@ bool tool_marker_is_special(ToolFormat format);
 // Appended to the rendered prompt when tool_choice names a function: the model continues with the arguments object.
 std::string forced_call_prefix(ToolFormat format, std::string_view function_name);
 
+// tool_choice "required" with several tools: the answer starts with the format's call opener and continues with one
+// {"name": <one of names>, "arguments": {...}} object (the schema below). Empty for a format that writes the name
+// outside JSON (deepseek_v3) or none.
+std::string required_call_prefix(ToolFormat format);
+nlohmann::json required_call_schema(const std::vector<std::string>& names);
+
 struct ToolCall {
   std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands)
   std::string name;
   std::string arguments;                         // a JSON text, as OpenAI sends it
   [[nodiscard]] nlohmann::json to_json() const;  // {"id", "type": "function", "function": {"name", "arguments"}}
 };
+
+// {"name": ..., "arguments": {...}} as one call (ids left empty); nullopt when it is not one.
+std::optional<ToolCall> call_from_json_text(std::string_view text);
 
 // A new call id; `random` is any 64-bit random source's output, one per call.
 std::string tool_call_id(ToolFormat format, std::uint64_t random);
