@@ -355,7 +355,7 @@ class Api(unittest.TestCase):
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 1}))
         assert_error(self, status, err, 400, "invalid_value", "logit_bias")
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
-        assert_error(self, status, err, 400, "unsupported_value", "response_format")
+        assert_error(self, status, err, 400, "invalid_type", "response_format.json_schema")
 
     def test_several_choices(self):
         # n choices run as n sequences with seeds seed, seed + 1, ...: choice i is the single request with seed + i.
