@@ -923,13 +923,22 @@ class Clients(unittest.TestCase):
             if p.returncode != 0:
                 raise unittest.SkipTest("npm install openai failed (offline?): " + p.stderr[-300:])
         s = Server("--api-key", "node-key")
+        # Tool calls need a template that shows tools: Qwen3's (hermes syntax).
+        with open(os.path.join(HERE, "..", "..", "data", "chat", "golden", "qwen3.json"), encoding="utf-8") as f:
+            source = json.load(f)["source"]
+        template = os.path.join(WORK, "qwen3_template_node.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write(source)
+        tools = Server("--api-key", "node-key", "--chat-template", template, "--ctx", "2048")
         try:
-            p = subprocess.run([node, "openai_client.mjs", f"http://127.0.0.1:{s.port}/v1", "node-key", "tiny"],
+            p = subprocess.run([node, "openai_client.mjs", f"http://127.0.0.1:{s.port}/v1", "node-key", "tiny",
+                                f"http://127.0.0.1:{tools.port}/v1"],
                                cwd=jsdir, capture_output=True, text=True, timeout=120)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             print(p.stdout.strip(), flush=True)
         finally:
             self.assertEqual(s.stop(), 0)
+            self.assertEqual(tools.stop(), 0)
 
     def test_curl(self):
         curl = shutil.which("curl")

@@ -1,9 +1,10 @@
-// node openai_client.mjs BASE_URL API_KEY MODEL
-// The official OpenAI SDK against colibri-server: models, chat and completions (plain and streamed), error types.
+// node openai_client.mjs BASE_URL API_KEY MODEL [TOOLS_BASE_URL]
+// The official OpenAI SDK against colibri-server: models, chat and completions (plain and streamed), error types;
+// with TOOLS_BASE_URL (a server whose template shows tools), tool calls and JSON Schema through the SDK's helpers.
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 
-const [baseURL, apiKey, model] = process.argv.slice(2);
+const [baseURL, apiKey, model, toolsURL] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
 
 const models = await client.models.list();
@@ -59,4 +60,38 @@ await assert.rejects(client.chat.completions.create({ model, messages, temperatu
 const wrongKey = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 });
 await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
 
-console.log(`openai SDK ok: chat ${JSON.stringify(text)}, completion ${JSON.stringify(compText)}`);
+let toolSummary = "";
+if (toolsURL) {
+  const tc = new OpenAI({ baseURL: toolsURL, apiKey, maxRetries: 0, timeout: 60000 });
+  const tools = [{
+    type: "function",
+    function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } },
+  }];
+  const ask = [{ role: "user", content: "Weather in Oslo?" }];
+  const req = { model, messages: ask, tools, tool_choice: { type: "function", function: { name: "get_weather" } }, max_tokens: 60, temperature: 0 };
+  const called = await tc.chat.completions.create(req);
+  const call = called.choices[0].message.tool_calls[0];
+  assert.equal(call.type, "function");
+  assert.equal(call.function.name, "get_weather");
+  assert.equal(called.choices[0].message.content, null);
+  // The SDK's stream helper puts the tool call pieces back together (and checks their identity).
+  const final = await tc.chat.completions.stream(req).finalChatCompletion();
+  assert.deepEqual(final.choices[0].message.tool_calls[0].function, call.function);
+  assert.equal(final.choices[0].message.tool_calls[0].id.slice(0, 5), "call_");
+  // The SDK's own assistant message goes back as history, with the tool's result.
+  const next = await tc.chat.completions.create({
+    model, tools, max_tokens: 6, temperature: 0,
+    messages: [...ask, called.choices[0].message, { role: "tool", tool_call_id: call.id, content: '{"temp_c": 3}' }],
+  });
+  assert.ok(next.usage.prompt_tokens > called.usage.prompt_tokens);
+  // JSON Schema through response_format.
+  const schema = { type: "object", properties: { ok: { type: "boolean" } }, required: ["ok"], additionalProperties: false };
+  const structured = await tc.chat.completions.create({
+    model, messages: ask, max_tokens: 40, temperature: 0,
+    response_format: { type: "json_schema", json_schema: { name: "answer", schema, strict: true } },
+  });
+  assert.deepEqual(Object.keys(JSON.parse(structured.choices[0].message.content)), ["ok"]);
+  toolSummary = `, tool call ${JSON.stringify(call.function)}, schema ${structured.choices[0].message.content}`;
+}
+
+console.log(`openai SDK ok: chat ${JSON.stringify(text)}, completion ${JSON.stringify(compText)}${toolSummary}`);
