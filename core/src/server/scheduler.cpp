@@ -3,12 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "colibri/engine/generate.hpp"
-#include "colibri/util/output_file.hpp"
+#include "colibri/engine/usage_history.hpp"
 
 namespace colibri::server {
 
@@ -439,32 +437,12 @@ void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_gener
 
 void Scheduler::save_usage_history() {
   if (options_.usage_history.empty() || usage_.empty()) return;
-  const auto& path = options_.usage_history;
-  // Merge with what earlier runs counted; a malformed file is replaced (with a warning), never half-written.
-  std::map<std::string, std::uint64_t> counts;
-  if (std::ifstream in(path); in) {
-    auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_object() && j.contains("counts") && j["counts"].is_object()) {
-      for (const auto& [k, v] : j["counts"].items()) {
-        if (v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
-          counts[k] = v.get<std::uint64_t>();
-        }
-      }
-    } else {
-      spdlog::warn("usage history {} is not valid; starting it afresh", path.string());
-    }
-  }
-  for (const auto& [key, n] : usage_) {
-    counts[std::to_string(key >> 32) + ":" + std::to_string(key & 0xffffffffu)] += n;
-  }
-  nlohmann::json out{{"version", 1}, {"counts", counts}};
-  // Replaced whole or not at all (a link to it is followed, not replaced).
-  if (auto s = util::write_file_atomically(
-          path, [&](std::ostream& f) { return static_cast<bool>(f << out.dump(1) << "\n"); });
-      !s) {
-    spdlog::error("could not save the usage history: {}", s.message());
+  // Merged with what earlier runs counted, as run and bench do; a malformed file is left as it is (it may be the
+  // user's edit), never replaced or half-written.
+  if (auto s = engine::merge_usage_history(options_.usage_history, usage_); !s) {
+    spdlog::error("the expert usage history was not saved: {}", s.message());
   } else {
-    spdlog::info("saved expert usage history ({} experts) to {}", usage_.size(), path.string());
+    spdlog::info("saved expert usage history ({} experts) to {}", usage_.size(), options_.usage_history.string());
   }
 }
 

@@ -885,6 +885,22 @@ class Concurrency(unittest.TestCase):
         finally:
             s.stop()
 
+    def test_malformed_usage_history_is_kept(self):
+        # A history the server cannot read (say, a hand edit gone wrong) is not replaced at exit: nothing is lost.
+        history = os.path.join(WORK, "usage-bad.json")
+        with open(history, "w") as f:
+            f.write('{"version": 1, "counts": {"0:1": "many"}}')
+        s = Server("--usage-history", history)
+        try:
+            status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3})
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(history) as f:
+            self.assertEqual(f.read(), '{"version": 1, "counts": {"0:1": "many"}}')
+        with open(s.log.name) as f:
+            self.assertIn("usage-bad.json", f.read())
+
     def test_api_key(self):
         s = Server("--api-key", "sekrit")
         try:
