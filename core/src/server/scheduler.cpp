@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "colibri/engine/generate.hpp"
+#include "colibri/engine/rope.hpp"
 #include "colibri/engine/usage_history.hpp"
 
 namespace colibri::server {
@@ -44,6 +45,7 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   context_ = engine_.context();
   vocab_ = engine_.vocab_size();
   eos_ = engine_.hparams().eos_token_ids;
+  if (auto rope = engine::RopeFrequencies::create(engine_.hparams())) same_kv_up_to_ = rope->same_kv_up_to();
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
   options_.max_batch = std::max(1, options_.max_batch);
   options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
@@ -334,7 +336,9 @@ void Scheduler::take_state(Sequence& seq) {
       best_common = common;
     }
   }
+  std::size_t held_length = 0;
   if (best < free_states_.size()) {
+    held_length = free_states_[best].tokens.size();
     seq.state = std::move(free_states_[best].state);
     free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(best));
   } else {
@@ -345,8 +349,10 @@ void Scheduler::take_state(Sequence& seq) {
     }
     seq.state = std::move(*st);
   }
-  // The last prompt token always runs: its logits are the first token's distribution.
-  const auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
+  // The last prompt token always runs: its logits are the first token's distribution. With "dynamic" rope the kept
+  // entries are only the cold run's bits while neither run's passes went past the original context.
+  auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
+  if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
   seq.state->n_past = reuse;
   seq.prompt_done = static_cast<std::size_t>(reuse);
   seq.cached = reuse;

@@ -59,9 +59,10 @@ class Server:
 
     def __init__(self, *extra):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
-        defaults = [] if "--chat-template" in extra else ["--chat-template", "chatml"]
+        defaults = [] if "--model" in extra else ["--model", MODEL]
+        defaults += [] if "--chat-template" in extra else ["--chat-template", "chatml"]
         defaults += [] if "--ctx" in extra else ["--ctx", "512"]
-        self.proc = subprocess.Popen([SERVER, "--model", MODEL, "--port", "0", "--log-level", "warn"] + defaults +
+        self.proc = subprocess.Popen([SERVER, "--port", "0", "--log-level", "warn"] + defaults +
                                      BACKEND_ARGS + list(extra),
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=die_with_parent)
         line = self.proc.stdout.readline()
@@ -410,6 +411,44 @@ class Api(unittest.TestCase):
         finally:
             self.assertEqual(fresh.stop(), 0)
         self.assertGreaterEqual(self.s.metric("colibri_prompt_tokens_cached_total"), 2 * n - 3)
+
+    def test_prompt_cache_with_dynamic_rope(self):
+        # "dynamic" rope rotates by the length of the pass once past the original context, so entries cached by an
+        # earlier request are not the bits a cold run computes there: past that length nothing is reused, and the
+        # answer stays the cold run's.
+        ckpt = os.path.join(WORK, "ckpt-dynamic")
+        model = os.path.join(WORK, "tiny-dynamic")
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
+            with open(os.path.join(ckpt, "config.json")) as f:
+                cfg = json.load(f)
+            cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 40}
+            with open(os.path.join(ckpt, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                           capture_output=True)
+        short = "The colibri hovers"
+        long = "The colibri hovers over the red flowers of the garden and drinks their nectar while the sun rises " \
+               "above the hills and the river"
+        warm, cold = Server("--model", model), None
+        try:
+            req = {"model": "tiny-dynamic", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+            _, a = warm.json("POST", "/v1/completions", dict(req, prompt=short))
+            _, b = warm.json("POST", "/v1/completions", dict(req, prompt=short))
+            self.assertGreater(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0)  # within 40: reused
+            self.assertEqual(a["choices"][0], b["choices"][0])
+            _, turn = warm.json("POST", "/v1/completions", dict(req, prompt=long))
+            self.assertGreater(turn["usage"]["prompt_tokens"], 40)
+            self.assertEqual(turn["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            _, turn2 = warm.json("POST", "/v1/completions", dict(req, prompt=long + " again"))
+            self.assertEqual(turn2["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            cold = Server("--model", model)
+            _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=long + " again"))
+            self.assertEqual(fresh["choices"][0], turn2["choices"][0])
+        finally:
+            self.assertEqual(warm.stop(), 0)
+            if cold is not None:
+                self.assertEqual(cold.stop(), 0)
 
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "colibri/model/manifest.hpp"
@@ -23,6 +24,12 @@ class RopeFrequencies {
   [[nodiscard]] float attention_scaling() const { return attention_scaling_; }
   [[nodiscard]] std::int32_t rope_dims() const { return dims_; }
   [[nodiscard]] const std::string& type() const { return type_; }
+  // KV entries are the same bits whichever forward passes computed them only while every such pass ends at or
+  // before this sequence length ("dynamic" rotates by the pass's length past the original context); no limit
+  // (INT64_MAX) for the other types.
+  [[nodiscard]] std::int64_t same_kv_up_to() const {
+    return type_ == "dynamic" ? original_max_ : std::numeric_limits<std::int64_t>::max();
+  }
 
  private:
   std::string type_ = "default";

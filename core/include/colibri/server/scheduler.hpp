@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -154,6 +155,8 @@ class Scheduler {
     std::vector<std::int32_t> tokens;
   };
   std::vector<FreeState> free_states_;
+  // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
+  std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
   void take_state(Sequence& seq);
   std::thread thread_;
   std::mutex shutdown_mu_;
