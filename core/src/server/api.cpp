@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "server/json_brackets.hpp"
 #include "tokenizer/utf8.hpp"
 
 namespace colibri::server {
@@ -61,23 +62,12 @@ ApiError unavailable(std::string message) {
 
 std::size_t json_nesting_depth(std::string_view text) {
   std::size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
+  JsonBrackets brackets;
   for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
+    const int step = brackets.step(c);
+    if (step > 0) {
       deepest = std::max(deepest, ++depth);
-    } else if ((c == ']' || c == '}') && depth > 0) {
+    } else if (step < 0 && depth > 0) {
       --depth;
     }
   }

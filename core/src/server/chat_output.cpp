@@ -4,6 +4,8 @@
 #include <optional>
 #include <utility>
 
+#include "server/json_brackets.hpp"
+
 namespace colibri::server {
 
 using nlohmann::json;
@@ -59,22 +61,12 @@ constexpr std::string_view kThinkClose = "</think>";
 std::optional<std::size_t> json_value_end(std::string_view text, std::size_t pos) {
   if (pos >= text.size() || (text[pos] != '{' && text[pos] != '[')) return std::nullopt;
   std::size_t depth = 0;
-  bool in_string = false, escaped = false;
+  JsonBrackets brackets;
   for (std::size_t i = pos; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
+    const int step = brackets.step(text[i]);
+    if (step > 0) {
       ++depth;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
+    } else if (step < 0 && --depth == 0) {
       return i + 1;
     }
   }
@@ -119,26 +111,12 @@ std::optional<ToolCall> call_from_object(const json& object) {
 // Each parser starts at the opening marker and returns the calls and where they end, or nullopt.
 using Calls = std::optional<std::pair<std::vector<ToolCall>, std::size_t>>;
 
-Calls parse_hermes(std::string_view text, std::size_t pos) {
+// Hermes and Mistral: the marker, then a JSON call object (Mistral: an array of them), repeated; Hermes closes each
+// with </tool_call>, which the end token may cut off.
+Calls parse_marked_json(std::string_view text, std::size_t pos, std::string_view open, std::string_view close) {
   std::vector<ToolCall> calls;
-  while (text.substr(pos).starts_with(kHermesOpen)) {
-    pos += kHermesOpen.size();
-    auto object = json_value_at(text, pos);
-    if (!object) return std::nullopt;
-    auto call = call_from_object(*object);
-    if (!call) return std::nullopt;
-    calls.push_back(std::move(*call));
-    pos = skip_space(text, pos);
-    if (text.substr(pos).starts_with(kHermesClose)) pos += kHermesClose.size();  // may be cut off by the end token
-    if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(kHermesOpen)) pos = next;
-  }
-  return std::make_pair(std::move(calls), pos);
-}
-
-Calls parse_mistral(std::string_view text, std::size_t pos) {
-  std::vector<ToolCall> calls;
-  while (text.substr(pos).starts_with(kMistralOpen)) {
-    pos += kMistralOpen.size();
+  while (text.substr(pos).starts_with(open)) {
+    pos += open.size();
     auto value = json_value_at(text, pos);
     if (!value) return std::nullopt;
     const json list = value->is_array() ? *value : json::array({*value});
@@ -148,7 +126,9 @@ Calls parse_mistral(std::string_view text, std::size_t pos) {
       if (!call) return std::nullopt;
       calls.push_back(std::move(*call));
     }
-    if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(kMistralOpen)) pos = next;
+    pos = skip_space(text, pos);
+    if (!close.empty() && text.substr(pos).starts_with(close)) pos += close.size();
+    if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(open)) pos = next;
   }
   return std::make_pair(std::move(calls), pos);
 }
@@ -269,8 +249,8 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text) {
   const std::string_view marker = opening_marker(format);
   const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
-  Calls calls = format == ToolFormat::hermes    ? parse_hermes(text, at)
-                : format == ToolFormat::mistral ? parse_mistral(text, at)
+  Calls calls = format == ToolFormat::hermes    ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
+                : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
                                                 : parse_deepseek(text, at);
   if (!calls) return ToolParse{std::string(text), {}};
   ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
