@@ -601,7 +601,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       out.echo = it->get<bool>();
     }
     if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) {
-      return bad_request("'suffix' is not supported.", "suffix", "unsupported_parameter");
+      if (!it->is_string()) return wrong_type("suffix", "a string", *it);
+      if (out.prompt_is_tokens) {
+        return bad_request("'suffix' needs a text prompt, not token ids.", "suffix", "invalid_value");
+      }
+      out.suffix = it->get<std::string>();
     }
   }
 

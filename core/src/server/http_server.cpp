@@ -28,6 +28,7 @@
 #include <variant>
 
 #include "colibri/engine/usage_history.hpp"
+#include "colibri/server/fim.hpp"
 #include "colibri/server/server.hpp"
 #include "spdlog/spdlog.h"
 #include "tokenizer/utf8.hpp"
@@ -483,6 +484,17 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       prompt = req.prompt_tokens;
       if (req.echo) echo_text = srv_.tokenizer.decode(prompt, true);
+    } else if (req.suffix) {
+      const auto fim = find_fim_tokens(srv_.tokenizer);
+      if (!fim) {
+        return respond_error(bad_request("'suffix' needs a model trained to fill in the middle; this tokenizer has "
+                                         "none of the token sets " +
+                                             fim_token_names() + ".",
+                                         "suffix", "unsupported_value"),
+                             false);
+      }
+      prompt = fim_prompt(srv_.tokenizer, *fim, req.prompt, *req.suffix);
+      if (req.echo) echo_text = req.prompt;
     } else {
       prompt = srv_.tokenizer.encode(req.prompt, /*add_special=*/true);
       if (req.echo) echo_text = req.prompt;

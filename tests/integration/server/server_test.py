@@ -450,6 +450,40 @@ class Api(unittest.TestCase):
             if cold is not None:
                 self.assertEqual(cold.stop(), 0)
 
+    def test_fill_in_the_middle(self):
+        # completions' suffix: PREFIX prompt SUFFIX suffix MIDDLE with the model's FIM tokens (Qwen's spelling
+        # here, added to a copy of the tiny model's tokenizer at ids its embedding already has).
+        model = os.path.join(WORK, "tiny-fim")
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(MODEL, model, dirs_exist_ok=True)
+            with open(os.path.join(model, "tokenizer.json")) as f:
+                tok = json.load(f)
+            for i, name in enumerate(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]):
+                tok["added_tokens"].append({"id": 354 + i, "content": name, "single_word": False, "lstrip": False,
+                                            "rstrip": False, "normalized": False, "special": True})
+            with open(os.path.join(model, "tokenizer.json"), "w") as f:
+                json.dump(tok, f)
+        ids = lambda text: json.loads(subprocess.run([CLI, "tokenize", "--model", model, "--text", text],
+                                                     check=True, capture_output=True, text=True).stdout)["ids"]
+        prefix, suffix = "def area(r):\n    return ", "\n\nprint(area(2))\n"
+        s = Server("--model", model)
+        try:
+            req = {"model": "tiny-fim", "max_tokens": 8, "temperature": 0}
+            status, fim = s.json("POST", "/v1/completions", dict(req, prompt=prefix, suffix=suffix))
+            self.assertEqual(status, 200, fim)
+            manual = [354] + ids(prefix) + [355] + ids(suffix) + [356]
+            _, same = s.json("POST", "/v1/completions", dict(req, prompt=manual))
+            self.assertEqual(fim["usage"]["prompt_tokens"], len(manual))
+            self.assertEqual(fim["choices"][0]["text"], same["choices"][0]["text"])
+            _, plain = s.json("POST", "/v1/completions", dict(req, prompt=prefix))
+            self.assertLess(plain["usage"]["prompt_tokens"], len(manual))
+        finally:
+            self.assertEqual(s.stop(), 0)
+        # A model without FIM tokens says so.
+        status, body = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": prefix, "suffix": suffix})
+        assert_error(self, status, body, 400, "unsupported_value", "suffix")
+        self.assertIn("<|fim_prefix|>", body["error"]["message"])
+
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.
         # A bias toward '"' (strings close sooner) makes most answers finish within max_tokens.

@@ -224,6 +224,8 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":"x","logprobs":50})", "logprobs", "invalid_value"},
       {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", "tools",
        "unsupported_parameter"},
+      {R"({"model":"m","prompt":"x","suffix":5})", "suffix", "invalid_type"},
+      {R"({"model":"m","prompt":[1,2],"suffix":"y"})", "suffix", "invalid_value"},
   };
   for (const auto& c : completion_cases) {
     auto e = expect_error(c.body, Endpoint::completions);

@@ -49,6 +49,7 @@ struct CompletionRequest {
   std::vector<std::int32_t> prompt_tokens;
   bool prompt_is_tokens = false;
   bool echo = false;
+  std::optional<std::string> suffix;  // completions: fill in the middle between prompt and suffix
   std::optional<std::int64_t> max_tokens;
   std::vector<std::string> stop;
   bool stream = false;
