@@ -791,6 +791,73 @@ sdk::Expected<std::string> render_chat(const chat::Template& chat_template, cons
   return std::move(*first_error);
 }
 
+std::optional<ApiError> parse_tokenize_request(std::string_view body_text, TokenizeRequest& out) {
+  out = TokenizeRequest{};
+  json body;
+  if (auto e = parse_object(body_text, body)) return e;
+  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+    if (!m->is_string()) return wrong_type("model", "a string", *m);
+    out.model = m->get<std::string>();
+  }
+  if (body.contains("messages")) {
+    out.chat = true;
+    // The chat fields are read as a chat completion's are (same checks, same messages).
+    json chat = body;
+    chat["model"] = out.model;
+    chat.erase("add_generation_prompt");
+    chat.erase("add_special_tokens");
+    chat.erase("add_special");
+    if (auto e = parse_completion_request(chat.dump(), Endpoint::chat, out.chat_request)) return e;
+    if (auto g = body.find("add_generation_prompt"); g != body.end() && !g->is_null()) {
+      if (!g->is_boolean()) return wrong_type("add_generation_prompt", "a boolean", *g);
+      out.add_generation_prompt = g->get<bool>();
+    }
+    return std::nullopt;
+  }
+  const char* name = body.contains("prompt") ? "prompt" : "content";
+  auto text = body.find(name);
+  if (text == body.end()) {
+    return bad_request("Missing required parameter: 'prompt' (or 'content', or 'messages').", "prompt",
+                       "missing_required_parameter");
+  }
+  if (!text->is_string()) return wrong_type(name, "a string", *text);
+  out.text = text->get<std::string>();
+  for (const char* flag : {"add_special_tokens", "add_special"}) {
+    if (auto f = body.find(flag); f != body.end() && !f->is_null()) {
+      if (!f->is_boolean()) return wrong_type(flag, "a boolean", *f);
+      out.add_special = f->get<bool>();
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_detokenize_request(std::string_view body_text, std::string& model,
+                                                 std::vector<std::int32_t>& tokens) {
+  json body;
+  if (auto e = parse_object(body_text, body)) return e;
+  if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+    if (!m->is_string()) return wrong_type("model", "a string", *m);
+    model = m->get<std::string>();
+  }
+  auto list = body.find("tokens");
+  if (list == body.end()) {
+    return bad_request("Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter");
+  }
+  if (!list->is_array()) return wrong_type("tokens", "an array of token ids", *list);
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const auto& t = (*list)[i];
+    if (!is_integer(t)) return wrong_type("tokens[" + std::to_string(i) + "]", "an integer token id", t);
+    if (t.is_number_integer() && (t.get<std::int64_t>() < 0 || t.get<std::int64_t>() > 0x7FFFFFFF)) {
+      return out_of_range("tokens[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
+    }
+    if (t.is_number_unsigned() && t.get<std::uint64_t>() > 0x7FFFFFFF) {
+      return out_of_range("tokens[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
+    }
+    tokens.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_model(const std::string& requested, const std::string& served) {
   if (requested == served) return std::nullopt;
   return ApiError{

@@ -253,7 +253,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond(200, render_metrics(srv_.scheduler->stats(), counts, srv_.opt.model_name, up),
                      "text/plain; version=0.0.4; charset=utf-8");
     }
-    const bool api = target.starts_with("/v1/") || target == "/v1" || target.starts_with("/admin/");
+    const bool api = target.starts_with("/v1/") || target == "/v1" || target.starts_with("/admin/") ||
+                     target == "/tokenize" || target == "/detokenize";
     if (api && !srv_.opt.api_key.empty()) {
       const auto auth = request_[http::field::authorization];
       constexpr std::string_view kBearer = "Bearer ";
@@ -281,6 +282,33 @@ class Session : public std::enable_shared_from_this<Session> {
     if (target == "/v1/completions") {
       if (!only(http::verb::post, "/v1/completions")) return;
       return start_generation(Endpoint::completions);
+    }
+    if (target == "/tokenize") {
+      if (!only(http::verb::post, "/tokenize")) return;
+      return tokenize();
+    }
+    if (target == "/detokenize") {
+      if (!only(http::verb::post, "/detokenize")) return;
+      std::string model;
+      std::vector<std::int32_t> tokens;
+      if (auto e = parse_detokenize_request(request_.body(), model, tokens)) return respond_error(*e, false);
+      if (!model.empty()) {
+        if (auto e = check_model(model, srv_.opt.model_name)) return respond_error(*e, false);
+      }
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] >= srv_.scheduler->vocab_size()) {
+          return respond_error(
+              bad_request("Invalid token id " + std::to_string(tokens[i]) + " at tokens[" + std::to_string(i) +
+                              "]: the vocabulary has " + std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
+                          "tokens", "invalid_value"),
+              false);
+        }
+      }
+      const std::string text = srv_.tokenizer.decode(tokens);
+      // vLLM answers "prompt", llama.cpp "content".
+      return respond(200,
+                     json{{"prompt", text}, {"content", text}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                     "application/json");
     }
     if (target == "/admin/cache/stats") {
       if (!only(http::verb::get, "/admin/cache/stats")) return;
@@ -320,6 +348,26 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     route_ = "other";
     respond_error(not_found_route(request_.method_string(), target), false);
+  }
+
+  // POST /tokenize: a text (with the tokenizer's special tokens unless asked not to) or a chat as the template
+  // renders it. Answers vLLM's {count, max_model_len, tokens}.
+  void tokenize() {
+    TokenizeRequest req;
+    if (auto e = parse_tokenize_request(request_.body(), req)) return respond_error(*e, false);
+    if (!req.model.empty()) {
+      if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
+    }
+    std::vector<std::int32_t> tokens;
+    if (req.chat) {
+      std::string text;
+      if (auto e = chat_prompt(req.chat_request, req.add_generation_prompt, text)) return respond_error(*e, false);
+      tokens = srv_.tokenizer.encode(text, /*add_special=*/false);
+    } else {
+      tokens = srv_.tokenizer.encode(req.text, req.add_special);
+    }
+    json body{{"count", tokens.size()}, {"max_model_len", srv_.scheduler->context()}, {"tokens", tokens}};
+    return respond(200, body.dump(), "application/json");
   }
 
   // --- cache admin: runs on the scheduler thread between steps; the answer comes back to this strand ---
@@ -432,29 +480,11 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string echo_text;
     bool opens_reasoning = false;  // the prompt ends inside a <think> block
     if (endpoint == Endpoint::chat) {
-      if (!srv_.chat_template) {
-        return respond_error(bad_request("This model has no chat template (tokenizer_config.json chat_template); use "
-                                         "/v1/completions, or start the server with --chat-template."),
-                             false);
-      }
-      chat::RenderOptions ro;
-      ro.add_generation_prompt = true;
-      ro.bos_token = srv_.chat_config.bos_token;
-      ro.eos_token = srv_.chat_config.eos_token;
-      ro.extra = req.template_kwargs;
-      if (req.tool_choice != CompletionRequest::ToolChoice::none) {
-        if (auto e = check_tools_usable()) return respond_error(*e, false);
-        ro.tools = req.tools;
-      }
-      auto text = render_chat(*srv_.chat_template, req.messages, ro);
-      if (!text) {
-        return respond_error(bad_request("The chat template rejected the messages: " + text.error().message(),
-                                         "messages", "invalid_value"),
-                             false);
-      }
+      std::string text;
+      if (auto e = chat_prompt(req, /*add_generation_prompt=*/true, text)) return respond_error(*e, false);
       // A named call: the answer starts as that call, so the model writes only its arguments (in JSON mode).
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
-        *text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
+        text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
       }
       // "required" with several: the answer starts as a call and names one of them inside its JSON.
       if (req.tool_choice == CompletionRequest::ToolChoice::required) {
@@ -468,10 +498,10 @@ class Session : public std::enable_shared_from_this<Session> {
                           "tool_choice", "unsupported_value"),
               false);
         }
-        *text += opener;
+        text += opener;
       }
-      opens_reasoning = prompt_opens_reasoning(*text);
-      prompt = srv_.tokenizer.encode(*text, /*add_special=*/false);
+      opens_reasoning = prompt_opens_reasoning(text);
+      prompt = srv_.tokenizer.encode(text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
       for (std::size_t i = 0; i < req.prompt_tokens.size(); ++i) {
         if (req.prompt_tokens[i] >= srv_.scheduler->vocab_size()) {
@@ -791,6 +821,32 @@ class Session : public std::enable_shared_from_this<Session> {
       pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &parsed.calls[k],
                                                   parsed.calls[k].arguments)));
     }
+  }
+
+  // The chat rendered by the model's template into `text` (with the tools when asked for), or the 400 that says why
+  // not.
+  std::optional<ApiError> chat_prompt(const CompletionRequest& req, bool add_generation_prompt, std::string& text) {
+    if (!srv_.chat_template) {
+      return bad_request(
+          "This model has no chat template (tokenizer_config.json chat_template); use /v1/completions, or start the "
+          "server with --chat-template.");
+    }
+    chat::RenderOptions ro;
+    ro.add_generation_prompt = add_generation_prompt;
+    ro.bos_token = srv_.chat_config.bos_token;
+    ro.eos_token = srv_.chat_config.eos_token;
+    ro.extra = req.template_kwargs;
+    if (req.tool_choice != CompletionRequest::ToolChoice::none) {
+      if (auto e = check_tools_usable()) return *e;
+      ro.tools = req.tools;
+    }
+    auto rendered = render_chat(*srv_.chat_template, req.messages, ro);
+    if (!rendered) {
+      return bad_request("The chat template rejected the messages: " + rendered.error().message(), "messages",
+                         "invalid_value");
+    }
+    text = std::move(*rendered);
+    return std::nullopt;
   }
 
   // Tools asked for, but the template cannot show them to the model or its calls are in no syntax colibri reads.

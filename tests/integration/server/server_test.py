@@ -484,6 +484,33 @@ class Api(unittest.TestCase):
         assert_error(self, status, body, 400, "unsupported_value", "suffix")
         self.assertIn("<|fim_prefix|>", body["error"]["message"])
 
+    def test_tokenize_and_detokenize(self):
+        text = "The colibri hovers, é 模 😀"
+        cli = json.loads(subprocess.run([CLI, "tokenize", "--model", MODEL, "--text", text], check=True,
+                                        capture_output=True, text=True).stdout)["ids"]
+        status, body = self.s.json("POST", "/tokenize", {"model": "tiny", "prompt": text})
+        self.assertEqual(status, 200, body)
+        self.assertEqual((body["tokens"], body["count"], body["max_model_len"]), (cli, len(cli), 512))
+        # llama.cpp's spelling gives the same.
+        self.assertEqual(self.s.json("POST", "/tokenize", {"content": text})[1]["tokens"], cli)
+        status, back = self.s.json("POST", "/detokenize", {"model": "tiny", "tokens": body["tokens"]})
+        self.assertEqual((status, back["prompt"], back["content"]), (200, text, text))
+        # A chat counts as the chat completion's prompt does.
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+        _, chat = self.s.json("POST", "/tokenize", {"model": "tiny", "messages": messages})
+        _, done = self.s.json("POST", "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 1})
+        self.assertEqual(chat["count"], done["usage"]["prompt_tokens"])
+        _, bare = self.s.json("POST", "/tokenize", {"messages": messages, "add_generation_prompt": False})
+        self.assertLess(bare["count"], chat["count"])
+        # Mistakes are 4xx naming the field.
+        for path, req, want, param in [("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": 5}, 400, "prompt"),
+                                       ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
+                                       ("/detokenize", {"tokens": "1"}, 400, "tokens"),
+                                       ("/tokenize", {"model": "other", "prompt": "x"}, 404, "model")]:
+            status, body = self.s.json("POST", path, req)
+            assert_error(self, status, body, want, None, param)
+        self.assertEqual(self.s.request("GET", "/tokenize")[0], 405)
+
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.
         # A bias toward '"' (strings close sooner) makes most answers finish within max_tokens.
@@ -983,6 +1010,8 @@ class Concurrency(unittest.TestCase):
             status, body = s.json("POST", "/v1/completions", req, {"Authorization": "Bearer wrong"})
             assert_error(self, status, body, 401, "invalid_api_key")
             status, body = s.json("GET", "/admin/cache/stats")
+            assert_error(self, status, body, 401)
+            status, body = s.json("POST", "/tokenize", {"prompt": "x"})
             assert_error(self, status, body, 401)
             status, body = s.json("POST", "/v1/completions", req, {"Authorization": "Bearer sekrit"})
             self.assertEqual(status, 200, body)

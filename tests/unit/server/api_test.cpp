@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "colibri/server/server.hpp"
 
@@ -378,6 +379,37 @@ TEST(ServerApi, ChatTemplateKwargsAndReasoning) {
   const auto piece = reasoning_chunk(ids, 1, "hmm");
   EXPECT_EQ(piece["choices"][0]["delta"], json({{"reasoning_content", "hmm"}}));
   EXPECT_EQ(piece["choices"][0]["index"], 1);
+}
+
+TEST(ServerApi, TokenizeRequests) {
+  TokenizeRequest t;
+  ASSERT_FALSE(parse_tokenize_request(R"({"prompt": "hi", "add_special_tokens": false})", t));
+  EXPECT_EQ(std::tie(t.chat, t.text, t.add_special), (std::tuple{false, std::string("hi"), false}));
+  ASSERT_FALSE(parse_tokenize_request(R"({"content": "yo", "add_special": true})", t));
+  EXPECT_EQ(std::tie(t.text, t.add_special), (std::tuple{std::string("yo"), true}));
+  ASSERT_FALSE(parse_tokenize_request(
+      R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", t));
+  EXPECT_TRUE(t.chat);
+  EXPECT_FALSE(t.add_generation_prompt);
+  EXPECT_EQ(t.chat_request.messages.size(), 1u);
+  EXPECT_EQ(t.model, "m");
+  // A chat is checked as a chat completion is.
+  auto e = parse_tokenize_request(R"({"messages": [{"role": "robot", "content": "x"}]})", t);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "messages[0].role");
+  e = parse_tokenize_request(R"({"text": "x"})", t);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "missing_required_parameter");
+  std::string model;
+  std::vector<std::int32_t> tokens;
+  ASSERT_FALSE(parse_detokenize_request(R"({"tokens": [1, 2, 3]})", model, tokens));
+  EXPECT_EQ(tokens, (std::vector<std::int32_t>{1, 2, 3}));
+  for (const char* bad : {R"({"tokens": [-1]})", R"({"tokens": [1.5]})", R"({"tokens": [4294967296]})", "{}"}) {
+    tokens.clear();
+    auto err = parse_detokenize_request(bad, model, tokens);
+    ASSERT_TRUE(err.has_value()) << bad;
+    EXPECT_EQ(err->param.substr(0, 6), "tokens") << bad;
+  }
 }
 
 TEST(ServerApi, SeveralChoices) {

@@ -114,6 +114,23 @@ struct CacheWarmRequest {
 };
 std::optional<ApiError> parse_cache_warm_request(std::string_view body, CacheWarmRequest& out);
 
+// --- /tokenize and /detokenize (vLLM's and llama.cpp's spellings) ---
+// {"prompt" or "content": text, "add_special_tokens" or "add_special": bool (default true)} or
+// {"messages": [...], "add_generation_prompt": bool (default true), "tools", "chat_template_kwargs"}; "model", when
+// given, must be the served one.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;
+  std::string text;
+  bool add_special = true;
+  CompletionRequest chat_request;  // chat: messages, tools, template kwargs
+  bool add_generation_prompt = true;
+};
+std::optional<ApiError> parse_tokenize_request(std::string_view body, TokenizeRequest& out);
+// {"tokens": [ids]} (and an optional "model").
+std::optional<ApiError> parse_detokenize_request(std::string_view body, std::string& model,
+                                                 std::vector<std::int32_t>& tokens);
+
 struct Usage {
   std::int64_t prompt_tokens = 0;
   std::int64_t completion_tokens = 0;
