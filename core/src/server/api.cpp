@@ -732,6 +732,27 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     }
   }
   if (auto e = parse_tools(body, body_text, endpoint, out)) return e;
+  for (const char* name : {"continue_final_message", "add_generation_prompt"}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (endpoint == Endpoint::completions) {
+      return bad_request(std::string("'") + name + "' is only supported by /v1/chat/completions.", name,
+                         "unsupported_parameter");
+    }
+    if (!it->is_boolean()) return wrong_type(name, "a boolean", *it);
+    (name[0] == 'c' ? out.continue_final_message : out.add_generation_prompt) = it->get<bool>();
+  }
+  if (out.continue_final_message) {
+    if (out.add_generation_prompt && body.contains("add_generation_prompt")) {
+      return bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true.",
+                         "continue_final_message", "invalid_value");
+    }
+    out.add_generation_prompt = false;
+    if (out.messages.back()["role"] != "assistant") {
+      return bad_request("'continue_final_message' needs the last message to be the assistant's.",
+                         "continue_final_message", "invalid_value");
+    }
+  }
   if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
     // vLLM's and llama.cpp's: more template variables, e.g. {"enable_thinking": false} for Qwen3.
     if (endpoint == Endpoint::completions) {

@@ -481,7 +481,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool opens_reasoning = false;  // the prompt ends inside a <think> block
     if (endpoint == Endpoint::chat) {
       std::string text;
-      if (auto e = chat_prompt(req, /*add_generation_prompt=*/true, text)) return respond_error(*e, false);
+      if (auto e = chat_prompt(req, req.add_generation_prompt, text)) return respond_error(*e, false);
       // A named call: the answer starts as that call, so the model writes only its arguments (in JSON mode).
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
@@ -832,7 +832,7 @@ class Session : public std::enable_shared_from_this<Session> {
           "server with --chat-template.");
     }
     chat::RenderOptions ro;
-    ro.add_generation_prompt = add_generation_prompt;
+    ro.add_generation_prompt = add_generation_prompt && !req.continue_final_message;
     ro.bos_token = srv_.chat_config.bos_token;
     ro.eos_token = srv_.chat_config.eos_token;
     ro.extra = req.template_kwargs;
@@ -840,12 +840,26 @@ class Session : public std::enable_shared_from_this<Session> {
       if (auto e = check_tools_usable()) return *e;
       ro.tools = req.tools;
     }
-    auto rendered = render_chat(*srv_.chat_template, req.messages, ro);
+    nlohmann::ordered_json messages = req.messages;
+    if (req.continue_final_message) {
+      auto& content = messages.back()["content"];
+      content = (content.is_string() ? content.get<std::string>() : "") + std::string(kContinueMarker);
+    }
+    auto rendered = render_chat(*srv_.chat_template, messages, ro);
     if (!rendered) {
       return bad_request("The chat template rejected the messages: " + rendered.error().message(), "messages",
                          "invalid_value");
     }
     text = std::move(*rendered);
+    if (req.continue_final_message) {
+      const auto at = text.rfind(kContinueMarker);
+      if (at == std::string::npos) {
+        return bad_request("The chat template does not write the final message's content as given, so it cannot be "
+                           "continued.",
+                           "continue_final_message", "invalid_value");
+      }
+      text.resize(at);
+    }
     return std::nullopt;
   }
 

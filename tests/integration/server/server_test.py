@@ -511,6 +511,27 @@ class Api(unittest.TestCase):
             assert_error(self, status, body, want, None, param)
         self.assertEqual(self.s.request("GET", "/tokenize")[0], 405)
 
+    def test_continue_final_message(self):
+        # The answer continues the assistant's message: the prompt is the chat cut right after its content, so the
+        # greedy answer is what /v1/completions gives for that text.
+        messages = [{"role": "user", "content": "Name a bird"}, {"role": "assistant", "content": "The colibri, which"}]
+        req = {"model": "tiny", "messages": messages, "max_tokens": 10, "temperature": 0,
+               "continue_final_message": True, "add_generation_prompt": False}
+        status, body = self.s.json("POST", "/v1/chat/completions", req)
+        self.assertEqual(status, 200, body)
+        raw = "<|im_start|>user\nName a bird<|im_end|>\n<|im_start|>assistant\nThe colibri, which"
+        _, same = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": raw, "max_tokens": 10,
+                                                          "temperature": 0})
+        self.assertEqual(body["usage"]["prompt_tokens"], same["usage"]["prompt_tokens"])
+        self.assertEqual(body["choices"][0]["message"]["content"], same["choices"][0]["text"])
+        # /tokenize counts the same prompt; an empty final message continues from the assistant header.
+        _, counted = self.s.json("POST", "/tokenize", {"messages": messages, "continue_final_message": True})
+        self.assertEqual(counted["count"], body["usage"]["prompt_tokens"])
+        empty = [messages[0], {"role": "assistant", "content": ""}]
+        _, opened = self.s.json("POST", "/tokenize", {"messages": empty, "continue_final_message": True})
+        _, header = self.s.json("POST", "/tokenize", {"messages": messages[:1]})
+        self.assertEqual(opened["tokens"], header["tokens"])
+
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.
         # A bias toward '"' (strings close sooner) makes most answers finish within max_tokens.

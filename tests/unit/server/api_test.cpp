@@ -202,6 +202,12 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
        "missing_required_parameter"},
       {R"({"model":"m","messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls",
        "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
+       "continue_final_message", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"assistant","content":"x"}],"continue_final_message":true,"add_generation_prompt":true})",
+       "continue_final_message", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"add_generation_prompt":1})", "add_generation_prompt",
+       "invalid_type"},
       {R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{}}}]}]})",
        "messages[0].tool_calls[0].function.arguments", "invalid_type"},
       {R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]})",
@@ -226,6 +232,8 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", "tools",
        "unsupported_parameter"},
       {R"({"model":"m","prompt":"x","suffix":5})", "suffix", "invalid_type"},
+      {R"({"model":"m","prompt":"x","continue_final_message":true})", "continue_final_message",
+       "unsupported_parameter"},
       {R"({"model":"m","prompt":[1,2],"suffix":"y"})", "suffix", "invalid_value"},
   };
   for (const auto& c : completion_cases) {

@@ -65,6 +65,9 @@ struct CompletionRequest {
   // Tool calling (chat): the definitions in the order given (they show in the prompt), and what tool_choice asks.
   nlohmann::ordered_json tools = nullptr;
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat_template_kwargs
+  // vLLM's: the answer continues the last (assistant) message instead of starting a new turn.
+  bool continue_final_message = false;
+  bool add_generation_prompt = true;
   enum class ToolChoice { none, automatic, function, required };
   ToolChoice tool_choice = ToolChoice::none;  // "required" with one tool is that function
   std::string tool_choice_name;               // function: the one the answer calls
@@ -92,6 +95,10 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint
 // renders wins (the first error is returned when none does).
 sdk::Expected<std::string> render_chat(const chat::Template& chat_template, const nlohmann::ordered_json& messages,
                                        const chat::RenderOptions& options);
+
+// continue_final_message: the chat rendered with this marker after the final message's content is cut where the
+// marker is, so the answer continues that content exactly (also when it is empty or the template trims it).
+inline constexpr std::string_view kContinueMarker = "\x1f<colibri-continue>\x1f";
 
 // 404 model_not_found unless `requested` is the served model's name.
 std::optional<ApiError> check_model(const std::string& requested, const std::string& served);
