@@ -854,9 +854,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (req.continue_final_message) {
       const auto at = text.rfind(kContinueMarker);
       if (at == std::string::npos) {
-        return bad_request("The chat template does not write the final message's content as given, so it cannot be "
-                           "continued.",
-                           "continue_final_message", "invalid_value");
+        return bad_request(
+            "The chat template does not write the final message's content as given, so it cannot be "
+            "continued.",
+            "continue_final_message", "invalid_value");
       }
       text.resize(at);
     }
