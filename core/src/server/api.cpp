@@ -91,6 +91,10 @@ ApiError wrong_type(const std::string& field, const std::string& want, const jso
                      "invalid_type");
 }
 
+ApiError missing(const std::string& field) {
+  return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
+}
+
 ApiError out_of_range(const std::string& field, const std::string& range, const json& got) {
   return bad_request("Invalid value for '" + field + "': expected " + range + ", but got " + got.dump() + ".", field,
                      "invalid_value");
@@ -126,17 +130,14 @@ std::optional<ApiError> message_content(const json& content, const std::string& 
     const std::string pf = field + "[" + std::to_string(i) + "]";
     if (!part.is_object()) return wrong_type(pf, "an object", part);
     auto type = part.find("type");
-    if (type == part.end() || !type->is_string())
-      return bad_request("Missing required parameter: '" + pf + ".type'.", pf + ".type", "missing_required_parameter");
+    if (type == part.end() || !type->is_string()) return missing(pf + ".type");
     if (*type != "text") {
       return bad_request("Content part type '" + type->get<std::string>() + "' is not supported (only 'text').",
                          pf + ".type", "invalid_value");
     }
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) {
-      return text == part.end() ? bad_request("Missing required parameter: '" + pf + ".text'.", pf + ".text",
-                                              "missing_required_parameter")
-                                : wrong_type(pf + ".text", "a string", *text);
+      return text == part.end() ? missing(pf + ".text") : wrong_type(pf + ".text", "a string", *text);
     }
     out += text->get<std::string>();
   }
@@ -151,25 +152,22 @@ std::optional<ApiError> parse_history_tool_calls(const json& calls, const std::s
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const json& call = calls[i];
     const std::string cf = field + "[" + std::to_string(i) + "]";
-    auto missing = [&](const std::string& what) {
-      return bad_request("Missing required parameter: '" + cf + what + "'.", cf + what, "missing_required_parameter");
-    };
     if (!call.is_object()) return wrong_type(cf, "an object", call);
     auto id = call.find("id");
-    if (id == call.end()) return missing(".id");
+    if (id == call.end()) return missing(cf + ".id");
     if (!id->is_string()) return wrong_type(cf + ".id", "a string", *id);
     if (auto type = call.find("type"); type != call.end() && *type != "function") {
       return bad_request("Invalid value for '" + cf + ".type': only 'function' is supported.", cf + ".type",
                          "invalid_value");
     }
     auto function = call.find("function");
-    if (function == call.end()) return missing(".function");
+    if (function == call.end()) return missing(cf + ".function");
     if (!function->is_object()) return wrong_type(cf + ".function", "an object", *function);
     auto name = function->find("name");
-    if (name == function->end()) return missing(".function.name");
+    if (name == function->end()) return missing(cf + ".function.name");
     if (!name->is_string()) return wrong_type(cf + ".function.name", "a string", *name);
     auto arguments = function->find("arguments");
-    if (arguments == function->end()) return missing(".function.arguments");
+    if (arguments == function->end()) return missing(cf + ".function.arguments");
     if (!arguments->is_string()) return wrong_type(cf + ".function.arguments", "a string", *arguments);
     out.push_back(ordered_json{
         {"id", *id}, {"type", "function"}, {"function", ordered_json{{"name", *name}, {"arguments", *arguments}}}});
@@ -180,7 +178,7 @@ std::optional<ApiError> parse_history_tool_calls(const json& calls, const std::s
 std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
   auto it = body.find("messages");
   if (it == body.end()) {
-    return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+    return missing("messages");
   }
   if (!it->is_array()) return wrong_type("messages", "an array", *it);
   if (it->empty()) return bad_request("'messages' must not be empty.", "messages", "invalid_value");
@@ -191,7 +189,7 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     if (!m.is_object()) return wrong_type(f, "an object", m);
     auto role = m.find("role");
     if (role == m.end()) {
-      return bad_request("Missing required parameter: '" + f + ".role'.", f + ".role", "missing_required_parameter");
+      return missing(f + ".role");
     }
     if (!role->is_string()) return wrong_type(f + ".role", "a string", *role);
     const auto r = role->get<std::string>();
@@ -205,8 +203,7 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     if (c != m.end()) {
       if (auto e = message_content(*c, f + ".content", content)) return e;
     } else if (r != "assistant") {
-      return bad_request("Missing required parameter: '" + f + ".content'.", f + ".content",
-                         "missing_required_parameter");
+      return missing(f + ".content");
     }
     ordered_json msg;
     msg["role"] = r == "developer" ? "system" : r;  // templates know "system"
@@ -227,8 +224,7 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     if (r == "tool") {
       auto id = m.find("tool_call_id");
       if (id == m.end() || id->is_null()) {
-        return bad_request("Missing required parameter: '" + f + ".tool_call_id'.", f + ".tool_call_id",
-                           "missing_required_parameter");
+        return missing(f + ".tool_call_id");
       }
       if (!id->is_string()) return wrong_type(f + ".tool_call_id", "a string", *id);
       msg["tool_call_id"] = *id;
@@ -241,7 +237,7 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
 std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
-    return bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+    return missing("prompt");
   }
   const json* p = &*it;
   if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
@@ -448,10 +444,23 @@ bool valid_function_name(const std::string& name) {
   });
 }
 
-// tools, tool_choice and parallel_tool_calls (chat only). The definitions are taken from the body re-read with its
-// key order kept: the template shows them to the model as written.
-std::optional<ApiError> parse_tools(const json& body, std::string_view body_text, Endpoint endpoint,
-                                    CompletionRequest& out) {
+// The body re-read with its key order kept, once and only when a field needs it (the template shows tools and
+// template variables to the model as written).
+class OrderedBody {
+ public:
+  explicit OrderedBody(std::string_view text) : text_(text) {}
+  ordered_json field(const char* name) {
+    if (!body_) body_ = ordered_json::parse(text_, nullptr, /*allow_exceptions=*/false);
+    return body_->value(name, ordered_json());
+  }
+
+ private:
+  std::string_view text_;
+  std::optional<ordered_json> body_;
+};
+
+// tools, tool_choice and parallel_tool_calls (chat only).
+std::optional<ApiError> parse_tools(const json& body, OrderedBody& ordered, Endpoint endpoint, CompletionRequest& out) {
   auto tools = body.find("tools");
   auto choice = body.find("tool_choice");
   const bool has_tools = tools != body.end() && !tools->is_null() && !(tools->is_array() && tools->empty());
@@ -491,8 +500,7 @@ std::optional<ApiError> parse_tools(const json& body, std::string_view body_text
     const std::string f = "tools[" + std::to_string(i) + "]";
     if (!tool.is_object()) return wrong_type(f, "an object", tool);
     auto type = tool.find("type");
-    if (type == tool.end())
-      return bad_request("Missing required parameter: '" + f + ".type'.", f + ".type", "missing_required_parameter");
+    if (type == tool.end()) return missing(f + ".type");
     if (*type != "function") {
       return bad_request(
           "Invalid value for '" + f + ".type': only 'function' tools are supported, got " + type->dump() + ".",
@@ -500,14 +508,12 @@ std::optional<ApiError> parse_tools(const json& body, std::string_view body_text
     }
     auto function = tool.find("function");
     if (function == tool.end()) {
-      return bad_request("Missing required parameter: '" + f + ".function'.", f + ".function",
-                         "missing_required_parameter");
+      return missing(f + ".function");
     }
     if (!function->is_object()) return wrong_type(f + ".function", "an object", *function);
     auto name = function->find("name");
     if (name == function->end()) {
-      return bad_request("Missing required parameter: '" + f + ".function.name'.", f + ".function.name",
-                         "missing_required_parameter");
+      return missing(f + ".function.name");
     }
     if (!name->is_string()) return wrong_type(f + ".function.name", "a string", *name);
     if (!valid_function_name(name->get<std::string>())) {
@@ -571,7 +577,7 @@ std::optional<ApiError> parse_tools(const json& body, std::string_view body_text
     }
   }
   if (out.tool_choice != CompletionRequest::ToolChoice::none) {
-    out.tools = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false).value("tools", ordered_json());
+    out.tools = ordered.field("tools");
   }
   return std::nullopt;
 }
@@ -587,7 +593,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
 
   auto model = body.find("model");
   if (model == body.end() || model->is_null()) {
-    return bad_request("Missing required parameter: 'model'.", "model", "missing_required_parameter");
+    return missing("model");
   }
   if (!model->is_string()) return wrong_type("model", "a string", *model);
   out.model = model->get<std::string>();
@@ -713,8 +719,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       if (!spec.is_object()) return wrong_type("response_format.json_schema", "an object", spec);
       const json schema = spec.value("schema", json());
       if (schema.is_null()) {
-        return bad_request("Missing required parameter: 'response_format.json_schema.schema'.",
-                           "response_format.json_schema.schema", "missing_required_parameter");
+        return missing("response_format.json_schema.schema");
       }
       auto compiled = engine::JsonSchema::compile(schema);
       if (!compiled) {
@@ -731,7 +736,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
           "response_format.type", "invalid_value");
     }
   }
-  if (auto e = parse_tools(body, body_text, endpoint, out)) return e;
+  OrderedBody ordered(body_text);
+  if (auto e = parse_tools(body, ordered, endpoint, out)) return e;
   for (const char* name : {"continue_final_message", "add_generation_prompt"}) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null()) continue;
@@ -767,8 +773,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
             std::string("chat_template_kwargs.") + reserved, "invalid_value");
       }
     }
-    out.template_kwargs = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false)
-                              .value("chat_template_kwargs", ordered_json());
+    out.template_kwargs = ordered.field("chat_template_kwargs");
   }
   for (const char* name : {"functions", "function_call", "best_of"}) {
     auto it = body.find(name);
@@ -862,16 +867,13 @@ std::optional<ApiError> parse_detokenize_request(std::string_view body_text, std
   }
   auto list = body.find("tokens");
   if (list == body.end()) {
-    return bad_request("Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter");
+    return missing("tokens");
   }
   if (!list->is_array()) return wrong_type("tokens", "an array of token ids", *list);
   for (std::size_t i = 0; i < list->size(); ++i) {
     const auto& t = (*list)[i];
     if (!is_integer(t)) return wrong_type("tokens[" + std::to_string(i) + "]", "an integer token id", t);
-    if (t.is_number_integer() && (t.get<std::int64_t>() < 0 || t.get<std::int64_t>() > 0x7FFFFFFF)) {
-      return out_of_range("tokens[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
-    }
-    if (t.is_number_unsigned() && t.get<std::uint64_t>() > 0x7FFFFFFF) {
+    if (t.is_number_unsigned() ? t.get<std::uint64_t>() > 0x7FFFFFFF : t.get<std::int64_t>() < 0) {
       return out_of_range("tokens[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
     }
     tokens.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
@@ -1006,13 +1008,20 @@ json stream_chunk(Endpoint endpoint, const ResponseIds& ids, const std::string& 
   return r;
 }
 
-json reasoning_chunk(const ResponseIds& ids, int index, const std::string& reasoning) {
+namespace {
+
+// A chat chunk of choice `index` carrying `delta`, not finishing it.
+json delta_chunk(const ResponseIds& ids, int index, json delta) {
   json r = envelope(Endpoint::chat, ids, true);
-  r["choices"] = json::array({json{{"index", index},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", nullptr},
-                                   {"delta", {{"reasoning_content", reasoning}}}}});
+  r["choices"] = json::array(
+      {json{{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}, {"delta", std::move(delta)}}});
   return r;
+}
+
+}  // namespace
+
+json reasoning_chunk(const ResponseIds& ids, int index, const std::string& reasoning) {
+  return delta_chunk(ids, index, json{{"reasoning_content", reasoning}});
 }
 
 json tool_call_chunk(const ResponseIds& ids, int index, int call_index, const ToolCall* call,
@@ -1025,12 +1034,7 @@ json tool_call_chunk(const ResponseIds& ids, int index, int call_index, const To
   } else {
     piece["function"] = json{{"arguments", arguments}};
   }
-  json r = envelope(Endpoint::chat, ids, true);
-  r["choices"] = json::array({json{{"index", index},
-                                   {"logprobs", nullptr},
-                                   {"finish_reason", nullptr},
-                                   {"delta", {{"tool_calls", json::array({piece})}}}}});
-  return r;
+  return delta_chunk(ids, index, json{{"tool_calls", json::array({piece})}});
 }
 
 json usage_chunk(Endpoint endpoint, const ResponseIds& ids, const Usage& usage) {
