@@ -679,10 +679,8 @@ class Session : public std::enable_shared_from_this<Session> {
           if (!streaming_) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
           return;
         }
+        emit_reasoning(index, c, reasoning);
         if (streaming_) {
-          if (!reasoning.empty()) {
-            pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
-          }
           if (c.forced) {
             // The forced call's arguments stream as they are written; its first piece names it.
             if (ev.text.empty() && c.forced_opened) return;
@@ -697,7 +695,6 @@ class Session : public std::enable_shared_from_this<Session> {
                                                    static_cast<int>(index))));
           return flush();
         }
-        c.reasoning_text += reasoning;
         c.text += ev.text;
         c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
         return;
@@ -756,25 +753,13 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string content;
     if (c.reasoning) {
       ReasoningSplit rest = c.reasoning->finish();
-      if (streaming_ && !rest.reasoning.empty()) {
-        pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), rest.reasoning)));
-      }
-      if (!streaming_) c.reasoning_text += rest.reasoning;
+      emit_reasoning(index, c, rest.reasoning);
       content = std::move(rest.content);
     }
     if (c.tool_stream) content = c.tool_stream->push(content);
-    if (!content.empty()) {
-      if (streaming_) {
-        pending_ +=
-            chunk(sse_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
-      } else {
-        c.text += content;
-      }
-    }
+    emit_content(index, c, content);
     if (c.forced) {
-      if (streaming_ && !c.forced_opened) {
-        pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), 0, &*c.forced, "")));
-      }
+      if (streaming_ && !c.forced_opened) emit_call(index, c, 0, *c.forced);  // no arguments were written
       if (!streaming_) {
         c.forced->arguments = std::exchange(c.text, {});
         c.calls.push_back(*c.forced);
@@ -783,44 +768,56 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (c.required_call) {
+      // The text held so far is the call object; cut off before it closed, it is content, so nothing is lost.
       auto call = call_from_json_text(c.text);
-      if (call) {
-        call->id = tool_call_id(srv_.tool_format, random_u64());
-        if (c.finish_reason != "length") c.finish_reason = "tool_calls";
-        if (streaming_) {
-          pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), 0, &*call, call->arguments)));
-        } else {
-          c.calls.push_back(std::move(*call));
-        }
-        c.text.clear();
-      } else if (streaming_ && !c.text.empty()) {
-        // Cut off before the object closed: what was written is content, so nothing is lost.
-        pending_ +=
-            chunk(sse_event(stream_chunk(endpoint_, ids_, c.text, "", false, nullptr, static_cast<int>(index))));
+      if (!call) {
+        if (streaming_) emit_content(index, c, std::exchange(c.text, {}));
+        return;
       }
+      c.text.clear();
+      call->id = tool_call_id(srv_.tool_format, random_u64());
+      if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+      emit_call(index, c, 0, std::move(*call));
       return;
     }
     if (!c.tool_stream) return;
     ToolParse parsed = c.tool_stream->finish();
     if (!parallel_tool_calls_ && parsed.calls.size() > 1) parsed.calls.resize(1);
-    for (auto& call : parsed.calls) call.id = tool_call_id(srv_.tool_format, random_u64());
     if (!parsed.calls.empty()) c.finish_reason = "tool_calls";
-    if (!streaming_) {
-      c.text += parsed.content;
-      if (!parsed.calls.empty()) {
-        while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
-      }
-      c.calls = std::move(parsed.calls);
-      return;
-    }
-    if (!parsed.content.empty()) {
-      pending_ +=
-          chunk(sse_event(stream_chunk(endpoint_, ids_, parsed.content, "", false, nullptr, static_cast<int>(index))));
+    emit_content(index, c, parsed.content);
+    if (!streaming_ && !parsed.calls.empty()) {
+      while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
     }
     for (std::size_t k = 0; k < parsed.calls.size(); ++k) {
-      pending_ += chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &parsed.calls[k],
-                                                  parsed.calls[k].arguments)));
+      parsed.calls[k].id = tool_call_id(srv_.tool_format, random_u64());
+      emit_call(index, c, k, std::move(parsed.calls[k]));
     }
+  }
+
+  // What a choice says at its end: streamed as a chunk now, or kept in the choice for the response.
+  void emit_reasoning(std::size_t index, ChoiceState& c, const std::string& reasoning) {
+    if (reasoning.empty()) return;
+    if (!streaming_) {
+      c.reasoning_text += reasoning;
+      return;
+    }
+    pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
+  }
+  void emit_content(std::size_t index, ChoiceState& c, const std::string& content) {
+    if (content.empty()) return;
+    if (!streaming_) {
+      c.text += content;
+      return;
+    }
+    pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
+  }
+  void emit_call(std::size_t index, ChoiceState& c, std::size_t k, ToolCall call) {
+    if (!streaming_) {
+      c.calls.push_back(std::move(call));
+      return;
+    }
+    pending_ +=
+        chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
   }
 
   // The chat rendered by the model's template into `text` (with the tools when asked for), or the 400 that says why
