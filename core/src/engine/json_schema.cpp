@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <utility>
 
 #include "colibri/engine/json_constraint.hpp"
 
@@ -28,9 +27,8 @@ class Compiler {
  public:
   explicit Compiler(const json& root) : root_(root) {}
 
-  sdk::Expected<std::uint16_t> node(const json& s, const std::string& path, int depth) {
-    // A $ref being resolved is claimed by the object node its target starts with (see object()).
-    const std::string claim = std::exchange(pending_ref_, {});
+  // `ref`: the $ref whose target `s` is; an object node claims it before its properties (see object()).
+  sdk::Expected<std::uint16_t> node(const json& s, const std::string& path, int depth, const std::string& ref = "") {
     if (depth > 64) return error(path, "nests deeper than 64 levels");
     if (s.is_boolean()) {
       if (s.get<bool>()) return JsonSchema::kAny;
@@ -50,16 +48,15 @@ class Compiler {
       if (auto alt = s.find(key); alt != s.end()) return any_of(*alt, path + "." + key, depth);
     }
     auto type = s.find("type");
-    object_claim_ = claim;
     if (type == s.end()) {
       if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
-        return typed(s, "object", path, depth);
+        return object(s, path, depth, ref);
       if (s.contains("items") || s.contains("minItems") || s.contains("maxItems"))
         return typed(s, "array", path, depth);
       return JsonSchema::kAny;
     }
+    if (*type == "object") return object(s, path, depth, ref);
     if (type->is_string()) return typed(s, type->get<std::string>(), path, depth);
-    object_claim_.clear();
     if (!type->is_array() || type->empty()) return error(path + ".type", "must be a type name or a list of them");
     json branches = json::array();
     for (const auto& t : *type) {
@@ -89,7 +86,6 @@ class Compiler {
   sdk::Expected<std::uint16_t> typed(const json& s, const std::string& type, const std::string& path, int depth) {
     JsonSchema::Node n;
     if (type == "object") return object(s, path, depth);
-    object_claim_.clear();
     if (type == "array") {
       n.kind = Kind::array;
       if (auto items = s.find("items"); items != s.end()) {
@@ -123,8 +119,7 @@ class Compiler {
     return add(std::move(n));
   }
 
-  sdk::Expected<std::uint16_t> object(const json& s, const std::string& path, int depth) {
-    const std::string claim = std::exchange(object_claim_, {});
+  sdk::Expected<std::uint16_t> object(const json& s, const std::string& path, int depth, const std::string& ref = "") {
     auto props = s.find("properties");
     auto additional = s.find("additionalProperties");
     const bool has_props = props != s.end() && props->is_object() && !props->empty();
@@ -159,7 +154,7 @@ class Compiler {
     // The node is added before its properties are compiled, so that a property may refer back to it.
     auto id = add(JsonSchema::Node{});
     if (!id) return id;
-    if (!claim.empty()) refs_[claim] = *id;
+    if (!ref.empty()) refs_[ref] = *id;
     JsonSchema::Node n;
     n.kind = Kind::object;
     for (const auto& [name, sub] : props->items()) {
@@ -204,12 +199,9 @@ class Compiler {
     return add(std::move(n));
   }
 
-  // The class of the first byte a node's values start with; kClasses for a node that starts in several ways.
-  std::uint8_t class_of(std::uint16_t id, std::set<std::uint8_t>& classes) const {
-    if (id == JsonSchema::kAny) {
-      for (std::uint8_t c = 0; c < JsonSchema::kClasses; ++c) classes.insert(c);
-      return JsonSchema::kClasses;
-    }
+  // The classes of the first bytes a (constrained) node's values start with.
+  std::set<std::uint8_t> classes_of(std::uint16_t id) const {
+    std::set<std::uint8_t> classes;
     const auto& n = nodes[id];
     switch (n.kind) {
       case Kind::object:
@@ -236,7 +228,7 @@ class Compiler {
         break;
       case Kind::any: break;
     }
-    return classes.size() == 1 ? *classes.begin() : static_cast<std::uint8_t>(JsonSchema::kClasses);
+    return classes;
   }
 
   sdk::Expected<std::uint16_t> any_of(const json& branches, const std::string& path, int depth) {
@@ -250,9 +242,7 @@ class Compiler {
       auto id = node(branches[i], bp, depth + 1);
       if (!id) return id.error();
       if (*id == JsonSchema::kAny) return JsonSchema::kAny;  // one branch takes anything: so does the union
-      std::set<std::uint8_t> classes;
-      class_of(*id, classes);
-      for (const std::uint8_t c : classes) {
+      for (const std::uint8_t c : classes_of(*id)) {
         if (taken[c]) {
           // integer beside number: number covers both.
           const auto kind = nodes[*id].kind, other = nodes[n.branch[c]].kind;
@@ -291,8 +281,7 @@ class Compiler {
     // recursion (a reference that is its own value) has no value to start with.
     if (in_progress_.contains(r)) return error(path + ".$ref", "'" + r + "' refers to itself without an object");
     in_progress_.insert(r);
-    pending_ref_ = r;
-    auto id = node(*target, path + ".$ref", depth + 1);
+    auto id = node(*target, path + ".$ref", depth + 1, r);
     in_progress_.erase(r);
     if (!id) return id;
     refs_[r] = *id;
@@ -300,7 +289,6 @@ class Compiler {
   }
 
   const json& root_;
-  std::string pending_ref_, object_claim_;
   std::map<std::string, std::uint16_t> refs_;
   std::set<std::string> in_progress_;
 };
