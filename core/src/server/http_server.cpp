@@ -295,15 +295,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!model.empty()) {
         if (auto e = check_model(model, srv_.opt.model_name)) return respond_error(*e, false);
       }
-      for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] >= srv_.scheduler->vocab_size()) {
-          return respond_error(
-              bad_request("Invalid token id " + std::to_string(tokens[i]) + " at tokens[" + std::to_string(i) +
-                              "]: the vocabulary has " + std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
-                          "tokens", "invalid_value"),
-              false);
-        }
-      }
+      if (auto e = check_token_ids(tokens, "tokens")) return respond_error(*e, false);
       const std::string text = srv_.tokenizer.decode(tokens);
       // vLLM answers "prompt", llama.cpp "content".
       return respond(200,
@@ -348,6 +340,19 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     route_ = "other";
     respond_error(not_found_route(request_.method_string(), target), false);
+  }
+
+  // Ids beyond the model's vocabulary in `field` (prompt, tokens): a 400 naming the first one and where it is.
+  std::optional<ApiError> check_token_ids(const std::vector<std::int32_t>& ids, const std::string& field) const {
+    const auto vocab = srv_.scheduler->vocab_size();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] >= vocab) {
+        return bad_request("Invalid token id " + std::to_string(ids[i]) + " at " + field + "[" + std::to_string(i) +
+                               "]: the vocabulary has " + std::to_string(vocab) + " tokens.",
+                           field, "invalid_value");
+      }
+    }
+    return std::nullopt;
   }
 
   // POST /tokenize: a text (with the tokenizer's special tokens unless asked not to) or a chat as the template
@@ -503,15 +508,7 @@ class Session : public std::enable_shared_from_this<Session> {
       opens_reasoning = prompt_opens_reasoning(text);
       prompt = srv_.tokenizer.encode(text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
-      for (std::size_t i = 0; i < req.prompt_tokens.size(); ++i) {
-        if (req.prompt_tokens[i] >= srv_.scheduler->vocab_size()) {
-          return respond_error(bad_request("Invalid token id " + std::to_string(req.prompt_tokens[i]) + " at prompt[" +
-                                               std::to_string(i) + "]: the vocabulary has " +
-                                               std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
-                                           "prompt", "invalid_value"),
-                               false);
-        }
-      }
+      if (auto e = check_token_ids(req.prompt_tokens, "prompt")) return respond_error(*e, false);
       prompt = req.prompt_tokens;
       if (req.echo) echo_text = srv_.tokenizer.decode(prompt, true);
     } else if (req.suffix) {
