@@ -135,19 +135,13 @@ bool JsonConstraint::start_value(unsigned char c) {
     std::uint16_t node = value_node_;
     const JsonSchema::Node* n = &schema_->nodes[node];
     if (n->kind == Kind::any_of) {
-      const auto cls = c == '{'                             ? JsonSchema::c_object
-                       : c == '['                           ? JsonSchema::c_array
-                       : c == '"'                           ? JsonSchema::c_string
-                       : c == 't' || c == 'f'               ? JsonSchema::c_boolean
-                       : c == 'n'                           ? JsonSchema::c_null
-                       : c == '-' || (c >= '0' && c <= '9') ? JsonSchema::c_number
-                                                            : JsonSchema::kClasses;
+      const auto cls = JsonSchema::class_of_byte(c);
       if (cls == JsonSchema::kClasses || n->branch[cls] == JsonSchema::kAny) return false;
       node = n->branch[cls];
       n = &schema_->nodes[node];
     }
     value_node_ = node;
-    const bool number_start = c == '-' || (c >= '0' && c <= '9');
+    const bool number_start = JsonSchema::class_of_byte(c) == JsonSchema::c_number;
     switch (n->kind) {
       case Kind::any: value_node_ = JsonSchema::kAny; break;
       case Kind::object:

@@ -213,13 +213,7 @@ class Compiler {
       case Kind::boolean: classes.insert(JsonSchema::c_boolean); break;
       case Kind::null: classes.insert(JsonSchema::c_null); break;
       case Kind::literals:
-        for (const auto& l : n.literals) {
-          const char c = l[0];
-          classes.insert(c == '"'               ? JsonSchema::c_string
-                         : c == 't' || c == 'f' ? JsonSchema::c_boolean
-                         : c == 'n'             ? JsonSchema::c_null
-                                                : JsonSchema::c_number);
-        }
+        for (const auto& l : n.literals) classes.insert(JsonSchema::class_of_byte(static_cast<unsigned char>(l[0])));
         break;
       case Kind::any_of:
         for (std::uint8_t c = 0; c < JsonSchema::kClasses; ++c) {

@@ -32,12 +32,22 @@ class JsonSchema {
   static constexpr std::size_t kMaxLiteralBytes = 128;  // a property name or enum value, as JSON text
   static constexpr std::size_t kMaxNodes = 4096;
 
-  // Errors (invalid_argument) name the place in the schema ("properties.tags.items: 'pattern' is not supported").
+  // Errors (invalid_argument) name the place in the schema ("schema at 'properties.tags.pattern': is not supported").
   static sdk::Expected<std::shared_ptr<const JsonSchema>> compile(const nlohmann::json& schema);
 
   enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
   // The first byte of a value tells its class; an any_of node picks its branch by it.
   enum Class : std::uint8_t { c_object, c_array, c_string, c_number, c_boolean, c_null, kClasses };
+  // The class a value starting with `c` is of (kClasses: no value starts so).
+  static constexpr Class class_of_byte(unsigned char c) {
+    if (c == '{') return c_object;
+    if (c == '[') return c_array;
+    if (c == '"') return c_string;
+    if (c == 't' || c == 'f') return c_boolean;
+    if (c == 'n') return c_null;
+    if (c == '-' || (c >= '0' && c <= '9')) return c_number;
+    return kClasses;
+  }
   struct Node {
     Kind kind = Kind::any;
     std::vector<std::string> keys;      // object: property names as JSON text ("\"name\""), in schema order
