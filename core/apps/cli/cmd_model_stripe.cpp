@@ -1,17 +1,22 @@
 // colibri-cli model stripe MODEL --to DIR2[,DIR3...] [--copy]
-// Spreads a converted model's expert files round-robin over the model directory and DIR2.. (one member each in
-// turn; the model directory keeps its share), for the stripe storage plugin.
+// Spreads a converted model's expert files round-robin over the model directory and DIR2/<model name>.. (one member
+// each in turn; the model directory keeps its share), for the stripe storage plugin. Each model gets a directory of
+// its own on every disk, claimed by a .colibri-stripe file naming the model, so models striped to one disk never
+// write over each other.
 //   default  each file given to another directory is copied there, checked against the manifest's xxh64, fsynced
 //            and renamed into place; only then is the original replaced (atomically) by a symlink to the copy, so
 //            the model directory still lists every file (load_manifest checks them) while the bytes live on the
 //            other disk. A crash at any point leaves every path naming a complete file; re-running resumes.
 //   --copy   keeps the originals: the copies are mirrors the stripe plugin falls back to when a read fails.
-// The placement is recorded as a profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe,
-// storage.paths: [DIR2, ...]); run with --profile <MODEL>/stripe.yaml.
+// Striping again over other directories moves every file to its new place (the model directory's share back into
+// it) and removes the copies an earlier stripe had made elsewhere. The placement is recorded as a profile next to the
+// model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]); run with
+// --profile <MODEL>/stripe.yaml.
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -96,6 +101,83 @@ std::string copy_checked(const fs::path& src, const fs::path& dst, const model::
   return {};
 }
 
+// Whether `path` lies inside `dir` (both canonical).
+bool is_under(const fs::path& path, const fs::path& dir) {
+  auto [d, p] = std::mismatch(dir.begin(), dir.end(), path.begin(), path.end());
+  return d == dir.end() && p != path.end();
+}
+
+// The file a path names: itself, or what its symlink (an earlier stripe) points to.
+fs::path real_file(const fs::path& p) {
+  std::error_code ec;
+  fs::path r = fs::canonical(p, ec);
+  return ec ? p : r;
+}
+
+// Claims <dir>/<name> for this model: the marker file inside names the model that owns it, so two models striped
+// to one disk each get their own directory and never write over each other's files.
+std::string claim_member(const fs::path& member, const fs::path& model_dir) {
+  const fs::path marker = member / ".colibri-stripe";
+  std::error_code ec;
+  if (fs::exists(marker, ec)) {
+    std::ifstream in(marker);
+    std::string owner;
+    std::getline(in, owner);
+    if (owner == model_dir.string()) return {};
+    return "--to: " + member.string() + " holds the expert files of " + owner + " (" + marker.string() +
+           " says so); name another directory";
+  }
+  if (fs::exists(member, ec) && !fs::is_empty(member, ec)) {
+    return "--to: " + member.string() + " exists and is not a stripe directory of this model (no " + marker.string() +
+           "); move it away or name another directory";
+  }
+  fs::create_directories(member, ec);
+  if (ec) return "--to: cannot create " + member.string() + ": " + ec.message();
+  if (auto s = util::write_file_atomically(marker,
+                                           [&](std::ostream& f) {
+                                             f << model_dir.string() << "\n";
+                                             return static_cast<bool>(f);
+                                           });
+      !s) {
+    return s.message();
+  }
+  return {};
+}
+
+// Removes a copy an earlier stripe left at <root>/<rel> (root outside the model), and its directories once empty.
+void remove_old_copy(const fs::path& old_real, const std::string& rel, const fs::path& model_dir) {
+  const std::string suffix = "/" + rel;
+  const std::string s = old_real.string();
+  if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) return;
+  if (is_under(old_real, model_dir)) return;
+  std::error_code ec;
+  fs::remove(old_real, ec);
+  fs::path d = old_real.parent_path();
+  for (int up = 0; up < 2 && fs::remove(d, ec); ++up) d = d.parent_path();  // experts/L007, experts
+  // A stripe directory of this model that is now empty but for its marker goes too.
+  const fs::path marker = d / ".colibri-stripe";
+  std::ifstream in(marker);
+  std::string owner;
+  if (!std::getline(in, owner) || owner != model_dir.string()) return;
+  in.close();
+  std::size_t entries = 0;
+  for (auto it = fs::directory_iterator(d, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++entries;
+  if (!ec && entries == 1 && fs::remove(marker, ec)) fs::remove(d, ec);
+}
+
+// Replaces `path` by a symlink to `target` in one rename: the path always names a complete file.
+std::string link_to(const fs::path& path, const fs::path& target) {
+  std::error_code ec;
+  const fs::path link = path.string() + ".stripe-link";
+  fs::remove(link, ec);
+  fs::create_symlink(target, link, ec);
+  if (ec) return "cannot create symlink " + link.string() + ": " + ec.message();
+  fs::rename(link, path, ec);
+  if (ec) return "cannot replace " + path.string() + " by a symlink: " + ec.message();
+  fsync_path(path.parent_path(), O_RDONLY | O_DIRECTORY);
+  return {};
+}
+
 int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   auto prof = global.load_profile();
   if (!prof) return 1;
@@ -106,6 +188,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   if (ec) return fail("cannot resolve " + dir_r->string() + ": " + ec.message());
   auto m = model::load_manifest(dir);
   if (!m) return fail(m.error().message());
+  // Each --to directory gets a directory of this model's own, <DIR>/<model name>.
   std::vector<fs::path> members;
   std::stringstream ss(o.to);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -115,35 +198,52 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     const fs::path d = fs::canonical(item, ec);
     if (ec) return fail("--to: cannot resolve " + item + ": " + ec.message());
     if (d == dir) return fail("--to: " + item + " is the model directory itself; name other directories");
-    for (const auto& seen : members) {
-      if (seen == d) return fail("--to names " + item + " twice");
+    if (is_under(d, dir)) {
+      return fail("--to: " + item + " is inside the model directory; name directories on other disks");
     }
-    members.push_back(d);
+    if (is_under(dir, d)) {
+      return fail("--to: " + item + " contains the model directory; name directories on other disks");
+    }
+    const fs::path member = d / dir.filename();
+    for (const auto& seen : members) {
+      if (seen == member) return fail("--to names " + item + " twice");
+    }
+    members.push_back(member);
   }
   if (members.empty()) return fail("--to names no directory (write --to DIR2[,DIR3...])");
+  for (const auto& member : members) {
+    if (auto err = claim_member(member, dir); !err.empty()) return fail(err);
+  }
   std::set<std::string> expert_files;
   for (const auto& e : m->experts) expert_files.insert(e.file);
   std::vector<std::size_t> placed(members.size() + 1, 0);
-  std::size_t i = 0;
+  std::size_t i = 0, old_copies = 0;
   for (const auto& rel : expert_files) {
     const std::size_t member = i++ % (members.size() + 1);
     ++placed[member];
-    if (member == 0) continue;  // the model directory keeps its share
     const auto* fe = m->file(rel);
     if (fe == nullptr) return fail("manifest.json lists expert file " + rel + " without a files entry; re-run convert");
     const fs::path src = dir / rel;
-    const fs::path dst = members[member - 1] / rel;
-    if (fs::is_symlink(src, ec) && fs::equivalent(src, dst, ec)) continue;  // done by an earlier run
-    if (auto err = copy_checked(src, dst, *fe); !err.empty()) return fail(err);
-    if (o.copy) continue;
-    // Replace the original by a symlink in one rename: the path always names a complete file.
-    const fs::path link = src.string() + ".stripe-link";
-    fs::remove(link, ec);
-    fs::create_symlink(dst, link, ec);
-    if (ec) return fail("cannot create symlink " + link.string() + ": " + ec.message());
-    fs::rename(link, src, ec);
-    if (ec) return fail("cannot replace " + src.string() + " by a symlink: " + ec.message());
-    fsync_path(src.parent_path(), O_RDONLY | O_DIRECTORY);
+    // A file an earlier stripe moved is a symlink; its bytes are wherever that points.
+    const bool was_link = fs::is_symlink(src, ec);
+    const fs::path old_real = real_file(src);
+    const fs::path dst = member > 0 ? members[member - 1] / rel : fs::path();
+    if (member > 0) {
+      if (!(fs::exists(dst, ec) && fs::equivalent(old_real, dst, ec))) {
+        if (auto err = copy_checked(src, dst, *fe); !err.empty()) return fail(err);
+      }
+      if (!o.copy && !(was_link && fs::equivalent(src, dst, ec))) {
+        if (auto err = link_to(src, dst); !err.empty()) return fail(err);
+      }
+    }
+    // The model directory keeps a real file for its own share, and for every file when the copies are mirrors.
+    if ((member == 0 || o.copy) && was_link) {
+      if (auto err = copy_checked(src, src, *fe); !err.empty()) return fail(err);
+    }
+    if (was_link && real_file(src) != old_real && (dst.empty() || real_file(dst) != old_real)) {
+      remove_old_copy(old_real, rel, dir);
+      ++old_copies;
+    }
   }
   // The placement, as a profile the stripe plugin reads.
   const fs::path profile_path = dir / "stripe.yaml";
@@ -164,6 +264,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   for (std::size_t k = 0; k < members.size(); ++k) {
     std::cout << ", " << placed[k + 1] << (o.copy ? " copied to " : " moved to ") << members[k].string();
   }
+  if (old_copies > 0) std::cout << "; removed " << old_copies << " copies an earlier stripe had placed elsewhere";
   std::cout << "\nplacement: " << profile_path.string() << " (run with --profile " << profile_path.string() << ")\n";
   return 0;
 }

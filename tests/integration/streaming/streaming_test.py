@@ -65,7 +65,8 @@ def io_uring_available(m):
 
 
 def striped(m, copy=False):
-    """A copy of the model spread by `colibri-cli model stripe` over itself and a second directory."""
+    """A copy of the model spread by `colibri-cli model stripe` over itself and a second disk; returns the model and
+    its directory on that disk (<disk>/<model name>)."""
     name = "striped-copy" if copy else "striped"
     dst, disk2 = os.path.join(WORK, name), os.path.join(WORK, name + "-disk2")
     if not os.path.exists(os.path.join(dst, "stripe.yaml")):
@@ -73,7 +74,7 @@ def striped(m, copy=False):
         shutil.rmtree(disk2, ignore_errors=True)
         shutil.copytree(m, dst)
         run(["model", "stripe", dst, "--to", disk2] + (["--copy"] if copy else []))
-    return dst, disk2
+    return dst, os.path.join(disk2, name)
 
 
 class Promise(unittest.TestCase):
@@ -229,8 +230,9 @@ class Stripe(unittest.TestCase):
         base = logits_bytes(m, "stripe-base")
         self.assertEqual(logits_bytes(dst, "stripe-profile", "--profile", os.path.join(dst, "stripe.yaml")), base)
         # Running it again changes nothing.
-        run(["model", "stripe", dst, "--to", disk2])
-        self.assertEqual(len([f for f in files if os.path.islink(os.path.join(dst, f))]), len(moved))
+        run(["model", "stripe", dst, "--to", os.path.dirname(disk2)])
+        self.assertEqual([f for f in files if os.path.islink(os.path.join(dst, f))], moved)
+        self.assertEqual([f for f in files if os.path.isfile(os.path.join(disk2, f))], moved)
 
     def test_copy_makes_mirrors_that_serve_a_failing_disk(self):
         m = model()
@@ -243,11 +245,44 @@ class Stripe(unittest.TestCase):
         self.assertEqual(logits_bytes(dst, "mirror", "--profile", os.path.join(dst, "stripe.yaml"),
                                       "--expert-cache-size", str(slot_bytes(m) * 4)), base)
 
+    def test_models_striped_to_one_disk_keep_their_own_files(self):
+        m = model()
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        disk = os.path.join(WORK, "shared-disk")
+        a, b = os.path.join(WORK, "one", "tiny"), os.path.join(WORK, "two", "tiny")
+        for d in (a, b, disk):
+            shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(m, a)
+        shutil.copytree(m, b)
+        run(["model", "stripe", a, "--to", disk])
+        # b has a's name: its files would land where a's are, so it is refused and a is untouched.
+        p = run(["model", "stripe", b, "--to", disk], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("holds the expert files of " + os.path.realpath(a), p.stderr)
+        self.assertEqual(run(["inspect", a, "--verify"], check=False).returncode, 0)
+        # Striping a again over another disk brings every file to its new place and leaves nothing on the old one.
+        disk3 = os.path.join(WORK, "third-disk")
+        shutil.rmtree(disk3, ignore_errors=True)
+        run(["model", "stripe", a, "--to", disk3])
+        self.assertFalse(os.path.exists(os.path.join(disk, "tiny")))
+        for f in files:
+            real = os.path.realpath(os.path.join(a, f))
+            self.assertTrue(real.startswith(os.path.realpath(a) + os.sep) or
+                            real.startswith(os.path.realpath(disk3) + os.sep), real)
+        with open(os.path.join(a, "stripe.yaml")) as f:
+            self.assertIn(os.path.join(os.path.realpath(disk3), "tiny"), f.read())
+        self.assertEqual(run(["inspect", a, "--verify"], check=False).returncode, 0)
+        self.assertEqual(logits_bytes(a, "restriped", "--profile", os.path.join(a, "stripe.yaml")),
+                         logits_bytes(m, "restriped-base"))
+
     def test_bad_targets_are_refused(self):
         m = model()
         p = run(["model", "stripe", m, "--to", m], check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("model directory itself", p.stderr)
+        p = run(["model", "stripe", m, "--to", os.path.join(m, "experts")], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("inside the model directory", p.stderr)
         p = run(["model", "stripe", os.path.join(WORK, "nope"), "--to", os.path.join(WORK, "d")], check=False)
         self.assertNotEqual(p.returncode, 0)
 
