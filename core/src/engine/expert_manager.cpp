@@ -79,12 +79,18 @@ ExpertManager::~ExpertManager() {
 }
 
 Status ExpertManager::preload() {
+  if (!resident_ && slot_bytes_ > 0) {
+    if (auto s = check_expert_cache(budget_, slot_bytes_); !s) return s;
+  }
   if (policy_) {
     for (const auto key : policy_->wanted_pins()) {
       const auto* e = manifest_.expert(key.layer, key.expert);
       if (e == nullptr) {
-        return Status(StatusCode::invalid_argument, "cache.pinned_experts names " + key_name(key.layer, key.expert) +
-                                                        ", which this model does not have");
+        return Status(
+            StatusCode::invalid_argument,
+            "the pinned experts (cache.pinned_experts, or the history cache.auto_pin_history names) include " +
+                key_name(key.layer, key.expert) + ", which this model does not have; fix the list, or " +
+                "clear a history recorded for another model (colibri-cli cache clear --model M)");
       }
       auto w = acquire(key.layer, key.expert);
       if (!w) return w.error();
@@ -231,6 +237,30 @@ bool ExpertManager::make_room_sparing(std::uint64_t bytes, std::span<const sdk::
   return room;
 }
 
+Status ExpertManager::no_room_error(const std::optional<sdk::ExpertKey>& victim) {
+  std::size_t pinned = 0, evictable_count = 0;
+  for (const auto& [packed, slot] : slots_) {
+    pinned += slot.pinned ? 1 : 0;
+    evictable_count += evictable(this, sdk::ExpertKey::unpack(packed)) ? 1 : 0;
+  }
+  if (evictable_count > 0) {
+    // Something could go, but the policy named nothing usable: its fault, not the budget's.
+    return Status(StatusCode::internal,
+                  "the cache policy (cache.policy) named " +
+                      (victim ? key_name(victim->layer, victim->expert) + ", which cannot be evicted," : "no victim") +
+                      " while " + std::to_string(evictable_count) +
+                      " cached experts could be; its pick_victim() must return one the predicate accepts");
+  }
+  std::string msg = "memory.expert_cache (" + sdk::format_size(budget_) + ") cannot hold the experts one layer " +
+                    "needs at once; raise it (--expert-cache-size)";
+  if (pinned > 0) {
+    msg += " or pin fewer experts: " + std::to_string(pinned) + " pinned take " +
+           sdk::format_size(static_cast<std::uint64_t>(pinned) * std::max<std::uint64_t>(slot_bytes_, 1)) +
+           " of it (cache.pinned_experts, cache.auto_pin_count)";
+  }
+  return Status(StatusCode::out_of_memory, msg);
+}
+
 Status ExpertManager::make_room(std::uint64_t bytes) {
   while (used_bytes_ + bytes > budget_) {
     std::optional<sdk::ExpertKey> victim;
@@ -252,11 +282,7 @@ Status ExpertManager::make_room(std::uint64_t bytes) {
     if ((!victim || !evictable(this, *victim)) && !copy_holds_.empty() && release_copy_holds(!prefetch_eviction_)) {
       continue;  // uploads held the room: they are done now (a prefetch never waits for them)
     }
-    if (!victim || !evictable(this, *victim)) {
-      return Status(StatusCode::out_of_memory,
-                    "memory.expert_cache (" + std::to_string(budget_) +
-                        " bytes) cannot hold the experts one layer needs at once; raise it (--expert-cache-size)");
-    }
+    if (!victim || !evictable(this, *victim)) return no_room_error(victim);
     erase_slot(slots_.find(victim->packed()));
     ++stats_.evictions;
   }

@@ -42,6 +42,18 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
   return std::max<std::int64_t>(1, std::min<std::int64_t>(model_max, avail));
 }
 
+sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes) {
+  if (expert_cache >= slot_bytes) return {};
+  std::string have = sdk::format_size(expert_cache), need = sdk::format_size(slot_bytes);
+  if (have == need) {  // rounded alike: the bytes tell them apart
+    have = std::to_string(expert_cache) + " bytes";
+    need = std::to_string(slot_bytes) + " bytes";
+  }
+  return sdk::Status(sdk::StatusCode::invalid_argument, "memory.expert_cache (" + have +
+                                                            ") holds no expert: one slot needs " + need +
+                                                            " (the largest expert); raise it (--expert-cache-size)");
+}
+
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available) {
@@ -56,6 +68,7 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   if (p.resident) {
     p.ram_bytes = p.expert_bytes;
   } else if (p.slot_bytes > 0) {
+    if (auto s = check_expert_cache(expert_cache, p.slot_bytes); !s) return s;
     p.ram_slots = std::min<std::uint64_t>(expert_cache / p.slot_bytes, p.expert_count);
     p.ram_bytes = p.ram_slots * p.slot_bytes;
   }

@@ -110,6 +110,43 @@ TEST(ExpertManager, PinnedExpertsStay) {
   EXPECT_EQ(f.storage->reads, reads);
 }
 
+TEST(ExpertManager, ABudgetBelowOneSlotIsRefusedAtLoad) {
+  Fixture f(1, 4);
+  auto m = f.manager(kBlob - 1);
+  auto s = m.preload();
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("memory.expert_cache (4095 bytes) holds no expert: one slot needs 4096 bytes"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(ExpertManager, PinsThatLeaveNoRoomAreNamedInTheError) {
+  Fixture f(1, 4);
+  f.policy->pins = {{0, 2}, {0, 3}};
+  auto m = f.manager(2 * kBlob);
+  ASSERT_TRUE(m.preload());
+  auto w = m.acquire(0, 0);
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.error().message().find("or pin fewer experts: 2 pinned take 8K"), std::string::npos)
+      << w.error().message();
+}
+
+TEST(ExpertManager, APolicyThatNamesAnEntryInUseIsBlamedNotTheBudget) {
+  Fixture f(1, 4);
+  f.policy->ignore_predicate = true;
+  auto m = f.manager(2 * kBlob);
+  ASSERT_TRUE(m.preload());
+  ASSERT_TRUE(m.acquire(0, 0));  // held: the faulty policy names it first
+  ASSERT_TRUE(m.acquire(0, 1));
+  m.release(0, 1);
+  auto w = m.acquire(0, 2);
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.error().message().find("the cache policy (cache.policy) named L0/E0, which cannot be evicted, while 1 "
+                                     "cached experts could be"),
+            std::string::npos)
+      << w.error().message();
+}
+
 // The first byte of an expert's gate weights as the device holds them.
 int device_byte(const sdk::Tensor& t) {
   return static_cast<int>(static_cast<DeviceCompute::DeviceBuffer*>(t.buffer)->bytes.at(t.offset));

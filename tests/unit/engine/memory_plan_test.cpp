@@ -55,6 +55,12 @@ TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
   auto all_vram = plan_memory(m, 8192, 100 * 8192, 0, 0, sdk::DType::f16, 0);
   ASSERT_TRUE(all_vram);
   EXPECT_EQ(all_vram->vram_slots, 4u) << "never more slots than experts";
+  auto ram_below = plan_memory(m, 8191, 0, 0, 0, sdk::DType::f16, 0);
+  ASSERT_FALSE(ram_below) << "a streaming RAM tier with no slot";
+  EXPECT_NE(
+      ram_below.error().message().find("memory.expert_cache (8191 bytes) holds no expert: one slot needs 8192 bytes"),
+      std::string::npos)
+      << ram_below.error().message();
   auto below = plan_memory(m, 8192, 8191, 0, 0, sdk::DType::f16, 0);
   ASSERT_FALSE(below);
   EXPECT_NE(below.error().message().find("memory.vram_budget"), std::string::npos);

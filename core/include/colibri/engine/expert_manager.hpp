@@ -271,6 +271,9 @@ class ExpertManager {
   // Bytes of the RAM slot that holds `e`.
   [[nodiscard]] std::uint64_t slot_bytes(const model::ExpertEntry& e) const;
   sdk::Status make_room(std::uint64_t bytes);
+  // make_room's error when nothing can go: the policy's fault when it named nothing evictable while something was,
+  // else the budget's (and the pins' share of it).
+  sdk::Status no_room_error(const std::optional<sdk::ExpertKey>& victim);
   // make_room under the prefetch rules (no waiting; `keep` and unused reads are not evicted); true when it fits.
   bool make_room_sparing(std::uint64_t bytes, std::span<const sdk::ExpertKey> keep);
   // Waits for every prefetch in flight and settles it (admin operations see a quiet cache).

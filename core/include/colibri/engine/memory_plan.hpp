@@ -13,6 +13,10 @@ namespace colibri::engine {
 // One expert slot: the largest expert blob rounded up to 4 KiB (the RAM tier's slots when streaming, the VRAM tier's).
 [[nodiscard]] std::uint64_t expert_slot_bytes(const model::Manifest& manifest);
 
+// A streaming RAM tier (memory.expert_cache below every expert's bytes) needs room for at least one slot; the error
+// names the key, the flag and the sizes.
+[[nodiscard]] sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes);
+
 // The KV cache's positions: `requested` (--ctx; at most the model's), else memory.kv_cache / bytes per position (at
 // most the model's), else as many as half of `host_available` holds (at least 1, at most the model's). Errors name
 // the flag or key.
@@ -37,7 +41,7 @@ struct MemoryPlan {
   std::uint64_t kv_bytes = 0;
 };
 
-// Errors as the engine would give them at load (a context over the model's, a VRAM budget below one slot).
+// Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available);
