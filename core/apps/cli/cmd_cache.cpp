@@ -138,6 +138,7 @@ int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
   std::cout << "usage history  " << path.string() << (std::filesystem::exists(path) ? "" : " (none yet)") << "\n";
+  if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) std::cout << "note           " << why << "\n";
   std::cout << "experts used   " << h->counts.size() << " distinct, " << h->total() << " uses\n";
   const auto top = h->most_used(o.top);
   if (!top.empty()) std::cout << "most used      ";
@@ -165,6 +166,7 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
   const auto path = engine::usage_history_path(*dir);
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
+  if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) return fail(why);
   if (h->counts.empty()) {
     return fail("no usage history for " + dir->string() + " yet (" + path.string() + "); run or bench the model first");
   }

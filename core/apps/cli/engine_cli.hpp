@@ -122,7 +122,7 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
 // auto_pin_history read). A failure costs the history, not the run: warn only.
 inline void save_usage(const engine::Engine& e) {
   const auto path = engine::usage_history_path(e.model_dir());
-  if (auto s = engine::merge_usage_history(path, e.experts().usage()); !s) {
+  if (auto s = engine::merge_usage_history(path, e.experts().usage(), e.model_dir()); !s) {
     std::fprintf(stderr, "warning: expert usage history not saved: %s\n", s.message().c_str());
   }
 }

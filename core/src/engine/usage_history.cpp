@@ -1,5 +1,9 @@
 #include "colibri/engine/usage_history.hpp"
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -92,6 +96,13 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
   if (j.contains("version") && (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)) {
     return Status(StatusCode::invalid_argument, "usage history " + path.string() + ": \"version\" must be 1" + fix);
   }
+  if (j.contains("model")) {
+    if (!j["model"].is_string()) {
+      return Status(StatusCode::invalid_argument,
+                    "usage history " + path.string() + ": \"model\" must be a string" + fix);
+    }
+    h.model = j["model"].get<std::string>();
+  }
   if (!j.contains("counts") || !j["counts"].is_object()) {
     return Status(StatusCode::invalid_argument, "usage history " + path.string() + " has no \"counts\" object" + fix);
   }
@@ -116,16 +127,61 @@ Status save_usage_history(const fs::path& path, const UsageHistory& history) {
   if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   for (const auto& [key, n] : history.counts) counts[std::to_string(key.first) + ":" + std::to_string(key.second)] = n;
-  const std::string text = nlohmann::ordered_json{{"version", 1}, {"counts", counts}}.dump(1) + "\n";
+  nlohmann::ordered_json doc{{"version", 1}};
+  if (!history.model.empty()) doc["model"] = history.model;
+  doc["counts"] = std::move(counts);
+  const std::string text = doc.dump(1) + "\n";
   return util::write_file_atomically(path, [&](std::ostream& out) { return static_cast<bool>(out << text); });
 }
 
-Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage) {
+std::string model_identity(const fs::path& model_dir) {
+  std::ifstream in(model_dir / "manifest.json", std::ios::binary);
+  if (!in) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  return hex;
+}
+
+std::string history_mismatch(const UsageHistory& history, const fs::path& path, const fs::path& model_dir) {
+  if (history.model.empty()) return {};
+  const std::string id = model_identity(model_dir);
+  if (id.empty() || id == history.model) return {};
+  return "usage history " + path.string() + " was counted for another model at " + model_dir.string() +
+         " (converted again?); clear it (colibri-cli cache clear --model " + model_dir.string() + ")";
+}
+
+Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
+                           const fs::path& model_dir) {
   if (usage.empty()) return {};
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
+  // The lock file stays: removing it would let a third process lock a new file while the second holds the old.
+  const std::string lock_path = path.string() + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) return Status(StatusCode::io_error, "cannot open " + lock_path + ": " + std::strerror(errno));
+  while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  Status result;
   auto h = load_usage_history(path);
-  if (!h) return h.error();
-  h->add_packed(usage);
-  return save_usage_history(path, *h);
+  if (!h) {
+    result = h.error();
+  } else {
+    const std::string id = model_identity(model_dir);
+    if (!history_mismatch(*h, path, model_dir).empty()) {
+      spdlog::warn("usage history {} was counted for another model at {} (converted again?); starting a new one",
+                   path.string(), model_dir.string());
+      *h = UsageHistory{};
+    }
+    if (!id.empty()) h->model = id;
+    h->add_packed(usage);
+    result = save_usage_history(path, *h);
+  }
+  ::close(lock);  // releases the lock
+  return result;
 }
 
 }  // namespace colibri::engine

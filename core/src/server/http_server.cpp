@@ -414,6 +414,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (keys.empty()) {
       auto history = engine::load_usage_history(history_path);
       if (!history) return internal_error("Cannot read the usage history: " + history.error().message());
+      if (auto why = engine::history_mismatch(*history, history_path, eng.model_dir()); !why.empty()) {
+        history->counts.clear();  // another model's counts; this process's own still count
+        spdlog::warn("{}; warming from this server's own counts", why);
+      }
       history->add_packed(eng.experts().usage());
       const auto& manifest = eng.manifest();
       const std::size_t n = req.top ? static_cast<std::size_t>(*req.top) : history->counts.size();

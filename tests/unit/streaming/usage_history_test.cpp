@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 namespace colibri::engine {
 namespace {
@@ -30,12 +33,21 @@ TEST(UsageHistory, PathFollowsXdgCacheHomeAndDiffersPerModel) {
   EXPECT_EQ(colibri_cache_dir(), d / ".cache" / "colibri");
 }
 
+// A model directory whose manifest.json holds `text` (model_identity hashes it).
+fs::path model_dir(const fs::path& d, const std::string& text) {
+  fs::create_directories(d / "model");
+  std::ofstream(d / "model" / "manifest.json") << text;
+  return d / "model";
+}
+
 TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
-  const auto file = scratch("merge") / "h.json";
+  const auto d = scratch("merge");
+  const auto file = d / "h.json";
+  const auto model = model_dir(d, "{\"a\": 1}");
   EXPECT_TRUE(load_usage_history(file)->counts.empty());  // missing: empty, not an error
   std::map<std::uint64_t, std::uint64_t> run{{(3ull << 32) | 1, 5}, {(0ull << 32) | 7, 2}};
-  ASSERT_TRUE(merge_usage_history(file, run));
-  ASSERT_TRUE(merge_usage_history(file, run));
+  ASSERT_TRUE(merge_usage_history(file, run, model));
+  ASSERT_TRUE(merge_usage_history(file, run, model));
   std::ifstream in(file);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("\"version\": 1"), std::string::npos) << text;
@@ -47,6 +59,46 @@ TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
   ASSERT_EQ(top.size(), 1u);
   EXPECT_EQ(top[0], std::make_pair(3u, 1u));
   EXPECT_FALSE(fs::exists(file.string() + ".partial"));
+  EXPECT_EQ(h->model, model_identity(model));
+  EXPECT_EQ(h->model.size(), 16u);
+}
+
+TEST(UsageHistory, AModelConvertedAgainAtThePathStartsANewHistory) {
+  const auto d = scratch("identity");
+  const auto file = d / "h.json";
+  ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 5, 9}}, model_dir(d, "{\"experts\": 8}")));
+  ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 2, 3}}, model_dir(d, "{\"experts\": 4}")));
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->counts.size(), 1u) << "the old model's 1:5 is gone";
+  EXPECT_EQ(h->total(), 3u);
+  EXPECT_EQ(h->model, model_identity(d / "model"));
+  // A history from before identities were kept is merged into, and gets one.
+  std::ofstream(file) << "{\"version\": 1, \"counts\": {\"0:1\": 4}}";
+  ASSERT_TRUE(merge_usage_history(file, {{1, 1}}, d / "model"));
+  EXPECT_EQ(load_usage_history(file)->total(), 5u);
+  EXPECT_EQ(load_usage_history(file)->model, model_identity(d / "model"));
+}
+
+TEST(UsageHistory, ConcurrentMergesLoseNoCount) {
+  const auto d = scratch("concurrent");
+  const auto file = d / "h.json";
+  const auto model = model_dir(d, "{}");
+  constexpr int kWriters = 4, kMerges = 25;
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < kMerges; ++i) {
+        if (!merge_usage_history(file, {{static_cast<std::uint64_t>(w), 1}}, model)) ++failures;
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->total(), static_cast<std::uint64_t>(kWriters * kMerges));
 }
 
 TEST(UsageHistory, MalformedFilesNameTheFileAndEntry) {
@@ -56,6 +108,7 @@ TEST(UsageHistory, MalformedFilesNameTheFileAndEntry) {
       {"{\"version\":2,\"counts\":{}}", "\"version\" must be 1"},
       {"{\"counts\":{\"3-1\":4}}", "key \"3-1\" is not layer:expert"},
       {"{\"counts\":{\"3:1\":-4}}", "\"3:1\" must be a non-negative integer"},
+      {"{\"model\":7,\"counts\":{}}", "\"model\" must be a string"},
   };
   for (const auto& [text, want] : cases) {
     const auto file = d / "h.json";
@@ -65,7 +118,7 @@ TEST(UsageHistory, MalformedFilesNameTheFileAndEntry) {
     EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
     EXPECT_NE(h.error().message().find(file.string()), std::string::npos) << h.error().message();
     // A bad file is not silently replaced by a merge.
-    EXPECT_FALSE(merge_usage_history(file, {{1, 1}}));
+    EXPECT_FALSE(merge_usage_history(file, {{1, 1}}, d));
   }
 }
 

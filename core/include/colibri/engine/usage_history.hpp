@@ -1,11 +1,13 @@
 // Per-model expert usage history: how often the router picked each expert, summed over runs. Persisted under
 // $XDG_CACHE_HOME/colibri/usage/ (default ~/.cache/colibri/usage/) in the format the pinned cache policy reads
-// (cache.auto_pin_history): {"version": 1, "counts": {"layer:expert": n, ...}}.
+// (cache.auto_pin_history): {"version": 1, "model": "<identity>", "counts": {"layer:expert": n, ...}}. "model" ties
+// the counts to one conversion: a model converted again at the same path starts a new history.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,7 @@
 namespace colibri::engine {
 
 struct UsageHistory {
+  std::string model;  // model_identity() of the model the counts are from ("" in histories from before it)
   std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint64_t> counts;  // (layer, expert) -> times used
   [[nodiscard]] std::uint64_t total() const;
   // The n most used experts, most used first (ties: lower layer, then expert).
@@ -27,11 +30,23 @@ std::filesystem::path colibri_cache_dir();
 // The history file of one model: <cache>/usage/<model dir name>-<hash of its absolute path>.json.
 std::filesystem::path usage_history_path(const std::filesystem::path& model_dir);
 
+// A model's identity: the xxh64 of its manifest.json (which holds every file's checksum), as 16 hex digits; "" when
+// the manifest cannot be read.
+std::string model_identity(const std::filesystem::path& model_dir);
+
+// "" when `history` may be from the model in `model_dir`; else why not (it was counted for another model converted
+// at this path), naming `path` and how to clear it.
+std::string history_mismatch(const UsageHistory& history, const std::filesystem::path& path,
+                             const std::filesystem::path& model_dir);
+
 // A missing file is an empty history; a malformed one is an error naming the file and the entry.
 sdk::Expected<UsageHistory> load_usage_history(const std::filesystem::path& path);
 // Writes a temporary file, fsyncs it and renames it over `path`: a crash leaves the old or the new file.
 sdk::Status save_usage_history(const std::filesystem::path& path, const UsageHistory& history);
-// Loads, adds `usage`, saves.
-sdk::Status merge_usage_history(const std::filesystem::path& path, const std::map<std::uint64_t, std::uint64_t>& usage);
+// Loads, adds `usage` from the model in `model_dir`, saves; under an exclusive lock on <path>.lock, so processes
+// that share a model merge one after another and no count is lost. A history of another model (its identity
+// differs: converted again at this path) is replaced, with a warning.
+sdk::Status merge_usage_history(const std::filesystem::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
+                                const std::filesystem::path& model_dir);
 
 }  // namespace colibri::engine
