@@ -10,6 +10,7 @@
 #include "colibri/engine/generate.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "engine_cli.hpp"
+#include "interrupt.hpp"
 
 namespace colibri::cli {
 namespace {
@@ -32,17 +33,21 @@ std::string family_of(const std::string& arch) {
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
+  if (!o.template_family.empty() && !chat::builtin_template(o.template_family)) {
+    return fail("--template " + o.template_family +
+                " is not a built-in template; use llama2, mistral, gpt-oss or chatml");
+  }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto family = o.template_family.empty() ? family_of(engine->hparams().architecture) : o.template_family;
   auto cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", family);
-  if (!cfg) {
+  if (!cfg && o.template_family.empty()) {
     // No template in the model and none known for its family: a neutral ChatML one still lets it talk.
     cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", "chatml");
-    if (!cfg) return fail(cfg.error().message());
   }
+  if (!cfg) return fail(cfg.error().message());
   auto tmpl = chat::Template::parse(cfg->template_source, cfg->template_origin);
   if (!tmpl) return fail(tmpl.error().message());
   chat::RenderOptions ropt;
@@ -59,6 +64,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
+  std::map<std::uint64_t, std::uint64_t> saved_usage;  // what earlier turns added to the usage history
   std::string line;
   while (true) {
     if (tty) std::cerr << "> " << std::flush;
@@ -91,10 +97,12 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     }
     engine->truncate(static_cast<std::int64_t>(common));
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
+    std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
     auto r = engine::generate(*engine, *tok, fresh, g, [](std::string_view text) {
       std::cout << text << std::flush;
-      return static_cast<bool>(std::cout);
+      return static_cast<bool>(std::cout) && !interrupt::stop_requested();
     });
+    interruptible.reset();
     std::cout << "\n" << std::flush;
     if (!r) {
       messages.erase(messages.end() - 1);
@@ -109,6 +117,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     messages.push_back({{"role", "assistant"}, {"content", r->text}});
     if (r->finish_reason == "context") std::cerr << "(the context is full; /reset to continue)\n";
     std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << "\n";
+    save_usage(*engine, &saved_usage);  // after every turn: a Ctrl-C at the prompt ends the process
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
+#include "interrupt.hpp"
 
 namespace colibri::cli {
 namespace {
@@ -93,7 +94,9 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   std::vector<double> lp, lq;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (std::int64_t c = 0; c < chunks; ++c) {
+  interrupt::Interruptible interruptible;  // Ctrl-C: the chunks scored so far are reported, nothing is saved
+  std::int64_t done = 0;
+  for (std::int64_t c = 0; c < chunks && !interrupt::stop_requested(); ++c, ++done) {
     engine->reset();
     const std::span<const std::int32_t> chunk(used.data() + c * ctx, static_cast<std::size_t>(ctx));
     if (auto s = engine->forward(chunk, engine::LogitsWanted::all, logits); !s) return fail(s.message());
@@ -122,6 +125,14 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   }
   if (tty) std::cerr << "\n";
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (done < chunks) {
+    if (scored > 0) {
+      std::printf("interrupted after %lld of %lld chunks: perplexity %.4f over %lld tokens%s\n",
+                  static_cast<long long>(done), static_cast<long long>(chunks), std::exp(nll / scored),
+                  static_cast<long long>(scored), save ? " (--save-logits not written)" : "");
+    }
+    return 130;
+  }
   if (base.is_open() && base.peek() != std::char_traits<char>::eof()) {
     return fail(o.kl_base + " holds more logits than this run scored; it was not saved from this --file and --ctx");
   }

@@ -10,6 +10,7 @@
 #include "colibri/engine/generate.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "engine_cli.hpp"
+#include "interrupt.hpp"
 
 namespace colibri::cli {
 namespace {
@@ -56,9 +57,10 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
   std::cout << o.prompt << std::flush;
+  interrupt::Interruptible interruptible;  // Ctrl-C ends the generation; the statistics and history still come
   auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {
     std::cout << text << std::flush;
-    return static_cast<bool>(std::cout);
+    return static_cast<bool>(std::cout) && !interrupt::stop_requested();
   });
   std::cout << "\n" << std::flush;
   if (!r) return fail(r.error().message());
@@ -70,6 +72,10 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
             << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
             << ", seed " << o.sampling.seed << ")\n";
   save_usage(*engine);
+  if (interrupt::stop_requested()) {
+    if (!o.record_trace.empty()) std::cerr << "routing trace not recorded: interrupted\n";
+    return 130;
+  }
   if (!o.record_trace.empty()) {
     // After statistics and usage history: recording re-runs the tokens (see ab/record.hpp).
     std::vector<ab::TraceRecord> trace;

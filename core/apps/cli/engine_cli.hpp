@@ -119,10 +119,20 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
 }
 
 // Adds this run's expert usage to the model's persisted history (what `cache stats|warm` and the pinned policy's
-// auto_pin_history read). A failure costs the history, not the run: warn only.
-inline void save_usage(const engine::Engine& e) {
+// auto_pin_history read). With `saved`, only what was counted since the last call (a chat saves after every turn).
+// A failure costs the history, not the run: warn only.
+inline void save_usage(const engine::Engine& e, std::map<std::uint64_t, std::uint64_t>* saved = nullptr) {
   const auto path = engine::usage_history_path(e.model_dir());
-  if (auto s = engine::merge_usage_history(path, e.experts().usage(), e.model_dir()); !s) {
+  auto usage = e.experts().usage();
+  if (saved != nullptr) {
+    for (auto& [key, n] : usage) {
+      const auto before = (*saved)[key];
+      n = n > before ? n - before : 0;
+    }
+    *saved = e.experts().usage();
+  }
+  std::erase_if(usage, [](const auto& kv) { return kv.second == 0; });
+  if (auto s = engine::merge_usage_history(path, usage, e.model_dir()); !s) {
     std::fprintf(stderr, "warning: expert usage history not saved: %s\n", s.message().c_str());
   }
 }

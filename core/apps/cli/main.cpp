@@ -4,6 +4,7 @@
 
 #include "colibri/util/log.hpp"
 #include "command.hpp"
+#include "interrupt.hpp"
 
 namespace colibri::cli {
 
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
       std::exit(2);
     }
   });
+  cli::interrupt::install();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

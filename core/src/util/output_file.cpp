@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -11,6 +12,43 @@ namespace colibri::util {
 namespace fs = std::filesystem;
 using sdk::Status;
 using sdk::StatusCode;
+
+namespace {
+
+// The partial files being written, for a signal handler: a fixed table (no allocation, no lock), each entry free,
+// being filled, or ready. A process with more files open at once than entries just does not list the rest.
+struct PartialEntry {
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 ready
+  char path[4096] = {};
+};
+constexpr int kPartialEntries = 16;
+PartialEntry g_partials[kPartialEntries];
+
+int register_partial(const fs::path& p) {
+  const std::string& text = p.native();
+  if (text.size() >= sizeof(PartialEntry::path)) return -1;
+  for (int i = 0; i < kPartialEntries; ++i) {
+    int expected = 0;
+    if (!g_partials[i].state.compare_exchange_strong(expected, 1)) continue;
+    std::memcpy(g_partials[i].path, text.c_str(), text.size() + 1);
+    g_partials[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void unregister_partial(int& entry) {
+  if (entry >= 0) g_partials[entry].state.store(0);
+  entry = -1;
+}
+
+}  // namespace
+
+void remove_partial_files_signal_safe() noexcept {
+  for (auto& e : g_partials) {
+    if (e.state.load() == 2) ::unlink(e.path);
+  }
+}
 
 sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
   OutputFile f;
@@ -33,8 +71,12 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     f.target_ = resolved;
   }
   f.partial_ = f.direct_ ? f.target_ : fs::path(f.target_.string() + ".partial");
+  if (!f.direct_) f.registered_ = register_partial(f.partial_);
   f.out_ = std::make_unique<std::ofstream>(f.partial_, std::ios::binary | std::ios::trunc);
-  if (!*f.out_) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  if (!*f.out_) {
+    unregister_partial(f.registered_);
+    return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  }
   return f;
 }
 
@@ -43,6 +85,7 @@ OutputFile::~OutputFile() {
   out_->close();
   std::error_code ec;
   fs::remove(partial_, ec);
+  unregister_partial(registered_);
 }
 
 Status OutputFile::commit() {
@@ -69,6 +112,7 @@ Status OutputFile::commit() {
       return Status(StatusCode::io_error,
                     "cannot rename " + partial_.string() + " to " + target_.string() + ": " + ec.message());
     }
+    unregister_partial(registered_);
   }
   committed_ = true;
   return {};

@@ -6,8 +6,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 CLI, GEN, WORK = None, None, None
@@ -65,10 +67,79 @@ class Run(unittest.TestCase):
         self.assertIn("no-such-model", p.stderr)
 
 
+def history_env(name):
+    env = dict(os.environ, XDG_CACHE_HOME=os.path.join(WORK, name))
+    subprocess.run(["rm", "-rf", env["XDG_CACHE_HOME"]], check=True)
+    return env
+
+
+def history_uses(env):
+    p = subprocess.run([CLI, "cache", "stats", "--model", model()], capture_output=True, text=True, env=env, check=True)
+    return int(p.stdout.split("distinct, ")[1].split(" uses")[0])
+
+
+class Interrupt(unittest.TestCase):
+    def test_ctrl_c_ends_a_run_with_its_statistics_and_usage_history(self):
+        env = history_env("interrupt-run")
+        p = subprocess.Popen([CLI, "run", "-m", model(), "-p", "Hi", "-n", "100000", "--ignore-eos", "--ctx", "32000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p.stdout.read(64)  # generating
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn(b"interrupted", err)
+        self.assertRegex(err.decode(), r"expert hit rate .*generated tokens, cancelled")
+        self.assertGreater(history_uses(env), 0)
+
+    def test_ctrl_c_leaves_no_partial_output_and_the_old_file_as_it_was(self):
+        text = os.path.join(WORK, "long.txt")
+        with open(text, "w") as f:
+            f.write("The quick brown fox jumps over the lazy dog. " * 3000)
+        out = os.path.join(WORK, "interrupted.logits")
+        with open(out, "w") as f:
+            f.write("old")
+        for signals in (1, 2):  # once: stops after the chunk and reports; twice: ends at once
+            # Chunks of 512 take long enough that the second Ctrl-C comes while one runs.
+            p = subprocess.Popen([CLI, "perplexity", "-m", model(), "-f", text, "--ctx", "512", "--save-logits", out],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.time() + 60
+            while time.time() < deadline and not (os.path.exists(out + ".partial") and
+                                                  os.path.getsize(out + ".partial") > 100000):
+                time.sleep(0.01)
+            for _ in range(signals):
+                p.send_signal(signal.SIGINT)
+                time.sleep(0.05)
+            stdout, stderr = p.communicate(timeout=120)
+            if signals == 1:
+                self.assertEqual(p.returncode, 130, stderr)
+                self.assertRegex(stdout, r"interrupted after \d+ of \d+ chunks: perplexity [0-9.]+ over \d+ tokens "
+                                         r"\(--save-logits not written\)")
+            else:
+                self.assertEqual(p.returncode, -signal.SIGINT, stderr)
+            self.assertFalse(os.path.exists(out + ".partial"), signals)
+            with open(out) as f:
+                self.assertEqual(f.read(), "old")
+
+
 class Chat(unittest.TestCase):
     def test_two_turns(self):
-        p = cli("chat", "-m", model(), "-n", "6", "--seed", "3", stdin="Hello\nHow are you?\n")
+        env = history_env("chat")
+        p = subprocess.run([CLI, "chat", "-m", model(), "-n", "6", "--seed", "3"], input="Hello\nHow are you?\n",
+                           capture_output=True, text=True, env=env, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stderr.count("expert hit rate"), 2, p.stderr)
+        first = history_uses(env)
+        self.assertGreater(first, 0, "a chat counts into the usage history")
+        subprocess.run([CLI, "chat", "-m", model(), "-n", "6", "--seed", "3"], input="Hello\n", capture_output=True,
+                       text=True, env=env, timeout=300, check=True)
+        self.assertGreater(history_uses(env), first)
+
+    def test_an_unknown_template_is_refused(self):
+        p = cli("chat", "-m", model(), "--template", "LLAMA2", stdin="Hello\n", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--template LLAMA2 is not a built-in template; use llama2, mistral, gpt-oss or chatml", p.stderr)
+        p = cli("chat", "-m", model(), "-n", "2", "--template", "llama2", stdin="Hello\n")
+        self.assertIn("template: built-in llama2", p.stderr)
 
 
 class Perplexity(unittest.TestCase):

@@ -34,9 +34,14 @@ class OutputFile {
  private:
   OutputFile() = default;
   std::filesystem::path target_, partial_;
+  int registered_ = -1;  // its slot in the list remove_partial_files_signal_safe() reads
   std::unique_ptr<std::ofstream> out_;
   bool direct_ = false, committed_ = false;
 };
+
+// Removes the .partial file of every OutputFile of this process not yet committed or destroyed. Async-signal-safe
+// (it only reads a fixed table and calls unlink): for a handler of a signal that ends the process (Ctrl-C).
+void remove_partial_files_signal_safe() noexcept;
 
 // open(), body, commit(): body returns false when it failed (its stream's state is checked too).
 sdk::Status write_file_atomically(const std::filesystem::path& path, const std::function<bool(std::ostream&)>& body);
