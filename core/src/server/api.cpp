@@ -45,10 +45,12 @@ ApiError too_large(std::uint64_t limit_bytes) {
                   "invalid_request_error", "", "request_too_large"};
 }
 
-ApiError busy(std::size_t queue_limit) {
+ApiError busy(std::size_t queue_limit, int choices) {
   return ApiError{429,
-                  "The server is busy: " + std::to_string(queue_limit) +
-                      " requests are already waiting (colibri-server --max-queue). Retry later.",
+                  "The server is busy: its queue of " + std::to_string(queue_limit) +
+                      " waiting requests (colibri-server --max-queue) has no room for " +
+                      (choices > 1 ? "this request's " + std::to_string(choices) + " choices" : "this request") +
+                      ". Retry later.",
                   "rate_limit_error", "", "rate_limit_exceeded"};
 }
 

@@ -565,6 +565,13 @@ class Session : public std::enable_shared_from_this<Session> {
         }
       }
     }
+    if (static_cast<std::size_t>(req.n) > srv_.scheduler->options().max_queue) {
+      return respond_error(bad_request("n is " + std::to_string(req.n) + ", but this server queues at most " +
+                                           std::to_string(srv_.scheduler->options().max_queue) +
+                                           " choices at once (colibri-server --max-queue); ask for fewer",
+                                       "n"),
+                           false);
+    }
     // One job per choice; events carry the request's generation so that a late event of an earlier request on
     // this connection is never taken for this one's.
     const std::uint64_t generation = ++generation_;
@@ -626,13 +633,9 @@ class Session : public std::enable_shared_from_this<Session> {
     ids_.model = srv_.opt.model_name;
     streaming_ = req.stream;
     include_usage_ = req.include_usage;
-    for (std::size_t i = 0; i < jobs.size(); ++i) {
-      const auto submitted = srv_.scheduler->submit(jobs[i]);
-      if (submitted == Scheduler::Submit::accepted) continue;
-      ++generation_;  // the choices already queued are cancelled; their events are for no one
-      for (std::size_t k = 0; k < i; ++k) jobs[k]->cancel();
+    if (const auto submitted = srv_.scheduler->submit(jobs); submitted != Scheduler::Submit::accepted) {
       if (submitted == Scheduler::Submit::queue_full)
-        return respond_error(busy(srv_.scheduler->options().max_queue), false);
+        return respond_error(busy(srv_.scheduler->options().max_queue, req.n), false);
       return respond_error(unavailable("The server is shutting down."), true);
     }
     jobs_ = std::move(jobs);

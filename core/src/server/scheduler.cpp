@@ -58,13 +58,41 @@ Scheduler::~Scheduler() {
 }
 
 Scheduler::Submit Scheduler::submit(std::shared_ptr<Job> job) {
-  std::lock_guard lock(mu_);
-  if (closed_) return Submit::closed;
-  if (queue_.size() >= options_.max_queue) return Submit::queue_full;
-  queue_.push_back(std::move(job));
-  stats_.queue_depth = queue_.size();
-  cv_.notify_one();
-  return Submit::accepted;
+  return submit(std::span<const std::shared_ptr<Job>>(&job, 1));
+}
+
+Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) {
+  std::vector<std::shared_ptr<Job>> dropped;
+  Submit result = Submit::accepted;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return Submit::closed;
+    // A client that left while its job waited must not keep others out.
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if ((*it)->cancelled()) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+        ++stats_.cancelled;
+      } else {
+        ++it;
+      }
+    }
+    if (queue_.size() + jobs.size() > options_.max_queue) {
+      result = Submit::queue_full;
+    } else {
+      queue_.insert(queue_.end(), jobs.begin(), jobs.end());
+      cv_.notify_one();
+    }
+    stats_.queue_depth = queue_.size();
+  }
+  for (auto& job : dropped) {  // every job gets its one terminal event, outside the lock
+    GenerationEvent ev;
+    ev.kind = GenerationEvent::Kind::finished;
+    ev.finish_reason = "cancelled";
+    ev.prompt_tokens = static_cast<std::int64_t>(job->request.prompt.size());
+    if (job->on_event) job->on_event(std::move(ev));
+  }
+  return result;
 }
 
 bool Scheduler::post(std::function<void(engine::Engine&)> task) {
@@ -95,6 +123,9 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
 SchedulerStats Scheduler::stats() const {
   std::lock_guard lock(mu_);
   SchedulerStats s = stats_;
+  // Jobs whose client left still sit in the queue until the next submit or admission; they wait for no one.
+  s.queue_depth = static_cast<std::size_t>(
+      std::count_if(queue_.begin(), queue_.end(), [](const auto& job) { return !job->cancelled(); }));
   // Rate over the last 10 s of generated tokens (decays to 0 when idle).
   const auto now = clock_type::now();
   std::uint64_t n = 0;

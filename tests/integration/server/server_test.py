@@ -959,6 +959,38 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_clients_that_leave_the_queue_give_up_their_places(self):
+        s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
+        try:
+            # One long generation holds the only batch slot while the others queue.
+            long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+            long_conn.request("POST", "/v1/completions", body=json.dumps(
+                {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
+                headers={"Content-Type": "application/json"})
+            self.assertEqual(long_conn.getresponse().status, 200)
+            # Two clients queue behind it and leave.
+            for i in range(2):
+                c = socket.create_connection(("127.0.0.1", s.port))
+                body = json.dumps({"model": "tiny", "prompt": "y", "max_tokens": 5}).encode()
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                time.sleep(0.2)
+                c.close()
+            deadline = time.time() + 10
+            while time.time() < deadline and s.json("GET", "/health")[1]["queue_depth"] != 0:
+                time.sleep(0.05)
+            self.assertEqual(s.json("GET", "/health")[1]["queue_depth"], 0)
+            # Their places are free again: a new client is queued, not refused.
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2})
+            self.assertEqual(st, 200, b)
+            # A request of more choices than the queue can ever hold is the client's error, not a busy server.
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2, "n": 3})
+            assert_error(self, st, b, 400, None, "n")
+            self.assertIn("at most 2 choices at once (colibri-server --max-queue)", b["error"]["message"])
+            long_conn.close()
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_disconnect_cancels_and_sigterm_saves_history(self):
         history = os.path.join(WORK, "usage.json")
         if os.path.exists(history):

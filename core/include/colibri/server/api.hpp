@@ -33,7 +33,8 @@ ApiError bad_request(std::string message, std::string param = "", std::string co
 ApiError not_found_route(std::string_view method, std::string_view target);
 ApiError unauthorized();
 ApiError too_large(std::uint64_t limit_bytes);
-ApiError busy(std::size_t queue_limit);
+// 429: the queue (queue_limit waiting jobs) has no room for a request of `choices` jobs (its n).
+ApiError busy(std::size_t queue_limit, int choices = 1);
 ApiError internal_error(std::string message);
 ApiError unavailable(std::string message);
 

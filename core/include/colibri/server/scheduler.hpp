@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,9 @@ class Scheduler {
 
   enum class Submit { accepted, queue_full, closed };
   Submit submit(std::shared_ptr<Job> job);
+  // All of `jobs` (a request's n choices) or none: queue_full unless the queue has room for every one. Queued jobs
+  // already cancelled (their client left) give up their places first.
+  Submit submit(std::span<const std::shared_ptr<Job>> jobs);
 
   // Runs `task` on the scheduler thread between steps (engine access from outside goes through here). Returns false
   // when the scheduler is closed.
