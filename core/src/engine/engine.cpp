@@ -1311,25 +1311,30 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
 #define COLIBRI_TRY(expr) \
   if (s = (expr); !s) return s
   COLIBRI_TRY(run_layers(segments, trace));
-  // Logits of each item's last token that wants them, as rows of one output matmul.
-  std::vector<std::size_t> want;
+  // Logits of each item's last token (or every token, all_logits) that wants them, as rows of one output matmul.
+  std::vector<std::pair<std::size_t, std::int64_t>> want;  // (item, row in the concatenation)
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (items[i].logits != nullptr) want.push_back(i);
+    if (items[i].logits == nullptr) continue;
+    const auto n = static_cast<std::int64_t>(items[i].tokens.size());
+    for (std::int64_t t = items[i].all_logits ? 0 : n - 1; t < n; ++t) want.emplace_back(i, first[i] + t);
   }
   if (!want.empty()) {
     const auto rows = static_cast<std::int64_t>(want.size());
     const auto V = static_cast<std::size_t>(hp_.vocab_size);
     S.last.resize(sz(D, rows));
     for (std::size_t r = 0; r < want.size(); ++r) {
-      const std::size_t i = want[r];
-      const std::int64_t row = first[i] + static_cast<std::int64_t>(items[i].tokens.size()) - 1;
-      COLIBRI_TRY(to_host(view(S.x, D, 1, 1, sz(D, row)), S.last.data() + sz(D, static_cast<std::int64_t>(r))));
+      COLIBRI_TRY(
+          to_host(view(S.x, D, 1, 1, sz(D, want[r].second)), S.last.data() + sz(D, static_cast<std::int64_t>(r))));
     }
     std::vector<float> all(V * want.size());
     COLIBRI_TRY(output_head(f32(S.last.data(), D, rows), all.data()));
-    for (std::size_t r = 0; r < want.size(); ++r) {
-      items[want[r]].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),
-                                    all.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
+    for (std::size_t r = 0; r < want.size();) {
+      const std::size_t i = want[r].first;
+      std::size_t end = r;
+      while (end < want.size() && want[end].first == i) ++end;
+      items[i].logits->assign(all.begin() + static_cast<std::ptrdiff_t>(r * V),
+                              all.begin() + static_cast<std::ptrdiff_t>(end * V));
+      r = end;
     }
   }
 #undef COLIBRI_TRY

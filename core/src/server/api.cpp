@@ -947,6 +947,11 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
     const std::string text = e["token"].get<std::string>();
     text_offset += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(text));
     texts.push_back(text);
+    if (std::isnan(t.logprob)) {  // the first echoed prompt token: nothing predicts it
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
     lps.push_back(t.logprob);
     json top = json::object();
     for (const auto& [id, lp] : t.top) top[tokenizer::utf8::to_valid_lossy(bytes_of(id))] = lp;

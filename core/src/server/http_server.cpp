@@ -587,6 +587,7 @@ class Session : public std::enable_shared_from_this<Session> {
         job->request.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
       }
       job->request.logprobs = req.logprobs;
+      job->request.prompt_logprobs = req.echo && req.logprobs >= 0;
       job->request.json_object = req.json_object;
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
@@ -613,7 +614,8 @@ class Session : public std::enable_shared_from_this<Session> {
     parallel_tool_calls_ = req.parallel_tool_calls;
     for (auto& c : choices_) {
       c.text = echo_text;
-      c.text_offset = echo_chars;
+      // With the prompt's logprobs its tokens are listed too, their offsets counted from the start.
+      c.text_offset = req.echo && req.logprobs >= 0 ? 0 : echo_chars;
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic) c.tool_stream.emplace(srv_.tool_format);
       // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
       if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
@@ -671,6 +673,15 @@ class Session : public std::enable_shared_from_this<Session> {
     ChoiceState& c = choices_[index];
     switch (ev.kind) {
       case GenerationEvent::Kind::text: {
+        if (!ev.prompt_logprobs.empty()) {  // echo: the prompt's own tokens come first
+          if (!streaming_) {
+            c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+            return;
+          }
+          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, "", "", false, logprobs_json(ev.prompt_logprobs, c),
+                                                   static_cast<int>(index))));
+          return flush();
+        }
         std::string reasoning;
         if (c.reasoning) {
           ReasoningSplit split = c.reasoning->push(ev.text);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "colibri/engine/generate.hpp"
@@ -27,7 +28,8 @@ struct Scheduler::Sequence {
   engine::Sampler sampler;
   tokenizer::StreamDecoder decoder;
   engine::StopMatcher stops;
-  std::vector<float> logits;  // next-token distribution after the last forward
+  std::vector<float> logits;         // next-token distribution after the last forward
+  std::vector<float> prompt_logits;  // prompt_logprobs: every row of the last prefill chunk
   std::int64_t generated = 0;
   bool prefilled = false;
   bool done = false;
@@ -321,10 +323,19 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     item.sequence = seq.state.get();
     if (!seq.prefilled) {
       const auto& prompt = seq.job->request.prompt;
-      const std::size_t n =
-          std::min<std::size_t>(prompt.size() - seq.prompt_done, static_cast<std::size_t>(options_.prefill_chunk));
+      std::size_t chunk = static_cast<std::size_t>(options_.prefill_chunk);
+      if (seq.job->request.prompt_logprobs) {  // every row's logits are held: at most 64 MiB of them per step
+        chunk =
+            std::min(chunk, std::max<std::size_t>(1, (std::size_t{64} << 20) / (static_cast<std::size_t>(vocab_) * 4)));
+      }
+      const std::size_t n = std::min<std::size_t>(prompt.size() - seq.prompt_done, chunk);
       item.tokens = std::span<const std::int32_t>(prompt.data() + seq.prompt_done, n);
-      if (seq.prompt_done + n == prompt.size()) item.logits = &seq.logits;
+      if (seq.job->request.prompt_logprobs) {
+        item.logits = &seq.prompt_logits;
+        item.all_logits = true;
+      } else if (seq.prompt_done + n == prompt.size()) {
+        item.logits = &seq.logits;
+      }
       prompt_run += n;
     } else {
       item.tokens = std::span<const std::int32_t>(&seq.pending, 1);
@@ -345,6 +356,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       for (std::size_t i = 0; i < members.size(); ++i) {
         Sequence& seq = *members[i];
         if (seq.prefilled) continue;
+        if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
         seq.prompt_done += items[i].tokens.size();
         if (seq.prompt_done == seq.job->request.prompt.size()) seq.prefilled = true;
       }
@@ -353,6 +365,26 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   count_routing(trace);
   refresh_stats(seconds, generated_now, tokens_run, prompt_run, items.size());
+}
+
+void Scheduler::emit_prompt_logprobs(Sequence& seq, std::size_t rows) {
+  // Row r of the chunk predicts prompt token prompt_done + r + 1; the last prompt row is the first sampled token's
+  // distribution.
+  const auto& prompt = seq.job->request.prompt;
+  const auto V = static_cast<std::size_t>(vocab_);
+  const auto top = static_cast<std::size_t>(std::max(0, seq.job->request.logprobs));
+  GenerationEvent ev;
+  if (seq.prompt_done == 0) ev.prompt_logprobs.push_back({prompt[0], std::numeric_limits<float>::quiet_NaN(), {}});
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::span<const float> row(seq.prompt_logits.data() + r * V, V);
+    const std::size_t next = seq.prompt_done + r + 1;
+    if (next < prompt.size()) {
+      ev.prompt_logprobs.push_back(engine::token_logprob(row, prompt[next], top));
+    } else {
+      seq.logits.assign(row.begin(), row.end());
+    }
+  }
+  if (seq.job->on_event) seq.job->on_event(std::move(ev));
 }
 
 void Scheduler::take_state(Sequence& seq) {
@@ -384,6 +416,7 @@ void Scheduler::take_state(Sequence& seq) {
   // entries are only the cold run's bits while neither run's passes went past the original context.
   auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
   if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
+  if (seq.job->request.prompt_logprobs) reuse = 0;  // every prompt row's logits are wanted
   seq.state->n_past = reuse;
   seq.prompt_done = static_cast<std::size_t>(reuse);
   seq.cached = reuse;

@@ -330,16 +330,40 @@ class Api(unittest.TestCase):
             self.assertEqual(again["choices"][0]["logprobs"]["content"], entries)
         conn.close()
 
-        # Completions: the legacy shape, offsets counted from the echoed prompt.
+        # Completions: the legacy shape; with echo the prompt's tokens come first (the first has no logprob), as
+        # OpenAI and vLLM give them and as evaluation harnesses score answers with.
         req = {"model": "tiny", "prompt": "Once upon", "max_tokens": 8, "temperature": 0, "logprobs": 2, "echo": True}
         _, body = self.s.json("POST", "/v1/completions", req)
         lp = body["choices"][0]["logprobs"]
-        self.assertEqual(len(lp["tokens"]), body["usage"]["completion_tokens"])
+        _, toks = self.s.json("POST", "/tokenize", {"model": "tiny", "prompt": "Once upon"})
+        n_prompt = body["usage"]["prompt_tokens"]
+        self.assertEqual(n_prompt, toks["count"])
+        self.assertEqual(len(lp["tokens"]), n_prompt + body["usage"]["completion_tokens"])
         self.assertEqual(len(lp["top_logprobs"]), len(lp["tokens"]))
-        self.assertTrue(all(len(t) <= 2 for t in lp["top_logprobs"]))
-        self.assertEqual(lp["text_offset"][0], len("Once upon"))
+        self.assertIsNone(lp["token_logprobs"][0])
+        self.assertIsNone(lp["top_logprobs"][0])
+        self.assertTrue(all(x <= 0 for x in lp["token_logprobs"][1:]))
+        self.assertTrue(all(len(t) <= 2 for t in lp["top_logprobs"][1:]))
+        self.assertEqual(lp["text_offset"][0], 0)
         self.assertEqual(lp["text_offset"], sorted(lp["text_offset"]))
-        self.assertEqual("Once upon" + "".join(lp["tokens"]), body["choices"][0]["text"])
+        self.assertEqual("".join(lp["tokens"]), body["choices"][0]["text"])
+        # The prompt's last logprob is the one the token had when it was generated: the rows line up.
+        ids = toks["tokens"]
+        _, first = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": 1,
+                                                           "temperature": 0, "logprobs": 1})
+        _, g = self.s.json("POST", "/tokenize", {"model": "tiny", "prompt": first["choices"][0]["text"],
+                                                 "add_special_tokens": False})
+        _, scored = self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": ids + g["tokens"],
+                                                            "max_tokens": 1, "temperature": 0, "logprobs": 1,
+                                                            "echo": True})
+        self.assertEqual(scored["choices"][0]["logprobs"]["token_logprobs"][len(ids)],
+                         first["choices"][0]["logprobs"]["token_logprobs"][0])
+        # Streamed: the same entries, the prompt's in a chunk of their own after the echoed text.
+        _, events, done = self.s.stream("/v1/completions", req)
+        self.assertTrue(done)
+        streamed = [c["logprobs"] for ev in events for c in ev["choices"] if c.get("logprobs")]
+        self.assertEqual(sum((x["token_logprobs"] for x in streamed), []), lp["token_logprobs"])
+        self.assertEqual(sum((x["text_offset"] for x in streamed), []), lp["text_offset"])
 
         # logit_bias by token id: -100 bans the greedy first token, +100 forces another.
         with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:

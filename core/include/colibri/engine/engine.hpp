@@ -100,6 +100,7 @@ class Engine {
     Sequence* sequence = nullptr;
     std::span<const std::int32_t> tokens;  // run at sequence->n_past ..; appended to its KV cache
     std::vector<float>* logits = nullptr;  // non-null: the last token's [vocab] logits
+    bool all_logits = false;               // with logits: every token's, [tokens x vocab] (prompt logprobs)
   };
   // Runs every item's tokens in one pass: per-token ops over the union of all tokens (each routed expert is read
   // once and runs all its tokens together), attention per sequence. Each sequence gets exactly the logits a

@@ -37,8 +37,9 @@ struct GenerationRequest {
   bool json_object = false;  // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
   std::shared_ptr<const engine::JsonSchema> json_schema;  // JSON mode: the object must also conform to this
   std::int64_t min_tokens = 0;                            // end tokens are banned until this many tokens are generated
-  bool ignore_eos = false;    // end tokens are banned throughout: generation ends by length, stop or context
-  bool keep_special = false;  // special tokens are decoded into the text (a tool call marker that is one)
+  bool ignore_eos = false;       // end tokens are banned throughout: generation ends by length, stop or context
+  bool keep_special = false;     // special tokens are decoded into the text (a tool call marker that is one)
+  bool prompt_logprobs = false;  // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
 };
 
 struct GenerationEvent {
@@ -46,7 +47,10 @@ struct GenerationEvent {
   Kind kind = Kind::text;
   std::string text;                            // text: the new final text
   std::vector<engine::TokenLogprob> logprobs;  // text: the tokens generated with it (when asked for)
-  std::string finish_reason;                   // finished: "eos" | "stop" | "length" | "context" | "cancelled"
+  // text: prompt tokens' logprobs (prompt_logprobs), in order over the events; the first token's is NaN (nothing
+  // predicts it)
+  std::vector<engine::TokenLogprob> prompt_logprobs;
+  std::string finish_reason;  // finished: "eos" | "stop" | "length" | "context" | "cancelled"
   std::int64_t prompt_tokens = 0;
   std::int64_t cached_tokens = 0;  // of the prompt, taken from an earlier request's KV cache instead of being run
   std::int64_t completion_tokens = 0;
@@ -124,6 +128,8 @@ class Scheduler {
   void loop();
   void step(std::vector<std::unique_ptr<Sequence>>& active);
   void release_state(Sequence& seq);
+  // prompt_logprobs: the logprobs of the prompt tokens the prefill chunk of `rows` tokens just predicted.
+  void emit_prompt_logprobs(Sequence& seq, std::size_t rows);
   void finish(Sequence& seq, const std::string& reason);
   void fail(Sequence& seq, const ApiError& error);
   void count_routing(const std::vector<engine::RoutingRecord>& trace);
