@@ -215,13 +215,11 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const Pl
                                                "a supported block type (q8_0, q4_0, q2_k..q6_k)");
   }
   if (p.shape.size() == 1) return TypeChoice{DType::f32, std::nullopt};  // vectors stay f32, as llama.cpp keeps them
-  if (st != nullptr && st->quantized) {
-    if (!quant::is_supported(src.type)) {
-      return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +
-                                                 ", which colibri cannot run or convert; use a GGUF with f16, bf16, "
-                                                 "q8_0, q4_0 or q2_k..q6_k tensors");
-    }
-    return TypeChoice{src.type, std::nullopt};  // already quantized: copied, never re-quantized
+  const bool quantized = st != nullptr && st->quantized;
+  if (quantized && !quant::is_supported(src.type)) {
+    return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +
+                                               ", which colibri cannot run or convert; use a GGUF with f16, bf16, "
+                                               "q8_0, q4_0 or q2_k..q6_k tensors");
   }
   quant::ModelShape shape;
   shape.n_layers = static_cast<int>(hp.num_layers);
@@ -235,6 +233,14 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const Pl
   desc.row_elems = src.cols;
   auto c = quant::choose_type(*preset, shape, desc);
   if (!c) return c.error().with_context("choosing the type of '" + p.name + "'");
+  if (quantized) {
+    // Already quantized: copied, never re-quantized (that would only lose more); listed when the preset wanted
+    // another type, so the summary and the manifest say what the model really holds.
+    if (c->type == src.type) return TypeChoice{src.type, std::nullopt};
+    return TypeChoice{
+        src.type, ConvertFallback{p.name, std::string(sdk::to_string(c->type)), std::string(sdk::to_string(src.type)),
+                                  "already quantized in the input: copied, not re-quantized"}};
+  }
   if (!c->fallback) return TypeChoice{c->type, std::nullopt};
   return TypeChoice{c->type, ConvertFallback{p.name, std::string(sdk::to_string(c->preset_type)),
                                              std::string(sdk::to_string(c->type)), c->reason}};
@@ -339,15 +345,14 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
   const std::int64_t chunk_rows = std::min<std::int64_t>(src.rows, per_thread * std::max(1, threads));
   std::vector<char> in_buf(src_row * static_cast<std::size_t>(chunk_rows));
   std::vector<char> out_buf(src.type == target ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
-  // Float tensors copied as they are are still read once for non-finite values (block types are checked when
-  // re-quantized; a copied block's bytes are not decoded, to keep GGUF copies at disk speed).
-  const bool check_copy =
-      src.type == target && (src.type == DType::f32 || src.type == DType::f16 || src.type == DType::bf16);
+  // Tensors copied as they are (floats, and a GGUF's quantized blocks) are still decoded once for non-finite values:
+  // a damaged block scale would otherwise reach the model as NaN logits. The SIMD dequantizers outrun the disk.
+  const bool check_copy = src.type == target;
   // The largest magnitude the target holds: f16's largest value; block types store f16 scales of about amax / 127
-  // (q8_0) down to amax / 945 (q4_k), so 2^20 keeps every scale finite.
-  const float limit = target == DType::f16                            ? 65504.0f
-                      : target == DType::f32 || target == DType::bf16 ? std::numeric_limits<float>::max()
-                                                                      : 1048576.0f;
+  // (q8_0) down to amax / 945 (q4_k), so 2^20 keeps every scale finite. A copy only has to be finite.
+  const float limit = target == DType::f16 && !check_copy                           ? 65504.0f
+                      : check_copy || target == DType::f32 || target == DType::bf16 ? std::numeric_limits<float>::max()
+                                                                                    : 1048576.0f;
   std::vector<float> scratch(src.type == target && !check_copy ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
   for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk_rows) {
     const std::int64_t n = std::min(chunk_rows, src.rows - r0);
@@ -727,6 +732,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   const fs::path output = fs::absolute(opt.output, ec).lexically_normal();
   fs::path out_clean = output;
   if (out_clean.filename().empty()) out_clean = out_clean.parent_path();
+  if (fs::is_symlink(fs::symlink_status(out_clean, ec))) {
+    // The link names where the model lives: that directory is written (next to it, on its disk) and the link stays.
+    const fs::path real = fs::weakly_canonical(out_clean, ec);
+    if (ec) return Status(StatusCode::io_error, "cannot resolve the link " + out_clean.string() + ": " + ec.message());
+    out_clean = real;
+  }
   if (fs::exists(out_clean, ec) && !opt.force) {
     return Status(StatusCode::invalid_argument, "output " + out_clean.string() +
                                                     " already exists; pass --force to replace it (the old model is "

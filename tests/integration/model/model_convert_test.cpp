@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "colibri/model/convert.hpp"
+#include "colibri/model/gguf.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/model/verify.hpp"
@@ -400,6 +401,42 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
   }
 }
 
+TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {
+  // A q8_0 GGUF (ggml's reference quantizer, as llama-quantize writes it) against the f32 checkpoint at q8_0.
+  const fs::path src = fixture("mixtral-q8gguf", "--arch mixtral --dtype f32 --gguf-dtype q8_0");
+  const fs::path gguf = src.string() + ".gguf";
+  const fs::path from_st = fresh_output("q8 from st"), copied = fresh_output("q8 copied");
+  convert_ok(src, from_st, "q8_0");
+  EXPECT_TRUE(convert_ok(gguf, copied, "q8_0").fallbacks.empty());
+  expect_identical_models(from_st, copied);
+  // Asked for another preset, its blocks are still copied (never re-quantized), and the summary and the manifest
+  // say so for every tensor the preset wanted otherwise.
+  const fs::path other = fresh_output("q8 as q4_k_m");
+  const auto summary = convert_ok(gguf, other, "q4_k_m");
+  ASSERT_FALSE(summary.fallbacks.empty());
+  for (const auto& f : summary.fallbacks) {
+    EXPECT_EQ(f.used, "q8_0") << f.tensor;
+    EXPECT_NE(f.wanted, "q8_0") << f.tensor;
+    EXPECT_EQ(f.reason, "already quantized in the input: copied, not re-quantized");
+  }
+  EXPECT_NE(slurp(other / "manifest.json").find("already quantized in the input"), std::string::npos);
+  // A NaN block scale is refused by tensor, row and column, not copied into NaN logits.
+  auto g = GgufFile::open(gguf);
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  const auto* t = g->find_tensor("output.weight");
+  ASSERT_NE(t, nullptr);
+  const fs::path bad = kWork / "bad" / "nan-scale.gguf";
+  fs::create_directories(bad.parent_path());
+  fs::copy_file(gguf, bad, fs::copy_options::overwrite_existing);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t->offset + 34));  // the second block's f16 scale
+    const unsigned char nan_f16[2] = {0x00, 0x7e};
+    f.write(reinterpret_cast<const char*>(nan_f16), 2);
+  }
+  expect_clean_failure(bad, "converting tensor 'output.weight': corrupt_data: row 0, column 32 holds nan", "nan scale");
+}
+
 TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
   const fs::path src = fixture("olmoe-bf16", "--arch olmoe --dtype bf16 --shards 2");
   const fs::path out = fresh_output("force");
@@ -426,6 +463,17 @@ TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
   auto m = load_manifest(out);
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->quantization["preset"], "bf16");
+  EXPECT_FALSE(partial_left(out));
+  // --force through a symlink replaces the model it points to, on that disk, and keeps the link.
+  const fs::path link = fresh_output("force link");
+  fs::create_directory_symlink(out, link);
+  o.output = link;
+  o.preset = "q8_0";
+  ASSERT_TRUE(convert_model(o).has_value());
+  EXPECT_TRUE(fs::is_symlink(link));
+  auto through = load_manifest(out);
+  ASSERT_TRUE(through.has_value());
+  EXPECT_EQ(through->quantization["preset"], "q8_0");
   EXPECT_FALSE(partial_left(out));
 }
 
