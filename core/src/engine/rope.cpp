@@ -139,6 +139,18 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
         inv[i] = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
       }
       r.attention_scaling_ = static_cast<float>(attention);
+    } else if (type == "freq_factors") {
+      // llama.cpp's rope_freqs: each rotated pair's frequency divided by its factor.
+      if (!rs.contains("factors") || !rs["factors"].is_array() || rs["factors"].size() != inv.size()) {
+        return bad("freq_factors needs \"factors\", one per rotated pair (" + std::to_string(inv.size()) + ")");
+      }
+      for (std::size_t i = 0; i < inv.size(); ++i) {
+        const auto& f = rs["factors"][i];
+        if (!f.is_number() || !(f.get<double>() > 0) || !std::isfinite(f.get<double>())) {
+          return bad("factors[" + std::to_string(i) + "] must be a finite number > 0");
+        }
+        inv[i] /= f.get<double>();
+      }
     } else {
       return Status(StatusCode::unsupported, "manifest.json hparams.rope_scaling: rope_type '" + type +
                                                  "' is not supported (supported: " + model::rope_types_text() + ")");

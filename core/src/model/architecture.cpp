@@ -1,6 +1,8 @@
 #include "model/architecture.hpp"
 
+#include <cmath>
 #include <map>
+#include <vector>
 
 namespace colibri::model {
 
@@ -234,10 +236,41 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.rms_norm_eps = g.get_float(*ga + ".attention.layer_norm_rms_epsilon").value_or(1e-6);
   h.sliding_window = opt("attention.sliding_window", 0);
   if (auto st = g.get_string(*ga + ".rope.scaling.type"); st && *st != "none") {
+    // The types llama.cpp writes; Llama 3's scaling comes as the rope_freqs tensor instead (below).
+    if (*st != "linear" && *st != "yarn") {
+      return Status(StatusCode::unsupported, where + ": " + *ga + ".rope.scaling.type '" + *st +
+                                                 "' is not supported (linear, yarn, or none with a rope_freqs "
+                                                 "tensor); convert from the HF checkpoint instead");
+    }
     h.rope_scaling = {{"rope_type", *st}, {"factor", g.get_float(*ga + ".rope.scaling.factor").value_or(1.0)}};
     if (auto o = g.get_int(*ga + ".rope.scaling.original_context_length")) {
       h.rope_scaling["original_max_position_embeddings"] = *o;
     }
+  }
+  if (const auto* rf = g.find_tensor("rope_freqs.weight")) {
+    // llama.cpp's Llama 3.1 layout: a divisor per rotated pair of every head's frequencies.
+    const std::int64_t pairs = h.head_dim / 2;
+    if (!h.rope_scaling.is_null()) {
+      return Status(StatusCode::unsupported, where + ": rope_freqs.weight together with " + *ga +
+                                                 ".rope.scaling.type is not supported; convert from the HF "
+                                                 "checkpoint instead");
+    }
+    if (rf->type != sdk::DType::f32 || rf->ne.size() != 1 || rf->ne[0] != pairs) {
+      return Status(StatusCode::invalid_argument, where + ": rope_freqs.weight must be f32 [" + std::to_string(pairs) +
+                                                      "] (one factor per rotated pair of head_dim); the file is "
+                                                      "damaged or from an unknown converter");
+    }
+    std::vector<float> f(static_cast<std::size_t>(pairs));
+    if (auto s = g.read(*rf, 0, f.data(), f.size() * sizeof(float)); !s) return s;
+    nlohmann::json factors = nlohmann::json::array();
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (!(f[i] > 0) || !std::isfinite(f[i])) {
+        return Status(StatusCode::corrupt_data, where + ": rope_freqs.weight[" + std::to_string(i) + "] is " +
+                                                    std::to_string(f[i]) + "; factors must be finite and > 0");
+      }
+      factors.push_back(f[i]);
+    }
+    h.rope_scaling = {{"rope_type", "freq_factors"}, {"factors", std::move(factors)}};
   }
   const std::int64_t n_exp = opt("expert_count", 0);
   if (*ga == "llama") {

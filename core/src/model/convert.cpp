@@ -703,6 +703,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       }
     }
     std::vector<std::string> unused;
+    used.insert("rope_freqs.weight");  // read into the hyper-parameters (rope_scaling freq_factors)
     if (in.is_gguf) {
       for (const auto& t : in.gguf->tensors()) {
         if (!used.count(t.name)) unused.push_back(t.name);

@@ -222,6 +222,15 @@ Status validate_rope_scaling(const json& rs) {
                              "; it must be a finite number");
     }
   }
+  if (rs.contains("factors")) {
+    const json& f = rs["factors"];
+    if (!f.is_array() || f.empty() || f.size() > 65536) return need(false, "factors must be a non-empty array");
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      if (!f[i].is_number() || !std::isfinite(f[i].get<double>()) || f[i].get<double>() <= 0) {
+        return need(false, "factors[" + std::to_string(i) + "] is " + f[i].dump() + "; it must be a number > 0");
+      }
+    }
+  }
   auto positive = [&](const char* key) -> Status {
     if (!rs.contains(key) || rs[key].is_null() || rs[key].get<double>() > 0) return {};
     return need(false, std::string(key) + " is " + rs[key].dump() + "; it must be > 0");

@@ -102,6 +102,32 @@ for _name in VARIANTS:
     setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
 
 
+class Gguf(unittest.TestCase):
+    def test_llama3_rope_from_rope_freqs_matches_the_reference(self):
+        """llama.cpp writes Llama 3.1's rope scaling as a rope_freqs tensor (no scaling type): the GGUF must give the
+        logits of the HF checkpoint, whose config names llama3 scaling."""
+        ckpt = os.path.join(WORK, "llama-gguf")
+        if not os.path.exists(ckpt + ".gguf"):
+            subprocess.run([sys.executable, GEN, "--arch", "llama", "--out", ckpt, "--dtype", "f32", "--gguf",
+                            ckpt + ".gguf"], check=True, capture_output=True)
+        model = ckpt + "-f32"
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
+            self.assertNotIn("rope_freqs", p.stdout + p.stderr, "the tensor is used, not skipped")
+        with open(os.path.join(model, "manifest.json")) as f:
+            self.assertEqual(json.load(f)["hparams"]["rope_scaling"]["rope_type"], "freq_factors")
+        tokens = TOKENS * 5  # positions far enough out for the scaling to show
+        got = np.load(logits(model, "--kv-type", "f32", tokens=tokens))
+        cfg, W = reference.load_checkpoint(ckpt)
+        self.assertEqual(cfg["rope_scaling"]["rope_type"], "llama3")
+
+        def rel_error(config):
+            want = reference.forward(config, W, tokens, [])
+            return (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
+        self.assertLessEqual(rel_error(cfg), 1e-4)
+        self.assertGreater(rel_error(dict(cfg, rope_scaling=None)), 1e-3, "unscaled rope would have been noticed")
+
+
 def kl(p_logits, q_logits):
     def logsoftmax(x):
         x = x.astype(np.float64)

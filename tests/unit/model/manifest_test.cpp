@@ -220,7 +220,10 @@ TEST(HyperParams, RopeScalingValuesTheRopeDividesByAreChecked) {
   expect_invalid(with(json::array()), "rope_scaling must be an object or null");
   expect_invalid(with({{"rope_type", "longrope"}, {"factor", 4}}),
                  "rope_scaling.rope_type 'longrope' is not supported (supported: default, linear, dynamic, llama3, "
-                 "yarn)");
+                 "yarn, freq_factors)");
+  expect_invalid(with({{"rope_type", "freq_factors"}, {"factors", {1.0, 0.0}}}),
+                 "rope_scaling.factors[1] is 0.0; it must be a number > 0");
+  expect_invalid(with({{"rope_type", "freq_factors"}, {"factors", "x"}}), "rope_scaling.factors must be a non-empty");
   expect_invalid(with({{"type", "su"}}), "rope_scaling.type 'su' is not supported");
   EXPECT_TRUE(with({{"rope_type", "yarn"}, {"type", "su"}, {"factor", 4}}).validate().is_ok());
   auto h = tiny_hparams();

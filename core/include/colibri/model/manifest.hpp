@@ -72,7 +72,9 @@ struct HyperParams {
 };
 
 // The rope_scaling types the engine's rope implements (HuggingFace's names), and them as "a, b, c" for messages.
-inline constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+// "freq_factors" is colibri's own: "factors" lists a divisor per rotated pair (inv_freq[i] / factors[i]), what
+// llama.cpp stores as the rope_freqs tensor of Llama 3.1-style GGUFs.
+inline constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "llama3", "yarn", "freq_factors"};
 bool is_supported_rope_type(const std::string& type);
 std::string rope_types_text();
 
