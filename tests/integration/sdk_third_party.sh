@@ -9,6 +9,12 @@ cmake --install "$build" --prefix "$work/prefix" --component sdk >/dev/null
 test -f "$work/prefix/lib/cmake/ColibriSDK/ColibriSDKConfig.cmake"
 test -f "$work/prefix/include/colibri/sdk/sdk.hpp"
 test -f "$work/prefix/lib/pkgconfig/colibri-sdk.pc"
+# pkg-config points into the prefix the SDK was installed to, not the configured one.
+if command -v pkg-config >/dev/null; then
+  cflags=$(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags colibri-sdk)
+  inc=$(echo "$cflags" | tr ' ' '\n' | sed -n 's/^-I//p')
+  test -f "$inc/colibri/sdk/sdk.hpp" || { echo "pkg-config --cflags points elsewhere: $cflags"; exit 1; }
+fi
 
 cmake -S "$example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" >/dev/null
@@ -37,4 +43,11 @@ if out=$(COLIBRI_PLUGIN_PATH="$work/build" "$cli" profile show --profile "$work/
 fi
 echo "$out" | grep -q "typo.yaml:3:3: unknown key 'cache.log_evictons'; did you mean 'cache.log_evictions'?" \
   || { echo "bad error: $out"; exit 1; }
+# plugins.paths in a profile: relative to that file, and a missing directory is named.
+mkdir -p "$work/profiles"
+printf 'plugins:\n  paths: [../build, ../nowhere]\ncache:\n  policy: fifo\n' > "$work/profiles/rel.yaml"
+out=$(cd / && "$cli" profile show --profile "$work/profiles/rel.yaml" 2>&1) || { echo "relative plugins.paths: $out"; exit 1; }
+echo "$out" | grep -q "cache.policy = fifo" || { echo "fifo not found through a relative path: $out"; exit 1; }
+echo "$out" | grep -q "plugin directory $work/nowhere (from profile plugins.paths) does not exist" \
+  || { echo "missing directory not named: $out"; exit 1; }
 echo "third-party plugin: all checks passed"

@@ -44,7 +44,8 @@ int list_plugins(const GlobalOptions& global, const PluginsOptions& opts) {
     }
     out["broken"] = nlohmann::json::array();
     for (const auto& b : reg.broken()) out["broken"].push_back({{"path", b.path.string()}, {"reason", b.reason}});
-    std::cout << out.dump(2) << "\n";
+    // A file name or a plugin's text that is not UTF-8 comes out with U+FFFD instead of failing the whole listing.
+    std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
   if (reg.plugins().empty()) {

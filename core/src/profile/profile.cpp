@@ -228,9 +228,16 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
         return Status(StatusCode::invalid_argument,
                       iwhere + ": '" + key + "' takes a single " + std::string(to_string(spec->type)) + ", not a list");
       }
+      for (const auto& earlier : layer.values) {
+        if (earlier.key == key) {  // YAML would keep the last silently; one of the two is a mistake
+          return Status(StatusCode::invalid_argument, iwhere + ": '" + key + "' is set twice (first at " +
+                                                          earlier.origin.key_location + "); keep one");
+        }
+      }
       const YAML::Mark vm = v.IsNull() ? item.first.Mark() : v.Mark();
-      layer.values.push_back({key, v.IsNull() ? "" : node_text(v),
-                              Origin{Origin::Layer::profile, layer.name + " (" + mark_of(file, vm) + ")", iwhere}});
+      layer.values.push_back(
+          {key, v.IsNull() ? "" : node_text(v),
+           Origin{Origin::Layer::profile, layer.name + " (" + mark_of(file, vm) + ")", iwhere, file}});
     }
   }
   return layer;
@@ -240,8 +247,9 @@ bool looks_like_path(std::string_view s) {
   return s.find('/') != std::string_view::npos || s.ends_with(".yaml") || s.ends_with(".yml");
 }
 
+// `except`: a file that does not count (a profile that extends its own name means the one it shadows).
 sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& relative_to,
-                                     const std::vector<fs::path>& dirs) {
+                                     const std::vector<fs::path>& dirs, const fs::path& except = {}) {
   std::vector<fs::path> candidates;
   if (looks_like_path(name)) {
     fs::path p(name);
@@ -251,9 +259,16 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
     if (!relative_to.empty()) candidates.push_back(relative_to / (name + ".yaml"));
     for (const auto& d : dirs) candidates.push_back(d / (name + ".yaml"));
   }
+  std::error_code ec;
+  const fs::path skip = except.empty() ? fs::path() : fs::weakly_canonical(except, ec);
   for (const auto& c : candidates) {
-    std::error_code ec;
-    if (fs::is_regular_file(c, ec)) return c;
+    if (!fs::is_regular_file(c, ec)) continue;
+    if (!skip.empty() && fs::weakly_canonical(c, ec) == skip) continue;
+    return c;
+  }
+  if (looks_like_path(name) && fs::is_directory(candidates.front(), ec)) {
+    return Status(StatusCode::invalid_argument,
+                  "profile '" + name + "' is a directory; name a profile file (.yaml) or a profile name");
   }
   std::string msg = "profile '" + name + "' was not found; looked in:";
   for (const auto& c : candidates) msg += "\n  " + c.string();
@@ -396,7 +411,8 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
         const std::string parent = layer->extends;
         chain.push_back(std::move(*layer));
         if (parent.empty()) break;
-        auto next = find_profile(parent, file.parent_path(), dirs);
+        // `extends: cpu` in a user's own cpu.yaml means the cpu profile it shadows, further down the search order.
+        auto next = find_profile(parent, file.parent_path(), dirs, file);
         if (!next) return next.error().with_context(file.string() + ": extends '" + parent + "'");
         file = *next;
       }
@@ -429,7 +445,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     for (const auto& o : kCanonical) {
       const std::string name = env_name(o.name);
       if (auto it = env.find(name); it != env.end()) {
-        if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name, {}}); !st) return st;
+        if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name, {}, {}}); !st) return st;
       }
     }
 
@@ -448,7 +464,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
         return Status(StatusCode::invalid_argument,
                       shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
       }
-      if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown, {}}); !st) return st;
+      if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown, {}, {}}); !st) return st;
     }
     return prof;
   } catch (const std::exception& e) {
@@ -497,7 +513,7 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
     }
     entries_[key] =
         Entry{key, o.default_value, *v,
-              Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'", {}}, true};
+              Origin{Origin::Layer::builtin, section + " plugin '" + std::string(plugin_name) + "'", {}, {}}, true};
   }
   return {};
 }

@@ -1,5 +1,7 @@
 #include "colibri/registry/plugin_set.hpp"
 
+#include <cstdlib>
+
 #include "colibri/util/host_info.hpp"
 
 namespace colibri::registry {
@@ -19,7 +21,18 @@ sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const
 }
 
 PluginRegistry scan_for_profile(const profile::Profile& profile) {
-  return PluginRegistry::scan(default_search_path(profile.get_list("plugins.paths")), util::host_info());
+  // As a shell would read them: ~ is the home directory; a relative entry of a profile file starts at that file's
+  // directory (as `extends` does), one from a flag or the environment at the working directory.
+  std::vector<std::string> paths = profile.get_list("plugins.paths");
+  const profile::Entry* entry = profile.find("plugins.paths");
+  const char* home = std::getenv("HOME");
+  for (auto& p : paths) {
+    if ((p == "~" || p.starts_with("~/")) && home != nullptr && *home != '\0') p = std::string(home) + p.substr(1);
+    if (!p.empty() && p.front() != '/' && entry != nullptr && !entry->origin.file.empty()) {
+      p = (entry->origin.file.parent_path() / p).lexically_normal().string();
+    }
+  }
+  return PluginRegistry::scan(default_search_path(paths), util::host_info());
 }
 
 }  // namespace colibri::registry

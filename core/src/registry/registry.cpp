@@ -1,11 +1,17 @@
 #include "colibri/registry/registry.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/dll/shared_library.hpp>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -61,6 +67,76 @@ bool valid_name(std::string_view n) {
   return std::all_of(n.begin(), n.end(),
                      [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
 }
+
+// What dlopen would refuse with a misleading reason (glibc says "No such file or directory" for a library of
+// another architecture): the ELF header says what the file is. "" when it looks like a library for this machine.
+std::string elf_problem(const fs::path& file) {
+  unsigned char h[EI_NIDENT + 4] = {};
+  std::ifstream in(file, std::ios::binary);
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  if (in.gcount() < static_cast<std::streamsize>(sizeof h) || std::memcmp(h, ELFMAG, SELFMAG) != 0) {
+    return "is not a shared library (no ELF header); remove it from the plugin directory";
+  }
+  if (h[EI_CLASS] != ELFCLASS64) return "is a 32-bit library; rebuild it as a 64-bit one against colibri-sdk";
+  std::uint16_t machine = 0;
+  std::memcpy(&machine, h + EI_NIDENT + 2, sizeof machine);  // e_machine follows e_type
+#if defined(__x86_64__)
+  constexpr std::uint16_t kHost = EM_X86_64;
+  constexpr const char* kHostName = "x86-64";
+#elif defined(__aarch64__)
+  constexpr std::uint16_t kHost = EM_AARCH64;
+  constexpr const char* kHostName = "aarch64";
+#else
+  constexpr std::uint16_t kHost = 0;
+  constexpr const char* kHostName = "";
+#endif
+  if (kHost != 0 && machine != kHost) {
+    return "is built for another processor (ELF machine " + std::to_string(machine) + "), this colibri runs on " +
+           kHostName + "; rebuild it for this machine";
+  }
+  return {};
+}
+
+// A plugin that crashes while colibri calls into it (loading, scoring, creating) would end the process with no word
+// of which file it was: while a call runs, fatal signals first print it, then take their usual course.
+std::atomic<const char*> g_plugin_call{nullptr};
+constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+void on_fatal_signal(int sig) {
+  if (const char* what = g_plugin_call.load()) {
+    constexpr char kPrefix[] = "\nfatal: a plugin crashed (signal ";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, kPrefix, sizeof kPrefix - 1);
+    char num[4] = {static_cast<char>('0' + sig / 10 % 10), static_cast<char>('0' + sig % 10), ')', ' '};
+    n = ::write(STDERR_FILENO, sig >= 10 ? num : num + 1, sig >= 10 ? 4 : 3);
+    n = ::write(STDERR_FILENO, what, std::strlen(what));
+    constexpr char kSuffix[] = "; remove it from the plugin directory or rebuild it against this colibri\n";
+    n = ::write(STDERR_FILENO, kSuffix, sizeof kSuffix - 1);
+  }
+  std::signal(sig, SIG_DFL);  // returning re-runs the fault (or abort() re-raises) under the default action
+}
+
+class PluginCall {
+ public:
+  explicit PluginCall(std::string what) : what_(std::move(what)) {
+    struct sigaction sa {};
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &sa, &saved_[i]);
+    outer_ = g_plugin_call.exchange(what_.c_str());
+  }
+  ~PluginCall() {
+    g_plugin_call.store(outer_);
+    for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &saved_[i], nullptr);
+  }
+  PluginCall(const PluginCall&) = delete;
+  PluginCall& operator=(const PluginCall&) = delete;
+
+ private:
+  std::string what_;
+  const char* outer_ = nullptr;  // a call this one runs inside
+  struct sigaction saved_[std::size(kFatalSignals)]{};
+};
 
 }  // namespace
 
@@ -134,6 +210,19 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   if (d->score == nullptr || d->create == nullptr) {
     return Status(StatusCode::invalid_argument, "plugin " + where + " has no score() or create() function");
   }
+  for (std::size_t i = 0; i < d->options.size(); ++i) {
+    const auto& o = d->options[i];
+    const bool named =
+        o.name != nullptr && valid_name(o.name) && std::string_view(o.name).find('-') == std::string_view::npos;
+    if (!named || o.default_value == nullptr || o.doc == nullptr ||
+        static_cast<unsigned>(o.type) > static_cast<unsigned>(sdk::OptionType::string_list)) {
+      return Status(StatusCode::invalid_argument,
+                    "plugin " + where + ": option " + std::to_string(i) +
+                        (o.name != nullptr && named ? " ('" + std::string(o.name) + "')" : "") +
+                        " needs a name (a-z, 0-9, '_'), a known type, a default and a doc string; fix its options "
+                        "table and rebuild it");
+    }
+  }
   return {};
 }
 
@@ -143,7 +232,15 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
   reg.search_path_ = std::move(search_path);
   for (const auto& dir : reg.search_path_) {
     std::error_code ec;
-    if (!fs::is_directory(dir.path, ec)) continue;
+    if (!fs::is_directory(dir.path, ec)) {
+      // The built-in places may well be absent; a directory the user named should not be, silently.
+      if (dir.origin != "install dir" && dir.origin != "next to the executable") {
+        spdlog::warn("plugin directory {} (from {}) {}; its plugins are not loaded", dir.path.string(), dir.origin,
+                     fs::exists(dir.path, ec) ? "is not a directory (name the directory that holds the .so files)"
+                                              : "does not exist");
+      }
+      continue;
+    }
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(dir.path, ec)) {
       const std::string fname = entry.path().filename().string();
@@ -156,8 +253,13 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
 }
 
 void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
+  if (auto why = elf_problem(file); !why.empty()) {
+    broken_.push_back({file, why});
+    return;
+  }
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
+  PluginCall call("while loading " + file.string());
   lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
   if (ec || !lib->is_loaded()) {
     const char* err = dlerror();
@@ -189,7 +291,10 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
   info.build_fingerprint = d->header.build_fingerprint;
   info.options.assign(d->options.begin(), d->options.end());
   for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");
-  info.score = d->score(host);
+  {
+    PluginCall scoring("in score() of " + file.string());
+    info.score = d->score(host);
+  }
   if (info.score.value < 0) info.score.value = 0;
   info.descriptor = d;
   info.library = lib;
@@ -262,7 +367,11 @@ sdk::Expected<std::shared_ptr<sdk::PluginObject>> PluginRegistry::create(const P
   ctx.config = &config;
   ctx.host = host.get();
   ctx.host_info = &host_;
-  auto made = plugin.descriptor->create(ctx);
+  sdk::Expected<sdk::PluginObject*> made = nullptr;
+  {
+    PluginCall creating("in create() of " + plugin.path.string());
+    made = plugin.descriptor->create(ctx);
+  }
   const std::string who =
       std::string(to_string(plugin.kind)) + " plugin '" + plugin.name + "' (" + plugin.path.string() + ")";
   if (!made) return made.error().with_context(who + " failed to create");

@@ -120,6 +120,34 @@ TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   EXPECT_THAT(p.error().message(), HasSubstr("cycle"));
 }
 
+TEST_F(ProfileTest, AProfileExtendingItsOwnNameExtendsTheOneItShadows) {
+  // A user's ~/.config/colibri/profiles/cpu.yaml with `extends: cpu` builds on the shipped cpu profile.
+  const fs::path user = dir_ / "user", shipped = dir_ / "shipped";
+  fs::create_directories(user);
+  fs::create_directories(shipped);
+  std::ofstream(shipped / "cpu.yaml") << "memory: {expert_cache: 4G}\nstorage: {queue_depth: 8}\n";
+  std::ofstream(user / "cpu.yaml") << "extends: cpu\nmemory:\n  expert_cache: 2G\n";
+  LoadOptions o;
+  o.profile = "cpu";
+  o.use_process_environment = false;
+  o.search_dirs = {user, shipped};
+  auto p = Profile::load(o);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("memory.expert_cache"), 2LL << 30);
+  EXPECT_EQ(p->get_int("storage.queue_depth"), 8);
+  ASSERT_EQ(p->files().size(), 2u);
+  EXPECT_EQ(p->files()[1], shipped / "cpu.yaml");
+}
+
+TEST_F(ProfileTest, AKeySetTwiceIsAnErrorNotTheLastSilently) {
+  auto p = load(write("twice.yaml", "memory:\n  expert_cache: 1.5G\n  expert_cache: 2G\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("twice.yaml:3:3: 'memory.expert_cache' is set twice (first at "));
+  auto sections = load(write("sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n").string());
+  ASSERT_FALSE(sections);
+  EXPECT_THAT(sections.error().message(), HasSubstr("is set twice"));
+}
+
 TEST_F(ProfileTest, PrecedenceCliOverEnvironmentOverProfile) {
   write("p.yaml", "prefetch: {layers: 1}\nstorage: {queue_depth: 4}\nserver: {port: 9000}\n");
   auto p = load("p", {{"prefetch.layers", "3", "--prefetch-layers"}},

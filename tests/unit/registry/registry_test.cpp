@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -84,7 +85,37 @@ TEST(Registry, ReportsAFileThatIsNotALibrary) {
   std::ofstream(dir / "libcolibri-storage-garbage.so") << "this is not an ELF file";
   auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
   EXPECT_TRUE(reg.plugins().empty());
-  EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("cannot be loaded"));
+  EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("is not a shared library (no ELF header)"));
+}
+
+TEST(Registry, ALibraryForAnotherMachineIsNamedAsSuch) {
+  // glibc's dlopen says "No such file or directory" for these; the ELF header tells what they are.
+  const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "foreign";
+  fs::create_directories(dir);
+  auto write_elf = [&](const std::string& name, unsigned char elf_class, std::uint16_t machine) {
+    unsigned char h[64] = {0x7f, 'E', 'L', 'F', elf_class, 1, 1};
+    h[16] = 3;  // ET_DYN
+    std::memcpy(h + 18, &machine, sizeof machine);
+    std::ofstream(dir / ("libcolibri-storage-" + name + ".so"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(h), sizeof h);
+  };
+  write_elf("arm", 2, 183);  // ELFCLASS64, EM_AARCH64
+  write_elf("old", 1, 3);    // ELFCLASS32, EM_386
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_THAT(broken_reason(reg, "arm"), HasSubstr("is built for another processor (ELF machine 183)"));
+  EXPECT_THAT(broken_reason(reg, "old"), HasSubstr("is a 32-bit library"));
+}
+
+TEST(Registry, AnOptionTableWithoutANameIsRefusedNotDereferenced) {
+  auto reg = scan({"option_without_name"});
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_THAT(broken_reason(reg, "noname"), HasSubstr("option 0 needs a name"));
+}
+
+TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
+  EXPECT_DEATH(scan({"score_crashes"}),
+               "a plugin crashed .signal 11. in score.. of [^ ]*libcolibri-storage-fixture-crash.so; remove it");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {

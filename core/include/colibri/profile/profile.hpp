@@ -20,8 +20,9 @@ namespace colibri::profile {
 struct Origin {
   enum class Layer { builtin, profile, environment, cli };
   Layer layer = Layer::builtin;
-  std::string detail;        // "name (file:line:col)" of the value, the variable name or the flag
-  std::string key_location;  // file:line:col of the key, for "unknown key" errors (files only)
+  std::string detail;          // "name (file:line:col)" of the value, the variable name or the flag
+  std::string key_location;    // file:line:col of the key, for "unknown key" errors (files only)
+  std::filesystem::path file;  // the profile file it was read from (files only): relative paths in it start there
   // Where to point a user at for a problem with the key itself.
   [[nodiscard]] const std::string& key_place() const { return key_location.empty() ? detail : key_location; }
   [[nodiscard]] std::string describe() const;
