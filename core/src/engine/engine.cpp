@@ -135,15 +135,24 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   auto compute_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::compute);
   if (!compute_info) return compute_info.error();
   auto compute = reg.create_as<sdk::Compute>(**compute_info, profile.section("compute"));
-  if (!compute) return compute.error().with_context("creating compute plugin " + (*compute_info)->name);
+  if (!compute) {
+    return registry::with_value_origins(compute.error(), profile, "compute")
+        .with_context("creating compute plugin " + (*compute_info)->name);
+  }
   auto storage_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::storage);
   if (!storage_info) return storage_info.error();
   auto storage = reg.create_as<sdk::Storage>(**storage_info, profile.section("storage"));
-  if (!storage) return storage.error().with_context("creating storage plugin " + (*storage_info)->name);
+  if (!storage) {
+    return registry::with_value_origins(storage.error(), profile, "storage")
+        .with_context("creating storage plugin " + (*storage_info)->name);
+  }
   auto cache_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::cache);
   if (!cache_info) return cache_info.error();
   auto cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
-  if (!cache) return cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+  if (!cache) {
+    return registry::with_value_origins(cache.error(), profile, "cache")
+        .with_context("creating cache plugin " + (*cache_info)->name);
+  }
   if (const auto pins = profile.get_list("cache.pinned_experts"); !pins.empty() && (*cache)->wanted_pins().empty()) {
     spdlog::warn(
         "cache.pinned_experts ({} listed) ignored: cache policy {} does not pin experts; set cache.policy: "

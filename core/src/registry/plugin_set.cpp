@@ -1,5 +1,6 @@
 #include "colibri/registry/plugin_set.hpp"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "colibri/util/host_info.hpp"
@@ -18,6 +19,21 @@ sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const
   }
   if (auto st = profile.apply_plugin_schema(kind, (*selected)->name, (*selected)->options); !st) return st;
   return selected;
+}
+
+sdk::Status with_value_origins(const sdk::Status& error, const profile::Profile& profile, std::string_view section) {
+  std::string places;
+  const std::string prefix = std::string(section) + ".";
+  for (const auto& [key, entry] : profile.entries()) {
+    if (!key.starts_with(prefix) || entry.origin.layer == profile::Origin::Layer::builtin) continue;
+    const auto at = error.message().find(key);
+    if (at == std::string::npos) continue;
+    const char after = at + key.size() < error.message().size() ? error.message()[at + key.size()] : ' ';
+    if (std::isalnum(static_cast<unsigned char>(after)) || after == '_') continue;  // a longer key's prefix
+    places += (places.empty() ? " (" : "; ") + key + " = " + entry.text + " is from " + entry.origin.describe();
+  }
+  if (places.empty()) return error;
+  return sdk::Status(error.code(), error.message() + places + ")");
 }
 
 PluginRegistry scan_for_profile(const profile::Profile& profile) {

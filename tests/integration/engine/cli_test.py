@@ -62,6 +62,10 @@ class Run(unittest.TestCase):
         self.assertIn("context of 8 positions is full", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
         self.assertIn("--top-p", p.stderr)
+        # A plugin's own range check names the value; where it was set comes with it.
+        p = cli("run", "-m", model(), "-p", "hi", "--set", "storage.chunk_kib=-1", check=False)
+        self.assertIn("storage.chunk_kib is -1", p.stderr)
+        self.assertIn("(storage.chunk_kib = -1 is from command line --set storage.chunk_kib=-1)", p.stderr)
         p = cli("run", "-m", os.path.join(WORK, "no-such-model"), "-p", "hi", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-model", p.stderr)
