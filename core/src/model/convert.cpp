@@ -864,11 +864,17 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   }
   if (auto s = io::fsync_directory(tmp / "experts"); !s) return s;
 
-  // 5. Tokenizer files.
+  // 5. Tokenizer files, each with its xxh64: a changed vocabulary or chat template changes every answer.
+  json tokenizer_sums = json::object();
+  auto write_tokenizer_file = [&](const std::string& name, const std::string& text) -> Status {
+    if (auto s = write_text(tmp / name, text); !s) return s;
+    m.tokenizer_files.push_back(name);
+    tokenizer_sums[name] = io::hex64(XXH64(text.data(), text.size(), 0));
+    return {};
+  };
   if (rebuilt) {
-    if (auto s = write_text(tmp / "tokenizer.json", rebuilt->tokenizer_json); !s) return s;
-    if (auto s = write_text(tmp / "tokenizer_config.json", rebuilt->tokenizer_config_json); !s) return s;
-    m.tokenizer_files = {"tokenizer.json", "tokenizer_config.json"};
+    if (auto s = write_tokenizer_file("tokenizer.json", rebuilt->tokenizer_json); !s) return s;
+    if (auto s = write_tokenizer_file("tokenizer_config.json", rebuilt->tokenizer_config_json); !s) return s;
     m.tokenizer = {{"source", "gguf"}, {"model", rebuilt->model}, {"notes", rebuilt->notes}};
     for (const auto& n : rebuilt->notes) summary.warnings.push_back("tokenizer: " + n);
   } else {
@@ -878,10 +884,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       if (!fs::is_regular_file(opt.input / name, ec)) continue;
       auto text = read_text(opt.input / name);
       if (!text) return text.error();
-      if (auto s = write_text(tmp / name, *text); !s) return s;
-      m.tokenizer_files.push_back(name);
+      if (auto s = write_tokenizer_file(name, *text); !s) return s;
     }
   }
+  m.tokenizer["xxh64"] = std::move(tokenizer_sums);
 
   // 6. The manifest last, then publish by rename.
   json types = json::object();

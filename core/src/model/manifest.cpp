@@ -644,8 +644,27 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
       return Status(StatusCode::corrupt_data,
                     "tokenizer file " + t + " is missing from " + io::path_text(dir) + "; re-run convert");
     }
+    if (auto s = check_tokenizer_file(*m, dir, t); !s) return s;
   }
   return m;
+}
+
+Status check_tokenizer_file(const Manifest& m, const fs::path& dir, const std::string& name) {
+  // Manifests from before the checksums were recorded have none: nothing to compare.
+  if (!m.tokenizer.is_object() || !m.tokenizer.contains("xxh64") || !m.tokenizer["xxh64"].is_object()) return {};
+  const json& sums = m.tokenizer["xxh64"];
+  if (!sums.contains(name)) return {};
+  std::uint64_t want = 0;
+  if (!sums[name].is_string() || !io::parse_hex64(sums[name].get<std::string>(), want)) {
+    return Status(StatusCode::corrupt_data, "manifest.json tokenizer.xxh64." + name + " is not a 16-digit hex hash");
+  }
+  auto got = io::hash_file(dir / name);
+  if (!got) return got.error();
+  if (*got != want) {
+    return Status(StatusCode::corrupt_data, "tokenizer: checksum mismatch in " + name +
+                                                " (it changed since convert); restore it or re-run convert");
+  }
+  return {};
 }
 
 std::string describe_model_file(const Manifest& m, const std::string& path) {

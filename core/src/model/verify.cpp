@@ -84,6 +84,8 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   for (const auto& t : m->tokenizer_files) {
     if (!fs::is_regular_file(dir / t, ec)) {
       report.problems.push_back({t, "tokenizer", "missing", "tokenizer: " + t + " is missing; re-run convert"});
+    } else if (auto s = check_tokenizer_file(*m, dir, t); !s) {
+      report.problems.push_back({t, "tokenizer", "checksum mismatch", s.message()});
     }
   }
   return report;

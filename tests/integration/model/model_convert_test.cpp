@@ -260,6 +260,26 @@ TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
   EXPECT_NE(m.error().message().find("re-run convert"), std::string::npos);
 }
 
+TEST(ModelConvert, AChangedTokenizerFileIsCaughtByVerifyAndAtLoad) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("tokenizer edited");
+  convert_ok(src, out, "f16");
+  ASSERT_TRUE(verify_model(out).ok());
+  ASSERT_TRUE(load_manifest(out).has_value());
+  std::string text = slurp(out / "tokenizer_config.json");
+  ASSERT_FALSE(text.empty());
+  text.back() = text.back() == ' ' ? '\n' : ' ';  // one byte: a template edit would be as silent
+  std::ofstream(out / "tokenizer_config.json", std::ios::binary | std::ios::trunc) << text;
+  auto r = verify_model(out);
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_EQ(r.problems[0].message,
+            "tokenizer: checksum mismatch in tokenizer_config.json (it changed since convert); restore it or re-run "
+            "convert");
+  auto m = load_manifest(out);
+  ASSERT_FALSE(m.has_value());
+  EXPECT_NE(m.error().message().find("checksum mismatch in tokenizer_config.json"), std::string::npos);
+}
+
 struct BadCase {
   std::string name;
   std::string expect;  // substring of the error

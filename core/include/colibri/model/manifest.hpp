@@ -135,6 +135,9 @@ sdk::Expected<Manifest> parse_manifest(const nlohmann::json& j, const std::strin
 // one expert per (layer, expert) of every layer. Does not hash (see verify_model).
 sdk::Expected<Manifest> load_manifest(const std::filesystem::path& dir);
 
+// A tokenizer file against the xxh64 convert recorded for it (manifest tokenizer.xxh64; older manifests have none).
+sdk::Status check_tokenizer_file(const Manifest& m, const std::filesystem::path& dir, const std::string& name);
+
 // "L12/E5" for an expert blob path ("experts/L012/E005.bin"), "shared" for shared.bin, the path otherwise.
 std::string describe_model_file(const Manifest& m, const std::string& path);
 
