@@ -9,6 +9,7 @@
 
 #include "colibri/model/convert.hpp"
 #include "command.hpp"
+#include "interrupt.hpp"
 
 namespace colibri::cli {
 namespace {
@@ -84,9 +85,14 @@ int run_convert(const ConvertCliOptions& o) {
   opt.force = o.force;
   ProgressBar bar(!o.quiet && ::isatty(STDERR_FILENO));
   opt.progress = [&bar](std::uint64_t done, std::uint64_t total) { bar.update(done, total); };
+  interrupt::Interruptible interruptible;  // Ctrl-C: the hidden partial model is removed, the old one stays
+  opt.stop = [] { return interrupt::stop_requested(); };
   auto result = model::convert_model(opt);
   bar.finish();
-  if (!result) return fail(result.error().message());
+  if (!result) {
+    fail(result.error().message());
+    return result.error().code() == sdk::StatusCode::cancelled ? 130 : 1;
+  }
   const auto& s = *result;
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);

@@ -295,9 +295,15 @@ class OutFile {
 struct Progress {
   std::uint64_t done = 0, total = 0;
   const std::function<void(std::uint64_t, std::uint64_t)>* cb = nullptr;
-  void add(std::uint64_t n) {
+  const std::function<bool()>* stop = nullptr;
+  // Counts n bytes written; an error once the caller asked to stop.
+  Status add(std::uint64_t n) {
     done += n;
     if (cb != nullptr && *cb) (*cb)(done, total);
+    if (stop != nullptr && *stop && (*stop)()) {
+      return Status(StatusCode::cancelled, "conversion interrupted; nothing was written to the output");
+    }
+    return {};
   }
 };
 
@@ -402,7 +408,7 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
     const std::size_t bytes = dst_row * static_cast<std::size_t>(n);
     XXH64_update(state, result, bytes);
     if (auto s = out.write(result, bytes); !s) return s;
-    progress.add(bytes);
+    if (auto s = progress.add(bytes); !s) return s;
   }
   entry.checksum = XXH64_digest(state);
   return {};
@@ -770,6 +776,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   Progress progress;
   progress.total = total_bytes;
   progress.cb = &opt.progress;
+  progress.stop = &opt.stop;
   std::map<std::string, int> type_counts;
   auto note = [&](const Job& j) {
     type_counts[std::string(sdk::to_string(j.choice.type))]++;

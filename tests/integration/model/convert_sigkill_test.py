@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SIGKILL `colibri-cli convert` at random points: the output path must then either not exist or hold a complete
+"""SIGKILL (and SIGINT) `colibri-cli convert` at random points: the output path must then either not exist or hold a complete
 model that `inspect --verify` accepts, and any hidden partial directory left behind must not pass as a model
 unless it verifies too. With --force over an existing model, the output must always verify (old or new model).
 
@@ -78,6 +78,27 @@ def main():
         p.wait()
         if not verifies(out):
             failures.append(f"force round {i}: {out} does not verify after SIGKILL")
+
+    # Ctrl-C while it writes: the conversion stops, removes its partial directory and keeps the old model.
+    for i in range(2):
+        before = set(partials())
+        p = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not set(partials()) - before:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, duration * 0.5))
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate()
+        print(f"sigint round {i}: exit {p.returncode}")
+        if p.returncode == 130:
+            if "conversion interrupted" not in err:
+                failures.append(f"sigint round {i}: no word of the interruption: {err!r}")
+            if set(partials()) - before:
+                failures.append(f"sigint round {i}: partial directory left: {set(partials()) - before}")
+        elif p.returncode != 0:
+            failures.append(f"sigint round {i}: exit {p.returncode}: {err!r}")
+        if not verifies(out):
+            failures.append(f"sigint round {i}: {out} does not verify")
 
     # The next conversion sweeps the partial directories of dead conversions.
     subprocess.run(convert_cmd(force=True), check=True, stdout=subprocess.DEVNULL)

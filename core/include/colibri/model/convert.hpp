@@ -23,6 +23,8 @@ struct ConvertOptions {
   bool force = false;            // replace an existing output (only once the new model is complete)
   // Hears (bytes done, bytes total) after each chunk; may be empty.
   std::function<void(std::uint64_t, std::uint64_t)> progress;
+  // Asked after each chunk; true stops the conversion (a `cancelled` error; nothing is left behind). May be empty.
+  std::function<bool()> stop;
 };
 
 struct ConvertFallback {
