@@ -28,7 +28,7 @@ namespace {
 
 struct CacheOptions {
   std::string model;
-  std::size_t top = 10;
+  std::int64_t top = 10;
   bool top_given = false;
   std::string server, api_key;
   std::vector<std::string> experts;  // warm --server: "layer:expert"
@@ -111,7 +111,6 @@ int server_warm(const CacheOptions& o) {
     }
     body["experts"] = o.experts;
   } else if (o.top_given) {
-    if (o.top == 0) return fail("--top must be at least 1");
     body["top"] = o.top;
   }
   auto j = admin_call(o, "POST", "/admin/cache/warm", body.empty() ? "" : body.dump());
@@ -140,7 +139,7 @@ int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
   std::cout << "usage history  " << path.string() << (std::filesystem::exists(path) ? "" : " (none yet)") << "\n";
   if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) std::cout << "note           " << why << "\n";
   std::cout << "experts used   " << h->counts.size() << " distinct, " << h->total() << " uses\n";
-  const auto top = h->most_used(o.top);
+  const auto top = h->most_used(static_cast<std::size_t>(o.top));
   if (!top.empty()) std::cout << "most used      ";
   for (std::size_t i = 0; i < top.size(); ++i) {
     std::cout << (i ? ", " : "") << top[i].first << ":" << top[i].second << " (" << h->counts.at(top[i]) << ")";
@@ -175,7 +174,7 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
   std::uint64_t bytes = 0;
   std::size_t warmed = 0;
   std::vector<char> buf(1 << 20);
-  for (const auto& [layer, expert] : h->most_used(o.top)) {
+  for (const auto& [layer, expert] : h->most_used(static_cast<std::size_t>(o.top))) {
     const auto* e = m->expert(layer, expert);
     if (e == nullptr) {
       return fail(path.string() + " names expert " + std::to_string(layer) + ":" + std::to_string(expert) +
@@ -231,6 +230,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
     add_profile_options(*sub, global);
     sub->callback([&global, o, fn, server_fn, top] {
       o->top_given = top->count() > 0;
+      if (o->top < 1) {
+        global.exit_code = fail("--top must be at least 1 (it is " + std::to_string(o->top) + ")");
+        return;
+      }
       if (!o->server.empty()) {
         global.exit_code = server_fn(*o);
       } else if (!o->model.empty()) {

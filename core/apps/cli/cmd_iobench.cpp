@@ -350,7 +350,11 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   if (opts.seconds <= 0 || opts.seconds > 600) return fail("iobench: --seconds must be in (0, 600]");
   if (opts.seq_depth < 1 || opts.seq_depth > 1024) return fail("iobench: --seq-depth must be 1..1024");
   const std::uint64_t largest = std::max(*std::max_element(blocks.begin(), blocks.end()), *seq_block);
-  const std::uint64_t file_size = std::max<std::uint64_t>(*size / largest, 1) * largest;
+  if (*size < largest) {
+    return fail("iobench: --size " + opts.size + " is smaller than the largest block (" + sdk::format_size(largest) +
+                "); give at least that, or smaller --block-sizes / --seq-block");
+  }
+  const std::uint64_t file_size = *size / largest * largest;
   struct statvfs vfs {};
   if (::statvfs(opts.dir.c_str(), &vfs) == 0) {
     const std::uint64_t avail = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;

@@ -153,6 +153,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<PerplexityOptions>();
   auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file; KL divergence against a saved base run");
   add_engine_options(*cmd, o->engine, global);
+  if (auto* ctx = cmd->get_option_no_throw("--ctx")) ctx->description("Tokens per scored chunk (default 512)");
   cmd->add_option("--file,-f", o->file, "UTF-8 text to score")->required();
   cmd->add_option("--max-chunks", o->max_chunks, "Score at most this many chunks (0: all)");
   cmd->add_option("--save-logits", o->save_logits, "Save this run's logits (to compare quantized runs against)");

@@ -28,6 +28,7 @@ int fail(const std::string& message) {
 }
 
 struct Flags {
+  std::vector<std::string> allowed_origins;
   std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace,
                                                           reasoning_format = "separate";
   std::string expert_cache_size, vram_budget, prefetch_layers, max_body = "4M", log_level = "info";
@@ -70,6 +71,7 @@ int serve(Flags& f) {
   if (port < 0 || port > 65535) return fail("--port " + std::to_string(port) + " is not a TCP port (0..65535)");
   so.port = static_cast<std::uint16_t>(port);
   so.api_key = f.api_key;
+  so.allowed_origins = f.allowed_origins;
   auto body = sdk::parse_size(f.max_body);
   if (!body || *body == 0) return fail("--max-body-size '" + f.max_body + "' is not a size (e.g. 4M)");
   so.max_body_bytes = *body;
@@ -186,6 +188,9 @@ int main(int argc, char** argv) {
   app.add_option("--port", f.port, "TCP port (default: server.port, 8080; 0 picks a free one)");
   app.add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin")
       ->envname("COLIBRI_API_KEY");
+  app.add_option("--allow-origin", f.allowed_origins,
+                 "Let browser pages from this origin call the API (CORS), e.g. http://localhost:3000; '*' for any "
+                 "(repeatable; default: none)");
   app.add_option("--served-model-name", f.served_name,
                  "Model name clients must send (default: the model directory's name)");
   app.add_option("--chat-template", f.chat_template,

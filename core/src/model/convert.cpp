@@ -505,6 +505,39 @@ Status check_only_model_files(const fs::path& output) {
 }
 
 // --force replaces only what convert itself made (or an empty directory): anything else may be user data.
+// Deletes a replaced model, with the expert files `model stripe` moved to other disks for it: the symlinks in
+// it point into directories whose .colibri-stripe marker names the model's path (`model_path`). Files of any
+// other directory a link may point to are the user's and stay.
+void remove_old_model(const fs::path& old_dir, const fs::path& model_path) {
+  std::error_code ec;
+  std::set<fs::path> members;
+  for (auto it = fs::recursive_directory_iterator(old_dir / "experts", ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_symlink(ec)) continue;
+    const fs::path target = fs::weakly_canonical(it->path(), ec);
+    if (ec) continue;
+    // <member>/experts/L007/E003.bin: the member directory is three levels up.
+    const fs::path member = target.parent_path().parent_path().parent_path();
+    std::ifstream marker(member / ".colibri-stripe");
+    std::string owner;
+    if (!std::getline(marker, owner) || fs::path(owner) != fs::weakly_canonical(model_path, ec)) continue;
+    fs::remove(target, ec);
+    members.insert(member);
+  }
+  fs::remove_all(old_dir, ec);
+  for (const auto& m : members) {  // emptied stripe directories of this model go too
+    std::vector<fs::path> layers;
+    for (auto it = fs::directory_iterator(m / "experts", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      layers.push_back(it->path());
+    }
+    for (const auto& l : layers) fs::remove(l, ec);  // only when empty
+    fs::remove(m / "experts", ec);
+    std::size_t left = 0;
+    for (auto it = fs::directory_iterator(m, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++left;
+    if (!ec && left == 1 && fs::remove(m / ".colibri-stripe", ec)) fs::remove(m, ec);
+  }
+}
+
 Status check_replaceable(const fs::path& output) {
   std::error_code ec;
   const auto st = fs::symlink_status(output, ec);
@@ -577,7 +610,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
     // Atomic swap: the old model stays whole until the new one is in place.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) == 0) {
       if (auto s = io::fsync_directory(parent); !s) return s;
-      fs::remove_all(tmp, ec);  // now holds the old model
+      remove_old_model(tmp, output);  // tmp now holds the old model
       return {};
     }
     err = errno;
@@ -598,7 +631,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
         return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + io::errno_text(e2));
       }
       if (auto s = io::fsync_directory(parent); !s) return s;
-      fs::remove_all(old, ec);
+      remove_old_model(old, output);
       return {};
     }
     if (::rename(tmp.c_str(), output.c_str()) != 0) {

@@ -219,10 +219,41 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // The request's Origin when --allow-origin admits it ("" otherwise): answers carry it back as
+  // Access-Control-Allow-Origin so that the browser lets the page read them.
+  [[nodiscard]] std::string allowed_origin() const {
+    const auto origin = request_[http::field::origin];
+    if (origin.empty()) return {};
+    for (const auto& o : srv_.opt.allowed_origins) {
+      if (o == "*" || beast::iequals(o, origin)) return std::string(origin);
+    }
+    return {};
+  }
+
+  template <class Response>
+  void add_cors(Response& res) const {
+    if (srv_.opt.allowed_origins.empty()) return;
+    res.set(http::field::vary, "Origin");
+    if (const auto origin = allowed_origin(); !origin.empty())
+      res.set(http::field::access_control_allow_origin, origin);
+  }
+
   void handle() {
     std::string_view target = request_.target();
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const auto method = request_.method();
+    if (method == http::verb::options && !allowed_origin().empty() &&
+        !request_[http::field::access_control_request_method].empty()) {
+      // A CORS preflight: browsers send it without credentials, so it is answered before the key check.
+      route_ = "preflight";
+      auto res = std::make_shared<http::response<http::string_body>>(http::status::no_content, 11);
+      res->set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
+      const auto asked = request_[http::field::access_control_request_headers];
+      res->set(http::field::access_control_allow_headers,
+               asked.empty() ? std::string("Authorization, Content-Type") : std::string(asked));
+      res->set(http::field::access_control_max_age, "600");
+      return send(res, 204, "", "text/plain", false);
+    }
     auto only = [&](http::verb allowed, const char* route) {
       route_ = route;
       if (method == allowed) return true;
@@ -647,6 +678,7 @@ class Session : public std::enable_shared_from_this<Session> {
       res.set(http::field::server, "colibri");
       res.set(http::field::content_type, "text/event-stream");
       res.set(http::field::cache_control, "no-cache");
+      add_cors(res);
       res.chunked(true);
       res.keep_alive(keep_alive_);
       std::ostringstream head;
@@ -654,7 +686,7 @@ class Session : public std::enable_shared_from_this<Session> {
       pending_ = head.str();
       if (endpoint == Endpoint::chat || !echo_text.empty()) {
         for (std::size_t i = 0; i < jobs_.size(); ++i) {
-          pending_ += chunk(sse_event(
+          pending_ += chunk(choice_event(
               stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat, nullptr, static_cast<int>(i))));
         }
       }
@@ -678,8 +710,8 @@ class Session : public std::enable_shared_from_this<Session> {
             c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
             return;
           }
-          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, "", "", false, logprobs_json(ev.prompt_logprobs, c),
-                                                   static_cast<int>(index))));
+          pending_ += chunk(choice_event(stream_chunk(endpoint_, ids_, "", "", false,
+                                                      logprobs_json(ev.prompt_logprobs, c), static_cast<int>(index))));
           return flush();
         }
         std::string reasoning;
@@ -699,15 +731,15 @@ class Session : public std::enable_shared_from_this<Session> {
           if (c.forced) {
             // The forced call's arguments stream as they are written; its first piece names it.
             if (ev.text.empty() && c.forced_opened) return;
-            pending_ += chunk(sse_event(
+            pending_ += chunk(choice_event(
                 tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, ev.text)));
             c.forced_opened = true;
             return flush();
           }
           if (ev.text.empty() && ev.logprobs.empty()) return flush();
-          pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, ev.text, "", false,
-                                                   ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
-                                                   static_cast<int>(index))));
+          pending_ += chunk(choice_event(stream_chunk(
+              endpoint_, ids_, ev.text, "", false, ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
+              static_cast<int>(index))));
           return flush();
         }
         c.text += ev.text;
@@ -742,8 +774,8 @@ class Session : public std::enable_shared_from_this<Session> {
         open_choices_ == choices_.size() ? ev.cached_tokens : std::min(usage_.cached_tokens, ev.cached_tokens);
     --open_choices_;
     if (streaming_) {
-      pending_ +=
-          chunk(sse_event(stream_chunk(endpoint_, ids_, "", c.finish_reason, false, nullptr, static_cast<int>(index))));
+      pending_ += chunk(
+          choice_event(stream_chunk(endpoint_, ids_, "", c.finish_reason, false, nullptr, static_cast<int>(index))));
     }
     if (open_choices_ > 0) return streaming_ ? flush() : void();
     jobs_.clear();
@@ -816,7 +848,7 @@ class Session : public std::enable_shared_from_this<Session> {
       c.reasoning_text += reasoning;
       return;
     }
-    pending_ += chunk(sse_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
+    pending_ += chunk(choice_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
   }
   void emit_content(std::size_t index, ChoiceState& c, const std::string& content) {
     if (content.empty()) return;
@@ -824,7 +856,8 @@ class Session : public std::enable_shared_from_this<Session> {
       c.text += content;
       return;
     }
-    pending_ += chunk(sse_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
+    pending_ +=
+        chunk(choice_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
   }
   void emit_call(std::size_t index, ChoiceState& c, std::size_t k, ToolCall call) {
     if (!streaming_) {
@@ -832,7 +865,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     pending_ +=
-        chunk(sse_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
+        chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
   }
 
   // The chat rendered by the model's template into `text` (with the tools when asked for), or the 400 that says why
@@ -969,6 +1002,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->version(request_.version() == 10 ? 10 : 11);
     res->set(http::field::server, "colibri");
     res->set(http::field::content_type, content_type);
+    add_cors(*res);
     res->keep_alive(keep);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -1043,6 +1077,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string pending_;
   bool logprobs_wanted_ = false;
   bool parallel_tool_calls_ = true;
+
+  // A streamed chunk with choices; with stream_options.include_usage it carries "usage": null, as OpenAI's do
+  // (only the last chunk, with no choices, has the numbers).
+  std::string choice_event(nlohmann::json data) const {
+    if (include_usage_) data["usage"] = nullptr;
+    return sse_event(data);
+  }
 
   nlohmann::json logprobs_json(const std::vector<engine::TokenLogprob>& tokens, ChoiceState& choice) {
     if (!logprobs_wanted_) return nullptr;

@@ -229,6 +229,8 @@ class Api(unittest.TestCase):
             self.assertEqual(stream_text(events, endpoint), text)
             self.assertEqual(finish_of(events), full["choices"][0]["finish_reason"])
             self.assertEqual(events[-1]["choices"], [])
+            # As OpenAI's: every other chunk says "usage": null.
+            self.assertTrue(all("usage" in e and e["usage"] is None for e in events[:-1]))
             # The stream found the request before it in the KV cache: all but the last prompt token were reused.
             streamed_usage, full_usage = dict(events[-1]["usage"]), dict(full["usage"])
             self.assertEqual(streamed_usage.pop("prompt_tokens_details")["cached_tokens"],
@@ -1093,6 +1095,48 @@ class Concurrency(unittest.TestCase):
             status, body = s.json("POST", "/v1/completions", req, {"Authorization": "Bearer sekrit"})
             self.assertEqual(status, 200, body)
             self.assertEqual(s.json("GET", "/health")[0], 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_cors_only_for_allowed_origins(self):
+        page = "http://localhost:3000"
+        preflight = {"Origin": page, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"}
+        plain = Server()
+        try:  # without --allow-origin a browser gets no permission to read answers
+            status, _, r = plain.request("GET", "/v1/models", headers={"Origin": page})
+            self.assertEqual(status, 200)
+            self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+            self.assertEqual(plain.request("OPTIONS", "/v1/completions", headers=preflight)[0], 405)
+        finally:
+            self.assertEqual(plain.stop(), 0)
+        s = Server("--allow-origin", page, "--api-key", "sekrit")
+        try:
+            # The preflight carries no key and is answered; the request itself still needs it.
+            status, _, r = s.request("OPTIONS", "/v1/completions", headers=preflight)
+            self.assertEqual(status, 204)
+            self.assertEqual(r.getheader("Access-Control-Allow-Origin"), page)
+            self.assertIn("POST", r.getheader("Access-Control-Allow-Methods"))
+            self.assertEqual(r.getheader("Access-Control-Allow-Headers"), "authorization, content-type")
+            req = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+            status, raw, r = s.request("POST", "/v1/completions", json.dumps(req),
+                                       {"Origin": page, "Content-Type": "application/json"})
+            self.assertEqual(status, 401)
+            self.assertEqual(r.getheader("Access-Control-Allow-Origin"), page, "the page may read why")
+            status, raw, r = s.request("POST", "/v1/completions", json.dumps(dict(req, stream=True)),
+                                       {"Origin": page, "Content-Type": "application/json",
+                                        "Authorization": "Bearer sekrit"})
+            self.assertEqual(status, 200, raw)
+            self.assertEqual(r.getheader("Access-Control-Allow-Origin"), page)
+            self.assertIn(b"data: [DONE]", raw)
+            # Another site's page gets nothing.
+            status, _, r = s.request("GET", "/v1/models", headers={"Origin": "http://evil.example",
+                                                                   "Authorization": "Bearer sekrit"})
+            self.assertEqual(status, 200)
+            self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+            status, _, r = s.request("OPTIONS", "/v1/models", headers=dict(preflight, Origin="http://evil.example"))
+            self.assertNotEqual(status, 204)
+            self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
         finally:
             self.assertEqual(s.stop(), 0)
 

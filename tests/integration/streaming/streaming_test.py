@@ -274,6 +274,13 @@ class Stripe(unittest.TestCase):
         self.assertEqual(run(["inspect", a, "--verify"], check=False).returncode, 0)
         self.assertEqual(logits_bytes(a, "restriped", "--profile", os.path.join(a, "stripe.yaml")),
                          logits_bytes(m, "restriped-base"))
+        # convert --force over it replaces the model with its striped files; nothing of it is left on the disk.
+        keep = os.path.join(disk3, "user-file")
+        with open(keep, "w") as f:
+            f.write("not colibri's")
+        run(["convert", "--input", os.path.join(WORK, "mixtral"), "--output", a, "--quantize", "q8_0", "--force"])
+        self.assertEqual(sorted(os.listdir(disk3)), ["user-file"])
+        self.assertEqual(run(["inspect", a, "--verify"], check=False).returncode, 0)
 
     def test_bad_targets_are_refused(self):
         m = model()
@@ -338,7 +345,7 @@ class UsageHistory(unittest.TestCase):
         for _ in range(2):
             run(["bench", "--model", m, "--prompt-tokens", "4", "--gen-tokens", "4", "--json"], env=env)
         hist_dir = os.path.join(env["XDG_CACHE_HOME"], "colibri", "usage")
-        [name] = os.listdir(hist_dir)
+        [name] = [n for n in os.listdir(hist_dir) if n.endswith(".json")]  # and the .lock that merges take
         with open(os.path.join(hist_dir, name)) as f:
             hist = json.load(f)
         self.assertEqual(hist["version"], 1)
@@ -359,7 +366,7 @@ class UsageHistory(unittest.TestCase):
         self.assertEqual(pinned, base)
         p = run(["cache", "clear", "--model", m], env=env)
         self.assertIn("removed", p.stdout)
-        self.assertFalse(os.listdir(hist_dir))
+        self.assertFalse([n for n in os.listdir(hist_dir) if n.endswith(".json")])
         p = run(["cache", "warm", "--model", m], check=False, env=env)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no usage history", p.stderr)

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
@@ -20,7 +21,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   std::uint16_t port = 8080;  // 0: any free port (see Server::port())
   std::string api_key;        // non-empty: /v1 and /admin need "Authorization: Bearer <key>"
-  std::string model_name;     // what /v1/models lists and requests must name
+  // Browser pages whose Origin may call the API (CORS): exact origins ("http://localhost:3000") or "*" for any.
+  // Empty: no CORS headers, so browsers keep other sites' pages from reading the answers.
+  std::vector<std::string> allowed_origins;
+  std::string model_name;  // what /v1/models lists and requests must name
   std::uint64_t max_body_bytes = 4u << 20;
   std::uint32_t max_header_bytes = 16u << 10;
   std::chrono::milliseconds request_timeout{15000};  // to receive one request's header and body (slow clients)
