@@ -1,5 +1,6 @@
 #include "colibri/profile/profile.hpp"
 
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -446,6 +447,29 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
       const std::string name = env_name(o.name);
       if (auto it = env.find(name); it != env.end()) {
         if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name, {}, {}}); !st) return st;
+      }
+    }
+
+    // A COLIBRI_<SECTION>_... variable that names no key is a typo or a plugin's option (those are not read from
+    // the environment): said once, not ignored silently.
+    for (const auto& [name, value] : env) {
+      std::string section;
+      for (const auto& sec : sections()) {
+        if (name.starts_with(env_name(sec) + "_")) section = sec;
+      }
+      if (section.empty()) continue;
+      bool known = false;
+      std::vector<std::string> names;
+      for (const auto& o : kCanonical) {
+        names.push_back(env_name(o.name));
+        known = known || names.back() == name;
+      }
+      if (!known) {
+        const std::string near = sdk::closest_match(name, names);
+        spdlog::warn(
+            "environment {} is not a colibri setting and is ignored{}; only the canonical keys are read "
+            "from the environment (a plugin's option: --set {}.KEY=VALUE)",
+            name, near.empty() ? "" : " (did you mean " + near + "?)", section);
       }
     }
 

@@ -2,10 +2,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "colibri/registry/registry.hpp"
 #include "colibri/util/host_info.hpp"
@@ -146,6 +149,28 @@ TEST_F(ProfileTest, AKeySetTwiceIsAnErrorNotTheLastSilently) {
   auto sections = load(write("sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n").string());
   ASSERT_FALSE(sections);
   EXPECT_THAT(sections.error().message(), HasSubstr("is set twice"));
+}
+
+TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
+  std::ostringstream captured;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured)));
+  auto p = load("", {},
+                {{"COLIBRI_MEMORY_VRAM_BUGET", "1G"},
+                 {"COLIBRI_MEMORY_VRAM_BUDGET", "2G"},
+                 {"COLIBRI_PLUGIN_PATH", "/x"},
+                 {"COLIBRI_CACHE_HALF_LIFE", "9"}});
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("memory.vram_budget"), 2LL << 30);
+  const std::string log = captured.str();
+  EXPECT_THAT(log, HasSubstr("environment COLIBRI_MEMORY_VRAM_BUGET is not a colibri setting and is ignored (did you "
+                             "mean COLIBRI_MEMORY_VRAM_BUDGET?)"));
+  EXPECT_THAT(log, HasSubstr("COLIBRI_CACHE_HALF_LIFE is not a colibri setting"));
+  EXPECT_THAT(log, HasSubstr("--set cache.KEY=VALUE"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_PLUGIN_PATH"))) << "not a profile key, and not a typo of one";
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_MEMORY_VRAM_BUDGET is not")));
 }
 
 TEST_F(ProfileTest, PrecedenceCliOverEnvironmentOverProfile) {
