@@ -102,8 +102,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   if (!engine) return 1;
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.prompt_tokens + o.gen_tokens > engine->context()) {
-    return fail("--prompt-tokens + --gen-tokens (" + std::to_string(o.prompt_tokens + o.gen_tokens) +
-                ") exceed the context of " + std::to_string(engine->context()) + " positions; raise --ctx");
+    return fail(
+        "--prompt-tokens + --gen-tokens (" + std::to_string(o.prompt_tokens + o.gen_tokens) +
+        ") exceed the context of " + std::to_string(engine->context()) + " positions; " +
+        (engine->context() < engine->hparams().max_position_embeddings
+             ? "raise --ctx (the model allows " + std::to_string(engine->hparams().max_position_embeddings) + ")"
+             : "that is the model's own limit: ask for fewer tokens"));
   }
   std::mt19937_64 rng(o.seed);
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(o.prompt_tokens));
