@@ -28,6 +28,21 @@ const char* kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
 
+// Mistral's tekken (Mistral Nemo) and OpenAI's o200k (gpt-oss, llama.cpp's "gpt-4o").
+const char* kTekkenRegex =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?["
+    "\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char* kGpt4oRegex =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|"
+    "'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'"
+    "m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+// DeepSeek V3 splits three times: digit runs, CJK runs, then words and punctuation.
+const char* const kDeepseekV3Regexes[] = {
+    "\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+    "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"};
+
 json byte_level(bool use_regex, bool trim_offsets = false) {
   return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim_offsets}, {"use_regex", use_regex}};
 }
@@ -133,6 +148,17 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       pre_tok = split_then_byte_level(kLlama3Regex);
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = split_then_byte_level(kQwen2Regex);
+    } else if (pre == "tekken") {
+      pre_tok = split_then_byte_level(kTekkenRegex);
+    } else if (pre == "gpt-4o") {
+      pre_tok = split_then_byte_level(kGpt4oRegex);
+    } else if (pre == "deepseek-v3") {
+      json steps = json::array();
+      for (const char* r : kDeepseekV3Regexes) {
+        steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", r}}}, {"behavior", "Isolated"}, {"invert", false}});
+      }
+      steps.push_back(byte_level(false));
+      pre_tok = {{"type", "Sequence"}, {"pretokenizers", std::move(steps)}};
     } else {
       pre_tok = byte_level(true, true);
       out.notes.push_back("pre-tokenizer '" + pre +
