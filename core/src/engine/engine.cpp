@@ -296,8 +296,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   for (const auto& t : manifest_.tensors) {
     const auto* p = shared_files_.at(t.file).data() + t.offset;
     if (static_cast<std::uint64_t>(XXH64(p, t.size, 0)) != t.checksum) {
-      return Status(StatusCode::corrupt_data, model::describe_model_file(manifest_, t.file) + ": tensor " + t.name +
-                                                  ": checksum mismatch; re-run convert");
+      return Status(StatusCode::corrupt_data,
+                    model::describe_model_file(manifest_, t.file) + ": checksum mismatch in " + t.file + " (tensor " +
+                        t.name + "); re-run convert (colibri-cli inspect --verify lists every bad file)");
     }
   }
   Status missing;

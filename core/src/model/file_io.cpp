@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -134,6 +135,20 @@ Status fsync_directory(const fs::path& dir) {
 
 sdk::Expected<std::uint64_t> hash_file(const fs::path& path, void (*progress)(std::uint64_t, void*),
                                        void* progress_ctx) {
+  std::vector<HashRange> none;
+  return hash_file_and_ranges(path, none, progress, progress_ctx);
+}
+
+sdk::Expected<std::uint64_t> hash_file_and_ranges(const fs::path& path, std::vector<HashRange>& ranges,
+                                                  void (*progress)(std::uint64_t, void*), void* progress_ctx) {
+  using State = std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)>;
+  std::vector<State> range_states;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    range_states.emplace_back(XXH64_createState(), &XXH64_freeState);
+    if (!range_states.back()) return Status(StatusCode::out_of_memory, "xxhash state");
+    XXH64_reset(range_states.back().get(), 0);
+  }
+  std::size_t first_open = 0;  // ranges before it end before the current chunk
   auto file = File::open_read(path);
   if (!file) return file.error();
   std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(), &XXH64_freeState);
@@ -150,9 +165,18 @@ sdk::Expected<std::uint64_t> hash_file(const fs::path& path, void (*progress)(st
     }
     if (got == 0) break;
     XXH64_update(state.get(), buf.data(), static_cast<std::size_t>(got));
-    offset += static_cast<std::uint64_t>(got);
+    const std::uint64_t end = offset + static_cast<std::uint64_t>(got);
+    for (std::size_t i = first_open; i < ranges.size() && ranges[i].offset < end; ++i) {
+      const std::uint64_t from = std::max(ranges[i].offset, offset);
+      const std::uint64_t to = std::min(ranges[i].offset + ranges[i].size, end);
+      if (from < to)
+        XXH64_update(range_states[i].get(), buf.data() + (from - offset), static_cast<std::size_t>(to - from));
+      if (ranges[i].offset + ranges[i].size <= end && i == first_open) ++first_open;
+    }
+    offset = end;
     if (progress) progress(static_cast<std::uint64_t>(got), progress_ctx);
   }
+  for (std::size_t i = 0; i < ranges.size(); ++i) ranges[i].hash = XXH64_digest(range_states[i].get());
   return static_cast<std::uint64_t>(XXH64_digest(state.get()));
 }
 

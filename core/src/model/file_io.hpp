@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "colibri/sdk/status.hpp"
 
@@ -49,6 +50,16 @@ sdk::Status fsync_directory(const fs::path& dir);
 // xxHash64 (seed 0) of a whole file, read in chunks; `progress` (may be null) hears bytes hashed.
 sdk::Expected<std::uint64_t> hash_file(const fs::path& path, void (*progress)(std::uint64_t, void*) = nullptr,
                                        void* progress_ctx = nullptr);
+
+// A byte range of a file hashed on the same pass as the whole file (a tensor's bytes).
+struct HashRange {
+  std::uint64_t offset = 0, size = 0;
+  std::uint64_t hash = 0;  // out: xxHash64 (seed 0) of the range; ranges past the file's end hash what exists
+};
+// hash_file, also hashing each of `ranges` (sorted by offset, not overlapping) from the same reads.
+sdk::Expected<std::uint64_t> hash_file_and_ranges(const fs::path& path, std::vector<HashRange>& ranges,
+                                                  void (*progress)(std::uint64_t, void*) = nullptr,
+                                                  void* progress_ctx = nullptr);
 
 std::string hex64(std::uint64_t v);
 bool parse_hex64(const std::string& s, std::uint64_t& out);

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "colibri/model/manifest.hpp"
@@ -39,6 +41,16 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
     m = std::move(parsed);
   }
   report.manifest_ok = true;
+  // The tensors of each file: their own checksums are what a run checks, so verify checks them too (one read).
+  std::map<std::string, std::vector<std::pair<const TensorEntry*, std::string>>> tensors_of;
+  for (const auto& t : m->tensors) tensors_of[t.file].emplace_back(&t, "shared");
+  for (const auto& e : m->experts) {
+    const std::string where = "L" + std::to_string(e.layer) + "/E" + std::to_string(e.expert);
+    for (const auto* part : {&e.gate, &e.up, &e.down}) tensors_of[e.file].emplace_back(part, where);
+  }
+  for (auto& [file, list] : tensors_of) {
+    std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+  }
   std::uint64_t total = 0, done = 0;
   for (const auto& f : m->files) total += f.size;
   for (const auto& f : m->files) {
@@ -63,8 +75,11 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
       std::uint64_t total;
       const std::function<void(std::uint64_t, std::uint64_t)>* cb;
     } ctx{&done, total, &progress};
-    auto sum = io::hash_file(
-        p,
+    auto& tensors = tensors_of[f.path];
+    std::vector<io::HashRange> ranges;
+    for (const auto& [t, owner] : tensors) ranges.push_back({t->offset, t->size, 0});
+    auto sum = io::hash_file_and_ranges(
+        p, ranges,
         [](std::uint64_t n, void* c) {
           auto* x = static_cast<Ctx*>(c);
           *x->done += n;
@@ -78,6 +93,16 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
     } else if (*sum != f.checksum) {
       report.problems.push_back(
           {f.path, where, "checksum mismatch", where + ": checksum mismatch in " + f.path + "; re-run convert"});
+    } else {
+      for (std::size_t i = 0; i < ranges.size(); ++i) {
+        if (ranges[i].hash == tensors[i].first->checksum) continue;
+        // The file is as written but a tensor is not what manifest.json says: the manifest was changed.
+        report.problems.push_back({f.path, tensors[i].second, "checksum mismatch",
+                                   tensors[i].second + ": tensor " + tensors[i].first->name + " in " + f.path +
+                                       " does not match its checksum in manifest.json; restore the manifest or "
+                                       "re-run convert"});
+        break;
+      }
     }
   }
   std::error_code ec;

@@ -260,6 +260,23 @@ TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
   EXPECT_NE(m.error().message().find("re-run convert"), std::string::npos);
 }
 
+TEST(ModelConvert, AManifestWhoseTensorChecksumChangedFailsVerifyAsARunWould) {
+  // The files are as written, but manifest.json no longer matches a tensor: a run refuses it, so verify must too.
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path out = fresh_output("manifest edited");
+  convert_ok(src, out, "f16");
+  auto j = json::parse(slurp(out / "manifest.json"));
+  auto& part = j["experts"][3]["up"];
+  std::string sum = part["xxh64"].get<std::string>();
+  sum[0] = sum[0] == '0' ? '1' : '0';
+  part["xxh64"] = sum;
+  std::ofstream(out / "manifest.json", std::ios::binary | std::ios::trunc) << j.dump();
+  auto r = verify_model(out);
+  ASSERT_EQ(r.problems.size(), 1u) << (r.problems.empty() ? "" : r.problems[0].message);
+  EXPECT_NE(r.problems[0].message.find("does not match its checksum in manifest.json"), std::string::npos)
+      << r.problems[0].message;
+}
+
 TEST(ModelConvert, AChangedTokenizerFileIsCaughtByVerifyAndAtLoad) {
   const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
   const fs::path out = fresh_output("tokenizer edited");
