@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "colibri/registry/registry.hpp"
 #include "colibri/util/host_info.hpp"
@@ -143,12 +144,15 @@ TEST_F(ProfileTest, AProfileExtendingItsOwnNameExtendsTheOneItShadows) {
 }
 
 TEST_F(ProfileTest, AKeySetTwiceIsAnErrorNotTheLastSilently) {
-  auto p = load(write("twice.yaml", "memory:\n  expert_cache: 1.5G\n  expert_cache: 2G\n").string());
-  ASSERT_FALSE(p);
-  EXPECT_THAT(p.error().message(), HasSubstr("twice.yaml:3:3: 'memory.expert_cache' is set twice (first at "));
-  auto sections = load(write("sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n").string());
-  ASSERT_FALSE(sections);
-  EXPECT_THAT(sections.error().message(), HasSubstr("is set twice"));
+  for (const auto& [file, text, want] : {
+           std::tuple{"twice.yaml", "memory:\n  expert_cache: 1.5G\n  expert_cache: 2G\n",
+                      "twice.yaml:3:3: 'memory.expert_cache' is set twice (first at "},
+           std::tuple{"sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n", "is set twice"},
+       }) {
+    auto p = load(write(file, text).string());
+    ASSERT_FALSE(p) << file;
+    EXPECT_THAT(p.error().message(), HasSubstr(want));
+  }
 }
 
 TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
