@@ -71,6 +71,25 @@ Status KvCache::check_range(std::int64_t layer, std::int64_t position, std::int6
   return {};
 }
 
+Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
+  if (on_device() || src.on_device()) {
+    return Status(StatusCode::unsupported, "copying KV rows between caches in device memory");
+  }
+  if (src.type_ != type_ || src.layers_ != layers_ || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_) {
+    return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
+  }
+  if (count < 0 || count > context_ || count > src.context_) {
+    return Status(StatusCode::invalid_argument,
+                  "copying " + std::to_string(count) + " KV positions into a context of " + std::to_string(context_));
+  }
+  const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
+  for (std::size_t l = 0; l < k_.size(); ++l) {
+    std::memcpy(k_[l].data(), src.k_[l].data(), bytes);
+    std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
+  }
+  return {};
+}
+
 Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v) {
   if (auto s = check_range(layer, position, count); !s) return s;
   if (count == 0) return {};

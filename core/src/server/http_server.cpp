@@ -68,6 +68,7 @@ struct Server::Impl {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::int64_t created_unix = static_cast<std::int64_t>(std::time(nullptr));
   std::atomic<std::uint64_t> next_id{0};
+  std::atomic<std::uint64_t> next_prompt_group{0};  // the n choices of one request share one (never 0)
   std::uint64_t id_salt = std::random_device{}();
 
   explicit Impl(tokenizer::Tokenizer tok) : tokenizer(std::move(tok)) {}
@@ -606,6 +607,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // One job per choice; events carry the request's generation so that a late event of an earlier request on
     // this connection is never taken for this one's.
     const std::uint64_t generation = ++generation_;
+    const std::uint64_t prompt_group = req.n > 1 ? ++srv_.next_prompt_group : 0;
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < req.n; ++i) {
       auto job = std::make_shared<Job>();
@@ -619,6 +621,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       job->request.logprobs = req.logprobs;
       job->request.prompt_logprobs = req.echo && req.logprobs >= 0;
+      job->request.prompt_group = prompt_group;
       job->request.json_object = req.json_object;
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;

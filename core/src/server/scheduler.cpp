@@ -316,7 +316,18 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     Sequence& seq = *sp;
     if (seq.done) continue;
     if (!seq.state) {
-      take_state(seq);
+      // A choice whose sibling is running the shared prompt waits for its rows instead of running them too.
+      const Sequence* sibling = nullptr;
+      if (seq.job->request.prompt_group != 0 && !seq.job->request.prompt_logprobs) {
+        for (const auto& other : active) {
+          if (other.get() != &seq && other->state && !other->done &&
+              other->job->request.prompt_group == seq.job->request.prompt_group) {
+            sibling = other.get();
+          }
+        }
+      }
+      if (sibling != nullptr && !sibling->prefilled) continue;
+      take_state(seq, sibling);
       if (!seq.state) continue;
     }
     engine::Engine::BatchItem item;
@@ -387,7 +398,7 @@ void Scheduler::emit_prompt_logprobs(Sequence& seq, std::size_t rows) {
   if (seq.job->on_event) seq.job->on_event(std::move(ev));
 }
 
-void Scheduler::take_state(Sequence& seq) {
+void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   const auto& prompt = seq.job->request.prompt;
   std::size_t best = free_states_.size(), best_common = 0;
   for (std::size_t i = 0; i < free_states_.size(); ++i) {
@@ -417,6 +428,11 @@ void Scheduler::take_state(Sequence& seq) {
   auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
   if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
   if (seq.job->request.prompt_logprobs) reuse = 0;  // every prompt row's logits are wanted
+  const auto shared = static_cast<std::int64_t>(prompt.size()) - 1;
+  if (sibling != nullptr && reuse < shared && static_cast<std::int64_t>(prompt.size()) <= same_kv_up_to_ &&
+      seq.state->kv.copy_prefix_from(sibling->state->kv, shared)) {
+    reuse = shared;  // the sibling ran the same prompt: its rows are this choice's
+  }
   seq.state->n_past = reuse;
   seq.prompt_done = static_cast<std::size_t>(reuse);
   seq.cached = reuse;

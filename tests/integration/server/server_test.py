@@ -397,6 +397,15 @@ class Api(unittest.TestCase):
         self.assertGreater(len({c["text"] for c in body["choices"]}), 1)
         self.assertEqual(body["usage"]["completion_tokens"], sum(x["usage"]["completion_tokens"] for x in singles))
         self.assertEqual(body["usage"]["prompt_tokens"], singles[0]["usage"]["prompt_tokens"])
+        # The prompt runs once: the other choices copy its KV rows (and still give the bits above).
+        long_req = dict(req, prompt="Seventeen quiet herons waded through the misty estuary at dawn " * 3, n=3)
+        before = self.s.metric("colibri_prompt_tokens_cached_total")
+        _, shared = self.s.json("POST", "/v1/completions", long_req)
+        copied = self.s.metric("colibri_prompt_tokens_cached_total") - before
+        self.assertGreaterEqual(copied, 2 * (shared["usage"]["prompt_tokens"] - 1))
+        for i in range(3):
+            _, single = self.s.json("POST", "/v1/completions", dict(long_req, n=1, seed=40 + i))
+            self.assertEqual(shared["choices"][i]["text"], single["choices"][0]["text"])
         # Streamed: each chunk names its choice; each choice ends once; usage comes last.
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 1.0,
                 "seed": 3, "n": 2}

@@ -38,6 +38,11 @@ class KvCache {
   [[nodiscard]] sdk::Tensor keys(std::int64_t layer, std::int64_t length) const;
   [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;
 
+  // Copies positions [0, count) of every layer from `src`, a cache of the same shape and type; both in host memory
+  // (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the bits
+  // running those positions again would.
+  sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
+
   [[nodiscard]] std::int64_t context() const { return context_; }
   [[nodiscard]] sdk::DType type() const { return type_; }
   [[nodiscard]] std::uint64_t bytes() const { return total_bytes_; }

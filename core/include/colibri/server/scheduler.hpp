@@ -40,6 +40,8 @@ struct GenerationRequest {
   bool ignore_eos = false;       // end tokens are banned throughout: generation ends by length, stop or context
   bool keep_special = false;     // special tokens are decoded into the text (a tool call marker that is one)
   bool prompt_logprobs = false;  // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
+  // Non-zero: the choices of one request (n > 1) share it; one runs the prompt, the others copy its KV rows.
+  std::uint64_t prompt_group = 0;
 };
 
 struct GenerationEvent {
@@ -167,7 +169,9 @@ class Scheduler {
   std::vector<FreeState> free_states_;
   // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
   std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
-  void take_state(Sequence& seq);
+  // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt, or a new one; with `sibling` (a
+  // choice of the same request whose prompt has run) the prompt's rows are copied from it.
+  void take_state(Sequence& seq, const Sequence* sibling);
   std::thread thread_;
   std::mutex shutdown_mu_;
 };
