@@ -1,4 +1,4 @@
-// colibri-cli run --model M --prompt TEXT [-n N] [--profile P] [sampling flags]
+// colibri-cli run --model M (--prompt TEXT | --file F | --file -) [-n N] [--profile P] [sampling flags]
 // Streams the continuation to stdout, then one stats line (stderr).
 #include <cstdio>
 #include <fstream>
@@ -18,6 +18,7 @@ namespace {
 struct RunOptions {
   EngineCliOptions engine;
   std::string prompt;
+  std::string prompt_file;  // "-": standard input
   std::int64_t max_tokens = 128;
   std::vector<std::string> stop;
   bool ignore_eos = false;
@@ -33,6 +34,17 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
   if (o.max_tokens < 0) return fail("-n must not be negative");
+  if (!o.prompt_file.empty()) {
+    // The whole file, byte for byte (a trailing newline is part of the prompt, as llama.cpp's -f keeps it).
+    std::ifstream file;
+    if (o.prompt_file != "-") {
+      file.open(o.prompt_file, std::ios::binary);
+      if (!file) return fail("--file " + o.prompt_file + ": cannot open the file");
+    }
+    std::istream& in = o.prompt_file == "-" ? std::cin : file;
+    o.prompt.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) return fail("--file " + o.prompt_file + ": reading failed");
+  }
   std::shared_ptr<const engine::JsonSchema> schema;
   if (!o.json_schema.empty()) {
     std::ifstream in(o.json_schema, std::ios::binary);
@@ -92,7 +104,9 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<RunOptions>();
   auto* cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streamed to the terminal");
   add_engine_options(*cmd, o->engine, global);
-  cmd->add_option("--prompt,-p", o->prompt, "The prompt text")->required();
+  auto* text = cmd->add_option("--prompt,-p", o->prompt, "The prompt text");
+  auto* file = cmd->add_option("--file,-f", o->prompt_file, "Read the prompt from this file ('-': standard input)");
+  text->excludes(file);
   cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens to generate (default 128)");
   cmd->add_option("--stop", o->stop, "Stop before this text (repeatable)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
@@ -103,7 +117,13 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--json-schema", o->json_schema,
                   "JSON mode with a JSON Schema file: the object must also conform to it (README: JSON Schema)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
-  cmd->callback([&global, o] { global.exit_code = run_run(global, *o); });
+  cmd->callback([&global, o, text, file] {
+    if (text->count() == 0 && file->count() == 0) {
+      global.exit_code = fail("give the prompt: --prompt TEXT, or --file FILE ('-' reads standard input)");
+      return;
+    }
+    global.exit_code = run_run(global, *o);
+  });
 }
 
 }  // namespace

@@ -43,6 +43,18 @@ class Run(unittest.TestCase):
                      "expert hit rate", "read", "I/O stall", "12 generated"):
             self.assertIn(word, stats)
 
+    def test_prompt_from_a_file_or_standard_input(self):
+        a = cli("run", "-m", model(), "-p", "Hello world", "-n", "6", "--seed", "5", "--ignore-eos")
+        path = os.path.join(WORK, "prompt.txt")
+        with open(path, "w") as f:
+            f.write("Hello world")
+        b = cli("run", "-m", model(), "--file", path, "-n", "6", "--seed", "5", "--ignore-eos")
+        c = cli("run", "-m", model(), "-f", "-", "-n", "6", "--seed", "5", "--ignore-eos", stdin="Hello world")
+        self.assertEqual(a.stdout, b.stdout)
+        self.assertEqual(a.stdout, c.stdout)
+        p = cli("run", "-m", model(), "-n", "2", check=False)
+        self.assertIn("give the prompt: --prompt TEXT, or --file FILE", p.stderr)
+
     def test_greedy_is_deterministic_and_stop_string_cuts(self):
         a = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "1")
         b = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "2")
