@@ -829,8 +829,9 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
   }
   if (body.contains("messages")) {
     out.chat = true;
-    // The chat fields are read as a chat completion's are (same checks, same messages).
-    json chat = body;
+    // The chat fields are read as a chat completion's are (same checks, same messages), with the key order the
+    // client wrote: the template prints tools with tojson, so a sorted copy would be another prompt.
+    ordered_json chat = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
     chat["model"] = out.model;
     chat.erase("add_generation_prompt");
     chat.erase("add_special_tokens");

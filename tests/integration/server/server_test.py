@@ -677,6 +677,15 @@ class Api(unittest.TestCase):
             status, auto = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather]))
             self.assertEqual(status, 200, auto)
             self.assertGreater(auto["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"] + 30)
+            # /tokenize renders the same prompt: the tool's keys keep the client's order (zcity before acountry).
+            ordered = {"type": "function", "function": {
+                "name": "where", "description": "d", "parameters": {"type": "object", "properties": {
+                    "zcity": {"type": "string"}, "acountry": {"type": "string"}}}}}
+            _, counted = s.json("POST", "/tokenize", dict(ask, tools=[ordered]))
+            _, done = s.json("POST", "/v1/chat/completions", dict(ask, tools=[ordered], max_tokens=1))
+            self.assertEqual(counted["count"], done["usage"]["prompt_tokens"])
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertLess(text["prompt"].index("zcity"), text["prompt"].index("acountry"))
             # Streamed, the auto answer's content is the same (nothing lost to the marker hold-back).
             _, events, done = s.stream("/v1/chat/completions", dict(ask, tools=[weather]))
             self.assertTrue(done)
