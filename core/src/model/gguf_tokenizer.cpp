@@ -142,12 +142,14 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
     if (auto s = check_utf8({pre}, "tokenizer.ggml.pre", where, false); !s) return s;
     json pre_tok;
+    json normalizer = nullptr;
     if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
       pre_tok = byte_level(true, true);
     } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe") {
       pre_tok = split_then_byte_level(kLlama3Regex);
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = split_then_byte_level(kQwen2Regex);
+      normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
     } else if (pre == "tekken") {
       pre_tok = split_then_byte_level(kTekkenRegex);
     } else if (pre == "gpt-4o") {
@@ -166,7 +168,7 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
                           "may split some text differently from the original tokenizer");
     }
     (void)kGpt2Regex;
-    tok["normalizer"] = nullptr;
+    tok["normalizer"] = normalizer;
     tok["pre_tokenizer"] = pre_tok;
     tok["post_processor"] = nullptr;
     tok["decoder"] = byte_level(true, true);

@@ -9,7 +9,8 @@ rm -rf "$work" && mkdir -p "$work"
 printf '%s\n' '"Hello world! It'"'"'s 12345 apples, and I'"'"'LL say: don'"'"'t."' \
   '"日本語のテキストと中文字符 mixed with English."' '"  multiple   spaces\tand tabs\n\nnewline"' \
   '"CamelCaseWordsHere and ALLCAPS and McDonald'"'"'s"' '"emoji 😀👍🏽 and accents café naïve"' \
-  '"path/to/file.txt and https://example.com/a?b=c"' '"1234567890 3.14159 -42 ١٢٣"' > "$work/lines.jsonl"
+  '"path/to/file.txt and https://example.com/a?b=c"' '"1234567890 3.14159 -42 ١٢٣"' \
+  '"decomposed: cafe\u0301 e\u0301te\u0301 (NFC composes these)"' > "$work/lines.jsonl"
 fails=0 checked=0
 for pair in qwen3:qwen2 llama3:llama-bpe mistral_nemo:tekken gptoss:gpt-4o deepseek_v3:deepseek-v3; do
   name=${pair%%:*} pre=${pair##*:}
