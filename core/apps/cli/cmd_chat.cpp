@@ -24,12 +24,6 @@ struct ChatOptions {
   bool seed_given = false;
 };
 
-std::string family_of(const std::string& arch) {
-  if (arch == "mixtral" || arch == "mistral") return "mistral";
-  if (arch == "qwen2_moe" || arch == "qwen3_moe") return "chatml";
-  return "";
-}
-
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
@@ -41,7 +35,8 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!engine) return 1;
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
-  const auto family = o.template_family.empty() ? family_of(engine->hparams().architecture) : o.template_family;
+  const auto family =
+      o.template_family.empty() ? chat::family_for_architecture(engine->hparams().architecture) : o.template_family;
   auto cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", family);
   if (!cfg && o.template_family.empty()) {
     // No template in the model and none known for its family: a neutral ChatML one still lets it talk.

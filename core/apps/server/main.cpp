@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "colibri/ab/trace_writer.hpp"
@@ -25,6 +26,15 @@ using namespace colibri;
 int fail(const std::string& message) {
   std::cerr << "error: " << message << "\n";
   return 1;
+}
+
+// The built-in template family for a model that ships no template: from its architecture, as `colibri-cli chat`
+// picks it ("" lets the special tokens decide).
+std::string model_family(const std::filesystem::path& dir) {
+  std::ifstream in(dir / "manifest.json", std::ios::binary);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("architecture") || !j["architecture"].is_string()) return "";
+  return chat::family_for_architecture(j["architecture"].get<std::string>());
 }
 
 struct Flags {
@@ -134,7 +144,7 @@ int serve(Flags& f) {
     cc.template_origin = f.chat_template;
     cc.bos_token = tok->bos_token();
     cc.eos_token = tok->eos_token();
-  } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json"); c) {
+  } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json", model_family(*dir)); c) {
     cc = *c;
     auto t = chat::Template::parse(cc.template_source, cc.template_origin);
     if (!t) return fail(t.error().message());

@@ -185,6 +185,12 @@ std::optional<std::string> token_content(const nlohmann::json& config, const cha
 
 }  // namespace
 
+std::string family_for_architecture(std::string_view architecture) {
+  if (architecture == "mixtral" || architecture == "mistral") return "mistral";
+  if (architecture == "qwen2_moe" || architecture == "qwen3_moe") return "chatml";
+  return "";
+}
+
 sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family) {
   std::ifstream in(tokenizer_config, std::ios::binary);
   if (!in) return sdk::make_error(sdk::StatusCode::not_found, "cannot open " + tokenizer_config.string());
@@ -197,6 +203,14 @@ sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenize
   ChatConfig out;
   out.bos_token = token_content(config, "bos_token").value_or("");
   out.eos_token = token_content(config, "eos_token").value_or("");
+  const auto jinja = tokenizer_config.parent_path() / "chat_template.jinja";
+  if (std::ifstream file(jinja, std::ios::binary); file) {
+    std::ostringstream text;
+    text << file.rdbuf();
+    out.template_source = text.str();
+    out.template_origin = "chat_template.jinja";
+    return out;
+  }
   if (auto t = config.find("chat_template"); t != config.end() && !t->is_null()) {
     if (t->is_string()) {
       out.template_source = t->get<std::string>();

@@ -919,8 +919,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     for (const auto& n : rebuilt->notes) summary.warnings.push_back("tokenizer: " + n);
   } else {
     m.tokenizer = {{"source", "copied"}};
-    for (const char* name :
-         {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"}) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                             "special_tokens_map.json"}) {
       if (!fs::is_regular_file(opt.input / name, ec)) continue;
       auto text = read_text(opt.input / name);
       if (!text) return text.error();

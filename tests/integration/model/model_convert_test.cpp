@@ -474,6 +474,19 @@ TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {
   expect_clean_failure(bad, "converting tensor 'output.weight': corrupt_data: row 0, column 32 holds nan", "nan scale");
 }
 
+TEST(ModelConvert, AChatTemplateJinjaFileIsCarriedIntoTheModel) {
+  const fs::path src = copy_fixture(fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2"), "with jinja");
+  std::ofstream(src / "chat_template.jinja") << "{{ bos_token }}{{ messages[0]['content'] }}";
+  const fs::path out = fresh_output("jinja carried");
+  convert_ok(src, out, "f16");
+  EXPECT_EQ(slurp(out / "chat_template.jinja"), "{{ bos_token }}{{ messages[0]['content'] }}");
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_NE(std::find(m->tokenizer_files.begin(), m->tokenizer_files.end(), "chat_template.jinja"),
+            m->tokenizer_files.end());
+  EXPECT_TRUE(verify_model(out).ok());
+}
+
 TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
   const fs::path src = fixture("olmoe-bf16", "--arch olmoe --dtype bf16 --shards 2");
   const fs::path out = fresh_output("force");

@@ -367,5 +367,27 @@ TEST(ChatConfig, BadFiles) {
   EXPECT_FALSE(load_chat_config(tmp).has_value());
 }
 
+TEST(ChatConfig, AChatTemplateJinjaFileWinsAndTheArchitectureNamesTheFallback) {
+  // transformers now saves the template as chat_template.jinja (gpt-oss ships it only there).
+  const auto dir = fs::temp_directory_path() / ("colibri_chat_jinja_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<s>", "chat_template": "from the config"})";
+  std::ofstream(dir / "chat_template.jinja") << "{{ messages[0]['content'] }}";
+  auto c = load_chat_config(dir / "tokenizer_config.json");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  EXPECT_EQ(c->template_origin, "chat_template.jinja");
+  EXPECT_EQ(c->template_source, "{{ messages[0]['content'] }}");
+  EXPECT_EQ(c->bos_token, "<s>");
+  fs::remove(dir / "chat_template.jinja");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": "<s>"})";
+  // A Mixtral without a template gets Mistral's format in chat and in the server alike, not llama2's (<s> guess).
+  auto mixtral = load_chat_config(dir / "tokenizer_config.json", family_for_architecture("mixtral"));
+  ASSERT_TRUE(mixtral.has_value());
+  EXPECT_EQ(mixtral->template_origin, "built-in mistral");
+  EXPECT_EQ(family_for_architecture("qwen3_moe"), "chatml");
+  EXPECT_EQ(family_for_architecture("llama"), "");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace colibri::chat

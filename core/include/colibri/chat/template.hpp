@@ -53,6 +53,10 @@ class Template {
 // "gpt-oss" (a plain harmony format: no tools, no reasoning channels), "chatml".
 std::optional<std::string_view> builtin_template(std::string_view family);
 
+// The built-in family for a model of this architecture that ships no template ("" when none fits it better than a
+// guess from its special tokens): what `chat` and the server both use.
+std::string family_for_architecture(std::string_view architecture);
+
 // What tokenizer_config.json says about chat formatting.
 struct ChatConfig {
   std::string template_source;
@@ -62,7 +66,8 @@ struct ChatConfig {
 };
 
 // Reads tokenizer_config.json: chat_template (a string, or a list of {name, template} where "default" is used),
-// bos_token / eos_token (strings or AddedToken objects). Without a chat_template, the built-in template of
+// bos_token / eos_token (strings or AddedToken objects). A chat_template.jinja next to it (where transformers now
+// saves the template, and the only place gpt-oss ships it) wins. Without either, the built-in template of
 // `family` is used; an empty family is guessed from the special tokens ("<|startoftext|>"/"<|return|>" -> gpt-oss,
 // "<s>" -> llama2, "<|im_end|>" -> chatml).
 sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family = "");
