@@ -34,7 +34,8 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
   const auto colon = spec.find(':');
   std::string name = spec.substr(0, colon);
   if (name.empty()) return sdk::Status(sdk::StatusCode::invalid_argument, "--policy '" + spec + "' names no policy");
-  std::vector<profile::Override> ov{{"cache.policy", name, "--policy"}};
+  const std::string flag = "--policy " + spec;  // errors name the whole argument, not one of its parts
+  std::vector<profile::Override> ov{{"cache.policy", name, flag}};
   if (colon == std::string::npos) return std::make_pair(spec, ov);
   const std::string rest = spec.substr(colon + 1);
   if (rest.find('=') == std::string::npos) {
@@ -48,7 +49,7 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
     std::stringstream ss(rest);
     std::string item;
     while (std::getline(ss, item, ',')) list += (list.size() > 1 ? ", " : "") + item;
-    ov.push_back({"cache.pinned_experts", list + "]", "--policy"});
+    ov.push_back({"cache.pinned_experts", list + "]", flag});
   } else {
     std::stringstream ss(rest);
     std::string item;
@@ -58,7 +59,7 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
         return sdk::Status(sdk::StatusCode::invalid_argument,
                            "--policy '" + spec + "': '" + item + "' is not key=value");
       }
-      ov.push_back({"cache." + item.substr(0, eq), item.substr(eq + 1), "--policy"});
+      ov.push_back({"cache." + item.substr(0, eq), item.substr(eq + 1), flag});
     }
   }
   return std::make_pair(spec, ov);
@@ -72,7 +73,7 @@ sdk::Expected<std::vector<std::uint64_t>> parse_sizes(const std::string& text) {
     try {
       std::size_t used = 0;
       const long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      if (used != item.size() || v <= 0 || v > (1LL << 32)) throw std::invalid_argument(item);
       out.push_back(static_cast<std::uint64_t>(v));
     } catch (const std::exception&) {
       return sdk::Status(sdk::StatusCode::invalid_argument,
@@ -142,7 +143,8 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
   for (const auto n : sizes) {
     ab::SizeResults sr;
     sr.cache_experts = n;
-    sr.budget_bytes = n * slot;
+    // Past every expert the model has, a larger cache changes nothing (and n * slot could overflow).
+    sr.budget_bytes = std::min<std::uint64_t>(n, universe.size()) * slot;
     for (const auto& [name, profile_name, overrides] : specs) {
       profile::LoadOptions lo;
       lo.profile = profile_name;
@@ -151,11 +153,15 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
       if (!prof) return prof.error().message();
       const auto reg = registry::scan_for_profile(*prof);
       auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
-      if (!policy) return ("--policy " + name + ": " + policy.error().message());
+      if (!policy) {
+        const std::string& m = policy.error().message();  // a schema error names the --policy argument already
+        return m.rfind("--policy", 0) == 0 ? m : "--policy " + name + ": " + m;
+      }
       auto r = ab::replay(seq, *policy, name, sr.budget_bytes, expert_sizes, universe);
       if (!r) {
+        const bool too_small = r.error().message().find("cannot hold") != std::string::npos;
         return ("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
-                "; use a larger cache");
+                (too_small ? "; use a larger cache" : ""));
       }
       sr.policies.push_back(std::move(*r));
     }
@@ -172,6 +178,13 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
 int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   auto sizes = parse_sizes(o.cache_experts);
   if (!sizes) return fail(sizes.error().message());
+  if (auto e = overwrite_error("--report", o.report, "--trace", o.trace); !e.empty()) return fail(e);
+  std::optional<util::OutputFile> report_file;  // opened first: a path that cannot be written fails before the work
+  if (!o.report.empty()) {
+    auto f = util::OutputFile::open(o.report);
+    if (!f) return fail("report: " + f.error().message());
+    report_file.emplace(std::move(*f));
+  }
   if (o.policies.empty()) return fail("give at least one --policy (e.g. --policy lru --policy frequency)");
   std::vector<PolicySpec> specs;
   for (const auto& p : o.policies) {
@@ -191,18 +204,18 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     if (!m) return fail(m.error().message());
     manifest = std::move(*m);
   }
-  const auto expert_sizes =
-      manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(o.expert_bytes);
+  if (manifest && o.expert_bytes != 0) return fail("give --model or --expert-bytes, not both (the model has sizes)");
+  // Expert files are 4 KiB aligned, so a cache holds them in 4 KiB units: a size in between is rounded up, as the
+  // engine's slots are.
+  const std::uint64_t uniform = (o.expert_bytes + 4095) / 4096 * 4096;
+  const auto expert_sizes = manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(uniform);
 
   ab::ReplayReport report;
   if (auto err = compute_replay(specs, o.trace, *sizes, expert_sizes, o.model, report); !err.empty()) return fail(err);
 
-  if (!o.report.empty()) {
-    const auto html = ab::render_html(&report, nullptr);
-    if (auto s = util::write_file_atomically(o.report, [&](std::ostream& f) { return static_cast<bool>(f << html); });
-        !s) {
-      return fail("report: " + s.message());
-    }
+  if (report_file) {
+    report_file->stream() << ab::render_html(&report, nullptr);
+    if (auto s = report_file->commit(); !s) return fail("report: " + s.message());
   }
 
   if (o.json) {
@@ -262,6 +275,7 @@ struct ImportOptions {
 int run_import(const ImportOptions& o) {
   auto fmt = ab::parse_import_format(o.format);
   if (!fmt) return fail(fmt.error().message());
+  if (auto e = overwrite_error("-o", o.out, "input", o.input); !e.empty()) return fail(e);
   auto records = ab::import_trace(o.input, *fmt);
   if (!records) return fail(records.error().message());
   if (auto s = ab::write_trace(o.out, *records); !s) return fail(s.message());
@@ -327,6 +341,13 @@ int run_live(const LiveOptions& o) {
   auto sizes =
       o.cache_experts.empty() ? sdk::Expected<std::vector<std::uint64_t>>(no_sizes) : parse_sizes(o.cache_experts);
   if (!sizes) return fail(sizes.error().message());
+  if (auto e = overwrite_error("--report", o.report, "--trace", o.trace); !e.empty()) return fail(e);
+  std::optional<util::OutputFile> report_file;  // opened before the runs: they may take an hour
+  if (!o.report.empty()) {
+    auto f = util::OutputFile::open(o.report);
+    if (!f) return fail("report: " + f.error().message());
+    report_file.emplace(std::move(*f));
+  }
   std::vector<std::string> prompts;
   if (o.prompts.empty()) {
     prompts = {"The history of the printing press", "Write a short poem about the sea."};
@@ -380,6 +401,18 @@ int run_live(const LiveOptions& o) {
     }
   }
   rep.verdict = ab::compare_paired(rep.a.decode_tps, rep.b.decode_tps);
+  // The cache's own measures: on a slow disk fewer bytes read is the answer even where speed is within noise.
+  const std::vector<std::string> measures = {ab::compare_measure(
+                                                 "expert hit rate", rep.a.hit_rate, rep.b.hit_rate,
+                                                 [](double x) {
+                                                   char b[32];
+                                                   std::snprintf(b, sizeof b, "%.1f points", 100 * x);
+                                                   return std::string(b);
+                                                 },
+                                                 true),
+                                             ab::compare_measure(
+                                                 "bytes read per run", rep.a.bytes_read, rep.b.bytes_read,
+                                                 [](double x) { return mib(static_cast<std::uint64_t>(x)); }, false)};
   std::optional<ab::ReplayReport> replayed;
   if (!o.trace.empty()) {
     auto manifest = model::load_manifest(*dir);
@@ -393,12 +426,9 @@ int run_live(const LiveOptions& o) {
       return fail(err);
     }
   }
-  if (!o.report.empty()) {
-    const auto html = ab::render_html(replayed ? &*replayed : nullptr, &rep);
-    if (auto s = util::write_file_atomically(o.report, [&](std::ostream& f) { return static_cast<bool>(f << html); });
-        !s) {
-      return fail("report: " + s.message());
-    }
+  if (report_file) {
+    report_file->stream() << ab::render_html(replayed ? &*replayed : nullptr, &rep);
+    if (auto s = report_file->commit(); !s) return fail("report: " + s.message());
   }
   if (o.json) {
     nlohmann::json j = {{"model", o.model}, {"mode", rep.mode}, {"runs", o.runs}};
@@ -409,6 +439,7 @@ int run_live(const LiveOptions& o) {
                                        {"hit_rate", side->hit_rate},
                                        {"bytes_read", side->bytes_read}};
     }
+    j["measures"] = measures;
     j["verdict"] = {{"median_diff", rep.verdict.median_diff},   {"ci_low", rep.verdict.ci_low},
                     {"ci_high", rep.verdict.ci_high},           {"sign_p", rep.verdict.sign_p},
                     {"within_noise", rep.verdict.within_noise}, {"text", rep.verdict.text}};
@@ -422,7 +453,8 @@ int run_live(const LiveOptions& o) {
                 *std::max_element(t.begin(), t.end()), 100 * ab::median(side->hit_rate),
                 mib(static_cast<std::uint64_t>(ab::median(side->bytes_read))).c_str());
   }
-  std::printf("verdict: %s\n", rep.verdict.text.c_str());
+  std::printf("verdict (decode speed): %s\n", rep.verdict.text.c_str());
+  for (const auto& line : measures) std::printf("%s\n", line.c_str());
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "colibri/engine/sampler.hpp"
 #include "colibri/util/host_info.hpp"
 #include "colibri/util/metrics.hpp"
+#include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
 namespace colibri::cli {
@@ -100,6 +101,11 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   std::optional<profile::Profile> prof;
   auto engine = open_engine(global, o.engine, &prof);
   if (!engine) return 1;
+  if (!o.record_trace.empty()) {  // checked before the work, not after it
+    const auto model = engine->model_dir().string();
+    if (auto e = overwrite_error("--record-trace", o.record_trace, "--model", model); !e.empty()) return fail(e);
+    if (auto f = util::OutputFile::open(o.record_trace); !f) return fail("--record-trace: " + f.error().message());
+  }
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.prompt_tokens + o.gen_tokens > engine->context()) {
     return fail(

@@ -9,6 +9,7 @@
 #include "colibri/ab/record.hpp"
 #include "colibri/engine/generate.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 #include "interrupt.hpp"
 
@@ -57,6 +58,11 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
+  if (!o.record_trace.empty()) {  // checked before the work, not after it
+    const auto model = engine->model_dir().string();
+    if (auto e = overwrite_error("--record-trace", o.record_trace, "--model", model); !e.empty()) return fail(e);
+    if (auto f = util::OutputFile::open(o.record_trace); !f) return fail("--record-trace: " + f.error().message());
+  }
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(o.prompt, !o.no_special);

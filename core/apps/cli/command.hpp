@@ -40,6 +40,11 @@ void add_profile_options(CLI::App& cmd, GlobalOptions& global);
 // Prints "error: ..." to stderr and returns the exit code for a failed command.
 int fail(const std::string& message);
 
+// "" unless writing `output` would replace `input` (the same file, through any links) or go inside the directory
+// `input`: then the error that names both flags. Outputs are written whole at the end, so the input would be lost.
+std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
+                            const std::string& input);
+
 }  // namespace colibri::cli
 
 #define COLIBRI_CLI_CONCAT_(a, b) a##b

@@ -1,5 +1,6 @@
 // colibri-cli: thin front end; each command lives in its own cmd_*.cpp.
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "colibri/util/log.hpp"
@@ -20,6 +21,20 @@ CommandRegistrar::CommandRegistrar(int order, CommandSetup setup) {
 int fail(const std::string& message) {
   std::cerr << "error: " << message << "\n";
   return 1;
+}
+
+std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
+                            const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (output.empty() || input.empty()) return {};
+  const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
+  const bool same = fs::exists(output, ec) && fs::equivalent(output, input, ec);
+  const auto [i, o] = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
+  const bool inside = fs::is_directory(input, ec) && i == in.end();
+  if (!same && !inside) return {};
+  return out_flag + " " + output + (same ? " is " : " lies inside ") + in_flag + " " + input +
+         "; writing it would destroy that input: name another file";
 }
 
 std::vector<profile::Override> GlobalOptions::cli_overrides() const {

@@ -192,6 +192,22 @@ LiveVerdict compare_paired(const std::vector<double>& a, const std::vector<doubl
   return v;
 }
 
+std::string compare_measure(const std::string& name, const std::vector<double>& a, const std::vector<double>& b,
+                            const std::function<std::string(double)>& format, bool more_is_better) {
+  const LiveVerdict v = compare_paired(a, b);
+  if (v.b_faster == 0 && v.a_faster == 0) return name + ": the same for A and B";
+  const double base = median(a);
+  const std::string stats =
+      "median B-A " + std::string(v.median_diff < 0 ? "-" : "+") + format(std::abs(v.median_diff)) +
+      (base > 0 ? ", " + fmt("%+.1f%%", 100 * v.median_diff / base) : std::string()) + ", B higher in " +
+      std::to_string(v.b_faster) + " of " + std::to_string(std::min(a.size(), b.size())) +
+      " pairs, sign test p = " + fmt("%.3f", v.sign_p);
+  // A measure of the expert cache (not of time) barely varies run to run: the sign test alone decides.
+  if (v.sign_p >= 0.05) return name + ": no clear difference (" + stats + ")";
+  const bool b_better = (v.median_diff > 0) == more_is_better;
+  return name + ": " + (b_better ? "B" : "A") + " is better (" + stats + ")";
+}
+
 std::string render_html(const ReplayReport* replay, const LiveReport* live) {
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>colibri cache A/B report</title>\n"

@@ -477,7 +477,11 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     std::vector<std::string> all_keys;
     for (const auto& o : kCanonical) all_keys.emplace_back(o.name);
     for (const auto& ov : options.overrides) {
-      const std::string shown = ov.flag == "--set" ? "--set " + ov.key + "=" + ov.value : ov.flag + " " + ov.value;
+      // "--set key=value"; a flag that stands for one key, "--expert-cache-size 8G"; a flag that sets several
+      // (written with its whole argument, "--policy lru:half_life=3") as it is.
+      const std::string shown = ov.flag == "--set"                       ? "--set " + ov.key + "=" + ov.value
+                                : ov.flag.find(' ') != std::string::npos ? ov.flag
+                                                                         : ov.flag + " " + ov.value;
       const auto dot = ov.key.find('.');
       if (dot == std::string::npos || dot == 0 || dot + 1 == ov.key.size()) {
         return Status(StatusCode::invalid_argument,

@@ -149,6 +149,49 @@ class Replay(unittest.TestCase):
                 "--cache-experts", "1", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("larger cache", p.stderr)
+        # A pin the model does not have is not a size problem.
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:9:9", "--cache-experts",
+                "4", check=False)
+        self.assertIn("names L9/E9, which this model does not have", p.stderr)
+        self.assertNotIn("larger cache", p.stderr)
+        # A bad policy option names the --policy argument it came from.
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru:bogus=1", "--cache-experts",
+                "4", check=False)
+        self.assertIn("--policy lru:bogus=1: unknown key 'cache.bogus'", p.stderr)
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--expert-bytes", "4096", "--policy", "lru",
+                "--cache-experts", "4", check=False)
+        self.assertIn("give --model or --expert-bytes, not both", p.stderr)
+        p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "99999999999999",
+                check=False)
+        self.assertIn("is not a positive expert count", p.stderr)
+
+    def test_expert_bytes_are_counted_in_4k_units_as_the_files_are(self):
+        # 5 experts of 5000 bytes fill 5 slots of 8 KiB: not the 40000 bytes of all 8, so the cache streams.
+        odd = json.loads(cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "5",
+                             "--expert-bytes", "5000", "--json").stdout)
+        even = json.loads(cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "5",
+                              "--expert-bytes", "8192", "--json").stdout)
+        self.assertEqual(odd["sizes"][0]["policies"][0]["hits"], even["sizes"][0]["policies"][0]["hits"])
+        self.assertGreaterEqual(odd["sizes"][0]["optimal"]["hits"], odd["sizes"][0]["policies"][0]["hits"])
+
+    def test_outputs_never_replace_their_inputs(self):
+        trace = os.path.join(WORK, "precious.jsonl")
+        shutil.copy(self.trace(), trace)
+        def text():
+            with open(trace) as f:
+                return f.read()
+        before = text()
+        p = cli("ab", "replay", "--trace", trace, "--policy", "lru", "--cache-experts", "3", "--report", trace,
+                check=False)
+        self.assertIn("is --trace", p.stderr)
+        self.assertEqual(text(), before)
+        p = cli("ab", "import", trace, "--format", "json", "-o", trace, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(text(), before)
+        p = cli("bench", "-m", model(), "--prompt-tokens", "2", "--gen-tokens", "1", "--record-trace",
+                os.path.join(model(), "manifest.json"), check=False)
+        self.assertIn("lies inside --model", p.stderr)
+        self.assertEqual(cli("inspect", model()).returncode, 0)
 
     def test_replay_counts_what_the_run_counted(self):
         # A run without prefetch and its own trace replayed at the same cache size: the same hits and misses,
@@ -230,6 +273,15 @@ class Live(unittest.TestCase):
         self.assertEqual(order, [profiles[1], profiles[3]] * 3)
         p = cli("ab", "live", "-m", m, "--profile", profiles[1], check=False)
         self.assertIn("exactly two profiles", p.stderr)
+        # The cache's own measures get lines of their own; a report that cannot be written fails before any run.
+        p = cli("ab", "live", "-m", m, *profiles, "--runs", "2", "-n", "4")
+        self.assertRegex(p.stdout, r"expert hit rate: (no clear difference|the same|[AB] is better)")
+        self.assertRegex(p.stdout, r"bytes read per run: (no clear difference|the same|[AB] is better)")
+        self.assertIn(j["measures"][0].split(":")[0], "expert hit rate")
+        p = cli("ab", "live", "-m", m, *profiles, "--runs", "2", "-n", "4", "--report", "/nonexistent/x.html",
+                check=False)
+        self.assertIn("report: cannot write /nonexistent/x.html", p.stderr)
+        self.assertNotIn("run 1", p.stderr)
 
 
 if __name__ == "__main__":
