@@ -123,7 +123,7 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
                       {"per_layer", hp.n_experts},
                       {"top_k", hp.n_experts_per_tok},
                       {"bytes", man.expert_bytes()},
-                      {"bytes_per_expert", largest}};
+                      {"bytes_per_expert", largest}};  // the largest: layers may mix block types
     out["resident_bytes"] = man.resident_bytes();
     out["bytes_per_token_all_miss"] = man.bytes_per_token_all_miss();
     out["quantization"] = man.quantization;
@@ -153,7 +153,7 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
               << human_bytes(static_cast<double>(largest)) << " per layer\n";
   } else {
     std::cout << "experts:       " << man.experts.size() << " (" << hp.n_experts << " per layer, top-"
-              << hp.n_experts_per_tok << "), " << human_bytes(static_cast<double>(largest)) << " each, "
+              << hp.n_experts_per_tok << "), up to " << human_bytes(static_cast<double>(largest)) << " each, "
               << human_bytes(static_cast<double>(man.expert_bytes())) << " in all\n";
   }
   std::cout << "resident:      " << human_bytes(static_cast<double>(man.resident_bytes())) << " (shared.bin)\n"
