@@ -111,9 +111,16 @@ sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
     }
     const auto icds = icd_manifests();
     if (icds.empty()) {
+      for (const char* var : {"VK_DRIVER_FILES", "VK_ICD_FILENAMES"}) {
+        if (const char* v = std::getenv(var); v != nullptr && *v != '\0') {
+          return {0, std::string(var) + "=" + v +
+                         " names no readable Vulkan driver manifest; unset it or name one in "
+                         "/usr/share/vulkan/icd.d"};
+        }
+      }
       return {0,
-              "no Vulkan driver is installed (no ICD manifest in /usr/share/vulkan/icd.d, /etc/vulkan/icd.d or "
-              "VK_DRIVER_FILES); apt-get install mesa-vulkan-drivers or the GPU vendor's driver"};
+              "no Vulkan driver is installed (no ICD manifest in /usr/share/vulkan/icd.d or /etc/vulkan/icd.d); "
+              "apt-get install mesa-vulkan-drivers or the GPU vendor's driver"};
     }
     const auto vendors = gpu_vendors();
     std::string names, matched;

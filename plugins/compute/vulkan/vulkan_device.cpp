@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 
 #include "vulkan_shaders.hpp"
@@ -100,11 +101,17 @@ Status Context::init(const ContextOptions& options) {
   app.apiVersion = VK_API_VERSION_1_2;
   auto ici = make_info<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
   ici.pApplicationInfo = &app;
+  // The loader reads only the drivers these name when they are set: a wrong path here looks like no driver at all.
+  std::string chosen;
+  for (const char* var : {"VK_DRIVER_FILES", "VK_ICD_FILENAMES"}) {
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') chosen = std::string(var) + "=" + v;
+  }
+  const std::string why =
+      chosen.empty() ? "apt-get install mesa-vulkan-drivers, or the GPU vendor's driver"
+                     : chosen + " limits the loader to those drivers; unset it or name an installed ICD manifest";
   if (VkResult r = api_.vkCreateInstance(&ici, nullptr, &instance_); r != VK_SUCCESS) {
-    return Status(StatusCode::unsupported,
-                  std::string("creating a Vulkan instance failed (") + result_name(r) +
-                      "): no usable Vulkan driver is installed (apt-get install mesa-vulkan-drivers, or the GPU "
-                      "vendor's driver)");
+    return Status(StatusCode::unsupported, std::string("creating a Vulkan instance failed (") + result_name(r) +
+                                               "): no usable Vulkan driver was found (" + why + ")");
   }
   if (std::string missing = load_instance(api_, instance_); !missing.empty()) {
     return Status(StatusCode::unsupported, "the Vulkan loader lacks " + missing);
@@ -117,8 +124,11 @@ Status Context::init(const ContextOptions& options) {
   physicals.resize(count);
   if (physicals.empty()) {
     return Status(StatusCode::unsupported,
-                  "the Vulkan loader found no device (no driver for this machine's GPU; apt-get install "
-                  "mesa-vulkan-drivers provides the lavapipe CPU device)");
+                  "the Vulkan loader found no device (" +
+                      (chosen.empty() ? std::string("no driver for this machine's GPU; apt-get install "
+                                                    "mesa-vulkan-drivers provides the lavapipe CPU device")
+                                      : why) +
+                      ")");
   }
   std::string listing;
   for (std::size_t i = 0; i < physicals.size(); ++i) {
