@@ -55,11 +55,13 @@ TEST(VulkanPlugin, RequiredDeviceExistsWhenCiAsksForIt) {
 TEST(VulkanPlugin, ScoreIsZeroWithAReasonWhenNoDriverIsInstalled) {
   auto lib = plugin();
   ASSERT_NE(lib, nullptr);
+  // A driver list that names nothing installed: the reason points at the variable, not at installing Mesa.
   ScopedEnv env("VK_DRIVER_FILES", "/nonexistent/colibri-no-such-icd.json");
   const Score s = lib->descriptor().score(HostInfo{});
   EXPECT_EQ(s.value, 0);
-  EXPECT_NE(s.reason.find("no Vulkan driver"), std::string::npos) << s.reason;
-  EXPECT_NE(s.reason.find("mesa-vulkan-drivers"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("VK_DRIVER_FILES=/nonexistent/colibri-no-such-icd.json names no readable Vulkan driver"),
+            std::string::npos)
+      << s.reason;
 }
 
 TEST(VulkanPlugin, CreateWithoutADriverIsAClearUnsupportedError) {
