@@ -498,6 +498,13 @@ class Api(unittest.TestCase):
                                             "rstrip": False, "normalized": False, "special": True})
             with open(os.path.join(model, "tokenizer.json"), "w") as f:
                 json.dump(tok, f)
+            # The edit is deliberate: drop the checksum convert recorded for the file, as a model from before
+            # checksums would have none (else every load refuses the changed tokenizer, as it should).
+            with open(os.path.join(model, "manifest.json")) as f:
+                man = json.load(f)
+            man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)
+            with open(os.path.join(model, "manifest.json"), "w") as f:
+                json.dump(man, f)
         ids = lambda text: json.loads(subprocess.run([CLI, "tokenize", "--model", model, "--text", text],
                                                      check=True, capture_output=True, text=True).stdout)["ids"]
         prefix, suffix = "def area(r):\n    return ", "\n\nprint(area(2))\n"
