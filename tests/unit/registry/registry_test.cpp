@@ -114,6 +114,11 @@ TEST(Registry, AnOptionTableWithoutANameIsRefusedNotDereferenced) {
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer owns SIGSEGV and its forked death-test child hangs on the sanitizer's locks; the release build
+  // runs this test.
+  GTEST_SKIP() << "not under AddressSanitizer";
+#endif
   EXPECT_DEATH(scan({"score_crashes"}),
                "a plugin crashed .signal 11. in score.. of [^ ]*libcolibri-storage-fixture-crash.so; remove it");
 }
