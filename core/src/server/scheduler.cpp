@@ -59,6 +59,19 @@ Scheduler::~Scheduler() {
   shutdown(std::chrono::milliseconds(0));
 }
 
+namespace {
+
+// The terminal event of a job that never ran: cancelled while it waited in the queue.
+void end_unrun(Job& job) {
+  GenerationEvent ev;
+  ev.kind = GenerationEvent::Kind::finished;
+  ev.finish_reason = "cancelled";
+  ev.prompt_tokens = static_cast<std::int64_t>(job.request.prompt.size());
+  if (job.on_event) job.on_event(std::move(ev));
+}
+
+}  // namespace
+
 Scheduler::Submit Scheduler::submit(std::shared_ptr<Job> job) {
   return submit(std::span<const std::shared_ptr<Job>>(&job, 1));
 }
@@ -87,13 +100,7 @@ Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) 
     }
     stats_.queue_depth = queue_.size();
   }
-  for (auto& job : dropped) {  // every job gets its one terminal event, outside the lock
-    GenerationEvent ev;
-    ev.kind = GenerationEvent::Kind::finished;
-    ev.finish_reason = "cancelled";
-    ev.prompt_tokens = static_cast<std::int64_t>(job->request.prompt.size());
-    if (job->on_event) job->on_event(std::move(ev));
-  }
+  for (auto& job : dropped) end_unrun(*job);  // every job gets its one terminal event, outside the lock
   return result;
 }
 
@@ -180,13 +187,7 @@ void Scheduler::loop() {
     left.swap(queue_);
     stats_.queue_depth = 0;
   }
-  for (auto& job : left) {
-    GenerationEvent ev;
-    ev.kind = GenerationEvent::Kind::finished;
-    ev.finish_reason = "cancelled";
-    ev.prompt_tokens = static_cast<std::int64_t>(job->request.prompt.size());
-    if (job->on_event) job->on_event(std::move(ev));
-  }
+  for (auto& job : left) end_unrun(*job);
 }
 
 void Scheduler::finish(Sequence& seq, const std::string& reason) {
