@@ -99,7 +99,9 @@ class ScalarCompute final : public ComputeBase {
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
       case Op::store_rows:  // optional (the engine then encodes KV rows on the host); buffers here are host memory
-      case Op::expert_ffn_group:  // optional (the engine then calls expert_ffn per expert)
+      case Op::expert_ffn_group:    // optional (the engine then calls expert_ffn per expert)
+      case Op::attention_sinks:     // optional: gpt-oss models then refuse this backend at load, by op name
+      case Op::expert_ffn_clamped:  // (likewise)
       case Op::count_: return false;
       default: return weight_type == DType::f32;
     }
@@ -119,7 +121,7 @@ class ScalarCompute final : public ComputeBase {
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
         case Op::expert_ffn: return expert_ffn(c);
-        default:  // store_rows, expert_ffn_group, or an op of a newer SDK: supports() said no
+        default:  // store_rows, expert_ffn_group, the gpt-oss ops, or a newer SDK's op: supports() said no
           return Status(StatusCode::unsupported,
                         "scalar: op " + std::to_string(static_cast<std::uint32_t>(c.op)) + " is not implemented");
       }

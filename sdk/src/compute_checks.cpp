@@ -1,5 +1,7 @@
 #include "colibri/sdk/compute_checks.hpp"
 
+#include <cmath>
+
 namespace colibri::sdk {
 
 namespace {
@@ -27,6 +29,8 @@ class Checker {
       case Op::embedding: return embedding();
       case Op::store_rows: return store_rows();
       case Op::expert_ffn_group: return expert_ffn_group();
+      case Op::attention_sinks: return attention();
+      case Op::expert_ffn_clamped: return expert_ffn_clamped();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -85,6 +89,31 @@ class Checker {
   Status expert_ffn() const {
     if (!counts(4, 1)) return count_error(4, 1);
     return expert(0, "");
+  }
+
+  // expert_ffn's four inputs, then b_gate {F}, b_up {F}, b_down {D} (f32); alpha = params.scale, limit = params.eps.
+  Status expert_ffn_clamped() const {
+    if (!counts(7, 1)) return count_error(7, 1);
+    if (Status s = expert(0, ""); !s) return s;
+    const std::int64_t d = c_.inputs[0].ne[0], f = row_count(c_.inputs[0]);
+    const struct {
+      const char* what;
+      std::int64_t n;
+    } biases[] = {{"b_gate", f}, {"b_up", f}, {"b_down", d}};
+    for (std::size_t i = 0; i < 3; ++i) {
+      const Tensor& b = c_.inputs[4 + i];
+      if (Status s = need(b, DType::f32, biases[i].what); !s) return s;
+      if (element_count(b) != biases[i].n || b.ne[0] != biases[i].n) {
+        return bad(std::string(biases[i].what) + " " + shape_text(b) + " must have " + (i < 2 ? "F" : "D") + " = " +
+                   std::to_string(biases[i].n) + " elements");
+      }
+    }
+    const OpParams& p = c_.params;
+    if (!(p.eps > 0.0f) || !std::isfinite(p.eps)) {
+      return bad("params.eps (the clamp limit) must be positive and finite, got " + std::to_string(p.eps));
+    }
+    if (!std::isfinite(p.scale)) return bad("params.scale (alpha) must be finite, got " + std::to_string(p.scale));
+    return {};
   }
 
   Status expert_ffn_group() const {
@@ -152,14 +181,16 @@ class Checker {
     return same_as(y, "Y", x, "X");
   }
 
+  // attention (Q, K, V) and attention_sinks (Q, K, V, sinks {n_heads} f32).
   Status attention() const {
-    if (!counts(3, 1)) return count_error(3, 1);
+    const bool sinks = c_.op == Op::attention_sinks;
+    if (!counts(sinks ? 4 : 3, 1)) return count_error(sinks ? 4 : 3, 1);
     const Tensor &q = c_.inputs[0], &k = c_.inputs[1], &v = c_.inputs[2], &o = c_.outputs[0];
     if (Status s = need(q, DType::f32, "Q"); !s) return s;
     if (Status s = need(o, DType::f32, "O"); !s) return s;
     if (!is_kv_type(k.type) || k.type != v.type) {
-      return Status(StatusCode::unsupported, "attention: KV cache types " + std::string(to_string(k.type)) + " / " +
-                                                 std::string(to_string(v.type)) + " are not supported by " +
+      return Status(StatusCode::unsupported, std::string(name_) + ": KV cache types " + std::string(to_string(k.type)) +
+                                                 " / " + std::string(to_string(v.type)) + " are not supported by " +
                                                  std::string(backend_) + " (f32, f16 or q8_0, both the same)");
     }
     const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3];
@@ -171,6 +202,12 @@ class Checker {
     }
     if (nkv <= 0 || nh % nkv != 0) {
       return bad(std::to_string(nh) + " query heads are not a multiple of " + std::to_string(nkv) + " KV heads");
+    }
+    if (sinks) {
+      const Tensor& sk = c_.inputs[3];
+      if (Status s = need(sk, DType::f32, "sinks"); !s) return s;
+      if (sk.ne[0] != nh || element_count(sk) != nh)
+        return bad("sinks " + shape_text(sk) + " must have n_heads = " + std::to_string(nh) + " elements");
     }
     const OpParams& p = c_.params;
     if (p.position < 0 || p.window < 0) return bad("params.position and params.window must be >= 0");
@@ -303,6 +340,10 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::topk_routing:
     case Op::scale_add:
     case Op::sigmoid: return weight_type == DType::f32;
+    // Optional: a backend claims these itself once it runs them.
+    case Op::expert_ffn_group:
+    case Op::attention_sinks:
+    case Op::expert_ffn_clamped: return false;
     default: return false;
   }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
-modeling_llama, modeling_mistral, modeling_rope_utils). It reads the HF checkpoint itself (config.json +
-safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_rope_utils). It reads the HF checkpoint itself
+(config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -13,8 +13,14 @@ Semantics kept from HF, per architecture:
   * Attention: q/k/v projections (+bias for Qwen2-MoE), Qwen3-MoE q/k RMSNorm per head before rope, OLMoE q/k
     RMSNorm over the whole projection (then clip_qkv), GQA (head h uses kv head h // (n_heads / n_kv)), causal mask,
     sliding window (key j visible from query i when i - j < window), scores * head_dim^-0.5, softmax.
+  * gpt-oss attention: q/k/v/o biases, the window per layer (layer_types "sliding_attention"; default even layers),
+    a learned sink logit per head joins each row's softmax and is then dropped (the key probs sum to < 1).
   * MoE: router logits -> softmax over all experts -> top-k -> renormalise (Mixtral always; others when
     norm_topk_prob) -> sum of w * down(silu(gate x) * up x); Qwen2-MoE adds sigmoid(shared_gate x) * shared(x).
+  * gpt-oss MoE: router logits = x W^T + b -> top-k -> softmax over the k; experts fused [E, in, out] (x @ W + b),
+    gate/up interleaved in gate_up_proj (even/odd columns), gate = min(gate, limit), up = clip(up, +-limit),
+    out = ((up + 1) * gate * sigmoid(alpha gate)) @ down + b. MXFP4 experts (*_blocks + *_scales, U8) are
+    dequantized as transformers' convert_moe_packed_tensors: low nibble first, times 2^(scale - 127).
   * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step) run one SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
 """
@@ -46,6 +52,9 @@ def _read_safetensors(path):
         a, b = info["data_offsets"]
         raw = data[a:b]
         dt = info["dtype"]
+        if dt == "U8":  # MXFP4 blocks / scales: kept as bytes for dequantize_mxfp4
+            out[name] = np.frombuffer(raw, dtype=np.uint8).reshape(info["shape"])
+            continue
         if dt == "F32":
             arr = np.frombuffer(raw, dtype="<f4")
         elif dt == "F16":
@@ -71,7 +80,21 @@ def load_checkpoint(directory):
         files = ["model.safetensors"]
     for name in files:
         weights.update(_read_safetensors(os.path.join(directory, name)))
+    for name in [n for n in weights if n.endswith("_blocks")]:
+        base = name[:-len("_blocks")]
+        weights[base] = dequantize_mxfp4(weights.pop(name), weights.pop(base + "_scales"))
     return cfg, weights
+
+
+FP4_VALUES = np.array([+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0,
+                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def dequantize_mxfp4(blocks, scales):
+    """blocks [E, out, G, 16] U8, scales [E, out, G] U8 -> the HF parameter [E, in = G*32, out]."""
+    vals = np.stack([FP4_VALUES[blocks & 0x0F], FP4_VALUES[blocks >> 4]], axis=-1)  # element 2i = low nibble
+    vals = vals * np.ldexp(1.0, scales.astype(np.int64) - 127)[..., None, None]
+    return vals.reshape(*blocks.shape[:-2], -1).transpose(0, 2, 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -176,6 +199,30 @@ def mlp(x, g, u, d):
     return (silu(x @ g.T) * (x @ u.T)) @ d.T
 
 
+def gpt_oss_glu(gate_up, alpha, limit):
+    gate = np.minimum(gate_up[..., 0::2], limit)
+    up = np.clip(gate_up[..., 1::2], -limit, limit)
+    return (up + 1) * (gate / (1.0 + np.exp(-alpha * gate)))
+
+
+def gpt_oss_moe(cfg, W, pre, h, layer, trace):
+    k_top = cfg["num_experts_per_tok"]
+    alpha, limit = cfg.get("swiglu_alpha", 1.702), cfg.get("swiglu_limit", 7.0)
+    logits = h @ W[pre + "router.weight"].T + W[pre + "router.bias"]
+    gu, gu_b = W[pre + "experts.gate_up_proj"], W[pre + "experts.gate_up_proj_bias"]
+    dn, dn_b = W[pre + "experts.down_proj"], W[pre + "experts.down_proj_bias"]
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        order = np.argsort(-logits[ti], kind="stable")[:k_top]  # torch.topk: ties go to the lower index
+        w = softmax(logits[ti][order])
+        if trace is not None:
+            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
+                          "weights": [float(z) for z in w]})
+        for e, we in sorted(zip(order, w)):
+            y[ti] += we * (gpt_oss_glu(h[ti] @ gu[e] + gu_b[e], alpha, limit) @ dn[e] + dn_b[e])
+    return y
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -190,13 +237,17 @@ def forward(cfg, W, tokens, trace=None):
     window = 0
     if t in ("mistral", "mixtral") and cfg.get("sliding_window"):
         window = cfg["sliding_window"]
+    layer_types = cfg.get("layer_types") or \
+        ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg["num_hidden_layers"])]
     x = W["model.embed_tokens.weight"][np.asarray(tokens)]
     i_idx, j_idx = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
-    visible = j_idx <= i_idx
-    if window:
-        visible &= (i_idx - j_idx) < window
+    causal = j_idx <= i_idx
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
+        if t == "gpt_oss":
+            window = cfg["sliding_window"] if layer_types[l] == "sliding_attention" else 0
+        visible = causal & ((i_idx - j_idx) < window) if window else causal
+        sinks = W.get(p + "self_attn.sinks")
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
 
         def proj(name):
@@ -226,13 +277,19 @@ def forward(cfg, W, tokens, trace=None):
             kh = head // group
             s = (q[:, head, :] @ k[:, kh, :].T) / math.sqrt(hd)
             s = np.where(visible, s, -np.inf)
-            out[:, head, :] = softmax(s) @ v[:, kh, :]
+            if sinks is not None:  # the sink takes part in the softmax, then its column is dropped
+                probs = softmax(np.concatenate([s, np.full((T, 1), sinks[head])], axis=-1))[:, :-1]
+            else:
+                probs = softmax(s)
+            out[:, head, :] = probs @ v[:, kh, :]
         a = out.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T
         if p + "self_attn.o_proj.bias" in W:
             a = a + W[p + "self_attn.o_proj.bias"]
         x = x + a
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        if is_sparse(cfg, l):
+        if t == "gpt_oss":
+            y = gpt_oss_moe(cfg, W, p + "mlp.", h, l, trace)
+        elif is_sparse(cfg, l):
             if t == "mixtral":
                 pre, ne, names = p + "block_sparse_moe.", cfg["num_local_experts"], ("w1", "w3", "w2")
                 renorm = True

@@ -86,7 +86,7 @@ double active_bytes_per_token(const model::Manifest& m) {
   }
   std::map<std::int64_t, std::pair<double, int>> per_layer;
   for (const auto& e : m.experts) {
-    per_layer[e.layer].first += static_cast<double>(e.gate.size + e.up.size + e.down.size);
+    for (const auto* part : e.parts()) per_layer[e.layer].first += static_cast<double>(part->size);
     per_layer[e.layer].second += 1;
   }
   for (const auto& [layer, sum] : per_layer) {

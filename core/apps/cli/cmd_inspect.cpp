@@ -106,7 +106,7 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
   std::map<std::string, std::uint64_t> type_bytes;
   for (const auto& t : man.tensors) type_bytes[std::string(sdk::to_string(t.type))] += t.size;
   for (const auto& e : man.experts) {
-    for (const auto* p : {&e.gate, &e.up, &e.down}) type_bytes[std::string(sdk::to_string(p->type))] += p->size;
+    for (const auto* p : e.parts()) type_bytes[std::string(sdk::to_string(p->type))] += p->size;
   }
   std::uint64_t largest = 0;
   for (const auto& e : man.experts) largest = std::max(largest, e.size);

@@ -90,8 +90,8 @@ const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifes
 }  // namespace
 
 struct Engine::Layer {
-  Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, q_norm, k_norm, ffn_norm;
-  Tensor router, sh_gate, sh_up, sh_down, sh_gate_inp;
+  Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, q_norm, k_norm, ffn_norm, sinks;
+  Tensor router, router_bias, sh_gate, sh_up, sh_down, sh_gate_inp;
   bool sparse = false;
   std::int64_t top_k = 1;
 };
@@ -346,6 +346,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     L.bv = get(b + "attn_v.bias", {kvd}, hp_.attention_qkv_bias);
     L.wo = get(b + "attn_output.weight", {D, qd}, true);
     L.bo = get(b + "attn_output.bias", {D}, hp_.attention_out_bias);
+    L.sinks = get(b + "attn_sinks.weight", {hp_.num_heads}, hp_.attention_sinks);
     if (hp_.qk_norm == "per_head") {
       L.q_norm = get(b + "attn_q_norm.weight", {hd}, true);
       L.k_norm = get(b + "attn_k_norm.weight", {hd}, true);
@@ -360,6 +361,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     L.top_k = hp_.layer_top_k(l);
     if (L.sparse) {
       L.router = get(b + "ffn_gate_inp.weight", {hp_.n_experts, D}, true);
+      L.router_bias = get(b + "ffn_gate_inp.bias", {hp_.n_experts}, hp_.router_bias);
       const std::int64_t sff = hp_.shared_expert_intermediate_size;
       if (sff > 0) {
         L.sh_gate = get(b + "ffn_gate_shexp.weight", {sff, D}, true);
@@ -375,12 +377,27 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!devices[0].host_memory && options_.shared_on_device.value_or(true)) {
     if (auto s = upload_shared_weights(devices[0]); !s) return s;
   }
-  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.compute)) {
+  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.compute, expert_op())) {
+    if (hp_.expert_bias()) {
+      return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                                 " cannot run gpt-oss experts (its expert_ffn_clamped op is missing "
+                                                 "for " +
+                                                 std::string(sdk::to_string(part->type)) + " weights, " + part->name +
+                                                 "); use compute.backend: cpu");
+    }
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
                                                std::string(sdk::to_string(part->type)) + " experts (" + part->name +
                                                ")");
   }
-  group_experts_ = unsupported_expert_part(manifest_, *plugins_.compute, Op::expert_ffn_group) == nullptr;
+  if (hp_.attention_sinks && !plugins_.compute->supports(Op::attention_sinks, options_.kv_type)) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                               " cannot run attention with sinks (gpt-oss's attention_sinks op) on a " +
+                                               std::string(sdk::to_string(options_.kv_type)) +
+                                               " KV cache; use compute.backend: cpu");
+  }
+  // The group op has no biased form: gpt-oss experts run one call each.
+  group_experts_ =
+      !hp_.expert_bias() && unsupported_expert_part(manifest_, *plugins_.compute, Op::expert_ffn_group) == nullptr;
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
@@ -450,7 +467,7 @@ Status Engine::run_expert(std::int64_t l, std::int64_t e, const Tensor& x, const
   if (!on_cpu) {
     auto w = experts_->acquire(l, e);
     if (!w) return w.error();
-    Status s = run_op(Op::expert_ffn, {w->gate, w->up, w->down, x}, {y}, params);
+    Status s = run_expert_op(*plugins_.compute, plugins_.compute_name, *w, x, y, params);
     experts_->release(l, e);
     return s;
   }
@@ -470,8 +487,7 @@ Status Engine::run_expert(std::int64_t l, std::int64_t e, const Tensor& x, const
   if (!w) return w.error();
   experts_->fill_vram(l, e);  // while VRAM has free slots: uploaded during the CPU run, a hit next time
   const auto start = std::chrono::steady_clock::now();
-  Status s = run_op_on(*plugins_.cpu_fallback, "cpu (compute.cpu_fallback)", Op::expert_ffn,
-                       {w->gate, w->up, w->down, xh}, {yh}, params);
+  Status s = run_expert_op(*plugins_.cpu_fallback, "cpu (compute.cpu_fallback)", *w, xh, yh, params);
   experts_->release_for_cpu(l, e, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (s && y.buffer != nullptr) s = from_host(S.ye.data(), y);
   return s;
@@ -535,7 +551,7 @@ Status Engine::setup_cpu_fallback(bool has_device_memory) {
     plugins_.cpu_fallback.reset();
     return {};
   }
-  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.cpu_fallback)) {
+  if (const auto* part = unsupported_expert_part(manifest_, *plugins_.cpu_fallback, expert_op())) {
     return Status(StatusCode::unsupported, "compute.cpu_fallback: the cpu backend cannot run " +
                                                std::string(sdk::to_string(part->type)) + " experts (" + part->name +
                                                "); set compute.cpu_fallback: off");
@@ -581,8 +597,7 @@ Status Engine::setup_cpu_fallback(bool has_device_memory) {
   auto s = experts_->with_ram_weights(probe->layer, probe->expert, [&](const ExpertWeights& w) -> Status {
     auto run_cpu = [&](std::int64_t n) {
       return [&, n] {
-        return run_op_on(*plugins_.cpu_fallback, "cpu", Op::expert_ffn, {w.gate, w.up, w.down, f32(x.data(), D, n)},
-                         {f32(y.data(), D, n)}, mm_p);
+        return run_expert_op(*plugins_.cpu_fallback, "cpu", w, f32(x.data(), D, n), f32(y.data(), D, n), mm_p);
       };
     };
     auto one = best_of(3, run_cpu(1), cold);
@@ -602,7 +617,8 @@ Status Engine::setup_cpu_fallback(bool has_device_memory) {
     auto* mapped = static_cast<std::byte*>((*buf)->host_pointer());
     const ExpertWeights dw = expert_weights(*probe, mapped, buf->get(), 0);
     auto device = best_of(3, [&] {
-      return run_op(Op::expert_ffn, {dw.gate, dw.up, dw.down, f32(x.data(), D, 1)}, {f32(y.data(), D, 1)}, mm_p);
+      return run_expert_op(*plugins_.compute, plugins_.compute_name, dw, f32(x.data(), D, 1), f32(y.data(), D, 1),
+                           mm_p);
     });
     if (!device) return device.error();
     offload_.device_bytes_per_second = bytes / *device;
@@ -623,8 +639,9 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
   constexpr std::size_t kBufferBytes = std::size_t{256} << 20;  // as the VRAM tier: one allocation stays modest
   std::vector<Tensor*> views = {&embedding_, &output_norm_, &output_};
   for (auto& L : layers_) {
-    for (Tensor* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.bo, &L.q_norm, &L.k_norm,
-                      &L.ffn_norm, &L.router, &L.sh_gate, &L.sh_up, &L.sh_down, &L.sh_gate_inp}) {
+    for (Tensor* t :
+         {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.bo, &L.q_norm, &L.k_norm, &L.ffn_norm,
+          &L.sinks, &L.router, &L.router_bias, &L.sh_gate, &L.sh_up, &L.sh_down, &L.sh_gate_inp}) {
       if (t->data != nullptr) views.push_back(t);
     }
   }
@@ -697,6 +714,27 @@ sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
         kv.error().message());
   }
   return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context);
+}
+
+Op Engine::expert_op() const {
+  return hp_.expert_bias() ? Op::expert_ffn_clamped : Op::expert_ffn;
+}
+
+Status Engine::run_expert_op(sdk::Compute& compute, const std::string& name, const ExpertWeights& w, const Tensor& x,
+                             const Tensor& y, sdk::OpParams params) {
+  if (!hp_.expert_bias()) return run_op_on(compute, name, Op::expert_ffn, {w.gate, w.up, w.down, x}, {y}, params);
+  params.scale = static_cast<float>(hp_.swiglu_alpha);
+  params.eps = static_cast<float>(hp_.swiglu_limit);
+  return run_op_on(compute, name, Op::expert_ffn_clamped,
+                   {w.gate, w.up, w.down, x, w.gate_bias, w.up_bias, w.down_bias}, {y}, params);
+}
+
+Status Engine::router_logits(const Layer& L, const Tensor& h, const Tensor& logits) {
+  // The router runs unquantized activations: routing must not depend on how activations are packed.
+  sdk::OpParams router_p;
+  router_p.flags = sdk::kExactActivations;
+  if (present(L.router_bias)) return run_op(Op::matmul, {L.router, h, L.router_bias}, {logits}, router_p);
+  return run_op(Op::matmul, {L.router, h}, {logits}, router_p);
 }
 
 Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
@@ -946,11 +984,17 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
       COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
       sdk::OpParams attn_p;
       attn_p.position = static_cast<std::int32_t>(pos);
-      attn_p.window = static_cast<std::int32_t>(hp_.sliding_window);
+      attn_p.window = static_cast<std::int32_t>(hp_.layer_window(l));
       attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-      COLIBRI_TRY(run_op(Op::attention,
-                         {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
-                         {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+      if (present(L.sinks)) {
+        COLIBRI_TRY(run_op(Op::attention_sinks,
+                           {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n), L.sinks},
+                           {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+      } else {
+        COLIBRI_TRY(run_op(Op::attention,
+                           {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
+                           {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+      }
     }
     if (present(L.bo)) {
       COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
@@ -1006,10 +1050,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   if (s = size(S.router, static_cast<std::size_t>(E * T)); !s) return s;
   S.weights.resize(static_cast<std::size_t>(K * T));
   S.expert_ids.resize(static_cast<std::size_t>(K * T));
-  // The router runs unquantized activations: routing must not depend on how activations are packed.
-  sdk::OpParams router_p;
-  router_p.flags = sdk::kExactActivations;
-  if (s = run_op(Op::matmul, {L.router, h}, {view(S.router, E, T)}, router_p); !s) return s;
+  if (s = router_logits(L, h, view(S.router, E, T)); !s) return s;
   sdk::OpParams topk_p;
   topk_p.top_k = static_cast<std::int32_t>(K);
   topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
@@ -1197,7 +1238,9 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     if (present(L.sh_gate_inp)) {
       S.gate.resize(static_cast<std::size_t>(T));
       S.acc.resize(static_cast<std::size_t>(T));
-      if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, router_p); !s) return s;
+      sdk::OpParams gate_p;
+      gate_p.flags = sdk::kExactActivations;  // as the router: a gate must not depend on activation packing
+      if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, gate_p); !s) return s;
       if (s = run_op(Op::sigmoid, {f32(S.acc.data(), 1, T)}, {f32(S.gate.data(), 1, T)}); !s) return s;
       if (s = run_op(Op::scale_add, {view(S.shared, D, T), f32(S.gate.data(), T)}, {view(out, D, T)}); !s) {
         return s;
@@ -1221,8 +1264,6 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, s
   auto& S = *scratch_;
   const std::int64_t E = hp_.n_experts;
   std::vector<sdk::ExpertKey> wanted;
-  sdk::OpParams router_p;
-  router_p.flags = sdk::kExactActivations;
   for (std::int64_t m = l + 1; m <= l + prefetch_layers_ && m < hp_.num_layers; ++m) {
     const Layer& M = layers_[static_cast<std::size_t>(m)];
     if (!M.sparse) {
@@ -1233,7 +1274,7 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, s
     S.pred_router.resize(static_cast<std::size_t>(E * T));
     S.pred_weights.resize(static_cast<std::size_t>(K * T));
     S.pred_ids.resize(static_cast<std::size_t>(K * T));
-    Status s = run_op(Op::matmul, {M.router, h}, {f32(S.pred_router.data(), E, T)}, router_p);
+    Status s = router_logits(M, h, f32(S.pred_router.data(), E, T));
     if (!s) return s;
     sdk::OpParams topk_p;
     topk_p.top_k = static_cast<std::int32_t>(K);

@@ -46,7 +46,8 @@ ExpertWeights expert_weights(const model::ExpertEntry& e, std::byte* host, sdk::
     const std::size_t at = t.offset - e.offset;
     return weight_view(t, host != nullptr ? host + at : nullptr, buffer, buffer != nullptr ? offset + at : 0);
   };
-  return {part(e.gate), part(e.up), part(e.down)};
+  if (!e.has_bias()) return {part(e.gate), part(e.up), part(e.down), {}, {}, {}};
+  return {part(e.gate), part(e.up), part(e.down), part(e.gate_bias), part(e.up_bias), part(e.down_bias)};
 }
 
 ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::path model_dir,
@@ -187,7 +188,7 @@ Status ExpertManager::verify(const model::ExpertEntry& e, const Slot& slot) cons
 
 Status ExpertManager::verify(const model::ExpertEntry& e, const std::byte* data) const {
   const std::string where = key_name(e.layer, e.expert);
-  for (const auto* part : {&e.gate, &e.up, &e.down}) {
+  for (const auto* part : e.parts()) {
     if (part->offset < e.offset || part->size > e.size || part->offset - e.offset > e.size - part->size) {
       return Status(StatusCode::corrupt_data,
                     where + ": tensor " + part->name + " lies outside its blob; re-run convert");

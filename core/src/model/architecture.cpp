@@ -35,7 +35,8 @@ namespace {
 const std::map<std::string, std::string>& hf_arch_map() {
   static const std::map<std::string, std::string> m{
       {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
-      {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"}};
+      {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+      {"GptOssForCausalLM", "gpt_oss"}};
   return m;
 }
 
@@ -117,8 +118,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   h.num_kv_heads = get_int("num_key_value_heads", h.num_heads, false);
   h.head_dim = get_int("head_dim", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
   h.max_position_embeddings = get_int("max_position_embeddings", 4096, false);
-  h.rms_norm_eps = get_float("rms_norm_eps", 1e-6);
-  h.rope_theta = get_float("rope_theta", a == "mixtral" ? 1e6 : 10000.0);
+  h.rms_norm_eps = get_float("rms_norm_eps", a == "gpt_oss" ? 1e-5 : 1e-6);
+  h.rope_theta = get_float("rope_theta", a == "mixtral" ? 1e6 : a == "gpt_oss" ? 150000.0 : 10000.0);
   if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) h.rope_scaling = c["rope_scaling"];
   // transformers >= 4.56 may write rope_parameters {rope_theta, rope_type, ...} instead.
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
@@ -142,8 +143,36 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "llama" && get_bool("mlp_bias", false)) {
     return Status(StatusCode::unsupported, where + ": mlp_bias=true is not supported");
   }
-  if (a == "llama" || a == "qwen3_moe" || a == "olmoe") {
-    h.attention_qkv_bias = h.attention_out_bias = get_bool("attention_bias", false);
+  if (a == "llama" || a == "qwen3_moe" || a == "olmoe" || a == "gpt_oss") {
+    h.attention_qkv_bias = h.attention_out_bias = get_bool("attention_bias", a == "gpt_oss");
+  }
+  if (a == "gpt_oss") {
+    h.sliding_window = get_int("sliding_window", 128, false);
+    // transformers' default: even layers slide, odd ones attend to everything.
+    if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+      const auto& types = c["layer_types"];
+      if (!types.is_array() || static_cast<std::int64_t>(types.size()) != get_int("num_hidden_layers", 0, true)) {
+        return bad_config(where, "layer_types must list one entry per layer (num_hidden_layers)");
+      }
+      for (std::size_t l = 0; l < types.size(); ++l) {
+        const std::string t = types[l].is_string() ? types[l].get<std::string>() : types[l].dump();
+        if (t == "sliding_attention") {
+          h.sliding_layers.push_back(static_cast<std::int64_t>(l));
+        } else if (t != "full_attention") {
+          return bad_config(where, "layer_types[" + std::to_string(l) + "] is " + t +
+                                       "; it must be \"sliding_attention\" or \"full_attention\"");
+        }
+      }
+    } else {
+      for (std::int64_t l = 0; l < get_int("num_hidden_layers", 0, true); l += 2) h.sliding_layers.push_back(l);
+    }
+    // No layer slides: the window must not fall back to applying to every layer (an empty list's meaning).
+    if (h.sliding_layers.empty()) h.sliding_window = 0;
+    h.attention_sinks = true;
+    h.router_bias = true;
+    h.expert_activation = "swiglu_clamped";
+    h.swiglu_alpha = get_float("swiglu_alpha", 1.702);
+    h.swiglu_limit = get_float("swiglu_limit", 7.0);
   }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
@@ -156,11 +185,12 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.n_experts = 1;
     h.n_experts_per_tok = 1;
     h.intermediate_size = get_int("intermediate_size", 0, true);
-  } else if (a == "mixtral") {
+  } else if (a == "mixtral" || a == "gpt_oss") {
     h.n_experts = get_int("num_local_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 2, false);
     h.moe_intermediate_size = get_int("intermediate_size", 0, true);
-    h.norm_topk_prob = true;  // Mixtral renormalizes over the chosen experts
+    // Mixtral renormalizes over the chosen experts; gpt-oss takes a softmax over the chosen logits, the same.
+    h.norm_topk_prob = true;
   } else {
     h.n_experts = get_int("num_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
@@ -343,6 +373,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   };
   add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
   const bool mixtral = hp.architecture == "mixtral";
+  const bool gpt_oss = hp.architecture == "gpt_oss";
   for (std::int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
@@ -356,6 +387,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     }
     add(b + "attn_output.weight", p + "self_attn.o_proj.weight", {hid, q_dim}, TensorKind::attn_o, l);
     if (hp.attention_out_bias) add(b + "attn_output.bias", p + "self_attn.o_proj.bias", {hid}, TensorKind::bias, l);
+    if (hp.attention_sinks) add(b + "attn_sinks.weight", p + "self_attn.sinks", {hp.num_heads}, TensorKind::bias, l);
     if (hp.qk_norm == "per_head") {
       add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {hp.head_dim}, TensorKind::norm, l);
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {hp.head_dim}, TensorKind::norm, l);
@@ -366,8 +398,9 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
-      add(b + "ffn_gate_inp.weight", p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"),
-          {hp.n_experts, hid}, TensorKind::router, l);
+      const std::string router = mixtral ? "block_sparse_moe.gate" : gpt_oss ? "mlp.router" : "mlp.gate";
+      add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
+      if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
         add(b + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", {sff, hid},
@@ -384,9 +417,9 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     }
     // Experts: routed ones, or the dense FFN as expert 0.
     const std::int64_t ff = hp.layer_ffn_size(l);
-    std::vector<std::array<PlannedTensor, 3>> layer;
+    std::vector<std::vector<PlannedTensor>> layer;
     for (std::int64_t e = 0; e < hp.layer_experts(l); ++e) {
-      std::array<PlannedTensor, 3> parts;
+      std::vector<PlannedTensor> parts(hp.expert_bias() ? 6 : 3);
       static const char* kPart[3] = {"gate", "up", "down"};
       static const char* kMixtral[3] = {"w1", "w3", "w2"};
       static const TensorKind kKind[3] = {TensorKind::expert_gate, TensorKind::expert_up, TensorKind::expert_down};
@@ -406,6 +439,24 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
           t.gguf_name = b + "ffn_" + kPart[i] + "_exps.weight";
           t.gguf_expert = e;
           t.gguf_alt_name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".weight";
+        }
+        if (gpt_oss) {
+          t.hf_name = p + (i == 2 ? "mlp.experts.down_proj" : "mlp.experts.gate_up_proj");
+          t.hf_expert = e;
+          t.hf_fused_part = i == 2 ? -1 : i;
+        }
+      }
+      if (hp.expert_bias()) {  // gpt-oss: a bias per projection, cut from [E, 2F] / [E, D] tensors
+        for (int i = 0; i < 3; ++i) {
+          PlannedTensor& t = parts[static_cast<std::size_t>(3 + i)];
+          t.name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".bias";
+          t.kind = TensorKind::bias;
+          t.layer = l;
+          t.expert = e;
+          t.shape = {i == 2 ? hid : ff};
+          t.hf_name = p + (i == 2 ? "mlp.experts.down_proj_bias" : "mlp.experts.gate_up_proj_bias");
+          t.hf_expert = e;
+          t.hf_fused_part = i == 2 ? -1 : i;
         }
       }
       layer.push_back(std::move(parts));

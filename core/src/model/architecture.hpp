@@ -40,7 +40,11 @@ struct PlannedTensor {
   std::string gguf_alt_name;            // older per-expert GGUF name ("blk.L.ffn_gate.E.weight"), or empty
   std::int64_t gguf_expert = -1;        // slice of the merged GGUF tensor
   std::int64_t gguf_permute_heads = 0;  // llama.cpp permuted these rows for its rope (llama arch Q/K)
-  std::vector<std::int64_t> shape;      // HF order
+  // gpt-oss keeps a layer's experts in fused tensors [E, ...]: hf_name is that tensor, hf_expert the slice, and
+  // hf_fused_part 0 / 1 the even (gate) / odd (up) outputs of gate_up_proj (-1: all). convert.cpp cuts the part out.
+  std::int64_t hf_expert = -1;
+  int hf_fused_part = -1;
+  std::vector<std::int64_t> shape;  // HF order
   TensorKind kind = TensorKind::norm;
   std::int64_t layer = -1;
   std::int64_t expert = -1;
@@ -49,7 +53,7 @@ struct PlannedTensor {
 struct ModelPlan {
   std::vector<PlannedTensor> shared;
   // experts[layer][expert] = {gate, up, down}
-  std::vector<std::vector<std::array<PlannedTensor, 3>>> experts;
+  std::vector<std::vector<std::vector<PlannedTensor>>> experts;  // [layer][expert]: gate, up, down [, their biases]
 };
 
 // HF architectures (config.json "architectures") and GGUF general.architecture values supported.

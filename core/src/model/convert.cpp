@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -64,6 +65,9 @@ struct SourceRef {
   const SafetensorsTensor* st = nullptr;
   const GgufTensorInfo* gg = nullptr;
   std::string name;  // source name for messages
+  // Set for parts cut out of fused tensors (gpt-oss experts): produces f32 rows [row0, row0 + n) of the part.
+  std::function<Status(std::int64_t row0, std::int64_t n, float* dst)> gather;
+  std::vector<std::string> also_read;  // further input tensors the gather reads (MXFP4 scales)
 };
 
 struct Input {
@@ -74,6 +78,11 @@ struct Input {
   json config;
 
   Status read(const SourceRef& r, std::uint64_t offset, void* dst, std::size_t n) const {
+    if (r.gather) {  // f32 rows: callers read whole rows
+      const std::uint64_t row = static_cast<std::uint64_t>(r.cols) * sizeof(float);
+      return r.gather(static_cast<std::int64_t>(offset / row), static_cast<std::int64_t>(n / row),
+                      static_cast<float*>(dst));
+    }
     if (r.st != nullptr) return st->read(*r.st, r.base + offset, dst, n);
     return gguf->read(*r.gg, r.base + offset, dst, n);
   }
@@ -91,7 +100,130 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
   return t + "]";
 }
 
+Status bad_source_shape(const Input& in, const SafetensorsTensor& t, const std::vector<std::int64_t>& want) {
+  return Status(StatusCode::invalid_argument, in.st->files()[t.file_index].string() + ": tensor '" + t.name +
+                                                  "' has shape " + shape_text(t.shape) + " but config.json implies " +
+                                                  shape_text(want));
+}
+
+// MXFP4 (OCP microscaling FP4, how openai/gpt-oss ships its experts): 16 bytes of e2m1 pairs per 32 values, low
+// nibble first, and one e8m0 scale byte 2^(s - 127) per block, as transformers' convert_moe_packed_tensors reads them.
+void decode_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t n_blocks, float* out) {
+  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
+    for (int k = 0; k < 16; ++k) {
+      const std::uint8_t byte = blocks[b * 16 + k];
+      out[b * 32 + 2 * k] = kE2m1[byte & 0x0F] * scale;
+      out[b * 32 + 2 * k + 1] = kE2m1[byte >> 4] * scale;
+    }
+  }
+}
+
+// A gpt-oss expert part (see PlannedTensor::hf_expert). Weights come as bf16 gate_up_proj [E, D, 2F] / down_proj
+// [E, F, D] (input-major: the part is transposed, gate and up interleaved) or as MXFP4 *_blocks [E, rows, D/32, 16]
+// + *_scales [E, rows, D/32] (output-major); biases as [E, 2F] (interleaved) / [E, D].
+sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p) {
+  const std::int64_t e = p.hf_expert, part = p.hf_fused_part;
+  const std::int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
+  const std::int64_t stride = part >= 0 ? 2 : 1, first = part >= 0 ? part : 0;  // output o of the part: o*stride+first
+  SourceRef r;
+  r.type = DType::f32;
+  r.rows = rows;
+  r.cols = cols;
+  r.size = static_cast<std::uint64_t>(rows * cols) * sizeof(float);
+  const SafetensorsTensor* t = in.st->find(p.hf_name);
+  const SafetensorsTensor* blocks = t == nullptr ? in.st->find(p.hf_name + "_blocks") : nullptr;
+  const SafetensorsTensor* scales = t == nullptr ? in.st->find(p.hf_name + "_scales") : nullptr;
+  if (blocks != nullptr && scales != nullptr && p.shape.size() == 2) {
+    const std::int64_t n_blocks = cols / 32, src_rows = rows * stride;
+    const std::int64_t n_experts = blocks->shape.empty() ? 0 : blocks->shape[0];
+    if (cols % 32 != 0 || blocks->dtype != "U8" || scales->dtype != "U8" ||
+        blocks->shape != std::vector<std::int64_t>{n_experts, src_rows, n_blocks, 16} ||
+        scales->shape != std::vector<std::int64_t>{n_experts, src_rows, n_blocks} || e >= n_experts) {
+      return Status(StatusCode::invalid_argument,
+                    in.st->files()[blocks->file_index].string() + ": MXFP4 tensors '" + blocks->name + "' " +
+                        shape_text(blocks->shape) + " " + blocks->dtype + " and '" + scales->name + "' " +
+                        shape_text(scales->shape) + " " + scales->dtype +
+                        " do not fit config.json, which implies U8 [E, " + std::to_string(src_rows) + ", " +
+                        std::to_string(n_blocks) + ", 16] and [E, " + std::to_string(src_rows) + ", " +
+                        std::to_string(n_blocks) + "]");
+    }
+    r.name = blocks->name;
+    r.also_read = {scales->name};
+    r.gather = [&in, blocks, scales, e, src_rows, n_blocks, stride, first](std::int64_t row0, std::int64_t n,
+                                                                           float* dst) -> Status {
+      std::vector<std::uint8_t> b(static_cast<std::size_t>(n_blocks * 16)), s(static_cast<std::size_t>(n_blocks));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto src = static_cast<std::uint64_t>(e * src_rows + (row0 + i) * stride + first);
+        if (auto st = in.st->read(*blocks, src * b.size(), b.data(), b.size()); !st) return st;
+        if (auto st = in.st->read(*scales, src * s.size(), s.data(), s.size()); !st) return st;
+        decode_mxfp4_row(b.data(), s.data(), n_blocks, dst + i * n_blocks * 32);
+      }
+      return {};
+    };
+    return r;
+  }
+  if (t == nullptr && (blocks != nullptr) != (scales != nullptr)) {
+    return Status(StatusCode::not_found, "the checkpoint " + in.path.string() + " has '" + p.hf_name +
+                                             (blocks != nullptr ? "_blocks' but not '" + p.hf_name + "_scales'"
+                                                                : "_scales' but not '" + p.hf_name + "_blocks'") +
+                                             " (MXFP4 needs both); the download is incomplete");
+  }
+  if (t == nullptr) {
+    return Status(StatusCode::not_found, "tensor '" + p.hf_name + "' (or MXFP4 '" + p.hf_name + "_blocks' and '" +
+                                             p.hf_name + "_scales', needed by " + (in.path / "config.json").string() +
+                                             ") is missing from the checkpoint " + in.path.string());
+  }
+  DType type = DType::f32;
+  if (t->dtype == "F16") {
+    type = DType::f16;
+  } else if (t->dtype == "BF16") {
+    type = DType::bf16;
+  } else if (t->dtype != "F32") {
+    return Status(StatusCode::unsupported, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
+                                               "' has dtype " + t->dtype +
+                                               "; colibri converts F32, F16 and BF16 weights (and MXFP4 experts)");
+  }
+  const std::int64_t n_experts = t->shape.empty() ? 0 : t->shape[0];
+  // The source slice of expert e: [rows * stride] for a bias; [cols, rows * stride] for a weight (input-major).
+  const std::vector<std::int64_t> want = p.shape.size() == 1
+                                             ? std::vector<std::int64_t>{n_experts, cols * stride}
+                                             : std::vector<std::int64_t>{n_experts, cols, rows * stride};
+  if (t->shape != want || e >= n_experts) return bad_source_shape(in, *t, want);
+  r.name = t->name;
+  const std::uint64_t slice_elems =
+      static_cast<std::uint64_t>(t->shape[1]) * static_cast<std::uint64_t>(t->shape.size() > 2 ? t->shape[2] : 1);
+  // The whole slice is read once per part (a real gpt-oss expert: 2880 x 5760 bf16, 33 MB): its columns are the
+  // part's rows, so reading row by row would read the slice once per row.
+  auto slice = std::make_shared<std::vector<float>>();
+  r.gather = [&in, t, type, e, slice_elems, slice, rows, cols, stride, first, bias = p.shape.size() == 1](
+                 std::int64_t row0, std::int64_t n, float* dst) -> Status {
+    if (slice->empty()) {
+      const std::size_t elem = sdk::row_bytes(type, 1);
+      std::vector<char> raw(static_cast<std::size_t>(slice_elems) * elem);
+      if (auto s = in.st->read(*t, static_cast<std::uint64_t>(e) * raw.size(), raw.data(), raw.size()); !s) return s;
+      slice->resize(static_cast<std::size_t>(slice_elems));
+      if (auto s = quant::dequantize_row(type, raw.data(), slice->data(), static_cast<std::int64_t>(slice_elems)); !s)
+        return s;
+    }
+    const std::int64_t width = (bias ? cols : rows) * stride;  // the source row length
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t o = row0 + i;  // the part's row
+      for (std::int64_t c = 0; c < cols; ++c) {
+        dst[i * cols + c] = bias ? (*slice)[static_cast<std::size_t>(c * stride + first)]
+                                 : (*slice)[static_cast<std::size_t>(c * width + o * stride + first)];
+      }
+    }
+    if (row0 + n >= rows) std::vector<float>().swap(*slice);  // the last rows: free the slice
+    return {};
+  };
+  return r;
+}
+
 sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
+  if (p.hf_expert >= 0) return locate_hf_fused(in, p);
   const auto* t = in.st->find(p.hf_name);
   if (t == nullptr) {
     return Status(StatusCode::not_found, "tensor '" + p.hf_name + "' (needed by " + (in.path / "config.json").string() +
@@ -706,7 +838,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   const ModelPlan plan = build_plan(hp, gguf_arch);
 
   std::vector<Job> shared_jobs;
-  std::vector<std::vector<std::array<Job, 3>>> expert_jobs;
+  std::vector<std::vector<std::vector<Job>>> expert_jobs;
   std::uint64_t total_bytes = 0;
   auto make_job = [&](const PlannedTensor& p) -> sdk::Expected<Job> {
     auto src = in.is_gguf ? locate_gguf(in, p) : locate_hf(in, p);
@@ -724,13 +856,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   for (const auto& layer : plan.experts) {
     expert_jobs.emplace_back();
     for (const auto& parts : layer) {
-      std::array<Job, 3> jobs;
-      for (std::size_t i = 0; i < 3; ++i) {
-        auto j = make_job(parts[i]);
+      std::vector<Job> jobs;
+      for (const auto& part : parts) {
+        auto j = make_job(part);
         if (!j) return j.error();
-        jobs[i] = *j;
+        jobs.push_back(*j);
       }
-      expert_jobs.back().push_back(jobs);
+      expert_jobs.back().push_back(std::move(jobs));
     }
   }
   {  // Tensors the architecture does not use are not silently dropped: the summary names them.
@@ -738,7 +870,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     for (const auto& j : shared_jobs) used.insert(j.src.name);
     for (const auto& layer : expert_jobs) {
       for (const auto& parts : layer) {
-        for (const auto& j : parts) used.insert(j.src.name);
+        for (const auto& j : parts) {
+          used.insert(j.src.name);
+          used.insert(j.src.also_read.begin(), j.src.also_read.end());
+        }
       }
     }
     std::vector<std::string> unused;
@@ -870,10 +1005,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       ex.expert = static_cast<std::int64_t>(e);
       ex.file = rel;
       ex.offset = out.pos();
-      TensorEntry* parts[3] = {&ex.gate, &ex.up, &ex.down};
-      for (std::size_t i = 0; i < 3; ++i) {
+      TensorEntry* parts[6] = {&ex.gate, &ex.up, &ex.down, &ex.gate_bias, &ex.up_bias, &ex.down_bias};
+      for (std::size_t i = 0; i < expert_jobs[l][e].size(); ++i) {
         const Job& j = expert_jobs[l][e][i];
-        if (auto s = out.pad_to(kBlobAlignment); !s) return s;
+        // Weights start on a page (direct I/O, device copies); biases (gpt-oss) follow at 256, every backend's
+        // buffer offset alignment.
+        if (auto s = out.pad_to(i < 3 ? kBlobAlignment : 256); !s) return s;
         parts[i]->name = j.plan->name;
         parts[i]->file = rel;
         parts[i]->shape = j.plan->shape;

@@ -26,6 +26,22 @@ bool HyperParams::layer_is_sparse(std::int64_t layer) const {
   return decoder_sparse_step <= 1 || (layer + 1) % decoder_sparse_step == 0;
 }
 
+std::int64_t HyperParams::layer_window(std::int64_t layer) const {
+  if (sliding_window <= 0) return 0;
+  if (sliding_layers.empty()) return sliding_window;
+  return std::find(sliding_layers.begin(), sliding_layers.end(), layer) != sliding_layers.end() ? sliding_window : 0;
+}
+
+int HyperParams::format_version() const {
+  const bool v2 = !sliding_layers.empty() || attention_sinks || router_bias || expert_activation != "swiglu";
+  return v2 ? 2 : 1;
+}
+
+std::vector<const TensorEntry*> ExpertEntry::parts() const {
+  if (!has_bias()) return {&gate, &up, &down};
+  return {&gate, &up, &down, &gate_bias, &up_bias, &down_bias};
+}
+
 json HyperParams::to_json() const {
   json j;
   j["architecture"] = architecture;
@@ -60,6 +76,14 @@ json HyperParams::to_json() const {
   j["mlp_only_layers"] = mlp_only_layers;
   j["bos_token_id"] = bos_token_id;
   j["eos_token_ids"] = eos_token_ids;
+  if (format_version() >= 2) {
+    j["sliding_layers"] = sliding_layers;
+    j["attention_sinks"] = attention_sinks;
+    j["router_bias"] = router_bias;
+    j["expert_activation"] = expert_activation;
+    j["swiglu_alpha"] = swiglu_alpha;
+    j["swiglu_limit"] = swiglu_limit;
+  }
   return j;
 }
 
@@ -171,6 +195,14 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
   h.mlp_only_layers = f.get<std::vector<std::int64_t>>("mlp_only_layers");
   h.bos_token_id = f.get<std::int64_t>("bos_token_id");
   h.eos_token_ids = f.get<std::vector<std::int64_t>>("eos_token_ids");
+  if (!f.raw("expert_activation").is_null()) {  // format 2 (gpt-oss)
+    h.sliding_layers = f.get<std::vector<std::int64_t>>("sliding_layers");
+    h.attention_sinks = f.get<bool>("attention_sinks");
+    h.router_bias = f.get<bool>("router_bias");
+    h.expert_activation = f.get<std::string>("expert_activation");
+    h.swiglu_alpha = f.get<double>("swiglu_alpha");
+    h.swiglu_limit = f.get<double>("swiglu_limit");
+  }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
   return h;
@@ -296,6 +328,19 @@ Status HyperParams::validate() const {
           need(sliding_window >= 0 && decoder_sparse_step >= 1, "sliding_window / decoder_sparse_step out of range");
       !s)
     return s;
+  if (auto s = need(std::all_of(sliding_layers.begin(), sliding_layers.end(),
+                                [&](std::int64_t l) { return l >= 0 && l < num_layers; }),
+                    "sliding_layers lists a layer outside 0..num_layers-1");
+      !s)
+    return s;
+  if (auto s = need(expert_activation == "swiglu" || expert_activation == "swiglu_clamped",
+                    "expert_activation '" + expert_activation + "' is not supported (swiglu, swiglu_clamped)");
+      !s)
+    return s;
+  if (auto s = need(std::isfinite(swiglu_alpha) && swiglu_limit > 0 && std::isfinite(swiglu_limit),
+                    "swiglu_alpha must be finite and swiglu_limit positive and finite");
+      !s)
+    return s;
   if (auto s = need(mlp_only_layers.size() <= static_cast<std::size_t>(num_layers),
                     "mlp_only_layers lists more layers than num_layers");
       !s)
@@ -369,7 +414,9 @@ std::uint64_t Manifest::expert_bytes() const {
 std::uint64_t Manifest::total_params() const {
   std::uint64_t n = 0;
   for (const auto& t : tensors) n += elements(t.shape);
-  for (const auto& e : experts) n += elements(e.gate.shape) + elements(e.up.shape) + elements(e.down.shape);
+  for (const auto& e : experts) {
+    for (const auto* part : e.parts()) n += elements(part->shape);
+  }
   return n;
 }
 
@@ -452,7 +499,7 @@ bool safe_relative(const std::string& p) {
 json Manifest::to_json() const {
   json j;
   j["format"] = kManifestFormatName;
-  j["format_version"] = format_version;
+  j["format_version"] = hparams.format_version();
   j["architecture"] = hparams.architecture;
   j["hparams"] = hparams.to_json();
   j["source"] = source;
@@ -475,6 +522,11 @@ json Manifest::to_json() const {
                          {"gate", tensor_json(e.gate, false)},
                          {"up", tensor_json(e.up, false)},
                          {"down", tensor_json(e.down, false)}});
+    if (e.has_bias()) {
+      experts_j.back()["gate_bias"] = tensor_json(e.gate_bias, false);
+      experts_j.back()["up_bias"] = tensor_json(e.up_bias, false);
+      experts_j.back()["down_bias"] = tensor_json(e.down_bias, false);
+    }
   }
   j["experts"] = experts_j;
   return j;
@@ -487,9 +539,9 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
   auto version = f.get<int>("format_version");
   if (!f.status()) return f.status();
   if (format != kManifestFormatName) return bad(where + ": format is '" + format + "', not a colibri model");
-  if (version != kManifestFormatVersion) {
+  if (version < 1 || version > kManifestFormatVersion) {
     return bad(where + ": format_version " + std::to_string(version) + " is not supported (this colibri reads " +
-               std::to_string(kManifestFormatVersion) + "); re-run convert with this colibri");
+               "1 to " + std::to_string(kManifestFormatVersion) + "); re-run convert with this colibri");
   }
   Manifest m;
   m.format_version = version;
@@ -559,13 +611,22 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
     if (auto s = parse_tensor(ef.raw("gate"), e.gate, ew + ".gate", e.file); !s) return s;
     if (auto s = parse_tensor(ef.raw("up"), e.up, ew + ".up", e.file); !s) return s;
     if (auto s = parse_tensor(ef.raw("down"), e.down, ew + ".down", e.file); !s) return s;
+    if (m.hparams.expert_bias()) {
+      if (auto s = parse_tensor(ef.raw("gate_bias"), e.gate_bias, ew + ".gate_bias", e.file); !s) return s;
+      if (auto s = parse_tensor(ef.raw("up_bias"), e.up_bias, ew + ".up_bias", e.file); !s) return s;
+      if (auto s = parse_tensor(ef.raw("down_bias"), e.down_bias, ew + ".down_bias", e.file); !s) return s;
+    }
     TensorEntry blob;
     blob.file = e.file;
     blob.offset = e.offset;
     blob.size = e.size;
     if (auto s = within(blob, "expert " + name); !s) return s;
     // Written without offset + size: a huge offset would wrap and pass, and the run would read out of bounds.
-    for (const auto& [part, label] : {std::pair{&e.gate, "gate"}, std::pair{&e.up, "up"}, std::pair{&e.down, "down"}}) {
+    static const char* const kLabels[] = {"gate", "up", "down", "gate_bias", "up_bias", "down_bias"};
+    const auto parts = e.parts();
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const TensorEntry* part = parts[i];
+      const std::string label = kLabels[i];
       if (part->offset < e.offset || part->size > e.size || part->offset - e.offset > e.size - part->size) {
         return bad(ew + "." + label + ": part [" + std::to_string(part->offset) + ", +" + std::to_string(part->size) +
                    ") of expert " + name + " lies outside its blob [" + std::to_string(e.offset) + ", +" +
@@ -587,8 +648,13 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
       }
       const auto& ex = m.experts[idx];
       const std::int64_t ff = m.hparams.layer_ffn_size(l), hid = m.hparams.hidden_size;
+      const bool bias_ok =
+          !ex.has_bias() ||
+          (ex.gate_bias.shape == std::vector<std::int64_t>{ff} && ex.up_bias.shape == std::vector<std::int64_t>{ff} &&
+           ex.down_bias.shape == std::vector<std::int64_t>{hid} && ex.gate_bias.type == sdk::DType::f32 &&
+           ex.up_bias.type == sdk::DType::f32 && ex.down_bias.type == sdk::DType::f32);
       if (ex.gate.shape != std::vector<std::int64_t>{ff, hid} || ex.up.shape != std::vector<std::int64_t>{ff, hid} ||
-          ex.down.shape != std::vector<std::int64_t>{hid, ff}) {
+          ex.down.shape != std::vector<std::int64_t>{hid, ff} || !bias_ok) {
         return bad(where + ": expert L" + std::to_string(l) + "/E" + std::to_string(e) +
                    " has shapes that do not match the hyper-parameters");
       }

@@ -46,7 +46,7 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   for (const auto& t : m->tensors) tensors_of[t.file].emplace_back(&t, "shared");
   for (const auto& e : m->experts) {
     const std::string where = "L" + std::to_string(e.layer) + "/E" + std::to_string(e.expert);
-    for (const auto* part : {&e.gate, &e.up, &e.down}) tensors_of[e.file].emplace_back(part, where);
+    for (const auto* part : e.parts()) tensors_of[e.file].emplace_back(part, where);
   }
   for (auto& [file, list] : tensors_of) {
     std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });

@@ -227,7 +227,12 @@ class CpuCompute final : public ComputeBase {
   }
 
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
-    return op == Op::expert_ffn_group ? is_weight_type(weight_type) : supports_every_op(op, weight_type);
+    switch (op) {
+      case Op::expert_ffn_group:
+      case Op::expert_ffn_clamped: return is_weight_type(weight_type);
+      case Op::attention_sinks: return is_kv_type(weight_type);
+      default: return supports_every_op(op, weight_type);
+    }
   }
 
   Status run(const OpCall& c) noexcept override {
@@ -246,10 +251,12 @@ class CpuCompute final : public ComputeBase {
     switch (c.op) {
       case Op::matmul: return op_matmul(c);
       case Op::expert_ffn:
-      case Op::expert_ffn_group: return op_expert_ffn(c);
+      case Op::expert_ffn_group:
+      case Op::expert_ffn_clamped: return op_expert_ffn(c);
       case Op::rms_norm: return op_rms_norm(c);
       case Op::rope: return op_rope(c);
-      case Op::attention: return op_attention(c);
+      case Op::attention:
+      case Op::attention_sinks: return op_attention(c);
       case Op::swiglu: return op_swiglu(c);
       case Op::add: return op_add(c);
       case Op::topk_routing: return op_topk(c);
@@ -526,12 +533,13 @@ class CpuCompute final : public ComputeBase {
 
   // expert_ffn is a group of one. Every expert's gate and up projections go through one pool run, its swiglu
   // through another, the down projections through a third; each row of each matrix is computed as it would be
-  // alone, so grouping changes no bit.
+  // alone, so grouping changes no bit. expert_ffn_clamped is one expert whose three products add their biases as
+  // matmul's does, with the clamped activation in place of swiglu.
   Status op_expert_ffn(const OpCall& c) {
-    const bool group = c.op == Op::expert_ffn_group;
-    const char* op = group ? "expert_ffn_group" : "expert_ffn";
+    const bool group = c.op == Op::expert_ffn_group, clamped = c.op == Op::expert_ffn_clamped;
+    const char* op = group ? "expert_ffn_group" : clamped ? "expert_ffn_clamped" : "expert_ffn";
     if (!group) {
-      COLIBRI_TRY(need_count(op, c, 4, 4, 1));
+      COLIBRI_TRY(need_count(op, c, clamped ? 7 : 4, clamped ? 7 : 4, 1));
     } else if (c.inputs.empty() || c.inputs.size() % 4 != 0 || c.outputs.size() != c.inputs.size() / 4) {
       return bad(op, "expects 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert, got " +
                          std::to_string(c.inputs.size()) + " inputs and " + std::to_string(c.outputs.size()) +
@@ -540,6 +548,8 @@ class CpuCompute final : public ComputeBase {
     std::vector<ExpertCall>& ex = experts_;
     ex.resize(c.outputs.size());
     for (std::size_t e = 0; e < ex.size(); ++e) COLIBRI_TRY(check_expert(op, c, e, ex[e]));
+    const float *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr;
+    if (clamped) COLIBRI_TRY(check_clamped(op, c, ex[0], b_gate, b_up, b_down));
     const bool exact = (c.params.flags & kExactActivations) != 0;
     std::vector<std::int64_t>& at = hidden_at_;  // expert e's gate and up rows start at at[e] in their halves
     at.clear();
@@ -554,21 +564,63 @@ class CpuCompute final : public ComputeBase {
     jobs.clear();
     for (std::size_t e = 0; e < ex.size(); ++e) {
       const ExpertCall& x = ex[e];
-      jobs.push_back({x.gtype, x.g, x.f, nullptr, gate + at[e], x.dm, x.x, x.t});
-      jobs.push_back({x.utype, x.u, x.f, nullptr, up + at[e], x.dm, x.x, x.t});
+      jobs.push_back({x.gtype, x.g, x.f, b_gate, gate + at[e], x.dm, x.x, x.t});
+      jobs.push_back({x.utype, x.u, x.f, b_up, up + at[e], x.dm, x.x, x.t});
     }
     matmul_jobs(jobs, exact);
-    swiglu_rows(gate, up, gate, hidden);
+    if (clamped) {
+      clamped_glu_rows(gate, up, gate, hidden, c.params.scale, c.params.eps);
+    } else {
+      swiglu_rows(gate, up, gate, hidden);
+    }
     jobs.clear();
     for (std::size_t e = 0; e < ex.size(); ++e) {
       const ExpertCall& x = ex[e];
-      jobs.push_back({x.dtype, x.d, x.dm, nullptr, x.y, x.f, gate + at[e], x.t});
+      jobs.push_back({x.dtype, x.d, x.dm, b_down, x.y, x.f, gate + at[e], x.t});
     }
     matmul_jobs(jobs, exact);
     return {};
   }
 
+  // expert_ffn_clamped's inputs after expert_ffn's: b_gate {F}, b_up {F}, b_down {D}; alpha and limit.
+  Status check_clamped(const char* op, const OpCall& c, const ExpertCall& x, const float*& b_gate, const float*& b_up,
+                       const float*& b_down) {
+    const struct {
+      const char* role;
+      std::int64_t n;
+      const float** out;
+    } biases[] = {
+        {"b_gate (inputs[4])", x.f, &b_gate}, {"b_up (inputs[5])", x.f, &b_up}, {"b_down (inputs[6])", x.dm, &b_down}};
+    for (const auto& b : biases) {
+      const Tensor& B = c.inputs[static_cast<std::size_t>(&b - biases) + 4];
+      std::byte* p;
+      COLIBRI_TRY(resolve(op, b.role, B, p));
+      COLIBRI_TRY(need_type(op, b.role, B, DType::f32));
+      if (B.ne[0] != b.n || sdk::element_count(B) != b.n)
+        return bad(op, std::string(b.role) + " " + shape(B) + " must have " + std::to_string(b.n) + " elements");
+      *b.out = reinterpret_cast<const float*>(p);
+    }
+    const float alpha = c.params.scale, limit = c.params.eps;
+    if (!(limit > 0.0f) || !std::isfinite(limit))
+      return bad(op, "params.eps (the clamp limit) must be positive and finite, got " + std::to_string(limit));
+    if (!std::isfinite(alpha)) return bad(op, "params.scale (alpha) must be finite, got " + std::to_string(alpha));
+    return {};
+  }
+
   // ---------------------------------------------------------------- elementwise
+
+  // gpt-oss's activation: g = min(gate, limit), u = clamp(up, -limit, limit), out = g / (1 + e^(-alpha g)) * (u + 1)
+  // (g * sigmoid(alpha g) * (u + 1)), per element with the same operations on every path (portable_exp, no FMA).
+  void clamped_glu_rows(const float* g, const float* u, float* out, std::int64_t n, float alpha, float limit) {
+    constexpr std::int64_t kChunk = 4096;
+    pool_.run((n + kChunk - 1) / kChunk, [&](std::int64_t task, int) noexcept {
+      const std::int64_t e = std::min(n, (task + 1) * kChunk);
+      for (std::int64_t i = task * kChunk; i < e; ++i) {
+        const float gi = std::min(g[i], limit), ui = std::clamp(u[i], -limit, limit);
+        out[i] = gi / (1.0f + portable_exp(-(alpha * gi))) * (ui + 1.0f);
+      }
+    });
+  }
 
   void swiglu_rows(const float* g, const float* u, float* out, std::int64_t n) {
     constexpr std::int64_t kChunk = 4096;
@@ -777,9 +829,14 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- attention
 
+  // attention, and attention_sinks: its sink is one more key, with value zero, that every query of head h sees with
+  // the score sinks[h] (not scaled). The online softmax starts from it (m = sink, l = e^0 = 1, acc = 0) instead of
+  // from nothing (m = -inf, l = 0), so every key block then runs as it does without sinks.
   Status op_attention(const OpCall& c) {
-    const char* op = "attention";
-    COLIBRI_TRY(need_count(op, c, 3, 3, 1));
+    const bool with_sinks = c.op == Op::attention_sinks;
+    const char* op = with_sinks ? "attention_sinks" : "attention";
+    const std::size_t n_in = with_sinks ? 4 : 3;
+    COLIBRI_TRY(need_count(op, c, n_in, n_in, 1));
     const Tensor &Q = c.inputs[0], &K = c.inputs[1], &V = c.inputs[2], &O = c.outputs[0];
     std::byte *q, *k, *v, *o;
     COLIBRI_TRY(resolve(op, "Q (inputs[0])", Q, q));
@@ -808,6 +865,16 @@ class CpuCompute final : public ComputeBase {
       return bad(op, "queries at positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + t - 1) + " need " +
                          std::to_string(pos0 + t) + " cached keys, but the KV cache has S = " + std::to_string(s));
     if (c.params.window < 0) return bad(op, "params.window must be >= 0");
+    const float* sinks = nullptr;
+    if (with_sinks) {
+      const Tensor& Sk = c.inputs[3];
+      std::byte* sk;
+      COLIBRI_TRY(resolve(op, "sinks (inputs[3])", Sk, sk));
+      COLIBRI_TRY(need_type(op, "sinks (inputs[3])", Sk, DType::f32));
+      if (Sk.ne[0] != heads || sdk::element_count(Sk) != heads)
+        return bad(op, "sinks " + shape(Sk) + " must have n_heads = " + std::to_string(heads) + " elements");
+      sinks = reinterpret_cast<const float*>(sk);
+    }
     const std::size_t krow = row_bytes(K.type, hd), vrow = row_bytes(V.type, hd);
     const auto* qs = reinterpret_cast<const float*>(q);
     auto* os = reinterpret_cast<float*>(o);
@@ -841,8 +908,16 @@ class CpuCompute final : public ComputeBase {
       const float* qr = qs + (i * heads + h0) * hd;  // the g queries, hd apart
       const int nq = static_cast<int>(g);
       std::fill(acc, acc + g * hd, 0.0f);
-      std::fill(m, m + g, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + g, 0.0f);
+      if (sinks != nullptr) {
+        // The sink as the first key: m = its score, l = e^(sink - m) = 1, acc += 1 * 0. A sink of -inf is no key.
+        for (int n = 0; n < nq; ++n) {
+          m[n] = sinks[h0 + n];
+          l[n] = m[n] == -std::numeric_limits<float>::infinity() ? 0.0f : 1.0f;
+        }
+      } else {
+        std::fill(m, m + g, -std::numeric_limits<float>::infinity());
+        std::fill(l, l + g, 0.0f);
+      }
       const std::size_t kstride = static_cast<std::size_t>(kv_heads) * krow;
       const std::size_t vstride = static_cast<std::size_t>(kv_heads) * vrow;
       for (std::int64_t b0 = lo / kKeyBlock * kKeyBlock; b0 <= p; b0 += kKeyBlock) {
@@ -866,7 +941,7 @@ class CpuCompute final : public ComputeBase {
         for (int n = 0; n < nq; ++n) {
           float block_sum;
           const float mn = softmax(scores + n * kKeyBlock, nkeys, scale, m[n], &block_sum);
-          corr[n] = portable_exp(m[n] - mn);  // 0 on the first block (m = -inf)
+          corr[n] = portable_exp(m[n] - mn);  // 0 on the first block (m = -inf) unless a sink came first
           l[n] = l[n] * corr[n] + block_sum;
           m[n] = mn;
         }

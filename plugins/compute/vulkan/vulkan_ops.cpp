@@ -426,6 +426,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(std::move(c));
       break;
     }
+    case Op::attention_sinks:
+    case Op::expert_ffn_clamped:  // gpt-oss's ops: supports() says no, the engine then refuses the model by name
+      return Status(StatusCode::unsupported, std::string(name) + " is not implemented by the vulkan backend yet");
     default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no shader");
   }
 #undef COLIBRI_VK_BIND

@@ -790,6 +790,413 @@ TEST_P(ComputeConformance, StoreRowsEncodesLikeColibriQuantAndTouchesNothingElse
   if (tested == 0) GTEST_SKIP() << "store_rows is optional and this backend does not offer it";
 }
 
+// ------------------------------------------------------------------ gpt-oss: attention_sinks, expert_ffn_clamped
+
+// Both are optional: a backend whose supports() says no must refuse them (any error will do; the engine never calls
+// them then) and the tests skip.
+
+namespace {
+
+// One sink per query head: far below every score (no effect), near the scores (a share of the softmax), and far above
+// them (the head attends almost only to the sink, so its output is near zero). All differ, so a sink read for the
+// wrong head shows.
+std::vector<float> head_sinks(std::int64_t heads) {
+  const float pattern[] = {-100.0f, 2.5f, -2.0f, 20.0f, 0.0f, 6.0f, -0.5f, 4.0f};
+  std::vector<float> s(static_cast<std::size_t>(heads));
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = pattern[i % 8] + 0.25f * static_cast<float>(i / 8);
+  return s;
+}
+
+// A KV cache of `type` and what the reference reads from it.
+struct KvCache {
+  std::vector<std::byte> k, v;
+  std::vector<float> kd, vd;
+};
+
+KvCache make_kv(DType type, std::int64_t hd, std::int64_t kvh, std::int64_t s, unsigned seed) {
+  const std::int64_t n = hd * kvh * s;
+  const auto kf = randn(static_cast<std::size_t>(n), seed);
+  const auto vf = randn(static_cast<std::size_t>(n), seed + 1);
+  KvCache c;
+  c.k.resize(tensor_bytes(type, {hd, kvh, s, 1}));
+  c.v.resize(c.k.size());
+  if (auto st = quant::quantize_row(type, kf.data(), c.k.data(), n); !st) throw std::runtime_error(st.to_string());
+  if (auto st = quant::quantize_row(type, vf.data(), c.v.data(), n); !st) throw std::runtime_error(st.to_string());
+  c.kd = ref::dequantize(type, c.k.data(), n);
+  c.vd = ref::dequantize(type, c.v.data(), n);
+  return c;
+}
+
+// attention_sinks of t queries (at q) against the whole cache of s positions.
+Status run_attention_sinks(Compute& c, DType type, KvCache& kv, std::int64_t hd, std::int64_t heads, std::int64_t kvh,
+                           std::int64_t s, const float* q, std::int64_t t, std::vector<float>& sinks, float* o,
+                           const OpParams& p) {
+  return run_op(c, Op::attention_sinks,
+                {arg(DType::f32, {hd, heads, t, 1}, const_cast<float*>(q)), arg(type, {hd, kvh, s, 1}, kv.k.data()),
+                 arg(type, {hd, kvh, s, 1}, kv.v.data()), arg(DType::f32, {heads, 1, 1, 1}, sinks)},
+                {arg(DType::f32, {hd, heads, t, 1}, o)}, p);
+}
+
+// One gpt-oss expert: weights of three types and the three biases.
+struct ClampedExpert {
+  DType types[3];
+  Weights g, u, dn;
+  std::vector<float> bg, bu, bd;
+};
+
+ClampedExpert make_clamped_expert(const DType (&types)[3], std::int64_t d, std::int64_t f, unsigned seed,
+                                  float bias_sigma) {
+  return ClampedExpert{{types[0], types[1], types[2]},
+                       make_weights(types[0], d, f, seed),
+                       make_weights(types[1], d, f, seed + 1),
+                       make_weights(types[2], f, d, seed + 2),
+                       randn(static_cast<std::size_t>(f), seed + 3, bias_sigma),
+                       randn(static_cast<std::size_t>(f), seed + 4, bias_sigma),
+                       randn(static_cast<std::size_t>(d), seed + 5)};
+}
+
+// expert_ffn_clamped's seven inputs for t tokens of x.
+std::vector<Arg> clamped_inputs(ClampedExpert& e, std::int64_t d, std::int64_t f, const float* x, std::int64_t t) {
+  return {arg(e.types[0], {d, f, 1, 1}, const_cast<std::byte*>(e.g.bytes.data())),
+          arg(e.types[1], {d, f, 1, 1}, const_cast<std::byte*>(e.u.bytes.data())),
+          arg(e.types[2], {f, d, 1, 1}, const_cast<std::byte*>(e.dn.bytes.data())),
+          arg(DType::f32, {d, t, 1, 1}, const_cast<float*>(x)),
+          arg(DType::f32, {f, 1, 1, 1}, e.bg),
+          arg(DType::f32, {f, 1, 1, 1}, e.bu),
+          arg(DType::f32, {d, 1, 1, 1}, e.bd)};
+}
+
+OpParams clamped_params(float alpha, float limit, bool exact) {
+  OpParams p;
+  p.scale = alpha;
+  p.eps = limit;
+  p.flags = exact ? kExactActivations : 0;
+  return p;
+}
+
+std::vector<double> ref_clamped(const ClampedExpert& e, std::int64_t d, std::int64_t f, const float* x, std::int64_t t,
+                                float alpha, float limit) {
+  return ref::expert_ffn_clamped(DType::f32, e.g.dequant.data(), DType::f32, e.u.dequant.data(), DType::f32,
+                                 e.dn.dequant.data(), d, f, x, t, e.bg.data(), e.bu.data(), e.bd.data(), alpha, limit);
+}
+
+double rms_of(const std::vector<double>& v) {
+  double s = 0.0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / static_cast<double>(v.size()));
+}
+
+}  // namespace
+
+TEST_P(ComputeConformance, AttentionSinksMatchReferenceWithGqaWindowsAndCacheTypes) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 8, kvh = 2, s = 300;
+  struct Case {
+    std::int64_t t;
+    std::int32_t position, window;
+  };
+  const Case cases[] = {{1, 299, 0}, {3, 130, 0}, {17, 0, 0}, {17, 283, 0}, {3, 200, 50}, {1, 299, 1}, {9, 60, 7}};
+  auto sinks = head_sinks(heads);
+  int tested = 0;
+  for (DType kv : kKvTypes) {
+    if (!c.supports(Op::attention_sinks, kv)) continue;
+    ++tested;
+    auto cache = make_kv(kv, hd, kvh, s, 171);
+    for (const Case& cs : cases) {
+      const auto q = randn(static_cast<std::size_t>(hd * heads * cs.t), static_cast<unsigned>(173 + cs.position));
+      OpParams p;
+      p.position = cs.position;
+      p.window = cs.window;
+      p.scale = 0.125f;
+      std::vector<float> o(q.size(), std::nanf(""));
+      const std::string what = "attention_sinks kv=" + label(kv) + " T=" + std::to_string(cs.t) +
+                               " position=" + std::to_string(cs.position) + " window=" + std::to_string(cs.window);
+      const Status st = run_attention_sinks(c, kv, cache, hd, heads, kvh, s, q.data(), cs.t, sinks, o.data(), p);
+      ASSERT_TRUE(st) << what << ": " << st.to_string();
+      const auto want = ref::attention(q.data(), hd, heads, cs.t, cache.kd.data(), cache.vd.data(), kvh, s, cs.position,
+                                       cs.window, p.scale, sinks.data());
+      Mismatches mm(what);
+      for (std::size_t i = 0; i < o.size(); ++i) mm.check(i, o[i], want[i], 2e-5 + 1e-5 * std::fabs(want[i]));
+      // The case can fail: without the sinks (or with them scaled, or read for another head) the answer is far off.
+      const auto plain = ref::attention(q.data(), hd, heads, cs.t, cache.kd.data(), cache.vd.data(), kvh, s,
+                                        cs.position, cs.window, p.scale);
+      double apart = 0.0;
+      for (std::size_t i = 0; i < want.size(); ++i) apart = std::max(apart, std::fabs(want[i] - plain[i]));
+      EXPECT_GT(apart, 0.05) << what << ": the test's sinks do not change the reference enough to be seen";
+    }
+  }
+  if (tested == 0) {
+    auto cache = make_kv(DType::f32, hd, kvh, s, 171);
+    const auto q = randn(static_cast<std::size_t>(hd * heads), 172);
+    std::vector<float> o(q.size());
+    EXPECT_FALSE(run_attention_sinks(c, DType::f32, cache, hd, heads, kvh, s, q.data(), 1, sinks, o.data(), {}))
+        << "a backend whose supports() says no ran attention_sinks";
+    GTEST_SKIP() << "this backend does not offer the optional attention_sinks";
+  }
+}
+
+TEST_P(ComputeConformance, AttentionSinksQueryResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 4, kvh = 1, s = 260, t = 7;
+  const std::int32_t pos0 = 200;
+  auto sinks = head_sinks(heads);
+  int tested = 0;
+  for (DType kv : kKvTypes) {
+    if (!c.supports(Op::attention_sinks, kv)) continue;
+    ++tested;
+    auto cache = make_kv(kv, hd, kvh, s, 181);
+    const auto q = randn(static_cast<std::size_t>(hd * heads * t), 183);
+    for (std::int32_t window : {0, 40}) {
+      OpParams p;
+      p.position = pos0;
+      p.window = window;
+      p.scale = 0.125f;
+      std::vector<float> batch(q.size());
+      ASSERT_TRUE(run_attention_sinks(c, kv, cache, hd, heads, kvh, s, q.data(), t, sinks, batch.data(), p));
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<float> one(static_cast<std::size_t>(hd * heads));
+        OpParams pi = p;
+        pi.position = pos0 + static_cast<std::int32_t>(i);
+        ASSERT_TRUE(
+            run_attention_sinks(c, kv, cache, hd, heads, kvh, s, q.data() + i * hd * heads, 1, sinks, one.data(), pi));
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + i * hd * heads, one.size() * sizeof(float)))
+            << "attention_sinks kv=" << label(kv) << " window=" << window << ": query " << i
+            << " differs alone and in a batch of 7";
+      }
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend does not offer the optional attention_sinks";
+}
+
+TEST_P(ComputeConformance, ExpertFfnClampedMatchesReferenceAndItsClampsAct) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256, f = 512;
+  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},    {DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q8_0, DType::q8_0}, {DType::q4_0, DType::q4_0, DType::q5_k},
+                             {DType::bf16, DType::f16, DType::q2_k},  {DType::q3_k, DType::q3_k, DType::q4_k}};
+  // gpt-oss's alpha and limit, and a tighter limit; the biases push gate and up well past +-limit.
+  struct Clamp {
+    float alpha, limit, bias_sigma;
+  };
+  const Clamp clamps[] = {{1.702f, 7.0f, 8.0f}, {1.0f, 1.5f, 2.0f}};
+  int tested = 0;
+  for (const auto& combo : combos) {
+    if (!c.supports(Op::expert_ffn_clamped, combo[0]) || !c.supports(Op::expert_ffn_clamped, combo[1]) ||
+        !c.supports(Op::expert_ffn_clamped, combo[2])) {
+      continue;
+    }
+    ++tested;
+    for (const Clamp& cl : clamps) {
+      auto e = make_clamped_expert(combo, d, f, 141, cl.bias_sigma);
+      for (std::int64_t t : {1, 5}) {
+        const auto x = randn(static_cast<std::size_t>(d * t), static_cast<unsigned>(144 + t));
+        const std::string base = "expert_ffn_clamped " + label(combo[0]) + "/" + label(combo[1]) + "/" +
+                                 label(combo[2]) + " alpha=" + std::to_string(cl.alpha) +
+                                 " limit=" + std::to_string(cl.limit) + " T=" + std::to_string(t);
+        const auto want = ref_clamped(e, d, f, x.data(), t, cl.alpha, cl.limit);
+        const double rms = rms_of(want);
+        // The case can fail: a good share of gate values lie above limit and of up values outside +-limit, and
+        // without the clamps (or with gate clamped from below too) the answer is far off.
+        {
+          const auto gate = ref::matmul(DType::f32, e.g.dequant.data(), d, f, x.data(), t, e.bg.data());
+          const auto up = ref::matmul(DType::f32, e.u.dequant.data(), d, f, x.data(), t, e.bu.data());
+          std::size_t high = 0, low = 0, outside = 0;
+          for (std::size_t i = 0; i < gate.size(); ++i) {
+            high += gate[i] > cl.limit;
+            low += gate[i] < -cl.limit;
+            outside += std::fabs(up[i]) > cl.limit;
+          }
+          EXPECT_GT(high, gate.size() / 10) << base << ": test data: too few gate values above the limit";
+          EXPECT_GT(low, gate.size() / 10) << base << ": test data: too few gate values below -limit";
+          EXPECT_GT(outside, gate.size() / 5) << base << ": test data: too few up values outside +-limit";
+          const auto loose = ref_clamped(e, d, f, x.data(), t, cl.alpha, 1e30f);
+          double err2 = 0.0;
+          for (std::size_t i = 0; i < want.size(); ++i) err2 += (loose[i] - want[i]) * (loose[i] - want[i]);
+          EXPECT_GT(std::sqrt(err2 / static_cast<double>(want.size())) / rms, 0.3)
+              << base << ": test data: the clamps do not change the reference enough to be seen";
+        }
+        for (bool exact : {true, false}) {
+          const std::string what = base + (exact ? " exact" : "");
+          const OpParams p = clamped_params(cl.alpha, cl.limit, exact);
+          std::vector<float> y(static_cast<std::size_t>(d * t), std::nanf(""));
+          const Status s = run_op(c, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), t),
+                                  {arg(DType::f32, {d, t, 1, 1}, y)}, p);
+          ASSERT_TRUE(s) << what << ": " << s.to_string();
+          if (exact) {
+            Mismatches mm(what);
+            for (std::size_t i = 0; i < y.size(); ++i) mm.check(i, y[i], want[i], 1e-4 * rms);
+          } else {
+            double err2 = 0.0;
+            for (std::size_t i = 0; i < y.size(); ++i) err2 += (y[i] - want[i]) * (y[i] - want[i]);
+            EXPECT_LT(std::sqrt(err2 / static_cast<double>(y.size())) / rms, 0.03) << what << ": relative RMS error";
+            continue;
+          }
+          // Each product has matmul's numerics, its bias included: gate and up from matmul, the activation here in
+          // float, then down with matmul, lands within float rounding of the op.
+          std::vector<float> gate(static_cast<std::size_t>(f * t)), up(gate.size()), h(gate.size()), y2(y.size());
+          auto in = clamped_inputs(e, d, f, x.data(), t);
+          ASSERT_TRUE(run_op(c, Op::matmul, {in[0], in[3], in[4]}, {arg(DType::f32, {f, t, 1, 1}, gate)}, p));
+          ASSERT_TRUE(run_op(c, Op::matmul, {in[1], in[3], in[5]}, {arg(DType::f32, {f, t, 1, 1}, up)}, p));
+          for (std::size_t i = 0; i < h.size(); ++i) {
+            const float g = std::min(gate[i], cl.limit), u = std::clamp(up[i], -cl.limit, cl.limit);
+            h[i] = static_cast<float>((u + 1.0) * g * ref::sigmoid(static_cast<double>(cl.alpha) * g));
+          }
+          ASSERT_TRUE(run_op(c, Op::matmul, {in[2], arg(DType::f32, {f, t, 1, 1}, h), in[6]},
+                             {arg(DType::f32, {d, t, 1, 1}, y2)}, p));
+          Mismatches composed(what + " against matmul, the activation and matmul");
+          for (std::size_t i = 0; i < y.size(); ++i) composed.check(i, y[i], y2[i], 1e-5 * rms);
+        }
+      }
+    }
+  }
+  if (tested == 0) {
+    const DType f32s[3] = {DType::f32, DType::f32, DType::f32};
+    auto e = make_clamped_expert(f32s, d, f, 141, 1.0f);
+    const auto x = randn(static_cast<std::size_t>(d), 145);
+    std::vector<float> y(static_cast<std::size_t>(d));
+    EXPECT_FALSE(run_op(c, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), 1),
+                        {arg(DType::f32, {d, 1, 1, 1}, y)}, clamped_params(1.702f, 7.0f, false)))
+        << "a backend whose supports() says no ran expert_ffn_clamped";
+    GTEST_SKIP() << "this backend does not offer the optional expert_ffn_clamped";
+  }
+}
+
+TEST_P(ComputeConformance, ExpertFfnClampedTokenResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256, f = 512, t = 7;
+  const DType combos[][3] = {{DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q8_0, DType::q8_0},
+                             {DType::f16, DType::bf16, DType::q4_0},
+                             {DType::q5_k, DType::q3_k, DType::q2_k}};
+  int tested = 0;
+  for (const auto& combo : combos) {
+    if (!c.supports(Op::expert_ffn_clamped, combo[0]) || !c.supports(Op::expert_ffn_clamped, combo[1]) ||
+        !c.supports(Op::expert_ffn_clamped, combo[2])) {
+      continue;
+    }
+    ++tested;
+    auto e = make_clamped_expert(combo, d, f, 151, 4.0f);
+    const auto x = randn(static_cast<std::size_t>(d * t), 155);
+    for (bool exact : {false, true}) {
+      const OpParams p = clamped_params(1.702f, 3.0f, exact);
+      const std::string what = "expert_ffn_clamped " + label(combo[0]) + "/" + label(combo[1]) + "/" + label(combo[2]) +
+                               (exact ? " exact" : "");
+      std::vector<float> batch(static_cast<std::size_t>(d * t));
+      ASSERT_TRUE(run_op(c, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), t),
+                         {arg(DType::f32, {d, t, 1, 1}, batch)}, p))
+          << what;
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<float> one(static_cast<std::size_t>(d));
+        ASSERT_TRUE(run_op(c, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data() + i * d, 1),
+                           {arg(DType::f32, {d, 1, 1, 1}, one)}, p))
+            << what;
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + i * d, one.size() * sizeof(float)))
+            << what << ": token " << i << " differs alone and in a batch of 7";
+      }
+      std::vector<float> mid(static_cast<std::size_t>(d * 3));
+      ASSERT_TRUE(run_op(c, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data() + 2 * d, 3),
+                         {arg(DType::f32, {d, 3, 1, 1}, mid)}, p))
+          << what;
+      EXPECT_EQ(0, std::memcmp(mid.data(), batch.data() + 2 * d, mid.size() * sizeof(float)))
+          << what << ": tokens 2..4 differ in a batch of 3 and of 7";
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend does not offer the optional expert_ffn_clamped";
+}
+
+TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedDoNotDependOnThreadCount) {
+  COMPUTE_FIXTURE_WITH(one, (std::map<std::string, std::string>{{"threads", "1"}}));
+  COMPUTE_FIXTURE_WITH(two, (std::map<std::string, std::string>{{"threads", "2"}}));
+  int tested = 0;
+  if (one.supports(Op::attention_sinks, DType::f16)) {
+    ++tested;
+    const std::int64_t hd = 64, h = 8, kvh = 2, s = 300, t = 7;
+    auto cache = make_kv(DType::f16, hd, kvh, s, 191);
+    auto sinks = head_sinks(h);
+    const auto q = randn(static_cast<std::size_t>(hd * h * t), 193);
+    OpParams p;
+    p.position = 250;
+    p.scale = 0.125f;
+    std::vector<float> o1(q.size()), o2(q.size());
+    ASSERT_TRUE(run_attention_sinks(one, DType::f16, cache, hd, h, kvh, s, q.data(), t, sinks, o1.data(), p));
+    ASSERT_TRUE(run_attention_sinks(two, DType::f16, cache, hd, h, kvh, s, q.data(), t, sinks, o2.data(), p));
+    EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float))) << "attention_sinks";
+  }
+  if (one.supports(Op::expert_ffn_clamped, DType::q4_k) && one.supports(Op::expert_ffn_clamped, DType::q6_k)) {
+    ++tested;
+    const std::int64_t d = 256, f = 768, t = 7;
+    const DType types[3] = {DType::q4_k, DType::q4_k, DType::q6_k};
+    auto e = make_clamped_expert(types, d, f, 195, 4.0f);
+    const auto x = randn(static_cast<std::size_t>(d * t), 199);
+    std::vector<float> y1(static_cast<std::size_t>(d * t)), y2(y1.size());
+    const OpParams p = clamped_params(1.702f, 3.0f, false);
+    ASSERT_TRUE(run_op(one, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), t),
+                       {arg(DType::f32, {d, t, 1, 1}, y1)}, p));
+    ASSERT_TRUE(run_op(two, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), t),
+                       {arg(DType::f32, {d, t, 1, 1}, y2)}, p));
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "expert_ffn_clamped";
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend offers neither attention_sinks nor expert_ffn_clamped";
+}
+
+TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedRefuseBadCalls) {
+  COMPUTE_FIXTURE(c);
+  std::vector<float> big(1 << 16, 0.5f);
+  int tested = 0;
+  auto expect_error = [&](const std::string& what, const char* op, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (!s.is_ok()) {
+      EXPECT_NE(s.message().find(op), std::string::npos)
+          << what << ": the error does not name " << op << ": " << s.to_string();
+    }
+  };
+  if (c.supports(Op::attention_sinks, DType::f32)) {
+    ++tested;
+    OpParams p;
+    p.scale = 0.125f;
+    const Arg q = arg(DType::f32, {64, 4, 1, 1}, big), k = arg(DType::f32, {64, 2, 12, 1}, big),
+              o = arg(DType::f32, {64, 4, 1, 1}, big);
+    expect_error("attention_sinks without sinks", "attention_sinks", run_op(c, Op::attention_sinks, {q, k, k}, {o}, p));
+    expect_error("attention_sinks with 3 sinks for 4 heads", "attention_sinks",
+                 run_op(c, Op::attention_sinks, {q, k, k, arg(DType::f32, {3, 1, 1, 1}, big)}, {o}, p));
+    expect_error("attention_sinks with f16 sinks", "attention_sinks",
+                 run_op(c, Op::attention_sinks, {q, k, k, arg(DType::f16, {4, 1, 1, 1}, big)}, {o}, p));
+    OpParams past = p;
+    past.position = 10;
+    expect_error(
+        "attention_sinks past the end of the KV cache", "attention_sinks",
+        run_op(c, Op::attention_sinks, {arg(DType::f32, {64, 4, 3, 1}, big), k, k, arg(DType::f32, {4, 1, 1, 1}, big)},
+               {arg(DType::f32, {64, 4, 3, 1}, big)}, past));
+  }
+  if (c.supports(Op::expert_ffn_clamped, DType::f32)) {
+    ++tested;
+    const std::int64_t d = 64, f = 96;
+    const Arg wg = arg(DType::f32, {d, f, 1, 1}, big), wd = arg(DType::f32, {f, d, 1, 1}, big),
+              x = arg(DType::f32, {d, 2, 1, 1}, big), bf = arg(DType::f32, {f, 1, 1, 1}, big),
+              bd = arg(DType::f32, {d, 1, 1, 1}, big), y = arg(DType::f32, {d, 2, 1, 1}, big);
+    const OpParams good = clamped_params(1.702f, 7.0f, false);
+    ASSERT_TRUE(run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bf, bf, bd}, {y}, good));
+    expect_error("expert_ffn_clamped without biases", "expert_ffn_clamped",
+                 run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x}, {y}, good));
+    expect_error("expert_ffn_clamped with b_gate of D elements", "expert_ffn_clamped",
+                 run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bd, bf, bd}, {y}, good));
+    expect_error("expert_ffn_clamped with b_down of F elements", "expert_ffn_clamped",
+                 run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bf, bf, bf}, {y}, good));
+    expect_error(
+        "expert_ffn_clamped with an f16 b_up", "expert_ffn_clamped",
+        run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bf, arg(DType::f16, {f, 1, 1, 1}, big), bd}, {y}, good));
+    for (float limit : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+      expect_error(
+          "expert_ffn_clamped with limit " + std::to_string(limit), "expert_ffn_clamped",
+          run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bf, bf, bd}, {y}, clamped_params(1.0f, limit, false)));
+    }
+    expect_error("expert_ffn_clamped with alpha NaN", "expert_ffn_clamped",
+                 run_op(c, Op::expert_ffn_clamped, {wg, wg, wd, x, bf, bf, bd}, {y},
+                        clamped_params(std::nanf(""), 7.0f, false)));
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend offers neither attention_sinks nor expert_ffn_clamped";
+}
+
 // ------------------------------------------------------------------ errors
 
 TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {

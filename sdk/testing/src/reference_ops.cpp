@@ -61,6 +61,31 @@ std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type,
   return y;
 }
 
+std::vector<double> expert_ffn_clamped(DType gate_type, const void* gate, DType up_type, const void* up,
+                                       DType down_type, const void* down, std::int64_t d, std::int64_t f,
+                                       const float* x, std::int64_t t, const float* b_gate, const float* b_up,
+                                       const float* b_down, float alpha, float limit) {
+  const auto g = matmul(gate_type, gate, d, f, x, t, b_gate);
+  const auto u = matmul(up_type, up, d, f, x, t, b_up);
+  std::vector<double> h(g.size());
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    const double gi = std::min<double>(g[i], limit), ui = std::clamp<double>(u[i], -limit, limit);
+    h[i] = (ui + 1.0) * gi * sigmoid(alpha * gi);
+  }
+  const std::size_t rb = row_bytes(down_type, f);
+  std::vector<double> y(static_cast<std::size_t>(d * t));
+  for (std::int64_t r = 0; r < d; ++r) {
+    const auto row = dequantize(down_type, static_cast<const std::byte*>(down) + static_cast<std::size_t>(r) * rb, f);
+    for (std::int64_t i = 0; i < t; ++i) {
+      double s = 0.0;
+      for (std::int64_t j = 0; j < f; ++j)
+        s += static_cast<double>(row[static_cast<std::size_t>(j)]) * h[static_cast<std::size_t>(i * f + j)];
+      y[static_cast<std::size_t>(i * d + r)] = s + b_down[r];
+    }
+  }
+  return y;
+}
+
 std::vector<double> rms_norm(const float* x, std::int64_t d, std::int64_t rows, const float* w, float eps) {
   std::vector<double> y(static_cast<std::size_t>(d * rows));
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -97,7 +122,7 @@ std::vector<double> rope(const float* x, std::int64_t head_dim, std::int64_t hea
 
 std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_t heads, std::int64_t t, const float* k,
                               const float* v, std::int64_t kv_heads, std::int64_t s, std::int32_t position,
-                              std::int32_t window, float scale) {
+                              std::int32_t window, float scale, const float* sinks) {
   (void)s;
   std::vector<double> o(static_cast<std::size_t>(head_dim * heads * t));
   const std::int64_t group = heads / kv_heads;
@@ -116,7 +141,8 @@ std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_
         sc.push_back(d * scale);
         mx = std::max(mx, sc.back());
       }
-      double sum = 0.0;
+      if (sinks != nullptr) mx = std::max<double>(mx, sinks[h]);
+      double sum = sinks != nullptr ? std::exp(sinks[h] - mx) : 0.0;
       for (auto& e : sc) sum += (e = std::exp(e - mx));
       double* orow = o.data() + (i * heads + h) * head_dim;
       for (std::int64_t j = lo; j <= p; ++j) {

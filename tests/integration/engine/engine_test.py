@@ -36,11 +36,11 @@ def run(args, check=True):
     return p
 
 
-def make_model(name, arch, patch=None, preset="f32"):
+def make_model(name, arch, patch=None, preset="f32", gen_args=()):
     """HF checkpoint WORK/name (config patched by `patch`) and its conversion WORK/name-preset."""
     ckpt = os.path.join(WORK, name)
     if not os.path.exists(os.path.join(ckpt, "config.json")):
-        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
+        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32", *gen_args], check=True,
                        capture_output=True)
         if patch:
             with open(os.path.join(ckpt, "config.json")) as f:
@@ -74,13 +74,17 @@ VARIANTS = {
     "llama-linear": ("llama", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "olmoe-clip": ("olmoe", lambda c: c.update(clip_qkv=0.8)),
     "qwen2_moe-norm": ("qwen2_moe", lambda c: c.update(norm_topk_prob=True)),
+    # gpt-oss: attention sinks, sliding window on even layers, yarn, biased router and clamped biased experts.
+    "gpt_oss": ("gpt_oss", None),
+    "gpt_oss-mxfp4": ("gpt_oss", None, ("--mxfp4",)),  # experts as openai ships them
+    "gpt_oss-full": ("gpt_oss", lambda c: c.update(layer_types=["full_attention"] * 3)),
 }
 
 
 class Reference(unittest.TestCase):
     def check(self, name):
-        arch, patch = VARIANTS[name]
-        ckpt, model = make_model(name, arch, patch)
+        arch, patch, *gen_args = VARIANTS[name]
+        ckpt, model = make_model(name, arch, patch, gen_args=gen_args[0] if gen_args else ())
         got = np.load(logits(model, "--kv-type", "f32", "--trace", os.path.join(WORK, name + ".jsonl")))
         cfg, W = reference.load_checkpoint(ckpt)
         trace = []
@@ -144,7 +148,7 @@ class Quantized(unittest.TestCase):
 
     def test_presets_kl_against_f32(self):
         failures = []
-        for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama"):
+        for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "gpt_oss"):
             _, base = make_model(arch, arch)
             ref = np.load(logits(base, "--kv-type", "f32"))
             line = []
@@ -187,7 +191,8 @@ class OnePromise(unittest.TestCase):
                         f"{what}: logits differ, max abs {np.abs(x - y).max()}")
 
     def test_batch_and_placement_invariance(self):
-        for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16")):
+        for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
+                             ("gpt_oss", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

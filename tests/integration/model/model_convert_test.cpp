@@ -401,7 +401,8 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     json cfg = json::parse(slurp(d / "config.json"));
     cfg["architectures"] = {"DeepseekV3ForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
-    expect_clean_failure(d, "'DeepseekV3ForCausalLM' is not supported; supported: LlamaForCausalLM", "arch");
+    expect_clean_failure(d, "'DeepseekV3ForCausalLM' is not supported; supported: GptOssForCausalLM, LlamaForCausalLM",
+                         "arch");
   }
   {  // an eos id that is no token id is refused, not dropped (generation would never stop)
     auto d = copy_fixture(src, "eos");
@@ -435,6 +436,70 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     fs::copy_file(src.string() + ".gguf", g, fs::copy_options::overwrite_existing);
     fs::resize_file(g, fs::file_size(g) / 2);
     expect_clean_failure(g, "truncated", "gguf truncated");
+  }
+}
+
+// gpt-oss: the hyper-parameters its forward pass needs reach the manifest (format 2), each expert carries its three
+// biases, both expert layouts (bf16 and MXFP4) convert, and broken configs or layouts are refused by name.
+TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
+  const fs::path src = fixture("gpt_oss-bf16", "--arch gpt_oss --dtype bf16", false);
+  const fs::path mx = fixture("gpt_oss-mxfp4", "--arch gpt_oss --dtype bf16 --mxfp4", false);
+  for (const auto& in : {src, mx}) {
+    const fs::path out = fresh_output("gpt-oss " + in.filename().string());
+    convert_ok(in, out, "q8_0");
+    auto m = load_manifest(out);
+    ASSERT_TRUE(m.has_value()) << m.error().to_string();
+    EXPECT_EQ(json::parse(slurp(out / "manifest.json"))["format_version"], 2);
+    EXPECT_EQ(m->hparams.architecture, "gpt_oss");
+    EXPECT_EQ(m->hparams.sliding_layers, (std::vector<std::int64_t>{0, 2}));
+    EXPECT_EQ(m->hparams.layer_window(0), 4);
+    EXPECT_EQ(m->hparams.layer_window(1), 0);
+    EXPECT_TRUE(m->hparams.attention_sinks && m->hparams.router_bias);
+    EXPECT_EQ(m->hparams.expert_activation, "swiglu_clamped");
+    EXPECT_DOUBLE_EQ(m->hparams.swiglu_limit, 7.0);
+    ASSERT_FALSE(m->experts.empty());
+    for (const auto& e : m->experts) {
+      ASSERT_TRUE(e.has_bias());
+      EXPECT_EQ(e.gate.type, colibri::sdk::DType::q8_0);
+      EXPECT_EQ(e.down_bias.shape, std::vector<std::int64_t>{256});
+    }
+    EXPECT_NE(m->tensor("blk.1.attn_sinks.weight"), nullptr);
+    EXPECT_NE(m->tensor("blk.1.ffn_gate_inp.bias"), nullptr);
+    EXPECT_TRUE(verify_model(out).ok());
+  }
+  {  // a layer type colibri does not run
+    auto d = copy_fixture(src, "gpt-oss layer type");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["layer_types"][1] = "chunked_attention";
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "layer_types[1] is chunked_attention", "gpt-oss layer type");
+  }
+  {  // layer_types of the wrong length
+    auto d = copy_fixture(src, "gpt-oss layer count");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["layer_types"].erase(0);
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "layer_types must list one entry per layer", "gpt-oss layer count");
+  }
+  {  // MXFP4 blocks without their scales (a tensor renamed in the header, same length)
+    auto d = copy_fixture(mx, "gpt-oss scales");
+    for (const auto& f : fs::directory_iterator(d)) {
+      if (f.path().extension() != ".safetensors") continue;
+      std::string bytes = slurp(f.path());
+      const auto pos = bytes.find("layers.1.mlp.experts.down_proj_scales");
+      if (pos == std::string::npos) continue;
+      bytes.replace(pos, 37, "layers.1.mlp.experts.down_proj_scalez");
+      std::ofstream(f.path(), std::ios::binary | std::ios::trunc) << bytes;
+    }
+    expect_clean_failure(d, "has 'model.layers.1.mlp.experts.down_proj_blocks' but not", "gpt-oss scales");
+  }
+  {  // an expert tensor whose shape does not fit the config
+    auto d = copy_fixture(src, "gpt-oss shape");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["intermediate_size"] = 128;
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "tensor 'model.layers.0.mlp.experts.gate_up_proj' has shape [4, 256, 512]",
+                         "gpt-oss shape");
   }
 }
 

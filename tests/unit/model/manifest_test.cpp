@@ -155,6 +155,57 @@ TEST(Manifest, PartOffsetsThatWrapAroundAreRejectedByName) {
   EXPECT_TRUE(load_manifest(t.dir).has_value());
 }
 
+// gpt-oss's additions: format 2 only when used, expert biases inside the blob, checked like the weights.
+TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
+  auto t = make_model("manifest gpt-oss");
+  auto plain = load_manifest(t.dir);
+  ASSERT_TRUE(plain.has_value()) << plain.error().to_string();
+  EXPECT_EQ(plain->to_json()["format_version"], 1);  // older colibri still reads a model without the new fields
+  EXPECT_FALSE(plain->to_json()["hparams"].contains("expert_activation"));
+  json m = t.manifest;
+  HyperParams h = tiny_hparams();
+  h.expert_activation = "swiglu_clamped";
+  h.attention_sinks = true;
+  h.sliding_window = 3;
+  h.sliding_layers = {0};
+  m["hparams"] = h.to_json();
+  m["format_version"] = 2;
+  m["experts"][0]["gate_bias"] = tensor("gb", 256, {4});
+  m["experts"][0]["up_bias"] = tensor("ub", 512, {4});
+  m["experts"][0]["down_bias"] = tensor("db", 768, {2});
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  auto loaded = load_manifest(t.dir);
+  ASSERT_TRUE(loaded.has_value()) << loaded.error().to_string();
+  const auto* e = loaded->expert(0, 0);
+  ASSERT_TRUE(e->has_bias());
+  EXPECT_EQ(e->parts().size(), 6u);
+  EXPECT_EQ(e->up_bias.offset, 512u);
+  EXPECT_EQ(loaded->hparams.layer_window(0), 3);
+  EXPECT_EQ(loaded->hparams.layer_window(1), 0);
+  EXPECT_EQ(loaded->total_params(), 8u + 2u + 8u + 8u + 8u + 4u + 4u + 2u);
+  const json again = loaded->to_json();
+  EXPECT_EQ(again["format_version"], 2);
+  EXPECT_EQ(again["experts"][0]["down_bias"]["offset"], 768);
+  json bad = m;
+  bad["experts"][0].erase("down_bias");
+  expect_rejected(t, bad, "experts[0].down_bias: missing field \"name\"");
+  bad = m;
+  bad["experts"][0]["up_bias"]["offset"] = 4090;
+  expect_rejected(t, bad, "experts[0].up_bias: part [4090, +16) of expert L0/E0 lies outside its blob");
+  bad = m;
+  bad["experts"][0]["down_bias"] = tensor("db", 768, {4});
+  expect_rejected(t, bad, "L0/E0 has shapes that do not match the hyper-parameters");
+  bad = m;
+  bad["hparams"]["sliding_layers"] = {5};
+  expect_rejected(t, bad, "sliding_layers lists a layer outside 0..num_layers-1");
+  bad = m;
+  bad["hparams"]["expert_activation"] = "geglu";
+  expect_rejected(t, bad, "expert_activation 'geglu' is not supported");
+  bad = m;
+  bad["format_version"] = 3;
+  expect_rejected(t, bad, "format_version 3 is not supported (this colibri reads 1 to 2)");
+}
+
 void expect_invalid(const HyperParams& h, const std::string& what) {
   auto s = h.validate();
   ASSERT_FALSE(s.is_ok()) << what;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,85 @@ TEST(CheckOpCall, ExpertFfnGroupChecksEveryExpertAndNamesIt) {
             "outputs");
 }
 
+TEST(CheckOpCall, AttentionSinksTakeOneF32SinkPerQueryHead) {
+  OpParams p;
+  p.position = 2;
+  const Tensor q = tensor(DType::f32, {64, 4, 3, 1}), kv = tensor(DType::f16, {64, 2, 5, 1}),
+               o = tensor(DType::f32, {64, 4, 3, 1});
+  const Call ok(Op::attention_sinks, {q, kv, kv, tensor(DType::f32, {4, 1, 1, 1})}, {o}, p);
+  EXPECT_TRUE(ok.check()) << ok.check().message();
+
+  const Status three = Call(Op::attention_sinks, {q, kv, kv}, {o}, p).check();
+  EXPECT_EQ(three.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(three.message(), "attention_sinks takes 4 inputs and 1 outputs; got 3 and 1");
+  EXPECT_EQ(Call(Op::attention, {q, kv, kv, tensor(DType::f32, {4, 1, 1, 1})}, {o}, p).check().message(),
+            "attention takes 3 inputs and 1 outputs; got 4 and 1");
+
+  EXPECT_EQ(Call(Op::attention_sinks, {q, kv, kv, tensor(DType::f16, {4, 1, 1, 1})}, {o}, p).check().message(),
+            "attention_sinks: sinks must be f32, got f16 {4, 1, 1, 1}");
+  EXPECT_EQ(Call(Op::attention_sinks, {q, kv, kv, tensor(DType::f32, {2, 1, 1, 1})}, {o}, p).check().message(),
+            "attention_sinks: sinks f32 {2, 1, 1, 1} must have n_heads = 4 elements");
+  EXPECT_EQ(Call(Op::attention_sinks, {q, kv, kv, tensor(DType::f32, {2, 2, 1, 1})}, {o}, p).check().message(),
+            "attention_sinks: sinks f32 {2, 2, 1, 1} must have n_heads = 4 elements");
+
+  // attention's own checks, under the op's name.
+  const Status types =
+      Call(Op::attention_sinks, {q, kv, tensor(DType::q8_0, {64, 2, 5, 1}), tensor(DType::f32, {4, 1, 1, 1})}, {o}, p)
+          .check();
+  EXPECT_EQ(types.code(), StatusCode::unsupported);
+  EXPECT_EQ(
+      types.message(),
+      "attention_sinks: KV cache types f16 / q8_0 are not supported by testdev (f32, f16 or q8_0, both the same)");
+  OpParams late = p;
+  late.position = 3;
+  EXPECT_EQ(Call(Op::attention_sinks, {q, kv, kv, tensor(DType::f32, {4, 1, 1, 1})}, {o}, late).check().message(),
+            "attention_sinks: queries at positions 3..5 need 6 cached keys; the cache holds 5");
+}
+
+TEST(CheckOpCall, ExpertFfnClampedChecksBiasesAndClampParameters) {
+  const auto call = [](std::initializer_list<Tensor> in, float alpha = 1.702f, float limit = 7.0f) {
+    OpParams p;
+    p.scale = alpha;
+    p.eps = limit;
+    return Call(Op::expert_ffn_clamped, in, {tensor(DType::f32, {256, 3, 1, 1})}, p);
+  };
+  const Tensor wg = tensor(DType::q4_k, {256, 512, 1, 1}), wd = tensor(DType::q6_k, {512, 256, 1, 1}),
+               x = tensor(DType::f32, {256, 3, 1, 1}), bf = tensor(DType::f32, {512, 1, 1, 1}),
+               bd = tensor(DType::f32, {256, 1, 1, 1});
+  EXPECT_TRUE(call({wg, wg, wd, x, bf, bf, bd}).check()) << call({wg, wg, wd, x, bf, bf, bd}).check().message();
+  EXPECT_TRUE(call({wg, wg, wd, x, bf, bf, bd}, -2.0f, 0.5f).check()) << "alpha may be any finite value";
+
+  EXPECT_EQ(call({wg, wg, wd, x}).check().message(), "expert_ffn_clamped takes 7 inputs and 1 outputs; got 4 and 1");
+  EXPECT_EQ(call({wg, wg, wd, x, bf, bf, bf}).check().message(),
+            "expert_ffn_clamped: b_down f32 {512, 1, 1, 1} must have D = 256 elements");
+  EXPECT_EQ(call({wg, wg, wd, x, bd, bf, bd}).check().message(),
+            "expert_ffn_clamped: b_gate f32 {256, 1, 1, 1} must have F = 512 elements");
+  EXPECT_EQ(call({wg, wg, wd, x, bf, tensor(DType::f16, {512, 1, 1, 1}), bd}).check().message(),
+            "expert_ffn_clamped: b_up must be f32, got f16 {512, 1, 1, 1}");
+  // expert_ffn's checks, under the op's name.
+  const Status weight = call({wg, tensor(DType::q4_1, {256, 512, 1, 1}), wd, x, bf, bf, bd}).check();
+  EXPECT_EQ(weight.code(), StatusCode::unsupported);
+  EXPECT_EQ(weight.message(), "expert_ffn_clamped: weight type q4_1 is not supported by testdev");
+  EXPECT_EQ(call({wg, wg, wd, tensor(DType::f32, {128, 3, 1, 1}), bf, bf, bd}).check().message(),
+            "expert_ffn_clamped: X f32 {128, 3, 1, 1} must have ne[0] = 256");
+
+  for (float limit : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    const Status s = call({wg, wg, wd, x, bf, bf, bd}, 1.702f, limit).check();
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << limit;
+    EXPECT_NE(s.message().find("expert_ffn_clamped: params.eps (the clamp limit) must be positive and finite"),
+              std::string::npos)
+        << s.message();
+  }
+  for (float alpha : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    const Status s = call({wg, wg, wd, x, bf, bf, bd}, alpha).check();
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << alpha;
+    EXPECT_NE(s.message().find("expert_ffn_clamped: params.scale (alpha) must be finite"), std::string::npos)
+        << s.message();
+  }
+  EXPECT_FALSE(Call(Op::expert_ffn_clamped, {wg, wg, wd, x, bf, bf, bd}, {tensor(DType::f32, {256, 3, 1, 1})}).check())
+      << "the default params (limit 0) are not a clamp";
+}
+
 TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
   EXPECT_TRUE(supports_every_op(Op::matmul, DType::q6_k));
   EXPECT_TRUE(supports_every_op(Op::embedding, DType::bf16));
@@ -186,6 +266,8 @@ TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
   EXPECT_FALSE(supports_every_op(Op::rope, DType::f16));
   EXPECT_FALSE(supports_every_op(Op::count_, DType::f32));
   EXPECT_FALSE(supports_every_op(Op::expert_ffn_group, DType::q4_k)) << "optional: a backend claims it itself";
+  EXPECT_FALSE(supports_every_op(Op::attention_sinks, DType::f16)) << "optional: a backend claims it itself";
+  EXPECT_FALSE(supports_every_op(Op::expert_ffn_clamped, DType::q4_k)) << "optional: a backend claims it itself";
   EXPECT_EQ(shape_text(tensor(DType::q8_0, {32, 7, 1, 1})), "q8_0 {32, 7, 1, 1}");
 }
 

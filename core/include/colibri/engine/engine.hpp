@@ -144,6 +144,12 @@ class Engine {
                             float* logits, std::vector<RoutingRecord>* trace);
   sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                      sdk::OpParams params = {});
+  // expert_ffn, or expert_ffn_clamped for gpt-oss's biased experts (alpha and limit from the hyper-parameters).
+  [[nodiscard]] sdk::Op expert_op() const;
+  sdk::Status run_expert_op(sdk::Compute& compute, const std::string& name, const ExpertWeights& w,
+                            const sdk::Tensor& x, const sdk::Tensor& y, sdk::OpParams params);
+  // The router's logits (with its bias where the model has one), from unquantized activations.
+  sdk::Status router_logits(const Layer& L, const sdk::Tensor& h, const sdk::Tensor& logits);
   sdk::Status run_op_on(sdk::Compute& compute, const std::string& name, sdk::Op op,
                         std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                         sdk::OpParams params = {});

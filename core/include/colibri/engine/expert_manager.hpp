@@ -27,7 +27,8 @@
 namespace colibri::engine {
 
 struct ExpertWeights {
-  sdk::Tensor gate, up, down;  // GGML order: gate/up {D, F}, down {F, D}
+  sdk::Tensor gate, up, down;                 // GGML order: gate/up {D, F}, down {F, D}
+  sdk::Tensor gate_bias, up_bias, down_bias;  // f32 {F}, {F}, {D} for gpt-oss experts; data and buffer null otherwise
 };
 
 // The tensors of expert `e` whose blob starts at `host` (may be null for device memory) and, in a device buffer, at

@@ -15,7 +15,9 @@
 
 namespace colibri::model {
 
-inline constexpr int kManifestFormatVersion = 1;
+// Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
+// experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
+inline constexpr int kManifestFormatVersion = 2;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
@@ -35,7 +37,15 @@ struct HyperParams {
   nlohmann::json rope_scaling;  // null, or the HF rope_scaling object (rope_type, factor, ...)
   double rms_norm_eps = 1e-6;
   std::string hidden_act = "silu";
-  std::int64_t sliding_window = 0;  // 0: full attention
+  std::int64_t sliding_window = 0;           // 0: full attention
+  std::vector<std::int64_t> sliding_layers;  // the layers sliding_window applies to; empty: all (gpt-oss: even ones)
+  bool attention_sinks = false;              // a learned logit per head in each softmax's denominator (gpt-oss)
+  bool router_bias = false;                  // the router has a bias (gpt-oss)
+  // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
+  // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
+  std::string expert_activation = "swiglu";
+  double swiglu_alpha = 1.702;
+  double swiglu_limit = 7.0;
   bool tie_word_embeddings = false;
   bool attention_qkv_bias = false;  // q/k/v projections have biases (Qwen2-MoE)
   bool attention_out_bias = false;  // o projection has a bias
@@ -64,6 +74,11 @@ struct HyperParams {
   [[nodiscard]] std::int64_t layer_top_k(std::int64_t layer) const {
     return layer_is_sparse(layer) ? n_experts_per_tok : 1;
   }
+  // The attention window of `layer` (0: full).
+  [[nodiscard]] std::int64_t layer_window(std::int64_t layer) const;
+  [[nodiscard]] bool expert_bias() const { return expert_activation == "swiglu_clamped"; }
+  // The manifest format version these hyper-parameters need (1 unless a gpt-oss feature is used).
+  [[nodiscard]] int format_version() const;
 
   [[nodiscard]] nlohmann::json to_json() const;
   static sdk::Expected<HyperParams> from_json(const nlohmann::json& j);
@@ -95,6 +110,11 @@ struct ExpertEntry {
   std::uint64_t offset = 0;  // the blob: one aligned range holding gate, up, down
   std::uint64_t size = 0;
   TensorEntry gate, up, down;  // offsets absolute within `file`
+  // f32 biases, present when hparams.expert_bias() (gpt-oss); names empty otherwise. In the same blob.
+  TensorEntry gate_bias, up_bias, down_bias;
+  [[nodiscard]] bool has_bias() const { return !down_bias.name.empty(); }
+  // Every part the blob holds: gate, up, down, then the biases when present.
+  [[nodiscard]] std::vector<const TensorEntry*> parts() const;
 };
 
 struct FileEntry {

@@ -65,7 +65,8 @@ struct AttentionShape {
   float scale = 0.09f;  // 40: scores hundreds apart, so portable_exp underflows to 0
 };
 
-std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
+// attention, or attention_sinks when `sinks` is given (one per query head).
+std::vector<float> attention(Compute& c, DType kv, AttentionShape shape, const std::vector<float>* sinks = nullptr) {
   const auto [hd, heads, kvh, t, scale] = shape;
   const std::int64_t s = 200;
   auto q = randn(static_cast<std::size_t>(hd * heads * t), 1);
@@ -76,12 +77,16 @@ std::vector<float> attention(Compute& c, DType kv, AttentionShape shape) {
   EXPECT_TRUE(colibri::quant::quantize_row(kv, vf.data(), vb.data(), hd * kvh * s));
   std::vector<float> o(q.size());
   Tensor in[] = {Tensor{DType::f32, {hd, heads, t, 1}, q.data()}, Tensor{kv, {hd, kvh, s, 1}, kb.data()},
-                 Tensor{kv, {hd, kvh, s, 1}, vb.data()}};
+                 Tensor{kv, {hd, kvh, s, 1}, vb.data()},
+                 Tensor{DType::f32, {heads, 1, 1, 1}, sinks != nullptr ? const_cast<float*>(sinks->data()) : nullptr}};
   Tensor out{DType::f32, {hd, heads, t, 1}, o.data()};
   OpParams p;
   p.position = 190;
   p.scale = scale;
-  EXPECT_TRUE(c.run(OpCall{Op::attention, in, std::span<Tensor>(&out, 1), p}));
+  const Op op = sinks != nullptr ? Op::attention_sinks : Op::attention;
+  const auto st =
+      c.run(OpCall{op, std::span<const Tensor>(in, sinks != nullptr ? 4 : 3), std::span<Tensor>(&out, 1), p});
+  EXPECT_TRUE(st) << st.to_string();
   return o;
 }
 
@@ -103,6 +108,47 @@ std::vector<float> swiglu(Compute& c) {
     EXPECT_NEAR(y[i], want, 1e-6 * (1.0 + std::fabs(want))) << "swiglu at " << i << ", gate " << g[i];
   }
   return y;
+}
+
+// Per head: far below, near and far above the scores (see the conformance suite), all different.
+std::vector<float> sinks_for(std::int64_t heads) {
+  const float pattern[] = {-100.0f, 2.5f, -2.0f, 20.0f, 0.0f, 6.0f, -0.5f, 4.0f};
+  std::vector<float> s(static_cast<std::size_t>(heads));
+  for (std::size_t i = 0; i < s.size(); ++i) s[i] = pattern[i % 8] + 0.25f * static_cast<float>(i / 8);
+  return s;
+}
+
+// expert_ffn_clamped of one weight-type triple for 1, 5 and 11 tokens; biases push gate and up past +-limit and
+// gates reach the range where e^(-alpha g) under- and overflows.
+std::vector<std::vector<float>> clamped_ffns(Compute& c, bool exact) {
+  std::vector<std::vector<float>> results;
+  const std::int64_t d = 256, f = 512;
+  const DType combos[][3] = {{DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q4_0, DType::q5_k},
+                             {DType::f16, DType::bf16, DType::f32},
+                             {DType::q2_k, DType::q3_k, DType::q8_0}};
+  for (const auto& types : combos) {
+    auto g = quantized(types[0], d, f, 201), u = quantized(types[1], d, f, 202), dn = quantized(types[2], f, d, 203);
+    auto bg = randn(static_cast<std::size_t>(f), 204, 40.0f), bu = randn(static_cast<std::size_t>(f), 205, 10.0f);
+    auto bd = randn(static_cast<std::size_t>(d), 206);
+    for (std::int64_t t : {1, 5, 11}) {
+      auto x = randn(static_cast<std::size_t>(d * t), 207, 3.0f);
+      std::vector<float> y(static_cast<std::size_t>(d * t));
+      Tensor in[] = {Tensor{types[0], {d, f, 1, 1}, g.data()},    Tensor{types[1], {d, f, 1, 1}, u.data()},
+                     Tensor{types[2], {f, d, 1, 1}, dn.data()},   Tensor{DType::f32, {d, t, 1, 1}, x.data()},
+                     Tensor{DType::f32, {f, 1, 1, 1}, bg.data()}, Tensor{DType::f32, {f, 1, 1, 1}, bu.data()},
+                     Tensor{DType::f32, {d, 1, 1, 1}, bd.data()}};
+      Tensor out{DType::f32, {d, t, 1, 1}, y.data()};
+      OpParams p;
+      p.scale = 1.702f;
+      p.eps = 7.0f;
+      p.flags = exact ? kExactActivations : 0;
+      const auto s = c.run(OpCall{Op::expert_ffn_clamped, in, std::span<Tensor>(&out, 1), p});
+      EXPECT_TRUE(s) << s.to_string();
+      results.push_back(std::move(y));
+    }
+  }
+  return results;
 }
 
 class CpuIsa : public ::testing::TestWithParam<std::string> {};
@@ -136,7 +182,22 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
           << "attention kv=" << to_string(kv) << " head_dim=" << shape.hd << " heads=" << shape.heads
           << " kv_heads=" << shape.kvh << " tokens=" << shape.t;
+      const auto sinks = sinks_for(shape.heads);
+      const auto sa2 = attention(*scalar, kv, shape, &sinks);
+      const auto sb2 = attention(*simd, kv, shape, &sinks);
+      EXPECT_EQ(0, std::memcmp(sa2.data(), sb2.data(), sa2.size() * sizeof(float)))
+          << "attention_sinks kv=" << to_string(kv) << " head_dim=" << shape.hd << " heads=" << shape.heads
+          << " kv_heads=" << shape.kvh << " tokens=" << shape.t;
     }
+  for (bool exact : {false, true}) {
+    const auto a = clamped_ffns(*scalar, exact);
+    const auto b = clamped_ffns(*simd, exact);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)))
+          << "expert_ffn_clamped case " << i << (exact ? " exact" : "") << " differs from the scalar path";
+    }
+  }
 }
 
 // Decode tasks take up to 4 tiles of 64 rows when there are enough for every thread (2 threads: 2000 rows in 256-row
@@ -179,6 +240,11 @@ TEST_P(CpuIsa, AttentionDoesNotDependOnHowQueriesAreGrouped) {
         const auto b = attention(*many, kv, shape);
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
             << "threads=" << threads << " kv=" << to_string(kv) << " heads=" << shape.heads;
+        const auto sinks = sinks_for(shape.heads);
+        const auto sa = attention(*one, kv, shape, &sinks);
+        const auto sb = attention(*many, kv, shape, &sinks);
+        EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * sizeof(float)))
+            << "attention_sinks threads=" << threads << " kv=" << to_string(kv) << " heads=" << shape.heads;
       }
   }
 }
@@ -235,9 +301,16 @@ TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
     EXPECT_TRUE(c->supports(Op::matmul, t)) << to_string(t);
     EXPECT_TRUE(c->supports(Op::expert_ffn, t)) << to_string(t);
     EXPECT_TRUE(c->supports(Op::embedding, t)) << to_string(t);
+    EXPECT_TRUE(c->supports(Op::expert_ffn_group, t)) << to_string(t);
+    EXPECT_TRUE(c->supports(Op::expert_ffn_clamped, t)) << to_string(t);
   }
-  for (DType t : {DType::f32, DType::f16, DType::q8_0}) EXPECT_TRUE(c->supports(Op::attention, t));
+  for (DType t : {DType::f32, DType::f16, DType::q8_0}) {
+    EXPECT_TRUE(c->supports(Op::attention, t));
+    EXPECT_TRUE(c->supports(Op::attention_sinks, t));
+  }
   EXPECT_FALSE(c->supports(Op::attention, DType::q4_k));
+  EXPECT_FALSE(c->supports(Op::attention_sinks, DType::q4_k));
+  EXPECT_FALSE(c->supports(Op::expert_ffn_clamped, DType::q4_1));
   EXPECT_FALSE(c->supports(Op::matmul, DType::q4_1));
   for (Op op : {Op::rms_norm, Op::rope, Op::swiglu, Op::add, Op::topk_routing, Op::scale_add, Op::sigmoid}) {
     EXPECT_TRUE(c->supports(op, DType::f32));

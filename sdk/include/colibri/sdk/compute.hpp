@@ -87,6 +87,14 @@ enum class Op : std::uint32_t {
   // per projection for all of them, activations quantized once); the engine uses it where supports() says so for
   // every weight type and otherwise calls expert_ffn per expert, as it also does after an `unsupported` answer.
   expert_ffn_group,
+  // Optional (gpt-oss). As attention, with a 4th input sinks {n_heads} f32: each head's softmax also counts
+  // exp(sinks[h]) in its denominator, as one more key whose value is zero (a learned "no-op" the head can attend to).
+  attention_sinks,
+  // Optional (gpt-oss experts). in: W_gate {D, F}, W_up {D, F}, W_down {F, D} (any types), X {D, T}, b_gate {F},
+  // b_up {F}, b_down {D} (f32); out: Y {D, T}. With alpha = params.scale and limit = params.eps:
+  // g = min(W_gate X + b_gate, limit), u = clamp(W_up X + b_up, -limit, limit),
+  // Y = W_down ((u + 1) * g * sigmoid(alpha * g)) + b_down; each product with matmul's numerics (and its flags).
+  expert_ffn_clamped,
   count_
 };
 
@@ -131,18 +139,20 @@ struct Tensor {
     case Op::sigmoid: return "sigmoid";
     case Op::store_rows: return "store_rows";
     case Op::expert_ffn_group: return "expert_ffn_group";
+    case Op::attention_sinks: return "attention_sinks";
+    case Op::expert_ffn_clamped: return "expert_ffn_clamped";
     default: return "unknown op";
   }
 }
 
 struct OpParams {
-  float eps = 0.0f;            // rms_norm
+  float eps = 0.0f;            // rms_norm; expert_ffn_clamped: limit
   std::int32_t rope_dims = 0;  // rope: rotated dims per head
   std::int32_t position = 0;   // attention: position of the first query token
   std::int32_t window = 0;     // attention: sliding window (0: none)
   std::int32_t top_k = 0;      // topk_routing
   std::int32_t flags = 0;      // k* flags above
-  float scale = 1.0f;          // attention score scale; rope cos/sin scale
+  float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped: alpha
 };
 
 struct OpCall {

@@ -21,6 +21,13 @@ std::vector<double> matmul(DType type, const void* w, std::int64_t k, std::int64
 std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type, const void* up, DType down_type,
                                const void* down, std::int64_t d, std::int64_t f, const float* x, std::int64_t t);
 
+// gpt-oss's expert (expert_ffn_clamped), every intermediate in double: g = min(gate X + b_gate, limit),
+// u = clamp(up X + b_up, -limit, limit), Y = down((u + 1) * g * sigmoid(alpha * g)) + b_down.
+std::vector<double> expert_ffn_clamped(DType gate_type, const void* gate, DType up_type, const void* up,
+                                       DType down_type, const void* down, std::int64_t d, std::int64_t f,
+                                       const float* x, std::int64_t t, const float* b_gate, const float* b_up,
+                                       const float* b_down, float alpha, float limit);
+
 std::vector<double> rms_norm(const float* x, std::int64_t d, std::int64_t rows, const float* w, float eps);
 
 // X {head_dim, heads, t}. The angle is float32(pos) * inv_freq[i] rounded to float32, as
@@ -29,10 +36,12 @@ std::vector<double> rope(const float* x, std::int64_t head_dim, std::int64_t hea
                          const std::int32_t* positions, const float* inv_freq, int rope_dims, bool interleaved,
                          float scale);
 
-// Causal attention with a full (double) softmax. K/V are f32 {head_dim, kv_heads, s}.
+// Causal attention with a full (double) softmax. K/V are f32 {head_dim, kv_heads, s}. With sinks ({heads},
+// attention_sinks), head h's softmax has one more logit, sinks[h] (not scaled), whose value row is zero: as
+// HuggingFace's gpt-oss appends it as a column, subtracts the row maximum, takes the softmax and drops the column.
 std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_t heads, std::int64_t t, const float* k,
                               const float* v, std::int64_t kv_heads, std::int64_t s, std::int32_t position,
-                              std::int32_t window, float scale);
+                              std::int32_t window, float scale, const float* sinks = nullptr);
 
 double silu(double x);
 double sigmoid(double x);
