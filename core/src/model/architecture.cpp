@@ -64,7 +64,7 @@ std::vector<std::string> supported_hf_architectures() {
 }
 
 std::vector<std::string> supported_gguf_architectures() {
-  return {"llama", "olmoe", "qwen2moe", "qwen3moe"};
+  return {"gpt-oss", "llama", "olmoe", "qwen2moe", "qwen3moe"};
 }
 
 sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
@@ -164,7 +164,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
         }
       }
     } else {
-      for (std::int64_t l = 0; l < get_int("num_hidden_layers", 0, true); l += 2) h.sliding_layers.push_back(l);
+      // Bounded: validate() refuses an absurd layer count only after this.
+      for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; l += 2) h.sliding_layers.push_back(l);
     }
     // No layer slides: the window must not fall back to applying to every layer (an empty list's meaning).
     if (h.sliding_layers.empty()) h.sliding_window = 0;
@@ -276,6 +277,10 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     if (auto o = g.get_int(*ga + ".rope.scaling.original_context_length")) {
       h.rope_scaling["original_max_position_embeddings"] = *o;
     }
+    if (auto b = g.get_float(*ga + ".rope.scaling.yarn_beta_fast")) h.rope_scaling["beta_fast"] = *b;
+    if (auto b = g.get_float(*ga + ".rope.scaling.yarn_beta_slow")) h.rope_scaling["beta_slow"] = *b;
+    // gpt-oss was trained with HF's truncate: false (llama.cpp's rope rounds the ramp's ends; GGUF has no key).
+    if (*st == "yarn" && *ga == "gpt-oss") h.rope_scaling["truncate"] = false;
   }
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) {
     // llama.cpp's Llama 3.1 layout: a divisor per rotated pair of every head's frequencies.
@@ -309,6 +314,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.architecture = "qwen2_moe";
   } else if (*ga == "qwen3moe") {
     h.architecture = "qwen3_moe";
+  } else if (*ga == "gpt-oss") {
+    h.architecture = "gpt_oss";
   } else {
     h.architecture = "olmoe";
   }
@@ -325,6 +332,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.intermediate_size = opt("feed_forward_length", 0);
     const bool default_norm = a == "mixtral" || a == "qwen3_moe";  // what llama.cpp assumes without the key
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
+    if (a == "gpt_oss") h.norm_topk_prob = true;  // a softmax over the chosen logits (llama.cpp: SOFTMAX_WEIGHT)
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
@@ -332,6 +340,15 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
+  if (a == "gpt_oss") {
+    // llama.cpp fixes gpt-oss's pattern (even layers slide) and its SwiGLU constants; the GGUF carries neither.
+    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096 && h.sliding_window > 0; l += 2) {
+      h.sliding_layers.push_back(l);
+    }
+    h.attention_sinks = true;
+    h.router_bias = g.find_tensor("blk.0.ffn_gate_inp.bias") != nullptr;
+    h.expert_activation = "swiglu_clamped";
+  }
   h.tie_word_embeddings = g.find_tensor("output.weight") == nullptr;
   if (auto v = g.get_int(*ga + ".vocab_size")) {
     h.vocab_size = *v;
@@ -396,6 +413,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {kv_dim}, TensorKind::norm, l);
     }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
+    if (gguf_arch == "gpt-oss") plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
       const std::string router = mixtral ? "block_sparse_moe.gate" : gpt_oss ? "mlp.router" : "mlp.gate";
@@ -457,6 +475,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
           t.hf_name = p + (i == 2 ? "mlp.experts.down_proj_bias" : "mlp.experts.gate_up_proj_bias");
           t.hf_expert = e;
           t.hf_fused_part = i == 2 ? -1 : i;
+          t.gguf_name = b + "ffn_" + kPart[i] + "_exps.bias";  // llama.cpp: [E, F] / [E, D]
+          t.gguf_expert = e;
         }
       }
       layer.push_back(std::move(parts));

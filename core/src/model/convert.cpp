@@ -106,17 +106,32 @@ Status bad_source_shape(const Input& in, const SafetensorsTensor& t, const std::
                                                   shape_text(want));
 }
 
+// The 16 values of an e2m1 (FP4) code, as MXFP4 blocks of either layout below store them.
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
 // MXFP4 (OCP microscaling FP4, how openai/gpt-oss ships its experts): 16 bytes of e2m1 pairs per 32 values, low
 // nibble first, and one e8m0 scale byte 2^(s - 127) per block, as transformers' convert_moe_packed_tensors reads them.
 void decode_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t n_blocks, float* out) {
-  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   for (std::int64_t b = 0; b < n_blocks; ++b) {
     const float scale = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
     for (int k = 0; k < 16; ++k) {
       const std::uint8_t byte = blocks[b * 16 + k];
       out[b * 32 + 2 * k] = kE2m1[byte & 0x0F] * scale;
       out[b * 32 + 2 * k + 1] = kE2m1[byte >> 4] * scale;
+    }
+  }
+}
+
+// GGML's MXFP4 block (llama.cpp's gpt-oss GGUFs): the scale byte, then 16 bytes whose low nibbles are elements 0..15
+// and high nibbles 16..31 (the same e2m1 codes as the HF layout, arranged as q4_0 arranges its nibbles).
+void decode_ggml_mxfp4_row(const std::uint8_t* blocks, std::int64_t n_blocks, float* out) {
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    const std::uint8_t* blk = blocks + b * 17;
+    const float scale = std::ldexp(1.0f, static_cast<int>(blk[0]) - 127);
+    for (int j = 0; j < 16; ++j) {
+      out[b * 32 + j] = kE2m1[blk[1 + j] & 0x0F] * scale;
+      out[b * 32 + j + 16] = kE2m1[blk[1 + j] >> 4] * scale;
     }
   }
 }
@@ -273,7 +288,7 @@ sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
   r.permute_heads = p.gguf_permute_heads;
   std::vector<std::int64_t> shape(t->ne.rbegin(), t->ne.rend());
   if (slice >= 0) {
-    if (shape.size() != 3 || shape[0] <= slice) {
+    if (shape.size() != p.shape.size() + 1 || shape[0] <= slice) {
       return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has shape " +
                                                       shape_text(shape) + ", which holds no expert " +
                                                       std::to_string(slice));
@@ -292,6 +307,21 @@ sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
   }
   r.cols = p.shape.back();
   r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));
+  if (r.type == DType::mxfp4) {
+    // Not a compute type: decoded here to f32 rows and quantized to the preset's choice like a float tensor.
+    const std::size_t row = sdk::row_bytes(DType::mxfp4, r.cols);
+    const std::uint64_t base = r.base;
+    const std::int64_t cols = r.cols;
+    r.type = DType::f32;
+    r.size = static_cast<std::uint64_t>(r.rows * r.cols) * sizeof(float);
+    r.base = 0;
+    r.gather = [&g, t, base, row, cols](std::int64_t row0, std::int64_t n, float* dst) -> Status {
+      std::vector<std::uint8_t> raw(row * static_cast<std::size_t>(n));
+      if (auto s = g.read(*t, base + static_cast<std::uint64_t>(row0) * row, raw.data(), raw.size()); !s) return s;
+      for (std::int64_t i = 0; i < n; ++i) decode_ggml_mxfp4_row(raw.data() + i * row, cols / 32, dst + i * cols);
+      return {};
+    };
+  }
   if (r.permute_heads > 0 && r.rows % (2 * r.permute_heads) != 0) {
     return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has " +
                                                     std::to_string(r.rows) + " rows, not divisible into " +

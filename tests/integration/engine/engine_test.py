@@ -132,6 +132,29 @@ class Gguf(unittest.TestCase):
         self.assertGreater(rel_error(dict(cfg, rope_scaling=None)), 1e-3, "unscaled rope would have been noticed")
 
 
+    def test_gpt_oss_from_llama_cpp_layout_matches_the_reference(self):
+        """A gpt-oss GGUF as llama.cpp writes it (split gate/up, post_attention_norm, experts in MXFP4 or f32, no
+        sliding pattern or SwiGLU constants in the metadata) gives the HF checkpoint's logits."""
+        for name, extra in (("gpt_oss-gguf", []), ("gpt_oss-gguf-mxfp4", ["--mxfp4"])):
+            ckpt = os.path.join(WORK, name)
+            if not os.path.exists(ckpt + ".gguf"):
+                subprocess.run([sys.executable, GEN, "--arch", "gpt_oss", "--out", ckpt, "--dtype", "f32", "--gguf",
+                                ckpt + ".gguf", "--gguf-dtype", "f32", *extra], check=True, capture_output=True)
+            model = ckpt + "-f32"
+            if not os.path.exists(os.path.join(model, "manifest.json")):
+                p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
+                self.assertNotIn("skipped", p.stdout + p.stderr, f"{name}: every GGUF tensor is used")
+            with open(os.path.join(model, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            self.assertEqual(hp["sliding_layers"], [0, 2])
+            self.assertIs(hp["rope_scaling"]["truncate"], False)
+            got = np.load(logits(model, "--kv-type", "f32"))
+            cfg, W = reference.load_checkpoint(ckpt)
+            want = reference.forward(cfg, W, TOKENS, [])
+            rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
+            print(f"  {name}: max relative logit error {rel:.2e}", flush=True)
+            self.assertLessEqual(rel, 1e-4, name)
+
 def kl(p_logits, q_logits):
     def logsoftmax(x):
         x = x.astype(np.float64)

@@ -26,7 +26,7 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral"};
+const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral", "gpt_oss"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -193,6 +193,13 @@ TEST_P(ArchTest, ManifestCarriesTheConfigHyperParameters) {
   if (arch == "qwen3_moe") {
     EXPECT_EQ(h.qk_norm, "per_head");
     EXPECT_EQ(m->tensor("blk.0.attn_q_norm.weight")->shape, (std::vector<std::int64_t>{h.head_dim}));
+  }
+  if (arch == "gpt_oss") {
+    EXPECT_EQ(h.sliding_window, cfg["sliding_window"]);
+    EXPECT_EQ(h.sliding_layers, (std::vector<std::int64_t>{0, 2}));  // layer_types: sliding, full, sliding
+    EXPECT_DOUBLE_EQ(h.swiglu_limit, cfg["swiglu_limit"].get<double>());
+    EXPECT_TRUE(h.norm_topk_prob);
+    EXPECT_EQ(h.rope_scaling["truncate"], false);
   }
   if (arch == "olmoe") {
     EXPECT_EQ(h.qk_norm, "full");
@@ -442,7 +449,7 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
 // gpt-oss: the hyper-parameters its forward pass needs reach the manifest (format 2), each expert carries its three
 // biases, both expert layouts (bf16 and MXFP4) convert, and broken configs or layouts are refused by name.
 TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
-  const fs::path src = fixture("gpt_oss-bf16", "--arch gpt_oss --dtype bf16", false);
+  const fs::path src = fixture("gpt_oss-plain", "--arch gpt_oss --dtype bf16", false);
   const fs::path mx = fixture("gpt_oss-mxfp4", "--arch gpt_oss --dtype bf16 --mxfp4", false);
   for (const auto& in : {src, mx}) {
     const fs::path out = fresh_output("gpt-oss " + in.filename().string());

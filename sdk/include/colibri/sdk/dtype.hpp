@@ -30,6 +30,7 @@ enum class DType : std::uint32_t {
   i64 = 27,
   f64 = 28,
   bf16 = 30,
+  mxfp4 = 39,  // OCP microscaling FP4 (gpt-oss GGUFs): read at convert time, not a compute weight type
 };
 
 struct DTypeTraits {
