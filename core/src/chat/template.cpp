@@ -188,6 +188,7 @@ std::optional<std::string> token_content(const nlohmann::json& config, const cha
 std::string family_for_architecture(std::string_view architecture) {
   if (architecture == "mixtral" || architecture == "mistral") return "mistral";
   if (architecture == "qwen2_moe" || architecture == "qwen3_moe") return "chatml";
+  if (architecture == "gpt_oss") return "gpt-oss";
   return "";
 }
 

@@ -385,6 +385,7 @@ TEST(ChatConfig, AChatTemplateJinjaFileWinsAndTheArchitectureNamesTheFallback) {
   ASSERT_TRUE(mixtral.has_value());
   EXPECT_EQ(mixtral->template_origin, "built-in mistral");
   EXPECT_EQ(family_for_architecture("qwen3_moe"), "chatml");
+  EXPECT_EQ(family_for_architecture("gpt_oss"), "gpt-oss");
   EXPECT_EQ(family_for_architecture("llama"), "");
   fs::remove_all(dir);
 }
