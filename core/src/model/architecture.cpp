@@ -251,7 +251,12 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   auto req = [&](const std::string& key) -> std::int64_t {
     auto v = g.get_int(*ga + "." + key);
     if (!v) {
-      if (err) err = bad_config(where, "missing metadata " + *ga + "." + key);
+      // A key of the wrong type is named as such: "missing" would send the user looking for a key that is there.
+      if (err) {
+        err = bad_config(where, g.find(*ga + "." + key) != nullptr
+                                    ? "metadata " + *ga + "." + key + " is not an integer; the GGUF is damaged"
+                                    : "missing metadata " + *ga + "." + key);
+      }
       return 0;
     }
     return *v;

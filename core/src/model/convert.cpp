@@ -874,6 +874,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto src = in.is_gguf ? locate_gguf(in, p) : locate_hf(in, p);
     if (!src) return src.error();
     auto choice = choose_target(opt.preset, p, *src, hp);
+    if (!choice && choice.error().code() == StatusCode::unsupported)
+      return choice.error().with_context(in.path.string());
     if (!choice) return choice.error();
     total_bytes += sdk::row_bytes(choice->type, src->cols) * static_cast<std::uint64_t>(src->rows);
     return Job{&p, *src, *choice};

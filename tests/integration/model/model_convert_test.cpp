@@ -438,6 +438,17 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     ASSERT_EQ(run(cmd), 0);
     expect_clean_failure(g, "tensor 'blk.1.attn_k.weight' is stored as i8, which colibri cannot convert", "gguf i8");
   }
+  {  // a metadata key of the wrong type is named as such, not as missing: block_count's u32 (type 4) made f32 (6)
+    const fs::path g = kWork / "bad" / "key type.gguf";
+    std::string bytes = slurp(src.string() + ".gguf");
+    const std::string key = "qwen3moe.block_count";
+    const auto at = bytes.find(key);
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(bytes[at + key.size()], '\x04');
+    bytes[at + key.size()] = '\x06';
+    std::ofstream(g, std::ios::binary | std::ios::trunc) << bytes;
+    expect_clean_failure(g, "metadata qwen3moe.block_count is not an integer; the GGUF is damaged", "gguf key type");
+  }
   {  // a truncated GGUF
     const fs::path g = kWork / "bad" / "truncated.gguf";
     fs::copy_file(src.string() + ".gguf", g, fs::copy_options::overwrite_existing);
