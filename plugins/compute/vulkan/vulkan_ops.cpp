@@ -74,7 +74,9 @@ struct RmsNormPush {
 };
 struct EltwisePush {
   std::uint64_t a, b, y;
-  std::uint32_t n, mode, d, pad;
+  std::uint32_t n, mode, d;
+  float alpha, limit;  // mode 4 (clamped GLU)
+  std::uint32_t pad;
 };
 struct StoreRowsPush {
   std::uint64_t x, y;
@@ -90,12 +92,14 @@ struct AttentionPush {
   std::uint32_t head_dim, n_heads, n_kv, t, position, window;
   float scale;
   std::uint32_t kv_row_bytes;
+  std::uint64_t sinks;  // attention_sinks_* only (SINKS): {n_heads} f32
 };
 struct TopkPush {
   std::uint64_t logits, ids, weights;
   std::uint32_t e, t, k, mode, renormalize, pad;
 };
-static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 64 && sizeof(RopePush) == 56);
+static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 72 && sizeof(RopePush) == 56 &&
+              sizeof(EltwisePush) == 48);
 
 // Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
 // into staging buffers the shaders read directly, and outputs copied back after the run.
@@ -195,10 +199,10 @@ Command matmul_command(DType wtype, std::uint64_t w, std::uint64_t x, std::uint6
 }
 
 Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::uint64_t n, std::uint32_t mode,
-                        std::uint32_t d) {
+                        std::uint32_t d, float alpha = 0.0f, float limit = 0.0f) {
   Command c;
   c.shader = "eltwise";
-  c.push = as_bytes(EltwisePush{a, b, y, static_cast<std::uint32_t>(n), mode, d, 0});
+  c.push = as_bytes(EltwisePush{a, b, y, static_cast<std::uint32_t>(n), mode, d, alpha, limit, 0});
   c.groups[0] = groups_for(n, 256);
   return c;
 }
@@ -210,6 +214,10 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   if (op == Op::store_rows) return weight_type == DType::f32 || weight_type == DType::f16;
   // A layer's experts in one submission: the expert_ffn commands of each, one after another.
   if (op == Op::expert_ffn_group) return sdk::supports_every_op(Op::expert_ffn, weight_type);
+  // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders); expert_ffn's commands
+  // with the biases in the matmuls and the clamped activation (eltwise mode 4) in place of swiglu.
+  if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
+  if (op == Op::expert_ffn_clamped) return sdk::supports_every_op(Op::expert_ffn, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -270,9 +278,22 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::expert_ffn:
-    case Op::expert_ffn_group: {
+    case Op::expert_ffn_group:
+    case Op::expert_ffn_clamped: {
       // expert_ffn is a group of one. Every expert gets its own gate/up scratch, so a group is one submission of
       // each expert's commands in turn (one wait instead of one per expert), with the bits of expert_ffn alone.
+      // expert_ffn_clamped is one expert whose matmuls add its biases (inputs 4..6) and whose activation is the
+      // clamped GLU (eltwise mode 4) instead of swiglu.
+      const bool clamped = call.op == Op::expert_ffn_clamped;
+      std::uint64_t bg = 0, bu = 0, bd = 0;
+      if (clamped) {
+        COLIBRI_VK_BIND(g_, in[4], "b_gate", false, 4);
+        COLIBRI_VK_BIND(u_, in[5], "b_up", false, 4);
+        COLIBRI_VK_BIND(d_, in[6], "b_down", false, 4);
+        bg = g_;
+        bu = u_;
+        bd = d_;
+      }
       const std::size_t experts = out.size();
       auto scratch_of = [&](std::size_t e) {
         const std::size_t ft_bytes =
@@ -294,11 +315,13 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
         const std::size_t aligned = scratch_of(e);
         const std::uint64_t gate = next, up = next + aligned;
         next += 2 * aligned;
-        // Same numerics as matmul + swiglu + matmul: the same shaders, in that order.
-        cmds.push_back(matmul_command(wg.type, ga, xa, gate, 0, d, f, t));
-        cmds.push_back(matmul_command(wu.type, ua, xa, up, 0, d, f, t));
-        cmds.push_back(eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
-        cmds.push_back(matmul_command(wd.type, da, gate, ya, 0, f, d, t));
+        // Same numerics as matmul + swiglu (or the clamped GLU) + matmul: the same shaders, in that order.
+        cmds.push_back(matmul_command(wg.type, ga, xa, gate, bg, d, f, t));
+        cmds.push_back(matmul_command(wu.type, ua, xa, up, bu, d, f, t));
+        cmds.push_back(clamped ? eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 4, 1,
+                                                 call.params.scale, call.params.eps)
+                               : eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
+        cmds.push_back(matmul_command(wd.type, da, gate, ya, bd, f, d, t));
       }
       break;
     }
@@ -330,7 +353,11 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(std::move(c));
       break;
     }
-    case Op::attention: {
+    case Op::attention:
+    case Op::attention_sinks: {
+      // attention_sinks: the attention_sinks_* shaders (attention.comp with SINKS), which read the sinks' address
+      // after attention's push constants; the plain attention shaders never see it.
+      const bool with_sinks = call.op == Op::attention_sinks;
       const Tensor &q = in[0], &k = in[1], &v = in[2], &o = out[0];
       const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3], nkv = k.ne[1];
       if (t > kMaxGrid || nh > kMaxGrid) return bad("more than 65535 queries or heads in one call");
@@ -338,10 +365,15 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_BIND(ka, k, "K", false, k.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(va, v, "V", false, v.type == DType::f32 ? 4 : 2);
       COLIBRI_VK_BIND(oa, o, "O", true, 4);
+      std::uint64_t sa = 0;
+      if (with_sinks) {
+        COLIBRI_VK_BIND(s_, in[3], "sinks", false, 4);
+        sa = s_;
+      }
       Command c;
-      c.shader = std::string("attention_") + type_suffix(k.type);
+      c.shader = std::string(with_sinks ? "attention_sinks_" : "attention_") + type_suffix(k.type);
       c.push = as_bytes(AttentionPush{qa, ka, va, oa, u32(hd), u32(nh), u32(nkv), u32(t), u32(call.params.position),
-                                      u32(call.params.window), call.params.scale, u32(sdk::row_bytes(k.type, hd))});
+                                      u32(call.params.window), call.params.scale, u32(sdk::row_bytes(k.type, hd)), sa});
       c.groups[0] = u32(nh);
       c.groups[1] = u32(t);
       cmds.push_back(std::move(c));
@@ -426,9 +458,6 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(std::move(c));
       break;
     }
-    case Op::attention_sinks:
-    case Op::expert_ffn_clamped:  // gpt-oss's ops: supports() says no, the engine then refuses the model by name
-      return Status(StatusCode::unsupported, std::string(name) + " is not implemented by the vulkan backend yet");
     default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no shader");
   }
 #undef COLIBRI_VK_BIND

@@ -5,6 +5,9 @@
 // block + i (a sequential dot product over head_dim); block max and sum use fixed trees; thread i
 // then accumulates output dims i, i + 64, ... over the block's keys in key order.
 // WTYPE_* selects the cache row type (f32, f16 or q8_0 rows of head_dim).
+// SINKS (attention_sinks, gpt-oss): head h's softmax also counts one more key, of score sinks[h] (not scaled) and
+// value zero. The online softmax starts from it (m = sinks[h], l = e^0 = 1, acc = 0) instead of from nothing
+// (m = -inf, l = 0); every key block then runs as without sinks. Without SINKS the shader is the plain attention.
 #include "dequant.glsl"
 
 layout(local_size_x = 64) in;
@@ -22,6 +25,9 @@ layout(push_constant) uniform Params {
   uint window;
   float scale;
   uint kv_row_bytes;
+#if defined(SINKS)
+  uint64_t sinks;  // {n_heads} f32
+#endif
 }
 p;
 
@@ -60,8 +66,13 @@ void main() {
   const uint first = (p.window > 0u && last + 1u > p.window) ? last + 1u - p.window : 0u;
   const uint units = (p.head_dim + 31u) / 32u;
 
+#if defined(SINKS)
+  float m = Floats(p.sinks).v[head];
+  precise float l = m == uintBitsToFloat(0xFF800000u) ? 0.0 : 1.0;  // a sink of -inf is no key
+#else
   float m = uintBitsToFloat(0xFF800000u);  // -inf
   precise float l = 0.0;
+#endif
   precise float acc[kDimsPerThread];
   for (uint i = 0u; i < kDimsPerThread; ++i) acc[i] = 0.0;
   float w[32];
@@ -100,7 +111,7 @@ void main() {
       }
       barrier();
     }
-    const float corr = exp(m - m_new);  // 0 on the first block (m = -inf)
+    const float corr = exp(m - m_new);  // 0 on the first block (m = -inf) unless a sink came first
     l = l * corr + red_sh[0];
     const uint j0 = max(first, kb) - kb;
     const uint j1 = min(last, kb + 63u) - kb;

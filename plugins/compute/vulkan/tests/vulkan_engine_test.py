@@ -7,7 +7,9 @@
   within 1e-4 of the max-abs logit per position (f32 KV cache, exact activations, so both backends compute the same
   sums in different orders), with the same greedy token everywhere;
 * every other preset (q8_0 ... q2_k, f16, bf16): the same bound against the CPU backend;
-* the one promise on Vulkan: logits bit-identical in one batch, token by token and in chunks of 3.
+* the one promise on Vulkan: logits bit-identical in one batch, token by token and in chunks of 3;
+* gpt_oss (attention_sinks, expert_ffn_clamped; not in the shared ARCHS, which other backends without those ops run)
+  at f32 and q4_k_m against the CPU backend with the same bound, and its one promise.
 
 With --vram (ctest compute.vulkan.vram): backend_engine.Engine.vram_promise (the one promise with the VRAM expert
 tier) on mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's
@@ -65,6 +67,22 @@ def kv_mapped(engine):
     return [] if st["kv_device_bytes"] == 0 else [f"mapped memory holds a device KV cache: {st['kv_device_bytes']}"]
 
 
+# gpt-oss's ops (attention sinks, biased experts with the clamped SwiGLU) under the engine.
+GPT_OSS = [("gpt_oss", "f32"), ("gpt_oss", "q4_k_m")]
+
+
+def gpt_oss_batch_invariance(engine):
+    failures = []
+    m = engine.model("gpt_oss", "f32")
+    base = engine.logits(m, "vulkan-base", *engine.on_backend)
+    for batch in ("1", "3"):
+        other = engine.logits(m, f"vulkan-b{batch}", "--batch", batch, *engine.on_backend)
+        if not backend_engine.same(base, other):
+            failures.append(f"gpt_oss/f32: vulkan logits with --batch {batch} differ from one batch")
+    print("  gpt_oss/f32: vulkan batch invariance checked", flush=True)
+    return failures
+
+
 def main():
     engine = backend_engine.Engine(*sys.argv[1:4], "vulkan")
     os.environ["XDG_CACHE_HOME"] = os.path.join(engine.work, "xdg-cache")  # bench writes usage history there
@@ -78,7 +96,9 @@ def main():
             engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine) +
             engine.activations_on_device(unmapped))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
-    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance())
+    cases += [c for c in GPT_OSS if c not in cases]
+    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
+                                 gpt_oss_batch_invariance(engine))
 
 
 if __name__ == "__main__":

@@ -284,12 +284,18 @@ TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
     EXPECT_TRUE(c.supports(Op::matmul, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::expert_ffn, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::embedding, t)) << to_string(t);
+    EXPECT_TRUE(c.supports(Op::expert_ffn_clamped, t)) << to_string(t);
   }
   for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_1, DType::q8_k}) {
     EXPECT_FALSE(c.supports(Op::matmul, t)) << to_string(t);
+    EXPECT_FALSE(c.supports(Op::expert_ffn_clamped, t)) << to_string(t);
   }
-  EXPECT_TRUE(c.supports(Op::attention, DType::q8_0));
+  for (DType t : {DType::f32, DType::f16, DType::q8_0}) {
+    EXPECT_TRUE(c.supports(Op::attention, t)) << to_string(t);
+    EXPECT_TRUE(c.supports(Op::attention_sinks, t)) << to_string(t);
+  }
   EXPECT_FALSE(c.supports(Op::attention, DType::q4_k));
+  EXPECT_FALSE(c.supports(Op::attention_sinks, DType::q4_k));
   std::vector<std::byte> w(row_bytes(DType::q4_1, 256) * 2);
   std::vector<float> x(256), y(2);
   Tensor in[] = {Tensor{DType::q4_1, {256, 2, 1, 1}, w.data()}, Tensor{DType::f32, {256, 1, 1, 1}, x.data()}};
