@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
                  "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history)");
   app.add_option("--reasoning-format", f.reasoning_format,
                  "separate: a reasoning model's <think> block is returned as reasoning_content; inline: left in the "
-                 "content")
+                 "content (gpt-oss's analysis channel is always reasoning_content)")
       ->check(CLI::IsMember({"separate", "inline"}));
   app.add_option("--record-trace", f.record_trace,
                  "Write the routing of every request to this JSONL file (README: Routing traces)");

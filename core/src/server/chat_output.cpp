@@ -26,6 +26,7 @@ std::string_view opening_marker(ToolFormat format) {
     case ToolFormat::hermes: return kHermesOpen;
     case ToolFormat::mistral: return kMistralOpen;
     case ToolFormat::deepseek_v3: return kDeepseekCallsOpen;
+    case ToolFormat::harmony:  // HarmonyStream reads its calls
     case ToolFormat::none: break;
   }
   return {};
@@ -167,6 +168,7 @@ Calls parse_deepseek(std::string_view text, std::size_t pos) {
 }  // namespace
 
 ToolFormat detect_tool_format(std::string_view source) {
+  if (template_is_harmony(source)) return ToolFormat::harmony;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
   if (source.find(kMistralOpen) != std::string_view::npos) return ToolFormat::mistral;
   if (source.find(kDeepseekCallsOpen) != std::string_view::npos) return ToolFormat::deepseek_v3;
@@ -178,6 +180,7 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::hermes: return "hermes";
     case ToolFormat::mistral: return "mistral";
     case ToolFormat::deepseek_v3: return "deepseek_v3";
+    case ToolFormat::harmony: return "harmony";
     case ToolFormat::none: break;
   }
   return "none";
@@ -193,7 +196,8 @@ bool template_reads_tools(std::string_view source) {
 }
 
 bool tool_marker_is_special(ToolFormat format) {
-  return format == ToolFormat::mistral;  // [TOOL_CALLS] is a control token; the others decode as text
+  // [TOOL_CALLS] and harmony's markers are control tokens; the others decode as text.
+  return format == ToolFormat::mistral || format == ToolFormat::harmony;
 }
 
 std::string forced_call_prefix(ToolFormat format, std::string_view function_name) {
@@ -204,6 +208,8 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     case ToolFormat::deepseek_v3:
       return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + "function" + std::string(kDeepseekSep) +
              std::string(function_name) + "\n```json\n";
+    case ToolFormat::harmony:  // after the template's "<|start|>assistant"
+      return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
     case ToolFormat::none: break;
   }
   return {};
@@ -214,6 +220,7 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::hermes: return std::string(kHermesOpen) + "\n";
     case ToolFormat::mistral: return std::string(kMistralOpen) + "[";
     case ToolFormat::deepseek_v3:
+    case ToolFormat::harmony:
     case ToolFormat::none: break;
   }
   return {};
@@ -344,6 +351,221 @@ ReasoningSplit ReasoningStream::finish() {
     out.content = std::exchange(held_, {});  // start: a lone prefix of "<think>" (or spaces) is content
   }
   held_.clear();
+  return out;
+}
+
+// --- harmony ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kHarmonyStart = "<|start|>";
+constexpr std::string_view kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyChannel = "<|channel|>";
+// Every marker harmony text may hold; those that end a message come first.
+constexpr std::string_view kHarmonyMarkers[] = {"<|end|>",       "<|return|>",    "<|call|>",
+                                                "<|endoftext|>", kHarmonyStart,   kHarmonyChannel,
+                                                kHarmonyMessage, "<|constrain|>", "<|startoftext|>"};
+constexpr std::size_t kHarmonyEnds = 4;
+constexpr std::size_t kMaxHarmonyHeader = 512;  // a longer "header" is text of a model that left the format
+constexpr std::string_view kFunctions = "functions.";
+
+// The first marker in `text` from `from` on: its position and its index in kHarmonyMarkers.
+std::optional<std::pair<std::size_t, std::size_t>> find_harmony_marker(std::string_view text, std::size_t from = 0) {
+  std::optional<std::pair<std::size_t, std::size_t>> first;
+  for (std::size_t m = 0; m < std::size(kHarmonyMarkers); ++m) {
+    const std::size_t at = text.find(kHarmonyMarkers[m], from);
+    if (at != std::string_view::npos && (!first || at < first->first)) first = {at, m};
+  }
+  return first;
+}
+
+// How many bytes at the end of `text` may still grow into a marker.
+std::size_t harmony_marker_tail(std::string_view text) {
+  std::size_t keep = 0;
+  for (const auto marker : kHarmonyMarkers) keep = std::max(keep, marker_tail(text, marker));
+  return keep;
+}
+
+std::string strip_harmony_markers(std::string_view text) {
+  std::string out;
+  std::size_t pos = 0;
+  while (auto found = find_harmony_marker(text, pos)) {
+    out += text.substr(pos, found->first - pos);
+    pos = found->first + kHarmonyMarkers[found->second].size();
+  }
+  out += text.substr(pos);
+  return out;
+}
+
+// Whether `text` (spaces skipped) may be the start of a header: a marker, " to=", or the role when the prompt ended
+// with a bare <|start|>. Anything else is text of a model that does not speak the format.
+bool harmony_header_start(std::string_view text, bool role_next) {
+  if (text.empty()) return true;
+  for (const auto marker : kHarmonyMarkers) {
+    if (text.starts_with(marker) || marker.starts_with(text)) return true;
+  }
+  if (std::string_view("to=").starts_with(text.substr(0, 3))) return true;
+  return role_next && std::string_view("assistant").starts_with(text.substr(0, 9));
+}
+
+// The word that starts at `pos` (up to a space or a marker).
+std::string_view harmony_word(std::string_view text, std::size_t pos) {
+  std::size_t end = pos;
+  while (end < text.size() && !is_space(text[end]) && text[end] != '<') ++end;
+  return text.substr(pos, end - pos);
+}
+
+}  // namespace
+
+bool template_is_harmony(std::string_view source) {
+  return source.find(kHarmonyChannel) != std::string_view::npos &&
+         source.find(kHarmonyMessage) != std::string_view::npos;
+}
+
+HarmonyStream::HarmonyStream(std::string_view prompt, bool tools) : tools_(tools) {
+  const std::size_t start = prompt.rfind(kHarmonyStart);
+  if (start == std::string_view::npos) return;
+  const std::string_view after = prompt.substr(start + kHarmonyStart.size());
+  for (std::size_t m = 0; m < kHarmonyEnds; ++m) {
+    if (after.find(kHarmonyMarkers[m]) != std::string_view::npos) return;  // the prompt's last message is closed
+  }
+  if (const std::size_t at = after.find(kHarmonyMessage); at != std::string_view::npos) {
+    open_message(after.substr(0, at));
+    state_ = State::body;
+    return;
+  }
+  prompt_header_ = std::string(after);
+  role_next_ = prompt_header_.find_first_not_of(" \n\r\t") == std::string::npos;
+}
+
+void HarmonyStream::open_message(std::string_view header) {
+  // The role is the header's first word (its <|start|> aside), then " to=RECIPIENT", "<|channel|>NAME" and
+  // "<|constrain|>TYPE" in either order.
+  std::size_t pos = skip_space(header, 0);
+  while (header.substr(pos).starts_with(kHarmonyStart)) pos = skip_space(header, pos + kHarmonyStart.size());
+  std::string_view role = header.substr(pos, 2) == "<|" ? std::string_view{} : harmony_word(header, pos);
+  if (role.starts_with("to=")) role = {};
+  std::string_view channel;
+  if (const std::size_t at = header.find(kHarmonyChannel); at != std::string_view::npos) {
+    channel = harmony_word(header, skip_space(header, at + kHarmonyChannel.size()));
+  }
+  std::string_view recipient;
+  for (std::size_t at = header.find("to="); at != std::string_view::npos; at = header.find("to=", at + 1)) {
+    if (at == 0 || is_space(header[at - 1]) || header[at - 1] == '>') {
+      recipient = harmony_word(header, at + 3);
+      break;
+    }
+  }
+  call_name_.clear();
+  call_arguments_.clear();
+  if (!role.empty() && role != "assistant") {
+    sink_ = Sink::reasoning;  // a turn the model wrote for someone else (a tool's answer it imagined)
+  } else if (!recipient.empty()) {
+    const bool function = recipient.starts_with(kFunctions) && recipient.size() > kFunctions.size();
+    sink_ = function && tools_ ? Sink::call : Sink::reasoning;
+    if (sink_ == Sink::call) call_name_ = std::string(recipient.substr(kFunctions.size()));
+  } else if (channel.empty() || channel == "final" || channel == "commentary") {
+    sink_ = Sink::content;
+  } else {
+    sink_ = Sink::reasoning;  // analysis, or a channel harmony does not define
+  }
+}
+
+void HarmonyStream::emit(HarmonyOutput& out, std::string_view text) {
+  switch (sink_) {
+    case Sink::content: out.content += text; break;
+    case Sink::reasoning: out.reasoning += text; break;
+    case Sink::call: call_arguments_ += text; break;
+  }
+}
+
+void HarmonyStream::end_message(HarmonyOutput& out) {
+  if (sink_ == Sink::call) {
+    const std::size_t begin = skip_space(call_arguments_, 0);
+    std::string arguments(trim_right(std::string_view(call_arguments_).substr(begin)));
+    out.calls.push_back(ToolCall{"", std::exchange(call_name_, {}), arguments.empty() ? "{}" : std::move(arguments)});
+    call_arguments_.clear();
+  }
+  sink_ = Sink::content;
+  state_ = State::header;
+}
+
+HarmonyOutput HarmonyStream::push(std::string_view text) {
+  held_ += text;
+  HarmonyOutput out;
+  for (;;) {
+    if (state_ == State::header) {
+      const std::size_t message = held_.find(kHarmonyMessage);
+      // An end, or a new <|start|>, before the <|message|>: what came before it was no header.
+      std::optional<std::size_t> restart;
+      for (auto f = find_harmony_marker(held_); f && (message == std::string::npos || f->first < message);
+           f = find_harmony_marker(held_, f->first + kHarmonyMarkers[f->second].size())) {
+        if (f->second < kHarmonyEnds) restart = f->first + kHarmonyMarkers[f->second].size();
+        if (kHarmonyMarkers[f->second] == kHarmonyStart && f->first > 0) restart = f->first;
+      }
+      if (restart) {
+        held_.erase(0, *restart);
+        prompt_header_.clear();
+        role_next_ = false;
+        continue;
+      }
+      if (message != std::string::npos) {
+        open_message(prompt_header_ + held_.substr(0, message));
+        prompt_header_.clear();
+        role_next_ = false;
+        held_.erase(0, message + kHarmonyMessage.size());
+        state_ = State::body;
+        continue;
+      }
+      const bool header = harmony_header_start(std::string_view(held_).substr(skip_space(held_, 0)), role_next_);
+      if (header && held_.size() <= kMaxHarmonyHeader) return out;
+      // Text outside the format is content, streamed as it comes; a "header" that never ends, without its markers.
+      prompt_header_.clear();
+      role_next_ = false;
+      sink_ = Sink::content;
+      state_ = State::body;
+      if (header) {
+        out.content += strip_harmony_markers(std::exchange(held_, {}));
+        return out;
+      }
+      continue;
+    }
+    const auto found = find_harmony_marker(held_);
+    if (!found) {
+      const std::size_t keep = harmony_marker_tail(held_);
+      emit(out, std::string_view(held_).substr(0, held_.size() - keep));
+      held_.erase(0, held_.size() - keep);
+      return out;
+    }
+    const auto [at, index] = *found;
+    const std::string_view marker = kHarmonyMarkers[index];
+    emit(out, std::string_view(held_).substr(0, at));
+    if (index < kHarmonyEnds) {
+      held_.erase(0, at + marker.size());
+      end_message(out);
+    } else if (marker == kHarmonyStart || marker == kHarmonyChannel) {
+      held_.erase(0, at);  // a new header, without the <|end|> before it
+      end_message(out);
+    } else {
+      held_.erase(0, at + marker.size());  // <|message|> or <|constrain|> inside a text: dropped
+    }
+  }
+}
+
+HarmonyOutput HarmonyStream::finish() {
+  HarmonyOutput out;
+  if (state_ == State::body) {
+    emit(out, std::exchange(held_, {}));  // a tail that never became a marker is text
+    end_message(out);
+  } else {
+    // An unfinished header is dropped; text that could only have started one ("<|", "to") is content.
+    const std::string_view rest = std::string_view(held_).substr(skip_space(held_, 0));
+    const bool role = role_next_ && !rest.empty() && std::string_view("assistant").starts_with(rest);
+    if (!rest.empty() && !find_harmony_marker(rest) && !rest.starts_with("to=") && !role) out.content = held_;
+    held_.clear();
+  }
+  prompt_header_.clear();
+  role_next_ = false;
   return out;
 }
 

@@ -56,6 +56,7 @@ struct Server::Impl {
   ToolFormat tool_format = ToolFormat::none;  // how the template's model writes tool calls
   bool template_reads_tools = false;          // whether the template shows `tools` to the model
   bool split_reasoning = false;               // the template's model thinks in <think> blocks, returned apart
+  bool harmony = false;                       // the template speaks harmony (gpt-oss): channels split the answer
   ServerOptions opt;
   std::unique_ptr<Scheduler> scheduler;
 
@@ -520,6 +521,12 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<std::int32_t> prompt;
     std::string echo_text;
     bool opens_reasoning = false;  // the prompt ends inside a <think> block
+    // Harmony: the answer's channels are split into reasoning, content and calls (not in JSON mode or a forced
+    // call, whose text is the JSON from the first token).
+    const bool forced_call = req.tool_choice == CompletionRequest::ToolChoice::function ||
+                             req.tool_choice == CompletionRequest::ToolChoice::required;
+    const bool use_harmony = endpoint == Endpoint::chat && srv_.harmony && !req.json_object && !forced_call;
+    std::string harmony_prompt;  // where the prompt leaves the answer: in a header or inside a message
     if (endpoint == Endpoint::chat) {
       std::string text;
       if (auto e = chat_prompt(req, req.add_generation_prompt, text)) return respond_error(*e, false);
@@ -541,7 +548,12 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         text += opener;
       }
+      // Harmony in JSON mode: the JSON is the final channel's text.
+      if (srv_.harmony && req.json_object && !forced_call && text.ends_with("<|start|>assistant")) {
+        text += "<|channel|>final<|message|>";
+      }
       opens_reasoning = prompt_opens_reasoning(text);
+      if (use_harmony) harmony_prompt = text.substr(std::min(text.size(), text.rfind("<|start|>")));
       prompt = srv_.tokenizer.encode(text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
       if (auto e = check_token_ids(req.prompt_tokens, "prompt")) return respond_error(*e, false);
@@ -631,7 +643,9 @@ class Session : public std::enable_shared_from_this<Session> {
         job->request.json_object = true;
         job->request.json_schema = forced_schema;
       }
-      if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
+      // Harmony's markers are special tokens: they are kept for HarmonyStream to see them.
+      if (use_harmony) job->request.keep_special = true;
+      if (req.tool_choice == CompletionRequest::ToolChoice::automatic && srv_.tool_format != ToolFormat::harmony) {
         job->request.keep_special = tool_marker_is_special(srv_.tool_format);
       }
       job->on_event = [self = shared_from_this(), generation, i](GenerationEvent&& ev) {
@@ -650,7 +664,11 @@ class Session : public std::enable_shared_from_this<Session> {
       c.text = echo_text;
       // With the prompt's logprobs its tokens are listed too, their offsets counted from the start.
       c.text_offset = req.echo && req.logprobs >= 0 ? 0 : echo_chars;
-      if (req.tool_choice == CompletionRequest::ToolChoice::automatic) c.tool_stream.emplace(srv_.tool_format);
+      if (use_harmony) {
+        c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
+      } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
+        c.tool_stream.emplace(srv_.tool_format);
+      }
       // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
       if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
           req.tool_choice != CompletionRequest::ToolChoice::function &&
@@ -718,10 +736,17 @@ class Session : public std::enable_shared_from_this<Session> {
           return flush();
         }
         std::string reasoning;
+        std::vector<ToolCall> calls;  // harmony: the calls that ended with this text
         if (c.reasoning) {
           ReasoningSplit split = c.reasoning->push(ev.text);
           reasoning = std::move(split.reasoning);
           ev.text = std::move(split.content);
+        }
+        if (c.harmony) {
+          HarmonyOutput split = c.harmony->push(ev.text);
+          reasoning = std::move(split.reasoning);
+          ev.text = std::move(split.content);
+          calls = std::move(split.calls);
         }
         if (c.tool_stream) ev.text = c.tool_stream->push(ev.text);
         if (c.required_call) {
@@ -739,14 +764,17 @@ class Session : public std::enable_shared_from_this<Session> {
             c.forced_opened = true;
             return flush();
           }
-          if (ev.text.empty() && ev.logprobs.empty()) return flush();
-          pending_ += chunk(choice_event(stream_chunk(
-              endpoint_, ids_, ev.text, "", false, ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c),
-              static_cast<int>(index))));
+          if (!ev.text.empty() || !ev.logprobs.empty()) {
+            pending_ += chunk(choice_event(stream_chunk(
+                endpoint_, ids_, ev.text, "", false,
+                ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c), static_cast<int>(index))));
+          }
+          emit_calls(index, c, std::move(calls));
           return flush();
         }
         c.text += ev.text;
         c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+        emit_calls(index, c, std::move(calls));
         return;
       }
       case GenerationEvent::Kind::failed:
@@ -800,6 +828,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // back since a call marker is parsed. Streaming sends what is left (reasoning, content, then each call); otherwise
   // it waits in the choice for the response.
   void finish_choice_text(std::size_t index, ChoiceState& c) {
+    if (c.harmony) {
+      HarmonyOutput rest = c.harmony->finish();
+      emit_reasoning(index, c, rest.reasoning);
+      emit_content(index, c, rest.content);
+      emit_calls(index, c, std::move(rest.calls));
+      if (c.calls_sent > 0) {
+        if (c.finish_reason != "length") c.finish_reason = "tool_calls";  // cut off: the call may be too
+        while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
+      }
+      return;
+    }
     std::string content;
     if (c.reasoning) {
       ReasoningSplit rest = c.reasoning->finish();
@@ -871,6 +910,15 @@ class Session : public std::enable_shared_from_this<Session> {
         chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
   }
 
+  // Harmony's calls, each as it ends (the first only without parallel_tool_calls).
+  void emit_calls(std::size_t index, ChoiceState& c, std::vector<ToolCall> calls) {
+    for (auto& call : calls) {
+      if (!parallel_tool_calls_ && c.calls_sent > 0) return;
+      call.id = tool_call_id(srv_.tool_format, random_u64());
+      emit_call(index, c, c.calls_sent++, std::move(call));
+    }
+  }
+
   // The chat rendered by the model's template into `text` (with the tools when asked for), or the 400 that says why
   // not.
   std::optional<ApiError> chat_prompt(const CompletionRequest& req, bool add_generation_prompt, std::string& text) {
@@ -925,7 +973,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (srv_.tool_format == ToolFormat::none) {
       return bad_request("The chat template (" + origin +
                              ") writes tool calls in no syntax colibri reads (hermes <tool_call>, mistral "
-                             "[TOOL_CALLS], deepseek_v3), so their calls could not be returned.",
+                             "[TOOL_CALLS], deepseek_v3, harmony), so their calls could not be returned.",
                          "tools", "unsupported_value");
     }
     return std::nullopt;
@@ -1070,6 +1118,8 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
     std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content
     std::string reasoning_text;                  // non-streaming: the message's reasoning_content
+    std::optional<HarmonyStream> harmony;        // a harmony model: splits its channels (and calls, with tools)
+    std::size_t calls_sent = 0;                  // harmony: the calls emitted so far
   };
   std::vector<ChoiceState> choices_;
   std::size_t open_choices_ = 0;
@@ -1187,7 +1237,16 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->tool_format = detect_tool_format(impl->chat_config.template_source);
   impl->template_reads_tools = template_reads_tools(impl->chat_config.template_source);
   impl->opt = std::move(options);
-  impl->split_reasoning = impl->opt.separate_reasoning && template_has_reasoning(impl->chat_config.template_source);
+  impl->harmony = template_is_harmony(impl->chat_config.template_source);
+  impl->split_reasoning =
+      impl->opt.separate_reasoning && !impl->harmony && template_has_reasoning(impl->chat_config.template_source);
+  if (impl->harmony) {
+    // Harmony ends an answer with <|return|>, or <|call|> after a call: gpt-oss lists <|call|> only in its
+    // generation_config.json, so the model's config alone would let the answer run on past its call.
+    for (const std::string_view name : kHarmonyEndTokens) {
+      if (const auto id = impl->tokenizer.piece_to_token(name)) impl->opt.scheduler.end_tokens.push_back(*id);
+    }
+  }
   if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
   const std::string where = impl->opt.host + ":" + std::to_string(impl->opt.port);
   try {

@@ -49,6 +49,9 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   eos_ = engine_.hparams().eos_token_ids;
   if (auto rope = engine::RopeFrequencies::create(engine_.hparams())) same_kv_up_to_ = rope->same_kv_up_to();
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
+  for (const std::int32_t t : options_.end_tokens) {
+    if (std::find(eos_.begin(), eos_.end(), t) == eos_.end()) eos_.push_back(t);
+  }
   options_.max_batch = std::max(1, options_.max_batch);
   options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
   refresh_expert_stats();  // the cache's budget and residency are known before the first step

@@ -812,6 +812,149 @@ class Api(unittest.TestCase):
             self.assertEqual(separate.stop(), 0)
             self.assertEqual(inline.stop(), 0)
 
+    def test_harmony(self):
+        # gpt-oss's harmony format: its markers added to a copy of the tiny model's tokenizer (at ids its embedding
+        # already has) and a template that writes them. A random model writes no harmony of its own, so the
+        # template's generation prompt opens the message (chat_template_kwargs "channel"), logit_bias bans the
+        # markers (or forces one), and each answer is checked against /v1/completions of the same prompt tokens.
+        model = os.path.join(WORK, "tiny-harmony")
+        names = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+        mark = {name: 354 + i for i, name in enumerate(names)}  # as HF, the next ids after the vocabulary's 354
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(MODEL, model, dirs_exist_ok=True)
+            with open(os.path.join(model, "tokenizer.json")) as f:
+                tok = json.load(f)
+            for name, i in mark.items():
+                tok["added_tokens"].append({"id": i, "content": name, "single_word": False, "lstrip": False,
+                                            "rstrip": False, "normalized": False, "special": True})
+            with open(os.path.join(model, "tokenizer.json"), "w") as f:
+                json.dump(tok, f)
+            with open(os.path.join(model, "manifest.json")) as f:
+                man = json.load(f)
+            man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)  # a deliberate edit (see FIM's)
+            with open(os.path.join(model, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        with open(os.path.join(model, "tokenizer.json")) as f:
+            specials = [a["id"] for a in json.load(f)["added_tokens"]]
+        template = os.path.join(WORK, "harmony_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+                    "{% if tools %}<|start|>developer<|message|>{% for t in tools %}{{ t.function.name }}{% endfor %}"
+                    "<|end|>{% endif %}{% if add_generation_prompt %}<|start|>assistant{% if channel is defined %}"
+                    "<|channel|>{{ channel }}<|message|>{% endif %}{% endif %}")
+        ban = {str(i): -100 for i in specials}  # every special token, the end token too: greedy runs max_tokens
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+        s = Server("--model", model, "--chat-template", template)
+        chatml = Server("--model", model)
+        try:
+            def ask(channel=None, **extra):
+                req = {"model": "tiny-harmony", "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                       "max_tokens": 8, "temperature": 0, "logit_bias": ban}
+                if channel:
+                    req["chat_template_kwargs"] = {"channel": channel}
+                return dict(req, **extra)
+
+            def chat(req):
+                status, body = s.json("POST", "/v1/chat/completions", req)
+                self.assertEqual(status, 200, body)
+                return body["choices"][0], body["usage"]
+
+            def greedy(req, **extra):  # the same prompt's answer from /v1/completions (which drops special tokens)
+                keys = ("messages", "chat_template_kwargs", "tools")
+                _, tok = s.json("POST", "/tokenize", {k: req[k] for k in keys if k in req})
+                _, done = s.json("POST", "/v1/completions", dict({
+                    "model": "tiny-harmony", "prompt": tok["tokens"], "max_tokens": req["max_tokens"],
+                    "temperature": 0, "logit_bias": req["logit_bias"]}, **extra))
+                return done["choices"][0]["text"] if not extra else done["choices"][0]
+
+            # The analysis channel is reasoning_content, whole and streamed; the final channel is content.
+            thinking = ask("analysis")
+            choice, _ = chat(thinking)
+            text = greedy(thinking)
+            self.assertGreater(len(text), 0)
+            self.assertEqual((choice["message"]["reasoning_content"], choice["message"]["content"]), (text, ""))
+            self.assertEqual(choice["finish_reason"], "length")
+            _, events, done = s.stream("/v1/chat/completions", thinking)
+            self.assertTrue(done)
+            deltas = [c["delta"] for e in events for c in e["choices"]]
+            self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas), text)
+            self.assertEqual(stream_text(events), "")
+            answer = ask("final")
+            choice, _ = chat(answer)
+            self.assertEqual(choice["message"]["content"], greedy(answer))
+            self.assertNotIn("reasoning_content", choice["message"])
+            # Markers the model writes reach the parser (the decoder keeps them) and are never returned: a small
+            # bias toward <|start|> has the greedy answer write some text, then <|start|> (which ends the message),
+            # then more text that is the header of a message never opened (dropped).
+            for bias in range(1, 8):
+                probe = ask("analysis", logit_bias=dict(ban, **{str(mark["<|start|>"]): bias}))
+                tokens = greedy(probe, logprobs=0)["logprobs"]["tokens"]
+                if "<|start|>" in tokens[1:-1]:
+                    break
+            first = tokens.index("<|start|>")
+            self.assertGreater(first, 0, tokens)
+            self.assertTrue(any(t != "<|start|>" for t in tokens[first:]), tokens)
+            choice, _ = chat(probe)
+            self.assertEqual(choice["message"]["reasoning_content"], greedy(dict(probe, max_tokens=first)))
+            self.assertEqual(choice["message"]["content"], "")
+            choice, _ = chat(ask("analysis", logit_bias={str(mark["<|start|>"]): 100}))
+            self.assertEqual(choice["message"]["content"], "")
+            self.assertNotIn("reasoning_content", choice["message"])
+            # <|call|> ends the answer (gpt-oss lists it only in generation_config.json); not so for other templates.
+            choice, usage = chat(ask(logit_bias={str(mark["<|call|>"]): 100}))
+            self.assertEqual((choice["finish_reason"], usage["completion_tokens"]), ("stop", 0))
+            _, other = chatml.json("POST", "/v1/chat/completions", ask(logit_bias={str(mark["<|call|>"]): 100}))
+            self.assertEqual((other["choices"][0]["finish_reason"], other["usage"]["completion_tokens"]),
+                             ("length", 8))
+
+            # A message to functions.NAME is a call of NAME with the message as its arguments.
+            calling = ask("commentary to=functions.get_weather <|constrain|>json", tools=[weather])
+            choice, _ = chat(calling)
+            (call,) = choice["message"]["tool_calls"]
+            self.assertEqual(call["function"], {"name": "get_weather", "arguments": greedy(calling).strip(" \n\r\t")})
+            self.assertTrue(call["id"].startswith("call_"))
+            self.assertIsNone(choice["message"]["content"])
+            self.assertEqual(choice["finish_reason"], "length")  # cut off: the arguments may be too
+            _, events, done = s.stream("/v1/chat/completions", calling)
+            pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
+                      if "tool_calls" in d]
+            self.assertEqual([p["function"] for p in pieces], [call["function"]])
+            self.assertEqual((stream_text(events), finish_of(events)), ("", "length"))
+            # Ended by <|call|>: finish_reason tool_calls.
+            choice, _ = chat(dict(calling, logit_bias={str(mark["<|call|>"]): 100}))
+            self.assertEqual(choice["finish_reason"], "tool_calls")
+            self.assertEqual(choice["message"]["tool_calls"][0]["function"], {"name": "get_weather", "arguments": "{}"})
+            _, events, _ = s.stream("/v1/chat/completions", dict(calling, logit_bias={str(mark["<|call|>"]): 100}))
+            self.assertEqual(finish_of(events), "tool_calls")
+            # Without tools in the request it is no call: its text is reasoning, not content.
+            untooled = ask("commentary to=functions.get_weather <|constrain|>json")
+            choice, _ = chat(untooled)
+            self.assertNotIn("tool_calls", choice["message"])
+            self.assertEqual((choice["message"]["reasoning_content"], choice["message"]["content"]),
+                             (greedy(untooled), ""))
+
+            # A named call opens the call's message in the prompt; JSON mode opens the final channel.
+            def count(text):
+                return s.json("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["count"]
+
+            _, base = s.json("POST", "/tokenize", {"messages": thinking["messages"], "tools": [weather]})
+            named = dict(ask(), tools=[weather], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                         max_tokens=30)
+            del named["logit_bias"]
+            choice, usage = chat(named)
+            self.assertEqual(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather")
+            prefix = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            self.assertEqual(usage["prompt_tokens"], base["count"] + count(prefix))
+            _, bare = s.json("POST", "/tokenize", {"messages": thinking["messages"]})
+            as_json = dict(ask(), response_format={"type": "json_object"}, max_tokens=4)
+            del as_json["logit_bias"]
+            _, usage = chat(as_json)
+            self.assertEqual(usage["prompt_tokens"], bare["count"] + count("<|channel|>final<|message|>"))
+        finally:
+            self.assertEqual(s.stop(), 0)
+            self.assertEqual(chatml.stop(), 0)
+
     def test_bad_requests(self):
         s = self.s
         status, raw, _ = s.request("POST", "/v1/chat/completions", "{not json")

@@ -1,6 +1,7 @@
 // What a chat answer holds besides its content, for /v1/chat/completions: tool calls (how a model family writes them,
 // found from its chat template; the prefix that forces a named call; the parser that splits them from content) and
-// reasoning (the <think> block of Qwen3 and DeepSeek R1). No networking here, so it is unit-tested without sockets.
+// reasoning (the <think> block of Qwen3 and DeepSeek R1), and gpt-oss's harmony channels, which carry both. No
+// networking here, so it is unit-tested without sockets.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,9 @@ namespace colibri::server {
 //   deepseek_v3 (DeepSeek V3/R1):
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
 //               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
-enum class ToolFormat { none, hermes, mistral, deepseek_v3 };
+//   harmony     (gpt-oss): <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>, read
+//               by HarmonyStream (below) together with the reasoning, not by parse_tool_calls or ToolCallStream
+enum class ToolFormat { none, hermes, mistral, deepseek_v3, harmony };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
 ToolFormat detect_tool_format(std::string_view template_source);
@@ -33,7 +36,7 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
 
 // tool_choice "required" with several tools: the answer starts with the format's call opener and continues with one
 // {"name": <one of names>, "arguments": {...}} object (the schema below). Empty for a format that writes the name
-// outside JSON (deepseek_v3) or none.
+// outside JSON (deepseek_v3, harmony) or none.
 std::string required_call_prefix(ToolFormat format);
 nlohmann::json required_call_schema(const std::vector<std::string>& names);
 
@@ -99,6 +102,56 @@ class ReasoningStream {
   enum class State { start, reasoning, after, content };
   State state_;
   std::string held_;
+};
+
+// gpt-oss speaks OpenAI's harmony format: the answer is a series of messages, each a header and a text,
+//   <|channel|>analysis<|message|>THINKING<|end|><|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
+// with a call to a tool written as
+//   <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGUMENTS<|call|>
+// (the markers are special tokens, so the decoder must keep them for these to be seen). Whether a template speaks it
+// is read from its source: it writes <|channel|> and <|message|>.
+bool template_is_harmony(std::string_view template_source);
+// Its end tokens (an answer ends with <|return|>, or <|call|> after a call; <|endoftext|> too), which a model's
+// config may not list.
+inline constexpr std::string_view kHarmonyEndTokens[] = {"<|return|>", "<|call|>", "<|endoftext|>"};
+
+struct HarmonyOutput {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCall> calls;  // complete calls (ids left empty)
+};
+
+// Splits harmony text as it streams, as vLLM and llama.cpp do for gpt-oss. The analysis channel is reasoning; the
+// final channel, commentary without a recipient (a preamble to the user) and a message with no channel are content;
+// a message to functions.NAME is a call of NAME with its text as the arguments when `tools` (else reasoning). A
+// message to another recipient, on another channel or in a role other than the assistant's is reasoning too: text
+// the model did not write for the user is never content. No marker is ever part of what comes out. Text outside any
+// header (a model that does not speak harmony) is content. push() returns what is final; a tail that may be the
+// start of a marker, and a header until its <|message|>, wait for the next push or finish().
+class HarmonyStream {
+ public:
+  // `prompt` is the rendered prompt: after "<|start|>assistant" the answer starts with the rest of a header; after
+  // a header's <|message|> (continue_final_message, or a template that opens the final channel) inside that message.
+  HarmonyStream(std::string_view prompt, bool tools);
+  HarmonyOutput push(std::string_view text);
+  // The end of the answer: a message cut off in its text ends there (a call with the arguments written so far); a
+  // header cut off before its <|message|> is dropped.
+  HarmonyOutput finish();
+
+ private:
+  enum class State { header, body };
+  enum class Sink { content, reasoning, call };
+  void open_message(std::string_view header);
+  void end_message(HarmonyOutput& out);
+  void emit(HarmonyOutput& out, std::string_view text);
+
+  bool tools_;
+  State state_ = State::header;
+  std::string prompt_header_;  // the part of the first header the prompt wrote ("assistant")
+  bool role_next_ = false;     // the prompt ended with a bare <|start|>: the answer starts with the role
+  std::string held_;
+  Sink sink_ = Sink::content;
+  std::string call_name_, call_arguments_;
 };
 
 }  // namespace colibri::server

@@ -80,6 +80,8 @@ struct SchedulerOptions {
   std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
   // Non-null (--record-trace): every step appends its routing, one request id per job in the order jobs joined.
   std::shared_ptr<ab::TraceWriter> trace;
+  // End tokens beyond the model's config (harmony's <|call|>, which gpt-oss lists only in generation_config.json).
+  std::vector<std::int32_t> end_tokens;
 };
 
 struct SchedulerStats {
