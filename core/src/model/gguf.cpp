@@ -12,6 +12,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// What a header that runs past the end of the file means, and what to do.
+constexpr const char* kCut = "the file is truncated or damaged (an interrupted download?): re-download it";
+
 // A name from the file as it can be shown in an error: control bytes and bytes that are not UTF-8 as \xNN (a corrupt
 // key would otherwise print raw bytes into the terminal), and at most 120 bytes.
 std::string shown(std::string_view name) {
@@ -142,7 +145,8 @@ class HeaderReader {
     if (auto st = pod(n, what + " length"); !st) return st;
     if (n > remaining()) {
       return Status(StatusCode::corrupt_data, io::path_text(file_.path()) + ": " + what + " claims " +
-                                                  std::to_string(n) + " bytes, more than the rest of the file");
+                                                  std::to_string(n) + " bytes, more than the rest of the file; " +
+                                                  kCut);
     }
     s.resize(static_cast<std::size_t>(n));
     return bytes(s.data(), s.size(), what);
@@ -288,7 +292,7 @@ Status read_value(HeaderReader& r, GgufType type, GgufValue& out, const std::str
       out.elem_type = elem;
       if (n > r.remaining() / scalar_size(elem)) {
         return Status(StatusCode::corrupt_data, io::path_text(path) + ": " + what + " claims " + std::to_string(n) +
-                                                    " elements, more than the rest of the file holds");
+                                                    " elements, more than the rest of the file holds; " + kCut);
       }
       switch (elem) {
         case GgufType::string: {
@@ -368,8 +372,13 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
   std::uint64_t n_tensors = 0, n_kv = 0;
   if (auto s = r.pod(n_tensors, "tensor count"); !s) return s;
   if (auto s = r.pod(n_kv, "metadata count"); !s) return s;
-  if (n_kv > r.remaining() / 12 || n_tensors > r.remaining() / 24)
-    return bad("tensor or metadata count is implausible");
+  // Each entry takes at least 12 (metadata) or 24 (tensor info) bytes: counts that do not fit what is left mean a file
+  // cut short (the usual case: an interrupted download) or a damaged header.
+  if (n_kv > r.remaining() / 12 || n_tensors > r.remaining() / 24) {
+    return bad("the header lists " + std::to_string(n_kv) + " metadata entries and " + std::to_string(n_tensors) +
+               " tensors, more than the " + std::to_string(r.remaining()) + " bytes left in the file can hold; " +
+               kCut);
+  }
 
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
@@ -423,7 +432,7 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
   g.data_offset_ = (pos + g.alignment_ - 1) / g.alignment_ * g.alignment_;
   if (g.data_offset_ > *size) {
     // A vocab-only file may end right after its header, without alignment padding.
-    if (!raws.empty()) return bad("data section starts past the end of the file");
+    if (!raws.empty()) return bad(std::string("data section starts past the end of the file; ") + kCut);
     g.data_offset_ = *size;
   }
   const std::uint64_t data_len = *size - g.data_offset_;
