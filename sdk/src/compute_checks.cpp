@@ -71,7 +71,7 @@ class Checker {
   Status matmul() const {
     if (!counts(2, 1) && !counts(3, 1)) return count_error(2, 1);
     const Tensor &w = c_.inputs[0], &x = c_.inputs[1], &y = c_.outputs[0];
-    if (!is_weight_type(w.type)) return unsupported_weight(w, "weight");
+    if (!is_weight_type(w.type) && !is_optional_weight_type(w.type)) return unsupported_weight(w, "weight");
     if (Status s = need(x, DType::f32, "X"); !s) return s;
     if (Status s = need(y, DType::f32, "Y"); !s) return s;
     const std::int64_t k = w.ne[0], n = row_count(w), t = row_count(x);
@@ -133,7 +133,9 @@ class Checker {
     const Tensor &wg = c_.inputs[4 * e], &wu = c_.inputs[4 * e + 1], &wd = c_.inputs[4 * e + 2],
                  &x = c_.inputs[4 * e + 3], &y = c_.outputs[e];
     for (const Tensor* w : {&wg, &wu, &wd}) {
-      if (!is_weight_type(w->type)) return unsupported_weight(*w, (who + "weight").c_str());
+      if (!is_weight_type(w->type) && !is_optional_weight_type(w->type)) {
+        return unsupported_weight(*w, (who + "weight").c_str());
+      }
     }
     if (Status s = need(x, DType::f32, (who + "X").c_str()); !s) return s;
     if (Status s = need(y, DType::f32, (who + "Y").c_str()); !s) return s;
@@ -320,6 +322,10 @@ bool is_weight_type(DType type) noexcept {
     case DType::q6_k: return true;
     default: return false;
   }
+}
+
+bool is_optional_weight_type(DType type) noexcept {
+  return type == DType::mxfp4;
 }
 
 bool is_kv_type(DType type) noexcept {

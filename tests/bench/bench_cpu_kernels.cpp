@@ -173,8 +173,8 @@ void qwen3_experts(benchmark::State& state, int experts, std::int64_t tokens, bo
 }
 
 const int kRegistered = [] {
-  const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
-                         DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+  const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k,
+                         DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::mxfp4};
   const char* env = std::getenv("COLIBRI_BENCH_BASELINE_PLUGIN");
   const std::string baseline = env != nullptr ? env : "";
   // `label` on this build's plugin; with a baseline plugin and `compare`, also `base/label` on that one, first.

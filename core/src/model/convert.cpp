@@ -66,7 +66,8 @@ struct SourceRef {
   const GgufTensorInfo* gg = nullptr;
   std::string name;  // source name for messages
   // Set for parts cut out of fused tensors (gpt-oss experts): produces f32 rows [row0, row0 + n) of the part.
-  std::function<Status(std::int64_t row0, std::int64_t n, float* dst)> gather;
+  // Rows in `type` (f32, or mxfp4 for HF MXFP4 experts).
+  std::function<Status(std::int64_t row0, std::int64_t n, void* dst)> gather;
   std::vector<std::string> also_read;  // further input tensors the gather reads (MXFP4 scales)
 };
 
@@ -78,10 +79,9 @@ struct Input {
   json config;
 
   Status read(const SourceRef& r, std::uint64_t offset, void* dst, std::size_t n) const {
-    if (r.gather) {  // f32 rows: callers read whole rows
-      const std::uint64_t row = static_cast<std::uint64_t>(r.cols) * sizeof(float);
-      return r.gather(static_cast<std::int64_t>(offset / row), static_cast<std::int64_t>(n / row),
-                      static_cast<float*>(dst));
+    if (r.gather) {  // callers read whole rows
+      const std::uint64_t row = sdk::row_bytes(r.type, r.cols);
+      return r.gather(static_cast<std::int64_t>(offset / row), static_cast<std::int64_t>(n / row), dst);
     }
     if (r.st != nullptr) return st->read(*r.st, r.base + offset, dst, n);
     return gguf->read(*r.gg, r.base + offset, dst, n);
@@ -106,33 +106,18 @@ Status bad_source_shape(const Input& in, const SafetensorsTensor& t, const std::
                                                   shape_text(want));
 }
 
-// The 16 values of an e2m1 (FP4) code, as MXFP4 blocks of either layout below store them.
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-// MXFP4 (OCP microscaling FP4, how openai/gpt-oss ships its experts): 16 bytes of e2m1 pairs per 32 values, low
-// nibble first, and one e8m0 scale byte 2^(s - 127) per block, as transformers' convert_moe_packed_tensors reads them.
-void decode_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t n_blocks, float* out) {
+// MXFP4 (OCP microscaling FP4, how openai/gpt-oss ships its experts) as HF stores it: 16 bytes of e2m1 codes per 32
+// values, element 2k in the low nibble of byte k and 2k+1 in the high one, and a separate e8m0 scale byte per block.
+// GGML's block (colibri's mxfp4) is the scale byte, then qs[j] = code(j) | code(j + 16) << 4: the same codes and
+// scale, so the weights stay bit-exact.
+void repack_hf_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, std::int64_t n_blocks,
+                         std::uint8_t* out) {
   for (std::int64_t b = 0; b < n_blocks; ++b) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
-    for (int k = 0; k < 16; ++k) {
-      const std::uint8_t byte = blocks[b * 16 + k];
-      out[b * 32 + 2 * k] = kE2m1[byte & 0x0F] * scale;
-      out[b * 32 + 2 * k + 1] = kE2m1[byte >> 4] * scale;
-    }
-  }
-}
-
-// GGML's MXFP4 block (llama.cpp's gpt-oss GGUFs): the scale byte, then 16 bytes whose low nibbles are elements 0..15
-// and high nibbles 16..31 (the same e2m1 codes as the HF layout, arranged as q4_0 arranges its nibbles).
-void decode_ggml_mxfp4_row(const std::uint8_t* blocks, std::int64_t n_blocks, float* out) {
-  for (std::int64_t b = 0; b < n_blocks; ++b) {
-    const std::uint8_t* blk = blocks + b * 17;
-    const float scale = std::ldexp(1.0f, static_cast<int>(blk[0]) - 127);
-    for (int j = 0; j < 16; ++j) {
-      out[b * 32 + j] = kE2m1[blk[1 + j] & 0x0F] * scale;
-      out[b * 32 + j + 16] = kE2m1[blk[1 + j] >> 4] * scale;
-    }
+    const std::uint8_t* in = blocks + b * 16;
+    auto code = [in](int i) { return (in[i / 2] >> (4 * (i % 2))) & 0x0F; };
+    std::uint8_t* blk = out + b * 17;
+    blk[0] = scales[b];
+    for (int j = 0; j < 16; ++j) blk[1 + j] = static_cast<std::uint8_t>(code(j) | code(j + 16) << 4);
   }
 }
 
@@ -167,14 +152,17 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
     }
     r.name = blocks->name;
     r.also_read = {scales->name};
+    r.type = DType::mxfp4;
+    r.size = static_cast<std::uint64_t>(rows) * sdk::row_bytes(DType::mxfp4, cols);
     r.gather = [&in, blocks, scales, e, src_rows, n_blocks, stride, first](std::int64_t row0, std::int64_t n,
-                                                                           float* dst) -> Status {
+                                                                           void* dst) -> Status {
       std::vector<std::uint8_t> b(static_cast<std::size_t>(n_blocks * 16)), s(static_cast<std::size_t>(n_blocks));
+      auto* out = static_cast<std::uint8_t*>(dst);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto src = static_cast<std::uint64_t>(e * src_rows + (row0 + i) * stride + first);
         if (auto st = in.st->read(*blocks, src * b.size(), b.data(), b.size()); !st) return st;
         if (auto st = in.st->read(*scales, src * s.size(), s.data(), s.size()); !st) return st;
-        decode_mxfp4_row(b.data(), s.data(), n_blocks, dst + i * n_blocks * 32);
+        repack_hf_mxfp4_row(b.data(), s.data(), n_blocks, out + i * n_blocks * 17);
       }
       return {};
     };
@@ -214,7 +202,8 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
   // part's rows, so reading row by row would read the slice once per row.
   auto slice = std::make_shared<std::vector<float>>();
   r.gather = [&in, t, type, e, slice_elems, slice, rows, cols, stride, first, bias = p.shape.size() == 1](
-                 std::int64_t row0, std::int64_t n, float* dst) -> Status {
+                 std::int64_t row0, std::int64_t n, void* out) -> Status {
+    auto* dst = static_cast<float*>(out);
     if (slice->empty()) {
       const std::size_t elem = sdk::row_bytes(type, 1);
       std::vector<char> raw(static_cast<std::size_t>(slice_elems) * elem);
@@ -307,21 +296,6 @@ sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
   }
   r.cols = p.shape.back();
   r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));
-  if (r.type == DType::mxfp4) {
-    // Not a compute type: decoded here to f32 rows and quantized to the preset's choice like a float tensor.
-    const std::size_t row = sdk::row_bytes(DType::mxfp4, r.cols);
-    const std::uint64_t base = r.base;
-    const std::int64_t cols = r.cols;
-    r.type = DType::f32;
-    r.size = static_cast<std::uint64_t>(r.rows * r.cols) * sizeof(float);
-    r.base = 0;
-    r.gather = [&g, t, base, row, cols](std::int64_t row0, std::int64_t n, float* dst) -> Status {
-      std::vector<std::uint8_t> raw(row * static_cast<std::size_t>(n));
-      if (auto s = g.read(*t, base + static_cast<std::uint64_t>(row0) * row, raw.data(), raw.size()); !s) return s;
-      for (std::int64_t i = 0; i < n; ++i) decode_ggml_mxfp4_row(raw.data() + i * row, cols / 32, dst + i * cols);
-      return {};
-    };
-  }
   if (r.permute_heads > 0 && r.rows % (2 * r.permute_heads) != 0) {
     return Status(StatusCode::invalid_argument, g.path().string() + ": tensor '" + t->name + "' has " +
                                                     std::to_string(r.rows) + " rows, not divisible into " +
@@ -841,6 +815,30 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto h = hparams_from_hf_config(in.config, cfg_path.string());
     if (!h) return h.error();
     hp = std::move(*h);
+    // generation_config.json may list more end tokens than config.json (gpt-oss: <|call|> and <|endoftext|> besides
+    // <|return|>); without them an answer would run on past a tool call.
+    if (fs::is_regular_file(opt.input / "generation_config.json", ec)) {
+      const fs::path gen_path = opt.input / "generation_config.json";
+      auto gen_text = read_text(gen_path);
+      if (!gen_text) return gen_text.error();
+      const json gen = json::parse(*gen_text, nullptr, false);
+      if (gen.is_discarded()) {
+        return Status(StatusCode::invalid_argument, gen_path.string() + ": not valid JSON; fix or remove it");
+      }
+      const json ids = gen.is_object() && gen.contains("eos_token_id") ? gen["eos_token_id"] : json();
+      for (const auto& id : ids.is_array() ? ids : json::array({ids})) {
+        if (id.is_null()) continue;
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0) {
+          return Status(StatusCode::invalid_argument, gen_path.string() + ": eos_token_id is " +
+                                                          ids.dump().substr(0, 80) +
+                                                          "; it must be a token id or a list of token ids");
+        }
+        if (std::find(hp.eos_token_ids.begin(), hp.eos_token_ids.end(), id.get<std::int64_t>()) ==
+            hp.eos_token_ids.end()) {
+          hp.eos_token_ids.push_back(id.get<std::int64_t>());
+        }
+      }
+    }
     auto st = SafetensorsCheckpoint::open(opt.input);
     if (!st) return st.error();
     in.st = std::move(*st);

@@ -190,7 +190,7 @@ class CpuCompute final : public ComputeBase {
     }
     const KernelSet& ks = *o.kernels;
     const bool complete = ks.f32 && ks.f16 && ks.bf16 && ks.q8_0 && ks.q4_0 && ks.q2_k && ks.q3_k && ks.q4_k &&
-                          ks.q5_k && ks.q6_k && ks.scale_axpy;
+                          ks.q5_k && ks.q6_k && ks.mxfp4 && ks.scale_axpy;
     if (!complete)
       return Status(StatusCode::internal, std::string("compute/cpu: kernel set ") + ks.name + " is incomplete");
     o.isa = ks.name;
@@ -226,14 +226,20 @@ class CpuCompute final : public ComputeBase {
     }
   }
 
+  // Every op, the optional ones too; mxfp4 weights (an optional type) in matmul and the expert ops, not embedding.
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
+      case Op::matmul:
+      case Op::expert_ffn:
       case Op::expert_ffn_group:
-      case Op::expert_ffn_clamped: return is_weight_type(weight_type);
+      case Op::expert_ffn_clamped: return matmul_weight(weight_type);
       case Op::attention_sinks: return is_kv_type(weight_type);
       default: return supports_every_op(op, weight_type);
     }
   }
+
+  // Weights of matmul and the expert ops: every required type and mxfp4.
+  static bool matmul_weight(DType type) noexcept { return is_weight_type(type) || type == DType::mxfp4; }
 
   Status run(const OpCall& c) noexcept override {
     return guarded("compute/cpu", [&]() -> Status {
@@ -448,11 +454,13 @@ class CpuCompute final : public ComputeBase {
     if (tiled < t) rows_of_tokens(tiled);
   }
 
-  Status check_weight(const char* op, const char* role, const Tensor& w) {
-    if (!is_weight_type(w.type)) {
+  // A weight of matmul and the expert ops (`matmul` true: mxfp4 too) or an embedding table.
+  Status check_weight(const char* op, const char* role, const Tensor& w, bool matmul = true) {
+    if (!(matmul ? matmul_weight(w.type) : is_weight_type(w.type))) {
       return Status(StatusCode::unsupported,
                     std::string(op) + ": " + role + " type " + std::string(to_string(w.type)) +
-                        " is not supported by compute/cpu (f32, f16, bf16, q8_0, q4_0, q2_k..q6_k)");
+                        " is not supported by compute/cpu (f32, f16, bf16, q8_0, q4_0, q2_k..q6_k" +
+                        (matmul ? ", mxfp4)" : ")"));
     }
     if (w.ne[2] != 1 || w.ne[3] != 1) return bad(op, std::string(role) + " must be 2-D {K, N}, got " + shape(w));
     return {};
@@ -1043,7 +1051,7 @@ class CpuCompute final : public ComputeBase {
     const char* op = "embedding";
     COLIBRI_TRY(need_count(op, c, 2, 2, 1));
     const Tensor &Tb = c.inputs[0], &I = c.inputs[1], &Y = c.outputs[0];
-    COLIBRI_TRY(check_weight(op, "table (inputs[0])", Tb));
+    COLIBRI_TRY(check_weight(op, "table (inputs[0])", Tb, false));
     std::byte *tb, *ids, *y;
     COLIBRI_TRY(resolve(op, "table (inputs[0])", Tb, tb));
     COLIBRI_TRY(resolve(op, "ids (inputs[1])", I, ids));

@@ -15,10 +15,10 @@ namespace colibri::cpu {
 
 using sdk::DType;
 
-// Activations quantized per 32 elements (for q8_0 / q4_0 weights): x ~= d * qs.
+// Activations quantized per 32 elements (for q8_0, q4_0 and mxfp4 weights): x ~= d * qs.
 struct Q8Block {
   float d;
-  std::int32_t sum;  // sum of qs (the q4_0 offset term)
+  std::int32_t sum;  // sum of qs (the q4_0 and mxfp4 offset terms)
   std::int8_t qs[32];
 };
 
@@ -46,7 +46,7 @@ using DotFn = float (*)(const void* w_row, const void* act, std::int64_t k) noex
 // Lanes of the float dot products: element i is accumulated in lane i % kF32Lanes, lanes reduced
 // as a fixed binary tree. 32 lanes = 4 AVX2 or 2 AVX-512 registers.
 inline constexpr int kF32Lanes = 32;
-// Lanes of the q8_0 / q4_0 block accumulation: block b goes to lane b % kBlockLanes.
+// Lanes of the q8_0 / q4_0 / mxfp4 block accumulation: block b goes to lane b % kBlockLanes.
 inline constexpr int kBlockLanes = 4;
 
 // Several tokens against one weight row, the row decoded once: out[i] gets exactly the bits of
@@ -75,6 +75,7 @@ struct KernelSet {
   DotFn q4_k;
   DotFn q5_k;
   DotFn q6_k;
+  DotFn mxfp4;
   // Multi-token versions of the quantized kernels; nullptr: call the DotFn per token.
   DotTileFn tile_q8_0 = nullptr;
   DotTileFn tile_q4_0 = nullptr;
@@ -83,6 +84,7 @@ struct KernelSet {
   DotTileFn tile_q4_k = nullptr;
   DotTileFn tile_q5_k = nullptr;
   DotTileFn tile_q6_k = nullptr;
+  DotTileFn tile_mxfp4 = nullptr;
   // y[i] = y[i] * c + a * x[i] (elementwise, so every vector width gives the same bits).
   void (*scale_axpy)(float* y, float c, float a, const float* x, std::int64_t n) noexcept = nullptr;
   // Several weight rows against one token; nullptr: call the DotFn per row.

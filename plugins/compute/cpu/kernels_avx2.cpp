@@ -32,13 +32,15 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_dot_q4_k,
                                  x86_dot_q5_k,
                                  x86_dot_q6_k,
-                                 x86_tile_q32<false>,
-                                 x86_tile_q32<true>,
+                                 x86_dot_mxfp4,
+                                 x86_tile_q32<X86Q32::q8_0>,
+                                 x86_tile_q32<X86Q32::q4_0>,
                                  x86_tile_k<X86Q2K>,
                                  x86_tile_k<X86Q3K>,
                                  x86_tile_k<X86Q4K>,
                                  x86_tile_k<X86Q5K>,
                                  x86_tile_k<X86Q6K>,
+                                 x86_tile_q32<X86Q32::mxfp4>,
                                  x86_scale_axpy,
                                  x86_rows_k<XQ4K>,
                                  x86_rows_k<XQ6K>,
@@ -50,7 +52,7 @@ const KernelSet& avx2_kernels() noexcept {
                                  x86_softmax_block,
                                  x86_swiglu};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
-  static_assert(set.swiglu == x86_swiglu, "list every KernelSet member");
+  static_assert(set.swiglu == x86_swiglu && set.mxfp4 == x86_dot_mxfp4, "list every KernelSet member");
   return set;
 }
 

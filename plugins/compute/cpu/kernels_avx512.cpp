@@ -623,22 +623,38 @@ KTARGET bool z_dot_rows_multi(const void* k, std::size_t stride, int nkeys, cons
 }  // namespace
 
 const KernelSet& avx512_kernels() noexcept {
-  static constexpr KernelSet set{"avx512",           z_dot_f32,
-                                 z_dot_f16,          z_dot_bf16,
-                                 z_dot_q8_0,         z_dot_q4_0,
-                                 x86_dot_q2_k,       x86_dot_q3_k,
-                                 x86_dot_q4_k,       x86_dot_q5_k,
-                                 x86_dot_q6_k,       x86_tile_q32<false>,
-                                 x86_tile_q32<true>, x86_tile_k<X86Q2K>,
-                                 x86_tile_k<X86Q3K>, z_tile_k<ZTileQ4K>,
-                                 z_tile_k<ZTileQ5K>, z_tile_k<ZTileQ6K>,
-                                 x86_scale_axpy,     x86_rows_k<ZQ4K>,
-                                 x86_rows_k<ZQ6K>,   x86_rows_k<ZQ5K>,
-                                 x86_scale_axpy_f16, x86_quantize_activations,
-                                 z_dot_rows_multi,   z_scale_axpy_rows_multi,
-                                 z_softmax_block,    z_swiglu};
+  static constexpr KernelSet set{"avx512",
+                                 z_dot_f32,
+                                 z_dot_f16,
+                                 z_dot_bf16,
+                                 z_dot_q8_0,
+                                 z_dot_q4_0,
+                                 x86_dot_q2_k,
+                                 x86_dot_q3_k,
+                                 x86_dot_q4_k,
+                                 x86_dot_q5_k,
+                                 x86_dot_q6_k,
+                                 x86_dot_mxfp4,  // VNNI: this file's X86_DOT_U8S8
+                                 x86_tile_q32<X86Q32::q8_0>,
+                                 x86_tile_q32<X86Q32::q4_0>,
+                                 x86_tile_k<X86Q2K>,
+                                 x86_tile_k<X86Q3K>,
+                                 z_tile_k<ZTileQ4K>,
+                                 z_tile_k<ZTileQ5K>,
+                                 z_tile_k<ZTileQ6K>,
+                                 x86_tile_q32<X86Q32::mxfp4>,
+                                 x86_scale_axpy,
+                                 x86_rows_k<ZQ4K>,
+                                 x86_rows_k<ZQ6K>,
+                                 x86_rows_k<ZQ5K>,
+                                 x86_scale_axpy_f16,
+                                 x86_quantize_activations,
+                                 z_dot_rows_multi,
+                                 z_scale_axpy_rows_multi,
+                                 z_softmax_block,
+                                 z_swiglu};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
-  static_assert(set.swiglu == z_swiglu, "list every KernelSet member");
+  static_assert(set.swiglu == z_swiglu && set.mxfp4 == x86_dot_mxfp4, "list every KernelSet member");
   return set;
 }
 

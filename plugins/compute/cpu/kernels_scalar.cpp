@@ -15,7 +15,8 @@ ActFormat act_format(DType weight, bool exact_activations) noexcept {
   if (exact_activations) return ActFormat::f32;
   switch (weight) {
     case DType::q8_0:
-    case DType::q4_0: return ActFormat::q8_0;
+    case DType::q4_0:
+    case DType::mxfp4: return ActFormat::q8_0;
     case DType::q2_k:
     case DType::q3_k:
     case DType::q4_k:
@@ -118,7 +119,7 @@ DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexc
     default: break;
   }
   const bool known = type == DType::q8_0 || type == DType::q4_0 || type == DType::q2_k || type == DType::q3_k ||
-                     type == DType::q4_k || type == DType::q5_k || type == DType::q6_k;
+                     type == DType::q4_k || type == DType::q5_k || type == DType::q6_k || type == DType::mxfp4;
   if (!known) return nullptr;
   if (exact_activations) return set.f32;  // the caller dequantizes the row first
   switch (type) {
@@ -129,6 +130,7 @@ DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexc
     case DType::q4_k: return set.q4_k;
     case DType::q5_k: return set.q5_k;
     case DType::q6_k: return set.q6_k;
+    case DType::mxfp4: return set.mxfp4;
     default: return nullptr;
   }
 }
@@ -176,6 +178,7 @@ DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) 
     case DType::q4_k: return set.tile_q4_k;
     case DType::q5_k: return set.tile_q5_k;
     case DType::q6_k: return set.tile_q6_k;
+    case DType::mxfp4: return set.tile_mxfp4;
     default: return nullptr;
   }
 }
@@ -240,6 +243,23 @@ float dot_q4_0(const void* w_row, const void* act, std::int64_t k) noexcept {
     }
     isum -= 8 * y[b].sum;
     const float s = fp16_to_fp32(w[b].d) * y[b].d;
+    lanes[b % kBlockLanes] += s * static_cast<float>(isum);
+  }
+  return reduce_block_lanes(lanes);
+}
+
+// mxfp4 with q8_0 activations, block for block as q4_0: the block's integer sum of code values times activations,
+// then (2^(e - 128) * d_x) * isum into lane b % 4.
+float dot_mxfp4(const void* w_row, const void* act, std::int64_t k) noexcept {
+  const auto* w = static_cast<const BlockMXFP4*>(w_row);
+  const auto* y = static_cast<const Q8Block*>(act);
+  float lanes[kBlockLanes] = {};
+  for (std::int64_t b = 0; b < k / 32; ++b) {
+    std::int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += kMxfp4Values[w[b].qs[j] & 15] * y[b].qs[j] + kMxfp4Values[w[b].qs[j] >> 4] * y[b].qs[j + 16];
+    }
+    const float s = e8m0_to_fp32_half(w[b].e) * y[b].d;
     lanes[b % kBlockLanes] += s * static_cast<float>(isum);
   }
   return reduce_block_lanes(lanes);
@@ -397,9 +417,10 @@ float dot_q6_k(const void* w_row, const void* act, std::int64_t k) noexcept {
 }  // namespace
 
 const KernelSet& scalar_kernels() noexcept {
-  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0,         dot_q4_0, dot_q2_k,
-                                 dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, nullptr,          nullptr,  nullptr,
-                                 nullptr,  nullptr,  nullptr,  nullptr,  scale_axpy_scalar};
+  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0,  dot_q4_0, dot_q2_k,
+                                 dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, dot_mxfp4, nullptr,  nullptr,
+                                 nullptr,  nullptr,  nullptr,  nullptr,  nullptr,   nullptr,  scale_axpy_scalar};
+  static_assert(set.mxfp4 == dot_mxfp4 && set.scale_axpy == scale_axpy_scalar, "list every KernelSet member");
   return set;
 }
 

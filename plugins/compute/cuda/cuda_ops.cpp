@@ -196,6 +196,13 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   const auto& in = call.inputs;
   const auto& out = call.outputs;
   if (Status s = sdk::check_op_call(call, "cuda"); !s) return s;
+  // check_op_call lets the optional mxfp4 weights through for backends that run them; this one does not.
+  for (const auto& t : in) {
+    if (t.type == DType::mxfp4) {
+      return Status(StatusCode::unsupported,
+                    std::string(op_name(call.op)) + ": weight type mxfp4 is not supported by cuda");
+    }
+  }
   // The optional expert_ffn_group has no kernel here (supports() says so); the engine then calls expert_ffn.
   if (call.op == Op::expert_ffn_group) {
     return Status(StatusCode::unsupported, "cuda: expert_ffn_group is not implemented; call expert_ffn per expert");

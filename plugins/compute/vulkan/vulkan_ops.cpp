@@ -243,6 +243,12 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   const auto& out = call.outputs;
   // Shaders index with 32-bit integers: check_op_call refuses tensors of 2^31 elements or more.
   if (Status s = sdk::check_op_call(call, "vulkan"); !s) return s;
+  // check_op_call lets the optional mxfp4 weights through for backends that run them; this one does not.
+  for (const auto& t : in) {
+    if (t.type == DType::mxfp4) {
+      return Status(StatusCode::unsupported, std::string(name) + ": weight type mxfp4 is not supported by vulkan");
+    }
+  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
 #define COLIBRI_VK_TRY(expr)       \
   do {                             \

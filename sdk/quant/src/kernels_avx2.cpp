@@ -91,9 +91,9 @@ QUANT_TARGET void fp32_to_bf16_avx2(const float* x, std::uint16_t* y, std::int64
 }  // namespace
 
 const KernelTable& avx2_kernels() noexcept {
-  static constexpr KernelTable table{dequant_q8_0,      dequant_q4_0,      dequant_q2_k,     dequant_q3_k,
-                                     dequant_q4_k,      dequant_q5_k,      dequant_q6_k,     fp16_to_fp32_avx2,
-                                     bf16_to_fp32_avx2, fp32_to_fp16_avx2, fp32_to_bf16_avx2};
+  static constexpr KernelTable table{dequant_q8_0,      dequant_q4_0,      dequant_q2_k,      dequant_q3_k,
+                                     dequant_q4_k,      dequant_q5_k,      dequant_q6_k,      dequant_mxfp4,
+                                     fp16_to_fp32_avx2, bf16_to_fp32_avx2, fp32_to_fp16_avx2, fp32_to_bf16_avx2};
   return table;
 }
 

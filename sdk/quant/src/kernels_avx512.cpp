@@ -84,9 +84,9 @@ QUANT_TARGET void fp32_to_bf16_avx512(const float* x, std::uint16_t* y, std::int
 }  // namespace
 
 const KernelTable& avx512_kernels() noexcept {
-  static constexpr KernelTable table{dequant_q8_0,        dequant_q4_0,        dequant_q2_k,       dequant_q3_k,
-                                     dequant_q4_k,        dequant_q5_k,        dequant_q6_k,       fp16_to_fp32_avx512,
-                                     bf16_to_fp32_avx512, fp32_to_fp16_avx512, fp32_to_bf16_avx512};
+  static constexpr KernelTable table{
+      dequant_q8_0, dequant_q4_0,  dequant_q2_k,        dequant_q3_k,        dequant_q4_k,        dequant_q5_k,
+      dequant_q6_k, dequant_mxfp4, fp16_to_fp32_avx512, bf16_to_fp32_avx512, fp32_to_fp16_avx512, fp32_to_bf16_avx512};
   return table;
 }
 

@@ -65,7 +65,7 @@ const KernelTable& best_kernels() noexcept {
 }
 
 std::string supported_list() {
-  return "f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k";
+  return "f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, mxfp4";
 }
 
 sdk::Status unsupported_type(std::string_view what, DType type) {
@@ -116,6 +116,7 @@ sdk::Status dequantize_with(const KernelTable& k, DType type, const void* src, f
     case DType::q4_k: k.q4_k(x, dst, n); break;
     case DType::q5_k: k.q5_k(x, dst, n); break;
     case DType::q6_k: k.q6_k(x, dst, n); break;
+    case DType::mxfp4: k.mxfp4(x, dst, n); break;
     default: break;  // rejected by check_args
   }
   return sdk::Status::ok();
@@ -134,7 +135,8 @@ bool is_supported(DType type) noexcept {
     case DType::q3_k:
     case DType::q4_k:
     case DType::q5_k:
-    case DType::q6_k: return true;
+    case DType::q6_k:
+    case DType::mxfp4: return true;
     default: return false;
   }
 }
@@ -160,6 +162,7 @@ sdk::Status quantize_row(DType type, const float* src, void* dst, std::int64_t n
     case DType::q4_k: detail::quantize_q4_k_ref(src, y, n); break;
     case DType::q5_k: detail::quantize_q5_k_ref(src, y, n); break;
     case DType::q6_k: detail::quantize_q6_k_ref(src, y, n); break;
+    case DType::mxfp4: detail::quantize_mxfp4_ref(src, y, n); break;
     default: break;
   }
   return sdk::Status::ok();

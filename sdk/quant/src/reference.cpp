@@ -741,6 +741,63 @@ void dequantize_q6_k_ref(const std::uint8_t* x, float* y, std::int64_t n) noexce
   }
 }
 
+// ---------------------------------------------------------------- mxfp4
+
+namespace {
+
+// ggml's best_index_mxfp4: the code whose value (times d) lies nearest x; the first of equals wins, so a tie
+// goes to the smaller magnitude (codes ascend in magnitude within each sign) and to + zero. A NaN x gets code 0.
+inline int best_index_mxfp4(float x, float d) noexcept {
+  int best = 0;
+  float best_err = std::fabs(kMxfp4Values[0] * d - x);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(kMxfp4Values[i] * d - x);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void quantize_mxfp4_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept {
+  const std::int64_t nb = n / kQK_MXFP4;
+  for (std::int64_t i = 0; i < nb; ++i) {
+    const float* xb = x + i * kQK_MXFP4;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK_MXFP4; ++j) {
+      if (amax < std::fabs(xb[j])) amax = std::fabs(xb[j]);  // a NaN never wins
+    }
+    // ggml: (uint8_t)(floorf(log2f(amax)) - 2 + 127), a float -> uint8_t cast that x86 performs through int32 and
+    // then keeps the low byte: amax below 2^-125 wraps (1e-40 gives 248), an infinite amax gives 0.
+    const float e_float = std::floor(std::log2(amax)) - 2 + 127;
+    const auto e = amax > 0.0f ? static_cast<std::uint8_t>(truncate_like_x86(e_float)) : std::uint8_t{0};
+    const float d = e8m0_to_fp32_half(e);
+    BlockMXFP4 b;
+    b.e = e;
+    for (int j = 0; j < kQK_MXFP4 / 2; ++j) {
+      const int x0 = best_index_mxfp4(xb[j], d);
+      const int x1 = best_index_mxfp4(xb[kQK_MXFP4 / 2 + j], d);
+      b.qs[j] = static_cast<std::uint8_t>(x0 | (x1 << 4));
+    }
+    std::memcpy(y + i * sizeof(BlockMXFP4), &b, sizeof(b));
+  }
+}
+
+void dequantize_mxfp4_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept {
+  const std::int64_t nb = n / kQK_MXFP4;
+  for (std::int64_t i = 0; i < nb; ++i) {
+    const auto b = from_bytes<BlockMXFP4>(x + i * sizeof(BlockMXFP4));
+    const float d = e8m0_to_fp32_half(b.e);
+    for (int j = 0; j < kQK_MXFP4 / 2; ++j) {
+      y[i * kQK_MXFP4 + j] = kMxfp4Values[b.qs[j] & 0x0F] * d;
+      y[i * kQK_MXFP4 + j + kQK_MXFP4 / 2] = kMxfp4Values[b.qs[j] >> 4] * d;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- conversions and table
 
 namespace {
@@ -759,9 +816,10 @@ void fp32_to_bf16_scalar(const float* x, std::uint16_t* y, std::int64_t n) noexc
 }  // namespace
 
 const KernelTable& scalar_kernels() noexcept {
-  static constexpr KernelTable table{dequantize_q8_0_ref, dequantize_q4_0_ref, dequantize_q2_k_ref, dequantize_q3_k_ref,
-                                     dequantize_q4_k_ref, dequantize_q5_k_ref, dequantize_q6_k_ref, fp16_to_fp32_scalar,
-                                     bf16_to_fp32_scalar, fp32_to_fp16_scalar, fp32_to_bf16_scalar};
+  static constexpr KernelTable table{dequantize_q8_0_ref, dequantize_q4_0_ref,  dequantize_q2_k_ref,
+                                     dequantize_q3_k_ref, dequantize_q4_k_ref,  dequantize_q5_k_ref,
+                                     dequantize_q6_k_ref, dequantize_mxfp4_ref, fp16_to_fp32_scalar,
+                                     bf16_to_fp32_scalar, fp32_to_fp16_scalar,  fp32_to_bf16_scalar};
   return table;
 }
 

@@ -38,6 +38,7 @@ void quantize_q3_k_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept
 void quantize_q4_k_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept;
 void quantize_q5_k_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept;
 void quantize_q6_k_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept;
+void quantize_mxfp4_ref(const float* x, std::uint8_t* y, std::int64_t n) noexcept;
 
 void dequantize_q8_0_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
 void dequantize_q4_0_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
@@ -46,6 +47,7 @@ void dequantize_q3_k_ref(const std::uint8_t* x, float* y, std::int64_t n) noexce
 void dequantize_q4_k_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
 void dequantize_q5_k_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
 void dequantize_q6_k_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
+void dequantize_mxfp4_ref(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
 
 // Per-ISA dequantizers and conversions; each table entry has the signature of the reference one.
 using DequantizeFn = void (*)(const std::uint8_t* x, float* y, std::int64_t n) noexcept;
@@ -53,7 +55,7 @@ using HalfToFloatFn = void (*)(const std::uint16_t* x, float* y, std::int64_t n)
 using FloatToHalfFn = void (*)(const float* x, std::uint16_t* y, std::int64_t n) noexcept;
 
 struct KernelTable {
-  DequantizeFn q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k;
+  DequantizeFn q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, mxfp4;
   HalfToFloatFn fp16_to_fp32, bf16_to_fp32;
   FloatToHalfFn fp32_to_fp16, fp32_to_bf16;
 };

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <span>
 #include <sstream>
 
 #include "colibri/quant/float16.hpp"
@@ -32,8 +33,9 @@ namespace {
 
 using Ne = std::array<std::int64_t, 4>;
 
-constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
-                                  DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+// The required weight types, then the optional mxfp4 (tested where a backend's supports() claims it).
+constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k,
+                                  DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::mxfp4};
 constexpr DType kKvTypes[] = {DType::f32, DType::f16, DType::q8_0};
 
 struct Made {
@@ -379,9 +381,11 @@ TEST_P(ComputeConformance, ResultsDoNotDependOnThreadCount) {
 TEST_P(ComputeConformance, ExpertFfnMatchesReferenceAndTheComposedOps) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256, f = 512;
-  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},    {DType::q4_k, DType::q4_k, DType::q6_k},
-                             {DType::q8_0, DType::q8_0, DType::q8_0}, {DType::q4_0, DType::q4_0, DType::q5_k},
-                             {DType::bf16, DType::f16, DType::q2_k},  {DType::q3_k, DType::q3_k, DType::q4_k}};
+  // The last two only where supports() claims mxfp4; the mixed one shares its X between q4_0 and mxfp4 weights.
+  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},       {DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q8_0, DType::q8_0},    {DType::q4_0, DType::q4_0, DType::q5_k},
+                             {DType::bf16, DType::f16, DType::q2_k},     {DType::q3_k, DType::q3_k, DType::q4_k},
+                             {DType::mxfp4, DType::mxfp4, DType::mxfp4}, {DType::q4_0, DType::mxfp4, DType::q8_0}};
   for (const auto& combo : combos) {
     if (!c.supports(Op::expert_ffn, combo[0]) || !c.supports(Op::expert_ffn, combo[1]) ||
         !c.supports(Op::expert_ffn, combo[2])) {
@@ -435,63 +439,88 @@ TEST_P(ComputeConformance, ExpertFfnMatchesReferenceAndTheComposedOps) {
 
 // ------------------------------------------------------------------ expert_ffn_group
 
+namespace {
+
+struct GroupExpert {
+  DType g, u, dn;
+  std::int64_t f, t;
+};
+
+// One expert_ffn_group call's data: per expert its three weights, X and Y (NaN until run).
+struct GroupCall {
+  std::vector<Weights> w;
+  std::vector<std::vector<float>> x, y;
+  std::vector<Arg> in, out;
+  bool supported = true;  // supports(expert_ffn_group, t) for every weight type t in the call
+};
+
+GroupCall make_group(Compute& c, std::int64_t d, std::span<const GroupExpert> experts, unsigned seed0) {
+  GroupCall g;
+  for (const GroupExpert& e : experts) {
+    for (DType t : {e.g, e.u, e.dn}) g.supported = g.supported && c.supports(Op::expert_ffn_group, t);
+  }
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    const GroupExpert& e = experts[i];
+    const auto seed = static_cast<unsigned>(seed0 + 4 * i);
+    g.w.push_back(make_weights(e.g, d, e.f, seed));
+    g.w.push_back(make_weights(e.u, d, e.f, seed + 1));
+    g.w.push_back(make_weights(e.dn, e.f, d, seed + 2));
+    g.x.push_back(randn(static_cast<std::size_t>(d * e.t), seed + 3));
+    g.y.emplace_back(static_cast<std::size_t>(d * e.t), std::numeric_limits<float>::quiet_NaN());
+  }
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    const GroupExpert& e = experts[i];
+    g.in.push_back(arg(e.g, {d, e.f, 1, 1}, const_cast<std::byte*>(g.w[3 * i].bytes.data())));
+    g.in.push_back(arg(e.u, {d, e.f, 1, 1}, const_cast<std::byte*>(g.w[3 * i + 1].bytes.data())));
+    g.in.push_back(arg(e.dn, {e.f, d, 1, 1}, const_cast<std::byte*>(g.w[3 * i + 2].bytes.data())));
+    g.in.push_back(arg(DType::f32, {d, e.t, 1, 1}, g.x[i]));
+    g.out.push_back(arg(DType::f32, {d, e.t, 1, 1}, g.y[i]));
+  }
+  return g;
+}
+
+// Every expert's output of the group call has the bits of expert_ffn on its own inputs, exact or not.
+void expect_group_has_expert_ffn_bits(Compute& c, GroupCall& g) {
+  for (bool exact : {false, true}) {
+    OpParams p;
+    p.flags = exact ? kExactActivations : 0;
+    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out, p);
+    ASSERT_TRUE(s) << s.to_string();
+    for (std::size_t i = 0; i < g.out.size(); ++i) {
+      std::vector<float> alone(g.y[i].size());
+      ASSERT_TRUE(run_op(c, Op::expert_ffn, {g.in[4 * i], g.in[4 * i + 1], g.in[4 * i + 2], g.in[4 * i + 3]},
+                         {arg(DType::f32, g.out[i].ne, alone)}, p));
+      EXPECT_EQ(0, std::memcmp(g.y[i].data(), alone.data(), alone.size() * sizeof(float)))
+          << "expert " << i << " (" << label(g.in[4 * i].type) << "/" << label(g.in[4 * i + 1].type) << "/"
+          << label(g.in[4 * i + 2].type) << ")" << (exact ? " exact" : "")
+          << ": the group's output differs from expert_ffn's";
+    }
+  }
+}
+
+}  // namespace
+
 // The optional group op: every expert's output has the bits of expert_ffn on its own inputs, whatever the other
 // experts in the call (types, F, T). A backend without it says `unsupported`, which sends the engine to expert_ffn.
 TEST_P(ComputeConformance, ExpertFfnGroupHasTheBitsOfExpertFfnPerExpert) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256;
-  struct Expert {
-    DType g, u, dn;
-    std::int64_t f, t;
-  };
-  const Expert experts[] = {{DType::q4_k, DType::q4_k, DType::q6_k, 512, 1},
-                            {DType::q8_0, DType::q8_0, DType::q8_0, 256, 5},
-                            {DType::bf16, DType::f16, DType::q2_k, 512, 1},
-                            {DType::q3_k, DType::q3_k, DType::q4_k, 768, 9},
-                            {DType::f32, DType::q5_k, DType::q4_0, 256, 1}};
-  bool supported = true;
-  for (const Expert& e : experts) {
-    for (DType t : {e.g, e.u, e.dn}) supported = supported && c.supports(Op::expert_ffn_group, t);
-  }
-  std::vector<Weights> w;
-  std::vector<std::vector<float>> x, y;
-  std::vector<Arg> in, out;
-  for (std::size_t i = 0; i < std::size(experts); ++i) {
-    const Expert& e = experts[i];
-    const auto seed = static_cast<unsigned>(60 + 4 * i);
-    w.push_back(make_weights(e.g, d, e.f, seed));
-    w.push_back(make_weights(e.u, d, e.f, seed + 1));
-    w.push_back(make_weights(e.dn, e.f, d, seed + 2));
-    x.push_back(randn(static_cast<std::size_t>(d * e.t), seed + 3));
-    y.emplace_back(static_cast<std::size_t>(d * e.t), std::numeric_limits<float>::quiet_NaN());
-  }
-  for (std::size_t i = 0; i < std::size(experts); ++i) {
-    const Expert& e = experts[i];
-    in.push_back(arg(e.g, {d, e.f, 1, 1}, const_cast<std::byte*>(w[3 * i].bytes.data())));
-    in.push_back(arg(e.u, {d, e.f, 1, 1}, const_cast<std::byte*>(w[3 * i + 1].bytes.data())));
-    in.push_back(arg(e.dn, {e.f, d, 1, 1}, const_cast<std::byte*>(w[3 * i + 2].bytes.data())));
-    in.push_back(arg(DType::f32, {d, e.t, 1, 1}, x[i]));
-    out.push_back(arg(DType::f32, {d, e.t, 1, 1}, y[i]));
-  }
-  if (!supported) {
+  const GroupExpert experts[] = {{DType::q4_k, DType::q4_k, DType::q6_k, 512, 1},
+                                 {DType::q8_0, DType::q8_0, DType::q8_0, 256, 5},
+                                 {DType::bf16, DType::f16, DType::q2_k, 512, 1},
+                                 {DType::q3_k, DType::q3_k, DType::q4_k, 768, 9},
+                                 {DType::f32, DType::q5_k, DType::q4_0, 256, 1}};
+  GroupCall g = make_group(c, d, experts, 60);
+  if (!g.supported) {
     // Any error will do (the engine never calls it then); `unsupported` is the code to give.
-    const Status s = run_op(c, Op::expert_ffn_group, in, out);
+    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out);
     EXPECT_FALSE(s) << "a backend whose supports() says no ran expert_ffn_group";
     GTEST_SKIP() << "this backend does not offer the optional expert_ffn_group";
   }
-  for (bool exact : {false, true}) {
-    OpParams p;
-    p.flags = exact ? kExactActivations : 0;
-    const Status s = run_op(c, Op::expert_ffn_group, in, out, p);
-    ASSERT_TRUE(s) << s.to_string();
-    for (std::size_t i = 0; i < std::size(experts); ++i) {
-      std::vector<float> alone(y[i].size());
-      ASSERT_TRUE(run_op(c, Op::expert_ffn, {in[4 * i], in[4 * i + 1], in[4 * i + 2], in[4 * i + 3]},
-                         {arg(DType::f32, out[i].ne, alone)}, p));
-      EXPECT_EQ(0, std::memcmp(y[i].data(), alone.data(), alone.size() * sizeof(float)))
-          << "expert " << i << (exact ? " exact" : "") << ": the group's output differs from expert_ffn's";
-    }
-  }
+  expect_group_has_expert_ffn_bits(c, g);
+  if (HasFatalFailure()) return;
+  const auto& in = g.in;
+  const auto& out = g.out;
   // Counts that do not come in fours, and an expert whose shapes disagree, are refused naming the problem.
   const Status three = run_op(c, Op::expert_ffn_group, {in[0], in[1], in[2]}, {out[0]});
   EXPECT_FALSE(three);
@@ -500,6 +529,24 @@ TEST_P(ComputeConformance, ExpertFfnGroupHasTheBitsOfExpertFfnPerExpert) {
       run_op(c, Op::expert_ffn_group, {in[0], in[1], in[2], in[3], in[4], in[1], in[6], in[7]}, {out[0], out[1]});
   EXPECT_FALSE(mismatch);
   EXPECT_NE(mismatch.message().find("expert 1"), std::string::npos) << mismatch.to_string();
+}
+
+// gpt-oss's experts in mxfp4 (an optional weight type), alone and next to experts of other types (a shared X for
+// q4_0 and mxfp4 weights), with F and T as above.
+TEST_P(ComputeConformance, ExpertFfnGroupWithMxfp4ExpertsHasTheBitsOfExpertFfn) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256;
+  const GroupExpert experts[] = {{DType::mxfp4, DType::mxfp4, DType::mxfp4, 512, 1},
+                                 {DType::q4_0, DType::mxfp4, DType::q8_0, 256, 5},
+                                 {DType::mxfp4, DType::mxfp4, DType::mxfp4, 768, 9},
+                                 {DType::q4_k, DType::q4_k, DType::mxfp4, 256, 3}};
+  GroupCall g = make_group(c, d, experts, 260);
+  if (!g.supported) {
+    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out);
+    EXPECT_FALSE(s) << "a backend whose supports() says no ran expert_ffn_group with mxfp4 weights";
+    GTEST_SKIP() << "this backend does not offer expert_ffn_group with mxfp4 weights";
+  }
+  expect_group_has_expert_ffn_bits(c, g);
 }
 
 // ------------------------------------------------------------------ norms, rope
@@ -971,9 +1018,10 @@ TEST_P(ComputeConformance, AttentionSinksQueryResultDoesNotDependOnTheBatch) {
 TEST_P(ComputeConformance, ExpertFfnClampedMatchesReferenceAndItsClampsAct) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256, f = 512;
-  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},    {DType::q4_k, DType::q4_k, DType::q6_k},
-                             {DType::q8_0, DType::q8_0, DType::q8_0}, {DType::q4_0, DType::q4_0, DType::q5_k},
-                             {DType::bf16, DType::f16, DType::q2_k},  {DType::q3_k, DType::q3_k, DType::q4_k}};
+  const DType combos[][3] = {{DType::f32, DType::f32, DType::f32},      {DType::q4_k, DType::q4_k, DType::q6_k},
+                             {DType::q8_0, DType::q8_0, DType::q8_0},   {DType::q4_0, DType::q4_0, DType::q5_k},
+                             {DType::bf16, DType::f16, DType::q2_k},    {DType::q3_k, DType::q3_k, DType::q4_k},
+                             {DType::mxfp4, DType::mxfp4, DType::mxfp4}};  // gpt-oss's own experts, where claimed
   // gpt-oss's alpha and limit, and a tighter limit; the biases push gate and up well past +-limit.
   struct Clamp {
     float alpha, limit, bias_sigma;
@@ -1067,7 +1115,8 @@ TEST_P(ComputeConformance, ExpertFfnClampedTokenResultDoesNotDependOnTheBatch) {
   const DType combos[][3] = {{DType::q4_k, DType::q4_k, DType::q6_k},
                              {DType::q8_0, DType::q8_0, DType::q8_0},
                              {DType::f16, DType::bf16, DType::q4_0},
-                             {DType::q5_k, DType::q3_k, DType::q2_k}};
+                             {DType::q5_k, DType::q3_k, DType::q2_k},
+                             {DType::mxfp4, DType::mxfp4, DType::mxfp4}};
   int tested = 0;
   for (const auto& combo : combos) {
     if (!c.supports(Op::expert_ffn_clamped, combo[0]) || !c.supports(Op::expert_ffn_clamped, combo[1]) ||
@@ -1122,10 +1171,11 @@ TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedDoNotDependOnThreadC
     ASSERT_TRUE(run_attention_sinks(two, DType::f16, cache, hd, h, kvh, s, q.data(), t, sinks, o2.data(), p));
     EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float))) << "attention_sinks";
   }
-  if (one.supports(Op::expert_ffn_clamped, DType::q4_k) && one.supports(Op::expert_ffn_clamped, DType::q6_k)) {
+  const DType triples[][3] = {{DType::q4_k, DType::q4_k, DType::q6_k}, {DType::mxfp4, DType::mxfp4, DType::mxfp4}};
+  for (const auto& types : triples) {
+    if (!one.supports(Op::expert_ffn_clamped, types[0]) || !one.supports(Op::expert_ffn_clamped, types[2])) continue;
     ++tested;
     const std::int64_t d = 256, f = 768, t = 7;
-    const DType types[3] = {DType::q4_k, DType::q4_k, DType::q6_k};
     auto e = make_clamped_expert(types, d, f, 195, 4.0f);
     const auto x = randn(static_cast<std::size_t>(d * t), 199);
     std::vector<float> y1(static_cast<std::size_t>(d * t)), y2(y1.size());
@@ -1134,7 +1184,8 @@ TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedDoNotDependOnThreadC
                        {arg(DType::f32, {d, t, 1, 1}, y1)}, p));
     ASSERT_TRUE(run_op(two, Op::expert_ffn_clamped, clamped_inputs(e, d, f, x.data(), t),
                        {arg(DType::f32, {d, t, 1, 1}, y2)}, p));
-    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << "expert_ffn_clamped";
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)))
+        << "expert_ffn_clamped " << label(types[0]);
   }
   if (tested == 0) GTEST_SKIP() << "this backend offers neither attention_sinks nor expert_ffn_clamped";
 }
@@ -1227,7 +1278,8 @@ TEST_P(ComputeConformance, BadCallsAreErrorsNotCrashes) {
   expect_error("matmul with f32 activations declared as f16",
                run_op(c, Op::matmul, {arg(DType::f32, {512, 8, 1, 1}, wb), arg(DType::f16, {512, 1, 1, 1}, big)},
                       {arg(DType::f32, {8, 1, 1, 1}, big)}));
-  for (DType unsupported : {DType::q4_1, DType::i32, DType::q8_k}) {
+  // mxfp4 passes sdk::check_op_call (an optional type): a backend whose supports() says no must still refuse it.
+  for (DType unsupported : {DType::q4_1, DType::i32, DType::q8_k, DType::mxfp4}) {
     if (c.supports(Op::matmul, unsupported)) continue;
     expect_error("matmul with unsupported weights " + label(unsupported),
                  run_op(c, Op::matmul, {arg(unsupported, {256, 2, 1, 1}, big), arg(DType::f32, {256, 1, 1, 1}, big)},

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -464,7 +465,7 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
   const fs::path mx = fixture("gpt_oss-mxfp4", "--arch gpt_oss --dtype bf16 --mxfp4", false);
   for (const auto& in : {src, mx}) {
     const fs::path out = fresh_output("gpt-oss " + in.filename().string());
-    convert_ok(in, out, "q8_0");
+    const auto summary = convert_ok(in, out, "q8_0");
     auto m = load_manifest(out);
     ASSERT_TRUE(m.has_value()) << m.error().to_string();
     EXPECT_EQ(json::parse(slurp(out / "manifest.json"))["format_version"], 2);
@@ -476,14 +477,32 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
     EXPECT_EQ(m->hparams.expert_activation, "swiglu_clamped");
     EXPECT_DOUBLE_EQ(m->hparams.swiglu_limit, 7.0);
     ASSERT_FALSE(m->experts.empty());
+    // MXFP4 experts are kept bit-exact (listed as copied), never re-quantized; bf16 ones take the preset's type.
+    const auto want = in == mx ? colibri::sdk::DType::mxfp4 : colibri::sdk::DType::q8_0;
     for (const auto& e : m->experts) {
       ASSERT_TRUE(e.has_bias());
-      EXPECT_EQ(e.gate.type, colibri::sdk::DType::q8_0);
+      EXPECT_EQ(e.gate.type, want);
+      EXPECT_EQ(e.down.type, want);
       EXPECT_EQ(e.down_bias.shape, std::vector<std::int64_t>{256});
     }
+    EXPECT_EQ(summary.fallbacks.size(), in == mx ? 3u * m->experts.size() : 0u);
     EXPECT_NE(m->tensor("blk.1.attn_sinks.weight"), nullptr);
     EXPECT_NE(m->tensor("blk.1.ffn_gate_inp.bias"), nullptr);
     EXPECT_TRUE(verify_model(out).ok());
+  }
+  {  // generation_config.json's end tokens join config.json's (gpt-oss lists <|call|> only there)
+    auto d = copy_fixture(src, "gpt-oss generation config");
+    std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": [7, 5, 7]})";
+    const fs::path out = fresh_output("gpt-oss generation config");
+    convert_ok(d, out, "f16");
+    auto m = load_manifest(out);
+    ASSERT_TRUE(m.has_value()) << m.error().to_string();
+    const auto& eos = m->hparams.eos_token_ids;
+    EXPECT_NE(std::find(eos.begin(), eos.end(), 5), eos.end());
+    EXPECT_NE(std::find(eos.begin(), eos.end(), 7), eos.end());
+    EXPECT_EQ(std::count(eos.begin(), eos.end(), 7), 1);
+    std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": "x"})";
+    expect_clean_failure(d, "generation_config.json: eos_token_id is \"x\"", "gpt-oss generation config");
   }
   {  // a layer type colibri does not run
     auto d = copy_fixture(src, "gpt-oss layer type");

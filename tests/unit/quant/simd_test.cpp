@@ -46,6 +46,7 @@ std::vector<std::uint8_t> random_blocks(DType type, std::int64_t n, std::mt19937
     case DType::q4_k: d_off = offsetof(BlockQ4_K, d), n_halves = 2; break;
     case DType::q5_k: d_off = offsetof(BlockQ5_K, d), n_halves = 2; break;
     case DType::q6_k: d_off = offsetof(BlockQ6_K, d); break;
+    case DType::mxfp4: n_halves = 0; break;  // every scale byte is a finite power of two: keep the random ones
     default: break;
   }
   std::normal_distribution<float> normal(0.f, tiny_scales ? 1e-6f : 1.f);
@@ -100,7 +101,7 @@ TEST_P(SimdDequantTest, UnalignedSourceAndDestination) {
 
 INSTANTIATE_TEST_SUITE_P(BlockFormats, SimdDequantTest,
                          ::testing::Values(DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k,
-                                           DType::q6_k),
+                                           DType::q6_k, DType::mxfp4),
                          [](const auto& info) { return std::string(sdk::to_string(info.param)); });
 
 TEST(SimdConversion, AllHalfValuesEqualScalar) {

@@ -256,6 +256,42 @@ TEST(CheckOpCall, ExpertFfnClampedChecksBiasesAndClampParameters) {
       << "the default params (limit 0) are not a clamp";
 }
 
+// mxfp4 is an optional weight type: check_op_call lets it through for matmul and the expert ops (a backend's
+// supports() decides), never for embedding, and supports_every_op never claims it.
+TEST(CheckOpCall, OptionalWeightTypeMxfp4PassesForMatmulAndTheExpertOps) {
+  EXPECT_TRUE(is_optional_weight_type(DType::mxfp4));
+  EXPECT_FALSE(is_weight_type(DType::mxfp4)) << "every backend would have to run it";
+  EXPECT_FALSE(is_optional_weight_type(DType::q4_0));
+  EXPECT_FALSE(is_optional_weight_type(DType::q4_1));
+  const Tensor mx = tensor(DType::mxfp4, {256, 64, 1, 1}), mxd = tensor(DType::mxfp4, {64, 256, 1, 1}),
+               x = tensor(DType::f32, {256, 3, 1, 1}), y = tensor(DType::f32, {256, 3, 1, 1}),
+               bf = tensor(DType::f32, {64, 1, 1, 1}), bd = tensor(DType::f32, {256, 1, 1, 1});
+  const Status matmul = Call(Op::matmul, {mx, x, bf}, {tensor(DType::f32, {64, 3, 1, 1})}).check();
+  EXPECT_TRUE(matmul) << matmul.message();
+  const Status ffn = Call(Op::expert_ffn, {mx, mx, mxd, x}, {y}).check();
+  EXPECT_TRUE(ffn) << ffn.message();
+  const Tensor q4 = tensor(DType::q4_k, {256, 64, 1, 1});
+  const Status group =
+      Call(Op::expert_ffn_group, {q4, q4, tensor(DType::q6_k, {64, 256, 1, 1}), x, mx, mx, mxd, x}, {y, y}).check();
+  EXPECT_TRUE(group) << group.message();
+  OpParams p;
+  p.scale = 1.702f;
+  p.eps = 7.0f;
+  const Status clamped = Call(Op::expert_ffn_clamped, {mx, mx, mxd, x, bf, bf, bd}, {y}, p).check();
+  EXPECT_TRUE(clamped) << clamped.message();
+  // The shape checks still apply to it.
+  EXPECT_EQ(Call(Op::expert_ffn, {mx, mx, mx, x}, {y}).check().message(),
+            "expert_ffn: W_down mxfp4 {256, 64, 1, 1} must be {64, 256}");
+  const Status table = Call(Op::embedding, {tensor(DType::mxfp4, {256, 10, 1, 1}), tensor(DType::i32, {2, 1, 1, 1})},
+                            {tensor(DType::f32, {256, 2, 1, 1})})
+                           .check();
+  EXPECT_EQ(table.code(), StatusCode::unsupported);
+  EXPECT_EQ(table.message(), "embedding: table type mxfp4 is not supported by testdev");
+  for (Op op : {Op::matmul, Op::expert_ffn, Op::embedding, Op::expert_ffn_group, Op::expert_ffn_clamped}) {
+    EXPECT_FALSE(supports_every_op(op, DType::mxfp4)) << op_name(op) << ": optional, a backend claims it itself";
+  }
+}
+
 TEST(SupportsEveryOp, WeightsKvAndF32Sets) {
   EXPECT_TRUE(supports_every_op(Op::matmul, DType::q6_k));
   EXPECT_TRUE(supports_every_op(Op::embedding, DType::bf16));

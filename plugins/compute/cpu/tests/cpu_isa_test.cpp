@@ -18,6 +18,9 @@ using ct::randn;
 
 constexpr DType kWeightTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
                                   DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+// The weight types of matmul and the expert ops: the above and mxfp4 (not an embedding type).
+constexpr DType kMatmulTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k,
+                                  DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::mxfp4};
 
 std::shared_ptr<Compute> make(const std::string& isa, const std::string& threads = "2") {
   auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
@@ -39,10 +42,13 @@ std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, uns
 // K = 16896 (66 super-blocks) crosses a segment of the multi-row kernels.
 std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   std::vector<std::vector<float>> results;
-  for (DType type : kWeightTypes) {
+  for (DType type : kMatmulTypes) {
     const bool plain = !dtype_traits(type)->quantized;
-    for (std::int64_t k :
-         plain ? std::vector<std::int64_t>{37, 1000, 768} : std::vector<std::int64_t>{256, 1024, 16896})
+    // 32-element blocks: also K = 96 (three blocks, all in the tail after the four-block steps) and 1120 (35 blocks).
+    const bool b32 = type == DType::q8_0 || type == DType::q4_0 || type == DType::mxfp4;
+    for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768}
+                          : b32 ? std::vector<std::int64_t>{256, 1024, 16896, 96, 1120}
+                                : std::vector<std::int64_t>{256, 1024, 16896})
       for (std::int64_t t : {1, 2, 4, 5, 8, 11, 13}) {
         const std::int64_t n = 50;
         auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
@@ -126,7 +132,8 @@ std::vector<std::vector<float>> clamped_ffns(Compute& c, bool exact) {
   const DType combos[][3] = {{DType::q4_k, DType::q4_k, DType::q6_k},
                              {DType::q8_0, DType::q4_0, DType::q5_k},
                              {DType::f16, DType::bf16, DType::f32},
-                             {DType::q2_k, DType::q3_k, DType::q8_0}};
+                             {DType::q2_k, DType::q3_k, DType::q8_0},
+                             {DType::mxfp4, DType::mxfp4, DType::mxfp4}};
   for (const auto& types : combos) {
     auto g = quantized(types[0], d, f, 201), u = quantized(types[1], d, f, 202), dn = quantized(types[2], f, d, 203);
     auto bg = randn(static_cast<std::size_t>(f), 204, 40.0f), bu = randn(static_cast<std::size_t>(f), 205, 10.0f);
@@ -208,7 +215,7 @@ TEST_P(CpuIsa, DecodeRowsDoNotDependOnHowTasksSplitThem) {
   auto sixteen = make(GetParam(), "16");
   auto scalar = make("scalar", "1");
   ASSERT_TRUE(sixteen && scalar);
-  for (DType type : {DType::q4_k, DType::q6_k, DType::q8_0, DType::f16}) {
+  for (DType type : {DType::q4_k, DType::q6_k, DType::q8_0, DType::f16, DType::mxfp4}) {
     const std::int64_t k = 512, n = 2000;
     auto w = quantized(type, k, n, 77);
     const auto x = randn(static_cast<std::size_t>(k), 78);
@@ -263,7 +270,7 @@ TEST_P(CpuIsa, QuantizesActivationTiesAndNaNLikeTheScalarPath) {
   x[256] = -127.0f;
   x[7] = std::numeric_limits<float>::quiet_NaN();
   x[300] = -126.5f;
-  for (DType type : {DType::q8_0, DType::q4_k, DType::q6_k}) {
+  for (DType type : {DType::q8_0, DType::q4_k, DType::q6_k, DType::mxfp4}) {
     auto w = quantized(type, k, n, 99);
     std::vector<float> a(static_cast<std::size_t>(n)), b(a.size());
     for (auto* out : {&a, &b}) {
@@ -312,6 +319,11 @@ TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
   EXPECT_FALSE(c->supports(Op::attention_sinks, DType::q4_k));
   EXPECT_FALSE(c->supports(Op::expert_ffn_clamped, DType::q4_1));
   EXPECT_FALSE(c->supports(Op::matmul, DType::q4_1));
+  // mxfp4 (an optional weight type): matmul and the expert ops, not embedding.
+  for (Op op : {Op::matmul, Op::expert_ffn, Op::expert_ffn_group, Op::expert_ffn_clamped}) {
+    EXPECT_TRUE(c->supports(op, DType::mxfp4)) << op_name(op);
+  }
+  EXPECT_FALSE(c->supports(Op::embedding, DType::mxfp4));
   for (Op op : {Op::rms_norm, Op::rope, Op::swiglu, Op::add, Op::topk_routing, Op::scale_add, Op::sigmoid}) {
     EXPECT_TRUE(c->supports(op, DType::f32));
   }

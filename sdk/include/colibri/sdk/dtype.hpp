@@ -30,7 +30,7 @@ enum class DType : std::uint32_t {
   i64 = 27,
   f64 = 28,
   bf16 = 30,
-  mxfp4 = 39,  // OCP microscaling FP4 (gpt-oss GGUFs): read at convert time, not a compute weight type
+  mxfp4 = 39,  // OCP microscaling FP4 (gpt-oss's experts): an optional weight type (the CPU backend runs it)
 };
 
 struct DTypeTraits {

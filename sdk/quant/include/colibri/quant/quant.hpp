@@ -19,7 +19,7 @@ namespace colibri::quant {
 using sdk::DType;
 
 // True for the types quantize_row/dequantize_row handle:
-// f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k.
+// f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, mxfp4.
 bool is_supported(DType type) noexcept;
 
 // Quantizes n floats (n a multiple of the type's block size) into dst (row_bytes(type, n) bytes),
