@@ -1,6 +1,7 @@
 // colibri-cli chat --model M: an interactive chat. Reads one user message per stdin line, renders the whole
 // conversation with the model's chat template, reuses the KV cache for the common prefix, streams the reply.
-// Lines "/reset" (forget the conversation) and "/exit" are commands.
+// Lines "/reset" (forget the conversation) and "/exit" are commands. A reasoning model's thinking (a <think> block,
+// or harmony's analysis channel) goes to stderr, the answer to stdout, and only the answer joins the history.
 #include <unistd.h>
 
 #include <iostream>
@@ -8,6 +9,7 @@
 
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/generate.hpp"
+#include "colibri/server/chat_output.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "engine_cli.hpp"
 #include "interrupt.hpp"
@@ -22,6 +24,72 @@ struct ChatOptions {
   std::int64_t max_tokens = 512;
   engine::SamplingOptions sampling;
   bool seed_given = false;
+  bool hide_reasoning = false;
+};
+
+// Splits a streamed reply into thinking and answer as the template's model writes them: harmony channels (gpt-oss),
+// a leading <think> block (Qwen3, DeepSeek R1), or none. The answer is printed to stdout, the thinking to stderr
+// (dimmed on a terminal) unless hidden.
+class ReplyPrinter {
+ public:
+  enum class Style { plain, think, harmony };
+  ReplyPrinter(Style style, std::string_view prompt, bool show_reasoning)
+      : style_(style), show_reasoning_(show_reasoning), dim_(::isatty(STDERR_FILENO) != 0) {
+    // The stream starts where the prompt leaves the answer: in harmony, after its last <|start|>.
+    if (style_ == Style::harmony)
+      harmony_.emplace(prompt.substr(std::min(prompt.size(), prompt.rfind("<|start|>"))), false);
+    if (style_ == Style::think) think_.emplace(server::prompt_opens_reasoning(prompt));
+  }
+  // false when stdout is gone.
+  bool push(std::string_view text) {
+    if (harmony_) {
+      auto out = harmony_->push(text);
+      return print(out.reasoning, out.content);
+    }
+    if (think_) {
+      auto out = think_->push(text);
+      return print(out.reasoning, out.content);
+    }
+    return print({}, text);
+  }
+  void finish() {
+    if (harmony_) {
+      auto out = harmony_->finish();
+      print(out.reasoning, out.content);
+    } else if (think_) {
+      auto out = think_->finish();
+      print(out.reasoning, out.content);
+    }
+    if (in_reasoning_) end_reasoning();
+  }
+  // What the history keeps of this reply.
+  [[nodiscard]] const std::string& answer() const { return answer_; }
+
+ private:
+  bool print(std::string_view reasoning, std::string_view content) {
+    if (!reasoning.empty() && show_reasoning_) {
+      if (!in_reasoning_ && dim_) std::cerr << "\033[2m";
+      in_reasoning_ = true;
+      std::cerr << reasoning << std::flush;
+    }
+    if (!content.empty()) {
+      if (in_reasoning_) end_reasoning();
+      answer_ += content;
+      std::cout << content << std::flush;
+    }
+    return static_cast<bool>(std::cout);
+  }
+  void end_reasoning() {
+    std::cerr << (dim_ ? "\033[0m\n" : "\n") << std::flush;
+    in_reasoning_ = false;
+  }
+
+  Style style_;
+  bool show_reasoning_, dim_;
+  bool in_reasoning_ = false;
+  std::optional<server::HarmonyStream> harmony_;
+  std::optional<server::ReasoningStream> think_;
+  std::string answer_;
 };
 
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
@@ -33,6 +101,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
+  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto family =
@@ -49,6 +118,9 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   ropt.add_generation_prompt = true;
   ropt.bos_token = cfg->bos_token.empty() ? tok->bos_token() : cfg->bos_token;
   ropt.eos_token = cfg->eos_token.empty() ? tok->eos_token() : cfg->eos_token;
+  const auto style = server::template_is_harmony(cfg->template_source)      ? ReplyPrinter::Style::harmony
+                     : server::template_has_reasoning(cfg->template_source) ? ReplyPrinter::Style::think
+                                                                            : ReplyPrinter::Style::plain;
 
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   std::cerr << "chat with " << engine->model_dir().filename().string() << " (template: " << cfg->template_origin
@@ -59,6 +131,14 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
+  if (style == ReplyPrinter::Style::harmony) {
+    // Harmony's channel markers are special tokens the splitter must see; its end tokens (<|call|> is listed only in
+    // gpt-oss's generation_config.json) end the reply.
+    g.keep_special = true;
+    for (const std::string_view name : server::kHarmonyEndTokens) {
+      if (const auto id = tok->piece_to_token(name)) g.end_tokens.push_back(*id);
+    }
+  }
   std::map<std::uint64_t, std::uint64_t> saved_usage;  // what earlier turns added to the usage history
   std::string line;
   while (true) {
@@ -93,11 +173,12 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     engine->truncate(static_cast<std::int64_t>(common));
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
     std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
-    auto r = engine::generate(*engine, *tok, fresh, g, [](std::string_view text) {
-      std::cout << text << std::flush;
-      return static_cast<bool>(std::cout) && !interrupt::stop_requested();
+    ReplyPrinter printer(style, *prompt, !o.hide_reasoning);
+    auto r = engine::generate(*engine, *tok, fresh, g, [&printer](std::string_view text) {
+      return printer.push(text) && !interrupt::stop_requested();
     });
     interruptible.reset();
+    printer.finish();
     std::cout << "\n" << std::flush;
     if (!r) {
       messages.erase(messages.end() - 1);
@@ -109,9 +190,11 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     cached.insert(cached.end(), r->tokens.begin(), r->tokens.end());
     cached.resize(
         static_cast<std::size_t>(std::min<std::int64_t>(engine->n_past(), static_cast<std::int64_t>(cached.size()))));
-    messages.push_back({{"role", "assistant"}, {"content", r->text}});
+    messages.push_back({{"role", "assistant"}, {"content", printer.answer()}});
     if (r->finish_reason == "context") std::cerr << "(the context is full; /reset to continue)\n";
-    std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << "\n";
+    std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
+              << ids.size() << " prompt tokens, " << common << " reused from the cache, " << r->tokens.size()
+              << " generated, " << r->finish_reason << ")\n";
     save_usage(*engine, &saved_usage);  // after every turn: a Ctrl-C at the prompt ends the process
   }
   return 0;
@@ -125,6 +208,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--template", o->template_family,
                   "Built-in template when the model has none: llama2, mistral, gpt-oss, chatml");
   cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens per reply (default 512)");
+  cmd->add_flag("--hide-reasoning", o->hide_reasoning,
+                "Do not print a reasoning model's thinking (shown on stderr by default)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
   cmd->callback([&global, o] { global.exit_code = run_chat(global, *o); });
 }

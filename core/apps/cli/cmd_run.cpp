@@ -58,6 +58,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
+  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
   if (!o.record_trace.empty()) {  // checked before the work, not after it
     const auto model = engine->model_dir().string();
     if (auto e = overwrite_error("--record-trace", o.record_trace, "--model", model); !e.empty()) return fail(e);

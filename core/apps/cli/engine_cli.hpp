@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
@@ -77,6 +79,41 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
   cmd.add_option("--seed", s.seed, "Random seed (same seed, same output)")->each([&seed_given](const std::string&) {
     seed_given = true;
   });
+  cmd.add_option_function<std::vector<std::string>>(
+      "--logit-bias",
+      [&s](const std::vector<std::string>& items) {
+        for (const auto& item : items) {
+          const auto eq = item.find('=');
+          std::int32_t id = 0;
+          float bias = 0;
+          std::size_t used_id = 0, used_bias = 0;
+          try {
+            if (eq == std::string::npos) throw std::invalid_argument(item);
+            id = std::stoi(item.substr(0, eq), &used_id);
+            bias = std::stof(item.substr(eq + 1), &used_bias);
+          } catch (const std::exception&) {
+            used_id = 0;
+          }
+          if (used_id == 0 || used_id != eq || used_bias != item.size() - eq - 1) {
+            throw CLI::ValidationError("--logit-bias", "'" + item +
+                                                           "' is not TOKEN_ID=BIAS (e.g. 13=-100: -100 bans a token, "
+                                                           "100 all but forces it; colibri-cli tokenize finds ids)");
+          }
+          s.logit_bias.emplace_back(id, bias);
+        }
+      },
+      "Add BIAS (-100 to 100) to a token's logit: TOKEN_ID=BIAS, repeatable");
+}
+
+// A --logit-bias token the model does not have would be ignored without a word; an error instead.
+inline std::string logit_bias_problem(const engine::SamplingOptions& s, std::int64_t vocab_size) {
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id >= vocab_size) {
+      return "--logit-bias: token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+             std::to_string(vocab_size) + " tokens";
+    }
+  }
+  return {};
 }
 
 inline std::string mib(std::uint64_t b) {

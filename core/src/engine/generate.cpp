@@ -62,12 +62,13 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   }
   std::vector<std::int64_t> eos = engine.hparams().eos_token_ids;
   if (auto e = tok.eos_id()) eos.push_back(*e);
+  eos.insert(eos.end(), options.end_tokens.begin(), options.end_tokens.end());
 
   GenerateResult r;
   r.prompt_tokens = static_cast<std::int64_t>(prompt.size());
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   Sampler sampler(options.sampling);
-  tokenizer::StreamDecoder decoder(tok, /*skip_special=*/true);
+  tokenizer::StreamDecoder decoder(tok, /*skip_special=*/!options.keep_special);
   StopMatcher stops(options.stop);
   std::vector<float> logits;
   using clock = std::chrono::steady_clock;

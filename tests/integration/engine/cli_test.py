@@ -6,6 +6,8 @@
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +158,114 @@ class Chat(unittest.TestCase):
         self.assertIn("--template LLAMA2 is not a built-in template; use llama2, mistral, gpt-oss or chatml", p.stderr)
         p = cli("chat", "-m", model(), "-n", "2", "--template", "llama2", stdin="Hello\n")
         self.assertIn("template: built-in llama2", p.stderr)
+
+
+    def test_harmony_thinking_goes_to_stderr_and_only_the_answer_to_the_history(self):
+        # gpt-oss's harmony markers added to a copy of the tiny model's tokenizer (ids its embedding already has), and a
+        # template whose generation prompt opens the analysis channel for a message "think", the final one otherwise.
+        # A random model writes no harmony itself: every special token is banned, and each reply is checked against
+        # `run` on the prompt the template renders for the history the chat should have kept.
+        out = os.path.join(WORK, "tiny-harmony")
+        names = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"]
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            shutil.copytree(model(), out, dirs_exist_ok=True)
+            with open(os.path.join(out, "tokenizer.json")) as f:
+                tok = json.load(f)
+            first = 1 + max(a["id"] for a in tok["added_tokens"] + [{"id": i} for i in tok["model"]["vocab"].values()])
+            for i, name in enumerate(names):
+                tok["added_tokens"].append({"id": first + i, "content": name, "single_word": False, "lstrip": False,
+                                            "rstrip": False, "normalized": False, "special": True})
+            with open(os.path.join(out, "tokenizer.json"), "w") as f:
+                json.dump(tok, f)
+            with open(os.path.join(out, "tokenizer_config.json")) as f:
+                config = json.load(f)
+            config["chat_template"] = (
+                "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+                "{% if add_generation_prompt %}<|start|>assistant<|channel|>"
+                "{% if messages[-1].content == 'think' %}analysis{% else %}final{% endif %}<|message|>{% endif %}")
+            with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+                json.dump(config, f)
+            with open(os.path.join(out, "manifest.json")) as f:
+                man = json.load(f)
+            for name in ("tokenizer.json", "tokenizer_config.json"):  # deliberate edits
+                man["tokenizer"].get("xxh64", {}).pop(name, None)
+            with open(os.path.join(out, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        with open(os.path.join(out, "tokenizer.json")) as f:
+            specials = [a["id"] for a in json.load(f)["added_tokens"]]
+        bans = [f"--logit-bias={i}=-100" for i in specials]
+        greedy = ["-n", "6", "--temp", "0"] + bans
+
+        def render(*turns):
+            path = os.path.join(WORK, "harmony_messages.json")
+            with open(path, "w") as f:
+                json.dump([{"role": r, "content": c} for r, c in turns], f)
+            return cli("template", "--tokenizer-config", os.path.join(out, "tokenizer_config.json"), "--messages", path,
+                       "--add-generation-prompt").stdout.rstrip("\n")
+
+        def run(prompt):  # the continuation and the prompt's token count
+            p = cli("run", "-m", out, "-p", prompt, "--no-special", "--ignore-eos", *greedy)
+            count = int(re.search(r"\((\d+) prompt \+", p.stderr).group(1))
+            return p.stdout[len(prompt):].rstrip("\n"), count
+
+        p = cli("chat", "-m", out, *greedy, stdin="think\nanswer\n")
+        thinking, _ = run(render(("user", "think")))
+        self.assertGreater(len(thinking), 0)
+        answer, count = run(render(("user", "think"), ("assistant", ""), ("user", "answer")))
+        self.assertGreater(len(answer), 0)
+        self.assertEqual(p.stdout, "\n" + answer + "\n")
+        self.assertIn(thinking + "\n", p.stderr)
+        stats = [line for line in p.stderr.splitlines() if "expert hit rate" in line]
+        self.assertIn(f"({count} prompt tokens, ", stats[1])
+        hidden = cli("chat", "-m", out, "--hide-reasoning", *greedy, stdin="think\n")
+        self.assertNotIn(thinking, hidden.stderr)
+        self.assertEqual(hidden.stdout, "\n")
+        # Without the ban the splitter sees what the model writes; a marker never reaches the terminal.
+        free = cli("chat", "-m", out, "-n", "24", "--temp", "0", stdin="think\nanswer\n")
+        for name in names:
+            self.assertNotIn(name, free.stdout + free.stderr)
+
+    def test_a_think_block_goes_to_stderr(self):
+        # Qwen3's way: the generation prompt opens <think> for a message "think" and closes an empty block otherwise.
+        out = os.path.join(WORK, "tiny-think")
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            shutil.copytree(model(), out, dirs_exist_ok=True)
+            with open(os.path.join(out, "tokenizer_config.json")) as f:
+                config = json.load(f)
+            config["chat_template"] = (
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% if messages[-1].content == 'think' %}<think>\n"
+                "{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+            with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+                json.dump(config, f)
+            with open(os.path.join(out, "manifest.json")) as f:
+                man = json.load(f)
+            man["tokenizer"].get("xxh64", {}).pop("tokenizer_config.json", None)  # a deliberate edit
+            with open(os.path.join(out, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        greedy = ["-n", "6", "--temp", "0"]
+        p = cli("chat", "-m", out, *greedy, stdin="think\n")
+        prompt = "<user>think</user><assistant><think>\n"
+        q = cli("run", "-m", out, "-p", prompt, "--no-special", "--ignore-eos", *greedy)
+        thinking = q.stdout[len(prompt):].strip()
+        self.assertGreater(len(thinking), 0)
+        self.assertEqual(p.stdout, "\n")
+        self.assertIn(thinking, p.stderr)
+
+    def test_logit_bias_is_checked(self):
+        p = cli("chat", "-m", model(), "--logit-bias", "5:-100", stdin="Hello\n", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("'5:-100' is not TOKEN_ID=BIAS", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--logit-bias", "999999=1", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--logit-bias: token id 999999 is outside the model's vocabulary of", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--logit-bias", "5=300", check=False)
+        self.assertIn("must be in [-100, 100]", p.stderr)
+        # A banned token never comes; the same bias twice is the same run.
+        a = cli("run", "-m", model(), "-p", "The fox", "-n", "8", "--temp", "0", "--ignore-eos")
+        b = cli("run", "-m", model(), "-p", "The fox", "-n", "8", "--temp", "0", "--ignore-eos", "--logit-bias",
+                "0=100")
+        self.assertNotEqual(a.stdout, b.stdout)
 
 
 class Perplexity(unittest.TestCase):

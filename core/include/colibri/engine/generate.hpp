@@ -20,6 +20,8 @@ struct GenerateOptions {
   std::int64_t max_tokens = 128;
   std::vector<std::string> stop;  // generation ends before the first occurrence of any of these
   bool stop_at_eos = true;
+  std::vector<std::int64_t> end_tokens;  // ends the answer as EOS does (a chat format's own end markers)
+  bool keep_special = false;             // special tokens are decoded into the text (harmony's channel markers)
   SamplingOptions sampling;
   bool json_object = false;  // JSON mode: only tokens that keep the text one valid JSON object; stops when it closes
   std::shared_ptr<const JsonSchema> json_schema;  // with json_object: the object must also conform to this
