@@ -11,6 +11,7 @@
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/util/host_info.hpp"
 #include "command.hpp"
+#include "engine_cli.hpp"
 
 namespace colibri::cli {
 namespace {
@@ -24,6 +25,10 @@ struct ProfileOptions {
 
 // What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why.
 std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const ProfileOptions& o) {
+  if (o.ctx < 0) {
+    fail(negative_ctx_message(o.ctx));
+    return std::nullopt;
+  }
   auto dir = model::resolve_model_path(o.model, prof.get_string("models.dir"));
   if (!dir) {
     fail(dir.error().message());
@@ -192,7 +197,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   show_cmd->add_option("--model,-m", opts->model,
                        "Also print what this model takes where (shared weights, RAM and VRAM tiers, KV cache)");
   show_cmd->add_option("--ctx", opts->ctx,
-                       "Context for the KV cache line (default: memory.kv_cache, else the model's)");
+                       "Context for the KV cache line (0 or unset: memory.kv_cache, else the model's)");
   show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32");
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });

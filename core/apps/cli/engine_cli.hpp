@@ -17,6 +17,12 @@
 
 namespace colibri::cli {
 
+// --ctx 0 means the default, as it does for llama.cpp's -c; a negative one is refused.
+inline std::string negative_ctx_message(std::int64_t ctx) {
+  return "--ctx " + std::to_string(ctx) +
+         " is negative; give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)";
+}
+
 struct EngineCliOptions {
   std::string model;
   std::int64_t ctx = 0;
@@ -27,7 +33,7 @@ struct EngineCliOptions {
 
 inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions& global) {
   cmd.add_option("--model,-m", o.model, "Model directory, or a name under models.dir")->required();
-  cmd.add_option("--ctx", o.ctx, "Context length in tokens (default: memory.kv_cache, else the model's)");
+  cmd.add_option("--ctx", o.ctx, "Context length in tokens (0 or unset: memory.kv_cache, else the model's)");
   cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), q8_0 or f32");
   cmd.add_option("--batch", o.batch, "Tokens per forward chunk (results do not depend on it)");
   cmd.add_flag("--exact-activations", o.exact, "Never quantize activations in quantized matmuls");
@@ -50,7 +56,7 @@ inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, 
     return nullptr;
   }
   if (o.ctx < 0) {
-    fail("--ctx must be positive");
+    fail(negative_ctx_message(o.ctx));
     return nullptr;
   }
   engine::EngineOptions eo;

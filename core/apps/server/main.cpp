@@ -112,7 +112,10 @@ int serve(Flags& f) {
   if (!dir) return fail(dir.error().message());
   auto kv = engine::parse_kv_type(f.kv_type);
   if (!kv) return fail(kv.error().message());
-  if (f.ctx < 0) return fail("--ctx must be positive");
+  if (f.ctx < 0)
+    return fail(
+        "--ctx " + std::to_string(f.ctx) +
+        " is negative; give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)");
   engine::EngineOptions eo;
   eo.context = f.ctx;
   eo.kv_type = *kv;
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
                  "Model name clients must send (default: the model directory's name)");
   app.add_option("--chat-template", f.chat_template,
                  "Chat template: a built-in family or a Jinja file (default: tokenizer_config.json)");
-  app.add_option("--ctx", f.ctx, "Context length per sequence (default: memory.kv_cache, else the model's)");
+  app.add_option("--ctx", f.ctx, "Context length per sequence (0 or unset: memory.kv_cache, else the model's)");
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 (default), q8_0 or f32");
   app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)");
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");

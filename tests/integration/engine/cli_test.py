@@ -74,6 +74,13 @@ class Run(unittest.TestCase):
         self.assertIn("context", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "-n", "50", "--ctx", "8", "--ignore-eos", "--temp", "0")
         self.assertIn("context of 8 positions is full", p.stderr)
+        # --ctx 0 is the default (the model's context here); a negative one is refused, by profile show too.
+        p = cli("run", "-m", model(), "-p", "hi", "-n", "2", "--ctx", "0", "--ignore-eos", "--temp", "0")
+        self.assertEqual(p.stdout, cli("run", "-m", model(), "-p", "hi", "-n", "2", "--ignore-eos", "--temp", "0").stdout)
+        for args in (("run", "-p", "hi"), ("profile", "show")):
+            p = cli(*args, "-m" if args[0] == "run" else "--model", model(), "--ctx", "-3", check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn("--ctx -3 is negative; give a context length in tokens, or 0 for the default", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
         self.assertIn("--top-p", p.stderr)
         # A plugin's own range check names the value; where it was set comes with it.

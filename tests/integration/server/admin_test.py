@@ -325,6 +325,12 @@ class RecordTrace(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(bad, p.stderr)
 
+    def test_negative_ctx_is_refused(self):
+        p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", "--ctx", "-1"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--ctx -1 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+
 
 def main():
     args = sys.argv[1:]
