@@ -1,5 +1,6 @@
 #include "colibri/ab/trace.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -49,6 +50,10 @@ Status record_from_json(const nlohmann::json& j, TraceRecord& r, const std::stri
   for (const auto& x : *e) {
     if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() > INT32_MAX) {
       return bad(where, "field \"experts\" holds " + x.dump() + ", not an expert id (integer >= 0)");
+    }
+    // A router picks distinct experts; a repeated id would count one load as two uses.
+    if (std::find(r.experts.begin(), r.experts.end(), x.get<std::int32_t>()) != r.experts.end()) {
+      return bad(where, "field \"experts\" lists expert " + x.dump() + " twice; a token's experts are distinct");
     }
     r.experts.push_back(x.get<std::int32_t>());
   }
@@ -218,7 +223,12 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
       r.step = step;
       out.push_back(std::move(r));
     }
-    out.back().experts.push_back(static_cast<std::int32_t>(expert));
+    auto& experts = out.back().experts;
+    if (std::find(experts.begin(), experts.end(), static_cast<std::int32_t>(expert)) != experts.end()) {
+      return bad(where, "expert " + std::to_string(expert) + " is listed twice for layer " + std::to_string(layer) +
+                            " of one token; a token's experts are distinct");
+    }
+    experts.push_back(static_cast<std::int32_t>(expert));
     if (col_weight >= 0) out.back().weights.push_back(weight);
   }
   if (out.empty()) return bad(path.string(), "the CSV holds no rows after its header");

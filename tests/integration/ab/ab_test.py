@@ -106,6 +106,17 @@ class Trace(unittest.TestCase):
         self.assertFalse(os.path.exists(bad_out))
         p = cli("ab", "import", csv, "--format", "xml", "-o", bad_out, check=False)
         self.assertIn("csv or json", p.stderr)
+        # A token's experts are distinct: a repeated id (CSV rows or a JSON list) is named, not counted twice.
+        with open(csv, "w") as f:
+            f.write("position,layer,expert\n0,0,1\n0,0,2\n0,0,1\n")
+        p = cli("ab", "import", csv, "--format", "csv", "-o", bad_out, check=False)
+        self.assertIn("t.csv:4: expert 1 is listed twice for layer 0 of one token", p.stderr)
+        self.assertFalse(os.path.exists(bad_out))
+        with open(js, "w") as f:
+            json.dump([{"layer": 0, "experts": [1, 2]}, {"layer": 1, "experts": [3, 3]}], f)
+        p = cli("ab", "import", js, "--format", "json", "-o", bad_out, check=False)
+        self.assertIn("record [1]", p.stderr)
+        self.assertIn("lists expert 3 twice", p.stderr)
 
 
 class Replay(unittest.TestCase):
