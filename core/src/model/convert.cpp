@@ -247,11 +247,7 @@ sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
                                                "' has dtype " + t->dtype +
                                                "; colibri converts F32, F16 and BF16 weights");
   }
-  if (t->shape != p.shape) {
-    return Status(StatusCode::invalid_argument, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
-                                                    "' has shape " + shape_text(t->shape) +
-                                                    " but config.json implies " + shape_text(p.shape));
-  }
+  if (t->shape != p.shape) return bad_source_shape(in, *t, p.shape);
   r.size = t->size;
   r.cols = p.shape.back();
   r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));

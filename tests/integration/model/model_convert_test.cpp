@@ -538,6 +538,14 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
     expect_clean_failure(d, "tensor 'model.layers.0.mlp.experts.gate_up_proj' has shape [4, 256, 512]",
                          "gpt-oss shape");
   }
+  {  // an attention tensor whose shape does not fit the config (located by name, not cut from a fused tensor)
+    auto d = copy_fixture(src, "gpt-oss head_dim");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["head_dim"] = cfg["head_dim"].get<int>() * 2;
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, ".safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [",
+                         "gpt-oss head_dim");
+  }
 }
 
 TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {
