@@ -152,7 +152,7 @@ const char* const kCapabilities[] = {"matmul",    "expert_ffn", "expert_ffn_grou
                                      "attention", "f32",        "f16",
                                      "bf16",      "q8_0",       "q4_0",
                                      "q2_k",      "q3_k",       "q4_k",
-                                     "q5_k",      "q6_k"};
+                                     "q5_k",      "q6_k",       "mxfp4"};
 
 }  // namespace
 

@@ -38,8 +38,21 @@ const char* type_suffix(DType t) {
     case DType::q5_k: return "q5_k";
     case DType::q4_k: return "q4_k";
     case DType::q6_k: return "q6_k";
+    case DType::mxfp4: return "mxfp4";
     default: return "";
   }
+}
+
+// Start alignment a weight's shader needs: f32 is read as words, the fp16 scales of GGML blocks as half-words;
+// mxfp4 blocks (17 bytes, no fp16 field) are read byte-wise, so a tensor may start anywhere.
+std::size_t weight_align(DType t) {
+  return t == DType::f32 ? 4 : t == DType::mxfp4 ? 1 : 2;
+}
+
+// mxfp4: the optional weight type this backend runs in matmul and the expert ops (not embedding, which
+// check_op_call refuses it for).
+bool matmul_weight(DType t) {
+  return sdk::is_weight_type(t) || t == DType::mxfp4;
 }
 
 std::uint64_t elems(const Tensor& t) {
@@ -212,12 +225,13 @@ Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::
 bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   // store_rows: f32 and f16 rows; q8_0 would need correctly rounded divisions, which Vulkan does not promise.
   if (op == Op::store_rows) return weight_type == DType::f32 || weight_type == DType::f16;
-  // A layer's experts in one submission: the expert_ffn commands of each, one after another.
-  if (op == Op::expert_ffn_group) return sdk::supports_every_op(Op::expert_ffn, weight_type);
-  // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders); expert_ffn's commands
-  // with the biases in the matmuls and the clamped activation (eltwise mode 4) in place of swiglu.
+  // A layer's experts in one submission: the expert_ffn commands of each, one after another. gpt-oss's
+  // expert_ffn_clamped: expert_ffn's commands with the biases in the matmuls and the clamped activation (eltwise
+  // mode 4) in place of swiglu. All of them are matmul shaders, so they take the weights matmul takes.
+  if (op == Op::matmul || op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped)
+    return matmul_weight(weight_type);
+  // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders).
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
-  if (op == Op::expert_ffn_clamped) return sdk::supports_every_op(Op::expert_ffn, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -243,12 +257,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
   const auto& out = call.outputs;
   // Shaders index with 32-bit integers: check_op_call refuses tensors of 2^31 elements or more.
   if (Status s = sdk::check_op_call(call, "vulkan"); !s) return s;
-  // check_op_call lets the optional mxfp4 weights through for backends that run them; this one does not.
-  for (const auto& t : in) {
-    if (t.type == DType::mxfp4) {
-      return Status(StatusCode::unsupported, std::string(name) + ": weight type mxfp4 is not supported by vulkan");
-    }
-  }
+  // check_op_call lets mxfp4 weights through for matmul and the expert ops: every one of those this backend has runs
+  // them (matmul_mxfp4).
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
 #define COLIBRI_VK_TRY(expr)       \
   do {                             \
@@ -272,7 +282,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     case Op::matmul: {
       const Tensor &w = in[0], &x = in[1], &y = out[0];
       const std::int64_t k = w.ne[0], n = sdk::row_count(w), t = sdk::row_count(x);
-      COLIBRI_VK_BIND(wa, w, "W", false, w.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(wa, w, "W", false, weight_align(w.type));
       COLIBRI_VK_BIND(xa, x, "X", false, 4);
       COLIBRI_VK_BIND(ya, y, "Y", true, 4);
       std::uint64_t ba = 0;
@@ -313,9 +323,9 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       for (std::size_t e = 0; e < experts; ++e) {
         const Tensor &wg = in[4 * e], &wu = in[4 * e + 1], &wd = in[4 * e + 2], &x = in[4 * e + 3], &y = out[e];
         const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
-        COLIBRI_VK_BIND(ga, wg, "W_gate", false, wg.type == DType::f32 ? 4 : 2);
-        COLIBRI_VK_BIND(ua, wu, "W_up", false, wu.type == DType::f32 ? 4 : 2);
-        COLIBRI_VK_BIND(da, wd, "W_down", false, wd.type == DType::f32 ? 4 : 2);
+        COLIBRI_VK_BIND(ga, wg, "W_gate", false, weight_align(wg.type));
+        COLIBRI_VK_BIND(ua, wu, "W_up", false, weight_align(wu.type));
+        COLIBRI_VK_BIND(da, wd, "W_down", false, weight_align(wd.type));
         COLIBRI_VK_BIND(xa, x, "X", false, 4);
         COLIBRI_VK_BIND(ya, y, "Y", true, 4);
         const std::size_t aligned = scratch_of(e);
@@ -429,7 +439,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       const Tensor &table = in[0], &ids = in[1], &y = out[0];
       const std::int64_t d = table.ne[0], v = sdk::row_count(table), t = sdk::element_count(ids);
       if (t > kMaxGrid) return bad("more than 65535 ids in one call");
-      COLIBRI_VK_BIND(ta, table, "table", false, table.type == DType::f32 ? 4 : 2);
+      COLIBRI_VK_BIND(ta, table, "table", false, weight_align(table.type));
       COLIBRI_VK_BIND(ia, ids, "ids", false, 4);
       COLIBRI_VK_BIND(ya, y, "out", true, 4);
       if (status_.buffer == VK_NULL_HANDLE) {

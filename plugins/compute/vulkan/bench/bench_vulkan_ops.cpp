@@ -78,7 +78,7 @@ void BM_Matmul(benchmark::State& state) {
 }
 BENCHMARK(BM_Matmul)
     ->ArgsProduct({{static_cast<int>(DType::f16), static_cast<int>(DType::q8_0), static_cast<int>(DType::q4_k),
-                    static_cast<int>(DType::q6_k)},
+                    static_cast<int>(DType::q6_k), static_cast<int>(DType::mxfp4)},
                    {2048},
                    {1, 16}})
     ->Unit(benchmark::kMillisecond)

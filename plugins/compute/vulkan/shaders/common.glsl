@@ -1,6 +1,6 @@
 // Shared by every shader: buffers are reached through device addresses passed in push constants
 // (no descriptor sets, no maxStorageBufferRange limit); weight blocks are read as bytes from
-// 4-byte words because GGML blocks (34, 210 bytes) are only 2-byte aligned.
+// 4-byte words because GGML blocks (34, 210 bytes) are only 2-byte aligned, mxfp4's (17 bytes) 1-byte aligned.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 

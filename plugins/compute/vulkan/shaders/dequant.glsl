@@ -1,8 +1,14 @@
 // Dequantization of one 32-element unit of a weight row, bit-identical to colibri::quant's
 // reference dequantize_row (same products in the same order; `precise` forbids fusing).
 // Define one of WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8_0, WTYPE_Q4_0, WTYPE_Q2_K, WTYPE_Q3_K,
-// WTYPE_Q4_K, WTYPE_Q5_K, WTYPE_Q6_K.
+// WTYPE_Q4_K, WTYPE_Q5_K, WTYPE_Q6_K, WTYPE_MXFP4.
 #include "common.glsl"
+
+#if defined(WTYPE_MXFP4)
+// ggml's kvalues_mxfp4: the E2M1 values doubled (integers), hence the halved scale.
+const float kMxfp4Values[16] = float[16](0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0,
+                                         -8.0, -12.0);
+#endif
 
 // Unit u (elements 32u .. 32u+31) of the row at `row`; `k` elements in the row (f32/f16 may end
 // inside a unit: missing elements are 0).
@@ -31,6 +37,21 @@ void dequant_unit(Bytes row, uint u, uint k, out float w[32]) {
     for (uint i = 0u; i < 4u; ++i) {
       precise float lo = float(int((q >> (8u * i)) & 0xFu) - 8) * d;
       precise float hi = float(int((q >> (8u * i + 4u)) & 0xFu) - 8) * d;
+      w[j + i] = lo;
+      w[j + i + 16u] = hi;
+    }
+  }
+#elif defined(WTYPE_MXFP4)
+  // 17-byte block (any alignment): E8M0 exponent e, qs[16]; element j < 16 is the low nibble of qs[j], j + 16 the
+  // high one. d = e8m0_to_fp32_half(e) built from its bits as the reference does (e = 0, 1: subnormals).
+  const uint blk = u * 17u;
+  const uint e = read_u8(row, blk);
+  const float d = uintBitsToFloat(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+  for (uint j = 0u; j < 16u; j += 4u) {
+    const uint q = read_u32(row, blk + 1u + j);
+    for (uint i = 0u; i < 4u; ++i) {
+      precise float lo = kMxfp4Values[(q >> (8u * i)) & 0xFu] * d;
+      precise float hi = kMxfp4Values[(q >> (8u * i + 4u)) & 0xFu] * d;
       w[j + i] = lo;
       w[j + i + 16u] = hi;
     }

@@ -9,7 +9,10 @@
 * every other preset (q8_0 ... q2_k, f16, bf16): the same bound against the CPU backend;
 * the one promise on Vulkan: logits bit-identical in one batch, token by token and in chunks of 3;
 * gpt_oss (attention_sinks, expert_ffn_clamped; not in the shared ARCHS, which other backends without those ops run)
-  at f32 and q4_k_m against the CPU backend with the same bound, and its one promise.
+  at f32 and q4_k_m against the CPU backend with the same bound, and its one promise;
+* gpt_oss with MXFP4 experts as openai ships them (make_tiny_model.py --mxfp4; convert keeps them mxfp4 at any
+  preset) at f32 and q4_k_m: the same bound against the CPU backend, its one promise, and bit-identical logits with
+  every expert uploaded to unmapped device memory (a discrete GPU's path: 17-byte blocks at any offset of a slot).
 
 With --vram (ctest compute.vulkan.vram): backend_engine.Engine.vram_promise (the one promise with the VRAM expert
 tier) on mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's
@@ -25,7 +28,10 @@ CPU backend and of batch invariance live in tests/support/backend_engine.py, sha
 
 import json
 import os
+import subprocess
 import sys
+
+import numpy as np
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "tests",
@@ -83,6 +89,56 @@ def gpt_oss_batch_invariance(engine):
     return failures
 
 
+def mxfp4_model(engine, preset):
+    """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""
+    ckpt = os.path.join(engine.work, "ckpt-gpt_oss-mxfp4")
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        subprocess.run([sys.executable, engine.gen, "--arch", "gpt_oss", "--out", ckpt, "--dtype", "f32", "--mxfp4"],
+                       check=True, capture_output=True)
+    out = os.path.join(engine.work, f"gpt_oss-mxfp4-{preset}")
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        engine.run(["convert", "--input", ckpt, "--output", out, "--quantize", preset, "--force"])
+    with open(os.path.join(out, "manifest.json")) as f:
+        experts = json.load(f)["experts"]
+    types = {e[part]["type"] for e in experts for part in ("gate", "up", "down")}
+    if types != {"mxfp4"}:
+        raise RuntimeError(f"{out}: the experts should all be mxfp4, not {sorted(types)}")
+    return out
+
+
+def mxfp4_gpt_oss(engine):
+    failures = []
+    for preset in ("f32", "q4_k_m"):
+        m = mxfp4_model(engine, preset)
+        cpu = engine.logits(m, "cpu", *backend_engine.EXACT)
+        dev = engine.logits(m, "vulkan", *(backend_engine.EXACT + engine.on_backend))
+        rel = np.abs(cpu - dev).max(axis=1) / np.abs(cpu).max(axis=1)
+        same_argmax = bool((cpu.argmax(axis=1) == dev.argmax(axis=1)).all())
+        print(f"  gpt_oss-mxfp4/{preset}: vulkan vs cpu max relative error {rel.max():.2e}, same argmax: "
+              f"{same_argmax}", flush=True)
+        if not rel.max() <= 1e-4:
+            failures.append(f"gpt_oss-mxfp4/{preset}: vulkan differs from cpu by {rel.max():.3e} of the max logit")
+        if not same_argmax:
+            failures.append(f"gpt_oss-mxfp4/{preset}: vulkan picks another greedy token than cpu")
+    m = mxfp4_model(engine, "f32")
+    base = engine.logits(m, "vulkan-base", *engine.on_backend)
+    for batch in ("1", "3"):
+        other = engine.logits(m, f"vulkan-b{batch}", "--batch", batch, *engine.on_backend)
+        if not backend_engine.same(base, other):
+            failures.append(f"gpt_oss-mxfp4/f32: vulkan logits with --batch {batch} differ from one batch")
+    experts, _, sizes = engine._vram_sizes(m)
+    discrete = ["--set", "compute.map_device_memory=false", "--vram-budget", str(sizes["all"])]
+    uploaded = engine.logits(m, "vulkan-vram", *engine.on_backend, *discrete)
+    if not backend_engine.same(base, uploaded):
+        failures.append("gpt_oss-mxfp4/f32: vulkan logits with every expert in unmapped device memory differ "
+                        f"(max abs {np.abs(base - uploaded).max()})")
+    st, _ = engine._bench(m, *discrete)
+    if st["vram_uploads"] != len(experts) or st["vram_misses"] != 0:
+        failures.append(f"gpt_oss-mxfp4/f32: every expert should be uploaded once and then hit: {st}")
+    print("  gpt_oss-mxfp4/f32: vulkan batch invariance and VRAM tier checked", flush=True)
+    return failures
+
+
 def main():
     engine = backend_engine.Engine(*sys.argv[1:4], "vulkan")
     os.environ["XDG_CACHE_HOME"] = os.path.join(engine.work, "xdg-cache")  # bench writes usage history there
@@ -98,7 +154,7 @@ def main():
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     cases += [c for c in GPT_OSS if c not in cases]
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
-                                 gpt_oss_batch_invariance(engine))
+                                 gpt_oss_batch_invariance(engine) + mxfp4_gpt_oss(engine))
 
 
 if __name__ == "__main__":

@@ -286,6 +286,12 @@ TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
     EXPECT_TRUE(c.supports(Op::embedding, t)) << to_string(t);
     EXPECT_TRUE(c.supports(Op::expert_ffn_clamped, t)) << to_string(t);
   }
+  // mxfp4 (optional): matmul and the expert ops, never embedding (check_op_call refuses it there).
+  for (Op op : {Op::matmul, Op::expert_ffn, Op::expert_ffn_group, Op::expert_ffn_clamped}) {
+    EXPECT_TRUE(c.supports(op, DType::mxfp4)) << op_name(op);
+  }
+  EXPECT_FALSE(c.supports(Op::embedding, DType::mxfp4));
+  EXPECT_FALSE(c.supports(Op::attention, DType::mxfp4));
   for (DType t : {DType::q4_1, DType::q5_0, DType::q5_1, DType::q8_1, DType::q8_k}) {
     EXPECT_FALSE(c.supports(Op::matmul, t)) << to_string(t);
     EXPECT_FALSE(c.supports(Op::expert_ffn_clamped, t)) << to_string(t);
@@ -302,6 +308,62 @@ TEST(VulkanPlugin, SupportsClaimsTheImplementedTypesOnly) {
   Tensor out{DType::f32, {2, 1, 1, 1}, y.data()};
   const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
   EXPECT_EQ(s.code(), StatusCode::unsupported) << s.to_string();
+}
+
+// mxfp4's 17-byte blocks sit at any byte address (odd rows of 3 blocks here, weights at offsets 0..3 of a buffer
+// and in host memory): W times the identity gives W's dequantized bits, which must be the reference's for every
+// nibble and exponent (normal range and e = 0, 1, whose scales are subnormal).
+TEST(VulkanPlugin, Mxfp4MatmulReadsTheReferenceBitsAtAnyByteOffset) {
+  VULKAN_COMPUTE(c, {}, nullptr);
+  const std::int64_t k = 96, n = 7, t = k;
+  const std::uint8_t exps[] = {0, 1, 2, 3, 64, 100, 119, 125, 126, 127, 128, 131, 150, 200, 252};
+  std::vector<std::byte> w(row_bytes(DType::mxfp4, k) * n);
+  ASSERT_EQ(w.size(), 17u * 3u * 7u);
+  std::mt19937 rng(5);
+  for (std::size_t b = 0; b < w.size() / 17; ++b) {
+    w[b * 17] = static_cast<std::byte>(exps[b % std::size(exps)]);
+    for (std::size_t j = 1; j < 17; ++j) w[b * 17 + j] = static_cast<std::byte>(rng() & 0xFF);
+  }
+  std::vector<float> want(static_cast<std::size_t>(k * n));
+  ASSERT_TRUE(colibri::quant::dequantize_row(DType::mxfp4, w.data(), want.data(), k * n));
+  std::vector<float> x(static_cast<std::size_t>(k * t), 0.0f);
+  for (std::int64_t i = 0; i < t; ++i) x[static_cast<std::size_t>(i * k + i)] = 1.0f;
+  auto check = [&](const std::vector<float>& y, const std::string& where) {
+    int bad = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      for (std::int64_t j = 0; j < k; ++j) {
+        const float got = y[static_cast<std::size_t>(j * n + r)], ref = want[static_cast<std::size_t>(r * k + j)];
+        if (std::memcmp(&got, &ref, 4) != 0 && bad++ < 4) {
+          ADD_FAILURE() << where << ": W[" << r << "][" << j << "] = " << got << ", reference " << ref
+                        << " (exponent byte " << static_cast<int>(w[static_cast<std::size_t>(r * 51 + j / 32 * 17)])
+                        << ")";
+        }
+      }
+    }
+  };
+  for (std::size_t off = 0; off < 4; ++off) {
+    const std::size_t x_off = (off + w.size() + 3) / 4 * 4, y_off = x_off + x.size() * 4;
+    auto buf = c.allocate(y_off + static_cast<std::size_t>(n * t) * 4);
+    ASSERT_TRUE(buf);
+    ASSERT_TRUE((*c.copy_to_device_async(w.data(), **buf, off, w.size()))->wait());
+    ASSERT_TRUE((*c.copy_to_device_async(x.data(), **buf, x_off, x.size() * 4))->wait());
+    Tensor in[] = {Tensor{DType::mxfp4, {k, n, 1, 1}, nullptr, buf->get(), off},
+                   Tensor{DType::f32, {k, t, 1, 1}, nullptr, buf->get(), x_off}};
+    Tensor out{DType::f32, {n, t, 1, 1}, nullptr, buf->get(), y_off};
+    const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
+    ASSERT_TRUE(s) << "offset " << off << ": " << s.to_string();
+    std::vector<float> y(static_cast<std::size_t>(n * t));
+    ASSERT_TRUE((*c.copy_to_host_async(**buf, y_off, y.data(), y.size() * 4))->wait());
+    check(y, "buffer offset " + std::to_string(off));
+  }
+  std::vector<std::byte> host(w.size() + 1);  // host memory at an odd address
+  std::memcpy(host.data() + 1, w.data(), w.size());
+  std::vector<float> y(static_cast<std::size_t>(n * t));
+  Tensor in[] = {Tensor{DType::mxfp4, {k, n, 1, 1}, host.data() + 1}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+  Tensor out{DType::f32, {n, t, 1, 1}, y.data()};
+  const Status s = c.run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
+  ASSERT_TRUE(s) << s.to_string();
+  check(y, "host memory");
 }
 
 // The engine uploads from storage threads while its scheduler runs ops: results must not change.
