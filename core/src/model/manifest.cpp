@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/architecture.hpp"
 #include "model/file_io.hpp"
 
 namespace colibri::model {
@@ -159,6 +160,10 @@ Status bad(const std::string& msg) {
   return Status(StatusCode::corrupt_data, msg);
 }
 
+// The hparams fields of manifest format 2 (gpt-oss).
+const char* const kV2Fields[] = {"sliding_layers",    "attention_sinks", "router_bias",
+                                 "expert_activation", "swiglu_alpha",    "swiglu_limit"};
+
 }  // namespace
 
 sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
@@ -195,7 +200,10 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
   h.mlp_only_layers = f.get<std::vector<std::int64_t>>("mlp_only_layers");
   h.bos_token_id = f.get<std::int64_t>("bos_token_id");
   h.eos_token_ids = f.get<std::vector<std::int64_t>>("eos_token_ids");
-  if (!f.raw("expert_activation").is_null()) {  // format 2 (gpt-oss)
+  // Format 2 (gpt-oss): one of its fields present asks for all of them (none is dropped silently).
+  const bool v2_fields =
+      std::any_of(std::begin(kV2Fields), std::end(kV2Fields), [&f](const char* key) { return !f.raw(key).is_null(); });
+  if (v2_fields) {
     h.sliding_layers = f.get<std::vector<std::int64_t>>("sliding_layers");
     h.attention_sinks = f.get<bool>("attention_sinks");
     h.router_bias = f.get<bool>("router_bias");
@@ -661,8 +669,28 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
     }
   }
   if (idx != m.experts.size()) return bad(where + ": the expert index lists experts the hyper-parameters do not have");
-  for (const char* required : {"token_embd.weight", "output_norm.weight"}) {
-    if (m.tensor(required) == nullptr) return bad(where + ": tensor '" + std::string(required) + "' is missing");
+  // Every shared tensor the hyper-parameters call for (convert's plan), with the shape they imply: an edited
+  // hparams entry is caught here, so verify refuses what a run would.
+  auto shape_text = [](const std::vector<std::int64_t>& shape) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+    return t + "]";
+  };
+  auto planned = build_plan(m.hparams).shared;
+  if (m.hparams.tie_word_embeddings && m.tensor("output.weight") != nullptr) {
+    PlannedTensor output;
+    output.name = "output.weight";
+    output.shape = {m.hparams.vocab_size, m.hparams.hidden_size};
+    planned.push_back(std::move(output));
+  }
+  for (const auto& want : planned) {
+    const TensorEntry* t = m.tensor(want.name);
+    if (t == nullptr) return bad(where + ": tensor '" + want.name + "' is missing; re-run convert");
+    if (t->shape != want.shape) {
+      return bad(where + ": tensor '" + want.name + "' has shape " + shape_text(t->shape) +
+                 " but the hyper-parameters imply " + shape_text(want.shape) +
+                 "; the manifest was edited or is damaged: re-run convert");
+    }
   }
   return m;
 }

@@ -48,22 +48,34 @@ json tensor(const std::string& name, std::uint64_t offset, std::vector<std::int6
           {"type", "f32"}, {"shape", shape},   {"xxh64", "0000000000000000"}};
 }
 
+// Parameters of make_model's shared tensors.
+constexpr std::uint64_t kSharedParams = 8 + 2 + 8 + 2 + 4 * 4 + 2;
+
 TinyModel make_model(const std::string& name) {
   TinyModel t;
   t.dir = testing::temp_dir(name);
   testing::write_file(t.dir / "shared.bin", std::string(4096, '\1'));
   testing::write_file(t.dir / "experts/L000/E000.bin", std::string(4096, '\2'));
-  json emb = tensor("token_embd.weight", 0, {4, 2});
-  emb["file"] = "shared.bin";
-  json norm = tensor("output_norm.weight", 64, {2});
-  norm["file"] = "shared.bin";
+  // Every shared tensor a one-layer llama has, 32 bytes apart: tensors[0] and [1] are used by the tests below.
+  json shared = json::array();
+  const std::pair<const char*, std::vector<std::int64_t>> kShared[] = {
+      {"token_embd.weight", {4, 2}},   {"output_norm.weight", {2}},          {"output.weight", {4, 2}},
+      {"blk.0.attn_norm.weight", {2}}, {"blk.0.attn_q.weight", {2, 2}},      {"blk.0.attn_k.weight", {2, 2}},
+      {"blk.0.attn_v.weight", {2, 2}}, {"blk.0.attn_output.weight", {2, 2}}, {"blk.0.ffn_norm.weight", {2}}};
+  std::uint64_t offset = 0;
+  for (const auto& [name, shape] : kShared) {
+    json x = tensor(name, offset, shape);
+    x["file"] = "shared.bin";
+    shared.push_back(x);
+    offset += 64;
+  }
   json m = {{"format", kManifestFormatName},
             {"format_version", kManifestFormatVersion},
             {"hparams", tiny_hparams().to_json()},
             {"files",
              {{{"path", "shared.bin"}, {"size", 4096}, {"xxh64", "0000000000000000"}},
               {{"path", "experts/L000/E000.bin"}, {"size", 4096}, {"xxh64", "0000000000000000"}}}},
-            {"tensors", {emb, norm}},
+            {"tensors", shared},
             {"experts",
              {{{"layer", 0},
                {"expert", 0},
@@ -90,7 +102,7 @@ TEST(Manifest, LoadsAValidModelAndComputesSizes) {
   auto m = load_manifest(t.dir);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
   EXPECT_EQ(m->expert(0, 0)->size, 4096u);
-  EXPECT_EQ(m->total_params(), 8u + 2u + 8u + 8u + 8u);
+  EXPECT_EQ(m->total_params(), kSharedParams + 8u + 8u + 8u);
   EXPECT_EQ(m->active_params(), m->total_params());
   EXPECT_EQ(m->bytes_per_token_all_miss(), 4096u);
   EXPECT_EQ(describe_model_file(*m, "experts/L000/E000.bin"), "L0/E0");
@@ -140,6 +152,40 @@ TEST(Manifest, RejectsEverythingOutOfBounds) {
   EXPECT_NE(r.error().message().find("conversion did not finish"), std::string::npos);
 }
 
+// load (and so verify) checks what a run needs: every shared tensor the hyper-parameters call for, in their shape.
+TEST(Manifest, SharedTensorsMustFitTheHyperParameters) {
+  auto t = make_model("manifest shapes");
+  json m = t.manifest;
+  m["hparams"]["vocab_size"] = 5;  // an edited hparams entry
+  expect_rejected(t, m, "tensor 'token_embd.weight' has shape [4, 2] but the hyper-parameters imply [5, 2]");
+  m = t.manifest;
+  m["tensors"].erase(5);
+  expect_rejected(t, m, "tensor 'blk.0.attn_k.weight' is missing; re-run convert");
+  m = t.manifest;
+  HyperParams sinks = tiny_hparams();
+  sinks.attention_sinks = true;
+  m["hparams"] = sinks.to_json();
+  m["format_version"] = 2;
+  expect_rejected(t, m, "tensor 'blk.0.attn_sinks.weight' is missing");
+  m["hparams"].erase("swiglu_limit");  // one format-2 field without the others is not read as format 1
+  expect_rejected(t, m, "missing field \"swiglu_limit\"");
+  m = t.manifest;  // tied embeddings: output.weight may be absent, but if present must fit
+  m["hparams"]["tie_word_embeddings"] = true;
+  m["tensors"][2]["shape"] = {2, 4};
+  expect_rejected(t, m, "tensor 'output.weight' has shape [2, 4] but the hyper-parameters imply [4, 2]");
+  m["tensors"].erase(2);
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  auto loaded = load_manifest(t.dir);
+  EXPECT_TRUE(loaded.has_value()) << loaded.error().to_string();
+  auto report = verify_model(t.dir);
+  EXPECT_TRUE(report.manifest_ok);
+  m = t.manifest;
+  m["hparams"]["vocab_size"] = 5;
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  report = verify_model(t.dir);
+  EXPECT_FALSE(report.manifest_ok);
+}
+
 TEST(Manifest, PartOffsetsThatWrapAroundAreRejectedByName) {
   auto t = make_model("manifest wrap");
   json m = t.manifest;
@@ -173,6 +219,9 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   m["experts"][0]["gate_bias"] = tensor("gb", 256, {4});
   m["experts"][0]["up_bias"] = tensor("ub", 512, {4});
   m["experts"][0]["down_bias"] = tensor("db", 768, {2});
+  json sinks = tensor("blk.0.attn_sinks.weight", 640, {1});
+  sinks["file"] = "shared.bin";
+  m["tensors"].push_back(sinks);
   testing::write_file(t.dir / "manifest.json", m.dump());
   auto loaded = load_manifest(t.dir);
   ASSERT_TRUE(loaded.has_value()) << loaded.error().to_string();
@@ -182,7 +231,7 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   EXPECT_EQ(e->up_bias.offset, 512u);
   EXPECT_EQ(loaded->hparams.layer_window(0), 3);
   EXPECT_EQ(loaded->hparams.layer_window(1), 0);
-  EXPECT_EQ(loaded->total_params(), 8u + 2u + 8u + 8u + 8u + 4u + 4u + 2u);
+  EXPECT_EQ(loaded->total_params(), kSharedParams + 1u + 8u + 8u + 8u + 4u + 4u + 2u);
   const json again = loaded->to_json();
   EXPECT_EQ(again["format_version"], 2);
   EXPECT_EQ(again["experts"][0]["down_bias"]["offset"], 768);
