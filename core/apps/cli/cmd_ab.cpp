@@ -175,6 +175,52 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
   return "";
 }
 
+// A replay's results as JSON (ab replay --json, and ab live --json with --trace).
+nlohmann::json replay_json(const ab::ReplayReport& report, bool per_layer) {
+  nlohmann::json j = {{"trace", report.trace},       {"records", report.records},
+                      {"accesses", report.accesses}, {"bytes_known", report.bytes_known},
+                      {"seconds", report.seconds},   {"sizes", nlohmann::json::array()}};
+  for (const auto& sr : report.sizes) {
+    nlohmann::json s = {{"cache_experts", sr.cache_experts}, {"budget_bytes", sr.budget_bytes}};
+    s["policies"] = nlohmann::json::array();
+    for (const auto& r : sr.policies) s["policies"].push_back(result_json(r, per_layer));
+    s["optimal"] = result_json(sr.optimal, per_layer);
+    j["sizes"].push_back(s);
+  }
+  return j;
+}
+
+// A replay's results as text: a table per cache size, the optimum last.
+void print_replay(const ab::ReplayReport& report, bool per_layer) {
+  std::printf("trace %s: %llu records, %llu expert accesses, %zu layers\n", report.trace.c_str(),
+              static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
+              static_cast<std::size_t>(report.layers));
+  for (const auto& sr : report.sizes) {
+    std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
+                report.bytes_known ? (" (" + mib(sr.budget_bytes) + ")").c_str() : "");
+    std::printf("  %-24s %9s %10s %10s %14s\n", "policy", "hit rate", "misses", "preload", "bytes read");
+    auto row = [&](const ab::ReplayResult& r) {
+      std::printf("  %-24s %9s %10llu %10llu %14s\n", r.policy.c_str(), percent(r.hit_rate()).c_str(),
+                  static_cast<unsigned long long>(r.stats.misses),
+                  static_cast<unsigned long long>(r.stats.preload_loads),
+                  report.bytes_known ? mib(r.stats.bytes_read).c_str() : "n/a");
+      if (!per_layer) return;
+      for (std::size_t l = 0; l < r.per_layer.size(); ++l) {
+        const auto& s = r.per_layer[l];
+        if (s.hits + s.misses == 0) continue;
+        const double hr = static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses);
+        std::printf("    layer %-16zu %9s %10llu %10s %14s\n", l, percent(hr).c_str(),
+                    static_cast<unsigned long long>(s.misses), "",
+                    report.bytes_known ? mib(s.bytes_read).c_str() : "n/a");
+      }
+    };
+    for (const auto& r : sr.policies) row(r);
+    auto opt = sr.optimal;
+    opt.policy = "optimal (Belady)";
+    row(opt);
+  }
+}
+
 int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   auto sizes = parse_sizes(o.cache_experts);
   if (!sizes) return fail(sizes.error().message());
@@ -219,49 +265,10 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   }
 
   if (o.json) {
-    nlohmann::json j = {{"trace", o.trace},
-                        {"records", report.records},
-                        {"accesses", report.accesses},
-                        {"bytes_known", report.bytes_known},
-                        {"seconds", report.seconds},
-                        {"sizes", nlohmann::json::array()}};
-    for (const auto& sr : report.sizes) {
-      nlohmann::json s = {{"cache_experts", sr.cache_experts}, {"budget_bytes", sr.budget_bytes}};
-      s["policies"] = nlohmann::json::array();
-      for (const auto& r : sr.policies) s["policies"].push_back(result_json(r, o.per_layer));
-      s["optimal"] = result_json(sr.optimal, o.per_layer);
-      j["sizes"].push_back(s);
-    }
-    std::cout << j.dump(2) << "\n";
+    std::cout << replay_json(report, o.per_layer).dump(2) << "\n";
     return 0;
   }
-  std::printf("trace %s: %llu records, %llu expert accesses, %zu layers\n", o.trace.c_str(),
-              static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
-              static_cast<std::size_t>(report.layers));
-  for (const auto& sr : report.sizes) {
-    std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
-                report.bytes_known ? (" (" + mib(sr.budget_bytes) + ")").c_str() : "");
-    std::printf("  %-24s %9s %10s %10s %14s\n", "policy", "hit rate", "misses", "preload", "bytes read");
-    auto row = [&](const ab::ReplayResult& r) {
-      std::printf("  %-24s %9s %10llu %10llu %14s\n", r.policy.c_str(), percent(r.hit_rate()).c_str(),
-                  static_cast<unsigned long long>(r.stats.misses),
-                  static_cast<unsigned long long>(r.stats.preload_loads),
-                  report.bytes_known ? mib(r.stats.bytes_read).c_str() : "n/a");
-      if (!o.per_layer) return;
-      for (std::size_t l = 0; l < r.per_layer.size(); ++l) {
-        const auto& s = r.per_layer[l];
-        if (s.hits + s.misses == 0) continue;
-        const double hr = static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses);
-        std::printf("    layer %-16zu %9s %10llu %10s %14s\n", l, percent(hr).c_str(),
-                    static_cast<unsigned long long>(s.misses), "",
-                    report.bytes_known ? mib(s.bytes_read).c_str() : "n/a");
-      }
-    };
-    for (const auto& r : sr.policies) row(r);
-    auto opt = sr.optimal;
-    opt.policy = "optimal (Belady)";
-    row(opt);
-  }
+  print_replay(report, o.per_layer);
   std::printf("\nreplayed %llu accesses x %zu sizes x %zu policies (+ optimal) in %.2f s\n",
               static_cast<unsigned long long>(report.accesses), report.sizes.size(), specs.size(), report.seconds);
   if (!o.report.empty()) std::printf("report: %s\n", o.report.c_str());
@@ -443,6 +450,7 @@ int run_live(const LiveOptions& o) {
     j["verdict"] = {{"median_diff", rep.verdict.median_diff},   {"ci_low", rep.verdict.ci_low},
                     {"ci_high", rep.verdict.ci_high},           {"sign_p", rep.verdict.sign_p},
                     {"within_noise", rep.verdict.within_noise}, {"text", rep.verdict.text}};
+    if (replayed) j["replay"] = replay_json(*replayed, false);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -455,6 +463,10 @@ int run_live(const LiveOptions& o) {
   }
   std::printf("verdict (decode speed): %s\n", rep.verdict.text.c_str());
   for (const auto& line : measures) std::printf("%s\n", line.c_str());
+  if (replayed) {
+    std::printf("\nreplay of ");
+    print_replay(*replayed, false);
+  }
   return 0;
 }
 

@@ -279,6 +279,18 @@ class Live(unittest.TestCase):
         self.assertTrue(j["verdict"]["within_noise"])  # 3 pairs can never reach p < 0.05
         self.assertIn("within noise", j["verdict"]["text"])
         self.assertIn(j["verdict"]["text"].split(" (")[0], html)
+        # The replay is in the JSON and text too, the same numbers `ab replay` gives for the two policies.
+        self.assertEqual([s["cache_experts"] for s in j["replay"]["sizes"]], [3, 4])
+        alone = json.loads(cli("ab", "replay", "--trace", trace, "-m", m, "--policy", "lru", "--policy", "frequency",
+                               "--cache-experts", "3,4", "--json").stdout)
+        for live_size, alone_size in zip(j["replay"]["sizes"], alone["sizes"]):
+            self.assertEqual([x["hits"] for x in live_size["policies"]], [x["hits"] for x in alone_size["policies"]])
+            self.assertEqual(live_size["optimal"]["hits"], alone_size["optimal"]["hits"])
+        text = cli("ab", "live", "-m", m, *profiles, "--runs", "1", "-n", "2", "--trace", trace, "--cache-experts",
+                   "3").stdout
+        self.assertIn("replay of trace " + trace, text)
+        self.assertIn("cache 3 experts", text)
+        self.assertIn("optimal (Belady)", text)
         # Runs alternate A B A B.
         order = [l.split()[2].rstrip(":") for l in p.stderr.splitlines() if l.startswith("run ")]
         self.assertEqual(order, [profiles[1], profiles[3]] * 3)
