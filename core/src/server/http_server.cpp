@@ -121,7 +121,8 @@ class Session : public std::enable_shared_from_this<Session> {
   struct ChoiceState;
 
  public:
-  Session(tcp::socket&& socket, Server::Impl& srv) : stream_(std::move(socket)), srv_(srv) {}
+  Session(tcp::socket&& socket, Server::Impl& srv)
+      : stream_(std::move(socket)), srv_(srv), read_deadline_(stream_.get_executor()) {}
 
   void start(bool over_limit) {
     {
@@ -159,16 +160,50 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(srv_.opt.max_header_bytes);
     parser_->body_limit(srv_.opt.max_body_bytes);
-    stream_.expires_after(first_ ? srv_.opt.request_timeout : srv_.opt.idle_timeout);
+    arm_read_deadline(first_ ? srv_.opt.request_timeout : srv_.opt.idle_timeout);
     first_ = false;
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
   }
 
+  // Reads run under a timer of their own rather than the stream's expiry (which closes the socket): a request that
+  // stops arriving can then still be told so with a 408, as nginx and Apache do.
+  void arm_read_deadline(std::chrono::milliseconds timeout) {
+    stream_.expires_never();
+    read_timed_out_ = false;
+    read_done_ = false;
+    const std::uint64_t read = ++reads_;
+    read_deadline_.expires_after(timeout);
+    read_deadline_.async_wait([weak = weak_from_this(), read](beast::error_code ec) {
+      if (ec) return;  // cancelled: the read finished first
+      // A read that finished as the timer fired (its handler already queued) is no longer the one to cut short.
+      if (auto self = weak.lock(); self && self->reads_ == read && !self->read_done_) {
+        self->read_timed_out_ = true;
+        self->stream_.cancel();
+      }
+    });
+  }
+
+  // A request begun and not finished within --request-timeout.
+  void respond_request_timeout() {
+    const auto seconds = std::chrono::duration<double>(srv_.opt.request_timeout).count();
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", seconds);
+    respond_error(ApiError{408,
+                           "The request did not arrive whole within " + std::string(limit) +
+                               " s (colibri-server --request-timeout); send it again.",
+                           "invalid_request_error", "", "request_timeout"},
+                  /*close=*/true);
+  }
+
   void on_header(beast::error_code ec) {
     idle_ = false;
     route_ = "other";
+    read_done_ = true;
+    read_deadline_.cancel();
     if (ec) {
+      // Timed out: a request that had begun is answered; an idle keep-alive connection just closes.
+      if (read_timed_out_) return parser_->got_some() ? respond_request_timeout() : close_now();
       if (ec == http::error::header_limit) {
         return respond_error(ApiError{431,
                                       "The request headers are larger than the server's limit of " +
@@ -184,7 +219,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& req = parser_->get();
     const auto length = parser_->content_length();
     if (length && *length > srv_.opt.max_body_bytes) return respond_error(too_large(srv_.opt.max_body_bytes), true);
-    stream_.expires_after(srv_.opt.request_timeout);
+    arm_read_deadline(srv_.opt.request_timeout);
     auto expect = req[http::field::expect];
     if (!expect.empty() && beast::iequals(expect, "100-continue")) {
       auto msg = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
@@ -203,7 +238,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_body(beast::error_code ec) {
+    read_done_ = true;
+    read_deadline_.cancel();
     if (ec) {
+      if (read_timed_out_) return respond_request_timeout();
       if (ec == http::error::body_limit) return respond_error(too_large(srv_.opt.max_body_bytes), true);
       if (is_quiet_close(ec) || ec == http::error::partial_message) return close_now();
       return respond_error(bad_request("Malformed HTTP request: " + ec.message() + "."), true);
@@ -1089,6 +1127,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_now() {
     if (closed_) return;
     closed_ = true;
+    read_deadline_.cancel();
     cancel_jobs();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -1102,6 +1141,9 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request<http::string_body> request_;
   std::string route_ = "other";
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false;
+  net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
+  bool read_timed_out_ = false, read_done_ = true;
+  std::uint64_t reads_ = 0;  // numbers the deadlines, so that a stale one is ignored
   std::uint64_t drained_ = 0;
   // The generation in flight: one job per choice (empty when none).
   std::vector<std::shared_ptr<Job>> jobs_;

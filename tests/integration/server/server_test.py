@@ -1041,11 +1041,14 @@ class Api(unittest.TestCase):
         t0 = time.time()
         closed = False
         sk.sendall(b"GET /health HTTP/1.1\r\n")
+        reply = b""
         while time.time() - t0 < 25:
             try:
                 sk.sendall(b"X-Slow: a\r\n")
                 sk.settimeout(1.0)
-                if sk.recv(1024) == b"":
+                got = sk.recv(1024)
+                reply += got
+                if got == b"":
                     closed = True
                     break
             except socket.timeout:
@@ -1059,6 +1062,38 @@ class Api(unittest.TestCase):
         sk.close()
         self.assertTrue(closed, "a client sending headers forever was never cut off")
         self.assertLess(elapsed, 20)
+        # The request had begun, so it is told why (as nginx does), then closed.
+        self.assertTrue(reply.startswith(b"HTTP/1.1 408"), reply[:200])
+        self.assertIn(b'"request_timeout"', reply)
+
+    def test_a_body_that_stops_arriving_gets_408(self):
+        s = Server("--request-timeout", "1")
+        try:
+            sk = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+            t0 = time.time()
+            reply = b""
+            while True:
+                got = sk.recv(4096)
+                if not got:
+                    break
+                reply += got
+            elapsed = time.time() - t0
+            sk.close()
+            self.assertTrue(reply.startswith(b"HTTP/1.1 408"), reply[:200])
+            self.assertIn(b"within 1 s (colibri-server --request-timeout)", reply)
+            self.assertIn(b"Connection: close", reply)
+            self.assertLess(elapsed, 5)
+            # A connection that never starts a request is closed without a word (there is no request to answer).
+            sk = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            t0 = time.time()
+            self.assertEqual(sk.recv(4096), b"")
+            self.assertLess(time.time() - t0, 5)
+            sk.close()
+            self.assertEqual(s.json("GET", "/health")[0], 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
     def test_metrics(self):
         self.s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "count", "max_tokens": 5,
