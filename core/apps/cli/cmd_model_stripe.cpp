@@ -9,18 +9,19 @@
 //            other disk. A crash at any point leaves every path naming a complete file; re-running resumes.
 //   --copy   keeps the originals: the copies are mirrors the stripe plugin falls back to when a read fails.
 // Striping again over other directories moves every file to its new place (the model directory's share back into
-// it) and removes the copies an earlier stripe had made elsewhere. The placement is recorded as a profile next to the
-// model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]); run with
-// --profile <MODEL>/stripe.yaml.
+// it). Only once the new layout is complete and recorded do the copies an earlier stripe left where the new one does
+// not put them go (mirrors on disks no longer named, with their emptied directories): a failure midway leaves the
+// old layout runnable. Only directories whose marker names this model are touched. The placement is recorded as a
+// profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]);
+// run with --profile <MODEL>/stripe.yaml.
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -101,12 +102,6 @@ std::string copy_checked(const fs::path& src, const fs::path& dst, const model::
   return {};
 }
 
-// Whether `path` lies inside `dir` (both canonical).
-bool is_under(const fs::path& path, const fs::path& dir) {
-  auto [d, p] = std::mismatch(dir.begin(), dir.end(), path.begin(), path.end());
-  return d == dir.end() && p != path.end();
-}
-
 // The file a path names: itself, or what its symlink (an earlier stripe) points to.
 fs::path real_file(const fs::path& p) {
   std::error_code ec;
@@ -117,12 +112,10 @@ fs::path real_file(const fs::path& p) {
 // Claims <dir>/<name> for this model: the marker file inside names the model that owns it, so two models striped
 // to one disk each get their own directory and never write over each other's files.
 std::string claim_member(const fs::path& member, const fs::path& model_dir) {
-  const fs::path marker = member / ".colibri-stripe";
+  const fs::path marker = member / model::kStripeMarker;
   std::error_code ec;
   if (fs::exists(marker, ec)) {
-    std::ifstream in(marker);
-    std::string owner;
-    std::getline(in, owner);
+    const std::string owner = model::stripe_owner(member);
     if (owner == model_dir.string()) return {};
     return "--to: " + member.string() + " holds the expert files of " + owner + " (" + marker.string() +
            " says so); name another directory";
@@ -144,25 +137,83 @@ std::string claim_member(const fs::path& member, const fs::path& model_dir) {
   return {};
 }
 
-// Removes a copy an earlier stripe left at <root>/<rel> (root outside the model), and its directories once empty.
-void remove_old_copy(const fs::path& old_real, const std::string& rel, const fs::path& model_dir) {
+// Removes the copy an earlier stripe left at <root>/<rel>, once the model's path names its new place, when <root> is
+// a stripe directory of this model (a symlink the user made elsewhere keeps its file). Returns <root>, to be removed
+// once emptied after the new layout is recorded; empty when nothing went.
+fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const fs::path& model_dir) {
   const std::string suffix = "/" + rel;
   const std::string s = old_real.string();
-  if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) return;
-  if (is_under(old_real, model_dir)) return;
+  if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) return {};
+  if (model::path_within(old_real, model_dir)) return {};
+  const fs::path root = s.substr(0, s.size() - suffix.size());
+  if (fs::path(model::stripe_owner(root)) != model_dir) return {};
   std::error_code ec;
-  fs::remove(old_real, ec);
-  fs::path d = old_real.parent_path();
-  for (int up = 0; up < 2 && fs::remove(d, ec); ++up) d = d.parent_path();  // experts/L007, experts
-  // A stripe directory of this model that is now empty but for its marker goes too.
-  const fs::path marker = d / ".colibri-stripe";
-  std::ifstream in(marker);
-  std::string owner;
-  if (!std::getline(in, owner) || owner != model_dir.string()) return;
-  in.close();
-  std::size_t entries = 0;
-  for (auto it = fs::directory_iterator(d, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++entries;
-  if (!ec && entries == 1 && fs::remove(marker, ec)) fs::remove(d, ec);
+  if (!fs::remove(old_real, ec)) return {};
+  return root;
+}
+
+// The directories the model's stripe.yaml names: the layout this run replaces (--copy leaves no symlinks to find
+// its mirrors by). None without a readable stripe.yaml.
+std::vector<fs::path> earlier_members(const fs::path& model_dir) {
+  const fs::path yaml = model_dir / "stripe.yaml";
+  std::error_code ec;
+  if (!fs::is_regular_file(yaml, ec)) return {};
+  profile::LoadOptions opts;
+  opts.profile = yaml.string();
+  opts.use_process_environment = false;  // the file alone, as written
+  auto prof = profile::Profile::load(opts);
+  if (!prof) {
+    std::cerr << "warning: cannot read " << yaml.string() << " (" << prof.error().message()
+              << "); mirrors an earlier stripe left on disks this one does not name stay there: remove them "
+                 "yourself\n";
+    return {};
+  }
+  std::vector<fs::path> out;
+  for (const auto& p : prof->get_list("storage.paths")) {
+    if (fs::path(p).is_absolute()) out.emplace_back(p);  // stripe writes absolute paths; others are not ours
+  }
+  return out;
+}
+
+// Once the new layout is complete and recorded: in every stripe directory of this model (`members`, the new ones;
+// `earlier`, those of the old layout), each expert file that is not the file's new place goes, then the directories
+// no longer named once emptied. `place`: the member (1-based; 0 the model directory) each file now lives in.
+// Returns how many files went.
+std::size_t remove_stale_copies(const fs::path& model_dir, const std::vector<fs::path>& members,
+                                const std::set<fs::path>& earlier, const std::map<std::string, std::size_t>& place) {
+  std::vector<std::pair<fs::path, std::size_t>> dirs;  // (directory, member number; 0: no longer named)
+  for (std::size_t k = 0; k < members.size(); ++k) dirs.emplace_back(members[k], k + 1);
+  std::set<fs::path> gone;
+  for (const auto& e : earlier) {
+    std::error_code ec;
+    const fs::path d = fs::weakly_canonical(e, ec);
+    if (ec || !fs::is_directory(d, ec) || gone.count(d) > 0) continue;
+    if (model::path_within(d, model_dir) || model::path_within(model_dir, d)) continue;
+    bool named = false;
+    for (const auto& m : members) named = named || fs::equivalent(d, m, ec);
+    if (named) continue;
+    gone.insert(d);
+    dirs.emplace_back(d, 0);
+  }
+  std::size_t removed = 0;
+  for (const auto& [d, k] : dirs) {
+    if (fs::path(model::stripe_owner(d)) != model_dir) continue;  // another model's, or the user's
+    for (const auto& [rel, at] : place) {
+      const fs::path p = d / rel;
+      std::error_code ec;
+      fs::remove(p.string() + ".partial", ec);  // what a crashed copy left
+      if ((k != 0 && at == k) || !fs::exists(fs::symlink_status(p, ec))) continue;
+      if (fs::equivalent(p, model_dir / rel, ec)) continue;  // the bytes the model reads, however reached
+      if (fs::remove(p, ec)) {
+        ++removed;
+      } else if (ec) {
+        std::cerr << "warning: cannot remove " << p.string() << ", an old copy of " << rel << ": " << ec.message()
+                  << "; delete it yourself\n";
+      }
+    }
+  }
+  for (const auto& d : gone) model::remove_emptied_stripe_dir(d, model_dir);
+  return removed;
 }
 
 // Replaces `path` by a symlink to `target` in one rename: the path always names a complete file.
@@ -198,10 +249,10 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     const fs::path d = fs::canonical(item, ec);
     if (ec) return fail("--to: cannot resolve " + item + ": " + ec.message());
     if (d == dir) return fail("--to: " + item + " is the model directory itself; name other directories");
-    if (is_under(d, dir)) {
+    if (model::path_within(d, dir)) {
       return fail("--to: " + item + " is inside the model directory; name directories on other disks");
     }
-    if (is_under(dir, d)) {
+    if (model::path_within(dir, d)) {
       return fail("--to: " + item + " contains the model directory; name directories on other disks");
     }
     const fs::path member = d / dir.filename();
@@ -216,11 +267,15 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   }
   std::set<std::string> expert_files;
   for (const auto& e : m->experts) expert_files.insert(e.file);
+  std::set<fs::path> earlier;  // stripe directories of the old layout, cleaned up once the new one is recorded
+  for (const auto& e : earlier_members(dir)) earlier.insert(e);
+  std::map<std::string, std::size_t> place;
   std::vector<std::size_t> placed(members.size() + 1, 0);
   std::size_t i = 0, old_copies = 0;
   for (const auto& rel : expert_files) {
     const std::size_t member = i++ % (members.size() + 1);
     ++placed[member];
+    place[rel] = member;
     const auto* fe = m->file(rel);
     if (fe == nullptr) return fail("manifest.json lists expert file " + rel + " without a files entry; re-run convert");
     const fs::path src = dir / rel;
@@ -241,8 +296,10 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
       if (auto err = copy_checked(src, src, *fe); !err.empty()) return fail(err);
     }
     if (was_link && real_file(src) != old_real && (dst.empty() || real_file(dst) != old_real)) {
-      remove_old_copy(old_real, rel, dir);
-      ++old_copies;
+      if (auto root = remove_old_copy(old_real, rel, dir); !root.empty()) {
+        earlier.insert(root);
+        ++old_copies;
+      }
     }
   }
   // The placement, as a profile the stripe plugin reads.
@@ -259,6 +316,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
       !s) {
     return fail(s.message());
   }
+  old_copies += remove_stale_copies(dir, members, earlier, place);
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
             << " stay in " << dir.string();
   for (std::size_t k = 0; k < members.size(); ++k) {

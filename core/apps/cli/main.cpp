@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "colibri/model/paths.hpp"
 #include "colibri/util/log.hpp"
 #include "command.hpp"
 #include "interrupt.hpp"
@@ -30,8 +31,7 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
   if (output.empty() || input.empty()) return {};
   const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
   const bool same = fs::exists(output, ec) && fs::equivalent(output, input, ec);
-  const auto [i, o] = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
-  const bool inside = fs::is_directory(input, ec) && i == in.end();
+  const bool inside = fs::is_directory(input, ec) && model::path_within(out, in);
   if (!same && !inside) return {};
   return out_flag + " " + output + (same ? " is " : " lies inside ") + in_flag + " " + input +
          "; writing it would destroy that input: name another file";

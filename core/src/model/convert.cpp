@@ -23,6 +23,7 @@
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/gguf_tokenizer.hpp"
 #include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
 #include "colibri/model/safetensors.hpp"
 #include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
@@ -642,32 +643,22 @@ Status check_only_model_files(const fs::path& output) {
 // other directory a link may point to are the user's and stay.
 void remove_old_model(const fs::path& old_dir, const fs::path& model_path) {
   std::error_code ec;
+  const fs::path model = fs::weakly_canonical(model_path, ec);
   std::set<fs::path> members;
   for (auto it = fs::recursive_directory_iterator(old_dir / "experts", ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_symlink(ec)) continue;
-    const fs::path target = fs::weakly_canonical(it->path(), ec);
-    if (ec) continue;
+    std::error_code link_ec;
+    if (!it->is_symlink(link_ec)) continue;
+    const fs::path target = fs::weakly_canonical(it->path(), link_ec);
+    if (link_ec) continue;
     // <member>/experts/L007/E003.bin: the member directory is three levels up.
     const fs::path member = target.parent_path().parent_path().parent_path();
-    std::ifstream marker(member / ".colibri-stripe");
-    std::string owner;
-    if (!std::getline(marker, owner) || fs::path(owner) != fs::weakly_canonical(model_path, ec)) continue;
-    fs::remove(target, ec);
+    if (fs::path(stripe_owner(member)) != model) continue;
+    fs::remove(target, link_ec);
     members.insert(member);
   }
   fs::remove_all(old_dir, ec);
-  for (const auto& m : members) {  // emptied stripe directories of this model go too
-    std::vector<fs::path> layers;
-    for (auto it = fs::directory_iterator(m / "experts", ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      layers.push_back(it->path());
-    }
-    for (const auto& l : layers) fs::remove(l, ec);  // only when empty
-    fs::remove(m / "experts", ec);
-    std::size_t left = 0;
-    for (auto it = fs::directory_iterator(m, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) ++left;
-    if (!ec && left == 1 && fs::remove(m / ".colibri-stripe", ec)) fs::remove(m, ec);
-  }
+  for (const auto& m : members) remove_emptied_stripe_dir(m, model);
 }
 
 Status check_replaceable(const fs::path& output) {
@@ -685,16 +676,6 @@ Status check_replaceable(const fs::path& output) {
                     " exists and is not a colibri model (it has no manifest.json); --force only replaces an earlier "
                     "colibri model. Choose another output path, or move " +
                     output.string() + " away yourself");
-}
-
-// True when `inner` is `outer` or lies inside it (both absolute and normalized).
-bool path_within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
-    if (o->empty()) continue;  // a trailing separator
-    if (i == inner.end() || *i != *o) return false;
-  }
-  return true;
 }
 
 // Symlinks resolved so that two spellings of one directory compare equal.

@@ -1,6 +1,8 @@
 #include "colibri/model/paths.hpp"
 
 #include <cstdlib>
+#include <fstream>
+#include <vector>
 
 namespace colibri::model {
 
@@ -38,6 +40,50 @@ sdk::Expected<fs::path> resolve_model_path(const std::string& name_or_path, cons
                                              ")");
   }
   return Status(StatusCode::not_found, "model directory " + as_path.string() + " does not exist");
+}
+
+bool path_within(const fs::path& path, const fs::path& dir) {
+  const fs::path p = path.lexically_normal(), d = dir.lexically_normal();
+  if (p.is_absolute() != d.is_absolute()) return false;  // no common ground without the working directory
+  // "." (what "a/.." becomes) has no components to match; empty ones are trailing separators.
+  auto skip = [](const fs::path& c) { return c.empty() || c == "."; };
+  auto pi = p.begin();
+  while (pi != p.end() && skip(*pi)) ++pi;
+  for (const auto& c : d) {
+    if (skip(c)) continue;
+    if (pi == p.end() || *pi != c) return false;
+    ++pi;
+    while (pi != p.end() && skip(*pi)) ++pi;
+  }
+  // A ".." left over climbs out of `dir` ("../.." is not inside ".."); normalized, ".." only leads a path.
+  return pi == p.end() || *pi != "..";
+}
+
+std::string stripe_owner(const fs::path& stripe_dir) {
+  std::ifstream in(stripe_dir / kStripeMarker);
+  std::string owner;
+  if (!std::getline(in, owner)) return {};
+  return owner;
+}
+
+bool remove_emptied_stripe_dir(const fs::path& stripe_dir, const fs::path& model_dir) {
+  const std::string owner = stripe_owner(stripe_dir);
+  if (owner.empty() || fs::path(owner) != model_dir) return false;
+  std::error_code ec;
+  std::vector<fs::path> dirs;  // parents before children: removed in reverse, experts/L007 before experts
+  for (auto it = fs::recursive_directory_iterator(stripe_dir / "experts", ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code st;
+    if (it->is_directory(st) && !it->is_symlink(st)) dirs.push_back(it->path());
+  }
+  for (auto d = dirs.rbegin(); d != dirs.rend(); ++d) fs::remove(*d, ec);  // fails, harmlessly, unless empty
+  fs::remove(stripe_dir / "experts", ec);
+  std::size_t left = 0;
+  for (auto it = fs::directory_iterator(stripe_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    ++left;
+  }
+  if (ec || left != 1 || !fs::remove(stripe_dir / kStripeMarker, ec)) return false;
+  return fs::remove(stripe_dir, ec);
 }
 
 }  // namespace colibri::model

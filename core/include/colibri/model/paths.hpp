@@ -1,8 +1,10 @@
-// Where models live: `--model` takes a model directory or a name under the models directory.
+// Where models live: `--model` takes a model directory or a name under the models directory. Also the paths a model
+// owns elsewhere: its directories on other disks, made by `colibri-cli model stripe`.
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "colibri/sdk/status.hpp"
 
@@ -16,5 +18,23 @@ std::filesystem::path default_models_dir();
 // names both places looked at.
 sdk::Expected<std::filesystem::path> resolve_model_path(const std::string& name_or_path,
                                                         const std::filesystem::path& models_dir = {});
+
+// Whether `path` is `dir` itself or lies inside it (equality counts: callers that refuse it check it first).
+// Compared component by component after lexical normalization, without touching the file system (resolve symlinks
+// first where they matter): "a/bc" is not inside "a/b", "a/b/../c" is not, "../x" is not inside ".", and a
+// trailing separator on either side is ignored.
+bool path_within(const std::filesystem::path& path, const std::filesystem::path& dir);
+
+// `model stripe` gives a model a directory of its own on each other disk, <DIR>/<model name>; this file in it names
+// (first line) the model directory that owns it, so nothing of another model is ever removed or written over.
+inline constexpr std::string_view kStripeMarker = ".colibri-stripe";
+
+// The model directory a stripe directory's marker names; empty when it has no readable marker.
+std::string stripe_owner(const std::filesystem::path& stripe_dir);
+
+// Removes a stripe directory of `model_dir` (canonical) once its expert files are gone: the empty directories under
+// experts/, then the marker and the directory itself when the marker is all that is left. A directory whose marker
+// names another model (or none) is left alone, as is anything else found in it. Returns whether it is gone.
+bool remove_emptied_stripe_dir(const std::filesystem::path& stripe_dir, const std::filesystem::path& model_dir);
 
 }  // namespace colibri::model

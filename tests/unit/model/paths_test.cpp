@@ -1,0 +1,90 @@
+#include "colibri/model/paths.hpp"
+
+#include <gtest/gtest.h>
+
+#include "test_files.hpp"
+
+namespace colibri::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(PathWithin, ComparesWholeComponentsNotPrefixes) {
+  EXPECT_TRUE(path_within("/a/b/c", "/a/b"));
+  EXPECT_TRUE(path_within("a/b/c/d", "a/b"));
+  EXPECT_FALSE(path_within("a/bc", "a/b"));  // a string prefix, not a directory inside
+  EXPECT_FALSE(path_within("/a/bc/d", "/a/b"));
+  EXPECT_FALSE(path_within("a/b", "a/bc"));
+  EXPECT_FALSE(path_within("a", "a/b"));     // the parent is not inside the child
+  EXPECT_FALSE(path_within("/a/b", "a/b"));  // absolute against relative
+  EXPECT_FALSE(path_within("a/b", "/a/b"));
+}
+
+TEST(PathWithin, EqualityCounts) {
+  EXPECT_TRUE(path_within("a/b", "a/b"));
+  EXPECT_TRUE(path_within("/", "/"));
+  EXPECT_TRUE(path_within("/x", "/"));
+  EXPECT_TRUE(path_within(".", "."));
+  EXPECT_TRUE(path_within("a/b/c/..", "a/b"));  // normalized: a/b itself
+}
+
+TEST(PathWithin, TrailingSeparatorsAreIgnored) {
+  EXPECT_TRUE(path_within("a/b/", "a/b"));
+  EXPECT_TRUE(path_within("a/b", "a/b/"));
+  EXPECT_TRUE(path_within("/a/b/c/", "/a/b/"));
+  EXPECT_FALSE(path_within("a/bc/", "a/b/"));
+}
+
+TEST(PathWithin, DotDotIsResolvedLexically) {
+  EXPECT_FALSE(path_within("a/b/../c", "a/b"));   // a/c
+  EXPECT_TRUE(path_within("a/c/../b/x", "a/b"));  // a/b/x
+  EXPECT_FALSE(path_within("/a/b/../../etc", "/a"));
+  EXPECT_TRUE(path_within("x", "."));
+  EXPECT_TRUE(path_within("./x", "a/.."));  // both name the working directory's x and .
+  EXPECT_FALSE(path_within("../x", "."));
+  EXPECT_TRUE(path_within("../x", ".."));
+  EXPECT_FALSE(path_within("../../x", ".."));  // climbs out of ..
+  EXPECT_FALSE(path_within("..", "."));
+}
+
+// <disk>/<model name> as `model stripe` leaves it: the marker, experts/L000 with one file of the model.
+fs::path stripe_dir(const std::string& name, const std::string& owner) {
+  const fs::path d = testing::temp_dir(name) / "tiny";
+  testing::write_file(d / kStripeMarker, owner + "\n");
+  testing::write_file(d / "experts" / "L000" / "E000.bin", "x");
+  return d;
+}
+
+TEST(StripeDir, RemovedOnlyOnceEmptiedAndOnlyForItsOwner) {
+  const fs::path model = "/models/tiny";
+  const fs::path d = stripe_dir("emptied", model.string());
+  EXPECT_EQ(stripe_owner(d), model.string());
+  EXPECT_FALSE(remove_emptied_stripe_dir(d, model));  // still holds an expert file
+  EXPECT_TRUE(fs::exists(d / "experts" / "L000" / "E000.bin"));
+  fs::remove(d / "experts" / "L000" / "E000.bin");
+  EXPECT_FALSE(remove_emptied_stripe_dir(d, "/models/tiny2"));  // not that model's
+  EXPECT_TRUE(fs::exists(d / kStripeMarker));
+  EXPECT_TRUE(remove_emptied_stripe_dir(d, model));
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_TRUE(fs::exists(d.parent_path()));  // the disk's own directory stays
+}
+
+TEST(StripeDir, FilesOfOthersKeepIt) {
+  const fs::path model = "/models/tiny";
+  const fs::path d = stripe_dir("foreign", model.string());
+  fs::remove(d / "experts" / "L000" / "E000.bin");
+  testing::write_file(d / "notes.txt", "the user's");
+  EXPECT_FALSE(remove_emptied_stripe_dir(d, model));
+  EXPECT_TRUE(fs::exists(d / "notes.txt"));
+  EXPECT_TRUE(fs::exists(d / kStripeMarker));
+  EXPECT_FALSE(fs::exists(d / "experts"));  // its own emptied layout went
+
+  const fs::path unmarked = testing::temp_dir("unmarked") / "tiny";
+  fs::create_directories(unmarked / "experts");
+  EXPECT_EQ(stripe_owner(unmarked), "");
+  EXPECT_FALSE(remove_emptied_stripe_dir(unmarked, model));
+  EXPECT_TRUE(fs::exists(unmarked / "experts"));
+}
+
+}  // namespace
+}  // namespace colibri::model
