@@ -99,9 +99,10 @@ class ScalarCompute final : public ComputeBase {
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
       case Op::store_rows:  // optional (the engine then encodes KV rows on the host); buffers here are host memory
-      case Op::expert_ffn_group:    // optional (the engine then calls expert_ffn per expert)
-      case Op::attention_sinks:     // optional: gpt-oss models then refuse this backend at load, by op name
-      case Op::expert_ffn_clamped:  // (likewise)
+      case Op::expert_ffn_group:          // optional (the engine then calls expert_ffn per expert)
+      case Op::attention_sinks:           // optional: gpt-oss models then refuse this backend at load, by op name
+      case Op::expert_ffn_clamped:        // (likewise)
+      case Op::expert_ffn_clamped_group:  // optional (the engine then calls expert_ffn_clamped per expert)
       case Op::count_: return false;
       default: return weight_type == DType::f32;
     }

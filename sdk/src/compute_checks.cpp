@@ -28,9 +28,10 @@ class Checker {
       case Op::topk_routing: return topk();
       case Op::embedding: return embedding();
       case Op::store_rows: return store_rows();
-      case Op::expert_ffn_group: return expert_ffn_group();
+      case Op::expert_ffn_group: return expert_group(4);
       case Op::attention_sinks: return attention();
       case Op::expert_ffn_clamped: return expert_ffn_clamped();
+      case Op::expert_ffn_clamped_group: return expert_group(7);
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -88,26 +89,35 @@ class Checker {
 
   Status expert_ffn() const {
     if (!counts(4, 1)) return count_error(4, 1);
-    return expert(0, "");
+    return expert(0, 4, "");
   }
 
   // expert_ffn's four inputs, then b_gate {F}, b_up {F}, b_down {D} (f32); alpha = params.scale, limit = params.eps.
   Status expert_ffn_clamped() const {
     if (!counts(7, 1)) return count_error(7, 1);
-    if (Status s = expert(0, ""); !s) return s;
-    const std::int64_t d = c_.inputs[0].ne[0], f = row_count(c_.inputs[0]);
-    const struct {
-      const char* what;
-      std::int64_t n;
-    } biases[] = {{"b_gate", f}, {"b_up", f}, {"b_down", d}};
-    for (std::size_t i = 0; i < 3; ++i) {
-      const Tensor& b = c_.inputs[4 + i];
-      if (Status s = need(b, DType::f32, biases[i].what); !s) return s;
-      if (element_count(b) != biases[i].n || b.ne[0] != biases[i].n) {
-        return bad(std::string(biases[i].what) + " " + shape_text(b) + " must have " + (i < 2 ? "F" : "D") + " = " +
-                   std::to_string(biases[i].n) + " elements");
-      }
+    if (Status s = expert(0, 7, ""); !s) return s;
+    return clamp_params();
+  }
+
+  // expert_ffn_group (4 inputs per expert) and expert_ffn_clamped_group (7: expert_ffn_clamped's).
+  Status expert_group(std::size_t stride) const {
+    const std::size_t n = c_.inputs.size();
+    if (n == 0 || n % stride != 0 || c_.outputs.size() != n / stride) {
+      return bad("takes " + std::to_string(stride) +
+                 (stride == 4 ? " inputs (W_gate, W_up, W_down, X)"
+                              : " inputs (W_gate, W_up, W_down, X, b_gate, "
+                                "b_up, b_down)") +
+                 " and 1 output per expert; got " + std::to_string(n) + " inputs and " +
+                 std::to_string(c_.outputs.size()) + " outputs");
     }
+    for (std::size_t e = 0; e < n / stride; ++e) {
+      if (Status s = expert(e, stride, "expert " + std::to_string(e) + ": "); !s) return s;
+    }
+    return stride == 7 ? clamp_params() : Status{};
+  }
+
+  // The clamped experts' alpha = params.scale and limit = params.eps.
+  Status clamp_params() const {
     const OpParams& p = c_.params;
     if (!(p.eps > 0.0f) || !std::isfinite(p.eps)) {
       return bad("params.eps (the clamp limit) must be positive and finite, got " + std::to_string(p.eps));
@@ -116,22 +126,12 @@ class Checker {
     return {};
   }
 
-  Status expert_ffn_group() const {
-    const std::size_t n = c_.inputs.size();
-    if (n == 0 || n % 4 != 0 || c_.outputs.size() != n / 4) {
-      return bad("takes 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert; got " + std::to_string(n) +
-                 " inputs and " + std::to_string(c_.outputs.size()) + " outputs");
-    }
-    for (std::size_t e = 0; e < n / 4; ++e) {
-      if (Status s = expert(e, "expert " + std::to_string(e) + ": "); !s) return s;
-    }
-    return {};
-  }
-
-  // Expert e of an expert_ffn (e = 0) or expert_ffn_group call: inputs 4e..4e+3, output e.
-  Status expert(std::size_t e, const std::string& who) const {
-    const Tensor &wg = c_.inputs[4 * e], &wu = c_.inputs[4 * e + 1], &wd = c_.inputs[4 * e + 2],
-                 &x = c_.inputs[4 * e + 3], &y = c_.outputs[e];
+  // Expert e of an expert op whose experts take `stride` inputs each (4, or 7 with the biases): inputs
+  // stride * e.., output e.
+  Status expert(std::size_t e, std::size_t stride, const std::string& who) const {
+    const std::size_t i = stride * e;
+    const Tensor &wg = c_.inputs[i], &wu = c_.inputs[i + 1], &wd = c_.inputs[i + 2], &x = c_.inputs[i + 3],
+                 &y = c_.outputs[e];
     for (const Tensor* w : {&wg, &wu, &wd}) {
       if (!is_weight_type(w->type) && !is_optional_weight_type(w->type)) {
         return unsupported_weight(*w, (who + "weight").c_str());
@@ -148,6 +148,20 @@ class Checker {
     if (x.ne[0] != d) return bad(who + "X " + shape_text(x) + " must have ne[0] = " + std::to_string(d));
     if (y.ne[0] != d || row_count(y) != t) return bad(who + "Y " + shape_text(y) + " must match X");
     if (f * t > kMaxInt) return bad(who + "F x T exceeds 2^31; split the call");
+    if (stride == 7) {
+      const struct {
+        const char* what;
+        std::int64_t n;
+      } biases[] = {{"b_gate", f}, {"b_up", f}, {"b_down", d}};
+      for (std::size_t b = 0; b < 3; ++b) {
+        const Tensor& bt = c_.inputs[i + 4 + b];
+        if (Status s = need(bt, DType::f32, (who + biases[b].what).c_str()); !s) return s;
+        if (element_count(bt) != biases[b].n || bt.ne[0] != biases[b].n) {
+          return bad(who + biases[b].what + " " + shape_text(bt) + " must have " + (b < 2 ? "F" : "D") + " = " +
+                     std::to_string(biases[b].n) + " elements");
+        }
+      }
+    }
     return {};
   }
 
@@ -349,7 +363,8 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     // Optional: a backend claims these itself once it runs them.
     case Op::expert_ffn_group:
     case Op::attention_sinks:
-    case Op::expert_ffn_clamped: return false;
+    case Op::expert_ffn_clamped:
+    case Op::expert_ffn_clamped_group: return false;
     default: return false;
   }
 }

@@ -11,6 +11,8 @@
 #include <benchmark/benchmark.h>
 
 #if __has_include("colibri/sdk/testing/plugin_loader.hpp") && defined(CPU_PLUGIN_PATH)
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -172,6 +174,90 @@ void qwen3_experts(benchmark::State& state, int experts, std::int64_t tokens, bo
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * experts * static_cast<std::int64_t>(bytes));
 }
 
+// A gpt-oss layer's routed experts (hidden 2880, experts of 2880, MXFP4 as OpenAI ships them, biases, clamped SwiGLU):
+// `experts` of them over `tokens` tokens each. With one token they read one X, as the engine passes a decode step's h
+// to every routed expert; otherwise each its own rows. Every iteration runs both forms on distinct experts cycled
+// from DRAM as above, one expert_ffn_clamped call per expert and one expert_ffn_clamped_group call for all, in
+// alternating order, so both see the same machine (two rows' figures drift apart on a busy one). Counters: the mean
+// time of each form and `speedup`, the median over iterations of one_by_one / group.
+void gpt_oss_experts(benchmark::State& state, int experts, std::int64_t tokens) {
+  auto c = compute("auto", 2);
+  if (!c || !c->supports(Op::expert_ffn_clamped_group, DType::mxfp4)) {
+    state.SkipWithError("no expert_ffn_clamped_group for mxfp4 in this cpu plugin");
+    return;
+  }
+  constexpr std::int64_t kD = 2880, kF = 2880;
+  const Matrix& w = matrix(DType::mxfp4, {"", kD, kF});  // gate, up and down have the same shape
+  const std::size_t copies = w.copies.size();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<std::vector<float>> x, y;
+  for (int e = 0; e < (tokens == 1 ? 1 : experts); ++e) {
+    x.emplace_back(static_cast<std::size_t>(kD * tokens));
+    for (auto& v : x.back()) v = dist(rng);
+  }
+  for (int e = 0; e < experts; ++e) y.emplace_back(static_cast<std::size_t>(kD * tokens));
+  std::vector<float> b_f(static_cast<std::size_t>(kF)), b_d(static_cast<std::size_t>(kD));
+  for (auto& v : b_f) v = dist(rng);
+  for (auto& v : b_d) v = dist(rng);
+  OpParams p;
+  p.scale = 1.702f;  // gpt-oss's alpha and limit
+  p.eps = 7.0f;
+  std::vector<Tensor> in, out;
+  std::size_t next = 0;
+  // Seconds of one form on the next experts.
+  const auto timed = [&](bool group) -> Expected<double> {
+    in.clear();
+    out.clear();
+    for (int e = 0; e < experts; ++e) {
+      const auto weight = [&](std::size_t i) { return const_cast<std::byte*>(w.copies[(next + i) % copies].data()); };
+      float* xe = x[tokens == 1 ? 0 : static_cast<std::size_t>(e)].data();
+      in.insert(in.end(),
+                {Tensor{DType::mxfp4, {kD, kF, 1, 1}, weight(0)}, Tensor{DType::mxfp4, {kD, kF, 1, 1}, weight(1)},
+                 Tensor{DType::mxfp4, {kF, kD, 1, 1}, weight(2)}, Tensor{DType::f32, {kD, tokens, 1, 1}, xe},
+                 Tensor{DType::f32, {kF, 1, 1, 1}, b_f.data()}, Tensor{DType::f32, {kF, 1, 1, 1}, b_f.data()},
+                 Tensor{DType::f32, {kD, 1, 1, 1}, b_d.data()}});
+      out.push_back(Tensor{DType::f32, {kD, tokens, 1, 1}, y[static_cast<std::size_t>(e)].data()});
+      next = (next + 3) % copies;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    Status s;
+    if (group) {
+      s = c->run(OpCall{Op::expert_ffn_clamped_group, in, out, p});
+    } else {
+      for (int e = 0; s && e < experts; ++e) {
+        s = c->run(OpCall{Op::expert_ffn_clamped,
+                          std::span<const Tensor>(in).subspan(static_cast<std::size_t>(7 * e), 7),
+                          std::span<Tensor>(out).subspan(static_cast<std::size_t>(e), 1), p});
+      }
+    }
+    if (!s) return s;
+    benchmark::DoNotOptimize(y.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  double one_total = 0.0, group_total = 0.0;
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    const bool group_first = ratios.size() % 2 == 1;
+    auto a = timed(group_first), b = timed(!group_first);
+    if (!a || !b) {
+      state.SkipWithError((a ? b : a).error().to_string().c_str());
+      return;
+    }
+    const double one = group_first ? *b : *a, group = group_first ? *a : *b;
+    one_total += one;
+    group_total += group;
+    ratios.push_back(one / group);
+  }
+  std::nth_element(ratios.begin(), ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2), ratios.end());
+  const auto n = static_cast<double>(state.iterations());
+  state.counters["one_by_one_us"] = 1e6 * one_total / n;
+  state.counters["group_us"] = 1e6 * group_total / n;
+  state.counters["speedup"] = ratios[ratios.size() / 2];
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 2 * experts * 3 *
+                          static_cast<std::int64_t>(w.bytes));
+}
+
 const int kRegistered = [] {
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k,
                          DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::mxfp4};
@@ -224,6 +310,15 @@ const int kRegistered = [] {
             ->UseRealTime();
       }
     }
+  }
+  // gpt-oss: a decode step's 4 routed experts (top-4), and a 64-token prefill chunk's share of gpt-oss-20b's 32
+  // experts (8 tokens each).
+  for (const auto& [label, experts, tokens] :
+       {std::tuple{"decode4", 4, std::int64_t{1}}, std::tuple{"prefill32x8", 32, std::int64_t{8}}}) {
+    benchmark::RegisterBenchmark((std::string("gpt_oss_experts/") + label + "/side_by_side").c_str(), gpt_oss_experts,
+                                 experts, tokens)
+        ->Unit(benchmark::kMicrosecond)
+        ->UseRealTime();
   }
   return 0;
 }();

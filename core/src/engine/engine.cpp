@@ -76,6 +76,20 @@ sdk::Expected<std::string> profile_choice(const profile::Profile& profile, const
       key + " '" + value + "' (" + (entry != nullptr ? entry->origin.describe() : "") + ") is not one of " + list);
 }
 
+// The op that runs several experts of `single` (expert_ffn or expert_ffn_clamped) in one call.
+Op group_op(Op single) {
+  return single == Op::expert_ffn_clamped ? Op::expert_ffn_clamped_group : Op::expert_ffn_group;
+}
+
+// An expert op's params: the clamped ops take gpt-oss's alpha and limit from the hyper-parameters.
+sdk::OpParams expert_params(const model::HyperParams& hp, sdk::OpParams params) {
+  if (hp.expert_bias()) {
+    params.scale = static_cast<float>(hp.swiglu_alpha);
+    params.eps = static_cast<float>(hp.swiglu_limit);
+  }
+  return params;
+}
+
 // The first gate/up/down tensor of any expert that `compute` cannot run, or null.
 const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute,
                                                   Op op = Op::expert_ffn) {
@@ -115,7 +129,7 @@ struct Engine::Scratch {
   std::vector<float> pred_router, pred_weights;  // prefetch predictions (never the routing itself)
   std::vector<std::int32_t> pred_ids;
   std::map<std::int32_t, std::vector<float>> expert_out;  // routed experts' outputs until they are summed in order
-  std::vector<Tensor> group_x, group_y, group_inputs;     // one expert_ffn_group call's tensors
+  std::vector<Tensor> group_x, group_y, group_inputs;     // one expert_ffn(_clamped)_group call's tensors
 };
 
 Engine::Engine() = default;
@@ -395,9 +409,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                std::string(sdk::to_string(options_.kv_type)) +
                                                " KV cache; use compute.backend: cpu");
   }
-  // The group op has no biased form: gpt-oss experts run one call each.
-  group_experts_ =
-      !hp_.expert_bias() && unsupported_expert_part(manifest_, *plugins_.compute, Op::expert_ffn_group) == nullptr;
+  // A layer's ready experts go in one call where the backend offers the group form of their op (gpt-oss's biased
+  // experts: expert_ffn_clamped_group) for every expert weight type.
+  group_experts_ = unsupported_expert_part(manifest_, *plugins_.compute, group_op(expert_op())) == nullptr;
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
@@ -516,16 +530,17 @@ Status Engine::run_experts(std::int64_t l, std::span<const std::int32_t> experts
       break;
     }
     in.insert(in.end(), {w->gate, w->up, w->down, xs[acquired]});
+    if (hp_.expert_bias()) in.insert(in.end(), {w->gate_bias, w->up_bias, w->down_bias});
     ++acquired;
   }
   if (s) {
     sdk::OpCall call;
-    call.op = Op::expert_ffn_group;
+    call.op = group_op(expert_op());
     call.inputs = in;
     call.outputs = ys;
-    call.params = params;
+    call.params = expert_params(hp_, params);
     s = plugins_.compute->run(call);
-    if (!s) s = s.with_context("compute backend " + plugins_.compute_name + ", expert_ffn_group");
+    if (!s) s = s.with_context("compute backend " + plugins_.compute_name + ", " + sdk::op_name(call.op));
   }
   for (std::size_t i = 0; i < acquired; ++i) experts_->release(l, experts[i]);
   if (acquired == experts.size() && s.code() == StatusCode::unsupported) {
@@ -723,10 +738,8 @@ Op Engine::expert_op() const {
 Status Engine::run_expert_op(sdk::Compute& compute, const std::string& name, const ExpertWeights& w, const Tensor& x,
                              const Tensor& y, sdk::OpParams params) {
   if (!hp_.expert_bias()) return run_op_on(compute, name, Op::expert_ffn, {w.gate, w.up, w.down, x}, {y}, params);
-  params.scale = static_cast<float>(hp_.swiglu_alpha);
-  params.eps = static_cast<float>(hp_.swiglu_limit);
   return run_op_on(compute, name, Op::expert_ffn_clamped,
-                   {w.gate, w.up, w.down, x, w.gate_bias, w.up_bias, w.down_bias}, {y}, params);
+                   {w.gate, w.up, w.down, x, w.gate_bias, w.up_bias, w.down_bias}, {y}, expert_params(hp_, params));
 }
 
 Status Engine::router_logits(const Layer& L, const Tensor& h, const Tensor& logits) {
@@ -1128,7 +1141,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     std::map<std::int32_t, std::size_t> slot;
     for (const auto& g : groups) slot.emplace(g.first, slot.size());
     for (std::size_t i = 0; i < order.size();) {
-      // The experts ready to run on the backend go in one call where it offers expert_ffn_group.
+      // The experts ready to run on the backend go in one call where it offers the group op.
       const std::size_t n = std::max<std::size_t>(1, groupable(l, order, i, on_cpu));
       auto& xs = S.group_x;
       auto& ys = S.group_y;
@@ -1169,7 +1182,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     const float* h_ptr = *hp;
     for (std::size_t i = 0; i < order.size();) {
       // Each expert's rows gathered one after another; the experts ready on the backend go in one call where it
-      // offers expert_ffn_group.
+      // offers the group op.
       const std::size_t count = std::max<std::size_t>(1, groupable(l, order, i, on_cpu));
       const auto batch = std::span(order).subspan(i, count);
       std::size_t rows = 0;

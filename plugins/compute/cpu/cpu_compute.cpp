@@ -232,7 +232,8 @@ class CpuCompute final : public ComputeBase {
       case Op::matmul:
       case Op::expert_ffn:
       case Op::expert_ffn_group:
-      case Op::expert_ffn_clamped: return matmul_weight(weight_type);
+      case Op::expert_ffn_clamped:
+      case Op::expert_ffn_clamped_group: return matmul_weight(weight_type);
       case Op::attention_sinks: return is_kv_type(weight_type);
       default: return supports_every_op(op, weight_type);
     }
@@ -258,7 +259,8 @@ class CpuCompute final : public ComputeBase {
       case Op::matmul: return op_matmul(c);
       case Op::expert_ffn:
       case Op::expert_ffn_group:
-      case Op::expert_ffn_clamped: return op_expert_ffn(c);
+      case Op::expert_ffn_clamped:
+      case Op::expert_ffn_clamped_group: return op_expert_ffn(c);
       case Op::rms_norm: return op_rms_norm(c);
       case Op::rope: return op_rope(c);
       case Op::attention:
@@ -498,24 +500,27 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- expert_ffn
 
-  // One expert of an expert_ffn or expert_ffn_group call, checked.
+  // One expert of an expert op, checked; the biases are null but for the clamped ops.
   struct ExpertCall {
     DType gtype, utype, dtype;
     const std::byte *g, *u, *d;
     const float* x;
     float* y;
     std::int64_t dm, f, t;
+    const float *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr;
   };
 
-  Status check_expert(const char* op, const OpCall& c, std::size_t e, ExpertCall& out) {
-    const std::string who = c.op == Op::expert_ffn_group ? "expert " + std::to_string(e) + ": " : "";
+  // Expert e of a call whose experts take `stride` inputs each (4, or 7 with the biases).
+  Status check_expert(const char* op, const OpCall& c, std::size_t e, std::size_t stride, ExpertCall& out) {
+    const bool group = c.op == Op::expert_ffn_group || c.op == Op::expert_ffn_clamped_group;
+    const std::string who = group ? "expert " + std::to_string(e) + ": " : "";
     const auto role = [&](const char* name, std::size_t index, bool input) {
       return who + name + (input ? " (inputs[" : " (outputs[") + std::to_string(index) + "])";
     };
-    const Tensor &G = c.inputs[4 * e], &U = c.inputs[4 * e + 1], &D = c.inputs[4 * e + 2], &X = c.inputs[4 * e + 3],
-                 &Y = c.outputs[e];
-    const std::string rg = role("W_gate", 4 * e, true), ru = role("W_up", 4 * e + 1, true),
-                      rd = role("W_down", 4 * e + 2, true), rx = role("X", 4 * e + 3, true), ry = role("Y", e, false);
+    const std::size_t i = stride * e;
+    const Tensor &G = c.inputs[i], &U = c.inputs[i + 1], &D = c.inputs[i + 2], &X = c.inputs[i + 3], &Y = c.outputs[e];
+    const std::string rg = role("W_gate", i, true), ru = role("W_up", i + 1, true), rd = role("W_down", i + 2, true),
+                      rx = role("X", i + 3, true), ry = role("Y", e, false);
     COLIBRI_TRY(check_weight(op, rg.c_str(), G));
     COLIBRI_TRY(check_weight(op, ru.c_str(), U));
     COLIBRI_TRY(check_weight(op, rd.c_str(), D));
@@ -536,28 +541,32 @@ class CpuCompute final : public ComputeBase {
     if (Y.ne[0] != dm || sdk::row_count(Y) != t)
       return bad(op, who + "Y " + shape(Y) + " must be {" + std::to_string(dm) + ", " + std::to_string(t) + "}");
     out = {G.type, U.type, D.type, g, u, d, reinterpret_cast<const float*>(x), reinterpret_cast<float*>(y), dm, f, t};
+    if (stride == 7) COLIBRI_TRY(check_biases(op, c, i, who, out));
     return {};
   }
 
-  // expert_ffn is a group of one. Every expert's gate and up projections go through one pool run, its swiglu
-  // through another, the down projections through a third; each row of each matrix is computed as it would be
-  // alone, so grouping changes no bit. expert_ffn_clamped is one expert whose three products add their biases as
-  // matmul's does, with the clamped activation in place of swiglu.
+  // expert_ffn is a group of one, and expert_ffn_clamped a clamped group of one. Every expert's gate and up
+  // projections go through one pool run, the activation through another, the down projections through a third;
+  // each row of each matrix is computed as it would be alone, so grouping changes no bit. A clamped expert's three
+  // products add its biases as matmul's does, with the clamped activation (one alpha and limit) in place of swiglu.
   Status op_expert_ffn(const OpCall& c) {
-    const bool group = c.op == Op::expert_ffn_group, clamped = c.op == Op::expert_ffn_clamped;
-    const char* op = group ? "expert_ffn_group" : clamped ? "expert_ffn_clamped" : "expert_ffn";
+    const bool group = c.op == Op::expert_ffn_group || c.op == Op::expert_ffn_clamped_group;
+    const bool clamped = c.op == Op::expert_ffn_clamped || c.op == Op::expert_ffn_clamped_group;
+    const char* op = op_name(c.op);
+    const std::size_t stride = clamped ? 7 : 4;
     if (!group) {
-      COLIBRI_TRY(need_count(op, c, clamped ? 7 : 4, clamped ? 7 : 4, 1));
-    } else if (c.inputs.empty() || c.inputs.size() % 4 != 0 || c.outputs.size() != c.inputs.size() / 4) {
-      return bad(op, "expects 4 inputs (W_gate, W_up, W_down, X) and 1 output per expert, got " +
-                         std::to_string(c.inputs.size()) + " inputs and " + std::to_string(c.outputs.size()) +
-                         " outputs");
+      COLIBRI_TRY(need_count(op, c, stride, stride, 1));
+    } else if (c.inputs.empty() || c.inputs.size() % stride != 0 || c.outputs.size() != c.inputs.size() / stride) {
+      return bad(op, std::string("expects ") +
+                         (clamped ? "7 inputs (W_gate, W_up, W_down, X, b_gate, b_up, b_down)"
+                                  : "4 inputs (W_gate, W_up, W_down, X)") +
+                         " and 1 output per expert, got " + std::to_string(c.inputs.size()) + " inputs and " +
+                         std::to_string(c.outputs.size()) + " outputs");
     }
     std::vector<ExpertCall>& ex = experts_;
     ex.resize(c.outputs.size());
-    for (std::size_t e = 0; e < ex.size(); ++e) COLIBRI_TRY(check_expert(op, c, e, ex[e]));
-    const float *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr;
-    if (clamped) COLIBRI_TRY(check_clamped(op, c, ex[0], b_gate, b_up, b_down));
+    for (std::size_t e = 0; e < ex.size(); ++e) COLIBRI_TRY(check_expert(op, c, e, stride, ex[e]));
+    if (clamped) COLIBRI_TRY(check_clamp(op, c.params));
     const bool exact = (c.params.flags & kExactActivations) != 0;
     std::vector<std::int64_t>& at = hidden_at_;  // expert e's gate and up rows start at at[e] in their halves
     at.clear();
@@ -572,8 +581,8 @@ class CpuCompute final : public ComputeBase {
     jobs.clear();
     for (std::size_t e = 0; e < ex.size(); ++e) {
       const ExpertCall& x = ex[e];
-      jobs.push_back({x.gtype, x.g, x.f, b_gate, gate + at[e], x.dm, x.x, x.t});
-      jobs.push_back({x.utype, x.u, x.f, b_up, up + at[e], x.dm, x.x, x.t});
+      jobs.push_back({x.gtype, x.g, x.f, x.b_gate, gate + at[e], x.dm, x.x, x.t});
+      jobs.push_back({x.utype, x.u, x.f, x.b_up, up + at[e], x.dm, x.x, x.t});
     }
     matmul_jobs(jobs, exact);
     if (clamped) {
@@ -584,31 +593,35 @@ class CpuCompute final : public ComputeBase {
     jobs.clear();
     for (std::size_t e = 0; e < ex.size(); ++e) {
       const ExpertCall& x = ex[e];
-      jobs.push_back({x.dtype, x.d, x.dm, b_down, x.y, x.f, gate + at[e], x.t});
+      jobs.push_back({x.dtype, x.d, x.dm, x.b_down, x.y, x.f, gate + at[e], x.t});
     }
     matmul_jobs(jobs, exact);
     return {};
   }
 
-  // expert_ffn_clamped's inputs after expert_ffn's: b_gate {F}, b_up {F}, b_down {D}; alpha and limit.
-  Status check_clamped(const char* op, const OpCall& c, const ExpertCall& x, const float*& b_gate, const float*& b_up,
-                       const float*& b_down) {
+  // A clamped expert's inputs after expert_ffn's (from inputs[i + 4] on): b_gate {F}, b_up {F}, b_down {D}.
+  Status check_biases(const char* op, const OpCall& c, std::size_t i, const std::string& who, ExpertCall& x) {
     const struct {
-      const char* role;
+      const char* name;
       std::int64_t n;
       const float** out;
-    } biases[] = {
-        {"b_gate (inputs[4])", x.f, &b_gate}, {"b_up (inputs[5])", x.f, &b_up}, {"b_down (inputs[6])", x.dm, &b_down}};
-    for (const auto& b : biases) {
-      const Tensor& B = c.inputs[static_cast<std::size_t>(&b - biases) + 4];
+    } biases[] = {{"b_gate", x.f, &x.b_gate}, {"b_up", x.f, &x.b_up}, {"b_down", x.dm, &x.b_down}};
+    for (std::size_t b = 0; b < 3; ++b) {
+      const Tensor& B = c.inputs[i + 4 + b];
+      const std::string role = who + biases[b].name + " (inputs[" + std::to_string(i + 4 + b) + "])";
       std::byte* p;
-      COLIBRI_TRY(resolve(op, b.role, B, p));
-      COLIBRI_TRY(need_type(op, b.role, B, DType::f32));
-      if (B.ne[0] != b.n || sdk::element_count(B) != b.n)
-        return bad(op, std::string(b.role) + " " + shape(B) + " must have " + std::to_string(b.n) + " elements");
-      *b.out = reinterpret_cast<const float*>(p);
+      COLIBRI_TRY(resolve(op, role.c_str(), B, p));
+      COLIBRI_TRY(need_type(op, role.c_str(), B, DType::f32));
+      if (B.ne[0] != biases[b].n || sdk::element_count(B) != biases[b].n)
+        return bad(op, role + " " + shape(B) + " must have " + std::to_string(biases[b].n) + " elements");
+      *biases[b].out = reinterpret_cast<const float*>(p);
     }
-    const float alpha = c.params.scale, limit = c.params.eps;
+    return {};
+  }
+
+  // The clamped ops' alpha (params.scale) and limit (params.eps).
+  Status check_clamp(const char* op, const OpParams& params) {
+    const float alpha = params.scale, limit = params.eps;
     if (!(limit > 0.0f) || !std::isfinite(limit))
       return bad(op, "params.eps (the clamp limit) must be positive and finite, got " + std::to_string(limit));
     if (!std::isfinite(alpha)) return bad(op, "params.scale (alpha) must be finite, got " + std::to_string(alpha));

@@ -207,6 +207,10 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   if (call.op == Op::expert_ffn_group) {
     return Status(StatusCode::unsupported, "cuda: expert_ffn_group is not implemented; call expert_ffn per expert");
   }
+  if (call.op == Op::expert_ffn_clamped_group) {
+    return Status(StatusCode::unsupported,
+                  "cuda: expert_ffn_clamped_group is not implemented; call expert_ffn_clamped per expert");
+  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
   auto launched = [&](cudaError_t e) -> Status {
     if (e != cudaSuccess) return cuda_status(e, std::string(name) + ": launching a kernel");

@@ -474,7 +474,8 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       cmds.push_back(std::move(c));
       break;
     }
-    default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no shader");
+    // An optional op this backend does not offer (supports() says no): the caller falls back, as the SDK asks.
+    default: return Status(StatusCode::unsupported, std::string(name) + ": not implemented by the vulkan backend");
   }
 #undef COLIBRI_VK_BIND
 #undef COLIBRI_VK_TRY

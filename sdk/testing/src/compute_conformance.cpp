@@ -91,8 +91,10 @@ Arg arg(DType type, Ne ne, std::vector<T>& v) {
 }
 
 // Runs one op the way the engine does on any backend: tensors in buffers from allocate(),
-// uploaded with copy_to_device_async and read back with copy_to_host_async.
-Status run_op(Compute& c, Op op, std::vector<Arg> in, std::vector<Arg> out, OpParams params = {}) {
+// uploaded with copy_to_device_async and read back with copy_to_host_async. `share_inputs`: an input equal to an
+// earlier one (host array, type and shape) is the same tensor, as one X the engine passes to several experts.
+Status run_op(Compute& c, Op op, std::vector<Arg> in, std::vector<Arg> out, OpParams params = {},
+              bool share_inputs = false) {
   std::vector<std::unique_ptr<Buffer>> keep;
   auto place = [&](const Arg& a, Tensor& t) -> Status {
     const std::size_t bytes = tensor_bytes(a.type, a.ne);
@@ -109,7 +111,14 @@ Status run_op(Compute& c, Op op, std::vector<Arg> in, std::vector<Arg> out, OpPa
   };
   std::vector<Tensor> ti(in.size()), to(out.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
-    if (auto s = place(in[i], ti[i]); !s) return s;
+    const auto same = [&](const Arg& a) { return a.host == in[i].host && a.type == in[i].type && a.ne == in[i].ne; };
+    const auto first = share_inputs ? std::find_if(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(i), same)
+                                    : in.begin() + static_cast<std::ptrdiff_t>(i);
+    if (first != in.begin() + static_cast<std::ptrdiff_t>(i)) {
+      ti[i] = ti[static_cast<std::size_t>(first - in.begin())];
+    } else if (auto s = place(in[i], ti[i]); !s) {
+      return s;
+    }
   }
   for (std::size_t i = 0; i < out.size(); ++i) {
     if (auto s = place(out[i], to[i]); !s) return s;
@@ -437,7 +446,7 @@ TEST_P(ComputeConformance, ExpertFfnMatchesReferenceAndTheComposedOps) {
   }
 }
 
-// ------------------------------------------------------------------ expert_ffn_group
+// ------------------------------------------------------------------ expert_ffn_group, expert_ffn_clamped_group
 
 namespace {
 
@@ -446,54 +455,120 @@ struct GroupExpert {
   std::int64_t f, t;
 };
 
-// One expert_ffn_group call's data: per expert its three weights, X and Y (NaN until run).
+// One expert_ffn_group or expert_ffn_clamped_group call's data: per expert its three weights, X (its own, or one
+// shared by every expert of the same T) and Y (NaN until run), and for the clamped op its three biases.
 struct GroupCall {
+  Op op = Op::expert_ffn_group, single = Op::expert_ffn;
+  std::size_t stride = 4;  // inputs per expert
   std::vector<Weights> w;
-  std::vector<std::vector<float>> x, y;
+  std::vector<std::vector<float>> x, y, biases;
   std::vector<Arg> in, out;
-  bool supported = true;  // supports(expert_ffn_group, t) for every weight type t in the call
+  bool shared_x = false;  // run with one tensor for each distinct X
+  bool supported = true;  // supports(op, t) for every weight type t in the call
 };
 
-GroupCall make_group(Compute& c, std::int64_t d, std::span<const GroupExpert> experts, unsigned seed0) {
+// `clamped`: expert_ffn_clamped_group, with biases that push gate and up past the clamps of group_params below.
+// `shared_x`: the experts of the same T read one X.
+GroupCall make_group(Compute& c, std::int64_t d, std::span<const GroupExpert> experts, unsigned seed0,
+                     bool clamped = false, bool shared_x = false) {
   GroupCall g;
-  for (const GroupExpert& e : experts) {
-    for (DType t : {e.g, e.u, e.dn}) g.supported = g.supported && c.supports(Op::expert_ffn_group, t);
+  if (clamped) {
+    g.op = Op::expert_ffn_clamped_group;
+    g.single = Op::expert_ffn_clamped;
+    g.stride = 7;
   }
+  g.shared_x = shared_x;
+  for (const GroupExpert& e : experts) {
+    for (DType t : {e.g, e.u, e.dn}) g.supported = g.supported && c.supports(g.op, t);
+  }
+  std::vector<std::size_t> x_of;  // expert i reads g.x[x_of[i]]
   for (std::size_t i = 0; i < experts.size(); ++i) {
     const GroupExpert& e = experts[i];
-    const auto seed = static_cast<unsigned>(seed0 + 4 * i);
+    const auto seed = static_cast<unsigned>(seed0 + g.stride * i);
     g.w.push_back(make_weights(e.g, d, e.f, seed));
     g.w.push_back(make_weights(e.u, d, e.f, seed + 1));
     g.w.push_back(make_weights(e.dn, e.f, d, seed + 2));
-    g.x.push_back(randn(static_cast<std::size_t>(d * e.t), seed + 3));
+    std::size_t xi = g.x.size();
+    for (std::size_t j = 0; shared_x && j < i; ++j) {
+      if (experts[j].t == e.t) {
+        xi = x_of[j];
+        break;
+      }
+    }
+    if (xi == g.x.size()) g.x.push_back(randn(static_cast<std::size_t>(d * e.t), seed + 3));
+    x_of.push_back(xi);
     g.y.emplace_back(static_cast<std::size_t>(d * e.t), std::numeric_limits<float>::quiet_NaN());
+    if (clamped) {
+      g.biases.push_back(randn(static_cast<std::size_t>(e.f), seed + 4, 4.0f));
+      g.biases.push_back(randn(static_cast<std::size_t>(e.f), seed + 5, 4.0f));
+      g.biases.push_back(randn(static_cast<std::size_t>(d), seed + 6));
+    }
   }
   for (std::size_t i = 0; i < experts.size(); ++i) {
     const GroupExpert& e = experts[i];
     g.in.push_back(arg(e.g, {d, e.f, 1, 1}, const_cast<std::byte*>(g.w[3 * i].bytes.data())));
     g.in.push_back(arg(e.u, {d, e.f, 1, 1}, const_cast<std::byte*>(g.w[3 * i + 1].bytes.data())));
     g.in.push_back(arg(e.dn, {e.f, d, 1, 1}, const_cast<std::byte*>(g.w[3 * i + 2].bytes.data())));
-    g.in.push_back(arg(DType::f32, {d, e.t, 1, 1}, g.x[i]));
+    g.in.push_back(arg(DType::f32, {d, e.t, 1, 1}, g.x[x_of[i]]));
+    if (clamped) {
+      g.in.push_back(arg(DType::f32, {e.f, 1, 1, 1}, g.biases[3 * i]));
+      g.in.push_back(arg(DType::f32, {e.f, 1, 1, 1}, g.biases[3 * i + 1]));
+      g.in.push_back(arg(DType::f32, {d, 1, 1, 1}, g.biases[3 * i + 2]));
+    }
     g.out.push_back(arg(DType::f32, {d, e.t, 1, 1}, g.y[i]));
   }
   return g;
 }
 
-// Every expert's output of the group call has the bits of expert_ffn on its own inputs, exact or not.
-void expect_group_has_expert_ffn_bits(Compute& c, GroupCall& g) {
-  for (bool exact : {false, true}) {
-    OpParams p;
-    p.flags = exact ? kExactActivations : 0;
-    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out, p);
-    ASSERT_TRUE(s) << s.to_string();
-    for (std::size_t i = 0; i < g.out.size(); ++i) {
-      std::vector<float> alone(g.y[i].size());
-      ASSERT_TRUE(run_op(c, Op::expert_ffn, {g.in[4 * i], g.in[4 * i + 1], g.in[4 * i + 2], g.in[4 * i + 3]},
-                         {arg(DType::f32, g.out[i].ne, alone)}, p));
-      EXPECT_EQ(0, std::memcmp(g.y[i].data(), alone.data(), alone.size() * sizeof(float)))
-          << "expert " << i << " (" << label(g.in[4 * i].type) << "/" << label(g.in[4 * i + 1].type) << "/"
-          << label(g.in[4 * i + 2].type) << ")" << (exact ? " exact" : "")
-          << ": the group's output differs from expert_ffn's";
+// The clamps the clamped groups run with: gpt-oss's alpha and limit, and a tighter limit.
+OpParams group_params(const GroupCall& g, bool exact, bool tight = false) {
+  OpParams p;
+  if (g.stride == 7) {
+    p.scale = tight ? 1.0f : 1.702f;
+    p.eps = tight ? 1.5f : 7.0f;
+  }
+  p.flags = exact ? kExactActivations : 0;
+  return p;
+}
+
+// Runs the group call (one tensor for each distinct X where g.shared_x).
+Status run_group(Compute& c, GroupCall& g, const OpParams& p) {
+  return run_op(c, g.op, g.in, g.out, p, g.shared_x);
+}
+
+// Empty when supports() offers g's op for every weight type in it; otherwise checks that the backend refuses the
+// call (any error will do: the engine never calls it then; `unsupported` is the code to give) and says why the
+// test skips. `what`: which form of the op ("" or " with mxfp4 weights").
+std::string unoffered(Compute& c, GroupCall& g, const std::string& what = "") {
+  if (g.supported) return {};
+  // The engine falls back to the single-expert op on an `unsupported` answer only.
+  const Status s = run_group(c, g, group_params(g, false));
+  EXPECT_FALSE(s) << "a backend whose supports() says no ran " << op_name(g.op) << what;
+  EXPECT_EQ(s.code(), StatusCode::unsupported)
+      << op_name(g.op) << what << " not offered should answer unsupported: " << s.to_string();
+  return std::string("this backend does not offer ") + (what.empty() ? "the optional " : "") + op_name(g.op) + what;
+}
+
+// Every expert's output of the group call has the bits of the single-expert op (expert_ffn or expert_ffn_clamped)
+// on its own inputs, exact or not (and for the clamped op at both clamps).
+void expect_group_has_single_op_bits(Compute& c, GroupCall& g) {
+  for (const bool tight : {false, true}) {
+    if (tight && g.stride == 4) continue;
+    for (const bool exact : {false, true}) {
+      const OpParams p = group_params(g, exact, tight);
+      for (auto& y : g.y) std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+      const Status s = run_group(c, g, p);
+      ASSERT_TRUE(s) << s.to_string();
+      for (std::size_t i = 0; i < g.out.size(); ++i) {
+        const auto first = g.in.begin() + static_cast<std::ptrdiff_t>(g.stride * i);
+        std::vector<float> alone(g.y[i].size());
+        ASSERT_TRUE(run_op(c, g.single, std::vector<Arg>(first, first + static_cast<std::ptrdiff_t>(g.stride)),
+                           {arg(DType::f32, g.out[i].ne, alone)}, p));
+        EXPECT_EQ(0, std::memcmp(g.y[i].data(), alone.data(), alone.size() * sizeof(float)))
+            << op_name(g.op) << " expert " << i << " (" << label(first[0].type) << "/" << label(first[1].type) << "/"
+            << label(first[2].type) << ")" << (exact ? " exact" : "") << (tight ? " tight clamp" : "")
+            << ": the group's output differs from " << op_name(g.single) << "'s";
+      }
     }
   }
 }
@@ -511,13 +586,8 @@ TEST_P(ComputeConformance, ExpertFfnGroupHasTheBitsOfExpertFfnPerExpert) {
                                  {DType::q3_k, DType::q3_k, DType::q4_k, 768, 9},
                                  {DType::f32, DType::q5_k, DType::q4_0, 256, 1}};
   GroupCall g = make_group(c, d, experts, 60);
-  if (!g.supported) {
-    // Any error will do (the engine never calls it then); `unsupported` is the code to give.
-    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out);
-    EXPECT_FALSE(s) << "a backend whose supports() says no ran expert_ffn_group";
-    GTEST_SKIP() << "this backend does not offer the optional expert_ffn_group";
-  }
-  expect_group_has_expert_ffn_bits(c, g);
+  if (const std::string why = unoffered(c, g); !why.empty()) GTEST_SKIP() << why;
+  expect_group_has_single_op_bits(c, g);
   if (HasFatalFailure()) return;
   const auto& in = g.in;
   const auto& out = g.out;
@@ -541,12 +611,57 @@ TEST_P(ComputeConformance, ExpertFfnGroupWithMxfp4ExpertsHasTheBitsOfExpertFfn) 
                                  {DType::mxfp4, DType::mxfp4, DType::mxfp4, 768, 9},
                                  {DType::q4_k, DType::q4_k, DType::mxfp4, 256, 3}};
   GroupCall g = make_group(c, d, experts, 260);
-  if (!g.supported) {
-    const Status s = run_op(c, Op::expert_ffn_group, g.in, g.out);
-    EXPECT_FALSE(s) << "a backend whose supports() says no ran expert_ffn_group with mxfp4 weights";
-    GTEST_SKIP() << "this backend does not offer expert_ffn_group with mxfp4 weights";
-  }
-  expect_group_has_expert_ffn_bits(c, g);
+  if (const std::string why = unoffered(c, g, " with mxfp4 weights"); !why.empty()) GTEST_SKIP() << why;
+  expect_group_has_single_op_bits(c, g);
+}
+
+// The optional clamped group (gpt-oss's experts of a layer in one call): every expert's output has the bits of
+// expert_ffn_clamped on its own seven inputs, whatever the other experts (types, F, T, biases), with the decode
+// step's one X for the experts of one token (as the engine passes it) and at both clamps.
+TEST_P(ComputeConformance, ExpertFfnClampedGroupHasTheBitsOfExpertFfnClampedPerExpert) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256;
+  const GroupExpert experts[] = {{DType::q4_k, DType::q4_k, DType::q6_k, 512, 1},
+                                 {DType::q8_0, DType::q8_0, DType::q8_0, 256, 5},
+                                 {DType::bf16, DType::f16, DType::q2_k, 512, 1},
+                                 {DType::q3_k, DType::q3_k, DType::q4_k, 768, 9},
+                                 {DType::f32, DType::q5_k, DType::q4_0, 256, 1}};
+  GroupCall g = make_group(c, d, experts, 360, true, true);
+  if (const std::string why = unoffered(c, g); !why.empty()) GTEST_SKIP() << why;
+  expect_group_has_single_op_bits(c, g);
+  if (HasFatalFailure()) return;
+  const auto& in = g.in;
+  const auto& out = g.out;
+  const OpParams p = group_params(g, false);
+  // expert_ffn_group's layout, an expert whose bias does not fit it, and a bad clamp are refused naming the problem.
+  const Status four = run_op(c, g.op, {in[0], in[1], in[2], in[3], in[7], in[8], in[9], in[10]}, {out[0], out[1]}, p);
+  EXPECT_FALSE(four);
+  EXPECT_NE(four.message().find("expert_ffn_clamped_group"), std::string::npos) << four.to_string();
+  std::vector<Arg> wrong_bias(in.begin(), in.begin() + 14);
+  wrong_bias[13] = in[4];  // expert 0's b_gate (F = 512) as expert 1's b_down (D = 256)
+  const Status bias = run_op(c, g.op, wrong_bias, {out[0], out[1]}, p);
+  EXPECT_FALSE(bias);
+  EXPECT_NE(bias.message().find("expert 1"), std::string::npos) << bias.to_string();
+  OpParams no_clamp = p;
+  no_clamp.eps = 0.0f;
+  const Status limit = run_op(c, g.op, std::vector<Arg>(in.begin(), in.begin() + 14), {out[0], out[1]}, no_clamp);
+  EXPECT_FALSE(limit);
+  EXPECT_NE(limit.message().find("expert_ffn_clamped_group"), std::string::npos) << limit.to_string();
+}
+
+// gpt-oss's experts as OpenAI ships them (mxfp4) in the clamped group, alone and next to other types, one X for the
+// experts of one token.
+TEST_P(ComputeConformance, ExpertFfnClampedGroupWithMxfp4ExpertsHasTheBitsOfExpertFfnClamped) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 256;
+  const GroupExpert experts[] = {{DType::mxfp4, DType::mxfp4, DType::mxfp4, 512, 1},
+                                 {DType::q4_0, DType::mxfp4, DType::q8_0, 256, 5},
+                                 {DType::mxfp4, DType::mxfp4, DType::mxfp4, 768, 1},
+                                 {DType::q4_k, DType::q4_k, DType::mxfp4, 256, 3},
+                                 {DType::mxfp4, DType::mxfp4, DType::mxfp4, 256, 1}};
+  GroupCall g = make_group(c, d, experts, 460, true, true);
+  if (const std::string why = unoffered(c, g, " with mxfp4 weights"); !why.empty()) GTEST_SKIP() << why;
+  expect_group_has_single_op_bits(c, g);
 }
 
 // ------------------------------------------------------------------ norms, rope

@@ -41,24 +41,34 @@ double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
 }
 
-std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type, const void* up, DType down_type,
-                               const void* down, std::int64_t d, std::int64_t f, const float* x, std::int64_t t) {
-  const auto g = matmul(gate_type, gate, d, f, x, t);
-  const auto u = matmul(up_type, up, d, f, x, t);
+namespace {
+
+// An expert's down projection of its activation h {f, t} (double, as the experts compute it) (+ b_down[r]).
+std::vector<double> down_projection(DType down_type, const void* down, std::int64_t d, std::int64_t f,
+                                    const std::vector<double>& h, std::int64_t t, const float* b_down) {
   const std::size_t rb = row_bytes(down_type, f);
   std::vector<double> y(static_cast<std::size_t>(d * t));
   for (std::int64_t r = 0; r < d; ++r) {
     const auto row = dequantize(down_type, static_cast<const std::byte*>(down) + static_cast<std::size_t>(r) * rb, f);
     for (std::int64_t i = 0; i < t; ++i) {
       double s = 0.0;
-      for (std::int64_t j = 0; j < f; ++j) {
-        const auto idx = static_cast<std::size_t>(i * f + j);
-        s += static_cast<double>(row[static_cast<std::size_t>(j)]) * (silu(g[idx]) * u[idx]);
-      }
-      y[static_cast<std::size_t>(i * d + r)] = s;
+      for (std::int64_t j = 0; j < f; ++j)
+        s += static_cast<double>(row[static_cast<std::size_t>(j)]) * h[static_cast<std::size_t>(i * f + j)];
+      y[static_cast<std::size_t>(i * d + r)] = b_down != nullptr ? s + b_down[r] : s;
     }
   }
   return y;
+}
+
+}  // namespace
+
+std::vector<double> expert_ffn(DType gate_type, const void* gate, DType up_type, const void* up, DType down_type,
+                               const void* down, std::int64_t d, std::int64_t f, const float* x, std::int64_t t) {
+  const auto g = matmul(gate_type, gate, d, f, x, t);
+  const auto u = matmul(up_type, up, d, f, x, t);
+  std::vector<double> h(g.size());
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = silu(g[i]) * u[i];
+  return down_projection(down_type, down, d, f, h, t, nullptr);
 }
 
 std::vector<double> expert_ffn_clamped(DType gate_type, const void* gate, DType up_type, const void* up,
@@ -72,18 +82,7 @@ std::vector<double> expert_ffn_clamped(DType gate_type, const void* gate, DType 
     const double gi = std::min<double>(g[i], limit), ui = std::clamp<double>(u[i], -limit, limit);
     h[i] = (ui + 1.0) * gi * sigmoid(alpha * gi);
   }
-  const std::size_t rb = row_bytes(down_type, f);
-  std::vector<double> y(static_cast<std::size_t>(d * t));
-  for (std::int64_t r = 0; r < d; ++r) {
-    const auto row = dequantize(down_type, static_cast<const std::byte*>(down) + static_cast<std::size_t>(r) * rb, f);
-    for (std::int64_t i = 0; i < t; ++i) {
-      double s = 0.0;
-      for (std::int64_t j = 0; j < f; ++j)
-        s += static_cast<double>(row[static_cast<std::size_t>(j)]) * h[static_cast<std::size_t>(i * f + j)];
-      y[static_cast<std::size_t>(i * d + r)] = s + b_down[r];
-    }
-  }
-  return y;
+  return down_projection(down_type, down, d, f, h, t, b_down);
 }
 
 std::vector<double> rms_norm(const float* x, std::int64_t d, std::int64_t rows, const float* w, float eps) {

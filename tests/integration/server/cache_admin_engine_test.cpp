@@ -1,20 +1,24 @@
 // The expert cache's admin operations on a real engine: logits stay bit-identical after clear() and warm() (the one
 // promise), pinned experts survive a clear, and the statistics show the reloads. Also the engine's use of the
-// optional expert_ffn_group op: the same bits with it, without it, and after a backend refuses it. Tiny Mixtral from
-// tests/fixtures/make_tiny_model.py, the built cpu/pread/pinned/lru plugins.
+// optional group ops (expert_ffn_group; expert_ffn_clamped_group for gpt-oss): the same bits with them, without them,
+// and after a backend refuses them. Tiny Mixtral and gpt-oss from tests/fixtures/make_tiny_model.py, the built
+// cpu/pread/pinned/lru plugins.
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <utility>
 
 #include "colibri/engine/engine.hpp"
 #include "colibri/model/convert.hpp"
+#include "colibri/model/manifest.hpp"
 #include "colibri/profile/profile.hpp"
 #include "colibri/registry/plugin_set.hpp"
 
@@ -27,21 +31,24 @@ const fs::path kWork = COLIBRI_TEST_WORK_DIR;
 constexpr std::uint64_t kSlot = 3 * 256 * 512 * 4;  // one f32 expert of the tiny Mixtral
 
 // The converted model, made once (private names, then renamed: parallel ctest processes never see half a model).
-fs::path tiny_model() {
-  const fs::path model = kWork / "tiny";
+// `mxfp4`: the checkpoint's experts in MXFP4 (gpt-oss as OpenAI ships it), kept so whatever the preset.
+fs::path tiny_model(const std::string& arch = "mixtral", const std::string& preset = "f32", bool mxfp4 = false) {
+  const std::string name =
+      arch == "mixtral" && preset == "f32" ? "tiny" : "tiny-" + arch + "-" + preset + (mxfp4 ? "-mxfp4" : "");
+  const fs::path model = kWork / name;
   if (fs::exists(model / "manifest.json")) return model;
   fs::create_directories(kWork);
-  const auto tag = std::to_string(::getpid());
+  const auto tag = name + "-" + std::to_string(::getpid());
   const fs::path ckpt = kWork / ("ckpt-" + tag);
   const std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " '" + COLIBRI_TEST_SOURCE_DIR +
-                          "/tests/fixtures/make_tiny_model.py' --arch mixtral --dtype f32 --out '" + ckpt.string() +
-                          "' >/dev/null 2>&1";
+                          "/tests/fixtures/make_tiny_model.py' --arch " + arch + " --dtype f32" +
+                          (mxfp4 ? " --mxfp4" : "") + " --out '" + ckpt.string() + "' >/dev/null 2>&1";
   const int rc = std::system(cmd.c_str());
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << cmd;
   model::ConvertOptions co;
   co.input = ckpt;
-  co.output = kWork / ("tiny-" + tag);
-  co.preset = "f32";
+  co.output = kWork / ("conv-" + tag);
+  co.preset = preset;
   co.threads = 1;
   auto s = model::convert_model(co);
   EXPECT_TRUE(s) << (s ? "" : s.error().message());
@@ -83,8 +90,12 @@ bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// The cpu backend behind a seam: `offer` decides what supports() says of expert_ffn_group, `refuse` makes run()
-// answer `unsupported` for it (a plugin whose supports() promises more than its run() does); the calls are counted.
+bool is_group(sdk::Op op) {
+  return op == sdk::Op::expert_ffn_group || op == sdk::Op::expert_ffn_clamped_group;
+}
+
+// The cpu backend behind a seam: `offer` decides what supports() says of the group ops, `refuse` makes run()
+// answer `unsupported` for them (a plugin whose supports() promises more than its run() does); the calls are counted.
 class GroupSeam final : public sdk::Compute {
  public:
   GroupSeam(std::shared_ptr<sdk::Compute> inner, bool offer, bool refuse)
@@ -95,17 +106,17 @@ class GroupSeam final : public sdk::Compute {
     return inner_->allocate(bytes);
   }
   bool supports(sdk::Op op, sdk::DType type) const noexcept override {
-    return op == sdk::Op::expert_ffn_group ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
+    return is_group(op) ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
   }
   sdk::Status run(const sdk::OpCall& call) noexcept override {
-    if (call.op == sdk::Op::expert_ffn_group) {
+    if (is_group(call.op)) {
       ++group_calls;
       if (refuse_) {
         ++refused;
-        return sdk::Status(sdk::StatusCode::unsupported, "seam: expert_ffn_group refused (test)");
+        return sdk::Status(sdk::StatusCode::unsupported, std::string("seam: ") + sdk::op_name(call.op) + " refused");
       }
     }
-    if (call.op == sdk::Op::expert_ffn) ++single_calls;
+    if (call.op == sdk::Op::expert_ffn || call.op == sdk::Op::expert_ffn_clamped) ++single_calls;
     return inner_->run(call);
   }
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_device_async(const void* src, sdk::Buffer& dst, std::size_t offset,
@@ -173,10 +184,15 @@ std::vector<float> prompt_then_steps(engine::Engine& e) {
   return all;
 }
 
-TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt) {
-  const auto model = tiny_model();
-  for (const std::uint64_t cache_bytes : {std::uint64_t{64} * kSlot, std::uint64_t{4} * kSlot}) {
-    const std::string where = cache_bytes > 16 * kSlot ? "resident" : "streaming";
+// Resident and streaming (a cache of `streaming_slots` of the model's largest experts), the logits are bit-identical
+// with the group op, without it and after a refusal; the group op is used where offered, and never otherwise.
+void expect_group_op_keeps_the_bits(const fs::path& model, std::uint64_t streaming_slots) {
+  auto manifest = model::load_manifest(model);
+  ASSERT_TRUE(manifest) << manifest.error().message();
+  std::uint64_t slot = 0;
+  for (const auto& e : manifest->experts) slot = std::max(slot, e.size);
+  for (const std::uint64_t cache_bytes : {std::uint64_t{64} * slot, streaming_slots * slot}) {
+    const std::string where = cache_bytes > 16 * slot ? "resident" : "streaming";
     std::shared_ptr<GroupSeam> grouped, single, refusing;
     auto a = open_with_seam(model, grouped, true, false, cache_bytes);
     auto b = open_with_seam(model, single, false, false, cache_bytes);
@@ -185,12 +201,25 @@ TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt
     ASSERT_EQ(a->mode(), where);
     const auto want = prompt_then_steps(*b);
     ASSERT_FALSE(want.empty());
-    EXPECT_TRUE(bit_identical(prompt_then_steps(*a), want)) << where << ": expert_ffn_group changed the logits";
+    EXPECT_TRUE(bit_identical(prompt_then_steps(*a), want)) << where << ": the group op changed the logits";
     EXPECT_TRUE(bit_identical(prompt_then_steps(*c), want)) << where << ": the fallback changed the logits";
-    EXPECT_EQ(single->group_calls, 0) << where << ": expert_ffn_group called though supports() said no";
+    EXPECT_EQ(single->group_calls, 0) << where << ": the group op called though supports() said no";
     EXPECT_GT(single->single_calls, 0);
     EXPECT_GT(grouped->group_calls, 0) << where << ": the engine never grouped the experts of a layer";
     EXPECT_EQ(refusing->refused, 1) << where << ": after one refusal the engine must stop asking";
+  }
+}
+
+TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt) {
+  expect_group_op_keeps_the_bits(tiny_model(), 4);  // half of its experts
+}
+
+// gpt-oss's biased experts through expert_ffn_clamped_group: f32, MXFP4 experts (q8_0 activations) and q4_k_m. Two
+// thirds of its 12 experts streaming: with fewer, a layer's top 2 are seldom both ready to run together.
+TEST(ExpertGroupEngine, GptOssSameBitsWithTheClampedGroupOpWithoutItAndAfterARefusal) {
+  for (const auto& [preset, mxfp4] : {std::pair{"f32", false}, std::pair{"f32", true}, std::pair{"q4_k_m", false}}) {
+    SCOPED_TRACE(std::string("gpt_oss ") + preset + (mxfp4 ? " with mxfp4 experts" : ""));
+    expect_group_op_keeps_the_bits(tiny_model("gpt_oss", preset, mxfp4), 8);
   }
 }
 

@@ -256,6 +256,67 @@ TEST(CheckOpCall, ExpertFfnClampedChecksBiasesAndClampParameters) {
       << "the default params (limit 0) are not a clamp";
 }
 
+// The clamped group: seven inputs per expert, each expert's biases checked and named, one alpha and limit for all.
+TEST(CheckOpCall, ExpertFfnClampedGroupChecksEveryExpertsBiasesAndNamesIt) {
+  const auto expert = [](std::int64_t f, std::int64_t t) {
+    return std::vector<Tensor>{tensor(DType::q4_k, {256, f, 1, 1}), tensor(DType::mxfp4, {256, f, 1, 1}),
+                               tensor(DType::q6_k, {f, 256, 1, 1}), tensor(DType::f32, {256, t, 1, 1}),
+                               tensor(DType::f32, {f, 1, 1, 1}),    tensor(DType::f32, {f, 1, 1, 1}),
+                               tensor(DType::f32, {256, 1, 1, 1})};
+  };
+  OpParams p;
+  p.scale = 1.702f;
+  p.eps = 7.0f;
+  Call ok(Op::expert_ffn_clamped_group, {}, {tensor(DType::f32, {256, 1, 1, 1}), tensor(DType::f32, {256, 3, 1, 1})},
+          p);
+  for (const auto& part : {expert(512, 1), expert(256, 3)}) ok.in.insert(ok.in.end(), part.begin(), part.end());
+  ok.call.inputs = ok.in;
+  EXPECT_TRUE(ok.check()) << ok.check().message();
+  const auto with = [&](std::size_t i, Tensor t) {
+    Call c = ok;
+    c.in[i] = t;
+    c.call.inputs = c.in;
+    c.call.outputs = c.out;
+    return c.check();
+  };
+  EXPECT_EQ(with(13, tensor(DType::f32, {512, 1, 1, 1})).message(),
+            "expert_ffn_clamped_group: expert 1: b_down f32 {512, 1, 1, 1} must have D = 256 elements");
+  EXPECT_EQ(with(11, tensor(DType::f32, {512, 1, 1, 1})).message(),
+            "expert_ffn_clamped_group: expert 1: b_gate f32 {512, 1, 1, 1} must have F = 256 elements");
+  EXPECT_EQ(with(5, tensor(DType::f16, {512, 1, 1, 1})).message(),
+            "expert_ffn_clamped_group: expert 0: b_up must be f32, got f16 {512, 1, 1, 1}");
+  EXPECT_EQ(with(10, tensor(DType::f32, {256, 2, 1, 1})).message(),
+            "expert_ffn_clamped_group: expert 1: Y f32 {256, 3, 1, 1} must match X");
+  const Status weight = with(8, tensor(DType::q4_1, {256, 256, 1, 1}));
+  EXPECT_EQ(weight.code(), StatusCode::unsupported);
+  EXPECT_EQ(weight.message(), "expert_ffn_clamped_group: expert 1: weight type q4_1 is not supported by testdev");
+
+  Call four = ok;  // expert_ffn_group's layout
+  four.in.resize(8);
+  four.call.inputs = four.in;
+  four.call.outputs = four.out;
+  EXPECT_EQ(four.check().message(),
+            "expert_ffn_clamped_group: takes 7 inputs (W_gate, W_up, W_down, X, b_gate, b_up, b_down) and 1 output "
+            "per expert; got 8 inputs and 2 outputs");
+  for (float limit : {0.0f, std::numeric_limits<float>::infinity()}) {
+    Call c = ok;
+    c.call.inputs = c.in;
+    c.call.outputs = c.out;
+    c.call.params.eps = limit;
+    EXPECT_NE(c.check().message().find("expert_ffn_clamped_group: params.eps (the clamp limit) must be positive"),
+              std::string::npos)
+        << c.check().message();
+  }
+  Call nan_alpha = ok;
+  nan_alpha.call.inputs = nan_alpha.in;
+  nan_alpha.call.outputs = nan_alpha.out;
+  nan_alpha.call.params.scale = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(nan_alpha.check().message().find("expert_ffn_clamped_group: params.scale (alpha) must be finite"),
+            std::string::npos);
+  EXPECT_STREQ(op_name(Op::expert_ffn_clamped_group), "expert_ffn_clamped_group");
+  EXPECT_FALSE(supports_every_op(Op::expert_ffn_clamped_group, DType::q4_k)) << "optional: a backend claims it itself";
+}
+
 // mxfp4 is an optional weight type: check_op_call lets it through for matmul and the expert ops (a backend's
 // supports() decides), never for embedding, and supports_every_op never claims it.
 TEST(CheckOpCall, OptionalWeightTypeMxfp4PassesForMatmulAndTheExpertOps) {

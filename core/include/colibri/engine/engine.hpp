@@ -160,12 +160,13 @@ class Engine {
   // Runs the expert over x into y: on the CPU backend from RAM when `on_cpu`, else on the backend (VRAM or RAM).
   sdk::Status run_expert(std::int64_t l, std::int64_t e, const sdk::Tensor& x, const sdk::Tensor& y, bool on_cpu,
                          const sdk::OpParams& params);
-  // How many experts of `order` from `from` on can run as one expert_ffn_group call: ready (acquire() will not
-  // wait) and not on the CPU fallback; 0 where the backend does not offer the op.
+  // How many experts of `order` from `from` on can run as one group call (expert_ffn_group, or
+  // expert_ffn_clamped_group for biased experts): ready (acquire() will not wait) and not on the CPU fallback; 0
+  // where the backend does not offer the op.
   [[nodiscard]] std::size_t groupable(std::int64_t l, std::span<const std::int32_t> order, std::size_t from,
                                       const std::set<std::int32_t>& on_cpu) const;
-  // Runs experts[i] over xs[i] into ys[i]: one alone through run_expert, several (all groupable()) in one
-  // expert_ffn_group call, with the same bits as run_expert per expert.
+  // Runs experts[i] over xs[i] into ys[i]: one alone through run_expert, several (all groupable()) in one group
+  // call, with the same bits as run_expert per expert.
   sdk::Status run_experts(std::int64_t l, std::span<const std::int32_t> experts, std::span<const sdk::Tensor> xs,
                           std::span<sdk::Tensor> ys, const std::set<std::int32_t>& on_cpu, const sdk::OpParams& params);
   sdk::Status upload_shared_weights(const sdk::DeviceInfo& device);
@@ -212,7 +213,7 @@ class Engine {
   std::optional<RopeFrequencies> rope_;
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
-  bool group_experts_ = false;  // the backend offers expert_ffn_group for every expert weight type
+  bool group_experts_ = false;  // the backend offers the experts' group op for every expert weight type
   bool kv_on_device_ = false;   // memory.kv_on_device on a backend whose memory is not the host's
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;

@@ -158,6 +158,63 @@ std::vector<std::vector<float>> clamped_ffns(Compute& c, bool exact) {
   return results;
 }
 
+// A gpt-oss layer's experts in one expert_ffn_clamped_group call (`group`), or one expert_ffn_clamped call each:
+// mixed types with mxfp4, F 256..768, the decode step's one X for the experts of one token, and expert 0 twice, over
+// 7 tokens and over the 4th of them alone (one row of the same X). Each expert's output, in order.
+std::vector<std::vector<float>> clamped_group(Compute& c, bool exact, bool group) {
+  const std::int64_t d = 256;
+  struct Expert {
+    DType g, u, dn;
+    std::int64_t f, t;
+    std::size_t x;  // which X: 0 one token, 1 seven tokens, 2 the 4th of those
+    int weights;    // whose weights (expert 0's twice)
+  };
+  const Expert experts[] = {{DType::mxfp4, DType::mxfp4, DType::mxfp4, 512, 7, 1, 0},
+                            {DType::q4_k, DType::q4_k, DType::q6_k, 256, 1, 0, 1},
+                            {DType::mxfp4, DType::mxfp4, DType::mxfp4, 768, 1, 0, 2},
+                            {DType::q8_0, DType::mxfp4, DType::q4_0, 256, 1, 0, 3},
+                            {DType::mxfp4, DType::mxfp4, DType::mxfp4, 512, 1, 2, 0}};
+  auto one = randn(static_cast<std::size_t>(d), 301, 3.0f), seven = randn(static_cast<std::size_t>(7 * d), 302, 3.0f);
+  float* xs[] = {one.data(), seven.data(), seven.data() + 3 * d};
+  std::vector<std::vector<std::byte>> w;
+  std::vector<std::vector<float>> b, results;
+  for (unsigned i = 0; i < 4; ++i) {
+    const Expert& e = experts[i];
+    w.push_back(quantized(e.g, d, e.f, 310 + 6 * i));
+    w.push_back(quantized(e.u, d, e.f, 311 + 6 * i));
+    w.push_back(quantized(e.dn, e.f, d, 312 + 6 * i));
+    b.push_back(randn(static_cast<std::size_t>(e.f), 313 + 6 * i, 20.0f));
+    b.push_back(randn(static_cast<std::size_t>(e.f), 314 + 6 * i, 8.0f));
+    b.push_back(randn(static_cast<std::size_t>(d), 315 + 6 * i));
+  }
+  std::vector<Tensor> in, out;
+  for (const Expert& e : experts) {
+    const auto k = static_cast<std::size_t>(3 * e.weights);
+    results.emplace_back(static_cast<std::size_t>(d * e.t), std::nanf(""));
+    in.insert(in.end(),
+              {Tensor{e.g, {d, e.f, 1, 1}, w[k].data()}, Tensor{e.u, {d, e.f, 1, 1}, w[k + 1].data()},
+               Tensor{e.dn, {e.f, d, 1, 1}, w[k + 2].data()}, Tensor{DType::f32, {d, e.t, 1, 1}, xs[e.x]},
+               Tensor{DType::f32, {e.f, 1, 1, 1}, b[k].data()}, Tensor{DType::f32, {e.f, 1, 1, 1}, b[k + 1].data()},
+               Tensor{DType::f32, {d, 1, 1, 1}, b[k + 2].data()}});
+    out.push_back(Tensor{DType::f32, {d, e.t, 1, 1}, results.back().data()});
+  }
+  OpParams p;
+  p.scale = 1.702f;
+  p.eps = 7.0f;
+  p.flags = exact ? kExactActivations : 0;
+  if (group) {
+    const auto s = c.run(OpCall{Op::expert_ffn_clamped_group, in, out, p});
+    EXPECT_TRUE(s) << s.to_string();
+  } else {
+    for (std::size_t e = 0; e < out.size(); ++e) {
+      const auto s = c.run(OpCall{Op::expert_ffn_clamped, std::span<const Tensor>(in).subspan(7 * e, 7),
+                                  std::span<Tensor>(out).subspan(e, 1), p});
+      EXPECT_TRUE(s) << s.to_string();
+    }
+  }
+  return results;
+}
+
 class CpuIsa : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
@@ -203,6 +260,32 @@ TEST_P(CpuIsa, GivesTheScalarPathsBitsForEveryOp) {
     for (std::size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)))
           << "expert_ffn_clamped case " << i << (exact ? " exact" : "") << " differs from the scalar path";
+    }
+  }
+}
+
+// The clamped group gives every expert the bits the scalar path's expert_ffn_clamped gives it alone, on every ISA
+// and thread count (1, 2 and 16 split rows and tasks differently); a token's row is the same in a batch of 7 and
+// alone in the same call.
+TEST_P(CpuIsa, ClampedGroupHasThePerExpertBitsOfTheScalarPathAtAnyThreadCount) {
+  if (!make(GetParam())) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto scalar = make("scalar", "1");
+  ASSERT_TRUE(scalar);
+  for (bool exact : {false, true}) {
+    const auto want = clamped_group(*scalar, exact, false);
+    ASSERT_EQ(want.size(), 5u);
+    EXPECT_EQ(0, std::memcmp(want[4].data(), want[0].data() + 3 * 256, 256 * sizeof(float)))
+        << "expert_ffn_clamped: token 3 differs alone and in a batch of 7" << (exact ? " exact" : "");
+    for (const char* threads : {"1", "2", "16"}) {
+      auto c = make(GetParam(), threads);
+      ASSERT_TRUE(c);
+      const auto got = clamped_group(*c, exact, true);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t e = 0; e < got.size(); ++e) {
+        EXPECT_EQ(0, std::memcmp(got[e].data(), want[e].data(), want[e].size() * sizeof(float)))
+            << "expert_ffn_clamped_group expert " << e << " threads=" << threads << (exact ? " exact" : "")
+            << " differs from the scalar path's expert_ffn_clamped";
+      }
     }
   }
 }
@@ -310,6 +393,7 @@ TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
     EXPECT_TRUE(c->supports(Op::embedding, t)) << to_string(t);
     EXPECT_TRUE(c->supports(Op::expert_ffn_group, t)) << to_string(t);
     EXPECT_TRUE(c->supports(Op::expert_ffn_clamped, t)) << to_string(t);
+    EXPECT_TRUE(c->supports(Op::expert_ffn_clamped_group, t)) << to_string(t);
   }
   for (DType t : {DType::f32, DType::f16, DType::q8_0}) {
     EXPECT_TRUE(c->supports(Op::attention, t));
@@ -318,9 +402,11 @@ TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
   EXPECT_FALSE(c->supports(Op::attention, DType::q4_k));
   EXPECT_FALSE(c->supports(Op::attention_sinks, DType::q4_k));
   EXPECT_FALSE(c->supports(Op::expert_ffn_clamped, DType::q4_1));
+  EXPECT_FALSE(c->supports(Op::expert_ffn_clamped_group, DType::q4_1));
   EXPECT_FALSE(c->supports(Op::matmul, DType::q4_1));
   // mxfp4 (an optional weight type): matmul and the expert ops, not embedding.
-  for (Op op : {Op::matmul, Op::expert_ffn, Op::expert_ffn_group, Op::expert_ffn_clamped}) {
+  for (Op op :
+       {Op::matmul, Op::expert_ffn, Op::expert_ffn_group, Op::expert_ffn_clamped, Op::expert_ffn_clamped_group}) {
     EXPECT_TRUE(c->supports(op, DType::mxfp4)) << op_name(op);
   }
   EXPECT_FALSE(c->supports(Op::embedding, DType::mxfp4));

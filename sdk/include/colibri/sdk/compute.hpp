@@ -95,6 +95,13 @@ enum class Op : std::uint32_t {
   // g = min(W_gate X + b_gate, limit), u = clamp(W_up X + b_up, -limit, limit),
   // Y = W_down ((u + 1) * g * sigmoid(alpha * g)) + b_down; each product with matmul's numerics (and its flags).
   expert_ffn_clamped,
+  // Optional (gpt-oss experts). in: W_gate_e, W_up_e, W_down_e, X_e, b_gate_e, b_up_e, b_down_e for each of E >= 1
+  // experts (7E tensors, each seven as expert_ffn_clamped's), one alpha and limit (params) for all; out: Y_e {D, T_e}
+  // for each (E tensors). Every Y_e has the bits expert_ffn_clamped gives for its seven inputs: T_e and the weight
+  // types may differ between experts, and the X_e may be one tensor. No output may overlap an input. As
+  // expert_ffn_group: the engine uses it where supports() says so for every weight type and otherwise calls
+  // expert_ffn_clamped per expert, as it also does after an `unsupported` answer.
+  expert_ffn_clamped_group,
   count_
 };
 
@@ -141,18 +148,19 @@ struct Tensor {
     case Op::expert_ffn_group: return "expert_ffn_group";
     case Op::attention_sinks: return "attention_sinks";
     case Op::expert_ffn_clamped: return "expert_ffn_clamped";
+    case Op::expert_ffn_clamped_group: return "expert_ffn_clamped_group";
     default: return "unknown op";
   }
 }
 
 struct OpParams {
-  float eps = 0.0f;            // rms_norm; expert_ffn_clamped: limit
+  float eps = 0.0f;            // rms_norm; expert_ffn_clamped(_group): limit
   std::int32_t rope_dims = 0;  // rope: rotated dims per head
   std::int32_t position = 0;   // attention: position of the first query token
   std::int32_t window = 0;     // attention: sliding window (0: none)
   std::int32_t top_k = 0;      // topk_routing
   std::int32_t flags = 0;      // k* flags above
-  float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped: alpha
+  float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped(_group): alpha
 };
 
 struct OpCall {

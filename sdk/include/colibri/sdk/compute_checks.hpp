@@ -14,15 +14,15 @@ namespace colibri::sdk {
 // q2_k .. q6_k.
 [[nodiscard]] bool is_weight_type(DType type) noexcept;
 // Optional weight types: mxfp4 (gpt-oss's experts, kept bit-exact at 4.25 bits per weight). check_op_call accepts
-// them for matmul, expert_ffn, expert_ffn_group and expert_ffn_clamped (not embedding), but no backend has to run
-// them: one that does says so in its own supports(), and supports_every_op never does. The engine asks supports()
-// before it places such a weight on a backend.
+// them for matmul and the expert ops (expert_ffn, expert_ffn_clamped and their groups; not embedding), but no backend
+// has to run them: one that does says so in its own supports(), and supports_every_op never does. The engine asks
+// supports() before it places such a weight on a backend.
 [[nodiscard]] bool is_optional_weight_type(DType type) noexcept;
 // KV cache row types of attention: f32, f16, q8_0.
 [[nodiscard]] bool is_kv_type(DType type) noexcept;
 // Compute::supports() of a backend that runs every required op: weights of is_weight_type, KV of is_kv_type, f32
-// otherwise; false for the optional ops (expert_ffn_group, attention_sinks, expert_ffn_clamped) and the optional
-// weight types (is_optional_weight_type), which a backend claims itself once it implements them.
+// otherwise; false for the optional ops (expert_ffn_group, attention_sinks, expert_ffn_clamped and its group) and the
+// optional weight types (is_optional_weight_type), which a backend claims itself once it implements them.
 [[nodiscard]] bool supports_every_op(Op op, DType weight_type) noexcept;
 
 // "f32 {4096, 7, 1, 1}": a tensor's type and all four dims, for messages.
