@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -638,9 +639,52 @@ Status check_only_model_files(const fs::path& output) {
 }
 
 // --force replaces only what convert itself made (or an empty directory): anything else may be user data.
-// Deletes a replaced model, with the expert files `model stripe` moved to other disks for it: the symlinks in
-// it point into directories whose .colibri-stripe marker names the model's path (`model_path`). Files of any
-// other directory a link may point to are the user's and stay.
+// A `--copy` stripe leaves no symlinks: its mirrors are found through the old model's stripe.yaml. In each directory
+// it lists whose .colibri-stripe marker names the model (`model`, canonical), only the expert files the old manifest
+// lists go; anything else there is the user's. Adds the directories visited to `members`.
+void remove_old_mirrors(const fs::path& old_dir, const fs::path& model, std::set<fs::path>& members) {
+  // Named by the model's path: old_dir, a hidden name, is gone by the time the user reads this.
+  auto stays = [&](const std::string& file, const std::string& why) {
+    spdlog::warn(
+        "cannot read {} of the replaced model ({}); the mirrors its stripe.yaml lists stay on their disks: "
+        "remove them yourself",
+        (model / file).string(), why);
+  };
+  auto dirs = stripe_yaml_dirs(old_dir);
+  if (!dirs) return stays("stripe.yaml", dirs.error().message());
+  if (dirs->empty()) return;
+  // Read before the swap too (check_only_model_files); without it no file there can be told ours.
+  auto text = read_text(old_dir / "manifest.json");
+  if (!text) return stays("manifest.json", text.error().message());
+  const json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded()) return stays("manifest.json", "not valid JSON");
+  auto m = parse_manifest(j, "manifest.json");
+  if (!m) return stays("manifest.json", m.error().message());
+  std::set<fs::path> names;
+  for (const auto& e : m->experts) names.insert(fs::path(e.file).lexically_normal());
+  std::error_code ec;
+  const fs::path old_real = fs::weakly_canonical(old_dir, ec);
+  for (const auto& listed : *dirs) {
+    const fs::path d = fs::weakly_canonical(listed, ec);
+    if (ec || path_within(d, model) || path_within(model, d) || path_within(d, old_real)) continue;
+    if (fs::path(stripe_owner(d)) != model) continue;  // another model's, or the user's
+    for (const auto& rel : names) {
+      const fs::path f = d / rel;
+      if (!path_within(f, d / "experts") || f == d / "experts") continue;  // a name from outside experts/
+      std::error_code rm_ec;
+      if (fs::is_directory(fs::symlink_status(f, rm_ec))) continue;
+      if (!fs::remove(f, rm_ec) && rm_ec) {
+        spdlog::warn("cannot remove {}, a mirror of the replaced model: {}; delete it yourself", f.string(),
+                     rm_ec.message());
+      }
+    }
+    members.insert(d);
+  }
+}
+
+// Deletes a replaced model, with the expert files `model stripe` moved or mirrored to other disks for it: the
+// symlinks in it point into directories whose .colibri-stripe marker names the model's path (`model_path`), and its
+// stripe.yaml lists them. Files of any other directory a link may point to are the user's and stay.
 void remove_old_model(const fs::path& old_dir, const fs::path& model_path) {
   std::error_code ec;
   const fs::path model = fs::weakly_canonical(model_path, ec);
@@ -657,6 +701,7 @@ void remove_old_model(const fs::path& old_dir, const fs::path& model_path) {
     fs::remove(target, link_ec);
     members.insert(member);
   }
+  remove_old_mirrors(old_dir, model, members);
   fs::remove_all(old_dir, ec);
   for (const auto& m : members) remove_emptied_stripe_dir(m, model);
 }

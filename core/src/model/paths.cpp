@@ -4,6 +4,8 @@
 #include <fstream>
 #include <vector>
 
+#include "colibri/profile/profile.hpp"
+
 namespace colibri::model {
 
 namespace fs = std::filesystem;
@@ -84,6 +86,22 @@ bool remove_emptied_stripe_dir(const fs::path& stripe_dir, const fs::path& model
   }
   if (ec || left != 1 || !fs::remove(stripe_dir / kStripeMarker, ec)) return false;
   return fs::remove(stripe_dir, ec);
+}
+
+sdk::Expected<std::vector<fs::path>> stripe_yaml_dirs(const fs::path& model_dir) {
+  const fs::path yaml = model_dir / "stripe.yaml";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(yaml, ec))) return std::vector<fs::path>{};
+  profile::LoadOptions opts;
+  opts.profile = yaml.string();
+  opts.use_process_environment = false;  // the file alone, as written
+  auto prof = profile::Profile::load(opts);
+  if (!prof) return prof.error();
+  std::vector<fs::path> out;
+  for (const auto& p : prof->get_list("storage.paths")) {
+    if (fs::path(p).is_absolute()) out.emplace_back(p);
+  }
+  return out;
 }
 
 }  // namespace colibri::model

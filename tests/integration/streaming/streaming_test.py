@@ -356,6 +356,73 @@ class Stripe(unittest.TestCase):
         self.assertEqual(run(["inspect", other, "--verify"], check=False).returncode, 0)
         self.assertEqual(logits_bytes(other, "remirror-other", "--profile", os.path.join(other, "stripe.yaml")), base)
 
+    def test_convert_force_removes_the_mirrors_of_a_copy_stripe(self):
+        m = model()
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        disk_a, disk_b = (os.path.join(WORK, "reconvert-disk-" + n) for n in "ab")
+        dst, other = os.path.join(WORK, "reconvert", "tiny"), os.path.join(WORK, "reconvert-other", "other")
+        for d in (disk_a, disk_b, os.path.dirname(dst), os.path.dirname(other)):
+            shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(m, dst)
+        shutil.copytree(m, other)
+
+        def held(d):  # the expert files a stripe directory holds
+            return [f for f in files if os.path.isfile(os.path.join(d, f))]
+
+        def snapshot(d):
+            out = {}
+            for root, _, names in os.walk(d):
+                for n in names:
+                    p = os.path.join(root, n)
+                    with open(p, "rb") as f:
+                        out[os.path.relpath(p, d)] = f.read()
+            return out
+
+        def reconvert():
+            return run(["convert", "--input", os.path.join(WORK, "mixtral"), "--output", dst, "--quantize", "q8_0",
+                        "--force"])
+
+        # Another model on disk B, moved there (B holds its only copies, under the same file names).
+        run(["model", "stripe", other, "--to", disk_b])
+        others = snapshot(os.path.join(disk_b, "other"))
+        run(["model", "stripe", dst, "--to", f"{disk_a},{disk_b}", "--copy"])
+        mine_a, mine_b = os.path.join(disk_a, "tiny"), os.path.join(disk_b, "tiny")
+        self.assertTrue(held(mine_a) and held(mine_b))
+        self.assertFalse([f for f in files if os.path.islink(os.path.join(dst, f))])  # mirrors: nothing links there
+        # A user's file in this model's directory on A stays, and keeps that directory.
+        user = os.path.join(mine_a, "experts", "L000", "user-notes.txt")
+        with open(user, "w") as f:
+            f.write("not colibri's")
+        # stripe.yaml edited to name the other model's directory too: its marker names the other model, so nothing
+        # there goes.
+        with open(os.path.join(dst, "stripe.yaml"), "a") as f:
+            f.write(f"    - {os.path.join(os.path.realpath(disk_b), 'other')}\n")
+        reconvert()
+        self.assertFalse(os.path.exists(mine_b))
+        self.assertEqual(os.listdir(disk_b), ["other"])
+        self.assertEqual(snapshot(os.path.join(disk_b, "other")), others)
+        self.assertEqual(held(mine_a), [])
+        self.assertEqual(sorted(snapshot(mine_a)), [".colibri-stripe", os.path.relpath(user, mine_a)])
+        with open(user) as f:
+            self.assertEqual(f.read(), "not colibri's")
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.yaml")))
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+        self.assertEqual(run(["inspect", other, "--verify"], check=False).returncode, 0)
+        self.assertEqual(logits_bytes(other, "reconvert-other", "--profile", os.path.join(other, "stripe.yaml")),
+                         logits_bytes(m, "reconvert-base"))
+        # A stripe.yaml that cannot be read fails nothing: the convert warns, naming it, and the mirrors stay.
+        os.remove(user)
+        run(["model", "stripe", dst, "--to", disk_a, "--copy"])
+        on_a = held(mine_a)
+        self.assertTrue(on_a)
+        with open(os.path.join(dst, "stripe.yaml"), "w") as f:
+            f.write("storage: [unclosed\n")
+        p = reconvert()
+        self.assertIn(os.path.join(dst, "stripe.yaml"), p.stderr)
+        self.assertIn("stay", p.stderr)
+        self.assertEqual(held(mine_a), on_a)
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+
     def test_a_named_directory_restriping_empties_stays(self):
         m = model()
         files = sorted({e["file"] for e in manifest(m)["experts"]})

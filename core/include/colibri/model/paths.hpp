@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "colibri/sdk/status.hpp"
 
@@ -36,5 +37,10 @@ std::string stripe_owner(const std::filesystem::path& stripe_dir);
 // experts/, then the marker and the directory itself when the marker is all that is left. A directory whose marker
 // names another model (or none) is left alone, as is anything else found in it. Returns whether it is gone.
 bool remove_emptied_stripe_dir(const std::filesystem::path& stripe_dir, const std::filesystem::path& model_dir);
+
+// The stripe directories <model_dir>/stripe.yaml lists under storage.paths, the file alone (no environment). Only
+// absolute paths: `model stripe` writes those, any other is not one of its directories. Empty without a
+// stripe.yaml; an error when it cannot be read.
+sdk::Expected<std::vector<std::filesystem::path>> stripe_yaml_dirs(const std::filesystem::path& model_dir);
 
 }  // namespace colibri::model
