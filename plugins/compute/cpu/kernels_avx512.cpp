@@ -97,6 +97,7 @@ KTARGET float z_dot_q8_0(const void* w_row, const void* act, std::int64_t k) noe
   const std::int64_t nb = k / 32, nb4 = nb / 4 * 4;
   __m128 acc = _mm_setzero_ps();
   for (std::int64_t b = 0; b < nb4; b += 4) {
+    x86_prefetch_ahead<3>(w + b);  // 136 bytes a step
     __m256i p[4];
     for (int j = 0; j < 4; ++j) {
       const __m256i wq = x86_load32(w[b + j].qs);
@@ -124,6 +125,7 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
   __m128 acc = _mm_setzero_ps();
   for (std::int64_t b = 0; b < nb4; b += 4) {
     __m256i p[4];
+    x86_prefetch_ahead<2>(w + b);  // 72 bytes a step
     for (int j = 0; j < 4; ++j) p[j] = z_dot_u8s8(x86_unpack_q4_0(w[b + j].qs), x86_load32(y[b + j].qs));
     const __m128i sums = _mm_set_epi32(y[b + 3].sum, y[b + 2].sum, y[b + 1].sum, y[b].sum);
     const __m128i isum = _mm_sub_epi32(x86_hsum4(p[0], p[1], p[2], p[3]), _mm_slli_epi32(sums, 3));
