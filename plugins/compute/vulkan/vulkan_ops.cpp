@@ -228,7 +228,8 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   // A layer's experts in one submission: the expert_ffn commands of each, one after another. gpt-oss's
   // expert_ffn_clamped: expert_ffn's commands with the biases in the matmuls and the clamped activation (eltwise
   // mode 4) in place of swiglu. All of them are matmul shaders, so they take the weights matmul takes.
-  if (op == Op::matmul || op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped)
+  if (op == Op::matmul || op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped ||
+      op == Op::expert_ffn_clamped_group)
     return matmul_weight(weight_type);
   // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders).
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
@@ -295,25 +296,19 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     }
     case Op::expert_ffn:
     case Op::expert_ffn_group:
-    case Op::expert_ffn_clamped: {
+    case Op::expert_ffn_clamped:
+    case Op::expert_ffn_clamped_group: {
       // expert_ffn is a group of one. Every expert gets its own gate/up scratch, so a group is one submission of
       // each expert's commands in turn (one wait instead of one per expert), with the bits of expert_ffn alone.
-      // expert_ffn_clamped is one expert whose matmuls add its biases (inputs 4..6) and whose activation is the
-      // clamped GLU (eltwise mode 4) instead of swiglu.
-      const bool clamped = call.op == Op::expert_ffn_clamped;
-      std::uint64_t bg = 0, bu = 0, bd = 0;
-      if (clamped) {
-        COLIBRI_VK_BIND(g_, in[4], "b_gate", false, 4);
-        COLIBRI_VK_BIND(u_, in[5], "b_up", false, 4);
-        COLIBRI_VK_BIND(d_, in[6], "b_down", false, 4);
-        bg = g_;
-        bu = u_;
-        bd = d_;
-      }
+      // expert_ffn_clamped(_group): experts of seven inputs whose matmuls add their biases (inputs 4..6) and whose
+      // activation is the clamped GLU (eltwise mode 4) instead of swiglu.
+      const bool clamped = call.op == Op::expert_ffn_clamped || call.op == Op::expert_ffn_clamped_group;
+      const std::size_t stride = clamped ? 7 : 4;
       const std::size_t experts = out.size();
       auto scratch_of = [&](std::size_t e) {
         const std::size_t ft_bytes =
-            static_cast<std::size_t>(sdk::row_count(in[4 * e]) * sdk::row_count(in[4 * e + 3])) * sizeof(float);
+            static_cast<std::size_t>(sdk::row_count(in[stride * e]) * sdk::row_count(in[stride * e + 3])) *
+            sizeof(float);
         return (ft_bytes + 255) / 256 * 256;
       };
       std::size_t scratch_bytes = 0;
@@ -321,8 +316,18 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_VK_TRY(ensure_scratch(scratch_bytes));
       std::uint64_t next = scratch_.address;
       for (std::size_t e = 0; e < experts; ++e) {
-        const Tensor &wg = in[4 * e], &wu = in[4 * e + 1], &wd = in[4 * e + 2], &x = in[4 * e + 3], &y = out[e];
+        const Tensor &wg = in[stride * e], &wu = in[stride * e + 1], &wd = in[stride * e + 2], &x = in[stride * e + 3],
+                     &y = out[e];
         const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
+        std::uint64_t bg = 0, bu = 0, bd = 0;
+        if (clamped) {
+          COLIBRI_VK_BIND(g_, in[stride * e + 4], "b_gate", false, 4);
+          COLIBRI_VK_BIND(u_, in[stride * e + 5], "b_up", false, 4);
+          COLIBRI_VK_BIND(d_, in[stride * e + 6], "b_down", false, 4);
+          bg = g_;
+          bu = u_;
+          bd = d_;
+        }
         COLIBRI_VK_BIND(ga, wg, "W_gate", false, weight_align(wg.type));
         COLIBRI_VK_BIND(ua, wu, "W_up", false, weight_align(wu.type));
         COLIBRI_VK_BIND(da, wd, "W_down", false, weight_align(wd.type));
