@@ -107,7 +107,8 @@ int run_convert(const ConvertCliOptions& o) {
   if (!s.fallbacks.empty()) {
     std::map<std::string, int> by_kind;
     for (const auto& f : s.fallbacks) by_kind[f.wanted + " -> " + f.used + " (" + f.reason + ")"]++;
-    std::cout << "  fallbacks:        " << s.fallbacks.size() << " tensors\n";
+    // Not only fallbacks: an input's quantized tensors (gpt-oss's MXFP4 experts) are kept as they are on purpose.
+    std::cout << "  other types:      " << s.fallbacks.size() << " tensors not in the preset's type\n";
     for (const auto& [k, n] : by_kind) std::cout << "    " << n << " x " << k << "\n";
   }
   for (const auto& w : s.warnings) std::cout << "  warning: " << w << "\n";
