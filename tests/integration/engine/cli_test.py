@@ -32,6 +32,37 @@ def model():
     return out
 
 
+def chat_model(name, template, special_tokens=()):
+    """A copy of the tiny model with this chat template, and these special tokens added to its tokenizer (at the
+    ids after its vocabulary, which its embedding already has)."""
+    out = os.path.join(WORK, name)
+    if os.path.exists(os.path.join(out, "manifest.json")):
+        return out
+    shutil.copytree(model(), out, dirs_exist_ok=True)
+
+    def edit(file, change):
+        with open(os.path.join(out, file)) as f:
+            doc = json.load(f)
+        change(doc)
+        with open(os.path.join(out, file), "w") as f:
+            json.dump(doc, f)
+
+    def add_tokens(tok):
+        first = 1 + max(a["id"] for a in tok["added_tokens"] + [{"id": i} for i in tok["model"]["vocab"].values()])
+        for i, token in enumerate(special_tokens):
+            tok["added_tokens"].append({"id": first + i, "content": token, "single_word": False, "lstrip": False,
+                                        "rstrip": False, "normalized": False, "special": True})
+
+    def drop_hashes(man):  # deliberate edits
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            man["tokenizer"].get("xxh64", {}).pop(file, None)
+
+    edit("tokenizer.json", add_tokens)
+    edit("tokenizer_config.json", lambda config: config.update(chat_template=template))
+    edit("manifest.json", drop_hashes)
+    return out
+
+
 class Run(unittest.TestCase):
     def test_same_seed_same_text_and_stats_line(self):
         a = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", "5", "--ignore-eos")
@@ -124,8 +155,8 @@ class Interrupt(unittest.TestCase):
         with open(out, "w") as f:
             f.write("old")
         for signals in (1, 2):  # once: stops after the chunk and reports; twice: ends at once
-            # Chunks of 512 take long enough that the second Ctrl-C comes while one runs.
-            p = subprocess.Popen([CLI, "perplexity", "-m", model(), "-f", text, "--ctx", "512", "--save-logits", out],
+            # Chunks of 2048 take long enough that the second Ctrl-C comes while one runs (512 no longer did).
+            p = subprocess.Popen([CLI, "perplexity", "-m", model(), "-f", text, "--ctx", "2048", "--save-logits", out],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.time() + 60
             while time.time() < deadline and not (os.path.exists(out + ".partial") and
@@ -172,32 +203,11 @@ class Chat(unittest.TestCase):
         # template whose generation prompt opens the analysis channel for a message "think", the final one otherwise.
         # A random model writes no harmony itself: every special token is banned, and each reply is checked against
         # `run` on the prompt the template renders for the history the chat should have kept.
-        out = os.path.join(WORK, "tiny-harmony")
         names = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>"]
-        if not os.path.exists(os.path.join(out, "manifest.json")):
-            shutil.copytree(model(), out, dirs_exist_ok=True)
-            with open(os.path.join(out, "tokenizer.json")) as f:
-                tok = json.load(f)
-            first = 1 + max(a["id"] for a in tok["added_tokens"] + [{"id": i} for i in tok["model"]["vocab"].values()])
-            for i, name in enumerate(names):
-                tok["added_tokens"].append({"id": first + i, "content": name, "single_word": False, "lstrip": False,
-                                            "rstrip": False, "normalized": False, "special": True})
-            with open(os.path.join(out, "tokenizer.json"), "w") as f:
-                json.dump(tok, f)
-            with open(os.path.join(out, "tokenizer_config.json")) as f:
-                config = json.load(f)
-            config["chat_template"] = (
-                "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
-                "{% if add_generation_prompt %}<|start|>assistant<|channel|>"
-                "{% if messages[-1].content == 'think' %}analysis{% else %}final{% endif %}<|message|>{% endif %}")
-            with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-                json.dump(config, f)
-            with open(os.path.join(out, "manifest.json")) as f:
-                man = json.load(f)
-            for name in ("tokenizer.json", "tokenizer_config.json"):  # deliberate edits
-                man["tokenizer"].get("xxh64", {}).pop(name, None)
-            with open(os.path.join(out, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        out = chat_model("tiny-harmony", (
+            "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|start|>assistant<|channel|>"
+            "{% if messages[-1].content == 'think' %}analysis{% else %}final{% endif %}<|message|>{% endif %}"), names)
         with open(os.path.join(out, "tokenizer.json")) as f:
             specials = [a["id"] for a in json.load(f)["added_tokens"]]
         bans = [f"--logit-bias={i}=-100" for i in specials]
@@ -234,22 +244,10 @@ class Chat(unittest.TestCase):
 
     def test_a_think_block_goes_to_stderr(self):
         # Qwen3's way: the generation prompt opens <think> for a message "think" and closes an empty block otherwise.
-        out = os.path.join(WORK, "tiny-think")
-        if not os.path.exists(os.path.join(out, "manifest.json")):
-            shutil.copytree(model(), out, dirs_exist_ok=True)
-            with open(os.path.join(out, "tokenizer_config.json")) as f:
-                config = json.load(f)
-            config["chat_template"] = (
-                "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
-                "{% if add_generation_prompt %}<assistant>{% if messages[-1].content == 'think' %}<think>\n"
-                "{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
-            with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-                json.dump(config, f)
-            with open(os.path.join(out, "manifest.json")) as f:
-                man = json.load(f)
-            man["tokenizer"].get("xxh64", {}).pop("tokenizer_config.json", None)  # a deliberate edit
-            with open(os.path.join(out, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        out = chat_model("tiny-think", (
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% if messages[-1].content == 'think' %}<think>\n"
+            "{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}"))
         greedy = ["-n", "6", "--temp", "0"]
         p = cli("chat", "-m", out, *greedy, stdin="think\n")
         prompt = "<user>think</user><assistant><think>\n"

@@ -77,6 +77,17 @@ def striped(m, copy=False):
     return dst, os.path.join(disk2, name)
 
 
+def snapshot(d):
+    """Every file under d (relative path -> bytes): what a model or stripe directory holds."""
+    out = {}
+    for root, _, names in os.walk(d):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, d)] = f.read()
+    return out
+
+
 class Promise(unittest.TestCase):
     def test_every_plugin_policy_size_and_prefetch_depth(self):
         m = model()
@@ -295,15 +306,6 @@ class Stripe(unittest.TestCase):
         def held(d):  # the expert files a stripe directory holds
             return [f for f in files if os.path.isfile(os.path.join(d, f))]
 
-        def snapshot(d):
-            out = {}
-            for root, _, names in os.walk(d):
-                for n in names:
-                    p = os.path.join(root, n)
-                    with open(p, "rb") as f:
-                        out[os.path.relpath(p, d)] = f.read()
-            return out
-
         base = logits_bytes(m, "remirror-base")
         profile = ["--profile", os.path.join(dst, "stripe.yaml")]
         # Another model on disk B, moved there (B holds its only copies).
@@ -368,15 +370,6 @@ class Stripe(unittest.TestCase):
 
         def held(d):  # the expert files a stripe directory holds
             return [f for f in files if os.path.isfile(os.path.join(d, f))]
-
-        def snapshot(d):
-            out = {}
-            for root, _, names in os.walk(d):
-                for n in names:
-                    p = os.path.join(root, n)
-                    with open(p, "rb") as f:
-                        out[os.path.relpath(p, d)] = f.read()
-            return out
 
         def reconvert():
             return run(["convert", "--input", os.path.join(WORK, "mixtral"), "--output", dst, "--quantize", "q8_0",
