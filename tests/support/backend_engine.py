@@ -75,17 +75,22 @@ class Engine:
     def against_cpu(self, cases):
         failures = []
         for arch, preset in cases:
-            m = self.model(arch, preset)
-            cpu = self.logits(m, "cpu", *EXACT)
-            dev = self.logits(m, self.backend, *(EXACT + self.on_backend))
-            rel = np.abs(cpu - dev).max(axis=1) / np.abs(cpu).max(axis=1)
-            same_argmax = bool((cpu.argmax(axis=1) == dev.argmax(axis=1)).all())
-            print(f"  {arch}/{preset}: {self.backend} vs cpu max relative error {rel.max():.2e}, same argmax: "
-                  f"{same_argmax}", flush=True)
-            if not rel.max() <= 1e-4:
-                failures.append(f"{arch}/{preset}: {self.backend} differs from cpu by {rel.max():.3e} of the max logit")
-            if not same_argmax:
-                failures.append(f"{arch}/{preset}: {self.backend} picks another greedy token than cpu")
+            failures += self.compare_to_cpu(self.model(arch, preset), f"{arch}/{preset}")
+        return failures
+
+    def compare_to_cpu(self, m, label):
+        """The model's logits on this backend against the CPU's: within 1e-4 of the max logit, same greedy token."""
+        failures = []
+        cpu = self.logits(m, "cpu", *EXACT)
+        dev = self.logits(m, self.backend, *(EXACT + self.on_backend))
+        rel = np.abs(cpu - dev).max(axis=1) / np.abs(cpu).max(axis=1)
+        same_argmax = bool((cpu.argmax(axis=1) == dev.argmax(axis=1)).all())
+        print(f"  {label}: {self.backend} vs cpu max relative error {rel.max():.2e}, same argmax: {same_argmax}",
+              flush=True)
+        if not rel.max() <= 1e-4:
+            failures.append(f"{label}: {self.backend} differs from cpu by {rel.max():.3e} of the max logit")
+        if not same_argmax:
+            failures.append(f"{label}: {self.backend} picks another greedy token than cpu")
         return failures
 
     def batch_invariance(self):

@@ -109,17 +109,7 @@ def mxfp4_model(engine, preset):
 def mxfp4_gpt_oss(engine):
     failures = []
     for preset in ("f32", "q4_k_m"):
-        m = mxfp4_model(engine, preset)
-        cpu = engine.logits(m, "cpu", *backend_engine.EXACT)
-        dev = engine.logits(m, "vulkan", *(backend_engine.EXACT + engine.on_backend))
-        rel = np.abs(cpu - dev).max(axis=1) / np.abs(cpu).max(axis=1)
-        same_argmax = bool((cpu.argmax(axis=1) == dev.argmax(axis=1)).all())
-        print(f"  gpt_oss-mxfp4/{preset}: vulkan vs cpu max relative error {rel.max():.2e}, same argmax: "
-              f"{same_argmax}", flush=True)
-        if not rel.max() <= 1e-4:
-            failures.append(f"gpt_oss-mxfp4/{preset}: vulkan differs from cpu by {rel.max():.3e} of the max logit")
-        if not same_argmax:
-            failures.append(f"gpt_oss-mxfp4/{preset}: vulkan picks another greedy token than cpu")
+        failures += engine.compare_to_cpu(mxfp4_model(engine, preset), f"gpt_oss-mxfp4/{preset}")
     m = mxfp4_model(engine, "f32")
     base = engine.logits(m, "vulkan-base", *engine.on_backend)
     for batch in ("1", "3"):
