@@ -155,24 +155,14 @@ fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const
 // The directories the model's stripe.yaml names: the layout this run replaces (--copy leaves no symlinks to find
 // its mirrors by). None without a readable stripe.yaml.
 std::vector<fs::path> earlier_members(const fs::path& model_dir) {
-  const fs::path yaml = model_dir / "stripe.yaml";
-  std::error_code ec;
-  if (!fs::is_regular_file(yaml, ec)) return {};
-  profile::LoadOptions opts;
-  opts.profile = yaml.string();
-  opts.use_process_environment = false;  // the file alone, as written
-  auto prof = profile::Profile::load(opts);
-  if (!prof) {
-    std::cerr << "warning: cannot read " << yaml.string() << " (" << prof.error().message()
+  auto dirs = model::stripe_yaml_dirs(model_dir);
+  if (!dirs) {
+    std::cerr << "warning: cannot read " << (model_dir / "stripe.yaml").string() << " (" << dirs.error().message()
               << "); mirrors an earlier stripe left on disks this one does not name stay there: remove them "
                  "yourself\n";
     return {};
   }
-  std::vector<fs::path> out;
-  for (const auto& p : prof->get_list("storage.paths")) {
-    if (fs::path(p).is_absolute()) out.emplace_back(p);  // stripe writes absolute paths; others are not ours
-  }
-  return out;
+  return *dirs;
 }
 
 // Once the new layout is complete and recorded: in every stripe directory of this model (`members`, the new ones;
