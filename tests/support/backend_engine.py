@@ -6,7 +6,9 @@
   position (f32 KV cache, exact activations: both backends compute the same sums in different orders), with the
   same greedy token;
 * batch_invariance(): the one promise on the backend, logits bit-identical in one batch, token by token and in
-  chunks of 3.
+  chunks of 3;
+* gpt_oss(): gpt-oss's ops (attention_sinks, expert_ffn_clamped, mxfp4 experts) against the CPU backend, their one
+  promise, and mxfp4 experts uploaded to device memory.
 """
 
 import json
@@ -22,6 +24,9 @@ ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral")
 # Every preset at least once (q4_0 is covered by the conformance suites only).
 PRESETS = [("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"), ("olmoe", "f16"), ("llama", "q5_k_m"),
            ("qwen3_moe", "q3_k_m"), ("mixtral", "q2_k"), ("mistral", "bf16")]
+# gpt-oss's ops (attention sinks, biased experts with the clamped SwiGLU) under the engine: not in ARCHS, which a
+# backend without those optional ops runs too.
+GPT_OSS = [("gpt_oss", "f32"), ("gpt_oss", "q4_k_m")]
 
 
 class Engine:
@@ -104,6 +109,49 @@ class Engine:
                     failures.append(f"{arch}/{preset}: {self.backend} logits with --batch {batch} differ from one "
                                     f"batch (max abs {np.abs(base - other).max()})")
             print(f"  {arch}/{preset}: {self.backend} batch invariance checked", flush=True)
+        return failures
+
+    def mxfp4_model(self, preset):
+        """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""
+        ckpt = os.path.join(self.work, "ckpt-gpt_oss-mxfp4")
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, self.gen, "--arch", "gpt_oss", "--out", ckpt, "--dtype", "f32", "--mxfp4"],
+                           check=True, capture_output=True)
+        out = os.path.join(self.work, f"gpt_oss-mxfp4-{preset}")
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            self.run(["convert", "--input", ckpt, "--output", out, "--quantize", preset, "--force"])
+        with open(os.path.join(out, "manifest.json")) as f:
+            experts = json.load(f)["experts"]
+        types = {e[part]["type"] for e in experts for part in ("gate", "up", "down")}
+        if types != {"mxfp4"}:
+            raise RuntimeError(f"{out}: the experts should all be mxfp4, not {sorted(types)}")
+        return out
+
+    def gpt_oss(self, discrete):
+        """gpt_oss (converted at f32 and q4_k_m, and with MXFP4 experts as openai ships them, which convert keeps at
+        any preset) against the CPU backend; the one promise on both f32 models; and bit-identical logits with every
+        mxfp4 expert uploaded to device memory (`discrete`: the options that make that memory a discrete GPU's, so
+        17-byte blocks sit at any offset of a slot), each uploaded once and then hit."""
+        failures = self.against_cpu(GPT_OSS)
+        for preset in ("f32", "q4_k_m"):
+            failures += self.compare_to_cpu(self.mxfp4_model(preset), f"gpt_oss-mxfp4/{preset}")
+        for label, m in (("gpt_oss/f32", self.model("gpt_oss", "f32")), ("gpt_oss-mxfp4/f32", self.mxfp4_model("f32"))):
+            base = self.logits(m, f"{self.backend}-base", *self.on_backend)  # the mxfp4 one is used below
+            for batch in ("1", "3"):
+                other = self.logits(m, f"{self.backend}-b{batch}", "--batch", batch, *self.on_backend)
+                if not same(base, other):
+                    failures.append(f"{label}: {self.backend} logits with --batch {batch} differ from one batch")
+            print(f"  {label}: {self.backend} batch invariance checked", flush=True)
+        experts, _, sizes = self._vram_sizes(m)
+        tier = list(discrete) + ["--vram-budget", str(sizes["all"])]
+        uploaded = self.logits(m, f"{self.backend}-vram", *self.on_backend, *tier)
+        if not same(base, uploaded):
+            failures.append(f"gpt_oss-mxfp4/f32: {self.backend} logits with every expert in device memory differ "
+                            f"(max abs {np.abs(base - uploaded).max()})")
+        st, _ = self._bench(m, *tier)
+        if st["vram_uploads"] != len(experts) or st["vram_misses"] != 0:
+            failures.append(f"gpt_oss-mxfp4/f32: every expert should be uploaded once and then hit: {st}")
+        print(f"  gpt_oss-mxfp4/f32: {self.backend} VRAM tier checked", flush=True)
         return failures
 
 

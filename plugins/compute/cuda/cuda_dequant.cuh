@@ -445,4 +445,35 @@ struct Q6_K {  // 210 bytes per 256: ql[128], qh[64], scales[16] (int8), d
   }
 };
 
+// mxfp4 (gpt-oss's experts): 17-byte blocks of 32: e (an e8m0 scale), qs[16] (low nibbles elements 0..15, high
+// nibbles 16..31), x = kMxfp4Values[q] * 2^(e - 128). Blocks start at any byte, so only the chunk path reads them.
+COLIBRI_HD float e8m0_half(unsigned e) {  // colibri::quant::e8m0_to_fp32_half: e = 0 and 1 are subnormals
+  return as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+// kMxfp4Values[q]: the magnitudes 0, 1, 2, 3, 4, 6, 8, 12 packed in a word (no table in device memory), bit 3 the
+// sign (code 8 is 0, as in the reference).
+COLIBRI_HD int e2m1_value(int q) {
+  const int mag = static_cast<int>((0x0C08060403020100ull >> (8 * (q & 7))) & 0xFFu);
+  return (q & 8) != 0 ? -mag : mag;
+}
+struct MXFP4 {
+  static constexpr bool kLanes = false;
+  COLIBRI_HD static void chunk(const std::uint8_t* row, int c, int, float* w) {
+    const std::uint8_t* b = row + static_cast<std::size_t>(c) * 17;
+#ifdef __CUDA_ARCH__
+    const float d = e8m0_half(__ldg(b));
+#else
+    const float d = e8m0_half(*b);
+#endif
+    std::uint32_t q[4];
+    load_words(b + 1, q);  // ends at the block's last byte
+    COLIBRI_UNROLL
+    for (int j = 0; j < 16; ++j) {
+      const int v = byte_at(q, j);
+      w[j] = mul_rn(static_cast<float>(e2m1_value(v & 0xF)), d);
+      w[j + 16] = mul_rn(static_cast<float>(e2m1_value(v >> 4)), d);
+    }
+  }
+};
+
 }  // namespace colibri::cuda::dequant

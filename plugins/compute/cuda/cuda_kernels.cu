@@ -20,13 +20,14 @@ namespace {
 
 // GGML type ids (colibri::sdk::DType).
 constexpr std::uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
-                        kQ6_K = 14, kBF16 = 30;
+                        kQ6_K = 14, kBF16 = 30, kMXFP4 = 39;
 
 using dequant::BF16;
 using dequant::F16;
 using dequant::f16_at;
 using dequant::F32;
 using dequant::kChunk;
+using dequant::MXFP4;
 using dequant::Q2_K;
 using dequant::Q3_K;
 using dequant::Q4_0;
@@ -414,6 +415,7 @@ cudaError_t by_type(std::uint32_t type, Args... args) {
     case kQ4_K: return Launch<Q4_K>::run(args...);
     case kQ5_K: return Launch<Q5_K>::run(args...);
     case kQ6_K: return Launch<Q6_K>::run(args...);
+    case kMXFP4: return Launch<MXFP4>::run(args...);  // matmul only: check_op_call refuses it for embedding
     default: return cudaErrorInvalidValue;
   }
 }
@@ -436,6 +438,9 @@ struct EmbeddingLaunch {
 // One block per (head, query). Keys in blocks of 64 aligned to key 0 (so the blocks a query sees
 // depend only on its own position and window), scored by warps (lanes split head_dim, fixed
 // shuffle tree), then an online softmax whose sums run over the block's keys in order.
+// attention_sinks (gpt-oss): head h's sink is one more key of score sinks[h] (not scaled) and value zero, so the
+// online softmax starts from it (m = sink, l = e^0 = 1, acc = 0) instead of from nothing (m = -inf, l = 0), as
+// on the CPU backend; every key block then runs as without sinks.
 
 constexpr int kAttnThreads = 128;
 constexpr int kKeyBlock = 64;
@@ -472,7 +477,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
   auto row_of = [&](const std::uint8_t* base, int j) {
     return base + (static_cast<std::size_t>(j) * a.n_kv_heads + kvh) * a.kv_row_bytes;
   };
-  float m = -INFINITY, l = 0.0f;
+  float m = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  float l = m == -INFINITY ? 0.0f : 1.0f;  // a sink of -inf is no key
   float acc[kMaxHeadDim / kAttnThreads] = {0.0f, 0.0f};
   __syncthreads();
   for (int kb = lo / kKeyBlock * kKeyBlock; kb <= p; kb += kKeyBlock) {
@@ -495,7 +501,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
     for (int j = 0; j < kKeyBlock; ++j) mb = fmaxf(mb, score[j]);
     if (tid < kKeyBlock) prob[tid] = expf(score[tid] - mb);  // exp(-inf) = 0 for keys outside the range
     __syncthreads();
-    const float corr = expf(m - mb);  // 0 on the first block (m = -inf)
+    const float corr = expf(m - mb);  // 0 on the first block (m = -inf) unless a sink came first
     float sum = 0.0f;
     for (int j = 0; j < kKeyBlock; ++j) sum = __fadd_rn(sum, prob[j]);
     l = fmaf(l, corr, sum);
@@ -587,6 +593,21 @@ __global__ void eltwise_kernel(int mode, const float* a, const float* b, float* 
       case 2: y[i] = sigmoidf(a[i]); break;
       default: y[i] = fmaf(b[i / d], a[i], y[i]); break;
     }
+  }
+}
+
+// gpt-oss's activation, with the CPU backend's operations in its order: g = min(gate, limit) and
+// u = clamp(up, -limit, limit) as std::min / std::clamp take them (a NaN gate stays NaN), then
+// g / (1 + e^(-alpha g)) * (u + 1), no contraction.
+__global__ void clamped_glu_kernel(const float* g, const float* __restrict__ u, float* y, long long n, float alpha,
+                                   float limit) {  // y may be g
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float gv = g[i], uv = u[i];
+    const float gi = limit < gv ? limit : gv;
+    const float ui = uv < -limit ? -limit : (limit < uv ? limit : uv);
+    const float e = expf(-__fmul_rn(alpha, gi));
+    y[i] = __fmul_rn(__fdiv_rn(gi, __fadd_rn(1.0f, e)), __fadd_rn(ui, 1.0f));
   }
 }
 
@@ -724,6 +745,12 @@ cudaError_t launch_rope(cudaStream_t stream, const float* x, const std::int32_t*
 cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
                            std::int64_t d) noexcept {
   eltwise_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<int>(mode), a, b, y, n, d);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_clamped_glu(cudaStream_t stream, const float* gate, const float* up, float* y, std::int64_t n,
+                               float alpha, float limit) noexcept {
+  clamped_glu_kernel<<<grid_for(n, 256), 256, 0, stream>>>(gate, up, y, n, alpha, limit);
   return cudaGetLastError();
 }
 

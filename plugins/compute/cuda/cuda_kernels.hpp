@@ -45,7 +45,8 @@ struct AttentionArgs {
   float* o;
   std::int32_t head_dim, n_heads, n_kv_heads, t, position, window;
   float scale;
-  std::size_t kv_row_bytes;  // bytes of one cached row of head_dim
+  std::size_t kv_row_bytes;      // bytes of one cached row of head_dim
+  const float* sinks = nullptr;  // attention_sinks: {n_heads} f32, each head's extra softmax key of value zero
 };
 cudaError_t launch_attention(cudaStream_t stream, std::uint32_t kv_type, const AttentionArgs& a) noexcept;
 
@@ -60,6 +61,11 @@ enum class Eltwise : int { add, swiglu, sigmoid, scale_add };
 // add / swiglu: y = f(a, b); sigmoid: y = f(a); scale_add: y[i] += b[i / d] * a[i].
 cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
                            std::int64_t d) noexcept;
+
+// gpt-oss's clamped SwiGLU (expert_ffn_clamped): y = g / (1 + e^(-alpha g)) * (u + 1) with g = min(gate, limit) and
+// u = clamp(up, -limit, limit); y may be gate.
+cudaError_t launch_clamped_glu(cudaStream_t stream, const float* gate, const float* up, float* y, std::int64_t n,
+                               float alpha, float limit) noexcept;
 
 // mode: 0 raw logits, 1 softmax, 2 sigmoid. A NaN logit sets status[0] = token + 1, status[1] = expert.
 cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,

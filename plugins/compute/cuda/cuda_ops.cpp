@@ -42,7 +42,11 @@ std::size_t align_up(std::size_t v) {
   return (v + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
 }
 std::size_t weight_align(DType t) {
-  return t == DType::f32 ? 4 : 2;
+  return t == DType::f32 ? 4 : t == DType::mxfp4 ? 1 : 2;  // mxfp4's 17-byte blocks are read byte-wise
+}
+bool is_expert_op(sdk::Op op) {
+  return op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped ||
+         op == Op::expert_ffn_clamped_group;
 }
 
 }  // namespace
@@ -173,6 +177,11 @@ Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, b
 }
 
 bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
+  // The expert ops and their groups are matmul kernels in a row, so they take matmul's weights, and mxfp4 (gpt-oss's
+  // experts: the chunk path) too; attention_sinks is attention with the sinks as its first key.
+  if (op == Op::matmul || is_expert_op(op))
+    return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
+  if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -196,21 +205,6 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   const auto& in = call.inputs;
   const auto& out = call.outputs;
   if (Status s = sdk::check_op_call(call, "cuda"); !s) return s;
-  // check_op_call lets the optional mxfp4 weights through for backends that run them; this one does not.
-  for (const auto& t : in) {
-    if (t.type == DType::mxfp4) {
-      return Status(StatusCode::unsupported,
-                    std::string(op_name(call.op)) + ": weight type mxfp4 is not supported by cuda");
-    }
-  }
-  // The optional expert_ffn_group has no kernel here (supports() says so); the engine then calls expert_ffn.
-  if (call.op == Op::expert_ffn_group) {
-    return Status(StatusCode::unsupported, "cuda: expert_ffn_group is not implemented; call expert_ffn per expert");
-  }
-  if (call.op == Op::expert_ffn_clamped_group) {
-    return Status(StatusCode::unsupported,
-                  "cuda: expert_ffn_clamped_group is not implemented; call expert_ffn_clamped per expert");
-  }
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
   auto launched = [&](cudaError_t e) -> Status {
     if (e != cudaSuccess) return cuda_status(e, std::string(name) + ": launching a kernel");
@@ -251,29 +245,36 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   }
 
   Binder binder(*this, name);
+  // The expert ops (a group runs its experts one after another on the stream): gate/up scratch for the largest
+  // expert, which each expert reuses once the one before it is done.
+  const bool expert = is_expert_op(call.op);
+  const bool clamped = call.op == Op::expert_ffn_clamped || call.op == Op::expert_ffn_clamped_group;
+  const std::size_t stride = clamped ? 7 : 4;
+  const std::size_t n_experts = expert ? out.size() : 0;
   std::size_t extra_scratch = 0;
-  if (call.op == Op::expert_ffn && in.size() == 4) {
-    const std::int64_t f = sdk::row_count(in[0]), t = sdk::row_count(in[3]);
-    if (f > 0 && t > 0 && f * t <= kMaxInt)
-      extra_scratch = 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float));
+  for (std::size_t e = 0; e < n_experts; ++e) {
+    const std::int64_t f = sdk::row_count(in[e * stride]), t = sdk::row_count(in[e * stride + 3]);
+    if (f * t > kMaxInt) return bad("expert " + std::to_string(e) + ": F x T is more than 2^31 - 1 elements");
+    extra_scratch = std::max(extra_scratch, 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float)));
   }
   // 8-bit activations for the matmuls that take them (sdk: quantized W may quantize X unless kExactActivations),
-  // after the expert's gate/up scratch. One region, laid out for the largest K that takes them, serves X (gate, up)
-  // and then the gate output (down); a matmul whose K does not take them leaves it alone.
+  // after the experts' gate/up scratch. One region, laid out for the largest K x T that takes them, serves X (gate,
+  // up) and then the gate output (down) of every expert in turn; a matmul whose K does not take them leaves it alone.
   const std::size_t ffn_scratch = extra_scratch;
   std::int64_t q8_k = 0, q8_t = 0;
   const auto consider = [&](std::int64_t k, std::int64_t t) {
-    if (q8_scratch_bytes(k, t) > 0 && k > q8_k) {
+    if (q8_scratch_bytes(k, t) > 0 && q8_scratch_bytes(k, t) > q8_scratch_bytes(q8_k, q8_t)) {
       q8_k = k;
       q8_t = t;
     }
   };
   if ((call.params.flags & sdk::kExactActivations) == 0) {
-    if (call.op == Op::matmul && in.size() >= 2) {
-      consider(in[0].ne[0], sdk::row_count(in[1]));
-    } else if (call.op == Op::expert_ffn && in.size() == 4 && extra_scratch > 0) {
-      consider(in[0].ne[0], sdk::row_count(in[3]));
-      consider(sdk::row_count(in[0]), sdk::row_count(in[3]));
+    if (call.op == Op::matmul && in.size() >= 2) consider(in[0].ne[0], sdk::row_count(in[1]));
+    for (std::size_t e = 0; e < n_experts; ++e) {
+      const Tensor& wg = in[e * stride];
+      const std::int64_t t = sdk::row_count(in[e * stride + 3]);
+      consider(wg.ne[0], t);
+      consider(sdk::row_count(wg), t);
     }
   }
   const std::size_t q8_bytes = q8_k > 0 ? q8_scratch_bytes(q8_k, q8_t) : 0;
@@ -304,25 +305,41 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
                                               ya, ba, k, n, t, q8)));
       break;
     }
-    case Op::expert_ffn: {
-      const Tensor &wg = in[0], &wu = in[1], &wd = in[2], &x = in[3], &y = out[0];
-      const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
-      if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
-      COLIBRI_CUDA_BIND(ga, const void*, wg, "W_gate", false, weight_align(wg.type));
-      COLIBRI_CUDA_BIND(ua, const void*, wu, "W_up", false, weight_align(wu.type));
-      COLIBRI_CUDA_BIND(da, const void*, wd, "W_down", false, weight_align(wd.type));
-      COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
-      COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
+    case Op::expert_ffn:
+    case Op::expert_ffn_group:
+    case Op::expert_ffn_clamped:
+    case Op::expert_ffn_clamped_group: {
+      // Each expert: the kernels of matmul (+ bias) + swiglu or the clamped GLU + matmul (+ bias), in that order,
+      // so its bits are those of the single op on its own inputs, whatever the other experts of a group.
+      const float alpha = call.params.scale, limit = call.params.eps;
       float* gate = binder.scratch(0);
       float* up = binder.scratch(ffn_scratch / 2);
-      // Same numerics as matmul + swiglu + matmul: the same kernels, in that order.
-      COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wg.type), ga, sdk::row_bytes(wg.type, d),
-                                              xa, gate, nullptr, d, f, t, q8)));
-      COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wu.type), ua, sdk::row_bytes(wu.type, d),
-                                              xa, up, nullptr, d, f, t, q8)));
-      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::swiglu, gate, up, gate, f * t, 1)));
-      COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wd.type), da, sdk::row_bytes(wd.type, f),
-                                              gate, ya, nullptr, f, d, t, q8)));
+      for (std::size_t e = 0; e < n_experts; ++e) {
+        const Tensor* ex = &in[e * stride];
+        const Tensor &wg = ex[0], &wu = ex[1], &wd = ex[2], &x = ex[3], &y = out[e];
+        const std::int64_t d = wg.ne[0], f = sdk::row_count(wg), t = sdk::row_count(x);
+        if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
+        COLIBRI_CUDA_BIND(ga, const void*, wg, "W_gate", false, weight_align(wg.type));
+        COLIBRI_CUDA_BIND(ua, const void*, wu, "W_up", false, weight_align(wu.type));
+        COLIBRI_CUDA_BIND(da, const void*, wd, "W_down", false, weight_align(wd.type));
+        COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
+        COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
+        const float *bg = nullptr, *bu = nullptr, *bd = nullptr;
+        if (clamped) {
+          COLIBRI_CUDA_BIND(bga, const float*, ex[4], "b_gate", false, 4);
+          COLIBRI_CUDA_BIND(bua, const float*, ex[5], "b_up", false, 4);
+          COLIBRI_CUDA_BIND(bda, const float*, ex[6], "b_down", false, 4);
+          bg = bga, bu = bua, bd = bda;
+        }
+        COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wg.type), ga, sdk::row_bytes(wg.type, d),
+                                                xa, gate, bg, d, f, t, q8)));
+        COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wu.type), ua, sdk::row_bytes(wu.type, d),
+                                                xa, up, bu, d, f, t, q8)));
+        COLIBRI_CUDA_TRY(launched(clamped ? launch_clamped_glu(st, gate, up, gate, f * t, alpha, limit)
+                                          : launch_eltwise(st, Eltwise::swiglu, gate, up, gate, f * t, 1)));
+        COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wd.type), da, sdk::row_bytes(wd.type, f),
+                                                gate, ya, bd, f, d, t, q8)));
+      }
       break;
     }
     case Op::rms_norm: {
@@ -345,7 +362,8 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
                                             (call.params.flags & sdk::kRopeInterleaved) != 0, call.params.scale)));
       break;
     }
-    case Op::attention: {
+    case Op::attention:
+    case Op::attention_sinks: {
       const Tensor &q = in[0], &k = in[1], &v = in[2], &o = out[0];
       const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3], nkv = k.ne[1];
       if (t > kMaxGridY) return bad("more than 65535 queries in one call");
@@ -365,6 +383,10 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
                       call.params.window,
                       call.params.scale,
                       sdk::row_bytes(k.type, hd)};
+      if (call.op == Op::attention_sinks) {
+        COLIBRI_CUDA_BIND(sa, const float*, in[3], "sinks", false, 4);
+        a.sinks = sa;
+      }
       COLIBRI_CUDA_TRY(launched(launch_attention(st, static_cast<std::uint32_t>(k.type), a)));
       break;
     }
@@ -431,9 +453,6 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
           launched(launch_store_rows(st, static_cast<std::uint32_t>(y.type), xa, ya, sdk::element_count(x))));
       break;
     }
-    case Op::attention_sinks:
-    case Op::expert_ffn_clamped:  // gpt-oss's ops: supports() says no, the engine then refuses the model by name
-      return Status(StatusCode::unsupported, std::string(name) + " is not implemented by the cuda backend yet");
     default: return Status(StatusCode::internal, std::string(name) + ": passed check_op_call but has no kernel");
   }
 #undef COLIBRI_CUDA_BIND

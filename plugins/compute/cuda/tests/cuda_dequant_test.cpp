@@ -291,6 +291,33 @@ TEST(CudaDequant, EveryChunkOfEveryFormatIsBitIdenticalToColibriQuant) {
       expect_chunks_match<dq::Q4_0>(DType::q4_0, 32 * 13, seed, offset);
     }
   }
+  // mxfp4's 17-byte blocks start at every byte offset of a word.
+  for (std::size_t offset : {0, 1, 2, 3}) expect_chunks_match<dq::MXFP4>(DType::mxfp4, 32 * 13, 3, offset);
+}
+
+// Every e8m0 scale (the subnormal 0 and 1, and 255, whose 12 * 2^127 overflows) with every code, at an odd address.
+TEST(CudaDequant, Mxfp4EveryScaleAndCodeIsBitIdenticalToColibriQuant) {
+  constexpr std::size_t kBlock = 17;
+  std::vector<std::uint8_t> storage(256 * kBlock + 8);
+  std::uint8_t* row = storage.data() + 1;
+  for (int e = 0; e < 256; ++e) {
+    std::uint8_t* b = row + static_cast<std::size_t>(e) * kBlock;
+    b[0] = static_cast<std::uint8_t>(e);
+    for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<std::uint8_t>(((j + e) & 0xF) | ((15 - j) << 4));
+  }
+  std::vector<float> want(256 * 32);
+  ASSERT_TRUE(colibri::quant::dequantize_row(DType::mxfp4, row, want.data(), 256 * 32));
+  for (int c = 0; c < 256; ++c) {
+    float got[dq::kChunk];
+    dq::MXFP4::chunk(row, c, dq::kChunk, got);
+    for (int j = 0; j < dq::kChunk; ++j) {
+      const float expect = want[static_cast<std::size_t>(c * dq::kChunk + j)];
+      std::uint32_t a, b;
+      std::memcpy(&a, &got[j], 4);
+      std::memcpy(&b, &expect, 4);
+      ASSERT_EQ(a, b) << "scale " << c << " element " << j << ": got " << got[j] << ", want " << expect;
+    }
+  }
 }
 
 TEST(CudaDequant, PlainFloatRowsIncludingAPartialLastChunk) {

@@ -7,6 +7,8 @@
   compute.backend=cuda against the CPU backend, within 1e-4 of the max-abs logit per position (f32 KV cache,
   exact activations: both backends compute the same sums in different orders), and the same greedy token;
 * the one promise on CUDA: logits bit-identical in one batch, token by token and in chunks of 3;
+* gpt_oss (attention_sinks, expert_ffn_clamped(_group)), also with MXFP4 experts: backend_engine.Engine.gpt_oss,
+  against the CPU backend, its one promise, and every mxfp4 expert in the VRAM tier;
 * the VRAM expert tier (Engine.vram_promise): bit-identical logits for one slot and a quarter of the experts x RAM
   cache x batch (fewer budgets than on Vulkan: each run creates a CUDA context, and gpu-check has 10 minutes), and
   its bench counters, all-in-VRAM included;
@@ -33,7 +35,7 @@ def main():
     if skip is not None:
         return skip
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS + [("olmoe", "q6_k")]
-    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
+    return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() + engine.gpt_oss([]) +
                                  engine.vram_promise({"device": []}, [], budgets=("one", "quarter")) +
                                  engine.cpu_fallback([]) + engine.kv_on_device([]) +
                                  engine.activations_on_device([]))

@@ -8,11 +8,8 @@
   sums in different orders), with the same greedy token everywhere;
 * every other preset (q8_0 ... q2_k, f16, bf16): the same bound against the CPU backend;
 * the one promise on Vulkan: logits bit-identical in one batch, token by token and in chunks of 3;
-* gpt_oss (attention_sinks, expert_ffn_clamped; not in the shared ARCHS, which other backends without those ops run)
-  at f32 and q4_k_m against the CPU backend with the same bound, and its one promise;
-* gpt_oss with MXFP4 experts as openai ships them (make_tiny_model.py --mxfp4; convert keeps them mxfp4 at any
-  preset) at f32 and q4_k_m: the same bound against the CPU backend, its one promise, and bit-identical logits with
-  every expert uploaded to unmapped device memory (a discrete GPU's path: 17-byte blocks at any offset of a slot).
+* gpt_oss (attention_sinks, expert_ffn_clamped), also with MXFP4 experts: backend_engine.Engine.gpt_oss, with the
+  experts uploaded to unmapped device memory (a discrete GPU's path).
 
 With --vram (ctest compute.vulkan.vram): backend_engine.Engine.vram_promise (the one promise with the VRAM expert
 tier) on mapped device memory (lavapipe as an iGPU) and unmapped (compute.map_device_memory=false: a discrete GPU's
@@ -28,11 +25,7 @@ CPU backend and of batch invariance live in tests/support/backend_engine.py, sha
 
 import json
 import os
-import subprocess
 import sys
-
-import numpy as np
-
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "tests",
                                 "support"))
@@ -73,62 +66,6 @@ def kv_mapped(engine):
     return [] if st["kv_device_bytes"] == 0 else [f"mapped memory holds a device KV cache: {st['kv_device_bytes']}"]
 
 
-# gpt-oss's ops (attention sinks, biased experts with the clamped SwiGLU) under the engine.
-GPT_OSS = [("gpt_oss", "f32"), ("gpt_oss", "q4_k_m")]
-
-
-def gpt_oss_batch_invariance(engine):
-    failures = []
-    m = engine.model("gpt_oss", "f32")
-    base = engine.logits(m, "vulkan-base", *engine.on_backend)
-    for batch in ("1", "3"):
-        other = engine.logits(m, f"vulkan-b{batch}", "--batch", batch, *engine.on_backend)
-        if not backend_engine.same(base, other):
-            failures.append(f"gpt_oss/f32: vulkan logits with --batch {batch} differ from one batch")
-    print("  gpt_oss/f32: vulkan batch invariance checked", flush=True)
-    return failures
-
-
-def mxfp4_model(engine, preset):
-    """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""
-    ckpt = os.path.join(engine.work, "ckpt-gpt_oss-mxfp4")
-    if not os.path.exists(os.path.join(ckpt, "config.json")):
-        subprocess.run([sys.executable, engine.gen, "--arch", "gpt_oss", "--out", ckpt, "--dtype", "f32", "--mxfp4"],
-                       check=True, capture_output=True)
-    out = os.path.join(engine.work, f"gpt_oss-mxfp4-{preset}")
-    if not os.path.exists(os.path.join(out, "manifest.json")):
-        engine.run(["convert", "--input", ckpt, "--output", out, "--quantize", preset, "--force"])
-    with open(os.path.join(out, "manifest.json")) as f:
-        experts = json.load(f)["experts"]
-    types = {e[part]["type"] for e in experts for part in ("gate", "up", "down")}
-    if types != {"mxfp4"}:
-        raise RuntimeError(f"{out}: the experts should all be mxfp4, not {sorted(types)}")
-    return out
-
-
-def mxfp4_gpt_oss(engine):
-    failures = []
-    for preset in ("f32", "q4_k_m"):
-        failures += engine.compare_to_cpu(mxfp4_model(engine, preset), f"gpt_oss-mxfp4/{preset}")
-    m = mxfp4_model(engine, "f32")
-    base = engine.logits(m, "vulkan-base", *engine.on_backend)
-    for batch in ("1", "3"):
-        other = engine.logits(m, f"vulkan-b{batch}", "--batch", batch, *engine.on_backend)
-        if not backend_engine.same(base, other):
-            failures.append(f"gpt_oss-mxfp4/f32: vulkan logits with --batch {batch} differ from one batch")
-    experts, _, sizes = engine._vram_sizes(m)
-    discrete = ["--set", "compute.map_device_memory=false", "--vram-budget", str(sizes["all"])]
-    uploaded = engine.logits(m, "vulkan-vram", *engine.on_backend, *discrete)
-    if not backend_engine.same(base, uploaded):
-        failures.append("gpt_oss-mxfp4/f32: vulkan logits with every expert in unmapped device memory differ "
-                        f"(max abs {np.abs(base - uploaded).max()})")
-    st, _ = engine._bench(m, *discrete)
-    if st["vram_uploads"] != len(experts) or st["vram_misses"] != 0:
-        failures.append(f"gpt_oss-mxfp4/f32: every expert should be uploaded once and then hit: {st}")
-    print("  gpt_oss-mxfp4/f32: vulkan batch invariance and VRAM tier checked", flush=True)
-    return failures
-
-
 def main():
     engine = backend_engine.Engine(*sys.argv[1:4], "vulkan")
     os.environ["XDG_CACHE_HOME"] = os.path.join(engine.work, "xdg-cache")  # bench writes usage history there
@@ -142,9 +79,8 @@ def main():
             engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine) +
             engine.activations_on_device(unmapped))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
-    cases += [c for c in GPT_OSS if c not in cases]
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
-                                 gpt_oss_batch_invariance(engine) + mxfp4_gpt_oss(engine))
+                                 engine.gpt_oss(["--set", "compute.map_device_memory=false"]))
 
 
 if __name__ == "__main__":
