@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "colibri/engine/json_constraint.hpp"
 #include "server/json_brackets.hpp"
 
 namespace colibri::server {
@@ -85,11 +86,106 @@ std::optional<json> json_value_at(std::string_view text, std::size_t& pos) {
   return value;
 }
 
-// Arguments as OpenAI sends them: a JSON text. An object is written compactly; a string that holds JSON is taken
-// as that text; missing arguments are an empty object.
+// JSON text with the whitespace outside strings dropped, byte by byte: how a call's arguments object is sent.
+class JsonMinifier {
+ public:
+  void step(char c) {
+    const bool quoted = brackets_.in_string();
+    depth_ += brackets_.step(c);
+    if (quoted || !is_space(c)) text_ += c;
+  }
+  [[nodiscard]] const std::string& text() const { return text_; }
+  // The value that began with the first byte (an object or array) has closed.
+  [[nodiscard]] bool complete() const { return depth_ == 0 && !text_.empty(); }
+
+ private:
+  JsonBrackets brackets_;
+  int depth_ = 0;
+  std::string text_;
+};
+
+std::string minified(std::string_view json_text) {
+  JsonMinifier m;
+  for (const char c : json_text) m.step(c);
+  return m.text();
+}
+
+// Reads a call object {"name": ..., "arguments": {...}} byte by byte from its '{' (spaces before it are skipped): the
+// name's JSON string token, and the arguments object's text minified. It does not check the JSON (the caller does):
+// on valid JSON what it finds is exact, so the parse of a whole answer and a stream read the same arguments.
+class CallScanner {
+ public:
+  void step(char c) {
+    if (closed_) return;
+    const bool quoted = brackets_.in_string();
+    const int d = brackets_.step(c);
+    const int depth = depth_;  // before this byte
+    depth_ += d;
+    if (depth == 0) return;  // the object's '{'
+    if (depth >= 2) {        // inside a member's value
+      if (member_ == Member::arguments && arguments_.text().size() > 0 && !arguments_.complete()) arguments_.step(c);
+      return;
+    }
+    if (!value_) {  // a key, up to its ':'
+      if (quoted || c == '"') {
+        key_ += c;
+      } else if (c == ':') {
+        start_value();
+      }
+      return;
+    }
+    if (!quoted && (c == ',' || d < 0)) {  // the value ends; '}' ends the object too
+      value_ = false;
+      key_.clear();
+      closed_ = d < 0;
+      return;
+    }
+    if (member_ == Member::name) {
+      if (quoted || !is_space(c)) name_ += c;
+      if (quoted && !brackets_.in_string()) name_token_ = name_;  // the string closed
+    } else if (member_ == Member::arguments && (quoted || !is_space(c))) {
+      if (c == '{' && !quoted && arguments_.text().empty()) {
+        arguments_.step(c);
+      } else {
+        arguments_other_ = true;  // a string (read by the caller), or no object
+      }
+    }
+  }
+
+  [[nodiscard]] bool closed() const { return closed_; }
+  // "name" twice, or "arguments" / "parameters" twice: a parser could take either.
+  [[nodiscard]] bool ambiguous() const { return names_ > 1 || argument_keys_ > 1; }
+  [[nodiscard]] const std::string& name_token() const { return name_token_; }  // empty until the string closes
+  // The arguments are an object, begun: its text so far, and whether it has closed.
+  [[nodiscard]] bool arguments_object() const { return !arguments_other_ && !arguments_.text().empty(); }
+  [[nodiscard]] const std::string& arguments() const { return arguments_.text(); }
+  [[nodiscard]] bool arguments_complete() const { return arguments_.complete(); }
+
+ private:
+  enum class Member { other, name, arguments };
+  void start_value() {
+    value_ = true;
+    member_ = Member::other;
+    const json key = json::parse(key_, nullptr, /*allow_exceptions=*/false);
+    if (!key.is_string()) return;
+    const auto& k = key.get_ref<const std::string&>();
+    if (k == "name" && ++names_ == 1) member_ = Member::name;
+    if ((k == "arguments" || k == "parameters") && ++argument_keys_ == 1) member_ = Member::arguments;
+  }
+
+  JsonBrackets brackets_;
+  int depth_ = 0;
+  bool closed_ = false, value_ = false, arguments_other_ = false;
+  Member member_ = Member::other;
+  std::string key_, name_, name_token_;
+  int names_ = 0, argument_keys_ = 0;
+  JsonMinifier arguments_;
+};
+
+// Arguments that are not an object: a string that holds JSON is taken as that text; missing arguments are an empty
+// object.
 std::optional<std::string> arguments_text(const json* arguments) {
   if (arguments == nullptr || arguments->is_null()) return std::string("{}");
-  if (arguments->is_object()) return arguments->dump(-1, ' ', false, json::error_handler_t::replace);
   if (arguments->is_string()) {
     const auto& s = arguments->get_ref<const std::string&>();
     if (json::accept(s)) return s;
@@ -97,16 +193,41 @@ std::optional<std::string> arguments_text(const json* arguments) {
   return std::nullopt;
 }
 
-// {"name": ..., "arguments": {...}} (some models write "parameters").
-std::optional<ToolCall> call_from_object(const json& object) {
+// {"name": ..., "arguments": {...}} (some models write "parameters"), `text` being its JSON text.
+std::optional<ToolCall> call_from_object(const json& object, std::string_view text) {
   if (!object.is_object()) return std::nullopt;
   auto name = object.find("name");
   if (name == object.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
+  CallScanner scan;
+  for (const char c : text) scan.step(c);
+  if (scan.ambiguous()) return std::nullopt;
   auto args = object.find("arguments");
   if (args == object.end()) args = object.find("parameters");
-  auto text = arguments_text(args == object.end() ? nullptr : &*args);
-  if (!text) return std::nullopt;
-  return ToolCall{"", name->get<std::string>(), std::move(*text)};
+  std::optional<std::string> arguments;
+  if (args != object.end() && args->is_object()) {
+    if (scan.arguments_complete()) arguments = scan.arguments();
+  } else {
+    arguments = arguments_text(args == object.end() ? nullptr : &*args);
+  }
+  if (!arguments) return std::nullopt;
+  return ToolCall{"", name->get<std::string>(), std::move(*arguments)};
+}
+
+// The texts of a valid JSON array's items.
+std::vector<std::string_view> array_items(std::string_view array) {
+  std::vector<std::string_view> items;
+  JsonBrackets brackets;
+  int depth = 0;
+  std::size_t start = 1;
+  for (std::size_t i = 1; i < array.size(); ++i) {
+    const bool quoted = brackets.in_string();
+    depth += brackets.step(array[i]);
+    if (quoted || depth > 0 || (array[i] != ',' && depth == 0)) continue;
+    items.push_back(array.substr(start, i - start));
+    start = i + 1;
+    if (depth < 0) break;
+  }
+  return items;
 }
 
 // Each parser starts at the opening marker and returns the calls and where they end, or nullopt.
@@ -118,12 +239,15 @@ Calls parse_marked_json(std::string_view text, std::size_t pos, std::string_view
   std::vector<ToolCall> calls;
   while (text.substr(pos).starts_with(open)) {
     pos += open.size();
+    const std::size_t start = skip_space(text, pos);
     auto value = json_value_at(text, pos);
     if (!value) return std::nullopt;
+    const std::string_view value_text = text.substr(start, pos - start);
     const json list = value->is_array() ? *value : json::array({*value});
-    if (list.empty()) return std::nullopt;
-    for (const auto& object : list) {
-      auto call = call_from_object(object);
+    const auto texts = value->is_array() ? array_items(value_text) : std::vector<std::string_view>{value_text};
+    if (list.empty() || texts.size() != list.size()) return std::nullopt;
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      auto call = call_from_object(list[i], texts[i]);
       if (!call) return std::nullopt;
       calls.push_back(std::move(*call));
     }
@@ -151,9 +275,10 @@ Calls parse_deepseek(std::string_view text, std::size_t pos) {
     if (call.name.empty() || !text.substr(pos).starts_with("```")) return std::nullopt;
     pos += 3;
     if (text.substr(pos).starts_with("json")) pos += 4;
+    const std::size_t start = skip_space(text, pos);
     auto args = json_value_at(text, pos);
     if (!args || !args->is_object()) return std::nullopt;
-    call.arguments = args->dump(-1, ' ', false, json::error_handler_t::replace);
+    call.arguments = minified(text.substr(start, pos - start));
     pos = skip_space(text, pos);
     if (text.substr(pos).starts_with("```")) pos += 3;
     pos = skip_space(text, pos);
@@ -235,7 +360,7 @@ json required_call_schema(const std::vector<std::string>& names) {
 std::optional<ToolCall> call_from_json_text(std::string_view text) {
   const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) return std::nullopt;
-  return call_from_object(object);
+  return call_from_object(object, text);
 }
 
 json ToolCall::to_json() const {
@@ -268,28 +393,291 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text) {
   return out;
 }
 
-std::string ToolCallStream::push(std::string_view text) {
+namespace {
+
+enum class Match { yes, more, no };  // the text starts with a string, may still grow into it, or does not
+Match match(std::string_view text, std::string_view s) {
+  if (text.starts_with(s)) return Match::yes;
+  return s.starts_with(text) ? Match::more : Match::no;
+}
+
+// How much of `text` is whole UTF-8 characters: a piece must not end inside one (it goes out as a JSON string).
+std::size_t whole_utf8(std::string_view text) {
+  for (std::size_t back = 1; back <= std::min<std::size_t>(4, text.size()); ++back) {
+    const auto c = static_cast<unsigned char>(text[text.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const std::size_t length = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+    return length > back ? text.size() - back : text.size();
+  }
+  return text.size();
+}
+
+}  // namespace
+
+// Reads the held-back text as it grows, along the grammar the parsers read, and stops for good at the first byte it
+// cannot place: what it sends is then final, and the rest waits for finish().
+struct ToolCallStream::Preview {
+  enum class At {
+    marker,       // the format's opening marker
+    value,        // spaces, then a call object or an array of them
+    item,         // spaces, then a call object
+    object,       // inside a call object
+    next_item,    // spaces, then ',' or the array's ']'
+    after_value,  // spaces, then hermes' closing tag if there
+    after_close,  // spaces, then the next opening marker
+    ds_call,      // deepseek: spaces, then a call's opening marker
+    ds_sep,       // up to the separator
+    ds_name,      // the name, up to the line's end
+    ds_fence,     // spaces, then ```
+    ds_lang,      // "json" if there
+    ds_open,      // spaces, then the arguments' '{'
+    ds_arguments,
+    ds_after_arguments,  // spaces, then ``` if there
+    ds_after_fence,      // spaces, then the call's closing marker if there
+    stopped,
+  };
+  At at = At::marker;
+  std::size_t pos = 0;  // in the held-back text
+  bool in_array = false;
+  engine::JsonConstraint json;  // the call object (deepseek: the arguments) is still a prefix of valid JSON
+  CallScanner scan;
+  std::string name;  // deepseek
+  JsonMinifier arguments;
+  std::size_t calls = 0;          // call objects begun
+  std::vector<std::string> sent;  // per call named so far: the arguments sent
+};
+
+ToolCallStream::ToolCallStream(ToolFormat format) : format_(format), preview_(std::make_unique<Preview>()) {}
+ToolCallStream::ToolCallStream(const ToolCallStream& other)
+    : format_(other.format_),
+      required_(other.required_),
+      held_(other.held_),
+      in_calls_(other.in_calls_),
+      preview_(other.preview_ ? std::make_unique<Preview>(*other.preview_) : nullptr) {}
+ToolCallStream& ToolCallStream::operator=(const ToolCallStream& other) {
+  if (this != &other) *this = ToolCallStream(other);
+  return *this;
+}
+ToolCallStream::ToolCallStream(ToolCallStream&&) noexcept = default;
+ToolCallStream& ToolCallStream::operator=(ToolCallStream&&) noexcept = default;
+ToolCallStream::~ToolCallStream() = default;
+
+ToolCallStream ToolCallStream::required_call() {
+  ToolCallStream stream(ToolFormat::none);
+  stream.required_ = true;
+  stream.in_calls_ = true;
+  stream.preview_->at = Preview::At::item;
+  return stream;
+}
+
+void ToolCallStream::preview(ToolStreamOutput& out) {
+  using At = Preview::At;
+  Preview& p = *preview_;
+  const bool deepseek = format_ == ToolFormat::deepseek_v3;
+  const std::string_view open = deepseek ? kDeepseekCallsOpen : opening_marker(format_);
+  const std::string_view close = format_ == ToolFormat::hermes ? kHermesClose : "";
+  // Sends what is new of the call being read: its name once known, then its arguments but their last byte.
+  auto send = [&](const std::string& name, const std::string& arguments, bool complete) {
+    const std::size_t index = p.calls - 1;
+    if (p.sent.size() < index) return;  // an earlier call was never named: the order would be wrong
+    if (p.sent.size() == index) {
+      if (name.empty()) return;
+      p.sent.emplace_back();
+      out.calls.push_back(ToolCallDelta{index, name, ""});
+    }
+    std::string& sent = p.sent[index];
+    const std::size_t end = complete ? arguments.size() - 1 : whole_utf8(arguments);
+    if (end <= sent.size()) return;
+    out.calls.push_back(ToolCallDelta{index, "", arguments.substr(sent.size(), end - sent.size())});
+    sent = arguments.substr(0, end);
+  };
+  auto send_object = [&] {
+    if (!p.scan.arguments_object() || p.scan.ambiguous() || p.scan.name_token().empty()) return;
+    const json name = json::parse(p.scan.name_token(), nullptr, /*allow_exceptions=*/false);
+    if (!name.is_string()) return;
+    send(name.get<std::string>(), p.scan.arguments(), p.scan.arguments_complete());
+  };
+  auto begin_object = [&] {
+    p.json = engine::JsonConstraint();
+    p.scan = CallScanner();
+    ++p.calls;
+    p.at = At::object;
+  };
+  const std::string_view text = held_;
+  while (p.at != At::stopped && p.pos < text.size()) {
+    const std::string_view rest = text.substr(p.pos);
+    const char c = rest.front();
+    // Where a marker may follow spaces, the spaces are skipped first.
+    const bool spaces = p.at == At::value || p.at == At::item || p.at == At::next_item || p.at == At::after_value ||
+                        p.at == At::after_close || p.at == At::ds_call || p.at == At::ds_fence || p.at == At::ds_open ||
+                        p.at == At::ds_after_arguments || p.at == At::ds_after_fence;
+    if (spaces && is_space(c)) {
+      ++p.pos;
+      continue;
+    }
+    // A marker: on `yes` its bytes are read and `then` follows; on `no`, `otherwise` (without reading).
+    auto expect = [&](std::string_view s, At then, At otherwise) {
+      switch (match(rest, s)) {
+        case Match::yes:
+          p.pos += s.size();
+          p.at = then;
+          return true;
+        case Match::more: return false;
+        case Match::no: p.at = otherwise; return true;
+      }
+      return false;
+    };
+    switch (p.at) {
+      case At::marker:
+        if (!expect(open, deepseek ? At::ds_call : At::value, At::stopped)) return;
+        break;
+      case At::value:
+      case At::item:
+        if (c == '[' && p.at == At::value) {
+          p.in_array = true;
+          ++p.pos;
+          p.at = At::item;
+        } else if (c == '{') {
+          p.in_array = p.in_array && p.at == At::item;
+          begin_object();
+        } else {
+          p.at = At::stopped;
+        }
+        break;
+      case At::object:
+        if (!p.json.advance(rest.substr(0, 1))) {
+          p.at = At::stopped;
+          break;
+        }
+        p.scan.step(c);
+        ++p.pos;
+        if (p.scan.closed()) {
+          send_object();
+          p.at = required_ ? At::stopped : p.in_array ? At::next_item : At::after_value;
+        }
+        break;
+      case At::next_item:
+        p.at = c == ',' ? At::item : c == ']' ? At::after_value : At::stopped;
+        ++p.pos;
+        break;
+      case At::after_value:
+        if (!expect(close.empty() ? open : close, close.empty() ? At::value : At::after_close, At::after_close)) return;
+        if (close.empty() && p.at == At::after_close) p.at = At::stopped;  // mistral: no further marker
+        break;
+      case At::after_close:
+        if (!expect(open, At::value, At::stopped)) return;
+        break;
+      case At::ds_call:
+        if (!expect(kDeepseekCallOpen, At::ds_sep, At::stopped)) return;
+        break;
+      case At::ds_sep:
+        if (const std::size_t at = rest.find(kDeepseekSep); at != std::string_view::npos) {
+          p.pos += at + kDeepseekSep.size();
+          p.at = At::ds_name;
+          break;
+        }
+        return;
+      case At::ds_name:
+        if (const std::size_t at = rest.find('\n'); at != std::string_view::npos) {
+          p.name = std::string(trim_right(rest.substr(0, at)));
+          p.pos += at;
+          p.at = p.name.empty() ? At::stopped : At::ds_fence;
+          break;
+        }
+        return;
+      case At::ds_fence:
+        if (!expect("```", At::ds_lang, At::stopped)) return;
+        break;
+      case At::ds_lang:
+        if (!expect("json", At::ds_open, At::ds_open)) return;
+        break;
+      case At::ds_open:
+        if (c != '{') {
+          p.at = At::stopped;
+          break;
+        }
+        p.json = engine::JsonConstraint();
+        p.arguments = JsonMinifier();
+        ++p.calls;
+        p.at = At::ds_arguments;
+        [[fallthrough]];
+      case At::ds_arguments:
+        if (!p.json.advance(rest.substr(0, 1))) {
+          p.at = At::stopped;
+          break;
+        }
+        p.arguments.step(c);
+        ++p.pos;
+        if (p.arguments.complete()) {
+          send(p.name, p.arguments.text(), true);
+          p.at = At::ds_after_arguments;
+        }
+        break;
+      case At::ds_after_arguments:
+        if (!expect("```", At::ds_after_fence, At::ds_after_fence)) return;
+        break;
+      case At::ds_after_fence:
+        if (!expect(kDeepseekCallClose, At::ds_call, At::ds_call)) return;
+        break;
+      case At::stopped: break;
+    }
+  }
+  if (p.at == At::object) send_object();
+  if (p.at == At::ds_arguments) send(p.name, p.arguments.text(), false);
+}
+
+ToolStreamOutput ToolCallStream::push(std::string_view text) {
   held_ += text;
+  ToolStreamOutput out;
   const std::string_view marker = opening_marker(format_);
-  if (in_calls_ || marker.empty()) {
-    if (marker.empty()) return std::exchange(held_, {});
-    return {};
+  if (in_calls_) {
+    preview(out);
+    return out;
+  }
+  if (marker.empty()) {
+    out.content = std::exchange(held_, {});
+    return out;
   }
   std::size_t keep = marker_tail(held_, marker);
   if (const std::size_t at = held_.find(marker); at != std::string::npos) {
     in_calls_ = true;
     keep = held_.size() - at;
   }
-  std::string out = held_.substr(0, held_.size() - keep);
+  out.content = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
+  if (in_calls_) preview(out);
   return out;
 }
 
-ToolParse ToolCallStream::finish() {
-  if (!in_calls_) return ToolParse{std::exchange(held_, {}), {}};
-  ToolParse parsed = parse_tool_calls(format_, held_);
+ToolStreamEnd ToolCallStream::finish() {
+  ToolStreamEnd end;
+  if (!in_calls_) {
+    end.parse.content = std::exchange(held_, {});
+    return end;
+  }
+  if (required_) {
+    if (auto call = call_from_json_text(held_)) {
+      end.parse.calls.push_back(std::move(*call));
+    } else {
+      end.parse.content = held_;
+    }
+  } else {
+    end.parse = parse_tool_calls(format_, held_);
+  }
   held_.clear();
-  return parsed;
+  // What was sent of a call is a prefix of its arguments (the preview read the same bytes as the parse); the rest
+  // follows. A call that was not previewed goes whole.
+  const auto& sent = preview_->sent;
+  for (std::size_t k = 0; k < end.parse.calls.size(); ++k) {
+    const ToolCall& call = end.parse.calls[k];
+    if (k >= sent.size()) {
+      end.calls.push_back(ToolCallDelta{k, call.name, call.arguments});
+    } else if (call.arguments.starts_with(sent[k]) && call.arguments.size() > sent[k].size()) {
+      end.calls.push_back(ToolCallDelta{k, "", call.arguments.substr(sent[k].size())});
+    }
+  }
+  *preview_ = Preview();
+  return end;
 }
 
 bool template_has_reasoning(std::string_view source) {

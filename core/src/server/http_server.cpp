@@ -706,6 +706,8 @@ class Session : public std::enable_shared_from_this<Session> {
         c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
         c.tool_stream.emplace(srv_.tool_format);
+      } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {
+        c.tool_stream.emplace(ToolCallStream::required_call());
       }
       // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
       if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
@@ -786,11 +788,19 @@ class Session : public std::enable_shared_from_this<Session> {
           ev.text = std::move(split.content);
           calls = std::move(split.calls);
         }
-        if (c.tool_stream) ev.text = c.tool_stream->push(ev.text);
-        if (c.required_call) {
-          c.text += ev.text;  // the call object is parsed whole at the end (its name may come last)
-          if (!streaming_) c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-          return;
+        std::vector<ToolCallDelta> deltas;  // the calls' pieces written so far
+        if (c.tool_stream) {
+          ToolStreamOutput split = c.tool_stream->push(ev.text);
+          ev.text = std::move(split.content);
+          deltas = std::move(split.calls);
+        }
+        if (c.required_call) {  // the text is the call object, held by the tool stream
+          if (!streaming_) {
+            c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+            return;
+          }
+          emit_deltas(index, deltas);
+          return flush();
         }
         emit_reasoning(index, c, reasoning);
         if (streaming_) {
@@ -807,6 +817,7 @@ class Session : public std::enable_shared_from_this<Session> {
                 endpoint_, ids_, ev.text, "", false,
                 ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c), static_cast<int>(index))));
           }
+          emit_deltas(index, deltas);
           emit_calls(index, c, std::move(calls));
           return flush();
         }
@@ -883,8 +894,14 @@ class Session : public std::enable_shared_from_this<Session> {
       emit_reasoning(index, c, rest.reasoning);
       content = std::move(rest.content);
     }
-    if (c.tool_stream) content = c.tool_stream->push(content);
+    std::vector<ToolCallDelta> deltas;
+    if (c.tool_stream) {
+      ToolStreamOutput split = c.tool_stream->push(content);
+      content = std::move(split.content);
+      deltas = std::move(split.calls);
+    }
     emit_content(index, c, content);
+    emit_deltas(index, deltas);
     if (c.forced) {
       if (streaming_ && !c.forced_opened) emit_call(index, c, 0, *c.forced);  // no arguments were written
       if (!streaming_) {
@@ -894,30 +911,20 @@ class Session : public std::enable_shared_from_this<Session> {
       if (c.finish_reason != "length") c.finish_reason = "tool_calls";
       return;
     }
-    if (c.required_call) {
-      // The text held so far is the call object; cut off before it closed, it is content, so nothing is lost.
-      auto call = call_from_json_text(c.text);
-      if (!call) {
-        if (streaming_) emit_content(index, c, std::exchange(c.text, {}));
-        return;
-      }
-      c.text.clear();
-      call->id = tool_call_id(srv_.tool_format, random_u64());
-      if (c.finish_reason != "length") c.finish_reason = "tool_calls";
-      emit_call(index, c, 0, std::move(*call));
-      return;
-    }
     if (!c.tool_stream) return;
-    ToolParse parsed = c.tool_stream->finish();
+    // "required": the text is the call object; cut off before it closed, it is content, so nothing is lost.
+    ToolStreamEnd end = c.tool_stream->finish();
+    ToolParse& parsed = end.parse;
     if (!parallel_tool_calls_ && parsed.calls.size() > 1) parsed.calls.resize(1);
-    if (!parsed.calls.empty()) c.finish_reason = "tool_calls";
+    if (!parsed.calls.empty() && !(c.required_call && c.finish_reason == "length")) c.finish_reason = "tool_calls";
     emit_content(index, c, parsed.content);
-    if (!streaming_ && !parsed.calls.empty()) {
+    if (streaming_) return emit_deltas(index, end.calls);
+    if (!parsed.calls.empty()) {
       while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
     }
-    for (std::size_t k = 0; k < parsed.calls.size(); ++k) {
-      parsed.calls[k].id = tool_call_id(srv_.tool_format, random_u64());
-      emit_call(index, c, k, std::move(parsed.calls[k]));
+    for (auto& call : parsed.calls) {
+      call.id = tool_call_id(srv_.tool_format, random_u64());
+      c.calls.push_back(std::move(call));
     }
   }
 
@@ -946,6 +953,18 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     pending_ +=
         chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
+  }
+
+  // Streaming: the calls' pieces (a call's first names it, with a new id); only the first call without
+  // parallel_tool_calls.
+  void emit_deltas(std::size_t index, const std::vector<ToolCallDelta>& deltas) {
+    if (!streaming_) return;
+    for (const auto& d : deltas) {
+      if (!parallel_tool_calls_ && d.index > 0) continue;
+      const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
+      pending_ += chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
+                                                     d.name.empty() ? nullptr : &call, d.arguments)));
+    }
   }
 
   // Harmony's calls, each as it ends (the first only without parallel_tool_calls).
@@ -1153,7 +1172,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string finish_reason;
     std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
     std::int64_t text_offset = 0;                // completions: where the next token starts in the choice's text
-    std::optional<ToolCallStream> tool_stream;   // tool_choice auto: splits content from calls
+    std::optional<ToolCallStream> tool_stream;   // tool_choice auto or required: splits content from calls
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
     bool required_call = false;                  // tool_choice "required" with several tools: the text is the call

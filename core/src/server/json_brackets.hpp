@@ -23,6 +23,8 @@ class JsonBrackets {
     if (c == '}' || c == ']') return -1;
     return 0;
   }
+  // Inside a string (its opening quote read, its closing one not yet).
+  [[nodiscard]] bool in_string() const { return in_string_; }
 
  private:
   bool in_string_ = false, escaped_ = false;

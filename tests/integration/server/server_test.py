@@ -748,14 +748,28 @@ class Api(unittest.TestCase):
                 self.assertIsInstance(json.loads(any_call["function"]["arguments"]), dict)
                 names.add(any_call["function"]["name"])
             self.assertGreater(len(names), 0, "no required call finished within max_tokens")
-            _, events, done = s.stream("/v1/chat/completions",
-                                       dict(named, seed=0, tools=[weather, clock], tool_choice="required"))
-            _, whole = s.json("POST", "/v1/chat/completions",
-                              dict(named, seed=0, tools=[weather, clock], tool_choice="required"))
-            if whole["choices"][0]["finish_reason"] == "tool_calls":
-                pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
-                          if "tool_calls" in d]
-                self.assertEqual(pieces[0]["function"], whole["choices"][0]["message"]["tool_calls"][0]["function"])
+            # Streamed, the call is named once its name is written and its arguments follow in pieces as they are
+            # written, adding up to the same text. A bias toward 'n' makes the model write "name" before "arguments".
+            for k in range(8):
+                eager = dict(named, seed=k, tools=[weather, clock], tool_choice="required",
+                             logit_bias={str(vocab['"']): 3, str(vocab["n"]): 8})
+                _, whole = s.json("POST", "/v1/chat/completions", eager)
+                calls = whole["choices"][0]["message"].get("tool_calls") or []
+                if calls and calls[0]["function"]["arguments"] != "{}":
+                    any_call = calls[0]
+                    break
+            else:
+                self.fail("no required call with arguments finished within max_tokens")
+            _, events, done = s.stream("/v1/chat/completions", eager)
+            self.assertTrue(done)
+            pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
+                      if "tool_calls" in d]
+            self.assertEqual((pieces[0]["type"], pieces[0]["function"]["name"], pieces[0]["function"]["arguments"]),
+                             ("function", any_call["function"]["name"], ""))
+            self.assertTrue(all("id" not in p and "name" not in p["function"] for p in pieces[1:]))
+            self.assertGreater(len(pieces), 3, pieces)
+            self.assertEqual("".join(p["function"]["arguments"] for p in pieces), any_call["function"]["arguments"])
+            self.assertEqual(finish_of(events), "tool_calls")
             # "required" with one tool is that tool.
             status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, tool_choice="required"))
             self.assertEqual(body["choices"][0]["message"]["tool_calls"][0]["function"], call["function"])

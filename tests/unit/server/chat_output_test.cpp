@@ -1,11 +1,13 @@
 // Tool calls: the parser reads what each family's own chat template writes, streaming splits text exactly as the
-// whole-text parse does, and text that is not a well-formed call is never lost. Reasoning: a leading <think> block
+// whole-text parse does (each call's argument pieces, sent as they are written, add up to its arguments), and text
+// that is not a well-formed call is never lost. Reasoning: a leading <think> block
 // is split off whatever the chunking.
 #include "colibri/server/chat_output.hpp"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/server/api.hpp"
@@ -98,6 +100,15 @@ TEST(ToolCalls, HermesContentBeforeAndAfterTheCallsIsKept) {
                                                           {"b", json{{"y", true}}}};
   EXPECT_EQ(names_and_args(p), want);
   EXPECT_EQ(p.content, "Let me look.\nDone.");
+  // The arguments are the object's text as written, keys in its order, the spaces outside strings dropped.
+  EXPECT_EQ(p.calls[0].arguments, "{\"x\":[1,\"}\"]}");
+  const ToolParse order =
+      parse_tool_calls(ToolFormat::hermes,
+                       "<tool_call>{\"name\": \"a\", \"arguments\": {\"zeta\": 1.50, \"alpha\": \"caf\\u00e9 \\\" }\", "
+                       "\"n\": {\"b\": null,\n \"a\": [true]}}}</tool_call>");
+  ASSERT_EQ(order.calls.size(), 1u);
+  EXPECT_EQ(order.calls[0].arguments,
+            "{\"zeta\":1.50,\"alpha\":\"caf\\u00e9 \\\" }\",\"n\":{\"b\":null,\"a\":[true]}}");
   // The end token may cut off the closing tag; "parameters" is read as "arguments"; no arguments is {}.
   const ToolParse cut = parse_tool_calls(ToolFormat::hermes, "<tool_call>\n{\"name\": \"a\", \"parameters\": {}}");
   ASSERT_EQ(cut.calls.size(), 1u);
@@ -115,6 +126,9 @@ TEST(ToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
       {ToolFormat::hermes, "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>oops"},             // second broken
       {ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"name\": 3}]"},  // name not a string
       {ToolFormat::mistral, "[TOOL_CALLS][]"},
+      // Ambiguous: which name, which arguments?
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}, \"name\": \"b\"}</tool_call>"},
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}, \"parameters\": {}}</tool_call>"},
       {ToolFormat::deepseek_v3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": "},
   };
@@ -147,8 +161,54 @@ TEST(ToolCalls, MistralAndDeepseekSyntaxes) {
   EXPECT_EQ(d.content, "Checking.");
 }
 
-// Whatever the chunking, the stream sends the same content and finds the same calls as parsing the whole text, and
-// sends nothing from the marker on before finish().
+// What a stream sent, pushed in pieces of `step` bytes: the content, each call's pieces, and what finish() gave.
+struct Streamed {
+  std::string content;                        // sent by push()
+  std::vector<std::string> names;             // by call index, from each call's first piece
+  std::vector<std::string> arguments;         // by call index: its pieces added up
+  std::vector<std::size_t> pushed_pieces;     // by call index: the argument pieces push() sent
+  std::vector<std::string> pushed_arguments;  // by call index: the arguments push() sent
+  ToolStreamEnd end;
+};
+
+Streamed stream_in_steps(ToolCallStream stream, std::string_view text, std::size_t step) {
+  Streamed s;
+  auto take = [&](const std::vector<ToolCallDelta>& deltas, bool pushed) {
+    for (const auto& d : deltas) {
+      if (d.index >= s.names.size()) {
+        // A call's first piece names it, and calls come in order.
+        EXPECT_EQ(d.index, s.names.size()) << text;
+        EXPECT_FALSE(d.name.empty()) << text;
+        s.names.push_back(d.name);
+        s.arguments.emplace_back();
+        s.pushed_pieces.push_back(0);
+        s.pushed_arguments.emplace_back();
+      } else {
+        EXPECT_EQ(d.name, "") << "a later piece names the call again: " << text;
+      }
+      // Each piece goes out as a JSON string: never a part of a UTF-8 character.
+      EXPECT_NO_THROW((void)json(d.arguments).dump()) << text;
+      s.arguments[d.index] += d.arguments;
+      if (pushed && !d.arguments.empty()) {
+        ++s.pushed_pieces[d.index];
+        s.pushed_arguments[d.index] += d.arguments;
+      }
+    }
+  };
+  for (std::size_t i = 0; i < text.size(); i += step) {
+    ToolStreamOutput out = stream.push(text.substr(i, step));
+    s.content += out.content;
+    take(out.calls, true);
+  }
+  s.end = stream.finish();
+  take(s.end.calls, false);
+  return s;
+}
+
+constexpr std::size_t kSteps[] = {1, 2, 3, 5, 7, 64};
+
+// Whatever the chunking, the stream sends the same content and the same calls as parsing the whole text: each call's
+// pieces add up to the arguments the whole parse returns.
 TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
   const std::pair<ToolFormat, std::string> cases[] = {
       {ToolFormat::hermes,
@@ -156,6 +216,9 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
        "{\"q\": \"<tool_call>\"}}\n</tool_call>"},
       {ToolFormat::hermes, "No call here, only a tail <tool_ca"},
       {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1</tool_call>"},  // malformed
+      {ToolFormat::hermes,
+       "<tool_call>{\"name\": \"a\"}</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": "
+       "\"{\\\"y\\\": 2}\"}</tool_call>"},  // no arguments; arguments as a string
       {ToolFormat::mistral, "[TOOL_CA is not it; [TOOL_CALLS][{\"name\": \"m\", \"arguments\": {}}]"},
       {ToolFormat::deepseek_v3,
        "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{}\n```<｜tool▁call▁end｜>"},
@@ -163,23 +226,165 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
   };
   for (const auto& [format, text] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
-    for (const std::size_t step : {std::size_t{1}, std::size_t{3}, std::size_t{7}, text.size()}) {
-      ToolCallStream stream(format);
-      std::string sent;
-      for (std::size_t i = 0; i < text.size(); i += step) sent += stream.push(std::string_view(text).substr(i, step));
-      const ToolParse rest = stream.finish();
-      EXPECT_EQ(names_and_args(rest), names_and_args(whole)) << text << " step " << step;
+    for (const std::size_t step : kSteps) {
+      const Streamed s = stream_in_steps(ToolCallStream(format), text, step);
+      EXPECT_EQ(names_and_args(s.end.parse), names_and_args(whole)) << text << " step " << step;
+      if (!whole.calls.empty()) {
+        ASSERT_EQ(s.names.size(), whole.calls.size()) << text << " step " << step;
+      }
+      for (std::size_t k = 0; k < whole.calls.size(); ++k) {
+        EXPECT_EQ(s.names[k], whole.calls[k].name) << text;
+        EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text << " step " << step;
+      }
       if (whole.calls.empty()) {
-        EXPECT_EQ(sent + rest.content, text) << "step " << step;
+        EXPECT_EQ(s.content + s.end.parse.content, text) << "step " << step;
       } else {
-        // Content before the marker went out while streaming (these texts have none after the calls); nothing of
-        // the calls did.
+        // Content before the marker went out while streaming (these texts have none after the calls).
+        std::string sent = s.content;
         while (!sent.empty() && (sent.back() == ' ' || sent.back() == '\n')) sent.pop_back();
         EXPECT_EQ(sent, whole.content) << "step " << step;
-        EXPECT_EQ(rest.content, "");
+        EXPECT_EQ(s.end.parse.content, "");
       }
     }
   }
+}
+
+// Each call is named as soon as its name is complete and its arguments object has begun, and its arguments follow
+// as they are written: all but their closing '}', which waits for the parse of the whole text at the end.
+TEST(ToolCalls, StreamSendsEachCallsArgumentsAsTheyAreWritten) {
+  const std::tuple<ToolFormat, std::string, std::vector<std::string>> cases[] = {
+      {ToolFormat::hermes,
+       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, "
+       "2],\n  \"note\": \"a } b \\\" \\u00e9 ü\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+       "\"parameters\": {\"zone\": \"CET\"}}\n</tool_call>",
+       {"get_weather", "get_time"}},
+      {ToolFormat::hermes,  // the name after the arguments: named once it is known, the arguments in one piece
+       "<tool_call>{\"arguments\": {\"zone\": \"CET\", \"x\": 10.5e3}, \"name\": \"get_time\"}</tool_call>",
+       {"get_time"}},
+      {ToolFormat::mistral,
+       "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"k\": \"v w\"}}, {\"name\": \"b\", \"arguments\": "
+       "{\"n\": -1}}][TOOL_CALLS]{\"name\": \"c\", \"arguments\": {\"deep\": {\"er\": [{}]}}}",
+       {"a", "b", "c"}},
+      {ToolFormat::deepseek_v3,
+       "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+       "\"Paris\", \"unit\": \"c\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+       "```json\n{\"zone\": \"CET\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       {"get_weather", "get_time"}},
+  };
+  for (const auto& [format, text, names] : cases) {
+    const ToolParse whole = parse_tool_calls(format, text);
+    ASSERT_EQ(whole.calls.size(), names.size()) << text;
+    for (const std::size_t step : kSteps) {
+      const Streamed s = stream_in_steps(ToolCallStream(format), text, step);
+      EXPECT_EQ(s.names, names) << text << " step " << step;
+      ASSERT_EQ(s.arguments.size(), names.size());
+      for (std::size_t k = 0; k < names.size(); ++k) {
+        EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text << " step " << step;
+        EXPECT_EQ(s.end.parse.calls[k].arguments, whole.calls[k].arguments);
+        // Streamed while written: everything but the closing brace, in more than one piece for small steps.
+        EXPECT_EQ(s.pushed_arguments[k] + "}", whole.calls[k].arguments) << text << " step " << step;
+        if (step <= 3 && !text.starts_with("<tool_call>{\"arguments\"")) {
+          EXPECT_GT(s.pushed_pieces[k], 1u) << text << " step " << step;
+        }
+      }
+    }
+  }
+}
+
+// A call that turns out broken after it was named was sent only with arguments that are no complete JSON, and all of
+// its text comes back as content at the end: nothing is lost, and no client can take it for a complete call.
+TEST(ToolCalls, ABrokenCallMidStreamIsNeverACompleteCall) {
+  const std::pair<ToolFormat, std::string> cases[] = {
+      {ToolFormat::hermes, "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os"},  // cut off
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}"},  // the call object not closed
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": tru}}</tool_call>"},  // no JSON
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}, \"name\": \"b\"}</tool_call>"},
+      {ToolFormat::hermes,  // the first call was whole, the second is broken: the parse takes neither
+       "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}</tool_call>\n<tool_call>{\"name\": \"b\", "
+       "\"arguments\": {\"y\": [2}}</tool_call>"},
+      {ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"k\": 1}}, {\"name\": 3}]"},
+      {ToolFormat::deepseek_v3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": \"b\"\n```"},
+  };
+  for (const auto& [format, text] : cases) {
+    const ToolParse whole = parse_tool_calls(format, text);
+    ASSERT_TRUE(whole.calls.empty()) << text;
+    for (const std::size_t step : kSteps) {
+      const Streamed s = stream_in_steps(ToolCallStream(format), text, step);
+      EXPECT_TRUE(s.end.parse.calls.empty());
+      EXPECT_TRUE(s.end.calls.empty()) << "finish() adds nothing to a broken call";
+      EXPECT_EQ(s.content + s.end.parse.content, text) << "step " << step;
+      for (const auto& arguments : s.arguments) EXPECT_FALSE(json::accept(arguments)) << text << ": " << arguments;
+    }
+    // Pushed a byte at a time, each of these had named its (first) call before it broke.
+    EXPECT_FALSE(stream_in_steps(ToolCallStream(format), text, 1).names.empty()) << text;
+  }
+  // Nothing is named before the name is complete, or once the text is no JSON prefix.
+  for (const std::string text : {"<tool_call>{\"name\": \"get_wea", "<tool_call>{name: \"a\", \"arguments\": {}}",
+                                 "<tool_call>{\"name\": \"a\", \"arguments\": \"{\\\"x\\\": 1"}) {
+    const Streamed s = stream_in_steps(ToolCallStream(ToolFormat::hermes), text, 1);
+    EXPECT_TRUE(s.names.empty()) << text;
+    EXPECT_EQ(s.end.parse.content, text);
+  }
+}
+
+// Wherever the answer stops (max_tokens, an end token), what the stream sent is right: the calls the whole parse
+// finds, exactly, or, when it finds none, only call pieces that are no complete JSON and all the text as content.
+TEST(ToolCalls, EveryCutOfAnAnswerStreamsSafely) {
+  const std::pair<ToolFormat, std::string> answers[] = {
+      {ToolFormat::hermes,
+       "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": \"c}\"}], \"d\": 2.5}}\n</tool_call>\n"
+       "<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>"},
+      {ToolFormat::mistral,
+       "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"k\": \"v\"}}, {\"arguments\": {\"n\": "
+       "null}, \"name\": \"g\"}]"},
+      {ToolFormat::deepseek_v3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": \"é\"}\n```"
+       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+  };
+  for (const auto& [format, answer] : answers) {
+    for (std::size_t n = 0; n <= answer.size(); ++n) {
+      const std::string_view text = std::string_view(answer).substr(0, n);
+      const ToolParse whole = parse_tool_calls(format, text);
+      for (const std::size_t step : {std::size_t{1}, std::size_t{4}}) {
+        const Streamed s = stream_in_steps(ToolCallStream(format), text, step);
+        if (whole.calls.empty()) {
+          EXPECT_EQ(s.content + s.end.parse.content, text) << step;
+          for (const auto& arguments : s.arguments) EXPECT_FALSE(json::accept(arguments)) << text;
+          continue;
+        }
+        ASSERT_EQ(s.names.size(), whole.calls.size()) << text;
+        for (std::size_t k = 0; k < whole.calls.size(); ++k) {
+          EXPECT_EQ(s.names[k], whole.calls[k].name) << text;
+          EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text;
+        }
+      }
+    }
+  }
+}
+
+// tool_choice "required": the text is the call object alone; it streams the same way.
+TEST(ToolCalls, RequiredCallStreams) {
+  const std::string object = R"({"name": "get_time", "arguments": {"zone": "CET", "fmt": "24h"}})";
+  const auto call = call_from_json_text(object);
+  ASSERT_TRUE(call.has_value());
+  EXPECT_EQ(call->arguments, R"({"zone":"CET","fmt":"24h"})");
+  for (const std::size_t step : kSteps) {
+    const Streamed s = stream_in_steps(ToolCallStream::required_call(), object, step);
+    EXPECT_EQ(s.content, "");
+    EXPECT_EQ(s.names, std::vector<std::string>{"get_time"});
+    EXPECT_EQ(s.arguments, std::vector<std::string>{call->arguments}) << "step " << step;
+    EXPECT_EQ(s.pushed_arguments[0] + "}", call->arguments);
+    ASSERT_EQ(s.end.parse.calls.size(), 1u);
+    EXPECT_EQ(s.end.parse.calls[0].arguments, call->arguments);
+  }
+  // Cut off before it closed: no call, the text is content.
+  const std::string cut = R"({"name": "get_time", "arguments": {"zone": "C)";
+  const Streamed s = stream_in_steps(ToolCallStream::required_call(), cut, 1);
+  EXPECT_EQ(s.names, std::vector<std::string>{"get_time"});
+  EXPECT_FALSE(json::accept(s.arguments[0]));
+  EXPECT_TRUE(s.end.parse.calls.empty());
+  EXPECT_EQ(s.end.parse.content, cut);
 }
 
 // "required" with several tools: the opener plus any object the schema lets through is one call of a listed tool.

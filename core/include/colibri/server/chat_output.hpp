@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -59,22 +60,60 @@ struct ToolParse {
 };
 
 // Splits a finished answer. When a call's text does not parse (broken JSON, no name), nothing is taken as a call:
-// the whole text stays content, so nothing the model wrote is lost.
+// the whole text stays content, so nothing the model wrote is lost. A call's arguments are the text of its arguments
+// object as the model wrote it, keys in its order, with the whitespace outside strings dropped (what a stream can send
+// as it is written); arguments given as a string holding JSON are that string. A call object that repeats "name", or
+// has "arguments" twice (or both "arguments" and "parameters"), is ambiguous: no call.
 ToolParse parse_tool_calls(ToolFormat format, std::string_view text);
 
+// A piece of a streamed call. A call's first piece names it; the later ones carry the next part of its arguments.
+// The pieces of call `index` add up to its arguments text.
+struct ToolCallDelta {
+  std::size_t index = 0;  // the call's place among the answer's calls
+  std::string name;       // in the first piece only
+  std::string arguments;
+};
+
+struct ToolStreamOutput {
+  std::string content;
+  std::vector<ToolCallDelta> calls;
+};
+
+struct ToolStreamEnd {
+  ToolParse parse;                   // what parse_tool_calls finds in the text from the first marker on
+  std::vector<ToolCallDelta> calls;  // what completes each call of `parse` (all of one that was not previewed)
+};
+
 // The same for a stream: push() returns the content that can be sent now, holding back text from the first call
-// marker on (and any tail that may be the start of one); finish() parses what was held back.
+// marker on (and any tail that may be the start of one), and the calls as they are written: a call is named once its
+// name is complete and its arguments object has begun, with the text so far a valid JSON prefix, and its arguments
+// follow while they stay one. The last byte of each call's arguments (its closing '}') waits for finish(), which
+// parses the held-back text: so a call whose text then turns out broken was sent only with arguments that are no
+// complete JSON, and its text comes back whole as content.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolFormat format) : format_(format) {}
-  std::string push(std::string_view text);
-  // `content` is the held-back text that is not a call (all of it when the calls do not parse).
-  ToolParse finish();
+  explicit ToolCallStream(ToolFormat format);
+  // tool_choice "required": the text is one call object (its opener is in the prompt), read as call_from_json_text.
+  static ToolCallStream required_call();
+  ToolCallStream(const ToolCallStream& other);
+  ToolCallStream& operator=(const ToolCallStream& other);
+  ToolCallStream(ToolCallStream&&) noexcept;
+  ToolCallStream& operator=(ToolCallStream&&) noexcept;
+  ~ToolCallStream();
+
+  ToolStreamOutput push(std::string_view text);
+  // `parse.content` is the held-back text that is not a call (all of it when the calls do not parse).
+  ToolStreamEnd finish();
 
  private:
+  struct Preview;
+  void preview(ToolStreamOutput& out);
+
   ToolFormat format_;
+  bool required_ = false;
   std::string held_;
   bool in_calls_ = false;
+  std::unique_ptr<Preview> preview_;
 };
 
 // Reasoning models write their thinking first, between <think> and </think>; OpenAI-compatible servers (vLLM,
