@@ -183,7 +183,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<InspectOptions>();
   auto* cmd = app.add_subcommand("inspect",
                                  "Show a colibri model: architecture, parameters, experts, sizes; --verify re-hashes");
-  cmd->add_option("model", o->model, "Model directory or name under the models directory")->required();
+  // Positional, or -m/--model as every other command takes it.
+  cmd->add_option("model,-m,--model", o->model, "Model directory or name under the models directory")->required();
   cmd->add_flag("--verify", o->verify, "Re-hash every file and report each missing, truncated or corrupt one");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--models-dir", o->models_dir, "Where model names are looked up (default: profile models.dir)");

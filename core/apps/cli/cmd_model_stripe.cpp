@@ -325,7 +325,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<StripeOptions>();
   auto* cmd = model_cmd->add_subcommand(
       "stripe", "Spread expert files over several directories (disks) for the stripe storage plugin");
-  cmd->add_option("model", o->model, "Model directory, or a name under models.dir")->required();
+  cmd->add_option("model,-m,--model", o->model, "Model directory, or a name under models.dir")->required();
   cmd->add_option("--to", o->to, "Other directories, comma-separated: DIR2[,DIR3...]")->required();
   cmd->add_flag("--copy", o->copy, "Copy instead of move: the copies become mirrors (fallback on read errors)");
   add_profile_options(*cmd, global);

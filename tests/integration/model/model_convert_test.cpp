@@ -781,6 +781,13 @@ TEST(ModelConvert, CliConvertInspectAndNameResolution) {
   EXPECT_EQ(j["architecture"], "llama");
   EXPECT_TRUE(j["verify"]["ok"].get<bool>());
   EXPECT_EQ(j["params_total"], j["params_active_per_token"]);  // dense: every weight is active
+  // -m/--model, as every other command takes the model, says the same as the positional form.
+  const fs::path flag_out = kWork / "inspect-flag.json";
+  ASSERT_EQ(run(cli + " inspect --models-dir " + quote(models) + " --model 'tiny llama' --json > " + quote(flag_out)),
+            0);
+  const json jf = json::parse(slurp(flag_out));
+  EXPECT_EQ(jf["params_total"], j["params_total"]);
+  EXPECT_EQ(jf["model"], j["model"]);
   auto resolved = resolve_model_path("tiny llama", models);
   ASSERT_TRUE(resolved.has_value());
   EXPECT_EQ(*resolved, models / "tiny llama");
