@@ -91,6 +91,7 @@ struct KernelSet {
   DotRowsFn rows_q4_k = nullptr;
   DotRowsFn rows_q6_k = nullptr;
   DotRowsFn rows_q5_k = nullptr;
+  DotRowsFn rows_mxfp4 = nullptr;
   // scale_axpy with fp16 x (same bits as converting x first); nullptr: convert, then scale_axpy.
   void (*scale_axpy_f16)(float* y, float c, float a, const std::uint16_t* x, std::int64_t n) noexcept = nullptr;
   // quantize_activations with the same bits; nullptr: the scalar function.

@@ -144,6 +144,219 @@ KTARGET float z_dot_q4_0(const void* w_row, const void* act, std::int64_t k) noe
   return reduce_block_lanes(lanes);
 }
 
+// ---------------------------------------------------------------- mxfp4, eight blocks a step
+//
+// x86_dot_mxfp4 (kernels_x86.inc) eight blocks at a time in 512-bit registers, with the same integer sums and float
+// steps. One register holds blocks b and b + 1: each block's 16 code bytes go into two 128-bit lanes by broadcast
+// loads (no shuffle), the second lane shifted right by 4, so one vpshufb after the nibble mask gives elements 0-15
+// and 16-31 of both blocks (values plus 12) in the order of their activations, two plain 32-byte loads. The four
+// registers' vpdpbusd sums meet per block in three rounds of blend, lane swap and add: exact, so each block's
+// integer sum is the scalar path's. The float steps per block are x86_accumulate4's, and the eight products go into
+// the four lanes in block order (blocks b..b+3, then b+4..b+7), as two four-block steps would add them.
+
+// The integer sums of blocks w[0..7] with activation blocks y[0..7] in block order; yd gets the activation scales.
+KTARGET inline __m256i z_mxfp4_isum8(const quant::BlockMXFP4* w, const Q8Block* y, __m256& yd) noexcept {
+  const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512i p[4];
+  for (int i = 0; i < 4; ++i) {
+    const auto codes = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[2 * i + j].qs)); };
+    // 128-bit lanes: block 2i's codes twice, then block 2i + 1's twice; lanes 1 and 3 (int16 lanes 8-15 and
+    // 24-31) shifted to their high nibbles.
+    __m512i q = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(codes(0)), 0xFF00, codes(1));
+    q = _mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4);
+    const __m512i v = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
+    const __m512i a =
+        _mm512_inserti64x4(_mm512_castsi256_si512(x86_load32(y[2 * i].qs)), x86_load32(y[2 * i + 1].qs), 1);
+    p[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, a);
+  }
+  // p[i]: 128-bit lanes 0-1 hold block 2i's partial sums, lanes 2-3 block 2i + 1's. r[h]: the lanes hold blocks
+  // 4h + 0, 2, 1, 3 (four partial sums each).
+  __m512i r[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i a = p[2 * h], b = p[2 * h + 1];
+    const __m512i x = _mm512_mask_blend_epi32(0xF0F0, a, b), z = _mm512_mask_blend_epi32(0xF0F0, b, a);
+    r[h] = _mm512_add_epi32(x, _mm512_shuffle_i32x4(z, z, _MM_SHUFFLE(2, 3, 0, 1)));
+  }
+  // s: each lane's int32 lanes 0-1 hold two partial sums of r[0]'s block there, lanes 2-3 two of r[1]'s; t: the
+  // totals, in int32 lanes 0, 2, ... 14 for blocks 0, 4, 2, 6, 1, 5, 3, 7.
+  const __m512i x = _mm512_mask_blend_epi32(0xCCCC, r[0], r[1]), z = _mm512_mask_blend_epi32(0xCCCC, r[1], r[0]);
+  const __m512i s = _mm512_add_epi32(x, _mm512_shuffle_epi32(z, _MM_PERM_BADC));
+  const __m512i t = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+  const __m512i order = _mm512_setr_epi32(0, 8, 4, 12, 2, 10, 6, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i isum = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+  // Each activation block's d and sum (its first 8 bytes): l[j] = [d_j, sum_j, -, - | d_j+4, sum_j+4, -, -].
+  __m256i l[4];
+  for (int j = 0; j < 4; ++j) {
+    l[j] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(&y[j + 4]), reinterpret_cast<const __m128i*>(&y[j]));
+  }
+  const __m256i a = _mm256_unpacklo_epi32(l[0], l[1]), b = _mm256_unpacklo_epi32(l[2], l[3]);
+  yd = _mm256_castsi256_ps(_mm256_unpacklo_epi64(a, b));
+  const __m256i sums = _mm256_unpackhi_epi64(a, b);
+  return _mm256_sub_epi32(isum, _mm256_add_epi32(_mm256_slli_epi32(sums, 3), _mm256_slli_epi32(sums, 2)));
+}
+
+// x86_mxfp4_scales4 for blocks w[0..7]: their e bytes (at 17 j) picked as int16 lanes from the step's first 128
+// bytes, each into the low half of int32 lane j (odd j: the byte is the high one of its int16 lane).
+KTARGET inline __m256 z_mxfp4_scales8(const quant::BlockMXFP4* w) noexcept {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(w);
+  const __m512i lo = _mm512_loadu_si512(bytes), hi = _mm512_loadu_si512(bytes + 64);
+  const __m512i pick = _mm512_setr_epi32(0, 8, 17, 25, 34, 42, 51, 59, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m256i words = _mm512_castsi512_si256(_mm512_maskz_permutex2var_epi16(0x5555, lo, pick, hi));
+  const __m256i e =
+      _mm256_and_si256(_mm256_srlv_epi32(words, _mm256_setr_epi32(0, 8, 0, 8, 0, 8, 0, 8)), _mm256_set1_epi32(0xFF));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+  return _mm256_castsi256_ps(
+      _mm256_mask_blend_epi32(_mm256_cmplt_epu32_mask(e, _mm256_set1_epi32(2)), normal, subnormal));
+}
+
+// The float scales of e8m0 exponents e (int32 lanes), as quant::e8m0_to_fp32_half gives them.
+KTARGET inline __m512 z_e8m0_scales(__m512i e) noexcept {
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  return _mm512_castsi512_ps(_mm512_mask_sllv_epi32(normal, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)),
+                                                    _mm512_set1_epi32(0x00200000), e));
+}
+
+// The scales of blocks w[0..15], picked as z_mxfp4_scales8 does from the 272 bytes of the 16 blocks.
+KTARGET inline __m512 z_mxfp4_scales16(const quant::BlockMXFP4* w) noexcept {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(w);
+  const __m512i pick = _mm512_setr_epi32(0, 8, 17, 25, 34, 42, 51, 59, 4, 12, 21, 29, 38, 46, 55, 63);
+  const __m512i first =
+      _mm512_maskz_permutex2var_epi16(0x00005555u, _mm512_loadu_si512(bytes), pick, _mm512_loadu_si512(bytes + 64));
+  const __m512i second = _mm512_maskz_permutex2var_epi16(0x55550000u, _mm512_loadu_si512(bytes + 128), pick,
+                                                         _mm512_loadu_si512(bytes + 192));
+  const __m512i odd = _mm512_set1_epi64(static_cast<long long>(8ull << 32));
+  return z_e8m0_scales(
+      _mm512_and_si512(_mm512_srlv_epi32(_mm512_or_si512(first, second), odd), _mm512_set1_epi32(0xFF)));
+}
+
+// ---------------------------------------------------------------- mxfp4, several rows, one token
+//
+// Decode's matmul: up to kRowTile rows against one token's activations. The activations of 16 blocks are laid out
+// once per call so that each row's 16 blocks need no horizontal sums per pair of blocks: register m (0..3) holds in
+// 128-bit lane l the codes of block 4l + m (one broadcast or insert load each), decoded as z_mxfp4_isum8 decodes,
+// and vpdpbusd with the matching activation register (lane l: the activations of that block, elements 0-15 for the
+// low nibbles, 16-31 for the high) leaves block 4l + m's four partial sums in lane l of accumulator m. One 4 x 4
+// transpose-and-add per 16 blocks gives the 16 exact integer sums in block order. The float steps and the order of
+// the lane additions are z_dot_mxfp4's, so every row gets the bits of the one-row dot.
+
+// One token's activations of 16 blocks, laid out for z_mxfp4_isum16.
+struct alignas(64) ZMxfp4Act16 {
+  std::int8_t lo[4][64];      // [m][16 l + i] = element i of block 4l + m
+  std::int8_t hi[4][64];      // elements 16 + i
+  std::int32_t start[4][16];  // [m][4 l]: -12 * the sum of block 4l + m (what the +12 of every code adds), else 0
+  float d[16];
+};
+
+KTARGET inline void z_mxfp4_prepare16(const Q8Block* y, ZMxfp4Act16& a) noexcept {
+  for (int j = 0; j < 16; ++j) {
+    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
+    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
+    a.d[j] = y[j].d;
+  }
+  std::memset(a.start, 0, sizeof(a.start));
+  for (int j = 0; j < 16; ++j) a.start[j % 4][4 * (j / 4)] = -12 * y[j].sum;
+}
+
+// The exact integer sums of blocks w[0..15] with the activations in `a`, in block order.
+KTARGET inline __m512i z_mxfp4_isum16(const quant::BlockMXFP4* w, const ZMxfp4Act16& a) noexcept {
+  const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512i acc[4];
+  for (int m = 0; m < 4; ++m) {
+    const auto codes = [&](int l) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[4 * l + m].qs)); };
+    __m512i q = _mm512_castsi128_si512(codes(0));
+    q = _mm512_inserti32x4(q, codes(1), 1);
+    q = _mm512_inserti32x4(q, codes(2), 2);
+    q = _mm512_inserti32x4(q, codes(3), 3);
+    const __m512i lo = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
+    const __m512i hi = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+    acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512(a.start[m]), lo, _mm512_load_si512(a.lo[m])), hi,
+                                 _mm512_load_si512(a.hi[m]));
+  }
+  // Lane l of acc[m]: four partial sums of block 4l + m. Transposed and added: lane l = blocks 4l..4l+3.
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+}
+
+// z_dot_mxfp4 from block `from` (a multiple of 4) on, with the lanes so far in acc.
+KTARGET inline float z_mxfp4_finish(__m128 acc, const quant::BlockMXFP4* w, const Q8Block* y, std::int64_t from,
+                                    std::int64_t nb) noexcept {
+  const std::int64_t nb8 = from + (nb - from) / 8 * 8, nb4 = nb / 4 * 4;
+  for (std::int64_t b = from; b < nb8; b += 8) {
+    x86_prefetch_ahead<3>(w + b);  // 136 bytes a step
+    __m256 yd;
+    const __m256i isum = z_mxfp4_isum8(w + b, y + b, yd);
+    const __m256 f = _mm256_mul_ps(_mm256_mul_ps(z_mxfp4_scales8(w + b), yd), _mm256_cvtepi32_ps(isum));
+    acc = _mm_add_ps(acc, _mm256_castps256_ps128(f));
+    acc = _mm_add_ps(acc, _mm256_extractf128_ps(f, 1));
+  }
+  for (std::int64_t b = nb8; b < nb4; b += 4) {
+    __m128 yd;
+    const __m128i isum = x86_mxfp4_isum4(x86_mxfp4_decode4(w + b), y + b, yd);
+    acc = x86_accumulate4(acc, isum, x86_mxfp4_scales4(w + b), yd);
+  }
+  alignas(16) float lanes[kBlockLanes];
+  _mm_store_ps(lanes, acc);
+  for (std::int64_t b = nb4; b < nb; ++b) {
+    lanes[b % kBlockLanes] +=
+        (quant::e8m0_to_fp32_half(w[b].e) * y[b].d) * static_cast<float>(x86_mxfp4_isum(w[b], y[b]));
+  }
+  return reduce_block_lanes(lanes);
+}
+
+KTARGET float z_dot_mxfp4(const void* w_row, const void* act, std::int64_t k) noexcept {
+  return z_mxfp4_finish(_mm_setzero_ps(), static_cast<const quant::BlockMXFP4*>(w_row),
+                        static_cast<const Q8Block*>(act), 0, k / 32);
+}
+
+KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
+                          float* out) noexcept {
+  constexpr std::int64_t kSegGroups = 16;  // a segment: up to 16 groups of 16 blocks (13 KiB of activations)
+  // Rows of up to one segment (K <= 8192) are one stream from row to row. Decoding from DRAM on one thread, the
+  // one-row dots' 1024 bytes ahead left this kernel at 19 GB/s (K = 2880), 4096 bytes ahead at 22 GB/s.
+  constexpr std::size_t kPrefetchBytes = 4096;
+  const auto* y = static_cast<const Q8Block*>(act);
+  const std::int64_t nb = k / 32, nb16 = nb / 16 * 16;
+  const auto row = [&](int r) {
+    return reinterpret_cast<const quant::BlockMXFP4*>(w + static_cast<std::size_t>(r) * stride);
+  };
+  __m128 acc[kRowTile];
+  for (int r = 0; r < nrows; ++r) acc[r] = _mm_setzero_ps();
+  ZMxfp4Act16 prepared[kSegGroups];
+  for (std::int64_t seg = 0; seg < nb16; seg += 16 * kSegGroups) {
+    const int groups = static_cast<int>(std::min<std::int64_t>(kSegGroups, (nb16 - seg) / 16));
+    for (int g = 0; g < groups; ++g) z_mxfp4_prepare16(y + seg + 16 * g, prepared[g]);
+    for (int r = 0; r < nrows; ++r) {
+      const quant::BlockMXFP4* x = row(r) + seg;
+      __m128 a = acc[r];
+      for (int g = 0; g < groups; ++g) {
+        const quant::BlockMXFP4* xg = x + 16 * g;
+        for (int i = 0; i < 5; ++i)  // 272 bytes a step
+          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
+        const ZMxfp4Act16& p = prepared[g];
+        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(z_mxfp4_scales16(xg), _mm512_load_ps(p.d)),
+                                       _mm512_cvtepi32_ps(z_mxfp4_isum16(xg, p)));
+        a = _mm_add_ps(a, _mm512_castps512_ps128(f));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 1));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 2));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 3));
+      }
+      // The last segment finishes the row while its tail is in the caches.
+      if (seg + 16 * kSegGroups >= nb16) {
+        out[r] = z_mxfp4_finish(a, row(r), y, nb16, nb);
+      } else {
+        acc[r] = a;
+      }
+    }
+  }
+  if (nb16 == 0) {
+    for (int r = 0; r < nrows; ++r) out[r] = z_mxfp4_finish(_mm_setzero_ps(), row(r), y, 0, nb);
+  }
+}
+
 // ---------------------------------------------------------------- eight rows, one token (512-bit blocks)
 
 // Totals of eight 16-lane vectors.
@@ -636,7 +849,7 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_dot_q4_k,
                                  x86_dot_q5_k,
                                  x86_dot_q6_k,
-                                 x86_dot_mxfp4,  // VNNI: this file's X86_DOT_U8S8
+                                 z_dot_mxfp4,
                                  x86_tile_q32<X86Q32::q8_0>,
                                  x86_tile_q32<X86Q32::q4_0>,
                                  x86_tile_k<X86Q2K>,
@@ -649,6 +862,7 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_rows_k<ZQ4K>,
                                  x86_rows_k<ZQ6K>,
                                  x86_rows_k<ZQ5K>,
+                                 z_rows_mxfp4,
                                  x86_scale_axpy_f16,
                                  x86_quantize_activations,
                                  z_dot_rows_multi,
@@ -656,7 +870,8 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_softmax_block,
                                  z_swiglu};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
-  static_assert(set.swiglu == z_swiglu && set.mxfp4 == x86_dot_mxfp4, "list every KernelSet member");
+  static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4,
+                "list every KernelSet member");
   return set;
 }
 
