@@ -451,6 +451,7 @@ ToolCallStream::ToolCallStream(ToolFormat format) : format_(format), preview_(st
 ToolCallStream::ToolCallStream(const ToolCallStream& other)
     : format_(other.format_),
       required_(other.required_),
+      name_(other.name_),
       held_(other.held_),
       in_calls_(other.in_calls_),
       preview_(other.preview_ ? std::make_unique<Preview>(*other.preview_) : nullptr) {}
@@ -467,6 +468,15 @@ ToolCallStream ToolCallStream::required_call() {
   stream.required_ = true;
   stream.in_calls_ = true;
   stream.preview_->at = Preview::At::item;
+  return stream;
+}
+
+ToolCallStream ToolCallStream::arguments_of(std::string_view name) {
+  ToolCallStream stream(ToolFormat::none);
+  stream.name_ = std::string(name);
+  stream.in_calls_ = true;
+  stream.preview_->at = Preview::At::ds_open;  // deepseek's arguments: spaces, then the object
+  stream.preview_->name = std::string(name);
   return stream;
 }
 
@@ -610,7 +620,7 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         ++p.pos;
         if (p.arguments.complete()) {
           send(p.name, p.arguments.text(), true);
-          p.at = At::ds_after_arguments;
+          p.at = name_ ? At::stopped : At::ds_after_arguments;  // arguments_of: all is sent, finish() decides
         }
         break;
       case At::ds_after_arguments:
@@ -655,7 +665,16 @@ ToolStreamEnd ToolCallStream::finish() {
     end.parse.content = std::exchange(held_, {});
     return end;
   }
-  if (required_) {
+  if (name_) {
+    const std::string_view text = trim_right(std::string_view(held_).substr(skip_space(held_, 0)));
+    if (text.empty()) {
+      end.parse.calls.push_back(ToolCall{"", *name_, "{}"});
+    } else if (json::parse(text, nullptr, /*allow_exceptions=*/false).is_object()) {
+      end.parse.calls.push_back(ToolCall{"", *name_, minified(text)});
+    } else {
+      end.parse.content = held_;
+    }
+  } else if (required_) {
     if (auto call = call_from_json_text(held_)) {
       end.parse.calls.push_back(std::move(*call));
     } else {
@@ -671,9 +690,9 @@ ToolStreamEnd ToolCallStream::finish() {
   for (std::size_t k = 0; k < end.parse.calls.size(); ++k) {
     const ToolCall& call = end.parse.calls[k];
     if (k >= sent.size()) {
-      end.calls.push_back(ToolCallDelta{k, call.name, call.arguments});
+      end.calls.push_back(ToolCallDelta{k, call.name, call.arguments, true});
     } else if (call.arguments.starts_with(sent[k]) && call.arguments.size() > sent[k].size()) {
-      end.calls.push_back(ToolCallDelta{k, "", call.arguments.substr(sent[k].size())});
+      end.calls.push_back(ToolCallDelta{k, "", call.arguments.substr(sent[k].size()), true});
     }
   }
   *preview_ = Preview();
@@ -844,14 +863,14 @@ void HarmonyStream::open_message(std::string_view header) {
       break;
     }
   }
-  call_name_.clear();
-  call_arguments_.clear();
+  call_.reset();
+  call_named_ = false;
   if (!role.empty() && role != "assistant") {
     sink_ = Sink::reasoning;  // a turn the model wrote for someone else (a tool's answer it imagined)
   } else if (!recipient.empty()) {
     const bool function = recipient.starts_with(kFunctions) && recipient.size() > kFunctions.size();
     sink_ = function && tools_ ? Sink::call : Sink::reasoning;
-    if (sink_ == Sink::call) call_name_ = std::string(recipient.substr(kFunctions.size()));
+    if (sink_ == Sink::call) call_.emplace(ToolCallStream::arguments_of(recipient.substr(kFunctions.size())));
   } else if (channel.empty() || channel == "final" || channel == "commentary") {
     sink_ = Sink::content;
   } else {
@@ -863,16 +882,31 @@ void HarmonyStream::emit(HarmonyOutput& out, std::string_view text) {
   switch (sink_) {
     case Sink::content: out.content += text; break;
     case Sink::reasoning: out.reasoning += text; break;
-    case Sink::call: call_arguments_ += text; break;
+    case Sink::call: add_deltas(out, call_->push(text).calls); break;
+  }
+}
+
+// The current call's pieces, at its index among the calls streamed so far.
+void HarmonyStream::add_deltas(HarmonyOutput& out, std::vector<ToolCallDelta> deltas) {
+  for (auto& d : deltas) {
+    d.index = call_index_;
+    call_named_ = true;
+    out.deltas.push_back(std::move(d));
   }
 }
 
 void HarmonyStream::end_message(HarmonyOutput& out) {
   if (sink_ == Sink::call) {
-    const std::size_t begin = skip_space(call_arguments_, 0);
-    std::string arguments(trim_right(std::string_view(call_arguments_).substr(begin)));
-    out.calls.push_back(ToolCall{"", std::exchange(call_name_, {}), arguments.empty() ? "{}" : std::move(arguments)});
-    call_arguments_.clear();
+    ToolStreamEnd end = call_->finish();
+    add_deltas(out, std::move(end.calls));
+    if (end.parse.calls.empty()) {
+      out.reasoning += end.parse.content;  // no JSON object: written for the tool, so not content
+    } else {
+      out.calls.push_back(std::move(end.parse.calls.front()));
+    }
+    if (call_named_) ++call_index_;  // a broken call keeps its index: the client has seen it named
+    call_.reset();
+    call_named_ = false;
   }
   sink_ = Sink::content;
   state_ = State::header;

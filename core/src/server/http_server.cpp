@@ -776,17 +776,16 @@ class Session : public std::enable_shared_from_this<Session> {
           return flush();
         }
         std::string reasoning;
-        std::vector<ToolCall> calls;  // harmony: the calls that ended with this text
+        HarmonyOutput harmony;  // harmony: its calls' pieces, and the calls that ended with this text
         if (c.reasoning) {
           ReasoningSplit split = c.reasoning->push(ev.text);
           reasoning = std::move(split.reasoning);
           ev.text = std::move(split.content);
         }
         if (c.harmony) {
-          HarmonyOutput split = c.harmony->push(ev.text);
-          reasoning = std::move(split.reasoning);
-          ev.text = std::move(split.content);
-          calls = std::move(split.calls);
+          harmony = c.harmony->push(ev.text);
+          reasoning = std::move(harmony.reasoning);
+          ev.text = std::move(harmony.content);
         }
         std::vector<ToolCallDelta> deltas;  // the calls' pieces written so far
         if (c.tool_stream) {
@@ -818,12 +817,12 @@ class Session : public std::enable_shared_from_this<Session> {
                 ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c), static_cast<int>(index))));
           }
           emit_deltas(index, deltas);
-          emit_calls(index, c, std::move(calls));
+          emit_calls(index, c, harmony);
           return flush();
         }
         c.text += ev.text;
         c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-        emit_calls(index, c, std::move(calls));
+        emit_calls(index, c, harmony);
         return;
       }
       case GenerationEvent::Kind::failed:
@@ -881,7 +880,7 @@ class Session : public std::enable_shared_from_this<Session> {
       HarmonyOutput rest = c.harmony->finish();
       emit_reasoning(index, c, rest.reasoning);
       emit_content(index, c, rest.content);
-      emit_calls(index, c, std::move(rest.calls));
+      emit_calls(index, c, rest);
       if (c.calls_sent > 0) {
         if (c.finish_reason != "length") c.finish_reason = "tool_calls";  // cut off: the call may be too
         while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
@@ -961,15 +960,27 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!streaming_) return;
     for (const auto& d : deltas) {
       if (!parallel_tool_calls_ && d.index > 0) continue;
-      const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
-      pending_ += chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
-                                                     d.name.empty() ? nullptr : &call, d.arguments)));
+      emit_delta(index, d);
     }
   }
+  void emit_delta(std::size_t index, const ToolCallDelta& d) {
+    const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
+    pending_ += chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
+                                                   d.name.empty() ? nullptr : &call, d.arguments)));
+  }
 
-  // Harmony's calls, each as it ends (the first only without parallel_tool_calls).
-  void emit_calls(std::size_t index, ChoiceState& c, std::vector<ToolCall> calls) {
-    for (auto& call : calls) {
+  // Harmony's calls: streamed in pieces as they are written, else each as its message ends. Without
+  // parallel_tool_calls only the first complete one (a call that broke before does not count: it was never whole).
+  void emit_calls(std::size_t index, ChoiceState& c, HarmonyOutput& out) {
+    if (streaming_) {
+      for (const auto& d : out.deltas) {
+        if (!parallel_tool_calls_ && c.calls_sent > 0) return;
+        emit_delta(index, d);
+        if (d.last) ++c.calls_sent;
+      }
+      return;
+    }
+    for (auto& call : out.calls) {
       if (!parallel_tool_calls_ && c.calls_sent > 0) return;
       call.id = tool_call_id(srv_.tool_format, random_u64());
       emit_call(index, c, c.calls_sent++, std::move(call));
@@ -1180,7 +1191,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content
     std::string reasoning_text;                  // non-streaming: the message's reasoning_content
     std::optional<HarmonyStream> harmony;        // a harmony model: splits its channels (and calls, with tools)
-    std::size_t calls_sent = 0;                  // harmony: the calls emitted so far
+    std::size_t calls_sent = 0;                  // harmony: the complete calls emitted so far
   };
   std::vector<ChoiceState> choices_;
   std::size_t open_choices_ = 0;

@@ -1,7 +1,7 @@
 // Tool calls: the parser reads what each family's own chat template writes, streaming splits text exactly as the
 // whole-text parse does (each call's argument pieces, sent as they are written, add up to its arguments), and text
-// that is not a well-formed call is never lost. Reasoning: a leading <think> block
-// is split off whatever the chunking.
+// that is not a well-formed call is never lost; harmony's calls (HarmonyStream's deltas) stream the same way.
+// Reasoning: a leading <think> block is split off whatever the chunking.
 #include "colibri/server/chat_output.hpp"
 
 #include <gtest/gtest.h>
@@ -385,6 +385,171 @@ TEST(ToolCalls, RequiredCallStreams) {
   EXPECT_FALSE(json::accept(s.arguments[0]));
   EXPECT_TRUE(s.end.parse.calls.empty());
   EXPECT_EQ(s.end.parse.content, cut);
+}
+
+// --- harmony (gpt-oss): its header names the call, so its arguments stream from the first byte of the message ---
+
+constexpr std::string_view kHarmonyPrompt = "<|start|>user<|message|>Weather and time?<|end|><|start|>assistant";
+
+// What a HarmonyStream sent, the text pushed in pieces of `step` bytes, then finished.
+struct HarmonyStreamed {
+  std::string reasoning, content;
+  std::vector<ToolCall> calls;           // the complete calls (what a non-streaming answer holds)
+  std::vector<std::string> names;        // by delta index
+  std::vector<std::string> arguments;    // by delta index: its pieces added up
+  std::vector<bool> last;                // by delta index: its last piece came
+  std::vector<std::string> before_last;  // by delta index: its pieces before the last added up
+  std::vector<std::size_t> pieces;       // by delta index: the argument pieces before the last
+};
+
+HarmonyStreamed harmony_in_steps(std::string_view text, std::size_t step) {
+  HarmonyStream stream(kHarmonyPrompt, true);
+  HarmonyStreamed s;
+  auto take = [&](HarmonyOutput out) {
+    s.reasoning += out.reasoning;
+    s.content += out.content;
+    for (auto& c : out.calls) s.calls.push_back(std::move(c));
+    for (const auto& d : out.deltas) {
+      if (d.index >= s.names.size()) {
+        EXPECT_EQ(d.index, s.names.size()) << text;
+        EXPECT_FALSE(d.name.empty()) << text;
+        s.names.push_back(d.name);
+        s.arguments.emplace_back();
+        s.last.push_back(false);
+        s.before_last.emplace_back();
+        s.pieces.push_back(0);
+      } else {
+        EXPECT_EQ(d.name, "") << text;
+        EXPECT_FALSE(s.last[d.index]) << "a piece after the last: " << text;
+      }
+      EXPECT_NO_THROW((void)json(d.arguments).dump()) << text;
+      s.arguments[d.index] += d.arguments;
+      s.last[d.index] = d.last;
+      if (!d.last) {
+        s.before_last[d.index] += d.arguments;
+        if (!d.arguments.empty()) ++s.pieces[d.index];
+      }
+    }
+    // At every moment, a call without its last piece holds no complete JSON: no client can take it as whole.
+    for (std::size_t k = 0; k < s.names.size(); ++k) {
+      if (!s.last[k]) {
+        EXPECT_FALSE(json::accept(s.arguments[k])) << text << ": " << s.arguments[k];
+      }
+    }
+  };
+  for (std::size_t i = 0; i < text.size(); i += step) take(stream.push(text.substr(i, step)));
+  take(stream.finish());
+  return s;
+}
+
+// The calls whose last piece came, as the stream sent them.
+std::vector<std::pair<std::string, std::string>> completed(const HarmonyStreamed& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::size_t k = 0; k < s.names.size(); ++k) {
+    if (s.last[k]) out.emplace_back(s.names[k], s.arguments[k]);
+  }
+  return out;
+}
+std::vector<std::pair<std::string, std::string>> calls_of(const HarmonyStreamed& s) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& c : s.calls) out.emplace_back(c.name, c.arguments);
+  return out;
+}
+
+constexpr std::size_t kHarmonySteps[] = {1, 2, 3, 7, 64};
+
+// A call is named once its message has begun an object, its arguments follow as they are written, all but the
+// closing '}', which comes when the message ends; the pieces add up to the arguments the answer pushed whole has.
+TEST(ToolCalls, HarmonyCallsStreamAsTheyAreWritten) {
+  const std::pair<std::string, std::vector<std::pair<std::string, std::string>>> answers[] = {
+      {"<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+       "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": [1, 2],\n \"note\": "
+       "\"a } b \\\" \\u00e9 ü\"}<|call|>",
+       {{"get_weather", R"({"city":"Paris","days":[1,2],"note":"a } b \" \u00e9 ü"})"}}},
+      // Two calls: the first ended by <|call|>, the second by the end of the answer (<|call|> is an end token).
+      {"<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant<|channel|>commentary "
+       "to=functions.get_weather <|constrain|>json<|message|> {\"city\":\"Oslo\"} <|call|><|start|>assistant"
+       "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"zone\": \"CET\", \"n\": {\"x\": "
+       "[true, null, -1.5e3]}}",
+       {{"get_weather", R"({"city":"Oslo"})"}, {"get_time", R"({"zone":"CET","n":{"x":[true,null,-1.5e3]}})"}}},
+      // The second header follows without the first message's end marker.
+      {"<|channel|>commentary to=functions.a <|constrain|>json<|message|>{\"k\": \"v w\"}<|start|>assistant"
+       "<|channel|>commentary to=functions.b <|constrain|>json<|message|>{\"deep\": {\"er\": [{}]}}<|call|>",
+       {{"a", R"({"k":"v w"})"}, {"b", R"({"deep":{"er":[{}]}})"}}},
+  };
+  for (const auto& [text, want] : answers) {
+    const HarmonyStreamed whole = harmony_in_steps(text, text.size());  // the non-streaming answer
+    EXPECT_EQ(calls_of(whole), want) << text;
+    for (const std::size_t step : kHarmonySteps) {
+      const HarmonyStreamed s = harmony_in_steps(text, step);
+      EXPECT_EQ(calls_of(s), want) << text << " step " << step;
+      EXPECT_EQ(completed(s), want) << text << " step " << step;
+      EXPECT_EQ((std::pair{s.reasoning, s.content}), (std::pair{whole.reasoning, whole.content})) << step;
+      ASSERT_EQ(s.names.size(), want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        // All but the closing brace streamed before the message ended, in several pieces for small steps.
+        EXPECT_EQ(s.before_last[k] + "}", want[k].second) << text << " step " << step;
+        if (step <= 3) {
+          EXPECT_GT(s.pieces[k], 1u) << text << " step " << step;
+        }
+      }
+    }
+  }
+  // A call with no text is {}: named and complete in one piece when its message ends.
+  const HarmonyStreamed empty =
+      harmony_in_steps("<|channel|>commentary to=functions.now <|constrain|>json<|message|><|call|>", 1);
+  EXPECT_EQ(completed(empty), (std::vector<std::pair<std::string, std::string>>{{"now", "{}"}}));
+}
+
+// A call's text that is no JSON object is no call: it comes back as reasoning, whole, and what was streamed of it is
+// no complete JSON. A later call keeps streaming, at the next index.
+TEST(ToolCalls, HarmonyBrokenCallIsReasoningAndNeverComplete) {
+  const std::string broken[] = {R"({"city": tru})",   R"({"city": "Oslo"} and more)",
+                                R"({"city": "Oslo")", R"(["Oslo"])",
+                                "Oslo please",        R"({"a": [1})"};
+  for (const auto& body : broken) {
+    const std::string text =
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + body +
+        "<|call|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"z\": 1}";
+    for (const std::size_t step : kHarmonySteps) {
+      const HarmonyStreamed s = harmony_in_steps(text, step);
+      EXPECT_EQ(s.reasoning, body) << step;
+      EXPECT_EQ(s.content, "");
+      EXPECT_EQ(calls_of(s), (std::vector<std::pair<std::string, std::string>>{{"get_time", R"({"z":1})"}}));
+      EXPECT_EQ(completed(s), calls_of(s)) << body << " step " << step;
+      // Named while it was an object prefix (pushed byte by byte; a push that holds it broken names nothing): its
+      // index stays taken.
+      const bool named = s.names.size() == 2;
+      if (step == 1) {
+        EXPECT_EQ(named, body.starts_with("{")) << body;
+      }
+      ASSERT_EQ(s.names.size(), named ? 2u : 1u) << body;
+      if (named) {
+        EXPECT_EQ(s.names[0], "get_weather");
+        EXPECT_FALSE(s.last[0]);
+      }
+    }
+  }
+}
+
+// Wherever the answer stops (max_tokens), what was streamed is right: exactly the calls the whole answer has, and
+// any other call named only with arguments that are no complete JSON; the reasoning and content are the same.
+TEST(ToolCalls, HarmonyEveryCutStreamsSafely) {
+  const std::string answer =
+      "<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>commentary to=functions.f "
+      "<|constrain|>json<|message|>{\"a\": [1, {\"b\": \"c}\"}], \"d\": 2.5, \"e\": \"é\"}<|call|><|start|>assistant"
+      "<|channel|>commentary to=functions.g <|constrain|>json<|message|>{\"h\": {}}<|call|>";
+  for (std::size_t n = 0; n <= answer.size(); ++n) {
+    const std::string_view text = std::string_view(answer).substr(0, n);
+    const HarmonyStreamed whole = harmony_in_steps(text, std::max<std::size_t>(text.size(), 1));
+    for (const std::size_t step : {std::size_t{1}, std::size_t{4}}) {
+      const HarmonyStreamed s = harmony_in_steps(text, step);
+      EXPECT_EQ(calls_of(s), calls_of(whole)) << text;
+      EXPECT_EQ(completed(s), calls_of(whole)) << text << " step " << step;
+      EXPECT_EQ(s.reasoning, whole.reasoning) << text;
+      EXPECT_EQ(s.content, whole.content) << text;
+    }
+  }
 }
 
 // "required" with several tools: the opener plus any object the schema lets through is one call of a listed tool.

@@ -1,6 +1,7 @@
 // gpt-oss's harmony format: HarmonyStream splits the answer's channels into reasoning, content and tool calls the
-// same way whatever the chunking (every marker split at every byte), never lets a marker into what it returns, and
-// keeps what a model cut off mid-message wrote.
+// same way whatever the chunking (every marker split at every byte), never lets a marker into what it returns, keeps
+// what a model cut off mid-message wrote, and streams pieces of each call that add up to it (and to no complete JSON
+// for a call that is none).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -31,7 +32,26 @@ std::ostream& operator<<(std::ostream& os, const Result& r) {
   return os << "]}";
 }
 
-void add(Result& r, HarmonyOutput out) {
+// A stream's call pieces, by index: the name, the arguments so far, and whether the last piece came.
+struct Pieces {
+  std::string name, arguments;
+  bool last = false;
+};
+
+void add(Result& r, HarmonyOutput out, std::vector<Pieces>& pieces) {
+  for (const auto& d : out.deltas) {
+    if (d.index == pieces.size()) {
+      EXPECT_FALSE(d.name.empty()) << "a call's first piece names it";
+      pieces.emplace_back();
+      pieces.back().name = d.name;
+    } else {
+      ASSERT_LT(d.index, pieces.size()) << "calls come in order";
+      EXPECT_EQ(d.name, "");
+      EXPECT_FALSE(pieces[d.index].last) << "a piece after the last";
+    }
+    pieces[d.index].arguments += d.arguments;
+    pieces[d.index].last = d.last;
+  }
   for (const auto marker : kMarkers) {
     EXPECT_EQ(out.content.find(marker), std::string::npos) << out.content;
     EXPECT_EQ(out.reasoning.find(marker), std::string::npos) << out.reasoning;
@@ -44,17 +64,28 @@ void add(Result& r, HarmonyOutput out) {
   }
 }
 
-// The text pushed in the pieces that `cuts` (ascending offsets) make, then finished.
+// The text pushed in the pieces that `cuts` (ascending offsets) make, then finished. The calls' streamed pieces add
+// up to the calls, and a call that never got its last piece has no complete JSON.
 Result run(std::string_view prompt, bool tools, std::string_view text, const std::vector<std::size_t>& cuts) {
   HarmonyStream stream(prompt, tools);
   Result r;
+  std::vector<Pieces> pieces;
   std::size_t from = 0;
   for (const std::size_t cut : cuts) {
-    add(r, stream.push(text.substr(from, cut - from)));
+    add(r, stream.push(text.substr(from, cut - from)), pieces);
     from = cut;
   }
-  add(r, stream.push(text.substr(from)));
-  add(r, stream.finish());
+  add(r, stream.push(text.substr(from)), pieces);
+  add(r, stream.finish(), pieces);
+  std::vector<std::pair<std::string, std::string>> streamed;
+  for (const auto& p : pieces) {
+    if (p.last) {
+      streamed.emplace_back(p.name, p.arguments);
+    } else {
+      EXPECT_FALSE(json::accept(p.arguments)) << text << ": " << p.arguments;
+    }
+  }
+  EXPECT_EQ(streamed, r.calls) << text;
   return r;
 }
 
@@ -109,9 +140,10 @@ TEST(Harmony, ToolCall) {
   expect_split(kPrompt, true, text.substr(0, text.size() - 8),
                Result{"Need the weather tool.", "", {{"get_weather", R"({"location":"Paris"})"}}});
   // The recipient may come before the channel, and "json" without <|constrain|> (what the template writes for
-  // earlier calls); spaces around the arguments are not part of them.
-  expect_split(kPrompt, true, " to=functions.lookup<|channel|>commentary json<|message|> {\"q\": 1}\n<|call|>",
-               Result{"", "", {{"lookup", R"({"q": 1})"}}});
+  // earlier calls); the arguments are the object without the spaces outside its strings, as other formats' are.
+  expect_split(kPrompt, true,
+               " to=functions.lookup<|channel|>commentary json<|message|> {\"q\": 1, \"s\": \"a b\"}\n<|call|>",
+               Result{"", "", {{"lookup", R"({"q":1,"s":"a b"})"}}});
   // A preamble (commentary with no recipient) is for the user: content.
   expect_split(kPrompt, true,
                "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary "
@@ -122,6 +154,19 @@ TEST(Harmony, ToolCall) {
                Result{"", "", {{"now", "{}"}}});
   // Without tools in the request the model's call is not one: its text is kept as reasoning, never content.
   expect_split(kPrompt, false, text, Result{"Need the weather tool.{\"location\":\"Paris\"}", "", {}});
+}
+
+// A call whose text is no JSON object is none: its text is reasoning (written for the tool, not the user).
+TEST(Harmony, ACallThatIsNoJsonObjectIsReasoning) {
+  const std::string header = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>";
+  for (const std::string body : {"{\"x\": tru}", "{\"x\": 1} more", "[1]", "plain words", "{\"x\": 1"}) {
+    expect_split(kPrompt, true, header + body + "<|call|>", Result{body, "", {}});
+  }
+  // Calls around it are kept.
+  expect_split(kPrompt, true,
+               header + "{}<|call|><|start|>assistant" + header + "{\"x\"<|call|><|start|>assistant" + header +
+                   "{\"y\": 2}<|call|>",
+               Result{"{\"x\"", "", {{"f", "{}"}, {"f", R"({"y":2})"}}});
 }
 
 TEST(Harmony, CallsAreReturnedAsSoonAsTheyEnd) {
@@ -171,9 +216,12 @@ TEST(Harmony, CutOffMidMessage) {
   expect_split(kPrompt, false,
                "<|channel|>analysis<|message|>Done.<|end|><|start|>assistant<|channel|>final<|message|>Half an ans",
                Result{"Done.", "Half an ans", {}});
-  // A call cut off is returned with the arguments written so far (the server's finish_reason says "length").
+  // A call cut off before its object closed is no call: its text is reasoning, as any message not for the user.
   expect_split(kPrompt, true, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": [1,",
-               Result{"", "", {{"f", "{\"a\": [1,"}}});
+               Result{"{\"a\": [1,", "", {}});
+  // Its object whole, it is (the server's finish_reason says "length").
+  expect_split(kPrompt, true, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": [1]} ",
+               Result{"", "", {{"f", R"({"a":[1]})"}}});
   // Cut off in a header: nothing of it is returned.
   expect_split(kPrompt, false, "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>fin",
                Result{"x", "", {}});
@@ -188,7 +236,7 @@ TEST(Harmony, WherePromptLeavesTheAnswer) {
   expect_split("<|start|>assistant<|channel|>analysis<|message|>", false,
                "Hmm.<|end|><|start|>assistant<|channel|>final<|message|>Yes.", Result{"Hmm.", "Yes.", {}});
   expect_split("<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>", true,
-               R"({"k": "v"})", Result{"", "", {{"f", R"({"k": "v"})"}}});
+               R"({"k": "v"})", Result{"", "", {{"f", R"({"k":"v"})"}}});
   // A prompt that closes its last message: the answer writes its own <|start|>.
   expect_split("<|start|>user<|message|>Hi<|end|>", false, "<|start|>assistant<|channel|>final<|message|>Hello",
                Result{"", "Hello", {}});

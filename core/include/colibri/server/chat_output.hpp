@@ -21,7 +21,8 @@ namespace colibri::server {
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
 //               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
 //   harmony     (gpt-oss): <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>, read
-//               by HarmonyStream (below) together with the reasoning, not by parse_tool_calls or ToolCallStream
+//               by HarmonyStream (below) together with the reasoning, not by parse_tool_calls (each call's
+//               arguments by a ToolCallStream::arguments_of)
 enum class ToolFormat { none, hermes, mistral, deepseek_v3, harmony };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
@@ -72,6 +73,7 @@ struct ToolCallDelta {
   std::size_t index = 0;  // the call's place among the answer's calls
   std::string name;       // in the first piece only
   std::string arguments;
+  bool last = false;  // the call's final piece (from finish): its arguments are complete
 };
 
 struct ToolStreamOutput {
@@ -95,6 +97,10 @@ class ToolCallStream {
   explicit ToolCallStream(ToolFormat format);
   // tool_choice "required": the text is one call object (its opener is in the prompt), read as call_from_json_text.
   static ToolCallStream required_call();
+  // A call whose name came before its text (harmony's header): the text is its arguments object alone, streamed as
+  // deepseek_v3's is. finish() finds the call when the text is one JSON object (no text at all: {}), else no call and
+  // the whole text as content.
+  static ToolCallStream arguments_of(std::string_view name);
   ToolCallStream(const ToolCallStream& other);
   ToolCallStream& operator=(const ToolCallStream& other);
   ToolCallStream(ToolCallStream&&) noexcept;
@@ -111,6 +117,7 @@ class ToolCallStream {
 
   ToolFormat format_;
   bool required_ = false;
+  std::optional<std::string> name_;  // arguments_of
   std::string held_;
   bool in_calls_ = false;
   std::unique_ptr<Preview> preview_;
@@ -157,7 +164,8 @@ inline constexpr std::string_view kHarmonyEndTokens[] = {"<|return|>", "<|call|>
 struct HarmonyOutput {
   std::string reasoning;
   std::string content;
-  std::vector<ToolCall> calls;  // complete calls (ids left empty)
+  std::vector<ToolCall> calls;        // complete calls (ids left empty), as each message ends
+  std::vector<ToolCallDelta> deltas;  // the same calls as they are written, to stream (see HarmonyStream)
 };
 
 // Splits harmony text as it streams, as vLLM and llama.cpp do for gpt-oss. The analysis channel is reasoning; the
@@ -167,13 +175,19 @@ struct HarmonyOutput {
 // the model did not write for the user is never content. No marker is ever part of what comes out. Text outside any
 // header (a model that does not speak harmony) is content. push() returns what is final; a tail that may be the
 // start of a marker, and a header until its <|message|>, wait for the next push or finish().
+// A call's text must be one JSON object (none at all is {}); its arguments are that object's text with the whitespace
+// outside strings dropped, as ToolCallStream's. `deltas` stream it as ToolCallStream does: named (by the header) once
+// its text has begun as a valid JSON object prefix, its arguments in pieces as they grow but the closing '}', which
+// follows when the message ends and its text parses. A call whose text is no JSON object (broken, cut off) is no call:
+// its text is reasoning (it was written for the tool, not the user), and what was streamed of it is no complete
+// JSON. Its index stays taken in `deltas` once named, so a later call's index there may exceed its place in `calls`.
 class HarmonyStream {
  public:
   // `prompt` is the rendered prompt: after "<|start|>assistant" the answer starts with the rest of a header; after
   // a header's <|message|> (continue_final_message, or a template that opens the final channel) inside that message.
   HarmonyStream(std::string_view prompt, bool tools);
   HarmonyOutput push(std::string_view text);
-  // The end of the answer: a message cut off in its text ends there (a call with the arguments written so far); a
+  // The end of the answer: a message cut off in its text ends there (a call, if its text is a whole object); a
   // header cut off before its <|message|> is dropped.
   HarmonyOutput finish();
 
@@ -183,6 +197,7 @@ class HarmonyStream {
   void open_message(std::string_view header);
   void end_message(HarmonyOutput& out);
   void emit(HarmonyOutput& out, std::string_view text);
+  void add_deltas(HarmonyOutput& out, std::vector<ToolCallDelta> deltas);
 
   bool tools_;
   State state_ = State::header;
@@ -190,7 +205,9 @@ class HarmonyStream {
   bool role_next_ = false;     // the prompt ended with a bare <|start|>: the answer starts with the role
   std::string held_;
   Sink sink_ = Sink::content;
-  std::string call_name_, call_arguments_;
+  std::optional<ToolCallStream> call_;  // the call message being read
+  std::size_t call_index_ = 0;          // the index in `deltas` of the next call
+  bool call_named_ = false;             // the current call has a delta out
 };
 
 }  // namespace colibri::server
