@@ -427,6 +427,25 @@ class CpuCompute final : public ComputeBase {
       rows_of_tokens(0);
       return;
     }
+    // Prefill with a multi-row, multi-token kernel: up to kRowTile rows decoded once for up to kTokenTile tokens,
+    // every token (a remainder too) through it; the rows' codes stay in the caches from one token tile to the next.
+    if (const DotRowsTileFn tile_rows = select_tile_rows(*opt_.kernels, wtype, exact); tile_rows != nullptr) {
+      for (std::int64_t q0 = r0; q0 < r1; q0 += kRowTile) {
+        const std::int64_t q1 = std::min(r1, q0 + kRowTile);
+        for (std::int64_t i = 0; i < t; i += kTokenTile) {
+          const int m = static_cast<int>(std::min<std::int64_t>(kTokenTile, t - i));
+          float v[kTokenTile * kRowTile];
+          tile_rows(w + static_cast<std::size_t>(q0) * wbytes, wbytes, static_cast<int>(q1 - q0),
+                    act + static_cast<std::size_t>(i) * abytes, abytes, m, k, v);
+          for (int j = 0; j < m; ++j)
+            for (std::int64_t r = q0; r < q1; ++r) {
+              const float x = v[j * kRowTile + (r - q0)];
+              y[(i + j) * n + r] = bias != nullptr ? x + bias[r] : x;
+            }
+        }
+      }
+      return;
+    }
     // Whole tiles; a remainder of up to kRowsKernelTokens tokens goes through the multi-row kernel, which per token
     // is 2x the one-row dot and 1.8x a tile that is mostly empty (q4_k, from the caches). Every path gives a token
     // the bits of its DotFn, so the split changes no result.

@@ -63,6 +63,13 @@ inline constexpr int kRowTile = 64;
 using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
                            float* out) noexcept;
 
+// Several weight rows against several tokens (prefill): each row's codes are decoded once per call for all the
+// tokens, and the tokens' activations laid out once per call for all the rows. out[i * kRowTile + r] gets exactly
+// the bits of DotFn for row r (at w + r * row_stride) and token i (at act + i * act_stride), nrows <= kRowTile,
+// ntok <= kTokenTile.
+using DotRowsTileFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const std::byte* act,
+                               std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept;
+
 struct KernelSet {
   const char* name;
   DotFn f32;  // f32 weights (and every type in exact mode, after dequantizing the row)
@@ -110,6 +117,8 @@ struct KernelSet {
   float (*softmax_block)(float* s, int n, float scale, float m, float* sum) noexcept = nullptr;
   // swiglu_scalar with the same bits; nullptr: that function.
   void (*swiglu)(const float* g, const float* u, float* out, std::int64_t n) noexcept = nullptr;
+  // Several weight rows against several tokens; nullptr: the tiles above (or the DotFn) row by row.
+  DotRowsTileFn tile_rows_mxfp4 = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;
@@ -148,6 +157,9 @@ DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) 
 
 // The multi-row function for quantized weights with quantized activations; nullptr otherwise.
 DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) noexcept;
+
+// The multi-row, multi-token function for quantized weights with quantized activations; nullptr otherwise.
+DotRowsTileFn select_tile_rows(const KernelSet& set, DType type, bool exact_activations) noexcept;
 
 // Shared scalar pieces (used by every path so the float steps match exactly).
 float reduce_f32_lanes(const float* lanes) noexcept;    // kF32Lanes values, fixed tree

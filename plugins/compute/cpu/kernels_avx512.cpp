@@ -357,6 +357,154 @@ KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, con
   }
 }
 
+// ---------------------------------------------------------------- mxfp4, several rows, several tokens
+//
+// Prefill's matmul: up to kRowTile rows against up to kTokenTile tokens. Each token's activations are laid out once
+// per call as z_rows_mxfp4 lays them out (ZMxfp4Tok16: the codes' +12 subtracted after the transpose instead of
+// before the vpdpbusd, an exact integer step either way), and each row's 16 blocks are decoded once into 8
+// registers for every token: per token and 16 blocks, 8 vpdpbusd, the 4 x 4 transpose-and-add and the float steps.
+// A row's last, partial group of blocks is decoded from a zero-padded copy, and its products go into the lanes by
+// masked adds (a lane without a block stays as it is), so each lane gets its blocks' products in z_dot_mxfp4's order
+// and every row and token the bits of the one-row dot.
+
+// One token's activations of 16 blocks (zeros past a partial group's last block).
+struct alignas(64) ZMxfp4Tok16 {
+  std::int8_t lo[4][64];  // [m][16 l + i] = element i of block 4l + m
+  std::int8_t hi[4][64];  // elements 16 + i
+  std::int32_t bias[16];  // 12 * the sum of block j (what the +12 of every code adds)
+  float d[16];
+};
+
+KTARGET inline void z_mxfp4_prepare_tok16(const Q8Block* y, int count, ZMxfp4Tok16& a) noexcept {
+  if (count < 16) std::memset(&a, 0, sizeof(a));
+  for (int j = 0; j < count; ++j) {
+    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
+    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
+    a.bias[j] = 12 * y[j].sum;
+    a.d[j] = y[j].d;
+  }
+}
+
+// The products (scale * d) * isum of one token's 16 blocks with decoded codes lo/hi, in block order.
+KTARGET inline __m512 z_mxfp4_products16(const __m512i* lo, const __m512i* hi, __m512 scales,
+                                         const ZMxfp4Tok16& a) noexcept {
+  __m512i acc[4];
+  for (int m = 0; m < 4; ++m) {
+    acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[m], _mm512_load_si512(a.lo[m])), hi[m],
+                                 _mm512_load_si512(a.hi[m]));
+  }
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
+  const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)),
+                                        _mm512_load_si512(a.bias));
+  return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
+}
+
+// Rows [0, nrows) against N tokens, groups [g0, g0 + ng) of 16 blocks (nb blocks in a row); acc holds the lanes
+// between segments, `last`: the segment that finishes the rows into out.
+template <int N>
+KTARGET void z_tile_rows_mxfp4_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0,
+                                 int ng, const ZMxfp4Tok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile],
+                                 bool last, float* out) noexcept {
+  constexpr std::size_t kPrefetchBytes = 4096;
+  const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const quant::BlockMXFP4*>(w + static_cast<std::size_t>(r) * stride) + 16 * g0;
+    __m128 a[N];
+    for (int t = 0; t < N; ++t) a[t] = g0 == 0 ? _mm_setzero_ps() : acc[r][t];
+    for (int g = 0; g < ng; ++g) {
+      const quant::BlockMXFP4* xg = x + 16 * g;
+      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - 16 * (g0 + g)));
+      quant::BlockMXFP4 pad[16];
+      if (count < 16) {
+        std::memset(static_cast<void*>(pad), 0, sizeof(pad));
+        std::memcpy(static_cast<void*>(pad), xg, static_cast<std::size_t>(count) * sizeof(quant::BlockMXFP4));
+        xg = pad;
+      } else {
+        for (int i = 0; i < 5; ++i)  // 272 bytes a step
+          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
+      }
+      __m512i lo[4], hi[4];
+      for (int m = 0; m < 4; ++m) {
+        const auto codes = [&](int l) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xg[4 * l + m].qs)); };
+        __m512i q = _mm512_castsi128_si512(codes(0));
+        q = _mm512_inserti32x4(q, codes(1), 1);
+        q = _mm512_inserti32x4(q, codes(2), 2);
+        q = _mm512_inserti32x4(q, codes(3), 3);
+        lo[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
+        hi[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+      }
+      const __m512 scales = z_mxfp4_scales16(xg);
+      const ZMxfp4Tok16* p = prepared[g];
+      if (count == 16) {
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          a[t] = _mm_add_ps(a[t], _mm512_castps512_ps128(f));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 1));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 2));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 3));
+        }
+      } else {
+        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 8 and 4 and its last blocks.
+        const auto mask = [&](int s) { return static_cast<__mmask8>((1u << std::clamp(count - 4 * s, 0, 4)) - 1); };
+        for (int t = 0; t < N; ++t) {
+          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          a[t] = _mm_mask_add_ps(a[t], mask(0), a[t], _mm512_castps512_ps128(f));
+          a[t] = _mm_mask_add_ps(a[t], mask(1), a[t], _mm512_extractf32x4_ps(f, 1));
+          a[t] = _mm_mask_add_ps(a[t], mask(2), a[t], _mm512_extractf32x4_ps(f, 2));
+          a[t] = _mm_mask_add_ps(a[t], mask(3), a[t], _mm512_extractf32x4_ps(f, 3));
+        }
+      }
+    }
+    for (int t = 0; t < N; ++t) {
+      if (last) {
+        alignas(16) float lanes[kBlockLanes];
+        _mm_store_ps(lanes, a[t]);
+        out[t * kRowTile + r] = reduce_block_lanes(lanes);
+      } else {
+        acc[r][t] = a[t];
+      }
+    }
+  }
+}
+
+KTARGET void z_tile_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
+                               std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
+  constexpr int kSegGroups = 8;  // a segment: up to 8 groups of 16 blocks (40 KiB of 8 tokens' activations)
+  const std::int64_t nb = k / 32, groups = (nb + 15) / 16;
+  if (groups == 0) {
+    const float lanes[kBlockLanes] = {};
+    for (int t = 0; t < ntok; ++t)
+      for (int r = 0; r < nrows; ++r) out[t * kRowTile + r] = reduce_block_lanes(lanes);
+    return;
+  }
+  ZMxfp4Tok16 prepared[kSegGroups][kTokenTile];
+  __m128 acc[kRowTile][kTokenTile];
+  for (std::int64_t g0 = 0; g0 < groups; g0 += kSegGroups) {
+    const int ng = static_cast<int>(std::min<std::int64_t>(kSegGroups, groups - g0));
+    for (int g = 0; g < ng; ++g) {
+      const std::int64_t b0 = 16 * (g0 + g);
+      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - b0));
+      for (int t = 0; t < ntok; ++t)
+        z_mxfp4_prepare_tok16(reinterpret_cast<const Q8Block*>(act + static_cast<std::size_t>(t) * act_stride) + b0,
+                              count, prepared[g][t]);
+    }
+    const bool last = g0 + ng == groups;
+    switch (ntok) {
+      case 1: z_tile_rows_mxfp4_n<1>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 2: z_tile_rows_mxfp4_n<2>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 3: z_tile_rows_mxfp4_n<3>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 4: z_tile_rows_mxfp4_n<4>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 5: z_tile_rows_mxfp4_n<5>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 6: z_tile_rows_mxfp4_n<6>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 7: z_tile_rows_mxfp4_n<7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      default: z_tile_rows_mxfp4_n<8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- eight rows, one token (512-bit blocks)
 
 // Totals of eight 16-lane vectors.
@@ -868,9 +1016,11 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_rows_multi,
                                  z_scale_axpy_rows_multi,
                                  z_softmax_block,
-                                 z_swiglu};
+                                 z_swiglu,
+                                 z_tile_rows_mxfp4};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
-  static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4,
+  static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
+                    set.tile_rows_mxfp4 == z_tile_rows_mxfp4,
                 "list every KernelSet member");
   return set;
 }

@@ -194,6 +194,11 @@ DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) 
   }
 }
 
+DotRowsTileFn select_tile_rows(const KernelSet& set, DType type, bool exact_activations) noexcept {
+  if (exact_activations) return nullptr;
+  return type == DType::mxfp4 ? set.tile_rows_mxfp4 : nullptr;
+}
+
 namespace {
 
 float dot_f32(const void* w_row, const void* act, std::int64_t k) noexcept {

@@ -369,16 +369,18 @@ TEST_P(CpuIsa, QuantizesActivationTiesAndNaNLikeTheScalarPath) {
 // mxfp4 rows of raw blocks (every code; exponents 0 and 1, whose scales are subnormal, among others) at the
 // block counts the kernels split differently: 1-3 (one-block tail), 4-15 (four- and eight-block steps), 16..31
 // (one group of 16 of the multi-row kernel and a tail), 90 (gpt-oss's 2880: 5 groups, a step of 8 and 2 blocks),
-// 281 (two segments of the multi-row kernel and a tail of 9). 1-3 tokens take the multi-row kernel, 4 and 9 the
-// tiles (9: one token through the multi-row kernel); 70 rows cross a 64-row tile, and rows of an odd number of
-// 17-byte blocks start at odd addresses. Every result must have the scalar path's bits.
+// 128 and 256 (whole segments of 8 groups of the multi-row, multi-token kernel), 129 (a second segment of one block),
+// 281 (two segments of the multi-row kernel and a tail of 9; three of the multi-token one, the last group partial).
+// 1-3 tokens take the multi-row kernel, 4 and more the tiles or the multi-row, multi-token kernel (every tile width
+// 1-8 with a remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 17-byte blocks start at
+// odd addresses. Every result must have the scalar path's bits.
 TEST_P(CpuIsa, Mxfp4RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
   auto simd = make(GetParam());
   if (!simd) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
   auto scalar = make("scalar");
   ASSERT_TRUE(scalar);
   std::mt19937 rng(2024);
-  for (const std::int64_t blocks : {1, 3, 4, 7, 8, 12, 15, 16, 17, 20, 24, 31, 90, 281}) {
+  for (const std::int64_t blocks : {1, 3, 4, 7, 8, 12, 15, 16, 17, 20, 24, 31, 90, 128, 129, 256, 281}) {
     const std::int64_t k = 32 * blocks, n = 70;
     std::vector<std::byte> w(row_bytes(DType::mxfp4, k) * static_cast<std::size_t>(n));
     for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<std::byte>(rng());
@@ -389,7 +391,7 @@ TEST_P(CpuIsa, Mxfp4RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
       const unsigned r = rng() % 16;
       w[b] = static_cast<std::byte>(b / rb % 3 == 0 ? r % 4 : r < 2 ? r : 100 + rng() % 40);
     }
-    for (const std::int64_t t : {1, 2, 3, 4, 9}) {
+    for (const std::int64_t t : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 33, 64}) {
       const auto x = randn(static_cast<std::size_t>(k * t), static_cast<unsigned>(blocks + t), 2.0f);
       std::vector<float> a(static_cast<std::size_t>(n * t)), b(a.size());
       for (auto* out : {&a, &b}) {
