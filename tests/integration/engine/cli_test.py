@@ -159,9 +159,18 @@ class Interrupt(unittest.TestCase):
             p = subprocess.Popen([CLI, "perplexity", "-m", model(), "-f", text, "--ctx", "2048", "--save-logits", out],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.time() + 60
-            while time.time() < deadline and not (os.path.exists(out + ".partial") and
-                                                  os.path.getsize(out + ".partial") > 100000):
-                time.sleep(0.01)
+            # The signals must come while a chunk is being scored: past the header (the chunks' token ids, at most
+            # 540 KB for 135 000 characters; a Ctrl-C while it is written comes before the scoring loop listens) and
+            # its first rows of logits, and while the file stands still (a forward pass, not the last rows of a
+            # chunk, after which a first Ctrl-C ends the run before the second comes).
+            last, still_since = -1, time.time()
+            while time.time() < deadline:
+                size = os.path.getsize(out + ".partial") if os.path.exists(out + ".partial") else -1
+                if size != last:
+                    last, still_since = size, time.time()
+                elif size > 1000000 and time.time() - still_since > 0.02:
+                    break
+                time.sleep(0.005)
             for _ in range(signals):
                 p.send_signal(signal.SIGINT)
                 time.sleep(0.05)
