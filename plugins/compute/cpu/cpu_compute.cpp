@@ -429,7 +429,9 @@ class CpuCompute final : public ComputeBase {
     }
     // Prefill with a multi-row, multi-token kernel: up to kRowTile rows decoded once for up to kTokenTile tokens,
     // every token (a remainder too) through it; the rows' codes stay in the caches from one token tile to the next.
-    if (const DotRowsTileFn tile_rows = select_tile_rows(*opt_.kernels, wtype, exact); tile_rows != nullptr) {
+    // Decode (up to kRowsKernelTokens tokens) keeps its path for the types without a multi-row kernel (q8_0, q4_0).
+    if (const DotRowsTileFn tile_rows = select_tile_rows(*opt_.kernels, wtype, exact);
+        tile_rows != nullptr && t > kRowsKernelTokens) {
       for (std::int64_t q0 = r0; q0 < r1; q0 += kRowTile) {
         const std::int64_t q1 = std::min(r1, q0 + kRowTile);
         for (std::int64_t i = 0; i < t; i += kTokenTile) {

@@ -119,6 +119,8 @@ struct KernelSet {
   void (*swiglu)(const float* g, const float* u, float* out, std::int64_t n) noexcept = nullptr;
   // Several weight rows against several tokens; nullptr: the tiles above (or the DotFn) row by row.
   DotRowsTileFn tile_rows_mxfp4 = nullptr;
+  DotRowsTileFn tile_rows_q8_0 = nullptr;  // prefill only (4 or more tokens): no multi-row kernel for decode
+  DotRowsTileFn tile_rows_q4_0 = nullptr;
 };
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;

@@ -505,6 +505,162 @@ KTARGET void z_tile_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows
   }
 }
 
+// ---------------------------------------------------------------- q8_0 / q4_0, several rows, several tokens
+//
+// z_tile_rows_mxfp4's scheme for the two fp16-scaled formats: register m holds in 128-bit lane l bytes 0-15 (lo) and
+// 16-31 (hi) of block 4l + m's weights, decoded once per row for every token as unsigned bytes: q8_0's codes plus 128
+// (an xor), q4_0's nibbles (0-15). The bias this adds (128, resp. 8, times the activation block's sum) is subtracted
+// after the 4 x 4 transpose-and-add: exact integers, so each block's sum is the scalar path's, signed x signed too.
+// The float steps ((d_w * d_y) * isum, added to lane b % 4 in block order; a partial last group by masked adds) are
+// z_dot_q8_0 / z_dot_q4_0's, so every row and token gets the bits of the one-row dot.
+
+template <X86Q32 F>
+struct ZQ32Traits;
+template <>
+struct ZQ32Traits<X86Q32::q8_0> {
+  using Block = quant::BlockQ8_0;
+  static constexpr std::int32_t kBias = 128;
+};
+template <>
+struct ZQ32Traits<X86Q32::q4_0> {
+  using Block = quant::BlockQ4_0;
+  static constexpr std::int32_t kBias = 8;
+};
+
+// One token's activations of 16 blocks (zeros past a partial group's last block), ZMxfp4Tok16's layout with the
+// format's bias.
+template <std::int32_t kBias>
+KTARGET inline void z_q32_prepare_tok16(const Q8Block* y, int count, ZMxfp4Tok16& a) noexcept {
+  if (count < 16) std::memset(&a, 0, sizeof(a));
+  for (int j = 0; j < count; ++j) {
+    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
+    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
+    a.bias[j] = kBias * y[j].sum;
+    a.d[j] = y[j].d;
+  }
+}
+
+// Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3.
+template <typename Block>
+KTARGET inline __m512i z_q32_load4(const Block* x, int m, int off) noexcept {
+  const auto* p = reinterpret_cast<const std::int8_t*>(x[m].qs) + off;
+  constexpr std::size_t step = 4 * sizeof(Block);
+  __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  q = _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + step)), 1);
+  q = _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * step)), 2);
+  return _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * step)), 3);
+}
+
+template <X86Q32 F, int N>
+KTARGET void z_tile_rows_q32_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0,
+                               int ng, const ZMxfp4Tok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile], bool last,
+                               float* out) noexcept {
+  using Block = typename ZQ32Traits<F>::Block;
+  constexpr std::size_t kPrefetchBytes = 4096;
+  constexpr int kLines = static_cast<int>((16 * sizeof(Block) + 63) / 64);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int r = 0; r < nrows; ++r) {
+    const auto* x = reinterpret_cast<const Block*>(w + static_cast<std::size_t>(r) * stride) + 16 * g0;
+    __m128 a[N];
+    for (int t = 0; t < N; ++t) a[t] = g0 == 0 ? _mm_setzero_ps() : acc[r][t];
+    for (int g = 0; g < ng; ++g) {
+      const Block* xg = x + 16 * g;
+      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - 16 * (g0 + g)));
+      Block pad[16];
+      if (count < 16) {
+        std::memset(static_cast<void*>(pad), 0, sizeof(pad));
+        std::memcpy(static_cast<void*>(pad), xg, static_cast<std::size_t>(count) * sizeof(Block));
+        xg = pad;
+      } else {
+        for (int i = 0; i < kLines; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
+      }
+      __m512i lo[4], hi[4];
+      for (int m = 0; m < 4; ++m) {
+        if constexpr (F == X86Q32::q8_0) {
+          lo[m] = _mm512_xor_si512(z_q32_load4(xg, m, 0), flip);
+          hi[m] = _mm512_xor_si512(z_q32_load4(xg, m, 16), flip);
+        } else {
+          const __m512i q = z_q32_load4(xg, m, 0);
+          lo[m] = _mm512_and_si512(q, m4);
+          hi[m] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        }
+      }
+      alignas(32) std::uint16_t d16[16];
+      for (int j = 0; j < 16; ++j) d16[j] = xg[j].d;
+      const __m512 scales = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16)));
+      const ZMxfp4Tok16* p = prepared[g];
+      if (count == 16) {
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) {
+          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          a[t] = _mm_add_ps(a[t], _mm512_castps512_ps128(f));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 1));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 2));
+          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 3));
+        }
+      } else {
+        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 4 and its last blocks.
+        const auto mask = [&](int s) { return static_cast<__mmask8>((1u << std::clamp(count - 4 * s, 0, 4)) - 1); };
+        for (int t = 0; t < N; ++t) {
+          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          a[t] = _mm_mask_add_ps(a[t], mask(0), a[t], _mm512_castps512_ps128(f));
+          a[t] = _mm_mask_add_ps(a[t], mask(1), a[t], _mm512_extractf32x4_ps(f, 1));
+          a[t] = _mm_mask_add_ps(a[t], mask(2), a[t], _mm512_extractf32x4_ps(f, 2));
+          a[t] = _mm_mask_add_ps(a[t], mask(3), a[t], _mm512_extractf32x4_ps(f, 3));
+        }
+      }
+    }
+    for (int t = 0; t < N; ++t) {
+      if (last) {
+        alignas(16) float lanes[kBlockLanes];
+        _mm_store_ps(lanes, a[t]);
+        out[t * kRowTile + r] = reduce_block_lanes(lanes);
+      } else {
+        acc[r][t] = a[t];
+      }
+    }
+  }
+}
+
+template <X86Q32 F>
+KTARGET void z_tile_rows_q32(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
+                             std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
+  constexpr int kSegGroups = 8;  // a segment: up to 8 groups of 16 blocks (40 KiB of 8 tokens' activations)
+  const std::int64_t nb = k / 32, groups = (nb + 15) / 16;
+  if (groups == 0) {
+    const float lanes[kBlockLanes] = {};
+    for (int t = 0; t < ntok; ++t)
+      for (int r = 0; r < nrows; ++r) out[t * kRowTile + r] = reduce_block_lanes(lanes);
+    return;
+  }
+  ZMxfp4Tok16 prepared[kSegGroups][kTokenTile];
+  __m128 acc[kRowTile][kTokenTile];
+  for (std::int64_t g0 = 0; g0 < groups; g0 += kSegGroups) {
+    const int ng = static_cast<int>(std::min<std::int64_t>(kSegGroups, groups - g0));
+    for (int g = 0; g < ng; ++g) {
+      const std::int64_t b0 = 16 * (g0 + g);
+      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - b0));
+      for (int t = 0; t < ntok; ++t)
+        z_q32_prepare_tok16<ZQ32Traits<F>::kBias>(
+            reinterpret_cast<const Q8Block*>(act + static_cast<std::size_t>(t) * act_stride) + b0, count,
+            prepared[g][t]);
+    }
+    const bool last = g0 + ng == groups;
+    switch (ntok) {
+      case 1: z_tile_rows_q32_n<F, 1>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 2: z_tile_rows_q32_n<F, 2>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 3: z_tile_rows_q32_n<F, 3>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 4: z_tile_rows_q32_n<F, 4>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 5: z_tile_rows_q32_n<F, 5>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 6: z_tile_rows_q32_n<F, 6>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 7: z_tile_rows_q32_n<F, 7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      default: z_tile_rows_q32_n<F, 8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- eight rows, one token (512-bit blocks)
 
 // Totals of eight 16-lane vectors.
@@ -1017,10 +1173,13 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_scale_axpy_rows_multi,
                                  z_softmax_block,
                                  z_swiglu,
-                                 z_tile_rows_mxfp4};
+                                 z_tile_rows_mxfp4,
+                                 z_tile_rows_q32<X86Q32::q8_0>,
+                                 z_tile_rows_q32<X86Q32::q4_0>};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
-                    set.tile_rows_mxfp4 == z_tile_rows_mxfp4,
+                    set.tile_rows_mxfp4 == z_tile_rows_mxfp4 && set.tile_rows_q8_0 == z_tile_rows_q32<X86Q32::q8_0> &&
+                    set.tile_rows_q4_0 == z_tile_rows_q32<X86Q32::q4_0>,
                 "list every KernelSet member");
   return set;
 }

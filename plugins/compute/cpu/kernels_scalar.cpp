@@ -196,7 +196,12 @@ DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) 
 
 DotRowsTileFn select_tile_rows(const KernelSet& set, DType type, bool exact_activations) noexcept {
   if (exact_activations) return nullptr;
-  return type == DType::mxfp4 ? set.tile_rows_mxfp4 : nullptr;
+  switch (type) {
+    case DType::q8_0: return set.tile_rows_q8_0;
+    case DType::q4_0: return set.tile_rows_q4_0;
+    case DType::mxfp4: return set.tile_rows_mxfp4;
+    default: return nullptr;
+  }
 }
 
 namespace {

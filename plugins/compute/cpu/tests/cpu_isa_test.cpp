@@ -1,6 +1,7 @@
 // cpu-plugin specifics: every SIMD path gives the scalar path's bits, score() and options.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -405,6 +406,53 @@ TEST_P(CpuIsa, Mxfp4RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
           << "mxfp4 blocks=" << blocks << " tokens=" << t;
     }
   }
+}
+
+// q8_0 and q4_0 rows of raw blocks (every code, -128 too; scales 0, subnormal, up to 65504, zero blocks) at the block
+// counts the multi-row, multi-token kernel splits differently: 1-3 (one partial group), 8 and 16 (one group), 35 and
+// 90 (gpt-oss's 2880: a partial last group), 128 and 129 (one segment of 8 groups, then a second of one block), 256
+// and 257. 1-3 tokens take the one-row dot, 4 and more the tiles or the multi-row, multi-token kernel (every tile
+// width 1-8 with a remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 34- or 18-byte
+// blocks start at addresses that are only 2-byte aligned. Activation blocks of zeros (scale 0) are among them. Every
+// result must have the scalar path's bits.
+TEST_P(CpuIsa, Q8_0AndQ4_0RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
+  auto simd = make(GetParam());
+  if (!simd) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto scalar = make("scalar");
+  ASSERT_TRUE(scalar);
+  std::mt19937 rng(2025);
+  for (const DType type : {DType::q8_0, DType::q4_0})
+    for (const std::int64_t blocks : {1, 3, 8, 16, 35, 90, 128, 129, 256, 257}) {
+      const std::int64_t k = 32 * blocks, n = 70;
+      const std::size_t rb = row_bytes(type, k), bb = rb / static_cast<std::size_t>(blocks);
+      std::vector<std::byte> w(rb * static_cast<std::size_t>(n));
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<std::byte>(rng());
+      // The fp16 scales (the first 2 bytes of a block): mostly 0.001-0.06, now and then 0, a subnormal or one of
+      // the largest; a block of zero codes now and then.
+      for (std::size_t b = 0; b < w.size(); b += bb) {
+        const unsigned r = rng() % 32;
+        const std::uint16_t d = r == 0   ? 0
+                                : r == 1 ? static_cast<std::uint16_t>(1 + rng() % 0x3FF)
+                                : r == 2 ? static_cast<std::uint16_t>(0x7800 + rng() % 0x400)
+                                         : static_cast<std::uint16_t>(0x1400 + rng() % 0x1000);
+        std::memcpy(&w[b], &d, 2);
+        if (r == 3) std::memset(&w[b + 2], 0, bb - 2);
+      }
+      for (const std::int64_t t : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 33, 64}) {
+        auto x = randn(static_cast<std::size_t>(k * t), static_cast<unsigned>(blocks + t), 2.0f);
+        for (std::size_t i = 0; i + 32 <= x.size(); i += 32 * 7)
+          std::fill_n(x.begin() + static_cast<std::ptrdiff_t>(i), 32, 0.0f);
+        std::vector<float> a(static_cast<std::size_t>(n * t)), b(a.size());
+        for (auto* out : {&a, &b}) {
+          Compute& c = out == &a ? *scalar : *simd;
+          Tensor in[] = {Tensor{type, {k, n, 1, 1}, w.data()}, Tensor{DType::f32, {k, t, 1, 1}, x.data()}};
+          Tensor y{DType::f32, {n, t, 1, 1}, out->data()};
+          ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&y, 1), {}}));
+        }
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << dtype_traits(type)->name << " blocks=" << blocks << " tokens=" << t;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, ::testing::Values("avx2", "avx512", "auto"));
