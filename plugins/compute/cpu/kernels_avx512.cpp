@@ -357,37 +357,39 @@ KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, con
   }
 }
 
-// ---------------------------------------------------------------- mxfp4, several rows, several tokens
+// ---------------------------------------------------------------- mxfp4, q8_0, q4_0: several rows, several tokens
 //
 // Prefill's matmul: up to kRowTile rows against up to kTokenTile tokens. Each token's activations are laid out once
-// per call as z_rows_mxfp4 lays them out (ZMxfp4Tok16: the codes' +12 subtracted after the transpose instead of
-// before the vpdpbusd, an exact integer step either way), and each row's 16 blocks are decoded once into 8
-// registers for every token: per token and 16 blocks, 8 vpdpbusd, the 4 x 4 transpose-and-add and the float steps.
-// A row's last, partial group of blocks is decoded from a zero-padded copy, and its products go into the lanes by
-// masked adds (a lane without a block stays as it is), so each lane gets its blocks' products in z_dot_mxfp4's order
-// and every row and token the bits of the one-row dot.
+// per call as z_rows_mxfp4 lays them out (ZTok16), and each row's 16 blocks are decoded once into 8 registers for
+// every token: register m holds in 128-bit lane l bytes 0-15 (lo) and 16-31 (hi) of block 4l + m's weights as
+// unsigned bytes plus a bias (mxfp4's values + 12, q8_0's codes + 128 by an xor, q4_0's nibbles, i.e. + 8), which is
+// subtracted as bias times the activation block's sum after the 4 x 4 transpose-and-add: exact integers, so each
+// block's sum is the scalar path's. Per token and 16 blocks: 8 vpdpbusd, the transpose-and-add and the float steps
+// ((scale_w * d_y) * isum, added to lane b % 4 in block order). A row's last, partial group of blocks is decoded
+// from a zero-padded copy, and its products go into the lanes by masked adds (a lane without a block stays as it
+// is), so each lane gets its blocks' products in the one-row dot's order and every row and token its bits.
 
 // One token's activations of 16 blocks (zeros past a partial group's last block).
-struct alignas(64) ZMxfp4Tok16 {
+struct alignas(64) ZTok16 {
   std::int8_t lo[4][64];  // [m][16 l + i] = element i of block 4l + m
   std::int8_t hi[4][64];  // elements 16 + i
-  std::int32_t bias[16];  // 12 * the sum of block j (what the +12 of every code adds)
+  std::int32_t bias[16];  // the format's bias * the sum of block j (what the bias of every code adds)
   float d[16];
 };
 
-KTARGET inline void z_mxfp4_prepare_tok16(const Q8Block* y, int count, ZMxfp4Tok16& a) noexcept {
+template <std::int32_t kBias>
+KTARGET inline void z_prepare_tok16(const Q8Block* y, int count, ZTok16& a) noexcept {
   if (count < 16) std::memset(&a, 0, sizeof(a));
   for (int j = 0; j < count; ++j) {
     std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
     std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
-    a.bias[j] = 12 * y[j].sum;
+    a.bias[j] = kBias * y[j].sum;
     a.d[j] = y[j].d;
   }
 }
 
 // The products (scale * d) * isum of one token's 16 blocks with decoded codes lo/hi, in block order.
-KTARGET inline __m512 z_mxfp4_products16(const __m512i* lo, const __m512i* hi, __m512 scales,
-                                         const ZMxfp4Tok16& a) noexcept {
+KTARGET inline __m512 z_products16(const __m512i* lo, const __m512i* hi, __m512 scales, const ZTok16& a) noexcept {
   __m512i acc[4];
   for (int m = 0; m < 4; ++m) {
     acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[m], _mm512_load_si512(a.lo[m])), hi[m],
@@ -398,146 +400,6 @@ KTARGET inline __m512 z_mxfp4_products16(const __m512i* lo, const __m512i* hi, _
   const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)),
                                         _mm512_load_si512(a.bias));
   return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
-}
-
-// Rows [0, nrows) against N tokens, groups [g0, g0 + ng) of 16 blocks (nb blocks in a row); acc holds the lanes
-// between segments, `last`: the segment that finishes the rows into out.
-template <int N>
-KTARGET void z_tile_rows_mxfp4_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0,
-                                 int ng, const ZMxfp4Tok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile],
-                                 bool last, float* out) noexcept {
-  constexpr std::size_t kPrefetchBytes = 4096;
-  const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  for (int r = 0; r < nrows; ++r) {
-    const auto* x = reinterpret_cast<const quant::BlockMXFP4*>(w + static_cast<std::size_t>(r) * stride) + 16 * g0;
-    __m128 a[N];
-    for (int t = 0; t < N; ++t) a[t] = g0 == 0 ? _mm_setzero_ps() : acc[r][t];
-    for (int g = 0; g < ng; ++g) {
-      const quant::BlockMXFP4* xg = x + 16 * g;
-      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - 16 * (g0 + g)));
-      quant::BlockMXFP4 pad[16];
-      if (count < 16) {
-        std::memset(static_cast<void*>(pad), 0, sizeof(pad));
-        std::memcpy(static_cast<void*>(pad), xg, static_cast<std::size_t>(count) * sizeof(quant::BlockMXFP4));
-        xg = pad;
-      } else {
-        for (int i = 0; i < 5; ++i)  // 272 bytes a step
-          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
-      }
-      __m512i lo[4], hi[4];
-      for (int m = 0; m < 4; ++m) {
-        const auto codes = [&](int l) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xg[4 * l + m].qs)); };
-        __m512i q = _mm512_castsi128_si512(codes(0));
-        q = _mm512_inserti32x4(q, codes(1), 1);
-        q = _mm512_inserti32x4(q, codes(2), 2);
-        q = _mm512_inserti32x4(q, codes(3), 3);
-        lo[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
-        hi[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
-      }
-      const __m512 scales = z_mxfp4_scales16(xg);
-      const ZMxfp4Tok16* p = prepared[g];
-      if (count == 16) {
-#pragma GCC unroll 8
-        for (int t = 0; t < N; ++t) {
-          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
-          a[t] = _mm_add_ps(a[t], _mm512_castps512_ps128(f));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 1));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 2));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 3));
-        }
-      } else {
-        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 8 and 4 and its last blocks.
-        const auto mask = [&](int s) { return static_cast<__mmask8>((1u << std::clamp(count - 4 * s, 0, 4)) - 1); };
-        for (int t = 0; t < N; ++t) {
-          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
-          a[t] = _mm_mask_add_ps(a[t], mask(0), a[t], _mm512_castps512_ps128(f));
-          a[t] = _mm_mask_add_ps(a[t], mask(1), a[t], _mm512_extractf32x4_ps(f, 1));
-          a[t] = _mm_mask_add_ps(a[t], mask(2), a[t], _mm512_extractf32x4_ps(f, 2));
-          a[t] = _mm_mask_add_ps(a[t], mask(3), a[t], _mm512_extractf32x4_ps(f, 3));
-        }
-      }
-    }
-    for (int t = 0; t < N; ++t) {
-      if (last) {
-        alignas(16) float lanes[kBlockLanes];
-        _mm_store_ps(lanes, a[t]);
-        out[t * kRowTile + r] = reduce_block_lanes(lanes);
-      } else {
-        acc[r][t] = a[t];
-      }
-    }
-  }
-}
-
-KTARGET void z_tile_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
-                               std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
-  constexpr int kSegGroups = 8;  // a segment: up to 8 groups of 16 blocks (40 KiB of 8 tokens' activations)
-  const std::int64_t nb = k / 32, groups = (nb + 15) / 16;
-  if (groups == 0) {
-    const float lanes[kBlockLanes] = {};
-    for (int t = 0; t < ntok; ++t)
-      for (int r = 0; r < nrows; ++r) out[t * kRowTile + r] = reduce_block_lanes(lanes);
-    return;
-  }
-  ZMxfp4Tok16 prepared[kSegGroups][kTokenTile];
-  __m128 acc[kRowTile][kTokenTile];
-  for (std::int64_t g0 = 0; g0 < groups; g0 += kSegGroups) {
-    const int ng = static_cast<int>(std::min<std::int64_t>(kSegGroups, groups - g0));
-    for (int g = 0; g < ng; ++g) {
-      const std::int64_t b0 = 16 * (g0 + g);
-      const int count = static_cast<int>(std::min<std::int64_t>(16, nb - b0));
-      for (int t = 0; t < ntok; ++t)
-        z_mxfp4_prepare_tok16(reinterpret_cast<const Q8Block*>(act + static_cast<std::size_t>(t) * act_stride) + b0,
-                              count, prepared[g][t]);
-    }
-    const bool last = g0 + ng == groups;
-    switch (ntok) {
-      case 1: z_tile_rows_mxfp4_n<1>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 2: z_tile_rows_mxfp4_n<2>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 3: z_tile_rows_mxfp4_n<3>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 4: z_tile_rows_mxfp4_n<4>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 5: z_tile_rows_mxfp4_n<5>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 6: z_tile_rows_mxfp4_n<6>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 7: z_tile_rows_mxfp4_n<7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      default: z_tile_rows_mxfp4_n<8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-    }
-  }
-}
-
-// ---------------------------------------------------------------- q8_0 / q4_0, several rows, several tokens
-//
-// z_tile_rows_mxfp4's scheme for the two fp16-scaled formats: register m holds in 128-bit lane l bytes 0-15 (lo) and
-// 16-31 (hi) of block 4l + m's weights, decoded once per row for every token as unsigned bytes: q8_0's codes plus 128
-// (an xor), q4_0's nibbles (0-15). The bias this adds (128, resp. 8, times the activation block's sum) is subtracted
-// after the 4 x 4 transpose-and-add: exact integers, so each block's sum is the scalar path's, signed x signed too.
-// The float steps ((d_w * d_y) * isum, added to lane b % 4 in block order; a partial last group by masked adds) are
-// z_dot_q8_0 / z_dot_q4_0's, so every row and token gets the bits of the one-row dot.
-
-template <X86Q32 F>
-struct ZQ32Traits;
-template <>
-struct ZQ32Traits<X86Q32::q8_0> {
-  using Block = quant::BlockQ8_0;
-  static constexpr std::int32_t kBias = 128;
-};
-template <>
-struct ZQ32Traits<X86Q32::q4_0> {
-  using Block = quant::BlockQ4_0;
-  static constexpr std::int32_t kBias = 8;
-};
-
-// One token's activations of 16 blocks (zeros past a partial group's last block), ZMxfp4Tok16's layout with the
-// format's bias.
-template <std::int32_t kBias>
-KTARGET inline void z_q32_prepare_tok16(const Q8Block* y, int count, ZMxfp4Tok16& a) noexcept {
-  if (count < 16) std::memset(&a, 0, sizeof(a));
-  for (int j = 0; j < count; ++j) {
-    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
-    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
-    a.bias[j] = kBias * y[j].sum;
-    a.d[j] = y[j].d;
-  }
 }
 
 // Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3.
@@ -551,15 +413,55 @@ KTARGET inline __m512i z_q32_load4(const Block* x, int m, int off) noexcept {
   return _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * step)), 3);
 }
 
-template <X86Q32 F, int N>
-KTARGET void z_tile_rows_q32_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0,
-                               int ng, const ZMxfp4Tok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile], bool last,
-                               float* out) noexcept {
-  using Block = typename ZQ32Traits<F>::Block;
+// How each format's 16 blocks become the tile's registers: the codes as unsigned bytes (lo, hi) and the scales.
+struct ZTileMxfp4 {
+  using Block = quant::BlockMXFP4;
+  static constexpr std::int32_t kBias = 12;
+  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
+    const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int m = 0; m < 4; ++m) {
+      const __m512i q = z_q32_load4(xg, m, 0);
+      lo[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
+      hi[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+    }
+  }
+  KTARGET static __m512 scales(const Block* xg) noexcept { return z_mxfp4_scales16(xg); }
+};
+template <X86Q32 F>
+struct ZTileQ32 {
+  using Block = std::conditional_t<F == X86Q32::q8_0, quant::BlockQ8_0, quant::BlockQ4_0>;
+  static constexpr std::int32_t kBias = F == X86Q32::q8_0 ? 128 : 8;
+  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int m = 0; m < 4; ++m) {
+      if constexpr (F == X86Q32::q8_0) {
+        lo[m] = _mm512_xor_si512(z_q32_load4(xg, m, 0), flip);
+        hi[m] = _mm512_xor_si512(z_q32_load4(xg, m, 16), flip);
+      } else {
+        const __m512i q = z_q32_load4(xg, m, 0);
+        lo[m] = _mm512_and_si512(q, m4);
+        hi[m] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      }
+    }
+  }
+  KTARGET static __m512 scales(const Block* xg) noexcept {
+    alignas(32) std::uint16_t d16[16];
+    for (int j = 0; j < 16; ++j) d16[j] = xg[j].d;
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16)));
+  }
+};
+
+// Rows [0, nrows) against N tokens, groups [g0, g0 + ng) of 16 blocks (nb blocks in a row); acc holds the lanes
+// between segments, `last`: the segment that finishes the rows into out.
+template <class Fmt, int N>
+KTARGET void z_tile_rows_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0, int ng,
+                           const ZTok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile], bool last,
+                           float* out) noexcept {
+  using Block = typename Fmt::Block;
   constexpr std::size_t kPrefetchBytes = 4096;
   constexpr int kLines = static_cast<int>((16 * sizeof(Block) + 63) / 64);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int r = 0; r < nrows; ++r) {
     const auto* x = reinterpret_cast<const Block*>(w + static_cast<std::size_t>(r) * stride) + 16 * g0;
     __m128 a[N];
@@ -577,34 +479,23 @@ KTARGET void z_tile_rows_q32_n(const std::byte* w, std::size_t stride, int nrows
           _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
       }
       __m512i lo[4], hi[4];
-      for (int m = 0; m < 4; ++m) {
-        if constexpr (F == X86Q32::q8_0) {
-          lo[m] = _mm512_xor_si512(z_q32_load4(xg, m, 0), flip);
-          hi[m] = _mm512_xor_si512(z_q32_load4(xg, m, 16), flip);
-        } else {
-          const __m512i q = z_q32_load4(xg, m, 0);
-          lo[m] = _mm512_and_si512(q, m4);
-          hi[m] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-        }
-      }
-      alignas(32) std::uint16_t d16[16];
-      for (int j = 0; j < 16; ++j) d16[j] = xg[j].d;
-      const __m512 scales = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16)));
-      const ZMxfp4Tok16* p = prepared[g];
+      Fmt::decode(xg, lo, hi);
+      const __m512 scales = Fmt::scales(xg);
+      const ZTok16* p = prepared[g];
       if (count == 16) {
 #pragma GCC unroll 8
         for (int t = 0; t < N; ++t) {
-          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          const __m512 f = z_products16(lo, hi, scales, p[t]);
           a[t] = _mm_add_ps(a[t], _mm512_castps512_ps128(f));
           a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 1));
           a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 2));
           a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 3));
         }
       } else {
-        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 4 and its last blocks.
+        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 8 and 4 and its last blocks.
         const auto mask = [&](int s) { return static_cast<__mmask8>((1u << std::clamp(count - 4 * s, 0, 4)) - 1); };
         for (int t = 0; t < N; ++t) {
-          const __m512 f = z_mxfp4_products16(lo, hi, scales, p[t]);
+          const __m512 f = z_products16(lo, hi, scales, p[t]);
           a[t] = _mm_mask_add_ps(a[t], mask(0), a[t], _mm512_castps512_ps128(f));
           a[t] = _mm_mask_add_ps(a[t], mask(1), a[t], _mm512_extractf32x4_ps(f, 1));
           a[t] = _mm_mask_add_ps(a[t], mask(2), a[t], _mm512_extractf32x4_ps(f, 2));
@@ -624,9 +515,9 @@ KTARGET void z_tile_rows_q32_n(const std::byte* w, std::size_t stride, int nrows
   }
 }
 
-template <X86Q32 F>
-KTARGET void z_tile_rows_q32(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
-                             std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
+template <class Fmt>
+KTARGET void z_tile_rows(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
+                         std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
   constexpr int kSegGroups = 8;  // a segment: up to 8 groups of 16 blocks (40 KiB of 8 tokens' activations)
   const std::int64_t nb = k / 32, groups = (nb + 15) / 16;
   if (groups == 0) {
@@ -635,7 +526,7 @@ KTARGET void z_tile_rows_q32(const std::byte* w, std::size_t stride, int nrows, 
       for (int r = 0; r < nrows; ++r) out[t * kRowTile + r] = reduce_block_lanes(lanes);
     return;
   }
-  ZMxfp4Tok16 prepared[kSegGroups][kTokenTile];
+  ZTok16 prepared[kSegGroups][kTokenTile];
   __m128 acc[kRowTile][kTokenTile];
   for (std::int64_t g0 = 0; g0 < groups; g0 += kSegGroups) {
     const int ng = static_cast<int>(std::min<std::int64_t>(kSegGroups, groups - g0));
@@ -643,20 +534,20 @@ KTARGET void z_tile_rows_q32(const std::byte* w, std::size_t stride, int nrows, 
       const std::int64_t b0 = 16 * (g0 + g);
       const int count = static_cast<int>(std::min<std::int64_t>(16, nb - b0));
       for (int t = 0; t < ntok; ++t)
-        z_q32_prepare_tok16<ZQ32Traits<F>::kBias>(
+        z_prepare_tok16<Fmt::kBias>(
             reinterpret_cast<const Q8Block*>(act + static_cast<std::size_t>(t) * act_stride) + b0, count,
             prepared[g][t]);
     }
     const bool last = g0 + ng == groups;
     switch (ntok) {
-      case 1: z_tile_rows_q32_n<F, 1>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 2: z_tile_rows_q32_n<F, 2>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 3: z_tile_rows_q32_n<F, 3>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 4: z_tile_rows_q32_n<F, 4>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 5: z_tile_rows_q32_n<F, 5>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 6: z_tile_rows_q32_n<F, 6>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      case 7: z_tile_rows_q32_n<F, 7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
-      default: z_tile_rows_q32_n<F, 8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 1: z_tile_rows_n<Fmt, 1>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 2: z_tile_rows_n<Fmt, 2>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 3: z_tile_rows_n<Fmt, 3>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 4: z_tile_rows_n<Fmt, 4>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 5: z_tile_rows_n<Fmt, 5>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 6: z_tile_rows_n<Fmt, 6>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      case 7: z_tile_rows_n<Fmt, 7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
+      default: z_tile_rows_n<Fmt, 8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
     }
   }
 }
@@ -1173,13 +1064,14 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_scale_axpy_rows_multi,
                                  z_softmax_block,
                                  z_swiglu,
-                                 z_tile_rows_mxfp4,
-                                 z_tile_rows_q32<X86Q32::q8_0>,
-                                 z_tile_rows_q32<X86Q32::q4_0>};
+                                 z_tile_rows<ZTileMxfp4>,
+                                 z_tile_rows<ZTileQ32<X86Q32::q8_0>>,
+                                 z_tile_rows<ZTileQ32<X86Q32::q4_0>>};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
-                    set.tile_rows_mxfp4 == z_tile_rows_mxfp4 && set.tile_rows_q8_0 == z_tile_rows_q32<X86Q32::q8_0> &&
-                    set.tile_rows_q4_0 == z_tile_rows_q32<X86Q32::q4_0>,
+                    set.tile_rows_mxfp4 == z_tile_rows<ZTileMxfp4> &&
+                    set.tile_rows_q8_0 == z_tile_rows<ZTileQ32<X86Q32::q8_0>> &&
+                    set.tile_rows_q4_0 == z_tile_rows<ZTileQ32<X86Q32::q4_0>>,
                 "list every KernelSet member");
   return set;
 }
