@@ -231,56 +231,6 @@ KTARGET inline __m512 z_mxfp4_scales16(const quant::BlockMXFP4* w) noexcept {
       _mm512_and_si512(_mm512_srlv_epi32(_mm512_or_si512(first, second), odd), _mm512_set1_epi32(0xFF)));
 }
 
-// ---------------------------------------------------------------- mxfp4, several rows, one token
-//
-// Decode's matmul: up to kRowTile rows against one token's activations. The activations of 16 blocks are laid out
-// once per call so that each row's 16 blocks need no horizontal sums per pair of blocks: register m (0..3) holds in
-// 128-bit lane l the codes of block 4l + m (one broadcast or insert load each), decoded as z_mxfp4_isum8 decodes,
-// and vpdpbusd with the matching activation register (lane l: the activations of that block, elements 0-15 for the
-// low nibbles, 16-31 for the high) leaves block 4l + m's four partial sums in lane l of accumulator m. One 4 x 4
-// transpose-and-add per 16 blocks gives the 16 exact integer sums in block order. The float steps and the order of
-// the lane additions are z_dot_mxfp4's, so every row gets the bits of the one-row dot.
-
-// One token's activations of 16 blocks, laid out for z_mxfp4_isum16.
-struct alignas(64) ZMxfp4Act16 {
-  std::int8_t lo[4][64];      // [m][16 l + i] = element i of block 4l + m
-  std::int8_t hi[4][64];      // elements 16 + i
-  std::int32_t start[4][16];  // [m][4 l]: -12 * the sum of block 4l + m (what the +12 of every code adds), else 0
-  float d[16];
-};
-
-KTARGET inline void z_mxfp4_prepare16(const Q8Block* y, ZMxfp4Act16& a) noexcept {
-  for (int j = 0; j < 16; ++j) {
-    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
-    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
-    a.d[j] = y[j].d;
-  }
-  std::memset(a.start, 0, sizeof(a.start));
-  for (int j = 0; j < 16; ++j) a.start[j % 4][4 * (j / 4)] = -12 * y[j].sum;
-}
-
-// The exact integer sums of blocks w[0..15] with the activations in `a`, in block order.
-KTARGET inline __m512i z_mxfp4_isum16(const quant::BlockMXFP4* w, const ZMxfp4Act16& a) noexcept {
-  const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512i acc[4];
-  for (int m = 0; m < 4; ++m) {
-    const auto codes = [&](int l) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[4 * l + m].qs)); };
-    __m512i q = _mm512_castsi128_si512(codes(0));
-    q = _mm512_inserti32x4(q, codes(1), 1);
-    q = _mm512_inserti32x4(q, codes(2), 2);
-    q = _mm512_inserti32x4(q, codes(3), 3);
-    const __m512i lo = _mm512_shuffle_epi8(values, _mm512_and_si512(q, m4));
-    const __m512i hi = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
-    acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512(a.start[m]), lo, _mm512_load_si512(a.lo[m])), hi,
-                                 _mm512_load_si512(a.hi[m]));
-  }
-  // Lane l of acc[m]: four partial sums of block 4l + m. Transposed and added: lane l = blocks 4l..4l+3.
-  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
-  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-}
-
 // z_dot_mxfp4 from block `from` (a multiple of 4) on, with the lanes so far in acc.
 KTARGET inline float z_mxfp4_finish(__m128 acc, const quant::BlockMXFP4* w, const Q8Block* y, std::int64_t from,
                                     std::int64_t nb) noexcept {
@@ -310,51 +260,6 @@ KTARGET inline float z_mxfp4_finish(__m128 acc, const quant::BlockMXFP4* w, cons
 KTARGET float z_dot_mxfp4(const void* w_row, const void* act, std::int64_t k) noexcept {
   return z_mxfp4_finish(_mm_setzero_ps(), static_cast<const quant::BlockMXFP4*>(w_row),
                         static_cast<const Q8Block*>(act), 0, k / 32);
-}
-
-KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
-                          float* out) noexcept {
-  constexpr std::int64_t kSegGroups = 16;  // a segment: up to 16 groups of 16 blocks (13 KiB of activations)
-  // Rows of up to one segment (K <= 8192) are one stream from row to row. Decoding from DRAM on one thread, the
-  // one-row dots' 1024 bytes ahead left this kernel at 19 GB/s (K = 2880), 4096 bytes ahead at 22 GB/s.
-  constexpr std::size_t kPrefetchBytes = 4096;
-  const auto* y = static_cast<const Q8Block*>(act);
-  const std::int64_t nb = k / 32, nb16 = nb / 16 * 16;
-  const auto row = [&](int r) {
-    return reinterpret_cast<const quant::BlockMXFP4*>(w + static_cast<std::size_t>(r) * stride);
-  };
-  __m128 acc[kRowTile];
-  for (int r = 0; r < nrows; ++r) acc[r] = _mm_setzero_ps();
-  ZMxfp4Act16 prepared[kSegGroups];
-  for (std::int64_t seg = 0; seg < nb16; seg += 16 * kSegGroups) {
-    const int groups = static_cast<int>(std::min<std::int64_t>(kSegGroups, (nb16 - seg) / 16));
-    for (int g = 0; g < groups; ++g) z_mxfp4_prepare16(y + seg + 16 * g, prepared[g]);
-    for (int r = 0; r < nrows; ++r) {
-      const quant::BlockMXFP4* x = row(r) + seg;
-      __m128 a = acc[r];
-      for (int g = 0; g < groups; ++g) {
-        const quant::BlockMXFP4* xg = x + 16 * g;
-        for (int i = 0; i < 5; ++i)  // 272 bytes a step
-          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
-        const ZMxfp4Act16& p = prepared[g];
-        const __m512 f = _mm512_mul_ps(_mm512_mul_ps(z_mxfp4_scales16(xg), _mm512_load_ps(p.d)),
-                                       _mm512_cvtepi32_ps(z_mxfp4_isum16(xg, p)));
-        a = _mm_add_ps(a, _mm512_castps512_ps128(f));
-        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 1));
-        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 2));
-        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 3));
-      }
-      // The last segment finishes the row while its tail is in the caches.
-      if (seg + 16 * kSegGroups >= nb16) {
-        out[r] = z_mxfp4_finish(a, row(r), y, nb16, nb);
-      } else {
-        acc[r] = a;
-      }
-    }
-  }
-  if (nb16 == 0) {
-    for (int r = 0; r < nrows; ++r) out[r] = z_mxfp4_finish(_mm_setzero_ps(), row(r), y, 0, nb);
-  }
 }
 
 // ---------------------------------------------------------------- mxfp4, q8_0, q4_0: several rows, several tokens
@@ -549,6 +454,58 @@ KTARGET void z_tile_rows(const std::byte* w, std::size_t stride, int nrows, cons
       case 7: z_tile_rows_n<Fmt, 7>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
       default: z_tile_rows_n<Fmt, 8>(w, stride, nrows, nb, g0, ng, prepared, acc, last, out); break;
     }
+  }
+}
+
+// ---------------------------------------------------------------- mxfp4, several rows, one token
+//
+// Decode's matmul: up to kRowTile rows against one token's activations, with the prefill tile's pieces (above): the
+// token's activations laid out once per call (ZTok16), each row's 16 blocks decoded into 8 registers and taken by
+// z_products16, so no horizontal sums per block are needed. The float steps and the order of the lane additions are
+// z_dot_mxfp4's (z_mxfp4_finish does the rows' tails), so every row gets the bits of the one-row dot.
+
+KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
+                          float* out) noexcept {
+  constexpr std::int64_t kSegGroups = 16;  // a segment: up to 16 groups of 16 blocks (13 KiB of activations)
+  // Rows of up to one segment (K <= 8192) are one stream from row to row. Decoding from DRAM on one thread, the
+  // one-row dots' 1024 bytes ahead left this kernel at 19 GB/s (K = 2880), 4096 bytes ahead at 22 GB/s.
+  constexpr std::size_t kPrefetchBytes = 4096;
+  const auto* y = static_cast<const Q8Block*>(act);
+  const std::int64_t nb = k / 32, nb16 = nb / 16 * 16;
+  const auto row = [&](int r) {
+    return reinterpret_cast<const quant::BlockMXFP4*>(w + static_cast<std::size_t>(r) * stride);
+  };
+  __m128 acc[kRowTile];
+  for (int r = 0; r < nrows; ++r) acc[r] = _mm_setzero_ps();
+  ZTok16 prepared[kSegGroups];
+  for (std::int64_t seg = 0; seg < nb16; seg += 16 * kSegGroups) {
+    const int groups = static_cast<int>(std::min<std::int64_t>(kSegGroups, (nb16 - seg) / 16));
+    for (int g = 0; g < groups; ++g) z_prepare_tok16<ZTileMxfp4::kBias>(y + seg + 16 * g, 16, prepared[g]);
+    for (int r = 0; r < nrows; ++r) {
+      const quant::BlockMXFP4* x = row(r) + seg;
+      __m128 a = acc[r];
+      for (int g = 0; g < groups; ++g) {
+        const quant::BlockMXFP4* xg = x + 16 * g;
+        for (int i = 0; i < 5; ++i)  // 272 bytes a step
+          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        ZTileMxfp4::decode(xg, lo, hi);
+        const __m512 f = z_products16(lo, hi, ZTileMxfp4::scales(xg), prepared[g]);
+        a = _mm_add_ps(a, _mm512_castps512_ps128(f));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 1));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 2));
+        a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 3));
+      }
+      // The last segment finishes the row while its tail is in the caches.
+      if (seg + 16 * kSegGroups >= nb16) {
+        out[r] = z_mxfp4_finish(a, row(r), y, nb16, nb);
+      } else {
+        acc[r] = a;
+      }
+    }
+  }
+  if (nb16 == 0) {
+    for (int r = 0; r < nrows; ++r) out[r] = z_mxfp4_finish(_mm_setzero_ps(), row(r), y, 0, nb);
   }
 }
 
