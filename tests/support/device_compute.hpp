@@ -113,9 +113,14 @@ class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister
     direct_copies += direct ? 1 : 0;
     return std::unique_ptr<sdk::Event>(std::make_unique<LateCopy>(src, b.bytes.data() + offset, bytes, direct));
   }
-  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer&, std::size_t, void*,
-                                                                std::size_t) noexcept override {
-    return sdk::Status(sdk::StatusCode::unsupported, "not needed");
+  int downloads = 0;
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
+                                                                std::size_t bytes) noexcept override {
+    const auto& b = static_cast<const DeviceBuffer&>(src);
+    if (offset + bytes > b.bytes.size()) return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
+    ++downloads;
+    return std::unique_ptr<sdk::Event>(
+        std::make_unique<LateCopy>(b.bytes.data() + offset, static_cast<std::byte*>(dst), bytes, false));
   }
   sdk::Status synchronize() noexcept override { return {}; }
 };

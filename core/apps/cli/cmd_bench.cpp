@@ -163,6 +163,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       {"cache", engine->plugins().cache_name},
       {"kv_type", std::string(sdk::to_string(engine->kv_cache().type()))},
       {"context", engine->context()},
+      {"kv_bytes", engine->kv_cache().bytes()},  // reserved; host pages are paid as they fill
       {"load_seconds", load_s},
       {"prompt_tokens", o.prompt_tokens},
       {"gen_tokens", o.gen_tokens},

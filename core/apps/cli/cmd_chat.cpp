@@ -171,6 +171,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
       continue;
     }
     engine->truncate(static_cast<std::int64_t>(common));
+    common = static_cast<std::size_t>(engine->n_past());  // less where sliding-window layers dropped rows it needs
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
     std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
     ReplyPrinter printer(style, *prompt, !o.hide_reasoning);

@@ -50,8 +50,15 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   };
   const std::uint64_t expert_cache =
       prof.get_int("memory.expert_cache") ? int_of("memory.expert_cache") : util::auto_expert_cache_bytes();
+  auto sliding = prof.section("memory").get_bool("kv_sliding_window", true);
+  if (!sliding) {
+    fail(sliding.error().message());
+    return std::nullopt;
+  }
+  // The forward chunk is a run's --batch; the default here.
+  const auto windows = engine::kv_windows(man->hparams, engine::EngineOptions{}.ubatch, *sliding);
   auto plan = engine::plan_memory(*man, expert_cache, int_of("memory.vram_budget"), o.ctx, int_of("memory.kv_cache"),
-                                  *kv_type, util::available_memory_bytes());
+                                  *kv_type, util::available_memory_bytes(), windows);
   if (!plan) {
     fail(plan.error().message());
     return std::nullopt;
@@ -73,6 +80,8 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
                    {"kv_type", o.kv_type},
                    {"kv_bytes_per_position", p.kv_bytes_per_position},
                    {"kv_bytes", p.kv_bytes},
+                   {"kv_sliding_layers", p.kv_sliding_layers},
+                   {"kv_sliding_positions", p.kv_sliding_rows},
                    {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes}};
   return j;
 }
@@ -102,8 +111,12 @@ void print_plan(const nlohmann::json& j) {
     std::cout << "  VRAM tier       none (memory.vram_budget 0)\n";
   }
   std::cout << "  KV cache        " << sz("kv_bytes") << ": " << j["context"] << " positions x "
-            << sz("kv_bytes_per_position") << " (" << j["kv_type"].get<std::string>()
-            << "); host pages are paid as the context fills; on a discrete GPU it is allocated there"
+            << sz("kv_bytes_per_position") << " (" << j["kv_type"].get<std::string>() << ")";
+  if (j["kv_sliding_layers"].get<std::int64_t>() > 0) {
+    std::cout << ", but " << j["kv_sliding_layers"] << " sliding-window layers keep only " << j["kv_sliding_positions"]
+              << " positions (memory.kv_sliding_window)";
+  }
+  std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
             << " (memory.kv_on_device)\n"
             << "  host RAM        at most " << sz("host_bytes_at_most")
             << " (shared + RAM tier + KV cache) on the CPU backend\n";

@@ -179,7 +179,8 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   }
   for (auto [key, out] :
        {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device},
-        std::pair{"activations_on_device", &options.activations_on_device}}) {
+        std::pair{"activations_on_device", &options.activations_on_device},
+        std::pair{"kv_sliding_window", &options.kv_sliding_window}}) {
     if (*out) continue;
     auto v = profile.section("memory").get_bool(key, true);
     if (!v) return v.error();
@@ -414,8 +415,12 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   group_experts_ = unsupported_expert_part(manifest_, *plugins_.compute, group_op(expert_op())) == nullptr;
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
-  const std::uint64_t per_pos = KvCache::bytes_per_position(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd);
-  auto planned = kv_context(options_.context, kv_cache_bytes, per_pos, hp_.max_position_embeddings,
+  // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
+  const KvWindows windows = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
+  const auto kv_bytes = [&](std::int64_t n) {
+    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, n, windows);
+  };
+  auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings,
                             util::available_memory_bytes());
   if (!planned) return planned.error();
   std::int64_t ctx = *planned;
@@ -426,8 +431,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (kv_on_device_ && options_.context <= 0 && kv_cache_bytes == 0) {
     const std::uint64_t free = plugins_.compute->devices()[0].memory_available;
     const std::uint64_t tier = options_.vram_budget_bytes.value_or(0);
-    const auto fits =
-        static_cast<std::int64_t>((free > tier ? (free - tier) / 2 : 0) / std::max<std::uint64_t>(per_pos, 1));
+    const auto fits = largest_context(free > tier ? (free - tier) / 2 : 0, kv_bytes, hp_.max_position_embeddings);
     if (fits >= std::min<std::int64_t>(ctx, kMinDeviceContext)) {
       ctx = std::min(ctx, fits);
     } else {
@@ -448,6 +452,11 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   }
   if (kv_.on_device()) {
     spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
+  }
+  if (kv_.max_write() < ctx) {
+    spdlog::info("KV cache: sliding-window layers keep {} of {} positions ({} in all; memory.kv_sliding_window)",
+                 KvCache::layer_positions(hp_.sliding_window, options_.ubatch, ctx), ctx,
+                 sdk::format_size(kv_.bytes()));
   }
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
@@ -719,16 +728,18 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
 }
 
 sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
+  KvWindows windows = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
   if (kv_on_device_) {
-    auto kv =
-        KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context, plugins_.compute);
+    auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context,
+                              plugins_.compute, windows);
     if (kv) return kv;
     spdlog::warn(
         "memory.kv_on_device: {}; this KV cache stays in host memory and crosses the bus at every attention "
         "(lower --ctx, or set memory.kv_on_device: false to silence this)",
         kv.error().message());
   }
-  return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context);
+  return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context, nullptr,
+                         std::move(windows));
 }
 
 Op Engine::expert_op() const {
@@ -995,8 +1006,9 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
       COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
                          {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
       COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
+      // A sliding layer's rows start at first_position (a multiple of 64): the queries' positions count from there.
       sdk::OpParams attn_p;
-      attn_p.position = static_cast<std::int32_t>(pos);
+      attn_p.position = static_cast<std::int32_t>(pos - kv->first_position(l));
       attn_p.window = static_cast<std::int32_t>(hp_.layer_window(l));
       attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
       if (present(L.sinks)) {
@@ -1351,6 +1363,12 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
       }
     }
     const auto n = static_cast<std::int64_t>(it.tokens.size());
+    if (n > it.sequence->kv.max_write()) {
+      return Status(StatusCode::invalid_argument, "batch item " + std::to_string(i) + " runs " + std::to_string(n) +
+                                                      " tokens in one step; a KV cache with sliding-window layers "
+                                                      "takes at most " +
+                                                      std::to_string(it.sequence->kv.max_write()) + " (--batch)");
+    }
     if (it.sequence->n_past + n > it.sequence->kv.context()) {
       return Status(StatusCode::invalid_argument, "the context is full: " + std::to_string(it.sequence->n_past) +
                                                       " positions used + " + std::to_string(n) +

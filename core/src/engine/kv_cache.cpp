@@ -1,7 +1,9 @@
 #include "colibri/engine/kv_cache.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "colibri/quant/quant.hpp"
 
@@ -16,8 +18,31 @@ std::uint64_t KvCache::bytes_per_position(DType type, std::int64_t layers, std::
   return 2ull * static_cast<std::uint64_t>(layers * kv_heads) * sdk::row_bytes(type, head_dim);
 }
 
+namespace {
+constexpr std::int64_t kRowAlign = 64;  // the attention key blocks' alignment (compute contract)
+
+std::int64_t layer_window(const KvWindows& w, std::int64_t layer) {
+  return static_cast<std::size_t>(layer) < w.window.size() ? w.window[static_cast<std::size_t>(layer)] : 0;
+}
+}  // namespace
+
+std::int64_t KvCache::layer_positions(std::int64_t window, std::int64_t max_write, std::int64_t context) {
+  if (window <= 0 || max_write <= 0) return context;
+  const std::int64_t need = window + (kRowAlign - 1) + max_write + window + kRowAlign;
+  return std::min(context, (need + kRowAlign - 1) / kRowAlign * kRowAlign);
+}
+
+std::uint64_t KvCache::bytes_for(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
+                                 std::int64_t context, const KvWindows& windows) {
+  std::uint64_t rows = 0;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    rows += static_cast<std::uint64_t>(layer_positions(layer_window(windows, l), windows.max_write, context));
+  }
+  return 2ull * rows * static_cast<std::uint64_t>(kv_heads) * sdk::row_bytes(type, head_dim);
+}
+
 sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
-                                       std::int64_t context, std::shared_ptr<sdk::Compute> device) {
+                                       std::int64_t context, std::shared_ptr<sdk::Compute> device, KvWindows windows) {
   if (type != DType::f16 && type != DType::q8_0 && type != DType::f32) {
     return Status(StatusCode::invalid_argument,
                   "KV cache type " + std::string(sdk::to_string(type)) + " is not supported; use f16, q8_0 or f32");
@@ -28,6 +53,10 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
                                                     std::to_string(head_dim) + "); use --kv-type f16");
   }
   if (context <= 0) return Status(StatusCode::invalid_argument, "the context must hold at least one token");
+  if (!windows.window.empty() && static_cast<std::int64_t>(windows.window.size()) != layers) {
+    return Status(StatusCode::invalid_argument, "KV cache windows name " + std::to_string(windows.window.size()) +
+                                                    " layers, the model has " + std::to_string(layers));
+  }
   KvCache c;
   c.type_ = type;
   c.layers_ = layers;
@@ -35,12 +64,19 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.head_dim_ = head_dim;
   c.context_ = context;
   c.row_bytes_ = sdk::row_bytes(type, head_dim);
-  const std::size_t per_layer = c.row_bytes_ * static_cast<std::size_t>(kv_heads * context);
-  c.total_bytes_ = 2ull * per_layer * static_cast<std::uint64_t>(layers);
+  for (std::int64_t l = 0; l < layers; ++l) {
+    c.rows_.push_back(layer_positions(layer_window(windows, l), windows.max_write, context));
+  }
+  c.first_.assign(static_cast<std::size_t>(layers), 0);
+  c.windows_ = std::move(windows);
+  c.total_bytes_ = bytes_for(type, layers, kv_heads, head_dim, context, c.windows_);
+  auto layer_bytes = [&c](std::int64_t l) {
+    return c.row_bytes_ * static_cast<std::size_t>(c.kv_heads_ * c.rows_[static_cast<std::size_t>(l)]);
+  };
   if (device) {
     for (std::int64_t l = 0; l < layers; ++l) {
       for (auto* list : {&c.k_dev_, &c.v_dev_}) {
-        auto buf = device->allocate(per_layer);
+        auto buf = device->allocate(layer_bytes(l));
         if (!buf) {
           return buf.error().with_context("allocating the KV cache of " + std::to_string(context) + " positions (" +
                                           std::to_string(c.total_bytes_) + " bytes) in device memory");
@@ -53,48 +89,123 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   }
   try {
     for (std::int64_t l = 0; l < layers; ++l) {
-      c.k_.emplace_back(per_layer);
-      c.v_.emplace_back(per_layer);
+      c.k_.emplace_back(layer_bytes(l));
+      c.v_.emplace_back(layer_bytes(l));
     }
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::out_of_memory, "cannot reserve " + std::to_string(2 * per_layer * layers) +
+    return Status(StatusCode::out_of_memory, "cannot reserve " + std::to_string(c.total_bytes_) +
                                                  " bytes for the KV cache of " + std::to_string(context) +
                                                  " positions; lower --ctx or memory.kv_cache");
   }
   return c;
 }
 
-Status KvCache::check_range(std::int64_t layer, std::int64_t position, std::int64_t count) const {
+sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t position, std::int64_t count) {
   if (layer < 0 || layer >= layers_ || position < 0 || count < 0 || position + count > context_) {
     return Status(StatusCode::invalid_argument, "KV cache write outside the context");
   }
+  const auto L = static_cast<std::size_t>(layer);
+  const std::int64_t window = layer_window(windows_, layer);
+  if (rows_[L] < context_) {
+    if (count > windows_.max_write) {
+      return Status(StatusCode::invalid_argument, "KV cache write of " + std::to_string(count) +
+                                                      " positions; a sliding-window layer takes at most " +
+                                                      std::to_string(windows_.max_write) + " at once");
+    }
+    const std::int64_t needed = std::max<std::int64_t>(0, position - window + 1);  // the first query's first key
+    if (position == 0) first_[L] = 0;                                              // starting over
+    if (needed < first_[L]) {
+      return Status(StatusCode::internal, "KV cache layer " + std::to_string(layer) + " no longer holds position " +
+                                              std::to_string(needed) + " (its rows start at " +
+                                              std::to_string(first_[L]) + "); run from position 0 again");
+    }
+    if (position + count - first_[L] > rows_[L]) {
+      const std::int64_t first = needed / kRowAlign * kRowAlign;
+      if (auto s = move_rows(L, first - first_[L], position - first); !s) return s;
+      first_[L] = first;
+    }
+  }
+  return static_cast<std::size_t>((position - first_[L]) * kv_heads_) * row_bytes_;
+}
+
+Status KvCache::move_rows(std::size_t layer, std::int64_t from, std::int64_t n) {
+  if (from == 0 || n <= 0) return {};
+  const std::size_t row = static_cast<std::size_t>(kv_heads_) * row_bytes_;
+  const std::size_t at = static_cast<std::size_t>(from) * row, bytes = static_cast<std::size_t>(n) * row;
+  for (int which = 0; which < 2; ++which) {
+    if (!device_) {
+      std::byte* base = (which == 0 ? k_ : v_)[layer].data();
+      std::memmove(base, base + at, bytes);
+      continue;
+    }
+    sdk::Buffer& buffer = *(which == 0 ? k_dev_ : v_dev_)[layer];
+    if (auto* mapped = static_cast<std::byte*>(buffer.host_pointer())) {
+      std::memmove(mapped, mapped + at, bytes);
+      continue;
+    }
+    // Through the host: rows move once every window or more positions, a few windows' rows at a time.
+    staging_.resize(bytes);
+    auto down = device_->copy_to_host_async(buffer, at, staging_.data(), bytes);
+    if (!down) return down.error().with_context("moving a sliding-window layer's KV rows");
+    if (auto s = (*down)->wait(); !s) return s.with_context("moving a sliding-window layer's KV rows");
+    auto up = device_->copy_to_device_async(staging_.data(), buffer, 0, bytes);
+    if (!up) return up.error().with_context("moving a sliding-window layer's KV rows");
+    if (auto s = (*up)->wait(); !s) return s.with_context("moving a sliding-window layer's KV rows");
+  }
   return {};
+}
+
+std::int64_t KvCache::max_write() const {
+  for (const auto rows : rows_) {
+    if (rows < context_) return windows_.max_write;
+  }
+  return context_;
+}
+
+std::int64_t KvCache::first_position(std::int64_t layer) const {
+  return layer >= 0 && layer < layers_ ? first_[static_cast<std::size_t>(layer)] : 0;
+}
+
+std::int64_t KvCache::reusable(std::int64_t n) const {
+  for (std::int64_t l = 0; l < layers_; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    if (n > 0 && first_[L] > std::max<std::int64_t>(0, n - layer_window(windows_, l) + 1)) return 0;
+  }
+  return std::max<std::int64_t>(0, n);
 }
 
 Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
   if (on_device() || src.on_device()) {
     return Status(StatusCode::unsupported, "copying KV rows between caches in device memory");
   }
-  if (src.type_ != type_ || src.layers_ != layers_ || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_) {
+  if (src.type_ != type_ || src.layers_ != layers_ || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ ||
+      src.rows_ != rows_ || src.windows_.window != windows_.window) {
     return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
   }
   if (count < 0 || count > context_ || count > src.context_) {
     return Status(StatusCode::invalid_argument,
                   "copying " + std::to_string(count) + " KV positions into a context of " + std::to_string(context_));
   }
-  const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
+  if (src.reusable(count) != count) {
+    return Status(StatusCode::invalid_argument, "the source KV cache no longer holds every row position " +
+                                                    std::to_string(count) + " needs (sliding-window layers)");
+  }
   for (std::size_t l = 0; l < k_.size(); ++l) {
+    const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
+    const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;
     std::memcpy(k_[l].data(), src.k_[l].data(), bytes);
     std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
+    first_[l] = src.first_[l];
   }
   return {};
 }
 
 Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v) {
-  if (auto s = check_range(layer, position, count); !s) return s;
+  auto room = make_room(layer, position, count);
+  if (!room) return room.error();
   if (count == 0) return {};
   const std::int64_t n = count * kv_heads_ * head_dim_;
-  const std::size_t at = static_cast<std::size_t>(position * kv_heads_) * row_bytes_;
+  const std::size_t at = *room;
   const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
   const auto L = static_cast<std::size_t>(layer);
   auto encode = [&](const float* src, std::byte* dst) -> Status {
@@ -140,8 +251,9 @@ bool KvCache::stores_on_device() const {
 
 Status KvCache::store(std::int64_t layer, std::int64_t position, std::int64_t count, const sdk::Tensor& k,
                       const sdk::Tensor& v) {
-  if (auto s = check_range(layer, position, count); !s) return s;
   if (!stores_on_device()) return Status(StatusCode::internal, "KV cache store() without a device that encodes rows");
+  auto room = make_room(layer, position, count);
+  if (!room) return room.error();
   if (count == 0) return {};
   const auto L = static_cast<std::size_t>(layer);
   for (int which = 0; which < 2; ++which) {
@@ -149,7 +261,7 @@ Status KvCache::store(std::int64_t layer, std::int64_t position, std::int64_t co
     rows.type = type_;
     rows.ne = {kv_heads_ * head_dim_, count, 1, 1};
     rows.buffer = (which == 0 ? k_dev_ : v_dev_)[L].get();
-    rows.offset = static_cast<std::size_t>(position * kv_heads_) * row_bytes_;
+    rows.offset = *room;
     if (auto* mapped = static_cast<std::byte*>(rows.buffer->host_pointer())) rows.data = mapped + rows.offset;
     const sdk::Tensor& src = which == 0 ? k : v;
     sdk::OpCall call{sdk::Op::store_rows, std::span<const sdk::Tensor>(&src, 1), std::span<sdk::Tensor>(&rows, 1), {}};
@@ -170,8 +282,8 @@ sdk::Tensor KvCache::rows(const std::vector<AlignedBuffer>& host, const std::vec
                           std::int64_t layer, std::int64_t length) const {
   sdk::Tensor t;
   t.type = type_;
-  t.ne = {head_dim_, kv_heads_, length, 1};
   const auto L = static_cast<std::size_t>(layer);
+  t.ne = {head_dim_, kv_heads_, length - first_[L], 1};
   if (device_) {
     t.buffer = dev[L].get();
     t.data = t.buffer->host_pointer();

@@ -17,10 +17,40 @@ std::uint64_t expert_slot_bytes(const model::Manifest& manifest) {
   return slot;
 }
 
+std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint64_t(std::int64_t)>& context_bytes,
+                             std::int64_t model_max) {
+  std::int64_t lo = 0, hi = std::max<std::int64_t>(0, model_max);  // context_bytes(lo) fits, or lo = 0
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (context_bytes(mid) <= budget) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding) {
+  KvWindows w;
+  if (!sliding || hp.sliding_window <= 0) return w;
+  w.max_write = max_write;
+  for (std::int64_t l = 0; l < hp.num_layers; ++l) w.window.push_back(hp.layer_window(l));
+  return w;
+}
+
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        std::uint64_t bytes_per_position, std::int64_t model_max,
                                        std::uint64_t host_available) {
   const std::uint64_t per_pos = std::max<std::uint64_t>(bytes_per_position, 1);
+  return kv_context(
+      requested, kv_cache_bytes, [per_pos](std::int64_t n) { return per_pos * static_cast<std::uint64_t>(n); },
+      model_max, host_available);
+}
+
+sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
+                                       const std::function<std::uint64_t(std::int64_t)>& context_bytes,
+                                       std::int64_t model_max, std::uint64_t host_available) {
   if (requested > 0) {
     if (requested > model_max) {
       return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(requested) +
@@ -30,16 +60,15 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
     return requested;
   }
   if (kv_cache_bytes > 0) {
-    const auto ctx = std::min<std::int64_t>(model_max, static_cast<std::int64_t>(kv_cache_bytes / per_pos));
+    const auto ctx = largest_context(kv_cache_bytes, context_bytes, model_max);
     if (ctx <= 0) {
       return Status(StatusCode::invalid_argument, "memory.kv_cache (" + std::to_string(kv_cache_bytes) +
                                                       " bytes) holds no position; one needs " +
-                                                      std::to_string(bytes_per_position) + " bytes");
+                                                      std::to_string(context_bytes(1)) + " bytes");
     }
     return ctx;
   }
-  const auto avail = static_cast<std::int64_t>(host_available / 2 / per_pos);
-  return std::max<std::int64_t>(1, std::min<std::int64_t>(model_max, avail));
+  return std::max<std::int64_t>(1, largest_context(host_available / 2, context_bytes, model_max));
 }
 
 sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes) {
@@ -56,7 +85,8 @@ sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_by
 
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
-                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available) {
+                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
+                                      const KvWindows& windows) {
   const auto& hp = manifest.hparams;
   MemoryPlan p;
   p.shared_bytes = manifest.resident_bytes();
@@ -87,11 +117,19 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
                                                     " does not fit head_dim " + std::to_string(hp.head_dim));
   }
   p.kv_bytes_per_position = KvCache::bytes_per_position(kv_type, hp.num_layers, hp.num_kv_heads, hp.head_dim);
-  auto ctx = kv_context(requested_context, kv_cache_bytes, p.kv_bytes_per_position, hp.max_position_embeddings,
-                        host_available);
+  const auto bytes = [&](std::int64_t n) {
+    return KvCache::bytes_for(kv_type, hp.num_layers, hp.num_kv_heads, hp.head_dim, n, windows);
+  };
+  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings, host_available);
   if (!ctx) return ctx.error();
   p.context = *ctx;
-  p.kv_bytes = p.kv_bytes_per_position * static_cast<std::uint64_t>(p.context);
+  p.kv_bytes = bytes(p.context);
+  for (const auto w : windows.window) {
+    const auto rows = KvCache::layer_positions(w, windows.max_write, p.context);
+    if (rows >= p.context) continue;
+    ++p.kv_sliding_layers;
+    p.kv_sliding_rows = rows;
+  }
   return p;
 }
 

@@ -432,6 +432,7 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
   if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
   if (seq.job->request.prompt_logprobs) reuse = 0;  // every prompt row's logits are wanted
+  reuse = seq.state->kv.reusable(reuse);  // sliding-window layers may have dropped rows the reused prefix needs
   const auto shared = static_cast<std::int64_t>(prompt.size()) - 1;
   if (sibling != nullptr && reuse < shared && static_cast<std::int64_t>(prompt.size()) <= same_kv_up_to_ &&
       seq.state->kv.copy_prefix_from(sibling->state->kv, shared)) {

@@ -1130,6 +1130,47 @@ TEST_P(ComputeConformance, AttentionSinksQueryResultDoesNotDependOnTheBatch) {
   if (tested == 0) GTEST_SKIP() << "this backend does not offer the optional attention_sinks";
 }
 
+// A sliding-window layer's KV cache keeps only the rows its window still reads, starting at a multiple of 64
+// (engine::KvCache): row j holds position first + j, and the queries' position is given less `first`. Attention must
+// give the bits it gives over the whole cache, i.e. its key blocks follow the key index modulo 64 (or the window).
+TEST_P(ComputeConformance, AttentionOverAWindowDoesNotDependOnWhichMultipleOf64TheRowsStartFrom) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t hd = 64, heads = 4, kvh = 2, s = 300, t = 5;
+  const std::int32_t pos0 = 290, window = 40;  // the first query reads from position 251: rows may start at 0..192
+  auto sinks = head_sinks(heads);
+  int tested = 0;
+  for (DType kv : kKvTypes) {
+    for (Op op : {Op::attention, Op::attention_sinks}) {
+      if (!c.supports(op, kv)) continue;
+      ++tested;
+      auto cache = make_kv(kv, hd, kvh, s, 191);
+      auto q = randn(static_cast<std::size_t>(hd * heads * t), 193);
+      const std::size_t row = row_bytes(kv, hd) * static_cast<std::size_t>(kvh);
+      std::vector<float> whole;
+      for (std::int32_t first : {0, 64, 128, 192}) {
+        OpParams p;
+        p.position = pos0 - first;
+        p.window = window;
+        p.scale = 0.125f;
+        const std::int64_t rows = s - first;
+        std::vector<Arg> in{arg(DType::f32, {hd, heads, t, 1}, q),
+                            arg(kv, {hd, kvh, rows, 1}, cache.k.data() + static_cast<std::size_t>(first) * row),
+                            arg(kv, {hd, kvh, rows, 1}, cache.v.data() + static_cast<std::size_t>(first) * row)};
+        if (op == Op::attention_sinks) in.push_back(arg(DType::f32, {heads, 1, 1, 1}, sinks));
+        std::vector<float> o(q.size());
+        ASSERT_TRUE(run_op(c, op, in, {arg(DType::f32, {hd, heads, t, 1}, o)}, p));
+        if (first == 0) {
+          whole = o;
+          continue;
+        }
+        EXPECT_EQ(0, std::memcmp(o.data(), whole.data(), o.size() * sizeof(float)))
+            << op_name(op) << " kv=" << label(kv) << ": rows from position " << first << " differ from the whole cache";
+      }
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend offers no attention";
+}
+
 TEST_P(ComputeConformance, ExpertFfnClampedMatchesReferenceAndItsClampsAct) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256, f = 512;

@@ -232,6 +232,21 @@ class OnePromise(unittest.TestCase):
             self.same(base, logits(model, "--set", "cache.policy=frequency", "--expert-cache-size", small,
                                    name="freq"), f"{arch}/{preset} frequency policy")
 
+    def test_sliding_window_kv_keeps_the_bits(self):
+        """Sliding-window layers keep only their window's KV rows (memory.kv_sliding_window), moving them to the
+        front as positions outgrow them: over 400 positions (rows moved many times at every chunk size), logits are
+        those of a cache that keeps every position."""
+        tokens = [(i * 37 + 11) % 250 + 1 for i in range(400)]
+        for arch, variant, preset in (("gpt_oss", "gpt_oss", "q4_k_m"), ("mistral", "mistral-window", "f32")):
+            _, model = make_model(variant, arch, VARIANTS[variant][1], preset=preset)
+            full = logits(model, "--set", "memory.kv_sliding_window=false", tokens=tokens, name="kvfull")
+            for batch in ("1", "7", "64"):
+                out = os.path.join(WORK, f"{variant}-kvwindow-b{batch}.npy")
+                p = run(["logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", out,
+                         "--batch", batch])
+                self.assertIn("sliding-window layers keep", p.stderr)
+                self.same(full, out, f"{variant}/{preset} sliding-window KV, chunks of {batch}")
+
 
 class BadInput(unittest.TestCase):
     def test_token_out_of_vocab(self):

@@ -485,6 +485,42 @@ class Api(unittest.TestCase):
             if cold is not None:
                 self.assertEqual(cold.stop(), 0)
 
+    def test_prompt_cache_with_sliding_window(self):
+        # A sliding-window layer keeps only the KV rows its window reads (memory.kv_sliding_window): a held sequence
+        # that ran on past a shared prefix may no longer have the rows that prefix's end needs, and then nothing is
+        # reused. Either way the answer is a cold run's.
+        ckpt = os.path.join(WORK, "ckpt-window")
+        model = os.path.join(WORK, "tiny-window")
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
+            with open(os.path.join(ckpt, "config.json")) as f:
+                cfg = json.load(f)
+            cfg["sliding_window"] = 4
+            with open(os.path.join(ckpt, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                           capture_output=True)
+        # Window 4 and chunks of 8: each layer keeps 192 rows, so a 300-token prompt moves them.
+        prompt = [(i * 37 + 11) % 250 + 1 for i in range(300)]
+        other = prompt[:100] + [(i * 13 + 5) % 250 + 1 for i in range(60)]
+        req = {"model": "tiny-window", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+        warm, cold = Server("--model", model, "--batch", "8"), None
+        try:
+            _, a = warm.json("POST", "/v1/completions", dict(req, prompt=prompt))
+            _, again = warm.json("POST", "/v1/completions", dict(req, prompt=prompt))
+            self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], 299)  # its window is held
+            self.assertEqual(again["choices"][0], a["choices"][0])
+            _, b = warm.json("POST", "/v1/completions", dict(req, prompt=other))
+            self.assertEqual(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0)  # rows before 200 are gone
+            cold = Server("--model", model, "--set", "memory.kv_sliding_window=false")
+            for got, p in ((a, prompt), (b, other)):
+                _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=p))
+                self.assertEqual(fresh["choices"][0], got["choices"][0])
+        finally:
+            self.assertEqual(warm.stop(), 0)
+            if cold is not None:
+                self.assertEqual(cold.stop(), 0)
+
     def test_fill_in_the_middle(self):
         # completions' suffix: PREFIX prompt SUFFIX suffix MIDDLE with the model's FIM tokens (Qwen's spelling
         # here, added to a copy of the tiny model's tokenizer at ids its embedding already has).

@@ -67,5 +67,35 @@ TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
   EXPECT_FALSE(plan_memory(m, 8192, 0, 0, 0, sdk::DType::q4_k, 0)) << "a KV type that does not fit head_dim";
 }
 
+// A sliding-window layer costs a fixed number of rows past them, so a KV budget holds more context.
+TEST(MemoryPlan, SlidingWindowLayersKeepTheirRowsAndLeaveTheBudgetToTheOthers) {
+  auto m = manifest_with({4096});
+  m.hparams.max_position_embeddings = 100000;
+  m.hparams.sliding_window = 100;
+  m.hparams.sliding_layers = {0};
+  const auto windows = kv_windows(m.hparams, 16, true);
+  EXPECT_EQ(windows.window, (std::vector<std::int64_t>{100, 0}));
+  EXPECT_TRUE(kv_windows(m.hparams, 16, false).window.empty()) << "memory.kv_sliding_window: false";
+  const std::uint64_t per_layer_position = 2u * 2 * 64 * 2;    // K and V, 2 heads of 64 in f16
+  const std::uint64_t budget = 2000 * 2 * per_layer_position;  // 2000 positions of both layers
+  auto full = plan_memory(m, 1u << 20, 0, 0, budget, sdk::DType::f16, 0);
+  auto sliding = plan_memory(m, 1u << 20, 0, 0, budget, sdk::DType::f16, 0, windows);
+  ASSERT_TRUE(full && sliding);
+  EXPECT_EQ(full->context, 2000);
+  EXPECT_EQ(full->kv_sliding_layers, 0);
+  // 384 rows for layer 0 (100 + 63 + 16 + 100 + 64, to 64s), the rest of the budget for layer 1.
+  EXPECT_EQ(sliding->context, 4000 - 384);
+  EXPECT_EQ(sliding->kv_bytes, (384u + 3616u) * per_layer_position);
+  EXPECT_EQ(sliding->kv_sliding_layers, 1);
+  EXPECT_EQ(sliding->kv_sliding_rows, 384);
+  EXPECT_EQ(largest_context(
+                1000, [](std::int64_t n) { return static_cast<std::uint64_t>(n * n); }, 50),
+            31);
+  EXPECT_EQ(largest_context(
+                5000, [](std::int64_t n) { return static_cast<std::uint64_t>(n * n); }, 50),
+            50)
+      << "never more than the model's";
+}
+
 }  // namespace
 }  // namespace colibri::engine

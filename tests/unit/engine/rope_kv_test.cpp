@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
+#include <string>
 
 #include "colibri/engine/kv_cache.hpp"
 #include "colibri/engine/rope.hpp"
@@ -262,6 +265,146 @@ TEST(KvCache, RejectsTypesThatDoNotFitTheHeadDim) {
   ASSERT_FALSE(c);
   EXPECT_NE(c.error().message().find("head_dim"), std::string::npos);
   EXPECT_FALSE(KvCache::create(sdk::DType::q4_k, 2, 2, 256, 8));
+}
+
+// ---- sliding-window layers
+
+// Position p's K row of a one-head, 32-dim layer holds p + e / 64 (exact in f32), V the negation.
+void rows_of(std::int64_t position, std::int64_t count, std::vector<float>& k, std::vector<float>& v) {
+  k.resize(static_cast<std::size_t>(count * 32));
+  v.resize(k.size());
+  for (std::int64_t t = 0; t < count; ++t) {
+    for (std::int64_t e = 0; e < 32; ++e) {
+      const auto i = static_cast<std::size_t>(t * 32 + e);
+      k[i] = static_cast<float>(position + t) + static_cast<float>(e) / 64.0f;
+      v[i] = -k[i];
+    }
+  }
+}
+
+// Every row a query at [position, position + count) reads is there and holds its position.
+void expect_window_held(const KvCache& c, std::int64_t layer, std::int64_t window, std::int64_t position,
+                        std::int64_t count, const std::string& what) {
+  const std::int64_t first = c.first_position(layer);
+  EXPECT_EQ(first % 64, 0) << what;
+  const std::int64_t needed = window > 0 ? std::max<std::int64_t>(0, position - window + 1) : 0;
+  ASSERT_LE(first, needed) << what;
+  const auto keys = c.keys(layer, position + count), values = c.values(layer, position + count);
+  ASSERT_EQ(keys.ne[2], position + count - first) << what;
+  const auto* kr = static_cast<const float*>(keys.data);
+  const auto* vr = static_cast<const float*>(values.data);
+  for (std::int64_t p = needed; p < position + count; ++p) {
+    const auto row = static_cast<std::size_t>((p - first) * 32);
+    ASSERT_EQ(kr[row + 5], static_cast<float>(p) + 5.0f / 64.0f) << what << ": K of position " << p;
+    ASSERT_EQ(vr[row + 31], -(static_cast<float>(p) + 31.0f / 64.0f)) << what << ": V of position " << p;
+  }
+}
+
+TEST(KvCache, SlidingLayersKeepOnlyTheRowsTheirWindowReads) {
+  const std::int64_t window = 100, max_write = 16, context = 4096;
+  EXPECT_EQ(KvCache::layer_positions(window, max_write, context), 384) << "100 + 63 + 16 + 100 + 64, to 64s";
+  EXPECT_EQ(KvCache::layer_positions(window, max_write, 300), 300) << "never more than the context";
+  EXPECT_EQ(KvCache::layer_positions(0, max_write, context), context);
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, context, nullptr, {{0, window}, max_write});
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(c->bytes(), 2u * (4096u + 384u) * 32u * 4u) << "the full layer keeps the context, the sliding one 384";
+  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 2, 1, 32, context, {{0, window}, max_write}));
+  EXPECT_EQ(c->max_write(), max_write);
+  std::vector<float> k, v;
+  std::int64_t position = 0, moves = 0, last_first = 0;
+  for (std::int64_t step = 0; position < 2000; ++step) {
+    const std::int64_t count = 1 + step % max_write;  // chunks of every size, decode steps among them
+    rows_of(position, count, k, v);
+    for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c->write(l, position, count, k.data(), v.data()));
+    expect_window_held(*c, 1, window, position, count, "sliding layer at " + std::to_string(position));
+    expect_window_held(*c, 0, 0, position, count, "full layer at " + std::to_string(position));
+    EXPECT_EQ(c->first_position(0), 0);
+    if (c->first_position(1) != last_first) ++moves;
+    last_first = c->first_position(1);
+    position += count;
+  }
+  EXPECT_GE(moves, 2000 / 384) << "the rows moved as the positions outgrew them";
+  EXPECT_LE(moves, 2000 / window) << "at most once per window of positions";
+  // Running on from position n needs rows from n - 99: held near the end, long gone at the start.
+  EXPECT_EQ(c->reusable(position), position);
+  EXPECT_EQ(c->reusable(position - 20), position - 20);
+  EXPECT_EQ(c->reusable(500), 0);
+  EXPECT_EQ(c->reusable(0), 0);
+  rows_of(500, 1, k, v);
+  auto lost = c->write(1, 500, 1, k.data(), v.data());
+  ASSERT_FALSE(lost);
+  EXPECT_NE(lost.message().find("no longer holds position 401"), std::string::npos) << lost.message();
+  rows_of(position, max_write + 1, k, v);
+  auto big = c->write(1, position, max_write + 1, k.data(), v.data());
+  ASSERT_FALSE(big);
+  EXPECT_NE(big.message().find("at most 16"), std::string::npos) << big.message();
+  // Starting over at position 0 takes the rows from the front again.
+  rows_of(0, 10, k, v);
+  ASSERT_TRUE(c->write(1, 0, 10, k.data(), v.data()));
+  EXPECT_EQ(c->first_position(1), 0);
+  expect_window_held(*c, 1, window, 0, 10, "after starting over");
+}
+
+TEST(KvCache, CopyPrefixTakesASlidingLayersRowsWhereTheSourceStillHoldsThem) {
+  const KvWindows windows{{100, 0}, 16};
+  auto src = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
+  auto dst = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
+  auto full = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096);
+  ASSERT_TRUE(src && dst && full);
+  std::vector<float> k, v;
+  for (std::int64_t p = 0; p < 1000; p += 10) {
+    rows_of(p, 10, k, v);
+    for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(src->write(l, p, 10, k.data(), v.data()));
+  }
+  ASSERT_GT(src->first_position(0), 0);
+  ASSERT_TRUE(dst->copy_prefix_from(*src, 990));
+  EXPECT_EQ(dst->first_position(0), src->first_position(0));
+  expect_window_held(*dst, 0, 100, 980, 10, "copied sliding layer");
+  expect_window_held(*dst, 1, 0, 980, 10, "copied full layer");
+  auto gone = dst->copy_prefix_from(*src, 300);
+  ASSERT_FALSE(gone);
+  EXPECT_NE(gone.message().find("no longer holds"), std::string::npos) << gone.message();
+  EXPECT_FALSE(full->copy_prefix_from(*src, 990)) << "a cache of other windows";
+}
+
+// On a device (mapped or not) the rows move where they lie, to the bytes a host cache holds.
+TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
+  for (bool mapped : {false, true}) {
+    for (auto type : {sdk::DType::f16, sdk::DType::q8_0}) {
+      auto gpu = std::make_shared<testing::DeviceCompute>();
+      gpu->mapped = mapped;
+      const KvWindows windows{{0, 70}, 8};
+      auto dev = KvCache::create(type, 2, 1, 32, 1024, gpu, windows);
+      auto host = KvCache::create(type, 2, 1, 32, 1024, nullptr, windows);
+      ASSERT_TRUE(dev && host) << dev.error().message();
+      EXPECT_EQ(gpu->allocated, dev->bytes());
+      std::vector<float> k, v;
+      for (std::int64_t p = 0; p < 700; p += 7) {
+        rows_of(p, 7, k, v);
+        for (std::int64_t l = 0; l < 2; ++l) {
+          auto written = dev->write(l, p, 7, k.data(), v.data());
+          ASSERT_TRUE(written) << written.message();
+          ASSERT_TRUE(host->write(l, p, 7, k.data(), v.data()));
+        }
+        ASSERT_EQ(dev->first_position(1), host->first_position(1));
+        for (bool values : {false, true}) {
+          const auto d = values ? dev->values(1, p + 7) : dev->keys(1, p + 7);
+          const auto h = values ? host->values(1, p + 7) : host->keys(1, p + 7);
+          ASSERT_EQ(d.ne[2], h.ne[2]);
+          const std::size_t bytes = static_cast<std::size_t>(h.ne[2]) * sdk::row_bytes(type, 32);
+          const auto& held = static_cast<testing::DeviceCompute::DeviceBuffer*>(d.buffer)->bytes;
+          ASSERT_EQ(0, std::memcmp(held.data(), h.data, bytes))
+              << (mapped ? "mapped " : "") << sdk::to_string(type) << (values ? " V" : " K") << " at " << p;
+        }
+      }
+      EXPECT_GT(dev->first_position(1), 0);
+      if (mapped) {
+        EXPECT_EQ(gpu->downloads, 0) << "mapped rows move in place";
+      } else {
+        EXPECT_GT(gpu->downloads, 0) << "unmapped rows move through the host";
+      }
+    }
+  }
 }
 
 }  // namespace

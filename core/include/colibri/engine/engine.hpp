@@ -43,6 +43,7 @@ struct EngineOptions {
   std::optional<std::uint64_t> vram_budget_bytes;   // overrides memory.vram_budget (0: no VRAM tier)
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
   std::optional<bool> kv_on_device;                 // overrides memory.kv_on_device
+  std::optional<bool> kv_sliding_window;            // overrides memory.kv_sliding_window
   std::optional<bool> activations_on_device;        // overrides memory.activations_on_device
   bool vram_admission = true;                       // memory.vram_admission: frequency (true) | always
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
@@ -109,8 +110,9 @@ class Engine {
   sdk::Status forward_batch(std::span<const BatchItem> items, std::vector<RoutingRecord>* trace = nullptr);
 
   void reset() { n_past_ = 0; }
-  // Forgets positions >= n (n <= n_past()).
-  void truncate(std::int64_t n) { n_past_ = std::min(n_past_, std::max<std::int64_t>(0, n)); }
+  // Forgets positions >= n (n <= n_past()), or every position where a sliding-window layer no longer holds the rows
+  // position n needs (KvCache::reusable); n_past() tells which.
+  void truncate(std::int64_t n) { n_past_ = kv_.reusable(std::min(n_past_, std::max<std::int64_t>(0, n))); }
   [[nodiscard]] std::int64_t n_past() const { return n_past_; }
   [[nodiscard]] std::int64_t context() const { return kv_.context(); }
   [[nodiscard]] std::int64_t vocab_size() const { return hp_.vocab_size; }

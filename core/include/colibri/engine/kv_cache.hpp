@@ -2,6 +2,11 @@
 // f32. The attention op reads it as {head_dim, n_kv_heads, positions}. In host memory, or in a compute backend's
 // buffers (a discrete GPU's memory): attention then reads it in place instead of receiving the whole prefix over the
 // bus at every layer of every token; a write sends only the new rows.
+//
+// A sliding-window layer (gpt-oss's even layers, Mistral's window) keeps only the positions its attention can still
+// read: a few windows' worth of rows, not the whole context. Its rows start at first_position(layer), always a
+// multiple of 64, so key row j holds position first_position + j and the backends' attention, whose key blocks are
+// aligned to row 0 modulo 64 (the compute contract), sums in the order it would over the whole cache: same bits.
 #pragma once
 
 #include <cstdint>
@@ -15,18 +20,34 @@
 
 namespace colibri::engine {
 
+// Which layers slide, and the most positions one write brings.
+struct KvWindows {
+  std::vector<std::int64_t> window;  // per layer: its sliding window, 0 for full attention; empty: every layer full
+  std::int64_t max_write = 0;        // the most positions one write() or store() brings (the engine's ubatch)
+};
+
 class KvCache {
  public:
+  // Rows one layer keeps: the context, or for a window W (> 0) enough for the W - 1 positions before a write, up to
+  // 63 more from aligning its first row to 64, the write itself, and W + 64 of slack (so rows move once every W or
+  // more positions), when that is less than the context.
+  static std::int64_t layer_positions(std::int64_t window, std::int64_t max_write, std::int64_t context);
+  // Bytes of a cache of `context` positions (K and V of every layer).
+  static std::uint64_t bytes_for(sdk::DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
+                                 std::int64_t context, const KvWindows& windows = {});
   // Bytes one position takes over all layers (K and V).
   static std::uint64_t bytes_per_position(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
                                           std::int64_t head_dim);
   // type: f16, q8_0 (head_dim a multiple of 32) or f32; errors name the type and why. With `device`, the rows live
   // in buffers from device->allocate() (one per layer for K and one for V); an allocation that fails is an error.
+  // With `windows`, sliding layers keep layer_positions() rows.
   static sdk::Expected<KvCache> create(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
                                        std::int64_t head_dim, std::int64_t context,
-                                       std::shared_ptr<sdk::Compute> device = nullptr);
+                                       std::shared_ptr<sdk::Compute> device = nullptr, KvWindows windows = {});
 
-  // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}.
+  // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}. A sliding layer first moves
+  // its last rows to the front when the new ones would not fit (its first position stays a multiple of 64); rows it
+  // dropped that these positions' queries need, or T above max_write, are errors (reusable() tells ahead).
   sdk::Status write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v);
   // Whether store() can run: the cache is in device memory whose backend encodes rows there (Op::store_rows).
   [[nodiscard]] bool stores_on_device() const;
@@ -34,23 +55,35 @@ class KvCache {
   // reads (its device buffers): encoded there by store_rows, so nothing crosses the bus. Same bytes as write().
   sdk::Status store(std::int64_t layer, std::int64_t position, std::int64_t count, const sdk::Tensor& k,
                     const sdk::Tensor& v);
-  // Views of positions [0, length) of a layer: host data, or a device buffer (data set only when it is mapped).
+  // Views of positions [first_position(layer), length) of a layer: host data, or a device buffer (data set only when
+  // it is mapped). Attention over them takes its query positions less first_position(layer).
   [[nodiscard]] sdk::Tensor keys(std::int64_t layer, std::int64_t length) const;
   [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;
+  // The position row 0 of the layer holds: 0, or for a sliding layer a multiple of 64.
+  [[nodiscard]] std::int64_t first_position(std::int64_t layer) const;
+  // n (<= the positions written) if running on from position n finds every row it needs, else 0: a sliding layer
+  // may have dropped the rows before n's window.
+  [[nodiscard]] std::int64_t reusable(std::int64_t n) const;
 
-  // Copies positions [0, count) of every layer from `src`, a cache of the same shape and type; both in host memory
-  // (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the bits
-  // running those positions again would.
+  // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows; both in host
+  // memory (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the
+  // bits running those positions again would. A sliding layer copies the rows it holds (src.reusable(count) must be
+  // count).
   sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
 
   [[nodiscard]] std::int64_t context() const { return context_; }
+  // The most positions one write() or store() takes: windows.max_write where a layer slides, else the context.
+  [[nodiscard]] std::int64_t max_write() const;
   [[nodiscard]] sdk::DType type() const { return type_; }
   [[nodiscard]] std::uint64_t bytes() const { return total_bytes_; }
   [[nodiscard]] bool on_device() const { return device_ != nullptr; }
 
  private:
-  // write() and store(): positions [position, position + count) of a layer fit the cache.
-  [[nodiscard]] sdk::Status check_range(std::int64_t layer, std::int64_t position, std::int64_t count) const;
+  // write() and store(): positions [position, position + count) of a layer fit the cache; a sliding layer's rows
+  // are moved first where they would not. Returns the row `position` goes to.
+  sdk::Expected<std::size_t> make_room(std::int64_t layer, std::int64_t position, std::int64_t count);
+  // Moves rows [from, from + n) of a layer's K and V to row 0.
+  sdk::Status move_rows(std::size_t layer, std::int64_t from, std::int64_t n);
   // keys() or values(): one layer's rows in host memory or in its device buffer.
   [[nodiscard]] sdk::Tensor rows(const std::vector<AlignedBuffer>& host,
                                  const std::vector<std::unique_ptr<sdk::Buffer>>& dev, std::int64_t layer,
@@ -58,6 +91,9 @@ class KvCache {
 
   sdk::DType type_ = sdk::DType::f16;
   std::int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0, context_ = 0;
+  KvWindows windows_;
+  std::vector<std::int64_t> rows_;   // per layer: rows held (the context, or fewer for a sliding layer)
+  std::vector<std::int64_t> first_;  // per layer: the position of row 0
   std::size_t row_bytes_ = 0;
   std::uint64_t total_bytes_ = 0;
   std::vector<AlignedBuffer> k_, v_;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
+#include "colibri/engine/kv_cache.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/sdk/dtype.hpp"
 #include "colibri/sdk/status.hpp"
@@ -23,27 +25,42 @@ namespace colibri::engine {
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        std::uint64_t bytes_per_position, std::int64_t model_max,
                                        std::uint64_t host_available);
+// The same with the bytes of a context of n positions (sliding-window layers cost a fixed amount past their rows).
+sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
+                                       const std::function<std::uint64_t(std::int64_t)>& context_bytes,
+                                       std::int64_t model_max, std::uint64_t host_available);
+// The most positions (0..model_max) whose bytes fit `budget`; context_bytes grows with the positions.
+[[nodiscard]] std::int64_t largest_context(std::uint64_t budget,
+                                           const std::function<std::uint64_t(std::int64_t)>& context_bytes,
+                                           std::int64_t model_max);
+
+// The model's sliding-window layers for its KV cache (memory.kv_sliding_window), with writes of up to max_write
+// positions; none where `sliding` is off.
+[[nodiscard]] KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding);
 
 struct MemoryPlan {
   std::uint64_t shared_bytes = 0;  // shared.bin: host RAM, or a discrete GPU's memory (memory.shared_on_device)
   std::uint64_t expert_bytes = 0;  // every routed expert
   std::uint64_t expert_count = 0;
-  std::uint64_t expert_cache = 0;  // memory.expert_cache, resolved
-  bool resident = false;           // every expert fits: loaded at start, never evicted
-  std::uint64_t slot_bytes = 0;    // one expert slot (RAM when streaming, VRAM)
-  std::uint64_t ram_slots = 0;     // streaming: slots the RAM tier holds
-  std::uint64_t ram_bytes = 0;     // RAM the expert tier takes at most
-  std::uint64_t vram_budget = 0;   // memory.vram_budget
-  std::uint64_t vram_slots = 0;    // experts the VRAM tier holds
-  std::uint64_t vram_bytes = 0;    // device memory its slots take
-  std::int64_t context = 0;        // KV cache positions
-  std::uint64_t kv_bytes_per_position = 0;
+  std::uint64_t expert_cache = 0;           // memory.expert_cache, resolved
+  bool resident = false;                    // every expert fits: loaded at start, never evicted
+  std::uint64_t slot_bytes = 0;             // one expert slot (RAM when streaming, VRAM)
+  std::uint64_t ram_slots = 0;              // streaming: slots the RAM tier holds
+  std::uint64_t ram_bytes = 0;              // RAM the expert tier takes at most
+  std::uint64_t vram_budget = 0;            // memory.vram_budget
+  std::uint64_t vram_slots = 0;             // experts the VRAM tier holds
+  std::uint64_t vram_bytes = 0;             // device memory its slots take
+  std::int64_t context = 0;                 // KV cache positions
+  std::uint64_t kv_bytes_per_position = 0;  // every layer
   std::uint64_t kv_bytes = 0;
+  std::int64_t kv_sliding_layers = 0;  // layers that keep only their window's rows
+  std::int64_t kv_sliding_rows = 0;    // the rows each of them keeps
 };
 
 // Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
-                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available);
+                                      std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
+                                      const KvWindows& windows = {});
 
 }  // namespace colibri::engine

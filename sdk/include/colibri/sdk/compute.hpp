@@ -56,6 +56,9 @@ enum class Op : std::uint32_t {
   // params.window keys when window > 0. Head h reads kv head h / (n_heads / n_kv_heads).
   // Scores scaled by params.scale. Computed in key blocks with an online softmax (no S x T matrix).
   // Needs position + T <= S (the engine writes the new keys first; S may be the filled prefix).
+  // With a window, the engine may pass only the rows from a multiple of 64 on (key j is then position first + j, and
+  // params.position is given less first): the result must be the bits of the whole cache, e.g. key blocks aligned
+  // to key 0 modulo 64, or to each query's window.
   attention,
   // in: gate {F, T}, up {F, T}; out: silu(gate) * up.
   swiglu,
