@@ -199,6 +199,29 @@ class Chat(unittest.TestCase):
                        text=True, env=env, timeout=300, check=True)
         self.assertGreater(history_uses(env), first)
 
+    def test_next_turn_runs_again_what_a_sliding_window_dropped(self):
+        # Window 4 and --batch 1: each layer keeps 192 rows. The second turn shares the first's prompt, but its rows
+        # before the reply's last window are gone, so it runs from position 0: the same transcript as a cache that
+        # keeps every position (where the shared prompt is reused).
+        out = os.path.join(WORK, "tiny-window")
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            shutil.copytree(model(), out, dirs_exist_ok=True)
+            with open(os.path.join(out, "manifest.json")) as f:
+                man = json.load(f)
+            man["hparams"]["sliding_window"] = 4
+            with open(os.path.join(out, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        turns = " ".join(["the quiet river runs"] * 30) + "\nand then what\n"
+        args = ["chat", "-m", out, "-n", "150", "--temp", "0", "--batch", "1", "--template", "chatml"]
+        window = cli(*args, stdin=turns)
+        full = cli(*args, "--set", "memory.kv_sliding_window=false", stdin=turns)
+        self.assertIn("sliding-window layers keep 192 of", window.stderr)
+        self.assertEqual(window.stdout, full.stdout)
+        reused = lambda p: [int(x.split(" reused")[0].rsplit(", ", 1)[1]) for x in p.stderr.splitlines()
+                            if " reused from the cache" in x]
+        self.assertEqual(reused(window), [0, 0])
+        self.assertGreater(reused(full)[1], 500)
+
     def test_an_unknown_template_is_refused(self):
         p = cli("chat", "-m", model(), "--template", "LLAMA2", stdin="Hello\n", check=False)
         self.assertEqual(p.returncode, 1)
