@@ -74,6 +74,8 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   if (auto s = engine.forward(prompt, LogitsWanted::last, logits); !s) return s;
+  // A next turn returns here when the reply is not in its prompt (sliding-window layers move on meanwhile).
+  if (auto s = engine.save_window(); !s) return s;
   r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   auto emit = [&](const std::string& text) {
     if (text.empty()) return true;

@@ -112,6 +112,7 @@ sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t p
                                                       " positions; a sliding-window layer takes at most " +
                                                       std::to_string(windows_.max_write) + " at once");
     }
+    if (position < saved_at_) saved_at_ = position;  // positions from here on are written again
     const std::int64_t needed = std::max<std::int64_t>(0, position - window + 1);  // the first query's first key
     if (position == 0) first_[L] = 0;                                              // starting over
     if (needed < first_[L]) {
@@ -133,24 +134,22 @@ Status KvCache::move_rows(std::size_t layer, std::int64_t from, std::int64_t n) 
   const std::size_t row = static_cast<std::size_t>(kv_heads_) * row_bytes_;
   const std::size_t at = static_cast<std::size_t>(from) * row, bytes = static_cast<std::size_t>(n) * row;
   for (int which = 0; which < 2; ++which) {
+    std::byte* base = nullptr;
     if (!device_) {
-      std::byte* base = (which == 0 ? k_ : v_)[layer].data();
-      std::memmove(base, base + at, bytes);
-      continue;
+      base = (which == 0 ? k_ : v_)[layer].data();
+    } else {
+      base = static_cast<std::byte*>((which == 0 ? k_dev_ : v_dev_)[layer]->host_pointer());
     }
-    sdk::Buffer& buffer = *(which == 0 ? k_dev_ : v_dev_)[layer];
-    if (auto* mapped = static_cast<std::byte*>(buffer.host_pointer())) {
-      std::memmove(mapped, mapped + at, bytes);
+    if (base != nullptr) {
+      std::memmove(base, base + at, bytes);
       continue;
     }
     // Through the host: rows move once every window or more positions, a few windows' rows at a time.
     staging_.resize(bytes);
-    auto down = device_->copy_to_host_async(buffer, at, staging_.data(), bytes);
-    if (!down) return down.error().with_context("moving a sliding-window layer's KV rows");
-    if (auto s = (*down)->wait(); !s) return s.with_context("moving a sliding-window layer's KV rows");
-    auto up = device_->copy_to_device_async(staging_.data(), buffer, 0, bytes);
-    if (!up) return up.error().with_context("moving a sliding-window layer's KV rows");
-    if (auto s = (*up)->wait(); !s) return s.with_context("moving a sliding-window layer's KV rows");
+    if (auto s = rows_to_host(layer, which, from, n, staging_.data()); !s)
+      return s.with_context("moving a sliding-window layer's KV rows");
+    if (auto s = rows_from_host(layer, which, 0, n, staging_.data()); !s)
+      return s.with_context("moving a sliding-window layer's KV rows");
   }
   return {};
 }
@@ -166,12 +165,94 @@ std::int64_t KvCache::first_position(std::int64_t layer) const {
   return layer >= 0 && layer < layers_ ? first_[static_cast<std::size_t>(layer)] : 0;
 }
 
-std::int64_t KvCache::reusable(std::int64_t n) const {
-  for (std::int64_t l = 0; l < layers_; ++l) {
-    const auto L = static_cast<std::size_t>(l);
-    if (n > 0 && first_[L] > std::max<std::int64_t>(0, n - layer_window(windows_, l) + 1)) return 0;
+bool KvCache::serves(std::int64_t n, const std::vector<std::int64_t>& first) const {
+  for (std::size_t l = 0; l < first.size(); ++l) {
+    const std::int64_t needed = std::max<std::int64_t>(0, n - layer_window(windows_, static_cast<std::int64_t>(l)) + 1);
+    if (rows_[l] < context_ && n > 0 && first[l] > needed) return false;
   }
-  return std::max<std::int64_t>(0, n);
+  return true;
+}
+
+std::int64_t KvCache::reusable(std::int64_t n) const {
+  n = std::max<std::int64_t>(0, n);
+  if (serves(n, first_)) return n;
+  if (saved_at_ > 0 && serves(std::min(n, saved_at_), saved_first_)) return std::min(n, saved_at_);
+  return 0;
+}
+
+std::int64_t KvCache::rewind(std::int64_t n) {
+  const std::int64_t kept = reusable(n);
+  if (kept < saved_at_) saved_at_ = kept;  // positions from `kept` on will be written again
+  if (serves(kept, first_)) return kept;
+  for (std::size_t l = 0; l < first_.size(); ++l) {
+    if (rows_[l] >= context_) continue;
+    const auto held =
+        static_cast<std::int64_t>(saved_k_[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
+    if (!rows_from_host(l, 0, 0, held, saved_k_[l].data()) || !rows_from_host(l, 1, 0, held, saved_v_[l].data())) {
+      saved_at_ = 0;
+      return 0;  // nothing kept: the next pass runs from position 0
+    }
+    first_[l] = saved_first_[l];
+  }
+  return kept;
+}
+
+Status KvCache::save_window(std::int64_t n) {
+  saved_at_ = 0;
+  if (n <= 0 || !serves(n, first_)) return {};
+  saved_first_.assign(first_.size(), 0);
+  saved_k_.resize(first_.size());
+  saved_v_.resize(first_.size());
+  for (std::size_t l = 0; l < first_.size(); ++l) {
+    if (rows_[l] >= context_) continue;
+    // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
+    const std::int64_t from =
+        std::max<std::int64_t>(first_[l], n - layer_window(windows_, static_cast<std::int64_t>(l)) + 1 - kRowAlign) /
+        kRowAlign * kRowAlign;
+    const std::int64_t count = n - from;
+    const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
+    saved_k_[l].resize(bytes);
+    saved_v_[l].resize(bytes);
+    if (auto s = rows_to_host(l, 0, from - first_[l], count, saved_k_[l].data()); !s) return s;
+    if (auto s = rows_to_host(l, 1, from - first_[l], count, saved_v_[l].data()); !s) return s;
+    saved_first_[l] = from;
+  }
+  saved_at_ = n;
+  return {};
+}
+
+Status KvCache::rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst) {
+  const std::size_t at = static_cast<std::size_t>(row * kv_heads_) * row_bytes_;
+  const std::size_t bytes = static_cast<std::size_t>(n * kv_heads_) * row_bytes_;
+  if (!device_) {
+    std::memcpy(dst, (which == 0 ? k_ : v_)[layer].data() + at, bytes);
+    return {};
+  }
+  sdk::Buffer& buffer = *(which == 0 ? k_dev_ : v_dev_)[layer];
+  if (auto* mapped = static_cast<std::byte*>(buffer.host_pointer())) {
+    std::memcpy(dst, mapped + at, bytes);
+    return {};
+  }
+  auto down = device_->copy_to_host_async(buffer, at, dst, bytes);
+  if (!down) return down.error().with_context("reading KV rows");
+  return (*down)->wait();
+}
+
+Status KvCache::rows_from_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, const std::byte* src) {
+  const std::size_t at = static_cast<std::size_t>(row * kv_heads_) * row_bytes_;
+  const std::size_t bytes = static_cast<std::size_t>(n * kv_heads_) * row_bytes_;
+  if (!device_) {
+    std::memcpy((which == 0 ? k_ : v_)[layer].data() + at, src, bytes);
+    return {};
+  }
+  sdk::Buffer& buffer = *(which == 0 ? k_dev_ : v_dev_)[layer];
+  if (auto* mapped = static_cast<std::byte*>(buffer.host_pointer())) {
+    std::memcpy(mapped + at, src, bytes);
+    return {};
+  }
+  auto up = device_->copy_to_device_async(src, buffer, at, bytes);
+  if (!up) return up.error().with_context("writing KV rows");
+  return (*up)->wait();
 }
 
 Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
@@ -186,10 +267,11 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     return Status(StatusCode::invalid_argument,
                   "copying " + std::to_string(count) + " KV positions into a context of " + std::to_string(context_));
   }
-  if (src.reusable(count) != count) {
+  if (!src.serves(count, src.first_)) {
     return Status(StatusCode::invalid_argument, "the source KV cache no longer holds every row position " +
                                                     std::to_string(count) + " needs (sliding-window layers)");
   }
+  saved_at_ = 0;
   for (std::size_t l = 0; l < k_.size(); ++l) {
     const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;

@@ -373,7 +373,13 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
         if (seq.prefilled) continue;
         if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
         seq.prompt_done += items[i].tokens.size();
-        if (seq.prompt_done == seq.job->request.prompt.size()) seq.prefilled = true;
+        if (seq.prompt_done == seq.job->request.prompt.size()) {
+          seq.prefilled = true;
+          // A next request returns to the prompt's end when it does not share the reply (sliding-window layers).
+          if (auto saved = seq.state->kv.save_window(seq.state->n_past); !saved) {
+            spdlog::warn("keeping the prompt's sliding-window KV rows: {}", saved.message());
+          }
+        }
       }
     }
   }
@@ -432,7 +438,7 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
   if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
   if (seq.job->request.prompt_logprobs) reuse = 0;  // every prompt row's logits are wanted
-  reuse = seq.state->kv.reusable(reuse);  // sliding-window layers may have dropped rows the reused prefix needs
+  reuse = seq.state->kv.rewind(reuse);  // sliding-window layers may have dropped rows the reused prefix needs
   const auto shared = static_cast<std::int64_t>(prompt.size()) - 1;
   if (sibling != nullptr && reuse < shared && static_cast<std::int64_t>(prompt.size()) <= same_kv_up_to_ &&
       seq.state->kv.copy_prefix_from(sibling->state->kv, shared)) {

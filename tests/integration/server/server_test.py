@@ -512,8 +512,15 @@ class Api(unittest.TestCase):
             self.assertEqual(again["choices"][0], a["choices"][0])
             _, b = warm.json("POST", "/v1/completions", dict(req, prompt=other))
             self.assertEqual(b["usage"]["prompt_tokens_details"]["cached_tokens"], 0)  # rows before 200 are gone
+            # A long reply moves the rows past the prompt's end; the window saved there serves a next prompt that
+            # shares the prompt but not the reply.
+            _, long = warm.json("POST", "/v1/completions", dict(req, prompt=prompt, max_tokens=200, ignore_eos=True))
+            self.assertEqual(long["usage"]["completion_tokens"], 200)
+            turn = prompt + [7, 8, 9]
+            _, c = warm.json("POST", "/v1/completions", dict(req, prompt=turn))
+            self.assertEqual(c["usage"]["prompt_tokens_details"]["cached_tokens"], 300)
             cold = Server("--model", model, "--set", "memory.kv_sliding_window=false")
-            for got, p in ((a, prompt), (b, other)):
+            for got, p in ((a, prompt), (b, other), (c, turn)):
                 _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=p))
                 self.assertEqual(fresh["choices"][0], got["choices"][0])
         finally:

@@ -374,8 +374,8 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
       auto gpu = std::make_shared<testing::DeviceCompute>();
       gpu->mapped = mapped;
       const KvWindows windows{{0, 70}, 8};
-      auto dev = KvCache::create(type, 2, 1, 32, 1024, gpu, windows);
-      auto host = KvCache::create(type, 2, 1, 32, 1024, nullptr, windows);
+      auto dev = KvCache::create(type, 2, 1, 32, 2048, gpu, windows);
+      auto host = KvCache::create(type, 2, 1, 32, 2048, nullptr, windows);
       ASSERT_TRUE(dev && host) << dev.error().message();
       EXPECT_EQ(gpu->allocated, dev->bytes());
       std::vector<float> k, v;
@@ -398,6 +398,26 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
         }
       }
       EXPECT_GT(dev->first_position(1), 0);
+      // A saved window goes down and comes back up to the host cache's bytes.
+      ASSERT_TRUE(dev->save_window(700));
+      ASSERT_TRUE(host->save_window(700));
+      for (std::int64_t p = 700; p < 1200; p += 7) {
+        rows_of(p, 7, k, v);
+        for (std::int64_t l = 0; l < 2; ++l) {
+          ASSERT_TRUE(dev->write(l, p, 7, k.data(), v.data()));
+          ASSERT_TRUE(host->write(l, p, 7, k.data(), v.data()));
+        }
+      }
+      ASSERT_EQ(dev->rewind(900), 700);
+      ASSERT_EQ(host->rewind(900), 700);
+      ASSERT_EQ(dev->first_position(1), host->first_position(1));
+      for (bool values : {false, true}) {
+        const auto d = values ? dev->values(1, 700) : dev->keys(1, 700);
+        const auto h = values ? host->values(1, 700) : host->keys(1, 700);
+        const std::size_t bytes = static_cast<std::size_t>(h.ne[2]) * sdk::row_bytes(type, 32);
+        const auto& held = static_cast<testing::DeviceCompute::DeviceBuffer*>(d.buffer)->bytes;
+        EXPECT_EQ(0, std::memcmp(held.data(), h.data, bytes)) << "restored " << (values ? "V" : "K");
+      }
       if (mapped) {
         EXPECT_EQ(gpu->downloads, 0) << "mapped rows move in place";
       } else {
@@ -405,6 +425,55 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
       }
     }
   }
+}
+
+// A prompt's end saved (save_window) is where a next turn that does not share the reply returns to, after the rows
+// moved on.
+TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
+  const std::int64_t window = 100;
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16});
+  ASSERT_TRUE(c);
+  std::vector<float> k, v;
+  auto run_to = [&](std::int64_t from, std::int64_t to) {
+    for (std::int64_t p = from; p < to; p += 10) {
+      rows_of(p, 10, k, v);
+      for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c->write(l, p, 10, k.data(), v.data()));
+    }
+  };
+  run_to(0, 1000);
+  ASSERT_TRUE(c->save_window(1000));
+  run_to(1000, 2000);  // the reply
+  ASSERT_GT(c->first_position(0), 1000 - window);
+  // Saved: what 1000 and the 64 positions before it read, i.e. from 832 (1000 - 99 - 64, to 64s).
+  EXPECT_EQ(c->reusable(1000), 1000);
+  EXPECT_EQ(c->reusable(1500), 1000) << "past the saved window, back to it";
+  EXPECT_EQ(c->reusable(950), 950);
+  EXPECT_EQ(c->reusable(931), 931);
+  EXPECT_EQ(c->reusable(930), 0) << "reads from 831, before the saved rows";
+  EXPECT_EQ(c->reusable(1995), 1995) << "the rows held now serve the end";
+  EXPECT_EQ(c->rewind(1995), 1995);
+  EXPECT_EQ(c->rewind(1500), 1000);
+  EXPECT_EQ(c->first_position(0), 832);
+  expect_window_held(*c, 0, window, 999, 1, "after rewinding to the saved window");
+  expect_window_held(*c, 1, 0, 999, 1, "full layer after rewinding");
+  // Running on from there writes over the saved positions' successors: the saved window now ends at 1000 at most.
+  run_to(1000, 1500);
+  expect_window_held(*c, 0, window, 1490, 10, "running on after the rewind");
+  EXPECT_EQ(c->reusable(1000), 1000);
+  EXPECT_EQ(c->rewind(950), 950);
+  expect_window_held(*c, 0, window, 949, 1, "rewound inside the saved window");
+  run_to(950, 1600);
+  EXPECT_EQ(c->reusable(1000), 950) << "positions from 950 on are no longer those saved";
+  // Nothing saved, or a window the rows no longer hold: nothing to return to.
+  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16});
+  ASSERT_TRUE(d);
+  for (std::int64_t p = 0; p < 1000; p += 10) {
+    rows_of(p, 10, k, v);
+    for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(d->write(l, p, 10, k.data(), v.data()));
+  }
+  EXPECT_EQ(d->rewind(500), 0);
+  ASSERT_TRUE(d->save_window(500));  // not held any more: nothing saved
+  EXPECT_EQ(d->reusable(500), 0);
 }
 
 }  // namespace

@@ -110,9 +110,11 @@ class Engine {
   sdk::Status forward_batch(std::span<const BatchItem> items, std::vector<RoutingRecord>* trace = nullptr);
 
   void reset() { n_past_ = 0; }
-  // Forgets positions >= n (n <= n_past()), or every position where a sliding-window layer no longer holds the rows
-  // position n needs (KvCache::reusable); n_past() tells which.
-  void truncate(std::int64_t n) { n_past_ = kv_.reusable(std::min(n_past_, std::max<std::int64_t>(0, n))); }
+  // Forgets positions >= n (n <= n_past()), or more where a sliding-window layer no longer holds the rows position n
+  // needs: back to the saved window (save_window) if that serves, else every position. n_past() tells which.
+  void truncate(std::int64_t n) { n_past_ = kv_.rewind(std::min(n_past_, std::max<std::int64_t>(0, n))); }
+  // Saves the sliding-window layers' rows at n_past() (a prompt's end), for truncate() to return to.
+  sdk::Status save_window() { return kv_.save_window(n_past_); }
   [[nodiscard]] std::int64_t n_past() const { return n_past_; }
   [[nodiscard]] std::int64_t context() const { return kv_.context(); }
   [[nodiscard]] std::int64_t vocab_size() const { return hp_.vocab_size; }

@@ -47,7 +47,7 @@ class KvCache {
 
   // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}. A sliding layer first moves
   // its last rows to the front when the new ones would not fit (its first position stays a multiple of 64); rows it
-  // dropped that these positions' queries need, or T above max_write, are errors (reusable() tells ahead).
+  // dropped that these positions' queries need, or T above max_write, are errors (rewind() first).
   sdk::Status write(std::int64_t layer, std::int64_t position, std::int64_t count, const float* k, const float* v);
   // Whether store() can run: the cache is in device memory whose backend encodes rows there (Op::store_rows).
   [[nodiscard]] bool stores_on_device() const;
@@ -61,14 +61,20 @@ class KvCache {
   [[nodiscard]] sdk::Tensor values(std::int64_t layer, std::int64_t length) const;
   // The position row 0 of the layer holds: 0, or for a sliding layer a multiple of 64.
   [[nodiscard]] std::int64_t first_position(std::int64_t layer) const;
-  // n (<= the positions written) if running on from position n finds every row it needs, else 0: a sliding layer
-  // may have dropped the rows before n's window.
+  // The most positions m <= n (n <= the positions written) that running on from position m finds every row for:
+  // n where the sliding layers still hold n's window, else where the saved window serves (save_window), else 0.
   [[nodiscard]] std::int64_t reusable(std::int64_t n) const;
+  // Keeps reusable(n) positions, putting the saved window back where the sliding layers have moved on; returns them.
+  std::int64_t rewind(std::int64_t n);
+  // Saves a copy of the sliding layers' rows that running on from position n, or up to 64 before it, reads (n <= the
+  // positions written, and held):
+  // a prompt's end, to which the next turn returns when the reply's tokens are not in the next prompt (a reasoning
+  // channel the history drops, or text that tokenizes differently). One saved window; a few windows of rows.
+  sdk::Status save_window(std::int64_t n);
 
   // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows; both in host
   // memory (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the
-  // bits running those positions again would. A sliding layer copies the rows it holds (src.reusable(count) must be
-  // count).
+  // bits running those positions again would. A sliding layer copies the rows it holds (they must serve count).
   sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
 
   [[nodiscard]] std::int64_t context() const { return context_; }
@@ -94,6 +100,15 @@ class KvCache {
   KvWindows windows_;
   std::vector<std::int64_t> rows_;   // per layer: rows held (the context, or fewer for a sliding layer)
   std::vector<std::int64_t> first_;  // per layer: the position of row 0
+  // save_window(): positions [saved_first_[l], saved_at_) of each sliding layer's K and V rows (host memory).
+  std::int64_t saved_at_ = 0;
+  std::vector<std::int64_t> saved_first_;
+  std::vector<std::vector<std::byte>> saved_k_, saved_v_;
+  // Whether layers whose rows start at `first` hold what running on from position n reads.
+  [[nodiscard]] bool serves(std::int64_t n, const std::vector<std::int64_t>& first) const;
+  // Copies rows [row, row + n) of a layer's K (which 0) or V (1) into dst, or from src into them.
+  sdk::Status rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst);
+  sdk::Status rows_from_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, const std::byte* src);
   std::size_t row_bytes_ = 0;
   std::uint64_t total_bytes_ = 0;
   std::vector<AlignedBuffer> k_, v_;
