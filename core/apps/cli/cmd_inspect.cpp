@@ -148,6 +148,14 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
             << hp.num_kv_heads << " (q/kv), head_dim " << hp.head_dim << ", vocab " << hp.vocab_size << "\n"
             << "parameters:    " << human_count(man.total_params()) << " total, " << human_count(man.active_params())
             << " active per token\n";
+  std::cout << "attention:     context " << hp.max_position_embeddings;
+  if (hp.sliding_window > 0) {
+    std::int64_t sliding = 0;
+    for (std::int64_t l = 0; l < hp.num_layers; ++l) sliding += hp.layer_window(l) > 0 ? 1 : 0;
+    std::cout << ", sliding window " << hp.sliding_window << " on " << sliding << " of " << hp.num_layers
+              << " layers (their KV keeps only the window's rows: memory.kv_sliding_window)";
+  }
+  std::cout << "\n";
   if (hp.dense) {
     std::cout << "experts:       dense FFN (one always-selected expert per layer), "
               << human_bytes(static_cast<double>(largest)) << " per layer\n";

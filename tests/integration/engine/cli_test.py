@@ -212,6 +212,8 @@ class Chat(unittest.TestCase):
             man["hparams"]["sliding_window"] = 4
             with open(os.path.join(out, "manifest.json"), "w") as f:
                 json.dump(man, f)
+        self.assertRegex(cli("inspect", "-m", out).stdout, r"attention: +context \d+, sliding window 4 on (\d+) of \1 ")
+        self.assertNotIn("sliding", cli("inspect", "-m", model()).stdout)
         turns = " ".join(["the quiet river runs"] * 30) + "\nand then what\n"
         args = ["chat", "-m", out, "-n", "150", "--temp", "0", "--batch", "1", "--template", "chatml"]
         window = cli(*args, stdin=turns)
