@@ -48,6 +48,22 @@ def make_model():
                        capture_output=True)
 
 
+def patched_model(name, **config):
+    """The tiny model converted from its checkpoint with these config.json keys changed: WORK/tiny-NAME."""
+    ckpt = os.path.join(WORK, f"ckpt-{name}")
+    model = os.path.join(WORK, f"tiny-{name}")
+    if not os.path.exists(os.path.join(model, "manifest.json")):
+        shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
+        with open(os.path.join(ckpt, "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(config)
+        with open(os.path.join(ckpt, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                       capture_output=True)
+    return model
+
+
 def die_with_parent():
     """Runs in the child before exec: the kernel kills the server when this test process dies, even by SIGKILL
     from ctest's timeout, so no server is left behind listening."""
@@ -451,17 +467,8 @@ class Api(unittest.TestCase):
         # "dynamic" rope rotates by the length of the pass once past the original context, so entries cached by an
         # earlier request are not the bits a cold run computes there: past that length nothing is reused, and the
         # answer stays the cold run's.
-        ckpt = os.path.join(WORK, "ckpt-dynamic")
-        model = os.path.join(WORK, "tiny-dynamic")
-        if not os.path.exists(os.path.join(model, "manifest.json")):
-            shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
-            with open(os.path.join(ckpt, "config.json")) as f:
-                cfg = json.load(f)
-            cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 40}
-            with open(os.path.join(ckpt, "config.json"), "w") as f:
-                json.dump(cfg, f)
-            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
-                           capture_output=True)
+        model = patched_model("dynamic", rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                       "original_max_position_embeddings": 40})
         short = "The colibri hovers"
         long = "The colibri hovers over the red flowers of the garden and drinks their nectar while the sun rises " \
                "above the hills and the river"
@@ -489,17 +496,7 @@ class Api(unittest.TestCase):
         # A sliding-window layer keeps only the KV rows its window reads (memory.kv_sliding_window): a held sequence
         # that ran on past a shared prefix may no longer have the rows that prefix's end needs, and then nothing is
         # reused. Either way the answer is a cold run's.
-        ckpt = os.path.join(WORK, "ckpt-window")
-        model = os.path.join(WORK, "tiny-window")
-        if not os.path.exists(os.path.join(model, "manifest.json")):
-            shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
-            with open(os.path.join(ckpt, "config.json")) as f:
-                cfg = json.load(f)
-            cfg["sliding_window"] = 4
-            with open(os.path.join(ckpt, "config.json"), "w") as f:
-                json.dump(cfg, f)
-            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
-                           capture_output=True)
+        model = patched_model("window", sliding_window=4)
         # Window 4 and chunks of 8: each layer keeps 192 rows, so a 300-token prompt moves them.
         prompt = [(i * 37 + 11) % 250 + 1 for i in range(300)]
         other = prompt[:100] + [(i * 13 + 5) % 250 + 1 for i in range(60)]
