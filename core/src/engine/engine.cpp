@@ -416,9 +416,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
-  const KvWindows windows = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
+  kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
   const auto kv_bytes = [&](std::int64_t n) {
-    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, n, windows);
+    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, n, kv_windows_);
   };
   auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings,
                             util::available_memory_bytes());
@@ -728,10 +728,9 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
 }
 
 sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
-  KvWindows windows = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
   if (kv_on_device_) {
     auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context,
-                              plugins_.compute, windows);
+                              plugins_.compute, kv_windows_);
     if (kv) return kv;
     spdlog::warn(
         "memory.kv_on_device: {}; this KV cache stays in host memory and crosses the bus at every attention "
@@ -739,7 +738,7 @@ sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
         kv.error().message());
   }
   return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context, nullptr,
-                         std::move(windows));
+                         kv_windows_);
 }
 
 Op Engine::expert_op() const {

@@ -105,16 +105,15 @@ sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t p
     return Status(StatusCode::invalid_argument, "KV cache write outside the context");
   }
   const auto L = static_cast<std::size_t>(layer);
-  const std::int64_t window = layer_window(windows_, layer);
   if (rows_[L] < context_) {
     if (count > windows_.max_write) {
       return Status(StatusCode::invalid_argument, "KV cache write of " + std::to_string(count) +
                                                       " positions; a sliding-window layer takes at most " +
                                                       std::to_string(windows_.max_write) + " at once");
     }
-    if (position < saved_at_) saved_at_ = position;  // positions from here on are written again
-    const std::int64_t needed = std::max<std::int64_t>(0, position - window + 1);  // the first query's first key
-    if (position == 0) first_[L] = 0;                                              // starting over
+    if (position < saved_at_) saved_at_ = position;         // positions from here on are written again
+    const std::int64_t needed = window_start(L, position);  // the first query's first key
+    if (position == 0) first_[L] = 0;                       // starting over
     if (needed < first_[L]) {
       return Status(StatusCode::internal, "KV cache layer " + std::to_string(layer) + " no longer holds position " +
                                               std::to_string(needed) + " (its rows start at " +
@@ -165,10 +164,14 @@ std::int64_t KvCache::first_position(std::int64_t layer) const {
   return layer >= 0 && layer < layers_ ? first_[static_cast<std::size_t>(layer)] : 0;
 }
 
+std::int64_t KvCache::window_start(std::size_t layer, std::int64_t n) const {
+  const std::int64_t window = layer_window(windows_, static_cast<std::int64_t>(layer));
+  return window > 0 ? std::max<std::int64_t>(0, n - window + 1) : 0;
+}
+
 bool KvCache::serves(std::int64_t n, const std::vector<std::int64_t>& first) const {
   for (std::size_t l = 0; l < first.size(); ++l) {
-    const std::int64_t needed = std::max<std::int64_t>(0, n - layer_window(windows_, static_cast<std::int64_t>(l)) + 1);
-    if (rows_[l] < context_ && n > 0 && first[l] > needed) return false;
+    if (rows_[l] < context_ && n > 0 && first[l] > window_start(l, n)) return false;
   }
   return true;
 }
@@ -206,9 +209,7 @@ Status KvCache::save_window(std::int64_t n) {
   for (std::size_t l = 0; l < first_.size(); ++l) {
     if (rows_[l] >= context_) continue;
     // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
-    const std::int64_t from =
-        std::max<std::int64_t>(first_[l], n - layer_window(windows_, static_cast<std::int64_t>(l)) + 1 - kRowAlign) /
-        kRowAlign * kRowAlign;
+    const std::int64_t from = std::max(first_[l], window_start(l, n - kRowAlign)) / kRowAlign * kRowAlign;
     const std::int64_t count = n - from;
     const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
     saved_k_[l].resize(bytes);

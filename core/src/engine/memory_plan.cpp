@@ -40,15 +40,6 @@ KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool 
 }
 
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
-                                       std::uint64_t bytes_per_position, std::int64_t model_max,
-                                       std::uint64_t host_available) {
-  const std::uint64_t per_pos = std::max<std::uint64_t>(bytes_per_position, 1);
-  return kv_context(
-      requested, kv_cache_bytes, [per_pos](std::int64_t n) { return per_pos * static_cast<std::uint64_t>(n); },
-      model_max, host_available);
-}
-
-sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                                        std::int64_t model_max, std::uint64_t host_available) {
   if (requested > 0) {

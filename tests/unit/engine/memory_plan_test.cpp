@@ -23,17 +23,18 @@ model::Manifest manifest_with(std::initializer_list<std::uint64_t> expert_sizes)
 }
 
 TEST(MemoryPlan, ContextComesFromTheFlagTheKeyOrHalfTheFreeRam) {
-  EXPECT_EQ(*kv_context(500, 0, 100, 1000, 0), 500);
-  auto over = kv_context(1001, 0, 100, 1000, 0);
+  const auto per_100 = [](std::int64_t n) { return 100u * static_cast<std::uint64_t>(n); };  // 100 bytes a position
+  EXPECT_EQ(*kv_context(500, 0, per_100, 1000, 0), 500);
+  auto over = kv_context(1001, 0, per_100, 1000, 0);
   ASSERT_FALSE(over);
   EXPECT_NE(over.error().message().find("--ctx 1001"), std::string::npos);
-  EXPECT_EQ(*kv_context(0, 250 * 100, 100, 1000, 0), 250);
-  EXPECT_EQ(*kv_context(0, 5000 * 100, 100, 1000, 0), 1000) << "never more than the model's";
-  auto tiny = kv_context(0, 99, 100, 1000, 0);
+  EXPECT_EQ(*kv_context(0, 250 * 100, per_100, 1000, 0), 250);
+  EXPECT_EQ(*kv_context(0, 5000 * 100, per_100, 1000, 0), 1000) << "never more than the model's";
+  auto tiny = kv_context(0, 99, per_100, 1000, 0);
   ASSERT_FALSE(tiny);
   EXPECT_NE(tiny.error().message().find("memory.kv_cache"), std::string::npos);
-  EXPECT_EQ(*kv_context(0, 0, 100, 1000, 2 * 300 * 100), 300) << "half of the free RAM";
-  EXPECT_EQ(*kv_context(0, 0, 100, 1000, 0), 1) << "at least one position";
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 2 * 300 * 100), 300) << "half of the free RAM";
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 0), 1) << "at least one position";
 }
 
 TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {

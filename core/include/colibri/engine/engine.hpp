@@ -219,6 +219,7 @@ class Engine {
   KvCache kv_;
   bool group_experts_ = false;  // the backend offers the experts' group op for every expert weight type
   bool kv_on_device_ = false;   // memory.kv_on_device on a backend whose memory is not the host's
+  KvWindows kv_windows_;  // the sliding-window layers every KV cache of this engine has (memory_plan's kv_windows)
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;
   std::vector<std::unique_ptr<sdk::Buffer>> shared_device_;  // the shared weights in device memory, when uploaded

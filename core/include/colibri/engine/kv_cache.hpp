@@ -104,6 +104,8 @@ class KvCache {
   std::int64_t saved_at_ = 0;
   std::vector<std::int64_t> saved_first_;
   std::vector<std::vector<std::byte>> saved_k_, saved_v_;
+  // The first position a query at n reads in a layer: 0 where it has no window.
+  [[nodiscard]] std::int64_t window_start(std::size_t layer, std::int64_t n) const;
   // Whether layers whose rows start at `first` hold what running on from position n reads.
   [[nodiscard]] bool serves(std::int64_t n, const std::vector<std::int64_t>& first) const;
   // Copies rows [row, row + n) of a layer's K (which 0) or V (1) into dst, or from src into them.

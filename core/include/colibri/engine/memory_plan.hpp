@@ -19,13 +19,10 @@ namespace colibri::engine {
 // names the key, the flag and the sizes.
 [[nodiscard]] sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes);
 
-// The KV cache's positions: `requested` (--ctx; at most the model's), else memory.kv_cache / bytes per position (at
-// most the model's), else as many as half of `host_available` holds (at least 1, at most the model's). Errors name
-// the flag or key.
-sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
-                                       std::uint64_t bytes_per_position, std::int64_t model_max,
-                                       std::uint64_t host_available);
-// The same with the bytes of a context of n positions (sliding-window layers cost a fixed amount past their rows).
+// The KV cache's positions: `requested` (--ctx; at most the model's), else as many as memory.kv_cache holds (at
+// most the model's), else as many as half of `host_available` holds (at least 1, at most the model's).
+// context_bytes(n): a context of n positions' bytes (sliding-window layers cost a fixed amount past their rows).
+// Errors name the flag or key.
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                                        std::int64_t model_max, std::uint64_t host_available);
