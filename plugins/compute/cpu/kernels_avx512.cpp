@@ -265,47 +265,16 @@ KTARGET float z_dot_mxfp4(const void* w_row, const void* act, std::int64_t k) no
 // ---------------------------------------------------------------- mxfp4, q8_0, q4_0: several rows, several tokens
 //
 // Prefill's matmul: up to kRowTile rows against up to kTokenTile tokens. Each token's activations are laid out once
-// per call as z_rows_mxfp4 lays them out (ZTok16), and each row's 16 blocks are decoded once into 8 registers for
-// every token: register m holds in 128-bit lane l bytes 0-15 (lo) and 16-31 (hi) of block 4l + m's weights as
-// unsigned bytes plus a bias (mxfp4's values + 12, q8_0's codes + 128 by an xor, q4_0's nibbles, i.e. + 8), which is
-// subtracted as bias times the activation block's sum after the 4 x 4 transpose-and-add: exact integers, so each
-// block's sum is the scalar path's. Per token and 16 blocks: 8 vpdpbusd, the transpose-and-add and the float steps
-// ((scale_w * d_y) * isum, added to lane b % 4 in block order). A row's last, partial group of blocks is decoded
-// from a zero-padded copy, and its products go into the lanes by masked adds (a lane without a block stays as it
-// is), so each lane gets its blocks' products in the one-row dot's order and every row and token its bits.
-
-// One token's activations of 16 blocks (zeros past a partial group's last block).
-struct alignas(64) ZTok16 {
-  std::int8_t lo[4][64];  // [m][16 l + i] = element i of block 4l + m
-  std::int8_t hi[4][64];  // elements 16 + i
-  std::int32_t bias[16];  // the format's bias * the sum of block j (what the bias of every code adds)
-  float d[16];
-};
-
-template <std::int32_t kBias>
-KTARGET inline void z_prepare_tok16(const Q8Block* y, int count, ZTok16& a) noexcept {
-  if (count < 16) std::memset(&a, 0, sizeof(a));
-  for (int j = 0; j < count; ++j) {
-    std::memcpy(&a.lo[j % 4][16 * (j / 4)], y[j].qs, 16);
-    std::memcpy(&a.hi[j % 4][16 * (j / 4)], y[j].qs + 16, 16);
-    a.bias[j] = kBias * y[j].sum;
-    a.d[j] = y[j].d;
-  }
-}
-
-// The products (scale * d) * isum of one token's 16 blocks with decoded codes lo/hi, in block order.
-KTARGET inline __m512 z_products16(const __m512i* lo, const __m512i* hi, __m512 scales, const ZTok16& a) noexcept {
-  __m512i acc[4];
-  for (int m = 0; m < 4; ++m) {
-    acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[m], _mm512_load_si512(a.lo[m])), hi[m],
-                                 _mm512_load_si512(a.hi[m]));
-  }
-  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
-  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
-  const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)),
-                                        _mm512_load_si512(a.bias));
-  return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
-}
+// per call (ZTok16), and each row's 16 blocks are decoded once into 8 registers for every token. In those registers
+// int32 lane b belongs to block b: register k holds 4 codes of each block (lo: elements 4k..4k + 3, hi: 16 + 4k..),
+// as unsigned bytes plus a bias (mxfp4's values + 12, q8_0's codes + 128 by an xor, q4_0's nibbles, i.e. + 8).
+// So 8 vpdpbusd, started from minus the bias times the activation block's sum, leave each block's exact integer sum
+// in its own lane (the scalar path's sum) with no horizontal step. The float steps ((scale_w * d_y) * isum) follow,
+// and the products go to lane b % 4 in block order: for 4 tokens at once, the 4 products' 128-bit quarters are
+// transposed (one register per quarter, a quarter per token) and added in quarter order, so each lane of each token
+// adds its blocks in the one-row dot's order and every row and token gets its bits. A row's last, partial group of
+// blocks is decoded from a zero-padded copy, and its products go into the lanes by masked adds (a lane without a
+// block stays as it is).
 
 // Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3.
 template <typename Block>
@@ -318,11 +287,77 @@ KTARGET inline __m512i z_q32_load4(const Block* x, int m, int off) noexcept {
   return _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * step)), 3);
 }
 
+// Bytes off..off + 15 of the codes of blocks 0-15 of x, regrouped so that int32 lane b of register k holds bytes
+// off + 4k..off + 4k + 3 of block b (z_q32_load4, then a 4 x 4 transpose of int32 lanes in each 128-bit lane).
+template <typename Block>
+KTARGET inline void z_q32_load16(const Block* x, int off, __m512i (&q)[4]) noexcept {
+  const __m512i r0 = z_q32_load4(x, 0, off), r1 = z_q32_load4(x, 1, off), r2 = z_q32_load4(x, 2, off),
+                r3 = z_q32_load4(x, 3, off);
+  const __m512i u0 = _mm512_unpacklo_epi32(r0, r1), u1 = _mm512_unpackhi_epi32(r0, r1);
+  const __m512i u2 = _mm512_unpacklo_epi32(r2, r3), u3 = _mm512_unpackhi_epi32(r2, r3);
+  q[0] = _mm512_unpacklo_epi64(u0, u2);
+  q[1] = _mm512_unpackhi_epi64(u0, u2);
+  q[2] = _mm512_unpacklo_epi64(u1, u3);
+  q[3] = _mm512_unpackhi_epi64(u1, u3);
+}
+
+// One token's activations of 16 blocks (zeros past a partial group's last block).
+struct alignas(64) ZTok16 {
+  std::int8_t lo[4][64];   // [k][4 b + i] = element 4k + i of block b
+  std::int8_t hi[4][64];   // element 16 + 4k + i
+  std::int32_t start[16];  // minus the format's bias times the sum of block b (what the bias of every code adds)
+  float d[16];
+};
+
+template <std::int32_t kBias>
+KTARGET inline void z_prepare_tok16(const Q8Block* y, int count, ZTok16& a) noexcept {
+  if (count < 16) std::memset(&a, 0, sizeof(a));
+  if (count == 16) {
+    __m512i q[4];
+    z_q32_load16(y, 0, q);
+    for (int k = 0; k < 4; ++k) _mm512_store_si512(a.lo[k], q[k]);
+    z_q32_load16(y, 16, q);
+    for (int k = 0; k < 4; ++k) _mm512_store_si512(a.hi[k], q[k]);
+  } else {
+    for (int b = 0; b < count; ++b) {
+      for (int k = 0; k < 4; ++k) {
+        std::memcpy(&a.lo[k][4 * b], y[b].qs + 4 * k, 4);
+        std::memcpy(&a.hi[k][4 * b], y[b].qs + 16 + 4 * k, 4);
+      }
+    }
+  }
+  for (int b = 0; b < count; ++b) {
+    a.start[b] = -kBias * y[b].sum;
+    a.d[b] = y[b].d;
+  }
+}
+
+// The products (scale * d) * isum of one token's 16 blocks with decoded codes lo/hi, in block order.
+KTARGET inline __m512 z_products16(const __m512i* lo, const __m512i* hi, __m512 scales, const ZTok16& a) noexcept {
+  __m512i isum = _mm512_load_si512(a.start);
+  for (int k = 0; k < 4; ++k) {
+    isum = _mm512_dpbusd_epi32(isum, lo[k], _mm512_load_si512(a.lo[k]));
+    isum = _mm512_dpbusd_epi32(isum, hi[k], _mm512_load_si512(a.hi[k]));
+  }
+  return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
+}
+
 // How each format's 16 blocks become the tile's registers: the codes as unsigned bytes (lo, hi) and the scales.
 struct ZTileMxfp4 {
   using Block = quant::BlockMXFP4;
   static constexpr std::int32_t kBias = 12;
   KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
+    const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i q[4];
+    z_q32_load16(xg, 0, q);
+    for (int k = 0; k < 4; ++k) {
+      lo[k] = _mm512_shuffle_epi8(values, _mm512_and_si512(q[k], m4));
+      hi[k] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4));
+    }
+  }
+  // The decode kernel's layout (ZRowTok16): register m holds block 4l + m in 128-bit lane l.
+  KTARGET static void decode_by_lane(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
     const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int m = 0; m < 4; ++m) {
@@ -340,14 +375,19 @@ struct ZTileQ32 {
   KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    for (int m = 0; m < 4; ++m) {
-      if constexpr (F == X86Q32::q8_0) {
-        lo[m] = _mm512_xor_si512(z_q32_load4(xg, m, 0), flip);
-        hi[m] = _mm512_xor_si512(z_q32_load4(xg, m, 16), flip);
-      } else {
-        const __m512i q = z_q32_load4(xg, m, 0);
-        lo[m] = _mm512_and_si512(q, m4);
-        hi[m] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    if constexpr (F == X86Q32::q8_0) {
+      z_q32_load16(xg, 0, lo);
+      z_q32_load16(xg, 16, hi);
+      for (int k = 0; k < 4; ++k) {
+        lo[k] = _mm512_xor_si512(lo[k], flip);
+        hi[k] = _mm512_xor_si512(hi[k], flip);
+      }
+    } else {
+      __m512i q[4];
+      z_q32_load16(xg, 0, q);
+      for (int k = 0; k < 4; ++k) {
+        lo[k] = _mm512_and_si512(q[k], m4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4);
       }
     }
   }
@@ -358,19 +398,34 @@ struct ZTileQ32 {
   }
 };
 
+// The products f[0..3] of 4 tokens (16 blocks each, in block order) added into a: lane 4i + j of a is lane j of
+// token i, and gets blocks j, 4 + j, 8 + j and 12 + j of token i in that order (where keep[s] has the block 4s + j).
+KTARGET inline __m512 z_add_quarters(__m512 a, const __m512 (&f)[4], const __mmask16 (&keep)[4]) noexcept {
+  const __m512 x0 = _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 x1 = _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512 x2 = _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 x3 = _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2));
+  a = _mm512_mask_add_ps(a, keep[0], a, _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0)));
+  a = _mm512_mask_add_ps(a, keep[1], a, _mm512_shuffle_f32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1)));
+  a = _mm512_mask_add_ps(a, keep[2], a, _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0)));
+  return _mm512_mask_add_ps(a, keep[3], a, _mm512_shuffle_f32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // Rows [0, nrows) against N tokens, groups [g0, g0 + ng) of 16 blocks (nb blocks in a row); acc holds the lanes
-// between segments, `last`: the segment that finishes the rows into out.
+// between segments (z_add_quarters' layout, 4 tokens a register), `last`: the segment that finishes the rows into out.
 template <class Fmt, int N>
 KTARGET void z_tile_rows_n(const std::byte* w, std::size_t stride, int nrows, std::int64_t nb, std::int64_t g0, int ng,
-                           const ZTok16 (*prepared)[kTokenTile], __m128 (*acc)[kTokenTile], bool last,
+                           const ZTok16 (*prepared)[kTokenTile], __m512 (*acc)[kTokenTile / 4], bool last,
                            float* out) noexcept {
   using Block = typename Fmt::Block;
-  constexpr std::size_t kPrefetchBytes = 4096;
+  constexpr int kQuads = (N + 3) / 4;
+  constexpr std::size_t kPrefetchBytes = 4096, kPrefetchRows = 4;
   constexpr int kLines = static_cast<int>((16 * sizeof(Block) + 63) / 64);
+  const bool whole = g0 == 0 && last;
   for (int r = 0; r < nrows; ++r) {
     const auto* x = reinterpret_cast<const Block*>(w + static_cast<std::size_t>(r) * stride) + 16 * g0;
-    __m128 a[N];
-    for (int t = 0; t < N; ++t) a[t] = g0 == 0 ? _mm_setzero_ps() : acc[r][t];
+    __m512 a[kQuads];
+    for (int q = 0; q < kQuads; ++q) a[q] = g0 == 0 ? _mm512_setzero_ps() : acc[r][q];
     for (int g = 0; g < ng; ++g) {
       const Block* xg = x + 16 * g;
       const int count = static_cast<int>(std::min<std::int64_t>(16, nb - 16 * (g0 + g)));
@@ -380,41 +435,35 @@ KTARGET void z_tile_rows_n(const std::byte* w, std::size_t stride, int nrows, st
         std::memcpy(static_cast<void*>(pad), xg, static_cast<std::size_t>(count) * sizeof(Block));
         xg = pad;
       } else {
-        for (int i = 0; i < kLines; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
+        // A segment that is the whole row streams on; one of several goes on at the same place a few rows down.
+        const std::size_t ahead = whole ? kPrefetchBytes : kPrefetchRows * stride;
+        for (int i = 0; i < kLines; ++i) _mm_prefetch(reinterpret_cast<const char*>(xg) + ahead + 64 * i, _MM_HINT_T0);
       }
+      // Step s adds block 4s + j to lane j (of every token) if there is one: the one-row dot's steps of 8 and 4 and
+      // its last blocks.
+      __mmask16 keep[4];
+      for (int s = 0; s < 4; ++s)
+        keep[s] = static_cast<__mmask16>(((1u << std::clamp(count - 4 * s, 0, 4)) - 1) * 0x1111u);
       __m512i lo[4], hi[4];
       Fmt::decode(xg, lo, hi);
       const __m512 scales = Fmt::scales(xg);
       const ZTok16* p = prepared[g];
-      if (count == 16) {
-#pragma GCC unroll 8
-        for (int t = 0; t < N; ++t) {
-          const __m512 f = z_products16(lo, hi, scales, p[t]);
-          a[t] = _mm_add_ps(a[t], _mm512_castps512_ps128(f));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 1));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 2));
-          a[t] = _mm_add_ps(a[t], _mm512_extractf32x4_ps(f, 3));
-        }
-      } else {
-        // Lane j of step s gets block 4s + j if there is one: the one-row dot's steps of 8 and 4 and its last blocks.
-        const auto mask = [&](int s) { return static_cast<__mmask8>((1u << std::clamp(count - 4 * s, 0, 4)) - 1); };
-        for (int t = 0; t < N; ++t) {
-          const __m512 f = z_products16(lo, hi, scales, p[t]);
-          a[t] = _mm_mask_add_ps(a[t], mask(0), a[t], _mm512_castps512_ps128(f));
-          a[t] = _mm_mask_add_ps(a[t], mask(1), a[t], _mm512_extractf32x4_ps(f, 1));
-          a[t] = _mm_mask_add_ps(a[t], mask(2), a[t], _mm512_extractf32x4_ps(f, 2));
-          a[t] = _mm_mask_add_ps(a[t], mask(3), a[t], _mm512_extractf32x4_ps(f, 3));
-        }
+      for (int q = 0; q < kQuads; ++q) {
+        __m512 f[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i)
+          f[i] = 4 * q + i < N ? z_products16(lo, hi, scales, p[4 * q + i]) : _mm512_setzero_ps();
+        a[q] = z_add_quarters(a[q], f, keep);
       }
     }
-    for (int t = 0; t < N; ++t) {
+    for (int q = 0; q < kQuads; ++q) {
       if (last) {
-        alignas(16) float lanes[kBlockLanes];
-        _mm_store_ps(lanes, a[t]);
-        out[t * kRowTile + r] = reduce_block_lanes(lanes);
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, a[q]);
+        for (int i = 0; i < 4 && 4 * q + i < N; ++i)
+          out[(4 * q + i) * kRowTile + r] = reduce_block_lanes(lanes + 4 * i);
       } else {
-        acc[r][t] = a[t];
+        acc[r][q] = a[q];
       }
     }
   }
@@ -431,8 +480,9 @@ KTARGET void z_tile_rows(const std::byte* w, std::size_t stride, int nrows, cons
       for (int r = 0; r < nrows; ++r) out[t * kRowTile + r] = reduce_block_lanes(lanes);
     return;
   }
+  static_assert(kTokenTile % 4 == 0 && kBlockLanes == 4, "z_add_quarters' layout");
   ZTok16 prepared[kSegGroups][kTokenTile];
-  __m128 acc[kRowTile][kTokenTile];
+  __m512 acc[kRowTile][kTokenTile / 4];
   for (std::int64_t g0 = 0; g0 < groups; g0 += kSegGroups) {
     const int ng = static_cast<int>(std::min<std::int64_t>(kSegGroups, groups - g0));
     for (int g = 0; g < ng; ++g) {
@@ -459,10 +509,44 @@ KTARGET void z_tile_rows(const std::byte* w, std::size_t stride, int nrows, cons
 
 // ---------------------------------------------------------------- mxfp4, several rows, one token
 //
-// Decode's matmul: up to kRowTile rows against one token's activations, with the prefill tile's pieces (above): the
-// token's activations laid out once per call (ZTok16), each row's 16 blocks decoded into 8 registers and taken by
-// z_products16, so no horizontal sums per block are needed. The float steps and the order of the lane additions are
-// z_dot_mxfp4's (z_mxfp4_finish does the rows' tails), so every row gets the bits of the one-row dot.
+// Decode's matmul: up to kRowTile rows against one token's activations. The token's activations are laid out once
+// per call (ZRowTok16), each row's 16 blocks are decoded into 8 registers, register m holding block 4l + m in 128-bit
+// lane l (no regrouping of the codes: with one token it would not pay for itself), and after 8 vpdpbusd one 4 x 4
+// transpose-and-add gives the 16 blocks' exact integer sums, with no horizontal sum per block. The float steps and
+// the order of the lane additions are z_dot_mxfp4's (z_mxfp4_finish does the rows' tails), so every row gets the bits
+// of the one-row dot.
+
+// One token's activations of 16 blocks in the decode kernel's layout.
+struct alignas(64) ZRowTok16 {
+  std::int8_t lo[4][64];  // [m][16 l + i] = element i of block 4l + m
+  std::int8_t hi[4][64];  // elements 16 + i
+  std::int32_t bias[16];  // mxfp4's bias (12) times the sum of block b
+  float d[16];
+};
+
+KTARGET inline void z_prepare_row_tok16(const Q8Block* y, ZRowTok16& a) noexcept {
+  for (int b = 0; b < 16; ++b) {
+    std::memcpy(&a.lo[b % 4][16 * (b / 4)], y[b].qs, 16);
+    std::memcpy(&a.hi[b % 4][16 * (b / 4)], y[b].qs + 16, 16);
+    a.bias[b] = ZTileMxfp4::kBias * y[b].sum;
+    a.d[b] = y[b].d;
+  }
+}
+
+// The products (scale * d) * isum of the token's 16 blocks with codes lo/hi from decode_by_lane, in block order.
+KTARGET inline __m512 z_row_products16(const __m512i* lo, const __m512i* hi, __m512 scales,
+                                       const ZRowTok16& a) noexcept {
+  __m512i acc[4];
+  for (int m = 0; m < 4; ++m) {
+    acc[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[m], _mm512_load_si512(a.lo[m])), hi[m],
+                                 _mm512_load_si512(a.hi[m]));
+  }
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[0], acc[1]), _mm512_unpackhi_epi32(acc[0], acc[1]));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2], acc[3]), _mm512_unpackhi_epi32(acc[2], acc[3]));
+  const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1)),
+                                        _mm512_load_si512(a.bias));
+  return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
+}
 
 KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
                           float* out) noexcept {
@@ -477,10 +561,10 @@ KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, con
   };
   __m128 acc[kRowTile];
   for (int r = 0; r < nrows; ++r) acc[r] = _mm_setzero_ps();
-  ZTok16 prepared[kSegGroups];
+  ZRowTok16 prepared[kSegGroups];
   for (std::int64_t seg = 0; seg < nb16; seg += 16 * kSegGroups) {
     const int groups = static_cast<int>(std::min<std::int64_t>(kSegGroups, (nb16 - seg) / 16));
-    for (int g = 0; g < groups; ++g) z_prepare_tok16<ZTileMxfp4::kBias>(y + seg + 16 * g, 16, prepared[g]);
+    for (int g = 0; g < groups; ++g) z_prepare_row_tok16(y + seg + 16 * g, prepared[g]);
     for (int r = 0; r < nrows; ++r) {
       const quant::BlockMXFP4* x = row(r) + seg;
       __m128 a = acc[r];
@@ -489,8 +573,8 @@ KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, con
         for (int i = 0; i < 5; ++i)  // 272 bytes a step
           _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
         __m512i lo[4], hi[4];
-        ZTileMxfp4::decode(xg, lo, hi);
-        const __m512 f = z_products16(lo, hi, ZTileMxfp4::scales(xg), prepared[g]);
+        ZTileMxfp4::decode_by_lane(xg, lo, hi);
+        const __m512 f = z_row_products16(lo, hi, ZTileMxfp4::scales(xg), prepared[g]);
         a = _mm_add_ps(a, _mm512_castps512_ps128(f));
         a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 1));
         a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 2));
