@@ -1,5 +1,7 @@
 // cpu-plugin specifics: every SIMD path gives the scalar path's bits, score() and options.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -452,6 +454,44 @@ TEST_P(CpuIsa, Q8_0AndQ4_0RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
             << dtype_traits(type)->name << " blocks=" << blocks << " tokens=" << t;
       }
+    }
+}
+
+// The kernels read a row's last, partial group of blocks in place, past its end where that stays in the same page.
+// Weights that end right before an unreadable page (the end of a mapped file, say) must be read only within
+// themselves there: no fault, and the scalar path's bits. 3 blocks (one partial group) and 90 (gpt-oss's 2880: 5
+// groups and 10 blocks); 1 token (the multi-row kernels), 4, 8 and 9 (the tiles).
+TEST_P(CpuIsa, WeightsEndingAtAnUnreadablePageAreReadOnlyWithinThemselves) {
+  auto simd = make(GetParam());
+  if (!simd) GTEST_SKIP() << "this CPU cannot run isa=" << GetParam();
+  auto scalar = make("scalar");
+  ASSERT_TRUE(scalar);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  for (const DType type : {DType::mxfp4, DType::q8_0, DType::q4_0})
+    for (const std::int64_t blocks : {3, 90}) {
+      const std::int64_t k = 32 * blocks, n = 70;
+      const std::vector<std::byte> heap = quantized(type, k, n, static_cast<unsigned>(blocks) + 17);
+      const std::size_t pages = (heap.size() + page - 1) / page;
+      void* map = mmap(nullptr, (pages + 1) * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(map, MAP_FAILED);
+      auto* base = static_cast<std::byte*>(map);
+      ASSERT_EQ(0, mprotect(base + pages * page, page, PROT_NONE));
+      std::byte* w = base + pages * page - heap.size();  // the last row ends where the unreadable page starts
+      std::memcpy(w, heap.data(), heap.size());
+      for (const std::int64_t t : {1, 4, 8, 9}) {
+        const auto x = randn(static_cast<std::size_t>(k * t), static_cast<unsigned>(blocks + t), 2.0f);
+        std::vector<float> a(static_cast<std::size_t>(n * t)), b(a.size());
+        for (auto* out : {&a, &b}) {
+          Compute& c = out == &a ? *scalar : *simd;
+          Tensor in[] = {Tensor{type, {k, n, 1, 1}, out == &a ? const_cast<std::byte*>(heap.data()) : w},
+                         Tensor{DType::f32, {k, t, 1, 1}, const_cast<float*>(x.data())}};
+          Tensor y{DType::f32, {n, t, 1, 1}, out->data()};
+          ASSERT_TRUE(c.run(OpCall{Op::matmul, in, std::span<Tensor>(&y, 1), {}}));
+        }
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << dtype_traits(type)->name << " blocks=" << blocks << " tokens=" << t;
+      }
+      munmap(map, (pages + 1) * page);
     }
 }
 
