@@ -220,22 +220,6 @@ KTARGET inline __m512 z_e8m0_scales(__m512i e) noexcept {
                                                     _mm512_set1_epi32(0x00200000), e));
 }
 
-// How many of a partial group's 16 blocks (count of them the caller's, at p) the decoders may read: all 16 when the
-// bytes past the caller's lie in the page of its last byte, so reading them cannot fault (their lanes are never
-// added: their activations are zeros and the adds are masked), else count, read by masked loads, which are slow
-// (on an AMD EPYC guest a padded last group of 10 blocks cost more than the 80 blocks before it). Not under ASan,
-// which would call such a read an overflow.
-template <typename Block>
-inline int z_readable_blocks(const Block* p, int count) noexcept {
-#if defined(__SANITIZE_ADDRESS__)
-  return count;
-#else
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t valid_end = a + static_cast<std::uintptr_t>(count) * sizeof(Block), end = a + 16 * sizeof(Block);
-  return count == 16 || (count > 0 && ((valid_end - 1) >> 12) == ((end - 1) >> 12)) ? 16 : count;
-#endif
-}
-
 // 64 bytes at p, of which only the first n (any int) are read; the others are zeros.
 KTARGET inline __m512i z_load_first(const std::uint8_t* p, int n) noexcept {
   if (n >= 64) return _mm512_loadu_si512(p);
@@ -298,7 +282,7 @@ KTARGET float z_dot_mxfp4(const void* w_row, const void* act, std::int64_t k) no
 // and the products go to lane b % 4 in block order: for 4 tokens at once, the 4 products' 128-bit quarters are
 // transposed (one register per quarter, a quarter per token) and added in quarter order, so each lane of each token
 // adds its blocks in the one-row dot's order and every row and token gets its bits. A row's last, partial group of
-// blocks is read in place (z_readable_blocks), and its products go into the lanes by masked adds (a lane without a
+// blocks is read in place (x86_readable_blocks), and its products go into the lanes by masked adds (a lane without a
 // block stays as it is).
 
 // Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3; only the first
@@ -472,7 +456,7 @@ KTARGET void z_tile_rows_n(const std::byte* w, std::size_t stride, int nrows, st
       for (int s = 0; s < 4; ++s)
         keep[s] = static_cast<__mmask16>(((1u << std::clamp(count - 4 * s, 0, 4)) - 1) * 0x1111u);
       __m512i lo[4], hi[4];
-      const int readable = z_readable_blocks(xg, count);
+      const int readable = x86_readable_blocks<16>(xg, count);
       Fmt::decode(xg, lo, hi, readable);
       const __m512 scales = Fmt::scales(xg, readable);
       const ZTok16* p = prepared[g];
