@@ -291,7 +291,7 @@ const int kRegistered = [] {
     // The multi-token kernels' arithmetic from the caches: 8 tokens (a full tile), 4 (a Qwen3-MoE expert's share
     // of a 64-token prefill chunk: 64 x top-8 / 128 experts), 9 and 11 (a full tile and a remainder).
     for (const std::int64_t tokens : {4, 8, 9, 11}) {
-      for (const char* isa : {"auto", "avx2"}) {
+      for (const char* isa : {"auto", "avx2", "avxvnni"}) {
         add("cached/matmul" + std::to_string(tokens) + "/" + name + "/" + isa + "/threads:1", t, isa, 1, tokens, true,
             kSquare, true);
       }

@@ -35,6 +35,10 @@ bool cpu_has_avx2() noexcept {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+bool cpu_has_avxvnni() noexcept {
+  return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+}
+
 bool cpu_has_avx512() noexcept {
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -168,9 +172,12 @@ class CpuCompute final : public ComputeBase {
                     "compute.threads must be auto, 0 (auto) or 1..1024, got " + std::to_string(*threads));
     }
     Options o;
-    const bool has512 = cpu_has_avx512(), has2 = cpu_has_avx2();
+    const bool has512 = cpu_has_avx512(), has_vnni = cpu_has_avxvnni(), has2 = cpu_has_avx2();
     if (*isa == "auto") {
-      o.kernels = has512 ? &avx512_kernels() : has2 ? &avx2_kernels() : &scalar_kernels();
+      o.kernels = has512     ? &avx512_kernels()
+                  : has_vnni ? &avxvnni_kernels()
+                  : has2     ? &avx2_kernels()
+                             : &scalar_kernels();
     } else if (*isa == "scalar") {
       o.kernels = &scalar_kernels();
     } else if (*isa == "avx2") {
@@ -178,6 +185,11 @@ class CpuCompute final : public ComputeBase {
         return Status(StatusCode::unsupported,
                       "compute.isa=avx2 needs avx2, fma and f16c, which this CPU lacks; use isa: auto");
       o.kernels = &avx2_kernels();
+    } else if (*isa == "avxvnni") {
+      if (!has_vnni)
+        return Status(StatusCode::unsupported,
+                      "compute.isa=avxvnni needs avx2, fma, f16c and avxvnni, which this CPU lacks; use isa: auto");
+      o.kernels = &avxvnni_kernels();
     } else if (*isa == "avx512") {
       if (!has512)
         return Status(
@@ -186,7 +198,7 @@ class CpuCompute final : public ComputeBase {
       o.kernels = &avx512_kernels();
     } else {
       return Status(StatusCode::invalid_argument,
-                    "compute.isa must be auto, scalar, avx2 or avx512, got '" + *isa + "'");
+                    "compute.isa must be auto, scalar, avx2, avxvnni or avx512, got '" + *isa + "'");
     }
     const KernelSet& ks = *o.kernels;
     const bool complete = ks.f32 && ks.f16 && ks.bf16 && ks.q8_0 && ks.q4_0 && ks.q2_k && ks.q3_k && ks.q4_k &&
@@ -207,7 +219,10 @@ class CpuCompute final : public ComputeBase {
     if (pages > 0 && page > 0) d.memory_total = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
     if (avail > 0 && page > 0)
       d.memory_available = static_cast<std::uint64_t>(avail) * static_cast<std::uint64_t>(page);
-    d.capabilities = o.isa == "avx512" ? "avx512 vnni avx2 fma f16c" : o.isa == "avx2" ? "avx2 fma f16c" : "scalar";
+    d.capabilities = o.isa == "avx512"    ? "avx512 vnni avx2 fma f16c"
+                     : o.isa == "avxvnni" ? "avxvnni avx2 fma f16c"
+                     : o.isa == "avx2"    ? "avx2 fma f16c"
+                                          : "scalar";
     devices_.push_back(d);
     host_.info("compute cpu: " + d.name);
   }
@@ -1137,7 +1152,8 @@ Score score(const HostInfo& h) noexcept {
 
 const OptionSpec kOptions[] = {
     {"isa", OptionType::string, "auto",
-     "row kernels: auto (best this CPU runs), scalar (the reference path), avx2, avx512 (with VNNI)"},
+     "row kernels: auto (best this CPU runs), scalar (the reference path), avx2, avxvnni (AVX2 with AVX-VNNI), "
+     "avx512 (with VNNI)"},
 };
 const char* const kCapabilities[] = {"host_memory", "avx2", "avx512_vnni", "batch_invariant"};
 

@@ -147,8 +147,9 @@ void swiglu_scalar(const float* g, const float* u, float* out, std::int64_t n) n
 float softmax_block_scalar(float* s, int n, float scale, float m, float* sum) noexcept;
 
 const KernelSet& scalar_kernels() noexcept;
-const KernelSet& avx2_kernels() noexcept;    // needs avx2, fma, f16c
-const KernelSet& avx512_kernels() noexcept;  // needs avx512f/bw/vl/vnni besides the above
+const KernelSet& avx2_kernels() noexcept;     // needs avx2, fma, f16c
+const KernelSet& avxvnni_kernels() noexcept;  // needs avxvnni besides the above
+const KernelSet& avx512_kernels() noexcept;   // needs avx512f/bw/vl/vnni besides the above
 
 // The dot function for weights of `type` with activations in act_format(type, exact); nullptr
 // for a type the kernels do not handle.

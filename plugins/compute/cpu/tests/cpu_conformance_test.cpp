@@ -8,6 +8,7 @@ using colibri::sdk::testing::ComputeParam;
 INSTANTIATE_TEST_SUITE_P(Cpu, ComputeConformance,
                          ::testing::Values(ComputeParam{CPU_PLUGIN_PATH, {{"isa", "scalar"}}, "scalar"},
                                            ComputeParam{CPU_PLUGIN_PATH, {{"isa", "avx2"}}, "avx2"},
+                                           ComputeParam{CPU_PLUGIN_PATH, {{"isa", "avxvnni"}}, "avxvnni"},
                                            ComputeParam{CPU_PLUGIN_PATH, {{"isa", "avx512"}}, "avx512"},
                                            ComputeParam{CPU_PLUGIN_PATH, {{"isa", "auto"}, {"threads", "2"}}, "auto"}),
                          colibri::sdk::testing::ComputeParamName);

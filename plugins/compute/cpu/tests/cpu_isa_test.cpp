@@ -495,7 +495,7 @@ TEST_P(CpuIsa, WeightsEndingAtAnUnreadablePageAreReadOnlyWithinThemselves) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, ::testing::Values("avx2", "avx512", "auto"));
+INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, ::testing::Values("avx2", "avxvnni", "avx512", "auto"));
 
 TEST(CpuPlugin, ScoreRanksInstructionSetsFromHostInfoAlone) {
   auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
