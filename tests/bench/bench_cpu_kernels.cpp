@@ -280,7 +280,7 @@ const int kRegistered = [] {
       add("matvec/" + name + "/auto/threads:" + std::to_string(threads), t, "auto", threads, 1, false, kSquare, true);
     }
     add("cached/matvec/" + name + "/auto/threads:1", t, "auto", 1, 1, true, kSquare, true);
-    for (const char* isa : {"avx2", "scalar"}) {
+    for (const char* isa : {"avx2", "avxvnni", "scalar"}) {
       add("matvec/" + name + "/" + isa + "/threads:1", t, isa, 1, 1, false, kSquare, false);
     }
     for (const Shape& shape : kExpertShapes) {
