@@ -57,7 +57,7 @@ const KernelSet& avxvnni_kernels() noexcept {
                                  x86_rows_k<XQ4K>,
                                  x86_rows_k<XQ6K>,
                                  x86_rows_k<XQ5K>,
-                                 nullptr,  // rows_mxfp4: one x86_dot_mxfp4 per row
+                                 y_rows_mxfp4,
                                  x86_scale_axpy_f16,
                                  x86_quantize_activations,
                                  x86_dot_rows_multi,
