@@ -27,44 +27,11 @@ namespace {
 }  // namespace
 
 const KernelSet& avx2_kernels() noexcept {
-  static constexpr KernelSet set{"avx2",
-                                 x86_dot_f32,
-                                 x86_dot_f16,
-                                 x86_dot_bf16,
-                                 x86_dot_q8_0,
-                                 x86_dot_q4_0,
-                                 x86_dot_q2_k,
-                                 x86_dot_q3_k,
-                                 x86_dot_q4_k,
-                                 x86_dot_q5_k,
-                                 x86_dot_q6_k,
-                                 x86_dot_mxfp4,
-                                 x86_tile_q32<X86Q32::q8_0>,
-                                 x86_tile_q32<X86Q32::q4_0>,
-                                 x86_tile_k<X86Q2K>,
-                                 x86_tile_k<X86Q3K>,
-                                 x86_tile_k<X86Q4K>,
-                                 x86_tile_k<X86Q5K>,
-                                 x86_tile_k<X86Q6K>,
-                                 x86_tile_q32<X86Q32::mxfp4>,
-                                 x86_scale_axpy,
-                                 x86_rows_k<XQ4K>,
-                                 x86_rows_k<XQ6K>,
-                                 x86_rows_k<XQ5K>,
-                                 y_rows_mxfp4,
-                                 x86_scale_axpy_f16,
-                                 x86_quantize_activations,
-                                 x86_dot_rows_multi,
-                                 x86_scale_axpy_rows_multi,
-                                 x86_softmax_block,
-                                 x86_swiglu,
-                                 y_tile_rows<YTile<X86Q32::mxfp4>>,
-                                 nullptr,  // tile_rows_q8_0: x86_tile_q32 (see y_tile_rows)
-                                 y_tile_rows<YTile<X86Q32::q4_0>>};
+  static constexpr KernelSet set = x86_kernel_set("avx2", nullptr);  // q8_0: x86_tile_q32 (see y_tile_rows)
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == x86_swiglu && set.mxfp4 == x86_dot_mxfp4 &&
                     set.tile_rows_mxfp4 == y_tile_rows<YTile<X86Q32::mxfp4>> &&
-                    set.tile_rows_q4_0 == y_tile_rows<YTile<X86Q32::q4_0>>,
+                    set.tile_rows_q4_0 == y_tile_rows<YTile<X86Q32::q4_0>> && set.tile_rows_q8_0 == nullptr,
                 "list every KernelSet member");
   return set;
 }
