@@ -27,11 +27,12 @@ namespace {
 }  // namespace
 
 const KernelSet& avx2_kernels() noexcept {
-  static constexpr KernelSet set = x86_kernel_set("avx2", nullptr);  // q8_0: x86_tile_q32 (see y_tile_rows)
+  static constexpr KernelSet set = x86_kernel_set("avx2");
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == x86_swiglu && set.mxfp4 == x86_dot_mxfp4 &&
                     set.tile_rows_mxfp4 == y_tile_rows<YTile<X86Q32::mxfp4>> &&
-                    set.tile_rows_q4_0 == y_tile_rows<YTile<X86Q32::q4_0>> && set.tile_rows_q8_0 == nullptr,
+                    set.tile_rows_q4_0 == y_tile_rows<YTile<X86Q32::q4_0>> &&
+                    set.tile_rows_q8_0 == y_tile_rows<YTile<X86Q32::q8_0>>,
                 "list every KernelSet member");
   return set;
 }

@@ -1,6 +1,6 @@
-// AVX2 row kernels with AVX-VNNI (the VEX vpdpbusd of Intel's Alder Lake and later client CPUs and AMD Zen 5, which
-// have no AVX-512 or, on Zen 5, have both): the AVX2 kernels with one vpdpbusd for each u8 x s8 dot (no int16
-// pairs), and the multi-row tiles for q8_0 too. Exact integer sums, so the scalar path's bits.
+// AVX2 row kernels with AVX-VNNI (the VEX vpdpbusd of Intel's Alder Lake and later client CPUs, which have no
+// AVX-512, and of AMD Zen 5): the AVX2 kernels and tiles with one vpdpbusd for each u8 x s8 dot instead of vpmaddubsw
+// and vpmaddwd. Exact integer sums, so the scalar path's bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,7 +33,7 @@ KTARGET inline __m256i v_dot_u8s8(__m256i u, __m256i s) noexcept {
 }  // namespace
 
 const KernelSet& avxvnni_kernels() noexcept {
-  static constexpr KernelSet set = x86_kernel_set("avxvnni", y_tile_rows<YTile<X86Q32::q8_0>>);
+  static constexpr KernelSet set = x86_kernel_set("avxvnni");
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == x86_swiglu && set.mxfp4 == x86_dot_mxfp4 &&
                     set.tile_rows_mxfp4 == y_tile_rows<YTile<X86Q32::mxfp4>> &&
