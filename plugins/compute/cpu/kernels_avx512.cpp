@@ -220,21 +220,14 @@ KTARGET inline __m512 z_e8m0_scales(__m512i e) noexcept {
                                                     _mm512_set1_epi32(0x00200000), e));
 }
 
-// 64 bytes at p, of which only the first n (any int) are read; the others are zeros.
-KTARGET inline __m512i z_load_first(const std::uint8_t* p, int n) noexcept {
-  if (n >= 64) return _mm512_loadu_si512(p);
-  return _mm512_maskz_loadu_epi8(n <= 0 ? 0 : (__mmask64{1} << n) - 1, p);
-}
-
-// The scales of blocks w[0..15], picked as z_mxfp4_scales8 does from the 272 bytes of the 16 blocks; only the first
-// `count` blocks are read (the others read as zeros).
-KTARGET inline __m512 z_mxfp4_scales16(const quant::BlockMXFP4* w, int count = 16) noexcept {
+// The scales of blocks w[0..15], picked as z_mxfp4_scales8 does from the 272 bytes of the 16 blocks.
+KTARGET inline __m512 z_mxfp4_scales16(const quant::BlockMXFP4* w) noexcept {
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(w);
   const __m512i pick = _mm512_setr_epi32(0, 8, 17, 25, 34, 42, 51, 59, 4, 12, 21, 29, 38, 46, 55, 63);
-  const __m512i first = _mm512_maskz_permutex2var_epi16(0x00005555u, z_load_first(bytes, 17 * count), pick,
-                                                        z_load_first(bytes + 64, 17 * count - 64));
-  const __m512i second = _mm512_maskz_permutex2var_epi16(0x55550000u, z_load_first(bytes + 128, 17 * count - 128), pick,
-                                                         z_load_first(bytes + 192, 17 * count - 192));
+  const __m512i first =
+      _mm512_maskz_permutex2var_epi16(0x00005555u, _mm512_loadu_si512(bytes), pick, _mm512_loadu_si512(bytes + 64));
+  const __m512i second = _mm512_maskz_permutex2var_epi16(0x55550000u, _mm512_loadu_si512(bytes + 128), pick,
+                                                         _mm512_loadu_si512(bytes + 192));
   const __m512i odd = _mm512_set1_epi64(static_cast<long long>(8ull << 32));
   return z_e8m0_scales(
       _mm512_and_si512(_mm512_srlv_epi32(_mm512_or_si512(first, second), odd), _mm512_set1_epi32(0xFF)));
@@ -282,32 +275,26 @@ KTARGET float z_dot_mxfp4(const void* w_row, const void* act, std::int64_t k) no
 // and the products go to lane b % 4 in block order: for 4 tokens at once, the 4 products' 128-bit quarters are
 // transposed (one register per quarter, a quarter per token) and added in quarter order, so each lane of each token
 // adds its blocks in the one-row dot's order and every row and token gets its bits. A row's last, partial group of
-// blocks is read in place (x86_readable_blocks), and its products go into the lanes by masked adds (a lane without a
-// block stays as it is).
+// blocks is read in place where that is safe (x86_whole_group), and its products go into the lanes by masked adds (a
+// lane without a block stays as it is).
 
-// Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3; only the first
-// `count` blocks are read (the others are zeros: a row's last, partial group, read in place).
+// Bytes off..off + 15 of the codes of blocks m, 4 + m, 8 + m and 12 + m of x, in 128-bit lanes 0-3.
 template <typename Block>
-KTARGET inline __m512i z_q32_load4(const Block* x, int m, int off, int count = 16) noexcept {
-  const auto* p = reinterpret_cast<const std::int8_t*>(x) + offsetof(Block, qs) + m * sizeof(Block) + off;
+KTARGET inline __m512i z_q32_load4(const Block* x, int m, int off) noexcept {
+  const auto* p = reinterpret_cast<const std::int8_t*>(x[m].qs) + off;
   constexpr std::size_t step = 4 * sizeof(Block);
-  __m128i part[4];
-  for (int l = 0; l < 4; ++l) {
-    part[l] = count == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + l * step))
-                          : _mm_maskz_loadu_epi8(4 * l + m < count ? 0xFFFF : 0, p + l * step);
-  }
-  __m512i q = _mm512_castsi128_si512(part[0]);
-  q = _mm512_inserti32x4(q, part[1], 1);
-  q = _mm512_inserti32x4(q, part[2], 2);
-  return _mm512_inserti32x4(q, part[3], 3);
+  __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  q = _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + step)), 1);
+  q = _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * step)), 2);
+  return _mm512_inserti32x4(q, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * step)), 3);
 }
 
 // Bytes off..off + 15 of the codes of blocks 0-15 of x, regrouped so that int32 lane b of register k holds bytes
 // off + 4k..off + 4k + 3 of block b (z_q32_load4, then a 4 x 4 transpose of int32 lanes in each 128-bit lane).
 template <typename Block>
-KTARGET inline void z_q32_load16(const Block* x, int off, __m512i (&q)[4], int count = 16) noexcept {
-  const __m512i r0 = z_q32_load4(x, 0, off, count), r1 = z_q32_load4(x, 1, off, count),
-                r2 = z_q32_load4(x, 2, off, count), r3 = z_q32_load4(x, 3, off, count);
+KTARGET inline void z_q32_load16(const Block* x, int off, __m512i (&q)[4]) noexcept {
+  const __m512i r0 = z_q32_load4(x, 0, off), r1 = z_q32_load4(x, 1, off), r2 = z_q32_load4(x, 2, off),
+                r3 = z_q32_load4(x, 3, off);
   const __m512i u0 = _mm512_unpacklo_epi32(r0, r1), u1 = _mm512_unpackhi_epi32(r0, r1);
   const __m512i u2 = _mm512_unpacklo_epi32(r2, r3), u3 = _mm512_unpackhi_epi32(r2, r3);
   q[0] = _mm512_unpacklo_epi64(u0, u2);
@@ -361,12 +348,11 @@ KTARGET inline __m512 z_products16(const __m512i* lo, const __m512i* hi, __m512 
 struct ZTileMxfp4 {
   using Block = quant::BlockMXFP4;
   static constexpr std::int32_t kBias = 12;
-  // Blocks 0..count - 1 of xg are read (the others are zeros).
-  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4], int count) noexcept {
+  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
     const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Biased)));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i q[4];
-    z_q32_load16(xg, 0, q, count);
+    z_q32_load16(xg, 0, q);
     for (int k = 0; k < 4; ++k) {
       lo[k] = _mm512_shuffle_epi8(values, _mm512_and_si512(q[k], m4));
       hi[k] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4));
@@ -382,34 +368,34 @@ struct ZTileMxfp4 {
       hi[m] = _mm512_shuffle_epi8(values, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
     }
   }
-  KTARGET static __m512 scales(const Block* xg, int count) noexcept { return z_mxfp4_scales16(xg, count); }
+  KTARGET static __m512 scales(const Block* xg) noexcept { return z_mxfp4_scales16(xg); }
 };
 template <X86Q32 F>
 struct ZTileQ32 {
   using Block = std::conditional_t<F == X86Q32::q8_0, quant::BlockQ8_0, quant::BlockQ4_0>;
   static constexpr std::int32_t kBias = F == X86Q32::q8_0 ? 128 : 8;
-  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4], int count) noexcept {
+  KTARGET static void decode(const Block* xg, __m512i (&lo)[4], __m512i (&hi)[4]) noexcept {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     if constexpr (F == X86Q32::q8_0) {
-      z_q32_load16(xg, 0, lo, count);
-      z_q32_load16(xg, 16, hi, count);
+      z_q32_load16(xg, 0, lo);
+      z_q32_load16(xg, 16, hi);
       for (int k = 0; k < 4; ++k) {
         lo[k] = _mm512_xor_si512(lo[k], flip);
         hi[k] = _mm512_xor_si512(hi[k], flip);
       }
     } else {
       __m512i q[4];
-      z_q32_load16(xg, 0, q, count);
+      z_q32_load16(xg, 0, q);
       for (int k = 0; k < 4; ++k) {
         lo[k] = _mm512_and_si512(q[k], m4);
         hi[k] = _mm512_and_si512(_mm512_srli_epi16(q[k], 4), m4);
       }
     }
   }
-  KTARGET static __m512 scales(const Block* xg, int count) noexcept {
+  KTARGET static __m512 scales(const Block* xg) noexcept {
     alignas(32) std::uint16_t d16[16];
-    for (int j = 0; j < 16; ++j) d16[j] = j < count ? xg[j].d : std::uint16_t{0};
+    for (int j = 0; j < 16; ++j) d16[j] = xg[j].d;
     return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16)));
   }
 };
@@ -456,9 +442,10 @@ KTARGET void z_tile_rows_n(const std::byte* w, std::size_t stride, int nrows, st
       for (int s = 0; s < 4; ++s)
         keep[s] = static_cast<__mmask16>(((1u << std::clamp(count - 4 * s, 0, 4)) - 1) * 0x1111u);
       __m512i lo[4], hi[4];
-      const int readable = x86_readable_blocks<16>(xg, count);
-      Fmt::decode(xg, lo, hi, readable);
-      const __m512 scales = Fmt::scales(xg, readable);
+      Block pad[16];
+      xg = x86_whole_group<16>(xg, count, pad);
+      Fmt::decode(xg, lo, hi);
+      const __m512 scales = Fmt::scales(xg);
       const ZTok16* p = prepared[g];
       for (int q = 0; q < kQuads; ++q) {
         __m512 f[4];
@@ -586,7 +573,7 @@ KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, con
           _mm_prefetch(reinterpret_cast<const char*>(xg) + kPrefetchBytes + 64 * i, _MM_HINT_T0);
         __m512i lo[4], hi[4];
         ZTileMxfp4::decode_by_lane(xg, lo, hi);
-        const __m512 f = z_row_products16(lo, hi, ZTileMxfp4::scales(xg, 16), prepared[g]);
+        const __m512 f = z_row_products16(lo, hi, ZTileMxfp4::scales(xg), prepared[g]);
         a = _mm_add_ps(a, _mm512_castps512_ps128(f));
         a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 1));
         a = _mm_add_ps(a, _mm512_extractf32x4_ps(f, 2));
