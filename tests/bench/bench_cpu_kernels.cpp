@@ -180,8 +180,8 @@ void qwen3_experts(benchmark::State& state, int experts, std::int64_t tokens, bo
 // from DRAM as above, one expert_ffn_clamped call per expert and one expert_ffn_clamped_group call for all, in
 // alternating order, so both see the same machine (two rows' figures drift apart on a busy one). Counters: the mean
 // time of each form and `speedup`, the median over iterations of one_by_one / group.
-void gpt_oss_experts(benchmark::State& state, int experts, std::int64_t tokens) {
-  auto c = compute("auto", 2);
+void gpt_oss_experts(benchmark::State& state, int experts, std::int64_t tokens, const std::string& path) {
+  auto c = compute("auto", 2, path);
   if (!c || !c->supports(Op::expert_ffn_clamped_group, DType::mxfp4)) {
     state.SkipWithError("no expert_ffn_clamped_group for mxfp4 in this cpu plugin");
     return;
@@ -315,10 +315,14 @@ const int kRegistered = [] {
   // experts (8 tokens each).
   for (const auto& [label, experts, tokens] :
        {std::tuple{"decode4", 4, std::int64_t{1}}, std::tuple{"prefill32x8", 32, std::int64_t{8}}}) {
-    benchmark::RegisterBenchmark((std::string("gpt_oss_experts/") + label + "/side_by_side").c_str(), gpt_oss_experts,
-                                 experts, tokens)
-        ->Unit(benchmark::kMicrosecond)
-        ->UseRealTime();
+    const std::string name = std::string("gpt_oss_experts/") + label + "/side_by_side";
+    for (const bool base : {true, false}) {
+      if (base && baseline.empty()) continue;
+      benchmark::RegisterBenchmark((base ? "base/" + name : name).c_str(), gpt_oss_experts, experts, tokens,
+                                   base ? baseline : std::string(CPU_PLUGIN_PATH))
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
   }
   return 0;
 }();
