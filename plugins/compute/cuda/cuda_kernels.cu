@@ -231,18 +231,20 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
 
 // One warp per 256 elements (blockIdx.y) of one token (blockIdx.x), 8 per lane: d = amax / 127 over each
 // kBlock-element block (lanes kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes
-// (same integers, so the two backends' sums agree).
+// (same integers, so the two backends' sums agree). A partial last unit (k a multiple of kBlock) leaves the lanes
+// past k idle but in the shuffles, which stay within a block.
 template <int kBlock>
 __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __restrict__ q, float* __restrict__ d,
                                    int k) {
   const int lane = threadIdx.x;
-  const std::size_t at =
-      static_cast<std::size_t>(blockIdx.x) * k + static_cast<std::size_t>(blockIdx.y) * q8dot::kUnit + 8 * lane;
+  const int element = static_cast<int>(blockIdx.y) * q8dot::kUnit + 8 * lane;
+  const bool inside = element < k;
+  const std::size_t at = static_cast<std::size_t>(blockIdx.x) * k + static_cast<std::size_t>(element);
   float v[8];
   float amax = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    v[j] = __ldg(x + at + j);
+    v[j] = inside ? __ldg(x + at + j) : 0.0f;
     amax = fmaxf(amax, fabsf(v[j]));
   }
 #pragma unroll
@@ -256,6 +258,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
     const int qi = !(s >= -127.0f) ? -127 : (s > 127.0f ? 127 : __float2int_rn(s));
     packed[j / 4] |= (static_cast<std::uint32_t>(qi) & 0xFFu) << (8 * (j % 4));
   }
+  if (!inside) return;
   *reinterpret_cast<uint2*>(q + at) = make_uint2(packed[0], packed[1]);
   if (lane % (kBlock / 8) == 0) d[at / kBlock] = dq;
 }
@@ -289,8 +292,9 @@ template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
                           const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
   // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
-  quantize_q8_kernel<F::kXBlock><<<dim3(static_cast<unsigned>(t), static_cast<unsigned>(k / q8dot::kUnit)), 32, 0, s>>>(
-      x, q8.q, q8.d, static_cast<int>(k));
+  const auto units = static_cast<unsigned>((k + q8dot::kUnit - 1) / q8dot::kUnit);
+  quantize_q8_kernel<F::kXBlock>
+      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, static_cast<int>(k));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   // One row per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
   // for four rows); the row count never changes an output element's order.
@@ -311,13 +315,24 @@ cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::si
     case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t);
     case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t);
     case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t);
     default: return cudaErrorInvalidValue;
   }
 }
 
-bool takes_q8(std::uint32_t type) {
-  return type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kQ2_K || type == kQ3_K || type == kQ8_0 ||
-         type == kQ4_0;
+// Whether a matmul of `type` weights with rows of k elements takes 8-bit activations (q8dot::takes_k).
+bool takes_q8(std::uint32_t type, std::int64_t k) {
+  switch (type) {
+    case kQ4_K: return q8dot::takes_k<q8dot::Q4_K>(k);
+    case kQ5_K: return q8dot::takes_k<q8dot::Q5_K>(k);
+    case kQ6_K: return q8dot::takes_k<q8dot::Q6_K>(k);
+    case kQ2_K: return q8dot::takes_k<q8dot::Q2_K>(k);
+    case kQ3_K: return q8dot::takes_k<q8dot::Q3_K>(k);
+    case kQ8_0: return q8dot::takes_k<q8dot::Q8_0>(k);
+    case kQ4_0: return q8dot::takes_k<q8dot::Q4_0>(k);
+    case kMXFP4: return q8dot::takes_k<q8dot::MXFP4>(k);
+    default: return false;
+  }
 }
 
 // ---------------------------------------------------------------- store_rows
@@ -675,7 +690,7 @@ std::size_t q8_values_bytes(std::int64_t k, std::int64_t t) {
 }  // namespace
 
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept {
-  if (k % q8dot::kUnit != 0) return 0;
+  if (k <= 0 || k % 32 != 0) return 0;  // no format takes 8-bit activations for such rows (q8dot::takes_k)
   // Scales for the smallest activation block (32), which every format's layout fits in.
   return q8_values_bytes(k, t) + static_cast<std::size_t>(k / 32 * t) * sizeof(float);
 }
@@ -688,7 +703,7 @@ Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8) noexcept {
-  if (q8 != nullptr && takes_q8(wtype) && k % q8dot::kUnit == 0) {
+  if (q8 != nullptr && takes_q8(wtype, k)) {
     return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);

@@ -11,7 +11,7 @@
 
 namespace colibri::cuda {
 
-// Device scratch for X quantized to 8 bits: t * k bytes (256-byte aligned) and t * k / 256 floats.
+// Device scratch for X quantized to 8 bits: t * k bytes (256-byte aligned) and t * k / 32 floats.
 struct Q8Scratch {
   std::int8_t* q;
   float* d;
@@ -22,8 +22,9 @@ std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept;
 Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept;
 
 // Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart. With `q8` (the op
-// may quantize activations: no kExactActivations) a q4_k matmul whose k is a multiple of 256 quantizes X per token
-// into it and takes integer dot products; otherwise X stays f32. The choice never depends on where W lies.
+// may quantize activations: no kExactActivations) a block-format matmul quantizes X per token into it and takes
+// integer dot products: the k-quants where k is a multiple of 256, q8_0, q4_0 and mxfp4 where it is a multiple of 32
+// (q8dot::takes_k); otherwise X stays f32. The choice never depends on where W lies.
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8 = nullptr) noexcept;

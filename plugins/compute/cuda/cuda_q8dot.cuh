@@ -277,6 +277,71 @@ struct Q4_0 : B32Lanes {  // 18-byte blocks: d, qs[16] (low nibbles elements 0..
   }
 };
 
+// __byte_perm on the device; on the host its documented result: byte i of the result is byte s<4i+2:4i> of y:x (bit 3
+// of each selector nibble and the selector's upper 16 bits unused).
+COLIBRI_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const std::uint64_t bytes = (static_cast<std::uint64_t>(y) << 32) | x;
+  std::uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<std::uint32_t>(bytes >> (8 * ((s >> (4 * i)) & 7)) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
+// The e2m1 values (dequant::e2m1_value: 0, 1, 2, 3, 4, 6, 8, 12, bit 3 the sign) of the four 4-bit codes in bits
+// 0-15 of `codes` as four signed bytes: the magnitudes and their negatives looked up by the codes' low 3 bits, then
+// each byte taken from one or the other by its code's bit 3. Three byte permutes for four weights.
+COLIBRI_HD std::uint32_t e2m1_bytes(std::uint32_t codes) {
+  const std::uint32_t pos = byte_perm(0x03020100u, 0x0C080604u, codes);
+  const std::uint32_t neg = byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, codes);
+  return byte_perm(pos, neg, 0x3210u | ((codes >> 1) & 0x4444u));
+}
+
+// mxfp4 (gpt-oss's experts): 17-byte blocks at any byte offset, e (an e8m0 scale) then qs[16] (low nibbles elements
+// 0..15, high nibbles 16..31). part = e8m0_half(e) * sum(value * x): the integer sum is exact, as on the CPU.
+struct MXFP4 : B32Lanes {
+  static constexpr int kUnitBytes = 8 * 17;
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    const std::uint8_t* blk = b + 17 * j;
+#ifdef __CUDA_ARCH__
+    const float d = dequant::e8m0_half(__ldg(blk));
+#else
+    const float d = dequant::e8m0_half(*blk);
+#endif
+    std::uint32_t q[4];
+    load_words(blk + 1, q);  // ends at the block's last byte
+    // Bits 0-15 of q[w] are the codes of elements 4w, 16 + 4w, 4w + 1 and 17 + 4w (a byte's low nibble, then its high
+    // one), bits 16-31 those of 4w + 2, 18 + 4w, 4w + 3 and 19 + 4w; the activations are interleaved to match.
+    std::uint32_t v[8];
+    COLIBRI_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      v[2 * w] = e2m1_bytes(q[w]);
+      v[2 * w + 1] = e2m1_bytes(q[w] >> 16);
+    }
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      int isum = 0;
+      COLIBRI_UNROLL
+      for (int w = 0; w < 4; ++w) {
+        isum = dp4a(v[2 * w], byte_perm(xa[i].q[w], xb[i].q[w], 0x5140u), isum);
+        isum = dp4a(v[2 * w + 1], byte_perm(xa[i].q[w], xb[i].q[w], 0x7362u), isum);
+      }
+      out[i] = mul_rn(d, static_cast<float>(isum));
+    }
+  }
+};
+
+// Whether a matmul of `F` weights with rows of k elements takes 8-bit activations: whole 256-element units, or for the
+// formats whose lanes take one 32-element block each (q8_0, q4_0, mxfp4), whole blocks, the last unit then partial.
+template <class F>
+COLIBRI_HD bool takes_k(long long k) {
+  return k > 0 && k % F::kXBlock == 0 && (F::kXBlock == 32 || k % kUnit == 0);
+}
+
 // 16 activations at p (16-byte aligned) and their sum.
 COLIBRI_HD X16 load_x16(const std::int8_t* p) {
   X16 x{};
@@ -300,13 +365,14 @@ COLIBRI_HD float load_scale(const float* p) {
 
 // What lane `lane` of the warp that owns rows row0.. and tokens t0.. adds up, before the warp's fixed shuffle tree:
 // acc[r][i] over units lane / 8, lane / 8 + 4, ... of row row0 + r (rows past n repeat the last) and token t0 + i
-// (tokens past t repeat the last). xq holds each token's k activations (256-byte aligned), xd each token's
-// k / F::kXBlock scales. The matmul kernel runs it on the device, the host test as it is.
+// (tokens past t repeat the last). xq holds each token's k activations (k * token bytes in, 16-byte aligned), xd each
+// token's k / F::kXBlock scales; takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
+// The matmul kernel runs it on the device, the host test as it is.
 template <class F, int NT, int R>
 COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd, int k,
                           int n, int t, long long row0, int t0, int lane, float (&acc)[R][NT]) {
   const int j = lane % 8;
-  const int units = k / kUnit;
+  const int units = k / kUnit, last_blocks = (k % kUnit) / F::kXBlock;
   const std::uint8_t* wr[R];
   COLIBRI_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -331,7 +397,7 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
   }
-  for (int u = lane / 8; u < units; u += 4) {
+  for (int u = lane / 8; u < units || (u == units && j < last_blocks); u += 4) {
     X16 xa[NT], xb[NT];
     float dx[NT];
     COLIBRI_UNROLL

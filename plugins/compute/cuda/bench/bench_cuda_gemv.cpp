@@ -75,8 +75,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (k % 256 != 0 || n < 64 || reps < 1) {
-    std::fprintf(stderr, "--k must be a multiple of 256, --n at least 64, --reps at least 1\n");
+  if (k <= 0 || k % 32 != 0 || n < 64 || reps < 1) {
+    std::fprintf(stderr, "--k must be a positive multiple of 32, --n at least 64, --reps at least 1\n");
     return 2;
   }
   cudaDeviceProp prop{};
@@ -118,8 +118,10 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&q8buf, colibri::cuda::q8_scratch_bytes(k, 8)));
   const colibri::cuda::Q8Scratch q8 = colibri::cuda::q8_scratch_at(q8buf, k, 8);
 
-  for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::q2_k, DType::q3_k,
-                     DType::f16, DType::bf16, DType::f32}) {
+  for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::mxfp4, DType::q2_k,
+                     DType::q3_k, DType::f16, DType::bf16, DType::f32}) {
+    // Rows that are not whole blocks of the format (the k-quants' 256 where K = 2880, gpt-oss's) do not exist.
+    if (k % colibri::sdk::dtype_traits(type)->block_elems != 0) continue;
     const std::size_t rb = colibri::sdk::row_bytes(type, k);
     std::vector<std::byte> q(rb * static_cast<std::size_t>(tile_rows));
     if (!colibri::quant::quantize_row(type, tile.data(), q.data(), k * tile_rows)) {

@@ -189,14 +189,43 @@ TEST(CudaQ8Dot, EveryLaneOfEveryFormatIsTheReferenceWeightsTimesItsActivations) 
       expect_q8_parts_match<q8::Q4_0>(DType::q4_0, 3, offset, seed);
     }
   }
+  // mxfp4's 17-byte blocks start at every byte offset of a word.
+  for (std::size_t offset : {0, 1, 2, 3}) expect_q8_parts_match<q8::MXFP4>(DType::mxfp4, 3, offset, 5);
+}
+
+TEST(CudaQ8Dot, BytePermPicksTheSelectedBytesOfBothWords) {
+  // The documented examples: bytes 1, 3, 5, 7; bit 3 of a selector nibble and the selector's upper half ignored.
+  EXPECT_EQ(q8::byte_perm(0x03020100u, 0x07060504u, 0x7531u), 0x07050301u);
+  EXPECT_EQ(q8::byte_perm(0x03020100u, 0x07060504u, 0xFFFF8F9Au), 0x00070102u);
+  EXPECT_EQ(q8::byte_perm(0xDDCCBBAAu, 0x44332211u, 0x0123u), 0xAABBCCDDu);
+}
+
+// Every 4-bit code in every nibble of the four that e2m1_bytes reads, with the other three set to other codes, gives
+// the reference's value (dequant::e2m1_value, which the chunk path's bit-identical tests check) as a signed byte.
+TEST(CudaQ8Dot, E2m1BytesAreTheReferenceValuesOfEveryCodeInEveryPosition) {
+  for (int pos = 0; pos < 4; ++pos) {
+    for (int code = 0; code < 16; ++code) {
+      for (std::uint32_t others : {0x0000u, 0xFFFFu, 0x8F3Cu, 0x1234u}) {
+        std::uint32_t codes = others & ~(0xFu << (4 * pos));
+        codes |= static_cast<std::uint32_t>(code) << (4 * pos);
+        const std::uint32_t got = q8::e2m1_bytes(codes | 0xABCD0000u);  // bits 16-31 are not read
+        for (int b = 0; b < 4; ++b) {
+          const int want = dq::e2m1_value(static_cast<int>(codes >> (4 * b)) & 0xF);
+          ASSERT_EQ(static_cast<int>(static_cast<std::int8_t>(got >> (8 * b))), want)
+              << "codes 0x" << std::hex << codes << " byte " << b;
+        }
+      }
+    }
+  }
 }
 
 // The matmul kernel's lanes as a whole (q8dot::lane_sums, run here lane by lane, then the warp's shuffle tree):
 // activations quantized the CPU backend's way, every unit, token and row reached, rows and tokens past the end
 // clamped, and an output element's bits the same in every token and row tile (the batch promise).
 template <class F>
-void expect_warp_matches(DType type) {
-  const std::int64_t k = 1024, n = 5, t = 3;
+void expect_warp_matches(DType type, std::int64_t k = 1024) {
+  ASSERT_TRUE(q8::takes_k<F>(k));
+  const std::int64_t n = 5, t = 3;
   std::mt19937 rng(41);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> w(static_cast<std::size_t>(k * n)), x(static_cast<std::size_t>(k * t));
@@ -251,7 +280,8 @@ void expect_warp_matches(DType type) {
         magnitude += std::fabs(term);
       }
       const float one = warp.template operator()<1, 1>(row, tok)[0];
-      ASSERT_NEAR(one, want, 1e-5 * magnitude) << colibri::sdk::to_string(type) << " row " << row << " token " << tok;
+      ASSERT_NEAR(one, want, 1e-5 * magnitude)
+          << colibri::sdk::to_string(type) << " k " << k << " row " << row << " token " << tok;
       // The same element inside wider tiles (rows and tokens past the end repeat the last, as the kernel's do).
       const auto tile = warp.template operator()<4, 2>(row - row % 2, 0);
       std::uint32_t a, b;
@@ -272,6 +302,22 @@ TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   expect_warp_matches<q8::Q3_K>(DType::q3_k);
   expect_warp_matches<q8::Q8_0>(DType::q8_0);
   expect_warp_matches<q8::Q4_0>(DType::q4_0);
+  expect_warp_matches<q8::MXFP4>(DType::mxfp4);
+}
+
+// Rows of whole 32-element blocks but not whole units (gpt-oss's 2880 = 11 units and 2 blocks; 1056 = 4 units and
+// 1 block): the formats whose lanes take a block each run them, the last unit taken by its first lanes only; the
+// k-quants do not (their rows are whole 256-element super-blocks anyway).
+TEST(CudaQ8Dot, RowsEndingInAPartialUnitAreSummedWhole) {
+  for (const std::int64_t k : {2880, 1056}) {
+    expect_warp_matches<q8::Q8_0>(DType::q8_0, k);
+    expect_warp_matches<q8::Q4_0>(DType::q4_0, k);
+    expect_warp_matches<q8::MXFP4>(DType::mxfp4, k);
+  }
+  EXPECT_FALSE(q8::takes_k<q8::Q4_K>(2880));
+  EXPECT_FALSE(q8::takes_k<q8::Q6_K>(1056));
+  EXPECT_TRUE(q8::takes_k<q8::Q4_K>(4096));
+  EXPECT_FALSE(q8::takes_k<q8::Q8_0>(2880 + 16));
 }
 
 TEST(CudaQ8Dot, Dp4aIsASignedByteDotProduct) {
