@@ -316,8 +316,6 @@ class CpuCompute final : public ComputeBase {
     std::size_t abytes, at;
   };
 
-  // Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
-  static constexpr std::int64_t kRowsKernelTokens = 3;
   // Activations up to this many floats are quantized by the calling thread: a pool pass costs more than the work.
   static constexpr std::int64_t kInlineQuantizeFloats = 32768;
   static std::int64_t row_tasks(std::int64_t n, std::int64_t per_task) noexcept {

@@ -821,6 +821,14 @@ struct ZQ6K {
 // 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
 // reduced together. The scalar path's float steps then run with one token per lane, in the same order.
 
+// 8 tokens' terms of one super-block that do not depend on the weights, laid out once per call of the multi-row tile
+// (z_tile_rows_k) for all its rows: the tokens' d, and int16 pairs that one vpmaddwd per pair meets with the row's
+// mins (q4_k, q5_k) or scales (q6_k): pairs[p][2t + i] belongs to token t.
+struct alignas(32) ZKTok8 {
+  float d[8];
+  std::int16_t pairs[8][16];
+};
+
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
   using Block = quant::BlockQ4_K;
@@ -844,6 +852,29 @@ struct ZTileQ4K {
   // y: 8 tokens' blocks (past ntok, any valid block: those lanes are dropped).
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
     return X86Q4K::update(acc, e, y, is);
+  }
+  // The multi-row tile's token terms: pair p of each token is its sums of sub-blocks 2p and 2p + 1 (bsums in 16s).
+  static constexpr int kPairs = 4;
+  KTARGET static void prepare(const Q8KBlock* const* y, ZKTok8& tok) noexcept {
+    for (int t = 0; t < 8; ++t) {
+      tok.d[t] = y[t]->d;
+      for (int g = 0; g < 8; ++g) {
+        tok.pairs[g / 2][2 * t + g % 2] = static_cast<std::int16_t>(y[t]->bsums[2 * g] + y[t]->bsums[2 * g + 1]);
+      }
+    }
+  }
+  // update's operations on the prepared terms: the mins' integer sum is the same, and so are the float steps.
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const ZKTok8& tok, __m256i is) noexcept {
+    __m256i ms = _mm256_setzero_si256();
+    for (int p = 0; p < kPairs; ++p) {  // e.mn: each min twice; mins 2p and 2p + 1 are its int16 lanes 4p and 4p + 2
+      const __m256i m = _mm256_permutexvar_epi16(_mm256_set1_epi32((4 * p) | ((4 * p + 2) << 16)), e.mn);
+      ms =
+          _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), m));
+    }
+    const __m256 ydv = _mm256_load_ps(tok.d);
+    const __m256 dall = _mm256_mul_ps(ydv, _mm256_set1_ps(e.d)), dm = _mm256_mul_ps(ydv, _mm256_set1_ps(e.dmin));
+    return _mm256_add_ps(
+        acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms))));
   }
 };
 
@@ -876,6 +907,27 @@ struct ZTileQ6K {
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
     return X86Q6K::update(acc, e, y, is);
   }
+  // The multi-row tile's token terms: pair p of each token is its bsums[2p] and [2p + 1].
+  static constexpr int kPairs = 8;
+  KTARGET static void prepare(const Q8KBlock* const* y, ZKTok8& tok) noexcept {
+    for (int t = 0; t < 8; ++t) {
+      tok.d[t] = y[t]->d;
+      for (int g = 0; g < 16; ++g) tok.pairs[g / 2][2 * t + g % 2] = y[t]->bsums[g];
+    }
+  }
+  // x86_tile_update_q6's operations on the prepared terms.
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const ZKTok8& tok, __m256i is) noexcept {
+    const __m256i sc = _mm256_cvtepi8_epi16(e.sc);  // int32 lane p: scales 2p and 2p + 1
+    __m256i bs = _mm256_setzero_si256();
+    for (int p = 0; p < kPairs; ++p) {
+      const __m256i m = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(p));
+      bs =
+          _mm256_add_epi32(bs, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), m));
+    }
+    is = _mm256_sub_epi32(is, _mm256_slli_epi32(bs, 5));  // the -32 of every weight
+    const __m256 dall = _mm256_mul_ps(_mm256_load_ps(tok.d), _mm256_set1_ps(e.d));
+    return _mm256_add_ps(acc, _mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)));
+  }
 };
 
 template <typename T>
@@ -907,6 +959,63 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
   alignas(32) float v[8];
   _mm256_store_ps(v, acc);
   for (int t = 0; t < ntok; ++t) out[t] = v[t];
+}
+
+// Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens, z_tile_k's steps row by row, with the
+// tokens' per-block terms (T::prepare) laid out once per call instead of gathered again for every row and block. Up
+// to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
+template <typename T, DotRowsFn kRows>
+KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
+                           std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
+  if (ntok <= kRowsKernelTokens) {
+    for (int i = 0; i < ntok; ++i) {
+      kRows(w, stride, nrows, act + static_cast<std::size_t>(i) * act_stride, k,
+            out + static_cast<std::size_t>(i) * kRowTile);
+    }
+    return;
+  }
+  constexpr std::int64_t kSegBlocks = 32;  // super-blocks of token terms at a time (9 KiB)
+  const std::int64_t nb = k / 256;
+  // Lanes past ntok read token 0 (valid memory) and are dropped at the end.
+  const Q8KBlock* y0[8];
+  for (int t = 0; t < 8; ++t)
+    y0[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t < ntok ? t : 0) * act_stride);
+  __m256 acc[kRowTile];
+  for (int r = 0; r < nrows; ++r) acc[r] = _mm256_setzero_ps();
+  ZKTok8 tok[kSegBlocks];
+  for (std::int64_t seg = 0; seg < nb; seg += kSegBlocks) {
+    const int count = static_cast<int>(std::min(kSegBlocks, nb - seg));
+    for (int b = 0; b < count; ++b) {
+      const Q8KBlock* y[8];
+      for (int t = 0; t < 8; ++t) y[t] = y0[t] + seg + b;
+      T::prepare(y, tok[b]);
+    }
+    for (int r = 0; r < nrows; ++r) {
+      const auto* x = reinterpret_cast<const typename T::Block*>(w + static_cast<std::size_t>(r) * stride) + seg;
+      __m256 a = acc[r];
+      for (int b = 0; b < count; ++b) {
+        __m512i u[4], s[4];
+        typename T::Extra e;
+        T::decode(x[b], u, s, e);
+        __m512i is[8];
+        for (int t = 0; t < 8; ++t) {
+          is[t] = _mm512_setzero_si512();
+          if (t >= ntok) continue;
+          const Q8KBlock* yt = y0[t] + seg + b;
+          for (int v = 0; v < 4; ++v) {
+            is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+          }
+        }
+        a = T::update(a, e, tok[b], z_sum8(is));
+      }
+      acc[r] = a;
+    }
+  }
+  for (int r = 0; r < nrows; ++r) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[r]);
+    for (int t = 0; t < ntok; ++t) out[t * kRowTile + r] = v[t];
+  }
 }
 
 // portable_exp on 16 lanes: the scalar function's operations, lane by lane.
@@ -1106,12 +1215,16 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_swiglu,
                                  z_tile_rows<ZTileMxfp4>,
                                  z_tile_rows<ZTileQ32<X86Q32::q8_0>>,
-                                 z_tile_rows<ZTileQ32<X86Q32::q4_0>>};
+                                 z_tile_rows<ZTileQ32<X86Q32::q4_0>>,
+                                 z_tile_rows_k<ZTileQ4K, x86_rows_k<ZQ4K>>,
+                                 z_tile_rows_k<ZTileQ5K, x86_rows_k<ZQ5K>>,
+                                 z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
                     set.tile_rows_mxfp4 == z_tile_rows<ZTileMxfp4> &&
                     set.tile_rows_q8_0 == z_tile_rows<ZTileQ32<X86Q32::q8_0>> &&
-                    set.tile_rows_q4_0 == z_tile_rows<ZTileQ32<X86Q32::q4_0>>,
+                    set.tile_rows_q4_0 == z_tile_rows<ZTileQ32<X86Q32::q4_0>> &&
+                    set.tile_rows_q6_k == z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>,
                 "list every KernelSet member");
   return set;
 }
