@@ -821,14 +821,6 @@ struct ZQ6K {
 // 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
 // reduced together. The scalar path's float steps then run with one token per lane, in the same order.
 
-// 8 tokens' terms of one super-block that do not depend on the weights, laid out once per call of the multi-row tile
-// (z_tile_rows_k) for all its rows: the tokens' d, and int16 pairs that one vpmaddwd per pair meets with the row's
-// mins (q4_k, q5_k) or scales (q6_k): pairs[p][2t + i] belongs to token t.
-struct alignas(32) ZKTok8 {
-  float d[8];
-  std::int16_t pairs[8][16];
-};
-
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
   using Block = quant::BlockQ4_K;
@@ -853,28 +845,9 @@ struct ZTileQ4K {
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
     return X86Q4K::update(acc, e, y, is);
   }
-  // The multi-row tile's token terms: pair p of each token is its sums of sub-blocks 2p and 2p + 1 (bsums in 16s).
-  static constexpr int kPairs = 4;
-  KTARGET static void prepare(const Q8KBlock* const* y, ZKTok8& tok) noexcept {
-    for (int t = 0; t < 8; ++t) {
-      tok.d[t] = y[t]->d;
-      for (int g = 0; g < 8; ++g) {
-        tok.pairs[g / 2][2 * t + g % 2] = static_cast<std::int16_t>(y[t]->bsums[2 * g] + y[t]->bsums[2 * g + 1]);
-      }
-    }
-  }
-  // update's operations on the prepared terms: the mins' integer sum is the same, and so are the float steps.
-  KTARGET static __m256 update(__m256 acc, const Extra& e, const ZKTok8& tok, __m256i is) noexcept {
-    __m256i ms = _mm256_setzero_si256();
-    for (int p = 0; p < kPairs; ++p) {  // e.mn: each min twice; mins 2p and 2p + 1 are its int16 lanes 4p and 4p + 2
-      const __m256i m = _mm256_permutexvar_epi16(_mm256_set1_epi32((4 * p) | ((4 * p + 2) << 16)), e.mn);
-      ms =
-          _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), m));
-    }
-    const __m256 ydv = _mm256_load_ps(tok.d);
-    const __m256 dall = _mm256_mul_ps(ydv, _mm256_set1_ps(e.d)), dm = _mm256_mul_ps(ydv, _mm256_set1_ps(e.dmin));
-    return _mm256_add_ps(
-        acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms))));
+  static constexpr bool kSubBlockSums = true;
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
+    return X86Q4K::update(acc, e, tok, is);
   }
 };
 
@@ -907,26 +880,9 @@ struct ZTileQ6K {
   KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
     return X86Q6K::update(acc, e, y, is);
   }
-  // The multi-row tile's token terms: pair p of each token is its bsums[2p] and [2p + 1].
-  static constexpr int kPairs = 8;
-  KTARGET static void prepare(const Q8KBlock* const* y, ZKTok8& tok) noexcept {
-    for (int t = 0; t < 8; ++t) {
-      tok.d[t] = y[t]->d;
-      for (int g = 0; g < 16; ++g) tok.pairs[g / 2][2 * t + g % 2] = y[t]->bsums[g];
-    }
-  }
-  // x86_tile_update_q6's operations on the prepared terms.
-  KTARGET static __m256 update(__m256 acc, const Extra& e, const ZKTok8& tok, __m256i is) noexcept {
-    const __m256i sc = _mm256_cvtepi8_epi16(e.sc);  // int32 lane p: scales 2p and 2p + 1
-    __m256i bs = _mm256_setzero_si256();
-    for (int p = 0; p < kPairs; ++p) {
-      const __m256i m = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(p));
-      bs =
-          _mm256_add_epi32(bs, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), m));
-    }
-    is = _mm256_sub_epi32(is, _mm256_slli_epi32(bs, 5));  // the -32 of every weight
-    const __m256 dall = _mm256_mul_ps(_mm256_load_ps(tok.d), _mm256_set1_ps(e.d));
-    return _mm256_add_ps(acc, _mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)));
+  static constexpr bool kSubBlockSums = false;
+  KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
+    return X86Q6K::update(acc, e, tok, is);
   }
 };
 
@@ -962,7 +918,7 @@ KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t strid
 }
 
 // Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens, z_tile_k's steps row by row, with the
-// tokens' per-block terms (T::prepare) laid out once per call instead of gathered again for every row and block. Up
+// tokens' per-block terms (XKTok8) laid out once per call instead of gathered again for every row and block. Up
 // to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
 template <typename T, DotRowsFn kRows>
 KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
@@ -982,13 +938,13 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
     y0[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t < ntok ? t : 0) * act_stride);
   __m256 acc[kRowTile];
   for (int r = 0; r < nrows; ++r) acc[r] = _mm256_setzero_ps();
-  ZKTok8 tok[kSegBlocks];
+  XKTok8 tok[kSegBlocks];
   for (std::int64_t seg = 0; seg < nb; seg += kSegBlocks) {
     const int count = static_cast<int>(std::min(kSegBlocks, nb - seg));
     for (int b = 0; b < count; ++b) {
       const Q8KBlock* y[8];
       for (int t = 0; t < 8; ++t) y[t] = y0[t] + seg + b;
-      T::prepare(y, tok[b]);
+      x86_prepare_ktok8<T::kSubBlockSums>(y, tok[b]);
     }
     for (int r = 0; r < nrows; ++r) {
       const auto* x = reinterpret_cast<const typename T::Block*>(w + static_cast<std::size_t>(r) * stride) + seg;
@@ -999,12 +955,14 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
         T::decode(x[b], u, s, e);
         __m512i is[8];
         for (int t = 0; t < 8; ++t) {
-          is[t] = _mm512_setzero_si512();
-          if (t >= ntok) continue;
-          const Q8KBlock* yt = y0[t] + seg + b;
-          for (int v = 0; v < 4; ++v) {
-            is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+          __m512i sum = _mm512_setzero_si512();
+          if (t < ntok) {
+            const Q8KBlock* yt = y0[t] + seg + b;
+            for (int v = 0; v < 4; ++v) {
+              sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+            }
           }
+          is[t] = sum;
         }
         a = T::update(a, e, tok[b], z_sum8(is));
       }
