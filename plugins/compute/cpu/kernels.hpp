@@ -85,7 +85,7 @@ struct KernelSet {
   DotFn q5_k;
   DotFn q6_k;
   DotFn mxfp4;
-  // Multi-token versions of the quantized kernels; nullptr: call the DotFn per token.
+  // Multi-token versions of the quantized kernels (where no tile_rows_* takes the type); nullptr: the DotFn per token.
   DotTileFn tile_q8_0 = nullptr;
   DotTileFn tile_q4_0 = nullptr;
   DotTileFn tile_q2_k = nullptr;

@@ -815,11 +815,7 @@ struct ZQ6K {
   }
 };
 
-// ---------------------------------------------------------------- k-quant row x up to 8 tokens (512-bit)
-//
-// The row's super-block is decoded once (the AVX2 path's decode; its 32-weight vectors joined in pairs, so that
-// 64 weights meet 64 consecutive activations), multiplied with each token, and the tokens' integer sums are
-// reduced together. The scalar path's float steps then run with one token per lane, in the same order.
+// ---------------------------------------------------------------- k-quant rows x up to 8 tokens (512-bit)
 
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
@@ -840,10 +836,6 @@ struct ZTileQ4K {
   KTARGET static void decode(const Block& x, __m512i* u, __m512i* s, Extra& e) noexcept {
     scales(x, s, e);
     for (int v = 0; v < 4; ++v) u[v] = nibbles(x.qs + 32 * v);
-  }
-  // y: 8 tokens' blocks (past ntok, any valid block: those lanes are dropped).
-  KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
-    return X86Q4K::update(acc, e, y, is);
   }
   static constexpr bool kSubBlockSums = true;
   KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
@@ -877,49 +869,17 @@ struct ZTileQ6K {
       s2[v] = _mm512_inserti64x4(_mm512_castsi256_si512(s[2 * v]), s[2 * v + 1], 1);
     }
   }
-  KTARGET static __m256 update(__m256 acc, const Extra& e, const Q8KBlock* const* y, __m256i is) noexcept {
-    return X86Q6K::update(acc, e, y, is);
-  }
   static constexpr bool kSubBlockSums = false;
   KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
     return X86Q6K::update(acc, e, tok, is);
   }
 };
 
-template <typename T>
-KTARGET void z_tile_k(const void* w_row, const std::byte* act, std::size_t stride, int ntok, std::int64_t k,
-                      float* out) noexcept {
-  static_assert(kTokenTile <= 8, "one lane per token");
-  const auto* w = static_cast<const typename T::Block*>(w_row);
-  __m256 acc = _mm256_setzero_ps();
-  // Lanes past ntok read token 0 (valid memory) and are dropped at the end.
-  const Q8KBlock* y0[8];
-  for (int t = 0; t < 8; ++t)
-    y0[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t < ntok ? t : 0) * stride);
-  for (std::int64_t b = 0; b < k / 256; ++b) {
-    __m512i u[4], s[4];
-    typename T::Extra e;
-    T::decode(w[b], u, s, e);
-    const Q8KBlock* y[8];
-    __m512i is[8];
-    for (int t = 0; t < 8; ++t) {
-      y[t] = y0[t] + b;
-      is[t] = _mm512_setzero_si512();
-      if (t >= ntok) continue;
-      for (int v = 0; v < 4; ++v) {
-        is[t] = _mm512_dpwssd_epi32(is[t], _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(y[t]->qs + 64 * v)), s[v]);
-      }
-    }
-    acc = T::update(acc, e, y, z_sum8(is));
-  }
-  alignas(32) float v[8];
-  _mm256_store_ps(v, acc);
-  for (int t = 0; t < ntok; ++t) out[t] = v[t];
-}
-
-// Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens, z_tile_k's steps row by row, with the
-// tokens' per-block terms (XKTok8) laid out once per call instead of gathered again for every row and block. Up
-// to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
+// Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens. Each row's super-block is decoded once
+// (the AVX2 path's decode; its 32-weight vectors joined in pairs, so that 64 weights meet 64 consecutive activations),
+// multiplied with each token, and the tokens' integer sums are reduced together; the scalar path's float steps then
+// run with one token per lane, in the same order, on the tokens' per-block terms (XKTok8), laid out once per call.
+// Up to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
 template <typename T, DotRowsFn kRows>
 KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
                            std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
@@ -1156,9 +1116,9 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_tile_q32<X86Q32::q4_0>,
                                  x86_tile_k<X86Q2K>,
                                  x86_tile_k<X86Q3K>,
-                                 z_tile_k<ZTileQ4K>,
-                                 z_tile_k<ZTileQ5K>,
-                                 z_tile_k<ZTileQ6K>,
+                                 nullptr,  // q4_k..q6_k: tile_rows_q*_k
+                                 nullptr,
+                                 nullptr,
                                  x86_tile_q32<X86Q32::mxfp4>,
                                  x86_scale_axpy,
                                  x86_rows_k<ZQ4K>,
