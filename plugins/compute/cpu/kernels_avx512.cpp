@@ -817,6 +817,11 @@ struct ZQ6K {
 
 // ---------------------------------------------------------------- k-quant rows x up to 8 tokens (512-bit)
 
+// a in lanes 0-3, b in lanes 4-7.
+KTARGET inline __m256 z_halves(float a, float b) noexcept {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(a)), _mm_set1_ps(b), 1);
+}
+
 // q4_k: vector v holds sub-blocks 2v (low nibbles of qs[32v..32v+31]) and 2v+1 (their high nibbles).
 struct ZTileQ4K {
   using Block = quant::BlockQ4_K;
@@ -840,6 +845,21 @@ struct ZTileQ4K {
   static constexpr bool kSubBlockSums = true;
   KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
     return X86Q4K::update(acc, e, tok, is);
+  }
+  // Two rows' blocks (e0: lanes 0-3, e1: lanes 4-7) against the 4 tokens that tok holds twice: update's operations
+  // lane by lane.
+  KTARGET static __m256 update2(__m256 acc, const Extra& e0, const Extra& e1, const XKTok8& tok, __m256i is) noexcept {
+    const __m256i mins = _mm256_inserti128_si256(e0.mins, _mm256_castsi256_si128(e1.mins), 1);
+    __m256i ms = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i both = _mm256_permutevar8x32_epi32(mins, _mm256_setr_epi32(p, p, p, p, 4 + p, 4 + p, 4 + p, 4 + p));
+      ms = _mm256_add_epi32(ms,
+                            _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), both));
+    }
+    const __m256 ydv = _mm256_load_ps(tok.d);
+    const __m256 dall = _mm256_mul_ps(ydv, z_halves(e0.d, e1.d)), dm = _mm256_mul_ps(ydv, z_halves(e0.dmin, e1.dmin));
+    return _mm256_add_ps(
+        acc, _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)), _mm256_mul_ps(dm, _mm256_cvtepi32_ps(ms))));
   }
 };
 
@@ -873,6 +893,19 @@ struct ZTileQ6K {
   KTARGET static __m256 update(__m256 acc, const Extra& e, const XKTok8& tok, __m256i is) noexcept {
     return X86Q6K::update(acc, e, tok, is);
   }
+  KTARGET static __m256 update2(__m256 acc, const Extra& e0, const Extra& e1, const XKTok8& tok, __m256i is) noexcept {
+    const __m256i sc0 = _mm256_cvtepi8_epi16(e0.sc), sc1 = _mm256_cvtepi8_epi16(e1.sc);
+    __m256i bs = _mm256_setzero_si256();
+    for (int p = 0; p < 8; ++p) {
+      const __m256i both =
+          _mm256_permutex2var_epi32(sc0, _mm256_setr_epi32(p, p, p, p, 8 + p, 8 + p, 8 + p, 8 + p), sc1);
+      bs = _mm256_add_epi32(bs,
+                            _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tok.pairs[p])), both));
+    }
+    is = _mm256_sub_epi32(is, _mm256_slli_epi32(bs, 5));  // the -32 of every weight, as x86_tile_update_q6
+    const __m256 dall = _mm256_mul_ps(_mm256_load_ps(tok.d), z_halves(e0.d, e1.d));
+    return _mm256_add_ps(acc, _mm256_mul_ps(dall, _mm256_cvtepi32_ps(is)));
+  }
 };
 
 // Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens. Each row's super-block is decoded once
@@ -880,18 +913,113 @@ struct ZTileQ6K {
 // multiplied with each token, and the tokens' integer sums are reduced together; the scalar path's float steps then
 // run with one token per lane, in the same order, on the tokens' per-block terms (XKTok8), laid out once per call.
 // Up to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
+// z_tile_rows_k for 2-4 tokens (a Qwen3-MoE expert's share of a prefill chunk): two rows at a time fill the 8 lanes,
+// row r's 4 tokens in lanes 0-3 and row r + 1's in 4-7, so that the reduction and the float steps of a block serve
+// two rows. Each lane runs the 8-token tile's operations for its row and token, so the bits are the same. An odd last
+// row goes through the 8-lane form.
+template <typename T>
+KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
+                                 std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
+  constexpr std::int64_t kSegBlocks = 32;
+  const std::int64_t nb = k / 256;
+  const Q8KBlock* y0[4];
+  for (int t = 0; t < 4; ++t)
+    y0[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t < ntok ? t : 0) * act_stride);
+  const int pairs = nrows / 2;
+  __m256 acc[kRowTile / 2];
+  for (int q = 0; q < pairs; ++q) acc[q] = _mm256_setzero_ps();
+  __m256 last = _mm256_setzero_ps();  // an odd last row, tokens in lanes 0-3
+  XKTok8 tok[kSegBlocks];
+  for (std::int64_t seg = 0; seg < nb; seg += kSegBlocks) {
+    const int count = static_cast<int>(std::min(kSegBlocks, nb - seg));
+    for (int b = 0; b < count; ++b) {
+      const Q8KBlock* y[8];
+      for (int t = 0; t < 8; ++t) y[t] = y0[t % 4] + seg + b;
+      x86_prepare_ktok8<T::kSubBlockSums>(y, tok[b]);
+    }
+    const auto row = [&](int r) {
+      return reinterpret_cast<const typename T::Block*>(w + static_cast<std::size_t>(r) * stride) + seg;
+    };
+    for (int q = 0; q < pairs; ++q) {
+      const typename T::Block *x0 = row(2 * q), *x1 = row(2 * q + 1);
+      __m256 a = acc[q];
+      for (int b = 0; b < count; ++b) {
+        __m512i is[8];
+        typename T::Extra e[2];
+        for (int h = 0; h < 2; ++h) {
+          __m512i u[4], s[4];
+          T::decode((h == 0 ? x0 : x1)[b], u, s, e[h]);
+          for (int t = 0; t < 4; ++t) {
+            __m512i sum = _mm512_setzero_si512();
+            if (t < ntok) {
+              const Q8KBlock* yt = y0[t] + seg + b;
+              for (int v = 0; v < 4; ++v) {
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+              }
+            }
+            is[4 * h + t] = sum;
+          }
+        }
+        a = T::update2(a, e[0], e[1], tok[b], z_sum8(is));
+      }
+      acc[q] = a;
+    }
+    if (nrows % 2 != 0) {
+      const typename T::Block* x = row(nrows - 1);
+      for (int b = 0; b < count; ++b) {
+        __m512i u[4], s[4];
+        typename T::Extra e;
+        T::decode(x[b], u, s, e);
+        __m512i is[8];
+        for (int t = 0; t < 8; ++t) {
+          __m512i sum = _mm512_setzero_si512();
+          if (t < ntok) {
+            const Q8KBlock* yt = y0[t] + seg + b;
+            for (int v = 0; v < 4; ++v) {
+              sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+            }
+          }
+          is[t] = sum;
+        }
+        last = T::update(last, e, tok[b], z_sum8(is));
+      }
+    }
+  }
+  for (int q = 0; q < pairs; ++q) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[q]);
+    for (int t = 0; t < ntok; ++t) {
+      out[t * kRowTile + 2 * q] = v[t];
+      out[t * kRowTile + 2 * q + 1] = v[4 + t];
+    }
+  }
+  if (nrows % 2 != 0) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, last);
+    for (int t = 0; t < ntok; ++t) out[t * kRowTile + nrows - 1] = v[t];
+  }
+}
+
 template <typename T, DotRowsFn kRows>
 KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
                            std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
-  if (ntok <= kRowsKernelTokens) {
+  if (ntok == 1) {
+    kRows(w, stride, nrows, act, k, out);
+    return;
+  }
+  constexpr std::int64_t kSegBlocks = 32;  // super-blocks of token terms at a time (9 KiB)
+  const std::int64_t nb = k / 256;
+  if (ntok <= 4 && nrows >= 2) {
+    z_tile_rows_k_pairs<T>(w, stride, nrows, act, act_stride, ntok, k, out);
+    return;
+  }
+  if (ntok <= kRowsKernelTokens) {  // one row left
     for (int i = 0; i < ntok; ++i) {
       kRows(w, stride, nrows, act + static_cast<std::size_t>(i) * act_stride, k,
             out + static_cast<std::size_t>(i) * kRowTile);
     }
     return;
   }
-  constexpr std::int64_t kSegBlocks = 32;  // super-blocks of token terms at a time (9 KiB)
-  const std::int64_t nb = k / 256;
   // Lanes past ntok read token 0 (valid memory) and are dropped at the end.
   const Q8KBlock* y0[8];
   for (int t = 0; t < 8; ++t)
