@@ -913,6 +913,22 @@ struct ZTileQ6K {
 // multiplied with each token, and the tokens' integer sums are reduced together; the scalar path's float steps then
 // run with one token per lane, in the same order, on the tokens' per-block terms (XKTok8), laid out once per call.
 // Up to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
+// One row block's 16-lane integer sums (decoded as u, s) with block b of each token's activations y[t], into is[t] for
+// t < lanes (zero past ntok). Built in a register and stored whole: zeroing the array first compiles to a rep stos.
+KTARGET inline void z_block_sums(const __m512i (&u)[4], const __m512i (&s)[4], const Q8KBlock* const* y, std::int64_t b,
+                                 int ntok, int lanes, __m512i* is) noexcept {
+  for (int t = 0; t < lanes; ++t) {
+    __m512i sum = _mm512_setzero_si512();
+    if (t < ntok) {
+      const Q8KBlock* yt = y[t] + b;
+      for (int v = 0; v < 4; ++v) {
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
+      }
+    }
+    is[t] = sum;
+  }
+}
+
 // z_tile_rows_k for 2-4 tokens (a Qwen3-MoE expert's share of a prefill chunk): two rows at a time fill the 8 lanes,
 // row r's 4 tokens in lanes 0-3 and row r + 1's in 4-7, so that the reduction and the float steps of a block serve
 // two rows. Each lane runs the 8-token tile's operations for its row and token, so the bits are the same. An odd last
@@ -949,16 +965,7 @@ KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nro
         for (int h = 0; h < 2; ++h) {
           __m512i u[4], s[4];
           T::decode((h == 0 ? x0 : x1)[b], u, s, e[h]);
-          for (int t = 0; t < 4; ++t) {
-            __m512i sum = _mm512_setzero_si512();
-            if (t < ntok) {
-              const Q8KBlock* yt = y0[t] + seg + b;
-              for (int v = 0; v < 4; ++v) {
-                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
-              }
-            }
-            is[4 * h + t] = sum;
-          }
+          z_block_sums(u, s, y0, seg + b, ntok, 4, is + 4 * h);
         }
         a = T::update2(a, e[0], e[1], tok[b], z_sum8(is));
       }
@@ -971,16 +978,7 @@ KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nro
         typename T::Extra e;
         T::decode(x[b], u, s, e);
         __m512i is[8];
-        for (int t = 0; t < 8; ++t) {
-          __m512i sum = _mm512_setzero_si512();
-          if (t < ntok) {
-            const Q8KBlock* yt = y0[t] + seg + b;
-            for (int v = 0; v < 4; ++v) {
-              sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
-            }
-          }
-          is[t] = sum;
-        }
+        z_block_sums(u, s, y0, seg + b, ntok, 8, is);
         last = T::update(last, e, tok[b], z_sum8(is));
       }
     }
@@ -1042,16 +1040,7 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
         typename T::Extra e;
         T::decode(x[b], u, s, e);
         __m512i is[8];
-        for (int t = 0; t < 8; ++t) {
-          __m512i sum = _mm512_setzero_si512();
-          if (t < ntok) {
-            const Q8KBlock* yt = y0[t] + seg + b;
-            for (int v = 0; v < 4; ++v) {
-              sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(u[v], _mm512_loadu_si512(yt->qs + 64 * v)), s[v]);
-            }
-          }
-          is[t] = sum;
-        }
+        z_block_sums(u, s, y0, seg + b, ntok, 8, is);
         a = T::update(a, e, tok[b], z_sum8(is));
       }
       acc[r] = a;
