@@ -929,6 +929,18 @@ KTARGET inline void z_block_sums(const __m512i (&u)[4], const __m512i (&s)[4], c
   }
 }
 
+// One row's step for its block x (block b of the tokens y), one token a lane: decode, integer sums, float steps.
+template <typename T>
+KTARGET inline __m256 z_row_block8(__m256 acc, const typename T::Block& x, const Q8KBlock* const* y, std::int64_t b,
+                                   int ntok, const XKTok8& tok) noexcept {
+  __m512i u[4], s[4];
+  typename T::Extra e;
+  T::decode(x, u, s, e);
+  __m512i is[8];
+  z_block_sums(u, s, y, b, ntok, 8, is);
+  return T::update(acc, e, tok, z_sum8(is));
+}
+
 // z_tile_rows_k for 2-4 tokens (a Qwen3-MoE expert's share of a prefill chunk): two rows at a time fill the 8 lanes,
 // row r's 4 tokens in lanes 0-3 and row r + 1's in 4-7, so that the reduction and the float steps of a block serve
 // two rows. Each lane runs the 8-token tile's operations for its row and token, so the bits are the same. An odd last
@@ -973,14 +985,7 @@ KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nro
     }
     if (nrows % 2 != 0) {
       const typename T::Block* x = row(nrows - 1);
-      for (int b = 0; b < count; ++b) {
-        __m512i u[4], s[4];
-        typename T::Extra e;
-        T::decode(x[b], u, s, e);
-        __m512i is[8];
-        z_block_sums(u, s, y0, seg + b, ntok, 8, is);
-        last = T::update(last, e, tok[b], z_sum8(is));
-      }
+      for (int b = 0; b < count; ++b) last = z_row_block8<T>(last, x[b], y0, seg + b, ntok, tok[b]);
     }
   }
   for (int q = 0; q < pairs; ++q) {
@@ -1035,14 +1040,7 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
     for (int r = 0; r < nrows; ++r) {
       const auto* x = reinterpret_cast<const typename T::Block*>(w + static_cast<std::size_t>(r) * stride) + seg;
       __m256 a = acc[r];
-      for (int b = 0; b < count; ++b) {
-        __m512i u[4], s[4];
-        typename T::Extra e;
-        T::decode(x[b], u, s, e);
-        __m512i is[8];
-        z_block_sums(u, s, y0, seg + b, ntok, 8, is);
-        a = T::update(a, e, tok[b], z_sum8(is));
-      }
+      for (int b = 0; b < count; ++b) a = z_row_block8<T>(a, x[b], y0, seg + b, ntok, tok[b]);
       acc[r] = a;
     }
   }
