@@ -908,11 +908,6 @@ struct ZTileQ6K {
   }
 };
 
-// Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens. Each row's super-block is decoded once
-// (the AVX2 path's decode; its 32-weight vectors joined in pairs, so that 64 weights meet 64 consecutive activations),
-// multiplied with each token, and the tokens' integer sums are reduced together; the scalar path's float steps then
-// run with one token per lane, in the same order, on the tokens' per-block terms (XKTok8), laid out once per call.
-// Up to kRowsKernelTokens tokens go through the multi-row decode kernel (a mostly empty tile costs 2-3x per token).
 // One row block's 16-lane integer sums (decoded as u, s) with block b of each token's activations y[t], into is[t] for
 // t < lanes (zero past ntok). Built in a register and stored whole: zeroing the array first compiles to a rep stos.
 KTARGET inline void z_block_sums(const __m512i (&u)[4], const __m512i (&s)[4], const Q8KBlock* const* y, std::int64_t b,
@@ -948,7 +943,6 @@ KTARGET inline __m256 z_row_block8(__m256 acc, const typename T::Block& x, const
 template <typename T>
 KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
                                  std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
-  constexpr std::int64_t kSegBlocks = 32;
   const std::int64_t nb = k / 256;
   const Q8KBlock* y0[4];
   for (int t = 0; t < 4; ++t)
@@ -957,9 +951,9 @@ KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nro
   __m256 acc[kRowTile / 2];
   for (int q = 0; q < pairs; ++q) acc[q] = _mm256_setzero_ps();
   __m256 last = _mm256_setzero_ps();  // an odd last row, tokens in lanes 0-3
-  XKTok8 tok[kSegBlocks];
-  for (std::int64_t seg = 0; seg < nb; seg += kSegBlocks) {
-    const int count = static_cast<int>(std::min(kSegBlocks, nb - seg));
+  XKTok8 tok[kKTokSegBlocks];
+  for (std::int64_t seg = 0; seg < nb; seg += kKTokSegBlocks) {
+    const int count = static_cast<int>(std::min(kKTokSegBlocks, nb - seg));
     for (int b = 0; b < count; ++b) {
       const Q8KBlock* y[8];
       for (int t = 0; t < 8; ++t) y[t] = y0[t % 4] + seg + b;
@@ -1003,6 +997,12 @@ KTARGET void z_tile_rows_k_pairs(const std::byte* w, std::size_t stride, int nro
   }
 }
 
+// Prefill's k-quant matmul: up to kRowTile rows against up to kTokenTile tokens. Each row's super-block is decoded once
+// (the AVX2 path's decode; its 32-weight vectors joined in pairs, so that 64 weights meet 64 consecutive activations),
+// multiplied with each token, and the tokens' integer sums are reduced together; the scalar path's float steps then
+// run with one token per lane, in the same order, on the tokens' per-block terms (XKTok8), laid out once per call.
+// One token goes through the multi-row decode kernel, 2-4 through z_tile_rows_k_pairs (a single row with up to 3:
+// the decode kernel, once per token).
 template <typename T, DotRowsFn kRows>
 KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, const std::byte* act,
                            std::size_t act_stride, int ntok, std::int64_t k, float* out) noexcept {
@@ -1010,8 +1010,6 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
     kRows(w, stride, nrows, act, k, out);
     return;
   }
-  constexpr std::int64_t kSegBlocks = 32;  // super-blocks of token terms at a time (9 KiB)
-  const std::int64_t nb = k / 256;
   if (ntok <= 4 && nrows >= 2) {
     z_tile_rows_k_pairs<T>(w, stride, nrows, act, act_stride, ntok, k, out);
     return;
@@ -1023,15 +1021,16 @@ KTARGET void z_tile_rows_k(const std::byte* w, std::size_t stride, int nrows, co
     }
     return;
   }
+  const std::int64_t nb = k / 256;
   // Lanes past ntok read token 0 (valid memory) and are dropped at the end.
   const Q8KBlock* y0[8];
   for (int t = 0; t < 8; ++t)
     y0[t] = reinterpret_cast<const Q8KBlock*>(act + static_cast<std::size_t>(t < ntok ? t : 0) * act_stride);
   __m256 acc[kRowTile];
   for (int r = 0; r < nrows; ++r) acc[r] = _mm256_setzero_ps();
-  XKTok8 tok[kSegBlocks];
-  for (std::int64_t seg = 0; seg < nb; seg += kSegBlocks) {
-    const int count = static_cast<int>(std::min(kSegBlocks, nb - seg));
+  XKTok8 tok[kKTokSegBlocks];
+  for (std::int64_t seg = 0; seg < nb; seg += kKTokSegBlocks) {
+    const int count = static_cast<int>(std::min(kKTokSegBlocks, nb - seg));
     for (int b = 0; b < count; ++b) {
       const Q8KBlock* y[8];
       for (int t = 0; t < 8; ++t) y[t] = y0[t] + seg + b;
