@@ -289,8 +289,9 @@ const int kRegistered = [] {
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
     add("matmul8/" + name + "/auto/threads:2", t, "auto", 2, 8, false, kSquare, true);
     // The multi-token kernels' arithmetic from the caches: 8 tokens (a full tile), 4 (a Qwen3-MoE expert's share
-    // of a 64-token prefill chunk: 64 x top-8 / 128 experts), 9 and 11 (a full tile and a remainder).
-    for (const std::int64_t tokens : {4, 8, 9, 11}) {
+    // of a 64-token prefill chunk: 64 x top-8 / 128 experts), 2 and 3 (its experts that got fewer), 9 and 11 (a full
+    // tile and a remainder).
+    for (const std::int64_t tokens : {2, 3, 4, 8, 9, 11}) {
       for (const char* isa : {"auto", "avx2", "avxvnni"}) {
         add("cached/matmul" + std::to_string(tokens) + "/" + name + "/" + isa + "/threads:1", t, isa, 1, tokens, true,
             kSquare, true);

@@ -60,7 +60,8 @@ using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t 
 // one vector across rows. out[r] gets exactly the bits of DotFn for row r (at w + r * row_stride),
 // nrows <= kRowTile (also the rows of one pool task: fewer, longer sequential streams per job).
 inline constexpr int kRowTile = 64;
-// Up to this many tokens the multi-row kernel (per token) beats decoding each row once per tile.
+// Up to this many tokens the multi-row kernel (per token) beats DotTileFn's tiles, which decode each row once per
+// tile (the tile_rows kernels choose their own small-count path).
 inline constexpr int kRowsKernelTokens = 3;
 using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
                            float* out) noexcept;
@@ -121,9 +122,9 @@ struct KernelSet {
   void (*swiglu)(const float* g, const float* u, float* out, std::int64_t n) noexcept = nullptr;
   // Several weight rows against several tokens; nullptr: the tiles above (or the DotFn) row by row.
   DotRowsTileFn tile_rows_mxfp4 = nullptr;
-  DotRowsTileFn tile_rows_q8_0 = nullptr;  // prefill only (4 or more tokens): no multi-row kernel for decode
+  DotRowsTileFn tile_rows_q8_0 = nullptr;  // 2 or more tokens; one token keeps the DotFn row by row
   DotRowsTileFn tile_rows_q4_0 = nullptr;
-  DotRowsTileFn tile_rows_q4_k = nullptr;  // prefill only; decode keeps rows_q4_k
+  DotRowsTileFn tile_rows_q4_k = nullptr;  // 2 or more tokens; one token keeps rows_q4_k
   DotRowsTileFn tile_rows_q5_k = nullptr;
   DotRowsTileFn tile_rows_q6_k = nullptr;
 };

@@ -40,8 +40,9 @@ std::vector<std::byte> quantized(DType type, std::int64_t k, std::int64_t n, uns
 }
 
 // Runs matmul of every type (and odd K for the float types) on `c`, for one token (the multi-row
-// decode kernels), two, then the multi-token tiles: four and five (partial), eight (full), eleven and thirteen (one
-// full and one partial of 3 or 5 tokens); 51 rows leave a short last row group (odd: the last row of a two-row pass
+// decode kernels), two and three (the multi-row kernel per token or the small tiles, by ISA and type), then the
+// multi-token tiles: four and five (partial), eight (full), eleven and thirteen (one full and one partial of 3 or 5
+// tokens); 51 rows leave a short last row group (odd: the last row of a two-row pass
 // alone) and K = 16896 (66 super-blocks) crosses a segment of the multi-row kernels.
 std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
   std::vector<std::vector<float>> results;
@@ -52,7 +53,7 @@ std::vector<std::vector<float>> matmuls(Compute& c, bool exact) {
     for (std::int64_t k : plain ? std::vector<std::int64_t>{37, 1000, 768}
                           : b32 ? std::vector<std::int64_t>{256, 1024, 16896, 96, 1120}
                                 : std::vector<std::int64_t>{256, 1024, 16896})
-      for (std::int64_t t : {1, 2, 4, 5, 8, 11, 13}) {
+      for (std::int64_t t : {1, 2, 3, 4, 5, 8, 11, 13}) {
         const std::int64_t n = 51;
         auto w = quantized(type, k, n, static_cast<unsigned>(k) + static_cast<unsigned>(type));
         auto x = randn(static_cast<std::size_t>(k * t), 7, 3.0f);
@@ -374,8 +375,8 @@ TEST_P(CpuIsa, QuantizesActivationTiesAndNaNLikeTheScalarPath) {
 // (one group of 16 of the multi-row kernel and a tail), 90 (gpt-oss's 2880: 5 groups, a step of 8 and 2 blocks),
 // 128 and 256 (whole segments of 8 groups of the multi-row, multi-token kernel), 129 (a second segment of one block),
 // 281 (two segments of the multi-row kernel and a tail of 9; three of the multi-token one, the last group partial).
-// 1-3 tokens take the multi-row kernel, 4 and more the tiles or the multi-row, multi-token kernel (every tile width
-// 1-8 with a remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 17-byte blocks start at
+// One token takes the multi-row kernel, 2 and more the multi-row, multi-token kernel (every tile width 1-8 with a
+// remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 17-byte blocks start at
 // odd addresses. Every result must have the scalar path's bits.
 TEST_P(CpuIsa, Mxfp4RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
   auto simd = make(GetParam());
@@ -413,8 +414,8 @@ TEST_P(CpuIsa, Mxfp4RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
 // q8_0 and q4_0 rows of raw blocks (every code, -128 too; scales 0, subnormal, up to 65504, zero blocks) at the block
 // counts the multi-row, multi-token kernel splits differently: 1-3 (one partial group), 8 and 16 (one group), 35 and
 // 90 (gpt-oss's 2880: a partial last group), 128 and 129 (one segment of 8 groups, then a second of one block), 256
-// and 257. 1-3 tokens take the one-row dot, 4 and more the tiles or the multi-row, multi-token kernel (every tile
-// width 1-8 with a remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 34- or 18-byte
+// and 257. One token takes the one-row dot, 2 and more the multi-row, multi-token kernel (every tile width 1-8 with
+// a remainder: 9-15, 33); 70 rows cross a 64-row tile, and rows of an odd number of 34- or 18-byte
 // blocks start at addresses that are only 2-byte aligned. Activation blocks of zeros (scale 0) are among them. Every
 // result must have the scalar path's bits.
 TEST_P(CpuIsa, Q8_0AndQ4_0RawBlocksGiveTheScalarBitsAtEveryBlockCount) {
