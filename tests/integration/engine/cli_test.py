@@ -367,6 +367,26 @@ class Bench(unittest.TestCase):
             self.assertGreater(j["peak_rss_bytes"], 0)
             self.assertLess(j["peak_rss_bytes"], 200 << 20)
 
+    def test_warms_up_where_the_expert_tiers_stay_as_they_are(self):
+        m = model()
+        # Resident: an unmeasured run first, its positions forgotten (the measured prompt and decode fill --ctx).
+        args = ["bench", "-m", m, "--ctx", "32", "--prompt-tokens", "28", "--gen-tokens", "4", "--json"]
+        warm = json.loads(cli(*args).stdout)
+        cold = json.loads(cli(*args, "--no-warmup").stdout)
+        self.assertEqual((warm["mode"], warm["warmup"], cold["warmup"]), ("resident", True, False))
+        self.assertGreater(warm["expert_hits"], cold["expert_hits"])  # the warm-up's lookups are counted
+        self.assertIn("warm-up run", cli(*args[:-1]).stdout)
+        # Streaming: a warm-up would fill the cache the run measures, so only when asked for.
+        with open(os.path.join(m, "manifest.json")) as f:
+            slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
+        small = args + ["--expert-cache-size", str(2 * slot)]
+        streamed, asked = json.loads(cli(*small).stdout), json.loads(cli(*small, "--warmup").stdout)
+        self.assertEqual((streamed["mode"], streamed["warmup"], asked["warmup"]), ("streaming", False, True))
+        self.assertGreater(asked["expert_misses"], streamed["expert_misses"])
+        p = cli(*args, "--warmup", "--no-warmup", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--no-warmup", p.stderr)
+
 
 class MemoryPlan(unittest.TestCase):
     """profile show --model: what the model takes where, before loading, as the engine then sizes it."""
