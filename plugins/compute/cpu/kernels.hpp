@@ -127,7 +127,13 @@ struct KernelSet {
   DotRowsTileFn tile_rows_q4_k = nullptr;  // 2 or more tokens; one token keeps rows_q4_k
   DotRowsTileFn tile_rows_q5_k = nullptr;
   DotRowsTileFn tile_rows_q6_k = nullptr;
+  // After the tiles (the initializers are positional): decode's multi-row kernel for q4_0; nullptr: the DotFn per row.
+  DotRowsFn rows_q4_0 = nullptr;
 };
+
+// q4_0 rows from this K on take the multi-row, multi-token kernel for one token too (from memory 1.5-1.7x the one-row
+// dot at K 2048-5632); shorter rows (Qwen3-MoE's down projection, K 768: 0.95x) keep the dot.
+inline constexpr std::int64_t kRowsQ4_0MinK = 1024;
 
 void scale_axpy_scalar(float* y, float c, float a, const float* x, std::int64_t n) noexcept;
 

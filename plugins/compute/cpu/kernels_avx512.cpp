@@ -547,6 +547,16 @@ KTARGET inline __m512 z_row_products16(const __m512i* lo, const __m512i* hi, __m
   return _mm512_mul_ps(_mm512_mul_ps(scales, _mm512_load_ps(a.d)), _mm512_cvtepi32_ps(isum));
 }
 
+// Decode's multi-row kernel for q4_0: the tile with one token from kRowsQ4_0MinK on, the one-row dot before.
+KTARGET void z_rows_q4_0(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
+                         float* out) noexcept {
+  if (k < kRowsQ4_0MinK) {
+    for (int r = 0; r < nrows; ++r) out[r] = z_dot_q4_0(w + static_cast<std::size_t>(r) * stride, act, k);
+    return;
+  }
+  z_tile_rows<ZTileQ32<X86Q32::q4_0>>(w, stride, nrows, static_cast<const std::byte*>(act), 0, 1, k, out);
+}
+
 KTARGET void z_rows_mxfp4(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
                           float* out) noexcept {
   constexpr std::int64_t kSegGroups = 16;  // a segment: up to 16 groups of 16 blocks (13 KiB of activations)
@@ -1247,13 +1257,14 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_tile_rows<ZTileQ32<X86Q32::q4_0>>,
                                  z_tile_rows_k<ZTileQ4K, x86_rows_k<ZQ4K>>,
                                  z_tile_rows_k<ZTileQ5K, x86_rows_k<ZQ5K>>,
-                                 z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>};
+                                 z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>,
+                                 z_rows_q4_0};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
                     set.tile_rows_mxfp4 == z_tile_rows<ZTileMxfp4> &&
                     set.tile_rows_q8_0 == z_tile_rows<ZTileQ32<X86Q32::q8_0>> &&
                     set.tile_rows_q4_0 == z_tile_rows<ZTileQ32<X86Q32::q4_0>> &&
-                    set.tile_rows_q6_k == z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>,
+                    set.tile_rows_q6_k == z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>> && set.rows_q4_0 == z_rows_q4_0,
                 "list every KernelSet member");
   return set;
 }

@@ -190,6 +190,7 @@ DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) 
     case DType::q5_k: return set.rows_q5_k;
     case DType::q6_k: return set.rows_q6_k;
     case DType::mxfp4: return set.rows_mxfp4;
+    case DType::q4_0: return set.rows_q4_0;
     default: return nullptr;
   }
 }
