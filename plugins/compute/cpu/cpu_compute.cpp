@@ -436,13 +436,14 @@ class CpuCompute final : public ComputeBase {
           for (std::int64_t r = q0; r < q1; ++r) y[i * n + r] = bias != nullptr ? v[r - q0] + bias[r] : v[r - q0];
         }
     };
-    // Several tokens go through the multi-row, multi-token kernel where the type has one (it picks its own path for 2
-    // or 3 tokens); one token keeps decode's path (q8_0 from memory: 1.06x slower through the tile).
-    const DotRowsTileFn tile_rows = t > 1 ? select_tile_rows(*opt_.kernels, wtype, exact) : nullptr;
-    if (rows_fn != nullptr && (t == 1 || (t <= kRowsKernelTokens && tile_rows == nullptr))) {
+    // One token: decode's multi-row kernel where the type has one. Several go through the multi-row, multi-token kernel
+    // where the type has one (it picks its own path for 2 or 3 tokens); one token does not (q8_0 from memory: 1.06x
+    // slower through the tile).
+    if (rows_fn != nullptr && t == 1) {
       rows_of_tokens(0);
       return;
     }
+    const DotRowsTileFn tile_rows = t > 1 ? select_tile_rows(*opt_.kernels, wtype, exact) : nullptr;
     // Up to kRowTile rows decoded once for up to kTokenTile tokens, every token (a remainder too) through it; the rows'
     // codes stay in the caches from one token tile to the next.
     if (tile_rows != nullptr) {
@@ -462,13 +463,11 @@ class CpuCompute final : public ComputeBase {
       }
       return;
     }
-    // Whole tiles; a remainder of up to kRowsKernelTokens tokens goes through the multi-row kernel, which per token
-    // is 2x the one-row dot and 1.8x a tile that is mostly empty (q4_k, from the caches). Every path gives a token
-    // the bits of its DotFn, so the split changes no result.
+    // Whole tiles (q2_k, q3_k: from the caches 2-3 tokens are 1.1-1.4x faster there than through the multi-row
+    // kernel once per token); a last single token goes through the multi-row kernel. Every path gives a token the
+    // bits of its DotFn, so the split changes no result.
     std::int64_t tiled = t;
-    if (rows_fn != nullptr && tile != nullptr && t % kTokensPerTile <= kRowsKernelTokens) {
-      tiled = t - t % kTokensPerTile;
-    }
+    if (rows_fn != nullptr && t % kTokensPerTile == 1) tiled = t - 1;
     for (std::int64_t t0 = 0; t0 < tiled; t0 += kTokensPerTile) {
       const std::int64_t t1 = std::min(tiled, t0 + kTokensPerTile);
       for (std::int64_t r = r0; r < r1; ++r) {

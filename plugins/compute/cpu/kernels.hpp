@@ -60,8 +60,8 @@ using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t 
 // one vector across rows. out[r] gets exactly the bits of DotFn for row r (at w + r * row_stride),
 // nrows <= kRowTile (also the rows of one pool task: fewer, longer sequential streams per job).
 inline constexpr int kRowTile = 64;
-// Up to this many tokens the multi-row kernel (per token) beats DotTileFn's tiles, which decode each row once per
-// tile (the tile_rows kernels choose their own small-count path).
+// Up to this many tokens a matmul's pool tasks take decode's larger share of rows, and the AVX-512 k-quant tile runs
+// a single row through the multi-row kernel once per token.
 inline constexpr int kRowsKernelTokens = 3;
 using DotRowsFn = void (*)(const std::byte* w, std::size_t row_stride, int nrows, const void* act, std::int64_t k,
                            float* out) noexcept;
@@ -129,6 +129,8 @@ struct KernelSet {
   DotRowsTileFn tile_rows_q6_k = nullptr;
   // After the tiles (the initializers are positional): decode's multi-row kernel for q4_0; nullptr: the DotFn per row.
   DotRowsFn rows_q4_0 = nullptr;
+  DotRowsFn rows_q2_k = nullptr;
+  DotRowsFn rows_q3_k = nullptr;
 };
 
 // q4_0 rows from this K on take the multi-row, multi-token kernel for one token too (from memory 1.5-1.7x the one-row

@@ -191,6 +191,8 @@ DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) 
     case DType::q6_k: return set.rows_q6_k;
     case DType::mxfp4: return set.rows_mxfp4;
     case DType::q4_0: return set.rows_q4_0;
+    case DType::q2_k: return set.rows_q2_k;
+    case DType::q3_k: return set.rows_q3_k;
     default: return nullptr;
   }
 }
