@@ -302,8 +302,11 @@ TEST_P(CpuIsa, DecodeRowsDoNotDependOnHowTasksSplitThem) {
   auto sixteen = make(GetParam(), "16");
   auto scalar = make("scalar", "1");
   ASSERT_TRUE(sixteen && scalar);
-  for (DType type : {DType::q4_k, DType::q6_k, DType::q8_0, DType::f16, DType::mxfp4, DType::q4_0}) {
-    const std::int64_t k = type == DType::q4_0 ? 1024 : 512, n = 2000;  // q4_0's multi-row kernel: K >= 1024
+  for (DType type :
+       {DType::q4_k, DType::q6_k, DType::q8_0, DType::f16, DType::mxfp4, DType::q4_0, DType::q2_k, DType::q3_k}) {
+    // q4_0's multi-row kernel starts at K = 1024; q2_k and q3_k take the long-row path (9 blocks: a partial chunk).
+    const std::int64_t k = type == DType::q4_0 ? 1024 : type == DType::q2_k || type == DType::q3_k ? 2304 : 512;
+    const std::int64_t n = 2000;
     auto w = quantized(type, k, n, 77);
     const auto x = randn(static_cast<std::size_t>(k), 78);
     std::vector<std::vector<float>> ys;
