@@ -131,6 +131,8 @@ struct KernelSet {
   DotRowsFn rows_q4_0 = nullptr;
   DotRowsFn rows_q2_k = nullptr;
   DotRowsFn rows_q3_k = nullptr;
+  DotRowsTileFn tile_rows_q2_k = nullptr;
+  DotRowsTileFn tile_rows_q3_k = nullptr;
 };
 
 // q4_0 rows from this K on take the multi-row, multi-token kernel for one token too (from memory 1.5-1.7x the one-row

@@ -34,7 +34,7 @@ const KernelSet& avx2_kernels() noexcept {
                     set.tile_rows_q4_0 == y_tile_rows<YTile<X86Q32::q4_0>> &&
                     set.tile_rows_q6_k == x86_tile_rows_k<X86Q6K, x86_rows_k<XQ6K>> &&
                     set.tile_rows_q8_0 == y_tile_rows<YTile<X86Q32::q8_0>> && set.rows_q4_0 == y_rows_q4_0 &&
-                    set.rows_q3_k == x86_rows_k<XQ3K>,
+                    set.tile_rows_q3_k == x86_tile_rows_k<X86Q3K, x86_rows_k<XQ3K>>,
                 "list every KernelSet member");
   return set;
 }

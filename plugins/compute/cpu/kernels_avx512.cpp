@@ -1235,9 +1235,9 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_dot_mxfp4,
                                  x86_tile_q32<X86Q32::q8_0>,
                                  x86_tile_q32<X86Q32::q4_0>,
-                                 x86_tile_k<X86Q2K>,
-                                 x86_tile_k<X86Q3K>,
-                                 nullptr,  // q4_k..q6_k: tile_rows_q*_k
+                                 nullptr,  // q2_k..q6_k: tile_rows_q*_k
+                                 nullptr,
+                                 nullptr,
                                  nullptr,
                                  nullptr,
                                  x86_tile_q32<X86Q32::mxfp4>,
@@ -1260,14 +1260,16 @@ const KernelSet& avx512_kernels() noexcept {
                                  z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>>,
                                  z_rows_q4_0,
                                  x86_rows_k<XQ2K>,
-                                 x86_rows_k<XQ3K>};
+                                 x86_rows_k<XQ3K>,
+                                 x86_tile_rows_k<X86Q2K, x86_rows_k<XQ2K>>,
+                                 x86_tile_rows_k<X86Q3K, x86_rows_k<XQ3K>>};
   // The initializer is positional: a member left out shifts the last one, and the path silently runs scalar code.
   static_assert(set.swiglu == z_swiglu && set.mxfp4 == z_dot_mxfp4 && set.rows_mxfp4 == z_rows_mxfp4 &&
                     set.tile_rows_mxfp4 == z_tile_rows<ZTileMxfp4> &&
                     set.tile_rows_q8_0 == z_tile_rows<ZTileQ32<X86Q32::q8_0>> &&
                     set.tile_rows_q4_0 == z_tile_rows<ZTileQ32<X86Q32::q4_0>> &&
                     set.tile_rows_q6_k == z_tile_rows_k<ZTileQ6K, x86_rows_k<ZQ6K>> && set.rows_q4_0 == z_rows_q4_0 &&
-                    set.rows_q3_k == x86_rows_k<XQ3K>,
+                    set.tile_rows_q3_k == x86_tile_rows_k<X86Q3K, x86_rows_k<XQ3K>>,
                 "list every KernelSet member");
   return set;
 }

@@ -202,6 +202,8 @@ DotRowsTileFn select_tile_rows(const KernelSet& set, DType type, bool exact_acti
   switch (type) {
     case DType::q8_0: return set.tile_rows_q8_0;
     case DType::q4_0: return set.tile_rows_q4_0;
+    case DType::q2_k: return set.tile_rows_q2_k;
+    case DType::q3_k: return set.tile_rows_q3_k;
     case DType::mxfp4: return set.tile_rows_mxfp4;
     case DType::q4_k: return set.tile_rows_q4_k;
     case DType::q5_k: return set.tile_rows_q5_k;
