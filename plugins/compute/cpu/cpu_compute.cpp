@@ -411,7 +411,6 @@ class CpuCompute final : public ComputeBase {
     const float* bias = job.bias;
     float* y = job.y;
     const DotFn dot = select_dot(*opt_.kernels, wtype, exact);
-    const DotTileFn tile = select_tile(*opt_.kernels, wtype, exact);
     const DotRowsFn rows_fn = select_rows(*opt_.kernels, wtype, exact);
     const std::size_t wbytes = row_bytes(wtype, k);
     if (exact && dtype_traits(wtype)->quantized) {
@@ -425,24 +424,9 @@ class CpuCompute final : public ComputeBase {
       }
       return;
     }
-    // Tokens [from, t) through the multi-row kernel, one token at a time (decode's path).
-    const auto rows_of_tokens = [&](std::int64_t from) {
-      for (std::int64_t i = from; i < t; ++i)
-        for (std::int64_t q0 = r0; q0 < r1; q0 += kRowTile) {
-          const std::int64_t q1 = std::min(r1, q0 + kRowTile);
-          float v[kRowTile];
-          rows_fn(w + static_cast<std::size_t>(q0) * wbytes, wbytes, static_cast<int>(q1 - q0),
-                  act + static_cast<std::size_t>(i) * abytes, k, v);
-          for (std::int64_t r = q0; r < q1; ++r) y[i * n + r] = bias != nullptr ? v[r - q0] + bias[r] : v[r - q0];
-        }
-    };
-    // One token: decode's multi-row kernel where the type has one. Several go through the multi-row, multi-token kernel
-    // where the type has one (it picks its own path for 2 or 3 tokens); one token does not (q8_0 from memory: 1.06x
-    // slower through the tile).
-    if (rows_fn != nullptr && t == 1) {
-      rows_of_tokens(0);
-      return;
-    }
+    // Several tokens go through the multi-row, multi-token kernel where the type has one (it picks its own path for 2
+    // or 3 tokens). One token does not (q8_0 from memory: 1.06x slower through the tile): it takes decode's multi-row
+    // kernel where the type has one. Every path gives a token the bits of its DotFn, so the split changes no result.
     const DotRowsTileFn tile_rows = t > 1 ? select_tile_rows(*opt_.kernels, wtype, exact) : nullptr;
     // Up to kRowTile rows decoded once for up to kTokenTile tokens, every token (a remainder too) through it; the rows'
     // codes stay in the caches from one token tile to the next.
@@ -463,31 +447,28 @@ class CpuCompute final : public ComputeBase {
       }
       return;
     }
-    // Whole tiles (q2_k, q3_k: from the caches 2-3 tokens are 1.1-1.4x faster there than through the multi-row
-    // kernel once per token); a last single token goes through the multi-row kernel. Every path gives a token the
-    // bits of its DotFn, so the split changes no result.
-    std::int64_t tiled = t;
-    if (rows_fn != nullptr && t % kTokensPerTile == 1) tiled = t - 1;
-    for (std::int64_t t0 = 0; t0 < tiled; t0 += kTokensPerTile) {
-      const std::int64_t t1 = std::min(tiled, t0 + kTokensPerTile);
+    if (rows_fn != nullptr) {  // one token at a time (decode's path)
+      for (std::int64_t i = 0; i < t; ++i)
+        for (std::int64_t q0 = r0; q0 < r1; q0 += kRowTile) {
+          const std::int64_t q1 = std::min(r1, q0 + kRowTile);
+          float v[kRowTile];
+          rows_fn(w + static_cast<std::size_t>(q0) * wbytes, wbytes, static_cast<int>(q1 - q0),
+                  act + static_cast<std::size_t>(i) * abytes, k, v);
+          for (std::int64_t r = q0; r < q1; ++r) y[i * n + r] = bias != nullptr ? v[r - q0] + bias[r] : v[r - q0];
+        }
+      return;
+    }
+    // The DotFn, kTokensPerTile tokens against each row at a time (their activations stay in the caches).
+    for (std::int64_t t0 = 0; t0 < t; t0 += kTokensPerTile) {
+      const std::int64_t t1 = std::min(t, t0 + kTokensPerTile);
       for (std::int64_t r = r0; r < r1; ++r) {
         const std::byte* wr = w + static_cast<std::size_t>(r) * wbytes;
-        if (tile != nullptr && t1 - t0 > 1) {
-          for (std::int64_t i = t0; i < t1; i += kTokenTile) {
-            const int m = static_cast<int>(std::min<std::int64_t>(kTokenTile, t1 - i));
-            float v[kTokenTile];
-            tile(wr, act + static_cast<std::size_t>(i) * abytes, abytes, m, k, v);
-            for (int j = 0; j < m; ++j) y[(i + j) * n + r] = bias != nullptr ? v[j] + bias[r] : v[j];
-          }
-          continue;
-        }
         for (std::int64_t i = t0; i < t1; ++i) {
           const float v = dot(wr, act + static_cast<std::size_t>(i) * abytes, k);
           y[i * n + r] = bias != nullptr ? v + bias[r] : v;
         }
       }
     }
-    if (tiled < t) rows_of_tokens(tiled);
   }
 
   // A weight of matmul and the expert ops (`matmul` true: mxfp4 too) or an embedding table.

@@ -49,11 +49,8 @@ inline constexpr int kF32Lanes = 32;
 // Lanes of the q8_0 / q4_0 / mxfp4 block accumulation: block b goes to lane b % kBlockLanes.
 inline constexpr int kBlockLanes = 4;
 
-// Several tokens against one weight row, the row decoded once: out[i] gets exactly the bits of
-// DotFn for token i (activations of token i at act + i * act_stride), ntok <= kTokenTile.
+// Tokens a multi-token kernel (DotRowsTileFn) takes at a time.
 inline constexpr int kTokenTile = 8;
-using DotTileFn = void (*)(const void* w_row, const std::byte* act, std::size_t act_stride, int ntok, std::int64_t k,
-                           float* out) noexcept;
 
 // Several weight rows against one token (decode): the token's activation block is loaded once
 // for all rows, scales are unpacked in vector registers and the per-row float updates run as
@@ -86,15 +83,6 @@ struct KernelSet {
   DotFn q5_k;
   DotFn q6_k;
   DotFn mxfp4;
-  // Multi-token versions of the quantized kernels (where no tile_rows_* takes the type); nullptr: the DotFn per token.
-  DotTileFn tile_q8_0 = nullptr;
-  DotTileFn tile_q4_0 = nullptr;
-  DotTileFn tile_q2_k = nullptr;
-  DotTileFn tile_q3_k = nullptr;
-  DotTileFn tile_q4_k = nullptr;
-  DotTileFn tile_q5_k = nullptr;
-  DotTileFn tile_q6_k = nullptr;
-  DotTileFn tile_mxfp4 = nullptr;
   // y[i] = y[i] * c + a * x[i] (elementwise, so every vector width gives the same bits).
   void (*scale_axpy)(float* y, float c, float a, const float* x, std::int64_t n) noexcept = nullptr;
   // Several weight rows against one token; nullptr: call the DotFn per row.
@@ -120,7 +108,7 @@ struct KernelSet {
   float (*softmax_block)(float* s, int n, float scale, float m, float* sum) noexcept = nullptr;
   // swiglu_scalar with the same bits; nullptr: that function.
   void (*swiglu)(const float* g, const float* u, float* out, std::int64_t n) noexcept = nullptr;
-  // Several weight rows against several tokens; nullptr: the tiles above (or the DotFn) row by row.
+  // Several weight rows against several tokens; nullptr: the multi-row kernel (or the DotFn) once per token.
   DotRowsTileFn tile_rows_mxfp4 = nullptr;
   DotRowsTileFn tile_rows_q8_0 = nullptr;  // 2 or more tokens; one token keeps the DotFn row by row
   DotRowsTileFn tile_rows_q4_0 = nullptr;
@@ -172,7 +160,6 @@ const KernelSet& avx512_kernels() noexcept;   // needs avx512f/bw/vl/vnni beside
 DotFn select_dot(const KernelSet& set, DType type, bool exact_activations) noexcept;
 
 // The multi-token function for quantized weights with quantized activations; nullptr otherwise.
-DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept;
 
 // The multi-row function for quantized weights with quantized activations; nullptr otherwise.
 DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) noexcept;

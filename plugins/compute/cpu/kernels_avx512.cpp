@@ -551,7 +551,7 @@ KTARGET inline __m512 z_row_products16(const __m512i* lo, const __m512i* hi, __m
 KTARGET void z_rows_q4_0(const std::byte* w, std::size_t stride, int nrows, const void* act, std::int64_t k,
                          float* out) noexcept {
   if (k < kRowsQ4_0MinK) {
-    for (int r = 0; r < nrows; ++r) out[r] = z_dot_q4_0(w + static_cast<std::size_t>(r) * stride, act, k);
+    x86_rows_dot<z_dot_q4_0>(w, stride, nrows, act, k, out);
     return;
   }
   z_tile_rows<ZTileQ32<X86Q32::q4_0>>(w, stride, nrows, static_cast<const std::byte*>(act), 0, 1, k, out);
@@ -1233,14 +1233,6 @@ const KernelSet& avx512_kernels() noexcept {
                                  x86_dot_q5_k,
                                  x86_dot_q6_k,
                                  z_dot_mxfp4,
-                                 x86_tile_q32<X86Q32::q8_0>,
-                                 x86_tile_q32<X86Q32::q4_0>,
-                                 nullptr,  // q2_k..q6_k: tile_rows_q*_k
-                                 nullptr,
-                                 nullptr,
-                                 nullptr,
-                                 nullptr,
-                                 x86_tile_q32<X86Q32::mxfp4>,
                                  x86_scale_axpy,
                                  x86_rows_k<ZQ4K>,
                                  x86_rows_k<ZQ6K>,

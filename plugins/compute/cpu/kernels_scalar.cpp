@@ -168,21 +168,6 @@ float softmax_block_scalar(float* s, int n, float scale, float m, float* sum) no
   return mn;
 }
 
-DotTileFn select_tile(const KernelSet& set, DType type, bool exact_activations) noexcept {
-  if (exact_activations) return nullptr;
-  switch (type) {
-    case DType::q8_0: return set.tile_q8_0;
-    case DType::q4_0: return set.tile_q4_0;
-    case DType::q2_k: return set.tile_q2_k;
-    case DType::q3_k: return set.tile_q3_k;
-    case DType::q4_k: return set.tile_q4_k;
-    case DType::q5_k: return set.tile_q5_k;
-    case DType::q6_k: return set.tile_q6_k;
-    case DType::mxfp4: return set.tile_mxfp4;
-    default: return nullptr;
-  }
-}
-
 DotRowsFn select_rows(const KernelSet& set, DType type, bool exact_activations) noexcept {
   if (exact_activations) return nullptr;
   switch (type) {
@@ -436,9 +421,8 @@ float dot_q6_k(const void* w_row, const void* act, std::int64_t k) noexcept {
 }  // namespace
 
 const KernelSet& scalar_kernels() noexcept {
-  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0,  dot_q4_0, dot_q2_k,
-                                 dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, dot_mxfp4, nullptr,  nullptr,
-                                 nullptr,  nullptr,  nullptr,  nullptr,  nullptr,   nullptr,  scale_axpy_scalar};
+  static constexpr KernelSet set{"scalar", dot_f32,  dot_f16,  dot_bf16, dot_q8_0,  dot_q4_0,         dot_q2_k,
+                                 dot_q3_k, dot_q4_k, dot_q5_k, dot_q6_k, dot_mxfp4, scale_axpy_scalar};
   static_assert(set.mxfp4 == dot_mxfp4 && set.scale_axpy == scale_axpy_scalar, "list every KernelSet member");
   return set;
 }
