@@ -1343,7 +1343,6 @@ sdk::Expected<std::unique_ptr<Engine::Sequence>> Engine::new_sequence() const {
 
 Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<RoutingRecord>* trace) {
   if (items.empty()) return Status(StatusCode::invalid_argument, "no sequences to run");
-  std::int64_t T = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const auto& it = items[i];
     if (it.sequence == nullptr || it.tokens.empty()) {
@@ -1374,7 +1373,6 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
                                                       " new tokens exceed the context of " +
                                                       std::to_string(it.sequence->kv.context()) + " positions");
     }
-    T += n;
   }
   auto& S = *scratch_;
   const std::int64_t D = hp_.hidden_size;

@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include "colibri/sdk/cpu_features.hpp"
+
 namespace colibri::util {
 
 namespace {
@@ -70,13 +72,13 @@ sdk::HostInfo detect() {
   __builtin_cpu_init();
   h.avx2 = __builtin_cpu_supports("avx2");
   h.fma = __builtin_cpu_supports("fma");
-  h.f16c = __builtin_cpu_supports("f16c");
+  h.f16c = sdk::cpu_has_f16c();
   h.avx512f = __builtin_cpu_supports("avx512f");
   h.avx512bw = __builtin_cpu_supports("avx512bw");
   h.avx512vl = __builtin_cpu_supports("avx512vl");
   h.avx512_vnni = __builtin_cpu_supports("avx512vnni");
   h.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
-  h.avx_vnni = __builtin_cpu_supports("avxvnni");
+  h.avx_vnni = sdk::cpu_has_avx_vnni();
   h.amx_usable = probe_amx();
   h.physical_cores = physical_core_count();
   h.logical_cpus = static_cast<unsigned>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));

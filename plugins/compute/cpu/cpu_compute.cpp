@@ -17,6 +17,7 @@
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/float16.hpp"
 #include "colibri/quant/quant.hpp"
+#include "colibri/sdk/cpu_features.hpp"
 #include "colibri/sdk/sdk.hpp"
 #include "kernels.hpp"
 #include "thread_pool.hpp"
@@ -32,11 +33,11 @@ constexpr std::int64_t kMaxGroupedQueries = 8;
 // ------------------------------------------------------------------ CPU features (create time only)
 
 bool cpu_has_avx2() noexcept {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && sdk::cpu_has_f16c();
 }
 
 bool cpu_has_avxvnni() noexcept {
-  return cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+  return cpu_has_avx2() && sdk::cpu_has_avx_vnni();
 }
 
 bool cpu_has_avx512() noexcept {

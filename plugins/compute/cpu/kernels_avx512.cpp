@@ -1,7 +1,9 @@
 // AVX-512 row kernels: 512-bit float rows, VNNI (vpdpbusd) for the 32-element block formats, and
 // the 256-bit k-quant kernels re-encoded for this target. Same bits as the scalar path.
 // GCC 12 reports its own _mm512_undefined_* pass-through values as (maybe-)uninitialized; they are not.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 

@@ -1,6 +1,8 @@
 // AVX-512 dequantizers and fp16/bf16 conversions (run-time dispatched; see quant.cpp).
 // GCC 12 reports its own _mm512_undefined_* helpers as maybe-uninitialized; they are not.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>

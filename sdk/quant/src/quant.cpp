@@ -10,6 +10,7 @@
 #endif
 
 #include "colibri/quant/float16.hpp"
+#include "colibri/sdk/cpu_features.hpp"
 #include "reference.hpp"
 
 namespace colibri::quant {
@@ -41,7 +42,7 @@ class IeeeFloatMode {
 
 bool cpu_has_avx2() noexcept {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && sdk::cpu_has_f16c();
 }
 
 bool cpu_has_avx512() noexcept {
