@@ -258,6 +258,11 @@ bool JsonConstraint::step(unsigned char c) {
       return true;
     case Mode::after_value: return after_value(c);
     case Mode::string:
+      if (surrogate_ != Surrogate::none) {  // a \uD800-\uDBFF escape: only the low half's escape may follow
+        if (c != '\\') return false;
+        mode_ = Mode::string_escape;
+        return true;
+      }
       if (pending_ > 0) {  // inside a multi-byte UTF-8 character
         if (lead_ != 0 ? !tokenizer::utf8::second_ok(lead_, c) : (c < 0x80 || c > 0xBF)) return false;
         lead_ = 0;
@@ -291,13 +296,34 @@ bool JsonConstraint::step(unsigned char c) {
         pending_ = 4;
         return true;
       }
+      if (surrogate_ != Surrogate::none) return false;
       if (c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' && c != 'r' && c != 't') return false;
       mode_ = Mode::string;
       return true;
     case Mode::string_unicode: {
       const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
       if (!hex) return false;
-      if (--pending_ == 0) mode_ = Mode::string;
+      // UTF-16 surrogates come in pairs, \uD800-\uDBFF then \uDC00-\uDFFF: strict parsers refuse a lone half. The
+      // first two digits decide: D8-DB opens a pair, DC-DF closes one and is refused anywhere else.
+      const unsigned lower = c | 0x20U;
+      if (pending_ == 4) {
+        if (surrogate_ == Surrogate::low_due && lower != 'd') return false;
+        first_digit_d_ = lower == 'd';
+      } else if (pending_ == 3 && first_digit_d_) {
+        const bool high = lower == '8' || lower == '9' || lower == 'a' || lower == 'b';
+        const bool low = lower >= 'c' && lower <= 'f';
+        if (surrogate_ == Surrogate::low_due) {
+          if (!low) return false;
+        } else if (low) {
+          return false;
+        } else if (high) {
+          surrogate_ = Surrogate::high_seen;
+        }
+      }
+      if (--pending_ == 0) {
+        mode_ = Mode::string;
+        surrogate_ = surrogate_ == Surrogate::high_seen ? Surrogate::low_due : Surrogate::none;
+      }
       return true;
     }
     case Mode::literal_set: return literal_step(c);
@@ -310,6 +336,9 @@ bool JsonConstraint::step(unsigned char c) {
       // Bounded so that every number fits a double (parsers refuse 1e400): 64 bytes, exponents of 2 digits.
       const bool ends = !digit && c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-';
       if (!ends && ++number_length_ > kMaxNumberLength) return false;
+      // '.', 'e' and an exponent's sign need a digit after them: one that would leave no room for it would leave
+      // no byte to continue with (sampling would have no token but to stop mid-object).
+      if (!digit && !ends && number_length_ >= kMaxNumberLength) return false;
       switch (number_) {
         case Num::minus:
           if (c == '0') {

@@ -95,6 +95,53 @@ TEST(JsonConstraint, DepthAndWhitespaceAreBounded) {
   EXPECT_TRUE(w.accepts("\"" + std::string(500, ' ') + "\""));
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_json_constraint.cpp): a number that reached the length limit on a '.', 'e' or sign
+// left no byte to follow (sampling had no token but to stop mid-object), and a lone \uDC00-\uDFFF escape made a
+// "complete" text that strict parsers (nlohmann, serde_json) refuse.
+TEST(JsonConstraint, LongNumbersLeaveADigitOrTheEndToFollow) {
+  for (const std::string_view tail : {".", "e", "e+", ".5e-", "E-"}) {
+    for (std::size_t digits = 1; digits <= JsonConstraint::kMaxNumberLength; ++digits) {
+      JsonConstraint c;
+      ASSERT_TRUE(c.advance("{\"a\":" + std::string(digits, '1')));
+      std::string text = std::string(digits, '1');
+      for (const char ch : tail) {
+        if (!c.advance(std::string(1, ch))) break;
+        text += ch;
+      }
+      EXPECT_TRUE(c.accepts("1") || c.accepts("}")) << "a dead end after " << text;
+      if (c.accepts("1}")) {
+        ASSERT_TRUE(c.advance("1}"));
+        EXPECT_TRUE(nlohmann::json::parse("{\"a\":" + text + "1}").is_object()) << text;
+      }
+    }
+  }
+  JsonConstraint full;
+  ASSERT_TRUE(full.advance("{\"a\":" + std::string(JsonConstraint::kMaxNumberLength, '1')));
+  EXPECT_FALSE(full.accepts("1"));
+  EXPECT_TRUE(full.accepts("}"));
+}
+
+TEST(JsonConstraint, SurrogateEscapesComeInPairs) {
+  JsonConstraint c;
+  ASSERT_TRUE(c.advance("{\"a\": \""));
+  EXPECT_TRUE(c.accepts("\\ud83d\\ude00\""));
+  EXPECT_TRUE(c.accepts("\\uDBFF\\uDFFF\""));
+  EXPECT_TRUE(c.accepts("\\uD7FF\\uE000\\u00e9\\u0000\""));  // just outside the surrogate range, and others
+  EXPECT_FALSE(c.accepts("\\udc00"));                        // a low half first
+  EXPECT_FALSE(c.accepts("\\uDFFF"));
+  EXPECT_FALSE(c.accepts("\\ud83d\""));  // a high half alone
+  EXPECT_FALSE(c.accepts("\\ud83dx"));
+  EXPECT_FALSE(c.accepts("\\ud83d\\n"));
+  EXPECT_FALSE(c.accepts("\\ud83d\\u0041"));
+  EXPECT_FALSE(c.accepts("\\ud83d\\ud83d"));
+  ASSERT_TRUE(c.advance("\\ud83d"));
+  EXPECT_FALSE(c.in_plain_string());  // JsonTokenMask must not pass plain text here
+  ASSERT_TRUE(c.advance("\\ude00"));
+  EXPECT_TRUE(c.in_plain_string());
+  ASSERT_TRUE(c.advance("\"}"));
+  EXPECT_TRUE(c.complete());
+}
+
 // A random walk that only takes bytes the automaton accepts, steered to close what it opened: every text it
 // completes is valid JSON (checked by nlohmann), so the constraint never lets a model write invalid JSON.
 TEST(JsonConstraint, EveryCompletedRandomWalkIsValidJson) {

@@ -84,7 +84,9 @@ class JsonConstraint {
   // The top-level object is closed: the text is one complete JSON object.
   [[nodiscard]] bool complete() const { return mode_ == Mode::done; }
   // Inside a string, between characters: any text without '"', '\' and control characters is accepted.
-  [[nodiscard]] bool in_plain_string() const { return mode_ == Mode::string && pending_ == 0; }
+  [[nodiscard]] bool in_plain_string() const {
+    return mode_ == Mode::string && pending_ == 0 && surrogate_ == Surrogate::none;
+  }
   [[nodiscard]] bool accepts_byte(unsigned char c) const {
     JsonConstraint copy = *this;
     return copy.step(c);
@@ -108,6 +110,8 @@ class JsonConstraint {
     done,
   };
   enum class Num : std::uint8_t { minus, zero, integer, dot, fraction, exp_mark, exp_sign, exponent };
+  // A \u escape of a UTF-16 high surrogate is being written (high_seen) or was (low_due: its low half must follow).
+  enum class Surrogate : std::uint8_t { none, high_seen, low_due };
 
   friend class JsonTokenMask;  // steps its per-byte copies directly
   bool step(unsigned char c);
@@ -139,8 +143,10 @@ class JsonConstraint {
   bool string_is_key_ = false;
   Num number_ = Num::minus;
   std::uint8_t number_length_ = 0, exponent_digits_ = 0;
-  std::uint8_t pending_ = 0;       // string: UTF-8 continuation bytes still due; \u: hex digits still due
-  std::uint8_t lead_ = 0;          // a UTF-8 lead byte whose first continuation is due (0: none)
+  std::uint8_t pending_ = 0;  // string: UTF-8 continuation bytes still due; \u: hex digits still due
+  std::uint8_t lead_ = 0;     // a UTF-8 lead byte whose first continuation is due (0: none)
+  Surrogate surrogate_ = Surrogate::none;
+  bool first_digit_d_ = false;     // \u escape: its first hex digit was d or D
   const char* literal_ = nullptr;  // the rest of "true" / "false" / "null"
   int whitespace_run_ = 0;
 };
