@@ -773,6 +773,12 @@ constexpr std::string_view kHarmonyMarkers[] = {"<|end|>",       "<|return|>",  
                                                 "<|endoftext|>", kHarmonyStart,   kHarmonyChannel,
                                                 kHarmonyMessage, "<|constrain|>", "<|startoftext|>"};
 constexpr std::size_t kHarmonyEnds = 4;
+constexpr std::size_t longest_harmony_marker() {
+  std::size_t n = 0;
+  for (const auto marker : kHarmonyMarkers) n = std::max(n, marker.size());
+  return n;
+}
+constexpr std::size_t kLongestHarmonyMarker = longest_harmony_marker();
 constexpr std::size_t kMaxHarmonyHeader = 512;  // a longer "header" is text of a model that left the format
 constexpr std::string_view kFunctions = "functions.";
 
@@ -917,13 +923,29 @@ HarmonyOutput HarmonyStream::push(std::string_view text) {
   HarmonyOutput out;
   for (;;) {
     if (state_ == State::header) {
-      const std::size_t message = held_.find(kHarmonyMessage);
-      // An end, or a new <|start|>, before the <|message|>: what came before it was no header.
-      std::optional<std::size_t> restart;
-      for (auto f = find_harmony_marker(held_); f && (message == std::string::npos || f->first < message);
+      // Decided from the front, one marker at a time, and only by markers that start within the first
+      // kMaxHarmonyHeader bytes: so the same text gives the same messages however it is cut into pushes.
+      const bool header = harmony_header_start(std::string_view(held_).substr(skip_space(held_, 0)), role_next_);
+      if (!header) {  // text outside the format is content, streamed as it comes
+        prompt_header_.clear();
+        role_next_ = false;
+        sink_ = Sink::content;
+        state_ = State::body;
+        continue;
+      }
+      std::optional<std::size_t> message, restart;
+      for (auto f = find_harmony_marker(held_); f && f->first < kMaxHarmonyHeader;
            f = find_harmony_marker(held_, f->first + kHarmonyMarkers[f->second].size())) {
-        if (f->second < kHarmonyEnds) restart = f->first + kHarmonyMarkers[f->second].size();
-        if (kHarmonyMarkers[f->second] == kHarmonyStart && f->first > 0) restart = f->first;
+        if (kHarmonyMarkers[f->second] == kHarmonyMessage) {
+          message = f->first;
+        } else if (f->second < kHarmonyEnds) {  // an end before the <|message|>: what came before was no header
+          restart = f->first + kHarmonyMarkers[f->second].size();
+        } else if (kHarmonyMarkers[f->second] == kHarmonyStart && f->first > 0) {  // a new header begins
+          restart = f->first;
+        } else {
+          continue;  // <|channel|>, <|constrain|>: part of the header
+        }
+        break;
       }
       if (restart) {
         held_.erase(0, *restart);
@@ -931,25 +953,29 @@ HarmonyOutput HarmonyStream::push(std::string_view text) {
         role_next_ = false;
         continue;
       }
-      if (message != std::string::npos) {
-        open_message(prompt_header_ + held_.substr(0, message));
+      if (message) {
+        open_message(prompt_header_ + held_.substr(0, *message));
         prompt_header_.clear();
         role_next_ = false;
-        held_.erase(0, message + kHarmonyMessage.size());
+        held_.erase(0, *message + kHarmonyMessage.size());
         state_ = State::body;
         continue;
       }
-      const bool header = harmony_header_start(std::string_view(held_).substr(skip_space(held_, 0)), role_next_);
-      if (header && held_.size() <= kMaxHarmonyHeader) return out;
-      // Text outside the format is content, streamed as it comes; a "header" that never ends, without its markers.
+      // Until every marker that starts within the limit can be seen whole, a header may still end.
+      if (held_.size() < kMaxHarmonyHeader + kLongestHarmonyMarker) return out;
+      // A "header" that never ends: the model left the format. Its first kMaxHarmonyHeader bytes (and a marker that
+      // starts in them) are content without their markers; what follows is read as text.
+      std::size_t cut = kMaxHarmonyHeader;
+      for (auto f = find_harmony_marker(held_); f && f->first < kMaxHarmonyHeader;
+           f = find_harmony_marker(held_, f->first + kHarmonyMarkers[f->second].size())) {
+        cut = std::max(cut, f->first + kHarmonyMarkers[f->second].size());
+      }
+      out.content += strip_harmony_markers(std::string_view(held_).substr(0, cut));
+      held_.erase(0, cut);
       prompt_header_.clear();
       role_next_ = false;
       sink_ = Sink::content;
       state_ = State::body;
-      if (header) {
-        out.content += strip_harmony_markers(std::exchange(held_, {}));
-        return out;
-      }
       continue;
     }
     const auto found = find_harmony_marker(held_);

@@ -263,6 +263,29 @@ TEST(Harmony, AModelOutsideTheFormatIsContent) {
   EXPECT_EQ(run(kPrompt, false, endless, {}), (Result{"", std::string(600, 'x'), {}}));
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_chat_output.cpp): a whole push took everything before <|message|> as a header
+// where pieces had already sent its start as content (it did not start like one), and a "header" of more than 512
+// bytes ended where the pieces happened to end. Both are now decided from the front of the text alone.
+TEST(Harmony, TheSameTextGivesTheSameMessagesHoweverItIsCut) {
+  constexpr std::string_view kFinalOpen = "<|start|>assistant<|channel|>final<|message|>";
+  expect_split(kFinalOpen, false, "Hi.<|end|>assistant<|channel|>final<|message|>Bye",
+               Result{"", "Hi.assistantBye", {}});  // the model left out <|start|>: its role is text
+  expect_split(kPrompt, false, "x<|end|>y<|start|>assistant<|channel|>final<|message|>z", Result{"", "xyz", {}});
+  for (const std::size_t length : {400, 497, 500, 501, 510, 520, 600}) {
+    const std::string text = "<|channel|>final" + std::string(length, 'x') + "<|message|>hi<|end|>";
+    const Result whole = run(kPrompt, false, text, {});
+    for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+      const Result got = run(kPrompt, false, text, {cut});
+      ASSERT_EQ(got, whole) << "header of " << length << " bytes cut at " << cut;
+    }
+    if (16 + length <= 512) {
+      EXPECT_EQ(whole.reasoning + whole.content, "hi") << length;  // a long header, still one (of no known channel)
+    } else {
+      EXPECT_EQ(whole, (Result{"", "final" + std::string(length, 'x') + "hi", {}})) << length;  // no header
+    }
+  }
+}
+
 TEST(Harmony, TemplatesThatSpeakIt) {
   const auto builtin = json::parse(test::read_text(test::source_dir() / "tests/data/chat/golden/builtin_gpt-oss.json"));
   const std::string source = builtin["source"].get<std::string>();
