@@ -70,7 +70,9 @@ class BpeModel {
   void tokenize(std::string_view word, std::vector<TokenId>& out) const;
   [[nodiscard]] std::optional<TokenId> token_to_id(std::string_view piece) const;
   [[nodiscard]] const std::string* id_to_token(TokenId id) const;
-  [[nodiscard]] std::size_t vocab_size() const { return vocab_.size(); }
+  // The id space (highest id + 1): with gaps or repeated ids in a vocabulary, more than its piece count, and where
+  // added tokens' ids start so that they never take an id of the vocabulary's.
+  [[nodiscard]] std::size_t vocab_size() const { return by_id_.size(); }
 
  private:
   struct Merge {

@@ -494,7 +494,8 @@ std::string Tokenizer::eos_token() const {
 // ---------------------------------------------------------------------------------------------------------------
 
 namespace {
-// More pending tokens than one character can span: a trailing U+FFFD is then real, not an unfinished character.
+// More pending tokens than one character's bytes can span (tokens that add no bytes, such as skipped special ones,
+// included): the character is then not going to be finished.
 constexpr std::size_t kMaxPendingTokens = 4;
 
 // Length of the common prefix of a and b, backed off to a character boundary of a.
@@ -505,8 +506,17 @@ std::size_t common_prefix(std::string_view a, std::string_view b) {
   return n;
 }
 
-bool ends_with_replacement(std::string_view s) {
-  return s.size() >= 3 && s.substr(s.size() - 3) == utf8::kReplacementChar;
+// Whether `bytes` ends with the start of a UTF-8 character whose remaining bytes have not come yet (a lead byte and
+// fewer continuation bytes than it announces, the first of them allowed after it).
+bool ends_inside_character(std::string_view bytes) {
+  for (std::size_t back = 1; back <= std::min<std::size_t>(3, bytes.size()); ++back) {
+    const auto c = static_cast<unsigned char>(bytes[bytes.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;
+    const std::size_t length = utf8::lead_length(c);
+    if (length <= back) return false;
+    return back == 1 || utf8::second_ok(c, static_cast<unsigned char>(bytes[bytes.size() - back + 1]));
+  }
+  return false;
 }
 }  // namespace
 
@@ -515,13 +525,23 @@ StreamDecoder::StreamDecoder(Tokenizer tokenizer, bool skip_special)
 
 std::string StreamDecoder::push(TokenId id) {
   ids_.push_back(id);
-  const std::string text = tokenizer_.decode(ids_, skip_special_);
   const std::size_t pending = ids_.size() - context_;
-  if (ends_with_replacement(text) && pending <= kMaxPendingTokens) return {};
+  // Held back while the pending tokens' bytes end inside a character (byte-fallback or byte-level tokens carrying
+  // part of one), which the decoder shows as U+FFFD until the rest comes. Judged by the bytes, not by a trailing
+  // U+FFFD in the text: a U+FFFD the model wrote as a token of its own is text, and goes out at once.
+  if (pending <= kMaxPendingTokens) {
+    std::string tail;
+    for (std::size_t i = ids_.size(); i > context_ && tail.size() < 4; --i) {
+      if (skip_special_ && tokenizer_.is_special(ids_[i - 1])) continue;
+      tail.insert(0, tokenizer_.token_bytes(ids_[i - 1]).value_or(""));
+    }
+    if (ends_inside_character(tail)) return {};
+  }
+  const std::string text = tokenizer_.decode(ids_, skip_special_);
   const std::size_t common = common_prefix(text, prefix_);
   if (common == text.size()) return {};  // nothing new yet (e.g. a skipped special token)
-  // Normally common == prefix_.size(). If the decoder rewrote already released text (only after a real U+FFFD was
-  // forced out), release from the divergence point rather than lose text.
+  // Normally common == prefix_.size(). If the decoder rewrote already released text (only after an unfinished
+  // character was forced out by kMaxPendingTokens), release from the divergence point rather than lose text.
   std::string out = text.substr(common);
   // The tokens just released become the context of the next chunk, so context-dependent decoders (a Strip of the
   // leading space, Metaspace's first token) see the same neighbours as a full decode.

@@ -56,6 +56,21 @@ TEST(TinyBpe, MergesByRankAndFusesUnknowns) {
   EXPECT_EQ(tok.decode(std::vector<TokenId>{7, 2, 6}, true), "ab bc");  // no decoder: pieces joined by spaces
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_tokenizer_json.cpp): with a gap in the vocabulary's ids (or a piece written
+// twice), the added tokens' ids started at the piece count and took an id of the vocabulary's, and vocab_size() was
+// below the ids encode() returned. Added tokens now start after the highest id.
+TEST(TinyBpe, AddedTokensStartAfterTheHighestIdWhereTheVocabularyHasGaps) {
+  json j = tiny_bpe();
+  j["model"]["vocab"] = {{"a", 0}, {"b", 1}, {"ab", 2}, {"<unk>", 3}, {"c", 4}, {"abc", 5}, {"bc", 9}};  // 6-8 unused
+  j["added_tokens"][0]["id"] = 10;
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {10};
+  Tokenizer tok = load(j);
+  EXPECT_EQ(tok.vocab_size(), 11U);
+  EXPECT_EQ(tok.encode("<s>bc"), (std::vector<TokenId>{10, 9}));
+  for (const TokenId id : tok.encode("ab<s>abc", true)) EXPECT_LT(static_cast<std::size_t>(id), tok.vocab_size());
+  EXPECT_EQ(tok.decode(std::vector<TokenId>{10, 9}), "<s> bc");
+}
+
 TEST(TinyBpe, IgnoreMergesTakesWholeWordFromVocab) {
   json j = tiny_bpe();
   j["model"]["ignore_merges"] = true;
@@ -301,6 +316,33 @@ TEST(Streaming, InvalidBytesDoNotStallOrLoseText) {
   joined += stream.flush();
   EXPECT_TRUE(released_before_end);
   EXPECT_NE(joined.find("ok"), std::string::npos);
+  EXPECT_EQ(joined, tok->decode(ids));
+}
+
+// Found by fuzzing (tests/fuzz/fuzz_tokenizer_encode.cpp): U+FFFD written as a token of its own (what invalid UTF-8
+// in a prompt becomes) was held back as if it were an unfinished character, until a fifth pending token forced
+// out the byte token of a real unfinished one as an extra U+FFFD. What is held back is now judged by the bytes.
+TEST(Streaming, AReplacementCharacterTokenIsTextNotAnUnfinishedCharacter) {
+  const Tokenizer* tok = test::shipped_tokenizer("mixtral");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("mixtral");
+  const auto replacement = tok->piece_to_token("\xEF\xBF\xBD");
+  ASSERT_TRUE(replacement.has_value());
+  std::vector<TokenId> ids(4, *replacement);
+  for (const char* piece : {"<0xEF>", "<0xBC>", "<0xA3>"}) ids.push_back(*tok->piece_to_token(piece));  // U+FF23
+  StreamDecoder stream(*tok);
+  std::string joined;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string chunk = stream.push(ids[i]);
+    if (i < 4) {
+      EXPECT_EQ(chunk, "\xEF\xBF\xBD") << "a U+FFFD token goes out at once";
+    } else if (i < 6) {
+      EXPECT_EQ(chunk, "") << "the first bytes of U+FF23 wait";
+    } else {
+      EXPECT_EQ(chunk, "\xEF\xBC\xA3");
+    }
+    joined += chunk;
+  }
+  joined += stream.flush();
   EXPECT_EQ(joined, tok->decode(ids));
 }
 
