@@ -1,10 +1,12 @@
 #include "colibri/profile/profile.hpp"
 
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -163,26 +165,86 @@ std::string node_text(const YAML::Node& n) {
   return n.Scalar();
 }
 
+// Watches one document's events: whether it holds anything, and where that starts.
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  bool content = false;
+  YAML::Mark mark = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { seen(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override { seen(m); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    seen(m);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void seen(const YAML::Mark& m) {
+    if (!content) mark = m;
+    content = true;
+  }
+};
+
+// The line (from 1) of the first text in `yaml` that is not blank, a comment or a document marker; 0 when none.
+std::size_t first_text_line(const std::string& yaml) {
+  std::istringstream lines(yaml);
+  std::string line;
+  for (std::size_t n = 1; std::getline(lines, line); ++n) {
+    const auto start = line.find_first_not_of(" \t\r");
+    if (start == std::string::npos || line[start] == '#' || line == "---" || line == "...") continue;
+    return n;
+  }
+  return 0;
+}
+
 sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   FileLayer layer;
   layer.file = file;
   layer.name = file.stem().string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return Status(StatusCode::not_found, file.string() + ": cannot be read");
+  std::ostringstream text_stream;
+  text_stream << in.rdbuf();
+  const std::string text = text_stream.str();
   YAML::Node root;
   try {
-    // All documents, so that a second one (after a `---`) is an error instead of being ignored.
-    const auto docs = YAML::LoadAllFromFile(file.string());
-    if (docs.size() > 1) {
-      return Status(StatusCode::invalid_argument,
-                    mark_of(file, docs[1].Mark()) + ": a second YAML document (after '---'); a profile is one " +
-                        "document: merge the two, or put the second in its own file and use 'extends'");
+    // Not YAML::LoadAll: yaml-cpp 0.7 (Debian 12's) repeats an empty document forever, allocating as it goes, after
+    // some syntax errors (a lone ',': yaml-cpp issue 1040, fixed upstream in 2024). The first document is loaded on
+    // its own; the rest are only probed, stopping at the first empty one, so that a second document (after a `---`)
+    // is still an error instead of being ignored.
+    root = YAML::Load(text);
+    std::istringstream probe_in(text);
+    YAML::Parser parser(probe_in);
+    for (int document = 0; document < 2; ++document) {
+      DocumentProbe probe;
+      if (!parser.HandleNextDocument(probe) || !probe.content) break;
+      if (document == 1) {
+        return Status(StatusCode::invalid_argument,
+                      mark_of(file, probe.mark) + ": a second YAML document (after '---'); a profile is one " +
+                          "document: merge the two, or put the second in its own file and use 'extends'");
+      }
     }
-    if (!docs.empty()) root = docs[0];
   } catch (const YAML::ParserException& e) {
     return Status(StatusCode::invalid_argument, mark_of(file, e.mark) + ": invalid YAML: " + e.msg);
-  } catch (const YAML::BadFile&) {
-    return Status(StatusCode::not_found, file.string() + ": cannot be read");
   }
-  if (root.IsNull()) return layer;
+  if (root.IsNull()) {
+    // Empty, or only comments: an empty profile. Text that reads as nothing is a mistake (yaml-cpp 0.7 reads some
+    // invalid YAML, a lone ',', as an empty document rather than failing).
+    if (const std::size_t line = first_text_line(text); line != 0) {
+      return Status(StatusCode::invalid_argument,
+                    file.string() + ":" + std::to_string(line) +
+                        ": no settings could be read from here (invalid YAML, or a value where a profile's mapping "
+                        "of sections belongs: compute:, memory:, ...)");
+    }
+    return layer;
+  }
   if (!root.IsMap()) {
     return Status(StatusCode::invalid_argument,
                   mark_of(file, root.Mark()) + ": a profile is a mapping of sections (compute:, memory:, ...)");

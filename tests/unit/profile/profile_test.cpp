@@ -258,6 +258,19 @@ TEST_F(ProfileTest, SecondYamlDocumentIsAnErrorNotIgnored) {
   EXPECT_TRUE(one) << one.error().message();
 }
 
+// Found by fuzzing (tests/fuzz/fuzz_profile.cpp): with Debian 12's yaml-cpp 0.7, YAML::LoadAll on a lone ',' never
+// returned, allocating until the OOM killer ended the process.
+TEST_F(ProfileTest, TextThatReadsAsNothingIsAnErrorAndNeverHangs) {
+  for (const std::string text : {",", "# settings\n\n  ,\n", "~\n"}) {
+    auto p = load(write("nothing.yaml", text).string());
+    ASSERT_FALSE(p) << text;
+    EXPECT_THAT(p.error().message(), HasSubstr("nothing.yaml:" + std::to_string(text[0] == '#' ? 3 : 1) + ":"));
+    EXPECT_THAT(p.error().message(), HasSubstr("no settings could be read"));
+  }
+  auto comments = load(write("comments.yaml", "# only a comment\n---\n").string());
+  EXPECT_TRUE(comments) << comments.error().message();
+}
+
 TEST_F(ProfileTest, BadCommandLineKeys) {
   auto p = load("", {{"memory.expert_cach", "1G", "--set"}});
   ASSERT_FALSE(p);
