@@ -6,6 +6,7 @@
 #include <unicode/ustring.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "tokenizer/pipeline.hpp"
 #include "tokenizer/utf8.hpp"
@@ -907,7 +908,10 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
       }
       auto& target = seen_sequence ? t->after : t->before;
       for (const auto& id : (*def)["ids"]) {
-        if (!id.is_number_integer()) fail(path + ".special_tokens." + name + ".ids", "expected integer ids");
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0 ||
+            id.get<std::int64_t>() > std::numeric_limits<TokenId>::max()) {
+          fail(path + ".special_tokens." + name + ".ids", "expected non-negative integer token ids");
+        }
         target.push_back(id.get<TokenId>());
       }
     }

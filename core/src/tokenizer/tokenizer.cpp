@@ -374,6 +374,19 @@ sdk::Expected<std::shared_ptr<Tokenizer::Impl>> parse_impl(std::string_view json
   if (impl->post_processor) {
     const auto prefix = impl->post_processor->prefix_ids();
     const auto suffix = impl->post_processor->suffix_ids();
+    // The template's ids go into every encoded prompt as they are: one past the vocabulary would reach the model.
+    std::size_t vocab = impl->model.vocab_size();
+    for (const auto& t : impl->added) vocab = std::max(vocab, static_cast<std::size_t>(t.id) + 1);
+    for (const auto& ids : {prefix, suffix}) {
+      for (const TokenId id : ids) {
+        if (id < 0 || static_cast<std::size_t>(id) >= vocab) {
+          return sdk::make_error(sdk::StatusCode::corrupt_data,
+                                 src + ": key 'post_processor': special token id " + std::to_string(id) +
+                                     " is outside the vocabulary (ids 0.." + std::to_string(vocab - 1) +
+                                     "); the file is damaged or belongs to another model");
+        }
+      }
+    }
     if (!prefix.empty()) impl->bos_id = prefix.front();
     if (!suffix.empty()) impl->eos_id = suffix.back();
   }

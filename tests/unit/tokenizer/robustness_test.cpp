@@ -71,6 +71,16 @@ TEST(TinyBpe, AddedTokensStartAfterTheHighestIdWhereTheVocabularyHasGaps) {
   EXPECT_EQ(tok.decode(std::vector<TokenId>{10, 9}), "<s> bc");
 }
 
+// Found by fuzzing: a template's special token ids went into every prompt unchecked.
+TEST(TinyBpe, TemplateIdsOutsideTheVocabularyAreRefused) {
+  json j = tiny_bpe();
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {70};
+  EXPECT_NE(error_of(j).find("post_processor': special token id 70 is outside the vocabulary (ids 0..7)"),
+            std::string::npos);
+  j["post_processor"]["special_tokens"]["<s>"]["ids"] = {-1};
+  EXPECT_NE(error_of(j).find("special_tokens.<s>.ids"), std::string::npos);
+}
+
 TEST(TinyBpe, IgnoreMergesTakesWholeWordFromVocab) {
   json j = tiny_bpe();
   j["model"]["ignore_merges"] = true;
