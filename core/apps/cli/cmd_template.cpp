@@ -34,7 +34,7 @@ int run_template(const TemplateOptions& o) {
   ojson doc;
   try {
     doc = ojson::parse(ss.str());
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // parse_error, or out_of_range for a number past a double
     return fail(o.messages + ": not valid JSON (" + e.what() + ")");
   }
   chat::RenderOptions options;

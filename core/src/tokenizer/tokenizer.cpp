@@ -321,7 +321,7 @@ sdk::Expected<std::shared_ptr<Tokenizer::Impl>> parse_impl(std::string_view json
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past a double
     return sdk::make_error(sdk::StatusCode::corrupt_data,
                            src + ": not valid JSON (" + e.what() + "); re-download or re-export tokenizer.json");
   }

@@ -46,7 +46,7 @@ Expected<std::vector<ExpertKey>> most_used(const std::string& path, std::int64_t
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number past a double)
     return Status(StatusCode::invalid_argument,
                   "cache.auto_pin_history " + path + " is not valid JSON (" + e.what() +
                       "); delete it or fix it (expected {\"counts\": {\"layer:expert\": n, ...}})");
