@@ -1,0 +1,107 @@
+// Any text a user sends through the shipped tokenizers (../shared/tokenizers, $COLIBRI_TOKENIZERS_DIR or the npm
+// fallback; the replay test skips without them). Ids stay in the vocabulary, streamed decoding equals decode(), and
+// byte-level tokenizers without a normalizer give back valid UTF-8 exactly.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "fuzz_common.hpp"
+#include "unit/tokenizer/test_paths.hpp"
+
+namespace {
+using colibri::tokenizer::Tokenizer;
+
+struct Shipped {
+  std::string name;
+  const Tokenizer* tokenizer;
+  bool round_trips;  // byte-level, no normalizer
+};
+
+const std::vector<Shipped>& shipped() {
+  static const std::vector<Shipped> all = [] {
+    std::vector<Shipped> v;
+    for (const auto& [name, round_trips] : std::vector<std::pair<std::string, bool>>{{"qwen3", false},
+                                                                                     {"llama3", true},
+                                                                                     {"mistral_nemo", true},
+                                                                                     {"gptoss", true},
+                                                                                     {"deepseek_v3", false},
+                                                                                     {"mixtral", false},
+                                                                                     {"llama2", false}}) {
+      if (const auto* tok = colibri::test::shipped_tokenizer(name)) v.push_back({name, tok, round_trips});
+    }
+    return v;
+  }();
+  return all;
+}
+
+bool valid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80)
+      n = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0)
+      n = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0)
+      n = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0)
+      n = 4, cp = c & 0x07;
+    else
+      return false;
+    if (i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const auto& all = shipped();
+  if (all.empty()) return 0;
+  colibri::fuzz::Input in(data, size);
+  const std::uint8_t choice = in.byte();
+  const Shipped& s = all[choice % all.size()];
+  const bool special = (choice & 0x80) != 0;
+  const std::string_view text = in.rest();
+  const auto ids = s.tokenizer->encode(text, special);
+  for (const auto id : ids) {
+    FUZZ_CHECK(id >= 0 && static_cast<std::size_t>(id) < s.tokenizer->vocab_size(),
+               s.name + " id " + std::to_string(id));
+  }
+  const auto decoded = s.tokenizer->decode(ids);
+  colibri::tokenizer::StreamDecoder stream(*s.tokenizer);
+  std::string streamed;
+  std::string list;  // each id and what the stream released with it
+  for (const auto id : ids) {
+    const std::string piece = stream.push(id);
+    streamed += piece;
+    list += std::to_string(id) + (piece.empty() ? " " : "=" + colibri::fuzz::quote(piece) + " ");
+  }
+  streamed += stream.flush();
+  if (streamed != decoded) {
+    FUZZ_CHECK(streamed == decoded, s.name + ": streamed decoding differs from decode() for ids " + list + ": " +
+                                        colibri::fuzz::versus(streamed, decoded));
+  }
+  if (s.round_trips && !special && valid_utf8(text)) {
+    FUZZ_CHECK(decoded == text,
+               s.name + ": decode(encode(text)) is not the text: " + colibri::fuzz::versus(decoded, text));
+  }
+  return 0;
+}
+
+extern "C" const char* colibri_fuzz_unavailable() {
+  return shipped().empty() ? "no shipped tokenizer found (../shared/tokenizers, $COLIBRI_TOKENIZERS_DIR or npm ci in "
+                             "tests/js/fallback)"
+                           : nullptr;
+}
