@@ -101,6 +101,15 @@ void check_stream_of(ToolCallStream (*make)(), std::string_view text, std::uint8
              "calls depend on the cuts: " + colibri::fuzz::versus(whole.calls, cut_up.calls));
 }
 
+// Reasoning and content, pushed whole and cut up.
+template <class Split>
+void check_same_text(const Split& whole, const Split& cut_up) {
+  FUZZ_CHECK(whole.reasoning == cut_up.reasoning,
+             "reasoning depends on the cuts: " + colibri::fuzz::versus(whole.reasoning, cut_up.reasoning));
+  FUZZ_CHECK(whole.content == cut_up.content,
+             "content depends on the cuts: " + colibri::fuzz::versus(whole.content, cut_up.content));
+}
+
 void check_reasoning(bool starts_inside, std::string_view text, std::uint8_t seed) {
   auto run = [&](const std::vector<std::string_view>& pieces) {
     ReasoningStream stream(starts_inside);
@@ -117,10 +126,7 @@ void check_reasoning(bool starts_inside, std::string_view text, std::uint8_t see
   };
   const auto whole = run({text});
   const auto cut_up = run(cut(text, seed));
-  FUZZ_CHECK(whole.reasoning == cut_up.reasoning,
-             "reasoning depends on the cuts: " + colibri::fuzz::versus(whole.reasoning, cut_up.reasoning));
-  FUZZ_CHECK(whole.content == cut_up.content,
-             "content depends on the cuts: " + colibri::fuzz::versus(whole.content, cut_up.content));
+  check_same_text(whole, cut_up);
 }
 
 void check_harmony(std::string_view prompt, bool tools, std::string_view text, std::uint8_t seed) {
@@ -143,10 +149,7 @@ void check_harmony(std::string_view prompt, bool tools, std::string_view text, s
   };
   const auto whole = run({text});
   const auto cut_up = run(cut(text, seed));
-  FUZZ_CHECK(whole.reasoning == cut_up.reasoning,
-             "reasoning depends on the cuts: " + colibri::fuzz::versus(whole.reasoning, cut_up.reasoning));
-  FUZZ_CHECK(whole.content == cut_up.content,
-             "content depends on the cuts: " + colibri::fuzz::versus(whole.content, cut_up.content));
+  check_same_text(whole, cut_up);
   FUZZ_CHECK(whole.calls == cut_up.calls,
              "calls depend on the cuts: " + colibri::fuzz::versus(whole.calls, cut_up.calls));
   FUZZ_CHECK(whole.deltas.arguments == cut_up.deltas.arguments, "streamed arguments depend on the cuts");

@@ -5,14 +5,18 @@ Usage: tests/fuzz/make_corpus.py [--manifests DIR...]
   --manifests: colibri model directories whose manifest.json become model_json seeds (the committed ones came from
                the model integration test's converted tiny models: gpt_oss from st, qwen3_moe from st).
 Seeds are small, valid inputs of each reader, written by hand here, so that mutations start deep inside the format.
+Needs python3-numpy (it imports tests/fixtures/make_tiny_model.py for GPT-2's byte alphabet).
 """
 import argparse
 import json
 import pathlib
 import struct
+import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+from make_tiny_model import bytes_to_unicode  # noqa: E402
 CORPUS = HERE / "corpus"
 
 
@@ -70,15 +74,8 @@ def moe_hparams(arch):
 
 
 def byte_level_chars():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
+    """GPT-2's byte-level alphabet, in make_tiny_model's order."""
+    return list(bytes_to_unicode().values())
 
 
 def gguf_seeds():
