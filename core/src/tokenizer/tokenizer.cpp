@@ -142,6 +142,14 @@ struct Tokenizer::Impl {
   TokenTrie raw_trie;         // normalized == false: matched on the raw input
   TokenTrie normalized_trie;  // normalized == true: matched on normalized text
 
+  // The id space: the model's, then the added tokens' numbered after it (an added token already in the model
+  // vocabulary has its id from there).
+  [[nodiscard]] std::size_t vocab_size() const {
+    std::size_t n = model.vocab_size();
+    for (const auto& t : added) n = std::max(n, static_cast<std::size_t>(t.id) + 1);
+    return n;
+  }
+
   std::string bos_token;
   std::string eos_token;
   std::optional<TokenId> bos_id;
@@ -375,8 +383,7 @@ sdk::Expected<std::shared_ptr<Tokenizer::Impl>> parse_impl(std::string_view json
     const auto prefix = impl->post_processor->prefix_ids();
     const auto suffix = impl->post_processor->suffix_ids();
     // The template's ids go into every encoded prompt as they are: one past the vocabulary would reach the model.
-    std::size_t vocab = impl->model.vocab_size();
-    for (const auto& t : impl->added) vocab = std::max(vocab, static_cast<std::size_t>(t.id) + 1);
+    const std::size_t vocab = impl->vocab_size();
     for (const auto& ids : {prefix, suffix}) {
       for (const TokenId id : ids) {
         if (id < 0 || static_cast<std::size_t>(id) >= vocab) {
@@ -484,11 +491,7 @@ bool Tokenizer::is_special(TokenId id) const {
 }
 
 std::size_t Tokenizer::vocab_size() const {
-  std::size_t extra = 0;
-  for (const auto& t : impl_->added) {
-    if (!impl_->model.token_to_id(t.content)) ++extra;
-  }
-  return impl_->model.vocab_size() + extra;
+  return impl_->vocab_size();
 }
 
 std::optional<TokenId> Tokenizer::bos_id() const {
