@@ -7,6 +7,7 @@
 
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "fuzz_common.hpp"
+#include "tokenizer/utf8.hpp"
 #include "unit/tokenizer/test_paths.hpp"
 
 namespace {
@@ -33,35 +34,6 @@ const std::vector<Shipped>& shipped() {
     return v;
   }();
   return all;
-}
-
-bool valid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = 0;
-    std::uint32_t cp = 0;
-    if (c < 0x80)
-      n = 1, cp = c;
-    else if ((c & 0xE0) == 0xC0)
-      n = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0)
-      n = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0)
-      n = 4, cp = c & 0x07;
-    else
-      return false;
-    if (i + n > s.size()) return false;
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
 }
 
 }  // namespace
@@ -93,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(streamed == decoded, s.name + ": streamed decoding differs from decode() for ids " + list + ": " +
                                         colibri::fuzz::versus(streamed, decoded));
   }
-  if (s.round_trips && !special && valid_utf8(text)) {
+  if (s.round_trips && !special && colibri::tokenizer::utf8::is_valid(text)) {
     FUZZ_CHECK(decoded == text,
                s.name + ": decode(encode(text)) is not the text: " + colibri::fuzz::versus(decoded, text));
   }
