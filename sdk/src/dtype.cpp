@@ -53,6 +53,13 @@ std::string_view to_string(DType type) noexcept {
   return t ? t->name : "unknown";
 }
 
+std::size_t data_alignment(DType type) noexcept {
+  const auto* t = dtype_traits(type);
+  if (t == nullptr || type == DType::mxfp4) return 1;
+  if (!t->quantized) return t->block_bytes;
+  return type == DType::q8_k ? 4 : 2;
+}
+
 std::size_t row_bytes(DType type, std::int64_t n) noexcept {
   const auto* t = dtype_traits(type);
   if (t == nullptr || n < 0 || n % t->block_elems != 0) return 0;

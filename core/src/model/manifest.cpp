@@ -597,11 +597,21 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
     }
     return {};
   };
+  // A tensor's data is used where it lies in its buffer (shared.bin read whole, an expert blob read into a slot,
+  // both aligned), so its offset there must suit its type; convert aligns every tensor to 256 bytes or more.
+  auto aligned = [&](const TensorEntry& t, std::uint64_t in_buffer, const std::string& what) -> Status {
+    const std::size_t need = sdk::data_alignment(t.type);
+    if (in_buffer % need == 0) return {};
+    return bad(where + ": " + what + " starts at offset " + std::to_string(t.offset) + " of " + t.file + ", which " +
+               std::string(sdk::to_string(t.type)) + " data cannot start at (it needs a multiple of " +
+               std::to_string(need) + (in_buffer == t.offset ? "" : " from its blob's start") + "); re-run convert");
+  };
   std::set<std::string> names;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     TensorEntry t;
     if (auto s = parse_tensor(tensors[i], t, where + " tensors[" + std::to_string(i) + "]", ""); !s) return s;
     if (auto s = within(t, "tensor '" + t.name + "'"); !s) return s;
+    if (auto s = aligned(t, t.offset, "tensor '" + t.name + "'"); !s) return s;
     if (!names.insert(t.name).second) return bad(where + ": tensor '" + t.name + "' listed twice");
     m.tensors.push_back(std::move(t));
   }
@@ -640,6 +650,7 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
                    ") of expert " + name + " lies outside its blob [" + std::to_string(e.offset) + ", +" +
                    std::to_string(e.size) + ") in " + e.file + "; re-run convert");
       }
+      if (auto s = aligned(*part, part->offset - e.offset, "expert " + name + " " + label); !s) return s;
     }
     m.experts.push_back(std::move(e));
   }

@@ -113,10 +113,17 @@ Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& ou
                        std::to_string(traits->block_elems) + " for " + std::string(traits->name));
   }
   const std::size_t bytes = rb * static_cast<std::size_t>(sdk::row_count(t));
-  if (t.data != nullptr) {
-    out = static_cast<std::byte*>(t.data);
-    return {};
-  }
+  // The kernels read through the type's block struct (or float, uint16_t): a misaligned start is undefined.
+  auto aligned = [&](std::byte* p) -> Status {
+    const std::size_t need = sdk::data_alignment(t.type);
+    if (reinterpret_cast<std::uintptr_t>(p) % need == 0) {
+      out = p;
+      return {};
+    }
+    return bad(op, std::string(role) + " " + shape(t) + " starts at an address that is not a multiple of " +
+                       std::to_string(need) + ", which " + std::string(traits->name) + " data needs");
+  };
+  if (t.data != nullptr) return aligned(static_cast<std::byte*>(t.data));
   if (t.buffer == nullptr) return bad(op, std::string(role) + " has neither data nor buffer");
   auto* base = static_cast<std::byte*>(t.buffer->host_pointer());
   if (base == nullptr)
@@ -126,8 +133,7 @@ Status resolve(const char* op, const char* role, const Tensor& t, std::byte*& ou
     return bad(op, std::string(role) + " " + shape(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
                        std::to_string(t.offset) + " but its buffer holds " + std::to_string(t.buffer->size()));
   }
-  out = base + t.offset;
-  return {};
+  return aligned(base + t.offset);
 }
 
 Status need_type(const char* op, const char* role, const Tensor& t, DType type) {

@@ -46,7 +46,7 @@ const char* type_suffix(DType t) {
 // Start alignment a weight's shader needs: f32 is read as words, the fp16 scales of GGML blocks as half-words;
 // mxfp4 blocks (17 bytes, no fp16 field) are read byte-wise, so a tensor may start anywhere.
 std::size_t weight_align(DType t) {
-  return t == DType::f32 ? 4 : t == DType::mxfp4 ? 1 : 2;
+  return sdk::data_alignment(t);
 }
 
 // mxfp4: the optional weight type this backend runs in matmul and the expert ops (not embedding, which

@@ -186,6 +186,34 @@ TEST(Manifest, SharedTensorsMustFitTheHyperParameters) {
   EXPECT_FALSE(report.manifest_ok);
 }
 
+// The engine uses a tensor where it lies in its buffer: an f32 tensor at an odd offset would be read misaligned.
+TEST(Manifest, TensorsThatStartWhereTheirTypeCannotAreRejected) {
+  auto t = make_model("manifest misaligned");
+  json m = t.manifest;
+  m["tensors"][1]["offset"] = 66;
+  expect_rejected(t, m,
+                  "tensor 'output_norm.weight' starts at offset 66 of shared.bin, which f32 data cannot start at (it "
+                  "needs a multiple of 4); re-run convert");
+  m = t.manifest;
+  m["experts"][0]["up"]["offset"] = 70;
+  expect_rejected(t, m, "expert L0/E0 up starts at offset 70 of experts/L000/E000.bin, which f32 data cannot start at");
+  m = t.manifest;
+  m["tensors"][1]["offset"] = 68;  // a multiple of 4 is enough for f32
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  EXPECT_TRUE(load_manifest(t.dir).has_value());
+  m = t.manifest;
+  for (auto& x : m["tensors"]) {  // bf16: two-byte values (the sizes follow the type)
+    x["type"] = "bf16";
+    x["size"] = x["size"].get<std::uint64_t>() / 2;
+  }
+  m["tensors"][1]["offset"] = 66;
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  auto two = load_manifest(t.dir);
+  EXPECT_TRUE(two.has_value()) << two.error().message();
+  m["tensors"][1]["offset"] = 67;
+  expect_rejected(t, m, "which bf16 data cannot start at (it needs a multiple of 2)");
+}
+
 TEST(Manifest, PartOffsetsThatWrapAroundAreRejectedByName) {
   auto t = make_model("manifest wrap");
   json m = t.manifest;

@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include "colibri/quant/blocks.hpp"
 #include "colibri/sdk/dtype.hpp"
 #include "colibri/sdk/status.hpp"
 
 namespace {
 
 using namespace colibri::sdk;
+namespace quant = colibri::quant;
 
 TEST(ParseSize, UnitsAreBinary) {
   EXPECT_EQ(*parse_size("4096"), 4096u);
@@ -104,6 +106,30 @@ TEST(DType, GgmlIdsAndBlockSizes) {
   EXPECT_EQ(parse_dtype("Q6_K"), DType::q6_k);
   EXPECT_FALSE(parse_dtype("q7_k").has_value());
   EXPECT_EQ(dtype_traits_by_id(99), nullptr);
+}
+
+// What data_alignment promises is what the block structs the kernels cast to need.
+TEST(DType, DataAlignmentIsWhatTheBlockStructsNeed) {
+  EXPECT_EQ(data_alignment(DType::q4_0), alignof(quant::BlockQ4_0));
+  EXPECT_EQ(data_alignment(DType::q8_0), alignof(quant::BlockQ8_0));
+  EXPECT_EQ(data_alignment(DType::q2_k), alignof(quant::BlockQ2_K));
+  EXPECT_EQ(data_alignment(DType::q3_k), alignof(quant::BlockQ3_K));
+  EXPECT_EQ(data_alignment(DType::q4_k), alignof(quant::BlockQ4_K));
+  EXPECT_EQ(data_alignment(DType::q5_k), alignof(quant::BlockQ5_K));
+  EXPECT_EQ(data_alignment(DType::q6_k), alignof(quant::BlockQ6_K));
+  EXPECT_EQ(data_alignment(DType::mxfp4), alignof(quant::BlockMXFP4));
+  EXPECT_EQ(data_alignment(DType::f32), alignof(float));
+  EXPECT_EQ(data_alignment(DType::f16), alignof(std::uint16_t));
+  EXPECT_EQ(data_alignment(DType::bf16), alignof(std::uint16_t));
+  EXPECT_EQ(data_alignment(DType::i64), alignof(std::int64_t));
+  // Every row of whole blocks keeps the alignment, so a view of row r of an aligned tensor is aligned too.
+  for (int id = 0; id < 64; ++id) {
+    const auto* t = dtype_traits_by_id(static_cast<std::uint32_t>(id));
+    if (t != nullptr) {
+      EXPECT_EQ(t->block_bytes % data_alignment(t->type), 0u) << t->name;
+    }
+  }
+  EXPECT_EQ(data_alignment(static_cast<DType>(99)), 1u);
 }
 
 }  // namespace

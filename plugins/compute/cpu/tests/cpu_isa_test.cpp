@@ -551,6 +551,43 @@ TEST(CpuPlugin, SupportsEveryOpOnEveryBlockFormat) {
   EXPECT_GT(c->devices()[0].memory_total, 0u);
 }
 
+// The kernels read through block structs and floats: data that does not start where its type can is refused (a
+// hand-edited manifest could place a tensor so), through a pointer and through a buffer offset alike.
+TEST(CpuPlugin, DataThatStartsWhereItsTypeCannotIsAnError) {
+  auto c = make("auto");
+  ASSERT_TRUE(c);
+  const std::int64_t k = 64, n = 4;
+  const auto w = quantized(DType::q8_0, k, n, 3);
+  std::vector<std::byte> shifted(w.size() + 8);
+  const auto x = randn(static_cast<std::size_t>(k) + 1, 5);
+  std::vector<float> y(static_cast<std::size_t>(n));
+  auto run = [&](std::byte* wp, const float* xp) {
+    Tensor in[] = {Tensor{DType::q8_0, {k, n, 1, 1}, wp}, Tensor{DType::f32, {k, 1, 1, 1}, const_cast<float*>(xp)}};
+    Tensor out{DType::f32, {n, 1, 1, 1}, y.data()};
+    return c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}});
+  };
+  std::memcpy(shifted.data() + 2, w.data(), w.size());
+  EXPECT_TRUE(run(shifted.data() + 2, x.data())) << "q8_0 blocks need two-byte alignment only";
+  std::memcpy(shifted.data() + 1, w.data(), w.size());
+  auto odd = run(shifted.data() + 1, x.data());
+  ASSERT_FALSE(odd);
+  EXPECT_NE(odd.message().find("not a multiple of 2, which q8_0 data needs"), std::string::npos) << odd.message();
+  auto floats = run(const_cast<std::byte*>(w.data()),
+                    reinterpret_cast<const float*>(reinterpret_cast<const std::byte*>(x.data()) + 2));
+  ASSERT_FALSE(floats);
+  EXPECT_NE(floats.message().find("not a multiple of 4, which f32 data needs"), std::string::npos) << floats.message();
+
+  auto buf = c->allocate(w.size() + 8);
+  ASSERT_TRUE(buf);
+  std::memcpy(static_cast<std::byte*>((*buf)->host_pointer()) + 2, w.data(), w.size());
+  Tensor in[] = {Tensor{DType::q8_0, {k, n, 1, 1}, nullptr, buf->get(), 1},
+                 Tensor{DType::f32, {k, 1, 1, 1}, const_cast<float*>(x.data())}};
+  Tensor out{DType::f32, {n, 1, 1, 1}, y.data()};
+  EXPECT_FALSE(c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+  in[0].offset = 2;
+  EXPECT_TRUE(c->run(OpCall{Op::matmul, in, std::span<Tensor>(&out, 1), {}}));
+}
+
 TEST(CpuPlugin, RejectsBadOptionsWithTheKeyNamed) {
   auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
   ASSERT_TRUE(lib);

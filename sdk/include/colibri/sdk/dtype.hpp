@@ -50,4 +50,8 @@ std::string_view to_string(DType type) noexcept;
 // Bytes of a row of n elements; 0 when n is not a whole number of blocks.
 std::size_t row_bytes(DType type, std::int64_t n) noexcept;
 
+// The alignment data of `type` must start at, its widest field's: 4 for f32 (and q8_k's f32 scale), 2 for f16, bf16
+// and the fp16 scales of GGML blocks, 1 for mxfp4 (bytes only); 1 for an unknown type.
+std::size_t data_alignment(DType type) noexcept;
+
 }  // namespace colibri::sdk
