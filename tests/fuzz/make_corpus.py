@@ -2,8 +2,10 @@
 """Writes the seed inputs of the fuzz targets into corpus/<target>/ (committed; rerun after changing a seed).
 
 Usage: tests/fuzz/make_corpus.py [--manifests DIR...]
-  --manifests: colibri model directories whose manifest.json become model_json seeds (the committed ones came from
-               the model integration test's converted tiny models: gpt_oss from st, qwen3_moe from st).
+  --manifests: colibri model directories whose manifest.json become model_json and model_dir seeds (the committed
+               ones came from the model integration test's converted tiny models, build/<preset>/tests/integration/
+               model/work/*/out/, in this order: mixtral from st, gpt_oss from st, gpt-oss gpt_oss-mxfp4,
+               qwen3_moe from st, qwen2_moe from st, olmoe q8 st, llama q8 st, quant q4_k_m, quant q2_k).
 Seeds are small, valid inputs of each reader, written by hand here, so that mutations start deep inside the format.
 Needs python3-numpy (it imports tests/fixtures/make_tiny_model.py for GPT-2's byte alphabet).
 """
@@ -169,6 +171,28 @@ def model_json_seeds(manifest_dirs):
         d = pathlib.Path(d)
         text = (d / "manifest.json").read_bytes()
         put("model_json", "manifest_" + d.name.replace(" ", "_") + ".json", b"\x00" + text)
+
+
+# model_dir: a mode byte (bit 0 keeps the manifest's checksums; (bits 1-5) % 3 picks small values, random bytes or
+# zeros for the files; bit 6 streams experts through a two-slot cache), a seed byte, a token count byte, then the
+# manifest, compacted.
+MODEL_DIR_MODES = {"": 0x00, "_streaming": 0x40, "_random": 0x02, "_zeros": 0x04, "_kept_sums": 0x01}
+
+
+def model_dir_seeds(manifest_dirs):
+    for i, d in enumerate(manifest_dirs):
+        d = pathlib.Path(d)
+        text = json.dumps(json.loads((d / "manifest.json").read_text()), separators=(",", ":")).encode()
+        name = d.name.replace(" ", "_").replace("-", "_")
+        # Every mode on the first model, the plain one on the rest.
+        for suffix, mode in MODEL_DIR_MODES.items() if i == 0 else [("", 0x00)]:
+            put("model_dir", name + suffix + ".json", bytes([mode, 7, 3]) + text)
+    # Edit mode (bit 7): a fourth byte picks a base manifest (the corpus's plain-mode seeds, by name, not the found_
+    # and regress_ inputs), then edits of four bytes follow (none here).
+    bases = sorted(p for p in (CORPUS / "model_dir").iterdir()
+                   if p.read_bytes()[:1] == b"\x00" and not p.name.startswith(("found_", "regress_")))
+    for i, p in enumerate(bases):
+        put("model_dir", "edit_" + p.name, bytes([0x80, 7, 3, i]))
 
 
 # --- chat templates ---------------------------------------------------------------------------------------------
@@ -385,6 +409,7 @@ def main():
     gguf_seeds()
     safetensors_seeds()
     model_json_seeds(args.manifests)
+    model_dir_seeds(args.manifests)
     chat_template_seeds()
     chat_output_seeds()
     api_request_seeds()
