@@ -410,6 +410,12 @@ Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view o
                         shape_text(t) + " needs " + std::to_string(bytes) + " bytes at offset " +
                             std::to_string(t.offset) + " but its buffer holds " + std::to_string(size));
   }
+  // Buffers start aligned; a kernel reading the type's fields at an offset that breaks it faults on a device.
+  if (const std::size_t align = data_alignment(t.type); t.offset % align != 0) {
+    return tensor_error(op, what,
+                        shape_text(t) + " starts at offset " + std::to_string(t.offset) + ", not a multiple of " +
+                            std::to_string(align) + " as " + std::string(to_string(t.type)) + " data needs");
+  }
   return {};
 }
 

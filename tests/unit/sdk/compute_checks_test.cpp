@@ -391,7 +391,7 @@ TEST(CheckedBytes, WholeBlocksOfPositiveDims) {
             "matmul: W has an unknown type id 77");
 }
 
-TEST(CheckBufferRange, TheTensorMustLieInsideItsBuffer) {
+TEST(CheckBufferRange, TheTensorMustLieInsideItsBufferWhereItsTypeCanStart) {
   SizedBuffer buffer(64);
   Tensor t = tensor(DType::f32, {8, 1, 1, 1});
   t.buffer = &buffer;
@@ -400,6 +400,19 @@ TEST(CheckBufferRange, TheTensorMustLieInsideItsBuffer) {
   t.offset = 40;
   EXPECT_EQ(check_buffer_range(t, 32, "add", "A").message(),
             "add: A f32 {8, 1, 1, 1} needs 32 bytes at offset 40 but its buffer holds 64");
+  t.offset = 30;
+  EXPECT_EQ(check_buffer_range(t, 32, "add", "A").message(),
+            "add: A f32 {8, 1, 1, 1} starts at offset 30, not a multiple of 4 as f32 data needs");
+  Tensor q = tensor(DType::q8_0, {32, 1, 1, 1});
+  q.buffer = &buffer;
+  q.offset = 30;  // two-byte fields: any even offset
+  EXPECT_TRUE(check_buffer_range(q, 34, "matmul", "W"));
+  q.offset = 29;
+  EXPECT_FALSE(check_buffer_range(q, 34, "matmul", "W"));
+  Tensor fp4 = tensor(DType::mxfp4, {32, 1, 1, 1});
+  fp4.buffer = &buffer;
+  fp4.offset = 29;  // bytes only
+  EXPECT_TRUE(check_buffer_range(fp4, 17, "matmul", "W"));
 }
 
 }  // namespace

@@ -41,8 +41,9 @@ namespace colibri::sdk {
 // Bytes of `t` when it has a known type, every dim >= 1 and rows of whole blocks; else an invalid_argument error
 // "<op>: <what> has a non-positive dimension: f32 {0, 1, 1, 1}" (`what` names the tensor: "W", "X", ...).
 [[nodiscard]] Expected<std::size_t> checked_bytes(const Tensor& t, std::string_view op, std::string_view what);
-// Whether the `bytes` of `t` lie inside t.buffer from t.offset on; else "<op>: <what> f32 {..} needs N bytes at
-// offset O but its buffer holds S".
+// Whether the `bytes` of `t` lie inside t.buffer from t.offset on, at an offset that suits its type
+// (data_alignment); else "<op>: <what> f32 {..} needs N bytes at offset O but its buffer holds S", or "... starts at
+// offset O, not a multiple of 4 as f32 data needs".
 [[nodiscard]] Status check_buffer_range(const Tensor& t, std::size_t bytes, std::string_view op, std::string_view what);
 
 }  // namespace colibri::sdk
