@@ -4,10 +4,7 @@
 // own checksums (then the engine must refuse the bytes), they are recomputed, so that shapes, types, offsets and
 // hyper-parameters that contradict each other reach the loader and the forward pass. What must hold: open and
 // forward either succeed or fail with a message; logits are one row of vocab_size floats; sampling non-finite
-// logits still gives a token inside the vocabulary.
-#include <spdlog/spdlog.h>
-#include <xxhash.h>
-
+// logits still gives a token inside the vocabulary; two sequences batched get the bits each gets alone.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,80 +17,13 @@
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/model/manifest.hpp"
-#include "colibri/profile/profile.hpp"
-#include "colibri/registry/plugin_set.hpp"
 #include "fuzz_common.hpp"
+#include "fuzz_model.hpp"
 
 namespace fs = std::filesystem;
 using namespace colibri;
 
 namespace {
-
-constexpr std::uint64_t kMaxModelBytes = 24ull << 20;  // the files an input may make us write
-constexpr std::size_t kMaxFiles = 1024;
-
-// The CPU backend and pread storage, made once (a plugin per input would dlopen for every one).
-struct Backends {
-  std::unique_ptr<profile::Profile> profile;
-  registry::PluginRegistry registry;
-  std::shared_ptr<sdk::Compute> compute;
-  std::shared_ptr<sdk::Storage> storage;
-};
-
-Backends& backends() {
-  static Backends b = [] {
-    spdlog::set_level(spdlog::level::off);
-    ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_FUZZ_PLUGIN_DIR, 1);
-    profile::LoadOptions lo;
-    lo.use_process_environment = false;
-    lo.overrides = {{"compute.backend", "cpu", "--set"},
-                    {"compute.threads", "1", "--set"},
-                    {"storage.plugin", "pread", "--set"},
-                    {"cache.policy", "lru", "--set"}};
-    auto prof = profile::Profile::load(lo);
-    FUZZ_CHECK(prof, prof ? "" : prof.error().message());
-    Backends out;
-    out.profile = std::make_unique<profile::Profile>(std::move(*prof));
-    out.registry = registry::scan_for_profile(*out.profile);
-    auto compute = registry::create_plugin<sdk::Compute>(*out.profile, out.registry, sdk::PluginKind::compute);
-    FUZZ_CHECK(compute, compute ? "" : compute.error().message());
-    auto storage = registry::create_plugin<sdk::Storage>(*out.profile, out.registry, sdk::PluginKind::storage);
-    FUZZ_CHECK(storage, storage ? "" : storage.error().message());
-    out.compute = *compute;
-    out.storage = *storage;
-    return out;
-  }();
-  return b;
-}
-
-enum class Fill { random, small, zeros };
-
-std::string file_bytes(std::uint64_t size, Fill fill, std::mt19937_64& rng) {
-  std::string bytes(size, '\0');
-  if (fill == Fill::zeros) return bytes;
-  for (auto& c : bytes) {
-    const auto r = static_cast<unsigned char>(rng());
-    // 0x3f as every byte: f32, bf16 and f16 values below 2 (the top byte's exponent bits stay low), positive scales.
-    c = static_cast<char>(fill == Fill::small ? (r & 0x3f) : r);
-  }
-  return bytes;
-}
-
-bool write_file(const fs::path& path, const std::string& bytes) {
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  if (ec) return false;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  return static_cast<bool>(out);
-}
-
-// The checksum of a tensor's bytes in `files`, or its recorded one when it lies outside (the loader refuses those).
-std::uint64_t tensor_sum(const model::TensorEntry& t, const std::map<std::string, std::string>& files) {
-  const auto it = files.find(t.file);
-  if (it == files.end() || t.offset > it->second.size() || t.size > it->second.size() - t.offset) return t.checksum;
-  return XXH64(it->second.data() + t.offset, t.size, 0);
-}
 
 // The plain-mode seeds' manifests (tests/fuzz/corpus/model_dir, first byte 0, by name; not found_ and regress_
 // inputs, so that adding one keeps the seeds' indices), for edit mode.
@@ -200,7 +130,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::Input in(data, size);
   const std::uint8_t mode = in.byte();
   const bool keep_checksums = (mode & 1) != 0;
-  const Fill fill = (mode >> 1) % 3 == 0 ? Fill::small : (mode >> 1) % 3 == 1 ? Fill::random : Fill::zeros;
+  const fuzz::Fill fill = (mode >> 1) % 3 == 0   ? fuzz::Fill::small
+                          : (mode >> 1) % 3 == 1 ? fuzz::Fill::random
+                                                 : fuzz::Fill::zeros;
   const bool streaming = (mode & 0x40) != 0;  // an expert cache of two slots, else every expert resident
   const bool edit_mode = (mode & 0x80) != 0;
   std::mt19937_64 rng(in.byte());
@@ -208,62 +140,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   const auto j = edit_mode ? edited_manifest(in) : nlohmann::json::parse(in.rest(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return 0;
-  auto m = model::parse_manifest(j, "manifest.json");
-  if (!m) return 0;  // the manifest's own checks: fuzz_model_json
-  std::uint64_t total = 0;
-  for (const auto& f : m->files) total += std::min<std::uint64_t>(f.size, kMaxModelBytes + 1);
-  if (m->files.size() > kMaxFiles || total > kMaxModelBytes) return 0;
-
   static const fs::path root = fuzz::write_scratch("model-dir-marker", "").parent_path() / "model";
-  std::error_code ec;
-  fs::remove_all(root, ec);
-  fs::create_directories(root);
-
-  // Each named file, then the tokenizer files (the engine does not read them; load_manifest wants them present).
-  std::map<std::string, std::string> files;
-  for (const auto& f : m->files) {
-    if (f.path == "manifest.json" || files.count(f.path)) return 0;
-    files[f.path] = file_bytes(f.size, fill, rng);
-    if (!write_file(root / f.path, files[f.path])) return 0;  // a path that is also a directory, or too long
-  }
-  for (const auto& t : m->tokenizer_files) {
-    if (files.count(t) || !write_file(root / t, "{}")) return 0;
-  }
-  if (keep_checksums) {
-    auto out = j;  // as it came, less the tokenizer files' checksums (those files are made up here)
-    if (out.contains("tokenizer") && out["tokenizer"].is_object()) out["tokenizer"].erase("xxh64");
-    if (!write_file(root / "manifest.json", out.dump())) return 0;
-  } else {
-    for (auto& f : m->files) f.checksum = XXH64(files[f.path].data(), files[f.path].size(), 0);
-    for (auto& t : m->tensors) t.checksum = tensor_sum(t, files);
-    for (auto& e : m->experts) {
-      for (auto* part : {&e.gate, &e.up, &e.down, &e.gate_bias, &e.up_bias, &e.down_bias}) {
-        if (!part->name.empty()) part->checksum = tensor_sum(*part, files);
-      }
-    }
-    auto out = m->to_json();
-    if (out["tokenizer"].is_object()) out["tokenizer"].erase("xxh64");
-    if (!write_file(root / "manifest.json", out.dump())) return 0;
-  }
-
-  auto& b = backends();
-  auto cache = registry::create_plugin<sdk::CachePolicy>(*b.profile, b.registry, sdk::PluginKind::cache);
-  FUZZ_CHECK(cache, cache ? "" : cache.error().message());
-  engine::Plugins plugins;
-  plugins.compute = b.compute;
-  plugins.storage = b.storage;
-  plugins.cache = *cache;
-  plugins.compute_name = "cpu";
-  plugins.storage_name = "pread";
-  plugins.cache_name = "lru";
-  std::uint64_t largest_expert = 0;
-  for (const auto& e : m->experts) largest_expert = std::max(largest_expert, e.size);
-  engine::EngineOptions options;
-  options.context = 16;
-  options.prefetch_layers = streaming ? 1 : 0;
-  options.vram_budget_bytes = 0;
-  const std::uint64_t cache_bytes = streaming ? 2 * largest_expert : m->expert_bytes() + largest_expert;
-  auto opened = engine::Engine::open(root, std::move(plugins), cache_bytes, 0, options);
+  model::Manifest m;
+  if (!fuzz::write_model_dir(root, j, fill, rng, keep_checksums, m)) return 0;
+  auto opened = fuzz::open_model(root, m, streaming, 16);
   if (!opened) {
     FUZZ_CHECK(!opened.error().message().empty(), "an open error without a message");
     return 0;
@@ -297,6 +177,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(lp.top.size() <= 3, "more top logprobs than asked for");
     for (const auto& [id, p] : lp.top) FUZZ_CHECK(id >= 0 && id < vocab, "a top logprob outside the vocabulary");
     tokens.assign(1, tokens.back());
+  }
+
+  // Continuous batching: two sequences in one pass get exactly the logits each gets alone (the compute contract's
+  // batch-composition invariance), whatever the model's shapes and hyper-parameters.
+  std::vector<std::int32_t> first, second;
+  for (int i = 0; i < n_tokens; ++i)
+    first.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab)));
+  for (int i = 0; i < 1 + n_tokens / 2; ++i)
+    second.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(vocab)));
+  auto a = e.new_sequence();
+  auto b = e.new_sequence();
+  FUZZ_CHECK(a && b, a ? (b ? "" : b.error().message()) : a.error().message());
+  std::vector<float> batch_a, batch_b, alone;
+  const engine::Engine::BatchItem items[] = {{a->get(), first, &batch_a, false}, {b->get(), second, &batch_b, false}};
+  if (const auto s = e.forward_batch(items); !s) {
+    FUZZ_CHECK(!s.message().empty(), "a batch error without a message");
+    return 0;
+  }
+  for (const auto& [seq, got] : {std::pair{&first, &batch_a}, std::pair{&second, &batch_b}}) {
+    e.reset();
+    if (!e.forward(*seq, engine::LogitsWanted::last, alone)) continue;
+    FUZZ_CHECK(alone.size() == got->size() && std::memcmp(alone.data(), got->data(), alone.size() * sizeof(float)) == 0,
+               "a sequence's logits in a batch differ from its logits alone");
   }
   return 0;
 }

@@ -402,6 +402,54 @@ def regression_seeds():
     put("profile", "regress_lone_comma.yaml", b",")
 
 
+# --- HTTP: raw requests to colibri-server (model "tiny") --------------------------------------------------------
+def http_request(method, target, body=None, headers=(), chunked=False):
+    lines = [method + " " + target + " HTTP/1.1", "Host: localhost"] + list(headers)
+    data = b""
+    if body is not None:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        lines.append("Content-Type: application/json")
+        if chunked:
+            lines.append("Transfer-Encoding: chunked")
+            half = len(raw) // 2
+            data = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (raw[:half], raw[half:]) if p) + b"0\r\n\r\n"
+        else:
+            lines.append("Content-Length: " + str(len(raw)))
+            data = raw
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+def http_seeds():
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "seed": 1}
+    put("http", "health.txt", http_request("GET", "/health"))
+    put("http", "models.txt", http_request("GET", "/v1/models/tiny?x=1"))
+    put("http", "metrics.txt", http_request("GET", "/metrics"))
+    put("http", "http_1_0.txt", b"GET /v1/models HTTP/1.0\r\nHost: localhost\r\n\r\n")  # answered in HTTP/1.0
+    put("http", "chat.txt", http_request("POST", "/v1/chat/completions", chat))
+    put("http", "chat_stream_chunked.txt",
+        http_request("POST", "/v1/chat/completions", dict(chat, stream=True, n=2, logprobs=True, top_logprobs=2),
+                     chunked=True))
+    put("http", "chat_json_mode.txt",
+        http_request("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_object"})))
+    put("http", "completions.txt",
+        http_request("POST", "/v1/completions",
+                     {"model": "tiny", "prompt": "ab", "max_tokens": 3, "echo": True, "logprobs": 1, "stop": ["x"]}))
+    put("http", "tokenize.txt", http_request("POST", "/tokenize", {"model": "tiny", "prompt": "hello"}))
+    put("http", "detokenize.txt", http_request("POST", "/detokenize", {"model": "tiny", "tokens": [104, 105]}))
+    put("http", "cache_stats.txt", http_request("GET", "/admin/cache/stats"))
+    put("http", "cache_warm.txt", http_request("POST", "/admin/cache/warm", {"experts": ["0:1", "1:0"]}))
+    put("http", "cache_clear.txt", http_request("POST", "/admin/cache/clear", {}))
+    put("http", "preflight.txt",
+        http_request("OPTIONS", "/v1/chat/completions",
+                     headers=["Origin: http://app.example", "Access-Control-Request-Method: POST"]))
+    put("http", "pipelined.txt",
+        http_request("GET", "/health") + http_request("POST", "/tokenize", {"model": "tiny", "prompt": "a"}) +
+        http_request("DELETE", "/v1/models"))
+    put("http", "expect_continue.txt",
+        http_request("POST", "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1},
+                     headers=["Expect: 100-continue", "Connection: keep-alive"]))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifests", nargs="*", default=[])
@@ -418,6 +466,7 @@ def main():
     tokenizer_encode_seeds()
     profile_seeds()
     trace_files_seeds()
+    http_seeds()
     regression_seeds()
 
 
