@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -66,6 +67,12 @@ inline std::string quote(std::string_view s) {
 // Both sides of a comparison, for messages.
 inline std::string versus(std::string_view a, std::string_view b) {
   return quote(a) + "\n  vs " + quote(b);
+}
+
+// The bytes of a file ("" when it cannot be read).
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 // A scratch file of this process (the readers under test take paths), rewritten for every input.

@@ -39,9 +39,9 @@ using namespace colibri;
 namespace {
 
 std::string read_source_file(const std::string& relative) {
-  std::ifstream f(fs::path(COLIBRI_TEST_SOURCE_DIR) / relative, std::ios::binary);
-  FUZZ_CHECK(f, relative + " is missing");
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto path = fs::path(COLIBRI_TEST_SOURCE_DIR) / relative;
+  FUZZ_CHECK(fs::is_regular_file(path), relative + " is missing");
+  return fuzz::read_file(path);
 }
 
 struct Live {

@@ -38,8 +38,7 @@ const std::vector<nlohmann::json>& base_manifests() {
     std::sort(paths.begin(), paths.end());
     std::vector<nlohmann::json> out;
     for (const auto& p : paths) {
-      std::ifstream f(p, std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const std::string text = fuzz::read_file(p);
       if (text.size() < 3 || text[0] != 0) continue;
       auto j = nlohmann::json::parse(text.substr(3), nullptr, false);
       if (j.is_object()) out.push_back(std::move(j));

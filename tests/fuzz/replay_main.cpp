@@ -15,9 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "fuzz_common.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
 // A target that needs files this machine may lack defines this; a non-null reason skips the test.
@@ -53,13 +54,6 @@ void on_signal(int sig) {
   save_current();
   ::signal(sig, SIG_DFL);
   ::raise(sig);
-}
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string mutate(const std::vector<std::string>& corpus, std::mt19937_64& rng) {
@@ -158,9 +152,9 @@ int main(int argc, char** argv) {
         if (e.is_regular_file()) files.push_back(e.path());
       }
       std::sort(files.begin(), files.end());
-      for (const auto& f : files) corpus.emplace_back(f.string(), read_file(f));
+      for (const auto& f : files) corpus.emplace_back(f.string(), colibri::fuzz::read_file(f));
     } else if (std::filesystem::is_regular_file(in)) {
-      corpus.emplace_back(in.string(), read_file(in));
+      corpus.emplace_back(in.string(), colibri::fuzz::read_file(in));
     } else {
       std::fprintf(stderr, "%s: '%s' is neither a file nor a directory\n", name.c_str(), in.c_str());
       return 2;
