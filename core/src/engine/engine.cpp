@@ -865,7 +865,21 @@ Status Engine::output_head(const Tensor& x, float* logits) {
   mm_p.flags = matmul_flags_;
   const Tensor h = view(scratch_->h, hp_.hidden_size, rows);
   if (auto s = run_op(Op::rms_norm, {x, output_norm_}, {h}, norm_p); !s) return s;
-  return run_op(Op::matmul, {output_, h}, {f32(logits, hp_.vocab_size, rows)}, mm_p);
+  if (auto s = run_op(Op::matmul, {output_, h}, {f32(logits, hp_.vocab_size, rows)}, mm_p); !s) return s;
+  // A NaN or infinite logit would be sampled as some token all the same: a silent wrong answer. Finite weights
+  // only get here through activations that overflowed (damaged or out-of-range weights, or a wrong architecture).
+  const auto n = static_cast<std::size_t>(hp_.vocab_size * rows);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(logits[i])) {
+      const auto V = static_cast<std::size_t>(hp_.vocab_size);
+      return Status(StatusCode::corrupt_data,
+                    "the model's logit for token id " + std::to_string(i % V) + " (output row " +
+                        std::to_string(i / V) + ") is " + std::to_string(logits[i]) +
+                        ": its activations overflowed. The weights are damaged or do not suit this model "
+                        "(`colibri-cli inspect MODEL --verify` checks the files)");
+    }
+  }
+  return {};
 }
 
 Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
@@ -1090,6 +1104,13 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     for (std::int64_t j = 0; j < K; ++j) {
       const auto idx = static_cast<std::size_t>(t * K + j);
       const std::int32_t e = S.expert_ids[idx];
+      if (!std::isfinite(S.weights[idx])) {
+        return Status(StatusCode::corrupt_data,
+                      "layer " + std::to_string(l) + "'s router gave expert " + std::to_string(e) + " the weight " +
+                          std::to_string(S.weights[idx]) + " (token row " + std::to_string(t) +
+                          "): the activations overflowed. The weights are damaged or do not suit this model "
+                          "(`colibri-cli inspect MODEL --verify` checks the files)");
+      }
       if (e < 0 || e >= E) {
         return Status(StatusCode::internal, "compute backend " + plugins_.compute_name + " routed to expert " +
                                                 std::to_string(e) + " of " + std::to_string(E));

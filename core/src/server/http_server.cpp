@@ -4,7 +4,8 @@
 // body (bounded size, deadline), route, answer. Generation requests become scheduler Jobs whose events are posted
 // back to the session's strand; while a job runs the socket is watched for EOF so a client that goes away has its
 // sequence cancelled at the next token boundary.
-#define BOOST_BEAST_USE_STD_STRING_VIEW 1  // beast::string_view is std::string_view (only this TU uses Beast)
+// beast::string_view is std::string_view; every TU that includes Beast defines this alike (ODR).
+#define BOOST_BEAST_USE_STD_STRING_VIEW 1
 
 // clang-format off
 #include <utility>  // first: Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>

@@ -362,23 +362,45 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     first_positions.push_back(seq.state->n_past);
   }
   if (!items.empty()) {
-    if (auto s = engine_.forward_batch(items, &trace); !s) {
+    std::vector<bool> ran(items.size(), true);
+    auto failed = [&](std::size_t i, const sdk::Status& s) {
       spdlog::error("generation failed: {}", s.message());
-      for (auto* seq : members) fail(*seq, internal_error("The model failed to run: " + s.message()));
-      prompt_run = 0;
-    } else {
-      if (options_.trace) record_trace(trace, items, members, first_positions);
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        Sequence& seq = *members[i];
-        if (seq.prefilled) continue;
-        if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
-        seq.prompt_done += items[i].tokens.size();
-        if (seq.prompt_done == seq.job->request.prompt.size()) {
-          seq.prefilled = true;
-          // A next request returns to the prompt's end when it does not share the reply (sliding-window layers).
-          if (auto saved = seq.state->kv.save_window(seq.state->n_past); !saved) {
-            spdlog::warn("keeping the prompt's sliding-window KV rows: {}", saved.message());
+      fail(*members[i], internal_error("The model failed to run: " + s.message()));
+      ran[i] = false;
+      tokens_run -= items[i].tokens.size();
+      if (!members[i]->prefilled) prompt_run -= items[i].tokens.size();
+    };
+    if (auto s = engine_.forward_batch(items, &trace); !s) {
+      trace.clear();  // the layers before the error: no token finished them
+      if (items.size() == 1) {
+        failed(0, s);
+      } else {
+        // One request's tokens can fail the pass for all (activations that overflow): each runs alone once, so only
+        // what fails alone fails. The others get the bits they would have got in the batch (batch invariance).
+        spdlog::warn("a batch of {} sequences failed ({}); running each alone", items.size(), s.message());
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          std::vector<engine::RoutingRecord> alone;
+          if (auto si = engine_.forward_batch(std::span(&items[i], 1), &alone); !si) {
+            failed(i, si);
+            continue;
           }
+          if (options_.trace) record_trace(alone, {items[i]}, {members[i]}, {first_positions[i]});
+          trace.insert(trace.end(), alone.begin(), alone.end());
+        }
+      }
+    } else if (options_.trace) {
+      record_trace(trace, items, members, first_positions);
+    }
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      Sequence& seq = *members[i];
+      if (seq.prefilled || !ran[i]) continue;
+      if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
+      seq.prompt_done += items[i].tokens.size();
+      if (seq.prompt_done == seq.job->request.prompt.size()) {
+        seq.prefilled = true;
+        // A next request returns to the prompt's end when it does not share the reply (sliding-window layers).
+        if (auto saved = seq.state->kv.save_window(seq.state->n_past); !saved) {
+          spdlog::warn("keeping the prompt's sliding-window KV rows: {}", saved.message());
         }
       }
     }

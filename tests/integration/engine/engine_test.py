@@ -9,7 +9,8 @@
 * quantized presets: f16, bf16, q8_0, q4_k_m against f32: mean KL divergence per preset is printed and bounded.
 * the one promise: logits are bit-identical in one batch or token by token, streaming with a tiny expert cache,
   through another storage plugin or cache policy.
-* bad input: out-of-vocabulary tokens, a missing or corrupt expert file, an unwritable output.
+* bad input: out-of-vocabulary tokens, a missing or corrupt expert file, weights whose activations overflow, an
+  unwritable output.
 """
 
 import json
@@ -58,6 +59,17 @@ def logits(model, *extra, tokens=TOKENS, name="out"):
     path = os.path.join(WORK, f"{os.path.basename(model)}-{name}.npy")
     run(["logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", path] + list(extra))
     return path
+
+
+def fill_safetensors(path, name, value):
+    """Sets every element of f32 tensor `name` in a safetensors file to `value`, in place."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        info = json.loads(f.read(n))[name]
+        assert info["dtype"] == "F32", info
+        begin, end = info["data_offsets"]
+        f.seek(8 + n + begin)
+        f.write(np.full((end - begin) // 4, value, dtype="<f4").tobytes())
 
 
 VARIANTS = {
@@ -280,6 +292,25 @@ class BadInput(unittest.TestCase):
             self.assertIn("L1/E2" if what == "corrupt" else "E002.bin", p.stderr)
             if what == "corrupt":
                 self.assertIn("checksum mismatch", p.stderr)
+
+    def test_overflowing_activations(self):
+        # Finite weights so large that the activations overflow: an error naming where, never a sampled NaN.
+        for name, arch, tensor, want in (
+                ("huge-head", "mistral", "lm_head.weight", r"activations overflowed.*inspect MODEL --verify"),
+                # +inf and -inf products: NaN router logits, which the backend's routing refuses
+                ("huge-router", "mixtral", "model.layers.1.block_sparse_moe.gate.weight",
+                 r"logit of expert \d+ for token \d+ is NaN")):
+            ckpt = os.path.join(WORK, name)
+            if not os.path.exists(os.path.join(ckpt, "config.json")):
+                subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
+                               capture_output=True)
+                fill_safetensors(os.path.join(ckpt, "model.safetensors"), tensor, 3e38)
+            _, model = make_model(name, arch)
+            out = os.path.join(WORK, name + ".npy")
+            p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out], check=False)
+            self.assertNotEqual(p.returncode, 0, name)
+            self.assertRegex(p.stderr, want)
+            self.assertFalse(os.path.exists(out), name)
 
     def test_context_too_small(self):
         _, model = make_model("mixtral", "mixtral")

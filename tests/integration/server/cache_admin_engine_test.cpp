@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,10 +16,10 @@
 #include <utility>
 
 #include "colibri/engine/engine.hpp"
-#include "colibri/model/convert.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/profile/profile.hpp"
 #include "colibri/registry/plugin_set.hpp"
+#include "tiny_engine.hpp"
 
 namespace fs = std::filesystem;
 using namespace colibri;
@@ -30,33 +29,11 @@ namespace {
 const fs::path kWork = COLIBRI_TEST_WORK_DIR;
 constexpr std::uint64_t kSlot = 3 * 256 * 512 * 4;  // one f32 expert of the tiny Mixtral
 
-// The converted model, made once (private names, then renamed: parallel ctest processes never see half a model).
-// `mxfp4`: the checkpoint's experts in MXFP4 (gpt-oss as OpenAI ships it), kept so whatever the preset.
+// `mxfp4`: the checkpoint's experts in MXFP4, kept so whatever the preset.
 fs::path tiny_model(const std::string& arch = "mixtral", const std::string& preset = "f32", bool mxfp4 = false) {
   const std::string name =
       arch == "mixtral" && preset == "f32" ? "tiny" : "tiny-" + arch + "-" + preset + (mxfp4 ? "-mxfp4" : "");
-  const fs::path model = kWork / name;
-  if (fs::exists(model / "manifest.json")) return model;
-  fs::create_directories(kWork);
-  const auto tag = name + "-" + std::to_string(::getpid());
-  const fs::path ckpt = kWork / ("ckpt-" + tag);
-  const std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " '" + COLIBRI_TEST_SOURCE_DIR +
-                          "/tests/fixtures/make_tiny_model.py' --arch " + arch + " --dtype f32" +
-                          (mxfp4 ? " --mxfp4" : "") + " --out '" + ckpt.string() + "' >/dev/null 2>&1";
-  const int rc = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << cmd;
-  model::ConvertOptions co;
-  co.input = ckpt;
-  co.output = kWork / ("conv-" + tag);
-  co.preset = preset;
-  co.threads = 1;
-  auto s = model::convert_model(co);
-  EXPECT_TRUE(s) << (s ? "" : s.error().message());
-  std::error_code ec;
-  fs::rename(co.output, model, ec);
-  if (ec) fs::remove_all(co.output);
-  fs::remove_all(ckpt);
-  return model;
+  return test_support::tiny_model(kWork, name, arch, preset, mxfp4);
 }
 
 std::unique_ptr<engine::Engine> open_engine(const fs::path& model, const std::string& policy = "pinned") {

@@ -1,0 +1,185 @@
+// The scheduler on a real engine: a request whose tokens make the model fail (activations that overflow) fails
+// alone; the requests batched with it finish with the tokens they get on their own. Tiny Mixtral from
+// tests/fixtures/make_tiny_model.py, changed so that one token id overflows layer 0's router and no other does; the
+// built cpu/pread/lru plugins.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "colibri/engine/engine.hpp"
+#include "colibri/profile/profile.hpp"
+#include "colibri/server/scheduler.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
+#include "tiny_engine.hpp"
+
+namespace fs = std::filesystem;
+using namespace colibri;
+
+namespace {
+
+const fs::path kWork = COLIBRI_TEST_WORK_DIR;
+constexpr std::int32_t kPoison = 7;  // the token id that overflows layer 0's router
+
+// An f32 tensor of a safetensors file, read and written in place.
+class SafetensorsF32 {
+ public:
+  explicit SafetensorsF32(const fs::path& path) : file_(path, std::ios::in | std::ios::out | std::ios::binary) {
+    std::uint64_t n = 0;
+    file_.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    file_.read(header.data(), static_cast<std::streamsize>(n));
+    header_ = nlohmann::json::parse(header);
+    data_start_ = 8 + n;
+  }
+  // Row-major [rows, cols]: calls f(row, col, value&) for every element, then writes the tensor back.
+  template <class F>
+  void edit(const std::string& name, F f) {
+    const auto& info = header_.at(name);
+    EXPECT_EQ(info.at("dtype"), "F32") << name;
+    const auto& shape = info.at("shape");
+    const std::size_t rows = shape.size() == 2 ? shape[0].get<std::size_t>() : 1;
+    const std::size_t cols = shape.back().get<std::size_t>();
+    std::vector<float> v(rows * cols);
+    const auto at = static_cast<std::streamoff>(data_start_ + info.at("data_offsets")[0].get<std::uint64_t>());
+    file_.seekg(at);
+    file_.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) f(r, c, v[r * cols + c]);
+    file_.seekp(at);
+    file_.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    ASSERT_TRUE(file_.good()) << name;
+  }
+
+ private:
+  std::fstream file_;
+  nlohmann::json header_;
+  std::uint64_t data_start_ = 0;
+};
+
+// Hidden dimension 0 is zero for every token but kPoison (embedding column 0, and layer 0's attention output row 0,
+// are zero), where it is large; layer 0's router weighs it with 3e38. So only kPoison's router logits overflow.
+void poison(const fs::path& ckpt) {
+  SafetensorsF32 st(ckpt / "model.safetensors");
+  st.edit("model.embed_tokens.weight", [](std::size_t r, std::size_t c, float& v) {
+    if (c == 0)
+      v = r == kPoison ? 100.0f : 0.0f;
+    else if (r == kPoison)
+      v = 0.0f;
+  });
+  st.edit("model.layers.0.self_attn.o_proj.weight", [](std::size_t r, std::size_t, float& v) {
+    if (r == 0) v = 0.0f;
+  });
+  st.edit("model.layers.0.post_attention_layernorm.weight", [](std::size_t, std::size_t c, float& v) {
+    if (c == 0) v = 1.0f;
+  });
+  st.edit("model.layers.0.block_sparse_moe.gate.weight", [](std::size_t, std::size_t c, float& v) {
+    if (c == 0) v = 3e38f;
+  });
+}
+
+std::unique_ptr<engine::Engine> open_engine(const fs::path& model) {
+  ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
+  profile::LoadOptions lo;
+  lo.use_process_environment = false;  // the built-in defaults (cpu backend), whatever $COLIBRI_PROFILE says
+  lo.overrides = {{"storage.plugin", "pread", "--set"}, {"cache.policy", "lru", "--set"}};
+  auto prof = profile::Profile::load(lo);
+  EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
+  if (!prof) return nullptr;
+  engine::EngineOptions eo;
+  eo.context = 64;
+  auto e = engine::Engine::open(model, *prof, eo);
+  EXPECT_TRUE(e) << (e ? "" : e.error().message());
+  return e ? std::move(*e) : nullptr;
+}
+
+// What a job saw: its generated token ids, and how it ended.
+struct Outcome {
+  std::vector<std::int32_t> ids;
+  bool failed = false;
+  std::string error, finish_reason;
+};
+
+struct Watched {
+  std::shared_ptr<server::Job> job = std::make_shared<server::Job>();
+  std::promise<Outcome> done;
+  Outcome seen;
+};
+
+std::shared_ptr<Watched> job(std::vector<std::int32_t> prompt) {
+  auto w = std::make_shared<Watched>();
+  w->job->request.prompt = std::move(prompt);
+  w->job->request.max_tokens = 6;
+  w->job->request.ignore_eos = true;
+  w->job->request.logprobs = 0;  // each text event carries its token ids
+  w->job->request.sampling.temperature = 0;
+  w->job->request.sampling.logit_bias = {{kPoison, -100.0f}};  // never generates the token that fails
+  w->job->on_event = [w](server::GenerationEvent&& ev) {
+    for (const auto& lp : ev.logprobs) w->seen.ids.push_back(lp.id);
+    if (ev.kind == server::GenerationEvent::Kind::text) return;
+    w->seen.failed = ev.kind == server::GenerationEvent::Kind::failed;
+    w->seen.error = ev.error.message;
+    w->seen.finish_reason = ev.finish_reason;
+    w->done.set_value(w->seen);
+  };
+  return w;
+}
+
+TEST(SchedulerEngine, ARequestThatMakesTheModelFailFailsAloneInItsBatch) {
+  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
+  auto e = open_engine(model);
+  ASSERT_TRUE(e);
+  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
+  ASSERT_TRUE(tok) << tok.error().message();
+  const std::vector<std::int32_t> good_a{3, 4, 5, 6}, good_b{11, 12}, bad{1, kPoison, 12};
+
+  server::Scheduler scheduler(*e, *tok, {});
+  // Alone first: the reference tokens, and the failure itself.
+  std::vector<Outcome> alone;
+  for (const auto& prompt : {good_a, good_b, bad}) {
+    auto w = job(prompt);
+    auto f = w->done.get_future();
+    ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+    alone.push_back(f.get());
+  }
+  EXPECT_FALSE(alone[0].failed) << alone[0].error;
+  EXPECT_FALSE(alone[1].failed) << alone[1].error;
+  EXPECT_EQ(alone[0].ids.size(), 6u);
+  ASSERT_TRUE(alone[2].failed);
+  EXPECT_NE(alone[2].error.find("layer 0's router"), std::string::npos) << alone[2].error;
+
+  // All three join one batch: the scheduler thread is held in a task while they are queued.
+  std::promise<void> held, release;
+  auto released = release.get_future().share();
+  ASSERT_TRUE(scheduler.post([&](engine::Engine&) {
+    held.set_value();
+    released.wait();
+  }));
+  held.get_future().wait();
+  std::vector<std::shared_ptr<Watched>> batch{job(good_a), job(bad), job(good_b)};
+  std::vector<std::future<Outcome>> results;
+  for (auto& w : batch) {
+    results.push_back(w->done.get_future());
+    ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+  }
+  const auto failed_before = scheduler.stats().failed;
+  release.set_value();
+  const Outcome a = results[0].get(), b = results[1].get(), c = results[2].get();
+  EXPECT_TRUE(b.failed);
+  EXPECT_NE(b.error.find("layer 0's router"), std::string::npos) << b.error;
+  EXPECT_FALSE(a.failed) << a.error;
+  EXPECT_FALSE(c.failed) << c.error;
+  EXPECT_EQ(a.ids, alone[0].ids);
+  EXPECT_EQ(c.ids, alone[1].ids);
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(scheduler.stats().failed, failed_before + 1);
+}
+
+}  // namespace
