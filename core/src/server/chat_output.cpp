@@ -453,6 +453,8 @@ ToolCallStream::ToolCallStream(const ToolCallStream& other)
       required_(other.required_),
       name_(other.name_),
       held_(other.held_),
+      space_(other.space_),
+      sent_text_(other.sent_text_),
       in_calls_(other.in_calls_),
       preview_(other.preview_ ? std::make_unique<Preview>(*other.preview_) : nullptr) {}
 ToolCallStream& ToolCallStream::operator=(const ToolCallStream& other) {
@@ -653,7 +655,14 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
     in_calls_ = true;
     keep = held_.size() - at;
   }
-  out.content = held_.substr(0, held_.size() - keep);
+  // Whitespace waits for what follows it: text sends it, a call drops it.
+  const std::string_view ready = std::string_view(held_).substr(0, held_.size() - keep);
+  const std::size_t text_end = trim_right(ready).size();
+  if (text_end > 0) {
+    out.content = std::exchange(space_, {}) + std::string(ready.substr(0, text_end));
+    sent_text_ = true;
+  }
+  space_ += ready.substr(text_end);
   held_.erase(0, held_.size() - keep);
   if (in_calls_) preview(out);
   return out;
@@ -662,7 +671,7 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
 ToolStreamEnd ToolCallStream::finish() {
   ToolStreamEnd end;
   if (!in_calls_) {
-    end.parse.content = std::exchange(held_, {});
+    end.parse.content = std::exchange(space_, {}) + std::exchange(held_, {});
     return end;
   }
   if (name_) {
@@ -682,8 +691,15 @@ ToolStreamEnd ToolCallStream::finish() {
     }
   } else {
     end.parse = parse_tool_calls(format_, held_);
+    // Calls that do not parse give the text back whole (held_ begins with the marker, which parsed content lacks).
+    if (end.parse.calls.empty() && end.parse.content == held_) {
+      end.parse.content.insert(0, space_);  // no calls: the text as it came
+    } else if (sent_text_ && !end.parse.content.empty()) {
+      end.parse.content.insert(0, "\n");  // as parse_tool_calls joins the text before and after the calls
+    }
   }
   held_.clear();
+  space_.clear();
   // What was sent of a call is a prefix of its arguments (the preview read the same bytes as the parse); the rest
   // follows. A call that was not previewed goes whole.
   const auto& sent = preview_->sent;

@@ -223,6 +223,13 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
       {ToolFormat::deepseek_v3,
        "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{}\n```<｜tool▁call▁end｜>"},
       {ToolFormat::none, "<tool_call>{\"name\": \"a\"}</tool_call>"},
+      // Whitespace before and after the calls (dropped, and the text after joined with a newline), around a
+      // malformed call (kept as it came), and at the end without calls (kept).
+      {ToolFormat::hermes, "  Let me look. \n\n<tool_call>{\"name\": \"a\"}</tool_call>\n\n Done. \n"},
+      {ToolFormat::hermes, "\n\n<tool_call>{\"name\": \"a\"}</tool_call> After."},
+      {ToolFormat::hermes, "Look: \n<tool_call>{\"name\": </tool_call> \n"},
+      {ToolFormat::hermes, "Only text. \n\n"},
+      {ToolFormat::mistral, "Hm. [TOOL_CALLS][{\"name\": \"m\", \"arguments\": {}}] then\ttext\t"},
   };
   for (const auto& [format, text] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -236,14 +243,10 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
         EXPECT_EQ(s.names[k], whole.calls[k].name) << text;
         EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text << " step " << step;
       }
+      // What went out while streaming and what finish() adds is the parse's content, whitespace included.
+      EXPECT_EQ(s.content + s.end.parse.content, whole.content) << text << " step " << step;
       if (whole.calls.empty()) {
-        EXPECT_EQ(s.content + s.end.parse.content, text) << "step " << step;
-      } else {
-        // Content before the marker went out while streaming (these texts have none after the calls).
-        std::string sent = s.content;
-        while (!sent.empty() && (sent.back() == ' ' || sent.back() == '\n')) sent.pop_back();
-        EXPECT_EQ(sent, whole.content) << "step " << step;
-        EXPECT_EQ(s.end.parse.content, "");
+        EXPECT_EQ(whole.content, text);
       }
     }
   }

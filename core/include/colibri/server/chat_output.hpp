@@ -82,12 +82,15 @@ struct ToolStreamOutput {
 };
 
 struct ToolStreamEnd {
-  ToolParse parse;                   // what parse_tool_calls finds in the text from the first marker on
+  // What parse_tool_calls finds in the text from the first marker on; its content is the rest of the content, so
+  // that everything push() sent plus it is exactly parse_tool_calls' content of the whole text.
+  ToolParse parse;
   std::vector<ToolCallDelta> calls;  // what completes each call of `parse` (all of one that was not previewed)
 };
 
 // The same for a stream: push() returns the content that can be sent now, holding back text from the first call
-// marker on (and any tail that may be the start of one), and the calls as they are written: a call is named once its
+// marker on, any tail that may be the start of one, and trailing whitespace (parse_tool_calls drops it before
+// calls), and the calls as they are written: a call is named once its
 // name is complete and its arguments object has begun, with the text so far a valid JSON prefix, and its arguments
 // follow while they stay one. The last byte of each call's arguments (its closing '}') waits for finish(), which
 // parses the held-back text: so a call whose text then turns out broken was sent only with arguments that are no
@@ -119,6 +122,8 @@ class ToolCallStream {
   bool required_ = false;
   std::optional<std::string> name_;  // arguments_of
   std::string held_;
+  std::string space_;       // whitespace before held_, not sent: dropped if calls follow
+  bool sent_text_ = false;  // content was sent before the calls (text after them joins it with a newline)
   bool in_calls_ = false;
   std::unique_ptr<Preview> preview_;
 };
