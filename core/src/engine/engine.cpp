@@ -1095,7 +1095,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   if (s = run_op(Op::topk_routing, {view(S.router, E, T)},
                  {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
       !s) {
-    return s;
+    return s.with_context("layer " + std::to_string(l) + "'s routing");
   }
   // Each expert's tokens, experts in ascending id: this order fixes the per-token sum for every placement.
   std::map<std::int32_t, std::vector<std::pair<std::int64_t, float>>> groups;
