@@ -90,11 +90,10 @@ struct ToolStreamEnd {
 
 // The same for a stream: push() returns the content that can be sent now, holding back text from the first call
 // marker on, any tail that may be the start of one, and trailing whitespace (parse_tool_calls drops it before
-// calls), and the calls as they are written: a call is named once its
-// name is complete and its arguments object has begun, with the text so far a valid JSON prefix, and its arguments
-// follow while they stay one. The last byte of each call's arguments (its closing '}') waits for finish(), which
-// parses the held-back text: so a call whose text then turns out broken was sent only with arguments that are no
-// complete JSON, and its text comes back whole as content.
+// calls), and the calls as they are written: a call is named once its name is complete and its arguments object has
+// begun, with the text so far a valid JSON prefix, and its arguments follow while they stay one. The last byte of each
+// call's arguments (its closing '}') waits for finish(), which parses the held-back text: so a call whose text then
+// turns out broken was sent only with arguments that are no complete JSON, and its text comes back whole as content.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolFormat format);
