@@ -362,11 +362,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     first_positions.push_back(seq.state->n_past);
   }
   if (!items.empty()) {
-    std::vector<bool> ran(items.size(), true);
     auto failed = [&](std::size_t i, const sdk::Status& s) {
       spdlog::error("generation failed: {}", s.message());
-      fail(*members[i], internal_error("The model failed to run: " + s.message()));
-      ran[i] = false;
+      fail(*members[i], internal_error("The model failed to run: " + s.message()));  // marks it done
       tokens_run -= items[i].tokens.size();
       if (!members[i]->prefilled) prompt_run -= items[i].tokens.size();
     };
@@ -393,7 +391,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     }
     for (std::size_t i = 0; i < members.size(); ++i) {
       Sequence& seq = *members[i];
-      if (seq.prefilled || !ran[i]) continue;
+      if (seq.prefilled || seq.done) continue;
       if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
       seq.prompt_done += items[i].tokens.size();
       if (seq.prompt_done == seq.job->request.prompt.size()) {
