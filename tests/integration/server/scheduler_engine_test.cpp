@@ -10,11 +10,11 @@
 #include <future>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "colibri/engine/engine.hpp"
+#include "colibri/model/safetensors.hpp"
 #include "colibri/profile/profile.hpp"
 #include "colibri/server/scheduler.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
@@ -28,59 +28,41 @@ namespace {
 const fs::path kWork = COLIBRI_TEST_WORK_DIR;
 constexpr std::int32_t kPoison = 7;  // the token id that overflows layer 0's router
 
-// An f32 tensor of a safetensors file, read and written in place.
-class SafetensorsF32 {
- public:
-  explicit SafetensorsF32(const fs::path& path) : file_(path, std::ios::in | std::ios::out | std::ios::binary) {
-    std::uint64_t n = 0;
-    file_.read(reinterpret_cast<char*>(&n), 8);
-    std::string header(n, '\0');
-    file_.read(header.data(), static_cast<std::streamsize>(n));
-    header_ = nlohmann::json::parse(header);
-    data_start_ = 8 + n;
-  }
-  // Row-major [rows, cols]: calls f(row, col, value&) for every element, then writes the tensor back.
-  template <class F>
-  void edit(const std::string& name, F f) {
-    const auto& info = header_.at(name);
-    EXPECT_EQ(info.at("dtype"), "F32") << name;
-    const auto& shape = info.at("shape");
-    const std::size_t rows = shape.size() == 2 ? shape[0].get<std::size_t>() : 1;
-    const std::size_t cols = shape.back().get<std::size_t>();
-    std::vector<float> v(rows * cols);
-    const auto at = static_cast<std::streamoff>(data_start_ + info.at("data_offsets")[0].get<std::uint64_t>());
-    file_.seekg(at);
-    file_.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < cols; ++c) f(r, c, v[r * cols + c]);
-    file_.seekp(at);
-    file_.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-    ASSERT_TRUE(file_.good()) << name;
-  }
-
- private:
-  std::fstream file_;
-  nlohmann::json header_;
-  std::uint64_t data_start_ = 0;
-};
+// Calls f(row, col, value&) for every element of the f32 tensor `name` (row-major [rows, cols]) of a safetensors
+// file, then writes the tensor back in place.
+template <class F>
+void edit_f32(const fs::path& file, const std::string& name, F f) {
+  auto ckpt = model::SafetensorsCheckpoint::open(file);
+  ASSERT_TRUE(ckpt) << ckpt.error().message();
+  const model::SafetensorsTensor* t = ckpt->find(name);
+  ASSERT_TRUE(t != nullptr && t->dtype == "F32") << name;
+  std::vector<float> v(t->size / sizeof(float));
+  ASSERT_TRUE(ckpt->read(*t, 0, v.data(), t->size)) << name;
+  const auto cols = static_cast<std::size_t>(t->shape.back());
+  for (std::size_t i = 0; i < v.size(); ++i) f(i / cols, i % cols, v[i]);
+  std::fstream out(file, std::ios::in | std::ios::out | std::ios::binary);
+  out.seekp(static_cast<std::streamoff>(t->offset));
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(t->size));
+  ASSERT_TRUE(out.good()) << name;
+}
 
 // Hidden dimension 0 is zero for every token but kPoison (embedding column 0, and layer 0's attention output row 0,
 // are zero), where it is large; layer 0's router weighs it with 3e38. So only kPoison's router logits overflow.
 void poison(const fs::path& ckpt) {
-  SafetensorsF32 st(ckpt / "model.safetensors");
-  st.edit("model.embed_tokens.weight", [](std::size_t r, std::size_t c, float& v) {
+  const fs::path file = ckpt / "model.safetensors";
+  edit_f32(file, "model.embed_tokens.weight", [](std::size_t r, std::size_t c, float& v) {
     if (c == 0)
       v = r == kPoison ? 100.0f : 0.0f;
     else if (r == kPoison)
       v = 0.0f;
   });
-  st.edit("model.layers.0.self_attn.o_proj.weight", [](std::size_t r, std::size_t, float& v) {
+  edit_f32(file, "model.layers.0.self_attn.o_proj.weight", [](std::size_t r, std::size_t, float& v) {
     if (r == 0) v = 0.0f;
   });
-  st.edit("model.layers.0.post_attention_layernorm.weight", [](std::size_t, std::size_t c, float& v) {
+  edit_f32(file, "model.layers.0.post_attention_layernorm.weight", [](std::size_t, std::size_t c, float& v) {
     if (c == 0) v = 1.0f;
   });
-  st.edit("model.layers.0.block_sparse_moe.gate.weight", [](std::size_t, std::size_t c, float& v) {
+  edit_f32(file, "model.layers.0.block_sparse_moe.gate.weight", [](std::size_t, std::size_t c, float& v) {
     if (c == 0) v = 3e38f;
   });
 }
