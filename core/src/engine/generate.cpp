@@ -68,7 +68,8 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   r.prompt_tokens = static_cast<std::int64_t>(prompt.size());
   std::vector<std::int32_t> history(prompt.begin(), prompt.end());
   Sampler sampler(options.sampling);
-  tokenizer::StreamDecoder decoder(tok, /*skip_special=*/!options.keep_special);
+  tokenizer::StreamDecoder decoder(tok, /*skip_special=*/!options.keep_special,
+                                   options.continues_prompt ? prompt : std::span<const std::int32_t>{});
   StopMatcher stops(options.stop);
   std::vector<float> logits;
   using clock = std::chrono::steady_clock;

@@ -682,6 +682,9 @@ class Session : public std::enable_shared_from_this<Session> {
         job->request.json_object = true;
         job->request.json_schema = forced_schema;
       }
+      // A completion's text, and the rest of a continued final message, follow the prompt's text: a SentencePiece
+      // token's leading space stays. A chat answer is a text of its own, as the template renders it next turn.
+      job->request.continues_prompt = endpoint_ == Endpoint::completions || req.continue_final_message;
       // Harmony's markers are special tokens: they are kept for HarmonyStream to see them.
       if (use_harmony) job->request.keep_special = true;
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic && srv_.tool_format != ToolFormat::harmony) {

@@ -19,7 +19,9 @@ struct Scheduler::Sequence {
       : job(std::move(j)),
         history(job->request.prompt),
         sampler(job->request.sampling),
-        decoder(tok, /*skip_special=*/!job->request.keep_special),
+        decoder(tok, /*skip_special=*/!job->request.keep_special,
+                job->request.continues_prompt ? std::span<const std::int32_t>(job->request.prompt)
+                                              : std::span<const std::int32_t>{}),
         stops(job->request.stop) {
     if (job->request.json_object) json.emplace(job->request.json_schema.get());
   }

@@ -513,6 +513,9 @@ namespace {
 // More pending tokens than one character's bytes can span (tokens that add no bytes, such as skipped special ones,
 // included): the character is then not going to be finished.
 constexpr std::size_t kMaxPendingTokens = 4;
+// Context tokens decoded along with the pushed ones: a Strip or Metaspace decoder acts on the first token only, byte
+// fallback joins the bytes of one character (at most 4).
+constexpr std::size_t kContextTokens = 4;
 
 // Length of the common prefix of a and b, backed off to a character boundary of a.
 std::size_t common_prefix(std::string_view a, std::string_view b) {
@@ -536,8 +539,23 @@ bool ends_inside_character(std::string_view bytes) {
 }
 }  // namespace
 
-StreamDecoder::StreamDecoder(Tokenizer tokenizer, bool skip_special)
-    : tokenizer_(std::move(tokenizer)), skip_special_(skip_special) {}
+StreamDecoder::StreamDecoder(Tokenizer tokenizer, bool skip_special, std::span<const TokenId> context)
+    : tokenizer_(std::move(tokenizer)), skip_special_(skip_special) {
+  // Tokens the decode skips carry no text and do not count. Nor does the context start inside a character: byte
+  // fallback turns a run of byte tokens that is not UTF-8 as a whole into one U+FFFD per byte, the new ones too.
+  auto starts_inside_character = [&](TokenId id) {
+    const auto bytes = tokenizer_.token_bytes(id);
+    return bytes && !bytes->empty() && (static_cast<unsigned char>(bytes->front()) & 0xC0) == 0x80;
+  };
+  for (std::size_t i = context.size(); i > 0; --i) {
+    if (ids_.size() >= kContextTokens && !starts_inside_character(ids_.front())) break;
+    if (ids_.size() >= 2 * kContextTokens) break;  // no character start in sight: not UTF-8 anyway
+    if (skip_special_ && tokenizer_.is_special(context[i - 1])) continue;
+    ids_.insert(ids_.begin(), context[i - 1]);
+  }
+  context_ = ids_.size();
+  prefix_ = tokenizer_.decode(ids_, skip_special_);
+}
 
 std::string StreamDecoder::push(TokenId id) {
   ids_.push_back(id);

@@ -614,6 +614,85 @@ class Api(unittest.TestCase):
         _, header = self.s.json("POST", "/tokenize", {"messages": messages[:1]})
         self.assertEqual(opened["tokens"], header["tokens"])
 
+    def test_sentencepiece_continuation_keeps_its_leading_space(self):
+        # A SentencePiece tokenizer (Mixtral's kind: "▁" for spaces, a Strip of the text's first space) on a copy
+        # of the tiny model. Its "▁world" after the prompt "Hello" is " world": the completion's text, the rest of a
+        # continued message and `run` add it to the prompt's text as a decode of both does. A chat answer is a text
+        # of its own (its template puts the space back next turn), so it starts without one, as HF's decode of the
+        # answer's ids alone does.
+        model = os.path.join(WORK, "tiny-spm")
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(MODEL, model, dirs_exist_ok=True)
+            vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+            for b in range(256):
+                vocab[f"<0x{b:02X}>"] = len(vocab)
+            merges = []
+            for word in ["\u2581Hello", "\u2581world"]:
+                for ch in word:
+                    vocab.setdefault(ch, len(vocab))
+                for i in range(2, len(word) + 1):
+                    if word[:i] not in vocab:
+                        merges.append(f"{word[:i - 1]} {word[i - 1]}")
+                        vocab[word[:i]] = len(vocab)
+            special = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                        "normalized": False, "special": True} for c, i in list(vocab.items())[:3]]
+            tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+                   "normalizer": {"type": "Sequence", "normalizers": [
+                       {"type": "Prepend", "prepend": "\u2581"},
+                       {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+                   "pre_tokenizer": None,
+                   "post_processor": {"type": "TemplateProcessing",
+                                      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                 {"Sequence": {"id": "A", "type_id": 0}}],
+                                      "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                               {"Sequence": {"id": "B", "type_id": 1}}],
+                                      "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+                   "decoder": {"type": "Sequence", "decoders": [
+                       {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                       {"type": "ByteFallback"}, {"type": "Fuse"},
+                       {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+                   "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "vocab": vocab,
+                             "merges": merges}}
+            with open(os.path.join(model, "tokenizer.json"), "w") as f:
+                json.dump(tok, f)
+            with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+                json.dump({"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"}, f)
+            with open(os.path.join(model, "manifest.json")) as f:  # a deliberate edit, as in the FIM test
+                man = json.load(f)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                man["tokenizer"].get("xxh64", {}).pop(name, None)
+            with open(os.path.join(model, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        ids = json.loads(subprocess.run([CLI, "tokenize", "--model", model, "--text", "Hello world"], check=True,
+                                        capture_output=True, text=True).stdout)["ids"]
+        self.assertEqual(len(ids), 2, ids)  # "\u2581Hello", "\u2581world"
+        world = ids[1]
+        p = subprocess.run([CLI, "run", "--model", model, "--prompt", "Hello", "-n", "2", "--temperature", "0",
+                            "--logit-bias", f"{world}=100"], capture_output=True, text=True, timeout=120)
+        self.assertEqual((p.returncode, p.stdout), (0, "Hello world world\n"), p.stderr)
+        s = Server("--model", model)
+        try:
+            req = {"model": "tiny-spm", "prompt": "Hello", "max_tokens": 2, "temperature": 0,
+                   "logit_bias": {str(world): 100}}
+            _, body = s.json("POST", "/v1/completions", req)
+            self.assertEqual(body["choices"][0]["text"], " world world")
+            _, body = s.json("POST", "/v1/completions", dict(req, echo=True))
+            self.assertEqual(body["choices"][0]["text"], "Hello world world")
+            status, events, _ = s.stream("/v1/completions", req)
+            self.assertEqual((status, stream_text(events, "text")), (200, " world world"))
+            chat = {"model": "tiny-spm", "max_tokens": 2, "temperature": 0, "logit_bias": {str(world): 100}}
+            _, body = s.json("POST", "/v1/chat/completions",
+                             dict(chat, messages=[{"role": "user", "content": "Hi"}]))
+            self.assertEqual(body["choices"][0]["message"]["content"], "world world")
+            _, body = s.json("POST", "/v1/chat/completions",
+                             dict(chat, messages=[{"role": "user", "content": "Hi"},
+                                                  {"role": "assistant", "content": "Hello"}],
+                                  continue_final_message=True, add_generation_prompt=False))
+            self.assertEqual(body["choices"][0]["message"]["content"], " world world")
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_json_mode(self):
         # A random model writes noise; in JSON mode it can only write JSON, and stops when the object closes.
         # A bias toward '"' (strings close sooner) makes most answers finish within max_tokens.

@@ -22,6 +22,9 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   std::vector<std::int64_t> end_tokens;  // ends the answer as EOS does (a chat format's own end markers)
   bool keep_special = false;             // special tokens are decoded into the text (harmony's channel markers)
+  // The text continues the prompt's (a completion, not a chat answer): its first token decodes as in the middle of
+  // a text, so SentencePiece's leading space stays and prompt + text is the decode of both.
+  bool continues_prompt = false;
   SamplingOptions sampling;
   bool json_object = false;  // JSON mode: only tokens that keep the text one valid JSON object; stops when it closes
   std::shared_ptr<const JsonSchema> json_schema;  // with json_object: the object must also conform to this

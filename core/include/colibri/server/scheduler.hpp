@@ -39,6 +39,7 @@ struct GenerationRequest {
   std::int64_t min_tokens = 0;                            // end tokens are banned until this many tokens are generated
   bool ignore_eos = false;       // end tokens are banned throughout: generation ends by length, stop or context
   bool keep_special = false;     // special tokens are decoded into the text (a tool call marker that is one)
+  bool continues_prompt = false;  // the text continues the prompt's (completions): see engine::GenerateOptions
   bool prompt_logprobs = false;  // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
   // Non-zero: the choices of one request (n > 1) share it; one runs the prompt, the others copy its KV rows.
   std::uint64_t prompt_group = 0;

@@ -57,10 +57,13 @@ class Tokenizer {
 
 // Incremental detokenizer for generation: push ids one at a time and get text that always ends on a UTF-8
 // character boundary (a multi-byte character, byte-fallback bytes included, is released whole). The concatenation of
-// all chunks plus flush() equals decode(all ids).
+// all chunks plus flush() equals decode(all ids), and with a `context` decode(context + ids) minus decode(context).
 class StreamDecoder {
  public:
-  explicit StreamDecoder(Tokenizer tokenizer, bool skip_special = false);
+  // `context`: the tokens the pushed ones continue (a prompt), never released themselves. Its last few tokens are
+  // decoded along, so the first pushed token decodes as in the middle of a text: SentencePiece's "▁Hello" after a
+  // prompt is " Hello", where alone (the start of a text, as a chat answer is) it is "Hello".
+  explicit StreamDecoder(Tokenizer tokenizer, bool skip_special = false, std::span<const TokenId> context = {});
 
   // Text that became final with this id (possibly empty).
   std::string push(TokenId id);
