@@ -37,10 +37,10 @@ struct GenerationRequest {
   bool json_object = false;  // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
   std::shared_ptr<const engine::JsonSchema> json_schema;  // JSON mode: the object must also conform to this
   std::int64_t min_tokens = 0;                            // end tokens are banned until this many tokens are generated
-  bool ignore_eos = false;       // end tokens are banned throughout: generation ends by length, stop or context
-  bool keep_special = false;     // special tokens are decoded into the text (a tool call marker that is one)
+  bool ignore_eos = false;        // end tokens are banned throughout: generation ends by length, stop or context
+  bool keep_special = false;      // special tokens are decoded into the text (a tool call marker that is one)
   bool continues_prompt = false;  // the text continues the prompt's (completions): see engine::GenerateOptions
-  bool prompt_logprobs = false;  // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
+  bool prompt_logprobs = false;   // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
   // Non-zero: the choices of one request (n > 1) share it; one runs the prompt, the others copy its KV rows.
   std::uint64_t prompt_group = 0;
 };
