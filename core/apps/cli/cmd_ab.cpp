@@ -246,6 +246,7 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     if (!prof) return 1;
     auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
     if (!dir) return fail(dir.error().message());
+    if (auto e = overwrite_error("--report", o.report, "--model", dir->string()); !e.empty()) return fail(e);
     auto m = model::load_manifest(*dir);
     if (!m) return fail(m.error().message());
     manifest = std::move(*m);
@@ -378,6 +379,10 @@ int run_live(const LiveOptions& o) {
   }
   auto dir = model::resolve_model_path(o.model, sides[0].profile->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
+  if (auto e = overwrite_error("--report", o.report, {{"--model", dir->string()}, {"--prompts", o.prompts}});
+      !e.empty()) {
+    return fail(e);
+  }
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());
   ab::LiveReport rep;

@@ -25,6 +25,7 @@
 
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/sdk/storage_view.hpp"
+#include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
 namespace colibri::cli {
@@ -79,10 +80,10 @@ struct AlignedBlock {
   std::byte* data;
 };
 
-// The test file; removed when this goes out of scope, whatever happens.
+// The test file; removed when this goes out of scope, whatever happens, or by Ctrl-C.
 class TestFile {
  public:
-  explicit TestFile(fs::path p) : path_(std::move(p)) {}
+  explicit TestFile(fs::path p) : path_(std::move(p)), on_signal_(path_) {}
   ~TestFile() {
     std::error_code ec;
     fs::remove(path_, ec);
@@ -124,6 +125,7 @@ class TestFile {
 
  private:
   fs::path path_;
+  util::RemovedOnSignal on_signal_;
 };
 
 // Keeps `depth` reads in flight until the work runs out: each of `depth` slots (a buffer) submits

@@ -15,6 +15,7 @@
 // profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]);
 // run with --profile <MODEL>/stripe.yaml.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -234,8 +235,11 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   std::stringstream ss(o.to);
   for (std::string item; std::getline(ss, item, ',');) {
     if (item.empty()) continue;
-    fs::create_directories(item, ec);
-    if (ec) return fail("--to: cannot create " + item + ": " + ec.message());
+    // Not created here: a mistyped path, or the mount point of a disk that is not mounted, would put the experts
+    // on the model's own disk.
+    if (!fs::is_directory(item, ec)) {
+      return fail("--to: " + item + " is not a directory; create it (or mount its disk) first");
+    }
     const fs::path d = fs::canonical(item, ec);
     if (ec) return fail("--to: cannot resolve " + item + ": " + ec.message());
     if (d == dir) return fail("--to: " + item + " is the model directory itself; name other directories");
@@ -244,6 +248,12 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     }
     if (model::path_within(dir, d)) {
       return fail("--to: " + item + " contains the model directory; name directories on other disks");
+    }
+    struct stat on_disk {
+    }, model_disk{};
+    if (::stat(d.c_str(), &on_disk) == 0 && ::stat(dir.c_str(), &model_disk) == 0 &&
+        on_disk.st_dev == model_disk.st_dev) {
+      std::cerr << "note: " << item << " is on the model's own filesystem; striping reads faster only across disks\n";
     }
     const fs::path member = d / dir.filename();
     for (const auto& seen : members) {

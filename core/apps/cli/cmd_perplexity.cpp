@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -42,14 +43,22 @@ void log_softmax(const float* x, std::size_t n, std::vector<double>& out) {
 }
 
 int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
+  if (std::filesystem::is_directory(o.file)) return fail("--file " + o.file + " is a directory; give a text file");
   std::ifstream in(o.file, std::ios::binary);
   if (!in) return fail("cannot read --file " + o.file + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return fail("--file " + o.file + ": reading failed");
   if (o.engine.ctx == 0) o.engine.ctx = 512;
   if (o.engine.ctx < 2) return fail("--ctx must be at least 2 to score anything");
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
+  if (auto e =
+          overwrite_error("--save-logits", o.save_logits,
+                          {{"--model", engine->model_dir().string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});
+      !e.empty()) {
+    return fail(e);
+  }
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(ss.str(), false);

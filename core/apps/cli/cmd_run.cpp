@@ -1,6 +1,7 @@
 // colibri-cli run --model M (--prompt TEXT | --file F | --file -) [-n N] [--profile P] [sampling flags]
 // Streams the continuation to stdout, then one stats line (stderr).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -39,6 +40,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     // The whole file, byte for byte (a trailing newline is part of the prompt, as llama.cpp's -f keeps it).
     std::ifstream file;
     if (o.prompt_file != "-") {
+      if (std::filesystem::is_directory(o.prompt_file)) {
+        return fail("--file " + o.prompt_file + " is a directory; give a text file");
+      }
       file.open(o.prompt_file, std::ios::binary);
       if (!file) return fail("--file " + o.prompt_file + ": cannot open the file");
     }
@@ -49,7 +53,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   std::shared_ptr<const engine::JsonSchema> schema;
   if (!o.json_schema.empty()) {
     std::ifstream in(o.json_schema, std::ios::binary);
-    if (!in) return fail("--json-schema " + o.json_schema + ": cannot open the file");
+    if (!in || std::filesystem::is_directory(o.json_schema)) {
+      return fail("--json-schema " + o.json_schema + ": cannot open the file");
+    }
     const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (doc.is_discarded()) return fail("--json-schema " + o.json_schema + ": not valid JSON");
     auto compiled = engine::JsonSchema::compile(doc);
@@ -61,13 +67,19 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
   if (!o.record_trace.empty()) {  // checked before the work, not after it
     const auto model = engine->model_dir().string();
-    if (auto e = overwrite_error("--record-trace", o.record_trace, "--model", model); !e.empty()) return fail(e);
+    if (auto e = overwrite_error("--record-trace", o.record_trace,
+                                 {{"--model", model}, {"--file", o.prompt_file}, {"--json-schema", o.json_schema}});
+        !e.empty()) {
+      return fail(e);
+    }
     if (auto f = util::OutputFile::open(o.record_trace); !f) return fail("--record-trace: " + f.error().message());
   }
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(o.prompt, !o.no_special);
-  if (ids.empty()) return fail("--prompt encodes to no tokens");
+  if (ids.empty())
+    return fail(o.prompt_file.empty() ? "--prompt encodes to no tokens"
+                                      : "--file " + o.prompt_file + " encodes to no tokens (is it empty?)");
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.stop = o.stop;

@@ -44,6 +44,12 @@ int fail(const std::string& message);
 // `input`: then the error that names both flags. Outputs are written whole at the end, so the input would be lost.
 std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
                             const std::string& input);
+// The first of those errors for any of `inputs` (flag, path; empty paths and '-' for standard input are skipped).
+std::string overwrite_error(const std::string& out_flag, const std::string& output,
+                            const std::vector<std::pair<std::string, std::string>>& inputs);
+// "" unless two outputs name the same file: the second would replace the first.
+std::string same_output_error(const std::string& flag_a, const std::string& a, const std::string& flag_b,
+                              const std::string& b);
 
 }  // namespace colibri::cli
 

@@ -37,6 +37,26 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
          "; writing it would destroy that input: name another file";
 }
 
+std::string overwrite_error(const std::string& out_flag, const std::string& output,
+                            const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [flag, input] : inputs) {
+    if (input == "-") continue;
+    if (auto e = overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
+  }
+  return {};
+}
+
+std::string same_output_error(const std::string& flag_a, const std::string& a, const std::string& flag_b,
+                              const std::string& b) {
+  namespace fs = std::filesystem;
+  if (a.empty() || b.empty()) return {};
+  std::error_code ec_a, ec_b;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a, ec_a), ec_a);
+  const fs::path pb = fs::weakly_canonical(fs::absolute(b, ec_b), ec_b);
+  if (ec_a || ec_b || pa != pb) return {};
+  return flag_a + " and " + flag_b + " both name " + a + ": give each output a file of its own";
+}
+
 std::vector<profile::Override> GlobalOptions::cli_overrides() const {
   std::vector<profile::Override> out;
   if (!expert_cache_size.empty()) out.push_back({"memory.expert_cache", expert_cache_size, "--expert-cache-size"});

@@ -44,6 +44,12 @@ void unregister_partial(int& entry) {
 
 }  // namespace
 
+RemovedOnSignal::RemovedOnSignal(const fs::path& path) : registered_(register_partial(path)) {}
+
+RemovedOnSignal::~RemovedOnSignal() {
+  unregister_partial(registered_);
+}
+
 void remove_partial_files_signal_safe() noexcept {
   for (auto& e : g_partials) {
     if (e.state.load() == 2) ::unlink(e.path);

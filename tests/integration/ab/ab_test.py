@@ -202,6 +202,9 @@ class Replay(unittest.TestCase):
         p = cli("bench", "-m", model(), "--prompt-tokens", "2", "--gen-tokens", "1", "--record-trace",
                 os.path.join(model(), "manifest.json"), check=False)
         self.assertIn("lies inside --model", p.stderr)
+        p = cli("ab", "replay", "--trace", trace, "--policy", "lru", "--cache-experts", "3", "-m", model(),
+                "--report", os.path.join(model(), "manifest.json"), check=False)
+        self.assertIn("lies inside --model", p.stderr)
         self.assertEqual(cli("inspect", model()).returncode, 0)
 
     def test_replay_counts_what_the_run_counted(self):

@@ -308,6 +308,53 @@ class Chat(unittest.TestCase):
         self.assertNotEqual(a.stdout, b.stdout)
 
 
+class Outputs(unittest.TestCase):
+    def test_an_output_never_replaces_an_input(self):
+        # Outputs are written whole at the end, over what was there: naming an input (or a file of the model) as
+        # an output is refused before the work, and every input stays as it was.
+        m = os.path.join(WORK, "outputs-model")
+        if not os.path.exists(os.path.join(m, "manifest.json")):
+            shutil.copytree(model(), m)
+        text, schema = os.path.join(WORK, "outputs-text.txt"), os.path.join(WORK, "outputs-schema.json")
+        with open(text, "w") as f:
+            f.write("the quick brown fox jumps over the lazy dog " * 4)
+        with open(schema, "w") as f:
+            f.write('{"type": "object"}')
+        base = os.path.join(WORK, "outputs-base.logits")
+        cli("perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", base)
+        def contents():
+            out = {}
+            for path in [text, schema, base] + [os.path.join(m, f) for f in sorted(os.listdir(m))]:
+                if os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        out[path] = f.read()
+            return out
+        before = contents()
+        manifest = os.path.join(m, "manifest.json")
+        npy = os.path.join(WORK, "outputs.npy")
+        for args, want in [
+                (["logits", "-m", m, "--tokens", "1,2", "--out", manifest], "--out " + manifest + " lies inside --model"),
+                (["logits", "-m", m, "--tokens", "1,2", "--out", npy, "--trace", manifest], "--trace " + manifest),
+                (["logits", "-m", m, "--tokens", "1,2", "--out", npy, "--trace", npy], "both name"),
+                (["perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", text], "is --file"),
+                (["perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", base, "--kl-base", base],
+                 "is --kl-base"),
+                (["perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", manifest], "lies inside --model"),
+                (["run", "-m", m, "--prompt", "hi", "-n", "1", "--json-schema", schema, "--record-trace", schema],
+                 "is --json-schema"),
+                (["run", "-m", m, "--file", text, "-n", "1", "--record-trace", text], "is --file")]:
+            p = cli(*args, check=False)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn(want, p.stderr, args)
+            self.assertIn("name another file" if "both" not in want else "a file of its own", p.stderr)
+        self.assertEqual(contents(), before)
+        self.assertFalse(os.path.exists(npy))
+        # A directory given for a text file is named as such.
+        for args in (["run", "-m", m, "--file", WORK, "-n", "1"], ["perplexity", "-m", m, "--file", WORK]):
+            p = cli(*args, check=False)
+            self.assertIn(f"--file {WORK} is a directory", p.stderr)
+
+
 class Perplexity(unittest.TestCase):
     def test_perplexity_and_kl_base(self):
         text = os.path.join(WORK, "text.txt")

@@ -59,4 +59,18 @@ grep -q "3000" "$work/err3.txt" || fail "the error does not name the bad block s
 if "$cli" iobench "$work/disk" --plugins nosuch > "$work/err4.txt" 2>&1; then fail "an unknown plugin was accepted"; fi
 grep -q "nosuch" "$work/err4.txt" || fail "the error does not name the plugin: $(cat "$work/err4.txt")"
 [ -z "$(ls -A "$work/disk")" ] || fail "a refused iobench left files behind"
+
+# Ctrl-C (and SIGTERM) while it measures: the test file goes too.
+for sig in INT TERM; do
+  "$cli" iobench "$work/disk" --size 8M --seconds 30 --plugins pread > /dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -n "$(ls -A "$work/disk")" ] && break; sleep 0.1; done
+  [ -n "$(ls -A "$work/disk")" ] || fail "no test file appeared"
+  sleep 0.5  # into the measurement
+  kill -s "$sig" "$pid"
+  status=0
+  wait "$pid" || status=$?
+  [ "$status" -ne 0 ] || fail "SIG$sig: iobench exited 0"
+  [ -z "$(ls -A "$work/disk")" ] || fail "SIG$sig left the test file behind: $(ls "$work/disk")"
+done
 echo "iobench and plugins list: ok"

@@ -72,6 +72,7 @@ def striped(m, copy=False):
     if not os.path.exists(os.path.join(dst, "stripe.yaml")):
         shutil.rmtree(dst, ignore_errors=True)
         shutil.rmtree(disk2, ignore_errors=True)
+        os.makedirs(disk2)  # stripe's --to must exist
         shutil.copytree(m, dst)
         run(["model", "stripe", dst, "--to", disk2] + (["--copy"] if copy else []))
     return dst, os.path.join(disk2, name)
@@ -263,6 +264,7 @@ class Stripe(unittest.TestCase):
         a, b = os.path.join(WORK, "one", "tiny"), os.path.join(WORK, "two", "tiny")
         for d in (a, b, disk):
             shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(disk)
         shutil.copytree(m, a)
         shutil.copytree(m, b)
         run(["model", "stripe", a, "--to", disk])
@@ -274,6 +276,7 @@ class Stripe(unittest.TestCase):
         # Striping a again over another disk brings every file to its new place and leaves nothing on the old one.
         disk3 = os.path.join(WORK, "third-disk")
         shutil.rmtree(disk3, ignore_errors=True)
+        os.makedirs(disk3)
         run(["model", "stripe", a, "--to", disk3])
         self.assertFalse(os.path.exists(os.path.join(disk, "tiny")))
         for f in files:
@@ -300,6 +303,8 @@ class Stripe(unittest.TestCase):
         dst, other = os.path.join(WORK, "mirrored", "tiny"), os.path.join(WORK, "mirrored-other", "other")
         for d in (disk_a, disk_b, disk_c, os.path.dirname(dst), os.path.dirname(other)):
             shutil.rmtree(d, ignore_errors=True)
+        for d in (disk_a, disk_b, disk_c):
+            os.makedirs(d)
         shutil.copytree(m, dst)
         shutil.copytree(m, other)
 
@@ -365,6 +370,8 @@ class Stripe(unittest.TestCase):
         dst, other = os.path.join(WORK, "reconvert", "tiny"), os.path.join(WORK, "reconvert-other", "other")
         for d in (disk_a, disk_b, os.path.dirname(dst), os.path.dirname(other)):
             shutil.rmtree(d, ignore_errors=True)
+        for d in (disk_a, disk_b):
+            os.makedirs(d)
         shutil.copytree(m, dst)
         shutil.copytree(m, other)
 
@@ -423,6 +430,8 @@ class Stripe(unittest.TestCase):
         disks = [os.path.join(WORK, "emptied-disks", f"d{n}") for n in range(len(files))]
         for d in (os.path.dirname(dst), os.path.dirname(disks[0])):
             shutil.rmtree(d, ignore_errors=True)
+        for d in disks:
+            os.makedirs(d)
         shutil.copytree(m, dst)
         # One more directory than files: the last disk gets none. Swapped with the first, the first is emptied.
         run(["model", "stripe", dst, "--to", ",".join(disks)])
@@ -442,6 +451,13 @@ class Stripe(unittest.TestCase):
         self.assertIn("inside the model directory", p.stderr)
         p = run(["model", "stripe", os.path.join(WORK, "nope"), "--to", os.path.join(WORK, "d")], check=False)
         self.assertNotEqual(p.returncode, 0)
+        # A directory that is not there (a typo, a disk not mounted) is not created: the files would land on the
+        # model's own disk.
+        missing = os.path.join(WORK, "not-mounted", "nvme2")
+        p = run(["model", "stripe", m, "--to", missing], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"--to: {missing} is not a directory; create it (or mount its disk) first", p.stderr)
+        self.assertFalse(os.path.exists(os.path.dirname(missing)))
 
 
 class StorageCounters(unittest.TestCase):

@@ -39,9 +39,23 @@ class OutputFile {
   bool direct_ = false, committed_ = false;
 };
 
-// Removes the .partial file of every OutputFile of this process not yet committed or destroyed. Async-signal-safe
-// (it only reads a fixed table and calls unlink): for a handler of a signal that ends the process (Ctrl-C).
+// Removes the .partial file of every OutputFile of this process not yet committed or destroyed, and every file a
+// RemovedOnSignal lists. Async-signal-safe (it only reads a fixed table and calls unlink): for a handler of a signal
+// that ends the process (Ctrl-C).
 void remove_partial_files_signal_safe() noexcept;
+
+// Lists a scratch file (iobench's test file) for remove_partial_files_signal_safe() while it lives; removing the
+// file otherwise is the owner's.
+class RemovedOnSignal {
+ public:
+  explicit RemovedOnSignal(const std::filesystem::path& path);
+  ~RemovedOnSignal();
+  RemovedOnSignal(const RemovedOnSignal&) = delete;
+  RemovedOnSignal& operator=(const RemovedOnSignal&) = delete;
+
+ private:
+  int registered_ = -1;
+};
 
 // open(), body, commit(): body returns false when it failed (its stream's state is checked too).
 sdk::Status write_file_atomically(const std::filesystem::path& path, const std::function<bool(std::ostream&)>& body);
