@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)");
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
   app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)");
-  app.add_option("--max-queue", f.max_queue, "Requests that may wait; more get 429 (default 64)");
+  app.add_option("--max-queue", f.max_queue,
+                 "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64)");
   app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
   app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
   app.add_option("--max-connections", f.max_connections, "Open connections at most (default 256)");

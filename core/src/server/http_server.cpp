@@ -648,12 +648,14 @@ class Session : public std::enable_shared_from_this<Session> {
         }
       }
     }
-    if (static_cast<std::size_t>(req.n) > srv_.scheduler->options().max_queue) {
-      return respond_error(bad_request("n is " + std::to_string(req.n) + ", but this server queues at most " +
-                                           std::to_string(srv_.scheduler->options().max_queue) +
-                                           " choices at once (colibri-server --max-queue); ask for fewer",
-                                       "n"),
-                           false);
+    if (const auto& so = srv_.scheduler->options();
+        static_cast<std::size_t>(req.n) > so.max_queue + static_cast<std::size_t>(so.max_batch)) {
+      return respond_error(
+          bad_request("n is " + std::to_string(req.n) + ", but this server runs " + std::to_string(so.max_batch) +
+                          " sequences and queues " + std::to_string(so.max_queue) +
+                          " more at most (colibri-server --max-batch, --max-queue); ask for fewer",
+                      "n", "invalid_value"),
+          false);
     }
     // One job per choice; events carry the request's generation so that a late event of an earlier request on
     // this connection is never taken for this one's.

@@ -97,7 +97,11 @@ Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) 
         ++it;
       }
     }
-    if (queue_.size() + jobs.size() > options_.max_queue) {
+    // Jobs join free batch slots at the next token boundary: only those beyond the free slots wait, so a burst
+    // that arrives during a step is not refused while slots are free.
+    const std::size_t free_slots =
+        stats_.active < static_cast<std::size_t>(options_.max_batch) ? options_.max_batch - stats_.active : 0;
+    if (queue_.size() + jobs.size() > options_.max_queue + free_slots) {
       result = Submit::queue_full;
     } else {
       queue_.insert(queue_.end(), jobs.begin(), jobs.end());

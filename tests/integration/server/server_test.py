@@ -1363,6 +1363,30 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_a_burst_within_the_free_batch_slots_is_not_refused(self):
+        # Requests that arrive together while a step runs join free batch slots at the next token boundary: only
+        # those beyond the free slots count against --max-queue.
+        s = Server("--max-queue", "1", "--max-batch", "4")
+        try:
+            for _ in range(3):
+                barrier, results = threading.Barrier(5), [None] * 5
+
+                def client(i):
+                    barrier.wait()
+                    results[i] = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)],
+                                                                    "max_tokens": 8, "temperature": 1.0, "seed": i})
+                threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                self.assertEqual([r[0] for r in results], [200] * 5, results)
+            # n choices of one request likewise: 4 slots and 1 place in the queue.
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2, "n": 5})
+            self.assertEqual((st, len(b["choices"])), (200, 5), b)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_clients_that_leave_the_queue_give_up_their_places(self):
         s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
         try:
@@ -1388,9 +1412,10 @@ class Concurrency(unittest.TestCase):
             st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2})
             self.assertEqual(st, 200, b)
             # A request of more choices than the queue can ever hold is the client's error, not a busy server.
-            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2, "n": 3})
-            assert_error(self, st, b, 400, None, "n")
-            self.assertIn("at most 2 choices at once (colibri-server --max-queue)", b["error"]["message"])
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2, "n": 4})
+            assert_error(self, st, b, 400, "invalid_value", "n")
+            self.assertIn("runs 1 sequences and queues 2 more at most (colibri-server --max-batch, --max-queue)",
+                          b["error"]["message"])
             long_conn.close()
         finally:
             self.assertEqual(s.stop(), 0)

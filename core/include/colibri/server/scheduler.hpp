@@ -75,7 +75,7 @@ class Job {
 };
 
 struct SchedulerOptions {
-  std::size_t max_queue = 64;           // waiting requests beyond this are refused (429)
+  std::size_t max_queue = 64;           // waiting requests (beyond the free batch slots) past this are refused (429)
   int max_batch = 8;                    // sequences decoding together
   std::int64_t prefill_chunk = 512;     // prompt tokens a joining sequence runs per step (bounds a step's latency)
   std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
@@ -107,8 +107,8 @@ class Scheduler {
 
   enum class Submit { accepted, queue_full, closed };
   Submit submit(std::shared_ptr<Job> job);
-  // All of `jobs` (a request's n choices) or none: queue_full unless the queue has room for every one. Queued jobs
-  // already cancelled (their client left) give up their places first.
+  // All of `jobs` (a request's n choices) or none: queue_full unless the free batch slots and the queue have room
+  // for every one. Queued jobs already cancelled (their client left) give up their places first.
   Submit submit(std::span<const std::shared_ptr<Job>> jobs);
 
   // Runs `task` on the scheduler thread between steps (engine access from outside goes through here). Returns false
