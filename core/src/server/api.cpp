@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "server/json_brackets.hpp"
+#include "colibri/server/json_brackets.hpp"
 #include "tokenizer/utf8.hpp"
 
 namespace colibri::server {

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "colibri/engine/json_constraint.hpp"
-#include "server/json_brackets.hpp"
+#include "colibri/server/json_brackets.hpp"
 
 namespace colibri::server {
 
@@ -84,30 +84,6 @@ std::optional<json> json_value_at(std::string_view text, std::size_t& pos) {
   if (value.is_discarded()) return std::nullopt;
   pos = *end;
   return value;
-}
-
-// JSON text with the whitespace outside strings dropped, byte by byte: how a call's arguments object is sent.
-class JsonMinifier {
- public:
-  void step(char c) {
-    const bool quoted = brackets_.in_string();
-    depth_ += brackets_.step(c);
-    if (quoted || !is_space(c)) text_ += c;
-  }
-  [[nodiscard]] const std::string& text() const { return text_; }
-  // The value that began with the first byte (an object or array) has closed.
-  [[nodiscard]] bool complete() const { return depth_ == 0 && !text_.empty(); }
-
- private:
-  JsonBrackets brackets_;
-  int depth_ = 0;
-  std::string text_;
-};
-
-std::string minified(std::string_view json_text) {
-  JsonMinifier m;
-  for (const char c : json_text) m.step(c);
-  return m.text();
 }
 
 // Reads a call object {"name": ..., "arguments": {...}} byte by byte from its '{' (spaces before it are skipped): the
@@ -291,6 +267,24 @@ Calls parse_deepseek(std::string_view text, std::size_t pos) {
 }
 
 }  // namespace
+
+void JsonMinifier::step(char c) {
+  const bool quoted = brackets_.in_string();
+  depth_ += brackets_.step(c);
+  if (quoted || !is_space(c)) text_ += c;
+}
+
+std::string_view JsonMinifier::push(std::string_view piece) {
+  const std::size_t before = text_.size();
+  for (const char c : piece) step(c);
+  return std::string_view(text_).substr(before);
+}
+
+std::string minified(std::string_view json_text) {
+  JsonMinifier m;
+  m.push(json_text);
+  return m.text();
+}
 
 ToolFormat detect_tool_format(std::string_view source) {
   if (template_is_harmony(source)) return ToolFormat::harmony;

@@ -810,10 +810,12 @@ class Session : public std::enable_shared_from_this<Session> {
         emit_reasoning(index, c, reasoning);
         if (streaming_) {
           if (c.forced) {
-            // The forced call's arguments stream as they are written; its first piece names it.
-            if (ev.text.empty() && c.forced_opened) return;
+            // The forced call's arguments stream as they are written, without the whitespace outside strings as
+            // every call's are; its first piece names it.
+            const std::string arguments(c.forced_arguments.push(ev.text));
+            if (arguments.empty() && c.forced_opened) return;
             pending_ += chunk(choice_event(
-                tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, ev.text)));
+                tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, arguments)));
             c.forced_opened = true;
             return flush();
           }
@@ -910,7 +912,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (c.forced) {
       if (streaming_ && !c.forced_opened) emit_call(index, c, 0, *c.forced);  // no arguments were written
       if (!streaming_) {
-        c.forced->arguments = std::exchange(c.text, {});
+        c.forced->arguments = minified(std::exchange(c.text, {}));
         c.calls.push_back(*c.forced);
       }
       if (c.finish_reason != "length") c.finish_reason = "tool_calls";
@@ -1192,6 +1194,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<ToolCallStream> tool_stream;   // tool_choice auto or required: splits content from calls
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
+    JsonMinifier forced_arguments;               // streaming: the forced call's arguments so far
     bool required_call = false;                  // tool_choice "required" with several tools: the text is the call
     std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
     std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content

@@ -145,6 +145,19 @@ class Server:
         return rc
 
 
+def whitespace_outside_strings(json_text):
+    """The whitespace characters of a JSON text that are not inside a string (a call's arguments have none)."""
+    found, quoted, escaped = [], False, False
+    for ch in json_text:
+        if quoted:
+            escaped, quoted = (False, quoted) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            quoted = True
+        elif ch in " \t\r\n":
+            found.append(ch)
+    return found
+
+
 def stream_text(events, endpoint="chat"):
     out = []
     for e in events:
@@ -835,6 +848,8 @@ class Api(unittest.TestCase):
                 (call,) = choice["message"]["tool_calls"]
                 self.assertEqual((call["type"], call["function"]["name"]), ("function", "get_weather"))
                 self.assertTrue(call["id"].startswith("call_"), call)
+                # Sent as every call's arguments are: without the whitespace the model wrote outside strings.
+                self.assertEqual(whitespace_outside_strings(call["function"]["arguments"]), [], call)
                 if choice["finish_reason"] == "tool_calls":
                     # The arguments follow the function's parameters schema: {"city": <string>} and nothing else.
                     args = json.loads(call["function"]["arguments"])

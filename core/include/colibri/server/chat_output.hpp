@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "colibri/server/json_brackets.hpp"
+
 namespace colibri::server {
 
 // The call syntaxes colibri reads:
@@ -51,6 +53,24 @@ struct ToolCall {
 
 // {"name": ..., "arguments": {...}} as one call (ids left empty); nullopt when it is not one.
 std::optional<ToolCall> call_from_json_text(std::string_view text);
+
+// JSON text with the whitespace outside strings dropped, byte by byte or piece by piece: how a call's arguments
+// object is sent (a forced call's too, as the model writes it).
+class JsonMinifier {
+ public:
+  void step(char c);
+  // Adds `piece`; returns what it added to text().
+  std::string_view push(std::string_view piece);
+  [[nodiscard]] const std::string& text() const { return text_; }
+  // The value that began with the first byte (an object or array) has closed.
+  [[nodiscard]] bool complete() const { return depth_ == 0 && !text_.empty(); }
+
+ private:
+  JsonBrackets brackets_;
+  int depth_ = 0;
+  std::string text_;
+};
+std::string minified(std::string_view json_text);
 
 // A new call id; `random` is any 64-bit random source's output, one per call.
 std::string tool_call_id(ToolFormat format, std::uint64_t random);
