@@ -580,8 +580,14 @@ Status write_text(const fs::path& p, const std::string& text) {
   return f->close();
 }
 
+// A zombie (killed, its parent gone and init not yet reaping it) answers kill() but will write nothing more.
 bool pid_alive(long pid) {
-  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+  if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const auto close = line.rfind(')');          // "PID (COMM) STATE ...": COMM may hold spaces and parentheses
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
 // Hidden sibling directories of earlier conversions of this output that died (their process is gone).

@@ -100,8 +100,21 @@ def main():
         if not verifies(out):
             failures.append(f"sigint round {i}: {out} does not verify")
 
-    # The next conversion sweeps the partial directories of dead conversions.
+    # The next conversion sweeps the partial directories of dead conversions, also one whose process is a zombie
+    # (killed, not yet reaped: here by this process, which waits for it only afterwards).
+    before = set(partials())
+    zombie = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not set(partials()) - before:
+        time.sleep(0.005)
+    zombie.send_signal(signal.SIGKILL)
+    while time.monotonic() < deadline:  # until the kernel has made it a zombie
+        with open(f"/proc/{zombie.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.005)
     subprocess.run(convert_cmd(force=True), check=True, stdout=subprocess.DEVNULL)
+    zombie.wait()
     if partials():
         failures.append(f"partial directories left after a later conversion: {partials()}")
     if not verifies(out):
