@@ -667,6 +667,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
                          ? std::numeric_limits<std::int64_t>::max()
                          : it->get<std::int64_t>();
   }
+  if (out.max_tokens && out.min_tokens > *out.max_tokens) {  // as vLLM: no end token could ever be allowed
+    return bad_request("'min_tokens' (" + std::to_string(out.min_tokens) + ") is more than 'max_tokens' (" +
+                           std::to_string(*out.max_tokens) + "); lower min_tokens or raise max_tokens.",
+                       "min_tokens", "invalid_value");
+  }
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("seed", "an integer", *it);
     s.seed = it->is_number_unsigned() ? it->get<std::uint64_t>() : static_cast<std::uint64_t>(it->get<std::int64_t>());

@@ -297,7 +297,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     auto only = [&](http::verb allowed, const char* route) {
       route_ = route;
-      if (method == allowed) return true;
+      // HEAD where GET works (RFC 9110): the same answer without its body.
+      if (method == allowed || (method == http::verb::head && allowed == http::verb::get)) return true;
       respond_error(ApiError{405,
                              "Method " + std::string(request_.method_string()) + " is not allowed on " +
                                  std::string(target) + "; use " + std::string(http::to_string(allowed)) + ".",
@@ -1134,6 +1135,16 @@ class Session : public std::enable_shared_from_this<Session> {
     res->body() = std::move(body);
     res->prepare_payload();
     stream_.expires_after(srv_.opt.write_timeout);
+    if (request_.method() == http::verb::head) {  // the header fields as a GET gets them, Content-Length included
+      auto head = std::make_shared<http::response<http::empty_body>>();
+      head->base() = res->base();
+      return write_answer(head, keep);
+    }
+    write_answer(res, keep);
+  }
+
+  template <class Body>
+  void write_answer(const std::shared_ptr<http::response<Body>>& res, bool keep) {
     http::async_write(stream_, *res, [self = shared_from_this(), res, keep](beast::error_code ec, std::size_t) {
       self->responding_ = false;
       self->stream_.expires_never();

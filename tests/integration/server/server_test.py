@@ -1176,6 +1176,20 @@ class Api(unittest.TestCase):
         assert_error(self, status, got, 404, "unknown_url")
         status, got = s.json("GET", "/v1/chat/completions")
         assert_error(self, status, got, 405)
+        # HEAD where GET works: the GET's status and header fields, no body, and the connection goes on.
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        for path in ("/health", "/v1/models", "/metrics"):
+            conn.request("GET", path)
+            r = conn.getresponse()
+            got, length = r.read(), r.getheader("Content-Length")
+            conn.request("HEAD", path)
+            r = conn.getresponse()
+            self.assertEqual((r.status, r.read()), (200, b""), path)
+            if path != "/metrics":  # its counters move between the two requests
+                self.assertEqual(r.getheader("Content-Length"), length, path)
+        conn.request("HEAD", "/v1/completions")
+        self.assertEqual(conn.getresponse().status, 405)
+        conn.close()
         deep = "[" * 100000
         status, raw, _ = s.request("POST", "/v1/completions", deep)
         assert_error(self, status, json.loads(raw), 400)

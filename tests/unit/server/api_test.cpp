@@ -451,6 +451,13 @@ TEST(ServerApi, VllmSamplingExtensionsAreRead) {
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.min_tokens, 7);
   EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","min_tokens":-1})", Endpoint::completions).param, "min_tokens");
+  // More than max_tokens could never end on an end token: refused, as vLLM does; as many is fine.
+  const auto over = expect_error(R"({"model":"m","prompt":"x","min_tokens":9,"max_tokens":8})", Endpoint::completions);
+  EXPECT_EQ(over.param, "min_tokens");
+  EXPECT_EQ(over.code, "invalid_value");
+  EXPECT_NE(over.message.find("'min_tokens' (9) is more than 'max_tokens' (8)"), std::string::npos) << over.message;
+  ASSERT_FALSE(
+      parse(R"({"model":"m","prompt":"x","min_tokens":8,"max_completion_tokens":8})", Endpoint::completions, r));
   EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","ignore_eos":1})", Endpoint::completions).code, "invalid_type");
   for (const char* body : {R"({"model":"m","prompt":"x","top_k":-2})", R"({"model":"m","prompt":"x","min_p":1.5})",
                            R"({"model":"m","prompt":"x","repetition_penalty":0})"}) {
