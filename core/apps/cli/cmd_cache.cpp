@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
@@ -81,10 +82,12 @@ void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
     std::cout << j.dump(2) << "\n";
     return;
   }
+  std::size_t width = 0;  // the longest key, and two spaces
+  for (const auto& [key, value] : j.items()) width = std::max(width, key.size() + 2);
   for (const auto& [key, value] : j.items()) {
     if (key == "object") continue;
-    std::cout << std::left << std::setw(18) << key << (value.is_string() ? value.get<std::string>() : value.dump())
-              << "\n";
+    std::cout << std::left << std::setw(static_cast<int>(width)) << key
+              << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
   }
 }
 

@@ -325,10 +325,20 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
   }
   std::error_code ec;
   const fs::path skip = except.empty() ? fs::path() : fs::weakly_canonical(except, ec);
+  bool only_itself = false;
   for (const auto& c : candidates) {
     if (!fs::is_regular_file(c, ec)) continue;
-    if (!skip.empty() && fs::weakly_canonical(c, ec) == skip) continue;
+    if (!skip.empty() && fs::weakly_canonical(c, ec) == skip) {
+      only_itself = true;
+      continue;
+    }
     return c;
+  }
+  if (only_itself) {
+    return Status(StatusCode::invalid_argument,
+                  "'extends: " + name +
+                      "' names this profile itself, and no other profile of that name was found; "
+                      "a profile extends another one (by name or path), or nothing");
   }
   if (looks_like_path(name) && fs::is_directory(candidates.front(), ec)) {
     return Status(StatusCode::invalid_argument,

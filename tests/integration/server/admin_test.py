@@ -198,6 +198,12 @@ class ClientErrors(unittest.TestCase):
             st.assert_error(self, status, got, 401)
             p = cli("cache", "clear", "--server", url, "--api-key", "sekrit")
             self.assertIn("dropped_experts", p.stdout)
+            # One "key  value" line per field, however long the key (vram_dropped_experts is the longest).
+            for line in p.stdout.splitlines():
+                key, value = line.split(None, 1)
+                self.assertRegex(line, r"^\S+  +\S")
+                self.assertTrue(value.strip().lstrip("-").replace(".", "").isdigit(), line)
+            self.assertIn("vram_dropped_experts", p.stdout)
         finally:
             self.assertEqual(s.stop(), 0)
         dead = f"http://127.0.0.1:{free_port()}"

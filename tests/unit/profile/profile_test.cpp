@@ -124,6 +124,16 @@ TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   EXPECT_THAT(p.error().message(), HasSubstr("cycle"));
 }
 
+TEST_F(ProfileTest, AProfileExtendingOnlyItselfSaysSo) {
+  write("loop.yaml", "extends: loop.yaml\n");
+  for (const std::string& name : {std::string("loop"), (dir_ / "loop.yaml").string()}) {
+    auto p = load(name);
+    ASSERT_FALSE(p) << name;
+    EXPECT_THAT(p.error().message(), HasSubstr("'extends: loop.yaml' names this profile itself")) << name;
+    EXPECT_THAT(p.error().message(), HasSubstr("loop.yaml: extends 'loop.yaml'")) << name;
+  }
+}
+
 TEST_F(ProfileTest, AProfileExtendingItsOwnNameExtendsTheOneItShadows) {
   // A user's ~/.config/colibri/profiles/cpu.yaml with `extends: cpu` builds on the shipped cpu profile.
   const fs::path user = dir_ / "user", shipped = dir_ / "shipped";
