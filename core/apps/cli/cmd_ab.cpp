@@ -15,7 +15,7 @@
 #include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::ab_command {
 namespace {
 
 struct ReplayOptions {
@@ -524,4 +524,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(85, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::ab_command

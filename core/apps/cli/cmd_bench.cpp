@@ -17,7 +17,7 @@
 #include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::bench_command {
 namespace {
 
 struct BenchOptions {
@@ -358,4 +358,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(44, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::bench_command

@@ -24,7 +24,7 @@
 #include "colibri/server/http_client.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::cache_command {
 namespace {
 
 struct CacheOptions {
@@ -263,4 +263,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 COLIBRI_CLI_COMMAND(60, setup);
 
 }  // namespace
-}  // namespace colibri::cli
+}  // namespace colibri::cli::cache_command

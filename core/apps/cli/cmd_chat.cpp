@@ -14,7 +14,7 @@
 #include "engine_cli.hpp"
 #include "interrupt.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::chat_command {
 namespace {
 
 struct ChatOptions {
@@ -219,4 +219,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(42, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::chat_command

@@ -11,7 +11,7 @@
 #include "command.hpp"
 #include "interrupt.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::convert_command {
 namespace {
 
 struct ConvertCliOptions {
@@ -136,4 +136,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(40, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::convert_command

@@ -10,7 +10,7 @@
 #include "colibri/model/verify.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::inspect_command {
 namespace {
 
 struct InspectOptions {
@@ -204,4 +204,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(41, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::inspect_command

@@ -28,7 +28,7 @@
 #include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::iobench_command {
 namespace {
 
 namespace fs = std::filesystem;
@@ -472,4 +472,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(60, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::iobench_command

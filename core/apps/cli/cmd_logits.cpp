@@ -14,7 +14,7 @@
 #include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::logits_command {
 namespace {
 
 struct LogitsOptions {
@@ -109,4 +109,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(40, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::logits_command

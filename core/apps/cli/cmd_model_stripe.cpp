@@ -31,7 +31,7 @@
 #include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::model_stripe_command {
 namespace {
 
 namespace fs = std::filesystem;
@@ -345,4 +345,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 COLIBRI_CLI_COMMAND(45, setup);
 
 }  // namespace
-}  // namespace colibri::cli
+}  // namespace colibri::cli::model_stripe_command

@@ -18,7 +18,7 @@
 #include "engine_cli.hpp"
 #include "interrupt.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::perplexity_command {
 namespace {
 
 constexpr const char* kMagic = "COLIBRI-LOGITS 1";
@@ -174,4 +174,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(43, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::perplexity_command

@@ -7,7 +7,7 @@
 #include "colibri/util/host_info.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::plugins_command {
 namespace {
 
 struct PluginsOptions {
@@ -84,4 +84,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(10, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::plugins_command

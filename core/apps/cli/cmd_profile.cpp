@@ -13,7 +13,7 @@
 #include "command.hpp"
 #include "engine_cli.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::profile_command {
 namespace {
 
 struct ProfileOptions {
@@ -222,4 +222,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(20, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::profile_command

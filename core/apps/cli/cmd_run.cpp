@@ -14,7 +14,7 @@
 #include "engine_cli.hpp"
 #include "interrupt.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::run_command {
 namespace {
 
 struct RunOptions {
@@ -150,4 +150,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(41, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::run_command

@@ -9,7 +9,7 @@
 #include "colibri/chat/template.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::template_command {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -88,4 +88,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(51, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::template_command

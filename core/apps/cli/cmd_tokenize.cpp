@@ -8,7 +8,7 @@
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "command.hpp"
 
-namespace colibri::cli {
+namespace colibri::cli::tokenize_command {
 namespace {
 
 using nlohmann::json;
@@ -120,4 +120,4 @@ void setup(CLI::App& app, GlobalOptions& global) {
 
 COLIBRI_CLI_COMMAND(50, setup);
 
-}  // namespace colibri::cli
+}  // namespace colibri::cli::tokenize_command

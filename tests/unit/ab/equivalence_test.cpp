@@ -8,9 +8,8 @@
 
 #include "colibri/ab/replay.hpp"
 #include "colibri/engine/expert_manager.hpp"
-#include "colibri/registry/registry.hpp"
-#include "colibri/util/host_info.hpp"
 #include "support/memory_experts.hpp"
+#include "unit/ab/cache_policies.hpp"
 
 namespace colibri::ab {
 namespace {
@@ -30,13 +29,7 @@ struct FakeModel {
   }
 };
 
-std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {
-  static const auto reg = registry::PluginRegistry::scan({{COLIBRI_TEST_PLUGIN_DIR, "build"}}, util::host_info());
-  const auto* info = reg.find(sdk::PluginKind::cache, name);
-  if (info == nullptr) return nullptr;
-  auto p = reg.create_as<sdk::CachePolicy>(*info, sdk::ConfigView{});
-  return p ? *p : nullptr;
-}
+using testing::cache_policy;
 
 // Drives the manager as Engine::moe runs one sparse layer of one forward pass (prefetch off): the misses are
 // fetched together, then each expert is acquired and released in turn, those ready first, in ascending id.
@@ -78,7 +71,7 @@ void expect_same_sequences(bool two_sizes, int max_group) {
   for (const char* name : {"lru", "frequency", "pinned"}) {
     for (std::uint64_t slots : {1u, 2u, 3u, 5u, 9u, 30u}) {
       const std::uint64_t budget = slots * (two_sizes ? 12288 : 8192);
-      auto p1 = policy(name), p2 = policy(name);
+      auto p1 = cache_policy(name), p2 = cache_policy(name);
       ASSERT_TRUE(p1 && p2) << name;
       engine::ExpertManager manager(fm.manifest, "/m", fm.storage, p1, budget);
       CacheSim sim(p2, budget, sizes, universe);

@@ -4,8 +4,7 @@
 
 #include <random>
 
-#include "colibri/registry/registry.hpp"
-#include "colibri/util/host_info.hpp"
+#include "unit/ab/cache_policies.hpp"
 
 namespace colibri::ab {
 namespace {
@@ -24,21 +23,7 @@ AccessSequence single_layer(const std::vector<int>& experts) {
   return AccessSequence::from_trace(t);
 }
 
-const registry::PluginRegistry& plugins() {
-  static const auto reg = registry::PluginRegistry::scan({{COLIBRI_TEST_PLUGIN_DIR, "build"}}, util::host_info());
-  return reg;
-}
-
-std::shared_ptr<sdk::CachePolicy> policy(const std::string& name) {
-  const auto* info = plugins().find(sdk::PluginKind::cache, name);
-  if (info == nullptr) {
-    ADD_FAILURE() << "plugin " << name << " not built in " << COLIBRI_TEST_PLUGIN_DIR;
-    return nullptr;
-  }
-  auto p = plugins().create_as<sdk::CachePolicy>(*info, sdk::ConfigView{});
-  EXPECT_TRUE(p) << p.error().message();
-  return p ? *p : nullptr;
-}
+using testing::cache_policy;
 
 TEST(Belady, TextbookSequence) {
   // The classic 3-frame example: 7 0 1 2 0 3 0 4 2 3 0 3 2 1 2 0 1 7 0 1 has 9 faults under OPT.
@@ -108,13 +93,13 @@ TEST(Replay, APrefillStepReadsEachExpertOnce) {
   for (auto& r : t) r.step = 0;
   auto one_step = AccessSequence::from_trace(t);
   std::vector<ExpertKey> universe = {{0, 0}, {0, 1}, {0, 2}};  // three experts: a 2-slot cache streams
-  auto a = replay(one_step, policy("lru"), "lru", 2 * 4096, sizes, universe);
+  auto a = replay(one_step, cache_policy("lru"), "lru", 2 * 4096, sizes, universe);
   ASSERT_TRUE(a) << a.error().message();
   EXPECT_EQ(a->accesses, 2u);
   EXPECT_EQ(a->stats.misses, 2u);
   EXPECT_EQ(a->stats.hits, 0u);
   // Without steps each record is a pass of its own: one token at a time, 6 hits.
-  auto b = replay(no_steps, policy("lru"), "lru", 2 * 4096, sizes, universe);
+  auto b = replay(no_steps, cache_policy("lru"), "lru", 2 * 4096, sizes, universe);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->accesses, 8u);
   EXPECT_EQ(b->stats.hits, 6u);
@@ -126,7 +111,7 @@ TEST(Replay, APassNeedingMoreExpertsThanTheCacheRunsThemOneAtATime) {
   r.experts = {0, 1, 2};
   const auto seq = AccessSequence::from_trace({r, r});
   const auto sizes = ExpertSizes::uniform(4096);
-  auto lru = replay(seq, policy("lru"), "lru", 2 * 4096, sizes, universe_of(seq, sizes));
+  auto lru = replay(seq, cache_policy("lru"), "lru", 2 * 4096, sizes, universe_of(seq, sizes));
   ASSERT_TRUE(lru) << lru.error().message();
   // 0 and 1 fetched together, 2 evicts 0; then 1 and 2 hit (ready first) and 0 evicts 1.
   EXPECT_EQ(lru->stats.misses, 4u);
@@ -144,7 +129,7 @@ TEST(Replay, LruOnACycleLongerThanTheCacheNeverHits) {
   }
   const auto seq = single_layer(cyc);
   const auto sizes = ExpertSizes::uniform(0);
-  auto r = replay(seq, policy("lru"), "lru", 4, sizes, universe_of(seq, sizes));
+  auto r = replay(seq, cache_policy("lru"), "lru", 4, sizes, universe_of(seq, sizes));
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(r->stats.hits, 0u);
   EXPECT_EQ(r->stats.misses, cyc.size());
@@ -156,7 +141,7 @@ TEST(Replay, LruOnACycleLongerThanTheCacheNeverHits) {
 TEST(Replay, LruEvictsTheLeastRecentlyUsed) {
   const auto seq = single_layer({0, 1, 0, 2, 0, 1});
   const auto sizes = ExpertSizes::uniform(4096);
-  auto r = replay(seq, policy("lru"), "lru", 2 * 4096, sizes, universe_of(seq, sizes));
+  auto r = replay(seq, cache_policy("lru"), "lru", 2 * 4096, sizes, universe_of(seq, sizes));
   ASSERT_TRUE(r);
   // 0m 1m 0h 2m(evict 1) 0h 1m(evict 2)
   EXPECT_EQ(r->stats.hits, 2u);
@@ -168,7 +153,7 @@ TEST(Replay, LruEvictsTheLeastRecentlyUsed) {
 TEST(Replay, ResidentWhenTheBudgetHoldsEveryExpert) {
   const auto seq = single_layer({0, 1, 2, 0});
   const auto sizes = ExpertSizes::uniform(4096);
-  auto r = replay(seq, policy("lru"), "lru", 3 * 4096, sizes, universe_of(seq, sizes));
+  auto r = replay(seq, cache_policy("lru"), "lru", 3 * 4096, sizes, universe_of(seq, sizes));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->stats.hits, 4u);
   EXPECT_EQ(r->stats.preload_loads, 3u);
@@ -208,7 +193,7 @@ TEST(Replay, PoliciesNeverBeatBelady) {
       auto opt = belady(seq, slots, sizes);
       ASSERT_TRUE(opt) << opt.error().message();
       for (const char* name : {"lru", "frequency", "pinned"}) {
-        auto r = replay(seq, policy(name), name, slots * 4096, sizes, universe);
+        auto r = replay(seq, cache_policy(name), name, slots * 4096, sizes, universe);
         ASSERT_TRUE(r) << name << ": " << r.error().message();
         EXPECT_GE(r->reads(), opt->reads()) << name << " round " << round << " slots " << slots;
         EXPECT_LE(r->hit_rate(), opt->hit_rate()) << name << " round " << round << " slots " << slots;

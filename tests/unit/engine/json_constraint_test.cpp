@@ -7,16 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "unit/engine/json_feed.hpp"
+
 namespace colibri::engine {
 namespace {
 
-// Feeds `text` one byte at a time; returns how many bytes were accepted.
-std::size_t accepted_prefix(const std::string& text, JsonConstraint& c) {
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (!c.advance(text.substr(i, 1))) return i;
-  }
-  return text.size();
-}
+using testing::accepted_prefix;
 
 TEST(JsonConstraint, AcceptsValidObjectsWhole) {
   const std::vector<std::string> valid = {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "colibri/engine/json_constraint.hpp"
+#include "unit/engine/json_feed.hpp"
 
 namespace colibri::engine {
 namespace {
@@ -22,12 +23,7 @@ std::shared_ptr<const JsonSchema> compiled(const std::string& schema) {
   return s ? *s : nullptr;
 }
 
-std::size_t accepted_prefix(const std::string& text, JsonConstraint& c) {
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (!c.advance(text.substr(i, 1))) return i;
-  }
-  return text.size();
-}
+using testing::accepted_prefix;
 
 const char* const kPerson = R"({
   "type": "object", "title": "Person",

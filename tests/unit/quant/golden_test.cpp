@@ -15,6 +15,7 @@
 
 #include "colibri/quant/float16.hpp"
 #include "colibri/quant/quant.hpp"
+#include "fnv1a.hpp"
 #include "golden_io.hpp"
 
 namespace colibri::quant {
@@ -129,15 +130,7 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, GoldenTest,
 
 // ---------------------------------------------------------------- conversion sweeps
 
-constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-std::uint64_t fnv1a(std::uint64_t h, const void* p, std::size_t n) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= b[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+using testing::fnv1a;
 
 std::map<std::string, std::uint64_t> read_conversion_hashes() {
   std::ifstream in(testing::golden_dir() + "/conversions.txt");
@@ -156,9 +149,9 @@ TEST(GoldenConversions, HalfToFloatAllValuesMatchGgml) {
   for (Isa isa : available_isas()) {
     std::vector<float> out(65536);
     ASSERT_TRUE(fp16_to_fp32_row(all.data(), out.data(), 65536, isa));
-    EXPECT_EQ(fnv1a(kFnvOffset, out.data(), out.size() * 4), hashes.at("fp16_to_fp32_all")) << to_string(isa);
+    EXPECT_EQ(fnv1a(out.data(), out.size() * 4), hashes.at("fp16_to_fp32_all")) << to_string(isa);
     ASSERT_TRUE(bf16_to_fp32_row(all.data(), out.data(), 65536, isa));
-    EXPECT_EQ(fnv1a(kFnvOffset, out.data(), out.size() * 4), hashes.at("bf16_to_fp32_all")) << to_string(isa);
+    EXPECT_EQ(fnv1a(out.data(), out.size() * 4), hashes.at("bf16_to_fp32_all")) << to_string(isa);
   }
 }
 
@@ -173,9 +166,9 @@ TEST(GoldenConversions, FloatToHalfSweepMatchesGgml) {
   for (Isa isa : available_isas()) {
     std::vector<std::uint16_t> out(sweep.size());
     ASSERT_TRUE(fp32_to_fp16_row(sweep.data(), out.data(), n, isa));
-    EXPECT_EQ(fnv1a(kFnvOffset, out.data(), out.size() * 2), hashes.at("fp32_to_fp16_stride4093")) << to_string(isa);
+    EXPECT_EQ(fnv1a(out.data(), out.size() * 2), hashes.at("fp32_to_fp16_stride4093")) << to_string(isa);
     ASSERT_TRUE(fp32_to_bf16_row(sweep.data(), out.data(), n, isa));
-    EXPECT_EQ(fnv1a(kFnvOffset, out.data(), out.size() * 2), hashes.at("fp32_to_bf16_stride4093")) << to_string(isa);
+    EXPECT_EQ(fnv1a(out.data(), out.size() * 2), hashes.at("fp32_to_bf16_stride4093")) << to_string(isa);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/quant/quant.hpp"
+#include "fnv1a.hpp"
 #include "golden_io.hpp"
 
 namespace colibri::quant {
@@ -263,16 +264,7 @@ TEST(QuantMxfp4, SeveralRowsAtOnceEqualRowByRowAndLengthsAreChecked) {
 
 // ---------------------------------------------------------------- ggml's own results
 
-constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
-std::uint64_t fnv1a(const void* p, std::size_t n) {
-  std::uint64_t h = kFnvOffset;
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= b[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+using testing::fnv1a;
 
 // FNV-1a 64 of quantize_row_mxfp4_ref's bytes and of dequantize_row_mxfp4's floats (little-endian) for each row of
 // inputs.bin, from ggml-org/ggml commit d99724f2 (src/ggml-quants.c built as tests/data/quant/README.md describes:
