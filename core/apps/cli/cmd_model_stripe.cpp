@@ -36,6 +36,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+bool on_same_filesystem(const fs::path& a, const fs::path& b) {
+  struct stat sa = {}, sb = {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev;
+}
+
 struct StripeOptions {
   std::string model;
   std::string to;
@@ -249,10 +254,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     if (model::path_within(dir, d)) {
       return fail("--to: " + item + " contains the model directory; name directories on other disks");
     }
-    struct stat on_disk {
-    }, model_disk{};
-    if (::stat(d.c_str(), &on_disk) == 0 && ::stat(dir.c_str(), &model_disk) == 0 &&
-        on_disk.st_dev == model_disk.st_dev) {
+    if (on_same_filesystem(d, dir)) {
       std::cerr << "note: " << item << " is on the model's own filesystem; striping reads faster only across disks\n";
     }
     const fs::path member = d / dir.filename();
