@@ -1,5 +1,6 @@
 // JsonSchema::compile: a JSON Schema (the subset JsonSchema names) to the node table JsonConstraint walks.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -42,8 +43,10 @@ class Compiler {
                    "minItems, maxItems, enum, const, anyOf, oneOf and $ref; remove it or use json_object)");
     }
     if (auto ref = s.find("$ref"); ref != s.end()) return reference(*ref, path, depth);
-    if (auto e = s.find("enum"); e != s.end()) return literals(*e, path + ".enum");
-    if (auto c = s.find("const"); c != s.end()) return literals(json::array({*c}), path + ".const");
+    if (auto e = s.find("enum"); e != s.end()) return literals(*e, s.find("type"), s.end(), path + ".enum");
+    if (auto c = s.find("const"); c != s.end()) {
+      return literals(json::array({*c}), s.find("type"), s.end(), path + ".const");
+    }
     for (const char* key : {"anyOf", "oneOf"}) {
       if (auto alt = s.find(key); alt != s.end()) return any_of(*alt, path + "." + key, depth);
     }
@@ -183,11 +186,33 @@ class Compiler {
     return id;
   }
 
-  sdk::Expected<std::uint16_t> literals(const json& values, const std::string& path) {
+  // Whether `v` is of the JSON Schema type named `type` (an integer is a number; 2.0 is an integer).
+  static bool of_type(const json& v, const json& type) {
+    if (type.is_array()) {
+      return std::any_of(type.begin(), type.end(), [&](const json& t) { return of_type(v, t); });
+    }
+    if (!type.is_string()) return true;  // checked where the type itself is read
+    const auto& t = type.get_ref<const std::string&>();
+    if (t == "string") return v.is_string();
+    if (t == "number") return v.is_number();
+    if (t == "integer")
+      return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+    if (t == "boolean") return v.is_boolean();
+    if (t == "null") return v.is_null();
+    if (t == "object") return v.is_object();
+    if (t == "array") return v.is_array();
+    return true;
+  }
+
+  // enum or const; with a `type` beside it, a value must be of that type too (JSON Schema asks both), so values of
+  // another type are dropped, and a list left empty could never be met.
+  sdk::Expected<std::uint16_t> literals(const json& values, json::const_iterator type, json::const_iterator none,
+                                        const std::string& path) {
     if (!values.is_array() || values.empty()) return error(path, "must be a non-empty array");
     JsonSchema::Node n;
     n.kind = Kind::literals;
     for (const auto& v : values) {
+      if (type != none && !of_type(v, *type)) continue;
       if (v.is_object() || v.is_array())
         return error(path, "holds an object or array (only scalar values are supported)");
       std::string text = v.dump(-1, ' ', false, json::error_handler_t::strict);
@@ -195,6 +220,9 @@ class Compiler {
         return error(path, "holds a value longer than " + std::to_string(JsonSchema::kMaxLiteralBytes) + " bytes");
       }
       if (std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
+    }
+    if (n.literals.empty()) {
+      return error(path, "has no value of the type " + type->dump() + " beside it, so no value could ever conform");
     }
     return add(std::move(n));
   }

@@ -102,6 +102,10 @@ TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreRefusedByPlace) {
        "additionalProperties"},
       {R"({"type": "object", "properties": {"a": {"type": "date"}}})", "properties.a.type"},
       {R"({"type": "object", "properties": {"a": false}})", "properties.a"},
+      // enum and const beside a type they contradict could never be met.
+      {R"({"type": "object", "properties": {"a": {"type": "integer", "enum": ["x"]}}})",
+       "properties.a.enum': has no value of the type \"integer\""},
+      {R"({"type": "object", "properties": {"a": {"type": ["string", "null"], "const": 3}}})", "properties.a.const"},
   };
   for (const auto& [schema, place] : bad) {
     auto s = JsonSchema::compile(json::parse(schema));
@@ -115,6 +119,15 @@ TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreRefusedByPlace) {
   JsonConstraint c(ok->get());
   EXPECT_TRUE(c.advance(R"({"n": 2.5, "t": null})"));
   EXPECT_TRUE(c.complete());
+  // An enum's values of another type than the one beside it are not allowed (an instance must meet both).
+  auto mixed = JsonSchema::compile(
+      json::parse(R"({"type": "object", "properties": {"a": {"type": "integer", "enum": ["1", 1, 2.0, 2.5]}}})"));
+  ASSERT_TRUE(mixed.has_value()) << mixed.error().message();
+  for (const auto& [text, fits] : std::vector<std::pair<std::string, bool>>{
+           {R"({"a": 1})", true}, {R"({"a": 2.0})", true}, {R"({"a": "1"})", false}, {R"({"a": 2.5})", false}}) {
+    JsonConstraint m(mixed->get());
+    EXPECT_EQ(m.advance(text) && m.complete(), fits) << text;
+  }
 }
 
 TEST(JsonSchema, RecursiveReferences) {
