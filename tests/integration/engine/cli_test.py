@@ -71,6 +71,16 @@ class Run(unittest.TestCase):
         self.assertEqual(a.stdout, b.stdout)
         self.assertNotEqual(a.stdout, c.stdout)
         self.assertTrue(a.stdout.startswith("Hello world"))
+        # --seed -1 is a random seed (llama.cpp's spelling), named in the stats line so that it can be repeated.
+        seeds = set()
+        for _ in range(2):
+            r = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", "-1", "--ignore-eos")
+            seed = int(re.search(r", seed (\d+)\)", r.stderr).group(1))
+            self.assertLess(seed, 2 ** 32)
+            again = cli("run", "-m", model(), "-p", "Hello world", "-n", "12", "--seed", str(seed), "--ignore-eos")
+            self.assertEqual(again.stdout, r.stdout)
+            seeds.add(seed)
+        self.assertEqual(len(seeds), 2)
         stats = a.stderr.strip().splitlines()[-1]
         for word in ("resident", "backend cpu", "storage pread", "cache frequency", "prefill", "decode",
                      "expert hit rate", "read", "I/O stall", "12 generated"):
