@@ -26,7 +26,7 @@ struct ReplayOptions {
   std::string report;
   bool json = false;
   std::string model;
-  std::uint64_t expert_bytes = 0;
+  std::string expert_bytes;  // a size: 4096, 1M, 1.5G
 };
 
 // "pinned:0:1,3:2" -> name pinned, cache.pinned_experts=[0:1, 3:2]; "NAME:key=value;key=value" -> cache.key=value.
@@ -251,10 +251,18 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     if (!m) return fail(m.error().message());
     manifest = std::move(*m);
   }
-  if (manifest && o.expert_bytes != 0) return fail("give --model or --expert-bytes, not both (the model has sizes)");
+  if (manifest && !o.expert_bytes.empty()) {
+    return fail("give --model or --expert-bytes, not both (the model has sizes)");
+  }
+  std::uint64_t expert_bytes = 0;
+  if (!o.expert_bytes.empty()) {
+    auto b = sdk::parse_size(o.expert_bytes);
+    if (!b) return fail("--expert-bytes " + o.expert_bytes + ": " + b.error().message() + " (write e.g. 4096 or 1.5M)");
+    expert_bytes = *b;
+  }
   // Expert files are 4 KiB aligned, so a cache holds them in 4 KiB units: a size in between is rounded up, as the
   // engine's slots are.
-  const std::uint64_t uniform = (o.expert_bytes + 4095) / 4096 * 4096;
+  const std::uint64_t uniform = (expert_bytes + 4095) / 4096 * 4096;
   const auto expert_sizes = manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(uniform);
 
   ab::ReplayReport report;
@@ -490,7 +498,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   rep->add_option("--report", ro->report, "Write a self-contained HTML report");
   rep->add_flag("--json", ro->json, "Print JSON instead of tables");
   rep->add_option("--model,-m", ro->model, "Model whose manifest gives the expert sizes");
-  rep->add_option("--expert-bytes", ro->expert_bytes, "Bytes per expert when no --model is given");
+  rep->add_option("--expert-bytes", ro->expert_bytes, "Bytes per expert when no --model is given (4096, 1M, 1.5G)");
   add_profile_options(*rep, global);
   rep->callback([&global, ro] { global.exit_code = run_replay(global, *ro); });
 

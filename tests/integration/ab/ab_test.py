@@ -143,9 +143,17 @@ class Replay(unittest.TestCase):
 
     def test_text_output_and_bad_input(self):
         p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3", "--expert-bytes",
-                "1000000")
+                "1048576")
         self.assertIn("optimal (Belady)", p.stdout)
         self.assertIn("replayed", p.stdout)
+        # A size as every other size flag takes it; nonsense is named.
+        suffixed = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3",
+                       "--expert-bytes", "1M")
+        self.assertEqual(suffixed.stdout, p.stdout)
+        bad = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3",
+                  "--expert-bytes", "lots", check=False)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("--expert-bytes lots:", bad.stderr)
         p = cli("ab", "replay", "--trace", self.trace(), "--policy", "nosuch", "--cache-experts", "3", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("nosuch", p.stderr)
