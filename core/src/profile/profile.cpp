@@ -47,7 +47,7 @@ const OptionSpec kCanonical[] = {
   {"prefetch.layers", OptionType::integer, "1", "layers ahead whose experts are prefetched (0: off)"},
   {"prefetch.confidence", OptionType::number, "1", "prefetch a predicted expert only if its predicted routing weight is at least this many times the mean of the token's top-k weights (1: the above-average ones, always the most likely; 0: all top-k)"},
   {"server.host", OptionType::string, "127.0.0.1", "address colibri-server binds"},
-  {"server.port", OptionType::integer, "8080", "port colibri-server listens on"},
+  {"server.port", OptionType::integer, "8080", "port colibri-server listens on (0: a free one)"},
   {"plugins.paths", OptionType::string_list, "[]", "directories searched first for plugin libraries"},
   {"models.dir", OptionType::string, "auto", "where model names are resolved (auto: $XDG_DATA_HOME/colibri/models)", true},
 };
@@ -107,7 +107,7 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
     }
     return {};
   };
-  if (key == "server.port") return int_in(1, 65535);
+  if (key == "server.port") return int_in(0, 65535);  // 0: a free port, as --port 0
   if (key == "storage.queue_depth") return int_in(1, 4096);
   if (key == "prefetch.layers") return int_in(0, 64);
   if (key == "prefetch.confidence") {

@@ -241,7 +241,10 @@ TEST_F(ProfileTest, IllTypedValuesAreRejectedWithTheirPlace) {
 
   auto port = load(write("port.yaml", "server: {port: 70000}\n").string());
   ASSERT_FALSE(port);
-  EXPECT_THAT(port.error().message(), HasSubstr("out of range; use 1..65535"));
+  EXPECT_THAT(port.error().message(), HasSubstr("out of range; use 0..65535"));
+  auto any_port = load(write("any-port.yaml", "server: {port: 0}\n").string());  // as colibri-server --port 0
+  ASSERT_TRUE(any_port) << any_port.error().message();
+  EXPECT_EQ(any_port->get_int("server.port"), 0);
 
   auto pins = load(write("pins.yaml", "cache: {pinned_experts: [\"3:1\", \"x\"]}\n").string());
   ASSERT_FALSE(pins);
