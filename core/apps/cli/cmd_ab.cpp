@@ -118,6 +118,18 @@ struct PolicySpec {
 };
 
 // Replays the trace at every size through every policy and the optimum. Returns an error message, or "" on success.
+// "" when the model has every expert the trace routes to, else which one it lacks.
+std::string unknown_expert(const ab::AccessSequence& seq, const ab::ExpertSizes& expert_sizes,
+                           const std::string& trace_path, const std::string& model_name) {
+  for (auto k : seq.keys) {
+    if (!expert_sizes.read_bytes(k)) {
+      return trace_path + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
+             ", which model " + model_name + " does not have (a trace of another model?)";
+    }
+  }
+  return {};
+}
+
 std::string compute_replay(const std::vector<PolicySpec>& specs, const std::string& trace_path,
                            const std::vector<std::uint64_t>& sizes, const ab::ExpertSizes& expert_sizes,
                            const std::string& model_name, ab::ReplayReport& report) {
@@ -129,12 +141,7 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
   const auto universe = ab::universe_of(seq, expert_sizes);
   std::uint64_t slot = 1;
   for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
-  for (auto k : seq.keys) {
-    if (!expert_sizes.read_bytes(k)) {
-      return (trace_path + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
-              ", which model " + model_name + " does not have (a trace of another model?)");
-    }
-  }
+  if (auto e = unknown_expert(seq, expert_sizes, trace_path, model_name); !e.empty()) return e;
 
   report.trace = trace_path;
   report.records = seq.records;
@@ -390,6 +397,16 @@ int run_live(const LiveOptions& o) {
   if (auto e = overwrite_error("--report", o.report, {{"--model", dir->string()}, {"--prompts", o.prompts}});
       !e.empty()) {
     return fail(e);
+  }
+  if (!o.trace.empty()) {  // a trace of another model is refused before the runs, not after them
+    auto manifest = model::load_manifest(*dir);
+    if (!manifest) return fail(manifest.error().message());
+    auto trace = ab::read_trace(o.trace);
+    if (!trace) return fail(trace.error().message());
+    const auto seq = ab::AccessSequence::from_trace(*trace);
+    if (auto e = unknown_expert(seq, ab::ExpertSizes::from_manifest(*manifest), o.trace, o.model); !e.empty()) {
+      return fail(e);
+    }
   }
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());

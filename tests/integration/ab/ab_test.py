@@ -316,6 +316,16 @@ class Live(unittest.TestCase):
                 check=False)
         self.assertIn("report: cannot write /nonexistent/x.html", p.stderr)
         self.assertNotIn("run 1", p.stderr)
+        # So does a trace of another model (one that routes to an expert this model does not have).
+        other = os.path.join(WORK, "other-model-trace.jsonl")
+        with open(trace) as f, open(other, "w") as out:
+            record = json.loads(f.readline())
+            out.write(json.dumps(dict(record, experts=[999], weights=[1.0])) + "\n")
+        p = cli("ab", "live", "-m", m, *profiles, "--runs", "2", "-n", "4", "--trace", other, "--cache-experts", "3",
+                check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("/E999, which model", p.stderr)
+        self.assertNotIn("run 1", p.stderr)
 
 
 if __name__ == "__main__":
