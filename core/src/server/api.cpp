@@ -856,6 +856,7 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
   }
   if (!text->is_string()) return wrong_type(name, "a string", *text);
   out.text = text->get<std::string>();
+  out.add_special = body.contains("prompt");  // the defaults of vLLM's spelling and of llama.cpp's ("content")
   for (const char* flag : {"add_special_tokens", "add_special"}) {
     if (auto f = body.find(flag); f != body.end() && !f->is_null()) {
       if (!f->is_boolean()) return wrong_type(flag, "a boolean", *f);

@@ -703,6 +703,11 @@ class Api(unittest.TestCase):
                                                   {"role": "assistant", "content": "Hello"}],
                                   continue_final_message=True, add_generation_prompt=False))
             self.assertEqual(body["choices"][0]["message"]["content"], " world world")
+            # /tokenize: vLLM's spelling adds the BOS this tokenizer's post-processor has, llama.cpp's does not.
+            self.assertEqual(s.json("POST", "/tokenize", {"prompt": "Hello"})[1]["tokens"], [1, ids[0]])
+            self.assertEqual(s.json("POST", "/tokenize", {"content": "Hello"})[1]["tokens"], [ids[0]])
+            self.assertEqual(s.json("POST", "/tokenize", {"content": "Hello", "add_special": True})[1]["tokens"],
+                             [1, ids[0]])
         finally:
             self.assertEqual(s.stop(), 0)
 

@@ -395,6 +395,11 @@ TEST(ServerApi, TokenizeRequests) {
   EXPECT_EQ(std::tie(t.chat, t.text, t.add_special), (std::tuple{false, std::string("hi"), false}));
   ASSERT_FALSE(parse_tokenize_request(R"({"content": "yo", "add_special": true})", t));
   EXPECT_EQ(std::tie(t.text, t.add_special), (std::tuple{std::string("yo"), true}));
+  // Each spelling's own default: vLLM adds the special tokens, llama.cpp does not.
+  ASSERT_FALSE(parse_tokenize_request(R"({"prompt": "hi"})", t));
+  EXPECT_TRUE(t.add_special);
+  ASSERT_FALSE(parse_tokenize_request(R"({"content": "hi"})", t));
+  EXPECT_FALSE(t.add_special);
   ASSERT_FALSE(parse_tokenize_request(
       R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})", t));
   EXPECT_TRUE(t.chat);

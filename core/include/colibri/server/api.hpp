@@ -123,7 +123,8 @@ struct CacheWarmRequest {
 std::optional<ApiError> parse_cache_warm_request(std::string_view body, CacheWarmRequest& out);
 
 // --- /tokenize and /detokenize (vLLM's and llama.cpp's spellings) ---
-// {"prompt" or "content": text, "add_special_tokens" or "add_special": bool (default true)} or
+// {"prompt" or "content": text, "add_special_tokens" or "add_special": bool (default true with "prompt", as vLLM;
+// false with "content", as llama.cpp)} or
 // {"messages": [...], "add_generation_prompt": bool (default true), "tools", "chat_template_kwargs"}; "model", when
 // given, must be the served one.
 struct TokenizeRequest {
