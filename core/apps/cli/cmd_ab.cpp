@@ -117,10 +117,13 @@ struct PolicySpec {
   std::vector<profile::Override> overrides;
 };
 
-// Replays the trace at every size through every policy and the optimum. Returns an error message, or "" on success.
-// "" when the model has every expert the trace routes to, else which one it lacks.
-std::string unknown_expert(const ab::AccessSequence& seq, const ab::ExpertSizes& expert_sizes,
-                           const std::string& trace_path, const std::string& model_name) {
+// Reads the trace into `seq` and checks that the model has every expert it routes to. Returns an error message, or
+// "" on success.
+std::string load_trace(const std::string& trace_path, const ab::ExpertSizes& expert_sizes,
+                       const std::string& model_name, ab::AccessSequence& seq) {
+  auto trace = ab::read_trace(trace_path);
+  if (!trace) return trace.error().message();
+  seq = ab::AccessSequence::from_trace(*trace);
   for (auto k : seq.keys) {
     if (!expert_sizes.read_bytes(k)) {
       return trace_path + ": the trace routes to L" + std::to_string(k.layer) + "/E" + std::to_string(k.expert) +
@@ -130,18 +133,15 @@ std::string unknown_expert(const ab::AccessSequence& seq, const ab::ExpertSizes&
   return {};
 }
 
+// Replays the trace's accesses at every size through every policy and the optimum. Returns an error message, or ""
+// on success.
 std::string compute_replay(const std::vector<PolicySpec>& specs, const std::string& trace_path,
-                           const std::vector<std::uint64_t>& sizes, const ab::ExpertSizes& expert_sizes,
-                           const std::string& model_name, ab::ReplayReport& report) {
+                           const ab::AccessSequence& seq, const std::vector<std::uint64_t>& sizes,
+                           const ab::ExpertSizes& expert_sizes, ab::ReplayReport& report) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto trace = ab::read_trace(trace_path);
-  if (!trace) return (trace.error().message());
-  const auto seq = ab::AccessSequence::from_trace(*trace);
-  trace->clear();
   const auto universe = ab::universe_of(seq, expert_sizes);
   std::uint64_t slot = 1;
   for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
-  if (auto e = unknown_expert(seq, expert_sizes, trace_path, model_name); !e.empty()) return e;
 
   report.trace = trace_path;
   report.records = seq.records;
@@ -272,8 +272,10 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   const std::uint64_t uniform = (expert_bytes + 4095) / 4096 * 4096;
   const auto expert_sizes = manifest ? ab::ExpertSizes::from_manifest(*manifest) : ab::ExpertSizes::uniform(uniform);
 
+  ab::AccessSequence seq;
+  if (auto err = load_trace(o.trace, expert_sizes, o.model, seq); !err.empty()) return fail(err);
   ab::ReplayReport report;
-  if (auto err = compute_replay(specs, o.trace, *sizes, expert_sizes, o.model, report); !err.empty()) return fail(err);
+  if (auto err = compute_replay(specs, o.trace, seq, *sizes, expert_sizes, report); !err.empty()) return fail(err);
 
   if (report_file) {
     report_file->stream() << ab::render_html(&report, nullptr);
@@ -398,15 +400,16 @@ int run_live(const LiveOptions& o) {
       !e.empty()) {
     return fail(e);
   }
-  if (!o.trace.empty()) {  // a trace of another model is refused before the runs, not after them
+  // The trace is read before the runs, so that one of another model is refused before them, not after.
+  std::optional<model::Manifest> trace_manifest;  // trace_sizes reads it
+  std::optional<ab::ExpertSizes> trace_sizes;
+  ab::AccessSequence trace_seq;
+  if (!o.trace.empty()) {
     auto manifest = model::load_manifest(*dir);
     if (!manifest) return fail(manifest.error().message());
-    auto trace = ab::read_trace(o.trace);
-    if (!trace) return fail(trace.error().message());
-    const auto seq = ab::AccessSequence::from_trace(*trace);
-    if (auto e = unknown_expert(seq, ab::ExpertSizes::from_manifest(*manifest), o.trace, o.model); !e.empty()) {
-      return fail(e);
-    }
+    trace_manifest = std::move(*manifest);
+    trace_sizes = ab::ExpertSizes::from_manifest(*trace_manifest);
+    if (auto err = load_trace(o.trace, *trace_sizes, o.model, trace_seq); !err.empty()) return fail(err);
   }
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());
@@ -451,15 +454,12 @@ int run_live(const LiveOptions& o) {
                                                  "bytes read per run", rep.a.bytes_read, rep.b.bytes_read,
                                                  [](double x) { return mib(static_cast<std::uint64_t>(x)); }, false)};
   std::optional<ab::ReplayReport> replayed;
-  if (!o.trace.empty()) {
-    auto manifest = model::load_manifest(*dir);
-    if (!manifest) return fail(manifest.error().message());
-    const auto expert_sizes = ab::ExpertSizes::from_manifest(*manifest);
+  if (trace_sizes) {
     std::vector<PolicySpec> specs;
     for (const auto& s : sides)
       specs.push_back({s.name + " (" + s.profile->get_string("cache.policy") + ")", s.name, {}});
     replayed.emplace();
-    if (auto err = compute_replay(specs, o.trace, *sizes, expert_sizes, o.model, *replayed); !err.empty()) {
+    if (auto err = compute_replay(specs, o.trace, trace_seq, *sizes, *trace_sizes, *replayed); !err.empty()) {
       return fail(err);
     }
   }
