@@ -43,14 +43,13 @@ class Compiler {
                    "minItems, maxItems, enum, const, anyOf, oneOf and $ref; remove it or use json_object)");
     }
     if (auto ref = s.find("$ref"); ref != s.end()) return reference(*ref, path, depth);
-    if (auto e = s.find("enum"); e != s.end()) return literals(*e, s.find("type"), s.end(), path + ".enum");
-    if (auto c = s.find("const"); c != s.end()) {
-      return literals(json::array({*c}), s.find("type"), s.end(), path + ".const");
-    }
+    const auto type = s.find("type");
+    const json* literal_type = type == s.end() ? nullptr : &*type;  // enum and const must be of it too
+    if (auto e = s.find("enum"); e != s.end()) return literals(*e, literal_type, path + ".enum");
+    if (auto c = s.find("const"); c != s.end()) return literals(json::array({*c}), literal_type, path + ".const");
     for (const char* key : {"anyOf", "oneOf"}) {
       if (auto alt = s.find(key); alt != s.end()) return any_of(*alt, path + "." + key, depth);
     }
-    auto type = s.find("type");
     if (type == s.end()) {
       if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties"))
         return object(s, path, depth, ref);
@@ -206,13 +205,12 @@ class Compiler {
 
   // enum or const; with a `type` beside it, a value must be of that type too (JSON Schema asks both), so values of
   // another type are dropped, and a list left empty could never be met.
-  sdk::Expected<std::uint16_t> literals(const json& values, json::const_iterator type, json::const_iterator none,
-                                        const std::string& path) {
+  sdk::Expected<std::uint16_t> literals(const json& values, const json* type, const std::string& path) {
     if (!values.is_array() || values.empty()) return error(path, "must be a non-empty array");
     JsonSchema::Node n;
     n.kind = Kind::literals;
     for (const auto& v : values) {
-      if (type != none && !of_type(v, *type)) continue;
+      if (type != nullptr && !of_type(v, *type)) continue;
       if (v.is_object() || v.is_array())
         return error(path, "holds an object or array (only scalar values are supported)");
       std::string text = v.dump(-1, ' ', false, json::error_handler_t::strict);
