@@ -85,13 +85,13 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   };
   r.finish_reason = "length";
   std::optional<JsonTokenMask> json_tokens;
-  JsonConstraint json(options.json_schema.get());
+  JsonAnswer json(options.json_schema.get());
   std::vector<std::uint8_t> allowed;
   if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
   t0 = clock::now();
   for (std::int64_t i = 0; i < options.max_tokens; ++i) {
     if (json_tokens) {
-      json_tokens->allowed(json, allowed);
+      json.allowed(*json_tokens, allowed);
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
     }
     const std::int32_t next = sampler.sample(logits, history, allowed);
@@ -109,7 +109,8 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       r.finish_reason = "stop";
       break;
     }
-    if (json_tokens && json.advance(json_tokens->bytes(next)) && json.complete()) {
+    if (json_tokens) json.push(*json_tokens, next);
+    if (json_tokens && json.complete()) {
       r.finish_reason = "eos";  // the object is the whole answer, as if the model had ended it
       break;
     }

@@ -222,6 +222,7 @@ bool JsonConstraint::step(unsigned char c) {
   switch (mode_) {
     case Mode::done: return false;
     case Mode::top:  // no whitespace first: an answer starts with its '{', as llama.cpp's JSON grammar has it
+      if (leading_whitespace_ && whitespace(c)) return true;
       return c == '{' && start_value(c);
     case Mode::value:
       if (whitespace(c)) return true;
@@ -398,15 +399,21 @@ bool JsonConstraint::step(unsigned char c) {
 
 JsonTokenMask::JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab,
                              std::span<const std::int64_t> end_tokens)
-    : bytes_(vocab), first_(vocab, 0), second_(vocab, 0), length_(vocab, 0), kind_(vocab, never) {
+    : bytes_(vocab),
+      first_(vocab, 0),
+      second_(vocab, 0),
+      length_(vocab, 0),
+      kind_(vocab, never),
+      end_tokens_(end_tokens.begin(), end_tokens.end()) {
   for (std::size_t id = 0; id < vocab; ++id) {
     const auto t = static_cast<tokenizer::TokenId>(id);
+    std::string b = tokenizer.token_bytes(t).value_or("");
     if (tokenizer.is_special(t) ||
-        std::find(end_tokens.begin(), end_tokens.end(), static_cast<std::int64_t>(id)) != end_tokens.end()) {
+        std::find(end_tokens.begin(), end_tokens.end(), static_cast<std::int64_t>(id)) != end_tokens.end() ||
+        b.empty()) {
+      bytes_[id] = std::move(b);  // never allowed in the JSON; a thinking block's end may still be read from it
       continue;
     }
-    std::string b = tokenizer.token_bytes(t).value_or("");
-    if (b.empty()) continue;
     bool is_plain = true;
     for (std::size_t i = 0; i < b.size() && is_plain;) {
       const auto c = static_cast<unsigned char>(b[i]);
@@ -457,9 +464,79 @@ void JsonTokenMask::allowed(const JsonConstraint& json, std::vector<std::uint8_t
   }
 }
 
+void JsonTokenMask::allowed_but_end(std::vector<std::uint8_t>& allowed) const {
+  allowed.assign(bytes_.size(), 1);
+  for (const std::int64_t e : end_tokens_) {
+    if (e >= 0 && static_cast<std::size_t>(e) < allowed.size()) allowed[static_cast<std::size_t>(e)] = 0;
+  }
+}
+
 const std::string& JsonTokenMask::bytes(std::int32_t id) const {
   static const std::string none;
   return id >= 0 && static_cast<std::size_t>(id) < bytes_.size() ? bytes_[static_cast<std::size_t>(id)] : none;
+}
+
+namespace {
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+}  // namespace
+
+JsonAnswer::JsonAnswer(const JsonSchema* schema, Thinking thinking)
+    : json_(schema),
+      state_(thinking == Thinking::none       ? State::json
+             : thinking == Thinking::may_open ? State::may_open
+                                              : State::inside) {}
+
+void JsonAnswer::allowed(const JsonTokenMask& tokens, std::vector<std::uint8_t>& allowed) const {
+  if (state_ == State::json) return tokens.allowed(json_, allowed);
+  if (state_ == State::inside) return tokens.allowed_but_end(allowed);
+  // At the start: the JSON, or the block's opening tag (in one token or several).
+  std::vector<std::uint8_t> free;
+  tokens.allowed_but_end(free);
+  if (held_.empty()) {
+    tokens.allowed(json_, allowed);
+  } else {
+    allowed.assign(free.size(), 0);
+  }
+  const std::string_view rest = kThinkOpen.substr(held_.size());
+  for (std::size_t id = 0; id < allowed.size(); ++id) {
+    const std::string& b = tokens.bytes(static_cast<std::int32_t>(id));
+    if (free[id] && !b.empty() && (rest.starts_with(b) || std::string_view(b).starts_with(rest))) allowed[id] = 1;
+  }
+}
+
+void JsonAnswer::push(const JsonTokenMask& tokens, std::int32_t id) {
+  const std::string& b = tokens.bytes(id);
+  switch (state_) {
+    case State::json: json_.advance(b); return;
+    case State::may_open: {
+      std::string text = held_ + b;
+      if (text.starts_with(kThinkOpen)) {
+        state_ = State::inside;
+        held_ = text.substr(kThinkOpen.size());
+        break;
+      }
+      if (kThinkOpen.starts_with(text)) {
+        held_ = std::move(text);
+        return;
+      }
+      state_ = State::json;
+      held_.clear();
+      json_.advance(b);
+      return;
+    }
+    case State::inside: held_ += b; break;
+  }
+  // Inside the block: the JSON starts after its closing tag (blank lines before the '{' allowed).
+  if (const std::size_t at = held_.find(kThinkClose); at != std::string::npos) {
+    const std::string rest = held_.substr(at + kThinkClose.size());
+    held_.clear();
+    state_ = State::json;
+    json_.allow_leading_whitespace();
+    if (!rest.empty()) json_.advance(rest);
+    return;
+  }
+  if (held_.size() >= kThinkClose.size()) held_.erase(0, held_.size() - (kThinkClose.size() - 1));
 }
 
 }  // namespace colibri::engine

@@ -717,6 +717,10 @@ bool prompt_opens_reasoning(std::string_view prompt) {
   return trim_right(prompt).ends_with(kThinkOpen);
 }
 
+bool prompt_closes_reasoning(std::string_view prompt) {
+  return trim_right(prompt).ends_with(kThinkClose);
+}
+
 ReasoningSplit ReasoningStream::push(std::string_view text) {
   held_ += text;
   ReasoningSplit out;

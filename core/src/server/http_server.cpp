@@ -560,7 +560,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
     std::vector<std::int32_t> prompt;
     std::string echo_text;
-    bool opens_reasoning = false;  // the prompt ends inside a <think> block
+    bool opens_reasoning = false;   // the prompt ends inside a <think> block
+    bool closes_reasoning = false;  // or after one: the answer does not think
     // Harmony: the answer's channels are split into reasoning, content and calls (not in JSON mode or a forced
     // call, whose text is the JSON from the first token).
     const bool forced_call = req.tool_choice == CompletionRequest::ToolChoice::function ||
@@ -593,6 +594,7 @@ class Session : public std::enable_shared_from_this<Session> {
         text += "<|channel|>final<|message|>";
       }
       opens_reasoning = prompt_opens_reasoning(text);
+      closes_reasoning = prompt_closes_reasoning(text);
       if (use_harmony) harmony_prompt = text.substr(std::min(text.size(), text.rfind("<|start|>")));
       prompt = srv_.tokenizer.encode(text, /*add_special=*/false);
     } else if (req.prompt_is_tokens) {
@@ -649,6 +651,10 @@ class Session : public std::enable_shared_from_this<Session> {
         }
       }
     }
+    // JSON mode on a thinking model: its <think> block comes first, free, and is returned as reasoning_content; the
+    // JSON follows. A forced call's prompt already starts the call.
+    const bool json_after_thinking =
+        endpoint == Endpoint::chat && srv_.split_reasoning && req.json_object && !forced_call && !closes_reasoning;
     if (const auto& so = srv_.scheduler->options();
         static_cast<std::size_t>(req.n) > so.max_queue + static_cast<std::size_t>(so.max_batch)) {
       return respond_error(
@@ -680,6 +686,10 @@ class Session : public std::enable_shared_from_this<Session> {
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
       job->request.json_schema = req.json_schema;
+      if (json_after_thinking) {
+        job->request.json_thinking =
+            opens_reasoning ? engine::JsonAnswer::Thinking::inside : engine::JsonAnswer::Thinking::may_open;
+      }
       if (req.tool_choice == CompletionRequest::ToolChoice::function ||
           req.tool_choice == CompletionRequest::ToolChoice::required) {
         job->request.json_object = true;
@@ -716,10 +726,9 @@ class Session : public std::enable_shared_from_this<Session> {
       } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {
         c.tool_stream.emplace(ToolCallStream::required_call());
       }
-      // JSON mode and a forced call write JSON from the first token: there is no thinking block to split off.
-      if (endpoint == Endpoint::chat && srv_.split_reasoning && !req.json_object &&
-          req.tool_choice != CompletionRequest::ToolChoice::function &&
-          req.tool_choice != CompletionRequest::ToolChoice::required) {
+      // A forced call writes JSON from the first token: there is no thinking block to split off.
+      if (endpoint == Endpoint::chat && srv_.split_reasoning && !forced_call &&
+          (!req.json_object || json_after_thinking)) {
         c.reasoning.emplace(opens_reasoning);
       }
       c.required_call = req.tool_choice == CompletionRequest::ToolChoice::required;

@@ -23,7 +23,7 @@ struct Scheduler::Sequence {
                 job->request.continues_prompt ? std::span<const std::int32_t>(job->request.prompt)
                                               : std::span<const std::int32_t>{}),
         stops(job->request.stop) {
-    if (job->request.json_object) json.emplace(job->request.json_schema.get());
+    if (job->request.json_object) json.emplace(job->request.json_schema.get(), job->request.json_thinking);
   }
   std::shared_ptr<Job> job;
   std::vector<std::int32_t> history;  // prompt + generated
@@ -40,7 +40,7 @@ struct Scheduler::Sequence {
   std::size_t prompt_done = 0;                      // prompt tokens already run (prefill goes in chunks)
   std::int64_t request_id = 0;                      // in the routing trace
   std::int64_t cached = 0;                          // prompt tokens reused from an earlier request's KV cache
-  std::optional<engine::JsonConstraint> json;       // JSON mode
+  std::optional<engine::JsonAnswer> json;           // JSON mode
   std::vector<std::uint8_t> allowed;                // JSON mode: this step's token mask
 };
 
@@ -271,7 +271,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     if (!seq.prefilled) continue;
     if (seq.json) {  // its mask never allows an end token
       if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_, eos_);
-      json_tokens_->allowed(*seq.json, seq.allowed);
+      seq.json->allowed(*json_tokens_, seq.allowed);
       if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
         finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
         continue;
@@ -300,7 +300,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       if (top >= 0) ev.logprobs.push_back(engine::token_logprob(seq.logits, next, static_cast<std::size_t>(top)));
       seq.job->on_event(std::move(ev));
     }
-    if (seq.json) seq.json->advance(json_tokens_->bytes(next));
+    if (seq.json) seq.json->push(*json_tokens_, next);
     if (seq.stops.stopped()) {
       finish(seq, "stop");
     } else if (seq.json && seq.json->complete()) {

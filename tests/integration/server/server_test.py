@@ -965,6 +965,91 @@ class Api(unittest.TestCase):
             self.assertEqual(separate.stop(), 0)
             self.assertEqual(inline.stop(), 0)
 
+    def test_json_mode_after_thinking(self):
+        # JSON mode on a thinking model: the <think> block comes first, free, as reasoning_content; the JSON after it.
+        # "<think>" and "</think>" are added (not special) to a copy of the tiny tokenizer, as Qwen3 has them.
+        model = os.path.join(WORK, "tiny-think")
+        think, unthink = 354, 355
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            shutil.copytree(MODEL, model, dirs_exist_ok=True)
+            with open(os.path.join(model, "tokenizer.json")) as f:
+                tok = json.load(f)
+            for i, name in ((think, "<think>"), (unthink, "</think>")):
+                tok["added_tokens"].append({"id": i, "content": name, "single_word": False, "lstrip": False,
+                                            "rstrip": False, "normalized": False, "special": False})
+            with open(os.path.join(model, "tokenizer.json"), "w") as f:
+                json.dump(tok, f)
+            with open(os.path.join(model, "manifest.json")) as f:
+                man = json.load(f)
+            man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)  # a deliberate edit (see FIM's)
+            with open(os.path.join(model, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+            quote = json.load(f)["model"]["vocab"]['"']
+        qwen = os.path.join(WORK, "think_may_open.jinja")  # Qwen3: the answer may open the block itself
+        with open(qwen, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                    "{% endif %}{% endif %}")
+        r1 = os.path.join(WORK, "think_opened.jinja")  # DeepSeek R1: the prompt opens it (history drops blocks)
+        with open(r1, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}"
+                    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        ask = {"model": "tiny-think", "messages": [{"role": "user", "content": "Answer in JSON"}], "max_tokens": 200,
+               "response_format": {"type": "json_object"}, "logprobs": True}
+        may_open = Server("--model", model, "--chat-template", qwen)
+        opened = Server("--model", model, "--chat-template", r1)
+        try:
+            # Greedy, "<think>" favoured: the answer opens the block (allowed beside the JSON's '{'), closes it at
+            # once ("</think>" favoured more, not allowed first) and writes its JSON (the bias then keeps it in a
+            # string: "</think>" is string text there).
+            bias = {str(think): 50, str(unthink): 100, str(quote): 3}
+            status, body = may_open.json("POST", "/v1/chat/completions",
+                                         dict(ask, temperature=0, logit_bias=bias, max_tokens=60))
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            tokens = [t["token"] for t in choice["logprobs"]["content"]]
+            self.assertEqual(tokens[:2], ["<think>", "</think>"], tokens)
+            self.assertEqual(choice["message"].get("reasoning_content", ""), "")
+            self.assertTrue(choice["message"]["content"].startswith('{"'), body)
+            # Closed by the prompt (enable_thinking false): JSON from the first token, "<think>" not allowed.
+            status, body = may_open.json("POST", "/v1/chat/completions",
+                                         dict(ask, temperature=0, logit_bias=bias,
+                                              chat_template_kwargs={"enable_thinking": False}))
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["choices"][0]["logprobs"]["content"][0]["token"], "{", body)
+            # Opened by the prompt: free text until "</think>" (a bias makes it likely), then one JSON object. Every
+            # finished answer is JSON after its reasoning; some wrote reasoning first.
+            bias = {str(unthink): 4, str(quote): 3}
+            thought = 0
+            for seed in range(8):
+                status, body = opened.json("POST", "/v1/chat/completions",
+                                           dict(ask, temperature=1.0, seed=seed, logit_bias=bias))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                message = choice["message"]
+                tokens = [t["token"] for t in choice["logprobs"]["content"]]
+                if choice["finish_reason"] != "stop":
+                    continue
+                self.assertIn("</think>", tokens, body)
+                self.assertNotIn("</think>", message.get("reasoning_content", ""))
+                self.assertIsInstance(json.loads(message["content"]), dict, body)
+                thought += len(message.get("reasoning_content", "")) > 0
+                # Streamed, the same reasoning and content arrive apart.
+                if seed == 0:
+                    _, events, done = opened.stream("/v1/chat/completions",
+                                                    dict(ask, temperature=1.0, seed=seed, logit_bias=bias))
+                    self.assertTrue(done)
+                    deltas = [c["delta"] for e in events for c in e["choices"]]
+                    self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas),
+                                     message.get("reasoning_content", ""))
+                    self.assertEqual(stream_text(events), message["content"])
+            self.assertGreater(thought, 0, "no answer thought before its JSON: the test shows too little")
+        finally:
+            self.assertEqual(may_open.stop(), 0)
+            self.assertEqual(opened.stop(), 0)
+
     def test_harmony(self):
         # gpt-oss's harmony format: its markers added to a copy of the tiny model's tokenizer (at ids its embedding
         # already has) and a template that writes them. A random model writes no harmony of its own, so the

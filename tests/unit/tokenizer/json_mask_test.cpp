@@ -78,6 +78,100 @@ TEST_P(JsonMaskTest, MaskIsTheByteByByteCheckAndWalksEndInValidJson) {
   EXPECT_GT(completed, 0);
 }
 
+// JSON mode on a thinking model (Qwen3's "<think>" and "</think>" are added tokens, not special): the block is free
+// text before the JSON, whether the answer opens it or the prompt did.
+TEST(JsonAnswerTest, AThinkingBlockComesBeforeTheJson) {
+  const Tokenizer* tok = test::shipped_tokenizer("qwen3");
+  if (tok == nullptr) GTEST_SKIP() << test::missing_tokenizer_message("qwen3");
+  const std::int64_t im_end = tok->encode("<|im_end|>").at(0);
+  const JsonTokenMask mask(*tok, tok->vocab_size(), std::span(&im_end, 1));
+  const auto one = [&](std::string_view text) {
+    const auto ids = tok->encode(text);
+    EXPECT_EQ(ids.size(), 1u) << text;
+    return ids.at(0);
+  };
+  const TokenId think = one("<think>"), unthink = one("</think>"), brace = one("{"), lt = one("<"), word = one("Hello");
+  const TokenId blank = one("\n\n");
+  std::vector<std::uint8_t> allowed;
+  const auto push_text = [&](engine::JsonAnswer& answer, std::string_view text) {
+    for (const TokenId id : tok->encode(text)) {
+      answer.allowed(mask, allowed);
+      ASSERT_TRUE(allowed.at(static_cast<std::size_t>(id))) << text << ": token " << id;
+      answer.push(mask, id);
+    }
+  };
+
+  // Without thinking, the JSON starts at once: no tag, no blank lines first.
+  engine::JsonAnswer plain;
+  plain.allowed(mask, allowed);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(brace)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(think)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(blank)]);
+
+  // The answer may open the block (in one token, or spelled out) or start the JSON.
+  engine::JsonAnswer opens(nullptr, engine::JsonAnswer::Thinking::may_open);
+  opens.allowed(mask, allowed);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(brace)]);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(think)]);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(lt)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(word)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(unthink)]);
+  opens.push(mask, think);
+  EXPECT_TRUE(opens.thinking());
+  // Inside: anything but the end token.
+  opens.allowed(mask, allowed);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(word)]);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(unthink)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(im_end)]);
+  push_text(opens, "\nThe user wants {JSON}.\n");
+  EXPECT_TRUE(opens.thinking());
+  opens.push(mask, unthink);
+  EXPECT_FALSE(opens.thinking());
+  // After the block: blank lines, then the object; the tag and words are no JSON.
+  opens.allowed(mask, allowed);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(blank)]);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(brace)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(think)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(word)]);
+  push_text(opens, "\n\n{\"a\": [1, \"</think>\"]}");
+  EXPECT_TRUE(opens.complete());
+
+  // Spelled out byte by byte, the tag opens the block too; once begun, the JSON is no longer allowed.
+  engine::JsonAnswer spelled(nullptr, engine::JsonAnswer::Thinking::may_open);
+  spelled.push(mask, lt);
+  spelled.allowed(mask, allowed);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(brace)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(think)]);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(one("think"))]);
+  spelled.push(mask, one("think"));
+  spelled.push(mask, one(">"));
+  EXPECT_TRUE(spelled.thinking());
+  push_text(spelled, "ok</");
+  push_text(spelled, "think");
+  EXPECT_TRUE(spelled.thinking());
+  spelled.push(mask, one(">"));
+  EXPECT_FALSE(spelled.thinking());
+  push_text(spelled, "{}");
+  EXPECT_TRUE(spelled.complete());
+
+  // Starting with the JSON closes the door on the tag.
+  engine::JsonAnswer direct(nullptr, engine::JsonAnswer::Thinking::may_open);
+  direct.push(mask, brace);
+  EXPECT_FALSE(direct.thinking());
+  direct.allowed(mask, allowed);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(lt)]);
+
+  // Opened by the prompt: free until "</think>".
+  engine::JsonAnswer inside(nullptr, engine::JsonAnswer::Thinking::inside);
+  inside.allowed(mask, allowed);
+  EXPECT_TRUE(allowed[static_cast<std::size_t>(word)]);
+  EXPECT_FALSE(allowed[static_cast<std::size_t>(im_end)]);
+  push_text(inside, "Hmm.");
+  inside.push(mask, unthink);
+  push_text(inside, "{}");
+  EXPECT_TRUE(inside.complete());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shipped, JsonMaskTest, ::testing::Values("qwen3", "mixtral"),
                          [](const auto& info) { return info.param; });
 

@@ -77,6 +77,9 @@ class JsonConstraint {
   // Longer numbers, or exponents of more than 2 digits, are refused: every number then fits a double.
   static constexpr int kMaxNumberLength = 64;
 
+  // Whitespace may come before the top-level '{' (the blank lines after a thinking block).
+  void allow_leading_whitespace() { leading_whitespace_ = true; }
+
   // Whether appending `bytes` keeps the text a prefix of a valid JSON object (the state does not change).
   [[nodiscard]] bool accepts(std::string_view bytes) const;
   // Appends `bytes`; returns false, leaving the state unchanged, where accepts() would.
@@ -149,6 +152,7 @@ class JsonConstraint {
   bool first_digit_d_ = false;     // \u escape: its first hex digit was d or D
   const char* literal_ = nullptr;  // the rest of "true" / "false" / "null"
   int whitespace_run_ = 0;
+  bool leading_whitespace_ = false;
 };
 
 // JSON mode at the token level: each token's bytes, and which tokens keep a JsonConstraint's text valid.
@@ -160,6 +164,9 @@ class JsonTokenMask {
   JsonTokenMask(const tokenizer::Tokenizer& tokenizer, std::size_t vocab, std::span<const std::int64_t> end_tokens);
   // allowed[id] = 1 when appending the token keeps `json` a valid prefix, else 0.
   void allowed(const JsonConstraint& json, std::vector<std::uint8_t>& allowed) const;
+  // allowed[id] = 1 for every token but the end tokens (free text that must not end the answer).
+  void allowed_but_end(std::vector<std::uint8_t>& allowed) const;
+  // A token's bytes; special tokens and end tokens included (their text), though allowed() never allows them.
   [[nodiscard]] const std::string& bytes(std::int32_t id) const;
 
  private:
@@ -167,6 +174,36 @@ class JsonTokenMask {
   std::vector<std::string> bytes_;
   // Per token, compact so that the pass over the vocabulary reads little memory: most tokens are decided by these.
   std::vector<std::uint8_t> first_, second_, length_, kind_;  // length_: the byte count, at most 255
+  std::vector<std::int64_t> end_tokens_;
+};
+
+// JSON mode for a model that thinks before it answers (Qwen3, DeepSeek R1): a leading <think>...</think> block is
+// free text, and the JSON constraint starts after it, as vLLM applies structured output after a reasoning parser's
+// end marker. Without the block the model could not think, and a prompt that opens it would get JSON inside it.
+class JsonAnswer {
+ public:
+  enum class Thinking : std::uint8_t {
+    none,      // JSON from the first token
+    may_open,  // the answer may start with "<think>" (one token or several) or with the JSON
+    inside,    // the prompt opened the block: free text until "</think>"
+  };
+  // `schema` (may be null: any object) must outlive the answer and its copies.
+  explicit JsonAnswer(const JsonSchema* schema = nullptr, Thinking thinking = Thinking::none);
+
+  // This step's mask. Inside the block every token but the end tokens is allowed: the answer must reach its JSON.
+  void allowed(const JsonTokenMask& tokens, std::vector<std::uint8_t>& allowed) const;
+  // Takes the sampled token (one allowed() allowed).
+  void push(const JsonTokenMask& tokens, std::int32_t id);
+  // The JSON object is complete: the answer is done.
+  [[nodiscard]] bool complete() const { return state_ == State::json && json_.complete(); }
+  // Still before the JSON: in the block or at its possible opening.
+  [[nodiscard]] bool thinking() const { return state_ != State::json; }
+
+ private:
+  enum class State : std::uint8_t { json, may_open, inside };
+  JsonConstraint json_;
+  State state_;
+  std::string held_;  // may_open: the answer so far (a prefix of "<think>"); inside: a tail that may start "</think>"
 };
 
 }  // namespace colibri::engine

@@ -153,6 +153,8 @@ bool template_has_reasoning(std::string_view template_source);
 // Whether the rendered prompt already opens the thinking block (DeepSeek R1's template ends with "<think>\n"), so the
 // answer starts inside it without writing the tag.
 bool prompt_opens_reasoning(std::string_view prompt);
+// Whether it ends with a closed block (Qwen3's with enable_thinking false): the answer does not think.
+bool prompt_closes_reasoning(std::string_view prompt);
 
 struct ReasoningSplit {
   std::string reasoning;

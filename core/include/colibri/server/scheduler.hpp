@@ -36,7 +36,9 @@ struct GenerationRequest {
   int logprobs = -1;         // >= 0: report each generated token's logprob with this many alternatives
   bool json_object = false;  // JSON mode: only tokens that keep the text valid JSON; ends when the object closes
   std::shared_ptr<const engine::JsonSchema> json_schema;  // JSON mode: the object must also conform to this
-  std::int64_t min_tokens = 0;                            // end tokens are banned until this many tokens are generated
+  // JSON mode: a thinking model's <think> block comes first, free (may_open: if the answer opens it).
+  engine::JsonAnswer::Thinking json_thinking = engine::JsonAnswer::Thinking::none;
+  std::int64_t min_tokens = 0;    // end tokens are banned until this many tokens are generated
   bool ignore_eos = false;        // end tokens are banned throughout: generation ends by length, stop or context
   bool keep_special = false;      // special tokens are decoded into the text (a tool call marker that is one)
   bool continues_prompt = false;  // the text continues the prompt's (completions): see engine::GenerateOptions
