@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -48,6 +49,8 @@ std::optional<nlohmann::ordered_json> admin_call(const CacheOptions& o, const ch
   }
   server::HttpRequestOptions ro;
   ro.bearer_token = o.api_key;
+  if (const char* env = std::getenv("COLIBRI_API_KEY"); ro.bearer_token.empty() && env != nullptr)
+    ro.bearer_token = env;
   auto res = server::http_request(*url, method, path, body, ro);
   if (!res) {
     fail(res.error().message());
@@ -55,9 +58,10 @@ std::optional<nlohmann::ordered_json> admin_call(const CacheOptions& o, const ch
   }
   auto j = nlohmann::ordered_json::parse(res->body, nullptr, /*allow_exceptions=*/false);
   if (res->status == 401) {
-    fail(o.api_key.empty()
+    fail(ro.bearer_token.empty()
              ? "the server at " + o.server + " needs an API key: pass --api-key KEY (or set COLIBRI_API_KEY)"
-             : "the server at " + o.server + " rejected the API key given with --api-key");
+             : "the server at " + o.server + " rejected the API key " +
+                   (o.api_key.empty() ? "in COLIBRI_API_KEY" : "given with --api-key"));
     return std::nullopt;
   }
   if (res->status != 200) {
@@ -221,8 +225,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
     auto* model = sub->add_option("--model,-m", o->model, "Model directory, or a name under models.dir");
     auto* server = sub->add_option("--server", o->server, "A running colibri-server, e.g. http://127.0.0.1:8080");
     model->excludes(server);
-    sub->add_option("--api-key", o->api_key, "With --server: the key given to colibri-server --api-key")
-        ->envname("COLIBRI_API_KEY");
+    // COLIBRI_API_KEY is read where the key is used: as an envname on each of these subcommands, CLI11 filled it
+    // into the ones not used too, overwriting the --api-key given.
+    sub->add_option("--api-key", o->api_key,
+                    "With --server: the key given to colibri-server --api-key (env COLIBRI_API_KEY)");
     sub->add_flag("--json", o->json, "With --server: print the server's JSON answer");
     auto* top = sub->add_option(
         "--top", o->top, "How many of the most used experts (default 10; with --server: until the cache is full)");

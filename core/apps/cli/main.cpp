@@ -1,5 +1,6 @@
 // colibri-cli: thin front end; each command lives in its own cmd_*.cpp.
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -92,8 +93,10 @@ std::optional<profile::Profile> GlobalOptions::load_profile() const {
 }
 
 void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
-  cmd.add_option("--profile", global.profile, "Hardware profile: a name from the profile directories or a YAML path")
-      ->envname("COLIBRI_PROFILE");
+  // COLIBRI_PROFILE is read once in main: as an envname on every subcommand, CLI11 filled it into the ones not
+  // used too, overwriting the --profile given.
+  cmd.add_option("--profile", global.profile,
+                 "Hardware profile: a name from the profile directories or a YAML path (env COLIBRI_PROFILE)");
   cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
   cmd.add_option("--expert-cache-size", global.expert_cache_size,
                  "RAM tier for experts, e.g. 8G (memory.expert_cache)");
@@ -122,6 +125,10 @@ int main(int argc, char** argv) {
     if (auto st = util::set_log_level(global.log_level); !st) {
       std::cerr << "error: " << st.message() << "\n";
       std::exit(2);
+    }
+    // The command line wins over the environment; an empty variable is unset.
+    if (const char* env = std::getenv("COLIBRI_PROFILE"); global.profile.empty() && env != nullptr) {
+      global.profile = env;
     }
   });
   cli::interrupt::install();

@@ -131,6 +131,14 @@ class Run(unittest.TestCase):
         p = cli("run", "-m", os.path.join(WORK, "no-such-model"), "-p", "hi", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-model", p.stderr)
+        # --profile wins over COLIBRI_PROFILE, which serves where the flag is not given.
+        env = dict(os.environ, COLIBRI_PROFILE="no-such-profile")
+        for args in (("profile", "show"), ("run", "-m", model(), "-p", "hi", "-n", "1")):
+            p = subprocess.run([CLI, *args, "--profile", "cpu"], capture_output=True, text=True, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            p = subprocess.run([CLI, *args], capture_output=True, text=True, env=env)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("no-such-profile", p.stderr)
 
 
 def history_env(name):

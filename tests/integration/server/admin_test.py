@@ -27,8 +27,9 @@ import server_test as st
 SLOT = 3 * 256 * 512 * 4  # one expert of the tiny f32 Mixtral (hidden 256, intermediate 512), a multiple of 4 KiB
 
 
-def cli(*args, check=True, timeout=120):
-    p = subprocess.run([st.CLI] + list(args), capture_output=True, text=True, timeout=timeout)
+def cli(*args, check=True, timeout=120, env=None):
+    p = subprocess.run([st.CLI] + list(args), capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
     if check and p.returncode != 0:
         raise AssertionError(f"colibri-cli {' '.join(args)} failed ({p.returncode}): {p.stderr}")
     return p
@@ -196,6 +197,11 @@ class ClientErrors(unittest.TestCase):
             self.assertIn("rejected", p.stderr)
             status, got = s.json("POST", "/admin/cache/clear")
             st.assert_error(self, status, got, 401)
+            # The command line wins over COLIBRI_API_KEY; the variable serves where the flag is not given.
+            p = cli("cache", "stats", "--server", url, "--api-key", "sekrit", env={"COLIBRI_API_KEY": "wrong"})
+            p = cli("cache", "stats", "--server", url, env={"COLIBRI_API_KEY": "sekrit"})
+            p = cli("cache", "stats", "--server", url, check=False, env={"COLIBRI_API_KEY": "wrong"})
+            self.assertIn("rejected the API key in COLIBRI_API_KEY", p.stderr)
             p = cli("cache", "clear", "--server", url, "--api-key", "sekrit")
             self.assertIn("dropped_experts", p.stdout)
             # One "key  value" line per field, however long the key (vram_dropped_experts is the longest).
