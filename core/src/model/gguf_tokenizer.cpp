@@ -170,7 +170,6 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     (void)kGpt2Regex;
     tok["normalizer"] = normalizer;
     tok["pre_tokenizer"] = pre_tok;
-    tok["post_processor"] = nullptr;
     tok["decoder"] = byte_level(true, true);
     tok["model"] = {{"type", "BPE"},
                     {"dropout", nullptr},
@@ -230,7 +229,6 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
     tok["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
     tok["pre_tokenizer"] = nullptr;
-    tok["post_processor"] = nullptr;
     json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
                                  {{"type", "ByteFallback"}},
                                  {{"type", "Fuse"}}});
@@ -253,6 +251,39 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
                                                "(SentencePiece BPE)");
   }
   (void)kUnused;
+  // BOS/EOS as the GGUF asks (SentencePiece models add BOS unless told not to, as llama.cpp has it), in the
+  // tokenizer's own post-processor: encoding with special tokens reads only that, never tokenizer_config.json.
+  const bool add_bos = g.get_bool("tokenizer.ggml.add_bos_token").value_or(*model == "llama");
+  const bool add_eos = g.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
+  json specials = json::object();
+  // The token's text, registered as a special token of the template (nullopt: not added).
+  auto special = [&](const char* key, bool wanted) -> std::optional<std::string> {
+    if (!wanted) return std::nullopt;
+    const json text = token_text(key);
+    if (text.is_null()) {
+      out.notes.push_back(std::string("the GGUF asks for its ") + key + " to be added, but names no such token");
+      return std::nullopt;
+    }
+    specials[text.get<std::string>()] = {
+        {"id", text}, {"ids", json::array({*g.get_int(key)})}, {"tokens", json::array({text})}};
+    return text.get<std::string>();
+  };
+  const auto bos = special("tokenizer.ggml.bos_token_id", add_bos);
+  const auto eos = special("tokenizer.ggml.eos_token_id", add_eos);
+  auto part = [&](const char* sequence, int type_id) {  // [BOS] $sequence [EOS]
+    json pieces = json::array();
+    if (bos) pieces.push_back({{"SpecialToken", {{"id", *bos}, {"type_id", type_id}}}});
+    pieces.push_back({{"Sequence", {{"id", sequence}, {"type_id", type_id}}}});
+    if (eos) pieces.push_back({{"SpecialToken", {{"id", *eos}, {"type_id", type_id}}}});
+    return pieces;
+  };
+  json pair = part("A", 0);
+  for (auto& piece : part("B", 1)) pair.push_back(std::move(piece));
+  tok["post_processor"] =
+      specials.empty()
+          ? json(nullptr)
+          : json{
+                {"type", "TemplateProcessing"}, {"single", part("A", 0)}, {"pair", pair}, {"special_tokens", specials}};
   try {
     out.tokenizer_json = tok.dump();
   } catch (const json::exception&) {  // every string was checked above; this is the last line of defence

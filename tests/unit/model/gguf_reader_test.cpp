@@ -7,6 +7,7 @@
 
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/gguf_tokenizer.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
 #include "model/architecture.hpp"
 #include "test_files.hpp"
 
@@ -203,12 +204,13 @@ TEST(GgufReader, RealVocabFilesOpenOrFailCleanly) {
 
 // A tiny SentencePiece (tokenizer.ggml.model = llama) vocabulary: merges come from the scores the way HF's
 // SentencePieceExtractor derives them (every split into two known pieces, by merged score, ties by ids).
-TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
+// A small SentencePiece GGUF ("<s>" is the BOS, "</s>" the EOS) with these tokenizer.ggml.* booleans.
+std::string small_spm_gguf(const std::vector<std::pair<std::string, bool>>& flags = {}) {
   const std::vector<std::string> toks = {"<unk>", "<s>", "</s>", "\u2581", "t", "h", "th", "\u2581t", "\u2581th"};
   const std::vector<float> scores = {0, 0, 0, -1, -2, -3, -4, -5, -6};
   const std::vector<std::int32_t> types = {2, 3, 3, 1, 1, 1, 1, 1, 1};
   Bytes b;
-  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(7);
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(8 + flags.size());
   b.str("general.architecture").pod<std::uint32_t>(STR).str("llama");
   b.str("tokenizer.ggml.model").pod<std::uint32_t>(STR).str("llama");
   b.str("tokenizer.ggml.tokens").pod<std::uint32_t>(ARR).pod<std::uint32_t>(STR).pod<std::uint64_t>(toks.size());
@@ -218,7 +220,16 @@ TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
   b.str("tokenizer.ggml.token_type").pod<std::uint32_t>(ARR).pod<std::uint32_t>(I32).pod<std::uint64_t>(types.size());
   for (auto t : types) b.pod(t);
   b.str("tokenizer.ggml.bos_token_id").pod<std::uint32_t>(U32).pod<std::uint32_t>(1);
+  b.str("tokenizer.ggml.eos_token_id").pod<std::uint32_t>(U32).pod<std::uint32_t>(2);
   b.str("tokenizer.ggml.unknown_token_id").pod<std::uint32_t>(U32).pod<std::uint32_t>(0);
+  for (const auto& [key, value] : flags)
+    b.str("tokenizer.ggml." + key).pod<std::uint32_t>(BOOL).pod<std::uint8_t>(value);
+  return b.data;
+}
+
+TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
+  Bytes b;
+  b.data = small_spm_gguf();
   auto g = open_bytes(testing::temp_dir("spm") / "spm.gguf", b.data);
   ASSERT_TRUE(g.has_value()) << g.error().to_string();
   auto r = rebuild_tokenizer_from_gguf(*g);
@@ -234,6 +245,27 @@ TEST(GgufTokenizer, SentencePieceMergesFollowScores) {
   EXPECT_EQ(j["added_tokens"][1]["content"], "<s>");
   auto cfg = nlohmann::json::parse(r->tokenizer_config_json);
   EXPECT_EQ(cfg["bos_token"], "<s>");
+}
+
+// Encoding with special tokens adds what the GGUF asks for (a SentencePiece model: BOS unless told otherwise, as
+// llama.cpp), so a model converted from a GGUF reads a prompt as the one converted from HuggingFace does.
+TEST(GgufTokenizer, BosAndEosAreAddedAsTheGgufAsks) {
+  const auto encode = [](const std::vector<std::pair<std::string, bool>>& flags, bool add_special) {
+    auto g = open_bytes(testing::temp_dir("spm-flags") / "spm.gguf", small_spm_gguf(flags));
+    EXPECT_TRUE(g.has_value()) << g.error().to_string();
+    auto r = rebuild_tokenizer_from_gguf(*g);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
+    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+    return tok->encode("th", add_special);
+  };
+  using Ids = std::vector<tokenizer::TokenId>;
+  EXPECT_EQ(encode({}, false), (Ids{8}));
+  EXPECT_EQ(encode({}, true), (Ids{1, 8}));
+  EXPECT_EQ(encode({{"add_bos_token", true}}, true), (Ids{1, 8}));
+  EXPECT_EQ(encode({{"add_bos_token", false}}, true), (Ids{8}));
+  EXPECT_EQ(encode({{"add_bos_token", false}, {"add_eos_token", true}}, true), (Ids{8, 2}));
+  EXPECT_EQ(encode({{"add_eos_token", true}}, true), (Ids{1, 8, 2}));
 }
 
 // A SentencePiece GGUF holding only a vocabulary (tokens with scores).
