@@ -34,6 +34,9 @@ void install() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal closed
+  // Past `ulimit -f` a write fails (EFBIG), so the command's own error path cleans up, instead of a core dump.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 bool stop_requested() {

@@ -1,7 +1,8 @@
-// Ctrl-C for colibri-cli. By default SIGINT and SIGTERM remove the .partial files of outputs being written
-// (util::OutputFile) and end the process as the signal would. Around work that can stop cleanly (a generation, a
-// perplexity run), a command calls Interruptible: the first Ctrl-C then only sets stop_requested(), so the command
-// prints its statistics and saves the usage history; a second one ends the process at once.
+// Ctrl-C for colibri-cli. By default SIGINT, SIGTERM and SIGHUP remove the .partial files of outputs being written
+// and what util::RemovedOnSignal lists (convert's hidden partial model), and end the process as the signal would.
+// Around work that can stop cleanly (a generation, a perplexity run, a conversion), a command calls Interruptible:
+// the first Ctrl-C then only sets stop_requested(), so the command prints its statistics and saves the usage history;
+// a second one ends the process at once.
 #pragma once
 
 namespace colibri::cli::interrupt {

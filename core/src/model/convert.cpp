@@ -29,6 +29,7 @@
 #include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/output_file.hpp"
 #include "model/architecture.hpp"
 #include "model/file_io.hpp"
 
@@ -996,6 +997,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       if (armed) fs::remove_all(dir, e);
     }
   } cleanup{tmp};
+  // A signal that ends the process at once (SIGTERM, a second Ctrl-C) removes it too.
+  const util::RemovedOnSignal removed_on_signal(tmp, util::RemovedOnSignal::Removal::tree);
 
   Manifest m;
   m.hparams = hp;

@@ -1,5 +1,6 @@
 #include "colibri/util/output_file.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -19,17 +20,19 @@ namespace {
 // being filled, or ready. A process with more files open at once than entries just does not list the rest.
 struct PartialEntry {
   std::atomic<int> state{0};  // 0 free, 1 being filled, 2 ready
+  bool tree = false;          // a directory, removed with all it holds
   char path[4096] = {};
 };
 constexpr int kPartialEntries = 16;
 PartialEntry g_partials[kPartialEntries];
 
-int register_partial(const fs::path& p) {
+int register_partial(const fs::path& p, bool tree = false) {
   const std::string& text = p.native();
   if (text.size() >= sizeof(PartialEntry::path)) return -1;
   for (int i = 0; i < kPartialEntries; ++i) {
     int expected = 0;
     if (!g_partials[i].state.compare_exchange_strong(expected, 1)) continue;
+    g_partials[i].tree = tree;
     std::memcpy(g_partials[i].path, text.c_str(), text.size() + 1);
     g_partials[i].state.store(2);
     return i;
@@ -42,9 +45,43 @@ void unregister_partial(int& entry) {
   entry = -1;
 }
 
+bool is_dot_or_dot_dot(const char* name) {
+  return name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+}
+
+// Removes what directory `name` (under `parent_fd`) holds with system calls only (openat, getdents64, unlinkat):
+// async-signal-safe. Each pass reads the directory from its start, as removing entries while reading may skip some.
+void remove_contents_signal_safe(int parent_fd, const char* name, int depth) {
+  if (depth > 32) return;
+  const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(struct dirent64) char buf[8192];
+  for (int pass = 0; pass < 64; ++pass) {
+    bool removed = false;
+    ::lseek(fd, 0, SEEK_SET);
+    for (;;) {
+      const ssize_t n = ::getdents64(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (ssize_t off = 0; off < n;) {
+        const auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
+        off += d->d_reclen;
+        if (is_dot_or_dot_dot(d->d_name)) continue;
+        if (::unlinkat(fd, d->d_name, 0) != 0 && (errno == EISDIR || errno == EPERM)) {
+          remove_contents_signal_safe(fd, d->d_name, depth + 1);
+          ::unlinkat(fd, d->d_name, AT_REMOVEDIR);
+        }
+        removed = true;
+      }
+    }
+    if (!removed) break;
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
-RemovedOnSignal::RemovedOnSignal(const fs::path& path) : registered_(register_partial(path)) {}
+RemovedOnSignal::RemovedOnSignal(const fs::path& path, Removal removal)
+    : registered_(register_partial(path, removal == Removal::tree)) {}
 
 RemovedOnSignal::~RemovedOnSignal() {
   unregister_partial(registered_);
@@ -52,7 +89,13 @@ RemovedOnSignal::~RemovedOnSignal() {
 
 void remove_partial_files_signal_safe() noexcept {
   for (auto& e : g_partials) {
-    if (e.state.load() == 2) ::unlink(e.path);
+    if (e.state.load() != 2) continue;
+    if (e.tree) {
+      remove_contents_signal_safe(AT_FDCWD, e.path, 0);
+      ::rmdir(e.path);
+    } else {
+      ::unlink(e.path);
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SIGKILL (and SIGINT) `colibri-cli convert` at random points: the output path must then either not exist or hold a complete
+"""SIGKILL (and SIGINT, SIGTERM, SIGHUP) `colibri-cli convert` at random points: the output path must then either not exist or hold a complete
 model that `inspect --verify` accepts, and any hidden partial directory left behind must not pass as a model
 unless it verifies too. With --force over an existing model, the output must always verify (old or new model).
 
@@ -99,6 +99,28 @@ def main():
             failures.append(f"sigint round {i}: exit {p.returncode}: {err!r}")
         if not verifies(out):
             failures.append(f"sigint round {i}: {out} does not verify")
+
+    # A signal that ends it at once (SIGTERM from systemd or docker, SIGHUP from a closed terminal, a second Ctrl-C):
+    # its hidden partial directory goes with it, the old model stays.
+    for i, sigs in enumerate(([signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT])):
+        before = set(partials())
+        p = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not set(partials()) - before:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, duration * 0.5))
+        for sig in sigs:
+            p.send_signal(sig)
+            time.sleep(0.002)
+        _, err = p.communicate()
+        name = "+".join(signal.Signals(sig).name for sig in sigs)
+        print(f"{name} round: exit {p.returncode}")
+        if p.returncode not in (0, 130, -sigs[-1]):
+            failures.append(f"{name}: exit {p.returncode}: {err!r}")
+        if set(partials()) - before:
+            failures.append(f"{name}: partial directory left: {set(partials()) - before}")
+        if not verifies(out):
+            failures.append(f"{name}: {out} does not verify")
 
     # The next conversion sweeps the partial directories of dead conversions, also one whose process is a zombie
     # (killed, not yet reaped: here by this process, which waits for it only afterwards).

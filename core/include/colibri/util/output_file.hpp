@@ -40,15 +40,16 @@ class OutputFile {
 };
 
 // Removes the .partial file of every OutputFile of this process not yet committed or destroyed, and every file a
-// RemovedOnSignal lists. Async-signal-safe (it only reads a fixed table and calls unlink): for a handler of a signal
-// that ends the process (Ctrl-C).
+// RemovedOnSignal lists. Async-signal-safe (it only reads a fixed table and makes system calls): for a handler of a
+// signal that ends the process (Ctrl-C).
 void remove_partial_files_signal_safe() noexcept;
 
-// Lists a scratch file (iobench's test file) for remove_partial_files_signal_safe() while it lives; removing the
-// file otherwise is the owner's.
+// Lists a scratch file (iobench's test file), or a directory with all it holds (convert's hidden partial model), for
+// remove_partial_files_signal_safe() while it lives; removing it otherwise is the owner's.
 class RemovedOnSignal {
  public:
-  explicit RemovedOnSignal(const std::filesystem::path& path);
+  enum class Removal { file, tree };
+  explicit RemovedOnSignal(const std::filesystem::path& path, Removal removal = Removal::file);
   ~RemovedOnSignal();
   RemovedOnSignal(const RemovedOnSignal&) = delete;
   RemovedOnSignal& operator=(const RemovedOnSignal&) = delete;
