@@ -35,4 +35,11 @@ scalar=$(gen --profile "$work/scalar.yaml") || { cat "$work/run.err"; exit 1; }
 grep -q "backend scalar" "$work/run.err" || { echo "run did not use the scalar backend:"; cat "$work/run.err"; exit 1; }
 cpu=$(gen --set compute.backend=cpu) || { cat "$work/run.err"; exit 1; }
 [ "$scalar" = "$cpu" ] || { printf 'scalar: %q\ncpu:    %q\n' "$scalar" "$cpu"; exit 1; }
+# Its f16 KV cache (the default) is refused at load, naming the KV type, before any text is written.
+if COLIBRI_PLUGIN_PATH="$work/build" "$cli" run -m "$work/model" -p "Hello world" -n 8 --profile "$work/scalar.yaml" \
+    >"$work/f16.out" 2>"$work/f16.err"; then
+  echo "an f16 KV cache ran on a backend that claims f32 only"; exit 1
+fi
+grep -q "cannot run attention on a f16 KV cache" "$work/f16.err" || { cat "$work/f16.err"; exit 1; }
+[ ! -s "$work/f16.out" ] || { echo "text written before the refusal:"; cat "$work/f16.out"; exit 1; }
 echo "third-party backend: all checks passed"

@@ -404,6 +404,12 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                std::string(sdk::to_string(part->type)) + " experts (" + part->name +
                                                ")");
   }
+  if (!hp_.attention_sinks && !plugins_.compute->supports(Op::attention, options_.kv_type)) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run attention on a " +
+                                               std::string(sdk::to_string(options_.kv_type)) +
+                                               " KV cache; give another --kv-type (memory.kv_type), or use "
+                                               "compute.backend: cpu");
+  }
   if (hp_.attention_sinks && !plugins_.compute->supports(Op::attention_sinks, options_.kv_type)) {
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
                                                " cannot run attention with sinks (gpt-oss's attention_sinks op) on a " +

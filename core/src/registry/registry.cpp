@@ -272,7 +272,16 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
     return;
   }
   using EntryFn = const sdk::PluginDescriptor*();
-  const sdk::PluginDescriptor* d = lib->get<EntryFn>(COLIBRI_PLUGIN_ENTRY_SYMBOL)();
+  const sdk::PluginDescriptor* d = nullptr;
+  try {  // a plugin's entry that throws is that plugin's fault, not every command's
+    d = lib->get<EntryFn>(COLIBRI_PLUGIN_ENTRY_SYMBOL)();
+  } catch (const std::exception& e) {
+    broken_.push_back({file, std::string(COLIBRI_PLUGIN_ENTRY_SYMBOL) + "() threw: " + e.what()});
+    return;
+  } catch (...) {
+    broken_.push_back({file, std::string(COLIBRI_PLUGIN_ENTRY_SYMBOL) + "() threw a non-standard exception"});
+    return;
+  }
   if (auto st = check_descriptor(d, file); !st) {
     broken_.push_back({file, st.message()});
     return;

@@ -107,6 +107,12 @@ TEST(Registry, ALibraryForAnotherMachineIsNamedAsSuch) {
   EXPECT_THAT(broken_reason(reg, "old"), HasSubstr("is a 32-bit library"));
 }
 
+TEST(Registry, AnEntryThatThrowsIsListedAsBroken) {
+  auto reg = scan({"good", "entry_throws"});
+  EXPECT_EQ(reg.plugins().size(), 1u);  // the others still load
+  EXPECT_THAT(broken_reason(reg, "entry-throws"), HasSubstr("colibri_plugin_entry() threw: entry boom"));
+}
+
 TEST(Registry, AnOptionTableWithoutANameIsRefusedNotDereferenced) {
   auto reg = scan({"option_without_name"});
   EXPECT_TRUE(reg.plugins().empty());
