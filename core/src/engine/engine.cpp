@@ -918,8 +918,9 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
                      : (wanted == LogitsWanted::last && last_chunk) ? LogitsWanted::last
                                                                     : LogitsWanted::none;
     float* dst = wanted == LogitsWanted::all ? logits.data() + static_cast<std::size_t>(off) * V : logits.data();
+    // Every chunk rotates as one pass over all the tokens would (dynamic rope): --batch never changes a result.
     if (auto s = forward_chunk(tokens.subspan(static_cast<std::size_t>(off), static_cast<std::size_t>(n)),
-                               n_past_ + off, w, dst, trace);
+                               n_past_ + off, n_past_ + T, w, dst, trace);
         !s) {
       return s;
     }
@@ -928,13 +929,13 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
   return {};
 }
 
-Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, LogitsWanted wanted,
-                             float* logits, std::vector<RoutingRecord>* trace) {
+Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t pass_end,
+                             LogitsWanted wanted, float* logits, std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
   const auto T = static_cast<std::int64_t>(tokens.size());
   const std::int64_t D = hp_.hidden_size;
   S.ids.assign(tokens.begin(), tokens.end());
-  const Segment one{&kv_, position, 0, T};
+  const Segment one{&kv_, position, 0, T, pass_end};
   if (auto s = run_layers(std::span<const Segment>(&one, 1), trace); !s) return s;
   if (wanted == LogitsWanted::none) return {};
   // Logits for every position, or only the last one.
@@ -962,14 +963,14 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
   S.positions.resize(static_cast<std::size_t>(T));
   // rope's inputs, in one array (host, or device memory beside the activations, uploaded once for every layer):
-  // positions as i32 bits, then each segment's inv_freq ("dynamic" rope depends on each sequence's length).
+  // positions as i32 bits, then each segment's inv_freq ("dynamic" rope depends on the length of its pass).
   std::vector<float> rope_host(static_cast<std::size_t>(T));
   std::vector<std::pair<std::size_t, std::int64_t>> freq_at;  // per segment: element offset, count
   for (const auto& g : segments) {
     for (std::int64_t t = 0; t < g.n; ++t) {
       S.positions[static_cast<std::size_t>(g.first + t)] = static_cast<std::int32_t>(g.position + t);
     }
-    const auto f = rope_->inv_freq(g.position + g.n);
+    const auto f = rope_->inv_freq(std::max(g.position + g.n, g.pass_end));
     freq_at.emplace_back(rope_host.size(), static_cast<std::int64_t>(f.size()));
     rope_host.insert(rope_host.end(), f.begin(), f.end());
   }
@@ -1016,7 +1017,7 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
       COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
     }
     for (std::size_t i = 0; i < segments.size(); ++i) {
-      const auto& [kv, pos, off, n] = segments[i];
+      const auto& [kv, pos, off, n, pass_end] = segments[i];
       const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
       Tensor positions = view(S.rope_in, n, 1, 1, static_cast<std::size_t>(off));
       positions.type = DType::i32;
@@ -1411,7 +1412,7 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     first[i] = static_cast<std::int64_t>(S.ids.size());
     S.ids.insert(S.ids.end(), items[i].tokens.begin(), items[i].tokens.end());
     segments.push_back({&items[i].sequence->kv, items[i].sequence->n_past, first[i],
-                        static_cast<std::int64_t>(items[i].tokens.size())});
+                        static_cast<std::int64_t>(items[i].tokens.size()), items[i].pass_end});
   }
   Status s;
 #define COLIBRI_TRY(expr) \

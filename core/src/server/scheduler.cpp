@@ -351,6 +351,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       }
       const std::size_t n = std::min<std::size_t>(prompt.size() - seq.prompt_done, chunk);
       item.tokens = std::span<const std::int32_t>(prompt.data() + seq.prompt_done, n);
+      item.pass_end = static_cast<std::int64_t>(prompt.size());  // as one pass over the prompt (dynamic rope)
       if (seq.job->request.prompt_logprobs) {
         item.logits = &seq.prompt_logits;
         item.all_logits = true;

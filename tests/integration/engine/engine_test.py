@@ -3,8 +3,8 @@
 
   engine_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR [-k PATTERN]
 
-* reference: for every architecture (plus variants: sliding window, yarn and linear rope, OLMoE clip_qkv) a tiny
-  random checkpoint is converted at f32 and `colibri-cli logits` must match tests/reference/reference.py (float64,
+* reference: for every architecture (plus variants: sliding window, yarn, linear and dynamic rope, OLMoE clip_qkv) a
+  tiny random checkpoint is converted at f32 and `colibri-cli logits` must match tests/reference/reference.py (float64,
   HF semantics) within 1e-4 of the max-abs logit, per position, and route to the same experts.
 * quantized presets: f16, bf16, q8_0, q4_k_m against f32: mean KL divergence per preset is printed and bounded.
 * the one promise: logits are bit-identical in one batch or token by token, streaming with a tiny expert cache,
@@ -87,6 +87,9 @@ VARIANTS = {
     "llama-yarn": ("llama", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                              "original_max_position_embeddings": 64})),
     "llama-linear": ("llama", lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    # Dynamic NTK past its original context (8 of the 14 tokens): the pass's length sets the rotation.
+    "llama-dynamic": ("llama", lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                                "original_max_position_embeddings": 8})),
     "olmoe-clip": ("olmoe", lambda c: c.update(clip_qkv=0.8)),
     "qwen2_moe-norm": ("qwen2_moe", lambda c: c.update(norm_topk_prob=True)),
     # gpt-oss: attention sinks, sliding window on even layers, yarn, biased router and clamped biased experts.
@@ -246,6 +249,11 @@ class OnePromise(unittest.TestCase):
             self.same(base, logits(model, "--set", "storage.plugin=mmap", name="mmap"), f"{arch}/{preset} mmap")
             self.same(base, logits(model, "--set", "cache.policy=frequency", "--expert-cache-size", small,
                                    name="freq"), f"{arch}/{preset} frequency policy")
+        # Dynamic rope: every chunk of a prompt rotates by the whole prompt's length, as one pass would.
+        _, model = make_model("llama-dynamic", *VARIANTS["llama-dynamic"][:2])
+        base = logits(model, name="base")
+        for batch in ("1", "3", "8"):
+            self.same(base, logits(model, "--batch", batch, name="b" + batch), f"dynamic rope, chunks of {batch}")
 
     def test_sliding_window_kv_keeps_the_bits(self):
         """Sliding-window layers keep only their window's KV rows (memory.kv_sliding_window), moving them to the

@@ -500,6 +500,13 @@ class Api(unittest.TestCase):
             cold = Server("--model", model)
             _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=long + " again"))
             self.assertEqual(fresh["choices"][0], turn2["choices"][0])
+            # Prefilled in chunks of 4, each rotates by the whole prompt's length: the same answer.
+            chunked = Server("--model", model, "--batch", "4")
+            try:
+                _, small = chunked.json("POST", "/v1/completions", dict(req, prompt=long + " again"))
+                self.assertEqual(small["choices"][0], fresh["choices"][0])
+            finally:
+                self.assertEqual(chunked.stop(), 0)
         finally:
             self.assertEqual(warm.stop(), 0)
             if cold is not None:

@@ -102,6 +102,9 @@ class Engine {
     std::span<const std::int32_t> tokens;  // run at sequence->n_past ..; appended to its KV cache
     std::vector<float>* logits = nullptr;  // non-null: the last token's [vocab] logits
     bool all_logits = false;               // with logits: every token's, [tokens x vocab] (prompt logprobs)
+    // A prompt run in chunks: the position after its last token (0: after these tokens). Dynamic rope rotates a
+    // pass by its length, so every chunk of one prompt takes the whole prompt's, as one forward() would.
+    std::int64_t pass_end = 0;
   };
   // Runs every item's tokens in one pass: per-token ops over the union of all tokens (each routed expert is read
   // once and runs all its tokens together), attention per sequence. Each sequence gets exactly the logits a
@@ -144,8 +147,8 @@ class Engine {
   struct Layer;
   sdk::Status init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
                    std::uint64_t kv_cache_bytes, EngineOptions options);
-  sdk::Status forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, LogitsWanted wanted,
-                            float* logits, std::vector<RoutingRecord>* trace);
+  sdk::Status forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t pass_end,
+                            LogitsWanted wanted, float* logits, std::vector<RoutingRecord>* trace);
   sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                      sdk::OpParams params = {});
   // expert_ffn, or expert_ffn_clamped for gpt-oss's biased experts (alpha and limit from the hyper-parameters).
@@ -200,6 +203,7 @@ class Engine {
   struct Segment {
     KvCache* kv;
     std::int64_t position, first, n;
+    std::int64_t pass_end = 0;  // the end of the pass (prompt) these tokens belong to, for dynamic rope (0: own end)
   };
   sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace);
 
