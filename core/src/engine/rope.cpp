@@ -10,7 +10,10 @@ namespace {
 using sdk::Status;
 using sdk::StatusCode;
 
-Status bad(const std::string& what) {
+Status bad_in(std::string_view source, const std::string& what) {
+  if (!source.empty()) {
+    return Status(StatusCode::invalid_argument, std::string(source) + " rope_scaling: " + what + "; fix it there");
+  }
   return Status(StatusCode::invalid_argument,
                 "manifest.json hparams.rope_scaling: " + what + "; re-convert the model or fix its config.json");
 }
@@ -29,7 +32,8 @@ std::vector<float> to_float(const std::vector<double>& v) {
 
 }  // namespace
 
-sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams& hp) {
+sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams& hp, std::string_view source) {
+  auto bad = [source](const std::string& what) { return bad_in(source, what); };
   RopeFrequencies r;
   r.dims_ = static_cast<std::int32_t>(hp.head_dim);
   r.theta_ = hp.rope_theta;

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "colibri/engine/rope.hpp"
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/gguf_tokenizer.hpp"
 #include "colibri/model/manifest.hpp"
@@ -960,6 +961,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
         !check) {
       return check.error().with_context(opt.input.string() + ": its vocabulary does not make a usable tokenizer");
     }
+  }
+
+  // The engine's own check of rope_scaling (each type's keys): a model it would refuse at load is not written.
+  if (auto rope =
+          engine::RopeFrequencies::create(hp, in.is_gguf ? opt.input.string() : (opt.input / "config.json").string());
+      !rope) {
+    return rope.error();
   }
 
   // 2. The output: refused if present (unless --force); written into a hidden sibling first.

@@ -426,6 +426,13 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "rope_scaling.rope_type 'longrope' is not supported", "rope");
   }
+  {  // a known rope type without a key it needs (the engine's check): refused at convert, naming config.json
+    auto d = copy_fixture(src, "rope-key");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["rope_scaling"] = {{"rope_type", "linear"}};
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "config.json rope_scaling: rope_type 'linear' needs \"factor\"; fix it there", "rope-key");
+  }
   {  // a GGUF with an unknown tensor type
     const fs::path g = kWork / "bad" / "unknown type.gguf";
     std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "colibri/model/manifest.hpp"
@@ -14,8 +15,9 @@ namespace colibri::engine {
 
 class RopeFrequencies {
  public:
-  // Fails (naming the field) for an unknown rope_type or a missing/invalid parameter.
-  static sdk::Expected<RopeFrequencies> create(const model::HyperParams& hp);
+  // Fails (naming the field) for an unknown rope_type or a missing/invalid parameter. `source`: where rope_scaling
+  // was read (convert's config.json or GGUF; empty: the model's manifest.json).
+  static sdk::Expected<RopeFrequencies> create(const model::HyperParams& hp, std::string_view source = {});
 
   // inv_freq for a forward pass whose last position is seq_len - 1. Only "dynamic" depends on seq_len (HF
   // recomputes the base once the sequence outgrows the original context).
