@@ -518,7 +518,8 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     // 3. Environment: COLIBRI_<SECTION>_<KEY> for the canonical keys.
     for (const auto& o : kCanonical) {
       const std::string name = env_name(o.name);
-      if (auto it = env.find(name); it != env.end()) {
+      // An empty variable is unset (as COLIBRI_PROFILE is): `COLIBRI_STORAGE_PLUGIN= cmd` does not mean "auto".
+      if (auto it = env.find(name); it != env.end() && !it->second.empty()) {
         if (auto st = apply(o.name, it->second, Origin{Origin::Layer::environment, name, {}, {}}); !st) return st;
       }
     }
@@ -526,6 +527,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     // A COLIBRI_<SECTION>_... variable that names no key is a typo or a plugin's option (those are not read from
     // the environment): said once, not ignored silently.
     for (const auto& [name, value] : env) {
+      if (name == "COLIBRI_SERVER_ARGS") continue;  // the packaged service's flags (/etc/default/colibri)
       std::string section;
       for (const auto& sec : sections()) {
         if (name.starts_with(env_name(sec) + "_")) section = sec;

@@ -174,6 +174,8 @@ TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
                 {{"COLIBRI_MEMORY_VRAM_BUGET", "1G"},
                  {"COLIBRI_MEMORY_VRAM_BUDGET", "2G"},
                  {"COLIBRI_PLUGIN_PATH", "/x"},
+                 {"COLIBRI_SERVER_ARGS", "--verbose"},
+                 {"COLIBRI_STORAGE_PLUGIN", ""},
                  {"COLIBRI_CACHE_HALF_LIFE", "9"}});
   spdlog::set_default_logger(previous);
   ASSERT_TRUE(p) << p.error().message();
@@ -184,6 +186,10 @@ TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
   EXPECT_THAT(log, HasSubstr("COLIBRI_CACHE_HALF_LIFE is not a colibri setting"));
   EXPECT_THAT(log, HasSubstr("--set cache.KEY=VALUE"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_PLUGIN_PATH"))) << "not a profile key, and not a typo of one";
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_SERVER_ARGS"))) << "the packaged service's own variable";
+  // An empty variable is unset: the built-in default stays, not "auto".
+  EXPECT_EQ(p->get_string("storage.plugin"), "pread");
+  EXPECT_NE(p->find("storage.plugin")->origin.describe(), "environment COLIBRI_STORAGE_PLUGIN");
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_MEMORY_VRAM_BUDGET is not")));
 }
 
