@@ -26,7 +26,10 @@ struct LogitsOptions {
 };
 
 int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
-  if (o.tokens.empty() == o.prompt.empty()) return fail("give exactly one of --tokens and --prompt");
+  if (o.tokens.empty() && o.prompt.empty()) {
+    return fail("give --tokens IDS or --prompt TEXT (not empty: there must be a token to run)");
+  }
+  if (!o.tokens.empty() && !o.prompt.empty()) return fail("give one of --tokens and --prompt, not both");
   std::vector<std::int32_t> ids;
   if (!o.tokens.empty()) {
     std::stringstream ss(o.tokens);

@@ -94,7 +94,7 @@ int run_tokenize(const TokenizeOptions& o) {
 void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids (or decode ids) with a model's tokenizer.json");
-  auto* model = cmd->add_option("--model", o->model, "Model directory containing tokenizer.json");
+  auto* model = cmd->add_option("--model,-m", o->model, "Model directory containing tokenizer.json");
   auto* file = cmd->add_option("--tokenizer", o->tokenizer, "Path to a tokenizer.json");
   model->excludes(file);
   auto* text = cmd->add_option("--text", o->text, "One input (a string; with --decode a JSON array of ids)");

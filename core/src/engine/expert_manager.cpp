@@ -257,7 +257,8 @@ Status ExpertManager::no_room_error(const std::optional<sdk::ExpertKey>& victim)
   std::string msg = "memory.expert_cache (" + sdk::format_size(budget_) + ") cannot hold the experts one layer " +
                     "needs at once; raise it (--expert-cache-size)";
   if (pinned > 0) {
-    msg += " or pin fewer experts: " + std::to_string(pinned) + " pinned take " +
+    // Pins load as they are first used: count the ones resident, not the ones listed.
+    msg += " or pin fewer experts: the " + std::to_string(pinned) + " pinned ones loaded so far take " +
            sdk::format_size(static_cast<std::uint64_t>(pinned) * std::max<std::uint64_t>(slot_bytes_, 1)) +
            " of it (cache.pinned_experts, cache.auto_pin_count)";
   }

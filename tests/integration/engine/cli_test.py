@@ -131,6 +131,10 @@ class Run(unittest.TestCase):
         p = cli("run", "-m", os.path.join(WORK, "no-such-model"), "-p", "hi", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-model", p.stderr)
+        for flag in ("--prompt", "--tokens"):
+            p = cli("logits", "-m", model(), flag, "", "-o", os.path.join(WORK, "empty.npy"), check=False)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("not empty: there must be a token to run", p.stderr)
         # --profile wins over COLIBRI_PROFILE, which serves where the flag is not given.
         env = dict(os.environ, COLIBRI_PROFILE="no-such-profile")
         for args in (("profile", "show"), ("run", "-m", model(), "-p", "hi", "-n", "1")):
@@ -211,6 +215,14 @@ class Chat(unittest.TestCase):
                            capture_output=True, text=True, env=env, timeout=300)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stderr.count("expert hit rate"), 2, p.stderr)
+        self.assertEqual(p.stderr.count(", seed 3)"), 2, p.stderr)
+        # Without --seed, a random one, named in the stats line so that the chat can be replayed.
+        p = subprocess.run([CLI, "chat", "-m", model(), "-n", "6"], input="Hello\n", capture_output=True, text=True,
+                           env=env, timeout=300, check=True)
+        seed = re.search(r", seed (\d+)\)", p.stderr).group(1)
+        again = subprocess.run([CLI, "chat", "-m", model(), "-n", "6", "--seed", seed], input="Hello\n",
+                               capture_output=True, text=True, env=env, timeout=300, check=True)
+        self.assertEqual(again.stdout, p.stdout)
         first = history_uses(env)
         self.assertGreater(first, 0, "a chat counts into the usage history")
         subprocess.run([CLI, "chat", "-m", model(), "-n", "6", "--seed", "3"], input="Hello\n", capture_output=True,

@@ -25,7 +25,7 @@ check() {  # check NAME EXPECTED ACTUAL
   fi
 }
 
-plain="$("$cli" tokenize --model "$dir" --text "Hello world")"
+plain="$("$cli" tokenize -m "$dir" --text "Hello world")"  # -m, as every command takes the model
 special="$("$cli" tokenize --tokenizer "$dir/tokenizer.json" --text "Hello world" --add-special)"
 check "no BOS without --add-special" '{"ids":[22177,4304]}' "$plain"
 check "BOS with --add-special" '{"ids":[1,22177,4304]}' "$special"
