@@ -12,6 +12,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// GGML's names for the types colibri has no traits for (llama.cpp's i-quants among them), so that an error can name
+// the type a quantizer chose (IQ4_NL is its fallback for rows that k-quants do not fit).
+std::string ggml_type_name(std::uint32_t id) {
+  static const std::pair<std::uint32_t, const char*> kNames[] = {
+      {9, "q8_1"},   {15, "q8_k"},  {16, "iq2_xxs"}, {17, "iq2_xs"}, {18, "iq3_xxs"}, {19, "iq1_s"}, {20, "iq4_nl"},
+      {21, "iq3_s"}, {22, "iq2_s"}, {23, "iq4_xs"},  {29, "iq1_m"},  {34, "tq1_0"},   {35, "tq2_0"}};
+  for (const auto& [known, name] : kNames) {
+    if (known == id) return std::string(name) + " (id " + std::to_string(id) + ")";
+  }
+  return "id " + std::to_string(id);
+}
+
 // What a header that runs past the end of the file means, and what to do.
 constexpr const char* kCut = "the file is truncated or damaged (an interrupted download?): re-download it";
 
@@ -441,7 +453,7 @@ sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
     const std::string where = "tensor '" + shown(raw.name) + "'";
     const auto* traits = sdk::dtype_traits_by_id(raw.type);
     if (traits == nullptr) {
-      return bad(where + " has GGML type id " + std::to_string(raw.type) +
+      return bad(where + " has GGML type " + ggml_type_name(raw.type) +
                  ", which colibri does not know; re-export it as f16, bf16, q8_0, q4_0 or q2_k..q6_k");
     }
     if (raw.ne[0] % traits->block_elems != 0) {

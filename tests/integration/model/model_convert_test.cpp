@@ -441,6 +441,10 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
                       " --gguf-bad-type blk.1.attn_k.weight=99 2>/dev/null";
     ASSERT_EQ(run(cmd), 0);
     expect_clean_failure(g, "GGML type id 99", "gguf type");
+    cmd.replace(cmd.find("=99"), 3, "=20");  // llama.cpp's IQ4_NL, named
+    ASSERT_EQ(run(cmd), 0);
+    expect_clean_failure(g, "has GGML type iq4_nl (id 20), which colibri does not know", "gguf iq4_nl");
+    cmd.replace(cmd.find("=20"), 3, "=99");
     // A type GGUF knows but weights never use: refused while planning, by name.
     cmd.replace(cmd.find("=99"), 3, "=24");
     ASSERT_EQ(run(cmd), 0);

@@ -331,6 +331,24 @@ TEST(GgufHyperParams, AbsurdBlockCountIsRefusedByKeyBeforeAnyLoop) {
   EXPECT_NE(h.error().message().find("b.gguf"), std::string::npos);
 }
 
+// One part of a split GGUF (llama-gguf-split) is refused as such, with how to merge the parts, instead of a
+// "tensor ... is missing" further on.
+TEST(GgufHyperParams, APartOfASplitGgufSaysToMergeTheParts) {
+  Bytes b;
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(3);
+  b.str("general.architecture").pod<std::uint32_t>(STR).str("llama");
+  b.str("split.no").pod<std::uint32_t>(U16).pod<std::uint16_t>(0);
+  b.str("split.count").pod<std::uint32_t>(U16).pod<std::uint16_t>(3);
+  auto g = open_bytes(testing::temp_dir("split") / "m-00001-of-00003.gguf", b.data);
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  auto h = hparams_from_gguf(*g);
+  ASSERT_FALSE(h.has_value());
+  EXPECT_NE(h.error().message().find("m-00001-of-00003.gguf is part 1 of 3 of a split GGUF; merge the parts"),
+            std::string::npos)
+      << h.error().message();
+  EXPECT_NE(h.error().message().find("llama-gguf-split --merge"), std::string::npos);
+}
+
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
   Bytes b;
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(2);
