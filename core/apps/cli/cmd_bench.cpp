@@ -143,13 +143,15 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     engine->truncate(0);
     if (engine->n_past() != 0) return fail("the warm-up run's positions could not be forgotten; use --no-warmup");
   }
+  // The counters below are the measured run's: the warm-up's lookups and reads are left out.
+  const engine::ExpertStats before = engine->experts().stats();
   t0 = std::chrono::steady_clock::now();
   std::vector<engine::RoutingRecord> routing;
   auto* routing_out = o.record_trace.empty() ? nullptr : &routing;
   std::vector<std::int32_t> trace_tokens(prompt);  // tokens by position, for the trace
   if (auto s = engine->forward(prompt, engine::LogitsWanted::last, logits, routing_out); !s) return fail(s.message());
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto after_prefill = engine->experts().stats();
+  const auto after_prefill = engine->experts().stats().since(before);
   engine::SamplingOptions greedy;
   greedy.temperature = 0;
   engine::Sampler sampler(greedy);
@@ -166,7 +168,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     if (auto s = ab::write_trace(o.record_trace, trace); !s) return fail(s.message());
     std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
   }
-  const auto& st = engine->experts().stats();
+  const engine::ExpertStats st = engine->experts().stats().since(before);
   const double prefill_tps = static_cast<double>(o.prompt_tokens) / prefill_s;
   const double decode_tps = o.gen_tokens > 0 ? static_cast<double>(o.gen_tokens) / decode_s : 0;
   const double active = active_bytes_per_token(engine->manifest());
@@ -189,7 +191,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       {"context", engine->context()},
       {"kv_bytes", engine->kv_cache().bytes()},  // reserved; host pages are paid as they fill
       {"load_seconds", load_s},
-      {"warmup", warmup},  // an unmeasured prefill and decode step ran first (its expert lookups are counted below)
+      {"warmup", warmup},  // an unmeasured prefill and decode step ran first (not counted below)
       {"prompt_tokens", o.prompt_tokens},
       {"gen_tokens", o.gen_tokens},
       {"prefill_tokens_per_second", prefill_tps},

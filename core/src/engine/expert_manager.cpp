@@ -240,6 +240,42 @@ bool ExpertManager::make_room_sparing(std::uint64_t bytes, std::span<const sdk::
   return room;
 }
 
+ExpertStats ExpertStats::since(const ExpertStats& e) const {
+  // Every field is 8 bytes: one added without a line here would fail this.
+  static_assert(sizeof(ExpertStats) == 25 * 8, "ExpertStats::since subtracts every field; add the new one");
+  ExpertStats d = *this;
+  for (auto [now, then] : {std::pair{&d.hits, e.hits},
+                           {&d.misses, e.misses},
+                           {&d.evictions, e.evictions},
+                           {&d.bytes_read, e.bytes_read},
+                           {&d.buffers_mapped, e.buffers_mapped},
+                           {&d.prefetch_issued, e.prefetch_issued},
+                           {&d.prefetch_used, e.prefetch_used},
+                           {&d.prefetch_wasted, e.prefetch_wasted},
+                           {&d.prefetch_failed, e.prefetch_failed},
+                           {&d.prefetch_cancelled, e.prefetch_cancelled},
+                           {&d.predicted, e.predicted},
+                           {&d.predicted_correct, e.predicted_correct},
+                           {&d.actual, e.actual},
+                           {&d.cpu_runs, e.cpu_runs},
+                           {&d.cpu_run_bytes, e.cpu_run_bytes},
+                           {&d.vram_hits, e.vram_hits},
+                           {&d.vram_misses, e.vram_misses},
+                           {&d.vram_evictions, e.vram_evictions},
+                           {&d.uploads, e.uploads},
+                           {&d.bytes_uploaded, e.bytes_uploaded},
+                           {&d.vram_bypassed, e.vram_bypassed}}) {
+    *now -= then;
+  }
+  for (auto [now, then] : {std::pair{&d.stall_seconds, e.stall_seconds},
+                           {&d.stall_saved_seconds, e.stall_saved_seconds},
+                           {&d.cpu_run_seconds, e.cpu_run_seconds},
+                           {&d.upload_seconds, e.upload_seconds}}) {
+    *now -= then;
+  }
+  return d;
+}
+
 Status ExpertManager::no_room_error(const std::optional<sdk::ExpertKey>& victim) {
   std::size_t pinned = 0, evictable_count = 0;
   for (const auto& [packed, slot] : slots_) {

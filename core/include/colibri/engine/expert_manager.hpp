@@ -85,6 +85,8 @@ struct ExpertStats {
     return vram_hits + vram_misses == 0 ? 1.0
                                         : static_cast<double>(vram_hits) / static_cast<double>(vram_hits + vram_misses);
   }
+  // What happened since `earlier` (a snapshot of the same counters): every field minus its earlier value.
+  [[nodiscard]] ExpertStats since(const ExpertStats& earlier) const;
 };
 
 // What ExpertManager::clear() dropped and what it had to keep.
