@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "colibri/chat/template.hpp"
 #include "colibri/engine/rope.hpp"
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/gguf_tokenizer.hpp"
@@ -881,6 +882,35 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     // not the first run afterwards.
     if (auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json"); !tok) {
       return tok.error().with_context("the checkpoint's tokenizer");
+    }
+    // Likewise tokenizer_config.json, which chat and the server read (a damaged one is refused); a chat template
+    // colibri cannot parse is said now: completions still work, chat needs --chat-template.
+    std::optional<std::pair<std::string, std::string>> chat_template;  // source, where it came from
+    if (const fs::path jinja = opt.input / "chat_template.jinja"; fs::is_regular_file(jinja, ec)) {
+      auto text = read_text(jinja);
+      if (!text) return text.error();
+      chat_template.emplace(std::move(*text), "chat_template.jinja");
+    }
+    if (const fs::path cfg = opt.input / "tokenizer_config.json"; fs::is_regular_file(cfg, ec)) {
+      auto text = read_text(cfg);
+      if (!text) return text.error();
+      if (const json j = json::parse(*text, nullptr, false); j.is_discarded() || !j.is_object()) {
+        return Status(StatusCode::invalid_argument,
+                      cfg.string() +
+                          " is not a JSON object; fix it, or remove it (chat then uses a built-in "
+                          "template and the tokenizer's own special tokens)");
+      }
+      if (auto chat_cfg = chat::load_chat_config(cfg);
+          !chat_template && chat_cfg && !chat_cfg->template_origin.starts_with("built-in")) {
+        chat_template.emplace(chat_cfg->template_source, chat_cfg->template_origin);
+      }
+    }
+    if (chat_template) {
+      if (auto t = chat::Template::parse(chat_template->first, chat_template->second); !t) {
+        summary.warnings.push_back("the chat template (" + chat_template->second +
+                                   ") does not parse: " + t.error().message() +
+                                   "; chat and /v1/chat/completions need --chat-template FILE for this model");
+      }
     }
   } else {
     in.is_gguf = true;

@@ -426,6 +426,11 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "rope_scaling.rope_type 'longrope' is not supported", "rope");
   }
+  {  // a damaged tokenizer_config.json is refused before any output, not found at the first chat
+    auto d = copy_fixture(src, "tokcfg");
+    std::ofstream(d / "tokenizer_config.json", std::ios::trunc) << "{bad";
+    expect_clean_failure(d, "tokenizer_config.json is not a JSON object; fix it, or remove it", "tokcfg");
+  }
   {  // a known rope type without a key it needs (the engine's check): refused at convert, naming config.json
     auto d = copy_fixture(src, "rope-key");
     json cfg = json::parse(slurp(d / "config.json"));
@@ -606,6 +611,15 @@ TEST(ModelConvert, AChatTemplateJinjaFileIsCarriedIntoTheModel) {
   EXPECT_NE(std::find(m->tokenizer_files.begin(), m->tokenizer_files.end(), "chat_template.jinja"),
             m->tokenizer_files.end());
   EXPECT_TRUE(verify_model(out).ok());
+  // One colibri cannot parse still converts (completions work), with a warning that says what chat then needs.
+  std::ofstream(src / "chat_template.jinja", std::ios::trunc) << "{% if %}";
+  const auto summary = convert_ok(src, fresh_output("jinja broken"), "f16");
+  ASSERT_EQ(summary.warnings.size(), 1u);
+  EXPECT_NE(summary.warnings[0].find("the chat template (chat_template.jinja) does not parse: chat_template.jinja "
+                                     "line 1"),
+            std::string::npos)
+      << summary.warnings[0];
+  EXPECT_NE(summary.warnings[0].find("need --chat-template FILE"), std::string::npos);
 }
 
 TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {
