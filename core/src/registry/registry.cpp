@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/dll/shared_library.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -71,8 +72,15 @@ bool valid_name(std::string_view n) {
 // What dlopen would refuse with a misleading reason (glibc says "No such file or directory" for a library of
 // another architecture): the ELF header says what the file is. "" when it looks like a library for this machine.
 std::string elf_problem(const fs::path& file) {
+  std::error_code ec;
+  const auto st = fs::status(file, ec);  // through links
+  if (fs::is_symlink(fs::symlink_status(file, ec)) && !fs::exists(st)) {
+    return "is a link to " + fs::read_symlink(file, ec).string() + ", which does not exist; fix or remove the link";
+  }
+  if (fs::is_directory(st)) return "is a directory, not a shared library; rename or remove it";
   unsigned char h[EI_NIDENT + 4] = {};
   std::ifstream in(file, std::ios::binary);
+  if (!in) return "cannot be opened for reading (" + std::string(std::strerror(errno)) + "); check its permissions";
   in.read(reinterpret_cast<char*>(h), sizeof h);
   if (in.gcount() < static_cast<std::streamsize>(sizeof h) || std::memcmp(h, ELFMAG, SELFMAG) != 0) {
     return "is not a shared library (no ELF header); remove it from the plugin directory";
@@ -154,6 +162,9 @@ std::vector<SearchDir> default_search_path(const std::vector<std::string>& profi
     }
   }
   dirs.push_back({COLIBRI_PLUGIN_INSTALL_DIR, "install dir"});
+  // Where a third-party plugin built with colibri_add_plugin goes by CMake's default prefix (the packages install
+  // colibri under /usr).
+  dirs.push_back({"/usr/local/lib/colibri/plugins", "local plugins"});
   if (const fs::path exe = executable_dir(); !exe.empty()) {
     dirs.push_back({(exe / ".." / "lib" / "colibri" / "plugins").lexically_normal(), "next to the executable"});
     dirs.push_back({exe / "plugins", "next to the executable"});

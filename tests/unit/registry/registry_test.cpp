@@ -88,6 +88,17 @@ TEST(Registry, ReportsAFileThatIsNotALibrary) {
   EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("is not a shared library (no ELF header)"));
 }
 
+TEST(Registry, ADanglingLinkAndADirectoryAreNamedAsSuch) {
+  const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "odd-files";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "libcolibri-cache-folder.so");
+  fs::create_symlink("/nonexistent/libx.so", dir / "libcolibri-cache-dangling.so");
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  EXPECT_TRUE(reg.plugins().empty());
+  EXPECT_THAT(broken_reason(reg, "dangling"), HasSubstr("is a link to /nonexistent/libx.so, which does not exist"));
+  EXPECT_THAT(broken_reason(reg, "folder"), HasSubstr("is a directory, not a shared library"));
+}
+
 TEST(Registry, ALibraryForAnotherMachineIsNamedAsSuch) {
   // glibc's dlopen says "No such file or directory" for these; the ELF header tells what they are.
   const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "foreign";
@@ -263,7 +274,13 @@ TEST(Registry, SearchPathOrder) {
   EXPECT_EQ(dirs[2].path, "/opt/b");
   EXPECT_EQ(dirs[2].origin, "COLIBRI_PLUGIN_PATH");
   EXPECT_EQ(dirs[3].origin, "install dir");
-  EXPECT_EQ(dirs[4].origin, "next to the executable");
+  // A third-party plugin installed with CMake's default prefix is found (when the install dir is elsewhere, as the
+  // packages' /usr).
+  std::size_t local = 0;
+  while (local < dirs.size() && dirs[local].path != "/usr/local/lib/colibri/plugins") ++local;
+  ASSERT_LT(local, dirs.size());
+  EXPECT_EQ(dirs[local].origin, dirs[3].path == dirs[local].path ? "install dir" : "local plugins");
+  EXPECT_EQ(dirs.back().origin, "next to the executable");
 }
 
 }  // namespace
