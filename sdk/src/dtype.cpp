@@ -7,14 +7,18 @@ namespace colibri::sdk {
 namespace {
 
 // GGML block layouts: QK8_0 = QK4_0 = 32, QK_K = 256.
-constexpr std::array<DTypeTraits, 21> kTraits{{
-    {DType::f32, "f32", 1, 4, false},      {DType::f16, "f16", 1, 2, false},      {DType::q4_0, "q4_0", 32, 18, true},
-    {DType::q4_1, "q4_1", 32, 20, true},   {DType::q5_0, "q5_0", 32, 22, true},   {DType::q5_1, "q5_1", 32, 24, true},
-    {DType::q8_0, "q8_0", 32, 34, true},   {DType::q8_1, "q8_1", 32, 36, true},   {DType::q2_k, "q2_k", 256, 84, true},
-    {DType::q3_k, "q3_k", 256, 110, true}, {DType::q4_k, "q4_k", 256, 144, true}, {DType::q5_k, "q5_k", 256, 176, true},
-    {DType::q6_k, "q6_k", 256, 210, true}, {DType::q8_k, "q8_k", 256, 292, true}, {DType::i8, "i8", 1, 1, false},
-    {DType::i16, "i16", 1, 2, false},      {DType::i32, "i32", 1, 4, false},      {DType::i64, "i64", 1, 8, false},
-    {DType::f64, "f64", 1, 8, false},      {DType::bf16, "bf16", 1, 2, false},    {DType::mxfp4, "mxfp4", 32, 17, true},
+constexpr std::array<DTypeTraits, 22> kTraits{{
+    {DType::f32, "f32", 1, 4, false},      {DType::f16, "f16", 1, 2, false},
+    {DType::q4_0, "q4_0", 32, 18, true},   {DType::q4_1, "q4_1", 32, 20, true},
+    {DType::q5_0, "q5_0", 32, 22, true},   {DType::q5_1, "q5_1", 32, 24, true},
+    {DType::q8_0, "q8_0", 32, 34, true},   {DType::q8_1, "q8_1", 32, 36, true},
+    {DType::q2_k, "q2_k", 256, 84, true},  {DType::q3_k, "q3_k", 256, 110, true},
+    {DType::q4_k, "q4_k", 256, 144, true}, {DType::q5_k, "q5_k", 256, 176, true},
+    {DType::q6_k, "q6_k", 256, 210, true}, {DType::q8_k, "q8_k", 256, 292, true},
+    {DType::i8, "i8", 1, 1, false},        {DType::i16, "i16", 1, 2, false},
+    {DType::i32, "i32", 1, 4, false},      {DType::i64, "i64", 1, 8, false},
+    {DType::f64, "f64", 1, 8, false},      {DType::bf16, "bf16", 1, 2, false},
+    {DType::mxfp4, "mxfp4", 32, 17, true}, {DType::iq4_nl, "iq4_nl", 32, 18, true},
 }};
 
 bool iequals(std::string_view a, std::string_view b) {

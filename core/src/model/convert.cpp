@@ -353,11 +353,14 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const Pl
   }
   if (p.shape.size() == 1) return TypeChoice{DType::f32, std::nullopt};  // vectors stay f32, as llama.cpp keeps them
   const bool quantized = st != nullptr && st->quantized;
-  if (quantized && !quant::is_supported(src.type)) {
+  if (quantized && !quant::can_dequantize(src.type)) {
     return Status(StatusCode::unsupported, "tensor '" + src.name + "' is stored as " + std::string(st->name) +
                                                ", which colibri cannot run or convert; use a GGUF with f16, bf16, "
-                                               "q8_0, q4_0 or q2_k..q6_k tensors");
+                                               "q8_0, q4_0, q2_k..q6_k (or q4_1, q5_0, q5_1, iq4_nl) tensors");
   }
+  // llama.cpp's fallbacks for rows k-quants do not fit (q5_0, q5_1, iq4_nl) and q4_1: read, and re-quantized to
+  // the preset's type for the row, since colibri's backends do not run them.
+  const bool read_only = quantized && !quant::is_supported(src.type);
   quant::ModelShape shape;
   shape.n_layers = static_cast<int>(hp.num_layers);
   shape.n_experts = hp.dense ? 0 : static_cast<int>(hp.n_experts);
@@ -370,6 +373,13 @@ sdk::Expected<TypeChoice> choose_target(const std::string& preset_name, const Pl
   desc.row_elems = src.cols;
   auto c = quant::choose_type(*preset, shape, desc);
   if (!c) return c.error().with_context("choosing the type of '" + p.name + "'");
+  if (read_only) {
+    return TypeChoice{
+        c->type, ConvertFallback{p.name, std::string(sdk::to_string(src.type)), std::string(sdk::to_string(c->type)),
+                                 "stored as " + std::string(st->name) +
+                                     " in the input, which colibri does not run: dequantized and re-quantized" +
+                                     (c->fallback ? " (" + c->reason + ")" : "")}};
+  }
   if (quantized) {
     // Already quantized: copied, never re-quantized (that would only lose more); listed when the preset wanted
     // another type, so the summary and the manifest say what the model really holds.

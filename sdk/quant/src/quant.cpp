@@ -76,8 +76,9 @@ sdk::Status unsupported_type(std::string_view what, DType type) {
                              ") is not a supported block format; supported: " + supported_list());
 }
 
-sdk::Status check_args(std::string_view what, DType type, const void* src, const void* dst, std::int64_t n) {
-  if (!is_supported(type)) return unsupported_type(what, type);
+sdk::Status check_args(std::string_view what, DType type, const void* src, const void* dst, std::int64_t n,
+                       bool reading = false) {
+  if (!is_supported(type) && !(reading && detail::is_input_only(type))) return unsupported_type(what, type);
   const auto* traits = sdk::dtype_traits(type);
   const std::string name(sdk::to_string(type));
   if (n < 0) {
@@ -99,7 +100,7 @@ sdk::Status check_args(std::string_view what, DType type, const void* src, const
 
 sdk::Status dequantize_with(const KernelTable& k, DType type, const void* src, float* dst, std::int64_t n) noexcept {
   try {
-    if (auto st = check_args("dequantize_row", type, src, dst, n); !st) return st;
+    if (auto st = check_args("dequantize_row", type, src, dst, n, /*reading=*/true); !st) return st;
   } catch (...) {  // building a message can only fail on allocation
     return sdk::make_error(sdk::StatusCode::out_of_memory, "dequantize_row: out of memory");
   }
@@ -118,12 +119,16 @@ sdk::Status dequantize_with(const KernelTable& k, DType type, const void* src, f
     case DType::q5_k: k.q5_k(x, dst, n); break;
     case DType::q6_k: k.q6_k(x, dst, n); break;
     case DType::mxfp4: k.mxfp4(x, dst, n); break;
-    default: break;  // rejected by check_args
+    default: detail::dequantize_input_only(type, x, dst, n); break;  // others were rejected by check_args
   }
   return sdk::Status::ok();
 }
 
 }  // namespace
+
+bool can_dequantize(DType type) noexcept {
+  return is_supported(type) || detail::is_input_only(type);
+}
 
 bool is_supported(DType type) noexcept {
   switch (type) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "colibri/sdk/dtype.hpp"
+
 namespace colibri::quant::detail {
 
 inline std::uint16_t load_u16(const std::uint8_t* p) noexcept {
@@ -59,6 +61,10 @@ struct KernelTable {
   HalfToFloatFn fp16_to_fp32, bf16_to_fp32;
   FloatToHalfFn fp32_to_fp16, fp32_to_bf16;
 };
+
+// q4_1, q5_0, q5_1 and iq4_nl: dequantized only (input_only.cpp), never quantized or run.
+bool is_input_only(sdk::DType type) noexcept;
+void dequantize_input_only(sdk::DType type, const std::uint8_t* x, float* y, std::int64_t n) noexcept;
 
 const KernelTable& scalar_kernels() noexcept;
 const KernelTable& avx2_kernels() noexcept;    // call only when the CPU has avx2 + f16c

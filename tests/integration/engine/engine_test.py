@@ -175,6 +175,32 @@ class Gguf(unittest.TestCase):
             print(f"  {name}: max relative logit error {rel:.2e}", flush=True)
             self.assertLessEqual(rel, 1e-4, name)
 
+    def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
+        """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.
+        convert dequantizes them: a GGUF with one such tensor gives the logits of one holding, as f32, the values those
+        blocks decode to (make_tiny_model computes them apart), and the summary says the tensor was re-quantized."""
+        for block in ("q4_1", "q5_0", "q5_1", "iq4_nl"):
+            models = []
+            for kind in (block, block + ":held"):
+                path = os.path.join(WORK, f"fallback-{kind.replace(':', '-')}")
+                subprocess.run([sys.executable, GEN, "--arch", "mixtral", "--out", path, "--dtype", "f32", "--gguf",
+                                path + ".gguf", "--gguf-tensor-type", f"blk.0.attn_q.weight={kind}"], check=True,
+                               capture_output=True)
+                shutil.rmtree(path + "-f32", ignore_errors=True)
+                p = run(["convert", "--input", path + ".gguf", "--output", path + "-f32", "--quantize", "f32"])
+                models.append(path + "-f32")
+                if kind == block:
+                    self.assertIn(f"stored as {block} in the input, which colibri does not run: dequantized and "
+                                  "re-quantized", p.stdout + p.stderr)
+            a, b = (np.load(logits(m, name=block)) for m in models)
+            self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{block}: max abs {np.abs(a - b).max()}")
+        # Into a block format too (the preset's choice for the row), where k-quants fit it.
+        p = run(["convert", "--input", os.path.join(WORK, "fallback-q5_0.gguf"), "--output",
+                 os.path.join(WORK, "fallback-q5_0-q4_k_m"), "--quantize", "q4_k_m", "--force"])
+        self.assertIn("stored as q5_0 in the input", p.stdout + p.stderr)
+        self.assertTrue(np.isfinite(np.load(logits(os.path.join(WORK, "fallback-q5_0-q4_k_m"), name="q4km"))).all())
+
+
 def kl(p_logits, q_logits):
     def logsoftmax(x):
         x = x.astype(np.float64)

@@ -156,9 +156,52 @@ TEST(QuantErrors, UnsupportedTypes) {
     auto st = quantize_row(t, x.data(), q.data(), 256);
     EXPECT_EQ(st.code(), sdk::StatusCode::unsupported) << sdk::to_string(t);
     EXPECT_NE(st.message().find("supported: f32, f16, bf16"), std::string::npos) << st.message();
-    EXPECT_EQ(dequantize_row(t, q.data(), y.data(), 256).code(), sdk::StatusCode::unsupported);
+    // llama.cpp's fallback block types are read (convert re-quantizes them), never written.
+    const bool read_only = t == DType::q4_1 || t == DType::q5_0;
+    EXPECT_EQ(can_dequantize(t), read_only) << sdk::to_string(t);
+    EXPECT_EQ(dequantize_row(t, q.data(), y.data(), 256).code(),
+              read_only ? sdk::StatusCode::ok : sdk::StatusCode::unsupported);
   }
   for (const auto& f : kFormats) EXPECT_TRUE(is_supported(f.type));
+}
+
+// Hand-made blocks of the read-only types decode to the values ggml's layouts give: d (and m) as f16, 16 bytes of
+// nibbles (element j low, j + 16 high), q5's fifth bits in qh (bit j for element j).
+TEST(QuantReadOnly, HandMadeBlocksDecodeAsGgml) {
+  const std::uint16_t half = 0x3800, one = 0x3C00;  // 0.5 and 1.0 as f16
+  std::vector<float> y(32);
+  auto block = [](std::initializer_list<std::uint8_t> head) {
+    std::vector<std::uint8_t> b(head);
+    for (int j = 0; j < 16; ++j) b.push_back(static_cast<std::uint8_t>((j & 0x0F) | ((15 - j) << 4)));
+    return b;
+  };
+  const auto lo = static_cast<std::uint8_t>(half & 0xFF), hi = static_cast<std::uint8_t>(half >> 8);
+  const auto m_lo = static_cast<std::uint8_t>(one & 0xFF), m_hi = static_cast<std::uint8_t>(one >> 8);
+  // q4_1: x = q * d + m.
+  auto q41 = block({lo, hi, m_lo, m_hi});
+  ASSERT_TRUE(dequantize_row(DType::q4_1, q41.data(), y.data(), 32).is_ok());
+  EXPECT_EQ(y[3], 3 * 0.5f + 1);
+  EXPECT_EQ(y[16 + 3], 12 * 0.5f + 1);
+  // q5_0: x = (q | bit << 4) - 16, times d; qh = bit 1 and bit 17 set.
+  auto q50 = block({lo, hi, 0x02, 0x00, 0x02, 0x00});
+  ASSERT_TRUE(dequantize_row(DType::q5_0, q50.data(), y.data(), 32).is_ok());
+  EXPECT_EQ(y[0], (0 - 16) * 0.5f);
+  EXPECT_EQ(y[1], (1 + 16 - 16) * 0.5f);
+  EXPECT_EQ(y[17], (14 + 16 - 16) * 0.5f);
+  EXPECT_EQ(y[18], (13 - 16) * 0.5f);
+  // q5_1: x = (q | bit << 4) * d + m.
+  auto q51 = block({lo, hi, m_lo, m_hi, 0x00, 0x00, 0x01, 0x00});
+  ASSERT_TRUE(dequantize_row(DType::q5_1, q51.data(), y.data(), 32).is_ok());
+  EXPECT_EQ(y[16], (15 + 16) * 0.5f + 1);
+  EXPECT_EQ(y[2], 2 * 0.5f + 1);
+  // iq4_nl: x = d * table[q].
+  auto iq = block({lo, hi});
+  ASSERT_TRUE(dequantize_row(DType::iq4_nl, iq.data(), y.data(), 32).is_ok());
+  EXPECT_EQ(y[0], 0.5f * -127);
+  EXPECT_EQ(y[8], 0.5f * 1);
+  EXPECT_EQ(y[16], 0.5f * 113);
+  EXPECT_FALSE(is_supported(DType::iq4_nl));
+  EXPECT_EQ(quantize_row(DType::iq4_nl, y.data(), iq.data(), 32).code(), sdk::StatusCode::unsupported);
 }
 
 TEST(QuantErrors, NullBuffersAndEmptyRows) {

@@ -24,6 +24,7 @@ enum class DType : std::uint32_t {
   q5_k = 13,
   q6_k = 14,
   q8_k = 15,
+  iq4_nl = 20,  // llama.cpp's fallback for rows k-quants do not fit: read (dequantized by convert), not run
   i8 = 24,
   i16 = 25,
   i32 = 26,

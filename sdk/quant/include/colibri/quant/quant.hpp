@@ -31,7 +31,11 @@ bool is_supported(DType type) noexcept;
 sdk::Status quantize_row(DType type, const float* src, void* dst, std::int64_t n,
                          std::span<const float> importance = {}) noexcept;
 
-// Dequantizes n elements of `type` from src into dst. Uses the fastest instruction set of this
+// Types dequantize_row also reads, beyond is_supported's: q4_1, q5_0, q5_1 and iq4_nl (what llama.cpp's quantizer
+// writes for rows k-quants do not fit), so that convert can re-quantize them. They are never written or run.
+bool can_dequantize(DType type) noexcept;
+
+// Dequantizes n elements of `type` (can_dequantize) from src into dst. Uses the fastest instruction set of this
 // CPU; every path gives the same bits as the scalar reference.
 sdk::Status dequantize_row(DType type, const void* src, float* dst, std::int64_t n) noexcept;
 
