@@ -87,7 +87,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.sampling = o.sampling;
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
-  g.continues_prompt = true;  // printed right after the prompt
+  g.continues_prompt = true;                                                           // printed right after the prompt
+  if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   std::cout << o.prompt << std::flush;
   interrupt::Interruptible interruptible;  // Ctrl-C ends the generation; the statistics and history still come
   auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {

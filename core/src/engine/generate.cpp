@@ -47,9 +47,7 @@ std::string StopMatcher::flush() {
   return out;
 }
 
-sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenizer& tok,
-                                       std::span<const std::int32_t> prompt, const GenerateOptions& options,
-                                       const std::function<bool(std::string_view)>& on_text) {
+sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> prompt, const GenerateOptions& options) {
   if (auto s = options.sampling.validate(); !s) return s;
   if (prompt.empty()) return Status(StatusCode::invalid_argument, "the prompt is empty (no tokens)");
   if (options.max_tokens < 0) return Status(StatusCode::invalid_argument, "-n must not be negative");
@@ -60,6 +58,13 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
                                                     std::to_string(engine.context()) +
                                                     " positions are free; shorten the prompt or raise --ctx");
   }
+  return {};
+}
+
+sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenizer& tok,
+                                       std::span<const std::int32_t> prompt, const GenerateOptions& options,
+                                       const std::function<bool(std::string_view)>& on_text) {
+  if (auto s = check_generate(engine, prompt, options); !s) return s;
   std::vector<std::int64_t> eos = engine.hparams().eos_token_ids;
   if (auto e = tok.eos_id()) eos.push_back(*e);
   eos.insert(eos.end(), options.end_tokens.begin(), options.end_tokens.end());

@@ -113,6 +113,7 @@ class Run(unittest.TestCase):
         p = cli("run", "-m", model(), "-p", "a b c d e f g h i j k l", "--ctx", "4", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("context", p.stderr)
+        self.assertEqual(p.stdout, "")  # refused before the prompt is echoed
         p = cli("run", "-m", model(), "-p", "hi", "-n", "50", "--ctx", "8", "--ignore-eos", "--temp", "0")
         self.assertIn("context of 8 positions is full", p.stderr)
         # --ctx 0 is the default (the model's context here); a negative one is refused, by profile show too.

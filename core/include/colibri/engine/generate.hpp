@@ -63,6 +63,10 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
+// generate()'s checks of its arguments (sampling, an empty prompt, the room left in the context), for a caller that
+// prints before it generates.
+sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> prompt, const GenerateOptions& options);
+
 // Runs `prompt` from the engine's current position (chat turns continue the sequence) and generates. `on_text`
 // receives text as it becomes final; returning false cancels. Errors: a prompt that does not fit the context, bad
 // tokens, compute or storage failures.
