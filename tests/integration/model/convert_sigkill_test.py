@@ -80,13 +80,18 @@ def main():
             failures.append(f"force round {i}: {out} does not verify after SIGKILL")
 
     # Ctrl-C while it writes: the conversion stops, removes its partial directory and keeps the old model.
-    for i in range(2):
+    def writing():
+        """A --force conversion that has begun its partial directory, some way into its work; the partials before."""
         before = set(partials())
         p = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not set(partials()) - before:
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, duration * 0.5))
+        return p, before
+
+    for i in range(2):
+        p, before = writing()
         p.send_signal(signal.SIGINT)
         _, err = p.communicate()
         print(f"sigint round {i}: exit {p.returncode}")
@@ -102,13 +107,8 @@ def main():
 
     # A signal that ends it at once (SIGTERM from systemd or docker, SIGHUP from a closed terminal, a second Ctrl-C):
     # its hidden partial directory goes with it, the old model stays.
-    for i, sigs in enumerate(([signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT])):
-        before = set(partials())
-        p = subprocess.Popen(convert_cmd(force=True), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not set(partials()) - before:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, duration * 0.5))
+    for sigs in ([signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]):
+        p, before = writing()
         for sig in sigs:
             p.send_signal(sig)
             time.sleep(0.002)

@@ -145,6 +145,26 @@ class Server:
         return rc
 
 
+def with_added_tokens(name, tokens, special):
+    """A copy of the tiny model (WORK/name) whose tokenizer also has `tokens` ({text: id}, ids its embedding has)."""
+    model = os.path.join(WORK, name)
+    if not os.path.exists(os.path.join(model, "manifest.json")):
+        shutil.copytree(MODEL, model, dirs_exist_ok=True)
+        with open(os.path.join(model, "tokenizer.json")) as f:
+            tok = json.load(f)
+        for text, i in tokens.items():
+            tok["added_tokens"].append({"id": i, "content": text, "single_word": False, "lstrip": False,
+                                        "rstrip": False, "normalized": False, "special": special})
+        with open(os.path.join(model, "tokenizer.json"), "w") as f:
+            json.dump(tok, f)
+        with open(os.path.join(model, "manifest.json")) as f:
+            man = json.load(f)
+        man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)  # a deliberate edit (see FIM's)
+        with open(os.path.join(model, "manifest.json"), "w") as f:
+            json.dump(man, f)
+    return model
+
+
 def whitespace_outside_strings(json_text):
     """The whitespace characters of a JSON text that are not inside a string (a call's arguments have none)."""
     found, quoted, escaped = [], False, False
@@ -975,22 +995,8 @@ class Api(unittest.TestCase):
     def test_json_mode_after_thinking(self):
         # JSON mode on a thinking model: the <think> block comes first, free, as reasoning_content; the JSON after it.
         # "<think>" and "</think>" are added (not special) to a copy of the tiny tokenizer, as Qwen3 has them.
-        model = os.path.join(WORK, "tiny-think")
         think, unthink = 354, 355
-        if not os.path.exists(os.path.join(model, "manifest.json")):
-            shutil.copytree(MODEL, model, dirs_exist_ok=True)
-            with open(os.path.join(model, "tokenizer.json")) as f:
-                tok = json.load(f)
-            for i, name in ((think, "<think>"), (unthink, "</think>")):
-                tok["added_tokens"].append({"id": i, "content": name, "single_word": False, "lstrip": False,
-                                            "rstrip": False, "normalized": False, "special": False})
-            with open(os.path.join(model, "tokenizer.json"), "w") as f:
-                json.dump(tok, f)
-            with open(os.path.join(model, "manifest.json")) as f:
-                man = json.load(f)
-            man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)  # a deliberate edit (see FIM's)
-            with open(os.path.join(model, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        model = with_added_tokens("tiny-think", {"<think>": think, "</think>": unthink}, special=False)
         with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
             quote = json.load(f)["model"]["vocab"]['"']
         qwen = os.path.join(WORK, "think_may_open.jinja")  # Qwen3: the answer may open the block itself
@@ -1062,23 +1068,9 @@ class Api(unittest.TestCase):
         # already has) and a template that writes them. A random model writes no harmony of its own, so the
         # template's generation prompt opens the message (chat_template_kwargs "channel"), logit_bias bans the
         # markers (or forces one), and each answer is checked against /v1/completions of the same prompt tokens.
-        model = os.path.join(WORK, "tiny-harmony")
         names = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
         mark = {name: 354 + i for i, name in enumerate(names)}  # as HF, the next ids after the vocabulary's 354
-        if not os.path.exists(os.path.join(model, "manifest.json")):
-            shutil.copytree(MODEL, model, dirs_exist_ok=True)
-            with open(os.path.join(model, "tokenizer.json")) as f:
-                tok = json.load(f)
-            for name, i in mark.items():
-                tok["added_tokens"].append({"id": i, "content": name, "single_word": False, "lstrip": False,
-                                            "rstrip": False, "normalized": False, "special": True})
-            with open(os.path.join(model, "tokenizer.json"), "w") as f:
-                json.dump(tok, f)
-            with open(os.path.join(model, "manifest.json")) as f:
-                man = json.load(f)
-            man["tokenizer"].get("xxh64", {}).pop("tokenizer.json", None)  # a deliberate edit (see FIM's)
-            with open(os.path.join(model, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        model = with_added_tokens("tiny-harmony", mark, special=True)
         with open(os.path.join(model, "tokenizer.json")) as f:
             specials = [a["id"] for a in json.load(f)["added_tokens"]]
         template = os.path.join(WORK, "harmony_template.jinja")
