@@ -1037,6 +1037,9 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   if (!fs::create_directory(tmp, ec)) {
     return Status(StatusCode::io_error, "cannot create " + tmp.string() + ": " + ec.message());
   }
+  // A signal that ends the process at once (SIGTERM, a second Ctrl-C) removes it too; declared before the cleanup
+  // below, so that it still serves while that cleanup removes the directory (a second Ctrl-C then).
+  const util::RemovedOnSignal removed_on_signal(tmp, util::RemovedOnSignal::Removal::tree);
   struct Cleanup {
     fs::path dir;
     bool armed = true;
@@ -1045,8 +1048,6 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       if (armed) fs::remove_all(dir, e);
     }
   } cleanup{tmp};
-  // A signal that ends the process at once (SIGTERM, a second Ctrl-C) removes it too.
-  const util::RemovedOnSignal removed_on_signal(tmp, util::RemovedOnSignal::Removal::tree);
 
   Manifest m;
   m.hparams = hp;
@@ -1182,7 +1183,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   for (const auto& f : summary.fallbacks) {
     fallbacks.push_back({{"tensor", f.tensor}, {"wanted", f.wanted}, {"used", f.used}, {"reason", f.reason}});
   }
-  m.quantization = {{"preset", opt.preset}, {"types", types}, {"fallbacks", fallbacks}};
+  // The preset's own spelling ("-q Q4_K_M" is q4_k_m), as every other model records it.
+  const auto preset = quant::parse_preset(opt.preset);
+  m.quantization = {{"preset", preset ? std::string(quant::to_string(*preset)) : opt.preset},
+                    {"types", types},
+                    {"fallbacks", fallbacks}};
   m.source = {{"kind", in.is_gguf ? "gguf" : "safetensors"}, {"path", opt.input.string()}};
   if (in.is_gguf) m.source["gguf_architecture"] = gguf_arch;
   std::string manifest_text;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -446,10 +447,10 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
                       " --gguf-bad-type blk.1.attn_k.weight=99 2>/dev/null";
     ASSERT_EQ(run(cmd), 0);
     expect_clean_failure(g, "GGML type id 99", "gguf type");
-    cmd.replace(cmd.find("=99"), 3, "=20");  // llama.cpp's IQ4_NL, named
+    cmd.replace(cmd.find("=99"), 3, "=23");  // llama.cpp's IQ4_XS, named
     ASSERT_EQ(run(cmd), 0);
-    expect_clean_failure(g, "has GGML type iq4_nl (id 20), which colibri does not know", "gguf iq4_nl");
-    cmd.replace(cmd.find("=20"), 3, "=99");
+    expect_clean_failure(g, "has GGML type iq4_xs (id 23), which colibri does not know", "gguf iq4_xs");
+    cmd.replace(cmd.find("=23"), 3, "=99");
     // A type GGUF knows but weights never use: refused while planning, by name.
     cmd.replace(cmd.find("=99"), 3, "=24");
     ASSERT_EQ(run(cmd), 0);
@@ -765,13 +766,17 @@ TEST(ModelConvert, PackedLayerFilesWhenExpertsAreNotSplit) {
 
 TEST(ModelConvert, QuantizedPresetsConvertVerifyAndReportFallbacks) {
   const fs::path src = fixture("qwen2_moe-bf16", "--arch qwen2_moe --dtype bf16 --shards 2");
-  for (const char* preset : {"q8_0", "q4_k_m", "q2_k"}) {
+  for (const char* preset : {"Q8_0", "q4_k_m", "q2_k"}) {
     const fs::path out = fresh_output(std::string("quant ") + preset);
     auto s = convert_ok(src, out, preset);
     auto m = load_manifest(out);
     ASSERT_TRUE(m.has_value()) << m.error().to_string();
     EXPECT_TRUE(verify_model(out).ok());
-    if (std::string(preset) == "q8_0") {
+    // Recorded in the preset's own spelling, however it was typed.
+    std::string lower(preset);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    EXPECT_EQ(m->quantization["preset"], lower);
+    if (lower == "q8_0") {
       EXPECT_TRUE(s.fallbacks.empty());
       EXPECT_EQ(m->expert(0, 0)->gate.type, colibri::sdk::DType::q8_0);
     } else {
