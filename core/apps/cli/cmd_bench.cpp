@@ -132,6 +132,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(engine->vocab_size()));
   std::vector<float> logits;
   const bool warmup = wants_warmup(o, *engine);
+  const engine::ExpertStats before_warmup = engine->experts().stats();
   if (warmup) {  // other tokens than the prompt's, one prefill and one decode step, then every position forgotten
     std::vector<std::int32_t> other(prompt.size());
     for (auto& t : other) t = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(engine->vocab_size()));
@@ -143,8 +144,8 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     engine->truncate(0);
     if (engine->n_past() != 0) return fail("the warm-up run's positions could not be forgotten; use --no-warmup");
   }
-  // The counters below are the measured run's: the warm-up's lookups and reads are left out.
-  const engine::ExpertStats before = engine->experts().stats();
+  // The counters below leave out the warm-up's lookups and reads (what loading did, e.g. uploads, stays in them).
+  const engine::ExpertStats before = engine->experts().stats().since(before_warmup);
   t0 = std::chrono::steady_clock::now();
   std::vector<engine::RoutingRecord> routing;
   auto* routing_out = o.record_trace.empty() ? nullptr : &routing;

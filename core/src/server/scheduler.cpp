@@ -99,8 +99,9 @@ Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) 
     }
     // Jobs join free batch slots at the next token boundary: only those beyond the free slots wait, so a burst
     // that arrives during a step is not refused while slots are free.
-    const std::size_t free_slots =
-        stats_.active < static_cast<std::size_t>(options_.max_batch) ? options_.max_batch - stats_.active : 0;
+    // A sequence that has ended counts as free: its client, answered, may ask again before the step is over.
+    const std::size_t busy = stats_.active - std::min(stats_.active, ended_in_step_);
+    const std::size_t free_slots = busy < static_cast<std::size_t>(options_.max_batch) ? options_.max_batch - busy : 0;
     if (queue_.size() + jobs.size() > options_.max_queue + free_slots) {
       result = Submit::queue_full;
     } else {
@@ -186,6 +187,7 @@ void Scheduler::loop() {
     {
       std::lock_guard lock(mu_);
       stats_.active = active.size();
+      ended_in_step_ = 0;
     }
     cv_.notify_all();  // shutdown() waits for the queue to drain
   }
@@ -240,6 +242,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason) {
   {
     std::lock_guard lock(mu_);
     ++(reason == "cancelled" ? stats_.cancelled : stats_.finished);
+    ++ended_in_step_;
   }
   if (seq.job->on_event) seq.job->on_event(std::move(ev));
 }
@@ -255,6 +258,7 @@ void Scheduler::fail(Sequence& seq, const ApiError& error) {
   {
     std::lock_guard lock(mu_);
     ++stats_.failed;
+    ++ended_in_step_;
   }
   if (seq.job->on_event) seq.job->on_event(std::move(ev));
 }

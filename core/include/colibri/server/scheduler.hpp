@@ -161,6 +161,8 @@ class Scheduler {
   std::deque<std::function<void(engine::Engine&)>> tasks_;
   bool closed_ = false, stopping_ = false, cancel_all_ = false;
   SchedulerStats stats_;
+  // Active sequences that ended this step: their clients have their answers, their slots free at the step's end.
+  std::size_t ended_in_step_ = 0;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::uint64_t>> recent_;
   std::int64_t next_request_id_ = 0;              // trace request ids, in join order
   std::map<std::uint64_t, std::uint64_t> usage_;  // (layer << 32 | expert) -> router picks
