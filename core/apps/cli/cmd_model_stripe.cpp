@@ -274,6 +274,13 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   std::map<std::string, std::size_t> place;
   std::vector<std::size_t> placed(members.size() + 1, 0);
   std::size_t i = 0, old_copies = 0;
+  // A failure midway says what state the model is in: the user must not take the error for a broken model.
+  const auto fail_midway = [&](const std::string& err) {
+    if (i <= 1) return fail(err);
+    return fail(err + "\n  " + std::to_string(i - 1) + " of " + std::to_string(expert_files.size()) +
+                " expert files were placed already; every path of the model still names a complete file, so it " +
+                "runs as before. Mend the cause and run the same command again: it resumes.");
+  };
   for (const auto& rel : expert_files) {
     const std::size_t member = i++ % (members.size() + 1);
     ++placed[member];
@@ -287,15 +294,15 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     const fs::path dst = member > 0 ? members[member - 1] / rel : fs::path();
     if (member > 0) {
       if (!(fs::exists(dst, ec) && fs::equivalent(old_real, dst, ec))) {
-        if (auto err = copy_checked(src, dst, *fe); !err.empty()) return fail(err);
+        if (auto err = copy_checked(src, dst, *fe); !err.empty()) return fail_midway(err);
       }
       if (!o.copy && !(was_link && fs::equivalent(src, dst, ec))) {
-        if (auto err = link_to(src, dst); !err.empty()) return fail(err);
+        if (auto err = link_to(src, dst); !err.empty()) return fail_midway(err);
       }
     }
     // The model directory keeps a real file for its own share, and for every file when the copies are mirrors.
     if ((member == 0 || o.copy) && was_link) {
-      if (auto err = copy_checked(src, src, *fe); !err.empty()) return fail(err);
+      if (auto err = copy_checked(src, src, *fe); !err.empty()) return fail_midway(err);
     }
     if (was_link && real_file(src) != old_real && (dst.empty() || real_file(dst) != old_real)) {
       if (auto root = remove_old_copy(old_real, rel, dir); !root.empty()) {
@@ -316,7 +323,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
             return static_cast<bool>(f);
           });
       !s) {
-    return fail(s.message());
+    return fail_midway(s.message());
   }
   old_copies += remove_stale_copies(dir, members, earlier, place);
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]

@@ -121,6 +121,12 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   h.rms_norm_eps = get_float("rms_norm_eps", a == "gpt_oss" ? 1e-5 : 1e-6);
   h.rope_theta = get_float("rope_theta", a == "mixtral" ? 1e6 : a == "gpt_oss" ? 150000.0 : 10000.0);
   if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) h.rope_scaling = c["rope_scaling"];
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_object() && !c["rope_scaling"].is_null()) {
+    // Ignoring it would run a long-context model with plain RoPE: wrong answers past the original context.
+    return bad_config(where, "field \"rope_scaling\" is " + c["rope_scaling"].dump().substr(0, 80) +
+                                 "; it must be an object such as {\"rope_type\": \"linear\", \"factor\": 2.0}, "
+                                 "or null; fix it in config.json");
+  }
   // transformers >= 4.56 may write rope_parameters {rope_theta, rope_type, ...} instead.
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
     const auto& rp = c["rope_parameters"];

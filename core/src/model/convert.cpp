@@ -874,6 +874,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                                           ids.dump().substr(0, 80) +
                                                           "; it must be a token id or a list of token ids");
         }
+        if (id.get<std::int64_t>() >= hp.vocab_size) {
+          return Status(StatusCode::invalid_argument,
+                        gen_path.string() + ": eos_token_id " + id.dump() + " is outside the vocabulary (vocab_size " +
+                            std::to_string(hp.vocab_size) + " in config.json); fix or remove it");
+        }
         if (std::find(hp.eos_token_ids.begin(), hp.eos_token_ids.end(), id.get<std::int64_t>()) ==
             hp.eos_token_ids.end()) {
           hp.eos_token_ids.push_back(id.get<std::int64_t>());

@@ -312,6 +312,19 @@ Status HyperParams::validate() const {
     return s;
   if (auto s = in_range(vocab_size, 1, (1ll << 31) - 1, "vocab_size"); !s) return s;
   if (auto s = in_range(hidden_size, 1, kMaxDim, "hidden_size"); !s) return s;
+  // An end id outside the vocabulary is never sampled: every answer would run to max_tokens.
+  for (const std::int64_t e : eos_token_ids) {
+    if (auto s = need(e >= 0 && e < vocab_size, "eos_token_id " + std::to_string(e) +
+                                                    " is outside the vocabulary (vocab_size " +
+                                                    std::to_string(vocab_size) + ")");
+        !s)
+      return s;
+  }
+  if (auto s = need(bos_token_id >= -1 && bos_token_id < vocab_size, "bos_token_id " + std::to_string(bos_token_id) +
+                                                                         " is outside the vocabulary (vocab_size " +
+                                                                         std::to_string(vocab_size) + ")");
+      !s)
+    return s;
   if (auto s = in_range(num_heads, 1, kMaxHeads, "num_heads"); !s) return s;
   if (auto s = need(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
       !s)

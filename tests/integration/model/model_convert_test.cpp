@@ -420,6 +420,24 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "field \"eos_token_id\" is [2,\"abc\"]; it must be a token id or a list", "eos");
   }
+  {  // an eos id past the vocabulary could never be sampled: refused, naming it
+    auto d = copy_fixture(src, "eos-range");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["eos_token_id"] = cfg["vocab_size"].get<std::int64_t>() + 3;
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d,
+                         "eos_token_id " + std::to_string(cfg["vocab_size"].get<std::int64_t>() + 3) +
+                             " is outside the vocabulary (vocab_size " + cfg["vocab_size"].dump() +
+                             "); fix it in config.json",
+                         "eos-range");
+  }
+  {  // rope_scaling written as a string is refused, not ignored (plain RoPE would answer wrong past the context)
+    auto d = copy_fixture(src, "rope-string");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["rope_scaling"] = "linear";
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "field \"rope_scaling\" is \"linear\"; it must be an object", "rope-string");
+  }
   {  // an unknown rope type is refused at convert, not at the first run
     auto d = copy_fixture(src, "rope");
     json cfg = json::parse(slurp(d / "config.json"));
@@ -520,6 +538,9 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
     EXPECT_EQ(std::count(eos.begin(), eos.end(), 7), 1);
     std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": "x"})";
     expect_clean_failure(d, "generation_config.json: eos_token_id is \"x\"", "gpt-oss generation config");
+    std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": [5, 99999999]})";
+    expect_clean_failure(d, "generation_config.json: eos_token_id 99999999 is outside the vocabulary",
+                         "gpt-oss generation config");
   }
   {  // a layer type colibri does not run
     auto d = copy_fixture(src, "gpt-oss layer type");

@@ -460,6 +460,36 @@ class Stripe(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.dirname(missing)))
 
 
+    def test_a_failure_midway_says_the_model_still_runs_and_a_rerun_resumes(self):
+        m = model()
+        dst, disk2 = os.path.join(WORK, "midway"), os.path.join(WORK, "midway-disk2")
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.rmtree(disk2, ignore_errors=True)
+        os.makedirs(disk2)
+        shutil.copytree(m, dst)
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        # The fourth file goes to disk2 (round-robin over two directories): its copy fails the manifest's check.
+        bad = os.path.join(dst, files[3])
+        with open(bad, "rb") as f:
+            good = f.read()
+        with open(bad, "r+b") as f:
+            f.write(bytes([good[0] ^ 0xFF]))
+        p = run(["model", "stripe", dst, "--to", disk2], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"{bad} does not match manifest.json", p.stderr)
+        self.assertIn(f"3 of {len(files)} expert files were placed already", p.stderr)
+        self.assertIn("run the same command again: it resumes", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.yaml")))
+        with open(bad, "wb") as f:
+            f.write(good)
+        base = logits_bytes(m, "midway-base")
+        self.assertEqual(logits_bytes(dst, "midway-half"), base)  # the files placed so far are read through links
+        run(["model", "stripe", dst, "--to", disk2])
+        moved = [f for f in files if os.path.islink(os.path.join(dst, f))]
+        self.assertEqual(len(moved), len(files) // 2)
+        self.assertEqual(logits_bytes(dst, "midway-done", "--profile", os.path.join(dst, "stripe.yaml")), base)
+
+
 class StorageCounters(unittest.TestCase):
     """bench shows what the storage plugin counted: reads per stripe directory, io_uring's fixed and plain reads."""
 

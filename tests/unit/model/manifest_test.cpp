@@ -320,6 +320,19 @@ TEST(HyperParams, AbsurdCountsAndSizesAreRejectedNamingTheKey) {
   expect_invalid(h, "n_experts (config num_local_experts / num_experts) is 70000");
 }
 
+TEST(HyperParams, EndAndBeginningIdsMustBeInTheVocabulary) {
+  auto h = tiny_hparams();
+  h.eos_token_ids = {2, h.vocab_size - 1};
+  h.bos_token_id = -1;
+  EXPECT_TRUE(h.validate().is_ok()) << h.validate().message();
+  h.eos_token_ids = {2, h.vocab_size};
+  expect_invalid(h, "eos_token_id " + std::to_string(h.vocab_size) + " is outside the vocabulary (vocab_size " +
+                        std::to_string(h.vocab_size) + ")");
+  h = tiny_hparams();
+  h.bos_token_id = h.vocab_size + 7;
+  expect_invalid(h, "bos_token_id " + std::to_string(h.vocab_size + 7) + " is outside the vocabulary");
+}
+
 TEST(HyperParams, RopeScalingValuesTheRopeDividesByAreChecked) {
   auto with = [](json rs) {
     auto h = tiny_hparams();
