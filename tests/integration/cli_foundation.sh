@@ -71,8 +71,12 @@ out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" plugins list 2>&1); rc=$?
 expect_rc "plugins list with a broken plugin still succeeds" 0 $rc
 check "wrong ABI refused with both versions" "was built for SDK ABI 2, this colibri has ABI 1" "$out"
 
-out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" profile show --set storage.plugin=fixture-abi 2>&1)
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" profile show --set storage.plugin=fixture-abi 2>&1); rc=$?
 check "selecting the refused plugin explains why" "looks like it but was refused" "$out"
+# Every value is still shown, but a profile that cannot run here is not a success (a script checks it so).
+expect_rc "profile show with a plugin that is not there fails" 1 $rc
+check "values still shown" "storage.plugin = fixture-abi" "$out"
+check "says it cannot run" "error: this profile cannot run here: selecting the storage plugin" "$out"
 
 out=$("$cli" profile show --set nonsense 2>&1); rc=$?
 expect_rc "--set without = fails" 1 $rc

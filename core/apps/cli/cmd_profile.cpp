@@ -150,8 +150,8 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
   for (auto kind : {sdk::PluginKind::compute, sdk::PluginKind::storage, sdk::PluginKind::cache}) {
     auto r = registry::resolve_plugin(*prof, reg, kind);
     if (!r) {
-      // A misspelt or ill-typed key is an error; a plugin that is not installed is reported but
-      // does not stop the display.
+      // A misspelt or ill-typed key is an error; a plugin that is not installed does not stop the display, but
+      // the exit code says the profile cannot run here (a script checking a profile must not see success).
       if (r.error().code() == sdk::StatusCode::invalid_argument) return fail(r.error().message());
       notes.push_back(r.error().message());
     }
@@ -169,7 +169,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     out["problems"] = notes;
     if (plan) out["memory_plan"] = *plan;
     std::cout << out.dump(2) << "\n";
-    return 0;
+    return notes.empty() ? 0 : 1;
   }
   std::cout << "profile: " << prof->name();
   if (!prof->files().empty()) {
@@ -189,9 +189,10 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     if (!e.validated) std::cout << "; NOT CHECKED (its plugin was not found)";
     std::cout << "\n";
   }
-  for (const auto& n : notes) std::cout << "\nnote: " << n << "\n";
   if (plan) print_plan(*plan);
-  return 0;
+  std::cout.flush();
+  for (const auto& n : notes) std::cerr << "\nerror: this profile cannot run here: " << n << "\n";
+  return notes.empty() ? 0 : 1;
 }
 
 int list(const GlobalOptions&) {
