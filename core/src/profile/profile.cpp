@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -551,6 +552,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
     // 4. Command line.
     std::vector<std::string> all_keys;
     for (const auto& o : kCanonical) all_keys.emplace_back(o.name);
+    std::map<std::string, std::pair<std::string, std::string>> set_by;  // key -> (value, shown) of the flag
     for (const auto& ov : options.overrides) {
       // "--set key=value"; a flag that stands for one key, "--expert-cache-size 8G"; a flag that sets several
       // (written with its whole argument, "--policy lru:half_life=3") as it is.
@@ -567,6 +569,14 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
         return Status(StatusCode::invalid_argument,
                       shown + ": unknown key '" + ov.key + "'" + suggestion(ov.key, all_keys));
       }
+      // A dedicated flag and --set for one key: which came last is not known here, so neither wins silently.
+      // (--set twice: the last wins, so that a script can append an override.)
+      if (const auto it = set_by.find(ov.key); it != set_by.end() && it->second.first != ov.value &&
+                                               !(ov.flag == "--set" && it->second.second.starts_with("--set "))) {
+        return Status(StatusCode::invalid_argument, it->second.second + " and " + shown + " both set " + ov.key +
+                                                        " to different values; give one of them");
+      }
+      set_by[ov.key] = {ov.value, shown};
       if (auto st = apply(ov.key, ov.value, Origin{Origin::Layer::cli, shown, {}, {}}); !st) return st;
     }
     return prof;
