@@ -371,7 +371,7 @@ std::optional<ApiError> check_context(Endpoint endpoint, std::int64_t prompt_tok
                                       std::optional<std::int64_t> max_tokens, std::int64_t context) {
   const std::string what = endpoint == Endpoint::chat ? "messages" : "prompt";
   const std::string head = "This model's maximum context length is " + std::to_string(context) + " tokens. However, ";
-  if (prompt_tokens >= context) {
+  if (prompt_tokens > context || (prompt_tokens == context && max_tokens != 0)) {  // 0: echo scores the prompt
     return bad_request(head + "your " + what + " resulted in " + std::to_string(prompt_tokens) +
                            " tokens, which leaves no room to generate. Please reduce the length of the " + what + ".",
                        what, "context_length_exceeded");
@@ -660,8 +660,14 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     auto it = body.find(name);
     if (it == body.end() || it->is_null()) continue;
     if (!is_integer(*it)) return wrong_type(name, "an integer", *it);
-    if (it->is_number_integer() && it->get<std::int64_t>() < 1) {
-      return out_of_range(name, "an integer of at least 1", *it);
+    // 0 with echo scores a prompt without generating (its logprobs), as OpenAI's legacy API and vLLM allow.
+    const bool scoring = endpoint == Endpoint::completions && out.echo;
+    if (it->is_number_integer() && it->get<std::int64_t>() < (scoring ? 0 : 1)) {
+      return out_of_range(name,
+                          scoring                             ? "an integer of 0 or more"
+                          : endpoint == Endpoint::completions ? "an integer of at least 1 (0 only with echo)"
+                                                              : "an integer of at least 1",
+                          *it);
     }
     out.max_tokens = it->is_number_unsigned() && it->get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()
                          ? std::numeric_limits<std::int64_t>::max()

@@ -273,6 +273,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       continue;
     }
     if (!seq.prefilled) continue;
+    if (seq.job->request.max_tokens <= 0) {  // echo with max_tokens 0: the prompt's logprobs were the answer
+      finish(seq, "length");
+      continue;
+    }
     if (seq.json) {  // its mask never allows an end token
       if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_, eos_);
       seq.json->allowed(*json_tokens_, seq.allowed);

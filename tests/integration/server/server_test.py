@@ -409,6 +409,24 @@ class Api(unittest.TestCase):
                                                             "echo": True})
         self.assertEqual(scored["choices"][0]["logprobs"]["token_logprobs"][len(ids)],
                          first["choices"][0]["logprobs"]["token_logprobs"][0])
+        # max_tokens 0 with echo scores a prompt without generating (lm-evaluation-harness asks so): the same rows.
+        score = {"model": "tiny", "prompt": ids + g["tokens"], "max_tokens": 0, "logprobs": 1, "echo": True}
+        status, only = self.s.json("POST", "/v1/completions", score)
+        self.assertEqual(status, 200, only)
+        self.assertEqual(only["choices"][0]["finish_reason"], "length")
+        self.assertEqual(only["usage"]["completion_tokens"], 0)
+        self.assertEqual(only["choices"][0]["logprobs"]["token_logprobs"],
+                         scored["choices"][0]["logprobs"]["token_logprobs"][:len(ids) + 1])
+        status, err = self.s.json("POST", "/v1/completions", dict(score, echo=False))
+        assert_error(self, status, err, 400, "invalid_value", "max_tokens")
+        self.assertIn("0 only with echo", err["error"]["message"])
+        # A prompt that fills the whole context can be scored; with a token to generate it is refused.
+        full = [int(t) for t in (ids * 512)[:512]]  # the server runs --ctx 512
+        status, body = self.s.json("POST", "/v1/completions", dict(score, prompt=full))
+        self.assertEqual(status, 200, body)
+        self.assertEqual(len(body["choices"][0]["logprobs"]["token_logprobs"]), 512)
+        status, err = self.s.json("POST", "/v1/completions", dict(score, prompt=full, max_tokens=1))
+        assert_error(self, status, err, 400, "context_length_exceeded", "prompt")
         # Streamed: the same entries, the prompt's in a chunk of their own after the echoed text.
         _, events, done = self.s.stream("/v1/completions", req)
         self.assertTrue(done)
