@@ -97,7 +97,6 @@ int serve(Flags& f) {
   so.idle_timeout = ms(f.idle_timeout);
   so.write_timeout = ms(f.write_timeout);
   so.drain_timeout = ms(f.drain_timeout);
-  if (f.max_queue == 0) return fail("--max-queue must be at least 1");
   if (f.max_batch < 1) return fail("--max-batch must be at least 1");
   if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
   so.separate_reasoning = f.reasoning_format == "separate";
@@ -214,7 +213,7 @@ int main(int argc, char** argv) {
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
   app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)");
   app.add_option("--max-queue", f.max_queue,
-                 "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64)");
+                 "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64; 0: none wait)");
   app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
   app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
   app.add_option("--max-connections", f.max_connections, "Open connections at most (default 256)");

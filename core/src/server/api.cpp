@@ -46,6 +46,12 @@ ApiError too_large(std::uint64_t limit_bytes) {
 }
 
 ApiError busy(std::size_t queue_limit, int choices) {
+  if (queue_limit == 0) {
+    return ApiError{429,
+                    "The server is busy: every batch slot is in use, and no request waits for one "
+                    "(colibri-server --max-queue 0). Retry later.",
+                    "rate_limit_error", "", "rate_limit_exceeded"};
+  }
   return ApiError{429,
                   "The server is busy: its queue of " + std::to_string(queue_limit) +
                       " waiting requests (colibri-server --max-queue) has no room for " +

@@ -1523,6 +1523,26 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_max_queue_0_refuses_what_finds_no_free_slot(self):
+        s = Server("--max-queue", "0", "--max-batch", "1", "--ctx", "8192")
+        try:
+            long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+            long_conn.request("POST", "/v1/completions", body=json.dumps(
+                {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
+                headers={"Content-Type": "application/json"})
+            self.assertEqual(long_conn.getresponse().status, 200)
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2})
+            assert_error(self, st, b, 429, "rate_limit_exceeded")
+            self.assertIn("no request waits for one (colibri-server --max-queue 0)", b["error"]["message"])
+            long_conn.close()
+            deadline = time.time() + 10
+            while time.time() < deadline and s.json("GET", "/health")[1]["active_sequences"] != 0:
+                time.sleep(0.05)
+            st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2})
+            self.assertEqual(st, 200, b)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_clients_that_leave_the_queue_give_up_their_places(self):
         s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
         try:
