@@ -95,6 +95,11 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
   t0 = clock::now();
   for (std::int64_t i = 0; i < options.max_tokens; ++i) {
+    // Prompt and answer share the context, as the server counts them: no token past its last position.
+    if (engine.n_past() >= engine.context()) {
+      r.finish_reason = "context";
+      break;
+    }
     if (json_tokens) {
       json.allowed(*json_tokens, allowed);
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON

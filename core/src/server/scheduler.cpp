@@ -315,7 +315,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       finish(seq, "eos");  // the object is the whole answer: what a stop matcher held back is released
     } else if (seq.generated >= seq.job->request.max_tokens) {
       finish(seq, "length");
-    } else if (static_cast<std::int64_t>(seq.history.size()) > context_) {  // no position left for `next`
+    } else if (static_cast<std::int64_t>(seq.history.size()) >= context_) {  // prompt + answer fill the context
       finish(seq, "context");
     } else {
       seq.pending = next;

@@ -116,6 +116,9 @@ class Run(unittest.TestCase):
         self.assertEqual(p.stdout, "")  # refused before the prompt is echoed
         p = cli("run", "-m", model(), "-p", "hi", "-n", "50", "--ctx", "8", "--ignore-eos", "--temp", "0")
         self.assertIn("context of 8 positions is full", p.stderr)
+        counts = re.search(r"\((\d+) prompt \+ (\d+) generated tokens, context", p.stderr)
+        self.assertIsNotNone(counts, p.stderr)
+        self.assertEqual(int(counts[1]) + int(counts[2]), 8)  # prompt and answer share the context, as the server's
         # --ctx 0 is the default (the model's context here); a negative one is refused, by profile show too.
         p = cli("run", "-m", model(), "-p", "hi", "-n", "2", "--ctx", "0", "--ignore-eos", "--temp", "0")
         self.assertEqual(p.stdout, cli("run", "-m", model(), "-p", "hi", "-n", "2", "--ignore-eos", "--temp", "0").stdout)
