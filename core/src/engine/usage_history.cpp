@@ -123,7 +123,7 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
 
 Status save_usage_history(const fs::path& path, const UsageHistory& history) {
   std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
+  if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);  // a bare name: the current dir
   if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   for (const auto& [key, n] : history.counts) counts[std::to_string(key.first) + ":" + std::to_string(key.second)] = n;
@@ -157,7 +157,7 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
                            const fs::path& model_dir) {
   if (usage.empty()) return {};
   std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
+  if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);  // a bare name: the current dir
   if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
   // The lock file stays: removing it would let a third process lock a new file while the second holds the old.
   const std::string lock_path = path.string() + ".lock";

@@ -63,6 +63,20 @@ TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
   EXPECT_EQ(h->model.size(), 16u);
 }
 
+TEST(UsageHistory, ABareFileNameIsSavedInTheCurrentDirectory) {
+  const auto d = scratch("bare");
+  const auto model = model_dir(d, "{\"a\": 2}");
+  const auto cwd = fs::current_path();
+  fs::current_path(d);
+  std::map<std::uint64_t, std::uint64_t> run{{(1ull << 32) | 2, 3}};
+  const auto s = merge_usage_history("bare.json", run, model);
+  fs::current_path(cwd);
+  ASSERT_TRUE(s) << s.message();
+  auto h = load_usage_history(d / "bare.json");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->total(), 3u);
+}
+
 TEST(UsageHistory, AModelConvertedAgainAtThePathStartsANewHistory) {
   const auto d = scratch("identity");
   const auto file = d / "h.json";
