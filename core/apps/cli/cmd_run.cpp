@@ -26,6 +26,7 @@ struct RunOptions {
   bool ignore_eos = false;
   bool no_special = false;
   bool json = false;
+  bool no_echo = false;
   std::string json_schema;  // a JSON Schema file
   engine::SamplingOptions sampling;
   bool seed_given = false;
@@ -87,9 +88,10 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.sampling = o.sampling;
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
-  g.continues_prompt = true;                                                           // printed right after the prompt
+  g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
-  std::cout << o.prompt << std::flush;
+  // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
+  if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;
   interrupt::Interruptible interruptible;  // Ctrl-C ends the generation; the statistics and history still come
   auto r = engine::generate(*engine, *tok, ids, g, [](std::string_view text) {
     std::cout << text << std::flush;
@@ -132,6 +134,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--stop", o->stop, "Stop before this text (repeatable)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating after the end-of-sequence token");
   cmd->add_option("--record-trace", o->record_trace, "Write the routing trace (JSONL, see README) to this file");
+  cmd->add_flag("--no-echo", o->no_echo,
+                "Print only the generated text, not the prompt before it (JSON mode never echoes)");
   cmd->add_flag("--no-special", o->no_special, "Do not add the tokenizer's special tokens (BOS) to the prompt");
   cmd->add_flag("--json", o->json,
                 "JSON mode: generate one JSON object (only tokens that keep it valid JSON), stop when it closes");

@@ -74,17 +74,22 @@ inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, 
 }
 
 inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool& seed_given) {
-  cmd.add_option("--temperature,--temp", s.temperature, "Sampling temperature (0: greedy)");
-  cmd.add_option("--top-k", s.top_k, "Keep the k most likely tokens (0 or -1: off)");
-  cmd.add_option("--top-p", s.top_p, "Nucleus sampling threshold (1: off)");
-  cmd.add_option("--min-p", s.min_p, "Drop tokens below min-p times the best one's probability (0: off)");
-  cmd.add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (1: off)");
-  cmd.add_option("--presence-penalty", s.presence_penalty, "Presence penalty (0: off)");
-  cmd.add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty (0: off)");
-  cmd.add_option("--repeat-last-n", s.penalty_last_n, "Tokens the penalties look back at (-1: all)");
+  cmd.add_option("--temperature,--temp", s.temperature, "Sampling temperature (default 0.8 as llama.cpp; 0: greedy)");
+  cmd.add_option("--top-k", s.top_k, "Keep the k most likely tokens (default 40; 0 or -1: off)");
+  cmd.add_option("--top-p", s.top_p, "Nucleus sampling threshold (default 0.95; 1: off)");
+  cmd.add_option("--min-p", s.min_p, "Drop tokens below min-p times the best one's probability (default 0.05; 0: off)");
+  cmd.add_option("--repeat-penalty", s.repetition_penalty, "Repetition penalty (default 1: off)");
+  cmd.add_option("--presence-penalty", s.presence_penalty, "Presence penalty (default 0: off)");
+  cmd.add_option("--frequency-penalty", s.frequency_penalty, "Frequency penalty (default 0: off)");
+  cmd.add_option("--repeat-last-n", s.penalty_last_n, "Tokens the penalties look back at (default 64; -1: all)");
   // -1 asks for a random seed, as in llama.cpp (it would otherwise wrap to 2^64 - 1).
   cmd.add_option("--seed", s.seed, "Random seed (same seed, same output; -1 or none: a random one, in the stats line)")
-      ->each([&seed_given](const std::string& v) { seed_given = v != "-1"; });
+      ->each([&seed_given](const std::string& v) {
+        if (v.starts_with('-') && v != "-1") {
+          throw CLI::ValidationError(v + " is negative; give 0 or more, or -1 for a random seed");
+        }
+        seed_given = v != "-1";
+      });
   cmd.add_option_function<std::vector<std::string>>(
       "--logit-bias",
       [&s](const std::vector<std::string>& items) {

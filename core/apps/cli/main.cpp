@@ -1,5 +1,6 @@
 // colibri-cli: thin front end; each command lives in its own cmd_*.cpp.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -138,6 +139,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const std::exception& e) {
     return cli::fail(e.what());
+  }
+  // A full disk or a closed descriptor must not pass for success (a closed pipe ends the process by SIGPIPE).
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::cerr << "error: writing standard output failed (a full disk, or it was closed): the output is incomplete\n";
+    return global.exit_code != 0 ? global.exit_code : 1;
   }
   return global.exit_code;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <sstream>
 #include <unordered_map>
 
 namespace colibri::engine {
@@ -13,13 +14,19 @@ using sdk::StatusCode;
 
 Status SamplingOptions::validate() const {
   auto bad = [](const std::string& m) { return Status(StatusCode::invalid_argument, m); };
+  auto text = [](float v) {  // "2", "0.5": as the user wrote it, not "2.000000"
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  if (top_k < -1) return bad("--top-k must be positive, or 0 or -1 (off), got " + std::to_string(top_k));
   if (!std::isfinite(temperature) || temperature < 0.0f) {
-    return bad("--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
+    return bad("--temperature must be a finite number >= 0 (0: greedy), got " + text(temperature));
   }
-  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("--top-p must be in (0, 1], got " + std::to_string(top_p));
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("--min-p must be in [0, 1], got " + std::to_string(min_p));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("--top-p must be in (0, 1], got " + text(top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("--min-p must be in [0, 1], got " + text(min_p));
   if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) {
-    return bad("--repeat-penalty must be a positive number, got " + std::to_string(repetition_penalty));
+    return bad("--repeat-penalty must be a positive number, got " + text(repetition_penalty));
   }
   if (!std::isfinite(presence_penalty) || !std::isfinite(frequency_penalty)) {
     return bad("--presence-penalty and --frequency-penalty must be finite numbers");
@@ -28,8 +35,7 @@ Status SamplingOptions::validate() const {
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0) return bad("logit_bias: token id " + std::to_string(id) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return bad("logit_bias: the bias of token " + std::to_string(id) + " must be in [-100, 100], got " +
-                 std::to_string(bias));
+      return bad("logit_bias: the bias of token " + std::to_string(id) + " must be in [-100, 100], got " + text(bias));
     }
   }
   return {};

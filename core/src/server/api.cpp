@@ -598,13 +598,20 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   out.endpoint = endpoint;
   json body;
   if (auto e = parse_object(body_text, body)) return e;
-
-  auto model = body.find("model");
-  if (model == body.end() || model->is_null()) {
-    return missing("model");
+  // A whole number written as a float (5.0, as Python clients may compute it) is that integer, as vLLM reads it.
+  for (const char* name :
+       {"max_tokens", "max_completion_tokens", "n", "seed", "logprobs", "top_logprobs", "top_k", "min_tokens"}) {
+    if (auto it = body.find(name); it != body.end() && it->is_number_float()) {
+      const double v = it->get<double>();
+      if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18) *it = static_cast<std::int64_t>(v);
+    }
   }
-  if (!model->is_string()) return wrong_type("model", "a string", *model);
-  out.model = model->get<std::string>();
+
+  // Without a model the served one answers, as llama-server and vLLM do (a single-model server).
+  if (auto model = body.find("model"); model != body.end() && !model->is_null()) {
+    if (!model->is_string()) return wrong_type("model", "a string", *model);
+    out.model = model->get<std::string>();
+  }
 
   if (endpoint == Endpoint::chat) {
     if (auto e = parse_messages(body, out.messages)) return e;

@@ -557,7 +557,9 @@ class Session : public std::enable_shared_from_this<Session> {
     endpoint_ = endpoint;
     CompletionRequest req;
     if (auto e = parse_completion_request(request_.body(), endpoint, req)) return respond_error(*e, false);
-    if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
+    if (!req.model.empty()) {
+      if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
+    }
     std::vector<std::int32_t> prompt;
     std::string echo_text;
     bool opens_reasoning = false;   // the prompt ends inside a <think> block

@@ -98,6 +98,22 @@ class Run(unittest.TestCase):
         p = cli("run", "-m", model(), "-n", "2", check=False)
         self.assertIn("give the prompt: --prompt TEXT, or --file FILE", p.stderr)
 
+    def test_json_mode_and_no_echo_print_the_answer_alone(self):
+        plain = cli("run", "-m", model(), "-p", "Answer:", "-n", "8", "--temp", "0", "--ignore-eos").stdout
+        alone = cli("run", "-m", model(), "-p", "Answer:", "-n", "8", "--temp", "0", "--ignore-eos", "--no-echo").stdout
+        self.assertEqual("Answer:" + alone, plain)
+        p = cli("run", "-m", model(), "-p", "Answer:", "-n", "60", "--json", "--seed", "3")
+        if "eos" in p.stderr.strip().splitlines()[-1]:  # the object closed within 60 tokens: stdout parses as it is
+            self.assertIsInstance(json.loads(p.stdout), dict)
+        self.assertTrue(p.stdout.lstrip().startswith("{"), p.stdout)
+
+    def test_a_failed_write_to_standard_output_is_an_error(self):
+        for args in (("run", "-m", model(), "-p", "hi", "-n", "4"), ("tokenize", "-m", model(), "--text", "hi")):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([CLI, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn("error: writing standard output failed", p.stderr)
+
     def test_greedy_is_deterministic_and_stop_string_cuts(self):
         a = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "1")
         b = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "2")
@@ -127,7 +143,12 @@ class Run(unittest.TestCase):
             self.assertEqual(p.returncode, 1, args)
             self.assertIn("--ctx -3 is negative; give a context length in tokens, or 0 for the default", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
-        self.assertIn("--top-p", p.stderr)
+        self.assertIn("--top-p must be in (0, 1], got 2", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--top-k", "-5", check=False)
+        self.assertIn("--top-k must be positive, or 0 or -1 (off), got -5", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--seed", "-2", check=False)  # not wrapped to 2^64 - 2
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--seed: -2 is negative; give 0 or more, or -1 for a random seed", p.stderr)
         # A plugin's own range check names the value; where it was set comes with it.
         p = cli("run", "-m", model(), "-p", "hi", "--set", "storage.chunk_kib=-1", check=False)
         self.assertIn("storage.chunk_kib is -1", p.stderr)

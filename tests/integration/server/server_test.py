@@ -261,6 +261,12 @@ class Api(unittest.TestCase):
         self.assertIn(f"({usage['prompt_tokens']} prompt + {usage['completion_tokens']} generated tokens",
                       p.stderr.decode())
         self.assertEqual(choice["finish_reason"], "length" if usage["completion_tokens"] == 24 else "stop")
+        # Without "model" (llama-server style clients) the served model answers the same; max_tokens 24.0 is 24.
+        status, same = self.s.json("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 24.0, "temperature": 0})
+        self.assertEqual(status, 200, same)
+        self.assertEqual((same["model"], same["choices"][0]["text"]), ("tiny", choice["text"]))
+        status, other = self.s.json("POST", "/v1/completions", {"model": "other", "prompt": prompt})
+        assert_error(self, status, other, 404, "model_not_found", "model")
 
     def test_stream_equals_non_stream(self):
         for endpoint, path, req in [
@@ -789,7 +795,7 @@ class Api(unittest.TestCase):
         p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "-n", "200", "--temperature", "0",
                             "--json"], capture_output=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
-        cli_text = p.stdout.decode("utf-8", "replace")[len(prompt):-1]
+        cli_text = p.stdout.decode("utf-8", "replace")[:-1]  # JSON mode prints the object alone
         self.assertEqual(cli_text, body["choices"][0]["text"])
         self.assertEqual(body["choices"][0]["finish_reason"], "stop")
         self.assertIsInstance(json.loads(cli_text), dict)
@@ -823,7 +829,7 @@ class Api(unittest.TestCase):
         p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "-n", "200", "--temperature", "0",
                             "--json-schema", schema_file], capture_output=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(p.stdout.decode("utf-8", "replace")[len(prompt):-1], body["choices"][0]["text"])
+        self.assertEqual(p.stdout.decode("utf-8", "replace")[:-1], body["choices"][0]["text"])
         self.assertTrue(body["choices"][0]["text"].startswith("{"), body["choices"][0]["text"])
         # A keyword colibri cannot enforce is a 400 naming it, for the server and the CLI alike.
         with open(schema_file, "w") as f:

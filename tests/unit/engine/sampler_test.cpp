@@ -105,7 +105,13 @@ TEST(Sampler, PenaltiesLowerRepeatedTokens) {
 TEST(Sampler, ValidateNamesTheFlag) {
   auto o = plain();
   o.top_p = 1.5f;
-  EXPECT_NE(o.validate().message().find("--top-p"), std::string::npos);
+  EXPECT_NE(o.validate().message().find("--top-p must be in (0, 1], got 1.5"), std::string::npos)
+      << o.validate().message();
+  o = plain();
+  o.top_k = -5;
+  EXPECT_NE(o.validate().message().find("--top-k must be positive, or 0 or -1 (off), got -5"), std::string::npos);
+  o.top_k = -1;
+  EXPECT_TRUE(o.validate().is_ok());
   o = plain();
   o.repetition_penalty = 0.0f;
   EXPECT_NE(o.validate().message().find("--repeat-penalty"), std::string::npos);

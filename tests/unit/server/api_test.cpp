@@ -115,7 +115,6 @@ struct FieldCase {
 
 TEST(ServerApi, WrongTypesAndValuesNameTheField) {
   const FieldCase cases[] = {
-      {R"({"messages":[{"role":"user","content":"x"}]})", "model", "missing_required_parameter"},
       {R"({"model":5,"messages":[{"role":"user","content":"x"}]})", "model", "invalid_type"},
       {R"({"model":"m"})", "messages", "missing_required_parameter"},
       {R"({"model":"m","messages":"hi"})", "messages", "invalid_type"},
@@ -241,6 +240,19 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
   }
+}
+
+TEST(ServerApi, NoModelMeansTheServedOneAndWholeFloatsAreIntegers) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5.0,"n":2.0,"seed":7.0})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.model, "");
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.sampling.seed, 7u);
+  auto e = expect_error(R"({"prompt":"x","max_tokens":5.5})", Endpoint::completions);
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_EQ(e.code, "invalid_type");
 }
 
 TEST(ServerApi, ToolsAndToolHistoryAreRead) {
