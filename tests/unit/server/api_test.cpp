@@ -244,8 +244,8 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
 
 TEST(ServerApi, NoModelMeansTheServedOneAndWholeFloatsAreIntegers) {
   CompletionRequest r;
-  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5.0,"n":2.0,"seed":7.0})",
-                     Endpoint::chat, r));
+  ASSERT_FALSE(
+      parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":5.0,"n":2.0,"seed":7.0})", Endpoint::chat, r));
   EXPECT_EQ(r.model, "");
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_EQ(r.n, 2);
