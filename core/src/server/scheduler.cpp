@@ -445,14 +445,42 @@ void Scheduler::emit_prompt_logprobs(Sequence& seq, std::size_t rows) {
 
 void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   const auto& prompt = seq.job->request.prompt;
+  auto common_with = [&](const FreeState& f) {
+    return static_cast<std::size_t>(
+        std::mismatch(f.tokens.begin(), f.tokens.end(), prompt.begin(), prompt.end()).first - f.tokens.begin());
+  };
   std::size_t best = free_states_.size(), best_common = 0;
   for (std::size_t i = 0; i < free_states_.size(); ++i) {
-    const auto& held = free_states_[i].tokens;
-    const auto common = static_cast<std::size_t>(
-        std::mismatch(held.begin(), held.end(), prompt.begin(), prompt.end()).first - held.begin());
+    const auto common = common_with(free_states_[i]);
     if (best == free_states_.size() || common > best_common) {
       best = i;
       best_common = common;
+    }
+  }
+  // A kept cache is taken when the prompt reuses at least half of it. Otherwise taking it would throw away a
+  // prefix another request may come back to (a system prompt between two unrelated calls): a new cache is made
+  // while there are fewer than --max-batch, else the least recently used one (the front) is given up.
+  if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size()) {
+    if (states_made_ < static_cast<std::size_t>(options_.max_batch)) {
+      best = free_states_.size();
+      best_common = 0;
+    } else {
+      best = 0;
+      best_common = common_with(free_states_[0]);
+    }
+  }
+  if (best == free_states_.size()) {
+    if (auto st = engine_.new_sequence()) {
+      seq.state = std::move(*st);
+      ++states_made_;
+    } else if (!free_states_.empty()) {  // no memory for one more: a kept one is given up instead
+      spdlog::warn("a new KV cache could not be made ({}); reusing the least recently used one", st.error().message());
+      states_made_ = static_cast<std::size_t>(options_.max_batch);
+      best = 0;
+      best_common = common_with(free_states_[0]);
+    } else {
+      fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
+      return;
     }
   }
   std::size_t held_length = 0;
@@ -460,13 +488,6 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     held_length = free_states_[best].tokens.size();
     seq.state = std::move(free_states_[best].state);
     free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(best));
-  } else {
-    auto st = engine_.new_sequence();
-    if (!st) {
-      fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
-      return;
-    }
-    seq.state = std::move(*st);
   }
   // The last prompt token always runs: its logits are the first token's distribution. With "dynamic" rope the kept
   // entries are only the cold run's bits while neither run's passes went past the original context.

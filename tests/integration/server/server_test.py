@@ -520,6 +520,30 @@ class Api(unittest.TestCase):
             self.assertEqual(fresh.stop(), 0)
         self.assertGreaterEqual(self.s.metric("colibri_prompt_tokens_cached_total"), 2 * n - 3)
 
+    def test_an_unrelated_request_does_not_take_a_kept_prefix(self):
+        # One cache per --max-batch slot: a request sharing little with a kept prompt gets a cache of its own, so a
+        # system prompt survives the odd other call (two users alternating), as llama-server's slot similarity.
+        s = Server("--max-batch", "2")
+        try:
+            system = "You are a careful assistant who answers in short sentences about birds. " * 3
+            a = {"model": "tiny", "prompt": system + "Question one", "max_tokens": 2, "temperature": 0}
+            b = {"model": "tiny", "prompt": "Something else entirely", "max_tokens": 2, "temperature": 0}
+            _, first = s.json("POST", "/v1/completions", a)
+            _, other = s.json("POST", "/v1/completions", b)
+            _, again = s.json("POST", "/v1/completions", dict(a, prompt=system + "Question two"))
+            n = first["usage"]["prompt_tokens"]
+            self.assertGreater(n, 30)
+            self.assertGreaterEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], n - 4)
+            # With both caches kept, a third unrelated prompt gives up the least recently used one (b's).
+            _, third = s.json("POST", "/v1/completions", dict(b, prompt="Yet another thing"))
+            _, back = s.json("POST", "/v1/completions", dict(a, prompt=system + "Question three"))
+            self.assertGreaterEqual(back["usage"]["prompt_tokens_details"]["cached_tokens"], n - 4)
+            _, b_again = s.json("POST", "/v1/completions", b)
+            self.assertLess(b_again["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            b_again["usage"]["prompt_tokens"] - 1)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_prompt_cache_with_dynamic_rope(self):
         # "dynamic" rope rotates by the length of the pass once past the original context, so entries cached by an
         # earlier request are not the bits a cold run computes there: past that length nothing is reused, and the

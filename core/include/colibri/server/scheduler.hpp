@@ -173,10 +173,12 @@ class Scheduler {
     std::unique_ptr<engine::Engine::Sequence> state;
     std::vector<std::int32_t> tokens;
   };
-  std::vector<FreeState> free_states_;
+  std::vector<FreeState> free_states_;  // least recently used first
+  std::size_t states_made_ = 0;         // KV caches made, in use or kept: at most --max-batch are kept
   // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
   std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
-  // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt, or a new one; with `sibling` (a
+  // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt (when that is at least half of
+  // what it holds), a new one, or the least recently used; with `sibling` (a
   // choice of the same request whose prompt has run) the prompt's rows are copied from it.
   void take_state(Sequence& seq, const Sequence* sibling);
   std::thread thread_;
