@@ -1,9 +1,12 @@
 // colibri-cli chat --model M: an interactive chat. Reads one user message per stdin line, renders the whole
 // conversation with the model's chat template, reuses the KV cache for the common prefix, streams the reply.
-// Lines "/reset" (forget the conversation) and "/exit" are commands. A reasoning model's thinking (a <think> block,
+// Lines "/reset" (forget the conversation), "/exit" ("/quit") and "/help" are commands; another lone "/word" is
+// refused as a typo rather than sent. A reasoning model's thinking (a <think> block,
 // or harmony's analysis channel) goes to stderr, the answer to stdout, and only the answer joins the history.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <iostream>
 #include <random>
 
@@ -95,19 +98,23 @@ class ReplyPrinter {
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
-  if (!o.template_family.empty() && !chat::builtin_template(o.template_family)) {
-    return fail("--template " + o.template_family +
-                " is not a built-in template; use llama2, mistral, gpt-oss or chatml");
+  std::optional<chat::ChatConfig> named;  // --chat-template: checked before the model loads
+  if (!o.template_family.empty()) {
+    auto c = chat::chat_config_override(o.template_family);
+    if (!c) return fail(c.error().message());
+    if (auto t = chat::Template::parse(c->template_source, c->template_origin); !t) return fail(t.error().message());
+    named = std::move(*c);
   }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
-  const auto family =
-      o.template_family.empty() ? chat::family_for_architecture(engine->hparams().architecture) : o.template_family;
-  auto cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", family);
-  if (!cfg && o.template_family.empty()) {
+  // The named template wins over the model's own, as the server's --chat-template.
+  auto cfg = named ? sdk::Expected<chat::ChatConfig>(*named)
+                   : chat::load_chat_config(engine->model_dir() / "tokenizer_config.json",
+                                            chat::family_for_architecture(engine->hparams().architecture));
+  if (!cfg) {
     // No template in the model and none known for its family: a neutral ChatML one still lets it talk.
     cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", "chatml");
   }
@@ -124,7 +131,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
 
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   std::cerr << "chat with " << engine->model_dir().filename().string() << " (template: " << cfg->template_origin
-            << "); /reset forgets the conversation, /exit or end of input quits\n";
+            << "); /reset forgets the conversation, /exit or end of input quits, /help\n";
   auto messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   std::vector<std::int32_t> cached;  // the tokens the KV cache holds
@@ -141,11 +148,22 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   }
   std::map<std::uint64_t, std::uint64_t> saved_usage;  // what earlier turns added to the usage history
   std::string line;
+  bool failed_turn = false;  // the exit status says a turn failed (a script feeding lines must see it)
   while (true) {
     if (tty) std::cerr << "> " << std::flush;
-    if (!std::getline(std::cin, line)) break;
+    if (!std::getline(std::cin, line)) {
+      if (tty) std::cerr << "\n";  // Ctrl-D: the shell's prompt starts on a line of its own
+      break;
+    }
     if (line.empty()) continue;
-    if (line == "/exit") break;
+    if (line == "/exit" || line == "/quit") break;
+    // A lone /word is a command; a typo must not become a turn ("/usr/bin is..." still is one).
+    if (line != "/reset" && line.size() > 1 && line[0] == '/' &&
+        std::all_of(line.begin() + 1, line.end(), [](unsigned char c) { return std::isalpha(c) != 0; })) {
+      std::cerr << (line == "/help" ? "" : "unknown command " + line + "; ")
+                << "commands: /reset forgets the conversation, /exit (or /quit, or end of input) quits\n";
+      continue;
+    }
     if (line == "/reset") {
       messages.erase(messages.begin() + (o.system.empty() ? 0 : 1), messages.end());
       engine->reset();
@@ -158,6 +176,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (!prompt) {
       messages.erase(messages.end() - 1);
       std::cerr << "error: " << prompt.error().message() << "\n";
+      failed_turn = true;
       continue;
     }
     const auto ids = tok->encode(*prompt, false);
@@ -168,6 +187,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
       messages.erase(messages.end() - 1);
       std::cerr << "error: the conversation (" << ids.size() << " tokens) no longer fits the context of "
                 << engine->context() << " positions; /reset to start over or raise --ctx\n";
+      failed_turn = true;
       continue;
     }
     engine->truncate(static_cast<std::int64_t>(common));
@@ -185,6 +205,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
       messages.erase(messages.end() - 1);
       engine->truncate(static_cast<std::int64_t>(common));
       std::cerr << "error: " << r.error().message() << "\n";
+      failed_turn = true;
       continue;
     }
     cached.assign(ids.begin(), ids.end());
@@ -198,7 +219,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
               << " generated, " << r->finish_reason << ", seed " << g.sampling.seed << ")\n";
     save_usage(*engine, &saved_usage);  // after every turn: a Ctrl-C at the prompt ends the process
   }
-  return 0;
+  return failed_turn ? 1 : 0;
 }
 
 void setup(CLI::App& app, GlobalOptions& global) {
@@ -206,8 +227,9 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* cmd = app.add_subcommand("chat", "Interactive chat with the model's chat template and history (stdin lines)");
   add_engine_options(*cmd, o->engine, global);
   cmd->add_option("--system", o->system, "A system message opening the conversation");
-  cmd->add_option("--template", o->template_family,
-                  "Built-in template when the model has none: llama2, mistral, gpt-oss, chatml");
+  cmd->add_option("--chat-template,--template", o->template_family,
+                  "Chat template instead of the model's: a built-in family (llama2, mistral, gpt-oss, chatml) or a "
+                  "Jinja file, as colibri-server's --chat-template");
   cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens per reply (default 512)");
   cmd->add_flag("--hide-reasoning", o->hide_reasoning,
                 "Do not print a reasoning model's thinking (shown on stderr by default)");

@@ -127,23 +127,12 @@ int serve(Flags& f) {
   std::optional<chat::Template> tmpl;
   chat::ChatConfig cc;
   if (!f.chat_template.empty()) {
-    std::string source;
-    if (auto b = chat::builtin_template(f.chat_template)) {
-      source = std::string(*b);
-    } else {
-      std::ifstream in(f.chat_template);
-      if (!in)
-        return fail("--chat-template " + f.chat_template +
-                    " is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable file");
-      std::stringstream ss;
-      ss << in.rdbuf();
-      source = ss.str();
-    }
-    auto t = chat::Template::parse(source, f.chat_template);
+    auto named = chat::chat_config_override(f.chat_template);
+    if (!named) return fail(named.error().message());
+    auto t = chat::Template::parse(named->template_source, f.chat_template);
     if (!t) return fail(t.error().message());
     tmpl = std::move(*t);
-    cc.template_source = std::move(source);
-    cc.template_origin = f.chat_template;
+    cc = std::move(*named);
     cc.bos_token = tok->bos_token();
     cc.eos_token = tok->eos_token();
   } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json", model_family(*dir)); c) {
@@ -206,7 +195,8 @@ int main(int argc, char** argv) {
   app.add_option("--served-model-name", f.served_name,
                  "Model name clients must send (default: the model directory's name)");
   app.add_option("--chat-template", f.chat_template,
-                 "Chat template: a built-in family or a Jinja file (default: tokenizer_config.json)");
+                 "Chat template: a built-in family or a Jinja file (default: the model's chat_template.jinja, else "
+                 "tokenizer_config.json's)");
   app.add_option("--ctx", f.ctx, "Context length per sequence (0 or unset: memory.kv_cache, else the model's)");
   app.add_option("--kv-type", f.kv_type, "KV cache type: f16 (default), q8_0 or f32");
   app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)");

@@ -254,4 +254,25 @@ sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenize
   return out;
 }
 
+sdk::Expected<ChatConfig> chat_config_override(const std::string& name_or_file) {
+  ChatConfig out;
+  out.template_origin = name_or_file;
+  if (auto b = builtin_template(name_or_file)) {
+    out.template_source = std::string(*b);
+    out.template_origin = "built-in " + name_or_file;
+    return out;
+  }
+  std::error_code ec;
+  std::ifstream in(name_or_file, std::ios::binary);
+  if (!in || std::filesystem::is_directory(name_or_file, ec)) {
+    return sdk::make_error(sdk::StatusCode::not_found,
+                           "--chat-template " + name_or_file +
+                               " is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable file");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  out.template_source = text.str();
+  return out;
+}
+
 }  // namespace colibri::chat

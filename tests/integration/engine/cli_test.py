@@ -280,12 +280,38 @@ class Chat(unittest.TestCase):
         self.assertEqual(reused(window), reused(full))
         self.assertGreater(reused(full)[1], 500)
 
+    def test_commands_typos_and_failed_turns(self):
+        p = cli("chat", "-m", model(), "-n", "2", stdin="/help\n/bogus\n/quit\nnever sent\n")
+        self.assertIn("commands: /reset forgets the conversation", p.stderr)
+        self.assertIn("unknown command /bogus;", p.stderr)
+        self.assertNotIn("prompt tokens", p.stderr)  # no turn ran: neither the typo nor the line after /quit
+        p = cli("chat", "-m", model(), "-n", "2", stdin="/usr/bin is a directory\n")
+        self.assertIn("prompt tokens", p.stderr)  # a turn, not a command
+        # A turn that cannot run (the conversation outgrew the context) makes the exit status 1 at the end.
+        p = cli("chat", "-m", model(), "-n", "8", "--ctx", "32", "--temp", "0",
+                stdin="Hello there\nmore words here\nand again more\nfinal\n", check=False)
+        self.assertIn("no longer fits the context", p.stderr)
+        self.assertEqual(p.returncode, 1)
+
     def test_an_unknown_template_is_refused(self):
         p = cli("chat", "-m", model(), "--template", "LLAMA2", stdin="Hello\n", check=False)
         self.assertEqual(p.returncode, 1)
-        self.assertIn("--template LLAMA2 is not a built-in template; use llama2, mistral, gpt-oss or chatml", p.stderr)
+        self.assertIn("--chat-template LLAMA2 is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable "
+                      "file", p.stderr)
         p = cli("chat", "-m", model(), "-n", "2", "--template", "llama2", stdin="Hello\n")
         self.assertIn("template: built-in llama2", p.stderr)
+        # --chat-template (as the server's) takes a file too, and wins over the model's own template.
+        own = chat_model("tiny-own-template", "{% for m in messages %}[OWN]{{ m.content }}{% endfor %}", [])
+        path = os.path.join(WORK, "mine.jinja")
+        with open(path, "w") as f:
+            f.write("{% for m in messages %}[MINE]{{ m.content }}{% endfor %}")
+        self.assertIn("(template: tokenizer_config.json)", cli("chat", "-m", own, "-n", "1", stdin="Hi\n").stderr)
+        p = cli("chat", "-m", own, "-n", "1", "--chat-template", path, stdin="Hi\n")
+        self.assertIn(f"(template: {path})", p.stderr)
+        n_mine = len(json.loads(cli("tokenize", "-m", own, "--text", "[MINE]Hi").stdout)["ids"])
+        n_own = len(json.loads(cli("tokenize", "-m", own, "--text", "[OWN]Hi").stdout)["ids"])
+        self.assertNotEqual(n_mine, n_own)
+        self.assertIn(f"({n_mine} prompt tokens,", p.stderr)
 
 
     def test_harmony_thinking_goes_to_stderr_and_only_the_answer_to_the_history(self):

@@ -72,4 +72,8 @@ struct ChatConfig {
 // "<s>" -> llama2, "<|im_end|>" -> chatml).
 sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family = "");
 
+// A template the user names instead of the model's (--chat-template): a built-in family, or a Jinja file. Its
+// origin is what was named; bos/eos are left empty (the tokenizer's are used).
+sdk::Expected<ChatConfig> chat_config_override(const std::string& name_or_file);
+
 }  // namespace colibri::chat
