@@ -457,10 +457,12 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
       best_common = common;
     }
   }
-  // A kept cache is taken when the prompt reuses at least half of it. Otherwise taking it would throw away a
-  // prefix another request may come back to (a system prompt between two unrelated calls): a new cache is made
-  // while there are fewer than --max-batch, else the least recently used one (the front) is given up.
-  if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size()) {
+  // A kept cache is taken when the shared prefix is at least half of the prompt or of what the cache holds (as
+  // llama-server's slot similarity). Otherwise taking it would throw away a prefix another request may come back
+  // to (a system prompt between two unrelated calls): a new cache is made while there are fewer than --max-batch,
+  // else the least recently used one (the front) is given up.
+  if (best < free_states_.size() && best_common * 2 < prompt.size() &&
+      best_common * 2 < free_states_[best].tokens.size()) {
     if (states_made_ < static_cast<std::size_t>(options_.max_batch)) {
       best = free_states_.size();
       best_common = 0;

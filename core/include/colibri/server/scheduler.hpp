@@ -178,7 +178,7 @@ class Scheduler {
   // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
   std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
   // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt (when that is at least half of
-  // what it holds), a new one, or the least recently used; with `sibling` (a
+  // the prompt or of what it holds), a new one, or the least recently used; with `sibling` (a
   // choice of the same request whose prompt has run) the prompt's rows are copied from it.
   void take_state(Sequence& seq, const Sequence* sibling);
   std::thread thread_;
