@@ -67,6 +67,7 @@ struct Server::Impl {
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::thread drainer;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> hurry{false};  // a second signal: no more grace for streams or responses
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::int64_t created_unix = static_cast<std::int64_t>(std::time(nullptr));
   std::atomic<std::uint64_t> next_id{0};
@@ -83,6 +84,7 @@ struct Server::Impl {
   void stop();
   // Stops the io_context once no session is left, or at the deadline.
   void stop_when_sessions_end(std::chrono::steady_clock::time_point deadline);
+  void wait_for_signal();
   std::string new_id(const char* prefix) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%s%016llx%08llx", prefix, static_cast<unsigned long long>(id_salt),
@@ -1278,7 +1280,6 @@ void Server::Impl::stop() {
   net::post(ioc, [this] {
     beast::error_code ec;
     acceptor.close(ec);
-    signals.cancel(ec);
     std::vector<std::shared_ptr<Session>> live;
     {
       std::lock_guard lock(mu);
@@ -1309,13 +1310,30 @@ void Server::Impl::stop() {
   });
 }
 
+// The first signal drains (--drain-timeout); a second one, as llama-server's second Ctrl-C, stops now.
+void Server::Impl::wait_for_signal() {
+  signals.async_wait([this](beast::error_code ec, int sig) {
+    if (ec) return;
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (!stopping) {
+      spdlog::info("received {}; a second one stops at once", name);
+      stop();
+      wait_for_signal();
+      return;
+    }
+    spdlog::warn("received {} again: stopping now, cancelling what still runs", name);
+    hurry = true;
+    scheduler->end_grace();
+  });
+}
+
 void Server::Impl::stop_when_sessions_end(std::chrono::steady_clock::time_point deadline) {
   bool open = false;
   {
     std::lock_guard lock(mu);
     for (auto& [p, w] : sessions) open = open || !w.expired();
   }
-  if (!open || std::chrono::steady_clock::now() >= deadline) return ioc.stop();
+  if (!open || hurry || std::chrono::steady_clock::now() >= deadline) return ioc.stop();
   auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(20));
   t->async_wait([this, t, deadline](beast::error_code) { stop_when_sessions_end(deadline); });
 }
@@ -1385,11 +1403,7 @@ void Server::run() {
   if (s.opt.handle_signals) {
     s.signals.add(SIGTERM);
     s.signals.add(SIGINT);
-    s.signals.async_wait([&s](beast::error_code ec, int sig) {
-      if (ec) return;
-      spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-      s.stop();
-    });
+    s.wait_for_signal();
   }
   s.accept();
   auto worker = [&s] {

@@ -130,13 +130,19 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
     closed_ = true;
     cv_.notify_all();
     const auto deadline = clock_type::now() + grace;
-    cv_.wait_until(lock, deadline, [this] { return queue_.empty() && stats_.active == 0; });
+    cv_.wait_until(lock, deadline, [this] { return grace_ended_ || (queue_.empty() && stats_.active == 0); });
     cancel_all_ = true;
     stopping_ = true;
     cv_.notify_all();
   }
   thread_.join();
   save_usage_history();
+}
+
+void Scheduler::end_grace() {
+  std::lock_guard lock(mu_);
+  grace_ended_ = true;
+  cv_.notify_all();
 }
 
 SchedulerStats Scheduler::stats() const {

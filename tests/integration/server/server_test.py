@@ -1573,6 +1573,28 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_a_second_signal_stops_without_the_drain(self):
+        # The first SIGINT drains (--drain-timeout 120 here); a second one cancels the stream and exits at once.
+        s = Server("--drain-timeout", "120", "--ctx", "8192")
+        long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        long_conn.request("POST", "/v1/completions", body=json.dumps(
+            {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
+            headers={"Content-Type": "application/json"})
+        r = long_conn.getresponse()
+        self.assertEqual(r.status, 200)
+        r.readline()
+        s.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        self.assertIsNone(s.proc.poll())  # draining: the stream still runs
+        rc = s.stop(signal.SIGINT, timeout=60)  # well before the 120 s drain
+        self.assertEqual(rc, 0)
+        with open(s.log.name) as f:
+            log = f.read()
+        self.assertIn("received SIGINT again: stopping now", log)
+        tail = r.read().decode("utf-8", "replace")[-600:]
+        self.assertIn('"code":"server_shutting_down"', tail.replace(" ", ""))  # the stream was cut, not run out
+        long_conn.close()
+
     def test_clients_that_leave_the_queue_give_up_their_places(self):
         s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
         try:

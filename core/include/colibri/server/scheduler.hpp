@@ -123,6 +123,8 @@ class Scheduler {
   // Stops accepting jobs; lets active and queued ones finish for up to `grace`, then cancels the rest (they end
   // with finish_reason "cancelled"), saves the usage history and joins the thread. Idempotent.
   void shutdown(std::chrono::milliseconds grace);
+  // Ends a shutdown's grace now (a second SIGINT/SIGTERM): what still runs is cancelled at the next token.
+  void end_grace();
 
   [[nodiscard]] SchedulerStats stats() const;
   [[nodiscard]] std::int64_t context() const { return context_; }
@@ -159,7 +161,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
   std::deque<std::function<void(engine::Engine&)>> tasks_;
-  bool closed_ = false, stopping_ = false, cancel_all_ = false;
+  bool closed_ = false, stopping_ = false, cancel_all_ = false, grace_ended_ = false;
   SchedulerStats stats_;
   // Active sequences that ended this step: their clients have their answers, their slots free at the step's end.
   std::size_t ended_in_step_ = 0;
