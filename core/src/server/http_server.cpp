@@ -301,6 +301,7 @@ class Session : public std::enable_shared_from_this<Session> {
       route_ = route;
       // HEAD where GET works (RFC 9110): the same answer without its body.
       if (method == allowed || (method == http::verb::head && allowed == http::verb::get)) return true;
+      allow_ = allowed == http::verb::get ? "GET, HEAD" : std::string(http::to_string(allowed));  // RFC 9110 15.5.6
       respond_error(ApiError{405,
                              "Method " + std::string(request_.method_string()) + " is not allowed on " +
                                  std::string(target) + "; use " + std::string(http::to_string(allowed)) + ".",
@@ -760,14 +761,16 @@ class Session : public std::enable_shared_from_this<Session> {
       res.set(http::field::content_type, "text/event-stream");
       res.set(http::field::cache_control, "no-cache");
       add_cors(res);
-      res.chunked(true);
+      http10_ = request_.version() < 11;
+      if (http10_) keep_alive_ = false;
+      res.chunked(!http10_);
       res.keep_alive(keep_alive_);
       std::ostringstream head;
       head << res.base();
       pending_ = head.str();
       if (endpoint == Endpoint::chat || !echo_text.empty()) {
         for (std::size_t i = 0; i < jobs_.size(); ++i) {
-          pending_ += chunk(choice_event(
+          pending_ += frame(choice_event(
               stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat, nullptr, static_cast<int>(i))));
         }
       }
@@ -791,7 +794,7 @@ class Session : public std::enable_shared_from_this<Session> {
             c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
             return;
           }
-          pending_ += chunk(choice_event(stream_chunk(endpoint_, ids_, "", "", false,
+          pending_ += frame(choice_event(stream_chunk(endpoint_, ids_, "", "", false,
                                                       logprobs_json(ev.prompt_logprobs, c), static_cast<int>(index))));
           return flush();
         }
@@ -828,13 +831,13 @@ class Session : public std::enable_shared_from_this<Session> {
             // every call's are; its first piece names it.
             const std::string arguments(c.forced_arguments.push(ev.text));
             if (arguments.empty() && c.forced_opened) return;
-            pending_ += chunk(choice_event(
+            pending_ += frame(choice_event(
                 tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, arguments)));
             c.forced_opened = true;
             return flush();
           }
           if (!ev.text.empty() || !ev.logprobs.empty()) {
-            pending_ += chunk(choice_event(stream_chunk(
+            pending_ += frame(choice_event(stream_chunk(
                 endpoint_, ids_, ev.text, "", false,
                 ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c), static_cast<int>(index))));
           }
@@ -851,7 +854,7 @@ class Session : public std::enable_shared_from_this<Session> {
         cancel_jobs();
         jobs_.clear();
         if (!streaming_) return respond_error(ev.error, true);
-        pending_ += chunk("data: " + ev.error.body() + "\n\n");
+        pending_ += frame("data: " + ev.error.body() + "\n\n");
         return end_stream();
       case GenerationEvent::Kind::finished: break;
     }
@@ -863,7 +866,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return respond_error(unavailable("The server is shutting down; the request was cancelled."), true);
       }
       pending_ +=
-          chunk("data: " + unavailable("The server is shutting down; the stream was cancelled.").body() + "\n\n");
+          frame("data: " + unavailable("The server is shutting down; the stream was cancelled.").body() + "\n\n");
       return end_stream();
     }
     c.finish_reason = openai_finish_reason(ev.finish_reason);
@@ -875,13 +878,13 @@ class Session : public std::enable_shared_from_this<Session> {
         open_choices_ == choices_.size() ? ev.cached_tokens : std::min(usage_.cached_tokens, ev.cached_tokens);
     --open_choices_;
     if (streaming_) {
-      pending_ += chunk(
+      pending_ += frame(
           choice_event(stream_chunk(endpoint_, ids_, "", c.finish_reason, false, nullptr, static_cast<int>(index))));
     }
     if (open_choices_ > 0) return streaming_ ? flush() : void();
     jobs_.clear();
     if (streaming_) {
-      if (include_usage_) pending_ += chunk(sse_event(usage_chunk(endpoint_, ids_, usage_)));
+      if (include_usage_) pending_ += frame(sse_event(usage_chunk(endpoint_, ids_, usage_)));
       return end_stream();
     }
     std::vector<Choice> choices;
@@ -956,7 +959,7 @@ class Session : public std::enable_shared_from_this<Session> {
       c.reasoning_text += reasoning;
       return;
     }
-    pending_ += chunk(choice_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
+    pending_ += frame(choice_event(reasoning_chunk(ids_, static_cast<int>(index), reasoning)));
   }
   void emit_content(std::size_t index, ChoiceState& c, const std::string& content) {
     if (content.empty()) return;
@@ -965,7 +968,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     pending_ +=
-        chunk(choice_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
+        frame(choice_event(stream_chunk(endpoint_, ids_, content, "", false, nullptr, static_cast<int>(index))));
   }
   void emit_call(std::size_t index, ChoiceState& c, std::size_t k, ToolCall call) {
     if (!streaming_) {
@@ -973,7 +976,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     pending_ +=
-        chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
+        frame(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(k), &call, call.arguments)));
   }
 
   // Streaming: the calls' pieces (a call's first names it, with a new id); only the first call without
@@ -987,7 +990,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void emit_delta(std::size_t index, const ToolCallDelta& d) {
     const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
-    pending_ += chunk(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
+    pending_ += frame(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
                                                    d.name.empty() ? nullptr : &call, d.arguments)));
   }
 
@@ -1074,9 +1077,13 @@ class Session : public std::enable_shared_from_this<Session> {
     return (std::uint64_t{rd()} << 32) ^ rd();
   }
 
+  // A stream's piece: a chunk, or the bytes as they are to an HTTP/1.0 client (which knows no chunked encoding:
+  // the stream ends when the connection closes).
+  std::string frame(std::string_view data) const { return http10_ ? std::string(data) : chunk(data); }
+
   void end_stream() {
-    pending_ += chunk(kSseDone);
-    pending_ += "0\r\n\r\n";
+    pending_ += frame(kSseDone);
+    if (!http10_) pending_ += "0\r\n\r\n";
     ended_ = true;
     flush();
   }
@@ -1126,6 +1133,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
     if (e.status == 401) res->set(http::field::www_authenticate, "Bearer");
     if (e.status == 429) res->set(http::field::retry_after, "1");
+    if (e.status == 405 && !allow_.empty()) res->set(http::field::allow, allow_);
     send(res, e.status, e.body(), "application/json", close);
   }
 
@@ -1202,7 +1210,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   std::string route_ = "other";
-  bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false;
+  bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false, http10_ = false;
+  std::string allow_;  // a 405's Allow header
   net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
   bool read_timed_out_ = false, read_done_ = true;
   std::uint64_t reads_ = 0;  // numbers the deadlines, so that a stale one is ignored

@@ -344,6 +344,22 @@ class Api(unittest.TestCase):
         self.assertEqual((endless["usage"]["completion_tokens"], endless["choices"][0]["finish_reason"]),
                          (12, "length"))
 
+    def test_an_http_1_0_client_gets_the_stream_unchunked(self):
+        # RFC 9112 6.1: no chunked encoding to HTTP/1.0; the stream ends when the connection closes.
+        body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 3, "stream": True}).encode()
+        c = socket.create_connection(("127.0.0.1", self.s.port), timeout=60)
+        c.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        c.close()
+        head, _, rest = got.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.0 200"), head)
+        self.assertNotIn(b"transfer-encoding", head.lower())
+        self.assertTrue(rest.startswith(b"data: {"), rest[:40])
+        self.assertTrue(rest.endswith(b"data: [DONE]\n\n"), rest[-40:])
+
     def test_echo_and_token_prompt(self):
         _, body = self.s.json("POST", "/v1/completions",
                               {"model": "tiny", "prompt": "Echo me", "max_tokens": 4, "temperature": 0, "echo": True})
@@ -1313,6 +1329,8 @@ class Api(unittest.TestCase):
         assert_error(self, status, got, 404, "unknown_url")
         status, got = s.json("GET", "/v1/chat/completions")
         assert_error(self, status, got, 405)
+        self.assertEqual(s.request("GET", "/v1/chat/completions")[2].getheader("Allow"), "POST")  # RFC 9110 15.5.6
+        self.assertEqual(s.request("POST", "/health")[2].getheader("Allow"), "GET, HEAD")
         # HEAD where GET works: the GET's status and header fields, no body, and the connection goes on.
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
         for path in ("/health", "/v1/models", "/metrics"):
