@@ -1211,7 +1211,7 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request<http::string_body> request_;
   std::string route_ = "other";
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false, http10_ = false;
-  std::string allow_;  // a 405's Allow header
+  std::string allow_;                // a 405's Allow header
   net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
   bool read_timed_out_ = false, read_done_ = true;
   std::uint64_t reads_ = 0;  // numbers the deadlines, so that a stale one is ignored
