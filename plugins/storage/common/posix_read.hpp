@@ -69,7 +69,9 @@ class PosixFile : public StorageFile {
 template <typename File = PosixFile>
 Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_direct, HostServices& host,
                                            std::atomic<bool>& warned) noexcept {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO put where an expert file was would block open() until a writer came, hanging the engine
+  // (and a server's shutdown); it is refused below instead. It changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
@@ -82,7 +84,7 @@ Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_di
   }
   int dfd = -1;
   if (want_direct) {
-    dfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    dfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
     if (dfd < 0 && !warned.exchange(true)) {
       host.info("the filesystem of " + path + " refuses O_DIRECT (" + errno_text(errno) +
                 "); reading through the page cache instead");

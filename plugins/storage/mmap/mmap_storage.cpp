@@ -125,7 +125,7 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
   }
 
   Expected<std::unique_ptr<StorageFile>> open(const std::string& path) noexcept override {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block: refused below
     if (fd < 0) {
       const int err = errno;
       return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,

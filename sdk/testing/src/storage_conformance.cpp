@@ -1,5 +1,7 @@
 #include "colibri/sdk/testing/storage_conformance.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -148,6 +151,23 @@ TEST_P(StorageConformance, DirectoryIsRefused) {
   STORAGE_FIXTURE(f);
   auto file = f.storage->open(f.dir.string());
   EXPECT_FALSE(file);
+}
+
+// A FIFO where a file should be (a user's mistake, or a hostile swap) must be refused, not block open() until a
+// writer comes: that hung the engine and a server's shutdown.
+TEST_P(StorageConformance, FifoIsRefusedWithoutBlocking) {
+  STORAGE_FIXTURE(f);
+  const auto fifo = f.dir / "fifo.bin";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  auto opened = std::async(std::launch::async, [&] { return static_cast<bool>(f.storage->open(fifo.string())); });
+  if (opened.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets the blocked open() return
+    ADD_FAILURE() << "open() blocked on a FIFO";
+    opened.wait();
+    if (writer >= 0) ::close(writer);
+    return;
+  }
+  EXPECT_FALSE(opened.get());
 }
 
 TEST_P(StorageConformance, ReadsWholeFileExactly) {
