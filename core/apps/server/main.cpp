@@ -213,8 +213,10 @@ int main(int argc, char** argv) {
   app.add_option("--write-timeout", f.write_timeout, "Seconds one response write may take (default 60)");
   app.add_option("--drain-timeout", f.drain_timeout, "SIGTERM: seconds streams get to finish (default 10)");
   app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)");
-  app.add_option("--usage-history", f.usage_history,
-                 "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history)");
+  app.add_option(
+      "--usage-history", f.usage_history,
+      "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history, else the "
+      "model's history that run and bench write)");
   app.add_option("--reasoning-format", f.reasoning_format,
                  "separate: a reasoning model's <think> block is returned as reasoning_content; inline: left in the "
                  "content (gpt-oss's analysis channel is always reasoning_content)")

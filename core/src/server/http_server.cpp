@@ -408,8 +408,7 @@ class Session : public std::enable_shared_from_this<Session> {
               false);
         }
       }
-      auto history = !srv_.opt.scheduler.usage_history.empty() ? srv_.opt.scheduler.usage_history
-                                                               : engine::usage_history_path(srv_.engine->model_dir());
+      auto history = srv_.opt.scheduler.usage_history;
       return run_admin([req = std::move(req), history = std::move(history)](engine::Engine& eng) -> AdminResult {
         return warm_cache(eng, req, history);
       });
@@ -1393,6 +1392,11 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   } catch (const boost::system::system_error& e) {
     return sdk::Status(sdk::StatusCode::io_error,
                        "cannot listen on " + where + ": " + e.code().message() + " (choose another --host/--port)");
+  }
+  // Without --usage-history the model's own history file: the one run and bench merge into, `cache stats --model`
+  // shows and /admin/cache/warm reads, so a server's traffic counts there too.
+  if (impl->opt.scheduler.usage_history.empty()) {
+    impl->opt.scheduler.usage_history = engine::usage_history_path(impl->engine->model_dir());
   }
   impl->scheduler = std::make_unique<Scheduler>(*impl->engine, impl->tokenizer, impl->opt.scheduler);
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -1591,6 +1591,31 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_without_usage_history_the_models_own_history_counts_the_traffic(self):
+        # The file run and bench merge into and `cache stats --model` shows: a server's requests count there too.
+        cache = os.path.join(WORK, "xdg-server-history")
+        shutil.rmtree(cache, ignore_errors=True)
+        env = dict(os.environ, XDG_CACHE_HOME=cache)
+        before = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache  # the Server helper passes its environment on
+        try:
+            s = Server()
+        finally:
+            if before is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = before
+        try:
+            status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "count me", "max_tokens": 4})
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        stats = subprocess.run([CLI, "cache", "stats", "--model", MODEL], capture_output=True, text=True, env=env)
+        self.assertEqual(stats.returncode, 0, stats.stderr)
+        self.assertIn(os.path.join(cache, "colibri", "usage"), stats.stdout)
+        uses = int(stats.stdout.split(" uses")[0].rsplit(", ", 1)[1])
+        self.assertGreater(uses, 0)
+
     def test_a_second_signal_stops_without_the_drain(self):
         # The first SIGINT drains (--drain-timeout 120 here); a second one cancels the stream and exits at once.
         s = Server("--drain-timeout", "120", "--ctx", "8192")
