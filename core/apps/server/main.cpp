@@ -153,6 +153,7 @@ int serve(Flags& f) {
     so.scheduler.trace = trace;
   }
 
+  if (auto st = server::Server::check_address(so.host, so.port); !st) return fail(st.message());  // before loading
   auto eng = engine::Engine::open(*dir, *prof, eo);
   if (!eng) return fail(eng.error().message());
   const auto context = (*eng)->context();

@@ -1355,6 +1355,37 @@ Server::~Server() {
   impl_->scheduler->shutdown(std::chrono::milliseconds(0));
 }
 
+namespace {
+
+// Resolves and binds `acceptor` to host:port, listening; the error names the address.
+sdk::Status listen_on(tcp::acceptor& acceptor, net::io_context& ioc, const std::string& host, std::uint16_t port) {
+  const std::string where = host + ":" + std::to_string(port);
+  try {
+    tcp::resolver resolver(ioc);
+    auto results =
+        resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service);
+    if (results.empty())
+      return sdk::Status(sdk::StatusCode::invalid_argument, "--host " + host + " resolves to no address");
+    const tcp::endpoint ep = results.begin()->endpoint();
+    acceptor.open(ep.protocol());
+    acceptor.set_option(net::socket_base::reuse_address(true));
+    acceptor.bind(ep);
+    acceptor.listen(net::socket_base::max_listen_connections);
+  } catch (const boost::system::system_error& e) {
+    return sdk::Status(sdk::StatusCode::io_error,
+                       "cannot listen on " + where + ": " + e.code().message() + " (choose another --host/--port)");
+  }
+  return {};
+}
+
+}  // namespace
+
+sdk::Status Server::check_address(const std::string& host, std::uint16_t port) {
+  net::io_context ioc;
+  tcp::acceptor probe(ioc);
+  return listen_on(probe, ioc, host, port);
+}
+
 sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::Engine> engine,
                                                       tokenizer::Tokenizer tokenizer,
                                                       std::optional<chat::Template> chat_template,
@@ -1377,22 +1408,7 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
     }
   }
   if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
-  const std::string where = impl->opt.host + ":" + std::to_string(impl->opt.port);
-  try {
-    tcp::resolver resolver(impl->ioc);
-    auto results = resolver.resolve(impl->opt.host, std::to_string(impl->opt.port),
-                                    tcp::resolver::passive | tcp::resolver::numeric_service);
-    if (results.empty())
-      return sdk::Status(sdk::StatusCode::invalid_argument, "--host " + impl->opt.host + " resolves to no address");
-    const tcp::endpoint ep = results.begin()->endpoint();
-    impl->acceptor.open(ep.protocol());
-    impl->acceptor.set_option(net::socket_base::reuse_address(true));
-    impl->acceptor.bind(ep);
-    impl->acceptor.listen(net::socket_base::max_listen_connections);
-  } catch (const boost::system::system_error& e) {
-    return sdk::Status(sdk::StatusCode::io_error,
-                       "cannot listen on " + where + ": " + e.code().message() + " (choose another --host/--port)");
-  }
+  if (auto st = listen_on(impl->acceptor, impl->ioc, impl->opt.host, impl->opt.port); !st) return st;
   // Without --usage-history the model's own history file: the one run and bench merge into, `cache stats --model`
   // shows and /admin/cache/warm reads, so a server's traffic counts there too.
   if (impl->opt.scheduler.usage_history.empty()) {

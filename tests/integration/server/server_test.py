@@ -344,6 +344,13 @@ class Api(unittest.TestCase):
         self.assertEqual((endless["usage"]["completion_tokens"], endless["choices"][0]["finish_reason"]),
                          (12, "length"))
 
+    def test_a_port_in_use_fails_before_the_model_loads(self):
+        p = subprocess.run([SERVER, "--model", MODEL, "--port", str(self.s.port), "--log-level", "info"] + BACKEND_ARGS,
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"cannot listen on 127.0.0.1:{self.s.port}", p.stderr)
+        self.assertNotIn("compute", p.stderr)  # the engine never opened: the answer comes at once on a large model
+
     def test_an_http_1_0_client_gets_the_stream_unchunked(self):
         # RFC 9112 6.1: no chunked encoding to HTTP/1.0; the stream ends when the connection closes.
         body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 3, "stream": True}).encode()

@@ -43,6 +43,9 @@ class Server {
  public:
   // Binds the listening socket (errors name the address) and starts the scheduler. `chat_template` may be empty:
   // then /v1/chat/completions answers 400 and /v1/completions still works.
+  // Binds host:port once and lets it go: run before the model loads, so that a port in use or a bad --host fails
+  // in a moment, not after minutes of loading. create() binds for real.
+  static sdk::Status check_address(const std::string& host, std::uint16_t port);
   static sdk::Expected<std::unique_ptr<Server>> create(std::unique_ptr<engine::Engine> engine,
                                                        tokenizer::Tokenizer tokenizer,
                                                        std::optional<chat::Template> chat_template,
