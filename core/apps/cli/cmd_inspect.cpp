@@ -80,10 +80,12 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
       return 1;
     }
     if (o.verify && !report.problems.empty()) {
-      for (const auto& p : report.problems) std::cerr << "error: " << p.message << "\n";
-      return 1;
+      for (const auto& p : report.problems) std::cout << "problem: " << p.message << "\n";
+      return fail(std::to_string(report.problems.size()) + " problem(s), listed above");
     }
-    return fail(m.error().message());
+    // Without --verify only the first problem is known: say how to list them all.
+    return fail(m.error().message() +
+                (o.verify ? "" : "\n  colibri-cli inspect " + o.model + " --verify lists every problem"));
   }
   model::Manifest man;
   if (m) {
@@ -180,8 +182,11 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
       std::cout << "verify:        ok (" << report.files_checked << " files, "
                 << human_bytes(static_cast<double>(report.bytes_hashed)) << " hashed)\n";
     } else {
+      // In the report (stdout), so that `inspect M --verify > report.txt` keeps them; the error names the count.
       std::cout << "verify:        " << report.problems.size() << " problem(s)\n";
-      for (const auto& p : report.problems) std::cerr << "error: " << p.message << "\n";
+      for (const auto& p : report.problems) std::cout << "  " << p.message << "\n";
+      std::cout.flush();
+      std::cerr << "error: " << report.problems.size() << " problem(s), listed in the report\n";
     }
   }
   return ok ? 0 : 1;

@@ -107,6 +107,7 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   }
   std::error_code ec;
   for (const auto& t : m->tokenizer_files) {
+    ++report.files_checked;
     if (!fs::is_regular_file(dir / t, ec)) {
       report.problems.push_back({t, "tokenizer", "missing", "tokenizer: " + t + " is missing; re-run convert"});
     } else if (auto s = check_tokenizer_file(*m, dir, t); !s) {

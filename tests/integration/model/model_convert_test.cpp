@@ -843,10 +843,16 @@ TEST(ModelConvert, CliConvertInspectAndNameResolution) {
   ASSERT_TRUE(resolved.has_value());
   EXPECT_EQ(*resolved, models / "tiny llama");
   fs::remove(models / "tiny llama" / "experts/L001/E000.bin");
-  const fs::path err = kWork / "inspect.err";
-  EXPECT_EQ(run(cli + " inspect " + quote(models / "tiny llama") + " --verify 2> " + quote(err) + " > /dev/null"), 1);
-  EXPECT_NE(slurp(err).find("L1/E0: experts/L001/E000.bin is missing; re-run convert"), std::string::npos)
-      << slurp(err);
+  const fs::path err = kWork / "inspect.err", report = kWork / "inspect.out";
+  EXPECT_EQ(run(cli + " inspect " + quote(models / "tiny llama") + " --verify 2> " + quote(err) + " > " + quote(report)),
+            1);
+  // The problems are in the report (stdout: `> report.txt` keeps them); the error says how many.
+  EXPECT_NE(slurp(report).find("L1/E0: experts/L001/E000.bin is missing; re-run convert"), std::string::npos)
+      << slurp(report);
+  EXPECT_NE(slurp(err).find("problem(s)"), std::string::npos) << slurp(err);
+  // Without --verify the first problem is named, and how to list them all.
+  EXPECT_EQ(run(cli + " inspect " + quote(models / "tiny llama") + " 2> " + quote(err) + " > /dev/null"), 1);
+  EXPECT_NE(slurp(err).find("--verify lists every problem"), std::string::npos) << slurp(err);
 }
 
 }  // namespace
