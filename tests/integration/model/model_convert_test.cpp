@@ -844,8 +844,8 @@ TEST(ModelConvert, CliConvertInspectAndNameResolution) {
   EXPECT_EQ(*resolved, models / "tiny llama");
   fs::remove(models / "tiny llama" / "experts/L001/E000.bin");
   const fs::path err = kWork / "inspect.err", report = kWork / "inspect.out";
-  EXPECT_EQ(run(cli + " inspect " + quote(models / "tiny llama") + " --verify 2> " + quote(err) + " > " + quote(report)),
-            1);
+  EXPECT_EQ(
+      run(cli + " inspect " + quote(models / "tiny llama") + " --verify 2> " + quote(err) + " > " + quote(report)), 1);
   // The problems are in the report (stdout: `> report.txt` keeps them); the error says how many.
   EXPECT_NE(slurp(report).find("L1/E0: experts/L001/E000.bin is missing; re-run convert"), std::string::npos)
       << slurp(report);
