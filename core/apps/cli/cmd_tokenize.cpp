@@ -5,6 +5,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "colibri/model/paths.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "command.hpp"
 
@@ -50,8 +51,16 @@ std::string process(const tokenizer::Tokenizer& tok, const TokenizeOptions& o, c
   return {};
 }
 
-int run_tokenize(const TokenizeOptions& o) {
-  const std::string source = o.model.empty() ? o.tokenizer : o.model;
+int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
+  if (o.skip_special && !o.decode) return fail("--skip-special applies to --decode only; encoding keeps every token");
+  std::string source = o.tokenizer;
+  if (!o.model.empty()) {  // a directory, or a name under models.dir, as every command takes a model
+    auto prof = global.load_profile();
+    if (!prof) return 1;
+    auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
+    if (!dir) return fail(dir.error().message());
+    source = dir->string();
+  }
   auto tok = tokenizer::Tokenizer::from_file(source);
   if (!tok) return fail(tok.error().message());
 
@@ -69,8 +78,12 @@ int run_tokenize(const TokenizeOptions& o) {
     return 0;
   }
 
-  std::ifstream in(o.jsonl, std::ios::binary);
-  if (!in) return fail("cannot open " + o.jsonl);
+  std::ifstream file;
+  if (o.jsonl != "-") {
+    file.open(o.jsonl, std::ios::binary);
+    if (!file) return fail("cannot open " + o.jsonl);
+  }
+  std::istream& in = o.jsonl == "-" ? std::cin : file;  // "-": standard input, as run --file -
   // Validate everything first so a bad line never leaves half an output behind.
   std::vector<std::string> lines;
   std::string raw;
@@ -94,11 +107,13 @@ int run_tokenize(const TokenizeOptions& o) {
 void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids (or decode ids) with a model's tokenizer.json");
-  auto* model = cmd->add_option("--model,-m", o->model, "Model directory containing tokenizer.json");
+  auto* model =
+      cmd->add_option("--model,-m", o->model, "Model directory (or a name under models.dir) containing tokenizer.json");
   auto* file = cmd->add_option("--tokenizer", o->tokenizer, "Path to a tokenizer.json");
   model->excludes(file);
   auto* text = cmd->add_option("--text", o->text, "One input (a string; with --decode a JSON array of ids)");
-  auto* jsonl = cmd->add_option("--jsonl", o->jsonl, "File with one JSON input per line; prints one JSON per line");
+  auto* jsonl = cmd->add_option("--jsonl", o->jsonl,
+                                "File with one JSON input per line ('-': standard input); prints one JSON per line");
   text->excludes(jsonl);
   cmd->add_flag("--add-special", o->add_special, "Add the post-processor's special tokens (BOS/EOS)");
   cmd->add_flag("--decode", o->decode, "Decode ids to text instead of encoding");
@@ -112,7 +127,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
       global.exit_code = fail("tokenize: give --text TEXT or --jsonl FILE");
       return;
     }
-    global.exit_code = run_tokenize(*o);
+    global.exit_code = run_tokenize(global, *o);
   });
 }
 

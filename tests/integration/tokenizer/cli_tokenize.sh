@@ -35,6 +35,17 @@ out="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | wc -l)"
 check "one output line per input line" 3 "$out"
 first="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | head -1)"
 check "jsonl line matches --text" "$plain" "$first"
+piped="$("$cli" tokenize --model "$dir" --jsonl - < "$tmp/in.jsonl" | head -1)"
+check "--jsonl - reads standard input" "$plain" "$piped"
+# A name under models.dir, as every command takes a model.
+mkdir -p "$tmp/data/colibri/models" && cp -r "$dir" "$tmp/data/colibri/models/nemo"
+named="$(XDG_DATA_HOME="$tmp/data" "$cli" tokenize -m nemo --text "Hello world")"
+check "a model name resolves under models.dir" "$plain" "$named"
+if "$cli" tokenize -m "$dir" --text hi --skip-special 2>"$tmp/err" >/dev/null; then
+  check "--skip-special without --decode fails" 1 0
+else
+  check "--skip-special without --decode explains" 1 "$(grep -c 'applies to --decode only' "$tmp/err")"
+fi
 decoded="$("$cli" tokenize --model "$dir" --decode --text '[1,22177,4304]' --skip-special)"
 check "decode" '{"text":"Hello world"}' "$decoded"
 for bad in 99999999 -1 4294967296; do
