@@ -87,6 +87,10 @@ out=$("$cli" profile show --set nonsense 2>&1); rc=$?
 expect_rc "--set without = fails" 1 $rc
 check "--set without = explains" "write --set KEY=VALUE" "$out"
 
+out=$("$cli" --log-level warn bogus 2>&1); rc=$?
+expect_rc "an unknown command fails" 1 $rc
+check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"
+
 out=$("$cli" --log-level loud plugins list 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "ok   - bad log level refused" || { echo "FAIL - bad log level accepted"; failures=$((failures + 1)); }
 

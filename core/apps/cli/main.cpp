@@ -135,6 +135,25 @@ int main(int argc, char** argv) {
   cli::interrupt::install();
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // "A subcommand is required" for a mistyped one: name it, and the commands there are.
+    for (int i = 1; i < argc; ++i) {
+      const std::string word = argv[i];
+      if (word.starts_with('-')) {
+        if (word == "--log-level") ++i;  // the only global option with a value
+        continue;
+      }
+      std::string names;
+      bool known = false;
+      for (const auto* sub : app.get_subcommands({})) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+        known = known || sub->check_name(word);
+      }
+      if (known) break;
+      std::cerr << "error: unknown command '" << word << "'; the commands are " << names << " (colibri-cli --help)\n";
+      return 1;
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
