@@ -9,7 +9,10 @@
 // and it is looked up under each directory in that order. The first directory holding it is the
 // primary copy, whose threads serve the file's reads; every later one is a mirror. A failed read
 // (I/O error, short read of a truncated copy) is retried on the mirrors in order, and when one
-// succeeds the caller gets the data and the host log a warning naming the failed copy.
+// succeeds the caller gets the data and the host log a warning naming the failed copy. Copies of
+// different sizes are all kept (a warning names both sizes): the file's size is the longest, and a
+// read past a shorter copy's end fails there and goes to the next. A file missing from the model
+// directory but found in another is read there with a warning.
 //
 // `colibri-cli model stripe` moves files to another directory and leaves a symlink in the model
 // directory. A copy is served by the queue of the directory that really holds it: a path that
@@ -41,7 +44,13 @@ class StripeFile final : public StorageFile {
  public:
   StripeFile(std::string path, std::vector<std::unique_ptr<Copy>> copies)
       : path_(std::move(path)), copies_(std::move(copies)) {}
-  std::uint64_t size() const noexcept override { return copies_.front()->file->size(); }
+  // The longest copy's: a truncated primary must not hide the bytes its mirror still has (reads past its end fail
+  // there and are served by the mirror).
+  std::uint64_t size() const noexcept override {
+    std::uint64_t n = 0;
+    for (const auto& c : copies_) n = std::max(n, c->file->size());
+    return n;
+  }
   const std::string& path() const noexcept override { return path_; }
   bool direct_io() const noexcept override { return copies_.front()->file->direct_io(); }
   std::vector<std::unique_ptr<Copy>>& copies() noexcept { return copies_; }
@@ -134,12 +143,14 @@ class StripeStorage final : public StorageBase, public StorageCancel {
       std::vector<std::unique_ptr<Copy>> copies;
       Status first_error;
       std::string looked;
+      std::string primary_problem;  // why the model directory's own path did not open
       for (std::size_t m = 0; m < dirs_.size(); ++m) {
         const std::string candidate = m == 0 ? path : (fs::path(dirs_[m]) / rel).string();
         looked += (looked.empty() ? "" : ", ") + candidate;
         auto f = sc::open_posix(candidate, direct_, host_, warned_direct_);
         if (!f) {
           if (f.error().code() != StatusCode::not_found && first_error.is_ok()) first_error = f.error();
+          if (m == 0) primary_problem = f.error().message();
           continue;
         }
         std::error_code ec;
@@ -149,16 +160,21 @@ class StripeStorage final : public StorageBase, public StorageCancel {
           continue;  // a symlink to a copy already found: the same file, not a mirror
         }
         if (!copies.empty() && (*f)->size() != copies.front()->file->size()) {
-          host_.warn("mirror " + candidate + " is " + std::to_string((*f)->size()) + " bytes but " +
-                     copies.front()->file->path() + " is " + std::to_string(copies.front()->file->size()) +
-                     "; not using it as a mirror (re-copy it)");
-          continue;
+          // Which one is whole is not known here (the engine checks the size against the manifest): reads past
+          // the shorter copy's end fail there and are served by the longer one.
+          host_.warn("copies of " + rel.string() + " differ in size: " + copies.front()->file->path() + " is " +
+                     std::to_string(copies.front()->file->size()) + " bytes, " + candidate + " is " +
+                     std::to_string((*f)->size()) + "; re-copy the wrong one (colibri-cli inspect --verify names it)");
         }
         auto copy = std::make_unique<Copy>();
         copy->member = owner(real, m);
         copy->real = std::move(real);
         copy->file = std::move(*f);
         copies.push_back(std::move(copy));
+      }
+      if (!copies.empty() && !primary_problem.empty() && dirs_.size() > 1) {
+        host_.warn(primary_problem + "; reading its copy " + copies.front()->file->path() +
+                   " instead (restore it, or run colibri-cli model stripe again)");
       }
       if (copies.empty()) {
         if (!first_error.is_ok()) return first_error;

@@ -211,16 +211,40 @@ TEST_F(StripeTest, AllCopiesFailingIsAnErrorNotACrash) {
   EXPECT_NE(st.message().find("every copy failed"), std::string::npos) << st.message();
 }
 
-TEST_F(StripeTest, MirrorOfAnotherSizeIsNotUsed) {
+// A primary already truncated when opened: the mirror's bytes past its end are still served (which copy is whole
+// is the manifest's to say; the warning names both sizes).
+TEST_F(StripeTest, CopiesOfDifferentSizesServeReadsFromTheLongerOne) {
   const auto a = write_expert("model", 1, 1, 4 * 4096, 1);
-  write_expert("disk2", 1, 1, 2 * 4096, 1);
+  fs::resize_file(a, 2 * 4096);
+  write_expert("disk2", 1, 1, 4 * 4096, 1);
   auto host = std::make_shared<ct::RecordingHost>();
   auto s = make({{"paths", dirs({"disk2"})}}, host);
   ASSERT_NE(s, nullptr);
   auto f = s->open(a.string());
-  ASSERT_TRUE(f);
+  ASSERT_TRUE(f) << f.error().to_string();
+  EXPECT_EQ((*f)->size(), 4u * 4096);
   ASSERT_FALSE(host->lines().empty());
-  EXPECT_NE(host->lines()[0].find("not using it as a mirror"), std::string::npos) << host->lines()[0];
+  EXPECT_NE(host->lines()[0].find("differ in size"), std::string::npos) << host->lines()[0];
+  std::vector<std::byte> buf(4096);
+  Status st = s->read(**f, 3 * 4096, buf);
+  ASSERT_TRUE(st) << st.to_string();
+  for (std::size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], expected(3 * 4096 + i, 1)) << i;
+  EXPECT_EQ(host->metric("mirror_fallbacks_total"), 1.0);
+}
+
+// The model directory's own file gone: its copy serves it, and the log says so (it used to be silent).
+TEST_F(StripeTest, AMissingPrimaryIsReadFromItsCopyWithAWarning) {
+  const auto a = write_expert("model", 1, 2, 2 * 4096, 3);
+  write_expert("disk2", 1, 2, 2 * 4096, 3);
+  fs::remove(a);
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto s = make({{"paths", dirs({"disk2"})}}, host);
+  ASSERT_NE(s, nullptr);
+  auto f = s->open(a.string());
+  ASSERT_TRUE(f) << f.error().to_string();
+  ASSERT_EQ(host->lines().size(), 1u);
+  EXPECT_NE(host->lines()[0].find("reading its copy"), std::string::npos) << host->lines()[0];
+  EXPECT_NE(host->lines()[0].find(a.string()), std::string::npos) << host->lines()[0];
 }
 
 // One directory's threads being busy does not hold up reads of another directory.
