@@ -199,6 +199,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       {"decode_tokens_per_second", decode_tps},
       {"expert_hits", st.hits},
       {"expert_misses", st.misses},
+      {"experts_preloaded", st.preloaded},
       {"expert_hit_rate", st.hit_rate()},
       {"decode_expert_misses", st.misses - after_prefill.misses},
       {"bytes_read", st.bytes_read},
@@ -296,9 +297,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   std::printf("load       %.2f s%s\n", load_s, warmup ? ", then an unmeasured warm-up run" : "");
   std::printf("prefill    %lld tokens: %.1f tok/s\n", static_cast<long long>(o.prompt_tokens), prefill_tps);
   std::printf("decode     %lld tokens: %.2f tok/s\n", static_cast<long long>(o.gen_tokens), decode_tps);
-  std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses), read %s, I/O stall %.3f s\n", 100.0 * st.hit_rate(),
-              static_cast<unsigned long long>(st.hits), static_cast<unsigned long long>(st.misses),
-              mib(st.bytes_read).c_str(), st.stall_seconds);
+  const std::string preloaded =
+      st.preloaded > 0 ? "; " + std::to_string(st.preloaded) + " pinned ones read at load, in the bytes read" : "";
+  std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses%s), read %s, I/O stall %.3f s\n",
+              100.0 * st.hit_rate(), static_cast<unsigned long long>(st.hits),
+              static_cast<unsigned long long>(st.misses), preloaded.c_str(), mib(st.bytes_read).c_str(),
+              st.stall_seconds);
   if (vram != nullptr) {
     std::printf(
         "vram       %zu slots (%s of %s budget): hit rate %.1f%% (%llu hits, %llu misses), %llu uploads, %s "

@@ -93,10 +93,15 @@ Status ExpertManager::preload() {
                 key_name(key.layer, key.expert) + ", which this model does not have; fix the list, or " +
                 "clear a history recorded for another model (colibri-cli cache clear --model M)");
       }
+      const auto hits = stats_.hits, misses = stats_.misses;
       auto w = acquire(key.layer, key.expert);
       if (!w) return w.error();
       release(key.layer, key.expert);
       uncount_use(key);  // loading a pin is not a use
+      // Nor a lookup: hits + misses stay the workload's (as ab replay counts a preload apart); the read still counts.
+      if (stats_.hits == hits && stats_.misses == misses + 1) ++stats_.preloaded;
+      stats_.hits = hits;
+      stats_.misses = misses;
       auto& slot = slots_[key.packed()];
       if (!slot.pinned) {
         slot.pinned = true;
@@ -242,12 +247,13 @@ bool ExpertManager::make_room_sparing(std::uint64_t bytes, std::span<const sdk::
 
 ExpertStats ExpertStats::since(const ExpertStats& e) const {
   // Every field is 8 bytes: one added without a line here would fail this.
-  static_assert(sizeof(ExpertStats) == 25 * 8, "ExpertStats::since subtracts every field; add the new one");
+  static_assert(sizeof(ExpertStats) == 26 * 8, "ExpertStats::since subtracts every field; add the new one");
   ExpertStats d = *this;
   for (auto [now, then] : {std::pair{&d.hits, e.hits},
                            {&d.misses, e.misses},
                            {&d.evictions, e.evictions},
                            {&d.bytes_read, e.bytes_read},
+                           {&d.preloaded, e.preloaded},
                            {&d.buffers_mapped, e.buffers_mapped},
                            {&d.prefetch_issued, e.prefetch_issued},
                            {&d.prefetch_used, e.prefetch_used},

@@ -499,6 +499,16 @@ class StorageCounters(unittest.TestCase):
                 + (["--json"] if json_out else []) + list(extra))
         return json.loads(p.stdout) if json_out else p.stdout
 
+    def test_pinned_experts_read_at_load_are_not_lookups(self):
+        # The same workload has the same lookups under every policy; a pin's load is counted apart (as ab replay).
+        m = model()
+        lru = self.bench(m, "--prefetch-layers", "0")
+        pins = self.bench(m, "--prefetch-layers", "0", "--set", "cache.policy=pinned",
+                          "--set", "cache.pinned_experts=[0:1,1:1,0:3]")
+        self.assertEqual(pins["expert_hits"] + pins["expert_misses"], lru["expert_hits"] + lru["expert_misses"])
+        self.assertEqual(pins["experts_preloaded"], 3)
+        self.assertEqual(lru["experts_preloaded"], 0)
+
     def test_bench_shows_reads_per_stripe_directory(self):
         m = model()
         dst, _ = striped(m)

@@ -41,6 +41,7 @@ struct ExpertStats {
   std::uint64_t misses = 0;
   std::uint64_t evictions = 0;
   std::uint64_t bytes_read = 0;
+  std::uint64_t preloaded = 0;       // pinned experts read at load: in bytes_read, not lookups (hits + misses)
   std::uint64_t buffers_mapped = 0;  // RAM slot buffers newly mapped (the OS zeroes each page at first touch)
   double stall_seconds = 0;  // time demand reads (and waits for in-flight prefetches) kept the forward pass waiting
   // Prefetch: reads queued ahead of need (ReadPriority::prefetch), how many of them the router then used, how many
