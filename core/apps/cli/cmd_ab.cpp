@@ -287,8 +287,10 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     return 0;
   }
   print_replay(report, o.per_layer);
-  std::printf("\nreplayed %llu accesses x %zu sizes x %zu policies (+ optimal) in %.2f s\n",
-              static_cast<unsigned long long>(report.accesses), report.sizes.size(), specs.size(), report.seconds);
+  std::printf("\nreplayed %llu accesses x %zu %s x %zu %s (+ optimal) in %.2f s\n",
+              static_cast<unsigned long long>(report.accesses), report.sizes.size(),
+              report.sizes.size() == 1 ? "size" : "sizes", specs.size(), specs.size() == 1 ? "policy" : "policies",
+              report.seconds);
   if (!o.report.empty()) std::printf("report: %s\n", o.report.c_str());
   return 0;
 }

@@ -315,13 +315,17 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   std::printf("streaming  %s read/token, disk %.3f GB/s, stall %.3f s (prefetch saved %.3f s), peak RSS %s\n",
               mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(), j["disk_bytes_per_second"].get<double>() / 1e9,
               st.stall_seconds, st.stall_saved_seconds, mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
-  std::printf(
-      "prefetch   %lld layers, confidence %g: %llu issued, %llu used, %llu wasted, %llu cancelled; prediction "
-      "precision %.1f%%, recall %.1f%%\n",
-      static_cast<long long>(engine->prefetch_layers()), engine->prefetch_confidence(),
-      static_cast<unsigned long long>(st.prefetch_issued), static_cast<unsigned long long>(st.prefetch_used),
-      static_cast<unsigned long long>(st.prefetch_wasted), static_cast<unsigned long long>(st.prefetch_cancelled),
-      100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
+  // Nothing predicted (resident, or prefetch off): no rate to show, rather than "precision 0.0%".
+  char prediction[96] = "no router predictions made";
+  if (st.predicted > 0) {
+    std::snprintf(prediction, sizeof prediction, "prediction precision %.1f%%, recall %.1f%%",
+                  100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
+  }
+  std::printf("prefetch   %lld %s, confidence %g: %llu issued, %llu used, %llu wasted, %llu cancelled; %s\n",
+              static_cast<long long>(engine->prefetch_layers()), engine->prefetch_layers() == 1 ? "layer" : "layers",
+              engine->prefetch_confidence(), static_cast<unsigned long long>(st.prefetch_issued),
+              static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
+              static_cast<unsigned long long>(st.prefetch_cancelled), prediction);
   if (!storage_counters.empty()) {
     std::string line;
     for (const auto& [name, v] : storage_counters) {

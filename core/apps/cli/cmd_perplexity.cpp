@@ -148,9 +148,9 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   if (save) {
     if (auto s = save->commit(); !s) return fail("--save-logits: " + s.message());
   }
-  std::printf("perplexity %.4f over %lld tokens (%lld chunks of %lld, %.1f tok/s)\n", std::exp(nll / scored),
-              static_cast<long long>(scored), static_cast<long long>(chunks), static_cast<long long>(ctx),
-              static_cast<double>(chunks * ctx) / secs);
+  std::printf("perplexity %.4f over %lld tokens (%lld %s of %lld, %.1f tok/s)\n", std::exp(nll / scored),
+              static_cast<long long>(scored), static_cast<long long>(chunks), chunks == 1 ? "chunk" : "chunks",
+              static_cast<long long>(ctx), static_cast<double>(chunks * ctx) / secs);
   if (base.is_open()) {
     std::printf("KL(base || this) mean %.6f max %.6f, top-1 agreement %.2f%%\n", kl_sum / scored, kl_max,
                 100.0 * static_cast<double>(agree) / static_cast<double>(scored));

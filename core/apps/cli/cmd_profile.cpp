@@ -98,10 +98,10 @@ void print_plan(const nlohmann::json& j) {
               << sz("expert_cache_bytes") << ")\n";
   } else {
     const auto slots = j["ram_slots"].get<std::uint64_t>();
-    std::cout << "  RAM tier        " << sz("ram_expert_bytes") << ": streaming, " << slots << " slots of "
-              << sz("slot_bytes") << " (" << (experts > 0 ? 100 * slots / experts : 0)
-              << "% of the experts) in memory.expert_cache (" << sz("expert_cache_bytes")
-              << "); the rest is read from disk as routed\n";
+    std::cout << "  RAM tier        " << sz("ram_expert_bytes") << ": streaming, " << slots
+              << (slots == 1 ? " slot of " : " slots of ") << sz("slot_bytes") << " ("
+              << (experts > 0 ? 100 * slots / experts : 0) << "% of the experts) in memory.expert_cache ("
+              << sz("expert_cache_bytes") << "); the rest is read from disk as routed\n";
   }
   if (j["vram_slots"].get<std::uint64_t>() > 0) {
     std::cout << "  VRAM tier       " << sz("vram_expert_bytes") << ": " << j["vram_slots"] << " slots of "
