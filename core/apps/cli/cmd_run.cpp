@@ -57,7 +57,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (!in || std::filesystem::is_directory(o.json_schema)) {
       return fail("--json-schema " + o.json_schema + ": cannot open the file");
     }
-    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const auto doc = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);  // the schema's order
     if (doc.is_discarded()) return fail("--json-schema " + o.json_schema + ": not valid JSON");
     auto compiled = engine::JsonSchema::compile(doc);
     if (!compiled) return fail("--json-schema " + o.json_schema + ": " + compiled.error().message());

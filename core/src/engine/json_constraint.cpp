@@ -67,10 +67,21 @@ void JsonConstraint::for_each_candidate(F&& f) const {
     }
     return;
   }
-  const std::uint64_t seen = frame_seen_[depth_ - 1];
+  const std::uint64_t next = next_keys(literal_node_, frame_seen_[depth_ - 1]);
   for (std::size_t i = 0; i < n.keys.size(); ++i) {
-    if ((seen >> i & 1) == 0 && f(n.keys[i], i)) return;
+    if ((next >> i & 1) != 0 && f(n.keys[i], i)) return;
   }
+}
+
+std::uint64_t JsonConstraint::next_keys(std::uint16_t node, std::uint64_t seen) const {
+  const auto& n = schema_->nodes[node];
+  std::uint64_t next = 0;
+  for (std::size_t i = 0; i < n.keys.size() && i < 64; ++i) {
+    if ((seen >> i) != 0) continue;  // this key or a later one is written
+    next |= std::uint64_t{1} << i;
+    if ((n.required >> i & 1) != 0) break;  // a required key is never skipped
+  }
+  return next;
 }
 
 bool JsonConstraint::literal_complete(std::size_t length) const {
@@ -200,9 +211,9 @@ bool JsonConstraint::after_value(unsigned char c) {
     const std::uint16_t node = frame_node_[depth_ - 1];
     if (node != JsonSchema::kAny) {
       const auto& n = schema_->nodes[node];
-      // A closed object takes another member only while a property is left; an array only below maxItems.
-      const std::uint64_t all = n.keys.size() >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n.keys.size()) - 1;
-      if (n.kind == Kind::object && (frame_seen_[depth_ - 1] & all) == all) return false;
+      // A closed object takes another member only while a property may still follow; an array only below
+      // maxItems.
+      if (n.kind == Kind::object && next_keys(node, frame_seen_[depth_ - 1]) == 0) return false;
       if (n.kind == Kind::array) {
         if (frame_seen_[depth_ - 1] >= n.max_items) return false;
         ++frame_seen_[depth_ - 1];

@@ -8,7 +8,7 @@
 
 namespace colibri::engine {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // properties keep the order the schema writes them in
 
 namespace {
 

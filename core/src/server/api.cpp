@@ -734,6 +734,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   }
   if (auto e = parse_logprobs(body, endpoint, out)) return e;
   if (auto e = parse_logit_bias(body, s)) return e;
+  OrderedBody ordered(body_text);
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("response_format", "an object", *it);
     const json type = it->value("type", json());
@@ -747,7 +748,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       if (schema.is_null()) {
         return missing("response_format.json_schema.schema");
       }
-      auto compiled = engine::JsonSchema::compile(schema);
+      // As the client wrote it: the answer's properties come in that order (OpenAI's structured outputs).
+      auto compiled = engine::JsonSchema::compile(ordered.field("response_format")["json_schema"]["schema"]);
       if (!compiled) {
         return bad_request("Invalid 'response_format.json_schema.schema': " + compiled.error().message() + ".",
                            "response_format.json_schema.schema", "invalid_value");
@@ -762,7 +764,6 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
           "response_format.type", "invalid_value");
     }
   }
-  OrderedBody ordered(body_text);
   if (auto e = parse_tools(body, ordered, endpoint, out)) return e;
   for (const char* name : {"continue_final_message", "add_generation_prompt"}) {
     auto it = body.find(name);

@@ -345,10 +345,11 @@ std::string required_call_prefix(ToolFormat format) {
   return {};
 }
 
-json required_call_schema(const std::vector<std::string>& names) {
-  return json{{"type", "object"},
-              {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},
-              {"required", {"name", "arguments"}}};
+nlohmann::ordered_json required_call_schema(const std::vector<std::string>& names) {
+  using ordered = nlohmann::ordered_json;
+  return ordered{{"type", "object"},
+                 {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},  // name first
+                 {"required", {"name", "arguments"}}};
 }
 
 std::optional<ToolCall> call_from_json_text(std::string_view text) {

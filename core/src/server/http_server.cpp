@@ -648,7 +648,7 @@ class Session : public std::enable_shared_from_this<Session> {
       for (const auto& tool : req.tools) {
         const auto& fn = tool["function"];
         if (fn["name"] != req.tool_choice_name || !fn.contains("parameters")) continue;
-        if (auto s = engine::JsonSchema::compile(json::parse(fn["parameters"].dump())); s) {
+        if (auto s = engine::JsonSchema::compile(nlohmann::ordered_json::parse(fn["parameters"].dump())); s) {
           forced_schema = *s;
         } else {
           spdlog::debug("tool {}: parameters not enforced: {}", req.tool_choice_name, s.error().message());

@@ -351,6 +351,22 @@ class Api(unittest.TestCase):
         self.assertIn(f"cannot listen on 127.0.0.1:{self.s.port}", p.stderr)
         self.assertNotIn("compute", p.stderr)  # the engine never opened: the answer comes at once on a large model
 
+    def test_json_schema_properties_come_in_the_schemas_order(self):
+        # As OpenAI's structured outputs: the order the client wrote (not sorted), here c before a before b.
+        schema = {"type": "object", "properties": {"c": {"type": "boolean"}, "a": {"type": "boolean"},
+                                                   "b": {"type": "boolean"}},
+                  "required": ["c", "a", "b"], "additionalProperties": False}
+        finished = 0
+        for seed in range(4):
+            status, body = self.s.json("POST", "/v1/completions", {
+                "model": "tiny", "prompt": "Answer:", "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}})
+            self.assertEqual(status, 200, body)
+            if body["choices"][0]["finish_reason"] == "stop":
+                finished += 1
+                self.assertEqual(list(json.loads(body["choices"][0]["text"])), ["c", "a", "b"])
+        self.assertGreater(finished, 0)
+
     def test_an_http_1_0_client_gets_the_stream_unchunked(self):
         # RFC 9112 6.1: no chunked encoding to HTTP/1.0; the stream ends when the connection closes.
         body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 3, "stream": True}).encode()

@@ -560,9 +560,11 @@ TEST(ToolCalls, RequiredCallOpenerAndSchema) {
   auto schema = engine::JsonSchema::compile(required_call_schema({"get_weather", "get_time"}));
   ASSERT_TRUE(schema.has_value()) << schema.error().message();
   engine::JsonConstraint c(schema->get());
-  const std::string object = R"({"arguments": {"zone": "CET"}, "name": "get_time"})";
+  const std::string object = R"({"name": "get_time", "arguments": {"zone": "CET"}})";
   ASSERT_TRUE(c.advance(object));
   EXPECT_TRUE(c.complete());
+  // The name first, as OpenAI's calls are written: the arguments cannot open the object.
+  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"arguments")"));
   EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_w1")"));
   EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_time"})"));  // arguments required
   const auto call = call_from_json_text(object);

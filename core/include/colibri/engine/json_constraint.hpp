@@ -33,7 +33,8 @@ class JsonSchema {
   static constexpr std::size_t kMaxNodes = 4096;
 
   // Errors (invalid_argument) name the place in the schema ("schema at 'properties.tags.pattern': is not supported").
-  static sdk::Expected<std::shared_ptr<const JsonSchema>> compile(const nlohmann::json& schema);
+  // Ordered: the answer writes the properties in the schema's order (a plain json's are sorted by name).
+  static sdk::Expected<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);
 
   enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
   // The first byte of a value tells its class; an any_of node picks its branch by it.
@@ -129,6 +130,9 @@ class JsonConstraint {
   bool literal_complete(std::size_t length) const;  // match_[0, length) is one of the candidates
   template <class F>
   void for_each_candidate(F&& f) const;  // literal_set: each allowed text (and its key index), until f returns true
+  // The properties that may come next in an object of `node` after those in `seen`: later in the schema's order
+  // than every written one (as OpenAI's structured outputs write them), up to the first required one not written.
+  std::uint64_t next_keys(std::uint16_t node, std::uint64_t seen) const;
   [[nodiscard]] bool frame_accepts_close() const;  // the innermost container may close here (required, minItems)
 
   const JsonSchema* schema_ = nullptr;

@@ -42,7 +42,7 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
 // {"name": <one of names>, "arguments": {...}} object (the schema below). Empty for a format that writes the name
 // outside JSON (deepseek_v3, harmony) or none.
 std::string required_call_prefix(ToolFormat format);
-nlohmann::json required_call_schema(const std::vector<std::string>& names);
+nlohmann::ordered_json required_call_schema(const std::vector<std::string>& names);
 
 struct ToolCall {
   std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands)
