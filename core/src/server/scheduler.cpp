@@ -234,6 +234,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason) {
     {
       std::lock_guard lock(mu_);
       ++stats_.finished;
+      ++ended_in_step_;  // its slot is free for the queue check at once (its client may ask again this step)
     }
     if (seq.job->on_event) seq.job->on_event(std::move(ev));
     return;
