@@ -210,6 +210,15 @@ PROMPTS = [f"The {w} of the colibri is" for w in
             "morning", "river", "garden", "shadow"]]
 
 
+def long_stream(server):
+    """A streamed 8000-token generation holding a batch slot: (connection, response), its status read."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
+        headers={"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
 def assert_error(test, status, body, want_status, code=None, param=None):
     test.assertEqual(status, want_status, body)
     test.assertIn("error", body)
@@ -1598,11 +1607,8 @@ class Concurrency(unittest.TestCase):
     def test_max_queue_0_refuses_what_finds_no_free_slot(self):
         s = Server("--max-queue", "0", "--max-batch", "1", "--ctx", "8192")
         try:
-            long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
-            long_conn.request("POST", "/v1/completions", body=json.dumps(
-                {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
-                headers={"Content-Type": "application/json"})
-            self.assertEqual(long_conn.getresponse().status, 200)
+            long_conn, r = long_stream(s)
+            self.assertEqual(r.status, 200)
             st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2})
             assert_error(self, st, b, 429, "rate_limit_exceeded")
             self.assertIn("no request waits for one (colibri-server --max-queue 0)", b["error"]["message"])
@@ -1643,11 +1649,7 @@ class Concurrency(unittest.TestCase):
     def test_a_second_signal_stops_without_the_drain(self):
         # The first SIGINT drains (--drain-timeout 120 here); a second one cancels the stream and exits at once.
         s = Server("--drain-timeout", "120", "--ctx", "8192")
-        long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
-        long_conn.request("POST", "/v1/completions", body=json.dumps(
-            {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
-            headers={"Content-Type": "application/json"})
-        r = long_conn.getresponse()
+        long_conn, r = long_stream(s)
         self.assertEqual(r.status, 200)
         r.readline()
         s.proc.send_signal(signal.SIGINT)
@@ -1666,11 +1668,8 @@ class Concurrency(unittest.TestCase):
         s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
         try:
             # One long generation holds the only batch slot while the others queue.
-            long_conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
-            long_conn.request("POST", "/v1/completions", body=json.dumps(
-                {"model": "tiny", "prompt": "x", "max_tokens": 8000, "ignore_eos": True, "stream": True}),
-                headers={"Content-Type": "application/json"})
-            self.assertEqual(long_conn.getresponse().status, 200)
+            long_conn, r = long_stream(s)
+            self.assertEqual(r.status, 200)
             # Two clients queue behind it and leave.
             for i in range(2):
                 c = socket.create_connection(("127.0.0.1", s.port))
