@@ -59,7 +59,14 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
     const fs::path p = dir / f.path;
     ++report.files_checked;
     if (::stat(p.c_str(), &st) != 0) {
-      report.problems.push_back({f.path, where, "missing", where + ": " + f.path + " is missing; re-run convert"});
+      std::error_code ec;
+      report.problems.push_back(
+          {f.path, where, "missing",
+           fs::is_symlink(p, ec)  // striped: the data may be intact on a disk not mounted
+               ? where + ": " + f.path + " links to " + fs::read_symlink(p, ec).string() +
+                     ", which is missing (a stripe disk not mounted, or moved?); mount the disk at that path again, "
+                     "or point the link at the file's new place"
+               : where + ": " + f.path + " is missing; re-run convert"});
       done += f.size;
       continue;
     }

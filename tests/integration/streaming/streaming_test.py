@@ -589,6 +589,12 @@ class Faults(unittest.TestCase):
             os.remove(blob)
         elif what == "truncated":
             os.truncate(blob, os.path.getsize(blob) // 2)
+        elif what == "fifo":
+            os.remove(blob)
+            os.mkfifo(blob)
+        elif what == "dangling":  # a striped file whose disk is not mounted
+            os.remove(blob)
+            os.symlink(os.path.join(WORK, "not-mounted", "E002.bin"), blob)
         else:
             with open(blob, "r+b") as f:
                 f.seek(64)
@@ -609,6 +615,17 @@ class Faults(unittest.TestCase):
                 self.assertIn("re-run convert", p.stderr, f"{what}: {p.stderr}")
                 self.assertNotIn("Traceback", p.stderr)
                 self.assertFalse(os.path.exists(os.path.join(WORK, "x.npy.partial")))
+
+    def test_a_fifo_or_a_dangling_link_is_named_as_what_it_is(self):
+        for what, says in (("fifo", "is not a regular file (a directory, FIFO or device)"),
+                           ("dangling", "which is missing (a stripe disk not mounted, or moved?)")):
+            p = run(["logits", "--model", self.broken(what), "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy")],
+                    check=False)
+            self.assertEqual(p.returncode, 1, what)
+            self.assertIn("L1/E2", p.stderr)
+            self.assertIn(says, p.stderr)
+        report = run(["inspect", self.broken("dangling"), "--verify"], check=False).stdout
+        self.assertIn("which is missing (a stripe disk not mounted, or moved?)", report)
 
     def test_injected_faults_name_the_expert(self):
         m = model()
