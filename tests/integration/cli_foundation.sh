@@ -87,6 +87,10 @@ out=$("$cli" profile show --set nonsense 2>&1); rc=$?
 expect_rc "--set without = fails" 1 $rc
 check "--set without = explains" "write --set KEY=VALUE" "$out"
 
+out=$("$cli" profile show --ctx 100 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "ok   - profile show --ctx without --model refused" || { echo "FAIL - --ctx without --model accepted"; failures=$((failures + 1)); }
+check "--ctx needs --model" "--ctx requires --model" "$out"
+
 out=$("$cli" --log-level warn bogus 2>&1); rc=$?
 expect_rc "an unknown command fails" 1 $rc
 check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"

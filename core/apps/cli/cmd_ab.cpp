@@ -314,7 +314,7 @@ struct LiveOptions {
   std::string model;
   std::vector<std::string> profiles;
   std::string prompts;
-  int runs = 5;
+  int runs = 6;  // the fewest pairs with which the sign test can reach p < 0.05
   bool cold = false, warm = false;
   std::int64_t tokens = 32;
   std::string report;
@@ -536,7 +536,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   live->add_option("--model,-m", lo->model, "Model directory, or a name under models.dir")->required();
   live->add_option("--profile", lo->profiles, "Profile A, then profile B (NAME or PATH)")->required();
   live->add_option("--prompts", lo->prompts, "Prompts, one per line (default: two built-in prompts)");
-  live->add_option("--runs", lo->runs, "Pairs of runs (default 5; the sign test needs 6 for p < 0.05)");
+  live->add_option("--runs", lo->runs,
+                   "Pairs of runs (default 6, the fewest with which the sign test can reach p < 0.05)");
   live->add_option("--tokens,-n", lo->tokens, "Tokens generated per prompt (default 32)");
   live->add_flag("--cold", lo->cold, "A fresh engine (empty expert cache) for every run (default)");
   live->add_flag("--warm", lo->warm, "One engine per profile, warmed by an unmeasured run first");

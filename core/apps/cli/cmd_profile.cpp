@@ -208,11 +208,15 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto opts = std::make_shared<ProfileOptions>();
   auto* show_cmd = prof->add_subcommand("show", "Every effective value with where it came from");
   show_cmd->add_flag("--json", opts->json, "Machine-readable output");
-  show_cmd->add_option("--model,-m", opts->model,
-                       "Also print what this model takes where (shared weights, RAM and VRAM tiers, KV cache)");
-  show_cmd->add_option("--ctx", opts->ctx,
-                       "Context for the KV cache line (0 or unset: memory.kv_cache, else the model's)");
-  show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32");
+  auto* model =
+      show_cmd->add_option("--model,-m", opts->model,
+                           "Also print what this model takes where (shared weights, RAM and VRAM tiers, KV cache)");
+  // Both shape the model's plan: without --model they would be ignored silently.
+  show_cmd
+      ->add_option("--ctx", opts->ctx, "Context for the KV cache line (0 or unset: memory.kv_cache, else the model's)")
+      ->needs(model);
+  show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32")
+      ->needs(model);
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });
   auto* list_cmd = prof->add_subcommand("list", "Profiles found in the profile directories");
