@@ -334,8 +334,10 @@ sdk::Expected<std::unique_ptr<engine::Engine>> open_side(Side& s, const std::fil
 }
 
 // Generates every prompt greedily; returns decode tok/s over all of them, hit rate and bytes read of this run.
+// `generated`: the greedy tokens of each prompt, to check that A and B ran the same workload.
 sdk::Status run_once(engine::Engine& e, const tokenizer::Tokenizer& tok, const std::vector<std::string>& prompts,
-                     std::int64_t tokens, ab::LiveSide& out) {
+                     std::int64_t tokens, ab::LiveSide& out, std::vector<std::vector<std::int32_t>>* generated) {
+  if (generated != nullptr) generated->clear();
   const auto before = e.experts().stats();
   double decode_s = 0, decoded = 0;
   for (const auto& p : prompts) {
@@ -346,6 +348,7 @@ sdk::Status run_once(engine::Engine& e, const tokenizer::Tokenizer& tok, const s
     g.sampling.temperature = 0;
     auto r = engine::generate(e, tok, tok.encode(p, true), g, nullptr);
     if (!r) return r.error();
+    if (generated != nullptr) generated->push_back(r->tokens);
     decode_s += r->decode_seconds;
     decoded += r->tokens.size() > 1 ? static_cast<double>(r->tokens.size() - 1) : 0;
   }
@@ -421,6 +424,7 @@ int run_live(const LiveOptions& o) {
   rep.a.profile = sides[0].name;
   rep.b.profile = sides[1].name;
   ab::LiveSide* out[2] = {&rep.a, &rep.b};
+  std::vector<std::vector<std::int32_t>> tokens_of[2];  // the first run's greedy tokens of each side
   for (int run = 0; run < o.runs; ++run) {
     for (int i = 0; i < 2; ++i) {  // interleaved: A B A B ...
       auto& s = sides[i];
@@ -431,16 +435,30 @@ int run_live(const LiveOptions& o) {
         s.engine = std::move(*e);
         if (o.warm) {
           ab::LiveSide discard;
-          if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, discard); !st) return fail(st.message());
+          if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, discard, nullptr); !st) {
+            return fail(st.message());
+          }
         }
       }
-      if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, *out[i]); !st) {
+      if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, *out[i], run == 0 ? &tokens_of[i] : nullptr); !st) {
         return fail("--profile " + s.name + ": " + st.message());
       }
       if (!o.warm) s.engine.reset();
       std::fprintf(stderr, "run %d %s: %.2f decode tok/s, hit rate %.1f%%\n", run + 1, s.name.c_str(),
                    out[i]->decode_tps.back(), 100 * out[i]->hit_rate.back());
     }
+  }
+  // Placement never changes the tokens, but a backend or precision change may: then the two sides decoded different
+  // text, and their hit rates and bytes read compare workloads as much as cache policies.
+  const bool same_tokens = tokens_of[0] == tokens_of[1];
+  if (!same_tokens) {
+    std::size_t p = 0;
+    while (p < prompts.size() && tokens_of[0][p] == tokens_of[1][p]) ++p;
+    std::fprintf(stderr,
+                 "warning: A and B generated different tokens (prompt %zu): they ran different workloads, so the hit "
+                 "rate and bytes read lines compare more than the cache (profiles that differ in backend or "
+                 "precision do this; compare policies on one backend)\n",
+                 p + 1);
   }
   rep.verdict = ab::compare_paired(rep.a.decode_tps, rep.b.decode_tps);
   // The cache's own measures: on a slow disk fewer bytes read is the answer even where speed is within noise.
@@ -470,7 +488,7 @@ int run_live(const LiveOptions& o) {
     if (auto s = report_file->commit(); !s) return fail("report: " + s.message());
   }
   if (o.json) {
-    nlohmann::json j = {{"model", o.model}, {"mode", rep.mode}, {"runs", o.runs}};
+    nlohmann::json j = {{"model", o.model}, {"mode", rep.mode}, {"runs", o.runs}, {"same_tokens", same_tokens}};
     for (const auto* side : {&rep.a, &rep.b}) {
       j[side == &rep.a ? "a" : "b"] = {{"profile", side->profile},
                                        {"decode_tps", side->decode_tps},
