@@ -51,14 +51,11 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
   if (o.engine.ctx == 0) o.engine.ctx = 512;
   if (o.engine.ctx < 2) return fail("--ctx must be at least 2 to score anything");
-  auto engine = open_engine(global, o.engine);
+  auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+    return overwrite_error("--save-logits", o.save_logits,
+                           {{"--model", dir.string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});
+  });
   if (!engine) return 1;
-  if (auto e =
-          overwrite_error("--save-logits", o.save_logits,
-                          {{"--model", engine->model_dir().string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});
-      !e.empty()) {
-    return fail(e);
-  }
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(ss.str(), false);

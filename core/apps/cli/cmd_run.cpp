@@ -63,18 +63,20 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (!compiled) return fail("--json-schema " + o.json_schema + ": " + compiled.error().message());
     schema = *compiled;
   }
-  auto engine = open_engine(global, o.engine);
+  // The trace is checked before the model loads (minutes on a real one), not after the work.
+  auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) -> std::string {
+    if (o.record_trace.empty()) return {};
+    if (auto e =
+            overwrite_error("--record-trace", o.record_trace,
+                            {{"--model", dir.string()}, {"--file", o.prompt_file}, {"--json-schema", o.json_schema}});
+        !e.empty()) {
+      return e;
+    }
+    if (auto f = util::OutputFile::open(o.record_trace); !f) return "--record-trace: " + f.error().message();
+    return {};
+  });
   if (!engine) return 1;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
-  if (!o.record_trace.empty()) {  // checked before the work, not after it
-    const auto model = engine->model_dir().string();
-    if (auto e = overwrite_error("--record-trace", o.record_trace,
-                                 {{"--model", model}, {"--file", o.prompt_file}, {"--json-schema", o.json_schema}});
-        !e.empty()) {
-      return fail(e);
-    }
-    if (auto f = util::OutputFile::open(o.record_trace); !f) return fail("--record-trace: " + f.error().message());
-  }
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(o.prompt, !o.no_special);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -41,14 +42,23 @@ inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions
 }
 
 // Prints the error and returns null on failure. `profile_out`: where to keep the profile the engine was opened with.
-inline std::unique_ptr<engine::Engine> open_engine(const GlobalOptions& global, const EngineCliOptions& o,
-                                                   std::optional<profile::Profile>* profile_out = nullptr) {
+// `before_loading`: checks that need the model's directory (an output naming one of its files), run before the
+// load, which takes minutes on a real model; a non-empty result is the error.
+inline std::unique_ptr<engine::Engine> open_engine(
+    const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
+    const std::function<std::string(const std::filesystem::path&)>& before_loading = nullptr) {
   auto prof = global.load_profile();
   if (!prof) return nullptr;
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
   if (!dir) {
     fail(dir.error().message());
     return nullptr;
+  }
+  if (before_loading) {
+    if (auto err = before_loading(*dir); !err.empty()) {
+      fail(err);
+      return nullptr;
+    }
   }
   auto kv = engine::parse_kv_type(o.kv_type);
   if (!kv) {

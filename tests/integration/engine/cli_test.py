@@ -428,6 +428,7 @@ class Outputs(unittest.TestCase):
             self.assertEqual(p.returncode, 1, args)
             self.assertIn(want, p.stderr, args)
             self.assertIn("name another file" if "both" not in want else "a file of its own", p.stderr)
+            self.assertNotIn("compute", p.stderr, args)  # refused before the model loads (minutes on a real one)
         self.assertEqual(contents(), before)
         self.assertFalse(os.path.exists(npy))
         # A directory given for a text file is named as such.
