@@ -157,18 +157,18 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     }
     if (line.empty()) continue;
     if (line == "/exit" || line == "/quit") break;
-    // A lone /word is a command; a typo must not become a turn ("/usr/bin is..." still is one).
-    if (line != "/reset" && line.size() > 1 && line[0] == '/' &&
-        std::all_of(line.begin() + 1, line.end(), [](unsigned char c) { return std::isalpha(c) != 0; })) {
-      std::cerr << (line == "/help" ? "" : "unknown command " + line + "; ")
-                << "commands: /reset forgets the conversation, /exit (or /quit, or end of input) quits\n";
-      continue;
-    }
     if (line == "/reset") {
       messages.erase(messages.begin() + (o.system.empty() ? 0 : 1), messages.end());
       engine->reset();
       cached.clear();
       std::cerr << "(conversation forgotten)\n";
+      continue;
+    }
+    // Any other lone /word is a command; a typo must not become a turn ("/usr/bin is..." still is one).
+    if (line.size() > 1 && line[0] == '/' &&
+        std::all_of(line.begin() + 1, line.end(), [](unsigned char c) { return std::isalpha(c) != 0; })) {
+      std::cerr << (line == "/help" ? "" : "unknown command " + line + "; ")
+                << "commands: /reset forgets the conversation, /exit (or /quit, or end of input) quits\n";
       continue;
     }
     messages.push_back({{"role", "user"}, {"content", line}});

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "colibri/model/paths.hpp"
 #include "model/architecture.hpp"
 #include "model/file_io.hpp"
 
@@ -748,16 +749,8 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
     struct stat st {};
     const fs::path p = dir / fe.path;
     if (::stat(p.c_str(), &st) != 0) {
-      std::error_code ec;
-      if (fs::is_symlink(p, ec)) {  // a striped file whose disk is not there: the data may well be intact
-        return Status(StatusCode::corrupt_data,
-                      describe_model_file(*m, fe.path) + ": file " + fe.path + " links to " +
-                          fs::read_symlink(p, ec).string() +
-                          ", which is missing (a stripe disk not mounted, or moved?); mount the disk at that path "
-                          "again, or point the link at the file's new place");
-      }
       return Status(StatusCode::corrupt_data,
-                    describe_model_file(*m, fe.path) + ": file " + fe.path + " is missing; re-run convert");
+                    describe_model_file(*m, fe.path) + ": file " + fe.path + missing_file_reason(p));
     }
     if (!S_ISREG(st.st_mode)) {
       return Status(StatusCode::corrupt_data, describe_model_file(*m, fe.path) + ": " + fe.path +

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
 #include "model/file_io.hpp"
 
 namespace colibri::model {
@@ -59,14 +60,7 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
     const fs::path p = dir / f.path;
     ++report.files_checked;
     if (::stat(p.c_str(), &st) != 0) {
-      std::error_code ec;
-      report.problems.push_back(
-          {f.path, where, "missing",
-           fs::is_symlink(p, ec)  // striped: the data may be intact on a disk not mounted
-               ? where + ": " + f.path + " links to " + fs::read_symlink(p, ec).string() +
-                     ", which is missing (a stripe disk not mounted, or moved?); mount the disk at that path again, "
-                     "or point the link at the file's new place"
-               : where + ": " + f.path + " is missing; re-run convert"});
+      report.problems.push_back({f.path, where, "missing", where + ": " + f.path + missing_file_reason(p)});
       done += f.size;
       continue;
     }

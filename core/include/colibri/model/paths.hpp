@@ -43,4 +43,8 @@ bool remove_emptied_stripe_dir(const std::filesystem::path& stripe_dir, const st
 // stripe.yaml; an error when it cannot be read.
 sdk::Expected<std::vector<std::filesystem::path>> stripe_yaml_dirs(const std::filesystem::path& model_dir);
 
+// Why a model file that does not open is missing, following its name: " is missing; re-run convert", or for a link
+// `model stripe` left whose target is gone, the disk to mount (the data may be intact: converting again is not it).
+std::string missing_file_reason(const std::filesystem::path& path);
+
 }  // namespace colibri::model
