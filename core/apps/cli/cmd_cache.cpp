@@ -17,10 +17,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <variant>
 
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/profile/profile.hpp"
+#include "colibri/sdk/config.hpp"
 #include "colibri/server/api.hpp"
 #include "colibri/server/http_client.hpp"
 #include "command.hpp"
@@ -91,7 +94,7 @@ void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
   for (const auto& [key, value] : j.items()) {
     if (key == "object") continue;
     std::cout << std::left << std::setw(static_cast<int>(width)) << key
-              << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
+              << (value.is_string() ? value.get<std::string>() : value.is_null() ? "n/a" : value.dump()) << "\n";
   }
 }
 
@@ -143,10 +146,24 @@ int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
   const auto path = engine::usage_history_path(*dir);
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
-  std::cout << "usage history  " << path.string() << (std::filesystem::exists(path) ? "" : " (none yet)") << "\n";
-  if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) std::cout << "note           " << why << "\n";
-  std::cout << "experts used   " << h->counts.size() << " distinct, " << h->total() << " uses\n";
+  const auto why = engine::history_mismatch(*h, path, *dir);
   const auto top = h->most_used(static_cast<std::size_t>(o.top));
+  if (o.json) {
+    nlohmann::ordered_json j{{"usage_history", path.string()},
+                             {"exists", std::filesystem::exists(path)},
+                             {"note", why.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(why)},
+                             {"distinct_experts", h->counts.size()},
+                             {"uses", h->total()},
+                             {"most_used", nlohmann::ordered_json::array()}};
+    for (const auto& key : top) {
+      j["most_used"].push_back({{"layer", key.first}, {"expert", key.second}, {"uses", h->counts.at(key)}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "usage history  " << path.string() << (std::filesystem::exists(path) ? "" : " (none yet)") << "\n";
+  if (!why.empty()) std::cout << "note           " << why << "\n";
+  std::cout << "experts used   " << h->counts.size() << " distinct, " << h->total() << " uses\n";
   if (!top.empty()) std::cout << "most used      ";
   for (std::size_t i = 0; i < top.size(); ++i) {
     std::cout << (i ? ", " : "") << top[i].first << ":" << top[i].second << " (" << h->counts.at(top[i]) << ")";
@@ -162,11 +179,17 @@ int cache_clear(const GlobalOptions& global, const CacheOptions& o) {
   std::error_code ec;
   const bool removed = std::filesystem::remove(path, ec);
   if (ec) return fail("cannot remove " + path.string() + ": " + ec.message());
-  std::cout << (removed ? "removed " : "no usage history at ") << path.string() << "\n";
+  if (o.json) {
+    std::cout << nlohmann::ordered_json{{"usage_history", path.string()}, {"removed", removed}}.dump(2) << "\n";
+  } else {
+    std::cout << (removed ? "removed " : "no usage history at ") << path.string() << "\n";
+  }
   return 0;
 }
 
 int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
+  auto prof = global.load_profile();
+  if (!prof) return 1;
   auto dir = model_dir(global, o);
   if (!dir) return 1;
   const auto path = engine::usage_history_path(*dir);
@@ -206,10 +229,37 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
     bytes += e->size;
     ++warmed;
   }
-  std::cout << "warmed " << warmed << " experts (" << bytes << " bytes) into the page cache\n"
-            << "to keep them in the expert cache from the start, add to the profile:\n"
+  // O_DIRECT reads skip the page cache: then only the pins below help the next run.
+  const auto* dio = prof->find("storage.direct_io");
+  const auto* dio_value = dio != nullptr ? std::get_if<bool>(&dio->value.value) : nullptr;
+  const bool direct_io = dio_value == nullptr || *dio_value;
+  std::string budget_note;
+  if (auto budget = prof->get_int("memory.expert_cache"); budget && *budget > 0) {
+    budget_note = "the pins take " + sdk::format_size(bytes) + " of memory.expert_cache (" +
+                  sdk::format_size(static_cast<std::uint64_t>(*budget)) +
+                  "); leave room for the experts one layer needs besides them, or lower auto_pin_count";
+  }
+  if (o.json) {
+    nlohmann::ordered_json j{{"usage_history", path.string()},
+                             {"warmed_experts", warmed},
+                             {"bytes", bytes},
+                             {"page_cache_bypassed", direct_io},
+                             {"profile_lines", {{"cache.policy", "pinned"},
+                                                {"cache.auto_pin_history", path.string()},
+                                                {"cache.auto_pin_count", warmed}}}};
+    if (!budget_note.empty()) j["note"] = budget_note;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "warmed " << warmed << " experts (" << bytes << " bytes) into the page cache\n";
+  if (direct_io) {
+    std::cout << "note: this profile reads experts with O_DIRECT (storage.direct_io: true), which bypasses the page "
+                 "cache; the warmed copies help only runs with --set storage.direct_io=false\n";
+  }
+  std::cout << "to keep them in the expert cache from the start, add to the profile:\n"
             << "  cache:\n    policy: pinned\n    auto_pin_history: " << path.string()
             << "\n    auto_pin_count: " << warmed << "\n";
+  if (!budget_note.empty()) std::cout << "note: " << budget_note << "\n";
   return 0;
 }
 
@@ -229,16 +279,20 @@ void setup(CLI::App& app, GlobalOptions& global) {
     // into the ones not used too, overwriting the --api-key given.
     sub->add_option("--api-key", o->api_key,
                     "With --server: the key given to colibri-server --api-key (env COLIBRI_API_KEY)");
-    sub->add_flag("--json", o->json, "With --server: print the server's JSON answer");
-    auto* top = sub->add_option(
-        "--top", o->top, "How many of the most used experts (default 10; with --server: until the cache is full)");
+    sub->add_flag("--json", o->json, "Print the answer as JSON (with --server: the server's own)");
+    // clear takes no count: --top there would be silently ignored
+    CLI::Option* top = nullptr;
+    if (std::string_view(name) != "clear") {
+      top = sub->add_option(
+          "--top", o->top, "How many of the most used experts (default 10; with --server: until the cache is full)");
+    }
     if (std::string_view(name) == "warm") {
       sub->add_option("--experts", o->experts, "With --server: warm these experts (layer:expert, e.g. 3:1,3:5)")
           ->delimiter(',');
     }
     add_profile_options(*sub, global);
     sub->callback([&global, o, fn, server_fn, top] {
-      o->top_given = top->count() > 0;
+      o->top_given = top != nullptr && top->count() > 0;
       if (o->top < 1) {
         global.exit_code = fail("--top must be at least 1 (it is " + std::to_string(o->top) + ")");
         return;
@@ -246,8 +300,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
       if (!o->server.empty()) {
         global.exit_code = server_fn(*o);
       } else if (!o->model.empty()) {
-        if (!o->experts.empty() || o->json) {
-          global.exit_code = fail(std::string(o->json ? "--json" : "--experts") + " needs --server (a running server)");
+        if (!o->experts.empty()) {
+          global.exit_code = fail("--experts needs --server (a running server)");
           return;
         }
         global.exit_code = fn(global, *o);

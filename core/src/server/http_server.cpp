@@ -539,7 +539,8 @@ class Session : public std::enable_shared_from_this<Session> {
                  {"storage", p.storage_name},
                  {"hits", st.experts.hits},
                  {"misses", st.experts.misses},
-                 {"hit_rate", st.experts.hit_rate()},
+                 // null before the first lookup: 1.0 would claim hits that never happened
+                 {"hit_rate", st.experts.hits + st.experts.misses == 0 ? ojson(nullptr) : ojson(st.experts.hit_rate())},
                  {"evictions", st.experts.evictions},
                  {"bytes_read", st.experts.bytes_read},
                  {"stall_seconds", st.experts.stall_seconds},

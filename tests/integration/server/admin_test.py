@@ -200,6 +200,10 @@ class ClientErrors(unittest.TestCase):
             # The command line wins over COLIBRI_API_KEY; the variable serves where the flag is not given.
             p = cli("cache", "stats", "--server", url, "--api-key", "sekrit", env={"COLIBRI_API_KEY": "wrong"})
             p = cli("cache", "stats", "--server", url, env={"COLIBRI_API_KEY": "sekrit"})
+            # No request yet, so no lookup: no hit rate to claim
+            self.assertRegex(p.stdout, r"(?m)^hit_rate +n/a$")
+            self.assertIn('"hit_rate": null', cli("cache", "stats", "--server", url, "--json",
+                                                   env={"COLIBRI_API_KEY": "sekrit"}).stdout)
             p = cli("cache", "stats", "--server", url, check=False, env={"COLIBRI_API_KEY": "wrong"})
             self.assertIn("rejected the API key in COLIBRI_API_KEY", p.stderr)
             p = cli("cache", "clear", "--server", url, "--api-key", "sekrit")

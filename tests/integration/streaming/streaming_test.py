@@ -561,18 +561,39 @@ class UsageHistory(unittest.TestCase):
         self.assertGreater(total, 0)
         p = run(["cache", "stats", "--model", m], env=env)
         self.assertIn(f"{total} uses", p.stdout)
+        j = json.loads(run(["cache", "stats", "--model", m, "--top", "2", "--json"], env=env).stdout)
+        self.assertEqual((j["uses"], j["distinct_experts"]), (total, len(hist["counts"])))
+        self.assertEqual(len(j["most_used"]), 2)
+        first = j["most_used"][0]
+        self.assertEqual(first["uses"], max(hist["counts"].values()))
+        self.assertEqual(hist["counts"][f'{first["layer"]}:{first["expert"]}'], first["uses"])
         p = run(["cache", "warm", "--model", m, "--top", "3"], env=env)
         self.assertIn("warmed 3 experts", p.stdout)
         self.assertIn("auto_pin_history: " + os.path.join(hist_dir, name), p.stdout)
+        # O_DIRECT (the default) skips the page cache it warmed: said, and not said when reads go through it.
+        self.assertIn("bypasses the page cache", p.stdout)
+        p = run(["cache", "warm", "--model", m, "--top", "3", "--set", "storage.direct_io=false"], env=env)
+        self.assertNotIn("bypasses the page cache", p.stdout)
+        j = json.loads(run(["cache", "warm", "--model", m, "--top", "2", "--json", "--expert-cache-size",
+                            str(slot_bytes(m))], env=env).stdout)
+        self.assertEqual((j["warmed_experts"], j["page_cache_bypassed"]), (2, True))
+        self.assertEqual(j["profile_lines"]["cache.auto_pin_count"], 2)
+        self.assertIn("of memory.expert_cache", j["note"])
+        # clear has no count to take
+        p = run(["cache", "clear", "--model", m, "--top", "3"], check=False, env=env)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertTrue(os.path.exists(os.path.join(hist_dir, name)))
         # The pinned policy learns its pins from that file; the answer stays the same.
         base = logits_bytes(m, "hist-base")
         pinned = logits_bytes(m, "hist-pinned", "--set", "cache.policy=pinned", "--set",
                               "cache.auto_pin_history=" + os.path.join(hist_dir, name), "--set",
                               "cache.auto_pin_count=3", "--expert-cache-size", str(slot_bytes(m) * 6))
         self.assertEqual(pinned, base)
-        p = run(["cache", "clear", "--model", m], env=env)
-        self.assertIn("removed", p.stdout)
+        j = json.loads(run(["cache", "clear", "--model", m, "--json"], env=env).stdout)
+        self.assertEqual(j["removed"], True)
         self.assertFalse([n for n in os.listdir(hist_dir) if n.endswith(".json")])
+        p = run(["cache", "clear", "--model", m], env=env)
+        self.assertIn("no usage history at", p.stdout)
         p = run(["cache", "warm", "--model", m], check=False, env=env)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no usage history", p.stderr)
