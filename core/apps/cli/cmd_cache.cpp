@@ -94,7 +94,10 @@ void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
   for (const auto& [key, value] : j.items()) {
     if (key == "object") continue;
     std::cout << std::left << std::setw(static_cast<int>(width)) << key
-              << (value.is_string() ? value.get<std::string>() : value.is_null() ? "n/a" : value.dump()) << "\n";
+              << (value.is_string() ? value.get<std::string>()
+                  : value.is_null() ? "n/a"
+                                    : value.dump())
+              << "\n";
   }
 }
 
@@ -240,13 +243,13 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
                   "); leave room for the experts one layer needs besides them, or lower auto_pin_count";
   }
   if (o.json) {
-    nlohmann::ordered_json j{{"usage_history", path.string()},
-                             {"warmed_experts", warmed},
-                             {"bytes", bytes},
-                             {"page_cache_bypassed", direct_io},
-                             {"profile_lines", {{"cache.policy", "pinned"},
-                                                {"cache.auto_pin_history", path.string()},
-                                                {"cache.auto_pin_count", warmed}}}};
+    nlohmann::ordered_json j{
+        {"usage_history", path.string()},
+        {"warmed_experts", warmed},
+        {"bytes", bytes},
+        {"page_cache_bypassed", direct_io},
+        {"profile_lines",
+         {{"cache.policy", "pinned"}, {"cache.auto_pin_history", path.string()}, {"cache.auto_pin_count", warmed}}}};
     if (!budget_note.empty()) j["note"] = budget_note;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -283,8 +286,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
     // clear takes no count: --top there would be silently ignored
     CLI::Option* top = nullptr;
     if (std::string_view(name) != "clear") {
-      top = sub->add_option(
-          "--top", o->top, "How many of the most used experts (default 10; with --server: until the cache is full)");
+      top = sub->add_option("--top", o->top,
+                            "How many of the most used experts (default 10; with --server: until the cache is full)");
     }
     if (std::string_view(name) == "warm") {
       sub->add_option("--experts", o->experts, "With --server: warm these experts (layer:expert, e.g. 3:1,3:5)")
