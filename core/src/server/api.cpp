@@ -242,32 +242,64 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
   return std::nullopt;
 }
 
+// One prompt of a batch (or the only one): a string, or token ids; `where` names it in errors.
+std::optional<ApiError> parse_one_prompt(const json& p, const std::string& where, bool& is_tokens, std::string& text,
+                                         std::vector<std::int32_t>& tokens) {
+  if (p.is_string()) {
+    is_tokens = false;
+    text = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (!p.is_array()) return wrong_type(where, "a string or an array of token ids", p);
+  is_tokens = true;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto& t = p[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!is_integer(t)) return wrong_type(at, "an integer token id", t);
+    const auto v = t.get<std::int64_t>();
+    if (v < 0 || v > std::numeric_limits<std::int32_t>::max()) {
+      return out_of_range(at, "a token id of the model's vocabulary", t);
+    }
+    tokens.push_back(static_cast<std::int32_t>(v));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
     return missing("prompt");
   }
-  const json* p = &*it;
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    p = &(*p)[0];  // a batch of one
-  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    return bad_request("Only one prompt per request is supported; send a string, or an array of one.", "prompt",
-                       "invalid_value");
+  const json& p = *it;
+  // An array of strings or of token-id arrays is a batch (OpenAI, vLLM); else one prompt.
+  if (!p.is_array() || p.empty() || (!p[0].is_string() && !p[0].is_array())) {
+    return parse_one_prompt(p, "prompt", out.prompt_is_tokens, out.prompt, out.prompt_tokens);
   }
-  if (p->is_string()) {
-    out.prompt = p->get<std::string>();
-    return std::nullopt;
+  if (p.size() > static_cast<std::size_t>(kMaxPrompts)) {
+    return bad_request("'prompt' holds " + std::to_string(p.size()) + " prompts; send at most " +
+                           std::to_string(kMaxPrompts) + " in one request.",
+                       "prompt", "invalid_value");
   }
-  if (!p->is_array()) return wrong_type("prompt", "a string or an array of token ids", *p);
-  out.prompt_is_tokens = true;
-  for (std::size_t i = 0; i < p->size(); ++i) {
-    const auto& t = (*p)[i];
-    if (!is_integer(t)) return wrong_type("prompt[" + std::to_string(i) + "]", "an integer token id", t);
-    const auto v = t.get<std::int64_t>();
-    if (v < 0 || v > std::numeric_limits<std::int32_t>::max()) {
-      return out_of_range("prompt[" + std::to_string(i) + "]", "a token id of the model's vocabulary", t);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const std::string where = "prompt[" + std::to_string(i) + "]";
+    bool is_tokens = false;
+    std::string text;
+    std::vector<std::int32_t> tokens;
+    if (!p[i].is_string() && !p[i].is_array()) return wrong_type(where, "a string or an array of token ids", p[i]);
+    if (auto e = parse_one_prompt(p[i], where, is_tokens, text, tokens)) return e;
+    if (i == 0) {
+      out.prompt_is_tokens = is_tokens;
+      out.prompt = std::move(text);
+      out.prompt_tokens = std::move(tokens);
+    } else if (is_tokens != out.prompt_is_tokens) {
+      return bad_request("'prompt' mixes texts and token-id arrays; " + where + " is " +
+                             (is_tokens ? "token ids" : "a text") + " but prompt[0] is not. Send one kind.",
+                         where, "invalid_type");
+    } else if (is_tokens) {
+      out.more_prompt_tokens.push_back(std::move(tokens));
+    } else {
+      out.more_prompts.push_back(std::move(text));
     }
-    out.prompt_tokens.push_back(static_cast<std::int32_t>(v));
   }
   return std::nullopt;
 }

@@ -563,8 +563,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!req.model.empty()) {
       if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
     }
-    std::vector<std::int32_t> prompt;
-    std::string echo_text;
+    // One entry per prompt: a batch of completions prompts is one choice per prompt (n each).
+    struct PromptPlan {
+      std::vector<std::int32_t> tokens;
+      std::string echo_text;
+    };
+    std::vector<PromptPlan> prompts(endpoint == Endpoint::chat ? 1 : req.prompt_count());
     bool opens_reasoning = false;   // the prompt ends inside a <think> block
     bool closes_reasoning = false;  // or after one: the answer does not think
     // Harmony: the answer's channels are split into reasoning, content and calls (not in JSON mode or a forced
@@ -601,30 +605,49 @@ class Session : public std::enable_shared_from_this<Session> {
       opens_reasoning = prompt_opens_reasoning(text);
       closes_reasoning = prompt_closes_reasoning(text);
       if (use_harmony) harmony_prompt = text.substr(std::min(text.size(), text.rfind("<|start|>")));
-      prompt = srv_.tokenizer.encode(text, /*add_special=*/false);
-    } else if (req.prompt_is_tokens) {
-      if (auto e = check_token_ids(req.prompt_tokens, "prompt")) return respond_error(*e, false);
-      prompt = req.prompt_tokens;
-      if (req.echo) echo_text = srv_.tokenizer.decode(prompt, true);
-    } else if (req.suffix) {
-      const auto fim = find_fim_tokens(srv_.tokenizer);
-      if (!fim) {
-        return respond_error(bad_request("'suffix' needs a model trained to fill in the middle; this tokenizer has "
-                                         "none of the token sets " +
-                                             fim_token_names() + ".",
-                                         "suffix", "unsupported_value"),
-                             false);
-      }
-      prompt = fim_prompt(srv_.tokenizer, *fim, req.prompt, *req.suffix);
-      if (req.echo) echo_text = req.prompt;
-    } else {
-      prompt = srv_.tokenizer.encode(req.prompt, /*add_special=*/true);
-      if (req.echo) echo_text = req.prompt;
+      prompts[0].tokens = srv_.tokenizer.encode(text, /*add_special=*/false);
     }
-    if (prompt.empty()) return respond_error(bad_request("The prompt is empty.", "prompt", "invalid_value"), false);
     const auto ctx = srv_.scheduler->context();
-    const auto prompt_tokens = static_cast<std::int64_t>(prompt.size());
-    if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(*e, false);
+    for (std::size_t p = 0; p < prompts.size(); ++p) {
+      auto& plan = prompts[p];
+      // Errors name the batch's prompt: "prompt[2]: ...".
+      const bool batch = prompts.size() > 1;
+      const std::string where = batch ? "prompt[" + std::to_string(p) + "]" : "prompt";
+      auto named = [&](ApiError e) {
+        if (batch) {
+          e.message = where + ": " + e.message;
+          if (e.param == "prompt") e.param = where;
+        }
+        return e;
+      };
+      if (endpoint == Endpoint::completions && req.prompt_is_tokens) {
+        const auto& ids = p == 0 ? req.prompt_tokens : req.more_prompt_tokens[p - 1];
+        if (auto e = check_token_ids(ids, where)) return respond_error(*e, false);
+        plan.tokens = ids;
+        if (req.echo) plan.echo_text = srv_.tokenizer.decode(plan.tokens, true);
+      } else if (endpoint == Endpoint::completions) {
+        const auto& text = p == 0 ? req.prompt : req.more_prompts[p - 1];
+        if (req.suffix) {
+          const auto fim = find_fim_tokens(srv_.tokenizer);
+          if (!fim) {
+            return respond_error(bad_request("'suffix' needs a model trained to fill in the middle; this tokenizer "
+                                             "has none of the token sets " +
+                                                 fim_token_names() + ".",
+                                             "suffix", "unsupported_value"),
+                                 false);
+          }
+          plan.tokens = fim_prompt(srv_.tokenizer, *fim, text, *req.suffix);
+        } else {
+          plan.tokens = srv_.tokenizer.encode(text, /*add_special=*/true);
+        }
+        if (req.echo) plan.echo_text = text;
+      }
+      if (plan.tokens.empty()) {
+        return respond_error(named(bad_request("The prompt is empty.", "prompt", "invalid_value")), false);
+      }
+      const auto prompt_tokens = static_cast<std::int64_t>(plan.tokens.size());
+      if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(named(*e), false);
+    }
     for (const auto& [id, bias] : req.sampling.logit_bias) {
       if (id >= srv_.scheduler->vocab_size()) {
         const std::string vocab = std::to_string(srv_.scheduler->vocab_size());
@@ -660,24 +683,31 @@ class Session : public std::enable_shared_from_this<Session> {
     // JSON follows. A forced call's prompt already starts the call.
     const bool json_after_thinking =
         endpoint == Endpoint::chat && srv_.split_reasoning && req.json_object && !forced_call && !closes_reasoning;
-    if (const auto& so = srv_.scheduler->options();
-        static_cast<std::size_t>(req.n) > so.max_queue + static_cast<std::size_t>(so.max_batch)) {
-      return respond_error(
-          bad_request("n is " + std::to_string(req.n) + ", but this server runs " + std::to_string(so.max_batch) +
-                          " sequences and queues " + std::to_string(so.max_queue) +
-                          " more at most (colibri-server --max-batch, --max-queue); ask for fewer",
-                      "n", "invalid_value"),
-          false);
+    const std::size_t job_count = prompts.size() * static_cast<std::size_t>(req.n);
+    if (const auto& so = srv_.scheduler->options(); job_count > so.max_queue + static_cast<std::size_t>(so.max_batch)) {
+      const std::string asked = prompts.size() > 1
+                                    ? std::to_string(prompts.size()) + " prompts times n " + std::to_string(req.n) +
+                                          " is " + std::to_string(job_count) + " sequences"
+                                    : "n is " + std::to_string(req.n);
+      return respond_error(bad_request(asked + ", but this server runs " + std::to_string(so.max_batch) +
+                                           " sequences and queues " + std::to_string(so.max_queue) +
+                                           " more at most (colibri-server --max-batch, --max-queue); ask for fewer",
+                                       prompts.size() > 1 ? "prompt" : "n", "invalid_value"),
+                           false);
     }
     // One job per choice; events carry the request's generation so that a late event of an earlier request on
     // this connection is never taken for this one's.
     const std::uint64_t generation = ++generation_;
-    const std::uint64_t prompt_group = req.n > 1 ? ++srv_.next_prompt_group : 0;
     std::vector<std::shared_ptr<Job>> jobs;
-    for (int i = 0; i < req.n; ++i) {
+    std::uint64_t prompt_group = 0;
+    // Choice index = prompt * n + i, as OpenAI numbers a batch's choices.
+    for (std::size_t index = 0; index < job_count; ++index) {
+      const std::size_t p = index / static_cast<std::size_t>(req.n);
+      const int i = static_cast<int>(index % static_cast<std::size_t>(req.n));
+      if (i == 0) prompt_group = req.n > 1 ? ++srv_.next_prompt_group : 0;
       auto job = std::make_shared<Job>();
-      job->request.prompt = prompt;
-      job->request.max_tokens = req.max_tokens.value_or(ctx - prompt_tokens);
+      job->request.prompt = prompts[p].tokens;
+      job->request.max_tokens = req.max_tokens.value_or(ctx - static_cast<std::int64_t>(prompts[p].tokens.size()));
       job->request.stop = req.stop;
       job->request.sampling = req.sampling;
       if (req.seed_given) job->request.sampling.seed = req.sampling.seed + static_cast<std::uint64_t>(i);
@@ -708,22 +738,26 @@ class Session : public std::enable_shared_from_this<Session> {
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic && srv_.tool_format != ToolFormat::harmony) {
         job->request.keep_special = tool_marker_is_special(srv_.tool_format);
       }
-      job->on_event = [self = shared_from_this(), generation, i](GenerationEvent&& ev) {
-        net::post(self->stream_.get_executor(), [self, generation, i, ev = std::move(ev)]() mutable {
-          if (generation == self->generation_) self->on_event(static_cast<std::size_t>(i), std::move(ev));
+      job->on_event = [self = shared_from_this(), generation, index](GenerationEvent&& ev) {
+        net::post(self->stream_.get_executor(), [self, generation, index, ev = std::move(ev)]() mutable {
+          if (generation == self->generation_) self->on_event(index, std::move(ev));
         });
       };
       jobs.push_back(std::move(job));
     }
     logprobs_wanted_ = req.logprobs >= 0;
-    // Completions count logprob offsets in characters, echo included.
-    const auto echo_chars = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
     choices_.assign(jobs.size(), ChoiceState{});
     parallel_tool_calls_ = req.parallel_tool_calls;
-    for (auto& c : choices_) {
+    prompt_usage_.assign(prompts.size(), PromptUsage{});
+    for (std::size_t index = 0; index < choices_.size(); ++index) {
+      auto& c = choices_[index];
+      c.prompt_index = index / static_cast<std::size_t>(req.n);
+      const auto& echo_text = prompts[c.prompt_index].echo_text;
       c.text = echo_text;
-      // With the prompt's logprobs its tokens are listed too, their offsets counted from the start.
-      c.text_offset = req.echo && req.logprobs >= 0 ? 0 : echo_chars;
+      // Completions count logprob offsets in characters, echo included; with the prompt's logprobs its tokens are
+      // listed too, their offsets counted from the start.
+      c.text_offset =
+          req.echo && req.logprobs >= 0 ? 0 : static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
       if (use_harmony) {
         c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
@@ -768,8 +802,9 @@ class Session : public std::enable_shared_from_this<Session> {
       std::ostringstream head;
       head << res.base();
       pending_ = head.str();
-      if (endpoint == Endpoint::chat || !echo_text.empty()) {
-        for (std::size_t i = 0; i < jobs_.size(); ++i) {
+      for (std::size_t i = 0; i < jobs_.size(); ++i) {
+        const auto& echo_text = prompts[choices_[i].prompt_index].echo_text;
+        if (endpoint == Endpoint::chat || !echo_text.empty()) {
           pending_ += frame(choice_event(
               stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat, nullptr, static_cast<int>(i))));
         }
@@ -871,11 +906,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     c.finish_reason = openai_finish_reason(ev.finish_reason);
     finish_choice_text(index, c);
-    // The prompt counts once; the completions add up; cached: what every choice reused.
-    usage_.prompt_tokens = ev.prompt_tokens;
+    // Each prompt counts once; the completions add up; cached: per prompt, what every one of its choices reused.
+    auto& pu = prompt_usage_[c.prompt_index];
+    if (!pu.counted) usage_.prompt_tokens += ev.prompt_tokens;
+    pu.cached_tokens = pu.counted ? std::min(pu.cached_tokens, ev.cached_tokens) : ev.cached_tokens;
+    pu.counted = true;
     usage_.completion_tokens += ev.completion_tokens;
-    usage_.cached_tokens =
-        open_choices_ == choices_.size() ? ev.cached_tokens : std::min(usage_.cached_tokens, ev.cached_tokens);
+    usage_.cached_tokens = 0;
+    for (const auto& u : prompt_usage_) usage_.cached_tokens += u.cached_tokens;
     --open_choices_;
     if (streaming_) {
       pending_ += frame(
@@ -1220,6 +1258,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<std::shared_ptr<Job>> jobs_;
   std::uint64_t generation_ = 0;  // numbers this connection's requests; events of an earlier one are dropped
   struct ChoiceState {
+    std::size_t prompt_index = 0;  // completions batch: the prompt this choice continues
     std::string text;
     std::string finish_reason;
     std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
@@ -1236,6 +1275,11 @@ class Session : public std::enable_shared_from_this<Session> {
     std::size_t calls_sent = 0;                  // harmony: the complete calls emitted so far
   };
   std::vector<ChoiceState> choices_;
+  struct PromptUsage {
+    bool counted = false;  // a choice of this prompt finished: its prompt tokens are in usage_
+    std::int64_t cached_tokens = 0;
+  };
+  std::vector<PromptUsage> prompt_usage_;
   std::size_t open_choices_ = 0;
   Usage usage_;
   Endpoint endpoint_ = Endpoint::chat;

@@ -543,6 +543,44 @@ class Api(unittest.TestCase):
         status, err = self.s.json("POST", "/v1/completions", dict(req, n=17))
         assert_error(self, status, err, 400, "invalid_value", "n")
 
+    def test_a_batch_of_prompts_is_one_choice_per_prompt(self):
+        # lm-eval and the OpenAI client send "prompt": [p0, p1, ...]: choice p*n+i is prompt p's i-th, with the bits
+        # of that prompt sent alone; usage adds every prompt once.
+        prompts = ["A bird", "The sea is", "Seventeen quiet herons"]
+        req = {"model": "tiny", "max_tokens": 6, "temperature": 1.0, "seed": 7, "logprobs": 1, "echo": True}
+        status, body = self.s.json("POST", "/v1/completions", dict(req, prompt=prompts, n=2))
+        self.assertEqual(status, 200, body)
+        self.assertEqual([c["index"] for c in body["choices"]], list(range(6)))
+        singles = [self.s.json("POST", "/v1/completions", dict(req, prompt=p, n=2))[1] for p in prompts]
+        for p in range(3):
+            for i in range(2):
+                got, want = body["choices"][2 * p + i], singles[p]["choices"][i]
+                self.assertTrue(got["text"].startswith(prompts[p]), got["text"])
+                self.assertEqual((got["text"], got["logprobs"]), (want["text"], want["logprobs"]))
+        for key in ("prompt_tokens", "completion_tokens"):
+            self.assertEqual(body["usage"][key], sum(x["usage"][key] for x in singles), key)
+        # Token-id prompts, streamed: each chunk names its choice.
+        ids = [self.s.json("POST", "/tokenize", {"content": p})[1]["tokens"] for p in prompts[:2]]
+        greedy = {"model": "tiny", "max_tokens": 5, "temperature": 0}
+        _, full = self.s.json("POST", "/v1/completions", dict(greedy, prompt=ids))
+        status, events, done = self.s.stream("/v1/completions", dict(greedy, prompt=ids))
+        self.assertTrue(done)
+        for p in range(2):
+            _, one = self.s.json("POST", "/v1/completions", dict(greedy, prompt=ids[p]))
+            self.assertEqual(full["choices"][p]["text"], one["choices"][0]["text"])
+            mine = [dict(e, choices=[c for c in e["choices"] if c["index"] == p]) for e in events]
+            self.assertEqual(stream_text(mine, "completions"), one["choices"][0]["text"])
+        # Errors name the prompt; nothing runs.
+        long_prompt = "word " * 5000
+        status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=["hi", long_prompt]))
+        assert_error(self, status, err, 400, "context_length_exceeded", "prompt[1]")
+        self.assertTrue(err["error"]["message"].startswith("prompt[1]: "), err)
+        status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=["hi", [1, 2]]))
+        assert_error(self, status, err, 400, "invalid_type", "prompt[1]")
+        status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=["x"] * 16, n=16))
+        assert_error(self, status, err, 400, "invalid_value", "prompt")
+        self.assertIn("16 prompts times n 16", err["error"]["message"])
+
     def test_prompt_cache_reuses_a_shared_prefix_exactly(self):
         # The same prompt again runs only its last token; the answer, logprobs included, has the same bits.
         prompt = "The colibri hovers over the red flowers of the garden and drinks their nectar while the sun rises"

@@ -85,6 +85,26 @@ TEST(ServerApi, CompletionPromptForms) {
   EXPECT_EQ(r.prompt_tokens, (std::vector<std::int32_t>{1, 2, 3}));
   ASSERT_FALSE(parse(R"({"model":"m","prompt":[[4,5]]})", Endpoint::completions, r));
   EXPECT_EQ(r.prompt_tokens, (std::vector<std::int32_t>{4, 5}));
+  EXPECT_EQ(r.prompt_count(), 1U);
+  // A batch: one choice per prompt, all texts or all token ids.
+  CompletionRequest b;
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":["a","b","c"]})", Endpoint::completions, b));
+  EXPECT_EQ(b.prompt, "a");
+  EXPECT_EQ(b.more_prompts, (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(b.prompt_count(), 3U);
+  CompletionRequest t;
+  ASSERT_FALSE(parse(R"({"model":"m","prompt":[[1],[2,3]]})", Endpoint::completions, t));
+  EXPECT_TRUE(t.prompt_is_tokens);
+  EXPECT_EQ(t.prompt_tokens, (std::vector<std::int32_t>{1}));
+  ASSERT_EQ(t.more_prompt_tokens.size(), 1U);
+  EXPECT_EQ(t.more_prompt_tokens[0], (std::vector<std::int32_t>{2, 3}));
+  std::string many = R"({"model":"m","prompt":[)";
+  for (int i = 0; i <= kMaxPrompts; ++i) many += i ? ",\"x\"" : "\"x\"";
+  CompletionRequest too_many;
+  auto e = parse(many + "]}", Endpoint::completions, too_many);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->param, "prompt");
+  EXPECT_NE(e->message.find(std::to_string(kMaxPrompts + 1) + " prompts"), std::string::npos) << e->message;
 }
 
 TEST(ServerApi, MalformedBodies) {
@@ -222,7 +242,10 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
   const FieldCase completion_cases[] = {
       {R"({"model":"m"})", "prompt", "missing_required_parameter"},
       {R"({"model":"m","prompt":5})", "prompt", "invalid_type"},
-      {R"({"model":"m","prompt":["a","b"]})", "prompt", "invalid_value"},
+      {R"({"model":"m","prompt":["a",[1]]})", "prompt[1]", "invalid_type"},
+      {R"({"model":"m","prompt":[[1],"a"]})", "prompt[1]", "invalid_type"},
+      {R"({"model":"m","prompt":["a",5]})", "prompt[1]", "invalid_type"},
+      {R"({"model":"m","prompt":[[1],[2,-1]]})", "prompt[1][1]", "invalid_value"},
       {R"({"model":"m","prompt":[1,-2]})", "prompt[1]", "invalid_value"},
       {R"({"model":"m","prompt":[1,"x"]})", "prompt[1]", "invalid_type"},
       {R"({"model":"m","prompt":"x","echo":1})", "echo", "invalid_type"},

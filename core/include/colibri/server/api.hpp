@@ -49,6 +49,11 @@ struct CompletionRequest {
   std::string prompt;  // completions: text prompt
   std::vector<std::int32_t> prompt_tokens;
   bool prompt_is_tokens = false;
+  // completions: a batch ("prompt": [p0, p1, ...]) is one choice per prompt (n each); the above hold p0, these the
+  // rest, all texts or all token ids like p0.
+  std::vector<std::string> more_prompts;
+  std::vector<std::vector<std::int32_t>> more_prompt_tokens;
+  [[nodiscard]] std::size_t prompt_count() const { return 1 + more_prompts.size() + more_prompt_tokens.size(); }
   bool echo = false;
   std::optional<std::string> suffix;  // completions: fill in the middle between prompt and suffix
   std::optional<std::int64_t> max_tokens;
@@ -79,6 +84,7 @@ struct CompletionRequest {
 inline constexpr std::size_t kMaxTools = 128;
 
 inline constexpr int kMaxChoices = 16;
+inline constexpr int kMaxPrompts = 256;  // completions: prompts in one batch request (the queue bounds it too)
 
 // Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot
 // exhaust the stack of the recursive parser.
