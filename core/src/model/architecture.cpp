@@ -115,11 +115,25 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   h.hidden_size = get_int("hidden_size", 0, true);
   h.num_layers = get_int("num_hidden_layers", 0, true);
   h.num_heads = get_int("num_attention_heads", 0, true);
-  h.num_kv_heads = get_int("num_key_value_heads", h.num_heads, false);
-  h.head_dim = get_int("head_dim", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
-  h.max_position_embeddings = get_int("max_position_embeddings", 4096, false);
-  h.rms_norm_eps = get_float("rms_norm_eps", a == "gpt_oss" ? 1e-5 : 1e-6);
-  h.rope_theta = get_float("rope_theta", a == "mixtral" ? 1e6 : a == "gpt_oss" ? 150000.0 : 10000.0);
+  // A key config.json leaves out takes its transformers config class's default, as HF would load it (save_pretrained
+  // writes every key, so this is for hand-written configs).
+  struct Defaults {
+    std::int64_t kv_heads;  // 0: num_attention_heads
+    std::int64_t max_positions;
+    double rms_norm_eps, rope_theta;
+  };
+  const Defaults d = a == "mixtral"     ? Defaults{8, 4096 * 32, 1e-5, 1e6}
+                     : a == "mistral"   ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
+                     : a == "qwen2_moe" ? Defaults{16, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_moe" ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "olmoe"     ? Defaults{0, 4096, 1e-5, 10000.0}
+                     : a == "gpt_oss"   ? Defaults{8, 131072, 1e-5, 150000.0}
+                                        : Defaults{0, 2048, 1e-6, 10000.0};  // llama
+  h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
+  h.head_dim = get_int("head_dim", a == "gpt_oss" ? 64 : h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
+  h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
+  h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
+  h.rope_theta = get_float("rope_theta", d.rope_theta);
   if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) h.rope_scaling = c["rope_scaling"];
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_object() && !c["rope_scaling"].is_null()) {
     // Ignoring it would run a long-context model with plain RoPE: wrong answers past the original context.
@@ -141,7 +155,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (c.contains("hidden_act") && c["hidden_act"].is_string()) h.hidden_act = c["hidden_act"].get<std::string>();
   if (h.hidden_act == "silu" || h.hidden_act == "swish") h.hidden_act = "silu";
   h.tie_word_embeddings = get_bool("tie_word_embeddings", false);
-  if (a == "mistral" || a == "mixtral") h.sliding_window = get_int("sliding_window", 0, false);
+  if (a == "mistral" || a == "mixtral") h.sliding_window = get_int("sliding_window", a == "mistral" ? 4096 : 0, false);
   if ((a == "qwen2_moe" || a == "qwen3_moe") && get_bool("use_sliding_window", false)) {
     return Status(StatusCode::unsupported,
                   where + ": use_sliding_window=true (per-layer sliding windows) is not supported");

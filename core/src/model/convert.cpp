@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -991,6 +992,19 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       for (const auto& [name, t] : in.st->tensors()) {
         if (!used.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos) unused.push_back(name);
       }
+    }
+    // Whole layers past num_hidden_layers: the config and the weights disagree, and the model would run short.
+    for (const auto& name : unused) {
+      const std::string_view prefix = in.is_gguf ? "blk." : "model.layers.";
+      if (!std::string_view(name).starts_with(prefix)) continue;
+      std::int64_t layer = 0;
+      const char* first = name.data() + prefix.size();
+      const auto [end, ec] = std::from_chars(first, name.data() + name.size(), layer);
+      if (ec != std::errc() || end == first || *end != '.' || layer < hp.num_layers) continue;
+      return Status(StatusCode::invalid_argument,
+                    opt.input.string() + ": the weights hold layer " + std::to_string(layer) + " ('" + name + "'), but " +
+                        (in.is_gguf ? "its metadata says block_count " : "config.json says num_hidden_layers ") +
+                        std::to_string(hp.num_layers) + "; fix the layer count (the model would run without them)");
     }
     if (!unused.empty()) {
       summary.warnings.push_back(std::to_string(unused.size()) + " tensor(s) of the input are not used by " +

@@ -438,6 +438,14 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "field \"rope_scaling\" is \"linear\"; it must be an object", "rope-string");
   }
+  {  // a checkpoint with more layers than the config says: refused, not run short
+    auto d = copy_fixture(src, "fewer layers");
+    json cfg = json::parse(slurp(d / "config.json"));
+    cfg["num_hidden_layers"] = cfg["num_hidden_layers"].get<int>() - 1;
+    std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+    expect_clean_failure(d, "config.json says num_hidden_layers " + std::to_string(cfg["num_hidden_layers"].get<int>()),
+                         "fewer layers");
+  }
   {  // an unknown rope type is refused at convert, not at the first run
     auto d = copy_fixture(src, "rope");
     json cfg = json::parse(slurp(d / "config.json"));
