@@ -8,8 +8,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <charconv>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1002,7 +1002,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       const auto [end, ec] = std::from_chars(first, name.data() + name.size(), layer);
       if (ec != std::errc() || end == first || *end != '.' || layer < hp.num_layers) continue;
       return Status(StatusCode::invalid_argument,
-                    opt.input.string() + ": the weights hold layer " + std::to_string(layer) + " ('" + name + "'), but " +
+                    opt.input.string() + ": the weights hold layer " + std::to_string(layer) + " ('" + name +
+                        "'), but " +
                         (in.is_gguf ? "its metadata says block_count " : "config.json says num_hidden_layers ") +
                         std::to_string(hp.num_layers) + "; fix the layer count (the model would run without them)");
     }
