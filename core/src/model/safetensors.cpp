@@ -1,6 +1,10 @@
 #include "colibri/model/safetensors.hpp"
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "model/file_io.hpp"
 
@@ -60,14 +64,25 @@ Status parse_shard(const fs::path& path, const io::File& file, std::size_t file_
   std::string text(header_len, '\0');
   if (auto s = file.read_at(text.data(), header_len, 8); !s) return s;
   json header;
+  std::string duplicate;  // a tensor named twice: JSON keeps the last, the file's writer meant something else
+  std::set<std::string> names;
   try {
-    header = json::parse(text);
+    header = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth == 1 && event == json::parse_event_t::key && duplicate.empty() &&
+          !names.insert(parsed.get<std::string>()).second) {
+        duplicate = parsed.get<std::string>();
+      }
+      return true;
+    });
   } catch (const std::exception& e) {
     return corrupt(path, std::string("header is not valid JSON: ") + e.what());
   }
+  if (!duplicate.empty()) return corrupt(path, "header names tensor '" + duplicate + "' twice");
   if (!header.is_object()) return corrupt(path, "header is not a JSON object");
   const std::uint64_t data_start = 8 + header_len;
   const std::uint64_t data_len = *size - data_start;
+  std::vector<std::pair<std::uint64_t, std::string>> spans;  // begin, name: checked for holes and overlaps below
+  std::map<std::string, std::uint64_t> ends;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const json& e = it.value();
@@ -109,7 +124,33 @@ Status parse_shard(const fs::path& path, const io::File& file, std::size_t file_
     }
     t.offset = data_start + begin;
     t.size = expect;
+    spans.emplace_back(begin, t.name);
+    ends[t.name] = end;
     out[t.name] = std::move(t);
+  }
+  // The format's rule: the tensors tile the data section exactly, no overlap (two tensors reading one's bytes), no
+  // hole, nothing after (the safetensors library refuses these too).
+  std::sort(spans.begin(), spans.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : ends[a.second] < ends[b.second];
+  });
+  std::uint64_t covered = 0;
+  std::string previous;
+  for (const auto& [begin, name] : spans) {
+    if (begin < covered) {
+      return corrupt(path, "tensor '" + name + "' (data_offsets from " + std::to_string(begin) + ") overlaps '" +
+                               previous + "' (to " + std::to_string(covered) + "); the file is corrupt");
+    }
+    if (begin > covered) {
+      return corrupt(path, "bytes " + std::to_string(covered) + " to " + std::to_string(begin) +
+                               " of the data section belong to no tensor (before '" + name + "'); the file is corrupt");
+    }
+    covered = ends[name];
+    previous = name;
+  }
+  if (covered != data_len) {
+    return corrupt(path, std::to_string(data_len - covered) + " bytes follow the last tensor's data (" +
+                             std::to_string(covered) + " of " + std::to_string(data_len) +
+                             " bytes are tensors); the file is corrupt or not safetensors");
   }
   return {};
 }

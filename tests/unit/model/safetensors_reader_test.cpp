@@ -121,6 +121,21 @@ TEST(SafetensorsReader, RejectsBadHeaders) {
   h = good_header();
   h["w"].erase("data_offsets");
   expect_error(safetensors(h, data24()), "needs dtype");
+  // The tensors must tile the data section: a damaged file whose offsets overlap, leave a hole or stop short would
+  // convert into a model that runs on the wrong bytes.
+  h = good_header();
+  h["b"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {8, 16}}};
+  expect_error(safetensors(h, data24().substr(0, 16)), "overlaps");
+  h = good_header();
+  h["w"] = {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}};
+  expect_error(safetensors(h, data24()), "belong to no tensor");
+  expect_error(safetensors(good_header(), data24() + "junk"), "4 bytes follow the last tensor's data");
+  // A tensor named twice (JSON would keep the last silently).
+  std::string twice = good_header().dump();
+  twice.insert(twice.size() - 1, R"(,"w":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]})");
+  Bytes dup;
+  dup.pod<std::uint64_t>(twice.size()).raw(twice).raw(data24());
+  expect_error(dup.data, "names tensor 'w' twice");
   testing::write_file(dir / "model.safetensors", "");
   std::filesystem::remove(dir / "model.safetensors");
   auto none = SafetensorsCheckpoint::open(dir);
