@@ -311,9 +311,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   for (const auto& t : manifest_.tensors) {
     const auto* p = shared_files_.at(t.file).data() + t.offset;
     if (static_cast<std::uint64_t>(XXH64(p, t.size, 0)) != t.checksum) {
-      return Status(StatusCode::corrupt_data,
-                    model::describe_model_file(manifest_, t.file) + ": checksum mismatch in " + t.file + " (tensor " +
-                        t.name + "); re-run convert (colibri-cli inspect --verify lists every bad file)");
+      return Status(StatusCode::corrupt_data, model::describe_model_file(manifest_, t.file) +
+                                                  ": checksum mismatch in " + t.file + " (tensor " + t.name + ")" +
+                                                  model::checksum_fix(plugins_.storage_name));
     }
   }
   Status missing;
@@ -466,6 +466,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   }
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
+  experts_->set_storage_name(plugins_.storage_name);
   const std::uint64_t vram_budget = options_.vram_budget_bytes.value_or(0);
   if (vram_budget > 0 && !has_device_memory) {
     spdlog::warn("memory.vram_budget ({}) ignored: compute backend {} has no device memory",

@@ -200,9 +200,8 @@ Status ExpertManager::verify(const model::ExpertEntry& e, const std::byte* data)
     }
     const auto* p = data + (part->offset - e.offset);
     if (static_cast<std::uint64_t>(XXH64(p, part->size, 0)) != part->checksum) {
-      return Status(StatusCode::corrupt_data,
-                    where + ": checksum mismatch in " + e.file + " (tensor " + part->name +
-                        "); re-run convert (colibri-cli inspect --verify lists every bad file)");
+      return Status(StatusCode::corrupt_data, where + ": checksum mismatch in " + e.file + " (tensor " + part->name +
+                                                  ")" + model::checksum_fix(storage_name_));
     }
   }
   return {};

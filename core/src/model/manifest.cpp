@@ -791,6 +791,13 @@ Status check_tokenizer_file(const Manifest& m, const fs::path& dir, const std::s
   return {};
 }
 
+std::string checksum_fix(const std::string& storage) {
+  if (storage.empty()) return "; re-run convert (colibri-cli inspect --verify lists every bad file)";
+  return ", as read through storage plugin '" + storage +
+         "'; colibri-cli inspect --verify reads the files directly: if it lists this one, restore it or re-run "
+         "convert, else the storage plugin returned wrong bytes";
+}
+
 std::string describe_model_file(const Manifest& m, const std::string& path) {
   if (path == "shared.bin") return "shared";
   std::vector<const ExpertEntry*> in_file;

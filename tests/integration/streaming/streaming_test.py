@@ -651,13 +651,18 @@ class Faults(unittest.TestCase):
     def test_injected_faults_name_the_expert(self):
         m = model()
         cases = {"fail_path_substring": "E002.bin", "short_read_path_substring": "E002.bin",
-                 "missing_path_substring": "L001/E002.bin"}
+                 "missing_path_substring": "L001/E002.bin", "corrupt_path_substring": "E002.bin"}
         for option, value in cases.items():
             p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
                      os.path.join(WORK, "x.npy"), "--set", "storage.plugin=faulty", "--set",
-                     f"storage.{option}={value}", "--expert-cache-size", str(slot_bytes(m) * 4)], check=False)
+                     f"storage.{option}={value}", "--set",
+                     "storage.corrupt_bytes=" + ("1" if option.startswith("corrupt") else "0"), "--expert-cache-size",
+                     str(slot_bytes(m) * 4)], check=False)
             self.assertNotEqual(p.returncode, 0, option)
             self.assertRegex(p.stderr, r"L\d+/E2", f"{option}: {p.stderr}")
+            if option == "corrupt_path_substring":  # the file is fine: the bytes came wrong through the plugin
+                self.assertIn("as read through storage plugin 'faulty'", p.stderr)
+                self.assertIn("else the storage plugin returned wrong bytes", p.stderr)
 
 
 if __name__ == "__main__":

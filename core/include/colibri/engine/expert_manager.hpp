@@ -115,6 +115,8 @@ class ExpertManager {
   ~ExpertManager();
   ExpertManager(const ExpertManager&) = delete;
   ExpertManager& operator=(const ExpertManager&) = delete;
+  // The storage plugin's name, which a checksum error names (the bytes came through it).
+  void set_storage_name(std::string name) { storage_name_ = std::move(name); }
 
   // True when every expert fits the budget (resident mode).
   [[nodiscard]] bool resident() const { return resident_; }
@@ -291,6 +293,7 @@ class ExpertManager {
   const model::Manifest& manifest_;
   std::filesystem::path dir_;
   std::shared_ptr<sdk::Storage> storage_;
+  std::string storage_name_;  // the storage plugin's, for errors about the bytes it returned
   std::shared_ptr<sdk::CachePolicy> policy_;
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;

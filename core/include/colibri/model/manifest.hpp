@@ -161,4 +161,8 @@ sdk::Status check_tokenizer_file(const Manifest& m, const std::filesystem::path&
 // "L12/E5" for an expert blob path ("experts/L012/E005.bin"), "shared" for shared.bin, the path otherwise.
 std::string describe_model_file(const Manifest& m, const std::string& path);
 
+// What a checksum error at run time tells the user to do: the file may be damaged, or the storage plugin the bytes
+// came through (`storage`, "" when unknown) may have returned wrong ones; inspect --verify reads the file directly.
+std::string checksum_fix(const std::string& storage);
+
 }  // namespace colibri::model
