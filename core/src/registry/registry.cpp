@@ -2,13 +2,17 @@
 
 #include <dlfcn.h>
 #include <elf.h>
+#include <execinfo.h>
+#include <link.h>
 #include <spdlog/spdlog.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <boost/dll/shared_library.hpp>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -72,12 +76,15 @@ bool valid_name(std::string_view n) {
 // What dlopen would refuse with a misleading reason (glibc says "No such file or directory" for a library of
 // another architecture): the ELF header says what the file is. "" when it looks like a library for this machine.
 std::string elf_problem(const fs::path& file) {
-  std::error_code ec;
-  const auto st = fs::status(file, ec);  // through links
+  std::error_code ec, status_ec;
+  const auto st = fs::status(file, status_ec);  // through links
   if (fs::is_symlink(fs::symlink_status(file, ec)) && !fs::exists(st)) {
+    if (status_ec.value() == ELOOP) return "is a link that leads back to itself (a loop); fix or remove the link";
     return "is a link to " + fs::read_symlink(file, ec).string() + ", which does not exist; fix or remove the link";
   }
   if (fs::is_directory(st)) return "is a directory, not a shared library; rename or remove it";
+  // Opening a FIFO to read its header would wait for a writer forever.
+  if (!fs::is_regular_file(st)) return "is not a regular file (a FIFO, socket or device); remove it";
   unsigned char h[EI_NIDENT + 4] = {};
   std::ifstream in(file, std::ios::binary);
   if (!in) return "cannot be opened for reading (" + std::string(std::strerror(errno)) + "); check its permissions";
@@ -105,45 +112,143 @@ std::string elf_problem(const fs::path& file) {
   return {};
 }
 
-// A plugin that crashes while colibri calls into it (loading, scoring, creating) would end the process with no word
-// of which file it was: while a call runs, fatal signals first print it, then take their usual course.
+// A plugin that crashes would end the process with no word of which file it was. One handler, installed with the
+// first plugin, names it: the call colibri is making into a plugin (loading, scoring, creating), else the plugin whose
+// code is at the faulting address or on the crashing stack (a victim pick, a read, a kernel). Then the signal takes the
+// course it had before (the default action, or a sanitizer's report).
 std::atomic<const char*> g_plugin_call{nullptr};
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+struct sigaction g_previous[std::size(kFatalSignals)]{};
 
-void on_fatal_signal(int sig) {
-  if (const char* what = g_plugin_call.load()) {
-    constexpr char kPrefix[] = "\nfatal: a plugin crashed (signal ";
-    [[maybe_unused]] auto n = ::write(STDERR_FILENO, kPrefix, sizeof kPrefix - 1);
-    char num[4] = {static_cast<char>('0' + sig / 10 % 10), static_cast<char>('0' + sig % 10), ')', ' '};
-    n = ::write(STDERR_FILENO, sig >= 10 ? num : num + 1, sig >= 10 ? 4 : 3);
-    n = ::write(STDERR_FILENO, what, std::strlen(what));
-    constexpr char kSuffix[] = "; remove it from the plugin directory or rebuild it against this colibri\n";
-    n = ::write(STDERR_FILENO, kSuffix, sizeof kSuffix - 1);
+// Executable ranges of the loaded plugins, written before they are published through g_code_range_count.
+struct CodeRange {
+  std::uintptr_t begin = 0, end = 0;
+  const char* label = nullptr;  // "cache plugin 'x' (/path/libcolibri-cache-x.so)"
+};
+constexpr std::size_t kMaxCodeRanges = 512;
+CodeRange g_code_ranges[kMaxCodeRanges];
+std::atomic<std::size_t> g_code_range_count{0};
+std::mutex g_code_range_mutex;
+
+const char* plugin_code_at(std::uintptr_t pc) {
+  const std::size_t n = g_code_range_count.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (pc >= g_code_ranges[i].begin && pc < g_code_ranges[i].end) return g_code_ranges[i].label;
   }
-  std::signal(sig, SIG_DFL);  // returning re-runs the fault (or abort() re-raises) under the default action
+  return nullptr;
 }
 
+void write_stderr(const char* text) {
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, text, std::strlen(text));
+}
+
+std::uintptr_t faulting_pc(void* context) {
+  if (context == nullptr) return 0;
+  const auto* uc = static_cast<const ucontext_t*>(context);
+#if defined(__x86_64__)
+  return static_cast<std::uintptr_t>(uc->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+  return static_cast<std::uintptr_t>(uc->uc_mcontext.pc);
+#else
+  (void)uc;
+  return 0;
+#endif
+}
+
+void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  char num[8] = {};
+  num[0] = sig >= 10 ? static_cast<char>('0' + sig / 10 % 10) : static_cast<char>('0' + sig % 10);
+  if (sig >= 10) num[1] = static_cast<char>('0' + sig % 10);
+  if (const char* what = g_plugin_call.load()) {
+    write_stderr("\nfatal: a plugin crashed (signal ");
+    write_stderr(num);
+    write_stderr(") ");
+    write_stderr(what);
+    write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
+  } else {
+    const char* where = plugin_code_at(faulting_pc(context));
+    if (where == nullptr && g_code_range_count.load() > 0) {
+      void* frames[64];
+      const int n = ::backtrace(frames, 64);
+      for (int i = 0; i < n && where == nullptr; ++i)
+        where = plugin_code_at(reinterpret_cast<std::uintptr_t>(frames[i]));
+    }
+    if (where != nullptr) {
+      write_stderr("\nfatal: signal ");
+      write_stderr(num);
+      write_stderr(" while running the code of ");
+      write_stderr(where);
+      write_stderr(
+          "; if it is a third-party plugin, remove it from the plugin directory or rebuild it against this "
+          "colibri\n");
+    }
+  }
+  for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {
+    if (kFatalSignals[i] == sig) sigaction(sig, &g_previous[i], nullptr);
+  }
+  // A fault recurs when the handler returns; a signal sent by raise(), kill() or abort() would not: send it again.
+  if (info == nullptr || info->si_code <= 0) ::raise(sig);
+}
+
+void install_crash_reporter() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* warm[1];
+    ::backtrace(warm, 1);  // loads the unwinder now: the handler must not be the first to
+    struct sigaction sa {};
+    sa.sa_sigaction = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &sa, &g_previous[i]);
+  });
+}
+
+// Publishes the executable segments of the library holding `symbol` under `label`.
+void register_plugin_code(const void* symbol, const std::string& label) {
+  Dl_info info{};
+  if (::dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return;
+  struct Search {
+    const char* file;
+    const void* base;
+    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+  } search{info.dli_fname, info.dli_fbase, {}};
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* object, std::size_t, void* data) {
+        auto* sr = static_cast<Search*>(data);
+        if (object->dlpi_name == nullptr || std::strcmp(object->dlpi_name, sr->file) != 0) return 0;
+        for (int i = 0; i < object->dlpi_phnum; ++i) {
+          const auto& ph = object->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          const std::uintptr_t begin = object->dlpi_addr + ph.p_vaddr;
+          sr->ranges.emplace_back(begin, begin + ph.p_memsz);
+        }
+        return 1;
+      },
+      &search);
+  std::lock_guard lock(g_code_range_mutex);
+  const char* text = ::strdup(label.c_str());  // lives as long as the process: the handler may read it at any time
+  for (const auto& [begin, end] : search.ranges) {
+    const std::size_t n = g_code_range_count.load(std::memory_order_relaxed);
+    if (n == kMaxCodeRanges) return;
+    g_code_ranges[n] = {begin, end, text};
+    g_code_range_count.store(n + 1, std::memory_order_release);
+  }
+}
+
+// Marks a call into a plugin, so a crash during it names the call.
 class PluginCall {
  public:
   explicit PluginCall(std::string what) : what_(std::move(what)) {
-    struct sigaction sa {};
-    sa.sa_handler = on_fatal_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &sa, &saved_[i]);
+    install_crash_reporter();
     outer_ = g_plugin_call.exchange(what_.c_str());
   }
-  ~PluginCall() {
-    g_plugin_call.store(outer_);
-    for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &saved_[i], nullptr);
-  }
+  ~PluginCall() { g_plugin_call.store(outer_); }
   PluginCall(const PluginCall&) = delete;
   PluginCall& operator=(const PluginCall&) = delete;
 
  private:
   std::string what_;
   const char* outer_ = nullptr;  // a call this one runs inside
-  struct sigaction saved_[std::size(kFatalSignals)]{};
 };
 
 }  // namespace
@@ -257,13 +362,19 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
       const std::string fname = entry.path().filename().string();
       if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) files.push_back(entry.path());
     }
+    if (ec) {
+      spdlog::warn(
+          "plugin directory {} (from {}) cannot be read ({}); its plugins are not loaded; check its "
+          "permissions",
+          dir.path.string(), dir.origin, ec.message());
+    }
     std::sort(files.begin(), files.end());  // deterministic order within a directory
-    for (const auto& f : files) reg.load_one(f, host);
+    for (const auto& f : files) reg.load_one(f, host, dir.origin);
   }
   return reg;
 }
 
-void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
+void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, const std::string& origin) {
   if (auto why = elf_problem(file); !why.empty()) {
     broken_.push_back({file, why});
     return;
@@ -271,7 +382,15 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   PluginCall call("while loading " + file.string());
-  lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  try {  // a static constructor that throws is that plugin's fault, not every command's
+    lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  } catch (const std::exception& e) {
+    broken_.push_back({file, std::string("threw while loading (a static constructor): ") + e.what()});
+    return;
+  } catch (...) {
+    broken_.push_back({file, "threw a non-standard exception while loading (a static constructor)"});
+    return;
+  }
   if (ec || !lib->is_loaded()) {
     const char* err = dlerror();
     broken_.push_back({file, std::string("cannot be loaded: ") + (err ? err : ec.message())});
@@ -297,7 +416,14 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
     broken_.push_back({file, st.message()});
     return;
   }
-  if (const PluginInfo* first = find(d->kind, d->name)) {
+  if (PluginInfo* first = find_mutable(d->kind, d->name)) {
+    // colibri's own plugin, replaced by one of the same name earlier in the search path: not broken, shadowed
+    if ((origin == "install dir" || origin == "next to the executable") && first->origin != origin) {
+      first->shadows = file;
+      shadowed_.push_back({file, std::string(to_string(d->kind)) + " plugin '" + d->name + "' is replaced by " +
+                                     first->path.string() + " (" + first->origin + ", earlier in the search path)"});
+      return;
+    }
     broken_.push_back({file, "duplicate " + std::string(to_string(d->kind)) + " plugin '" + d->name +
                                  "': already provided by " + first->path.string() + " (earlier in the search path)"});
     return;
@@ -308,12 +434,21 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
   info.version = d->version ? d->version : "";
   info.description = d->description ? d->description : "";
   info.path = file;
+  info.origin = origin;
   info.build_fingerprint = d->header.build_fingerprint;
   info.options.assign(d->options.begin(), d->options.end());
   for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");
+  register_plugin_code(d, std::string(to_string(d->kind)) + " plugin '" + d->name + "' (" + file.string() + ")");
   {
     PluginCall scoring("in score() of " + file.string());
+    const auto start = std::chrono::steady_clock::now();
     info.score = d->score(host);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (took.count() > 1.0) {
+      spdlog::warn(
+          "{} plugin '{}' ({}) took {:.1f} s to score this machine; every colibri command waits for it at start",
+          to_string(d->kind), d->name, file.string(), took.count());
+    }
   }
   if (info.score.value < 0) info.score.value = 0;
   info.descriptor = d;
@@ -327,6 +462,13 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host) {
 
 const PluginInfo* PluginRegistry::find(sdk::PluginKind kind, std::string_view name) const noexcept {
   for (const auto& p : plugins_) {
+    if (p.kind == kind && p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+PluginInfo* PluginRegistry::find_mutable(sdk::PluginKind kind, std::string_view name) noexcept {
+  for (auto& p : plugins_) {
     if (p.kind == kind && p.name == name) return &p;
   }
   return nullptr;
@@ -371,6 +513,12 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
     }
     return Status(StatusCode::not_found,
                   "no " + kind_name + " plugin named '" + std::string(name) + "'" + hint + describe());
+  }
+  if (!p->shadows.empty()) {
+    spdlog::warn(
+        "{} plugin '{}' is {}, which replaces colibri's own {}; remove it (or rename its plugin) to use the "
+        "built-in one",
+        kind_name, p->name, p->path.string(), p->shadows.string());
   }
   if (p->score.value == 0) {
     return Status(StatusCode::unsupported,

@@ -5,6 +5,8 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -124,6 +126,47 @@ TEST(Registry, AnEntryThatThrowsIsListedAsBroken) {
   EXPECT_THAT(broken_reason(reg, "entry-throws"), HasSubstr("colibri_plugin_entry() threw: entry boom"));
 }
 
+TEST(Registry, AStaticConstructorThatThrowsIsListedAsBroken) {
+  auto reg = scan({"static_throws", "good"});
+  EXPECT_EQ(reg.plugins().size(), 1u);  // the others still load
+  EXPECT_THAT(broken_reason(reg, "static-throws"),
+              HasSubstr("threw while loading (a static constructor): static boom"));
+}
+
+TEST(Registry, AFifoOrALinkLoopIsNamedAndNeverWaitedOn) {
+  const fs::path dir = fs::temp_directory_path() / ("colibri-reg-fifo-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "libcolibri-cache-pipe.so").c_str(), 0600), 0);  // opening it to read would block
+  fs::create_symlink("libcolibri-cache-loop.so", dir / "libcolibri-cache-loop.so");
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  EXPECT_THAT(broken_reason(reg, "pipe"), HasSubstr("is not a regular file (a FIFO"));
+  EXPECT_THAT(broken_reason(reg, "loop"), HasSubstr("leads back to itself"));
+  fs::remove_all(dir);
+}
+
+TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
+  std::vector<SearchDir> dirs{{fixture_dir("dup_first"), "COLIBRI_PLUGIN_PATH"},
+                              {fixture_dir("dup_second"), "install dir"}};
+  auto reg = PluginRegistry::scan(dirs, colibri::util::host_info());
+  EXPECT_TRUE(reg.broken().empty());
+  ASSERT_EQ(reg.shadowed().size(), 1u);
+  EXPECT_THAT(reg.shadowed()[0].path.string(), HasSubstr("dup_second"));
+  EXPECT_THAT(reg.shadowed()[0].reason, HasSubstr("is replaced by"));
+  const auto* p = reg.find(PluginKind::storage, "fixture-dup");
+  ASSERT_NE(p, nullptr);
+  EXPECT_THAT(p->shadows.string(), HasSubstr("dup_second"));
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto logger = std::make_shared<spdlog::logger>("shadow-test", sink);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  auto selected = reg.select(PluginKind::storage, "fixture-dup");
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(selected);
+  EXPECT_THAT(log.str(), HasSubstr("which replaces colibri's own"));
+}
+
 TEST(Registry, AnOptionTableWithoutANameIsRefusedNotDereferenced) {
   auto reg = scan({"option_without_name"});
   EXPECT_TRUE(reg.plugins().empty());
@@ -138,6 +181,26 @@ TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
 #endif
   EXPECT_DEATH(scan({"score_crashes"}),
                "a plugin crashed .signal 11. in score.. of [^ ]*libcolibri-storage-fixture-crash.so; remove it");
+}
+
+TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "not under AddressSanitizer";
+#endif
+  // Not in a call colibri marks (loading, scoring, creating): a read, found by the faulting address.
+  EXPECT_DEATH(
+      {
+        auto reg = scan({"read_crashes"});
+        auto p = reg.select(PluginKind::storage, "fixture-read-crash");
+        if (!p) std::abort();
+        auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
+        if (!obj) std::abort();
+        std::byte buf[8];
+        auto* file = reinterpret_cast<colibri::sdk::StorageFile*>(buf);
+        (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
+      },
+      "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
+      "crash.so.; if it is a third-party plugin, remove it");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {

@@ -32,6 +32,8 @@ struct PluginInfo {
   std::string version;
   std::string description;
   std::filesystem::path path;
+  std::string origin;             // the search directory's ("COLIBRI_PLUGIN_PATH", "install dir", ...)
+  std::filesystem::path shadows;  // colibri's own plugin of this kind and name that this one replaces, if any
   std::string build_fingerprint;
   std::vector<sdk::OptionSpec> options;
   std::vector<std::string> capabilities;
@@ -53,6 +55,8 @@ class PluginRegistry {
 
   [[nodiscard]] const std::vector<PluginInfo>& plugins() const noexcept { return plugins_; }
   [[nodiscard]] const std::vector<BrokenPlugin>& broken() const noexcept { return broken_; }
+  // colibri's own plugins that one of the same kind and name earlier in the search path replaces (reason: by which).
+  [[nodiscard]] const std::vector<BrokenPlugin>& shadowed() const noexcept { return shadowed_; }
   [[nodiscard]] const std::vector<SearchDir>& search_path() const noexcept { return search_path_; }
   [[nodiscard]] const sdk::HostInfo& host() const noexcept { return host_; }
 
@@ -80,12 +84,14 @@ class PluginRegistry {
   }
 
  private:
-  void load_one(const std::filesystem::path& file, const sdk::HostInfo& host);
+  void load_one(const std::filesystem::path& file, const sdk::HostInfo& host, const std::string& origin);
+  PluginInfo* find_mutable(sdk::PluginKind kind, std::string_view name) noexcept;
 
   sdk::HostInfo host_;
   std::vector<SearchDir> search_path_;
   std::vector<PluginInfo> plugins_;
   std::vector<BrokenPlugin> broken_;
+  std::vector<BrokenPlugin> shadowed_;
 };
 
 // Reads a library's descriptor and checks it against this colibri: exact ABI version, compatible
