@@ -321,7 +321,10 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
                   "plugin " + where + " declares an unknown kind " + std::to_string(static_cast<unsigned>(d->kind)));
   }
   if (d->name == nullptr || !valid_name(d->name)) {
-    return Status(StatusCode::invalid_argument, "plugin " + where + " has an invalid name (use a-z, 0-9, '_', '-')");
+    const std::string name = d->name == nullptr ? "" : d->name;
+    return Status(StatusCode::invalid_argument, "plugin " + where + " has an invalid name" +
+                                                    (d->name == nullptr ? "" : " '" + name + "'") +
+                                                    " (use 1 to 64 of a-z, 0-9, '_', '-')");
   }
   if (d->score == nullptr || d->create == nullptr) {
     return Status(StatusCode::invalid_argument, "plugin " + where + " has no score() or create() function");
@@ -334,9 +337,18 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
         static_cast<unsigned>(o.type) > static_cast<unsigned>(sdk::OptionType::string_list)) {
       return Status(StatusCode::invalid_argument,
                     "plugin " + where + ": option " + std::to_string(i) +
-                        (o.name != nullptr && named ? " ('" + std::string(o.name) + "')" : "") +
+                        (o.name != nullptr ? " ('" + std::string(o.name) + "')" : "") +
                         " needs a name (a-z, 0-9, '_'), a known type, a default and a doc string; fix its options "
                         "table and rebuild it");
+    }
+    // A default its own type refuses would fail only when a profile first uses the plugin.
+    if (std::string_view(o.default_value) != "auto") {
+      if (auto v = sdk::parse_option_value(o, o.default_value); !v) {
+        return Status(StatusCode::invalid_argument, "plugin " + where + ": option '" + o.name + "' has the default '" +
+                                                        o.default_value + "', which its type refuses (" +
+                                                        v.error().message() +
+                                                        "); fix its options table and rebuild it");
+      }
     }
   }
   return {};
@@ -427,6 +439,13 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
     broken_.push_back({file, "duplicate " + std::string(to_string(d->kind)) + " plugin '" + d->name +
                                  "': already provided by " + first->path.string() + " (earlier in the search path)"});
     return;
+  }
+  // The file name is what a user searches for ("no storage plugin named 'fast'" while libcolibri-storage-fast.so
+  // declares another): say where they disagree.
+  if (const std::string expected = "libcolibri-" + std::string(to_string(d->kind)) + "-" + d->name + ".so";
+      file.filename().string() != expected) {
+    spdlog::warn("{} holds {} plugin '{}'; name the file {} so that its name says what it is", file.string(),
+                 to_string(d->kind), d->name, expected);
   }
   PluginInfo info;
   info.kind = d->kind;

@@ -145,6 +145,23 @@ TEST(Registry, AFifoOrALinkLoopIsNamedAndNeverWaitedOn) {
   fs::remove_all(dir);
 }
 
+TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
+  const fs::path dir = fs::temp_directory_path() / ("colibri-reg-name-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(fixture_dir("good") / "libcolibri-storage-fixture-good.so", dir / "libcolibri-cache-fast.so");
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("name-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(reg.plugins().size(), 1u);  // it still loads
+  EXPECT_THAT(log.str(), HasSubstr("libcolibri-cache-fast.so holds storage plugin 'fixture-good'; name the file "
+                                   "libcolibri-storage-fixture-good.so"));
+  fs::remove_all(dir);
+}
+
 TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
   std::vector<SearchDir> dirs{{fixture_dir("dup_first"), "COLIBRI_PLUGIN_PATH"},
                               {fixture_dir("dup_second"), "install dir"}};
@@ -171,6 +188,13 @@ TEST(Registry, AnOptionTableWithoutANameIsRefusedNotDereferenced) {
   auto reg = scan({"option_without_name"});
   EXPECT_TRUE(reg.plugins().empty());
   EXPECT_THAT(broken_reason(reg, "noname"), HasSubstr("option 0 needs a name"));
+}
+
+TEST(Registry, AnOptionDefaultItsTypeRefusesIsFoundAtLoad) {
+  auto reg = scan({"bad_default"});
+  EXPECT_TRUE(reg.plugins().empty());  // not at the first profile that uses it
+  EXPECT_THAT(broken_reason(reg, "bad-default"),
+              HasSubstr("option 'level' has the default 'notanumber', which its type refuses"));
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
