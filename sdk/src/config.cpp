@@ -50,8 +50,8 @@ Expected<std::uint64_t> parse_size(std::string_view text) noexcept {
   for (const char* p = ptr; p != text.data() + text.size(); ++p) {
     if (*p != ' ') unit.push_back(lower(*p));
   }
-  if (unit.size() > 1 && (unit.ends_with("ib") || unit.ends_with("b"))) {
-    unit.erase(unit.size() - (unit.ends_with("ib") ? 2 : 1));
+  if (unit.size() > 1 && (unit.ends_with("ib") || unit.ends_with("b") || unit.ends_with("i"))) {
+    unit.erase(unit.size() - (unit.ends_with("ib") ? 2 : 1));  // 4GiB, 4GB, 4Gi: all GiB
   }
   double mult = 1;
   if (unit.empty() || unit == "b") {
@@ -69,7 +69,7 @@ Expected<std::uint64_t> parse_size(std::string_view text) noexcept {
   }
   const double bytes = number * mult;
   if (bytes > static_cast<double>(std::numeric_limits<std::uint64_t>::max() / 2)) return bad();
-  if (unit.empty() && number != std::floor(number)) return bad();
+  if (mult == 1 && number != std::floor(number)) return bad();  // 1.5 bytes
   return static_cast<std::uint64_t>(std::llround(bytes));
 }
 
@@ -106,10 +106,13 @@ Expected<ConfigValue> parse_option_value(const OptionSpec& spec, std::string_vie
                     "'" + std::string(t) + "' is not " + std::string(expected) + (spec.allow_auto ? " (or auto)" : ""));
     };
     switch (spec.type) {
-      case OptionType::boolean:
-        if (t == "true" || t == "yes" || t == "on") return ConfigValue{true};
-        if (t == "false" || t == "no" || t == "off") return ConfigValue{false};
+      case OptionType::boolean: {
+        std::string l(t);
+        for (auto& c : l) c = lower(c);  // YAML's True, TRUE, Yes, Off...
+        if (l == "true" || l == "yes" || l == "on") return ConfigValue{true};
+        if (l == "false" || l == "no" || l == "off") return ConfigValue{false};
         return wrong("a boolean (true or false)");
+      }
       case OptionType::integer: {
         std::int64_t v = 0;
         auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
@@ -120,6 +123,7 @@ Expected<ConfigValue> parse_option_value(const OptionSpec& spec, std::string_vie
         double v = 0;
         auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
         if (ec != std::errc() || p != t.data() + t.size()) return wrong("a number");
+        if (!std::isfinite(v)) return wrong("a finite number");  // nan would pass every range check
         return ConfigValue{v};
       }
       case OptionType::string: return ConfigValue{std::string(t)};

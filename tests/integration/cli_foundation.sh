@@ -64,6 +64,8 @@ check "flag beats environment" "prefetch.layers = 3" "$out"
 out=$("$cli" profile show --prefetch-layers 3 --set prefetch.layers=1 2>&1); rc=$?
 expect_rc "a flag and --set disagreeing fails" 1 $rc
 check "both named" "--prefetch-layers 3 and --set prefetch.layers=1 both set prefetch.layers to different values" "$out"
+out=$("$cli" profile show --expert-cache-size 4G --set memory.expert_cache=4096M 2>&1); rc=$?
+expect_rc "a flag and --set giving one size in two spellings agree" 0 $rc
 out=$("$cli" profile show --set prefetch.layers=1 --set prefetch.layers=2 2>&1)
 check "the last --set wins" "prefetch.layers = 2" "$out"
 out=$(COLIBRI_PREFETCH_LAYERS=1 "$cli" profile show 2>&1)

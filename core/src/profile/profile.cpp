@@ -571,7 +571,15 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
       }
       // A dedicated flag and --set for one key: which came last is not known here, so neither wins silently.
       // (--set twice: the last wins, so that a script can append an override.)
-      if (const auto it = set_by.find(ov.key); it != set_by.end() && it->second.first != ov.value &&
+      // Values compare as what they mean: 4G and 4096M are one size.
+      auto same_value = [&](const std::string& a, const std::string& b) {
+        if (a == b) return true;
+        const OptionSpec* spec = canonical(ov.key);
+        if (spec == nullptr) return false;
+        auto va = sdk::parse_option_value(*spec, a), vb = sdk::parse_option_value(*spec, b);
+        return va && vb && va->is_auto == vb->is_auto && va->value == vb->value;
+      };
+      if (const auto it = set_by.find(ov.key); it != set_by.end() && !same_value(it->second.first, ov.value) &&
                                                !(ov.flag == "--set" && it->second.second.starts_with("--set "))) {
         return Status(StatusCode::invalid_argument, it->second.second + " and " + shown + " both set " + ov.key +
                                                         " to different values; give one of them");

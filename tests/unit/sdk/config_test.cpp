@@ -22,10 +22,11 @@ TEST(ParseSize, UnitsAreBinary) {
   EXPECT_EQ(*parse_size("1.5G"), 3ull << 29);
   EXPECT_EQ(*parse_size("2T"), 2ull << 40);
   EXPECT_EQ(*parse_size(" 16 M "), 16ull << 20);
+  EXPECT_EQ(*parse_size("4Gi"), 4ull << 30);
 }
 
 TEST(ParseSize, RejectsNonsense) {
-  for (const char* bad : {"", "G", "eight", "8X", "-1G", "1.5", "8 gigs", "nan", "1e30T"}) {
+  for (const char* bad : {"", "G", "eight", "8X", "-1G", "1.5", "1.5B", "8 gigs", "nan", "1e30T", "4Gx", "4ii"}) {
     auto v = parse_size(bad);
     EXPECT_FALSE(v) << bad;
     if (!v) {
@@ -48,6 +49,11 @@ TEST(OptionValues, ParseByType) {
   EXPECT_EQ(std::get<bool>(parse_option_value(b, "true")->value), true);
   EXPECT_EQ(std::get<bool>(parse_option_value(b, "off")->value), false);
   EXPECT_FALSE(parse_option_value(b, "1"));
+  EXPECT_EQ(std::get<bool>(parse_option_value(b, "True")->value), true);  // YAML's spellings
+  EXPECT_EQ(std::get<bool>(parse_option_value(b, "NO")->value), false);
+  OptionSpec n{"n", OptionType::number, "", ""};
+  EXPECT_EQ(std::get<double>(parse_option_value(n, "2.5")->value), 2.5);
+  for (const char* bad : {"nan", "inf", "-inf", "1e999"}) EXPECT_FALSE(parse_option_value(n, bad)) << bad;
   OptionSpec i{"i", OptionType::integer, "", "", true};
   EXPECT_EQ(std::get<std::int64_t>(parse_option_value(i, "-12")->value), -12);
   EXPECT_TRUE(parse_option_value(i, "auto")->is_auto);
