@@ -84,6 +84,13 @@ check "selecting the refused plugin explains why" "looks like it but was refused
 expect_rc "profile show with a plugin that is not there fails" 1 $rc
 check "values still shown" "storage.plugin = fixture-abi" "$out"
 check "says it cannot run" "error: this profile cannot run here: selecting the storage plugin" "$out"
+# What a run would refuse, profile show refuses: a plugin's option check, a canonical choice.
+out=$("$cli" profile show --set storage.chunk_kib=1 2>&1); rc=$?
+expect_rc "profile show with a plugin option the plugin refuses fails" 1 $rc
+check "the plugin's reason" "storage.chunk_kib is 1; use 0 (never split) or a multiple of 4" "$out"
+out=$("$cli" profile show --set memory.vram_admission=sometimes 2>&1); rc=$?
+expect_rc "profile show with a choice out of its set fails" 1 $rc
+check "the choices" "memory.vram_admission 'sometimes' (command line --set memory.vram_admission=sometimes) is not one of" "$out"
 
 out=$("$cli" profile show --set nonsense 2>&1); rc=$?
 expect_rc "--set without = fails" 1 $rc

@@ -1,4 +1,6 @@
 // colibri-cli profile show [--profile NAME|PATH] [--json] [--model M [--ctx N] [--kv-type T]]; profile list
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
@@ -155,6 +157,15 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
       if (r.error().code() == sdk::StatusCode::invalid_argument) return fail(r.error().message());
       notes.push_back(r.error().message());
     }
+  }
+  // Every plugin found: create them as a run would, so their option checks (and the canonical choices) speak now.
+  if (notes.empty()) {
+    engine::EngineOptions eo;
+    const auto level = spdlog::get_level();
+    spdlog::set_level(std::max(level, spdlog::level::warn));  // the plugins' start-up lines belong to a run
+    auto made = engine::Engine::plugins_from_profile(*prof, eo);
+    spdlog::set_level(level);
+    if (!made) notes.push_back(made.error().message());
   }
   if (opts.json) {
     nlohmann::json out;

@@ -142,8 +142,7 @@ sdk::Expected<DType> parse_kv_type(const std::string& text) {
   return Status(StatusCode::invalid_argument, "--kv-type '" + text + "' is not one of f16, q8_0, f32");
 }
 
-sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, profile::Profile& profile,
-                                                    EngineOptions options) {
+sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, EngineOptions& options) {
   const auto reg = registry::scan_for_profile(profile);
   Plugins plugins;
   auto compute_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::compute);
@@ -213,7 +212,12 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     auto v = compute_section.get_number(key, 0);
     if (!v) return v.error();
     if (*v < 0) {
-      return Status(StatusCode::invalid_argument, std::string("compute.") + key + " must be 0 (measure) or positive");
+      const std::string full = std::string("compute.") + key;
+      const auto* entry = profile.find(full);
+      return Status(StatusCode::invalid_argument,
+                    full + " is " +
+                        (entry != nullptr ? entry->text + " (" + entry->origin.describe() + ")" : "negative") +
+                        "; it must be 0 (measure at load) or a positive GB/s");
     }
     *out = *v;
   }
@@ -223,6 +227,14 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
   plugins.compute_name = (*compute_info)->name;
   plugins.storage_name = (*storage_info)->name;
   plugins.cache_name = (*cache_info)->name;
+  return plugins;
+}
+
+sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, profile::Profile& profile,
+                                                    EngineOptions options) {
+  auto loaded = plugins_from_profile(profile, options);
+  if (!loaded) return loaded.error();
+  Plugins plugins = std::move(*loaded);
 
   std::uint64_t expert_cache = 0;
   if (options.expert_cache_bytes) {

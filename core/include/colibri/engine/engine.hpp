@@ -78,6 +78,10 @@ class Engine {
   // Creates the plugins the profile names and opens the model. Errors name the file or key at fault.
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, profile::Profile& profile,
                                                      EngineOptions options);
+  // The profile's compute, storage and cache plugins, created and checked as open() does (plugin options, canonical
+  // choices such as memory.vram_admission); fills the options the profile sets. `profile show` runs it too, so a
+  // profile it passes does not fail at the first run.
+  static sdk::Expected<Plugins> plugins_from_profile(profile::Profile& profile, EngineOptions& options);
   // With plugins the caller made (tests).
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
                                                      std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
