@@ -84,6 +84,9 @@ check "selecting the refused plugin explains why" "looks like it but was refused
 expect_rc "profile show with a plugin that is not there fails" 1 $rc
 check "values still shown" "storage.plugin = fixture-abi" "$out"
 check "says it cannot run" "error: this profile cannot run here: selecting the storage plugin" "$out"
+out=$("$cli" profile show --set compute.backend= 2>&1); rc=$?
+expect_rc "an empty plugin name fails" 1 $rc
+check "an empty plugin name is named" "compute.backend is empty (command line --set compute.backend=)" "$out"
 # What a run would refuse, profile show refuses: a plugin's option check, a canonical choice.
 out=$("$cli" profile show --set storage.chunk_kib=1 2>&1); rc=$?
 expect_rc "profile show with a plugin option the plugin refuses fails" 1 $rc

@@ -206,10 +206,27 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
   return notes.empty() ? 0 : 1;
 }
 
-int list(const GlobalOptions&) {
+// Each profile found, read as `--profile NAME` would (its extends included), so a broken one shows here, not at use.
+int list(const GlobalOptions&, bool json) {
+  nlohmann::json out = nlohmann::json::array();
   for (const auto& [name, path] : profile::list_profiles(profile::default_profile_dirs())) {
+    profile::LoadOptions lo;
+    lo.profile = path.string();
+    lo.use_process_environment = false;
+    auto loaded = profile::Profile::load(lo);
+    const std::string problem = loaded ? "" : loaded.error().message();
+    if (json) {
+      out.push_back({{"name", name},
+                     {"path", path.string()},
+                     {"problem", problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(problem)}});
+      continue;
+    }
     std::cout << std::left << std::setw(20) << name << path.string() << "\n";
+    if (!problem.empty())
+      std::cout << std::setw(20) << ""
+                << "invalid: " << problem << "\n";
   }
+  if (json) std::cout << out.dump(2) << "\n";
   return 0;
 }
 
@@ -230,8 +247,11 @@ void setup(CLI::App& app, GlobalOptions& global) {
       ->needs(model);
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });
-  auto* list_cmd = prof->add_subcommand("list", "Profiles found in the profile directories");
-  list_cmd->callback([&global] { global.exit_code = list(global); });
+  auto* list_cmd = prof->add_subcommand(
+      "list", "Profiles found in the profile directories (.yaml, .yml), each read to say whether it is valid");
+  auto list_json = std::make_shared<bool>(false);
+  list_cmd->add_flag("--json", *list_json, "Machine-readable output: name, path, problem (null when valid)");
+  list_cmd->callback([&global, list_json] { global.exit_code = list(global, *list_json); });
 }
 
 }  // namespace

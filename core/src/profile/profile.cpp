@@ -233,7 +233,18 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
       }
     }
   } catch (const YAML::ParserException& e) {
-    return Status(StatusCode::invalid_argument, mark_of(file, e.mark) + ": invalid YAML: " + e.msg);
+    // A tab in a line's indentation is YAML's most common trap; its own message ("illegal map value") hides it.
+    std::string hint;
+    std::istringstream lines(text);
+    std::string line;
+    for (int n = 1; std::getline(lines, line); ++n) {
+      const auto indent = line.find_first_not_of(" \t");
+      if (indent != std::string::npos && line.substr(0, indent).find('\t') != std::string::npos) {
+        hint = "; line " + std::to_string(n) + " is indented with a tab, which YAML does not allow: use spaces";
+        break;
+      }
+    }
+    return Status(StatusCode::invalid_argument, mark_of(file, e.mark) + ": invalid YAML: " + e.msg + hint);
   }
   if (root.IsNull()) {
     // Empty, or only comments: an empty profile. Text that reads as nothing is a mistake (yaml-cpp 0.7 reads some
@@ -253,10 +264,15 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   const auto all_sections = sections();
   std::vector<std::string> top_words(all_sections);
   top_words.insert(top_words.end(), std::begin(kTopLevelWords), std::end(kTopLevelWords));
+  std::map<std::string, std::string> section_at;  // a section written twice: YAML would merge or drop silently
   for (const auto& kv : root) {
     const std::string top = kv.first.Scalar();
     const YAML::Node& val = kv.second;
     const std::string where = mark_of(file, kv.first.Mark());
+    if (const auto [it, first] = section_at.emplace(top, where); !first) {
+      return Status(StatusCode::invalid_argument,
+                    where + ": '" + top + "' is written twice (first at " + it->second + "); merge the two into one");
+    }
     if (top == "extends" || top == "description") {
       if (!val.IsScalar()) return Status(StatusCode::invalid_argument, where + ": '" + top + "' takes a single value");
       if (top == "extends") layer.extends = val.Scalar();
@@ -321,8 +337,12 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
     if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
     candidates.push_back(p);
   } else {
-    if (!relative_to.empty()) candidates.push_back(relative_to / (name + ".yaml"));
-    for (const auto& d : dirs) candidates.push_back(d / (name + ".yaml"));
+    for (const char* ext : {".yaml", ".yml"}) {
+      if (!relative_to.empty()) candidates.push_back(relative_to / (name + ext));
+    }
+    for (const auto& d : dirs) {
+      for (const char* ext : {".yaml", ".yml"}) candidates.push_back(d / (name + ext));
+    }
   }
   std::error_code ec;
   const fs::path skip = except.empty() ? fs::path() : fs::weakly_canonical(except, ec);
@@ -423,7 +443,7 @@ std::vector<std::pair<std::string, fs::path>> list_profiles(const std::vector<fs
     if (!fs::is_directory(d, ec)) continue;
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(d, ec)) {
-      if (e.path().extension() == ".yaml") files.push_back(e.path());
+      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml") files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {

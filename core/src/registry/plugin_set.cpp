@@ -12,6 +12,11 @@ sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const
   const std::string key(profile::plugin_selector_key(kind));
   const profile::Entry* entry = profile.find(key);
   const std::string name = entry == nullptr || entry->value.is_auto ? "auto" : profile.get_string(key);
+  if (name.empty()) {  // "--set compute.backend=" would otherwise pick a plugin silently
+    return sdk::Status(sdk::StatusCode::invalid_argument,
+                       key + " is empty (" + entry->origin.describe() + "); name a " + std::string(to_string(kind)) +
+                           " plugin (colibri-cli plugins list), or auto for the highest score");
+  }
   auto selected = registry.select(kind, name);
   if (!selected) {
     const std::string origin = entry ? " (" + key + " from " + entry->origin.describe() + ")" : "";

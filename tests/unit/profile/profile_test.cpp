@@ -157,12 +157,34 @@ TEST_F(ProfileTest, AKeySetTwiceIsAnErrorNotTheLastSilently) {
   for (const auto& [file, text, want] : {
            std::tuple{"twice.yaml", "memory:\n  expert_cache: 1.5G\n  expert_cache: 2G\n",
                       "twice.yaml:3:3: 'memory.expert_cache' is set twice (first at "},
-           std::tuple{"sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n", "is set twice"},
+           std::tuple{"sections.yaml", "memory:\n  expert_cache: 1G\nmemory:\n  expert_cache: 2G\n",
+                      "sections.yaml:3:1: 'memory' is written twice (first at "},
+           // Different keys in two blocks of one section: still one section written twice, not merged.
+           std::tuple{"merged.yaml",
+                      "memory:\n  expert_cache: 1G\nstorage:\n  queue_depth: 4\nmemory:\n  kv_cache: 1G\n",
+                      "merged.yaml:5:1: 'memory' is written twice"},
        }) {
     auto p = load(write(file, text).string());
     ASSERT_FALSE(p) << file;
     EXPECT_THAT(p.error().message(), HasSubstr(want));
   }
+}
+
+TEST_F(ProfileTest, ATabInTheIndentationIsNamed) {
+  auto p = load(write("tabs.yaml", "compute:\n\tbackend: cpu\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("tabs.yaml:2"));
+  EXPECT_THAT(p.error().message(), HasSubstr("line 2 is indented with a tab, which YAML does not allow: use spaces"));
+}
+
+TEST_F(ProfileTest, AYmlProfileIsFoundByName) {
+  write("fast.yml", "storage: {queue_depth: 5}\n");
+  auto p = load("fast");
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_int("storage.queue_depth"), 5);
+  const auto listed = colibri::profile::list_profiles({dir_});
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].first, "fast");
 }
 
 TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
