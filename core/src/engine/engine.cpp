@@ -255,7 +255,10 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     if (!v) return v.error();
     options.prefetch_confidence = *v;
   }
-  return open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
+  auto engine = open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
+  // A memory value the model refuses (memory.kv_cache too small): say where it was set.
+  if (!engine) return registry::with_value_origins(engine.error(), profile, "memory");
+  return engine;
 }
 
 sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, Plugins plugins,

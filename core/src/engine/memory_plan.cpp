@@ -53,9 +53,9 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
   if (kv_cache_bytes > 0) {
     const auto ctx = largest_context(kv_cache_bytes, context_bytes, model_max);
     if (ctx <= 0) {
-      return Status(StatusCode::invalid_argument, "memory.kv_cache (" + std::to_string(kv_cache_bytes) +
-                                                      " bytes) holds no position; one needs " +
-                                                      std::to_string(context_bytes(1)) + " bytes");
+      return Status(StatusCode::invalid_argument,
+                    "memory.kv_cache (" + std::to_string(kv_cache_bytes) + " bytes) holds no position; one needs " +
+                        std::to_string(context_bytes(1)) + " bytes: raise memory.kv_cache, or leave it auto");
     }
     return ctx;
   }
