@@ -126,7 +126,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--quantize,-q", o->preset, "Preset: " + presets)->capture_default_str();
   cmd->add_flag("--split-experts,!--no-split-experts", o->split_experts,
                 "One file per expert (default); --no-split-experts packs each layer's experts in one file");
-  cmd->add_option("--threads", o->threads, "Quantization threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o->threads, "Quantization threads, 1 to 1024 (default, or 0: all cores)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_flag("--force", o->force, "Replace an existing output (only once the new model is complete)");
   cmd->add_flag("--quiet", o->quiet, "No progress bar");
   cmd->callback([&global, o] { global.exit_code = run_convert(*o); });

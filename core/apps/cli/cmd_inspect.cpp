@@ -84,8 +84,10 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
       return fail(std::to_string(report.problems.size()) + " problem(s), listed above");
     }
     // Without --verify only the first problem is known: say how to list them all.
-    return fail(m.error().message() +
-                (o.verify ? "" : "\n  colibri-cli inspect " + o.model + " --verify lists every problem"));
+    const bool unconverted = m.error().message().find("is a HuggingFace checkpoint") != std::string::npos;
+    return fail(m.error().message() + (o.verify || unconverted
+                                           ? ""
+                                           : "\n  colibri-cli inspect " + o.model + " --verify lists every problem"));
   }
   model::Manifest man;
   if (m) {

@@ -730,6 +730,15 @@ Status check_replaceable(const fs::path& output) {
   std::error_code ec;
   const auto st = fs::symlink_status(output, ec);
   if (ec || !fs::exists(st)) return {};
+  if (fs::is_symlink(st) && !fs::exists(output, ec)) {
+    return Status(StatusCode::invalid_argument,
+                  "output " + output.string() + " is a link to " + fs::read_symlink(output, ec).string() +
+                      ", which does not exist; create that directory (an unmounted disk?), or remove the link");
+  }
+  if (fs::is_regular_file(output, ec)) {
+    return Status(StatusCode::invalid_argument,
+                  "output " + output.string() + " is a file; a model is a directory: choose another output path");
+  }
   if (fs::is_directory(output, ec)) {
     if (fs::is_regular_file(output / "manifest.json", ec)) return check_only_model_files(output);
     std::error_code list_ec;
@@ -845,6 +854,16 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   std::string gguf_arch;
   if (fs::is_directory(opt.input, ec)) {
     const fs::path cfg_path = opt.input / "config.json";
+    if (!fs::exists(cfg_path, ec)) {
+      // A directory holding a GGUF (a download of one): the file is the input, not the directory.
+      for (const auto& e : fs::directory_iterator(opt.input, ec)) {
+        if (e.path().extension() == ".gguf") {
+          return Status(StatusCode::invalid_argument, opt.input.string() + " has no config.json but holds " +
+                                                          e.path().filename().string() +
+                                                          "; give the .gguf file itself as --input");
+        }
+      }
+    }
     auto text = read_text(cfg_path);
     if (!text)
       return text.error().with_context("reading the checkpoint config (is " + opt.input.string() +
@@ -929,6 +948,19 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       }
     }
   } else {
+    const std::string ext = opt.input.extension().string();
+    if (ext == ".safetensors") {
+      return Status(StatusCode::invalid_argument,
+                    opt.input.string() +
+                        " is one safetensors file; give the directory that holds it with its config.json and "
+                        "tokenizer.json");
+    }
+    if (ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".ckpt") {
+      return Status(StatusCode::unsupported,
+                    opt.input.string() +
+                        " looks like a PyTorch pickle, which colibri does not read (it can run code); "
+                        "give a HuggingFace directory with .safetensors weights, or a .gguf file");
+    }
     in.is_gguf = true;
     auto g = GgufFile::open(opt.input);
     if (!g) return g.error();
@@ -1040,12 +1072,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     if (ec) return Status(StatusCode::io_error, "cannot resolve the link " + out_clean.string() + ": " + ec.message());
     out_clean = real;
   }
+  // What --force could not replace is said first: "pass --force" would be wrong advice for a file.
+  if (auto s = check_replaceable(out_clean); !s) return s;
   if (fs::exists(out_clean, ec) && !opt.force) {
     return Status(StatusCode::invalid_argument, "output " + out_clean.string() +
                                                     " already exists; pass --force to replace it (the old model is "
                                                     "kept until the new one is complete)");
   }
-  if (auto s = check_replaceable(out_clean); !s) return s;
   const fs::path parent = out_clean.parent_path();
   if (!fs::is_directory(parent, ec)) {
     return Status(StatusCode::not_found, "the output's parent directory " + parent.string() + " does not exist");

@@ -726,6 +726,12 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
   if (!fs::is_directory(dir, ec))
     return Status(StatusCode::not_found, io::path_text(dir) + " is not a model directory");
   auto f = io::File::open_read(path);
+  if (!f && fs::is_regular_file(dir / "config.json", ec)) {
+    return Status(StatusCode::not_found, io::path_text(dir) +
+                                             " is a HuggingFace checkpoint (config.json, no manifest.json); convert "
+                                             "it first: colibri-cli convert -i " +
+                                             io::path_text(dir) + " -o MODEL_DIR");
+  }
   if (!f) {
     return Status(StatusCode::not_found, io::path_text(path) +
                                              " is missing: not a colibri model, or its conversion did not finish; "

@@ -438,6 +438,27 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "field \"rope_scaling\" is \"linear\"; it must be an object", "rope-string");
   }
+  {  // inputs of the wrong kind are named as what they are
+    const fs::path odd = kWork / "bad" / "odd inputs";
+    fs::remove_all(odd);
+    fs::create_directories(odd / "gguf dir");
+    std::ofstream(odd / "gguf dir" / "model-q4.gguf") << "GGUF";
+    expect_clean_failure(odd / "gguf dir", "holds model-q4.gguf; give the .gguf file itself", "dir of a gguf");
+    std::ofstream(odd / "pytorch_model.bin") << "pickle";
+    expect_clean_failure(odd / "pytorch_model.bin", "looks like a PyTorch pickle", "pickle");
+    fs::copy_file(src / "model-00001-of-00002.safetensors", odd / "one.safetensors");
+    expect_clean_failure(odd / "one.safetensors", "is one safetensors file; give the directory", "one file");
+    // An output that is a file: "--force" would not help, so it is not offered.
+    std::ofstream(odd / "a file") << "mine";
+    ConvertOptions o;
+    o.input = src;
+    o.output = odd / "a file";
+    o.force = true;
+    auto r = convert_model(o);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_NE(r.error().message().find("is a file; a model is a directory"), std::string::npos) << r.error().message();
+    EXPECT_EQ(slurp(odd / "a file"), "mine");
+  }
   {  // a checkpoint with more layers than the config says: refused, not run short
     auto d = copy_fixture(src, "fewer layers");
     json cfg = json::parse(slurp(d / "config.json"));
@@ -726,7 +747,7 @@ TEST(ModelConvert, ForceNeverReplacesANonModelDirectoryOrTheInput) {
     // A plain file is no model either.
     const fs::path file = fresh_output("user file");
     std::ofstream(file) << "precious";
-    refused(src, file, "is not a colibri model");
+    refused(src, file, "is a file; a model is a directory");
     EXPECT_EQ(slurp(file), "precious");
   }
   {  // the input itself, a directory inside it, one containing it, and a GGUF file as its own output
