@@ -13,6 +13,7 @@
 
 #include "colibri/engine/memory_plan.hpp"
 #include "colibri/registry/plugin_set.hpp"
+#include "colibri/sdk/storage_view.hpp"
 #include "colibri/util/host_info.hpp"
 
 namespace colibri::engine {
@@ -227,6 +228,9 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
   plugins.compute_name = (*compute_info)->name;
   plugins.storage_name = (*storage_info)->name;
   plugins.cache_name = (*cache_info)->name;
+  if (plugins.storage->query_interface(sdk::kStorageCopiesInterface) != nullptr) {
+    for (const auto& p : profile.get_list("storage.paths")) options.mirror_dirs.emplace_back(p);
+  }
   return plugins;
 }
 
@@ -271,7 +275,7 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
 
 Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
                     std::uint64_t kv_cache_bytes, EngineOptions options) {
-  auto m = model::load_manifest(dir);
+  auto m = model::load_manifest(dir, options.mirror_dirs);
   if (!m) return m.error();
   manifest_ = std::move(*m);
   hp_ = manifest_.hparams;

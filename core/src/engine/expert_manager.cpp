@@ -68,6 +68,7 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
   async_storage_ = storage_ && storage_->capabilities().async;
   if (async_storage_)
     cancel_ = static_cast<sdk::StorageCancel*>(storage_->query_interface(sdk::kStorageCancelInterface));
+  if (storage_) copies_ = static_cast<sdk::StorageCopies*>(storage_->query_interface(sdk::kStorageCopiesInterface));
   // Registered slots pay off when slots are read into again and again; resident mode reads each one once.
   if (storage_ && !resident_)
     buffers_ = static_cast<sdk::StorageBuffers*>(storage_->query_interface(sdk::kStorageBuffersInterface));
@@ -184,7 +185,24 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
   stats_.bytes_read += e.size;
-  return verify(e, slot);
+  return verify_or_other_copy(e, **file, slot.data.data());
+}
+
+Status ExpertManager::verify_or_other_copy(const model::ExpertEntry& e, sdk::StorageFile& file, std::byte* data) const {
+  Status first = verify(e, data);
+  if (first || first.code() != StatusCode::corrupt_data || copies_ == nullptr) return first;
+  const std::size_t n = copies_->copy_count(file);
+  for (std::size_t i = 1; i < n; ++i) {
+    if (!copies_->read_copy(file, i, e.offset, std::span<std::byte>(data, e.size))) continue;
+    if (verify(e, data)) {
+      spdlog::warn("{}: {} failed its checksum; served from its copy {} (restore the damaged {} from it)",
+                   key_name(e.layer, e.expert), copies_->copy_path(file, 0), copies_->copy_path(file, i),
+                   copies_->copy_path(file, 0));
+      return {};
+    }
+  }
+  if (n > 1) return first.with_context("every copy (" + std::to_string(n) + ") failed its checksum");
+  return first;
 }
 
 Status ExpertManager::verify(const model::ExpertEntry& e, const Slot& slot) const {
@@ -638,7 +656,7 @@ bool ExpertManager::start_read(sdk::ExpertKey key, const model::ExpertEntry& e, 
   static std::atomic<std::uint64_t> next_tag{1};
   pending->tag = next_tag.fetch_add(1, std::memory_order_relaxed);
   req.user_tag = pending->tag;
-  const std::byte* data = slot.data.data();
+  std::byte* data = slot.data.data();
   used_bytes_ += slot.data.size();
   slots_.emplace(key.packed(), std::move(slot));
   inflight_.push_back(key.packed());
@@ -646,7 +664,7 @@ bool ExpertManager::start_read(sdk::ExpertKey key, const model::ExpertEntry& e, 
     const auto now = std::chrono::steady_clock::now();
     // The checksum runs here, on the storage thread, while the forward pass computes.
     Status s = done.status;
-    if (s) s = verify(*entry, data);
+    if (s) s = verify_or_other_copy(*entry, *pending->file, data);
     std::lock_guard lock(mutex_);
     pending->status = s;
     pending->read_seconds = std::chrono::duration<double>(now - pending->submitted).count();

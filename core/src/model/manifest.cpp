@@ -1,5 +1,6 @@
 #include "colibri/model/manifest.hpp"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -721,6 +722,10 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
 }
 
 sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
+  return load_manifest(dir, {});
+}
+
+sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs::path>& mirrors) {
   const fs::path path = dir / "manifest.json";
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -754,6 +759,22 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
   for (const auto& fe : m->files) {
     struct stat st {};
     const fs::path p = dir / fe.path;
+    const bool whole =
+        ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == fe.size;
+    if (!whole) {
+      bool mirrored = false;
+      for (const auto& mirror : mirrors) {
+        struct stat ms {};
+        const fs::path mp = mirror / fe.path;
+        if (::stat(mp.c_str(), &ms) == 0 && S_ISREG(ms.st_mode) && static_cast<std::uint64_t>(ms.st_size) == fe.size) {
+          spdlog::warn("{}: {} is missing or damaged; its mirror {} serves it (copy it back)",
+                       describe_model_file(*m, fe.path), io::path_text(p), io::path_text(mp));
+          mirrored = true;
+          break;
+        }
+      }
+      if (mirrored) continue;
+    }
     if (::stat(p.c_str(), &st) != 0) {
       return Status(StatusCode::corrupt_data,
                     describe_model_file(*m, fe.path) + ": file " + fe.path + missing_file_reason(p));

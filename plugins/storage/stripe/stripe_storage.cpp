@@ -82,7 +82,7 @@ fs::path relative_to_model(const fs::path& path, const fs::path& model_dir) {
   return path.filename();
 }
 
-class StripeStorage final : public StorageBase, public StorageCancel {
+class StripeStorage final : public StorageBase, public StorageCancel, public StorageCopies {
  public:
   static Expected<std::unique_ptr<StripeStorage>> create(const CreateContext& ctx) {
     const ConfigView& c = *ctx.config;
@@ -269,7 +269,29 @@ class StripeStorage final : public StorageBase, public StorageCancel {
 
   void* query_interface(std::string_view id) noexcept override {
     if (id == kStorageCancelInterface) return static_cast<StorageCancel*>(this);
+    if (id == kStorageCopiesInterface) return static_cast<StorageCopies*>(this);
     return nullptr;
+  }
+
+  // The copies, primary first, for a host whose checksum refused the bytes read() returned.
+  std::size_t copy_count(StorageFile& file) noexcept override { return static_cast<StripeFile&>(file).copies().size(); }
+  Status read_copy(StorageFile& file, std::size_t index, std::uint64_t offset,
+                   std::span<std::byte> dst) noexcept override {
+    auto& copies = static_cast<StripeFile&>(file).copies();
+    if (index >= copies.size()) {
+      return Status(StatusCode::invalid_argument, "copy " + std::to_string(index) + " of " + file.path() +
+                                                      " does not exist (it has " + std::to_string(copies.size()) + ")");
+    }
+    Status st = sc::read_posix(*copies[index]->file, offset, dst);
+    if (st) {
+      host_.counter_add(served_metric_[copies[index]->member], 1);
+      host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
+    }
+    return st;
+  }
+  std::string copy_path(StorageFile& file, std::size_t index) noexcept override {
+    auto& copies = static_cast<StripeFile&>(file).copies();
+    return index < copies.size() ? copies[index]->file->path() : std::string();
   }
 
   StorageCapabilities capabilities() const noexcept override {

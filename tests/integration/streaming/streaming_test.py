@@ -256,6 +256,42 @@ class Stripe(unittest.TestCase):
         base = logits_bytes(m, "mirror-base")
         self.assertEqual(logits_bytes(dst, "mirror", "--profile", os.path.join(dst, "stripe.yaml"),
                                       "--expert-cache-size", str(slot_bytes(m) * 4)), base)
+        # A primary whose bytes read fine but fail their checksum: the mirror's copy serves, with a warning, and the
+        # answer is the same (read on demand and by prefetch). Both copies damaged: an error naming both.
+        damaged = os.path.join(dst, mirrored[0])
+
+        def flip(path):
+            with open(path, "r+b") as f:
+                f.seek(64)
+                b = f.read(1)
+                f.seek(64)
+                f.write(bytes([b[0] ^ 0xFF]))
+
+        # A primary missing or truncated at load: its mirror serves it (the load check looks there too).
+        os.remove(os.path.join(dst, mirrored[1]))
+        os.truncate(os.path.join(dst, mirrored[2]), 100)
+        p = run(["logits", "--model", dst, "--profile", os.path.join(dst, "stripe.yaml"), "--tokens",
+                 ",".join(map(str, TOKENS)), "--out", os.path.join(WORK, "mirror-missing.npy")])
+        with open(os.path.join(WORK, "mirror-missing.npy"), "rb") as f:
+            self.assertEqual(f.read(), base)
+        for f in mirrored[1:3]:
+            self.assertIn(f"{os.path.join(dst, f)} is missing or damaged; its mirror {os.path.join(disk2, f)} serves it",
+                          p.stderr)
+        flip(damaged)
+        for depth in ("0", "2"):
+            out = os.path.join(WORK, "mirror-damaged.npy")
+            p = run(["logits", "--model", dst, "--profile", os.path.join(dst, "stripe.yaml"), "--tokens",
+                     ",".join(map(str, TOKENS)), "--out", out, "--expert-cache-size", str(slot_bytes(m) * 4),
+                     "--prefetch-layers", depth])
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(), base)
+            self.assertIn("failed its checksum; served from its copy " + os.path.join(disk2, mirrored[0]), p.stderr)
+        flip(os.path.join(disk2, mirrored[0]))
+        p = run(["logits", "--model", dst, "--profile", os.path.join(dst, "stripe.yaml"), "--tokens",
+                 ",".join(map(str, TOKENS)), "--out", os.path.join(WORK, "mirror-both.npy")], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("every copy (2) failed its checksum", p.stderr)
+        shutil.rmtree(dst)  # striped() makes it again, whole, for any later test
 
     def test_models_striped_to_one_disk_keep_their_own_files(self):
         m = model()

@@ -33,6 +33,9 @@
 namespace colibri::engine {
 
 struct EngineOptions {
+  // Directories holding mirror copies of the model's files (storage.paths, when the storage plugin reads copies):
+  // a file missing or damaged in the model directory but whole there does not stop the load.
+  std::vector<std::filesystem::path> mirror_dirs;
   std::int64_t context = 0;                         // 0: from memory.kv_cache, else the model's max_position_embeddings
   sdk::DType kv_type = sdk::DType::f16;             // f16 | q8_0 | f32
   std::int64_t ubatch = 512;                        // tokens per forward chunk (prefill memory bound)

@@ -262,6 +262,9 @@ class ExpertManager {
   sdk::Status load(const model::ExpertEntry& e, Slot& slot);
   sdk::Status verify(const model::ExpertEntry& e, const Slot& slot) const;
   sdk::Status verify(const model::ExpertEntry& e, const std::byte* data) const;
+  // verify(); bytes that fail it are read again from the file's other copies (StorageCopies), the first that passes
+  // kept with a warning naming the damaged copy.
+  sdk::Status verify_or_other_copy(const model::ExpertEntry& e, sdk::StorageFile& file, std::byte* data) const;
   // Queues an asynchronous read of `e` into a new slot (shared by prefetch() and fetch()); false when it did not.
   bool start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes, sdk::ReadPriority priority);
   // A slot buffer of `bytes`: an evicted one of that size when there is one (no page faults, no zeroing), else new.
@@ -301,6 +304,7 @@ class ExpertManager {
   std::uint64_t slot_bytes_ = 0;  // streaming: every RAM slot's size (the largest expert's); 0: each expert's own
   bool async_storage_ = false;    // the storage overlaps submitted reads (else prefetch is skipped)
   sdk::StorageCancel* cancel_ = nullptr;    // the storage's cancel interface, when it offers one
+  sdk::StorageCopies* copies_ = nullptr;    // the storage's other copies of a file (stripe's mirrors), when it has them
   sdk::StorageBuffers* buffers_ = nullptr;  // the storage's buffer registration, while it accepts ours
   // The compute backend's host registration (VRAM tier, not every expert in VRAM), while it accepts ours.
   sdk::ComputeHostRegister* host_register_ = nullptr;

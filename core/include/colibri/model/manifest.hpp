@@ -154,6 +154,10 @@ sdk::Expected<Manifest> parse_manifest(const nlohmann::json& j, const std::strin
 // files present with the recorded size, tensors inside their files with the byte size their type and shape need,
 // one expert per (layer, expert) of every layer. Does not hash (see verify_model).
 sdk::Expected<Manifest> load_manifest(const std::filesystem::path& dir);
+// As above; a file missing from `dir`, or of another size, is accepted when a directory of `mirrors` holds it with its
+// recorded size at the same relative path (stripe's mirrors, which then serve its reads), with a warning.
+sdk::Expected<Manifest> load_manifest(const std::filesystem::path& dir,
+                                      const std::vector<std::filesystem::path>& mirrors);
 
 // A tokenizer file against the xxh64 convert recorded for it (manifest tokenizer.xxh64; older manifests have none).
 sdk::Status check_tokenizer_file(const Manifest& m, const std::filesystem::path& dir, const std::string& name);

@@ -95,4 +95,24 @@ class StorageCancel {
   ~StorageCancel() = default;
 };
 
+// ---- "colibri.storage.copies.v1": read one chosen copy of a file kept in several places ----
+inline constexpr std::string_view kStorageCopiesInterface = "colibri.storage.copies.v1";
+
+// A storage that keeps copies of a file (stripe's mirrors) serves read() from the first copy that reads; bytes that
+// read fine but fail the host's checksum only the host can see. It then reads the other copies through this
+// interface, keeps the first whose bytes pass, and says which copy was damaged.
+class StorageCopies {
+ public:
+  // How many copies `file` has (1: no other; copy 0 is the one read() tries first).
+  virtual std::size_t copy_count(StorageFile& file) noexcept = 0;
+  // Reads [offset, offset + dst.size()) from copy `index` only, synchronously, on the caller's thread.
+  virtual Status read_copy(StorageFile& file, std::size_t index, std::uint64_t offset,
+                           std::span<std::byte> dst) noexcept = 0;
+  // Where copy `index` is (for messages); "" when out of range.
+  virtual std::string copy_path(StorageFile& file, std::size_t index) noexcept = 0;
+
+ protected:
+  ~StorageCopies() = default;
+};
+
 }  // namespace colibri::sdk
