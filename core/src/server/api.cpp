@@ -1013,7 +1013,12 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
     }
     lps.push_back(t.logprob);
     json top = json::object();
-    for (const auto& [id, lp] : t.top) top[tokenizer::utf8::to_valid_lossy(bytes_of(id))] = lp;
+    // Keyed by text: two tokens of one text (byte-fallback pieces that are not UTF-8 alone both read U+FFFD) keep
+    // the higher logprob, so the top entry never falls below the token chosen (lm-eval's is_greedy compares them).
+    for (const auto& [id, lp] : t.top) {
+      const std::string key = tokenizer::utf8::to_valid_lossy(bytes_of(id));
+      if (auto it = top.find(key); it == top.end() || it->get<float>() < lp) top[key] = lp;
+    }
     tops.push_back(std::move(top));
   }
   return json{{"tokens", std::move(texts)},

@@ -567,6 +567,12 @@ TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {
   EXPECT_FLOAT_EQ(legacy["token_logprobs"][1].get<float>(), -1.5f);
   EXPECT_FLOAT_EQ(legacy["top_logprobs"][0]["x"].get<float>(), -2.0f);
   EXPECT_EQ(legacy["top_logprobs"][1].size(), 2u);
+  // Tokens 1 and 2 both read U+FFFD: the completions dict keeps the higher, not the last.
+  const std::vector<engine::TokenLogprob> clash = {{1, -0.5f, {{1, -0.5f}, {2, -4.0f}}}};
+  offset = 0;
+  const json keyed = logprobs_object(Endpoint::completions, clash, bytes_of, offset);
+  ASSERT_EQ(keyed["top_logprobs"][0].size(), 1u);
+  EXPECT_FLOAT_EQ(keyed["top_logprobs"][0]["\xEF\xBF\xBD"].get<float>(), -0.5f);
 
   const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
   EXPECT_TRUE(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
