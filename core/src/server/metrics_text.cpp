@@ -74,8 +74,11 @@ std::string render_metrics(const SchedulerStats& s,
   w.one("colibri_requests_finished_total", "counter", "Generation requests that ran to a finish reason.",
         static_cast<double>(s.finished));
   w.one("colibri_requests_cancelled_total", "counter",
-        "Generation requests cancelled (client disconnected or server shutting down).",
+        "Started generation requests cancelled (client disconnected or server shutting down).",
         static_cast<double>(s.cancelled));
+  w.one("colibri_requests_abandoned_in_queue_total", "counter",
+        "Generation requests whose client left while they waited in the queue (never started).",
+        static_cast<double>(s.queue_abandoned));
   w.one("colibri_requests_failed_total", "counter", "Generation requests that failed in the engine.",
         static_cast<double>(s.failed));
   w.one("colibri_prompt_tokens_total", "counter", "Prompt tokens run (prefill).", static_cast<double>(s.prompt_tokens));

@@ -92,7 +92,7 @@ Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) 
       if ((*it)->cancelled()) {
         dropped.push_back(std::move(*it));
         it = queue_.erase(it);
-        ++stats_.cancelled;
+        ++stats_.queue_abandoned;
       } else {
         ++it;
       }

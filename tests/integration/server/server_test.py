@@ -1729,6 +1729,13 @@ class Concurrency(unittest.TestCase):
             self.assertIn("runs 1 sequences and queues 2 more at most (colibri-server --max-batch, --max-queue)",
                           b["error"]["message"])
             long_conn.close()
+            # The two never started: counted as abandoned, so every started request ends exactly once.
+            deadline = time.time() + 10
+            while time.time() < deadline and s.metric("colibri_active_sequences") > 0:
+                time.sleep(0.05)
+            self.assertEqual(s.metric("colibri_requests_abandoned_in_queue_total"), 2)
+            ended = sum(s.metric(f"colibri_requests_{k}_total") for k in ("finished", "cancelled", "failed"))
+            self.assertEqual(s.metric("colibri_requests_started_total"), ended)
         finally:
             self.assertEqual(s.stop(), 0)
 

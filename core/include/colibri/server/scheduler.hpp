@@ -90,7 +90,9 @@ struct SchedulerOptions {
 struct SchedulerStats {
   std::size_t queue_depth = 0;
   std::size_t active = 0;
-  std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0;
+  // Every started request ends once: started = finished + cancelled + failed + active. A request whose client left
+  // while it waited in the queue never starts: queue_abandoned counts those.
+  std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0, queue_abandoned = 0;
   std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0, batched_sequences = 0;
   std::uint64_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from an earlier request (not run)
   double busy_seconds = 0;                 // time spent in forward passes
