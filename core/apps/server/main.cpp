@@ -207,7 +207,9 @@ int main(int argc, char** argv) {
                  "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64; 0: none wait)");
   app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
   app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
-  app.add_option("--max-connections", f.max_connections, "Open connections at most (default 256)");
+  app.add_option("--max-connections", f.max_connections,
+                 "Open connections at most (default 256); beyond, a 503 with Retry-After, and idle keep-alive "
+                 "connections are closed to make room");
   app.add_option("--request-timeout", f.request_timeout, "Seconds to receive a request (default 15)");
   app.add_option("--idle-timeout", f.idle_timeout,
                  "Seconds a keep-alive connection may wait for a request (default 60)");

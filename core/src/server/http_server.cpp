@@ -154,6 +154,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_if_idle() {
     if (idle_) close_now();
   }
+  // At --max-connections: a connection kept alive after its answer, waiting for another, gives its place up (as
+  // nginx reuses idle keep-alive connections); one whose first request is arriving does not.
+  void close_if_idle_keep_alive() {
+    if (idle_ && between_requests_) close_now();
+  }
   net::any_io_executor executor() { return stream_.get_executor(); }
 
  private:
@@ -164,6 +169,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(srv_.opt.max_header_bytes);
     parser_->body_limit(srv_.opt.max_body_bytes);
     arm_read_deadline(first_ ? srv_.opt.request_timeout : srv_.opt.idle_timeout);
+    between_requests_ = !first_;
     first_ = false;
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
@@ -1170,7 +1176,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond_error(const ApiError& e, bool close) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
     if (e.status == 401) res->set(http::field::www_authenticate, "Bearer");
-    if (e.status == 429) res->set(http::field::retry_after, "1");
+    // Busy (a full queue, every connection taken): come back soon. Shutting down is not busy.
+    if (e.status == 429 || e.code == "too_many_connections") res->set(http::field::retry_after, "1");
     if (e.status == 405 && !allow_.empty()) res->set(http::field::allow, allow_);
     send(res, e.status, e.body(), "application/json", close);
   }
@@ -1248,6 +1255,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   std::string route_ = "other";
+  bool between_requests_ = false;  // waiting for a keep-alive connection's next request
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false, http10_ = false;
   std::string allow_;                // a 405's Allow header
   net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
@@ -1318,10 +1326,18 @@ void Server::Impl::accept() {
       return accept();
     }
     std::size_t live;
+    std::vector<std::shared_ptr<Session>> reclaim;
     {
       std::lock_guard lock(mu);
       live = sessions.size();
+      if (live >= opt.max_connections) {
+        for (auto& [p, w] : sessions) {
+          if (auto s = w.lock()) reclaim.push_back(std::move(s));
+        }
+      }
     }
+    // Full: this client is told to retry (Retry-After), and idle keep-alive connections make room for it.
+    for (auto& s : reclaim) net::post(s->executor(), [s] { s->close_if_idle_keep_alive(); });
     std::make_shared<Session>(std::move(socket), *this)->start(live >= opt.max_connections);
     accept();
   });

@@ -1702,6 +1702,40 @@ class Concurrency(unittest.TestCase):
         self.assertIn('"code":"server_shutting_down"', tail.replace(" ", ""))  # the stream was cut, not run out
         long_conn.close()
 
+    def test_at_the_connection_limit_idle_keep_alive_connections_make_room(self):
+        s = Server("--max-connections", "2")
+        try:
+            idle = []
+            for _ in range(2):  # answered, then kept alive and idle
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                self.assertEqual(r.status, 200)
+                r.read()
+                idle.append(c)
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            self.assertEqual(r.status, 503)
+            self.assertEqual(r.getheader("Retry-After"), "1")
+            self.assertIn("too_many_connections", r.read().decode())
+            c.close()
+            # The idle ones gave their places up: the retry gets in.
+            deadline, status = time.time() + 10, 0
+            while time.time() < deadline and status != 200:
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                status = r.status
+                r.read()
+                c.close()
+                time.sleep(0.05)
+            self.assertEqual(status, 200)
+            for c in idle:
+                c.close()
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_clients_that_leave_the_queue_give_up_their_places(self):
         s = Server("--max-queue", "2", "--max-batch", "1", "--ctx", "8192")
         try:
