@@ -455,7 +455,9 @@ struct Node {
     ternary,
     slice,
     kwarg,
-    filter_block
+    filter_block,
+    call_block,  // {% call m(...) %}body{% endcall %}: m's caller() renders body
+    passthrough  // {% generation %}body{% endgeneration %}: body as it is (a training marker, TRL's)
   };
   T t;
   int line = 0;
@@ -688,8 +690,30 @@ class Parser {
       expect(Tok::close_stmt, "'%}'");
       return n;
     }
+    if (name.value == "call") {
+      auto n = node(Node::T::call_block, at);
+      if (is(Tok::lparen)) fail(at, "'call' with parameters for caller() is not supported; call it without them");
+      n->x = parse_expression();
+      if (n->x->t != Node::T::call) fail(at, "'call' needs a macro call, as in {% call m() %}");
+      expect(Tok::close_stmt, "'%}'");
+      n->body = parse_until({"endcall"}, "call", at);
+      expect(Tok::open_stmt, "'{%'");
+      expect_ident("endcall");
+      expect(Tok::close_stmt, "'%}'");
+      return n;
+    }
+    if (name.value == "generation") {
+      auto n = node(Node::T::passthrough, at);
+      expect(Tok::close_stmt, "'%}'");
+      n->body = parse_until({"endgeneration"}, "generation", at);
+      expect(Tok::open_stmt, "'{%'");
+      expect_ident("endgeneration");
+      expect(Tok::close_stmt, "'%}'");
+      return n;
+    }
     fail(at, "unsupported statement '" + name.value +
-                 "' (colibri's chat template interpreter supports set, if, for, macro, filter, break, continue)");
+                 "' (colibri's chat template interpreter supports set, if, for, macro, call, filter, generation, "
+                 "break, continue)");
   }
 
   NodePtr parse_if(int at) {
@@ -1329,6 +1353,17 @@ class Interpreter {
       case Node::T::filter_block: {
         Value body = Value::string(block(n.body, env));
         append(out, apply_filter(body, *n.x, env));
+        return;
+      }
+      case Node::T::passthrough: out += block(n.body, env); return;
+      case Node::T::call_block: {
+        // The macro's scope opens inside this one, so its caller() is found there; it renders the body here.
+        Env inner(&env);
+        const auto* body = &n.body;
+        inner.set("caller", Value::function([this, body, &env](std::vector<Value>&, Env&) {
+                    return Value::string(block(*body, env));
+                  }));
+        append(out, eval(*n.x, inner));
         return;
       }
       default: append(out, eval(n, env)); return;

@@ -197,6 +197,20 @@ TEST(TemplateLimits, RunawayRecursionIsARenderError) {
             "rendered: 71");
 }
 
+TEST(TemplateStatements, GenerationAndCallBlocks) {
+  // TRL's assistant-only-loss templates mark the answer with {% generation %}: rendered as it is (transformers).
+  EXPECT_EQ(outcome("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"),
+            "rendered: [Hi][Hello]");
+  // {% call %}: the macro's caller() renders the block, in the scope of the call.
+  EXPECT_EQ(outcome("{% macro w(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% set x = 'in' %}"
+                    "{% call w('b') %}{{ x }}{% endcall %}"),
+            "rendered: <b>in</b>");
+  EXPECT_EQ(outcome("{% macro twice() %}{{ caller() }}{{ caller() }}{% endmacro %}{% call twice() %}ab{% endcall %}"),
+            "rendered: abab");
+  EXPECT_FAILS_WITH("{% call 5 %}x{% endcall %}", 1, "'call' needs a macro call");
+  EXPECT_FAILS_WITH("{% generation %}x", 1, "generation");
+}
+
 TEST(TemplateLimits, CyclesAndDeepValues) {
   EXPECT_FAILS_WITH("{% set x = namespace(a=1) %}{% set x.a = x %}\n{{ x }}", 2, "nested too deeply to print");
   EXPECT_FAILS_WITH("{% set x = namespace(a=1) %}{% set x.a = [x] %}{{ x | tojson }}", 1, "nested too deeply to print");
