@@ -125,7 +125,7 @@ bool is_integer(const json& v) {
   return v.is_number_integer() || v.is_number_unsigned();
 }
 
-// Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined).
+// Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined by newlines).
 std::optional<ApiError> message_content(const json& content, const std::string& field, std::string& out) {
   if (content.is_null()) return std::nullopt;
   if (content.is_string()) {
@@ -147,6 +147,7 @@ std::optional<ApiError> message_content(const json& content, const std::string& 
     if (text == part.end() || !text->is_string()) {
       return text == part.end() ? missing(pf + ".text") : wrong_type(pf + ".text", "a string", *text);
     }
+    if (i > 0) out += '\n';  // as vLLM ("\n".join) and llama-server join text parts
     out += text->get<std::string>();
   }
   return std::nullopt;
