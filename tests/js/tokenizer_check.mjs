@@ -2,8 +2,8 @@
 // every shipped tokenizer and variant. Exit 0 = identical, 1 = mismatch, 77 = nothing to compare (skip).
 //   node tests/js/tokenizer_check.mjs /path/to/colibri-cli
 import { execFileSync } from "node:child_process";
-import { writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { allTokenizerFiles, loadHF, readCorpus, scratchDir } from "./tokenizer_common.mjs";
 
 const cli = process.argv[2];
@@ -50,10 +50,29 @@ if (files.length === 0) {
   console.error("SKIP: no tokenizer files found (set COLIBRI_TOKENIZERS_DIR or run npm ci in tests/js)");
   process.exit(77);
 }
+// transformers' LlamaTokenizerFast (and CodeLlama's) rebuilds the post-processor from tokenizer_config.json's
+// add_bos_token (default true) / add_eos_token (default false), whatever tokenizer.json says (DeepSeek-V3 ships a
+// plain ByteLevel one). colibri follows transformers; this gives the ids transformers would.
+function transformersAffixes(file, tok) {
+  const cfgPath = join(dirname(file), "tokenizer_config.json");
+  if (!existsSync(cfgPath)) return null;
+  const cfg = JSON.parse(readFileSync(cfgPath, "utf8"));
+  if (!["LlamaTokenizerFast", "LlamaTokenizer", "CodeLlamaTokenizerFast", "CodeLlamaTokenizer"].includes(cfg.tokenizer_class)) {
+    return null;
+  }
+  const id = (t) => (t == null ? undefined : tok.tokenToId(typeof t === "string" ? t : t.content));
+  const addBos = typeof cfg.add_bos_token === "boolean" ? cfg.add_bos_token : true;
+  const addEos = typeof cfg.add_eos_token === "boolean" ? cfg.add_eos_token : false;
+  const bos = id(cfg.bos_token), eos = id(cfg.eos_token);
+  if ((addBos && bos == null) || (addEos && eos == null)) return null;
+  return { before: addBos ? [bos] : [], after: addEos ? [eos] : [] };
+}
+
 let failures = 0;
 let compared = 0;
 for (const { name, file } of files) {
   const tok = Tokenizer.fromFile(file);
+  const affixes = transformersAffixes(file, tok);
   for (const addSpecial of [false, true]) {
     const args = ["tokenize", "--tokenizer", file, "--jsonl", input, ...(addSpecial ? ["--add-special"] : [])];
     const out = execFileSync(cli, args, { maxBuffer: 1 << 28 }).toString("utf8").trimEnd().split("\n");
@@ -63,7 +82,8 @@ for (const { name, file } of files) {
       continue;
     }
     for (let i = 0; i < texts.length; i++) {
-      const ref = Array.from((await tok.encode(texts[i], null, { addSpecialTokens: addSpecial })).getIds());
+      let ref = Array.from((await tok.encode(texts[i], null, { addSpecialTokens: addSpecial && !affixes })).getIds());
+      if (addSpecial && affixes) ref = [...affixes.before, ...ref, ...affixes.after];
       const got = JSON.parse(out[i]).ids;
       compared++;
       if (JSON.stringify(ref) !== JSON.stringify(got)) {

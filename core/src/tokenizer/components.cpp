@@ -861,6 +861,13 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
                            "WhitespaceSplit, Punctuation)");
 }
 
+std::unique_ptr<PostProcessor> make_affix_post_processor(std::vector<TokenId> before, std::vector<TokenId> after) {
+  auto t = std::make_unique<TemplatePostProcessor>();
+  t->before = std::move(before);
+  t->after = std::move(after);
+  return t;
+}
+
 std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& path, const BpeModel& model,
                                                    const Vocab& added) {
   if (j.is_null()) return nullptr;

@@ -108,6 +108,9 @@ class PostProcessor {
 };
 std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::string& path, const BpeModel& model,
                                                    const Vocab& added);
+// `before` + the sequence + `after` when special tokens are added (what transformers' LlamaTokenizerFast builds from
+// add_bos_token / add_eos_token).
+std::unique_ptr<PostProcessor> make_affix_post_processor(std::vector<TokenId> before, std::vector<TokenId> after);
 
 // ---- decoders ----
 class Decoder {

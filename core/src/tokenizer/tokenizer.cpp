@@ -455,6 +455,24 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
           impl->eos_token = *eos;
         }
       }
+      // transformers' LlamaTokenizerFast replaces tokenizer.json's post-processor with BOS/EOS from add_bos_token
+      // (default true) and add_eos_token (default false) whatever that file says: DeepSeek-V3 ships a plain
+      // ByteLevel one and still gets its BOS.
+      const std::string cls = config.value("tokenizer_class", "");
+      if (cls == "LlamaTokenizerFast" || cls == "LlamaTokenizer" || cls == "CodeLlamaTokenizerFast" ||
+          cls == "CodeLlamaTokenizer") {
+        auto flag = [&](const char* key, bool fallback) {
+          const auto it = config.find(key);
+          return it != config.end() && it->is_boolean() ? it->get<bool>() : fallback;
+        };
+        const bool add_bos = flag("add_bos_token", true), add_eos = flag("add_eos_token", false);
+        if ((!add_bos || impl->bos_id) && (!add_eos || impl->eos_id)) {
+          std::vector<TokenId> before, after;
+          if (add_bos) before.push_back(*impl->bos_id);
+          if (add_eos) after.push_back(*impl->eos_id);
+          impl->post_processor = detail::make_affix_post_processor(std::move(before), std::move(after));
+        }
+      }
     }
   }
   return Tokenizer(std::move(impl));
