@@ -84,6 +84,8 @@ check "selecting the refused plugin explains why" "looks like it but was refused
 expect_rc "profile show with a plugin that is not there fails" 1 $rc
 check "values still shown" "storage.plugin = fixture-abi" "$out"
 check "says it cannot run" "error: this profile cannot run here: selecting the storage plugin" "$out"
+out=$("$cli" profile show --expert-cache-size 4GB 2>&1)
+check "a size is shown in bytes too" "command line --expert-cache-size 4GB; 4294967296 bytes" "$out"
 out=$("$cli" profile show --set compute.backend= 2>&1); rc=$?
 expect_rc "an empty plugin name fails" 1 $rc
 check "an empty plugin name is named" "compute.backend is empty (command line --set compute.backend=)" "$out"

@@ -5,6 +5,8 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <variant>
 
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/memory_plan.hpp"
@@ -167,6 +169,15 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     spdlog::set_level(level);
     if (!made) notes.push_back(made.error().message());
   }
+  // A canonical size as bytes, so that "4GB" can be seen to mean 4 GiB; nullopt for other values.
+  auto size_bytes = [](const std::string& key, const profile::Entry& e) -> std::optional<std::int64_t> {
+    for (const auto& spec : profile::canonical_options()) {
+      if (key == spec.name && spec.type == sdk::OptionType::size && !e.value.is_auto) {
+        if (const auto* v = std::get_if<std::int64_t>(&e.value.value)) return *v;
+      }
+    }
+    return std::nullopt;
+  };
   if (opts.json) {
     nlohmann::json out;
     out["profile"] = prof->name();
@@ -175,6 +186,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     for (const auto& [key, e] : prof->entries()) {
       nlohmann::json v{{"value", e.text}, {"origin", e.origin.describe()}, {"checked", e.validated}};
       if (e.value.is_auto) v["auto"] = auto_meaning(key);
+      if (auto b = size_bytes(key, e)) v["bytes"] = *b;
       out["values"][key] = v;
     }
     out["problems"] = notes;
@@ -197,6 +209,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     if (e.value.is_auto) {
       if (auto m = auto_meaning(key); !m.empty()) std::cout << "; auto = " << m;
     }
+    if (auto b = size_bytes(key, e); b && e.text != std::to_string(*b)) std::cout << "; " << *b << " bytes";
     if (!e.validated) std::cout << "; NOT CHECKED (its plugin was not found)";
     std::cout << "\n";
   }

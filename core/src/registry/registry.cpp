@@ -495,6 +495,7 @@ PluginInfo* PluginRegistry::find_mutable(sdk::PluginKind kind, std::string_view 
 
 sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, std::string_view name) const {
   const std::string kind_name(to_string(kind));
+  fs::path hinted;  // a refused file already named with its reason: not listed again
   auto describe = [&]() {
     std::ostringstream os;
     os << "\n  searched:";
@@ -509,7 +510,9 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
       os << ") " << p.path.string();
     }
     if (!any) os << " none";
-    for (const auto& b : broken_) os << "\n  broken: " << b.path.string() << ": " << b.reason;
+    for (const auto& b : broken_) {
+      if (b.path != hinted) os << "\n  broken: " << b.path.string() << ": " << b.reason;
+    }
     return os.str();
   };
   if (name.empty() || name == "auto") {
@@ -528,6 +531,7 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
     for (const auto& b : broken_) {
       if (b.path.filename().string().find("-" + std::string(name) + ".so") != std::string::npos) {
         hint = "\n  " + b.path.string() + " looks like it but was refused: " + b.reason;
+        hinted = b.path;
       }
     }
     return Status(StatusCode::not_found,

@@ -289,6 +289,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void handle() {
     std::string_view target = request_.target();
+    // The absolute form a proxy may send (RFC 9112 3.2.2: a server must accept it): http://host:port/path.
+    for (std::string_view scheme : {"http://", "https://"}) {
+      if (target.size() > scheme.size() && beast::iequals(target.substr(0, scheme.size()), scheme)) {
+        const auto slash = target.find('/', scheme.size());
+        target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+      }
+    }
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     const auto method = request_.method();
     if (method == http::verb::options && !allowed_origin().empty() &&

@@ -1463,6 +1463,10 @@ class Api(unittest.TestCase):
         reply = self.raw_exchange(big)
         self.assertTrue(reply.startswith(b"HTTP/1.1 431"), reply[:100])
         self.assertIn(b'"headers_too_large"', reply)
+        # The absolute form a proxy sends is the same route.
+        reply = self.raw_exchange(b"GET http://127.0.0.1:1/v1/models?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        self.assertTrue(reply.startswith(b"HTTP/1.1 200"), reply[:100])
+        self.assertIn(b'"object":"list"', reply.replace(b" ", b""))
 
     def test_slowloris_headers_are_cut_off(self):
         # --request-timeout is 15 s by default; this server uses the default, so dribble for up to 25 s.
