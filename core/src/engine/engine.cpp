@@ -321,9 +321,12 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     }
     auto file = plugins_.storage->open((dir_ / t.file).string());
     if (!file) return file.error().with_context("opening " + t.file);
-    if (auto s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size)); !s) {
-      return s.with_context("reading " + t.file);
+    auto s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size));
+    for (int attempt = 1; !s && s.retryable() && attempt < 3; ++attempt) {  // a transient error: try again
+      spdlog::warn("reading {}: {}; trying again", t.file, s.message());
+      s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size));
     }
+    if (!s) return s.with_context("reading " + t.file);
     shared_bytes_ += size;
     shared_files_.emplace(t.file, std::move(buf));
   }

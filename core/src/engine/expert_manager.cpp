@@ -182,7 +182,18 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
     return Status(file.error().code(),
                   "opening expert " + where + " (" + e.file + "): " + file.error().message() + fix);
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
+  // An error the storage marks retryable (a timeout, a transient device error) is tried again before it ends the run.
+  constexpr int kReadAttempts = 3;
+  int attempts = 1;
+  for (; !s && s.retryable() && attempts < kReadAttempts; ++attempts) {
+    spdlog::warn("reading expert {} ({}): {}; trying again", where, e.file, s.message());
+    s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
+  }
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!s && s.retryable()) {
+    return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + " (failed " +
+                                std::to_string(attempts) + " times; check the disk: dmesg, smartctl)");
+  }
   if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
   stats_.bytes_read += e.size;
   return verify_or_other_copy(e, **file, slot.data.data());

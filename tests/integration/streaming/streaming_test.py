@@ -684,6 +684,25 @@ class Faults(unittest.TestCase):
         report = run(["inspect", self.broken("dangling"), "--verify"], check=False).stdout
         self.assertIn("which is missing (a stripe disk not mounted, or moved?)", report)
 
+    def test_retryable_read_errors_are_tried_again(self):
+        m = model()
+        base = logits_bytes(m, "retry-base", "--expert-cache-size", str(slot_bytes(m) * 4))
+        # Every second read fails once, marked retryable: each is read again, and the answer is the same.
+        p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
+                 os.path.join(WORK, "retry.npy"), "--set", "storage.plugin=faulty", "--set", "storage.fail_every=2",
+                 "--set", "storage.fail_retryable=true", "--expert-cache-size", str(slot_bytes(m) * 4)])
+        with open(os.path.join(WORK, "retry.npy"), "rb") as f:
+            self.assertEqual(f.read(), base)
+        self.assertIn("trying again", p.stderr)
+        # One that fails every time ends the run after 3 reads, pointing at the disk, not at convert.
+        p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
+                 os.path.join(WORK, "retry2.npy"), "--set", "storage.plugin=faulty", "--set",
+                 "storage.fail_path_substring=E002.bin", "--set", "storage.fail_retryable=true",
+                 "--expert-cache-size", str(slot_bytes(m) * 4)], check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("(failed 3 times; check the disk", p.stderr)
+        self.assertNotIn("re-run convert", p.stderr)
+
     def test_injected_faults_name_the_expert(self):
         m = model()
         cases = {"fail_path_substring": "E002.bin", "short_read_path_substring": "E002.bin",
