@@ -203,7 +203,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--verify", o->verify, "Re-hash every file and report each missing, truncated or corrupt one");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--models-dir", o->models_dir, "Where model names are looked up (default: profile models.dir)");
-  add_profile_options(*cmd, global);
+  add_profile_selection(*cmd, global);
   cmd->callback([&global, o] { global.exit_code = run_inspect(global, *o); });
 }
 

@@ -464,7 +464,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--seq-block", opts->seq_block, "Block size of the sequential pass")->capture_default_str();
   cmd->add_option("--seq-depth", opts->seq_depth, "Queue depth of the sequential pass")->capture_default_str();
   cmd->add_flag("--json", opts->json, "Machine-readable output");
-  add_profile_options(*cmd, global);
+  add_profile_selection(*cmd, global);
   cmd->callback([&global, opts] { global.exit_code = iobench(global, *opts); });
 }
 

@@ -347,7 +347,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("model,-m,--model", o->model, "Model directory, or a name under models.dir")->required();
   cmd->add_option("--to", o->to, "Other directories, comma-separated: DIR2[,DIR3...]")->required();
   cmd->add_flag("--copy", o->copy, "Copy instead of move: the copies become mirrors (fallback on read errors)");
-  add_profile_options(*cmd, global);
+  add_profile_selection(*cmd, global);
   cmd->callback([&global, o] { global.exit_code = run_stripe(global, *o); });
 }
 

@@ -93,7 +93,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* list =
       plugins->add_subcommand("list", "Every plugin found: kind, name, version, score here, path, capabilities");
   list->add_flag("--json", opts->json, "Machine-readable output");
-  add_profile_options(*list, global);
+  add_profile_selection(*list, global);
   list->callback([&global, opts] { global.exit_code = list_plugins(global, *opts); });
 }
 

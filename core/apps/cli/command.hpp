@@ -36,6 +36,8 @@ std::vector<std::pair<int, CommandSetup>>& registered_commands();
 
 // Adds --profile, --set and the dedicated profile flags to a subcommand.
 void add_profile_options(CLI::App& cmd, GlobalOptions& global);
+// --profile and --set only: for commands the memory tiers and prefetch do not concern (inspect, plugins list, ...).
+void add_profile_selection(CLI::App& cmd, GlobalOptions& global);
 
 // Prints "error: ..." to stderr and returns the exit code for a failed command.
 int fail(const std::string& message);

@@ -93,12 +93,16 @@ std::optional<profile::Profile> GlobalOptions::load_profile() const {
   return std::move(*p);
 }
 
-void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
+void add_profile_selection(CLI::App& cmd, GlobalOptions& global) {
   // COLIBRI_PROFILE is read once in main: as an envname on every subcommand, CLI11 filled it into the ones not
   // used too, overwriting the --profile given.
   cmd.add_option("--profile", global.profile,
                  "Hardware profile: a name from the profile directories or a YAML path (env COLIBRI_PROFILE)");
   cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
+}
+
+void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
+  add_profile_selection(cmd, global);
   cmd.add_option("--expert-cache-size", global.expert_cache_size,
                  "RAM tier for experts, e.g. 8G (memory.expert_cache)");
   cmd.add_option("--vram-budget", global.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
