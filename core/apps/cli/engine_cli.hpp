@@ -13,6 +13,7 @@
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/engine/usage_history.hpp"
+#include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "command.hpp"
 
@@ -68,6 +69,14 @@ inline std::unique_ptr<engine::Engine> open_engine(
   if (o.ctx < 0) {
     fail(negative_ctx_message(o.ctx));
     return nullptr;
+  }
+  // A context past the model's is known from its manifest: said before the weights load (minutes on a real model).
+  if (o.ctx > 0) {
+    if (auto m = model::load_manifest(*dir); m && o.ctx > m->hparams.max_position_embeddings) {
+      fail("--ctx " + std::to_string(o.ctx) + " exceeds the model's context (" +
+           std::to_string(m->hparams.max_position_embeddings) + " positions)");
+      return nullptr;
+    }
   }
   engine::EngineOptions eo;
   eo.context = o.ctx;

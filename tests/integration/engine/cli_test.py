@@ -565,6 +565,11 @@ class MemoryPlan(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("memory.kv_cache (100 bytes) holds no position", p.stderr)
         self.assertIn("memory.kv_cache = 100 is from command line --set memory.kv_cache=100", p.stderr)
+        # A context past the model's is refused before the weights load (no backend started).
+        p = cli("run", "-m", m, "-p", "hi", "-n", "1", "--ctx", "100000000", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
+        self.assertNotIn("compute cpu", p.stderr)
 
 
 if __name__ == "__main__":
