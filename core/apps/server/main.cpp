@@ -11,6 +11,7 @@
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
+#include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/profile/profile.hpp"
 #include "colibri/sdk/config.hpp"
@@ -115,6 +116,12 @@ int serve(Flags& f) {
     return fail(
         "--ctx " + std::to_string(f.ctx) +
         " is negative; give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)");
+  if (f.ctx > 0) {  // known from the manifest: said before the weights load
+    if (auto m = model::load_manifest(*dir); m && f.ctx > m->hparams.max_position_embeddings) {
+      return fail("--ctx " + std::to_string(f.ctx) + " exceeds the model's context (" +
+                  std::to_string(m->hparams.max_position_embeddings) + " positions)");
+    }
+  }
   engine::EngineOptions eo;
   eo.context = f.ctx;
   eo.kv_type = *kv;

@@ -359,6 +359,12 @@ class Api(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(f"cannot listen on 127.0.0.1:{self.s.port}", p.stderr)
         self.assertNotIn("compute", p.stderr)  # the engine never opened: the answer comes at once on a large model
+        # So is a context past the model's.
+        p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--ctx", "100000000", "--log-level", "info"] +
+                           BACKEND_ARGS, capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
+        self.assertNotIn("compute", p.stderr)
 
     def test_json_schema_properties_come_in_the_schemas_order(self):
         # As OpenAI's structured outputs: the order the client wrote (not sorted), here c before a before b.
