@@ -127,6 +127,11 @@ TEST(Registry, AnEntryThatThrowsIsListedAsBroken) {
 }
 
 TEST(Registry, AStaticConstructorThatThrowsIsListedAsBroken) {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's dlopen interceptor has no unwind tables: the exception cannot cross it and terminates (the
+  // crash reporter still names the file). The release build runs this test.
+  GTEST_SKIP() << "not under AddressSanitizer";
+#endif
   auto reg = scan({"static_throws", "good"});
   EXPECT_EQ(reg.plugins().size(), 1u);  // the others still load
   EXPECT_THAT(broken_reason(reg, "static-throws"),
