@@ -259,14 +259,6 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
 
 sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   const std::string where = g.path().string();
-  // llama-gguf-split's parts hold a share of the tensors each; the first alone would miss the rest.
-  if (const auto parts = g.get_int("split.count"); parts && *parts > 1) {
-    return Status(StatusCode::unsupported,
-                  where + " is part " + std::to_string(g.get_int("split.no").value_or(0) + 1) + " of " +
-                      std::to_string(*parts) +
-                      " of a split GGUF; merge the parts into one file first (llama.cpp: llama-gguf-split --merge "
-                      "FIRST-PART.gguf MERGED.gguf) and convert that");
-  }
   auto ga = g.get_string("general.architecture");
   if (!ga) return bad_config(where, "has no general.architecture");
   const auto supported = supported_gguf_architectures();

@@ -855,13 +855,16 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   if (fs::is_directory(opt.input, ec)) {
     const fs::path cfg_path = opt.input / "config.json";
     if (!fs::exists(cfg_path, ec)) {
-      // A directory holding a GGUF (a download of one): the file is the input, not the directory.
+      // A directory holding a GGUF (a download of one): the file is the input, not the directory. Sorted, so that
+      // a split GGUF's first part is the one named.
+      std::vector<std::string> ggufs;
       for (const auto& e : fs::directory_iterator(opt.input, ec)) {
-        if (e.path().extension() == ".gguf") {
-          return Status(StatusCode::invalid_argument, opt.input.string() + " has no config.json but holds " +
-                                                          e.path().filename().string() +
-                                                          "; give the .gguf file itself as --input");
-        }
+        if (e.path().extension() == ".gguf") ggufs.push_back(e.path().filename().string());
+      }
+      if (!ggufs.empty()) {
+        std::sort(ggufs.begin(), ggufs.end());
+        return Status(StatusCode::invalid_argument, opt.input.string() + " has no config.json but holds " +
+                                                        ggufs.front() + "; give the .gguf file itself as --input");
       }
     }
     auto text = read_text(cfg_path);
@@ -1242,7 +1245,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                     {"types", types},
                     {"fallbacks", fallbacks}};
   m.source = {{"kind", in.is_gguf ? "gguf" : "safetensors"}, {"path", opt.input.string()}};
-  if (in.is_gguf) m.source["gguf_architecture"] = gguf_arch;
+  if (in.is_gguf) {
+    m.source["gguf_architecture"] = gguf_arch;
+    if (in.gguf->parts().size() > 1) {  // the first part, whichever was given
+      m.source["path"] = in.gguf->path().string();
+      m.source["parts"] = in.gguf->parts().size();
+    }
+  }
   std::string manifest_text;
   try {
     manifest_text = m.to_json().dump(1);

@@ -1,7 +1,9 @@
 #include "colibri/model/gguf.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <regex>
 
 #include "model/file_io.hpp"
 #include "tokenizer/utf8.hpp"
@@ -107,7 +109,7 @@ std::size_t GgufValue::array_size() const noexcept {
 }
 
 struct GgufFile::Impl {
-  io::File file;
+  std::vector<io::File> files;  // one per part
 };
 
 namespace {
@@ -362,18 +364,113 @@ Status read_value(HeaderReader& r, GgufType type, GgufValue& out, const std::str
 }  // namespace
 
 sdk::Expected<GgufFile> GgufFile::open(const fs::path& path) {
+  auto g = open_one(path);
+  if (!g) return g;
+  const auto* count = g->find("split.count");
+  if (count == nullptr) return g;
+  if (!count->is_integer() || std::get<std::int64_t>(count->v) < 1 || std::get<std::int64_t>(count->v) > 99999) {
+    return Status(StatusCode::corrupt_data, io::path_text(path) + ": metadata split.count is not a part count");
+  }
+  if (std::get<std::int64_t>(count->v) == 1) return g;
+  return join_parts(std::move(*g));
+}
+
+namespace {
+std::string part_suffix(std::int64_t part, std::int64_t count) {
+  char out[64];
+  std::snprintf(out, sizeof out, "-%05lld-of-%05lld.gguf", static_cast<long long>(part), static_cast<long long>(count));
+  return out;
+}
+}  // namespace
+
+// llama-gguf-split names part i of n PREFIX-0000i-of-0000n.gguf; every part holds split.no (0-based) and
+// split.count, the first all the metadata and split.tensors.count.
+sdk::Expected<GgufFile> GgufFile::join_parts(GgufFile given) {
+  const std::int64_t count = *given.get_int("split.count");
+  const auto no = given.get_int("split.no");
+  const std::string given_text = io::path_text(given.path_);
+  auto bad = [](const std::string& what) { return Status(StatusCode::corrupt_data, what); };
+  if (!no || *no < 0 || *no >= count) {
+    return bad(given_text + ": metadata split.no is missing or not below split.count " + std::to_string(count));
+  }
+  const std::string name = given.path_.filename().string();
+  static const std::regex kPartName(R"(^(.*)-([0-9]{5})-of-([0-9]{5})\.gguf$)");
+  std::smatch m;
+  const std::string of = "part " + std::to_string(*no + 1) + " of " + std::to_string(count) + " of a split GGUF";
+  if (!std::regex_match(name, m, kPartName) || std::stoll(m[2].str()) != *no + 1 || std::stoll(m[3].str()) != count) {
+    const std::string want = part_suffix(*no + 1, count);
+    return Status(StatusCode::invalid_argument,
+                  given_text + " is " + of + ", but its name does not end in '" + want +
+                      "' (llama-gguf-split's naming), so its other parts cannot be found: give the parts their "
+                      "original names, or merge them (llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf)");
+  }
+  const fs::path dir = given.path_.parent_path();
+  const std::string prefix = m[1].str();
+
+  std::vector<GgufFile> parts;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (i == *no) {
+      parts.push_back(std::move(given));
+      continue;
+    }
+    const fs::path p = dir / (prefix + part_suffix(i + 1, count));
+    std::error_code ec;
+    if (!fs::exists(p, ec)) {
+      return Status(StatusCode::not_found, given_text + " is " + of + "; part " + std::to_string(i + 1) + " (" +
+                                               io::path_text(p) + ") is missing: download every part into " +
+                                               io::path_text(dir.empty() ? fs::path(".") : dir));
+    }
+    auto g = open_one(p);
+    if (!g) return g.error();
+    const auto pno = g->get_int("split.no");
+    const auto pcount = g->get_int("split.count");
+    if (pno != i || pcount != count) {
+      return bad(io::path_text(p) + " says it is part " + (pno ? std::to_string(*pno + 1) : "?") + " of " +
+                 (pcount ? std::to_string(*pcount) : "?") + ", not part " + std::to_string(i + 1) + " of " +
+                 std::to_string(count) + " (parts of two different downloads?): download the parts again");
+    }
+    parts.push_back(std::move(*g));
+  }
+
+  GgufFile all = std::move(parts[0]);
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    GgufFile& part = parts[i];
+    all.parts_.push_back(part.path_);
+    all.impl_->files.push_back(std::move(part.impl_->files[0]));
+    for (auto& t : part.tensors_) {
+      if (auto it = all.tensor_index_.find(t.name); it != all.tensor_index_.end()) {
+        return bad("tensor '" + shown(t.name) + "' is in both " +
+                   io::path_text(all.parts_[all.tensors_[it->second].part]) + " and " + io::path_text(part.path_) +
+                   "; the parts are damaged, download them again");
+      }
+      t.part = static_cast<std::uint32_t>(i);
+      all.tensor_index_[t.name] = all.tensors_.size();
+      all.tensors_.push_back(std::move(t));
+    }
+  }
+  if (const auto expected = all.get_int("split.tensors.count");
+      expected && *expected != static_cast<std::int64_t>(all.tensors_.size())) {
+    return bad(io::path_text(all.path_) + ": the first part says the split GGUF holds " + std::to_string(*expected) +
+               " tensors, its " + std::to_string(count) + " parts hold " + std::to_string(all.tensors_.size()) +
+               "; download the parts again");
+  }
+  return all;
+}
+
+sdk::Expected<GgufFile> GgufFile::open_one(const fs::path& path) {
   auto f = io::File::open_read(path);
   if (!f) return f.error();
   auto size = f->size();
   if (!size) return size.error();
   GgufFile g;
   g.path_ = path;
+  g.parts_ = {path};
   g.impl_ = std::make_shared<Impl>();
-  g.impl_->file = std::move(*f);
+  g.impl_->files.push_back(std::move(*f));
   const std::string file = io::path_text(path);
   auto bad = [&](const std::string& what) { return Status(StatusCode::corrupt_data, file + ": " + what); };
 
-  HeaderReader r(g.impl_->file, *size);
+  HeaderReader r(g.impl_->files[0], *size);
   char magic[4];
   if (auto s = r.bytes(magic, 4, "magic"); !s) return s;
   if (std::memcmp(magic, "GGUF", 4) != 0) return bad("not a GGUF file (magic is not 'GGUF')");
@@ -542,7 +639,7 @@ Status GgufFile::read(const GgufTensorInfo& t, std::uint64_t offset, void* dst, 
   if (offset > t.size || n > t.size - offset) {
     return Status(StatusCode::invalid_argument, "read past the end of tensor '" + t.name + "'");
   }
-  return impl_->file.read_at(dst, n, t.offset + offset);
+  return impl_->files.at(t.part).read_at(dst, n, t.offset + offset);
 }
 
 }  // namespace colibri::model

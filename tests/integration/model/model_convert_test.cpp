@@ -132,6 +132,31 @@ TEST_P(ArchTest, SafetensorsAndGgufOfTheSameWeightsGiveIdenticalBlobs) {
   EXPECT_TRUE(verify_model(from_gguf).ok());
 }
 
+// A GGUF split by llama-gguf-split (here its layout written by tests/fixtures/split_gguf.py) converts from any of
+// its parts into the model its whole file gives, the first part holding tensors or not.
+TEST(GgufConvert, ASplitGgufConvertsAsTheWholeFile) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path whole = fresh_output("mixtral split whole");
+  convert_ok(src.string() + ".gguf", whole, "q8_0");
+  for (const bool empty_first : {false, true}) {
+    const fs::path dir = kWork / "split" / (empty_first ? "empty first" : "plain");
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
+                            quote(fs::path(COLIBRI_TEST_SOURCE_DIR) / "tests/fixtures/split_gguf.py") + " " +
+                            quote(src.string() + ".gguf") + " " + quote(dir / "mixtral") + " --parts 3" +
+                            (empty_first ? " --no-tensor-first-split" : "");
+    ASSERT_EQ(run(cmd), 0) << cmd;
+    const fs::path out = fresh_output(std::string("mixtral split ") + (empty_first ? "empty first" : "plain"));
+    convert_ok(dir / "mixtral-00002-of-00003.gguf", out, "q8_0");
+    expect_identical_models(whole, out);
+    auto m = load_manifest(out);
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->source.value("parts", 0), 3);
+    EXPECT_EQ(m->source.value("path", ""), (dir / "mixtral-00001-of-00003.gguf").string());
+  }
+}
+
 TEST_P(ArchTest, QuantizingTheSameFloatsFromEitherSourceIsIdentical) {
   const std::string arch = GetParam();
   const fs::path src = fixture(arch + "-f32", "--arch " + arch + " --dtype f32");

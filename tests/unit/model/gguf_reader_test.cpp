@@ -331,22 +331,94 @@ TEST(GgufHyperParams, AbsurdBlockCountIsRefusedByKeyBeforeAnyLoop) {
   EXPECT_NE(h.error().message().find("b.gguf"), std::string::npos);
 }
 
-// One part of a split GGUF (llama-gguf-split) is refused as such, with how to merge the parts, instead of a
-// "tensor ... is missing" further on.
-TEST(GgufHyperParams, APartOfASplitGgufSaysToMergeTheParts) {
+// One part of a split GGUF as llama-gguf-split writes it: split.no/split.count in every part, the first part with
+// the metadata and split.tensors.count; `tensors` f32 vectors of 8 values each, valued by name.
+std::string split_part(int no, int count, const std::vector<std::string>& tensors, int total = -1) {
   Bytes b;
-  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(3);
-  b.str("general.architecture").pod<std::uint32_t>(STR).str("llama");
-  b.str("split.no").pod<std::uint32_t>(U16).pod<std::uint16_t>(0);
-  b.str("split.count").pod<std::uint32_t>(U16).pod<std::uint16_t>(3);
-  auto g = open_bytes(testing::temp_dir("split") / "m-00001-of-00003.gguf", b.data);
-  ASSERT_TRUE(g.has_value()) << g.error().to_string();
-  auto h = hparams_from_gguf(*g);
-  ASSERT_FALSE(h.has_value());
-  EXPECT_NE(h.error().message().find("m-00001-of-00003.gguf is part 1 of 3 of a split GGUF; merge the parts"),
-            std::string::npos)
-      << h.error().message();
-  EXPECT_NE(h.error().message().find("llama-gguf-split --merge"), std::string::npos);
+  const bool first = no == 0;
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(tensors.size()).pod<std::uint64_t>(first ? 4 : 2);
+  if (first) b.str("general.architecture").pod<std::uint32_t>(STR).str("llama");
+  b.str("split.no").pod<std::uint32_t>(U16).pod<std::uint16_t>(static_cast<std::uint16_t>(no));
+  b.str("split.count").pod<std::uint32_t>(U16).pod<std::uint16_t>(static_cast<std::uint16_t>(count));
+  if (first) b.str("split.tensors.count").pod<std::uint32_t>(I32).pod<std::int32_t>(total);
+  std::uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    b.str(t).pod<std::uint32_t>(1).pod<std::uint64_t>(8).pod<std::uint32_t>(0).pod<std::uint64_t>(offset);
+    offset += 32;
+  }
+  b.pad_to(32);
+  for (const auto& t : tensors) {
+    for (int i = 0; i < 8; ++i) b.pod<float>(static_cast<float>(t[0]) + static_cast<float>(i));
+  }
+  return b.data;
+}
+
+// Writes the parts of one split GGUF as DIR/m-0000i-of-0000n.gguf.
+void write_split(const fs::path& dir, const std::vector<std::vector<std::string>>& parts) {
+  fs::remove_all(dir);
+  int total = 0;
+  for (const auto& p : parts) total += static_cast<int>(p.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "m-%05zu-of-%05zu.gguf", i + 1, parts.size());
+    testing::write_file(dir / name, split_part(static_cast<int>(i), static_cast<int>(parts.size()), parts[i], total));
+  }
+}
+
+// A split GGUF opens from any part as one file: the first part's metadata, every part's tensors, each read from
+// its own file. The first part may hold no tensors (llama-gguf-split --no-tensor-first-split).
+TEST(GgufSplit, AnyPartOpensTheWholeModel) {
+  const fs::path dir = testing::temp_dir("split-ok");
+  write_split(dir, {{}, {"a", "b"}, {"c"}});
+  for (const char* given : {"m-00001-of-00003.gguf", "m-00003-of-00003.gguf"}) {
+    auto g = GgufFile::open(dir / given);
+    ASSERT_TRUE(g.has_value()) << given << ": " << g.error().to_string();
+    EXPECT_EQ(g->path(), dir / "m-00001-of-00003.gguf");
+    ASSERT_EQ(g->parts().size(), 3u);
+    EXPECT_EQ(g->parts()[2], dir / "m-00003-of-00003.gguf");
+    EXPECT_EQ(g->get_string("general.architecture"), "llama");
+    ASSERT_EQ(g->tensors().size(), 3u);
+    for (const char* name : {"a", "b", "c"}) {
+      const auto* t = g->find_tensor(name);
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(t->part, name[0] == 'c' ? 2u : 1u);
+      float v[8];
+      ASSERT_TRUE(g->read(*t, 0, v, sizeof v).ok());
+      EXPECT_EQ(v[0], static_cast<float>(name[0]));
+      EXPECT_EQ(v[7], static_cast<float>(name[0]) + 7.f);
+    }
+  }
+}
+
+// What goes wrong with a download of parts is named with the part and what to do, never a missing tensor later.
+TEST(GgufSplit, MissingRenamedMixedOrDamagedPartsAreNamed) {
+  const fs::path dir = testing::temp_dir("split-bad");
+  auto fails = [](const fs::path& file, const std::string& expected) {
+    auto g = GgufFile::open(file);
+    ASSERT_FALSE(g.has_value()) << file;
+    EXPECT_NE(g.error().message().find(expected), std::string::npos) << g.error().message();
+  };
+  write_split(dir, {{"a"}, {"b"}, {"c"}});
+  fs::remove(dir / "m-00002-of-00003.gguf");
+  fails(dir / "m-00001-of-00003.gguf", "part 2 (" + (dir / "m-00002-of-00003.gguf").string() +
+                                           ") is missing: download every part into " + dir.string());
+
+  write_split(dir, {{"a"}, {"b"}});
+  fs::rename(dir / "m-00001-of-00002.gguf", dir / "model.gguf");
+  fails(dir / "model.gguf",
+        "model.gguf is part 1 of 2 of a split GGUF, but its name does not end in '-00001-of-00002.gguf'");
+
+  // Part 2 of another split (of three) in place of part 2 of two.
+  write_split(dir, {{"a"}, {"b"}});
+  testing::write_file(dir / "m-00002-of-00002.gguf", split_part(1, 3, {"b"}));
+  fails(dir / "m-00001-of-00002.gguf", "m-00002-of-00002.gguf says it is part 2 of 3, not part 2 of 2");
+
+  write_split(dir, {{"a"}, {"a"}});
+  fails(dir / "m-00001-of-00002.gguf", "tensor 'a' is in both");
+
+  write_split(dir, {{"a"}, {"b"}});
+  testing::write_file(dir / "m-00001-of-00002.gguf", split_part(0, 2, {"a"}, 5));
+  fails(dir / "m-00002-of-00002.gguf", "holds 5 tensors, its 2 parts hold 2");
 }
 
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {

@@ -1,6 +1,7 @@
 // Reader for GGUF v2/v3 files: metadata of every value type (arrays included), tensor infos, alignment
 // (general.alignment) and the data section. Headers are bounds-checked against the file size; tensor data is
-// read on demand by range, never loaded whole.
+// read on demand by range, never loaded whole. A split GGUF (llama-gguf-split's NAME-00001-of-00003.gguf) opens
+// from any of its parts as one file: metadata from the first part, tensors from all.
 #pragma once
 
 #include <cstdint>
@@ -54,15 +55,19 @@ struct GgufTensorInfo {
   std::string name;
   std::vector<std::int64_t> ne;  // GGML order: ne[0] is the row length (innermost)
   sdk::DType type = sdk::DType::f32;
-  std::uint64_t offset = 0;  // absolute byte offset in the file
+  std::uint64_t offset = 0;  // absolute byte offset in its part's file
   std::uint64_t size = 0;    // bytes
+  std::uint32_t part = 0;    // index into parts(): 0 unless the GGUF is split
 };
 
 class GgufFile {
  public:
   static sdk::Expected<GgufFile> open(const std::filesystem::path& path);
 
+  // The file given, or a split GGUF's first part.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  // Every file the tensors are in, in order: {path()} unless the GGUF is split.
+  [[nodiscard]] const std::vector<std::filesystem::path>& parts() const noexcept { return parts_; }
   [[nodiscard]] std::uint32_t version() const noexcept { return version_; }
   [[nodiscard]] std::uint64_t alignment() const noexcept { return alignment_; }
   [[nodiscard]] std::uint64_t data_offset() const noexcept { return data_offset_; }
@@ -81,7 +86,11 @@ class GgufFile {
 
  private:
   struct Impl;
+  static sdk::Expected<GgufFile> open_one(const std::filesystem::path& path);
+  static sdk::Expected<GgufFile> join_parts(GgufFile given);
+
   std::filesystem::path path_;
+  std::vector<std::filesystem::path> parts_;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
   std::uint64_t data_offset_ = 0;
