@@ -106,8 +106,19 @@ out=$("$cli" profile show --ctx 100 2>&1); rc=$?
 check "--ctx needs --model" "--ctx requires --model" "$out"
 
 out=$("$cli" --log-level warn bogus 2>&1); rc=$?
-expect_rc "an unknown command fails" 1 $rc
+expect_rc "an unknown command is a usage error" 2 $rc
 check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"
+
+# Every usage error is exit status 2 (not CLI11's 104, 105, 109...), so that a script tells it from a failed run.
+out=$("$cli" convert --input a --output b --threads many 2>&1); rc=$?
+expect_rc "a value of the wrong type is a usage error" 2 $rc
+check "a value of the wrong type is named" "--threads" "$out"
+out=$("$cli" plugins list --bogus 2>&1); rc=$?
+expect_rc "an unknown flag is a usage error" 2 $rc
+out=$("$cli" convert --output b 2>&1); rc=$?
+expect_rc "a missing required flag is a usage error" 2 $rc
+out=$("$cli" convert --help 2>&1); rc=$?
+expect_rc "--help succeeds" 0 $rc
 
 out=$("$cli" --log-level loud plugins list 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "ok   - bad log level refused" || { echo "FAIL - bad log level accepted"; failures=$((failures + 1)); }

@@ -111,6 +111,12 @@ void add_profile_options(CLI::App& cmd, GlobalOptions& global) {
 
 }  // namespace colibri::cli
 
+// CLI11 exits with its own code per kind of mistake (104, 105, 109...); a usage error is exit status 2, as in
+// getopt's tools and Python's argparse, so that scripts can tell it from a failed run (1). --help stays 0.
+static int usage_exit(const CLI::App& app, const CLI::ParseError& e) {
+  return app.exit(e) == 0 ? 0 : 2;
+}
+
 int main(int argc, char** argv) {
   using namespace colibri;
   CLI::App app{"colibri: run Mixture-of-Experts models larger than your GPU and RAM", "colibri-cli"};
@@ -155,11 +161,11 @@ int main(int argc, char** argv) {
       }
       if (known) break;
       std::cerr << "error: unknown command '" << word << "'; the commands are " << names << " (colibri-cli --help)\n";
-      return 1;
+      return 2;
     }
-    return app.exit(e);
+    return usage_exit(app, e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return usage_exit(app, e);
   } catch (const std::exception& e) {
     return cli::fail(e.what());
   }

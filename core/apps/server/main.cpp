@@ -182,6 +182,12 @@ int serve(Flags& f) {
 
 }  // namespace
 
+// CLI11 exits with its own code per kind of mistake (104, 105, 109...); a usage error is exit status 2, as in
+// getopt's tools and Python's argparse, so that scripts can tell it from a failed run (1). --help stays 0.
+static int usage_exit(const CLI::App& app, const CLI::ParseError& e) {
+  return app.exit(e) == 0 ? 0 : 2;
+}
+
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"colibri-server: OpenAI-compatible HTTP API for a colibri model", "colibri-server"};
@@ -239,7 +245,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return usage_exit(app, e);
   }
   try {
     return serve(f);

@@ -281,6 +281,7 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
                            std::to_string(kMaxPrompts) + " in one request.",
                        "prompt", "invalid_value");
   }
+  out.prompt_is_list = true;
   for (std::size_t i = 0; i < p.size(); ++i) {
     const std::string where = "prompt[" + std::to_string(i) + "]";
     bool is_tokens = false;

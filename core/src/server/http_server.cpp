@@ -624,7 +624,7 @@ class Session : public std::enable_shared_from_this<Session> {
     for (std::size_t p = 0; p < prompts.size(); ++p) {
       auto& plan = prompts[p];
       // Errors name the batch's prompt: "prompt[2]: ...".
-      const bool batch = prompts.size() > 1;
+      const bool batch = prompts.size() > 1 || req.prompt_is_list;
       const std::string where = batch ? "prompt[" + std::to_string(p) + "]" : "prompt";
       auto named = [&](ApiError e) {
         if (batch) {

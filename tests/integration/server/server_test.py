@@ -583,6 +583,10 @@ class Api(unittest.TestCase):
         self.assertTrue(err["error"]["message"].startswith("prompt[1]: "), err)
         status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=["hi", [1, 2]]))
         assert_error(self, status, err, 400, "invalid_type", "prompt[1]")
+        # A list of one prompt is still a list: its empty token array is prompt[0].
+        status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=[[]]))
+        assert_error(self, status, err, 400, "invalid_value", "prompt[0]")
+        self.assertTrue(err["error"]["message"].startswith("prompt[0]: "), err)
         status, err = self.s.json("POST", "/v1/completions", dict(greedy, prompt=["x"] * 16, n=16))
         assert_error(self, status, err, 400, "invalid_value", "prompt")
         self.assertIn("16 prompts times n 16", err["error"]["message"])

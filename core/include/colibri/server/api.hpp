@@ -51,6 +51,7 @@ struct CompletionRequest {
   bool prompt_is_tokens = false;
   // completions: a batch ("prompt": [p0, p1, ...]) is one choice per prompt (n each); the above hold p0, these the
   // rest, all texts or all token ids like p0.
+  bool prompt_is_list = false;  // "prompt" was a list of prompts (errors name prompt[i], even of a list of one)
   std::vector<std::string> more_prompts;
   std::vector<std::vector<std::int32_t>> more_prompt_tokens;
   [[nodiscard]] std::size_t prompt_count() const { return 1 + more_prompts.size() + more_prompt_tokens.size(); }
