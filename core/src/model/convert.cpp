@@ -1082,9 +1082,15 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                                     " already exists; pass --force to replace it (the old model is "
                                                     "kept until the new one is complete)");
   }
+  // A missing parent is made, as `mkdir -p` (the models directory of a fresh install does not exist yet).
   const fs::path parent = out_clean.parent_path();
+  if (!fs::exists(parent, ec) && !fs::create_directories(parent, ec) && ec) {
+    return Status(StatusCode::io_error, "cannot create the output's parent directory " + parent.string() + ": " +
+                                            ec.message());
+  }
   if (!fs::is_directory(parent, ec)) {
-    return Status(StatusCode::not_found, "the output's parent directory " + parent.string() + " does not exist");
+    return Status(StatusCode::invalid_argument,
+                  "the output's parent " + parent.string() + " is not a directory; give an output inside a directory");
   }
   remove_stale_partials(out_clean);
   const fs::path tmp =

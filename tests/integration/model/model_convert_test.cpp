@@ -132,6 +132,25 @@ TEST_P(ArchTest, SafetensorsAndGgufOfTheSameWeightsGiveIdenticalBlobs) {
   EXPECT_TRUE(verify_model(from_gguf).ok());
 }
 
+// An output whose parent directories do not exist yet (a fresh install's models directory) is made inside them.
+TEST(ConvertOutput, MissingParentDirectoriesAreMade) {
+  const fs::path src = fixture("mixtral-bf16", "--arch mixtral --dtype bf16 --shards 2");
+  const fs::path root = kWork / "fresh home";
+  fs::remove_all(root);
+  const fs::path out = root / "colibri" / "models" / "mixtral";
+  convert_ok(src, out, "q8_0");
+  EXPECT_TRUE(verify_model(out).ok());
+  // A parent that is a file is named, and nothing is made.
+  std::ofstream(root / "file") << "x";
+  ConvertOptions o;
+  o.input = src;
+  o.output = root / "file" / "m";
+  o.preset = "q8_0";
+  auto r = convert_model(o);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("file"), std::string::npos) << r.error().message();
+}
+
 // A GGUF split by llama-gguf-split (here its layout written by tests/fixtures/split_gguf.py) converts from any of
 // its parts into the model its whole file gives, the first part holding tensors or not.
 TEST(GgufConvert, ASplitGgufConvertsAsTheWholeFile) {
