@@ -1085,8 +1085,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   // A missing parent is made, as `mkdir -p` (the models directory of a fresh install does not exist yet).
   const fs::path parent = out_clean.parent_path();
   if (!fs::exists(parent, ec) && !fs::create_directories(parent, ec) && ec) {
-    return Status(StatusCode::io_error, "cannot create the output's parent directory " + parent.string() + ": " +
-                                            ec.message());
+    return Status(StatusCode::io_error,
+                  "cannot create the output's parent directory " + parent.string() + ": " + ec.message());
   }
   if (!fs::is_directory(parent, ec)) {
     return Status(StatusCode::invalid_argument,
