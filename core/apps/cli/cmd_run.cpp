@@ -122,6 +122,16 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (auto s = ab::write_trace(o.record_trace, trace); !s) return fail(s.message());
     std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
   }
+  // JSON mode promises one object: one cut short does not parse, so the run did not do what was asked.
+  if (g.json_object && r->finish_reason != "eos") {
+    const std::string cause = r->finish_reason == "length"  ? "the token limit (-n " + std::to_string(o.max_tokens) +
+                                                                 ") came first; raise -n"
+                              : r->finish_reason == "stop" ? "a --stop text cut it; leave --stop out in JSON mode"
+                                                           : "the context filled first; raise --ctx or shorten the "
+                                                             "prompt";
+    std::cerr << "error: the JSON object is incomplete (it does not parse): " << cause << "\n";
+    return 1;
+  }
   return 0;
 }
 

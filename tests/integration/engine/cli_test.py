@@ -106,6 +106,13 @@ class Run(unittest.TestCase):
         if "eos" in p.stderr.strip().splitlines()[-1]:  # the object closed within 60 tokens: stdout parses as it is
             self.assertIsInstance(json.loads(p.stdout), dict)
         self.assertTrue(p.stdout.lstrip().startswith("{"), p.stdout)
+        # An object the token limit cuts short does not parse: said, and the exit status is 1.
+        p = cli("run", "-m", model(), "-p", "Answer:", "-n", "2", "--json", "--seed", "3", check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("error: the JSON object is incomplete (it does not parse): the token limit (-n 2) came first",
+                      p.stderr)
+        with self.assertRaises(ValueError):
+            json.loads(p.stdout)
 
     def test_a_failed_write_to_standard_output_is_an_error(self):
         for args in (("run", "-m", model(), "-p", "hi", "-n", "4"), ("tokenize", "-m", model(), "--text", "hi")):
