@@ -124,8 +124,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   }
   // JSON mode promises one object: one cut short does not parse, so the run did not do what was asked.
   if (g.json_object && r->finish_reason != "eos") {
-    const std::string cause = r->finish_reason == "length"  ? "the token limit (-n " + std::to_string(o.max_tokens) +
-                                                                 ") came first; raise -n"
+    const std::string cause = r->finish_reason == "length"
+                                  ? "the token limit (-n " + std::to_string(o.max_tokens) + ") came first; raise -n"
                               : r->finish_reason == "stop" ? "a --stop text cut it; leave --stop out in JSON mode"
                                                            : "the context filled first; raise --ctx or shorten the "
                                                              "prompt";
