@@ -334,11 +334,14 @@ sdk::Expected<std::unique_ptr<engine::Engine>> open_side(Side& s, const std::fil
 }
 
 // Generates every prompt greedily; returns decode tok/s over all of them, hit rate and bytes read of this run.
-// `generated`: the greedy tokens of each prompt, to check that A and B ran the same workload.
+// `generated`: the greedy tokens of each prompt, to check that A and B ran the same workload. `since_open`: a cold
+// run counts the expert reads its engine made at load too (a resident or pinned profile reads its experts then), as
+// `bench` and `run` do, so that bytes read compares what each profile cost from a cold start.
 sdk::Status run_once(engine::Engine& e, const tokenizer::Tokenizer& tok, const std::vector<std::string>& prompts,
-                     std::int64_t tokens, ab::LiveSide& out, std::vector<std::vector<std::int32_t>>* generated) {
+                     std::int64_t tokens, ab::LiveSide& out, std::vector<std::vector<std::int32_t>>* generated,
+                     bool since_open) {
   if (generated != nullptr) generated->clear();
-  const auto before = e.experts().stats();
+  const auto before = since_open ? engine::ExpertStats{} : e.experts().stats();
   double decode_s = 0, decoded = 0;
   for (const auto& p : prompts) {
     e.reset();
@@ -435,12 +438,13 @@ int run_live(const LiveOptions& o) {
         s.engine = std::move(*e);
         if (o.warm) {
           ab::LiveSide discard;
-          if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, discard, nullptr); !st) {
+          if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, discard, nullptr, false); !st) {
             return fail(st.message());
           }
         }
       }
-      if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, *out[i], run == 0 ? &tokens_of[i] : nullptr); !st) {
+      if (auto st = run_once(*s.engine, *tok, prompts, o.tokens, *out[i], run == 0 ? &tokens_of[i] : nullptr, !o.warm);
+          !st) {
         return fail("--profile " + s.name + ": " + st.message());
       }
       if (!o.warm) s.engine.reset();
@@ -536,7 +540,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   rep->add_flag("--json", ro->json, "Print JSON instead of tables");
   rep->add_option("--model,-m", ro->model, "Model whose manifest gives the expert sizes");
   rep->add_option("--expert-bytes", ro->expert_bytes, "Bytes per expert when no --model is given (4096, 1M, 1.5G)");
-  add_profile_options(*rep, global);
+  add_profile_selection(*rep, global);  // the policy and its options; no tier sizes: --cache-experts gives the size
   rep->callback([&global, ro] { global.exit_code = run_replay(global, *ro); });
 
   auto io = std::make_shared<ImportOptions>();

@@ -321,6 +321,23 @@ class Live(unittest.TestCase):
                 check=False)
         self.assertIn("report: cannot write /nonexistent/x.html", p.stderr)
         self.assertNotIn("run 1", p.stderr)
+        # A cold run counts the reads its engine made at load: a profile that holds every expert reads them all then
+        # (what `bench` counts), and nothing after; warm runs leave the load out.
+        resident = os.path.join(WORK, "resident.yaml")
+        with open(resident, "w") as f:
+            f.write("memory:\n  expert_cache: 1G\n")
+        with open(os.path.join(m, "manifest.json")) as f:
+            expert_bytes = sum(x["size"] for x in json.load(f)["files"] if x["path"].startswith("experts/"))
+        for mode, want in (("--cold", expert_bytes), ("--warm", 0)):
+            j = json.loads(cli("ab", "live", "-m", m, "--profile", resident, profiles[1], "--runs", "2", "-n", "2",
+                               mode, "--json").stdout)
+            self.assertEqual(j["a"]["bytes_read"], [want, want], mode)
+            self.assertEqual(j["a"]["hit_rate"], [1, 1], mode)
+        # A replay has no memory tiers: --cache-experts sizes its cache, and a tier flag is refused, not ignored.
+        p = cli("ab", "replay", "--trace", trace, "-m", m, "--policy", "lru", "--cache-experts", "3",
+                "--expert-cache-size", "1M", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--expert-cache-size", p.stderr)
         # So does a trace of another model (one that routes to an expert this model does not have).
         other = os.path.join(WORK, "other-model-trace.jsonl")
         with open(trace) as f, open(other, "w") as out:
