@@ -978,7 +978,7 @@ json envelope(Endpoint endpoint, const ResponseIds& ids, bool chunk) {
 }  // namespace
 
 json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>& tokens, const TokenBytes& bytes_of,
-                     std::int64_t& text_offset) {
+                     std::int64_t& text_offset, std::span<const std::int64_t> known_offsets) {
   // A token may be part of a character: "token" is its text with U+FFFD for that, "bytes" its exact bytes.
   auto entry = [&](std::int32_t id, float logprob, bool chat_top) {
     const std::string bytes = bytes_of(id);
@@ -1002,11 +1002,16 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
     return json{{"content", std::move(content)}, {"refusal", nullptr}};
   }
   json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  for (const auto& t : tokens) {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const auto& t = tokens[i];
     json e = entry(t.id, t.logprob, false);
-    offsets.push_back(text_offset);
     const std::string text = e["token"].get<std::string>();
-    text_offset += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(text));
+    if (i < known_offsets.size()) {
+      offsets.push_back(known_offsets[i]);
+    } else {
+      offsets.push_back(text_offset);
+      text_offset += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(text));
+    }
     texts.push_back(text);
     if (std::isnan(t.logprob)) {  // the first echoed prompt token: nothing predicts it
       lps.push_back(nullptr);
@@ -1027,6 +1032,18 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
               {"token_logprobs", std::move(lps)},
               {"top_logprobs", std::move(tops)},
               {"text_offset", std::move(offsets)}};
+}
+
+std::vector<std::int64_t> echo_text_offsets(const tokenizer::Tokenizer& tokenizer,
+                                            const std::vector<engine::TokenLogprob>& prompt, std::int64_t text_chars) {
+  tokenizer::StreamDecoder decoder(tokenizer, /*skip_special=*/true);
+  std::vector<std::int64_t> out;
+  std::int64_t at = 0;
+  for (const auto& t : prompt) {
+    out.push_back(std::min(at, text_chars));
+    at += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(decoder.push(t.id)));
+  }
+  return out;
 }
 
 json completion_response(Endpoint endpoint, const ResponseIds& ids, const std::vector<Choice>& choices,

@@ -767,10 +767,9 @@ class Session : public std::enable_shared_from_this<Session> {
       c.prompt_index = index / static_cast<std::size_t>(req.n);
       const auto& echo_text = prompts[c.prompt_index].echo_text;
       c.text = echo_text;
-      // Completions count logprob offsets in characters, echo included; with the prompt's logprobs its tokens are
-      // listed too, their offsets counted from the start.
-      c.text_offset =
-          req.echo && req.logprobs >= 0 ? 0 : static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
+      // Completions count logprob offsets in characters, echo included (the prompt's own tokens, listed with echo,
+      // get theirs from the decoded prompt: see echo_text_offsets).
+      c.text_offset = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
       if (use_harmony) {
         c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
@@ -838,12 +837,14 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (ev.kind) {
       case GenerationEvent::Kind::text: {
         if (!ev.prompt_logprobs.empty()) {  // echo: the prompt's own tokens come first
+          c.echo_offsets = echo_text_offsets(srv_.tokenizer, ev.prompt_logprobs, c.text_offset);
           if (!streaming_) {
             c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
             return;
           }
           pending_ += frame(choice_event(stream_chunk(endpoint_, ids_, "", "", false,
                                                       logprobs_json(ev.prompt_logprobs, c), static_cast<int>(index))));
+          c.echo_offsets.clear();  // sent: the generated tokens' count on from the echoed text's end
           return flush();
         }
         std::string reasoning;
@@ -1278,6 +1279,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string finish_reason;
     std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
     std::int64_t text_offset = 0;                // completions: where the next token starts in the choice's text
+    std::vector<std::int64_t> echo_offsets;      // completions with echo: where each prompt token starts in it
     std::optional<ToolCallStream> tool_stream;   // tool_choice auto or required: splits content from calls
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
@@ -1315,8 +1317,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!logprobs_wanted_) return nullptr;
     return logprobs_object(
         endpoint_, tokens, [this](std::int32_t id) { return srv_.tokenizer.token_bytes(id).value_or(""); },
-        choice.text_offset);
+        choice.text_offset, choice.echo_offsets);
   }
+
 };
 
 void Server::Impl::accept() {

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "colibri/server/server.hpp"
+#include "unit/tokenizer/test_paths.hpp"
 
 namespace colibri::server {
 namespace {
@@ -578,6 +579,53 @@ TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {
   EXPECT_TRUE(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1}, chat)["choices"][0]["logprobs"], chat);
   EXPECT_EQ(stream_chunk(Endpoint::chat, ids, "", "", false, chat)["choices"][0]["logprobs"], chat);
+}
+
+// An echoed prompt's offsets index the echoed text: SentencePiece's BOS and the space it puts before the first word
+// are not in that text, so "<s>" and "▁Hello" both start at 0 and "▁world" at 5 (the space before "world"); the
+// generated tokens count on from the text's end. Known offsets come first, the running offset after them.
+TEST(ServerApi, EchoedPromptOffsetsIndexTheEchoedText) {
+  const tokenizer::Tokenizer* tok = test::shipped_tokenizer("mixtral");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("mixtral");
+  const std::string text = "Hello world, café";
+  const auto ids = tok->encode(text, /*add_special=*/true);
+  ASSERT_GE(ids.size(), 4u);
+  std::vector<engine::TokenLogprob> prompt;
+  for (const auto id : ids) prompt.push_back({id, -1.0f, {}});
+  const auto chars = static_cast<std::int64_t>(text.size()) - 1;  // "é" is two bytes, one character
+  const auto offsets = echo_text_offsets(*tok, prompt, chars);
+  ASSERT_EQ(offsets.size(), ids.size());
+  EXPECT_EQ(offsets[0], 0);  // <s>
+  EXPECT_EQ(offsets[1], 0);  // ▁Hello
+  EXPECT_EQ(offsets[2], 5);  // ▁world
+  for (std::size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_LE(offsets[i - 1], offsets[i]);
+    // Each token's own text (less a SentencePiece space at the very start) begins the text at its offset.
+    std::string piece = tok->token_bytes(ids[i]).value_or("");
+    if (offsets[i] == 0 && piece.starts_with(' ')) piece.erase(0, 1);
+    if (piece.find("\xEF\xBF\xBD") != std::string::npos) continue;  // a piece of a character
+    const std::u32string all = [&] {
+      std::u32string u;
+      for (std::size_t b = 0; b < text.size();) {
+        const auto c = static_cast<unsigned char>(text[b]);
+        const std::size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        u.push_back(static_cast<char32_t>(b));  // the byte index of each character
+        b += n;
+      }
+      return u;
+    }();
+    const auto byte_at = static_cast<std::size_t>(all.at(static_cast<std::size_t>(offsets[i])));
+    EXPECT_EQ(text.compare(byte_at, piece.size(), piece), 0) << "token " << i << " '" << piece << "' at " << offsets[i];
+  }
+  // In the logprobs object: the known offsets, then the generated token at the text's end.
+  prompt.push_back({ids[2], -0.5f, {}});
+  std::int64_t offset = chars;
+  const json legacy = logprobs_object(
+      Endpoint::completions, prompt, [&](std::int32_t id) { return tok->token_bytes(id).value_or(""); }, offset,
+      offsets);
+  EXPECT_EQ(legacy["text_offset"][1], 0);
+  EXPECT_EQ(legacy["text_offset"][ids.size()], chars);
+  EXPECT_EQ(offset, chars + 6);  // " world"
 }
 
 TEST(ServerApi, UnknownModelIs404) {

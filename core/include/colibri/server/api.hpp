@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -171,9 +172,18 @@ using TokenBytes = std::function<std::string(std::int32_t)>;
 
 // A choice's "logprobs" object for `tokens`: chat {"content": [{token, logprob, bytes, top_logprobs}], "refusal"};
 // completions {tokens, token_logprobs, top_logprobs, text_offset}, where `text_offset` (code points into the choice's
-// text) is where the first token starts and is advanced past the last.
+// text) is where the first token starts and is advanced past the last. `known_offsets`: the offsets of the first
+// tokens, worked out by the caller (an echoed prompt's, whose special tokens and SentencePiece prefix space are not in
+// the text); text_offset then counts from after them.
 nlohmann::json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>& tokens,
-                               const TokenBytes& bytes_of, std::int64_t& text_offset);
+                               const TokenBytes& bytes_of, std::int64_t& text_offset,
+                               std::span<const std::int64_t> known_offsets = {});
+
+// Where each echoed prompt token starts in the echoed text (`text_chars` code points): the length of the prompt
+// decoded up to it, as the text is (no BOS, no SentencePiece prefix space), so that text[offset:] starts with that
+// token's text; a piece of a character shares the character's offset.
+std::vector<std::int64_t> echo_text_offsets(const tokenizer::Tokenizer& tokenizer,
+                                            const std::vector<engine::TokenLogprob>& prompt, std::int64_t text_chars);
 
 struct Choice {
   std::string text;
