@@ -1319,7 +1319,6 @@ class Session : public std::enable_shared_from_this<Session> {
         endpoint_, tokens, [this](std::int32_t id) { return srv_.tokenizer.token_bytes(id).value_or(""); },
         choice.text_offset, choice.echo_offsets);
   }
-
 };
 
 void Server::Impl::accept() {
