@@ -108,7 +108,8 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
           throw CLI::ValidationError(v + " is negative; give 0 or more, or -1 for a random seed");
         }
         seed_given = v != "-1";
-      });
+      })
+      ->type_name("INT");
   cmd.add_option_function<std::vector<std::string>>(
       "--logit-bias",
       [&s](const std::vector<std::string>& items) {
