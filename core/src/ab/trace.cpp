@@ -1,5 +1,7 @@
 #include "colibri/ab/trace.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -97,6 +99,11 @@ std::string to_jsonl(const TraceRecord& r) {
 }
 
 sdk::Expected<std::vector<TraceRecord>> read_trace(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status(StatusCode::invalid_argument,
+                  "trace " + path.string() + " is a directory; give a trace file (JSONL)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return Status(StatusCode::not_found, "cannot read trace " + path.string() + ": " + std::strerror(errno));
@@ -110,6 +117,15 @@ sdk::Expected<std::vector<TraceRecord>> read_trace(const std::filesystem::path& 
     const std::string where = path.string() + ":" + std::to_string(n);
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded()) {
+      // A last line without its newline is a record a recorder was writing when it stopped (a crash, a full disk):
+      // the records before it are whole.
+      if (in.eof() && !out.empty()) {
+        spdlog::warn(
+            "{}: the last line is cut short (the recording was interrupted?); the {} records before it are "
+            "used",
+            where, out.size());
+        break;
+      }
       return bad(where,
                  "not valid JSON (each line must be one routing record; `colibri-cli ab import` converts "
                  "CSV and JSON arrays)");

@@ -38,6 +38,28 @@ TEST(TraceWriter, AppendsWholeLinesThatReadBack) {
   std::filesystem::remove(path);
 }
 
+// A recording cut off mid-line (a crash, a full disk) keeps its whole records; a damaged line elsewhere, or a cut
+// last line with nothing before it, is refused by line; a directory is named as one.
+TEST(TraceReader, ACutLastLineIsDroppedOtherDamageIsRefused) {
+  const auto path = std::filesystem::temp_directory_path() / ("colibri-cut-" + std::to_string(::getpid()) + ".jsonl");
+  const std::string whole = to_jsonl(TraceRecord{0, 0, 11, 1, {3, 1}, {}}) + "\n";
+  auto write = [&](const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; };
+  write(whole + whole + whole.substr(0, 12));
+  auto got = read_trace(path);
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(got->size(), 2u);
+  write(whole + whole.substr(0, 12) + "\n" + whole);  // not the last line: damage, not a cut
+  got = read_trace(path);
+  ASSERT_FALSE(got);
+  EXPECT_NE(got.error().message().find(":2: not valid JSON"), std::string::npos) << got.error().message();
+  write(whole.substr(0, 12));
+  EXPECT_FALSE(read_trace(path));
+  std::filesystem::remove(path);
+  got = read_trace(path.parent_path());
+  ASSERT_FALSE(got);
+  EXPECT_NE(got.error().message().find("is a directory"), std::string::npos) << got.error().message();
+}
+
 TEST(TraceWriter, AnUnwritablePathIsNamed) {
   auto w = TraceWriter::open("/nonexistent-dir/trace.jsonl");
   ASSERT_FALSE(w);
