@@ -201,7 +201,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-layers", f.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
   app.add_option("--host", f.host, "Address to listen on (default: server.host, 127.0.0.1)");
   app.add_option("--port", f.port, "TCP port (default: server.port, 8080; 0 picks a free one)");
-  app.add_option("--api-key", f.api_key, "Require 'Authorization: Bearer KEY' on /v1, /admin, /tokenize and /detokenize")
+  app.add_option("--api-key", f.api_key,
+                 "Require 'Authorization: Bearer KEY' on /v1, /admin, /tokenize and /detokenize")
       ->envname("COLIBRI_API_KEY");
   app.add_option("--allow-origin", f.allowed_origins,
                  "Let browser pages from this origin call the API (CORS), e.g. http://localhost:3000; '*' for any "
