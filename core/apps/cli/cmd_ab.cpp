@@ -166,7 +166,8 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
       }
       auto r = ab::replay(seq, *policy, name, sr.budget_bytes, expert_sizes, universe);
       if (!r) {
-        const bool too_small = r.error().message().find("cannot hold") != std::string::npos;
+        const bool too_small = r.error().message().find("cannot hold") != std::string::npos &&
+                               r.error().message().find("pin fewer") == std::string::npos;
         return ("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
                 (too_small ? "; use a larger cache" : ""));
       }

@@ -113,8 +113,15 @@ Status CacheSim::make_room(std::uint64_t bytes) {
     std::optional<ExpertKey> victim;
     if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{ok, this});
     if (!victim || !ok(this, *victim)) {
-      return Status(StatusCode::out_of_memory,
-                    "a cache of " + std::to_string(budget_) + " bytes cannot hold the experts one layer needs at once");
+      std::size_t pinned = 0;
+      for (const auto& [key, slot] : slots_) pinned += slot.pinned ? 1 : 0;
+      std::string msg =
+          "a cache of " + std::to_string(budget_) + " bytes cannot hold the experts one layer needs at once";
+      if (pinned > 0) {
+        msg += ", or pins more experts than it has room for: the " + std::to_string(pinned) +
+               " pinned so far fill it; give a larger --cache-experts or pin fewer experts";
+      }
+      return Status(StatusCode::out_of_memory, msg);
     }
     auto it = slots_.find(victim->packed());
     used_ -= it->second.bytes;

@@ -169,7 +169,7 @@ class Replay(unittest.TestCase):
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:0:0,0:1",
                 "--cache-experts", "1", check=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("larger cache", p.stderr)
+        self.assertIn("the 1 pinned so far fill it; give a larger --cache-experts or pin fewer experts", p.stderr)
         # A pin the model does not have is not a size problem.
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:9:9", "--cache-experts",
                 "4", check=False)
