@@ -144,6 +144,7 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
   for (auto k : universe) slot = std::max(slot, expert_sizes.slot_bytes(k).value_or(1));
 
   report.trace = trace_path;
+  report.experts = universe.size();
   report.records = seq.records;
   report.accesses = seq.keys.size();
   report.bytes_known = expert_sizes.known();
@@ -204,8 +205,13 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
               static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
               static_cast<std::size_t>(report.layers));
   for (const auto& sr : report.sizes) {
+    std::string size = report.bytes_known ? mib(sr.budget_bytes) : "";
+    if (sr.cache_experts > report.experts) {  // the replay caps it there: say so rather than show a size it is not
+      size += std::string(size.empty() ? "" : "; ") + "more than the " + std::to_string(report.experts) +
+              " experts the trace uses: all fit";
+    }
     std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
-                report.bytes_known ? (" (" + mib(sr.budget_bytes) + ")").c_str() : "");
+                size.empty() ? "" : (" (" + size + ")").c_str());
     std::printf("  %-24s %9s %10s %10s %14s\n", "policy", "hit rate", "misses", "preload", "bytes read");
     auto row = [&](const ab::ReplayResult& r) {
       std::printf("  %-24s %9s %10llu %10llu %14s\n", r.policy.c_str(), percent(r.hit_rate()).c_str(),
@@ -226,6 +232,23 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
     auto opt = sr.optimal;
     opt.policy = "optimal (Belady)";
     row(opt);
+    // The verdict of this size: fewest reads (misses and preloads, what a slow disk pays for) wins.
+    if (!sr.policies.empty()) {
+      auto reads = [](const ab::ReplayResult& r) { return r.stats.misses + r.stats.preload_loads; };
+      std::uint64_t fewest = reads(sr.policies[0]);
+      for (const auto& r : sr.policies) fewest = std::min(fewest, reads(r));
+      std::string winners;
+      for (const auto& r : sr.policies) {
+        if (reads(r) == fewest) winners += (winners.empty() ? "" : " = ") + r.policy;
+      }
+      const std::uint64_t optimum = reads(sr.optimal);
+      std::printf("  fewest reads: %s with %llu", winners.c_str(), static_cast<unsigned long long>(fewest));
+      if (optimum > 0) {
+        std::printf(" (%.2fx the optimum's %llu)", static_cast<double>(fewest) / static_cast<double>(optimum),
+                    static_cast<unsigned long long>(optimum));
+      }
+      std::printf("\n");
+    }
   }
 }
 
@@ -247,6 +270,16 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     auto overrides = global.cli_overrides();
     overrides.insert(overrides.end(), s->second.begin(), s->second.end());
     specs.push_back({s->first, global.profile, overrides});
+  }
+  // One policy given twice (a check that a replay ties with itself): rows named "lru #1", "lru #2".
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::string name = specs[i].name;
+    const auto count = std::count_if(specs.begin(), specs.end(), [&](const PolicySpec& sp) { return sp.name == name; });
+    if (count < 2) continue;
+    int k = 0;
+    for (auto& sp : specs) {
+      if (sp.name == name) sp.name = name + " #" + std::to_string(++k);
+    }
   }
   std::optional<model::Manifest> manifest;
   if (!o.model.empty()) {

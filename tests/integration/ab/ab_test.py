@@ -147,6 +147,23 @@ class Replay(unittest.TestCase):
                 "1048576")
         self.assertIn("optimal (Belady)", p.stdout)
         self.assertIn("replayed", p.stdout)
+        # A policy given twice ties with itself under names of their own; each size ends with the fewest reads, and
+        # a size past the experts the trace uses says that all fit.
+        args = ["ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--policy", "frequency",
+                "--policy", "lru", "--cache-experts", "3,999"]
+        j = json.loads(cli(*args, "--json").stdout)
+        text = cli(*args).stdout
+        rows = {l.split()[0] + (" " + l.split()[1] if l.split()[1].startswith("#") else ""): l
+                for l in text.splitlines() if l.startswith("  lru") or l.startswith("  frequency")}
+        self.assertIn("lru #1", rows)
+        self.assertIn("lru #2", rows)
+        self.assertEqual([x["policy"] for x in j["sizes"][0]["policies"]], ["lru #1", "frequency", "lru #2"])
+        small = j["sizes"][0]
+        fewest = min(x["reads"] for x in small["policies"])
+        winners = " = ".join(x["policy"] for x in small["policies"] if x["reads"] == fewest)
+        self.assertIn(f"fewest reads: {winners} with {fewest} (", text)
+        self.assertIn(f"the optimum's {small['optimal']['reads']})", text)
+        self.assertRegex(text, r"cache 999 experts \(.*more than the \d+ experts the trace uses: all fit\)")
         # A size as every other size flag takes it; nonsense is named.
         suffixed = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3",
                        "--expert-bytes", "1M")

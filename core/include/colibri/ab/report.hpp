@@ -23,6 +23,7 @@ struct ReplayReport {
   std::uint64_t records = 0;
   std::uint64_t accesses = 0;
   std::uint32_t layers = 0;
+  std::uint64_t experts = 0;  // distinct experts the trace uses: a cache of more holds them all
   bool bytes_known = false;
   double seconds = 0;
   std::vector<SizeResults> sizes;  // ascending cache size
