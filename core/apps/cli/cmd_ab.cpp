@@ -463,7 +463,10 @@ int run_live(const LiveOptions& o) {
   ab::LiveSide* out[2] = {&rep.a, &rep.b};
   std::vector<std::vector<std::int32_t>> tokens_of[2];  // the first run's greedy tokens of each side
   for (int run = 0; run < o.runs; ++run) {
-    for (int i = 0; i < 2; ++i) {  // interleaved: A B A B ...
+    // Interleaved, the order turned every other pair (A B B A A B ...) so that a drift over the session (a warming
+    // page cache, a neighbour's load) falls on both sides alike.
+    for (int k = 0; k < 2; ++k) {
+      const int i = run % 2 == 0 ? k : 1 - k;
       auto& s = sides[i];
       if (!s.engine || !o.warm) {
         s.engine.reset();  // cold: a fresh engine, empty expert cache
@@ -535,6 +538,13 @@ int run_live(const LiveOptions& o) {
                                        {"bytes_read", side->bytes_read}};
     }
     j["measures"] = measures;
+    // The numbers behind each measure's line: the paired B - A differences and the sign test.
+    for (const auto& [key, a, b] : {std::tuple{"hit_rate", &rep.a.hit_rate, &rep.b.hit_rate},
+                                    std::tuple{"bytes_read", &rep.a.bytes_read, &rep.b.bytes_read}}) {
+      const auto v = ab::compare_paired(*a, *b);
+      j["measure_tests"][key] = {
+          {"median_diff", v.median_diff}, {"b_higher", v.b_faster}, {"a_higher", v.a_faster}, {"sign_p", v.sign_p}};
+    }
     j["verdict"] = {{"median_diff", rep.verdict.median_diff},   {"ci_low", rep.verdict.ci_low},
                     {"ci_high", rep.verdict.ci_high},           {"sign_p", rep.verdict.sign_p},
                     {"within_noise", rep.verdict.within_noise}, {"text", rep.verdict.text}};
@@ -588,7 +598,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   imp->callback([&global, io] { global.exit_code = run_import(*io); });
 
   auto lo = std::make_shared<LiveOptions>();
-  auto* live = ab_cmd->add_subcommand("live", "Interleaved paired runs of two profiles (A B A B ...) with a verdict");
+  auto* live =
+      ab_cmd->add_subcommand("live", "Interleaved paired runs of two profiles (A B B A A B ...) with a verdict");
   live->add_option("--model,-m", lo->model, "Model directory, or a name under models.dir")->required();
   live->add_option("--profile", lo->profiles, "Profile A, then profile B (NAME or PATH)")->required();
   live->add_option("--prompts", lo->prompts, "Prompts, one per line (default: two built-in prompts)");

@@ -324,9 +324,16 @@ class Live(unittest.TestCase):
         self.assertIn("replay of trace " + trace, text)
         self.assertIn("cache 3 experts", text)
         self.assertIn("optimal (Belady)", text)
-        # Runs alternate A B A B.
+        # Runs alternate, the order turned every other pair: A B B A A B.
         order = [l.split()[2].rstrip(":") for l in p.stderr.splitlines() if l.startswith("run ")]
-        self.assertEqual(order, [profiles[1], profiles[3]] * 3)
+        a_name, b_name = profiles[1], profiles[3]
+        self.assertEqual(order, [a_name, b_name, b_name, a_name, a_name, b_name])
+        # The measures' numbers: the median paired difference and the sign test's counts.
+        for key in ("hit_rate", "bytes_read"):
+            diffs = sorted(b - a for a, b in zip(j["a"][key], j["b"][key]))
+            self.assertAlmostEqual(j["measure_tests"][key]["median_diff"], diffs[1])
+            self.assertEqual(j["measure_tests"][key]["b_higher"], sum(d > 0 for d in diffs))
+            self.assertEqual(j["measure_tests"][key]["a_higher"], sum(d < 0 for d in diffs))
         p = cli("ab", "live", "-m", m, "--profile", profiles[1], check=False)
         self.assertIn("exactly two profiles", p.stderr)
         # The cache's own measures get lines of their own; a report that cannot be written fails before any run.
