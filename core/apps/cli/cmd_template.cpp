@@ -23,7 +23,11 @@ struct TemplateOptions {
 
 int run_template(const TemplateOptions& o) {
   auto config = chat::load_chat_config(o.config, o.family);
-  if (!config) return fail(config.error().message());
+  if (!config) {
+    // The library names the families; how to pick one here is this command's flag.
+    const std::string& m = config.error().message();
+    return fail(m.find("name one of") != std::string::npos && o.family.empty() ? m + " with --family" : m);
+  }
   auto tmpl = chat::Template::parse(config->template_source, o.config + " (" + config->template_origin + ")");
   if (!tmpl) return fail(tmpl.error().message());
 

@@ -365,6 +365,20 @@ class Chat(unittest.TestCase):
         for name in names:
             self.assertNotIn(name, free.stdout + free.stderr)
 
+    def test_template_without_a_template_names_its_flag(self):
+        cfg = os.path.join(WORK, "no-template", "tokenizer_config.json")
+        os.makedirs(os.path.dirname(cfg), exist_ok=True)
+        with open(cfg, "w") as f:
+            json.dump({"bos_token": "<bos>", "eos_token": "<eos>"}, f)
+        msgs = os.path.join(WORK, "no-template", "messages.json")
+        with open(msgs, "w") as f:
+            json.dump([{"role": "user", "content": "hi"}], f)
+        p = cli("template", "--tokenizer-config", cfg, "--messages", msgs, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("name one of llama2, mistral, gpt-oss, chatml with --family", p.stderr)
+        p = cli("template", "--tokenizer-config", cfg, "--messages", msgs, "--family", "chatml")
+        self.assertIn("<|im_start|>user\nhi<|im_end|>", p.stdout)
+
     def test_a_think_block_goes_to_stderr(self):
         # Qwen3's way: the generation prompt opens <think> for a message "think" and closes an empty block otherwise.
         out = chat_model("tiny-think", (
