@@ -93,11 +93,18 @@ void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
   for (const auto& [key, value] : j.items()) width = std::max(width, key.size() + 2);
   for (const auto& [key, value] : j.items()) {
     if (key == "object") continue;
-    std::cout << std::left << std::setw(static_cast<int>(width)) << key
-              << (value.is_string() ? value.get<std::string>()
-                  : value.is_null() ? "n/a"
-                                    : value.dump())
-              << "\n";
+    std::string shown = value.is_string() ? value.get<std::string>() : value.is_null() ? "n/a" : value.dump();
+    char buf[64];
+    if (value.is_number_float() && key.ends_with("rate")) {
+      std::snprintf(buf, sizeof buf, "%.1f%%", 100 * value.get<double>());
+      shown = buf;
+    } else if (value.is_number_float() && key.ends_with("seconds")) {
+      std::snprintf(buf, sizeof buf, "%.3f s", value.get<double>());
+      shown = buf;
+    } else if (value.is_number_unsigned() && key.ends_with("bytes") && value.get<std::uint64_t>() >= 1024) {
+      shown = sdk::format_size(value.get<std::uint64_t>()) + " (" + shown + " bytes)";
+    }
+    std::cout << std::left << std::setw(static_cast<int>(width)) << key << shown << "\n";
   }
 }
 
@@ -129,6 +136,13 @@ int server_warm(const CacheOptions& o) {
   auto j = admin_call(o, "POST", "/admin/cache/warm", body.empty() ? "" : body.dump());
   if (!j) return 1;
   print_answer(o, *j);
+  // A partial warm is not a failure (the cache holds what fits), but it is not what was asked either: say so.
+  if (const auto no_room = j->value("no_room", std::uint64_t{0}); no_room > 0) {
+    std::cerr << "note: " << no_room << " of the " << j->value("requested", std::uint64_t{0})
+              << " experts asked for did not fit in the server's expert cache (budget "
+              << sdk::format_size(j->value("budget_bytes", std::uint64_t{0}))
+              << "): warm fewer, or start the server with a larger --expert-cache-size\n";
+  }
   return 0;
 }
 

@@ -554,6 +554,9 @@ class Session : public std::enable_shared_from_this<Session> {
                  {"misses", st.experts.misses},
                  // null before the first lookup: 1.0 would claim hits that never happened
                  {"hit_rate", st.experts.hits + st.experts.misses == 0 ? ojson(nullptr) : ojson(st.experts.hit_rate())},
+                 // Prefetched reads evict too: evictions can exceed misses by up to the prefetches issued.
+                 {"prefetch_issued", st.experts.prefetch_issued},
+                 {"preloaded", st.experts.preloaded},
                  {"evictions", st.experts.evictions},
                  {"bytes_read", st.experts.bytes_read},
                  {"stall_seconds", st.experts.stall_seconds},

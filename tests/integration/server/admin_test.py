@@ -159,6 +159,13 @@ class CacheAdmin(unittest.TestCase):
         greedy(self.s, n=4)
         r = json.loads(cli("cache", "warm", "--server", self.url, "--top", "3", "--json").stdout)
         self.assertEqual(r["requested"], 3)
+        # More than fit (room for 4, one pinned): a note says how many did not; the text names sizes readably.
+        p = cli("cache", "warm", "--server", self.url, "--experts", "0:0,0:2,0:3,1:0,1:1,1:2,1:3")
+        self.assertRegex(p.stderr, r"note: [1-9]\d* of the 7 experts asked for did not fit")
+        self.assertRegex(p.stdout, r"budget_bytes\s+\S+ \(\d+ bytes\)")
+        p = cli("cache", "stats", "--server", self.url)
+        self.assertRegex(p.stdout, r"hit_rate\s+(n/a|\d+\.\d%)\n")
+        self.assertRegex(p.stdout, r"stall_seconds\s+\d+\.\d{3} s\n")
         p = cli("cache", "warm", "--server", self.url, "--experts", "7:7", check=False)
         self.assertEqual(p.returncode, 1)
         self.assertIn("experts[0]", p.stderr)
