@@ -1,5 +1,5 @@
 // colibri-cli tokenize (--model DIR | --tokenizer FILE) (--text TEXT | --jsonl FILE) [--add-special] [--decode]
-//   encode: each input is a string; prints {"ids":[...]} per input (one line per --jsonl line).
+//   encode: each input is a string; prints {"ids":[...]} per input (one line per --jsonl line, a blank one blank).
 //   --decode: each input is a JSON array of ids (or {"ids":[...]}); prints {"text":"..."} per input.
 #include <fstream>
 #include <iostream>
@@ -91,7 +91,10 @@ int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
   while (std::getline(in, raw)) {
     ++number;
     if (!raw.empty() && raw.back() == '\r') raw.pop_back();
-    if (raw.empty()) continue;
+    if (raw.find_first_not_of(" \t") == std::string::npos) {  // a blank line answers blank: line N answers line N
+      lines.emplace_back();
+      continue;
+    }
     const json input = json::parse(raw, nullptr, false);
     if (input.is_discarded()) return fail(o.jsonl + ":" + std::to_string(number) + ": not valid JSON");
     std::string line;

@@ -30,9 +30,11 @@ special="$("$cli" tokenize --tokenizer "$dir/tokenizer.json" --text "Hello world
 check "no BOS without --add-special" '{"ids":[22177,4304]}' "$plain"
 check "BOS with --add-special" '{"ids":[1,22177,4304]}' "$special"
 
-printf '%s\n' '"Hello world"' '""' '"a\tb\r\nc"' > "$tmp/in.jsonl"
+printf '%s\n' '"Hello world"' '""' '' '"a\tb\r\nc"' > "$tmp/in.jsonl"
 out="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | wc -l)"
-check "one output line per input line" 3 "$out"
+check "one output line per input line" 4 "$out"
+blank="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | sed -n 3p)"
+check "a blank input line answers with a blank line" "" "$blank"
 first="$("$cli" tokenize --model "$dir" --jsonl "$tmp/in.jsonl" | head -1)"
 check "jsonl line matches --text" "$plain" "$first"
 piped="$("$cli" tokenize --model "$dir" --jsonl - < "$tmp/in.jsonl" | head -1)"
