@@ -37,6 +37,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
   if (o.max_tokens < 0) return fail("-n must not be negative");
+  for (const auto& stop : o.stop) {
+    if (stop.empty()) return fail("--stop \"\": an empty text stops nothing; give the text to stop before");
+  }
   if (!o.prompt_file.empty()) {
     // The whole file, byte for byte (a trailing newline is part of the prompt, as llama.cpp's -f keeps it).
     std::ifstream file;

@@ -53,10 +53,15 @@ sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> p
   if (options.max_tokens < 0) return Status(StatusCode::invalid_argument, "-n must not be negative");
   const std::int64_t room = engine.context() - engine.n_past();
   if (static_cast<std::int64_t>(prompt.size()) > room) {
+    // --ctx helps only below the model's own context; past it the prompt must shrink.
+    const std::int64_t model_max = engine.hparams().max_position_embeddings;
+    const std::string what =
+        engine.context() < model_max && static_cast<std::int64_t>(prompt.size()) + engine.n_past() <= model_max
+            ? "shorten the prompt or raise --ctx (the model allows " + std::to_string(model_max) + ")"
+            : "shorten the prompt (the model's own context is " + std::to_string(model_max) + " positions)";
     return Status(StatusCode::invalid_argument, "the prompt has " + std::to_string(prompt.size()) +
                                                     " tokens but only " + std::to_string(room) + " of the context's " +
-                                                    std::to_string(engine.context()) +
-                                                    " positions are free; shorten the prompt or raise --ctx");
+                                                    std::to_string(engine.context()) + " positions are free; " + what);
   }
   return {};
 }

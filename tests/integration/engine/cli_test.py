@@ -97,6 +97,16 @@ class Run(unittest.TestCase):
         self.assertEqual(a.stdout, c.stdout)
         p = cli("run", "-m", model(), "-n", "2", check=False)
         self.assertIn("give the prompt: --prompt TEXT, or --file FILE", p.stderr)
+        # A prompt past --ctx is told to raise it; one past the model's own context only to shrink.
+        with open(os.path.join(model(), "manifest.json")) as f:
+            max_ctx = json.load(f)["hparams"]["max_position_embeddings"]
+        p = cli("run", "-m", model(), "-p", "word " * 40, "-n", "2", "--ctx", "16", check=False)
+        self.assertIn(f"shorten the prompt or raise --ctx (the model allows {max_ctx})", p.stderr)
+        p = cli("run", "-m", model(), "-f", "-", "-n", "2", stdin="word " * (max_ctx + 10), check=False)
+        self.assertIn(f"shorten the prompt (the model's own context is {max_ctx} positions)", p.stderr)
+        p = cli("run", "-m", model(), "-p", "hi", "--stop", "", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("an empty text stops nothing", p.stderr)
 
     def test_json_mode_and_no_echo_print_the_answer_alone(self):
         plain = cli("run", "-m", model(), "-p", "Answer:", "-n", "8", "--temp", "0", "--ignore-eos").stdout
