@@ -117,6 +117,10 @@ out=$("$cli" plugins list --bogus 2>&1); rc=$?
 expect_rc "an unknown flag is a usage error" 2 $rc
 out=$("$cli" convert --output b 2>&1); rc=$?
 expect_rc "a missing required flag is a usage error" 2 $rc
+# A mistyped flag is named, not hidden behind the required one it was meant to be.
+out=$("$cli" run --modle m -p hi 2>&1); rc=$?
+expect_rc "a mistyped flag beside a missing required one is a usage error" 2 $rc
+check "the mistyped flag is named with its command" "error: unknown option --modle for colibri-cli run (colibri-cli run --help)" "$out"
 out=$("$cli" convert --help 2>&1); rc=$?
 expect_rc "--help succeeds" 0 $rc
 

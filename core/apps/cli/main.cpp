@@ -146,6 +146,19 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
+    // CLI11 checks required options before unknown ones: "--model is required" for `run --modle m` would hide the
+    // typo. An unknown option the command line holds is the error to name.
+    for (const auto& extra : app.remaining(true)) {
+      if (!extra.starts_with('-') || extra == "-") continue;
+      std::string command = "colibri-cli";
+      for (const CLI::App* sub = &app; sub != nullptr;) {
+        const auto parsed = sub->get_subcommands();
+        sub = parsed.empty() ? nullptr : parsed.front();
+        if (sub != nullptr) command += " " + sub->get_name();
+      }
+      std::cerr << "error: unknown option " << extra << " for " << command << " (" << command << " --help)\n";
+      return 2;
+    }
     // "A subcommand is required" for a mistyped one: name it, and the commands there are.
     for (int i = 1; i < argc; ++i) {
       const std::string word = argv[i];
