@@ -178,7 +178,8 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
       man.quantization["fallbacks"].is_array() && !man.quantization["fallbacks"].empty()) {
     std::cout << "fallbacks:     " << man.quantization["fallbacks"].size() << " tensors kept another type\n";
   }
-  std::cout << "files:         " << file_count << "\n";
+  std::cout << "files:         " << file_count << " (manifest.json and the " << file_count - 1
+            << " files it holds checksums of)\n";
   if (o.verify) {
     if (report.ok()) {
       std::cout << "verify:        ok (" << report.files_checked << " files, "

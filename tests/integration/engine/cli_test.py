@@ -286,6 +286,12 @@ class Chat(unittest.TestCase):
                 json.dump(man, f)
         self.assertRegex(cli("inspect", "-m", out).stdout, r"attention: +context \d+, sliding window 4 on (\d+) of \1 ")
         self.assertNotIn("sliding", cli("inspect", "-m", model()).stdout)
+        # The file count is the manifest and the files it checksums, as many as --verify hashes.
+        shown = cli("inspect", "-m", model(), "--verify").stdout
+        listed = re.search(r"files: +(\d+) \(manifest.json and the (\d+) files it holds checksums of\)", shown)
+        self.assertIsNotNone(listed, shown)
+        self.assertEqual(int(listed.group(1)), int(listed.group(2)) + 1)
+        self.assertIn(f"verify:        ok ({listed.group(2)} files, ", shown)
         turns = " ".join(["the quiet river runs"] * 30) + "\nand then what\n"
         args = ["chat", "-m", out, "-n", "150", "--temp", "0", "--batch", "1", "--template", "chatml"]
         window = cli(*args, stdin=turns)
