@@ -45,7 +45,16 @@ Expected<std::uint64_t> parse_size(std::string_view text) noexcept {
   if (text.empty()) return bad();
   double number = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (ec != std::errc() || number < 0 || !std::isfinite(number)) return bad();
+  if (ec != std::errc() || number < 0 || !std::isfinite(number) || text.front() == '-') return bad();  // -0 too
+  // "4Gb", "512Mb": an upper-case prefix and a lower-case b is how bits are written; a size here is bytes.
+  const std::string_view digits = text.substr(0, static_cast<std::size_t>(ptr - text.data()));
+  if (const std::string_view rest = trim(text.substr(digits.size()));
+      rest.size() == 2 && rest[1] == 'b' && std::string_view("KMGT").find(rest[0]) != std::string_view::npos) {
+    const std::string bytes_form = std::string(digits) + rest[0];
+    return Status(StatusCode::invalid_argument, "'" + std::string(original) + "': " + std::string(rest) +
+                                                    " reads as bits, and a size is in bytes: write " + bytes_form +
+                                                    " or " + bytes_form + "B");
+  }
   std::string unit;
   for (const char* p = ptr; p != text.data() + text.size(); ++p) {
     if (*p != ' ') unit.push_back(lower(*p));

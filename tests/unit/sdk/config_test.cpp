@@ -35,6 +35,20 @@ TEST(ParseSize, RejectsNonsense) {
   }
 }
 
+// "Gb" is gigabits by convention: refused with the byte spelling to use, not read as gigabytes; "-0" is not a size.
+TEST(ParseSize, BitsAndNegativeZeroAreRefused) {
+  for (const char* bits : {"4Gb", "512Mb", "64 Kb", "2Tb"}) {
+    auto v = parse_size(bits);
+    ASSERT_FALSE(v) << bits;
+    EXPECT_NE(v.error().message().find("reads as bits"), std::string::npos) << v.error().message();
+  }
+  EXPECT_NE(parse_size("4Gb").error().message().find("write 4G or 4GB"), std::string::npos);
+  EXPECT_FALSE(parse_size("-0"));
+  EXPECT_FALSE(parse_size("-0M"));
+  EXPECT_EQ(*parse_size("0"), 0u);
+  EXPECT_EQ(*parse_size("8gb"), 8ull << 30);  // all lower case: the common spelling of bytes
+}
+
 TEST(FormatSize, RoundTrips) {
   for (std::uint64_t v : {0ull, 1ull, 1023ull, 1024ull, 1536ull, 8ull << 30, 512ull << 20, 3ull << 29}) {
     auto back = parse_size(format_size(v));
