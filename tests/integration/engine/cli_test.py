@@ -108,6 +108,18 @@ class Run(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("an empty text stops nothing", p.stderr)
 
+    def test_packed_experts_answer_as_split_ones(self):
+        # --no-split-experts packs a layer's experts into one file; the model answers with the same bits.
+        packed = os.path.join(WORK, "tiny-packed")
+        shutil.rmtree(packed, ignore_errors=True)
+        cli("convert", "--input", os.path.join(WORK, "ckpt"), "--output", packed, "--quantize", "q8_0",
+            "--no-split-experts", "--quiet")
+        split_files = sum(len(f) for _, _, f in os.walk(os.path.join(model(), "experts")))
+        packed_files = sum(len(f) for _, _, f in os.walk(os.path.join(packed, "experts")))
+        self.assertLess(packed_files, split_files)
+        args = ["-p", "The fox", "-n", "8", "--temp", "0", "--ignore-eos"]
+        self.assertEqual(cli("run", "-m", packed, *args).stdout, cli("run", "-m", model(), *args).stdout)
+
     def test_json_mode_and_no_echo_print_the_answer_alone(self):
         plain = cli("run", "-m", model(), "-p", "Answer:", "-n", "8", "--temp", "0", "--ignore-eos").stdout
         alone = cli("run", "-m", model(), "-p", "Answer:", "-n", "8", "--temp", "0", "--ignore-eos", "--no-echo").stdout
