@@ -35,6 +35,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kBuiltins
         {{- raise_exception('Only system, user and assistant roles are supported by the Llama 2 chat format') }}
     {%- endif %}
 {%- endfor %}
+{%- if loop_messages | length == 0 and system_message is defined %}
+    {{- raise_exception('A system message alone gives the model nothing to answer in the Llama 2 chat format: add a user message after it') }}
+{%- endif %}
 )JINJA"},
     {"mistral", R"JINJA({#- colibri built-in: Mistral / Mixtral instruct v0.1 format; a system message is prepended to the first user turn. -#}
 {{- bos_token }}
@@ -60,6 +63,9 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kBuiltins
         {{- raise_exception('Only system, user and assistant roles are supported by the Mistral instruct format') }}
     {%- endif %}
 {%- endfor %}
+{%- if loop_messages | length == 0 and system_message is defined %}
+    {{- raise_exception('A system message alone gives the model nothing to answer in the Mistral instruct format: add a user message after it') }}
+{%- endif %}
 )JINJA"},
     {"gpt-oss", R"JINJA({#- colibri built-in: a plain harmony format for gpt-oss (final channel only; no tool schemas, no reasoning). -#}
 {%- for message in messages %}

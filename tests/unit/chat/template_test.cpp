@@ -91,6 +91,26 @@ TEST(BuiltinTemplates, MatchTheirTestDataCopies) {
   EXPECT_FALSE(builtin_template("no-such-family").has_value());
 }
 
+// Llama 2's and Mistral's formats put the system message inside the first user turn: alone it would render nothing of
+// it (the model then answers a bare BOS), so the built-ins refuse it; with a user turn it is there.
+TEST(BuiltinTemplates, ASystemMessageAloneIsRefusedNotDropped) {
+  for (const std::string family : {"llama2", "mistral"}) {
+    auto t = Template::parse(std::string(*builtin_template(family)), "built-in " + family);
+    ASSERT_TRUE(t.has_value()) << family;
+    RenderOptions o;
+    o.bos_token = "<s>";
+    o.eos_token = "</s>";
+    o.add_generation_prompt = true;
+    auto alone = t->render(ojson::parse(R"([{"role": "system", "content": "be brief"}])"), o);
+    ASSERT_FALSE(alone.has_value()) << family << ": " << *alone;
+    EXPECT_NE(alone.error().message().find("add a user message after it"), std::string::npos) << family;
+    auto with_user =
+        t->render(ojson::parse(R"([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])"), o);
+    ASSERT_TRUE(with_user.has_value()) << family;
+    EXPECT_NE(with_user->find("be brief"), std::string::npos) << family;
+  }
+}
+
 TEST(TemplateErrors, UnsupportedStatementNamesConstructAndLine) {
   auto t = Template::parse("Hello\n{% if x %}\n{% include 'other.j2' %}\n{% endif %}");
   ASSERT_FALSE(t.has_value());
