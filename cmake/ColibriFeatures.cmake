@@ -12,33 +12,6 @@ endfunction()
 
 find_package(PkgConfig REQUIRED)
 
-# oneDNN. Debian's build has the OpenCL GPU runtime, and its CMake config stops the whole configuration when OpenCL
-# is missing (libdnnl-dev only recommends ocl-icd-opencl-dev): look for OpenCL first and skip oneDNN without it.
-set(_found OFF)
-set(_onednn_hint "oneDNN was not found (apt-get install libdnnl-dev)")
-if(NOT COLIBRI_WITH_ONEDNN STREQUAL "OFF")
-  find_path(_dnnl_config_dir dnnl-config.cmake PATH_SUFFIXES cmake/dnnl lib/cmake/dnnl lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/dnnl)
-  set(_dnnl_needs_opencl OFF)
-  if(_dnnl_config_dir)
-    file(STRINGS "${_dnnl_config_dir}/dnnl-config.cmake" _dnnl_ocl REGEX "set\\(DNNL_GPU_RUNTIME \"OCL\"\\)")
-    if(_dnnl_ocl)
-      find_package(OpenCL QUIET)
-      if(NOT OpenCL_FOUND)
-        set(_dnnl_needs_opencl ON)
-        set(_onednn_hint "oneDNN's CMake config needs OpenCL, which was not found (apt-get install ocl-icd-opencl-dev)")
-        message(STATUS "oneDNN skipped: its CMake config needs OpenCL (apt-get install ocl-icd-opencl-dev)")
-      endif()
-    endif()
-  endif()
-  if(NOT _dnnl_needs_opencl)
-    find_package(dnnl CONFIG QUIET)
-    if(dnnl_FOUND)
-      set(_found ON)
-    endif()
-  endif()
-endif()
-colibri_feature_result(COLIBRI_WITH_ONEDNN ${_found} "${_onednn_hint}")
-
 # io_uring
 set(_found OFF)
 if(NOT COLIBRI_WITH_IO_URING STREQUAL "OFF")

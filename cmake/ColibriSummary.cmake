@@ -1,5 +1,5 @@
 message(STATUS "colibri ${PROJECT_VERSION} features:")
-foreach(_f CUDA VULKAN ONEDNN IO_URING)
+foreach(_f CUDA VULKAN IO_URING)
   message(STATUS "  ${_f}: ${COLIBRI_WITH_${_f}_ENABLED} (requested ${COLIBRI_WITH_${_f}})")
 endforeach()
 message(STATUS "  sanitizers: ${COLIBRI_SANITIZE}, -Werror: ${COLIBRI_WERROR}")

@@ -109,6 +109,19 @@ out=$("$cli" --log-level warn bogus 2>&1); rc=$?
 expect_rc "an unknown command is a usage error" 2 $rc
 check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"
 
+# A default plugin place that is absent (most machines have no /usr/local/lib/colibri/plugins) is no news; a directory
+# the user named that is absent is.
+out=$("$cli" plugins list 2>&1 >/dev/null)
+if [ ! -e /usr/local/lib/colibri/plugins ]; then
+  if [[ "$out" == *"from local plugins"* ]]; then
+    echo "FAIL - an absent default plugin directory warns: $out"; failures=$((failures + 1))
+  else
+    echo "ok   - an absent default plugin directory is not warned about"
+  fi
+fi
+out=$(COLIBRI_PLUGIN_PATH=/nonexistent-plugins "$cli" plugins list 2>&1 >/dev/null)
+check "an absent plugin directory the user named warns" "plugin directory /nonexistent-plugins (from COLIBRI_PLUGIN_PATH) does not exist" "$out"
+
 # Every usage error is exit status 2 (not CLI11's 104, 105, 109...), so that a script tells it from a failed run.
 out=$("$cli" convert --input a --output b --threads many 2>&1); rc=$?
 expect_rc "a value of the wrong type is a usage error" 2 $rc

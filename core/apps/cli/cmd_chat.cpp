@@ -95,6 +95,36 @@ class ReplyPrinter {
   std::string answer_;
 };
 
+// One user turn: a line; a line ending in a backslash goes on to the next one (the backslash becomes a newline, as in
+// llama.cpp); a line holding only """ opens a block that runs to the next such line (as in ollama), for pasted text.
+// False at the end of input with nothing read.
+bool read_turn(std::istream& in, bool tty, std::string& turn) {
+  turn.clear();
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  if (line == "\"\"\"") {
+    bool first = true;
+    while (true) {
+      if (tty) std::cerr << "... " << std::flush;
+      if (!std::getline(in, line) || line == "\"\"\"") break;  // end of input closes the block too
+      turn += (first ? "" : "\n") + line;
+      first = false;
+    }
+    return true;
+  }
+  while (line.ends_with('\\')) {
+    line.pop_back();
+    turn += line + "\n";
+    if (tty) std::cerr << "... " << std::flush;
+    if (!std::getline(in, line)) {
+      line.clear();
+      break;
+    }
+  }
+  turn += line;
+  return true;
+}
+
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return fail(s.message());
@@ -151,7 +181,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   bool failed_turn = false;  // the exit status says a turn failed (a script feeding lines must see it)
   while (true) {
     if (tty) std::cerr << "> " << std::flush;
-    if (!std::getline(std::cin, line)) {
+    if (!read_turn(std::cin, tty, line)) {
       if (tty) std::cerr << "\n";  // Ctrl-D: the shell's prompt starts on a line of its own
       break;
     }

@@ -362,7 +362,7 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
     std::error_code ec;
     if (!fs::is_directory(dir.path, ec)) {
       // The built-in places may well be absent; a directory the user named should not be, silently.
-      if (dir.origin != "install dir" && dir.origin != "next to the executable") {
+      if (dir.origin != "install dir" && dir.origin != "next to the executable" && dir.origin != "local plugins") {
         spdlog::warn("plugin directory {} (from {}) {}; its plugins are not loaded", dir.path.string(), dir.origin,
                      fs::exists(dir.path, ec) ? "is not a directory (name the directory that holds the .so files)"
                                               : "does not exist");
