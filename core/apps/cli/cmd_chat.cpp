@@ -198,7 +198,9 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (line.size() > 1 && line[0] == '/' &&
         std::all_of(line.begin() + 1, line.end(), [](unsigned char c) { return std::isalpha(c) != 0; })) {
       std::cerr << (line == "/help" ? "" : "unknown command " + line + "; ")
-                << "commands: /reset forgets the conversation, /exit (or /quit, or end of input) quits\n";
+                << "commands: /reset forgets the conversation, /exit (or /quit, or end of input) quits; a line ending "
+                   "in \\ goes on to the next, and \"\"\" on a line of its own opens and closes a turn of several "
+                   "lines\n";
       continue;
     }
     messages.push_back({{"role", "user"}, {"content", line}});

@@ -393,6 +393,20 @@ class Chat(unittest.TestCase):
         for name in names:
             self.assertNotIn(name, free.stdout + free.stderr)
 
+    def test_a_turn_may_span_lines(self):
+        # A line ending in a backslash goes on; a """ block holds pasted lines; each is one turn, whose text holds the
+        # newlines (the same reply as the turn written with them through the template).
+        greedy = ["-n", "4", "--temp", "0", "--template", "chatml"]
+        p = cli("chat", "-m", model(), *greedy, stdin='first \\\nsecond\n"""\nthird\n\nfourth\n"""\n')
+        stats = [l for l in p.stderr.splitlines() if "expert hit rate" in l]
+        self.assertEqual(len(stats), 2, p.stderr)
+        one = cli("chat", "-m", model(), *greedy, stdin='"""\nfirst \nsecond\n"""\n')
+        self.assertEqual(p.stdout.splitlines()[0], one.stdout.splitlines()[0])
+        self.assertRegex(stats[0], r"\((\d+) prompt tokens")
+        self.assertEqual(re.search(r"\((\d+) prompt tokens", stats[0]).group(1),
+                         re.search(r"\((\d+) prompt tokens",
+                                   [l for l in one.stderr.splitlines() if "expert hit rate" in l][0]).group(1))
+
     def test_template_without_a_template_names_its_flag(self):
         cfg = os.path.join(WORK, "no-template", "tokenizer_config.json")
         os.makedirs(os.path.dirname(cfg), exist_ok=True)
