@@ -176,11 +176,15 @@ Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
   slot.entry = &e;
   const auto start = std::chrono::steady_clock::now();
   auto file = storage_->open((dir_ / e.file).string());
-  // The fix goes with the error: a missing or damaged blob comes back by copying it again or re-converting.
+  // The fix goes with the error: a missing or damaged blob comes back by copying it again or re-converting; an open
+  // the OS refused for another reason (the open-file limit, permissions) is fixed where the storage's message says.
   const std::string fix = "; restore " + e.file + " from a good copy or re-run convert";
-  if (!file)
+  if (!file) {
+    const bool missing =
+        file.error().code() == StatusCode::not_found || file.error().code() == StatusCode::corrupt_data;
     return Status(file.error().code(),
-                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + fix);
+                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + (missing ? fix : ""));
+  }
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
   // An error the storage marks retryable (a timeout, a transient device error) is tried again before it ends the run.
   constexpr int kReadAttempts = 3;

@@ -28,8 +28,12 @@ using namespace colibri::sdk;
 
 inline constexpr std::size_t kDirectAlignment = 4096;
 
+// The OS's words, and for the errors a user fixes outside colibri, where.
 inline std::string errno_text(int err) {
-  return std::strerror(err);
+  std::string text = std::strerror(err);
+  if (err == EMFILE || err == ENFILE) text += " (raise the open-file limit: ulimit -n, or LimitNOFILE= in a service)";
+  if (err == EACCES || err == EPERM) text += " (check the file's permissions)";
+  return text;
 }
 inline bool transient(int err) {
   return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM;

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,31 @@ namespace {
 
 using namespace colibri::sdk;
 namespace ct = colibri::sdk::testing;
+
+// An open the OS refuses for the open-file limit says how to raise it (not to restore the file).
+TEST(PreadStorage, TheOpenFileLimitIsNamedWithItsFix) {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "pread-emfile-probe.bin";
+  std::ofstream(file, std::ios::binary) << std::string(4096, 'x');
+  auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  auto s = (*lib)->create_as<Storage>({{"direct_io", "false"}});
+  ASSERT_TRUE(s) << s.error().message();
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // Every descriptor number up to the current highest is taken or closed below the limit: a limit of the lowest free
+  // number leaves none to open.
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  auto f = (*s)->open(file.string());
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  std::filesystem::remove(file);
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.error().message().find("ulimit -n"), std::string::npos) << f.error().message();
+}
 
 TEST(PreadStorage, RejectsBadThreadCount) {
   auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
