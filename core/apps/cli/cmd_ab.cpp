@@ -1,10 +1,15 @@
 // colibri-cli ab replay | import | live: which cache policy and size to run, with numbers (see README "A/B testing").
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <string>
+#include <tuple>
 
 #include "colibri/ab/replay.hpp"
 #include "colibri/ab/report.hpp"
@@ -308,6 +313,19 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
 
   ab::AccessSequence seq;
   if (auto err = load_trace(o.trace, expert_sizes, o.model, seq); !err.empty()) return fail(err);
+  if (manifest) {
+    // Every token passes every sparse layer, so a trace of this model routes through all of them; one that skips
+    // some fits the model's ids only by chance (a smaller model's trace).
+    std::set<std::int64_t> model_layers, trace_layers;
+    for (const auto& e : manifest->experts) model_layers.insert(e.layer);
+    for (const auto k : seq.keys) trace_layers.insert(k.layer);
+    if (trace_layers.size() < model_layers.size()) {
+      spdlog::warn(
+          "{}: the trace routes through {} of the model's {} sparse layers; a trace of another model? The "
+          "replay counts only what the trace holds",
+          o.trace, trace_layers.size(), model_layers.size());
+    }
+  }
   ab::ReplayReport report;
   if (auto err = compute_replay(specs, o.trace, seq, *sizes, expert_sizes, report); !err.empty()) return fail(err);
 

@@ -187,6 +187,14 @@ class Replay(unittest.TestCase):
                 "--cache-experts", "1", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("the 1 pinned so far fill it; give a larger --cache-experts or pin fewer experts", p.stderr)
+        # A trace that skips some of the model's sparse layers is another model's, whose ids happen to fit: warned.
+        one_layer = os.path.join(WORK, "one-layer.jsonl")
+        with open(self.trace()) as f, open(one_layer, "w") as out:
+            out.writelines(l for l in f if json.loads(l)["layer"] == 0)
+        p = cli("ab", "replay", "--trace", one_layer, "-m", model(), "--policy", "lru", "--cache-experts", "4")
+        self.assertRegex(p.stderr, r"routes through 1 of the model's \d+ sparse layers; a trace of another model\?")
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--cache-experts", "4")
+        self.assertNotIn("a trace of another model", p.stderr)
         # A pin the model does not have is not a size problem.
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:9:9", "--cache-experts",
                 "4", check=False)
