@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/util/home.hpp"
 #include "colibri/util/output_file.hpp"
 
 namespace colibri::engine {
@@ -47,8 +48,9 @@ void UsageHistory::add_packed(const std::map<std::uint64_t, std::uint64_t>& usag
 
 fs::path colibri_cache_dir() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') return fs::path(xdg) / "colibri";
-  const char* home = std::getenv("HOME");
-  return fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "colibri";
+  // No home at all: the working directory, never a shared one such as /tmp (another user could plant links there).
+  const fs::path home = util::home_dir();
+  return (home.empty() ? fs::path(".") : home) / ".cache" / "colibri";
 }
 
 fs::path usage_history_path(const fs::path& model_dir) {

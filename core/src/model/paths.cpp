@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "colibri/profile/profile.hpp"
+#include "colibri/util/home.hpp"
 
 namespace colibri::model {
 
@@ -16,8 +17,8 @@ fs::path default_models_dir() {
   if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/') {
     return fs::path(xdg) / "colibri" / "models";
   }
-  const char* home = std::getenv("HOME");
-  return fs::path(home != nullptr && home[0] != '\0' ? home : ".") / ".local" / "share" / "colibri" / "models";
+  const fs::path home = util::home_dir();
+  return (home.empty() ? fs::path(".") : home) / ".local" / "share" / "colibri" / "models";
 }
 
 sdk::Expected<fs::path> resolve_model_path(const std::string& name_or_path, const fs::path& models_dir) {

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "colibri/util/home.hpp"
+
 extern char** environ;
 
 namespace colibri::profile {
@@ -424,8 +426,8 @@ std::vector<fs::path> default_profile_dirs() {
   std::vector<fs::path> dirs;
   if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg != nullptr && *xdg != '\0') {
     dirs.emplace_back(fs::path(xdg) / "colibri" / "profiles");
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    dirs.emplace_back(fs::path(home) / ".config" / "colibri" / "profiles");
+  } else if (const fs::path home = util::home_dir(); !home.empty()) {
+    dirs.emplace_back(home / ".config" / "colibri" / "profiles");
   }
   dirs.emplace_back("/etc/colibri/profiles");
   std::error_code ec;

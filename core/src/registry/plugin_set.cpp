@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "colibri/util/home.hpp"
 #include "colibri/util/host_info.hpp"
 
 namespace colibri::registry {
@@ -46,9 +47,9 @@ PluginRegistry scan_for_profile(const profile::Profile& profile) {
   // directory (as `extends` does), one from a flag or the environment at the working directory.
   std::vector<std::string> paths = profile.get_list("plugins.paths");
   const profile::Entry* entry = profile.find("plugins.paths");
-  const char* home = std::getenv("HOME");
+  const std::string home = util::home_dir().string();
   for (auto& p : paths) {
-    if ((p == "~" || p.starts_with("~/")) && home != nullptr && *home != '\0') p = std::string(home) + p.substr(1);
+    if ((p == "~" || p.starts_with("~/")) && !home.empty()) p = home + p.substr(1);
     if (!p.empty() && p.front() != '/' && entry != nullptr && !entry->origin.file.empty()) {
       p = (entry->origin.file.parent_path() / p).lexically_normal().string();
     }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ext/stdio_filebuf.h>
 
 namespace colibri::util {
 
@@ -120,41 +121,72 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     f.target_ = resolved;
   }
   f.partial_ = f.direct_ ? f.target_ : fs::path(f.target_.string() + ".partial");
-  if (!f.direct_) f.registered_ = register_partial(f.partial_);
-  f.out_ = std::make_unique<std::ofstream>(f.partial_, std::ios::binary | std::ios::trunc);
-  if (!*f.out_) {
-    unregister_partial(f.registered_);
-    return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  int fd = -1;
+  if (f.direct_) {
+    fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  } else {
+    // Made afresh: a planted link at the .partial name would otherwise redirect the write to the file it names. If
+    // another name appears between the unlink and the open, O_EXCL refuses it.
+    if (::unlink(f.partial_.c_str()) != 0 && errno != ENOENT) {
+      return Status(StatusCode::io_error, "cannot replace " + f.partial_.string() +
+                                              " (a leftover of an earlier run): " + std::strerror(errno));
+    }
+    fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   }
+  if (fd < 0) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  if (!f.direct_) f.registered_ = register_partial(f.partial_);
+  f.fd_ = fd;
+  f.buf_ = std::make_unique<__gnu_cxx::stdio_filebuf<char>>(fd, std::ios::out | std::ios::binary);
+  f.out_ = std::make_unique<std::ostream>(f.buf_.get());
   return f;
 }
 
+OutputFile::OutputFile(OutputFile&& other) noexcept
+    : target_(std::move(other.target_)),
+      partial_(std::move(other.partial_)),
+      registered_(other.registered_),
+      fd_(other.fd_),
+      buf_(std::move(other.buf_)),
+      out_(std::move(other.out_)),
+      direct_(other.direct_),
+      committed_(other.committed_) {
+  other.committed_ = true;  // the moved-from object owns nothing to remove
+  other.registered_ = -1;
+  other.fd_ = -1;
+}
+
 OutputFile::~OutputFile() {
-  if (!out_ || committed_ || direct_) return;
-  out_->close();
+  if (committed_ || direct_) return;
+  out_.reset();
+  buf_.reset();  // closes the file
   std::error_code ec;
   fs::remove(partial_, ec);
   unregister_partial(registered_);
 }
 
 Status OutputFile::commit() {
+  errno = 0;
   out_->flush();
   const bool ok = static_cast<bool>(*out_);
   const int err = errno;
-  out_->close();
-  if (!ok || !*out_) {
+  if (!ok) {
     return Status(StatusCode::io_error,
                   "writing " + target_.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
   }
+  // On disk before the rename: after a crash the path holds the old bytes or the new, never an empty file.
+  if (!direct_ && ::fsync(fd_) != 0) {
+    const int why = errno;
+    return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + std::strerror(why));
+  }
+  out_.reset();
+  const bool closed = static_cast<__gnu_cxx::stdio_filebuf<char>*>(buf_.get())->close() != nullptr;
+  const int close_err = errno;
+  buf_.reset();
+  if (!closed) {
+    return Status(StatusCode::io_error,
+                  "writing " + target_.string() + " failed: " + std::strerror(close_err != 0 ? close_err : EIO));
+  }
   if (!direct_) {
-    // On disk before the rename: after a crash the path holds the old bytes or the new, never an empty file.
-    const int fd = ::open(partial_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::fsync(fd) != 0) {
-      const int why = errno;
-      if (fd >= 0) ::close(fd);
-      return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + std::strerror(why));
-    }
-    ::close(fd);
     std::error_code ec;
     fs::rename(partial_, target_, ec);
     if (ec) {

@@ -40,6 +40,20 @@ void write(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
 }
 
+// A link planted at the .partial name (by another user, in a shared directory) is removed, never written through:
+// the file it names keeps its bytes and the output is a regular file of its own.
+TEST(OutputFile, APlantedPartialLinkIsNotWrittenThrough) {
+  TempDir dir;
+  const fs::path victim = dir.path / "victim.txt", out = dir.path / "out.npy";
+  write(victim, "precious");
+  fs::create_symlink(victim, out.string() + ".partial");
+  ASSERT_TRUE(write_file_atomically(out, [](std::ostream& f) { return static_cast<bool>(f << "new"); }));
+  EXPECT_EQ(read(victim), "precious");
+  EXPECT_FALSE(fs::is_symlink(out));
+  EXPECT_EQ(read(out), "new");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(fs::path(out.string() + ".partial"))));
+}
+
 TEST(OutputFile, CommitReplacesAndAFailureKeepsTheOldFile) {
   TempDir dir;
   const fs::path out = dir.path / "logits.npy";

@@ -1,6 +1,8 @@
 // A file a command writes for the user (logits, traces, reports): a failure part-way never leaves half of it, and
 // never touches what the path held before. Bytes go to PATH.partial next to the file and a rename puts them in
-// place at commit(), after an fsync. A path naming a device or a FIFO (a pipe), or any path under /dev or /proc
+// place at commit(), after an fsync. PATH.partial is made afresh (O_EXCL, O_NOFOLLOW): whatever held that name before,
+// a link planted there included, is removed, never written through. A path naming a device or a FIFO (a pipe), or any
+// path under /dev or /proc
 // (/dev/stdout), is written directly, as the shell's `>` would; a symlink is followed, so the file it points to is
 // replaced and the link stays.
 #pragma once
@@ -20,7 +22,7 @@ class OutputFile {
  public:
   // Errors name the path and the system's reason.
   static sdk::Expected<OutputFile> open(const std::filesystem::path& path);
-  OutputFile(OutputFile&&) noexcept = default;
+  OutputFile(OutputFile&& other) noexcept;
   OutputFile& operator=(OutputFile&&) = delete;
   OutputFile(const OutputFile&) = delete;
   ~OutputFile();  // without a successful commit(): the .partial file is removed
@@ -34,8 +36,10 @@ class OutputFile {
  private:
   OutputFile() = default;
   std::filesystem::path target_, partial_;
-  int registered_ = -1;  // its slot in the list remove_partial_files_signal_safe() reads
-  std::unique_ptr<std::ofstream> out_;
+  int registered_ = -1;                  // its slot in the list remove_partial_files_signal_safe() reads
+  int fd_ = -1;                          // the open file, owned by buf_
+  std::unique_ptr<std::streambuf> buf_;  // writes to fd_ (a stream opened by name could follow a link)
+  std::unique_ptr<std::ostream> out_;
   bool direct_ = false, committed_ = false;
 };
 

@@ -1,0 +1,11 @@
+// The user's home directory: $HOME when it is an absolute path, else the password database's entry (a service or
+// `env -i` has no HOME), else empty. Never a shared directory such as /tmp, where another user could plant files.
+#pragma once
+
+#include <filesystem>
+
+namespace colibri::util {
+
+[[nodiscard]] std::filesystem::path home_dir();
+
+}  // namespace colibri::util
