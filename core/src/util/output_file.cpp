@@ -17,6 +17,36 @@ using sdk::StatusCode;
 
 namespace {
 
+// The file's buffer, keeping the errno of its first failed write: by commit() other calls have overwritten errno, and
+// "No space left on device" must not read "Input/output error".
+class FileBuf : public __gnu_cxx::stdio_filebuf<char> {
+ public:
+  explicit FileBuf(int fd) : __gnu_cxx::stdio_filebuf<char>(fd, std::ios::out | std::ios::binary) {}
+  int first_error = 0;
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override { return noted(stdio_filebuf::xsputn(s, n), n); }
+  int_type overflow(int_type c) override {
+    const int_type r = stdio_filebuf::overflow(c);
+    if (traits_type::eq_int_type(r, traits_type::eof()) && !traits_type::eq_int_type(c, traits_type::eof())) note();
+    return r;
+  }
+  int sync() override {
+    const int r = stdio_filebuf::sync();
+    if (r != 0) note();
+    return r;
+  }
+
+ private:
+  std::streamsize noted(std::streamsize written, std::streamsize wanted) {
+    if (written < wanted) note();
+    return written;
+  }
+  void note() {
+    if (first_error == 0) first_error = errno != 0 ? errno : EIO;
+  }
+};
+
 // The partial files being written, for a signal handler: a fixed table (no allocation, no lock), each entry free,
 // being filled, or ready. A process with more files open at once than entries just does not list the rest.
 struct PartialEntry {
@@ -136,7 +166,7 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
   if (fd < 0) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
   if (!f.direct_) f.registered_ = register_partial(f.partial_);
   f.fd_ = fd;
-  f.buf_ = std::make_unique<__gnu_cxx::stdio_filebuf<char>>(fd, std::ios::out | std::ios::binary);
+  f.buf_ = std::make_unique<FileBuf>(fd);
   f.out_ = std::make_unique<std::ostream>(f.buf_.get());
   return f;
 }
@@ -164,11 +194,14 @@ OutputFile::~OutputFile() {
   unregister_partial(registered_);
 }
 
+int OutputFile::write_errno() const {
+  return buf_ ? static_cast<const FileBuf*>(buf_.get())->first_error : 0;
+}
+
 Status OutputFile::commit() {
-  errno = 0;
   out_->flush();
   const bool ok = static_cast<bool>(*out_);
-  const int err = errno;
+  const int err = static_cast<FileBuf*>(buf_.get())->first_error;
   if (!ok) {
     return Status(StatusCode::io_error,
                   "writing " + target_.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
@@ -179,7 +212,7 @@ Status OutputFile::commit() {
     return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + std::strerror(why));
   }
   out_.reset();
-  const bool closed = static_cast<__gnu_cxx::stdio_filebuf<char>*>(buf_.get())->close() != nullptr;
+  const bool closed = static_cast<FileBuf*>(buf_.get())->close() != nullptr;
   const int close_err = errno;
   buf_.reset();
   if (!closed) {
@@ -203,7 +236,8 @@ Status write_file_atomically(const fs::path& path, const std::function<bool(std:
   auto f = OutputFile::open(path);
   if (!f) return f.error();
   if (!body(f->stream()) || !f->stream()) {
-    return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(errno));
+    const int err = f->write_errno();
+    return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
   }
   return f->commit();
 }

@@ -40,6 +40,21 @@ void write(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
 }
 
+// A write the disk refuses is named by its own reason (ENOSPC), not by what errno holds by the time of commit().
+TEST(OutputFile, AFullDiskIsNamedAsSuch) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  auto f = OutputFile::open("/dev/full");
+  ASSERT_TRUE(f) << f.error().message();
+  f->stream() << std::string(1 << 20, 'x');
+  auto s = f->commit();
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.message();
+  auto w = write_file_atomically("/dev/full",
+                                 [](std::ostream& o) { return static_cast<bool>(o << std::string(1 << 20, 'y')); });
+  ASSERT_FALSE(w);
+  EXPECT_NE(w.message().find("No space left on device"), std::string::npos) << w.message();
+}
+
 // A link planted at the .partial name (by another user, in a shared directory) is removed, never written through:
 // the file it names keeps its bytes and the output is a regular file of its own.
 TEST(OutputFile, APlantedPartialLinkIsNotWrittenThrough) {

@@ -30,6 +30,8 @@ class OutputFile {
   [[nodiscard]] std::ostream& stream() { return *out_; }
   // Flushes, closes and renames into place; an error leaves the old file as it was.
   sdk::Status commit();
+  // The errno of the first write that failed (0: none), kept for the message: errno itself changes before it is read.
+  [[nodiscard]] int write_errno() const;
   // Where the bytes go until commit() (the path itself for a device or a FIFO).
   [[nodiscard]] const std::filesystem::path& writing_to() const { return partial_; }
 
