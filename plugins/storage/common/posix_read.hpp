@@ -16,7 +16,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -241,16 +243,18 @@ class ReadQueue {
   ReadQueue(int threads, Executor exec, std::uint64_t chunk_bytes = 0)
       : exec_(std::move(exec)), chunk_bytes_(chunk_bytes) {
     workers_.reserve(static_cast<std::size_t>(threads));
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~ReadQueue() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
+    try {
+      for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      // The threads already started are joined (a joinable std::thread destroyed would end the process), and the
+      // plugin's create() reports the failure.
+      stop();
+      throw std::runtime_error("cannot start I/O thread " + std::to_string(workers_.size() + 1) + " of " +
+                               std::to_string(threads) + ": " + e.what() +
+                               " (out of memory or threads: check ulimit -v and -u, or set storage.threads lower)");
     }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
   }
+  ~ReadQueue() { stop(); }
   ReadQueue(const ReadQueue&) = delete;
   ReadQueue& operator=(const ReadQueue&) = delete;
 
@@ -316,6 +320,17 @@ class ReadQueue {
   }
 
  private:
+  // Ends the workers (those started, if the constructor failed part-way) and waits for them.
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) {
+      if (t.joinable()) t.join();
+    }
+  }
   struct Job {
     ReadRequest request;
     ReadCallback done;

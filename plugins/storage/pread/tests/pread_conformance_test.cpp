@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -48,6 +49,33 @@ TEST(PreadStorage, TheOpenFileLimitIsNamedWithItsFix) {
   std::filesystem::remove(file);
   ASSERT_FALSE(f);
   EXPECT_NE(f.error().message().find("ulimit -n"), std::string::npos) << f.error().message();
+}
+
+// Threads the OS cannot give (the address-space limit) make create() fail with a message; the threads already
+// started are joined, not left to end the process (a joinable std::thread destroyed calls std::terminate).
+TEST(PreadStorage, ThreadsThatCannotStartAreAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's shadow memory does not live within an address-space limit";
+#endif
+  auto lib = ct::LoadedPlugin::load(PREAD_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    rlimit tight{};
+    tight.rlim_cur = tight.rlim_max = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                                      (64u << 20);  // room for a few 8 MiB thread stacks, not 256
+    ::setrlimit(RLIMIT_AS, &tight);
+    auto s = (*lib)->create_as<Storage>({{"threads", "256"}});
+    const bool named = !s && s.error().message().find("cannot start I/O thread") != std::string::npos;
+    ::_exit(named ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "create() did not fail with the thread message";
 }
 
 TEST(PreadStorage, RejectsBadThreadCount) {
