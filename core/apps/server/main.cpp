@@ -170,8 +170,7 @@ int serve(Flags& f) {
   if (!srv) return fail(srv.error().message());
   // One line on stdout that scripts can wait for (the port matters with --port 0).
   std::printf("colibri-server listening on http://%s:%u (model %s, %s, context %lld)\n", so.host.c_str(),
-              static_cast<unsigned>((*srv)->port()),
-              (so.model_name.empty() ? dir->filename().string() : so.model_name).c_str(), mode.c_str(),
+              static_cast<unsigned>((*srv)->port()), (*srv)->model_name().c_str(), mode.c_str(),
               static_cast<long long>(context));
   std::fflush(stdout);
   (*srv)->run();

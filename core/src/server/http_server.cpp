@@ -1481,6 +1481,13 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
     }
   }
   if (impl->opt.model_name.empty()) impl->opt.model_name = impl->engine->model_dir().filename().string();
+  // The name goes into every JSON answer, which must be UTF-8: a directory named in another encoding is repaired
+  // (U+FFFD for the bytes that are not), and said so.
+  if (!tokenizer::utf8::is_valid(impl->opt.model_name)) {
+    const std::string repaired = tokenizer::utf8::to_valid_lossy(impl->opt.model_name);
+    spdlog::warn("the model's name is not UTF-8; clients see it as '{}' (--served-model-name gives another)", repaired);
+    impl->opt.model_name = repaired;
+  }
   if (auto st = listen_on(impl->acceptor, impl->ioc, impl->opt.host, impl->opt.port); !st) return st;
   // Without --usage-history the model's own history file: the one run and bench merge into, `cache stats --model`
   // shows and /admin/cache/warm reads, so a server's traffic counts there too.
@@ -1489,6 +1496,10 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   }
   impl->scheduler = std::make_unique<Scheduler>(*impl->engine, impl->tokenizer, impl->opt.scheduler);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+const std::string& Server::model_name() const {
+  return impl_->opt.model_name;
 }
 
 std::uint16_t Server::port() const {

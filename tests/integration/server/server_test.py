@@ -366,6 +366,19 @@ class Api(unittest.TestCase):
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute", p.stderr)
 
+    def test_a_model_name_that_is_not_utf8_is_repaired(self):
+        # Every answer is JSON, which must be UTF-8: the byte 0xff of the name becomes U+FFFD, with a warning.
+        s = Server("--served-model-name", "bad" + os.fsdecode(b"\xff") + "name")
+        try:
+            status, body = s.json("GET", "/health")
+            self.assertEqual((status, body["model"]), (200, "bad\ufffdname"))
+            status, body = s.json("POST", "/v1/completions", {"model": "bad\ufffdname", "prompt": "hi", "max_tokens": 2})
+            self.assertEqual(status, 200, body)
+        finally:
+            s.stop()
+        with open(s.log.name) as log:
+            self.assertIn("the model's name is not UTF-8", log.read())
+
     def test_json_schema_properties_come_in_the_schemas_order(self):
         # As OpenAI's structured outputs: the order the client wrote (not sorted), here c before a before b.
         schema = {"type": "object", "properties": {"c": {"type": "boolean"}, "a": {"type": "boolean"},

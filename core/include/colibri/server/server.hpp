@@ -55,6 +55,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   [[nodiscard]] std::uint16_t port() const;
+  // The name clients send (the model directory's unless --served-model-name gave one), as UTF-8.
+  [[nodiscard]] const std::string& model_name() const;
   // Serves until stop() or a signal; then drains streams (drain_timeout), saves the usage history and returns.
   void run();
   // Thread-safe; also what SIGTERM does.
