@@ -1395,7 +1395,7 @@ void Server::Impl::stop() {
 void Server::Impl::wait_for_signal() {
   signals.async_wait([this](beast::error_code ec, int sig) {
     if (ec) return;
-    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGINT";
     if (!stopping) {
       spdlog::info("received {}; a second one stops at once", name);
       stop();
@@ -1516,6 +1516,7 @@ void Server::run() {
   if (s.opt.handle_signals) {
     s.signals.add(SIGTERM);
     s.signals.add(SIGINT);
+    s.signals.add(SIGHUP);  // its terminal closed: drain and save the usage history, as SIGTERM
     s.wait_for_signal();
   }
   s.accept();

@@ -1847,6 +1847,18 @@ class Concurrency(unittest.TestCase):
         finally:
             s.stop()
 
+    def test_sighup_stops_as_sigterm_does(self):
+        # Its terminal closed: the history is saved and the exit is clean, not the default action's silent death.
+        history = os.path.join(WORK, "usage-hup.json")
+        if os.path.exists(history):
+            os.remove(history)
+        s = Server("--usage-history", history, "--drain-timeout", "0.5")
+        status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3})
+        self.assertEqual(status, 200)
+        self.assertEqual(s.stop(signal.SIGHUP), 0)
+        with open(history) as f:
+            self.assertGreater(sum(json.load(f)["counts"].values()), 0)
+
     def test_malformed_usage_history_is_kept(self):
         # A history the server cannot read (say, a hand edit gone wrong) is not replaced at exit: nothing is lost.
         history = os.path.join(WORK, "usage-bad.json")
