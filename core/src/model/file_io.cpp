@@ -17,7 +17,10 @@ using sdk::Status;
 using sdk::StatusCode;
 
 std::string errno_text(int err) {
-  return std::strerror(err);
+  std::string text = std::strerror(err);
+  if (err == EMFILE || err == ENFILE) text += " (raise the open-file limit: ulimit -n, or LimitNOFILE= in a service)";
+  if (err == EACCES || err == EPERM) text += " (check the file's permissions)";
+  return text;
 }
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {

@@ -737,6 +737,7 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
                                              "it first: colibri-cli convert -i " +
                                              io::path_text(dir) + " -o MODEL_DIR");
   }
+  if (!f && f.error().code() != StatusCode::not_found) return f.error();  // there, but the OS refused (limits, rights)
   if (!f) {
     return Status(StatusCode::not_found, io::path_text(path) +
                                              " is missing: not a colibri model, or its conversion did not finish; "

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <limits>
@@ -110,6 +112,25 @@ TEST(Manifest, LoadsAValidModelAndComputesSizes) {
   auto again = parse_manifest(m->to_json(), "round trip");
   ASSERT_TRUE(again.has_value()) << again.error().to_string();
   EXPECT_EQ(again->to_json(), m->to_json());
+}
+
+// A manifest the OS will not open (the open-file limit here) is named with the OS's reason and its fix, not called
+// missing with "re-run convert".
+TEST(Manifest, AnOpenRefusedByTheOsIsNotCalledMissing) {
+  auto t = make_model("manifest emfile");
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  auto m = load_manifest(t.dir);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  ASSERT_FALSE(m.has_value());
+  EXPECT_NE(m.error().message().find("ulimit -n"), std::string::npos) << m.error().message();
+  EXPECT_EQ(m.error().message().find("is missing"), std::string::npos) << m.error().message();
 }
 
 TEST(Manifest, RejectsEverythingOutOfBounds) {
