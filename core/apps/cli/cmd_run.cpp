@@ -126,7 +126,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
   }
   // JSON mode promises one object: one cut short does not parse, so the run did not do what was asked.
-  if (g.json_object && r->finish_reason != "eos") {
+  // (Not when standard output failed: main says that, and the reason here would be wrong.)
+  const bool cut = r->finish_reason == "length" || r->finish_reason == "stop" || r->finish_reason == "context";
+  if (g.json_object && cut && std::cout) {
     const std::string cause = r->finish_reason == "length"
                                   ? "the token limit (-n " + std::to_string(o.max_tokens) + ") came first; raise -n"
                               : r->finish_reason == "stop" ? "a --stop text cut it; leave --stop out in JSON mode"

@@ -137,11 +137,13 @@ class Run(unittest.TestCase):
             json.loads(p.stdout)
 
     def test_a_failed_write_to_standard_output_is_an_error(self):
-        for args in (("run", "-m", model(), "-p", "hi", "-n", "4"), ("tokenize", "-m", model(), "--text", "hi")):
+        for args in (("run", "-m", model(), "-p", "hi", "-n", "4"), ("tokenize", "-m", model(), "--text", "hi"),
+                     ("run", "-m", model(), "-p", "hi", "-n", "4", "--json")):
             with open("/dev/full", "w") as full:
                 p = subprocess.run([CLI, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
             self.assertEqual(p.returncode, 1, args)
             self.assertIn("error: writing standard output failed", p.stderr)
+            self.assertNotIn("JSON object is incomplete", p.stderr)  # one error, the true one
 
     def test_greedy_is_deterministic_and_stop_string_cuts(self):
         a = cli("run", "-m", model(), "-p", "The fox", "-n", "16", "--temp", "0", "--ignore-eos", "--seed", "1")
