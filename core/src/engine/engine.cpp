@@ -473,6 +473,13 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   auto kv = make_kv_cache(ctx);
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
+  // Host pages are paid for as the context fills: a reservation past the RAM there is only fails later, mid-answer.
+  if (const std::uint64_t ram = util::available_memory_bytes(); !kv_.on_device() && ram > 0 && kv_.bytes() > ram) {
+    spdlog::warn(
+        "the KV cache of {} positions grows to {}, more than the {} of RAM available: a context that long "
+        "will run out of memory (lower --ctx or memory.kv_cache, or --kv-type q8_0)",
+        ctx, sdk::format_size(kv_.bytes()), sdk::format_size(ram));
+  }
   // Activations on a discrete GPU stay there from op to op; in host memory every op would send its inputs over the
   // bus and wait for its outputs to come back.
   if (!devices[0].host_memory && options_.activations_on_device.value_or(true)) {

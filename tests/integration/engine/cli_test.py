@@ -108,6 +108,21 @@ class Run(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("an empty text stops nothing", p.stderr)
 
+    def test_a_kv_cache_past_the_ram_is_warned_about(self):
+        # Host KV pages are paid for as the context fills: a --ctx whose cache outgrows the RAM would fail mid-answer.
+        long_model = os.path.join(WORK, "tiny-long")
+        if not os.path.exists(os.path.join(long_model, "manifest.json")):
+            shutil.copytree(model(), long_model, dirs_exist_ok=True)
+            with open(os.path.join(long_model, "manifest.json")) as f:
+                man = json.load(f)
+            man["hparams"]["max_position_embeddings"] = 1 << 30
+            with open(os.path.join(long_model, "manifest.json"), "w") as f:
+                json.dump(man, f)
+        p = cli("run", "-m", long_model, "-p", "hi", "-n", "1", "--ctx", str(1 << 30))
+        self.assertRegex(p.stderr, r"the KV cache of 1073741824 positions grows to \S+, more than the \S+ of RAM")
+        p = cli("run", "-m", long_model, "-p", "hi", "-n", "1", "--ctx", "64")
+        self.assertNotIn("more than the", p.stderr)
+
     def test_packed_experts_answer_as_split_ones(self):
         # --no-split-experts packs a layer's experts into one file; the model answers with the same bits.
         packed = os.path.join(WORK, "tiny-packed")
