@@ -1,6 +1,7 @@
 #include "colibri/engine/expert_manager.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -58,6 +59,7 @@ ExpertManager::ExpertManager(const model::Manifest& manifest, std::filesystem::p
       storage_(std::move(storage)),
       policy_(std::move(policy)),
       budget_(budget_bytes) {
+  manifest_identity_ = manifest_identity();
   resident_ = manifest_.expert_bytes() <= budget_;
   if (!resident_) {
     // Streaming: one slot size, the largest expert's, so that every evicted buffer fits the next expert. With exact
@@ -166,7 +168,26 @@ Status ExpertManager::preload_vram() {
   return {};
 }
 
+std::array<std::int64_t, 4> ExpertManager::manifest_identity() const {
+  struct stat st {};
+  if (::stat((dir_ / "manifest.json").c_str(), &st) != 0) return {-1, -1, -1, -1};
+  return {static_cast<std::int64_t>(st.st_dev), static_cast<std::int64_t>(st.st_ino),
+          static_cast<std::int64_t>(st.st_size),
+          static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+Status ExpertManager::explain_replaced(Status s) const {
+  if (s || manifest_identity() == manifest_identity_) return s;
+  return Status(s.code(), s.message() + " (the model at " + dir_.string() +
+                              " was replaced on disk after it was loaded, by convert --force or a copy: restart to "
+                              "load the new one)");
+}
+
 Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
+  return explain_replaced(load_from_disk(e, slot));
+}
+
+Status ExpertManager::load_from_disk(const model::ExpertEntry& e, Slot& slot) {
   const std::string where = key_name(e.layer, e.expert);
   try {
     slot.data = take_buffer(slot_bytes(e));

@@ -191,6 +191,30 @@ class CacheAdmin(unittest.TestCase):
             self.assertEqual(u["total_tokens"], 512)
 
 
+class ModelReplaced(unittest.TestCase):
+    def test_a_model_replaced_under_a_streaming_server_is_named(self):
+        # convert --force into the directory a server streams from: the next expert read fails its checksum or finds
+        # another file, and the error says the model was replaced (restart), not that it is damaged (re-convert).
+        model = os.path.join(st.WORK, "replaced")
+        other = os.path.join(st.WORK, "ckpt-other")
+        subprocess.run(["rm", "-rf", model], check=True)
+        cli("convert", "--input", os.path.join(st.WORK, "ckpt"), "--output", model, "--quantize", "f32", "--quiet")
+        if not os.path.exists(os.path.join(other, "config.json")):
+            subprocess.run([sys.executable, st.GEN, "--arch", "mixtral", "--out", other, "--dtype", "f32", "--seed", "99"],
+                           check=True, capture_output=True)
+        s = st.Server("--model", model, "--expert-cache-size", str(2 * SLOT), "--prefetch-layers", "0")
+        try:
+            status, _ = s.json("POST", "/v1/completions", {"model": "replaced", "prompt": "hi", "max_tokens": 2})
+            self.assertEqual(status, 200)
+            cli("convert", "--input", other, "--output", model, "--quantize", "f32", "--force", "--quiet")
+            status, got = s.json("POST", "/v1/completions", {"model": "replaced", "prompt": "a b c d e f g",
+                                                              "max_tokens": 8, "temperature": 0})
+            self.assertEqual(status, 500, got)
+            self.assertIn("was replaced on disk after it was loaded", got["error"]["message"])
+        finally:
+            s.stop()
+
+
 class ClientErrors(unittest.TestCase):
     def test_api_key_refused_connection_and_bad_url(self):
         s = st.Server("--api-key", "sekrit")

@@ -4,6 +4,7 @@
 // When the budget holds every expert, all are loaded at start (resident mode) and none is ever evicted.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -297,6 +298,12 @@ class ExpertManager {
   std::filesystem::path dir_;
   std::shared_ptr<sdk::Storage> storage_;
   std::string storage_name_;  // the storage plugin's, for errors about the bytes it returned
+  // manifest.json as it was at load (device, inode, size, mtime): an expert that then fails to read is explained by a
+  // model replaced on disk (convert --force under a running server), whose fix is a restart, not a re-convert.
+  std::array<std::int64_t, 4> manifest_identity_{};
+  [[nodiscard]] std::array<std::int64_t, 4> manifest_identity() const;
+  [[nodiscard]] sdk::Status explain_replaced(sdk::Status s) const;
+  sdk::Status load_from_disk(const model::ExpertEntry& e, Slot& slot);
   std::shared_ptr<sdk::CachePolicy> policy_;
   std::uint64_t budget_ = 0;
   std::uint64_t used_bytes_ = 0;
