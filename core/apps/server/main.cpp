@@ -176,6 +176,11 @@ int serve(Flags& f) {
   (*srv)->run();
   if (trace) spdlog::info("routing trace: {} records in {}", trace->records_written(), f.record_trace);
   spdlog::info("colibri-server stopped");
+  // The trace was asked for: one cut short by a write error (logged when it happened) makes the exit status say so.
+  if (trace && trace->failed()) {
+    return fail("the routing trace " + f.record_trace + " stopped at a write error (above); it holds the " +
+                std::to_string(trace->records_written()) + " records before it");
+  }
   return 0;
 }
 

@@ -372,6 +372,16 @@ class RecordTrace(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(bad, p.stderr)
 
+    def test_a_trace_cut_short_by_the_disk_fails_the_exit_status(self):
+        # /dev/full refuses every write as a full disk would: the server serves on, logs the error, and its exit
+        # status says the trace it was asked for is incomplete.
+        s = st.Server("--record-trace", "/dev/full")
+        status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        self.assertEqual(status, 200)
+        self.assertEqual(s.stop(), 1)
+        with open(s.log.name) as log:
+            self.assertIn("the routing trace /dev/full stopped at a write error", log.read())
+
     def test_negative_ctx_is_refused(self):
         p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", "--ctx", "-1"],
                            capture_output=True, text=True, timeout=60)

@@ -28,6 +28,8 @@ class TraceWriter {
   // Flushes to the disk (fdatasync); called by the destructor too.
   sdk::Status sync();
   [[nodiscard]] std::uint64_t records_written() const { return records_; }
+  // A write failed and recording stopped: the file holds the records before it, whole.
+  [[nodiscard]] bool failed() const { return failed_; }
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
 
  private:
