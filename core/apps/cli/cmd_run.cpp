@@ -1,5 +1,8 @@
 // colibri-cli run --model M (--prompt TEXT | --file F | --file -) [-n N] [--profile P] [sampling flags]
 // Streams the continuation to stdout, then one stats line (stderr).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +52,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
       }
       file.open(o.prompt_file, std::ios::binary);
       if (!file) return fail("--file " + o.prompt_file + ": cannot open the file");
+    }
+    if (o.prompt_file == "-" && ::fcntl(STDIN_FILENO, F_GETFD) < 0) {  // `<&-`: nothing to read, and not empty
+      return fail("--file -: standard input is closed; give the prompt on it, or --prompt TEXT");
     }
     std::istream& in = o.prompt_file == "-" ? std::cin : file;
     o.prompt.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

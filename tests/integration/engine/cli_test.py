@@ -104,6 +104,11 @@ class Run(unittest.TestCase):
         self.assertIn(f"shorten the prompt or raise --ctx (the model allows {max_ctx})", p.stderr)
         p = cli("run", "-m", model(), "-f", "-", "-n", "2", stdin="word " * (max_ctx + 10), check=False)
         self.assertIn(f"shorten the prompt (the model's own context is {max_ctx} positions)", p.stderr)
+        # A closed standard input is said to be closed, not taken for an empty prompt.
+        p = subprocess.run(["bash", "-c", 'exec 0<&-; exec "$0" run -m "$1" -f - -n 2', CLI, model()],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("--file -: standard input is closed", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--stop", "", check=False)
         self.assertEqual(p.returncode, 1)
         self.assertIn("an empty text stops nothing", p.stderr)
