@@ -243,7 +243,8 @@ class ClientErrors(unittest.TestCase):
             for line in p.stdout.splitlines():
                 key, value = line.split(None, 1)
                 self.assertRegex(line, r"^\S+  +\S")
-                self.assertTrue(value.strip().lstrip("-").replace(".", "").isdigit(), line)
+                # A count, or a size readable and exact: "12M (12582912 bytes)".
+                self.assertRegex(value.strip(), r"^(-?[\d.]+|\S+ \(\d+ bytes\))$", line)
             self.assertIn("vram_dropped_experts", p.stdout)
         finally:
             self.assertEqual(s.stop(), 0)
