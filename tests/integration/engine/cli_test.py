@@ -32,6 +32,19 @@ def model():
     return out
 
 
+def hparams_copy(name, **hparams):
+    """A copy of the tiny model (WORK/name) whose manifest says these hyper-parameters."""
+    out = os.path.join(WORK, name)
+    if not os.path.exists(os.path.join(out, "manifest.json")):
+        shutil.copytree(model(), out, dirs_exist_ok=True)
+        with open(os.path.join(out, "manifest.json")) as f:
+            man = json.load(f)
+        man["hparams"].update(hparams)
+        with open(os.path.join(out, "manifest.json"), "w") as f:
+            json.dump(man, f)
+    return out
+
+
 def chat_model(name, template, special_tokens=()):
     """A copy of the tiny model with this chat template, and these special tokens added to its tokenizer (at the
     ids after its vocabulary, which its embedding already has)."""
@@ -115,14 +128,7 @@ class Run(unittest.TestCase):
 
     def test_a_kv_cache_past_the_ram_is_warned_about(self):
         # Host KV pages are paid for as the context fills: a --ctx whose cache outgrows the RAM would fail mid-answer.
-        long_model = os.path.join(WORK, "tiny-long")
-        if not os.path.exists(os.path.join(long_model, "manifest.json")):
-            shutil.copytree(model(), long_model, dirs_exist_ok=True)
-            with open(os.path.join(long_model, "manifest.json")) as f:
-                man = json.load(f)
-            man["hparams"]["max_position_embeddings"] = 1 << 30
-            with open(os.path.join(long_model, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        long_model = hparams_copy("tiny-long", max_position_embeddings=1 << 30)
         p = cli("run", "-m", long_model, "-p", "hi", "-n", "1", "--ctx", str(1 << 30))
         self.assertRegex(p.stderr, r"the KV cache of 1073741824 positions grows to \S+, more than the \S+ of RAM")
         p = cli("run", "-m", long_model, "-p", "hi", "-n", "1", "--ctx", "64")
@@ -310,14 +316,7 @@ class Chat(unittest.TestCase):
         # reply (re-encoded differently), and the reply moved the rows past the prompt's end: the window saved there
         # is put back, so the prompt is reused as with a cache that keeps every position, and the transcript is the
         # same. With no saved window (memory.kv_sliding_window's rows alone) the turn would run from position 0.
-        out = os.path.join(WORK, "tiny-window")
-        if not os.path.exists(os.path.join(out, "manifest.json")):
-            shutil.copytree(model(), out, dirs_exist_ok=True)
-            with open(os.path.join(out, "manifest.json")) as f:
-                man = json.load(f)
-            man["hparams"]["sliding_window"] = 4
-            with open(os.path.join(out, "manifest.json"), "w") as f:
-                json.dump(man, f)
+        out = hparams_copy("tiny-window", sliding_window=4)
         self.assertRegex(cli("inspect", "-m", out).stdout, r"attention: +context \d+, sliding window 4 on (\d+) of \1 ")
         self.assertNotIn("sliding", cli("inspect", "-m", model()).stdout)
         # The file count is the manifest and the files it checksums, as many as --verify hashes.
