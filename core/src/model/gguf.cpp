@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <regex>
 
 #include "model/file_io.hpp"
 #include "tokenizer/utf8.hpp"
@@ -394,10 +393,21 @@ sdk::Expected<GgufFile> GgufFile::join_parts(GgufFile given) {
     return bad(given_text + ": metadata split.no is missing or not below split.count " + std::to_string(count));
   }
   const std::string name = given.path_.filename().string();
-  static const std::regex kPartName(R"(^(.*)-([0-9]{5})-of-([0-9]{5})\.gguf$)");
-  std::smatch m;
+  // PREFIX-NNNNN-of-MMMMM.gguf, parsed by hand: std::regex trips GCC 12's -Wmaybe-uninitialized under ASan.
+  auto five_digits = [&](std::size_t at) -> std::int64_t {
+    std::int64_t v = 0;
+    for (std::size_t i = at; i < at + 5; ++i) {
+      if (name[i] < '0' || name[i] > '9') return -1;
+      v = v * 10 + (name[i] - '0');
+    }
+    return v;
+  };
+  constexpr std::size_t kTail = sizeof("-00001-of-00003.gguf") - 1;
+  const bool named = name.size() > kTail && name.ends_with(".gguf") && name[name.size() - kTail] == '-' &&
+                     name.compare(name.size() - kTail + 6, 4, "-of-") == 0 &&
+                     five_digits(name.size() - kTail + 1) == *no + 1 && five_digits(name.size() - kTail + 10) == count;
   const std::string of = "part " + std::to_string(*no + 1) + " of " + std::to_string(count) + " of a split GGUF";
-  if (!std::regex_match(name, m, kPartName) || std::stoll(m[2].str()) != *no + 1 || std::stoll(m[3].str()) != count) {
+  if (!named) {
     const std::string want = part_suffix(*no + 1, count);
     return Status(StatusCode::invalid_argument,
                   given_text + " is " + of + ", but its name does not end in '" + want +
@@ -405,7 +415,7 @@ sdk::Expected<GgufFile> GgufFile::join_parts(GgufFile given) {
                       "original names, or merge them (llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf)");
   }
   const fs::path dir = given.path_.parent_path();
-  const std::string prefix = m[1].str();
+  const std::string prefix = name.substr(0, name.size() - kTail);
 
   std::vector<GgufFile> parts;
   for (std::int64_t i = 0; i < count; ++i) {
