@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/output_file.hpp"
 
 namespace colibri::ab {
@@ -106,7 +107,7 @@ sdk::Expected<std::vector<TraceRecord>> read_trace(const std::filesystem::path& 
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return Status(StatusCode::not_found, "cannot read trace " + path.string() + ": " + std::strerror(errno));
+    return Status(StatusCode::not_found, "cannot read trace " + path.string() + ": " + sdk::os_error_text(errno));
   }
   std::vector<TraceRecord> out;
   std::string line;
@@ -275,7 +276,7 @@ sdk::Expected<std::vector<TraceRecord>> import_json(const std::filesystem::path&
 
 sdk::Expected<std::vector<TraceRecord>> import_trace(const std::filesystem::path& path, ImportFormat format) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(StatusCode::not_found, "cannot read " + path.string() + ": " + std::strerror(errno));
+  if (!in) return Status(StatusCode::not_found, "cannot read " + path.string() + ": " + sdk::os_error_text(errno));
   return format == ImportFormat::csv ? import_csv(path, in) : import_json(path, in);
 }
 

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "colibri/sdk/os_error.hpp"
+
 namespace colibri::ab {
 
 using sdk::Status;
@@ -16,7 +18,7 @@ sdk::Expected<std::unique_ptr<TraceWriter>> TraceWriter::open(const std::filesys
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     return Status(StatusCode::io_error,
-                  "cannot write the routing trace " + path.string() + ": " + std::strerror(errno));
+                  "cannot write the routing trace " + path.string() + ": " + sdk::os_error_text(errno));
   }
   return std::unique_ptr<TraceWriter>(new TraceWriter(path, fd));
 }
@@ -41,7 +43,7 @@ Status TraceWriter::append(std::span<const TraceRecord> records) {
     const auto n = ::write(fd_, lines.data() + done, lines.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const std::string why = n < 0 ? std::strerror(errno) : "nothing written";
+      const std::string why = n < 0 ? sdk::os_error_text(errno) : "nothing written";
       failed_ = true;
       // Whole lines only: cut back what this batch wrote.
       if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) (void)::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
@@ -58,7 +60,8 @@ Status TraceWriter::append(std::span<const TraceRecord> records) {
 Status TraceWriter::sync() {
   std::lock_guard lock(mu_);
   if (::fdatasync(fd_) != 0) {
-    return Status(StatusCode::io_error, "syncing the routing trace " + path_.string() + ": " + std::strerror(errno));
+    return Status(StatusCode::io_error,
+                  "syncing the routing trace " + path_.string() + ": " + sdk::os_error_text(errno));
   }
   return {};
 }

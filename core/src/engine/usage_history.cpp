@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 #include "colibri/util/output_file.hpp"
 
@@ -86,7 +87,8 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     if (!fs::exists(path)) return h;
-    return Status(StatusCode::io_error, "cannot read usage history " + path.string() + ": " + std::strerror(errno));
+    return Status(StatusCode::io_error,
+                  "cannot read usage history " + path.string() + ": " + sdk::os_error_text(errno));
   }
   std::stringstream ss;
   ss << in.rdbuf();
@@ -164,7 +166,7 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
   // The lock file stays: removing it would let a third process lock a new file while the second holds the old.
   const std::string lock_path = path.string() + ".lock";
   const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) return Status(StatusCode::io_error, "cannot open " + lock_path + ": " + std::strerror(errno));
+  if (lock < 0) return Status(StatusCode::io_error, "cannot open " + lock_path + ": " + sdk::os_error_text(errno));
   while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
   }
   Status result;

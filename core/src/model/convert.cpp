@@ -31,6 +31,7 @@
 #include "colibri/model/safetensors.hpp"
 #include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "colibri/util/output_file.hpp"
 #include "model/architecture.hpp"
@@ -810,24 +811,24 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
       fs::path old = parent / ("." + output.filename().string() + ".colibri-old-" + std::to_string(::getpid()));
       if (::rename(output.c_str(), old.c_str()) != 0) {
         return Status(StatusCode::io_error,
-                      "cannot move the old " + output.string() + " aside: " + io::errno_text(errno));
+                      "cannot move the old " + output.string() + " aside: " + sdk::os_error_text(errno));
       }
       if (::rename(tmp.c_str(), output.c_str()) != 0) {
         int e2 = errno;
         ::rename(old.c_str(), output.c_str());
-        return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + io::errno_text(e2));
+        return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + sdk::os_error_text(e2));
       }
       if (auto s = io::fsync_directory(parent); !s) return s;
       remove_old_model(old, output);
       return {};
     }
     if (::rename(tmp.c_str(), output.c_str()) != 0) {
-      return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + io::errno_text(errno));
+      return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + sdk::os_error_text(errno));
     }
     return io::fsync_directory(parent);
   }
   return Status(StatusCode::io_error,
-                "cannot rename " + tmp.string() + " to " + output.string() + ": " + io::errno_text(err));
+                "cannot rename " + tmp.string() + " to " + output.string() + ": " + sdk::os_error_text(err));
 }
 
 struct Job {

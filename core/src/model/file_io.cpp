@@ -11,17 +11,12 @@
 #include <memory>
 #include <vector>
 
+#include "colibri/sdk/os_error.hpp"
+
 namespace colibri::model::io {
 
 using sdk::Status;
 using sdk::StatusCode;
-
-std::string errno_text(int err) {
-  std::string text = std::strerror(err);
-  if (err == EMFILE || err == ENFILE) text += " (raise the open-file limit: ulimit -n, or LimitNOFILE= in a service)";
-  if (err == EACCES || err == EPERM) text += " (check the file's permissions)";
-  return text;
-}
 
 File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
   other.fd_ = -1;
@@ -46,7 +41,7 @@ sdk::Expected<File> File::open_read(const fs::path& path) {
   if (fd < 0) {
     int err = errno;
     return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
-                  "cannot open " + path_text(path) + ": " + errno_text(err));
+                  "cannot open " + path_text(path) + ": " + sdk::os_error_text(err));
   }
   return File(fd, path);
 }
@@ -55,7 +50,7 @@ sdk::Expected<File> File::create(const fs::path& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     int err = errno;
-    return Status(StatusCode::io_error, "cannot create " + path_text(path) + ": " + errno_text(err));
+    return Status(StatusCode::io_error, "cannot create " + path_text(path) + ": " + sdk::os_error_text(err));
   }
   return File(fd, path);
 }
@@ -64,7 +59,7 @@ sdk::Expected<std::uint64_t> File::size() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     int err = errno;
-    return Status(StatusCode::io_error, "cannot stat " + path_text(path_) + ": " + errno_text(err));
+    return Status(StatusCode::io_error, "cannot stat " + path_text(path_) + ": " + sdk::os_error_text(err));
   }
   return static_cast<std::uint64_t>(st.st_size);
 }
@@ -76,7 +71,8 @@ Status File::read_at(void* dst, std::size_t n, std::uint64_t offset) const {
     if (got < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      return Status(StatusCode::io_error, "reading " + path_text(path_) + ": " + errno_text(err), err == EAGAIN);
+      return Status(StatusCode::io_error, "reading " + path_text(path_) + ": " + sdk::os_error_text(err),
+                    err == EAGAIN);
     }
     if (got == 0) {
       return Status(StatusCode::corrupt_data,
@@ -96,7 +92,7 @@ Status File::write_all(const void* src, std::size_t n) {
     if (put < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      return Status(StatusCode::io_error, "writing " + path_text(path_) + ": " + errno_text(err), false, true);
+      return Status(StatusCode::io_error, "writing " + path_text(path_) + ": " + sdk::os_error_text(err), false, true);
     }
     p += put;
     n -= static_cast<std::size_t>(put);
@@ -107,7 +103,7 @@ Status File::write_all(const void* src, std::size_t n) {
 Status File::sync() {
   if (::fsync(fd_) != 0) {
     int err = errno;
-    return Status(StatusCode::io_error, "fsync " + path_text(path_) + ": " + errno_text(err), false, true);
+    return Status(StatusCode::io_error, "fsync " + path_text(path_) + ": " + sdk::os_error_text(err), false, true);
   }
   return {};
 }
@@ -118,7 +114,7 @@ Status File::close() {
   fd_ = -1;
   if (rc != 0) {
     int err = errno;
-    return Status(StatusCode::io_error, "closing " + path_text(path_) + ": " + errno_text(err), false, true);
+    return Status(StatusCode::io_error, "closing " + path_text(path_) + ": " + sdk::os_error_text(err), false, true);
   }
   return {};
 }
@@ -127,12 +123,13 @@ Status fsync_directory(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
-    return Status(StatusCode::io_error, "cannot open directory " + path_text(dir) + ": " + errno_text(err));
+    return Status(StatusCode::io_error, "cannot open directory " + path_text(dir) + ": " + sdk::os_error_text(err));
   }
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
-  if (rc != 0) return Status(StatusCode::io_error, "fsync directory " + path_text(dir) + ": " + errno_text(err));
+  if (rc != 0)
+    return Status(StatusCode::io_error, "fsync directory " + path_text(dir) + ": " + sdk::os_error_text(err));
   return {};
 }
 
@@ -164,7 +161,7 @@ sdk::Expected<std::uint64_t> hash_file_and_ranges(const fs::path& path, std::vec
     if (got < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      return Status(StatusCode::io_error, "reading " + path_text(path) + ": " + errno_text(err));
+      return Status(StatusCode::io_error, "reading " + path_text(path) + ": " + sdk::os_error_text(err));
     }
     if (got == 0) break;
     XXH64_update(state.get(), buf.data(), static_cast<std::size_t>(got));

@@ -64,9 +64,6 @@ sdk::Expected<std::uint64_t> hash_file_and_ranges(const fs::path& path, std::vec
 std::string hex64(std::uint64_t v);
 bool parse_hex64(const std::string& s, std::uint64_t& out);
 
-// errno as text, e.g. "No such file or directory".
-std::string errno_text(int err);
-
 // Path as UTF-8 text for messages and JSON (std::filesystem keeps bytes on Linux).
 inline std::string path_text(const fs::path& p) {
   return p.string();

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <ext/stdio_filebuf.h>
 
+#include "colibri/sdk/os_error.hpp"
+
 namespace colibri::util {
 
 namespace fs = std::filesystem;
@@ -159,11 +161,11 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     // another name appears between the unlink and the open, O_EXCL refuses it.
     if (::unlink(f.partial_.c_str()) != 0 && errno != ENOENT) {
       return Status(StatusCode::io_error, "cannot replace " + f.partial_.string() +
-                                              " (a leftover of an earlier run): " + std::strerror(errno));
+                                              " (a leftover of an earlier run): " + sdk::os_error_text(errno));
     }
     fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   }
-  if (fd < 0) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + std::strerror(errno));
+  if (fd < 0) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + sdk::os_error_text(errno));
   if (!f.direct_) f.registered_ = register_partial(f.partial_);
   f.fd_ = fd;
   f.buf_ = std::make_unique<FileBuf>(fd);
@@ -204,12 +206,12 @@ Status OutputFile::commit() {
   const int err = static_cast<FileBuf*>(buf_.get())->first_error;
   if (!ok) {
     return Status(StatusCode::io_error,
-                  "writing " + target_.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
+                  "writing " + target_.string() + " failed: " + sdk::os_error_text(err != 0 ? err : EIO));
   }
   // On disk before the rename: after a crash the path holds the old bytes or the new, never an empty file.
   if (!direct_ && ::fsync(fd_) != 0) {
     const int why = errno;
-    return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + std::strerror(why));
+    return Status(StatusCode::io_error, "cannot flush " + partial_.string() + " to disk: " + sdk::os_error_text(why));
   }
   out_.reset();
   const bool closed = static_cast<FileBuf*>(buf_.get())->close() != nullptr;
@@ -217,7 +219,7 @@ Status OutputFile::commit() {
   buf_.reset();
   if (!closed) {
     return Status(StatusCode::io_error,
-                  "writing " + target_.string() + " failed: " + std::strerror(close_err != 0 ? close_err : EIO));
+                  "writing " + target_.string() + " failed: " + sdk::os_error_text(close_err != 0 ? close_err : EIO));
   }
   if (!direct_) {
     std::error_code ec;
@@ -237,7 +239,8 @@ Status write_file_atomically(const fs::path& path, const std::function<bool(std:
   if (!f) return f.error();
   if (!body(f->stream()) || !f->stream()) {
     const int err = f->write_errno();
-    return Status(StatusCode::io_error, "writing " + path.string() + " failed: " + std::strerror(err != 0 ? err : EIO));
+    return Status(StatusCode::io_error,
+                  "writing " + path.string() + " failed: " + sdk::os_error_text(err != 0 ? err : EIO));
   }
   return f->commit();
 }

@@ -30,13 +30,8 @@ using namespace colibri::sdk;
 
 inline constexpr std::size_t kDirectAlignment = 4096;
 
-// The OS's words, and for the errors a user fixes outside colibri, where.
-inline std::string errno_text(int err) {
-  std::string text = std::strerror(err);
-  if (err == EMFILE || err == ENFILE) text += " (raise the open-file limit: ulimit -n, or LimitNOFILE= in a service)";
-  if (err == EACCES || err == EPERM) text += " (check the file's permissions)";
-  return text;
-}
+// The OS's words, and for the errors a user fixes outside colibri, where (shared with the core).
+using sdk::os_error_text;
 inline bool transient(int err) {
   return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM;
 }
@@ -81,7 +76,7 @@ Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_di
   if (fd < 0) {
     const int err = errno;
     return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
-                  "cannot open " + path + ": " + errno_text(err), transient(err));
+                  "cannot open " + path + ": " + os_error_text(err), transient(err));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -92,7 +87,7 @@ Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_di
   if (want_direct) {
     dfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
     if (dfd < 0 && !warned.exchange(true)) {
-      host.info("the filesystem of " + path + " refuses O_DIRECT (" + errno_text(errno) +
+      host.info("the filesystem of " + path + " refuses O_DIRECT (" + os_error_text(errno) +
                 "); reading through the page cache instead");
     }
   }
@@ -125,7 +120,7 @@ inline Status pread_exact(int fd, const std::string& path, std::uint64_t offset,
       const int err = errno;
       return Status(StatusCode::io_error,
                     "reading " + std::to_string(dst.size()) + " bytes at offset " + std::to_string(offset) + " of " +
-                        path + ": " + errno_text(err),
+                        path + ": " + os_error_text(err),
                     transient(err));
     }
     if (r == 0) {
@@ -144,7 +139,7 @@ inline Status read_posix(PosixFile& f, std::uint64_t offset, std::span<std::byte
   if (!in_range(f, offset, dst.size())) return range_error(f, offset, dst.size());
   if (f.direct_io() && direct_compatible(offset, dst.size(), dst.data())) {
     Status st = pread_exact(f.direct_fd(), f.path(), offset, dst);
-    if (st || st.message().find(errno_text(EINVAL)) == std::string::npos) return st;
+    if (st || st.message().find(os_error_text(EINVAL)) == std::string::npos) return st;
   }
   return pread_exact(f.buffered_fd(), f.path(), offset, dst);
 }

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include "colibri/quant/blocks.hpp"
 #include "colibri/sdk/dtype.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/sdk/status.hpp"
 
 namespace {
@@ -115,6 +119,15 @@ TEST(Status, CarriesRetryAndDataLossFlags) {
   Expected<int> e(Status{});  // an ok Status is not an error value
   EXPECT_FALSE(e.has_value());
   EXPECT_EQ(e.error().code(), StatusCode::internal);
+}
+
+// The errors a user fixes outside colibri say where; the others are the OS's words alone.
+TEST(OsErrorText, NamesTheFixForLimitsAndPermissionsOnly) {
+  EXPECT_EQ(os_error_text(ENOENT), std::strerror(ENOENT));
+  EXPECT_NE(os_error_text(EMFILE).find("ulimit -n"), std::string::npos);
+  EXPECT_NE(os_error_text(ENFILE).find("LimitNOFILE="), std::string::npos);
+  EXPECT_NE(os_error_text(EACCES).find("permissions"), std::string::npos);
+  EXPECT_EQ(os_error_text(EACCES).rfind(std::strerror(EACCES), 0), 0u);
 }
 
 TEST(DType, GgmlIdsAndBlockSizes) {

@@ -7,6 +7,7 @@
 #include "colibri/sdk/config.hpp"
 #include "colibri/sdk/dtype.hpp"
 #include "colibri/sdk/host.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/sdk/plugin.hpp"
 #include "colibri/sdk/status.hpp"
 #include "colibri/sdk/storage.hpp"
