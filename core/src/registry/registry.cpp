@@ -266,13 +266,14 @@ std::vector<SearchDir> default_search_path(const std::vector<std::string>& profi
       rest.remove_prefix(colon + 1);
     }
   }
-  dirs.push_back({COLIBRI_PLUGIN_INSTALL_DIR, "install dir"});
+  dirs.push_back({COLIBRI_PLUGIN_INSTALL_DIR, "install dir", SearchDirKind::colibri});
   // Where a third-party plugin built with colibri_add_plugin goes by CMake's default prefix (the packages install
   // colibri under /usr).
-  dirs.push_back({"/usr/local/lib/colibri/plugins", "local plugins"});
+  dirs.push_back({"/usr/local/lib/colibri/plugins", "local plugins", SearchDirKind::third_party});
   if (const fs::path exe = executable_dir(); !exe.empty()) {
-    dirs.push_back({(exe / ".." / "lib" / "colibri" / "plugins").lexically_normal(), "next to the executable"});
-    dirs.push_back({exe / "plugins", "next to the executable"});
+    dirs.push_back({(exe / ".." / "lib" / "colibri" / "plugins").lexically_normal(), "next to the executable",
+                    SearchDirKind::colibri});
+    dirs.push_back({exe / "plugins", "next to the executable", SearchDirKind::colibri});
   }
   // The same directory reached twice is searched once, under its first origin.
   std::vector<SearchDir> unique;
@@ -362,7 +363,7 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
     std::error_code ec;
     if (!fs::is_directory(dir.path, ec)) {
       // The built-in places may well be absent; a directory the user named should not be, silently.
-      if (dir.origin != "install dir" && dir.origin != "next to the executable" && dir.origin != "local plugins") {
+      if (dir.kind == SearchDirKind::user) {
         spdlog::warn("plugin directory {} (from {}) {}; its plugins are not loaded", dir.path.string(), dir.origin,
                      fs::exists(dir.path, ec) ? "is not a directory (name the directory that holds the .so files)"
                                               : "does not exist");
@@ -381,12 +382,12 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
           dir.path.string(), dir.origin, ec.message());
     }
     std::sort(files.begin(), files.end());  // deterministic order within a directory
-    for (const auto& f : files) reg.load_one(f, host, dir.origin);
+    for (const auto& f : files) reg.load_one(f, host, dir);
   }
   return reg;
 }
 
-void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, const std::string& origin) {
+void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, const SearchDir& dir) {
   if (auto why = elf_problem(file); !why.empty()) {
     broken_.push_back({file, why});
     return;
@@ -430,7 +431,7 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   }
   if (PluginInfo* first = find_mutable(d->kind, d->name)) {
     // colibri's own plugin, replaced by one of the same name earlier in the search path: not broken, shadowed
-    if ((origin == "install dir" || origin == "next to the executable") && first->origin != origin) {
+    if (dir.kind == SearchDirKind::colibri && first->origin != dir.origin) {
       first->shadows = file;
       shadowed_.push_back({file, std::string(to_string(d->kind)) + " plugin '" + d->name + "' is replaced by " +
                                      first->path.string() + " (" + first->origin + ", earlier in the search path)"});
@@ -453,7 +454,7 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   info.version = d->version ? d->version : "";
   info.description = d->description ? d->description : "";
   info.path = file;
-  info.origin = origin;
+  info.origin = dir.origin;
   info.build_fingerprint = d->header.build_fingerprint;
   info.options.assign(d->options.begin(), d->options.end());
   for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");

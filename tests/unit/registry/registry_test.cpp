@@ -21,6 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using colibri::registry::PluginRegistry;
 using colibri::registry::SearchDir;
+using colibri::registry::SearchDirKind;
 using colibri::sdk::PluginKind;
 using colibri::sdk::StatusCode;
 using ::testing::HasSubstr;
@@ -169,7 +170,7 @@ TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
 
 TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
   std::vector<SearchDir> dirs{{fixture_dir("dup_first"), "COLIBRI_PLUGIN_PATH"},
-                              {fixture_dir("dup_second"), "install dir"}};
+                              {fixture_dir("dup_second"), "install dir", SearchDirKind::colibri}};
   auto reg = PluginRegistry::scan(dirs, colibri::util::host_info());
   EXPECT_TRUE(reg.broken().empty());
   ASSERT_EQ(reg.shadowed().size(), 1u);
@@ -373,6 +374,30 @@ TEST(Registry, SearchPathOrder) {
   ASSERT_LT(local, dirs.size());
   EXPECT_EQ(dirs[local].origin, dirs[3].path == dirs[local].path ? "install dir" : "local plugins");
   EXPECT_EQ(dirs.back().origin, "next to the executable");
+  // Who named each decides whether its absence is worth a warning.
+  EXPECT_EQ(dirs[0].kind, SearchDirKind::user);
+  EXPECT_EQ(dirs[2].kind, SearchDirKind::user);
+  EXPECT_EQ(dirs[3].kind, SearchDirKind::colibri);
+  EXPECT_EQ(dirs.back().kind, SearchDirKind::colibri);
+}
+
+// A directory the user named that is absent is warned about (its plugins would be missed silently otherwise); the
+// built-in places, which may well not exist, are not.
+TEST(Registry, OnlyAnAbsentDirectoryTheUserNamedIsWarnedAbout) {
+  const fs::path absent = fs::temp_directory_path() / "colibri-absent-plugin-dir";
+  fs::remove_all(absent);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("absent-dir-test", sink));
+  PluginRegistry::scan({{absent / "colibri", "install dir", SearchDirKind::colibri},
+                        {absent / "local", "local plugins", SearchDirKind::third_party}},
+                       colibri::util::host_info());
+  const std::string silent = log.str();
+  PluginRegistry::scan({{absent / "mine", "COLIBRI_PLUGIN_PATH", SearchDirKind::user}}, colibri::util::host_info());
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(silent, "");
+  EXPECT_THAT(log.str(), HasSubstr((absent / "mine").string() + " (from COLIBRI_PLUGIN_PATH) does not exist"));
 }
 
 }  // namespace

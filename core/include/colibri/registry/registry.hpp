@@ -15,11 +15,17 @@
 
 namespace colibri::registry {
 
+// Who put a directory on the search path: the user (the profile, COLIBRI_PLUGIN_PATH; an absent one is warned about),
+// colibri's own installation (a user's plugin of the same name replaces its plugins), or a conventional place for
+// third-party plugins that may well not exist.
+enum class SearchDirKind { user, colibri, third_party };
+
 // One directory of the search path and why it is there ("profile plugins.paths",
 // "COLIBRI_PLUGIN_PATH", "install dir", "next to the executable").
 struct SearchDir {
   std::filesystem::path path;
   std::string origin;
+  SearchDirKind kind = SearchDirKind::user;
 };
 
 // The search order: profile plugins.paths, $COLIBRI_PLUGIN_PATH (colon-separated), the install
@@ -84,7 +90,7 @@ class PluginRegistry {
   }
 
  private:
-  void load_one(const std::filesystem::path& file, const sdk::HostInfo& host, const std::string& origin);
+  void load_one(const std::filesystem::path& file, const sdk::HostInfo& host, const SearchDir& dir);
   PluginInfo* find_mutable(sdk::PluginKind kind, std::string_view name) noexcept;
 
   sdk::HostInfo host_;
