@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -11,6 +10,7 @@
 
 #include "colibri/model/paths.hpp"
 #include "colibri/model/verify.hpp"
+#include "colibri/sdk/testing/resource_limits.hpp"
 #include "test_files.hpp"
 
 namespace colibri::model {
@@ -118,16 +118,10 @@ TEST(Manifest, LoadsAValidModelAndComputesSizes) {
 // missing with "re-run convert".
 TEST(Manifest, AnOpenRefusedByTheOsIsNotCalledMissing) {
   auto t = make_model("manifest emfile");
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  const int lowest_free = ::dup(0);
-  ASSERT_GE(lowest_free, 0);
-  ::close(lowest_free);
-  rlimit tight = saved;
-  tight.rlim_cur = static_cast<rlim_t>(lowest_free);
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  colibri::sdk::testing::NoFreeDescriptors no_free;
+  ASSERT_TRUE(no_free.active());
   auto m = load_manifest(t.dir);
-  ::setrlimit(RLIMIT_NOFILE, &saved);
+  no_free.restore();
   ASSERT_FALSE(m.has_value());
   EXPECT_NE(m.error().message().find("ulimit -n"), std::string::npos) << m.error().message();
   EXPECT_EQ(m.error().message().find("is missing"), std::string::npos) << m.error().message();

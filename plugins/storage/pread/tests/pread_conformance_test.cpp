@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "colibri/sdk/testing/plugin_loader.hpp"
+#include "colibri/sdk/testing/resource_limits.hpp"
 #include "colibri/sdk/testing/storage_conformance.hpp"
 
 using colibri::sdk::testing::StorageConformance;
@@ -34,18 +35,10 @@ TEST(PreadStorage, TheOpenFileLimitIsNamedWithItsFix) {
   ASSERT_TRUE(lib);
   auto s = (*lib)->create_as<Storage>({{"direct_io", "false"}});
   ASSERT_TRUE(s) << s.error().message();
-  rlimit saved{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
-  // Every descriptor number up to the current highest is taken or closed below the limit: a limit of the lowest free
-  // number leaves none to open.
-  const int lowest_free = ::dup(0);
-  ASSERT_GE(lowest_free, 0);
-  ::close(lowest_free);
-  rlimit tight = saved;
-  tight.rlim_cur = static_cast<rlim_t>(lowest_free);
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  ct::NoFreeDescriptors no_free;
+  ASSERT_TRUE(no_free.active());
   auto f = (*s)->open(file.string());
-  ::setrlimit(RLIMIT_NOFILE, &saved);
+  no_free.restore();
   std::filesystem::remove(file);
   ASSERT_FALSE(f);
   EXPECT_NE(f.error().message().find("ulimit -n"), std::string::npos) << f.error().message();
