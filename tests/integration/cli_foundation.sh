@@ -136,6 +136,11 @@ expect_rc "a mistyped flag beside a missing required one is a usage error" 2 $rc
 check "the mistyped flag is named with its command" "error: unknown option --modle for colibri-cli run (colibri-cli run --help)" "$out"
 out=$("$cli" convert --help 2>&1); rc=$?
 expect_rc "--help succeeds" 0 $rc
+# The model, a positional or -m, is one entry in the help (CLI11 lists it under Positionals and Options).
+out=$("$cli" inspect --help 2>&1)
+check "a positional-or-flag argument is listed with both its names" "model,-m,--model TEXT REQUIRED" "$out"
+[ "$(grep -c "Model directory" <<<"$out")" = 1 ] && echo "ok   - the model is listed once" ||
+  { echo "FAIL - the model is listed more than once:"; echo "$out"; failures=$((failures + 1)); }
 
 out=$("$cli" --log-level loud plugins list 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "ok   - bad log level refused" || { echo "FAIL - bad log level accepted"; failures=$((failures + 1)); }

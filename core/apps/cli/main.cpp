@@ -117,9 +117,31 @@ static int usage_exit(const CLI::App& app, const CLI::ParseError& e) {
   return app.exit(e) == 0 ? 0 : 2;
 }
 
+namespace {
+
+// An argument that may be given as a positional or a flag (`inspect MODEL` or `-m MODEL`) is listed once, under
+// Options as "model,-m,--model", where CLI11 lists it twice.
+class OneEntryFormatter : public CLI::Formatter {
+ public:
+  std::string make_positionals(const CLI::App* app) const override {
+    auto only_positional = app->get_options(
+        [](const CLI::Option* o) { return !o->get_group().empty() && o->get_positional() && !o->nonpositional(); });
+    return only_positional.empty() ? std::string() : make_group(get_label("Positionals"), true, only_positional);
+  }
+  std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
+    if (!is_positional && opt->get_positional()) return opt->get_name(true, true);
+    return CLI::Formatter::make_option_name(opt, is_positional);
+  }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace colibri;
   CLI::App app{"colibri: run Mixture-of-Experts models larger than your GPU and RAM", "colibri-cli"};
+  auto formatter = std::make_shared<OneEntryFormatter>();
+  formatter->column_width(34);  // "model,-m,--model TEXT REQUIRED" on one line
+  app.formatter(formatter);     // before the commands: subcommands copy it
   app.set_version_flag("--version", std::string("colibri ") + COLIBRI_SDK_VERSION_STRING);
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the subcommand
