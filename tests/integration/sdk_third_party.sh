@@ -14,6 +14,18 @@ if command -v pkg-config >/dev/null; then
   cflags=$(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags colibri-sdk)
   inc=$(echo "$cflags" | tr ' ' '\n' | sed -n 's/^-I//p')
   test -f "$inc/colibri/sdk/sdk.hpp" || { echo "pkg-config --cflags points elsewhere: $cflags"; exit 1; }
+  # A plugin built with pkg-config alone, as the .pc file's comment says, exports only the entry symbol and loads.
+  pc() { PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config "$@" colibri-sdk; }
+  mkdir -p "$work/pc"
+  # shellcheck disable=SC2046  # the flags are words
+  g++ $(pc --cflags) $(pc --variable=plugin_cflags) -c "$example/fifo_policy.cpp" -o "$work/pc/fifo.o"
+  # shellcheck disable=SC2046
+  g++ "$work/pc/fifo.o" $(pc --variable=plugin_ldflags) $(pc --libs) -o "$work/pc/libcolibri-cache-fifo.so"
+  exported=$(nm -D --defined-only "$work/pc/libcolibri-cache-fifo.so" | awk '{print $3}' | grep -v '^_' || true)
+  [ "$exported" = "colibri_plugin_entry" ] || { echo "pkg-config plugin exports: $exported"; exit 1; }
+  out=$(COLIBRI_PLUGIN_PATH="$work/pc" "$cli" plugins list)
+  echo "$out" | grep -q "cache    fifo .*$work/pc/libcolibri-cache-fifo.so" ||
+    { echo "the pkg-config plugin is not listed:"; echo "$out"; exit 1; }
 fi
 
 cmake -S "$example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
