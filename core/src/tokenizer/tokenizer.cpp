@@ -528,12 +528,16 @@ std::string Tokenizer::eos_token() const {
 // ---------------------------------------------------------------------------------------------------------------
 
 namespace {
-// More pending tokens than one character's bytes can span (tokens that add no bytes, such as skipped special ones,
-// included): the character is then not going to be finished.
+// Pending tokens that each end inside a character (byte-level BPE tokens that split characters at every boundary, a
+// run of rare CJK) are not waited for past this many: the text before the unfinished character goes out, the rest
+// waits. Past kMaxPendingTokens the tokens are decoded at every push, so it is only the cheap path's length.
 constexpr std::size_t kMaxPendingTokens = 4;
+// Tokens that add no bytes (skipped special ones) after a lead byte: the character is not going to be finished.
+constexpr std::size_t kGiveUpPendingTokens = 64;
 // Context tokens decoded along with the pushed ones: a Strip or Metaspace decoder acts on the first token only, byte
 // fallback joins the bytes of one character (at most 4).
 constexpr std::size_t kContextTokens = 4;
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 
 // Length of the common prefix of a and b, backed off to a character boundary of a.
 std::size_t common_prefix(std::string_view a, std::string_view b) {
@@ -581,34 +585,45 @@ std::string StreamDecoder::push(TokenId id) {
   // Held back while the pending tokens' bytes end inside a character (byte-fallback or byte-level tokens carrying
   // part of one), which the decoder shows as U+FFFD until the rest comes. Judged by the bytes, not by a trailing
   // U+FFFD in the text: a U+FFFD the model wrote as a token of its own is text, and goes out at once.
-  if (pending <= kMaxPendingTokens) {
-    std::string tail;
-    for (std::size_t i = ids_.size(); i > context_ && tail.size() < 4; --i) {
-      if (skip_special_ && tokenizer_.is_special(ids_[i - 1])) continue;
-      tail.insert(0, tokenizer_.token_bytes(ids_[i - 1]).value_or(""));
-    }
-    if (ends_inside_character(tail)) return {};
+  std::string tail;
+  for (std::size_t i = ids_.size(); i > context_ && tail.size() < 4; --i) {
+    if (skip_special_ && tokenizer_.is_special(ids_[i - 1])) continue;
+    tail.insert(0, tokenizer_.token_bytes(ids_[i - 1]).value_or(""));
   }
-  const std::string text = tokenizer_.decode(ids_, skip_special_);
-  const std::size_t common = common_prefix(text, prefix_);
+  const bool unfinished = ends_inside_character(tail) && pending <= kGiveUpPendingTokens;
+  if (unfinished && pending <= kMaxPendingTokens) return {};
+  std::string text = tokenizer_.decode(ids_, skip_special_);
+  if (unfinished) {
+    // A long run: what comes before the unfinished character is final. Its bytes (at most 3) are at most 3 U+FFFD.
+    for (int i = 0; i < 3 && text.ends_with(kReplacement); ++i) text.resize(text.size() - kReplacement.size());
+    const std::string already = prefix_ + released_;
+    const std::size_t common = common_prefix(text, already);
+    if (common >= text.size()) return {};
+    std::string out = text.substr(common);
+    released_ = text.substr(std::min(prefix_.size(), text.size()));
+    return out;
+  }
+  const std::size_t common = common_prefix(text, prefix_ + released_);
   if (common == text.size()) return {};  // nothing new yet (e.g. a skipped special token)
-  // Normally common == prefix_.size(). If the decoder rewrote already released text (only after an unfinished
-  // character was forced out by kMaxPendingTokens), release from the divergence point rather than lose text.
+  // Normally common == prefix_.size() + released_.size(). If the decoder rewrote already released text (only after
+  // an unfinished character was given up on), release from the divergence point rather than lose text.
   std::string out = text.substr(common);
   // The tokens just released become the context of the next chunk, so context-dependent decoders (a Strip of the
   // leading space, Metaspace's first token) see the same neighbours as a full decode.
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
   context_ = ids_.size();
   prefix_ = tokenizer_.decode(ids_, skip_special_);
+  released_.clear();
   return out;
 }
 
 std::string StreamDecoder::flush() {
   const std::string text = tokenizer_.decode(ids_, skip_special_);
-  std::string out = text.substr(common_prefix(text, prefix_));
+  std::string out = text.substr(common_prefix(text, prefix_ + released_));
   ids_.clear();
   context_ = 0;
   prefix_.clear();
+  released_.clear();
   return out;
 }
 

@@ -333,6 +333,41 @@ TEST(Streaming, InvalidBytesDoNotStallOrLoseText) {
   EXPECT_EQ(joined, tok->decode(ids));
 }
 
+// Byte-level tokens that each end inside a character (deepseek_v3 has merges such as "\x94\xd7": the end of one
+// Hebrew letter and the start of the next), more of them in a row than a character has bytes: the text before the
+// unfinished letter goes out as it becomes final, and no U+FFFD is made up (before, a fifth pending token forced the
+// unfinished letter out as U+FFFD, which stayed in the answer once the letter was complete).
+TEST(Streaming, ALongRunOfTokensSplittingCharactersReleasesTextNotReplacements) {
+  const Tokenizer* tok = test::shipped_tokenizer("deepseek_v3");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("deepseek_v3");
+  auto by_bytes = [&](std::string_view bytes) -> TokenId {
+    for (std::size_t id = 0; id < tok->vocab_size(); ++id) {
+      if (tok->token_bytes(static_cast<TokenId>(id)) == std::string(bytes)) return static_cast<TokenId>(id);
+    }
+    ADD_FAILURE() << "no token for those bytes";
+    return 0;
+  };
+  std::vector<TokenId> ids{by_bytes("\xd7")};
+  for (int i = 0; i < 8; ++i) ids.push_back(by_bytes("\x94\xd7"));  // each ends inside the next letter
+  ids.push_back(by_bytes("\x94"));
+  StreamDecoder stream(*tok);
+  std::string joined;
+  bool released_before_end = false;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string chunk = stream.push(ids[i]);
+    EXPECT_TRUE(utf8::is_valid(chunk));
+    EXPECT_EQ(chunk.find("\xEF\xBF\xBD"), std::string::npos) << "token " << i << " released a made-up U+FFFD";
+    if (!chunk.empty() && i + 1 < ids.size()) released_before_end = true;
+    joined += chunk;
+  }
+  joined += stream.flush();
+  EXPECT_TRUE(released_before_end) << "a long run is released as it becomes final, not all at the end";
+  EXPECT_EQ(joined, tok->decode(ids));
+  std::string nine_he;
+  for (int i = 0; i < 9; ++i) nine_he += "\xd7\x94";
+  EXPECT_EQ(joined, nine_he);
+}
+
 // Found by fuzzing (tests/fuzz/fuzz_tokenizer_encode.cpp): U+FFFD written as a token of its own (what invalid UTF-8
 // in a prompt becomes) was held back as if it were an unfinished character, until a fifth pending token forced
 // out the byte token of a real unfinished one as an extra U+FFFD. What is held back is now judged by the bytes.

@@ -76,6 +76,7 @@ class StreamDecoder {
   std::vector<TokenId> ids_;  // context ids (already emitted) followed by pending ones
   std::size_t context_ = 0;   // how many of ids_ are context
   std::string prefix_;        // decode(ids_[0, context_))
+  std::string released_;      // text of the pending ids already released (a long run of split characters)
 };
 
 }  // namespace colibri::tokenizer
