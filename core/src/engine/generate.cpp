@@ -109,7 +109,7 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       json.allowed(*json_tokens, allowed);
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
     }
-    const std::int32_t next = sampler.sample(logits, history, allowed);
+    const std::int32_t next = sampler.sample(logits, history, allowed, prompt.size());
     if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "eos";
       break;

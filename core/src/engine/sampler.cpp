@@ -71,7 +71,7 @@ TokenLogprob token_logprob(std::span<const float> logits, std::int32_t id, std::
 Sampler::Sampler(SamplingOptions options) : options_(options), rng_(options.seed) {}
 
 std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std::int32_t> history,
-                             std::span<const std::uint8_t> allowed) {
+                             std::span<const std::uint8_t> allowed, std::size_t prompt_size) {
   const auto n = static_cast<std::int32_t>(logits.size());
   work_.assign(logits.begin(), logits.end());
   if (!allowed.empty()) {
@@ -87,13 +87,19 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   if (penalties && o.penalty_last_n != 0 && !history.empty()) {
     std::size_t window =
         o.penalty_last_n < 0 ? history.size() : std::min(history.size(), static_cast<std::size_t>(o.penalty_last_n));
-    std::unordered_map<std::int32_t, int> counts;
-    for (std::size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];
+    // Per token: occurrences in the window, and of those the ones presence and frequency count.
+    std::unordered_map<std::int32_t, std::pair<int, int>> counts;
+    const std::size_t additive_from = o.penalize_prompt ? 0 : std::min(prompt_size, history.size());
+    for (std::size_t i = history.size() - window; i < history.size(); ++i) {
+      auto& [seen, counted] = counts[history[i]];
+      ++seen;
+      if (i >= additive_from) ++counted;
+    }
     for (const auto& [id, count] : counts) {
       if (id < 0 || id >= n) continue;
       float& l = work_[static_cast<std::size_t>(id)];
       if (o.repetition_penalty != 1.0f) l = l > 0 ? l / o.repetition_penalty : l * o.repetition_penalty;
-      l -= static_cast<float>(count) * o.frequency_penalty + o.presence_penalty;
+      if (count.second > 0) l -= static_cast<float>(count.second) * o.frequency_penalty + o.presence_penalty;
     }
   }
   if (o.temperature <= 0.0f) {

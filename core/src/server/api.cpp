@@ -672,6 +672,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   s.min_p = 0.0f;
   s.repetition_penalty = 1.0f;
   s.penalty_last_n = -1;
+  s.penalize_prompt = false;  // presence and frequency count the answer's tokens only, as OpenAI and vLLM
   if (auto e = number_field(body, "temperature", 0.0, 2.0, s.temperature)) return e;
   if (auto e = number_field(body, "top_p", 0.0, 1.0, s.top_p)) return e;
   if (s.top_p <= 0.0f) {  // only the most likely token survives

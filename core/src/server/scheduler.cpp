@@ -299,7 +299,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     } else {
       seq.allowed.clear();
     }
-    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed);
+    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed, seq.job->request.prompt.size());
     if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
       finish(seq, "eos");
       continue;
@@ -307,7 +307,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     ++seq.generated;
     ++generated_now;
     seq.history.push_back(next);
-    std::string text = seq.stops.push(seq.decoder.push(next));
+    // Before min_tokens no stop string ends the answer either, as vLLM: the text goes out unmatched.
+    std::string text =
+        seq.generated < seq.job->request.min_tokens ? seq.decoder.push(next) : seq.stops.push(seq.decoder.push(next));
     const int top = seq.job->request.logprobs;
     if ((!text.empty() || top >= 0) && seq.job->on_event) {
       GenerationEvent ev;

@@ -352,6 +352,21 @@ class Api(unittest.TestCase):
         endless = usage_of({"ignore_eos": True})
         self.assertEqual((endless["usage"]["completion_tokens"], endless["choices"][0]["finish_reason"]),
                          (12, "length"))
+        # Before min_tokens no stop text ends the answer either (vLLM): a stop found in the first tokens is passed.
+        stop = plain[2:4]
+        stopped = self.s.json("POST", "/v1/completions", dict(greedy, stop=[stop]))[1]
+        self.assertEqual(stopped["choices"][0]["finish_reason"], "stop")
+        self.assertLess(stopped["usage"]["completion_tokens"], 20)
+        held = self.s.json("POST", "/v1/completions", dict(greedy, stop=[stop], min_tokens=20))[1]
+        self.assertGreaterEqual(held["usage"]["completion_tokens"], 20, held)
+        self.assertTrue(held["choices"][0]["text"].startswith(plain[:4]), held)
+        # Presence and frequency penalties count the answer's tokens, not the prompt's (OpenAI, vLLM): a token the
+        # prompt repeats 50 times is still the first one chosen, at the largest penalties.
+        favoured = dict(prompt=[100] * 50, max_tokens=1, temperature=0, logit_bias={"100": 20})
+        first = lambda extra: self.s.json("POST", "/v1/completions", dict(favoured, logprobs=0, **extra))[1][
+            "choices"][0]["logprobs"]["tokens"]
+        chosen = first({})
+        self.assertEqual(first({"frequency_penalty": 2.0, "presence_penalty": 2.0}), chosen)
 
     def test_a_port_in_use_fails_before_the_model_loads(self):
         p = subprocess.run([SERVER, "--model", MODEL, "--port", str(self.s.port), "--log-level", "info"] + BACKEND_ARGS,

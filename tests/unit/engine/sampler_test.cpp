@@ -102,6 +102,27 @@ TEST(Sampler, PenaltiesLowerRepeatedTokens) {
   EXPECT_EQ(Sampler(o).sample(logits, history), 0);
 }
 
+// OpenAI's and vLLM's presence and frequency penalties count the answer's tokens only (the server's setting);
+// llama.cpp's count the prompt's too (the CLI's). The repetition penalty counts the prompt in both.
+TEST(Sampler, AdditivePenaltiesCountThePromptOnlyWhenAsked) {
+  const std::vector<float> logits = {1.0f, 0.9f, -2.0f};
+  const std::vector<std::int32_t> history = {0, 0, 0, 2};  // the prompt: token 0 three times; then 2 generated
+  auto o = plain(0.0f);
+  o.frequency_penalty = 0.5f;
+  EXPECT_EQ(Sampler(o).sample(logits, history, {}, 3), 1) << "penalize_prompt: the prompt's 0s count";
+  o.penalize_prompt = false;
+  EXPECT_EQ(Sampler(o).sample(logits, history, {}, 3), 0) << "the prompt's 0s do not count";
+  EXPECT_EQ(Sampler(o).sample(logits, history, {}, 2), 1) << "one 0 generated: 1.0 - 0.5 < 0.9";
+  o = plain(0.0f);
+  o.presence_penalty = 0.5f;
+  o.penalize_prompt = false;
+  EXPECT_EQ(Sampler(o).sample(logits, history, {}, 3), 0);
+  o = plain(0.0f);
+  o.repetition_penalty = 1.2f;
+  o.penalize_prompt = false;
+  EXPECT_EQ(Sampler(o).sample(logits, history, {}, 3), 1) << "the repetition penalty still sees the prompt";
+}
+
 TEST(Sampler, ValidateNamesTheFlag) {
   auto o = plain();
   o.top_p = 1.5f;

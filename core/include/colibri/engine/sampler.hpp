@@ -22,6 +22,9 @@ struct SamplingOptions {
   float presence_penalty = 0.0f;     // subtracted once per token present in the window
   float frequency_penalty = 0.0f;    // subtracted per occurrence in the window
   std::int32_t penalty_last_n = 64;  // window of recent tokens the penalties look at (0: none, -1: all)
+  // Whether presence and frequency penalties count the prompt's tokens too (llama.cpp: yes, within the window) or
+  // only the generated ones (OpenAI, vLLM). The repetition penalty counts the prompt either way, as both do.
+  bool penalize_prompt = true;
   std::uint64_t seed = 0;
   // Added to a token's logit before anything else (OpenAI's logit_bias: -100 bans a token, 100 all but forces it).
   std::vector<std::pair<std::int32_t, float>> logit_bias;
@@ -43,11 +46,12 @@ class Sampler {
  public:
   explicit Sampler(SamplingOptions options);
 
-  // Picks the next token from one row of logits. `history` is every token so far (prompt included); penalties
-  // look at its last penalty_last_n entries. A non-empty `allowed` (one entry per logit, 0 = banned) restricts the
-  // choice to the allowed tokens (JSON mode); at least one must be allowed.
+  // Picks the next token from one row of logits. `history` is every token so far (prompt included), of which the
+  // first `prompt_size` are the prompt; penalties look at its last penalty_last_n entries (presence and frequency
+  // only at the generated ones unless penalize_prompt). A non-empty `allowed` (one entry per logit, 0 = banned)
+  // restricts the choice to the allowed tokens (JSON mode); at least one must be allowed.
   std::int32_t sample(std::span<const float> logits, std::span<const std::int32_t> history,
-                      std::span<const std::uint8_t> allowed = {});
+                      std::span<const std::uint8_t> allowed = {}, std::size_t prompt_size = 0);
 
   [[nodiscard]] const SamplingOptions& options() const { return options_; }
 
