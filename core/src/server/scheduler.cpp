@@ -480,6 +480,34 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
       best_common = common_with(free_states_[0]);
     }
   }
+  // A kept cache that holds much more than this prompt shares (a long conversation; this a short call with its system
+  // prompt) is copied from, not cut, while a new cache may still be made: the conversation's next turn finds it
+  // whole. Where the rows cannot be copied (a device cache, sliding rows gone) the new cache is kept empty and the
+  // old one is cut, as before.
+  if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size() &&
+      states_made_ < static_cast<std::size_t>(options_.max_batch) && !seq.job->request.prompt_logprobs &&
+      sibling == nullptr) {
+    auto copied = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
+    if (static_cast<std::int64_t>(std::max(free_states_[best].tokens.size(), prompt.size())) > same_kv_up_to_) {
+      copied = 0;
+    }
+    if (copied > 0) {
+      if (auto st = engine_.new_sequence()) {
+        ++states_made_;
+        if ((*st)->kv.copy_prefix_from(free_states_[best].state->kv, copied)) {
+          seq.state = std::move(*st);
+          seq.state->n_past = copied;
+          seq.prompt_done = static_cast<std::size_t>(copied);
+          seq.cached = copied;
+          std::lock_guard lock(mu_);
+          stats_.cached_prompt_tokens += static_cast<std::uint64_t>(copied);
+          return;
+        }
+        free_states_.insert(free_states_.begin(), FreeState{std::move(*st), {}});  // least recently used
+        ++best;
+      }
+    }
+  }
   if (best == free_states_.size()) {
     if (auto st = engine_.new_sequence()) {
       seq.state = std::move(*st);

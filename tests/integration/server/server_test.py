@@ -668,6 +668,33 @@ class Api(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_a_short_call_sharing_a_system_prompt_does_not_cut_a_conversation(self):
+        # A kept cache holding much more than a new prompt shares is copied from, not cut, while a slot is free: the
+        # conversation's next turn still finds its whole prefix, and the short call's answer has a cold run's bits.
+        s = Server("--max-batch", "4", "--ctx", "2048")
+        cold = None
+        try:
+            system = "You are a careful assistant who answers in short sentences about birds. " * 2
+            history = system + " ".join(f"Turn {i}: the colibri visits flower number {i} and drinks." for i in range(12))
+            req = {"model": "tiny", "max_tokens": 2, "temperature": 0, "logprobs": 2}
+            status, conversation = s.json("POST", "/v1/completions", dict(req, prompt=history))
+            self.assertEqual(status, 200, conversation)
+            _, short = s.json("POST", "/v1/completions", dict(req, prompt=system + "Question"))
+            n_system = short["usage"]["prompt_tokens"]
+            self.assertGreater(short["usage"]["prompt_tokens_details"]["cached_tokens"], n_system // 2, short)
+            _, turn = s.json("POST", "/v1/completions", dict(req, prompt=history + " Turn 12: and then?"))
+            n_history = conversation["usage"]["prompt_tokens"]
+            self.assertGreater(n_history, 2 * n_system)
+            self.assertGreaterEqual(turn["usage"]["prompt_tokens_details"]["cached_tokens"], n_history - 2, turn)
+            cold = Server("--max-batch", "4", "--ctx", "2048")
+            _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=system + "Question"))
+            self.assertEqual(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+            self.assertEqual(fresh["choices"][0], short["choices"][0])
+        finally:
+            self.assertEqual(s.stop(), 0)
+            if cold is not None:
+                self.assertEqual(cold.stop(), 0)
+
     def test_prompt_cache_with_dynamic_rope(self):
         # "dynamic" rope rotates by the length of the pass once past the original context, so entries cached by an
         # earlier request are not the bits a cold run computes there: past that length nothing is reused, and the
