@@ -306,6 +306,25 @@ TEST(Concurrency, SharedTokenizerEncodesIdentically) {
 namespace colibri::tokenizer {
 namespace {
 
+// Pushes `ids` one at a time, as generation does: each chunk, what they join to with the flush, and whether any
+// text came out before the last token.
+struct Streamed {
+  std::vector<std::string> chunks;
+  std::string joined;
+  bool released_before_end = false;
+};
+Streamed stream_ids(const Tokenizer& tok, const std::vector<TokenId>& ids) {
+  StreamDecoder stream(tok);
+  Streamed out;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    out.chunks.push_back(stream.push(ids[i]));
+    if (!out.chunks.back().empty() && i + 1 < ids.size()) out.released_before_end = true;
+    out.joined += out.chunks.back();
+  }
+  out.joined += stream.flush();
+  return out;
+}
+
 // Genuinely invalid bytes (a model can emit them) are released as U+FFFD after a few tokens instead of stalling,
 // and nothing is lost when a character completes afterwards.
 TEST(Streaming, InvalidBytesDoNotStallOrLoseText) {
@@ -318,16 +337,8 @@ TEST(Streaming, InvalidBytesDoNotStallOrLoseText) {
     ids.push_back(*id);
   }
   ids.push_back(*tok->piece_to_token("▁ok"));
-  StreamDecoder stream(*tok);
-  std::string joined;
-  bool released_before_end = false;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const std::string chunk = stream.push(ids[i]);
-    EXPECT_TRUE(utf8::is_valid(chunk));
-    if (!chunk.empty() && i + 1 < ids.size()) released_before_end = true;
-    joined += chunk;
-  }
-  joined += stream.flush();
+  const auto [chunks, joined, released_before_end] = stream_ids(*tok, ids);
+  for (const auto& chunk : chunks) EXPECT_TRUE(utf8::is_valid(chunk));
   EXPECT_TRUE(released_before_end);
   EXPECT_NE(joined.find("ok"), std::string::npos);
   EXPECT_EQ(joined, tok->decode(ids));
@@ -350,17 +361,11 @@ TEST(Streaming, ALongRunOfTokensSplittingCharactersReleasesTextNotReplacements) 
   std::vector<TokenId> ids{by_bytes("\xd7")};
   for (int i = 0; i < 8; ++i) ids.push_back(by_bytes("\x94\xd7"));  // each ends inside the next letter
   ids.push_back(by_bytes("\x94"));
-  StreamDecoder stream(*tok);
-  std::string joined;
-  bool released_before_end = false;
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const std::string chunk = stream.push(ids[i]);
-    EXPECT_TRUE(utf8::is_valid(chunk));
-    EXPECT_EQ(chunk.find("\xEF\xBF\xBD"), std::string::npos) << "token " << i << " released a made-up U+FFFD";
-    if (!chunk.empty() && i + 1 < ids.size()) released_before_end = true;
-    joined += chunk;
+  const auto [chunks, joined, released_before_end] = stream_ids(*tok, ids);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_TRUE(utf8::is_valid(chunks[i]));
+    EXPECT_EQ(chunks[i].find("\xEF\xBF\xBD"), std::string::npos) << "token " << i << " released a made-up U+FFFD";
   }
-  joined += stream.flush();
   EXPECT_TRUE(released_before_end) << "a long run is released as it becomes final, not all at the end";
   EXPECT_EQ(joined, tok->decode(ids));
   std::string nine_he;
