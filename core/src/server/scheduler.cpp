@@ -480,28 +480,33 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
       best_common = common_with(free_states_[0]);
     }
   }
+  // Positions of a kept cache holding `held_length` tokens that this prompt may reuse. The last prompt token always
+  // runs: its logits are the first token's distribution. With "dynamic" rope the kept entries are only the cold run's
+  // bits while neither run's passes went past the original context.
+  auto reusable = [&](std::size_t held_length) -> std::int64_t {
+    if (seq.job->request.prompt_logprobs) return 0;  // every prompt row's logits are wanted
+    if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) return 0;
+    return static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
+  };
+  auto start_at = [&](std::int64_t reuse) {
+    seq.state->n_past = reuse;
+    seq.prompt_done = static_cast<std::size_t>(reuse);
+    seq.cached = reuse;
+    std::lock_guard lock(mu_);
+    stats_.cached_prompt_tokens += static_cast<std::uint64_t>(reuse);
+  };
   // A kept cache that holds much more than this prompt shares (a long conversation; this a short call with its system
   // prompt) is copied from, not cut, while a new cache may still be made: the conversation's next turn finds it
   // whole. Where the rows cannot be copied (a device cache, sliding rows gone) the new cache is kept empty and the
   // old one is cut, as before.
   if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size() &&
-      states_made_ < static_cast<std::size_t>(options_.max_batch) && !seq.job->request.prompt_logprobs &&
-      sibling == nullptr) {
-    auto copied = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
-    if (static_cast<std::int64_t>(std::max(free_states_[best].tokens.size(), prompt.size())) > same_kv_up_to_) {
-      copied = 0;
-    }
-    if (copied > 0) {
+      states_made_ < static_cast<std::size_t>(options_.max_batch) && sibling == nullptr) {
+    if (const auto copied = reusable(free_states_[best].tokens.size()); copied > 0) {
       if (auto st = engine_.new_sequence()) {
         ++states_made_;
         if ((*st)->kv.copy_prefix_from(free_states_[best].state->kv, copied)) {
           seq.state = std::move(*st);
-          seq.state->n_past = copied;
-          seq.prompt_done = static_cast<std::size_t>(copied);
-          seq.cached = copied;
-          std::lock_guard lock(mu_);
-          stats_.cached_prompt_tokens += static_cast<std::uint64_t>(copied);
-          return;
+          return start_at(copied);
         }
         free_states_.insert(free_states_.begin(), FreeState{std::move(*st), {}});  // least recently used
         ++best;
@@ -528,22 +533,14 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     seq.state = std::move(free_states_[best].state);
     free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(best));
   }
-  // The last prompt token always runs: its logits are the first token's distribution. With "dynamic" rope the kept
-  // entries are only the cold run's bits while neither run's passes went past the original context.
-  auto reuse = static_cast<std::int64_t>(std::min(best_common, prompt.size() - 1));
-  if (static_cast<std::int64_t>(std::max(held_length, prompt.size())) > same_kv_up_to_) reuse = 0;
-  if (seq.job->request.prompt_logprobs) reuse = 0;  // every prompt row's logits are wanted
-  reuse = seq.state->kv.rewind(reuse);  // sliding-window layers may have dropped rows the reused prefix needs
+  // Sliding-window layers may have dropped rows the reused prefix needs.
+  auto reuse = seq.state->kv.rewind(reusable(held_length));
   const auto shared = static_cast<std::int64_t>(prompt.size()) - 1;
   if (sibling != nullptr && reuse < shared && static_cast<std::int64_t>(prompt.size()) <= same_kv_up_to_ &&
       seq.state->kv.copy_prefix_from(sibling->state->kv, shared)) {
     reuse = shared;  // the sibling ran the same prompt: its rows are this choice's
   }
-  seq.state->n_past = reuse;
-  seq.prompt_done = static_cast<std::size_t>(reuse);
-  seq.cached = reuse;
-  std::lock_guard lock(mu_);
-  stats_.cached_prompt_tokens += static_cast<std::uint64_t>(reuse);
+  start_at(reuse);
 }
 
 void Scheduler::release_state(Sequence& seq) {
