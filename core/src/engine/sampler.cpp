@@ -87,19 +87,19 @@ std::int32_t Sampler::sample(std::span<const float> logits, std::span<const std:
   if (penalties && o.penalty_last_n != 0 && !history.empty()) {
     std::size_t window =
         o.penalty_last_n < 0 ? history.size() : std::min(history.size(), static_cast<std::size_t>(o.penalty_last_n));
-    // Per token: occurrences in the window, and of those the ones presence and frequency count.
-    std::unordered_map<std::int32_t, std::pair<int, int>> counts;
+    // Every token in the window has an entry (the repetition penalty's); its count is of the occurrences presence
+    // and frequency see.
+    std::unordered_map<std::int32_t, int> counts;
     const std::size_t additive_from = o.penalize_prompt ? 0 : std::min(prompt_size, history.size());
     for (std::size_t i = history.size() - window; i < history.size(); ++i) {
-      auto& [seen, counted] = counts[history[i]];
-      ++seen;
-      if (i >= additive_from) ++counted;
+      int& count = counts[history[i]];
+      if (i >= additive_from) ++count;
     }
     for (const auto& [id, count] : counts) {
       if (id < 0 || id >= n) continue;
       float& l = work_[static_cast<std::size_t>(id)];
       if (o.repetition_penalty != 1.0f) l = l > 0 ? l / o.repetition_penalty : l * o.repetition_penalty;
-      if (count.second > 0) l -= static_cast<float>(count.second) * o.frequency_penalty + o.presence_penalty;
+      if (count > 0) l -= static_cast<float>(count) * o.frequency_penalty + o.presence_penalty;
     }
   }
   if (o.temperature <= 0.0f) {
