@@ -30,8 +30,6 @@ using namespace colibri::sdk;
 
 inline constexpr std::size_t kDirectAlignment = 4096;
 
-// The OS's words, and for the errors a user fixes outside colibri, where (shared with the core).
-using sdk::os_error_text;
 inline bool transient(int err) {
   return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM;
 }

@@ -341,7 +341,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
       const int ret = io_uring_register_buffers_update_tag(&ring_, static_cast<unsigned>(it->index), &empty, &tag, 1);
       if (ret < 0) {
         // The entry stays registered (harmless: no read lands there once the caller frees it) and stays used.
-        host_.warn("io_uring could not unregister a buffer: " + sc::os_error_text(-ret));
+        host_.warn("io_uring could not unregister a buffer: " + os_error_text(-ret));
         regions_.erase(it);
         return;
       }
@@ -362,7 +362,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     const int ret = io_uring_queue_init(depth_, &ring_, 0);
     if (ret < 0) {
       return Status(StatusCode::unsupported, "io_uring_queue_init(" + std::to_string(depth_) +
-                                                 ") failed: " + sc::os_error_text(-ret) +
+                                                 ") failed: " + os_error_text(-ret) +
                                                  " (kernel.io_uring_disabled, a seccomp filter or an old kernel); "
                                                  "use storage.plugin: pread");
     }
@@ -390,8 +390,9 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     if (!sparse_error_.is_ok()) return sparse_error_;
     const int ret = io_uring_register_buffers_sparse(&ring_, kBufferTableEntries);
     if (ret < 0) {
-      sparse_error_ = Status(StatusCode::unsupported, "io_uring refused a sparse registered-buffer table: " +
-                                                          sc::os_error_text(-ret) + " (needs Linux 5.19+)");
+      sparse_error_ =
+          Status(StatusCode::unsupported,
+                 "io_uring refused a sparse registered-buffer table: " + os_error_text(-ret) + " (needs Linux 5.19+)");
       return sparse_error_;
     }
     table_ = Table::sparse;
@@ -438,7 +439,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
 
   Status refused(int ret, std::size_t buffers) const {
     return Status(ret == -ENOMEM ? StatusCode::out_of_memory : StatusCode::unsupported,
-                  "io_uring refused to register " + std::to_string(buffers) + " buffer(s): " + sc::os_error_text(-ret) +
+                  "io_uring refused to register " + std::to_string(buffers) + " buffer(s): " + os_error_text(-ret) +
                       (ret == -ENOMEM ? " (locked-memory limit: raise `ulimit -l` or grant CAP_IPC_LOCK)" : "") +
                       "; reads continue without registered buffers");
   }
@@ -491,7 +492,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
     for (int attempt = 0; attempt < 1000; ++attempt) {
       const int ret = io_uring_submit(&ring_);
       if (ret >= 0 || (ret != -EINTR && ret != -EAGAIN && ret != -EBUSY)) {
-        if (ret < 0) host_.error("io_uring_submit failed: " + sc::os_error_text(-ret));
+        if (ret < 0) host_.error("io_uring_submit failed: " + os_error_text(-ret));
         return;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));  // kernel short of memory: retry
@@ -518,7 +519,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
       const int ret = io_uring_wait_cqe(&ring_, &cqe);
       if (ret == -EINTR) continue;
       if (ret < 0) {
-        host_.error("io_uring_wait_cqe failed: " + sc::os_error_text(-ret));
+        host_.error("io_uring_wait_cqe failed: " + os_error_text(-ret));
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
@@ -549,7 +550,7 @@ class UringStorage final : public StorageBase, public RegisteredBuffers, public 
         host_.counter_add("read_errors_total", 1);
         r.status = Status(StatusCode::io_error,
                           "reading " + std::to_string(r.length) + " bytes at offset " + std::to_string(r.offset) +
-                              " of " + f.path() + ": " + sc::os_error_text(err),
+                              " of " + f.path() + ": " + os_error_text(err),
                           sc::transient(err));
       }
     } else if (res == 0) {
@@ -633,9 +634,9 @@ Score score(const HostInfo& host) noexcept {
   if (err == ENOSYS) return {0, "this kernel has no io_uring (" + host.kernel_release + "); use pread"};
   if (err == EPERM || err == EACCES) {
     return {0, "io_uring is disabled here (kernel.io_uring_disabled or a seccomp filter refused io_uring_setup: " +
-                   sc::os_error_text(err) + "); use pread"};
+                   os_error_text(err) + "); use pread"};
   }
-  return {0, "io_uring_setup failed: " + sc::os_error_text(err) + "; use pread"};
+  return {0, "io_uring_setup failed: " + os_error_text(err) + "; use pread"};
 }
 
 const OptionSpec kOptions[] = {

@@ -49,7 +49,7 @@ class MmapFile final : public StorageFile {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
       const int err = errno;
-      return Status(StatusCode::io_error, "fstat " + path_ + ": " + sc::os_error_text(err), sc::transient(err));
+      return Status(StatusCode::io_error, "fstat " + path_ + ": " + os_error_text(err), sc::transient(err));
     }
     const auto now = static_cast<std::uint64_t>(st.st_size);
     if (offset > now || length > now - offset) {
@@ -129,7 +129,7 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
     if (fd < 0) {
       const int err = errno;
       return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
-                    "cannot open " + path + ": " + sc::os_error_text(err), sc::transient(err));
+                    "cannot open " + path + ": " + os_error_text(err), sc::transient(err));
     }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -144,7 +144,7 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
         const int err = errno;
         ::close(fd);
         return Status(StatusCode::io_error,
-                      "cannot map " + path + " (" + std::to_string(size) + " bytes): " + sc::os_error_text(err),
+                      "cannot map " + path + " (" + std::to_string(size) + " bytes): " + os_error_text(err),
                       sc::transient(err));
       }
       if (advice_ != MADV_NORMAL) ::madvise(addr, size, advice_);  // a hint: failure changes nothing
