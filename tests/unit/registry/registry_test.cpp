@@ -18,6 +18,26 @@
 
 namespace {
 
+// Sends spdlog's default logger into a string until restore() or destruction, for tests of what is logged.
+class CapturedLog {
+ public:
+  CapturedLog() : previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)));
+  }
+  ~CapturedLog() { restore(); }
+  CapturedLog(const CapturedLog&) = delete;
+  CapturedLog& operator=(const CapturedLog&) = delete;
+  void restore() {
+    if (previous_) spdlog::set_default_logger(std::move(previous_));
+  }
+  [[nodiscard]] std::string str() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
 namespace fs = std::filesystem;
 using colibri::registry::PluginRegistry;
 using colibri::registry::SearchDir;
@@ -156,12 +176,9 @@ TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::create_symlink(fixture_dir("good") / "libcolibri-storage-fixture-good.so", dir / "libcolibri-cache-fast.so");
-  std::ostringstream log;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("name-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  CapturedLog log;
   auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
-  spdlog::set_default_logger(previous);
+  log.restore();
   EXPECT_EQ(reg.plugins().size(), 1u);  // it still loads
   EXPECT_THAT(log.str(), HasSubstr("libcolibri-cache-fast.so holds storage plugin 'fixture-good'; name the file "
                                    "libcolibri-storage-fixture-good.so"));
@@ -179,13 +196,9 @@ TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
   const auto* p = reg.find(PluginKind::storage, "fixture-dup");
   ASSERT_NE(p, nullptr);
   EXPECT_THAT(p->shadows.string(), HasSubstr("dup_second"));
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  auto logger = std::make_shared<spdlog::logger>("shadow-test", sink);
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
+  CapturedLog log;
   auto selected = reg.select(PluginKind::storage, "fixture-dup");
-  spdlog::set_default_logger(previous);
+  log.restore();
   ASSERT_TRUE(selected);
   EXPECT_THAT(log.str(), HasSubstr("which replaces colibri's own"));
 }
@@ -329,15 +342,11 @@ TEST(Registry, ObjectsKeepWorkingAfterTheRegistryIsGone) {
 }
 
 TEST(Registry, PluginLogsAndMetricsCarryItsName) {
-  std::ostringstream captured;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
-  auto logger = std::make_shared<spdlog::logger>("capture", sink);
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
+  CapturedLog captured;
   spdlog::set_level(spdlog::level::info);
   auto reg = scan({"good"});
   auto obj = reg.create(reg.plugins().front(), {});
-  spdlog::set_default_logger(previous);
+  captured.restore();
   ASSERT_TRUE(obj);
   EXPECT_THAT(captured.str(), HasSubstr("[storage/fixture-good] hello from fixture-good"));
   EXPECT_GE(colibri::util::Metrics::global().get("storage_fixture_good_created_total"), 1.0);
@@ -386,16 +395,13 @@ TEST(Registry, SearchPathOrder) {
 TEST(Registry, OnlyAnAbsentDirectoryTheUserNamedIsWarnedAbout) {
   const fs::path absent = fs::temp_directory_path() / "colibri-absent-plugin-dir";
   fs::remove_all(absent);
-  std::ostringstream log;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("absent-dir-test", sink));
+  CapturedLog log;
   PluginRegistry::scan({{absent / "colibri", "install dir", SearchDirKind::colibri},
                         {absent / "local", "local plugins", SearchDirKind::third_party}},
                        colibri::util::host_info());
   const std::string silent = log.str();
   PluginRegistry::scan({{absent / "mine", "COLIBRI_PLUGIN_PATH", SearchDirKind::user}}, colibri::util::host_info());
-  spdlog::set_default_logger(previous);
+  log.restore();
   EXPECT_EQ(silent, "");
   EXPECT_THAT(log.str(), HasSubstr((absent / "mine").string() + " (from COLIBRI_PLUGIN_PATH) does not exist"));
 }
