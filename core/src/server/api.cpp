@@ -64,6 +64,22 @@ ApiError internal_error(std::string message) {
   return ApiError{500, std::move(message), "server_error", "", ""};
 }
 
+std::string without_model_dir(std::string message, const std::filesystem::path& model_dir) {
+  std::error_code ec;
+  std::vector<std::string> forms;  // absolute ones only: a relative directory tells the client nothing of the server
+  if (const auto abs = std::filesystem::absolute(model_dir, ec); !ec) forms.push_back(abs.lexically_normal().string());
+  if (const auto real = std::filesystem::canonical(model_dir, ec); !ec) forms.push_back(real.string());
+  std::sort(forms.begin(), forms.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  for (auto form : forms) {
+    while (!form.empty() && form.back() == '/') form.pop_back();
+    if (form.empty()) continue;
+    form += '/';
+    for (auto at = message.find(form); at != std::string::npos; at = message.find(form, at))
+      message.erase(at, form.size());
+  }
+  return message;
+}
+
 ApiError unavailable(std::string message) {
   return ApiError{503, std::move(message), "server_error", "", "server_shutting_down"};
 }

@@ -1921,6 +1921,38 @@ class Concurrency(unittest.TestCase):
         with open(s.log.name) as f:
             self.assertIn("usage-bad.json", f.read())
 
+    def test_a_storage_failure_is_a_500_without_the_servers_paths_and_serving_goes_on(self):
+        # Expert files that go bad under a running server (a disk error, a copy over them): the request gets an
+        # OpenAI-shaped 500 naming the file within the model, not where the model lives on the server's disk; the
+        # server keeps serving once the files are good again.
+        model = os.path.join(WORK, "tiny-storage-failure")
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(MODEL, model)
+        s = Server("--model", model, "--expert-cache-size", "2M")  # about one expert: each token reads from disk
+        try:
+            body = {"model": "tiny-storage-failure", "prompt": "The wing", "max_tokens": 4, "temperature": 0}
+            status, good = s.json("POST", "/v1/completions", body)
+            self.assertEqual(status, 200, good)
+            for layer in sorted(os.listdir(os.path.join(model, "experts"))):
+                for name in os.listdir(os.path.join(model, "experts", layer)):
+                    os.truncate(os.path.join(model, "experts", layer, name), 100)
+            status, bad = s.json("POST", "/v1/completions", body)
+            assert_error(self, status, bad, 500)
+            message = bad["error"]["message"]
+            self.assertIn("experts/L0", message)
+            self.assertNotIn(WORK, message)
+            self.assertNotIn(os.path.realpath(WORK), message)
+            for layer in sorted(os.listdir(os.path.join(model, "experts"))):  # in place: open files see it
+                for name in os.listdir(os.path.join(model, "experts", layer)):
+                    shutil.copyfile(os.path.join(MODEL, "experts", layer, name),
+                                    os.path.join(model, "experts", layer, name))
+            status, again = s.json("POST", "/v1/completions", body)
+            self.assertEqual((status, again["choices"][0]["text"]), (200, good["choices"][0]["text"]))
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertIn(os.path.join(model, "experts", "L0"), f.read())  # the operator's log keeps the whole path
+
     def test_api_key(self):
         s = Server("--api-key", "sekrit")
         try:

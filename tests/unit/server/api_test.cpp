@@ -2,8 +2,10 @@
 #include "colibri/server/api.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -719,6 +721,22 @@ TEST(ServerMetrics, PrometheusText) {
         "# TYPE colibri_io_stall_seconds_total counter\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }
+}
+
+TEST(ServerApi, ClientMessagesLeaveOutTheModelDirectoryInEveryForm) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("colibri api test " + std::to_string(::getpid()));
+  fs::create_directories(root / "models" / "tiny");
+  fs::create_symlink(root / "models" / "tiny", root / "link");
+  const std::string real = (root / "models" / "tiny").string();
+  const std::string message = "reading " + real + "/experts/L000/E000.bin and " + (root / "link").string() +
+                              "/shared.bin; " + real + "-other/x stays";
+  const std::string want = "reading experts/L000/E000.bin and shared.bin; " + real + "-other/x stays";
+  EXPECT_EQ(without_model_dir(message, root / "link"), want);
+  EXPECT_EQ(without_model_dir(real + "/shared.bin", root / "models" / "tiny" / ""), "shared.bin");
+  EXPECT_EQ(without_model_dir("nothing to remove", root / "link"), "nothing to remove");
+  EXPECT_EQ(without_model_dir("/a/b", "/"), "/a/b");  // a model at the root keeps every path whole
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -37,6 +38,9 @@ ApiError too_large(std::uint64_t limit_bytes);
 // 429: the queue (queue_limit waiting jobs) has no room for a request of `choices` jobs (its n).
 ApiError busy(std::size_t queue_limit, int choices = 1);
 ApiError internal_error(std::string message);
+// `message` with the model directory's path taken out of file names (experts/L000/E000.bin stays): the server log
+// keeps where the model lives on the server's disk; a client is told which file, not the server's layout.
+std::string without_model_dir(std::string message, const std::filesystem::path& model_dir);
 ApiError unavailable(std::string message);
 
 enum class Endpoint { chat, completions };
