@@ -18,6 +18,7 @@
 #include "colibri/sdk/version.hpp"
 #include "colibri/server/server.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/host_info.hpp"
 #include "colibri/util/log.hpp"
 
 namespace {
@@ -102,6 +103,15 @@ int serve(Flags& f) {
   if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
   so.separate_reasoning = f.reasoning_format == "separate";
   so.max_connections = std::max<std::size_t>(1, f.max_connections);
+  // Each connection holds a descriptor, and so does each expert read in flight: beyond the limit, accepts wait and
+  // expert reads fail (503). Said now, not found under load.
+  constexpr std::uint64_t kEngineDescriptors = 64;
+  if (const auto limit = util::raise_open_file_limit(); so.max_connections + kEngineDescriptors > limit) {
+    spdlog::warn(
+        "--max-connections {} with an open-file limit of {} (ulimit -n; LimitNOFILE= in a systemd unit): "
+        "keep the connections about {} below the limit, or raise it",
+        so.max_connections, limit, kEngineDescriptors);
+  }
   so.io_threads = f.io_threads;
   so.scheduler.max_queue = f.max_queue;
   so.scheduler.max_batch = f.max_batch;

@@ -178,9 +178,11 @@ std::array<std::int64_t, 4> ExpertManager::manifest_identity() const {
 
 Status ExpertManager::explain_replaced(Status s) const {
   if (s || manifest_identity() == manifest_identity_) return s;
-  return Status(s.code(), s.message() + " (the model at " + dir_.string() +
-                              " was replaced on disk after it was loaded, by convert --force or a copy: restart to "
-                              "load the new one)");
+  return Status(s.code(),
+                s.message() + " (the model at " + dir_.string() +
+                    " was replaced on disk after it was loaded, by convert --force or a copy: restart to "
+                    "load the new one)",
+                s.retryable());
 }
 
 Status ExpertManager::load(const model::ExpertEntry& e, Slot& slot) {
@@ -204,7 +206,8 @@ Status ExpertManager::load_from_disk(const model::ExpertEntry& e, Slot& slot) {
     const bool missing =
         file.error().code() == StatusCode::not_found || file.error().code() == StatusCode::corrupt_data;
     return Status(file.error().code(),
-                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + (missing ? fix : ""));
+                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + (missing ? fix : ""),
+                  file.error().retryable());
   }
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
   // An error the storage marks retryable (a timeout, a transient device error) is tried again before it ends the run.
@@ -216,8 +219,10 @@ Status ExpertManager::load_from_disk(const model::ExpertEntry& e, Slot& slot) {
   }
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!s && s.retryable()) {
-    return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + " (failed " +
-                                std::to_string(attempts) + " times; check the disk: dmesg, smartctl)");
+    return Status(s.code(),
+                  "reading expert " + where + " (" + e.file + "): " + s.message() + " (failed " +
+                      std::to_string(attempts) + " times; check the disk: dmesg, smartctl)",
+                  true);
   }
   if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
   stats_.bytes_read += e.size;

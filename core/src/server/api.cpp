@@ -80,6 +80,10 @@ std::string without_model_dir(std::string message, const std::filesystem::path& 
   return message;
 }
 
+ApiError unavailable_for_now(std::string message) {
+  return ApiError{503, std::move(message), "server_error", "", "temporarily_unavailable"};
+}
+
 ApiError unavailable(std::string message) {
   return ApiError{503, std::move(message), "server_error", "", "server_shutting_down"};
 }

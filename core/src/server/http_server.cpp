@@ -63,6 +63,7 @@ struct Server::Impl {
 
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
+  std::atomic<bool> out_of_descriptors{false};  // accept() is waiting for descriptors (warned once)
   net::signal_set signals{ioc};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::thread drainer;
@@ -1187,8 +1188,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond_error(const ApiError& e, bool close) {
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(e.status), 11);
     if (e.status == 401) res->set(http::field::www_authenticate, "Bearer");
-    // Busy (a full queue, every connection taken): come back soon. Shutting down is not busy.
-    if (e.status == 429 || e.code == "too_many_connections") res->set(http::field::retry_after, "1");
+    // Busy (a full queue, every connection taken, out of descriptors): come back soon. Shutting down is not busy.
+    if (e.status == 429 || e.code == "too_many_connections" || e.code == "temporarily_unavailable")
+      res->set(http::field::retry_after, "1");
     if (e.status == 405 && !allow_.empty()) res->set(http::field::allow, allow_);
     send(res, e.status, e.body(), "application/json", close);
   }
@@ -1328,15 +1330,21 @@ void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-      spdlog::warn("accept failed: {}", ec.message());
       if (ec == net::error::no_descriptors) {
-        // Out of file descriptors: wait a moment instead of spinning.
+        // Out of file descriptors: said once per shortage, not ten times a second; wait a moment instead of spinning.
+        if (!out_of_descriptors.exchange(true)) {
+          spdlog::warn(
+              "out of file descriptors (ulimit -n): new connections wait until others close; raise the "
+              "limit (LimitNOFILE= in a systemd unit) or lower --max-connections");
+        }
         auto t = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(100));
         t->async_wait([this, t](beast::error_code) { accept(); });
         return;
       }
+      spdlog::warn("accept failed: {}", ec.message());
       return accept();
     }
+    if (out_of_descriptors.exchange(false)) spdlog::info("accepting connections again");
     std::size_t live;
     std::vector<std::shared_ptr<Session>> reclaim;
     {

@@ -388,9 +388,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   if (!items.empty()) {
     auto failed = [&](std::size_t i, const sdk::Status& s) {
       spdlog::error("generation failed: {}", s.message());
+      const std::string message = without_model_dir(s.message(), engine_.model_dir());
       fail(*members[i],
-           internal_error("The model failed to run: " + without_model_dir(s.message(), engine_.model_dir()) +
-                          " (the server log has the whole message)"));  // marks it done
+           s.retryable() ? unavailable_for_now("The server is short of a resource for now: " + message + "; try again")
+                         : internal_error("The model failed to run: " + message +
+                                          " (the server log has the whole message)"));  // marks it done
       tokens_run -= items[i].tokens.size();
       if (!members[i]->prefilled) prompt_run -= items[i].tokens.size();
     };

@@ -1,12 +1,14 @@
 #include "colibri/util/host_info.hpp"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -127,6 +129,17 @@ std::uint64_t available_memory_bytes() {
 
 std::uint64_t auto_expert_cache_bytes() {
   return available_memory_bytes() / 10 * 8;
+}
+
+std::uint64_t raise_open_file_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 0;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+  }
+  return lim.rlim_cur == RLIM_INFINITY ? std::numeric_limits<std::uint64_t>::max() : lim.rlim_cur;
 }
 
 }  // namespace colibri::util

@@ -30,8 +30,10 @@ using namespace colibri::sdk;
 
 inline constexpr std::size_t kDirectAlignment = 4096;
 
+// Errors the same call may get past later: EMFILE/ENFILE too, since descriptors come back as connections and other
+// reads close theirs.
 inline bool transient(int err) {
-  return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM;
+  return err == EINTR || err == EAGAIN || err == ETIMEDOUT || err == ENOMEM || err == EMFILE || err == ENFILE;
 }
 
 inline bool direct_compatible(std::uint64_t offset, std::size_t length, const void* buffer) {

@@ -21,6 +21,7 @@ import ctypes
 import http.client
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -73,14 +74,15 @@ def die_with_parent():
 class Server:
     """A colibri-server process on a free port."""
 
-    def __init__(self, *extra):
+    def __init__(self, *extra, preexec=None):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
         defaults = [] if "--model" in extra else ["--model", MODEL]
         defaults += [] if "--chat-template" in extra else ["--chat-template", "chatml"]
         defaults += [] if "--ctx" in extra else ["--ctx", "512"]
         self.proc = subprocess.Popen([SERVER, "--port", "0", "--log-level", "warn"] + defaults +
                                      BACKEND_ARGS + list(extra),
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=die_with_parent)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     preexec_fn=lambda: (die_with_parent(), preexec and preexec()))
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
             self.proc.kill()
@@ -1952,6 +1954,52 @@ class Concurrency(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
         with open(s.log.name) as f:
             self.assertIn(os.path.join(model, "experts", "L0"), f.read())  # the operator's log keeps the whole path
+
+    def test_out_of_descriptors_is_a_503_to_retry(self):
+        # Connections take every descriptor the server may have (a hard limit it cannot raise): a request whose
+        # expert reads cannot open a file gets 503 with Retry-After (it may pass later), not a 500; once the
+        # connections close it passes. The server raises a soft limit to the hard one, so this one is hard.
+        limit = 40
+        s = Server("--expert-cache-size", "2M", "--max-connections", "1000",
+                   preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)))
+        held = []
+        try:
+            body = {"model": "tiny", "prompt": "The wing", "max_tokens": 4, "temperature": 0}
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+
+            def ask():
+                conn.request("POST", "/v1/completions", body=json.dumps(body),
+                             headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                return r.status, json.loads(r.read()), r.getheader("Retry-After")
+
+            status, good, _ = ask()
+            self.assertEqual(status, 200, good)
+            fds = f"/proc/{s.proc.pid}/fd"
+            deadline = time.time() + 30
+            while len(os.listdir(fds)) < limit and time.time() < deadline:
+                held.append(socket.create_connection(("127.0.0.1", s.port)))
+                time.sleep(0.02)
+            self.assertEqual(len(os.listdir(fds)), limit)
+            status, busy, retry_after = ask()
+            assert_error(self, status, busy, 503, code="temporarily_unavailable")
+            self.assertEqual(retry_after, "1")
+            self.assertIn("Too many open files", busy["error"]["message"])
+            for c in held:
+                c.close()
+            held.clear()
+            deadline = time.time() + 30
+            while len(os.listdir(fds)) >= limit - 5 and time.time() < deadline:
+                time.sleep(0.05)
+            status, again, _ = ask()
+            self.assertEqual((status, again["choices"][0]["text"]), (200, good["choices"][0]["text"]))
+            conn.close()
+        finally:
+            for c in held:
+                c.close()
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertEqual(f.read().count("out of file descriptors"), 1)  # said once, not at every retry
 
     def test_api_key(self):
         s = Server("--api-key", "sekrit")

@@ -42,6 +42,8 @@ ApiError internal_error(std::string message);
 // keeps where the model lives on the server's disk; a client is told which file, not the server's layout.
 std::string without_model_dir(std::string message, const std::filesystem::path& model_dir);
 ApiError unavailable(std::string message);
+// 503 with Retry-After: a transient shortage (descriptors, a storage timeout) failed this request; it may pass later.
+ApiError unavailable_for_now(std::string message);
 
 enum class Endpoint { chat, completions };
 

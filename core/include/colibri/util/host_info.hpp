@@ -19,4 +19,8 @@ std::uint64_t available_memory_bytes();
 // experts); the shared weights and the KV cache, which fills as the context does, come out of the rest.
 std::uint64_t auto_expert_cache_bytes();
 
+// Raises this process's soft open-file limit (ulimit -n) to its hard limit, as servers do (systemd starts services
+// at 1024 soft): connections and expert reads each hold a descriptor. Returns the soft limit now in force.
+std::uint64_t raise_open_file_limit();
+
 }  // namespace colibri::util

@@ -42,6 +42,7 @@ TEST(PreadStorage, TheOpenFileLimitIsNamedWithItsFix) {
   std::filesystem::remove(file);
   ASSERT_FALSE(f);
   EXPECT_NE(f.error().message().find("ulimit -n"), std::string::npos) << f.error().message();
+  EXPECT_TRUE(f.error().retryable()) << "descriptors come back: the server answers 503 to retry, not 500";
 }
 
 // Threads the OS cannot give (the address-space limit) make create() fail with a message; the threads already
