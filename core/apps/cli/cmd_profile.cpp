@@ -61,8 +61,13 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   }
   // The forward chunk is a run's --batch; the default here.
   const auto windows = engine::kv_windows(man->hparams, engine::EngineOptions{}.ubatch, *sliding);
-  auto plan = engine::plan_memory(*man, expert_cache, int_of("memory.vram_budget"), o.ctx, int_of("memory.kv_cache"),
-                                  *kv_type, util::available_memory_bytes(), windows);
+  // The CPU backend has no device memory: the engine ignores a VRAM budget there (with a warning), and so does the
+  // plan. Another backend's device is known only once loaded (an integrated GPU shares host RAM): planned as a GPU.
+  const std::string backend = prof.get_string("compute.backend");
+  const bool no_device_memory = backend == "cpu";
+  const std::uint64_t vram_budget = no_device_memory ? 0 : int_of("memory.vram_budget");
+  auto plan = engine::plan_memory(*man, expert_cache, vram_budget, o.ctx, int_of("memory.kv_cache"), *kv_type,
+                                  util::available_memory_bytes(), windows);
   if (!plan) {
     fail(plan.error().message());
     return std::nullopt;
@@ -86,7 +91,9 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
                    {"kv_bytes", p.kv_bytes},
                    {"kv_sliding_layers", p.kv_sliding_layers},
                    {"kv_sliding_positions", p.kv_sliding_rows},
-                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes}};
+                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes},
+                   {"compute_backend", backend},
+                   {"vram_budget_ignored_bytes", no_device_memory ? int_of("memory.vram_budget") : 0}};
   return j;
 }
 
@@ -107,10 +114,14 @@ void print_plan(const nlohmann::json& j) {
               << (experts > 0 ? 100 * slots / experts : 0) << "% of the experts) in memory.expert_cache ("
               << sz("expert_cache_bytes") << "); the rest is read from disk as routed\n";
   }
+  const auto backend = j["compute_backend"].get<std::string>();
   if (j["vram_slots"].get<std::uint64_t>() > 0) {
     std::cout << "  VRAM tier       " << sz("vram_expert_bytes") << ": " << j["vram_slots"] << " slots of "
-              << sz("slot_bytes") << " in memory.vram_budget (" << sz("vram_budget_bytes")
-              << "), on a backend with device memory\n";
+              << sz("slot_bytes") << " in memory.vram_budget (" << sz("vram_budget_bytes") << "), if compute backend "
+              << backend << "'s device has memory of its own (an integrated GPU shares host RAM: no tier)\n";
+  } else if (j["vram_budget_ignored_bytes"].get<std::uint64_t>() > 0) {
+    std::cout << "  VRAM tier       none (memory.vram_budget " << sz("vram_budget_ignored_bytes")
+              << " ignored: compute backend " << backend << " has no device memory)\n";
   } else {
     std::cout << "  VRAM tier       none (memory.vram_budget 0)\n";
   }
@@ -122,8 +133,8 @@ void print_plan(const nlohmann::json& j) {
   }
   std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
             << " (memory.kv_on_device)\n"
-            << "  host RAM        at most " << sz("host_bytes_at_most")
-            << " (shared + RAM tier + KV cache) on the CPU backend\n";
+            << "  host RAM        at most " << sz("host_bytes_at_most") << " (shared + RAM tier + KV cache)"
+            << (backend == "cpu" ? "" : "; less where a discrete GPU holds the shared weights and KV cache") << "\n";
 }
 
 // What an `auto` resolves to on this machine, shown beside it.

@@ -613,7 +613,9 @@ class MemoryPlan(unittest.TestCase):
         hp = man["hparams"]
         slot = max((e["size"] + 4095) // 4096 * 4096 for e in man["experts"])
         flags = ["--expert-cache-size", str(2 * slot), "--vram-budget", str(3 * slot)]
-        plan = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)["memory_plan"]
+        gpu = ["--set", "compute.backend=vulkan"]  # planned as a device with memory of its own; nothing loads it
+        plan = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags, *gpu).stdout)[
+            "memory_plan"]
         self.assertEqual(plan["shared_bytes"], sum(t["size"] for t in man["tensors"]))
         self.assertEqual(plan["expert_bytes"], sum(e["size"] for e in man["experts"]))
         self.assertEqual((plan["mode"], plan["slot_bytes"], plan["ram_slots"], plan["ram_expert_bytes"]),
@@ -622,6 +624,14 @@ class MemoryPlan(unittest.TestCase):
         kv = 64 * 2 * hp["num_layers"] * hp["num_kv_heads"] * hp["head_dim"] * 2  # K and V, f16
         self.assertEqual((plan["context"], plan["kv_bytes"]), (64, kv))
         self.assertEqual(plan["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + kv)
+        # The cpu backend has no device memory: a run ignores the VRAM budget (warned), and the plan says so.
+        on_cpu = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)[
+            "memory_plan"]
+        self.assertEqual((on_cpu["vram_slots"], on_cpu["vram_budget_ignored_bytes"]), (0, 3 * slot))
+        self.assertIn("ignored: compute backend cpu has no device memory",
+                      cli("profile", "show", "--model", m, "--vram-budget", "1K").stdout)
+        run = cli("run", "-m", m, "-p", "hi", "-n", "1", "--vram-budget", "1K")
+        self.assertIn("memory.vram_budget (1K) ignored: compute backend cpu has no device memory", run.stderr)
         bench = json.loads(cli("bench", "-m", m, "--ctx", "64", "--prompt-tokens", "4", "--gen-tokens", "2", "--json",
                                *flags).stdout)
         self.assertEqual((bench["mode"], bench["context"], bench["buffers_mapped"]),
@@ -635,7 +645,7 @@ class MemoryPlan(unittest.TestCase):
 
     def test_bad_plans_are_the_engines_errors(self):
         m = model()
-        p = cli("profile", "show", "--model", m, "--vram-budget", "1K", check=False)
+        p = cli("profile", "show", "--model", m, "--vram-budget", "1K", "--set", "compute.backend=vulkan", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("memory.vram_budget", p.stderr)
         p = cli("profile", "show", "--model", m, "--ctx", "100000000", check=False)
