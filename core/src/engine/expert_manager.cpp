@@ -178,10 +178,12 @@ std::array<std::int64_t, 4> ExpertManager::manifest_identity() const {
 
 Status ExpertManager::explain_replaced(Status s) const {
   if (s || manifest_identity() == manifest_identity_) return s;
+  // The cause first: the read's own advice (inspect --verify, re-convert) would send the user after a damage that
+  // is not there.
   return Status(s.code(),
-                s.message() + " (the model at " + dir_.string() +
-                    " was replaced on disk after it was loaded, by convert --force or a copy: restart to "
-                    "load the new one)",
+                "this model was replaced on disk after it was loaded (by convert --force or a copy): restart to load "
+                "the new one; the read found: " +
+                    s.message(),
                 s.retryable());
 }
 
