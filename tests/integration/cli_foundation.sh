@@ -73,6 +73,9 @@ check "environment beats profile" "environment COLIBRI_PREFETCH_LAYERS" "$out"
 
 out=$("$cli" profile show --profile nvme-raid 2>&1)
 check "extends chain is shown" "extends " "$out"
+out=$("$cli" profile list 2>&1); rc=$?
+expect_rc "profile list succeeds" 0 $rc
+check "profile list shows each profile's description" "experts striped over several NVMe drives" "$out"
 
 out=$(COLIBRI_PLUGIN_PATH="$fixtures/wrong_abi" "$cli" plugins list 2>&1); rc=$?
 expect_rc "plugins list with a broken plugin still succeeds" 0 $rc

@@ -242,10 +242,12 @@ int list(const GlobalOptions&, bool json) {
     if (json) {
       out.push_back({{"name", name},
                      {"path", path.string()},
+                     {"description", loaded ? loaded->description() : ""},
                      {"problem", problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(problem)}});
       continue;
     }
     std::cout << std::left << std::setw(20) << name << path.string() << "\n";
+    if (loaded && !loaded->description().empty()) std::cout << std::setw(20) << "" << loaded->description() << "\n";
     if (!problem.empty())
       std::cout << std::setw(20) << ""
                 << "invalid: " << problem << "\n";
@@ -274,7 +276,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* list_cmd = prof->add_subcommand(
       "list", "Profiles found in the profile directories (.yaml, .yml), each read to say whether it is valid");
   auto list_json = std::make_shared<bool>(false);
-  list_cmd->add_flag("--json", *list_json, "Machine-readable output: name, path, problem (null when valid)");
+  list_cmd->add_flag("--json", *list_json,
+                     "Machine-readable output: name, path, description, problem (null when valid)");
   list_cmd->callback([&global, list_json] { global.exit_code = list(global, *list_json); });
 }
 

@@ -149,6 +149,7 @@ struct FileLayer {
   fs::path file;
   std::string name;
   std::string extends;
+  std::string description;
   std::vector<RawValue> values;
 };
 
@@ -277,7 +278,7 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
     }
     if (top == "extends" || top == "description") {
       if (!val.IsScalar()) return Status(StatusCode::invalid_argument, where + ": '" + top + "' takes a single value");
-      if (top == "extends") layer.extends = val.Scalar();
+      (top == "extends" ? layer.extends : layer.description) = val.Scalar();
       continue;
     }
     if (std::find(all_sections.begin(), all_sections.end(), top) == all_sections.end()) {
@@ -505,6 +506,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
         auto layer = parse_file(file);
         if (!layer) return layer.error();
         prof.files_.push_back(file);
+        if (prof.description_.empty()) prof.description_ = layer->description;  // the nearest file's says most
         const std::string parent = layer->extends;
         chain.push_back(std::move(*layer));
         if (parent.empty()) break;
@@ -565,8 +567,8 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
       if (!known) {
         const std::string near = sdk::closest_match(name, names);
         spdlog::warn(
-            "environment {} is not a colibri setting and is ignored{}; only the canonical keys are read "
-            "from the environment (a plugin's option: --set {}.KEY=VALUE)",
+            "environment {} names no canonical key and is ignored{}; only the canonical keys are read "
+            "from the environment (a plugin's own option goes in the profile or --set {}.KEY=VALUE)",
             name, near.empty() ? "" : " (did you mean " + near + "?)", section);
       }
     }

@@ -116,6 +116,16 @@ TEST_F(ProfileTest, ExtendsLayersBaseFirst) {
   EXPECT_EQ(p->files()[0].filename(), "derived.yaml");
 }
 
+TEST_F(ProfileTest, TheDescriptionIsTheNearestOneInTheExtendsChain) {
+  write("base.yaml", "description: the base\nstorage: {queue_depth: 8}\n");
+  write("plain.yaml", "extends: base\n");
+  write("own.yaml", "extends: base\ndescription: my laptop, 32 GB\n");
+  write("none.yaml", "storage: {queue_depth: 4}\n");
+  EXPECT_EQ(load("plain")->description(), "the base");
+  EXPECT_EQ(load("own")->description(), "my laptop, 32 GB");
+  EXPECT_EQ(load("none")->description(), "");
+}
+
 TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   write("a.yaml", "extends: b\n");
   write("b.yaml", "extends: a\n");
@@ -203,9 +213,9 @@ TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
   ASSERT_TRUE(p) << p.error().message();
   EXPECT_EQ(p->get_int("memory.vram_budget"), 2LL << 30);
   const std::string log = captured.str();
-  EXPECT_THAT(log, HasSubstr("environment COLIBRI_MEMORY_VRAM_BUGET is not a colibri setting and is ignored (did you "
+  EXPECT_THAT(log, HasSubstr("environment COLIBRI_MEMORY_VRAM_BUGET names no canonical key and is ignored (did you "
                              "mean COLIBRI_MEMORY_VRAM_BUDGET?)"));
-  EXPECT_THAT(log, HasSubstr("COLIBRI_CACHE_HALF_LIFE is not a colibri setting"));
+  EXPECT_THAT(log, HasSubstr("COLIBRI_CACHE_HALF_LIFE names no canonical key"));
   EXPECT_THAT(log, HasSubstr("--set cache.KEY=VALUE"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_PLUGIN_PATH"))) << "not a profile key, and not a typo of one";
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_SERVER_ARGS"))) << "the packaged service's own variable";

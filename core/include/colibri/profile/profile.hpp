@@ -87,11 +87,14 @@ class Profile {
 
   [[nodiscard]] const std::map<std::string, Entry, std::less<>>& entries() const { return entries_; }
   [[nodiscard]] const std::string& name() const { return name_; }
+  // The profile's `description:` (else the nearest one it extends that has one; "" for none).
+  [[nodiscard]] const std::string& description() const { return description_; }
   // The files read, the selected profile first, then what it extends.
   [[nodiscard]] const std::vector<std::filesystem::path>& files() const { return files_; }
 
  private:
   std::string name_;
+  std::string description_;
   std::vector<std::filesystem::path> files_;
   std::map<std::string, Entry, std::less<>> entries_;
 };
