@@ -156,13 +156,19 @@ inline std::string mib(std::uint64_t b) {
 // One line: mode, plugins, speeds, expert cache and I/O.
 inline std::string stats_line(const engine::Engine& e, double prefill_tps, double decode_tps) {
   const auto& st = e.experts().stats();
+  // No rate where nothing ran: one generated token comes out of the prefill, with no decode step to time.
+  const auto rate = [](double tps) {
+    char r[32];
+    if (tps > 0) std::snprintf(r, sizeof r, "%.1f tok/s", tps);
+    return tps > 0 ? std::string(r) : std::string("n/a");
+  };
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "[%s | backend %s | storage %s | cache %s | prefill %.1f tok/s | decode %.1f tok/s | expert hit rate "
+                "[%s | backend %s | storage %s | cache %s | prefill %s | decode %s | expert hit rate "
                 "%.1f%% | read %s | I/O stall %.3f s]",
                 e.mode().c_str(), e.plugins().compute_name.c_str(), e.plugins().storage_name.c_str(),
-                e.plugins().cache_name.c_str(), prefill_tps, decode_tps, 100.0 * st.hit_rate(),
-                mib(st.bytes_read).c_str(), st.stall_seconds);
+                e.plugins().cache_name.c_str(), rate(prefill_tps).c_str(), rate(decode_tps).c_str(),
+                100.0 * st.hit_rate(), mib(st.bytes_read).c_str(), st.stall_seconds);
   std::string line = buf;
   if (const auto* vram = e.experts().vram()) {
     std::snprintf(

@@ -98,6 +98,11 @@ class Run(unittest.TestCase):
         for word in ("resident", "backend cpu", "storage pread", "cache frequency", "prefill", "decode",
                      "expert hit rate", "read", "I/O stall", "12 generated"):
             self.assertIn(word, stats)
+        self.assertRegex(stats, r"\| decode [0-9.]+ tok/s \|")
+        # One token comes out of the prefill: no decode step ran, so no rate (it read 0.0 tok/s).
+        one = cli("run", "-m", model(), "-p", "Hello world", "-n", "1", "--ignore-eos").stderr.strip().splitlines()[-1]
+        self.assertIn("| decode n/a |", one)
+        self.assertRegex(one, r"\| prefill [0-9.]+ tok/s \|")
 
     def test_prompt_from_a_file_or_standard_input(self):
         a = cli("run", "-m", model(), "-p", "Hello world", "-n", "6", "--seed", "5", "--ignore-eos")
