@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "../common/cli_values.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/util/log.hpp"
 #include "command.hpp"
@@ -165,6 +166,8 @@ int main(int argc, char** argv) {
     }
   });
   cli::interrupt::install();
+  // "" is a value for a prompt, a system prompt and a text to tokenize; --stop says why "" stops nothing itself.
+  apps::refuse_silently_changed_values(app, {"--prompt", "--system", "--text", "--stop"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {

@@ -3,11 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../common/cli_values.hpp"
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
@@ -47,7 +49,7 @@ struct Flags {
   std::vector<std::string> sets;
   int port = -1;
   std::int64_t ctx = 0, ubatch = 512;
-  std::size_t max_queue = 64, max_connections = 256;
+  std::int64_t max_queue = 64, max_connections = 256;
   int max_batch = 8, io_threads = 2;
   std::uint32_t max_header = 16384;
   double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10;
@@ -83,6 +85,12 @@ int serve(Flags& f) {
   if (port < 0 || port > 65535) return fail("--port " + std::to_string(port) + " is not a TCP port (0..65535)");
   so.port = static_cast<std::uint16_t>(port);
   so.api_key = f.api_key;
+  if (so.api_key.empty() && !(so.host == "localhost" || so.host == "::1" || so.host.starts_with("127."))) {
+    spdlog::warn(
+        "listening on {} without --api-key: anyone who can reach this address can use the model and its "
+        "/admin routes (COLIBRI_API_KEY, or --host 127.0.0.1)",
+        so.host);
+  }
   so.allowed_origins = f.allowed_origins;
   auto body = sdk::parse_size(f.max_body);
   if (!body || *body == 0) return fail("--max-body-size '" + f.max_body + "' is not a size (e.g. 4M)");
@@ -102,7 +110,7 @@ int serve(Flags& f) {
   if (f.max_batch < 1) return fail("--max-batch must be at least 1");
   if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
   so.separate_reasoning = f.reasoning_format == "separate";
-  so.max_connections = std::max<std::size_t>(1, f.max_connections);
+  so.max_connections = static_cast<std::size_t>(f.max_connections);
   // Each connection holds a descriptor, and so does each expert read in flight: beyond the limit, accepts wait and
   // expert reads fail (503). Said now, not found under load.
   constexpr std::uint64_t kEngineDescriptors = 64;
@@ -113,10 +121,23 @@ int serve(Flags& f) {
         so.max_connections, limit, kEngineDescriptors);
   }
   so.io_threads = f.io_threads;
-  so.scheduler.max_queue = f.max_queue;
+  so.scheduler.max_queue = static_cast<std::size_t>(f.max_queue);
   so.scheduler.max_batch = f.max_batch;
   so.scheduler.prefill_chunk = f.ubatch;
   so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_string("cache.auto_pin_history");
+  // Written at exit: a path that cannot take it is said now, not after a day's counts are lost.
+  if (const std::filesystem::path history = so.scheduler.usage_history; !history.empty()) {
+    const std::string named = !f.usage_history.empty() ? "--usage-history" : "cache.auto_pin_history";
+    std::error_code ec;
+    if (std::filesystem::is_directory(history, ec)) {
+      return fail(named + " " + history.string() + " is a directory; name a JSON file in it");
+    }
+    const auto parent = history.has_parent_path() ? history.parent_path() : std::filesystem::path(".");
+    if (!std::filesystem::is_directory(parent, ec)) {
+      return fail(named + " " + history.string() + ": the directory " + parent.string() +
+                  " does not exist; create it or name another file");
+    }
+  }
 
   auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
@@ -214,7 +235,8 @@ int main(int argc, char** argv) {
   app.add_option("--vram-budget", f.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
   app.add_option("--prefetch-layers", f.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
   app.add_option("--host", f.host, "Address to listen on (default: server.host, 127.0.0.1)");
-  app.add_option("--port", f.port, "TCP port (default: server.port, 8080; 0 picks a free one)");
+  app.add_option("--port", f.port, "TCP port (default: server.port, 8080; 0 picks a free one)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--api-key", f.api_key,
                  "Require 'Authorization: Bearer KEY' on /v1, /admin, /tokenize and /detokenize")
       ->envname("COLIBRI_API_KEY");
@@ -232,12 +254,14 @@ int main(int argc, char** argv) {
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
   app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)");
   app.add_option("--max-queue", f.max_queue,
-                 "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64; 0: none wait)");
+                 "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64; 0: none wait)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
   app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
   app.add_option("--max-connections", f.max_connections,
                  "Open connections at most (default 256); beyond, a 503 with Retry-After, and idle keep-alive "
-                 "connections are closed to make room");
+                 "connections are closed to make room")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   app.add_option("--request-timeout", f.request_timeout, "Seconds to receive a request (default 15)");
   app.add_option("--idle-timeout", f.idle_timeout,
                  "Seconds a keep-alive connection may wait for a request (default 60)");
@@ -257,6 +281,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")
       ->envname("COLIBRI_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  apps::refuse_silently_changed_values(app, {});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -701,7 +701,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool json_after_thinking =
         endpoint == Endpoint::chat && srv_.split_reasoning && req.json_object && !forced_call && !closes_reasoning;
     const std::size_t job_count = prompts.size() * static_cast<std::size_t>(req.n);
-    if (const auto& so = srv_.scheduler->options(); job_count > so.max_queue + static_cast<std::size_t>(so.max_batch)) {
+    if (const auto& so = srv_.scheduler->options(); job_count > static_cast<std::size_t>(so.max_batch) &&
+                                                    job_count - static_cast<std::size_t>(so.max_batch) > so.max_queue) {
       const std::string asked = prompts.size() > 1
                                     ? std::to_string(prompts.size()) + " prompts times n " + std::to_string(req.n) +
                                           " is " + std::to_string(job_count) + " sequences"

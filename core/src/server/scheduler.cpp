@@ -102,7 +102,8 @@ Scheduler::Submit Scheduler::submit(std::span<const std::shared_ptr<Job>> jobs) 
     // A sequence that has ended counts as free: its client, answered, may ask again before the step is over.
     const std::size_t busy = stats_.active - std::min(stats_.active, ended_in_step_);
     const std::size_t free_slots = busy < static_cast<std::size_t>(options_.max_batch) ? options_.max_batch - busy : 0;
-    if (queue_.size() + jobs.size() > options_.max_queue + free_slots) {
+    const std::size_t wanted = queue_.size() + jobs.size();  // compared without a sum that could wrap
+    if (wanted > free_slots && wanted - free_slots > options_.max_queue) {
       result = Submit::queue_full;
     } else {
       queue_.insert(queue_.end(), jobs.begin(), jobs.end());

@@ -74,14 +74,14 @@ def die_with_parent():
 class Server:
     """A colibri-server process on a free port."""
 
-    def __init__(self, *extra, preexec=None):
+    def __init__(self, *extra, preexec=None, env=None):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
         defaults = [] if "--model" in extra else ["--model", MODEL]
         defaults += [] if "--chat-template" in extra else ["--chat-template", "chatml"]
         defaults += [] if "--ctx" in extra else ["--ctx", "512"]
         self.proc = subprocess.Popen([SERVER, "--port", "0", "--log-level", "warn"] + defaults +
                                      BACKEND_ARGS + list(extra),
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
                                      preexec_fn=lambda: (die_with_parent(), preexec and preexec()))
         line = self.proc.stdout.readline()
         if "listening on http://" not in line:
@@ -382,6 +382,42 @@ class Api(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute", p.stderr)
+
+    def test_flags_that_would_change_what_runs_are_refused_before_the_model_loads(self):
+        # An empty value (a script's unset variable) and numbers out of range were read as something else: an empty
+        # --api-key turned authentication off, --port -1 meant 8080, --max-queue -1 wrapped to 2^64-1 (and refused
+        # requests with slots free), --max-connections 0 meant 1.
+        history_dir = os.path.join(WORK, "history-dir")
+        os.makedirs(history_dir, exist_ok=True)
+        cases = [(["--api-key", ""], 2, "--api-key: an empty value"),
+                 (["--profile", ""], 2, "--profile: an empty value"),
+                 (["--port", "-1"], 2, "--port: Value -1 not in range 0 to 65535"),
+                 (["--max-queue", "-1"], 2, "--max-queue: Value -1 not in range"),
+                 (["--max-queue", "99999999999999999999"], 2, "not in range"),
+                 (["--max-connections", "0"], 2, "--max-connections: Value 0 not in range 1"),
+                 (["--usage-history", history_dir], 1, "is a directory; name a JSON file in it"),
+                 (["--usage-history", os.path.join(WORK, "no", "such", "h.json")], 1, "does not exist")]
+        for extra, rc, words in cases:
+            p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--log-level", "info"] + BACKEND_ARGS + extra,
+                               capture_output=True, text=True, timeout=120)
+            self.assertIn(words, p.stderr, extra)
+            self.assertEqual(p.returncode, rc, extra)  # 2: a usage error; 1: a bad path
+            self.assertNotIn("compute", p.stderr, extra)
+        self.assertFalse(os.path.exists(os.path.join(WORK, "no")))
+        # Empty in the environment is unset, as for every COLIBRI_ variable: the server starts without a key.
+        s = Server(env=dict(os.environ, COLIBRI_API_KEY=""))
+        try:
+            self.assertEqual(s.json("GET", "/v1/models")[0], 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        # Reachable from elsewhere without a key: said at start.
+        s = Server("--host", "0.0.0.0")
+        try:
+            self.assertEqual(s.json("GET", "/health")[0], 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertIn("listening on 0.0.0.0 without --api-key", f.read())
 
     def test_a_model_name_that_is_not_utf8_is_repaired(self):
         # Every answer is JSON, which must be UTF-8: the byte 0xff of the name becomes U+FFFD, with a warning.
