@@ -224,8 +224,9 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["prefetch_failed"] = st.prefetch_failed;
   j["prefetch_cancelled"] = st.prefetch_cancelled;
   j["buffers_mapped"] = st.buffers_mapped;
-  j["prefetch_precision"] = st.prediction_precision();
-  j["prefetch_recall"] = st.prediction_recall();
+  // null where nothing was guessed: 0.0 would read as "every guess wrong" (and advice to raise the confidence).
+  j["prefetch_precision"] = st.predicted > 0 ? nlohmann::json(st.prediction_precision()) : nlohmann::json(nullptr);
+  j["prefetch_recall"] = st.actual > 0 ? nlohmann::json(st.prediction_recall()) : nlohmann::json(nullptr);
   j["prefetch_predicted"] = st.predicted;  // experts predicted for the next layers (prefetch.confidence filters)
   j["stall_saved_seconds"] = st.stall_saved_seconds;
   j["bytes_read_per_token"] = bytes_per_token;

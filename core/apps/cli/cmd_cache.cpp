@@ -101,7 +101,8 @@ void print_answer(const CacheOptions& o, const nlohmann::ordered_json& j) {
     } else if (value.is_number_float() && key.ends_with("seconds")) {
       std::snprintf(buf, sizeof buf, "%.3f s", value.get<double>());
       shown = buf;
-    } else if (value.is_number_unsigned() && key.ends_with("bytes") && value.get<std::uint64_t>() >= 1024) {
+    } else if (value.is_number_unsigned() && (key.ends_with("bytes") || key.starts_with("bytes_")) &&
+               value.get<std::uint64_t>() >= 1024) {  // resident_bytes, bytes_read, bytes_uploaded
       shown = sdk::format_size(value.get<std::uint64_t>()) + " (" + shown + " bytes)";
     }
     std::cout << std::left << std::setw(static_cast<int>(width)) << key << shown << "\n";

@@ -106,7 +106,8 @@ int run_convert(const ConvertCliOptions& o) {
             << "  peak RSS:         " << human_bytes(static_cast<double>(ru.ru_maxrss) * 1024) << "\n";
   if (!s.fallbacks.empty()) {
     std::map<std::string, int> by_kind;
-    for (const auto& f : s.fallbacks) by_kind[f.wanted + " -> " + f.used + " (" + f.reason + ")"]++;
+    // "q8_0 instead of q4_k", not "q4_k -> q8_0": an arrow read as a conversion into q8_0 where q8_0 was kept.
+    for (const auto& f : s.fallbacks) by_kind[f.used + " instead of " + f.wanted + " (" + f.reason + ")"]++;
     // Not only fallbacks: an input's quantized tensors (gpt-oss's MXFP4 experts) are kept as they are on purpose.
     std::cout << "  other types:      " << s.fallbacks.size() << " tensors not in the preset's type\n";
     for (const auto& [k, n] : by_kind) std::cout << "    " << n << " x " << k << "\n";

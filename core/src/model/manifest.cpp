@@ -790,6 +790,9 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
                                                   std::to_string(st.st_size) + " bytes, expected " +
                                                   std::to_string(fe.size) + " (truncated?); re-run convert");
     }
+    if (const auto why = unreadable_file_reason(p); !why.empty()) {
+      return Status(StatusCode::io_error, describe_model_file(*m, fe.path) + ": file " + fe.path + why);
+    }
   }
   for (const auto& t : m->tokenizer_files) {
     if (!fs::is_regular_file(dir / t, ec)) {

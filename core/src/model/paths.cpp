@@ -1,10 +1,14 @@
 #include "colibri/model/paths.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <vector>
 
 #include "colibri/profile/profile.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 
 namespace colibri::model {
@@ -111,6 +115,11 @@ std::string missing_file_reason(const std::filesystem::path& path) {
   return " links to " + std::filesystem::read_symlink(path, ec).string() +
          ", which is missing (a stripe disk not mounted, or moved?); mount the disk at that path again, or point the "
          "link at the file's new place";
+}
+
+std::string unreadable_file_reason(const std::filesystem::path& path) {
+  if (::access(path.c_str(), R_OK) == 0) return {};
+  return " cannot be read: " + sdk::os_error_text(errno);
 }
 
 }  // namespace colibri::model

@@ -71,6 +71,11 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
       done += f.size;
       continue;
     }
+    if (const auto why = unreadable_file_reason(p); !why.empty()) {  // permissions, not damage: no re-convert
+      report.problems.push_back({f.path, where, "unreadable", where + ": " + f.path + why});
+      done += f.size;
+      continue;
+    }
     struct Ctx {
       std::uint64_t* done;
       std::uint64_t total;

@@ -551,19 +551,32 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
 
     // A COLIBRI_<SECTION>_... variable that names no key is a typo or a plugin's option (those are not read from
     // the environment): said once, not ignored silently.
+    std::vector<std::string> names;
+    for (const auto& o : kCanonical) names.push_back(env_name(o.name));
     for (const auto& [name, value] : env) {
-      if (name == "COLIBRI_SERVER_ARGS") continue;  // the packaged service's flags (/etc/default/colibri)
+      // The programs' own variables; COLIBRI_SERVER_ARGS: the packaged service's flags (/etc/default/colibri).
+      static const std::set<std::string, std::less<>> kOwn{
+          "COLIBRI_SERVER_ARGS", "COLIBRI_PROFILE", "COLIBRI_PLUGIN_PATH", "COLIBRI_LOG_LEVEL", "COLIBRI_API_KEY"};
+      if (kOwn.count(name) > 0) continue;
       std::string section;
       for (const auto& sec : sections()) {
         if (name.starts_with(env_name(sec) + "_")) section = sec;
       }
-      if (section.empty()) continue;
-      bool known = false;
-      std::vector<std::string> names;
-      for (const auto& o : kCanonical) {
-        names.push_back(env_name(o.name));
-        known = known || names.back() == name;
+      if (section.empty()) {
+        // Not a section's: another program's variable (COLIBRI_PROFILE, COLIBRI_API_KEY) unless it is a key's
+        // name with the section misspelt (COLIBRI_MEMROY_EXPERT_CACHE) or left out (COLIBRI_EXPERT_CACHE).
+        if (!name.starts_with("COLIBRI_")) continue;
+        std::string near = sdk::closest_match(name, names);
+        for (std::size_t i = 0; near.empty() && i < names.size(); ++i) {
+          const std::string_view key = kCanonical[i].name;
+          if (env_name(key.substr(key.find('.') + 1)) == name) near = names[i];
+        }
+        if (!near.empty() && near != name) {
+          spdlog::warn("environment {} names no canonical key and is ignored (did you mean {}?)", name, near);
+        }
+        continue;
       }
+      const bool known = std::find(names.begin(), names.end(), name) != names.end();
       if (!known) {
         const std::string near = sdk::closest_match(name, names);
         spdlog::warn(

@@ -151,6 +151,12 @@ class CacheAdmin(unittest.TestCase):
         p = cli("cache", "stats", "--server", self.url)
         self.assertIn("resident_experts", p.stdout)
         self.assertIn("budget_bytes", p.stdout)
+        # Sizes readable, with the exact count beside them: bytes_read too, not only the *_bytes keys.
+        read = [line for line in p.stdout.splitlines() if line.startswith("bytes_read ")]
+        self.assertEqual(len(read), 1, p.stdout)
+        self.assertRegex(read[0], r"bytes_read +([0-9.]+[KMGT]? \([0-9]+ bytes\)|[0-9]+)$")
+        if int(json.loads(cli("cache", "stats", "--server", self.url, "--json").stdout)["bytes_read"]) >= 1024:
+            self.assertIn(" bytes)", read[0])
         p = cli("cache", "clear", "--server", self.url, "--json")
         self.assertEqual(json.loads(p.stdout)["object"], "cache.clear")
         p = cli("cache", "warm", "--server", self.url, "--experts", "0:0,1:1", "--json")

@@ -167,6 +167,8 @@ class Prefetch(unittest.TestCase):
         self.assertLess(likely["prefetch_predicted"], every["prefetch_predicted"])
         self.assertEqual(none["prefetch_predicted"], 0)
         self.assertEqual(none["prefetch_issued"], 0)
+        self.assertIsNone(none["prefetch_precision"])  # no guess: no precision, not 0.0 ("every guess wrong")
+        self.assertGreater(likely["prefetch_precision"], 0.0)
         p = run(["bench", "--model", m, "--gen-tokens", "1", "--set", "prefetch.confidence=-1"], check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("prefetch.confidence", p.stderr)

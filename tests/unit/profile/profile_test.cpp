@@ -208,7 +208,11 @@ TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
                  {"COLIBRI_PLUGIN_PATH", "/x"},
                  {"COLIBRI_SERVER_ARGS", "--verbose"},
                  {"COLIBRI_STORAGE_PLUGIN", ""},
-                 {"COLIBRI_CACHE_HALF_LIFE", "9"}});
+                 {"COLIBRI_CACHE_HALF_LIFE", "9"},
+                 {"COLIBRI_MEMROY_EXPERT_CACHE", "1G"},
+                 {"COLIBRI_KV_CACHE", "1G"},
+                 {"COLIBRI_API_KEY", "k"},
+                 {"COLIBRI_REQUIRE_BACKEND", "1"}});
   spdlog::set_default_logger(previous);
   ASSERT_TRUE(p) << p.error().message();
   EXPECT_EQ(p->get_int("memory.vram_budget"), 2LL << 30);
@@ -216,6 +220,13 @@ TEST_F(ProfileTest, AMisspeltEnvironmentSettingIsWarnedAbout) {
   EXPECT_THAT(log, HasSubstr("environment COLIBRI_MEMORY_VRAM_BUGET names no canonical key and is ignored (did you "
                              "mean COLIBRI_MEMORY_VRAM_BUDGET?)"));
   EXPECT_THAT(log, HasSubstr("COLIBRI_CACHE_HALF_LIFE names no canonical key"));
+  // A section misspelt or left out: the key is still recognised (the cache ran at 80% of RAM, silently).
+  EXPECT_THAT(log, HasSubstr("COLIBRI_MEMROY_EXPERT_CACHE names no canonical key and is ignored (did you mean "
+                             "COLIBRI_MEMORY_EXPERT_CACHE?)"));
+  EXPECT_THAT(log, HasSubstr("COLIBRI_KV_CACHE names no canonical key and is ignored (did you mean "
+                             "COLIBRI_MEMORY_KV_CACHE?)"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_API_KEY"))) << "the server's own variable";
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_REQUIRE_BACKEND"))) << "like no key: another program's";
   EXPECT_THAT(log, HasSubstr("--set cache.KEY=VALUE"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_PLUGIN_PATH"))) << "not a profile key, and not a typo of one";
   EXPECT_THAT(log, ::testing::Not(HasSubstr("COLIBRI_SERVER_ARGS"))) << "the packaged service's own variable";

@@ -47,4 +47,8 @@ sdk::Expected<std::vector<std::filesystem::path>> stripe_yaml_dirs(const std::fi
 // `model stripe` left whose target is gone, the disk to mount (the data may be intact: converting again is not it).
 std::string missing_file_reason(const std::filesystem::path& path);
 
+// Why this process cannot read a model file that is there ("" when it can): the OS's words and the fix, permissions
+// (converting again is not it). Checked at load, so a run does not stop half-way through an answer.
+std::string unreadable_file_reason(const std::filesystem::path& path);
+
 }  // namespace colibri::model
