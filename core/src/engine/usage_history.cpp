@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -27,9 +28,17 @@ using sdk::StatusCode;
 
 namespace fs = std::filesystem;
 
+namespace {
+// Counts stop at the largest value instead of wrapping back to small ones (a hand-edited or ancient history would
+// otherwise turn the most used expert into the least).
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) {
+  return a > std::numeric_limits<std::uint64_t>::max() - b ? std::numeric_limits<std::uint64_t>::max() : a + b;
+}
+}  // namespace
+
 std::uint64_t UsageHistory::total() const {
   std::uint64_t n = 0;
-  for (const auto& [key, c] : counts) n += c;
+  for (const auto& [key, c] : counts) n = saturating_add(n, c);
   return n;
 }
 
@@ -43,7 +52,8 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> UsageHistory::most_used(std
 
 void UsageHistory::add_packed(const std::map<std::uint64_t, std::uint64_t>& usage) {
   for (const auto& [packed, n] : usage) {
-    counts[{static_cast<std::uint32_t>(packed >> 32), static_cast<std::uint32_t>(packed & 0xffffffffu)}] += n;
+    auto& c = counts[{static_cast<std::uint32_t>(packed >> 32), static_cast<std::uint32_t>(packed & 0xffffffffu)}];
+    c = saturating_add(c, n);
   }
 }
 
@@ -120,7 +130,8 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
       return Status(StatusCode::invalid_argument,
                     "usage history " + path.string() + ": \"" + k + "\" must be a non-negative integer" + fix);
     }
-    h.counts[{layer, expert}] += v.get<std::uint64_t>();
+    auto& c = h.counts[{layer, expert}];
+    c = saturating_add(c, v.get<std::uint64_t>());
   }
   return h;
 }

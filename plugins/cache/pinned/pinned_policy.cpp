@@ -11,6 +11,7 @@
 // Victims: least recently used among entries the core has not pinned, taking experts of the
 // wanted list last (they may be resident unpinned when the cache could not hold them all).
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <list>
 #include <nlohmann/json.hpp>
@@ -38,15 +39,23 @@ bool parse_key(std::string_view text, ExpertKey& out) {
 
 // The `count` most used experts of the history file (ties: the lower layer, then expert, first).
 Expected<std::vector<ExpertKey>> most_used(const std::string& path, std::int64_t count, HostServices& host) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // an ifstream opens one and fails at its first read
+    return Status(StatusCode::invalid_argument,
+                  "cache.auto_pin_history " + path + " is a directory; name the usage-history JSON file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    host.info("no usage history at " + path + " yet; no automatic pins this run");
+    // A first run has none yet (a run or the server writes it there); a misspelt path never will: a warning.
+    host.warn("cache.auto_pin_history: no usage history at " + path +
+              " yet; no automatic pins this run (a run or colibri-server writes it there; check the path if one "
+              "should exist)");
     return std::vector<ExpertKey>{};
   }
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range (a number past a double)
+  } catch (const std::exception& e) {  // parse_error, out_of_range (a number past a double), a read error
     return Status(StatusCode::invalid_argument,
                   "cache.auto_pin_history " + path + " is not valid JSON (" + e.what() +
                       "); delete it or fix it (expected {\"counts\": {\"layer:expert\": n, ...}})");

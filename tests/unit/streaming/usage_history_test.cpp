@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -61,6 +63,22 @@ TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
   EXPECT_FALSE(fs::exists(file.string() + ".partial"));
   EXPECT_EQ(h->model, model_identity(model));
   EXPECT_EQ(h->model.size(), 16u);
+}
+
+TEST(UsageHistory, CountsStopAtTheLargestValueInsteadOfWrapping) {
+  const auto d = scratch("saturate");
+  const auto file = d / "h.json";
+  const auto model = model_dir(d, "{\"a\": 1}");
+  constexpr auto kMax = std::numeric_limits<std::uint64_t>::max();
+  std::map<std::uint64_t, std::uint64_t> huge{{(0ull << 32) | 0, kMax - 1}, {(0ull << 32) | 1, kMax - 5}};
+  ASSERT_TRUE(merge_usage_history(file, huge, model));
+  std::map<std::uint64_t, std::uint64_t> run{{(0ull << 32) | 0, 3}, {(0ull << 32) | 2, 4}};
+  ASSERT_TRUE(merge_usage_history(file, run, model));
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->counts.at({0u, 0u}), kMax);  // was 1 after wrapping: the most used became the least
+  EXPECT_EQ(h->most_used(1)[0], std::make_pair(0u, 0u));
+  EXPECT_EQ(h->total(), kMax);  // not a wrapped sum
 }
 
 TEST(UsageHistory, ABareFileNameIsSavedInTheCurrentDirectory) {

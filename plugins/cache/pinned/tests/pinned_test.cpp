@@ -120,6 +120,17 @@ TEST(PinnedPolicy, MissingHistoryMeansNoAutoPins) {
   EXPECT_TRUE((*p)->wanted_pins().empty());
   ASSERT_FALSE(host->lines().empty());
   EXPECT_NE(host->lines()[0].find("/nonexistent/colibri/history.json"), std::string::npos);
+  EXPECT_EQ(host->lines()[0].rfind("warn: ", 0), 0u) << "a misspelt path pins nothing: said above info level";
+}
+
+TEST(PinnedPolicy, AHistoryThatIsADirectoryIsNamedNotAnException) {
+  const fs::path dir = fs::temp_directory_path() / ("colibri-history-dir-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto p = make({{"auto_pin_history", dir.string()}, {"auto_pin_count", "2"}});
+  fs::remove_all(dir);
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().message(),
+            "cache.auto_pin_history " + dir.string() + " is a directory; name the usage-history JSON file");
 }
 
 TEST(PinnedPolicy, MalformedHistoryIsAnErrorNamingFileAndEntry) {
