@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "chat/jinja.hpp"
+#include "colibri/sdk/config.hpp"
 
 namespace colibri::chat {
 
@@ -265,13 +266,24 @@ sdk::Expected<ChatConfig> chat_config_override(const std::string& name_or_file) 
   std::error_code ec;
   std::ifstream in(name_or_file, std::ios::binary);
   if (!in || std::filesystem::is_directory(name_or_file, ec)) {
+    const std::vector<std::string> builtins{"llama2", "mistral", "gpt-oss", "chatml"};
+    const auto near = sdk::closest_match(name_or_file, builtins);
     return sdk::make_error(sdk::StatusCode::not_found,
                            "--chat-template " + name_or_file +
-                               " is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable file");
+                               " is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable file" +
+                               (near.empty() ? "" : " (did you mean " + near + "?)"));
   }
   std::ostringstream text;
   text << in.rdbuf();
   out.template_source = text.str();
+  // Every chat template renders the conversation from `messages`; a file that never names it (a wrong file, a
+  // prompt written out by hand) would drop what the user wrote without a word.
+  if (out.template_source.find("messages") == std::string::npos) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument,
+                           "--chat-template " + name_or_file +
+                               " never reads `messages`, so the conversation would be left out of the prompt; give "
+                               "a Jinja chat template (as in tokenizer_config.json's chat_template) or a built-in");
+  }
   return out;
 }
 

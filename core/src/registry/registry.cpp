@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "colibri/sdk/config.hpp"
 #include "registry/host_services.hpp"
 
 namespace colibri::registry {
@@ -534,6 +535,13 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
         hint = "\n  " + b.path.string() + " looks like it but was refused: " + b.reason;
         hinted = b.path;
       }
+    }
+    if (hint.empty()) {
+      std::vector<std::string> names;
+      for (const auto& q : plugins_) {
+        if (q.kind == kind) names.push_back(q.name);
+      }
+      if (const auto near = sdk::closest_match(name, names); !near.empty()) hint = " (did you mean '" + near + "'?)";
     }
     return Status(StatusCode::not_found,
                   "no " + kind_name + " plugin named '" + std::string(name) + "'" + hint + describe());

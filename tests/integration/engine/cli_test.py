@@ -373,6 +373,15 @@ class Chat(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("--chat-template LLAMA2 is neither a built-in (llama2, mistral, gpt-oss, chatml) nor a readable "
                       "file", p.stderr)
+        p = cli("chat", "-m", model(), "--template", "mistrall", stdin="Hello\n", check=False)
+        self.assertIn("(did you mean mistral?)", p.stderr)
+        # A file that is not a chat template (it never reads messages) would drop the conversation: refused.
+        plain = os.path.join(WORK, "not-a-template.txt")
+        with open(plain, "w") as f:
+            f.write("You are a helpful assistant.\n")
+        p = cli("chat", "-m", model(), "--template", plain, stdin="Hello\n", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("never reads `messages`, so the conversation would be left out of the prompt", p.stderr)
         p = cli("chat", "-m", model(), "-n", "2", "--template", "llama2", stdin="Hello\n")
         self.assertIn("template: built-in llama2", p.stderr)
         # --chat-template (as the server's) takes a file too, and wins over the model's own template.

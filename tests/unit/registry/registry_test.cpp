@@ -309,6 +309,11 @@ TEST(Registry, UnknownNameListsSearchPathAndAvailablePlugins) {
   ASSERT_FALSE(p);
   const std::string m = p.error().message();
   EXPECT_THAT(m, HasSubstr("no storage plugin named 'nvme-magic'"));
+  EXPECT_THAT(m, ::testing::Not(HasSubstr("did you mean")));  // nothing close
+  auto typo = reg.select(PluginKind::storage, "fixture-godo");
+  ASSERT_FALSE(typo);
+  EXPECT_THAT(typo.error().message(),
+              HasSubstr("no storage plugin named 'fixture-godo' (did you mean 'fixture-good'?)"));
   EXPECT_THAT(m, HasSubstr(fixture_dir("good").string()));
   EXPECT_THAT(m, HasSubstr(fixture_dir("wrong_abi").string()));
   EXPECT_THAT(m, HasSubstr("fixture-good (score 50)"));
