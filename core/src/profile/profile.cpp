@@ -278,6 +278,10 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
     }
     if (top == "extends" || top == "description") {
       if (!val.IsScalar()) return Status(StatusCode::invalid_argument, where + ": '" + top + "' takes a single value");
+      if (top == "extends" && val.Scalar().empty()) {
+        return Status(StatusCode::invalid_argument,
+                      where + ": 'extends' is empty; name the profile this one builds on, or remove the line");
+      }
       (top == "extends" ? layer.extends : layer.description) = val.Scalar();
       continue;
     }

@@ -356,6 +356,17 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   return {};
 }
 
+namespace {
+// A command scans more than once (the profile's plugin options are checked, then the plugins chosen): a problem
+// with a directory is said once per process, not once per scan.
+bool first_time_said(const std::string& what) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard lock(mu);
+  return said.insert(what).second;
+}
+}  // namespace
+
 PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host) {
   PluginRegistry reg;
   reg.host_ = host;
@@ -364,7 +375,7 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
     std::error_code ec;
     if (!fs::is_directory(dir.path, ec)) {
       // The built-in places may well be absent; a directory the user named should not be, silently.
-      if (dir.kind == SearchDirKind::user) {
+      if (dir.kind == SearchDirKind::user && first_time_said("absent " + dir.path.string())) {
         spdlog::warn("plugin directory {} (from {}) {}; its plugins are not loaded", dir.path.string(), dir.origin,
                      fs::exists(dir.path, ec) ? "is not a directory (name the directory that holds the .so files)"
                                               : "does not exist");
@@ -376,7 +387,7 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
       const std::string fname = entry.path().filename().string();
       if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) files.push_back(entry.path());
     }
-    if (ec) {
+    if (ec && first_time_said("unreadable " + dir.path.string())) {
       spdlog::warn(
           "plugin directory {} (from {}) cannot be read ({}); its plugins are not loaded; check its "
           "permissions",

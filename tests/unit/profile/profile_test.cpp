@@ -126,6 +126,14 @@ TEST_F(ProfileTest, TheDescriptionIsTheNearestOneInTheExtendsChain) {
   EXPECT_EQ(load("none")->description(), "");
 }
 
+TEST_F(ProfileTest, AnEmptyExtendsIsAnError) {
+  write("empty.yaml", "extends: \"\"\nstorage: {queue_depth: 4}\n");
+  auto p = load("empty");
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(),
+              HasSubstr("empty.yaml:1:1: 'extends' is empty; name the profile this one builds on"));
+}
+
 TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   write("a.yaml", "extends: b\n");
   write("b.yaml", "extends: a\n");
