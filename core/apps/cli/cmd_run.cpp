@@ -118,12 +118,11 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
             << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
             << ", seed " << o.sampling.seed << ")\n";
   save_usage(*engine);
-  if (interrupt::stop_requested()) {
-    if (!o.record_trace.empty()) std::cerr << "routing trace not recorded: interrupted\n";
-    return 130;
-  }
+  const bool interrupted = interrupt::stop_requested();
   if (!o.record_trace.empty()) {
-    // After statistics and usage history: recording re-runs the tokens (see ab/record.hpp).
+    // After statistics and usage history: recording re-runs the tokens (see ab/record.hpp). An interrupted run's
+    // tokens are recorded too (the trace is what the user asked for); a second Ctrl-C skips it, writing nothing.
+    if (interrupted) std::cerr << "recording the routing of the tokens so far (Ctrl-C again to skip)\n";
     std::vector<ab::TraceRecord> trace;
     const auto n_decoded = std::min(r->tokens.size(), static_cast<std::size_t>(engine->n_past()) - ids.size());
     const auto decoded = std::span<const std::int32_t>(r->tokens).first(n_decoded);
@@ -131,6 +130,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (auto s = ab::write_trace(o.record_trace, trace); !s) return fail(s.message());
     std::cerr << "routing trace: " << trace.size() << " records in " << o.record_trace << "\n";
   }
+  if (interrupted) return 130;
   // JSON mode promises one object: one cut short does not parse, so the run did not do what was asked.
   // (Not when standard output failed: main says that, and the reason here would be wrong.)
   const bool cut = r->finish_reason == "length" || r->finish_reason == "stop" || r->finish_reason == "context";

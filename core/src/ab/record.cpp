@@ -28,7 +28,15 @@ sdk::Status record_generation(engine::Engine& e, std::span<const std::int32_t> p
   std::vector<float> logits;
   std::vector<engine::RoutingRecord> routing;
   if (auto s = e.forward(prompt, engine::LogitsWanted::none, logits, &routing); !s) return s;
+  // The engine's step counter runs on from the generation this re-runs: the trace's steps start after what `out`
+  // holds (0 for a new trace), as a replay of this request alone would count them.
+  const std::size_t first = out.size();
+  const std::int64_t base = out.empty() ? 0 : out.back().step + 1;
   append_routing(out, request, routing, prompt, 0);
+  if (first < out.size()) {
+    const std::int64_t shift = base - out[first].step;
+    for (std::size_t i = first; i < out.size(); ++i) out[i].step += shift;
+  }
   if (decoded.empty()) return {};
   routing.clear();
   if (auto s = e.forward(decoded, engine::LogitsWanted::none, logits, &routing); !s) return s;

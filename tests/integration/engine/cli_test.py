@@ -260,15 +260,25 @@ def history_uses(env):
 class Interrupt(unittest.TestCase):
     def test_ctrl_c_ends_a_run_with_its_statistics_and_usage_history(self):
         env = history_env("interrupt-run")
-        p = subprocess.Popen([CLI, "run", "-m", model(), "-p", "Hi", "-n", "100000", "--ignore-eos", "--ctx", "32000"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        trace = os.path.join(WORK, "interrupted-trace.jsonl")
+        if os.path.exists(trace):
+            os.remove(trace)
+        p = subprocess.Popen([CLI, "run", "-m", model(), "-p", "Hi", "-n", "100000", "--ignore-eos", "--ctx", "32000",
+                              "--record-trace", trace], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         p.stdout.read(64)  # generating
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=120)
         self.assertEqual(p.returncode, 130, err)
         self.assertIn(b"interrupted", err)
-        self.assertRegex(err.decode(), r"expert hit rate .*generated tokens, cancelled")
+        stats = re.search(r"expert hit rate .*\((\d+) prompt \+ (\d+) generated tokens, cancelled", err.decode())
+        self.assertIsNotNone(stats, err)
         self.assertGreater(history_uses(env), 0)
+        # The trace of the tokens done is kept (it was dropped): one step per prompt pass and per decoded token.
+        with open(trace) as f:
+            steps = {json.loads(line)["step"] for line in f if line.strip()}
+        self.assertGreater(len(steps), 1)
+        self.assertLessEqual(len(steps), 1 + int(stats[2]))
+        self.assertEqual(min(steps), 0)  # a trace's own steps, not the engine's count run on from the generation
 
     def test_ctrl_c_leaves_no_partial_output_and_the_old_file_as_it_was(self):
         text = os.path.join(WORK, "long.txt")
