@@ -297,7 +297,8 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               static_cast<long long>(engine->context()));
   std::printf("load       %.2f s%s\n", load_s, warmup ? ", then an unmeasured warm-up run" : "");
   std::printf("prefill    %lld tokens: %.1f tok/s\n", static_cast<long long>(o.prompt_tokens), prefill_tps);
-  std::printf("decode     %lld tokens: %.2f tok/s\n", static_cast<long long>(o.gen_tokens), decode_tps);
+  std::printf("decode     %lld token%s: %.2f tok/s\n", static_cast<long long>(o.gen_tokens),
+              o.gen_tokens == 1 ? "" : "s", decode_tps);
   const std::string preloaded =
       st.preloaded > 0 ? "; " + std::to_string(st.preloaded) + " pinned ones read at load, in the bytes read" : "";
   std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses%s), read %s, I/O stall %.3f s\n",

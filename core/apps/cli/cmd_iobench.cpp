@@ -419,7 +419,8 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   if (!opts.json) {
     std::cout << "iobench " << opts.dir << ": " << sdk::format_size(file_size) << " file, O_DIRECT requested, "
               << opts.seconds
-              << " s per random point, page cache dropped before each (DIRECT no: each block read once)\n"
+              << " s per random point, page cache dropped before each (DIRECT no: each block read once; REG: "
+                 "into buffers registered with the plugin, as the expert cache's are)\n"
               << std::left << std::setw(10) << "PLUGIN" << std::setw(6) << "TEST" << std::right << std::setw(6)
               << "BLOCK" << std::setw(7) << "DEPTH" << std::setw(8) << "DIRECT" << std::setw(6) << "REG"
               << std::setw(10) << "MB/s" << std::setw(10) << "IOPS" << std::setw(10) << "mean_us" << std::setw(10)

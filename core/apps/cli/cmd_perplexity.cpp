@@ -161,7 +161,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
   add_engine_options(*cmd, o->engine, global);
   if (auto* ctx = cmd->get_option_no_throw("--ctx")) ctx->description("Tokens per scored chunk (default 512)");
   cmd->add_option("--file,-f", o->file, "UTF-8 text to score")->required();
-  cmd->add_option("--max-chunks", o->max_chunks, "Score at most this many chunks (0: all)");
+  cmd->add_option("--max-chunks", o->max_chunks, "Score at most this many chunks (0: all)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.starts_with('-') ? v + " is negative; give 0 (all) or more" : std::string(); },
+          ""));
   cmd->add_option("--save-logits", o->save_logits, "Save this run's logits (to compare quantized runs against)");
   cmd->add_option("--kl-base", o->kl_base, "Logits saved by --save-logits from the base model: report KL divergence");
   cmd->callback([&global, o] { global.exit_code = run_perplexity(global, *o); });

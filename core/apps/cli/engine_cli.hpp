@@ -186,8 +186,9 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
     // Precision and recall are of the guesses (a guessed expert already in memory needs no read, so a run may guess
     // well and issue nothing).
     std::snprintf(buf, sizeof buf,
-                  " [prefetch %lld layers: %llu reads issued, %llu used | guesses: precision %.1f%%, recall %.1f%%]",
-                  static_cast<long long>(e.prefetch_layers()), static_cast<unsigned long long>(st.prefetch_issued),
+                  " [prefetch %lld layer%s: %llu reads issued, %llu used | guesses: precision %.1f%%, recall %.1f%%]",
+                  static_cast<long long>(e.prefetch_layers()), e.prefetch_layers() == 1 ? "" : "s",
+                  static_cast<unsigned long long>(st.prefetch_issued),
                   static_cast<unsigned long long>(st.prefetch_used), 100.0 * st.prediction_precision(),
                   100.0 * st.prediction_recall());
     line += buf;

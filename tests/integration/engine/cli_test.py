@@ -572,6 +572,9 @@ class Perplexity(unittest.TestCase):
         c = cli("perplexity", "-m", model(), "-f", text, "--ctx", "16", "--max-chunks", "2", "--kl-base", base,
                 check=False)
         self.assertIn("different tokens", c.stderr)
+        d = cli("perplexity", "-m", model(), "-f", text, "--max-chunks", "-1", check=False)  # was read as "all"
+        self.assertEqual(d.returncode, 2)
+        self.assertIn("--max-chunks: -1 is negative; give 0 (all) or more", d.stderr)
 
     def test_bad_kl_base_leaves_no_partial_logits(self):
         text = os.path.join(WORK, "text2.txt")
