@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -95,7 +97,16 @@ std::string to_jsonl(const TraceRecord& r) {
   j["layer"] = r.layer;
   if (r.step >= 0) j["step"] = r.step;
   j["experts"] = r.experts;
-  if (!r.weights.empty()) j["weights"] = r.weights;
+  if (!r.weights.empty()) {
+    // Each float as its shortest decimal (0.61, not the double 0.6100000143051147): the same float reads back,
+    // and a trace is shorter and what a user wrote in an imported file.
+    auto& w = j["weights"] = nlohmann::ordered_json::array();
+    for (const float f : r.weights) {
+      char buf[32];
+      const auto end = std::to_chars(buf, buf + sizeof buf, f).ptr;
+      w.push_back(std::strtod(std::string(buf, end).c_str(), nullptr));
+    }
+  }
   return j.dump();
 }
 

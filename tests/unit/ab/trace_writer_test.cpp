@@ -38,6 +38,21 @@ TEST(TraceWriter, AppendsWholeLinesThatReadBack) {
   std::filesystem::remove(path);
 }
 
+TEST(TraceWriter, WeightsAreWrittenAsTheirShortestDecimalAndReadBackTheSame) {
+  const std::vector<float> weights{0.6f, 0.61f, 1.0f / 3.0f, 1e-8f};
+  const TraceRecord r{0, 5, 1234, 3, {7, 2, 1, 0}, weights, 9};
+  const std::string line = to_jsonl(r);
+  EXPECT_NE(line.find("\"weights\":[0.6,0.61,0.33333334,1e-08]"), std::string::npos) << line;  // not 0.6000000238...
+  const auto path =
+      std::filesystem::temp_directory_path() / ("colibri-weights-" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(path) << line << "\n";
+  auto back = read_trace(path);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(back) << back.error().message();
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ((*back)[0].weights, weights);  // bit for bit
+}
+
 // A recording cut off mid-line (a crash, a full disk) keeps its whole records; a damaged line elsewhere, or a cut
 // last line with nothing before it, is refused by line; a directory is named as one.
 TEST(TraceReader, ACutLastLineIsDroppedOtherDamageIsRefused) {
