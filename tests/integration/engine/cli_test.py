@@ -644,6 +644,20 @@ class Bench(unittest.TestCase):
         self.assertIn("--no-warmup", p.stderr)
 
 
+class BenchOutput(unittest.TestCase):
+    def test_a_resident_run_reports_no_disk_rate(self):
+        # Every expert of a resident model is read at load, before the clock starts: those reads over the run's
+        # time made a 9 GB/s "disk" on this machine's 1 GB/s one.
+        args = ["bench", "-m", model(), "--prompt-tokens", "8", "--gen-tokens", "2"]
+        j = json.loads(cli(*args, "--json").stdout)
+        self.assertEqual(j["mode"], "resident")
+        self.assertGreater(j["bytes_read"], 0)  # the load's reads, still counted as read
+        self.assertEqual((j["disk_bytes_per_second"], j["decode_disk_bytes_per_second"]), (0.0, 0.0))
+        text = cli(*args).stdout
+        self.assertIn("streaming  none: every expert resident (read at load)", text)
+        self.assertIn("decode     2 tokens:", text)
+
+
 class ConvertSummary(unittest.TestCase):
     def test_tensors_kept_in_another_type_are_listed_as_kept(self):
         # A q8_0 GGUF converted with q4_k_m keeps its q8_0 tensors (re-quantizing would only lose more). The summary
