@@ -286,7 +286,13 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   for (std::size_t d = 0; storage_json.contains("reads_dir" + std::to_string(d) + "_total"); ++d) {
     reads_per_dir.push_back(storage_json["reads_dir" + std::to_string(d) + "_total"]);
   }
-  if (!reads_per_dir.empty()) j["storage_reads_per_dir"] = reads_per_dir;
+  if (!reads_per_dir.empty()) {
+    j["storage_reads_per_dir"] = reads_per_dir;
+    // Which directory each count is: the model's own, then storage.paths in order (as the stripe plugin numbers them).
+    std::vector<std::string> dirs{engine->model_dir().string()};
+    for (const auto& p : prof->get_list("storage.paths")) dirs.push_back(p);
+    if (dirs.size() == reads_per_dir.size()) j["storage_reads_dirs"] = dirs;
+  }
   save_usage(*engine);
   if (o.json) {
     std::cout << j.dump(2) << "\n";

@@ -549,7 +549,7 @@ class StorageCounters(unittest.TestCase):
 
     def test_bench_shows_reads_per_stripe_directory(self):
         m = model()
-        dst, _ = striped(m)
+        dst, second = striped(m)
         profile = ["--profile", os.path.join(dst, "stripe.yaml")]
         j = self.bench(dst, *profile)
         self.assertEqual(j["storage"], "stripe")
@@ -557,6 +557,7 @@ class StorageCounters(unittest.TestCase):
         self.assertEqual(len(per_dir), 2, j["storage_metrics"])
         self.assertTrue(all(n > 0 for n in per_dir), per_dir)  # half the files moved: both disks served reads
         self.assertEqual(per_dir, [j["storage_metrics"][f"reads_dir{d}_total"] for d in range(2)])
+        self.assertEqual(j["storage_reads_dirs"], [dst, second])  # which directory each count is
         text = self.bench(dst, *profile, json_out=False)
         self.assertRegex(text, r"stripe +reads per directory .*: dir0 \d+, dir1 \d+")
 
