@@ -372,6 +372,20 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
     return Status(StatusCode::invalid_argument,
                   "profile '" + name + "' is a directory; name a profile file (.yaml) or a profile name");
   }
+  // A candidate that is there but cannot be followed (a link loop, a link to nothing, no permission to look) is
+  // named as such: "not found" would have the user look for a file they can see.
+  for (const auto& c : candidates) {
+    if (!fs::is_symlink(c, ec)) continue;
+    std::error_code follow;
+    (void)fs::status(c, follow);
+    const std::string why = follow == std::errc::no_such_file_or_directory
+                                ? "its target " + fs::read_symlink(c, ec).string() + " does not exist"
+                            : follow ? follow.message()
+                                     : "it points to something that is not a file";
+    return Status(StatusCode::invalid_argument, "profile '" + name + "': " + c.string() +
+                                                    " is a symbolic link that does not lead to a profile file (" + why +
+                                                    "); point it at one");
+  }
   std::string msg = "profile '" + name + "' was not found; looked in:";
   for (const auto& c : candidates) msg += "\n  " + c.string();
   auto known = list_profiles(dirs);

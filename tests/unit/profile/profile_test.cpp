@@ -134,6 +134,21 @@ TEST_F(ProfileTest, AnEmptyExtendsIsAnError) {
               HasSubstr("empty.yaml:1:1: 'extends' is empty; name the profile this one builds on"));
 }
 
+TEST_F(ProfileTest, ALinkThatCannotBeFollowedIsNamedNotCalledMissing) {
+  std::filesystem::create_symlink(dir_ / "loop.yaml", dir_ / "loop.yaml");
+  std::filesystem::create_symlink(dir_ / "gone.yaml", dir_ / "dangling.yaml");
+  auto loop = load("loop");
+  ASSERT_FALSE(loop);
+  EXPECT_THAT(loop.error().message(),
+              HasSubstr("loop.yaml is a symbolic link that does not lead to a profile file (Too "
+                        "many levels of symbolic links)"));
+  auto dangling = load("dangling");
+  ASSERT_FALSE(dangling);
+  EXPECT_THAT(dangling.error().message(), HasSubstr("dangling.yaml is a symbolic link that does not lead to a profile "
+                                                    "file (its target " +
+                                                    (dir_ / "gone.yaml").string() + " does not exist)"));
+}
+
 TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   write("a.yaml", "extends: b\n");
   write("b.yaml", "extends: a\n");
