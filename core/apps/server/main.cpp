@@ -44,7 +44,7 @@ std::string model_family(const std::filesystem::path& dir) {
 struct Flags {
   std::vector<std::string> allowed_origins;
   std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace,
-                                                          reasoning_format = "separate";
+                                                          reasoning_format = "separate", sampling_defaults = "model";
   std::string expert_cache_size, vram_budget, prefetch_layers, max_body = "4M", log_level = "info";
   std::vector<std::string> sets;
   int port = -1;
@@ -191,6 +191,17 @@ int serve(Flags& f) {
     so.scheduler.trace = trace;
   }
 
+  if (f.sampling_defaults == "model") {
+    auto d = server::read_sampling_defaults(*dir / "generation_config.json");
+    if (!d) return fail(d.error().message());
+    so.sampling_defaults = *d;
+    if (!d->empty()) {
+      spdlog::info(
+          "sampling defaults from the model's generation_config.json: {} (a request's own values win; "
+          "--sampling-defaults openai for OpenAI's)",
+          d->describe());
+    }
+  }
   if (auto st = server::Server::check_address(so.host, so.port); !st) return fail(st.message());  // before loading
   auto eng = engine::Engine::open(*dir, *prof, eo);
   if (!eng) return fail(eng.error().message());
@@ -276,6 +287,11 @@ int main(int argc, char** argv) {
                  "separate: a reasoning model's <think> block is returned as reasoning_content; inline: left in the "
                  "content (gpt-oss's analysis channel is always reasoning_content)")
       ->check(CLI::IsMember({"separate", "inline"}));
+  app.add_option("--sampling-defaults", f.sampling_defaults,
+                 "Sampling fields a request leaves out: model (the model's generation_config.json temperature, top_p, "
+                 "top_k, min_p, repetition_penalty, as vLLM; OpenAI's where it has none) or openai (temperature 1, "
+                 "the rest off)")
+      ->check(CLI::IsMember({"model", "openai"}));
   app.add_option("--record-trace", f.record_trace,
                  "Write the routing of every request to this JSONL file (README: Routing traces)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")

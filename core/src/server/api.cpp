@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "colibri/server/json_brackets.hpp"
@@ -646,8 +649,69 @@ std::optional<ApiError> parse_tools(const json& body, OrderedBody& ordered, Endp
 
 }  // namespace
 
-std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
-                                                 CompletionRequest& out) {
+namespace {
+std::string g_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+}  // namespace
+
+std::string SamplingDefaults::describe() const {
+  std::string out;
+  auto add = [&](const char* name, const std::string& v) {
+    out += (out.empty() ? "" : ", ") + std::string(name) + " " + v;
+  };
+  const auto num = g_text;
+  if (temperature) add("temperature", num(*temperature));
+  if (top_p) add("top_p", num(*top_p));
+  if (top_k) add("top_k", std::to_string(*top_k));
+  if (min_p) add("min_p", num(*min_p));
+  if (repetition_penalty) add("repetition_penalty", num(*repetition_penalty));
+  return out;
+}
+
+sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::path& file) {
+  SamplingDefaults d;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return d;
+  std::ifstream in(file, std::ios::binary);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    return sdk::Status(sdk::StatusCode::invalid_argument, file.string() + " is not valid JSON (" + e.what() +
+                                                              "); fix it, or start with --sampling-defaults openai");
+  }
+  if (!j.is_object()) return d;
+  // The same ranges a request is held to: a value a request could not give is the file's mistake, named.
+  auto real = [&](const char* name, double lo, double hi, std::optional<float>& into) -> sdk::Status {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) return {};
+    if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi)) {
+      return sdk::Status(sdk::StatusCode::invalid_argument, file.string() + ": \"" + name + "\" is " + it->dump() +
+                                                                "; a request may give " + g_text(lo) + " to " +
+                                                                g_text(hi));
+    }
+    into = it->get<float>();
+    return {};
+  };
+  if (auto s = real("temperature", 0.0, 2.0, d.temperature); !s) return s;
+  if (auto s = real("top_p", 0.0, 1.0, d.top_p); !s) return s;
+  if (auto s = real("min_p", 0.0, 1.0, d.min_p); !s) return s;
+  if (auto s = real("repetition_penalty", 0.01, 10.0, d.repetition_penalty); !s) return s;
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < -1 || it->get<std::int64_t>() > 1000000) {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         file.string() + ": \"top_k\" is " + it->dump() + "; a request may give -1 to 1000000");
+    }
+    d.top_k = static_cast<int>(it->get<std::int64_t>());
+  }
+  return d;
+}
+
+std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint, CompletionRequest& out,
+                                                 const SamplingDefaults& defaults) {
   out = CompletionRequest{};
   out.endpoint = endpoint;
   json body;
@@ -693,6 +757,12 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   s.repetition_penalty = 1.0f;
   s.penalty_last_n = -1;
   s.penalize_prompt = false;  // presence and frequency count the answer's tokens only, as OpenAI and vLLM
+  // The model's recommendation where the request leaves a field out (colibri-server --sampling-defaults).
+  s.temperature = defaults.temperature.value_or(s.temperature);
+  s.top_p = defaults.top_p.value_or(s.top_p);
+  s.top_k = std::max(0, defaults.top_k.value_or(s.top_k));  // -1 is off, as 0
+  s.min_p = defaults.min_p.value_or(s.min_p);
+  s.repetition_penalty = defaults.repetition_penalty.value_or(s.repetition_penalty);
   if (auto e = number_field(body, "temperature", 0.0, 2.0, s.temperature)) return e;
   if (auto e = number_field(body, "top_p", 0.0, 1.0, s.top_p)) return e;
   if (s.top_p <= 0.0f) {  // only the most likely token survives

@@ -576,7 +576,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void start_generation(Endpoint endpoint) {
     endpoint_ = endpoint;
     CompletionRequest req;
-    if (auto e = parse_completion_request(request_.body(), endpoint, req)) return respond_error(*e, false);
+    if (auto e = parse_completion_request(request_.body(), endpoint, req, srv_.opt.sampling_defaults)) {
+      return respond_error(*e, false);
+    }
     if (!req.model.empty()) {
       if (auto e = check_model(req.model, srv_.opt.model_name)) return respond_error(*e, false);
     }

@@ -383,6 +383,47 @@ class Api(unittest.TestCase):
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute", p.stderr)
 
+    def test_the_models_generation_config_gives_the_sampling_defaults(self):
+        # As vLLM: a request that leaves sampling out gets the model's recommendation (here top_k 1: greedy, whatever
+        # the seed); --sampling-defaults openai keeps OpenAI's (temperature 1, nothing cut: seeds differ).
+        def converted(name, **sampling):
+            ckpt, model = os.path.join(WORK, f"ckpt-{name}"), os.path.join(WORK, name)
+            if not os.path.exists(os.path.join(model, "manifest.json")):
+                shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
+                with open(os.path.join(ckpt, "generation_config.json")) as f:
+                    gen = json.load(f)
+                gen.update(sampling)
+                with open(os.path.join(ckpt, "generation_config.json"), "w") as f:
+                    json.dump(gen, f)
+                subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                               capture_output=True)
+            return model
+
+        model = converted("tiny-genconfig", temperature=0.7, top_k=1)
+        body = {"model": "tiny-genconfig", "prompt": "The wing", "max_tokens": 8}
+        answers = {}
+        for mode in ("model", "openai"):
+            s = Server("--model", model, "--sampling-defaults", mode)
+            try:
+                answers[mode] = {s.json("POST", "/v1/completions", dict(body, seed=k))[1]["choices"][0]["text"]
+                                 for k in range(4)}
+                greedy = s.json("POST", "/v1/completions", dict(body, temperature=0))[1]["choices"][0]["text"]
+                # A request's own value wins over the model's: top_k -1 turns the cut off again.
+                own = {s.json("POST", "/v1/completions", dict(body, seed=k, top_k=-1))[1]["choices"][0]["text"]
+                       for k in range(4)}
+            finally:
+                self.assertEqual(s.stop(), 0)
+            if mode == "model":
+                self.assertEqual(answers[mode], {greedy})
+                self.assertGreater(len(own), 1)
+            else:
+                self.assertGreater(len(answers[mode]), 1)
+        bad = converted("tiny-genconfig-bad", top_p=7)
+        p = subprocess.run([SERVER, "--model", bad, "--port", "0"] + BACKEND_ARGS, capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn('generation_config.json: "top_p" is 7; a request may give 0 to 1', p.stderr)
+
     def test_flags_that_would_change_what_runs_are_refused_before_the_model_loads(self):
         # An empty value (a script's unset variable) and numbers out of range were read as something else: an empty
         # --api-key turned authentication off, --port -1 meant 8080, --max-queue -1 wrapped to 2^64-1 (and refused

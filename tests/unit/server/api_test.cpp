@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -737,6 +738,45 @@ TEST(ServerApi, ClientMessagesLeaveOutTheModelDirectoryInEveryForm) {
   EXPECT_EQ(without_model_dir("nothing to remove", root / "link"), "nothing to remove");
   EXPECT_EQ(without_model_dir("/a/b", "/"), "/a/b");  // a model at the root keeps every path whole
   fs::remove_all(root);
+}
+
+TEST(ServerApi, SamplingDefaultsFillOnlyWhatTheRequestLeavesOut) {
+  SamplingDefaults d;
+  d.temperature = 0.6f;
+  d.top_p = 0.95f;
+  d.top_k = 20;
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt": "x"})", Endpoint::completions, r, d));
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.95f);
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.0f);  // not in the defaults: OpenAI's
+  ASSERT_FALSE(
+      parse_completion_request(R"({"prompt": "x", "temperature": 1.0, "top_k": -1})", Endpoint::completions, r, d));
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);  // the request's own value wins
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.95f);
+  EXPECT_EQ(r.sampling.top_k, 0);  // -1: off
+  ASSERT_FALSE(parse_completion_request(R"({"prompt": "x"})", Endpoint::completions, r));
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);  // without defaults: OpenAI's
+  EXPECT_EQ(d.describe(), "temperature 0.6, top_p 0.95, top_k 20");
+}
+
+TEST(ServerApi, SamplingDefaultsAreReadFromGenerationConfigAndCheckedAsARequestWouldBe) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("colibri-genconfig-" + std::to_string(::getpid()) + ".json");
+  EXPECT_TRUE(read_sampling_defaults(file)->empty());  // absent: nothing
+  std::ofstream(file) << R"({"bos_token_id": 1, "eos_token_id": [2, 3], "temperature": 0.7, "top_k": 20,
+                            "do_sample": true, "repetition_penalty": 1.05})";
+  auto d = read_sampling_defaults(file);
+  ASSERT_TRUE(d) << d.error().message();
+  EXPECT_EQ(d->describe(), "temperature 0.7, top_k 20, repetition_penalty 1.05");
+  std::ofstream(file) << R"({"top_p": 1.5})";
+  auto bad = read_sampling_defaults(file);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message(), file.string() + ": \"top_p\" is 1.5; a request may give 0 to 1");
+  std::ofstream(file) << "{";
+  EXPECT_FALSE(read_sampling_defaults(file));
+  fs::remove(file);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/sdk/cache_policy.hpp"
+#include "colibri/sdk/status.hpp"
 #include "colibri/server/chat_output.hpp"
 
 namespace colibri::server {
@@ -101,7 +102,20 @@ inline constexpr std::size_t kMaxJsonDepth = 64;
 
 // Parses and validates a request body. Wrong types, out-of-range values and unsupported options come back as a 400
 // naming the field in `param`; the model name is not checked here (see check_model).
-std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
+// What a request that leaves a sampling field out gets instead of OpenAI's default (temperature 1, the rest off): the
+// model's own recommendation, as vLLM takes it from generation_config.json.
+struct SamplingDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+  [[nodiscard]] bool empty() const { return !temperature && !top_p && !min_p && !repetition_penalty && !top_k; }
+  [[nodiscard]] std::string describe() const;  // "temperature 0.6, top_p 0.95, top_k 20"
+};
+// A model's generation_config.json sampling fields (temperature, top_p, top_k, min_p, repetition_penalty): empty
+// when the file is absent or names none; an error names the file and the field.
+sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::path& generation_config);
+
+std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out,
+                                                 const SamplingDefaults& defaults = {});
 
 // Renders the chat for the model. Templates disagree on an assistant turn of tool calls: Mistral's writes the
 // arguments with tojson (a string would be quoted twice) while DeepSeek V3's adds them to a string (an object fails);

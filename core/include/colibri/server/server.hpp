@@ -12,6 +12,7 @@
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/sdk/status.hpp"
+#include "colibri/server/api.hpp"
 #include "colibri/server/scheduler.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 
@@ -36,6 +37,8 @@ struct ServerOptions {
   bool handle_signals = true;  // SIGTERM/SIGINT stop the server
   // A template whose model thinks in <think> blocks: the block is returned as reasoning_content (else left inline).
   bool separate_reasoning = true;
+  // Sampling fields a request leaves out: the model's generation_config.json values (as vLLM), else OpenAI's.
+  SamplingDefaults sampling_defaults;
   SchedulerOptions scheduler;
 };
 
