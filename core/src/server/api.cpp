@@ -83,6 +83,24 @@ std::string without_model_dir(std::string message, const std::filesystem::path& 
   return message;
 }
 
+std::optional<std::string> percent_decoded(std::string_view segment) {
+  std::string out;
+  out.reserve(segment.size());
+  for (std::size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] != '%') {
+      out.push_back(segment[i]);
+      continue;
+    }
+    unsigned value = 0;
+    if (i + 2 >= segment.size()) return std::nullopt;  // "%" or "%A" at the end
+    const auto [end, ec] = std::from_chars(segment.data() + i + 1, segment.data() + i + 3, value, 16);
+    if (ec != std::errc{} || end != segment.data() + i + 3) return std::nullopt;
+    out.push_back(static_cast<char>(value));
+    i += 2;
+  }
+  return out;
+}
+
 ApiError unavailable_for_now(std::string message) {
   return ApiError{503, std::move(message), "server_error", "", "temporarily_unavailable"};
 }

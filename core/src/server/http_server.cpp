@@ -298,6 +298,8 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    // A trailing slash names the same route (/v1/chat/completions/), as FastAPI-based servers redirect it.
+    if (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
     const auto method = request_.method();
     if (method == http::verb::options && !allowed_origin().empty() &&
         !request_[http::field::access_control_request_method].empty()) {
@@ -361,8 +363,11 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (target.starts_with("/v1/models/")) {
       if (!only(http::verb::get, "/v1/models/{model}")) return;
-      const auto name = std::string(target.substr(std::string_view("/v1/models/").size()));
-      if (auto e = check_model(name, srv_.opt.model_name)) return respond_error(*e, false);
+      const auto raw = target.substr(std::string_view("/v1/models/").size());
+      const auto name = percent_decoded(raw);  // org%2Fname, as openai-node sends a name with a slash
+      if (!name)
+        return respond_error(bad_request("Malformed %-escape in the model name '" + std::string(raw) + "'."), false);
+      if (auto e = check_model(*name, srv_.opt.model_name)) return respond_error(*e, false);
       return respond(200, model_object().dump(), "application/json");
     }
     if (target == "/v1/chat/completions") {

@@ -460,6 +460,22 @@ class Api(unittest.TestCase):
         with open(s.log.name) as f:
             self.assertIn("listening on 0.0.0.0 without --api-key", f.read())
 
+    def test_a_model_name_with_a_slash_is_found_percent_escaped(self):
+        # openai-node's models.retrieve() escapes the id: /v1/models/mistralai%2FMixtral-tiny was a 404.
+        s = Server("--served-model-name", "mistralai/Mixtral-tiny")
+        try:
+            for path in ("/v1/models/mistralai/Mixtral-tiny", "/v1/models/mistralai%2FMixtral-tiny",
+                         "/v1/models/mistralai%2fMixtral-tiny"):
+                status, body = s.json("GET", path)
+                self.assertEqual((status, body.get("id")), (200, "mistralai/Mixtral-tiny"), path)
+            status, body = s.json("GET", "/v1/models/mistralai%2")
+            assert_error(self, status, body, 400)
+            # A trailing slash names the same route.
+            status, body = s.json("POST", "/v1/completions/", {"prompt": "hi", "max_tokens": 2})
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_a_model_name_that_is_not_utf8_is_repaired(self):
         # Every answer is JSON, which must be UTF-8: the byte 0xff of the name becomes U+FFFD, with a warning.
         s = Server("--served-model-name", "bad" + os.fsdecode(b"\xff") + "name")

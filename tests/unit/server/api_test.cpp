@@ -779,5 +779,16 @@ TEST(ServerApi, SamplingDefaultsAreReadFromGenerationConfigAndCheckedAsARequestW
   fs::remove(file);
 }
 
+TEST(ServerApi, PercentEscapesInAPathSegmentAreDecodedAndMalformedOnesRefused) {
+  EXPECT_EQ(percent_decoded("mistralai%2FMixtral-tiny"), "mistralai/Mixtral-tiny");
+  EXPECT_EQ(percent_decoded("qwen3%3a30b"), "qwen3:30b");
+  EXPECT_EQ(percent_decoded("plain"), "plain");
+  EXPECT_EQ(percent_decoded("%6D"), "m");
+  EXPECT_EQ(percent_decoded("a%2"), std::nullopt);
+  EXPECT_EQ(percent_decoded("a%"), std::nullopt);
+  EXPECT_EQ(percent_decoded("a%zz"), std::nullopt);
+  EXPECT_EQ(percent_decoded("a%+1"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace colibri::server

@@ -43,6 +43,9 @@ ApiError internal_error(std::string message);
 // keeps where the model lives on the server's disk; a client is told which file, not the server's layout.
 std::string without_model_dir(std::string message, const std::filesystem::path& model_dir);
 ApiError unavailable(std::string message);
+// A URL path segment with its %XX escapes decoded (openai-node sends /v1/models/org%2Fname); nullopt when an escape
+// is malformed.
+std::optional<std::string> percent_decoded(std::string_view segment);
 // 503 with Retry-After: a transient shortage (descriptors, a storage timeout) failed this request; it may pass later.
 ApiError unavailable_for_now(std::string message);
 
