@@ -794,6 +794,28 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (!it->is_boolean()) return wrong_type("ignore_eos", "a boolean", *it);
     out.ignore_eos = it->get<bool>();
   }
+  // A special token the model does not list as an end (a base model's <|im_end|>): stop strings never see it, since
+  // special tokens are not in the text.
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type("stop_token_ids", "a list of token ids", *it);
+    for (const auto& id : *it) {
+      if (!is_integer(id) || !id.is_number_unsigned() || id.get<std::uint64_t>() > 0x7fffffffu) {
+        return out_of_range("stop_token_ids", "token ids (integers of 0 or more)", id);
+      }
+      out.stop_token_ids.push_back(static_cast<std::int32_t>(id.get<std::uint64_t>()));
+    }
+  }
+  // Special tokens are never in the text (stop strings and offsets rely on it): asking for them is refused, not
+  // ignored.
+  if (auto it = body.find("skip_special_tokens"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong_type("skip_special_tokens", "a boolean", *it);
+    if (!it->get<bool>()) {
+      return bad_request(
+          "skip_special_tokens false is not supported: special tokens are always left out of the "
+          "text; to end at one, list it in stop_token_ids.",
+          "skip_special_tokens", "unsupported_value");
+    }
+  }
   if (auto it = body.find("min_tokens"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("min_tokens", "an integer", *it);
     if (!it->is_number_unsigned()) return out_of_range("min_tokens", "an integer of 0 or more", *it);

@@ -297,12 +297,21 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       for (const auto e : eos_) {
         if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
       }
+      if (seq.generated < seq.job->request.min_tokens) {  // as vLLM: min_tokens holds back the stop tokens too
+        for (const auto e : seq.job->request.stop_token_ids) {
+          if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
+        }
+      }
     } else {
       seq.allowed.clear();
     }
     const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed, seq.job->request.prompt.size());
     if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
       finish(seq, "eos");
+      continue;
+    }
+    if (const auto& ids = seq.job->request.stop_token_ids; std::find(ids.begin(), ids.end(), next) != ids.end()) {
+      finish(seq, "eos");  // finish_reason "stop", as vLLM; what the decoder held back goes out, not the token
       continue;
     }
     ++seq.generated;

@@ -354,6 +354,19 @@ class Api(unittest.TestCase):
         endless = usage_of({"ignore_eos": True})
         self.assertEqual((endless["usage"]["completion_tokens"], endless["choices"][0]["finish_reason"]),
                          (12, "length"))
+        # stop_token_ids (vLLM): a token that is not an end token ends the answer, left out of the text; min_tokens
+        # holds it back too. Stop strings could not: a special token is not in the text.
+        pushed = dict(greedy, max_tokens=12, logit_bias={"100": 100})
+        self.assertEqual(self.s.json("POST", "/v1/completions", pushed)[1]["usage"]["completion_tokens"], 12)
+        for extra, tokens in (({}, 0), ({"min_tokens": 3}, 3)):
+            status, got = self.s.json("POST", "/v1/completions", dict(pushed, stop_token_ids=[100], **extra))
+            self.assertEqual(status, 200, got)
+            self.assertEqual((got["usage"]["completion_tokens"], got["choices"][0]["finish_reason"]),
+                             (tokens, "stop"), extra)
+        for bad in ({"stop_token_ids": [-1]}, {"stop_token_ids": 5}, {"skip_special_tokens": False}):
+            status, body = self.s.json("POST", "/v1/completions", dict(greedy, **bad))
+            assert_error(self, status, body, 400, param=next(iter(bad)))
+        self.assertEqual(self.s.json("POST", "/v1/completions", dict(greedy, skip_special_tokens=True))[0], 200)
         # Before min_tokens no stop text ends the answer either (vLLM): a stop found in the first tokens is passed.
         stop = plain[2:4]
         stopped = self.s.json("POST", "/v1/completions", dict(greedy, stop=[stop]))[1]

@@ -38,8 +38,9 @@ struct GenerationRequest {
   std::shared_ptr<const engine::JsonSchema> json_schema;  // JSON mode: the object must also conform to this
   // JSON mode: a thinking model's <think> block comes first, free (may_open: if the answer opens it).
   engine::JsonAnswer::Thinking json_thinking = engine::JsonAnswer::Thinking::none;
-  std::int64_t min_tokens = 0;    // end tokens are banned until this many tokens are generated
-  bool ignore_eos = false;        // end tokens are banned throughout: generation ends by length, stop or context
+  std::int64_t min_tokens = 0;  // end tokens are banned until this many tokens are generated
+  bool ignore_eos = false;      // end tokens are banned throughout: generation ends by length, stop or context
+  std::vector<std::int32_t> stop_token_ids;  // these end it too (banned before min_tokens); not in the text
   bool keep_special = false;      // special tokens are decoded into the text (a tool call marker that is one)
   bool continues_prompt = false;  // the text continues the prompt's (completions): see engine::GenerateOptions
   bool prompt_logprobs = false;   // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
