@@ -258,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     stream_.expires_never();
     request_ = parser_->release();
+    request_id_ = request_id();
     keep_alive_ = request_.keep_alive();
     try {
       handle();
@@ -280,8 +281,19 @@ class Session : public std::enable_shared_from_this<Session> {
     return {};
   }
 
+  // The request's X-Request-Id when it is a plain token (as vLLM and proxies pass one through), else one made here:
+  // every answer carries it, so a client's log line and the server's name the same request.
+  [[nodiscard]] std::string request_id() const {
+    const auto given = request_["X-Request-Id"];
+    const bool plain = !given.empty() && given.size() <= 128 && std::all_of(given.begin(), given.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == ':';
+    });
+    return plain ? std::string(given) : srv_.new_id("req-");
+  }
+
   template <class Response>
-  void add_cors(Response& res) const {
+  void add_answer_headers(Response& res) const {  // x-request-id, and CORS
+    if (!request_id_.empty()) res.set("x-request-id", request_id_);
     if (srv_.opt.allowed_origins.empty()) return;
     res.set(http::field::vary, "Origin");
     if (const auto origin = allowed_origin(); !origin.empty())
@@ -819,7 +831,7 @@ class Session : public std::enable_shared_from_this<Session> {
       res.set(http::field::server, "colibri");
       res.set(http::field::content_type, "text/event-stream");
       res.set(http::field::cache_control, "no-cache");
-      add_cors(res);
+      add_answer_headers(res);
       http10_ = request_.version() < 11;
       if (http10_) keep_alive_ = false;
       res.chunked(!http10_);
@@ -1218,7 +1230,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->version(request_.version() == 10 ? 10 : 11);
     res->set(http::field::server, "colibri");
     res->set(http::field::content_type, content_type);
-    add_cors(*res);
+    add_answer_headers(*res);
     res->keep_alive(keep);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -1280,6 +1292,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool between_requests_ = false;  // waiting for a keep-alive connection's next request
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false, http10_ = false;
   std::string allow_;                // a 405's Allow header
+  std::string request_id_;           // x-request-id of this request's answer
   net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
   bool read_timed_out_ = false, read_done_ = true;
   std::uint64_t reads_ = 0;  // numbers the deadlines, so that a stale one is ignored

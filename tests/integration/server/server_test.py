@@ -253,6 +253,20 @@ class Api(unittest.TestCase):
         self.assertEqual((status, body["id"]), (200, "tiny"))
         status, body = self.s.json("GET", "/v1/models/other")
         assert_error(self, status, body, 404, "model_not_found")
+        # Every answer names its request (x-request-id, as OpenAI's): the client's own id when it sent a plain one.
+        ids = [self.s.request("GET", "/v1/models")[2].getheader("x-request-id") for _ in range(2)]
+        self.assertTrue(all(ids) and ids[0] != ids[1], ids)
+        own = self.s.request("GET", "/v1/models", headers={"X-Request-Id": "trace-42:a.b_c"})[2]
+        self.assertEqual(own.getheader("x-request-id"), "trace-42:a.b_c")
+        odd = self.s.request("GET", "/v1/models", headers={"X-Request-Id": "two words"})[2]
+        self.assertNotIn(odd.getheader("x-request-id"), (None, "two words"))
+        conn = http.client.HTTPConnection("127.0.0.1", self.s.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x", "max_tokens": 2, "stream": True}),
+                     headers={"Content-Type": "application/json", "X-Request-Id": "streamed-1"})
+        r = conn.getresponse()
+        self.assertEqual((r.status, r.getheader("x-request-id")), (200, "streamed-1"))
+        r.read()
+        conn.close()
 
     def test_completion_equals_cli_run(self):
         prompt = "hello world"
