@@ -347,16 +347,75 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
   return std::nullopt;
 }
 
+}  // namespace
+
+std::string with_lone_surrogates_replaced(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex4 = [&](std::size_t at, unsigned& v) {
+    if (at + 6 > text.size() || text[at] != '\\' || text[at + 1] != 'u') return false;
+    const auto [end, ec] = std::from_chars(text.data() + at + 2, text.data() + at + 6, v, 16);
+    return ec == std::errc{} && end == text.data() + at + 6;
+  };
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (!in_string) {
+      in_string = c == '"';
+      out.push_back(c);
+      continue;
+    }
+    if (c == '"') {
+      in_string = false;
+      out.push_back(c);
+      continue;
+    }
+    if (c != '\\' || i + 1 >= text.size()) {
+      out.push_back(c);
+      continue;
+    }
+    unsigned v = 0, low = 0;
+    if (text[i + 1] == 'u' && hex4(i, v) && v >= 0xD800 && v <= 0xDFFF) {
+      if (v <= 0xDBFF && hex4(i + 6, low) && low >= 0xDC00 && low <= 0xDFFF) {
+        out.append(text.substr(i, 12));  // a pair: one character
+        i += 11;
+      } else {
+        out += "\\uFFFD";  // alone: not a character; U+FFFD as a decoder would make it
+        i += 5;
+      }
+      continue;
+    }
+    out.append(text.substr(i, 2));  // any other escape, \\ included, as it is
+    ++i;
+  }
+  return out;
+}
+
+namespace {
+
 // A JSON object body, nesting bounded before parsing.
 std::optional<ApiError> parse_object(std::string_view body_text, json& body) {
   if (json_nesting_depth(body_text) > kMaxJsonDepth) {
     return bad_request("The JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
   }
   body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() && body_text.find("\\u") != std::string_view::npos) {
+    // A client that cut a string inside a surrogate pair (JavaScript's slice() on an emoji) sends half a pair,
+    // which Python's json (and so vLLM) reads: here it becomes U+FFFD instead of failing the request.
+    body = json::parse(with_lone_surrogates_replaced(body_text), nullptr, /*allow_exceptions=*/false);
+  }
   if (body.is_discarded()) {
-    return bad_request(
-        "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8, "
-        "Content-Type: application/json).");
+    std::string why;
+    try {
+      body = json::parse(body_text);  // throws, saying where and why (the quiet parse above only failed)
+    } catch (const json::parse_error& e) {
+      why = e.what();
+      if (const auto at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
+      why = " (" + why + ")";
+    } catch (const std::exception&) {
+    }
+    return bad_request("We could not parse the JSON body of your request" + why +
+                       ". The body must be valid JSON (UTF-8, Content-Type: application/json).");
   }
   if (!body.is_object()) return bad_request("The request body must be a JSON object, got " + type_name(body) + ".");
   return std::nullopt;

@@ -120,6 +120,20 @@ TEST(ServerApi, MalformedBodies) {
   auto e = expect_error("[1,2]");
   EXPECT_EQ(e.status, 400);
   EXPECT_NE(e.message.find("JSON object"), std::string::npos);
+  // The parser's own words say where it failed.
+  EXPECT_NE(expect_error("{\"model\": }").message.find("parse error at line 1, column 11"), std::string::npos);
+}
+
+TEST(ServerApi, HalfASurrogatePairBecomesAReplacementCharacter) {
+  // JavaScript's slice() through an emoji sends half of its pair: Python's json (vLLM) reads it; so does this.
+  CompletionRequest r;
+  ASSERT_FALSE(parse_completion_request(R"({"prompt": "Summary of \ud83d"})", Endpoint::completions, r));
+  EXPECT_EQ(r.prompt, "Summary of \xEF\xBF\xBD");
+  ASSERT_FALSE(parse_completion_request(R"({"prompt": "\ude00 and \ud83d\ude00"})", Endpoint::completions, r));
+  EXPECT_EQ(r.prompt, "\xEF\xBF\xBD and \xF0\x9F\x98\x80");  // a whole pair stays the character
+  EXPECT_EQ(with_lone_surrogates_replaced(R"({"a": "\\ud83d", "b": "\ud83d\"})"),
+            R"({"a": "\\ud83d", "b": "\uFFFD\"})");  // an escaped backslash is not an escape
+  EXPECT_EQ(with_lone_surrogates_replaced(R"({"\ud83d": 1})"), R"({"\uFFFD": 1})");
 }
 
 TEST(ServerApi, DeepNestingIsRefusedBeforeParsing) {

@@ -102,6 +102,9 @@ inline constexpr int kMaxPrompts = 256;  // completions: prompts in one batch re
 // Deepest bracket nesting of a JSON text (strings skipped); bounded before parsing so a hostile body cannot
 // exhaust the stack of the recursive parser.
 std::size_t json_nesting_depth(std::string_view text);
+// `text` (JSON) with each escaped surrogate (U+D800..U+DFFF) that is not half of a pair written as U+FFFD; the rest
+// as it is.
+std::string with_lone_surrogates_replaced(std::string_view text);
 inline constexpr std::size_t kMaxJsonDepth = 64;
 
 // Parses and validates a request body. Wrong types, out-of-range values and unsupported options come back as a 400
