@@ -49,16 +49,16 @@ def make_model():
                        capture_output=True)
 
 
-def patched_model(name, **config):
-    """The tiny model converted from its checkpoint with these config.json keys changed: WORK/tiny-NAME."""
+def patched_model(name, file="config.json", **keys):
+    """The tiny model converted from its checkpoint with these keys of `file` changed: WORK/tiny-NAME."""
     ckpt = os.path.join(WORK, f"ckpt-{name}")
     model = os.path.join(WORK, f"tiny-{name}")
     if not os.path.exists(os.path.join(model, "manifest.json")):
         shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
-        with open(os.path.join(ckpt, "config.json")) as f:
+        with open(os.path.join(ckpt, file)) as f:
             cfg = json.load(f)
-        cfg.update(config)
-        with open(os.path.join(ckpt, "config.json"), "w") as f:
+        cfg.update(keys)
+        with open(os.path.join(ckpt, file), "w") as f:
             json.dump(cfg, f)
         subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
                        capture_output=True)
@@ -413,20 +413,7 @@ class Api(unittest.TestCase):
     def test_the_models_generation_config_gives_the_sampling_defaults(self):
         # As vLLM: a request that leaves sampling out gets the model's recommendation (here top_k 1: greedy, whatever
         # the seed); --sampling-defaults openai keeps OpenAI's (temperature 1, nothing cut: seeds differ).
-        def converted(name, **sampling):
-            ckpt, model = os.path.join(WORK, f"ckpt-{name}"), os.path.join(WORK, name)
-            if not os.path.exists(os.path.join(model, "manifest.json")):
-                shutil.copytree(os.path.join(WORK, "ckpt"), ckpt, dirs_exist_ok=True)
-                with open(os.path.join(ckpt, "generation_config.json")) as f:
-                    gen = json.load(f)
-                gen.update(sampling)
-                with open(os.path.join(ckpt, "generation_config.json"), "w") as f:
-                    json.dump(gen, f)
-                subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
-                               capture_output=True)
-            return model
-
-        model = converted("tiny-genconfig", temperature=0.7, top_k=1)
+        model = patched_model("genconfig", file="generation_config.json", temperature=0.7, top_k=1)
         body = {"model": "tiny-genconfig", "prompt": "The wing", "max_tokens": 8}
         answers = {}
         for mode in ("model", "openai"):
@@ -445,7 +432,7 @@ class Api(unittest.TestCase):
                 self.assertGreater(len(own), 1)
             else:
                 self.assertGreater(len(answers[mode]), 1)
-        bad = converted("tiny-genconfig-bad", top_p=7)
+        bad = patched_model("genconfig-bad", file="generation_config.json", top_p=7)
         p = subprocess.run([SERVER, "--model", bad, "--port", "0"] + BACKEND_ARGS, capture_output=True, text=True,
                            timeout=120)
         self.assertEqual(p.returncode, 1)
