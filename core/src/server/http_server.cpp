@@ -166,6 +166,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_request() {
     idle_ = true;
     if (srv_.stopping) return close_now();
+    request_id_.clear();  // an answer before the next request parses (400, 408) is not the last one's
     parser_.emplace();
     parser_->header_limit(srv_.opt.max_header_bytes);
     parser_->body_limit(srv_.opt.max_body_bytes);

@@ -267,6 +267,21 @@ class Api(unittest.TestCase):
         self.assertEqual((r.status, r.getheader("x-request-id")), (200, "streamed-1"))
         r.read()
         conn.close()
+        # An answer to a request that did not parse, on the same keep-alive connection, is not given the last id.
+        with socket.create_connection(("127.0.0.1", self.s.port), timeout=30) as raw:
+            raw.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: first-one\r\n\r\n")
+            seen = b""
+            while b"first-one" not in seen:
+                seen += raw.recv(4096)
+            raw.sendall(b"NOT HTTP\r\n\r\n")
+            rest = b""
+            while b"\r\n\r\n" not in rest:
+                chunk = raw.recv(4096)
+                if not chunk:
+                    break
+                rest += chunk
+            self.assertIn(b" 400 ", rest.split(b"\r\n")[0])
+            self.assertNotIn(b"first-one", rest)
 
     def test_completion_equals_cli_run(self):
         prompt = "hello world"
