@@ -166,6 +166,32 @@ bool is_integer(const json& v) {
   return v.is_number_integer() || v.is_number_unsigned();
 }
 
+// The sampling fields' ranges: what a request may give, and so what a model's generation_config.json may.
+struct NumberRange {
+  const char* name;
+  double lo, hi;
+};
+constexpr NumberRange kTemperature{"temperature", 0.0, 2.0}, kTopP{"top_p", 0.0, 1.0}, kMinP{"min_p", 0.0, 1.0},
+    kRepetitionPenalty{"repetition_penalty", 0.01, 10.0};
+constexpr std::int64_t kTopKMax = 1000000;
+
+std::optional<ApiError> number_field(const json& body, const NumberRange& r, float& out) {
+  return number_field(body, r.name, r.lo, r.hi, out);
+}
+
+// top_k: -1 and 0 both mean off (vLLM writes -1); `out` stays unset when the field is absent or null.
+std::optional<ApiError> top_k_field(const json& body, std::optional<std::int32_t>& out) {
+  auto it = body.find("top_k");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!is_integer(*it)) return wrong_type("top_k", "an integer", *it);
+  if (it->is_number_unsigned() ? it->get<std::uint64_t>() > static_cast<std::uint64_t>(kTopKMax)
+                               : it->get<std::int64_t>() < -1) {
+    return out_of_range("top_k", "-1 or 0 (off), or a number of tokens up to " + std::to_string(kTopKMax), *it);
+  }
+  out = static_cast<std::int32_t>(it->get<std::int64_t>());
+  return std::nullopt;
+}
+
 // Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined by newlines).
 std::optional<ApiError> message_content(const json& content, const std::string& field, std::string& out) {
   if (content.is_null()) return std::nullopt;
@@ -761,29 +787,23 @@ sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::pa
                                                               "); fix it, or start with --sampling-defaults openai");
   }
   if (!j.is_object()) return d;
-  // The same ranges a request is held to: a value a request could not give is the file's mistake, named.
-  auto real = [&](const char* name, double lo, double hi, std::optional<float>& into) -> sdk::Status {
-    auto it = j.find(name);
-    if (it == j.end() || it->is_null()) return {};
-    if (!it->is_number() || !(it->get<double>() >= lo && it->get<double>() <= hi)) {
-      return sdk::Status(sdk::StatusCode::invalid_argument, file.string() + ": \"" + name + "\" is " + it->dump() +
-                                                                "; a request may give " + g_text(lo) + " to " +
-                                                                g_text(hi));
-    }
-    into = it->get<float>();
-    return {};
+  // Checked as a request's fields are: a value a request could not give is the file's mistake, named.
+  auto refused = [&](const char* name, const std::string& lo, const std::string& hi) {
+    return sdk::Status(sdk::StatusCode::invalid_argument, file.string() + ": \"" + name + "\" is " + j[name].dump() +
+                                                              "; a request may give " + lo + " to " + hi);
   };
-  if (auto s = real("temperature", 0.0, 2.0, d.temperature); !s) return s;
-  if (auto s = real("top_p", 0.0, 1.0, d.top_p); !s) return s;
-  if (auto s = real("min_p", 0.0, 1.0, d.min_p); !s) return s;
-  if (auto s = real("repetition_penalty", 0.01, 10.0, d.repetition_penalty); !s) return s;
-  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
-    if (!it->is_number_integer() || it->get<std::int64_t>() < -1 || it->get<std::int64_t>() > 1000000) {
-      return sdk::Status(sdk::StatusCode::invalid_argument,
-                         file.string() + ": \"top_k\" is " + it->dump() + "; a request may give -1 to 1000000");
-    }
-    d.top_k = static_cast<int>(it->get<std::int64_t>());
+  for (auto [range, into] : {std::pair{&kTemperature, &d.temperature},
+                             {&kTopP, &d.top_p},
+                             {&kMinP, &d.min_p},
+                             {&kRepetitionPenalty, &d.repetition_penalty}}) {
+    if (!j.contains(range->name) || j[range->name].is_null()) continue;
+    float v = 0;
+    if (number_field(j, *range, v)) return refused(range->name, g_text(range->lo), g_text(range->hi));
+    *into = v;
   }
+  std::optional<std::int32_t> top_k;
+  if (top_k_field(j, top_k)) return refused("top_k", "-1", std::to_string(kTopKMax));
+  if (top_k) d.top_k = *top_k;
   return d;
 }
 
@@ -840,8 +860,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   s.top_k = std::max(0, defaults.top_k.value_or(s.top_k));  // -1 is off, as 0
   s.min_p = defaults.min_p.value_or(s.min_p);
   s.repetition_penalty = defaults.repetition_penalty.value_or(s.repetition_penalty);
-  if (auto e = number_field(body, "temperature", 0.0, 2.0, s.temperature)) return e;
-  if (auto e = number_field(body, "top_p", 0.0, 1.0, s.top_p)) return e;
+  if (auto e = number_field(body, kTemperature, s.temperature)) return e;
+  if (auto e = number_field(body, kTopP, s.top_p)) return e;
   if (s.top_p <= 0.0f) {  // only the most likely token survives
     s.top_p = 1.0f;
     s.temperature = 0.0f;
@@ -882,16 +902,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
                          ? std::numeric_limits<std::int64_t>::max()
                          : it->get<std::int64_t>();
   }
-  if (auto e = number_field(body, "min_p", 0.0, 1.0, s.min_p)) return e;
-  if (auto e = number_field(body, "repetition_penalty", 0.01, 10.0, s.repetition_penalty)) return e;
-  if (auto it = body.find("top_k"); it != body.end() && !it->is_null()) {
-    if (!is_integer(*it)) return wrong_type("top_k", "an integer", *it);
-    // -1 and 0 both mean off (vLLM writes -1).
-    if (it->is_number_unsigned() ? it->get<std::uint64_t>() > 1000000u : it->get<std::int64_t>() < -1) {
-      return out_of_range("top_k", "-1 or 0 (off), or a number of tokens up to 1000000", *it);
-    }
-    s.top_k = std::max<std::int32_t>(0, static_cast<std::int32_t>(it->get<std::int64_t>()));
-  }
+  if (auto e = number_field(body, kMinP, s.min_p)) return e;
+  if (auto e = number_field(body, kRepetitionPenalty, s.repetition_penalty)) return e;
+  std::optional<std::int32_t> top_k;
+  if (auto e = top_k_field(body, top_k)) return e;
+  if (top_k) s.top_k = std::max<std::int32_t>(0, *top_k);
 
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     auto it = body.find(name);

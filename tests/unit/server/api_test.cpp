@@ -788,6 +788,10 @@ TEST(ServerApi, SamplingDefaultsAreReadFromGenerationConfigAndCheckedAsARequestW
   auto bad = read_sampling_defaults(file);
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().message(), file.string() + ": \"top_p\" is 1.5; a request may give 0 to 1");
+  std::ofstream(file) << R"({"top_k": 2000000})";
+  auto far = read_sampling_defaults(file);
+  ASSERT_FALSE(far);
+  EXPECT_EQ(far.error().message(), file.string() + ": \"top_k\" is 2000000; a request may give -1 to 1000000");
   std::ofstream(file) << "{";
   EXPECT_FALSE(read_sampling_defaults(file));
   fs::remove(file);
