@@ -263,7 +263,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
   if (lane % (kBlock / 8) == 0) d[at / kBlock] = dq;
 }
 
-template <class F, int NT, int R>
+template <class F, int NT, int R, int U>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
                      const float* __restrict__ xd, float* __restrict__ y, const float* __restrict__ bias, int k, int n,
@@ -272,33 +272,39 @@ __global__ void __launch_bounds__(kMatmulThreads)
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int t0 = blockIdx.y * NT;
   float acc[R][NT];
-  q8dot::lane_sums<F, NT, R>(w, row_bytes, xq, xd, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
+  q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
   store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
 }
 
-template <class F, int NT, int R>
+template <class F, int NT, int R, int U = 1>
 cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((t + NT - 1) / NT));
-  matmul_q8_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, q8.q, q8.d, y,
-                                                             bias, static_cast<int>(k), static_cast<int>(n),
-                                                             static_cast<int>(t));
+  matmul_q8_kernel<F, NT, R, U><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, q8.q, q8.d, y,
+                                                                bias, static_cast<int>(k), static_cast<int>(n),
+                                                                static_cast<int>(t));
+  return cudaGetLastError();
+}
+
+template <class F>
+cudaError_t quantize_q8(cudaStream_t s, const float* x, const Q8Scratch& q8, std::int64_t k, std::int64_t t) {
+  // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
+  const auto units = static_cast<unsigned>((k + q8dot::kUnit - 1) / q8dot::kUnit);
+  quantize_q8_kernel<F::kXBlock>
+      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, static_cast<int>(k));
   return cudaGetLastError();
 }
 
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
                           const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
-  // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
-  const auto units = static_cast<unsigned>((k + q8dot::kUnit - 1) / q8dot::kUnit);
-  quantize_q8_kernel<F::kXBlock>
-      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, static_cast<int>(k));
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t); e != cudaSuccess) return e;
   // One row per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
-  // for four rows); the row count never changes an output element's order.
-  if (t == 1) return matmul_q8_as<F, 1, 1>(s, w, rb, q8, y, bias, k, n, t);
+  // for four rows), and four of a lane's units per step; neither changes an output element's order.
+  // colibri_bench_cuda_gemv times the other decode variants (launch_matmul_q8_variant).
+  if (t == 1) return matmul_q8_as<F, 1, 1, 4>(s, w, rb, q8, y, bias, k, n, t);
   if (t == 2) return matmul_q8_as<F, 2, 4>(s, w, rb, q8, y, bias, k, n, t);
   if (t <= 4) return matmul_q8_as<F, 4, 2>(s, w, rb, q8, y, bias, k, n, t);
   return matmul_q8_as<F, 8, 2>(s, w, rb, q8, y, bias, k, n, t);
@@ -316,6 +322,21 @@ cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::si
     case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t);
     case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t);
     case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class F>
+cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
+                                  float* y, std::int64_t k, std::int64_t n, int rows, int unroll) {
+  if (cudaError_t e = quantize_q8<F>(s, x, q8, k, 1); e != cudaSuccess) return e;
+  const int v = rows * 10 + unroll;
+  switch (v) {
+    case 11: return matmul_q8_as<F, 1, 1, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 12: return matmul_q8_as<F, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 14: return matmul_q8_as<F, 1, 1, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 21: return matmul_q8_as<F, 1, 2, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 22: return matmul_q8_as<F, 1, 2, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -707,6 +728,21 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
     return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
+}
+
+cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                     const float* x, float* y, std::int64_t k, std::int64_t n, const Q8Scratch& q8,
+                                     int rows, int unroll) noexcept {
+  if (!takes_q8(wtype, k)) return cudaErrorInvalidValue;
+  switch (wtype) {
+    case kQ4_K: return matmul_q8_variant_for<q8dot::Q4_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kQ5_K: return matmul_q8_variant_for<q8dot::Q5_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kQ6_K: return matmul_q8_variant_for<q8dot::Q6_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kQ8_0: return matmul_q8_variant_for<q8dot::Q8_0>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kQ4_0: return matmul_q8_variant_for<q8dot::Q4_0>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kMXFP4: return matmul_q8_variant_for<q8dot::MXFP4>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,

@@ -29,6 +29,13 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8 = nullptr) noexcept;
 
+// For colibri_bench_cuda_gemv: the decode matmul (T = 1, 8-bit activations) of q4_k, q5_k, q6_k, q8_0, q4_0 or mxfp4
+// with `rows` rows per warp (1, 2) and `unroll` units per lane step (1, 2, 4; 2 rows: 1, 2). Every variant gives
+// launch_matmul's bits; cudaErrorInvalidValue for another format or variant.
+cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                     const float* x, float* y, std::int64_t k, std::int64_t n, const Q8Scratch& q8,
+                                     int rows, int unroll) noexcept;
+
 // n elements of X encoded into Y of a KV cache type (f32, f16, q8_0; n a multiple of 32 for q8_0), the bytes of
 // colibri::quant::quantize_row. Y is 2-byte aligned.
 cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,

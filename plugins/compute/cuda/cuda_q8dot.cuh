@@ -368,7 +368,11 @@ COLIBRI_HD float load_scale(const float* p) {
 // (tokens past t repeat the last). xq holds each token's k activations (k * token bytes in, 16-byte aligned), xd each
 // token's k / F::kXBlock scales; takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
 // The matmul kernel runs it on the device, the host test as it is.
-template <class F, int NT, int R>
+//
+// U > 1 walks U of a lane's units per step, their loads issued together: a decode warp owns one row of a few units
+// (K = 4096 is 16 units, 4 steps of 4 lanes' units), so with one unit per step each warp waits on memory four times
+// in a row. The units are still added in ascending order, so U never changes a bit.
+template <class F, int NT, int R, int U = 1>
 COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd, int k,
                           int n, int t, long long row0, int t0, int lane, float (&acc)[R][NT]) {
   const int j = lane % 8;
@@ -397,7 +401,7 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
   }
-  for (int u = lane / 8; u < units || (u == units && j < last_blocks); u += 4) {
+  auto step = [&](int u) {
     X16 xa[NT], xb[NT];
     float dx[NT];
     COLIBRI_UNROLL
@@ -413,7 +417,15 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
       COLIBRI_UNROLL
       for (int i = 0; i < NT; ++i) acc[r][i] = fma_rn(dx[i], part[i], acc[r][i]);
     }
+  };
+  int u = lane / 8;
+  if constexpr (U > 1) {
+    for (; u + 4 * (U - 1) < units; u += 4 * U) {
+      COLIBRI_UNROLL
+      for (int s = 0; s < U; ++s) step(u + 4 * s);
+    }
   }
+  for (; u < units || (u == units && j < last_blocks); u += 4) step(u);
 }
 
 }  // namespace colibri::cuda::q8dot

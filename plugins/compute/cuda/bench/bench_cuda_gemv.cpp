@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -56,6 +58,8 @@ float median_ms(int reps, F fn) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
+
+constexpr std::pair<int, int> kVariants[] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}};
 
 }  // namespace
 
@@ -118,6 +122,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&q8buf, colibri::cuda::q8_scratch_bytes(k, 8)));
   const colibri::cuda::Q8Scratch q8 = colibri::cuda::q8_scratch_at(q8buf, k, 8);
 
+  std::vector<std::string> variant_rows;
+  bool variant_mismatch = false;
   for (DType type : {DType::q4_k, DType::q5_k, DType::q6_k, DType::q8_0, DType::q4_0, DType::mxfp4, DType::q2_k,
                      DType::q3_k, DType::f16, DType::bf16, DType::f32}) {
     // Rows that are not whole blocks of the format (the k-quants' 256 where K = 2880, gpt-oss's) do not exist.
@@ -149,10 +155,47 @@ int main(int argc, char** argv) {
                   acts == nullptr ? " exact" : "", static_cast<double>(bytes) / 1e6, t1 * 1e3, t8 * 1e3, gbs,
                   100.0 * gbs / device_gbs);
     }
+    // The decode variants (rows per warp, units per lane step) on the same weights: each must give the default's
+    // bits; their times say which default is best on this device.
+    if (colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, 1, 1) == cudaSuccess) {
+      CHECK(cudaDeviceSynchronize());
+      std::vector<float> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
+      CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1, &q8));
+      CHECK(cudaMemcpy(want.data(), dy, want.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      std::string line = "| " + std::string(colibri::sdk::to_string(type)) + " decode |";
+      for (const auto& [rows, unroll] : kVariants) {
+        CHECK(cudaMemset(dy, 0xFF, want.size() * sizeof(float)));
+        CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, rows, unroll));
+        CHECK(cudaMemcpy(got.data(), dy, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+          std::fprintf(stderr, "%s: decode variant %d rows x %d units differs from launch_matmul\n",
+                       std::string(colibri::sdk::to_string(type)).c_str(), rows, unroll);
+          variant_mismatch = true;
+        }
+        const float ms = median_ms(reps, [&] {
+          CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, rows, unroll));
+        });
+        char cell[64];
+        std::snprintf(cell, sizeof cell, " %.1f us %.0f%% |", ms * 1e3,
+                      100.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9 / device_gbs);
+        line += cell;
+      }
+      variant_rows.push_back(line);
+    }
     CHECK(cudaFree(dw));
+  }
+  if (!variant_rows.empty()) {
+    std::printf(
+        "\ndecode variants (T = 1, 8-bit activations; rows per warp x units per lane step; time, share of "
+        "measured; the default is 1x4):\n\n| format |");
+    for (const auto& [rows, unroll] : kVariants) std::printf(" %dx%d |", rows, unroll);
+    std::printf("\n| --- |");
+    for (std::size_t i = 0; i < std::size(kVariants); ++i) std::printf(" ---: |");
+    std::printf("\n");
+    for (const auto& line : variant_rows) std::printf("%s\n", line.c_str());
   }
   CHECK(cudaFree(xbuf));
   CHECK(cudaFree(ybuf));
   CHECK(cudaFree(q8buf));
-  return 0;
+  return variant_mismatch ? 1 : 0;
 }

@@ -248,11 +248,11 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
     }
   }
   // One warp's output for rows row0.. and tokens t0..: lane sums, then the fixed xor tree.
-  auto warp = [&]<int NT, int R>(long long row0, int t0) {
+  auto warp = [&]<int NT, int R, int U = 1>(long long row0, int t0) {
     float lanes[32][R][NT];
     for (int l = 0; l < 32; ++l) {
-      q8::lane_sums<F, NT, R>(wq, rb, xq.data(), xd.data(), static_cast<int>(k), static_cast<int>(n),
-                              static_cast<int>(t), row0, t0, l, lanes[l]);
+      q8::lane_sums<F, NT, R, U>(wq, rb, xq.data(), xd.data(), static_cast<int>(k), static_cast<int>(n),
+                                 static_cast<int>(t), row0, t0, l, lanes[l]);
     }
     for (int off = 16; off >= 1; off >>= 1) {
       float next[32][R][NT];
@@ -290,6 +290,14 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
       std::memcpy(&b, &in_tile, 4);
       EXPECT_EQ(a, b) << colibri::sdk::to_string(type) << " row " << row << " token " << tok
                       << ": a 4-token, 2-row tile changes the bits";
+      // Decode's unrolled walks (several of a lane's units per step) add the same terms in the same order.
+      for (const float unrolled :
+           {warp.template operator()<1, 1, 2>(row, tok)[0], warp.template operator()<1, 1, 4>(row, tok)[0],
+            warp.template operator()<1, 2, 2>(row - row % 2, tok)[static_cast<std::size_t>(row % 2)]}) {
+        std::memcpy(&b, &unrolled, 4);
+        EXPECT_EQ(a, b) << colibri::sdk::to_string(type) << " k " << k << " row " << row << " token " << tok
+                        << ": a walk of several units per step changes the bits";
+      }
     }
   }
 }
@@ -303,13 +311,19 @@ TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   expect_warp_matches<q8::Q8_0>(DType::q8_0);
   expect_warp_matches<q8::Q4_0>(DType::q4_0);
   expect_warp_matches<q8::MXFP4>(DType::mxfp4);
+  // 16 units and more, so that decode's walk of four units per step runs whole steps and a remainder.
+  for (const std::int64_t k : {4096, 5120}) {
+    expect_warp_matches<q8::Q4_K>(DType::q4_k, k);
+    expect_warp_matches<q8::Q6_K>(DType::q6_k, k);
+    expect_warp_matches<q8::Q8_0>(DType::q8_0, k);
+  }
 }
 
 // Rows of whole 32-element blocks but not whole units (gpt-oss's 2880 = 11 units and 2 blocks; 1056 = 4 units and
 // 1 block): the formats whose lanes take a block each run them, the last unit taken by its first lanes only; the
 // k-quants do not (their rows are whole 256-element super-blocks anyway).
 TEST(CudaQ8Dot, RowsEndingInAPartialUnitAreSummedWhole) {
-  for (const std::int64_t k : {2880, 1056}) {
+  for (const std::int64_t k : {2880, 1056, 4096 + 2 * 32}) {
     expect_warp_matches<q8::Q8_0>(DType::q8_0, k);
     expect_warp_matches<q8::Q4_0>(DType::q4_0, k);
     expect_warp_matches<q8::MXFP4>(DType::mxfp4, k);
