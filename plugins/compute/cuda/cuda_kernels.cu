@@ -235,7 +235,10 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
 // past k idle but in the shuffles, which stay within a block.
 template <int kBlock>
 __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __restrict__ q, float* __restrict__ d,
-                                   int k) {
+                                   std::int32_t* __restrict__ sums, int k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");  // the matmul after it may be placed now (it waits for us)
+#endif
   const int lane = threadIdx.x;
   const int element = static_cast<int>(blockIdx.y) * q8dot::kUnit + 8 * lane;
   const bool inside = element < k;
@@ -252,40 +255,68 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
   const float dq = __fdiv_rn(amax, 127.0f);
   const float id = dq != 0.0f ? __fdiv_rn(1.0f, dq) : 0.0f;
   std::uint32_t packed[2] = {0, 0};
+  int sum = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float s = __fmul_rn(v[j], id);
     const int qi = !(s >= -127.0f) ? -127 : (s > 127.0f ? 127 : __float2int_rn(s));
     packed[j / 4] |= (static_cast<std::uint32_t>(qi) & 0xFFu) << (8 * (j % 4));
+    sum += qi;
   }
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);  // lanes 2m and 2m + 1 hold one group of 16
   if (!inside) return;
   *reinterpret_cast<uint2*>(q + at) = make_uint2(packed[0], packed[1]);
   if (lane % (kBlock / 8) == 0) d[at / kBlock] = dq;
+  if (lane % 2 == 0) sums[at / 16] = sum;
 }
 
-template <class F, int NT, int R, int U>
-__global__ void __launch_bounds__(kMatmulThreads)
+template <class F, int NT, int R, int U, int MinBlocks>
+__global__ void __launch_bounds__(kMatmulThreads, MinBlocks)
     matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
-                     const float* __restrict__ xd, float* __restrict__ y, const float* __restrict__ bias, int k, int n,
-                     int t) {
+                     const float* __restrict__ xd, const std::int32_t* __restrict__ xs, float* __restrict__ y,
+                     const float* __restrict__ bias, int k, int n, int t) {
   const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int t0 = blockIdx.y * NT;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched early (matmul_q8_as): X's quantization must be complete and visible first. A no-op otherwise.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   float acc[R][NT];
-  q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
+  q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, xs, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
   store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
 }
 
-template <class F, int NT, int R, int U = 1>
+// Whether the current device takes programmatic dependent launches (compute capability 9.0 and later).
+bool launches_early() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+}
+
+template <class F, int NT, int R, int U = 1, int MinBlocks = 1>
 cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((t + NT - 1) / NT));
-  matmul_q8_kernel<F, NT, R, U><<<grid, kMatmulThreads, 0, s>>>(static_cast<const std::uint8_t*>(w), rb, q8.q, q8.d, y,
-                                                                bias, static_cast<int>(k), static_cast<int>(n),
-                                                                static_cast<int>(t));
-  return cudaGetLastError();
+  // On Hopper and later the matmul is launched while X's quantization still runs (programmatic dependent launch):
+  // its blocks are placed early and wait in griddepcontrol.wait, which hides the launch gap between the two kernels.
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kMatmulThreads);
+  config.stream = s;
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  if (launches_early()) {
+    config.attrs = &early;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, matmul_q8_kernel<F, NT, R, U, MinBlocks>, static_cast<const std::uint8_t*>(w), rb,
+                            static_cast<const std::int8_t*>(q8.q), static_cast<const float*>(q8.d),
+                            static_cast<const std::int32_t*>(q8.s), y, bias, static_cast<int>(k), static_cast<int>(n),
+                            static_cast<int>(t));
 }
 
 template <class F>
@@ -293,18 +324,52 @@ cudaError_t quantize_q8(cudaStream_t s, const float* x, const Q8Scratch& q8, std
   // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
   const auto units = static_cast<unsigned>((k + q8dot::kUnit - 1) / q8dot::kUnit);
   quantize_q8_kernel<F::kXBlock>
-      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, static_cast<int>(k));
+      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, q8.s, static_cast<int>(k));
   return cudaGetLastError();
 }
+
+// The decode (T = 1) tile of each format: rows per warp, units per lane step, minimum blocks per multiprocessor (a
+// register cap). Picked from colibri_bench_cuda_gemv's variant table on an H200 (two runs, K = 4096 and 2880,
+// 2026-12-04): q4_k walks two units per step (64-66% of bandwidth against 61-63% for one), q4_0 and mxfp4 take two
+// rows per warp, q5_k, q6_k and q8_0 gain a little from more resident warps (at most 40 registers); q2_k and q3_k
+// were not in the table. None changes an output element's bits.
+template <class F>
+struct DecodeTile {
+  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 1;
+};
+template <>
+struct DecodeTile<q8dot::Q5_K> {
+  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
+};
+template <>
+struct DecodeTile<q8dot::Q6_K> {
+  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
+};
+template <>
+struct DecodeTile<q8dot::Q8_0> {
+  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
+};
+template <>
+struct DecodeTile<q8dot::Q4_K> {
+  static constexpr int kRows = 1, kUnroll = 2, kMinBlocks = 1;
+};
+template <>
+struct DecodeTile<q8dot::Q4_0> {
+  static constexpr int kRows = 2, kUnroll = 1, kMinBlocks = 1;
+};
+template <>
+struct DecodeTile<q8dot::MXFP4> {
+  static constexpr int kRows = 2, kUnroll = 1, kMinBlocks = 1;
+};
 
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
                           const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
   if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t); e != cudaSuccess) return e;
-  // One row per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
-  // for four rows), and four of a lane's units per step; neither changes an output element's order.
-  // colibri_bench_cuda_gemv times the other decode variants (launch_matmul_q8_variant).
-  if (t == 1) return matmul_q8_as<F, 1, 1, 4>(s, w, rb, q8, y, bias, k, n, t);
+  // Few rows per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
+  // for four rows); the row count never changes an output element's order.
+  using D = DecodeTile<F>;
+  if (t == 1) return matmul_q8_as<F, 1, D::kRows, D::kUnroll, D::kMinBlocks>(s, w, rb, q8, y, bias, k, n, t);
   if (t == 2) return matmul_q8_as<F, 2, 4>(s, w, rb, q8, y, bias, k, n, t);
   if (t <= 4) return matmul_q8_as<F, 4, 2>(s, w, rb, q8, y, bias, k, n, t);
   return matmul_q8_as<F, 8, 2>(s, w, rb, q8, y, bias, k, n, t);
@@ -328,15 +393,20 @@ cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::si
 
 template <class F>
 cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
-                                  float* y, std::int64_t k, std::int64_t n, int rows, int unroll) {
-  if (cudaError_t e = quantize_q8<F>(s, x, q8, k, 1); e != cudaSuccess) return e;
-  const int v = rows * 10 + unroll;
-  switch (v) {
-    case 11: return matmul_q8_as<F, 1, 1, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
-    case 12: return matmul_q8_as<F, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
-    case 14: return matmul_q8_as<F, 1, 1, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
-    case 21: return matmul_q8_as<F, 1, 2, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
-    case 22: return matmul_q8_as<F, 1, 2, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
+                                  float* y, std::int64_t k, std::int64_t n, int variant, bool quantize) {
+  if (quantize) {
+    if (cudaError_t e = quantize_q8<F>(s, x, q8, k, 1); e != cudaSuccess) return e;
+  }
+  using D = DecodeTile<F>;
+  switch (variant) {  // matmul_q8_variant_name
+    case 0: return matmul_q8_as<F, 1, D::kRows, D::kUnroll, D::kMinBlocks>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 1: return matmul_q8_as<F, 1, 1, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 2: return matmul_q8_as<F, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 3: return matmul_q8_as<F, 1, 1, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 4: return matmul_q8_as<F, 1, 2, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 5: return matmul_q8_as<F, 1, 2, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 6: return matmul_q8_as<F, 1, 1, 1, 6>(s, w, rb, q8, y, nullptr, k, n, 1);
+    case 7: return matmul_q8_as<F, 1, 1, 2, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -710,15 +780,21 @@ std::size_t q8_values_bytes(std::int64_t k, std::int64_t t) {
 }
 }  // namespace
 
+// Scales for the smallest activation block (32), which every format's layout fits in.
+std::size_t q8_scales_bytes(std::int64_t k, std::int64_t t) {
+  return (static_cast<std::size_t>(k / 32 * t) * sizeof(float) + 255) / 256 * 256;
+}
+
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept {
   if (k <= 0 || k % 32 != 0) return 0;  // no format takes 8-bit activations for such rows (q8dot::takes_k)
-  // Scales for the smallest activation block (32), which every format's layout fits in.
-  return q8_values_bytes(k, t) + static_cast<std::size_t>(k / 32 * t) * sizeof(float);
+  return q8_values_bytes(k, t) + q8_scales_bytes(k, t) + static_cast<std::size_t>(k / 16 * t) * sizeof(std::int32_t);
 }
 
 Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
   auto* b = static_cast<std::byte*>(base);
-  return {reinterpret_cast<std::int8_t*>(b), reinterpret_cast<float*>(b + q8_values_bytes(k, t))};
+  auto* scales = b + q8_values_bytes(k, t);
+  return {reinterpret_cast<std::int8_t*>(b), reinterpret_cast<float*>(scales),
+          reinterpret_cast<std::int32_t*>(scales + q8_scales_bytes(k, t))};
 }
 
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
@@ -732,17 +808,23 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
 
 cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                                      const float* x, float* y, std::int64_t k, std::int64_t n, const Q8Scratch& q8,
-                                     int rows, int unroll) noexcept {
-  if (!takes_q8(wtype, k)) return cudaErrorInvalidValue;
+                                     int variant, bool quantize) noexcept {
+  if (!takes_q8(wtype, k) || variant < 0 || variant >= kDecodeVariantCount) return cudaErrorInvalidValue;
   switch (wtype) {
-    case kQ4_K: return matmul_q8_variant_for<q8dot::Q4_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
-    case kQ5_K: return matmul_q8_variant_for<q8dot::Q5_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
-    case kQ6_K: return matmul_q8_variant_for<q8dot::Q6_K>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
-    case kQ8_0: return matmul_q8_variant_for<q8dot::Q8_0>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
-    case kQ4_0: return matmul_q8_variant_for<q8dot::Q4_0>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
-    case kMXFP4: return matmul_q8_variant_for<q8dot::MXFP4>(stream, w, row_bytes, x, q8, y, k, n, rows, unroll);
+    case kQ4_K: return matmul_q8_variant_for<q8dot::Q4_K>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
+    case kQ5_K: return matmul_q8_variant_for<q8dot::Q5_K>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
+    case kQ6_K: return matmul_q8_variant_for<q8dot::Q6_K>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
+    case kQ8_0: return matmul_q8_variant_for<q8dot::Q8_0>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
+    case kQ4_0: return matmul_q8_variant_for<q8dot::Q4_0>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
+    case kMXFP4: return matmul_q8_variant_for<q8dot::MXFP4>(stream, w, row_bytes, x, q8, y, k, n, variant, quantize);
     default: return cudaErrorInvalidValue;
   }
+}
+
+const char* matmul_q8_variant_name(int variant) noexcept {
+  static constexpr const char* kNames[kDecodeVariantCount] = {"default", "1x1", "1x2",      "1x4",
+                                                              "2x1",     "2x2", "1x1 min6", "1x2 min4"};
+  return variant >= 0 && variant < kDecodeVariantCount ? kNames[variant] : nullptr;
 }
 
 cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,

@@ -11,10 +11,12 @@
 
 namespace colibri::cuda {
 
-// Device scratch for X quantized to 8 bits: t * k bytes (256-byte aligned) and t * k / 32 floats.
+// Device scratch for X quantized to 8 bits: t * k bytes (256-byte aligned), t * k / 32 floats (the scales) and
+// t * k / 16 ints (the sum of each 16 quantized activations, which the formats with a min or an offset subtract).
 struct Q8Scratch {
   std::int8_t* q;
   float* d;
+  std::int32_t* s;
 };
 // Bytes of Q8Scratch that a matmul over {k, t} activations needs (0 when it would not use it), and that scratch
 // laid out at `base` (device memory of at least that many bytes, 256-byte aligned).
@@ -30,11 +32,16 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
                           const Q8Scratch* q8 = nullptr) noexcept;
 
 // For colibri_bench_cuda_gemv: the decode matmul (T = 1, 8-bit activations) of q4_k, q5_k, q6_k, q8_0, q4_0 or mxfp4
-// with `rows` rows per warp (1, 2) and `unroll` units per lane step (1, 2, 4; 2 rows: 1, 2). Every variant gives
-// launch_matmul's bits; cudaErrorInvalidValue for another format or variant.
+// in variant 0..kDecodeVariantCount-1, named by matmul_q8_variant_name: "default" (launch_matmul's tile for the
+// format), else "RxU[ minB]": R rows per warp, U of a lane's units per step, at least B blocks of 256 threads per
+// multiprocessor (a register cap). Without `quantize` the matmul alone runs, on X already quantized in q8 by an
+// earlier call of the same k. Every variant gives launch_matmul's bits; cudaErrorInvalidValue for another format or
+// variant.
+constexpr int kDecodeVariantCount = 8;
 cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                                      const float* x, float* y, std::int64_t k, std::int64_t n, const Q8Scratch& q8,
-                                     int rows, int unroll) noexcept;
+                                     int variant, bool quantize = true) noexcept;
+const char* matmul_q8_variant_name(int variant) noexcept;
 
 // n elements of X encoded into Y of a KV cache type (f32, f16, q8_0; n a multiple of 32 for q8_0), the bytes of
 // colibri::quant::quantize_row. Y is 2-byte aligned.

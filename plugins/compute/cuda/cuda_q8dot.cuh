@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_dequant.cuh"
 
@@ -99,19 +100,44 @@ COLIBRI_HD void offset_parts(float d, int s0, int s1, int offset, const std::uin
   }
 }
 
+// __byte_perm on the device; on the host its documented result: byte i of the result is byte s<4i+2:4i> of y:x (bit 3
+// of each selector nibble and the selector's upper 16 bits unused).
+COLIBRI_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const std::uint64_t bytes = (static_cast<std::uint64_t>(y) << 32) | x;
+  std::uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<std::uint32_t>(bytes >> (8 * ((s >> (4 * i)) & 7)) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
 // q4_k / q5_k: lane j takes 16 bytes of the sub-block pair p = j / 2 (its low nibbles are 16 elements of sub-block
 // 2p, its high nibbles the same 16 of sub-block 2p + 1).
 struct K4Lanes {
   static constexpr int kXBlock = 256;
   COLIBRI_HD static int xoff0(int j) { return 64 * (j / 2) + 16 * (j % 2); }
   COLIBRI_HD static int xoff1(int j) { return xoff0(j) + 32; }
+  // The 6-bit scales and mins of sub-blocks a = 2p and a + 1 (dequant::k4_scale_min) as the bytes sc_a, sc_a+1, mn_a,
+  // mn_a+1 of one word, by byte permutes: p < 2 keeps the low 6 bits of scales[a, a+1] and scales[a+4, a+5]; p >= 2
+  // joins the nibbles of scales[a+4, a+5] with the top two bits of scales[a-4, a-3] and scales[a, a+1]. A lane's p is
+  // fixed, so both are a handful of instructions without a branch.
+  COLIBRI_HD static std::uint32_t scales_mins(const std::uint32_t (&head)[4], int j) {
+    const int p = j / 2;
+    const std::uint32_t a = 2u * static_cast<std::uint32_t>(p % 2);  // a, less 4 where p >= 2
+    const std::uint32_t pair = byte_perm(head[1], head[2], a | (a + 1) << 4 | (a + 4) << 8 | (a + 5) << 12);
+    if (p < 2) return pair & 0x3F3F3F3Fu;
+    const std::uint32_t low = byte_perm(head[3], head[3], a | (a + 1) << 4 | a << 8 | (a + 1) << 12);
+    return (low & 0x00000F0Fu) | ((low >> 4) & 0x0F0F0000u) | ((pair & 0xC0C0C0C0u) >> 2);
+  }
   template <int NT>
   COLIBRI_HD static void finish(const std::uint32_t (&head)[4], int j, const std::uint32_t (&lo)[4],
                                 const std::uint32_t (&hi)[4], const X16 (&xa)[NT], const X16 (&xb)[NT],
                                 float (&out)[NT]) {
-    int sc0, mn0, sc1, mn1;
-    dequant::k4_scale_min(2 * (j / 2), head[1], head[2], head[3], sc0, mn0);
-    dequant::k4_scale_min(2 * (j / 2) + 1, head[1], head[2], head[3], sc1, mn1);
+    const std::uint32_t sm = scales_mins(head, j);
+    const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
+    const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
     const float d = half_bits(head[0]), dmin = half_bits(head[0] >> 16);
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) {
@@ -124,34 +150,58 @@ struct K4Lanes {
 struct Q4_K : K4Lanes {  // 144 bytes per unit: d, dmin, scales[12], qs[128]
   static constexpr int kUnitBytes = 144;
   static constexpr bool kVector = true;  // 16-byte loads when the row allows
+  // part() in two halves, so that a walk of several units can issue all their loads before the first use.
+  struct Raw {
+    std::uint32_t head[4], q[4];
+  };
+  COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
+    load16(b, vec, raw.head);
+    load16(b + 16 + 32 * (j / 2) + 16 * (j % 2), vec, raw.q);
+  }
+  template <int NT>
+  COLIBRI_HD static void use(const Raw& raw, int j, const X16 (&xa)[NT], const X16 (&xb)[NT], float (&out)[NT]) {
+    std::uint32_t lo[4], hi[4];
+    bits(raw.q, 0, 0x0F0F0F0Fu, lo);
+    bits(raw.q, 4, 0x0F0F0F0Fu, hi);
+    finish(raw.head, j, lo, hi, xa, xb, out);
+  }
   template <int NT>
   COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
                               float (&out)[NT]) {
-    std::uint32_t head[4], q[4], lo[4], hi[4];
-    load16(b, vec, head);
-    load16(b + 16 + 32 * (j / 2) + 16 * (j % 2), vec, q);
-    bits(q, 0, 0x0F0F0F0Fu, lo);
-    bits(q, 4, 0x0F0F0F0Fu, hi);
-    finish(head, j, lo, hi, xa, xb, out);
+    Raw raw;
+    fetch(b, j, vec, raw);
+    use(raw, j, xa, xb, out);
   }
 };
 
 struct Q5_K : K4Lanes {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[128]
   static constexpr int kUnitBytes = 176;
   static constexpr bool kVector = true;
+  struct Raw {
+    std::uint32_t head[4], qh[4], q[4];
+  };
+  COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
+    const int p = j / 2, h = j % 2;
+    load16(b, vec, raw.head);
+    load16(b + 16 + 16 * h, vec, raw.qh);  // the fifth bit of element e of sub-block s: bit s of qh[e % 32]
+    load16(b + 48 + 32 * p + 16 * h, vec, raw.q);
+  }
+  template <int NT>
+  COLIBRI_HD static void use(const Raw& raw, int j, const X16 (&xa)[NT], const X16 (&xb)[NT], float (&out)[NT]) {
+    const int p = j / 2;
+    std::uint32_t lo[4], hi[4];
+    bits(raw.q, 0, 0x0F0F0F0Fu, lo);
+    bits(raw.q, 4, 0x0F0F0F0Fu, hi);
+    add_high(raw.qh, 2 * p, 0x01010101u, 4, lo);
+    add_high(raw.qh, 2 * p + 1, 0x01010101u, 4, hi);
+    finish(raw.head, j, lo, hi, xa, xb, out);
+  }
   template <int NT>
   COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
                               float (&out)[NT]) {
-    const int p = j / 2, h = j % 2;
-    std::uint32_t head[4], qh[4], q[4], lo[4], hi[4];
-    load16(b, vec, head);
-    load16(b + 16 + 16 * h, vec, qh);  // the fifth bit of element e of sub-block s: bit s of qh[e % 32]
-    load16(b + 48 + 32 * p + 16 * h, vec, q);
-    bits(q, 0, 0x0F0F0F0Fu, lo);
-    bits(q, 4, 0x0F0F0F0Fu, hi);
-    add_high(qh, 2 * p, 0x01010101u, 4, lo);
-    add_high(qh, 2 * p + 1, 0x01010101u, 4, hi);
-    finish(head, j, lo, hi, xa, xb, out);
+    Raw raw;
+    fetch(b, j, vec, raw);
+    use(raw, j, xa, xb, out);
   }
 };
 
@@ -164,23 +214,42 @@ struct Q6_K {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
   static constexpr int kXBlock = 256;
   COLIBRI_HD static int xoff0(int j) { return 128 * (j / 4) + 32 * ((j / 2) % 2) + 16 * (j % 2); }
   COLIBRI_HD static int xoff1(int j) { return xoff0(j) + 64; }
-  template <int NT>
-  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool, const X16 (&xa)[NT], const X16 (&xb)[NT],
-                              float (&out)[NT]) {
+  struct Raw {
+    std::uint32_t ql[4], qh[4], sc[2];
+    unsigned d;  // fp16 bits, converted in use(): a conversion here would wait for the load
+  };
+  COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool, Raw& raw) {
     const int hh = j / 4, sel = (j / 2) % 2, l0 = 16 * (j % 2);
-    std::uint32_t ql[4], qh[4], sc[2], lo[4], hi[4];
-    load_words(b + 64 * hh + 32 * sel + l0, ql);
-    load_words(b + 128 + 32 * hh + l0, qh);
-    load_words(b + 192 + 8 * hh, sc);
-    const float d = f16_at(b + 208);
+    load_words(b + 64 * hh + 32 * sel + l0, raw.ql);
+    load_words(b + 128 + 32 * hh + l0, raw.qh);
+    load_words(b + 192 + 8 * hh, raw.sc);
+#ifdef __CUDA_ARCH__
+    raw.d = __ldg(reinterpret_cast<const unsigned short*>(b + 208));
+#else
+    std::uint16_t h;
+    std::memcpy(&h, b + 208, 2);
+    raw.d = h;
+#endif
+  }
+  template <int NT>
+  COLIBRI_HD static void use(const Raw& raw, int j, const X16 (&xa)[NT], const X16 (&xb)[NT], float (&out)[NT]) {
+    const int sel = (j / 2) % 2, l0 = 16 * (j % 2);
+    std::uint32_t lo[4], hi[4];
     const int is = 2 * sel + l0 / 16;
-    const int s0 = static_cast<std::int8_t>(byte8(sc[0], sc[1], is));
-    const int s1 = static_cast<std::int8_t>(byte8(sc[0], sc[1], is + 4));
-    bits(ql, 0, 0x0F0F0F0Fu, lo);
-    bits(ql, 4, 0x0F0F0F0Fu, hi);
-    add_high(qh, 2 * sel, 0x03030303u, 4, lo);
-    add_high(qh, 4 + 2 * sel, 0x03030303u, 4, hi);
-    offset_parts(d, s0, s1, 32, lo, hi, xa, xb, out);
+    const int s0 = static_cast<std::int8_t>(byte8(raw.sc[0], raw.sc[1], is));
+    const int s1 = static_cast<std::int8_t>(byte8(raw.sc[0], raw.sc[1], is + 4));
+    bits(raw.ql, 0, 0x0F0F0F0Fu, lo);
+    bits(raw.ql, 4, 0x0F0F0F0Fu, hi);
+    add_high(raw.qh, 2 * sel, 0x03030303u, 4, lo);
+    add_high(raw.qh, 4 + 2 * sel, 0x03030303u, 4, hi);
+    offset_parts(half_bits(raw.d), s0, s1, 32, lo, hi, xa, xb, out);
+  }
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    Raw raw;
+    fetch(b, j, vec, raw);
+    use(raw, j, xa, xb, out);
   }
 };
 
@@ -277,19 +346,6 @@ struct Q4_0 : B32Lanes {  // 18-byte blocks: d, qs[16] (low nibbles elements 0..
   }
 };
 
-// __byte_perm on the device; on the host its documented result: byte i of the result is byte s<4i+2:4i> of y:x (bit 3
-// of each selector nibble and the selector's upper 16 bits unused).
-COLIBRI_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32_t s) {
-#ifdef __CUDA_ARCH__
-  return __byte_perm(x, y, s);
-#else
-  const std::uint64_t bytes = (static_cast<std::uint64_t>(y) << 32) | x;
-  std::uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) r |= static_cast<std::uint32_t>(bytes >> (8 * ((s >> (4 * i)) & 7)) & 0xFFu) << (8 * i);
-  return r;
-#endif
-}
-
 // The e2m1 values (dequant::e2m1_value: 0, 1, 2, 3, 4, 6, 8, 12, bit 3 the sign) of the four 4-bit codes in bits
 // 0-15 of `codes` as four signed bytes: the magnitudes and their negatives looked up by the codes' low 3 bits, then
 // each byte taken from one or the other by its code's bit 3. Three byte permutes for four weights.
@@ -342,18 +398,26 @@ COLIBRI_HD bool takes_k(long long k) {
   return k > 0 && k % F::kXBlock == 0 && (F::kXBlock == 32 || k % kUnit == 0);
 }
 
-// 16 activations at p (16-byte aligned) and their sum.
-COLIBRI_HD X16 load_x16(const std::int8_t* p) {
-  X16 x{};
+// 16 activations at p (16-byte aligned); their sum comes from the quantizer (load_sum).
+COLIBRI_HD void fetch_x16(const std::int8_t* p, X16& x) {
 #ifdef __CUDA_ARCH__
   const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
   x.q[0] = v.x, x.q[1] = v.y, x.q[2] = v.z, x.q[3] = v.w;
 #else
   std::memcpy(x.q, p, 16);
 #endif
-  const std::uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
-  x.sum = dot16(ones, x);
-  return x;
+}
+// Whether F splits part() into fetch() and use() (F::Raw).
+template <class F, class = void>
+struct SplitsLoads : std::false_type {};
+template <class F>
+struct SplitsLoads<F, std::void_t<typename F::Raw>> : std::true_type {};
+COLIBRI_HD int load_sum(const std::int32_t* p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
 }
 COLIBRI_HD float load_scale(const float* p) {
 #ifdef __CUDA_ARCH__
@@ -366,15 +430,17 @@ COLIBRI_HD float load_scale(const float* p) {
 // What lane `lane` of the warp that owns rows row0.. and tokens t0.. adds up, before the warp's fixed shuffle tree:
 // acc[r][i] over units lane / 8, lane / 8 + 4, ... of row row0 + r (rows past n repeat the last) and token t0 + i
 // (tokens past t repeat the last). xq holds each token's k activations (k * token bytes in, 16-byte aligned), xd each
-// token's k / F::kXBlock scales; takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
+// token's k / F::kXBlock scales, xs each token's k / 16 sums of 16 activations (computed once per token, not per
+// row); takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
 // The matmul kernel runs it on the device, the host test as it is.
 //
 // U > 1 walks U of a lane's units per step, their loads issued together: a decode warp owns one row of a few units
 // (K = 4096 is 16 units, 4 steps of 4 lanes' units), so with one unit per step each warp waits on memory four times
 // in a row. The units are still added in ascending order, so U never changes a bit.
 template <class F, int NT, int R, int U = 1>
-COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd, int k,
-                          int n, int t, long long row0, int t0, int lane, float (&acc)[R][NT]) {
+COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd,
+                          const std::int32_t* xs, int k, int n, int t, long long row0, int t0, int lane,
+                          float (&acc)[R][NT]) {
   const int j = lane % 8;
   const int units = k / kUnit, last_blocks = (k % kUnit) / F::kXBlock;
   const std::uint8_t* wr[R];
@@ -385,11 +451,13 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
   }
   const std::int8_t* xr[NT];
   const float* dr[NT];
+  const std::int32_t* sr[NT];
   COLIBRI_UNROLL
   for (int i = 0; i < NT; ++i) {
     const int tok = t0 + i < t ? t0 + i : t - 1;
     xr[i] = xq + static_cast<std::size_t>(tok) * k;
     dr[i] = xd + static_cast<std::size_t>(tok) * (k / F::kXBlock);
+    sr[i] = xs + static_cast<std::size_t>(tok) * (k / 16);
   }
   const int xo0 = F::xoff0(j), xo1 = F::xoff1(j);
   // W at any address (its place must not choose the path, or placement would change the bits): 16-byte loads where
@@ -406,8 +474,10 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
     float dx[NT];
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) {
-      xa[i] = load_x16(xr[i] + u * kUnit + xo0);
-      xb[i] = load_x16(xr[i] + u * kUnit + xo1);
+      fetch_x16(xr[i] + u * kUnit + xo0, xa[i]);
+      fetch_x16(xr[i] + u * kUnit + xo1, xb[i]);
+      xa[i].sum = load_sum(sr[i] + (u * kUnit + xo0) / 16);
+      xb[i].sum = load_sum(sr[i] + (u * kUnit + xo1) / 16);
       dx[i] = load_scale(dr[i] + (u * kUnit + xo0) / F::kXBlock);
     }
     COLIBRI_UNROLL
@@ -419,13 +489,48 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
     }
   };
   int u = lane / 8;
-  if constexpr (U > 1) {
+  if constexpr (U > 1 && SplitsLoads<F>::value) {
+    // Every load of the U units first (weights and activations), then the sums in ascending unit order.
+    for (; u + 4 * (U - 1) < units; u += 4 * U) {
+      typename F::Raw raw[U][R];
+      X16 xa[U][NT], xb[U][NT];
+      float dx[U][NT];
+      COLIBRI_UNROLL
+      for (int s = 0; s < U; ++s) {
+        const int us = u + 4 * s;
+        COLIBRI_UNROLL
+        for (int r = 0; r < R; ++r) F::fetch(wr[r] + static_cast<std::size_t>(us) * F::kUnitBytes, j, vec, raw[s][r]);
+        COLIBRI_UNROLL
+        for (int i = 0; i < NT; ++i) {
+          fetch_x16(xr[i] + us * kUnit + xo0, xa[s][i]);
+          fetch_x16(xr[i] + us * kUnit + xo1, xb[s][i]);
+          xa[s][i].sum = load_sum(sr[i] + (us * kUnit + xo0) / 16);
+          xb[s][i].sum = load_sum(sr[i] + (us * kUnit + xo1) / 16);
+          dx[s][i] = load_scale(dr[i] + (us * kUnit + xo0) / F::kXBlock);
+        }
+      }
+      COLIBRI_UNROLL
+      for (int s = 0; s < U; ++s) {
+        COLIBRI_UNROLL
+        for (int r = 0; r < R; ++r) {
+          float part[NT];
+          F::template use<NT>(raw[s][r], j, xa[s], xb[s], part);
+          COLIBRI_UNROLL
+          for (int i = 0; i < NT; ++i) acc[r][i] = fma_rn(dx[s][i], part[i], acc[r][i]);
+        }
+      }
+    }
+  } else if constexpr (U > 1) {
     for (; u + 4 * (U - 1) < units; u += 4 * U) {
       COLIBRI_UNROLL
       for (int s = 0; s < U; ++s) step(u + 4 * s);
     }
   }
-  for (; u < units || (u == units && j < last_blocks); u += 4) step(u);
+  if constexpr (F::kXBlock == kUnit) {
+    for (; u < units; u += 4) step(u);  // whole units only (takes_k)
+  } else {
+    for (; u < units || (u == units && j < last_blocks); u += 4) step(u);
+  }
 }
 
 }  // namespace colibri::cuda::q8dot

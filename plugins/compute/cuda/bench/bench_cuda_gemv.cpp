@@ -5,18 +5,18 @@
 //   colibri_bench_cuda_gemv [--k 4096] [--n 65536] [--reps 20]
 //
 // Weights are large enough (>= 150 MB for q4_k) that L2 cannot hold them between launches. Prints a
-// markdown table: per format the bytes read per call, the median time for T = 1 and T = 8, GB/s of
-// weights at T = 1 and its share of the measured bandwidth.
+// markdown table: per format the bytes read per call, the median time for T = 1 and T = 8 (the whole op: X's 8-bit
+// quantization and the matmul), GB/s of weights at T = 1 and its share of the measured bandwidth. A second table
+// times the decode matmul kernel alone in each tile variant (launch_matmul_q8_variant), after checking that every
+// variant gives the default's bits (exit status 1 if one does not).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -58,8 +58,6 @@ float median_ms(int reps, F fn) {
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
-
-constexpr std::pair<int, int> kVariants[] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}};
 
 }  // namespace
 
@@ -156,24 +154,24 @@ int main(int argc, char** argv) {
                   100.0 * gbs / device_gbs);
     }
     // The decode variants (rows per warp, units per lane step) on the same weights: each must give the default's
-    // bits; their times say which default is best on this device.
-    if (colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, 1, 1) == cudaSuccess) {
+    // bits; their kernel-only times say which tile is best on this device.
+    if (colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, 0) == cudaSuccess) {
       CHECK(cudaDeviceSynchronize());
       std::vector<float> want(static_cast<std::size_t>(n)), got(static_cast<std::size_t>(n));
       CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1, &q8));
       CHECK(cudaMemcpy(want.data(), dy, want.size() * sizeof(float), cudaMemcpyDeviceToHost));
       std::string line = "| " + std::string(colibri::sdk::to_string(type)) + " decode |";
-      for (const auto& [rows, unroll] : kVariants) {
+      for (int v = 0; v < colibri::cuda::kDecodeVariantCount; ++v) {
         CHECK(cudaMemset(dy, 0xFF, want.size() * sizeof(float)));
-        CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, rows, unroll));
+        CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, v));
         CHECK(cudaMemcpy(got.data(), dy, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
         if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
-          std::fprintf(stderr, "%s: decode variant %d rows x %d units differs from launch_matmul\n",
-                       std::string(colibri::sdk::to_string(type)).c_str(), rows, unroll);
+          std::fprintf(stderr, "%s: decode variant %s differs from launch_matmul\n",
+                       std::string(colibri::sdk::to_string(type)).c_str(), colibri::cuda::matmul_q8_variant_name(v));
           variant_mismatch = true;
         }
         const float ms = median_ms(reps, [&] {
-          CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, rows, unroll));
+          CHECK(colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, v, false));
         });
         char cell[64];
         std::snprintf(cell, sizeof cell, " %.1f us %.0f%% |", ms * 1e3,
@@ -186,11 +184,14 @@ int main(int argc, char** argv) {
   }
   if (!variant_rows.empty()) {
     std::printf(
-        "\ndecode variants (T = 1, 8-bit activations; rows per warp x units per lane step; time, share of "
-        "measured; the default is 1x4):\n\n| format |");
-    for (const auto& [rows, unroll] : kVariants) std::printf(" %dx%d |", rows, unroll);
+        "\ndecode matmul kernel alone, X quantized beforehand (T = 1; the table above times the op, "
+        "quantization included), per variant (rows per warp x units per lane step, min blocks per SM): "
+        "time, share of measured:\n\n| format |");
+    for (int v = 0; v < colibri::cuda::kDecodeVariantCount; ++v) {
+      std::printf(" %s |", colibri::cuda::matmul_q8_variant_name(v));
+    }
     std::printf("\n| --- |");
-    for (std::size_t i = 0; i < std::size(kVariants); ++i) std::printf(" ---: |");
+    for (int v = 0; v < colibri::cuda::kDecodeVariantCount; ++v) std::printf(" ---: |");
     std::printf("\n");
     for (const auto& line : variant_rows) std::printf("%s\n", line.c_str());
   }

@@ -238,6 +238,7 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
   // X as the kernels take it: d = amax / 127 per block, q = x * (1 / d) rounded half to even.
   std::vector<std::int8_t> xq(x.size());
   std::vector<float> xd(x.size() / F::kXBlock);
+  std::vector<std::int32_t> xs(x.size() / 16);
   for (std::size_t b = 0; b < xd.size(); ++b) {
     float amax = 0.0f;
     for (int e = 0; e < F::kXBlock; ++e) amax = std::max(amax, std::fabs(x[b * F::kXBlock + e]));
@@ -247,11 +248,14 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
       xq[b * F::kXBlock + e] = static_cast<std::int8_t>(std::nearbyint(x[b * F::kXBlock + e] * id));
     }
   }
+  for (std::size_t g = 0; g < xs.size(); ++g) {
+    for (int e = 0; e < 16; ++e) xs[g] += xq[g * 16 + e];
+  }
   // One warp's output for rows row0.. and tokens t0..: lane sums, then the fixed xor tree.
   auto warp = [&]<int NT, int R, int U = 1>(long long row0, int t0) {
     float lanes[32][R][NT];
     for (int l = 0; l < 32; ++l) {
-      q8::lane_sums<F, NT, R, U>(wq, rb, xq.data(), xd.data(), static_cast<int>(k), static_cast<int>(n),
+      q8::lane_sums<F, NT, R, U>(wq, rb, xq.data(), xd.data(), xs.data(), static_cast<int>(k), static_cast<int>(n),
                                  static_cast<int>(t), row0, t0, l, lanes[l]);
     }
     for (int off = 16; off >= 1; off >>= 1) {
@@ -332,6 +336,24 @@ TEST(CudaQ8Dot, RowsEndingInAPartialUnitAreSummedWhole) {
   EXPECT_FALSE(q8::takes_k<q8::Q6_K>(1056));
   EXPECT_TRUE(q8::takes_k<q8::Q4_K>(4096));
   EXPECT_FALSE(q8::takes_k<q8::Q8_0>(2880 + 16));
+}
+
+// q4_k / q5_k lanes read a sub-block pair's scales and mins with byte permutes; they must be blocks.hpp's 6-bit values.
+TEST(CudaQ8Dot, PackedScalesAndMinsAreTheK4ScalesAndMins) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::uint32_t head[4] = {0, static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng()),
+                                   static_cast<std::uint32_t>(rng())};
+    for (int j = 0; j < 8; ++j) {
+      const std::uint32_t sm = q8::K4Lanes::scales_mins(head, j);
+      for (int half = 0; half < 2; ++half) {
+        int sc = 0, mn = 0;
+        colibri::cuda::dequant::k4_scale_min(2 * (j / 2) + half, head[1], head[2], head[3], sc, mn);
+        ASSERT_EQ(static_cast<int>((sm >> (8 * half)) & 0xFFu), sc) << "lane " << j << " sub-block " << half;
+        ASSERT_EQ(static_cast<int>((sm >> (16 + 8 * half)) & 0xFFu), mn) << "lane " << j << " sub-block " << half;
+      }
+    }
+  }
 }
 
 TEST(CudaQ8Dot, Dp4aIsASignedByteDotProduct) {
