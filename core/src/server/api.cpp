@@ -1231,6 +1231,9 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
       const std::string key = tokenizer::utf8::to_valid_lossy(bytes_of(id));
       if (auto it = top.find(key); it == top.end() || it->get<float>() < lp) top[key] = lp;
     }
+    // The token itself is always there, as OpenAI and vLLM give it (so up to logprobs + 1 entries; `logprobs: 0`
+    // gives the token alone).
+    if (auto it = top.find(text); it == top.end() || it->get<float>() < t.logprob) top[text] = t.logprob;
     tops.push_back(std::move(top));
   }
   return json{{"tokens", std::move(texts)},

@@ -606,7 +606,9 @@ class Api(unittest.TestCase):
         self.assertIsNone(lp["token_logprobs"][0])
         self.assertIsNone(lp["top_logprobs"][0])
         self.assertTrue(all(x <= 0 for x in lp["token_logprobs"][1:]))
-        self.assertTrue(all(len(t) <= 2 for t in lp["top_logprobs"][1:]))
+        # Up to logprobs + 1 alternatives: the token itself is always among them (as OpenAI and vLLM give it).
+        self.assertTrue(all(len(t) <= 3 for t in lp["top_logprobs"][1:]))
+        self.assertTrue(all(tok in t for tok, t in zip(lp["tokens"][1:], lp["top_logprobs"][1:])))
         self.assertEqual(lp["text_offset"][0], 0)
         self.assertEqual(lp["text_offset"], sorted(lp["text_offset"]))
         self.assertEqual("".join(lp["tokens"]), body["choices"][0]["text"])

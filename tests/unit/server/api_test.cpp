@@ -591,6 +591,16 @@ TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {
   const json keyed = logprobs_object(Endpoint::completions, clash, bytes_of, offset);
   ASSERT_EQ(keyed["top_logprobs"][0].size(), 1u);
   EXPECT_FLOAT_EQ(keyed["top_logprobs"][0]["\xEF\xBF\xBD"].get<float>(), -0.5f);
+  // The chosen token joins its alternatives when it is not among them (logprobs + 1 entries), and alone at
+  // `logprobs: 0`.
+  const std::vector<engine::TokenLogprob> sampled = {{3, -3.5f, {{0, -0.25f}}}, {0, -0.25f, {}}};
+  offset = 0;
+  const json plus_one = logprobs_object(Endpoint::completions, sampled, bytes_of, offset);
+  ASSERT_EQ(plus_one["top_logprobs"][0].size(), 2u);
+  EXPECT_FLOAT_EQ(plus_one["top_logprobs"][0]["x"].get<float>(), -3.5f);
+  EXPECT_FLOAT_EQ(plus_one["top_logprobs"][0][" the"].get<float>(), -0.25f);
+  ASSERT_EQ(plus_one["top_logprobs"][1].size(), 1u);
+  EXPECT_FLOAT_EQ(plus_one["top_logprobs"][1][" the"].get<float>(), -0.25f);
 
   const ResponseIds ids{"chatcmpl-1", 1700000000, "tiny"};
   EXPECT_TRUE(completion_response(Endpoint::chat, ids, "a", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
