@@ -1,6 +1,7 @@
 #include "colibri/server/api.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,22 @@ ApiError unauthorized() {
                   "Missing or incorrect API key. Send the key given to colibri-server --api-key as "
                   "'Authorization: Bearer KEY'.",
                   "invalid_request_error", "", "invalid_api_key"};
+}
+
+std::optional<ApiError> check_post_media_type(std::string_view content_type) {
+  std::string type(content_type.substr(0, content_type.find(';')));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
+  type.erase(0, std::min(type.find_first_not_of(" \t"), type.size()));
+  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (type != "application/x-www-form-urlencoded" && type != "multipart/form-data" && type != "text/plain") {
+    return std::nullopt;
+  }
+  return ApiError{415,
+                  "Content-Type '" + type +
+                      "' is refused: send the JSON body as application/json (curl: -H 'Content-Type: "
+                      "application/json'). Form and text bodies are what a web page can post to any server "
+                      "without asking, so they are not read.",
+                  "invalid_request_error", "", "unsupported_media_type"};
 }
 
 ApiError too_large(std::uint64_t limit_bytes) {

@@ -369,6 +369,12 @@ class Session : public std::enable_shared_from_this<Session> {
         return respond_error(unauthorized(), false);
       }
     }
+    if (api && method == http::verb::post) {
+      if (auto e = check_post_media_type(request_[http::field::content_type])) {
+        route_ = target.starts_with("/admin/") ? "/admin" : "/v1";
+        return respond_error(*e, false);
+      }
+    }
     if (target == "/v1/models") {
       if (!only(http::verb::get, "/v1/models")) return;
       json list{{"object", "list"}, {"data", json::array({model_object()})}};

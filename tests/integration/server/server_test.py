@@ -558,6 +558,22 @@ class Api(unittest.TestCase):
                               {"model": "tiny", "prompt": [5, 17, 99], "max_tokens": 4, "temperature": 0})
         self.assertEqual(body["usage"]["prompt_tokens"], 3)
 
+    def test_browser_simple_bodies_are_refused(self):
+        # A web page may post form data or text/plain to any server without a CORS preflight: such a body is a 415
+        # that says what to send, on every POST route; JSON and a body with no Content-Type (curl -X POST with no
+        # -H, scripts) are read.
+        req = {"model": "tiny", "prompt": "Once", "max_tokens": 1, "temperature": 0}
+        for path, body in (("/v1/completions", req), ("/tokenize", {"model": "tiny", "prompt": "x"}),
+                           ("/admin/cache/clear", {})):
+            for ctype in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data"):
+                status, answer = self.s.json("POST", path, body, headers={"Content-Type": ctype})
+                self.assertEqual(status, 415, (path, ctype, answer))
+                self.assertEqual(answer["error"]["code"], "unsupported_media_type")
+                self.assertIn("application/json", answer["error"]["message"])
+        for headers in ({"Content-Type": "application/json; charset=utf-8"}, {"X-Nothing": "1"}):
+            status, answer = self.s.json("POST", "/v1/completions", req, headers=headers)
+            self.assertEqual(status, 200, (headers, answer))
+
     def test_logprobs_and_logit_bias(self):
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me more"}], "max_tokens": 12,
                 "temperature": 0, "logprobs": True, "top_logprobs": 3}

@@ -558,6 +558,21 @@ TEST(ServerApi, LogprobsAndLogitBiasAreRead) {
   EXPECT_EQ(r.logprobs, -1);
 }
 
+TEST(ServerApi, FormAndTextBodiesAreRefusedAndJsonOrNoTypePasses) {
+  for (const char* ok : {"", "application/json", "application/json; charset=utf-8", "Application/JSON",
+                         "application/vnd.api+json", "application/octet-stream"}) {
+    EXPECT_FALSE(check_post_media_type(ok).has_value()) << ok;
+  }
+  for (const char* refused : {"text/plain", "text/plain;charset=UTF-8", " Text/Plain ",
+                              "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"}) {
+    const auto e = check_post_media_type(refused);
+    ASSERT_TRUE(e.has_value()) << refused;
+    EXPECT_EQ(e->status, 415);
+    EXPECT_EQ(e->code, "unsupported_media_type");
+    EXPECT_NE(e->message.find("-H 'Content-Type: application/json'"), std::string::npos) << e->message;
+  }
+}
+
 TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {
   // Token 1 is "é" cut in two: its own bytes are not UTF-8, so "token" shows U+FFFD and "bytes" the byte.
   const std::map<std::int32_t, std::string> text = {{0, " the"}, {1, "\xc3"}, {2, "\xa9"}, {3, "x"}};

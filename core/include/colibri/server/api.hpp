@@ -36,6 +36,10 @@ ApiError bad_request(std::string message, std::string param = "", std::string co
 ApiError not_found_route(std::string_view method, std::string_view target);
 ApiError unauthorized();
 ApiError too_large(std::uint64_t limit_bytes);
+// 415 for a POST whose Content-Type is one a web page may send to any site without asking first (CORS's "simple"
+// types: form data and text/plain), so that a page cannot make a visitor's browser post to this server; JSON, no
+// Content-Type at all, or any other type passes (the body is read as JSON either way).
+std::optional<ApiError> check_post_media_type(std::string_view content_type);
 // 429: the queue (queue_limit waiting jobs) has no room for a request of `choices` jobs (its n).
 ApiError busy(std::size_t queue_limit, int choices = 1);
 ApiError internal_error(std::string message);
