@@ -1260,13 +1260,23 @@ json logprobs_object(Endpoint endpoint, const std::vector<engine::TokenLogprob>&
 }
 
 std::vector<std::int64_t> echo_text_offsets(const tokenizer::Tokenizer& tokenizer,
-                                            const std::vector<engine::TokenLogprob>& prompt, std::int64_t text_chars) {
+                                            const std::vector<engine::TokenLogprob>& prompt, std::string_view text) {
+  const auto text_chars = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(text));
   tokenizer::StreamDecoder decoder(tokenizer, /*skip_special=*/true);
   std::vector<std::int64_t> out;
   std::int64_t at = 0;
+  std::size_t byte_at = 0;  // the same place in bytes of `text`
   for (const auto& t : prompt) {
     out.push_back(std::min(at, text_chars));
-    at += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(decoder.push(t.id)));
+    std::string piece = decoder.push(t.id);
+    // A special token the prompt spells out ("Hi<|im_end|>there") is in the text, one added by the tokenizer (BOS)
+    // is not: it takes its width where the text holds its content right here.
+    if (piece.empty() && tokenizer.is_special(t.id)) {
+      const std::string content = tokenizer.decode(std::span<const tokenizer::TokenId>(&t.id, 1));
+      if (!content.empty() && byte_at <= text.size() && text.substr(byte_at).starts_with(content)) piece = content;
+    }
+    at += static_cast<std::int64_t>(tokenizer::utf8::code_point_count(piece));
+    byte_at += piece.size();
   }
   return out;
 }

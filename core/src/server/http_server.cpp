@@ -869,7 +869,7 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (ev.kind) {
       case GenerationEvent::Kind::text: {
         if (!ev.prompt_logprobs.empty()) {  // echo: the prompt's own tokens come first
-          c.echo_offsets = echo_text_offsets(srv_.tokenizer, ev.prompt_logprobs, c.text_offset);
+          c.echo_offsets = echo_text_offsets(srv_.tokenizer, ev.prompt_logprobs, c.text);
           if (!streaming_) {
             c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
             return;

@@ -635,7 +635,7 @@ TEST(ServerApi, EchoedPromptOffsetsIndexTheEchoedText) {
   std::vector<engine::TokenLogprob> prompt;
   for (const auto id : ids) prompt.push_back({id, -1.0f, {}});
   const auto chars = static_cast<std::int64_t>(text.size()) - 1;  // "é" is two bytes, one character
-  const auto offsets = echo_text_offsets(*tok, prompt, chars);
+  const auto offsets = echo_text_offsets(*tok, prompt, text);
   ASSERT_EQ(offsets.size(), ids.size());
   EXPECT_EQ(offsets[0], 0);  // <s>
   EXPECT_EQ(offsets[1], 0);  // ▁Hello
@@ -668,6 +668,22 @@ TEST(ServerApi, EchoedPromptOffsetsIndexTheEchoedText) {
   EXPECT_EQ(legacy["text_offset"][1], 0);
   EXPECT_EQ(legacy["text_offset"][ids.size()], chars);
   EXPECT_EQ(offset, chars + 6);  // " world"
+}
+
+// A special token written in the prompt ("Hi<|im_end|>there", a ChatML prompt sent to /v1/completions) is in the
+// echoed text, so it takes its width there, and the tokens after it start where their text does.
+TEST(ServerApi, EchoedSpecialTokensWrittenInThePromptHaveTheirWidth) {
+  const tokenizer::Tokenizer* tok = test::shipped_tokenizer("qwen3");
+  if (!tok) GTEST_SKIP() << test::missing_tokenizer_message("qwen3");
+  const std::string text = "Hi<|im_end|>there";
+  const auto ids = tok->encode(text);
+  ASSERT_EQ(ids.size(), 3u);
+  ASSERT_TRUE(tok->is_special(ids[1]));
+  std::vector<engine::TokenLogprob> prompt;
+  for (const auto id : ids) prompt.push_back({id, -1.0f, {}});
+  EXPECT_EQ(echo_text_offsets(*tok, prompt, text), (std::vector<std::int64_t>{0, 2, 12}));
+  // Not in the text (a prompt given as token ids and echoed without its special tokens): no width.
+  EXPECT_EQ(echo_text_offsets(*tok, prompt, "Hithere"), (std::vector<std::int64_t>{0, 2, 2}));
 }
 
 TEST(ServerApi, UnknownModelIs404) {

@@ -210,11 +210,11 @@ nlohmann::json logprobs_object(Endpoint endpoint, const std::vector<engine::Toke
                                const TokenBytes& bytes_of, std::int64_t& text_offset,
                                std::span<const std::int64_t> known_offsets = {});
 
-// Where each echoed prompt token starts in the echoed text (`text_chars` code points): the length of the prompt
-// decoded up to it, as the text is (no BOS, no SentencePiece prefix space), so that text[offset:] starts with that
-// token's text; a piece of a character shares the character's offset.
+// Where each echoed prompt token starts in the echoed text: the length of the prompt decoded up to it, as the text
+// is (no BOS, no SentencePiece prefix space; a special token counts where the text spells it out there), so that
+// text[offset:] starts with that token's text; a piece of a character shares the character's offset.
 std::vector<std::int64_t> echo_text_offsets(const tokenizer::Tokenizer& tokenizer,
-                                            const std::vector<engine::TokenLogprob>& prompt, std::int64_t text_chars);
+                                            const std::vector<engine::TokenLogprob>& prompt, std::string_view text);
 
 struct Choice {
   std::string text;
