@@ -209,8 +209,11 @@ std::optional<ApiError> top_k_field(const json& body, std::optional<std::int32_t
   return std::nullopt;
 }
 
-// Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined by newlines).
-std::optional<ApiError> message_content(const json& content, const std::string& field, std::string& out) {
+// Content may be a string, null, or an array of {"type": "text", "text": ...} parts (joined by newlines); an
+// assistant's may also hold {"type": "refusal", "refusal": ...} parts (OpenAI's history of a refused answer), read as
+// its text, as vLLM does.
+std::optional<ApiError> message_content(const json& content, const std::string& field, bool assistant,
+                                        std::string& out) {
   if (content.is_null()) return std::nullopt;
   if (content.is_string()) {
     out = content.get<std::string>();
@@ -223,13 +226,16 @@ std::optional<ApiError> message_content(const json& content, const std::string& 
     if (!part.is_object()) return wrong_type(pf, "an object", part);
     auto type = part.find("type");
     if (type == part.end() || !type->is_string()) return missing(pf + ".type");
-    if (*type != "text") {
-      return bad_request("Content part type '" + type->get<std::string>() + "' is not supported (only 'text').",
+    const bool refusal = assistant && *type == "refusal";
+    if (*type != "text" && !refusal) {
+      return bad_request("Content part type '" + type->get<std::string>() + "' is not supported (only 'text'" +
+                             (assistant ? std::string(" and 'refusal'") : std::string()) + ").",
                          pf + ".type", "invalid_value");
     }
-    auto text = part.find("text");
+    const std::string key = refusal ? "refusal" : "text";
+    auto text = part.find(key);
     if (text == part.end() || !text->is_string()) {
-      return text == part.end() ? missing(pf + ".text") : wrong_type(pf + ".text", "a string", *text);
+      return text == part.end() ? missing(pf + "." + key) : wrong_type(pf + "." + key, "a string", *text);
     }
     if (i > 0) out += '\n';  // as vLLM ("\n".join) and llama-server join text parts
     out += text->get<std::string>();
@@ -294,7 +300,7 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     std::string content;
     auto c = m.find("content");
     if (c != m.end()) {
-      if (auto e = message_content(*c, f + ".content", content)) return e;
+      if (auto e = message_content(*c, f + ".content", r == "assistant", content)) return e;
     } else if (r != "assistant") {
       return missing(f + ".content");
     }

@@ -44,6 +44,12 @@ TEST(ServerApi, ValidChatRequestWithEveryOption) {
   EXPECT_EQ(r.model, "tiny");
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[1]["content"], "a\nb");  // parts joined by newlines, as vLLM and llama-server
+  // An assistant's refusal part (OpenAI's history of a refused answer) is read as its text, as vLLM reads it.
+  CompletionRequest refused;
+  ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"},
+      {"role":"assistant","content":[{"type":"refusal","refusal":"I can't."}]},{"role":"user","content":"y"}]})",
+                     Endpoint::chat, refused));
+  EXPECT_EQ(refused.messages[1]["content"], "I can't.");
   EXPECT_EQ(r.max_tokens, 7);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
@@ -164,6 +170,11 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","messages":[{"role":"user"}]})", "messages[0].content", "missing_required_parameter"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})",
        "messages[0].content[0].type", "invalid_value"},
+      // A refusal part is an assistant's; in a user message it is unknown, and it needs its "refusal" text.
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"}]}]})",
+       "messages[0].content[0].type", "invalid_value"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"refusal"}]}]})",
+       "messages[1].content[0].refusal", "missing_required_parameter"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":"hot"})", "temperature",
        "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"temperature":2.5})", "temperature", "invalid_value"},
