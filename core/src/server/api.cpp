@@ -58,6 +58,16 @@ std::optional<ApiError> check_post_media_type(std::string_view content_type) {
                   "invalid_request_error", "", "unsupported_media_type"};
 }
 
+std::optional<ApiError> check_post_encoding(std::string_view content_encoding) {
+  std::string coding(content_encoding);
+  for (auto& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.pop_back();
+  coding.erase(0, std::min(coding.find_first_not_of(" \t"), coding.size()));
+  if (coding.empty() || coding == "identity") return std::nullopt;
+  return ApiError{415, "Content-Encoding '" + coding + "' is not supported: send the body uncompressed.",
+                  "invalid_request_error", "", "unsupported_media_type"};
+}
+
 ApiError too_large(std::uint64_t limit_bytes) {
   return ApiError{413,
                   "The request body is larger than the server's limit of " + std::to_string(limit_bytes) +

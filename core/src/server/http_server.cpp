@@ -370,7 +370,9 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     if (api && method == http::verb::post) {
-      if (auto e = check_post_media_type(request_[http::field::content_type])) {
+      auto e = check_post_media_type(request_[http::field::content_type]);
+      if (!e) e = check_post_encoding(request_[http::field::content_encoding]);
+      if (e) {
         route_ = target.starts_with("/admin/") ? "/admin" : "/v1";
         return respond_error(*e, false);
       }

@@ -18,6 +18,7 @@ A tiny random Mixtral is converted once; each test class starts its own colibri-
 """
 
 import ctypes
+import gzip
 import http.client
 import json
 import os
@@ -573,6 +574,11 @@ class Api(unittest.TestCase):
         for headers in ({"Content-Type": "application/json; charset=utf-8"}, {"X-Nothing": "1"}):
             status, answer = self.s.json("POST", "/v1/completions", req, headers=headers)
             self.assertEqual(status, 200, (headers, answer))
+        # A compressed body is not read: a 415 that says so, not a JSON parse error.
+        status, raw, _ = self.s.request("POST", "/v1/completions", gzip.compress(json.dumps(req).encode()),
+                                        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        self.assertEqual(status, 415, raw)
+        self.assertIn("Content-Encoding 'gzip'", json.loads(raw)["error"]["message"])
 
     def test_logprobs_and_logit_bias(self):
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me more"}], "max_tokens": 12,

@@ -582,6 +582,13 @@ TEST(ServerApi, FormAndTextBodiesAreRefusedAndJsonOrNoTypePasses) {
     EXPECT_EQ(e->code, "unsupported_media_type");
     EXPECT_NE(e->message.find("-H 'Content-Type: application/json'"), std::string::npos) << e->message;
   }
+  EXPECT_FALSE(check_post_encoding("").has_value());
+  EXPECT_FALSE(check_post_encoding("Identity").has_value());
+  const auto gz = check_post_encoding("gzip");
+  ASSERT_TRUE(gz.has_value());
+  EXPECT_EQ(gz->status, 415);
+  EXPECT_NE(gz->message.find("'gzip'"), std::string::npos);
+  EXPECT_NE(gz->message.find("uncompressed"), std::string::npos);
 }
 
 TEST(ServerApi, LogprobsObjectsHaveOpenAisShapes) {

@@ -40,6 +40,8 @@ ApiError too_large(std::uint64_t limit_bytes);
 // types: form data and text/plain), so that a page cannot make a visitor's browser post to this server; JSON, no
 // Content-Type at all, or any other type passes (the body is read as JSON either way).
 std::optional<ApiError> check_post_media_type(std::string_view content_type);
+// 415 for a body sent compressed (Content-Encoding other than identity): it is not decompressed.
+std::optional<ApiError> check_post_encoding(std::string_view content_encoding);
 // 429: the queue (queue_limit waiting jobs) has no room for a request of `choices` jobs (its n).
 ApiError busy(std::size_t queue_limit, int choices = 1);
 ApiError internal_error(std::string message);
