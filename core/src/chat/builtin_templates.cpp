@@ -39,31 +39,34 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 4> kBuiltins
     {{- raise_exception('A system message alone gives the model nothing to answer in the Llama 2 chat format: add a user message after it') }}
 {%- endif %}
 )JINJA"},
-    {"mistral", R"JINJA({#- colibri built-in: Mistral / Mixtral instruct v0.1 format; a system message is prepended to the first user turn. -#}
+    {"mistral", R"JINJA({#- colibri built-in: Mistral / Mixtral instruct v0.1 format; the system messages (joined) are prepended to the first user turn. -#}
 {{- bos_token }}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content'] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{%- for message in loop_messages %}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
-        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif %}
-    {%- if message['role'] == 'user' %}
-        {%- if loop.first and system_message is defined %}
-            {{- '[INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
-        {%- else %}
-            {{- '[INST] ' + message['content'] + ' [/INST]' }}
-        {%- endif %}
-    {%- elif message['role'] == 'assistant' %}
-        {{- message['content'] + eos_token }}
+{%- set ns = namespace(system='', turns=[]) %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' or message['role'] == 'developer' %}
+        {%- set ns.system = ns.system + ('\n\n' if ns.system else '') + (message['content'] or '') %}
     {%- else %}
-        {{- raise_exception('Only system, user and assistant roles are supported by the Mistral instruct format') }}
+        {%- set ns.turns = ns.turns + [message] %}
     {%- endif %}
 {%- endfor %}
-{%- if loop_messages | length == 0 and system_message is defined %}
+{%- for message in ns.turns %}
+    {%- if message['role'] == 'tool' or message['tool_calls'] %}
+        {{- raise_exception('The Mistral instruct format has no tool calls or tool results: give the model a chat template that has them (--chat-template FILE), or leave them out of the history') }}
+    {%- endif %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('The Mistral instruct format needs user and assistant turns to alternate, starting with the user (system messages may come anywhere): message ' ~ (loop.index0 + 1) ~ ' of the conversation without them is ' ~ message['role']) }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and ns.system %}
+            {{- '[INST] ' + ns.system + '\n\n' + (message['content'] or '') + ' [/INST]' }}
+        {%- else %}
+            {{- '[INST] ' + (message['content'] or '') + ' [/INST]' }}
+        {%- endif %}
+    {%- else %}
+        {{- (message['content'] or '') + eos_token }}
+    {%- endif %}
+{%- endfor %}
+{%- if ns.turns | length == 0 and ns.system %}
     {{- raise_exception('A system message alone gives the model nothing to answer in the Mistral instruct format: add a user message after it') }}
 {%- endif %}
 )JINJA"},

@@ -111,6 +111,39 @@ TEST(BuiltinTemplates, ASystemMessageAloneIsRefusedNotDropped) {
   }
 }
 
+// The built-in Mistral format joins every system (and developer) message into the first user turn, and says what
+// it cannot show (tool calls and results) or what order it needs, instead of "cannot apply '+' to none".
+TEST(BuiltinTemplates, MistralJoinsSystemMessagesAndNamesWhatItCannotShow) {
+  auto t = Template::parse(std::string(*builtin_template("mistral")), "built-in mistral");
+  ASSERT_TRUE(t.has_value());
+  RenderOptions o;
+  o.bos_token = "<s>";
+  o.eos_token = "</s>";
+  auto two = t->render(ojson::parse(R"([{"role": "system", "content": "a"}, {"role": "developer", "content": "b"},
+      {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "system", "content": "c"},
+      {"role": "user", "content": "q"}])"),
+                       o);
+  ASSERT_TRUE(two.has_value()) << two.error().message();
+  EXPECT_EQ(*two, "<s>[INST] a\n\nb\n\nc\n\nhi [/INST]yo</s>[INST] q [/INST]");
+  auto tools = t->render(ojson::parse(R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+      "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "a", "content": "1"}])"),
+                         o);
+  ASSERT_FALSE(tools.has_value());
+  EXPECT_NE(tools.error().message().find("no tool calls or tool results"), std::string::npos)
+      << tools.error().message();
+  auto order = t->render(ojson::parse(R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"), o);
+  ASSERT_FALSE(order.has_value());
+  EXPECT_NE(order.error().message().find("message 2 of the conversation without them is user"), std::string::npos)
+      << order.error().message();
+  // An assistant turn with null content and no calls is an empty answer, not an error.
+  auto empty = t->render(ojson::parse(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": null},
+      {"role": "user", "content": "b"}])"),
+                         o);
+  ASSERT_TRUE(empty.has_value()) << empty.error().message();
+  EXPECT_EQ(*empty, "<s>[INST] a [/INST]</s>[INST] b [/INST]");
+}
+
 TEST(TemplateErrors, UnsupportedStatementNamesConstructAndLine) {
   auto t = Template::parse("Hello\n{% if x %}\n{% include 'other.j2' %}\n{% endif %}");
   ASSERT_FALSE(t.has_value());
