@@ -164,7 +164,13 @@ int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
   const auto path = engine::usage_history_path(*dir);
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
-  const auto why = engine::history_mismatch(*h, path, *dir);
+  auto why = engine::history_mismatch(*h, path, *dir);
+  // Counts of experts this model does not have are not shown (the next run's save drops them).
+  if (const auto unknown = engine::drop_unknown_experts(*h, *dir); !unknown.empty() && why.empty()) {
+    why = std::to_string(unknown.size()) + " count(s) name experts this model does not have (e.g. " +
+          std::to_string(unknown[0].first) + ":" + std::to_string(unknown[0].second) +
+          "); left out here, and dropped from the file at the next run's save (or: colibri-cli cache clear)";
+  }
   const auto top = h->most_used(static_cast<std::size_t>(o.top));
   if (o.json) {
     nlohmann::ordered_json j{{"usage_history", path.string()},
@@ -214,6 +220,7 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
   if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) return fail(why);
+  engine::drop_unknown_experts(*h, *dir);  // as `cache stats` shows it: experts the model lacks are left out
   if (h->counts.empty()) {
     return fail("no usage history for " + dir->string() + " yet (" + path.string() + "); run or bench the model first");
   }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "colibri/model/manifest.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 #include "colibri/util/output_file.hpp"
@@ -168,6 +169,23 @@ std::string history_mismatch(const UsageHistory& history, const fs::path& path, 
          " (converted again?); clear it (colibri-cli cache clear --model " + model_dir.string() + ")";
 }
 
+std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
+                                                                          const fs::path& model_dir) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> dropped;
+  if (history.counts.empty()) return dropped;
+  auto manifest = model::load_manifest(model_dir);
+  if (!manifest) return dropped;
+  for (auto it = history.counts.begin(); it != history.counts.end();) {
+    if (manifest->expert(it->first.first, it->first.second) == nullptr) {
+      dropped.push_back(it->first);
+      it = history.counts.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
 Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
                            const fs::path& model_dir) {
   if (usage.empty()) return {};
@@ -192,6 +210,10 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
       *h = UsageHistory{};
     }
     if (!id.empty()) h->model = id;
+    if (const auto dropped = drop_unknown_experts(*h, model_dir); !dropped.empty()) {
+      spdlog::warn("usage history {} counted {} expert(s) that {} does not have (e.g. {}:{}); dropped them",
+                   path.string(), dropped.size(), model_dir.string(), dropped[0].first, dropped[0].second);
+    }
     h->add_packed(usage);
     result = save_usage_history(path, *h);
   }

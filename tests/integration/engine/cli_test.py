@@ -257,6 +257,36 @@ def history_uses(env):
     return int(p.stdout.split("distinct, ")[1].split(" uses")[0])
 
 
+class UnknownHistoryKeys(unittest.TestCase):
+    def test_counts_of_experts_the_model_lacks_are_left_out_and_dropped_at_the_next_save(self):
+        env = history_env("unknown-keys")
+        subprocess.run([CLI, "run", "-m", model(), "-p", "Hi", "-n", "2"], capture_output=True, env=env, check=True)
+        p = subprocess.run([CLI, "cache", "stats", "--model", model(), "--json"], capture_output=True, text=True,
+                           env=env, check=True)
+        path = json.loads(p.stdout)["usage_history"]
+        with open(path) as f:
+            history = json.load(f)
+        history["counts"]["99:99"] = 10 ** 9  # would be the most used
+        with open(path, "w") as f:
+            json.dump(history, f)
+        p = subprocess.run([CLI, "cache", "stats", "--model", model(), "--json"], capture_output=True, text=True,
+                           env=env, check=True)
+        stats = json.loads(p.stdout)
+        self.assertNotIn({"layer": 99, "expert": 99}, [{k: e[k] for k in ("layer", "expert")} for e in stats["most_used"]])
+        self.assertIn("this model does not have (e.g. 99:99)", stats["note"])
+        # warm reads the experts the model has, as stats lists them (it stopped at 99:99).
+        p = subprocess.run([CLI, "cache", "warm", "--model", model()], capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = subprocess.run([CLI, "run", "-m", model(), "-p", "Hi", "-n", "2"], capture_output=True, text=True,
+                           env=env, check=True)
+        self.assertIn("does not have (e.g. 99:99); dropped them", p.stderr)
+        with open(path) as f:
+            self.assertNotIn("99:99", json.load(f)["counts"])
+        p = subprocess.run([CLI, "cache", "stats", "--model", model(), "--json"], capture_output=True, text=True,
+                           env=env, check=True)
+        self.assertIsNone(json.loads(p.stdout)["note"])
+
+
 class Interrupt(unittest.TestCase):
     def test_ctrl_c_ends_a_run_with_its_statistics_and_usage_history(self):
         env = history_env("interrupt-run")

@@ -39,13 +39,19 @@ std::string model_identity(const std::filesystem::path& model_dir);
 std::string history_mismatch(const UsageHistory& history, const std::filesystem::path& path,
                              const std::filesystem::path& model_dir);
 
+// Removes the counts of experts the model in `model_dir` does not have (a hand-edited file, or one from another
+// model that kept its identity) and returns them; nothing when its manifest cannot be read.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
+                                                                          const std::filesystem::path& model_dir);
+
 // A missing file is an empty history; a malformed one is an error naming the file and the entry.
 sdk::Expected<UsageHistory> load_usage_history(const std::filesystem::path& path);
 // Writes a temporary file, fsyncs it and renames it over `path`: a crash leaves the old or the new file.
 sdk::Status save_usage_history(const std::filesystem::path& path, const UsageHistory& history);
 // Loads, adds `usage` from the model in `model_dir`, saves; under an exclusive lock on <path>.lock, so processes
 // that share a model merge one after another and no count is lost. A history of another model (its identity
-// differs: converted again at this path) is replaced, with a warning.
+// differs: converted again at this path) is replaced, with a warning; counts of experts the model does not have are
+// dropped, with a warning.
 sdk::Status merge_usage_history(const std::filesystem::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
                                 const std::filesystem::path& model_dir);
 
