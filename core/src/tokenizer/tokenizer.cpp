@@ -478,6 +478,15 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   return Tokenizer(std::move(impl));
 }
 
+std::size_t Tokenizer::first_invalid_utf8(std::string_view text) noexcept {
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t n = utf8::valid_sequence_length(text, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special) const {
   return impl_->encode(text, add_special);
 }

@@ -257,6 +257,23 @@ def history_uses(env):
     return int(p.stdout.split("distinct, ")[1].split(" uses")[0])
 
 
+class InvalidUtf8Files(unittest.TestCase):
+    def test_a_file_that_is_not_utf8_is_warned_about_with_the_byte(self):
+        bad = os.path.join(WORK, "latin1.txt")
+        with open(bad, "wb") as f:
+            f.write("Caf\u00e9 au lait. ".encode("latin-1") * 200)  # 0xE9 alone: Latin-1, not UTF-8
+        good = os.path.join(WORK, "utf8.txt")
+        with open(good, "wb") as f:
+            f.write("Caf\u00e9 au lait. ".encode() * 200)
+        for args in (["run", "-m", model(), "-n", "1", "--file"], ["perplexity", "-m", model(), "--ctx", "64", "-f"]):
+            p = subprocess.run([CLI] + args + [bad], capture_output=True, text=True, errors="replace")  # echoed
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("latin1.txt is not UTF-8 text (byte 3 is not valid UTF-8)", p.stderr)
+            p = subprocess.run([CLI] + args + [good], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertNotIn("not UTF-8", p.stderr)
+
+
 class UnknownHistoryKeys(unittest.TestCase):
     def test_counts_of_experts_the_model_lacks_are_left_out_and_dropped_at_the_next_save(self):
         env = history_env("unknown-keys")

@@ -25,6 +25,9 @@ class Tokenizer {
   // Parses tokenizer.json text; `source` names it in error messages.
   static sdk::Expected<Tokenizer> from_json(std::string_view json_text, std::string_view source = "<memory>");
 
+  // Byte offset of the first byte of `text` that is not valid UTF-8 (encode reads it as U+FFFD), or npos.
+  [[nodiscard]] static std::size_t first_invalid_utf8(std::string_view text) noexcept;
+
   // Encodes UTF-8 text. Invalid UTF-8 is replaced by U+FFFD per maximal invalid subsequence before encoding (what
   // HuggingFace does when text reaches it through a lossy conversion). `add_special` applies the post-processor
   // (BOS/EOS), like HF's add_special_tokens.
