@@ -127,7 +127,7 @@ bool read_turn(std::istream& in, bool tty, std::string& turn) {
 
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
-  if (auto s = o.sampling.validate(); !s) return fail(s.message());
+  if (auto s = o.sampling.validate(); !s) return usage_fail(s.message());
   std::optional<chat::ChatConfig> named;  // --chat-template: checked before the model loads
   if (!o.template_family.empty()) {
     auto c = chat::chat_config_override(o.template_family);
@@ -137,7 +137,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   }
   auto engine = open_engine(global, o.engine);
   if (!engine) return 1;
-  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
+  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   // The named template wins over the model's own, as the server's --chat-template.

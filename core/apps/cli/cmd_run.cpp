@@ -38,10 +38,10 @@ struct RunOptions {
 
 int run_run(const GlobalOptions& global, RunOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
-  if (auto s = o.sampling.validate(); !s) return fail(s.message());
-  if (o.max_tokens < 0) return fail("-n must not be negative");
+  if (auto s = o.sampling.validate(); !s) return usage_fail(s.message());
+  if (o.max_tokens < 0) return usage_fail("-n must not be negative");
   for (const auto& stop : o.stop) {
-    if (stop.empty()) return fail("--stop \"\": an empty text stops nothing; give the text to stop before");
+    if (stop.empty()) return usage_fail("--stop \"\": an empty text stops nothing; give the text to stop before");
   }
   if (!o.prompt_file.empty()) {
     // The whole file, byte for byte (a trailing newline is part of the prompt, as llama.cpp's -f keeps it).
@@ -90,7 +90,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     return {};
   });
   if (!engine) return 1;
-  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return fail(bad);
+  if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(o.prompt, !o.no_special);

@@ -41,6 +41,9 @@ void add_profile_selection(CLI::App& cmd, GlobalOptions& global);
 
 // Prints "error: ..." to stderr and returns the exit code for a failed command.
 int fail(const std::string& message);
+// The same for an option value the command refuses (out of range, contradictory): exit 2, as for the values the
+// option parser refuses, so a script sees one code for every bad flag.
+int usage_fail(const std::string& message);
 
 // "" unless writing `output` would replace `input` (the same file, through any links) or go inside the directory
 // `input`: then the error that names both flags. Outputs are written whole at the end, so the input would be lost.

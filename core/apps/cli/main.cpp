@@ -27,6 +27,11 @@ int fail(const std::string& message) {
   return 1;
 }
 
+int usage_fail(const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return 2;
+}
+
 std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
                             const std::string& input) {
   namespace fs = std::filesystem;

@@ -129,7 +129,7 @@ class Run(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn("--file -: standard input is closed", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--stop", "", check=False)
-        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.returncode, 2)  # a refused option value, as an empty value of any other option
         self.assertIn("an empty text stops nothing", p.stderr)
 
     def test_a_kv_cache_past_the_ram_is_warned_about(self):
@@ -205,10 +205,16 @@ class Run(unittest.TestCase):
             p = cli(*args, "-m" if args[0] == "run" else "--model", model(), "--ctx", "-3", check=False)
             self.assertEqual(p.returncode, 1, args)
             self.assertIn("--ctx -3 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+        # Sampling values out of range exit 2, as the values the option parser refuses (--top-k abc) do.
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
+        self.assertEqual(p.returncode, 2)
         self.assertIn("--top-p must be in (0, 1], got 2", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--top-k", "-5", check=False)
+        self.assertEqual(p.returncode, 2)
         self.assertIn("--top-k must be positive, or 0 or -1 (off), got -5", p.stderr)
+        self.assertEqual(cli("run", "-m", model(), "-p", "hi", "--top-k", "abc", check=False).returncode, 2)
+        p = cli("chat", "-m", model(), "--temperature", "-1", stdin="Hello\n", check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
         # Values CLI11 would clamp, wrap or read as unset are refused, on every command's options: two seeds gave one
         # answer, and an empty --expert-cache-size ran with the automatic cache.
         for extra, words in ((["--seed", "99999999999999999999"], "--seed: 99999999999999999999 is out of range"),
@@ -547,7 +553,7 @@ class Chat(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("'5:-100' is not TOKEN_ID=BIAS", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--logit-bias", "999999=1", check=False)
-        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.returncode, 2)
         self.assertIn("--logit-bias: token id 999999 is outside the model's vocabulary of", p.stderr)
         p = cli("run", "-m", model(), "-p", "hi", "--logit-bias", "5=300", check=False)
         self.assertIn("must be in [-100, 100]", p.stderr)
