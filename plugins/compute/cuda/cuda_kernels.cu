@@ -333,34 +333,24 @@ cudaError_t quantize_q8(cudaStream_t s, const float* x, const Q8Scratch& q8, std
 // 2026-12-04): q4_k walks two units per step (64-66% of bandwidth against 61-63% for one), q4_0 and mxfp4 take two
 // rows per warp, q5_k, q6_k and q8_0 gain a little from more resident warps (at most 40 registers); q2_k and q3_k
 // were not in the table. None changes an output element's bits.
+template <int Rows, int Unroll, int MinBlocks>
+struct Tile {
+  static constexpr int kRows = Rows, kUnroll = Unroll, kMinBlocks = MinBlocks;
+};
 template <class F>
-struct DecodeTile {
-  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 1;
-};
+struct DecodeTile : Tile<1, 1, 1> {};
 template <>
-struct DecodeTile<q8dot::Q5_K> {
-  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
-};
+struct DecodeTile<q8dot::Q4_K> : Tile<1, 2, 1> {};
 template <>
-struct DecodeTile<q8dot::Q6_K> {
-  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
-};
+struct DecodeTile<q8dot::Q5_K> : Tile<1, 1, 6> {};
 template <>
-struct DecodeTile<q8dot::Q8_0> {
-  static constexpr int kRows = 1, kUnroll = 1, kMinBlocks = 6;
-};
+struct DecodeTile<q8dot::Q6_K> : Tile<1, 1, 6> {};
 template <>
-struct DecodeTile<q8dot::Q4_K> {
-  static constexpr int kRows = 1, kUnroll = 2, kMinBlocks = 1;
-};
+struct DecodeTile<q8dot::Q8_0> : Tile<1, 1, 6> {};
 template <>
-struct DecodeTile<q8dot::Q4_0> {
-  static constexpr int kRows = 2, kUnroll = 1, kMinBlocks = 1;
-};
+struct DecodeTile<q8dot::Q4_0> : Tile<2, 1, 1> {};
 template <>
-struct DecodeTile<q8dot::MXFP4> {
-  static constexpr int kRows = 2, kUnroll = 1, kMinBlocks = 1;
-};
+struct DecodeTile<q8dot::MXFP4> : Tile<2, 1, 1> {};
 
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,

@@ -113,6 +113,19 @@ COLIBRI_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32
 #endif
 }
 
+// part() of a format that splits it into fetch() (the unit's loads) and use() (the arithmetic), so that a walk of
+// several units can issue all their loads before the first use.
+template <class F>
+struct FetchThenUse {
+  template <int NT>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
+                              float (&out)[NT]) {
+    typename F::Raw raw;
+    F::fetch(b, j, vec, raw);
+    F::template use<NT>(raw, j, xa, xb, out);
+  }
+};
+
 // q4_k / q5_k: lane j takes 16 bytes of the sub-block pair p = j / 2 (its low nibbles are 16 elements of sub-block
 // 2p, its high nibbles the same 16 of sub-block 2p + 1).
 struct K4Lanes {
@@ -147,10 +160,9 @@ struct K4Lanes {
   }
 };
 
-struct Q4_K : K4Lanes {  // 144 bytes per unit: d, dmin, scales[12], qs[128]
+struct Q4_K : K4Lanes, FetchThenUse<Q4_K> {  // 144 bytes per unit: d, dmin, scales[12], qs[128]
   static constexpr int kUnitBytes = 144;
   static constexpr bool kVector = true;  // 16-byte loads when the row allows
-  // part() in two halves, so that a walk of several units can issue all their loads before the first use.
   struct Raw {
     std::uint32_t head[4], q[4];
   };
@@ -165,16 +177,9 @@ struct Q4_K : K4Lanes {  // 144 bytes per unit: d, dmin, scales[12], qs[128]
     bits(raw.q, 4, 0x0F0F0F0Fu, hi);
     finish(raw.head, j, lo, hi, xa, xb, out);
   }
-  template <int NT>
-  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
-                              float (&out)[NT]) {
-    Raw raw;
-    fetch(b, j, vec, raw);
-    use(raw, j, xa, xb, out);
-  }
 };
 
-struct Q5_K : K4Lanes {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[128]
+struct Q5_K : K4Lanes, FetchThenUse<Q5_K> {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[128]
   static constexpr int kUnitBytes = 176;
   static constexpr bool kVector = true;
   struct Raw {
@@ -196,19 +201,12 @@ struct Q5_K : K4Lanes {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[
     add_high(raw.qh, 2 * p + 1, 0x01010101u, 4, hi);
     finish(raw.head, j, lo, hi, xa, xb, out);
   }
-  template <int NT>
-  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
-                              float (&out)[NT]) {
-    Raw raw;
-    fetch(b, j, vec, raw);
-    use(raw, j, xa, xb, out);
-  }
 };
 
 // q6_k: lane j takes half hh = j / 4, quarter sel = (j / 2) % 2, l0 = 16 (j % 2): 16 bytes of ql at
 // 64 hh + 32 sel + l0, whose low nibbles are elements 128 hh + 32 sel + l0 .. and high nibbles those 64 further,
 // and the 16 bytes of qh that hold their top two bits. Values are 0..63 here, the -32 comes off with the sums.
-struct Q6_K {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
+struct Q6_K : FetchThenUse<Q6_K> {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
   static constexpr int kUnitBytes = 210;
   static constexpr bool kVector = false;
   static constexpr int kXBlock = 256;
@@ -243,13 +241,6 @@ struct Q6_K {  // 210 bytes per unit: ql[128], qh[64], scales[16] (int8), d
     add_high(raw.qh, 2 * sel, 0x03030303u, 4, lo);
     add_high(raw.qh, 4 + 2 * sel, 0x03030303u, 4, hi);
     offset_parts(half_bits(raw.d), s0, s1, 32, lo, hi, xa, xb, out);
-  }
-  template <int NT>
-  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
-                              float (&out)[NT]) {
-    Raw raw;
-    fetch(b, j, vec, raw);
-    use(raw, j, xa, xb, out);
   }
 };
 
