@@ -42,11 +42,21 @@ ApiError unauthorized() {
                   "invalid_request_error", "", "invalid_api_key"};
 }
 
+namespace {
+// A header value as it is compared: without surrounding blanks, in lower case (media types and codings are
+// case-insensitive).
+std::string header_token(std::string_view value) {
+  const auto first = value.find_first_not_of(" \t");
+  if (first == std::string_view::npos) return {};
+  value = value.substr(first, value.find_last_not_of(" \t") - first + 1);
+  std::string out(value);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+}  // namespace
+
 std::optional<ApiError> check_post_media_type(std::string_view content_type) {
-  std::string type(content_type.substr(0, content_type.find(';')));
-  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.pop_back();
-  type.erase(0, std::min(type.find_first_not_of(" \t"), type.size()));
-  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string type = header_token(content_type.substr(0, content_type.find(';')));
   if (type != "application/x-www-form-urlencoded" && type != "multipart/form-data" && type != "text/plain") {
     return std::nullopt;
   }
@@ -59,10 +69,7 @@ std::optional<ApiError> check_post_media_type(std::string_view content_type) {
 }
 
 std::optional<ApiError> check_post_encoding(std::string_view content_encoding) {
-  std::string coding(content_encoding);
-  for (auto& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.pop_back();
-  coding.erase(0, std::min(coding.find_first_not_of(" \t"), coding.size()));
+  const std::string coding = header_token(content_encoding);
   if (coding.empty() || coding == "identity") return std::nullopt;
   return ApiError{415, "Content-Encoding '" + coding + "' is not supported: send the body uncompressed.",
                   "invalid_request_error", "", "unsupported_media_type"};
