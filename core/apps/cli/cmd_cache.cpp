@@ -220,21 +220,17 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
   if (auto why = engine::history_mismatch(*h, path, *dir); !why.empty()) return fail(why);
-  engine::drop_unknown_experts(*h, *dir);  // as `cache stats` shows it: experts the model lacks are left out
+  auto m = model::load_manifest(*dir);
+  if (m) engine::drop_unknown_experts(*h, *m);  // as `cache stats` shows it: experts the model lacks are left out
   if (h->counts.empty()) {
     return fail("no usage history for " + dir->string() + " yet (" + path.string() + "); run or bench the model first");
   }
-  auto m = model::load_manifest(*dir);
   if (!m) return fail(m.error().message());
   std::uint64_t bytes = 0;
   std::size_t warmed = 0;
   std::vector<char> buf(1 << 20);
   for (const auto& [layer, expert] : h->most_used(static_cast<std::size_t>(o.top))) {
-    const auto* e = m->expert(layer, expert);
-    if (e == nullptr) {
-      return fail(path.string() + " names expert " + std::to_string(layer) + ":" + std::to_string(expert) +
-                  ", which this model does not have; clear it (colibri-cli cache clear --model " + o.model + ")");
-    }
+    const auto* e = m->expert(layer, expert);  // one the model has: the others were dropped above
     const auto file = (*dir / e->file).string();
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return fail("cannot open " + file + ": " + std::strerror(errno));

@@ -171,12 +171,17 @@ std::string history_mismatch(const UsageHistory& history, const fs::path& path, 
 
 std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
                                                                           const fs::path& model_dir) {
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> dropped;
-  if (history.counts.empty()) return dropped;
+  if (history.counts.empty()) return {};
   auto manifest = model::load_manifest(model_dir);
-  if (!manifest) return dropped;
+  if (!manifest) return {};
+  return drop_unknown_experts(history, *manifest);
+}
+
+std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
+                                                                          const model::Manifest& manifest) {
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> dropped;
   for (auto it = history.counts.begin(); it != history.counts.end();) {
-    if (manifest->expert(it->first.first, it->first.second) == nullptr) {
+    if (manifest.expert(it->first.first, it->first.second) == nullptr) {
       dropped.push_back(it->first);
       it = history.counts.erase(it);
     } else {

@@ -13,6 +13,10 @@
 
 #include "colibri/sdk/status.hpp"
 
+namespace colibri::model {
+struct Manifest;
+}  // namespace colibri::model
+
 namespace colibri::engine {
 
 struct UsageHistory {
@@ -43,6 +47,9 @@ std::string history_mismatch(const UsageHistory& history, const std::filesystem:
 // model that kept its identity) and returns them; nothing when its manifest cannot be read.
 std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
                                                                           const std::filesystem::path& model_dir);
+// The same against a manifest already loaded.
+std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
+                                                                          const model::Manifest& manifest);
 
 // A missing file is an empty history; a malformed one is an error naming the file and the entry.
 sdk::Expected<UsageHistory> load_usage_history(const std::filesystem::path& path);
