@@ -49,11 +49,7 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
-  if (const auto bad = tokenizer::Tokenizer::first_invalid_utf8(ss.view()); bad != std::string::npos) {
-    std::cerr << "warning: --file " << o.file << " is not UTF-8 text (byte " << bad
-              << " is not valid UTF-8): such bytes are read as U+FFFD, which changes the perplexity; convert it "
-                 "(iconv -t UTF-8) if the text is in another encoding\n";
-  }
+  warn_if_not_utf8(o.file, ss.view(), ", which changes the perplexity");
   if (o.engine.ctx == 0) o.engine.ctx = 512;
   if (o.engine.ctx < 2) return fail("--ctx must be at least 2 to score anything");
   auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {

@@ -59,11 +59,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     std::istream& in = o.prompt_file == "-" ? std::cin : file;
     o.prompt.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (in.bad()) return fail("--file " + o.prompt_file + ": reading failed");
-    if (const auto bad = tokenizer::Tokenizer::first_invalid_utf8(o.prompt); bad != std::string::npos) {
-      std::cerr << "warning: --file " << o.prompt_file << " is not UTF-8 text (byte " << bad
-                << " is not valid UTF-8): such bytes are read as U+FFFD; convert it (iconv -t UTF-8) if the text "
-                   "is in another encoding\n";
-    }
+    warn_if_not_utf8(o.prompt_file, o.prompt);
   }
   std::shared_ptr<const engine::JsonSchema> schema;
   if (!o.json_schema.empty()) {

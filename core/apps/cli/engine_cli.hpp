@@ -4,10 +4,12 @@
 
 #include <cstdio>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "colibri/engine/engine.hpp"
@@ -15,6 +17,7 @@
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
 #include "command.hpp"
 
 namespace colibri::cli {
@@ -145,6 +148,16 @@ inline std::string logit_bias_problem(const engine::SamplingOptions& s, std::int
     }
   }
   return {};
+}
+
+// A warning on stderr when a prompt or text file is not UTF-8 (the tokenizer reads such bytes as U+FFFD); `effect`
+// adds what that changes for the command, or nothing.
+inline void warn_if_not_utf8(const std::string& file, std::string_view text, const char* effect = "") {
+  const auto bad = tokenizer::Tokenizer::first_invalid_utf8(text);
+  if (bad == std::string_view::npos) return;
+  std::cerr << "warning: --file " << file << " is not UTF-8 text (byte " << bad
+            << " is not valid UTF-8): such bytes are read as U+FFFD" << effect
+            << "; convert it (iconv -t UTF-8) if the text is in another encoding\n";
 }
 
 inline std::string mib(std::uint64_t b) {
