@@ -101,7 +101,7 @@ expect_rc "profile show with a choice out of its set fails" 1 $rc
 check "the choices" "memory.vram_admission 'sometimes' (command line --set memory.vram_admission=sometimes) is not one of" "$out"
 
 out=$("$cli" profile show --set nonsense 2>&1); rc=$?
-expect_rc "--set without = fails" 1 $rc
+expect_rc "--set without = fails" 2 $rc
 check "--set without = explains" "write --set KEY=VALUE" "$out"
 
 out=$("$cli" profile show --ctx 100 2>&1); rc=$?

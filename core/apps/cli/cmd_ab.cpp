@@ -417,11 +417,9 @@ sdk::Status run_once(engine::Engine& e, const tokenizer::Tokenizer& tok, const s
 }
 
 int run_live(const LiveOptions& o) {
-  if (o.profiles.size() != 2) return fail("give exactly two profiles: --profile A --profile B");
-  if (o.runs < 1) return fail("--runs must be at least 1");
-  if (o.tokens < 2) return fail("--tokens must be at least 2 (decode speed needs two generated tokens)");
-  if (o.cold && o.warm) return fail("give one of --cold and --warm");
-  if (o.trace.empty() != o.cache_experts.empty()) return fail("--trace and --cache-experts go together");
+  if (o.profiles.size() != 2) return usage_fail("give exactly two profiles: --profile A --profile B");
+  if (o.cold && o.warm) return usage_fail("give one of --cold and --warm");
+  if (o.trace.empty() != o.cache_experts.empty()) return usage_fail("--trace and --cache-experts go together");
   std::vector<std::uint64_t> no_sizes;
   auto sizes =
       o.cache_experts.empty() ? sdk::Expected<std::vector<std::uint64_t>>(no_sizes) : parse_sizes(o.cache_experts);
@@ -622,8 +620,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
   live->add_option("--profile", lo->profiles, "Profile A, then profile B (NAME or PATH)")->required();
   live->add_option("--prompts", lo->prompts, "Prompts, one per line (default: two built-in prompts)");
   live->add_option("--runs", lo->runs,
-                   "Pairs of runs (default 6, the fewest with which the sign test can reach p < 0.05)");
-  live->add_option("--tokens,-n", lo->tokens, "Tokens generated per prompt (default 32)");
+                   "Pairs of runs (default 6, the fewest with which the sign test can reach p < 0.05)")
+      ->check(apps::integer_at_least(1, "give 1 or more pairs of runs"));
+  live->add_option("--tokens,-n", lo->tokens, "Tokens generated per prompt (default 32)")
+      ->check(apps::integer_at_least(2, "decode speed needs two generated tokens"));
   live->add_flag("--cold", lo->cold, "A fresh engine (empty expert cache) for every run (default)");
   live->add_flag("--warm", lo->warm, "One engine per profile, warmed by an unmeasured run first");
   live->add_option("--report", lo->report, "Write a self-contained HTML report");

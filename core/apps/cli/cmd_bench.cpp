@@ -108,11 +108,11 @@ double active_bytes_per_token(const model::Manifest& m) {
 }
 
 int run_bench(const GlobalOptions& global, const BenchOptions& o) {
-  if (o.prompt_tokens <= 0 || o.gen_tokens < 0) return fail("--prompt-tokens must be positive, --gen-tokens >= 0");
   auto t0 = std::chrono::steady_clock::now();
   std::optional<profile::Profile> prof;
-  auto engine = open_engine(global, o.engine, &prof);
-  if (!engine) return 1;
+  auto opened = open_engine(global, o.engine, &prof);
+  if (!opened.engine) return opened.exit_code;
+  auto& engine = opened.engine;
   if (!o.record_trace.empty()) {  // checked before the work, not after it
     const auto model = engine->model_dir().string();
     if (auto e = overwrite_error("--record-trace", o.record_trace, "--model", model); !e.empty()) return fail(e);
@@ -370,8 +370,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Prefill and decode speed, expert cache and I/O, memory-bandwidth bound");
   add_engine_options(*cmd, o->engine, global);
-  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length (default 128)");
-  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens decoded one at a time (default 64)");
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length (default 128)")
+      ->check(apps::integer_at_least(1, "give a prompt length of 1 or more tokens"));
+  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens decoded one at a time (default 64)")
+      ->check(apps::integer_at_least(0, "give 0 (prefill only) or more"));
   cmd->add_option("--seed", o->seed, "Seed of the random prompt tokens");
   auto* warm = cmd->add_flag("--warmup", o->warmup,
                              "Run the prompt and a decode step once unmeasured first (default where every expert "

@@ -19,6 +19,7 @@
 #include <set>
 #include <variant>
 
+#include "../common/cli_values.hpp"
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
@@ -305,7 +306,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
     CLI::Option* top = nullptr;
     if (std::string_view(name) != "clear") {
       top = sub->add_option("--top", o->top,
-                            "How many of the most used experts (default 10; with --server: until the cache is full)");
+                            "How many of the most used experts (default 10; with --server: until the cache is full)")
+                ->check(apps::integer_at_least(1, "give 1 or more experts"));
     }
     if (std::string_view(name) == "warm") {
       sub->add_option("--experts", o->experts, "With --server: warm these experts (layer:expert, e.g. 3:1,3:5)")
@@ -314,20 +316,16 @@ void setup(CLI::App& app, GlobalOptions& global) {
     add_profile_options(*sub, global);
     sub->callback([&global, o, fn, server_fn, top] {
       o->top_given = top != nullptr && top->count() > 0;
-      if (o->top < 1) {
-        global.exit_code = fail("--top must be at least 1 (it is " + std::to_string(o->top) + ")");
-        return;
-      }
       if (!o->server.empty()) {
         global.exit_code = server_fn(*o);
       } else if (!o->model.empty()) {
         if (!o->experts.empty()) {
-          global.exit_code = fail("--experts needs --server (a running server)");
+          global.exit_code = usage_fail("--experts needs --server (a running server)");
           return;
         }
         global.exit_code = fn(global, *o);
       } else {
-        global.exit_code = fail("give --server URL (a running colibri-server) or --model M (its usage history)");
+        global.exit_code = usage_fail("give --server URL (a running colibri-server) or --model M (its usage history)");
       }
     });
   };

@@ -135,8 +135,9 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (auto t = chat::Template::parse(c->template_source, c->template_origin); !t) return fail(t.error().message());
     named = std::move(*c);
   }
-  auto engine = open_engine(global, o.engine);
-  if (!engine) return 1;
+  auto opened = open_engine(global, o.engine);
+  if (!opened.engine) return opened.exit_code;
+  auto& engine = opened.engine;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());

@@ -47,12 +47,13 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
     if (ids.empty()) return fail("--tokens lists no token ids");
   }
   if (auto e = same_output_error("--trace", o.trace, "--out", o.out); !e.empty()) return fail(e);
-  auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
     const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", dir.string()}};
     if (auto e = overwrite_error("--out", o.out, inputs); !e.empty()) return e;
     return overwrite_error("--trace", o.trace, inputs);
   });
-  if (!engine) return 1;
+  if (!opened.engine) return opened.exit_code;
+  auto& engine = opened.engine;
   if (!o.prompt.empty()) {
     auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
     if (!tok) return fail(tok.error().message());

@@ -43,6 +43,11 @@ void log_softmax(const float* x, std::size_t n, std::vector<double>& out) {
 }
 
 int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
+  if (o.engine.ctx == 0) o.engine.ctx = 512;
+  if (o.engine.ctx < 2) {
+    return usage_fail("--ctx " + std::to_string(o.engine.ctx) +
+                      ": a chunk needs 2 tokens to score one; give 2 or more (0 or unset: 512)");
+  }
   if (std::filesystem::is_directory(o.file)) return fail("--file " + o.file + " is a directory; give a text file");
   std::ifstream in(o.file, std::ios::binary);
   if (!in) return fail("cannot read --file " + o.file + ": " + std::strerror(errno));
@@ -50,13 +55,12 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   ss << in.rdbuf();
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
   warn_if_not_utf8(o.file, ss.view(), ", which changes the perplexity");
-  if (o.engine.ctx == 0) o.engine.ctx = 512;
-  if (o.engine.ctx < 2) return fail("--ctx must be at least 2 to score anything");
-  auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
     return overwrite_error("--save-logits", o.save_logits,
                            {{"--model", dir.string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});
   });
-  if (!engine) return 1;
+  if (!opened.engine) return opened.exit_code;
+  auto& engine = opened.engine;
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
   const auto ids = tok->encode(ss.str(), false);
@@ -160,12 +164,13 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto o = std::make_shared<PerplexityOptions>();
   auto* cmd = app.add_subcommand("perplexity", "Perplexity of a text file; KL divergence against a saved base run");
   add_engine_options(*cmd, o->engine, global);
-  if (auto* ctx = cmd->get_option_no_throw("--ctx")) ctx->description("Tokens per scored chunk (default 512)");
+  if (auto* ctx = cmd->get_option_no_throw("--ctx")) {
+    ctx->description("Tokens per scored chunk (default 512)");
+    ctx->get_validator(apps::kContextLengthCheck)->active(false);  // its "0 for the model's context" is not this --ctx
+  }
   cmd->add_option("--file,-f", o->file, "UTF-8 text to score")->required();
   cmd->add_option("--max-chunks", o->max_chunks, "Score at most this many chunks (0: all)")
-      ->check(CLI::Validator(
-          [](std::string& v) { return v.starts_with('-') ? v + " is negative; give 0 (all) or more" : std::string(); },
-          ""));
+      ->check(apps::integer_at_least(0, "give 0 (all) or more"));
   cmd->add_option("--save-logits", o->save_logits, "Save this run's logits (to compare quantized runs against)");
   cmd->add_option("--kl-base", o->kl_base, "Logits saved by --save-logits from the base model: report KL divergence");
   cmd->callback([&global, o] { global.exit_code = run_perplexity(global, *o); });

@@ -27,12 +27,10 @@ struct ProfileOptions {
   std::string kv_type = "f16";  // --kv-type
 };
 
-// What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why.
-std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const ProfileOptions& o) {
-  if (o.ctx < 0) {
-    fail(negative_ctx_message(o.ctx));
-    return std::nullopt;
-  }
+// What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why,
+// with the exit status in `exit_code` (2 for a --ctx past the model's, as run says).
+std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const ProfileOptions& o, int& exit_code) {
+  exit_code = 1;
   auto dir = model::resolve_model_path(o.model, prof.get_string("models.dir"));
   if (!dir) {
     fail(dir.error().message());
@@ -41,6 +39,10 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   auto man = model::load_manifest(*dir);
   if (!man) {
     fail(man.error().message());
+    return std::nullopt;
+  }
+  if (auto err = apps::context_past_model(*dir, o.ctx); !err.empty()) {
+    exit_code = usage_fail(err);
     return std::nullopt;
   }
   auto kv_type = engine::parse_kv_type(o.kv_type);
@@ -157,8 +159,9 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
   if (!prof) return 1;
   std::optional<nlohmann::json> plan;
   if (!opts.model.empty()) {
-    plan = memory_plan(*prof, opts);
-    if (!plan) return 1;
+    int exit_code = 1;
+    plan = memory_plan(*prof, opts, exit_code);
+    if (!plan) return exit_code;
   }
   const auto reg = registry::scan_for_profile(*prof);
   std::vector<std::string> notes;
@@ -268,8 +271,10 @@ void setup(CLI::App& app, GlobalOptions& global) {
   // Both shape the model's plan: without --model they would be ignored silently.
   show_cmd
       ->add_option("--ctx", opts->ctx, "Context for the KV cache line (0 or unset: memory.kv_cache, else the model's)")
+      ->check(apps::context_length())
       ->needs(model);
   show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32")
+      ->check(apps::kv_cache_type())
       ->needs(model);
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });

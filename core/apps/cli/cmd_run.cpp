@@ -74,7 +74,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     schema = *compiled;
   }
   // The trace is checked before the model loads (minutes on a real one), not after the work.
-  auto engine = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) -> std::string {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) -> std::string {
     if (o.record_trace.empty()) return {};
     if (auto e =
             overwrite_error("--record-trace", o.record_trace,
@@ -85,7 +85,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (auto f = util::OutputFile::open(o.record_trace); !f) return "--record-trace: " + f.error().message();
     return {};
   });
-  if (!engine) return 1;
+  if (!opened.engine) return opened.exit_code;
+  auto& engine = opened.engine;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/cli_values.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/engine/usage_history.hpp"
@@ -21,12 +22,6 @@
 #include "command.hpp"
 
 namespace colibri::cli {
-
-// --ctx 0 means the default, as it does for llama.cpp's -c; a negative one is refused.
-inline std::string negative_ctx_message(std::int64_t ctx) {
-  return "--ctx " + std::to_string(ctx) +
-         " is negative; give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)";
-}
 
 struct EngineCliOptions {
   std::string model;
@@ -38,61 +33,47 @@ struct EngineCliOptions {
 
 inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions& global) {
   cmd.add_option("--model,-m", o.model, "Model directory, or a name under models.dir")->required();
-  cmd.add_option("--ctx", o.ctx, "Context length in tokens (0 or unset: memory.kv_cache, else the model's)");
-  cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), q8_0 or f32");
-  cmd.add_option("--batch", o.batch, "Tokens per forward chunk (results do not depend on it)");
+  cmd.add_option("--ctx", o.ctx, "Context length in tokens (0 or unset: memory.kv_cache, else the model's)")
+      ->check(apps::context_length());
+  cmd.add_option("--kv-type", o.kv_type, "KV cache type: f16 (default), q8_0 or f32")->check(apps::kv_cache_type());
+  cmd.add_option("--batch", o.batch, "Tokens per forward chunk (results do not depend on it)")
+      ->check(apps::integer_at_least(1, "give the tokens per forward chunk (default 512)"));
   cmd.add_flag("--exact-activations", o.exact, "Never quantize activations in quantized matmuls");
   add_profile_options(cmd, global);
 }
 
-// Prints the error and returns null on failure. `profile_out`: where to keep the profile the engine was opened with.
-// `before_loading`: checks that need the model's directory (an output naming one of its files), run before the
-// load, which takes minutes on a real model; a non-empty result is the error.
-inline std::unique_ptr<engine::Engine> open_engine(
+// An opened engine, or, when it is null, the exit status of the failure (already printed): 2 for an option value
+// the model refuses (--ctx past its context), 1 for the rest.
+struct OpenedEngine {
+  std::unique_ptr<engine::Engine> engine;
+  int exit_code = 1;
+};
+
+// `profile_out`: where to keep the profile the engine was opened with. `before_loading`: checks that need the
+// model's directory (an output naming one of its files), run before the load, which takes minutes on a real model;
+// a non-empty result is the error.
+inline OpenedEngine open_engine(
     const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
     const std::function<std::string(const std::filesystem::path&)>& before_loading = nullptr) {
   auto prof = global.load_profile();
-  if (!prof) return nullptr;
+  if (!prof) return {};
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
-  if (!dir) {
-    fail(dir.error().message());
-    return nullptr;
-  }
+  if (!dir) return {nullptr, fail(dir.error().message())};
   if (before_loading) {
-    if (auto err = before_loading(*dir); !err.empty()) {
-      fail(err);
-      return nullptr;
-    }
+    if (auto err = before_loading(*dir); !err.empty()) return {nullptr, fail(err)};
   }
   auto kv = engine::parse_kv_type(o.kv_type);
-  if (!kv) {
-    fail(kv.error().message());
-    return nullptr;
-  }
-  if (o.ctx < 0) {
-    fail(negative_ctx_message(o.ctx));
-    return nullptr;
-  }
-  // A context past the model's is known from its manifest: said before the weights load (minutes on a real model).
-  if (o.ctx > 0) {
-    if (auto m = model::load_manifest(*dir); m && o.ctx > m->hparams.max_position_embeddings) {
-      fail("--ctx " + std::to_string(o.ctx) + " exceeds the model's context (" +
-           std::to_string(m->hparams.max_position_embeddings) + " positions)");
-      return nullptr;
-    }
-  }
+  if (!kv) return {nullptr, fail(kv.error().message())};
+  if (auto err = apps::context_past_model(*dir, o.ctx); !err.empty()) return {nullptr, usage_fail(err)};
   engine::EngineOptions eo;
   eo.context = o.ctx;
   eo.kv_type = *kv;
   eo.ubatch = o.batch;
   eo.exact_activations = o.exact;
   auto e = engine::Engine::open(*dir, *prof, eo);
-  if (!e) {
-    fail(e.error().message());
-    return nullptr;
-  }
+  if (!e) return {nullptr, fail(e.error().message())};
   if (profile_out != nullptr) *profile_out = std::move(prof);
-  return std::move(*e);
+  return {std::move(*e), 0};
 }
 
 inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool& seed_given) {

@@ -82,12 +82,6 @@ std::vector<profile::Override> GlobalOptions::cli_overrides() const {
 }
 
 std::optional<profile::Profile> GlobalOptions::load_profile() const {
-  for (const auto& s : sets) {
-    if (s.find('=') == std::string::npos) {
-      fail("--set " + s + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)");
-      return std::nullopt;
-    }
-  }
   profile::LoadOptions opts;
   opts.profile = profile;
   opts.overrides = cli_overrides();
@@ -104,7 +98,8 @@ void add_profile_selection(CLI::App& cmd, GlobalOptions& global) {
   // used too, overwriting the --profile given.
   cmd.add_option("--profile", global.profile,
                  "Hardware profile: a name from the profile directories or a YAML path (env COLIBRI_PROFILE)");
-  cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
+  cmd.add_option("--set", global.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)")
+      ->check(apps::profile_setting());
 }
 
 void add_profile_options(CLI::App& cmd, GlobalOptions& global) {

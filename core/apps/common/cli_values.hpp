@@ -4,8 +4,13 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
+#include <limits>
 #include <set>
+#include <stdexcept>
 #include <string>
+
+#include "colibri/model/manifest.hpp"
 
 namespace colibri::apps {
 
@@ -26,6 +31,74 @@ inline std::string integer_out_of_range(const std::string& value, bool is_unsign
     ec = std::from_chars(value.data(), end, v).ec;
   }
   return ec == std::errc::result_out_of_range ? value + " is out of range" : std::string();
+}
+
+// Range checks run by the parser, so a refused value exits 2 before anything loads, as every other bad flag does.
+// Values that are not numbers are left to CLI11's conversion. `hint` says what to give instead.
+inline CLI::Validator integer_between(std::int64_t min, std::int64_t max, std::string hint) {
+  return CLI::Validator(
+      [min, max, hint](std::string& value) {
+        std::int64_t v = 0;
+        const char* end = value.data() + value.size();
+        if (auto r = std::from_chars(value.data(), end, v); r.ec != std::errc() || r.ptr != end) return std::string();
+        if (v > max) return value + " is above " + std::to_string(max) + "; " + hint;
+        if (v >= min) return std::string();
+        return value + (v < 0 ? " is negative; " : " is below " + std::to_string(min) + "; ") + hint;
+      },
+      "");
+}
+
+inline CLI::Validator integer_at_least(std::int64_t min, std::string hint) {
+  return integer_between(min, std::numeric_limits<std::int64_t>::max(), std::move(hint));
+}
+
+inline CLI::Validator number_between(double min, double max, std::string hint) {
+  return CLI::Validator(
+      [min, max, hint](std::string& value) {
+        double v = 0;
+        try {
+          std::size_t used = 0;
+          v = std::stod(value, &used);
+          if (used != value.size()) return std::string();
+        } catch (const std::exception&) {
+          return std::string();
+        }
+        return v >= min && v <= max ? std::string() : value + " is out of range; " + hint;
+      },
+      "");
+}
+
+// --ctx of the commands that run a model (0: the default, as llama.cpp's -c 0).
+inline constexpr const char* kContextLengthCheck = "context length";
+inline CLI::Validator context_length() {
+  return integer_at_least(0,
+                          "give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)")
+      .name(kContextLengthCheck);
+}
+
+inline CLI::Validator kv_cache_type() {
+  return CLI::IsMember({"f16", "q8_0", "f32"});
+}
+
+// --set KEY=VALUE, in both programs.
+inline CLI::Validator profile_setting() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return value.find('=') != std::string::npos
+                   ? std::string()
+                   : value + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)";
+      },
+      "");
+}
+
+// "" unless `ctx` is past the model's context, known from its manifest: said before the weights load (minutes on a
+// real model). A manifest that does not load is left to the load, which names what is wrong with it.
+inline std::string context_past_model(const std::filesystem::path& model_dir, std::int64_t ctx) {
+  if (ctx <= 0) return {};
+  auto m = model::load_manifest(model_dir);
+  if (!m || ctx <= m->hparams.max_position_embeddings) return {};
+  return "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
+         std::to_string(m->hparams.max_position_embeddings) + " positions)";
 }
 
 // Values that would silently change what runs are refused, on every option of `app` and its commands:

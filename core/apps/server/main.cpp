@@ -32,6 +32,12 @@ int fail(const std::string& message) {
   return 1;
 }
 
+// An option value refused after parsing (one the model cannot take): exit 2, as for the values the parser refuses.
+int usage_fail(const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return 2;
+}
+
 // The built-in template family for a model that ships no template: from its architecture, as `colibri-cli chat`
 // picks it ("" lets the special tokens decide).
 std::string model_family(const std::filesystem::path& dir) {
@@ -70,8 +76,6 @@ int serve(Flags& f) {
   if (!f.prefetch_layers.empty()) lo.overrides.push_back({"prefetch.layers", f.prefetch_layers, "--prefetch-layers"});
   for (const auto& s : f.sets) {
     const auto eq = s.find('=');
-    if (eq == std::string::npos)
-      return fail("--set " + s + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)");
     lo.overrides.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
   }
   auto prof = profile::Profile::load(lo);
@@ -92,23 +96,12 @@ int serve(Flags& f) {
         so.host);
   }
   so.allowed_origins = f.allowed_origins;
-  auto body = sdk::parse_size(f.max_body);
-  if (!body || *body == 0) return fail("--max-body-size '" + f.max_body + "' is not a size (e.g. 4M)");
-  so.max_body_bytes = *body;
-  if (f.max_header < 1024) return fail("--max-header-size must be at least 1024 bytes");
+  so.max_body_bytes = *sdk::parse_size(f.max_body);  // checked by the parser
   so.max_header_bytes = f.max_header;
-  for (auto [v, name] : {std::pair{f.request_timeout, "--request-timeout"},
-                         {f.idle_timeout, "--idle-timeout"},
-                         {f.write_timeout, "--write-timeout"},
-                         {f.drain_timeout, "--drain-timeout"}}) {
-    if (!(v >= 0.0) || v > 86400.0) return fail(std::string(name) + " must be between 0 and 86400 seconds");
-  }
   so.request_timeout = ms(f.request_timeout);
   so.idle_timeout = ms(f.idle_timeout);
   so.write_timeout = ms(f.write_timeout);
   so.drain_timeout = ms(f.drain_timeout);
-  if (f.max_batch < 1) return fail("--max-batch must be at least 1");
-  if (f.io_threads < 1 || f.io_threads > 64) return fail("--io-threads must be 1..64");
   so.separate_reasoning = f.reasoning_format == "separate";
   so.max_connections = static_cast<std::size_t>(f.max_connections);
   // Each connection holds a descriptor, and so does each expert read in flight: beyond the limit, accepts wait and
@@ -143,16 +136,7 @@ int serve(Flags& f) {
   if (!dir) return fail(dir.error().message());
   auto kv = engine::parse_kv_type(f.kv_type);
   if (!kv) return fail(kv.error().message());
-  if (f.ctx < 0)
-    return fail(
-        "--ctx " + std::to_string(f.ctx) +
-        " is negative; give a context length in tokens, or 0 for the default (memory.kv_cache, else the model's)");
-  if (f.ctx > 0) {  // known from the manifest: said before the weights load
-    if (auto m = model::load_manifest(*dir); m && f.ctx > m->hparams.max_position_embeddings) {
-      return fail("--ctx " + std::to_string(f.ctx) + " exceeds the model's context (" +
-                  std::to_string(m->hparams.max_position_embeddings) + " positions)");
-    }
-  }
+  if (auto err = apps::context_past_model(*dir, f.ctx); !err.empty()) return usage_fail(err);
   engine::EngineOptions eo;
   eo.context = f.ctx;
   eo.kv_type = *kv;
@@ -241,7 +225,8 @@ int main(int argc, char** argv) {
   Flags f;
   app.add_option("--model,-m", f.model, "Model directory, or a name under models.dir")->required();
   app.add_option("--profile", f.profile, "Hardware profile: a name or a YAML path")->envname("COLIBRI_PROFILE");
-  app.add_option("--set", f.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)");
+  app.add_option("--set", f.sets, "Set any profile key: --set storage.plugin=io_uring (repeatable)")
+      ->check(apps::profile_setting());
   app.add_option("--expert-cache-size", f.expert_cache_size, "RAM tier for experts, e.g. 8G (memory.expert_cache)");
   app.add_option("--vram-budget", f.vram_budget, "VRAM tier for experts, e.g. 6G (memory.vram_budget)");
   app.add_option("--prefetch-layers", f.prefetch_layers, "Layers ahead to prefetch experts for (prefetch.layers)");
@@ -259,26 +244,41 @@ int main(int argc, char** argv) {
   app.add_option("--chat-template", f.chat_template,
                  "Chat template: a built-in family or a Jinja file (default: the model's chat_template.jinja, else "
                  "tokenizer_config.json's)");
-  app.add_option("--ctx", f.ctx, "Context length per sequence (0 or unset: memory.kv_cache, else the model's)");
-  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 (default), q8_0 or f32");
-  app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)");
+  app.add_option("--ctx", f.ctx, "Context length per sequence (0 or unset: memory.kv_cache, else the model's)")
+      ->check(apps::context_length());
+  app.add_option("--kv-type", f.kv_type, "KV cache type: f16 (default), q8_0 or f32")->check(apps::kv_cache_type());
+  app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)")
+      ->check(apps::integer_at_least(1, "give the tokens per forward chunk (default 512)"));
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
-  app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)");
+  app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)")
+      ->check(apps::integer_at_least(1, "give 1 or more sequences"));
   app.add_option("--max-queue", f.max_queue,
                  "Requests that may wait beyond the free --max-batch slots; more get 429 (default 64; 0: none wait)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
-  app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413");
-  app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)");
+  app.add_option("--max-body-size", f.max_body, "Largest request body (default 4M); larger gets 413")
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            auto size = sdk::parse_size(value);
+            return size && *size > 0 ? std::string() : value + " is not a size; give one such as 4M or 65536";
+          },
+          ""));
+  app.add_option("--max-header-size", f.max_header, "Largest request header block in bytes (default 16384)")
+      ->check(apps::integer_at_least(1024, "give 1024 bytes or more"));
   app.add_option("--max-connections", f.max_connections,
                  "Open connections at most (default 256); beyond, a 503 with Retry-After, and idle keep-alive "
                  "connections are closed to make room")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  app.add_option("--request-timeout", f.request_timeout, "Seconds to receive a request (default 15)");
+  const auto seconds = apps::number_between(0, 86400, "give 0 to 86400 seconds");
+  app.add_option("--request-timeout", f.request_timeout, "Seconds to receive a request (default 15)")->check(seconds);
   app.add_option("--idle-timeout", f.idle_timeout,
-                 "Seconds a keep-alive connection may wait for a request (default 60)");
-  app.add_option("--write-timeout", f.write_timeout, "Seconds one response write may take (default 60)");
-  app.add_option("--drain-timeout", f.drain_timeout, "SIGTERM: seconds streams get to finish (default 10)");
-  app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)");
+                 "Seconds a keep-alive connection may wait for a request (default 60)")
+      ->check(seconds);
+  app.add_option("--write-timeout", f.write_timeout, "Seconds one response write may take (default 60)")
+      ->check(seconds);
+  app.add_option("--drain-timeout", f.drain_timeout, "SIGTERM: seconds streams get to finish (default 10)")
+      ->check(seconds);
+  app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)")
+      ->check(apps::integer_between(1, 64, "give 1 to 64 threads"));
   app.add_option(
       "--usage-history", f.usage_history,
       "Expert usage counts are merged into this JSON file on exit (default: cache.auto_pin_history, else the "

@@ -203,8 +203,31 @@ class Run(unittest.TestCase):
         self.assertEqual(p.stdout, cli("run", "-m", model(), "-p", "hi", "-n", "2", "--ignore-eos", "--temp", "0").stdout)
         for args in (("run", "-p", "hi"), ("profile", "show")):
             p = cli(*args, "-m" if args[0] == "run" else "--model", model(), "--ctx", "-3", check=False)
-            self.assertEqual(p.returncode, 1, args)
-            self.assertIn("--ctx -3 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+            self.assertEqual(p.returncode, 2, args)
+            self.assertIn("--ctx: -3 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+        # So is every other option value out of its range, by the parser or, where the model decides, before the
+        # weights load: one exit status for every refused flag.
+        text = os.path.join(WORK, "refused-flags.txt")
+        with open(text, "w") as f:
+            f.write("some text to score\n")
+        m = model()
+        for args, words in (
+                (["run", "-m", m, "-p", "hi", "--batch", "0"], "--batch: 0 is below 1"),
+                (["run", "-m", m, "-p", "hi", "--kv-type", "q4"], "--kv-type: q4 not in {f16,q8_0,f32}"),
+                (["run", "-m", m, "-p", "hi", "--set", "memory"], "--set: memory: write --set KEY=VALUE"),
+                (["chat", "-m", m, "--ctx", "-1"], "--ctx: -1 is negative"),
+                (["bench", "-m", m, "--prompt-tokens", "0"], "--prompt-tokens: 0 is below 1"),
+                (["bench", "-m", m, "--gen-tokens", "-1"], "--gen-tokens: -1 is negative"),
+                (["perplexity", "-m", m, "-f", text, "--ctx", "1"], "--ctx 1: a chunk needs 2 tokens to score one"),
+                (["perplexity", "-m", m, "-f", text, "--ctx", "-4"], "--ctx -4: a chunk needs 2 tokens to score one"),
+                (["cache", "stats", "-m", m, "--top", "0"], "--top: 0 is below 1"),
+                (["ab", "live", "-m", m, "--profile", "cpu", "--profile", "cpu", "--runs", "0"], "--runs: 0 is below 1"),
+                (["ab", "live", "-m", m, "--profile", "cpu", "--profile", "cpu", "-n", "1"], "--tokens: 1 is below 2"),
+                (["run", "-m", m, "-p", "hi", "--ctx", "100000000"], "--ctx 100000000 exceeds the model's context")):
+            p = cli(*args, check=False)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(words, p.stderr, args)
+            self.assertNotIn("compute cpu", p.stderr, args)  # before any backend starts
         # Sampling values out of range exit 2, as the values the option parser refuses (--top-k abc) do.
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
         self.assertEqual(p.returncode, 2)
@@ -815,7 +838,7 @@ class MemoryPlan(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("memory.vram_budget", p.stderr)
         p = cli("profile", "show", "--model", m, "--ctx", "100000000", check=False)
-        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(p.returncode, 2)  # a refused option value, as run refuses it
         self.assertIn("exceeds the model's context", p.stderr)
         p = cli("profile", "show", "--model", os.path.join(WORK, "no-such-model"), check=False)
         self.assertNotEqual(p.returncode, 0)
@@ -827,7 +850,7 @@ class MemoryPlan(unittest.TestCase):
         self.assertIn("memory.kv_cache = 100 is from command line --set memory.kv_cache=100", p.stderr)
         # A context past the model's is refused before the weights load (no backend started).
         p = cli("run", "-m", m, "-p", "hi", "-n", "1", "--ctx", "100000000", check=False)
-        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.returncode, 2)
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute cpu", p.stderr)
 

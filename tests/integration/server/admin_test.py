@@ -396,8 +396,19 @@ class RecordTrace(unittest.TestCase):
     def test_negative_ctx_is_refused(self):
         p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", "--ctx", "-1"],
                            capture_output=True, text=True, timeout=60)
-        self.assertEqual(p.returncode, 1)
-        self.assertIn("--ctx -1 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+        self.assertEqual(p.returncode, 2)  # a refused option value, as every other
+        self.assertIn("--ctx: -1 is negative; give a context length in tokens, or 0 for the default", p.stderr)
+        for args, words in ((["--batch", "0"], "--batch: 0 is below 1"),
+                            (["--max-batch", "0"], "--max-batch: 0 is below 1"),
+                            (["--io-threads", "65"], "--io-threads: 65 is above 64"),
+                            (["--max-header-size", "100"], "--max-header-size: 100 is below 1024"),
+                            (["--write-timeout", "-1"], "--write-timeout: -1 is out of range; give 0 to 86400"),
+                            (["--max-body-size", "4Q"], "--max-body-size: 4Q is not a size"),
+                            (["--set", "cache"], "--set: cache: write --set KEY=VALUE")):
+            p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", *args],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 2, args)
+            self.assertIn(words, p.stderr, args)
 
 
 def main():

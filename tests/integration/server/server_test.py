@@ -422,7 +422,7 @@ class Api(unittest.TestCase):
         # So is a context past the model's.
         p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--ctx", "100000000", "--log-level", "info"] +
                            BACKEND_ARGS, capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.returncode, 2)  # a refused option value
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute", p.stderr)
 
