@@ -2,6 +2,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -124,7 +125,16 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--output,-o", o->output, "Model directory to create")->required();
   std::string presets;
   for (const auto& p : model::convert_presets()) presets += (presets.empty() ? "" : ", ") + p;
-  cmd->add_option("--quantize,-q", o->preset, "Preset: " + presets)->capture_default_str();
+  cmd->add_option("--quantize,-q", o->preset, "Preset: " + presets)
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [presets](std::string& value) {
+            const auto names = model::convert_presets();
+            return std::find(names.begin(), names.end(), value) != names.end()
+                       ? std::string()
+                       : "unknown preset '" + value + "'; choose one of " + presets;
+          },
+          ""));
   // Two flags rather than CLI11's "--a,!--no-a", whose help reads "{false}" as if that were the default.
   cmd->add_flag_callback(
       "--split-experts", [o] { o->split_experts = true; }, "One file per expert (the default)");

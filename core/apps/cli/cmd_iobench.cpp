@@ -341,16 +341,16 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   if (!fs::is_directory(opts.dir, ec))
     return fail("iobench: " + opts.dir + " is not a directory; name a directory on the disk to measure");
   auto size = sdk::parse_size(opts.size);
-  if (!size) return fail("iobench: --size " + opts.size + ": " + size.error().message());
+  if (!size) return usage_fail("iobench: --size " + opts.size + ": " + size.error().message());
   auto seq_block = sdk::parse_size(opts.seq_block);
   if (!seq_block || *seq_block == 0 || *seq_block % 4096 != 0) {
-    return fail("iobench: --seq-block " + opts.seq_block + " must be a positive multiple of 4K");
+    return usage_fail("iobench: --seq-block " + opts.seq_block + " must be a positive multiple of 4K");
   }
   std::vector<std::uint64_t> blocks;
   for (const auto& b : split_commas(opts.block_sizes)) {
     auto v = sdk::parse_size(b);
     if (!v || *v == 0 || *v % 4096 != 0)
-      return fail("iobench: --block-sizes entry '" + b + "' must be a positive multiple of 4K (e.g. 4M,4K)");
+      return usage_fail("iobench: --block-sizes entry '" + b + "' must be a positive multiple of 4K (e.g. 4M,4K)");
     blocks.push_back(*v);
   }
   std::vector<int> depths;
@@ -358,16 +358,17 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
     char* end = nullptr;
     const long v = std::strtol(d.c_str(), &end, 10);
     if (end == d.c_str() || *end != '\0' || v < 1 || v > 1024)
-      return fail("iobench: --depths entry '" + d + "' must be 1..1024");
+      return usage_fail("iobench: --depths entry '" + d + "' must be 1..1024");
     depths.push_back(static_cast<int>(v));
   }
-  if (blocks.empty() || depths.empty()) return fail("iobench: --block-sizes and --depths need at least one entry");
-  if (opts.seconds <= 0 || opts.seconds > 600) return fail("iobench: --seconds must be in (0, 600]");
-  if (opts.seq_depth < 1 || opts.seq_depth > 1024) return fail("iobench: --seq-depth must be 1..1024");
+  if (blocks.empty() || depths.empty())
+    return usage_fail("iobench: --block-sizes and --depths need at least one entry");
+  if (opts.seconds <= 0 || opts.seconds > 600) return usage_fail("iobench: --seconds must be in (0, 600]");
+  if (opts.seq_depth < 1 || opts.seq_depth > 1024) return usage_fail("iobench: --seq-depth must be 1..1024");
   const std::uint64_t largest = std::max(*std::max_element(blocks.begin(), blocks.end()), *seq_block);
   if (*size < largest) {
-    return fail("iobench: --size " + opts.size + " is smaller than the largest block (" + sdk::format_size(largest) +
-                "); give at least that, or smaller --block-sizes / --seq-block");
+    return usage_fail("iobench: --size " + opts.size + " is smaller than the largest block (" +
+                      sdk::format_size(largest) + "); give at least that, or smaller --block-sizes / --seq-block");
   }
   const std::uint64_t file_size = *size / largest * largest;
   struct statvfs vfs {};
@@ -393,7 +394,7 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   } else {
     for (const auto& name : split_commas(opts.plugins)) {
       auto p = reg.select(sdk::PluginKind::storage, name);
-      if (!p) return fail("iobench: --plugins " + name + ": " + p.error().message());
+      if (!p) return usage_fail("iobench: --plugins " + name + ": " + p.error().message());
       chosen.push_back(*p);
     }
   }

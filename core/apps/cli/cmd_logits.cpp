@@ -27,9 +27,9 @@ struct LogitsOptions {
 
 int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
   if (o.tokens.empty() && o.prompt.empty()) {
-    return fail("give --tokens IDS or --prompt TEXT (not empty: there must be a token to run)");
+    return usage_fail("give --tokens IDS or --prompt TEXT (not empty: there must be a token to run)");
   }
-  if (!o.tokens.empty() && !o.prompt.empty()) return fail("give one of --tokens and --prompt, not both");
+  if (!o.tokens.empty() && !o.prompt.empty()) return usage_fail("give one of --tokens and --prompt, not both");
   std::vector<std::int32_t> ids;
   if (!o.tokens.empty()) {
     std::stringstream ss(o.tokens);
@@ -41,10 +41,10 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
         if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument(item);
         ids.push_back(static_cast<std::int32_t>(v));
       } catch (const std::exception&) {
-        return fail("--tokens: '" + item + "' is not a token id (write --tokens 1,2,3)");
+        return usage_fail("--tokens: '" + item + "' is not a token id (write --tokens 1,2,3)");
       }
     }
-    if (ids.empty()) return fail("--tokens lists no token ids");
+    if (ids.empty()) return usage_fail("--tokens lists no token ids");
   }
   if (auto e = same_output_error("--trace", o.trace, "--out", o.out); !e.empty()) return fail(e);
   auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
@@ -58,7 +58,7 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
     auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
     if (!tok) return fail(tok.error().message());
     ids = tok->encode(o.prompt, true);
-    if (ids.empty()) return fail("--prompt encodes to no tokens");
+    if (ids.empty()) return usage_fail("--prompt encodes to no tokens");
   }
   std::vector<float> logits;
   std::vector<engine::RoutingRecord> trace;

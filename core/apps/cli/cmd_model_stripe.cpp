@@ -259,11 +259,11 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     }
     const fs::path member = d / dir.filename();
     for (const auto& seen : members) {
-      if (seen == member) return fail("--to names " + item + " twice");
+      if (seen == member) return usage_fail("--to names " + item + " twice");
     }
     members.push_back(member);
   }
-  if (members.empty()) return fail("--to names no directory (write --to DIR2[,DIR3...])");
+  if (members.empty()) return usage_fail("--to names no directory (write --to DIR2[,DIR3...])");
   for (const auto& member : members) {
     if (auto err = claim_member(member, dir); !err.empty()) return fail(err);
   }

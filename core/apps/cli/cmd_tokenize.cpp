@@ -52,7 +52,8 @@ std::string process(const tokenizer::Tokenizer& tok, const TokenizeOptions& o, c
 }
 
 int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
-  if (o.skip_special && !o.decode) return fail("--skip-special applies to --decode only; encoding keeps every token");
+  if (o.skip_special && !o.decode)
+    return usage_fail("--skip-special applies to --decode only; encoding keeps every token");
   std::string source = o.tokenizer;
   if (!o.model.empty()) {  // a directory, or a name under models.dir, as every command takes a model
     auto prof = global.load_profile();
@@ -68,12 +69,12 @@ int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
     json input;
     if (o.decode) {
       input = json::parse(o.text, nullptr, false);
-      if (input.is_discarded()) return fail("--text: with --decode, expected a JSON array of token ids");
+      if (input.is_discarded()) return usage_fail("--text: with --decode, expected a JSON array of token ids");
     } else {
       input = o.text;
     }
     std::string line;
-    if (auto err = process(*tok, o, input, line); !err.empty()) return fail("--text: " + err);
+    if (auto err = process(*tok, o, input, line); !err.empty()) return usage_fail("--text: " + err);
     std::cout << line << "\n";
     return 0;
   }
@@ -123,11 +124,11 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--skip-special", o->skip_special, "With --decode: drop special tokens from the text");
   cmd->callback([&global, o, model, file, text, jsonl] {
     if (model->count() == 0 && file->count() == 0) {
-      global.exit_code = fail("tokenize: give --model DIR or --tokenizer FILE");
+      global.exit_code = usage_fail("tokenize: give --model DIR or --tokenizer FILE");
       return;
     }
     if (text->count() == 0 && jsonl->count() == 0) {
-      global.exit_code = fail("tokenize: give --text TEXT or --jsonl FILE");
+      global.exit_code = usage_fail("tokenize: give --text TEXT or --jsonl FILE");
       return;
     }
     global.exit_code = run_tokenize(global, *o);

@@ -223,7 +223,12 @@ class Run(unittest.TestCase):
                 (["cache", "stats", "-m", m, "--top", "0"], "--top: 0 is below 1"),
                 (["ab", "live", "-m", m, "--profile", "cpu", "--profile", "cpu", "--runs", "0"], "--runs: 0 is below 1"),
                 (["ab", "live", "-m", m, "--profile", "cpu", "--profile", "cpu", "-n", "1"], "--tokens: 1 is below 2"),
-                (["run", "-m", m, "-p", "hi", "--ctx", "100000000"], "--ctx 100000000 exceeds the model's context")):
+                (["run", "-m", m, "-p", "hi", "--ctx", "100000000"], "--ctx 100000000 exceeds the model's context"),
+                (["logits", "-m", m, "--tokens", "1,x", "-o", os.path.join(WORK, "x.npy")], "'x' is not a token id"),
+                (["tokenize", "-m", m, "--text", "hi", "--skip-special"], "--skip-special applies to --decode only"),
+                (["iobench", WORK, "--depths", "0"], "--depths entry '0' must be 1..1024"),
+                (["convert", "-i", os.path.join(WORK, "ckpt"), "-o", os.path.join(WORK, "q9"), "-q", "q9"],
+                 "unknown preset 'q9'; choose one of")):
             p = cli(*args, check=False)
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(words, p.stderr, args)
@@ -260,10 +265,10 @@ class Run(unittest.TestCase):
         p = cli("run", "-m", os.path.join(WORK, "no-such-model"), "-p", "hi", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-model", p.stderr)
-        for flag, rc, words in (("--prompt", 1, "not empty: there must be a token to run"),
-                                ("--tokens", 2, "--tokens: an empty value")):
+        for flag, words in (("--prompt", "not empty: there must be a token to run"),
+                            ("--tokens", "--tokens: an empty value")):
             p = cli("logits", "-m", model(), flag, "", "-o", os.path.join(WORK, "empty.npy"), check=False)
-            self.assertEqual(p.returncode, rc)
+            self.assertEqual(p.returncode, 2)
             self.assertIn(words, p.stderr)
         # --profile wins over COLIBRI_PROFILE, which serves where the flag is not given.
         env = dict(os.environ, COLIBRI_PROFILE="no-such-profile")
