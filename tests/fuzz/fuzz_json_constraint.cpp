@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "colibri/engine/json_constraint.hpp"
 #include "fuzz_common.hpp"
@@ -103,13 +104,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using colibri::engine::JsonConstraint;
   using colibri::engine::JsonSchema;
   colibri::fuzz::Input in(data, size);
-  const bool with_schema = (in.byte() & 1) != 0;
+  const std::uint8_t mode = in.byte();
+  const bool with_schema = (mode & 1) != 0, lenient = (mode & 2) != 0;
   json schema_json;
   std::shared_ptr<const JsonSchema> schema;
+  std::vector<std::string> skipped;  // lenient: what is not enforced, so not checked at the end
   if (with_schema) {
     schema_json = json::parse(in.until(std::string_view("\0", 1)), nullptr, /*allow_exceptions=*/false);
     if (schema_json.is_discarded()) return 0;
-    auto compiled = JsonSchema::compile(schema_json);
+    auto compiled = lenient ? JsonSchema::compile_lenient(schema_json, skipped) : JsonSchema::compile(schema_json);
     if (!compiled) return 0;
     schema = *compiled;
   }
@@ -134,7 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!constraint.complete()) return 0;
   const json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   FUZZ_CHECK(!value.is_discarded() && value.is_object(), "a complete text is no JSON object: " + text);
-  if (!schema) return 0;
+  if (!schema || !skipped.empty()) return 0;
   bool valid = true;
   try {
     valid = validates(schema_json, schema_json, value);

@@ -290,6 +290,11 @@ def json_constraint_seeds():
     put("json_constraint", "schema.txt", b"\x01" + json.dumps(schema).encode() + b"\0" + text.encode())
     mapping = {"type": "object", "additionalProperties": {"type": ["integer", "string"]}}
     put("json_constraint", "map.txt", b"\x01" + json.dumps(mapping).encode() + b"\0" + b'{"x": 1, "y": "z"}')
+    # Mode 3: compiled leniently, as a forced tool call's parameters (pattern and minimum left unenforced).
+    tool = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"},
+                                             "days": {"type": "integer", "minimum": 1}},
+            "required": ["city", "days"], "additionalProperties": True}
+    put("json_constraint", "lenient.txt", b"\x03" + json.dumps(tool).encode() + b"\0" + b'{"city": "oslo", "days": 0}')
 
 
 # --- tokenizers -------------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ const std::set<std::string, std::less<>> kEnforced = {"type",  "properties", "re
 
 class Compiler {
  public:
-  explicit Compiler(const json& root) : root_(root) {}
+  // `skipped`: lenient (compile_lenient) when given; what could not be enforced is listed there instead of refused.
+  Compiler(const json& root, std::vector<std::string>* skipped) : root_(root), skipped_(skipped) {}
 
   // `ref`: the $ref whose target `s` is; an object node claims it before its properties (see object()).
   sdk::Expected<std::uint16_t> node(const json& s, const std::string& path, int depth, const std::string& ref = "") {
@@ -36,9 +37,21 @@ class Compiler {
       return error(path, "is false (no value is allowed)");
     }
     if (!s.is_object()) return error(path, "must be an object or a boolean");
+    // allOf of one schema beside annotations only is that schema (pydantic wraps a described $ref so).
+    if (auto all = s.find("allOf"); all != s.end() && all->is_array() && all->size() == 1 &&
+                                    std::all_of(s.items().begin(), s.items().end(), [](const auto& kv) {
+                                      return kv.key() == "allOf" || kAnnotations.contains(kv.key());
+                                    })) {
+      return node((*all)[0], path + ".allOf[0]", depth + 1, ref);
+    }
     for (const auto& [key, value] : s.items()) {
       if (kAnnotations.contains(key) || kEnforced.contains(key)) continue;
-      return error(path.empty() ? key : path + "." + key,
+      const std::string at = path + "." + key;
+      if (skipped_ != nullptr) {
+        skipped_->push_back(place(at));
+        continue;
+      }
+      return error(at,
                    "is not supported (colibri enforces type, properties, required, additionalProperties, items, "
                    "minItems, maxItems, enum, const, anyOf, oneOf and $ref; remove it or use json_object)");
     }
@@ -72,9 +85,19 @@ class Compiler {
   std::vector<JsonSchema::Node> nodes;
 
  private:
+  // Paths are built as ".properties.name"; said without the leading dot.
+  static std::string place(const std::string& path) { return path.starts_with('.') ? path.substr(1) : path; }
+
   sdk::Status error(const std::string& path, const std::string& what) const {
     return sdk::Status(sdk::StatusCode::invalid_argument,
-                       "schema" + (path.empty() ? "" : " at '" + path + "'") + ": " + what);
+                       "schema" + (path.empty() ? "" : " at '" + place(path) + "'") + ": " + what);
+  }
+
+  // A part colibri cannot enforce: refused, or, lenient, any value there (listed in skipped_).
+  sdk::Expected<std::uint16_t> unenforced(const std::string& path, const std::string& what) {
+    if (skipped_ == nullptr) return error(path, what);
+    skipped_->push_back(place(path));
+    return JsonSchema::kAny;
   }
 
   sdk::Expected<std::uint16_t> add(JsonSchema::Node n) {
@@ -146,12 +169,17 @@ class Compiler {
       return add(std::move(n));
     }
     if (additional != s.end() && !(additional->is_boolean() && !additional->get<bool>())) {
-      return error(path + ".additionalProperties",
-                   "is not supported beside 'properties' (objects with properties are closed: set it to false)");
+      // Lenient: closed all the same; what is written still conforms, only fewer objects can be.
+      if (skipped_ != nullptr) {
+        skipped_->push_back(place(path + ".additionalProperties"));
+      } else {
+        return error(path + ".additionalProperties",
+                     "is not supported beside 'properties' (objects with properties are closed: set it to false)");
+      }
     }
     if (props->size() > JsonSchema::kMaxProperties) {
-      return error(path + ".properties",
-                   "lists more than " + std::to_string(JsonSchema::kMaxProperties) + " properties");
+      return unenforced(path + ".properties",
+                        "lists more than " + std::to_string(JsonSchema::kMaxProperties) + " properties");
     }
     // The node is added before its properties are compiled, so that a property may refer back to it.
     auto id = add(JsonSchema::Node{});
@@ -211,11 +239,12 @@ class Compiler {
     n.kind = Kind::literals;
     for (const auto& v : values) {
       if (type != nullptr && !of_type(v, *type)) continue;
-      if (v.is_object() || v.is_array())
-        return error(path, "holds an object or array (only scalar values are supported)");
+      if (v.is_object() || v.is_array()) {
+        return unenforced(path, "holds an object or array (only scalar values are supported)");
+      }
       std::string text = v.dump(-1, ' ', false, json::error_handler_t::strict);
       if (text.size() > JsonSchema::kMaxLiteralBytes) {
-        return error(path, "holds a value longer than " + std::to_string(JsonSchema::kMaxLiteralBytes) + " bytes");
+        return unenforced(path, "holds a value longer than " + std::to_string(JsonSchema::kMaxLiteralBytes) + " bytes");
       }
       if (std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end()) n.literals.push_back(text);
     }
@@ -270,9 +299,9 @@ class Compiler {
             if (kind == Kind::number) n.branch[c] = *id;
             continue;
           }
-          return error(bp,
-                       "starts like an earlier branch (colibri picks a branch by the value's first byte: "
-                       "branches must differ in type, e.g. a string or null)");
+          return unenforced(bp,
+                            "starts like an earlier branch (colibri picks a branch by the value's first byte: "
+                            "branches must differ in type, e.g. a string or null)");
         }
         taken[c] = true;
         // A branch that is itself a union contributes its own branch for this class.
@@ -309,17 +338,20 @@ class Compiler {
   }
 
   const json& root_;
+  std::vector<std::string>* skipped_;
   std::map<std::string, std::uint16_t> refs_;
   std::set<std::string> in_progress_;
 };
 
 }  // namespace
 
-sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json& schema) {
-  Compiler c(schema);
+namespace {
+
+sdk::Expected<std::shared_ptr<const JsonSchema>> compile_schema(const json& schema, std::vector<std::string>* skipped) {
+  Compiler c(schema, skipped);
   auto root = c.node(schema, "", 0);
   if (!root) return root.error();
-  if (*root != kAny && c.nodes[*root].kind != Kind::object && c.nodes[*root].kind != Kind::map) {
+  if (*root != JsonSchema::kAny && c.nodes[*root].kind != Kind::object && c.nodes[*root].kind != Kind::map) {
     return sdk::Status(sdk::StatusCode::invalid_argument,
                        "schema: the root must be an object (\"type\": \"object\"), as an answer is one JSON object");
   }
@@ -327,6 +359,18 @@ sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json&
   out->nodes = std::move(c.nodes);
   out->root = *root;
   return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
+}  // namespace
+
+sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json& schema) {
+  return compile_schema(schema, nullptr);
+}
+
+sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_lenient(const json& schema,
+                                                                             std::vector<std::string>& skipped) {
+  skipped.clear();
+  return compile_schema(schema, &skipped);
 }
 
 }  // namespace colibri::engine

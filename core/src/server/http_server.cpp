@@ -31,6 +31,7 @@
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/server/fim.hpp"
 #include "colibri/server/server.hpp"
+#include "spdlog/fmt/ranges.h"
 #include "spdlog/spdlog.h"
 #include "tokenizer/utf8.hpp"
 
@@ -705,8 +706,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
-    // A forced call's arguments follow the function's parameters schema where colibri can enforce it (else they
-    // are any JSON object, as without a schema).
+    // A forced call's arguments follow the function's parameters schema: what colibri cannot enforce (a pattern,
+    // a minimum) is left out and the rest (types, properties, required) holds; a schema that is wrong leaves them
+    // any JSON object, as without a schema.
     std::shared_ptr<const engine::JsonSchema> forced_schema;
     if (req.tool_choice == CompletionRequest::ToolChoice::required) {
       auto s = engine::JsonSchema::compile(required_call_schema(req.tool_names));
@@ -717,10 +719,15 @@ class Session : public std::enable_shared_from_this<Session> {
       for (const auto& tool : req.tools) {
         const auto& fn = tool["function"];
         if (fn["name"] != req.tool_choice_name || !fn.contains("parameters")) continue;
-        if (auto s = engine::JsonSchema::compile(nlohmann::ordered_json::parse(fn["parameters"].dump())); s) {
-          forced_schema = *s;
-        } else {
+        std::vector<std::string> skipped;
+        auto s = engine::JsonSchema::compile_lenient(nlohmann::ordered_json::parse(fn["parameters"].dump()), skipped);
+        if (!s) {
           spdlog::debug("tool {}: parameters not enforced: {}", req.tool_choice_name, s.error().message());
+          continue;
+        }
+        forced_schema = *s;
+        if (!skipped.empty()) {
+          spdlog::debug("tool {}: parameters enforced but for {}", req.tool_choice_name, fmt::join(skipped, ", "));
         }
       }
     }

@@ -1240,6 +1240,25 @@ class Api(unittest.TestCase):
                     self.assertIsInstance(args["city"], str)
                     called = called if called is not None else (seed, call)
             self.assertIsNotNone(called, "no forced call finished within max_tokens")
+            # Parameters with keywords colibri cannot enforce (pattern, minimum) keep the rest: the properties in
+            # order, their types and required, where plain JSON mode would take any object.
+            loose = {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"},
+                                                 "days": {"type": "integer", "minimum": 1}},
+                "required": ["city", "days"]}}}
+            finished = 0
+            for k in range(8):
+                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=k, tools=[loose]))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                if choice["finish_reason"] != "tool_calls":
+                    continue
+                args = json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+                self.assertEqual(list(args), ["city", "days"], args)
+                self.assertIsInstance(args["city"], str)
+                self.assertIsInstance(args["days"], int)
+                finished += 1
+            self.assertGreater(finished, 0, "no forced call with such parameters finished within max_tokens")
             # Streamed: the first piece names the call, the rest add to its arguments, which add up to the same.
             seed, call = called
             _, events, done = s.stream("/v1/chat/completions", dict(named, seed=seed))

@@ -1,5 +1,5 @@
 // JSON Schema mode: the compiled schema keeps the text a prefix of an object the schema accepts, refusing the first
-// byte that would leave it; keywords it cannot enforce are refused by name, never ignored.
+// byte that would leave it; keywords it cannot enforce are refused by name (compile_lenient: listed, the rest kept).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,7 +94,8 @@ TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreRefusedByPlace) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {R"({"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}})", "properties.name.pattern"},
       {R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})", "properties.n.minimum"},
-      {R"({"allOf": [{"type": "object"}]})", "allOf"},
+      {R"({"allOf": [{"type": "object"}, {"required": []}]})", "allOf"},
+      {R"({"type": "object", "allOf": [{"type": "object"}]})", "allOf"},  // beside an enforced keyword
       {R"({"type": "array", "items": {"type": "string"}})", "root must be an object"},
       {R"({"type": "object", "properties": {"v": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}})",
        "properties.v.anyOf[1]"},
@@ -131,6 +132,50 @@ TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreRefusedByPlace) {
            {R"({"a": 1})", true}, {R"({"a": 2.0})", true}, {R"({"a": "1"})", false}, {R"({"a": 2.5})", false}}) {
     JsonConstraint m(mixed->get());
     EXPECT_EQ(m.advance(text) && m.complete(), fits) << text;
+  }
+}
+
+TEST(JsonSchema, AllOfOneSchemaBesideAnnotationsIsThatSchema) {
+  // pydantic writes a described reference as {"allOf": [{"$ref": ...}], "description": ...}.
+  auto schema = compiled(R"({"type": "object", "properties": {"p": {"allOf": [{"$ref": "#/$defs/P"}],
+      "description": "a point"}}, "required": ["p"], "$defs": {"P": {"type": "object",
+      "properties": {"x": {"type": "integer"}}, "required": ["x"]}}})");
+  ASSERT_TRUE(schema);
+  for (const auto& [text, fits] : std::vector<std::pair<std::string, bool>>{
+           {R"({"p": {"x": 1}})", true}, {R"({"p": {"x": "1"}})", false}, {R"({"p": {}})", false}}) {
+    JsonConstraint c(schema.get());
+    EXPECT_EQ(c.advance(text) && c.complete(), fits) << text;
+  }
+}
+
+TEST(JsonSchema, LenientCompileKeepsWhatItCanEnforceAndNamesTheRest) {
+  // A forced tool call's parameters: the keywords colibri cannot enforce are listed, the rest still holds.
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "city": {"type": "string", "pattern": "^[A-Z]", "minLength": 2},
+      "days": {"type": "integer", "minimum": 1},
+      "when": {"anyOf": [{"type": "string"}, {"type": "string", "format": "date"}]},
+      "tags": {"type": "array", "items": {"enum": [{"a": 1}]}}},
+    "required": ["city", "days"], "additionalProperties": true})");
+  EXPECT_FALSE(JsonSchema::compile(schema).has_value());
+  std::vector<std::string> skipped{"left from before"};
+  auto lenient = JsonSchema::compile_lenient(schema, skipped);
+  ASSERT_TRUE(lenient.has_value()) << lenient.error().message();
+  EXPECT_EQ(skipped, (std::vector<std::string>{"additionalProperties", "properties.city.pattern",
+                                               "properties.city.minLength", "properties.days.minimum",
+                                               "properties.when.anyOf[1]", "properties.tags.items.enum"}));
+  for (const auto& [text, fits] : std::vector<std::pair<std::string, bool>>{
+           {R"({"city": "oslo", "days": 3})", true},                                 // the pattern is not enforced
+           {R"({"city": "Oslo", "days": 3, "when": 7, "tags": [{"b": 2}]})", true},  // any value where not enforced
+           {R"({"city": "Oslo"})", false},                                           // required still holds
+           {R"({"city": "Oslo", "days": "3"})", false},                              // and the types
+           {R"({"city": "Oslo", "days": 3, "extra": 1})", false}}) {                 // the object stays closed
+    JsonConstraint c(lenient->get());
+    EXPECT_EQ(c.advance(text) && c.complete(), fits) << text;
+  }
+  // A schema that is wrong stays an error: there is no shape to keep.
+  for (const char* wrong : {R"({"type": "object", "properties": {"a": {"type": "date"}}})",
+                            R"({"type": "object", "properties": {"a": {}}, "required": ["b"]})"}) {
+    EXPECT_FALSE(JsonSchema::compile_lenient(nlohmann::ordered_json::parse(wrong), skipped).has_value()) << wrong;
   }
 }
 

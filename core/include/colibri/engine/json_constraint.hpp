@@ -23,8 +23,9 @@ namespace colibri::engine {
 // additionalProperties false unless the object lists no properties, when additionalProperties may give the values'
 // schema), items, minItems, maxItems, enum, const, anyOf / oneOf whose branches start differently (string or null,
 // object or array...), $ref to #/$defs/... or #/definitions/... (recursion included). Annotations (title,
-// description, default, examples, format, $schema, ...) are accepted and not enforced. Any other keyword (pattern,
-// minLength, minimum, allOf, ...) is refused, naming where it is, rather than silently not enforced.
+// description, default, examples, format, $schema, ...) are accepted and not enforced; allOf of one schema beside
+// annotations is that schema. Any other keyword (pattern, minLength, minimum, allOf of several, ...) is refused,
+// naming where it is, rather than silently not enforced (compile_lenient enforces the rest and lists them).
 class JsonSchema {
  public:
   static constexpr std::uint16_t kAny = 0xFFFF;         // no constraint: any JSON value
@@ -35,6 +36,13 @@ class JsonSchema {
   // Errors (invalid_argument) name the place in the schema ("schema at 'properties.tags.pattern': is not supported").
   // Ordered: the answer writes the properties in the schema's order (a plain json's are sorted by name).
   static sdk::Expected<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);
+  // The same, but what colibri cannot enforce is left unenforced rather than refused, and its place listed in
+  // `skipped`: an unsupported keyword is ignored, anyOf branches that start alike or an enum of objects take any
+  // value, additionalProperties beside properties leaves the object closed. Types, properties and required still
+  // hold. For a forced tool call, whose arguments are better kept to the parameters' shape than to any JSON object.
+  // A schema that is wrong (a type that does not exist, required naming an unlisted property) is still an error.
+  static sdk::Expected<std::shared_ptr<const JsonSchema>> compile_lenient(const nlohmann::ordered_json& schema,
+                                                                          std::vector<std::string>& skipped);
 
   enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
   // The first byte of a value tells its class; an any_of node picks its branch by it.
