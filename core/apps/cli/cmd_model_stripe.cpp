@@ -1,4 +1,4 @@
-// colibri-cli model stripe MODEL --to DIR2[,DIR3...] [--copy]
+// colibri-cli model stripe MODEL --to DIR2[,DIR3...] [--copy]; colibri-cli model unstripe MODEL
 // Spreads a converted model's expert files round-robin over the model directory and DIR2/<model name>.. (one member
 // each in turn; the model directory keeps its share), for the stripe storage plugin. Each model gets a directory of
 // its own on every disk, claimed by a .colibri-stripe file naming the model, so models striped to one disk never
@@ -13,12 +13,14 @@
 // not put them go (mirrors on disks no longer named, with their emptied directories): a failure midway leaves the
 // old layout runnable. Only directories whose marker names this model are touched. The placement is recorded as a
 // profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]);
-// run with --profile <MODEL>/stripe.yaml.
+// run with --profile <MODEL>/stripe.yaml. Unstriping is striping over no other directory: every file comes home (a
+// checked copy replacing its symlink), then the copies elsewhere and stripe.yaml go.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -45,6 +47,7 @@ struct StripeOptions {
   std::string model;
   std::string to;
   bool copy = false;
+  bool undo = false;  // model unstripe: every file back into the model directory, stripe.yaml gone
 };
 
 bool fsync_path(const fs::path& p, int flags) {
@@ -235,9 +238,10 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   if (ec) return fail("cannot resolve " + dir_r->string() + ": " + ec.message());
   auto m = model::load_manifest(dir);
   if (!m) return fail(m.error().message());
-  // Each --to directory gets a directory of this model's own, <DIR>/<model name>.
+  // Each --to directory gets a directory of this model's own, <DIR>/<model name>. Unstriping names none: every
+  // file's place is the model directory.
   std::vector<fs::path> members;
-  std::stringstream ss(o.to);
+  std::stringstream ss(o.undo ? std::string() : o.to);
   for (std::string item; std::getline(ss, item, ',');) {
     if (item.empty()) continue;
     // Not created here: a mistyped path, or the mount point of a disk that is not mounted, would put the experts
@@ -263,13 +267,22 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     }
     members.push_back(member);
   }
-  if (members.empty()) return usage_fail("--to names no directory (write --to DIR2[,DIR3...])");
+  if (members.empty() && !o.undo) return usage_fail("--to names no directory (write --to DIR2[,DIR3...])");
   for (const auto& member : members) {
     if (auto err = claim_member(member, dir); !err.empty()) return fail(err);
   }
   std::set<std::string> expert_files;
   for (const auto& e : m->experts) expert_files.insert(e.file);
   std::set<fs::path> earlier;  // stripe directories of the old layout, cleaned up once the new one is recorded
+  const fs::path profile_path = dir / "stripe.yaml";
+  if (o.undo && !fs::exists(profile_path, ec) &&
+      std::none_of(expert_files.begin(), expert_files.end(), [&](const std::string& rel) {
+        std::error_code link_ec;
+        return fs::is_symlink(dir / rel, link_ec);
+      })) {
+    std::cout << dir.string() << " is not striped (no stripe.yaml, every expert file in it): nothing to do\n";
+    return 0;
+  }
   for (const auto& e : earlier_members(dir)) earlier.insert(e);
   std::map<std::string, std::size_t> place;
   std::vector<std::size_t> placed(members.size() + 1, 0);
@@ -311,8 +324,19 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
       }
     }
   }
+  if (o.undo) {
+    // The copies elsewhere go before stripe.yaml, which names where they were: a failure between leaves a model
+    // whose files are all home and a record by which the same command finishes the job.
+    old_copies += remove_stale_copies(dir, members, earlier, place);
+    fs::remove(profile_path, ec);
+    if (ec) return fail("cannot remove " + profile_path.string() + ": " + ec.message());
+    fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    std::cout << "unstriped " << expert_files.size() << " expert files: every one is in " << dir.string() << " again";
+    if (old_copies > 0) std::cout << "; removed " << old_copies << " copies from the other disks";
+    std::cout << "\n" << profile_path.string() << " is gone: run without it (the default storage plugin)\n";
+    return 0;
+  }
   // The placement, as a profile the stripe plugin reads.
-  const fs::path profile_path = dir / "stripe.yaml";
   if (auto s = util::write_file_atomically(
           profile_path,
           [&](std::ostream& f) {
@@ -349,6 +373,13 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--copy", o->copy, "Copy instead of move: the copies become mirrors (fallback on read errors)");
   add_profile_selection(*cmd, global);
   cmd->callback([&global, o] { global.exit_code = run_stripe(global, *o); });
+  auto u = std::make_shared<StripeOptions>();
+  u->undo = true;
+  auto* undo = model_cmd->add_subcommand(
+      "unstripe", "Bring a striped model's expert files back into its directory; remove stripe.yaml and the copies");
+  undo->add_option("model,-m,--model", u->model, "Model directory, or a name under models.dir")->required();
+  add_profile_selection(*undo, global);
+  undo->callback([&global, u] { global.exit_code = run_stripe(global, *u); });
 }
 
 COLIBRI_CLI_COMMAND(45, setup);

@@ -401,6 +401,39 @@ class Stripe(unittest.TestCase):
         self.assertEqual(run(["inspect", other, "--verify"], check=False).returncode, 0)
         self.assertEqual(logits_bytes(other, "remirror-other", "--profile", os.path.join(other, "stripe.yaml")), base)
 
+    def test_unstripe_brings_every_file_home_and_removes_the_copies(self):
+        m = model()
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        disk_a, disk_b = (os.path.join(WORK, "unstripe-disk-" + n) for n in "ab")
+        dst, other = os.path.join(WORK, "unstriped", "tiny"), os.path.join(WORK, "unstriped-other", "other")
+        for d in (disk_a, disk_b, os.path.dirname(dst), os.path.dirname(other)):
+            shutil.rmtree(d, ignore_errors=True)
+        for d in (disk_a, disk_b):
+            os.makedirs(d)
+        shutil.copytree(m, dst)
+        shutil.copytree(m, other)
+        base = logits_bytes(m, "unstripe-base")
+        run(["model", "stripe", other, "--to", disk_b])  # another model's files on disk B stay as they are
+        others = snapshot(os.path.join(disk_b, "other"))
+        for copy in (False, True):
+            run(["model", "stripe", dst, "--to", f"{disk_a},{disk_b}"] + (["--copy"] if copy else []))
+            self.assertTrue(os.listdir(os.path.join(disk_a, "tiny")))
+            self.assertEqual(bool([f for f in files if os.path.islink(os.path.join(dst, f))]), not copy)
+            p = run(["model", "unstripe", dst])
+            self.assertIn(f"unstriped {len(files)} expert files", p.stdout)
+            self.assertIn(f"removed {len(files) * 2 // 3} copies", p.stdout)  # round robin: 2 of 3 went elsewhere
+            self.assertFalse([f for f in files if os.path.islink(os.path.join(dst, f))])
+            self.assertFalse(os.path.exists(os.path.join(dst, "stripe.yaml")))
+            self.assertEqual(os.listdir(disk_a), [])
+            self.assertEqual(os.listdir(disk_b), ["other"])
+            self.assertEqual(snapshot(os.path.join(disk_b, "other")), others)
+            self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+            self.assertEqual(logits_bytes(dst, "unstriped"), base)
+        # Again: nothing to do, said as such.
+        p = run(["model", "unstripe", dst])
+        self.assertIn("is not striped", p.stdout)
+        self.assertEqual(logits_bytes(other, "unstripe-other", "--profile", os.path.join(other, "stripe.yaml")), base)
+
     def test_convert_force_removes_the_mirrors_of_a_copy_stripe(self):
         m = model()
         files = sorted({e["file"] for e in manifest(m)["experts"]})
