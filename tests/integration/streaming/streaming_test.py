@@ -78,6 +78,22 @@ def striped(m, copy=False):
     return dst, os.path.join(disk2, name)
 
 
+def two_models_and_disks(name, letters="ab"):
+    """Fresh stripe disks WORK/<name>-disk-<letter> and two copies of the tiny model, WORK/<name>/tiny (the one
+    striped) and WORK/<name>-other/other (another model sharing the disks): (its expert files, disks, tiny, other)."""
+    m = model()
+    files = sorted({e["file"] for e in manifest(m)["experts"]})
+    disks = [os.path.join(WORK, f"{name}-disk-{n}") for n in letters]
+    dst, other = os.path.join(WORK, name, "tiny"), os.path.join(WORK, name + "-other", "other")
+    for d in disks + [os.path.dirname(dst), os.path.dirname(other)]:
+        shutil.rmtree(d, ignore_errors=True)
+    for d in disks:
+        os.makedirs(d)
+    shutil.copytree(m, dst)
+    shutil.copytree(m, other)
+    return files, disks, dst, other
+
+
 def snapshot(d):
     """Every file under d (relative path -> bytes): what a model or stripe directory holds."""
     out = {}
@@ -336,15 +352,7 @@ class Stripe(unittest.TestCase):
 
     def test_restriping_mirrors_removes_them_from_disks_no_longer_named(self):
         m = model()
-        files = sorted({e["file"] for e in manifest(m)["experts"]})
-        disk_a, disk_b, disk_c = (os.path.join(WORK, "mirror-disk-" + n) for n in "abc")
-        dst, other = os.path.join(WORK, "mirrored", "tiny"), os.path.join(WORK, "mirrored-other", "other")
-        for d in (disk_a, disk_b, disk_c, os.path.dirname(dst), os.path.dirname(other)):
-            shutil.rmtree(d, ignore_errors=True)
-        for d in (disk_a, disk_b, disk_c):
-            os.makedirs(d)
-        shutil.copytree(m, dst)
-        shutil.copytree(m, other)
+        files, (disk_a, disk_b, disk_c), dst, other = two_models_and_disks("mirror", "abc")
 
         def held(d):  # the expert files a stripe directory holds
             return [f for f in files if os.path.isfile(os.path.join(d, f))]
@@ -402,17 +410,8 @@ class Stripe(unittest.TestCase):
         self.assertEqual(logits_bytes(other, "remirror-other", "--profile", os.path.join(other, "stripe.yaml")), base)
 
     def test_unstripe_brings_every_file_home_and_removes_the_copies(self):
-        m = model()
-        files = sorted({e["file"] for e in manifest(m)["experts"]})
-        disk_a, disk_b = (os.path.join(WORK, "unstripe-disk-" + n) for n in "ab")
-        dst, other = os.path.join(WORK, "unstriped", "tiny"), os.path.join(WORK, "unstriped-other", "other")
-        for d in (disk_a, disk_b, os.path.dirname(dst), os.path.dirname(other)):
-            shutil.rmtree(d, ignore_errors=True)
-        for d in (disk_a, disk_b):
-            os.makedirs(d)
-        shutil.copytree(m, dst)
-        shutil.copytree(m, other)
-        base = logits_bytes(m, "unstripe-base")
+        files, (disk_a, disk_b), dst, other = two_models_and_disks("unstripe")
+        base = logits_bytes(model(), "unstripe-base")
         run(["model", "stripe", other, "--to", disk_b])  # another model's files on disk B stay as they are
         others = snapshot(os.path.join(disk_b, "other"))
         for copy in (False, True):
@@ -436,15 +435,7 @@ class Stripe(unittest.TestCase):
 
     def test_convert_force_removes_the_mirrors_of_a_copy_stripe(self):
         m = model()
-        files = sorted({e["file"] for e in manifest(m)["experts"]})
-        disk_a, disk_b = (os.path.join(WORK, "reconvert-disk-" + n) for n in "ab")
-        dst, other = os.path.join(WORK, "reconvert", "tiny"), os.path.join(WORK, "reconvert-other", "other")
-        for d in (disk_a, disk_b, os.path.dirname(dst), os.path.dirname(other)):
-            shutil.rmtree(d, ignore_errors=True)
-        for d in (disk_a, disk_b):
-            os.makedirs(d)
-        shutil.copytree(m, dst)
-        shutil.copytree(m, other)
+        files, (disk_a, disk_b), dst, other = two_models_and_disks("reconvert")
 
         def held(d):  # the expert files a stripe directory holds
             return [f for f in files if os.path.isfile(os.path.join(d, f))]
