@@ -30,6 +30,33 @@ struct BenchOptions {
   bool warmup = false, no_warmup = false;  // neither: warm up where it leaves the expert tiers as they were
 };
 
+nlohmann::json ops_json(const std::vector<engine::OpTime>& ops) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& op : ops) out.push_back({{"name", op.name}, {"calls", op.calls}, {"seconds", op.seconds}});
+  return out;
+}
+
+// bench --ops: the backend calls of one phase, `per` of its tokens (decode: per token; prefill: the whole prompt,
+// per 1), and the share of the phase's wall time each took; what is left is the engine's own work on the host.
+void print_ops(const char* phase, const std::vector<engine::OpTime>& ops, double phase_seconds, double per) {
+  const bool whole = per == 1;
+  std::printf("ops        %s: host time in the backend's calls (an asynchronous backend's kernels run beside it)\n",
+              phase);
+  std::printf("           %-26s %12s %10s %12s %7s\n", "call", whole ? "calls" : "calls/token", "us/call",
+              whole ? "ms" : "us/token", "share");
+  const double unit = whole ? 1e3 : 1e6 / per;  // ms per phase, or us per token
+  double in_calls = 0;
+  for (const auto& op : ops) {
+    in_calls += op.seconds;
+    std::printf("           %-26s %12.*f %10.2f %12.*f %6.1f%%\n", op.name.c_str(), whole ? 0 : 2,
+                static_cast<double>(op.calls) / per, 1e6 * op.seconds / static_cast<double>(op.calls), whole ? 3 : 1,
+                unit * op.seconds, 100.0 * op.seconds / phase_seconds);
+  }
+  const double outside = std::max(0.0, phase_seconds - in_calls);
+  std::printf("           %-26s %12s %10s %12.*f %6.1f%%\n", "(outside the backend)", "", "", whole ? 3 : 1,
+              unit * outside, 100.0 * outside / phase_seconds);
+}
+
 // An unmeasured run first (as llama-bench does): the KV cache's and the scratch buffers' pages are then mapped and the
 // threads awake, as for every request of a server after its first. A 64-token prefill of a Qwen3-MoE-shaped model
 // spent 15% of its time in the kernel zeroing such pages. By default only where every expert the run reads is
@@ -146,6 +173,8 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   }
   // The counters below leave out the warm-up's lookups and reads (what loading did, e.g. uploads, stays in them).
   const engine::ExpertStats before = engine->experts().stats().since(before_warmup);
+  auto* op_timing = engine->op_timing();
+  if (op_timing != nullptr) op_timing->reset();
   t0 = std::chrono::steady_clock::now();
   std::vector<engine::RoutingRecord> routing;
   auto* routing_out = o.record_trace.empty() ? nullptr : &routing;
@@ -153,6 +182,11 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   if (auto s = engine->forward(prompt, engine::LogitsWanted::last, logits, routing_out); !s) return fail(s.message());
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto after_prefill = engine->experts().stats().since(before);
+  std::vector<engine::OpTime> prefill_ops, decode_ops;
+  if (op_timing != nullptr) {
+    prefill_ops = op_timing->totals();
+    op_timing->reset();
+  }
   engine::SamplingOptions greedy;
   greedy.temperature = 0;
   engine::Sampler sampler(greedy);
@@ -163,6 +197,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     if (routing_out != nullptr) trace_tokens.push_back(next[0]);
   }
   const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (op_timing != nullptr) decode_ops = op_timing->totals();
   if (routing_out != nullptr) {
     std::vector<ab::TraceRecord> trace;
     ab::append_routing(trace, 0, routing, trace_tokens, 0);
@@ -293,6 +328,7 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     for (const auto& p : prof->get_list("storage.paths")) dirs.push_back(p);
     if (dirs.size() == reads_per_dir.size()) j["storage_reads_dirs"] = dirs;
   }
+  if (op_timing != nullptr) j["op_times"] = {{"prefill", ops_json(prefill_ops)}, {"decode", ops_json(decode_ops)}};
   save_usage(*engine);
   if (o.json) {
     std::cout << j.dump(2) << "\n";
@@ -363,6 +399,10 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     std::snprintf(decode_share, sizeof decode_share, "decode at %.0f%%", 100.0 * decode_tps / bound);
   std::printf("bound      %.2f MiB active weights/token at %.1f GB/s read bandwidth (%d thread%s): %.2f tok/s (%s)\n",
               active / (1024.0 * 1024.0), bandwidth / 1e9, bw_threads, bw_threads == 1 ? "" : "s", bound, decode_share);
+  if (op_timing != nullptr) {
+    print_ops("prefill, the whole prompt", prefill_ops, prefill_s, 1);
+    if (o.gen_tokens > 0) print_ops("decode, per token", decode_ops, decode_s, static_cast<double>(o.gen_tokens));
+  }
   return 0;
 }
 
@@ -381,6 +421,9 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--no-warmup", o->no_warmup, "Measure the process's first run")->excludes(warm);
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--record-trace", o->record_trace, "Write the routing trace (JSONL, see README) to this file");
+  cmd->add_flag("--ops", o->engine.time_ops,
+                "Count and time every call to the compute backend: per op, calls per token, microseconds per call and "
+                "share of the phase (on an asynchronous backend the host's queueing and waits)");
   cmd->callback([&global, o] { global.exit_code = run_bench(global, *o); });
 }
 

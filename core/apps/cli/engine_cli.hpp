@@ -29,6 +29,7 @@ struct EngineCliOptions {
   std::string kv_type = "f16";
   std::int64_t batch = 512;
   bool exact = false;
+  bool time_ops = false;  // bench --ops
 };
 
 inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions& global) {
@@ -70,6 +71,7 @@ inline OpenedEngine open_engine(
   eo.kv_type = *kv;
   eo.ubatch = o.batch;
   eo.exact_activations = o.exact;
+  eo.time_ops = o.time_ops;
   auto e = engine::Engine::open(*dir, *prof, eo);
   if (!e) return {nullptr, fail(e.error().message())};
   if (profile_out != nullptr) *profile_out = std::move(prof);

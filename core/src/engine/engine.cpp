@@ -282,6 +282,10 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   dir_ = dir;
   plugins_ = std::move(plugins);
   options_ = options;
+  if (options_.time_ops && plugins_.compute) {
+    op_timing_ = std::make_shared<TimedCompute>(plugins_.compute);
+    plugins_.compute = op_timing_;
+  }
   scratch_ = std::make_unique<Scratch>();
   if (!plugins_.compute || !plugins_.storage)
     return Status(StatusCode::invalid_argument, "engine needs compute and storage");

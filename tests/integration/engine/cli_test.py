@@ -689,6 +689,32 @@ class Bench(unittest.TestCase):
         self.assertGreater(j["decode_tokens_per_second"], 0)
         self.assertGreater(j["active_weight_bytes_per_token"], 0)
 
+    def test_ops_counts_and_times_every_backend_call(self):
+        args = ["bench", "-m", model(), "--prompt-tokens", "8", "--json", "--no-warmup"]
+        plain = json.loads(cli(*args, "--gen-tokens", "4").stdout)
+        self.assertNotIn("op_times", plain)
+        runs = {}
+        for gen in (4, 8):
+            j = json.loads(cli(*args, "--gen-tokens", str(gen), "--ops").stdout)
+            self.assertGreater(j["expert_hits"] + j["expert_misses"], 0)
+            decode = {op["name"]: op for op in j["op_times"]["decode"]}
+            # Every decode step runs the same program: each call's count is a whole number per token.
+            for name, op in decode.items():
+                self.assertEqual(op["calls"] % gen, 0, (name, op))
+            runs[gen] = {name: op["calls"] // gen for name, op in decode.items()}
+            self.assertGreater(runs[gen]["matmul"], 0)
+            self.assertEqual(runs[gen]["embedding"], 1)
+            # The calls happen within the decode loop: their time is part of it.
+            self.assertLessEqual(sum(op["seconds"] for op in decode.values()),
+                                 gen / j["decode_tokens_per_second"] * 1.0001)
+            prefill = {op["name"]: op["calls"] for op in j["op_times"]["prefill"]}
+            self.assertEqual(prefill["embedding"], 1)  # the prompt in one chunk
+        self.assertEqual(runs[4], runs[8])
+        text = cli(*args[:-2], "--gen-tokens", "4", "--ops").stdout
+        self.assertIn("ops        decode, per token", text)
+        self.assertRegex(text, r"\n\s+matmul\s+\d+\.\d+\s+\d")
+        self.assertIn("(outside the backend)", text)
+
     def test_bandwidth_bound_is_read_with_the_compute_threads(self):
         # The bound's bandwidth comes from as many threads as decode runs (one thread reads about half as fast).
         for threads in ("1", "2"):

@@ -23,6 +23,7 @@
 #include "colibri/engine/kv_cache.hpp"
 #include "colibri/engine/memory.hpp"
 #include "colibri/engine/offload_cost.hpp"
+#include "colibri/engine/op_timing.hpp"
 #include "colibri/engine/rope.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/profile/profile.hpp"
@@ -52,6 +53,8 @@ struct EngineOptions {
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
   double upload_gbps = 0;
   double cpu_gbps = 0;
+  // bench --ops: count and time every call to the compute backend (op_timing()).
+  bool time_ops = false;
 };
 
 struct Plugins {
@@ -132,6 +135,8 @@ class Engine {
   [[nodiscard]] const model::Manifest& manifest() const { return manifest_; }
   [[nodiscard]] const std::filesystem::path& model_dir() const { return dir_; }
   [[nodiscard]] const Plugins& plugins() const { return plugins_; }
+  // The compute backend's calls counted and timed, with EngineOptions::time_ops; null without.
+  [[nodiscard]] TimedCompute* op_timing() const { return op_timing_.get(); }
   [[nodiscard]] const ExpertManager& experts() const { return *experts_; }
   // Cache admin (clear, warm): only between forward passes, on the thread that runs them.
   [[nodiscard]] ExpertManager& experts() { return *experts_; }
@@ -218,6 +223,7 @@ class Engine {
   model::HyperParams hp_;
   std::filesystem::path dir_;
   Plugins plugins_;
+  std::shared_ptr<TimedCompute> op_timing_;
   EngineOptions options_;
   std::map<std::string, AlignedBuffer> shared_files_;  // file -> its bytes
   std::uint64_t shared_bytes_ = 0;
