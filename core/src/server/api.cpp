@@ -459,17 +459,24 @@ std::string with_lone_surrogates_replaced(std::string_view text) {
 
 namespace {
 
+// A body parsed quietly (discarded when not JSON). A client that cut a string inside a surrogate pair (JavaScript's
+// slice() on an emoji) sends half a pair, which Python's json (and so vLLM) reads: here it becomes U+FFFD instead of
+// failing the request. Every parse of a body goes through this, so each field reads the same text.
+template <class Json>
+Json parse_body(std::string_view body_text) {
+  Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() && body_text.find("\\u") != std::string_view::npos) {
+    body = Json::parse(with_lone_surrogates_replaced(body_text), nullptr, /*allow_exceptions=*/false);
+  }
+  return body;
+}
+
 // A JSON object body, nesting bounded before parsing.
 std::optional<ApiError> parse_object(std::string_view body_text, json& body) {
   if (json_nesting_depth(body_text) > kMaxJsonDepth) {
     return bad_request("The JSON body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.");
   }
-  body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() && body_text.find("\\u") != std::string_view::npos) {
-    // A client that cut a string inside a surrogate pair (JavaScript's slice() on an emoji) sends half a pair,
-    // which Python's json (and so vLLM) reads: here it becomes U+FFFD instead of failing the request.
-    body = json::parse(with_lone_surrogates_replaced(body_text), nullptr, /*allow_exceptions=*/false);
-  }
+  body = parse_body<json>(body_text);
   if (body.is_discarded()) {
     std::string why;
     try {
@@ -658,7 +665,7 @@ class OrderedBody {
  public:
   explicit OrderedBody(std::string_view text) : text_(text) {}
   ordered_json field(const char* name) {
-    if (!body_) body_ = ordered_json::parse(text_, nullptr, /*allow_exceptions=*/false);
+    if (!body_) body_ = parse_body<ordered_json>(text_);
     return body_->value(name, ordered_json());
   }
 
@@ -1135,7 +1142,7 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
     out.chat = true;
     // The chat fields are read as a chat completion's are (same checks, same messages), with the key order the
     // client wrote: the template prints tools with tojson, so a sorted copy would be another prompt.
-    ordered_json chat = ordered_json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+    ordered_json chat = parse_body<ordered_json>(body_text);
     chat["model"] = out.model;
     chat.erase("add_generation_prompt");
     chat.erase("add_special_tokens");

@@ -140,6 +140,20 @@ TEST(ServerApi, HalfASurrogatePairBecomesAReplacementCharacter) {
   EXPECT_EQ(with_lone_surrogates_replaced(R"({"a": "\\ud83d", "b": "\ud83d\"})"),
             R"({"a": "\\ud83d", "b": "\uFFFD\"})");  // an escaped backslash is not an escape
   EXPECT_EQ(with_lone_surrogates_replaced(R"({"\ud83d": 1})"), R"({"\uFFFD": 1})");
+  // Fields read from the body again with their key order kept (a schema, template variables, tools) read the
+  // same text: they were a 500 ("cannot use value() with discarded").
+  ASSERT_FALSE(parse_completion_request(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"v":
+      "\ud800"},"response_format":{"type":"json_schema","json_schema":{"name":"\ud800","schema":{"type":"object",
+      "properties":{"a":{"const":"\ud800","description":"\udfff"}},"required":["a"]}}}})",
+                                        Endpoint::chat, r));
+  EXPECT_EQ(r.template_kwargs["v"], "\xEF\xBF\xBD");
+  ASSERT_NE(r.json_schema, nullptr);
+  EXPECT_TRUE(engine::JsonConstraint(r.json_schema.get()).advance("{\"a\": \"\xEF\xBF\xBD\"}"));
+  TokenizeRequest t;
+  ASSERT_FALSE(parse_tokenize_request(R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"v":
+      "\ud800"}})",
+                                      t));
+  EXPECT_EQ(t.chat_request.template_kwargs["v"], "\xEF\xBF\xBD");
 }
 
 TEST(ServerApi, DeepNestingIsRefusedBeforeParsing) {
