@@ -64,6 +64,7 @@ std::string copy_checked(const fs::path& src, const fs::path& dst, const model::
   fs::create_directories(dst.parent_path(), ec);
   if (ec) return "cannot create " + dst.parent_path().string() + ": " + ec.message();
   const fs::path tmp = dst.string() + ".partial";
+  const util::RemovedOnSignal removed_on_ctrl_c(tmp);  // Ctrl-C mid-copy leaves no .partial on the other disk
   const int in = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
   if (in < 0) return "cannot open " + src.string() + ": " + std::strerror(errno);
   const int out = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -219,6 +220,7 @@ std::size_t remove_stale_copies(const fs::path& model_dir, const std::vector<fs:
 std::string link_to(const fs::path& path, const fs::path& target) {
   std::error_code ec;
   const fs::path link = path.string() + ".stripe-link";
+  const util::RemovedOnSignal removed_on_ctrl_c(link);
   fs::remove(link, ec);
   fs::create_symlink(target, link, ec);
   if (ec) return "cannot create symlink " + link.string() + ": " + ec.message();

@@ -14,9 +14,11 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 CLI, GEN, WORK = None, None, None
@@ -432,6 +434,34 @@ class Stripe(unittest.TestCase):
         p = run(["model", "unstripe", dst])
         self.assertIn("is not striped", p.stdout)
         self.assertEqual(logits_bytes(other, "unstripe-other", "--profile", os.path.join(other, "stripe.yaml")), base)
+
+    def test_ctrl_c_in_stripe_or_unstripe_leaves_no_partial_file(self):
+        # Interrupted at various points of its copies: every path still names a complete file, and no .partial
+        # (or half-made link) is left on any disk; the same command then finishes the job.
+        # A medium model: its copies take long enough (about 50 MiB) to be cut in the middle.
+        ckpt, medium = os.path.join(WORK, "medium"), os.path.join(WORK, "medium-q8_0")
+        if not os.path.exists(os.path.join(medium, "manifest.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "mixtral", "--shape", "medium", "--out", ckpt], check=True,
+                           capture_output=True)
+            run(["convert", "--input", ckpt, "--output", medium, "--quantize", "q8_0", "--quiet"])
+        dst, disk_a = os.path.join(WORK, "interrupted", "medium"), os.path.join(WORK, "interrupted-disk")
+        for d in (os.path.dirname(dst), disk_a):
+            shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(disk_a)
+        shutil.copytree(medium, dst)
+        files = sorted({e["file"] for e in manifest(dst)["experts"]})
+        for k, command in enumerate([["model", "stripe", dst, "--to", disk_a], ["model", "unstripe", dst]] * 5):
+            p = subprocess.Popen([CLI] + command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            time.sleep(0.02 * k)
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=120)
+            self.assertIn(p.returncode, (0, 130, -signal.SIGINT), err)  # -SIGINT: before its handler was set
+            leftovers = [os.path.join(r, n) for d in (dst, disk_a) for r, _, names in os.walk(d) for n in names
+                         if n.endswith((".partial", ".stripe-link"))]
+            self.assertEqual(leftovers, [], command)
+            self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0, command)
+        run(["model", "unstripe", dst])
+        self.assertFalse([f for f in files if os.path.islink(os.path.join(dst, f))])
 
     def test_convert_force_removes_the_mirrors_of_a_copy_stripe(self):
         m = model()
