@@ -259,7 +259,7 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
 
 int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   auto sizes = parse_sizes(o.cache_experts);
-  if (!sizes) return fail(sizes.error().message());
+  if (!sizes) return usage_fail(sizes.error().message());
   if (auto e = overwrite_error("--report", o.report, "--trace", o.trace); !e.empty()) return fail(e);
   std::optional<util::OutputFile> report_file;  // opened first: a path that cannot be written fails before the work
   if (!o.report.empty()) {
@@ -353,7 +353,7 @@ struct ImportOptions {
 
 int run_import(const ImportOptions& o) {
   auto fmt = ab::parse_import_format(o.format);
-  if (!fmt) return fail(fmt.error().message());
+  if (!fmt) return usage_fail(fmt.error().message());
   if (auto e = overwrite_error("-o", o.out, "input", o.input); !e.empty()) return fail(e);
   auto records = ab::import_trace(o.input, *fmt);
   if (!records) return fail(records.error().message());
@@ -423,7 +423,7 @@ int run_live(const LiveOptions& o) {
   std::vector<std::uint64_t> no_sizes;
   auto sizes =
       o.cache_experts.empty() ? sdk::Expected<std::vector<std::uint64_t>>(no_sizes) : parse_sizes(o.cache_experts);
-  if (!sizes) return fail(sizes.error().message());
+  if (!sizes) return usage_fail(sizes.error().message());
   if (auto e = overwrite_error("--report", o.report, "--trace", o.trace); !e.empty()) return fail(e);
   std::optional<util::OutputFile> report_file;  // opened before the runs: they may take an hour
   if (!o.report.empty()) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -235,9 +236,13 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
       try {
         std::size_t used = 0;
         weight = std::stof(cells[static_cast<std::size_t>(col_weight)], &used);
-        if (used != cells[static_cast<std::size_t>(col_weight)].size()) throw std::invalid_argument("");
+        // nan and inf are no routing weight, and JSON cannot hold them: the trace written would not read back.
+        if (used != cells[static_cast<std::size_t>(col_weight)].size() || !std::isfinite(weight)) {
+          throw std::invalid_argument("");
+        }
       } catch (const std::exception&) {
-        return bad(where, "column weight: '" + cells[static_cast<std::size_t>(col_weight)] + "' is not a number");
+        return bad(where,
+                   "column weight: '" + cells[static_cast<std::size_t>(col_weight)] + "' is not a finite number");
       }
     }
     const bool joins = position >= 0 && !out.empty() && out.back().request == request &&

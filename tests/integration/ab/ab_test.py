@@ -107,6 +107,14 @@ class Trace(unittest.TestCase):
         self.assertFalse(os.path.exists(bad_out))
         p = cli("ab", "import", csv, "--format", "xml", "-o", bad_out, check=False)
         self.assertIn("csv or json", p.stderr)
+        self.assertEqual(p.returncode, 2)  # a refused option value
+        # A weight that is no finite number would be written as null, which replay refuses: refused at import.
+        for weight in ("nan", "inf", "-inf"):
+            with open(csv, "w") as f:
+                f.write(f"layer,expert,weight\n0,1,0.5\n0,2,{weight}\n")
+            p = cli("ab", "import", csv, "--format", "csv", "-o", bad_out, check=False)
+            self.assertIn(f"t.csv:3: column weight: '{weight}' is not a finite number", p.stderr)
+            self.assertFalse(os.path.exists(bad_out))
         # A token's experts are distinct: a repeated id (CSV rows or a JSON list) is named, not counted twice.
         with open(csv, "w") as f:
             f.write("position,layer,expert\n0,0,1\n0,0,2\n0,0,1\n")
@@ -210,6 +218,7 @@ class Replay(unittest.TestCase):
         p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "99999999999999",
                 check=False)
         self.assertIn("is not a positive expert count", p.stderr)
+        self.assertEqual(p.returncode, 2)  # a refused option value
 
     def test_expert_bytes_are_counted_in_4k_units_as_the_files_are(self):
         # 5 experts of 5000 bytes fill 5 slots of 8 KiB: not the 40000 bytes of all 8, so the cache streams.
