@@ -149,14 +149,19 @@ std::string claim_member(const fs::path& member, const fs::path& model_dir) {
 
 // Removes the copy an earlier stripe left at <root>/<rel>, once the model's path names its new place, when <root> is
 // a stripe directory of this model (a symlink the user made elsewhere keeps its file). Returns <root>, to be removed
-// once emptied after the new layout is recorded; empty when nothing went.
-fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const fs::path& model_dir) {
+// once emptied after the new layout is recorded; empty when nothing went. A stripe directory whose marker names
+// another path (the model was renamed or moved since) keeps its copy and goes into `foreign`, to be said.
+fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const fs::path& model_dir,
+                         std::map<fs::path, std::string>& foreign) {
   const std::string suffix = "/" + rel;
   const std::string s = old_real.string();
   if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) return {};
   if (model::path_within(old_real, model_dir)) return {};
   const fs::path root = s.substr(0, s.size() - suffix.size());
-  if (fs::path(model::stripe_owner(root)) != model_dir) return {};
+  if (const std::string owner = model::stripe_owner(root); fs::path(owner) != model_dir) {
+    if (!owner.empty()) foreign.emplace(root, owner);
+    return {};
+  }
   std::error_code ec;
   if (!fs::remove(old_real, ec)) return {};
   return root;
@@ -289,6 +294,14 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   std::map<std::string, std::size_t> place;
   std::vector<std::size_t> placed(members.size() + 1, 0);
   std::size_t i = 0, old_copies = 0;
+  std::map<fs::path, std::string> foreign;  // stripe directories of the old layout that name another model path
+  const auto say_foreign = [&] {
+    for (const auto& [root, owner] : foreign) {
+      std::cerr << "note: kept the copies in " << root.string() << ": its " << model::kStripeMarker << " names "
+                << owner << ", not " << dir.string()
+                << " (renamed or moved since it was striped?); delete them once no model uses them\n";
+    }
+  };
   // A failure midway says what state the model is in: the user must not take the error for a broken model.
   const auto fail_midway = [&](const std::string& err) {
     if (i <= 1) return fail(err);
@@ -320,7 +333,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
       if (auto err = copy_checked(src, src, *fe); !err.empty()) return fail_midway(err);
     }
     if (was_link && real_file(src) != old_real && (dst.empty() || real_file(dst) != old_real)) {
-      if (auto root = remove_old_copy(old_real, rel, dir); !root.empty()) {
+      if (auto root = remove_old_copy(old_real, rel, dir, foreign); !root.empty()) {
         earlier.insert(root);
         ++old_copies;
       }
@@ -330,12 +343,14 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     // The copies elsewhere go before stripe.yaml, which names where they were: a failure between leaves a model
     // whose files are all home and a record by which the same command finishes the job.
     old_copies += remove_stale_copies(dir, members, earlier, place);
-    fs::remove(profile_path, ec);
+    const bool had_profile = fs::remove(profile_path, ec);
     if (ec) return fail("cannot remove " + profile_path.string() + ": " + ec.message());
     fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    say_foreign();
     std::cout << "unstriped " << expert_files.size() << " expert files: every one is in " << dir.string() << " again";
     if (old_copies > 0) std::cout << "; removed " << old_copies << " copies from the other disks";
-    std::cout << "\n" << profile_path.string() << " is gone: run without it (the default storage plugin)\n";
+    std::cout << "\n";
+    if (had_profile) std::cout << profile_path.string() << " is gone: run without it (the default storage plugin)\n";
     return 0;
   }
   // The placement, as a profile the stripe plugin reads.
@@ -352,6 +367,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     return fail_midway(s.message());
   }
   old_copies += remove_stale_copies(dir, members, earlier, place);
+  say_foreign();
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
             << " stay in " << dir.string();
   for (std::size_t k = 0; k < members.size(); ++k) {

@@ -433,6 +433,17 @@ class Stripe(unittest.TestCase):
         # Again: nothing to do, said as such.
         p = run(["model", "unstripe", dst])
         self.assertIn("is not striped", p.stdout)
+        # Renamed since it was striped: the files come home through their links; the copies on A, whose marker names
+        # the old path, are kept (it might be another model's now) and said to be.
+        run(["model", "stripe", dst, "--to", disk_a])
+        renamed = dst + "-renamed"
+        shutil.rmtree(renamed, ignore_errors=True)
+        os.rename(dst, renamed)
+        p = run(["model", "unstripe", renamed])
+        self.assertIn(f"note: kept the copies in {os.path.join(os.path.realpath(disk_a), 'tiny')}: its .colibri-stripe "
+                      f"names {os.path.realpath(dst)}", p.stderr)
+        self.assertFalse([f for f in files if os.path.islink(os.path.join(renamed, f))])
+        self.assertEqual(logits_bytes(renamed, "unstriped-renamed"), base)
         self.assertEqual(logits_bytes(other, "unstripe-other", "--profile", os.path.join(other, "stripe.yaml")), base)
 
     def test_ctrl_c_in_stripe_or_unstripe_leaves_no_partial_file(self):
