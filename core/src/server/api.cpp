@@ -979,8 +979,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   }
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("seed", "an integer", *it);
+    // -1 asks for a random seed, as llama-server and colibri-cli take it; other negative seeds are seeds.
     s.seed = it->is_number_unsigned() ? it->get<std::uint64_t>() : static_cast<std::uint64_t>(it->get<std::int64_t>());
-    out.seed_given = true;
+    out.seed_given = !(it->is_number_integer() && !it->is_number_unsigned() && it->get<std::int64_t>() == -1);
   }
   if (auto it = body.find("n"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("n", "an integer", *it);

@@ -703,6 +703,15 @@ class Session : public std::enable_shared_from_this<Session> {
                              false);
       }
     }
+    for (const auto id : req.stop_token_ids) {
+      if (id >= srv_.scheduler->vocab_size()) {
+        const std::string vocab = std::to_string(srv_.scheduler->vocab_size());
+        return respond_error(bad_request("Invalid token id " + std::to_string(id) +
+                                             " in 'stop_token_ids': the vocabulary has " + vocab + " tokens.",
+                                         "stop_token_ids", "invalid_value"),
+                             false);
+      }
+    }
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 

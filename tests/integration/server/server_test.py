@@ -684,6 +684,9 @@ class Api(unittest.TestCase):
         self.assertEqual(got, {next(b for b, i in id_of.items() if i == forced)})
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 1}))
         assert_error(self, status, err, 400, "invalid_value", "logit_bias")
+        # So is a stop token the model does not have (it could never end the answer).
+        status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, stop_token_ids=[2, 99999999]))
+        assert_error(self, status, err, 400, "invalid_value", "stop_token_ids")
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
         assert_error(self, status, err, 400, "invalid_type", "response_format.json_schema")
 

@@ -73,6 +73,13 @@ TEST(ServerApi, OpenAiSamplingDefaults) {
   EXPECT_FALSE(r.max_tokens);
   EXPECT_FALSE(r.stream);
   EXPECT_FALSE(r.seed_given);
+  // -1 is a random seed (as llama-server and colibri-cli --seed -1); another negative one is a seed.
+  for (const auto& [seed, given] :
+       std::vector<std::pair<std::string, bool>>{{"-1", false}, {"-2", true}, {"0", true}}) {
+    ASSERT_FALSE(
+        parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"seed":)" + seed + "}", Endpoint::chat, r));
+    EXPECT_EQ(r.seed_given, given) << seed;
+  }
 }
 
 TEST(ServerApi, TopPZeroMeansGreedy) {
