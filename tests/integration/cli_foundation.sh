@@ -62,8 +62,14 @@ check "plugin defaults are shown" "storage.threads = 0" "$out"
 out=$(COLIBRI_PREFETCH_LAYERS=1 "$cli" profile show --prefetch-layers 3 2>&1)
 check "flag beats environment" "prefetch.layers = 3" "$out"
 out=$("$cli" profile show --prefetch-layers 3 --set prefetch.layers=1 2>&1); rc=$?
-expect_rc "a flag and --set disagreeing fails" 1 $rc
+expect_rc "a flag and --set disagreeing fails as a usage error" 2 $rc
 check "both named" "--prefetch-layers 3 and --set prefetch.layers=1 both set prefetch.layers to different values" "$out"
+# A command-line value the profile refuses is a usage error (2); a profile file the loader refuses is not (1, above).
+out=$("$cli" profile show --expert-cache-size 8Q 2>&1); rc=$?
+expect_rc "a size flag that is no size fails as a usage error" 2 $rc
+check "the flag and the key named" "--expert-cache-size 8Q: memory.expert_cache: '8Q' is not a size" "$out"
+out=$("$cli" profile show --profile "$work/typo.yaml" --prefetch-layers 3 2>&1); rc=$?
+expect_rc "a bad profile file stays exit 1 beside good flags" 1 $rc
 out=$("$cli" profile show --expert-cache-size 4G --set memory.expert_cache=4096M 2>&1); rc=$?
 expect_rc "a flag and --set giving one size in two spellings agree" 0 $rc
 out=$("$cli" profile show --set prefetch.layers=1 --set prefetch.layers=2 2>&1)

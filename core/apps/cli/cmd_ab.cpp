@@ -289,7 +289,7 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   std::optional<model::Manifest> manifest;
   if (!o.model.empty()) {
     auto prof = global.load_profile();
-    if (!prof) return 1;
+    if (!prof) return global.profile_exit_code;
     auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
     if (!dir) return fail(dir.error().message());
     if (auto e = overwrite_error("--report", o.report, "--model", dir->string()); !e.empty()) return fail(e);

@@ -161,7 +161,7 @@ std::optional<std::filesystem::path> model_dir(const GlobalOptions& global, cons
 
 int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
   auto dir = model_dir(global, o);
-  if (!dir) return 1;
+  if (!dir) return global.profile_exit_code;  // 1 unless the profile refused a command-line value
   const auto path = engine::usage_history_path(*dir);
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());
@@ -199,7 +199,7 @@ int cache_stats(const GlobalOptions& global, const CacheOptions& o) {
 
 int cache_clear(const GlobalOptions& global, const CacheOptions& o) {
   auto dir = model_dir(global, o);
-  if (!dir) return 1;
+  if (!dir) return global.profile_exit_code;  // 1 unless the profile refused a command-line value
   const auto path = engine::usage_history_path(*dir);
   std::error_code ec;
   const bool removed = std::filesystem::remove(path, ec);
@@ -214,9 +214,9 @@ int cache_clear(const GlobalOptions& global, const CacheOptions& o) {
 
 int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
   auto prof = global.load_profile();
-  if (!prof) return 1;
+  if (!prof) return global.profile_exit_code;
   auto dir = model_dir(global, o);
-  if (!dir) return 1;
+  if (!dir) return global.profile_exit_code;  // 1 unless the profile refused a command-line value
   const auto path = engine::usage_history_path(*dir);
   auto h = engine::load_usage_history(path);
   if (!h) return fail(h.error().message());

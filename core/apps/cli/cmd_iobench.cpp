@@ -381,7 +381,7 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   }
 
   auto prof = global.load_profile();
-  if (!prof) return 1;
+  if (!prof) return global.profile_exit_code;
   const auto reg = registry::scan_for_profile(*prof);
   std::vector<const registry::PluginInfo*> chosen;
   if (opts.plugins.empty()) {

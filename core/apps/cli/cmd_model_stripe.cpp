@@ -237,7 +237,7 @@ std::string link_to(const fs::path& path, const fs::path& target) {
 
 int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   auto prof = global.load_profile();
-  if (!prof) return 1;
+  if (!prof) return global.profile_exit_code;
   auto dir_r = model::resolve_model_path(o.model, prof->get_string("models.dir"));
   if (!dir_r) return fail(dir_r.error().message());
   std::error_code ec;

@@ -17,7 +17,7 @@ struct PluginsOptions {
 
 int list_plugins(const GlobalOptions& global, const PluginsOptions& opts) {
   auto prof = global.load_profile();
-  if (!prof) return 1;
+  if (!prof) return global.profile_exit_code;
   const auto reg = registry::scan_for_profile(*prof);
   if (opts.json) {
     nlohmann::json out;

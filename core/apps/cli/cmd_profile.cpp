@@ -156,7 +156,7 @@ std::string auto_meaning(const std::string& key) {
 
 int show(const GlobalOptions& global, const ProfileOptions& opts) {
   auto prof = global.load_profile();
-  if (!prof) return 1;
+  if (!prof) return global.profile_exit_code;
   std::optional<nlohmann::json> plan;
   if (!opts.model.empty()) {
     int exit_code = 1;

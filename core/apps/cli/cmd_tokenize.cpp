@@ -57,7 +57,7 @@ int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
   std::string source = o.tokenizer;
   if (!o.model.empty()) {  // a directory, or a name under models.dir, as every command takes a model
     auto prof = global.load_profile();
-    if (!prof) return 1;
+    if (!prof) return global.profile_exit_code;
     auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
     if (!dir) return fail(dir.error().message());
     source = dir->string();

@@ -19,6 +19,9 @@ struct GlobalOptions {
   std::string prefetch_layers;     // --prefetch-layers
   std::string log_level = "info";  // --log-level
   int exit_code = 0;               // set by the command that ran
+  // After load_profile() failed: 2 when a value given on the command line is what the profile refuses (a usage
+  // error, as the parser's refusals), 1 when the profile itself is (a file, COLIBRI_* variable, missing profile).
+  mutable int profile_exit_code = 1;
 
   // The CLI layer of the profile stack (the dedicated flags and every --set).
   [[nodiscard]] std::vector<profile::Override> cli_overrides() const;

@@ -57,7 +57,7 @@ inline OpenedEngine open_engine(
     const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
     const std::function<std::string(const std::filesystem::path&)>& before_loading = nullptr) {
   auto prof = global.load_profile();
-  if (!prof) return {};
+  if (!prof) return {nullptr, global.profile_exit_code};
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
   if (!dir) return {nullptr, fail(dir.error().message())};
   if (before_loading) {

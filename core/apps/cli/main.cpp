@@ -86,7 +86,12 @@ std::optional<profile::Profile> GlobalOptions::load_profile() const {
   opts.profile = profile;
   opts.overrides = cli_overrides();
   auto p = profile::Profile::load(opts);
+  profile_exit_code = 1;
   if (!p) {
+    // Refused with the command line's values and not without them: one of those is at fault.
+    profile::LoadOptions without = opts;
+    without.overrides.clear();
+    if (!opts.overrides.empty() && profile::Profile::load(without)) profile_exit_code = 2;
     fail(p.error().message());
     return std::nullopt;
   }

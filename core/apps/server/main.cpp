@@ -79,7 +79,13 @@ int serve(Flags& f) {
     lo.overrides.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
   }
   auto prof = profile::Profile::load(lo);
-  if (!prof) return fail(prof.error().message());
+  if (!prof) {
+    // Refused with the command line's values and not without them: one of those is at fault (a usage error).
+    profile::LoadOptions without = lo;
+    without.overrides.clear();
+    const bool from_command_line = !lo.overrides.empty() && profile::Profile::load(without).has_value();
+    return from_command_line ? usage_fail(prof.error().message()) : fail(prof.error().message());
+  }
 
   server::ServerOptions so;
   so.host = !f.host.empty() ? f.host : prof->get_string("server.host");
