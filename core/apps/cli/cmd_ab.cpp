@@ -452,6 +452,13 @@ int run_live(const LiveOptions& o) {
     if (!p) return fail("--profile " + sides[i].name + ": " + p.error().message());
     sides[i].profile = std::move(*p);
   }
+  // Both profiles' plugins are created and checked before any run: a B that cannot run is said before A's runs.
+  for (auto& side : sides) {
+    engine::EngineOptions checked;
+    if (auto pl = engine::Engine::plugins_from_profile(*side.profile, checked); !pl) {
+      return fail("--profile " + side.name + ": " + pl.error().message());
+    }
+  }
   auto dir = model::resolve_model_path(o.model, sides[0].profile->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
   if (auto e = overwrite_error("--report", o.report, {{"--model", dir->string()}, {"--prompts", o.prompts}});

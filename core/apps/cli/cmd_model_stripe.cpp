@@ -265,6 +265,10 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     if (model::path_within(dir, d)) {
       return fail("--to: " + item + " contains the model directory; name directories on other disks");
     }
+    // Another model's directory: what went in would be files that model does not list (convert --force refuses it).
+    if (fs::exists(d / "manifest.json", ec)) {
+      return fail("--to: " + item + " is the directory of a model (it holds manifest.json); name another directory");
+    }
     if (on_same_filesystem(d, dir)) {
       std::cerr << "note: " << item << " is on the model's own filesystem; striping reads faster only across disks\n";
     }

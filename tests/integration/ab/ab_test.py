@@ -353,6 +353,15 @@ class Live(unittest.TestCase):
             self.assertEqual(j["measure_tests"][key]["a_higher"], sum(d < 0 for d in diffs))
         p = cli("ab", "live", "-m", m, "--profile", profiles[1], check=False)
         self.assertIn("exactly two profiles", p.stderr)
+        # A B whose plugin refuses its options is said before A runs at all.
+        bad = os.path.join(WORK, "bad-b.yaml")
+        with open(bad, "w") as f:
+            f.write("storage:\n  plugin: pread\n  chunk_kib: 1\n")
+        p = cli("ab", "live", "-m", m, "--profile", profiles[1], "--profile", bad, "--runs", "2", "-n", "4", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"--profile {bad}: ", p.stderr)
+        self.assertIn("storage.chunk_kib is 1", p.stderr)
+        self.assertNotIn("run 1", p.stderr)
         # The cache's own measures get lines of their own; a report that cannot be written fails before any run.
         p = cli("ab", "live", "-m", m, *profiles, "--runs", "2", "-n", "4")
         self.assertRegex(p.stdout, r"expert hit rate: (no clear difference|the same|[AB] is better)")

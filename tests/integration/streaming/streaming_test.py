@@ -552,6 +552,13 @@ class Stripe(unittest.TestCase):
         p = run(["model", "stripe", m, "--to", os.path.join(m, "experts")], check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("inside the model directory", p.stderr)
+        another = os.path.join(WORK, "another-model")  # another model's directory: its own files only
+        os.makedirs(another, exist_ok=True)
+        shutil.copy(os.path.join(m, "manifest.json"), another)
+        p = run(["model", "stripe", m, "--to", another], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("is the directory of a model (it holds manifest.json)", p.stderr)
+        self.assertEqual(os.listdir(another), ["manifest.json"])
         p = run(["model", "stripe", os.path.join(WORK, "nope"), "--to", os.path.join(WORK, "d")], check=False)
         self.assertNotEqual(p.returncode, 0)
         # A directory that is not there (a typo, a disk not mounted) is not created: the files would land on the
