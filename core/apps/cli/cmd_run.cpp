@@ -67,8 +67,14 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     if (!in || std::filesystem::is_directory(o.json_schema)) {
       return fail("--json-schema " + o.json_schema + ": cannot open the file");
     }
-    const auto doc = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);  // the schema's order
-    if (doc.is_discarded()) return fail("--json-schema " + o.json_schema + ": not valid JSON");
+    nlohmann::ordered_json doc;  // ordered: the answer writes the properties in the schema's order
+    try {
+      doc = nlohmann::ordered_json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {  // its words say the line, the column and what was wrong
+      std::string why = e.what();
+      if (const auto at = why.find("parse error"); at != std::string::npos) why = why.substr(at);
+      return fail("--json-schema " + o.json_schema + ": not valid JSON (" + why + ")");
+    }
     auto compiled = engine::JsonSchema::compile(doc);
     if (!compiled) return fail("--json-schema " + o.json_schema + ": " + compiled.error().message());
     schema = *compiled;

@@ -1168,6 +1168,12 @@ class Api(unittest.TestCase):
                            capture_output=True, timeout=120)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("properties.name.maxLength", p.stderr.decode())
+        with open(schema_file, "w") as f:
+            f.write('{"type": "object",\n "properties": {"a": {"const": "\\ud800"}}}')
+        p = subprocess.run([CLI, "run", "--model", MODEL, "--prompt", prompt, "--json-schema", schema_file],
+                           capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("not valid JSON (parse error at line 2, column 39", p.stderr.decode())  # where, and why
         # The same requests without JSON mode are not JSON: the constraint is what makes them so.
         free = dict(req)
         del free["response_format"]
