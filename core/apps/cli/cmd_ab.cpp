@@ -298,12 +298,14 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     manifest = std::move(*m);
   }
   if (manifest && !o.expert_bytes.empty()) {
-    return fail("give --model or --expert-bytes, not both (the model has sizes)");
+    return usage_fail("give --model or --expert-bytes, not both (the model has sizes)");
   }
   std::uint64_t expert_bytes = 0;
   if (!o.expert_bytes.empty()) {
     auto b = sdk::parse_size(o.expert_bytes);
-    if (!b) return fail("--expert-bytes " + o.expert_bytes + ": " + b.error().message() + " (write e.g. 4096 or 1.5M)");
+    if (!b) {
+      return usage_fail("--expert-bytes " + o.expert_bytes + ": " + b.error().message() + " (write e.g. 4096 or 1.5M)");
+    }
     expert_bytes = *b;
   }
   // Expert files are 4 KiB aligned, so a cache holds them in 4 KiB units: a size in between is rounded up, as the

@@ -127,9 +127,9 @@ int server_clear(const CacheOptions& o) {
 int server_warm(const CacheOptions& o) {
   nlohmann::ordered_json body = nlohmann::ordered_json::object();
   if (!o.experts.empty()) {
-    if (o.top_given) return fail("give either --experts or --top, not both");
+    if (o.top_given) return usage_fail("give either --experts or --top, not both");
     for (const auto& e : o.experts) {
-      if (!server::parse_expert_key(e)) return fail("--experts " + e + ": write layer:expert, e.g. 3:1");
+      if (!server::parse_expert_key(e)) return usage_fail("--experts " + e + ": write layer:expert, e.g. 3:1");
     }
     body["experts"] = o.experts;
   } else if (o.top_given) {

@@ -394,7 +394,7 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   } else {
     for (const auto& name : split_commas(opts.plugins)) {
       auto p = reg.select(sdk::PluginKind::storage, name);
-      if (!p) return usage_fail("iobench: --plugins " + name + ": " + p.error().message());
+      if (!p) return fail("iobench: --plugins " + name + ": " + p.error().message());
       chosen.push_back(*p);
     }
   }

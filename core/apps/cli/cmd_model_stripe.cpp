@@ -185,7 +185,8 @@ std::vector<fs::path> earlier_members(const fs::path& model_dir) {
 // no longer named once emptied. `place`: the member (1-based; 0 the model directory) each file now lives in.
 // Returns how many files went.
 std::size_t remove_stale_copies(const fs::path& model_dir, const std::vector<fs::path>& members,
-                                const std::set<fs::path>& earlier, const std::map<std::string, std::size_t>& place) {
+                                const std::set<fs::path>& earlier, const std::map<std::string, std::size_t>& place,
+                                std::map<fs::path, std::string>& foreign) {
   std::vector<std::pair<fs::path, std::size_t>> dirs;  // (directory, member number; 0: no longer named)
   for (std::size_t k = 0; k < members.size(); ++k) dirs.emplace_back(members[k], k + 1);
   std::set<fs::path> gone;
@@ -202,7 +203,16 @@ std::size_t remove_stale_copies(const fs::path& model_dir, const std::vector<fs:
   }
   std::size_t removed = 0;
   for (const auto& [d, k] : dirs) {
-    if (fs::path(model::stripe_owner(d)) != model_dir) continue;  // another model's, or the user's
+    // Another model's, or the user's, or this model's under the path it had before a rename: kept, and a directory
+    // of the old layout that holds copies is said to be (its stripe.yaml, the record of it, may be about to go).
+    if (const std::string owner = model::stripe_owner(d); fs::path(owner) != model_dir) {
+      const bool holds_copies = std::any_of(place.begin(), place.end(), [&](const auto& file) {
+        std::error_code exists_ec;
+        return fs::exists(d / file.first, exists_ec);
+      });
+      if (k == 0 && !owner.empty() && holds_copies) foreign.emplace(d, owner);
+      continue;
+    }
     for (const auto& [rel, at] : place) {
       const fs::path p = d / rel;
       std::error_code ec;
@@ -258,12 +268,12 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     }
     const fs::path d = fs::canonical(item, ec);
     if (ec) return fail("--to: cannot resolve " + item + ": " + ec.message());
-    if (d == dir) return fail("--to: " + item + " is the model directory itself; name other directories");
+    if (d == dir) return usage_fail("--to: " + item + " is the model directory itself; name other directories");
     if (model::path_within(d, dir)) {
-      return fail("--to: " + item + " is inside the model directory; name directories on other disks");
+      return usage_fail("--to: " + item + " is inside the model directory; name directories on other disks");
     }
     if (model::path_within(dir, d)) {
-      return fail("--to: " + item + " contains the model directory; name directories on other disks");
+      return usage_fail("--to: " + item + " contains the model directory; name directories on other disks");
     }
     // Another model's directory: what went in would be files that model does not list (convert --force refuses it).
     if (fs::exists(d / "manifest.json", ec)) {
@@ -346,7 +356,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   if (o.undo) {
     // The copies elsewhere go before stripe.yaml, which names where they were: a failure between leaves a model
     // whose files are all home and a record by which the same command finishes the job.
-    old_copies += remove_stale_copies(dir, members, earlier, place);
+    old_copies += remove_stale_copies(dir, members, earlier, place, foreign);
     const bool had_profile = fs::remove(profile_path, ec);
     if (ec) return fail("cannot remove " + profile_path.string() + ": " + ec.message());
     fsync_path(dir, O_RDONLY | O_DIRECTORY);
@@ -370,7 +380,7 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
       !s) {
     return fail_midway(s.message());
   }
-  old_copies += remove_stale_copies(dir, members, earlier, place);
+  old_copies += remove_stale_copies(dir, members, earlier, place, foreign);
   say_foreign();
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
             << " stay in " << dir.string();

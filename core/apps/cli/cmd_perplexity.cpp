@@ -43,7 +43,8 @@ void log_softmax(const float* x, std::size_t n, std::vector<double>& out) {
 }
 
 int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
-  if (o.engine.ctx == 0) o.engine.ctx = 512;
+  const bool ctx_given = o.engine.ctx != 0;
+  if (!ctx_given) o.engine.ctx = 512;
   if (o.engine.ctx < 2) {
     return usage_fail("--ctx " + std::to_string(o.engine.ctx) +
                       ": a chunk needs 2 tokens to score one; give 2 or more (0 or unset: 512)");
@@ -56,6 +57,13 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
   warn_if_not_utf8(o.file, ss.view(), ", which changes the perplexity");
   auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+    // The default chunk is 512 tokens, or the model's whole context where that is shorter: only a --ctx the user
+    // gave is refused for exceeding it (open_engine reads o.engine.ctx after this).
+    if (!ctx_given) {
+      if (auto m = model::load_manifest(dir)) {
+        o.engine.ctx = std::min<std::int64_t>(o.engine.ctx, m->hparams.max_position_embeddings);
+      }
+    }
     return overwrite_error("--save-logits", o.save_logits,
                            {{"--model", dir.string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});
   });

@@ -2,12 +2,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <set>
-#include <stdexcept>
 #include <string>
 
 #include "colibri/model/manifest.hpp"
@@ -34,13 +35,18 @@ inline std::string integer_out_of_range(const std::string& value, bool is_unsign
 }
 
 // Range checks run by the parser, so a refused value exits 2 before anything loads, as every other bad flag does.
-// Values that are not numbers are left to CLI11's conversion. `hint` says what to give instead.
+// A value is read as CLI11 2.1 converts it (strtoll / strtold, whole string: "0x10", "+3" and "010", octal, are
+// numbers), so no spelling passes the check and then converts to a value out of range. What does not read so is left
+// to CLI11, which refuses it. `hint` says what to give instead.
 inline CLI::Validator integer_between(std::int64_t min, std::int64_t max, std::string hint) {
   return CLI::Validator(
       [min, max, hint](std::string& value) {
-        std::int64_t v = 0;
-        const char* end = value.data() + value.size();
-        if (auto r = std::from_chars(value.data(), end, v); r.ec != std::errc() || r.ptr != end) return std::string();
+        if (value.empty()) return std::string();
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(value.c_str(), &end, 0);
+        if (end != value.c_str() + value.size()) return std::string();
+        if (errno == ERANGE) return value + " is out of range; " + hint;
         if (v > max) return value + " is above " + std::to_string(max) + "; " + hint;
         if (v >= min) return std::string();
         return value + (v < 0 ? " is negative; " : " is below " + std::to_string(min) + "; ") + hint;
@@ -52,17 +58,14 @@ inline CLI::Validator integer_at_least(std::int64_t min, std::string hint) {
   return integer_between(min, std::numeric_limits<std::int64_t>::max(), std::move(hint));
 }
 
+// A number in [min, max]; nan and inf are not.
 inline CLI::Validator number_between(double min, double max, std::string hint) {
   return CLI::Validator(
       [min, max, hint](std::string& value) {
-        double v = 0;
-        try {
-          std::size_t used = 0;
-          v = std::stod(value, &used);
-          if (used != value.size()) return std::string();
-        } catch (const std::exception&) {
-          return std::string();
-        }
+        if (value.empty()) return std::string();
+        char* end = nullptr;
+        const long double v = std::strtold(value.c_str(), &end);
+        if (end != value.c_str() + value.size()) return std::string();
         return v >= min && v <= max ? std::string() : value + " is out of range; " + hint;
       },
       "");

@@ -153,6 +153,8 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     f.target_ = resolved;
   }
   f.partial_ = f.direct_ ? f.target_ : fs::path(f.target_.string() + ".partial");
+  // Listed for the signal handler before it exists: a Ctrl-C between its creation and the listing would leave it.
+  if (!f.direct_) f.registered_ = register_partial(f.partial_);
   int fd = -1;
   if (f.direct_) {
     fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -166,7 +168,6 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   }
   if (fd < 0) return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + sdk::os_error_text(errno));
-  if (!f.direct_) f.registered_ = register_partial(f.partial_);
   f.fd_ = fd;
   f.buf_ = std::make_unique<FileBuf>(fd);
   f.out_ = std::make_unique<std::ostream>(f.buf_.get());

@@ -179,7 +179,7 @@ class Replay(unittest.TestCase):
         self.assertEqual(untimed(suffixed.stdout), untimed(p.stdout))
         bad = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3",
                   "--expert-bytes", "lots", check=False)
-        self.assertEqual(bad.returncode, 1)
+        self.assertEqual(bad.returncode, 2)  # a refused option value
         self.assertIn("--expert-bytes lots:", bad.stderr)
         p = cli("ab", "replay", "--trace", self.trace(), "--policy", "nosuch", "--cache-experts", "3", check=False)
         self.assertNotEqual(p.returncode, 0)

@@ -213,6 +213,10 @@ class Run(unittest.TestCase):
         m = model()
         for args, words in (
                 (["run", "-m", m, "-p", "hi", "--batch", "0"], "--batch: 0 is below 1"),
+                # Read as CLI11 converts them (hex, a sign): no spelling slips past the check.
+                (["run", "-m", m, "-p", "hi", "--batch", "0x0"], "--batch: 0x0 is below 1"),
+                (["run", "-m", m, "-p", "hi", "--ctx", "-0x3"], "--ctx: -0x3 is negative"),
+                (["bench", "-m", m, "--prompt-tokens", "+0"], "--prompt-tokens: +0 is below 1"),
                 (["run", "-m", m, "-p", "hi", "--kv-type", "q4"], "--kv-type: q4 not in {f16,q8_0,f32}"),
                 (["run", "-m", m, "-p", "hi", "--set", "memory"], "--set: memory: write --set KEY=VALUE"),
                 (["chat", "-m", m, "--ctx", "-1"], "--ctx: -1 is negative"),
@@ -656,6 +660,14 @@ class Perplexity(unittest.TestCase):
         d = cli("perplexity", "-m", model(), "-f", text, "--max-chunks", "-1", check=False)  # was read as "all"
         self.assertEqual(d.returncode, 2)
         self.assertIn("--max-chunks: -1 is negative; give 0 (all) or more", d.stderr)
+        # A model with a context shorter than the default chunk of 512: the chunk is its context, unless --ctx asks
+        # for more, which is refused naming the flag the user gave.
+        short = hparams_copy("tiny-short", max_position_embeddings=48)
+        e = cli("perplexity", "-m", short, "-f", text, "--max-chunks", "1")
+        self.assertRegex(e.stdout, r"perplexity [0-9.]+ over 47 tokens")
+        f = cli("perplexity", "-m", short, "-f", text, "--ctx", "64", check=False)
+        self.assertEqual(f.returncode, 2)
+        self.assertIn("--ctx 64 exceeds the model's context (48 positions)", f.stderr)
 
     def test_bad_kl_base_leaves_no_partial_logits(self):
         text = os.path.join(WORK, "text2.txt")

@@ -403,6 +403,8 @@ class RecordTrace(unittest.TestCase):
                             (["--io-threads", "65"], "--io-threads: 65 is above 64"),
                             (["--max-header-size", "100"], "--max-header-size: 100 is below 1024"),
                             (["--write-timeout", "-1"], "--write-timeout: -1 is out of range; give 0 to 86400"),
+                            (["--request-timeout", "1e400"], "--request-timeout: 1e400 is out of range"),
+                            (["--max-header-size", "0x10"], "--max-header-size: 0x10 is below 1024"),
                             (["--max-body-size", "4Q"], "--max-body-size: 4Q is not a size"),
                             (["--set", "cache"], "--set: cache: write --set KEY=VALUE")):
             p = subprocess.run([st.SERVER, "--model", st.MODEL, "--port", "0", *args],
