@@ -694,24 +694,18 @@ class Session : public std::enable_shared_from_this<Session> {
       const auto prompt_tokens = static_cast<std::int64_t>(plan.tokens.size());
       if (auto e = check_context(endpoint, prompt_tokens, req.max_tokens, ctx)) return respond_error(named(*e), false);
     }
-    for (const auto& [id, bias] : req.sampling.logit_bias) {
-      if (id >= srv_.scheduler->vocab_size()) {
-        const std::string vocab = std::to_string(srv_.scheduler->vocab_size());
-        return respond_error(bad_request("Invalid token id " + std::to_string(id) +
-                                             " in 'logit_bias': the vocabulary has " + vocab + " tokens.",
-                                         "logit_bias", "invalid_value"),
-                             false);
-      }
-    }
-    for (const auto id : req.stop_token_ids) {
-      if (id >= srv_.scheduler->vocab_size()) {
-        const std::string vocab = std::to_string(srv_.scheduler->vocab_size());
-        return respond_error(bad_request("Invalid token id " + std::to_string(id) +
-                                             " in 'stop_token_ids': the vocabulary has " + vocab + " tokens.",
-                                         "stop_token_ids", "invalid_value"),
-                             false);
-      }
-    }
+    // Token ids the model does not have (known only here, from the vocabulary): a 400 naming the field.
+    std::optional<ApiError> outside_vocabulary;
+    const auto check_id = [&](std::int32_t id, const char* field) {
+      if (outside_vocabulary || id < srv_.scheduler->vocab_size()) return;
+      outside_vocabulary =
+          bad_request("Invalid token id " + std::to_string(id) + " in '" + field + "': the vocabulary has " +
+                          std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
+                      field, "invalid_value");
+    };
+    for (const auto& [id, bias] : req.sampling.logit_bias) check_id(id, "logit_bias");
+    for (const auto id : req.stop_token_ids) check_id(id, "stop_token_ids");
+    if (outside_vocabulary) return respond_error(*outside_vocabulary, false);
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);
 
