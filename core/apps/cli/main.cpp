@@ -70,13 +70,9 @@ std::vector<profile::Override> GlobalOptions::cli_overrides() const {
   if (!expert_cache_size.empty()) out.push_back({"memory.expert_cache", expert_cache_size, "--expert-cache-size"});
   if (!vram_budget.empty()) out.push_back({"memory.vram_budget", vram_budget, "--vram-budget"});
   if (!prefetch_layers.empty()) out.push_back({"prefetch.layers", prefetch_layers, "--prefetch-layers"});
-  for (const auto& s : sets) {
+  for (const auto& s : sets) {  // each holds '=' (the parser's profile_setting check)
     const auto eq = s.find('=');
-    if (eq == std::string::npos) {
-      out.push_back({s, "", "--set"});
-    } else {
-      out.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
-    }
+    out.push_back({s.substr(0, eq), s.substr(eq + 1), "--set"});
   }
   return out;
 }
@@ -88,10 +84,7 @@ std::optional<profile::Profile> GlobalOptions::load_profile() const {
   auto p = profile::Profile::load(opts);
   profile_exit_code = 1;
   if (!p) {
-    // Refused with the command line's values and not without them: one of those is at fault.
-    profile::LoadOptions without = opts;
-    without.overrides.clear();
-    if (!opts.overrides.empty() && profile::Profile::load(without)) profile_exit_code = 2;
+    if (apps::refused_for_command_line(opts)) profile_exit_code = 2;
     fail(p.error().message());
     return std::nullopt;
   }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "colibri/model/manifest.hpp"
+#include "colibri/profile/profile.hpp"
 
 namespace colibri::apps {
 
@@ -92,6 +93,15 @@ inline CLI::Validator profile_setting() {
                    : value + ": write --set KEY=VALUE (e.g. --set storage.plugin=io_uring)";
       },
       "");
+}
+
+// Whether a profile that failed to load with `opts` is refused for the command line's values: it loads without them.
+// Such a refusal is a usage error (exit 2); a profile file's or a COLIBRI_* variable's is not (1).
+inline bool refused_for_command_line(const profile::LoadOptions& opts) {
+  if (opts.overrides.empty()) return false;
+  profile::LoadOptions without = opts;
+  without.overrides.clear();
+  return profile::Profile::load(without).has_value();
 }
 
 // "" unless `ctx` is past the model's context, known from its manifest: said before the weights load (minutes on a

@@ -80,11 +80,7 @@ int serve(Flags& f) {
   }
   auto prof = profile::Profile::load(lo);
   if (!prof) {
-    // Refused with the command line's values and not without them: one of those is at fault (a usage error).
-    profile::LoadOptions without = lo;
-    without.overrides.clear();
-    const bool from_command_line = !lo.overrides.empty() && profile::Profile::load(without).has_value();
-    return from_command_line ? usage_fail(prof.error().message()) : fail(prof.error().message());
+    return apps::refused_for_command_line(lo) ? usage_fail(prof.error().message()) : fail(prof.error().message());
   }
 
   server::ServerOptions so;
