@@ -1,6 +1,7 @@
 #include "colibri/profile/profile.hpp"
 
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -235,6 +236,11 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
                           "document: merge the two, or put the second in its own file and use 'extends'");
       }
     }
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp 0.7 says "bad file" here (it reuses that message for its nesting guard).
+    return Status(StatusCode::invalid_argument,
+                  mark_of(file, e.mark) +
+                      ": invalid YAML: nested too deeply; a profile's settings are two levels (section: key: value)");
   } catch (const YAML::ParserException& e) {
     // A tab in a line's indentation is YAML's most common trap; its own message ("illegal map value") hides it.
     std::string hint;
@@ -371,6 +377,17 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
   if (looks_like_path(name) && fs::is_directory(candidates.front(), ec)) {
     return Status(StatusCode::invalid_argument,
                   "profile '" + name + "' is a directory; name a profile file (.yaml) or a profile name");
+  }
+  // A pipe, socket or device is there but is no file to read settings from (a pipe would also block the read).
+  for (const auto& c : candidates) {
+    const auto type = fs::status(c, ec).type();
+    if (ec || type == fs::file_type::not_found || type == fs::file_type::directory) continue;
+    const char* what = type == fs::file_type::fifo                                        ? "a named pipe"
+                       : type == fs::file_type::socket                                    ? "a socket"
+                       : type == fs::file_type::block || type == fs::file_type::character ? "a device"
+                                                                                          : "not a regular file";
+    return Status(StatusCode::invalid_argument, "profile '" + name + "': " + c.string() + " is " + what +
+                                                    ", not a profile file; name a .yaml file or a profile name");
   }
   // A candidate that is there but cannot be followed (a link loop, a link to nothing, no permission to look) is
   // named as such: "not found" would have the user look for a file they can see.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -24,6 +25,7 @@ using colibri::sdk::OptionSpec;
 using colibri::sdk::OptionType;
 using colibri::sdk::PluginKind;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ProfileTest : public ::testing::Test {
  protected:
@@ -149,6 +151,16 @@ TEST_F(ProfileTest, ALinkThatCannotBeFollowedIsNamedNotCalledMissing) {
                                                     (dir_ / "gone.yaml").string() + " does not exist)"));
 }
 
+TEST_F(ProfileTest, APipeIsNamedAsSuchNotCalledMissingOrRead) {
+  ASSERT_EQ(::mkfifo((dir_ / "pipe.yaml").c_str(), 0600), 0);
+  for (const std::string& name : {std::string("pipe"), (dir_ / "pipe.yaml").string()}) {
+    auto p = load(name);  // would block on open if it were read
+    ASSERT_FALSE(p);
+    EXPECT_THAT(p.error().message(), HasSubstr("pipe.yaml is a named pipe, not a profile file")) << name;
+    EXPECT_THAT(p.error().message(), Not(HasSubstr("did you mean"))) << name;
+  }
+}
+
 TEST_F(ProfileTest, ExtendsCycleIsAnError) {
   write("a.yaml", "extends: b\n");
   write("b.yaml", "extends: a\n");
@@ -208,6 +220,14 @@ TEST_F(ProfileTest, ATabInTheIndentationIsNamed) {
   ASSERT_FALSE(p);
   EXPECT_THAT(p.error().message(), HasSubstr("tabs.yaml:2"));
   EXPECT_THAT(p.error().message(), HasSubstr("line 2 is indented with a tab, which YAML does not allow: use spaces"));
+}
+
+TEST_F(ProfileTest, NestingTooDeepIsSaidSoNotBadFile) {
+  auto p = load(write("deep.yaml", "compute: " + std::string(5000, '[') + std::string(5000, ']') + "\n").string());
+  ASSERT_FALSE(p);
+  EXPECT_THAT(p.error().message(), HasSubstr("deep.yaml:1:"));
+  EXPECT_THAT(p.error().message(), HasSubstr("nested too deeply"));
+  EXPECT_THAT(p.error().message(), Not(HasSubstr("bad file")));
 }
 
 TEST_F(ProfileTest, AYmlProfileIsFoundByName) {
