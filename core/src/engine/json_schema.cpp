@@ -328,8 +328,11 @@ class Compiler {
     if (target == nullptr) return error(path + ".$ref", "'" + r + "' is not #, #/$defs/NAME or #/definitions/NAME");
     // A recursive reference resolves to an object node added before its properties (see object()); other
     // recursion (a reference that is its own value) has no value to start with.
-    if (in_progress_.contains(r)) return error(path + ".$ref", "'" + r + "' refers to itself without an object");
-    in_progress_.insert(r);
+    // Named where the loop starts: the place first reached through this reference, not the last hop's.
+    if (auto loop = in_progress_.find(r); loop != in_progress_.end()) {
+      return error(loop->second, "'" + r + "' refers to itself without an object");
+    }
+    in_progress_.emplace(r, path + ".$ref");
     auto id = node(*target, path + ".$ref", depth + 1, r);
     in_progress_.erase(r);
     if (!id) return id;
@@ -340,7 +343,7 @@ class Compiler {
   const json& root_;
   std::vector<std::string>* skipped_;
   std::map<std::string, std::uint16_t> refs_;
-  std::set<std::string> in_progress_;
+  std::map<std::string, std::string> in_progress_;  // reference -> where it was first met
 };
 
 }  // namespace

@@ -101,6 +101,11 @@ TEST(JsonSchema, UnsupportedKeywordsAndBadSchemasAreRefusedByPlace) {
        "properties.v.anyOf[1]"},
       {R"({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]})", "required"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}})", "properties.a.$ref"},
+      // A reference loop without an object is named where it starts, not at its last hop ($ref.$ref).
+      {R"({"$ref": "#"})", "at '$ref': '#' refers to itself"},
+      {R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/B"},
+          "B": {"$ref": "#/$defs/A"}}})",
+       "at 'properties.a.$ref': '#/$defs/A' refers to itself"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}})",
        "properties.a.minItems"},
       {R"({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true})",
