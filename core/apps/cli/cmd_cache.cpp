@@ -295,7 +295,13 @@ void setup(CLI::App& app, GlobalOptions& global) {
                  int (*server_fn)(const CacheOptions&)) {
     auto* sub = cmd->add_subcommand(name, help);
     auto* model = sub->add_option("--model,-m", o->model, "Model directory, or a name under models.dir");
-    auto* server = sub->add_option("--server", o->server, "A running colibri-server, e.g. http://127.0.0.1:8080");
+    auto* server = sub->add_option("--server", o->server, "A running colibri-server, e.g. http://127.0.0.1:8080")
+                       ->check(CLI::Validator(
+                           [](std::string& value) {
+                             auto url = server::parse_http_url(value);
+                             return url ? std::string() : url.error().message();
+                           },
+                           "URL"));
     model->excludes(server);
     // COLIBRI_API_KEY is read where the key is used: as an envname on each of these subcommands, CLI11 filled it
     // into the ones not used too, overwriting the --api-key given.

@@ -98,7 +98,8 @@ sdk::Expected<HttpResponse> http_request(const HttpUrl& url, std::string_view me
   beast::error_code ec;
   const auto endpoints = resolver.resolve(url.host, std::to_string(url.port), tcp::resolver::numeric_service, ec);
   if (ec)
-    return Status(StatusCode::io_error, "cannot resolve the host '" + url.host + "' of " + where + ": " + ec.message());
+    return Status(StatusCode::io_error, "cannot resolve the host '" + url.host + "' of " + where + ": " + ec.message() +
+                                            "; check the name, or give the server's address (http://127.0.0.1:8080)");
 
   http::request<http::string_body> req;
   req.method(http::string_to_verb(method));

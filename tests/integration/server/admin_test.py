@@ -263,10 +263,16 @@ class ClientErrors(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(dead, p.stderr)
         self.assertIn("colibri-server", p.stderr)
-        for bad in ("htp://127.0.0.1:1", "http://127.0.0.1:99999", "https://127.0.0.1:1"):
+        # A URL that is no URL is refused by the parser, as any other refused option value: exit 2.
+        for bad in ("htp://127.0.0.1:1", "http://127.0.0.1:99999", "https://127.0.0.1:1", "http://[::1"):
             p = cli("cache", "stats", "--server", bad, check=False)
-            self.assertEqual(p.returncode, 1, bad)
-            self.assertIn(bad, p.stderr)
+            self.assertEqual(p.returncode, 2, bad)
+            self.assertIn(f"--server: bad server URL '{bad}'", p.stderr)
+        # A name that resolves to nothing: said so, and how the address is written.
+        p = cli("cache", "stats", "--server", "no-such-host.invalid", check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("cannot resolve the host 'no-such-host.invalid'", p.stderr)
+        self.assertIn("http://127.0.0.1:8080", p.stderr)
         # Nothing to warm from yet: a fresh server with an empty usage history.
         history = os.path.join(st.WORK, "no-history.json")
         if os.path.exists(history):
