@@ -13,8 +13,9 @@
 // not put them go (mirrors on disks no longer named, with their emptied directories): a failure midway leaves the
 // old layout runnable. Only directories whose marker names this model are touched. The placement is recorded as a
 // profile next to the model, <MODEL>/stripe.yaml (storage.plugin: stripe, storage.paths: [DIR2/<model name>, ...]);
-// run with --profile <MODEL>/stripe.yaml. Unstriping is striping over no other directory: every file comes home (a
-// checked copy replacing its symlink), then the copies elsewhere and stripe.yaml go.
+// run with --profile <MODEL>/stripe.yaml; until then <MODEL>/stripe.pending lists the directories copied into, so
+// unstripe finds what an interrupted stripe left. Unstriping is striping over no other directory: every file comes home
+// (a checked copy replacing its symlink), then the copies elsewhere and stripe.yaml go.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -172,9 +173,9 @@ fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const
 std::vector<fs::path> earlier_members(const fs::path& model_dir) {
   auto dirs = model::stripe_yaml_dirs(model_dir);
   if (!dirs) {
-    std::cerr << "warning: cannot read " << (model_dir / "stripe.yaml").string() << " (" << dirs.error().message()
-              << "); mirrors an earlier stripe left on disks this one does not name stay there: remove them "
-                 "yourself\n";
+    std::cerr << "warning: cannot read where an earlier stripe of " << model_dir.string() << " put copies ("
+              << dirs.error().message()
+              << "); copies it left on disks this run does not name stay there: remove them yourself\n";
     return {};
   }
   return *dirs;
@@ -296,7 +297,8 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   for (const auto& e : m->experts) expert_files.insert(e.file);
   std::set<fs::path> earlier;  // stripe directories of the old layout, cleaned up once the new one is recorded
   const fs::path profile_path = dir / "stripe.yaml";
-  if (o.undo && !fs::exists(profile_path, ec) &&
+  const fs::path pending_path = dir / model::kStripePending;
+  if (o.undo && !fs::exists(profile_path, ec) && !fs::exists(fs::symlink_status(pending_path, ec)) &&
       std::none_of(expert_files.begin(), expert_files.end(), [&](const std::string& rel) {
         std::error_code link_ec;
         return fs::is_symlink(dir / rel, link_ec);
@@ -305,6 +307,20 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     return 0;
   }
   for (const auto& e : earlier_members(dir)) earlier.insert(e);
+  if (!o.undo) {
+    // Before the first copy: every directory this run may copy into, and those of earlier runs, so an interruption
+    // anywhere leaves its copies findable (a --copy stripe makes no symlink to them until the end).
+    std::set<fs::path> recorded(earlier.begin(), earlier.end());
+    recorded.insert(members.begin(), members.end());
+    if (auto s = util::write_file_atomically(pending_path,
+                                             [&](std::ostream& f) {
+                                               for (const auto& d : recorded) f << d.string() << "\n";
+                                               return static_cast<bool>(f);
+                                             });
+        !s) {
+      return fail(s.message());
+    }
+  }
   std::map<std::string, std::size_t> place;
   std::vector<std::size_t> placed(members.size() + 1, 0);
   std::size_t i = 0, old_copies = 0;
@@ -357,6 +373,8 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     // The copies elsewhere go before stripe.yaml, which names where they were: a failure between leaves a model
     // whose files are all home and a record by which the same command finishes the job.
     old_copies += remove_stale_copies(dir, members, earlier, place, foreign);
+    fs::remove(pending_path, ec);
+    if (ec) return fail("cannot remove " + pending_path.string() + ": " + ec.message());
     const bool had_profile = fs::remove(profile_path, ec);
     if (ec) return fail("cannot remove " + profile_path.string() + ": " + ec.message());
     fsync_path(dir, O_RDONLY | O_DIRECTORY);
@@ -381,6 +399,11 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     return fail_midway(s.message());
   }
   old_copies += remove_stale_copies(dir, members, earlier, place, foreign);
+  fs::remove(pending_path, ec);  // stripe.yaml is the record now
+  if (ec) {
+    std::cerr << "warning: cannot remove " << pending_path.string() << ": " << ec.message() << "; delete it yourself\n";
+  }
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
   say_foreign();
   std::cout << (o.copy ? "mirrored " : "striped ") << expert_files.size() << " expert files: " << placed[0]
             << " stay in " << dir.string();

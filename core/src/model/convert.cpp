@@ -632,7 +632,7 @@ Status check_only_model_files(const fs::path& output) {
                       "), so convert cannot tell its own files from yours and will not replace it. Move " +
                       output.string() + " away yourself, or choose another output path");
   }
-  std::set<std::string> own = {"manifest.json", "stripe.yaml"};
+  std::set<std::string> own = {"manifest.json", "stripe.yaml", std::string(kStripePending)};
   for (const auto& f : m->files) own.insert(fs::path(f.path).lexically_normal().generic_string());
   for (const auto& f : m->tokenizer_files) own.insert(fs::path(f).lexically_normal().generic_string());
   std::vector<std::string> foreign;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
@@ -95,16 +96,26 @@ bool remove_emptied_stripe_dir(const fs::path& stripe_dir, const fs::path& model
 
 sdk::Expected<std::vector<fs::path>> stripe_yaml_dirs(const fs::path& model_dir) {
   const fs::path yaml = model_dir / "stripe.yaml";
-  std::error_code ec;
-  if (!fs::exists(fs::symlink_status(yaml, ec))) return std::vector<fs::path>{};
-  profile::LoadOptions opts;
-  opts.profile = yaml.string();
-  opts.use_process_environment = false;  // the file alone, as written
-  auto prof = profile::Profile::load(opts);
-  if (!prof) return prof.error();
   std::vector<fs::path> out;
-  for (const auto& p : prof->get_list("storage.paths")) {
-    if (fs::path(p).is_absolute()) out.emplace_back(p);
+  const auto add = [&out](const fs::path& p) {
+    if (p.is_absolute() && std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  };
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(yaml, ec))) {
+    profile::LoadOptions opts;
+    opts.profile = yaml.string();
+    opts.use_process_environment = false;  // the file alone, as written
+    auto prof = profile::Profile::load(opts);
+    if (!prof) return prof.error();
+    for (const auto& p : prof->get_list("storage.paths")) add(p);
+  }
+  const fs::path pending = model_dir / kStripePending;
+  if (fs::exists(fs::symlink_status(pending, ec))) {
+    std::ifstream in(pending);
+    if (!in) return Status(StatusCode::io_error, pending.string() + ": cannot be read: " + sdk::os_error_text(errno));
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty()) add(line);
+    }
   }
   return out;
 }

@@ -625,6 +625,41 @@ class Stripe(unittest.TestCase):
         self.assertEqual(len(moved), len(files) // 2)
         self.assertEqual(logits_bytes(dst, "midway-done", "--profile", os.path.join(dst, "stripe.yaml")), base)
 
+    def test_unstripe_removes_what_an_unfinished_copy_stripe_left(self):
+        # A --copy stripe makes no symlink until it is done: its copies are found through stripe.pending, written
+        # before the first copy, so unstripe (or the same stripe run again) can still find them.
+        m = model()
+        dst, disk2 = os.path.join(WORK, "unfinished"), os.path.join(WORK, "unfinished-disk2")
+        for d in (dst, disk2):
+            shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(disk2)
+        shutil.copytree(m, dst)
+        files = sorted({e["file"] for e in manifest(m)["experts"]})
+        bad = os.path.join(dst, files[3])  # the second file for disk2: the first one is copied, then this fails
+        with open(bad, "rb") as f:
+            good = f.read()
+        with open(bad, "r+b") as f:
+            f.write(bytes([good[0] ^ 0xFF]))
+        p = run(["model", "stripe", dst, "--to", disk2, "--copy"], check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        mine = os.path.join(disk2, "unfinished")
+        self.assertTrue(os.path.isfile(os.path.join(mine, files[1])))
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.yaml")))
+        with open(os.path.join(dst, "stripe.pending")) as f:
+            self.assertEqual(f.read(), os.path.realpath(mine) + "\n")
+        p = run(["model", "unstripe", dst])
+        self.assertNotIn("is not striped", p.stdout)
+        self.assertIn("removed 1 copies", p.stdout)
+        self.assertEqual(os.listdir(disk2), [])
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
+        # Done in full, the record is stripe.yaml alone.
+        with open(bad, "wb") as f:
+            f.write(good)
+        run(["model", "stripe", dst, "--to", disk2, "--copy"])
+        self.assertTrue(os.path.exists(os.path.join(dst, "stripe.yaml")))
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+
 
 class StorageCounters(unittest.TestCase):
     """bench shows what the storage plugin counted: reads per stripe directory, io_uring's fixed and plain reads."""

@@ -38,9 +38,15 @@ std::string stripe_owner(const std::filesystem::path& stripe_dir);
 // names another model (or none) is left alone, as is anything else found in it. Returns whether it is gone.
 bool remove_emptied_stripe_dir(const std::filesystem::path& stripe_dir, const std::filesystem::path& model_dir);
 
-// The stripe directories <model_dir>/stripe.yaml lists under storage.paths, the file alone (no environment). Only
-// absolute paths: `model stripe` writes those, any other is not one of its directories. Empty without a
-// stripe.yaml; an error when it cannot be read.
+// A stripe lists here, before its first copy, every directory it may copy into (one absolute path a line), and
+// removes the file once stripe.yaml records the finished layout: the copies of an interrupted stripe (a `--copy`
+// one leaves no symlink to them) stay findable by unstripe and convert --force.
+inline constexpr std::string_view kStripePending = "stripe.pending";
+
+// The stripe directories recorded for a model: those <model_dir>/stripe.yaml lists under storage.paths (the file
+// alone, no environment), then those an unfinished stripe listed in <model_dir>/stripe.pending. Only absolute
+// paths: `model stripe` writes those, any other is not one of its directories. Empty without either file; an error
+// when one cannot be read.
 sdk::Expected<std::vector<std::filesystem::path>> stripe_yaml_dirs(const std::filesystem::path& model_dir);
 
 // Why a model file that does not open is missing, following its name: " is missing; re-run convert", or for a link
