@@ -231,6 +231,8 @@ std::optional<ApiError> top_k_field(const json& body, std::optional<std::int32_t
 // its text, as vLLM does.
 std::optional<ApiError> message_content(const json& content, const std::string& field, bool assistant,
                                         std::string& out) {
+  // Only an assistant turn may have none (its calls are its content), as OpenAI's API has it.
+  if (content.is_null() && !assistant) return wrong_type(field, "a string or an array of content parts", content);
   if (content.is_null()) return std::nullopt;
   if (content.is_string()) {
     out = content.get<std::string>();
@@ -874,9 +876,19 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (!model->is_string()) return wrong_type("model", "a string", *model);
     out.model = model->get<std::string>();
   }
+  // OpenAI's end-user id: not used here, but a request that sends one sends a string.
+  if (auto user = body.find("user"); user != body.end() && !user->is_null() && !user->is_string()) {
+    return wrong_type("user", "a string", *user);
+  }
 
   if (endpoint == Endpoint::chat) {
     if (auto e = parse_messages(body, out.messages)) return e;
+    if (auto it = body.find("echo"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) return wrong_type("echo", "a boolean", *it);
+      if (it->get<bool>()) {
+        return bad_request("'echo' is only supported by /v1/completions.", "echo", "unsupported_parameter");
+      }
+    }
   } else {
     if (auto e = parse_prompt(body, out)) return e;
     if (auto it = body.find("echo"); it != body.end() && !it->is_null()) {
@@ -1026,7 +1038,16 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (!it->is_object()) return wrong_type("response_format", "an object", *it);
     const json type = it->value("type", json());
     if (!type.is_string()) return wrong_type("response_format.type", "a string", type);
-    if (type == "json_object") {
+    if (type == "json_object" && it->contains("schema") && !(*it)["schema"].is_null()) {
+      // llama-server's spelling of a schema: json_object with "schema" beside the type.
+      auto compiled = engine::JsonSchema::compile(ordered.field("response_format")["schema"]);
+      if (!compiled) {
+        return bad_request("Invalid 'response_format.schema': " + compiled.error().message() + ".",
+                           "response_format.schema", "invalid_value");
+      }
+      out.json_object = true;
+      out.json_schema = *compiled;
+    } else if (type == "json_object") {
       out.json_object = true;
     } else if (type == "json_schema") {
       const json spec = it->value("json_schema", json());
@@ -1089,13 +1110,42 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     }
     out.template_kwargs = ordered.field("chat_template_kwargs");
   }
-  for (const char* name : {"functions", "function_call", "best_of"}) {
+  if (auto it = body.find("reasoning_effort"); it != body.end() && !it->is_null()) {
+    // OpenAI's: the chat templates that take it (gpt-oss's) read it as a variable of that name.
+    if (endpoint == Endpoint::completions) {
+      return bad_request("'reasoning_effort' is only supported by /v1/chat/completions.", "reasoning_effort",
+                         "unsupported_parameter");
+    }
+    if (!it->is_string()) return wrong_type("reasoning_effort", "a string", *it);
+    if (!out.template_kwargs.contains("reasoning_effort")) out.template_kwargs["reasoning_effort"] = *it;
+  }
+  // Fields other servers act on: ignored, each would answer another question than the one asked (unconstrained
+  // text for a grammar, one more token than asked...). Their neutral values (null, false, [], best_of 1) pass.
+  static constexpr std::pair<const char*, const char*> kUnsupported[] = {
+      {"functions", " (it is deprecated; use 'tools' and 'tool_choice')"},
+      {"function_call", " (it is deprecated; use 'tools' and 'tool_choice')"},
+      {"best_of", ""},
+      {"use_beam_search", ""},
+      {"guided_json", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"guided_choice", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"guided_regex", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"guided_grammar", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"structured_outputs", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"grammar", "; use 'response_format' (json_object or json_schema) or 'tools'"},
+      {"json_schema", "; use 'response_format': {\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}"},
+      {"n_predict", "; use 'max_tokens'"},
+      {"include_stop_str_in_output", ""},
+      {"prompt_logprobs", "; /v1/completions gives the prompt's logprobs with 'echo' and 'logprobs'"},
+      {"bad_words", "; use 'logit_bias' with -100 for their tokens"},
+      {"truncate_prompt_tokens", ""},
+  };
+  for (const auto& [name, instead] : kUnsupported) {
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
+    if (it->is_array() && it->empty()) continue;
     if (std::string_view(name) == "best_of" && *it == 1) continue;
-    return bad_request(std::string("'") + name + "' is not supported by colibri-server" +
-                           (name[0] == 'f' ? " (it is deprecated; use 'tools' and 'tool_choice')." : "."),
-                       name, "unsupported_parameter");
+    return bad_request(std::string("'") + name + "' is not supported by colibri-server" + instead + ".", name,
+                       "unsupported_parameter");
   }
   return std::nullopt;
 }

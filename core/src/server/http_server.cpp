@@ -914,18 +914,27 @@ class Session : public std::enable_shared_from_this<Session> {
             c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
             return;
           }
-          emit_deltas(index, deltas);
+          emit_deltas(index, deltas, ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c));
           return flush();
         }
         emit_reasoning(index, c, reasoning);
         if (streaming_) {
           if (c.forced) {
             // The forced call's arguments stream as they are written, without the whitespace outside strings as
-            // every call's are; its first piece names it.
+            // every call's are; its first piece names it. Its tokens' logprobs ride on the pieces they wrote.
+            c.forced_text += ev.text;
             const std::string arguments(c.forced_arguments.push(ev.text));
-            if (arguments.empty() && c.forced_opened) return;
-            pending_ += frame(choice_event(
-                tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, arguments)));
+            const json logprobs = ev.logprobs.empty() ? json(nullptr) : logprobs_json(ev.logprobs, c);
+            if (arguments.empty() && c.forced_opened) {
+              if (logprobs.is_null()) return;
+              pending_ +=
+                  frame(choice_event(stream_chunk(endpoint_, ids_, "", "", false, logprobs, static_cast<int>(index))));
+              return flush();
+            }
+            json chunk =
+                tool_call_chunk(ids_, static_cast<int>(index), 0, c.forced_opened ? nullptr : &*c.forced, arguments);
+            chunk["choices"][0]["logprobs"] = logprobs;
+            pending_ += frame(choice_event(std::move(chunk)));
             c.forced_opened = true;
             return flush();
           }
@@ -1023,12 +1032,15 @@ class Session : public std::enable_shared_from_this<Session> {
     emit_content(index, c, content);
     emit_deltas(index, deltas);
     if (c.forced) {
+      // A call is finished once its arguments are one JSON object (the schema's constraint ends the answer there);
+      // cut off before, by max_tokens, a stop string or a stop token, the reason is that cut, never tool_calls.
+      const bool whole = json::accept(streaming_ ? c.forced_text : c.text);
       if (streaming_ && !c.forced_opened) emit_call(index, c, 0, *c.forced);  // no arguments were written
       if (!streaming_) {
         c.forced->arguments = minified(std::exchange(c.text, {}));
         c.calls.push_back(*c.forced);
       }
-      if (c.finish_reason != "length") c.finish_reason = "tool_calls";
+      if (whole && c.finish_reason != "length") c.finish_reason = "tool_calls";
       return;
     }
     if (!c.tool_stream) return;
@@ -1077,17 +1089,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Streaming: the calls' pieces (a call's first names it, with a new id); only the first call without
   // parallel_tool_calls.
-  void emit_deltas(std::size_t index, const std::vector<ToolCallDelta>& deltas) {
+  // `logprobs`: of the tokens that wrote these pieces, sent with the first (alone when there is none).
+  void emit_deltas(std::size_t index, const std::vector<ToolCallDelta>& deltas, json logprobs = nullptr) {
     if (!streaming_) return;
     for (const auto& d : deltas) {
       if (!parallel_tool_calls_ && d.index > 0) continue;
-      emit_delta(index, d);
+      emit_delta(index, d, std::exchange(logprobs, nullptr));
+    }
+    if (!logprobs.is_null()) {
+      pending_ += frame(choice_event(stream_chunk(endpoint_, ids_, "", "", false, logprobs, static_cast<int>(index))));
     }
   }
-  void emit_delta(std::size_t index, const ToolCallDelta& d) {
+  void emit_delta(std::size_t index, const ToolCallDelta& d, json logprobs = nullptr) {
     const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
-    pending_ += frame(choice_event(tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
-                                                   d.name.empty() ? nullptr : &call, d.arguments)));
+    json chunk = tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
+                                 d.name.empty() ? nullptr : &call, d.arguments);
+    chunk["choices"][0]["logprobs"] = std::move(logprobs);
+    pending_ += frame(choice_event(std::move(chunk)));
   }
 
   // Harmony's calls: streamed in pieces as they are written, else each as its message ends. Without
@@ -1330,6 +1348,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent
     JsonMinifier forced_arguments;               // streaming: the forced call's arguments so far
+    std::string forced_text;                     // streaming: ... as the model wrote them
     bool required_call = false;                  // tool_choice "required" with several tools: the text is the call
     std::vector<ToolCall> calls;                 // non-streaming: the message's tool_calls
     std::optional<ReasoningStream> reasoning;    // a thinking model: splits its <think> block from the content

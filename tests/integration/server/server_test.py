@@ -1278,6 +1278,20 @@ class Api(unittest.TestCase):
             self.assertTrue(all("id" not in p and "name" not in p["function"] for p in pieces[1:]))
             self.assertEqual("".join(p["function"]["arguments"] for p in pieces), call["function"]["arguments"])
             self.assertEqual(finish_of(events), "tool_calls")
+            # Every token's logprobs come along, streamed as not (they ride on the pieces they wrote).
+            with_lp = dict(named, seed=seed, logprobs=True, top_logprobs=2)
+            _, whole = s.json("POST", "/v1/chat/completions", with_lp)
+            _, events, _ = s.stream("/v1/chat/completions", with_lp)
+            streamed = [t for e in events for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["content"]]
+            self.assertEqual(len(whole["choices"][0]["logprobs"]["content"]), whole["usage"]["completion_tokens"])
+            self.assertEqual([t["token"] for t in streamed],
+                             [t["token"] for t in whole["choices"][0]["logprobs"]["content"]])
+            # Cut off by a stop string before the arguments closed: not a finished call, so not "tool_calls".
+            _, cut = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, stop=["city"]))
+            self.assertEqual(cut["choices"][0]["finish_reason"], "stop", cut)
+            self.assertEqual(cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], '{"')
+            _, events, _ = s.stream("/v1/chat/completions", dict(named, seed=seed, stop=["city"]))
+            self.assertEqual(finish_of(events), "stop")
             # "required" with several tools: the answer is a call of one of them (the name is constrained too).
             clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
             names = set()
@@ -1315,6 +1329,9 @@ class Api(unittest.TestCase):
             self.assertGreater(len(pieces), 3, pieces)
             self.assertEqual("".join(p["function"]["arguments"] for p in pieces), any_call["function"]["arguments"])
             self.assertEqual(finish_of(events), "tool_calls")
+            _, events, _ = s.stream("/v1/chat/completions", dict(eager, logprobs=True))
+            streamed = [t for e in events for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["content"]]
+            self.assertEqual(len(streamed), whole["usage"]["completion_tokens"])
             # "required" with one tool is that tool.
             status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, tool_choice="required"))
             self.assertEqual(body["choices"][0]["message"]["tool_calls"][0]["function"], call["function"])

@@ -267,6 +267,28 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
        "invalid_type"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})", "functions",
        "unsupported_parameter"},
+      // What vLLM or llama-server act on would be ignored: the answer would not be the one asked for.
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_choice":["yes","no"]})", "guided_choice",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"guided_json":{"type":"object"}})", "guided_json",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"grammar":"root ::= \"a\""})", "grammar",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"json_schema":{"type":"object"}})", "json_schema",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"n_predict":5})", "n_predict", "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"include_stop_str_in_output":true})",
+       "include_stop_str_in_output", "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"bad_words":["a"]})", "bad_words", "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"use_beam_search":true})", "use_beam_search",
+       "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", "echo", "unsupported_parameter"},
+      {R"({"messages":[{"role":"user","content":"x"}],"echo":"yes"})", "echo", "invalid_type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"user":5})", "user", "invalid_type"},
+      {R"({"messages":[{"role":"user","content":null}]})", "messages[0].content", "invalid_type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":3})", "reasoning_effort", "invalid_type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object","schema":{"type":"object","properties":{"a":{"type":"string","pattern":"x"}}}}})",
+       "response_format.schema", "invalid_value"},
       {R"({"model":"m","messages":[{"role":"tool","content":"21"}]})", "messages[0].tool_call_id",
        "missing_required_parameter"},
       {R"({"model":"m","messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls",
@@ -307,12 +329,35 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
       {R"({"model":"m","prompt":"x","continue_final_message":true})", "continue_final_message",
        "unsupported_parameter"},
       {R"({"model":"m","prompt":[1,2],"suffix":"y"})", "suffix", "invalid_value"},
+      {R"({"prompt":"x","prompt_logprobs":1})", "prompt_logprobs", "unsupported_parameter"},
+      {R"({"prompt":"x","reasoning_effort":"low"})", "reasoning_effort", "unsupported_parameter"},
   };
   for (const auto& c : completion_cases) {
     auto e = expect_error(c.body, Endpoint::completions);
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body << " -> " << e.message;
   }
+}
+
+TEST(ServerApi, NeutralValuesOfUnsupportedFieldsPassAndReasoningEffortReachesTheTemplate) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"echo":false,"bad_words":[],"best_of":1,
+      "use_beam_search":false,"include_stop_str_in_output":false,"guided_json":null,"user":"u1",
+      "reasoning_effort":"high"})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.template_kwargs["reasoning_effort"], "high");
+  // chat_template_kwargs says it more precisely, and wins.
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high",
+      "chat_template_kwargs":{"reasoning_effort":"low"}})",
+                     Endpoint::chat, r));
+  EXPECT_EQ(r.template_kwargs["reasoning_effort"], "low");
+  // llama-server's json_object with a schema is that schema.
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_object","schema":{"type":"object","properties":{"a":{"type":"integer"}},
+      "required":["a"]}}})",
+                     Endpoint::chat, r));
+  EXPECT_TRUE(r.json_object);
+  ASSERT_TRUE(r.json_schema);
 }
 
 TEST(ServerApi, NoModelMeansTheServedOneAndWholeFloatsAreIntegers) {
