@@ -229,6 +229,23 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond_error(bad_request("Malformed HTTP request: " + ec.message() + "."), true);
     }
     auto& req = parser_->get();
+    // RFC 9112 6.1, 6.3: a request body is framed by chunked as the last transfer coding or by Content-Length. Any
+    // other coding would leave the body's end unknown (Beast then reads none, and the body's bytes would be taken for
+    // the next request): refused, and the connection closed.
+    const auto codings = req.equal_range(http::field::transfer_encoding);
+    for (auto field = codings.first; field != codings.second; ++field) {
+      for (const auto& coding : http::token_list(field->value())) {
+        if (beast::iequals(coding, "chunked")) continue;
+        return respond_error(ApiError{501,
+                                      "Transfer-Encoding '" + std::string(coding) +
+                                          "' is not supported; send the body as is, or chunked alone.",
+                                      "invalid_request_error", "", "unsupported_transfer_encoding"},
+                             true);
+      }
+    }
+    if (req.find(http::field::transfer_encoding) != req.end() && !parser_->chunked()) {
+      return respond_error(bad_request("Malformed HTTP request: Transfer-Encoding must end in 'chunked'."), true);
+    }
     const auto length = parser_->content_length();
     if (length && *length > srv_.opt.max_body_bytes) return respond_error(too_large(srv_.opt.max_body_bytes), true);
     arm_read_deadline(srv_.opt.request_timeout);

@@ -1730,6 +1730,22 @@ class Api(unittest.TestCase):
         self.assertTrue(reply.startswith(b"HTTP/1.1 200"), reply[:100])
         self.assertIn(b'"object":"list"', reply.replace(b" ", b""))
 
+    def test_a_transfer_coding_other_than_chunked_is_refused_and_closes(self):
+        # Its body's end would be unknown: read as no body, the body's bytes would run as the next request.
+        smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+        for coding, status in ((b"gzip", b"501"), (b"gzip, chunked", b"501"), (b"chunked, gzip", b"501")):
+            reply = self.raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding +
+                                      b"\r\n\r\n" + smuggled)
+            self.assertTrue(reply.startswith(b"HTTP/1.1 " + status), (coding, reply[:200]))
+            self.assertIn(b"Connection: close", reply)
+            self.assertEqual(reply.count(b"HTTP/1.1 "), 1, reply)  # the second request never ran
+        # chunked alone (any case) frames the body as ever.
+        body = b'{"prompt": "a", "max_tokens": 1}'
+        reply = self.raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                  b"Connection: close\r\nTransfer-Encoding: Chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                                  % (len(body), body))
+        self.assertTrue(reply.startswith(b"HTTP/1.1 200"), reply[:200])
+
     def test_slowloris_headers_are_cut_off(self):
         # --request-timeout is 15 s by default; this server uses the default, so dribble for up to 25 s.
         sk = socket.create_connection(("127.0.0.1", self.s.port), timeout=30)
