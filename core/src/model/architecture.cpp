@@ -257,6 +257,75 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   return h;
 }
 
+namespace {
+
+// Every metadata key colibri reads from a GGUF, with the kind of value it takes. An optional key that is there with
+// another type is a damaged file: read as absent, its default (rope_theta 10000, no EOS, no BOS...) would silently
+// change the model's answers.
+Status check_metadata_types(const GgufFile& g, const std::string& arch, const std::string& where) {
+  enum class Kind { integer, number, boolean, string };
+  static constexpr std::pair<const char*, Kind> kArchKeys[] = {
+      {"context_length", Kind::integer},
+      {"embedding_length", Kind::integer},
+      {"block_count", Kind::integer},
+      {"feed_forward_length", Kind::integer},
+      {"vocab_size", Kind::integer},
+      {"attention.head_count", Kind::integer},
+      {"attention.head_count_kv", Kind::integer},
+      {"attention.key_length", Kind::integer},
+      {"attention.sliding_window", Kind::integer},
+      {"attention.layer_norm_rms_epsilon", Kind::number},
+      {"rope.freq_base", Kind::number},
+      {"rope.scaling.type", Kind::string},
+      {"rope.scaling.factor", Kind::number},
+      {"rope.scaling.original_context_length", Kind::integer},
+      {"rope.scaling.yarn_beta_fast", Kind::number},
+      {"rope.scaling.yarn_beta_slow", Kind::number},
+      {"expert_count", Kind::integer},
+      {"expert_used_count", Kind::integer},
+      {"expert_feed_forward_length", Kind::integer},
+      {"expert_shared_feed_forward_length", Kind::integer},
+      {"expert_weights_norm", Kind::boolean},
+  };
+  static constexpr std::pair<const char*, Kind> kKeys[] = {
+      {"tokenizer.ggml.model", Kind::string},
+      {"tokenizer.ggml.pre", Kind::string},
+      {"tokenizer.ggml.bos_token_id", Kind::integer},
+      {"tokenizer.ggml.eos_token_id", Kind::integer},
+      {"tokenizer.ggml.unknown_token_id", Kind::integer},
+      {"tokenizer.ggml.padding_token_id", Kind::integer},
+      {"tokenizer.ggml.add_bos_token", Kind::boolean},
+      {"tokenizer.ggml.add_eos_token", Kind::boolean},
+      {"tokenizer.ggml.add_space_prefix", Kind::boolean},
+      {"tokenizer.chat_template", Kind::string},
+  };
+  auto check = [&](const std::string& key, Kind kind) -> Status {
+    const GgufValue* v = g.find(key);
+    if (v == nullptr) return {};
+    const bool ok = kind == Kind::integer   ? g.get_int(key).has_value()
+                    : kind == Kind::number  ? g.get_float(key).has_value()
+                    : kind == Kind::boolean ? g.get_bool(key).has_value()
+                                            : g.get_string(key).has_value();
+    if (ok) return {};
+    const char* want = kind == Kind::integer   ? "an integer"
+                       : kind == Kind::number  ? "a number"
+                       : kind == Kind::boolean ? "a bool"
+                                               : "a string";
+    return bad_config(where, "metadata " + key + " is " + to_string(v->type) + ", not " + want +
+                                 "; the GGUF is damaged (or its writer got the type wrong): re-export it, or "
+                                 "convert from the HF checkpoint");
+  };
+  for (const auto& [key, kind] : kArchKeys) {
+    if (auto s = check(arch + "." + key, kind); !s) return s;
+  }
+  for (const auto& [key, kind] : kKeys) {
+    if (auto s = check(key, kind); !s) return s;
+  }
+  return {};
+}
+
+}  // namespace
+
 sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   const std::string where = g.path().string();
   auto ga = g.get_string("general.architecture");
@@ -266,6 +335,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     return Status(StatusCode::unsupported,
                   where + ": GGUF architecture '" + *ga + "' is not supported; supported: " + join(supported));
   }
+  if (auto s = check_metadata_types(g, *ga, where); !s) return s;
   HyperParams h;
   Status err;
   auto req = [&](const std::string& key) -> std::int64_t {

@@ -556,7 +556,19 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     ASSERT_EQ(bytes[at + key.size()], '\x04');
     bytes[at + key.size()] = '\x06';
     std::ofstream(g, std::ios::binary | std::ios::trunc) << bytes;
-    expect_clean_failure(g, "metadata qwen3moe.block_count is not an integer; the GGUF is damaged", "gguf key type");
+    expect_clean_failure(g, "metadata qwen3moe.block_count is f32, not an integer; the GGUF is damaged",
+                         "gguf key type");
+    // So is an optional one: read as absent, its default would change the model (no EOS: answers never end).
+    for (const std::string optional :
+         {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "qwen3moe.context_length"}) {
+      std::string flipped = slurp(src.string() + ".gguf");
+      const auto pos = flipped.find(optional);
+      ASSERT_NE(pos, std::string::npos) << optional;
+      ASSERT_EQ(flipped[pos + optional.size()], '\x04') << optional;
+      flipped[pos + optional.size()] = '\x06';
+      std::ofstream(g, std::ios::binary | std::ios::trunc) << flipped;
+      expect_clean_failure(g, "metadata " + optional + " is f32, not an integer; the GGUF is damaged", optional);
+    }
   }
   {  // a truncated GGUF
     const fs::path g = kWork / "bad" / "truncated.gguf";
