@@ -194,6 +194,15 @@ std::string family_for_architecture(std::string_view architecture) {
 }
 
 sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family) {
+  // A model's files are regular files: a FIFO in their place would block the read until some writer came.
+  const auto jinja = tokenizer_config.parent_path() / "chat_template.jinja";
+  for (const auto& file : {tokenizer_config, jinja}) {
+    std::error_code ec;
+    if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec)) {
+      return sdk::make_error(sdk::StatusCode::invalid_argument,
+                             file.string() + " is not a regular file (a directory, FIFO or device); put the file back");
+    }
+  }
   std::ifstream in(tokenizer_config, std::ios::binary);
   if (!in) return sdk::make_error(sdk::StatusCode::not_found, "cannot open " + tokenizer_config.string());
   std::ostringstream ss;
@@ -205,7 +214,6 @@ sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenize
   ChatConfig out;
   out.bos_token = token_content(config, "bos_token").value_or("");
   out.eos_token = token_content(config, "eos_token").value_or("");
-  const auto jinja = tokenizer_config.parent_path() / "chat_template.jinja";
   if (std::ifstream file(jinja, std::ios::binary); file) {
     std::ostringstream text;
     text << file.rdbuf();

@@ -37,13 +37,34 @@ File::~File() {
 }
 
 sdk::Expected<File> File::open_read(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO without a writer would otherwise wait forever. Every reader here reads at offsets,
+  // which only a regular file has, so anything else is refused by what it is.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
                   "cannot open " + path_text(path) + ": " + sdk::os_error_text(err));
   }
-  return File(fd, path);
+  File file(fd, path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    return Status(StatusCode::io_error, "cannot stat " + path_text(path) + ": " + sdk::os_error_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char* what = S_ISDIR(st.st_mode)                          ? "a directory"
+                       : S_ISFIFO(st.st_mode)                       ? "a named pipe (FIFO)"
+                       : S_ISSOCK(st.st_mode)                       ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                    : "not a regular file";
+    return Status(StatusCode::invalid_argument,
+                  path_text(path) + " is " + what + ", not a file colibri can read; give the file itself");
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    return Status(StatusCode::io_error, "cannot read " + path_text(path) + ": " + sdk::os_error_text(err));
+  }
+  return file;
 }
 
 sdk::Expected<File> File::create(const fs::path& path) {

@@ -796,8 +796,12 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
   }
   for (const auto& t : m->tokenizer_files) {
     if (!fs::is_regular_file(dir / t, ec)) {
+      const bool there = fs::exists(dir / t, ec);  // a directory, FIFO or device in its place: said so, not read
       return Status(StatusCode::corrupt_data,
-                    "tokenizer file " + t + " is missing from " + io::path_text(dir) + "; re-run convert");
+                    "tokenizer file " + t +
+                        (there ? " in " + io::path_text(dir) + " is not a regular file (a directory, FIFO or device)"
+                               : " is missing from " + io::path_text(dir)) +
+                        "; put the file back, or re-run convert");
     }
     if (auto s = check_tokenizer_file(*m, dir, t); !s) return s;
   }

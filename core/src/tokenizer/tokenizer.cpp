@@ -115,6 +115,13 @@ bool is_space_at(std::string_view s, std::size_t i, std::size_t& len) {
 }
 
 std::string read_file(const std::filesystem::path& path, sdk::Status& status) {
+  // A FIFO would block the read until some writer came; a directory or device is no tokenizer either.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    status = sdk::make_error(sdk::StatusCode::invalid_argument,
+                             path.string() + " is not a regular file (a directory, FIFO or device); give the file");
+    return {};
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     status = sdk::make_error(sdk::StatusCode::not_found, "cannot open " + path.string());
@@ -441,6 +448,7 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   if (std::filesystem::exists(config_path, ec)) {
     sdk::Status config_status;
     const std::string config_text = read_file(config_path, config_status);
+    if (!config_status) return config_status;  // there but unreadable: its BOS/EOS would be silently lost
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (config_status && config.is_object()) {
       if (auto bos = config_token(config, "bos_token")) {

@@ -1,5 +1,6 @@
 // End-to-end tests of the converter on tiny generated checkpoints of every supported architecture.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -311,6 +312,17 @@ TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
   auto m = load_manifest(out);
   ASSERT_FALSE(m.has_value());
   EXPECT_NE(m.error().message().find("re-run convert"), std::string::npos);
+  // A FIFO in the place of the manifest or of a tokenizer file is named, not waited on (no writer will come).
+  const fs::path whole = fresh_output("verify fifo");
+  convert_ok(src, whole, "f16");
+  for (const char* name : {"tokenizer.json", "manifest.json"}) {
+    fs::remove(whole / name);
+    ASSERT_EQ(::mkfifo((whole / name).c_str(), 0600), 0);
+    auto fifo = load_manifest(whole);
+    ASSERT_FALSE(fifo.has_value()) << name;
+    EXPECT_NE(fifo.error().message().find(name), std::string::npos) << fifo.error().message();
+    EXPECT_NE(fifo.error().message().find("FIFO"), std::string::npos) << fifo.error().message();
+  }
 }
 
 TEST(ModelConvert, AManifestWhoseTensorChecksumChangedFailsVerifyAsARunWould) {
@@ -569,6 +581,22 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
       std::ofstream(g, std::ios::binary | std::ios::trunc) << flipped;
       expect_clean_failure(g, "metadata " + optional + " is f32, not an integer; the GGUF is damaged", optional);
     }
+  }
+  {  // a FIFO where an input file belongs is refused by what it is, never waited on for a writer
+    auto d = copy_fixture(src, "fifo");
+    for (const char* name : {"config.json", "tokenizer_config.json"}) {
+      const fs::path kept = d / (std::string(name) + ".kept");
+      fs::rename(d / name, kept);
+      ASSERT_EQ(::mkfifo((d / name).c_str(), 0600), 0);
+      expect_clean_failure(d, std::string(name) + " is", name);
+      expect_clean_failure(d, "FIFO", name);
+      fs::remove(d / name);
+      fs::rename(kept, d / name);
+    }
+    const fs::path g = kWork / "bad" / "fifo.gguf";
+    fs::remove(g);
+    ASSERT_EQ(::mkfifo(g.c_str(), 0600), 0);
+    expect_clean_failure(g, "fifo.gguf is a named pipe (FIFO), not a file colibri can read", "fifo gguf");
   }
   {  // a truncated GGUF
     const fs::path g = kWork / "bad" / "truncated.gguf";
