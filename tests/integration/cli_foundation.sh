@@ -6,6 +6,7 @@ set -u
 cli=$1
 fixtures=$2
 work=$3
+server=$4
 rm -rf "$work" && mkdir -p "$work"
 failures=0
 check() {  # check NAME EXPECTED_SUBSTRING OUTPUT
@@ -152,7 +153,16 @@ check "a positional-or-flag argument is listed with both its names" "model,-m,--
   { echo "FAIL - the model is listed more than once:"; echo "$out"; failures=$((failures + 1)); }
 
 out=$("$cli" --log-level loud plugins list 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "ok   - bad log level refused" || { echo "FAIL - bad log level accepted"; failures=$((failures + 1)); }
+[ $rc -eq 2 ] && echo "ok   - bad log level refused (2)" || { echo "FAIL - bad log level: exit $rc"; failures=$((failures + 1)); }
+# From the environment, the variable is named and the exit is 1, as for every other COLIBRI_* variable; the flag wins.
+out=$(COLIBRI_LOG_LEVEL=loud "$cli" plugins list 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "ok   - bad COLIBRI_LOG_LEVEL exits 1" || { echo "FAIL - bad COLIBRI_LOG_LEVEL: exit $rc"; failures=$((failures + 1)); }
+check "a bad COLIBRI_LOG_LEVEL is named" "COLIBRI_LOG_LEVEL: unknown log level 'loud'" "$out"
+out=$(COLIBRI_LOG_LEVEL=loud "$cli" --log-level warn plugins list 2>&1); rc=$?
+[ $rc -eq 0 ] && echo "ok   - --log-level wins over COLIBRI_LOG_LEVEL" || { echo "FAIL - --log-level beside a bad COLIBRI_LOG_LEVEL: exit $rc"; failures=$((failures + 1)); }
+out=$(COLIBRI_LOG_LEVEL=loud "$server" --model /nonexistent 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "ok   - the server names a bad COLIBRI_LOG_LEVEL" || { echo "FAIL - server, bad COLIBRI_LOG_LEVEL: exit $rc"; failures=$((failures + 1)); }
+check "the server names a bad COLIBRI_LOG_LEVEL" "COLIBRI_LOG_LEVEL: unknown log level 'loud'" "$out"
 
 echo "$((failures == 0 ? 1 : 0)) passed, $failures failed" | sed 's/^1 passed/all passed/' >/dev/null
 if [ $failures -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi

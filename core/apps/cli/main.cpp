@@ -145,8 +145,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the subcommand
   cli::GlobalOptions global;
-  app.add_option("--log-level", global.log_level, "trace, debug, info, warn, error or off")
-      ->envname("COLIBRI_LOG_LEVEL")
+  app.add_option("--log-level", global.log_level, "trace, debug, info, warn, error or off (env COLIBRI_LOG_LEVEL)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   auto& commands = cli::registered_commands();
@@ -154,9 +153,10 @@ int main(int argc, char** argv) {
   for (auto& [order, setup] : commands) setup(app, global);
 
   app.parse_complete_callback([&] {
+    const bool from_environment = apps::log_level_from_environment(app, global.log_level);
     if (auto st = util::set_log_level(global.log_level); !st) {
-      std::cerr << "error: " << st.message() << "\n";
-      std::exit(2);
+      std::cerr << "error: " << (from_environment ? "COLIBRI_LOG_LEVEL: " : "") << st.message() << "\n";
+      std::exit(from_environment ? 1 : 2);
     }
     // The command line wins over the environment; an empty variable is unset.
     if (const char* env = std::getenv("COLIBRI_PROFILE"); global.profile.empty() && env != nullptr) {

@@ -16,6 +16,17 @@
 
 namespace colibri::apps {
 
+// COLIBRI_LOG_LEVEL, taken where --log-level is not given (an empty variable is unset). Read here rather than by
+// CLI11's envname so that a bad value is named as the environment's and exits 1, as every other COLIBRI_* variable
+// does, not as a refused --log-level (2). Returns whether `level` came from the environment.
+inline bool log_level_from_environment(const CLI::App& app, std::string& level) {
+  if (app.count("--log-level") > 0) return false;
+  const char* env = std::getenv("COLIBRI_LOG_LEVEL");
+  if (env == nullptr || *env == '\0') return false;
+  level = env;
+  return true;
+}
+
 // An integer CLI11 would clamp or wrap (99999999999999999999 read as 2^64-1, -1 for an unsigned as 2^64-1): "" when
 // `value` is one the option's type holds, or is not plain digits (CLI11 judges those).
 inline std::string integer_out_of_range(const std::string& value, bool is_unsigned) {

@@ -296,14 +296,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"model", "openai"}));
   app.add_option("--record-trace", f.record_trace,
                  "Write the routing of every request to this JSONL file (README: Routing traces)");
-  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off")
-      ->envname("COLIBRI_LOG_LEVEL")
+  app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error or off (env COLIBRI_LOG_LEVEL)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   apps::refuse_silently_changed_values(app, {});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return usage_exit(app, e);
+  }
+  if (apps::log_level_from_environment(app, f.log_level)) {
+    if (auto st = util::set_log_level(f.log_level); !st) return fail("COLIBRI_LOG_LEVEL: " + st.message());
   }
   try {
     return serve(f);
