@@ -152,7 +152,13 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     if (rp.contains("rope_type") && rp["rope_type"].get<std::string>() != "default") h.rope_scaling = rp;
   }
-  if (c.contains("hidden_act") && c["hidden_act"].is_string()) h.hidden_act = c["hidden_act"].get<std::string>();
+  if (c.contains("hidden_act") && !c["hidden_act"].is_null()) {
+    if (!c["hidden_act"].is_string()) {
+      return bad_config(where, "field \"hidden_act\" is " + c["hidden_act"].dump().substr(0, 80) +
+                                   "; it must be a string such as \"silu\"; fix it in config.json");
+    }
+    h.hidden_act = c["hidden_act"].get<std::string>();
+  }
   if (h.hidden_act == "silu" || h.hidden_act == "swish") h.hidden_act = "silu";
   h.tie_word_embeddings = get_bool("tie_word_embeddings", false);
   if (a == "mistral" || a == "mixtral") h.sliding_window = get_int("sliding_window", a == "mistral" ? 4096 : 0, false);
@@ -222,10 +228,18 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
       h.intermediate_size = get_int("intermediate_size", 0, false);
       h.decoder_sparse_step = get_int("decoder_sparse_step", 1, false);
-      if (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array()) {
+      if (c.contains("mlp_only_layers") && !c["mlp_only_layers"].is_null()) {
+        // A layer listed that the model does not have would be dropped without a word, or a list not read at all:
+        // either changes which layers are dense.
+        if (!c["mlp_only_layers"].is_array()) return bad_config(where, "mlp_only_layers must list layer numbers");
         for (const auto& l : c["mlp_only_layers"]) {
           if (!l.is_number_integer()) return bad_config(where, "mlp_only_layers must list layer numbers");
-          h.mlp_only_layers.push_back(l.get<std::int64_t>());
+          const auto layer = l.get<std::int64_t>();
+          if (layer < 0 || layer >= h.num_layers) {
+            return bad_config(where, "mlp_only_layers lists layer " + std::to_string(layer) + ", but the model has " +
+                                         std::to_string(h.num_layers) + " (num_hidden_layers); fix it in config.json");
+          }
+          h.mlp_only_layers.push_back(layer);
         }
       }
     }

@@ -939,8 +939,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                           " is not a JSON object; fix it, or remove it (chat then uses a built-in "
                           "template and the tokenizer's own special tokens)");
       }
-      if (auto chat_cfg = chat::load_chat_config(cfg);
-          !chat_template && chat_cfg && !chat_cfg->template_origin.starts_with("built-in")) {
+      auto chat_cfg = chat::load_chat_config(cfg);
+      if (!chat_cfg) {
+        summary.warnings.push_back(chat_cfg.error().message() +
+                                   "; chat and /v1/chat/completions need --chat-template FILE for this model");
+      } else if (!chat_template && !chat_cfg->template_origin.starts_with("built-in")) {
         chat_template.emplace(chat_cfg->template_source, chat_cfg->template_origin);
       }
     }

@@ -755,6 +755,16 @@ TEST(ModelConvert, AChatTemplateJinjaFileIsCarriedIntoTheModel) {
             std::string::npos)
       << summary.warnings[0];
   EXPECT_NE(summary.warnings[0].find("need --chat-template FILE"), std::string::npos);
+  // So does a tokenizer_config.json whose chat_template is no template at all (was skipped without a word).
+  fs::remove(src / "chat_template.jinja");
+  json cfg = json::parse(slurp(src / "tokenizer_config.json"));
+  cfg["chat_template"] = 5;
+  std::ofstream(src / "tokenizer_config.json", std::ios::trunc) << cfg.dump();
+  const auto typed = convert_ok(src, fresh_output("template typed"), "f16");
+  ASSERT_EQ(typed.warnings.size(), 1u);
+  EXPECT_NE(typed.warnings[0].find("'chat_template': expected a string or a list"), std::string::npos)
+      << typed.warnings[0];
+  EXPECT_NE(typed.warnings[0].find("need --chat-template FILE"), std::string::npos);
 }
 
 TEST(ModelConvert, ExistingOutputIsRefusedAndForceReplacesOnlyACompleteModel) {

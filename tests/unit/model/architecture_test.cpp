@@ -50,5 +50,31 @@ TEST(HfConfigDefaults, FollowTheArchitecturesConfigClass) {
   EXPECT_EQ(h->max_position_embeddings, 1000);
 }
 
+// A value of the wrong type, or a layer the model lacks, is refused by name: read as absent, it would change the
+// model (hidden_act 5 taken as silu; mlp_only_layers [5] of 2 layers dropped).
+TEST(HfConfigValues, WrongTypesAndLayersTheModelLacksAreRefusedByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"field \"hidden_act\" is 5", json{{"hidden_act", 5}}},
+      {"field \"hidden_act\" is [\"silu\"]", json{{"hidden_act", {"silu"}}}},
+      {"mlp_only_layers must list layer numbers", json{{"mlp_only_layers", "0"}}},
+      {"mlp_only_layers lists layer 5, but the model has 2", json{{"mlp_only_layers", {5}}}},
+      {"mlp_only_layers lists layer -1", json{{"mlp_only_layers", {-1}}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = minimal("Qwen3MoeForCausalLM");
+    c.update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+  }
+  auto c = minimal("Qwen3MoeForCausalLM");
+  c["hidden_act"] = nullptr;  // null is absent: the class's default
+  c["mlp_only_layers"] = {1};
+  auto h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->hidden_act, "silu");
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{1}));
+}
+
 }  // namespace
 }  // namespace colibri::model
