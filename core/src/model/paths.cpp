@@ -123,6 +123,12 @@ sdk::Expected<std::vector<fs::path>> stripe_yaml_dirs(const fs::path& model_dir)
 std::string missing_file_reason(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_symlink(path, ec)) return " is missing; re-run convert";
+  std::error_code follow;
+  (void)std::filesystem::status(path, follow);
+  if (follow == std::errc::too_many_symbolic_link_levels) {
+    return " is a symbolic link that leads back to itself (" + std::filesystem::read_symlink(path, ec).string() +
+           "); point it at the file, or re-run convert";
+  }
   return " links to " + std::filesystem::read_symlink(path, ec).string() +
          ", which is missing (a stripe disk not mounted, or moved?); mount the disk at that path again, or point the "
          "link at the file's new place";

@@ -64,10 +64,20 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
       done += f.size;
       continue;
     }
+    if (!S_ISREG(st.st_mode)) {  // its size would say nothing (a directory's 4096 bytes are no truncation)
+      report.problems.push_back({f.path, where, "not a file",
+                                 where + ": " + f.path +
+                                     " is not a regular file (a directory, FIFO or device); put the file back, or "
+                                     "re-run convert"});
+      done += f.size;
+      continue;
+    }
     if (static_cast<std::uint64_t>(st.st_size) != f.size) {
-      report.problems.push_back({f.path, where, "truncated",
+      const bool shorter = static_cast<std::uint64_t>(st.st_size) < f.size;
+      report.problems.push_back({f.path, where, shorter ? "truncated" : "wrong size",
                                  where + ": " + f.path + " is " + std::to_string(st.st_size) + " bytes, expected " +
-                                     std::to_string(f.size) + " (truncated); re-run convert"});
+                                     std::to_string(f.size) +
+                                     (shorter ? " (truncated)" : " (written to since convert?)") + "; re-run convert"});
       done += f.size;
       continue;
     }

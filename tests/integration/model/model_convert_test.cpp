@@ -312,6 +312,21 @@ TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
   auto m = load_manifest(out);
   ASSERT_FALSE(m.has_value());
   EXPECT_NE(m.error().message().find("re-run convert"), std::string::npos);
+  // An expert file that is no regular file, has grown, or links to itself is named as what it is, not "truncated".
+  const fs::path odd = fresh_output("verify odd");
+  convert_ok(src, odd, "f16");
+  const fs::path l0 = odd / "experts/L000";
+  fs::remove(l0 / "E000.bin");
+  fs::create_directory(l0 / "E000.bin");
+  fs::resize_file(l0 / "E002.bin", fs::file_size(l0 / "E002.bin") + 10);
+  fs::remove(l0 / "E003.bin");
+  fs::create_symlink("E003.bin", l0 / "E003.bin");
+  std::map<std::string, std::string> odd_by_where;
+  for (const auto& p : verify_model(odd).problems) odd_by_where[p.location] = p.message;
+  EXPECT_NE(odd_by_where["L0/E0"].find("is not a regular file (a directory, FIFO or device)"), std::string::npos);
+  EXPECT_NE(odd_by_where["L0/E2"].find("(written to since convert?)"), std::string::npos) << odd_by_where["L0/E2"];
+  EXPECT_NE(odd_by_where["L0/E3"].find("is a symbolic link that leads back to itself"), std::string::npos)
+      << odd_by_where["L0/E3"];
   // A FIFO in the place of the manifest or of a tokenizer file is named, not waited on (no writer will come).
   const fs::path whole = fresh_output("verify fifo");
   convert_ok(src, whole, "f16");
