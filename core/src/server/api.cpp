@@ -973,7 +973,10 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (!is_integer(*it)) return wrong_type(name, "an integer", *it);
     // 0 with echo scores a prompt without generating (its logprobs), as OpenAI's legacy API and vLLM allow.
     const bool scoring = endpoint == Endpoint::completions && out.echo;
-    if (it->is_number_integer() && it->get<std::int64_t>() < (scoring ? 0 : 1)) {
+    // Read as unsigned where nlohmann holds it so (every integer >= 0): past 2^63 it would read as negative.
+    const std::int64_t least = scoring ? 0 : 1;
+    if (it->is_number_unsigned() ? it->get<std::uint64_t>() < static_cast<std::uint64_t>(least)
+                                 : it->get<std::int64_t>() < least) {
       return out_of_range(name,
                           scoring                             ? "an integer of 0 or more"
                           : endpoint == Endpoint::completions ? "an integer of at least 1 (0 only with echo)"
@@ -1188,6 +1191,13 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
   if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
     if (!m->is_string()) return wrong_type("model", "a string", *m);
     out.model = m->get<std::string>();
+  }
+  // One text to count: with two, which one was counted would be a guess the client cannot see.
+  int given = 0;
+  for (const char* field : {"messages", "prompt", "content"}) given += body.contains(field) ? 1 : 0;
+  if (given > 1) {
+    return bad_request("Give one of 'messages', 'prompt' or 'content', not several.",
+                       body.contains("messages") ? "messages" : "prompt", "invalid_value");
   }
   if (body.contains("messages")) {
     out.chat = true;

@@ -828,6 +828,7 @@ class Session : public std::enable_shared_from_this<Session> {
       c.prompt_index = index / static_cast<std::size_t>(req.n);
       const auto& echo_text = prompts[c.prompt_index].echo_text;
       c.text = echo_text;
+      c.echo_with_logprobs = !echo_text.empty() && req.logprobs >= 0;
       // Completions count logprob offsets in characters, echo included (the prompt's own tokens, listed with echo,
       // get theirs from the decoded prompt: see echo_text_offsets).
       c.text_offset = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
@@ -877,7 +878,8 @@ class Session : public std::enable_shared_from_this<Session> {
       pending_ = head.str();
       for (std::size_t i = 0; i < jobs_.size(); ++i) {
         const auto& echo_text = prompts[choices_[i].prompt_index].echo_text;
-        if (endpoint == Endpoint::chat || !echo_text.empty()) {
+        // An echo with logprobs waits for them, to go out as one chunk with its text (as vLLM sends it).
+        if (endpoint == Endpoint::chat || (!echo_text.empty() && !choices_[i].echo_with_logprobs)) {
           pending_ += frame(choice_event(
               stream_chunk(endpoint_, ids_, echo_text, "", endpoint == Endpoint::chat, nullptr, static_cast<int>(i))));
         }
@@ -903,7 +905,7 @@ class Session : public std::enable_shared_from_this<Session> {
             c.logprobs.insert(c.logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
             return;
           }
-          pending_ += frame(choice_event(stream_chunk(endpoint_, ids_, "", "", false,
+          pending_ += frame(choice_event(stream_chunk(endpoint_, ids_, c.echo_with_logprobs ? c.text : "", "", false,
                                                       logprobs_json(ev.prompt_logprobs, c), static_cast<int>(index))));
           c.echo_offsets.clear();  // sent: the generated tokens' count on from the echoed text's end
           return flush();
@@ -1361,6 +1363,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<engine::TokenLogprob> logprobs;  // non-streaming: every generated token's, for the response
     std::int64_t text_offset = 0;                // completions: where the next token starts in the choice's text
     std::vector<std::int64_t> echo_offsets;      // completions with echo: where each prompt token starts in it
+    bool echo_with_logprobs = false;             // streaming: the echoed text goes out with the prompt's logprobs
     std::optional<ToolCallStream> tool_stream;   // tool_choice auto or required: splits content from calls
     std::optional<ToolCall> forced;              // tool_choice naming a function: the call the text is arguments of
     bool forced_opened = false;                  // streaming: the forced call's first piece was sent

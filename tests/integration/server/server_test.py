@@ -663,9 +663,14 @@ class Api(unittest.TestCase):
         self.assertEqual(len(body["choices"][0]["logprobs"]["token_logprobs"]), 512)
         status, err = self.s.json("POST", "/v1/completions", dict(score, prompt=full, max_tokens=1))
         assert_error(self, status, err, 400, "context_length_exceeded", "prompt")
-        # Streamed: the same entries, the prompt's in a chunk of their own after the echoed text.
+        # Streamed: the same entries, the prompt's in one chunk with the echoed text (as vLLM sends it), so a
+        # client that pairs each chunk's text with its logprobs stays in step.
         _, events, done = self.s.stream("/v1/completions", req)
         self.assertTrue(done)
+        first_chunk = events[0]["choices"][0]
+        self.assertEqual(len(first_chunk["logprobs"]["tokens"]), n_prompt)
+        self.assertEqual(first_chunk["text"], "".join(lp["tokens"][:n_prompt]))
+        self.assertTrue(first_chunk["text"])
         streamed = [c["logprobs"] for ev in events for c in ev["choices"] if c.get("logprobs")]
         self.assertEqual(sum((x["token_logprobs"] for x in streamed), []), lp["token_logprobs"])
         self.assertEqual(sum((x["text_offset"] for x in streamed), []), lp["text_offset"])

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -536,6 +537,13 @@ TEST(ServerApi, TokenizeRequests) {
   EXPECT_FALSE(t.add_generation_prompt);
   EXPECT_EQ(t.chat_request.messages.size(), 1u);
   EXPECT_EQ(t.model, "m");
+  // Two texts to count is one too many (which one was counted would be a guess).
+  for (const char* both :
+       {R"({"prompt": "a", "messages": [{"role": "user", "content": "x"}]})", R"({"prompt": "a", "content": "b"})"}) {
+    auto twice = parse_tokenize_request(both, t);
+    ASSERT_TRUE(twice.has_value()) << both;
+    EXPECT_EQ(twice->code, "invalid_value");
+  }
   // A chat is checked as a chat completion is.
   auto e = parse_tokenize_request(R"({"messages": [{"role": "robot", "content": "x"}]})", t);
   ASSERT_TRUE(e.has_value());
@@ -593,6 +601,9 @@ TEST(ServerApi, VllmSamplingExtensionsAreRead) {
   EXPECT_NE(over.message.find("'min_tokens' (9) is more than 'max_tokens' (8)"), std::string::npos) << over.message;
   ASSERT_FALSE(
       parse(R"({"model":"m","prompt":"x","min_tokens":8,"max_completion_tokens":8})", Endpoint::completions, r));
+  // Past 2^63 a max_tokens is still a large one (the context bounds it), not "below 1".
+  ASSERT_FALSE(parse(R"({"prompt":"x","max_completion_tokens":9223372036854775808})", Endpoint::completions, r));
+  EXPECT_EQ(r.max_tokens, std::numeric_limits<std::int64_t>::max());
   EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","ignore_eos":1})", Endpoint::completions).code, "invalid_type");
   for (const char* body : {R"({"model":"m","prompt":"x","top_k":-2})", R"({"model":"m","prompt":"x","min_p":1.5})",
                            R"({"model":"m","prompt":"x","repetition_penalty":0})"}) {
