@@ -136,11 +136,12 @@ void setup(CLI::App& app, GlobalOptions& global) {
           },
           ""));
   // Two flags rather than CLI11's "--a,!--no-a", whose help reads "{false}" as if that were the default.
-  cmd->add_flag_callback(
+  auto* split = cmd->add_flag_callback(
       "--split-experts", [o] { o->split_experts = true; }, "One file per expert (the default)");
   cmd->add_flag_callback(
-      "--no-split-experts", [o] { o->split_experts = false; },
-      "Pack each layer's experts in one file (fewer files; each expert still one read)");
+         "--no-split-experts", [o] { o->split_experts = false; },
+         "Pack each layer's experts in one file (fewer files; each expert still one read)")
+      ->excludes(split);  // both given: which layout was meant is a guess
   cmd->add_option("--threads", o->threads, "Quantization threads, 1 to 1024 (default, or 0: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_flag("--force", o->force, "Replace an existing output (only once the new model is complete)");

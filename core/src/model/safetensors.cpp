@@ -1,5 +1,7 @@
 #include "colibri/model/safetensors.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -163,10 +165,21 @@ sdk::Expected<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const fs::path&
   std::vector<fs::path> shard_paths;
   std::map<std::string, std::string> weight_map;
   fs::path index_path;
+  const fs::path single_file = dir_or_file / "model.safetensors";
+  const fs::path index_file = dir_or_file / "model.safetensors.index.json";
   if (fs::is_regular_file(dir_or_file, ec)) {
     shard_paths.push_back(dir_or_file);
-  } else if (fs::is_regular_file(dir_or_file / "model.safetensors.index.json", ec)) {
-    index_path = dir_or_file / "model.safetensors.index.json";
+  } else if (fs::is_regular_file(single_file, ec)) {
+    // transformers reads model.safetensors first, whatever else is there: so does colibri, saying so.
+    if (fs::is_regular_file(index_file, ec)) {
+      spdlog::warn(
+          "{} holds both model.safetensors and model.safetensors.index.json; reading model.safetensors, as "
+          "transformers does (remove the one that is not this model's)",
+          io::path_text(dir_or_file));
+    }
+    shard_paths.push_back(single_file);
+  } else if (fs::is_regular_file(index_file, ec)) {
+    index_path = index_file;
     auto f = io::File::open_read(index_path);
     if (!f) return f.error();
     auto size = f->size();
@@ -198,9 +211,17 @@ sdk::Expected<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const fs::path&
       }
     }
     if (shard_paths.empty()) return corrupt(index_path, "weight_map is empty");
-  } else if (fs::is_regular_file(dir_or_file / "model.safetensors", ec)) {
-    shard_paths.push_back(dir_or_file / "model.safetensors");
   } else {
+    for (const auto& p : {single_file, index_file}) {  // there, but no file: named as what it is, not as missing
+      if (!fs::exists(fs::symlink_status(p, ec))) continue;
+      std::error_code follow;
+      (void)fs::status(p, follow);
+      return Status(StatusCode::invalid_argument,
+                    io::path_text(p) +
+                        (follow ? " cannot be followed: " + follow.message()
+                                : std::string(" is not a regular file (a directory, FIFO or device)")) +
+                        "; put the checkpoint's file there");
+    }
     return Status(StatusCode::not_found,
                   "no model.safetensors or model.safetensors.index.json in " + io::path_text(dir_or_file));
   }

@@ -232,7 +232,10 @@ class Run(unittest.TestCase):
                 (["tokenize", "-m", m, "--text", "hi", "--skip-special"], "--skip-special applies to --decode only"),
                 (["iobench", WORK, "--depths", "0"], "--depths entry '0' must be 1..1024"),
                 (["convert", "-i", os.path.join(WORK, "ckpt"), "-o", os.path.join(WORK, "q9"), "-q", "q9"],
-                 "unknown preset 'q9'; choose one of")):
+                 "unknown preset 'q9'; choose one of"),
+                (["convert", "-i", os.path.join(WORK, "ckpt"), "-o", os.path.join(WORK, "both"), "--split-experts",
+                  "--no-split-experts"], "--split-experts excludes --no-split-experts"),
+                (["cache", "stats", "--server", "ftp://127.0.0.1:1"], "--server: bad server URL")):
             p = cli(*args, check=False)
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(words, p.stderr, args)

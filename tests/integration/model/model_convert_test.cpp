@@ -613,6 +613,15 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     ASSERT_EQ(::mkfifo(g.c_str(), 0600), 0);
     expect_clean_failure(g, "fifo.gguf is a named pipe (FIFO), not a file colibri can read", "fifo gguf");
   }
+  {  // model.safetensors or its index there but no file: named as what it is, not "no model.safetensors"
+    auto d = copy_fixture(src, "no file");
+    fs::rename(d / "model.safetensors.index.json", d / "index.kept");
+    fs::create_directory(d / "model.safetensors");
+    expect_clean_failure(d, "model.safetensors is not a regular file", "safetensors dir");
+    fs::remove(d / "model.safetensors");
+    fs::create_symlink("model.safetensors.index.json", d / "model.safetensors.index.json");
+    expect_clean_failure(d, "model.safetensors.index.json cannot be followed", "index loop");
+  }
   {  // a truncated GGUF
     const fs::path g = kWork / "bad" / "truncated.gguf";
     fs::copy_file(src.string() + ".gguf", g, fs::copy_options::overwrite_existing);
@@ -748,6 +757,15 @@ TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {
     f.write(reinterpret_cast<const char*>(nan_f16), 2);
   }
   expect_clean_failure(bad, "converting tensor 'output.weight': corrupt_data: row 0, column 32 holds nan", "nan scale");
+}
+
+// transformers reads model.safetensors before an index beside it; so does convert (an index left from another
+// download, naming shards that are not there, does not stop it).
+TEST(ModelConvert, ASingleFileWinsOverAnIndexBesideItAsInTransformers) {
+  const fs::path src = copy_fixture(fixture("gpt_oss-plain", "--arch gpt_oss --dtype bf16", false), "both files");
+  std::ofstream(src / "model.safetensors.index.json")
+      << R"({"weight_map": {"model.norm.weight": "model-00001-of-00009.safetensors"}})";
+  convert_ok(src, fresh_output("single wins"), "f16");
 }
 
 TEST(ModelConvert, AChatTemplateJinjaFileIsCarriedIntoTheModel) {
