@@ -130,6 +130,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "gpt_oss"   ? Defaults{8, 131072, 1e-5, 150000.0}
                                         : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
+  if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
+      h.num_heads % h.num_kv_heads != 0) {
+    // The default was taken, not written: say so, or the user looks for a value config.json does not hold.
+    return bad_config(where, "has no num_key_value_heads, and its architecture's default (" +
+                                 std::to_string(h.num_kv_heads) +
+                                 ", as transformers has it) does not divide "
+                                 "num_attention_heads " +
+                                 std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
+  }
   h.head_dim = get_int("head_dim", a == "gpt_oss" ? 64 : h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);

@@ -67,6 +67,14 @@ TEST(HfConfigValues, WrongTypesAndLayersTheModelLacksAreRefusedByName) {
     ASSERT_FALSE(h) << patch.dump();
     EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
   }
+  // A default that cannot hold is named as the default it is (the key is not in config.json to be fixed).
+  auto few_heads = minimal("MixtralForCausalLM");
+  few_heads["num_attention_heads"] = 4;
+  auto refused = hparams_from_hf_config(few_heads, "config.json");
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("has no num_key_value_heads, and its architecture's default (8"),
+            std::string::npos)
+      << refused.error().message();
   auto c = minimal("Qwen3MoeForCausalLM");
   c["hidden_act"] = nullptr;  // null is absent: the class's default
   c["mlp_only_layers"] = {1};
