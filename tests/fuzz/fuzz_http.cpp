@@ -85,10 +85,12 @@ Live& server_up() {
   server::ServerOptions so;
   so.port = 0;
   so.model_name = "tiny";
-  so.io_threads = 1;
+  so.io_threads = 2;  // as served: a connection's handlers may run on either thread
   so.handle_signals = false;
   so.allowed_origins = {"http://app.example"};
-  so.max_body_bytes = 64u << 10;
+  // Small limits, so that inputs of a few KiB reach the 413 and 431 paths too.
+  so.max_body_bytes = 8u << 10;
+  so.max_header_bytes = 2u << 10;
   so.request_timeout = std::chrono::milliseconds(2000);
   so.idle_timeout = std::chrono::milliseconds(2000);
   so.write_timeout = std::chrono::milliseconds(5000);

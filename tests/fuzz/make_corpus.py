@@ -450,6 +450,10 @@ def http_seeds():
     put("http", "pipelined.txt",
         http_request("GET", "/health") + http_request("POST", "/tokenize", {"model": "tiny", "prompt": "a"}) +
         http_request("DELETE", "/v1/models"))
+    # A transfer coding the body's end cannot be known by: refused and closed, the bytes after never run.
+    put("http", "transfer_gzip.txt",
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\n\r\n" +
+        http_request("GET", "/v1/models"))
     put("http", "expect_continue.txt",
         http_request("POST", "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1},
                      headers=["Expect: 100-continue", "Connection: keep-alive"]))

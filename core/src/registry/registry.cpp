@@ -110,6 +110,36 @@ std::string elf_problem(const fs::path& file) {
     return "is built for another processor (ELF machine " + std::to_string(machine) + "), this colibri runs on " +
            kHostName + "; rebuild it for this machine";
   }
+  // A file cut short (a copy interrupted) would be mapped past its end: dlopen then dies of SIGBUS in the loader, with
+  // no chance to list the file as broken. The headers say how long the file must be.
+  const std::uint64_t size = fs::file_size(file, ec);
+  Elf64_Ehdr eh{};
+  in.clear();
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(&eh), sizeof eh);
+  const auto cut_short = [&](std::uint64_t needed) {
+    return "is cut short (its ELF headers need " + std::to_string(needed) + " bytes, the file has " +
+           std::to_string(size) + "); copy or build it again whole";
+  };
+  if (ec || in.gcount() < static_cast<std::streamsize>(sizeof eh)) return cut_short(sizeof eh);
+  // A table [offset, offset + count * entry) within the file (offsets are the file's word: no sum may wrap).
+  const auto within = [size](std::uint64_t offset, std::uint64_t bytes) {
+    return offset <= size && bytes <= size - offset;
+  };
+  const std::uint64_t ph_bytes = std::uint64_t{eh.e_phnum} * eh.e_phentsize;
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || !within(eh.e_phoff, ph_bytes)) return cut_short(eh.e_phoff + ph_bytes);
+  const std::uint64_t sh_bytes = std::uint64_t{eh.e_shnum} * eh.e_shentsize;
+  if (!within(eh.e_shoff, sh_bytes)) return cut_short(eh.e_shoff + sh_bytes);
+  const std::uint64_t ph_end = eh.e_phoff + ph_bytes;
+  in.seekg(static_cast<std::streamoff>(eh.e_phoff));
+  for (std::uint16_t i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    in.read(reinterpret_cast<char*>(&ph), sizeof ph);
+    if (in.gcount() < static_cast<std::streamsize>(sizeof ph)) return cut_short(ph_end);
+    if (ph.p_type == PT_LOAD && !within(ph.p_offset, ph.p_filesz)) {
+      return cut_short(ph.p_offset + ph.p_filesz);
+    }
+  }
   return {};
 }
 

@@ -111,6 +111,24 @@ TEST(Registry, ReportsAFileThatIsNotALibrary) {
   EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("is not a shared library (no ELF header)"));
 }
 
+// A copy cut short would be mapped past its end: dlopen dies of SIGBUS in the loader, taking every command (plugins
+// list too) with it. Its headers say it is cut short before it is opened.
+TEST(Registry, ALibraryCutShortIsBrokenNotLoaded) {
+  const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "cut-short";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path whole = fs::path(COLIBRI_TEST_PLUGIN_DIR) / "libcolibri-cache-lru.so";
+  std::ifstream in(whole, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 8192u);
+  for (const std::size_t keep : {std::size_t{3000}, bytes.size() / 2, bytes.size() - 1}) {
+    std::ofstream(dir / "libcolibri-cache-cut.so", std::ios::binary | std::ios::trunc) << bytes.substr(0, keep);
+    auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+    EXPECT_TRUE(reg.plugins().empty()) << keep;
+    EXPECT_THAT(broken_reason(reg, "cut"), HasSubstr("is cut short (its ELF headers need")) << keep;
+  }
+}
+
 TEST(Registry, ADanglingLinkAndADirectoryAreNamedAsSuch) {
   const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "odd-files";
   fs::remove_all(dir);
