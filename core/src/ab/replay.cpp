@@ -113,8 +113,20 @@ Status CacheSim::make_room(std::uint64_t bytes) {
     std::optional<ExpertKey> victim;
     if (policy_) victim = policy_->pick_victim(sdk::EvictablePredicate{ok, this});
     if (!victim || !ok(this, *victim)) {
-      std::size_t pinned = 0;
-      for (const auto& [key, slot] : slots_) pinned += slot.pinned ? 1 : 0;
+      std::size_t pinned = 0, could_go = 0;
+      for (const auto& [key, slot] : slots_) {
+        pinned += slot.pinned ? 1 : 0;
+        could_go += ok(this, ExpertKey::unpack(key)) ? 1 : 0;
+      }
+      if (policy_ && could_go > 0) {  // something could go, but the policy named nothing usable: its fault
+        return Status(StatusCode::internal,
+                      "the policy named " +
+                          (victim ? "L" + std::to_string(victim->layer) + "/E" + std::to_string(victim->expert) +
+                                        ", which cannot be evicted,"
+                                  : std::string("no victim")) +
+                          " while " + std::to_string(could_go) +
+                          " cached experts could be; its pick_victim() must return one the predicate accepts");
+      }
       std::string msg =
           "a cache of " + std::to_string(budget_) + " bytes cannot hold the experts one layer needs at once";
       if (pinned > 0) {

@@ -324,13 +324,15 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
       return Status(StatusCode::out_of_memory, "no memory for the shared weights (" + bytes_text(size) + ")");
     }
     auto file = plugins_.storage->open((dir_ / t.file).string());
-    if (!file) return file.error().with_context("opening " + t.file);
+    // Named with the plugin the bytes come through: a third-party one may be where the error is.
+    const std::string through = " through storage plugin '" + plugins_.storage_name + "'";
+    if (!file) return file.error().with_context("opening " + t.file + through);
     auto s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size));
     for (int attempt = 1; !s && s.retryable() && attempt < 3; ++attempt) {  // a transient error: try again
       spdlog::warn("reading {}: {}; trying again", t.file, s.message());
       s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size));
     }
-    if (!s) return s.with_context("reading " + t.file);
+    if (!s) return s.with_context("reading " + t.file + through);
     shared_bytes_ += size;
     shared_files_.emplace(t.file, std::move(buf));
   }
@@ -500,6 +502,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
   experts_->set_storage_name(plugins_.storage_name);
+  experts_->set_policy_name(plugins_.cache_name);
   const std::uint64_t vram_budget = options_.vram_budget_bytes.value_or(0);
   if (vram_budget > 0 && !has_device_memory) {
     spdlog::warn("memory.vram_budget ({}) ignored: compute backend {} has no device memory",

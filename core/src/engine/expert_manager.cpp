@@ -204,11 +204,14 @@ Status ExpertManager::load_from_disk(const model::ExpertEntry& e, Slot& slot) {
   // The fix goes with the error: a missing or damaged blob comes back by copying it again or re-converting; an open
   // the OS refused for another reason (the open-file limit, permissions) is fixed where the storage's message says.
   const std::string fix = "; restore " + e.file + " from a good copy or re-run convert";
+  // Which plugin the bytes come through: a third-party one may be where the error is, not the file.
+  const std::string through = storage_name_.empty() ? std::string() : " through storage plugin '" + storage_name_ + "'";
   if (!file) {
     const bool missing =
         file.error().code() == StatusCode::not_found || file.error().code() == StatusCode::corrupt_data;
     return Status(file.error().code(),
-                  "opening expert " + where + " (" + e.file + "): " + file.error().message() + (missing ? fix : ""),
+                  "opening expert " + where + " (" + e.file + ")" + through + ": " + file.error().message() +
+                      (missing ? fix : ""),
                   file.error().retryable());
   }
   auto s = storage_->read(**file, e.offset, std::span<std::byte>(slot.data.data(), e.size));
@@ -222,11 +225,11 @@ Status ExpertManager::load_from_disk(const model::ExpertEntry& e, Slot& slot) {
   stats_.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!s && s.retryable()) {
     return Status(s.code(),
-                  "reading expert " + where + " (" + e.file + "): " + s.message() + " (failed " +
+                  "reading expert " + where + " (" + e.file + ")" + through + ": " + s.message() + " (failed " +
                       std::to_string(attempts) + " times; check the disk: dmesg, smartctl)",
                   true);
   }
-  if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + "): " + s.message() + fix);
+  if (!s) return Status(s.code(), "reading expert " + where + " (" + e.file + ")" + through + ": " + s.message() + fix);
   stats_.bytes_read += e.size;
   return verify_or_other_copy(e, **file, slot.data.data());
 }
@@ -351,7 +354,8 @@ Status ExpertManager::no_room_error(const std::optional<sdk::ExpertKey>& victim)
   if (evictable_count > 0) {
     // Something could go, but the policy named nothing usable: its fault, not the budget's.
     return Status(StatusCode::internal,
-                  "the cache policy (cache.policy) named " +
+                  "the cache policy" + (policy_name_.empty() ? std::string() : " '" + policy_name_ + "'") +
+                      " (cache.policy) named " +
                       (victim ? key_name(victim->layer, victim->expert) + ", which cannot be evicted," : "no victim") +
                       " while " + std::to_string(evictable_count) +
                       " cached experts could be; its pick_victim() must return one the predicate accepts");

@@ -150,6 +150,24 @@ TEST(Replay, LruEvictsTheLeastRecentlyUsed) {
   EXPECT_EQ(r->per_layer.at(0).hits, 2u);
 }
 
+// A policy that names no victim while some could go is blamed, as the engine blames it, not the cache size.
+TEST(Replay, APolicyNamingNoVictimIsBlamedNotTheBudget) {
+  struct NoVictim : sdk::CachePolicy {
+    void on_insert(ExpertKey, std::uint64_t) noexcept override {}
+    void on_access(ExpertKey) noexcept override {}
+    void on_erase(ExpertKey) noexcept override {}
+    std::optional<ExpertKey> pick_victim(const sdk::EvictablePredicate&) noexcept override { return std::nullopt; }
+    void clear() noexcept override {}
+  };
+  const auto seq = single_layer({0, 1, 2});
+  const auto sizes = ExpertSizes::uniform(4096);
+  auto r = replay(seq, std::make_shared<NoVictim>(), "novictim", 2 * 4096, sizes, universe_of(seq, sizes));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("the policy named no victim while 2 cached experts could be"), std::string::npos)
+      << r.error().message();
+  EXPECT_EQ(r.error().message().find("use a larger cache"), std::string::npos) << r.error().message();
+}
+
 TEST(Replay, ResidentWhenTheBudgetHoldsEveryExpert) {
   const auto seq = single_layer({0, 1, 2, 0});
   const auto sizes = ExpertSizes::uniform(4096);

@@ -136,15 +136,17 @@ TEST(ExpertManager, APolicyThatNamesAnEntryInUseIsBlamedNotTheBudget) {
   Fixture f(1, 4);
   f.policy->ignore_predicate = true;
   auto m = f.manager(2 * kBlob);
+  m.set_policy_name("liar");  // a third-party plugin's: the error names it
   ASSERT_TRUE(m.preload());
   ASSERT_TRUE(m.acquire(0, 0));  // held: the faulty policy names it first
   ASSERT_TRUE(m.acquire(0, 1));
   m.release(0, 1);
   auto w = m.acquire(0, 2);
   ASSERT_FALSE(w);
-  EXPECT_NE(w.error().message().find("the cache policy (cache.policy) named L0/E0, which cannot be evicted, while 1 "
-                                     "cached experts could be"),
-            std::string::npos)
+  EXPECT_NE(
+      w.error().message().find("the cache policy 'liar' (cache.policy) named L0/E0, which cannot be evicted, while 1 "
+                               "cached experts could be"),
+      std::string::npos)
       << w.error().message();
 }
 

@@ -118,6 +118,8 @@ class ExpertManager {
   ExpertManager& operator=(const ExpertManager&) = delete;
   // The storage plugin's name, which a checksum error names (the bytes came through it).
   void set_storage_name(std::string name) { storage_name_ = std::move(name); }
+  // The cache policy plugin's name, which an error about its victims names.
+  void set_policy_name(std::string name) { policy_name_ = std::move(name); }
 
   // True when every expert fits the budget (resident mode).
   [[nodiscard]] bool resident() const { return resident_; }
@@ -298,6 +300,7 @@ class ExpertManager {
   std::filesystem::path dir_;
   std::shared_ptr<sdk::Storage> storage_;
   std::string storage_name_;  // the storage plugin's, for errors about the bytes it returned
+  std::string policy_name_;   // the cache policy plugin's, for errors about its victims
   // manifest.json as it was at load (device, inode, size, mtime): an expert that then fails to read is explained by a
   // model replaced on disk (convert --force under a running server), whose fix is a restart, not a re-convert.
   std::array<std::int64_t, 4> manifest_identity_{};
