@@ -940,10 +940,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                           "template and the tokenizer's own special tokens)");
       }
       auto chat_cfg = chat::load_chat_config(cfg);
-      if (!chat_cfg) {
+      // No template at all is fine here: chat picks a built-in one by the architecture. One that is there but
+      // cannot be read (a number, a list without "default") is said now.
+      if (!chat_cfg && chat_cfg.error().code() != sdk::StatusCode::not_found) {
         summary.warnings.push_back(chat_cfg.error().message() +
                                    "; chat and /v1/chat/completions need --chat-template FILE for this model");
-      } else if (!chat_template && !chat_cfg->template_origin.starts_with("built-in")) {
+      } else if (chat_cfg && !chat_template && !chat_cfg->template_origin.starts_with("built-in")) {
         chat_template.emplace(chat_cfg->template_source, chat_cfg->template_origin);
       }
     }

@@ -791,6 +791,11 @@ TEST(ModelConvert, AChatTemplateJinjaFileIsCarriedIntoTheModel) {
   // So does a tokenizer_config.json whose chat_template is no template at all (was skipped without a word).
   fs::remove(src / "chat_template.jinja");
   json cfg = json::parse(slurp(src / "tokenizer_config.json"));
+  // No template at all is no warning: chat takes the architecture's built-in one.
+  cfg.erase("chat_template");
+  std::ofstream(src / "tokenizer_config.json", std::ios::trunc) << cfg.dump();
+  const auto none = convert_ok(src, fresh_output("template none"), "f16");
+  EXPECT_TRUE(none.warnings.empty()) << none.warnings.front();
   cfg["chat_template"] = 5;
   std::ofstream(src / "tokenizer_config.json", std::ios::trunc) << cfg.dump();
   const auto typed = convert_ok(src, fresh_output("template typed"), "f16");
