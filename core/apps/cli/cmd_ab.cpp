@@ -616,7 +616,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* imp = ab_cmd->add_subcommand("import", "Convert a routing trace from another tool into colibri's JSONL");
   imp->add_option("input", io->input, "Input file")->required();
   imp->add_option("--format", io->format,
-                  "csv (layer,expert[,request,position,weight,token]) or json "
+                  "csv (layer,expert[,request,position,weight,token,step]) or json "
                   "(array of {\"layer\", \"experts\"})")
       ->required();
   imp->add_option("--out,-o", io->out, "Output JSONL trace")->required();
