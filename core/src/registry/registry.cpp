@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "colibri/profile/profile.hpp"
 #include "colibri/sdk/config.hpp"
 #include "registry/host_services.hpp"
 
@@ -361,6 +362,10 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   if (d->score == nullptr || d->create == nullptr) {
     return Status(StatusCode::invalid_argument, "plugin " + where + " has no score() or create() function");
   }
+  // The core's own keys of the plugin's section (cache.policy, cache.pinned_experts...): an option of that name gets
+  // the core's value, so it must be of the core's type.
+  const std::string section = std::string(profile::plugin_section(kind)) + ".";
+  std::set<std::string_view> seen;
   for (std::size_t i = 0; i < d->options.size(); ++i) {
     const auto& o = d->options[i];
     const bool named =
@@ -373,8 +378,21 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
                         " needs a name (a-z, 0-9, '_'), a known type, a default and a doc string; fix its options "
                         "table and rebuild it");
     }
-    // A default its own type refuses would fail only when a profile first uses the plugin.
-    if (std::string_view(o.default_value) != "auto") {
+    const auto refuse = [&](const std::string& why) {
+      return Status(StatusCode::invalid_argument,
+                    "plugin " + where + ": option '" + o.name + "' " + why + "; fix its options table and rebuild it");
+    };
+    if (!seen.insert(o.name).second) return refuse("is declared twice (a profile value would meet either type)");
+    for (const auto& core : profile::canonical_options()) {
+      if (std::string_view(core.name) == section + o.name && core.type != o.type) {
+        return refuse(std::string("is of type ") + std::string(sdk::to_string(o.type)) + ", but " + core.name +
+                      " is the core's key, of type " + std::string(sdk::to_string(core.type)) +
+                      ", whose value the plugin would be given: rename the option");
+      }
+    }
+    // A default its own type refuses ('auto' too, unless allow_auto) would fail only when a profile first uses the
+    // plugin. An empty one means the option is optional (config.hpp): no value unless a profile gives one.
+    if (*o.default_value != '\0') {
       if (auto v = sdk::parse_option_value(o, o.default_value); !v) {
         return Status(StatusCode::invalid_argument, "plugin " + where + ": option '" + o.name + "' has the default '" +
                                                         o.default_value + "', which its type refuses (" +

@@ -234,6 +234,24 @@ TEST(Registry, AnOptionDefaultItsTypeRefusesIsFoundAtLoad) {
               HasSubstr("option 'level' has the default 'notanumber', which its type refuses"));
 }
 
+// Option tables that would break later, silently or at the first profile that uses the plugin, are refused at load.
+TEST(Registry, OptionTablesThatWouldBreakLaterAreRefusedAtLoad) {
+  auto dup = scan({"duplicate_option"});
+  EXPECT_TRUE(dup.plugins().empty());
+  EXPECT_THAT(broken_reason(dup, "dup-option"), HasSubstr("option 'level' is declared twice"));
+  auto core = scan({"core_key_option"});
+  EXPECT_TRUE(core.plugins().empty());
+  EXPECT_THAT(
+      broken_reason(core, "core-key"),
+      HasSubstr("option 'paths' is of type integer, but storage.paths is the core's key, of type list of strings"));
+  auto autodef = scan({"auto_default"});
+  EXPECT_TRUE(autodef.plugins().empty());
+  EXPECT_THAT(broken_reason(autodef, "auto-default"), HasSubstr("option 'depth' has the default 'auto'"));
+  // An empty default is an optional option (config.hpp), and a core key of the core's own type is read as the core's.
+  auto optional = scan({"optional_option"});
+  ASSERT_EQ(optional.plugins().size(), 1u) << broken_reason(optional, "optional");
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
 #if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer owns SIGSEGV and its forked death-test child hangs on the sanitizer's locks; the release build
