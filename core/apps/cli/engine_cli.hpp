@@ -19,6 +19,7 @@
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
+#include "colibri/util/bytes_text.hpp"
 #include "command.hpp"
 
 namespace colibri::cli {
@@ -144,9 +145,7 @@ inline void warn_if_not_utf8(const std::string& file, std::string_view text, con
 }
 
 inline std::string mib(std::uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
+  return util::bytes_text(b);
 }
 
 // One line: mode, plugins, speeds, expert cache and I/O.

@@ -6,6 +6,8 @@
 #include <random>
 #include <sstream>
 
+#include "colibri/util/bytes_text.hpp"
+
 namespace colibri::ab {
 
 double median(std::vector<double> v) {
@@ -52,7 +54,7 @@ std::string escape(const std::string& s) {
 const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"};
 
 std::string mib(std::uint64_t b) {
-  return fmt("%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return util::bytes_text(b);
 }
 
 void render_replay(std::ostringstream& h, const ReplayReport& r) {

@@ -14,6 +14,7 @@
 #include "colibri/engine/memory_plan.hpp"
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/sdk/storage_view.hpp"
+#include "colibri/util/bytes_text.hpp"
 #include "colibri/util/host_info.hpp"
 
 namespace colibri::engine {
@@ -55,11 +56,7 @@ bool present(const Tensor& t) {
   return t.data != nullptr || t.buffer != nullptr;
 }
 
-std::string bytes_text(std::uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
-}
+using util::bytes_text;
 
 // A profile key with a fixed set of values (the first is the default when it is absent); errors name where it was set.
 sdk::Expected<std::string> profile_choice(const profile::Profile& profile, const std::string& key,
