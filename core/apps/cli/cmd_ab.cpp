@@ -185,7 +185,10 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
     report.sizes.push_back(std::move(sr));
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  report.layers = seq.layers;
+  // The layers the trace routes through (a trace of some layers only is not "max layer + 1" layers).
+  std::set<std::uint32_t> layers;
+  for (const auto& k : seq.keys) layers.insert(k.layer);
+  report.layers = static_cast<std::uint32_t>(layers.size());
   return "";
 }
 

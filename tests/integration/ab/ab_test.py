@@ -203,6 +203,13 @@ class Replay(unittest.TestCase):
         self.assertRegex(p.stderr, r"routes through 1 of the model's \d+ sparse layers; a trace of another model\?")
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--cache-experts", "4")
         self.assertNotIn("a trace of another model", p.stderr)
+        # The summary counts the layers the trace routes through, not the highest one + 1.
+        second_layer = os.path.join(WORK, "second-layer.jsonl")
+        with open(self.trace()) as f, open(second_layer, "w") as out:
+            out.writelines(l for l in f if json.loads(l)["layer"] == 1)
+        p = cli("ab", "replay", "--trace", second_layer, "--expert-bytes", "4K", "--policy", "lru",
+                "--cache-experts", "4")
+        self.assertRegex(p.stdout, r"expert accesses, 1 layers\n")
         # A pin the model does not have is not a size problem.
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "pinned:9:9", "--cache-experts",
                 "4", check=False)
