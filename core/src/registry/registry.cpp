@@ -530,7 +530,10 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
           to_string(d->kind), d->name, file.string(), took.count());
     }
   }
-  if (info.score.value < 0) info.score.value = 0;
+  if (info.score.value < 0) {  // read as 0, "cannot run here"; the reason says what it said, as it gave none
+    if (info.score.reason.empty()) info.score.reason = "it scored " + std::to_string(info.score.value) + ", read as 0";
+    info.score.value = 0;
+  }
   info.descriptor = d;
   info.library = lib;
   {

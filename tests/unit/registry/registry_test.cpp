@@ -252,6 +252,15 @@ TEST(Registry, OptionTablesThatWouldBreakLaterAreRefusedAtLoad) {
   ASSERT_EQ(optional.plugins().size(), 1u) << broken_reason(optional, "optional");
 }
 
+// A negative score is "cannot run here" too; without a reason of its own, the number it gave is the reason shown.
+TEST(Registry, ANegativeScoreIsZeroWithTheNumberAsItsReason) {
+  auto reg = scan({"score_negative"});
+  const auto* p = reg.find(PluginKind::storage, "fixture-negative");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->score.value, 0);
+  EXPECT_EQ(p->score.reason, "it scored -5, read as 0");
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
 #if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer owns SIGSEGV and its forked death-test child hangs on the sanitizer's locks; the release build
