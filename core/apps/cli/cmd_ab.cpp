@@ -16,6 +16,7 @@
 #include "colibri/ab/trace.hpp"
 #include "colibri/engine/generate.hpp"
 #include "colibri/registry/plugin_set.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "colibri/util/output_file.hpp"
 #include "engine_cli.hpp"
@@ -440,8 +441,12 @@ int run_live(const LiveOptions& o) {
   if (o.prompts.empty()) {
     prompts = {"The history of the printing press", "Write a short poem about the sea."};
   } else {
+    std::error_code ec;
+    if (std::filesystem::exists(o.prompts, ec) && !std::filesystem::is_regular_file(o.prompts, ec)) {
+      return fail("--prompts " + o.prompts + " is not a file (one prompt per line)");
+    }
     std::ifstream f(o.prompts);
-    if (!f) return fail("cannot read --prompts " + o.prompts);
+    if (!f) return fail("cannot read --prompts " + o.prompts + ": " + sdk::os_error_text(errno));
     std::string line;
     while (std::getline(f, line)) {
       if (!line.empty()) prompts.push_back(line);

@@ -203,6 +203,13 @@ class Replay(unittest.TestCase):
         self.assertRegex(p.stderr, r"routes through 1 of the model's \d+ sparse layers; a trace of another model\?")
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--cache-experts", "4")
         self.assertNotIn("a trace of another model", p.stderr)
+        # A prompts file that cannot be read says why, in the OS's words; a directory is no prompts file.
+        missing = os.path.join(WORK, "no-prompts.txt")
+        p = cli("ab", "live", "-m", model(), "--profile", "cpu", "--profile", "cpu", "--prompts", missing, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"cannot read --prompts {missing}: No such file or directory", p.stderr)
+        p = cli("ab", "live", "-m", model(), "--profile", "cpu", "--profile", "cpu", "--prompts", WORK, check=False)
+        self.assertIn(f"--prompts {WORK} is not a file", p.stderr)
         # The summary counts the layers the trace routes through, not the highest one + 1.
         second_layer = os.path.join(WORK, "second-layer.jsonl")
         with open(self.trace()) as f, open(second_layer, "w") as out:
