@@ -65,7 +65,14 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
         return sdk::Status(sdk::StatusCode::invalid_argument,
                            "--policy '" + spec + "': '" + item + "' is not key=value");
       }
-      ov.push_back({"cache." + item.substr(0, eq), item.substr(eq + 1), flag});
+      const std::string key = "cache." + item.substr(0, eq);
+      for (const auto& earlier : ov) {
+        if (earlier.key == key) {
+          return sdk::Status(sdk::StatusCode::invalid_argument,
+                             "--policy '" + spec + "' sets " + item.substr(0, eq) + " twice; give it once");
+        }
+      }
+      ov.push_back({key, item.substr(eq + 1), flag});
     }
   }
   return std::make_pair(spec, ov);
@@ -271,11 +278,11 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     if (!f) return fail("report: " + f.error().message());
     report_file.emplace(std::move(*f));
   }
-  if (o.policies.empty()) return fail("give at least one --policy (e.g. --policy lru --policy frequency)");
+  if (o.policies.empty()) return usage_fail("give at least one --policy (e.g. --policy lru --policy frequency)");
   std::vector<PolicySpec> specs;
   for (const auto& p : o.policies) {
     auto s = parse_policy(p);
-    if (!s) return fail(s.error().message());
+    if (!s) return usage_fail(s.error().message());  // its spelling; a policy that is not there is found later (1)
     auto overrides = global.cli_overrides();
     overrides.insert(overrides.end(), s->second.begin(), s->second.end());
     specs.push_back({s->first, global.profile, overrides});

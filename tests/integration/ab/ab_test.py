@@ -226,6 +226,13 @@ class Replay(unittest.TestCase):
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru:bogus=1", "--cache-experts",
                 "4", check=False)
         self.assertIn("--policy lru:bogus=1: unknown key 'cache.bogus'", p.stderr)
+        # A --policy that is not spelled as one is refused as any bad flag value is (2); one key twice is said so.
+        for spec, words in ((":x", "names no policy"), ("lru:x", "write settings as NAME:key=value"),
+                            ("frequency:half_life=8;half_life=9", "sets half_life twice; give it once")):
+            p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", spec, "--cache-experts", "4",
+                    check=False)
+            self.assertEqual(p.returncode, 2, (spec, p.stderr))
+            self.assertIn(words, p.stderr)
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--expert-bytes", "4096", "--policy", "lru",
                 "--cache-experts", "4", check=False)
         self.assertIn("give --model or --expert-bytes, not both", p.stderr)
