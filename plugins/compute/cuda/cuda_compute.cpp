@@ -92,9 +92,24 @@ sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
   }
 }
 
-const char* const kCapabilities[] = {"matmul", "expert_ffn", "attention", "f32",           "f16",
-                                     "bf16",   "q8_0",       "q4_0",      "q2_k",          "q3_k",
-                                     "q4_k",   "q5_k",       "q6_k",      "device_memory", "batch_invariant"};
+// What plugins list shows (supports() decides): as the ops and types run_impl has kernels for.
+const char* const kCapabilities[] = {"matmul",
+                                     "expert_ffn",
+                                     "expert_ffn_group",
+                                     "attention",
+                                     "f32",
+                                     "f16",
+                                     "bf16",
+                                     "q8_0",
+                                     "q4_0",
+                                     "q2_k",
+                                     "q3_k",
+                                     "q4_k",
+                                     "q5_k",
+                                     "q6_k",
+                                     "mxfp4",
+                                     "device_memory",
+                                     "batch_invariant"};
 
 }  // namespace
 
