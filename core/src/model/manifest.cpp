@@ -786,9 +786,12 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
                                                   "file back, or re-run convert");
     }
     if (static_cast<std::uint64_t>(st.st_size) != fe.size) {
-      return Status(StatusCode::corrupt_data, describe_model_file(*m, fe.path) + ": file " + fe.path + " is " +
-                                                  std::to_string(st.st_size) + " bytes, expected " +
-                                                  std::to_string(fe.size) + " (truncated?); re-run convert");
+      return Status(
+          StatusCode::corrupt_data,
+          describe_model_file(*m, fe.path) + ": file " + fe.path + " is " + std::to_string(st.st_size) +
+              " bytes, expected " + std::to_string(fe.size) +
+              (static_cast<std::uint64_t>(st.st_size) < fe.size ? " (truncated?)" : " (written to since convert?)") +
+              "; re-run convert");
     }
     if (const auto why = unreadable_file_reason(p); !why.empty()) {
       return Status(StatusCode::io_error, describe_model_file(*m, fe.path) + ": file " + fe.path + why);

@@ -782,6 +782,8 @@ class Faults(unittest.TestCase):
             os.remove(blob)
         elif what == "truncated":
             os.truncate(blob, os.path.getsize(blob) // 2)
+        elif what == "grown":
+            os.truncate(blob, os.path.getsize(blob) + 100)
         elif what == "fifo":
             os.remove(blob)
             os.mkfifo(blob)
@@ -797,7 +799,8 @@ class Faults(unittest.TestCase):
         return dst
 
     def test_broken_expert_files_name_the_expert_and_the_fix(self):
-        for what in ("missing", "truncated", "corrupt"):
+        for what, says in (("missing", "missing"), ("truncated", "(truncated?)"),
+                           ("grown", "(written to since convert?)"), ("corrupt", "checksum")):
             m = self.broken(what)
             for depth in ("0", "2"):
                 p = run(["logits", "--model", m, "--tokens", ",".join(map(str, TOKENS)), "--out",
@@ -805,6 +808,7 @@ class Faults(unittest.TestCase):
                          "--prefetch-layers", depth], check=False)
                 self.assertNotEqual(p.returncode, 0, what)
                 self.assertIn("L1/E2", p.stderr, f"{what}: {p.stderr}")
+                self.assertIn(says, p.stderr, f"{what}: {p.stderr}")
                 self.assertIn("re-run convert", p.stderr, f"{what}: {p.stderr}")
                 self.assertNotIn("Traceback", p.stderr)
                 self.assertFalse(os.path.exists(os.path.join(WORK, "x.npy.partial")))
