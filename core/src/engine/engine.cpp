@@ -934,11 +934,14 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
   }
   const auto T = static_cast<std::int64_t>(tokens.size());
   if (n_past_ + T > context()) {
-    return Status(StatusCode::invalid_argument, "the context is full: " + std::to_string(n_past_) +
-                                                    " positions used + " + std::to_string(T) +
-                                                    " new tokens exceed the context of " + std::to_string(context()) +
-                                                    " positions (raise --ctx or memory.kv_cache, up to the model's " +
-                                                    std::to_string(hp_.max_position_embeddings) + ")");
+    // Raising the context helps only below the model's own; at it, the text must be shorter.
+    const std::string fix =
+        context() < hp_.max_position_embeddings
+            ? "raise --ctx or memory.kv_cache, up to the model's " + std::to_string(hp_.max_position_embeddings)
+            : "the model's own context; give fewer tokens";
+    return Status(StatusCode::invalid_argument,
+                  "the context is full: " + std::to_string(n_past_) + " positions used + " + std::to_string(T) +
+                      " new tokens exceed the context of " + std::to_string(context()) + " positions (" + fix + ")");
   }
   const auto V = static_cast<std::size_t>(hp_.vocab_size);
   logits.assign(wanted == LogitsWanted::all    ? V * static_cast<std::size_t>(T)

@@ -277,6 +277,17 @@ class Run(unittest.TestCase):
             p = cli("logits", "-m", model(), flag, "", "-o", os.path.join(WORK, "empty.npy"), check=False)
             self.assertEqual(p.returncode, 2)
             self.assertIn(words, p.stderr)
+        # More tokens than the context: raising --ctx is the fix only below the model's own context.
+        with open(os.path.join(model(), "manifest.json")) as f:
+            n_ctx = json.load(f)["hparams"]["max_position_embeddings"]
+        too_many = ",".join(["5"] * (n_ctx + 1))
+        p = cli("logits", "-m", model(), "--tokens", too_many, "-o", os.path.join(WORK, "long.npy"), check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"exceed the context of {n_ctx} positions (the model's own context; give fewer tokens)", p.stderr)
+        p = cli("logits", "-m", model(), "--tokens", "5,5,5,5", "--ctx", "3", "-o", os.path.join(WORK, "long.npy"),
+                check=False)
+        self.assertIn(f"exceed the context of 3 positions (raise --ctx or memory.kv_cache, up to the model's {n_ctx})",
+                      p.stderr)
         # --profile wins over COLIBRI_PROFILE, which serves where the flag is not given.
         env = dict(os.environ, COLIBRI_PROFILE="no-such-profile")
         for args in (("profile", "show"), ("run", "-m", model(), "-p", "hi", "-n", "1")):
