@@ -868,6 +868,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (auto it = body.find(name); it != body.end() && it->is_number_float()) {
       const double v = it->get<double>();
       if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18) *it = static_cast<std::int64_t>(v);
+      // A whole number past 64 bits (1e30) is an integer too large, not a wrong type.
+      else if (std::isfinite(v) && v == std::floor(v))
+        return out_of_range(name, "an integer within 64 bits", *it);
     }
   }
 

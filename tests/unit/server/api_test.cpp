@@ -372,6 +372,11 @@ TEST(ServerApi, NoModelMeansTheServedOneAndWholeFloatsAreIntegers) {
   auto e = expect_error(R"({"prompt":"x","max_tokens":5.5})", Endpoint::completions);
   EXPECT_EQ(e.param, "max_tokens");
   EXPECT_EQ(e.code, "invalid_type");
+  // A whole number too large for 64 bits is out of range, not of the wrong type.
+  e = expect_error(R"({"prompt":"x","seed":1e30})", Endpoint::completions);
+  EXPECT_EQ(e.param, "seed");
+  EXPECT_EQ(e.code, "invalid_value");
+  EXPECT_NE(e.message.find("expected an integer within 64 bits"), std::string::npos) << e.message;
 }
 
 TEST(ServerApi, ToolsAndToolHistoryAreRead) {
