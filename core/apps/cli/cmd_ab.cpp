@@ -448,9 +448,9 @@ int run_live(const LiveOptions& o) {
   if (o.prompts.empty()) {
     prompts = {"The history of the printing press", "Write a short poem about the sea."};
   } else {
-    std::error_code ec;
-    if (std::filesystem::exists(o.prompts, ec) && !std::filesystem::is_regular_file(o.prompts, ec)) {
-      return fail("--prompts " + o.prompts + " is not a file (one prompt per line)");
+    std::error_code ec;  // a pipe is fine (--prompts <(...)), as run --file takes one
+    if (std::filesystem::is_directory(o.prompts, ec)) {
+      return fail("--prompts " + o.prompts + " is a directory; give a file of prompts, one per line");
     }
     std::ifstream f(o.prompts);
     if (!f) return fail("cannot read --prompts " + o.prompts + ": " + sdk::os_error_text(errno));

@@ -41,6 +41,8 @@ int usage_fail(const std::string& message) {
 // The built-in template family for a model that ships no template: from its architecture, as `colibri-cli chat`
 // picks it ("" lets the special tokens decide).
 std::string model_family(const std::filesystem::path& dir) {
+  std::error_code ec;  // read after the model loaded, but a FIFO swapped in since would block
+  if (!std::filesystem::is_regular_file(dir / "manifest.json", ec)) return "";
   std::ifstream in(dir / "manifest.json", std::ios::binary);
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("architecture") || !j["architecture"].is_string()) return "";

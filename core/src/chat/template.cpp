@@ -194,14 +194,17 @@ std::string family_for_architecture(std::string_view architecture) {
 }
 
 sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenizer_config, std::string_view family) {
-  // A model's files are regular files: a FIFO in their place would block the read until some writer came.
+  // The config may be a path the user gave (`template --tokenizer-config <(...)`), so a pipe; a directory is no
+  // config. chat_template.jinja is found beside it, so only a regular file: a FIFO there would block the read.
   const auto jinja = tokenizer_config.parent_path() / "chat_template.jinja";
-  for (const auto& file : {tokenizer_config, jinja}) {
-    std::error_code ec;
-    if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec)) {
-      return sdk::make_error(sdk::StatusCode::invalid_argument,
-                             file.string() + " is not a regular file (a directory, FIFO or device); put the file back");
-    }
+  std::error_code ec;
+  if (std::filesystem::is_directory(tokenizer_config, ec)) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument,
+                           tokenizer_config.string() + " is a directory; give the file");
+  }
+  if (std::filesystem::exists(jinja, ec) && !std::filesystem::is_regular_file(jinja, ec)) {
+    return sdk::make_error(sdk::StatusCode::invalid_argument,
+                           jinja.string() + " is not a regular file (a directory, FIFO or device); put the file back");
   }
   std::ifstream in(tokenizer_config, std::ios::binary);
   if (!in) return sdk::make_error(sdk::StatusCode::not_found, "cannot open " + tokenizer_config.string());

@@ -322,7 +322,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     }
     auto file = plugins_.storage->open((dir_ / t.file).string());
     // Named with the plugin the bytes come through: a third-party one may be where the error is.
-    const std::string through = " through storage plugin '" + plugins_.storage_name + "'";
+    const std::string through =
+        plugins_.storage_name.empty() ? std::string() : " through storage plugin '" + plugins_.storage_name + "'";
     if (!file) return file.error().with_context("opening " + t.file + through);
     auto s = plugins_.storage->read(**file, 0, std::span<std::byte>(buf.data(), size));
     for (int attempt = 1; !s && s.retryable() && attempt < 3; ++attempt) {  // a transient error: try again

@@ -151,6 +151,8 @@ Status save_usage_history(const fs::path& path, const UsageHistory& history) {
 }
 
 std::string model_identity(const fs::path& model_dir) {
+  std::error_code ec;  // a FIFO in its place would block the read: no identity, as for a missing manifest
+  if (!fs::is_regular_file(model_dir / "manifest.json", ec)) return {};
   std::ifstream in(model_dir / "manifest.json", std::ios::binary);
   if (!in) return {};
   std::stringstream ss;

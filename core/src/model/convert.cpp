@@ -667,12 +667,12 @@ void remove_old_mirrors(const fs::path& old_dir, const fs::path& model, std::set
   // Named by the model's path: old_dir, a hidden name, is gone by the time the user reads this.
   auto stays = [&](const std::string& file, const std::string& why) {
     spdlog::warn(
-        "cannot read {} of the replaced model ({}); the mirrors its stripe.yaml lists stay on their disks: "
-        "remove them yourself",
+        "cannot read {} of the replaced model ({}); the mirrors and copies its stripe records (stripe.yaml, "
+        "stripe.pending) list stay on their disks: remove them yourself",
         (model / file).string(), why);
   };
   auto dirs = stripe_yaml_dirs(old_dir);
-  if (!dirs) return stays("stripe.yaml", dirs.error().message());
+  if (!dirs) return stays("stripe.yaml", dirs.error().message());  // the why names stripe.pending when it is that
   if (dirs->empty()) return;
   // Read before the swap too (check_only_model_files); without it no file there can be told ours.
   auto text = read_text(old_dir / "manifest.json");
@@ -882,7 +882,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     hp = std::move(*h);
     // generation_config.json may list more end tokens than config.json (gpt-oss: <|call|> and <|endoftext|> besides
     // <|return|>); without them an answer would run on past a tool call.
-    if (fs::is_regular_file(opt.input / "generation_config.json", ec)) {
+    // There at all, it is read: one that is no regular file (a FIFO) is refused by read_text, not skipped unsaid.
+    if (fs::exists(fs::symlink_status(opt.input / "generation_config.json", ec))) {
       const fs::path gen_path = opt.input / "generation_config.json";
       auto gen_text = read_text(gen_path);
       if (!gen_text) return gen_text.error();
@@ -913,6 +914,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     if (!st) return st.error();
     in.st = std::move(*st);
     if (!fs::is_regular_file(opt.input / "tokenizer.json", ec)) {
+      if (fs::exists(fs::symlink_status(opt.input / "tokenizer.json", ec))) {
+        return Status(StatusCode::invalid_argument,
+                      (opt.input / "tokenizer.json").string() +
+                          " is not a regular file (a directory, FIFO, device or broken link); put the file there");
+      }
       return Status(StatusCode::not_found,
                     "no tokenizer.json in " + opt.input.string() +
                         "; colibri needs the HuggingFace fast tokenizer file next to the weights");
@@ -925,12 +931,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     // Likewise tokenizer_config.json, which chat and the server read (a damaged one is refused); a chat template
     // colibri cannot parse is said now: completions still work, chat needs --chat-template.
     std::optional<std::pair<std::string, std::string>> chat_template;  // source, where it came from
-    if (const fs::path jinja = opt.input / "chat_template.jinja"; fs::is_regular_file(jinja, ec)) {
+    if (const fs::path jinja = opt.input / "chat_template.jinja"; fs::exists(fs::symlink_status(jinja, ec))) {
       auto text = read_text(jinja);
       if (!text) return text.error();
       chat_template.emplace(std::move(*text), "chat_template.jinja");
     }
-    if (const fs::path cfg = opt.input / "tokenizer_config.json"; fs::is_regular_file(cfg, ec)) {
+    if (const fs::path cfg = opt.input / "tokenizer_config.json"; fs::exists(fs::symlink_status(cfg, ec))) {
       auto text = read_text(cfg);
       if (!text) return text.error();
       if (const json j = json::parse(*text, nullptr, false); j.is_discarded() || !j.is_object()) {
@@ -1236,8 +1242,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     m.tokenizer = {{"source", "copied"}};
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                              "special_tokens_map.json"}) {
-      if (!fs::is_regular_file(opt.input / name, ec)) continue;
-      auto text = read_text(opt.input / name);
+      if (!fs::exists(fs::symlink_status(opt.input / name, ec))) continue;
+      auto text = read_text(opt.input / name);  // one there but no regular file is refused, not left out
       if (!text) return text.error();
       if (auto s = write_tokenizer_file(name, *text); !s) return s;
     }

@@ -111,6 +111,10 @@ sdk::Expected<std::vector<fs::path>> stripe_yaml_dirs(const fs::path& model_dir)
   }
   const fs::path pending = model_dir / kStripePending;
   if (fs::exists(fs::symlink_status(pending, ec))) {
+    if (!fs::is_regular_file(pending, ec)) {  // a FIFO would block the read
+      return Status(StatusCode::invalid_argument,
+                    pending.string() + " is not a regular file (a directory, FIFO or device); remove it");
+    }
     std::ifstream in(pending);
     if (!in) return Status(StatusCode::io_error, pending.string() + ": cannot be read: " + sdk::os_error_text(errno));
     for (std::string line; std::getline(in, line);) {

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -127,19 +128,24 @@ std::string elf_problem(const fs::path& file) {
   const auto within = [size](std::uint64_t offset, std::uint64_t bytes) {
     return offset <= size && bytes <= size - offset;
   };
+  if (eh.e_phentsize != sizeof(Elf64_Phdr)) {
+    return "has a damaged ELF header (program headers of " + std::to_string(eh.e_phentsize) +
+           " bytes); copy or build it again";
+  }
+  const auto end = [](std::uint64_t offset, std::uint64_t bytes) {  // saturating: a garbage offset is no small size
+    return bytes > UINT64_MAX - offset ? UINT64_MAX : offset + bytes;
+  };
   const std::uint64_t ph_bytes = std::uint64_t{eh.e_phnum} * eh.e_phentsize;
-  if (eh.e_phentsize != sizeof(Elf64_Phdr) || !within(eh.e_phoff, ph_bytes)) return cut_short(eh.e_phoff + ph_bytes);
+  if (!within(eh.e_phoff, ph_bytes)) return cut_short(end(eh.e_phoff, ph_bytes));
   const std::uint64_t sh_bytes = std::uint64_t{eh.e_shnum} * eh.e_shentsize;
-  if (!within(eh.e_shoff, sh_bytes)) return cut_short(eh.e_shoff + sh_bytes);
+  if (!within(eh.e_shoff, sh_bytes)) return cut_short(end(eh.e_shoff, sh_bytes));
   const std::uint64_t ph_end = eh.e_phoff + ph_bytes;
   in.seekg(static_cast<std::streamoff>(eh.e_phoff));
   for (std::uint16_t i = 0; i < eh.e_phnum; ++i) {
     Elf64_Phdr ph{};
     in.read(reinterpret_cast<char*>(&ph), sizeof ph);
     if (in.gcount() < static_cast<std::streamsize>(sizeof ph)) return cut_short(ph_end);
-    if (ph.p_type == PT_LOAD && !within(ph.p_offset, ph.p_filesz)) {
-      return cut_short(ph.p_offset + ph.p_filesz);
-    }
+    if (ph.p_type == PT_LOAD && !within(ph.p_offset, ph.p_filesz)) return cut_short(end(ph.p_offset, ph.p_filesz));
   }
   return {};
 }

@@ -1126,7 +1126,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (!out.template_kwargs.contains("reasoning_effort")) out.template_kwargs["reasoning_effort"] = *it;
   }
   // Fields other servers act on: ignored, each would answer another question than the one asked (unconstrained
-  // text for a grammar, one more token than asked...). Their neutral values (null, false, [], best_of 1) pass.
+  // text for a grammar, one more token than asked...). Their neutral values (null, false, [], "", best_of 1,
+  // llama-server's n_predict -1: no limit of its own) pass, so clients that always send their defaults still work.
   static constexpr std::pair<const char*, const char*> kUnsupported[] = {
       {"functions", " (it is deprecated; use 'tools' and 'tool_choice')"},
       {"function_call", " (it is deprecated; use 'tools' and 'tool_choice')"},
@@ -1149,7 +1150,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     auto it = body.find(name);
     if (it == body.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
     if (it->is_array() && it->empty()) continue;
+    if (it->is_string() && it->get_ref<const std::string&>().empty()) continue;  // (json::empty() is false for "")
     if (std::string_view(name) == "best_of" && *it == 1) continue;
+    if (std::string_view(name) == "n_predict" && *it == -1) continue;
     return bad_request(std::string("'") + name + "' is not supported by colibri-server" + instead + ".", name,
                        "unsupported_parameter");
   }
@@ -1196,13 +1199,14 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
     out.model = m->get<std::string>();
   }
   // One text to count: with two, which one was counted would be a guess the client cannot see.
+  const auto given_field = [&](const char* field) { return body.contains(field) && !body[field].is_null(); };
   int given = 0;
-  for (const char* field : {"messages", "prompt", "content"}) given += body.contains(field) ? 1 : 0;
+  for (const char* field : {"messages", "prompt", "content"}) given += given_field(field) ? 1 : 0;
   if (given > 1) {
     return bad_request("Give one of 'messages', 'prompt' or 'content', not several.",
                        body.contains("messages") ? "messages" : "prompt", "invalid_value");
   }
-  if (body.contains("messages")) {
+  if (given_field("messages")) {
     out.chat = true;
     // The chat fields are read as a chat completion's are (same checks, same messages), with the key order the
     // client wrote: the template prints tools with tojson, so a sorted copy would be another prompt.
@@ -1218,15 +1222,15 @@ std::optional<ApiError> parse_tokenize_request(std::string_view body_text, Token
     }
     return std::nullopt;
   }
-  const char* name = body.contains("prompt") ? "prompt" : "content";
+  const char* name = given_field("prompt") ? "prompt" : "content";
   auto text = body.find(name);
-  if (text == body.end()) {
+  if (text == body.end() || text->is_null()) {
     return bad_request("Missing required parameter: 'prompt' (or 'content', or 'messages').", "prompt",
                        "missing_required_parameter");
   }
   if (!text->is_string()) return wrong_type(name, "a string", *text);
   out.text = text->get<std::string>();
-  out.add_special = body.contains("prompt");  // the defaults of vLLM's spelling and of llama.cpp's ("content")
+  out.add_special = given_field("prompt");  // the defaults of vLLM's spelling and of llama.cpp's ("content")
   for (const char* flag : {"add_special_tokens", "add_special"}) {
     if (auto f = body.find(flag); f != body.end() && !f->is_null()) {
       if (!f->is_boolean()) return wrong_type(flag, "a boolean", *f);

@@ -233,15 +233,24 @@ class Session : public std::enable_shared_from_this<Session> {
     // other coding would leave the body's end unknown (Beast then reads none, and the body's bytes would be taken for
     // the next request): refused, and the connection closed.
     const auto codings = req.equal_range(http::field::transfer_encoding);
+    int chunked = 0;
     for (auto field = codings.first; field != codings.second; ++field) {
       for (const auto& coding : http::token_list(field->value())) {
-        if (beast::iequals(coding, "chunked")) continue;
+        if (beast::iequals(coding, "chunked")) {
+          ++chunked;
+          continue;
+        }
         return respond_error(ApiError{501,
                                       "Transfer-Encoding '" + std::string(coding) +
-                                          "' is not supported; send the body as is, or chunked alone.",
+                                          "' is not supported; send the body uncoded (no Transfer-Encoding), or "
+                                          "with 'chunked' alone.",
                                       "invalid_request_error", "", "unsupported_transfer_encoding"},
                              true);
       }
+    }
+    if (chunked > 1) {
+      return respond_error(bad_request("Malformed HTTP request: Transfer-Encoding names 'chunked' more than once."),
+                           true);
     }
     if (req.find(http::field::transfer_encoding) != req.end() && !parser_->chunked()) {
       return respond_error(bad_request("Malformed HTTP request: Transfer-Encoding must end in 'chunked'."), true);

@@ -4,9 +4,11 @@
 
 #include <unicode/uchar.h>
 
+#include <cerrno>
 #include <fstream>
 #include <sstream>
 
+#include "colibri/sdk/os_error.hpp"
 #include "tokenizer/pipeline.hpp"
 #include "tokenizer/utf8.hpp"
 
@@ -114,17 +116,21 @@ bool is_space_at(std::string_view s, std::size_t i, std::size_t& len) {
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-std::string read_file(const std::filesystem::path& path, sdk::Status& status) {
-  // A FIFO would block the read until some writer came; a directory or device is no tokenizer either.
+// `named`: a path the user gave, which may be a pipe (`--tokenizer <(...)`); a file found beside it must be a
+// regular file, since a FIFO there would block the read until some writer came. A directory is neither.
+std::string read_file(const std::filesystem::path& path, sdk::Status& status, bool named) {
   std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+  if (std::filesystem::is_directory(path, ec) ||
+      (!named && std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))) {
     status = sdk::make_error(sdk::StatusCode::invalid_argument,
                              path.string() + " is not a regular file (a directory, FIFO or device); give the file");
     return {};
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    status = sdk::make_error(sdk::StatusCode::not_found, "cannot open " + path.string());
+    const int err = errno;
+    status = sdk::make_error(err == ENOENT ? sdk::StatusCode::not_found : sdk::StatusCode::io_error,
+                             "cannot open " + path.string() + ": " + sdk::os_error_text(err));
     return {};
   }
   std::ostringstream ss;
@@ -431,7 +437,7 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
         file.string() + ": no such file (expected a tokenizer.json or a model directory holding one)");
   }
   sdk::Status status;
-  const std::string text = read_file(file, status);
+  const std::string text = read_file(file, status, /*named=*/true);
   if (!status) return status;
   if (text.rfind("GGUF", 0) == 0) {
     return sdk::make_error(sdk::StatusCode::invalid_argument,
@@ -447,7 +453,7 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   const auto config_path = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path, ec)) {
     sdk::Status config_status;
-    const std::string config_text = read_file(config_path, config_status);
+    const std::string config_text = read_file(config_path, config_status, /*named=*/false);
     if (!config_status) return config_status;  // there but unreadable: its BOS/EOS would be silently lost
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (config_status && config.is_object()) {

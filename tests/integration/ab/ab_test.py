@@ -209,7 +209,7 @@ class Replay(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
         self.assertIn(f"cannot read --prompts {missing}: No such file or directory", p.stderr)
         p = cli("ab", "live", "-m", model(), "--profile", "cpu", "--profile", "cpu", "--prompts", WORK, check=False)
-        self.assertIn(f"--prompts {WORK} is not a file", p.stderr)
+        self.assertIn(f"--prompts {WORK} is a directory", p.stderr)
         # The summary counts the layers the trace routes through, not the highest one + 1.
         second_layer = os.path.join(WORK, "second-layer.jsonl")
         with open(self.trace()) as f, open(second_layer, "w") as out:

@@ -1744,6 +1744,10 @@ class Api(unittest.TestCase):
             self.assertTrue(reply.startswith(b"HTTP/1.1 " + status), (coding, reply[:200]))
             self.assertIn(b"Connection: close", reply)
             self.assertEqual(reply.count(b"HTTP/1.1 "), 1, reply)  # the second request never ran
+        reply = self.raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked"
+                                  b"\r\n\r\n0\r\n\r\n")
+        self.assertTrue(reply.startswith(b"HTTP/1.1 400"), reply[:200])
+        self.assertIn(b"names 'chunked' more than once", reply)
         # chunked alone (any case) frames the body as ever.
         body = b'{"prompt": "a", "max_tokens": 1}'
         reply = self.raw_exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -659,6 +659,13 @@ class Stripe(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(dst, "stripe.yaml")))
         self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+        # A FIFO where the record belongs is named, not read (no writer would come): the copies it cannot find are
+        # said to stay.
+        os.remove(os.path.join(dst, "stripe.yaml"))
+        os.mkfifo(os.path.join(dst, "stripe.pending"))
+        p = run(["model", "unstripe", dst], check=False)  # (run() times out at 300 s)
+        self.assertIn("stripe.pending is not a regular file", p.stderr)
+        self.assertIn("stay there: remove them yourself", p.stderr)
 
 
 class StorageCounters(unittest.TestCase):

@@ -343,7 +343,8 @@ TEST(ServerApi, WrongTypesAndValuesNameTheField) {
 TEST(ServerApi, NeutralValuesOfUnsupportedFieldsPassAndReasoningEffortReachesTheTemplate) {
   CompletionRequest r;
   ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"echo":false,"bad_words":[],"best_of":1,
-      "use_beam_search":false,"include_stop_str_in_output":false,"guided_json":null,"user":"u1",
+      "use_beam_search":false,"include_stop_str_in_output":false,"guided_json":null,"user":"u1","grammar":"",
+      "n_predict":-1,
       "reasoning_effort":"high"})",
                      Endpoint::chat, r));
   EXPECT_EQ(r.template_kwargs["reasoning_effort"], "high");
@@ -549,6 +550,9 @@ TEST(ServerApi, TokenizeRequests) {
     ASSERT_TRUE(twice.has_value()) << both;
     EXPECT_EQ(twice->code, "invalid_value");
   }
+  // null is absent, as everywhere in the API: one text.
+  ASSERT_FALSE(parse_tokenize_request(R"({"prompt": null, "messages": [{"role": "user", "content": "x"}]})", t));
+  EXPECT_TRUE(t.chat);
   // A chat is checked as a chat completion is.
   auto e = parse_tokenize_request(R"({"messages": [{"role": "robot", "content": "x"}]})", t);
   ASSERT_TRUE(e.has_value());

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <fstream>
@@ -63,6 +64,15 @@ TEST(UsageHistory, MergeSavesTheFormatThePinnedPolicyReads) {
   EXPECT_FALSE(fs::exists(file.string() + ".partial"));
   EXPECT_EQ(h->model, model_identity(model));
   EXPECT_EQ(h->model.size(), 16u);
+}
+
+// A FIFO in the place of manifest.json has no identity (as a missing one): reading it would wait for a writer.
+TEST(UsageHistory, AFifoManifestHasNoIdentityAndIsNotWaitedOn) {
+  const auto d = scratch("fifo-manifest");
+  fs::create_directories(d / "model");
+  fs::remove(d / "model" / "manifest.json");
+  ASSERT_EQ(::mkfifo((d / "model" / "manifest.json").c_str(), 0600), 0);
+  EXPECT_EQ(model_identity(d / "model"), "");
 }
 
 TEST(UsageHistory, CountsStopAtTheLargestValueInsteadOfWrapping) {

@@ -13,7 +13,8 @@ namespace colibri::model {
 struct VerifyProblem {
   std::string file;      // relative path ("experts/L012/E005.bin"), or "manifest.json"
   std::string location;  // "L12/E5", "shared", "manifest", "tokenizer"
-  std::string kind;      // "missing" | "truncated" | "checksum mismatch" | "invalid manifest"
+  std::string kind;      // "missing" | "not a file" | "truncated" | "wrong size" | "unreadable" |
+                         // "checksum mismatch" | "invalid manifest"
   std::string message;   // the whole line to print, fix included
 };
 

@@ -13,7 +13,7 @@ inline std::string bytes_text(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes) / (1024.0 * 1024.0);
   std::size_t unit = 0;
-  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
+  while (v >= 1023.95 && unit + 1 < std::size(kUnits)) {  // as shown, to one decimal: 1 GiB - 1 byte is 1.0 GiB
     v /= 1024.0;
     ++unit;
   }
