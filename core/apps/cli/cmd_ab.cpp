@@ -221,7 +221,7 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
               static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
               static_cast<std::size_t>(report.layers));
   for (const auto& sr : report.sizes) {
-    std::string size = report.bytes_known ? mib(sr.budget_bytes) : "";
+    std::string size = report.bytes_known ? util::bytes_text(sr.budget_bytes) : "";
     if (sr.cache_experts > report.experts) {  // the replay caps it there: say so rather than show a size it is not
       size += std::string(size.empty() ? "" : "; ") + "more than the " + std::to_string(report.experts) +
               " experts the trace uses: all fit";
@@ -233,7 +233,7 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
       std::printf("  %-24s %9s %10llu %10llu %14s\n", r.policy.c_str(), percent(r.hit_rate()).c_str(),
                   static_cast<unsigned long long>(r.stats.misses),
                   static_cast<unsigned long long>(r.stats.preload_loads),
-                  report.bytes_known ? mib(r.stats.bytes_read).c_str() : "n/a");
+                  report.bytes_known ? util::bytes_text(r.stats.bytes_read).c_str() : "n/a");
       if (!per_layer) return;
       for (std::size_t l = 0; l < r.per_layer.size(); ++l) {
         const auto& s = r.per_layer[l];
@@ -241,7 +241,7 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
         const double hr = static_cast<double>(s.hits) / static_cast<double>(s.hits + s.misses);
         std::printf("    layer %-16zu %9s %10llu %10s %14s\n", l, percent(hr).c_str(),
                     static_cast<unsigned long long>(s.misses), "",
-                    report.bytes_known ? mib(s.bytes_read).c_str() : "n/a");
+                    report.bytes_known ? util::bytes_text(s.bytes_read).c_str() : "n/a");
       }
     };
     for (const auto& r : sr.policies) row(r);
@@ -543,17 +543,18 @@ int run_live(const LiveOptions& o) {
   }
   rep.verdict = ab::compare_paired(rep.a.decode_tps, rep.b.decode_tps);
   // The cache's own measures: on a slow disk fewer bytes read is the answer even where speed is within noise.
-  const std::vector<std::string> measures = {ab::compare_measure(
-                                                 "expert hit rate", rep.a.hit_rate, rep.b.hit_rate,
-                                                 [](double x) {
-                                                   char b[32];
-                                                   std::snprintf(b, sizeof b, "%.1f points", 100 * x);
-                                                   return std::string(b);
-                                                 },
-                                                 true),
-                                             ab::compare_measure(
-                                                 "bytes read per run", rep.a.bytes_read, rep.b.bytes_read,
-                                                 [](double x) { return mib(static_cast<std::uint64_t>(x)); }, false)};
+  const std::vector<std::string> measures = {
+      ab::compare_measure(
+          "expert hit rate", rep.a.hit_rate, rep.b.hit_rate,
+          [](double x) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%.1f points", 100 * x);
+            return std::string(b);
+          },
+          true),
+      ab::compare_measure(
+          "bytes read per run", rep.a.bytes_read, rep.b.bytes_read,
+          [](double x) { return util::bytes_text(static_cast<std::uint64_t>(x)); }, false)};
   std::optional<ab::ReplayReport> replayed;
   if (trace_sizes) {
     std::vector<PolicySpec> specs;
@@ -597,7 +598,7 @@ int run_live(const LiveOptions& o) {
     std::printf("%s %-20s decode %.2f tok/s median (min %.2f, max %.2f), hit rate %.1f%%, read %s per run\n",
                 side == &rep.a ? "A" : "B", side->profile.c_str(), ab::median(t), *std::min_element(t.begin(), t.end()),
                 *std::max_element(t.begin(), t.end()), 100 * ab::median(side->hit_rate),
-                mib(static_cast<std::uint64_t>(ab::median(side->bytes_read))).c_str());
+                util::bytes_text(static_cast<std::uint64_t>(ab::median(side->bytes_read))).c_str());
   }
   std::printf("verdict (decode speed): %s\n", rep.verdict.text.c_str());
   for (const auto& line : measures) std::printf("%s\n", line.c_str());

@@ -348,25 +348,25 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
       st.preloaded > 0 ? "; " + std::to_string(st.preloaded) + " pinned ones read at load, in the bytes read" : "";
   std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses%s), read %s, I/O stall %.3f s\n",
               100.0 * st.hit_rate(), static_cast<unsigned long long>(st.hits),
-              static_cast<unsigned long long>(st.misses), preloaded.c_str(), mib(st.bytes_read).c_str(),
+              static_cast<unsigned long long>(st.misses), preloaded.c_str(), util::bytes_text(st.bytes_read).c_str(),
               st.stall_seconds);
   if (vram != nullptr) {
     std::printf(
         "vram       %zu slots (%s of %s budget): hit rate %.1f%% (%llu hits, %llu misses), %llu uploads, %s "
         "uploaded in %.3f s\n",
-        vram->slot_count(), mib(vram->allocated_bytes()).c_str(), mib(vram->budget_bytes()).c_str(),
-        100.0 * st.vram_hit_rate(), static_cast<unsigned long long>(st.vram_hits),
-        static_cast<unsigned long long>(st.vram_misses), static_cast<unsigned long long>(st.uploads),
-        mib(st.bytes_uploaded).c_str(), st.upload_seconds);
+        vram->slot_count(), util::bytes_text(vram->allocated_bytes()).c_str(),
+        util::bytes_text(vram->budget_bytes()).c_str(), 100.0 * st.vram_hit_rate(),
+        static_cast<unsigned long long>(st.vram_hits), static_cast<unsigned long long>(st.vram_misses),
+        static_cast<unsigned long long>(st.uploads), util::bytes_text(st.bytes_uploaded).c_str(), st.upload_seconds);
   }
   if (engine->mode() == "resident") {
     std::printf("streaming  none: every expert resident (read at load); peak RSS %s\n",
-                mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+                util::bytes_text(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
   } else {
     std::printf("streaming  %s read/token, disk %.3f GB/s, stall %.3f s (prefetch saved %.3f s), peak RSS %s\n",
-                mib(static_cast<std::uint64_t>(bytes_per_token)).c_str(),
+                util::bytes_text(static_cast<std::uint64_t>(bytes_per_token)).c_str(),
                 j["disk_bytes_per_second"].get<double>() / 1e9, st.stall_seconds, st.stall_saved_seconds,
-                mib(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
+                util::bytes_text(j["peak_rss_bytes"].get<std::uint64_t>()).c_str());
   }
   // Nothing predicted (resident, or prefetch off): no rate to show, rather than "precision 0.0%".
   char prediction[96] = "no router predictions made";

@@ -171,7 +171,7 @@ fs::path remove_old_copy(const fs::path& old_real, const std::string& rel, const
 // The directories the model's stripe.yaml names: the layout this run replaces (--copy leaves no symlinks to find
 // its mirrors by). None without a readable stripe.yaml.
 std::vector<fs::path> earlier_members(const fs::path& model_dir) {
-  auto dirs = model::stripe_yaml_dirs(model_dir);
+  auto dirs = model::stripe_record_dirs(model_dir);
   if (!dirs) {
     std::cerr << "warning: cannot read where an earlier stripe of " << model_dir.string() << " put copies ("
               << dirs.error().message()

@@ -144,10 +144,6 @@ inline void warn_if_not_utf8(const std::string& file, std::string_view text, con
             << "; convert it (iconv -t UTF-8) if the text is in another encoding\n";
 }
 
-inline std::string mib(std::uint64_t b) {
-  return util::bytes_text(b);
-}
-
 // One line: mode, plugins, speeds, expert cache and I/O.
 inline std::string stats_line(const engine::Engine& e, double prefill_tps, double decode_tps) {
   const auto& st = e.experts().stats();
@@ -163,18 +159,20 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
                 "%.1f%% | read %s | I/O stall %.3f s]",
                 e.mode().c_str(), e.plugins().compute_name.c_str(), e.plugins().storage_name.c_str(),
                 e.plugins().cache_name.c_str(), rate(prefill_tps).c_str(), rate(decode_tps).c_str(),
-                100.0 * st.hit_rate(), mib(st.bytes_read).c_str(), st.stall_seconds);
+                100.0 * st.hit_rate(), util::bytes_text(st.bytes_read).c_str(), st.stall_seconds);
   std::string line = buf;
   if (const auto* vram = e.experts().vram()) {
-    std::snprintf(
-        buf, sizeof buf, " [vram %zu slots of %s | hit rate %.1f%% | uploaded %s in %llu uploads | %llu run from RAM]",
-        vram->slot_count(), mib(vram->slot_bytes()).c_str(), 100.0 * st.vram_hit_rate(), mib(st.bytes_uploaded).c_str(),
-        static_cast<unsigned long long>(st.uploads), static_cast<unsigned long long>(st.vram_bypassed));
+    std::snprintf(buf, sizeof buf,
+                  " [vram %zu slots of %s | hit rate %.1f%% | uploaded %s in %llu uploads | %llu run from RAM]",
+                  vram->slot_count(), util::bytes_text(vram->slot_bytes()).c_str(), 100.0 * st.vram_hit_rate(),
+                  util::bytes_text(st.bytes_uploaded).c_str(), static_cast<unsigned long long>(st.uploads),
+                  static_cast<unsigned long long>(st.vram_bypassed));
     line += buf;
   }
   if (e.offload_cost() != nullptr) {
     std::snprintf(buf, sizeof buf, " [cpu fallback %llu experts, %s in %.3f s]",
-                  static_cast<unsigned long long>(st.cpu_runs), mib(st.cpu_run_bytes).c_str(), st.cpu_run_seconds);
+                  static_cast<unsigned long long>(st.cpu_runs), util::bytes_text(st.cpu_run_bytes).c_str(),
+                  st.cpu_run_seconds);
     line += buf;
   }
   if (st.predicted > 0 || st.prefetch_issued > 0) {

@@ -53,10 +53,6 @@ std::string escape(const std::string& s) {
 
 const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"};
 
-std::string mib(std::uint64_t b) {
-  return util::bytes_text(b);
-}
-
 void render_replay(std::ostringstream& h, const ReplayReport& r) {
   h << "<h2>Offline replay</h2>\n<p>Trace <code>" << escape(r.trace) << "</code>: " << r.records << " records, "
     << r.accesses << " expert accesses, replayed in " << fmt("%.2f", r.seconds) << " s.</p>\n";
@@ -125,7 +121,7 @@ void render_replay(std::ostringstream& h, const ReplayReport& r) {
     auto row = [&](const ReplayResult& x, const std::string& name) {
       h << "<tr><td>" << s.cache_experts << "</td><td>" << escape(name) << "</td><td>"
         << fmt("%.2f%%", 100 * x.hit_rate()) << "</td><td>" << x.stats.misses << "</td><td>" << x.stats.preload_loads
-        << "</td><td>" << (r.bytes_known ? mib(x.stats.bytes_read) : "n/a") << "</td></tr>\n";
+        << "</td><td>" << (r.bytes_known ? util::bytes_text(x.stats.bytes_read) : "n/a") << "</td></tr>\n";
     };
     for (const auto& p : s.policies) row(p, p.policy);
     row(s.optimal, "optimal (Belady)");
@@ -146,7 +142,7 @@ void render_live(std::ostringstream& h, const LiveReport& l) {
       << "</td><td>" << fmt("%.2f", t.empty() ? 0 : *std::min_element(t.begin(), t.end())) << "</td><td>"
       << fmt("%.2f", t.empty() ? 0 : *std::max_element(t.begin(), t.end())) << "</td><td>"
       << fmt("%.2f%%", 100 * median(side->hit_rate)) << "</td><td>"
-      << mib(static_cast<std::uint64_t>(median(side->bytes_read))) << "</td></tr>\n";
+      << util::bytes_text(static_cast<std::uint64_t>(median(side->bytes_read))) << "</td></tr>\n";
   }
   h << "</table>\n<p id=\"verdict\"><b>Verdict:</b> " << escape(l.verdict.text) << "</p>\n";
 }

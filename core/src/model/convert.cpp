@@ -671,7 +671,7 @@ void remove_old_mirrors(const fs::path& old_dir, const fs::path& model, std::set
         "stripe.pending) list stay on their disks: remove them yourself",
         (model / file).string(), why);
   };
-  auto dirs = stripe_yaml_dirs(old_dir);
+  auto dirs = stripe_record_dirs(old_dir);
   if (!dirs) return stays("stripe.yaml", dirs.error().message());  // the why names stripe.pending when it is that
   if (dirs->empty()) return;
   // Read before the swap too (check_only_model_files); without it no file there can be told ours.

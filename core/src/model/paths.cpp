@@ -94,7 +94,7 @@ bool remove_emptied_stripe_dir(const fs::path& stripe_dir, const fs::path& model
   return fs::remove(stripe_dir, ec);
 }
 
-sdk::Expected<std::vector<fs::path>> stripe_yaml_dirs(const fs::path& model_dir) {
+sdk::Expected<std::vector<fs::path>> stripe_record_dirs(const fs::path& model_dir) {
   const fs::path yaml = model_dir / "stripe.yaml";
   std::vector<fs::path> out;
   const auto add = [&out](const fs::path& p) {

@@ -47,7 +47,7 @@ inline constexpr std::string_view kStripePending = "stripe.pending";
 // alone, no environment), then those an unfinished stripe listed in <model_dir>/stripe.pending. Only absolute
 // paths: `model stripe` writes those, any other is not one of its directories. Empty without either file; an error
 // when one cannot be read.
-sdk::Expected<std::vector<std::filesystem::path>> stripe_yaml_dirs(const std::filesystem::path& model_dir);
+sdk::Expected<std::vector<std::filesystem::path>> stripe_record_dirs(const std::filesystem::path& model_dir);
 
 // Why a model file that does not open is missing, following its name: " is missing; re-run convert", or for a link
 // `model stripe` left whose target is gone, the disk to mount (the data may be intact: converting again is not it).
