@@ -397,8 +397,31 @@ cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb,
     case 5: return matmul_q8_as<F, 1, 2, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
     case 6: return matmul_q8_as<F, 1, 1, 1, 6>(s, w, rb, q8, y, nullptr, k, n, 1);
     case 7: return matmul_q8_as<F, 1, 1, 2, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
-    default: return cudaErrorInvalidValue;
+    default: break;
   }
+  if (variant >= kDecodeVariantCount) return cudaErrorInvalidValue;
+  if constexpr (std::is_same_v<F, q8dot::Q4_K>) {
+    using P = q8dot::Q4_K_Pairs;
+    switch (variant) {
+      case 8: return matmul_q8_as<P, 1, 1, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+      case 9: return matmul_q8_as<P, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
+      case 10: return matmul_q8_as<P, 1, 2, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
+      default: return matmul_q8_as<P, 1, 1, 2, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
+    }
+  }
+  return cudaErrorNotSupported;  // the pairs layout is q4_k's alone
+}
+
+// q4_k's whole op (X quantized, then the matmul) in the candidate layout q8dot::Q4_K_Pairs, in a token tile by t as
+// matmul_q8_for picks them; its X runs are twice as long, so the wide tiles take one row per warp.
+cudaError_t matmul_q4_k_pairs(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
+                              float* y, std::int64_t k, std::int64_t n, std::int64_t t) {
+  using P = q8dot::Q4_K_Pairs;
+  if (cudaError_t e = quantize_q8<P>(s, x, q8, k, t); e != cudaSuccess) return e;
+  if (t == 1) return matmul_q8_as<P, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, t);
+  if (t == 2) return matmul_q8_as<P, 2, 2>(s, w, rb, q8, y, nullptr, k, n, t);
+  if (t <= 4) return matmul_q8_as<P, 4, 1>(s, w, rb, q8, y, nullptr, k, n, t);
+  return matmul_q8_as<P, 8, 1>(s, w, rb, q8, y, nullptr, k, n, t);
 }
 
 // Whether a matmul of `type` weights with rows of k elements takes 8-bit activations (q8dot::takes_k).
@@ -811,9 +834,17 @@ cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, c
   }
 }
 
+cudaError_t launch_matmul_q4_k_pairs(cudaStream_t stream, const void* w, std::size_t row_bytes, const float* x,
+                                     float* y, std::int64_t k, std::int64_t n, std::int64_t t,
+                                     const Q8Scratch& q8) noexcept {
+  if (!takes_q8(kQ4_K, k) || t < 1) return cudaErrorInvalidValue;
+  return matmul_q4_k_pairs(stream, w, row_bytes, x, q8, y, k, n, t);
+}
+
 const char* matmul_q8_variant_name(int variant) noexcept {
-  static constexpr const char* kNames[kDecodeVariantCount] = {"default", "1x1", "1x2",      "1x4",
-                                                              "2x1",     "2x2", "1x1 min6", "1x2 min4"};
+  static constexpr const char* kNames[kDecodeVariantCount] = {"default",   "1x1",       "1x2",       "1x4",
+                                                              "2x1",       "2x2",       "1x1 min6",  "1x2 min4",
+                                                              "pairs 1x1", "pairs 1x2", "pairs 2x1", "pairs 1x2 min4"};
   return variant >= 0 && variant < kDecodeVariantCount ? kNames[variant] : nullptr;
 }
 

@@ -37,11 +37,14 @@ COLIBRI_HD float fma_rn(float a, float b, float c) {
 
 constexpr int kUnit = 256;
 
-// 16 activations: four words of int8 and their sum.
-struct X16 {
-  std::uint32_t q[4];
+// N consecutive activations: N / 4 words of int8 and their sum. A lane takes two such runs of a unit (xoff0, xoff1).
+template <int N>
+struct XQ {
+  std::uint32_t q[N / 4];
   int sum;
 };
+using X16 = XQ<16>;
+using X32 = XQ<32>;
 
 // Sum of the products of the four signed bytes of a and b, plus c.
 COLIBRI_HD int dp4a(std::uint32_t a, std::uint32_t b, int c) {
@@ -58,10 +61,17 @@ COLIBRI_HD int dp4a(std::uint32_t a, std::uint32_t b, int c) {
 COLIBRI_HD int dot16(const std::uint32_t (&w)[4], const X16& x) {
   return dp4a(w[3], x.q[3], dp4a(w[2], x.q[2], dp4a(w[1], x.q[1], dp4a(w[0], x.q[0], 0))));
 }
-// Bits `shift`.. of every byte of four words, under `mask` (0x0F0F0F0F: nibbles, 0x03030303: two bits).
-COLIBRI_HD void bits(const std::uint32_t (&q)[4], int shift, std::uint32_t mask, std::uint32_t (&out)[4]) {
+COLIBRI_HD int dot32(const std::uint32_t (&w)[8], const X32& x) {
+  int s = 0;
   COLIBRI_UNROLL
-  for (int i = 0; i < 4; ++i) out[i] = (q[i] >> shift) & mask;
+  for (int i = 0; i < 8; ++i) s = dp4a(w[i], x.q[i], s);
+  return s;
+}
+// Bits `shift`.. of every byte of four words, under `mask` (0x0F0F0F0F: nibbles, 0x03030303: two bits).
+template <int W>
+COLIBRI_HD void bits(const std::uint32_t (&q)[W], int shift, std::uint32_t mask, std::uint32_t (&out)[W]) {
+  COLIBRI_UNROLL
+  for (int i = 0; i < W; ++i) out[i] = (q[i] >> shift) & mask;
 }
 // ORs bit `bit` of every byte of h, moved to bit `to`, into out.
 COLIBRI_HD void add_high(const std::uint32_t (&h)[4], int bit, std::uint32_t mask, int to, std::uint32_t (&out)[4]) {
@@ -117,8 +127,8 @@ COLIBRI_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32
 // several units can issue all their loads before the first use.
 template <class F>
 struct FetchThenUse {
-  template <int NT>
-  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const X16 (&xa)[NT], const X16 (&xb)[NT],
+  template <int NT, int N>
+  COLIBRI_HD static void part(const std::uint8_t* b, int j, bool vec, const XQ<N> (&xa)[NT], const XQ<N> (&xb)[NT],
                               float (&out)[NT]) {
     typename F::Raw raw;
     F::fetch(b, j, vec, raw);
@@ -137,7 +147,9 @@ struct K4Lanes {
   // joins the nibbles of scales[a+4, a+5] with the top two bits of scales[a-4, a-3] and scales[a, a+1]. A lane's p is
   // fixed, so both are a handful of instructions without a branch.
   COLIBRI_HD static std::uint32_t scales_mins(const std::uint32_t (&head)[4], int j) {
-    const int p = j / 2;
+    return pair_scales_mins(head, j / 2);
+  }
+  COLIBRI_HD static std::uint32_t pair_scales_mins(const std::uint32_t (&head)[4], int p) {
     const std::uint32_t a = 2u * static_cast<std::uint32_t>(p % 2);  // a, less 4 where p >= 2
     const std::uint32_t pair = byte_perm(head[1], head[2], a | (a + 1) << 4 | (a + 4) << 8 | (a + 5) << 12);
     if (p < 2) return pair & 0x3F3F3F3Fu;
@@ -176,6 +188,46 @@ struct Q4_K : K4Lanes, FetchThenUse<Q4_K> {  // 144 bytes per unit: d, dmin, sca
     bits(raw.q, 0, 0x0F0F0F0Fu, lo);
     bits(raw.q, 4, 0x0F0F0F0Fu, hi);
     finish(raw.head, j, lo, hi, xa, xb, out);
+  }
+};
+
+// q4_k with 4 lanes a unit (a candidate layout, timed by colibri_bench_cuda_gemv against Q4_K): lane j takes the 32
+// bytes of sub-block pair j, whose low nibbles are sub-block 2j and high nibbles sub-block 2j + 1, so one load of the
+// 16-byte head and one unpacking of its scales serve 64 weights rather than 32. Its integer sums span 32 activations
+// where Q4_K's span 16: the same terms, rounded in another order, so its bits differ from Q4_K's.
+struct Q4_K_Pairs : FetchThenUse<Q4_K_Pairs> {
+  static constexpr int kUnitBytes = 144;
+  static constexpr int kXBlock = 256;
+  static constexpr int kUnitLanes = 4;
+  static constexpr int kSpan = 32;
+  static constexpr bool kVector = true;
+  COLIBRI_HD static int xoff0(int j) { return 64 * j; }
+  COLIBRI_HD static int xoff1(int j) { return 64 * j + 32; }
+  struct Raw {
+    std::uint32_t head[4], q[8];
+  };
+  COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
+    std::uint32_t q0[4], q1[4];
+    load16(b, vec, raw.head);
+    load16(b + 16 + 32 * j, vec, q0);
+    load16(b + 32 + 32 * j, vec, q1);
+    COLIBRI_UNROLL
+    for (int i = 0; i < 4; ++i) raw.q[i] = q0[i], raw.q[4 + i] = q1[i];
+  }
+  template <int NT>
+  COLIBRI_HD static void use(const Raw& raw, int j, const X32 (&xa)[NT], const X32 (&xb)[NT], float (&out)[NT]) {
+    std::uint32_t lo[8], hi[8];
+    bits(raw.q, 0, 0x0F0F0F0Fu, lo);
+    bits(raw.q, 4, 0x0F0F0F0Fu, hi);
+    const std::uint32_t sm = K4Lanes::pair_scales_mins(raw.head, j);
+    const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
+    const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
+    const float d = half_bits(raw.head[0]), dmin = half_bits(raw.head[0] >> 16);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      out[i] =
+          scaled_minus_min(d, sc0 * dot32(lo, xa[i]) + sc1 * dot32(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
+    }
   }
 };
 
@@ -389,15 +441,30 @@ COLIBRI_HD bool takes_k(long long k) {
   return k > 0 && k % F::kXBlock == 0 && (F::kXBlock == 32 || k % kUnit == 0);
 }
 
-// 16 activations at p (16-byte aligned); their sum comes from the quantizer (load_sum).
-COLIBRI_HD void fetch_x16(const std::int8_t* p, X16& x) {
+// N activations at p (16-byte aligned); their sum comes from the quantizer (load_sum).
+template <int N>
+COLIBRI_HD void fetch_x(const std::int8_t* p, XQ<N>& x) {
 #ifdef __CUDA_ARCH__
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-  x.q[0] = v.x, x.q[1] = v.y, x.q[2] = v.z, x.q[3] = v.w;
+  COLIBRI_UNROLL
+  for (int h = 0; h < N / 16; ++h) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + h);
+    x.q[4 * h] = v.x, x.q[4 * h + 1] = v.y, x.q[4 * h + 2] = v.z, x.q[4 * h + 3] = v.w;
+  }
 #else
-  std::memcpy(x.q, p, 16);
+  std::memcpy(x.q, p, N);
 #endif
 }
+
+// A format's lanes per 256-element unit (8 unless it says kUnitLanes) and the activations in each of a lane's two
+// runs (16 unless it says kSpan).
+template <class F, class = void>
+struct UnitLanes : std::integral_constant<int, 8> {};
+template <class F>
+struct UnitLanes<F, std::void_t<decltype(F::kUnitLanes)>> : std::integral_constant<int, F::kUnitLanes> {};
+template <class F, class = void>
+struct Span : std::integral_constant<int, 16> {};
+template <class F>
+struct Span<F, std::void_t<decltype(F::kSpan)>> : std::integral_constant<int, F::kSpan> {};
 // Whether F splits part() into fetch() and use() (F::Raw).
 template <class F, class = void>
 struct SplitsLoads : std::false_type {};
@@ -410,6 +477,21 @@ COLIBRI_HD int load_sum(const std::int32_t* p) {
   return *p;
 #endif
 }
+// The sum of N activations from the quantizer's sums of 16 (p at an even index where N is 32, so 8-byte aligned).
+template <int N>
+COLIBRI_HD int load_sum_of(const std::int32_t* p) {
+  if constexpr (N == 16) {
+    return load_sum(p);
+  } else {
+    static_assert(N == 32, "runs of 16 or 32 activations");
+#ifdef __CUDA_ARCH__
+    const int2 v = __ldg(reinterpret_cast<const int2*>(p));
+    return v.x + v.y;
+#else
+    return p[0] + p[1];
+#endif
+  }
+}
 COLIBRI_HD float load_scale(const float* p) {
 #ifdef __CUDA_ARCH__
   return __ldg(p);
@@ -419,10 +501,11 @@ COLIBRI_HD float load_scale(const float* p) {
 }
 
 // What lane `lane` of the warp that owns rows row0.. and tokens t0.. adds up, before the warp's fixed shuffle tree:
-// acc[r][i] over units lane / 8, lane / 8 + 4, ... of row row0 + r (rows past n repeat the last) and token t0 + i
-// (tokens past t repeat the last). xq holds each token's k activations (k * token bytes in, 16-byte aligned), xd each
-// token's k / F::kXBlock scales, xs each token's k / 16 sums of 16 activations (computed once per token, not per
-// row); takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
+// acc[r][i] over the lane's units of row row0 + r (rows past n repeat the last) and token t0 + i (tokens past t repeat
+// the last). A unit has L = UnitLanes<F> lanes (8, or 4 for Q4_K_Pairs), so lane l takes units l / L, l / L + 32 / L,
+// ... as lane l % L. xq holds each token's k activations (k * token bytes in, 16-byte aligned), xd each token's
+// k / F::kXBlock scales, xs each token's k / 16 sums of 16 activations (computed once per token, not per row);
+// takes_k<F>(k). A partial last unit (k % 256 = 32 * m) is taken by its lanes j < m.
 // The matmul kernel runs it on the device, the host test as it is.
 //
 // U > 1 walks U of a lane's units per step, their loads issued together: a decode warp owns one row of a few units
@@ -432,7 +515,10 @@ template <class F, int NT, int R, int U = 1>
 COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const std::int8_t* xq, const float* xd,
                           const std::int32_t* xs, int k, int n, int t, long long row0, int t0, int lane,
                           float (&acc)[R][NT]) {
-  const int j = lane % 8;
+  constexpr int L = UnitLanes<F>::value, Stride = 32 / L, N = Span<F>::value;
+  static_assert(L == 8 || F::kXBlock == kUnit, "partial units are taken by 8-lane formats only");
+  using X = XQ<N>;
+  const int j = lane % L;
   const int units = k / kUnit, last_blocks = (k % kUnit) / F::kXBlock;
   const std::uint8_t* wr[R];
   COLIBRI_UNROLL
@@ -460,17 +546,20 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
   }
-  auto step = [&](int u) {
-    X16 xa[NT], xb[NT];
-    float dx[NT];
+  auto fetch_xs = [&](int u, X(&xa)[NT], X(&xb)[NT], float(&dx)[NT]) {
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) {
-      fetch_x16(xr[i] + u * kUnit + xo0, xa[i]);
-      fetch_x16(xr[i] + u * kUnit + xo1, xb[i]);
-      xa[i].sum = load_sum(sr[i] + (u * kUnit + xo0) / 16);
-      xb[i].sum = load_sum(sr[i] + (u * kUnit + xo1) / 16);
+      fetch_x(xr[i] + u * kUnit + xo0, xa[i]);
+      fetch_x(xr[i] + u * kUnit + xo1, xb[i]);
+      xa[i].sum = load_sum_of<N>(sr[i] + (u * kUnit + xo0) / 16);
+      xb[i].sum = load_sum_of<N>(sr[i] + (u * kUnit + xo1) / 16);
       dx[i] = load_scale(dr[i] + (u * kUnit + xo0) / F::kXBlock);
     }
+  };
+  auto step = [&](int u) {
+    X xa[NT], xb[NT];
+    float dx[NT];
+    fetch_xs(u, xa, xb, dx);
     COLIBRI_UNROLL
     for (int r = 0; r < R; ++r) {
       float part[NT];
@@ -479,26 +568,19 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
       for (int i = 0; i < NT; ++i) acc[r][i] = fma_rn(dx[i], part[i], acc[r][i]);
     }
   };
-  int u = lane / 8;
+  int u = lane / L;
   if constexpr (U > 1 && SplitsLoads<F>::value) {
     // Every load of the U units first (weights and activations), then the sums in ascending unit order.
-    for (; u + 4 * (U - 1) < units; u += 4 * U) {
+    for (; u + Stride * (U - 1) < units; u += Stride * U) {
       typename F::Raw raw[U][R];
-      X16 xa[U][NT], xb[U][NT];
+      X xa[U][NT], xb[U][NT];
       float dx[U][NT];
       COLIBRI_UNROLL
       for (int s = 0; s < U; ++s) {
-        const int us = u + 4 * s;
+        const int us = u + Stride * s;
         COLIBRI_UNROLL
         for (int r = 0; r < R; ++r) F::fetch(wr[r] + static_cast<std::size_t>(us) * F::kUnitBytes, j, vec, raw[s][r]);
-        COLIBRI_UNROLL
-        for (int i = 0; i < NT; ++i) {
-          fetch_x16(xr[i] + us * kUnit + xo0, xa[s][i]);
-          fetch_x16(xr[i] + us * kUnit + xo1, xb[s][i]);
-          xa[s][i].sum = load_sum(sr[i] + (us * kUnit + xo0) / 16);
-          xb[s][i].sum = load_sum(sr[i] + (us * kUnit + xo1) / 16);
-          dx[s][i] = load_scale(dr[i] + (us * kUnit + xo0) / F::kXBlock);
-        }
+        fetch_xs(us, xa[s], xb[s], dx[s]);
       }
       COLIBRI_UNROLL
       for (int s = 0; s < U; ++s) {
@@ -512,15 +594,15 @@ COLIBRI_HD void lane_sums(const std::uint8_t* w, std::size_t row_bytes, const st
       }
     }
   } else if constexpr (U > 1) {
-    for (; u + 4 * (U - 1) < units; u += 4 * U) {
+    for (; u + Stride * (U - 1) < units; u += Stride * U) {
       COLIBRI_UNROLL
-      for (int s = 0; s < U; ++s) step(u + 4 * s);
+      for (int s = 0; s < U; ++s) step(u + Stride * s);
     }
   }
   if constexpr (F::kXBlock == kUnit) {
-    for (; u < units; u += 4) step(u);  // whole units only (takes_k)
+    for (; u < units; u += Stride) step(u);  // whole units only (takes_k)
   } else {
-    for (; u < units || (u == units && j < last_blocks); u += 4) step(u);
+    for (; u < units || (u == units && j < last_blocks); u += Stride) step(u);
   }
 }
 

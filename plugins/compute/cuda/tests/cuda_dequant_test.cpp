@@ -145,26 +145,27 @@ void expect_q8_parts_match(DType type, std::int64_t units, std::size_t offset, u
     for (auto& v : xi) v = static_cast<std::int8_t>(byte(rng));
   }
   static_assert(q8::kUnit == dq::kUnit);
-  ASSERT_NO_FATAL_FAILURE(expect_unit_covered_once(8, 16, F::xoff0, F::xoff1));
-  const auto x16 = [](const std::int8_t* p) {
-    q8::X16 v{};
-    std::memcpy(v.q, p, 16);
-    for (int e = 0; e < 16; ++e) v.sum += p[e];
+  constexpr int kLanes = q8::UnitLanes<F>::value, kRun = q8::Span<F>::value;
+  ASSERT_NO_FATAL_FAILURE(expect_unit_covered_once(kLanes, kRun, F::xoff0, F::xoff1));
+  const auto xrun = [](const std::int8_t* p) {
+    q8::XQ<kRun> v{};
+    std::memcpy(v.q, p, kRun);
+    for (int e = 0; e < kRun; ++e) v.sum += p[e];
     return v;
   };
   for (std::int64_t u = 0; u < units; ++u) {
-    for (int j = 0; j < 8; ++j) {
-      q8::X16 xa[2], xb[2];
+    for (int j = 0; j < kLanes; ++j) {
+      q8::XQ<kRun> xa[2], xb[2];
       for (int i = 0; i < 2; ++i) {
-        xa[i] = x16(x[i].data() + u * q8::kUnit + F::xoff0(j));
-        xb[i] = x16(x[i].data() + u * q8::kUnit + F::xoff1(j));
+        xa[i] = xrun(x[i].data() + u * q8::kUnit + F::xoff0(j));
+        xb[i] = xrun(x[i].data() + u * q8::kUnit + F::xoff1(j));
       }
       float got[2];
       F::template part<2>(row + u * F::kUnitBytes, j, false, xa, xb, got);
       for (int i = 0; i < 2; ++i) {
         double expect = 0.0, magnitude = 0.0;
         for (int off : {F::xoff0(j), F::xoff1(j)}) {
-          for (int e = 0; e < 16; ++e) {
+          for (int e = 0; e < kRun; ++e) {
             const auto at = static_cast<std::size_t>(u * q8::kUnit + off + e);
             expect += static_cast<double>(want[at]) * x[i][at];
             magnitude += std::fabs(static_cast<double>(want[at]) * x[i][at]) + std::fabs(want[at]) * 127.0;
@@ -181,6 +182,7 @@ TEST(CudaQ8Dot, EveryLaneOfEveryFormatIsTheReferenceWeightsTimesItsActivations) 
   for (std::size_t offset : {0, 2}) {
     for (unsigned seed : {1u, 2u}) {
       expect_q8_parts_match<q8::Q4_K>(DType::q4_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q4_K_Pairs>(DType::q4_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q5_K>(DType::q5_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q6_K>(DType::q6_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q2_K>(DType::q2_k, 5, offset, seed);
@@ -308,6 +310,7 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
 
 TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   expect_warp_matches<q8::Q4_K>(DType::q4_k);
+  expect_warp_matches<q8::Q4_K_Pairs>(DType::q4_k);
   expect_warp_matches<q8::Q5_K>(DType::q5_k);
   expect_warp_matches<q8::Q6_K>(DType::q6_k);
   expect_warp_matches<q8::Q2_K>(DType::q2_k);
@@ -318,6 +321,7 @@ TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   // 16 units and more, so that decode's walk of four units per step runs whole steps and a remainder.
   for (const std::int64_t k : {4096, 5120}) {
     expect_warp_matches<q8::Q4_K>(DType::q4_k, k);
+    expect_warp_matches<q8::Q4_K_Pairs>(DType::q4_k, k);
     expect_warp_matches<q8::Q6_K>(DType::q6_k, k);
     expect_warp_matches<q8::Q8_0>(DType::q8_0, k);
   }
