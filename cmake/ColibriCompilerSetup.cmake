@@ -24,6 +24,16 @@ if(COLIBRI_SANITIZE)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-g1>")
 endif()
 
+# Data races in the threaded parts (expert reads and prefetch, the server's scheduler and connections, the CPU
+# backend's workers). ASan and TSan cannot share a process.
+if(COLIBRI_TSAN)
+  if(COLIBRI_SANITIZE)
+    message(FATAL_ERROR "COLIBRI_TSAN and COLIBRI_SANITIZE cannot be combined (ThreadSanitizer excludes AddressSanitizer)")
+  endif()
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=thread;-fno-omit-frame-pointer;-g1>")
+  add_link_options(-fsanitize=thread)
+endif()
+
 # libFuzzer: every object is instrumented for coverage, with ASan and UBSan; the fuzz targets link the fuzzer's main.
 if(COLIBRI_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")

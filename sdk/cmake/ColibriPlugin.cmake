@@ -34,7 +34,7 @@ function(colibri_add_plugin name)
   set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS "${_COLIBRI_PLUGIN_CMAKE_DIR}/colibri-plugin.map")
   # Unresolved symbols fail at link time, not when a user loads the plugin (sanitizer runtimes
   # live in the executable, so the check is off there and in fuzzing builds).
-  if(NOT COLIBRI_SANITIZE AND NOT COLIBRI_FUZZ)
+  if(NOT COLIBRI_SANITIZE AND NOT COLIBRI_TSAN AND NOT COLIBRI_FUZZ)
     target_link_options(${target} PRIVATE "LINKER:--no-undefined")
   endif()
 

@@ -28,7 +28,7 @@ if command -v pkg-config >/dev/null; then
     { echo "the pkg-config plugin is not listed:"; echo "$out"; exit 1; }
   # An unresolved symbol fails the link, as under colibri_add_plugin, not the user's first load of the plugin
   # (not in a sanitizer build, whose .pc leaves --no-undefined out as colibri_add_plugin does there).
-  if ! grep -Eq '^COLIBRI_(SANITIZE|FUZZ):BOOL=ON' "$build/CMakeCache.txt"; then
+  if ! grep -Eq '^COLIBRI_(SANITIZE|TSAN|FUZZ):BOOL=ON' "$build/CMakeCache.txt"; then
   printf 'extern "C" void colibri_missing_function();\nextern "C" void colibri_plugin_entry() { colibri_missing_function(); }\n' \
     > "$work/pc/undefined.cpp"
   g++ $(pc --cflags) $(pc --variable=plugin_cflags) -c "$work/pc/undefined.cpp" -o "$work/pc/undefined.o"
