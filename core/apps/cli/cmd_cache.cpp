@@ -202,6 +202,12 @@ int cache_clear(const GlobalOptions& global, const CacheOptions& o) {
   if (!dir) return global.profile_exit_code;  // 1 unless the profile refused a command-line value
   const auto path = engine::usage_history_path(*dir);
   std::error_code ec;
+  // Only the file colibri writes: filesystem::remove would also take an empty directory of the user's at that path.
+  const auto st = std::filesystem::symlink_status(path, ec);
+  if (!ec && std::filesystem::exists(st) && std::filesystem::is_directory(st)) {
+    return fail(path.string() + " is a directory, not a usage history; colibri-cli cache clear removes only the " +
+                "history file colibri writes there (remove the directory yourself if it is not needed)");
+  }
   const bool removed = std::filesystem::remove(path, ec);
   if (ec) return fail("cannot remove " + path.string() + ": " + ec.message());
   if (o.json) {

@@ -773,6 +773,13 @@ class UsageHistory(unittest.TestCase):
         self.assertFalse([n for n in os.listdir(hist_dir) if n.endswith(".json")])
         p = run(["cache", "clear", "--model", m], env=env)
         self.assertIn("no usage history at", p.stdout)
+        # A directory of the user's where the history would be is left alone, said as what it is.
+        os.mkdir(os.path.join(hist_dir, name))
+        p = run(["cache", "clear", "--model", m], check=False, env=env)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("is a directory, not a usage history", p.stderr)
+        self.assertTrue(os.path.isdir(os.path.join(hist_dir, name)))
+        os.rmdir(os.path.join(hist_dir, name))
         p = run(["cache", "warm", "--model", m], check=False, env=env)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no usage history", p.stderr)
