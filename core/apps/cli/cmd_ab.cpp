@@ -221,7 +221,8 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
               static_cast<unsigned long long>(report.records), static_cast<unsigned long long>(report.accesses),
               static_cast<std::size_t>(report.layers));
   for (const auto& sr : report.sizes) {
-    std::string size = report.bytes_known ? util::bytes_text(sr.budget_bytes) : "";
+    // Rounded up: passed back as --expert-cache-size it holds these experts (rounded down it could hold one fewer).
+    std::string size = report.bytes_known ? util::bytes_text(sr.budget_bytes, util::Rounding::up) : "";
     if (sr.cache_experts > report.experts) {  // the replay caps it there: say so rather than show a size it is not
       size += std::string(size.empty() ? "" : "; ") + "more than the " + std::to_string(report.experts) +
               " experts the trace uses: all fit";
