@@ -42,6 +42,42 @@ void log_softmax(const float* x, std::size_t n, std::vector<double>& out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<double>(x[i]) - lse;
 }
 
+// Why a --kl-base file's header (vocab, ctx, tokens) cannot be compared with this run, or "" when it can: the same
+// vocabulary and --ctx, and tokens that begin with this run's (a base saved over every chunk serves a run with
+// --max-chunks).
+std::string base_mismatch(const nlohmann::json& h, std::size_t vocab, std::int64_t ctx,
+                          const std::vector<std::int32_t>& used) {
+  const auto* v = h.is_object() && h.contains("vocab") ? &h["vocab"] : nullptr;
+  const auto* c = h.is_object() && h.contains("ctx") ? &h["ctx"] : nullptr;
+  const auto* t = h.is_object() && h.contains("tokens") ? &h["tokens"] : nullptr;
+  if (v == nullptr || c == nullptr || t == nullptr || !v->is_number_unsigned() || !c->is_number_integer() ||
+      !t->is_array()) {
+    return "is not a logits file written by colibri-cli perplexity --save-logits (its header lacks vocab, ctx or "
+           "tokens)";
+  }
+  if (v->get<std::uint64_t>() != vocab) {
+    return "was saved from a model with a vocabulary of " + v->dump() + " tokens, this one has " +
+           std::to_string(vocab) + "; the base must share this model's tokenizer";
+  }
+  if (c->get<std::int64_t>() != ctx) {
+    return "was saved with --ctx " + c->dump() + ", this run's is " + std::to_string(ctx) + "; give --ctx " + c->dump();
+  }
+  const std::size_t common = std::min(t->size(), used.size());
+  for (std::size_t i = 0; i < common; ++i) {
+    if (!(*t)[i].is_number_integer() || (*t)[i].get<std::int64_t>() != used[i]) {
+      return "was saved from other text (its token " + std::to_string(i) +
+             " differs); re-run the base model with the same --file";
+    }
+  }
+  if (t->size() < used.size()) {
+    const auto base_chunks = static_cast<std::int64_t>(t->size()) / ctx;
+    return "covers " + std::to_string(base_chunks) + " chunk" + (base_chunks == 1 ? "" : "s") + ", this run scores " +
+           std::to_string(static_cast<std::int64_t>(used.size()) / ctx) + "; give --max-chunks " +
+           std::to_string(base_chunks) + ", or save the base over as many";
+  }
+  return "";
+}
+
 int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   const bool ctx_given = o.engine.ctx != 0;
   if (!ctx_given) o.engine.ctx = 512;
@@ -84,6 +120,7 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   const nlohmann::json header = {{"vocab", V}, {"ctx", ctx}, {"tokens", used}};
 
   std::ifstream base;
+  bool base_longer = false;  // saved over more chunks than --max-chunks lets this run score: their first ones compared
   if (!o.kl_base.empty()) {
     base.open(o.kl_base, std::ios::binary);
     if (!base) return fail("cannot read --kl-base " + o.kl_base + ": " + std::strerror(errno));
@@ -94,11 +131,8 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
     if (magic != kMagic || h.is_discarded()) {
       return fail(o.kl_base + " is not a logits file written by colibri-cli perplexity --save-logits");
     }
-    if (h != header) {
-      return fail(o.kl_base +
-                  " was saved from different tokens, --ctx or vocabulary; re-run the base model with the "
-                  "same --file and --ctx");
-    }
+    if (auto why = base_mismatch(h, V, ctx, used); !why.empty()) return fail(o.kl_base + " " + why);
+    base_longer = h["tokens"].size() > used.size();
   }
   std::optional<util::OutputFile> save;  // a failed run leaves no half-written file and the old one as it was
   if (!o.save_logits.empty()) {
@@ -152,7 +186,7 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
     }
     return 130;
   }
-  if (base.is_open() && base.peek() != std::char_traits<char>::eof()) {
+  if (base.is_open() && !base_longer && base.peek() != std::char_traits<char>::eof()) {
     return fail(o.kl_base + " holds more logits than this run scored; it was not saved from this --file and --ctx");
   }
   if (save) {

@@ -670,7 +670,24 @@ class Perplexity(unittest.TestCase):
         self.assertIn("KL(base || this) mean 0.000000 max 0.000000, top-1 agreement 100.00%", b.stdout)
         c = cli("perplexity", "-m", model(), "-f", text, "--ctx", "16", "--max-chunks", "2", "--kl-base", base,
                 check=False)
-        self.assertIn("different tokens", c.stderr)
+        self.assertIn("was saved with --ctx 32, this run's is 16; give --ctx 32", c.stderr)
+        # A base saved over more chunks serves a run of fewer (its first ones); one of fewer says how many it has.
+        one = cli("perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "1", "--kl-base", base)
+        self.assertRegex(one.stdout, r"over 31 tokens")
+        self.assertIn("KL(base || this) mean 0.000000 max 0.000000, top-1 agreement 100.00%", one.stdout)
+        short_base = os.path.join(WORK, "base-1chunk.logits")
+        cli("perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "1", "--save-logits", short_base)
+        more = cli("perplexity", "-m", model(), "-f", text, "--ctx", "32", "--max-chunks", "2", "--kl-base",
+                   short_base, check=False)
+        self.assertEqual(more.returncode, 1, more.stderr)
+        self.assertIn("covers 1 chunk, this run scores 2; give --max-chunks 1", more.stderr)
+        other = os.path.join(WORK, "other.txt")
+        with open(other, "w") as f:
+            f.write("Sphinx of black quartz, judge my vow. " * 40)
+        o = cli("perplexity", "-m", model(), "-f", other, "--ctx", "32", "--max-chunks", "2", "--kl-base", base,
+                check=False)
+        self.assertEqual(o.returncode, 1, o.stderr)
+        self.assertRegex(o.stderr, r"was saved from other text \(its token [0-9]+ differs\)")
         d = cli("perplexity", "-m", model(), "-f", text, "--max-chunks", "-1", check=False)  # was read as "all"
         self.assertEqual(d.returncode, 2)
         self.assertIn("--max-chunks: -1 is negative; give 0 (all) or more", d.stderr)
