@@ -451,7 +451,8 @@ sdk::Expected<GgufFile> GgufFile::join_parts(GgufFile given) {
       if (auto it = all.tensor_index_.find(t.name); it != all.tensor_index_.end()) {
         return bad("tensor '" + shown(t.name) + "' is in both " +
                    io::path_text(all.parts_[all.tensors_[it->second].part]) + " and " + io::path_text(part.path_) +
-                   "; the parts are damaged, download them again");
+                   ": the parts do not belong together (one from another download or another split of the model, "
+                   "or damaged); download every part again from one place");
       }
       t.part = static_cast<std::uint32_t>(i);
       all.tensor_index_[t.name] = all.tensors_.size();

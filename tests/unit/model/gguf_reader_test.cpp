@@ -415,6 +415,7 @@ TEST(GgufSplit, MissingRenamedMixedOrDamagedPartsAreNamed) {
 
   write_split(dir, {{"a"}, {"a"}});
   fails(dir / "m-00001-of-00002.gguf", "tensor 'a' is in both");
+  fails(dir / "m-00001-of-00002.gguf", "the parts do not belong together (one from another download");
 
   write_split(dir, {{"a"}, {"b"}});
   testing::write_file(dir / "m-00001-of-00002.gguf", split_part(0, 2, {"a"}, 5));
