@@ -957,9 +957,13 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
           "skip_special_tokens", "unsupported_value");
     }
   }
+  // As given (past 2^63 too), for the comparison below; the request holds them capped at the int64 range.
+  std::uint64_t min_given = 0;
+  std::optional<std::uint64_t> max_given;
   if (auto it = body.find("min_tokens"); it != body.end() && !it->is_null()) {
     if (!is_integer(*it)) return wrong_type("min_tokens", "an integer", *it);
     if (!it->is_number_unsigned()) return out_of_range("min_tokens", "an integer of 0 or more", *it);
+    min_given = it->get<std::uint64_t>();
     out.min_tokens = it->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
                          ? std::numeric_limits<std::int64_t>::max()
                          : it->get<std::int64_t>();
@@ -989,10 +993,12 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     out.max_tokens = it->is_number_unsigned() && it->get<std::uint64_t>() > std::numeric_limits<std::int64_t>::max()
                          ? std::numeric_limits<std::int64_t>::max()
                          : it->get<std::int64_t>();
+    max_given = static_cast<std::uint64_t>(it->is_number_unsigned() ? it->get<std::uint64_t>()
+                                                                    : static_cast<std::uint64_t>(*out.max_tokens));
   }
-  if (out.max_tokens && out.min_tokens > *out.max_tokens) {  // as vLLM: no end token could ever be allowed
-    return bad_request("'min_tokens' (" + std::to_string(out.min_tokens) + ") is more than 'max_tokens' (" +
-                           std::to_string(*out.max_tokens) + "); lower min_tokens or raise max_tokens.",
+  if (max_given && min_given > *max_given) {  // as vLLM: no end token could ever be allowed
+    return bad_request("'min_tokens' (" + std::to_string(min_given) + ") is more than 'max_tokens' (" +
+                           std::to_string(*max_given) + "); lower min_tokens or raise max_tokens.",
                        "min_tokens", "invalid_value");
   }
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {

@@ -613,6 +613,15 @@ TEST(ServerApi, VllmSamplingExtensionsAreRead) {
   // Past 2^63 a max_tokens is still a large one (the context bounds it), not "below 1".
   ASSERT_FALSE(parse(R"({"prompt":"x","max_completion_tokens":9223372036854775808})", Endpoint::completions, r));
   EXPECT_EQ(r.max_tokens, std::numeric_limits<std::int64_t>::max());
+  // Both past 2^63: compared and shown as given, not as the int64 cap they are held at.
+  const auto huge =
+      expect_error(R"({"model":"m","prompt":"x","min_tokens":18446744073709551615,"max_tokens":9223372036854775809})",
+                   Endpoint::completions);
+  EXPECT_NE(huge.message.find("'min_tokens' (18446744073709551615) is more than 'max_tokens' (9223372036854775809)"),
+            std::string::npos)
+      << huge.message;
+  ASSERT_FALSE(parse(R"({"prompt":"x","min_tokens":9223372036854775809,"max_tokens":9223372036854775809})",
+                     Endpoint::completions, r));
   EXPECT_EQ(expect_error(R"({"model":"m","prompt":"x","ignore_eos":1})", Endpoint::completions).code, "invalid_type");
   for (const char* body : {R"({"model":"m","prompt":"x","top_k":-2})", R"({"model":"m","prompt":"x","min_p":1.5})",
                            R"({"model":"m","prompt":"x","repetition_penalty":0})"}) {
