@@ -12,15 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <ostream>
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 #include "colibri/util/output_file.hpp"
+#include "model/file_io.hpp"
 
 namespace colibri::engine {
 
@@ -95,15 +95,12 @@ bool parse_key(const std::string& text, std::uint32_t& layer, std::uint32_t& exp
 
 sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
   UsageHistory h;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!fs::exists(path)) return h;
-    return Status(StatusCode::io_error,
-                  "cannot read usage history " + path.string() + ": " + sdk::os_error_text(errno));
+  auto text = model::io::read_text(path);  // a FIFO or directory there is refused, not waited on
+  if (!text) {
+    if (text.error().code() == StatusCode::not_found) return h;
+    return text.error().with_context("reading usage history");
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const auto j = nlohmann::json::parse(*text, nullptr, false);
   const std::string fix = "; fix it or remove it (colibri-cli cache clear --model M)";
   if (j.is_discarded() || !j.is_object()) {
     return Status(StatusCode::invalid_argument, "usage history " + path.string() + " is not a JSON object" + fix);
@@ -151,15 +148,11 @@ Status save_usage_history(const fs::path& path, const UsageHistory& history) {
 }
 
 std::string model_identity(const fs::path& model_dir) {
-  std::error_code ec;  // a FIFO in its place would block the read: no identity, as for a missing manifest
-  if (!fs::is_regular_file(model_dir / "manifest.json", ec)) return {};
-  std::ifstream in(model_dir / "manifest.json", std::ios::binary);
-  if (!in) return {};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  // Unreadable, or no regular file (a FIFO would block): no identity, as for a missing manifest.
+  const auto text = model::io::read_text(model_dir / "manifest.json");
+  if (!text) return {};
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text->data(), text->size(), 0)));
   return hex;
 }
 

@@ -576,17 +576,6 @@ std::string expert_file(std::int64_t e) {
   return b;
 }
 
-sdk::Expected<std::string> read_text(const fs::path& p) {
-  auto f = io::File::open_read(p);
-  if (!f) return f.error();
-  auto size = f->size();
-  if (!size) return size.error();
-  if (*size > (1ull << 31)) return Status(StatusCode::invalid_argument, p.string() + " is too large");
-  std::string s(*size, '\0');
-  if (auto st = f->read_at(s.data(), s.size(), 0); !st) return st;
-  return s;
-}
-
 Status write_text(const fs::path& p, const std::string& text) {
   auto f = io::File::create(p);
   if (!f) return f.error();
@@ -621,7 +610,7 @@ void remove_stale_partials(const fs::path& output) {
 // An earlier model may hold files the user put there (notes, a fine-tune's extra weights); replacing the directory
 // would delete them. Only the manifest's files and what colibri itself writes beside them may go.
 Status check_only_model_files(const fs::path& output) {
-  auto text = read_text(output / "manifest.json");
+  auto text = io::read_text(output / "manifest.json");
   if (!text) return text.error().with_context("--force over " + output.string());
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   auto m = j.is_discarded() ? sdk::Expected<Manifest>(Status(StatusCode::invalid_argument, "not valid JSON"))
@@ -675,7 +664,7 @@ void remove_old_mirrors(const fs::path& old_dir, const fs::path& model, std::set
   if (!dirs) return stays("stripe.yaml", dirs.error().message());  // the why names stripe.pending when it is that
   if (dirs->empty()) return;
   // Read before the swap too (check_only_model_files); without it no file there can be told ours.
-  auto text = read_text(old_dir / "manifest.json");
+  auto text = io::read_text(old_dir / "manifest.json");
   if (!text) return stays("manifest.json", text.error().message());
   const json j = json::parse(*text, nullptr, false);
   if (j.is_discarded()) return stays("manifest.json", "not valid JSON");
@@ -868,7 +857,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                                         ggufs.front() + "; give the .gguf file itself as --input");
       }
     }
-    auto text = read_text(cfg_path);
+    auto text = io::read_text(cfg_path);
     if (!text)
       return text.error().with_context("reading the checkpoint config (is " + opt.input.string() +
                                        " a HuggingFace checkpoint directory?)");
@@ -882,10 +871,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     hp = std::move(*h);
     // generation_config.json may list more end tokens than config.json (gpt-oss: <|call|> and <|endoftext|> besides
     // <|return|>); without them an answer would run on past a tool call.
-    // There at all, it is read: one that is no regular file (a FIFO) is refused by read_text, not skipped unsaid.
+    // There at all, it is read: one that is no regular file (a FIFO) is refused by io::read_text, not skipped unsaid.
     if (fs::exists(fs::symlink_status(opt.input / "generation_config.json", ec))) {
       const fs::path gen_path = opt.input / "generation_config.json";
-      auto gen_text = read_text(gen_path);
+      auto gen_text = io::read_text(gen_path);
       if (!gen_text) return gen_text.error();
       const json gen = json::parse(*gen_text, nullptr, false);
       if (gen.is_discarded()) {
@@ -932,12 +921,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     // colibri cannot parse is said now: completions still work, chat needs --chat-template.
     std::optional<std::pair<std::string, std::string>> chat_template;  // source, where it came from
     if (const fs::path jinja = opt.input / "chat_template.jinja"; fs::exists(fs::symlink_status(jinja, ec))) {
-      auto text = read_text(jinja);
+      auto text = io::read_text(jinja);
       if (!text) return text.error();
       chat_template.emplace(std::move(*text), "chat_template.jinja");
     }
     if (const fs::path cfg = opt.input / "tokenizer_config.json"; fs::exists(fs::symlink_status(cfg, ec))) {
-      auto text = read_text(cfg);
+      auto text = io::read_text(cfg);
       if (!text) return text.error();
       if (const json j = json::parse(*text, nullptr, false); j.is_discarded() || !j.is_object()) {
         return Status(StatusCode::invalid_argument,
@@ -1243,7 +1232,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                              "special_tokens_map.json"}) {
       if (!fs::exists(fs::symlink_status(opt.input / name, ec))) continue;
-      auto text = read_text(opt.input / name);  // one there but no regular file is refused, not left out
+      auto text = io::read_text(opt.input / name);  // one there but no regular file is refused, not left out
       if (!text) return text.error();
       if (auto s = write_tokenizer_file(name, *text); !s) return s;
     }

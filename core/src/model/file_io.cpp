@@ -229,4 +229,18 @@ bool parse_hex64(const std::string& s, std::uint64_t& out) {
   return true;
 }
 
+sdk::Expected<std::string> read_text(const fs::path& path, std::uint64_t max_bytes) {
+  auto f = File::open_read(path);
+  if (!f) return f.error();
+  auto size = f->size();
+  if (!size) return size.error();
+  if (*size > max_bytes) {
+    return Status(StatusCode::corrupt_data,
+                  path_text(path) + " is implausibly large (" + std::to_string(*size) + " bytes)");
+  }
+  std::string text(*size, '\0');
+  if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+  return text;
+}
+
 }  // namespace colibri::model::io

@@ -47,6 +47,10 @@ class File {
 
 sdk::Status fsync_directory(const fs::path& dir);
 
+// A whole small file (manifest.json, an index, stripe.pending) as bytes, through File::open_read: a FIFO, directory
+// or device is refused by what it is rather than waited on. Larger than max_bytes: corrupt_data, "implausibly large".
+sdk::Expected<std::string> read_text(const fs::path& path, std::uint64_t max_bytes = 1ull << 30);
+
 // xxHash64 (seed 0) of a whole file, read in chunks; `progress` (may be null) hears bytes hashed.
 sdk::Expected<std::uint64_t> hash_file(const fs::path& path, void (*progress)(std::uint64_t, void*) = nullptr,
                                        void* progress_ctx = nullptr);

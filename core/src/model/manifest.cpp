@@ -730,27 +730,25 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return Status(StatusCode::not_found, io::path_text(dir) + " is not a model directory");
-  auto f = io::File::open_read(path);
-  if (!f && fs::is_regular_file(dir / "config.json", ec)) {
+  auto text = io::read_text(path);
+  if (!text && text.error().code() == StatusCode::corrupt_data) return bad(text.error().message() + "; re-run convert");
+  if (!text && fs::is_regular_file(dir / "config.json", ec)) {
     return Status(StatusCode::not_found, io::path_text(dir) +
                                              " is a HuggingFace checkpoint (config.json, no manifest.json); convert "
                                              "it first: colibri-cli convert -i " +
                                              io::path_text(dir) + " -o MODEL_DIR");
   }
-  if (!f && f.error().code() != StatusCode::not_found) return f.error();  // there, but the OS refused (limits, rights)
-  if (!f) {
+  if (!text && text.error().code() != StatusCode::not_found) {
+    return text.error();  // there, but the OS refused (limits, rights), or not a regular file
+  }
+  if (!text) {
     return Status(StatusCode::not_found, io::path_text(path) +
                                              " is missing: not a colibri model, or its conversion did not finish; "
                                              "re-run convert");
   }
-  auto size = f->size();
-  if (!size) return size.error();
-  if (*size > (1ull << 30)) return bad(io::path_text(path) + " is implausibly large");
-  std::string text(*size, '\0');
-  if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(*text);
   } catch (const std::exception& e) {
     return bad(io::path_text(path) + ": not valid JSON (" + e.what() + "); re-run convert");
   }

@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include "colibri/profile/profile.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
+#include "model/file_io.hpp"
 
 namespace colibri::model {
 
@@ -68,10 +69,9 @@ bool path_within(const fs::path& path, const fs::path& dir) {
 }
 
 std::string stripe_owner(const fs::path& stripe_dir) {
-  std::ifstream in(stripe_dir / kStripeMarker);
-  std::string owner;
-  if (!std::getline(in, owner)) return {};
-  return owner;
+  const auto text = io::read_text(stripe_dir / kStripeMarker, 1 << 20);  // none, unreadable or no file: no owner
+  if (!text) return {};
+  return text->substr(0, text->find('\n'));
 }
 
 bool remove_emptied_stripe_dir(const fs::path& stripe_dir, const fs::path& model_dir) {
@@ -111,12 +111,13 @@ sdk::Expected<std::vector<fs::path>> stripe_record_dirs(const fs::path& model_di
   }
   const fs::path pending = model_dir / kStripePending;
   if (fs::exists(fs::symlink_status(pending, ec))) {
-    if (!fs::is_regular_file(pending, ec)) {  // a FIFO would block the read
+    auto text = io::read_text(pending);  // a FIFO would block a plain read: refused by what it is
+    if (!text && text.error().code() == StatusCode::invalid_argument) {
       return Status(StatusCode::invalid_argument,
                     pending.string() + " is not a regular file (a directory, FIFO or device); remove it");
     }
-    std::ifstream in(pending);
-    if (!in) return Status(StatusCode::io_error, pending.string() + ": cannot be read: " + sdk::os_error_text(errno));
+    if (!text) return text.error();
+    std::istringstream in(*text);
     for (std::string line; std::getline(in, line);) {
       if (!line.empty()) add(line);
     }

@@ -180,15 +180,11 @@ sdk::Expected<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const fs::path&
     shard_paths.push_back(single_file);
   } else if (fs::is_regular_file(index_file, ec)) {
     index_path = index_file;
-    auto f = io::File::open_read(index_path);
-    if (!f) return f.error();
-    auto size = f->size();
-    if (!size) return size.error();
-    std::string text(*size, '\0');
-    if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+    auto text = io::read_text(index_path);
+    if (!text) return text.error();
     json index;
     try {
-      index = json::parse(text);
+      index = json::parse(*text);
     } catch (const std::exception& e) {
       return corrupt(index_path, std::string("not valid JSON: ") + e.what());
     }

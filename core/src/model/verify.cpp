@@ -21,16 +21,11 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   if (!m) {
     // Size and presence problems are reported per file below when the manifest itself parses.
     std::error_code ec;
-    std::string text;
     auto parsed = [&]() -> sdk::Expected<Manifest> {
-      auto f = io::File::open_read(dir / "manifest.json");
-      if (!f) return f.error();
-      auto size = f->size();
-      if (!size) return size.error();
-      text.resize(*size);
-      if (auto s = f->read_at(text.data(), text.size(), 0); !s) return s;
+      auto text = io::read_text(dir / "manifest.json");
+      if (!text) return text.error();
       try {
-        return parse_manifest(nlohmann::json::parse(text), (dir / "manifest.json").string());
+        return parse_manifest(nlohmann::json::parse(*text), (dir / "manifest.json").string());
       } catch (const std::exception& e) {
         return sdk::Status(sdk::StatusCode::corrupt_data, std::string("manifest.json is not valid JSON: ") + e.what());
       }

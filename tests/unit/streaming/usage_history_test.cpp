@@ -75,6 +75,21 @@ TEST(UsageHistory, AFifoManifestHasNoIdentityAndIsNotWaitedOn) {
   EXPECT_EQ(model_identity(d / "model"), "");
 }
 
+// The history itself a FIFO (or a directory): refused by what it is; a plain stream waited for a writer forever.
+TEST(UsageHistory, AFifoOrDirectoryHistoryIsRefusedNotWaitedOn) {
+  const auto d = scratch("fifo-history");
+  ASSERT_EQ(::mkfifo((d / "h.json").c_str(), 0600), 0);
+  auto h = load_usage_history(d / "h.json");
+  ASSERT_FALSE(h);
+  EXPECT_NE(h.error().message().find("is a named pipe (FIFO)"), std::string::npos) << h.error().message();
+  EXPECT_NE(h.error().message().find("reading usage history"), std::string::npos) << h.error().message();
+  fs::create_directories(d / "dir.json");
+  auto dir = load_usage_history(d / "dir.json");
+  ASSERT_FALSE(dir);
+  EXPECT_NE(dir.error().message().find("is a directory"), std::string::npos) << dir.error().message();
+  EXPECT_TRUE(load_usage_history(d / "none.json"));  // none yet: an empty history
+}
+
 TEST(UsageHistory, CountsStopAtTheLargestValueInsteadOfWrapping) {
   const auto d = scratch("saturate");
   const auto file = d / "h.json";
