@@ -143,32 +143,19 @@ sdk::Expected<DType> parse_kv_type(const std::string& text) {
 sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, EngineOptions& options) {
   const auto reg = registry::scan_for_profile(profile);
   Plugins plugins;
-  auto compute_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::compute);
-  if (!compute_info) return compute_info.error();
-  auto compute = reg.create_as<sdk::Compute>(**compute_info, profile.section("compute"));
-  if (!compute) {
-    return registry::with_value_origins(compute.error(), profile, "compute")
-        .with_context("creating compute plugin " + (*compute_info)->name);
-  }
-  auto storage_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::storage);
-  if (!storage_info) return storage_info.error();
-  auto storage = reg.create_as<sdk::Storage>(**storage_info, profile.section("storage"));
-  if (!storage) {
-    return registry::with_value_origins(storage.error(), profile, "storage")
-        .with_context("creating storage plugin " + (*storage_info)->name);
-  }
-  auto cache_info = registry::resolve_plugin(profile, reg, sdk::PluginKind::cache);
-  if (!cache_info) return cache_info.error();
-  auto cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
-  if (!cache) {
-    return registry::with_value_origins(cache.error(), profile, "cache")
-        .with_context("creating cache plugin " + (*cache_info)->name);
-  }
-  if (const auto pins = profile.get_list("cache.pinned_experts"); !pins.empty() && (*cache)->wanted_pins().empty()) {
+  // With `auto`, a plugin whose create() fails gives way to the next score (registry::create_selected).
+  auto compute = registry::create_selected_as<sdk::Compute>(profile, reg, sdk::PluginKind::compute);
+  if (!compute) return compute.error();
+  auto storage = registry::create_selected_as<sdk::Storage>(profile, reg, sdk::PluginKind::storage);
+  if (!storage) return storage.error();
+  auto cache = registry::create_selected_as<sdk::CachePolicy>(profile, reg, sdk::PluginKind::cache);
+  if (!cache) return cache.error();
+  if (const auto pins = profile.get_list("cache.pinned_experts");
+      !pins.empty() && cache->object->wanted_pins().empty()) {
     spdlog::warn(
         "cache.pinned_experts ({} listed) ignored: cache policy {} does not pin experts; set cache.policy: "
         "pinned to keep them",
-        pins.size(), (*cache_info)->name);
+        pins.size(), cache->info->name);
   }
   if (!options.vram_budget_bytes) {
     auto v = profile.get_int("memory.vram_budget");
@@ -187,14 +174,14 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
   if (!admission) return admission.error();
   options.vram_admission = *admission == "frequency";
   if (*options.vram_budget_bytes > 0) {
-    auto vram_cache = reg.create_as<sdk::CachePolicy>(**cache_info, profile.section("cache"));
-    if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + (*cache_info)->name);
+    auto vram_cache = reg.create_as<sdk::CachePolicy>(*cache->info, profile.section("cache"));
+    if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + cache->info->name);
     plugins.vram_cache = *vram_cache;
   }
   auto compute_section = profile.section("compute");
   auto fallback = profile_choice(profile, "compute.cpu_fallback", {"off", "auto"});
   if (!fallback) return fallback.error();
-  if (*fallback == "auto" && (*compute_info)->name != "cpu") {
+  if (*fallback == "auto" && compute->info->name != "cpu") {
     const auto* cpu_info = reg.find(sdk::PluginKind::compute, "cpu");
     if (cpu_info == nullptr) {
       return Status(StatusCode::not_found,
@@ -219,12 +206,12 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
     }
     *out = *v;
   }
-  plugins.compute = *compute;
-  plugins.storage = *storage;
-  plugins.cache = *cache;
-  plugins.compute_name = (*compute_info)->name;
-  plugins.storage_name = (*storage_info)->name;
-  plugins.cache_name = (*cache_info)->name;
+  plugins.compute = compute->object;
+  plugins.storage = storage->object;
+  plugins.cache = cache->object;
+  plugins.compute_name = compute->info->name;
+  plugins.storage_name = storage->info->name;
+  plugins.cache_name = cache->info->name;
   if (plugins.storage->query_interface(sdk::kStorageCopiesInterface) != nullptr) {
     for (const auto& p : profile.get_list("storage.paths")) options.mirror_dirs.emplace_back(p);
   }

@@ -1,7 +1,13 @@
 #include "colibri/registry/plugin_set.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "colibri/util/home.hpp"
 #include "colibri/util/host_info.hpp"
@@ -25,6 +31,56 @@ sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const
   }
   if (auto st = profile.apply_plugin_schema(kind, (*selected)->name, (*selected)->options); !st) return st;
   return selected;
+}
+
+sdk::Expected<CreatedPlugin<sdk::PluginObject>> create_selected(profile::Profile& profile,
+                                                                const PluginRegistry& registry, sdk::PluginKind kind) {
+  const std::string kind_name(to_string(kind));
+  const std::string section(profile::plugin_section(kind));
+  const profile::Entry* entry = profile.find(std::string(profile::plugin_selector_key(kind)));
+  const bool automatic = entry == nullptr || entry->value.is_auto;
+  std::optional<profile::Profile> unvalidated;  // the profile before a plugin's schema was applied, for the next one
+  if (automatic) unvalidated = profile;
+  auto first = resolve_plugin(profile, registry, kind);
+  if (!first) return first.error();
+  auto create = [&](const PluginInfo& p) -> sdk::Expected<std::shared_ptr<sdk::PluginObject>> {
+    auto made = registry.create(p, profile.section(section));
+    if (!made) {
+      return with_value_origins(made.error(), profile, section)
+          .with_context("creating " + kind_name + " plugin " + p.name);
+    }
+    return made;
+  };
+  auto made = create(**first);
+  if (made) return CreatedPlugin<sdk::PluginObject>{*first, std::move(*made)};
+  if (!automatic) return made.error();
+  // auto: the others that scored above 0, highest first (ties in search order, as select() breaks them).
+  std::vector<const PluginInfo*> rest;
+  for (const auto& p : registry.plugins()) {
+    if (p.kind == kind && p.score.value > 0 && &p != *first) rest.push_back(&p);
+  }
+  std::stable_sort(rest.begin(), rest.end(),
+                   [](const PluginInfo* a, const PluginInfo* b) { return a->score.value > b->score.value; });
+  std::string failed =
+      "\n  " + (*first)->name + " (score " + std::to_string((*first)->score.value) + "): " + made.error().message();
+  for (const auto* p : rest) {
+    profile = *unvalidated;
+    sdk::Status why = profile.apply_plugin_schema(kind, p->name, p->options);
+    if (why) {
+      auto next = create(*p);
+      if (next) {
+        spdlog::warn("{} plugin {} (score {}) could not be created; {}: auto took the next score, {} (score {}):{}",
+                     kind_name, (*first)->name, (*first)->score.value, profile::plugin_selector_key(kind), p->name,
+                     p->score.value, failed);
+        return CreatedPlugin<sdk::PluginObject>{p, std::move(*next)};
+      }
+      why = next.error();
+    }
+    failed += "\n  " + p->name + " (score " + std::to_string(p->score.value) + "): " + why.message();
+  }
+  return sdk::Status(made.error().code(), "no " + kind_name + " plugin that " +
+                                              std::string(profile::plugin_selector_key(kind)) +
+                                              ": auto could take was created:" + failed);
 }
 
 sdk::Status with_value_origins(const sdk::Status& error, const profile::Profile& profile, std::string_view section) {

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "colibri/profile/profile.hpp"
+#include "colibri/registry/plugin_set.hpp"
 #include "colibri/util/host_info.hpp"
 #include "colibri/util/metrics.hpp"
 
@@ -325,6 +327,48 @@ TEST(Registry, CreateFailureNamesThePluginAndTheReason) {
   EXPECT_THAT(obj.error().message(), HasSubstr("the fixture device exploded"));
   EXPECT_THAT(obj.error().message(), HasSubstr("storage plugin 'fixture-fails'"));
   EXPECT_THAT(obj.error().message(), HasSubstr("libcolibri-storage-fixture-fails.so"));
+}
+
+// A profile of the built-in keys alone (no profile file), with `overrides`.
+colibri::profile::Profile bare_profile(std::vector<colibri::profile::Override> overrides) {
+  colibri::profile::LoadOptions o;
+  o.overrides = std::move(overrides);
+  o.use_process_environment = false;
+  o.search_dirs = {fs::temp_directory_path() / "colibri-no-profiles-here"};
+  auto p = colibri::profile::Profile::load(o);
+  EXPECT_TRUE(p) << p.error().message();
+  return std::move(*p);
+}
+
+// auto: the highest score's create() failing gives way to the next score, said in a warning naming both and why
+// (as llama.cpp falls back to the CPU when CUDA cannot start); a plugin the profile names does not.
+TEST(Registry, AutoFallsBackPastAPluginWhoseCreateFails) {
+  auto reg = scan({"create_fails_high", "good"});
+  ASSERT_EQ(reg.select(PluginKind::storage, "auto").value()->name, "fixture-fails-high");
+  auto profile = bare_profile({{"storage.plugin", "auto", "--set"}});
+  CapturedLog captured;
+  auto made = colibri::registry::create_selected(profile, reg, PluginKind::storage);
+  captured.restore();
+  ASSERT_TRUE(made) << made.error().message();
+  EXPECT_EQ(made->info->name, "fixture-good");
+  EXPECT_TRUE(made->object);
+  EXPECT_THAT(captured.str(), HasSubstr("storage plugin fixture-fails-high (score 600) could not be created; "
+                                        "storage.plugin: auto took the next score, fixture-good (score 50)"));
+  EXPECT_THAT(captured.str(), HasSubstr("the fixture device exploded"));
+
+  auto named = bare_profile({{"storage.plugin", "fixture-fails-high", "--set"}});
+  auto refused = colibri::registry::create_selected(named, reg, PluginKind::storage);
+  ASSERT_FALSE(refused);
+  EXPECT_THAT(refused.error().message(), HasSubstr("creating storage plugin fixture-fails-high"));
+  EXPECT_THAT(refused.error().message(), HasSubstr("the fixture device exploded"));
+
+  // Every candidate failing: each named with its reason.
+  auto none = scan({"create_fails_high", "create_fails"});
+  auto all_failed = colibri::registry::create_selected(profile, none, PluginKind::storage);
+  ASSERT_FALSE(all_failed);
+  EXPECT_THAT(all_failed.error().message(), HasSubstr("no storage plugin that storage.plugin: auto could take"));
+  EXPECT_THAT(all_failed.error().message(), HasSubstr("fixture-fails-high (score 600): creating storage plugin"));
+  EXPECT_THAT(all_failed.error().message(), HasSubstr("fixture-fails (score 50): creating storage plugin"));
 }
 
 TEST(Registry, AnExceptionInCreateDoesNotCrossTheBoundary) {

@@ -20,15 +20,39 @@ PluginRegistry scan_for_profile(const profile::Profile& profile);
 // `section` the message names that a profile, the environment or a flag set.
 sdk::Status with_value_origins(const sdk::Status& error, const profile::Profile& profile, std::string_view section);
 
-// Resolves and creates the plugin of `kind` named by the profile.
+// A plugin the profile selected, and the object it created.
+template <typename T>
+struct CreatedPlugin {
+  const PluginInfo* info = nullptr;
+  std::shared_ptr<T> object;
+};
+
+// Resolves and creates the plugin of `kind` the profile selects. Selected by `auto`, a plugin whose create() fails
+// (a GPU whose driver is too old for its runtime, no device memory left) gives way to the next score, with a warning
+// that names it and why, as llama.cpp falls back to the CPU; a plugin the profile names is that plugin or an error.
+// The profile's section is then validated against the schema of the plugin that was created.
+sdk::Expected<CreatedPlugin<sdk::PluginObject>> create_selected(profile::Profile& profile,
+                                                                const PluginRegistry& registry, sdk::PluginKind kind);
+
+template <typename T>
+sdk::Expected<CreatedPlugin<T>> create_selected_as(profile::Profile& profile, const PluginRegistry& registry,
+                                                   sdk::PluginKind kind) {
+  auto made = create_selected(profile, registry, kind);
+  if (!made) return made.error();
+  auto typed = std::dynamic_pointer_cast<T>(made->object);
+  if (!typed) {
+    return sdk::Status(sdk::StatusCode::internal, "plugin " + made->info->name + " (" + made->info->path.string() +
+                                                      ") created an object of the wrong kind");
+  }
+  return CreatedPlugin<T>{made->info, std::move(typed)};
+}
+
 template <typename T>
 sdk::Expected<std::shared_ptr<T>> create_plugin(profile::Profile& profile, const PluginRegistry& registry,
                                                 sdk::PluginKind kind) {
-  auto info = resolve_plugin(profile, registry, kind);
-  if (!info) return info.error();
-  auto made = registry.create_as<T>(**info, profile.section(profile::plugin_section(kind)));
-  if (!made) return with_value_origins(made.error(), profile, profile::plugin_section(kind));
-  return made;
+  auto made = create_selected_as<T>(profile, registry, kind);
+  if (!made) return made.error();
+  return made->object;
 }
 
 }  // namespace colibri::registry
