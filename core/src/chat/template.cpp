@@ -9,6 +9,7 @@
 
 #include "chat/jinja.hpp"
 #include "colibri/sdk/config.hpp"
+#include "colibri/sdk/os_error.hpp"
 
 namespace colibri::chat {
 
@@ -203,8 +204,9 @@ sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenize
                            tokenizer_config.string() + " is a directory; give the file");
   }
   if (std::filesystem::exists(jinja, ec) && !std::filesystem::is_regular_file(jinja, ec)) {
-    return sdk::make_error(sdk::StatusCode::invalid_argument,
-                           jinja.string() + " is not a regular file (a directory, FIFO or device); put the file back");
+    return sdk::make_error(
+        sdk::StatusCode::invalid_argument,
+        jinja.string() + " is " + sdk::path_kind_text(jinja.string()) + ", not a file; put the file back");
   }
   std::ifstream in(tokenizer_config, std::ios::binary);
   if (!in) return sdk::make_error(sdk::StatusCode::not_found, "cannot open " + tokenizer_config.string());

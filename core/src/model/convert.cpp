@@ -904,9 +904,9 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     in.st = std::move(*st);
     if (!fs::is_regular_file(opt.input / "tokenizer.json", ec)) {
       if (fs::exists(fs::symlink_status(opt.input / "tokenizer.json", ec))) {
-        return Status(StatusCode::invalid_argument,
-                      (opt.input / "tokenizer.json").string() +
-                          " is not a regular file (a directory, FIFO, device or broken link); put the file there");
+        return Status(StatusCode::invalid_argument, (opt.input / "tokenizer.json").string() + " is " +
+                                                        sdk::path_kind_text((opt.input / "tokenizer.json").string()) +
+                                                        ", not a file; put the file there");
       }
       return Status(StatusCode::not_found,
                     "no tokenizer.json in " + opt.input.string() +

@@ -52,13 +52,8 @@ sdk::Expected<File> File::open_read(const fs::path& path) {
     return Status(StatusCode::io_error, "cannot stat " + path_text(path) + ": " + sdk::os_error_text(err));
   }
   if (!S_ISREG(st.st_mode)) {
-    const char* what = S_ISDIR(st.st_mode)                          ? "a directory"
-                       : S_ISFIFO(st.st_mode)                       ? "a named pipe (FIFO)"
-                       : S_ISSOCK(st.st_mode)                       ? "a socket"
-                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                                                                    : "not a regular file";
-    return Status(StatusCode::invalid_argument,
-                  path_text(path) + " is " + what + ", not a file colibri can read; give the file itself");
+    return Status(StatusCode::invalid_argument, path_text(path) + " is " + sdk::file_kind_text(st.st_mode) +
+                                                    ", not a file colibri can read; give the file itself");
   }
   if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
     int err = errno;

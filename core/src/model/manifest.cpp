@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "colibri/model/paths.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "model/architecture.hpp"
 #include "model/file_io.hpp"
 
@@ -779,9 +780,9 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
                     describe_model_file(*m, fe.path) + ": file " + fe.path + missing_file_reason(p));
     }
     if (!S_ISREG(st.st_mode)) {
-      return Status(StatusCode::corrupt_data, describe_model_file(*m, fe.path) + ": " + fe.path +
-                                                  " is not a regular file (a directory, FIFO or device); put the "
-                                                  "file back, or re-run convert");
+      return Status(StatusCode::corrupt_data, describe_model_file(*m, fe.path) + ": " + fe.path + " is " +
+                                                  sdk::file_kind_text(st.st_mode) +
+                                                  ", not a file; put the file back, or re-run convert");
     }
     if (static_cast<std::uint64_t>(st.st_size) != fe.size) {
       return Status(
@@ -798,11 +799,11 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
   for (const auto& t : m->tokenizer_files) {
     if (!fs::is_regular_file(dir / t, ec)) {
       const bool there = fs::exists(dir / t, ec);  // a directory, FIFO or device in its place: said so, not read
-      return Status(StatusCode::corrupt_data,
-                    "tokenizer file " + t +
-                        (there ? " in " + io::path_text(dir) + " is not a regular file (a directory, FIFO or device)"
-                               : " is missing from " + io::path_text(dir)) +
-                        "; put the file back, or re-run convert");
+      return Status(StatusCode::corrupt_data, "tokenizer file " + t +
+                                                  (there ? " in " + io::path_text(dir) + " is " +
+                                                               sdk::path_kind_text((dir / t).string()) + ", not a file"
+                                                         : " is missing from " + io::path_text(dir)) +
+                                                  "; put the file back, or re-run convert");
     }
     if (auto s = check_tokenizer_file(*m, dir, t); !s) return s;
   }

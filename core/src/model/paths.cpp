@@ -114,7 +114,7 @@ sdk::Expected<std::vector<fs::path>> stripe_record_dirs(const fs::path& model_di
     auto text = io::read_text(pending);  // a FIFO would block a plain read: refused by what it is
     if (!text && text.error().code() == StatusCode::invalid_argument) {
       return Status(StatusCode::invalid_argument,
-                    pending.string() + " is not a regular file (a directory, FIFO or device); remove it");
+                    pending.string() + " is " + sdk::path_kind_text(pending.string()) + ", not a file; remove it");
     }
     if (!text) return text.error();
     std::istringstream in(*text);

@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "colibri/sdk/os_error.hpp"
 #include "model/file_io.hpp"
 
 namespace colibri::model {
@@ -215,7 +216,7 @@ sdk::Expected<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const fs::path&
       return Status(StatusCode::invalid_argument,
                     io::path_text(p) +
                         (follow ? " cannot be followed: " + follow.message()
-                                : std::string(" is not a regular file (a directory, FIFO or device)")) +
+                                : " is " + sdk::path_kind_text(p.string()) + ", not a file") +
                         "; put the checkpoint's file there");
     }
     return Status(StatusCode::not_found,

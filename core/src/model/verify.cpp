@@ -9,6 +9,7 @@
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "model/file_io.hpp"
 
 namespace colibri::model {
@@ -61,9 +62,8 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
     }
     if (!S_ISREG(st.st_mode)) {  // its size would say nothing (a directory's 4096 bytes are no truncation)
       report.problems.push_back({f.path, where, "not a file",
-                                 where + ": " + f.path +
-                                     " is not a regular file (a directory, FIFO or device); put the file back, or "
-                                     "re-run convert"});
+                                 where + ": " + f.path + " is " + sdk::file_kind_text(st.st_mode) +
+                                     ", not a file; put the file back, or re-run convert"});
       done += f.size;
       continue;
     }

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 
 extern char** environ;
@@ -382,11 +383,8 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
   for (const auto& c : candidates) {
     const auto type = fs::status(c, ec).type();
     if (ec || type == fs::file_type::not_found || type == fs::file_type::directory) continue;
-    const char* what = type == fs::file_type::fifo                                        ? "a named pipe"
-                       : type == fs::file_type::socket                                    ? "a socket"
-                       : type == fs::file_type::block || type == fs::file_type::character ? "a device"
-                                                                                          : "not a regular file";
-    return Status(StatusCode::invalid_argument, "profile '" + name + "': " + c.string() + " is " + what +
+    return Status(StatusCode::invalid_argument, "profile '" + name + "': " + c.string() + " is " +
+                                                    sdk::path_kind_text(c.string()) +
                                                     ", not a profile file; name a .yaml file or a profile name");
   }
   // A candidate that is there but cannot be followed (a link loop, a link to nothing, no permission to look) is

@@ -24,6 +24,7 @@
 
 #include "colibri/profile/profile.hpp"
 #include "colibri/sdk/config.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "registry/host_services.hpp"
 
 namespace colibri::registry {
@@ -87,7 +88,7 @@ std::string elf_problem(const fs::path& file) {
   }
   if (fs::is_directory(st)) return "is a directory, not a shared library; rename or remove it";
   // Opening a FIFO to read its header would wait for a writer forever.
-  if (!fs::is_regular_file(st)) return "is not a regular file (a FIFO, socket or device); remove it";
+  if (!fs::is_regular_file(st)) return "is " + sdk::path_kind_text(file.string()) + ", not a shared library; remove it";
   unsigned char h[EI_NIDENT + 4] = {};
   std::ifstream in(file, std::ios::binary);
   if (!in) return "cannot be opened for reading (" + std::string(std::strerror(errno)) + "); check its permissions";

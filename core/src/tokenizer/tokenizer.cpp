@@ -122,8 +122,9 @@ std::string read_file(const std::filesystem::path& path, sdk::Status& status, bo
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec) ||
       (!named && std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))) {
-    status = sdk::make_error(sdk::StatusCode::invalid_argument,
-                             path.string() + " is not a regular file (a directory, FIFO or device); give the file");
+    status =
+        sdk::make_error(sdk::StatusCode::invalid_argument,
+                        path.string() + " is " + sdk::path_kind_text(path.string()) + ", not a file; give the file");
     return {};
   }
   std::ifstream in(path, std::ios::binary);

@@ -81,7 +81,7 @@ Expected<std::unique_ptr<File>> open_posix(const std::string& path, bool want_di
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status(StatusCode::invalid_argument, path + " is not a regular file");
+    return Status(StatusCode::invalid_argument, path + " is " + file_kind_text(st.st_mode) + ", not a file");
   }
   int dfd = -1;
   if (want_direct) {

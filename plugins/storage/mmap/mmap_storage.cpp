@@ -134,7 +134,7 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      return Status(StatusCode::invalid_argument, path + " is not a regular file");
+      return Status(StatusCode::invalid_argument, path + " is " + file_kind_text(st.st_mode) + ", not a file");
     }
     const auto size = static_cast<std::uint64_t>(st.st_size);
     void* addr = nullptr;

@@ -323,7 +323,8 @@ TEST(ModelConvert, VerifyNamesEachMissingTruncatedOrCorruptFile) {
   fs::create_symlink("E003.bin", l0 / "E003.bin");
   std::map<std::string, std::string> odd_by_where;
   for (const auto& p : verify_model(odd).problems) odd_by_where[p.location] = p.message;
-  EXPECT_NE(odd_by_where["L0/E0"].find("is not a regular file (a directory, FIFO or device)"), std::string::npos);
+  EXPECT_NE(odd_by_where["L0/E0"].find("E000.bin is a directory, not a file"), std::string::npos)
+      << odd_by_where["L0/E0"];
   EXPECT_NE(odd_by_where["L0/E2"].find("(written to since convert?)"), std::string::npos) << odd_by_where["L0/E2"];
   EXPECT_NE(odd_by_where["L0/E3"].find("is a symbolic link that leads back to itself"), std::string::npos)
       << odd_by_where["L0/E3"];
@@ -617,7 +618,7 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     auto d = copy_fixture(src, "no file");
     fs::rename(d / "model.safetensors.index.json", d / "index.kept");
     fs::create_directory(d / "model.safetensors");
-    expect_clean_failure(d, "model.safetensors is not a regular file", "safetensors dir");
+    expect_clean_failure(d, "model.safetensors is a directory, not a file", "safetensors dir");
     fs::remove(d / "model.safetensors");
     fs::create_symlink("model.safetensors.index.json", d / "model.safetensors.index.json");
     expect_clean_failure(d, "model.safetensors.index.json cannot be followed", "index loop");

@@ -664,7 +664,7 @@ class Stripe(unittest.TestCase):
         os.remove(os.path.join(dst, "stripe.yaml"))
         os.mkfifo(os.path.join(dst, "stripe.pending"))
         p = run(["model", "unstripe", dst], check=False)  # (run() times out at 300 s)
-        self.assertIn("stripe.pending is not a regular file", p.stderr)
+        self.assertIn("stripe.pending is a named pipe (FIFO), not a file", p.stderr)
         self.assertIn("stay there: remove them yourself", p.stderr)
 
 
@@ -828,7 +828,7 @@ class Faults(unittest.TestCase):
                 self.assertFalse(os.path.exists(os.path.join(WORK, "x.npy.partial")))
 
     def test_a_fifo_or_a_dangling_link_is_named_as_what_it_is(self):
-        for what, says in (("fifo", "is not a regular file (a directory, FIFO or device)"),
+        for what, says in (("fifo", "E002.bin is a named pipe (FIFO), not a file"),
                            ("dangling", "which is missing (a stripe disk not mounted, or moved?)")):
             p = run(["logits", "--model", self.broken(what), "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy")],
                     check=False)

@@ -156,7 +156,7 @@ TEST_F(ProfileTest, APipeIsNamedAsSuchNotCalledMissingOrRead) {
   for (const std::string& name : {std::string("pipe"), (dir_ / "pipe.yaml").string()}) {
     auto p = load(name);  // would block on open if it were read
     ASSERT_FALSE(p);
-    EXPECT_THAT(p.error().message(), HasSubstr("pipe.yaml is a named pipe, not a profile file")) << name;
+    EXPECT_THAT(p.error().message(), HasSubstr("pipe.yaml is a named pipe (FIFO), not a profile file")) << name;
     EXPECT_THAT(p.error().message(), Not(HasSubstr("did you mean"))) << name;
   }
 }

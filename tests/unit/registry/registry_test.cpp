@@ -186,7 +186,7 @@ TEST(Registry, AFifoOrALinkLoopIsNamedAndNeverWaitedOn) {
   ASSERT_EQ(::mkfifo((dir / "libcolibri-cache-pipe.so").c_str(), 0600), 0);  // opening it to read would block
   fs::create_symlink("libcolibri-cache-loop.so", dir / "libcolibri-cache-loop.so");
   auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
-  EXPECT_THAT(broken_reason(reg, "pipe"), HasSubstr("is not a regular file (a FIFO"));
+  EXPECT_THAT(broken_reason(reg, "pipe"), HasSubstr("is a named pipe (FIFO), not a shared library; remove it"));
   EXPECT_THAT(broken_reason(reg, "loop"), HasSubstr("leads back to itself"));
   fs::remove_all(dir);
 }

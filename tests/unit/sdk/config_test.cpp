@@ -1,9 +1,13 @@
 #include "colibri/sdk/config.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "colibri/quant/blocks.hpp"
 #include "colibri/sdk/dtype.hpp"
@@ -128,6 +132,28 @@ TEST(OsErrorText, NamesTheFixForLimitsAndPermissionsOnly) {
   EXPECT_NE(os_error_text(ENFILE).find("LimitNOFILE="), std::string::npos);
   EXPECT_NE(os_error_text(EACCES).find("permissions"), std::string::npos);
   EXPECT_EQ(os_error_text(EACCES).rfind(std::strerror(EACCES), 0), 0u);
+}
+
+// One wording for what a path is, in the core and in every plugin (it said "not a regular file (a directory, FIFO or
+// device)" in some places and named the kind in others).
+TEST(FileKindText, NamesWhatAPathIs) {
+  const auto dir = std::filesystem::temp_directory_path() / ("colibri-file-kind-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  std::filesystem::create_symlink(dir / "nothing", dir / "dangling");
+  std::filesystem::create_symlink(dir / "loop", dir / "loop");
+  std::filesystem::create_symlink(dir / "fifo", dir / "to-fifo");
+  EXPECT_EQ(colibri::sdk::path_kind_text(dir.string()), "a directory");
+  EXPECT_EQ(colibri::sdk::path_kind_text((dir / "fifo").string()), "a named pipe (FIFO)");
+  EXPECT_EQ(colibri::sdk::path_kind_text((dir / "to-fifo").string()), "a named pipe (FIFO)");  // through the link
+  EXPECT_EQ(colibri::sdk::path_kind_text("/dev/null"), "a device");
+  EXPECT_EQ(colibri::sdk::path_kind_text((dir / "dangling").string()), "a link to nothing or a link loop");
+  EXPECT_EQ(colibri::sdk::path_kind_text((dir / "loop").string()), "a link to nothing or a link loop");
+  EXPECT_EQ(colibri::sdk::path_kind_text((dir / "absent").string()), "missing");
+  EXPECT_EQ(colibri::sdk::file_kind_text(S_IFSOCK), "a socket");
+  EXPECT_EQ(colibri::sdk::file_kind_text(S_IFREG), "not a regular file");  // only asked about the others
+  std::filesystem::remove_all(dir);
 }
 
 TEST(DType, GgmlIdsAndBlockSizes) {

@@ -8,4 +8,11 @@ namespace colibri::sdk {
 // strerror(err), then for EMFILE/ENFILE how to raise the open-file limit and for EACCES/EPERM to check permissions.
 std::string os_error_text(int err);
 
+// What a file of stat's st_mode is, for a message about one that is not a regular file: "a directory", "a named pipe
+// (FIFO)", "a socket", "a device", else "not a regular file" (a regular file too: the callers ask about others).
+std::string file_kind_text(unsigned mode);
+// The same for a path, following links: "a link to nothing or a link loop" where it cannot be followed, "missing"
+// where nothing is there.
+std::string path_kind_text(const std::string& path);
+
 }  // namespace colibri::sdk
