@@ -67,7 +67,7 @@ struct Server::Impl {
   std::atomic<bool> out_of_descriptors{false};  // accept() is waiting for descriptors (warned once)
   net::signal_set signals{ioc};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
-  std::thread drainer;
+  std::thread drainer;  // under mu: stop() may run on another thread than run() and ~Server, which join it
   std::atomic<bool> stopping{false};
   std::atomic<bool> hurry{false};  // a second signal: no more grace for streams or responses
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
@@ -84,6 +84,15 @@ struct Server::Impl {
   }
   void accept();
   void stop();
+  // Joins the drainer once, whichever of run() and ~Server gets it.
+  void join_drainer() {
+    std::thread t;
+    {
+      std::lock_guard lock(mu);
+      t = std::move(drainer);
+    }
+    if (t.joinable()) t.join();
+  }
   // Stops the io_context once no session is left, or at the deadline.
   void stop_when_sessions_end(std::chrono::steady_clock::time_point deadline);
   void wait_for_signal();
@@ -1468,6 +1477,8 @@ void Server::Impl::stop() {
     // Idle keep-alive connections close now; busy ones after their response.
     for (auto& s : live) net::post(s->executor(), [s] { s->close_if_idle(); });
   });
+  // Assigned under mu: the thread can stop the io_context, and so end run(), before the assignment is done.
+  std::lock_guard lock(mu);
   drainer = std::thread([this] {
     scheduler->shutdown(opt.drain_timeout);  // every job has had its terminal event after this
     net::post(ioc, [this] {
@@ -1521,7 +1532,7 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() {
   if (!impl_) return;
   impl_->stop();
-  if (impl_->drainer.joinable()) impl_->drainer.join();
+  impl_->join_drainer();
   impl_->scheduler->shutdown(std::chrono::milliseconds(0));
 }
 
@@ -1631,7 +1642,7 @@ void Server::run() {
   for (int i = 1; i < std::max(1, s.opt.io_threads); ++i) threads.emplace_back(worker);
   worker();
   for (auto& t : threads) t.join();
-  if (s.drainer.joinable()) s.drainer.join();
+  s.join_drainer();
   s.scheduler->shutdown(std::chrono::milliseconds(0));
   std::lock_guard lock(s.mu);
   s.sessions.clear();

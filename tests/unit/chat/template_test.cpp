@@ -343,7 +343,7 @@ TEST(TemplateLimits, SizesAndBudget) {
 
 // The deepest templates the limits allow must fit a thread stack far smaller than the usual 8 MiB.
 void run_on_small_stack(const std::function<void()>& fn) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   constexpr std::size_t kStack = 8u << 20;  // sanitizer frames are several times larger
 #else
   constexpr std::size_t kStack = 1u << 20;

@@ -264,18 +264,18 @@ TEST(Registry, ANegativeScoreIsZeroWithTheNumberAsItsReason) {
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
-#if defined(__SANITIZE_ADDRESS__)
-  // AddressSanitizer owns SIGSEGV and its forked death-test child hangs on the sanitizer's locks; the release build
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizers own SIGSEGV and their forked death-test child hangs on the sanitizer's locks; the release build
   // runs this test.
-  GTEST_SKIP() << "not under AddressSanitizer";
+  GTEST_SKIP() << "not under a sanitizer";
 #endif
   EXPECT_DEATH(scan({"score_crashes"}),
                "a plugin crashed .signal 11. in score.. of [^ ]*libcolibri-storage-fixture-crash.so; remove it");
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "not under AddressSanitizer";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "not under a sanitizer";
 #endif
   // Not in a call colibri marks (loading, scoring, creating): a read, found by the faulting address.
   EXPECT_DEATH(
