@@ -381,6 +381,20 @@ cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::si
   }
 }
 
+// The candidate pairs layout of a format (64 weights a lane), where one exists.
+template <class F>
+struct PairsOf {
+  using type = void;
+};
+template <>
+struct PairsOf<q8dot::Q4_K> {
+  using type = q8dot::Q4_K_Pairs;
+};
+template <>
+struct PairsOf<q8dot::Q5_K> {
+  using type = q8dot::Q5_K_Pairs;
+};
+
 template <class F>
 cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
                                   float* y, std::int64_t k, std::int64_t n, int variant, bool quantize) {
@@ -400,8 +414,8 @@ cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb,
     default: break;
   }
   if (variant >= kDecodeVariantCount) return cudaErrorInvalidValue;
-  if constexpr (std::is_same_v<F, q8dot::Q4_K>) {
-    using P = q8dot::Q4_K_Pairs;
+  if constexpr (!std::is_void_v<typename PairsOf<F>::type>) {
+    using P = typename PairsOf<F>::type;
     switch (variant) {
       case 8: return matmul_q8_as<P, 1, 1, 1>(s, w, rb, q8, y, nullptr, k, n, 1);
       case 9: return matmul_q8_as<P, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, 1);
@@ -409,14 +423,14 @@ cudaError_t matmul_q8_variant_for(cudaStream_t s, const void* w, std::size_t rb,
       default: return matmul_q8_as<P, 1, 1, 2, 4>(s, w, rb, q8, y, nullptr, k, n, 1);
     }
   }
-  return cudaErrorNotSupported;  // the pairs layout is q4_k's alone
+  return cudaErrorNotSupported;  // the pairs layout is q4_k's and q5_k's alone
 }
 
-// q4_k's whole op (X quantized, then the matmul) in the candidate layout q8dot::Q4_K_Pairs, in a token tile by t as
-// matmul_q8_for picks them; its X runs are twice as long, so the wide tiles take one row per warp.
-cudaError_t matmul_q4_k_pairs(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
-                              float* y, std::int64_t k, std::int64_t n, std::int64_t t) {
-  using P = q8dot::Q4_K_Pairs;
+// The whole op (X quantized, then the matmul) in a candidate pairs layout (q8dot::Q4_K_Pairs, Q5_K_Pairs), in a token
+// tile by t as matmul_q8_for picks them; its X runs are twice as long, so the wide tiles take one row per warp.
+template <class P>
+cudaError_t matmul_q8_pairs(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8,
+                            float* y, std::int64_t k, std::int64_t n, std::int64_t t) {
   if (cudaError_t e = quantize_q8<P>(s, x, q8, k, t); e != cudaSuccess) return e;
   if (t == 1) return matmul_q8_as<P, 1, 1, 2>(s, w, rb, q8, y, nullptr, k, n, t);
   if (t == 2) return matmul_q8_as<P, 2, 2>(s, w, rb, q8, y, nullptr, k, n, t);
@@ -834,11 +848,15 @@ cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, c
   }
 }
 
-cudaError_t launch_matmul_q4_k_pairs(cudaStream_t stream, const void* w, std::size_t row_bytes, const float* x,
-                                     float* y, std::int64_t k, std::int64_t n, std::int64_t t,
-                                     const Q8Scratch& q8) noexcept {
-  if (!takes_q8(kQ4_K, k) || t < 1) return cudaErrorInvalidValue;
-  return matmul_q4_k_pairs(stream, w, row_bytes, x, q8, y, k, n, t);
+cudaError_t launch_matmul_q8_pairs(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                   const float* x, float* y, std::int64_t k, std::int64_t n, std::int64_t t,
+                                   const Q8Scratch& q8) noexcept {
+  if (!takes_q8(wtype, k) || t < 1) return cudaErrorInvalidValue;
+  switch (wtype) {
+    case kQ4_K: return matmul_q8_pairs<q8dot::Q4_K_Pairs>(stream, w, row_bytes, x, q8, y, k, n, t);
+    case kQ5_K: return matmul_q8_pairs<q8dot::Q5_K_Pairs>(stream, w, row_bytes, x, q8, y, k, n, t);
+    default: return cudaErrorNotSupported;
+  }
 }
 
 const char* matmul_q8_variant_name(int variant) noexcept {

@@ -35,21 +35,22 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
 // in variant 0..kDecodeVariantCount-1, named by matmul_q8_variant_name: "default" (launch_matmul's tile for the
 // format), else "RxU[ minB]": R rows per warp, U of a lane's units per step, at least B blocks of 256 threads per
 // multiprocessor (a register cap). Without `quantize` the matmul alone runs, on X already quantized in q8 by an
-// earlier call of the same k. Variants from kPairsVariant on ("pairs RxU[ minB]") run q4_k in the candidate layout
-// q8dot::Q4_K_Pairs and give launch_matmul_q4_k_pairs's bits (cudaErrorNotSupported for other formats); the others
-// give launch_matmul's. cudaErrorInvalidValue for another format or variant.
+// earlier call of the same k. Variants from kPairsVariant on ("pairs RxU[ minB]") run q4_k and q5_k in their
+// candidate layouts (q8dot::Q4_K_Pairs, Q5_K_Pairs) and give launch_matmul_q8_pairs's bits (cudaErrorNotSupported for
+// other formats); the others give launch_matmul's. cudaErrorInvalidValue for another format or variant.
 constexpr int kDecodeVariantCount = 12;
 constexpr int kPairsVariant = 8;
 cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                                      const float* x, float* y, std::int64_t k, std::int64_t n, const Q8Scratch& q8,
                                      int variant, bool quantize = true) noexcept;
 const char* matmul_q8_variant_name(int variant) noexcept;
-// For colibri_bench_cuda_gemv: launch_matmul of q4_k weights with 8-bit activations (q8 as there), in the candidate
-// layout q8dot::Q4_K_Pairs (lanes of 64 weights) rather than q8dot::Q4_K's; the same sums in another order, so the
-// bits differ from launch_matmul's by rounding, while an element's bits are the same at every t.
-cudaError_t launch_matmul_q4_k_pairs(cudaStream_t stream, const void* w, std::size_t row_bytes, const float* x,
-                                     float* y, std::int64_t k, std::int64_t n, std::int64_t t,
-                                     const Q8Scratch& q8) noexcept;
+// For colibri_bench_cuda_gemv: launch_matmul of q4_k or q5_k weights with 8-bit activations (q8 as there), in the
+// candidate pairs layout (q8dot::Q4_K_Pairs, Q5_K_Pairs: lanes of 64 weights) rather than the default's; the same sums
+// in another order, so the bits differ from launch_matmul's by rounding, while an element's bits are the same at every
+// t. cudaErrorNotSupported for other formats.
+cudaError_t launch_matmul_q8_pairs(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                   const float* x, float* y, std::int64_t k, std::int64_t n, std::int64_t t,
+                                   const Q8Scratch& q8) noexcept;
 
 // n elements of X encoded into Y of a KV cache type (f32, f16, q8_0; n a multiple of 32 for q8_0), the bytes of
 // colibri::quant::quantize_row. Y is 2-byte aligned.

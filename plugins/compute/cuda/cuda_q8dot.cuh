@@ -231,6 +231,52 @@ struct Q4_K_Pairs : FetchThenUse<Q4_K_Pairs> {
   }
 };
 
+// q5_k in the pairs layout (as Q4_K_Pairs): lane j takes the 32 bytes of qs of sub-block pair j and all 32 bytes of
+// qh, whose bits 2j and 2j + 1 are the fifth bits of sub-blocks 2j and 2j + 1.
+struct Q5_K_Pairs : FetchThenUse<Q5_K_Pairs> {
+  static constexpr int kUnitBytes = 176;
+  static constexpr int kXBlock = 256;
+  static constexpr int kUnitLanes = 4;
+  static constexpr int kSpan = 32;
+  static constexpr bool kVector = true;
+  COLIBRI_HD static int xoff0(int j) { return 64 * j; }
+  COLIBRI_HD static int xoff1(int j) { return 64 * j + 32; }
+  struct Raw {
+    std::uint32_t head[4], qh[8], q[8];
+  };
+  COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
+    std::uint32_t w[4][4];
+    load16(b, vec, raw.head);
+    load16(b + 16, vec, w[0]);
+    load16(b + 32, vec, w[1]);
+    load16(b + 48 + 32 * j, vec, w[2]);
+    load16(b + 64 + 32 * j, vec, w[3]);
+    COLIBRI_UNROLL
+    for (int i = 0; i < 4; ++i)
+      raw.qh[i] = w[0][i], raw.qh[4 + i] = w[1][i], raw.q[i] = w[2][i], raw.q[4 + i] = w[3][i];
+  }
+  template <int NT>
+  COLIBRI_HD static void use(const Raw& raw, int j, const X32 (&xa)[NT], const X32 (&xb)[NT], float (&out)[NT]) {
+    std::uint32_t lo[8], hi[8];
+    bits(raw.q, 0, 0x0F0F0F0Fu, lo);
+    bits(raw.q, 4, 0x0F0F0F0Fu, hi);
+    COLIBRI_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      lo[i] |= ((raw.qh[i] >> (2 * j)) & 0x01010101u) << 4;
+      hi[i] |= ((raw.qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+    }
+    const std::uint32_t sm = K4Lanes::pair_scales_mins(raw.head, j);
+    const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
+    const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
+    const float d = half_bits(raw.head[0]), dmin = half_bits(raw.head[0] >> 16);
+    COLIBRI_UNROLL
+    for (int i = 0; i < NT; ++i) {
+      out[i] =
+          scaled_minus_min(d, sc0 * dot32(lo, xa[i]) + sc1 * dot32(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
+    }
+  }
+};
+
 struct Q5_K : K4Lanes, FetchThenUse<Q5_K> {  // 176 bytes per unit: d, dmin, scales[12], qh[32], qs[128]
   static constexpr int kUnitBytes = 176;
   static constexpr bool kVector = true;

@@ -8,9 +8,9 @@
 // markdown table: per format the bytes read per call, the median time for T = 1 and T = 8 (the whole op: X's 8-bit
 // quantization and the matmul), GB/s of weights at T = 1 and its share of the measured bandwidth. A second table
 // times the decode matmul kernel alone in each tile variant (launch_matmul_q8_variant), after checking that every
-// variant gives the default's bits (exit status 1 if one does not). "q4_k pairs" is q4_k in the candidate layout of
-// 64 weights a lane (launch_matmul_q4_k_pairs): checked within rounding of the default and bit-identical across
-// token tiles, timed as an op in the first table and in its own decode variants in the second.
+// variant gives the default's bits (exit status 1 if one does not). "q4_k pairs" and "q5_k pairs" are those formats in
+// the candidate layout of 64 weights a lane (launch_matmul_q8_pairs): checked within rounding of the default and
+// bit-identical across token tiles, timed as an op in the first table and in their own decode variants in the second.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -62,46 +62,47 @@ float median_ms(int reps, F fn) {
   return ms[ms.size() / 2];
 }
 
-// q4_k's candidate layout (launch_matmul_q4_k_pairs, run by `pairs(t)` into dy): its T = 1 output (kept in `want`)
+// A candidate pairs layout (launch_matmul_q8_pairs, run by `pairs(x, t)` into dy): its T = 1 output (kept in `want`)
 // within rounding of launch_matmul's, and each token of a T = 8 call the bits of that token alone (the batch promise).
 // Says what differs on stderr.
 template <typename Pairs>
-bool pairs_layout_agrees(Pairs pairs, std::uint32_t wt, const void* dw, std::size_t rb, const float* dx, float* dy,
+bool pairs_layout_agrees(Pairs pairs, DType type, const void* dw, std::size_t rb, const float* dx, float* dy,
                          std::int64_t k, std::int64_t n, const colibri::cuda::Q8Scratch& q8, std::vector<float>& want) {
+  const auto wt = static_cast<std::uint32_t>(type);
+  const std::string name = std::string(colibri::sdk::to_string(type)) + " pairs";
   const auto un = static_cast<std::size_t>(n);
   std::vector<float> base(un), got(un * 8);
   CHECK(colibri::cuda::launch_matmul(nullptr, wt, dw, rb, dx, dy, nullptr, k, n, 1, &q8));
   CHECK(cudaMemcpy(base.data(), dy, un * sizeof(float), cudaMemcpyDeviceToHost));
   want.assign(un, 0.0f);
   CHECK(cudaMemset(dy, 0xFF, un * sizeof(float)));
-  CHECK(pairs(1));
+  CHECK(pairs(dx, 1));
   CHECK(cudaMemcpy(want.data(), dy, un * sizeof(float), cudaMemcpyDeviceToHost));
   float scale = 0.0f;
   for (const float v : base) scale = std::max(scale, std::fabs(v));
   for (std::size_t r = 0; r < un; ++r) {
     // Another order of the same float terms: far below 1e-4 of the largest output; a layout slip is not.
     if (!(std::fabs(want[r] - base[r]) <= 1e-4f * scale)) {
-      std::fprintf(stderr, "q4_k pairs: row %zu is %g, the default layout gives %g\n", r, static_cast<double>(want[r]),
-                   static_cast<double>(base[r]));
+      std::fprintf(stderr, "%s: row %zu is %g, the default layout gives %g\n", name.c_str(), r,
+                   static_cast<double>(want[r]), static_cast<double>(base[r]));
       return false;
     }
   }
   // Token 0 of X is the T = 1 call's token; the other seven are other activations.
   CHECK(cudaMemset(dy, 0xFF, un * 8 * sizeof(float)));
-  CHECK(pairs(8));
+  CHECK(pairs(dx, 8));
   CHECK(cudaMemcpy(got.data(), dy, un * 8 * sizeof(float), cudaMemcpyDeviceToHost));
   if (std::memcmp(got.data(), want.data(), un * sizeof(float)) != 0) {
-    std::fprintf(stderr, "q4_k pairs: token 0 of an 8-token call differs from the 1-token call\n");
+    std::fprintf(stderr, "%s: token 0 of an 8-token call differs from the 1-token call\n", name.c_str());
     return false;
   }
   std::vector<float> one(un);
   for (int i = 1; i < 8; ++i) {  // each other token alone: as token 0 of X shifted by i tokens
     CHECK(cudaMemset(dy, 0xFF, un * sizeof(float)));
-    CHECK(colibri::cuda::launch_matmul_q4_k_pairs(nullptr, dw, rb, dx + static_cast<std::size_t>(i) * k, dy, k, n, 1,
-                                                  q8));
+    CHECK(pairs(dx + static_cast<std::size_t>(i) * k, 1));
     CHECK(cudaMemcpy(one.data(), dy, un * sizeof(float), cudaMemcpyDeviceToHost));
     if (std::memcmp(got.data() + static_cast<std::size_t>(i) * un, one.data(), un * sizeof(float)) != 0) {
-      std::fprintf(stderr, "q4_k pairs: token %d of an 8-token call differs from that token alone\n", i);
+      std::fprintf(stderr, "%s: token %d of an 8-token call differs from that token alone\n", name.c_str(), i);
       return false;
     }
   }
@@ -202,17 +203,18 @@ int main(int argc, char** argv) {
                   acts == nullptr ? " exact" : "", static_cast<double>(bytes) / 1e6, t1 * 1e3, t8 * 1e3, gbs,
                   100.0 * gbs / device_gbs);
     }
-    std::vector<float> pairs_want;  // q4_k's candidate layout at T = 1, checked against the default and itself
-    if (type == DType::q4_k && k % 256 == 0) {
-      const auto pairs = [&](std::int64_t t) {
-        return colibri::cuda::launch_matmul_q4_k_pairs(nullptr, dw, rb, dx, dy, k, n, t, q8);
+    std::vector<float> pairs_want;  // the candidate pairs layout at T = 1, checked against the default and itself
+    if ((type == DType::q4_k || type == DType::q5_k) && k % 256 == 0) {
+      const auto pairs = [&](const float* x, std::int64_t t) {
+        return colibri::cuda::launch_matmul_q8_pairs(nullptr, wt, dw, rb, x, dy, k, n, t, q8);
       };
-      const float t1 = median_ms(reps, [&] { CHECK(pairs(1)); });
-      const float t8 = median_ms(reps, [&] { CHECK(pairs(8)); });
+      const float t1 = median_ms(reps, [&] { CHECK(pairs(dx, 1)); });
+      const float t8 = median_ms(reps, [&] { CHECK(pairs(dx, 8)); });
       const double gbs = static_cast<double>(bytes) / (t1 * 1e-3) / 1e9;
-      std::printf("| q4_k pairs | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", static_cast<double>(bytes) / 1e6, t1 * 1e3,
+      std::printf("| %s pairs | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n",
+                  std::string(colibri::sdk::to_string(type)).c_str(), static_cast<double>(bytes) / 1e6, t1 * 1e3,
                   t8 * 1e3, gbs, 100.0 * gbs / device_gbs);
-      pairs_mismatch = !pairs_layout_agrees(pairs, wt, dw, rb, dx, dy, k, n, q8, pairs_want);
+      if (!pairs_layout_agrees(pairs, type, dw, rb, dx, dy, k, n, q8, pairs_want)) pairs_mismatch = true;
     }
     // The decode variants (rows per warp, units per lane step) on the same weights: each must give the default's
     // bits; their kernel-only times say which tile is best on this device.
@@ -225,7 +227,7 @@ int main(int argc, char** argv) {
       for (int v = 0; v < colibri::cuda::kDecodeVariantCount; ++v) {
         CHECK(cudaMemset(dy, 0xFF, want.size() * sizeof(float)));
         const cudaError_t e = colibri::cuda::launch_matmul_q8_variant(nullptr, wt, dw, rb, dx, dy, k, n, q8, v);
-        if (e == cudaErrorNotSupported) {  // the pairs layout is q4_k's alone
+        if (e == cudaErrorNotSupported) {  // the pairs layouts are q4_k's and q5_k's alone
           line += " - |";
           continue;
         }
@@ -233,7 +235,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMemcpy(got.data(), dy, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
         const std::vector<float>& expect = v >= colibri::cuda::kPairsVariant ? pairs_want : want;
         if (expect.size() != got.size() || std::memcmp(got.data(), expect.data(), got.size() * sizeof(float)) != 0) {
-          std::fprintf(stderr, "%s: decode variant %s differs from launch_matmul (pairs: launch_matmul_q4_k_pairs)\n",
+          std::fprintf(stderr, "%s: decode variant %s differs from launch_matmul (pairs: launch_matmul_q8_pairs)\n",
                        std::string(colibri::sdk::to_string(type)).c_str(), colibri::cuda::matmul_q8_variant_name(v));
           variant_mismatch = true;
         }

@@ -183,6 +183,7 @@ TEST(CudaQ8Dot, EveryLaneOfEveryFormatIsTheReferenceWeightsTimesItsActivations) 
     for (unsigned seed : {1u, 2u}) {
       expect_q8_parts_match<q8::Q4_K>(DType::q4_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q4_K_Pairs>(DType::q4_k, 5, offset, seed);
+      expect_q8_parts_match<q8::Q5_K_Pairs>(DType::q5_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q5_K>(DType::q5_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q6_K>(DType::q6_k, 5, offset, seed);
       expect_q8_parts_match<q8::Q2_K>(DType::q2_k, 5, offset, seed);
@@ -311,6 +312,7 @@ void expect_warp_matches(DType type, std::int64_t k = 1024) {
 TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   expect_warp_matches<q8::Q4_K>(DType::q4_k);
   expect_warp_matches<q8::Q4_K_Pairs>(DType::q4_k);
+  expect_warp_matches<q8::Q5_K_Pairs>(DType::q5_k);
   expect_warp_matches<q8::Q5_K>(DType::q5_k);
   expect_warp_matches<q8::Q6_K>(DType::q6_k);
   expect_warp_matches<q8::Q2_K>(DType::q2_k);
@@ -322,6 +324,7 @@ TEST(CudaQ8Dot, AWarpOfLanesIsTheMatmulOfQuantizedActivationsInEveryTile) {
   for (const std::int64_t k : {4096, 5120}) {
     expect_warp_matches<q8::Q4_K>(DType::q4_k, k);
     expect_warp_matches<q8::Q4_K_Pairs>(DType::q4_k, k);
+    expect_warp_matches<q8::Q5_K_Pairs>(DType::q5_k, k);
     expect_warp_matches<q8::Q6_K>(DType::q6_k, k);
     expect_warp_matches<q8::Q8_0>(DType::q8_0, k);
   }
