@@ -58,14 +58,16 @@ COLIBRI_HD int dp4a(std::uint32_t a, std::uint32_t b, int c) {
   return c;
 #endif
 }
-COLIBRI_HD int dot16(const std::uint32_t (&w)[4], const X16& x) {
-  return dp4a(w[3], x.q[3], dp4a(w[2], x.q[2], dp4a(w[1], x.q[1], dp4a(w[0], x.q[0], 0))));
-}
-COLIBRI_HD int dot32(const std::uint32_t (&w)[8], const X32& x) {
+// The integer dot product of 4 W weights (signed bytes) with a run of as many activations.
+template <int W>
+COLIBRI_HD int dot_run(const std::uint32_t (&w)[W], const XQ<4 * W>& x) {
   int s = 0;
   COLIBRI_UNROLL
-  for (int i = 0; i < 8; ++i) s = dp4a(w[i], x.q[i], s);
+  for (int i = 0; i < W; ++i) s = dp4a(w[i], x.q[i], s);
   return s;
+}
+COLIBRI_HD int dot16(const std::uint32_t (&w)[4], const X16& x) {
+  return dot_run(w, x);
 }
 // Bits `shift`.. of every byte of four words, under `mask` (0x0F0F0F0F: nibbles, 0x03030303: two bits).
 template <int W>
@@ -91,6 +93,15 @@ COLIBRI_HD void load16(const std::uint8_t* p, bool vec, std::uint32_t (&w)[4]) {
   (void)vec;
 #endif
   load_words(p, w);
+}
+
+// 32 bytes at p as two load16s (the pairs layouts' runs).
+COLIBRI_HD void load32(const std::uint8_t* p, bool vec, std::uint32_t (&w)[8]) {
+  std::uint32_t a[4], b[4];
+  load16(p, vec, a);
+  load16(p + 16, vec, b);
+  COLIBRI_UNROLL
+  for (int i = 0; i < 4; ++i) w[i] = a[i], w[4 + i] = b[i];
 }
 
 // d * isum - dmin * imin: the k-quants with a minimum per sub-block.
@@ -156,19 +167,45 @@ struct K4Lanes {
     const std::uint32_t low = byte_perm(head[3], head[3], a | (a + 1) << 4 | a << 8 | (a + 1) << 12);
     return (low & 0x00000F0Fu) | ((low >> 4) & 0x0F0F0000u) | ((pair & 0xC0C0C0C0u) >> 2);
   }
-  template <int NT>
-  COLIBRI_HD static void finish(const std::uint32_t (&head)[4], int j, const std::uint32_t (&lo)[4],
-                                const std::uint32_t (&hi)[4], const X16 (&xa)[NT], const X16 (&xb)[NT],
-                                float (&out)[NT]) {
-    const std::uint32_t sm = scales_mins(head, j);
+  // The parts of the sub-block pair whose scales and mins sm packs: lo are values of its first sub-block at xa, hi of
+  // its second at xb (runs of 16 here, of 32 in the pairs layout).
+  template <int NT, int W>
+  COLIBRI_HD static void pair_parts(const std::uint32_t (&head)[4], std::uint32_t sm, const std::uint32_t (&lo)[W],
+                                    const std::uint32_t (&hi)[W], const XQ<4 * W> (&xa)[NT], const XQ<4 * W> (&xb)[NT],
+                                    float (&out)[NT]) {
     const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
     const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
     const float d = half_bits(head[0]), dmin = half_bits(head[0] >> 16);
     COLIBRI_UNROLL
     for (int i = 0; i < NT; ++i) {
-      out[i] =
-          scaled_minus_min(d, sc0 * dot16(lo, xa[i]) + sc1 * dot16(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
+      out[i] = scaled_minus_min(d, sc0 * dot_run(lo, xa[i]) + sc1 * dot_run(hi, xb[i]), dmin,
+                                mn0 * xa[i].sum + mn1 * xb[i].sum);
     }
+  }
+  template <int NT>
+  COLIBRI_HD static void finish(const std::uint32_t (&head)[4], int j, const std::uint32_t (&lo)[4],
+                                const std::uint32_t (&hi)[4], const X16 (&xa)[NT], const X16 (&xb)[NT],
+                                float (&out)[NT]) {
+    pair_parts(head, scales_mins(head, j), lo, hi, xa, xb, out);
+  }
+};
+
+// q4_k / q5_k in the pairs layout (candidates, timed by colibri_bench_cuda_gemv against Q4_K and Q5_K): 4 lanes a
+// unit, lane j takes the whole sub-block pair j (its low nibbles are sub-block 2j, its high nibbles 2j + 1), so one
+// load of the 16-byte head and one unpacking of its scales serve 64 weights rather than 32. The integer sums span 32
+// activations where K4Lanes' span 16: the same terms, rounded in another order, so the bits differ from the default's.
+struct K4Pairs {
+  static constexpr int kXBlock = 256;
+  static constexpr int kUnitLanes = 4;
+  static constexpr int kSpan = 32;
+  static constexpr bool kVector = true;
+  COLIBRI_HD static int xoff0(int j) { return 64 * j; }
+  COLIBRI_HD static int xoff1(int j) { return 64 * j + 32; }
+  template <int NT>
+  COLIBRI_HD static void finish(const std::uint32_t (&head)[4], int j, const std::uint32_t (&lo)[8],
+                                const std::uint32_t (&hi)[8], const X32 (&xa)[NT], const X32 (&xb)[NT],
+                                float (&out)[NT]) {
+    K4Lanes::pair_parts(head, K4Lanes::pair_scales_mins(head, j), lo, hi, xa, xb, out);
   }
 };
 
@@ -191,69 +228,36 @@ struct Q4_K : K4Lanes, FetchThenUse<Q4_K> {  // 144 bytes per unit: d, dmin, sca
   }
 };
 
-// q4_k with 4 lanes a unit (a candidate layout, timed by colibri_bench_cuda_gemv against Q4_K): lane j takes the 32
-// bytes of sub-block pair j, whose low nibbles are sub-block 2j and high nibbles sub-block 2j + 1, so one load of the
-// 16-byte head and one unpacking of its scales serve 64 weights rather than 32. Its integer sums span 32 activations
-// where Q4_K's span 16: the same terms, rounded in another order, so its bits differ from Q4_K's.
-struct Q4_K_Pairs : FetchThenUse<Q4_K_Pairs> {
+// q4_k in the pairs layout: lane j takes the 32 bytes of qs of sub-block pair j.
+struct Q4_K_Pairs : K4Pairs, FetchThenUse<Q4_K_Pairs> {
   static constexpr int kUnitBytes = 144;
-  static constexpr int kXBlock = 256;
-  static constexpr int kUnitLanes = 4;
-  static constexpr int kSpan = 32;
-  static constexpr bool kVector = true;
-  COLIBRI_HD static int xoff0(int j) { return 64 * j; }
-  COLIBRI_HD static int xoff1(int j) { return 64 * j + 32; }
   struct Raw {
     std::uint32_t head[4], q[8];
   };
   COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
-    std::uint32_t q0[4], q1[4];
     load16(b, vec, raw.head);
-    load16(b + 16 + 32 * j, vec, q0);
-    load16(b + 32 + 32 * j, vec, q1);
-    COLIBRI_UNROLL
-    for (int i = 0; i < 4; ++i) raw.q[i] = q0[i], raw.q[4 + i] = q1[i];
+    load32(b + 16 + 32 * j, vec, raw.q);
   }
   template <int NT>
   COLIBRI_HD static void use(const Raw& raw, int j, const X32 (&xa)[NT], const X32 (&xb)[NT], float (&out)[NT]) {
     std::uint32_t lo[8], hi[8];
     bits(raw.q, 0, 0x0F0F0F0Fu, lo);
     bits(raw.q, 4, 0x0F0F0F0Fu, hi);
-    const std::uint32_t sm = K4Lanes::pair_scales_mins(raw.head, j);
-    const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
-    const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
-    const float d = half_bits(raw.head[0]), dmin = half_bits(raw.head[0] >> 16);
-    COLIBRI_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      out[i] =
-          scaled_minus_min(d, sc0 * dot32(lo, xa[i]) + sc1 * dot32(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
-    }
+    finish(raw.head, j, lo, hi, xa, xb, out);
   }
 };
 
-// q5_k in the pairs layout (as Q4_K_Pairs): lane j takes the 32 bytes of qs of sub-block pair j and all 32 bytes of
-// qh, whose bits 2j and 2j + 1 are the fifth bits of sub-blocks 2j and 2j + 1.
-struct Q5_K_Pairs : FetchThenUse<Q5_K_Pairs> {
+// q5_k in the pairs layout: lane j takes the 32 bytes of qs of sub-block pair j and all 32 bytes of qh, whose bits 2j
+// and 2j + 1 are the fifth bits of sub-blocks 2j and 2j + 1.
+struct Q5_K_Pairs : K4Pairs, FetchThenUse<Q5_K_Pairs> {
   static constexpr int kUnitBytes = 176;
-  static constexpr int kXBlock = 256;
-  static constexpr int kUnitLanes = 4;
-  static constexpr int kSpan = 32;
-  static constexpr bool kVector = true;
-  COLIBRI_HD static int xoff0(int j) { return 64 * j; }
-  COLIBRI_HD static int xoff1(int j) { return 64 * j + 32; }
   struct Raw {
     std::uint32_t head[4], qh[8], q[8];
   };
   COLIBRI_HD static void fetch(const std::uint8_t* b, int j, bool vec, Raw& raw) {
-    std::uint32_t w[4][4];
     load16(b, vec, raw.head);
-    load16(b + 16, vec, w[0]);
-    load16(b + 32, vec, w[1]);
-    load16(b + 48 + 32 * j, vec, w[2]);
-    load16(b + 64 + 32 * j, vec, w[3]);
-    COLIBRI_UNROLL
-    for (int i = 0; i < 4; ++i)
-      raw.qh[i] = w[0][i], raw.qh[4 + i] = w[1][i], raw.q[i] = w[2][i], raw.q[4 + i] = w[3][i];
+    load32(b + 16, vec, raw.qh);
+    load32(b + 48 + 32 * j, vec, raw.q);
   }
   template <int NT>
   COLIBRI_HD static void use(const Raw& raw, int j, const X32 (&xa)[NT], const X32 (&xb)[NT], float (&out)[NT]) {
@@ -265,15 +269,7 @@ struct Q5_K_Pairs : FetchThenUse<Q5_K_Pairs> {
       lo[i] |= ((raw.qh[i] >> (2 * j)) & 0x01010101u) << 4;
       hi[i] |= ((raw.qh[i] >> (2 * j + 1)) & 0x01010101u) << 4;
     }
-    const std::uint32_t sm = K4Lanes::pair_scales_mins(raw.head, j);
-    const int sc0 = static_cast<int>(sm & 0xFFu), sc1 = static_cast<int>((sm >> 8) & 0xFFu);
-    const int mn0 = static_cast<int>((sm >> 16) & 0xFFu), mn1 = static_cast<int>(sm >> 24);
-    const float d = half_bits(raw.head[0]), dmin = half_bits(raw.head[0] >> 16);
-    COLIBRI_UNROLL
-    for (int i = 0; i < NT; ++i) {
-      out[i] =
-          scaled_minus_min(d, sc0 * dot32(lo, xa[i]) + sc1 * dot32(hi, xb[i]), dmin, mn0 * xa[i].sum + mn1 * xb[i].sum);
-    }
+    finish(raw.head, j, lo, hi, xa, xb, out);
   }
 };
 
