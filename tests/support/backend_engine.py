@@ -334,8 +334,14 @@ class Engine:
                 if not same(host, dev):
                     failures.append(f"{arch}/q8_0: activations in device memory, batch {batch}: logits differ from "
                                     f"activations in host memory (max abs {np.abs(host - dev).max()})")
-            on, _ = self._bench(m, *discrete, prompt=4, gen=2)
+            on, _ = self._bench(m, *discrete, "--ops", prompt=4, gen=2)
             off, _ = self._bench(m, *discrete, "--set", "memory.activations_on_device=false", prompt=4, gen=2)
+            # Decode keeps the routing weights where topk_routing wrote them and zeroes the MoE sum on the device:
+            # a token's only upload is its pass's rope positions, however many layers route.
+            uploads = {o["name"]: o["calls"] for o in on["op_times"]["decode"]}.get("copy to device", 0)
+            if uploads != on["gen_tokens"]:
+                failures.append(f"{arch}: decode with activations on the device should upload once a token (the rope "
+                                f"positions); it uploaded {uploads} times in {on['gen_tokens']} tokens")
             if on["activations_on_device"] is not True or off["activations_on_device"] is not False:
                 failures.append(f"{arch}: bench should report activations_on_device true by default on this path and "
                                 f"false with the key off: {on['activations_on_device']}, {off['activations_on_device']}")

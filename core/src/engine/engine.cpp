@@ -121,6 +121,9 @@ struct Engine::Scratch {
   Act x, h, q, k, v, q2, k2, attn, tmp, moe, sum, shared, router;
   Act rope_in;  // a pass's positions (i32 bits) and each segment's inv_freq: uploaded once, read by every layer
   Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
+  Act topk;     // decode on the device: topk_routing's ids (i32 bits), then its weights
+  Act zeros;    // zeros_floats zeros on the device: out = zeros + zeros starts the decode combine without an upload
+  std::size_t zeros_floats = 0;
   std::vector<Act> routed;  // per routed expert of a layer whose every token it runs (decode): its output
   std::vector<float> down, weights, gate, xe, ye, acc, last;  // host side: downloads, gathers, small vectors
   std::vector<std::int32_t> ids, positions, expert_ids;
@@ -1124,11 +1127,27 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   sdk::OpParams topk_p;
   topk_p.top_k = static_cast<std::int32_t>(K);
   topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
-  if (s = run_op(Op::topk_routing, {view(S.router, E, T)},
-                 {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
-      !s) {
-    return s.with_context("layer " + std::to_string(l) + "'s routing");
+  // Decode with activations on the device: the choice stays there too (ids, then weights, in S.topk), so the
+  // combine below reads each expert's weight where it lies; the host downloads both in one copy to pick the experts.
+  const bool device_gates = activations_on_device() && T == 1;
+  if (device_gates) {
+    const std::int64_t KT = K * T;
+    if (s = size(S.topk, static_cast<std::size_t>(2 * KT)); !s) return s;
+    Tensor ids = view(S.topk, K, T);
+    ids.type = DType::i32;
+    s = run_op(Op::topk_routing, {view(S.router, E, T)}, {ids, view(S.topk, K, T, 1, static_cast<std::size_t>(KT))},
+               topk_p);
+    S.down.resize(static_cast<std::size_t>(2 * KT));
+    if (s) s = to_host(view(S.topk, 2 * KT), S.down.data());
+    if (s) {
+      std::memcpy(S.expert_ids.data(), S.down.data(), sizeof(std::int32_t) * static_cast<std::size_t>(KT));
+      std::memcpy(S.weights.data(), S.down.data() + KT, sizeof(float) * static_cast<std::size_t>(KT));
+    }
+  } else {
+    s = run_op(Op::topk_routing, {view(S.router, E, T)},
+               {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
   }
+  if (!s) return s.with_context("layer " + std::to_string(l) + "'s routing");
   // Each expert's tokens, experts in ascending id: this order fixes the per-token sum for every placement.
   std::map<std::int32_t, std::vector<std::pair<std::int64_t, float>>> groups;
   for (std::int64_t t = 0; t < T; ++t) {
@@ -1221,24 +1240,41 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       i += n;
     }
     if (prefetch_layers_ > 0 && !experts_->resident()) experts_->cancel_stale(l);
-    // out = 0 and every expert's routing weights go up together (one wait), then the sum runs on the device.
-    S.acc.assign(DT, 0.0f);
-    S.gate.assign(groups.size() * static_cast<std::size_t>(T), 0.0f);
-    for (const auto& [e, members] : groups) {
-      for (std::size_t i = 0; i < members.size(); ++i)
-        S.gate[slot.at(e) * static_cast<std::size_t>(T) + i] = members[i].second;
-    }
-    if (s = size(S.gates, S.gate.size()); !s) return s;
-    const Tensor gates = view(S.gates, static_cast<std::int64_t>(S.gate.size()));
-    if (s = from_host_all({{S.acc.data(), view(out, D, T)}, {S.gate.data(), gates}}); !s) return s;
-    for (const auto& g : groups) {
-      const std::size_t at = slot.at(g.first);
-      if (s = run_op(Op::scale_add,
-                     {view(S.routed[at], D, T), view(S.gates, T, 1, 1, at * static_cast<std::size_t>(T))},
-                     {view(out, D, T)});
+    // out = 0, then out += w_e * y_e in ascending expert id on the backend. In decode with activations on the
+    // device neither needs an upload (so no wait): out = zeros + zeros, from a buffer zeroed once, and each w_e is
+    // read where topk_routing left it. Otherwise out's zeros and every expert's weights go up together (one wait).
+    std::vector<Tensor> gate_of(groups.size());
+    if (device_gates) {
+      if (S.zeros_floats < DT) {
+        if (s = size(S.zeros, DT); !s) return s;
+        S.acc.assign(DT, 0.0f);
+        if (s = from_host(S.acc.data(), view(S.zeros, D, T)); !s) return s;
+        S.zeros_floats = DT;
+      }
+      if (s = run_op(Op::add, {view(S.zeros, D, T), view(S.zeros, D, T)}, {view(out, D, T)}); !s) return s;
+      for (std::int64_t j = 0; j < K; ++j) {
+        gate_of[slot.at(S.expert_ids[static_cast<std::size_t>(j)])] =
+            view(S.topk, 1, 1, 1, static_cast<std::size_t>(K + j));
+      }
+    } else {
+      S.acc.assign(DT, 0.0f);
+      S.gate.assign(groups.size() * static_cast<std::size_t>(T), 0.0f);
+      for (const auto& [e, members] : groups) {
+        for (std::size_t i = 0; i < members.size(); ++i)
+          S.gate[slot.at(e) * static_cast<std::size_t>(T) + i] = members[i].second;
+      }
+      if (s = size(S.gates, S.gate.size()); !s) return s;
+      if (s = from_host_all({{S.acc.data(), view(out, D, T)},
+                             {S.gate.data(), view(S.gates, static_cast<std::int64_t>(S.gate.size()))}});
           !s) {
         return s;
       }
+      for (std::size_t at = 0; at < groups.size(); ++at)
+        gate_of[at] = view(S.gates, T, 1, 1, at * static_cast<std::size_t>(T));
+    }
+    for (const auto& g : groups) {
+      const std::size_t at = slot.at(g.first);
+      if (s = run_op(Op::scale_add, {view(S.routed[at], D, T), gate_of[at]}, {view(out, D, T)}); !s) return s;
     }
   } else {
     auto hp = host_view(h, S.down);
