@@ -354,8 +354,10 @@ struct DecodeTile<q8dot::MXFP4> : Tile<2, 1, 1> {};
 
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
-                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
-  if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t); e != cudaSuccess) return e;
+                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, bool quantize) {
+  if (quantize) {
+    if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t); e != cudaSuccess) return e;
+  }
   // Few rows per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
   // for four rows); the row count never changes an output element's order.
   using D = DecodeTile<F>;
@@ -366,17 +368,17 @@ cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const f
 }
 
 cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::size_t rb, const float* x,
-                      const Q8Scratch& q8, float* y, const float* bias, std::int64_t k, std::int64_t n,
-                      std::int64_t t) {
+                      const Q8Scratch& q8, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
+                      bool quantize) {
   switch (type) {
-    case kQ4_K: return matmul_q8_for<q8dot::Q4_K>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ5_K: return matmul_q8_for<q8dot::Q5_K>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ6_K: return matmul_q8_for<q8dot::Q6_K>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ2_K: return matmul_q8_for<q8dot::Q2_K>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t);
-    case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t);
+    case kQ4_K: return matmul_q8_for<q8dot::Q4_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ5_K: return matmul_q8_for<q8dot::Q5_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ6_K: return matmul_q8_for<q8dot::Q6_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ2_K: return matmul_q8_for<q8dot::Q2_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -826,11 +828,26 @@ Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept {
 
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
-                          const Q8Scratch* q8) noexcept {
+                          const Q8Scratch* q8, bool x_in_q8) noexcept {
   if (q8 != nullptr && takes_q8(wtype, k)) {
-    return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t);
+    return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t, !x_in_q8);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
+}
+
+int q8_block(std::uint32_t wtype, std::int64_t k) noexcept {
+  if (!takes_q8(wtype, k)) return 0;
+  switch (wtype) {
+    case kQ4_K: return q8dot::Q4_K::kXBlock;
+    case kQ5_K: return q8dot::Q5_K::kXBlock;
+    case kQ6_K: return q8dot::Q6_K::kXBlock;
+    case kQ2_K: return q8dot::Q2_K::kXBlock;
+    case kQ3_K: return q8dot::Q3_K::kXBlock;
+    case kQ8_0: return q8dot::Q8_0::kXBlock;
+    case kQ4_0: return q8dot::Q4_0::kXBlock;
+    case kMXFP4: return q8dot::MXFP4::kXBlock;
+    default: return 0;
+  }
 }
 
 cudaError_t launch_matmul_q8_variant(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,

@@ -26,10 +26,15 @@ Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept;
 // Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart. With `q8` (the op
 // may quantize activations: no kExactActivations) a block-format matmul quantizes X per token into it and takes
 // integer dot products: the k-quants where k is a multiple of 256, q8_0, q4_0 and mxfp4 where it is a multiple of 32
-// (q8dot::takes_k); otherwise X stays f32. The choice never depends on where W lies.
+// (q8dot::takes_k); otherwise X stays f32. The choice never depends on where W lies. `x_in_q8`: q8 already holds this
+// X, quantized by an earlier launch on the stream for a weight type of the same q8_block and the same k and t (the
+// expert ops' gate and up, and a group's experts that share X), so it is not quantized again: the same integers.
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
-                          const Q8Scratch* q8 = nullptr) noexcept;
+                          const Q8Scratch* q8 = nullptr, bool x_in_q8 = false) noexcept;
+// The block of 8-bit activations launch_matmul with q8 quantizes X into for this weight type and k (32 or 256; the
+// quantized bytes depend on it, k and t only), or 0 where X stays f32.
+int q8_block(std::uint32_t wtype, std::int64_t k) noexcept;
 
 // For colibri_bench_cuda_gemv: the decode matmul (T = 1, 8-bit activations) of q4_k, q5_k, q6_k, q8_0, q4_0 or mxfp4
 // in variant 0..kDecodeVariantCount-1, named by matmul_q8_variant_name: "default" (launch_matmul's tile for the

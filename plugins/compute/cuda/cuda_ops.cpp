@@ -277,14 +277,21 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       consider(sdk::row_count(wg), t);
     }
   }
+  // The expert ops get a second region, which keeps X's 8-bit copy while the first takes each gate output in turn:
+  // gate and up, and every expert of a group given the same X, then quantize X once.
   const std::size_t q8_bytes = q8_k > 0 ? q8_scratch_bytes(q8_k, q8_t) : 0;
-  extra_scratch += align_up(q8_bytes);
+  extra_scratch += align_up(q8_bytes) * (expert ? 2 : 1);
   COLIBRI_CUDA_TRY(binder.reserve(call, extra_scratch));
-  Q8Scratch q8_scratch{};
-  const Q8Scratch* q8 = nullptr;
+  Q8Scratch q8_scratch{}, q8_x_scratch{};
+  const Q8Scratch *q8 = nullptr, *q8_x = nullptr;
   if (q8_bytes > 0) {
     q8_scratch = q8_scratch_at(binder.scratch(ffn_scratch), q8_k, q8_t);
     q8 = &q8_scratch;
+    q8_x = q8;
+    if (expert) {
+      q8_x_scratch = q8_scratch_at(binder.scratch(ffn_scratch + align_up(q8_bytes)), q8_k, q8_t);
+      q8_x = &q8_x_scratch;
+    }
   }
   cudaStream_t st = dev_->compute;
 
@@ -314,6 +321,20 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       const float alpha = call.params.scale, limit = call.params.eps;
       float* gate = binder.scratch(0);
       float* up = binder.scratch(ffn_scratch / 2);
+      // What q8_x holds: X, quantized in blocks of `block` for k x t (block 0: nothing yet).
+      struct {
+        const float* x = nullptr;
+        int block = 0;
+        std::int64_t k = 0, t = 0;
+      } held;
+      // Whether q8_x holds x for a matmul of this weight type, k and t; notes what it will hold after the launch.
+      const auto reuse_x = [&](const float* x, const Tensor& w, std::int64_t k, std::int64_t t) {
+        const int block = q8_x != nullptr ? q8_block(static_cast<std::uint32_t>(w.type), k) : 0;
+        if (block == 0) return false;  // X stays f32: q8_x is left as it is
+        const bool same = held.block == block && held.x == x && held.k == k && held.t == t;
+        held = {x, block, k, t};
+        return same;
+      };
       for (std::size_t e = 0; e < n_experts; ++e) {
         const Tensor* ex = &in[e * stride];
         const Tensor &wg = ex[0], &wu = ex[1], &wd = ex[2], &x = ex[3], &y = out[e];
@@ -331,10 +352,12 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
           COLIBRI_CUDA_BIND(bda, const float*, ex[6], "b_down", false, 4);
           bg = bga, bu = bua, bd = bda;
         }
+        bool x_in_q8 = reuse_x(xa, wg, d, t);
         COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wg.type), ga, sdk::row_bytes(wg.type, d),
-                                                xa, gate, bg, d, f, t, q8)));
+                                                xa, gate, bg, d, f, t, q8_x, x_in_q8)));
+        x_in_q8 = reuse_x(xa, wu, d, t);
         COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wu.type), ua, sdk::row_bytes(wu.type, d),
-                                                xa, up, bu, d, f, t, q8)));
+                                                xa, up, bu, d, f, t, q8_x, x_in_q8)));
         COLIBRI_CUDA_TRY(launched(clamped ? launch_clamped_glu(st, gate, up, gate, f * t, alpha, limit)
                                           : launch_eltwise(st, Eltwise::swiglu, gate, up, gate, f * t, 1)));
         COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(wd.type), da, sdk::row_bytes(wd.type, f),

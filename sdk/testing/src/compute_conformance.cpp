@@ -601,6 +601,23 @@ TEST_P(ComputeConformance, ExpertFfnGroupHasTheBitsOfExpertFfnPerExpert) {
   EXPECT_NE(mismatch.message().find("expert 1"), std::string::npos) << mismatch.to_string();
 }
 
+// A layer's experts in decode, as the engine calls them: the experts of one T read one X. A backend may quantize that
+// X once for them all (the CUDA backend does); each expert still has expert_ffn's bits, also where the weight types
+// around it quantize X in other blocks (q8_0's 32, the k-quants' 256) or keep it in f32 (bf16), and next to experts
+// of another T with an X of their own.
+TEST_P(ComputeConformance, ExpertFfnGroupWithOneXHasTheBitsOfExpertFfnPerExpert) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t d = 512;
+  const GroupExpert experts[] = {
+      {DType::q4_k, DType::q4_k, DType::q6_k, 512, 1}, {DType::q8_0, DType::q4_k, DType::q8_0, 256, 1},
+      {DType::q4_k, DType::q4_k, DType::q4_k, 256, 3}, {DType::q4_k, DType::q4_k, DType::q4_k, 256, 1},
+      {DType::bf16, DType::q5_k, DType::q4_0, 512, 1}, {DType::q4_0, DType::q8_0, DType::q6_k, 256, 1},
+      {DType::q4_k, DType::q4_k, DType::q6_k, 512, 3}};
+  GroupCall g = make_group(c, d, experts, 460, false, true);
+  if (const std::string why = unoffered(c, g); !why.empty()) GTEST_SKIP() << why;
+  expect_group_has_single_op_bits(c, g);
+}
+
 // gpt-oss's experts in mxfp4 (an optional weight type), alone and next to experts of other types (a shared X for
 // q4_0 and mxfp4 weights), with F and T as above.
 TEST_P(ComputeConformance, ExpertFfnGroupWithMxfp4ExpertsHasTheBitsOfExpertFfn) {
