@@ -765,7 +765,12 @@ __global__ void topk_kernel(const float* __restrict__ logits, std::int32_t* __re
   float mx = x[0], sum = 0.0f;
   for (int j = 0; j < e; ++j) {
     if (isnan(x[j])) {
+      // run() reports it where it waits; where it does not (outputs in device memory), the reader sees the mark.
       if (atomicCAS(status, 0, i + 1) == 0) status[1] = j;
+      for (int pick = 0; pick < k; ++pick) {
+        ids[static_cast<std::size_t>(i) * k + pick] = -1;
+        weights[static_cast<std::size_t>(i) * k + pick] = __int_as_float(0x7FC00000);
+      }
       return;
     }
     mx = fmaxf(mx, x[j]);

@@ -448,7 +448,9 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_BIND(wa, float*, wts, "weights", true, 4);
       auto sw = status_word();
       if (!sw) return sw.error();
-      check_status = true;
+      // Outputs in device memory (the engine's decode): no wait here. A NaN logit marks the token's picks (id -1,
+      // weight NaN), which the engine checks when it downloads them; host outputs wait and report it here.
+      check_status = ids.buffer == nullptr || wts.buffer == nullptr;
       const int mode = (f & sdk::kRoutingSoftmax) ? 1 : (f & sdk::kRoutingSigmoid) ? 2 : 0;
       COLIBRI_CUDA_TRY(launched(launch_topk(st, la, ia, wa, e, t, static_cast<std::int32_t>(k), mode,
                                             (f & sdk::kRoutingRenormalize) != 0, *sw)));

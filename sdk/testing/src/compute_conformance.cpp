@@ -891,6 +891,46 @@ TEST_P(ComputeConformance, TopkRoutingMatchesReferenceAndBreaksTiesByLowerId) {
   }
 }
 
+// A NaN logit (activations that overflowed) never routes silently: the call fails naming it, or (a backend that
+// returns without waiting, outputs in its memory) every pick of that token is id -1 with weight NaN, while the other
+// tokens are routed as ever.
+TEST_P(ComputeConformance, TopkRoutingNeverRoutesANaNLogitSilently) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t e = 8, t = 3;
+  auto logits = randn(static_cast<std::size_t>(e * t), 102, 2.0f);
+  auto clean = logits;
+  logits[static_cast<std::size_t>(e + 5)] = std::numeric_limits<float>::quiet_NaN();  // token 1, expert 5
+  for (int flags : {kRoutingSoftmax | kRoutingRenormalize, kRoutingSigmoid, 0}) {
+    for (int k : {1, 2}) {
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(k * t), 7);
+      std::vector<float> w(ids.size(), 0.5f);
+      OpParams p;
+      p.top_k = k;
+      p.flags = flags;
+      const std::string what = "topk flags=" + std::to_string(flags) + " k=" + std::to_string(k);
+      const Status s = run_op(c, Op::topk_routing, {arg(DType::f32, {e, t, 1, 1}, logits)},
+                              {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p);
+      if (!s) {
+        EXPECT_NE(s.message().find("NaN"), std::string::npos) << what << ": " << s.to_string();
+        continue;
+      }
+      const auto want = ref::topk_routing(clean.data(), e, t, k, flags);
+      for (std::int64_t tok : {0, 1, 2}) {
+        for (int j = 0; j < k; ++j) {
+          const auto i = static_cast<std::size_t>(tok * k + j);
+          if (tok == 1) {
+            EXPECT_EQ(ids[i], -1) << what << ": pick " << j << " of the token with a NaN logit";
+            EXPECT_TRUE(std::isnan(w[i]))
+                << what << ": pick " << j << " of the token with a NaN logit has weight " << w[i];
+          } else {
+            EXPECT_EQ(ids[i], want.ids[i]) << what << ": token " << tok << " pick " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(ComputeConformance, EmbeddingDequantizesTheRequestedRows) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256, v = 9;

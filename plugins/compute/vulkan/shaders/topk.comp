@@ -35,6 +35,17 @@ void main() {
   const uint tok = gl_GlobalInvocationID.x;
   if (tok >= p.t) return;
   const uint base = tok * p.e;
+  const uint obase = tok * p.k;
+  // A NaN logit: every pick of the token is id -1 with weight NaN (compute.hpp), which the engine reports.
+  for (uint i = 0u; i < p.e; ++i) {
+    if (isnan(Floats(p.logits).v[base + i])) {
+      for (uint pick = 0u; pick < p.k; ++pick) {
+        Ints(p.ids).v[obase + pick] = -1;
+        Floats(p.weights).v[obase + pick] = uintBitsToFloat(0x7FC00000u);
+      }
+      return;
+    }
+  }
   float mx = Floats(p.logits).v[base];
   for (uint i = 1u; i < p.e; ++i) mx = max(mx, Floats(p.logits).v[base + i]);
   precise float sum = 0.0;
@@ -45,7 +56,6 @@ void main() {
   float prev_s = 0.0;
   uint prev_id = 0u;
   precise float chosen_sum = 0.0;
-  const uint obase = tok * p.k;
   for (uint pick = 0u; pick < p.k; ++pick) {
     float best_s = 0.0;
     uint best_id = 0xFFFFFFFFu;

@@ -67,7 +67,9 @@ enum class Op : std::uint32_t {
   // in: logits {E, T} f32; out: ids {k, T} i32, weights {k, T} f32, k = params.top_k.
   // flags: kRoutingSoftmax (softmax over all E first; else raw logits), kRoutingRenormalize
   // (weights of the chosen k divided by their sum), kRoutingSigmoid (sigmoid scores).
-  // Ties go to the lower expert id. Ids are listed by descending weight.
+  // Ties go to the lower expert id. Ids are listed by descending weight. A NaN logit fails the call naming token and
+  // expert, except where the backend returns without waiting for the device (outputs in its memory): every pick of
+  // that token is then id -1 with weight NaN, which whoever reads the outputs must check (the engine does).
   topk_routing,
   // in: table {D, V} (any type), ids {T} i32; out: {D, T} f32, row ids[t] dequantized.
   embedding,
