@@ -106,6 +106,24 @@ check "the plugin's reason" "storage.chunk_kib is 1; use 0 (never split) or a mu
 out=$("$cli" profile show --set memory.vram_admission=sometimes 2>&1); rc=$?
 expect_rc "profile show with a choice out of its set fails" 1 $rc
 check "the choices" "memory.vram_admission 'sometimes' (command line --set memory.vram_admission=sometimes) is not one of" "$out"
+# auto past a plugin whose create() fails: the plugin a run takes, checked and shown with its own options. Only the
+# fixture knows storage.greeting, so io_uring and pread refuse it and a run takes fixture-good.
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/create_fails_high:$fixtures/good" "$cli" profile show --set storage.plugin=auto \
+  --set storage.greeting=hello 2>/dev/null); rc=$?
+expect_rc "profile show with auto past a failing create()" 0 $rc
+check "auto names the plugin a run takes" "storage.plugin=auto; auto = fixture-good (score 50), as a run takes it" "$out"
+check "and the one passed over" "fixture-fails-high (score 600)" "$out"
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/create_fails_high" "$cli" profile show --set storage.plugin=auto 2>/dev/null)
+if [[ "$out" == *"storage plugin 'fixture-fails-high'"* ]]; then
+  echo "FAIL - the defaults of a plugin auto passed over are shown:"; echo "$out"; failures=$((failures + 1))
+else
+  echo "ok   - the defaults shown are those of the plugin auto took"
+fi
+# Without fixture-good no plugin auto could take knows storage.greeting: a run fails, and so does profile show.
+out=$(COLIBRI_PLUGIN_PATH="$fixtures/create_fails_high" "$cli" profile show --set storage.plugin=auto \
+  --set storage.greeting=hello 2>&1); rc=$?
+expect_rc "profile show fails where auto could take no plugin" 1 $rc
+check "each plugin auto passed over is named" "no storage plugin that storage.plugin: auto could take was created" "$out"
 
 out=$("$cli" profile show --set nonsense 2>&1); rc=$?
 expect_rc "--set without = fails" 2 $rc

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <variant>
@@ -154,6 +155,28 @@ std::string auto_meaning(const std::string& key) {
   return {};
 }
 
+// The plugin `auto` created for `kind`, with the higher scores it passed over (their create() failed, or they refuse
+// the profile's options), tried in create_selected's order: by score, ties in search order.
+std::string used_by_auto(const registry::PluginRegistry& reg, sdk::PluginKind kind, const std::string& name) {
+  std::vector<const registry::PluginInfo*> tried;
+  for (const auto& p : reg.plugins()) {
+    if (p.kind == kind && p.score.value > 0) tried.push_back(&p);
+  }
+  std::stable_sort(tried.begin(), tried.end(),
+                   [](const auto* a, const auto* b) { return a->score.value > b->score.value; });
+  std::string text = name, passed;
+  for (const auto* p : tried) {
+    if (p->name == name) {
+      text += " (score " + std::to_string(p->score.value) + ")";
+      break;
+    }
+    passed += (passed.empty() ? "" : ", ") + p->name + " (score " + std::to_string(p->score.value) + ")";
+  }
+  if (!passed.empty())
+    text += ", as a run takes it: " + passed + " could not be created with this profile (see the warning)";
+  return text;
+}
+
 int show(const GlobalOptions& global, const ProfileOptions& opts) {
   auto prof = global.load_profile();
   if (!prof) return global.profile_exit_code;
@@ -164,6 +187,9 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     if (!plan) return exit_code;
   }
   const auto reg = registry::scan_for_profile(*prof);
+  // Created from the profile before any plugin's schema is applied, as a run's: `auto` falling back past a plugin
+  // whose create() fails then checks the values against the plugin taken, not the one passed over.
+  profile::Profile as_run = *prof;
   std::vector<std::string> notes;
   for (auto kind : {sdk::PluginKind::compute, sdk::PluginKind::storage, sdk::PluginKind::cache}) {
     auto r = registry::resolve_plugin(*prof, reg, kind);
@@ -175,14 +201,28 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     }
   }
   // Every plugin found: create them as a run would, so their option checks (and the canonical choices) speak now.
+  std::map<std::string, std::string> chosen;  // what `auto` took, by selector key
   if (notes.empty()) {
     engine::EngineOptions eo;
     const auto level = spdlog::get_level();
     spdlog::set_level(std::max(level, spdlog::level::warn));  // the plugins' start-up lines belong to a run
-    auto made = engine::Engine::plugins_from_profile(*prof, eo);
+    auto made = engine::Engine::plugins_from_profile(as_run, eo);
     spdlog::set_level(level);
-    if (!made) notes.push_back(made.error().message());
+    if (made) {
+      *prof = std::move(as_run);
+      for (const auto& [kind, name] : {std::pair{sdk::PluginKind::compute, made->compute_name},
+                                       std::pair{sdk::PluginKind::storage, made->storage_name},
+                                       std::pair{sdk::PluginKind::cache, made->cache_name}}) {
+        chosen[std::string(profile::plugin_selector_key(kind))] = used_by_auto(reg, kind, name);
+      }
+    } else {
+      notes.push_back(made.error().message());
+    }
   }
+  const auto meaning = [&](const std::string& key) {
+    const auto it = chosen.find(key);
+    return it != chosen.end() ? it->second : auto_meaning(key);
+  };
   // A canonical size as bytes, so that "4GB" can be seen to mean 4 GiB; nullopt for other values.
   auto size_bytes = [](const std::string& key, const profile::Entry& e) -> std::optional<std::int64_t> {
     for (const auto& spec : profile::canonical_options()) {
@@ -199,7 +239,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     for (const auto& f : prof->files()) out["files"].push_back(f.string());
     for (const auto& [key, e] : prof->entries()) {
       nlohmann::json v{{"value", e.text}, {"origin", e.origin.describe()}, {"checked", e.validated}};
-      if (e.value.is_auto) v["auto"] = auto_meaning(key);
+      if (e.value.is_auto) v["auto"] = meaning(key);
       if (auto b = size_bytes(key, e)) v["bytes"] = *b;
       out["values"][key] = v;
     }
@@ -221,7 +261,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     std::string shown = key + " = " + (e.text.empty() ? "\"\"" : e.text);
     std::cout << std::left << std::setw(static_cast<int>(width) + 2) << shown << "# " << e.origin.describe();
     if (e.value.is_auto) {
-      if (auto m = auto_meaning(key); !m.empty()) std::cout << "; auto = " << m;
+      if (auto m = meaning(key); !m.empty()) std::cout << "; auto = " << m;
     }
     if (auto b = size_bytes(key, e); b && e.text != std::to_string(*b)) std::cout << "; " << *b << " bytes";
     if (!e.validated) std::cout << "; NOT CHECKED (its plugin was not found)";
