@@ -47,7 +47,7 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
     if (ids.empty()) return usage_fail("--tokens lists no token ids");
   }
   if (auto e = same_output_error("--trace", o.trace, "--out", o.out); !e.empty()) return fail(e);
-  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, auto) {
     const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", dir.string()}};
     if (auto e = overwrite_error("--out", o.out, inputs); !e.empty()) return e;
     return overwrite_error("--trace", o.trace, inputs);

@@ -92,13 +92,11 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   ss << in.rdbuf();
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
   warn_if_not_utf8(o.file, ss.view(), ", which changes the perplexity");
-  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, const model::Manifest* m) {
     // The default chunk is 512 tokens, or the model's whole context where that is shorter: only a --ctx the user
     // gave is refused for exceeding it (open_engine reads o.engine.ctx after this).
-    if (!ctx_given) {
-      if (auto m = model::load_manifest(dir)) {
-        o.engine.ctx = std::min<std::int64_t>(o.engine.ctx, m->hparams.max_position_embeddings);
-      }
+    if (!ctx_given && m != nullptr) {
+      o.engine.ctx = std::min<std::int64_t>(o.engine.ctx, m->hparams.max_position_embeddings);
     }
     return overwrite_error("--save-logits", o.save_logits,
                            {{"--model", dir.string()}, {"--file", o.file}, {"--kl-base", o.kl_base}});

@@ -80,7 +80,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     schema = *compiled;
   }
   // The trace is checked before the model loads (minutes on a real one), not after the work.
-  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir) -> std::string {
+  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, auto) -> std::string {
     if (o.record_trace.empty()) return {};
     if (auto e =
             overwrite_error("--record-trace", o.record_trace,

@@ -52,28 +52,32 @@ struct OpenedEngine {
 };
 
 // `profile_out`: where to keep the profile the engine was opened with. `before_loading`: checks that need the
-// model's directory (an output naming one of its files), run before the load, which takes minutes on a real model;
-// a non-empty result is the error.
+// model's directory (an output naming one of its files) or its manifest (null when it does not load), run before the
+// load, which takes minutes on a real model; a non-empty result is the error.
 inline OpenedEngine open_engine(
     const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
-    const std::function<std::string(const std::filesystem::path&)>& before_loading = nullptr) {
+    const std::function<std::string(const std::filesystem::path&, const model::Manifest*)>& before_loading = nullptr) {
   auto prof = global.load_profile();
   if (!prof) return {nullptr, global.profile_exit_code};
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
   if (!dir) return {nullptr, fail(dir.error().message())};
+  // Read once, for the checks and the load. One that does not load is left to the load (which reads it with the
+  // storage plugin's mirrors) to name what is wrong.
+  auto manifest = model::load_manifest(*dir);
+  const model::Manifest* read = manifest ? &*manifest : nullptr;
   if (before_loading) {
-    if (auto err = before_loading(*dir); !err.empty()) return {nullptr, fail(err)};
+    if (auto err = before_loading(*dir, read); !err.empty()) return {nullptr, fail(err)};
   }
   auto kv = engine::parse_kv_type(o.kv_type);
   if (!kv) return {nullptr, fail(kv.error().message())};
-  if (auto err = apps::context_past_model(*dir, o.ctx); !err.empty()) return {nullptr, usage_fail(err)};
+  if (auto err = apps::context_past_model(read, o.ctx); !err.empty()) return {nullptr, usage_fail(err)};
   engine::EngineOptions eo;
   eo.context = o.ctx;
   eo.kv_type = *kv;
   eo.ubatch = o.batch;
   eo.exact_activations = o.exact;
   eo.time_ops = o.time_ops;
-  auto e = engine::Engine::open(*dir, *prof, eo);
+  auto e = engine::Engine::open(*dir, *prof, eo, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
   if (!e) return {nullptr, fail(e.error().message())};
   if (profile_out != nullptr) *profile_out = std::move(prof);
   return {std::move(*e), 0};

@@ -117,12 +117,15 @@ inline bool refused_for_command_line(const profile::LoadOptions& opts) {
 
 // "" unless `ctx` is past the model's context, known from its manifest: said before the weights load (minutes on a
 // real model). A manifest that does not load is left to the load, which names what is wrong with it.
+inline std::string context_past_model(const model::Manifest* manifest, std::int64_t ctx) {
+  if (ctx <= 0 || manifest == nullptr || ctx <= manifest->hparams.max_position_embeddings) return {};
+  return "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
+         std::to_string(manifest->hparams.max_position_embeddings) + " positions)";
+}
 inline std::string context_past_model(const std::filesystem::path& model_dir, std::int64_t ctx) {
   if (ctx <= 0) return {};
   auto m = model::load_manifest(model_dir);
-  if (!m || ctx <= m->hparams.max_position_embeddings) return {};
-  return "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
-         std::to_string(m->hparams.max_position_embeddings) + " positions)";
+  return context_past_model(m ? &*m : nullptr, ctx);
 }
 
 // Values that would silently change what runs are refused, on every option of `app` and its commands:

@@ -222,7 +222,7 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
 }
 
 sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, profile::Profile& profile,
-                                                    EngineOptions options) {
+                                                    EngineOptions options, std::optional<model::Manifest> manifest) {
   auto loaded = plugins_from_profile(profile, options);
   if (!loaded) return loaded.error();
   Plugins plugins = std::move(*loaded);
@@ -246,7 +246,7 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
     if (!v) return v.error();
     options.prefetch_confidence = *v;
   }
-  auto engine = open(model_dir, std::move(plugins), expert_cache, kv_bytes, options);
+  auto engine = open(model_dir, std::move(plugins), expert_cache, kv_bytes, options, std::move(manifest));
   // A memory value the model refuses (memory.kv_cache too small): say where it was set.
   if (!engine) return registry::with_value_origins(engine.error(), profile, "memory");
   return engine;
@@ -254,17 +254,24 @@ sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path&
 
 sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, Plugins plugins,
                                                     std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
-                                                    EngineOptions options) {
+                                                    EngineOptions options, std::optional<model::Manifest> manifest) {
   std::unique_ptr<Engine> e(new Engine());
-  if (auto s = e->init(model_dir, std::move(plugins), expert_cache_bytes, kv_cache_bytes, options); !s) return s;
+  if (auto s = e->init(model_dir, std::move(plugins), expert_cache_bytes, kv_cache_bytes, options, std::move(manifest));
+      !s) {
+    return s;
+  }
   return e;
 }
 
 Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
-                    std::uint64_t kv_cache_bytes, EngineOptions options) {
-  auto m = model::load_manifest(dir, options.mirror_dirs);
-  if (!m) return m.error();
-  manifest_ = std::move(*m);
+                    std::uint64_t kv_cache_bytes, EngineOptions options, std::optional<model::Manifest> manifest) {
+  // One read without mirrors that succeeded found every file whole in `dir`: reading with them gives the same.
+  if (!manifest) {
+    auto m = model::load_manifest(dir, options.mirror_dirs);
+    if (!m) return m.error();
+    manifest = std::move(*m);
+  }
+  manifest_ = std::move(*manifest);
   hp_ = manifest_.hparams;
   dir_ = dir;
   plugins_ = std::move(plugins);

@@ -700,6 +700,27 @@ class Perplexity(unittest.TestCase):
         self.assertEqual(f.returncode, 2)
         self.assertIn("--ctx 64 exceeds the model's context (48 positions)", f.stderr)
 
+    def test_the_manifest_is_read_once(self):
+        # The default chunk (the model's context where that is shorter), the --ctx check and the load share one read
+        # of manifest.json, which also checks every model file and hashes the tokenizer's.
+        if shutil.which("strace") is None:
+            self.skipTest("strace is not installed")
+        text = os.path.join(WORK, "text-once.txt")
+        with open(text, "w") as f:
+            f.write("The quick brown fox jumps over the lazy dog. " * 40)
+        short = hparams_copy("tiny-short", max_position_embeddings=48)
+        trace = os.path.join(WORK, "perplexity.strace")
+        for ctx, tokens in (([], 47), (["--ctx", "32"], 31)):
+            p = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", trace, CLI, "perplexity", "-m", short,
+                                "-f", text, "--max-chunks", "1"] + ctx, capture_output=True, text=True, timeout=300)
+            if p.returncode != 0 and "strace:" in p.stderr:
+                self.skipTest("strace cannot trace here: " + p.stderr.strip())
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertRegex(p.stdout, rf"perplexity [0-9.]+ over {tokens} tokens")
+            with open(trace) as f:
+                opens = [line for line in f if "manifest.json" in line]
+            self.assertEqual(len(opens), 1, f"{ctx}: " + "".join(opens))
+
     def test_bad_kl_base_leaves_no_partial_logits(self):
         text = os.path.join(WORK, "text2.txt")
         with open(text, "w") as f:

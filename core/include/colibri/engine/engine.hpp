@@ -81,9 +81,11 @@ enum class LogitsWanted { none, last, all };
 
 class Engine {
  public:
-  // Creates the plugins the profile names and opens the model. Errors name the file or key at fault.
+  // Creates the plugins the profile names and opens the model. Errors name the file or key at fault. `manifest`: one
+  // the caller already read from model_dir (model::load_manifest succeeded), not read again.
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, profile::Profile& profile,
-                                                     EngineOptions options);
+                                                     EngineOptions options,
+                                                     std::optional<model::Manifest> manifest = std::nullopt);
   // The profile's compute, storage and cache plugins, created and checked as open() does (plugin options, canonical
   // choices such as memory.vram_admission); fills the options the profile sets. `profile show` runs it too, so a
   // profile it passes does not fail at the first run.
@@ -91,7 +93,8 @@ class Engine {
   // With plugins the caller made (tests).
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
                                                      std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
-                                                     EngineOptions options);
+                                                     EngineOptions options,
+                                                     std::optional<model::Manifest> manifest = std::nullopt);
   ~Engine();
 
   // Runs `tokens` at positions n_past() .. n_past()+T-1 and appends them to the KV cache. Fills `logits` with
@@ -158,7 +161,7 @@ class Engine {
   Engine();
   struct Layer;
   sdk::Status init(const std::filesystem::path& dir, Plugins plugins, std::uint64_t expert_cache_bytes,
-                   std::uint64_t kv_cache_bytes, EngineOptions options);
+                   std::uint64_t kv_cache_bytes, EngineOptions options, std::optional<model::Manifest> manifest);
   sdk::Status forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t pass_end,
                             LogitsWanted wanted, float* logits, std::vector<RoutingRecord>* trace);
   sdk::Status run_op(sdk::Op op, std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
