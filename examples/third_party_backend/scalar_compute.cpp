@@ -277,6 +277,11 @@ class ScalarCompute final : public ComputeBase {
     std::vector<std::int32_t> order(static_cast<std::size_t>(e));
     for (std::int64_t ti = 0; ti < t; ++ti) {
       const float* x = lp + ti * e;
+      // A NaN would be routed as if it were a score (and breaks the sort's ordering): the SDK says fail, naming it.
+      if (const float* nan = std::find_if(x, x + e, [](float v) { return std::isnan(v); }); nan != x + e) {
+        return bad("topk_routing: the logit of expert " + std::to_string(nan - x) + " for token " + std::to_string(ti) +
+                   " is NaN");
+      }
       if (flags & kRoutingSoftmax) {
         const double mx = *std::max_element(x, x + e);
         double sum = 0.0;
