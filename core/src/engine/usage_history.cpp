@@ -58,13 +58,6 @@ void UsageHistory::add_packed(const std::map<std::uint64_t, std::uint64_t>& usag
   }
 }
 
-fs::path colibri_cache_dir() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') return fs::path(xdg) / "colibri";
-  // No home at all: the working directory, never a shared one such as /tmp (another user could plant links there).
-  const fs::path home = util::home_dir();
-  return (home.empty() ? fs::path(".") : home) / ".cache" / "colibri";
-}
-
 fs::path usage_history_path(const fs::path& model_dir) {
   std::error_code ec;
   fs::path abs = fs::weakly_canonical(fs::absolute(model_dir, ec), ec);

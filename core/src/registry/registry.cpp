@@ -3,10 +3,13 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <link.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,8 @@
 #include "colibri/profile/profile.hpp"
 #include "colibri/sdk/config.hpp"
 #include "colibri/sdk/os_error.hpp"
+#include "colibri/util/home.hpp"
+#include "model/file_io.hpp"
 #include "registry/host_services.hpp"
 
 namespace colibri::registry {
@@ -159,6 +164,29 @@ std::atomic<const char*> g_plugin_call{nullptr};
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 struct sigaction g_previous[std::size(kFatalSignals)]{};
 
+// Loading and scoring run in every command, so a plugin that crashes there would end every command. While they run,
+// the handler also writes a crash record for the file (prepared here, written with async-signal-safe calls only), and
+// later scans skip the file until it changes (crash_record_reason).
+struct CrashRecord {
+  std::vector<std::string> dirs;  // created in order, each inside the one before
+  std::string path;               // the record file
+  std::string identity;           // its first lines: which file, of what size and time
+};
+std::atomic<const CrashRecord*> g_crash_record{nullptr};
+
+// Writes the record with the signal number; true when it is written.
+bool write_crash_record(const CrashRecord& r, const char* signal_number) {
+  for (const auto& d : r.dirs) (void)::mkdir(d.c_str(), 0755);  // EEXIST and the like: the open below decides
+  const int fd = ::open(r.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, r.identity.data(), r.identity.size()) == static_cast<ssize_t>(r.identity.size());
+  const std::size_t n = std::strlen(signal_number);
+  ok = ok && ::write(fd, "signal ", 7) == 7 && ::write(fd, signal_number, n) == static_cast<ssize_t>(n) &&
+       ::write(fd, "\n", 1) == 1;
+  ok = ::close(fd) == 0 && ok;
+  return ok;
+}
+
 // Executable ranges of the loaded plugins, written before they are published through g_code_range_count.
 struct CodeRange {
   std::uintptr_t begin = 0, end = 0;
@@ -204,6 +232,11 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
     write_stderr(") ");
     write_stderr(what);
     write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
+    if (const CrashRecord* record = g_crash_record.load(); record != nullptr && write_crash_record(*record, num)) {
+      write_stderr("colibri skips this file from now on, until it changes (to try it again as it is, delete ");
+      write_stderr(record->path.c_str());
+      write_stderr(")\n");
+    }
   } else {
     const char* where = plugin_code_at(faulting_pc(context));
     if (where == nullptr && g_code_range_count.load() > 0) {
@@ -273,6 +306,57 @@ void register_plugin_code(const void* symbol, const std::string& label) {
     g_code_range_count.store(n + 1, std::memory_order_release);
   }
 }
+
+// The crash record of `file`: <cache>/crashed-plugins/<file name>-<xxh64 of its path>.txt, whose first lines name the
+// file, its size and its modification time, so a file rebuilt or replaced no longer matches. nullopt where the file
+// cannot be stat'ed (the load then says why).
+std::optional<CrashRecord> crash_record_for(const fs::path& file) {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(file, ec), ec);
+  if (ec) abs = file;
+  struct stat st {};
+  if (::stat(abs.c_str(), &st) != 0) return std::nullopt;
+  const std::string text = abs.string();
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  const fs::path dir = util::colibri_cache_dir() / "crashed-plugins";
+  CrashRecord r;
+  r.dirs = {dir.parent_path().parent_path().string(), dir.parent_path().string(), dir.string()};
+  r.path = (dir / (abs.filename().string() + "-" + hash + ".txt")).string();
+  r.identity = "colibri crash record 1\nfile " + text + "\nsize " + std::to_string(st.st_size) + "\nmtime " +
+               std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "\n";
+  return r;
+}
+
+// Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading or scoring.
+// "" to load it; a record of an earlier version of the file is removed.
+std::string crash_record_reason(const CrashRecord& r) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(r.path, ec))) return {};
+  auto text = model::io::read_text(r.path, 1 << 16);
+  if (!text || !text->starts_with(r.identity)) {
+    fs::remove(r.path, ec);  // the file changed since (or the record is not one): try it again
+    return {};
+  }
+  std::string signal = text->substr(r.identity.size());
+  while (!signal.empty() && signal.back() == '\n') signal.pop_back();
+  return "crashed colibri (" + signal +
+         ") while loading or scoring on an earlier run; skipped until the file changes (rebuild or replace it), or "
+         "delete " +
+         r.path + " to try it again as it is";
+}
+
+// Arms the crash record for the calls made while it lives.
+class CrashRecordScope {
+ public:
+  explicit CrashRecordScope(const CrashRecord* r) : outer_(g_crash_record.exchange(r)) {}
+  ~CrashRecordScope() { g_crash_record.store(outer_); }
+  CrashRecordScope(const CrashRecordScope&) = delete;
+  CrashRecordScope& operator=(const CrashRecordScope&) = delete;
+
+ private:
+  const CrashRecord* outer_;
+};
 
 // Marks a call into a plugin, so a crash during it names the call.
 class PluginCall {
@@ -459,6 +543,14 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
     broken_.push_back({file, why});
     return;
   }
+  const std::optional<CrashRecord> record = crash_record_for(file);
+  if (record) {
+    if (auto why = crash_record_reason(*record); !why.empty()) {
+      broken_.push_back({file, why});
+      return;
+    }
+  }
+  const CrashRecordScope armed(record ? &*record : nullptr);  // loading and scoring
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   PluginCall call("while loading " + file.string());

@@ -21,4 +21,13 @@ std::filesystem::path home_dir() {
   return {};
 }
 
+std::filesystem::path colibri_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
+    return std::filesystem::path(xdg) / "colibri";
+  }
+  // No home at all: the working directory, never a shared one such as /tmp (another user could plant links there).
+  const std::filesystem::path home = home_dir();
+  return (home.empty() ? std::filesystem::path(".") : home) / ".cache" / "colibri";
+}
+
 }  // namespace colibri::util

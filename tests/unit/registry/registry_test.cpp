@@ -8,10 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "colibri/profile/profile.hpp"
 #include "colibri/registry/plugin_set.hpp"
@@ -263,14 +266,95 @@ TEST(Registry, ANegativeScoreIsZeroWithTheNumberAsItsReason) {
   EXPECT_EQ(p->score.reason, "it scored -5, read as 0");
 }
 
+// XDG_CACHE_HOME set to a fresh directory (where crash records go) for the life of the object.
+class ScopedCacheHome {
+ public:
+  ScopedCacheHome() {
+    std::string tmpl = (fs::temp_directory_path() / "colibri-registry-cache-XXXXXX").string();
+    dir_ = ::mkdtemp(tmpl.data()) != nullptr ? fs::path(tmpl) : fs::path();
+    if (const char* old = std::getenv("XDG_CACHE_HOME")) old_ = old;
+    ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
+  }
+  ~ScopedCacheHome() {
+    if (old_) {
+      ::setenv("XDG_CACHE_HOME", old_->c_str(), 1);
+    } else {
+      ::unsetenv("XDG_CACHE_HOME");
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  ScopedCacheHome(const ScopedCacheHome&) = delete;
+  ScopedCacheHome& operator=(const ScopedCacheHome&) = delete;
+  [[nodiscard]] const fs::path& path() const { return dir_; }
+  // The crash records written so far.
+  [[nodiscard]] std::vector<fs::path> records() const {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_ / "colibri" / "crashed-plugins", ec)) out.push_back(e.path());
+    return out;
+  }
+
+ private:
+  fs::path dir_;
+  std::optional<std::string> old_;
+};
+
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesIsNamedBeforeTheProcessEnds) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // The sanitizers own SIGSEGV and their forked death-test child hangs on the sanitizer's locks; the release build
   // runs this test.
   GTEST_SKIP() << "not under a sanitizer";
 #endif
+  ScopedCacheHome cache;
   EXPECT_DEATH(scan({"score_crashes"}),
                "a plugin crashed .signal 11. in score.. of [^ ]*libcolibri-storage-fixture-crash.so; remove it");
+  // Scoring runs in every command: the crash is recorded, and the next scan lists the file as broken instead of
+  // crashing again, while the other plugins load.
+  ASSERT_EQ(cache.records().size(), 1u);
+  auto reg = scan({"score_crashes", "good"});
+  EXPECT_EQ(reg.plugins().size(), 1u);
+  EXPECT_THAT(broken_reason(reg, "fixture-crash"),
+              HasSubstr("crashed colibri (signal 11) while loading or scoring on an earlier run; skipped until the "
+                        "file changes (rebuild or replace it), or delete " +
+                        cache.records()[0].string()));
+}
+
+// A static constructor that crashes is recorded as well (dlopen runs it), and a changed file is tried again.
+TEST(RegistryDeathTest, APluginThatCrashedWhileLoadingIsSkippedUntilItsFileChanges) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "not under a sanitizer";
+#endif
+  ScopedCacheHome cache;
+  const fs::path dir = cache.path() / "plugins";
+  fs::create_directories(dir);
+  const fs::path file = dir / "libcolibri-storage-fixture-static-crash.so";
+  fs::copy_file(fixture_dir("static_crashes") / file.filename(), file);
+  const std::vector<SearchDir> dirs{{dir, "test"}, {fixture_dir("good"), "test"}};
+  EXPECT_DEATH(PluginRegistry::scan(dirs, colibri::util::host_info()),
+               "colibri skips this file from now on, until it changes .to try it again as it is, delete [^ ]*"
+               "crashed-plugins/libcolibri-storage-fixture-static-crash.so-[0-9a-f]*.txt.");
+  ASSERT_EQ(cache.records().size(), 1u);
+  const std::string record = file_text(cache.records()[0]);
+  EXPECT_THAT(record, HasSubstr("file " + fs::canonical(file).string() + "\n"));
+  EXPECT_THAT(record, HasSubstr("signal 11\n"));
+  {
+    auto reg = PluginRegistry::scan(dirs, colibri::util::host_info());
+    EXPECT_EQ(reg.plugins().size(), 1u);
+    EXPECT_THAT(broken_reason(reg, "static-crash"), HasSubstr("skipped until the file changes"));
+  }
+  // Rebuilt (here: a new modification time): loaded again, so it crashes again; the old record was removed first.
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
+  EXPECT_DEATH(PluginRegistry::scan(dirs, colibri::util::host_info()), "a plugin crashed .signal 11. while loading");
+  ASSERT_EQ(cache.records().size(), 1u);
+  EXPECT_NE(file_text(cache.records()[0]), record) << "a record of the rebuilt file";
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {

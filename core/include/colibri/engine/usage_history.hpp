@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "colibri/sdk/status.hpp"
+#include "colibri/util/home.hpp"
 
 namespace colibri::model {
 struct Manifest;
@@ -29,8 +30,7 @@ struct UsageHistory {
   void add_packed(const std::map<std::uint64_t, std::uint64_t>& usage);
 };
 
-// $XDG_CACHE_HOME/colibri, else $HOME/.cache/colibri.
-std::filesystem::path colibri_cache_dir();
+using util::colibri_cache_dir;  // $XDG_CACHE_HOME/colibri, else $HOME/.cache/colibri
 // The history file of one model: <cache>/usage/<model dir name>-<hash of its absolute path>.json.
 std::filesystem::path usage_history_path(const std::filesystem::path& model_dir);
 

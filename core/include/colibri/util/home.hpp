@@ -7,5 +7,7 @@
 namespace colibri::util {
 
 [[nodiscard]] std::filesystem::path home_dir();
+// colibri's cache: $XDG_CACHE_HOME/colibri, else <home>/.cache/colibri (the working directory's .cache without a home).
+[[nodiscard]] std::filesystem::path colibri_cache_dir();
 
 }  // namespace colibri::util
