@@ -140,7 +140,11 @@ int serve(Flags& f) {
   if (!dir) return fail(dir.error().message());
   auto kv = engine::parse_kv_type(f.kv_type);
   if (!kv) return fail(kv.error().message());
-  if (auto err = apps::context_past_model(*dir, f.ctx); !err.empty()) return usage_fail(err);
+  // Read once, for the check and the load (which reads one that does not load itself, with the storage's mirrors).
+  auto manifest = model::load_manifest(*dir);
+  if (auto err = apps::context_past_model(manifest ? &*manifest : nullptr, f.ctx); !err.empty()) {
+    return usage_fail(err);
+  }
   engine::EngineOptions eo;
   eo.context = f.ctx;
   eo.kv_type = *kv;
@@ -191,7 +195,7 @@ int serve(Flags& f) {
     }
   }
   if (auto st = server::Server::check_address(so.host, so.port); !st) return fail(st.message());  // before loading
-  auto eng = engine::Engine::open(*dir, *prof, eo);
+  auto eng = engine::Engine::open(*dir, *prof, eo, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
   if (!eng) return fail(eng.error().message());
   const auto context = (*eng)->context();
   const auto mode = (*eng)->mode();

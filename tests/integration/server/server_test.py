@@ -426,6 +426,28 @@ class Api(unittest.TestCase):
         self.assertIn("--ctx 100000000 exceeds the model's context", p.stderr)
         self.assertNotIn("compute", p.stderr)
 
+    def test_the_manifest_is_read_once_for_the_checks_and_the_load(self):
+        # --ctx's check before loading and the engine's load share one read of manifest.json (load_manifest opens it
+        # O_NONBLOCK, through io::read_text); the usage history's hash of it is another matter.
+        if shutil.which("strace") is None:
+            self.skipTest("strace is not installed")
+        trace = os.path.join(WORK, "server-manifest.strace")
+        proc = subprocess.Popen(["strace", "-f", "-e", "trace=openat", "-o", trace, SERVER, "--model", MODEL,
+                                 "--port", "0", "--ctx", "64", "--log-level", "warn"] + BACKEND_ARGS,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=die_with_parent)
+        line = proc.stdout.readline()
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:  # the server, strace's child
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        if "listening on http://" not in line and "strace:" in err:
+            self.skipTest("strace cannot trace here: " + err.strip())
+        self.assertIn("listening on http://", line, err)
+        with open(trace) as f:
+            loads = [t for t in f if "manifest.json" in t and "O_NONBLOCK" in t]
+        self.assertEqual(len(loads), 1, "".join(loads))
+
     def test_the_models_generation_config_gives_the_sampling_defaults(self):
         # As vLLM: a request that leaves sampling out gets the model's recommendation (here top_k 1: greedy, whatever
         # the seed); --sampling-defaults openai keeps OpenAI's (temperature 1, nothing cut: seeds differ).
