@@ -42,7 +42,7 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
     fail(man.error().message());
     return std::nullopt;
   }
-  if (auto err = apps::context_past_model(*dir, o.ctx); !err.empty()) {
+  if (auto err = apps::context_past_model(&*man, o.ctx); !err.empty()) {
     exit_code = usage_fail(err);
     return std::nullopt;
   }

@@ -122,11 +122,6 @@ inline std::string context_past_model(const model::Manifest* manifest, std::int6
   return "--ctx " + std::to_string(ctx) + " exceeds the model's context (" +
          std::to_string(manifest->hparams.max_position_embeddings) + " positions)";
 }
-inline std::string context_past_model(const std::filesystem::path& model_dir, std::int64_t ctx) {
-  if (ctx <= 0) return {};
-  auto m = model::load_manifest(model_dir);
-  return context_past_model(m ? &*m : nullptr, ctx);
-}
 
 // Values that would silently change what runs are refused, on every option of `app` and its commands:
 // - an empty one (--profile "", --api-key "$UNSET"), not read as unset or 0: an empty --api-key turned

@@ -890,6 +890,20 @@ class UnreadableFiles(unittest.TestCase):
 class MemoryPlan(unittest.TestCase):
     """profile show --model: what the model takes where, before loading, as the engine then sizes it."""
 
+    def test_the_plan_reads_the_manifest_once(self):
+        # The plan and the --ctx check share one read of manifest.json (which checks every model file).
+        if shutil.which("strace") is None:
+            self.skipTest("strace is not installed")
+        trace = os.path.join(WORK, "plan.strace")
+        p = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", trace, CLI, "profile", "show", "--model",
+                            model(), "--ctx", "64"], capture_output=True, text=True, timeout=300)
+        if p.returncode != 0 and "strace:" in p.stderr:
+            self.skipTest("strace cannot trace here: " + p.stderr.strip())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(trace) as f:
+            opens = [line for line in f if "manifest.json" in line]
+        self.assertEqual(len(opens), 1, "".join(opens))
+
     def test_plan_matches_the_manifest_and_the_engine(self):
         m = model()
         with open(os.path.join(m, "manifest.json")) as f:
