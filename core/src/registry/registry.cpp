@@ -170,7 +170,8 @@ struct sigaction g_previous[std::size(kFatalSignals)]{};
 struct CrashRecord {
   std::vector<std::string> dirs;  // created in order, each inside the one before
   std::string path;               // the record file
-  std::string identity;           // its first lines: which file, of what size and time
+  std::string identity;           // its first lines: which file, of what size and time, under which colibri
+  pid_t thread = 0;               // the loading thread: a crash on another thread is not this plugin's
 };
 std::atomic<const CrashRecord*> g_crash_record{nullptr};
 
@@ -232,7 +233,8 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
     write_stderr(") ");
     write_stderr(what);
     write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
-    if (const CrashRecord* record = g_crash_record.load(); record != nullptr && write_crash_record(*record, num)) {
+    if (const CrashRecord* record = g_crash_record.load();
+        record != nullptr && record->thread == ::gettid() && write_crash_record(*record, num)) {
       write_stderr("colibri skips this file from now on, until it changes (to try it again as it is, delete ");
       write_stderr(record->path.c_str());
       write_stderr(")\n");
@@ -323,8 +325,11 @@ std::optional<CrashRecord> crash_record_for(const fs::path& file) {
   CrashRecord r;
   r.dirs = {dir.parent_path().parent_path().string(), dir.parent_path().string(), dir.string()};
   r.path = (dir / (abs.filename().string() + "-" + hash + ".txt")).string();
+  // colibri's build too: an upgrade (of colibri, or of the compiler and library it was built with) tries it again.
   r.identity = "colibri crash record 1\nfile " + text + "\nsize " + std::to_string(st.st_size) + "\nmtime " +
-               std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "\n";
+               std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) +
+               "\ncolibri " COLIBRI_SDK_BUILD_FINGERPRINT "\n";
+  r.thread = ::gettid();
   return r;
 }
 
@@ -341,8 +346,8 @@ std::string crash_record_reason(const CrashRecord& r) {
   std::string signal = text->substr(r.identity.size());
   while (!signal.empty() && signal.back() == '\n') signal.pop_back();
   return "crashed colibri (" + signal +
-         ") while loading or scoring on an earlier run; skipped until the file changes (rebuild or replace it), or "
-         "delete " +
+         ") while loading or scoring on an earlier run (in its own code, or in a driver or library it calls); "
+         "skipped until the file or colibri changes (rebuild or replace it), or delete " +
          r.path + " to try it again as it is";
 }
 
@@ -546,6 +551,9 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   const std::optional<CrashRecord> record = crash_record_for(file);
   if (record) {
     if (auto why = crash_record_reason(*record); !why.empty()) {
+      // Said at every command (once each), not only in `plugins list`: with `auto`, a skipped GPU backend would
+      // otherwise pass unnoticed (a run falls back to the CPU).
+      if (first_time_said("crash record " + record->path)) spdlog::warn("plugin {}: {}", file.string(), why);
       broken_.push_back({file, why});
       return;
     }
