@@ -337,9 +337,10 @@ class Engine:
             on, _ = self._bench(m, *discrete, "--ops", prompt=4, gen=2)
             off, _ = self._bench(m, *discrete, "--set", "memory.activations_on_device=false", prompt=4, gen=2)
             # Decode keeps the routing weights where topk_routing wrote them and zeroes the MoE sum on the device:
-            # a token's only upload is its pass's rope positions, however many layers route.
+            # a token's only upload is its pass's rope positions, however many layers route (plus, once, the zeros,
+            # where no warm-up run paid for them).
             uploads = {o["name"]: o["calls"] for o in on["op_times"]["decode"]}.get("copy to device", 0)
-            if uploads != on["gen_tokens"]:
+            if not on["gen_tokens"] <= uploads <= on["gen_tokens"] + 1:
                 failures.append(f"{arch}: decode with activations on the device should upload once a token (the rope "
                                 f"positions); it uploaded {uploads} times in {on['gen_tokens']} tokens")
             if on["activations_on_device"] is not True or off["activations_on_device"] is not False:

@@ -1162,6 +1162,12 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     for (std::int64_t j = 0; j < K; ++j) {
       const auto idx = static_cast<std::size_t>(t * K + j);
       const std::int32_t e = S.expert_ids[idx];
+      if (e == -1 && std::isnan(S.weights[idx])) {  // a backend's mark for a NaN logit (compute.hpp, topk_routing)
+        return Status(StatusCode::corrupt_data,
+                      "layer " + std::to_string(l) + "'s router logits for token row " + std::to_string(t) +
+                          " include a NaN: the activations overflowed. The weights are damaged or do not suit this "
+                          "model (`colibri-cli inspect MODEL --verify` checks the files)");
+      }
       if (!std::isfinite(S.weights[idx])) {
         return Status(StatusCode::corrupt_data,
                       "layer " + std::to_string(l) + "'s router gave expert " + std::to_string(e) + " the weight " +

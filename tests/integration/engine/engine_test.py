@@ -344,6 +344,16 @@ class BadInput(unittest.TestCase):
             self.assertNotEqual(p.returncode, 0, name)
             self.assertRegex(p.stderr, want)
             self.assertFalse(os.path.exists(out), name)
+        # Decode on a device (Vulkan, unmapped memory: routing into device buffers, no wait in topk_routing): the
+        # backend marks the token's picks, and the engine still refuses them, naming the layer and the row.
+        plugins = json.loads(run(["plugins", "list", "--json"]).stdout)["plugins"]
+        if not any(p["kind"] == "compute" and p["name"] == "vulkan" and p["score"] > 0 for p in plugins):
+            self.skipTest("no Vulkan device for the decode case")
+        p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, "--batch", "1",
+                 "--set", "compute.backend=vulkan", "--set", "compute.map_device_memory=false"], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(p.stderr, r"layer 1's router logits for token row 0 include a NaN: the activations overflowed")
+        self.assertFalse(os.path.exists(out))
 
     def test_context_too_small(self):
         _, model = make_model("mixtral", "mixtral")

@@ -36,9 +36,10 @@ void main() {
   if (tok >= p.t) return;
   const uint base = tok * p.e;
   const uint obase = tok * p.k;
-  // A NaN logit: every pick of the token is id -1 with weight NaN (compute.hpp), which the engine reports.
+  // A NaN logit: every pick of the token is id -1 with weight NaN (compute.hpp), which the engine reports. Tested on
+  // the bits: without SignedZeroInfNanPreserve a driver may assume no NaN and fold isnan() to false.
   for (uint i = 0u; i < p.e; ++i) {
-    if (isnan(Floats(p.logits).v[base + i])) {
+    if ((floatBitsToUint(Floats(p.logits).v[base + i]) & 0x7FFFFFFFu) > 0x7F800000u) {
       for (uint pick = 0u; pick < p.k; ++pick) {
         Ints(p.ids).v[obase + pick] = -1;
         Floats(p.weights).v[obase + pick] = uintBitsToFloat(0x7FC00000u);
