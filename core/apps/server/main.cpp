@@ -40,15 +40,6 @@ int usage_fail(const std::string& message) {
 
 // The built-in template family for a model that ships no template: from its architecture, as `colibri-cli chat`
 // picks it ("" lets the special tokens decide).
-std::string model_family(const std::filesystem::path& dir) {
-  std::error_code ec;  // read after the model loaded, but a FIFO swapped in since would block
-  if (!std::filesystem::is_regular_file(dir / "manifest.json", ec)) return "";
-  std::ifstream in(dir / "manifest.json", std::ios::binary);
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("architecture") || !j["architecture"].is_string()) return "";
-  return chat::family_for_architecture(j["architecture"].get<std::string>());
-}
-
 struct Flags {
   std::vector<std::string> allowed_origins;
   std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace,
@@ -165,7 +156,10 @@ int serve(Flags& f) {
     cc = std::move(*named);
     cc.bos_token = tok->bos_token();
     cc.eos_token = tok->eos_token();
-  } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json", model_family(*dir)); c) {
+  } else if (auto c = chat::load_chat_config(
+                 *dir / "tokenizer_config.json",
+                 manifest ? chat::family_for_architecture(manifest->hparams.architecture) : std::string());
+             c) {
     cc = *c;
     auto t = chat::Template::parse(cc.template_source, cc.template_origin);
     if (!t) return fail(t.error().message());
