@@ -235,7 +235,8 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
     write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
     if (const CrashRecord* record = g_crash_record.load();
         record != nullptr && record->thread == ::gettid() && write_crash_record(*record, num)) {
-      write_stderr("colibri skips this file from now on, until it changes (to try it again as it is, delete ");
+      write_stderr(
+          "colibri skips this file from now on, until it or colibri changes (to try it again as it is, delete ");
       write_stderr(record->path.c_str());
       write_stderr(")\n");
     }
