@@ -156,16 +156,10 @@ std::string auto_meaning(const std::string& key) {
 }
 
 // The plugin `auto` created for `kind`, with the higher scores it passed over (their create() failed, or they refuse
-// the profile's options), tried in create_selected's order: by score, ties in search order.
+// the profile's options), in the order create_selected tried them (PluginRegistry::by_score).
 std::string used_by_auto(const registry::PluginRegistry& reg, sdk::PluginKind kind, const std::string& name) {
-  std::vector<const registry::PluginInfo*> tried;
-  for (const auto& p : reg.plugins()) {
-    if (p.kind == kind && p.score.value > 0) tried.push_back(&p);
-  }
-  std::stable_sort(tried.begin(), tried.end(),
-                   [](const auto* a, const auto* b) { return a->score.value > b->score.value; });
   std::string text = name, passed;
-  for (const auto* p : tried) {
+  for (const auto* p : reg.by_score(kind)) {
     if (p->name == name) {
       text += " (score " + std::to_string(p->score.value) + ")";
       break;

@@ -54,13 +54,9 @@ sdk::Expected<CreatedPlugin<sdk::PluginObject>> create_selected(profile::Profile
   auto made = create(**first);
   if (made) return CreatedPlugin<sdk::PluginObject>{*first, std::move(*made)};
   if (!automatic) return made.error();
-  // auto: the others that scored above 0, highest first (ties in search order, as select() breaks them).
-  std::vector<const PluginInfo*> rest;
-  for (const auto& p : registry.plugins()) {
-    if (p.kind == kind && p.score.value > 0 && &p != *first) rest.push_back(&p);
-  }
-  std::stable_sort(rest.begin(), rest.end(),
-                   [](const PluginInfo* a, const PluginInfo* b) { return a->score.value > b->score.value; });
+  // auto: the others in auto's order.
+  std::vector<const PluginInfo*> rest = registry.by_score(kind);
+  std::erase(rest, *first);
   std::string failed =
       "\n  " + (*first)->name + " (score " + std::to_string((*first)->score.value) + "): " + made.error().message();
   for (const auto* p : rest) {

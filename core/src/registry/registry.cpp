@@ -665,6 +665,16 @@ PluginInfo* PluginRegistry::find_mutable(sdk::PluginKind kind, std::string_view 
   return nullptr;
 }
 
+std::vector<const PluginInfo*> PluginRegistry::by_score(sdk::PluginKind kind) const {
+  std::vector<const PluginInfo*> ranked;
+  for (const auto& p : plugins_) {
+    if (p.kind == kind && p.score.value > 0) ranked.push_back(&p);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const PluginInfo* a, const PluginInfo* b) { return a->score.value > b->score.value; });
+  return ranked;
+}
+
 sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, std::string_view name) const {
   const std::string kind_name(to_string(kind));
   fs::path hinted;  // a refused file already named with its reason: not listed again
@@ -688,14 +698,10 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
     return os.str();
   };
   if (name.empty() || name == "auto") {
-    const PluginInfo* best = nullptr;
-    for (const auto& p : plugins_) {
-      if (p.kind == kind && p.score.value > 0 && (best == nullptr || p.score.value > best->score.value)) best = &p;
-    }
-    if (best == nullptr) {
+    const auto ranked = by_score(kind);
+    if (ranked.empty())
       return Status(StatusCode::not_found, "no usable " + kind_name + " plugin was found" + describe());
-    }
-    return best;
+    return ranked.front();
   }
   const PluginInfo* p = find(kind, name);
   if (p == nullptr) {

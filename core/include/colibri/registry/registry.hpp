@@ -67,6 +67,8 @@ class PluginRegistry {
   [[nodiscard]] const sdk::HostInfo& host() const noexcept { return host_; }
 
   [[nodiscard]] const PluginInfo* find(sdk::PluginKind kind, std::string_view name) const noexcept;
+  // `auto`'s order: the plugins of `kind` that score above 0, highest first, ties in search order.
+  [[nodiscard]] std::vector<const PluginInfo*> by_score(sdk::PluginKind kind) const;
 
   // `name` empty or "auto": the highest score above 0. Otherwise the named plugin, which must
   // score above 0. Errors list the paths searched and the plugins available of that kind.
