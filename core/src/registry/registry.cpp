@@ -352,32 +352,30 @@ std::string crash_record_reason(const CrashRecord& r) {
          r.path + " to try it again as it is";
 }
 
-// Arms the crash record for the calls made while it lives.
-class CrashRecordScope {
+// Sets one of the handler's globals for as long as it lives, then puts back the value it found (an outer call's).
+template <typename T>
+class ScopedGlobal {
  public:
-  explicit CrashRecordScope(const CrashRecord* r) : outer_(g_crash_record.exchange(r)) {}
-  ~CrashRecordScope() { g_crash_record.store(outer_); }
-  CrashRecordScope(const CrashRecordScope&) = delete;
-  CrashRecordScope& operator=(const CrashRecordScope&) = delete;
+  ScopedGlobal(std::atomic<T>& global, T value) : global_(global), outer_(global.exchange(value)) {}
+  ~ScopedGlobal() { global_.store(outer_); }
+  ScopedGlobal(const ScopedGlobal&) = delete;
+  ScopedGlobal& operator=(const ScopedGlobal&) = delete;
 
  private:
-  const CrashRecord* outer_;
+  std::atomic<T>& global_;
+  T outer_;
 };
 
 // Marks a call into a plugin, so a crash during it names the call.
 class PluginCall {
  public:
-  explicit PluginCall(std::string what) : what_(std::move(what)) {
-    install_crash_reporter();
-    outer_ = g_plugin_call.exchange(what_.c_str());
+  explicit PluginCall(std::string what) : what_(std::move(what)), mark_(g_plugin_call, what_.c_str()) {
+    install_crash_reporter();  // before the call into the plugin, which is all that matters
   }
-  ~PluginCall() { g_plugin_call.store(outer_); }
-  PluginCall(const PluginCall&) = delete;
-  PluginCall& operator=(const PluginCall&) = delete;
 
  private:
   std::string what_;
-  const char* outer_ = nullptr;  // a call this one runs inside
+  ScopedGlobal<const char*> mark_;
 };
 
 }  // namespace
@@ -559,7 +557,7 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
       return;
     }
   }
-  const CrashRecordScope armed(record ? &*record : nullptr);  // loading and scoring
+  const ScopedGlobal<const CrashRecord*> armed(g_crash_record, record ? &*record : nullptr);  // loading and scoring
   auto lib = std::make_shared<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   PluginCall call("while loading " + file.string());
