@@ -4,9 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../common/cli_values.hpp"
@@ -38,8 +36,6 @@ int usage_fail(const std::string& message) {
   return 2;
 }
 
-// The built-in template family for a model that ships no template: from its architecture, as `colibri-cli chat`
-// picks it ("" lets the special tokens decide).
 struct Flags {
   std::vector<std::string> allowed_origins;
   std::string model, profile, host, api_key, served_name, kv_type = "f16", chat_template, usage_history, record_trace,
@@ -144,7 +140,10 @@ int serve(Flags& f) {
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());
 
-  // Chat template: --chat-template (a built-in family or a file), else tokenizer_config.json, else none.
+  // Chat template: --chat-template (a built-in family or a file), else tokenizer_config.json, else none. A
+  // tokenizer_config.json without one: the architecture's built-in family, as `colibri-cli chat` picks it ("" lets
+  // the special tokens decide).
+  const std::string family = manifest ? chat::family_for_architecture(manifest->hparams.architecture) : "";
   std::optional<chat::Template> tmpl;
   chat::ChatConfig cc;
   if (!f.chat_template.empty()) {
@@ -156,10 +155,7 @@ int serve(Flags& f) {
     cc = std::move(*named);
     cc.bos_token = tok->bos_token();
     cc.eos_token = tok->eos_token();
-  } else if (auto c = chat::load_chat_config(
-                 *dir / "tokenizer_config.json",
-                 manifest ? chat::family_for_architecture(manifest->hparams.architecture) : std::string());
-             c) {
+  } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json", family); c) {
     cc = *c;
     auto t = chat::Template::parse(cc.template_source, cc.template_origin);
     if (!t) return fail(t.error().message());
