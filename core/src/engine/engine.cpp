@@ -122,8 +122,7 @@ struct Engine::Scratch {
   Act rope_in;  // a pass's positions (i32 bits) and each segment's inv_freq: uploaded once, read by every layer
   Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
   Act topk;     // decode on the device: topk_routing's ids (i32 bits), then its weights
-  Act zeros;    // zeros_floats zeros on the device: out = zeros + zeros starts the decode combine without an upload
-  std::size_t zeros_floats = 0;
+  Act zeros;  // zeros on the device, the whole buffer: out = zeros + zeros starts the decode combine without an upload
   std::vector<Act> routed;  // per routed expert of a layer whose every token it runs (decode): its output
   std::vector<float> down, weights, gate, xe, ye, acc, last;  // host side: downloads, gathers, small vectors
   std::vector<std::int32_t> ids, positions, expert_ids;
@@ -1258,11 +1257,10 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     // read where topk_routing left it. Otherwise out's zeros and every expert's weights go up together (one wait).
     std::vector<Tensor> gate_of(groups.size());
     if (device_gates) {
-      if (S.zeros_floats < DT) {
+      if (!S.zeros.buffer || S.zeros.buffer->size() < DT * sizeof(float)) {  // zeroed whole when allocated
         if (s = size(S.zeros, DT); !s) return s;
-        S.acc.assign(DT, 0.0f);
-        if (s = from_host(S.acc.data(), view(S.zeros, D, T)); !s) return s;
-        S.zeros_floats = DT;
+        S.acc.assign(S.zeros.buffer->size() / sizeof(float), 0.0f);
+        if (s = from_host(S.acc.data(), view(S.zeros, static_cast<std::int64_t>(S.acc.size()))); !s) return s;
       }
       if (s = run_op(Op::add, {view(S.zeros, D, T), view(S.zeros, D, T)}, {view(out, D, T)}); !s) return s;
       for (std::int64_t j = 0; j < K; ++j) {
