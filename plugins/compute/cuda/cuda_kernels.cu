@@ -440,19 +440,16 @@ cudaError_t matmul_q8_pairs(cudaStream_t s, const void* w, std::size_t rb, const
   return matmul_q8_as<P, 8, 1>(s, w, rb, q8, y, nullptr, k, n, t);
 }
 
-// Whether a matmul of `type` weights with rows of k elements takes 8-bit activations (q8dot::takes_k).
+// The block of 8-bit activations a matmul of format F with rows of k elements quantizes X into, 0 where it keeps X
+// in f32 (q8dot::takes_k).
+template <class F>
+int q8_block_of(std::int64_t k) {
+  return q8dot::takes_k<F>(k) ? F::kXBlock : 0;
+}
+
+// Whether a matmul of `type` weights with rows of k elements takes 8-bit activations.
 bool takes_q8(std::uint32_t type, std::int64_t k) {
-  switch (type) {
-    case kQ4_K: return q8dot::takes_k<q8dot::Q4_K>(k);
-    case kQ5_K: return q8dot::takes_k<q8dot::Q5_K>(k);
-    case kQ6_K: return q8dot::takes_k<q8dot::Q6_K>(k);
-    case kQ2_K: return q8dot::takes_k<q8dot::Q2_K>(k);
-    case kQ3_K: return q8dot::takes_k<q8dot::Q3_K>(k);
-    case kQ8_0: return q8dot::takes_k<q8dot::Q8_0>(k);
-    case kQ4_0: return q8dot::takes_k<q8dot::Q4_0>(k);
-    case kMXFP4: return q8dot::takes_k<q8dot::MXFP4>(k);
-    default: return false;
-  }
+  return q8_block(type, k) != 0;
 }
 
 // ---------------------------------------------------------------- store_rows
@@ -841,16 +838,15 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
 }
 
 int q8_block(std::uint32_t wtype, std::int64_t k) noexcept {
-  if (!takes_q8(wtype, k)) return 0;
   switch (wtype) {
-    case kQ4_K: return q8dot::Q4_K::kXBlock;
-    case kQ5_K: return q8dot::Q5_K::kXBlock;
-    case kQ6_K: return q8dot::Q6_K::kXBlock;
-    case kQ2_K: return q8dot::Q2_K::kXBlock;
-    case kQ3_K: return q8dot::Q3_K::kXBlock;
-    case kQ8_0: return q8dot::Q8_0::kXBlock;
-    case kQ4_0: return q8dot::Q4_0::kXBlock;
-    case kMXFP4: return q8dot::MXFP4::kXBlock;
+    case kQ4_K: return q8_block_of<q8dot::Q4_K>(k);
+    case kQ5_K: return q8_block_of<q8dot::Q5_K>(k);
+    case kQ6_K: return q8_block_of<q8dot::Q6_K>(k);
+    case kQ2_K: return q8_block_of<q8dot::Q2_K>(k);
+    case kQ3_K: return q8_block_of<q8dot::Q3_K>(k);
+    case kQ8_0: return q8_block_of<q8dot::Q8_0>(k);
+    case kQ4_0: return q8_block_of<q8dot::Q4_0>(k);
+    case kMXFP4: return q8_block_of<q8dot::MXFP4>(k);
     default: return 0;
   }
 }
