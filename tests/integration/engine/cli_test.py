@@ -25,6 +25,20 @@ def cli(*args, stdin=None, check=True):
     return p
 
 
+def manifest_opens(test, *args):
+    """colibri-cli ARGS under strace (the test skips where there is none, or it cannot trace): the finished process
+    and its opens of a manifest.json."""
+    if shutil.which("strace") is None:
+        test.skipTest("strace is not installed")
+    trace = os.path.join(WORK, "manifest-opens.strace")
+    p = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", trace, CLI] + list(args), capture_output=True,
+                       text=True, timeout=300)
+    if p.returncode != 0 and "strace:" in p.stderr:
+        test.skipTest("strace cannot trace here: " + p.stderr.strip())
+    with open(trace) as f:
+        return p, [line for line in f if "manifest.json" in line]
+
+
 def model():
     ckpt, out = os.path.join(WORK, "ckpt"), os.path.join(WORK, "tiny-mixtral")
     if not os.path.exists(os.path.join(out, "manifest.json")):
@@ -703,22 +717,14 @@ class Perplexity(unittest.TestCase):
     def test_the_manifest_is_read_once(self):
         # The default chunk (the model's context where that is shorter), the --ctx check and the load share one read
         # of manifest.json, which also checks every model file and hashes the tokenizer's.
-        if shutil.which("strace") is None:
-            self.skipTest("strace is not installed")
         text = os.path.join(WORK, "text-once.txt")
         with open(text, "w") as f:
             f.write("The quick brown fox jumps over the lazy dog. " * 40)
         short = hparams_copy("tiny-short", max_position_embeddings=48)
-        trace = os.path.join(WORK, "perplexity.strace")
         for ctx, tokens in (([], 47), (["--ctx", "32"], 31)):
-            p = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", trace, CLI, "perplexity", "-m", short,
-                                "-f", text, "--max-chunks", "1"] + ctx, capture_output=True, text=True, timeout=300)
-            if p.returncode != 0 and "strace:" in p.stderr:
-                self.skipTest("strace cannot trace here: " + p.stderr.strip())
+            p, opens = manifest_opens(self, "perplexity", "-m", short, "-f", text, "--max-chunks", "1", *ctx)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertRegex(p.stdout, rf"perplexity [0-9.]+ over {tokens} tokens")
-            with open(trace) as f:
-                opens = [line for line in f if "manifest.json" in line]
             self.assertEqual(len(opens), 1, f"{ctx}: " + "".join(opens))
 
     def test_bad_kl_base_leaves_no_partial_logits(self):
@@ -892,16 +898,8 @@ class MemoryPlan(unittest.TestCase):
 
     def test_the_plan_reads_the_manifest_once(self):
         # The plan and the --ctx check share one read of manifest.json (which checks every model file).
-        if shutil.which("strace") is None:
-            self.skipTest("strace is not installed")
-        trace = os.path.join(WORK, "plan.strace")
-        p = subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", trace, CLI, "profile", "show", "--model",
-                            model(), "--ctx", "64"], capture_output=True, text=True, timeout=300)
-        if p.returncode != 0 and "strace:" in p.stderr:
-            self.skipTest("strace cannot trace here: " + p.stderr.strip())
+        p, opens = manifest_opens(self, "profile", "show", "--model", model(), "--ctx", "64")
         self.assertEqual(p.returncode, 0, p.stderr)
-        with open(trace) as f:
-            opens = [line for line in f if "manifest.json" in line]
         self.assertEqual(len(opens), 1, "".join(opens))
 
     def test_plan_matches_the_manifest_and_the_engine(self):
