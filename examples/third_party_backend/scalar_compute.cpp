@@ -103,6 +103,7 @@ class ScalarCompute final : public ComputeBase {
       case Op::attention_sinks:           // optional: gpt-oss models then refuse this backend at load, by op name
       case Op::expert_ffn_clamped:        // (likewise)
       case Op::expert_ffn_clamped_group:  // optional (the engine then calls expert_ffn_clamped per expert)
+      case Op::expert_ffn_routed:         // optional (the engine then runs the experts and combines them itself)
       case Op::count_: return false;
       default: return weight_type == DType::f32;
     }
@@ -122,7 +123,7 @@ class ScalarCompute final : public ComputeBase {
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
         case Op::expert_ffn: return expert_ffn(c);
-        default:  // store_rows, expert_ffn_group, the gpt-oss ops, or a newer SDK's op: supports() said no
+        default:  // store_rows, the group and routed ops, the gpt-oss ops, or a newer SDK's op: supports() said no
           return Status(StatusCode::unsupported,
                         "scalar: op " + std::to_string(static_cast<std::uint32_t>(c.op)) + " is not implemented");
       }

@@ -32,6 +32,7 @@ class Checker {
       case Op::attention_sinks: return attention();
       case Op::expert_ffn_clamped: return expert_ffn_clamped();
       case Op::expert_ffn_clamped_group: return expert_group(7);
+      case Op::expert_ffn_routed: return expert_routed();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -114,6 +115,49 @@ class Checker {
       if (Status s = expert(e, stride, "expert " + std::to_string(e) + ": "); !s) return s;
     }
     return stride == 7 ? clamp_params() : Status{};
+  }
+
+  // X {D, T}, ids {k, T} i32, weights {k, T} f32, then W_gate, W_up, W_down of each of E experts; Y {D, T}.
+  Status expert_routed() const {
+    const std::size_t n = c_.inputs.size();
+    if (n < 6 || (n - 3) % 3 != 0 || c_.outputs.size() != 1) {
+      return bad("takes X, ids, weights and 3 weights (W_gate, W_up, W_down) per expert, and 1 output; got " +
+                 std::to_string(n) + " inputs and " + std::to_string(c_.outputs.size()) + " outputs");
+    }
+    const Tensor &x = c_.inputs[0], &ids = c_.inputs[1], &w = c_.inputs[2], &y = c_.outputs[0];
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(ids, DType::i32, "ids"); !s) return s;
+    if (Status s = need(w, DType::f32, "weights"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const auto experts = static_cast<std::int64_t>((n - 3) / 3);
+    const std::int64_t d = x.ne[0], t = row_count(x), k = ids.ne[0];
+    if (row_count(ids) != t || k < 1 || k > experts) {
+      return bad("ids " + shape_text(ids) + " must be {k, " + std::to_string(t) + "} with k in 1.." +
+                 std::to_string(experts) + " (the experts given)");
+    }
+    if (w.ne[0] != k || row_count(w) != t)
+      return bad("weights " + shape_text(w) + " must match ids " + shape_text(ids));
+    if (y.ne[0] != d || row_count(y) != t) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+    for (std::int64_t e = 0; e < experts; ++e) {
+      const std::string who = "expert " + std::to_string(e) + ": ";
+      const auto i = static_cast<std::size_t>(3 + 3 * e);
+      const Tensor &wg = c_.inputs[i], &wu = c_.inputs[i + 1], &wd = c_.inputs[i + 2];
+      for (const Tensor* m : {&wg, &wu, &wd}) {
+        if (!is_weight_type(m->type) && !is_optional_weight_type(m->type)) {
+          return unsupported_weight(*m, (who + "weight").c_str());
+        }
+      }
+      const std::int64_t f = row_count(wg);
+      if (wg.ne[0] != d) return bad(who + "W_gate " + shape_text(wg) + " must have ne[0] = D = " + std::to_string(d));
+      if (wu.ne[0] != d || row_count(wu) != f)
+        return bad(who + "W_up " + shape_text(wu) + " must match W_gate " + shape_text(wg));
+      if (wd.ne[0] != f || row_count(wd) != d) {
+        return bad(who + "W_down " + shape_text(wd) + " must be {" + std::to_string(f) + ", " + std::to_string(d) +
+                   "}");
+      }
+      if (f * t > kMaxInt) return bad(who + "F x T exceeds 2^31; split the call");
+    }
+    return {};
   }
 
   // The clamped experts' alpha = params.scale and limit = params.eps.
@@ -364,7 +408,8 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::expert_ffn_group:
     case Op::attention_sinks:
     case Op::expert_ffn_clamped:
-    case Op::expert_ffn_clamped_group: return false;
+    case Op::expert_ffn_clamped_group:
+    case Op::expert_ffn_routed: return false;
     default: return false;
   }
 }

@@ -349,6 +349,36 @@ class Engine:
             print(f"  {arch}/q8_0: activations in device memory checked", flush=True)
         return failures
 
+    def routed_experts(self, option, discrete, archs=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")):
+        """expert_ffn_routed (`option`: the arguments that turn it on) with every expert in the VRAM tier, on a
+        discrete GPU's path (`discrete`): decode routes on the device, and the logits are bit-identical to the engine
+        routing itself, token by token and in one batch (which routes as before), on every tiny MoE architecture
+        (qwen2_moe's gated shared expert follows the routed op); bench --ops shows the routed op in decode and the
+        same expert hits as without it (the bookkeeping settled at the end of each pass)."""
+        failures = []
+        for arch in archs:
+            m = self.model(arch, "q8_0")
+            _, _, sizes = self._vram_sizes(m)
+            vram = ["--vram-budget", str(sizes["all"])] + list(discrete)
+            for batch in ("1", "512"):
+                off = self.logits(m, f"routed-off-{batch}", *self.on_backend, *vram, "--batch", batch)
+                on = self.logits(m, f"routed-on-{batch}", *self.on_backend, *vram, "--batch", batch, *option)
+                if not same(off, on):
+                    failures.append(f"{arch}/q8_0: expert_ffn_routed, batch {batch}: logits differ from the engine "
+                                    f"routing (max abs {np.abs(off - on).max()})")
+            on, _ = self._bench(m, *vram, "--ops", *option, prompt=4, gen=4)
+            off, _ = self._bench(m, *vram, "--ops", prompt=4, gen=4)
+            calls = {o["name"]: o["calls"] for o in on["op_times"]["decode"]}
+            if calls.get("expert_ffn_routed", 0) < on["gen_tokens"]:
+                failures.append(f"{arch}: decode with every expert in VRAM should route on the device: "
+                                f"{calls.get('expert_ffn_routed', 0)} routed calls in {on['gen_tokens']} tokens")
+            if on["vram_hits"] != off["vram_hits"] or on["vram_misses"] != off["vram_misses"]:
+                failures.append(f"{arch}: routed decode counts other VRAM hits/misses than the engine routing: "
+                                f"{on['vram_hits']}/{on['vram_misses']} vs {off['vram_hits']}/{off['vram_misses']}")
+            print(f"  {arch}/q8_0: expert_ffn_routed checked ({calls.get('expert_ffn_routed', 0)} routed calls, "
+                  f"{calls.get('event wait', 0)} event waits in {on['gen_tokens']} decode tokens)", flush=True)
+        return failures
+
 # The models the VRAM tier checks run on.
 VRAM_CASES = (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"))
 

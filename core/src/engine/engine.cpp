@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <new>
+#include <utility>
 
 #include "colibri/engine/memory_plan.hpp"
 #include "colibri/registry/plugin_set.hpp"
@@ -130,6 +131,18 @@ struct Engine::Scratch {
   std::vector<std::int32_t> pred_ids;
   std::map<std::int32_t, std::vector<float>> expert_out;  // routed experts' outputs until they are summed in order
   std::vector<Tensor> group_x, group_y, group_inputs;     // one expert_ffn(_clamped)_group call's tensors
+  // expert_ffn_routed: each layer's table (W_gate, W_up, W_down per expert) while the experts' placement
+  // (ExpertManager::placement_generation) is `routed_generation`, and the pass's choices, settled at its end.
+  std::vector<std::vector<Tensor>> routed_tables;
+  std::uint64_t routed_generation = 0;
+  struct RoutedChoice {
+    std::int64_t layer = 0;
+    std::vector<std::int32_t> ids;
+    std::vector<float> weights, down;  // down: ids (i32 bits), then weights, as a copy from device memory lands
+    std::unique_ptr<sdk::Event> copy;  // that copy, until settled
+  };
+  std::vector<RoutedChoice> routed_choices;
+  std::size_t routed_used = 0;
 };
 
 Engine::Engine() = default;
@@ -513,6 +526,11 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     }
   }
   if (auto s = experts_->preload(); !s) return s;
+  // The backend routes decode's experts itself where it offers expert_ffn_routed for every expert weight type and
+  // the experts are where it reads them: its VRAM tier, or host memory for a backend that runs from there.
+  routed_experts_ = !hp_.expert_bias() &&
+                    unsupported_expert_part(manifest_, *plugins_.compute, Op::expert_ffn_routed) == nullptr &&
+                    (experts_->vram() != nullptr || !has_device_memory);
   return plugins_.cpu_fallback ? setup_cpu_fallback(has_device_memory) : Status{};
 }
 
@@ -984,6 +1002,15 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
 Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace) {
   ++passes_;
   auto& S = *scratch_;
+  // A pass that failed part way may have left routed choices in flight: they land (and are dropped) first.
+  for (std::size_t i = 0; i < S.routed_used; ++i) {
+    if (auto& c = S.routed_choices[i]; c.copy) {
+      (void)c.copy->wait();
+      c.copy.reset();
+    }
+  }
+  S.routed_used = 0;
+  const std::size_t pass_trace_from = trace != nullptr ? trace->size() : 0;
   const auto T = static_cast<std::int64_t>(S.ids.size());
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
@@ -1096,6 +1123,14 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
   }
+  if (S.routed_used > 0) {
+    COLIBRI_TRY(settle_routed(trace));
+    // The routed layers' records came last: back in layer order, as moe() writes them.
+    if (trace != nullptr) {
+      std::stable_sort(trace->begin() + static_cast<std::ptrdiff_t>(pass_trace_from), trace->end(),
+                       [](const RoutingRecord& a, const RoutingRecord& b) { return a.layer < b.layer; });
+    }
+  }
 #undef COLIBRI_TRY
   return {};
 }
@@ -1109,6 +1144,154 @@ Status Engine::write_kv(KvCache& kv, std::int64_t l, std::int64_t position, cons
   auto vp = host_view(v, S.acc);
   if (!vp) return vp.error();
   return kv.write(l, position, k.ne[1], *kp, *vp);
+}
+
+Status Engine::check_pick(std::int64_t l, std::int64_t t, std::int32_t e, float weight) const {
+  if (e == -1 && std::isnan(weight)) {  // a backend's mark for a NaN logit (compute.hpp, topk_routing)
+    return Status(StatusCode::corrupt_data,
+                  "layer " + std::to_string(l) + "'s router logits for token row " + std::to_string(t) +
+                      " include a NaN: the activations overflowed. The weights are damaged or do not suit this "
+                      "model (`colibri-cli inspect MODEL --verify` checks the files)");
+  }
+  if (!std::isfinite(weight)) {
+    return Status(StatusCode::corrupt_data,
+                  "layer " + std::to_string(l) + "'s router gave expert " + std::to_string(e) + " the weight " +
+                      std::to_string(weight) + " (token row " + std::to_string(t) +
+                      "): the activations overflowed. The weights are damaged or do not suit this model "
+                      "(`colibri-cli inspect MODEL --verify` checks the files)");
+  }
+  if (e < 0 || e >= hp_.n_experts) {
+    return Status(StatusCode::internal, "compute backend " + plugins_.compute_name + " routed to expert " +
+                                            std::to_string(e) + " of " + std::to_string(hp_.n_experts));
+  }
+  return {};
+}
+
+bool Engine::routed_table(std::int64_t l) {
+  auto& S = *scratch_;
+  const auto generation = experts_->placement_generation();
+  if (S.routed_tables.size() != static_cast<std::size_t>(hp_.num_layers) || S.routed_generation != generation) {
+    S.routed_tables.assign(static_cast<std::size_t>(hp_.num_layers), {});
+    S.routed_generation = generation;
+  }
+  auto& table = S.routed_tables[static_cast<std::size_t>(l)];
+  return !table.empty() || experts_->routed_table(l, table);
+}
+
+Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h, Act& out, const sdk::OpParams& topk_p,
+                                const sdk::OpParams& mm_p) {
+  auto& S = *scratch_;
+  const std::int64_t E = hp_.n_experts, D = hp_.hidden_size;
+  if (S.routed_used == S.routed_choices.size()) S.routed_choices.emplace_back();
+  auto& choice = S.routed_choices[S.routed_used];
+  choice.layer = l;
+  choice.ids.resize(static_cast<std::size_t>(K));
+  choice.weights.resize(static_cast<std::size_t>(K));
+  Tensor ids = i32_2d(choice.ids.data(), K, 1), weights = f32(choice.weights.data(), K, 1);
+  Status s;
+  if (activations_on_device()) {
+    // Each layer's choice has a region of its own: its download may still be queued when the next layer routes.
+    const auto region = static_cast<std::size_t>(2 * E);
+    if (s = size(S.topk, region * static_cast<std::size_t>(hp_.num_layers)); !s) return s;
+    ids = view(S.topk, K, 1, 1, static_cast<std::size_t>(l) * region);
+    ids.type = DType::i32;
+    weights = view(S.topk, K, 1, 1, static_cast<std::size_t>(l) * region + static_cast<std::size_t>(K));
+  }
+  if (s = run_op(Op::topk_routing, {view(S.router, E, 1)}, {ids, weights}, topk_p); !s) {
+    return s.with_context("layer " + std::to_string(l) + "'s routing");
+  }
+  auto& in = S.group_inputs;
+  in.assign({h, ids, weights});
+  const auto& table = S.routed_tables[static_cast<std::size_t>(l)];
+  in.insert(in.end(), table.begin(), table.end());
+  Tensor y = view(out, D, 1);
+  sdk::OpCall call;
+  call.op = Op::expert_ffn_routed;
+  call.inputs = in;
+  call.outputs = std::span<Tensor>(&y, 1);
+  call.params = mm_p;
+  s = plugins_.compute->run(call);
+  if (s.code() == StatusCode::unsupported) return s;  // the caller runs the layer as before
+  if (!s) return s.with_context("compute backend " + plugins_.compute_name + ", expert_ffn_routed");
+  if (activations_on_device()) {
+    choice.down.resize(static_cast<std::size_t>(2 * K));
+    auto copy = plugins_.compute->copy_to_host_async(*ids.buffer, ids.offset, choice.down.data(),
+                                                     choice.down.size() * sizeof(float));
+    if (!copy) return copy.error().with_context("downloading layer " + std::to_string(l) + "'s routing");
+    choice.copy = std::move(*copy);
+  }
+  ++S.routed_used;
+  return {};
+}
+
+Status Engine::settle_routed(std::vector<RoutingRecord>* trace) {
+  auto& S = *scratch_;
+  const std::size_t used = std::exchange(S.routed_used, 0);
+  Status s;
+  // Every download lands before anything returns: each writes its choice's arrays until then.
+  for (std::size_t i = 0; i < used; ++i) {
+    auto& c = S.routed_choices[i];
+    if (!c.copy) continue;
+    Status landed = c.copy->wait();
+    c.copy.reset();
+    if (!landed) {
+      if (s) s = landed.with_context("downloading layer " + std::to_string(c.layer) + "'s routing");
+      continue;
+    }
+    const std::size_t k = c.ids.size();
+    std::memcpy(c.ids.data(), c.down.data(), k * sizeof(std::int32_t));
+    std::memcpy(c.weights.data(), c.down.data() + k, k * sizeof(float));
+  }
+  if (!s) return s;
+  // What moe() does as it routes, in the same order: the checks, then each expert's use in ascending id (the
+  // cache's counts and the policy's accesses), and the routing record.
+  for (std::size_t i = 0; i < used; ++i) {
+    const auto& c = S.routed_choices[i];
+    const std::size_t k = c.ids.size();
+    for (std::size_t j = 0; j < k; ++j) {
+      if (s = check_pick(c.layer, 0, c.ids[j], c.weights[j]); !s) return s;
+    }
+    std::vector<std::int32_t> ascending(c.ids.begin(), c.ids.end());
+    std::sort(ascending.begin(), ascending.end());
+    for (const auto e : ascending) {
+      auto w = experts_->acquire(c.layer, e);
+      if (!w) return w.error();
+      experts_->release(c.layer, e);
+    }
+    if (trace != nullptr) {
+      RoutingRecord rec;
+      rec.experts.assign(c.ids.begin(), c.ids.end());
+      rec.weights.assign(c.weights.begin(), c.weights.end());
+      rec.position = S.positions[0];
+      rec.layer = c.layer;
+      rec.step = passes_;
+      trace->push_back(std::move(rec));
+    }
+  }
+  return {};
+}
+
+Status Engine::shared_expert(const Layer& L, std::int64_t T, const Tensor& h, Act& out, const sdk::OpParams& mm_p) {
+  auto& S = *scratch_;
+  const std::int64_t D = hp_.hidden_size;
+  const auto DT = static_cast<std::size_t>(D * T);
+  Status s;
+  if (!present(L.sh_gate)) return {};
+  if (s = size(S.shared, DT); !s) return s;
+  if (s = run_op(Op::expert_ffn, {L.sh_gate, L.sh_up, L.sh_down, h}, {view(S.shared, D, T)}, mm_p); !s) return s;
+  if (present(L.sh_gate_inp)) {
+    S.gate.resize(static_cast<std::size_t>(T));
+    S.acc.resize(static_cast<std::size_t>(T));
+    sdk::OpParams gate_p;
+    gate_p.flags = sdk::kExactActivations;  // as the router: a gate must not depend on activation packing
+    if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, gate_p); !s) return s;
+    if (s = run_op(Op::sigmoid, {f32(S.acc.data(), 1, T)}, {f32(S.gate.data(), 1, T)}); !s) return s;
+    return run_op(Op::scale_add, {view(S.shared, D, T), f32(S.gate.data(), T)}, {view(out, D, T)});
+  }
+  if (s = size(S.sum, DT); !s) return s;
+  if (s = run_op(Op::add, {view(out, D, T), view(S.shared, D, T)}, {view(S.sum, D, T)}); !s) return s;
+  std::swap(out, S.sum);
+  return {};
 }
 
 Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor& h, Act& out,
@@ -1133,6 +1316,16 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   sdk::OpParams topk_p;
   topk_p.top_k = static_cast<std::int32_t>(K);
   topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
+  // Decode where every expert of the layer lies where the backend reads it: the backend routes them itself
+  // (expert_ffn_routed), so the host does not wait for the choice; its bookkeeping waits for the end of the pass.
+  if (T == 1 && routed_experts_ && routed_table(l)) {
+    s = route_on_backend(l, K, h, out, topk_p, mm_p);
+    if (s) return shared_expert(L, T, h, out, mm_p);
+    if (s.code() != StatusCode::unsupported) return s;
+    // supports() said yes, the backend said no (a shape or flag its kernels do not route): as before from now on.
+    spdlog::warn("{}; the engine routes the experts from now on", s.message());
+    routed_experts_ = false;
+  }
   // Decode with activations on the device: the choice stays there too (ids, then weights, in S.topk), so the
   // combine below reads each expert's weight where it lies; the host downloads both in one copy to pick the experts.
   const bool device_gates = activations_on_device() && T == 1;
@@ -1161,23 +1354,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     for (std::int64_t j = 0; j < K; ++j) {
       const auto idx = static_cast<std::size_t>(t * K + j);
       const std::int32_t e = S.expert_ids[idx];
-      if (e == -1 && std::isnan(S.weights[idx])) {  // a backend's mark for a NaN logit (compute.hpp, topk_routing)
-        return Status(StatusCode::corrupt_data,
-                      "layer " + std::to_string(l) + "'s router logits for token row " + std::to_string(t) +
-                          " include a NaN: the activations overflowed. The weights are damaged or do not suit this "
-                          "model (`colibri-cli inspect MODEL --verify` checks the files)");
-      }
-      if (!std::isfinite(S.weights[idx])) {
-        return Status(StatusCode::corrupt_data,
-                      "layer " + std::to_string(l) + "'s router gave expert " + std::to_string(e) + " the weight " +
-                          std::to_string(S.weights[idx]) + " (token row " + std::to_string(t) +
-                          "): the activations overflowed. The weights are damaged or do not suit this model "
-                          "(`colibri-cli inspect MODEL --verify` checks the files)");
-      }
-      if (e < 0 || e >= E) {
-        return Status(StatusCode::internal, "compute backend " + plugins_.compute_name + " routed to expert " +
-                                                std::to_string(e) + " of " + std::to_string(E));
-      }
+      if (s = check_pick(l, t, e, S.weights[idx]); !s) return s;
       groups[e].emplace_back(t, S.weights[idx]);
       if (trace != nullptr) {
         rec.experts.push_back(e);
@@ -1356,26 +1533,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
     }
     if (s = from_host(sum, view(out, D, T)); !s) return s;
   }
-  if (present(L.sh_gate)) {
-    if (s = size(S.shared, DT); !s) return s;
-    if (s = run_op(Op::expert_ffn, {L.sh_gate, L.sh_up, L.sh_down, h}, {view(S.shared, D, T)}, mm_p); !s) return s;
-    if (present(L.sh_gate_inp)) {
-      S.gate.resize(static_cast<std::size_t>(T));
-      S.acc.resize(static_cast<std::size_t>(T));
-      sdk::OpParams gate_p;
-      gate_p.flags = sdk::kExactActivations;  // as the router: a gate must not depend on activation packing
-      if (s = run_op(Op::matmul, {L.sh_gate_inp, h}, {f32(S.acc.data(), 1, T)}, gate_p); !s) return s;
-      if (s = run_op(Op::sigmoid, {f32(S.acc.data(), 1, T)}, {f32(S.gate.data(), 1, T)}); !s) return s;
-      if (s = run_op(Op::scale_add, {view(S.shared, D, T), f32(S.gate.data(), T)}, {view(out, D, T)}); !s) {
-        return s;
-      }
-    } else {
-      if (s = size(S.sum, DT); !s) return s;
-      if (s = run_op(Op::add, {view(out, D, T), view(S.shared, D, T)}, {view(S.sum, D, T)}); !s) return s;
-      std::swap(out, S.sum);
-    }
-  }
-  return {};
+  return shared_expert(L, T, h, out, mm_p);
 }
 
 // Prefetch: the routers of the next prefetch_layers_ layers applied to this layer's hidden state predict their

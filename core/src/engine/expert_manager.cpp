@@ -295,6 +295,7 @@ void ExpertManager::erase_slot(std::map<std::uint64_t, Slot>::iterator it) {
     // Not kept for reuse: the buffer is freed with its slot.
   }
   slots_.erase(it);
+  ++freed_slots_;
   if (policy_ && known_to_policy) policy_->on_erase(key);
 }
 
@@ -676,6 +677,26 @@ bool ExpertManager::ready(std::int64_t layer, std::int64_t expert) const {
   if (vram_) return vram_->ready(key_of(layer, expert));
   auto it = slots_.find(key_of(layer, expert).packed());
   return it != slots_.end() && !it->second.pending;
+}
+
+bool ExpertManager::routed_table(std::int64_t layer, std::vector<sdk::Tensor>& out) const {
+  out.clear();
+  if (vram_ ? !vram_->holds_all() : !resident_) return false;
+  for (std::int64_t e = 0; e < manifest_.hparams.n_experts; ++e) {
+    const auto key = key_of(layer, e);
+    std::optional<ExpertWeights> w;
+    if (vram_) {
+      w = vram_->resident_weights(key);
+    } else if (auto it = slots_.find(key.packed()); it != slots_.end() && !it->second.pending) {
+      w = weights_of(it->second);
+    }
+    if (!w) {
+      out.clear();
+      return false;
+    }
+    out.insert(out.end(), {w->gate, w->up, w->down});
+  }
+  return true;
 }
 
 bool ExpertManager::start_read(sdk::ExpertKey key, const model::ExpertEntry& e, std::uint64_t bytes,

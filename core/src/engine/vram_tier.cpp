@@ -125,6 +125,11 @@ bool VramTier::ready(sdk::ExpertKey key) const {
   return it != entries_.end() && (!it->second.upload || it->second.upload->ready());
 }
 
+std::optional<ExpertWeights> VramTier::resident_weights(sdk::ExpertKey key) const {
+  if (!ready(key)) return std::nullopt;
+  return weights_of(entries_.at(key.packed()));
+}
+
 bool VramTier::evictable(void* ctx, sdk::ExpertKey key) noexcept {
   const auto* self = static_cast<const VramTier*>(ctx);
   auto it = self->entries_.find(key.packed());
@@ -137,6 +142,7 @@ void VramTier::erase(std::map<std::uint64_t, Entry>::iterator it) {
   const auto key = sdk::ExpertKey::unpack(it->first);
   free_.push_back(it->second.slot);
   entries_.erase(it);
+  ++freed_slots_;
   if (policy_) policy_->on_erase(key);
 }
 

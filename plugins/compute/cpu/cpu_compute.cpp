@@ -255,7 +255,8 @@ class CpuCompute final : public ComputeBase {
       case Op::expert_ffn:
       case Op::expert_ffn_group:
       case Op::expert_ffn_clamped:
-      case Op::expert_ffn_clamped_group: return matmul_weight(weight_type);
+      case Op::expert_ffn_clamped_group:
+      case Op::expert_ffn_routed: return matmul_weight(weight_type);
       case Op::attention_sinks: return is_kv_type(weight_type);
       default: return supports_every_op(op, weight_type);
     }
@@ -294,6 +295,7 @@ class CpuCompute final : public ComputeBase {
       case Op::scale_add: return op_scale_add(c);
       case Op::sigmoid: return op_sigmoid(c);
       case Op::store_rows: return op_store_rows(c);
+      case Op::expert_ffn_routed: return op_expert_routed(c);
       case Op::count_: break;
     }
     return Status(StatusCode::unsupported,
@@ -768,10 +770,81 @@ class CpuCompute final : public ComputeBase {
     const auto* xs = reinterpret_cast<const float*>(x);
     const auto* ws = reinterpret_cast<const float*>(w);
     auto* ys = reinterpret_cast<float*>(y);
-    pool_.run(t, [&](std::int64_t i, int) noexcept {
-      const float s = ws[i];
-      for (std::int64_t j = 0; j < d; ++j) ys[i * d + j] += s * xs[i * d + j];
-    });
+    pool_.run(t, [&](std::int64_t i, int) noexcept { scale_add_row(ys + i * d, xs + i * d, ws[i], d); });
+    return {};
+  }
+
+  // One row of scale_add, which expert_ffn_routed's combine shares (the same operations, so the same bits).
+  static void scale_add_row(float* y, const float* x, float s, std::int64_t d) noexcept {
+    for (std::int64_t j = 0; j < d; ++j) y[j] += s * x[j];
+  }
+
+  // Per token: its picks in ascending id through op_expert_ffn as one group on that token's X, then scale_add of
+  // each into a column that starts at +0: the engine's own combine, so the same bits. Each token alone is what
+  // expert_ffn gives it in any batch (the one promise), so T > 1 runs token by token.
+  Status op_expert_routed(const OpCall& c) {
+    const char* op = "expert_ffn_routed";
+    COLIBRI_TRY(sdk::check_op_call(c, "cpu"));
+    const Tensor &X = c.inputs[0], &Ids = c.inputs[1], &Wt = c.inputs[2], &Y = c.outputs[0];
+    std::byte *x, *ids, *w, *y;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", X, x));
+    COLIBRI_TRY(resolve(op, "ids (inputs[1])", Ids, ids));
+    COLIBRI_TRY(resolve(op, "weights (inputs[2])", Wt, w));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    const auto experts = static_cast<std::int32_t>((c.inputs.size() - 3) / 3);
+    const std::int64_t d = X.ne[0], t = sdk::row_count(X), k = Ids.ne[0];
+    const auto* id = reinterpret_cast<const std::int32_t*>(ids);
+    const auto* wt = reinterpret_cast<const float*>(w);
+    auto* ys = reinterpret_cast<float*>(y);
+    std::vector<std::pair<std::int32_t, float>>& picks = routed_picks_;
+    std::vector<Tensor>& in = routed_in_;
+    std::vector<Tensor>& out = routed_out_;
+    auto* scratch = reinterpret_cast<float*>(routed_scratch_.get(static_cast<std::size_t>(k * d) * sizeof(float)));
+    for (std::int64_t i = 0; i < t; ++i) {
+      float* col = ys + i * d;
+      picks.clear();
+      bool marked = false;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int32_t e = id[i * k + j];
+        marked = marked || e < 0 || e >= experts;
+        picks.emplace_back(e, wt[i * k + j]);
+      }
+      if (marked) {  // topk_routing's mark for a NaN logit (or a bad id): the column says so
+        std::fill(col, col + d, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
+      std::sort(picks.begin(), picks.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (std::size_t j = 1; j < picks.size(); ++j) {
+        if (picks[j].first == picks[j - 1].first) {
+          return bad(op, "token " + std::to_string(i) + " picks expert " + std::to_string(picks[j].first) +
+                             " twice; a token's ids must be distinct");
+        }
+      }
+      in.clear();
+      out.clear();
+      Tensor xt = X;
+      xt.ne = {d, 1, 1, 1};
+      xt.buffer = nullptr;
+      xt.offset = 0;
+      xt.data = x + static_cast<std::size_t>(i * d) * sizeof(float);
+      for (std::size_t j = 0; j < picks.size(); ++j) {
+        const auto at = static_cast<std::size_t>(3 + 3 * picks[j].first);
+        in.insert(in.end(), {c.inputs[at], c.inputs[at + 1], c.inputs[at + 2], xt});
+        Tensor yt = xt;
+        yt.data = scratch + static_cast<std::size_t>(j) * static_cast<std::size_t>(d);
+        out.push_back(yt);
+      }
+      OpCall group;
+      group.op = Op::expert_ffn_group;
+      group.inputs = in;
+      group.outputs = out;
+      group.params = c.params;
+      COLIBRI_TRY(op_expert_ffn(group));
+      std::fill(col, col + d, 0.0f);
+      for (std::size_t j = 0; j < picks.size(); ++j) {
+        scale_add_row(col, scratch + static_cast<std::size_t>(j) * static_cast<std::size_t>(d), picks[j].second, d);
+      }
+    }
     return {};
   }
 
@@ -1123,6 +1196,10 @@ class CpuCompute final : public ComputeBase {
   std::vector<std::int64_t> first_row_, first_task_, hidden_at_;
   std::vector<MatJob> jobs_;
   std::vector<ExpertCall> experts_;
+  // expert_ffn_routed's: a token's picks, its group call, and the experts' outputs.
+  std::vector<std::pair<std::int32_t, float>> routed_picks_;
+  std::vector<Tensor> routed_in_, routed_out_;
+  Scratch routed_scratch_;
   std::vector<DeviceInfo> devices_;
 };
 

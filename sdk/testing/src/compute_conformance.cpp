@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <limits>
 #include <random>
 #include <span>
@@ -682,6 +683,148 @@ TEST_P(ComputeConformance, ExpertFfnClampedGroupWithMxfp4ExpertsHasTheBitsOfExpe
 }
 
 // ------------------------------------------------------------------ norms, rope
+
+// ------------------------------------------------------------------ expert_ffn_routed
+
+// The optional routed op against the engine's own combine on the same backend: each token's column is +0 (add of
+// zeros), then scale_add of w * expert_ffn(e, that token's X) for its picks in ascending expert id, bit for bit. Ids
+// are listed by weight as topk_routing lists them, so ascending id is not their order. A backend may answer
+// `unsupported` for batches (T > 1) or exact activations its kernels do not route, never for decode (T = 1) of types
+// its supports() offers. A token marked by topk_routing (id -1, weight NaN) gets a column of NaN.
+TEST_P(ComputeConformance, ExpertFfnRoutedHasTheBitsOfTheEnginesCombine) {
+  COMPUTE_FIXTURE(c);
+  // k = 3: with two picks from +0 the sum is the same in either order (addition commutes), so it would not show one.
+  const std::int64_t d = 256, f = 512, n_experts = 5, k = 3;
+  struct Types {
+    DType g, u, dn;
+  };
+  const Types cases[] = {{DType::q4_k, DType::q4_k, DType::q6_k},
+                         {DType::q8_0, DType::q8_0, DType::q8_0},
+                         {DType::q4_0, DType::q4_0, DType::q5_k}};
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::int32_t> picks{3, 1, 4, 0, 4, 2, -1, -1, -1, 4, 0, 3};  // token 2 marked: a NaN logit
+  const std::vector<float> weights{0.5f, 0.3f, 0.2f, 0.45f, 0.35f, 0.2f, nan, nan, nan, 0.6f, 0.3f, 0.1f};
+  const std::int64_t tokens = static_cast<std::int64_t>(picks.size()) / k;
+  int ran = 0;
+  for (const Types& ty : cases) {
+    const std::string what = "expert_ffn_routed " + label(ty.g) + "/" + label(ty.u) + "/" + label(ty.dn);
+    std::vector<Weights> w;
+    for (std::int64_t e = 0; e < n_experts; ++e) {
+      const auto seed = static_cast<unsigned>(700 + 3 * e);
+      w.push_back(make_weights(ty.g, d, f, seed));
+      w.push_back(make_weights(ty.u, d, f, seed + 1));
+      w.push_back(make_weights(ty.dn, f, d, seed + 2));
+    }
+    const auto x = randn(static_cast<std::size_t>(d * tokens), 790);
+    auto weight_args = [&] {
+      std::vector<Arg> a;
+      for (std::int64_t e = 0; e < n_experts; ++e) {
+        const auto i = static_cast<std::size_t>(3 * e);
+        a.push_back(arg(ty.g, {d, f, 1, 1}, const_cast<std::byte*>(w[i].bytes.data())));
+        a.push_back(arg(ty.u, {d, f, 1, 1}, const_cast<std::byte*>(w[i + 1].bytes.data())));
+        a.push_back(arg(ty.dn, {f, d, 1, 1}, const_cast<std::byte*>(w[i + 2].bytes.data())));
+      }
+      return a;
+    };
+    // What the engine computes for token t on this backend.
+    auto combine = [&](std::int64_t t, const OpParams& p) {
+      std::vector<float> xt(x.begin() + t * d, x.begin() + (t + 1) * d), zeros(static_cast<std::size_t>(d), 0.0f);
+      std::vector<float> col(static_cast<std::size_t>(d), std::numeric_limits<float>::quiet_NaN());
+      EXPECT_TRUE(run_op(c, Op::add, {arg(DType::f32, {d, 1, 1, 1}, zeros), arg(DType::f32, {d, 1, 1, 1}, zeros)},
+                         {arg(DType::f32, {d, 1, 1, 1}, col)}));
+      std::vector<std::pair<std::int32_t, float>> chosen;
+      for (std::int64_t j = 0; j < k; ++j) {
+        chosen.emplace_back(picks[static_cast<std::size_t>(t * k + j)], weights[static_cast<std::size_t>(t * k + j)]);
+      }
+      std::sort(chosen.begin(), chosen.end());
+      for (auto [e, wt] : chosen) {
+        std::vector<float> y(static_cast<std::size_t>(d));
+        const auto i = static_cast<std::size_t>(3 * e);
+        EXPECT_TRUE(run_op(c, Op::expert_ffn,
+                           {arg(ty.g, {d, f, 1, 1}, const_cast<std::byte*>(w[i].bytes.data())),
+                            arg(ty.u, {d, f, 1, 1}, const_cast<std::byte*>(w[i + 1].bytes.data())),
+                            arg(ty.dn, {f, d, 1, 1}, const_cast<std::byte*>(w[i + 2].bytes.data())),
+                            arg(DType::f32, {d, 1, 1, 1}, xt)},
+                           {arg(DType::f32, {d, 1, 1, 1}, y)}, p));
+        std::vector<float> scale{wt};
+        EXPECT_TRUE(run_op(c, Op::scale_add, {arg(DType::f32, {d, 1, 1, 1}, y), arg(DType::f32, {1, 1, 1, 1}, scale)},
+                           {arg(DType::f32, {d, 1, 1, 1}, col)}));
+      }
+      return col;
+    };
+    const bool offered = c.supports(Op::expert_ffn_routed, ty.g) && c.supports(Op::expert_ffn_routed, ty.u) &&
+                         c.supports(Op::expert_ffn_routed, ty.dn);
+    for (const bool exact : {false, true}) {
+      OpParams p;
+      p.flags = exact ? kExactActivations : 0;
+      for (const std::int64_t batch : {std::int64_t{1}, tokens}) {
+        for (std::int64_t t0 = 0; t0 < tokens; t0 += batch) {
+          const std::string at =
+              what + (exact ? " exact" : "") + " T=" + std::to_string(batch) + " from token " + std::to_string(t0);
+          std::vector<float> xs(x.begin() + t0 * d, x.begin() + (t0 + batch) * d);
+          std::vector<std::int32_t> ids(picks.begin() + t0 * k, picks.begin() + (t0 + batch) * k);
+          std::vector<float> wts(weights.begin() + t0 * k, weights.begin() + (t0 + batch) * k);
+          std::vector<float> y(static_cast<std::size_t>(d * batch), -1.0f);
+          std::vector<Arg> in{arg(DType::f32, {d, batch, 1, 1}, xs), arg(DType::i32, {k, batch, 1, 1}, ids),
+                              arg(DType::f32, {k, batch, 1, 1}, wts)};
+          for (const Arg& a : weight_args()) in.push_back(a);
+          const Status s = run_op(c, Op::expert_ffn_routed, in, {arg(DType::f32, {d, batch, 1, 1}, y)}, p);
+          if (!offered || (!s && s.code() == StatusCode::unsupported && (batch > 1 || exact))) {
+            EXPECT_FALSE(s) << at << ": supports() says no, yet it ran";
+            EXPECT_EQ(s.code(), StatusCode::unsupported) << at << ": " << s.to_string();
+            continue;
+          }
+          ASSERT_TRUE(s) << at;
+          ++ran;
+          for (std::int64_t t = t0; t < t0 + batch; ++t) {
+            const float* got = y.data() + (t - t0) * d;
+            if (picks[static_cast<std::size_t>(t * k)] < 0) {
+              for (std::int64_t i = 0; i < d; ++i) {
+                ASSERT_TRUE(std::isnan(got[i]))
+                    << at << ": token " << t << " (marked) element " << i << " is " << got[i];
+              }
+              continue;
+            }
+            const auto want = combine(t, p);
+            std::int64_t first = 0;  // the first element whose bits differ, for the message
+            while (first < d && std::memcmp(got + first, &want[static_cast<std::size_t>(first)], sizeof(float)) == 0)
+              ++first;
+            EXPECT_EQ(first, d) << at << ": token " << t
+                                << " differs from expert_ffn + scale_add in ascending id, first at element " << first
+                                << ": " << std::setprecision(9) << got[std::min(first, d - 1)] << " vs "
+                                << want[static_cast<std::size_t>(std::min(first, d - 1))];
+          }
+        }
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "this backend does not offer the optional expert_ffn_routed";
+  // The shapes are checked: more picks than experts, and an expert whose W_down does not fit.
+  std::vector<float> x1(static_cast<std::size_t>(d), 0.5f), y1(static_cast<std::size_t>(d));
+  std::vector<std::int32_t> six(6, 0);
+  std::vector<float> six_w(6, 0.1f);
+  const auto wq = make_weights(DType::q8_0, d, f, 1), wd = make_weights(DType::q8_0, f, d, 2);
+  auto one_expert = [&](std::int64_t down_rows) {
+    return std::vector<Arg>{arg(DType::q8_0, {d, f, 1, 1}, const_cast<std::byte*>(wq.bytes.data())),
+                            arg(DType::q8_0, {d, f, 1, 1}, const_cast<std::byte*>(wq.bytes.data())),
+                            arg(DType::q8_0, {f, down_rows, 1, 1}, const_cast<std::byte*>(wd.bytes.data()))};
+  };
+  std::vector<Arg> too_many{arg(DType::f32, {d, 1, 1, 1}, x1), arg(DType::i32, {6, 1, 1, 1}, six),
+                            arg(DType::f32, {6, 1, 1, 1}, six_w)};
+  for (int e = 0; e < 2; ++e) {
+    for (const Arg& a : one_expert(d)) too_many.push_back(a);
+  }
+  const Status many = run_op(c, Op::expert_ffn_routed, too_many, {arg(DType::f32, {d, 1, 1, 1}, y1)});
+  EXPECT_FALSE(many);
+  EXPECT_NE(many.message().find("ids"), std::string::npos) << many.to_string();
+  std::vector<Arg> bad_down{arg(DType::f32, {d, 1, 1, 1}, x1), arg(DType::i32, {1, 1, 1, 1}, six),
+                            arg(DType::f32, {1, 1, 1, 1}, six_w)};
+  for (const Arg& a : one_expert(d)) bad_down.push_back(a);
+  for (const Arg& a : one_expert(d / 2)) bad_down.push_back(a);
+  const Status down = run_op(c, Op::expert_ffn_routed, bad_down, {arg(DType::f32, {d, 1, 1, 1}, y1)});
+  EXPECT_FALSE(down);
+  EXPECT_NE(down.message().find("expert 1"), std::string::npos) << down.to_string();
+}
 
 TEST_P(ComputeConformance, RmsNormMatchesReference) {
   COMPUTE_FIXTURE(c);

@@ -1,7 +1,8 @@
 // The expert cache's admin operations on a real engine: logits stay bit-identical after clear() and warm() (the one
 // promise), pinned experts survive a clear, and the statistics show the reloads. Also the engine's use of the
-// optional group ops (expert_ffn_group; expert_ffn_clamped_group for gpt-oss): the same bits with them, without them,
-// and after a backend refuses them. Tiny Mixtral and gpt-oss from tests/fixtures/make_tiny_model.py, the built
+// optional group ops (expert_ffn_group; expert_ffn_clamped_group for gpt-oss) and of expert_ffn_routed (resident
+// decode): the same bits, cache counts and routing records with them, without them, and after a backend refuses
+// them. Tiny Mixtral and gpt-oss from tests/fixtures/make_tiny_model.py, the built
 // cpu/pread/pinned/lru plugins.
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -71,21 +72,33 @@ bool is_group(sdk::Op op) {
   return op == sdk::Op::expert_ffn_group || op == sdk::Op::expert_ffn_clamped_group;
 }
 
-// The cpu backend behind a seam: `offer` decides what supports() says of the group ops, `refuse` makes run()
-// answer `unsupported` for them (a plugin whose supports() promises more than its run() does); the calls are counted.
+bool is_optional_expert_op(sdk::Op op) {
+  return is_group(op) || op == sdk::Op::expert_ffn_routed;
+}
+
+// The cpu backend behind a seam: `offer` decides what supports() says of the group and routed ops, `refuse` makes
+// run() answer `unsupported` for them (a plugin whose supports() promises more than its run() does); the calls are
+// counted.
 class GroupSeam final : public sdk::Compute {
  public:
   GroupSeam(std::shared_ptr<sdk::Compute> inner, bool offer, bool refuse)
       : inner_(std::move(inner)), offer_(offer), refuse_(refuse) {}
-  int group_calls = 0, refused = 0, single_calls = 0;
+  int group_calls = 0, refused = 0, single_calls = 0, routed_calls = 0, routed_refused = 0;
   std::span<const sdk::DeviceInfo> devices() const noexcept override { return inner_->devices(); }
   sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override {
     return inner_->allocate(bytes);
   }
   bool supports(sdk::Op op, sdk::DType type) const noexcept override {
-    return is_group(op) ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
+    return is_optional_expert_op(op) ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
   }
   sdk::Status run(const sdk::OpCall& call) noexcept override {
+    if (call.op == sdk::Op::expert_ffn_routed) {
+      ++routed_calls;
+      if (refuse_) {
+        ++routed_refused;
+        return sdk::Status(sdk::StatusCode::unsupported, "seam: expert_ffn_routed refused");
+      }
+    }
     if (is_group(call.op)) {
       ++group_calls;
       if (refuse_) {
@@ -147,23 +160,36 @@ std::unique_ptr<engine::Engine> open_with_seam(const fs::path& model, std::share
 }
 
 // Logits of a prompt in one pass (experts run rows gathered per expert) and then token by token (every routed
-// expert runs the whole batch), concatenated.
-std::vector<float> prompt_then_steps(engine::Engine& e) {
+// expert runs the whole batch), concatenated; the steps' routing records into `trace` when given.
+std::vector<float> prompt_then_steps(engine::Engine& e, std::vector<engine::RoutingRecord>* trace = nullptr) {
   const std::vector<std::int32_t> tokens{1, 17, 42, 99, 5, 250, 3, 77, 12, 8};
   auto all = logits_of(e, tokens);
   e.reset();
   for (const auto t : tokens) {
     std::vector<float> step;
-    auto s = e.forward(std::span(&t, 1), engine::LogitsWanted::last, step);
+    auto s = e.forward(std::span(&t, 1), engine::LogitsWanted::last, step, trace);
     EXPECT_TRUE(s) << s.message();
     all.insert(all.end(), step.begin(), step.end());
   }
   return all;
 }
 
+// Routing records as text, for comparisons that show where two differ.
+std::string records_text(const std::vector<engine::RoutingRecord>& records) {
+  std::ostringstream out;
+  for (const auto& r : records) {
+    out << "step " << r.step << " pos " << r.position << " layer " << r.layer << ":";
+    for (std::size_t j = 0; j < r.experts.size(); ++j) out << " " << r.experts[j] << "@" << r.weights[j];
+    out << "\n";
+  }
+  return out.str();
+}
+
 // Resident and streaming (a cache of `streaming_slots` of the model's largest experts), the logits are bit-identical
-// with the group op, without it and after a refusal; the group op is used where offered, and never otherwise.
-void expect_group_op_keeps_the_bits(const fs::path& model, std::uint64_t streaming_slots) {
+// with the group op, without it and after a refusal; the group op is used where offered, and never otherwise. Where
+// `routes` (experts without biases), resident decode runs through expert_ffn_routed where it is offered, and the
+// cache's counts and the routing records are those of the engine routing itself.
+void expect_group_op_keeps_the_bits(const fs::path& model, std::uint64_t streaming_slots, bool routes = false) {
   auto manifest = model::load_manifest(model);
   ASSERT_TRUE(manifest) << manifest.error().message();
   std::uint64_t slot = 0;
@@ -176,19 +202,35 @@ void expect_group_op_keeps_the_bits(const fs::path& model, std::uint64_t streami
     auto c = open_with_seam(model, refusing, true, true, cache_bytes);
     ASSERT_TRUE(a && b && c);
     ASSERT_EQ(a->mode(), where);
-    const auto want = prompt_then_steps(*b);
+    std::vector<engine::RoutingRecord> want_trace, got_trace;
+    const auto want = prompt_then_steps(*b, &want_trace);
     ASSERT_FALSE(want.empty());
-    EXPECT_TRUE(bit_identical(prompt_then_steps(*a), want)) << where << ": the group op changed the logits";
+    EXPECT_TRUE(bit_identical(prompt_then_steps(*a, &got_trace), want)) << where << ": the group op changed the logits";
     EXPECT_TRUE(bit_identical(prompt_then_steps(*c), want)) << where << ": the fallback changed the logits";
     EXPECT_EQ(single->group_calls, 0) << where << ": the group op called though supports() said no";
+    EXPECT_EQ(single->routed_calls, 0) << where << ": the routed op called though supports() said no";
     EXPECT_GT(single->single_calls, 0);
     EXPECT_GT(grouped->group_calls, 0) << where << ": the engine never grouped the experts of a layer";
     EXPECT_EQ(refusing->refused, 1) << where << ": after one refusal the engine must stop asking";
+    const bool resident_routes = routes && where == "resident";
+    if (resident_routes) {
+      EXPECT_GT(grouped->routed_calls, 0) << where << ": resident decode never routed on the backend";
+    } else {
+      EXPECT_EQ(grouped->routed_calls, 0) << where << ": routed on the backend where the engine must route itself";
+    }
+    EXPECT_EQ(refusing->routed_refused, resident_routes ? 1 : 0) << where << ": after one refusal, never again";
+    // The routed op's uses are settled at the end of each pass: the same hits, misses, per-expert use counts and
+    // routing records (in layer order) as the engine's own routing.
+    EXPECT_EQ(a->experts().stats().hits, b->experts().stats().hits) << where;
+    EXPECT_EQ(a->experts().stats().misses, b->experts().stats().misses) << where;
+    EXPECT_EQ(a->experts().usage(), b->experts().usage()) << where << ": per-expert use counts differ";
+    EXPECT_FALSE(want_trace.empty());
+    EXPECT_EQ(records_text(got_trace), records_text(want_trace)) << where;
   }
 }
 
-TEST(ExpertGroupEngine, SameBitsWithTheGroupOpWithoutItAndAfterABackendRefusesIt) {
-  expect_group_op_keeps_the_bits(tiny_model(), 4);  // half of its experts
+TEST(ExpertGroupEngine, SameBitsWithTheGroupAndRoutedOpsWithoutThemAndAfterABackendRefusesThem) {
+  expect_group_op_keeps_the_bits(tiny_model(), 4, true);  // streaming: half of its experts
 }
 
 // gpt-oss's biased experts through expert_ffn_clamped_group: f32, MXFP4 experts (q8_0 activations) and q4_k_m. Two

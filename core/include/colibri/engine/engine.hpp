@@ -214,6 +214,21 @@ class Engine {
   // records carry the row t.
   sdk::Status moe(const Layer& layer, std::int64_t l, std::int64_t T, const sdk::Tensor& h, Act& out,
                   std::vector<RoutingRecord>* trace);
+  // Pick j of token row t of layer l: a NaN mark, a weight that is not finite or an expert outside the model is an
+  // error that says so.
+  [[nodiscard]] sdk::Status check_pick(std::int64_t l, std::int64_t t, std::int32_t e, float weight) const;
+  // expert_ffn_routed: whether layer l's table (scratch) holds, refreshed when the experts moved; then topk_routing
+  // and the routed op for one token into out, the choice kept (or its download queued) for settle_routed(). An
+  // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
+  bool routed_table(std::int64_t l);
+  sdk::Status route_on_backend(std::int64_t l, std::int64_t K, const sdk::Tensor& h, Act& out,
+                               const sdk::OpParams& topk_p, const sdk::OpParams& mm_p);
+  // At the end of a pass: waits for the routed layers' choices, then checks them and counts the experts' uses and
+  // records as moe() does while it routes.
+  sdk::Status settle_routed(std::vector<RoutingRecord>* trace);
+  // The shared expert (Qwen-MoE), added to out.
+  sdk::Status shared_expert(const Layer& layer, std::int64_t T, const sdk::Tensor& h, Act& out,
+                            const sdk::OpParams& mm_p);
   // T tokens' rows [first, first + n) of S.ids at positions position.. of one KV cache.
   struct Segment {
     KvCache* kv;
@@ -237,8 +252,9 @@ class Engine {
   std::optional<RopeFrequencies> rope_;
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
-  bool group_experts_ = false;  // the backend offers the experts' group op for every expert weight type
-  bool kv_on_device_ = false;   // memory.kv_on_device on a backend whose memory is not the host's
+  bool group_experts_ = false;   // the backend offers the experts' group op for every expert weight type
+  bool routed_experts_ = false;  // decode routes on the backend (expert_ffn_routed) where routed_table() holds
+  bool kv_on_device_ = false;    // memory.kv_on_device on a backend whose memory is not the host's
   KvWindows kv_windows_;  // the sliding-window layers every KV cache of this engine has (memory_plan's kv_windows)
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;

@@ -174,6 +174,14 @@ class ExpertManager {
   std::size_t stage_uploads(std::span<const sdk::ExpertKey> needed);
   // True when acquire() of this expert would return without waiting for a read (or, with a VRAM tier, an upload).
   [[nodiscard]] bool ready(std::int64_t layer, std::int64_t expert) const;
+  // expert_ffn_routed's table: W_gate, W_up, W_down of every expert of `layer` in expert order, where each runs without
+  // a read, an upload or a wait: in VRAM when the tier holds every expert of the model, else (no VRAM tier) in RAM in
+  // resident mode. Counts nothing: a use is settled afterwards with acquire() and release(). False, and `out`
+  // empty, when one of them is not there now.
+  bool routed_table(std::int64_t layer, std::vector<sdk::Tensor>& out) const;
+  // Changes whenever a slot is freed (an expert's weights may then move), so a table from routed_table() holds while
+  // it is unchanged.
+  [[nodiscard]] std::uint64_t placement_generation() const { return freed_slots_ + (vram_ ? vram_->freed_slots() : 0); }
   // Counts router predictions against the experts the layer then used (see ExpertStats).
   void note_prediction(std::uint64_t predicted, std::uint64_t correct, std::uint64_t actual) {
     stats_.predicted += predicted;
@@ -323,6 +331,7 @@ class ExpertManager {
   // Experts acquired from RAM because VRAM admission turned them away, with how many acquires are unreleased.
   std::map<std::uint64_t, int> bypassed_;
   std::map<std::uint64_t, Slot> slots_;  // by ExpertKey::packed()
+  std::uint64_t freed_slots_ = 0;        // RAM slots erased so far (placement_generation)
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
   std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch

@@ -72,6 +72,10 @@ class VramTier {
   [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
   // Resident with its upload (if any) complete: acquire() returns without waiting.
   [[nodiscard]] bool ready(sdk::ExpertKey key) const;
+  // Its weights when ready(), without marking it in use or counting anything; nullopt otherwise.
+  [[nodiscard]] std::optional<ExpertWeights> resident_weights(sdk::ExpertKey key) const;
+  // Slots freed so far (an expert's place may then be another's): ExpertManager::placement_generation.
+  [[nodiscard]] std::uint64_t freed_slots() const { return freed_slots_; }
   // True while a begin_upload() or begin_fill() copy of the expert may still read its source.
   [[nodiscard]] bool copying(sdk::ExpertKey key) const;
   // Waits for that copy; a failed one forgets the expert (its next acquire() misses and uploads again).
@@ -127,6 +131,7 @@ class VramTier {
   bool admission_ = true;
   std::map<std::uint64_t, std::uint32_t> uses_;  // admission's use counts, by ExpertKey::packed()
   std::uint64_t uses_since_halving_ = 0;
+  std::uint64_t freed_slots_ = 0;
 };
 
 }  // namespace colibri::engine

@@ -107,6 +107,17 @@ enum class Op : std::uint32_t {
   // expert_ffn_group: the engine uses it where supports() says so for every weight type and otherwise calls
   // expert_ffn_clamped per expert, as it also does after an `unsupported` answer.
   expert_ffn_clamped_group,
+  // Optional. in: X {D, T} f32, ids {k, T} i32 and weights {k, T} f32 (topk_routing's outputs, where it left them),
+  // then W_gate_e, W_up_e, W_down_e for every expert e = 0..E-1 of a layer (3 + 3E inputs; each three as expert_ffn's
+  // weights); out: Y {D, T}. Each token's column is the engine's combine of its experts: Y[:, t] starts at +0, then
+  // for its k picks in ascending expert id, Y[:, t] += weights[j, t] * expert_ffn(expert ids[j, t], X[:, t]), each
+  // term with scale_add's numerics and each expert_ffn with that op's bits (params.flags as matmul's). A token whose
+  // picks include an id outside 0..E-1 (topk_routing's NaN mark) gets a column of NaN. A token's ids are distinct. No
+  // output may overlap an input. The backend reads the choice itself, so the host need not wait for topk_routing
+  // before the call: the engine uses it in decode where every expert of the layer lies in this backend's memory and
+  // supports() says so for each weight type, and otherwise (or after an `unsupported` answer, which a backend may
+  // give for shapes or types its kernels do not route) runs the experts and scale_add itself.
+  expert_ffn_routed,
   count_
 };
 
@@ -154,6 +165,7 @@ struct Tensor {
     case Op::attention_sinks: return "attention_sinks";
     case Op::expert_ffn_clamped: return "expert_ffn_clamped";
     case Op::expert_ffn_clamped_group: return "expert_ffn_clamped_group";
+    case Op::expert_ffn_routed: return "expert_ffn_routed";
     default: return "unknown op";
   }
 }
