@@ -92,6 +92,12 @@ sdk::Score score(const sdk::HostInfo& /*host*/) noexcept {
   }
 }
 
+const sdk::OptionSpec kOptions[] = {
+    {"routed_experts", sdk::OptionType::boolean, "false",
+     "run expert_ffn_routed on the device (the engine's decode then waits for the router's choice once per token, "
+     "not once per layer); off until measured on a GPU"},
+};
+
 // What plugins list shows (supports() decides): as the ops and types run_impl has kernels for.
 const char* const kCapabilities[] = {"matmul",
                                      "expert_ffn",
@@ -231,6 +237,8 @@ bool PendingCopy::is_finished() noexcept {
 Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateContext& cc) {
   auto index = cc.config->get_int("device", 0);
   if (!index) return index.error();
+  auto routed = cc.config->get_bool("routed_experts", false);
+  if (!routed) return routed.error();
   if (std::string p = driver_library_problem(); !p.empty()) return Status(StatusCode::unsupported, p);
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
@@ -273,10 +281,11 @@ Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateCont
       return cuda_status(r, "creating the op stream's events");
     }
   }
-  return std::make_unique<CudaCompute>(std::move(dev));
+  return std::make_unique<CudaCompute>(std::move(dev), *routed);
 }
 
-CudaCompute::CudaCompute(std::shared_ptr<Device> dev) : dev_(std::move(dev)) {
+CudaCompute::CudaCompute(std::shared_ptr<Device> dev, bool routed_experts)
+    : dev_(std::move(dev)), routed_experts_(routed_experts) {
   sdk::DeviceInfo d;
   d.name = dev_->prop.name;
   d.host_memory = false;
@@ -292,6 +301,10 @@ CudaCompute::~CudaCompute() {
   cudaFreeHost(staging_);
   cudaFree(status_dev_);
   cudaFreeHost(status_host_);
+  for (const TableSlab& slab : table_slabs_) {
+    cudaFree(slab.device);
+    cudaFreeHost(slab.host);
+  }
 }
 
 std::span<const sdk::DeviceInfo> CudaCompute::devices() const noexcept {
@@ -475,7 +488,7 @@ const colibri::sdk::PluginDescriptor kDescriptor{
     "cuda",
     "0.1.0",
     "NVIDIA CUDA kernels: quantized GEMV / tiled matmul, expert FFN, attention over a device KV cache, norms",
-    {},
+    colibri::cuda::kOptions,
     colibri::cuda::kCapabilities,
     &colibri::cuda::score,
     &create_cuda,

@@ -105,7 +105,7 @@ struct PendingCopy {
 class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
  public:
   static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
-  explicit CudaCompute(std::shared_ptr<Device> dev);
+  explicit CudaCompute(std::shared_ptr<Device> dev, bool routed_experts = false);
   ~CudaCompute() override;
 
   [[nodiscard]] std::span<const sdk::DeviceInfo> devices() const noexcept override;
@@ -130,6 +130,9 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
  private:
   friend class Binder;
   sdk::Status run_impl(const sdk::OpCall& call);
+  sdk::Status run_routed(const sdk::OpCall& call);
+  // The device copy of routed_key_ (every expert's W_gate, then W_up, then W_down pointers), uploaded if not cached.
+  sdk::Expected<const void* const*> routed_table();
   sdk::Expected<const CudaBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                               const char* what) const;
   sdk::Expected<std::unique_ptr<sdk::Event>> start_copy(std::shared_ptr<PendingCopy> copy, const CudaBuffer& buffer,
@@ -152,6 +155,20 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
   std::size_t staging_size_ = 0;
   std::int32_t* status_dev_ = nullptr;  // error word of embedding / topk
   std::int32_t* status_host_ = nullptr;
+  // expert_ffn_routed (option routed_experts). Its kernels read each expert's weights through a device table of
+  // pointers. A layer passes the same experts every token, so tables are kept, keyed by their contents, in slabs of
+  // device memory each mirrored by pinned memory that stays the source of its tables' uploads: no slot is written
+  // twice while its slab is in use, so an upload still queued never sees its source change.
+  bool routed_experts_ = false;
+  struct TableSlab {
+    const void** host = nullptr;  // pinned
+    const void** device = nullptr;
+    std::size_t used = 0, capacity = 0;  // pointers
+  };
+  std::vector<TableSlab> table_slabs_;
+  std::map<std::vector<const void*>, const void* const*> tables_;
+  std::size_t table_pointers_ = 0;
+  std::vector<const void*> routed_key_;
 };
 
 }  // namespace colibri::cuda

@@ -270,21 +270,60 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __r
   if (lane % 2 == 0) sums[at / 16] = sum;
 }
 
-template <class F, int NT, int R, int U, int MinBlocks>
+// expert_ffn_routed's choice for the routed matmul (Routed = true): pick blockIdx.y takes expert ids[pick]'s weights,
+// table[ids[pick]], and writes column pick of Y. Empty otherwise, so the plain matmul's code is what it was.
+template <bool Routed>
+struct Route {};
+template <>
+struct Route<true> {
+  const void* const* table;  // one device pointer per expert
+  const std::int32_t* ids;   // the k picks of the token, where topk_routing left them
+  int experts;
+  int x_per_pick;  // 1: pick j reads token j of the quantized X (down); 0: token 0 for every pick (gate, up)
+};
+
+template <class F, int NT, int R, int U, int MinBlocks, bool Routed>
 __global__ void __launch_bounds__(kMatmulThreads, MinBlocks)
     matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
                      const float* __restrict__ xd, const std::int32_t* __restrict__ xs, float* __restrict__ y,
-                     const float* __restrict__ bias, int k, int n, int t) {
+                     const float* __restrict__ bias, int k, int n, int t, Route<Routed> route) {
   const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
-  const int t0 = blockIdx.y * NT;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched early (matmul_q8_as): X's quantization must be complete and visible first. A no-op otherwise.
+  // Launched early (matmul_q8_as): X's quantization must be complete and visible first (routed: the ids and the
+  // table too, though those were written before the quantization started). A no-op otherwise.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
   float acc[R][NT];
-  q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, xs, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
-  store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
+  if constexpr (Routed) {
+    // One pick per block row, in the decode tile (NT = 1): lane_sums and store_tile as the T = 1 matmul runs them, on
+    // that pick's weights and token, so every element has the terms, order and bits of launch_matmul at t = 1.
+    static_assert(NT == 1, "a routed block row takes one pick");
+    (void)w, (void)bias, (void)t;
+    const int pick = static_cast<int>(blockIdx.y);
+    const int id = route.ids[pick];
+    float* yp = y + static_cast<std::size_t>(pick) * n;
+    if (id < 0 || id >= route.experts) {
+      // topk_routing's NaN mark (id -1): no table entry to read. The combine gives the token NaN; these rows get NaN
+      // too, so the later kernels read written values.
+      if (threadIdx.x % 32 == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (row0 + r < n) yp[row0 + r] = __int_as_float(0x7FC00000);
+        }
+      }
+      return;
+    }
+    const int tok = route.x_per_pick != 0 ? pick : 0;
+    q8dot::lane_sums<F, NT, R, U>(static_cast<const std::uint8_t*>(route.table[id]), row_bytes, xq, xd, xs, k, n,
+                                  tok + 1, row0, tok, static_cast<int>(threadIdx.x % 32), acc);
+    store_tile<NT, R>(acc, row0, 0, yp, nullptr, n, 1);
+  } else {
+    (void)route;
+    const int t0 = blockIdx.y * NT;
+    q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, xs, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
+    store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
+  }
 }
 
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 and later).
@@ -294,9 +333,10 @@ bool launches_early() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
 }
 
-template <class F, int NT, int R, int U = 1, int MinBlocks = 1>
+// Routed: t is the number of picks (grid.y), w and bias unused (route names the weights).
+template <class F, int NT, int R, int U = 1, int MinBlocks = 1, bool Routed = false>
 cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
-                         const float* bias, std::int64_t k, std::int64_t n, std::int64_t t) {
+                         const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, Route<Routed> route = {}) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>((t + NT - 1) / NT));
@@ -313,10 +353,10 @@ cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8
     config.attrs = &early;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, matmul_q8_kernel<F, NT, R, U, MinBlocks>, static_cast<const std::uint8_t*>(w), rb,
-                            static_cast<const std::int8_t*>(q8.q), static_cast<const float*>(q8.d),
-                            static_cast<const std::int32_t*>(q8.s), y, bias, static_cast<int>(k), static_cast<int>(n),
-                            static_cast<int>(t));
+  return cudaLaunchKernelEx(&config, matmul_q8_kernel<F, NT, R, U, MinBlocks, Routed>,
+                            static_cast<const std::uint8_t*>(w), rb, static_cast<const std::int8_t*>(q8.q),
+                            static_cast<const float*>(q8.d), static_cast<const std::int32_t*>(q8.s), y, bias,
+                            static_cast<int>(k), static_cast<int>(n), static_cast<int>(t), route);
 }
 
 template <class F>
@@ -381,6 +421,37 @@ cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::si
     case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Calls fn(Format<F>{}) for the 8-bit-activation format F of `type` (cudaErrorInvalidValue for other types).
+template <class F>
+struct Format {
+  using type = F;
+};
+template <class Fn>
+cudaError_t with_q8_format(std::uint32_t type, Fn&& fn) {
+  switch (type) {
+    case kQ4_K: return fn(Format<q8dot::Q4_K>{});
+    case kQ5_K: return fn(Format<q8dot::Q5_K>{});
+    case kQ6_K: return fn(Format<q8dot::Q6_K>{});
+    case kQ2_K: return fn(Format<q8dot::Q2_K>{});
+    case kQ3_K: return fn(Format<q8dot::Q3_K>{});
+    case kQ8_0: return fn(Format<q8dot::Q8_0>{});
+    case kQ4_0: return fn(Format<q8dot::Q4_0>{});
+    case kMXFP4: return fn(Format<q8dot::MXFP4>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// expert_ffn_routed's matmul of one projection for all picks at once: the decode tile matmul_q8_for takes at t = 1
+// (NT = 1, DecodeTile's rows, unroll and register cap), one block row per pick.
+template <class F>
+cudaError_t matmul_q8_routed_for(cudaStream_t s, const void* const* table, const std::int32_t* ids, int experts,
+                                 bool x_per_pick, std::size_t rb, const Q8Scratch& q8, float* y, std::int64_t k,
+                                 std::int64_t n, std::int64_t picks) {
+  using D = DecodeTile<F>;
+  return matmul_q8_as<F, 1, D::kRows, D::kUnroll, D::kMinBlocks, true>(
+      s, nullptr, rb, q8, y, nullptr, k, n, picks, Route<true>{table, ids, experts, x_per_pick ? 1 : 0});
 }
 
 // The candidate pairs layout of a format (64 weights a lane), where one exists.
@@ -798,6 +869,46 @@ __global__ void topk_kernel(const float* __restrict__ logits, std::int32_t* __re
   }
 }
 
+// ---------------------------------------------------------------- expert_ffn_routed's combine
+// The engine's combine of one token's experts: out = add(zeros, zeros) = +0, then scale_add of each expert in
+// ascending id, y = fmaf(w, x, y) as eltwise_kernel does; here acc = +0 then acc = fmaf(w_j, y_j[i], acc) over the
+// picks sorted by id, so the same operations in the same order. A pick outside 0..experts-1 (topk_routing's NaN mark)
+// makes the whole column NaN.
+__global__ void routed_combine_kernel(const float* __restrict__ ys, const std::int32_t* __restrict__ ids,
+                                      const float* __restrict__ weights, float* __restrict__ y, long long d, int picks,
+                                      int experts) {
+  __shared__ int order[kMaxRoutedPicks];
+  __shared__ int marked;
+  if (threadIdx.x == 0) marked = 0;
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < picks) {
+    const int j = static_cast<int>(threadIdx.x), id = ids[j];
+    // The pick's place in ascending id; equal ids (which the SDK rules out) by pick, so the places stay distinct.
+    int rank = 0;
+    for (int i = 0; i < picks; ++i) {
+      const int other = ids[i];
+      rank += (other < id || (other == id && i < j)) ? 1 : 0;
+    }
+    order[rank] = j;
+    if (id < 0 || id >= experts) atomicOr(&marked, 1);
+  }
+  __syncthreads();
+  const bool nan = marked != 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < d;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    if (nan) {
+      acc = __int_as_float(0x7FC00000);
+    } else {
+      for (int s = 0; s < picks; ++s) {
+        const int j = order[s];
+        acc = fmaf(weights[j], ys[static_cast<std::size_t>(j) * d + i], acc);
+      }
+    }
+    y[i] = acc;
+  }
+}
+
 unsigned grid_for(long long items, int threads) {
   const long long g = (items + threads - 1) / threads;
   return static_cast<unsigned>(g < 1 ? 1 : (g > 65535 ? 65535 : g));
@@ -882,6 +993,30 @@ const char* matmul_q8_variant_name(int variant) noexcept {
                                                               "2x1",       "2x2",       "1x1 min6",  "1x2 min4",
                                                               "pairs 1x1", "pairs 1x2", "pairs 2x1", "pairs 1x2 min4"};
   return variant >= 0 && variant < kDecodeVariantCount ? kNames[variant] : nullptr;
+}
+
+cudaError_t launch_quantize_q8(cudaStream_t stream, std::uint32_t wtype, const float* x, const Q8Scratch& q8,
+                               std::int64_t k, std::int64_t t) noexcept {
+  if (!takes_q8(wtype, k) || t < 1) return cudaErrorInvalidValue;
+  return with_q8_format(wtype, [&](auto f) { return quantize_q8<typename decltype(f)::type>(stream, x, q8, k, t); });
+}
+
+cudaError_t launch_matmul_q8_routed(cudaStream_t stream, std::uint32_t wtype, const void* const* table,
+                                    const std::int32_t* ids, std::int32_t experts, std::size_t row_bytes,
+                                    const Q8Scratch& q8, bool x_per_pick, float* y, std::int64_t k, std::int64_t n,
+                                    std::int64_t picks) noexcept {
+  if (!takes_q8(wtype, k) || picks < 1 || picks > kMaxRoutedPicks) return cudaErrorInvalidValue;
+  return with_q8_format(wtype, [&](auto f) {
+    return matmul_q8_routed_for<typename decltype(f)::type>(stream, table, ids, experts, x_per_pick, row_bytes, q8, y,
+                                                            k, n, picks);
+  });
+}
+
+cudaError_t launch_routed_combine(cudaStream_t stream, const float* ys, const std::int32_t* ids, const float* weights,
+                                  float* y, std::int64_t d, std::int64_t picks, std::int32_t experts) noexcept {
+  if (picks < 1 || picks > kMaxRoutedPicks) return cudaErrorInvalidValue;
+  routed_combine_kernel<<<grid_for(d, 256), 256, 0, stream>>>(ys, ids, weights, y, d, static_cast<int>(picks), experts);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,

@@ -57,6 +57,24 @@ cudaError_t launch_matmul_q8_pairs(cudaStream_t stream, std::uint32_t wtype, con
                                    const float* x, float* y, std::int64_t k, std::int64_t n, std::int64_t t,
                                    const Q8Scratch& q8) noexcept;
 
+// expert_ffn_routed (one token, k picks, no host wait): the choice is read on the device.
+// launch_quantize_q8: X {k, t} quantized into q8 as launch_matmul does for this weight type and k (per token, so token
+// j of t has the integers it has alone); cudaErrorInvalidValue where that type and k keep X in f32.
+cudaError_t launch_quantize_q8(cudaStream_t stream, std::uint32_t wtype, const float* x, const Q8Scratch& q8,
+                               std::int64_t k, std::int64_t t) noexcept;
+// Y {n, picks}: column j = W_e * X with e = ids[j], W_e = table[e] (E device pointers, W of wtype, rows row_bytes
+// apart) and X the quantized token j of q8 (x_per_pick) or token 0 (every pick the same X); the bits of launch_matmul
+// at t = 1 on W_e. An id outside 0..experts-1 reads no table entry and gives a column of NaN.
+constexpr int kMaxRoutedPicks = 32;
+cudaError_t launch_matmul_q8_routed(cudaStream_t stream, std::uint32_t wtype, const void* const* table,
+                                    const std::int32_t* ids, std::int32_t experts, std::size_t row_bytes,
+                                    const Q8Scratch& q8, bool x_per_pick, float* y, std::int64_t k, std::int64_t n,
+                                    std::int64_t picks) noexcept;
+// y {d} = +0, then += weights[j] * ys[:, j] with scale_add's fmaf for the picks in ascending ids[j]; NaN where any id
+// is outside 0..experts-1. ys {d, picks}.
+cudaError_t launch_routed_combine(cudaStream_t stream, const float* ys, const std::int32_t* ids, const float* weights,
+                                  float* y, std::int64_t d, std::int64_t picks, std::int32_t experts) noexcept;
+
 // n elements of X encoded into Y of a KV cache type (f32, f16, q8_0; n a multiple of 32 for q8_0), the bytes of
 // colibri::quant::quantize_row. Y is 2-byte aligned.
 cudaError_t launch_store_rows(cudaStream_t stream, std::uint32_t type, const float* x, void* y,

@@ -177,6 +177,9 @@ Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, b
 }
 
 bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
+  // expert_ffn_routed: the formats with a path on 8-bit activations (q8_block; every one of them takes K = 256).
+  if (op == Op::expert_ffn_routed)
+    return routed_experts_ && q8_block(static_cast<std::uint32_t>(weight_type), 256) != 0;
   // The expert ops and their groups are matmul kernels in a row, so they take matmul's weights, and mxfp4 (gpt-oss's
   // experts: the chunk path) too; attention_sinks is attention with the sinks as its first key.
   if (op == Op::matmul || is_expert_op(op))
@@ -191,7 +194,9 @@ Status CudaCompute::run(const sdk::OpCall& call) noexcept {
     if (Status s = dev_->use(); !s) return s;
     cudaGetLastError();  // an error handled before (a failed copy or allocation) is not this call's launch error
     Status s = run_impl(call);
-    if (!s) {
+    // An `unsupported` answer comes before anything is queued (check_op_call, expert_ffn_routed's checks): no wait,
+    // since the engine then runs the op its own way.
+    if (!s && s.code() != StatusCode::unsupported) {
       // Kernels queued before the failure must not write the outputs after run() has returned.
       cudaStreamSynchronize(dev_->compute);
       cudaGetLastError();
@@ -204,7 +209,12 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   const char* name = op_name(call.op);
   const auto& in = call.inputs;
   const auto& out = call.outputs;
+  if (call.op == Op::expert_ffn_routed && !routed_experts_) {
+    return Status(StatusCode::unsupported,
+                  std::string(name) + ": off in this backend (compute option routed_experts: false)");
+  }
   if (Status s = sdk::check_op_call(call, "cuda"); !s) return s;
+  if (call.op == Op::expert_ffn_routed) return run_routed(call);
   auto bad = [&](const std::string& m) { return Status(StatusCode::invalid_argument, std::string(name) + ": " + m); };
   auto launched = [&](cudaError_t e) -> Status {
     if (e != cudaSuccess) return cuda_status(e, std::string(name) + ": launching a kernel");
@@ -501,6 +511,180 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
                " is NaN (the model produced NaN activations)");
   }
   return {};
+}
+
+// expert_ffn_routed for one token: the choice (ids, weights) stays on the device and the kernels read it, so nothing
+// here waits for the router. Per call: X quantized once (twice where up's block differs from gate's), gate and up
+// each one matmul launch over all k picks, one swiglu over the k columns, their quantization as k tokens, down one
+// launch, then the combine: 6 to 7 launches, each element with the operations of expert_ffn at T = 1 followed by the
+// engine's add(zeros, zeros) and scale_add per expert in ascending id, so the same bits.
+Status CudaCompute::run_routed(const sdk::OpCall& call) {
+  const char* name = op_name(call.op);
+  const auto& in = call.inputs;
+  auto unsupported = [&](const std::string& why) {
+    return Status(StatusCode::unsupported, std::string(name) + ": " + why + " (the engine runs the experts itself)");
+  };
+  auto launched = [&](cudaError_t e) -> Status {
+    if (e != cudaSuccess) return cuda_status(e, std::string(name) + ": launching a kernel");
+    return {};
+  };
+  const Tensor &x = in[0], &ids = in[1], &wts = in[2], &y = call.outputs[0];
+  const std::size_t experts = (in.size() - 3) / 3;
+  const std::int64_t d = x.ne[0], t = sdk::row_count(x), picks = ids.ne[0];
+  // What the kernels do not route: the engine falls back, so these come before anything is bound or queued.
+  if (t != 1) return unsupported("T = " + std::to_string(t) + "; the routed kernels take one token (decode)");
+  if ((call.params.flags & sdk::kExactActivations) != 0) {
+    return unsupported("kExactActivations; the routed kernels take 8-bit activations only");
+  }
+  if (picks > kMaxRoutedPicks) {
+    return unsupported("k = " + std::to_string(picks) + " picks; at most " + std::to_string(kMaxRoutedPicks));
+  }
+  static const char* const kProjection[] = {"W_gate", "W_up", "W_down"};
+  for (std::size_t e = 1; e < experts; ++e) {
+    for (std::size_t p = 0; p < 3; ++p) {
+      const Tensor &a = in[3 + p], &b = in[3 + 3 * e + p];
+      if (a.type != b.type || a.ne != b.ne) {
+        return unsupported("expert " + std::to_string(e) + "'s " + kProjection[p] + " is " +
+                           std::string(to_string(b.type)) + " " + shape_text(b) + " but expert 0's is " +
+                           std::string(to_string(a.type)) + " " + shape_text(a) +
+                           "; the routed kernels take one type and shape per projection");
+      }
+    }
+  }
+  const Tensor &wg = in[3], &wu = in[4], &wd = in[5];
+  const std::int64_t f = sdk::row_count(wg);
+  const auto gtype = static_cast<std::uint32_t>(wg.type), utype = static_cast<std::uint32_t>(wu.type),
+             dtype = static_cast<std::uint32_t>(wd.type);
+  const int gate_block = q8_block(gtype, d), up_block = q8_block(utype, d);
+  // launch_matmul's own test (takes_q8): the projections the routed matmul takes are those on 8-bit activations.
+  for (const auto& [w, k] : {std::pair{&wg, d}, std::pair{&wu, d}, std::pair{&wd, f}}) {
+    if (q8_block(static_cast<std::uint32_t>(w->type), k) == 0) {
+      return unsupported(std::string(to_string(w->type)) + " weights with rows of " + std::to_string(k) +
+                         " take f32 activations, not the routed kernels' 8-bit ones");
+    }
+  }
+
+  // Scratch after the staged host tensors: gate and up {F, k}, down's outputs {D, k}, X's 8-bit copy (1 token) and
+  // the swiglu outputs' (k tokens), each region laid out for its own K and T.
+  Binder binder(*this, name);
+  const std::size_t col_f = align_up(static_cast<std::size_t>(f * picks) * sizeof(float));
+  const std::size_t col_d = align_up(static_cast<std::size_t>(d * picks) * sizeof(float));
+  const std::size_t q8x_bytes = align_up(q8_scratch_bytes(d, 1)), q8h_bytes = align_up(q8_scratch_bytes(f, picks));
+  if (Status s = binder.reserve(call, 2 * col_f + col_d + q8x_bytes + q8h_bytes); !s) return s;
+  float* gate = binder.scratch(0);
+  float* up = binder.scratch(col_f);
+  float* down = binder.scratch(2 * col_f);
+  const Q8Scratch q8x = q8_scratch_at(binder.scratch(2 * col_f + col_d), d, 1);
+  const Q8Scratch q8h = q8_scratch_at(binder.scratch(2 * col_f + col_d + q8x_bytes), f, picks);
+
+  auto xa = binder.bind(x, "X", false, 4);
+  if (!xa) return xa.error();
+  auto ia = binder.bind(ids, "ids", false, 4);
+  if (!ia) return ia.error();
+  auto wa = binder.bind(wts, "weights", false, 4);
+  if (!wa) return wa.error();
+  auto ya = binder.bind(y, "Y", true, 4);
+  if (!ya) return ya.error();
+  routed_key_.assign(3 * experts, nullptr);
+  for (std::size_t e = 0; e < experts; ++e) {
+    for (std::size_t p = 0; p < 3; ++p) {
+      const Tensor& w = in[3 + 3 * e + p];
+      const std::string what = "expert " + std::to_string(e) + ": " + kProjection[p];
+      auto wp = binder.bind(w, what.c_str(), false, weight_align(w.type));
+      if (!wp) return wp.error();
+      routed_key_[p * experts + e] = *wp;
+    }
+  }
+  auto table = routed_table();
+  if (!table) return table.error();
+  const auto* id = static_cast<const std::int32_t*>(*ia);
+  const auto e32 = static_cast<std::int32_t>(experts);
+  const auto* xf = static_cast<const float*>(*xa);
+  const auto n_experts = static_cast<std::ptrdiff_t>(experts);
+  cudaStream_t st = dev_->compute;
+  // gate and up: X quantized once where their blocks agree, as expert_ffn's reuse of X's 8-bit copy.
+  if (Status s = launched(launch_quantize_q8(st, gtype, xf, q8x, d, 1)); !s) return s;
+  if (Status s = launched(launch_matmul_q8_routed(st, gtype, *table, id, e32, sdk::row_bytes(wg.type, d), q8x, false,
+                                                  gate, d, f, picks));
+      !s) {
+    return s;
+  }
+  if (up_block != gate_block) {
+    if (Status s = launched(launch_quantize_q8(st, utype, xf, q8x, d, 1)); !s) return s;
+  }
+  if (Status s = launched(launch_matmul_q8_routed(st, utype, *table + n_experts, id, e32, sdk::row_bytes(wu.type, d),
+                                                  q8x, false, up, d, f, picks));
+      !s) {
+    return s;
+  }
+  if (Status s = launched(launch_eltwise(st, Eltwise::swiglu, gate, up, gate, f * picks, 1)); !s) return s;
+  // down: pick j's swiglu output is token j of k, quantized per token (the integers it has alone).
+  if (Status s = launched(launch_quantize_q8(st, dtype, gate, q8h, f, picks)); !s) return s;
+  if (Status s = launched(launch_matmul_q8_routed(st, dtype, *table + 2 * n_experts, id, e32,
+                                                  sdk::row_bytes(wd.type, f), q8h, true, down, f, d, picks));
+      !s) {
+    return s;
+  }
+  if (Status s = launched(
+          launch_routed_combine(st, down, id, static_cast<const float*>(*wa), static_cast<float*>(*ya), d, picks, e32));
+      !s) {
+    return s;
+  }
+  return binder.finish(false);
+}
+
+Expected<const void* const*> CudaCompute::routed_table() {
+  if (auto it = tables_.find(routed_key_); it != tables_.end()) return it->second;
+  const std::size_t n = routed_key_.size();
+  // Bounded: past a few thousand tables (experts moving between slots, say) every table goes at once, after the
+  // queued kernels that read them and the uploads from their pinned slots (a rare wait).
+  constexpr std::size_t kMaxTables = 4096, kMaxPointers = std::size_t{1} << 20, kSlabPointers = std::size_t{1} << 16;
+  if (tables_.size() >= kMaxTables || table_pointers_ + n > kMaxPointers) {
+    if (cudaError_t e = cudaStreamSynchronize(dev_->compute); e != cudaSuccess) {
+      return cuda_status(e, "expert_ffn_routed: waiting to drop the experts' pointer tables");
+    }
+    tables_.clear();
+    table_pointers_ = 0;
+    for (TableSlab& slab : table_slabs_) slab.used = 0;
+  }
+  TableSlab* slab = nullptr;
+  for (TableSlab& s : table_slabs_) {
+    if (s.capacity - s.used >= n) {
+      slab = &s;
+      break;
+    }
+  }
+  if (slab == nullptr) {
+    TableSlab fresh;
+    fresh.capacity = std::max(n, kSlabPointers);
+    const std::size_t bytes = fresh.capacity * sizeof(void*);
+    void *host = nullptr, *device = nullptr;
+    cudaError_t e = cudaHostAlloc(&host, bytes, cudaHostAllocPortable);
+    if (e == cudaSuccess) e = cudaMalloc(&device, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeHost(host);
+      return cuda_status(e, "expert_ffn_routed: allocating " + std::to_string(bytes) + " bytes for pointer tables",
+                         StatusCode::out_of_memory);
+    }
+    fresh.host = static_cast<const void**>(host);
+    fresh.device = static_cast<const void**>(device);
+    table_slabs_.push_back(fresh);
+    slab = &table_slabs_.back();
+  }
+  const void** host = slab->host + slab->used;
+  const void** device = slab->device + slab->used;
+  std::copy(routed_key_.begin(), routed_key_.end(), host);
+  // On the op stream, so the kernels after it see the table; its pinned source is never rewritten before the
+  // eviction above has waited for it.
+  if (cudaError_t e = cudaMemcpyAsync(device, host, n * sizeof(void*), cudaMemcpyHostToDevice, dev_->compute);
+      e != cudaSuccess) {
+    return cuda_status(e, "expert_ffn_routed: uploading the experts' pointer table");
+  }
+  slab->used += n;
+  table_pointers_ += n;
+  tables_.emplace(routed_key_, device);
+  return static_cast<const void* const*>(device);
 }
 
 }  // namespace colibri::cuda

@@ -7,5 +7,7 @@
 using colibri::sdk::testing::ComputeConformance;
 using colibri::sdk::testing::ComputeParam;
 
-INSTANTIATE_TEST_SUITE_P(Cuda, ComputeConformance, ::testing::Values(ComputeParam{cuda_plugin_path(), {}, "device"}),
+// routed_experts on: the suite checks expert_ffn_routed too (it is off by default until measured on a GPU).
+INSTANTIATE_TEST_SUITE_P(Cuda, ComputeConformance,
+                         ::testing::Values(ComputeParam{cuda_plugin_path(), {{"routed_experts", "true"}}, "device"}),
                          colibri::sdk::testing::ComputeParamName);

@@ -15,7 +15,9 @@
 * compute.cpu_fallback: auto and its cost model (Engine.cpu_fallback);
 * the KV cache in device memory (the default; Engine.kv_on_device): logits bit-identical to it in host memory;
 * activations in device memory between ops (the default; Engine.activations_on_device): logits bit-identical to
-  staging them per op.
+  staging them per op;
+* compute.routed_experts (expert_ffn_routed with every expert in VRAM; Engine.routed_experts): logits bit-identical
+  to the engine routing, the routed op in decode, the same VRAM hits.
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
 live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
@@ -38,7 +40,8 @@ def main():
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() + engine.gpt_oss([]) +
                                  engine.vram_promise({"device": []}, [], budgets=("one", "quarter")) +
                                  engine.cpu_fallback([]) + engine.kv_on_device([]) +
-                                 engine.activations_on_device([]))
+                                 engine.activations_on_device([]) +
+                                 engine.routed_experts(["--set", "compute.routed_experts=true"], []))
 
 
 if __name__ == "__main__":

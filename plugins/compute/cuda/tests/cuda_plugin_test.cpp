@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -135,6 +136,19 @@ TEST(CudaPlugin, ScoreIsZeroWhenCudaVisibleDevicesHidesEveryDevice) {
   const Score s = lib->descriptor().score(HostInfo{});
   EXPECT_EQ(s.value, 0) << s.reason;
   EXPECT_TRUE(names_what_is_missing(s.reason)) << s.reason;
+}
+
+// Off by default: supports() says false for expert_ffn_routed until the option turns it on.
+TEST(CudaPlugin, RoutedExpertsIsAnOptionOffByDefault) {
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  const OptionSpec* spec = nullptr;
+  for (const OptionSpec& o : lib->descriptor().options) {
+    if (std::string(o.name) == "routed_experts") spec = &o;
+  }
+  ASSERT_NE(spec, nullptr) << "the descriptor declares routed_experts";
+  EXPECT_EQ(spec->type, OptionType::boolean);
+  EXPECT_STREQ(spec->default_value, "false");
 }
 
 // ------------------------------------------------------------------ with a device
@@ -442,6 +456,211 @@ TEST(CudaPlugin, RegisteredHostMemoryUploadsDirectlyAndUnregisters) {
   EXPECT_EQ(back[4097], static_cast<unsigned char>(4097 * 7 + 3));
   EXPECT_FALSE(reg->register_host(nullptr, 0)) << "an empty region is an error";
   std::free(raw);
+}
+
+// ------------------------------------------------------------------ expert_ffn_routed
+
+// A device buffer of `type` {ne} holding `data` (uninitialised without it), kept alive by `keep`.
+Tensor on_device(Compute& c, std::vector<std::unique_ptr<Buffer>>& keep, DType type, std::array<std::int64_t, 4> ne,
+                 const void* data = nullptr) {
+  const std::size_t bytes = bytes_of(type, ne);
+  auto b = c.allocate(bytes);
+  EXPECT_TRUE(b) << b.error().to_string();
+  if (!b) return Tensor{};
+  if (data != nullptr) {
+    auto ev = c.copy_to_device_async(data, **b, 0, bytes);
+    EXPECT_TRUE(ev && (*ev)->wait());
+  }
+  Tensor t{type, ne, nullptr, b->get(), 0};
+  keep.push_back(std::move(*b));
+  return t;
+}
+
+std::vector<float> download(Compute& c, const Tensor& t) {
+  std::vector<float> v(static_cast<std::size_t>(element_count(t)), 0.0f);
+  auto ev = c.copy_to_host_async(*t.buffer, t.offset, v.data(), v.size() * sizeof(float));
+  EXPECT_TRUE(ev && (*ev)->wait());
+  return v;
+}
+
+const std::map<std::string, std::string> kRoutedOn{{"routed_experts", "true"}};
+
+// E experts of one token with the routed op's inputs in device buffers, as the engine's decode leaves them.
+struct RoutedLayer {
+  std::int64_t d, f, experts;
+  std::vector<float> x;
+  std::vector<std::vector<std::byte>> w;  // gate, up, down of expert 0, then of expert 1, ...
+  std::vector<std::unique_ptr<Buffer>> keep;
+  std::vector<Tensor> weights;  // the same, on the device
+  Tensor xt;
+
+  RoutedLayer(Compute& c, DType gate_up, DType down, std::int64_t d_, std::int64_t f_, std::int64_t e_, unsigned seed)
+      : d(d_), f(f_), experts(e_) {
+    x = randn(static_cast<std::size_t>(d), seed);
+    xt = on_device(c, keep, DType::f32, {d, 1, 1, 1}, x.data());
+    for (std::int64_t e = 0; e < experts; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        const DType type = p < 2 ? gate_up : down;
+        const std::array<std::int64_t, 4> ne =
+            p < 2 ? std::array<std::int64_t, 4>{d, f, 1, 1} : std::array<std::int64_t, 4>{f, d, 1, 1};
+        w.push_back(
+            quantized(type, randn(static_cast<std::size_t>(d * f), seed + 1 + static_cast<unsigned>(3 * e + p), 0.1f)));
+        weights.push_back(on_device(c, keep, type, ne, w.back().data()));
+      }
+    }
+  }
+
+  // expert_ffn_routed on X with these picks; Y downloaded. host_io: X, ids, weights and Y as host tensors (staged).
+  Expected<std::vector<float>> routed(Compute& c, const std::vector<std::int32_t>& ids, const std::vector<float>& wts,
+                                      OpParams p = {}, bool host_io = false) {
+    const auto k = static_cast<std::int64_t>(ids.size());
+    std::vector<std::int32_t> id_copy = ids;
+    std::vector<float> wt_copy = wts, y_host(static_cast<std::size_t>(d), 0.0f);
+    std::vector<Tensor> in;
+    Tensor y;
+    if (host_io) {
+      in = {Tensor{DType::f32, {d, 1, 1, 1}, x.data(), nullptr, 0},
+            Tensor{DType::i32, {k, 1, 1, 1}, id_copy.data(), nullptr, 0},
+            Tensor{DType::f32, {k, 1, 1, 1}, wt_copy.data(), nullptr, 0}};
+      y = Tensor{DType::f32, {d, 1, 1, 1}, y_host.data(), nullptr, 0};
+    } else {
+      in = {xt, on_device(c, keep, DType::i32, {k, 1, 1, 1}, ids.data()),
+            on_device(c, keep, DType::f32, {k, 1, 1, 1}, wts.data())};
+      y = on_device(c, keep, DType::f32, {d, 1, 1, 1});
+    }
+    in.insert(in.end(), weights.begin(), weights.end());
+    if (Status s = c.run(OpCall{Op::expert_ffn_routed, in, std::span<Tensor>(&y, 1), p}); !s) return s;
+    return host_io ? y_host : download(c, y);
+  }
+
+  // What the engine runs without the op: expert_ffn per pick, out = zeros + zeros, then scale_add of each expert's
+  // output with its weight where topk_routing left it, in ascending expert id.
+  std::vector<float> composed(Compute& c, const std::vector<std::int32_t>& ids, const std::vector<float>& wts) {
+    const auto k = static_cast<std::int64_t>(ids.size());
+    Tensor wt = on_device(c, keep, DType::f32, {k, 1, 1, 1}, wts.data());
+    const std::vector<float> zeros(static_cast<std::size_t>(d), 0.0f);
+    Tensor z = on_device(c, keep, DType::f32, {d, 1, 1, 1}, zeros.data());
+    Tensor out = on_device(c, keep, DType::f32, {d, 1, 1, 1});
+    std::vector<std::size_t> order(ids.size());
+    for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return ids[a] < ids[b]; });
+    std::vector<Tensor> ys;
+    for (std::size_t j : order) {
+      const auto e = static_cast<std::size_t>(ids[j]);
+      Tensor in[] = {weights[3 * e], weights[3 * e + 1], weights[3 * e + 2], xt};
+      ys.push_back(on_device(c, keep, DType::f32, {d, 1, 1, 1}));
+      EXPECT_TRUE(c.run(OpCall{Op::expert_ffn, in, std::span<Tensor>(&ys.back(), 1), {}}));
+    }
+    Tensor zz[] = {z, z};
+    EXPECT_TRUE(c.run(OpCall{Op::add, zz, std::span<Tensor>(&out, 1), {}}));
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      Tensor w1 = wt;
+      w1.ne = {1, 1, 1, 1};
+      w1.offset = order[i] * sizeof(float);
+      Tensor in[] = {ys[i], w1};
+      EXPECT_TRUE(c.run(OpCall{Op::scale_add, in, std::span<Tensor>(&out, 1), {}}));
+    }
+    return download(c, out);
+  }
+};
+
+// The routed op is the engine's composition bit for bit: the routed matmuls run the T = 1 tile on each pick's
+// weights, and the combine adds in ascending id with scale_add's fmaf. Picks listed out of id order, a second call on
+// the same experts (the cached pointer table), and gate/up of another block than down (X quantized twice).
+TEST(CudaPlugin, RoutedExpertsHaveTheBitsOfExpertFfnAndScaleAddInAscendingId) {
+  CUDA_COMPUTE(c, kRoutedOn);
+  struct Case {
+    DType gate_up, down;
+  };
+  for (const Case& k : {Case{DType::q4_k, DType::q4_k}, Case{DType::q8_0, DType::q6_k}}) {
+    const std::string what = std::string(to_string(k.gate_up)) + " / " + std::string(to_string(k.down));
+    ASSERT_TRUE(c.supports(Op::expert_ffn_routed, k.gate_up)) << what;
+    ASSERT_TRUE(c.supports(Op::expert_ffn_routed, k.down)) << what;
+    RoutedLayer layer(c, k.gate_up, k.down, 512, 768, 5, 31);
+    for (const auto& [ids, wts] : {std::pair{std::vector<std::int32_t>{3, 1}, std::vector<float>{0.62f, 0.38f}},
+                                   std::pair{std::vector<std::int32_t>{0, 4}, std::vector<float>{0.55f, -1.25f}},
+                                   std::pair{std::vector<std::int32_t>{3, 1}, std::vector<float>{0.25f, 0.75f}}}) {
+      auto got = layer.routed(c, ids, wts);
+      ASSERT_TRUE(got) << what << ": " << got.error().to_string();
+      const auto want = layer.composed(c, ids, wts);
+      ASSERT_EQ(got->size(), want.size());
+      EXPECT_EQ(0, std::memcmp(got->data(), want.data(), want.size() * sizeof(float)))
+          << what << ", ids " << ids[0] << ", " << ids[1] << ": first difference at "
+          << std::mismatch(
+                 got->begin(), got->end(), want.begin(),
+                 [](float a, float b) {
+                   return std::memcmp(&a, &b, sizeof a) == 0;
+                 }).first -
+                 got->begin();
+      // And what it computes is the experts' sum (loosely: 8-bit activations), not a bit-identical mistake.
+      double err = 0.0, norm = 0.0;
+      std::vector<double> sum(static_cast<std::size_t>(layer.d), 0.0);
+      for (std::size_t j = 0; j < ids.size(); ++j) {
+        const auto e = static_cast<std::size_t>(ids[j]);
+        const auto one = ct::ref::expert_ffn(k.gate_up, layer.w[3 * e].data(), k.gate_up, layer.w[3 * e + 1].data(),
+                                             k.down, layer.w[3 * e + 2].data(), layer.d, layer.f, layer.x.data(), 1);
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += wts[j] * one[i];
+      }
+      for (std::size_t i = 0; i < sum.size(); ++i) {
+        err += ((*got)[i] - sum[i]) * ((*got)[i] - sum[i]);
+        norm += sum[i] * sum[i];
+      }
+      EXPECT_LT(std::sqrt(err), 0.05 * std::sqrt(norm)) << what;
+      // With X, the choice and Y in host memory (staged, and run() waits): the same bits.
+      auto staged = layer.routed(c, ids, wts, {}, true);
+      ASSERT_TRUE(staged) << what << ": " << staged.error().to_string();
+      EXPECT_EQ(0, std::memcmp(staged->data(), want.data(), want.size() * sizeof(float))) << what << " (host tensors)";
+    }
+  }
+}
+
+// topk_routing marks a token with a NaN logit by ids -1 and weights NaN: the routed op gives that column NaN (and
+// reads no pointer table entry for it), without waiting.
+TEST(CudaPlugin, RoutedExpertsGiveNaNForTheRoutersNaNMark) {
+  CUDA_COMPUTE(c, kRoutedOn);
+  RoutedLayer layer(c, DType::q4_k, DType::q4_k, 512, 768, 5, 41);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& ids : {std::vector<std::int32_t>{-1, -1}, std::vector<std::int32_t>{2, 5}}) {
+    auto got = layer.routed(c, ids, {nan, nan});
+    ASSERT_TRUE(got) << got.error().to_string();
+    for (std::size_t i = 0; i < got->size(); ++i) ASSERT_TRUE(std::isnan((*got)[i])) << "ids " << ids[1] << " at " << i;
+  }
+  // A later call on the same buffers is clean again.
+  auto fine = layer.routed(c, {1, 2}, {0.5f, 0.5f});
+  ASSERT_TRUE(fine) << fine.error().to_string();
+  EXPECT_EQ(std::count_if(fine->begin(), fine->end(), [](float v) { return std::isnan(v); }), 0);
+}
+
+// Off (the default), the op is not offered and run() says so; on, shapes and flags the kernels do not route answer
+// `unsupported` too (the engine then runs the experts itself), and types without the 8-bit path are not offered.
+TEST(CudaPlugin, RoutedExpertsAnswerUnsupportedWhereTheyDoNotRun) {
+  {
+    CUDA_COMPUTE(off, {});
+    EXPECT_FALSE(off.supports(Op::expert_ffn_routed, DType::q4_k));
+    RoutedLayer layer(off, DType::q4_k, DType::q4_k, 512, 256, 2, 51);
+    auto got = layer.routed(off, {0, 1}, {0.5f, 0.5f});
+    ASSERT_FALSE(got);
+    EXPECT_EQ(got.error().code(), StatusCode::unsupported) << got.error().to_string();
+  }
+  CUDA_COMPUTE(c, kRoutedOn);
+  for (DType type :
+       {DType::q4_k, DType::q5_k, DType::q6_k, DType::q2_k, DType::q3_k, DType::q8_0, DType::q4_0, DType::mxfp4}) {
+    EXPECT_TRUE(c.supports(Op::expert_ffn_routed, type)) << to_string(type);
+  }
+  for (DType type : {DType::f32, DType::f16, DType::bf16}) {
+    EXPECT_FALSE(c.supports(Op::expert_ffn_routed, type)) << to_string(type);
+  }
+  RoutedLayer layer(c, DType::q4_k, DType::q4_k, 512, 256, 2, 61);
+  OpParams exact;
+  exact.flags = colibri::sdk::kExactActivations;
+  auto got = layer.routed(c, {0, 1}, {0.5f, 0.5f}, exact);
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code(), StatusCode::unsupported) << got.error().to_string();
+  // f16 experts take f32 activations (no 8-bit path): not routed, whatever the engine asks.
+  RoutedLayer f16(c, DType::f16, DType::f16, 512, 256, 2, 71);
+  got = f16.routed(c, {0, 1}, {0.5f, 0.5f});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(got.error().code(), StatusCode::unsupported) << got.error().to_string();
 }
 
 }  // namespace
