@@ -349,34 +349,46 @@ class Engine:
             print(f"  {arch}/q8_0: activations in device memory checked", flush=True)
         return failures
 
-    def routed_experts(self, option, discrete, archs=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")):
-        """expert_ffn_routed (`option`: the arguments that turn it on) with every expert in the VRAM tier, on a
-        discrete GPU's path (`discrete`): decode routes on the device, and the logits are bit-identical to the engine
-        routing itself, token by token and in one batch (which routes as before), on every tiny MoE architecture
-        (qwen2_moe's gated shared expert follows the routed op); bench --ops shows the routed op in decode and the
-        same expert hits as without it (the bookkeeping settled at the end of each pass)."""
+    def routed_experts(self, discrete, on=(), baseline=None, archs=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")):
+        """expert_ffn_routed with every expert in the VRAM tier, on the placement `discrete` (e.g. a discrete GPU's
+        path): decode routes on the backend, and the logits are bit-identical to the engine routing itself, token by
+        token and in one batch (which routes as before), on every tiny MoE architecture (qwen2_moe's gated shared
+        expert follows the routed op). `on`: the arguments that turn the op on (none where the backend always offers
+        it); `baseline`: those of the run compared with (default: the same without `on`, whose VRAM hits and misses
+        must then be the same: the bookkeeping is settled at the end of each pass), as must the routing records (bench
+        --record-trace). bench --ops shows the routed op in decode."""
         failures = []
         for arch in archs:
             m = self.model(arch, "q8_0")
             _, _, sizes = self._vram_sizes(m)
-            vram = ["--vram-budget", str(sizes["all"])] + list(discrete)
+            routed = ["--vram-budget", str(sizes["all"])] + list(discrete) + list(on)
+            base = list(baseline) if baseline is not None else ["--vram-budget", str(sizes["all"])] + list(discrete)
             for batch in ("1", "512"):
-                off = self.logits(m, f"routed-off-{batch}", *self.on_backend, *vram, "--batch", batch)
-                on = self.logits(m, f"routed-on-{batch}", *self.on_backend, *vram, "--batch", batch, *option)
-                if not same(off, on):
+                want = self.logits(m, f"routed-off-{batch}", *self.on_backend, *base, "--batch", batch)
+                got = self.logits(m, f"routed-on-{batch}", *self.on_backend, *routed, "--batch", batch)
+                if not same(want, got):
                     failures.append(f"{arch}/q8_0: expert_ffn_routed, batch {batch}: logits differ from the engine "
-                                    f"routing (max abs {np.abs(off - on).max()})")
-            on, _ = self._bench(m, *vram, "--ops", *option, prompt=4, gen=4)
-            off, _ = self._bench(m, *vram, "--ops", prompt=4, gen=4)
-            calls = {o["name"]: o["calls"] for o in on["op_times"]["decode"]}
-            if calls.get("expert_ffn_routed", 0) < on["gen_tokens"]:
-                failures.append(f"{arch}: decode with every expert in VRAM should route on the device: "
-                                f"{calls.get('expert_ffn_routed', 0)} routed calls in {on['gen_tokens']} tokens")
-            if on["vram_hits"] != off["vram_hits"] or on["vram_misses"] != off["vram_misses"]:
-                failures.append(f"{arch}: routed decode counts other VRAM hits/misses than the engine routing: "
-                                f"{on['vram_hits']}/{on['vram_misses']} vs {off['vram_hits']}/{off['vram_misses']}")
+                                    f"routing (max abs {np.abs(want - got).max()})")
+            # The routing records, settled from the routed op's choices at the end of each pass, are the engine's.
+            traces = [os.path.join(self.work, f"{arch}-routed-{n}.jsonl") for n in ("off", "on")]
+            st, _ = self._bench(m, *routed, "--ops", "--record-trace", traces[1], prompt=4, gen=4)
+            self._bench(m, *base, "--record-trace", traces[0], prompt=4, gen=4)
+            with open(traces[0]) as f_off, open(traces[1]) as f_on:
+                records_off, records_on = f_off.read(), f_on.read()
+            if records_off != records_on or not records_on:
+                failures.append(f"{arch}: the routing records of routed decode differ from the engine routing's "
+                                f"({traces[1]} against {traces[0]})")
+            calls = {o["name"]: o["calls"] for o in st["op_times"]["decode"]}
+            if calls.get("expert_ffn_routed", 0) < st["gen_tokens"]:
+                failures.append(f"{arch}: decode with every expert in VRAM should route on the backend: "
+                                f"{calls.get('expert_ffn_routed', 0)} routed calls in {st['gen_tokens']} tokens")
+            if baseline is None:
+                off, _ = self._bench(m, *base, "--ops", prompt=4, gen=4)
+                if st["vram_hits"] != off["vram_hits"] or st["vram_misses"] != off["vram_misses"]:
+                    failures.append(f"{arch}: routed decode counts other VRAM hits/misses than the engine routing: "
+                                    f"{st['vram_hits']}/{st['vram_misses']} vs {off['vram_hits']}/{off['vram_misses']}")
             print(f"  {arch}/q8_0: expert_ffn_routed checked ({calls.get('expert_ffn_routed', 0)} routed calls, "
-                  f"{calls.get('event wait', 0)} event waits in {on['gen_tokens']} decode tokens)", flush=True)
+                  f"{calls.get('event wait', 0)} event waits in {st['gen_tokens']} decode tokens)", flush=True)
         return failures
 
 # The models the VRAM tier checks run on.

@@ -202,6 +202,7 @@ VulkanCompute::~VulkanCompute() {
   (void)synchronize();
   ctx_->release(scratch_);
   ctx_->release(status_);
+  ctx_->release(routed_consts_);
 }
 
 std::span<const sdk::DeviceInfo> VulkanCompute::devices() const noexcept {

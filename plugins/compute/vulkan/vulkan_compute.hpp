@@ -82,6 +82,8 @@ class VulkanCompute final : public sdk::Compute {
   sdk::Expected<const VulkanBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                 const char* what) const;
   sdk::Status ensure_scratch(std::size_t bytes);
+  // The bytes of a host tensor, or of one in our buffer (a download, waited for).
+  sdk::Status read_back(const sdk::Tensor& t, void* dst, std::size_t bytes, const char* what);
 
   std::shared_ptr<Context> ctx_;
   mutable std::mutex info_mu_;
@@ -90,6 +92,7 @@ class VulkanCompute final : public sdk::Compute {
   std::mutex run_mu_;  // ops run one at a time: scratch and status buffers are shared
   Allocation scratch_;
   Allocation status_;
+  Allocation routed_consts_;  // expert_ffn_routed: D zeros, then a NaN (host-visible, read by the shaders)
 };
 
 }  // namespace colibri::vulkan

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "vulkan_compute.hpp"
@@ -220,6 +221,23 @@ Command eltwise_command(std::uint64_t a, std::uint64_t b, std::uint64_t y, std::
   return c;
 }
 
+// One expert over T tokens at device addresses: gate and up into their scratch, the activation (swiglu, or the
+// clamped GLU with alpha and limit), then down into y: the shaders of matmul + swiglu + matmul, in that order.
+struct ExpertCommands {
+  DType gate_type, up_type, down_type;
+  std::uint64_t w_gate, w_up, w_down, x, y, gate, up;
+  std::uint64_t b_gate = 0, b_up = 0, b_down = 0;
+  std::int64_t d, f, t;
+};
+void append_expert(std::vector<Command>& cmds, const ExpertCommands& e, bool clamped, float alpha, float limit) {
+  const auto ft = static_cast<std::uint64_t>(e.f * e.t);
+  cmds.push_back(matmul_command(e.gate_type, e.w_gate, e.x, e.gate, e.b_gate, e.d, e.f, e.t));
+  cmds.push_back(matmul_command(e.up_type, e.w_up, e.x, e.up, e.b_up, e.d, e.f, e.t));
+  cmds.push_back(clamped ? eltwise_command(e.gate, e.up, e.gate, ft, 4, 1, alpha, limit)
+                         : eltwise_command(e.gate, e.up, e.gate, ft, 1, 1));
+  cmds.push_back(matmul_command(e.down_type, e.w_down, e.gate, e.y, e.b_down, e.f, e.d, e.t));
+}
+
 }  // namespace
 
 bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
@@ -228,8 +246,10 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   // A layer's experts in one submission: the expert_ffn commands of each, one after another. gpt-oss's
   // expert_ffn_clamped: expert_ffn's commands with the biases in the matmuls and the clamped activation (eltwise
   // mode 4) in place of swiglu. All of them are matmul shaders, so they take the weights matmul takes.
+  // expert_ffn_routed: the choice comes back first (run() waits for every op anyway), then the chosen experts and the
+  // combine go in one submission.
   if (op == Op::matmul || op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped ||
-      op == Op::expert_ffn_clamped_group)
+      op == Op::expert_ffn_clamped_group || op == Op::expert_ffn_routed)
     return matmul_weight(weight_type);
   // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders).
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
@@ -243,6 +263,17 @@ Status VulkanCompute::ensure_scratch(std::size_t bytes) {
   if (!a) return a.error().with_context("expert_ffn scratch");
   scratch_ = *a;
   return {};
+}
+
+Status VulkanCompute::read_back(const Tensor& t, void* dst, std::size_t bytes, const char* what) {
+  if (t.buffer == nullptr) {
+    if (t.data == nullptr) return Status(StatusCode::invalid_argument, std::string(what) + " has no data");
+    std::memcpy(dst, t.data, bytes);
+    return {};
+  }
+  auto copy = copy_to_host_async(*t.buffer, t.offset, dst, bytes);
+  if (!copy) return copy.error().with_context(std::string("reading back ") + what);
+  return (*copy)->wait();
 }
 
 Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
@@ -336,13 +367,86 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
         const std::size_t aligned = scratch_of(e);
         const std::uint64_t gate = next, up = next + aligned;
         next += 2 * aligned;
-        // Same numerics as matmul + swiglu (or the clamped GLU) + matmul: the same shaders, in that order.
-        cmds.push_back(matmul_command(wg.type, ga, xa, gate, bg, d, f, t));
-        cmds.push_back(matmul_command(wu.type, ua, xa, up, bu, d, f, t));
-        cmds.push_back(clamped ? eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 4, 1,
-                                                 call.params.scale, call.params.eps)
-                               : eltwise_command(gate, up, gate, static_cast<std::uint64_t>(f * t), 1, 1));
-        cmds.push_back(matmul_command(wd.type, da, gate, ya, bd, f, d, t));
+        append_expert(cmds, {wg.type, wu.type, wd.type, ga, ua, da, xa, ya, gate, up, bg, bu, bd, d, f, t}, clamped,
+                      call.params.scale, call.params.eps);
+      }
+      break;
+    }
+    case Op::expert_ffn_routed: {
+      // One token (decode). Its choice comes back to the host, as it would for the engine's own routing; then each
+      // chosen expert's commands (expert_ffn's), out = zeros + zeros and scale_add of each in ascending id (the
+      // engine's combine, the same shaders) go in one submission. A pick outside the experts (topk's NaN mark) makes
+      // out NaN: zeros + zeros, then scale_add of the zeros by NaN.
+      const Tensor &x = in[0], &ids = in[1], &wts = in[2], &y = out[0];
+      const std::int64_t d = x.ne[0], t = sdk::row_count(x), k = ids.ne[0];
+      if (t != 1) {
+        return Status(StatusCode::unsupported,
+                      std::string(name) + ": T = " + std::to_string(t) + "; this backend routes one token (decode)");
+      }
+      const auto experts = static_cast<std::int32_t>((in.size() - 3) / 3);
+      std::vector<std::int32_t> picked(static_cast<std::size_t>(k));
+      COLIBRI_VK_TRY(read_back(ids, picked.data(), picked.size() * sizeof(std::int32_t), "ids"));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(wa, wts, "weights", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (expert, pick) in ascending expert id
+      bool marked = false;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const std::int32_t e = picked[static_cast<std::size_t>(j)];
+        marked = marked || e < 0 || e >= experts;
+        order.emplace_back(e, j);
+      }
+      std::sort(order.begin(), order.end());
+      // Zeros (and a NaN after them) in host-visible memory the shaders read.
+      const auto d_bytes = static_cast<std::size_t>(d) * sizeof(float);
+      if (routed_consts_.size < d_bytes + 4) {
+        ctx_->release(routed_consts_);
+        auto c = ctx_->allocate(d_bytes + 4, true);
+        if (!c) return c.error().with_context(std::string(name) + ": zeros");
+        routed_consts_ = *c;
+        std::memset(routed_consts_.mapped, 0, routed_consts_.size);
+      }
+      auto* nan_at = static_cast<float*>(routed_consts_.mapped) + d;
+      *nan_at = std::numeric_limits<float>::quiet_NaN();
+      const std::uint64_t zeros = routed_consts_.address, nan = zeros + d_bytes;
+      cmds.push_back(eltwise_command(zeros, zeros, ya, static_cast<std::uint64_t>(d), 0, 1));
+      if (marked) {
+        cmds.push_back(eltwise_command(zeros, nan, ya, static_cast<std::uint64_t>(d), 3, u32(d)));
+        break;
+      }
+      for (std::size_t i = 1; i < order.size(); ++i) {
+        if (order[i].first == order[i - 1].first) {
+          return bad("picks expert " + std::to_string(order[i].first) + " twice; a token's ids must be distinct");
+        }
+      }
+      // Per pick: its gate and up scratch and its output.
+      auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
+      std::size_t per_pick = 0;
+      for (const auto& [e, j] : order) {
+        const std::int64_t fe = sdk::row_count(in[static_cast<std::size_t>(3 + 3 * e)]);
+        per_pick = std::max(per_pick, 2 * align(static_cast<std::size_t>(fe) * sizeof(float)) + align(d_bytes));
+      }
+      COLIBRI_VK_TRY(ensure_scratch(per_pick * order.size()));
+      std::uint64_t next = scratch_.address;
+      std::vector<std::uint64_t> outputs;
+      for (const auto& [e, j] : order) {
+        const auto at = static_cast<std::size_t>(3 + 3 * e);
+        const Tensor &wg = in[at], &wu = in[at + 1], &wd = in[at + 2];
+        const std::string who = "expert " + std::to_string(e) + ": ";
+        COLIBRI_VK_BIND(ga, wg, (who + "W_gate").c_str(), false, weight_align(wg.type));
+        COLIBRI_VK_BIND(ua, wu, (who + "W_up").c_str(), false, weight_align(wu.type));
+        COLIBRI_VK_BIND(da, wd, (who + "W_down").c_str(), false, weight_align(wd.type));
+        const std::int64_t fe = sdk::row_count(wg);
+        const std::size_t half = align(static_cast<std::size_t>(fe) * sizeof(float));
+        const std::uint64_t gate = next, up = next + half, ye = next + 2 * half;
+        next += per_pick;
+        append_expert(cmds, {wg.type, wu.type, wd.type, ga, ua, da, xa, ye, gate, up, 0, 0, 0, d, fe, 1}, false, 0.0f,
+                      0.0f);
+        outputs.push_back(ye);
+      }
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        const std::uint64_t w_j = wa + static_cast<std::uint64_t>(order[i].second) * sizeof(float);
+        cmds.push_back(eltwise_command(outputs[i], w_j, ya, static_cast<std::uint64_t>(d), 3, u32(d)));
       }
       break;
     }

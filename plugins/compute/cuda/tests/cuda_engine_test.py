@@ -41,7 +41,7 @@ def main():
                                  engine.vram_promise({"device": []}, [], budgets=("one", "quarter")) +
                                  engine.cpu_fallback([]) + engine.kv_on_device([]) +
                                  engine.activations_on_device([]) +
-                                 engine.routed_experts(["--set", "compute.routed_experts=true"], []))
+                                 engine.routed_experts([], on=["--set", "compute.routed_experts=true"]))
 
 
 if __name__ == "__main__":

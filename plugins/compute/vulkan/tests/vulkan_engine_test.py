@@ -17,7 +17,9 @@ path, staging uploads, weights only in device buffers); shared weights uploaded 
 backend_engine.Engine.cpu_fallback (compute.cpu_fallback: auto and its cost model) and
 backend_engine.Engine.kv_on_device (the KV cache in device memory, logits bit-identical to it in host memory) and
 backend_engine.Engine.activations_on_device (activations kept in device buffers between ops, logits bit-identical to
-staging them per op) on unmapped memory; on mapped memory the KV cache stays in host memory.
+staging them per op) on unmapped memory; on mapped memory the KV cache stays in host memory; and
+backend_engine.Engine.routed_experts (decode through expert_ffn_routed with every expert in VRAM, on unmapped and
+mapped memory: logits bit-identical to vram_budget 0, where the engine routes).
 
 Exits 77 (ctest: skipped) when no Vulkan device exists, unless COLIBRI_REQUIRE_VULKAN=1. The checks against the
 CPU backend and of batch invariance live in tests/support/backend_engine.py, shared with the CUDA backend's test.
@@ -77,7 +79,9 @@ def main():
         return backend_engine.report(
             engine.vram_promise({"mapped": mapped, "unmapped": unmapped}, unmapped) + shared_weights(engine) +
             engine.cpu_fallback(unmapped) + engine.kv_on_device(unmapped) + kv_mapped(engine) +
-            engine.activations_on_device(unmapped))
+            engine.activations_on_device(unmapped) + engine.routed_experts(unmapped, baseline=["--vram-budget", "0"] +
+                                                                          unmapped) +
+            engine.routed_experts(mapped, baseline=["--vram-budget", "0"] + mapped, archs=("mixtral", "qwen2_moe")))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
                                  engine.gpt_oss(["--set", "compute.map_device_memory=false"]))
