@@ -143,6 +143,7 @@ struct Engine::Scratch {
   };
   std::vector<RoutedChoice> routed_choices;
   std::size_t routed_used = 0;
+  std::size_t pass_trace_from = 0;  // the first routing record of the pass
 };
 
 Engine::Engine() = default;
@@ -988,18 +989,24 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
   const std::int64_t D = hp_.hidden_size;
   S.ids.assign(tokens.begin(), tokens.end());
   const Segment one{&kv_, position, 0, T, pass_end};
-  if (auto s = run_layers(std::span<const Segment>(&one, 1), trace); !s) return s;
-  if (wanted == LogitsWanted::none) return {};
-  // Logits for every position, or only the last one.
-  const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
-  const auto first = static_cast<std::size_t>(wanted == LogitsWanted::all ? 0 : D * (T - 1));
-  return output_head(view(S.x, D, rows, 1, first), logits);
+  if (auto s = run_layers(std::span<const Segment>(&one, 1), trace, false); !s) return s;
+  Status out;
+  if (wanted != LogitsWanted::none) {
+    // Logits for every position, or only the last one.
+    const std::int64_t rows = wanted == LogitsWanted::all ? T : 1;
+    const auto first = static_cast<std::size_t>(wanted == LogitsWanted::all ? 0 : D * (T - 1));
+    out = output_head(view(S.x, D, rows, 1, first), logits);
+  }
+  // The routed layers' bookkeeping once the output head is queued, so a device runs it meanwhile; a NaN it finds
+  // explains the logits, so it comes first.
+  const Status settled = finish_routed(trace);
+  return settled ? out : settled;
 }
 
 // The layers over S.ids, the concatenated tokens of `segments`: per-token ops (norms, matmuls, the MoE with each
 // routed expert run once for all its tokens) see all tokens at once; rope, the KV writes and attention go per
 // segment, each at its own positions in its own KV cache. Leaves the last hidden states in S.x.
-Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace) {
+Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace, bool settle) {
   ++passes_;
   auto& S = *scratch_;
   // A pass that failed part way may have left routed choices in flight: they land (and are dropped) first.
@@ -1010,7 +1017,7 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     }
   }
   S.routed_used = 0;
-  const std::size_t pass_trace_from = trace != nullptr ? trace->size() : 0;
+  S.pass_trace_from = trace != nullptr ? trace->size() : 0;
   const auto T = static_cast<std::int64_t>(S.ids.size());
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
@@ -1123,15 +1130,19 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.moe, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
   }
-  if (S.routed_used > 0) {
-    COLIBRI_TRY(settle_routed(trace));
-    // The routed layers' records came last: back in layer order, as moe() writes them.
-    if (trace != nullptr) {
-      std::stable_sort(trace->begin() + static_cast<std::ptrdiff_t>(pass_trace_from), trace->end(),
-                       [](const RoutingRecord& a, const RoutingRecord& b) { return a.layer < b.layer; });
-    }
-  }
 #undef COLIBRI_TRY
+  return settle ? finish_routed(trace) : Status{};
+}
+
+Status Engine::finish_routed(std::vector<RoutingRecord>* trace) {
+  auto& S = *scratch_;
+  if (S.routed_used == 0) return {};
+  if (Status s = settle_routed(trace); !s) return s;
+  // The routed layers' records came last: back in layer order, as moe() writes them.
+  if (trace != nullptr) {
+    std::stable_sort(trace->begin() + static_cast<std::ptrdiff_t>(S.pass_trace_from), trace->end(),
+                     [](const RoutingRecord& a, const RoutingRecord& b) { return a.layer < b.layer; });
+  }
   return {};
 }
 

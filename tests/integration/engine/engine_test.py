@@ -344,6 +344,12 @@ class BadInput(unittest.TestCase):
             self.assertNotEqual(p.returncode, 0, name)
             self.assertRegex(p.stderr, want)
             self.assertFalse(os.path.exists(out), name)
+        # Resident decode on the CPU routes through expert_ffn_routed: its topk_routing refuses the NaN as before.
+        p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, "--batch", "1"],
+                check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(p.stderr, r"layer 1's routing: .*logit of expert \d+ for token 0 is NaN")
+        self.assertFalse(os.path.exists(out))
         # Decode on a device (Vulkan, unmapped memory: routing into device buffers, no wait in topk_routing): the
         # backend marks the token's picks, and the engine still refuses them, naming the layer and the row.
         plugins = json.loads(run(["plugins", "list", "--json"]).stdout)["plugins"]
@@ -351,6 +357,14 @@ class BadInput(unittest.TestCase):
             self.skipTest("no Vulkan device for the decode case")
         p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, "--batch", "1",
                  "--set", "compute.backend=vulkan", "--set", "compute.map_device_memory=false"], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertRegex(p.stderr, r"layer 1's router logits for token row 0 include a NaN: the activations overflowed")
+        self.assertFalse(os.path.exists(out))
+        # The same with every expert in VRAM: the backend routes (expert_ffn_routed), and the mark is found when the
+        # pass's choices are settled, after the logits were computed from it; still an error naming layer and row.
+        p = run(["logits", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, "--batch", "1",
+                 "--set", "compute.backend=vulkan", "--set", "compute.map_device_memory=false", "--vram-budget",
+                 "64M"], check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertRegex(p.stderr, r"layer 1's router logits for token row 0 include a NaN: the activations overflowed")
         self.assertFalse(os.path.exists(out))

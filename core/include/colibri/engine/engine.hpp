@@ -235,7 +235,10 @@ class Engine {
     std::int64_t position, first, n;
     std::int64_t pass_end = 0;  // the end of the pass (prompt) these tokens belong to, for dynamic rope (0: own end)
   };
-  sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace);
+  // `settle`: end with finish_routed(); without it the caller does, once it has queued what follows the layers.
+  sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace, bool settle = true);
+  // settle_routed() for the pass's routed layers, if any, and their records put back in layer order.
+  sdk::Status finish_routed(std::vector<RoutingRecord>* trace);
 
   model::Manifest manifest_;
   model::HyperParams hp_;
