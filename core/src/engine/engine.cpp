@@ -1023,8 +1023,14 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   const std::int64_t qd = nh * hd, kvd = nkv * hd;
   auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
   Status s;
+  // A failure part way settles the routed layers before it is returned: a NaN one of them let through is what a
+  // later layer then trips on, so the settle's error comes first, and those layers' uses count as unrouted ones do.
+  const auto failed = [&](Status error) {
+    const Status settled = finish_routed(trace);
+    return settled ? error : settled;
+  };
 #define COLIBRI_TRY(expr) \
-  if (s = (expr); !s) return s
+  if (s = (expr); !s) return failed(s)
 
   for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
   for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
@@ -1189,6 +1195,19 @@ bool Engine::routed_table(std::int64_t l) {
   return !table.empty() || experts_->routed_table(l, table);
 }
 
+Status Engine::device_choice(std::int64_t l, std::int64_t K, Tensor& ids, Tensor& weights) {
+  auto& S = *scratch_;
+  // Each layer's choice has a region of its own (2E floats: K <= E ids, then K weights): a routed layer's download
+  // may still be queued while later layers route, on the backend or here.
+  const auto region = static_cast<std::size_t>(2 * hp_.n_experts);
+  if (Status s = size(S.topk, region * static_cast<std::size_t>(hp_.num_layers)); !s) return s;
+  const std::size_t at = static_cast<std::size_t>(l) * region;
+  ids = view(S.topk, K, 1, 1, at);
+  ids.type = DType::i32;
+  weights = view(S.topk, K, 1, 1, at + static_cast<std::size_t>(K));
+  return {};
+}
+
 Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h, Act& out, const sdk::OpParams& topk_p,
                                 const sdk::OpParams& mm_p) {
   auto& S = *scratch_;
@@ -1201,12 +1220,7 @@ Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h,
   Tensor ids = i32_2d(choice.ids.data(), K, 1), weights = f32(choice.weights.data(), K, 1);
   Status s;
   if (activations_on_device()) {
-    // Each layer's choice has a region of its own: its download may still be queued when the next layer routes.
-    const auto region = static_cast<std::size_t>(2 * E);
-    if (s = size(S.topk, region * static_cast<std::size_t>(hp_.num_layers)); !s) return s;
-    ids = view(S.topk, K, 1, 1, static_cast<std::size_t>(l) * region);
-    ids.type = DType::i32;
-    weights = view(S.topk, K, 1, 1, static_cast<std::size_t>(l) * region + static_cast<std::size_t>(K));
+    if (s = device_choice(l, K, ids, weights); !s) return s;
   }
   if (s = run_op(Op::topk_routing, {view(S.router, E, 1)}, {ids, weights}, topk_p); !s) {
     return s.with_context("layer " + std::to_string(l) + "'s routing");
@@ -1340,18 +1354,16 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   // Decode with activations on the device: the choice stays there too (ids, then weights, in S.topk), so the
   // combine below reads each expert's weight where it lies; the host downloads both in one copy to pick the experts.
   const bool device_gates = activations_on_device() && T == 1;
+  Tensor choice_weights;  // device_gates: the weights where topk_routing leaves them
   if (device_gates) {
-    const std::int64_t KT = K * T;
-    if (s = size(S.topk, static_cast<std::size_t>(2 * KT)); !s) return s;
-    Tensor ids = view(S.topk, K, T);
-    ids.type = DType::i32;
-    s = run_op(Op::topk_routing, {view(S.router, E, T)}, {ids, view(S.topk, K, T, 1, static_cast<std::size_t>(KT))},
-               topk_p);
-    S.down.resize(static_cast<std::size_t>(2 * KT));
-    if (s) s = to_host(view(S.topk, 2 * KT), S.down.data());
+    Tensor ids;
+    s = device_choice(l, K, ids, choice_weights);
+    if (s) s = run_op(Op::topk_routing, {view(S.router, E, T)}, {ids, choice_weights}, topk_p);
+    S.down.resize(static_cast<std::size_t>(2 * K));
+    if (s) s = to_host(Tensor{DType::f32, {2 * K, 1, 1, 1}, nullptr, ids.buffer, ids.offset}, S.down.data());
     if (s) {
-      std::memcpy(S.expert_ids.data(), S.down.data(), sizeof(std::int32_t) * static_cast<std::size_t>(KT));
-      std::memcpy(S.weights.data(), S.down.data() + KT, sizeof(float) * static_cast<std::size_t>(KT));
+      std::memcpy(S.expert_ids.data(), S.down.data(), sizeof(std::int32_t) * static_cast<std::size_t>(K));
+      std::memcpy(S.weights.data(), S.down.data() + K, sizeof(float) * static_cast<std::size_t>(K));
     }
   } else {
     s = run_op(Op::topk_routing, {view(S.router, E, T)},
@@ -1382,7 +1394,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   for (const auto& g : groups) needed.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
   // This layer's misses go to the disk together (they share the device queue) before any is waited for.
   if (!experts_->resident()) experts_->fetch(needed);
-  if (prefetch_layers_ > 0 && !experts_->resident()) {
+  if (predicts()) {
     if (auto it = predicted_.find(l); it != predicted_.end()) {
       std::uint64_t correct = 0;
       for (const auto& g : groups) correct += it->second.count(g.first);
@@ -1452,8 +1464,10 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       }
       if (s = run_op(Op::add, {view(S.zeros, D, T), view(S.zeros, D, T)}, {view(out, D, T)}); !s) return s;
       for (std::int64_t j = 0; j < K; ++j) {
-        gate_of[slot.at(S.expert_ids[static_cast<std::size_t>(j)])] =
-            view(S.topk, 1, 1, 1, static_cast<std::size_t>(K + j));
+        Tensor w = choice_weights;
+        w.ne = {1, 1, 1, 1};
+        w.offset += static_cast<std::size_t>(j) * sizeof(float);
+        gate_of[slot.at(S.expert_ids[static_cast<std::size_t>(j)])] = w;
       }
     } else {
       S.acc.assign(DT, 0.0f);
@@ -1552,8 +1566,12 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
 // Only confident guesses are read (weight >= prefetch_confidence_ x the mean of the token's top-k): a guess waits in
 // its slot until used, so with a cache smaller than a token's experts every wrong one held a slot the cache policy
 // would have kept a much used expert in (at 25% of the experts, all top-2 guesses left no decode hit at all).
+bool Engine::predicts() const {
+  return prefetch_layers_ > 0 && !experts_->resident() && !(experts_->vram() && experts_->vram()->holds_all());
+}
+
 Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, std::span<const sdk::ExpertKey> keep) {
-  if (prefetch_layers_ <= 0 || experts_->resident()) return {};
+  if (!predicts()) return {};
   auto& S = *scratch_;
   const std::int64_t E = hp_.n_experts;
   std::vector<sdk::ExpertKey> wanted;

@@ -126,8 +126,10 @@ bool VramTier::ready(sdk::ExpertKey key) const {
 }
 
 std::optional<ExpertWeights> VramTier::resident_weights(sdk::ExpertKey key) const {
-  if (!ready(key)) return std::nullopt;
-  return weights_of(entries_.at(key.packed()));
+  // Not while an upload's event is held: one that failed is found (and the expert uploaded again) by acquire() alone.
+  auto it = entries_.find(key.packed());
+  if (it == entries_.end() || it->second.upload) return std::nullopt;
+  return weights_of(it->second);
 }
 
 bool VramTier::evictable(void* ctx, sdk::ExpertKey key) noexcept {

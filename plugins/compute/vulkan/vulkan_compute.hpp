@@ -92,7 +92,7 @@ class VulkanCompute final : public sdk::Compute {
   std::mutex run_mu_;  // ops run one at a time: scratch and status buffers are shared
   Allocation scratch_;
   Allocation status_;
-  Allocation routed_consts_;  // expert_ffn_routed: D zeros, then a NaN (host-visible, read by the shaders)
+  Allocation routed_consts_;  // expert_ffn_routed: a NaN, then D zeros (host-visible, read by the shaders)
 };
 
 }  // namespace colibri::vulkan

@@ -397,18 +397,17 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
         order.emplace_back(e, j);
       }
       std::sort(order.begin(), order.end());
-      // Zeros (and a NaN after them) in host-visible memory the shaders read.
+      // A NaN, then zeros, in host-visible memory the shaders read; written once when allocated, never changed.
       const auto d_bytes = static_cast<std::size_t>(d) * sizeof(float);
-      if (routed_consts_.size < d_bytes + 4) {
+      if (routed_consts_.size < d_bytes + sizeof(float)) {
         ctx_->release(routed_consts_);
-        auto c = ctx_->allocate(d_bytes + 4, true);
+        auto c = ctx_->allocate(d_bytes + sizeof(float), true);
         if (!c) return c.error().with_context(std::string(name) + ": zeros");
         routed_consts_ = *c;
         std::memset(routed_consts_.mapped, 0, routed_consts_.size);
+        *static_cast<float*>(routed_consts_.mapped) = std::numeric_limits<float>::quiet_NaN();
       }
-      auto* nan_at = static_cast<float*>(routed_consts_.mapped) + d;
-      *nan_at = std::numeric_limits<float>::quiet_NaN();
-      const std::uint64_t zeros = routed_consts_.address, nan = zeros + d_bytes;
+      const std::uint64_t nan = routed_consts_.address, zeros = nan + sizeof(float);
       cmds.push_back(eltwise_command(zeros, zeros, ya, static_cast<std::uint64_t>(d), 0, 1));
       if (marked) {
         cmds.push_back(eltwise_command(zeros, nan, ya, static_cast<std::uint64_t>(d), 3, u32(d)));

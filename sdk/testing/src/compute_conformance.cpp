@@ -698,9 +698,11 @@ TEST_P(ComputeConformance, ExpertFfnRoutedHasTheBitsOfTheEnginesCombine) {
   struct Types {
     DType g, u, dn;
   };
+  // The last: gate and up quantize X in different blocks (256 and 32).
   const Types cases[] = {{DType::q4_k, DType::q4_k, DType::q6_k},
                          {DType::q8_0, DType::q8_0, DType::q8_0},
-                         {DType::q4_0, DType::q4_0, DType::q5_k}};
+                         {DType::q4_0, DType::q4_0, DType::q5_k},
+                         {DType::q4_k, DType::q8_0, DType::q6_k}};
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<std::int32_t> picks{3, 1, 4, 0, 4, 2, -1, -1, -1, 4, 0, 3};  // token 2 marked: a NaN logit
   const std::vector<float> weights{0.5f, 0.3f, 0.2f, 0.45f, 0.35f, 0.2f, nan, nan, nan, 0.6f, 0.3f, 0.1f};

@@ -221,6 +221,11 @@ class Engine {
   // and the routed op for one token into out, the choice kept (or its download queued) for settle_routed(). An
   // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
   bool routed_table(std::int64_t l);
+  // Views of layer l's region of the device buffer that holds decode's router choices (K ids, K weights).
+  sdk::Status device_choice(std::int64_t l, std::int64_t K, sdk::Tensor& ids, sdk::Tensor& weights);
+  // Whether the next layers' routers predict experts to prefetch (and their hits are counted): streaming, with
+  // prefetch on, and no VRAM tier that holds every expert (nothing is read then).
+  [[nodiscard]] bool predicts() const;
   sdk::Status route_on_backend(std::int64_t l, std::int64_t K, const sdk::Tensor& h, Act& out,
                                const sdk::OpParams& topk_p, const sdk::OpParams& mm_p);
   // At the end of a pass: waits for the routed layers' choices, then checks them and counts the experts' uses and

@@ -72,7 +72,8 @@ class VramTier {
   [[nodiscard]] bool contains(sdk::ExpertKey key) const { return entries_.count(key.packed()) != 0; }
   // Resident with its upload (if any) complete: acquire() returns without waiting.
   [[nodiscard]] bool ready(sdk::ExpertKey key) const;
-  // Its weights when ready(), without marking it in use or counting anything; nullopt otherwise.
+  // Its weights when resident with no upload pending (acquire() has checked the upload), without marking it in use
+  // or counting anything; nullopt otherwise.
   [[nodiscard]] std::optional<ExpertWeights> resident_weights(sdk::ExpertKey key) const;
   // Slots freed so far (an expert's place may then be another's): ExpertManager::placement_generation.
   [[nodiscard]] std::uint64_t freed_slots() const { return freed_slots_; }

@@ -566,7 +566,9 @@ struct RoutedLayer {
 
 // The routed op is the engine's composition bit for bit: the routed matmuls run the T = 1 tile on each pick's
 // weights, and the combine adds in ascending id with scale_add's fmaf. Picks listed out of id order, a second call on
-// the same experts (the cached pointer table), and gate/up of another block than down (X quantized twice).
+// the same experts (the cached pointer table), and gate/up of another block than down (q8_0 then q6_k: the swiglu
+// outputs quantized in down's block). Gate and up of different blocks (X quantized twice) are in the conformance
+// suite's ExpertFfnRoutedHasTheBitsOfTheEnginesCombine.
 TEST(CudaPlugin, RoutedExpertsHaveTheBitsOfExpertFfnAndScaleAddInAscendingId) {
   CUDA_COMPUTE(c, kRoutedOn);
   struct Case {
