@@ -16,8 +16,9 @@
 * the KV cache in device memory (the default; Engine.kv_on_device): logits bit-identical to it in host memory;
 * activations in device memory between ops (the default; Engine.activations_on_device): logits bit-identical to
   staging them per op;
-* compute.routed_experts (expert_ffn_routed with every expert in VRAM; Engine.routed_experts): logits bit-identical
-  to the engine routing, the routed op in decode, the same VRAM hits.
+* compute.routed_experts (expert_ffn_routed with every expert in VRAM; Engine.routed_experts) on mixtral and
+  qwen2_moe (its gated shared expert; two, for gpu-check's 10 minutes): logits and routing records bit-identical to
+  the engine routing, the routed op in decode, the same VRAM hits.
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
 live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
@@ -41,7 +42,8 @@ def main():
                                  engine.vram_promise({"device": []}, [], budgets=("one", "quarter")) +
                                  engine.cpu_fallback([]) + engine.kv_on_device([]) +
                                  engine.activations_on_device([]) +
-                                 engine.routed_experts([], on=["--set", "compute.routed_experts=true"]))
+                                 engine.routed_experts([], on=["--set", "compute.routed_experts=true"],
+                                                       archs=("mixtral", "qwen2_moe")))
 
 
 if __name__ == "__main__":
