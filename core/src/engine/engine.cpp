@@ -1009,14 +1009,6 @@ Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t 
 Status Engine::run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace, bool settle) {
   ++passes_;
   auto& S = *scratch_;
-  // A pass that failed part way may have left routed choices in flight: they land (and are dropped) first.
-  for (std::size_t i = 0; i < S.routed_used; ++i) {
-    if (auto& c = S.routed_choices[i]; c.copy) {
-      (void)c.copy->wait();
-      c.copy.reset();
-    }
-  }
-  S.routed_used = 0;
   S.pass_trace_from = trace != nullptr ? trace->size() : 0;
   const auto T = static_cast<std::int64_t>(S.ids.size());
   const std::int64_t D = hp_.hidden_size, hd = hp_.head_dim, nh = hp_.num_heads, nkv = hp_.num_kv_heads;

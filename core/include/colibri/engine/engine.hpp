@@ -217,15 +217,16 @@ class Engine {
   // Pick j of token row t of layer l: a NaN mark, a weight that is not finite or an expert outside the model is an
   // error that says so.
   [[nodiscard]] sdk::Status check_pick(std::int64_t l, std::int64_t t, std::int32_t e, float weight) const;
-  // expert_ffn_routed: whether layer l's table (scratch) holds, refreshed when the experts moved; then topk_routing
-  // and the routed op for one token into out, the choice kept (or its download queued) for settle_routed(). An
-  // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
+  // expert_ffn_routed: whether layer l's table (scratch) holds, refreshed when the experts moved.
   bool routed_table(std::int64_t l);
   // Views of layer l's region of the device buffer that holds decode's router choices (K ids, K weights).
   sdk::Status device_choice(std::int64_t l, std::int64_t K, sdk::Tensor& ids, sdk::Tensor& weights);
   // Whether the next layers' routers predict experts to prefetch (and their hits are counted): streaming, with
   // prefetch on, and no VRAM tier that holds every expert (nothing is read then).
   [[nodiscard]] bool predicts() const;
+  // topk_routing and expert_ffn_routed for one token into out, the choice kept (or its download queued) for
+  // settle_routed(). Every pass ends with finish_routed(), on failure too, so no choice outlives its pass. An
+  // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
   sdk::Status route_on_backend(std::int64_t l, std::int64_t K, const sdk::Tensor& h, Act& out,
                                const sdk::OpParams& topk_p, const sdk::OpParams& mm_p);
   // At the end of a pass: waits for the routed layers' choices, then checks them and counts the experts' uses and
