@@ -164,14 +164,16 @@ std::atomic<const char*> g_plugin_call{nullptr};
 constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
 struct sigaction g_previous[std::size(kFatalSignals)]{};
 
-// Loading and scoring run in every command, so a plugin that crashes there would end every command. While they run,
-// the handler also writes a crash record for the file (prepared here, written with async-signal-safe calls only), and
-// later scans skip the file until it changes (crash_record_reason).
+// Loading and scoring run in every command, and create() in every command that picks the plugin, so a plugin that
+// crashes there would end every such command. While they run, the handler also writes a crash record for the file
+// (prepared here, written with async-signal-safe calls only), and later scans skip the file until it changes
+// (crash_record_reason); with `auto` the next plugin of its kind is picked.
 struct CrashRecord {
   std::vector<std::string> dirs;  // created in order, each inside the one before
   std::string path;               // the record file
   std::string identity;           // its first lines: which file, of what size and time, under which colibri
-  pid_t thread = 0;               // the loading thread: a crash on another thread is not this plugin's
+  std::string during;             // its last line, the call that crashed ("in create()\n"); none: loading or scoring
+  pid_t thread = 0;               // the calling thread: a crash on another thread is not this plugin's
 };
 std::atomic<const CrashRecord*> g_crash_record{nullptr};
 
@@ -183,7 +185,8 @@ bool write_crash_record(const CrashRecord& r, const char* signal_number) {
   bool ok = ::write(fd, r.identity.data(), r.identity.size()) == static_cast<ssize_t>(r.identity.size());
   const std::size_t n = std::strlen(signal_number);
   ok = ok && ::write(fd, "signal ", 7) == 7 && ::write(fd, signal_number, n) == static_cast<ssize_t>(n) &&
-       ::write(fd, "\n", 1) == 1;
+       ::write(fd, "\n", 1) == 1 &&
+       ::write(fd, r.during.data(), r.during.size()) == static_cast<ssize_t>(r.during.size());
   ok = ::close(fd) == 0 && ok;
   return ok;
 }
@@ -334,8 +337,8 @@ std::optional<CrashRecord> crash_record_for(const fs::path& file) {
   return r;
 }
 
-// Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading or scoring.
-// "" to load it; a record of an earlier version of the file is removed.
+// Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading, scoring
+// or creating. "" to load it; a record of an earlier version of the file is removed.
 std::string crash_record_reason(const CrashRecord& r) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(r.path, ec))) return {};
@@ -345,9 +348,14 @@ std::string crash_record_reason(const CrashRecord& r) {
     return {};
   }
   std::string signal = text->substr(r.identity.size());
-  while (!signal.empty() && signal.back() == '\n') signal.pop_back();
-  return "crashed colibri (" + signal +
-         ") while loading or scoring on an earlier run (in its own code, or in a driver or library it calls); "
+  std::string during = "while loading or scoring";
+  if (const auto eol = signal.find('\n'); eol != std::string::npos) {
+    if (std::string rest = signal.substr(eol + 1); rest.starts_with("in ")) during = rest;
+    signal.resize(eol);
+  }
+  while (!during.empty() && during.back() == '\n') during.pop_back();
+  return "crashed colibri (" + signal + ") " + during +
+         " on an earlier run (in its own code, or in a driver or library it calls); "
          "skipped until the file or colibri changes (rebuild or replace it), or delete " +
          r.path + " to try it again as it is";
 }
@@ -743,6 +751,9 @@ sdk::Expected<std::shared_ptr<sdk::PluginObject>> PluginRegistry::create(const P
   ctx.host_info = &host_;
   sdk::Expected<sdk::PluginObject*> made = nullptr;
   {
+    std::optional<CrashRecord> record = crash_record_for(plugin.path);
+    if (record) record->during = "in create()\n";
+    const ScopedGlobal<const CrashRecord*> armed(g_crash_record, record ? &*record : nullptr);
     PluginCall creating("in create() of " + plugin.path.string());
     made = plugin.descriptor->create(ctx);
   }

@@ -368,6 +368,38 @@ TEST(RegistryDeathTest, APluginThatCrashedWhileLoadingIsSkippedUntilItsFileChang
   EXPECT_NE(file_text(cache.records()[0]), record) << "a record of the rebuilt file";
 }
 
+// create() runs in every command that picks the plugin: a crash there is recorded too, and with `auto` the next
+// plugin of the kind is picked from then on.
+TEST(RegistryDeathTest, APluginThatCrashedInCreateIsSkippedFromThenOn) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "not under a sanitizer";
+#endif
+  ScopedCacheHome cache;
+  ASSERT_FALSE(cache.path().empty()) << "no temporary directory: records would go to the real cache";
+  EXPECT_DEATH(
+      {
+        auto reg = scan({"create_crashes"});
+        auto p = reg.select(PluginKind::storage, "fixture-create-crash");
+        if (!p) std::abort();
+        (void)reg.create_as<colibri::sdk::Storage>(**p, {});
+      },
+      "a plugin crashed .signal 11. in create.. of [^ ]*libcolibri-storage-fixture-create-crash.so; remove it[^\n]*\n"
+      "colibri skips this file from now on");
+  ASSERT_EQ(cache.records().size(), 1u);
+  EXPECT_THAT(file_text(cache.records()[0]), HasSubstr("signal 11\nin create()\n"));
+  CapturedLog log;
+  auto reg = scan({"create_crashes", "good"});
+  log.restore();
+  EXPECT_EQ(reg.plugins().size(), 1u);
+  EXPECT_THAT(broken_reason(reg, "fixture-create-crash"),
+              HasSubstr("crashed colibri (signal 11) in create() on an earlier run (in its own code, or in a driver or "
+                        "library it calls); skipped until the file or colibri changes"));
+  auto picked = reg.select(PluginKind::storage, "auto");
+  ASSERT_TRUE(picked);
+  EXPECT_EQ((*picked)->name, "fixture-good");
+  EXPECT_THAT(log.str(), HasSubstr("libcolibri-storage-fixture-create-crash.so: crashed colibri"));
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "not under a sanitizer";
