@@ -391,6 +391,40 @@ class Engine:
                   f"{calls.get('event wait', 0)} event waits in {st['gen_tokens']} decode tokens)", flush=True)
         return failures
 
+    def graphs(self, on, archs=("mixtral",)):
+        """A backend option that queues the ops differently (CUDA graphs: `on` turns it on) must not change a bit:
+        logits with it on and off, with every expert in VRAM (the engine routing, and the backend routing with
+        compute.routed_experts), with a quarter of the experts in VRAM (uploads between the captured ops), and with
+        vram_budget 0, token by token and in one batch. bench's compute_metrics show the graphs launched, and that a
+        decode layer's repeated segment updates its instantiation instead of instantiating it again."""
+        failures = []
+        for arch in archs:
+            m = self.model(arch, "q8_0")
+            _, _, sizes = self._vram_sizes(m)
+            placements = {"all": ["--vram-budget", str(sizes["all"])],
+                          "all-routed": ["--vram-budget", str(sizes["all"]), "--set", "compute.routed_experts=true"],
+                          "quarter": ["--vram-budget", str(sizes["quarter"])],
+                          "none": ["--vram-budget", "0"]}
+            for name, args in placements.items():
+                for batch in ("1", "512"):
+                    want = self.logits(m, f"graphs-off-{name}-{batch}", *self.on_backend, *args, "--batch", batch)
+                    got = self.logits(m, f"graphs-on-{name}-{batch}", *self.on_backend, *args, *on, "--batch", batch)
+                    if not same(want, got):
+                        failures.append(f"{arch}/q8_0: {' '.join(on)}, {name} in VRAM, batch {batch}: logits differ "
+                                        f"from launching op by op (max abs {np.abs(want - got).max()})")
+            st, _ = self._bench(m, *placements["all-routed"], *on, prompt=4, gen=16)
+            c = st.get("compute_metrics", {})
+            launches, updates = c.get("graph_launches_total", 0), c.get("graph_updates_total", 0)
+            instantiations = c.get("graph_instantiations_total", 0)
+            if launches < st["gen_tokens"] or launches != updates + instantiations:
+                failures.append(f"{arch}: with {' '.join(on)} decode should launch graphs (at least one a token), each "
+                                f"updated or instantiated: {c}")
+            if updates < instantiations:
+                failures.append(f"{arch}: decode's repeated segments should update their graphs, not instantiate them "
+                                f"again: {c}")
+            print(f"  {arch}/q8_0: {' '.join(on)} checked in {len(placements)} placements ({c})", flush=True)
+        return failures
+
 # The models the VRAM tier checks run on.
 VRAM_CASES = (("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"))
 

@@ -306,17 +306,23 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["activations_on_device"] = engine->activations_on_device();  // memory.activations_on_device
   // What the storage plugin counted itself (host metrics): reads per stripe directory, io_uring's fixed and plain
   // reads, errors. Counters are whole numbers; JSON shows them so.
-  const auto storage_counters = util::Metrics::global().with_prefix(
-      util::plugin_metric_prefix(sdk::to_string(sdk::PluginKind::storage), engine->plugins().storage_name));
-  nlohmann::json storage_json = nlohmann::json::object();
-  for (const auto& [name, v] : storage_counters) {
-    if (v >= 0 && v < 9e15 && v == static_cast<double>(static_cast<std::uint64_t>(v))) {
-      storage_json[name] = static_cast<std::uint64_t>(v);
-    } else {
-      storage_json[name] = v;
+  const auto counters_of = [](sdk::PluginKind kind, const std::string& name) {
+    const auto counters = util::Metrics::global().with_prefix(util::plugin_metric_prefix(sdk::to_string(kind), name));
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [metric, v] : counters) {
+      if (v >= 0 && v < 9e15 && v == static_cast<double>(static_cast<std::uint64_t>(v))) {
+        out[metric] = static_cast<std::uint64_t>(v);
+      } else {
+        out[metric] = v;
+      }
     }
-  }
+    return out;
+  };
+  const nlohmann::json storage_json = counters_of(sdk::PluginKind::storage, engine->plugins().storage_name);
   j["storage_metrics"] = storage_json;
+  // And the compute plugin's (CUDA: the graphs it launched, instantiated and updated).
+  const nlohmann::json compute_json = counters_of(sdk::PluginKind::compute, engine->plugins().compute_name);
+  j["compute_metrics"] = compute_json;
   std::vector<nlohmann::json> reads_per_dir;  // stripe: reads_dir<N>_total, directory 0 the model's own
   for (std::size_t d = 0; storage_json.contains("reads_dir" + std::to_string(d) + "_total"); ++d) {
     reads_per_dir.push_back(storage_json["reads_dir" + std::to_string(d) + "_total"]);
@@ -379,12 +385,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               engine->prefetch_confidence(), static_cast<unsigned long long>(st.prefetch_issued),
               static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
               static_cast<unsigned long long>(st.prefetch_cancelled), prediction);
-  if (!storage_counters.empty()) {
+  for (const auto& [label, name, counters] : {std::tuple{"storage", engine->plugins().storage_name, &storage_json},
+                                              std::tuple{"compute", engine->plugins().compute_name, &compute_json}}) {
+    if (counters->empty()) continue;
     std::string line;
-    for (const auto& [name, v] : storage_counters) {
-      line += (line.empty() ? "" : ", ") + name + " " + storage_json[name].dump();
-    }
-    std::printf("storage    %s: %s\n", engine->plugins().storage_name.c_str(), line.c_str());
+    for (const auto& [metric, v] : counters->items()) line += (line.empty() ? "" : ", ") + metric + " " + v.dump();
+    std::printf("%-10s %s: %s\n", label, name.c_str(), line.c_str());
   }
   if (!reads_per_dir.empty()) {
     std::string dirs;

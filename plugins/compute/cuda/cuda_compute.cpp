@@ -96,6 +96,9 @@ const sdk::OptionSpec kOptions[] = {
     {"routed_experts", sdk::OptionType::boolean, "false",
      "run expert_ffn_routed on the device (the engine's decode then waits for the router's choice once per token, "
      "not once per layer); off until measured on a GPU"},
+    {"graphs", sdk::OptionType::boolean, "false",
+     "queue the kernels between two waits or copies (a decode layer's) as one CUDA graph launch instead of a launch "
+     "each; off until measured on a GPU"},
 };
 
 // What plugins list shows (supports() decides): as the ops and types run_impl has kernels for.
@@ -162,7 +165,13 @@ void PinnedPool::give(Block b) noexcept {
 
 Device::~Device() {
   (void)use();
+  if (graphs.capturing) {  // unreachable while a Compute object lives (its destructor flushes): nothing to launch
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(compute, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
   if (compute != nullptr) cudaStreamSynchronize(compute);
+  for (auto& [key, exec] : graphs.execs) cudaGraphExecDestroy(exec);
   for (cudaEvent_t e : ring) {
     if (e != nullptr) cudaEventDestroy(e);
   }
@@ -199,8 +208,121 @@ Status Device::use() const {
   return {};
 }
 
+void Device::begin_graph_locked() {
+  if (!graphs.enabled || graphs.capturing) return;
+  // Relaxed: other threads may allocate, copy and query events while this stream captures (the VRAM tier's uploads).
+  if (cudaStreamBeginCapture(compute, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  graphs.capturing = true;
+}
+
+namespace {
+
+// The key of a captured segment: its node count, and each node's type and kernel in the order the graph lists them.
+// Two segments with the same key take the same instantiation (updated with the new one's parameters).
+std::uint64_t graph_key(cudaGraph_t graph, std::size_t& nodes) {
+  nodes = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &nodes) != cudaSuccess) return 0;
+  std::vector<cudaGraphNode_t> list(nodes);
+  if (nodes > 0 && cudaGraphGetNodes(graph, list.data(), &nodes) != cudaSuccess) return 0;
+  std::uint64_t key = 0xcbf29ce484222325ULL ^ nodes;
+  auto mix = [&](std::uint64_t v) { key = (key ^ v) * 0x100000001b3ULL; };
+  for (cudaGraphNode_t node : list) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return 0;
+    mix(static_cast<std::uint64_t>(type));
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams p{};
+      if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess) return 0;
+      mix(reinterpret_cast<std::uintptr_t>(p.func));
+    }
+  }
+  return key;
+}
+
+}  // namespace
+
+Status Device::flush_graph_locked() {
+  if (!graphs.capturing) return {};
+  graphs.capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(compute, &graph);
+  // What failed loses the kernels captured since the last flush: the calls that queued them have returned, so the
+  // error goes to whoever flushes (the next wait, copy or call), as an asynchronous kernel's fault would.
+  auto lost = [&](cudaError_t err, const char* what) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    graphs.bound.clear();
+    cudaGetLastError();
+    return cuda_status(err, std::string("CUDA graph: ") + what +
+                                " (the ops queued since the last wait did not run; compute option graphs: false "
+                                "launches them one by one)");
+  };
+  if (e != cudaSuccess || graph == nullptr) {
+    return lost(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "ending the capture");
+  }
+  std::size_t nodes = 0;
+  const std::uint64_t key = graph_key(graph, nodes);
+  if (nodes == 0) {  // calls that answered before queuing anything (unsupported, a bad shape)
+    cudaGraphDestroy(graph);
+    graphs.bound.clear();
+    return {};
+  }
+  if (graphs.execs.size() >= 256 && !graphs.execs.contains(key)) {
+    // Bounded: each instantiation holds device resources. A rare wait, so none is destroyed while queued.
+    cudaStreamSynchronize(compute);
+    for (auto& [k, exec] : graphs.execs) cudaGraphExecDestroy(exec);
+    graphs.execs.clear();
+  }
+  cudaGraphExec_t& exec = graphs.execs[key];
+  const char* counter = "graph_updates_total";
+  if (exec != nullptr) {
+    // Launches already queued keep the parameters they were launched with.
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+  }
+  if (exec == nullptr) {
+    counter = "graph_instantiations_total";
+    if (e = cudaGraphInstantiate(&exec, graph, 0); e != cudaSuccess) {
+      exec = nullptr;
+      graphs.execs.erase(key);
+      return lost(e, "instantiating the captured ops");
+    }
+  }
+  e = cudaGraphLaunch(exec, compute);
+  cudaGraphDestroy(graph);
+  graph = nullptr;
+  if (e != cudaSuccess) return lost(e, "launching the captured ops");
+  // Copies into or out of these buffers wait for the graph, as for ops launched one by one (Binder::finish).
+  if (const std::uint64_t stamp = record_ops(); stamp != 0) {
+    for (const CudaBuffer* b : graphs.bound) b->last_ops.store(stamp);
+  } else if (e = cudaStreamSynchronize(compute); e != cudaSuccess) {
+    graphs.bound.clear();
+    return cuda_status(e, "CUDA graph: waiting for the captured ops");
+  }
+  graphs.bound.clear();
+  if (graphs.host != nullptr) {
+    graphs.host->counter_add("graph_launches_total", 1);
+    graphs.host->counter_add("graph_nodes_total", static_cast<double>(nodes));
+    graphs.host->counter_add(counter, 1);
+  }
+  return {};
+}
+
+Status Device::flush_graph() {
+  if (!graphs.enabled) return {};
+  std::lock_guard lock(graphs.mu);
+  return flush_graph_locked();
+}
+
 CudaBuffer::~CudaBuffer() {
   (void)dev_->use();
+  (void)dev_->flush_graph();                  // captured kernels that use it run now, or never
   dev_->after_ops(last_ops.load(), nullptr);  // kernels still reading or writing it
   cudaFree(ptr_);
 }
@@ -239,6 +361,8 @@ Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateCont
   if (!index) return index.error();
   auto routed = cc.config->get_bool("routed_experts", false);
   if (!routed) return routed.error();
+  auto graphs = cc.config->get_bool("graphs", false);
+  if (!graphs) return graphs.error();
   if (std::string p = driver_library_problem(); !p.empty()) return Status(StatusCode::unsupported, p);
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
@@ -281,11 +405,13 @@ Expected<std::unique_ptr<CudaCompute>> CudaCompute::create(const sdk::CreateCont
       return cuda_status(r, "creating the op stream's events");
     }
   }
-  return std::make_unique<CudaCompute>(std::move(dev), *routed);
+  return std::make_unique<CudaCompute>(std::move(dev), *routed, *graphs, cc.host);
 }
 
-CudaCompute::CudaCompute(std::shared_ptr<Device> dev, bool routed_experts)
+CudaCompute::CudaCompute(std::shared_ptr<Device> dev, bool routed_experts, bool graphs, sdk::HostServices* host)
     : dev_(std::move(dev)), routed_experts_(routed_experts) {
+  dev_->graphs.enabled = graphs;
+  dev_->graphs.host = host;
   sdk::DeviceInfo d;
   d.name = dev_->prop.name;
   d.host_memory = false;
@@ -296,6 +422,10 @@ CudaCompute::CudaCompute(std::shared_ptr<Device> dev, bool routed_experts)
 
 CudaCompute::~CudaCompute() {
   (void)synchronize();
+  {
+    std::lock_guard lock(dev_->graphs.mu);
+    dev_->graphs.host = nullptr;  // buffers may outlive this object; the host services do not
+  }
   (void)dev_->use();
   cudaFree(arena_);
   cudaFreeHost(staging_);
@@ -405,6 +535,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_device_async(const vo
     if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     if (src == nullptr) return Status(StatusCode::invalid_argument, "copy_to_device_async: null source");
     if (Status s = dev_->use(); !s) return s;
+    if (Status s = dev_->flush_graph(); !s) return s;  // the captured kernels may still read the buffer
     if (registered(src, bytes)) {
       // Page-locked already: the copy engine reads it directly while the caller goes on (kHostRegisterInterface).
       auto copy = std::make_shared<PendingCopy>();
@@ -444,6 +575,7 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
     if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     if (dst == nullptr) return Status(StatusCode::invalid_argument, "copy_to_host_async: null destination");
     if (Status s = dev_->use(); !s) return s;
+    if (Status s = dev_->flush_graph(); !s) return s;  // the captured kernels may still write the buffer
     auto staging = dev_->pinned.take(bytes);
     if (!staging) {
       cudaStreamSynchronize(dev_->copy);  // see copy_to_device_async
@@ -468,6 +600,12 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
 Status CudaCompute::synchronize() noexcept {
   Status first = copies_.finish_all();
   if (Status s = dev_->use(); !s) return s;
+  // Under graphs.mu: another thread's run() must not start a capture the wait on the op stream would break.
+  std::unique_lock<std::mutex> graph_lock;
+  if (dev_->graphs.enabled) {
+    graph_lock = std::unique_lock(dev_->graphs.mu);
+    if (Status s = dev_->flush_graph_locked(); !s && first) first = s;
+  }
   for (cudaStream_t st : {dev_->compute, dev_->copy}) {
     if (cudaError_t e = cudaStreamSynchronize(st); e != cudaSuccess && first) first = cuda_status(e, "synchronize");
   }

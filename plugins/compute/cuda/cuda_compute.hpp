@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "colibri/sdk/device_copies.hpp"
@@ -41,6 +42,8 @@ class PinnedPool {
   std::size_t keep_bytes_;
 };
 
+class CudaBuffer;
+
 // What every object of one Compute shares; buffers and events keep it alive.
 struct Device {
   int index = 0;
@@ -57,9 +60,30 @@ struct Device {
   std::mutex ring_mu;
   std::uint64_t stamps = 0;
 
+  // CUDA graphs (compute option `graphs`). run() captures the kernels of a call on device buffers alone instead of
+  // launching them, and whatever must see their effects launches what was captured first (flush_graph): a copy, a
+  // wait, a call with host tensors or a status word, a buffer freed. The kernels between two such points (a decode
+  // layer's) are one graph launch; a later segment with the same nodes updates that graph's instantiation
+  // (cudaGraphExecUpdate: new pointers and positions) instead of instantiating it again.
+  struct Graphs {
+    bool enabled = false;
+    std::mutex mu;  // run() holds it for the whole call while enabled; every flush takes it
+    bool capturing = false;
+    std::vector<const CudaBuffer*> bound;  // used by the captured kernels: stamped when the graph is launched
+    std::unordered_map<std::uint64_t, cudaGraphExec_t> execs;  // by the segment's node types and kernels
+    sdk::HostServices* host = nullptr;                         // counters; null once the Compute object is gone
+  } graphs;
+
   ~Device();
   // Makes this device current for the calling thread (the CUDA runtime's current device is per thread).
   [[nodiscard]] sdk::Status use() const;
+  // Starts capturing the op stream (graphs on, not capturing yet); a failure leaves the ops to run as they come.
+  void begin_graph_locked();
+  // Launches what was captured since begin_graph_locked (nothing when not capturing). The caller holds graphs.mu
+  // where graphs are on.
+  sdk::Status flush_graph_locked();
+  // flush_graph_locked under graphs.mu.
+  sdk::Status flush_graph();
   // Records the ops queued so far; returns their stamp (0 if recording failed: the caller then waits for them).
   std::uint64_t record_ops();
   // Makes `stream` wait for the ops of `stamp` (0: none); with a null stream, the calling thread waits.
@@ -105,7 +129,8 @@ struct PendingCopy {
 class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
  public:
   static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
-  explicit CudaCompute(std::shared_ptr<Device> dev, bool routed_experts = false);
+  explicit CudaCompute(std::shared_ptr<Device> dev, bool routed_experts = false, bool graphs = false,
+                       sdk::HostServices* host = nullptr);
   ~CudaCompute() override;
 
   [[nodiscard]] std::span<const sdk::DeviceInfo> devices() const noexcept override;

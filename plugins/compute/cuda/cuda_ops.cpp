@@ -117,6 +117,13 @@ class Binder {
   // queued ops (copies of them wait for those) and returns. Otherwise downloads staged outputs, waits, copies them
   // to the caller.
   Status finish(bool read_status) {
+    if (c_.dev_->graphs.capturing) {
+      // Captured, not launched (run() captures only calls on device buffers without a status word): the flush that
+      // launches them stamps these buffers.
+      auto& bound = c_.dev_->graphs.bound;
+      bound.insert(bound.end(), bound_.begin(), bound_.end());
+      return {};
+    }
     if (!staged_ && !read_status) {
       if (const std::uint64_t stamp = c_.dev_->record_ops(); stamp != 0) {
         for (const CudaBuffer* b : bound_) b->last_ops.store(stamp);
@@ -160,6 +167,8 @@ Status CudaCompute::grow(void*& ptr, std::size_t& capacity, std::size_t bytes, b
   if (capacity >= bytes) return {};
   const std::size_t want = std::max(bytes, capacity + capacity / 2);
   if (ptr != nullptr) {
+    // Captured kernels may use the old block: launched first, then waited for (run() holds graphs.mu).
+    if (Status s = dev_->flush_graph_locked(); !s) return s;
     cudaStreamSynchronize(dev_->compute);
     pinned ? cudaFreeHost(ptr) : cudaFree(ptr);
     ptr = nullptr;
@@ -188,16 +197,45 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
   return sdk::supports_every_op(op, weight_type);
 }
 
+namespace {
+
+// Whether run() may capture the call's kernels into a CUDA graph: every tensor in a device buffer (host tensors are
+// staged through memory the next call reuses, and waited for) and no status word to read back (embedding's ids).
+bool capturable(const sdk::OpCall& call) {
+  if (call.op == Op::embedding) return false;
+  for (const Tensor& t : call.inputs) {
+    if (t.buffer == nullptr) return false;
+  }
+  for (const Tensor& t : call.outputs) {
+    if (t.buffer == nullptr) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status CudaCompute::run(const sdk::OpCall& call) noexcept {
   return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
     if (Status s = dev_->use(); !s) return s;
+    // Graphs on: the whole call under graphs.mu, so no other thread's flush lands between two of its launches.
+    std::unique_lock<std::mutex> graph_lock;
+    if (dev_->graphs.enabled) {
+      graph_lock = std::unique_lock(dev_->graphs.mu);
+      if (capturable(call)) {
+        dev_->begin_graph_locked();
+      } else if (Status s = dev_->flush_graph_locked(); !s) {
+        return s;
+      }
+    }
     cudaGetLastError();  // an error handled before (a failed copy or allocation) is not this call's launch error
     Status s = run_impl(call);
     // An `unsupported` answer comes before anything is queued (check_op_call, expert_ffn_routed's checks): no wait,
     // since the engine then runs the op its own way.
     if (!s && s.code() != StatusCode::unsupported) {
-      // Kernels queued before the failure must not write the outputs after run() has returned.
+      // Kernels queued before the failure must not write the outputs after run() has returned: captured ones are
+      // launched (as they would have been without graphs), then waited for.
+      (void)dev_->flush_graph_locked();
       cudaStreamSynchronize(dev_->compute);
       cudaGetLastError();
     }
@@ -640,6 +678,7 @@ Expected<const void* const*> CudaCompute::routed_table() {
   // queued kernels that read them and the uploads from their pinned slots (a rare wait).
   constexpr std::size_t kMaxTables = 4096, kMaxPointers = std::size_t{1} << 20, kSlabPointers = std::size_t{1} << 16;
   if (tables_.size() >= kMaxTables || table_pointers_ + n > kMaxPointers) {
+    if (Status s = dev_->flush_graph_locked(); !s) return s;  // captured kernels read tables too
     if (cudaError_t e = cudaStreamSynchronize(dev_->compute); e != cudaSuccess) {
       return cuda_status(e, "expert_ffn_routed: waiting to drop the experts' pointer tables");
     }

@@ -7,7 +7,10 @@
 using colibri::sdk::testing::ComputeConformance;
 using colibri::sdk::testing::ComputeParam;
 
-// routed_experts on: the suite checks expert_ffn_routed too (it is off by default until measured on a GPU).
-INSTANTIATE_TEST_SUITE_P(Cuda, ComputeConformance,
-                         ::testing::Values(ComputeParam{cuda_plugin_path(), {{"routed_experts", "true"}}, "device"}),
-                         colibri::sdk::testing::ComputeParamName);
+// routed_experts on: the suite checks expert_ffn_routed too (it is off by default until measured on a GPU). And
+// again with graphs on: every op captured, then launched by the copy that reads its outputs (or a buffer's end).
+INSTANTIATE_TEST_SUITE_P(
+    Cuda, ComputeConformance,
+    ::testing::Values(ComputeParam{cuda_plugin_path(), {{"routed_experts", "true"}}, "device"},
+                      ComputeParam{cuda_plugin_path(), {{"routed_experts", "true"}, {"graphs", "true"}}, "graphs"}),
+    colibri::sdk::testing::ComputeParamName);

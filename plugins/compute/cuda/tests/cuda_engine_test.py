@@ -18,7 +18,9 @@
   staging them per op;
 * compute.routed_experts (expert_ffn_routed with every expert in VRAM; Engine.routed_experts) on mixtral and
   qwen2_moe (its gated shared expert; two, for gpu-check's 10 minutes): logits and routing records bit-identical to
-  the engine routing, the routed op in decode, the same VRAM hits.
+  the engine routing, the routed op in decode, the same VRAM hits;
+* compute.graphs (the ops between two waits as one CUDA graph; Engine.graphs) on mixtral: logits bit-identical to
+  launching op by op with every expert in VRAM (routed or not), a quarter, and none, and graphs launched and updated.
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
 live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
@@ -43,7 +45,8 @@ def main():
                                  engine.cpu_fallback([]) + engine.kv_on_device([]) +
                                  engine.activations_on_device([]) +
                                  engine.routed_experts([], on=["--set", "compute.routed_experts=true"],
-                                                       archs=("mixtral", "qwen2_moe")))
+                                                       archs=("mixtral", "qwen2_moe")) +
+                                 engine.graphs(["--set", "compute.graphs=true"]))
 
 
 if __name__ == "__main__":

@@ -138,17 +138,20 @@ TEST(CudaPlugin, ScoreIsZeroWhenCudaVisibleDevicesHidesEveryDevice) {
   EXPECT_TRUE(names_what_is_missing(s.reason)) << s.reason;
 }
 
-// Off by default: supports() says false for expert_ffn_routed until the option turns it on.
-TEST(CudaPlugin, RoutedExpertsIsAnOptionOffByDefault) {
+// Off by default until measured on a GPU: supports() says false for expert_ffn_routed until routed_experts turns
+// it on, and ops are launched one by one until graphs does.
+TEST(CudaPlugin, RoutedExpertsAndGraphsAreOptionsOffByDefault) {
   auto lib = plugin();
   ASSERT_NE(lib, nullptr);
-  const OptionSpec* spec = nullptr;
-  for (const OptionSpec& o : lib->descriptor().options) {
-    if (std::string(o.name) == "routed_experts") spec = &o;
+  for (const std::string name : {"routed_experts", "graphs"}) {
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& o : lib->descriptor().options) {
+      if (name == o.name) spec = &o;
+    }
+    ASSERT_NE(spec, nullptr) << "the descriptor declares " << name;
+    EXPECT_EQ(spec->type, OptionType::boolean) << name;
+    EXPECT_STREQ(spec->default_value, "false") << name;
   }
-  ASSERT_NE(spec, nullptr) << "the descriptor declares routed_experts";
-  EXPECT_EQ(spec->type, OptionType::boolean);
-  EXPECT_STREQ(spec->default_value, "false");
 }
 
 // ------------------------------------------------------------------ with a device
@@ -663,6 +666,112 @@ TEST(CudaPlugin, RoutedExpertsAnswerUnsupportedWhereTheyDoNotRun) {
   got = f16.routed(c, {0, 1}, {0.5f, 0.5f});
   ASSERT_FALSE(got);
   EXPECT_EQ(got.error().code(), StatusCode::unsupported) << got.error().to_string();
+}
+
+// ------------------------------------------------------------------ graphs
+
+// A decode layer's shape on device buffers: rms_norm, a q4_k matmul (X quantized, then the matmul: two kernels), a
+// residual add; each layer's output downloaded, as the engine's download of the router's choice ends a segment.
+std::vector<std::vector<float>> layers_on(Compute& c, int layers) {
+  constexpr std::int64_t d = 512;
+  std::vector<std::unique_ptr<Buffer>> keep;
+  const auto x0 = randn(static_cast<std::size_t>(d), 3);
+  Tensor x = on_device(c, keep, DType::f32, {d, 1, 1, 1}, x0.data());
+  std::vector<std::vector<float>> out;
+  for (int l = 0; l < layers; ++l) {
+    const auto norm = randn(static_cast<std::size_t>(d), 10 + static_cast<unsigned>(l));
+    const auto w = quantized(DType::q4_k, randn(static_cast<std::size_t>(d * d), 20 + static_cast<unsigned>(l), 0.05f));
+    Tensor nt = on_device(c, keep, DType::f32, {d, 1, 1, 1}, norm.data());
+    Tensor wt = on_device(c, keep, DType::q4_k, {d, d, 1, 1}, w.data());
+    Tensor h = on_device(c, keep, DType::f32, {d, 1, 1, 1}), y = on_device(c, keep, DType::f32, {d, 1, 1, 1});
+    Tensor next = on_device(c, keep, DType::f32, {d, 1, 1, 1});
+    OpParams eps;
+    eps.eps = 1e-5f;
+    Tensor norm_in[] = {x, nt}, mm_in[] = {wt, h}, add_in[] = {x, y};
+    EXPECT_TRUE(c.run(OpCall{Op::rms_norm, norm_in, std::span<Tensor>(&h, 1), eps}));
+    EXPECT_TRUE(c.run(OpCall{Op::matmul, mm_in, std::span<Tensor>(&y, 1), {}}));
+    EXPECT_TRUE(c.run(OpCall{Op::add, add_in, std::span<Tensor>(&next, 1), {}}));
+    out.push_back(download(c, next));
+    x = next;
+  }
+  return out;
+}
+
+// With graphs on, the same ops give the same bits: a layer's kernels are captured and launched as one graph by the
+// download, and the next layers' segments (same kernels, other buffers) update that graph rather than instantiate
+// it again.
+TEST(CudaPlugin, GraphsGiveTheBitsOfOpsLaunchedOneByOne) {
+  constexpr int kLayers = 6;
+  std::vector<std::vector<float>> want;
+  {
+    CUDA_COMPUTE(eager, {});
+    want = layers_on(eager, kLayers);
+  }
+  auto lib = plugin();
+  ASSERT_NE(lib, nullptr);
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto made = lib->create_as<Compute>({{"graphs", "true"}}, host);
+  ASSERT_TRUE(made) << made.error().to_string();
+  const auto got = layers_on(**made, kLayers);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t l = 0; l < want.size(); ++l) {
+    EXPECT_EQ(0, std::memcmp(got[l].data(), want[l].data(), want[l].size() * sizeof(float))) << "layer " << l;
+  }
+  const double launches = host->metric("graph_launches_total");
+  const double updates = host->metric("graph_updates_total");
+  const double made_new = host->metric("graph_instantiations_total");
+  EXPECT_GE(launches, kLayers) << "a graph per layer at least";
+  EXPECT_EQ(launches, updates + made_new);
+  EXPECT_GE(updates, kLayers - 2) << "the same segment on other buffers updates its graph (" << made_new
+                                  << " instantiations)";
+  EXPECT_GT(host->metric("graph_nodes_total"), launches) << "each graph holds the layer's kernels";
+}
+
+// Whatever must see captured ops launches them first: an upload into a buffer they read (they see the old bytes), a
+// buffer freed (they ran before), a call that fails after them (they ran, as they would have launched one by one).
+TEST(CudaPlugin, GraphsRunCapturedOpsBeforeACopyAFreeOrAFailure) {
+  CUDA_COMPUTE(c, (std::map<std::string, std::string>{{"graphs", "true"}}));
+  constexpr std::int64_t n = 1000;
+  std::vector<std::unique_ptr<Buffer>> keep;
+  std::vector<float> a(n), b(n), a2(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    a[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    b[static_cast<std::size_t>(i)] = 0.5f;
+    a2[static_cast<std::size_t>(i)] = -1.0f;
+  }
+  Tensor ta = on_device(c, keep, DType::f32, {n, 1, 1, 1}, a.data());
+  Tensor tb = on_device(c, keep, DType::f32, {n, 1, 1, 1}, b.data());
+  Tensor out = on_device(c, keep, DType::f32, {n, 1, 1, 1});
+  Tensor add_in[] = {ta, tb};
+  ASSERT_TRUE(c.run(OpCall{Op::add, add_in, std::span<Tensor>(&out, 1), {}}));
+  auto up = c.copy_to_device_async(a2.data(), *ta.buffer, 0, a2.size() * sizeof(float));
+  ASSERT_TRUE(up && (*up)->wait());
+  auto sum = download(c, out);
+  EXPECT_EQ(sum[7], 7.5f) << "the add ran on A before the upload replaced it";
+  EXPECT_EQ(download(c, ta)[7], -1.0f);
+
+  // A freed input: the add ran first.
+  auto own_b = c.allocate(b.size() * sizeof(float));
+  ASSERT_TRUE(own_b);
+  ASSERT_TRUE(c.copy_to_device_async(b.data(), **own_b, 0, b.size() * sizeof(float)).value()->wait());
+  Tensor tb2{DType::f32, {n, 1, 1, 1}, nullptr, own_b->get(), 0};
+  Tensor add2[] = {ta, tb2};
+  ASSERT_TRUE(c.run(OpCall{Op::add, add2, std::span<Tensor>(&out, 1), {}}));
+  own_b->reset();
+  // Its memory likely goes to the next allocation of its size: had the add not run yet, it would read 100 there.
+  const std::vector<float> hundred(n, 100.0f);
+  Tensor reused = on_device(c, keep, DType::f32, {n, 1, 1, 1}, hundred.data());
+  EXPECT_EQ(download(c, out)[7], -0.5f);
+  EXPECT_EQ(download(c, reused)[7], 100.0f);
+
+  // A call refused after a captured one: the captured one still ran (nothing else in between launches it).
+  Tensor shorter = on_device(c, keep, DType::f32, {n / 2, 1, 1, 1});
+  Tensor twice_in[] = {ta, ta};
+  ASSERT_TRUE(c.run(OpCall{Op::add, twice_in, std::span<Tensor>(&out, 1), {}}));
+  Tensor bad_in[] = {ta, shorter};
+  EXPECT_FALSE(c.run(OpCall{Op::add, bad_in, std::span<Tensor>(&out, 1), {}}));
+  EXPECT_EQ(download(c, out)[7], -2.0f);
+  EXPECT_TRUE(c.synchronize());
 }
 
 }  // namespace
