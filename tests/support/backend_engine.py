@@ -379,6 +379,11 @@ class Engine:
                 failures.append(f"{arch}: the routing records of routed decode differ from the engine routing's "
                                 f"({traces[1]} against {traces[0]})")
             calls = {o["name"]: o["calls"] for o in st["op_times"]["decode"]}
+            # The choices left in device memory come back in one download a token, after the layers: none between
+            # them (a backend queues the whole pass without a break).
+            if calls.get("copy to host", 0) > st["gen_tokens"]:
+                failures.append(f"{arch}: routed decode should download the pass's routing once a token: "
+                                f"{calls.get('copy to host', 0)} downloads in {st['gen_tokens']} tokens")
             if calls.get("expert_ffn_routed", 0) < st["gen_tokens"]:
                 failures.append(f"{arch}: decode with every expert in VRAM should route on the backend: "
                                 f"{calls.get('expert_ffn_routed', 0)} routed calls in {st['gen_tokens']} tokens")

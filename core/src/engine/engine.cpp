@@ -138,8 +138,9 @@ struct Engine::Scratch {
   struct RoutedChoice {
     std::int64_t layer = 0;
     std::vector<std::int32_t> ids;
-    std::vector<float> weights, down;  // down: ids (i32 bits), then weights, as a copy from device memory lands
-    std::unique_ptr<sdk::Event> copy;  // that copy, until settled
+    std::vector<float> weights;
+    std::size_t at = 0;      // on the device: where its ids start in `topk` (its weights follow), else unused
+    bool on_device = false;  // the choice lies in `topk` until settled (one download for the whole pass)
   };
   std::vector<RoutedChoice> routed_choices;
   std::size_t routed_used = 0;
@@ -1189,8 +1190,8 @@ bool Engine::routed_table(std::int64_t l) {
 
 Status Engine::device_choice(std::int64_t l, std::int64_t K, Tensor& ids, Tensor& weights) {
   auto& S = *scratch_;
-  // Each layer's choice has a region of its own (2E floats: K <= E ids, then K weights): a routed layer's download
-  // may still be queued while later layers route, on the backend or here.
+  // Each layer's choice has a region of its own (2E floats: K <= E ids, then K weights): a routed layer's choice
+  // stays there until the pass is settled, while later layers route, on the backend or here.
   const auto region = static_cast<std::size_t>(2 * hp_.n_experts);
   if (Status s = size(S.topk, region * static_cast<std::size_t>(hp_.num_layers)); !s) return s;
   const std::size_t at = static_cast<std::size_t>(l) * region;
@@ -1230,13 +1231,11 @@ Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h,
   s = plugins_.compute->run(call);
   if (s.code() == StatusCode::unsupported) return s;  // the caller runs the layer as before
   if (!s) return s.with_context("compute backend " + plugins_.compute_name + ", expert_ffn_routed");
-  if (activations_on_device()) {
-    choice.down.resize(static_cast<std::size_t>(2 * K));
-    auto copy = plugins_.compute->copy_to_host_async(*ids.buffer, ids.offset, choice.down.data(),
-                                                     choice.down.size() * sizeof(float));
-    if (!copy) return copy.error().with_context("downloading layer " + std::to_string(l) + "'s routing");
-    choice.copy = std::move(*copy);
-  }
+  // On the device the choice stays where topk left it (its layer's region) until the pass is settled, which
+  // downloads every routed layer's at once: no copy between the layers, so a backend queues the whole pass without
+  // a break (a CUDA graph of it).
+  choice.on_device = activations_on_device();
+  choice.at = choice.on_device ? ids.offset / sizeof(float) : 0;  // view(): `at` floats into topk
   ++S.routed_used;
   return {};
 }
@@ -1245,21 +1244,27 @@ Status Engine::settle_routed(std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
   const std::size_t used = std::exchange(S.routed_used, 0);
   Status s;
-  // Every download lands before anything returns: each writes its choice's arrays until then.
+  // The choices left in device memory: one download of the span of their regions (unrouted layers' regions between
+  // them come along unread), then each split into its ids and weights.
+  std::size_t lo = SIZE_MAX, hi = 0;
   for (std::size_t i = 0; i < used; ++i) {
-    auto& c = S.routed_choices[i];
-    if (!c.copy) continue;
-    Status landed = c.copy->wait();
-    c.copy.reset();
-    if (!landed) {
-      if (s) s = landed.with_context("downloading layer " + std::to_string(c.layer) + "'s routing");
-      continue;
-    }
-    const std::size_t k = c.ids.size();
-    std::memcpy(c.ids.data(), c.down.data(), k * sizeof(std::int32_t));
-    std::memcpy(c.weights.data(), c.down.data() + k, k * sizeof(float));
+    const auto& c = S.routed_choices[i];
+    if (!c.on_device) continue;
+    lo = std::min(lo, c.at);
+    hi = std::max(hi, c.at + 2 * c.ids.size());
   }
-  if (!s) return s;
+  if (lo < hi) {
+    S.down.resize(hi - lo);
+    const Tensor span = view(S.topk, static_cast<std::int64_t>(hi - lo), 1, 1, lo);
+    if (s = to_host(span, S.down.data()); !s) return s.with_context("downloading the pass's routing");
+    for (std::size_t i = 0; i < used; ++i) {
+      auto& c = S.routed_choices[i];
+      if (!c.on_device) continue;
+      const std::size_t k = c.ids.size();
+      std::memcpy(c.ids.data(), S.down.data() + (c.at - lo), k * sizeof(std::int32_t));
+      std::memcpy(c.weights.data(), S.down.data() + (c.at - lo) + k, k * sizeof(float));
+    }
+  }
   // What moe() does as it routes, in the same order: the checks, then each expert's use in ascending id (the
   // cache's counts and the policy's accesses), and the routing record.
   for (std::size_t i = 0; i < used; ++i) {

@@ -224,13 +224,13 @@ class Engine {
   // Whether the next layers' routers predict experts to prefetch (and their hits are counted): streaming, with
   // prefetch on, and no VRAM tier that holds every expert (nothing is read then).
   [[nodiscard]] bool predicts() const;
-  // topk_routing and expert_ffn_routed for one token into out, the choice kept (or its download queued) for
-  // settle_routed(). Every pass ends with finish_routed(), on failure too, so no choice outlives its pass. An
+  // topk_routing and expert_ffn_routed for one token into out, the choice kept (in host memory, or in its layer's
+  // region of device memory) for settle_routed(). Every pass ends with finish_routed(), on failure too, so no choice outlives its pass. An
   // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
   sdk::Status route_on_backend(std::int64_t l, std::int64_t K, const sdk::Tensor& h, Act& out,
                                const sdk::OpParams& topk_p, const sdk::OpParams& mm_p);
-  // At the end of a pass: waits for the routed layers' choices, then checks them and counts the experts' uses and
-  // records as moe() does while it routes.
+  // At the end of a pass: downloads the routed layers' choices left in device memory (one copy for all), then
+  // checks them and counts the experts' uses and records as moe() does while it routes.
   sdk::Status settle_routed(std::vector<RoutingRecord>* trace);
   // The shared expert (Qwen-MoE), added to out.
   sdk::Status shared_expert(const Layer& layer, std::int64_t T, const sdk::Tensor& h, Act& out,
