@@ -165,7 +165,7 @@ void PinnedPool::give(Block b) noexcept {
 
 Device::~Device() {
   (void)use();
-  if (graphs.capturing) {  // unreachable while a Compute object lives (its destructor flushes): nothing to launch
+  if (graphs.capturing.load()) {  // unreachable while a Compute object lives (its destructor flushes)
     cudaGraph_t graph = nullptr;
     if (cudaStreamEndCapture(compute, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();
@@ -221,108 +221,131 @@ void Device::begin_graph_locked() {
 namespace {
 
 // The key of a captured segment: its node count, and each node's type and kernel in the order the graph lists them.
-// Two segments with the same key take the same instantiation (updated with the new one's parameters).
-std::uint64_t graph_key(cudaGraph_t graph, std::size_t& nodes) {
+// Two segments with the same key take the same instantiation (updated with the new one's parameters). A query that
+// fails is an error (the segment is then lost, not mistaken for an empty one).
+cudaError_t graph_key(cudaGraph_t graph, std::size_t& nodes, std::uint64_t& key) {
   nodes = 0;
-  if (cudaGraphGetNodes(graph, nullptr, &nodes) != cudaSuccess) return 0;
+  if (cudaError_t e = cudaGraphGetNodes(graph, nullptr, &nodes); e != cudaSuccess) return e;
   std::vector<cudaGraphNode_t> list(nodes);
-  if (nodes > 0 && cudaGraphGetNodes(graph, list.data(), &nodes) != cudaSuccess) return 0;
-  std::uint64_t key = 0xcbf29ce484222325ULL ^ nodes;
+  if (nodes > 0) {
+    if (cudaError_t e = cudaGraphGetNodes(graph, list.data(), &nodes); e != cudaSuccess) return e;
+  }
+  key = 0xcbf29ce484222325ULL ^ nodes;
   auto mix = [&](std::uint64_t v) { key = (key ^ v) * 0x100000001b3ULL; };
   for (cudaGraphNode_t node : list) {
     cudaGraphNodeType type{};
-    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return 0;
+    if (cudaError_t e = cudaGraphNodeGetType(node, &type); e != cudaSuccess) return e;
     mix(static_cast<std::uint64_t>(type));
     if (type == cudaGraphNodeTypeKernel) {
       cudaKernelNodeParams p{};
-      if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess) return 0;
+      if (cudaError_t e = cudaGraphKernelNodeGetParams(node, &p); e != cudaSuccess) return e;
       mix(reinterpret_cast<std::uintptr_t>(p.func));
     }
   }
-  return key;
+  return cudaSuccess;
 }
 
 }  // namespace
 
-Status Device::flush_graph_locked() {
-  if (!graphs.capturing) return {};
-  graphs.capturing = false;
+Status Device::flush_graph_locked() noexcept {
+  if (!graphs.capturing.load()) return {};
+  graphs.capturing.store(false);
   cudaGraph_t graph = nullptr;
-  cudaError_t e = cudaStreamEndCapture(compute, &graph);
-  // What failed loses the kernels captured since the last flush: the calls that queued them have returned, so the
-  // error goes to whoever flushes (the next wait, copy or call), as an asynchronous kernel's fault would.
-  auto lost = [&](cudaError_t err, const char* what) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    graphs.bound.clear();
+  bool launched = false;
+  std::size_t nodes = 0;
+  const char* counter = "graph_updates_total";
+  // The kernels captured since the last flush belong to calls that have returned: an error here goes to whoever
+  // flushes (the next wait, copy or call), as an asynchronous kernel's fault would.
+  auto failed = [&](cudaError_t err, const char* what) {
     cudaGetLastError();
     return cuda_status(err, std::string("CUDA graph: ") + what +
-                                " (the ops queued since the last wait did not run; compute option graphs: false "
-                                "launches them one by one)");
+                                (launched ? ""
+                                          : " (the ops queued since the last wait did not run; compute option "
+                                            "graphs: false launches them one by one)"));
   };
-  if (e != cudaSuccess || graph == nullptr) {
-    return lost(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "ending the capture");
+  Status result;
+  try {
+    result = [&]() -> Status {
+      if (cudaError_t e = cudaStreamEndCapture(compute, &graph); e != cudaSuccess || graph == nullptr) {
+        return failed(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "ending the capture");
+      }
+      std::uint64_t key = 0;
+      if (cudaError_t e = graph_key(graph, nodes, key); e != cudaSuccess) return failed(e, "reading the capture");
+      if (nodes == 0) return {};  // calls that answered before queuing anything (unsupported, a bad shape)
+      if (graphs.execs.size() >= 256 && !graphs.execs.contains(key)) {
+        // Bounded: each instantiation holds device resources. A rare wait, so none is destroyed while queued.
+        cudaStreamSynchronize(compute);
+        for (auto& [k, exec] : graphs.execs) cudaGraphExecDestroy(exec);
+        graphs.execs.clear();
+      }
+      cudaGraphExec_t& exec = graphs.execs[key];
+      if (exec != nullptr) {
+        // Launches already queued keep the parameters they were launched with.
+        cudaGraphExecUpdateResultInfo info{};
+        if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
+          cudaGetLastError();
+          cudaGraphExecDestroy(exec);
+          exec = nullptr;
+        }
+      }
+      if (exec == nullptr) {
+        counter = "graph_instantiations_total";
+        if (cudaError_t e = cudaGraphInstantiate(&exec, graph, 0); e != cudaSuccess) {
+          graphs.execs.erase(key);
+          return failed(e, "instantiating the captured ops");
+        }
+      }
+      if (cudaError_t e = cudaGraphLaunch(exec, compute); e != cudaSuccess) {
+        return failed(e, "launching the captured ops");
+      }
+      launched = true;
+      // Copies into or out of these buffers wait for the graph, as for ops launched one by one (Binder::finish).
+      if (const std::uint64_t stamp = record_ops(); stamp != 0) {
+        for (const CudaBuffer* b : graphs.bound) b->last_ops.store(stamp);
+      } else if (cudaError_t e = cudaStreamSynchronize(compute); e != cudaSuccess) {
+        return failed(e, "waiting for the captured ops");
+      }
+      if (graphs.host != nullptr) {
+        graphs.host->counter_add("graph_launches_total", 1);
+        graphs.host->counter_add("graph_nodes_total", static_cast<double>(nodes));
+        graphs.host->counter_add(counter, 1);
+      }
+      return {};
+    }();
+  } catch (...) {  // host memory for the node list, the cache or a message
+    result = Status(StatusCode::out_of_memory, "CUDA graph: no host memory to launch the captured ops");
   }
-  std::size_t nodes = 0;
-  const std::uint64_t key = graph_key(graph, nodes);
-  if (nodes == 0) {  // calls that answered before queuing anything (unsupported, a bad shape)
-    cudaGraphDestroy(graph);
-    graphs.bound.clear();
-    return {};
-  }
-  if (graphs.execs.size() >= 256 && !graphs.execs.contains(key)) {
-    // Bounded: each instantiation holds device resources. A rare wait, so none is destroyed while queued.
-    cudaStreamSynchronize(compute);
-    for (auto& [k, exec] : graphs.execs) cudaGraphExecDestroy(exec);
-    graphs.execs.clear();
-  }
-  cudaGraphExec_t& exec = graphs.execs[key];
-  const char* counter = "graph_updates_total";
-  if (exec != nullptr) {
-    // Launches already queued keep the parameters they were launched with.
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
-      cudaGetLastError();
-      cudaGraphExecDestroy(exec);
-      exec = nullptr;
-    }
-  }
-  if (exec == nullptr) {
-    counter = "graph_instantiations_total";
-    if (e = cudaGraphInstantiate(&exec, graph, 0); e != cudaSuccess) {
-      exec = nullptr;
-      graphs.execs.erase(key);
-      return lost(e, "instantiating the captured ops");
-    }
-  }
-  e = cudaGraphLaunch(exec, compute);
-  cudaGraphDestroy(graph);
-  graph = nullptr;
-  if (e != cudaSuccess) return lost(e, "launching the captured ops");
-  // Copies into or out of these buffers wait for the graph, as for ops launched one by one (Binder::finish).
-  if (const std::uint64_t stamp = record_ops(); stamp != 0) {
-    for (const CudaBuffer* b : graphs.bound) b->last_ops.store(stamp);
-  } else if (e = cudaStreamSynchronize(compute); e != cudaSuccess) {
-    graphs.bound.clear();
-    return cuda_status(e, "CUDA graph: waiting for the captured ops");
-  }
+  if (!result && !launched) ++graphs.losses;  // what these kernels wrote (the routed tables' uploads) never happened
+  if (graph != nullptr) cudaGraphDestroy(graph);
   graphs.bound.clear();
-  if (graphs.host != nullptr) {
-    graphs.host->counter_add("graph_launches_total", 1);
-    graphs.host->counter_add("graph_nodes_total", static_cast<double>(nodes));
-    graphs.host->counter_add(counter, 1);
-  }
-  return {};
+  return result;
+}
+
+Status Device::take_lost_locked() {
+  if (!graphs.lost_pending.load()) return {};
+  graphs.lost_pending.store(false);
+  return std::exchange(graphs.lost, Status{});
 }
 
 Status Device::flush_graph() {
-  if (!graphs.enabled) return {};
+  if (!graphs.enabled || (!graphs.capturing.load() && !graphs.lost_pending.load())) return {};
   std::lock_guard lock(graphs.mu);
-  return flush_graph_locked();
+  if (Status s = flush_graph_locked(); !s) return s;
+  return take_lost_locked();
+}
+
+void Device::flush_graph_or_keep() noexcept {
+  if (!graphs.enabled || !graphs.capturing.load()) return;
+  std::lock_guard lock(graphs.mu);
+  if (Status s = flush_graph_locked(); !s) {
+    graphs.lost = std::move(s);
+    graphs.lost_pending.store(true);
+  }
 }
 
 CudaBuffer::~CudaBuffer() {
   (void)dev_->use();
-  (void)dev_->flush_graph();                  // captured kernels that use it run now, or never
+  dev_->flush_graph_or_keep();                // captured kernels that use it run now, or never
   dev_->after_ops(last_ops.load(), nullptr);  // kernels still reading or writing it
   cudaFree(ptr_);
 }
@@ -605,6 +628,7 @@ Status CudaCompute::synchronize() noexcept {
   if (dev_->graphs.enabled) {
     graph_lock = std::unique_lock(dev_->graphs.mu);
     if (Status s = dev_->flush_graph_locked(); !s && first) first = s;
+    if (Status s = dev_->take_lost_locked(); !s && first) first = s;
   }
   for (cudaStream_t st : {dev_->compute, dev_->copy}) {
     if (cudaError_t e = cudaStreamSynchronize(st); e != cudaSuccess && first) first = cuda_status(e, "synchronize");

@@ -67,11 +67,15 @@ struct Device {
   // (cudaGraphExecUpdate: new pointers and positions) instead of instantiating it again.
   struct Graphs {
     bool enabled = false;
-    std::mutex mu;  // run() holds it for the whole call while enabled; every flush takes it
-    bool capturing = false;
+    std::mutex mu;                         // run() holds it for the whole call while enabled; every flush takes it
+    std::atomic<bool> capturing{false};    // written under mu; read without it to skip the lock when false
     std::vector<const CudaBuffer*> bound;  // used by the captured kernels: stamped when the graph is launched
     std::unordered_map<std::uint64_t, cudaGraphExec_t> execs;  // by the segment's node types and kernels
-    sdk::HostServices* host = nullptr;                         // counters; null once the Compute object is gone
+    std::uint64_t losses = 0;  // segments whose kernels never ran (a capture or launch that failed)
+    // A loss found where nobody could be told (a buffer's destructor): the next run(), copy or synchronize says it.
+    sdk::Status lost;
+    std::atomic<bool> lost_pending{false};
+    sdk::HostServices* host = nullptr;  // counters; null once the Compute object is gone
   } graphs;
 
   ~Device();
@@ -79,11 +83,15 @@ struct Device {
   [[nodiscard]] sdk::Status use() const;
   // Starts capturing the op stream (graphs on, not capturing yet); a failure leaves the ops to run as they come.
   void begin_graph_locked();
-  // Launches what was captured since begin_graph_locked (nothing when not capturing). The caller holds graphs.mu
-  // where graphs are on.
-  sdk::Status flush_graph_locked();
-  // flush_graph_locked under graphs.mu.
+  // Launches what was captured since begin_graph_locked (nothing when not capturing); an error means those kernels
+  // did not run (counted in graphs.losses) or could not be waited for. The caller holds graphs.mu where graphs are on.
+  sdk::Status flush_graph_locked() noexcept;
+  // The loss kept for later (flush_graph_or_keep), once. Under graphs.mu.
+  sdk::Status take_lost_locked();
+  // Copies and synchronize(): flush_graph_locked under graphs.mu, then any loss kept for later.
   sdk::Status flush_graph();
+  // Buffer destructors: as flush_graph, a loss kept for the next call to report.
+  void flush_graph_or_keep() noexcept;
   // Records the ops queued so far; returns their stamp (0 if recording failed: the caller then waits for them).
   std::uint64_t record_ops();
   // Makes `stream` wait for the ops of `stamp` (0: none); with a null stream, the calling thread waits.
@@ -191,6 +199,7 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
     std::size_t used = 0, capacity = 0;  // pointers
   };
   std::vector<TableSlab> table_slabs_;
+  std::uint64_t tables_losses_ = 0;  // graphs.losses when the tables were last known uploaded
   std::map<std::vector<const void*>, const void* const*> tables_;
   std::size_t table_pointers_ = 0;
   std::vector<const void*> routed_key_;

@@ -117,7 +117,7 @@ class Binder {
   // queued ops (copies of them wait for those) and returns. Otherwise downloads staged outputs, waits, copies them
   // to the caller.
   Status finish(bool read_status) {
-    if (c_.dev_->graphs.capturing) {
+    if (c_.dev_->graphs.capturing.load()) {
       // Captured, not launched (run() captures only calls on device buffers without a status word): the flush that
       // launches them stamps these buffers.
       auto& bound = c_.dev_->graphs.bound;
@@ -222,6 +222,7 @@ Status CudaCompute::run(const sdk::OpCall& call) noexcept {
     std::unique_lock<std::mutex> graph_lock;
     if (dev_->graphs.enabled) {
       graph_lock = std::unique_lock(dev_->graphs.mu);
+      if (Status s = dev_->take_lost_locked(); !s) return s;  // earlier calls' kernels never ran
       if (capturable(call)) {
         dev_->begin_graph_locked();
       } else if (Status s = dev_->flush_graph_locked(); !s) {
@@ -229,13 +230,20 @@ Status CudaCompute::run(const sdk::OpCall& call) noexcept {
       }
     }
     cudaGetLastError();  // an error handled before (a failed copy or allocation) is not this call's launch error
-    Status s = run_impl(call);
+    Status s;
+    try {  // here, not only in guarded(): a call that throws part way must not leave its kernels for later
+      s = run_impl(call);
+    } catch (const std::bad_alloc&) {
+      s = Status(StatusCode::out_of_memory, std::string(op_name(call.op)) + ": out of host memory");
+    } catch (const std::exception& e) {
+      s = Status(StatusCode::internal, std::string(op_name(call.op)) + ": " + e.what());
+    }
     // An `unsupported` answer comes before anything is queued (check_op_call, expert_ffn_routed's checks): no wait,
     // since the engine then runs the op its own way.
     if (!s && s.code() != StatusCode::unsupported) {
       // Kernels queued before the failure must not write the outputs after run() has returned: captured ones are
-      // launched (as they would have been without graphs), then waited for.
-      (void)dev_->flush_graph_locked();
+      // launched (as they would have been without graphs), then waited for. Their loss is the worse news.
+      if (Status f = dev_->flush_graph_locked(); !f) s = f;
       cudaStreamSynchronize(dev_->compute);
       cudaGetLastError();
     }
@@ -672,13 +680,18 @@ Status CudaCompute::run_routed(const sdk::OpCall& call) {
 }
 
 Expected<const void* const*> CudaCompute::routed_table() {
-  if (auto it = tables_.find(routed_key_); it != tables_.end()) return it->second;
+  // A lost graph segment took table uploads with it: every table is made again (its upload may be among them).
+  const bool lost = dev_->graphs.losses != tables_losses_;
+  if (!lost) {
+    if (auto it = tables_.find(routed_key_); it != tables_.end()) return it->second;
+  }
   const std::size_t n = routed_key_.size();
   // Bounded: past a few thousand tables (experts moving between slots, say) every table goes at once, after the
   // queued kernels that read them and the uploads from their pinned slots (a rare wait).
   constexpr std::size_t kMaxTables = 4096, kMaxPointers = std::size_t{1} << 20, kSlabPointers = std::size_t{1} << 16;
-  if (tables_.size() >= kMaxTables || table_pointers_ + n > kMaxPointers) {
+  if (lost || tables_.size() >= kMaxTables || table_pointers_ + n > kMaxPointers) {
     if (Status s = dev_->flush_graph_locked(); !s) return s;  // captured kernels read tables too
+    tables_losses_ = dev_->graphs.losses;
     if (cudaError_t e = cudaStreamSynchronize(dev_->compute); e != cudaSuccess) {
       return cuda_status(e, "expert_ffn_routed: waiting to drop the experts' pointer tables");
     }

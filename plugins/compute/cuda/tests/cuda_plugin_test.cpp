@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -39,10 +40,12 @@ bool cuda_required() {
 }
 
 // The Compute, or a skip saying why there is none (a failure when COLIBRI_REQUIRE_CUDA=1).
-#define CUDA_COMPUTE(var, options)                                                                   \
+#define CUDA_COMPUTE(var, options) CUDA_COMPUTE_HOST(var, options, nullptr)
+// The same with a RecordingHost for the plugin's counters.
+#define CUDA_COMPUTE_HOST(var, options, host)                                                        \
   auto var##_lib = plugin();                                                                         \
   ASSERT_NE(var##_lib, nullptr);                                                                     \
-  auto var##_made = var##_lib->create_as<Compute>(options);                                          \
+  auto var##_made = var##_lib->create_as<Compute>(options, host);                                    \
   if (!var##_made && var##_made.error().code() == StatusCode::unsupported) {                         \
     if (cuda_required()) FAIL() << "COLIBRI_REQUIRE_CUDA=1 but: " << var##_made.error().to_string(); \
     GTEST_SKIP() << var##_made.error().to_string();                                                  \
@@ -728,9 +731,12 @@ TEST(CudaPlugin, GraphsGiveTheBitsOfOpsLaunchedOneByOne) {
 }
 
 // Whatever must see captured ops launches them first: an upload into a buffer they read (they see the old bytes), a
-// buffer freed (they ran before), a call that fails after them (they ran, as they would have launched one by one).
+// copy from another thread, a buffer freed (they ran before), a call that fails after them (they ran, as they would
+// have launched one by one). Each phase checks that a graph was launched there, so none passes without graphs.
 TEST(CudaPlugin, GraphsRunCapturedOpsBeforeACopyAFreeOrAFailure) {
-  CUDA_COMPUTE(c, (std::map<std::string, std::string>{{"graphs", "true"}}));
+  auto host = std::make_shared<ct::RecordingHost>();
+  CUDA_COMPUTE_HOST(c, (std::map<std::string, std::string>{{"graphs", "true"}}), host);
+  auto launches = [&] { return host->metric("graph_launches_total"); };
   constexpr std::int64_t n = 1000;
   std::vector<std::unique_ptr<Buffer>> keep;
   std::vector<float> a(n), b(n), a2(n);
@@ -739,39 +745,91 @@ TEST(CudaPlugin, GraphsRunCapturedOpsBeforeACopyAFreeOrAFailure) {
     b[static_cast<std::size_t>(i)] = 0.5f;
     a2[static_cast<std::size_t>(i)] = -1.0f;
   }
+  const std::vector<float> hundred(n, 100.0f);
   Tensor ta = on_device(c, keep, DType::f32, {n, 1, 1, 1}, a.data());
   Tensor tb = on_device(c, keep, DType::f32, {n, 1, 1, 1}, b.data());
   Tensor out = on_device(c, keep, DType::f32, {n, 1, 1, 1});
+  Tensor other = on_device(c, keep, DType::f32, {n, 1, 1, 1});
+  Tensor shorter = on_device(c, keep, DType::f32, {n / 2, 1, 1, 1});
   Tensor add_in[] = {ta, tb};
+
+  double before = launches();
   ASSERT_TRUE(c.run(OpCall{Op::add, add_in, std::span<Tensor>(&out, 1), {}}));
   auto up = c.copy_to_device_async(a2.data(), *ta.buffer, 0, a2.size() * sizeof(float));
   ASSERT_TRUE(up && (*up)->wait());
-  auto sum = download(c, out);
-  EXPECT_EQ(sum[7], 7.5f) << "the add ran on A before the upload replaced it";
+  EXPECT_EQ(launches(), before + 1) << "the upload launched the captured add";
+  EXPECT_EQ(download(c, out)[7], 7.5f) << "the add ran on A before the upload replaced it";
   EXPECT_EQ(download(c, ta)[7], -1.0f);
+
+  // A copy from another thread (as the VRAM tier's uploads) launches them too.
+  before = launches();
+  ASSERT_TRUE(c.run(OpCall{Op::add, add_in, std::span<Tensor>(&out, 1), {}}));
+  std::thread([&] {
+    auto ev = c.copy_to_device_async(hundred.data(), *other.buffer, 0, hundred.size() * sizeof(float));
+    EXPECT_TRUE(ev && (*ev)->wait());
+  }).join();
+  EXPECT_EQ(launches(), before + 1) << "the other thread's upload launched the captured add";
+  EXPECT_EQ(download(c, out)[7], -0.5f);
 
   // A freed input: the add ran first.
   auto own_b = c.allocate(b.size() * sizeof(float));
   ASSERT_TRUE(own_b);
   ASSERT_TRUE(c.copy_to_device_async(b.data(), **own_b, 0, b.size() * sizeof(float)).value()->wait());
   Tensor tb2{DType::f32, {n, 1, 1, 1}, nullptr, own_b->get(), 0};
-  Tensor add2[] = {ta, tb2};
-  ASSERT_TRUE(c.run(OpCall{Op::add, add2, std::span<Tensor>(&out, 1), {}}));
-  own_b->reset();
-  // Its memory likely goes to the next allocation of its size: had the add not run yet, it would read 100 there.
-  const std::vector<float> hundred(n, 100.0f);
-  Tensor reused = on_device(c, keep, DType::f32, {n, 1, 1, 1}, hundred.data());
-  EXPECT_EQ(download(c, out)[7], -0.5f);
-  EXPECT_EQ(download(c, reused)[7], 100.0f);
-
-  // A call refused after a captured one: the captured one still ran (nothing else in between launches it).
-  Tensor shorter = on_device(c, keep, DType::f32, {n / 2, 1, 1, 1});
   Tensor twice_in[] = {ta, ta};
+  Tensor doubled = other;
+  ASSERT_TRUE(c.run(OpCall{Op::add, twice_in, std::span<Tensor>(&doubled, 1), {}}));
+  before = launches();
+  Tensor add3[] = {doubled, tb2};
+  ASSERT_TRUE(c.run(OpCall{Op::add, add3, std::span<Tensor>(&out, 1), {}}));
+  own_b->reset();
+  EXPECT_EQ(launches(), before + 1) << "freeing B launched the captured adds";
+  EXPECT_EQ(download(c, out)[7], -1.5f);
+
+  // A call refused after a captured one: the captured one still ran, launched by the refusal.
   ASSERT_TRUE(c.run(OpCall{Op::add, twice_in, std::span<Tensor>(&out, 1), {}}));
+  before = launches();
   Tensor bad_in[] = {ta, shorter};
   EXPECT_FALSE(c.run(OpCall{Op::add, bad_in, std::span<Tensor>(&out, 1), {}}));
+  EXPECT_EQ(launches(), before + 1) << "the refused call launched the captured add before it returned";
   EXPECT_EQ(download(c, out)[7], -2.0f);
   EXPECT_TRUE(c.synchronize());
+}
+
+// The arena (device scratch: X's 8-bit copy here) grows in the middle of a segment: what was captured runs first,
+// then the call goes on without a graph; both results are the bits of the ops launched one by one.
+TEST(CudaPlugin, GraphsLaunchWhatWasCapturedWhenTheArenaGrows) {
+  constexpr std::int64_t k = 1024, rows = 256, wide = 300;
+  const auto w = quantized(DType::q8_0, randn(static_cast<std::size_t>(k * rows), 81, 0.05f));
+  const auto x = randn(static_cast<std::size_t>(k * wide), 82);
+  // host: the graphs instance's counters (null: launched one by one).
+  auto products = [&](Compute& c, const ct::RecordingHost* host) {
+    auto launches = [&] { return host != nullptr ? host->metric("graph_launches_total") : 0.0; };
+    std::vector<std::unique_ptr<Buffer>> keep;
+    Tensor wt = on_device(c, keep, DType::q8_0, {k, rows, 1, 1}, w.data());
+    Tensor x1 = on_device(c, keep, DType::f32, {k, 1, 1, 1}, x.data());
+    Tensor xw = on_device(c, keep, DType::f32, {k, wide, 1, 1}, x.data());
+    Tensor y1 = on_device(c, keep, DType::f32, {rows, 1, 1, 1}),
+           yw = on_device(c, keep, DType::f32, {rows, wide, 1, 1});
+    Tensor in1[] = {wt, x1}, inw[] = {wt, xw};
+    EXPECT_TRUE(c.run(OpCall{Op::matmul, in1, std::span<Tensor>(&y1, 1), {}}));
+    const double before = launches();
+    EXPECT_TRUE(c.run(OpCall{Op::matmul, inw, std::span<Tensor>(&yw, 1), {}}));
+    if (host != nullptr) {
+      EXPECT_EQ(launches(), before + 1) << "growing the arena launched the captured T = 1 matmul";
+    }
+    return std::pair{download(c, y1), download(c, yw)};
+  };
+  std::pair<std::vector<float>, std::vector<float>> want;
+  {
+    CUDA_COMPUTE(eager, {});
+    want = products(eager, nullptr);
+  }
+  auto host = std::make_shared<ct::RecordingHost>();
+  CUDA_COMPUTE_HOST(c, (std::map<std::string, std::string>{{"graphs", "true"}}), host);
+  const auto got = products(c, host.get());
+  EXPECT_EQ(0, std::memcmp(got.first.data(), want.first.data(), want.first.size() * sizeof(float))) << "T = 1";
+  EXPECT_EQ(0, std::memcmp(got.second.data(), want.second.data(), want.second.size() * sizeof(float))) << "T = 300";
 }
 
 }  // namespace
