@@ -225,8 +225,8 @@ class Engine {
   // prefetch on, and no VRAM tier that holds every expert (nothing is read then).
   [[nodiscard]] bool predicts() const;
   // topk_routing and expert_ffn_routed for one token into out, the choice kept (in host memory, or in its layer's
-  // region of device memory) for settle_routed(). Every pass ends with finish_routed(), on failure too, so no choice outlives its pass. An
-  // `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
+  // region of device memory) for settle_routed(). Every pass ends with finish_routed(), on failure too, so no choice
+  // outlives its pass. An `unsupported` answer comes back as it is: nothing was queued, and the layer runs as before.
   sdk::Status route_on_backend(std::int64_t l, std::int64_t K, const sdk::Tensor& h, Act& out,
                                const sdk::OpParams& topk_p, const sdk::OpParams& mm_p);
   // At the end of a pass: downloads the routed layers' choices left in device memory (one copy for all), then
