@@ -1177,6 +1177,14 @@ Status Engine::check_pick(std::int64_t l, std::int64_t t, std::int32_t e, float 
   return {};
 }
 
+Status Engine::repeated_pick(std::int64_t l, std::int64_t t, std::int32_t e) const {
+  return Status(StatusCode::internal,
+                "compute backend " + plugins_.compute_name + " routed token row " + std::to_string(t) + " of layer " +
+                    std::to_string(l) + " to expert " + std::to_string(e) +
+                    " twice; topk_routing's picks of a token must be distinct (a bug of the backend: report it to "
+                    "its authors, or choose another with compute.backend)");
+}
+
 bool Engine::routed_table(std::int64_t l) {
   auto& S = *scratch_;
   const auto generation = experts_->placement_generation();
@@ -1275,6 +1283,9 @@ Status Engine::settle_routed(std::vector<RoutingRecord>* trace) {
     }
     std::vector<std::int32_t> ascending(c.ids.begin(), c.ids.end());
     std::sort(ascending.begin(), ascending.end());
+    if (auto twice = std::adjacent_find(ascending.begin(), ascending.end()); twice != ascending.end()) {
+      return repeated_pick(c.layer, 0, *twice);
+    }
     for (const auto e : ascending) {
       auto w = experts_->acquire(c.layer, e);
       if (!w) return w.error();
@@ -1375,6 +1386,8 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       const auto idx = static_cast<std::size_t>(t * K + j);
       const std::int32_t e = S.expert_ids[idx];
       if (s = check_pick(l, t, e, S.weights[idx]); !s) return s;
+      const auto first = S.expert_ids.begin() + static_cast<std::ptrdiff_t>(t * K);
+      if (std::find(first, first + j, e) != first + j) return repeated_pick(l, t, e);
       groups[e].emplace_back(t, S.weights[idx]);
       if (trace != nullptr) {
         rec.experts.push_back(e);

@@ -78,12 +78,14 @@ bool is_optional_expert_op(sdk::Op op) {
 
 // The cpu backend behind a seam: `offer` decides what supports() says of the group and routed ops, `refuse` makes
 // run() answer `unsupported` for them (a plugin whose supports() promises more than its run() does); the calls are
-// counted.
+// counted. `repeat_pick`: topk_routing's second pick of the first token repeats its first (a backend bug), while the
+// routed op still computes with the true pick (a backend that does not notice).
 class GroupSeam final : public sdk::Compute {
  public:
   GroupSeam(std::shared_ptr<sdk::Compute> inner, bool offer, bool refuse)
       : inner_(std::move(inner)), offer_(offer), refuse_(refuse) {}
   int group_calls = 0, refused = 0, single_calls = 0, routed_calls = 0, routed_refused = 0;
+  bool repeat_pick = false;
   std::span<const sdk::DeviceInfo> devices() const noexcept override { return inner_->devices(); }
   sdk::Expected<std::unique_ptr<sdk::Buffer>> allocate(std::size_t bytes) noexcept override {
     return inner_->allocate(bytes);
@@ -92,6 +94,24 @@ class GroupSeam final : public sdk::Compute {
     return is_optional_expert_op(op) ? offer_ && inner_->supports(op, type) : inner_->supports(op, type);
   }
   sdk::Status run(const sdk::OpCall& call) noexcept override {
+    if (repeat_pick && call.op == sdk::Op::topk_routing) {
+      auto s = inner_->run(call);
+      auto* ids = static_cast<std::int32_t*>(call.outputs[0].data);  // host memory on the cpu backend
+      if (s && ids != nullptr && call.outputs[0].ne[0] >= 2) {
+        true_pick_ = ids[1];
+        ids[1] = ids[0];
+      }
+      return s;
+    }
+    if (repeat_pick && call.op == sdk::Op::expert_ffn_routed && true_pick_ >= 0) {
+      ++routed_calls;
+      std::vector<std::int32_t> ids(static_cast<const std::int32_t*>(call.inputs[1].data),
+                                    static_cast<const std::int32_t*>(call.inputs[1].data) + call.inputs[1].ne[0]);
+      ids[1] = true_pick_;
+      std::vector<sdk::Tensor> in(call.inputs.begin(), call.inputs.end());
+      in[1].data = ids.data();
+      return inner_->run(sdk::OpCall{call.op, in, call.outputs, call.params});
+    }
     if (call.op == sdk::Op::expert_ffn_routed) {
       ++routed_calls;
       if (refuse_) {
@@ -122,6 +142,7 @@ class GroupSeam final : public sdk::Compute {
  private:
   std::shared_ptr<sdk::Compute> inner_;
   bool offer_, refuse_;
+  std::int32_t true_pick_ = -1;
 };
 
 // An engine on the built cpu, pread and lru plugins with the cpu backend behind a GroupSeam; `cache_bytes` below
@@ -231,6 +252,27 @@ void expect_group_op_keeps_the_bits(const fs::path& model, std::uint64_t streami
 
 TEST(ExpertGroupEngine, SameBitsWithTheGroupAndRoutedOpsWithoutThemAndAfterABackendRefusesThem) {
   expect_group_op_keeps_the_bits(tiny_model(), 4, true);  // streaming: half of its experts
+}
+
+// A backend whose topk_routing repeats a pick is an error naming it, where the engine routes (the host path) and where
+// the backend routes (found when the pass is settled), never a token counted twice by one expert.
+TEST(ExpertGroupEngine, APickTheBackendRepeatsIsAnErrorNotATokenCountedTwice) {
+  for (const bool routes : {false, true}) {
+    std::shared_ptr<GroupSeam> seam;
+    auto e = open_with_seam(tiny_model(), seam, routes, false, 64 * kSlot);
+    ASSERT_TRUE(e);
+    ASSERT_EQ(e->mode(), "resident");
+    seam->repeat_pick = true;
+    std::vector<float> out;
+    const std::int32_t token = 17;
+    const auto s = e->forward(std::span(&token, 1), engine::LogitsWanted::last, out);
+    ASSERT_FALSE(s) << (routes ? "routed" : "engine routing") << ": a repeated pick went unnoticed";
+    EXPECT_NE(s.message().find("compute backend cpu (seam) routed token row 0 of layer 0 to expert"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("twice; topk_routing's picks of a token must be distinct"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(seam->routed_calls > 0, routes) << s.message();
+  }
 }
 
 // gpt-oss's biased experts through expert_ffn_clamped_group: f32, MXFP4 experts (q8_0 activations) and q4_k_m. Two

@@ -217,6 +217,8 @@ class Engine {
   // Pick j of token row t of layer l: a NaN mark, a weight that is not finite or an expert outside the model is an
   // error that says so.
   [[nodiscard]] sdk::Status check_pick(std::int64_t l, std::int64_t t, std::int32_t e, float weight) const;
+  // A token's pick repeated (the SDK has topk_routing's picks distinct): the error naming the backend.
+  [[nodiscard]] sdk::Status repeated_pick(std::int64_t l, std::int64_t t, std::int32_t e) const;
   // expert_ffn_routed: whether layer l's table (scratch) holds, refreshed when the experts moved.
   bool routed_table(std::int64_t l);
   // Views of layer l's region of the device buffer that holds decode's router choices (K ids, K weights).
