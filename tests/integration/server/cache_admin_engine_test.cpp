@@ -138,6 +138,8 @@ class GroupSeam final : public sdk::Compute {
     return inner_->copy_to_host_async(src, offset, dst, bytes);
   }
   sdk::Status synchronize() noexcept override { return inner_->synchronize(); }
+  // A device backend's interfaces (host tensors, registered memory) are the inner one's.
+  void* query_interface(std::string_view id) noexcept override { return inner_->query_interface(id); }
 
  private:
   std::shared_ptr<sdk::Compute> inner_;
@@ -176,6 +178,58 @@ std::unique_ptr<engine::Engine> open_with_seam(const fs::path& model, std::share
   engine::EngineOptions eo;
   eo.context = 64;
   auto e = engine::Engine::open(model, plugins, cache_bytes, 0, eo);
+  EXPECT_TRUE(e) << (e ? "" : e.error().message());
+  return e ? std::move(*e) : nullptr;
+}
+
+// An engine on the built `backend` compute plugin (profile overrides `extra`, e.g. its options) behind a GroupSeam
+// that offers the optional expert ops or not (`offer`), with every expert resident in RAM and a VRAM tier of
+// `vram_bytes` that admits every miss; null (and `why` says so) where the backend cannot run here.
+std::unique_ptr<engine::Engine> open_device_engine(const fs::path& model, std::shared_ptr<GroupSeam>& seam,
+                                                   const std::string& backend,
+                                                   const std::vector<profile::Override>& extra, bool offer,
+                                                   std::uint64_t vram_bytes, std::string& why) {
+  ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
+  profile::LoadOptions lo;
+  lo.use_process_environment = false;
+  lo.overrides = {{"compute.backend", backend, "--set"}, {"prefetch.layers", "0", "--set"}};
+  lo.overrides.insert(lo.overrides.end(), extra.begin(), extra.end());
+  auto prof = profile::Profile::load(lo);
+  EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
+  if (!prof) return nullptr;
+  const auto reg = registry::scan_for_profile(*prof);
+  const auto* device = reg.find(sdk::PluginKind::compute, backend);
+  const auto* pread = reg.find(sdk::PluginKind::storage, "pread");
+  const auto* lru = reg.find(sdk::PluginKind::cache, "lru");
+  if (device == nullptr || device->score.value == 0) {
+    why = backend + " cannot run here" + (device ? ": " + device->score.reason : std::string(" (not built)"));
+    return nullptr;
+  }
+  const auto typed = prof->apply_plugin_schema(sdk::PluginKind::compute, backend, device->options);
+  EXPECT_TRUE(typed) << typed.message();
+  auto compute = reg.create_as<sdk::Compute>(*device, prof->section("compute"));
+  if (!compute) {
+    why = compute.error().message();
+    EXPECT_EQ(compute.error().code(), sdk::StatusCode::unsupported) << why;  // no device here, not a broken option
+    return nullptr;
+  }
+  auto storage = reg.create_as<sdk::Storage>(*pread, prof->section("storage"));
+  auto cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
+  auto vram_cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
+  EXPECT_TRUE(storage && cache && vram_cache);
+  if (!storage || !cache || !vram_cache) return nullptr;
+  seam = std::make_shared<GroupSeam>(*compute, offer, false);
+  engine::Plugins plugins;
+  plugins.compute = seam;
+  plugins.storage = *storage;
+  plugins.cache = *cache;
+  plugins.vram_cache = *vram_cache;
+  plugins.compute_name = backend + " (seam)";
+  engine::EngineOptions eo;
+  eo.context = 64;
+  eo.vram_budget_bytes = vram_bytes;
+  eo.vram_admission = false;  // always: a miss is uploaded, so a cleared tier fills again
+  auto e = engine::Engine::open(model, plugins, 64 * kSlot, 0, eo);
   EXPECT_TRUE(e) << (e ? "" : e.error().message());
   return e ? std::move(*e) : nullptr;
 }
@@ -273,6 +327,58 @@ TEST(ExpertGroupEngine, APickTheBackendRepeatsIsAnErrorNotATokenCountedTwice) {
         << s.message();
     EXPECT_EQ(seam->routed_calls > 0, routes) << s.message();
   }
+}
+
+// Routed decode on a backend with memory of its own (Vulkan with its memory not mapped: a discrete GPU's path; CI's
+// lavapipe), every expert in VRAM. After the cache is cleared, a layer routes on the backend again only once the
+// tier holds all its experts, so for a while a pass mixes layers the backend routes with layers the engine routes,
+// each choice in its own region of device memory, the routed ones downloaded together at the end of the pass. The
+// logits, the tiers' counts, per-expert uses and routing records are those of the same run with the engine routing
+// every layer itself.
+TEST(CacheAdminEngine, DecodeAfterAClearMixesRoutedAndUnroutedLayersWithTheSameBits) {
+  const fs::path model = tiny_model();
+  const std::vector<profile::Override> unmapped{{"compute.map_device_memory", "false", "--set"}};
+  std::shared_ptr<GroupSeam> ref_seam, seam;
+  std::string why;
+  auto reference = open_device_engine(model, ref_seam, "vulkan", unmapped, false, 64 * kSlot, why);
+  if (!reference) GTEST_SKIP() << why;
+  auto e = open_device_engine(model, seam, "vulkan", unmapped, true, 64 * kSlot, why);
+  ASSERT_TRUE(e) << why;
+  std::vector<engine::RoutingRecord> want_trace, got_trace;
+  const std::vector<std::int32_t> tokens{1,  17,  42, 99,  5, 250, 3,   77, 12,  8,  31,  64, 200, 7,   150, 90,
+                                         45, 120, 33, 180, 2, 66,  240, 19, 101, 55, 170, 88, 13,  222, 9,   140};
+  const auto layers = static_cast<int>(e->hparams().num_layers);
+  int mixed = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (i == 3) {
+      const auto cleared = e->experts().clear();
+      ASSERT_GT(cleared.vram_dropped, 0u) << "the clear left the VRAM tier as it was";
+      ASSERT_EQ(reference->experts().clear().vram_dropped, cleared.vram_dropped);
+    }
+    std::vector<float> want, got;
+    ASSERT_TRUE(reference->forward(std::span(&tokens[i], 1), engine::LogitsWanted::last, want, &want_trace));
+    const int before = seam->routed_calls;
+    const auto s = e->forward(std::span(&tokens[i], 1), engine::LogitsWanted::last, got, &got_trace);
+    ASSERT_TRUE(s) << "token " << i << ": " << s.message();
+    ASSERT_TRUE(bit_identical(got, want)) << "token " << i << ": the logits moved";
+    const int routed = seam->routed_calls - before;
+    if (i < 3) {
+      EXPECT_EQ(routed, layers) << "token " << i << ": every expert in VRAM, every layer routes on the backend";
+    } else if (i == 3) {
+      EXPECT_EQ(routed, 0) << "right after the clear no layer has its experts in VRAM";
+    }
+    if (i > 3) mixed += routed > 0 && routed < layers ? 1 : 0;
+  }
+  EXPECT_GT(mixed, 0) << "no pass mixed routed and unrouted layers after the clear";
+  EXPECT_EQ(ref_seam->routed_calls, 0);
+  const auto &got_stats = e->experts().stats(), &want_stats = reference->experts().stats();
+  EXPECT_EQ(got_stats.hits, want_stats.hits);
+  EXPECT_EQ(got_stats.misses, want_stats.misses);
+  EXPECT_EQ(got_stats.vram_hits, want_stats.vram_hits);
+  EXPECT_EQ(got_stats.vram_misses, want_stats.vram_misses);
+  EXPECT_EQ(got_stats.uploads, want_stats.uploads);
+  EXPECT_EQ(e->experts().usage(), reference->experts().usage()) << "per-expert use counts differ";
+  EXPECT_EQ(records_text(got_trace), records_text(want_trace));
 }
 
 // gpt-oss's biased experts through expert_ffn_clamped_group: f32, MXFP4 experts (q8_0 activations) and q4_k_m. Two
