@@ -240,6 +240,9 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_device_async(const 
       std::memcpy(static_cast<std::byte*>(dst.host_pointer()) + offset, src, bytes);
       return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     }
+    // Deferred ops may read the buffer: submitted first, so the copy comes after them on the queue.
+    if (Status s = ctx_->flush_deferred(); !s) return s;
+    if (Status s = ctx_->take_deferred_error(); !s) return s;
     auto staging = ctx_->take_staging(bytes);
     if (!staging) return staging.error().with_context("copy_to_device_async");
     std::memcpy(staging->mapped, src, bytes);
@@ -275,6 +278,9 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_host_async(const sd
       std::memcpy(dst, static_cast<const std::byte*>((*vb)->mapped()) + offset, bytes);
       return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     }
+    // Deferred ops may write the buffer: submitted first, so the copy sees what they wrote.
+    if (Status s = ctx_->flush_deferred(); !s) return s;
+    if (Status s = ctx_->take_deferred_error(); !s) return s;
     auto staging = ctx_->take_staging(bytes);
     if (!staging) return staging.error().with_context("copy_to_host_async");
     const VkBuffer from = (*vb)->buffer();
@@ -300,7 +306,9 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_host_async(const sd
 }
 
 Status VulkanCompute::synchronize() noexcept {
-  Status first = copies_.finish_all();
+  Status first = ctx_->settle_deferred();
+  if (Status kept = ctx_->take_deferred_error(); !kept && first) first = kept;
+  if (Status copies = copies_.finish_all(); !copies && first) first = copies;
   Status idle = ctx_->wait_idle();
   return first ? idle : first;
 }

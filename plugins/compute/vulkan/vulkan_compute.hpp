@@ -16,7 +16,11 @@ class VulkanBuffer final : public sdk::Buffer {
  public:
   VulkanBuffer(std::shared_ptr<Context> ctx, Allocation a, std::size_t size)
       : ctx_(std::move(ctx)), a_(a), size_(size) {}
-  ~VulkanBuffer() override { ctx_->release(a_); }
+  ~VulkanBuffer() override {
+    // Deferred commands may use it: submitted and finished first.
+    if (sdk::Status s = ctx_->settle_deferred(); !s) ctx_->keep_deferred_error(std::move(s));
+    ctx_->release(a_);
+  }
   VulkanBuffer(const VulkanBuffer&) = delete;
   VulkanBuffer& operator=(const VulkanBuffer&) = delete;
 
@@ -78,7 +82,10 @@ class VulkanCompute final : public sdk::Compute {
   }
 
  private:
-  sdk::Status run_impl(const sdk::OpCall& call);
+  sdk::Status run_impl(const sdk::OpCall& call, bool defer);
+  // Whether run() may leave the call's commands to a later submission (Context::defer): memory not mapped, every
+  // tensor in a buffer of ours, and nothing to read back (embedding's status word, expert_ffn_routed's choice).
+  [[nodiscard]] bool deferrable(const sdk::OpCall& call) const;
   sdk::Expected<const VulkanBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                 const char* what) const;
   sdk::Status ensure_scratch(std::size_t bytes);

@@ -604,6 +604,68 @@ void Context::free_command(VkCommandBuffer cmd, VkFence fence) noexcept {
   if (fence != VK_NULL_HANDLE) api_.vkDestroyFence(device_, fence, nullptr);
 }
 
+void Context::defer(std::vector<Deferred> commands) {
+  std::lock_guard lock(queue_mu_);
+  deferred_.reserve(deferred_.size() + commands.size());
+  for (auto& c : commands) deferred_.push_back(std::move(c));
+  if (host_ != nullptr) host_->counter_add("deferred_ops_total", 1);
+}
+
+Status Context::flush_deferred() noexcept {
+  std::lock_guard lock(queue_mu_);
+  if (deferred_.empty()) return {};
+  std::vector<Deferred> commands;
+  commands.swap(deferred_);
+  // Finished ones go: each holds this Context, and the list would otherwise grow with every flush.
+  std::erase_if(deferred_running_, [](const std::shared_ptr<Submission>& s) { return s->ready(); });
+  auto sub = submit([&](VkCommandBuffer cmd) {
+    for (std::size_t i = 0; i < commands.size(); ++i) {
+      if (i > 0) {
+        auto mb = make_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+        api_.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                  &mb, 0, nullptr, 0, nullptr);
+      }
+      api_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, commands[i].pipeline);
+      api_.vkCmdPushConstants(cmd, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                              static_cast<std::uint32_t>(commands[i].push.size()), commands[i].push.data());
+      api_.vkCmdDispatch(cmd, commands[i].groups[0], commands[i].groups[1], commands[i].groups[2]);
+    }
+  });
+  if (!sub) {
+    return sub.error().with_context(std::to_string(commands.size()) +
+                                    " queued GPU commands did not run (they are dropped)");
+  }
+  try {
+    deferred_running_.push_back(std::move(*sub));
+  } catch (...) {
+    (void)(*sub)->wait();  // untracked: waited for here instead
+  }
+  if (host_ != nullptr) host_->counter_add("deferred_submissions_total", 1);
+  return {};
+}
+
+Status Context::settle_deferred() noexcept {
+  std::lock_guard lock(queue_mu_);
+  Status first = flush_deferred();
+  for (auto& s : deferred_running_) {
+    if (Status w = s->wait(); !w && first) first = w;
+  }
+  deferred_running_.clear();
+  return first;
+}
+
+void Context::keep_deferred_error(Status s) noexcept {
+  std::lock_guard lock(queue_mu_);
+  if (deferred_error_) deferred_error_ = std::move(s);
+}
+
+Status Context::take_deferred_error() noexcept {
+  std::lock_guard lock(queue_mu_);
+  return std::exchange(deferred_error_, Status{});
+}
+
 Status Context::wait_idle() noexcept {
   std::lock_guard lock(queue_mu_);
   if (VkResult r = api_.vkDeviceWaitIdle(device_); r != VK_SUCCESS) return vk_error("waiting for the GPU", r);

@@ -95,6 +95,25 @@ class Context : public std::enable_shared_from_this<Context> {
   // Every submission so far has completed.
   sdk::Status wait_idle() noexcept;
 
+  // Ops on device buffers alone where buffers are not mapped (a discrete GPU's path): run() leaves their commands
+  // here instead of submitting and waiting for each, and flush_deferred() submits all of them as one command buffer
+  // before anything that must come after them on the queue (another submission: a copy, an op that waits) or see
+  // their results. Nothing on the host reads or writes such buffers but through this queue.
+  struct Deferred {
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    std::vector<std::byte> push;
+    std::uint32_t groups[3] = {1, 1, 1};
+  };
+  // Appends one op's commands (a barrier before each, as within one submission).
+  void defer(std::vector<Deferred> commands);
+  // Submits what is deferred (nothing when nothing is). An error means those commands did not run.
+  sdk::Status flush_deferred() noexcept;
+  // flush_deferred, then waits for every deferred submission still running: before memory they use is freed.
+  sdk::Status settle_deferred() noexcept;
+  // An error found where nobody could be told (a buffer's destructor), kept for the next run() or copy to return.
+  void keep_deferred_error(sdk::Status s) noexcept;
+  sdk::Status take_deferred_error() noexcept;
+
   sdk::HostServices* host() const noexcept { return host_; }
 
  private:
@@ -124,7 +143,10 @@ class Context : public std::enable_shared_from_this<Context> {
   std::string name_;
   std::string capabilities_;
 
-  std::recursive_mutex queue_mu_;  // the queue and the command pool
+  std::recursive_mutex queue_mu_;  // the queue and the command pool, and the deferred commands below
+  std::vector<Deferred> deferred_;
+  std::vector<std::shared_ptr<Submission>> deferred_running_;  // flushed, maybe not finished (each holds this Context)
+  sdk::Status deferred_error_;
   std::mutex mem_mu_;
   std::uint64_t device_bytes_in_use_ = 0;
   std::vector<Allocation> idle_staging_;

@@ -2,7 +2,8 @@
 // (sdk::check_op_call plus this backend's grid limits: a bad shape is an error naming the op and
 // tensor, never a GPU fault); then each tensor is resolved to a device address, the commands are
 // recorded into one command buffer and run() waits for it: it returns with the outputs written, like
-// the CPU backend.
+// the CPU backend. Where buffers are not mapped, a call on them alone is queued instead (Context::defer)
+// and submitted with the next submission: nothing on the host can see its outputs before then.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -258,6 +259,7 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
 
 Status VulkanCompute::ensure_scratch(std::size_t bytes) {
   if (scratch_.size >= bytes) return {};
+  if (Status s = ctx_->settle_deferred(); !s) return s;  // deferred commands may use the old scratch
   ctx_->release(scratch_);
   auto a = ctx_->allocate(bytes, false);
   if (!a) return a.error().with_context("expert_ffn scratch");
@@ -276,14 +278,31 @@ Status VulkanCompute::read_back(const Tensor& t, void* dst, std::size_t bytes, c
   return (*copy)->wait();
 }
 
+bool VulkanCompute::deferrable(const sdk::OpCall& call) const {
+  if (ctx_->device_memory_mapped() || call.op == Op::embedding || call.op == Op::expert_ffn_routed) return false;
+  for (const Tensor& t : call.inputs) {
+    if (t.buffer == nullptr) return false;
+  }
+  for (const Tensor& t : call.outputs) {
+    if (t.buffer == nullptr) return false;
+  }
+  return true;
+}
+
 Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
   return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
-    return run_impl(call);
+    if (Status s = ctx_->take_deferred_error(); !s) return s;
+    const bool defer = deferrable(call);
+    // A call that submits (and waits) itself comes after the deferred commands on the queue.
+    if (!defer) {
+      if (Status s = ctx_->flush_deferred(); !s) return s;
+    }
+    return run_impl(call, defer);
   });
 }
 
-Status VulkanCompute::run_impl(const sdk::OpCall& call) {
+Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
   const char* name = op_name(call.op);
   const auto& in = call.inputs;
   const auto& out = call.outputs;
@@ -593,6 +612,16 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call) {
     auto p = ctx_->pipeline(c.shader);
     if (!p) return p.error();
     pipes.push_back(*p);
+  }
+  if (defer) {  // submitted with the next submission (Context::flush_deferred): no wait per op
+    std::vector<Context::Deferred> later(cmds.size());
+    for (std::size_t i = 0; i < cmds.size(); ++i) {
+      later[i].pipeline = pipes[i];
+      later[i].push = std::move(cmds[i].push);
+      std::copy(std::begin(cmds[i].groups), std::end(cmds[i].groups), later[i].groups);
+    }
+    ctx_->defer(std::move(later));
+    return {};
   }
   const Api& vk = ctx_->api();
   const VkPipelineLayout layout = ctx_->pipeline_layout();

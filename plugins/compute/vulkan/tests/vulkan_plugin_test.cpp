@@ -150,6 +150,96 @@ TEST(VulkanPlugin, ManyAsynchronousCopiesCompleteAfterSynchronize) {
   EXPECT_EQ(src, back);
 }
 
+// Device buffers that hold `values` (uploaded and waited for), kept alive by `keep`.
+Tensor filled(Compute& c, std::vector<std::unique_ptr<Buffer>>& keep, const std::vector<float>& values) {
+  auto b = c.allocate(values.size() * sizeof(float));
+  EXPECT_TRUE(b);
+  if (!b) return Tensor{};
+  auto up = c.copy_to_device_async(values.data(), **b, 0, values.size() * sizeof(float));
+  EXPECT_TRUE(up && (*up)->wait());
+  Tensor t{DType::f32, {static_cast<std::int64_t>(values.size()), 1, 1, 1}, nullptr, b->get(), 0};
+  keep.push_back(std::move(*b));
+  return t;
+}
+
+std::vector<float> downloaded(Compute& c, const Tensor& t) {
+  std::vector<float> v(static_cast<std::size_t>(element_count(t)));
+  auto ev = c.copy_to_host_async(*t.buffer, t.offset, v.data(), v.size() * sizeof(float));
+  EXPECT_TRUE(ev && (*ev)->wait());
+  return v;
+}
+
+// With device memory not mapped (a discrete GPU's path), ops on device buffers alone are not submitted and waited
+// for one by one: their commands wait for whatever must come after them on the queue or see their results. A chain
+// of ops is then one submission; a download sees what they wrote; an upload into a buffer they read comes after
+// them; freeing a buffer they use, and an op with a host tensor, run them first.
+TEST(VulkanPlugin, OpsOnUnmappedBuffersAreSubmittedTogetherWhenSomethingMustSeeThem) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  VULKAN_COMPUTE(c, kStaging, host);
+  auto submissions = [&] { return host->metric("deferred_submissions_total"); };
+  constexpr std::int64_t n = 1000;
+  std::vector<std::unique_ptr<Buffer>> keep;
+  std::vector<float> a(n), ones(n, 1.0f), minus(n, -1.0f);
+  std::iota(a.begin(), a.end(), 0.0f);
+  Tensor ta = filled(c, keep, a), tb = filled(c, keep, ones), t1 = filled(c, keep, ones), t2 = filled(c, keep, ones);
+  // x1 = a + 1, x2 = x1 + 1, ... : eight ops, each reading the one before.
+  const double before = submissions();
+  Tensor in[] = {ta, tb};
+  Tensor* outs[] = {&t1, &t2};
+  for (int i = 0; i < 8; ++i) {
+    Tensor out = *outs[i % 2];
+    ASSERT_TRUE(c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}}));
+    in[0] = out;
+  }
+  EXPECT_EQ(submissions(), before) << "nothing submitted before anything needs the results";
+  EXPECT_EQ(host->metric("deferred_ops_total"), 8);
+  EXPECT_EQ(downloaded(c, t2)[7], 15.0f) << "7 + 8 ones";
+  EXPECT_EQ(submissions(), before + 1) << "the eight ops in one submission";
+
+  // An upload into a buffer a queued op reads comes after the op.
+  Tensor add_in[] = {ta, tb};
+  ASSERT_TRUE(c.run(OpCall{Op::add, add_in, std::span<Tensor>(&t1, 1), {}}));
+  auto up = c.copy_to_device_async(minus.data(), *ta.buffer, 0, minus.size() * sizeof(float));
+  ASSERT_TRUE(up && (*up)->wait());
+  EXPECT_EQ(downloaded(c, t1)[7], 8.0f) << "the add read A before the upload replaced it";
+
+  // Freeing a buffer a queued op reads runs the op first.
+  auto own = c.allocate(ones.size() * sizeof(float));
+  ASSERT_TRUE(own);
+  ASSERT_TRUE(c.copy_to_device_async(ones.data(), **own, 0, ones.size() * sizeof(float)).value()->wait());
+  Tensor freed{DType::f32, {n, 1, 1, 1}, nullptr, own->get(), 0};
+  Tensor freed_in[] = {ta, freed};
+  const double before_free = submissions();
+  ASSERT_TRUE(c.run(OpCall{Op::add, freed_in, std::span<Tensor>(&t2, 1), {}}));
+  own->reset();
+  EXPECT_EQ(submissions(), before_free + 1) << "the free submitted the queued add";
+  EXPECT_EQ(downloaded(c, t2)[7], 0.0f) << "-1 + 1";
+
+  // An op with a host tensor comes after the queued ones (it reads what they wrote).
+  Tensor chain_in[] = {ta, tb};
+  ASSERT_TRUE(c.run(OpCall{Op::add, chain_in, std::span<Tensor>(&t1, 1), {}}));  // t1 = -1 + 1 = 0
+  std::vector<float> y(n, 5.0f);
+  Tensor host_out{DType::f32, {n, 1, 1, 1}, y.data(), nullptr, 0};
+  Tensor mixed_in[] = {t1, tb};
+  ASSERT_TRUE(c.run(OpCall{Op::add, mixed_in, std::span<Tensor>(&host_out, 1), {}}));
+  EXPECT_EQ(y[7], 1.0f) << "0 + 1: the host-tensor op saw the queued add's output";
+  EXPECT_TRUE(c.synchronize());
+}
+
+// Mapped device memory (an iGPU, lavapipe by default) is read and written by the host directly: nothing is queued.
+TEST(VulkanPlugin, OpsOnMappedBuffersAreNotQueued) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  VULKAN_COMPUTE(c, {}, host);
+  std::vector<std::unique_ptr<Buffer>> keep;
+  const std::vector<float> ones(64, 1.0f);
+  Tensor ta = filled(c, keep, ones), out = filled(c, keep, ones);
+  if (ta.buffer->host_pointer() == nullptr) GTEST_SKIP() << "this device's memory is not mapped";
+  Tensor in[] = {ta, ta};
+  ASSERT_TRUE(c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}}));
+  EXPECT_EQ(static_cast<const float*>(out.buffer->host_pointer())[3], 2.0f) << "written when run() returned";
+  EXPECT_EQ(host->metric("deferred_ops_total"), 0);
+}
+
 // Host tensors (data, no buffer) are imported or staged; results equal those of device tensors.
 class VulkanHostTensors : public ::testing::TestWithParam<bool> {};
 
