@@ -609,6 +609,10 @@ void Context::defer(std::vector<Deferred> commands) {
   deferred_.reserve(deferred_.size() + commands.size());
   for (auto& c : commands) deferred_.push_back(std::move(c));
   if (host_ != nullptr) host_->counter_add("deferred_ops_total", 1);
+  // Bounded: a long prefill would otherwise be one command buffer (a driver's watchdog, a GPU idle while the host
+  // records). A failure is kept for the next call, as the ops queued so far have returned.
+  constexpr std::size_t kMaxQueued = 1024;
+  if (deferred_.size() >= kMaxQueued) (void)flush_deferred();
 }
 
 Status Context::flush_deferred() noexcept {
@@ -616,8 +620,13 @@ Status Context::flush_deferred() noexcept {
   if (deferred_.empty()) return {};
   std::vector<Deferred> commands;
   commands.swap(deferred_);
-  // Finished ones go: each holds this Context, and the list would otherwise grow with every flush.
-  std::erase_if(deferred_running_, [](const std::shared_ptr<Submission>& s) { return s->ready(); });
+  // Finished ones go (each holds this Context, and the list would otherwise grow with every flush); a GPU error one
+  // of them met is kept for the next call.
+  std::erase_if(deferred_running_, [&](const std::shared_ptr<Submission>& s) {
+    if (!s->ready()) return false;
+    if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
+    return true;
+  });
   auto sub = submit([&](VkCommandBuffer cmd) {
     for (std::size_t i = 0; i < commands.size(); ++i) {
       if (i > 0) {
@@ -634,8 +643,12 @@ Status Context::flush_deferred() noexcept {
     }
   });
   if (!sub) {
-    return sub.error().with_context(std::to_string(commands.size()) +
-                                    " queued GPU commands did not run (they are dropped)");
+    // The calls that queued them have returned: besides whoever flushed (who may not look: a prefetch's upload), the
+    // next call says so too.
+    Status lost = sub.error().with_context(std::to_string(commands.size()) +
+                                           " queued GPU commands did not run (they are dropped)");
+    keep_deferred_error(lost);
+    return lost;
   }
   try {
     deferred_running_.push_back(std::move(*sub));
@@ -647,12 +660,17 @@ Status Context::flush_deferred() noexcept {
 }
 
 Status Context::settle_deferred() noexcept {
-  std::lock_guard lock(queue_mu_);
-  Status first = flush_deferred();
-  for (auto& s : deferred_running_) {
+  std::vector<std::shared_ptr<Submission>> running;
+  Status first;
+  {
+    std::lock_guard lock(queue_mu_);
+    first = flush_deferred();
+    running.swap(deferred_running_);
+  }
+  // Waited for without the queue's lock: other threads' copies and submissions go on meanwhile.
+  for (auto& s : running) {
     if (Status w = s->wait(); !w && first) first = w;
   }
-  deferred_running_.clear();
   return first;
 }
 

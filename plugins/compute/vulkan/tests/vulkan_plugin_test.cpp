@@ -2,6 +2,7 @@
 // selection, memory accounting, host-memory tensors, long-context rope angles, asynchronous copies.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -223,7 +224,58 @@ TEST(VulkanPlugin, OpsOnUnmappedBuffersAreSubmittedTogetherWhenSomethingMustSeeT
   Tensor mixed_in[] = {t1, tb};
   ASSERT_TRUE(c.run(OpCall{Op::add, mixed_in, std::span<Tensor>(&host_out, 1), {}}));
   EXPECT_EQ(y[7], 1.0f) << "0 + 1: the host-tensor op saw the queued add's output";
+
+  // synchronize() submits what is queued and waits for it.
+  ASSERT_TRUE(c.run(OpCall{Op::add, chain_in, std::span<Tensor>(&t1, 1), {}}));
+  const double before_sync = submissions();
   EXPECT_TRUE(c.synchronize());
+  EXPECT_EQ(submissions(), before_sync + 1) << "synchronize() submitted the queued add";
+}
+
+// Queued expert ops share the plugin's scratch (gate and up outputs); a larger expert grows it, which submits the
+// queued ones (and waits for them) before the old scratch goes: counted at each growth, since lavapipe would not
+// fault on the freed memory. Each output has the bits of the same op run unqueued (mapped memory).
+TEST(VulkanPlugin, QueuedExpertOpsSurviveTheScratchGrowing) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  VULKAN_COMPUTE(queued, kStaging, host);
+  VULKAN_COMPUTE(direct, {}, nullptr);
+  constexpr std::int64_t d = 64;
+  const std::int64_t widths[] = {64, 128, 512};  // F: each larger expert needs more scratch
+  auto results = [&](Compute& c, const ct::RecordingHost* counts) {
+    std::vector<std::unique_ptr<Buffer>> keep;
+    const auto x = ct::randn(static_cast<std::size_t>(d), 5);
+    Tensor tx = filled(c, keep, x);
+    // Every input first (an upload submits what is queued), then the experts back to back.
+    std::vector<std::array<Tensor, 4>> inputs;
+    std::vector<Tensor> outs;
+    for (const std::int64_t f : widths) {
+      Tensor wg = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 10 + static_cast<unsigned>(f), 0.1f));
+      Tensor wu = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 20 + static_cast<unsigned>(f), 0.1f));
+      Tensor wd = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 30 + static_cast<unsigned>(f), 0.1f));
+      wg.ne = wu.ne = {d, f, 1, 1};
+      wd.ne = {f, d, 1, 1};
+      inputs.push_back({wg, wu, wd, tx});
+      outs.push_back(filled(c, keep, std::vector<float>(static_cast<std::size_t>(d), 0.0f)));
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const double before = counts ? counts->metric("deferred_submissions_total") : 0;
+      EXPECT_TRUE(c.run(OpCall{Op::expert_ffn, inputs[i], std::span<Tensor>(&outs[i], 1), {}}));
+      if (counts != nullptr && i > 0) {
+        EXPECT_EQ(counts->metric("deferred_submissions_total"), before + 1)
+            << "F = " << widths[i] << ": growing the scratch submitted the queued expert first";
+      }
+    }
+    std::vector<std::vector<float>> got;
+    for (const Tensor& y : outs) got.push_back(downloaded(c, y));
+    return got;
+  };
+  const auto want = results(direct, nullptr);
+  const auto got = results(queued, host.get());
+  EXPECT_GE(host->metric("deferred_ops_total"), 3);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float))) << "F = " << widths[i];
+  }
 }
 
 // Mapped device memory (an iGPU, lavapipe by default) is read and written by the host directly: nothing is queued.
