@@ -207,7 +207,7 @@ inline void save_usage(const engine::Engine& e, std::map<std::uint64_t, std::uin
     *saved = e.experts().usage();
   }
   std::erase_if(usage, [](const auto& kv) { return kv.second == 0; });
-  if (auto s = engine::merge_usage_history(path, usage, e.model_dir()); !s) {
+  if (auto s = engine::merge_usage_history(path, usage, e.model_dir(), e.manifest().identity); !s) {
     std::fprintf(stderr, "warning: expert usage history not saved: %s\n", s.message().c_str());
   }
 }

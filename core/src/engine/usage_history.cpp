@@ -144,9 +144,7 @@ std::string model_identity(const fs::path& model_dir) {
   // Unreadable, or no regular file (a FIFO would block): no identity, as for a missing manifest.
   const auto text = model::io::read_text(model_dir / "manifest.json");
   if (!text) return {};
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text->data(), text->size(), 0)));
-  return hex;
+  return model::manifest_identity(*text);
 }
 
 std::string history_mismatch(const UsageHistory& history, const fs::path& path, const fs::path& model_dir) {
@@ -180,8 +178,17 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageH
 }
 
 Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
-                           const fs::path& model_dir) {
+                           const fs::path& model_dir, const std::string& counted_identity) {
   if (usage.empty()) return {};
+  // Counted on the model as it was loaded: if another conversion has replaced it since, the counts are not its.
+  if (const std::string now = model_identity(model_dir);
+      !counted_identity.empty() && !now.empty() && now != counted_identity) {
+    return Status(StatusCode::invalid_argument,
+                  "the model at " + model_dir.string() +
+                      " changed on disk since it was loaded (converted again?); this run's expert use counts are "
+                      "of the model it replaced, so they are not added to " +
+                      path.string());
+  }
   std::error_code ec;
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);  // a bare name: the current dir
   if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
@@ -196,7 +203,7 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
   if (!h) {
     result = h.error();
   } else {
-    const std::string id = model_identity(model_dir);
+    const std::string id = counted_identity.empty() ? model_identity(model_dir) : counted_identity;
     if (!history_mismatch(*h, path, model_dir).empty()) {
       spdlog::warn("usage history {} was counted for another model at {} (converted again?); starting a new one",
                    path.string(), model_dir.string());

@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -722,6 +724,12 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
   return m;
 }
 
+std::string manifest_identity(std::string_view text) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  return hex;
+}
+
 sdk::Expected<Manifest> load_manifest(const fs::path& dir) {
   return load_manifest(dir, {});
 }
@@ -755,6 +763,7 @@ sdk::Expected<Manifest> load_manifest(const fs::path& dir, const std::vector<fs:
   }
   auto m = parse_manifest(j, io::path_text(path));
   if (!m) return m;
+  m->identity = manifest_identity(*text);
   // Files present with their recorded sizes (a cheap check; verify_model hashes).
   for (const auto& fe : m->files) {
     struct stat st {};

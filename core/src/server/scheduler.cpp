@@ -642,7 +642,9 @@ void Scheduler::save_usage_history() {
   if (options_.usage_history.empty() || usage_.empty()) return;
   // Merged with what earlier runs counted, as run and bench do; a malformed file is left as it is (it may be the
   // user's edit), never replaced or half-written.
-  if (auto s = engine::merge_usage_history(options_.usage_history, usage_, engine_.model_dir()); !s) {
+  if (auto s =
+          engine::merge_usage_history(options_.usage_history, usage_, engine_.model_dir(), engine_.manifest().identity);
+      !s) {
     spdlog::error("the expert usage history was not saved: {}", s.message());
   } else {
     spdlog::info("saved expert usage history ({} experts) to {}", usage_.size(), options_.usage_history.string());

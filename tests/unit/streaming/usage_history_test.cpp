@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "colibri/model/manifest.hpp"
+
 namespace colibri::engine {
 namespace {
 
@@ -135,6 +137,28 @@ TEST(UsageHistory, AModelConvertedAgainAtThePathStartsANewHistory) {
   ASSERT_TRUE(merge_usage_history(file, {{1, 1}}, d / "model"));
   EXPECT_EQ(load_usage_history(file)->total(), 5u);
   EXPECT_EQ(load_usage_history(file)->model, model_identity(d / "model"));
+}
+
+// Counts made on the model as it was loaded are not added once another conversion has replaced it on disk (a server
+// that ran while the model was converted again): the history keeps what it had, and the error says why.
+TEST(UsageHistory, CountsOfAModelReplacedSinceItWasLoadedAreNotMerged) {
+  const auto d = scratch("replaced");
+  const auto file = d / "h.json";
+  const auto model = model_dir(d, "{\"experts\": 8}");
+  const std::string loaded = model_identity(model);
+  ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 5, 9}}, model, loaded));
+  EXPECT_EQ(load_usage_history(file)->model, loaded);
+  model_dir(d, "{\"experts\": 4}");  // converted again while the counts were made
+  const auto s = merge_usage_history(file, {{(1ull << 32) | 5, 2}}, model, loaded);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("changed on disk since it was loaded (converted again?)"), std::string::npos)
+      << s.message();
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->total(), 9u) << "the old counts stay, the new ones are not added";
+  EXPECT_EQ(h->model, loaded);
+  // The identity load_manifest gives is the one model_identity reads.
+  EXPECT_EQ(colibri::model::manifest_identity("{\"experts\": 4}"), model_identity(model));
 }
 
 TEST(UsageHistory, ConcurrentMergesLoseNoCount) {

@@ -58,8 +58,9 @@ sdk::Status save_usage_history(const std::filesystem::path& path, const UsageHis
 // Loads, adds `usage` from the model in `model_dir`, saves; under an exclusive lock on <path>.lock, so processes
 // that share a model merge one after another and no count is lost. A history of another model (its identity
 // differs: converted again at this path) is replaced, with a warning; counts of experts the model does not have are
-// dropped, with a warning.
+// dropped, with a warning. `counted_identity`: Manifest::identity of the model the counts were made on (as loaded);
+// if model_dir holds another conversion now, nothing is merged and the error says so ("": the model as it is now).
 sdk::Status merge_usage_history(const std::filesystem::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
-                                const std::filesystem::path& model_dir);
+                                const std::filesystem::path& model_dir, const std::string& counted_identity = "");
 
 }  // namespace colibri::engine

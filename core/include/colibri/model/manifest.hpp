@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "colibri/sdk/dtype.hpp"
@@ -123,6 +124,9 @@ struct FileEntry {
   std::uint64_t checksum = 0;  // xxHash64 of the whole file
 };
 
+// The identity load_manifest gives a manifest.json of these bytes (Manifest::identity).
+std::string manifest_identity(std::string_view text);
+
 struct Manifest {
   int format_version = kManifestFormatVersion;
   HyperParams hparams;
@@ -133,6 +137,9 @@ struct Manifest {
   nlohmann::json tokenizer;     // {"source": "copied"|"gguf", "model": ..., "notes": ...}
   nlohmann::json quantization;  // {"preset": ..., "types": {type: count}, "fallbacks": [...]}
   nlohmann::json source;        // {"kind": "safetensors"|"gguf", "path": ...}
+  // xxh64 (hex) of manifest.json's bytes as load_manifest read them: which conversion this is (usage histories are
+  // kept per identity, so counts of a model converted again are not added to another's). Empty when not loaded.
+  std::string identity;
 
   [[nodiscard]] const TensorEntry* tensor(const std::string& name) const;
   [[nodiscard]] const ExpertEntry* expert(std::int64_t layer, std::int64_t expert) const;
