@@ -604,7 +604,23 @@ void Context::free_command(VkCommandBuffer cmd, VkFence fence) noexcept {
   if (fence != VK_NULL_HANDLE) api_.vkDestroyFence(device_, fence, nullptr);
 }
 
-void Context::defer(std::vector<Deferred> commands) {
+void Context::record_commands(VkCommandBuffer cmd, const std::vector<Dispatch>& commands) const noexcept {
+  for (std::size_t i = 0; i < commands.size(); ++i) {
+    if (i > 0) {  // each command sees what the one before wrote
+      auto mb = make_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+      mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+      mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+      api_.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                &mb, 0, nullptr, 0, nullptr);
+    }
+    api_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, commands[i].pipeline);
+    api_.vkCmdPushConstants(cmd, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                            static_cast<std::uint32_t>(commands[i].push.size()), commands[i].push.data());
+    api_.vkCmdDispatch(cmd, commands[i].groups[0], commands[i].groups[1], commands[i].groups[2]);
+  }
+}
+
+void Context::defer(std::vector<Dispatch> commands) {
   std::lock_guard lock(queue_mu_);
   deferred_.reserve(deferred_.size() + commands.size());
   for (auto& c : commands) deferred_.push_back(std::move(c));
@@ -618,7 +634,7 @@ void Context::defer(std::vector<Deferred> commands) {
 Status Context::flush_deferred() noexcept {
   std::lock_guard lock(queue_mu_);
   if (deferred_.empty()) return {};
-  std::vector<Deferred> commands;
+  std::vector<Dispatch> commands;
   commands.swap(deferred_);
   // Finished ones go (each holds this Context, and the list would otherwise grow with every flush); a GPU error one
   // of them met is kept for the next call.
@@ -627,21 +643,7 @@ Status Context::flush_deferred() noexcept {
     if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
     return true;
   });
-  auto sub = submit([&](VkCommandBuffer cmd) {
-    for (std::size_t i = 0; i < commands.size(); ++i) {
-      if (i > 0) {
-        auto mb = make_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-        api_.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                                  &mb, 0, nullptr, 0, nullptr);
-      }
-      api_.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, commands[i].pipeline);
-      api_.vkCmdPushConstants(cmd, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                              static_cast<std::uint32_t>(commands[i].push.size()), commands[i].push.data());
-      api_.vkCmdDispatch(cmd, commands[i].groups[0], commands[i].groups[1], commands[i].groups[2]);
-    }
-  });
+  auto sub = submit([&](VkCommandBuffer cmd) { record_commands(cmd, commands); });
   if (!sub) {
     // The calls that queued them have returned: besides whoever flushed (who may not look: a prefetch's upload), the
     // next call says so too.

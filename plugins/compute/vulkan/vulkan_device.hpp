@@ -95,17 +95,21 @@ class Context : public std::enable_shared_from_this<Context> {
   // Every submission so far has completed.
   sdk::Status wait_idle() noexcept;
 
-  // Ops on device buffers alone where buffers are not mapped (a discrete GPU's path): run() leaves their commands
-  // here instead of submitting and waiting for each, and flush_deferred() submits all of them as one command buffer
-  // before anything that must come after them on the queue (another submission: a copy, an op that waits) or see
-  // their results. Nothing on the host reads or writes such buffers but through this queue.
-  struct Deferred {
+  // One compute dispatch of an op: its pipeline, push constants and grid.
+  struct Dispatch {
     VkPipeline pipeline = VK_NULL_HANDLE;
     std::vector<std::byte> push;
     std::uint32_t groups[3] = {1, 1, 1};
   };
-  // Appends one op's commands (a barrier before each, as within one submission).
-  void defer(std::vector<Deferred> commands);
+  // Records dispatches into `cmd`, a barrier between each two (each sees what the one before wrote).
+  void record_commands(VkCommandBuffer cmd, const std::vector<Dispatch>& commands) const noexcept;
+
+  // Ops on device buffers alone where buffers are not mapped (a discrete GPU's path): run() leaves their dispatches
+  // here instead of submitting and waiting for each, and flush_deferred() submits all of them as one command buffer
+  // before anything that must come after them on the queue (another submission: a copy, an op that waits) or see
+  // their results. Nothing on the host reads or writes such buffers but through this queue.
+  // Appends one op's dispatches.
+  void defer(std::vector<Dispatch> commands);
   // Submits what is deferred (nothing when nothing is). An error means those commands did not run.
   sdk::Status flush_deferred() noexcept;
   // flush_deferred, then waits for every deferred submission still running: before memory they use is freed.
@@ -144,7 +148,7 @@ class Context : public std::enable_shared_from_this<Context> {
   std::string capabilities_;
 
   std::recursive_mutex queue_mu_;  // the queue and the command pool, and the deferred commands below
-  std::vector<Deferred> deferred_;
+  std::vector<Dispatch> deferred_;
   std::vector<std::shared_ptr<Submission>> deferred_running_;  // flushed, maybe not finished (each holds this Context)
   sdk::Status deferred_error_;
   std::mutex mem_mu_;

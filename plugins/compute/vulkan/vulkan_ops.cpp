@@ -607,39 +607,20 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
 #undef COLIBRI_VK_BIND
 #undef COLIBRI_VK_TRY
 
-  std::vector<VkPipeline> pipes;
-  for (const auto& c : cmds) {
-    auto p = ctx_->pipeline(c.shader);
+  // Each command's pipeline, push constants and grid, recorded now or, deferred, with the next submission.
+  std::vector<Context::Dispatch> recorded(cmds.size());
+  for (std::size_t i = 0; i < cmds.size(); ++i) {
+    auto p = ctx_->pipeline(cmds[i].shader);
     if (!p) return p.error();
-    pipes.push_back(*p);
+    recorded[i].pipeline = *p;
+    recorded[i].push = std::move(cmds[i].push);
+    std::copy(std::begin(cmds[i].groups), std::end(cmds[i].groups), recorded[i].groups);
   }
   if (defer) {  // submitted with the next submission (Context::flush_deferred): no wait per op
-    std::vector<Context::Deferred> later(cmds.size());
-    for (std::size_t i = 0; i < cmds.size(); ++i) {
-      later[i].pipeline = pipes[i];
-      later[i].push = std::move(cmds[i].push);
-      std::copy(std::begin(cmds[i].groups), std::end(cmds[i].groups), later[i].groups);
-    }
-    ctx_->defer(std::move(later));
+    ctx_->defer(std::move(recorded));
     return {};
   }
-  const Api& vk = ctx_->api();
-  const VkPipelineLayout layout = ctx_->pipeline_layout();
-  auto sub = ctx_->submit([&](VkCommandBuffer cmd) {
-    for (std::size_t i = 0; i < cmds.size(); ++i) {
-      if (i > 0) {
-        auto mb = make_info<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-        mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-        vk.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                                &mb, 0, nullptr, 0, nullptr);
-      }
-      vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipes[i]);
-      vk.vkCmdPushConstants(cmd, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                            static_cast<std::uint32_t>(cmds[i].push.size()), cmds[i].push.data());
-      vk.vkCmdDispatch(cmd, cmds[i].groups[0], cmds[i].groups[1], cmds[i].groups[2]);
-    }
-  });
+  auto sub = ctx_->submit([&](VkCommandBuffer cmd) { ctx_->record_commands(cmd, recorded); });
   if (!sub) return sub.error().with_context(name);
   if (Status s = (*sub)->wait(); !s) return s.with_context(name);
   binder.copy_back();
