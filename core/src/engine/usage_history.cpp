@@ -149,8 +149,12 @@ std::string model_identity(const fs::path& model_dir) {
 
 std::string history_mismatch(const UsageHistory& history, const fs::path& path, const fs::path& model_dir) {
   if (history.model.empty()) return {};
-  const std::string id = model_identity(model_dir);
-  if (id.empty() || id == history.model) return {};
+  return history_mismatch(history, path, model_dir, model_identity(model_dir));
+}
+
+std::string history_mismatch(const UsageHistory& history, const fs::path& path, const fs::path& model_dir,
+                             const std::string& id) {
+  if (history.model.empty() || id.empty() || id == history.model) return {};
   return "usage history " + path.string() + " was counted for another model at " + model_dir.string() +
          " (converted again?); clear it (colibri-cli cache clear --model " + model_dir.string() + ")";
 }
@@ -181,8 +185,8 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
                            const fs::path& model_dir, const std::string& counted_identity) {
   if (usage.empty()) return {};
   // Counted on the model as it was loaded: if another conversion has replaced it since, the counts are not its.
-  if (const std::string now = model_identity(model_dir);
-      !counted_identity.empty() && !now.empty() && now != counted_identity) {
+  const std::string now = model_identity(model_dir);
+  if (!counted_identity.empty() && !now.empty() && now != counted_identity) {
     return Status(StatusCode::invalid_argument,
                   "the model at " + model_dir.string() +
                       " changed on disk since it was loaded (converted again?); this run's expert use counts are "
@@ -203,8 +207,8 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
   if (!h) {
     result = h.error();
   } else {
-    const std::string id = counted_identity.empty() ? model_identity(model_dir) : counted_identity;
-    if (!history_mismatch(*h, path, model_dir).empty()) {
+    const std::string id = counted_identity.empty() ? now : counted_identity;
+    if (!history_mismatch(*h, path, model_dir, now).empty()) {
       spdlog::warn("usage history {} was counted for another model at {} (converted again?); starting a new one",
                    path.string(), model_dir.string());
       *h = UsageHistory{};

@@ -42,6 +42,9 @@ std::string model_identity(const std::filesystem::path& model_dir);
 // at this path), naming `path` and how to clear it.
 std::string history_mismatch(const UsageHistory& history, const std::filesystem::path& path,
                              const std::filesystem::path& model_dir);
+// The same against the identity `id` of the model at model_dir, already read.
+std::string history_mismatch(const UsageHistory& history, const std::filesystem::path& path,
+                             const std::filesystem::path& model_dir, const std::string& id);
 
 // Removes the counts of experts the model in `model_dir` does not have (a hand-edited file, or one from another
 // model that kept its identity) and returns them; nothing when its manifest cannot be read.
