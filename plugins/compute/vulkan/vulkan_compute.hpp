@@ -17,8 +17,14 @@ class VulkanBuffer final : public sdk::Buffer {
   VulkanBuffer(std::shared_ptr<Context> ctx, Allocation a, std::size_t size)
       : ctx_(std::move(ctx)), a_(a), size_(size) {}
   ~VulkanBuffer() override {
-    // Deferred commands may use it: submitted and finished first.
-    if (sdk::Status s = ctx_->settle_deferred(); !s) ctx_->keep_deferred_error(std::move(s));
+    // Queued commands and copies in flight may use it: finished first (as cudaFree waits for the device).
+    ctx_->wait_deferred();
+    std::vector<std::shared_ptr<Submission>> copies;
+    {
+      std::lock_guard lock(copies_mu_);
+      copies.swap(copies_);
+    }
+    for (auto& c : copies) (void)c->wait();  // the copy's own event reports its failure
     ctx_->release(a_);
   }
   VulkanBuffer(const VulkanBuffer&) = delete;
@@ -30,11 +36,15 @@ class VulkanBuffer final : public sdk::Buffer {
   [[nodiscard]] VkBuffer buffer() const noexcept { return a_.buffer; }
   [[nodiscard]] VkDeviceAddress address() const noexcept { return a_.address; }
   [[nodiscard]] const Context* context() const noexcept { return ctx_.get(); }
+  // A copy into or out of it, waited for before its memory goes; finished ones are dropped here.
+  void copy_started(std::shared_ptr<Submission> copy) const noexcept;
 
  private:
   std::shared_ptr<Context> ctx_;
   Allocation a_;
   std::size_t size_;
+  mutable std::mutex copies_mu_;
+  mutable std::vector<std::shared_ptr<Submission>> copies_;
 };
 
 // A copy through a staging buffer. Finishing it (wait, ready, or Compute::synchronize) copies

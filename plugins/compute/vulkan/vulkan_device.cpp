@@ -88,6 +88,7 @@ Expected<std::shared_ptr<Context>> Context::create(const ContextOptions& options
 }
 
 Status Context::init(const ContextOptions& options) {
+  fail_queued_submission_ = options.fail_queued_submission;
   if (std::string e = load_loader(api_); !e.empty()) return Status(StatusCode::unsupported, e);
   std::uint32_t loader_version = VK_API_VERSION_1_0;
   api_.vkEnumerateInstanceVersion(&loader_version);
@@ -628,29 +629,30 @@ void Context::defer(std::vector<Dispatch> commands) {
   // Bounded: a long prefill would otherwise be one command buffer (a driver's watchdog, a GPU idle while the host
   // records). A failure is kept for the next call, as the ops queued so far have returned.
   constexpr std::size_t kMaxQueued = 1024;
-  if (deferred_.size() >= kMaxQueued) (void)flush_deferred();
+  if (deferred_.size() >= kMaxQueued) submit_deferred();
 }
 
-Status Context::flush_deferred() noexcept {
+void Context::submit_deferred() noexcept {
   std::lock_guard lock(queue_mu_);
-  if (deferred_.empty()) return {};
+  if (deferred_.empty()) return;
   std::vector<Dispatch> commands;
   commands.swap(deferred_);
   // Finished ones go (each holds this Context, and the list would otherwise grow with every flush); a GPU error one
-  // of them met is kept for the next call.
+  // of them met is kept.
   std::erase_if(deferred_running_, [&](const std::shared_ptr<Submission>& s) {
     if (!s->ready()) return false;
     if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
     return true;
   });
-  auto sub = submit([&](VkCommandBuffer cmd) { record_commands(cmd, commands); });
+  ++queued_submissions_;
+  auto sub = queued_submissions_ == fail_queued_submission_
+                 ? Expected<std::shared_ptr<Submission>>(vk_error("submitting GPU work", VK_ERROR_DEVICE_LOST))
+                 : submit([&](VkCommandBuffer cmd) { record_commands(cmd, commands); });
   if (!sub) {
-    // The calls that queued them have returned: besides whoever flushed (who may not look: a prefetch's upload), the
-    // next call says so too.
-    Status lost = sub.error().with_context(std::to_string(commands.size()) +
-                                           " queued GPU commands did not run (they are dropped)");
-    keep_deferred_error(lost);
-    return lost;
+    // The calls that queued them have returned: the next call to look says so.
+    keep_deferred_error(sub.error().with_context(std::to_string(commands.size()) +
+                                                 " queued GPU commands did not run (they are dropped)"));
+    return;
   }
   try {
     deferred_running_.push_back(std::move(*sub));
@@ -658,22 +660,29 @@ Status Context::flush_deferred() noexcept {
     (void)(*sub)->wait();  // untracked: waited for here instead
   }
   if (host_ != nullptr) host_->counter_add("deferred_submissions_total", 1);
-  return {};
 }
 
-Status Context::settle_deferred() noexcept {
+void Context::wait_deferred() noexcept {
   std::vector<std::shared_ptr<Submission>> running;
-  Status first;
   {
     std::lock_guard lock(queue_mu_);
-    first = flush_deferred();
+    submit_deferred();
     running.swap(deferred_running_);
   }
   // Waited for without the queue's lock: other threads' copies and submissions go on meanwhile.
   for (auto& s : running) {
-    if (Status w = s->wait(); !w && first) first = w;
+    if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
   }
-  return first;
+}
+
+Status Context::flush_deferred() noexcept {
+  submit_deferred();
+  return take_deferred_error();
+}
+
+Status Context::settle_deferred() noexcept {
+  wait_deferred();
+  return take_deferred_error();
 }
 
 void Context::keep_deferred_error(Status s) noexcept {

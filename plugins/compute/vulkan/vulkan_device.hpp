@@ -32,6 +32,8 @@ struct ContextOptions {
   std::int64_t device_index = 0;
   bool map_device_memory = true;   // map device-local memory on unified-memory devices
   bool import_host_memory = true;  // run host tensors in place (VK_EXT_external_memory_host)
+  // Tests only: the n-th submission of queued commands fails as a lost device would (0: none).
+  std::int64_t fail_queued_submission = 0;
 };
 
 class Context;
@@ -108,14 +110,16 @@ class Context : public std::enable_shared_from_this<Context> {
   // here instead of submitting and waiting for each, and flush_deferred() submits all of them as one command buffer
   // before anything that must come after them on the queue (another submission: a copy, an op that waits) or see
   // their results. Nothing on the host reads or writes such buffers but through this queue.
+  // A failure of queued commands (not submitted, or failed on the GPU) is kept until a caller can be told: the
+  // next flush_deferred(), settle_deferred() or take_deferred_error() returns it, once.
   // Appends one op's dispatches.
   void defer(std::vector<Dispatch> commands);
-  // Submits what is deferred (nothing when nothing is). An error means those commands did not run.
+  // Submits what is queued, then returns the failure kept so far, if any (this submission's or an earlier one's).
   sdk::Status flush_deferred() noexcept;
-  // flush_deferred, then waits for every deferred submission still running: before memory they use is freed.
+  // flush_deferred, also waiting for every queued submission still running: before memory they use is freed.
   sdk::Status settle_deferred() noexcept;
-  // An error found where nobody could be told (a buffer's destructor), kept for the next run() or copy to return.
-  void keep_deferred_error(sdk::Status s) noexcept;
+  // settle_deferred where nobody can be told (a buffer's destructor): a failure stays kept for the next call.
+  void wait_deferred() noexcept;
   sdk::Status take_deferred_error() noexcept;
 
   sdk::HostServices* host() const noexcept { return host_; }
@@ -126,6 +130,8 @@ class Context : public std::enable_shared_from_this<Context> {
   sdk::Status init(const ContextOptions& options);
   int find_memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred) const;
   void free_command(VkCommandBuffer cmd, VkFence fence) noexcept;
+  void submit_deferred() noexcept;  // keeps its failure
+  void keep_deferred_error(sdk::Status s) noexcept;
 
   Api api_;
   sdk::HostServices* host_ = nullptr;
@@ -151,6 +157,8 @@ class Context : public std::enable_shared_from_this<Context> {
   std::vector<Dispatch> deferred_;
   std::vector<std::shared_ptr<Submission>> deferred_running_;  // flushed, maybe not finished (each holds this Context)
   sdk::Status deferred_error_;
+  std::int64_t queued_submissions_ = 0;
+  std::int64_t fail_queued_submission_ = 0;
   std::mutex mem_mu_;
   std::uint64_t device_bytes_in_use_ = 0;
   std::vector<Allocation> idle_staging_;

@@ -292,12 +292,10 @@ bool VulkanCompute::deferrable(const sdk::OpCall& call) const {
 Status VulkanCompute::run(const sdk::OpCall& call) noexcept {
   return sdk::guarded(op_name(call.op), [&] {
     std::lock_guard lock(run_mu_);
-    if (Status s = ctx_->take_deferred_error(); !s) return s;
     const bool defer = deferrable(call);
-    // A call that submits (and waits) itself comes after the deferred commands on the queue.
-    if (!defer) {
-      if (Status s = ctx_->flush_deferred(); !s) return s;
-    }
+    // A call that submits (and waits) itself comes after the deferred commands on the queue. Either way a failure of
+    // queued commands is reported by this call.
+    if (Status s = defer ? ctx_->take_deferred_error() : ctx_->flush_deferred(); !s) return s;
     return run_impl(call, defer);
   });
 }

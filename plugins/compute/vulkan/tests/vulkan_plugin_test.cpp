@@ -232,6 +232,69 @@ TEST(VulkanPlugin, OpsOnUnmappedBuffersAreSubmittedTogetherWhenSomethingMustSeeT
   EXPECT_EQ(submissions(), before_sync + 1) << "synchronize() submitted the queued add";
 }
 
+// Queued commands that fail (here a submission failing as a lost device would, through the plugin's test hook) are
+// reported by the next call that looks, once: the calls after it find a working device, not the same failure again.
+// The failure of a flush no call could report (a buffer's destructor) is the next run()'s.
+TEST(VulkanPlugin, AFailureOfQueuedCommandsIsReportedOnce) {
+  ScopedEnv fail("COLIBRI_VULKAN_FAIL_QUEUED_SUBMISSION", "1");
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  std::vector<std::unique_ptr<Buffer>> keep;
+  const std::vector<float> ones(64, 1.0f);
+  Tensor ta = filled(c, keep, ones), out = filled(c, keep, ones);
+  Tensor in[] = {ta, ta};
+  ASSERT_TRUE(c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}}));  // queued
+  std::vector<float> got(ones.size());
+  auto down = c.copy_to_host_async(*out.buffer, 0, got.data(), got.size() * sizeof(float));
+  ASSERT_FALSE(down) << "the queued add did not run: the download that would read it says so";
+  EXPECT_NE(down.error().message().find("queued GPU commands did not run"), std::string::npos)
+      << down.error().to_string();
+  EXPECT_EQ(downloaded(c, out)[3], 1.0f) << "reported once: this download works, and shows the add never ran";
+  ASSERT_TRUE(c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}}));
+  EXPECT_EQ(downloaded(c, out)[3], 2.0f);
+  EXPECT_TRUE(c.synchronize());
+
+  // Submission 3 fails in a buffer's destructor: the next run() reports it, the one after runs.
+  ScopedEnv fail_third("COLIBRI_VULKAN_FAIL_QUEUED_SUBMISSION", "3");
+  VULKAN_COMPUTE(d, kStaging, nullptr);
+  std::vector<std::unique_ptr<Buffer>> keep_d;
+  Tensor da = filled(d, keep_d, ones), dout = filled(d, keep_d, ones);
+  Tensor din[] = {da, da};
+  for (int i = 0; i < 2; ++i) {  // submissions 1 and 2, by downloads
+    ASSERT_TRUE(d.run(OpCall{Op::add, din, std::span<Tensor>(&dout, 1), {}}));
+    EXPECT_EQ(downloaded(d, dout)[3], 2.0f);
+  }
+  auto scratch = d.allocate(ones.size() * sizeof(float));
+  ASSERT_TRUE(scratch);
+  Tensor st{DType::f32, {static_cast<std::int64_t>(ones.size()), 1, 1, 1}, nullptr, scratch->get(), 0};
+  Tensor sin[] = {da, da};
+  ASSERT_TRUE(d.run(OpCall{Op::add, sin, std::span<Tensor>(&st, 1), {}}));
+  scratch->reset();  // submission 3, failing where nobody can be told
+  const Status next = d.run(OpCall{Op::add, din, std::span<Tensor>(&dout, 1), {}});
+  EXPECT_FALSE(next) << "the next run() reports the failed submission";
+  EXPECT_NE(next.message().find("queued GPU commands did not run"), std::string::npos) << next.to_string();
+  EXPECT_TRUE(d.run(OpCall{Op::add, din, std::span<Tensor>(&dout, 1), {}}));
+  EXPECT_TRUE(d.synchronize());
+}
+
+// A buffer freed while a copy into or out of it is in flight waits for the copy (as cudaFree does): the GPU never
+// reads or writes memory that was given back. The copies are large enough to be in flight when the free comes.
+TEST(VulkanPlugin, FreeingABufferWaitsForItsCopiesInFlight) {
+  VULKAN_COMPUTE(c, kStaging, nullptr);
+  constexpr std::size_t bytes = 96u << 20;
+  std::vector<unsigned char> src(bytes, 7), back(bytes, 0);
+  for (const bool upload : {true, false}) {
+    auto b = c.allocate(bytes);
+    ASSERT_TRUE(b);
+    auto copy =
+        upload ? c.copy_to_device_async(src.data(), **b, 0, bytes) : c.copy_to_host_async(**b, 0, back.data(), bytes);
+    ASSERT_TRUE(copy) << copy.error().to_string();
+    b->reset();
+    EXPECT_TRUE((*copy)->ready()) << (upload ? "upload" : "download") << ": the copy finished before the free";
+    EXPECT_TRUE((*copy)->wait());
+  }
+  EXPECT_TRUE(c.synchronize());
+}
+
 // Queued expert ops share the plugin's scratch (gate and up outputs); a larger expert grows it, which submits the
 // queued ones (and waits for them) before the old scratch goes: counted at each growth, since lavapipe would not
 // fault on the freed memory. Each output has the bits of the same op run unqueued (mapped memory).

@@ -187,6 +187,8 @@ struct OpCall {
   OpParams params;
 };
 
+// Destroying a buffer waits for the ops and copies in flight that read or write it (the backend's duty, as cudaFree
+// waits for the device): the memory is never given back while the device may still touch it.
 class Buffer {
  public:
   virtual ~Buffer() = default;
