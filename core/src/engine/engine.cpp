@@ -1196,13 +1196,16 @@ bool Engine::routed_table(std::int64_t l) {
   return !table.empty() || experts_->routed_table(l, table);
 }
 
+// Each layer's choice has a region of its own (2E floats: K <= E ids, then K weights): a routed layer's choice
+// stays there until the pass is settled, while later layers route, on the backend or here.
+std::size_t Engine::choice_at(std::int64_t l) const {
+  return static_cast<std::size_t>(l) * static_cast<std::size_t>(2 * hp_.n_experts);
+}
+
 Status Engine::device_choice(std::int64_t l, std::int64_t K, Tensor& ids, Tensor& weights) {
   auto& S = *scratch_;
-  // Each layer's choice has a region of its own (2E floats: K <= E ids, then K weights): a routed layer's choice
-  // stays there until the pass is settled, while later layers route, on the backend or here.
-  const auto region = static_cast<std::size_t>(2 * hp_.n_experts);
-  if (Status s = size(S.topk, region * static_cast<std::size_t>(hp_.num_layers)); !s) return s;
-  const std::size_t at = static_cast<std::size_t>(l) * region;
+  if (Status s = size(S.topk, choice_at(hp_.num_layers)); !s) return s;
+  const std::size_t at = choice_at(l);
   ids = view(S.topk, K, 1, 1, at);
   ids.type = DType::i32;
   weights = view(S.topk, K, 1, 1, at + static_cast<std::size_t>(K));
@@ -1243,7 +1246,7 @@ Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h,
   // downloads every routed layer's at once: no copy between the layers, so a backend queues the whole pass without
   // a break (a CUDA graph of it).
   choice.on_device = activations_on_device();
-  choice.at = choice.on_device ? ids.offset / sizeof(float) : 0;  // view(): `at` floats into topk
+  choice.at = choice.on_device ? choice_at(l) : 0;
   ++S.routed_used;
   return {};
 }

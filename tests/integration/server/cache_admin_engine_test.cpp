@@ -147,65 +147,39 @@ class GroupSeam final : public sdk::Compute {
   std::int32_t true_pick_ = -1;
 };
 
-// An engine on the built cpu, pread and lru plugins with the cpu backend behind a GroupSeam; `cache_bytes` below
-// the model's experts streams them.
-std::unique_ptr<engine::Engine> open_with_seam(const fs::path& model, std::shared_ptr<GroupSeam>& seam, bool offer,
-                                               bool refuse, std::uint64_t cache_bytes) {
-  ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
-  profile::LoadOptions lo;
-  lo.use_process_environment = false;
-  lo.overrides = {{"prefetch.layers", "0", "--set"}};
-  auto prof = profile::Profile::load(lo);
-  EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
-  if (!prof) return nullptr;
-  const auto reg = registry::scan_for_profile(*prof);
-  const auto* cpu = reg.find(sdk::PluginKind::compute, "cpu");
-  const auto* pread = reg.find(sdk::PluginKind::storage, "pread");
-  const auto* lru = reg.find(sdk::PluginKind::cache, "lru");
-  EXPECT_TRUE(cpu && pread && lru) << "built plugins not found in " << COLIBRI_TEST_PLUGIN_DIR;
-  if (!cpu || !pread || !lru) return nullptr;
-  auto compute = reg.create_as<sdk::Compute>(*cpu, prof->section("compute"));
-  auto storage = reg.create_as<sdk::Storage>(*pread, prof->section("storage"));
-  auto cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
-  EXPECT_TRUE(compute && storage && cache);
-  if (!compute || !storage || !cache) return nullptr;
-  seam = std::make_shared<GroupSeam>(*compute, offer, refuse);
-  engine::Plugins plugins;
-  plugins.compute = seam;
-  plugins.storage = *storage;
-  plugins.cache = *cache;
-  plugins.compute_name = "cpu (seam)";
-  engine::EngineOptions eo;
-  eo.context = 64;
-  auto e = engine::Engine::open(model, plugins, cache_bytes, 0, eo);
-  EXPECT_TRUE(e) << (e ? "" : e.error().message());
-  return e ? std::move(*e) : nullptr;
-}
+// How open_behind_seam opens an engine.
+struct SeamEngine {
+  std::string backend = "cpu";           // the built compute plugin behind the seam
+  std::vector<profile::Override> extra;  // profile overrides (the backend's options)
+  bool offer = true;                     // the seam offers the optional expert ops
+  bool refuse = false;                   // ... and refuses them when called
+  std::uint64_t ram_bytes = 64 * kSlot;  // the RAM cache (below the model's experts: streamed)
+  std::uint64_t vram_bytes = 0;          // a VRAM tier that admits every miss (0: none)
+};
 
-// An engine on the built `backend` compute plugin (profile overrides `extra`, e.g. its options) behind a GroupSeam
-// that offers the optional expert ops or not (`offer`), with every expert resident in RAM and a VRAM tier of
-// `vram_bytes` that admits every miss; null (and `why` says so) where the backend cannot run here.
-std::unique_ptr<engine::Engine> open_device_engine(const fs::path& model, std::shared_ptr<GroupSeam>& seam,
-                                                   const std::string& backend,
-                                                   const std::vector<profile::Override>& extra, bool offer,
-                                                   std::uint64_t vram_bytes, std::string& why) {
+// An engine on the built `o.backend`, pread and lru plugins, the backend behind a GroupSeam; null (and `why` says
+// so) where the backend cannot run here.
+std::unique_ptr<engine::Engine> open_behind_seam(const fs::path& model, std::shared_ptr<GroupSeam>& seam,
+                                                 const SeamEngine& o, std::string& why) {
   ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
   profile::LoadOptions lo;
   lo.use_process_environment = false;
-  lo.overrides = {{"compute.backend", backend, "--set"}, {"prefetch.layers", "0", "--set"}};
-  lo.overrides.insert(lo.overrides.end(), extra.begin(), extra.end());
+  lo.overrides = {{"compute.backend", o.backend, "--set"}, {"prefetch.layers", "0", "--set"}};
+  lo.overrides.insert(lo.overrides.end(), o.extra.begin(), o.extra.end());
   auto prof = profile::Profile::load(lo);
   EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
   if (!prof) return nullptr;
   const auto reg = registry::scan_for_profile(*prof);
-  const auto* device = reg.find(sdk::PluginKind::compute, backend);
+  const auto* device = reg.find(sdk::PluginKind::compute, o.backend);
   const auto* pread = reg.find(sdk::PluginKind::storage, "pread");
   const auto* lru = reg.find(sdk::PluginKind::cache, "lru");
+  EXPECT_TRUE(pread && lru) << "built plugins not found in " << COLIBRI_TEST_PLUGIN_DIR;
+  if (!pread || !lru) return nullptr;
   if (device == nullptr || device->score.value == 0) {
-    why = backend + " cannot run here" + (device ? ": " + device->score.reason : std::string(" (not built)"));
+    why = o.backend + " cannot run here" + (device ? ": " + device->score.reason : std::string(" (not built)"));
     return nullptr;
   }
-  const auto typed = prof->apply_plugin_schema(sdk::PluginKind::compute, backend, device->options);
+  const auto typed = prof->apply_plugin_schema(sdk::PluginKind::compute, o.backend, device->options);
   EXPECT_TRUE(typed) << typed.message();
   auto compute = reg.create_as<sdk::Compute>(*device, prof->section("compute"));
   if (!compute) {
@@ -215,23 +189,40 @@ std::unique_ptr<engine::Engine> open_device_engine(const fs::path& model, std::s
   }
   auto storage = reg.create_as<sdk::Storage>(*pread, prof->section("storage"));
   auto cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
-  auto vram_cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
-  EXPECT_TRUE(storage && cache && vram_cache);
-  if (!storage || !cache || !vram_cache) return nullptr;
-  seam = std::make_shared<GroupSeam>(*compute, offer, false);
+  EXPECT_TRUE(storage && cache);
+  if (!storage || !cache) return nullptr;
+  seam = std::make_shared<GroupSeam>(*compute, o.offer, o.refuse);
   engine::Plugins plugins;
   plugins.compute = seam;
   plugins.storage = *storage;
   plugins.cache = *cache;
-  plugins.vram_cache = *vram_cache;
-  plugins.compute_name = backend + " (seam)";
+  plugins.compute_name = o.backend + " (seam)";
   engine::EngineOptions eo;
   eo.context = 64;
-  eo.vram_budget_bytes = vram_bytes;
-  eo.vram_admission = false;  // always: a miss is uploaded, so a cleared tier fills again
-  auto e = engine::Engine::open(model, plugins, 64 * kSlot, 0, eo);
+  if (o.vram_bytes > 0) {
+    auto vram_cache = reg.create_as<sdk::CachePolicy>(*lru, prof->section("cache"));
+    EXPECT_TRUE(vram_cache);
+    if (!vram_cache) return nullptr;
+    plugins.vram_cache = *vram_cache;
+    eo.vram_budget_bytes = o.vram_bytes;
+    eo.vram_admission = false;  // always: a miss is uploaded, so a cleared tier fills again
+  }
+  auto e = engine::Engine::open(model, plugins, o.ram_bytes, 0, eo);
   EXPECT_TRUE(e) << (e ? "" : e.error().message());
   return e ? std::move(*e) : nullptr;
+}
+
+// The cpu backend behind a GroupSeam; `cache_bytes` below the model's experts streams them.
+std::unique_ptr<engine::Engine> open_with_seam(const fs::path& model, std::shared_ptr<GroupSeam>& seam, bool offer,
+                                               bool refuse, std::uint64_t cache_bytes) {
+  std::string why;
+  SeamEngine cpu;
+  cpu.offer = offer;
+  cpu.refuse = refuse;
+  cpu.ram_bytes = cache_bytes;
+  auto e = open_behind_seam(model, seam, cpu, why);
+  EXPECT_TRUE(e) << why;
+  return e;
 }
 
 // Logits of a prompt in one pass (experts run rows gathered per expert) and then token by token (every routed
@@ -340,9 +331,16 @@ TEST(CacheAdminEngine, DecodeAfterAClearMixesRoutedAndUnroutedLayersWithTheSameB
   const std::vector<profile::Override> unmapped{{"compute.map_device_memory", "false", "--set"}};
   std::shared_ptr<GroupSeam> ref_seam, seam;
   std::string why;
-  auto reference = open_device_engine(model, ref_seam, "vulkan", unmapped, false, 64 * kSlot, why);
+  SeamEngine engine_routes;
+  engine_routes.backend = "vulkan";
+  engine_routes.extra = unmapped;
+  engine_routes.offer = false;
+  engine_routes.vram_bytes = 64 * kSlot;
+  SeamEngine backend_routes = engine_routes;
+  backend_routes.offer = true;
+  auto reference = open_behind_seam(model, ref_seam, engine_routes, why);
   if (!reference) GTEST_SKIP() << why;
-  auto e = open_device_engine(model, seam, "vulkan", unmapped, true, 64 * kSlot, why);
+  auto e = open_behind_seam(model, seam, backend_routes, why);
   ASSERT_TRUE(e) << why;
   std::vector<engine::RoutingRecord> want_trace, got_trace;
   const std::vector<std::int32_t> tokens{1,  17,  42, 99,  5, 250, 3,   77, 12,  8,  31,  64, 200, 7,   150, 90,

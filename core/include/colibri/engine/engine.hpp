@@ -221,8 +221,10 @@ class Engine {
   [[nodiscard]] sdk::Status repeated_pick(std::int64_t l, std::int64_t t, std::int32_t e) const;
   // expert_ffn_routed: whether layer l's table (scratch) holds, refreshed when the experts moved.
   bool routed_table(std::int64_t l);
-  // Views of layer l's region of the device buffer that holds decode's router choices (K ids, K weights).
+  // Views of layer l's region of the device buffer that holds decode's router choices (K ids, K weights), which
+  // starts choice_at(l) floats into it.
   sdk::Status device_choice(std::int64_t l, std::int64_t K, sdk::Tensor& ids, sdk::Tensor& weights);
+  [[nodiscard]] std::size_t choice_at(std::int64_t l) const;
   // Whether the next layers' routers predict experts to prefetch (and their hits are counted): streaming, with
   // prefetch on, and no VRAM tier that holds every expert (nothing is read then).
   [[nodiscard]] bool predicts() const;
