@@ -217,6 +217,7 @@ VulkanCompute::~VulkanCompute() {
   ctx_->release(scratch_);
   ctx_->release(status_);
   ctx_->release(routed_consts_);
+  ctx_->release(routed_tables_);
 }
 
 std::span<const sdk::DeviceInfo> VulkanCompute::devices() const noexcept {

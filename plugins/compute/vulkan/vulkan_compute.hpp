@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colibri/sdk/device_copies.hpp"
@@ -99,6 +100,11 @@ class VulkanCompute final : public sdk::Compute {
   sdk::Expected<const VulkanBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                                 const char* what) const;
   sdk::Status ensure_scratch(std::size_t bytes);
+  // expert_ffn_routed: the address of a NaN followed by d_bytes of zeros (host-visible, written once).
+  sdk::Expected<std::uint64_t> routed_constants(std::size_t d_bytes);
+  // Room for `count` addresses the shaders read (host pointer, device address): a ring, reused after the queued
+  // commands that read it have finished.
+  sdk::Expected<std::pair<std::uint64_t*, std::uint64_t>> routed_table_space(std::size_t count);
   // The bytes of a host tensor, or of one in our buffer (a download, waited for).
   sdk::Status read_back(const sdk::Tensor& t, void* dst, std::size_t bytes, const char* what);
 
@@ -110,6 +116,8 @@ class VulkanCompute final : public sdk::Compute {
   Allocation scratch_;
   Allocation status_;
   Allocation routed_consts_;  // expert_ffn_routed: a NaN, then D zeros (host-visible, read by the shaders)
+  Allocation routed_tables_;  // expert_ffn_routed on the device: each call's expert addresses (host-visible ring)
+  std::size_t routed_tables_used_ = 0;
 };
 
 }  // namespace colibri::vulkan

@@ -27,6 +27,8 @@ namespace {
 constexpr std::uint32_t kMaxGrid = 65535;
 constexpr std::uint32_t kGridX = 32768;  // matches common.glsl
 constexpr std::uint32_t kMatmulTile = 8;
+constexpr std::int64_t kMaxRoutedPicks = 64;  // route_experts.comp's kMaxPicks
+constexpr const char* kRoles[] = {"W_gate", "W_up", "W_down"};
 
 const char* type_suffix(DType t) {
   switch (t) {
@@ -75,7 +77,7 @@ std::uint32_t u32(std::int64_t v) {
 // Push constants, laid out as in the shaders (std430: u64 first, then 4-byte fields).
 struct MatmulPush {
   std::uint64_t w, x, y, bias;
-  std::uint32_t k, n, t, w_row_bytes, tpr, pad;
+  std::uint32_t k, n, t, w_row_bytes, tpr, w_indirect;
 };
 struct GetRowsPush {
   std::uint64_t table, ids, out, status;
@@ -108,6 +110,10 @@ struct AttentionPush {
   float scale;
   std::uint32_t kv_row_bytes;
   std::uint64_t sinks;  // attention_sinks_* only (SINKS): {n_heads} f32
+};
+struct RoutePush {
+  std::uint64_t ids, weights, table, slots, sorted;
+  std::uint32_t k, e;
 };
 struct TopkPush {
   std::uint64_t logits, ids, weights;
@@ -198,15 +204,17 @@ void row_grid(Command& c, std::uint64_t n_rows, std::uint32_t y) {
   c.groups[2] = static_cast<std::uint32_t>((n_rows + kGridX - 1) / kGridX);
 }
 
+// w_indirect: `w` is the address of W's address (an expert picked on the device).
 Command matmul_command(DType wtype, std::uint64_t w, std::uint64_t x, std::uint64_t y, std::uint64_t bias,
-                       std::int64_t k, std::int64_t n, std::int64_t t) {
+                       std::int64_t k, std::int64_t n, std::int64_t t, bool w_indirect = false) {
   // Threads per row from K alone (never from T, so the reduction order is fixed per weight):
   // enough for every 32-element unit, at most the 64 of a workgroup.
   const auto units = static_cast<std::uint32_t>((k + 31) / 32);
   const std::uint32_t tpr = std::min<std::uint32_t>(64, std::bit_ceil(units));
   Command c;
   c.shader = std::string("matmul_") + type_suffix(wtype);
-  c.push = as_bytes(MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k)), tpr, 0});
+  c.push = as_bytes(
+      MatmulPush{w, x, y, bias, u32(k), u32(n), u32(t), u32(sdk::row_bytes(wtype, k)), tpr, w_indirect ? 1u : 0u});
   const std::uint64_t rows_per_group = 64 / tpr;
   row_grid(c, (static_cast<std::uint64_t>(n) + rows_per_group - 1) / rows_per_group,
            static_cast<std::uint32_t>((t + kMatmulTile - 1) / kMatmulTile));
@@ -229,14 +237,15 @@ struct ExpertCommands {
   std::uint64_t w_gate, w_up, w_down, x, y, gate, up;
   std::uint64_t b_gate = 0, b_up = 0, b_down = 0;
   std::int64_t d, f, t;
+  bool indirect = false;  // w_gate, w_up and w_down hold the weights' addresses (matmul_command's w_indirect)
 };
 void append_expert(std::vector<Command>& cmds, const ExpertCommands& e, bool clamped, float alpha, float limit) {
   const auto ft = static_cast<std::uint64_t>(e.f * e.t);
-  cmds.push_back(matmul_command(e.gate_type, e.w_gate, e.x, e.gate, e.b_gate, e.d, e.f, e.t));
-  cmds.push_back(matmul_command(e.up_type, e.w_up, e.x, e.up, e.b_up, e.d, e.f, e.t));
+  cmds.push_back(matmul_command(e.gate_type, e.w_gate, e.x, e.gate, e.b_gate, e.d, e.f, e.t, e.indirect));
+  cmds.push_back(matmul_command(e.up_type, e.w_up, e.x, e.up, e.b_up, e.d, e.f, e.t, e.indirect));
   cmds.push_back(clamped ? eltwise_command(e.gate, e.up, e.gate, ft, 4, 1, alpha, limit)
                          : eltwise_command(e.gate, e.up, e.gate, ft, 1, 1));
-  cmds.push_back(matmul_command(e.down_type, e.w_down, e.gate, e.y, e.b_down, e.f, e.d, e.t));
+  cmds.push_back(matmul_command(e.down_type, e.w_down, e.gate, e.y, e.b_down, e.f, e.d, e.t, e.indirect));
 }
 
 }  // namespace
@@ -267,6 +276,37 @@ Status VulkanCompute::ensure_scratch(std::size_t bytes) {
   return {};
 }
 
+Expected<std::uint64_t> VulkanCompute::routed_constants(std::size_t d_bytes) {
+  if (routed_consts_.size < d_bytes + sizeof(float)) {
+    if (Status s = ctx_->settle_deferred(); !s) return s;  // queued commands may read the old ones
+    ctx_->release(routed_consts_);
+    auto c = ctx_->allocate(d_bytes + sizeof(float), true);
+    if (!c) return c.error().with_context("zeros");
+    routed_consts_ = *c;
+    std::memset(routed_consts_.mapped, 0, routed_consts_.size);
+    *static_cast<float*>(routed_consts_.mapped) = std::numeric_limits<float>::quiet_NaN();
+  }
+  return routed_consts_.address;
+}
+
+Expected<std::pair<std::uint64_t*, std::uint64_t>> VulkanCompute::routed_table_space(std::size_t count) {
+  const std::size_t bytes = (count * sizeof(std::uint64_t) + 255) / 256 * 256;
+  if (routed_tables_.size < bytes || routed_tables_used_ + bytes > routed_tables_.size) {
+    // Queued commands read the tables written so far: they finish before any is overwritten or freed.
+    if (Status s = ctx_->settle_deferred(); !s) return s;
+    routed_tables_used_ = 0;
+    if (routed_tables_.size < bytes) {
+      ctx_->release(routed_tables_);
+      auto a = ctx_->allocate(std::max<std::size_t>(bytes, std::size_t{1} << 20), true);
+      if (!a) return a.error().with_context("the experts' address tables");
+      routed_tables_ = *a;
+    }
+  }
+  const std::size_t at = std::exchange(routed_tables_used_, routed_tables_used_ + bytes);
+  return std::pair{reinterpret_cast<std::uint64_t*>(static_cast<std::byte*>(routed_tables_.mapped) + at),
+                   routed_tables_.address + at};
+}
+
 Status VulkanCompute::read_back(const Tensor& t, void* dst, std::size_t bytes, const char* what) {
   if (t.buffer == nullptr) {
     if (t.data == nullptr) return Status(StatusCode::invalid_argument, std::string(what) + " has no data");
@@ -278,8 +318,26 @@ Status VulkanCompute::read_back(const Tensor& t, void* dst, std::size_t bytes, c
   return (*copy)->wait();
 }
 
+namespace {
+
+// The device path of expert_ffn_routed (route_experts): one token, a few picks, and experts alike (each role one type
+// and shape), so the commands need not know which experts are picked. Anything else reads the choice back.
+bool routes_on_device(const sdk::OpCall& call) {
+  const auto& in = call.inputs;
+  if (in.size() < 6 || (in.size() - 3) % 3 != 0 || call.outputs.size() != 1) return false;
+  const std::int64_t k = in[1].ne[0];
+  if (sdk::row_count(in[0]) != 1 || k < 1 || k > kMaxRoutedPicks) return false;
+  for (std::size_t i = 6; i < in.size(); ++i) {
+    if (in[i].type != in[3 + i % 3].type || in[i].ne != in[3 + i % 3].ne) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool VulkanCompute::deferrable(const sdk::OpCall& call) const {
-  if (ctx_->device_memory_mapped() || call.op == Op::embedding || call.op == Op::expert_ffn_routed) return false;
+  if (ctx_->device_memory_mapped() || call.op == Op::embedding) return false;
+  if (call.op == Op::expert_ffn_routed && !routes_on_device(call)) return false;
   for (const Tensor& t : call.inputs) {
     if (t.buffer == nullptr) return false;
   }
@@ -390,6 +448,53 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
       break;
     }
     case Op::expert_ffn_routed: {
+      if (defer) {
+        // Nothing read back (deferrable, routes_on_device): route_experts orders the picks and writes each one's
+        // weight addresses, which the expert's matmuls read (w_indirect), and its weight; then the same commands as
+        // below, k experts by position in that order. A marked or repeated pick makes the column NaN.
+        const Tensor &x = in[0], &ids = in[1], &wts = in[2], &y = out[0];
+        const std::int64_t d = x.ne[0], k = ids.ne[0], f = sdk::row_count(in[3]);
+        const std::size_t experts = (in.size() - 3) / 3;
+        COLIBRI_VK_BIND(xa, x, "X", false, 4);
+        COLIBRI_VK_BIND(ia, ids, "ids", false, 4);
+        COLIBRI_VK_BIND(wa, wts, "weights", false, 4);
+        COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+        auto table = routed_table_space(experts * 3);
+        if (!table) return table.error().with_context(name);
+        for (std::size_t i = 0; i < experts * 3; ++i) {
+          const std::string who = "expert " + std::to_string(i / 3) + ": " + kRoles[i % 3];
+          COLIBRI_VK_BIND(wi, in[3 + i], who.c_str(), false, weight_align(in[3 + i].type));
+          table->first[i] = wi;
+        }
+        auto nan = routed_constants(static_cast<std::size_t>(d) * sizeof(float));
+        if (!nan) return nan.error().with_context(name);
+        const std::uint64_t zeros = *nan + sizeof(float);
+        auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
+        const std::size_t half = align(static_cast<std::size_t>(f) * sizeof(float));
+        const std::size_t per_pick = 2 * half + align(static_cast<std::size_t>(d) * sizeof(float));
+        const auto picks = static_cast<std::size_t>(k);
+        const std::size_t slot_bytes = align(picks * 3 * sizeof(std::uint64_t));
+        COLIBRI_VK_TRY(ensure_scratch(per_pick * picks + slot_bytes + align(picks * sizeof(float))));
+        const std::uint64_t slots = scratch_.address + per_pick * picks, sorted = slots + slot_bytes;
+        Command route;
+        route.shader = "route_experts";
+        route.push = as_bytes(RoutePush{ia, wa, table->second, slots, sorted, u32(k), u32(experts)});
+        cmds.push_back(std::move(route));
+        cmds.push_back(eltwise_command(zeros, zeros, ya, static_cast<std::uint64_t>(d), 0, 1));
+        for (std::size_t i = 0; i < picks; ++i) {
+          const std::uint64_t at = scratch_.address + i * per_pick, slot = slots + i * 3 * sizeof(std::uint64_t);
+          append_expert(cmds,
+                        {in[3].type, in[4].type, in[5].type, slot, slot + 8, slot + 16, xa, at + 2 * half, at,
+                         at + half, 0, 0, 0, d, f, 1, true},
+                        false, 0.0f, 0.0f);
+        }
+        for (std::size_t i = 0; i < picks; ++i) {
+          cmds.push_back(eltwise_command(scratch_.address + i * per_pick + 2 * half, sorted + i * sizeof(float), ya,
+                                         static_cast<std::uint64_t>(d), 3, u32(d)));
+        }
+        if (ctx_->host() != nullptr) ctx_->host()->counter_add("routed_on_device_total", 1);
+        break;
+      }
       // One token (decode). Its choice comes back to the host, as it would for the engine's own routing; then each
       // chosen expert's commands (expert_ffn's), out = zeros + zeros and scale_add of each in ascending id (the
       // engine's combine, the same shaders) go in one submission. A pick outside the experts (topk's NaN mark) makes
@@ -414,17 +519,10 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         order.emplace_back(e, j);
       }
       std::sort(order.begin(), order.end());
-      // A NaN, then zeros, in host-visible memory the shaders read; written once when allocated, never changed.
       const auto d_bytes = static_cast<std::size_t>(d) * sizeof(float);
-      if (routed_consts_.size < d_bytes + sizeof(float)) {
-        ctx_->release(routed_consts_);
-        auto c = ctx_->allocate(d_bytes + sizeof(float), true);
-        if (!c) return c.error().with_context(std::string(name) + ": zeros");
-        routed_consts_ = *c;
-        std::memset(routed_consts_.mapped, 0, routed_consts_.size);
-        *static_cast<float*>(routed_consts_.mapped) = std::numeric_limits<float>::quiet_NaN();
-      }
-      const std::uint64_t nan = routed_consts_.address, zeros = nan + sizeof(float);
+      auto nan_at = routed_constants(d_bytes);
+      if (!nan_at) return nan_at.error().with_context(name);
+      const std::uint64_t nan = *nan_at, zeros = nan + sizeof(float);
       cmds.push_back(eltwise_command(zeros, zeros, ya, static_cast<std::uint64_t>(d), 0, 1));
       if (marked) {
         cmds.push_back(eltwise_command(zeros, nan, ya, static_cast<std::uint64_t>(d), 3, u32(d)));

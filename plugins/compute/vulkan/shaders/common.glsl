@@ -7,6 +7,7 @@
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Ints { int v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Addresses { uint64_t v[]; };
 
 // Byte view of memory starting at an arbitrary address: a 4-aligned base plus a byte shift.
 struct Bytes {

@@ -18,7 +18,8 @@ layout(push_constant) uniform Params {
   uint n;
   uint t;
   uint w_row_bytes;
-  uint tpr;  // threads per row: 1, 2, 4, ..., 64
+  uint tpr;         // threads per row: 1, 2, 4, ..., 64
+  uint w_indirect;  // w holds W's address (expert_ffn_routed: the expert picked on the device)
 }
 p;
 
@@ -37,7 +38,8 @@ void main() {
   precise float acc[kTile];
   for (uint i = 0u; i < kTile; ++i) acc[i] = 0.0;
   if (live) {
-    const Bytes wr = bytes_at(p.w + uint64_t(row) * uint64_t(p.w_row_bytes));
+    const uint64_t w_at = p.w_indirect != 0u ? Addresses(p.w).v[0] : p.w;
+    const Bytes wr = bytes_at(w_at + uint64_t(row) * uint64_t(p.w_row_bytes));
     float w[32];
     for (uint u = sub; u < units; u += p.tpr) {
       dequant_unit(wr, u, p.k, w);

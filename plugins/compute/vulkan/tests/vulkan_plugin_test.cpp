@@ -341,6 +341,88 @@ TEST(VulkanPlugin, QueuedExpertOpsSurviveTheScratchGrowing) {
   }
 }
 
+// expert_ffn_routed on unmapped memory (a discrete GPU's path) routes on the device: nothing is read back and the
+// calls are queued like other ops. Over more calls than its ring of expert address tables holds (1024 experts: 24 KiB
+// a call, 1 MiB, wrapping while calls that read its start are still queued), with the picks listed in either order,
+// each column has the bits of the same call on mapped memory (which reads the choice back). A repeated pick there gives
+// a NaN column.
+TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
+  auto host = std::make_shared<ct::RecordingHost>();
+  VULKAN_COMPUTE(queued, kStaging, host);
+  VULKAN_COMPUTE(direct, {}, nullptr);
+  constexpr std::int64_t d = 64, f = 96, experts = 1024, k = 2, calls = 100;
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+  for (std::int64_t i = 0; i < calls; ++i) {
+    const auto a = static_cast<std::int32_t>((7 * i + 3) % experts), b = a ^ 1;  // distinct, with other weights
+    ids.insert(ids.end(), {i % 2 ? a : b, i % 2 ? b : a});
+    weights.insert(weights.end(), {0.75f - 0.001f * static_cast<float>(i), 0.25f + 0.001f * static_cast<float>(i)});
+  }
+  auto results = [&](Compute& c) {
+    std::vector<std::unique_ptr<Buffer>> keep;
+    std::vector<Tensor> w;  // four experts' weights
+    for (unsigned j = 0; j < 4; ++j) {
+      Tensor g = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 40 + j, 0.1f));
+      Tensor u = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 50 + j, 0.1f));
+      Tensor dn = filled(c, keep, ct::randn(static_cast<std::size_t>(d * f), 60 + j, 0.1f));
+      g.ne = u.ne = {d, f, 1, 1};
+      dn.ne = {f, d, 1, 1};
+      w.insert(w.end(), {g, u, dn});
+    }
+    Tensor x = filled(c, keep, ct::randn(static_cast<std::size_t>(d), 70));
+    std::vector<float> id_bits(ids.size());
+    std::memcpy(id_bits.data(), ids.data(), ids.size() * sizeof(std::int32_t));
+    Tensor all_ids = filled(c, keep, id_bits), all_weights = filled(c, keep, weights);
+    Tensor y = filled(c, keep, std::vector<float>(static_cast<std::size_t>(d * (calls + 1)), -1.0f));
+    std::vector<Tensor> in(3 + 3 * experts);
+    for (std::int64_t i = 0; i < calls; ++i) {
+      for (std::int64_t e = 0; e < experts; ++e) {  // each call its own table: expert e has the weights of (e + i) % 4
+        for (std::int64_t r = 0; r < 3; ++r) in[3 + 3 * e + r] = w[static_cast<std::size_t>(3 * ((e + i) % 4) + r)];
+      }
+      in[0] = x;
+      in[1] = all_ids;
+      in[1].type = DType::i32;
+      in[1].ne = {k, 1, 1, 1};
+      in[1].offset = static_cast<std::size_t>(i * k) * sizeof(std::int32_t);
+      in[2] = all_weights;
+      in[2].ne = {k, 1, 1, 1};
+      in[2].offset = static_cast<std::size_t>(i * k) * sizeof(float);
+      Tensor yi = y;
+      yi.ne = {d, 1, 1, 1};
+      yi.offset = static_cast<std::size_t>(i * d) * sizeof(float);
+      const Status s = c.run(OpCall{Op::expert_ffn_routed, in, std::span<Tensor>(&yi, 1), {}});
+      EXPECT_TRUE(s) << "call " << i << ": " << s.to_string();
+    }
+    return downloaded(c, y);
+  };
+  const auto want = results(direct);
+  EXPECT_EQ(host->metric("routed_on_device_total"), 0);
+  const auto got = results(queued);
+  EXPECT_EQ(host->metric("routed_on_device_total"), calls) << "every call routed on the device";
+  EXPECT_LT(host->metric("deferred_submissions_total"), calls / 4) << "the calls queued, not submitted one by one";
+  for (std::int64_t i = 0; i < calls; ++i) {
+    EXPECT_EQ(0, std::memcmp(got.data() + i * d, want.data() + i * d, d * sizeof(float))) << "call " << i;
+    EXPECT_FALSE(std::isnan(want[static_cast<std::size_t>(i * d)]));
+  }
+
+  // A repeated pick on the device path: a NaN column (the SDK has the picks distinct; the engine reports it).
+  std::vector<std::unique_ptr<Buffer>> keep;
+  std::vector<float> five_bits(2);
+  const std::int32_t five[] = {5, 5};
+  std::memcpy(five_bits.data(), five, sizeof five);
+  const auto wg = ct::randn(static_cast<std::size_t>(d * f), 80, 0.1f);
+  Tensor x = filled(queued, keep, ct::randn(static_cast<std::size_t>(d), 81)), g = filled(queued, keep, wg),
+         dn = filled(queued, keep, wg), repeated = filled(queued, keep, five_bits),
+         halves = filled(queued, keep, {0.5f, 0.5f}), y = filled(queued, keep, std::vector<float>(d, 0.0f));
+  g.ne = {d, f, 1, 1};
+  dn.ne = {f, d, 1, 1};
+  repeated.type = DType::i32;
+  std::vector<Tensor> in{x, repeated, halves};
+  for (int e = 0; e < 8; ++e) in.insert(in.end(), {g, g, dn});
+  ASSERT_TRUE(queued.run(OpCall{Op::expert_ffn_routed, in, std::span<Tensor>(&y, 1), {}}));
+  for (const float v : downloaded(queued, y)) ASSERT_TRUE(std::isnan(v)) << v;
+}
+
 // Mapped device memory (an iGPU, lavapipe by default) is read and written by the host directly: nothing is queued.
 TEST(VulkanPlugin, OpsOnMappedBuffersAreNotQueued) {
   auto host = std::make_shared<ct::RecordingHost>();
