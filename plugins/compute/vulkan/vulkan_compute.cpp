@@ -255,8 +255,9 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_to_device_async(const 
       std::memcpy(static_cast<std::byte*>(dst.host_pointer()) + offset, src, bytes);
       return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     }
-    // Deferred ops may read the buffer: submitted first, so the copy comes after them on the queue.
-    if (Status s = ctx_->flush_deferred(); !s) return s;
+    // Deferred ops may read the buffer: submitted first, so the copy comes after them on the queue. Their failure is
+    // left for the next run(), download or synchronize() (whoever uploads may not look: a prefetch).
+    ctx_->submit_deferred();
     auto staging = ctx_->take_staging(bytes);
     if (!staging) return staging.error().with_context("copy_to_device_async");
     std::memcpy(staging->mapped, src, bytes);

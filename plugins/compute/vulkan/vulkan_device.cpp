@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "vulkan_shaders.hpp"
 
@@ -42,38 +43,51 @@ Status vk_error(std::string_view what, VkResult result) {
 
 // ---------------------------------------------------------------------------------------- Submission
 
+// The command buffer and fence are freed outside mu_: freeing takes the Context's queue lock, which is held while
+// ready() is asked (Context::submit_deferred), so holding mu_ then would order the two locks both ways.
 Submission::~Submission() {
-  std::lock_guard lock(mu_);
   if (!done_) {
     // Never free a command buffer the GPU may still read.
     ctx_->api().vkWaitForFences(ctx_->device(), 1, &fence_, VK_TRUE, UINT64_MAX);
-    release_locked();
+    ctx_->free_command(cmd_, fence_);
   }
 }
 
-void Submission::release_locked() noexcept {
-  ctx_->free_command(cmd_, fence_);
-  cmd_ = VK_NULL_HANDLE;
-  fence_ = VK_NULL_HANDLE;
+void Submission::finish_locked(VkCommandBuffer& cmd, VkFence& fence) noexcept {
+  cmd = std::exchange(cmd_, VK_NULL_HANDLE);
+  fence = std::exchange(fence_, VK_NULL_HANDLE);
   done_ = true;
 }
 
 Status Submission::wait() noexcept {
-  std::lock_guard lock(mu_);
-  if (done_) return status_;
-  const VkResult r = ctx_->api().vkWaitForFences(ctx_->device(), 1, &fence_, VK_TRUE, UINT64_MAX);
-  if (r != VK_SUCCESS) status_ = vk_error("waiting for the GPU", r);
-  release_locked();
-  return status_;
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  Status status;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return status_;
+    const VkResult r = ctx_->api().vkWaitForFences(ctx_->device(), 1, &fence_, VK_TRUE, UINT64_MAX);
+    if (r != VK_SUCCESS) status_ = vk_error("waiting for the GPU", r);
+    finish_locked(cmd, fence);
+    status = status_;
+  }
+  ctx_->free_command(cmd, fence);
+  return status;
 }
 
 bool Submission::ready() noexcept {
-  std::lock_guard lock(mu_);
-  if (done_) return true;
-  const VkResult r = ctx_->api().vkGetFenceStatus(ctx_->device(), fence_);
-  if (r == VK_NOT_READY) return false;
-  if (r != VK_SUCCESS) status_ = vk_error("polling the GPU", r);
-  release_locked();
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock) return false;  // another thread is waiting for it: not known to be done
+    if (done_) return true;
+    const VkResult r = ctx_->api().vkGetFenceStatus(ctx_->device(), fence_);
+    if (r == VK_NOT_READY) return false;
+    if (r != VK_SUCCESS) status_ = vk_error("polling the GPU", r);
+    finish_locked(cmd, fence);
+  }
+  ctx_->free_command(cmd, fence);
   return true;
 }
 
@@ -657,7 +671,7 @@ void Context::submit_deferred() noexcept {
   try {
     deferred_running_.push_back(std::move(*sub));
   } catch (...) {
-    (void)(*sub)->wait();  // untracked: waited for here instead
+    if (Status w = (*sub)->wait(); !w) keep_deferred_error(std::move(w));  // untracked: waited for here instead
   }
   if (host_ != nullptr) host_->counter_add("deferred_submissions_total", 1);
 }
@@ -667,12 +681,21 @@ void Context::wait_deferred() noexcept {
   {
     std::lock_guard lock(queue_mu_);
     submit_deferred();
-    running.swap(deferred_running_);
+    try {
+      running = deferred_running_;  // copied, not taken: a thread that comes now waits for them too
+    } catch (...) {
+      for (auto& s : deferred_running_) (void)s->wait();  // waited for under the lock instead
+    }
   }
   // Waited for without the queue's lock: other threads' copies and submissions go on meanwhile.
-  for (auto& s : running) {
+  for (auto& s : running) (void)s->wait();
+  // Finished: dropped by whichever thread finds them first, which keeps a failure (each kept once).
+  std::lock_guard lock(queue_mu_);
+  std::erase_if(deferred_running_, [&](const std::shared_ptr<Submission>& s) {
+    if (!s->ready()) return false;
     if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
-  }
+    return true;
+  });
 }
 
 Status Context::flush_deferred() noexcept {

@@ -51,7 +51,8 @@ class Submission {
   [[nodiscard]] bool ready() noexcept;
 
  private:
-  void release_locked() noexcept;
+  // Marks it done, handing over the command buffer and fence to free (after mu_ is released).
+  void finish_locked(VkCommandBuffer& cmd, VkFence& fence) noexcept;
   std::shared_ptr<Context> ctx_;
   std::mutex mu_;
   VkCommandBuffer cmd_;
@@ -114,6 +115,8 @@ class Context : public std::enable_shared_from_this<Context> {
   // next flush_deferred(), settle_deferred() or take_deferred_error() returns it, once.
   // Appends one op's dispatches.
   void defer(std::vector<Dispatch> commands);
+  // Submits what is queued; a failure stays kept (an upload: the prefetch that makes one may not look).
+  void submit_deferred() noexcept;
   // Submits what is queued, then returns the failure kept so far, if any (this submission's or an earlier one's).
   sdk::Status flush_deferred() noexcept;
   // flush_deferred, also waiting for every queued submission still running: before memory they use is freed.
@@ -130,7 +133,6 @@ class Context : public std::enable_shared_from_this<Context> {
   sdk::Status init(const ContextOptions& options);
   int find_memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred) const;
   void free_command(VkCommandBuffer cmd, VkFence fence) noexcept;
-  void submit_deferred() noexcept;  // keeps its failure
   void keep_deferred_error(sdk::Status s) noexcept;
 
   Api api_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -233,8 +234,9 @@ TEST(VulkanPlugin, OpsOnUnmappedBuffersAreSubmittedTogetherWhenSomethingMustSeeT
 }
 
 // Queued commands that fail (here a submission failing as a lost device would, through the plugin's test hook) are
-// reported by the next call that looks, once: the calls after it find a working device, not the same failure again.
-// The failure of a flush no call could report (a buffer's destructor) is the next run()'s.
+// reported once, by the next run(), download or synchronize(): the calls after it find a working device, not the same
+// failure again. An upload that submits them does not report it (a prefetch's upload may not look): the next run()
+// does. The failure of a flush no call could report (a buffer's destructor) is the next run()'s too.
 TEST(VulkanPlugin, AFailureOfQueuedCommandsIsReportedOnce) {
   ScopedEnv fail("COLIBRI_VULKAN_FAIL_QUEUED_SUBMISSION", "1");
   VULKAN_COMPUTE(c, kStaging, nullptr);
@@ -252,6 +254,21 @@ TEST(VulkanPlugin, AFailureOfQueuedCommandsIsReportedOnce) {
   ASSERT_TRUE(c.run(OpCall{Op::add, in, std::span<Tensor>(&out, 1), {}}));
   EXPECT_EQ(downloaded(c, out)[3], 2.0f);
   EXPECT_TRUE(c.synchronize());
+
+  // Submission 1 made by an upload: the upload succeeds, the next run() reports the failure, the one after runs.
+  VULKAN_COMPUTE(u, kStaging, nullptr);
+  std::vector<std::unique_ptr<Buffer>> keep_u;
+  Tensor ua = filled(u, keep_u, ones), uout = filled(u, keep_u, ones), other = filled(u, keep_u, ones);
+  Tensor uin[] = {ua, ua};
+  ASSERT_TRUE(u.run(OpCall{Op::add, uin, std::span<Tensor>(&uout, 1), {}}));  // queued
+  auto up = u.copy_to_device_async(ones.data(), *other.buffer, 0, ones.size() * sizeof(float));
+  ASSERT_TRUE(up && (*up)->wait()) << "the upload itself worked";
+  const Status after_upload = u.run(OpCall{Op::add, uin, std::span<Tensor>(&uout, 1), {}});
+  EXPECT_FALSE(after_upload) << "the next run() reports what the upload submitted";
+  EXPECT_NE(after_upload.message().find("queued GPU commands did not run"), std::string::npos)
+      << after_upload.to_string();
+  ASSERT_TRUE(u.run(OpCall{Op::add, uin, std::span<Tensor>(&uout, 1), {}}));
+  EXPECT_EQ(downloaded(u, uout)[3], 2.0f);
 
   // Submission 3 fails in a buffer's destructor: the next run() reports it, the one after runs.
   ScopedEnv fail_third("COLIBRI_VULKAN_FAIL_QUEUED_SUBMISSION", "3");
@@ -347,9 +364,9 @@ TEST(VulkanPlugin, QueuedExpertOpsSurviveTheScratchGrowing) {
 // each column has the bits of the same call on mapped memory (which reads the choice back). A repeated pick there gives
 // a NaN column.
 TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
-  auto host = std::make_shared<ct::RecordingHost>();
+  auto host = std::make_shared<ct::RecordingHost>(), read_back_host = std::make_shared<ct::RecordingHost>();
   VULKAN_COMPUTE(queued, kStaging, host);
-  VULKAN_COMPUTE(direct, {}, nullptr);
+  VULKAN_COMPUTE(read_back, kStaging, read_back_host);
   constexpr std::int64_t d = 64, f = 96, experts = 1024, k = 2, calls = 100;
   std::vector<std::int32_t> ids;
   std::vector<float> weights;
@@ -358,7 +375,8 @@ TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
     ids.insert(ids.end(), {i % 2 ? a : b, i % 2 ? b : a});
     weights.insert(weights.end(), {0.75f - 0.001f * static_cast<float>(i), 0.25f + 0.001f * static_cast<float>(i)});
   }
-  auto results = [&](Compute& c) {
+  // ids_in_host_memory: the op cannot be queued, so it reads the choice back (on any device).
+  auto results = [&](Compute& c, bool ids_in_host_memory) {
     std::vector<std::unique_ptr<Buffer>> keep;
     std::vector<Tensor> w;  // four experts' weights
     for (unsigned j = 0; j < 4; ++j) {
@@ -384,6 +402,11 @@ TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
       in[1].type = DType::i32;
       in[1].ne = {k, 1, 1, 1};
       in[1].offset = static_cast<std::size_t>(i * k) * sizeof(std::int32_t);
+      if (ids_in_host_memory) {
+        in[1].buffer = nullptr;
+        in[1].offset = 0;
+        in[1].data = ids.data() + i * k;
+      }
       in[2] = all_weights;
       in[2].ne = {k, 1, 1, 1};
       in[2].offset = static_cast<std::size_t>(i * k) * sizeof(float);
@@ -395,9 +418,9 @@ TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
     }
     return downloaded(c, y);
   };
-  const auto want = results(direct);
-  EXPECT_EQ(host->metric("routed_on_device_total"), 0);
-  const auto got = results(queued);
+  const auto want = results(read_back, true);
+  EXPECT_EQ(read_back_host->metric("routed_on_device_total"), 0) << "the reference read the choice back";
+  const auto got = results(queued, false);
   EXPECT_EQ(host->metric("routed_on_device_total"), calls) << "every call routed on the device";
   EXPECT_LT(host->metric("deferred_submissions_total"), calls / 4) << "the calls queued, not submitted one by one";
   for (std::int64_t i = 0; i < calls; ++i) {
@@ -405,22 +428,30 @@ TEST(VulkanPlugin, RoutedExpertsOnTheDeviceHaveTheBitsOfTheChoiceReadBack) {
     EXPECT_FALSE(std::isnan(want[static_cast<std::size_t>(i * d)]));
   }
 
-  // A repeated pick on the device path: a NaN column (the SDK has the picks distinct; the engine reports it).
+  // topk's mark of a NaN logit (ids -1, weights NaN) and a repeated pick (the SDK has the picks distinct; the engine
+  // reports it) on the device path: a NaN column each.
   std::vector<std::unique_ptr<Buffer>> keep;
-  std::vector<float> five_bits(2);
-  const std::int32_t five[] = {5, 5};
-  std::memcpy(five_bits.data(), five, sizeof five);
-  const auto wg = ct::randn(static_cast<std::size_t>(d * f), 80, 0.1f);
-  Tensor x = filled(queued, keep, ct::randn(static_cast<std::size_t>(d), 81)), g = filled(queued, keep, wg),
-         dn = filled(queued, keep, wg), repeated = filled(queued, keep, five_bits),
-         halves = filled(queued, keep, {0.5f, 0.5f}), y = filled(queued, keep, std::vector<float>(d, 0.0f));
-  g.ne = {d, f, 1, 1};
-  dn.ne = {f, d, 1, 1};
-  repeated.type = DType::i32;
-  std::vector<Tensor> in{x, repeated, halves};
-  for (int e = 0; e < 8; ++e) in.insert(in.end(), {g, g, dn});
-  ASSERT_TRUE(queued.run(OpCall{Op::expert_ffn_routed, in, std::span<Tensor>(&y, 1), {}}));
-  for (const float v : downloaded(queued, y)) ASSERT_TRUE(std::isnan(v)) << v;
+  for (const std::int32_t pick : {-1, 5}) {
+    std::vector<float> five_bits(2);
+    const std::int32_t five[] = {pick, pick};
+    std::memcpy(five_bits.data(), five, sizeof five);
+    const auto wg = ct::randn(static_cast<std::size_t>(d * f), 80, 0.1f);
+    Tensor x = filled(queued, keep, ct::randn(static_cast<std::size_t>(d), 81)), g = filled(queued, keep, wg),
+           dn = filled(queued, keep, wg), repeated = filled(queued, keep, five_bits),
+           halves = filled(queued, keep,
+                           pick < 0 ? std::vector<float>(2, std::numeric_limits<float>::quiet_NaN())
+                                    : std::vector<float>{0.5f, 0.5f}),
+           y = filled(queued, keep, std::vector<float>(d, 0.0f));
+    g.ne = {d, f, 1, 1};
+    dn.ne = {f, d, 1, 1};
+    repeated.type = DType::i32;
+    std::vector<Tensor> in{x, repeated, halves};
+    for (int e = 0; e < 8; ++e) in.insert(in.end(), {g, g, dn});
+    const double before = host->metric("routed_on_device_total");
+    ASSERT_TRUE(queued.run(OpCall{Op::expert_ffn_routed, in, std::span<Tensor>(&y, 1), {}}));
+    EXPECT_EQ(host->metric("routed_on_device_total"), before + 1);
+    for (const float v : downloaded(queued, y)) ASSERT_TRUE(std::isnan(v)) << "pick " << pick << ": " << v;
+  }
 }
 
 // Mapped device memory (an iGPU, lavapipe by default) is read and written by the host directly: nothing is queued.
