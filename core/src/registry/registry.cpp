@@ -4,9 +4,13 @@
 #include <elf.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <link.h>
+#include <poll.h>
+#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -24,13 +28,17 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "colibri/profile/profile.hpp"
 #include "colibri/sdk/config.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
+#include "colibri/util/host_info.hpp"
 #include "model/file_io.hpp"
 #include "registry/host_services.hpp"
+
+extern char** environ;
 
 namespace colibri::registry {
 
@@ -177,14 +185,15 @@ struct CrashRecord {
 };
 std::atomic<const CrashRecord*> g_crash_record{nullptr};
 
-// Writes the record with the signal number; true when it is written.
-bool write_crash_record(const CrashRecord& r, const char* signal_number) {
+// Writes the record with what ended the process ("signal " "11", "exit status " "3", "timeout " "60 s"); true when it
+// is written.
+bool write_crash_record(const CrashRecord& r, const char* what, const char* value) {
   for (const auto& d : r.dirs) (void)::mkdir(d.c_str(), 0755);  // EEXIST and the like: the open below decides
   const int fd = ::open(r.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return false;
   bool ok = ::write(fd, r.identity.data(), r.identity.size()) == static_cast<ssize_t>(r.identity.size());
-  const std::size_t n = std::strlen(signal_number);
-  ok = ok && ::write(fd, "signal ", 7) == 7 && ::write(fd, signal_number, n) == static_cast<ssize_t>(n) &&
+  const std::size_t w = std::strlen(what), n = std::strlen(value);
+  ok = ok && ::write(fd, what, w) == static_cast<ssize_t>(w) && ::write(fd, value, n) == static_cast<ssize_t>(n) &&
        ::write(fd, "\n", 1) == 1 &&
        ::write(fd, r.during.data(), r.during.size()) == static_cast<ssize_t>(r.during.size());
   ok = ::close(fd) == 0 && ok;
@@ -237,7 +246,7 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
     write_stderr(what);
     write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
     if (const CrashRecord* record = g_crash_record.load();
-        record != nullptr && record->thread == ::gettid() && write_crash_record(*record, num)) {
+        record != nullptr && record->thread == ::gettid() && write_crash_record(*record, "signal ", num)) {
       write_stderr(
           "colibri skips this file from now on, until it or colibri changes (to try it again as it is, delete ");
       write_stderr(record->path.c_str());
@@ -354,7 +363,11 @@ std::string crash_record_reason(const CrashRecord& r) {
     signal.resize(eol);
   }
   while (!during.empty() && during.back() == '\n') during.pop_back();
-  return "crashed colibri (" + signal + ") " + during +
+  // What ended it: a signal (here or in colibri-plugin-probe), or in the probe an exit or no answer in time.
+  std::string ended = "crashed colibri (" + signal + ")";
+  if (signal.starts_with("exit status ")) ended = "ended colibri's process (" + signal + ")";
+  if (signal.starts_with("timeout ")) ended = "hung (no answer within " + signal.substr(8) + ")";
+  return ended + " " + during +
          " on an earlier run (in its own code, or in a driver or library it calls); "
          "skipped until the file or colibri changes (rebuild or replace it), or delete " +
          r.path + " to try it again as it is";
@@ -516,11 +529,171 @@ bool first_time_said(const std::string& what) {
   std::lock_guard lock(mu);
   return said.insert(what).second;
 }
+
+// The probe's note that a file loaded and scored in colibri-plugin-probe: <cache>/probed-plugins/, named and headed
+// as its crash record would be, so a changed file (or another colibri build) is probed again.
+fs::path probe_note_path(const CrashRecord& r) {
+  return fs::path(r.dirs[1]) / "probed-plugins" / fs::path(r.path).filename();
+}
+
+bool probed_before(const CrashRecord& r) {
+  auto text = model::io::read_text(probe_note_path(r), 1 << 16);
+  return text && *text == r.identity;
+}
+
+void note_probed(const CrashRecord& r) {
+  std::error_code ec;
+  const fs::path path = probe_note_path(r);
+  fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << r.identity;
+    if (!out.flush()) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (!ec) fs::rename(tmp, path, ec);  // a note is whole or absent (probes of two commands may race)
+  if (ec) fs::remove(tmp, ec);
+}
+
+// How colibri-plugin-probe ended on one file.
+struct ProbeRun {
+  bool started = false;   // it said 'R': whatever follows is the plugin's doing
+  bool finished = false;  // it said 'D' and exited 0
+  bool timed_out = false;
+  int status = 0;  // waitpid's
+};
+
+ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::milliseconds timeout) {
+  ProbeRun run;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return run;
+  // The write end becomes the child's fd 3 (dup2 clears close-on-exec there), or 5 in the odd case it is 3 already.
+  const int report_fd = fds[1] == 3 ? 5 : 3;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);  // its crash report: ours says it
+  posix_spawn_file_actions_adddup2(&actions, fds[1], report_fd);
+  std::string exe = probe.string(), fd_arg = "--report-fd=" + std::to_string(report_fd), target = file.string();
+  char* argv[] = {exe.data(), fd_arg.data(), target.data(), nullptr};
+  pid_t pid = 0;
+  const int spawned = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (spawned != 0) {
+    ::close(fds[0]);
+    return run;
+  }
+  std::string said;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (said.find('D') == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      run.timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;  // the deadline decides
+    char buf[16];
+    const ssize_t got = ::read(fds[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;  // it ended
+    said.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(fds[0]);
+  if (run.timed_out) ::kill(pid, SIGKILL);
+  while (::waitpid(pid, &run.status, 0) < 0 && errno == EINTR) {
+  }
+  run.started = said.find('R') != std::string::npos;
+  run.finished = said.find('D') != std::string::npos && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0;
+  return run;
+}
 }  // namespace
 
-PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host) {
+fs::path default_probe() {
+  std::error_code ec;
+  for (const fs::path& p : {executable_dir() / "colibri-plugin-probe", fs::path(COLIBRI_PROBE_INSTALL_PATH)}) {
+    if (!p.parent_path().empty() && fs::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return {};
+}
+
+std::string PluginRegistry::probe_problem(const fs::path& file) {
+  const std::optional<CrashRecord> record = crash_record_for(file);
+  if (!record || probed_before(*record)) return {};
+  const ProbeRun run = run_probe(options_.probe, file, options_.probe_timeout);
+  if (!run.started) {
+    // Not the plugin: the probe did not run here (a broken install). Plugins load as they did without it.
+    if (first_time_said("probe " + options_.probe.string())) {
+      spdlog::warn("{} did not start; plugins are loaded without it (a crashing one would end the command)",
+                   options_.probe.string());
+    }
+    return {};
+  }
+  if (run.finished) {
+    note_probed(*record);
+    return {};
+  }
+  std::string what, value;
+  if (run.timed_out) {
+    what = "timeout ";
+    value = fmt::format("{:g} s", static_cast<double>(options_.probe_timeout.count()) / 1000.0);
+  } else if (WIFSIGNALED(run.status)) {
+    what = "signal ";
+    value = std::to_string(WTERMSIG(run.status));
+  } else {
+    what = "exit status ";
+    value = std::to_string(WIFEXITED(run.status) ? WEXITSTATUS(run.status) : -1);
+  }
+  // The probe records a crash itself (its handler); an exit or a hang is recorded here. Either way the file is
+  // skipped from now on, as after a crash in this process.
+  const bool recorded = (what == "signal " && !crash_record_reason(*record).empty()) ||
+                        (what != "signal " && write_crash_record(*record, what.c_str(), value.c_str()));
+  std::string ended = what == "signal "    ? "crashed (signal " + value + ")"
+                      : what == "timeout " ? "did not finish within " + value + " (killed)"
+                                           : "ended the process (exit status " + value + ")";
+  return ended + " while loading or scoring in colibri-plugin-probe, a process of its own, so this command goes on " +
+         "without it; " +
+         (recorded ? "skipped until the file or colibri changes (rebuild or replace it), or delete " + record->path +
+                         " to try it again as it is"
+                   : "not recorded (the cache directory is not writable), so the next command probes it again");
+}
+
+int PluginRegistry::probe_main(int argc, char** argv) {
+  int report_fd = -1;
+  fs::path file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.starts_with("--report-fd=")) {
+      report_fd = std::atoi(argv[i] + 12);
+    } else {
+      file = a;
+    }
+  }
+  if (report_fd < 0 || file.empty()) {
+    std::fprintf(stderr,
+                 "usage: colibri-plugin-probe --report-fd=N FILE\n"
+                 "(run by colibri: loads and scores a plugin in a process of its own before colibri loads it)\n");
+    return 2;
+  }
+  (void)!::write(report_fd, "R", 1);
+  PluginRegistry reg;
+  reg.host_ = util::host_info();
+  reg.options_.probe.clear();  // loads here
+  reg.load_one(file, reg.host_, SearchDir{file.parent_path(), "probe", SearchDirKind::user});
+  (void)!::write(report_fd, "D", 1);
+  std::_Exit(0);  // no exit-time work of the plugin's: what was to be probed is done
+}
+
+PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host,
+                                    const ScanOptions& options) {
   PluginRegistry reg;
   reg.host_ = host;
+  reg.options_ = options;
   reg.search_path_ = std::move(search_path);
   for (const auto& dir : reg.search_path_) {
     std::error_code ec;
@@ -561,6 +734,14 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
       // Said at every command (once each), not only in `plugins list`: with `auto`, a skipped GPU backend would
       // otherwise pass unnoticed (a run falls back to the CPU).
       if (first_time_said("crash record " + record->path)) spdlog::warn("plugin {}: {}", file.string(), why);
+      broken_.push_back({file, why});
+      return;
+    }
+  }
+  // colibri's own plugins are built and tested with it; others are probed once first (where the probe exists).
+  if (dir.kind != SearchDirKind::colibri && !options_.probe.empty()) {
+    if (auto why = probe_problem(file); !why.empty()) {
+      if (first_time_said("probe problem " + file.string())) spdlog::warn("plugin {}: {}", file.string(), why);
       broken_.push_back({file, why});
       return;
     }

@@ -45,6 +45,7 @@ class CapturedLog {
 
 namespace fs = std::filesystem;
 using colibri::registry::PluginRegistry;
+using colibri::registry::ScanOptions;
 using colibri::registry::SearchDir;
 using colibri::registry::SearchDirKind;
 using colibri::sdk::PluginKind;
@@ -55,10 +56,25 @@ fs::path fixture_dir(const std::string& name) {
   return fs::path(COLIBRI_TEST_FIXTURE_PLUGIN_DIR) / name;
 }
 
-PluginRegistry scan(std::initializer_list<std::string> cases) {
+// Plugins loaded in this process at once, as without colibri-plugin-probe: what most tests look at.
+ScanOptions in_process() {
+  ScanOptions o;
+  o.probe.clear();
+  return o;
+}
+
+// Plugins of user directories probed first by the built colibri-plugin-probe.
+ScanOptions probed(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  ScanOptions o;
+  o.probe = COLIBRI_TEST_PROBE;
+  o.probe_timeout = timeout;
+  return o;
+}
+
+PluginRegistry scan(std::initializer_list<std::string> cases, const ScanOptions& options = in_process()) {
   std::vector<SearchDir> dirs;
   for (const auto& c : cases) dirs.push_back({fixture_dir(c), "test"});
-  return PluginRegistry::scan(dirs, colibri::util::host_info());
+  return PluginRegistry::scan(dirs, colibri::util::host_info(), options);
 }
 
 std::string broken_reason(const PluginRegistry& reg, const std::string& file_part) {
@@ -111,7 +127,7 @@ TEST(Registry, ReportsAFileThatIsNotALibrary) {
   const fs::path dir = fs::path(COLIBRI_TEST_BINARY_DIR) / "test-plugins" / "garbage";
   fs::create_directories(dir);
   std::ofstream(dir / "libcolibri-storage-garbage.so") << "this is not an ELF file";
-  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
   EXPECT_TRUE(reg.plugins().empty());
   EXPECT_THAT(broken_reason(reg, "garbage"), HasSubstr("is not a shared library (no ELF header)"));
 }
@@ -128,7 +144,7 @@ TEST(Registry, ALibraryCutShortIsBrokenNotLoaded) {
   ASSERT_GT(bytes.size(), 8192u);
   for (const std::size_t keep : {std::size_t{3000}, bytes.size() / 2, bytes.size() - 1}) {
     std::ofstream(dir / "libcolibri-cache-cut.so", std::ios::binary | std::ios::trunc) << bytes.substr(0, keep);
-    auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+    auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
     EXPECT_TRUE(reg.plugins().empty()) << keep;
     EXPECT_THAT(broken_reason(reg, "cut"), HasSubstr("is cut short (its ELF headers need")) << keep;
   }
@@ -139,7 +155,7 @@ TEST(Registry, ADanglingLinkAndADirectoryAreNamedAsSuch) {
   fs::remove_all(dir);
   fs::create_directories(dir / "libcolibri-cache-folder.so");
   fs::create_symlink("/nonexistent/libx.so", dir / "libcolibri-cache-dangling.so");
-  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
   EXPECT_TRUE(reg.plugins().empty());
   EXPECT_THAT(broken_reason(reg, "dangling"), HasSubstr("is a link to /nonexistent/libx.so, which does not exist"));
   EXPECT_THAT(broken_reason(reg, "folder"), HasSubstr("is a directory, not a shared library"));
@@ -158,7 +174,7 @@ TEST(Registry, ALibraryForAnotherMachineIsNamedAsSuch) {
   };
   write_elf("arm", 2, 183);  // ELFCLASS64, EM_AARCH64
   write_elf("old", 1, 3);    // ELFCLASS32, EM_386
-  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
   EXPECT_TRUE(reg.plugins().empty());
   EXPECT_THAT(broken_reason(reg, "arm"), HasSubstr("is built for another processor (ELF machine 183)"));
   EXPECT_THAT(broken_reason(reg, "old"), HasSubstr("is a 32-bit library"));
@@ -188,7 +204,7 @@ TEST(Registry, AFifoOrALinkLoopIsNamedAndNeverWaitedOn) {
   fs::create_directories(dir);
   ASSERT_EQ(::mkfifo((dir / "libcolibri-cache-pipe.so").c_str(), 0600), 0);  // opening it to read would block
   fs::create_symlink("libcolibri-cache-loop.so", dir / "libcolibri-cache-loop.so");
-  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
   EXPECT_THAT(broken_reason(reg, "pipe"), HasSubstr("is a named pipe (FIFO), not a shared library; remove it"));
   EXPECT_THAT(broken_reason(reg, "loop"), HasSubstr("leads back to itself"));
   fs::remove_all(dir);
@@ -200,7 +216,7 @@ TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
   fs::create_directories(dir);
   fs::create_symlink(fixture_dir("good") / "libcolibri-storage-fixture-good.so", dir / "libcolibri-cache-fast.so");
   CapturedLog log;
-  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info());
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
   log.restore();
   EXPECT_EQ(reg.plugins().size(), 1u);  // it still loads
   EXPECT_THAT(log.str(), HasSubstr("libcolibri-cache-fast.so holds storage plugin 'fixture-good'; name the file "
@@ -211,7 +227,7 @@ TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
 TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
   std::vector<SearchDir> dirs{{fixture_dir("dup_first"), "COLIBRI_PLUGIN_PATH"},
                               {fixture_dir("dup_second"), "install dir", SearchDirKind::colibri}};
-  auto reg = PluginRegistry::scan(dirs, colibri::util::host_info());
+  auto reg = PluginRegistry::scan(dirs, colibri::util::host_info(), in_process());
   EXPECT_TRUE(reg.broken().empty());
   ASSERT_EQ(reg.shadowed().size(), 1u);
   EXPECT_THAT(reg.shadowed()[0].path.string(), HasSubstr("dup_second"));
@@ -349,7 +365,7 @@ TEST(RegistryDeathTest, APluginThatCrashedWhileLoadingIsSkippedUntilItsFileChang
   fs::copy_file(fixture_dir("static_crashes") / file.filename(), file);
   const std::vector<SearchDir> dirs{{dir, "test"}, {fixture_dir("good"), "test"}};
   EXPECT_DEATH(
-      PluginRegistry::scan(dirs, colibri::util::host_info()),
+      PluginRegistry::scan(dirs, colibri::util::host_info(), in_process()),
       "colibri skips this file from now on, until it or colibri changes .to try it again as it is, delete [^ ]*"
       "crashed-plugins/libcolibri-storage-fixture-static-crash.so-[0-9a-f]*.txt.");
   ASSERT_EQ(cache.records().size(), 1u);
@@ -357,13 +373,14 @@ TEST(RegistryDeathTest, APluginThatCrashedWhileLoadingIsSkippedUntilItsFileChang
   EXPECT_THAT(record, HasSubstr("file " + fs::canonical(file).string() + "\n"));
   EXPECT_THAT(record, HasSubstr("signal 11\n"));
   {
-    auto reg = PluginRegistry::scan(dirs, colibri::util::host_info());
+    auto reg = PluginRegistry::scan(dirs, colibri::util::host_info(), in_process());
     EXPECT_EQ(reg.plugins().size(), 1u);
     EXPECT_THAT(broken_reason(reg, "static-crash"), HasSubstr("skipped until the file or colibri changes"));
   }
   // Rebuilt (here: a new modification time): loaded again, so it crashes again; the old record was removed first.
   fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
-  EXPECT_DEATH(PluginRegistry::scan(dirs, colibri::util::host_info()), "a plugin crashed .signal 11. while loading");
+  EXPECT_DEATH(PluginRegistry::scan(dirs, colibri::util::host_info(), in_process()),
+               "a plugin crashed .signal 11. while loading");
   ASSERT_EQ(cache.records().size(), 1u);
   EXPECT_NE(file_text(cache.records()[0]), record) << "a record of the rebuilt file";
 }
@@ -398,6 +415,106 @@ TEST(RegistryDeathTest, APluginThatCrashedInCreateIsSkippedFromThenOn) {
   ASSERT_TRUE(picked);
   EXPECT_EQ((*picked)->name, "fixture-good");
   EXPECT_THAT(log.str(), HasSubstr("libcolibri-storage-fixture-create-crash.so: crashed colibri"));
+}
+
+// With colibri-plugin-probe, a plugin of a user's directory that crashes while it is scored or loaded ends the
+// probe, not the command: the scan goes on (the other plugins load), says why, and records it, so the next scan
+// skips it without probing.
+TEST(RegistryProbe, APluginThatCrashesInTheProbeIsSkippedAndTheCommandGoesOn) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's SIGSEGV handler ends the probe with an exit status instead";
+#endif
+  for (const std::string which : {"score_crashes", "static_crashes"}) {
+    SCOPED_TRACE(which);
+    ScopedCacheHome cache;
+    ASSERT_FALSE(cache.path().empty());
+    CapturedLog log;
+    auto reg = scan({which, "good"}, probed());
+    log.restore();
+    EXPECT_EQ(reg.plugins().size(), 1u) << "the good plugin loads";
+    const std::string file = which == "score_crashes" ? "fixture-crash.so" : "fixture-static-crash.so";
+    const std::string why = broken_reason(reg, file);
+    EXPECT_THAT(why, HasSubstr("crashed (signal 11) while loading or scoring in colibri-plugin-probe, a process of "
+                               "its own, so this command goes on without it; skipped until the file or colibri "
+                               "changes (rebuild or replace it), or delete "));
+    EXPECT_THAT(log.str(), HasSubstr(file + ": " + why));
+    ASSERT_EQ(cache.records().size(), 1u) << "the probe recorded the crash";
+    EXPECT_THAT(file_text(cache.records()[0]), HasSubstr("signal 11\n"));
+    auto again = scan({which, "good"}, probed());
+    EXPECT_THAT(broken_reason(again, file),
+                HasSubstr("crashed colibri (signal 11) while loading or scoring on an earlier run"));
+  }
+}
+
+// A plugin that ends the process while it loads (exit() in a static constructor) would end every command silently,
+// and one whose score() never returns would hang every command: in the probe, each is skipped with the reason and
+// recorded (an exit status, a timeout), and the next scan skips it too.
+TEST(RegistryProbe, APluginThatExitsOrHangsInTheProbeIsSkippedAndRecorded) {
+  ScopedCacheHome cache;
+  ASSERT_FALSE(cache.path().empty());
+  const auto start = std::chrono::steady_clock::now();
+  auto reg = scan({"static_exits", "score_hangs", "good"}, probed(std::chrono::milliseconds(1500)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "the hang was cut short";
+  EXPECT_EQ(reg.plugins().size(), 1u);
+  EXPECT_THAT(broken_reason(reg, "fixture-static-exit.so"),
+              HasSubstr("ended the process (exit status 3) while loading or scoring in colibri-plugin-probe"));
+  EXPECT_THAT(broken_reason(reg, "fixture-hang.so"),
+              HasSubstr("did not finish within 1.5 s (killed) while loading or scoring in colibri-plugin-probe"));
+  EXPECT_EQ(cache.records().size(), 2u);
+  auto again = scan({"static_exits", "score_hangs", "good"}, probed(std::chrono::milliseconds(1500)));
+  EXPECT_THAT(broken_reason(again, "fixture-static-exit.so"),
+              HasSubstr("ended colibri's process (exit status 3) while loading or scoring on an earlier run"));
+  EXPECT_THAT(broken_reason(again, "fixture-hang.so"),
+              HasSubstr("hung (no answer within 1.5 s) while loading or scoring on an earlier run"));
+}
+
+// A plugin that loads and scores in the probe is probed once: later scans load it at once, until the file changes.
+// colibri's own plugins (its install directory) are not probed. Counted by a fixture that logs every load.
+TEST(RegistryProbe, APluginIsProbedOnceUntilItsFileChangesAndColibrisOwnAreNot) {
+  ScopedCacheHome cache;
+  ASSERT_FALSE(cache.path().empty());
+  const fs::path dir = cache.path() / "plugins", log_file = cache.path() / "loads.txt";
+  fs::create_directories(dir);
+  const fs::path file = dir / "libcolibri-storage-fixture-counts.so";
+  fs::copy_file(fixture_dir("counts_loads") / file.filename(), file);
+  ::setenv("COLIBRI_FIXTURE_LOAD_LOG", log_file.c_str(), 1);
+  auto loads = [&] {
+    std::ifstream in(log_file);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) ++n;
+    return n;
+  };
+  // This process loads the file once (dlopen of a loaded library runs no constructor again): every later load in the
+  // log is a probe's.
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), probed());
+  ASSERT_EQ(reg.plugins().size(), 1u) << broken_reason(reg, "counts");
+  EXPECT_EQ(loads(), 2) << "the probe's load, then this process's";
+  auto again = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), probed());
+  ASSERT_EQ(again.plugins().size(), 1u);
+  EXPECT_EQ(loads(), 2) << "not probed again (and already loaded here)";
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
+  auto changed = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), probed());
+  ASSERT_EQ(changed.plugins().size(), 1u);
+  EXPECT_EQ(loads(), 3) << "a changed file is probed again";
+  fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
+  auto own = PluginRegistry::scan({{dir, "install dir", SearchDirKind::colibri}}, colibri::util::host_info(), probed());
+  EXPECT_EQ(loads(), 3) << "colibri's own plugins are not probed";
+  ::unsetenv("COLIBRI_FIXTURE_LOAD_LOG");
+}
+
+// A probe that does not run here (a broken install) is not the plugins' fault: they load in this process, as
+// without it, and the scan says so once.
+TEST(RegistryProbe, AProbeThatDoesNotStartLoadsThePluginsHere) {
+  ScopedCacheHome cache;
+  ScanOptions broken_probe;
+  broken_probe.probe = "/bin/false";
+  CapturedLog log;
+  auto reg = scan({"good"}, broken_probe);
+  log.restore();
+  EXPECT_EQ(reg.plugins().size(), 1u);
+  EXPECT_TRUE(reg.broken().empty());
+  EXPECT_THAT(log.str(), HasSubstr("/bin/false did not start; plugins are loaded without it"));
 }
 
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {

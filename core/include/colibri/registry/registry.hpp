@@ -2,6 +2,7 @@
 // Built on Boost.DLL; libraries load RTLD_NOW | RTLD_LOCAL and stay loaded while the process runs.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -53,11 +54,27 @@ struct BrokenPlugin {
   std::string reason;
 };
 
+// colibri-plugin-probe next to the executable, else where colibri installs it; empty where neither exists.
+std::filesystem::path default_probe();
+
+struct ScanOptions {
+  // colibri-plugin-probe: a plugin of a user's or third-party directory is first loaded and scored by it, in a process
+  // of its own, the first time the file is seen (and after it changes), so that one that crashes, exits or hangs
+  // there is skipped (and recorded) instead of ending the command. Empty: such plugins load here at once.
+  std::filesystem::path probe = default_probe();
+  std::chrono::milliseconds probe_timeout{60000};
+};
+
 class PluginRegistry {
  public:
   // Loads every libcolibri-*.so in the directories (first occurrence of a kind/name wins; a later
   // one is reported broken as a duplicate). Never throws for bad libraries: they go to broken().
-  static PluginRegistry scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host);
+  static PluginRegistry scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host,
+                             const ScanOptions& options = {});
+
+  // colibri-plugin-probe's main: `--report-fd=N FILE` loads and scores FILE in this process, writing 'R' to fd N
+  // before and 'D' after (a crash there is recorded as in scan()). Returns the exit status.
+  static int probe_main(int argc, char** argv);
 
   [[nodiscard]] const std::vector<PluginInfo>& plugins() const noexcept { return plugins_; }
   [[nodiscard]] const std::vector<BrokenPlugin>& broken() const noexcept { return broken_; }
@@ -93,9 +110,12 @@ class PluginRegistry {
 
  private:
   void load_one(const std::filesystem::path& file, const sdk::HostInfo& host, const SearchDir& dir);
+  // What the probe found wrong with `file` ("" when it loaded and scored it, or when the probe cannot run here).
+  std::string probe_problem(const std::filesystem::path& file);
   PluginInfo* find_mutable(sdk::PluginKind kind, std::string_view name) noexcept;
 
   sdk::HostInfo host_;
+  ScanOptions options_;
   std::vector<SearchDir> search_path_;
   std::vector<PluginInfo> plugins_;
   std::vector<BrokenPlugin> broken_;
