@@ -616,7 +616,10 @@ ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::mil
 
 fs::path default_probe() {
   std::error_code ec;
-  for (const fs::path& p : {executable_dir() / "colibri-plugin-probe", fs::path(COLIBRI_PROBE_INSTALL_PATH)}) {
+  // The build tree; an installed tree moved elsewhere (as the plugins next to the executable); the install path.
+  const fs::path exe = executable_dir();
+  for (const fs::path& p : {exe / "colibri-plugin-probe", exe / ".." / "lib" / "colibri" / "colibri-plugin-probe",
+                            fs::path(COLIBRI_PROBE_INSTALL_PATH)}) {
     if (!p.parent_path().empty() && fs::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0) return p;
   }
   return {};

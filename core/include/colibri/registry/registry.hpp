@@ -54,7 +54,8 @@ struct BrokenPlugin {
   std::string reason;
 };
 
-// colibri-plugin-probe next to the executable, else where colibri installs it; empty where neither exists.
+// colibri-plugin-probe next to the executable, or in <exe>/../lib/colibri, else where colibri installs it; empty where
+// none exists.
 std::filesystem::path default_probe();
 
 struct ScanOptions {
