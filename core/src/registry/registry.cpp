@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <ucontext.h>
@@ -557,60 +558,108 @@ void note_probed(const CrashRecord& r) {
 
 // How colibri-plugin-probe ended on one file.
 struct ProbeRun {
-  bool started = false;   // it said 'R': whatever follows is the plugin's doing
-  bool finished = false;  // it said 'D' and exited 0
-  bool timed_out = false;
-  int status = 0;  // waitpid's
+  bool started = false;    // it said 'R': whatever follows is the plugin's doing
+  bool finished = false;   // it said 'D' and exited 0
+  bool timed_out = false;  // killed (its process group) at the deadline
+  bool reaped = false;     // `status` is known (a host ignoring SIGCHLD leaves it unknown)
+  int status = 0;          // waitpid's
 };
 
 ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::milliseconds timeout) {
   ProbeRun run;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return run;
-  // The write end becomes the child's fd 3 (dup2 clears close-on-exec there), or 5 in the odd case it is 3 already.
+  // The write end becomes the child's fd 3 (dup2 clears close-on-exec there), or 5 in the odd case it is 3 already;
+  // duplicated before /dev/null takes 0-2, which it may be when those were closed.
   const int report_fd = fds[1] == 3 ? 5 : 3;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], report_fd);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);  // its crash report: ours says it
-  posix_spawn_file_actions_adddup2(&actions, fds[1], report_fd);
+  // A group of its own: a terminal's Ctrl-C is not the plugin's doing, and a timeout kills whatever it started.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   std::string exe = probe.string(), fd_arg = "--report-fd=" + std::to_string(report_fd), target = file.string();
   char* argv[] = {exe.data(), fd_arg.data(), target.data(), nullptr};
   pid_t pid = 0;
-  const int spawned = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+  const int spawned = ::posix_spawn(&pid, exe.c_str(), &actions, &attributes, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   ::close(fds[1]);
   if (spawned != 0) {
     ::close(fds[0]);
     return run;
   }
+  // Until 'D', or until it has ended (the pipe closed and the process reaped), or the deadline.
   std::string said;
+  bool pipe_open = true;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (said.find('D') == std::string::npos) {
+    if (!pipe_open) {
+      const pid_t r = ::waitpid(pid, &run.status, WNOHANG);
+      if (r == pid || (r < 0 && errno == ECHILD)) {
+        run.reaped = r == pid;
+        break;
+      }
+    }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       run.timed_out = true;
       break;
     }
+    if (!pipe_open) {  // it closed the pipe but lives on: poll its end
+      ::poll(nullptr, 0, static_cast<int>(std::min<std::int64_t>(left.count(), 20)));
+      continue;
+    }
     pollfd p{fds[0], POLLIN, 0};
     const int n = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;  // the deadline decides
+    if (n <= 0) continue;  // EINTR or no news: the deadline decides
     char buf[16];
     const ssize_t got = ::read(fds[0], buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;  // it ended
+    if (got <= 0) {
+      pipe_open = false;
+      continue;
+    }
     said.append(buf, static_cast<std::size_t>(got));
   }
   ::close(fds[0]);
-  if (run.timed_out) ::kill(pid, SIGKILL);
-  while (::waitpid(pid, &run.status, 0) < 0 && errno == EINTR) {
+  if (run.timed_out) ::kill(-pid, SIGKILL);
+  if (!run.reaped) {
+    pid_t r;
+    while ((r = ::waitpid(pid, &run.status, 0)) < 0 && errno == EINTR) {
+    }
+    run.reaped = r == pid;
   }
   run.started = said.find('R') != std::string::npos;
-  run.finished = said.find('D') != std::string::npos && WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0;
+  const bool said_done = said.find('D') != std::string::npos;
+  run.finished = said_done && (!run.reaped || (WIFEXITED(run.status) && WEXITSTATUS(run.status) == 0));
   return run;
+}
+
+// A crash record written whole or not at all (another command may read it meanwhile).
+bool write_crash_record_atomically(const CrashRecord& r, const char* what, const char* value) {
+  CrashRecord tmp = r;
+  tmp.path = r.path + ".tmp" + std::to_string(::getpid());
+  if (!write_crash_record(tmp, what, value)) {
+    ::unlink(tmp.path.c_str());
+    return false;
+  }
+  if (::rename(tmp.path.c_str(), r.path.c_str()) != 0) {
+    ::unlink(tmp.path.c_str());
+    return false;
+  }
+  return true;
+}
+
+// Signals that end a process from outside (a shutdown, the OOM killer): not the plugin's doing.
+bool external_signal(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT || sig == SIGKILL || sig == SIGPIPE;
 }
 }  // namespace
 
@@ -628,34 +677,54 @@ fs::path default_probe() {
 std::string PluginRegistry::probe_problem(const fs::path& file) {
   const std::optional<CrashRecord> record = crash_record_for(file);
   if (!record || probed_before(*record)) return {};
+  // A probe that did not run is not tried again by this process (each try may cost the timeout).
+  static std::mutex unusable_mu;
+  static std::set<std::string> unusable;
+  {
+    std::lock_guard lock(unusable_mu);
+    if (unusable.count(options_.probe.string()) != 0) return {};
+  }
   const ProbeRun run = run_probe(options_.probe, file, options_.probe_timeout);
   if (!run.started) {
     // Not the plugin: the probe did not run here (a broken install). Plugins load as they did without it.
-    if (first_time_said("probe " + options_.probe.string())) {
-      spdlog::warn("{} did not start; plugins are loaded without it (a crashing one would end the command)",
-                   options_.probe.string());
+    {
+      std::lock_guard lock(unusable_mu);
+      unusable.insert(options_.probe.string());
     }
+    spdlog::warn("{} did not start{}; plugins are loaded without it (a crashing one would end the command)",
+                 options_.probe.string(), run.timed_out ? " in time" : "");
     return {};
   }
   if (run.finished) {
     note_probed(*record);
     return {};
   }
-  std::string what, value;
-  if (run.timed_out) {
+  if (run.reaped && WIFSIGNALED(run.status) && external_signal(WTERMSIG(run.status)) && !run.timed_out) {
+    return {};  // ended from outside (a shutdown): the plugin loads here, as without the probe
+  }
+  // The probe's own handler records a crash (under a sanitizer the process then ends with the sanitizer's exit
+  // status instead of the signal): its record says what happened. Anything else is recorded here. Either way the
+  // file is skipped from now on, as after a crash in this process.
+  std::string what, value, kept;
+  if (auto text = model::io::read_text(record->path, 1 << 16); text && text->starts_with(record->identity)) {
+    kept = text->substr(record->identity.size());
+    kept.resize(std::min(kept.size(), kept.find('\n')));
+  }
+  bool recorded = kept.starts_with("signal ");
+  if (recorded) {
+    what = "signal ";
+    value = kept.substr(7);
+  } else if (run.timed_out) {
     what = "timeout ";
     value = fmt::format("{:g} s", static_cast<double>(options_.probe_timeout.count()) / 1000.0);
-  } else if (WIFSIGNALED(run.status)) {
+  } else if (run.reaped && WIFSIGNALED(run.status)) {
     what = "signal ";
     value = std::to_string(WTERMSIG(run.status));
   } else {
     what = "exit status ";
-    value = std::to_string(WIFEXITED(run.status) ? WEXITSTATUS(run.status) : -1);
+    value = run.reaped && WIFEXITED(run.status) ? std::to_string(WEXITSTATUS(run.status)) : "unknown";
   }
-  // The probe records a crash itself (its handler); an exit or a hang is recorded here. Either way the file is
-  // skipped from now on, as after a crash in this process.
-  const bool recorded = (what == "signal " && !crash_record_reason(*record).empty()) ||
-                        (what != "signal " && write_crash_record(*record, what.c_str(), value.c_str()));
+  if (!recorded) recorded = write_crash_record_atomically(*record, what.c_str(), value.c_str());
   std::string ended = what == "signal "    ? "crashed (signal " + value + ")"
                       : what == "timeout " ? "did not finish within " + value + " (killed)"
                                            : "ended the process (exit status " + value + ")";
@@ -683,9 +752,11 @@ int PluginRegistry::probe_main(int argc, char** argv) {
                  "(run by colibri: loads and scores a plugin in a process of its own before colibri loads it)\n");
     return 2;
   }
-  (void)!::write(report_fd, "R", 1);
   PluginRegistry reg;
-  reg.host_ = util::host_info();
+  reg.host_ = util::host_info();            // before 'R': its own probes are not the plugin's doing
+  ::fcntl(report_fd, F_SETFD, FD_CLOEXEC);  // nothing the plugin starts holds the pipe
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // nor outlives colibri
+  (void)!::write(report_fd, "R", 1);
   reg.options_.probe.clear();  // loads here
   reg.load_one(file, reg.host_, SearchDir{file.parent_path(), "probe", SearchDirKind::user});
   (void)!::write(report_fd, "D", 1);

@@ -452,16 +452,19 @@ TEST(RegistryProbe, APluginThatCrashesInTheProbeIsSkippedAndTheCommandGoesOn) {
 TEST(RegistryProbe, APluginThatExitsOrHangsInTheProbeIsSkippedAndRecorded) {
   ScopedCacheHome cache;
   ASSERT_FALSE(cache.path().empty());
-  const auto start = std::chrono::steady_clock::now();
-  auto reg = scan({"static_exits", "score_hangs", "good"}, probed(std::chrono::milliseconds(1500)));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "the hang was cut short";
+  auto reg = scan({"static_exits", "good"}, probed());
   EXPECT_EQ(reg.plugins().size(), 1u);
   EXPECT_THAT(broken_reason(reg, "fixture-static-exit.so"),
               HasSubstr("ended the process (exit status 3) while loading or scoring in colibri-plugin-probe"));
-  EXPECT_THAT(broken_reason(reg, "fixture-hang.so"),
+  // Only the hanging one under a short deadline: a loaded machine may take longer to start a good one.
+  const auto start = std::chrono::steady_clock::now();
+  auto hung = scan({"score_hangs"}, probed(std::chrono::milliseconds(1500)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "the hang was cut short";
+  EXPECT_THAT(broken_reason(hung, "fixture-hang.so"),
               HasSubstr("did not finish within 1.5 s (killed) while loading or scoring in colibri-plugin-probe"));
   EXPECT_EQ(cache.records().size(), 2u);
-  auto again = scan({"static_exits", "score_hangs", "good"}, probed(std::chrono::milliseconds(1500)));
+  auto again = scan({"static_exits", "score_hangs", "good"}, probed());
+  EXPECT_EQ(again.plugins().size(), 1u);
   EXPECT_THAT(broken_reason(again, "fixture-static-exit.so"),
               HasSubstr("ended colibri's process (exit status 3) while loading or scoring on an earlier run"));
   EXPECT_THAT(broken_reason(again, "fixture-hang.so"),
