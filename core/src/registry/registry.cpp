@@ -358,6 +358,14 @@ std::string crash_record_reason(const CrashRecord& r) {
     return {};
   }
   std::string signal = text->substr(r.identity.size());
+  // A hang may have been a slow day (a driver's cold start on a loaded machine): tried again after a day.
+  if (signal.starts_with("timeout ")) {
+    const auto age = fs::file_time_type::clock::now() - fs::last_write_time(r.path, ec);
+    if (!ec && age > std::chrono::hours(24)) {
+      fs::remove(r.path, ec);
+      return {};
+    }
+  }
   std::string during = "while loading or scoring";
   if (const auto eol = signal.find('\n'); eol != std::string::npos) {
     if (std::string rest = signal.substr(eol + 1); rest.starts_with("in ")) during = rest;
@@ -368,10 +376,11 @@ std::string crash_record_reason(const CrashRecord& r) {
   std::string ended = "crashed colibri (" + signal + ")";
   if (signal.starts_with("exit status ")) ended = "ended colibri's process (" + signal + ")";
   if (signal.starts_with("timeout ")) ended = "hung (no answer within " + signal.substr(8) + ")";
+  const std::string retry = signal.starts_with("timeout ") ? " (or a day has passed)" : "";
   return ended + " " + during +
          " on an earlier run (in its own code, or in a driver or library it calls); "
-         "skipped until the file or colibri changes (rebuild or replace it), or delete " +
-         r.path + " to try it again as it is";
+         "skipped until the file or colibri changes (rebuild or replace it)" +
+         retry + ", or delete " + r.path + " to try it again as it is";
 }
 
 // Sets one of the handler's globals for as long as it lives, then puts back the value it found (an outer call's).

@@ -120,7 +120,7 @@ struct TopkPush {
   std::uint32_t e, t, k, mode, renormalize, pad;
 };
 static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 72 && sizeof(RopePush) == 56 &&
-              sizeof(EltwisePush) == 48);
+              sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48);
 
 // Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
 // into staging buffers the shaders read directly, and outputs copied back after the run.
