@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -725,9 +724,7 @@ sdk::Expected<Manifest> parse_manifest(const json& j, const std::string& where) 
 }
 
 std::string manifest_identity(std::string_view text) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
-  return hex;
+  return io::hex64(XXH64(text.data(), text.size(), 0));
 }
 
 sdk::Expected<Manifest> load_manifest(const fs::path& dir) {

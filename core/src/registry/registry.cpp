@@ -36,6 +36,7 @@
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 #include "colibri/util/host_info.hpp"
+#include "colibri/util/output_file.hpp"
 #include "model/file_io.hpp"
 #include "registry/host_services.hpp"
 
@@ -349,15 +350,24 @@ std::optional<CrashRecord> crash_record_for(const fs::path& file) {
 
 // Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading, scoring
 // or creating. "" to load it; a record of an earlier version of the file is removed.
-std::string crash_record_reason(const CrashRecord& r) {
+// What a record of this very file says after its identity ("signal 11\n" and the call); nullopt where there is none.
+// A record of an earlier version of the file is removed.
+std::optional<std::string> crash_record_body(const CrashRecord& r) {
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(r.path, ec))) return {};
+  if (!fs::exists(fs::symlink_status(r.path, ec))) return std::nullopt;
   auto text = model::io::read_text(r.path, 1 << 16);
   if (!text || !text->starts_with(r.identity)) {
     fs::remove(r.path, ec);  // the file changed since (or the record is not one): try it again
-    return {};
+    return std::nullopt;
   }
-  std::string signal = text->substr(r.identity.size());
+  return text->substr(r.identity.size());
+}
+
+std::string crash_record_reason(const CrashRecord& r) {
+  std::error_code ec;
+  auto body = crash_record_body(r);
+  if (!body) return {};
+  std::string signal = std::move(*body);
   // A hang may have been a slow day (a driver's cold start on a loaded machine): tried again after a day.
   if (signal.starts_with("timeout ")) {
     const auto age = fs::file_time_type::clock::now() - fs::last_write_time(r.path, ec);
@@ -555,14 +565,8 @@ void note_probed(const CrashRecord& r) {
   std::error_code ec;
   const fs::path path = probe_note_path(r);
   fs::create_directories(path.parent_path(), ec);
-  const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << r.identity;
-    if (!out.flush()) ec = std::make_error_code(std::errc::io_error);
-  }
-  if (!ec) fs::rename(tmp, path, ec);  // a note is whole or absent (probes of two commands may race)
-  if (ec) fs::remove(tmp, ec);
+  // Whole or absent (probes of two commands may race); not written: probed again next time.
+  (void)util::write_file_atomically(path, [&](std::ostream& out) { return static_cast<bool>(out << r.identity); });
 }
 
 // How colibri-plugin-probe ended on one file.
@@ -651,19 +655,14 @@ ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::mil
   return run;
 }
 
-// A crash record written whole or not at all (another command may read it meanwhile).
-bool write_crash_record_atomically(const CrashRecord& r, const char* what, const char* value) {
-  CrashRecord tmp = r;
-  tmp.path = r.path + ".tmp" + std::to_string(::getpid());
-  if (!write_crash_record(tmp, what, value)) {
-    ::unlink(tmp.path.c_str());
-    return false;
-  }
-  if (::rename(tmp.path.c_str(), r.path.c_str()) != 0) {
-    ::unlink(tmp.path.c_str());
-    return false;
-  }
-  return true;
+// A crash record written whole or not at all (another command may read it meanwhile); outside a signal handler.
+bool write_crash_record_atomically(const CrashRecord& r, const std::string& what, const std::string& value) {
+  std::error_code ec;
+  fs::create_directories(fs::path(r.path).parent_path(), ec);
+  const sdk::Status written = util::write_file_atomically(r.path, [&](std::ostream& out) {
+    return static_cast<bool>(out << r.identity << what << value << '\n' << r.during);
+  });
+  return static_cast<bool>(written);
 }
 
 // Signals that end a process from outside (a shutdown, the OOM killer): not the plugin's doing.
@@ -714,11 +713,8 @@ std::string PluginRegistry::probe_problem(const fs::path& file) {
   // The probe's own handler records a crash (under a sanitizer the process then ends with the sanitizer's exit
   // status instead of the signal): its record says what happened. Anything else is recorded here. Either way the
   // file is skipped from now on, as after a crash in this process.
-  std::string what, value, kept;
-  if (auto text = model::io::read_text(record->path, 1 << 16); text && text->starts_with(record->identity)) {
-    kept = text->substr(record->identity.size());
-    kept.resize(std::min(kept.size(), kept.find('\n')));
-  }
+  std::string what, value, kept = crash_record_body(*record).value_or("");
+  kept.resize(std::min(kept.size(), kept.find('\n')));
   bool recorded = kept.starts_with("signal ");
   if (recorded) {
     what = "signal ";
@@ -733,7 +729,7 @@ std::string PluginRegistry::probe_problem(const fs::path& file) {
     what = "exit status ";
     value = run.reaped && WIFEXITED(run.status) ? std::to_string(WEXITSTATUS(run.status)) : "unknown";
   }
-  if (!recorded) recorded = write_crash_record_atomically(*record, what.c_str(), value.c_str());
+  if (!recorded) recorded = write_crash_record_atomically(*record, what, value);
   std::string ended = what == "signal "    ? "crashed (signal " + value + ")"
                       : what == "timeout " ? "did not finish within " + value + " (killed)"
                                            : "ended the process (exit status " + value + ")";
