@@ -30,6 +30,11 @@ constexpr std::uint32_t kMatmulTile = 8;
 constexpr std::int64_t kMaxRoutedPicks = 64;  // route_experts.comp's kMaxPicks
 constexpr const char* kRoles[] = {"W_gate", "W_up", "W_down"};
 
+// Regions of the scratch and of the address ring start on 256-byte boundaries.
+constexpr std::size_t align256(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
 const char* type_suffix(DType t) {
   switch (t) {
     case DType::f32: return "f32";
@@ -290,7 +295,7 @@ Expected<std::uint64_t> VulkanCompute::routed_constants(std::size_t d_bytes) {
 }
 
 Expected<std::pair<std::uint64_t*, std::uint64_t>> VulkanCompute::routed_table_space(std::size_t count) {
-  const std::size_t bytes = (count * sizeof(std::uint64_t) + 255) / 256 * 256;
+  const std::size_t bytes = align256(count * sizeof(std::uint64_t));
   if (routed_tables_.size < bytes || routed_tables_used_ + bytes > routed_tables_.size) {
     // Queued commands read the tables written so far: they finish before any is overwritten or freed.
     if (Status s = ctx_->settle_deferred(); !s) return s;
@@ -415,7 +420,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         const std::size_t ft_bytes =
             static_cast<std::size_t>(sdk::row_count(in[stride * e]) * sdk::row_count(in[stride * e + 3])) *
             sizeof(float);
-        return (ft_bytes + 255) / 256 * 256;
+        return align256(ft_bytes);
       };
       std::size_t scratch_bytes = 0;
       for (std::size_t e = 0; e < experts; ++e) scratch_bytes += 2 * scratch_of(e);
@@ -469,12 +474,11 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         auto nan = routed_constants(static_cast<std::size_t>(d) * sizeof(float));
         if (!nan) return nan.error().with_context(name);
         const std::uint64_t zeros = *nan + sizeof(float);
-        auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
-        const std::size_t half = align(static_cast<std::size_t>(f) * sizeof(float));
-        const std::size_t per_pick = 2 * half + align(static_cast<std::size_t>(d) * sizeof(float));
+        const std::size_t half = align256(static_cast<std::size_t>(f) * sizeof(float));
+        const std::size_t per_pick = 2 * half + align256(static_cast<std::size_t>(d) * sizeof(float));
         const auto picks = static_cast<std::size_t>(k);
-        const std::size_t slot_bytes = align(picks * 3 * sizeof(std::uint64_t));
-        COLIBRI_VK_TRY(ensure_scratch(per_pick * picks + slot_bytes + align(picks * sizeof(float))));
+        const std::size_t slot_bytes = align256(picks * 3 * sizeof(std::uint64_t));
+        COLIBRI_VK_TRY(ensure_scratch(per_pick * picks + slot_bytes + align256(picks * sizeof(float))));
         const std::uint64_t slots = scratch_.address + per_pick * picks, sorted = slots + slot_bytes;
         Command route;
         route.shader = "route_experts";
@@ -534,11 +538,10 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         }
       }
       // Per pick: its gate and up scratch and its output.
-      auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
       std::size_t per_pick = 0;
       for (const auto& [e, j] : order) {
         const std::int64_t fe = sdk::row_count(in[static_cast<std::size_t>(3 + 3 * e)]);
-        per_pick = std::max(per_pick, 2 * align(static_cast<std::size_t>(fe) * sizeof(float)) + align(d_bytes));
+        per_pick = std::max(per_pick, 2 * align256(static_cast<std::size_t>(fe) * sizeof(float)) + align256(d_bytes));
       }
       COLIBRI_VK_TRY(ensure_scratch(per_pick * order.size()));
       std::uint64_t next = scratch_.address;
@@ -551,7 +554,7 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         COLIBRI_VK_BIND(ua, wu, (who + "W_up").c_str(), false, weight_align(wu.type));
         COLIBRI_VK_BIND(da, wd, (who + "W_down").c_str(), false, weight_align(wd.type));
         const std::int64_t fe = sdk::row_count(wg);
-        const std::size_t half = align(static_cast<std::size_t>(fe) * sizeof(float));
+        const std::size_t half = align256(static_cast<std::size_t>(fe) * sizeof(float));
         const std::uint64_t gate = next, up = next + half, ye = next + 2 * half;
         next += per_pick;
         append_expert(cmds, {wg.type, wu.type, wd.type, ga, ua, da, xa, ye, gate, up, 0, 0, 0, d, fe, 1}, false, 0.0f,
