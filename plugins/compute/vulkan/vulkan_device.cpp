@@ -651,13 +651,8 @@ void Context::submit_deferred() noexcept {
   if (deferred_.empty()) return;
   std::vector<Dispatch> commands;
   commands.swap(deferred_);
-  // Finished ones go (each holds this Context, and the list would otherwise grow with every flush); a GPU error one
-  // of them met is kept.
-  std::erase_if(deferred_running_, [&](const std::shared_ptr<Submission>& s) {
-    if (!s->ready()) return false;
-    if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));
-    return true;
-  });
+  // Finished ones go (each holds this Context, and the list would otherwise grow with every flush).
+  drop_finished_locked();
   ++queued_submissions_;
   auto sub = queued_submissions_ == fail_queued_submission_
                  ? Expected<std::shared_ptr<Submission>>(vk_error("submitting GPU work", VK_ERROR_DEVICE_LOST))
@@ -689,8 +684,12 @@ void Context::wait_deferred() noexcept {
   }
   // Waited for without the queue's lock: other threads' copies and submissions go on meanwhile.
   for (auto& s : running) (void)s->wait();
-  // Finished: dropped by whichever thread finds them first, which keeps a failure (each kept once).
   std::lock_guard lock(queue_mu_);
+  drop_finished_locked();
+}
+
+void Context::drop_finished_locked() noexcept {
+  // By whichever thread finds them finished first, which keeps a GPU error one met (each kept once).
   std::erase_if(deferred_running_, [&](const std::shared_ptr<Submission>& s) {
     if (!s->ready()) return false;
     if (Status w = s->wait(); !w) keep_deferred_error(std::move(w));

@@ -134,6 +134,8 @@ class Context : public std::enable_shared_from_this<Context> {
   int find_memory_type(std::uint32_t type_bits, VkMemoryPropertyFlags required, VkMemoryPropertyFlags preferred) const;
   void free_command(VkCommandBuffer cmd, VkFence fence) noexcept;
   void keep_deferred_error(sdk::Status s) noexcept;
+  // Drops the queued submissions that have finished, keeping a failure; queue_mu_ held.
+  void drop_finished_locked() noexcept;
 
   Api api_;
   sdk::HostServices* host_ = nullptr;
