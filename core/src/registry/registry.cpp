@@ -682,29 +682,32 @@ fs::path default_probe() {
   return {};
 }
 
-std::string PluginRegistry::probe_problem(const fs::path& file) {
-  const std::optional<CrashRecord> record = crash_record_for(file);
-  if (!record || probed_before(*record)) return {};
+namespace {
+
+// What the probe found wrong with `file`, whose crash record is `record`: "" when it loaded and scored it, or when
+// the probe cannot run here.
+std::string probe_problem(const ScanOptions& options, const fs::path& file, const CrashRecord& record) {
+  if (probed_before(record)) return {};
   // A probe that did not run is not tried again by this process (each try may cost the timeout).
   static std::mutex unusable_mu;
   static std::set<std::string> unusable;
   {
     std::lock_guard lock(unusable_mu);
-    if (unusable.count(options_.probe.string()) != 0) return {};
+    if (unusable.count(options.probe.string()) != 0) return {};
   }
-  const ProbeRun run = run_probe(options_.probe, file, options_.probe_timeout);
+  const ProbeRun run = run_probe(options.probe, file, options.probe_timeout);
   if (!run.started) {
     // Not the plugin: the probe did not run here (a broken install). Plugins load as they did without it.
     {
       std::lock_guard lock(unusable_mu);
-      unusable.insert(options_.probe.string());
+      unusable.insert(options.probe.string());
     }
     spdlog::warn("{} did not start{}; plugins are loaded without it (a crashing one would end the command)",
-                 options_.probe.string(), run.timed_out ? " in time" : "");
+                 options.probe.string(), run.timed_out ? " in time" : "");
     return {};
   }
   if (run.finished) {
-    note_probed(*record);
+    note_probed(record);
     return {};
   }
   if (run.reaped && WIFSIGNALED(run.status) && external_signal(WTERMSIG(run.status)) && !run.timed_out) {
@@ -713,7 +716,7 @@ std::string PluginRegistry::probe_problem(const fs::path& file) {
   // The probe's own handler records a crash (under a sanitizer the process then ends with the sanitizer's exit
   // status instead of the signal): its record says what happened. Anything else is recorded here. Either way the
   // file is skipped from now on, as after a crash in this process.
-  std::string what, value, kept = crash_record_body(*record).value_or("");
+  std::string what, value, kept = crash_record_body(record).value_or("");
   kept.resize(std::min(kept.size(), kept.find('\n')));
   bool recorded = kept.starts_with("signal ");
   if (recorded) {
@@ -721,7 +724,7 @@ std::string PluginRegistry::probe_problem(const fs::path& file) {
     value = kept.substr(7);
   } else if (run.timed_out) {
     what = "timeout ";
-    value = fmt::format("{:g} s", static_cast<double>(options_.probe_timeout.count()) / 1000.0);
+    value = fmt::format("{:g} s", static_cast<double>(options.probe_timeout.count()) / 1000.0);
   } else if (run.reaped && WIFSIGNALED(run.status)) {
     what = "signal ";
     value = std::to_string(WTERMSIG(run.status));
@@ -729,16 +732,18 @@ std::string PluginRegistry::probe_problem(const fs::path& file) {
     what = "exit status ";
     value = run.reaped && WIFEXITED(run.status) ? std::to_string(WEXITSTATUS(run.status)) : "unknown";
   }
-  if (!recorded) recorded = write_crash_record_atomically(*record, what, value);
+  if (!recorded) recorded = write_crash_record_atomically(record, what, value);
   std::string ended = what == "signal "    ? "crashed (signal " + value + ")"
                       : what == "timeout " ? "did not finish within " + value + " (killed)"
                                            : "ended the process (exit status " + value + ")";
   return ended + " while loading or scoring in colibri-plugin-probe, a process of its own, so this command goes on " +
          "without it; " +
-         (recorded ? "skipped until the file or colibri changes (rebuild or replace it), or delete " + record->path +
+         (recorded ? "skipped until the file or colibri changes (rebuild or replace it), or delete " + record.path +
                          " to try it again as it is"
                    : "not recorded (the cache directory is not writable), so the next command probes it again");
 }
+
+}  // namespace
 
 int PluginRegistry::probe_main(int argc, char** argv) {
   int report_fd = -1;
@@ -818,8 +823,8 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
     }
   }
   // colibri's own plugins are built and tested with it; others are probed once first (where the probe exists).
-  if (dir.kind != SearchDirKind::colibri && !options_.probe.empty()) {
-    if (auto why = probe_problem(file); !why.empty()) {
+  if (record && dir.kind != SearchDirKind::colibri && !options_.probe.empty()) {
+    if (auto why = probe_problem(options_, file, *record); !why.empty()) {
       if (first_time_said("probe problem " + file.string())) spdlog::warn("plugin {}: {}", file.string(), why);
       broken_.push_back({file, why});
       return;

@@ -111,8 +111,6 @@ class PluginRegistry {
 
  private:
   void load_one(const std::filesystem::path& file, const sdk::HostInfo& host, const SearchDir& dir);
-  // What the probe found wrong with `file` ("" when it loaded and scored it, or when the probe cannot run here).
-  std::string probe_problem(const std::filesystem::path& file);
   PluginInfo* find_mutable(sdk::PluginKind kind, std::string_view name) noexcept;
 
   sdk::HostInfo host_;
