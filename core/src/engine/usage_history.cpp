@@ -63,8 +63,7 @@ fs::path usage_history_path(const fs::path& model_dir) {
   fs::path abs = fs::weakly_canonical(fs::absolute(model_dir, ec), ec);
   if (ec) abs = model_dir;
   const std::string text = abs.string();
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  const std::string hash = model::io::hex64(XXH64(text.data(), text.size(), 0));
   std::string name = abs.filename().string();
   if (name.empty()) name = "model";
   // Two models with the same directory name in different places get different files.

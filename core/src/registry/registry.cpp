@@ -334,8 +334,7 @@ std::optional<CrashRecord> crash_record_for(const fs::path& file) {
   struct stat st {};
   if (::stat(abs.c_str(), &st) != 0) return std::nullopt;
   const std::string text = abs.string();
-  char hash[17];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  const std::string hash = model::io::hex64(XXH64(text.data(), text.size(), 0));
   const fs::path dir = util::colibri_cache_dir() / "crashed-plugins";
   CrashRecord r;
   r.dirs = {dir.parent_path().parent_path().string(), dir.parent_path().string(), dir.string()};
