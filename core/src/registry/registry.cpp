@@ -577,7 +577,8 @@ struct ProbeRun {
   int status = 0;          // waitpid's
 };
 
-ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::milliseconds timeout) {
+ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::milliseconds timeout,
+                   std::chrono::milliseconds start_timeout) {
   ProbeRun run;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return run;
@@ -606,11 +607,15 @@ ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::mil
     ::close(fds[0]);
     return run;
   }
-  // Until 'D', or until it has ended (the pipe closed and the process reaped), or the deadline.
+  // Until 'D', or until it has ended (the pipe closed and the process reaped), or the deadline: the start's until
+  // it says 'R' (a probe stuck in its own libraries is not worth the plugin's whole timeout), then the plugin's.
   std::string said;
   bool pipe_open = true;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto now = std::chrono::steady_clock::now();
+  const auto plugin_deadline = now + timeout;
+  const auto start_deadline = now + std::min(timeout, start_timeout);
   while (said.find('D') == std::string::npos) {
+    const auto deadline = said.find('R') == std::string::npos ? start_deadline : plugin_deadline;
     if (!pipe_open) {
       const pid_t r = ::waitpid(pid, &run.status, WNOHANG);
       if (r == pid || (r < 0 && errno == ECHILD)) {
@@ -694,7 +699,7 @@ std::string probe_problem(const ScanOptions& options, const fs::path& file, cons
     std::lock_guard lock(unusable_mu);
     if (unusable.count(options.probe.string()) != 0) return {};
   }
-  const ProbeRun run = run_probe(options.probe, file, options.probe_timeout);
+  const ProbeRun run = run_probe(options.probe, file, options.probe_timeout, options.probe_start_timeout);
   if (!run.started) {
     // Not the plugin: the probe did not run here (a broken install). Plugins load as they did without it.
     {

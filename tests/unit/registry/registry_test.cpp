@@ -529,6 +529,36 @@ TEST(RegistryProbe, AProbeThatDoesNotStartLoadsThePluginsHere) {
   EXPECT_THAT(log.str(), HasSubstr("/bin/false did not start; plugins are loaded without it"));
 }
 
+// A probe stuck before it starts (in its own libraries) costs its start deadline, not the plugin's whole timeout,
+// and is not tried again by this process.
+TEST(RegistryProbe, AProbeThatHangsBeforeItStartsCostsOnlyItsStartDeadline) {
+  ScopedCacheHome cache;
+  ASSERT_FALSE(cache.path().empty());
+  const fs::path stuck = cache.path() / "stuck-probe";
+  {
+    std::ofstream out(stuck);
+    out << "#!/bin/sh\nexec sleep 600\n";
+  }
+  fs::permissions(stuck, fs::perms::owner_all);
+  ScanOptions options;
+  options.probe = stuck;
+  options.probe_timeout = std::chrono::hours(1);
+  options.probe_start_timeout = std::chrono::milliseconds(300);
+  CapturedLog log;
+  const auto start = std::chrono::steady_clock::now();
+  auto reg = scan({"good", "score_zero"}, options);
+  const auto took = std::chrono::steady_clock::now() - start;
+  log.restore();
+  EXPECT_LT(took, std::chrono::minutes(1)) << "waited for the plugin's timeout";
+  EXPECT_EQ(reg.plugins().size(), 2u) << "both load here";
+  EXPECT_TRUE(reg.broken().empty());
+  EXPECT_TRUE(cache.records().empty()) << "the plugins are not to blame";
+  const std::string said = log.str();
+  const std::string warning = stuck.string() + " did not start in time; plugins are loaded without it";
+  EXPECT_THAT(said, HasSubstr(warning));
+  EXPECT_EQ(said.find(warning), said.rfind(warning)) << "tried once, not once per plugin";
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "not under a sanitizer";

@@ -64,6 +64,8 @@ struct ScanOptions {
   // there is skipped (and recorded) instead of ending the command. Empty: such plugins load here at once.
   std::filesystem::path probe = default_probe();
   std::chrono::milliseconds probe_timeout{60000};
+  // Until the probe itself has started (before it loads the plugin): longer, and it is taken as not running here.
+  std::chrono::milliseconds probe_start_timeout{10000};
 };
 
 class PluginRegistry {
