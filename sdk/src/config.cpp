@@ -16,6 +16,8 @@ std::string_view to_string(OptionType type) noexcept {
     case OptionType::string: return "string";
     case OptionType::size: return "size";
     case OptionType::string_list: return "list of strings";
+    case OptionType::path: return "path";
+    case OptionType::path_list: return "list of paths";
   }
   return "unknown";
 }
@@ -135,13 +137,15 @@ Expected<ConfigValue> parse_option_value(const OptionSpec& spec, std::string_vie
         if (!std::isfinite(v)) return wrong("a finite number");  // nan would pass every range check
         return ConfigValue{v};
       }
-      case OptionType::string: return ConfigValue{std::string(t)};
+      case OptionType::string:
+      case OptionType::path: return ConfigValue{std::string(t)};
       case OptionType::size: {
         auto v = parse_size(t);
         if (!v) return v.error();
         return ConfigValue{static_cast<std::int64_t>(*v)};
       }
-      case OptionType::string_list: {
+      case OptionType::string_list:
+      case OptionType::path_list: {
         std::string_view body = t;
         if (!body.empty() && body.front() == '[') {
           if (body.back() != ']') return wrong("a list like [a, b]");

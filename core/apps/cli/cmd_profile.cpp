@@ -226,6 +226,17 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
     }
     return std::nullopt;
   };
+  // A path as colibri reads it (a profile file's relative path starts at that file), where that differs from the text.
+  auto resolved = [](const profile::Entry& e) -> std::optional<nlohmann::json> {
+    if (e.value.is_auto) return std::nullopt;
+    const bool one = std::holds_alternative<std::string>(e.value.value);
+    if (!one && !std::holds_alternative<std::vector<std::string>>(e.value.value)) return std::nullopt;
+    const sdk::OptionSpec as_written{"", one ? sdk::OptionType::string : sdk::OptionType::string_list, "", ""};
+    auto written = sdk::parse_option_value(as_written, e.text);
+    if (!written || written->value == e.value.value) return std::nullopt;
+    if (one) return nlohmann::json(std::get<std::string>(e.value.value));
+    return nlohmann::json(std::get<std::vector<std::string>>(e.value.value));
+  };
   if (opts.json) {
     nlohmann::json out;
     out["profile"] = prof->name();
@@ -235,6 +246,7 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
       nlohmann::json v{{"value", e.text}, {"origin", e.origin.describe()}, {"checked", e.validated}};
       if (e.value.is_auto) v["auto"] = meaning(key);
       if (auto b = size_bytes(key, e)) v["bytes"] = *b;
+      if (auto r = resolved(e)) v["resolved"] = *r;
       out["values"][key] = v;
     }
     out["problems"] = notes;
@@ -258,6 +270,14 @@ int show(const GlobalOptions& global, const ProfileOptions& opts) {
       if (auto m = meaning(key); !m.empty()) std::cout << "; auto = " << m;
     }
     if (auto b = size_bytes(key, e); b && e.text != std::to_string(*b)) std::cout << "; " << *b << " bytes";
+    if (auto r = resolved(e)) {
+      std::string shown_path = r->is_string() ? r->get<std::string>() : "";
+      for (const auto& p : r->is_array() ? *r : nlohmann::json::array()) {
+        shown_path += (shown_path.empty() ? "[" : ", ") + p.get<std::string>();
+      }
+      if (r->is_array()) shown_path += shown_path.empty() ? "[]" : "]";
+      std::cout << "; read as " << shown_path;
+    }
     if (!e.validated) std::cout << "; NOT CHECKED (its plugin was not found)";
     std::cout << "\n";
   }

@@ -108,7 +108,7 @@ int serve(Flags& f) {
   so.scheduler.max_queue = static_cast<std::size_t>(f.max_queue);
   so.scheduler.max_batch = f.max_batch;
   so.scheduler.prefill_chunk = f.ubatch;
-  so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_string("cache.auto_pin_history");
+  so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_path("cache.auto_pin_history");
   // Written at exit: a path that cannot take it is said now, not after a day's counts are lost.
   if (const std::filesystem::path history = so.scheduler.usage_history; !history.empty()) {
     const std::string named = !f.usage_history.empty() ? "--usage-history" : "cache.auto_pin_history";

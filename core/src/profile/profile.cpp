@@ -46,15 +46,15 @@ const OptionSpec kCanonical[] = {
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
   {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},
   {"storage.queue_depth", OptionType::integer, "32", "reads in flight at once"},
-  {"storage.paths", OptionType::string_list, "[]", "extra directories holding expert files (stripe)"},
+  {"storage.paths", OptionType::path_list, "[]", "extra directories holding expert files (stripe)"},
   {"cache.policy", OptionType::string, "frequency", "cache policy plugin: frequency, lru, pinned", true},
   {"cache.pinned_experts", OptionType::string_list, "[]", "experts never evicted, as layer:expert"},
   {"prefetch.layers", OptionType::integer, "1", "layers ahead whose experts are prefetched (0: off)"},
   {"prefetch.confidence", OptionType::number, "1", "prefetch a predicted expert only if its predicted routing weight is at least this many times the mean of the token's top-k weights (1: the above-average ones, always the most likely; 0: all top-k)"},
   {"server.host", OptionType::string, "127.0.0.1", "address colibri-server binds"},
   {"server.port", OptionType::integer, "8080", "port colibri-server listens on (0: a free one)"},
-  {"plugins.paths", OptionType::string_list, "[]", "directories searched first for plugin libraries"},
-  {"models.dir", OptionType::string, "auto", "where model names are resolved (auto: $XDG_DATA_HOME/colibri/models)", true},
+  {"plugins.paths", OptionType::path_list, "[]", "directories searched first for plugin libraries"},
+  {"models.dir", OptionType::path, "auto", "where model names are resolved (auto: $XDG_DATA_HOME/colibri/models)", true},
 };
 // clang-format on
 
@@ -319,7 +319,8 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
         return Status(StatusCode::invalid_argument,
                       iwhere + ": unknown key '" + key + "'" + suggestion(item.first.Scalar(), section_keys(top)));
       }
-      if (spec != nullptr && v.IsSequence() && spec->type != OptionType::string_list) {
+      if (spec != nullptr && v.IsSequence() && spec->type != OptionType::string_list &&
+          spec->type != OptionType::path_list) {
         return Status(StatusCode::invalid_argument,
                       iwhere + ": '" + key + "' takes a single " + std::string(to_string(spec->type)) + ", not a list");
       }
@@ -338,6 +339,24 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   return layer;
 }
 
+// A path option's value as a shell would read it: ~ is the home directory; a relative one written in a profile file
+// starts at that file's directory (as `extends` does), one from a flag or the environment at the working directory.
+void resolve_paths(const OptionSpec& spec, sdk::ConfigValue& value, const Origin& origin) {
+  if (value.is_auto || (spec.type != OptionType::path && spec.type != OptionType::path_list)) return;
+  const auto resolve = [&](std::string& p) {
+    if (p == "~" || p.starts_with("~/")) {
+      if (const std::string home = util::home_dir().string(); !home.empty()) p = home + p.substr(1);
+    }
+    if (!p.empty() && p.front() != '/' && !origin.file.empty()) {
+      p = (origin.file.parent_path() / p).lexically_normal().string();
+    }
+  };
+  if (auto* one = std::get_if<std::string>(&value.value)) resolve(*one);
+  if (auto* list = std::get_if<std::vector<std::string>>(&value.value)) {
+    for (auto& p : *list) resolve(p);
+  }
+}
+
 bool looks_like_path(std::string_view s) {
   return s.find('/') != std::string_view::npos || s.ends_with(".yaml") || s.ends_with(".yml");
 }
@@ -348,7 +367,7 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
   std::vector<fs::path> candidates;
   if (looks_like_path(name)) {
     fs::path p(name);
-    if (p.is_relative() && !relative_to.empty() && !fs::exists(p)) p = relative_to / p;
+    if (p.is_relative() && !relative_to.empty()) p = (relative_to / p).lexically_normal();  // not the working dir's
     candidates.push_back(p);
   } else {
     for (const char* ext : {".yaml", ".yml"}) {
@@ -560,6 +579,7 @@ sdk::Expected<Profile> Profile::load(const LoadOptions& options) {
         if (auto st = check_range(key, *v); !st) {
           return Status(StatusCode::invalid_argument, origin.detail + ": " + key + ": " + st.message());
         }
+        resolve_paths(*spec, *v, origin);
         e.value = *v;
         e.validated = true;
       }
@@ -691,6 +711,7 @@ sdk::Status Profile::apply_plugin_schema(sdk::PluginKind kind, std::string_view 
                                                       " plugin '" + std::string(plugin_name) +
                                                       "'): " + v.error().message());
     }
+    resolve_paths(*spec, *v, entry.origin);
     entry.value = *v;
     entry.validated = true;
   }
@@ -746,6 +767,16 @@ std::string Profile::get_string(std::string_view key) const {
   if (e == nullptr) return {};
   if (const auto* s = std::get_if<std::string>(&e->value.value)) return *s;
   return e->text;
+}
+
+std::string Profile::get_path(std::string_view key) const {
+  const Entry* e = find(key);
+  if (e == nullptr) return {};
+  static const OptionSpec kPath{"path", OptionType::path, "", ""};
+  auto v = sdk::parse_option_value(kPath, e->text);
+  if (!v) return {};
+  resolve_paths(kPath, *v, e->origin);
+  return std::get<std::string>(v->value);
 }
 
 std::vector<std::string> Profile::get_list(std::string_view key) const {

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "colibri/util/home.hpp"
 #include "colibri/util/host_info.hpp"
 
 namespace colibri::registry {
@@ -95,18 +94,8 @@ sdk::Status with_value_origins(const sdk::Status& error, const profile::Profile&
 }
 
 PluginRegistry scan_for_profile(const profile::Profile& profile) {
-  // As a shell would read them: ~ is the home directory; a relative entry of a profile file starts at that file's
-  // directory (as `extends` does), one from a flag or the environment at the working directory.
-  std::vector<std::string> paths = profile.get_list("plugins.paths");
-  const profile::Entry* entry = profile.find("plugins.paths");
-  const std::string home = util::home_dir().string();
-  for (auto& p : paths) {
-    if ((p == "~" || p.starts_with("~/")) && !home.empty()) p = home + p.substr(1);
-    if (!p.empty() && p.front() != '/' && entry != nullptr && !entry->origin.file.empty()) {
-      p = (entry->origin.file.parent_path() / p).lexically_normal().string();
-    }
-  }
-  return PluginRegistry::scan(default_search_path(paths), util::host_info());
+  // A path list: the profile resolved ~ and a profile file's relative entries.
+  return PluginRegistry::scan(default_search_path(profile.get_list("plugins.paths")), util::host_info());
 }
 
 }  // namespace colibri::registry

@@ -454,6 +454,19 @@ std::vector<SearchDir> default_search_path(const std::vector<std::string>& profi
   return unique;
 }
 
+namespace {
+// A plugin's option named as the core's key gets the core's value: a path is a string to the plugin, a list of paths
+// a list of strings (a plugin built before path types declares them so).
+bool same_kind_of_value(sdk::OptionType core, sdk::OptionType plugin) {
+  const auto kind = [](sdk::OptionType t) {
+    return t == sdk::OptionType::path        ? sdk::OptionType::string
+           : t == sdk::OptionType::path_list ? sdk::OptionType::string_list
+                                             : t;
+  };
+  return kind(core) == kind(plugin);
+}
+}  // namespace
+
 Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   const std::string where = file.filename().string() + " (" + file.string() + ")";
   if (d == nullptr)
@@ -506,7 +519,7 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
     const bool named =
         o.name != nullptr && valid_name(o.name) && std::string_view(o.name).find('-') == std::string_view::npos;
     if (!named || o.default_value == nullptr || o.doc == nullptr ||
-        static_cast<unsigned>(o.type) > static_cast<unsigned>(sdk::OptionType::string_list)) {
+        static_cast<unsigned>(o.type) > static_cast<unsigned>(sdk::OptionType::path_list)) {
       return Status(StatusCode::invalid_argument,
                     "plugin " + where + ": option " + std::to_string(i) +
                         (o.name != nullptr ? " ('" + std::string(o.name) + "')" : "") +
@@ -519,7 +532,7 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
     };
     if (!seen.insert(o.name).second) return refuse("is declared twice (a profile value would meet either type)");
     for (const auto& core : profile::canonical_options()) {
-      if (std::string_view(core.name) == section + o.name && core.type != o.type) {
+      if (std::string_view(core.name) == section + o.name && !same_kind_of_value(core.type, o.type)) {
         return refuse(std::string("is of type ") + std::string(sdk::to_string(o.type)) + ", but " + core.name +
                       " is the core's key, of type " + std::string(sdk::to_string(core.type)) +
                       ", whose value the plugin would be given: rename the option");

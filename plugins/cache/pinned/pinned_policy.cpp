@@ -175,7 +175,7 @@ Score score(const HostInfo&) noexcept {
 }
 
 const OptionSpec kOptions[] = {
-    {"auto_pin_history", OptionType::string, "",
+    {"auto_pin_history", OptionType::path, "",
      "usage-history JSON ({\"counts\": {\"layer:expert\": n}}) to learn pins from"},
     {"auto_pin_count", OptionType::integer, "0", "also pin this many of the most used experts in the history"},
 };

@@ -84,7 +84,7 @@ Expected<std::shared_ptr<PluginObject>> LoadedPlugin::create(const std::map<std:
   // Canonical keys the conformance suites may pass; the rest must be in the plugin's schema.
   static const OptionSpec kCommon[] = {
       {"direct_io", OptionType::boolean, "true", ""}, {"queue_depth", OptionType::integer, "32", ""},
-      {"paths", OptionType::string_list, "[]", ""},   {"pinned_experts", OptionType::string_list, "[]", ""},
+      {"paths", OptionType::path_list, "[]", ""},     {"pinned_experts", OptionType::string_list, "[]", ""},
       {"device", OptionType::integer, "0", ""},       {"threads", OptionType::integer, "auto", "", true},
   };
   std::map<std::string, ConfigValue, std::less<>> values;

@@ -393,6 +393,41 @@ const OptionSpec kPluginOptions[] = {
     {"sqpoll", OptionType::boolean, "false", "kernel polling"},
 };
 
+// A relative path in a profile means the same file wherever the command runs: `extends`, the core's path keys and a
+// plugin's path options start at the profile's directory (never the working directory's file of that name); one
+// from the command line starts at the working directory; ~ is the home directory.
+TEST_F(ProfileTest, RelativePathsInAProfileStartAtItsDirectory) {
+  fs::create_directories(dir_ / "p" / "sub");
+  write("p/A.yaml", "cache:\n  policy: lru\n");
+  write("A.yaml", "cache:\n  policy: pinned\n");  // what `../A.yaml` means from the working directory dir_/p
+  const auto child = write("p/sub/child.yaml",
+                           "extends: ../A.yaml\nstorage:\n  paths: [../d1, ~/d2, /abs]\nplugins:\n  paths: [pl]\n"
+                           "models:\n  dir: ./models\ncache:\n  auto_pin_history: h.json\n");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_ / "p");
+  auto p = load(child.string(), {{"compute.threads", "1", "--set"}});
+  auto from_flag = load("", {{"storage.paths", "[d3]", "--set"}, {"cache.auto_pin_history", "h.json", "--set"}});
+  fs::current_path(cwd);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->get_string("cache.policy"), "lru") << "extends read the working directory's ../A.yaml";
+  EXPECT_EQ(p->files().back(), dir_ / "p" / "A.yaml");
+  const std::string home = getenv("HOME") != nullptr ? getenv("HOME") : "";
+  const fs::path sub = dir_ / "p" / "sub";
+  EXPECT_EQ(p->get_list("storage.paths"),
+            (std::vector<std::string>{(dir_ / "p" / "d1").string(), home.empty() ? "~/d2" : home + "/d2", "/abs"}));
+  EXPECT_EQ(p->get_list("plugins.paths"), std::vector<std::string>{(sub / "pl").string()});
+  EXPECT_EQ(p->get_string("models.dir"), (sub / "models").string());
+  EXPECT_EQ(p->find("storage.paths")->text, "[../d1, ~/d2, /abs]") << "the text stays as written";
+  // A plugin's option: resolved once its plugin's schema declares it a path; get_path reads it so before.
+  EXPECT_EQ(p->get_path("cache.auto_pin_history"), (sub / "h.json").string());
+  static const OptionSpec kPinned[] = {{"auto_pin_history", OptionType::path, "", "history"}};
+  ASSERT_TRUE(p->apply_plugin_schema(PluginKind::cache, "pinned", kPinned));
+  EXPECT_EQ(*p->section("cache").get_string("auto_pin_history", ""), (sub / "h.json").string());
+  ASSERT_TRUE(from_flag) << from_flag.error().message();
+  EXPECT_EQ(from_flag->get_list("storage.paths"), std::vector<std::string>{"d3"});
+  EXPECT_EQ(from_flag->get_path("cache.auto_pin_history"), "h.json");
+}
+
 TEST_F(ProfileTest, PluginOptionsAreCheckedAgainstTheSchema) {
   const auto file = write("uring.yaml", "storage:\n  plugin: io_uring\n  ring_entries: 512\n");
   auto p = load(file.string());

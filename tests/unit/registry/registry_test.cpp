@@ -264,11 +264,12 @@ TEST(Registry, OptionTablesThatWouldBreakLaterAreRefusedAtLoad) {
   EXPECT_TRUE(core.plugins().empty());
   EXPECT_THAT(
       broken_reason(core, "core-key"),
-      HasSubstr("option 'paths' is of type integer, but storage.paths is the core's key, of type list of strings"));
+      HasSubstr("option 'paths' is of type integer, but storage.paths is the core's key, of type list of paths"));
   auto autodef = scan({"auto_default"});
   EXPECT_TRUE(autodef.plugins().empty());
   EXPECT_THAT(broken_reason(autodef, "auto-default"), HasSubstr("option 'depth' has the default 'auto'"));
-  // An empty default is an optional option (config.hpp), and a core key of the core's own type is read as the core's.
+  // An empty default is an optional option (config.hpp), and a core key of the core's own kind of value (a list of
+  // strings for a list of paths) is read as the core's.
   auto optional = scan({"optional_option"});
   ASSERT_EQ(optional.plugins().size(), 1u) << broken_reason(optional, "optional");
 }

@@ -90,6 +90,12 @@ TEST(OptionValues, ParseByType) {
   EXPECT_EQ(std::get<std::vector<std::string>>(list->value), (std::vector<std::string>{"a", "b c", "d"}));
   EXPECT_TRUE(std::get<std::vector<std::string>>(parse_option_value(l, "[]")->value).empty());
   EXPECT_FALSE(parse_option_value(l, "[a, b"));
+  // Paths are strings to a plugin (the core resolves them against the profile that wrote them).
+  OptionSpec path{"p", OptionType::path, "", ""}, paths{"ps", OptionType::path_list, "", ""};
+  EXPECT_EQ(std::get<std::string>(parse_option_value(path, " ../h.json ")->value), "../h.json");
+  EXPECT_EQ(std::get<std::vector<std::string>>(parse_option_value(paths, "[d1, '/d 2']")->value),
+            (std::vector<std::string>{"d1", "/d 2"}));
+  EXPECT_EQ(colibri::sdk::to_string(OptionType::path_list), "list of paths");
 }
 
 TEST(ConfigView, TypedGettersAndFallbacks) {

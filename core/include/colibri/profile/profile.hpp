@@ -81,6 +81,9 @@ class Profile {
   [[nodiscard]] sdk::ConfigView section(std::string_view section) const;
   [[nodiscard]] const Entry* find(std::string_view key) const;
   [[nodiscard]] std::string get_string(std::string_view key) const;  // "" when absent
+  // A path as its origin means it (~ expanded, relative to the profile file that wrote it), before the plugin whose
+  // option it is has been chosen (a path option's value is resolved so once its plugin is); "" when absent.
+  [[nodiscard]] std::string get_path(std::string_view key) const;
   [[nodiscard]] std::vector<std::string> get_list(std::string_view key) const;
   [[nodiscard]] std::optional<std::int64_t> get_int(std::string_view key) const;  // nullopt when auto/absent
   [[nodiscard]] bool is_auto(std::string_view key) const;

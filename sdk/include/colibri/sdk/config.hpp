@@ -23,6 +23,10 @@ enum class OptionType : std::uint8_t {
   string,
   size,         // bytes; profiles write 512M, 8G, 1.5T
   string_list,  // [a, b, c]
+  // A file or directory, given to the plugin as a string: colibri expands a leading ~, and a relative one written in
+  // a profile file starts at that file's directory (from a flag or the environment: at the working directory).
+  path,
+  path_list,  // [a, b, c], each as `path`
 };
 
 std::string_view to_string(OptionType type) noexcept;
