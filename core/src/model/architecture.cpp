@@ -361,6 +361,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   if (auto s = check_metadata_types(g, *ga, where); !s) return s;
   HyperParams h;
   Status err;
+  static constexpr const char* kMissingFix =
+      " (llama.cpp needs it too); the GGUF is incomplete: re-export it, or convert the HF checkpoint";
   auto req = [&](const std::string& key) -> std::int64_t {
     auto v = g.get_int(*ga + "." + key);
     if (!v) {
@@ -368,7 +370,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       if (err) {
         err = bad_config(where, g.find(*ga + "." + key) != nullptr
                                     ? "metadata " + *ga + "." + key + " is not an integer; the GGUF is damaged"
-                                    : "missing metadata " + *ga + "." + key);
+                                    : "missing metadata " + *ga + "." + key + kMissingFix);
       }
       return 0;
     }
@@ -380,9 +382,14 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.num_heads = req("attention.head_count");
   h.num_kv_heads = opt("attention.head_count_kv", h.num_heads);
   h.head_dim = opt("attention.key_length", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0);
-  h.max_position_embeddings = opt("context_length", 4096);
-  h.rope_theta = g.get_float(*ga + ".rope.freq_base").value_or(10000.0);
-  h.rms_norm_eps = g.get_float(*ga + ".attention.layer_norm_rms_epsilon").value_or(1e-6);
+  // Required as llama.cpp requires them: a default would change every answer (eps) or the usable context.
+  h.max_position_embeddings = req("context_length");
+  h.rope_theta = g.get_float(*ga + ".rope.freq_base").value_or(10000.0);  // llama.cpp's default too
+  if (auto eps = g.get_float(*ga + ".attention.layer_norm_rms_epsilon")) {
+    h.rms_norm_eps = *eps;
+  } else if (err) {
+    err = bad_config(where, "missing metadata " + *ga + ".attention.layer_norm_rms_epsilon" + kMissingFix);
+  }
   h.sliding_window = opt("attention.sliding_window", 0);
   if (auto st = g.get_string(*ga + ".rope.scaling.type"); st && *st != "none") {
     // The types llama.cpp writes; Llama 3's scaling comes as the rope_freqs tensor instead (below).

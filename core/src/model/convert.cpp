@@ -826,6 +826,17 @@ struct Job {
   TypeChoice choice;
 };
 
+// A tokenizer with ids past the model's vocabulary (another model's) would make every prompt that uses them fail,
+// or worse: refused here, as llama.cpp's converter does, not by the first run.
+Status check_tokenizer_fits(std::size_t tokenizer_ids, std::int64_t vocab_size, const std::string& tokenizer,
+                            const std::string& vocab_source, const std::string& fix) {
+  if (vocab_size <= 0 || tokenizer_ids <= static_cast<std::size_t>(vocab_size)) return {};
+  return Status(StatusCode::invalid_argument,
+                tokenizer + ": the tokenizer has token ids up to " + std::to_string(tokenizer_ids - 1) +
+                    ", but the model's vocabulary has " + std::to_string(vocab_size) + " (" + vocab_source +
+                    "): ids past it have no embedding row, so this tokenizer does not belong to these weights; " + fix);
+}
+
 }  // namespace
 
 sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
@@ -914,8 +925,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     }
     // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
     // not the first run afterwards.
-    if (auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json"); !tok) {
-      return tok.error().with_context("the checkpoint's tokenizer");
+    auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json");
+    if (!tok) return tok.error().with_context("the checkpoint's tokenizer");
+    if (auto s = check_tokenizer_fits(tok->vocab_size(), hp.vocab_size, (opt.input / "tokenizer.json").string(),
+                                      "vocab_size in config.json", "put the checkpoint's own tokenizer.json there");
+        !s) {
+      return s;
     }
     // Likewise tokenizer_config.json, which chat and the server read (a damaged one is refused); a chat template
     // colibri cannot parse is said now: completions still work, chat needs --chat-template.
@@ -1053,9 +1068,15 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto tok = rebuild_tokenizer_from_gguf(*in.gguf);
     if (!tok) return tok.error();
     rebuilt = std::move(*tok);
-    if (auto check = tokenizer::Tokenizer::from_json(rebuilt->tokenizer_json, "tokenizer.json rebuilt from the GGUF");
-        !check) {
+    auto check = tokenizer::Tokenizer::from_json(rebuilt->tokenizer_json, "tokenizer.json rebuilt from the GGUF");
+    if (!check) {
       return check.error().with_context(opt.input.string() + ": its vocabulary does not make a usable tokenizer");
+    }
+    if (auto s =
+            check_tokenizer_fits(check->vocab_size(), hp.vocab_size, opt.input.string() + " (tokenizer.ggml.tokens)",
+                                 "its vocab_size, or its token_embd rows", "re-export the GGUF");
+        !s) {
+      return s;
     }
   }
 

@@ -558,6 +558,37 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d, "config.json rope_scaling: rope_type 'linear' needs \"factor\"; fix it there", "rope-key");
   }
+  {  // a tokenizer with ids past the embedding's rows (another model's vocabulary) is refused
+    auto d = copy_fixture(src, "tokenizer too big");
+    const json cfg = json::parse(slurp(d / "config.json"));
+    json tok = json::parse(slurp(d / "tokenizer.json"));
+    const std::int64_t past = cfg["vocab_size"].get<std::int64_t>() + 3;
+    tok["model"]["vocab"]["\u0120colibri"] = past;
+    std::ofstream(d / "tokenizer.json", std::ios::trunc) << tok.dump();
+    expect_clean_failure(d,
+                         "tokenizer.json: the tokenizer has token ids up to " + std::to_string(past) +
+                             ", but the model's vocabulary has " + cfg["vocab_size"].dump() +
+                             " (vocab_size in config.json): ids past it have no embedding row",
+                         "tokenizer too big");
+  }
+  {  // GGUF: the same, and the keys llama.cpp requires are not given defaults that would change the answers
+    const auto gguf = [&](const std::string& name, const std::string& args) {
+      const fs::path g = kWork / "bad" / (name + ".gguf");
+      const std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +
+                              quote(fs::path(COLIBRI_TEST_SOURCE_DIR) / "tests/fixtures/make_tiny_model.py") +
+                              " --arch qwen3_moe --out " + quote(kWork / "bad" / (name + " src")) + " --gguf " +
+                              quote(g) + " --gguf-only " + args + " 2>/dev/null";
+      EXPECT_EQ(run(cmd), 0) << cmd;
+      return g;
+    };
+    expect_clean_failure(gguf("extra tokens", "--gguf-extra-tokens 5"),
+                         "(tokenizer.ggml.tokens): the tokenizer has token ids up to", "gguf extra tokens");
+    for (const std::string key : {"attention.layer_norm_rms_epsilon", "context_length"}) {
+      expect_clean_failure(gguf("no " + key, "--gguf-drop-key '{arch}." + key + "'"),
+                           "missing metadata qwen3moe." + key + " (llama.cpp needs it too); the GGUF is incomplete",
+                           "gguf without " + key);
+    }
+  }
   {  // a GGUF with an unknown tensor type
     const fs::path g = kWork / "bad" / "unknown type.gguf";
     std::string cmd = std::string(COLIBRI_TEST_PYTHON) + " " +

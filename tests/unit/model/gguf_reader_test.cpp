@@ -314,9 +314,11 @@ TEST(GgufTokenizer, VeryLongPieceStillGivesItsMerges) {
 // block_count is checked before anything loops over the layers (a huge one used to spin for ever).
 TEST(GgufHyperParams, AbsurdBlockCountIsRefusedByKeyBeforeAnyLoop) {
   Bytes b;
-  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(7);
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(9);
   b.str("general.architecture").pod<std::uint32_t>(STR).str("qwen3moe");
   b.str("qwen3moe.block_count").pod<std::uint32_t>(U64).pod<std::uint64_t>(1ull << 40);
+  b.str("qwen3moe.context_length").pod<std::uint32_t>(U32).pod<std::uint32_t>(64);
+  b.str("qwen3moe.attention.layer_norm_rms_epsilon").pod<std::uint32_t>(F32).pod<float>(1e-6F);
   b.str("qwen3moe.embedding_length").pod<std::uint32_t>(U32).pod<std::uint32_t>(8);
   b.str("qwen3moe.attention.head_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(2);
   b.str("qwen3moe.expert_count").pod<std::uint32_t>(U32).pod<std::uint32_t>(4);
