@@ -285,7 +285,7 @@ int cache_warm(const GlobalOptions& global, const CacheOptions& o) {
                  "cache; the warmed copies help only runs with --set storage.direct_io=false\n";
   }
   std::cout << "to keep them in the expert cache from the start, add to the profile:\n"
-            << "  cache:\n    policy: pinned\n    auto_pin_history: " << path.string()
+            << "  cache:\n    policy: pinned\n    auto_pin_history: " << profile::yaml_scalar(path.string())
             << "\n    auto_pin_count: " << warmed << "\n";
   if (!budget_note.empty()) std::cout << "note: " << budget_note << "\n";
   return 0;

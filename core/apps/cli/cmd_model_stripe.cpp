@@ -31,6 +31,7 @@
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/profile/profile.hpp"
 #include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
@@ -390,9 +391,11 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
           profile_path,
           [&](std::ostream& f) {
             f << "# Written by colibri-cli model stripe: expert files of this model spread over these directories.\n"
-              << "description: " << dir.filename().string() << " striped over " << members.size() + 1 << " directories"
-              << (o.copy ? " (mirrors)" : "") << "\nstorage:\n  plugin: stripe\n  paths:\n";
-            for (const auto& d : members) f << "    - " << d.string() << "\n";
+              << "description: "
+              << profile::yaml_scalar(dir.filename().string() + " striped over " + std::to_string(members.size() + 1) +
+                                      " directories" + (o.copy ? " (mirrors)" : ""))
+              << "\nstorage:\n  plugin: stripe\n  paths:\n";
+            for (const auto& d : members) f << "    - " << profile::yaml_scalar(d.string()) << "\n";
             return static_cast<bool>(f);
           });
       !s) {

@@ -681,11 +681,14 @@ void remove_old_mirrors(const fs::path& old_dir, const fs::path& model, std::set
     for (const auto& rel : names) {
       const fs::path f = d / rel;
       if (!path_within(f, d / "experts") || f == d / "experts") continue;  // a name from outside experts/
-      std::error_code rm_ec;
-      if (fs::is_directory(fs::symlink_status(f, rm_ec))) continue;
-      if (!fs::remove(f, rm_ec) && rm_ec) {
-        spdlog::warn("cannot remove {}, a mirror of the replaced model: {}; delete it yourself", f.string(),
-                     rm_ec.message());
+      // The file, and what a stripe that crashed mid-copy left of it (model stripe copies through NAME.partial).
+      for (const fs::path& one : {f, fs::path(f.string() + ".partial")}) {
+        std::error_code rm_ec;
+        if (fs::is_directory(fs::symlink_status(one, rm_ec))) continue;
+        if (!fs::remove(one, rm_ec) && rm_ec) {
+          spdlog::warn("cannot remove {}, a mirror of the replaced model: {}; delete it yourself", one.string(),
+                       rm_ec.message());
+        }
       }
     }
     members.insert(d);

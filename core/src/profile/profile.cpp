@@ -769,6 +769,12 @@ std::string Profile::get_string(std::string_view key) const {
   return e->text;
 }
 
+std::string yaml_scalar(std::string_view text) {
+  YAML::Emitter out;
+  out << std::string(text);
+  return out.c_str();
+}
+
 std::string Profile::get_path(std::string_view key) const {
   const Entry* e = find(key);
   if (e == nullptr) return {};

@@ -552,6 +552,28 @@ class Stripe(unittest.TestCase):
         self.assertEqual(held(mine_a), on_a)
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_convert_force_removes_what_a_crashed_stripe_left(self):
+        # A stripe that failed midway leaves stripe.pending and its copies; one killed mid-copy also a NAME.partial.
+        # convert --force finds both through stripe.pending and leaves nothing of the model on the other disk.
+        files, (disk_a,), dst, _ = two_models_and_disks("crashed", letters="a")
+        bad = os.path.join(dst, files[3])  # the second file for disk A: the first is copied, then this fails
+        with open(bad, "rb") as f:
+            good = f.read()
+        with open(bad, "r+b") as f:
+            f.write(bytes([good[0] ^ 0xFF]))
+        p = run(["model", "stripe", dst, "--to", disk_a, "--copy"], check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        mine = os.path.join(disk_a, "tiny")
+        self.assertTrue(os.path.isfile(os.path.join(mine, files[1])))
+        partial = os.path.join(mine, files[5] + ".partial")  # what a kill during that file's copy leaves
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+        with open(partial, "wb") as f:
+            f.write(good[:100])
+        run(["convert", "--input", os.path.join(WORK, "mixtral"), "--output", dst, "--quantize", "q8_0", "--force"])
+        self.assertEqual(os.listdir(disk_a), [])
+        self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+
     def test_a_named_directory_restriping_empties_stays(self):
         m = model()
         files = sorted({e["file"] for e in manifest(m)["experts"]})

@@ -428,6 +428,22 @@ TEST_F(ProfileTest, RelativePathsInAProfileStartAtItsDirectory) {
   EXPECT_EQ(from_flag->get_path("cache.auto_pin_history"), "h.json");
 }
 
+// What colibri writes into a profile (model stripe's stripe.yaml, cache warm's lines) reads back as written, whatever
+// the directory is called.
+TEST_F(ProfileTest, AYamlScalarReadsBackAsTheSameText) {
+  for (const std::string name : {"plain", "mixtral: v2", "mixtral #2", "[x] *y", "&a !b %c @d `e", "\"q\" 'q'",
+                                 "trailing ", " leading", "- dash", "? what", "{brace}", "tab\there", "ünï cödé"}) {
+    const std::string dir = "/disks/" + name;
+    for (const std::string& text : {dir, std::string("yes"), std::string("null"), std::string("~"), name}) {
+      SCOPED_TRACE(text);
+      const auto file = write("written.yaml", "models:\n  dir: " + colibri::profile::yaml_scalar(text) + "\n");
+      auto p = load(file.string());
+      ASSERT_TRUE(p) << p.error().message();
+      EXPECT_EQ(p->find("models.dir")->text, text);
+    }
+  }
+}
+
 TEST_F(ProfileTest, PluginOptionsAreCheckedAgainstTheSchema) {
   const auto file = write("uring.yaml", "storage:\n  plugin: io_uring\n  ring_entries: 512\n");
   auto p = load(file.string());

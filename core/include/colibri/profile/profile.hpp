@@ -57,6 +57,10 @@ std::span<const sdk::OptionSpec> canonical_options();
 std::string_view plugin_section(sdk::PluginKind kind);
 std::string_view plugin_selector_key(sdk::PluginKind kind);  // compute.backend, storage.plugin, cache.policy
 
+// `text` as a YAML scalar a profile reads back as the same string: plain where that is safe, else quoted (a path
+// with ": ", " #", a leading '[' or '*').
+std::string yaml_scalar(std::string_view text);
+
 // Where profile names are looked up, in order.
 std::vector<std::filesystem::path> default_profile_dirs();
 // Profile names found in those directories, with their files.
