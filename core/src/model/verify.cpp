@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
@@ -48,38 +50,49 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   for (auto& [file, list] : tensors_of) {
     std::sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
   }
+  // Mirrors (`model stripe --copy`, or a stripe.yaml's directories holding copies): the stripe plugin reads a file's
+  // copy in any directory stripe.yaml lists when the model's own fails, so each copy that is another file is
+  // checked too. Unreadable records are load_manifest's and the run's to report.
+  std::vector<std::pair<const FileEntry*, fs::path>> mirrors;
+  if (auto dirs = stripe_record_dirs(dir)) {
+    for (const auto& f : m->files) {
+      std::error_code ec;
+      for (const auto& d : *dirs) {
+        const fs::path copy = d / f.path;
+        if (!fs::exists(fs::symlink_status(copy, ec)) || fs::equivalent(copy, dir / f.path, ec)) continue;
+        mirrors.emplace_back(&f, copy);
+      }
+    }
+  }
   std::uint64_t total = 0, done = 0;
   for (const auto& f : m->files) total += f.size;
-  for (const auto& f : m->files) {
+  for (const auto& [f, copy] : mirrors) total += f->size;
+  // One copy of `f` at `p` (`shown` in messages): what is wrong with it, if anything.
+  auto check = [&](const FileEntry& f, const fs::path& p, const std::string& shown) -> std::optional<VerifyProblem> {
     const std::string where = describe_model_file(*m, f.path);
     struct stat st {};
-    const fs::path p = dir / f.path;
     ++report.files_checked;
     if (::stat(p.c_str(), &st) != 0) {
-      report.problems.push_back({f.path, where, "missing", where + ": " + f.path + missing_file_reason(p)});
       done += f.size;
-      continue;
+      return VerifyProblem{shown, where, "missing", where + ": " + shown + missing_file_reason(p)};
     }
     if (!S_ISREG(st.st_mode)) {  // its size would say nothing (a directory's 4096 bytes are no truncation)
-      report.problems.push_back({f.path, where, "not a file",
-                                 where + ": " + f.path + " is " + sdk::file_kind_text(st.st_mode) +
-                                     ", not a file; put the file back, or re-run convert"});
       done += f.size;
-      continue;
+      return VerifyProblem{shown, where, "not a file",
+                           where + ": " + shown + " is " + sdk::file_kind_text(st.st_mode) +
+                               ", not a file; put the file back, or re-run convert"};
     }
     if (static_cast<std::uint64_t>(st.st_size) != f.size) {
       const bool shorter = static_cast<std::uint64_t>(st.st_size) < f.size;
-      report.problems.push_back({f.path, where, shorter ? "truncated" : "wrong size",
-                                 where + ": " + f.path + " is " + std::to_string(st.st_size) + " bytes, expected " +
-                                     std::to_string(f.size) +
-                                     (shorter ? " (truncated)" : " (written to since convert?)") + "; re-run convert"});
       done += f.size;
-      continue;
+      return VerifyProblem{shown, where, shorter ? "truncated" : "wrong size",
+                           where + ": " + shown + " is " + std::to_string(st.st_size) + " bytes, expected " +
+                               std::to_string(f.size) + (shorter ? " (truncated)" : " (written to since convert?)") +
+                               "; re-run convert"};
     }
     if (const auto why = unreadable_file_reason(p); !why.empty()) {  // permissions, not damage: no re-convert
-      report.problems.push_back({f.path, where, "unreadable", where + ": " + f.path + why});
       done += f.size;
-      continue;
+      return VerifyProblem{shown, where, "unreadable", where + ": " + shown + why};
     }
     struct Ctx {
       std::uint64_t* done;
@@ -98,22 +111,48 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
         },
         &ctx);
     report.bytes_hashed += f.size;
-    if (!sum) {
-      report.problems.push_back(
-          {f.path, where, "unreadable", where + ": " + sum.error().message() + "; re-run convert"});
-    } else if (*sum != f.checksum) {
-      report.problems.push_back(
-          {f.path, where, "checksum mismatch", where + ": checksum mismatch in " + f.path + "; re-run convert"});
-    } else {
-      for (std::size_t i = 0; i < ranges.size(); ++i) {
-        if (ranges[i].hash == tensors[i].first->checksum) continue;
-        // The file is as written but a tensor is not what manifest.json says: the manifest was changed.
-        report.problems.push_back({f.path, tensors[i].second, "checksum mismatch",
-                                   tensors[i].second + ": tensor " + tensors[i].first->name + " in " + f.path +
-                                       " does not match its checksum in manifest.json; restore the manifest or "
-                                       "re-run convert"});
-        break;
+    if (!sum)
+      return VerifyProblem{shown, where, "unreadable", where + ": " + sum.error().message() + "; re-run convert"};
+    if (*sum != f.checksum) {
+      return VerifyProblem{shown, where, "checksum mismatch",
+                           where + ": checksum mismatch in " + shown + "; re-run convert"};
+    }
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      if (ranges[i].hash == tensors[i].first->checksum) continue;
+      // The file is as written but a tensor is not what manifest.json says: the manifest was changed.
+      return VerifyProblem{shown, tensors[i].second, "checksum mismatch",
+                           tensors[i].second + ": tensor " + tensors[i].first->name + " in " + shown +
+                               " does not match its checksum in manifest.json; restore the manifest or re-run "
+                               "convert"};
+    }
+    return std::nullopt;
+  };
+  std::map<std::string, std::size_t> bad_primary;  // file -> its problem
+  for (const auto& f : m->files) {
+    if (auto problem = check(f, dir / f.path, f.path)) {
+      bad_primary[f.path] = report.problems.size();
+      report.problems.push_back(std::move(*problem));
+    }
+  }
+  std::set<std::string> restored;
+  for (const auto& [f, copy] : mirrors) {
+    auto problem = check(*f, copy, copy.string());
+    const auto primary = bad_primary.find(f->path);
+    if (problem) {
+      // A mirror is a copy of the model's file: put that over it (a stripe run again does the same).
+      std::string& why = problem->message;
+      if (why.ends_with("; re-run convert")) why.resize(why.size() - 16);
+      if (primary == bad_primary.end()) {
+        why += "; it is a mirror of " + (dir / f->path).string() + ", which is intact: copy that over it";
+      } else {
+        why += " (a mirror of " + f->path + "; neither copy is intact): re-run convert";
       }
+      report.problems.push_back(std::move(*problem));
+    } else if (primary != bad_primary.end() && restored.insert(f->path).second) {
+      std::string& why = report.problems[primary->second].message;
+      if (why.ends_with("; re-run convert")) why.resize(why.size() - 16);
+      why +=
+          "; its mirror " + copy.string() + " is intact (runs read that one): copy it to " + (dir / f->path).string();
     }
   }
   std::error_code ec;

@@ -574,6 +574,38 @@ class Stripe(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_verify_checks_the_mirrors_and_names_the_intact_copy(self):
+        # A run reads a mirror when the model's own copy fails: verify checks both, and says which one is intact.
+        files, (disk_a,), dst, _ = two_models_and_disks("verify-mirrors", letters="a")
+        run(["model", "stripe", dst, "--to", disk_a, "--copy"])
+        mine = os.path.join(disk_a, "tiny")
+        rel = next(f for f in files if os.path.isfile(os.path.join(mine, f)))
+        own, mirror = os.path.join(dst, rel), os.path.join(mine, rel)
+        with open(own, "rb") as f:
+            good = f.read()
+
+        def damage(path):
+            with open(path, "r+b") as f:
+                f.seek(10)
+                f.write(bytes([good[10] ^ 0xFF]))
+
+        def verify():
+            p = run(["inspect", dst, "--verify"], check=False)
+            self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+            return p.stdout
+
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+        damage(mirror)
+        self.assertIn(f"checksum mismatch in {mirror}; it is a mirror of {own}, which is intact: copy that over it",
+                      verify())
+        shutil.copyfile(own, mirror)
+        damage(own)
+        self.assertIn(f"checksum mismatch in {rel}; its mirror {mirror} is intact (runs read that one): copy it to "
+                      f"{own}", verify())
+        damage(mirror)
+        self.assertIn(f"checksum mismatch in {mirror} (a mirror of {rel}; neither copy is intact): re-run convert",
+                      verify())
+
     def test_a_named_directory_restriping_empties_stays(self):
         m = model()
         files = sorted({e["file"] for e in manifest(m)["experts"]})
