@@ -151,7 +151,11 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   }
   if (!cfg) return fail(cfg.error().message());
   auto tmpl = chat::Template::parse(cfg->template_source, cfg->template_origin);
-  if (!tmpl) return fail(tmpl.error().message());
+  if (!tmpl && named) return fail(tmpl.error().message());
+  if (!tmpl) {
+    return fail("the model's chat template does not parse: " + tmpl.error().message() +
+                "; give one with --chat-template (a family name or a Jinja file), or use run");
+  }
   chat::RenderOptions ropt;
   ropt.add_generation_prompt = true;
   ropt.bos_token = cfg->bos_token.empty() ? tok->bos_token() : cfg->bos_token;

@@ -157,10 +157,16 @@ int serve(Flags& f) {
     cc.eos_token = tok->eos_token();
   } else if (auto c = chat::load_chat_config(*dir / "tokenizer_config.json", family); c) {
     cc = *c;
-    auto t = chat::Template::parse(cc.template_source, cc.template_origin);
-    if (!t) return fail(t.error().message());
-    tmpl = std::move(*t);
-    spdlog::info("chat template: {}", cc.template_origin);
+    // The model's own template not parsing ends chat, not completions: served without it, said now and per request.
+    if (auto t = chat::Template::parse(cc.template_source, cc.template_origin); t) {
+      tmpl = std::move(*t);
+      spdlog::info("chat template: {}", cc.template_origin);
+    } else {
+      spdlog::warn(
+          "the model's chat template does not parse ({}); /v1/chat/completions will answer 400 (start with "
+          "--chat-template to give one)",
+          t.error().message());
+    }
   } else {
     spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", c.error().message());
   }

@@ -838,8 +838,11 @@ sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::pa
   if (!j.is_object()) return d;
   // Checked as a request's fields are: a value a request could not give is the file's mistake, named.
   auto refused = [&](const char* name, const std::string& lo, const std::string& hi) {
-    return sdk::Status(sdk::StatusCode::invalid_argument, file.string() + ": \"" + name + "\" is " + j[name].dump() +
-                                                              "; a request may give " + lo + " to " + hi);
+    const json& v = j[name];
+    return sdk::Status(sdk::StatusCode::invalid_argument,
+                       file.string() + ": \"" + name + "\" is " + v.dump() + (v.is_number() ? "" : ", not a number") +
+                           "; a request may give " + lo + " to " + hi +
+                           ": fix the file (or remove the field), or start with --sampling-defaults openai");
   };
   for (auto [range, into] : {std::pair{&kTemperature, &d.temperature},
                              {&kTopP, &d.top_p},

@@ -1167,6 +1167,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // not.
   std::optional<ApiError> chat_prompt(const CompletionRequest& req, bool add_generation_prompt, std::string& text) {
     if (!srv_.chat_template) {
+      if (!srv_.chat_config.template_origin.empty()) {  // there is one, but it does not parse (said at start)
+        return bad_request("This model's chat template (" + srv_.chat_config.template_origin +
+                           ") does not parse; use /v1/completions, or start the server with --chat-template.");
+      }
       return bad_request(
           "This model has no chat template (tokenizer_config.json chat_template); use /v1/completions, or start the "
           "server with --chat-template.");

@@ -710,6 +710,14 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
     std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"eos_token_id": [5, 99999999]})";
     expect_clean_failure(d, "generation_config.json: eos_token_id 99999999 is outside the vocabulary",
                          "gpt-oss generation config");
+    // Its sampling values are the server's defaults, checked as a request's would be (the server refused to start).
+    std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"temperature": "0.7"})";
+    expect_clean_failure(d,
+                         "generation_config.json: \"temperature\" is \"0.7\", not a number; a request may give 0 to 2; "
+                         "fix it there, or remove the field",
+                         "gpt-oss generation config");
+    std::ofstream(d / "generation_config.json", std::ios::trunc) << R"({"top_k": 20, "temperature": null})";
+    convert_ok(d, fresh_output("gpt-oss generation config ok"), "f16");
   }
   {  // a layer type colibri does not run
     auto d = copy_fixture(src, "gpt-oss layer type");

@@ -75,10 +75,10 @@ def die_with_parent():
 class Server:
     """A colibri-server process on a free port."""
 
-    def __init__(self, *extra, preexec=None, env=None):
+    def __init__(self, *extra, preexec=None, env=None, models_template=False):
         self.log = open(os.path.join(WORK, f"server-{time.time_ns()}.log"), "w")
         defaults = [] if "--model" in extra else ["--model", MODEL]
-        defaults += [] if "--chat-template" in extra else ["--chat-template", "chatml"]
+        defaults += [] if "--chat-template" in extra or models_template else ["--chat-template", "chatml"]
         defaults += [] if "--ctx" in extra else ["--ctx", "512"]
         self.proc = subprocess.Popen([SERVER, "--port", "0", "--log-level", "warn"] + defaults +
                                      BACKEND_ARGS + list(extra),
@@ -470,11 +470,26 @@ class Api(unittest.TestCase):
                 self.assertGreater(len(own), 1)
             else:
                 self.assertGreater(len(answers[mode]), 1)
-        bad = patched_model("genconfig-bad", file="generation_config.json", top_p=7)
-        p = subprocess.run([SERVER, "--model", bad, "--port", "0"] + BACKEND_ARGS, capture_output=True, text=True,
-                           timeout=120)
-        self.assertEqual(p.returncode, 1)
-        self.assertIn('generation_config.json: "top_p" is 7; a request may give 0 to 1', p.stderr)
+        # A value a request could not give is refused when the model is converted (the server refused to start).
+        with self.assertRaises(subprocess.CalledProcessError) as refused:
+            patched_model("genconfig-bad", file="generation_config.json", top_p=7)
+        self.assertIn('generation_config.json: "top_p" is 7; a request may give 0 to 1; fix it there, or remove the '
+                      'field', refused.exception.stderr.decode())
+
+    def test_a_chat_template_that_does_not_parse_leaves_completions_working(self):
+        model = patched_model("bad-template", file="tokenizer_config.json",
+                              chat_template="{% if messages %}{{ messages[0].content")
+        s = Server("--model", model, models_template=True)
+        try:
+            status, body = s.json("POST", "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            self.assertEqual(status, 400, body)
+            self.assertIn("This model's chat template (tokenizer_config.json) does not parse; use /v1/completions, or "
+                          "start the server with --chat-template.", body["error"]["message"])
+            status, body = s.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            self.assertEqual(status, 200, body)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
     def test_flags_that_would_change_what_runs_are_refused_before_the_model_loads(self):
         # An empty value (a script's unset variable) and numbers out of range were read as something else: an empty

@@ -941,11 +941,25 @@ TEST(ServerApi, SamplingDefaultsAreReadFromGenerationConfigAndCheckedAsARequestW
   std::ofstream(file) << R"({"top_p": 1.5})";
   auto bad = read_sampling_defaults(file);
   ASSERT_FALSE(bad);
-  EXPECT_EQ(bad.error().message(), file.string() + ": \"top_p\" is 1.5; a request may give 0 to 1");
+  EXPECT_EQ(bad.error().message(),
+            file.string() +
+                ": \"top_p\" is 1.5; a request may give 0 to 1"
+                ": fix the file (or remove the field), or start with --sampling-defaults openai");
   std::ofstream(file) << R"({"top_k": 2000000})";
   auto far = read_sampling_defaults(file);
   ASSERT_FALSE(far);
-  EXPECT_EQ(far.error().message(), file.string() + ": \"top_k\" is 2000000; a request may give -1 to 1000000");
+  EXPECT_EQ(far.error().message(),
+            file.string() +
+                ": \"top_k\" is 2000000; a request may give -1 to 1000000"
+                ": fix the file (or remove the field), or start with --sampling-defaults openai");
+  std::ofstream(file) << R"({"temperature": "0.7"})";  // a string is no number: said so
+  auto text = read_sampling_defaults(file);
+  ASSERT_FALSE(text);
+  EXPECT_EQ(text.error().message(),
+            file.string() +
+                ": \"temperature\" is \"0.7\", not a number; a request may give 0 "
+                "to 2"
+                ": fix the file (or remove the field), or start with --sampling-defaults openai");
   std::ofstream(file) << "{";
   EXPECT_FALSE(read_sampling_defaults(file));
   fs::remove(file);
