@@ -137,6 +137,17 @@ out=$("$cli" --log-level warn bogus 2>&1); rc=$?
 expect_rc "an unknown command is a usage error" 2 $rc
 check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"
 
+# A group's command mistyped (with its options after it), or left out, is named with the group's commands.
+out=$("$cli" cache stat --model m 2>&1); rc=$?
+expect_rc "a group's unknown command is a usage error" 2 $rc
+check "a group's unknown command is named, not its option" \
+  "error: unknown command 'stat' for colibri-cli cache; the commands are stats, clear, warm (colibri-cli cache --help)" "$out"
+out=$("$cli" profile 2>&1); rc=$?
+expect_rc "a group without its command is a usage error" 2 $rc
+check "a group without its command lists them" "error: colibri-cli profile needs a command: show, list" "$out"
+out=$("$cli" cache --modle m 2>&1); rc=$?
+check "a group's unknown option is still named as one" "error: unknown option --modle for colibri-cli cache" "$out"
+
 # A default plugin place that is absent (most machines have no /usr/local/lib/colibri/plugins) is no news; a directory
 # the user named that is absent is.
 out=$("$cli" plugins list 2>&1 >/dev/null)

@@ -169,16 +169,32 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
+    // The deepest command given (`colibri-cli cache`), and the words it did not take.
+    std::string command = "colibri-cli";
+    const CLI::App* deepest = &app;
+    while (!deepest->get_subcommands().empty()) {
+      deepest = deepest->get_subcommands().front();
+      command += " " + deepest->get_name();
+    }
+    const auto extras = app.remaining(true);
+    // `cache stat --model m`: a mistyped command of a group ("A subcommand is required", or the option's complaint),
+    // named with the commands there are.
+    if (deepest != &app && !deepest->get_subcommands({}).empty() &&
+        (extras.empty() || !extras.front().starts_with('-'))) {
+      std::string names;
+      for (const auto* sub : deepest->get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (extras.empty()) {
+        std::cerr << "error: " << command << " needs a command: " << names << " (" << command << " --help)\n";
+      } else {
+        std::cerr << "error: unknown command '" << extras.front() << "' for " << command << "; the commands are "
+                  << names << " (" << command << " --help)\n";
+      }
+      return 2;
+    }
     // CLI11 checks required options before unknown ones: "--model is required" for `run --modle m` would hide the
     // typo. An unknown option the command line holds is the error to name.
-    for (const auto& extra : app.remaining(true)) {
+    for (const auto& extra : extras) {
       if (!extra.starts_with('-') || extra == "-") continue;
-      std::string command = "colibri-cli";
-      for (const CLI::App* sub = &app; sub != nullptr;) {
-        const auto parsed = sub->get_subcommands();
-        sub = parsed.empty() ? nullptr : parsed.front();
-        if (sub != nullptr) command += " " + sub->get_name();
-      }
       std::cerr << "error: unknown option " << extra << " for " << command << " (" << command << " --help)\n";
       return 2;
     }
