@@ -78,7 +78,10 @@ inline OpenedEngine open_engine(
   eo.exact_activations = o.exact;
   eo.time_ops = o.time_ops;
   auto e = engine::Engine::open(*dir, *prof, eo, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
-  if (!e) return {nullptr, fail(e.error().message())};
+  if (!e) {
+    if (apps::refused_value_of_command_line(*prof, e.error())) return {nullptr, usage_fail(e.error().message())};
+    return {nullptr, fail(e.error().message())};
+  }
   if (profile_out != nullptr) *profile_out = std::move(prof);
   return {std::move(*e), 0};
 }

@@ -115,6 +115,23 @@ inline bool refused_for_command_line(const profile::LoadOptions& opts) {
   return profile::Profile::load(without).has_value();
 }
 
+// Whether `error`, from choosing and creating the profile's plugins, is about a value the command line gave (a key
+// the plugin does not have, a value of the wrong type, one its plugin refuses): a usage error too. Such errors name
+// the value by its origin: "--set KEY=VALUE: ..." (the plugin's schema), or "KEY = VALUE is from ORIGIN" (what a
+// plugin's create() refused, registry::with_value_origins).
+inline bool refused_value_of_command_line(const profile::Profile& profile, const sdk::Status& error) {
+  if (error.code() != sdk::StatusCode::invalid_argument) return false;
+  const std::string& said = error.message();
+  for (const auto& [key, entry] : profile.entries()) {
+    if (entry.origin.layer != profile::Origin::Layer::cli) continue;
+    if (said.find(entry.origin.detail + ": ") != std::string::npos ||
+        said.find(key + " = " + entry.text + " is from " + entry.origin.describe()) != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // "" unless `ctx` is past the model's context, known from its manifest: said before the weights load (minutes on a
 // real model). A manifest that does not load is left to the load, which names what is wrong with it.
 inline std::string context_past_model(const model::Manifest* manifest, std::int64_t ctx) {

@@ -192,7 +192,10 @@ int serve(Flags& f) {
   }
   if (auto st = server::Server::check_address(so.host, so.port); !st) return fail(st.message());  // before loading
   auto eng = engine::Engine::open(*dir, *prof, eo, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
-  if (!eng) return fail(eng.error().message());
+  if (!eng) {
+    return apps::refused_value_of_command_line(*prof, eng.error()) ? usage_fail(eng.error().message())
+                                                                   : fail(eng.error().message());
+  }
   const auto context = (*eng)->context();
   const auto mode = (*eng)->mode();
   so.model_name = f.served_name;

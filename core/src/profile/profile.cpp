@@ -123,6 +123,18 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
       return Status(StatusCode::invalid_argument, text.str() + " is out of range; use 0..64");
     }
   }
+  // The core's own choices, refused where they are given (a command line's: a usage error), not when the engine opens.
+  auto one_of = [&](std::initializer_list<const char*> allowed) -> Status {
+    const auto* text = std::get_if<std::string>(&v.value);
+    std::string list;
+    for (const char* a : allowed) {
+      if (text == nullptr || *text == a) return {};
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    return Status(StatusCode::invalid_argument, "'" + *text + "' is not one of " + list);
+  };
+  if (key == "memory.vram_admission") return one_of({"frequency", "always"});
+  if (key == "compute.cpu_fallback") return one_of({"off", "auto"});
   if (key == "compute.threads") return int_in(1, 1024);
   if (key == "compute.device") return int_in(0, 1024);
   if (key == "cache.pinned_experts") {

@@ -254,6 +254,21 @@ class Run(unittest.TestCase):
             self.assertEqual(p.returncode, 2, (args, p.stderr))
             self.assertIn(words, p.stderr, args)
             self.assertNotIn("compute cpu", p.stderr, args)  # before any backend starts
+        # A --set value its plugin has no key for, of the wrong type, or refused when the plugin is created, is the
+        # command line's mistake too (2); the same value from a profile file is not (1).
+        for kv, words in (("memory.vram_admission=sometimes", "'sometimes' is not one of frequency, always"),
+                          ("storage.bogus=1", "--set storage.bogus=1: unknown key 'storage.bogus'"),
+                          ("cache.half_life=abc", "'abc' is not an integer"),
+                          ("storage.chunk_kib=1", "storage.chunk_kib = 1 is from command line --set storage.chunk_kib=1")):
+            p = cli("run", "-m", model(), "-p", "hi", "-n", "1", "--set", kv, check=False)
+            self.assertEqual(p.returncode, 2, (kv, p.stderr))
+            self.assertIn(words, p.stderr, kv)
+        refused = os.path.join(WORK, "chunk-1.yaml")
+        with open(refused, "w") as f:
+            f.write("storage:\n  chunk_kib: 1\n")
+        p = cli("run", "-m", model(), "-p", "hi", "-n", "1", "--profile", refused, check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("storage.chunk_kib is 1", p.stderr)
         # Sampling values out of range exit 2, as the values the option parser refuses (--top-k abc) do.
         p = cli("run", "-m", model(), "-p", "hi", "--top-p", "2", check=False)
         self.assertEqual(p.returncode, 2)
