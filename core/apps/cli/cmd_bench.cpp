@@ -323,16 +323,19 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   // And the compute plugin's (CUDA: the graphs it launched, instantiated and updated).
   const nlohmann::json compute_json = counters_of(sdk::PluginKind::compute, engine->plugins().compute_name);
   j["compute_metrics"] = compute_json;
-  std::vector<nlohmann::json> reads_per_dir;  // stripe: reads_dir<N>_total, directory 0 the model's own
-  for (std::size_t d = 0; storage_json.contains("reads_dir" + std::to_string(d) + "_total"); ++d) {
-    reads_per_dir.push_back(storage_json["reads_dir" + std::to_string(d) + "_total"]);
-  }
-  if (!reads_per_dir.empty()) {
-    j["storage_reads_per_dir"] = reads_per_dir;
-    // Which directory each count is: the model's own, then storage.paths in order (as the stripe plugin numbers them).
+  // stripe: reads_dir<N>_total, directory 0 the model's own, then storage.paths in order (as the plugin numbers
+  // them); a directory that served nothing has no counter yet, and counts 0.
+  std::vector<nlohmann::json> reads_per_dir;
+  const bool per_dir = std::any_of(storage_json.items().begin(), storage_json.items().end(),
+                                   [](const auto& kv) { return kv.key().starts_with("reads_dir"); });
+  if (per_dir) {
     std::vector<std::string> dirs{engine->model_dir().string()};
     for (const auto& p : prof->get_list("storage.paths")) dirs.push_back(p);
-    if (dirs.size() == reads_per_dir.size()) j["storage_reads_dirs"] = dirs;
+    for (std::size_t d = 0; d < dirs.size(); ++d) {
+      reads_per_dir.push_back(storage_json.value("reads_dir" + std::to_string(d) + "_total", nlohmann::json(0)));
+    }
+    j["storage_reads_per_dir"] = reads_per_dir;
+    j["storage_reads_dirs"] = dirs;
   }
   if (op_timing != nullptr) j["op_times"] = {{"prefill", ops_json(prefill_ops)}, {"decode", ops_json(decode_ops)}};
   save_usage(*engine);

@@ -167,7 +167,8 @@ class StripeStorage final : public StorageBase, public StorageCancel, public Sto
                      std::to_string((*f)->size()) + "; re-copy the wrong one (colibri-cli inspect --verify names it)");
         }
         auto copy = std::make_unique<Copy>();
-        copy->member = owner(real, m);
+        // A file itself (not a link) is served where it was found: a model directory inside a member is its own.
+        copy->member = fs::is_symlink(candidate, ec) ? owner(real, m) : m;
         copy->real = std::move(real);
         copy->file = std::move(*f);
         copies.push_back(std::move(copy));
@@ -187,13 +188,18 @@ class StripeStorage final : public StorageBase, public StorageCancel, public Sto
     }
   }
 
-  // The directory whose queue serves the file at `real` (symlinks resolved): the member of `paths` it lies under,
-  // else `found_in` (where it was looked up).
+  // The directory whose queue serves the symlink `model stripe` left, whose target is `real`: the deepest member of
+  // `paths` it lies under, else `found_in` (where it was looked up).
   std::size_t owner(const fs::path& real, std::size_t found_in) const {
-    for (std::size_t i = 1; i < real_dirs_.size(); ++i) {
-      if (!relative_under(real, real_dirs_[i]).empty()) return i;
+    std::size_t best = found_in, depth = 0;
+    for (std::size_t i = 0; i < real_dirs_.size(); ++i) {
+      if (real_dirs_[i].empty() || relative_under(real, real_dirs_[i]).empty()) continue;
+      if (real_dirs_[i].native().size() > depth) {
+        best = i;
+        depth = real_dirs_[i].native().size();
+      }
     }
-    return found_in;
+    return best;
   }
 
   void finished_one() noexcept {

@@ -752,6 +752,14 @@ class StorageCounters(unittest.TestCase):
         self.assertTrue(all(n > 0 for n in per_dir), per_dir)  # half the files moved: both disks served reads
         self.assertEqual(per_dir, [j["storage_metrics"][f"reads_dir{d}_total"] for d in range(2)])
         self.assertEqual(j["storage_reads_dirs"], [dst, second])  # which directory each count is
+        # A directory that served nothing counts 0 (it has no counter of its own yet), and is still listed.
+        empty = os.path.join(WORK, "stripe-empty-dir")
+        os.makedirs(empty, exist_ok=True)
+        j = self.bench(m, "--set", "storage.plugin=stripe", "--set", f"storage.paths=[{empty}]")
+        self.assertEqual(j["storage_reads_dirs"], [m, empty])
+        self.assertEqual(len(j["storage_reads_per_dir"]), 2)
+        self.assertGreater(j["storage_reads_per_dir"][0], 0)
+        self.assertEqual(j["storage_reads_per_dir"][1], 0)
         text = self.bench(dst, *profile, json_out=False)
         self.assertRegex(text, r"stripe +reads per directory .*: dir0 \d+, dir1 \d+")
 

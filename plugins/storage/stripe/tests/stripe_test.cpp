@@ -291,6 +291,21 @@ TEST_F(StripeTest, MovedFileBehindASymlinkIsReadByItsOwnDirectorysQueue) {
   EXPECT_EQ(host->metric("reads_dir1_total"), 2.0) << "a read every copy failed counts at the primary";
 }
 
+// A model directory that lies inside a member of `paths` (storage.paths: [/data], the model /data/m) is its own
+// directory: its files are served and counted there, not by the member that holds it.
+TEST_F(StripeTest, AModelInsideAMemberIsServedByItsOwnDirectory) {
+  const auto own = write_expert("model", 0, 0, 4096, 1);
+  auto host = std::make_shared<ct::RecordingHost>();
+  auto s = make({{"paths", "[" + root_.string() + "]"}}, host);
+  ASSERT_NE(s, nullptr);
+  auto f = s->open(own.string());
+  ASSERT_TRUE(f);
+  std::vector<std::byte> buf(4096);
+  ASSERT_TRUE(s->read(**f, 0, buf));
+  EXPECT_EQ(host->metric("reads_dir0_total"), 1.0);
+  EXPECT_EQ(host->metric("reads_dir1_total"), 0.0);
+}
+
 TEST_F(StripeTest, PathsThatAreNotDirectoriesAreRejected) {
   auto lib = ct::LoadedPlugin::load(STRIPE_PLUGIN_PATH);
   ASSERT_TRUE(lib);
