@@ -86,8 +86,15 @@ sdk::Expected<std::vector<std::uint64_t>> parse_sizes(const std::string& text) {
     try {
       std::size_t used = 0;
       const long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0 || v > (1LL << 32)) throw std::invalid_argument(item);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      if (v > (1LL << 32)) {
+        return sdk::Status(sdk::StatusCode::invalid_argument,
+                           "--cache-experts: " + item + " is more experts than a cache can hold (at most 4294967296)");
+      }
       out.push_back(static_cast<std::uint64_t>(v));
+    } catch (const std::out_of_range&) {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         "--cache-experts: " + item + " is more experts than a cache can hold (at most 4294967296)");
     } catch (const std::exception&) {
       return sdk::Status(sdk::StatusCode::invalid_argument,
                          "--cache-experts: '" + item + "' is not a positive expert count (write e.g. 8,16,32)");

@@ -383,7 +383,7 @@ std::string crash_record_reason(const CrashRecord& r) {
   while (!during.empty() && during.back() == '\n') during.pop_back();
   // What ended it: a signal (here or in colibri-plugin-probe), or in the probe an exit or no answer in time.
   std::string ended = "crashed colibri (" + signal + ")";
-  if (signal.starts_with("exit status ")) ended = "ended colibri's process (" + signal + ")";
+  if (signal.starts_with("exit status ")) ended = "ended colibri-plugin-probe's process (" + signal + ")";
   if (signal.starts_with("timeout ")) ended = "hung (no answer within " + signal.substr(8) + ")";
   const std::string retry = signal.starts_with("timeout ") ? " (or a day has passed)" : "";
   return ended + " " + during +

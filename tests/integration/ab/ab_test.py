@@ -238,8 +238,11 @@ class Replay(unittest.TestCase):
         self.assertIn("give --model or --expert-bytes, not both", p.stderr)
         p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "99999999999999",
                 check=False)
-        self.assertIn("is not a positive expert count", p.stderr)
+        self.assertIn("--cache-experts: 99999999999999 is more experts than a cache can hold", p.stderr)
         self.assertEqual(p.returncode, 2)  # a refused option value
+        p = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "8,0", check=False)
+        self.assertIn("'0' is not a positive expert count", p.stderr)
+        self.assertEqual(p.returncode, 2)
 
     def test_expert_bytes_are_counted_in_4k_units_as_the_files_are(self):
         # 5 experts of 5000 bytes fill 5 slots of 8 KiB: not the 40000 bytes of all 8, so the cache streams.

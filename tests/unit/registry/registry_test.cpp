@@ -467,7 +467,8 @@ TEST(RegistryProbe, APluginThatExitsOrHangsInTheProbeIsSkippedAndRecorded) {
   auto again = scan({"static_exits", "score_hangs", "good"}, probed());
   EXPECT_EQ(again.plugins().size(), 1u);
   EXPECT_THAT(broken_reason(again, "fixture-static-exit.so"),
-              HasSubstr("ended colibri's process (exit status 3) while loading or scoring on an earlier run"));
+              HasSubstr("ended colibri-plugin-probe's process (exit status 3) while loading or scoring on an earlier "
+                        "run"));
   EXPECT_THAT(broken_reason(again, "fixture-hang.so"),
               HasSubstr("hung (no answer within 1.5 s) while loading or scoring on an earlier run (in its own code, or "
                         "in a driver or library it calls); skipped until the file or colibri changes (rebuild or "

@@ -34,13 +34,21 @@ TEST(ParseSize, UnitsAreBinary) {
 }
 
 TEST(ParseSize, RejectsNonsense) {
-  for (const char* bad : {"", "G", "eight", "8X", "-1G", "1.5", "1.5B", "8 gigs", "nan", "1e30T", "4Gx", "4ii"}) {
+  for (const char* bad : {"", "G", "eight", "8X", "-1G", "1.5", "1.5B", "8 gigs", "nan", "4Gx", "4ii"}) {
     auto v = parse_size(bad);
     EXPECT_FALSE(v) << bad;
     if (!v) {
       EXPECT_NE(v.error().message().find("512M"), std::string::npos);
     }
   }
+  // Well written, but past what a size can be: said so, not "not a size".
+  for (const char* huge : {"1e30T", "17179869184G", "99999999T"}) {
+    auto v = parse_size(huge);
+    ASSERT_FALSE(v) << huge;
+    EXPECT_EQ(v.error().message(),
+              "'" + std::string(huge) + "' is too large a size (at most 8388608T); check the number and its unit");
+  }
+  EXPECT_EQ(*parse_size("8388607T"), 8388607ULL << 40);
 }
 
 // "Gb" is gigabits by convention: refused with the byte spelling to use, not read as gigabytes; "-0" is not a size.
