@@ -498,9 +498,10 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto vocab = srv_.scheduler->vocab_size();
     for (std::size_t i = 0; i < ids.size(); ++i) {
       if (ids[i] >= vocab) {
-        return bad_request("Invalid token id " + std::to_string(ids[i]) + " at " + field + "[" + std::to_string(i) +
-                               "]: the vocabulary has " + std::to_string(vocab) + " tokens.",
-                           field, "invalid_value");
+        const std::string at = field + "[" + std::to_string(i) + "]";
+        return bad_request("Invalid token id " + std::to_string(ids[i]) + " at " + at + ": the vocabulary has " +
+                               std::to_string(vocab) + " tokens.",
+                           at, "invalid_value");
       }
     }
     return std::nullopt;
@@ -731,15 +732,19 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Token ids the model does not have (known only here, from the vocabulary): a 400 naming the field.
     std::optional<ApiError> outside_vocabulary;
-    const auto check_id = [&](std::int32_t id, const char* field) {
+    const auto check_id = [&](std::int32_t id, const char* field, const std::string& param) {
       if (outside_vocabulary || id < srv_.scheduler->vocab_size()) return;
       outside_vocabulary =
           bad_request("Invalid token id " + std::to_string(id) + " in '" + field + "': the vocabulary has " +
                           std::to_string(srv_.scheduler->vocab_size()) + " tokens.",
-                      field, "invalid_value");
+                      param, "invalid_value");
     };
-    for (const auto& [id, bias] : req.sampling.logit_bias) check_id(id, "logit_bias");
-    for (const auto id : req.stop_token_ids) check_id(id, "stop_token_ids");
+    for (const auto& [id, bias] : req.sampling.logit_bias) {
+      check_id(id, "logit_bias", "logit_bias." + std::to_string(id));
+    }
+    for (std::size_t i = 0; i < req.stop_token_ids.size(); ++i) {
+      check_id(req.stop_token_ids[i], "stop_token_ids", "stop_token_ids[" + std::to_string(i) + "]");
+    }
     if (outside_vocabulary) return respond_error(*outside_vocabulary, false);
     if (!req.seed_given) req.sampling.seed = std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32);
     if (auto s = req.sampling.validate(); !s) return respond_error(bad_request(s.message()), false);

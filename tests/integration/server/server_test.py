@@ -1018,9 +1018,16 @@ class Api(unittest.TestCase):
         self.assertLess(bare["count"], chat["count"])
         # Mistakes are 4xx naming the field.
         for path, req, want, param in [("/tokenize", {}, 400, "prompt"), ("/tokenize", {"prompt": 5}, 400, "prompt"),
-                                       ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens"),
+                                       ("/detokenize", {"tokens": [1, 99999]}, 400, "tokens[1]"),
                                        ("/detokenize", {"tokens": "1"}, 400, "tokens"),
-                                       ("/tokenize", {"model": "other", "prompt": "x"}, 404, "model")]:
+                                       ("/tokenize", {"model": "other", "prompt": "x"}, 404, "model"),
+                                       # an id past the vocabulary: param says where, as the message does
+                                       ("/v1/completions", {"prompt": [1, 2, 999999], "max_tokens": 1}, 400,
+                                        "prompt[2]"),
+                                       ("/v1/completions", {"prompt": "x", "stop_token_ids": [2, 999999]}, 400,
+                                        "stop_token_ids[1]"),
+                                       ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}, 400,
+                                        "logit_bias.999999")]:
             status, body = self.s.json("POST", path, req)
             assert_error(self, status, body, want, None, param)
         self.assertEqual(self.s.request("GET", "/tokenize")[0], 405)
