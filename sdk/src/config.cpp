@@ -79,10 +79,10 @@ Expected<std::uint64_t> parse_size(std::string_view text) noexcept {
     return bad();
   }
   const double bytes = number * mult;
-  if (bytes > static_cast<double>(std::numeric_limits<std::uint64_t>::max() / 2)) {
-    return Status(
-        StatusCode::invalid_argument,
-        "'" + std::string(original) + "' is too large a size (at most 8388608T); check the number and its unit");
+  if (bytes >= 9223372036854775808.0) {  // 2^63 (8388608T): past it llround overflows
+    return Status(StatusCode::invalid_argument, "'" + std::string(original) +
+                                                    "' is too large a size (it must be below 8388608T); check the "
+                                                    "number and its unit");
   }
   if (mult == 1 && number != std::floor(number)) return bad();  // 1.5 bytes
   return static_cast<std::uint64_t>(std::llround(bytes));

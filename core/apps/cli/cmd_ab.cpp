@@ -83,22 +83,25 @@ sdk::Expected<std::vector<std::uint64_t>> parse_sizes(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    try {
-      std::size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
-      if (v > (1LL << 32)) {
-        return sdk::Status(sdk::StatusCode::invalid_argument,
-                           "--cache-experts: " + item + " is more experts than a cache can hold (at most 4294967296)");
-      }
-      out.push_back(static_cast<std::uint64_t>(v));
-    } catch (const std::out_of_range&) {
+    const auto too_many = [&] {
       return sdk::Status(sdk::StatusCode::invalid_argument,
                          "--cache-experts: " + item + " is more experts than a cache can hold (at most 4294967296)");
+    };
+    long long v = 0;
+    try {
+      std::size_t used = 0;
+      v = std::stoll(item, &used);
+      if (used != item.size()) v = 0;
+    } catch (const std::out_of_range&) {
+      if (item.find('-') == std::string::npos) return too_many();
     } catch (const std::exception&) {
+    }
+    if (v <= 0) {
       return sdk::Status(sdk::StatusCode::invalid_argument,
                          "--cache-experts: '" + item + "' is not a positive expert count (write e.g. 8,16,32)");
     }
+    if (v > (1LL << 32)) return too_many();
+    out.push_back(static_cast<std::uint64_t>(v));
   }
   if (out.empty()) return sdk::Status(sdk::StatusCode::invalid_argument, "--cache-experts lists no sizes");
   std::sort(out.begin(), out.end());

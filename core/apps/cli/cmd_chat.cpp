@@ -150,8 +150,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", "chatml");
   }
   if (!cfg) return fail(cfg.error().message());
-  auto tmpl = chat::Template::parse(cfg->template_source, cfg->template_origin);
-  if (!tmpl && named) return fail(tmpl.error().message());
+  auto tmpl = chat::Template::parse(cfg->template_source, cfg->template_origin);  // a named one parsed above
   if (!tmpl) {
     return fail("the model's chat template does not parse: " + tmpl.error().message() +
                 "; give one with --chat-template (a family name or a Jinja file), or use run");

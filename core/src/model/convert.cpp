@@ -830,15 +830,34 @@ struct Job {
   TypeChoice choice;
 };
 
-// A tokenizer with ids past the model's vocabulary (another model's) would make every prompt that uses them fail,
-// or worse: refused here, as llama.cpp's converter does, not by the first run.
-Status check_tokenizer_fits(std::size_t tokenizer_ids, std::int64_t vocab_size, const std::string& tokenizer,
-                            const std::string& vocab_source, const std::string& fix) {
-  if (vocab_size <= 0 || tokenizer_ids <= static_cast<std::size_t>(vocab_size)) return {};
-  return Status(StatusCode::invalid_argument,
-                tokenizer + ": the tokenizer has token ids up to " + std::to_string(tokenizer_ids - 1) +
-                    ", but the model's vocabulary has " + std::to_string(vocab_size) + " (" + vocab_source +
-                    "): ids past it have no embedding row, so this tokenizer does not belong to these weights; " + fix);
+// A tokenizer whose vocabulary has ids past the model's (another model's) would fail every prompt that uses them, or
+// worse: refused here, as llama.cpp's converter refuses it. Added tokens past it (a <pad> added without resizing the
+// embedding, which llama.cpp drops with a warning) fail only a prompt that holds one: warned about, naming one.
+Status check_tokenizer_fits(const tokenizer::Tokenizer& tok, std::int64_t vocab_size, const std::string& tokenizer,
+                            const std::string& vocab_source, const std::string& fix,
+                            std::vector<std::string>& warnings) {
+  if (vocab_size <= 0) return {};
+  const auto rows = static_cast<std::size_t>(vocab_size);
+  if (tok.model_vocab_size() > rows) {
+    return Status(
+        StatusCode::invalid_argument,
+        tokenizer + ": the tokenizer's vocabulary has token ids up to " + std::to_string(tok.model_vocab_size() - 1) +
+            ", but the model's has " + std::to_string(vocab_size) + " (" + vocab_source +
+            "): ids past it have no embedding row, so this tokenizer does not belong to these weights; " + fix);
+  }
+  std::size_t past = 0;
+  std::string first;
+  for (std::size_t id = rows; id < tok.vocab_size(); ++id) {
+    const auto piece = tok.token_to_piece(static_cast<tokenizer::TokenId>(id));
+    if (!piece) continue;
+    if (past++ == 0) first = "'" + *piece + "' (id " + std::to_string(id) + ")";
+  }
+  if (past > 0) {
+    warnings.push_back(tokenizer + ": " + std::to_string(past) + " added token(s) have ids past the model's " +
+                       std::to_string(vocab_size) + " (" + vocab_source + "), e.g. " + first +
+                       "; the model has no embedding row for them, so a prompt that holds one fails");
+  }
+  return {};
 }
 
 }  // namespace
@@ -937,8 +956,9 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     // not the first run afterwards.
     auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json");
     if (!tok) return tok.error().with_context("the checkpoint's tokenizer");
-    if (auto s = check_tokenizer_fits(tok->vocab_size(), hp.vocab_size, (opt.input / "tokenizer.json").string(),
-                                      "vocab_size in config.json", "put the checkpoint's own tokenizer.json there");
+    if (auto s = check_tokenizer_fits(*tok, hp.vocab_size, (opt.input / "tokenizer.json").string(),
+                                      "vocab_size in config.json", "put the checkpoint's own tokenizer.json there",
+                                      summary.warnings);
         !s) {
       return s;
     }
@@ -1082,9 +1102,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     if (!check) {
       return check.error().with_context(opt.input.string() + ": its vocabulary does not make a usable tokenizer");
     }
-    if (auto s =
-            check_tokenizer_fits(check->vocab_size(), hp.vocab_size, opt.input.string() + " (tokenizer.ggml.tokens)",
-                                 "its vocab_size, or its token_embd rows", "re-export the GGUF");
+    if (auto s = check_tokenizer_fits(*check, hp.vocab_size, opt.input.string() + " (tokenizer.ggml.tokens)",
+                                      "its vocab_size, or its token_embd rows", "re-export the GGUF", summary.warnings);
         !s) {
       return s;
     }

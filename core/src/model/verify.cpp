@@ -56,10 +56,16 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   std::vector<std::pair<const FileEntry*, fs::path>> mirrors;
   if (auto dirs = stripe_record_dirs(dir)) {
     for (const auto& f : m->files) {
-      std::error_code ec;
+      std::vector<fs::path> seen{dir / f.path};
       for (const auto& d : *dirs) {
         const fs::path copy = d / f.path;
-        if (!fs::exists(fs::symlink_status(copy, ec)) || fs::equivalent(copy, dir / f.path, ec)) continue;
+        std::error_code ec;
+        if (!fs::exists(fs::symlink_status(copy, ec))) continue;
+        // The model's own file (a moved file's link), or a directory listed twice: the same copy.
+        if (std::any_of(seen.begin(), seen.end(), [&](const fs::path& s) { return fs::equivalent(copy, s, ec); })) {
+          continue;
+        }
+        seen.push_back(copy);
         mirrors.emplace_back(&f, copy);
       }
     }
@@ -67,32 +73,44 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   std::uint64_t total = 0, done = 0;
   for (const auto& f : m->files) total += f.size;
   for (const auto& [f, copy] : mirrors) total += f->size;
-  // One copy of `f` at `p` (`shown` in messages): what is wrong with it, if anything.
-  auto check = [&](const FileEntry& f, const fs::path& p, const std::string& shown) -> std::optional<VerifyProblem> {
+  // What is wrong with one copy of `f` at `p` (`shown` in messages), if anything, and its fix apart: a copy with an
+  // intact twin is mended by copying, not by a convert.
+  struct Found {
+    VerifyProblem problem;  // its message without the fix
+    std::string fix;
+    bool damaged = false;  // the file's bytes, which another copy can mend (not the manifest's record of them)
+  };
+  auto check = [&](const FileEntry& f, const fs::path& p, const std::string& shown) -> std::optional<Found> {
     const std::string where = describe_model_file(*m, f.path);
     struct stat st {};
     ++report.files_checked;
     if (::stat(p.c_str(), &st) != 0) {
       done += f.size;
-      return VerifyProblem{shown, where, "missing", where + ": " + shown + missing_file_reason(p)};
+      std::error_code ec;
+      if (fs::is_symlink(p, ec)) {  // a link to where the file was: the reason says what to mend
+        return Found{{shown, where, "missing", where + ": " + shown + missing_file_reason(p)}, "", true};
+      }
+      return Found{{shown, where, "missing", where + ": " + shown + " is missing"}, "re-run convert", true};
     }
     if (!S_ISREG(st.st_mode)) {  // its size would say nothing (a directory's 4096 bytes are no truncation)
       done += f.size;
-      return VerifyProblem{shown, where, "not a file",
-                           where + ": " + shown + " is " + sdk::file_kind_text(st.st_mode) +
-                               ", not a file; put the file back, or re-run convert"};
+      return Found{{shown, where, "not a file",
+                    where + ": " + shown + " is " + sdk::file_kind_text(st.st_mode) + ", not a file"},
+                   "put the file back, or re-run convert",
+                   true};
     }
     if (static_cast<std::uint64_t>(st.st_size) != f.size) {
       const bool shorter = static_cast<std::uint64_t>(st.st_size) < f.size;
       done += f.size;
-      return VerifyProblem{shown, where, shorter ? "truncated" : "wrong size",
-                           where + ": " + shown + " is " + std::to_string(st.st_size) + " bytes, expected " +
-                               std::to_string(f.size) + (shorter ? " (truncated)" : " (written to since convert?)") +
-                               "; re-run convert"};
+      return Found{{shown, where, shorter ? "truncated" : "wrong size",
+                    where + ": " + shown + " is " + std::to_string(st.st_size) + " bytes, expected " +
+                        std::to_string(f.size) + (shorter ? " (truncated)" : " (written to since convert?)")},
+                   "re-run convert",
+                   true};
     }
     if (const auto why = unreadable_file_reason(p); !why.empty()) {  // permissions, not damage: no re-convert
       done += f.size;
-      return VerifyProblem{shown, where, "unreadable", where + ": " + shown + why};
+      return Found{{shown, where, "unreadable", where + ": " + shown + why}, "", false};
     }
     struct Ctx {
       std::uint64_t* done;
@@ -111,49 +129,69 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
         },
         &ctx);
     report.bytes_hashed += f.size;
-    if (!sum)
-      return VerifyProblem{shown, where, "unreadable", where + ": " + sum.error().message() + "; re-run convert"};
+    if (!sum) return Found{{shown, where, "unreadable", where + ": " + sum.error().message()}, "re-run convert", true};
     if (*sum != f.checksum) {
-      return VerifyProblem{shown, where, "checksum mismatch",
-                           where + ": checksum mismatch in " + shown + "; re-run convert"};
+      return Found{
+          {shown, where, "checksum mismatch", where + ": checksum mismatch in " + shown}, "re-run convert", true};
     }
     for (std::size_t i = 0; i < ranges.size(); ++i) {
       if (ranges[i].hash == tensors[i].first->checksum) continue;
       // The file is as written but a tensor is not what manifest.json says: the manifest was changed.
-      return VerifyProblem{shown, tensors[i].second, "checksum mismatch",
-                           tensors[i].second + ": tensor " + tensors[i].first->name + " in " + shown +
-                               " does not match its checksum in manifest.json; restore the manifest or re-run "
-                               "convert"};
+      return Found{{shown, tensors[i].second, "checksum mismatch",
+                    tensors[i].second + ": tensor " + tensors[i].first->name + " in " + shown +
+                        " does not match its checksum in manifest.json"},
+                   "restore the manifest or re-run convert",
+                   false};
     }
     return std::nullopt;
   };
-  std::map<std::string, std::size_t> bad_primary;  // file -> its problem
+  const auto with_fix = [](VerifyProblem problem, const std::string& fix) {
+    if (!fix.empty()) problem.message += "; " + fix;
+    return problem;
+  };
+  std::map<std::string, Found> bad_own;    // file -> what is wrong with the model's own copy
+  std::map<std::string, fs::path> intact;  // file -> a mirror of it that checks out
+  std::vector<std::pair<const FileEntry*, Found>> bad_mirrors;
+  std::vector<std::string> order;  // the model's files with a problem, in manifest order
   for (const auto& f : m->files) {
-    if (auto problem = check(f, dir / f.path, f.path)) {
-      bad_primary[f.path] = report.problems.size();
-      report.problems.push_back(std::move(*problem));
+    if (auto found = check(f, dir / f.path, f.path)) {
+      bad_own.emplace(f.path, std::move(*found));
+      order.push_back(f.path);
     }
   }
-  std::set<std::string> restored;
   for (const auto& [f, copy] : mirrors) {
-    auto problem = check(*f, copy, copy.string());
-    const auto primary = bad_primary.find(f->path);
-    if (problem) {
-      // A mirror is a copy of the model's file: put that over it (a stripe run again does the same).
-      std::string& why = problem->message;
-      if (why.ends_with("; re-run convert")) why.resize(why.size() - 16);
-      if (primary == bad_primary.end()) {
-        why += "; it is a mirror of " + (dir / f->path).string() + ", which is intact: copy that over it";
-      } else {
-        why += " (a mirror of " + f->path + "; neither copy is intact): re-run convert";
-      }
-      report.problems.push_back(std::move(*problem));
-    } else if (primary != bad_primary.end() && restored.insert(f->path).second) {
-      std::string& why = report.problems[primary->second].message;
-      if (why.ends_with("; re-run convert")) why.resize(why.size() - 16);
-      why +=
-          "; its mirror " + copy.string() + " is intact (runs read that one): copy it to " + (dir / f->path).string();
+    if (auto found = check(*f, copy, copy.string())) {
+      bad_mirrors.emplace_back(f, std::move(*found));
+    } else {
+      intact.emplace(f->path, copy);  // the first one found
     }
+  }
+  for (const auto& file : order) {
+    const Found& own = bad_own.at(file);
+    const auto twin = intact.find(file);
+    if (!own.damaged || twin == intact.end()) {
+      report.problems.push_back(with_fix(own.problem, own.fix));
+      continue;
+    }
+    // The stripe plugin reads a mirror when the model's copy fails, so runs go on; the copy mends it.
+    report.problems.push_back(with_fix(own.problem, "its mirror " + twin->second.string() +
+                                                        " is intact (runs read that one): copy it to " +
+                                                        (dir / file).string()));
+  }
+  for (const auto& [f, found] : bad_mirrors) {
+    if (!found.damaged) {
+      report.problems.push_back(with_fix(found.problem, found.fix));
+      continue;
+    }
+    std::string fix;
+    if (!bad_own.contains(f->path)) {
+      fix = "it is a mirror of " + (dir / f->path).string() + ", which is intact: copy that over it";
+    } else if (const auto twin = intact.find(f->path); twin != intact.end()) {
+      fix = "it is a mirror of " + f->path + ", whose copy " + twin->second.string() + " is intact: copy that over it";
+    } else {
+      fix = "it is a mirror of " + f->path + ", and no copy of it is intact: re-run convert";
+    }
+    report.problems.push_back(with_fix(found.problem, fix));
   }
   std::error_code ec;
   for (const auto& t : m->tokenizer_files) {

@@ -126,9 +126,10 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   // The core's own choices, refused where they are given (a command line's: a usage error), not when the engine opens.
   auto one_of = [&](std::initializer_list<const char*> allowed) -> Status {
     const auto* text = std::get_if<std::string>(&v.value);
+    if (text == nullptr || text->empty()) return {};  // no value: the first choice (engine.cpp, profile_choice)
     std::string list;
     for (const char* a : allowed) {
-      if (text == nullptr || *text == a) return {};
+      if (*text == a) return {};
       list += (list.empty() ? "" : ", ") + std::string(a);
     }
     return Status(StatusCode::invalid_argument, "'" + *text + "' is not one of " + list);
@@ -359,9 +360,8 @@ void resolve_paths(const OptionSpec& spec, sdk::ConfigValue& value, const Origin
     if (p == "~" || p.starts_with("~/")) {
       if (const std::string home = util::home_dir().string(); !home.empty()) p = home + p.substr(1);
     }
-    if (!p.empty() && p.front() != '/' && !origin.file.empty()) {
-      p = (origin.file.parent_path() / p).lexically_normal().string();
-    }
+    // Not normalised: `..` is the OS's to resolve (through a profile directory that is a symlink, as the shell would).
+    if (!p.empty() && p.front() != '/' && !origin.file.empty()) p = (origin.file.parent_path() / p).string();
   };
   if (auto* one = std::get_if<std::string>(&value.value)) resolve(*one);
   if (auto* list = std::get_if<std::vector<std::string>>(&value.value)) {
@@ -379,7 +379,7 @@ sdk::Expected<fs::path> find_profile(const std::string& name, const fs::path& re
   std::vector<fs::path> candidates;
   if (looks_like_path(name)) {
     fs::path p(name);
-    if (p.is_relative() && !relative_to.empty()) p = (relative_to / p).lexically_normal();  // not the working dir's
+    if (p.is_relative() && !relative_to.empty()) p = relative_to / p;  // never the working directory's
     candidates.push_back(p);
   } else {
     for (const char* ext : {".yaml", ".yml"}) {

@@ -535,6 +535,9 @@ bool Tokenizer::is_special(TokenId id) const {
 std::size_t Tokenizer::vocab_size() const {
   return impl_->vocab_size();
 }
+std::size_t Tokenizer::model_vocab_size() const {
+  return impl_->model.vocab_size();
+}
 
 std::optional<TokenId> Tokenizer::bos_id() const {
   return impl_->bos_id;

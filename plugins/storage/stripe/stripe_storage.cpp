@@ -15,9 +15,10 @@
 // directory but found in another is read there with a warning.
 //
 // `colibri-cli model stripe` moves files to another directory and leaves a symlink in the model
-// directory. A copy is served by the queue of the directory that really holds it: a path that
-// resolves (through symlinks) into one of `paths` reads on that directory's threads, and two
-// candidates that resolve to the same file are one copy, not a file and its mirror. The host
+// directory. A copy is served by the queue of the directory that really holds it: a symlink that
+// resolves into one of `paths` reads on that directory's threads (a file itself, on those of the
+// directory it was found in), and two candidates that resolve to the same file are one copy, not a
+// file and its mirror. The host
 // counter reads_dir<N>_total (0: the model directory, N: paths[N-1]) counts the reads each
 // directory served, synchronous or queued (a split request counts its parts; a read a mirror
 // served counts there; one every copy failed counts at the primary).

@@ -965,9 +965,9 @@ class MemoryPlan(unittest.TestCase):
         p = cli("profile", "show", "--model", os.path.join(WORK, "no-such-model"), check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-model", p.stderr)
-        # A run names where the refused memory value was set.
+        # A run names where the refused memory value was set; the command line's is a usage error.
         p = cli("run", "-m", m, "-p", "hi", "-n", "1", "--set", "memory.kv_cache=100", check=False)
-        self.assertEqual(p.returncode, 1)
+        self.assertEqual(p.returncode, 2)
         self.assertIn("memory.kv_cache (100 bytes) holds no position", p.stderr)
         self.assertIn("memory.kv_cache = 100 is from command line --set memory.kv_cache=100", p.stderr)
         # A context past the model's is refused before the weights load (no backend started).

@@ -566,10 +566,22 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     tok["model"]["vocab"]["\u0120colibri"] = past;
     std::ofstream(d / "tokenizer.json", std::ios::trunc) << tok.dump();
     expect_clean_failure(d,
-                         "tokenizer.json: the tokenizer has token ids up to " + std::to_string(past) +
-                             ", but the model's vocabulary has " + cfg["vocab_size"].dump() +
+                         "tokenizer.json: the tokenizer's vocabulary has token ids up to " + std::to_string(past) +
+                             ", but the model's has " + cfg["vocab_size"].dump() +
                              " (vocab_size in config.json): ids past it have no embedding row",
                          "tokenizer too big");
+    // Added tokens past the embedding (a <pad> added without resizing it) only fail a prompt that holds one: warned.
+    tok = json::parse(slurp(src / "tokenizer.json"));
+    const std::size_t model_ids = tok["model"]["vocab"].size(), rows = cfg["vocab_size"].get<std::size_t>();
+    for (std::size_t i = 0; i < rows - model_ids + 5; ++i) {
+      tok["added_tokens"].push_back({{"id", 0}, {"content", "<extra_" + std::to_string(i) + ">"}, {"special", true}});
+    }
+    std::ofstream(d / "tokenizer.json", std::ios::trunc) << tok.dump();
+    const auto summary = convert_ok(d, fresh_output("tokenizer added past"), "f16");
+    ASSERT_FALSE(summary.warnings.empty());
+    const std::string want =
+        "tokenizer.json: 5 added token(s) have ids past the model's " + cfg["vocab_size"].dump() + " (vocab_size";
+    EXPECT_NE(summary.warnings.back().find(want), std::string::npos) << summary.warnings.back();
   }
   {  // GGUF: the same, and the keys llama.cpp requires are not given defaults that would change the answers
     const auto gguf = [&](const std::string& name, const std::string& args) {
@@ -582,7 +594,8 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
       return g;
     };
     expect_clean_failure(gguf("extra tokens", "--gguf-extra-tokens 5"),
-                         "(tokenizer.ggml.tokens): the tokenizer has token ids up to", "gguf extra tokens");
+                         "(tokenizer.ggml.tokens): the tokenizer's vocabulary has token ids up to",
+                         "gguf extra tokens");
     for (const std::string key : {"attention.layer_norm_rms_epsilon", "context_length"}) {
       expect_clean_failure(gguf("no " + key, "--gguf-drop-key '{arch}." + key + "'"),
                            "missing metadata qwen3moe." + key + " (llama.cpp needs it too); the GGUF is incomplete",

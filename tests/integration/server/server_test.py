@@ -725,10 +725,10 @@ class Api(unittest.TestCase):
         got = {bytes(e["bytes"]) for e in pushed["choices"][0]["logprobs"]["content"]}
         self.assertEqual(got, {next(b for b, i in id_of.items() if i == forced)})
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, logit_bias={"99999999": 1}))
-        assert_error(self, status, err, 400, "invalid_value", "logit_bias")
+        assert_error(self, status, err, 400, "invalid_value", "logit_bias.99999999")
         # So is a stop token the model does not have (it could never end the answer).
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, stop_token_ids=[2, 99999999]))
-        assert_error(self, status, err, 400, "invalid_value", "stop_token_ids")
+        assert_error(self, status, err, 400, "invalid_value", "stop_token_ids[1]")
         status, err = self.s.json("POST", "/v1/chat/completions", dict(chat, response_format={"type": "json_schema"}))
         assert_error(self, status, err, 400, "invalid_type", "response_format.json_schema")
 
@@ -1700,7 +1700,7 @@ class Api(unittest.TestCase):
                              {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
         assert_error(self, status, got, 404, "model_not_found", "model")
         status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": [1, 999999]})
-        assert_error(self, status, got, 400, "invalid_value", "prompt")
+        assert_error(self, status, got, 400, "invalid_value", "prompt[1]")
         status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "word " * 2000})
         assert_error(self, status, got, 400, "context_length_exceeded", "prompt")
         status, got = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "stream": True,

@@ -603,8 +603,8 @@ class Stripe(unittest.TestCase):
         self.assertIn(f"checksum mismatch in {rel}; its mirror {mirror} is intact (runs read that one): copy it to "
                       f"{own}", verify())
         damage(mirror)
-        self.assertIn(f"checksum mismatch in {mirror} (a mirror of {rel}; neither copy is intact): re-run convert",
-                      verify())
+        self.assertIn(f"checksum mismatch in {mirror}; it is a mirror of {rel}, and no copy of it is intact: re-run "
+                      "convert", verify())
 
     def test_a_named_directory_restriping_empties_stays(self):
         m = model()

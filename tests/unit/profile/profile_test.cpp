@@ -410,13 +410,14 @@ TEST_F(ProfileTest, RelativePathsInAProfileStartAtItsDirectory) {
   fs::current_path(cwd);
   ASSERT_TRUE(p) << p.error().message();
   EXPECT_EQ(p->get_string("cache.policy"), "lru") << "extends read the working directory's ../A.yaml";
-  EXPECT_EQ(p->files().back(), dir_ / "p" / "A.yaml");
+  EXPECT_TRUE(fs::equivalent(p->files().back(), dir_ / "p" / "A.yaml")) << p->files().back();
   const std::string home = getenv("HOME") != nullptr ? getenv("HOME") : "";
   const fs::path sub = dir_ / "p" / "sub";
+  // `..` is left for the OS to resolve (through a profile directory that is a symlink, as a shell would).
   EXPECT_EQ(p->get_list("storage.paths"),
-            (std::vector<std::string>{(dir_ / "p" / "d1").string(), home.empty() ? "~/d2" : home + "/d2", "/abs"}));
+            (std::vector<std::string>{(sub / "../d1").string(), home.empty() ? "~/d2" : home + "/d2", "/abs"}));
   EXPECT_EQ(p->get_list("plugins.paths"), std::vector<std::string>{(sub / "pl").string()});
-  EXPECT_EQ(p->get_string("models.dir"), (sub / "models").string());
+  EXPECT_EQ(p->get_string("models.dir"), (sub / "./models").string());
   EXPECT_EQ(p->find("storage.paths")->text, "[../d1, ~/d2, /abs]") << "the text stays as written";
   // A plugin's option: resolved once its plugin's schema declares it a path; get_path reads it so before.
   EXPECT_EQ(p->get_path("cache.auto_pin_history"), (sub / "h.json").string());

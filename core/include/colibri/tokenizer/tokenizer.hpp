@@ -43,7 +43,8 @@ class Tokenizer {
   // 0xE6): what OpenAI's logprobs report per token. Not always valid UTF-8 on its own.
   [[nodiscard]] std::optional<std::string> token_bytes(TokenId id) const;
   [[nodiscard]] bool is_special(TokenId id) const;
-  [[nodiscard]] std::size_t vocab_size() const;  // model vocabulary plus added tokens
+  [[nodiscard]] std::size_t vocab_size() const;        // model vocabulary plus added tokens
+  [[nodiscard]] std::size_t model_vocab_size() const;  // the model vocabulary's ids alone (highest + 1)
 
   [[nodiscard]] std::optional<TokenId> bos_id() const;
   [[nodiscard]] std::optional<TokenId> eos_id() const;
