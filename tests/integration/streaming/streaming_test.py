@@ -552,17 +552,23 @@ class Stripe(unittest.TestCase):
         self.assertEqual(held(mine_a), on_a)
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
-    def test_convert_force_removes_what_a_crashed_stripe_left(self):
-        # A stripe that failed midway leaves stripe.pending and its copies; one killed mid-copy also a NAME.partial.
-        # convert --force finds both through stripe.pending and leaves nothing of the model on the other disk.
-        files, (disk_a,), dst, _ = two_models_and_disks("crashed", letters="a")
-        bad = os.path.join(dst, files[3])  # the second file for disk A: the first is copied, then this fails
+    def copy_stripe_that_fails_midway(self, dst, disk, files):
+        """`model stripe --copy` of dst onto disk that fails at the second file for disk (files[3], damaged here):
+        the first is copied. Returns that file's path and its good bytes."""
+        bad = os.path.join(dst, files[3])
         with open(bad, "rb") as f:
             good = f.read()
         with open(bad, "r+b") as f:
             f.write(bytes([good[0] ^ 0xFF]))
-        p = run(["model", "stripe", dst, "--to", disk_a, "--copy"], check=False)
+        p = run(["model", "stripe", dst, "--to", disk, "--copy"], check=False)
         self.assertEqual(p.returncode, 1, p.stderr)
+        return bad, good
+
+    def test_convert_force_removes_what_a_crashed_stripe_left(self):
+        # A stripe that failed midway leaves stripe.pending and its copies; one killed mid-copy also a NAME.partial.
+        # convert --force finds both through stripe.pending and leaves nothing of the model on the other disk.
+        files, (disk_a,), dst, _ = two_models_and_disks("crashed", letters="a")
+        _, good = self.copy_stripe_that_fails_midway(dst, disk_a, files)
         mine = os.path.join(disk_a, "tiny")
         self.assertTrue(os.path.isfile(os.path.join(mine, files[1])))
         partial = os.path.join(mine, files[5] + ".partial")  # what a kill during that file's copy leaves
@@ -689,13 +695,7 @@ class Stripe(unittest.TestCase):
         os.makedirs(disk2)
         shutil.copytree(m, dst)
         files = sorted({e["file"] for e in manifest(m)["experts"]})
-        bad = os.path.join(dst, files[3])  # the second file for disk2: the first one is copied, then this fails
-        with open(bad, "rb") as f:
-            good = f.read()
-        with open(bad, "r+b") as f:
-            f.write(bytes([good[0] ^ 0xFF]))
-        p = run(["model", "stripe", dst, "--to", disk2, "--copy"], check=False)
-        self.assertEqual(p.returncode, 1, p.stderr)
+        bad, good = self.copy_stripe_that_fails_midway(dst, disk2, files)
         mine = os.path.join(disk2, "unfinished")
         self.assertTrue(os.path.isfile(os.path.join(mine, files[1])))
         self.assertFalse(os.path.exists(os.path.join(dst, "stripe.yaml")))
