@@ -59,22 +59,6 @@ bool present(const Tensor& t) {
 
 using util::bytes_text;
 
-// A profile key with a fixed set of values (the first is the default when it is absent); errors name where it was set.
-sdk::Expected<std::string> profile_choice(const profile::Profile& profile, const std::string& key,
-                                          std::initializer_list<const char*> allowed) {
-  std::string value = profile.get_string(key);
-  if (value.empty()) return std::string(*allowed.begin());
-  std::string list;
-  for (const char* a : allowed) {
-    if (value == a) return value;
-    list += (list.empty() ? "" : ", ") + std::string(a);
-  }
-  const auto* entry = profile.find(key);
-  return Status(
-      StatusCode::invalid_argument,
-      key + " '" + value + "' (" + (entry != nullptr ? entry->origin.describe() : "") + ") is not one of " + list);
-}
-
 // The op that runs several experts of `single` (expert_ffn or expert_ffn_clamped) in one call.
 Op group_op(Op single) {
   return single == Op::expert_ffn_clamped ? Op::expert_ffn_clamped_group : Op::expert_ffn_group;
@@ -187,18 +171,15 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
     if (!v) return v.error();
     *out = *v;
   }
-  auto admission = profile_choice(profile, "memory.vram_admission", {"frequency", "always"});
-  if (!admission) return admission.error();
-  options.vram_admission = *admission == "frequency";
+  // Both choices were checked as the profile loaded (check_range); empty is the default.
+  options.vram_admission = profile.get_string("memory.vram_admission") != "always";
   if (*options.vram_budget_bytes > 0) {
     auto vram_cache = reg.create_as<sdk::CachePolicy>(*cache->info, profile.section("cache"));
     if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + cache->info->name);
     plugins.vram_cache = *vram_cache;
   }
   auto compute_section = profile.section("compute");
-  auto fallback = profile_choice(profile, "compute.cpu_fallback", {"off", "auto"});
-  if (!fallback) return fallback.error();
-  if (*fallback == "auto" && compute->info->name != "cpu") {
+  if (profile.get_string("compute.cpu_fallback") == "auto" && compute->info->name != "cpu") {
     const auto* cpu_info = reg.find(sdk::PluginKind::compute, "cpu");
     if (cpu_info == nullptr) {
       return Status(StatusCode::not_found,

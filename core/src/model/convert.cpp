@@ -915,10 +915,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
         return Status(StatusCode::invalid_argument, gen_path.string() + ": not valid JSON; fix or remove it");
       }
       // Its sampling values are the server's defaults: one a request could not give would stop the server at start.
-      if (auto sampling = server::read_sampling_defaults(gen_path); !sampling) {
-        std::string why = sampling.error().message();
-        if (const auto fix = why.find(": fix the file"); fix != std::string::npos) why.resize(fix);
-        return Status(StatusCode::invalid_argument, why + "; fix it there, or remove the field");
+      if (auto sampling = server::read_sampling_defaults(gen_path, "; fix it there, or remove the field"); !sampling) {
+        return sampling.error();
       }
       const json ids = gen.is_object() && gen.contains("eos_token_id") ? gen["eos_token_id"] : json();
       for (const auto& id : ids.is_array() ? ids : json::array({ids})) {

@@ -152,12 +152,8 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
   std::map<std::string, Found> bad_own;    // file -> what is wrong with the model's own copy
   std::map<std::string, fs::path> intact;  // file -> a mirror of it that checks out
   std::vector<std::pair<const FileEntry*, Found>> bad_mirrors;
-  std::vector<std::string> order;  // the model's files with a problem, in manifest order
   for (const auto& f : m->files) {
-    if (auto found = check(f, dir / f.path, f.path)) {
-      bad_own.emplace(f.path, std::move(*found));
-      order.push_back(f.path);
-    }
+    if (auto found = check(f, dir / f.path, f.path)) bad_own.emplace(f.path, std::move(*found));
   }
   for (const auto& [f, copy] : mirrors) {
     if (auto found = check(*f, copy, copy.string())) {
@@ -166,8 +162,11 @@ VerifyReport verify_model(const fs::path& dir, const std::function<void(std::uin
       intact.emplace(f->path, copy);  // the first one found
     }
   }
-  for (const auto& file : order) {
-    const Found& own = bad_own.at(file);
+  for (const auto& f : m->files) {  // in the manifest's order
+    const auto bad = bad_own.find(f.path);
+    if (bad == bad_own.end()) continue;
+    const std::string& file = f.path;
+    const Found& own = bad->second;
     const auto twin = intact.find(file);
     if (!own.damaged || twin == intact.end()) {
       report.problems.push_back(with_fix(own.problem, own.fix));

@@ -126,7 +126,7 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   // The core's own choices, refused where they are given (a command line's: a usage error), not when the engine opens.
   auto one_of = [&](std::initializer_list<const char*> allowed) -> Status {
     const auto* text = std::get_if<std::string>(&v.value);
-    if (text == nullptr || text->empty()) return {};  // no value: the first choice (engine.cpp, profile_choice)
+    if (text == nullptr || text->empty()) return {};  // no value: the first choice, the default
     std::string list;
     for (const char* a : allowed) {
       if (*text == a) return {};

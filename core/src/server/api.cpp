@@ -823,7 +823,7 @@ std::string SamplingDefaults::describe() const {
   return out;
 }
 
-sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::path& file) {
+sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::path& file, std::string_view fix) {
   SamplingDefaults d;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) return d;
@@ -841,8 +841,7 @@ sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::pa
     const json& v = j[name];
     return sdk::Status(sdk::StatusCode::invalid_argument,
                        file.string() + ": \"" + name + "\" is " + v.dump() + (v.is_number() ? "" : ", not a number") +
-                           "; a request may give " + lo + " to " + hi +
-                           ": fix the file (or remove the field), or start with --sampling-defaults openai");
+                           "; a request may give " + lo + " to " + hi + std::string(fix));
   };
   for (auto [range, into] : {std::pair{&kTemperature, &d.temperature},
                              {&kTopP, &d.top_p},

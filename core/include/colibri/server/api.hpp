@@ -125,7 +125,11 @@ struct SamplingDefaults {
 };
 // A model's generation_config.json sampling fields (temperature, top_p, top_k, min_p, repetition_penalty): empty
 // when the file is absent or names none; an error names the file and the field.
-sdk::Expected<SamplingDefaults> read_sampling_defaults(const std::filesystem::path& generation_config);
+// `fix` ends the message for a value a request could not give, its separator included (the server's: how to start
+// without them).
+sdk::Expected<SamplingDefaults> read_sampling_defaults(
+    const std::filesystem::path& generation_config,
+    std::string_view fix = ": fix the file (or remove the field), or start with --sampling-defaults openai");
 
 std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out,
                                                  const SamplingDefaults& defaults = {});
