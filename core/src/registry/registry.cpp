@@ -347,8 +347,6 @@ std::optional<CrashRecord> crash_record_for(const fs::path& file) {
   return r;
 }
 
-// Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading, scoring
-// or creating. "" to load it; a record of an earlier version of the file is removed.
 // What a record of this very file says after its identity ("signal 11\n" and the call); nullopt where there is none.
 // A record of an earlier version of the file is removed.
 std::optional<std::string> crash_record_body(const CrashRecord& r) {
@@ -362,6 +360,8 @@ std::optional<std::string> crash_record_body(const CrashRecord& r) {
   return text->substr(r.identity.size());
 }
 
+// Why the file of `r` is skipped: a record of this very file says it crashed an earlier run while loading, scoring
+// or creating (or, in the probe, ended it or hung). "" to load it.
 std::string crash_record_reason(const CrashRecord& r) {
   std::error_code ec;
   auto body = crash_record_body(r);
