@@ -156,6 +156,26 @@ std::string load_trace(const std::string& trace_path, const ab::ExpertSizes& exp
   return {};
 }
 
+// Creates the policy of `spec` once, before the trace is read. Returns 0, or the exit code after printing the error:
+// 2 when a value of the command line (--policy's options, --set) is what the plugin refuses, 1 otherwise (a policy
+// that is not installed, a profile file's value).
+int check_policy(const PolicySpec& spec) {
+  profile::LoadOptions lo;
+  lo.profile = spec.profile;
+  lo.overrides = spec.overrides;
+  auto prof = profile::Profile::load(lo);
+  if (!prof) {
+    const std::string m = "--policy " + spec.name + ": " + prof.error().message();
+    return apps::refused_for_command_line(lo) ? usage_fail(m) : fail(m);
+  }
+  const auto reg = registry::scan_for_profile(*prof);
+  auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
+  if (policy) return 0;
+  const std::string& m = policy.error().message();  // a schema error names the --policy argument already
+  const std::string said = m.rfind("--policy", 0) == 0 ? m : "--policy " + spec.name + ": " + m;
+  return apps::refused_value_of_command_line(*prof, policy.error()) ? usage_fail(said) : fail(said);
+}
+
 // Replays the trace's accesses at every size through every policy and the optimum. Returns an error message, or ""
 // on success.
 std::string compute_replay(const std::vector<PolicySpec>& specs, const std::string& trace_path,
@@ -293,10 +313,11 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
   std::vector<PolicySpec> specs;
   for (const auto& p : o.policies) {
     auto s = parse_policy(p);
-    if (!s) return usage_fail(s.error().message());  // its spelling; a policy that is not there is found later (1)
+    if (!s) return usage_fail(s.error().message());
     auto overrides = global.cli_overrides();
     overrides.insert(overrides.end(), s->second.begin(), s->second.end());
     specs.push_back({s->first, global.profile, overrides});
+    if (const int code = check_policy(specs.back()); code != 0) return code;
   }
   // One policy given twice (a check that a replay ties with itself): rows named "lru #1", "lru #2".
   for (std::size_t i = 0; i < specs.size(); ++i) {

@@ -7,6 +7,7 @@
 // size at each queue depth for a fixed time. The page cache is dropped for the file before every
 // measurement, and without direct I/O (mmap) a point reads each block at most once, so it is measured cold too.
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include <random>
 #include <sstream>
 
+#include "../common/cli_values.hpp"
 #include "colibri/registry/plugin_set.hpp"
 #include "colibri/sdk/storage_view.hpp"
 #include "colibri/util/output_file.hpp"
@@ -258,11 +260,16 @@ class Driver {
   std::string error_;
 };
 
-sdk::ConfigView storage_config(const registry::PluginInfo& plugin, int depth) {
+// A plugin's defaults, then `profile_values` (the profile's storage section, for the plugin it selects), then what
+// iobench sets itself.
+sdk::ConfigView storage_config(const registry::PluginInfo& plugin, int depth, const sdk::ConfigView* profile_values) {
   std::map<std::string, sdk::ConfigValue, std::less<>> values;
   for (const auto& o : plugin.options) {
     if (o.default_value == nullptr || *o.default_value == '\0') continue;
     if (auto v = sdk::parse_option_value(o, o.default_value)) values[o.name] = *v;
+  }
+  if (profile_values != nullptr) {
+    for (const auto& [key, value] : profile_values->values()) values[key] = value;
   }
   values["direct_io"] = sdk::ConfigValue{true};
   values["queue_depth"] = sdk::ConfigValue{static_cast<std::int64_t>(depth)};
@@ -271,16 +278,16 @@ sdk::ConfigView storage_config(const registry::PluginInfo& plugin, int depth) {
 }
 
 // One measurement: a fresh Storage at this depth, the file opened cold.
-Result measure(const registry::PluginRegistry& reg, const registry::PluginInfo& plugin, const TestFile& file,
-               const std::string& test, std::uint64_t block, int depth, const IobenchOptions& opts,
-               std::uint64_t file_size) {
+Result measure(const registry::PluginRegistry& reg, const registry::PluginInfo& plugin,
+               const sdk::ConfigView* profile_values, const TestFile& file, const std::string& test,
+               std::uint64_t block, int depth, const IobenchOptions& opts, std::uint64_t file_size) {
   Result r;
   r.plugin = plugin.name;
   r.test = test;
   r.block = block;
   r.depth = depth;
   file.drop_cache();
-  auto storage = reg.create_as<sdk::Storage>(plugin, storage_config(plugin, depth));
+  auto storage = reg.create_as<sdk::Storage>(plugin, storage_config(plugin, depth, profile_values));
   if (!storage) {
     r.error = storage.error().to_string();
     return r;
@@ -383,6 +390,28 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
   auto prof = global.load_profile();
   if (!prof) return global.profile_exit_code;
   const auto reg = registry::scan_for_profile(*prof);
+  // The profile's storage settings (chunk_kib, sqpoll...) are those of the plugin it selects: that plugin is measured
+  // with them, the others with their defaults. A value the plugin refuses is said here, as a run would say it; a
+  // profile whose plugin is not usable here still lets the others be measured.
+  const registry::PluginInfo* profile_plugin = nullptr;
+  sdk::ConfigView profile_values;
+  auto refused = [&](const sdk::Status& error) {
+    const std::string m = "iobench: " + error.message();
+    return apps::refused_value_of_command_line(*prof, error) ? usage_fail(m) : fail(m);
+  };
+  if (auto p = registry::resolve_plugin(*prof, reg, sdk::PluginKind::storage)) {
+    profile_plugin = *p;
+    profile_values = prof->section("storage");
+    // Values out of the plugin's range are refused by its create(): once, here, rather than in every row.
+    auto made = reg.create_as<sdk::Storage>(**p, storage_config(**p, 1, &profile_values));
+    if (!made && made.error().code() == sdk::StatusCode::invalid_argument) {
+      return refused(registry::with_value_origins(made.error(), *prof, "storage"));
+    }
+  } else if (p.error().code() == sdk::StatusCode::invalid_argument) {
+    return refused(p.error());
+  } else {
+    spdlog::warn("iobench: the profile's storage plugin is not measured: {}", p.error().message());
+  }
   std::vector<const registry::PluginInfo*> chosen;
   if (opts.plugins.empty()) {
     for (const auto& p : reg.plugins()) {
@@ -421,19 +450,24 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
     std::cout << "iobench " << opts.dir << ": " << sdk::format_size(file_size) << " file, O_DIRECT requested, "
               << opts.seconds
               << " s per random point, page cache dropped before each (DIRECT no: each block read once; REG: "
-                 "into buffers registered with the plugin, as the expert cache's are)\n"
-              << std::left << std::setw(10) << "PLUGIN" << std::setw(6) << "TEST" << std::right << std::setw(6)
+                 "into buffers registered with the plugin, as the expert cache's are)\n";
+    if (profile_plugin != nullptr && std::find(chosen.begin(), chosen.end(), profile_plugin) != chosen.end()) {
+      std::cout << profile_plugin->name << " with the profile's storage settings, "
+                << (chosen.size() > 1 ? "the others with their defaults\n" : "\n");
+    }
+    std::cout << std::left << std::setw(10) << "PLUGIN" << std::setw(6) << "TEST" << std::right << std::setw(6)
               << "BLOCK" << std::setw(7) << "DEPTH" << std::setw(8) << "DIRECT" << std::setw(6) << "REG"
               << std::setw(10) << "MB/s" << std::setw(10) << "IOPS" << std::setw(10) << "mean_us" << std::setw(10)
               << "p99_us"
               << "\n";
   }
   for (const auto* plugin : chosen) {
-    results.push_back(measure(reg, *plugin, file, "seq", *seq_block, opts.seq_depth, opts, file_size));
+    const sdk::ConfigView* settings = plugin == profile_plugin ? &profile_values : nullptr;
+    results.push_back(measure(reg, *plugin, settings, file, "seq", *seq_block, opts.seq_depth, opts, file_size));
     report_row(results.back());
     for (std::uint64_t b : blocks) {
       for (int d : depths) {
-        results.push_back(measure(reg, *plugin, file, "rand", b, d, opts, file_size));
+        results.push_back(measure(reg, *plugin, settings, file, "rand", b, d, opts, file_size));
         report_row(results.back());
       }
     }
@@ -445,6 +479,8 @@ int iobench(const GlobalOptions& global, const IobenchOptions& opts) {
     out["dir"] = opts.dir;
     out["file_size"] = file_size;
     out["seconds_per_point"] = opts.seconds;
+    // The plugin measured with the profile's storage settings (the others: their defaults).
+    out["profile_settings_plugin"] = profile_plugin != nullptr ? profile_plugin->name : "";
     out["results"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json j{{"plugin", r.plugin}, {"test", r.test},           {"block", r.block},

@@ -226,6 +226,20 @@ class Replay(unittest.TestCase):
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru:bogus=1", "--cache-experts",
                 "4", check=False)
         self.assertIn("--policy lru:bogus=1: unknown key 'cache.bogus'", p.stderr)
+        self.assertEqual(p.returncode, 2)  # the command line's value, refused by the plugin: a usage error
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "frequency:half_life=abc",
+                "--cache-experts", "4", check=False)
+        self.assertIn("'abc' is not an integer", p.stderr)
+        self.assertEqual(p.returncode, 2)
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--set", "cache.bogus=1",
+                "--cache-experts", "4", check=False)
+        self.assertIn("unknown key 'cache.bogus'", p.stderr)
+        self.assertEqual(p.returncode, 2)
+        # A policy that is not installed is not a usage error.
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "nosuch", "--cache-experts", "4",
+                check=False)
+        self.assertIn("no cache plugin named 'nosuch'", p.stderr)
+        self.assertEqual(p.returncode, 1)
         # A --policy that is not spelled as one is refused as any bad flag value is (2); one key twice is said so.
         for spec, words in ((":x", "names no policy"), ("lru:x", "write settings as NAME:key=value"),
                             ("frequency:half_life=8;half_life=9", "sets half_life twice; give it once")):

@@ -70,6 +70,28 @@ if "$cli" iobench "$work/disk" --block-sizes 3000 > "$work/err3.txt" 2>&1; then 
 grep -q "3000" "$work/err3.txt" || fail "the error does not name the bad block size: $(cat "$work/err3.txt")"
 if "$cli" iobench "$work/disk" --plugins nosuch > "$work/err4.txt" 2>&1; then fail "an unknown plugin was accepted"; fi
 grep -q "nosuch" "$work/err4.txt" || fail "the error does not name the plugin: $(cat "$work/err4.txt")"
+# The profile's storage settings are its plugin's: measured with them, and a value the plugin refuses is refused
+# once, before any file is written (2 from the command line, 1 from a profile file).
+set +e
+"$cli" iobench "$work/disk" --set storage.plugin=pread --set storage.chunk_kib=1 > "$work/err5.txt" 2>&1; rc=$?
+[ $rc = 2 ] || fail "storage.chunk_kib=1 from --set: exit $rc, not 2: $(cat "$work/err5.txt")"
+grep -q "storage.chunk_kib is 1" "$work/err5.txt" || fail "the error does not name chunk_kib: $(cat "$work/err5.txt")"
+"$cli" iobench "$work/disk" --set storage.bogus=1 > "$work/err6.txt" 2>&1; rc=$?
+[ $rc = 2 ] || fail "storage.bogus=1 from --set: exit $rc, not 2: $(cat "$work/err6.txt")"
+grep -q "unknown key 'storage.bogus'" "$work/err6.txt" || fail "the error does not name the key: $(cat "$work/err6.txt")"
+printf 'extends: cpu\nstorage:\n  plugin: pread\n  chunk_kib: 3\n' > "$work/chunk3.yaml"
+"$cli" iobench "$work/disk" --profile "$work/chunk3.yaml" > "$work/err7.txt" 2>&1; rc=$?
+[ $rc = 1 ] || fail "chunk_kib: 3 in a profile file: exit $rc, not 1: $(cat "$work/err7.txt")"
+grep -q "chunk3.yaml:4" "$work/err7.txt" || fail "the error does not name the file's line: $(cat "$work/err7.txt")"
+set -e
+"$cli" iobench "$work/disk" --size 8M --seconds 0.05 --depths 1 --block-sizes 4K --plugins pread,mmap \
+  --set storage.plugin=pread --set storage.chunk_kib=8 --json > "$work/settings.json"
+python3 - "$work/settings.json" <<'PY'
+import json, sys
+res = json.load(open(sys.argv[1]))
+assert res["profile_settings_plugin"] == "pread", res["profile_settings_plugin"]
+assert all("error" not in r for r in res["results"]), res["results"]
+PY
 [ -z "$(ls -A "$work/disk")" ] || fail "a refused iobench left files behind"
 
 # Ctrl-C (and SIGTERM) while it measures: the test file goes too.
