@@ -137,6 +137,14 @@ out=$("$cli" --log-level warn bogus 2>&1); rc=$?
 expect_rc "an unknown command is a usage error" 2 $rc
 check "an unknown command is named with the commands" "error: unknown command 'bogus'; the commands are plugins, profile" "$out"
 
+# A mistyped command followed by options, or by another command, is named as the command (not "unknown option
+# --model", nor as a command of the group that follows).
+for words in "rn --model m" "foo cache" "foo cache stats --model m"; do
+  out=$("$cli" $words 2>&1); rc=$?
+  expect_rc "'$words' is a usage error" 2 $rc
+  check "'$words' names its first word as the unknown command" "error: unknown command '${words%% *}'; the commands are" "$out"
+done
+
 # A group's command mistyped (with its options after it), or left out, is named with the group's commands.
 out=$("$cli" cache stat --model m 2>&1); rc=$?
 expect_rc "a group's unknown command is a usage error" 2 $rc

@@ -133,6 +133,28 @@ class OneEntryFormatter : public CLI::Formatter {
   }
 };
 
+// The first word of the command line that is not an option must be a command: `rn --model m` and `foo cache` are
+// said to be a mistyped command (rather than "unknown option --model", or "unknown command 'foo' for cache").
+bool unknown_command(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.starts_with('-')) {
+      if (word == "--log-level") ++i;  // the only global option with a value
+      continue;
+    }
+    std::string names;
+    bool known = false;
+    for (const auto* sub : app.get_subcommands({})) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      known = known || sub->check_name(word);
+    }
+    if (known) return false;
+    std::cerr << "error: unknown command '" << word << "'; the commands are " << names << " (colibri-cli --help)\n";
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +191,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
+    if (unknown_command(app, argc, argv)) return 2;
     // The deepest command given (`colibri-cli cache`), and the words it did not take.
     std::string command = "colibri-cli";
     const CLI::App* deepest = &app;
@@ -198,25 +221,9 @@ int main(int argc, char** argv) {
       std::cerr << "error: unknown option " << extra << " for " << command << " (" << command << " --help)\n";
       return 2;
     }
-    // "A subcommand is required" for a mistyped one: name it, and the commands there are.
-    for (int i = 1; i < argc; ++i) {
-      const std::string word = argv[i];
-      if (word.starts_with('-')) {
-        if (word == "--log-level") ++i;  // the only global option with a value
-        continue;
-      }
-      std::string names;
-      bool known = false;
-      for (const auto* sub : app.get_subcommands({})) {
-        names += (names.empty() ? "" : ", ") + sub->get_name();
-        known = known || sub->check_name(word);
-      }
-      if (known) break;
-      std::cerr << "error: unknown command '" << word << "'; the commands are " << names << " (colibri-cli --help)\n";
-      return 2;
-    }
     return usage_exit(app, e);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0 && unknown_command(app, argc, argv)) return 2;
     return usage_exit(app, e);
   } catch (const std::exception& e) {
     return cli::fail(e.what());
