@@ -128,32 +128,46 @@ bool read_turn(std::istream& in, bool tty, std::string& turn) {
 int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.seed_given) o.sampling.seed = std::random_device{}();
   if (auto s = o.sampling.validate(); !s) return usage_fail(s.message());
-  std::optional<chat::ChatConfig> named;  // --chat-template: checked before the model loads
+  // The template (a named one, else the model's) is found and parsed before the weights load (minutes on a real
+  // model); a manifest that does not load leaves it until after the load, which names what is wrong.
+  std::optional<chat::ChatConfig> cfg;
+  std::optional<chat::Template> tmpl;
+  auto find_template = [&](const std::filesystem::path& dir, std::string_view architecture) -> std::string {
+    // The named template wins over the model's own, as the server's --chat-template.
+    auto c = !o.template_family.empty()
+                 ? chat::chat_config_override(o.template_family)
+                 : chat::load_chat_config(dir / "tokenizer_config.json", chat::family_for_architecture(architecture));
+    if (!c && o.template_family.empty()) {
+      // No template in the model and none known for its family: a neutral ChatML one still lets it talk.
+      c = chat::load_chat_config(dir / "tokenizer_config.json", "chatml");
+    }
+    if (!c) return c.error().message();
+    auto t = chat::Template::parse(c->template_source, c->template_origin);
+    if (!t) {
+      return o.template_family.empty() ? "the model's chat template does not parse: " + t.error().message() +
+                                             "; give one with --chat-template (a family name or a Jinja file), or "
+                                             "use run"
+                                       : t.error().message();
+    }
+    cfg = std::move(*c);
+    tmpl = std::move(*t);
+    return {};
+  };
   if (!o.template_family.empty()) {
-    auto c = chat::chat_config_override(o.template_family);
-    if (!c) return fail(c.error().message());
-    if (auto t = chat::Template::parse(c->template_source, c->template_origin); !t) return fail(t.error().message());
-    named = std::move(*c);
+    if (auto err = find_template({}, ""); !err.empty()) return fail(err);
   }
-  auto opened = open_engine(global, o.engine);
+  auto opened = open_engine(global, o.engine, nullptr,
+                            [&](const std::filesystem::path& dir, const model::Manifest* m) -> std::string {
+                              if (tmpl || m == nullptr) return {};
+                              return find_template(dir, m->hparams.architecture);
+                            });
   if (!opened.engine) return opened.exit_code;
   auto& engine = opened.engine;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
   auto tok = tokenizer::Tokenizer::from_file(engine->model_dir());
   if (!tok) return fail(tok.error().message());
-  // The named template wins over the model's own, as the server's --chat-template.
-  auto cfg = named ? sdk::Expected<chat::ChatConfig>(*named)
-                   : chat::load_chat_config(engine->model_dir() / "tokenizer_config.json",
-                                            chat::family_for_architecture(engine->hparams().architecture));
-  if (!cfg) {
-    // No template in the model and none known for its family: a neutral ChatML one still lets it talk.
-    cfg = chat::load_chat_config(engine->model_dir() / "tokenizer_config.json", "chatml");
-  }
-  if (!cfg) return fail(cfg.error().message());
-  auto tmpl = chat::Template::parse(cfg->template_source, cfg->template_origin);  // a named one parsed above
   if (!tmpl) {
-    return fail("the model's chat template does not parse: " + tmpl.error().message() +
-                "; give one with --chat-template (a family name or a Jinja file), or use run");
+    if (auto err = find_template(engine->model_dir(), engine->hparams().architecture); !err.empty()) return fail(err);
   }
   chat::RenderOptions ropt;
   ropt.add_generation_prompt = true;

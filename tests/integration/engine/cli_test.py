@@ -535,6 +535,18 @@ class Chat(unittest.TestCase):
         self.assertNotEqual(n_mine, n_own)
         self.assertIn(f"({n_mine} prompt tokens,", p.stderr)
 
+    def test_a_template_that_does_not_parse_is_said_before_the_weights_load(self):
+        # The load (minutes on a real model) never starts: its backend is not even created.
+        broken = chat_model("tiny-broken-template", "{% for m in messages %}{{ m.content }}", [])
+        p = cli("chat", "-m", broken, "-n", "1", stdin="Hi\n", check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("the model's chat template does not parse", p.stderr)
+        self.assertIn("give one with --chat-template", p.stderr)
+        self.assertNotIn("compute cpu", p.stderr)
+        # Named instead, a template lets the same model chat.
+        p = cli("chat", "-m", broken, "-n", "1", "--chat-template", "chatml", stdin="Hi\n")
+        self.assertIn("compute cpu", p.stderr)
+        self.assertIn("(template: built-in chatml)", p.stderr)
 
     def test_harmony_thinking_goes_to_stderr_and_only_the_answer_to_the_history(self):
         # gpt-oss's harmony markers added to a copy of the tiny model's tokenizer (ids its embedding already has), and a
