@@ -258,6 +258,8 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["prefetch_wasted"] = st.prefetch_wasted;
   j["prefetch_failed"] = st.prefetch_failed;
   j["prefetch_cancelled"] = st.prefetch_cancelled;
+  // Issued and not settled when the run ended (still reading, or in the cache unused): the counters then add up.
+  j["prefetch_open_at_end"] = engine->experts().prefetches_open();
   j["buffers_mapped"] = st.buffers_mapped;
   // null where nothing was guessed: 0.0 would read as "every guess wrong" (and advice to raise the confidence).
   j["prefetch_precision"] = st.predicted > 0 ? nlohmann::json(st.prediction_precision()) : nlohmann::json(nullptr);
@@ -355,8 +357,12 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
               o.gen_tokens == 1 ? "" : "s", decode_tps);
   const std::string preloaded =
       st.preloaded > 0 ? "; " + std::to_string(st.preloaded) + " pinned ones read at load, in the bytes read" : "";
-  std::printf("experts    hit rate %.1f%% (%llu hits, %llu misses%s), read %s, I/O stall %.3f s\n",
-              100.0 * st.hit_rate(), static_cast<unsigned long long>(st.hits),
+  // A hit is an expert found in RAM at its lookup, kept there or read ahead by a prefetch: say how many were the
+  // latter.
+  const std::string prefetched =
+      st.prefetch_used > 0 ? ", " + std::to_string(st.prefetch_used) + " of them read ahead by prefetch" : "";
+  std::printf("experts    hit rate %.1f%% (%llu hits%s, %llu misses%s), read %s, I/O stall %.3f s\n",
+              100.0 * st.hit_rate(), static_cast<unsigned long long>(st.hits), prefetched.c_str(),
               static_cast<unsigned long long>(st.misses), preloaded.c_str(), util::bytes_text(st.bytes_read).c_str(),
               st.stall_seconds);
   if (vram != nullptr) {
@@ -383,11 +389,16 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
     std::snprintf(prediction, sizeof prediction, "prediction precision %.1f%%, recall %.1f%%",
                   100.0 * st.prediction_precision(), 100.0 * st.prediction_recall());
   }
-  std::printf("prefetch   %lld %s, confidence %g: %llu issued, %llu used, %llu wasted, %llu cancelled; %s\n",
-              static_cast<long long>(engine->prefetch_layers()), engine->prefetch_layers() == 1 ? "layer" : "layers",
-              engine->prefetch_confidence(), static_cast<unsigned long long>(st.prefetch_issued),
-              static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
-              static_cast<unsigned long long>(st.prefetch_cancelled), prediction);
+  const std::string failed =
+      st.prefetch_failed > 0 ? std::to_string(st.prefetch_failed) + " failed (read again on demand), " : "";
+  std::printf(
+      "prefetch   %lld %s, confidence %g: %llu issued, %llu used, %llu wasted, %s%llu cancelled, %llu unused at the "
+      "end; %s\n",
+      static_cast<long long>(engine->prefetch_layers()), engine->prefetch_layers() == 1 ? "layer" : "layers",
+      engine->prefetch_confidence(), static_cast<unsigned long long>(st.prefetch_issued),
+      static_cast<unsigned long long>(st.prefetch_used), static_cast<unsigned long long>(st.prefetch_wasted),
+      failed.c_str(), static_cast<unsigned long long>(st.prefetch_cancelled),
+      static_cast<unsigned long long>(engine->experts().prefetches_open()), prediction);
   for (const auto& [label, name, counters] : {std::tuple{"storage", engine->plugins().storage_name, &storage_json},
                                               std::tuple{"compute", engine->plugins().compute_name, &compute_json}}) {
     if (counters->empty()) continue;

@@ -186,10 +186,13 @@ inline std::string stats_line(const engine::Engine& e, double prefill_tps, doubl
     // Precision and recall are of the guesses (a guessed expert already in memory needs no read, so a run may guess
     // well and issue nothing).
     std::snprintf(buf, sizeof buf,
-                  " [prefetch %lld layer%s: %llu reads issued, %llu used | guesses: precision %.1f%%, recall %.1f%%]",
+                  " [prefetch %lld layer%s: %llu reads issued, %llu used, %llu wasted, %llu unused at the end | "
+                  "guesses: precision %.1f%%, recall %.1f%%]",
                   static_cast<long long>(e.prefetch_layers()), e.prefetch_layers() == 1 ? "" : "s",
                   static_cast<unsigned long long>(st.prefetch_issued),
-                  static_cast<unsigned long long>(st.prefetch_used), 100.0 * st.prediction_precision(),
+                  static_cast<unsigned long long>(st.prefetch_used),
+                  static_cast<unsigned long long>(st.prefetch_wasted),
+                  static_cast<unsigned long long>(e.experts().prefetches_open()), 100.0 * st.prediction_precision(),
                   100.0 * st.prediction_recall());
     line += buf;
   }

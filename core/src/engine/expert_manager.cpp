@@ -575,6 +575,15 @@ std::size_t ExpertManager::prefetch(std::span<const sdk::ExpertKey> wanted, std:
   return queued;
 }
 
+std::uint64_t ExpertManager::prefetches_open() const {
+  std::uint64_t open = 0;
+  for (const auto& [key, slot] : slots_) {
+    // `demand` is set before the read is submitted and never changes: no lock needed to read it.
+    open += slot.prefetched_unused || (slot.pending && !slot.pending->demand) ? 1 : 0;
+  }
+  return open;
+}
+
 void ExpertManager::settle_prefetches() {
   if (inflight_.empty()) return;
   storage_->drain();  // every submitted read has called back after this

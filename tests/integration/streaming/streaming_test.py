@@ -209,6 +209,9 @@ class Prefetch(unittest.TestCase):
         # Stale prefetches withdrawn before they started are neither used nor read (how many is timing).
         self.assertGreaterEqual(on["prefetch_cancelled"], 0)
         self.assertLessEqual(on["prefetch_used"] + on["prefetch_cancelled"], on["prefetch_issued"])
+        # Every prefetch issued is accounted for: those the run ended with unsettled are counted too.
+        self.assertEqual(on["prefetch_used"] + on["prefetch_wasted"] + on["prefetch_failed"] + on["prefetch_cancelled"]
+                         + on["prefetch_open_at_end"], on["prefetch_issued"], on)
         for k in ("prefetch_precision", "prefetch_recall"):
             self.assertGreater(on[k], 0.0)
             self.assertLessEqual(on[k], 1.0)
@@ -236,7 +239,8 @@ class Prefetch(unittest.TestCase):
             on = json.loads(p.stdout)
             print(f"  slow disk, prefetch 2: issued {on['prefetch_issued']}, used {on['prefetch_used']}, cancelled "
                   f"{on['prefetch_cancelled']}, wasted {on['prefetch_wasted']}", flush=True)
-            self.assertLessEqual(on["prefetch_used"] + on["prefetch_cancelled"], on["prefetch_issued"])
+            self.assertEqual(on["prefetch_used"] + on["prefetch_wasted"] + on["prefetch_failed"]
+                             + on["prefetch_cancelled"] + on["prefetch_open_at_end"], on["prefetch_issued"], on)
             if on["prefetch_cancelled"] > 0:
                 break
         self.assertGreater(on["prefetch_cancelled"], 0)

@@ -202,6 +202,9 @@ class ExpertManager {
   [[nodiscard]] std::size_t resident_count() const { return slots_.size() - inflight_.size(); }
 
   [[nodiscard]] const ExpertStats& stats() const { return stats_; }
+  // Prefetch reads issued and not settled yet: still reading, or landed and not used (nor evicted) so far. With the
+  // counters, prefetch_issued = used + wasted + failed + cancelled + this.
+  [[nodiscard]] std::uint64_t prefetches_open() const;
   [[nodiscard]] std::uint64_t resident_bytes() const { return used_bytes_; }
   [[nodiscard]] std::uint64_t budget_bytes() const { return budget_; }
 
