@@ -114,10 +114,14 @@ TEST(Prefetch, LandedPrefetchIsAHitAndReadsOnce) {
   auto m = f.manager(3 * kBlob);
   ASSERT_FALSE(m.resident());
   const ExpertKey want[] = {key(1, 2)};
+  EXPECT_EQ(m.prefetches_open(), 0u);
   EXPECT_EQ(m.prefetch(want), 1u);
-  EXPECT_EQ(m.prefetch(want), 0u);  // already in flight: not queued twice
+  EXPECT_EQ(m.prefetch(want), 0u);     // already in flight: not queued twice
+  EXPECT_EQ(m.prefetches_open(), 1u);  // reading
   f.storage->complete_all();
+  EXPECT_EQ(m.prefetches_open(), 1u);  // landed, not used yet
   auto w = m.acquire(1, 2);
+  EXPECT_EQ(m.prefetches_open(), 0u);
   ASSERT_TRUE(w) << w.error().message();
   EXPECT_EQ(static_cast<unsigned char>(*static_cast<const std::byte*>(w->gate.data)), 1 * 16 + 2);
   m.release(1, 2);
