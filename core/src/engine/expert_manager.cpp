@@ -241,9 +241,19 @@ Status ExpertManager::verify_or_other_copy(const model::ExpertEntry& e, sdk::Sto
   for (std::size_t i = 1; i < n; ++i) {
     if (!copies_->read_copy(file, i, e.offset, std::span<std::byte>(data, e.size))) continue;
     if (verify(e, data)) {
-      spdlog::warn("{}: {} failed its checksum; served from its copy {} (restore the damaged {} from it)",
-                   key_name(e.layer, e.expert), copies_->copy_path(file, 0), copies_->copy_path(file, i),
-                   copies_->copy_path(file, 0));
+      // Said once per damaged file: an expert streamed again and again would repeat it at every read.
+      const std::string damaged = copies_->copy_path(file, 0);
+      bool first_time = false;
+      {
+        std::lock_guard lock(warned_mutex_);
+        first_time = warned_damaged_.insert(damaged).second;
+      }
+      if (first_time) {
+        spdlog::warn(
+            "{}: {} failed its checksum; served from its copy {} (restore the damaged {} from it; later reads of it "
+            "are served from the copy without this warning)",
+            key_name(e.layer, e.expert), damaged, copies_->copy_path(file, i), damaged);
+      }
       return {};
     }
   }

@@ -220,7 +220,7 @@ class CpuCompute final : public ComputeBase {
 
   CpuCompute(HostServices& host, const Options& o) : host_(host), opt_(o), pool_(o.threads), scratch_(o.threads) {
     DeviceInfo d;
-    d.name = "cpu (" + std::to_string(o.threads) + " threads, " + o.isa + ")";
+    d.name = "cpu (" + std::to_string(o.threads) + (o.threads == 1 ? " thread, " : " threads, ") + o.isa + ")";
     d.host_memory = true;
     const long pages = ::sysconf(_SC_PHYS_PAGES), avail = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0) d.memory_total = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);

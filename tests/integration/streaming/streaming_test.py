@@ -305,11 +305,13 @@ class Stripe(unittest.TestCase):
         for depth in ("0", "2"):
             out = os.path.join(WORK, "mirror-damaged.npy")
             p = run(["logits", "--model", dst, "--profile", os.path.join(dst, "stripe.yaml"), "--tokens",
-                     ",".join(map(str, TOKENS)), "--out", out, "--expert-cache-size", str(slot_bytes(m) * 4),
-                     "--prefetch-layers", depth])
+                     ",".join(map(str, TOKENS)), "--out", out, "--expert-cache-size", str(slot_bytes(m) * 2),
+                     "--prefetch-layers", depth, "--batch", "1"])
             with open(out, "rb") as f:
                 self.assertEqual(f.read(), base)
             self.assertIn("failed its checksum; served from its copy " + os.path.join(disk2, mirrored[0]), p.stderr)
+            # Once per damaged file, though a cache of 2 experts, a token at a time, reads it again and again.
+            self.assertEqual(p.stderr.count("failed its checksum"), 1, p.stderr)
         flip(os.path.join(disk2, mirrored[0]))
         p = run(["logits", "--model", dst, "--profile", os.path.join(dst, "stripe.yaml"), "--tokens",
                  ",".join(map(str, TOKENS)), "--out", os.path.join(WORK, "mirror-both.npy")], check=False)

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <utility>
 #include <vector>
@@ -337,10 +338,12 @@ class ExpertManager {
   std::uint64_t freed_slots_ = 0;        // RAM slots erased so far (placement_generation)
   ExpertStats stats_;
   std::map<std::uint64_t, std::uint64_t> usage_;
-  std::vector<std::uint64_t> inflight_;   // keys with a pending prefetch
-  bool prefetch_eviction_ = false;        // make_room on behalf of a prefetch (stricter evictable())
-  std::span<const sdk::ExpertKey> keep_;  // during a prefetch: experts it must not evict
-  std::mutex mutex_;                      // guards Pending::done/status/read_seconds
+  std::vector<std::uint64_t> inflight_;           // keys with a pending prefetch
+  bool prefetch_eviction_ = false;                // make_room on behalf of a prefetch (stricter evictable())
+  std::span<const sdk::ExpertKey> keep_;          // during a prefetch: experts it must not evict
+  std::mutex mutex_;                              // guards Pending::done/status/read_seconds
+  mutable std::mutex warned_mutex_;               // verify_or_other_copy runs on the storage thread too
+  mutable std::set<std::string> warned_damaged_;  // damaged copies already warned about
   // Buffers of evicted slots kept for the next load. Resident plus spare bytes never exceed the budget: a spare is
   // made by an eviction and reused by the load that needed the room, or freed before a new buffer is allocated.
   std::vector<SlotBuffer> spare_;
