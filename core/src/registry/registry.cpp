@@ -267,9 +267,12 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
       write_stderr(num);
       write_stderr(" while running the code of ");
       write_stderr(where);
-      write_stderr(
-          "; if it is a third-party plugin, remove it from the plugin directory or rebuild it against this "
-          "colibri\n");
+      write_stderr("\n");
+      if (sig == SIGBUS) {
+        write_stderr(
+            "(SIGBUS: a file mapped into memory became shorter while it was read; was a model file replaced or "
+            "truncated while colibri ran?)\n");
+      }
     }
   }
   for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {
@@ -914,7 +917,11 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   info.build_fingerprint = d->header.build_fingerprint;
   info.options.assign(d->options.begin(), d->options.end());
   for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");
-  register_plugin_code(d, std::string(to_string(d->kind)) + " plugin '" + d->name + "' (" + file.string() + ")");
+  // The label ends with what to do: a third party's plugin can be removed or rebuilt; colibri's own is a bug to report.
+  register_plugin_code(d, std::string(to_string(d->kind)) + " plugin '" + d->name + "' (" + file.string() + ")" +
+                              (dir.kind == SearchDirKind::colibri
+                                   ? ", one of colibri's own: please report it with the command that ran"
+                                   : "; remove it from the plugin directory or rebuild it against this colibri"));
   {
     PluginCall scoring("in score() of " + file.string());
     const auto start = std::chrono::steady_clock::now();

@@ -3,11 +3,15 @@
 // faulting page by page; zero-copy views ("colibri.storage.view.v1") hand out the mapped bytes
 // themselves and keep the mapping alive. Reads go through the page cache (no direct I/O).
 //
-// SIGBUS safety: touching a mapped page past the current end of a file raises SIGBUS, so every
-// read() compares the range with fstat() first and reports a truncated file as corrupt_data. (A
-// truncation racing with the copy itself cannot be excluded without a signal handler, which a
-// plugin must not install; the model files are written once and renamed into place.)
+// SIGBUS safety: touching a mapped page past the current end of a file raises SIGBUS. read() never
+// touches the mapping from user space: the kernel copies out of it (process_vm_readv on this
+// process), so a page past the end, a truncation racing with the copy included, fails the call
+// (EFAULT) and the read reports the truncated file as corrupt_data. Where that call is not allowed
+// (a seccomp filter), the rest is read with pread() from the same page cache, equally safe.
 #include <sys/mman.h>
+#include <sys/uio.h>
+
+#include <atomic>
 
 #include "colibri/sdk/storage_view.hpp"
 #include "posix_read.hpp"
@@ -77,6 +81,38 @@ class MmapView final : public StorageView {
   std::shared_ptr<Mapping> map_;
   std::span<const std::byte> bytes_;
 };
+
+// Copies `dst.size()` bytes from `src` (in the mapping of `fd` at `offset`) without a user-space touch of the
+// mapping. 0, or the errno of the failure (EFAULT: a page past the file's end).
+int copy_out_of_mapping(int fd, const std::byte* src, std::uint64_t offset, std::span<std::byte> dst) noexcept {
+  static std::atomic<bool> vm_readv_refused{false};  // seccomp (some container runtimes) or no such call
+  std::size_t done = 0;
+  while (done < dst.size() && !vm_readv_refused.load(std::memory_order_relaxed)) {
+    iovec local{dst.data() + done, dst.size() - done};
+    iovec remote{const_cast<std::byte*>(src + done), dst.size() - done};
+    const ssize_t n = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return EFAULT;
+    } else if (errno == ENOSYS || errno == EPERM) {
+      vm_readv_refused.store(true, std::memory_order_relaxed);
+    } else if (errno != EINTR) {
+      return errno;
+    }
+  }
+  while (done < dst.size()) {
+    const ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return EFAULT;  // the file ends early: as a page past its end
+    } else if (errno != EINTR) {
+      return errno;
+    }
+  }
+  return 0;
+}
 
 std::size_t page_size() {
   static const std::size_t p = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -172,7 +208,14 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
       const auto end = reinterpret_cast<std::uintptr_t>(src) + dst.size();
       ::madvise(reinterpret_cast<void*>(start), end - start, MADV_WILLNEED);
     }
-    std::memcpy(dst.data(), src, dst.size());
+    if (const int err = copy_out_of_mapping(f.fd(), src, offset, dst); err != 0) {
+      // Truncated while it was copied: the size check says so with the size it has now.
+      if (Status st = f.check_current(offset, dst.size()); !st) return st;
+      return Status(err == EFAULT ? StatusCode::corrupt_data : StatusCode::io_error,
+                    "reading " + f.path() + " at offset " + std::to_string(offset) + ": " + os_error_text(err) +
+                        (err == EFAULT ? " (the file changed while it was read?)" : ""),
+                    sc::transient(err));
+    }
     host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
     return {};
   }

@@ -578,7 +578,28 @@ TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
         (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
       },
       "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
-      "crash.so.; if it is a third-party plugin, remove it");
+      "crash.so.; remove it from the plugin directory or rebuild it against this colibri");
+}
+
+TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "not under a sanitizer";
+#endif
+  // The same crash in a plugin of colibri's own directories: not a third party's to remove, but a bug to report.
+  EXPECT_DEATH(
+      {
+        auto reg = PluginRegistry::scan({{fixture_dir("read_crashes"), "install dir", SearchDirKind::colibri}},
+                                        colibri::util::host_info(), in_process());
+        auto p = reg.select(PluginKind::storage, "fixture-read-crash");
+        if (!p) std::abort();
+        auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
+        if (!obj) std::abort();
+        std::byte buf[8];
+        auto* file = reinterpret_cast<colibri::sdk::StorageFile*>(buf);
+        (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
+      },
+      "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
+      "crash.so., one of colibri's own: please report it with the command that ran");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {
