@@ -11,6 +11,7 @@
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
+#include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/profile/profile.hpp"
@@ -125,6 +126,17 @@ int serve(Flags& f) {
 
   auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
+  // A named history file is merged into at exit: one that could not be (malformed, or another model's counts, which
+  // are never replaced) is said now.
+  if (const std::filesystem::path history = so.scheduler.usage_history;
+      !history.empty() && !engine::is_own_history_file(history, *dir)) {
+    const std::string named = !f.usage_history.empty() ? "--usage-history: " : "cache.auto_pin_history: ";
+    auto h = engine::load_usage_history(history);
+    if (!h) return fail(named + h.error().message());
+    if (!engine::history_mismatch(*h, history, *dir).empty()) {
+      return fail(named + engine::other_model_history(history, *dir).message());
+    }
+  }
   auto kv = engine::parse_kv_type(f.kv_type);
   if (!kv) return fail(kv.error().message());
   // Read once, for the check and the load (which reads one that does not load itself, with the storage's mirrors).

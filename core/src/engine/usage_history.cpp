@@ -158,6 +158,21 @@ std::string history_mismatch(const UsageHistory& history, const fs::path& path, 
          " (converted again?); clear it (colibri-cli cache clear --model " + model_dir.string() + ")";
 }
 
+bool is_own_history_file(const fs::path& path, const fs::path& model_dir) {
+  std::error_code ec1, ec2;
+  const auto named = fs::weakly_canonical(path, ec1);
+  const auto own = fs::weakly_canonical(usage_history_path(model_dir), ec2);
+  return !ec1 && !ec2 && named == own;
+}
+
+sdk::Status other_model_history(const fs::path& path, const fs::path& model_dir) {
+  return Status(StatusCode::invalid_argument,
+                "usage history " + path.string() + " holds the expert use of another model (or of " +
+                    model_dir.string() +
+                    " before it was converted again); it is left as it is: name another file, or remove it to "
+                    "start a new one there");
+}
+
 std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
                                                                           const fs::path& model_dir) {
   if (history.counts.empty()) return {};
@@ -208,17 +223,24 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
   } else {
     const std::string id = counted_identity.empty() ? now : counted_identity;
     if (!history_mismatch(*h, path, model_dir, now).empty()) {
-      spdlog::warn("usage history {} was counted for another model at {} (converted again?); starting a new one",
-                   path.string(), model_dir.string());
-      *h = UsageHistory{};
+      if (!is_own_history_file(path, model_dir)) {
+        // A file the user named (--usage-history): another model's counts are theirs, not colibri's to replace.
+        result = other_model_history(path, model_dir);
+      } else {
+        spdlog::warn("usage history {} was counted for another model at {} (converted again?); starting a new one",
+                     path.string(), model_dir.string());
+        *h = UsageHistory{};
+      }
     }
-    if (!id.empty()) h->model = id;
-    if (const auto dropped = drop_unknown_experts(*h, model_dir); !dropped.empty()) {
-      spdlog::warn("usage history {} counted {} expert(s) that {} does not have (e.g. {}:{}); dropped them",
-                   path.string(), dropped.size(), model_dir.string(), dropped[0].first, dropped[0].second);
+    if (result) {
+      if (!id.empty()) h->model = id;
+      if (const auto dropped = drop_unknown_experts(*h, model_dir); !dropped.empty()) {
+        spdlog::warn("usage history {} counted {} expert(s) that {} does not have (e.g. {}:{}); dropped them",
+                     path.string(), dropped.size(), model_dir.string(), dropped[0].first, dropped[0].second);
+      }
+      h->add_packed(usage);
+      result = save_usage_history(path, *h);
     }
-    h->add_packed(usage);
-    result = save_usage_history(path, *h);
   }
   ::close(lock);  // releases the lock
   return result;

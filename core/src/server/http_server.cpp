@@ -1610,6 +1610,13 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   // shows and /admin/cache/warm reads, so a server's traffic counts there too.
   if (impl->opt.scheduler.usage_history.empty()) {
     impl->opt.scheduler.usage_history = engine::usage_history_path(impl->engine->model_dir());
+    // Written at exit: a cache directory that cannot take it is said now, not after a day's counts are lost.
+    std::error_code ec;
+    std::filesystem::create_directories(impl->opt.scheduler.usage_history.parent_path(), ec);
+    if (ec) {
+      spdlog::warn("the expert usage history cannot be saved to {}: {}; give --usage-history FILE to keep it elsewhere",
+                   impl->opt.scheduler.usage_history.string(), ec.message());
+    }
   }
   impl->scheduler = std::make_unique<Scheduler>(*impl->engine, impl->tokenizer, impl->opt.scheduler);
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -2167,21 +2167,27 @@ class Concurrency(unittest.TestCase):
         with open(history) as f:
             self.assertGreater(sum(json.load(f)["counts"].values()), 0)
 
-    def test_malformed_usage_history_is_kept(self):
-        # A history the server cannot read (say, a hand edit gone wrong) is not replaced at exit: nothing is lost.
+    def test_a_named_usage_history_the_server_could_not_save_to_is_refused_at_start(self):
+        # Merged into at exit: a hand edit gone wrong, or another model's counts (never replaced), would be found only
+        # then, after the traffic's counts were made. Said at start; the file is left as it was.
         history = os.path.join(WORK, "usage-bad.json")
         with open(history, "w") as f:
             f.write('{"version": 1, "counts": {"0:1": "many"}}')
-        s = Server("--usage-history", history)
-        try:
-            status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3})
-            self.assertEqual(status, 200)
-        finally:
-            self.assertEqual(s.stop(), 0)
-        with open(history) as f:
-            self.assertEqual(f.read(), '{"version": 1, "counts": {"0:1": "many"}}')
-        with open(s.log.name) as f:
-            self.assertIn("usage-bad.json", f.read())
+        other = os.path.join(WORK, "usage-other-model.json")
+        with open(other, "w") as f:
+            f.write('{"version": 1, "model": "0123456789abcdef", "counts": {"0:1": 30}}')
+        for path, words in ((history, "usage-bad.json"),
+                            (other, "holds the expert use of another model")):
+            with open(path) as f:
+                before = f.read()
+            p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--usage-history", path] + BACKEND_ARGS,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("--usage-history: ", p.stderr)
+            self.assertIn(words, p.stderr)
+            self.assertNotIn("compute", p.stderr)  # before the weights load
+            with open(path) as f:
+                self.assertEqual(f.read(), before)
 
     def test_a_storage_failure_is_a_500_without_the_servers_paths_and_serving_goes_on(self):
         # Expert files that go bad under a running server (a disk error, a copy over them): the request gets an

@@ -124,7 +124,8 @@ TEST(UsageHistory, ABareFileNameIsSavedInTheCurrentDirectory) {
 
 TEST(UsageHistory, AModelConvertedAgainAtThePathStartsANewHistory) {
   const auto d = scratch("identity");
-  const auto file = d / "h.json";
+  ::setenv("XDG_CACHE_HOME", (d / "cache").c_str(), 1);
+  const auto file = usage_history_path(d / "model");  // the model's own file: colibri's to start afresh
   ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 5, 9}}, model_dir(d, "{\"experts\": 8}")));
   ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 2, 3}}, model_dir(d, "{\"experts\": 4}")));
   auto h = load_usage_history(file);
@@ -137,6 +138,25 @@ TEST(UsageHistory, AModelConvertedAgainAtThePathStartsANewHistory) {
   ASSERT_TRUE(merge_usage_history(file, {{1, 1}}, d / "model"));
   EXPECT_EQ(load_usage_history(file)->total(), 5u);
   EXPECT_EQ(load_usage_history(file)->model, model_identity(d / "model"));
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+// A file the user named (the server's --usage-history) that holds another model's counts is theirs: never replaced.
+TEST(UsageHistory, ANamedFileOfAnotherModelIsLeftAsItIs) {
+  const auto d = scratch("named");
+  ::setenv("XDG_CACHE_HOME", (d / "cache").c_str(), 1);
+  const auto file = d / "h.json";
+  ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 5, 9}}, model_dir(d, "{\"experts\": 8}")));
+  EXPECT_FALSE(is_own_history_file(file, d / "model"));
+  EXPECT_TRUE(is_own_history_file(usage_history_path(d / "model"), d / "model"));
+  const auto s = merge_usage_history(file, {{(1ull << 32) | 2, 3}}, model_dir(d, "{\"experts\": 4}"));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("holds the expert use of another model"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(file.string()), std::string::npos) << s.message();
+  auto h = load_usage_history(file);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->total(), 9u) << "the other model's counts stay";
+  ::unsetenv("XDG_CACHE_HOME");
 }
 
 // Counts made on the model as it was loaded are not added once another conversion has replaced it on disk (a server

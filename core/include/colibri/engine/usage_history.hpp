@@ -46,6 +46,12 @@ std::string history_mismatch(const UsageHistory& history, const std::filesystem:
 std::string history_mismatch(const UsageHistory& history, const std::filesystem::path& path,
                              const std::filesystem::path& model_dir, const std::string& id);
 
+// Whether `path` is the model's own history file (usage_history_path), which a new conversion at the same path may
+// start afresh; a file the user named (--usage-history) holding another model's counts is never replaced.
+bool is_own_history_file(const std::filesystem::path& path, const std::filesystem::path& model_dir);
+// The error for such a file: it names it and what to do.
+sdk::Status other_model_history(const std::filesystem::path& path, const std::filesystem::path& model_dir);
+
 // Removes the counts of experts the model in `model_dir` does not have (a hand-edited file, or one from another
 // model that kept its identity) and returns them; nothing when its manifest cannot be read.
 std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageHistory& history,
@@ -60,9 +66,11 @@ sdk::Expected<UsageHistory> load_usage_history(const std::filesystem::path& path
 sdk::Status save_usage_history(const std::filesystem::path& path, const UsageHistory& history);
 // Loads, adds `usage` from the model in `model_dir`, saves; under an exclusive lock on <path>.lock, so processes
 // that share a model merge one after another and no count is lost. A history of another model (its identity
-// differs: converted again at this path) is replaced, with a warning; counts of experts the model does not have are
-// dropped, with a warning. `counted_identity`: Manifest::identity of the model the counts were made on (as loaded);
-// if model_dir holds another conversion now, nothing is merged and the error says so ("": the model as it is now).
+// differs: converted again at this path) is replaced, with a warning, when `path` is the model's own file; a file
+// the user named is left as it is, and the error says so (other_model_history); counts of experts the model does not
+// have are dropped, with a warning. `counted_identity`: Manifest::identity of the model the counts were made on (as
+// loaded); if model_dir holds another conversion now, nothing is merged and the error says so ("": the model as it is
+// now).
 sdk::Status merge_usage_history(const std::filesystem::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
                                 const std::filesystem::path& model_dir, const std::string& counted_identity = "");
 
