@@ -255,6 +255,10 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   std::error_code ec;
   const fs::path dir = fs::canonical(*dir_r, ec);
   if (ec) return fail("cannot resolve " + dir_r->string() + ": " + ec.message());
+  // One command at a time changes a model's files: a stripe and an unstripe (or a convert --force) at once would
+  // both report success on a result that matches neither.
+  auto lock = model::ModelLock::acquire(dir);
+  if (!lock) return fail(lock.error().message());
   auto m = model::load_manifest(dir);
   if (!m) return fail(m.error().message());
   // Each --to directory gets a directory of this model's own, <DIR>/<model name>. Unstriping names none: every

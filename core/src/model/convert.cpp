@@ -716,7 +716,13 @@ void remove_old_model(const fs::path& old_dir, const fs::path& model_path) {
     members.insert(member);
   }
   remove_old_mirrors(old_dir, model, members);
-  fs::remove_all(old_dir, ec);
+  std::error_code rm_ec;
+  fs::remove_all(old_dir, rm_ec);
+  if (rm_ec) {
+    // The new model is in place; what is left of the old one (an immutable or read-only file) only takes room.
+    spdlog::warn("cannot remove all of the replaced model, left in {}: {}; delete it yourself", old_dir.string(),
+                 rm_ec.message());
+  }
   for (const auto& m : members) remove_emptied_stripe_dir(m, model);
 }
 
@@ -1130,6 +1136,14 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     return Status(StatusCode::invalid_argument, "output " + out_clean.string() +
                                                     " already exists; pass --force to replace it (the old model is "
                                                     "kept until the new one is complete)");
+  }
+  // The model --force replaces is locked until it is gone: a `model stripe` of it meanwhile would report success on
+  // files about to be removed (and one running now would be cut short).
+  std::optional<ModelLock> replacing;
+  if (fs::is_directory(out_clean, ec)) {
+    auto lock = ModelLock::acquire(out_clean);
+    if (!lock) return lock.error();
+    replacing.emplace(std::move(*lock));
   }
   // A missing parent is made, as `mkdir -p` (the models directory of a fresh install does not exist yet).
   const fs::path parent = out_clean.parent_path();

@@ -1,5 +1,7 @@
 #include "colibri/model/paths.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,43 @@ namespace colibri::model {
 namespace fs = std::filesystem;
 using sdk::Status;
 using sdk::StatusCode;
+
+sdk::Expected<ModelLock> ModelLock::acquire(const fs::path& model_dir) {
+  const int fd = ::open(model_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
+                  "cannot open " + model_dir.string() + " to lock it: " + sdk::os_error_text(err));
+  }
+  int rc = 0;
+  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  if (rc != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status(StatusCode::io_error,
+                    model_dir.string() +
+                        " is being changed by another colibri command (convert --force, model stripe or model "
+                        "unstripe); let it finish, then run this again",
+                    /*retryable=*/true);
+    }
+    return Status(StatusCode::io_error, "cannot lock " + model_dir.string() + ": " + sdk::os_error_text(err));
+  }
+  return ModelLock(fd);
+}
+
+ModelLock& ModelLock::operator=(ModelLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+ModelLock::~ModelLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
 
 fs::path default_models_dir() {
   if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && xdg[0] == '/') {

@@ -586,6 +586,30 @@ class Stripe(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_commands_that_change_a_model_take_turns(self):
+        # Another colibri command changing the model (here: its lock held by this test) makes stripe, unstripe and
+        # convert --force stop at once, saying so, with the model as it was; once it is done they run.
+        import fcntl
+        files, (disk_a,), dst, _ = two_models_and_disks("locked", letters="a")
+        before = sorted(os.listdir(os.path.join(dst, "experts")))
+        held = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            for args in (["model", "stripe", dst, "--to", disk_a], ["model", "unstripe", dst],
+                         ["convert", "--input", os.path.join(WORK, "mixtral"), "--output", dst, "--quantize", "q8_0",
+                          "--force"]):
+                p = run(args, check=False)
+                self.assertEqual(p.returncode, 1, (args, p.stderr))
+                self.assertIn(dst + " is being changed by another colibri command", p.stderr)
+            self.assertEqual(os.listdir(disk_a), [])
+            self.assertEqual(sorted(os.listdir(os.path.join(dst, "experts"))), before)
+            self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+        finally:
+            os.close(held)  # releases it
+        run(["model", "stripe", dst, "--to", disk_a])
+        run(["model", "unstripe", dst])
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+
     def test_verify_checks_the_mirrors_and_names_the_intact_copy(self):
         # A run reads a mirror when the model's own copy fails: verify checks both, and says which one is intact.
         files, (disk_a,), dst, _ = two_models_and_disks("verify-mirrors", letters="a")

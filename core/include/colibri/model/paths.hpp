@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "colibri/sdk/status.hpp"
@@ -25,6 +26,24 @@ sdk::Expected<std::filesystem::path> resolve_model_path(const std::string& name_
 // first where they matter): "a/bc" is not inside "a/b", "a/b/../c" is not, "../x" is not inside ".", and a
 // trailing separator on either side is ignored.
 bool path_within(const std::filesystem::path& path, const std::filesystem::path& dir);
+
+// An exclusive advisory lock (flock) on a model directory, held by the commands that change a model's files in place
+// (convert --force over it, model stripe, model unstripe) while they run: two at once would leave a result that
+// matches neither. Readers (run, the server) take none. Released when destroyed (or when the process ends).
+class ModelLock {
+ public:
+  // Fails at once, naming the directory and what to do, when another process holds it.
+  static sdk::Expected<ModelLock> acquire(const std::filesystem::path& model_dir);
+  ModelLock(ModelLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ModelLock& operator=(ModelLock&& other) noexcept;
+  ModelLock(const ModelLock&) = delete;
+  ModelLock& operator=(const ModelLock&) = delete;
+  ~ModelLock();
+
+ private:
+  explicit ModelLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 
 // `model stripe` gives a model a directory of its own on each other disk, <DIR>/<model name>; this file in it names
 // (first line) the model directory that owns it, so nothing of another model is ever removed or written over.
