@@ -55,6 +55,9 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
 // The first of those errors for any of `inputs` (flag, path; empty paths and '-' for standard input are skipped).
 std::string overwrite_error(const std::string& out_flag, const std::string& output,
                             const std::vector<std::pair<std::string, std::string>>& inputs);
+// "" unless the output's directory does not exist or cannot be written (a read-only file system, its permissions):
+// said before a long load. The vector variant of overwrite_error ends with it.
+std::string unwritable_output_error(const std::string& out_flag, const std::string& output);
 // "" unless two outputs name the same file: the second would replace the first.
 std::string same_output_error(const std::string& flag_a, const std::string& a, const std::string& flag_b,
                               const std::string& b);

@@ -1,4 +1,6 @@
 // colibri-cli: thin front end; each command lives in its own cmd_*.cpp.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +9,7 @@
 
 #include "../common/cli_values.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/log.hpp"
 #include "command.hpp"
 #include "interrupt.hpp"
@@ -50,6 +53,26 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
   for (const auto& [flag, input] : inputs) {
     if (input == "-") continue;
     if (auto e = overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
+  }
+  return unwritable_output_error(out_flag, output);
+}
+
+std::string unwritable_output_error(const std::string& out_flag, const std::string& output) {
+  namespace fs = std::filesystem;
+  if (output.empty() || output == "-") return {};
+  const std::string text = fs::path(output).lexically_normal().string();
+  if (text.rfind("/dev/", 0) == 0 || text.rfind("/proc/", 0) == 0) return {};  // written in place
+  std::error_code ec;
+  if (fs::exists(output, ec) && !fs::is_regular_file(output, ec)) return {};  // a FIFO or device: written in place
+  // The file is written as NAME.partial beside it and renamed: its directory must take both.
+  const fs::path real = fs::weakly_canonical(fs::absolute(output, ec), ec);
+  const fs::path dir = real.has_parent_path() ? real.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) {
+    return out_flag + " " + output + ": the directory " + dir.string() + " does not exist; create it first";
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return out_flag + " " + output + ": cannot write in " + dir.string() + " (" + sdk::os_error_text(errno) +
+           "); name a file in a directory you can write";
   }
   return {};
 }

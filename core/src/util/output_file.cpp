@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -162,8 +163,14 @@ sdk::Expected<OutputFile> OutputFile::open(const fs::path& path) {
     // Made afresh: a planted link at the .partial name would otherwise redirect the write to the file it names. If
     // another name appears between the unlink and the open, O_EXCL refuses it.
     if (::unlink(f.partial_.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      // A read-only file system refuses the unlink of a name that is not there too: no leftover to speak of.
+      struct stat there {};
+      if (::lstat(f.partial_.c_str(), &there) != 0) {
+        return Status(StatusCode::io_error, "cannot write " + path.string() + ": " + sdk::os_error_text(err));
+      }
       return Status(StatusCode::io_error, "cannot replace " + f.partial_.string() +
-                                              " (a leftover of an earlier run): " + sdk::os_error_text(errno));
+                                              " (a leftover of an earlier run): " + sdk::os_error_text(err));
     }
     fd = ::open(f.partial_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   }

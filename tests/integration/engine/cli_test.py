@@ -698,6 +698,38 @@ class Outputs(unittest.TestCase):
             p = cli(*args, check=False)
             self.assertIn(f"--file {WORK} is a directory", p.stderr)
 
+    def test_an_output_that_cannot_be_written_is_said_before_the_load(self):
+        missing = os.path.join(WORK, "no-such-dir", "x.npy")
+        p = cli("logits", "-m", model(), "--tokens", "1,2", "--out", missing, check=False)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"--out {missing}: the directory {os.path.dirname(missing)} does not exist", p.stderr)
+        self.assertNotIn("compute", p.stderr)
+        # A read-only directory: a read-only mount where this runs as root (which file modes do not stop), else modes.
+        ro = os.path.join(WORK, "read-only")
+        os.makedirs(ro, exist_ok=True)
+        mounted = False
+        if os.geteuid() == 0:
+            mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", ro],
+                                     capture_output=True).returncode == 0
+            if not mounted:
+                self.skipTest("root without a read-only mount to test with")
+        else:
+            os.chmod(ro, 0o555)
+        try:
+            out = os.path.join(ro, "x.npy")
+            for args in (["logits", "-m", model(), "--tokens", "1,2", "--out", out],
+                         ["run", "-m", model(), "--prompt", "hi", "-n", "1", "--record-trace", out]):
+                p = cli(*args, check=False)
+                self.assertEqual(p.returncode, 1, args)
+                self.assertIn(f"{out}: cannot write in {ro} (", p.stderr)
+                self.assertNotIn("a leftover", p.stderr)
+                self.assertNotIn("compute", p.stderr, args)  # before the model loads
+        finally:
+            if mounted:
+                subprocess.run(["umount", ro])
+            else:
+                os.chmod(ro, 0o755)
+
 
 class Perplexity(unittest.TestCase):
     def test_perplexity_and_kl_base(self):
