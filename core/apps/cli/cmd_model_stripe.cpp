@@ -32,6 +32,7 @@
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/profile/profile.hpp"
+#include "colibri/sdk/os_error.hpp"
 #include "colibri/util/output_file.hpp"
 #include "command.hpp"
 
@@ -295,6 +296,12 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
     members.push_back(member);
   }
   if (members.empty() && !o.undo) return usage_fail("--to names no directory (write --to DIR2[,DIR3...])");
+  // Its expert files become links (or come back) and stripe.yaml is written there: a model that cannot be changed
+  // is said before anything is made on the other disks.
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return fail("cannot change " + dir.string() + " (" + sdk::os_error_text(errno) + "); " +
+                (o.undo ? "unstriping" : "striping") + " moves its expert files and writes stripe.yaml there");
+  }
   for (const auto& member : members) {
     if (auto err = claim_member(member, dir); !err.empty()) return fail(err);
   }

@@ -610,6 +610,22 @@ class Stripe(unittest.TestCase):
         run(["model", "unstripe", dst])
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_a_model_that_cannot_be_changed_is_said_before_the_other_disks_are_touched(self):
+        files, (disk_a,), dst, _ = two_models_and_disks("read-only", letters="a")
+        ro = os.path.join(WORK, "read-only-view")
+        os.makedirs(ro, exist_ok=True)
+        if os.geteuid() != 0 or subprocess.run(["mount", "--bind", "-o", "ro", dst, ro],
+                                               capture_output=True).returncode != 0:
+            self.skipTest("needs root for a read-only bind mount (file modes do not stop root)")
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", ro], capture_output=True)
+            p = run(["model", "stripe", ro, "--to", disk_a], check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"cannot change {ro} (Read-only file system)", p.stderr)
+            self.assertEqual(os.listdir(disk_a), [])  # no directory, no marker left there
+        finally:
+            subprocess.run(["umount", ro])
+
     def test_verify_checks_the_mirrors_and_names_the_intact_copy(self):
         # A run reads a mirror when the model's own copy fails: verify checks both, and says which one is intact.
         files, (disk_a,), dst, _ = two_models_and_disks("verify-mirrors", letters="a")
