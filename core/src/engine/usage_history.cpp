@@ -17,6 +17,7 @@
 #include <ostream>
 
 #include "colibri/model/manifest.hpp"
+#include "colibri/model/paths.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/home.hpp"
 #include "colibri/util/output_file.hpp"
@@ -66,6 +67,8 @@ fs::path usage_history_path(const fs::path& model_dir) {
   const std::string hash = model::io::hex64(XXH64(text.data(), text.size(), 0));
   std::string name = abs.filename().string();
   if (name.empty()) name = "model";
+  // "-<8 hex>.json.lock" must fit too, in the 255 bytes of a name.
+  name = model::shortened_name(name, 200);
   // Two models with the same directory name in different places get different files.
   return colibri_cache_dir() / "usage" / (name + "-" + std::string(hash, 8) + ".json");
 }

@@ -595,10 +595,16 @@ bool pid_alive(long pid) {
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
+// ".<output name>.colibri-<kind>-", the name of a hidden sibling of the output but for the pid: the output's name
+// shortened so that it fits in 255 bytes (an output named with 250 would otherwise fail to convert).
+std::string hidden_sibling_prefix(const fs::path& output, std::string_view kind) {
+  return "." + shortened_name(output.filename().string(), 200) + ".colibri-" + std::string(kind) + "-";
+}
+
 // Hidden sibling directories of earlier conversions of this output that died (their process is gone).
 void remove_stale_partials(const fs::path& output) {
   std::error_code ec;
-  const std::string prefix = "." + output.filename().string() + ".colibri-partial-";
+  const std::string prefix = hidden_sibling_prefix(output, "partial");
   for (const auto& e :
        fs::directory_iterator(output.parent_path().empty() ? fs::path(".") : output.parent_path(), ec)) {
     const std::string name = e.path().filename().string();
@@ -807,7 +813,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
     if (fs::exists(output, ec2)) {
       if (!force) return Status(StatusCode::invalid_argument, "output " + output.string() + " exists; pass --force");
       if (auto s = check_replaceable(output); !s) return s;
-      fs::path old = parent / ("." + output.filename().string() + ".colibri-old-" + std::to_string(::getpid()));
+      fs::path old = parent / (hidden_sibling_prefix(output, "old") + std::to_string(::getpid()));
       if (::rename(output.c_str(), old.c_str()) != 0) {
         return Status(StatusCode::io_error,
                       "cannot move the old " + output.string() + " aside: " + sdk::os_error_text(errno));
@@ -1156,8 +1162,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                   "the output's parent " + parent.string() + " is not a directory; give an output inside a directory");
   }
   remove_stale_partials(out_clean);
-  const fs::path tmp =
-      parent / ("." + out_clean.filename().string() + ".colibri-partial-" + std::to_string(::getpid()));
+  const fs::path tmp = parent / (hidden_sibling_prefix(out_clean, "partial") + std::to_string(::getpid()));
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) {
     return Status(StatusCode::io_error, "cannot create " + tmp.string() + ": " + ec.message());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +21,14 @@ namespace colibri::model {
 namespace fs = std::filesystem;
 using sdk::Status;
 using sdk::StatusCode;
+
+std::string shortened_name(const std::string& name, std::size_t max_bytes) {
+  if (name.size() <= max_bytes || max_bytes < 10) return name;
+  std::size_t keep = max_bytes - 9;  // '~' and 8 hex digits
+  // Not inside a UTF-8 character: back up over its continuation bytes (10xxxxxx).
+  while (keep > 0 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
+  return name.substr(0, keep) + "~" + io::hex64(XXH64(name.data(), name.size(), 0)).substr(8);
+}
 
 sdk::Expected<ModelLock> ModelLock::acquire(const fs::path& model_dir) {
   const int fd = ::open(model_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -910,6 +910,26 @@ class ConvertSummary(unittest.TestCase):
             self.assertRegex(line, r"^\s+\d+ x q8_0 instead of q\d_k \(already quantized in the input")
 
 
+    def test_a_model_named_with_250_bytes_converts_runs_and_keeps_its_history(self):
+        # The names colibri derives from it (the hidden sibling convert writes into, the usage history file and its
+        # lock) would pass the 255 bytes a name may have: they are shortened with a hash.
+        model()  # the checkpoint
+        parent = os.path.join(WORK, "long-names")
+        shutil.rmtree(parent, ignore_errors=True)
+        os.makedirs(parent)
+        out = os.path.join(parent, "m" * 250)
+        cli("convert", "--input", os.path.join(WORK, "ckpt"), "--output", out, "--quantize", "q8_0")
+        cli("convert", "--input", os.path.join(WORK, "ckpt"), "--output", out, "--quantize", "q8_0", "--force")
+        self.assertEqual(os.listdir(parent), ["m" * 250])  # no hidden sibling left
+        env = history_env("long-names-history")
+        p = subprocess.run([CLI, "run", "-m", out, "-p", "hi", "-n", "2"], capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("not saved", p.stderr)
+        p = subprocess.run([CLI, "cache", "stats", "--model", out], capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("uses", p.stdout)
+
+
 class UnreadableFiles(unittest.TestCase):
     def test_an_expert_file_the_user_cannot_read_is_refused_at_load_and_not_blamed_on_convert(self):
         # A run printed part of its answer, then stopped at the expert it could not open; inspect --verify told the

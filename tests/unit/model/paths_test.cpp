@@ -1,6 +1,7 @@
 #include "colibri/model/paths.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "test_files.hpp"
 
@@ -84,6 +85,43 @@ TEST(StripeDir, FilesOfOthersKeepIt) {
   EXPECT_EQ(stripe_owner(unmarked), "");
   EXPECT_FALSE(remove_emptied_stripe_dir(unmarked, model));
   EXPECT_TRUE(fs::exists(unmarked / "experts"));
+}
+
+TEST(ShortenedName, KeepsShortNamesAndCutsLongOnesToTheirLimitWithAHash) {
+  EXPECT_EQ(shortened_name("mixtral", 200), "mixtral");
+  const std::string a(250, 'a');
+  const std::string cut = shortened_name(a, 200);
+  EXPECT_EQ(cut.size(), 200u);
+  EXPECT_EQ(cut.substr(0, 191), std::string(191, 'a'));
+  EXPECT_EQ(cut[191], '~');
+  // Two long names that share their first 191 bytes stay apart.
+  EXPECT_NE(cut, shortened_name(std::string(249, 'a') + "b", 200));
+  // Never inside a UTF-8 character: "é" is 2 bytes, so a cut at an odd byte backs up one.
+  std::string accents;
+  for (int i = 0; i < 150; ++i) accents += "\xc3\xa9";
+  const std::string u = shortened_name(accents, 200);
+  EXPECT_LE(u.size(), 200u);
+  const auto tilde = u.find('~');
+  ASSERT_NE(tilde, std::string::npos);
+  EXPECT_EQ(tilde % 2, 0u) << "cut inside a character";
+  EXPECT_EQ(u.substr(0, tilde), accents.substr(0, tilde));
+}
+
+TEST(ModelLock, ASecondHolderIsRefusedUntilTheFirstLetsGo) {
+  const auto dir = fs::temp_directory_path() / ("colibri-lock-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    auto first = ModelLock::acquire(dir);
+    ASSERT_TRUE(first) << first.error().message();
+    auto second = ModelLock::acquire(dir);  // another open file description: flock refuses it as another process's
+    ASSERT_FALSE(second);
+    EXPECT_NE(second.error().message().find(dir.string() + " is being changed by another colibri command"),
+              std::string::npos)
+        << second.error().message();
+  }
+  EXPECT_TRUE(ModelLock::acquire(dir));  // released with the first
+  EXPECT_FALSE(ModelLock::acquire(dir / "missing"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -27,6 +27,11 @@ sdk::Expected<std::filesystem::path> resolve_model_path(const std::string& name_
 // trailing separator on either side is ignored.
 bool path_within(const std::filesystem::path& path, const std::filesystem::path& dir);
 
+// `name` when it has at most `max_bytes` bytes; else its first bytes (cut at a UTF-8 character boundary), '~' and 8
+// hex digits of a hash of the whole name, `max_bytes` long at most: for the names colibri derives from a directory's
+// (hidden siblings, history files), which must stay within the file system's 255 bytes a name.
+std::string shortened_name(const std::string& name, std::size_t max_bytes);
+
 // An exclusive advisory lock (flock) on a model directory, held by the commands that change a model's files in place
 // (convert --force over it, model stripe, model unstripe) while they run: two at once would leave a result that
 // matches neither. Readers (run, the server) take none. Released when destroyed (or when the process ends).
