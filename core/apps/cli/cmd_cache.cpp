@@ -208,8 +208,9 @@ int cache_clear(const GlobalOptions& global, const CacheOptions& o) {
     return fail(path.string() + " is a directory, not a usage history; colibri-cli cache clear removes only the " +
                 "history file colibri writes there (remove the directory yourself if it is not needed)");
   }
-  const bool removed = std::filesystem::remove(path, ec);
-  if (ec) return fail("cannot remove " + path.string() + ": " + ec.message());
+  auto removed_or = engine::remove_usage_history(path);
+  if (!removed_or) return fail(removed_or.error().message());
+  const bool removed = *removed_or;
   if (o.json) {
     std::cout << nlohmann::ordered_json{{"usage_history", path.string()}, {"removed", removed}}.dump(2) << "\n";
   } else {

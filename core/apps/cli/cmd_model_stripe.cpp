@@ -256,6 +256,11 @@ int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   std::error_code ec;
   const fs::path dir = fs::canonical(*dir_r, ec);
   if (ec) return fail("cannot resolve " + dir_r->string() + ": " + ec.message());
+  // The marker on the other disks names the model by its path on one line (stripe_owner reads the first).
+  if (dir.string().find('\n') != std::string::npos) {
+    return fail("the path of " + dir.string() +
+                " holds a line break, which the marker on the other disks cannot record; rename the directory");
+  }
   // One command at a time changes a model's files: a stripe and an unstripe (or a convert --force) at once would
   // both report success on a result that matches neither.
   auto lock = model::ModelLock::acquire(dir);

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <thread>
 
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
@@ -198,6 +200,55 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageH
   return dropped;
 }
 
+namespace {
+
+// Another process holding the lock longer than this (a stuck one) costs the history, not the run.
+constexpr auto kLockPatience = std::chrono::seconds(30);
+
+}  // namespace
+
+sdk::Expected<int> lock_history(const fs::path& path) {
+  // The lock file stays: removing it would let a third process lock a new file while the second holds the old.
+  const std::string lock_path = path.string() + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) return Status(StatusCode::io_error, "cannot open " + lock_path + ": " + sdk::os_error_text(errno));
+  const auto give_up = std::chrono::steady_clock::now() + kLockPatience;
+  bool said = false;
+  while (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) {
+      ::close(lock);
+      return Status(StatusCode::io_error, "cannot lock " + lock_path + ": " + sdk::os_error_text(err));
+    }
+    if (std::chrono::steady_clock::now() >= give_up) {
+      ::close(lock);
+      return Status(StatusCode::io_error,
+                    "another process has held " + lock_path + " for " + std::to_string(kLockPatience.count()) +
+                        " s (a stuck colibri? see `fuser " + lock_path + "`)",
+                    /*retryable=*/true);
+    }
+    if (!said) {
+      spdlog::info("waiting for another colibri process to finish with {}", path.string());
+      said = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return lock;
+}
+
+sdk::Expected<bool> remove_usage_history(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return false;
+  // Under the lock: a merge in flight would otherwise write the counts back after they were removed.
+  auto locked = lock_history(path);
+  if (!locked) return locked.error();
+  const bool removed = fs::remove(path, ec);
+  ::close(*locked);
+  if (ec) return Status(StatusCode::io_error, "cannot remove " + path.string() + ": " + ec.message());
+  return removed;
+}
+
 Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, std::uint64_t>& usage,
                            const fs::path& model_dir, const std::string& counted_identity) {
   if (usage.empty()) return {};
@@ -213,12 +264,9 @@ Status merge_usage_history(const fs::path& path, const std::map<std::uint64_t, s
   std::error_code ec;
   if (!path.parent_path().empty()) fs::create_directories(path.parent_path(), ec);  // a bare name: the current dir
   if (ec) return Status(StatusCode::io_error, "cannot create " + path.parent_path().string() + ": " + ec.message());
-  // The lock file stays: removing it would let a third process lock a new file while the second holds the old.
-  const std::string lock_path = path.string() + ".lock";
-  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0) return Status(StatusCode::io_error, "cannot open " + lock_path + ": " + sdk::os_error_text(errno));
-  while (::flock(lock, LOCK_EX) != 0 && errno == EINTR) {
-  }
+  auto locked = lock_history(path);
+  if (!locked) return locked.error();
+  const int lock = *locked;
   Status result;
   auto h = load_usage_history(path);
   if (!h) {

@@ -610,6 +610,17 @@ class Stripe(unittest.TestCase):
         run(["model", "unstripe", dst])
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_a_model_path_with_a_line_break_is_not_striped(self):
+        files, (disk_a,), dst, _ = two_models_and_disks("line-break", letters="a")
+        odd = os.path.join(WORK, "line\nbreak")
+        shutil.rmtree(odd, ignore_errors=True)
+        shutil.copytree(dst, odd)
+        p = run(["model", "stripe", odd, "--to", disk_a], check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("holds a line break", p.stderr)
+        self.assertEqual(os.listdir(disk_a), [])
+        shutil.rmtree(odd)
+
     def test_a_model_that_cannot_be_changed_is_said_before_the_other_disks_are_touched(self):
         files, (disk_a,), dst, _ = two_models_and_disks("read-only", letters="a")
         ro = os.path.join(WORK, "read-only-view")

@@ -1,10 +1,14 @@
 #include "colibri/engine/usage_history.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -179,6 +183,32 @@ TEST(UsageHistory, CountsOfAModelReplacedSinceItWasLoadedAreNotMerged) {
   EXPECT_EQ(h->model, loaded);
   // The identity load_manifest gives is the one model_identity reads.
   EXPECT_EQ(colibri::model::manifest_identity("{\"experts\": 4}"), model_identity(model));
+}
+
+// `cache clear` while another process merges: it waits for the lock, so the merge cannot write the counts back after
+// the removal.
+TEST(UsageHistory, RemovalWaitsForTheLockOfAMergeInFlight) {
+  const auto d = scratch("remove-locked");
+  const auto file = d / "h.json";
+  ASSERT_TRUE(merge_usage_history(file, {{(1ull << 32) | 5, 9}}, model_dir(d, "{\"experts\": 8}")));
+  const int held = ::open((file.string() + ".lock").c_str(), O_RDWR);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  std::atomic<bool> done{false};
+  std::thread remover([&] {
+    auto removed = remove_usage_history(file);
+    EXPECT_TRUE(removed && *removed);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "removed while another process held the lock";
+  EXPECT_TRUE(fs::exists(file));
+  ::close(held);  // releases it
+  remover.join();
+  EXPECT_FALSE(fs::exists(file));
+  auto again = remove_usage_history(file);
+  ASSERT_TRUE(again);
+  EXPECT_FALSE(*again);  // nothing to remove
 }
 
 TEST(UsageHistory, ConcurrentMergesLoseNoCount) {

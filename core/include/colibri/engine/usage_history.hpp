@@ -64,6 +64,12 @@ std::vector<std::pair<std::uint32_t, std::uint32_t>> drop_unknown_experts(UsageH
 sdk::Expected<UsageHistory> load_usage_history(const std::filesystem::path& path);
 // Writes a temporary file, fsyncs it and renames it over `path`: a crash leaves the old or the new file.
 sdk::Status save_usage_history(const std::filesystem::path& path, const UsageHistory& history);
+// The exclusive lock on <path>.lock that merges and removals take (an open descriptor: closing it releases it). A
+// holder that keeps it is waited for, with one info line, for 30 s at most; then the error names the lock file.
+sdk::Expected<int> lock_history(const std::filesystem::path& path);
+// Removes the history file under that lock (false: there was none).
+sdk::Expected<bool> remove_usage_history(const std::filesystem::path& path);
+
 // Loads, adds `usage` from the model in `model_dir`, saves; under an exclusive lock on <path>.lock, so processes
 // that share a model merge one after another and no count is lost. A history of another model (its identity
 // differs: converted again at this path) is replaced, with a warning, when `path` is the model's own file; a file
