@@ -99,7 +99,12 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
   }
   const auto j = nlohmann::json::parse(*text, nullptr, false);
   const std::string fix = "; fix it or remove it (colibri-cli cache clear --model M)";
-  if (j.is_discarded() || !j.is_object()) {
+  if (j.is_discarded()) {
+    // A crash cannot leave one half-written (it is renamed into place), but a copy or an edit can.
+    return Status(StatusCode::invalid_argument,
+                  "usage history " + path.string() + " is not valid JSON (cut short, or edited?)" + fix);
+  }
+  if (!j.is_object()) {
     return Status(StatusCode::invalid_argument, "usage history " + path.string() + " is not a JSON object" + fix);
   }
   if (j.contains("version") && (!j["version"].is_number_integer() || j["version"].get<std::int64_t>() != 1)) {

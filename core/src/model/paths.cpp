@@ -84,6 +84,16 @@ sdk::Expected<fs::path> resolve_model_path(const std::string& name_or_path, cons
   const bool plain_name = name_or_path.find('/') == std::string::npos && name_or_path != "." && name_or_path != "..";
   const fs::path candidate = dir / name_or_path;
   if (plain_name && fs::is_directory(candidate, ec)) return candidate;
+  if (std::error_code link_ec; fs::is_symlink(fs::symlink_status(as_path, link_ec))) {
+    // A link whose target is missing (an unmounted disk) or that loops: said as such, not as a missing model.
+    std::error_code target_ec;
+    (void)fs::status(as_path, target_ec);
+    if (target_ec) {
+      return Status(StatusCode::not_found,
+                    "model " + as_path.string() + " is a link to " + fs::read_symlink(as_path, link_ec).string() +
+                        " that does not resolve (" + target_ec.message() + "); fix or remove the link");
+    }
+  }
   if (fs::exists(as_path, ec)) {
     // A file where a model directory was expected: most often the GGUF or checkpoint file before conversion.
     return Status(StatusCode::invalid_argument,

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -227,8 +228,13 @@ sdk::Expected<FileLayer> parse_file(const fs::path& file) {
   FileLayer layer;
   layer.file = file;
   layer.name = file.stem().string();
+  errno = 0;
   std::ifstream in(file, std::ios::binary);
-  if (!in) return Status(StatusCode::not_found, file.string() + ": cannot be read");
+  if (!in) {
+    const int err = errno;  // what the open failed with: permissions, a missing file
+    return Status(err == ENOENT ? StatusCode::not_found : StatusCode::io_error,
+                  file.string() + ": cannot be read" + (err != 0 ? " (" + sdk::os_error_text(err) + ")" : ""));
+  }
   std::ostringstream text_stream;
   text_stream << in.rdbuf();
   const std::string text = text_stream.str();

@@ -444,6 +444,16 @@ TEST(ModelPaths, ResolvesDirectoriesAndNamesUnderTheModelsDir) {
   EXPECT_NE(file.error().message().find("is a file, not a colibri model directory; convert it first"),
             std::string::npos)
       << file.error().message();
+  // A link that loops or names nothing (an unmounted disk) is said as such, not as a model that is not there.
+  fs::create_symlink(base / "loop", base / "loop");
+  fs::create_symlink("/nonexistent/colibri-model", base / "dangling");
+  for (const auto& [name, why] :
+       {std::pair{"loop", "Too many levels of symbolic links"}, std::pair{"dangling", "No such file or directory"}}) {
+    auto link = resolve_model_path((base / name).string(), base / "models");
+    ASSERT_FALSE(link.has_value()) << name;
+    EXPECT_NE(link.error().message().find("is a link to"), std::string::npos) << link.error().message();
+    EXPECT_NE(link.error().message().find(why), std::string::npos) << link.error().message();
+  }
   ::setenv("XDG_DATA_HOME", (base / "xdg").c_str(), 1);
   EXPECT_EQ(default_models_dir(), base / "xdg" / "colibri" / "models");
   ::unsetenv("XDG_DATA_HOME");
