@@ -344,6 +344,11 @@ Status HyperParams::validate() const {
       !s)
     return s;
   if (auto s = validate_rope_scaling(rope_scaling); !s) return s;
+  // 0 is off (HF's null); a negative bound would be read as off too, silently.
+  if (auto s = need(clip_qkv >= 0 && std::isfinite(clip_qkv),
+                    "clip_qkv is " + json(clip_qkv).dump() + "; it must be 0 (off) or a positive bound");
+      !s)
+    return s;
   if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full",
                     "qk_norm must be none, per_head or full");
       !s)

@@ -389,6 +389,10 @@ TEST(HyperParams, RopeScalingValuesTheRopeDividesByAreChecked) {
   expect_invalid(h, "rope_theta is 1e+300");
   h.rope_theta = 1e8;
   EXPECT_TRUE(h.validate().is_ok());
+  h.clip_qkv = -1;  // would be read as off
+  expect_invalid(h, "clip_qkv is -1.0; it must be 0 (off) or a positive bound");
+  h.clip_qkv = 8;
+  EXPECT_TRUE(h.validate().is_ok());
 }
 
 TEST(Manifest, BadHyperParametersNameTheManifestAndTheField) {
