@@ -601,7 +601,26 @@ std::string hidden_sibling_prefix(const fs::path& output, std::string_view kind)
   return "." + shortened_name(output.filename().string(), 200) + ".colibri-" + std::string(kind) + "-";
 }
 
-// Hidden sibling directories of earlier conversions of this output that died (their process is gone).
+void remove_old_model(const fs::path& old_dir, const fs::path& model_path);
+
+// Whether the model at `dir` is striped now: it has stripe records (or ones that cannot be read), or an expert file
+// that is a link.
+bool striped_now(const fs::path& dir) {
+  auto records = stripe_record_dirs(dir);
+  if (!records || !records->empty()) return true;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir / "experts", ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code link_ec;
+    if (it->is_symlink(link_ec)) return true;
+  }
+  return false;
+}
+
+// Hidden sibling directories of earlier conversions of this output that died (their process is gone). One killed
+// after its swap holds the replaced model, whose files `model stripe` put on other disks are removed with it, as the
+// swap would have: unless the model there now is striped (then into the same directories, maybe), when only the
+// hidden directory goes and a warning names it.
 void remove_stale_partials(const fs::path& output) {
   std::error_code ec;
   const std::string prefix = hidden_sibling_prefix(output, "partial");
@@ -610,7 +629,18 @@ void remove_stale_partials(const fs::path& output) {
     const std::string name = e.path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
     long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (!pid_alive(pid)) fs::remove_all(e.path(), ec);
+    if (pid_alive(pid)) continue;
+    if (!striped_now(e.path())) {
+      fs::remove_all(e.path(), ec);
+    } else if (!striped_now(output)) {
+      remove_old_model(e.path(), output);
+    } else {
+      spdlog::warn(
+          "removed {}, a model replaced by a conversion that was killed; the expert files `model stripe` put on other "
+          "disks for it may remain there (the model at {} is striped now too, so they are left alone)",
+          e.path().string(), output.string());
+      fs::remove_all(e.path(), ec);
+    }
   }
 }
 

@@ -586,6 +586,22 @@ class Stripe(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(dst, "stripe.pending")))
         self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
 
+    def test_a_model_left_by_a_convert_killed_after_its_swap_goes_with_its_stripe_files(self):
+        # convert --force killed between its swap and the removal leaves the replaced model hidden beside the new one;
+        # the next convert removes it, and the files `model stripe --copy` mirrored for it on another disk with it.
+        files, (disk_a,), dst, _ = two_models_and_disks("killed-swap", letters="a")
+        run(["model", "stripe", dst, "--to", disk_a, "--copy"])
+        self.assertTrue(os.listdir(os.path.join(disk_a, "tiny", "experts")))
+        dead = subprocess.Popen(["true"])
+        dead.wait()  # a pid no process has now
+        hidden = os.path.join(os.path.dirname(dst), f".tiny.colibri-partial-{dead.pid}")
+        os.rename(dst, hidden)
+        shutil.copytree(model(), dst)  # the new model, in place
+        run(["convert", "--input", os.path.join(WORK, "mixtral"), "--output", dst, "--quantize", "q8_0", "--force"])
+        self.assertFalse(os.path.exists(hidden))
+        self.assertEqual(os.listdir(disk_a), [])
+        self.assertEqual(run(["inspect", dst, "--verify"], check=False).returncode, 0)
+
     def test_commands_that_change_a_model_take_turns(self):
         # Another colibri command changing the model (here: its lock held by this test) makes stripe, unstripe and
         # convert --force stop at once, saying so, with the model as it was; once it is done they run.
