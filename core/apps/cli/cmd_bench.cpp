@@ -173,6 +173,8 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   }
   // The counters below leave out the warm-up's lookups and reads (what loading did, e.g. uploads, stays in them).
   const engine::ExpertStats before = engine->experts().stats().since(before_warmup);
+  // Prefetches the warm-up left open are settled (used, wasted...) in the measured run's counters.
+  const std::uint64_t prefetch_open_at_start = engine->experts().prefetches_open();
   auto* op_timing = engine->op_timing();
   if (op_timing != nullptr) op_timing->reset();
   t0 = std::chrono::steady_clock::now();
@@ -258,7 +260,9 @@ int run_bench(const GlobalOptions& global, const BenchOptions& o) {
   j["prefetch_wasted"] = st.prefetch_wasted;
   j["prefetch_failed"] = st.prefetch_failed;
   j["prefetch_cancelled"] = st.prefetch_cancelled;
-  // Issued and not settled when the run ended (still reading, or in the cache unused): the counters then add up.
+  // Open (still reading, or in the cache unused) when the run started and ended: with them the counters add up,
+  // issued + open_at_start = used + wasted + failed + cancelled + open_at_end.
+  j["prefetch_open_at_start"] = prefetch_open_at_start;
   j["prefetch_open_at_end"] = engine->experts().prefetches_open();
   j["buffers_mapped"] = st.buffers_mapped;
   // null where nothing was guessed: 0.0 would read as "every guess wrong" (and advice to raise the confidence).

@@ -127,15 +127,20 @@ int serve(Flags& f) {
   auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
   // A named history file is merged into at exit: one that could not be (malformed, or another model's counts, which
-  // are never replaced) is said now.
+  // are never replaced) is said now. --usage-history stops the start; a profile's cache.auto_pin_history (which may
+  // be shared on purpose: the pinned policy reads it for any model) is warned about, and this server's counts are
+  // then not saved there.
   if (const std::filesystem::path history = so.scheduler.usage_history;
       !history.empty() && !engine::is_own_history_file(history, *dir)) {
-    const std::string named = !f.usage_history.empty() ? "--usage-history: " : "cache.auto_pin_history: ";
-    auto h = engine::load_usage_history(history);
-    if (!h) return fail(named + h.error().message());
-    if (!engine::history_mismatch(*h, history, *dir).empty()) {
-      return fail(named + engine::other_model_history(history, *dir).message());
+    std::string problem;
+    if (auto h = engine::load_usage_history(history); !h) {
+      problem = h.error().message();
+    } else if (!engine::history_mismatch(*h, history, *dir).empty()) {
+      problem = engine::other_model_history(history, *dir).message();
     }
+    if (!problem.empty() && !f.usage_history.empty()) return fail("--usage-history: " + problem);
+    if (!problem.empty())
+      spdlog::warn("cache.auto_pin_history: {}; this server's expert use is not saved there", problem);
   }
   auto kv = engine::parse_kv_type(f.kv_type);
   if (!kv) return fail(kv.error().message());

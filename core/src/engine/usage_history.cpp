@@ -69,8 +69,8 @@ fs::path usage_history_path(const fs::path& model_dir) {
   const std::string hash = model::io::hex64(XXH64(text.data(), text.size(), 0));
   std::string name = abs.filename().string();
   if (name.empty()) name = "model";
-  // "-<8 hex>.json.lock" must fit too, in the 255 bytes of a name.
-  name = model::shortened_name(name, 200);
+  // "-<8 hex>.json.partial" (22 bytes, the file being written) must fit too, in the 255 bytes of a name.
+  name = model::shortened_name(name, 230);
   // Two models with the same directory name in different places get different files.
   return colibri_cache_dir() / "usage" / (name + "-" + std::string(hash, 8) + ".json");
 }
@@ -98,7 +98,7 @@ sdk::Expected<UsageHistory> load_usage_history(const fs::path& path) {
     return text.error().with_context("reading usage history");
   }
   const auto j = nlohmann::json::parse(*text, nullptr, false);
-  const std::string fix = "; fix it or remove it (colibri-cli cache clear --model M)";
+  const std::string fix = "; fix it or remove it (a model's own history: colibri-cli cache clear --model M)";
   if (j.is_discarded()) {
     // A crash cannot leave one half-written (it is renamed into place), but a copy or an edit can.
     return Status(StatusCode::invalid_argument,

@@ -598,7 +598,8 @@ bool pid_alive(long pid) {
 // ".<output name>.colibri-<kind>-", the name of a hidden sibling of the output but for the pid: the output's name
 // shortened so that it fits in 255 bytes (an output named with 250 would otherwise fail to convert).
 std::string hidden_sibling_prefix(const fs::path& output, std::string_view kind) {
-  return "." + shortened_name(output.filename().string(), 200) + ".colibri-" + std::string(kind) + "-";
+  // 230 + ".colibri-partial-" + a pid of at most 7 digits is 255.
+  return "." + shortened_name(output.filename().string(), 230) + ".colibri-" + std::string(kind) + "-";
 }
 
 void remove_old_model(const fs::path& old_dir, const fs::path& model_path);
@@ -815,10 +816,16 @@ Status check_not_overlapping(const fs::path& input, const fs::path& output) {
                                                   in.string());
 }
 
-Status publish(const fs::path& tmp, const fs::path& output, bool force) {
+// `swapped` is called once the new model is at `output` (tmp holds the old one, if any, from then on).
+Status publish(const fs::path& tmp, const fs::path& output, bool force, const std::function<void()>& swapped) {
   std::error_code ec;
+  // The new model is locked before it takes the output's name, so that a `model stripe` of the output waits until
+  // the old model (whose stripe directories it would reuse) is gone; the caller's lock holds the old one.
+  auto new_lock = ModelLock::acquire(tmp);
+  if (!new_lock) return new_lock.error();
   const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_NOREPLACE) == 0) {
+    swapped();
     return io::fsync_directory(parent);
   }
   int err = errno;
@@ -832,6 +839,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
     if (auto s = check_replaceable(output); !s) return s;
     // Atomic swap: the old model stays whole until the new one is in place.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, output.c_str(), RENAME_EXCHANGE) == 0) {
+      swapped();
       if (auto s = io::fsync_directory(parent); !s) return s;
       remove_old_model(tmp, output);  // tmp now holds the old model
       return {};
@@ -853,6 +861,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
         ::rename(old.c_str(), output.c_str());
         return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + sdk::os_error_text(e2));
       }
+      swapped();
       if (auto s = io::fsync_directory(parent); !s) return s;
       remove_old_model(old, output);
       return {};
@@ -860,6 +869,7 @@ Status publish(const fs::path& tmp, const fs::path& output, bool force) {
     if (::rename(tmp.c_str(), output.c_str()) != 0) {
       return Status(StatusCode::io_error, "cannot rename into " + output.string() + ": " + sdk::os_error_text(errno));
     }
+    swapped();
     return io::fsync_directory(parent);
   }
   return Status(StatusCode::io_error,
@@ -1199,7 +1209,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   }
   // A signal that ends the process at once (SIGTERM, a second Ctrl-C) removes it too; declared before the cleanup
   // below, so that it still serves while that cleanup removes the directory (a second Ctrl-C then).
-  const util::RemovedOnSignal removed_on_signal(tmp, util::RemovedOnSignal::Removal::tree);
+  // Until the swap: from then on tmp holds the replaced model, whose files on other disks a signal's removal would
+  // miss; left hidden instead, the next convert removes it with them (remove_stale_partials).
+  std::optional<util::RemovedOnSignal> removed_on_signal;
+  removed_on_signal.emplace(tmp, util::RemovedOnSignal::Removal::tree);
   struct Cleanup {
     fs::path dir;
     bool armed = true;
@@ -1370,7 +1383,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   }
   if (auto s = write_text(tmp / "manifest.json", manifest_text); !s) return s;
   if (auto s = io::fsync_directory(tmp); !s) return s;
-  if (auto s = publish(tmp, out_clean, opt.force); !s) return s;
+  if (auto s = publish(tmp, out_clean, opt.force, [&] { removed_on_signal.reset(); }); !s) return s;
   cleanup.armed = false;
 
   summary.files = m.files.size() + m.tokenizer_files.size() + 1;

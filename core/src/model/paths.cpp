@@ -1,11 +1,13 @@
 #include "colibri/model/paths.hpp"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -43,6 +45,18 @@ sdk::Expected<ModelLock> ModelLock::acquire(const fs::path& model_dir) {
   if (rc != 0) {
     const int err = errno;
     ::close(fd);
+    if (err == EBADF || err == ENOLCK || err == EOPNOTSUPP || err == EINVAL || err == ENOSYS) {
+      // NFS and SMB emulate flock with a write lock, which a directory (opened read-only) cannot take: such a file
+      // system goes on without the lock, said once.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        spdlog::warn(
+            "cannot lock {} on this file system ({}); run one convert --force, model stripe or model "
+            "unstripe of a model at a time there",
+            model_dir.string(), sdk::os_error_text(err));
+      }
+      return ModelLock(-1);
+    }
     if (err == EWOULDBLOCK) {
       return Status(StatusCode::io_error,
                     model_dir.string() +

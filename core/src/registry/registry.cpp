@@ -920,7 +920,9 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   // The label ends with what to do: a third party's plugin can be removed or rebuilt; colibri's own is a bug to report.
   register_plugin_code(d, std::string(to_string(d->kind)) + " plugin '" + d->name + "' (" + file.string() + ")" +
                               (dir.kind == SearchDirKind::colibri
-                                   ? ", one of colibri's own: please report it with the command that ran"
+                                   ? ", in colibri's own plugin directory: if colibri installed it, please report "
+                                     "it with the command that ran; if not, remove it or rebuild it against this "
+                                     "colibri"
                                    : "; remove it from the plugin directory or rebuild it against this colibri"));
   {
     PluginCall scoring("in score() of " + file.string());

@@ -82,6 +82,22 @@ class MmapView final : public StorageView {
   std::span<const std::byte> bytes_;
 };
 
+// pread()s dst[done..] from `offset + done`. 0, or the errno (EFAULT when the file ends early, as for a page past
+// its end).
+int pread_rest(int fd, std::uint64_t offset, std::span<std::byte> dst, std::size_t done) noexcept {
+  while (done < dst.size()) {
+    const ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n == 0) {
+      return EFAULT;
+    } else if (errno != EINTR) {
+      return errno;
+    }
+  }
+  return 0;
+}
+
 // Copies `dst.size()` bytes from `src` (in the mapping of `fd` at `offset`) without a user-space touch of the
 // mapping. 0, or the errno of the failure (EFAULT: a page past the file's end).
 int copy_out_of_mapping(int fd, const std::byte* src, std::uint64_t offset, std::span<std::byte> dst) noexcept {
@@ -101,17 +117,7 @@ int copy_out_of_mapping(int fd, const std::byte* src, std::uint64_t offset, std:
       return errno;
     }
   }
-  while (done < dst.size()) {
-    const ssize_t n = ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-    } else if (n == 0) {
-      return EFAULT;  // the file ends early: as a page past its end
-    } else if (errno != EINTR) {
-      return errno;
-    }
-  }
-  return 0;
+  return pread_rest(fd, offset, dst, done);
 }
 
 std::size_t page_size() {
@@ -208,9 +214,16 @@ class MmapStorage final : public StorageBase, public StorageViews, public Storag
       const auto end = reinterpret_cast<std::uintptr_t>(src) + dst.size();
       ::madvise(reinterpret_cast<void*>(start), end - start, MADV_WILLNEED);
     }
-    if (const int err = copy_out_of_mapping(f.fd(), src, offset, dst); err != 0) {
+    if (int err = copy_out_of_mapping(f.fd(), src, offset, dst); err != 0) {
       // Truncated while it was copied: the size check says so with the size it has now.
       if (Status st = f.check_current(offset, dst.size()); !st) return st;
+      // Not shorter: a page the kernel could not read (an I/O error) fails the copy with EFAULT too; pread gives the
+      // real error, or the bytes (the file grew back meanwhile).
+      if (err == EFAULT) err = pread_rest(f.fd(), offset, dst, 0);
+      if (err == 0) {
+        host_.counter_add("bytes_read_total", static_cast<double>(dst.size()));
+        return {};
+      }
       return Status(err == EFAULT ? StatusCode::corrupt_data : StatusCode::io_error,
                     "reading " + f.path() + " at offset " + std::to_string(offset) + ": " + os_error_text(err) +
                         (err == EFAULT ? " (the file changed while it was read?)" : ""),

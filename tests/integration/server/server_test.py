@@ -2188,6 +2188,21 @@ class Concurrency(unittest.TestCase):
             self.assertNotIn("compute", p.stderr)  # before the weights load
             with open(path) as f:
                 self.assertEqual(f.read(), before)
+        # A profile's cache.auto_pin_history may be shared on purpose (the pinned policy reads it for any model): the
+        # server starts, says the counts are not saved there, and leaves it as it was.
+        with open(other) as f:
+            before = f.read()
+        s = Server("--set", "cache.policy=pinned", "--set", f"cache.auto_pin_history={other}")
+        try:
+            status, _ = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 3})
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertIn("cache.auto_pin_history: usage history " + other + " holds the expert use of another model",
+                          f.read())
+        with open(other) as f:
+            self.assertEqual(f.read(), before)
 
     def test_a_storage_failure_is_a_500_without_the_servers_paths_and_serving_goes_on(self):
         # Expert files that go bad under a running server (a disk error, a copy over them): the request gets an

@@ -599,7 +599,8 @@ TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
         (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
       },
       "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
-      "crash.so., one of colibri's own: please report it with the command that ran");
+      "crash.so., in colibri's own plugin directory: if colibri installed it, please report it with the command that "
+      "ran");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {
