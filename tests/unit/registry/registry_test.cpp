@@ -561,24 +561,25 @@ TEST(RegistryProbe, AProbeThatHangsBeforeItStartsCostsOnlyItsStartDeadline) {
   EXPECT_EQ(said.find(warning), said.rfind(warning)) << "tried once, not once per plugin";
 }
 
+// Creates the read_crashes fixture's storage from `reg` and calls its read(), which crashes (SIGSEGV).
+void read_through_the_crashing_plugin(const PluginRegistry& reg) {
+  auto p = reg.select(PluginKind::storage, "fixture-read-crash");
+  if (!p) std::abort();
+  auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
+  if (!obj) std::abort();
+  std::byte buf[8];
+  auto* file = reinterpret_cast<colibri::sdk::StorageFile*>(buf);
+  (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
+}
+
 TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "not under a sanitizer";
 #endif
   // Not in a call colibri marks (loading, scoring, creating): a read, found by the faulting address.
-  EXPECT_DEATH(
-      {
-        auto reg = scan({"read_crashes"});
-        auto p = reg.select(PluginKind::storage, "fixture-read-crash");
-        if (!p) std::abort();
-        auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
-        if (!obj) std::abort();
-        std::byte buf[8];
-        auto* file = reinterpret_cast<colibri::sdk::StorageFile*>(buf);
-        (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
-      },
-      "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
-      "crash.so.; remove it from the plugin directory or rebuild it against this colibri");
+  EXPECT_DEATH(read_through_the_crashing_plugin(scan({"read_crashes"})),
+               "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-"
+               "fixture-read-crash.so.; remove it from the plugin directory or rebuild it against this colibri");
 }
 
 TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
@@ -586,21 +587,12 @@ TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
   GTEST_SKIP() << "not under a sanitizer";
 #endif
   // The same crash in a plugin of colibri's own directories: not a third party's to remove, but a bug to report.
-  EXPECT_DEATH(
-      {
-        auto reg = PluginRegistry::scan({{fixture_dir("read_crashes"), "install dir", SearchDirKind::colibri}},
-                                        colibri::util::host_info(), in_process());
-        auto p = reg.select(PluginKind::storage, "fixture-read-crash");
-        if (!p) std::abort();
-        auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
-        if (!obj) std::abort();
-        std::byte buf[8];
-        auto* file = reinterpret_cast<colibri::sdk::StorageFile*>(buf);
-        (void)(*obj)->read(*file, 0, std::span<std::byte>(buf, 8));
-      },
-      "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-fixture-read-"
-      "crash.so., in colibri's own plugin directory: if colibri installed it, please report it with the command that "
-      "ran");
+  EXPECT_DEATH(read_through_the_crashing_plugin(
+                   PluginRegistry::scan({{fixture_dir("read_crashes"), "install dir", SearchDirKind::colibri}},
+                                        colibri::util::host_info(), in_process())),
+               "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-"
+               "fixture-read-crash.so., in colibri's own plugin directory: if colibri installed it, please report it "
+               "with the command that ran");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {
