@@ -168,6 +168,7 @@ int check_policy(const PolicySpec& spec) {
     const std::string m = "--policy " + spec.name + ": " + prof.error().message();
     return apps::refused_for_command_line(lo) ? usage_fail(m) : fail(m);
   }
+  note_profile_files(*prof);
   const auto reg = registry::scan_for_profile(*prof);
   auto policy = registry::create_plugin<sdk::CachePolicy>(*prof, reg, sdk::PluginKind::cache);
   if (policy) return 0;
@@ -319,6 +320,8 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     specs.push_back({s->first, global.profile, overrides});
     if (const int code = check_policy(specs.back()); code != 0) return code;
   }
+  // The report was opened above (only NAME.partial so far): it must not then replace a profile just read.
+  if (auto e = overwrite_error("--report", o.report, "--trace", o.trace); !e.empty()) return fail(e);
   // One policy given twice (a check that a replay ties with itself): rows named "lru #1", "lru #2".
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const std::string name = specs[i].name;
@@ -499,6 +502,7 @@ int run_live(const LiveOptions& o) {
     lo.profile = sides[i].name;
     auto p = profile::Profile::load(lo);
     if (!p) return fail("--profile " + sides[i].name + ": " + p.error().message());
+    note_profile_files(*p);  // the report must not replace them (checked below, before any run)
     sides[i].profile = std::move(*p);
   }
   // Both profiles' plugins are created and checked before any run: a B that cannot run is said before A's runs.

@@ -55,6 +55,10 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
 // The first of those errors for any of `inputs` (flag, path; empty paths and '-' for standard input are skipped).
 std::string overwrite_error(const std::string& out_flag, const std::string& output,
                             const std::vector<std::pair<std::string, std::string>>& inputs);
+// The profile files this process read (GlobalOptions::load_profile, and `ab`'s own loads note theirs): every
+// overwrite_error refuses an output that names one of them.
+void note_profile_files(const profile::Profile& profile);
+
 // "" unless the output's directory does not exist or cannot be written (a read-only file system, its permissions):
 // said before a long load. The vector variant of overwrite_error ends with it.
 std::string unwritable_output_error(const std::string& out_flag, const std::string& output);

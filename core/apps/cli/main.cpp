@@ -35,10 +35,39 @@ int usage_fail(const std::string& message) {
   return 2;
 }
 
+std::vector<std::filesystem::path>& profile_files_read() {
+  static std::vector<std::filesystem::path> files;
+  return files;
+}
+
+void note_profile_files(const profile::Profile& profile) {
+  auto& files = profile_files_read();
+  files.insert(files.end(), profile.files().begin(), profile.files().end());
+}
+
+namespace {
+
+// The error for an output that names a profile file this command read (or the one it extends).
+std::string profile_overwrite_error(const std::string& out_flag, const std::string& output) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (output.empty() || !fs::exists(output, ec)) return {};
+  for (const auto& file : profile_files_read()) {
+    if (fs::equivalent(output, file, ec)) {
+      return out_flag + " " + output + " is the profile file " + file.string() +
+             "; writing it would destroy that profile: name another file";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
                             const std::string& input) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
   if (output.empty() || input.empty()) return {};
   const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
   const bool same = fs::exists(output, ec) && fs::equivalent(output, input, ec);
@@ -50,6 +79,7 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
 
 std::string overwrite_error(const std::string& out_flag, const std::string& output,
                             const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
   for (const auto& [flag, input] : inputs) {
     if (input == "-") continue;
     if (auto e = overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
@@ -111,6 +141,7 @@ std::optional<profile::Profile> GlobalOptions::load_profile() const {
     fail(p.error().message());
     return std::nullopt;
   }
+  note_profile_files(*p);  // outputs never replace them (overwrite_error)
   return std::move(*p);
 }
 

@@ -235,6 +235,16 @@ class Replay(unittest.TestCase):
                 "--cache-experts", "4", check=False)
         self.assertIn("unknown key 'cache.bogus'", p.stderr)
         self.assertEqual(p.returncode, 2)
+        # The report never replaces the profile it was given.
+        prof = os.path.join(WORK, "report-is-profile.yaml")
+        with open(prof, "w") as f:
+            f.write("extends: cpu\n")
+        p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru", "--cache-experts", "4",
+                "--profile", prof, "--report", prof, check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn(f"--report {prof} is the profile file", p.stderr)
+        with open(prof) as f:
+            self.assertEqual(f.read(), "extends: cpu\n")
         # A policy that is not installed is not a usage error.
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "nosuch", "--cache-experts", "4",
                 check=False)

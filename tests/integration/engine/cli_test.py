@@ -663,11 +663,17 @@ class Outputs(unittest.TestCase):
             f.write("the quick brown fox jumps over the lazy dog " * 4)
         with open(schema, "w") as f:
             f.write('{"type": "object"}')
+        # A profile file, and one it extends: outputs never replace them either.
+        parent_prof, prof = os.path.join(WORK, "outputs-parent.yaml"), os.path.join(WORK, "outputs-profile.yaml")
+        with open(parent_prof, "w") as f:
+            f.write("extends: cpu\n")
+        with open(prof, "w") as f:
+            f.write("extends: outputs-parent.yaml\ndescription: the user's own\n")
         base = os.path.join(WORK, "outputs-base.logits")
         cli("perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", base)
         def contents():
             out = {}
-            for path in [text, schema, base] + [os.path.join(m, f) for f in sorted(os.listdir(m))]:
+            for path in [text, schema, base, prof, parent_prof] + [os.path.join(m, f) for f in sorted(os.listdir(m))]:
                 if os.path.isfile(path):
                     with open(path, "rb") as f:
                         out[path] = f.read()
@@ -685,7 +691,12 @@ class Outputs(unittest.TestCase):
                 (["perplexity", "-m", m, "--file", text, "--ctx", "8", "--save-logits", manifest], "lies inside --model"),
                 (["run", "-m", m, "--prompt", "hi", "-n", "1", "--json-schema", schema, "--record-trace", schema],
                  "is --json-schema"),
-                (["run", "-m", m, "--file", text, "-n", "1", "--record-trace", text], "is --file")]:
+                (["run", "-m", m, "--file", text, "-n", "1", "--record-trace", text], "is --file"),
+                (["logits", "-m", m, "--profile", prof, "--tokens", "1,2", "--out", prof], "is the profile file"),
+                (["perplexity", "-m", m, "--profile", prof, "--file", text, "--ctx", "8", "--save-logits", parent_prof],
+                 "is the profile file " + parent_prof),
+                (["run", "-m", m, "--profile", prof, "--prompt", "hi", "-n", "1", "--record-trace", prof],
+                 "is the profile file")]:
             p = cli(*args, check=False)
             self.assertEqual(p.returncode, 1, args)
             self.assertIn(want, p.stderr, args)
