@@ -61,13 +61,11 @@ std::string profile_overwrite_error(const std::string& out_flag, const std::stri
   return {};
 }
 
-}  // namespace
-
-std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
-                            const std::string& input) {
+// The error for an output that is `input` or lies inside it (a model directory).
+std::string input_overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
+                                  const std::string& input) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
   if (output.empty() || input.empty()) return {};
   const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
   const bool same = fs::exists(output, ec) && fs::equivalent(output, input, ec);
@@ -77,12 +75,20 @@ std::string overwrite_error(const std::string& out_flag, const std::string& outp
          "; writing it would destroy that input: name another file";
 }
 
+}  // namespace
+
+std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
+                            const std::string& input) {
+  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
+  return input_overwrite_error(out_flag, output, in_flag, input);
+}
+
 std::string overwrite_error(const std::string& out_flag, const std::string& output,
                             const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
   for (const auto& [flag, input] : inputs) {
     if (input == "-") continue;
-    if (auto e = overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
+    if (auto e = input_overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
   }
   return unwritable_output_error(out_flag, output);
 }

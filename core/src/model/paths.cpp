@@ -27,7 +27,7 @@ using sdk::StatusCode;
 std::string shortened_name(const std::string& name, std::size_t max_bytes) {
   if (name.size() <= max_bytes || max_bytes < 10) return name;
   std::size_t keep = max_bytes - 9;  // '~' and 8 hex digits
-  // Not inside a UTF-8 character: back up over its continuation bytes (10xxxxxx).
+  // Not inside a UTF-8 character: back up over its continuation bytes (top two bits 10).
   while (keep > 0 && (static_cast<unsigned char>(name[keep]) & 0xC0) == 0x80) --keep;
   return name.substr(0, keep) + "~" + io::hex64(XXH64(name.data(), name.size(), 0)).substr(8);
 }
