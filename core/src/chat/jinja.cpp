@@ -1,7 +1,9 @@
-// A small Jinja interpreter for chat templates (Debian has no C++ Jinja library). Lexing, whitespace control and
-// evaluation follow @huggingface/jinja, the reference renderer of tests/js/template_reference.mjs.
+// A small Jinja interpreter for chat templates (Debian has no C++ Jinja library). Values, printing, tests and
+// filters follow Python Jinja2 as transformers sets it up (tests/reference/template_reference.py is the reference):
+// chat templates are written and checked against that.
 #include "chat/jinja.hpp"
 
+#include <unicode/uchar.h>
 #include <unicode/ustring.h>
 
 #include <algorithm>
@@ -131,7 +133,8 @@ Source preprocess(std::string_view src) {
       if (line_start) {
         std::size_t j = i;
         while (j < s.text.size() && (s.text[j] == ' ' || s.text[j] == '\t')) ++j;
-        if (j + 1 < s.text.size() && s.text[j] == '{' &&
+        const bool keep = j + 2 < s.text.size() && s.text[j + 2] == '+';  // "{%+" keeps the line's indentation
+        if (j + 1 < s.text.size() && s.text[j] == '{' && !keep &&
             (s.text[j + 1] == '%' || s.text[j + 1] == '#' || s.text[j + 1] == '-')) {
           i = j;
         }
@@ -195,9 +198,10 @@ struct Token {
   int line;
 };
 
-bool is_js_space(char32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0D) || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
+// Python's str.isspace() (what strip() and split() remove).
+bool is_space(char32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 bool is_word(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
@@ -210,28 +214,53 @@ std::size_t space_len_at(const std::string& s, std::size_t i) {
   if (i >= s.size()) return 0;
   std::size_t j = i;
   const char32_t cp = utf8::next_code_point(s, j);
-  return is_js_space(cp) ? j - i : 0;
+  return is_space(cp) ? j - i : 0;
 }
 
-std::string js_trim_end(std::string s) {
+std::string trim_end(std::string s) {
   while (!s.empty()) {
     std::size_t start = s.size() - 1;
     while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
     std::size_t j = start;
-    if (!is_js_space(utf8::next_code_point(s, j))) break;
+    if (!is_space(utf8::next_code_point(s, j))) break;
     s.resize(start);
   }
   return s;
 }
 
-std::string js_trim_start(const std::string& s) {
+std::string trim_start(const std::string& s) {
   std::size_t i = 0;
   while (std::size_t n = space_len_at(s, i)) i += n;
   return s.substr(i);
 }
 
-std::string js_trim(const std::string& s) {
-  return js_trim_end(js_trim_start(s));
+// The exponent of a float literal (1e20, 2.5E-3), as Jinja's lexer reads one.
+void lex_exponent(const std::string& s, std::size_t& pos, std::string& num) {
+  if (pos >= s.size() || (s[pos] != 'e' && s[pos] != 'E')) return;
+  std::size_t k = pos + 1;
+  if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+  if (k >= s.size() || !is_digit(s[k])) return;
+  while (k < s.size() && is_digit(s[k])) ++k;
+  num += s.substr(pos, k - pos);
+  pos = k;
+}
+
+// When `{%` at `pos` opens the tag `{% name %}` (with - or + whitespace control), where the text after it
+// starts; else npos.
+std::size_t raw_tag(const std::string& s, std::size_t pos, std::string_view name, bool& strip_before,
+                    bool& strip_after) {
+  std::size_t k = pos + 2;
+  strip_before = k < s.size() && s[k] == '-';
+  if (k < s.size() && (s[k] == '-' || s[k] == '+')) ++k;
+  while (k < s.size() && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r')) ++k;
+  if (s.compare(k, name.size(), name) != 0) return std::string::npos;
+  k += name.size();
+  if (k < s.size() && is_word(s[k])) return std::string::npos;
+  while (k < s.size() && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r')) ++k;
+  strip_after = k < s.size() && s[k] == '-';
+  if (k < s.size() && (s[k] == '-' || s[k] == '+')) ++k;
+  if (s.compare(k, 2, "%}") != 0) return std::string::npos;
+  return k + 2;
 }
 
 std::vector<Token> tokenize(const Source& src) {
@@ -243,7 +272,7 @@ std::vector<Token> tokenize(const Source& src) {
   };
   auto strip_trailing = [&] {
     if (!tokens.empty() && tokens.back().type == Tok::text) {
-      tokens.back().value = js_trim_end(tokens.back().value);
+      tokens.back().value = trim_end(tokens.back().value);
       if (tokens.back().value.empty()) tokens.pop_back();
     }
   };
@@ -299,6 +328,35 @@ std::vector<Token> tokenize(const Source& src) {
       if (strip_after) skip_leading();
       continue;
     }
+    if (s.compare(pos, 2, "{%") == 0) {
+      // {% raw %}...{% endraw %}: the text between, as it is.
+      bool strip_before = false, strip_inside = false;
+      if (const std::size_t body = raw_tag(s, pos, "raw", strip_before, strip_inside); body != std::string::npos) {
+        std::size_t end = body;
+        bool end_strip_before = false, strip_after = false;
+        std::size_t after = std::string::npos;
+        while ((end = s.find("{%", end)) != std::string::npos) {
+          after = raw_tag(s, end, "endraw", end_strip_before, strip_after);
+          if (after != std::string::npos) break;
+          end += 2;
+        }
+        if (end == std::string::npos) fail(line_at(pos), "'{% raw %}' is never closed with '{% endraw %}'");
+        if (strip_before) strip_trailing();
+        std::string text = s.substr(body, end - body);
+        if (strip_inside) text = trim_start(text);
+        if (end_strip_before) text = trim_end(text);
+        push(Tok::text, text, body);
+        push(Tok::comment, "", end);  // ends the text run, as a comment does
+        pos = after;
+        if (strip_after) skip_leading();
+        continue;
+      }
+    }
+    if (s.compare(pos, 3, "{%+") == 0) {
+      push(Tok::open_stmt, "{%", pos);
+      pos += 3;
+      continue;
+    }
     if (s.compare(pos, 3, "{%-") == 0) {
       strip_trailing();
       push(Tok::open_stmt, "{%", pos);
@@ -339,6 +397,7 @@ std::vector<Token> tokenize(const Source& src) {
           num.push_back(s[pos++]);
           while (pos < s.size() && is_digit(s[pos])) num.push_back(s[pos++]);
         }
+        if (!num.empty()) lex_exponent(s, pos, num);
         push(num.empty() ? Tok::unary : Tok::number, std::string(1, c) + num, start);
         continue;
       }
@@ -410,6 +469,7 @@ std::vector<Token> tokenize(const Source& src) {
         num.push_back(s[pos++]);
         while (pos < s.size() && is_digit(s[pos])) num.push_back(s[pos++]);
       }
+      lex_exponent(s, pos, num);
       push(Tok::number, num, start);
       continue;
     }
@@ -464,7 +524,7 @@ struct Node {
   std::string str;  // identifier, operator, string literal
   std::int64_t i = 0;
   double f = 0;
-  bool flag = false;  // member: computed; test: negate
+  bool flag = false;  // member: computed; test: negate; for: recursive
   int depth = 1;      // height of the subtree (bounded: destroying and evaluating it recurse)
   NodePtr x, y, z;    // operands (object/property, left/right, condition...)
   std::vector<NodePtr> list, body, alt;
@@ -626,6 +686,11 @@ class Parser {
         ++pos_;
         n->y = parse_expression_sequence(false);
       } else {
+        // {% set x | upper %}...{% endset %}: the filters apply to the block's text, first to last.
+        while (n->x->t == Node::T::filter) {
+          n->list.insert(n->list.begin(), n->x->y);
+          n->x = n->x->x;
+        }
         expect(Tok::close_stmt, "'%}'");
         n->body = parse_until({"endset"}, "set", at);
         expect(Tok::open_stmt, "'{%'");
@@ -648,6 +713,10 @@ class Parser {
       if (!is_ident("in")) fail(line(), "expected 'in' after the loop variable");
       ++pos_;
       n->y = parse_expression();
+      if (is_ident("recursive")) {  // the body may call loop(items) to render itself over them
+        ++pos_;
+        n->flag = true;
+      }
       expect(Tok::close_stmt, "'%}'");
       n->body = parse_until({"endfor", "else"}, "for", at);
       if (is_statement({"else"})) {
@@ -712,8 +781,8 @@ class Parser {
       return n;
     }
     fail(at, "unsupported statement '" + name.value +
-                 "' (colibri's chat template interpreter supports set, if, for, macro, call, filter, generation, "
-                 "break, continue)");
+                 "' (colibri's chat template interpreter supports set, if, for, macro, call, filter, raw, "
+                 "generation, break, continue)");
   }
 
   NodePtr parse_if(int at) {
@@ -741,6 +810,7 @@ class Parser {
     const bool tuple = is(Tok::comma);
     while (tuple) {
       ++pos_;
+      if (is(Tok::rparen)) break;  // (x,) and (x, y,)
       items.push_back(primary ? parse_primary() : parse_expression());
       if (!is(Tok::comma)) break;
     }
@@ -873,6 +943,14 @@ class Parser {
       n->str = next().value;
       n->flag = negate;
       n->x = operand;
+      // Arguments in parentheses, or one without them (`is divisibleby 3`, `is sameas none`), as Jinja.
+      if (is(Tok::lparen)) {
+        n->list = parse_args();
+      } else if (is(Tok::number) || is(Tok::string) || is(Tok::lbracket) || is(Tok::lbrace) ||
+                 (is(Tok::ident) && !is_ident("else") && !is_ident("or") && !is_ident("and") && !is_ident("is") &&
+                  !is_ident("if") && !is_ident("not") && !is_ident("in"))) {
+        n->list.push_back(parse_call_member());
+      }
       operand = deepen(n);
     }
     return operand;
@@ -996,7 +1074,7 @@ class Parser {
     const Token& t = next();
     switch (t.type) {
       case Tok::number: {
-        if (t.value.find('.') != std::string::npos) {
+        if (t.value.find_first_of(".eE") != std::string::npos) {
           auto n = node(Node::T::float_lit, t.line);
           n->f = parse_float_literal(t.value, t.line);
           return n;
@@ -1017,6 +1095,10 @@ class Parser {
         return n;
       }
       case Tok::lparen: {
+        if (is(Tok::rparen)) {  // ()
+          ++pos_;
+          return node(Node::T::tuple, t.line);
+        }
         auto e = parse_expression_sequence(false);
         expect(Tok::rparen, "')'");
         return e;
@@ -1085,23 +1167,61 @@ bool truthy(const Value& v) {
   return false;
 }
 
-// JavaScript's Number#toString (shortest round-trip form).
-std::string js_number(double d) {
-  if (std::isnan(d)) return "NaN";
-  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
-  if (d == std::floor(d) && std::fabs(d) < 1e21) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.0f", d);
-    return buf;
+// Dict keys are strings; an integer or boolean key of a dict literal ({0: 'a'}) is kept under a marked string so
+// that d[0] finds it and it reads back, prints and sorts as the number it was.
+constexpr std::string_view kNumberKey = std::string_view("\0#", 2);
+
+std::string dict_key(const Value& key, int line) {
+  if (key.is(Value::Kind::string)) return key.s;
+  if (key.is(Value::Kind::integer) || key.is(Value::Kind::boolean)) {
+    return std::string(kNumberKey) + std::to_string(key.is(Value::Kind::boolean) ? key.b : key.i);
   }
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, d);
-  return std::string(buf, r.ptr);
+  fail(line, "dict keys must be strings or integers, got " + kind_name(key));
 }
 
-std::string json_string(const std::string& s) {
+Value key_value(const std::string& key) {
+  if (key.size() > kNumberKey.size() && key.compare(0, kNumberKey.size(), kNumberKey) == 0) {
+    return Value::integer(std::stoll(key.substr(kNumberKey.size())));
+  }
+  return Value::string(key);
+}
+
+// Python's repr() of a float: the shortest digits that read back exactly, in exponent form below 1e-4 and from
+// 1e16 (1.0, 0.0001, 1e-05, 1e+16).
+std::string py_float(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  const std::string sci(buf, r.ptr);  // -1.2345e+02
+  const std::size_t e = sci.find('e');
+  const bool negative = sci[0] == '-';
+  std::string digits;
+  for (std::size_t k = negative ? 1 : 0; k < e; ++k) {
+    if (sci[k] != '.') digits += sci[k];
+  }
+  const int exp = std::stoi(sci.substr(e + 1));
+  std::string out = negative ? "-" : "";
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) return out + "0." + std::string(static_cast<std::size_t>(-exp - 1), '0') + digits;
+    const auto whole = static_cast<std::size_t>(exp) + 1;
+    if (digits.size() <= whole) return out + digits + std::string(whole - digits.size(), '0') + ".0";
+    return out + digits.substr(0, whole) + "." + digits.substr(whole);
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char tail[16];
+  std::snprintf(tail, sizeof tail, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+  return out + tail;
+}
+
+// JSON string as Python's json.dumps writes it (ensure_ascii: \uXXXX, with surrogate pairs, past ASCII).
+std::string json_string(const std::string& s, bool ensure_ascii = false) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const char32_t c = utf8::next_code_point(s, i);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -1110,130 +1230,217 @@ std::string json_string(const std::string& s) {
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      default: {
+        char buf[16];
+        if (c < 0x20 || (ensure_ascii && c >= 0x80 && c < 0x10000)) {
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          out += buf;
+        } else if (ensure_ascii && c >= 0x10000) {
+          const char32_t v = c - 0x10000;
+          std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", static_cast<unsigned>(0xD800 + (v >> 10)),
+                        static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
           out += buf;
         } else {
-          out.push_back(static_cast<char>(c));
+          out.append(s, start, i - start);
         }
+      }
     }
   }
   out += "\"";
   return out;
 }
 
-std::string to_json_impl(const Value& v, int indent, int depth, bool convert_undefined, const std::string& item_sep,
-                         const std::string& key_sep) {
+struct JsonStyle {
+  int indent = -1;  // -1: one line; 0 and up: a new line per item, indented so many spaces a level
+  std::string item_sep = ", ";
+  std::string key_sep = ": ";
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+
+void check_depth(int depth) {
   if (depth >= kMaxValueDepth) {
     fail(0, "value is nested too deeply to print (limit " + std::to_string(kMaxValueDepth) +
                 "; does a namespace contain itself?)");
   }
+}
+
+// Python's json.dumps (transformers' tojson filter): floats as repr() (2.0), NaN and Infinity as Python writes them.
+std::string to_json_impl(const Value& v, const JsonStyle& style, int depth) {
+  check_depth(depth);
   switch (v.kind) {
     case Value::Kind::null: return "null";
-    case Value::Kind::undefined: return convert_undefined ? "null" : "undefined";
+    case Value::Kind::undefined:
+      fail(0, "cannot convert an undefined value to JSON" + (v.s.empty() ? "" : " (" + v.s + ")"));
     case Value::Kind::integer: return std::to_string(v.i);
-    case Value::Kind::floating: return std::isfinite(v.f) ? js_number(v.f) : "null";
+    case Value::Kind::floating:
+      return std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : py_float(v.f);
     case Value::Kind::boolean: return v.b ? "true" : "false";
-    case Value::Kind::string: return json_string(v.s);
+    case Value::Kind::string: return json_string(v.s, style.ensure_ascii);
     case Value::Kind::array:
     case Value::Kind::object:
     case Value::Kind::ns:
     case Value::Kind::kwargs: {
-      const std::string unit = indent > 0 ? std::string(static_cast<std::size_t>(indent), ' ') : "";
+      const bool lines = style.indent >= 0;
+      const std::string unit(lines ? static_cast<std::size_t>(style.indent) : 0, ' ');
       std::string base = "\n";
       for (int k = 0; k < depth; ++k) base += unit;
       const std::string child = base + unit;
       std::vector<std::string> parts;
       std::size_t total = 0;
       auto add = [&](std::string p) {
-        total += p.size() + child.size() + item_sep.size();
+        total += p.size() + child.size() + style.item_sep.size();
         check_size(total, 0);
         parts.push_back(std::move(p));
       };
       if (v.kind == Value::Kind::array) {
-        for (const auto& e : *v.arr) add(to_json_impl(e, indent, depth + 1, convert_undefined, item_sep, key_sep));
-        std::string out = "[";
-        if (indent > 0 && !parts.empty()) {
-          out += child;
-          for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? item_sep + child : "") + parts[k];
-          return out + base + "]";
+        for (const auto& e : *v.arr) add(to_json_impl(e, style, depth + 1));
+      } else {
+        std::vector<const std::pair<std::string, Value>*> items;
+        for (const auto& item : v.obj->items) items.push_back(&item);
+        if (style.sort_keys) {
+          std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
         }
-        for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? item_sep : "") + parts[k];
-        return out + "]";
+        for (const auto* item : items) {
+          const Value key = key_value(item->first);  // json.dumps writes a number key as a string
+          add(json_string(key.is(Value::Kind::string) ? key.s : std::to_string(key.i), style.ensure_ascii) +
+              style.key_sep + to_json_impl(item->second, style, depth + 1));
+        }
       }
-      for (const auto& [key, value] : v.obj->items) {
-        std::string p =
-            json_string(key) + key_sep + to_json_impl(value, indent, depth + 1, convert_undefined, item_sep, key_sep);
-        add(indent > 0 ? child + p : p);
+      const bool array = v.kind == Value::Kind::array;
+      std::string out = array ? "[" : "{";
+      if (lines && !parts.empty()) {
+        for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? style.item_sep : "") + child + parts[k];
+        out += base;
+      } else {
+        for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? style.item_sep : "") + parts[k];
       }
-      std::string out = "{";
-      for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? item_sep : "") + parts[k];
-      return out + (indent > 0 && !parts.empty() ? base : "") + "}";
+      return out + (array ? "]" : "}");
     }
     case Value::Kind::function: fail(0, "cannot convert a function to JSON");
   }
   return "null";
 }
 
-std::string to_string(const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::undefined: return "undefined";
-    case Value::Kind::null: return "null";
-    case Value::Kind::boolean: return v.b ? "true" : "false";
-    case Value::Kind::integer: return std::to_string(v.i);
-    case Value::Kind::floating: {
-      if (v.f == 0 && std::signbit(v.f)) return "-0.0";
-      if (std::isfinite(v.f) && v.f == std::floor(v.f)) return js_number(v.f) + ".0";
-      return js_number(v.f);
+// Python's str.isprintable() for one character (what repr() writes as it is).
+bool py_printable(char32_t c) {
+  if (c == ' ') return true;
+  switch (u_charType(static_cast<UChar32>(c))) {
+    case U_CONTROL_CHAR:
+    case U_FORMAT_CHAR:
+    case U_SURROGATE:
+    case U_PRIVATE_USE_CHAR:
+    case U_UNASSIGNED:
+    case U_LINE_SEPARATOR:
+    case U_PARAGRAPH_SEPARATOR:
+    case U_SPACE_SEPARATOR: return false;
+    default: return true;
+  }
+}
+
+std::string py_repr_string(const std::string& s) {
+  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, quote);
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const char32_t c = utf8::next_code_point(s, i);
+    if (c == static_cast<char32_t>(quote) || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (!py_printable(c)) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf,
+                    c < 0x100     ? "\\x%02x"
+                    : c < 0x10000 ? "\\u%04x"
+                                  : "\\U%08x",
+                    static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out.append(s, start, i - start);
     }
-    case Value::Kind::string: return v.s;
-    case Value::Kind::array:
+  }
+  return out + quote;
+}
+
+std::string py_text(const Value& v, bool repr, int depth) {
+  check_depth(depth);
+  switch (v.kind) {
+    case Value::Kind::undefined: return repr ? "Undefined" : "";
+    case Value::Kind::null: return "None";
+    case Value::Kind::boolean: return v.b ? "True" : "False";
+    case Value::Kind::integer: return std::to_string(v.i);
+    case Value::Kind::floating: return py_float(v.f);
+    case Value::Kind::string: return repr ? py_repr_string(v.s) : v.s;
+    case Value::Kind::array: {
+      std::string out = v.tuple ? "(" : "[";
+      for (std::size_t k = 0; k < v.arr->size(); ++k) {
+        out += (k ? ", " : "") + py_text((*v.arr)[k], true, depth + 1);
+        check_size(out.size(), 0);
+      }
+      if (v.tuple && v.arr->size() == 1) out += ",";
+      return out + (v.tuple ? ")" : "]");
+    }
     case Value::Kind::object:
     case Value::Kind::ns:
-    case Value::Kind::kwargs: return to_json(v, -1, false);
+    case Value::Kind::kwargs: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [key, value] : v.obj->items) {
+        out += (first ? "" : ", ") + py_text(key_value(key), true, depth + 1) + ": " + py_text(value, true, depth + 1);
+        first = false;
+        check_size(out.size(), 0);
+      }
+      out += "}";
+      return v.kind == Value::Kind::ns ? "<Namespace " + out + ">" : out;
+    }
     case Value::Kind::function: fail(0, "cannot print a function");
   }
   return "";
 }
 
-// JavaScript loose equality (`==`) of the underlying values: containers compare by identity.
-bool loose_equal(const Value& a, const Value& b) {
+// Python's ==: numbers (and booleans) by value, lists and dicts item by item, no conversion between types.
+bool py_equal(const Value& a, const Value& b, int depth = 0) {
   using K = Value::Kind;
-  const bool a_nullish = a.is(K::null) || a.is(K::undefined);
-  const bool b_nullish = b.is(K::null) || b.is(K::undefined);
-  if (a_nullish || b_nullish) return a_nullish && b_nullish;
+  check_depth(depth);
   const bool a_num = a.is_number() || a.is(K::boolean);
   const bool b_num = b.is_number() || b.is(K::boolean);
-  if (a_num && b_num) return a.number() == b.number();
-  if (a.is(K::string) && b.is(K::string)) return a.s == b.s;
-  if ((a.is(K::string) && b_num) || (a_num && b.is(K::string))) {
-    const std::string& s = a.is(K::string) ? a.s : b.s;
-    const double n = a.is(K::string) ? b.number() : a.number();
-    const std::string t = js_trim(s);
-    if (t.empty()) return n == 0;
-    char* end = nullptr;
-    const double parsed = std::strtod(t.c_str(), &end);
-    return end == t.c_str() + t.size() && parsed == n;
+  if (a_num || b_num) {
+    if (!a_num || !b_num) return false;
+    if (!a.is(K::floating) && !b.is(K::floating))
+      return (a.is(K::boolean) ? a.b : a.i) == (b.is(K::boolean) ? b.b : b.i);
+    return a.number() == b.number();
   }
-  if (a.kind != b.kind) return false;
-  if (a.is(K::array)) return a.arr == b.arr;
-  if (a.is(K::function)) return a.fn == b.fn;
-  return a.obj == b.obj;
-}
-
-// Strict equality of primitives, used by the equalto test and "in" over lists (JS ===).
-bool strict_equal(const Value& a, const Value& b) {
-  using K = Value::Kind;
-  if (a.is_number() && b.is_number()) return a.number() == b.number();
+  const bool a_map = a.is(K::object) || a.is(K::kwargs);
+  const bool b_map = b.is(K::object) || b.is(K::kwargs);
+  if (a_map || b_map) {
+    if (!a_map || !b_map || a.obj->items.size() != b.obj->items.size()) return false;
+    charge(a.obj->items.size());
+    for (const auto& [key, value] : a.obj->items) {
+      const Value* other = b.obj->find(key);
+      if (other == nullptr || !py_equal(value, *other, depth + 1)) return false;
+    }
+    return true;
+  }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case K::undefined:
     case K::null: return true;
-    case K::boolean: return a.b == b.b;
     case K::string: return a.s == b.s;
-    case K::array: return a.arr == b.arr;
+    case K::array: {
+      if (a.tuple != b.tuple || a.arr->size() != b.arr->size()) return false;
+      charge(a.arr->size());
+      for (std::size_t k = 0; k < a.arr->size(); ++k) {
+        if (!py_equal((*a.arr)[k], (*b.arr)[k], depth + 1)) return false;
+      }
+      return true;
+    }
     case K::function: return a.fn == b.fn;
     default: return a.obj == b.obj;
   }
@@ -1266,11 +1473,14 @@ std::vector<std::string> code_points(const std::string& s) {
   return out;
 }
 
-// JavaScript string length (UTF-16 code units).
-std::int64_t js_length(const std::string& s) {
+// Python's len() of a string (code points).
+std::int64_t cp_length(const std::string& s) {
   std::int64_t n = 0;
   std::size_t i = 0;
-  while (i < s.size()) n += utf8::next_code_point(s, i) >= 0x10000 ? 2 : 1;
+  while (i < s.size()) {
+    utf8::next_code_point(s, i);
+    ++n;
+  }
   return n;
 }
 
@@ -1293,24 +1503,219 @@ std::vector<T> py_slice(const std::vector<T>& a, std::optional<std::int64_t> sta
   return out;
 }
 
+// Python's str.islower() / isupper(): some cased character, and none of the other case.
+bool has_case(const std::string& s, bool upper) {
+  return s == change_case(s, upper) && s != change_case(s, !upper);
+}
+
+std::string encode_code_point(UChar32 c) {
+  std::u16string u;
+  if (c >= 0x10000) {
+    u.push_back(static_cast<char16_t>(0xD800 + ((c - 0x10000) >> 10)));
+    u.push_back(static_cast<char16_t>(0xDC00 + ((c - 0x10000) & 0x3FF)));
+  } else {
+    u.push_back(static_cast<char16_t>(c));
+  }
+  return utf8::from_utf16(u);
+}
+
+// Python's str.strip() / lstrip() / rstrip(): whitespace, or any of `chars`.
+std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
+  const std::vector<std::string> cps = code_points(s);
+  const std::vector<std::string> set = chars ? code_points(*chars) : std::vector<std::string>{};
+  auto removable = [&](const std::string& c) {
+    if (chars) return std::find(set.begin(), set.end(), c) != set.end();
+    std::size_t i = 0;
+    return is_space(utf8::next_code_point(c, i));
+  };
+  std::size_t begin = 0, end = cps.size();
+  while (left && begin < end && removable(cps[begin])) ++begin;
+  while (right && end > begin && removable(cps[end - 1])) --end;
+  std::string out;
+  for (std::size_t k = begin; k < end; ++k) out += cps[k];
+  return out;
+}
+
+// Python's str.title(): a cased character after an uncased one is title-cased, the others lower-cased.
+std::string py_title(const std::string& s) {
+  std::string out;
+  bool previous_cased = false;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const auto c = static_cast<UChar32>(utf8::next_code_point(s, i));
+    const bool cased = u_hasBinaryProperty(c, UCHAR_CASED) != 0;
+    if (!cased) {
+      out.append(s, start, i - start);
+    } else {
+      out += previous_cased ? change_case(s.substr(start, i - start), false) : encode_code_point(u_totitle(c));
+    }
+    previous_cased = cased;
+  }
+  return out;
+}
+
+// Python's str.capitalize(): the first character title-cased, the rest lower-cased.
+std::string capitalize(const std::string& s) {
+  if (s.empty()) return s;
+  std::size_t i = 0;
+  const auto c = static_cast<UChar32>(utf8::next_code_point(s, i));
+  return encode_code_point(u_totitle(c)) + change_case(s.substr(i), false);
+}
+
+// Jinja's title filter: each word (after -, whitespace, or an opening bracket) upper-cases its first character
+// and lower-cases the rest.
+std::string jinja_title(const std::string& s) {
+  std::string out, word;
+  auto flush = [&]() {
+    if (word.empty()) return;
+    std::size_t i = 0;
+    utf8::next_code_point(word, i);
+    out += change_case(word.substr(0, i), true) + change_case(word.substr(i), false);
+    word.clear();
+  };
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const char32_t c = utf8::next_code_point(s, i);
+    if (c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_space(c)) {
+      flush();
+      out.append(s, start, i - start);
+    } else {
+      word.append(s, start, i - start);
+    }
+  }
+  flush();
+  return out;
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// Python's str.format() for the fields chat templates use: {}, {0}, {name}, {{ and }} (no format specs).
+std::string str_format(const std::string& s, const std::vector<Value>& args) {
+  std::vector<Value> positional = args;
+  const Object* named = nullptr;
+  if (!positional.empty() && positional.back().is(Value::Kind::kwargs)) {
+    named = positional.back().obj.get();
+    positional.pop_back();
+  }
+  std::string out;
+  std::size_t next_auto = 0;
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    if ((s[k] == '{' || s[k] == '}') && k + 1 < s.size() && s[k + 1] == s[k]) {
+      out += s[k++];
+      continue;
+    }
+    if (s[k] == '}') fail(0, "format(): single '}' in the format string");
+    if (s[k] != '{') {
+      out += s[k];
+      continue;
+    }
+    const std::size_t close = s.find('}', k);
+    if (close == std::string::npos) fail(0, "format(): '{' is never closed");
+    const std::string field = s.substr(k + 1, close - k - 1);
+    if (field.find_first_of(":!.[") != std::string::npos) fail(0, "format(): field '{" + field + "}' is not supported");
+    const Value* v = nullptr;
+    if (field.empty() || std::all_of(field.begin(), field.end(), [](char c) { return is_digit(c); })) {
+      const std::size_t index = field.empty() ? next_auto++ : std::stoul(field);
+      if (index >= positional.size()) fail(0, "format(): no argument " + std::to_string(index));
+      v = &positional[index];
+    } else {
+      v = named ? named->find(field) : nullptr;
+      if (!v) fail(0, "format(): no argument named '" + field + "'");
+    }
+    out += py_str(*v);
+    check_size(out.size(), 0);
+    k = close;
+  }
+  return out;
+}
+
+// Python's printf-style `format % args` (Jinja's format filter): %s %r %d %i %f %e %g %x %o %c %%, with flags,
+// width and precision.
+std::string printf_format(const std::string& s, const std::vector<Value>& args) {
+  std::string out;
+  std::size_t next = 0;
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    if (s[k] != '%') {
+      out += s[k];
+      continue;
+    }
+    std::size_t j = k + 1;
+    while (j < s.size() && std::string_view("-+ #0").find(s[j]) != std::string_view::npos) ++j;
+    while (j < s.size() && (is_digit(s[j]) || s[j] == '.')) ++j;
+    if (j >= s.size()) fail(0, "format: incomplete format at the end of '" + s + "'");
+    const char conv = s[j];
+    std::string spec = s.substr(k, j - k);
+    k = j;
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= args.size()) fail(0, "format: not enough arguments for the format string");
+    const Value& v = args[next++];
+    char buf[512];
+    if (conv == 's' || conv == 'r') {
+      const std::string text = conv == 's' ? py_str(v) : py_repr(v);
+      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), text.c_str());
+      out += text.size() < 256 ? std::string(buf) : text;
+    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o' || conv == 'c') {
+      if (!v.is_number() && !v.is(Value::Kind::boolean))
+        fail(0, "format: %" + std::string(1, conv) + " needs a number");
+      const long long i = v.is(Value::Kind::integer) ? v.i : static_cast<long long>(v.number());
+      std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), i);
+      out += buf;
+    } else if (std::string_view("feEgG").find(conv) != std::string_view::npos) {
+      if (!v.is_number() && !v.is(Value::Kind::boolean))
+        fail(0, "format: %" + std::string(1, conv) + " needs a number");
+      std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.number());
+      out += buf;
+    } else {
+      fail(0, "format: unsupported conversion '%" + std::string(1, conv) + "'");
+    }
+    check_size(out.size(), 0);
+  }
+  if (next < args.size()) fail(0, "format: not all arguments converted");
+  return out;
+}
+
 struct BreakSignal {};
 struct ContinueSignal {};
 
 class Interpreter {
  public:
-  explicit Interpreter(RenderState& state) : state_(state) {}
+  Interpreter(RenderState& state, Env& root) : state_(state), root_(&root) {}
 
   std::string block(const std::vector<NodePtr>& body, Env& env) {
     std::string out;
+    run(body, env, out);
+    return out;
+  }
+
+  // Appends as it goes: what a loop's body wrote before a break or continue stays, as in Python Jinja.
+  void run(const std::vector<NodePtr>& body, Env& env, std::string& out) {
     for (const auto& n : body) {
       exec(*n, env, out);
       check_size(out.size(), n->line);
     }
-    return out;
   }
 
  private:
   RenderState& state_;
+  Env* root_;  // the template's top level
 
   // Bounds the evaluator's recursion (macros, nested blocks) and counts each evaluation against the step budget.
   class Frame {
@@ -1345,7 +1750,7 @@ class Interpreter {
     switch (n.t) {
       case Node::T::text: out += n.str; return;
       case Node::T::set: exec_set(n, env); return;
-      case Node::T::if_: out += block(truthy(eval(*n.x, env)) ? n.body : n.alt, env); return;
+      case Node::T::if_: run(truthy(eval(*n.x, env)) ? n.body : n.alt, env, out); return;
       case Node::T::for_: exec_for(n, env, out); return;
       case Node::T::macro: define_macro(n, env); return;
       case Node::T::break_: throw BreakSignal{};
@@ -1355,7 +1760,7 @@ class Interpreter {
         append(out, apply_filter(body, *n.x, env));
         return;
       }
-      case Node::T::passthrough: out += block(n.body, env); return;
+      case Node::T::passthrough: run(n.body, env, out); return;
       case Node::T::call_block: {
         // The macro's scope opens inside this one, so its caller() is found there; it renders the body here.
         Env inner(&env);
@@ -1370,10 +1775,7 @@ class Interpreter {
     }
   }
 
-  static void append(std::string& out, const Value& v) {
-    if (v.is(Value::Kind::null) || v.is(Value::Kind::undefined)) return;
-    out += to_string(v);
-  }
+  static void append(std::string& out, const Value& v) { out += py_str(v); }
 
   void assign(const Node& target, const Value& v, Env& env, int line) {
     if (target.t == Node::T::ident) {
@@ -1397,11 +1799,13 @@ class Interpreter {
   }
 
   void exec_set(const Node& n, Env& env) {
-    const Value v = n.y ? eval(*n.y, env) : Value::string(block(n.body, env));
+    Value v = n.y ? eval(*n.y, env) : Value::string(block(n.body, env));
+    for (const auto& f : n.list) v = apply_filter(v, *f, env);
     assign(*n.x, v, env, n.line);
   }
 
-  void exec_for(const Node& n, Env& env, std::string& out) {
+  // `given`: the items of a recursive loop's loop(items) call, at `depth`.
+  void exec_for(const Node& n, Env& env, std::string& out, const Value* given = nullptr, int depth = 1) {
     Env scope(&env);
     const Node* iterable_node = n.y.get();
     const Node* test = nullptr;
@@ -1409,18 +1813,10 @@ class Interpreter {
       test = iterable_node->y.get();
       iterable_node = iterable_node->x.get();
     }
-    Value iterable = eval(*iterable_node, scope);
+    Value iterable = given ? *given : eval(*iterable_node, scope);
     // Lists are immutable, so the loop reads the list itself rather than a copy.
-    std::shared_ptr<const Array> items_all;
-    if (iterable.is(Value::Kind::array)) {
-      items_all = iterable.arr;
-    } else if (iterable.is(Value::Kind::object)) {
-      auto keys = std::make_shared<Array>();
-      for (const auto& [k, _] : iterable.obj->items) keys->push_back(Value::string(k));
-      items_all = std::move(keys);
-    } else {
-      fail(n.line, "cannot loop over a " + kind_name(iterable) + " (expected a list or dict)");
-    }
+    std::shared_ptr<const Array> items_all =
+        iterable.is(Value::Kind::array) ? iterable.arr : std::make_shared<Array>(iterate(iterable, n.line));
     charge(items_all->size());
     auto bind = [&](Env& target, const Value& item) {
       if (n.x->t == Node::T::ident) {
@@ -1458,36 +1854,82 @@ class Interpreter {
       loop.obj->set("length", Value::integer(count));
       loop.obj->set("previtem", k > 0 ? items[static_cast<std::size_t>(k - 1)] : Value::undefined());
       loop.obj->set("nextitem", k < count - 1 ? items[static_cast<std::size_t>(k + 1)] : Value::undefined());
+      loop.obj->set("depth", Value::integer(depth));
+      loop.obj->set("depth0", Value::integer(depth - 1));
+      if (n.flag) {
+        const Node* self = &n;
+        Env* outer = &env;
+        loop.obj->set("__call__", Value::function([this, self, outer, depth](std::vector<Value>& args, Env&) {
+                        if (args.size() != 1)
+                          fail(self->line, "loop() of a recursive loop takes the items to loop over");
+                        std::string inner;
+                        exec_for(*self, *outer, inner, &args[0], depth + 1);
+                        return Value::string(inner);
+                      }));
+      }
+      loop.obj->set("cycle", Value::function([k](std::vector<Value>& args, Env&) {
+                      if (args.empty()) fail(0, "loop.cycle() needs at least one value");
+                      return args[static_cast<std::size_t>(k) % args.size()];
+                    }));
       scope.set("loop", loop);
       bind(scope, items[static_cast<std::size_t>(k)]);
       charge(5);  // an iteration also builds loop.* (9 entries)
       try {
-        out += block(n.body, scope);  // an iteration cut by break/continue contributes nothing (as the reference)
-        check_size(out.size(), n.line);
+        run(n.body, scope, out);
       } catch (const ContinueSignal&) {
         continue;
       } catch (const BreakSignal&) {
         break;
       }
-      iterated = true;
+      iterated = true;  // as Jinja: else also runs when every iteration ended in break or continue
     }
-    if (!iterated) out += block(n.alt, scope);
+    if (!iterated) run(n.alt, scope, out);
   }
 
   void define_macro(const Node& n, Env& env) {
     const Node* def = &n;
-    env.set(n.str, Value::function([this, def](std::vector<Value>& args, Env& caller) {
-              Env scope(&caller);
+    // As Jinja: a macro whose body reads `varargs` / `kwargs` takes extra positional / keyword arguments there.
+    bool takes_varargs = false, takes_kwargs = false;
+    for (const auto& b : n.body) {
+      takes_varargs = takes_varargs || uses_name(*b, "varargs");
+      takes_kwargs = takes_kwargs || uses_name(*b, "kwargs");
+    }
+    // A macro of the top level sees the top level's variables, not its caller's (as Jinja); one defined inside a
+    // block keeps its caller's scope, since the block's may be gone when it is called.
+    Env* home = &env == root_ ? root_ : nullptr;
+    env.set(n.str,
+            Value::function([this, def, takes_varargs, takes_kwargs, home](std::vector<Value>& args, Env& caller) {
+              Env scope(home ? home : &caller);
+              if (home) {  // a {% call %} block's caller() is passed in, as Jinja passes it
+                if (Value c = caller.lookup("caller"); c.is(Value::Kind::function)) scope.set("caller", c);
+              }
               std::vector<Value> positional = args;
               std::shared_ptr<Object> kwargs;
               if (!positional.empty() && positional.back().is(Value::Kind::kwargs)) {
                 kwargs = positional.back().obj;
                 positional.pop_back();
               }
-              if (positional.size() > def->list.size()) {
+              if (positional.size() > def->list.size() && !takes_varargs) {
                 fail(def->line,
                      "macro '" + def->str + "' takes at most " + std::to_string(def->list.size()) + " argument(s)");
               }
+              if (takes_varargs) {
+                Array extra;
+                for (std::size_t k = def->list.size(); k < positional.size(); ++k) extra.push_back(positional[k]);
+                scope.set("varargs", Value::make_tuple(std::move(extra)));
+              }
+              Value extra_kwargs = Value::object();
+              if (kwargs) {
+                for (const auto& [key, value] : kwargs->items) {
+                  const bool known =
+                      std::any_of(def->list.begin(), def->list.end(), [&](const NodePtr& p) { return p->str == key; });
+                  if (known) continue;
+                  if (!takes_kwargs)
+                    fail(def->line, "macro '" + def->str + "' takes no keyword argument '" + key + "'");
+                  extra_kwargs.obj->set(key, value);
+                }
+              }
+              if (takes_kwargs) scope.set("kwargs", extra_kwargs);
               std::vector<std::pair<std::string, const Node*>> defaults;
               for (std::size_t k = 0; k < def->list.size(); ++k) {
                 const Node& p = *def->list[k];
@@ -1509,6 +1951,19 @@ class Interpreter {
               for (const auto& [name, expr] : defaults) scope.set(name, eval(*expr, scope));
               return Value::string(block(def->body, scope));
             }));
+  }
+
+  static bool uses_name(const Node& n, const std::string& name) {
+    if (n.t == Node::T::ident && n.str == name) return true;
+    for (const NodePtr* p : {&n.x, &n.y, &n.z}) {
+      if (*p && uses_name(**p, name)) return true;
+    }
+    for (const auto* v : {&n.list, &n.body, &n.alt}) {
+      for (const auto& c : *v) {
+        if (c && uses_name(*c, name)) return true;
+      }
+    }
+    return false;
   }
 
   // ---- expressions ----
@@ -1540,18 +1995,21 @@ class Interpreter {
       case Node::T::tuple: {
         Array a;
         for (const auto& e : n.list) a.push_back(eval(*e, env));
-        return Value::array(std::move(a));
+        return n.t == Node::T::tuple ? Value::make_tuple(std::move(a)) : Value::array(std::move(a));
       }
       case Node::T::object: {
         Value o = Value::object();
         for (std::size_t k = 0; k < n.list.size(); ++k) {
           Value key = eval(*n.list[k], env);
-          if (!key.is(Value::Kind::string)) fail(n.line, "dict keys must be strings, got " + kind_name(key));
-          o.obj->set(key.s, eval(*n.body[k], env));
+          o.obj->set(dict_key(key, n.line), eval(*n.body[k], env));
         }
         return o;
       }
-      case Node::T::ident: return env.lookup(n.str);
+      case Node::T::ident: {
+        Value v = env.lookup(n.str);
+        if (v.is(Value::Kind::undefined) && v.s.empty()) v.s = "'" + n.str + "' is undefined";
+        return v;
+      }
       case Node::T::member: return eval_member(n, env);
       case Node::T::call: return eval_call(n, env);
       case Node::T::binary: return eval_binary(n, env);
@@ -1572,7 +2030,11 @@ class Interpreter {
         Value operand = eval(*n.x, env);
         return apply_filter(operand, *n.y, env);
       }
-      case Node::T::test: return Value::boolean(run_test(n, eval(*n.x, env)) != n.flag);
+      case Node::T::test: {
+        const Value v = eval(*n.x, env);
+        std::vector<Value> args = eval_args(n.list, env);
+        return Value::boolean(test_value(n.str, v, args, n.line) != n.flag);
+      }
       case Node::T::select: return truthy(eval(*n.y, env)) ? eval(*n.x, env) : Value::undefined();
       case Node::T::ternary: return truthy(eval(*n.x, env)) ? eval(*n.y, env) : eval(*n.z, env);
       default: fail(n.line, "statement used as an expression");
@@ -1580,38 +2042,128 @@ class Interpreter {
   }
 
  private:
-  bool run_test(const Node& n, const Value& v) {
+  // What Python's iter() gives: a list's items, a string's characters, a dict's keys; nothing for undefined.
+  static Array iterate(const Value& v, int line) {
     using K = Value::Kind;
-    const std::string& t = n.str;
-    if (t == "defined") return !v.is(K::undefined);
-    if (t == "undefined") return v.is(K::undefined);
-    if (t == "none") return v.is(K::null);
-    if (t == "string") return v.is(K::string);
-    if (t == "boolean") return v.is(K::boolean);
-    if (t == "true") return v.is(K::boolean) && v.b;
-    if (t == "false") return v.is(K::boolean) && !v.b;
-    if (t == "number") return v.is_number();
-    if (t == "integer") return v.is(K::integer);
-    if (t == "iterable") return v.is(K::array) || v.is(K::string);
-    if (t == "mapping") return v.is(K::object) || v.is(K::kwargs);
-    if (t == "sequence") return v.is(K::array) || v.is(K::object) || v.is(K::string);
-    if (t == "callable") return v.is(K::function);
-    if (t == "lower") return v.is(K::string) && v.s == change_case(v.s, false);
-    if (t == "upper") return v.is(K::string) && v.s == change_case(v.s, true);
-    if (t == "odd" || t == "even") {
-      if (!v.is(K::integer)) fail(n.line, "test '" + t + "' needs an integer, got " + kind_name(v));
-      return (v.i % 2 != 0) == (t == "odd");
+    Array out;
+    switch (v.kind) {
+      case K::array: return *v.arr;
+      case K::string:
+        for (auto& c : code_points(v.s)) out.push_back(Value::string(std::move(c)));
+        return out;
+      case K::object:
+      case K::kwargs:
+        for (const auto& [k, _] : v.obj->items) out.push_back(key_value(k));
+        return out;
+      case K::undefined: return out;
+      default: fail(line, "cannot iterate over a " + kind_name(v));
     }
-    fail(n.line, "unsupported test '" + t + "'");
   }
 
-  bool named_test(const std::string& name, const Value& v, const Value* arg, int line) {
-    if (name == "equalto" || name == "eq") return arg != nullptr && strict_equal(v, *arg);
-    Node probe;
-    probe.t = Node::T::test;
-    probe.str = name;
-    probe.line = line;
-    return run_test(probe, v);
+  // `item in container`, as Python.
+  static bool contains(const Value& container, const Value& item, int line) {
+    using K = Value::Kind;
+    if (container.is(K::string)) {
+      if (!item.is(K::string)) fail(line, "'in <string>' needs a string on the left, got " + kind_name(item));
+      return container.s.find(item.s) != std::string::npos;
+    }
+    if (container.is(K::array)) {
+      charge(container.arr->size());
+      for (const auto& e : *container.arr) {
+        if (py_equal(e, item)) return true;
+      }
+      return false;
+    }
+    if (container.is(K::object) || container.is(K::kwargs)) {
+      return (item.is(K::string) || item.is(K::integer) || item.is(K::boolean)) &&
+             container.obj->find(dict_key(item, line)) != nullptr;
+    }
+    if (container.is(K::undefined)) return false;
+    fail(line, "cannot apply 'in' to a " + kind_name(container));
+  }
+
+  // Jinja's tests, by name (`x is name(args)`, select('name', args), selectattr('a', 'name', args)).
+  static bool test_value(const std::string& name, const Value& v, const std::vector<Value>& args, int line) {
+    using K = Value::Kind;
+    auto arg = [&]() -> const Value& {
+      if (args.empty()) fail(line, "test '" + name + "' needs an argument");
+      return args[0];
+    };
+    if (name == "defined") return !v.is(K::undefined);
+    if (name == "undefined") return v.is(K::undefined);
+    if (name == "none") return v.is(K::null);
+    if (name == "string") return v.is(K::string);
+    if (name == "boolean") return v.is(K::boolean);
+    if (name == "true") return v.is(K::boolean) && v.b;
+    if (name == "false") return v.is(K::boolean) && !v.b;
+    if (name == "number") return v.is_number() || v.is(K::boolean);
+    if (name == "integer") return v.is(K::integer);
+    if (name == "float") return v.is(K::floating);
+    if (name == "iterable" || name == "sequence") {
+      return v.is(K::array) || v.is(K::string) || v.is(K::object) || v.is(K::kwargs);
+    }
+    if (name == "mapping") return v.is(K::object) || v.is(K::kwargs);
+    if (name == "callable") return v.is(K::function);
+    if (name == "escaped") return false;
+    if (name == "lower" || name == "upper") return has_case(py_str(v), name == "upper");
+    if (name == "odd" || name == "even" || name == "divisibleby") {
+      if (!v.is(K::integer) && !v.is(K::boolean))
+        fail(line, "test '" + name + "' needs an integer, got " + kind_name(v));
+      const std::int64_t x = v.is(K::boolean) ? v.b : v.i;
+      if (name != "divisibleby") return (x % 2 != 0) == (name == "odd");
+      const Value& d = arg();
+      if (!d.is(K::integer) || d.i == 0) fail(line, "divisibleby needs a non-zero integer");
+      return d.i == -1 || x % d.i == 0;
+    }
+    if (name == "in") return contains(arg(), v, line);
+    if (name == "sameas") {
+      const Value& o = arg();
+      if (v.is(K::array) || v.is(K::object) || v.is(K::ns) || v.is(K::kwargs)) {
+        return v.kind == o.kind && (v.is(K::array) ? v.arr == o.arr : v.obj == o.obj);
+      }
+      return v.kind == o.kind && py_equal(v, o);
+    }
+    if (name == "eq" || name == "equalto" || name == "==") return py_equal(v, arg());
+    if (name == "ne" || name == "!=") return !py_equal(v, arg());
+    if (name == "lt" || name == "lessthan" || name == "<") return py_compare(v, arg(), line) < 0;
+    if (name == "le" || name == "<=") return py_compare(v, arg(), line) <= 0;
+    if (name == "gt" || name == "greaterthan" || name == ">") return py_compare(v, arg(), line) > 0;
+    if (name == "ge" || name == ">=") return py_compare(v, arg(), line) >= 0;
+    fail(line, "unsupported test '" + name + "'");
+  }
+
+  // Python's <, >, ...: numbers by value, strings by code point, lists item by item; other pairs are an error.
+  static int py_compare(const Value& a, const Value& b, int line, bool fold_case = false, int depth = 0) {
+    using K = Value::Kind;
+    check_depth(depth);
+    const bool a_num = a.is_number() || a.is(K::boolean);
+    const bool b_num = b.is_number() || b.is(K::boolean);
+    if (a_num && b_num) {
+      if (!a.is(K::floating) && !b.is(K::floating)) {
+        const std::int64_t x = a.is(K::boolean) ? a.b : a.i, y = b.is(K::boolean) ? b.b : b.i;
+        return x < y ? -1 : x > y ? 1 : 0;
+      }
+      return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
+    }
+    if (a.is(K::string) && b.is(K::string)) {
+      const std::string x = fold_case ? change_case(a.s, false) : a.s;
+      const std::string y = fold_case ? change_case(b.s, false) : b.s;
+      return x < y ? -1 : x > y ? 1 : 0;
+    }
+    if (a.is(K::array) && b.is(K::array)) {
+      const std::size_t n = std::min(a.arr->size(), b.arr->size());
+      charge(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        if (py_equal((*a.arr)[k], (*b.arr)[k])) continue;
+        return py_compare((*a.arr)[k], (*b.arr)[k], line, fold_case, depth + 1);
+      }
+      return a.arr->size() < b.arr->size() ? -1 : a.arr->size() > b.arr->size() ? 1 : 0;
+    }
+    if (a.is(K::undefined) || b.is(K::undefined)) {
+      const Value& u = a.is(K::undefined) ? a : b;
+      fail(line, "cannot compare an undefined value" + (u.s.empty() ? "" : " (" + u.s + ")"));
+    }
+    fail(line, "cannot compare a " + kind_name(a) + " with a " + kind_name(b));
   }
 
   Value eval_member(const Node& n, Env& env) {
@@ -1624,33 +2176,66 @@ class Interpreter {
       property = Value::integer(n.y->i);
     } else {
       property = Value::string(n.y->str);
+      // obj.name looks for a method first and obj['name'] for a key first, as Python Jinja (x.items is the method).
+      if (object.is(Value::Kind::object)) {
+        if (Value m = builtin(object, n.y->str); m.is(Value::Kind::function)) return m;
+      }
     }
+    return get_item(object, property, n.line);
+  }
+
+  // obj.name and obj[key] as Jinja's sandbox reads them: a missing key or index is undefined, and so is any
+  // attribute of a number or none; but reading from an undefined value is an error (Jinja's UndefinedError).
+  Value get_item(const Value& object, const Value& property, int line) {
     using K = Value::Kind;
+    const std::string what = property.is(K::string) ? "'" + property.s + "'" : py_str(property);
+    if (object.is(K::undefined)) {
+      fail(line, object.s.empty() ? "cannot read " + what + " of an undefined value" : object.s);
+    }
     if (object.is(K::object) || object.is(K::ns) || object.is(K::kwargs)) {
-      if (!property.is(K::string)) fail(n.line, "dict keys are strings, got " + kind_name(property));
-      if (const Value* v = object.obj->find(property.s)) return *v;
-      if (object.is(K::object)) return builtin(object, property.s);
-      return Value::undefined();
+      if (property.is(K::integer) || property.is(K::boolean)) {
+        if (const Value* v = object.obj->find(dict_key(property, line))) return *v;
+      }
+      if (property.is(K::string)) {
+        if (const Value* v = object.obj->find(property.s)) return *v;
+        if (object.is(K::object)) {
+          Value m = builtin(object, property.s);
+          if (!m.is(K::undefined)) return m;
+        }
+      }
+      return Value::undefined((object.is(K::ns) ? "'namespace' has no attribute " : "'dict object' has no attribute ") +
+                              what);
+    }
+    if (object.is(K::array) && object.b && property.is(K::string) &&
+        (property.s == "grouper" || property.s == "list")) {
+      return (*object.arr)[property.s == "grouper" ? 0 : 1];  // a groupby group
     }
     if (object.is(K::array) || object.is(K::string)) {
-      if (property.is(K::integer)) {
+      if (property.is(K::integer) || property.is(K::boolean)) {
+        const std::int64_t index = property.is(K::boolean) ? property.b : property.i;
+        const std::string missing =
+            (object.is(K::array) ? "list object has no element " : "str object has no element ") +
+            std::to_string(index);
         if (object.is(K::string)) {
           const auto cps = code_points(object.s);
           const auto len = static_cast<std::int64_t>(cps.size());
-          const std::int64_t k = property.i < 0 ? len + property.i : property.i;
-          if (k < 0 || k >= len) return Value::undefined();
+          const std::int64_t k = index < 0 ? len + index : index;
+          if (k < 0 || k >= len) return Value::undefined(missing);
           return Value::string(cps[static_cast<std::size_t>(k)]);
         }
         const auto len = static_cast<std::int64_t>(object.arr->size());
-        const std::int64_t k = property.i < 0 ? len + property.i : property.i;
-        if (k < 0 || k >= len) return Value::undefined();
+        const std::int64_t k = index < 0 ? len + index : index;
+        if (k < 0 || k >= len) return Value::undefined(missing);
         return (*object.arr)[static_cast<std::size_t>(k)];
       }
-      if (property.is(K::string)) return builtin(object, property.s);
-      fail(n.line, "cannot index a " + kind_name(object) + " with a " + kind_name(property));
+      if (property.is(K::string)) {
+        Value m = builtin(object, property.s);
+        if (!m.is(K::undefined)) return m;
+      }
+      return Value::undefined(std::string(object.is(K::array) ? "'list object'" : "'str object'") +
+                              " has no attribute " + what);
     }
-    if (!property.is(K::string)) fail(n.line, "cannot index a " + kind_name(object) + " with a " + kind_name(property));
-    return Value::undefined();
+    return Value::undefined("'" + kind_name(object) + "' has no attribute " + what);
   }
 
   Value eval_slice(const Value& object, const Node& sl, Env& env) {
@@ -1694,6 +2279,9 @@ class Interpreter {
   Value eval_call(const Node& n, Env& env) {
     std::vector<Value> args = eval_args(n.list, env);
     Value fn = eval(*n.x, env);
+    if (fn.is(Value::Kind::object)) {  // a recursive loop's `loop` is called as loop(items)
+      if (const Value* call = fn.obj->find("__call__"); call != nullptr && call->is(Value::Kind::function)) fn = *call;
+    }
     if (!fn.is(Value::Kind::function)) {
       std::string what = n.x->t == Node::T::ident ? "'" + n.x->str + "'" : "expression";
       if (n.x->t == Node::T::member && !n.x->flag) what = "'." + n.x->y->str + "()'";
@@ -1713,47 +2301,56 @@ class Interpreter {
     if (n.str == "and") return truthy(left) ? eval(*n.y, env) : left;
     if (n.str == "or") return truthy(left) ? left : eval(*n.y, env);
     const Value right = eval(*n.y, env);
-    if (n.str == "==") return Value::boolean(loose_equal(left, right));
-    if (n.str == "!=") return Value::boolean(!loose_equal(left, right));
+    const std::string& op = n.str;
+    if (op == "==") return Value::boolean(py_equal(left, right));
+    if (op == "!=") return Value::boolean(!py_equal(left, right));
+    if (op == "~") return Value::string(py_str(left) + py_str(right));
+    if (op == "in") return Value::boolean(contains(right, left, n.line));
+    if (op == "not in") return Value::boolean(!contains(right, left, n.line));
+    if (op == "<") return Value::boolean(py_compare(left, right, n.line) < 0);
+    if (op == ">") return Value::boolean(py_compare(left, right, n.line) > 0);
+    if (op == "<=") return Value::boolean(py_compare(left, right, n.line) <= 0);
+    if (op == ">=") return Value::boolean(py_compare(left, right, n.line) >= 0);
     if (left.is(K::undefined) || right.is(K::undefined)) {
-      if (right.is(K::undefined) && (n.str == "in" || n.str == "not in")) return Value::boolean(n.str == "not in");
-      fail(n.line, "cannot apply '" + n.str + "' to an undefined value");
+      const Value& u = left.is(K::undefined) ? left : right;
+      fail(n.line, "cannot apply '" + op + "' to an undefined value" + (u.s.empty() ? "" : " (" + u.s + ")"));
     }
-    if (left.is(K::null) || right.is(K::null)) fail(n.line, "cannot apply '" + n.str + "' to none");
-    if (n.str == "~") return Value::string(to_string(left) + to_string(right));
-    if (left.is_number() && right.is_number()) {
+    // Python's bool is an int: True + 1 is 2.
+    const bool l_num = left.is_number() || left.is(K::boolean);
+    const bool r_num = right.is_number() || right.is(K::boolean);
+    if (l_num && r_num) {
       const bool fl = left.is(K::floating) || right.is(K::floating);
       const double a = left.number(), b = right.number();
-      const std::int64_t x = left.i, y = right.i;
+      const std::int64_t x = left.is(K::boolean) ? left.b : left.i, y = right.is(K::boolean) ? right.b : right.i;
       std::int64_t r = 0;
       // Python raises ZeroDivisionError where JavaScript would print Infinity/NaN.
-      if ((n.str == "/" || n.str == "//" || n.str == "%") && b == 0) {
-        fail(n.line, n.str == "%" ? "modulo by zero" : "division by zero");
+      if ((op == "/" || op == "//" || op == "%") && b == 0) {
+        fail(n.line, op == "%" ? "modulo by zero" : "division by zero");
       }
-      if (n.str == "+") {
+      if (op == "+") {
         if (fl) return Value::floating(a + b);
         if (__builtin_add_overflow(x, y, &r)) overflow(n.line, "'+'");
         return Value::integer(r);
       }
-      if (n.str == "-") {
+      if (op == "-") {
         if (fl) return Value::floating(a - b);
         if (__builtin_sub_overflow(x, y, &r)) overflow(n.line, "'-'");
         return Value::integer(r);
       }
-      if (n.str == "*") {
+      if (op == "*") {
         if (fl) return Value::floating(a * b);
         if (__builtin_mul_overflow(x, y, &r)) overflow(n.line, "'*'");
         return Value::integer(r);
       }
-      if (n.str == "/") return Value::floating(a / b);
-      if (n.str == "//") {
+      if (op == "/") return Value::floating(a / b);
+      if (op == "//") {
         if (fl) return Value::floating(std::floor(a / b));
         if (x == INT64_MIN && y == -1) overflow(n.line, "'//'");
         r = x / y;
         if (x % y != 0 && ((x < 0) != (y < 0))) --r;  // floor, as Python
         return Value::integer(r);
       }
-      if (n.str == "%") {  // the sign of the divisor, as Python (-7 % 3 is 2), where C++ takes the dividend's
+      if (op == "%") {  // the sign of the divisor, as Python (-7 % 3 is 2), where C++ takes the dividend's
         if (fl) {
           double m = std::fmod(a, b);
           if (m != 0 && (m < 0) != (b < 0)) m += b;
@@ -1764,7 +2361,7 @@ class Interpreter {
         if (r != 0 && (r < 0) != (y < 0)) r += y;
         return Value::integer(r);
       }
-      if (n.str == "**") {
+      if (op == "**") {
         if (!fl && y >= 0) return Value::integer(int_pow(x, y, n.line));
         const double p = std::pow(a, b);
         // Python raises OverflowError for 10.0 ** 400 and gives a complex number for (-8) ** 0.5.
@@ -1774,42 +2371,50 @@ class Interpreter {
         }
         return Value::floating(p);
       }
-      if (n.str == "<") return Value::boolean(a < b);
-      if (n.str == ">") return Value::boolean(a > b);
-      if (n.str == "<=") return Value::boolean(a <= b);
-      if (n.str == ">=") return Value::boolean(a >= b);
     }
-    if (left.is(K::array) && right.is(K::array) && n.str == "+") {
+    if (op == "+" && left.is(K::string) && right.is(K::string)) {
+      if (!left.b && !right.b) return Value::string(left.s + right.s);
+      // Markup + str escapes the str (markupsafe), whichever side it is on.
+      Value markup =
+          Value::string((left.b ? left.s : html_escape(left.s)) + (right.b ? right.s : html_escape(right.s)));
+      markup.b = true;
+      return markup;
+    }
+    if (op == "+" && left.is(K::array) && right.is(K::array) && left.tuple == right.tuple) {
       Array a = *left.arr;
       a.insert(a.end(), right.arr->begin(), right.arr->end());
-      return Value::array(std::move(a));
+      Value out = Value::array(std::move(a));
+      out.tuple = left.tuple;
+      return out;
     }
-    if (right.is(K::array) && (n.str == "in" || n.str == "not in")) {
-      bool found = false;
-      charge(right.arr->size());
-      for (const auto& e : *right.arr) found = found || strict_equal(e, left);
-      return Value::boolean(found == (n.str == "in"));
+    // 'ab' * 3 and [0] * 2 repeat, as Python.
+    if (op == "*" && (left.is(K::integer) || right.is(K::integer)) &&
+        (left.is(K::string) || right.is(K::string) || left.is(K::array) || right.is(K::array))) {
+      const Value& seq = left.is(K::integer) ? right : left;
+      const std::int64_t times = std::max<std::int64_t>(0, left.is(K::integer) ? left.i : right.i);
+      if (seq.is(K::string)) {
+        if (times > 0 && seq.s.size() * static_cast<std::uint64_t>(times) > kMaxOutputBytes)
+          check_size(kMaxOutputBytes + 1, n.line);
+        std::string out;
+        for (std::int64_t k = 0; k < times; ++k) out += seq.s;
+        charge(out.size() / 64);
+        return Value::string(out);
+      }
+      if (times > 0 && seq.arr->size() * static_cast<std::uint64_t>(times) > kMaxItems) {
+        fail(n.line, "list is too long (limit " + std::to_string(kMaxItems) + " items)");
+      }
+      Array out;
+      for (std::int64_t k = 0; k < times; ++k) out.insert(out.end(), seq.arr->begin(), seq.arr->end());
+      charge(out.size());
+      Value v = Value::array(std::move(out));
+      v.tuple = seq.tuple;
+      return v;
     }
-    if ((left.is(K::string) || right.is(K::string)) && n.str == "+") {
-      auto part = [&](const Value& v) -> std::string {
-        if (v.is(K::string) || v.is_number() || v.is(K::boolean)) return to_string(v);
-        fail(n.line, "cannot concatenate a string and a " + kind_name(v) + " with '+' (use ~ or |tojson)");
-      };
-      return Value::string(part(left) + part(right));
+    if (op == "+" && (left.is(K::string) || right.is(K::string))) {
+      fail(n.line, "cannot add a " + kind_name(left) + " and a " + kind_name(right) +
+                       " with '+' (Python does not convert; use ~, which does)");
     }
-    if (left.is(K::string) && right.is(K::string)) {
-      if (n.str == "in") return Value::boolean(right.s.find(left.s) != std::string::npos);
-      if (n.str == "not in") return Value::boolean(right.s.find(left.s) == std::string::npos);
-      if (n.str == "<") return Value::boolean(left.s < right.s);
-      if (n.str == ">") return Value::boolean(left.s > right.s);
-      if (n.str == "<=") return Value::boolean(left.s <= right.s);
-      if (n.str == ">=") return Value::boolean(left.s >= right.s);
-    }
-    if (left.is(K::string) && (right.is(K::object) || right.is(K::kwargs))) {
-      if (n.str == "in") return Value::boolean(right.obj->find(left.s) != nullptr);
-      if (n.str == "not in") return Value::boolean(right.obj->find(left.s) == nullptr);
-    }
-    fail(n.line, "unsupported operator '" + n.str + "' between " + kind_name(left) + " and " + kind_name(right));
+    fail(n.line, "unsupported operator '" + op + "' between " + kind_name(left) + " and " + kind_name(right));
   }
 
   static std::int64_t int_pow(std::int64_t base, std::int64_t exp, int line) {
@@ -1828,29 +2433,133 @@ class Interpreter {
   }
 
   // Methods and properties of strings, lists and dicts (str.strip(), dict.items(), list.length, ...).
+  // Python's str.split(sep=None, maxsplit=-1).
+  static Value split_string(const std::string& s, const std::vector<Value>& args) {
+    using K = Value::Kind;
+    Value sep = args.size() > 0 ? args[0] : Value::null();
+    const std::int64_t maxsplit = args.size() > 1 && args[1].is(K::integer) ? args[1].i : -1;
+    Array parts;
+    if (sep.is(K::null)) {
+      const std::string t = trim_start(s);
+      std::size_t i = 0;
+      while (i < t.size()) {
+        while (std::size_t n = space_len_at(t, i)) i += n;
+        if (i >= t.size()) break;
+        if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
+          push_part(parts, Value::string(t.substr(i)));
+          break;
+        }
+        const std::size_t start = i;
+        while (i < t.size() && space_len_at(t, i) == 0) {
+          utf8::next_code_point(t, i);
+        }
+        push_part(parts, Value::string(t.substr(start, i - start)));
+      }
+      return Value::array(std::move(parts));
+    }
+    if (!sep.is(K::string)) fail(0, "split() separator must be a string");
+    if (sep.s.empty()) fail(0, "split(): empty separator");
+    std::size_t start = 0;
+    while (true) {
+      if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
+        push_part(parts, Value::string(s.substr(start)));
+        break;
+      }
+      const std::size_t at = s.find(sep.s, start);
+      if (at == std::string::npos) {
+        push_part(parts, Value::string(s.substr(start)));
+        break;
+      }
+      push_part(parts, Value::string(s.substr(start, at - start)));
+      start = at + sep.s.size();
+    }
+    return Value::array(std::move(parts));
+  }
+
   Value builtin(const Value& self, const std::string& name) {
     using K = Value::Kind;
     if (self.is(K::string)) {
       const std::string s = self.s;
-      if (name == "length") return Value::integer(js_length(s));
       auto method = [](auto body) { return Value::function(std::move(body)); };
       if (name == "upper")
         return method([s](std::vector<Value>&, Env&) { return Value::string(change_case(s, true)); });
       if (name == "lower")
         return method([s](std::vector<Value>&, Env&) { return Value::string(change_case(s, false)); });
-      // The reference trims JavaScript whitespace and ignores a chars argument.
-      if (name == "strip") return method([s](std::vector<Value>&, Env&) { return Value::string(js_trim(s)); });
-      if (name == "lstrip") return method([s](std::vector<Value>&, Env&) { return Value::string(js_trim_start(s)); });
-      if (name == "rstrip") return method([s](std::vector<Value>&, Env&) { return Value::string(js_trim_end(s)); });
-      if (name == "title") return method([s](std::vector<Value>&, Env&) { return Value::string(title_case(s)); });
-      if (name == "capitalize") {
-        return method([s](std::vector<Value>&, Env&) {
-          if (s.empty()) return Value::string(s);
-          std::size_t i = 0;
-          utf8::next_code_point(s, i);
-          return Value::string(change_case(s.substr(0, i), true) + s.substr(i));
+      if (name == "strip" || name == "lstrip" || name == "rstrip") {
+        const bool left = name != "rstrip", right = name != "lstrip";
+        return method([s, left, right, name](std::vector<Value>& args, Env&) {
+          if (args.empty() || args[0].is(K::null)) return Value::string(strip(s, nullptr, left, right));
+          if (!args[0].is(K::string)) fail(0, name + "() takes a string of characters to remove");
+          return Value::string(strip(s, &args[0].s, left, right));
         });
       }
+      if (name == "title") return method([s](std::vector<Value>&, Env&) { return Value::string(py_title(s)); });
+      if (name == "capitalize") return method([s](std::vector<Value>&, Env&) { return Value::string(capitalize(s)); });
+      if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
+        return method([s, name](std::vector<Value>& args, Env&) {
+          if (args.empty() || !args[0].is(K::string)) fail(0, name + "() needs a string");
+          const std::string& sub = args[0].s;
+          if (name == "count") {
+            if (sub.empty()) return Value::integer(cp_length(s) + 1);
+            std::int64_t n = 0;
+            for (std::size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+            return Value::integer(n);
+          }
+          const std::size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
+          if (at == std::string::npos) {
+            if (name == "index" || name == "rindex") fail(0, name + "(): substring not found");
+            return Value::integer(-1);
+          }
+          return Value::integer(cp_length(s.substr(0, at)));
+        });
+      }
+      if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" || name == "islower" ||
+          name == "isupper") {
+        return method([s, name](std::vector<Value>&, Env&) {
+          if (name == "islower" || name == "isupper") return Value::boolean(has_case(s, name == "isupper"));
+          if (s.empty()) return Value::boolean(false);
+          std::size_t i = 0;
+          while (i < s.size()) {
+            const auto c = static_cast<UChar32>(utf8::next_code_point(s, i));
+            const bool ok = name == "isdigit"   ? u_isdigit(c) != 0
+                            : name == "isalpha" ? u_isalpha(c) != 0
+                            : name == "isalnum" ? u_isalnum(c) != 0
+                                                : is_space(static_cast<char32_t>(c));
+            if (!ok) return Value::boolean(false);
+          }
+          return Value::boolean(true);
+        });
+      }
+      if (name == "splitlines") {
+        return method([s](std::vector<Value>&, Env&) {
+          Array lines;
+          std::size_t start = 0;
+          for (std::size_t k = 0; k < s.size(); ++k) {
+            if (s[k] != '\n' && s[k] != '\r') continue;
+            push_part(lines, Value::string(s.substr(start, k - start)));
+            if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
+            start = k + 1;
+          }
+          if (start < s.size()) push_part(lines, Value::string(s.substr(start)));
+          return Value::array(std::move(lines));
+        });
+      }
+      if (name == "join") {
+        return method([s](std::vector<Value>& args, Env&) {
+          if (args.empty()) fail(0, "join() needs a list");
+          std::string out;
+          bool first = true;
+          for (const auto& e : iterate(args[0], 0)) {
+            if (!e.is(K::string)) fail(0, "join() joins strings, got a " + kind_name(e));
+            out += (first ? "" : s) + e.s;
+            first = false;
+            check_size(out.size(), 0);
+          }
+          return Value::string(out);
+        });
+      }
+      if (name == "format")
+        return method([s](std::vector<Value>& args, Env&) { return Value::string(str_format(s, args)); });
       if (name == "startswith" || name == "endswith") {
         const bool starts = name == "startswith";
         return method([s, starts, name](std::vector<Value>& args, Env&) {
@@ -1870,54 +2579,52 @@ class Interpreter {
         });
       }
       if (name == "split") {
-        return method([s](std::vector<Value>& args, Env&) {
-          Value sep = args.size() > 0 ? args[0] : Value::null();
-          const std::int64_t maxsplit = args.size() > 1 && args[1].is(K::integer) ? args[1].i : -1;
-          Array parts;
-          if (sep.is(K::null)) {
-            const std::string t = js_trim_start(s);
-            std::size_t i = 0;
-            while (i < t.size()) {
-              while (std::size_t n = space_len_at(t, i)) i += n;
-              if (i >= t.size()) break;
-              if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
-                push_part(parts, Value::string(t.substr(i)));
-                break;
-              }
-              const std::size_t start = i;
-              while (i < t.size() && space_len_at(t, i) == 0) {
-                utf8::next_code_point(t, i);
-              }
-              push_part(parts, Value::string(t.substr(start, i - start)));
-            }
-            return Value::array(std::move(parts));
-          }
-          if (!sep.is(K::string)) fail(0, "split() separator must be a string");
-          if (sep.s.empty()) fail(0, "split(): empty separator");
-          std::size_t start = 0;
-          while (true) {
-            if (maxsplit != -1 && static_cast<std::int64_t>(parts.size()) >= maxsplit) {
-              push_part(parts, Value::string(s.substr(start)));
-              break;
-            }
-            const std::size_t at = s.find(sep.s, start);
-            if (at == std::string::npos) {
-              push_part(parts, Value::string(s.substr(start)));
-              break;
-            }
-            push_part(parts, Value::string(s.substr(start, at - start)));
-            start = at + sep.s.size();
-          }
-          return Value::array(std::move(parts));
-        });
+        return method([s](std::vector<Value>& args, Env&) { return split_string(s, args); });
       }
       if (name == "replace") {
         return method([s](std::vector<Value>& args, Env&) { return Value::string(replace_string(s, args)); });
       }
+      if (name == "rsplit") {
+        return method([s](std::vector<Value>& args, Env&) {
+          const Value sep = args.size() > 0 ? args[0] : Value::null();
+          const std::int64_t maxsplit = args.size() > 1 && args[1].is(K::integer) ? args[1].i : -1;
+          if (sep.is(K::null) || maxsplit < 0) return split_string(s, {sep});  // the same parts as split()
+          if (!sep.is(K::string) || sep.s.empty()) fail(0, "rsplit() separator must be a non-empty string");
+          Array parts;
+          std::size_t end = s.size();
+          while (static_cast<std::int64_t>(parts.size()) < maxsplit) {
+            const std::size_t at = end >= sep.s.size() ? s.rfind(sep.s, end - sep.s.size()) : std::string::npos;
+            if (at == std::string::npos) break;
+            push_part(parts, Value::string(s.substr(at + sep.s.size(), end - at - sep.s.size())));
+            end = at;
+          }
+          push_part(parts, Value::string(s.substr(0, end)));
+          std::reverse(parts.begin(), parts.end());
+          return Value::array(std::move(parts));
+        });
+      }
       return Value::undefined();
     }
     if (self.is(K::array)) {
-      if (name == "length") return Value::integer(static_cast<std::int64_t>(self.arr->size()));
+      const std::shared_ptr<Array> arr = self.arr;
+      if (name == "count") {
+        return Value::function([arr](std::vector<Value>& args, Env&) {
+          if (args.empty()) fail(0, "count() needs a value");
+          charge(arr->size());
+          return Value::integer(
+              std::count_if(arr->begin(), arr->end(), [&](const Value& e) { return py_equal(e, args[0]); }));
+        });
+      }
+      if (name == "index") {
+        return Value::function([arr](std::vector<Value>& args, Env&) {
+          if (args.empty()) fail(0, "index() needs a value");
+          charge(arr->size());
+          for (std::size_t k = 0; k < arr->size(); ++k) {
+            if (py_equal((*arr)[k], args[0])) return Value::integer(static_cast<std::int64_t>(k));
+          }
+          fail(0, "index(): " + py_repr(args[0]) + " is not in the list");
+        });
+      }
       return Value::undefined();
     }
     if (self.is(K::object)) {
@@ -1936,7 +2643,7 @@ class Interpreter {
       if (name == "keys") {
         return Value::function([obj](std::vector<Value>&, Env&) {
           Array a;
-          for (const auto& [k, _] : obj->items) a.push_back(Value::string(k));
+          for (const auto& [k, _] : obj->items) a.push_back(key_value(k));
           return Value::array(std::move(a));
         });
       }
@@ -1949,8 +2656,10 @@ class Interpreter {
       }
       if (name == "get") {
         return Value::function([obj](std::vector<Value>& args, Env&) {
-          if (args.empty() || !args[0].is(K::string)) fail(0, "get() needs a string key");
-          if (const Value* v = obj->find(args[0].s)) return *v;
+          if (args.empty()) fail(0, "get() needs a key");
+          if (args[0].is(K::string) || args[0].is(K::integer) || args[0].is(K::boolean)) {
+            if (const Value* v = obj->find(dict_key(args[0], 0))) return *v;
+          }
           return args.size() > 1 ? args[1] : Value::null();
         });
       }
@@ -1960,17 +2669,8 @@ class Interpreter {
 
   static Value items_of(const Object& obj) {
     Array a;
-    for (const auto& [k, v] : obj.items) a.push_back(Value::array({Value::string(k), v}));
+    for (const auto& [k, v] : obj.items) a.push_back(Value::make_tuple({key_value(k), v}));
     return Value::array(std::move(a));
-  }
-
-  static std::string title_case(const std::string& s) {
-    std::string out = s;
-    for (std::size_t k = 0; k < out.size(); ++k) {
-      const bool boundary = k == 0 || !is_word(out[k - 1]);
-      if (boundary && is_word(out[k])) out[k] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[k])));
-    }
-    return out;
   }
 
   static std::string replace_string(const std::string& s, std::vector<Value>& args) {
@@ -2024,7 +2724,7 @@ class Interpreter {
     return static_cast<int>(width.i);
   }
 
-  Value kwarg(const std::vector<Value>& args, const char* name) {
+  static Value kwarg(const std::vector<Value>& args, const char* name) {
     if (!args.empty() && args.back().is(Value::Kind::kwargs)) {
       if (const Value* v = args.back().obj->find(name)) return *v;
     }
@@ -2032,207 +2732,482 @@ class Interpreter {
   }
 
   Value apply_filter(Value operand, const Node& filter, Env& env) {
-    using K = Value::Kind;
     std::vector<Value> args;
     std::string name;
-    const std::vector<NodePtr>* raw_args = nullptr;
     if (filter.t == Node::T::ident) {
       name = filter.str;
     } else if (filter.t == Node::T::call && filter.x->t == Node::T::ident) {
       name = filter.x->str;
-      raw_args = &filter.list;
       args = eval_args(filter.list, env);
     } else {
       fail(filter.line, "invalid filter");
     }
-    const int line = filter.line;
+    return filter_value(std::move(operand), name, args, filter.line, env);
+  }
+
+  // Jinja's filters, by name, with Python Jinja's arguments and results.
+  Value filter_value(Value operand, const std::string& name, const std::vector<Value>& args, int line, Env& env) {
+    using K = Value::Kind;
     std::vector<Value> positional = args;
     if (!positional.empty() && positional.back().is(K::kwargs)) positional.pop_back();
+    // The k-th positional argument, or the keyword argument of that name.
+    auto arg = [&](std::size_t k, const char* key) { return k < positional.size() ? positional[k] : kwarg(args, key); };
+    auto int_arg = [&](std::size_t k, const char* key, std::int64_t fallback) {
+      const Value v = arg(k, key);
+      if (v.is(K::undefined)) return fallback;
+      if (!v.is(K::integer)) fail(line, "filter '" + name + "': " + key + " must be an integer, got " + kind_name(v));
+      return v.i;
+    };
+    auto text = [&]() { return operand.is(K::string) ? operand.s : py_str(operand); };
+    auto map_items = [&](const Value& attribute) {
+      Array items = iterate(operand, line);
+      if (attribute.is(K::string)) {
+        for (auto& e : items) e = lookup_path(e, attribute.s);
+      } else if (attribute.is(K::integer)) {
+        for (auto& e : items) e = get_item(e, attribute, line);
+      }
+      return items;
+    };
 
-    if (name == "safe") return operand;
+    if (name == "safe") {  // Markup: `+` with a plain string escapes that string, as markupsafe does
+      Value markup = Value::string(text());
+      markup.b = true;
+      return markup;
+    }
     if (name == "tojson") {
-      const Value indent = kwarg(args, "indent");
-      return Value::string(to_json(operand, indent.is(K::integer) ? indent_width(indent, line) : -1));
+      JsonStyle style;
+      const Value indent = arg(1, "indent");
+      if (indent.is(K::integer)) style.indent = indent_width(indent, line);
+      if (style.indent >= 0) style.item_sep = ",";
+      const Value separators = kwarg(args, "separators");
+      if (separators.is(K::array)) {
+        if (separators.arr->size() != 2 || !(*separators.arr)[0].is(K::string) || !(*separators.arr)[1].is(K::string)) {
+          fail(line, "tojson: separators must be two strings");
+        }
+        style.item_sep = (*separators.arr)[0].s;
+        style.key_sep = (*separators.arr)[1].s;
+      }
+      style.sort_keys = truthy(kwarg(args, "sort_keys"));
+      style.ensure_ascii = truthy(arg(0, "ensure_ascii"));
+      return Value::string(to_json_impl(operand, style, 0));
     }
     if (name == "default" || name == "d") {
       const Value fallback = positional.size() > 0 ? positional[0] : Value::string("");
-      Value boolean = positional.size() > 1 ? positional[1] : kwarg(args, "boolean");
-      if (operand.is(K::undefined) || (truthy(boolean) && !truthy(operand))) return fallback;
+      if (operand.is(K::undefined) || (truthy(arg(1, "boolean")) && !truthy(operand))) return fallback;
       return operand;
     }
+    if (name == "string") return Value::string(text());
+    if (name == "list") return Value::array(iterate(operand, line));
     if (name == "join") {
-      std::vector<std::string> parts;
-      if (operand.is(K::string)) {
-        parts = code_points(operand.s);
-      } else if (operand.is(K::array)) {
-        for (const auto& e : *operand.arr) parts.push_back(to_string(e));
-      } else {
-        fail(line, "cannot apply filter 'join' to a " + kind_name(operand));
-      }
-      Value sep = positional.size() > 0 ? positional[0] : kwarg(args, "separator");
-      const std::string separator = sep.is(K::string) ? sep.s : "";
+      const Value sep = arg(0, "d");
+      if (!sep.is(K::undefined) && !sep.is(K::string)) fail(line, "join: the separator must be a string");
       std::string out;
-      for (std::size_t k = 0; k < parts.size(); ++k) {
-        out += (k ? separator : "") + parts[k];
+      bool first = true;
+      for (const auto& e : map_items(arg(1, "attribute"))) {
+        out += (first ? "" : sep.s) + py_str(e);
+        first = false;
         check_size(out.size(), line);
       }
       return Value::string(out);
     }
-    if (operand.is(K::array)) {
-      const Array& a = *operand.arr;
-      if (name == "list") return operand;
-      if (name == "first") return a.empty() ? Value::undefined() : a.front();
-      if (name == "last") return a.empty() ? Value::undefined() : a.back();
-      if (name == "length" || name == "count") return Value::integer(static_cast<std::int64_t>(a.size()));
-      if (name == "reverse") return Value::array(Array(a.rbegin(), a.rend()));
-      if (name == "string") return Value::string(to_json(operand, -1, false));
-      if (name == "unique") {
-        Array out;
-        for (const auto& e : a) {
-          bool seen = false;
-          charge(out.size());  // quadratic
-          for (const auto& o : out) seen = seen || strict_equal(o, e);
-          if (!seen) out.push_back(e);
-        }
-        return Value::array(std::move(out));
+    if (name == "length" || name == "count") {
+      if (operand.is(K::string)) return Value::integer(cp_length(operand.s));
+      if (operand.is(K::array)) return Value::integer(static_cast<std::int64_t>(operand.arr->size()));
+      if (operand.is(K::object) || operand.is(K::kwargs)) {
+        return Value::integer(static_cast<std::int64_t>(operand.obj->items.size()));
       }
-      if (name == "selectattr" || name == "rejectattr") {
-        const bool select = name == "selectattr";
-        for (const auto& e : a) {
-          if (!e.is(K::object) && !e.is(K::ns)) fail(line, "'" + name + "' works on a list of dicts");
-        }
-        if (!raw_args || raw_args->empty()) fail(line, "'" + name + "' needs an attribute name");
-        for (const auto& ra : *raw_args) {
-          if (ra->t != Node::T::str_lit) fail(line, "arguments of '" + name + "' must be string literals");
-        }
-        const std::string attr = positional[0].s;
-        Array out;
-        for (const auto& e : a) {
-          const Value* v = e.obj->find(attr);
-          // Like the reference, a missing attribute never passes the test (so "undefined" selects nothing).
-          bool result = false;
-          if (v != nullptr) {
-            result = positional.size() > 1
-                         ? named_test(positional[1].s, *v, positional.size() > 2 ? &positional[2] : nullptr, line)
-                         : truthy(*v);
-          }
-          if (result == select) out.push_back(e);
-        }
-        return Value::array(std::move(out));
-      }
-      if (name == "map") {
-        const Value attr = kwarg(args, "attribute");
-        if (!attr.is(K::string)) fail(line, "'map' is supported with attribute=... only");
-        const Value fallback = kwarg(args, "default");
-        Array out;
-        for (const auto& e : a) {
-          if (!e.is(K::object) && !e.is(K::ns)) fail(line, "'map' works on a list of dicts");
-          Value v = lookup_path(e, attr.s);
-          out.push_back(v.is(K::undefined) ? fallback : v);
-        }
-        return Value::array(std::move(out));
-      }
-      if (name == "sort") {
-        const Value attr = kwarg(args, "attribute");
-        const bool reverse = truthy(positional.size() > 0 ? positional[0] : kwarg(args, "reverse"));
-        Array out = a;
-        std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-          charge(1);
-          const Value vx = attr.is(K::string) ? lookup_path(x, attr.s) : x;
-          const Value vy = attr.is(K::string) ? lookup_path(y, attr.s) : y;
-          const int c = compare(vx, vy, line);
-          return reverse ? c > 0 : c < 0;
-        });
-        return Value::array(std::move(out));
-      }
-      fail(line, "unsupported filter '" + name + "' on a list");
+      if (operand.is(K::undefined)) return Value::integer(0);
+      fail(line, "cannot apply filter '" + name + "' to a " + kind_name(operand) + " (it has no length)");
     }
-    if (operand.is(K::string)) {
-      const std::string& s = operand.s;
-      if (name == "length" || name == "count") return Value::integer(js_length(s));
-      if (name == "upper") return Value::string(change_case(s, true));
-      if (name == "lower") return Value::string(change_case(s, false));
-      if (name == "title") return Value::string(title_case(s));
-      if (name == "capitalize") return builtin(operand, "capitalize").fn->operator()(args, env);
-      if (name == "trim") return Value::string(js_trim(s));
-      if (name == "string") return operand;
-      if (name == "list") {
-        Array out;
-        for (const auto& c : code_points(s)) out.push_back(Value::string(c));
-        return Value::array(std::move(out));
-      }
-      if (name == "int" || name == "float") {
-        char* end = nullptr;
-        const double d = std::strtod(s.c_str(), &end);
-        const bool ok = end != s.c_str();
-        if (!ok) return positional.empty() ? (name == "int" ? Value::integer(0) : Value::floating(0)) : positional[0];
-        return name == "int" ? Value::integer(to_int64(std::trunc(d), line)) : Value::floating(d);
-      }
-      if (name == "replace") return Value::string(replace_string(s, args));
-      if (name == "indent") {
-        const Value width = positional.size() > 0 ? positional[0] : kwarg(args, "width");
-        const bool first = truthy(positional.size() > 1 ? positional[1] : kwarg(args, "first"));
-        const bool blank = truthy(positional.size() > 2 ? positional[2] : kwarg(args, "blank"));
-        const std::string pad(static_cast<std::size_t>(width.is(K::integer) ? indent_width(width, line) : 4), ' ');
+    if (name == "first" || name == "last") {
+      const Array items = iterate(operand, line);
+      if (items.empty()) return Value::undefined("filter '" + name + "': the sequence is empty");
+      return name == "first" ? items.front() : items.back();
+    }
+    if (name == "reverse") {
+      if (operand.is(K::string)) {
         std::string out;
-        std::size_t start = 0;
-        for (std::size_t lineno = 0;; ++lineno) {
-          const std::size_t nl = s.find('\n', start);
-          const std::string part = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
-          if (lineno > 0) out += "\n";
-          if ((lineno == 0 && !first) || (part.empty() && !blank)) {
-            out += part;
-          } else {
-            out += pad + part;
-          }
-          check_size(out.size(), line);
-          if (nl == std::string::npos) break;
-          start = nl + 1;
-        }
+        const auto cps = code_points(operand.s);
+        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
         return Value::string(out);
       }
-      fail(line, "unsupported filter '" + name + "' on a string");
+      Array items = iterate(operand, line);
+      return Value::array(Array(items.rbegin(), items.rend()));
     }
-    if (operand.is_number()) {
-      if (name == "abs") {
-        if (operand.is(K::floating)) return Value::floating(std::fabs(operand.f));
-        if (operand.i == INT64_MIN) overflow(line, "filter 'abs'");
-        return Value::integer(operand.i < 0 ? -operand.i : operand.i);
+    if (name == "unique") {
+      const bool case_sensitive = truthy(arg(0, "case_sensitive"));
+      const Array items = iterate(operand, line);
+      const Array keys = map_items(arg(1, "attribute"));
+      Array out, seen;
+      for (std::size_t k = 0; k < items.size(); ++k) {
+        Value key = keys[k];
+        if (!case_sensitive && key.is(K::string)) key.s = change_case(key.s, false);
+        charge(seen.size());  // quadratic
+        if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return py_equal(s, key); })) continue;
+        seen.push_back(key);
+        out.push_back(items[k]);
       }
-      if (name == "int") {
-        if (operand.is(K::integer)) return operand;
-        return Value::integer(to_int64(std::floor(operand.f), line));
-      }
-      if (name == "float") return Value::floating(operand.number());
-      if (name == "string") return Value::string(to_string(operand));
-      if (name == "round") {
-        const Value precision = positional.size() > 0 ? positional[0] : kwarg(args, "precision");
-        const double p = std::pow(10.0, precision.is(K::integer) ? static_cast<double>(precision.i) : 0.0);
-        return Value::floating(std::round(operand.number() * p) / p);
-      }
-      fail(line, "unsupported filter '" + name + "' on a number");
+      return Value::array(std::move(out));
     }
-    if (operand.is(K::object) || operand.is(K::kwargs)) {
-      if (name == "items") return items_of(*operand.obj);
-      if (name == "length" || name == "count")
-        return Value::integer(static_cast<std::int64_t>(operand.obj->items.size()));
-      if (name == "dictsort") {
-        Value list = items_of(*operand.obj);
-        std::stable_sort(list.arr->begin(), list.arr->end(),
-                         [&](const Value& x, const Value& y) { return compare((*x.arr)[0], (*y.arr)[0], line) < 0; });
-        return list;
+    if (name == "sort" || name == "min" || name == "max") {
+      const bool sort = name == "sort";
+      const bool reverse = sort && truthy(arg(0, "reverse"));
+      const bool case_sensitive = truthy(arg(sort ? 1 : 0, "case_sensitive"));
+      const Value attribute = arg(sort ? 2 : 1, "attribute");
+      const Array items = iterate(operand, line);
+      const Array keys = map_items(attribute);
+      std::vector<std::size_t> order(items.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        charge(1);
+        const int c = py_compare(keys[x], keys[y], line, !case_sensitive);
+        return reverse ? c > 0 : c < 0;
+      });
+      if (!sort) {
+        if (items.empty()) return Value::undefined("filter '" + name + "': the sequence is empty");
+        if (name == "min") return items[order.front()];
+        // max is the first of the largest, as Python's max()
+        std::size_t best = order.back();
+        for (std::size_t k : order) {
+          if (py_compare(keys[k], keys[best], line, !case_sensitive) == 0) {
+            best = k;
+            break;
+          }
+        }
+        return items[best];
       }
-      Value b = builtin(operand, name);
-      if (b.is(K::function)) return (*b.fn)(args, env);
-      fail(line, "unsupported filter '" + name + "' on a dict");
+      Array out;
+      for (std::size_t k : order) out.push_back(items[k]);
+      return Value::array(std::move(out));
     }
-    if (operand.is(K::boolean)) {
-      if (name == "bool") return operand;
-      if (name == "int") return Value::integer(operand.b ? 1 : 0);
-      if (name == "float") return Value::floating(operand.b ? 1 : 0);
-      if (name == "string") return Value::string(operand.b ? "true" : "false");
+    if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
+      const bool attr = name == "selectattr" || name == "rejectattr";
+      const bool keep = name == "select" || name == "selectattr";
+      std::size_t first_test = 0;
+      Value attribute;
+      if (attr) {
+        if (positional.empty() || !positional[0].is(K::string)) fail(line, "'" + name + "' needs an attribute name");
+        attribute = positional[0];
+        first_test = 1;
+      }
+      const Value test = first_test < positional.size() ? positional[first_test] : Value::undefined();
+      if (!test.is(K::undefined) && !test.is(K::string)) fail(line, "'" + name + "': the test must be a name");
+      const std::vector<Value> test_args(positional.begin() + std::min(positional.size(), first_test + 1),
+                                         positional.end());
+      // Jinja loops only over a true sequence here: none|selectattr(...) is empty.
+      const Array items = truthy(operand) ? iterate(operand, line) : Array{};
+      const Array values = !truthy(operand) ? Array{} : attr ? map_items(attribute) : items;
+      Array out;
+      for (std::size_t k = 0; k < items.size(); ++k) {
+        const bool passed = test.is(K::undefined) ? truthy(values[k]) : test_value(test.s, values[k], test_args, line);
+        if (passed == keep) out.push_back(items[k]);
+      }
+      return Value::array(std::move(out));
     }
-    fail(line, "cannot apply filter '" + name + "' to a " + kind_name(operand));
+    if (name == "map") {
+      const Value attribute = kwarg(args, "attribute");
+      Array out;
+      if (!truthy(operand)) return Value::array();  // as Jinja: none|map(...) is empty
+      if (!attribute.is(K::undefined)) {
+        const Value fallback = kwarg(args, "default");
+        for (auto& v : map_items(attribute))
+          out.push_back(v.is(K::undefined) && !fallback.is(K::undefined) ? fallback : v);
+        return Value::array(std::move(out));
+      }
+      if (positional.empty() || !positional[0].is(K::string)) fail(line, "'map' needs a filter name or attribute=...");
+      std::vector<Value> rest(positional.begin() + 1, positional.end());
+      if (!args.empty() && args.back().is(K::kwargs)) rest.push_back(args.back());
+      for (const auto& e : iterate(operand, line)) out.push_back(filter_value(e, positional[0].s, rest, line, env));
+      return Value::array(std::move(out));
+    }
+    if (name == "sum") {
+      Value total = arg(1, "start");
+      if (total.is(K::undefined)) total = Value::integer(0);
+      for (const auto& e : map_items(arg(0, "attribute"))) {
+        if (!(e.is_number() || e.is(K::boolean)) || !(total.is_number() || total.is(K::boolean))) {
+          fail(line, "sum: cannot add a " + kind_name(e) + " to a " + kind_name(total));
+        }
+        if (total.is(K::floating) || e.is(K::floating)) {
+          total = Value::floating(total.number() + e.number());
+        } else {
+          std::int64_t r = 0;
+          if (__builtin_add_overflow(total.is(K::boolean) ? total.b : total.i, e.is(K::boolean) ? e.b : e.i, &r)) {
+            overflow(line, "sum");
+          }
+          total = Value::integer(r);
+        }
+      }
+      return total;
+    }
+    if (name == "batch" || name == "slice") {
+      const std::int64_t n = int_arg(0, name == "batch" ? "linecount" : "slices", 0);
+      if (n <= 0) fail(line, "filter '" + name + "' needs a count above 0");
+      const Value fill = arg(1, "fill_with");
+      const Array items = iterate(operand, line);
+      Array out;
+      if (name == "batch") {
+        for (std::size_t k = 0; k < items.size(); k += static_cast<std::size_t>(n)) {
+          Array part(
+              items.begin() + static_cast<std::ptrdiff_t>(k),
+              items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), k + static_cast<std::size_t>(n))));
+          while (!fill.is(K::undefined) && part.size() < static_cast<std::size_t>(n)) part.push_back(fill);
+          out.push_back(Value::array(std::move(part)));
+        }
+        return Value::array(std::move(out));
+      }
+      const std::size_t per = items.size() / static_cast<std::size_t>(n);
+      const std::size_t extra = items.size() % static_cast<std::size_t>(n);
+      std::size_t offset = 0;
+      for (std::size_t k = 0; k < static_cast<std::size_t>(n) && k < kMaxItems; ++k) {
+        const std::size_t size = per + (k < extra ? 1 : 0);
+        Array part(items.begin() + static_cast<std::ptrdiff_t>(offset),
+                   items.begin() + static_cast<std::ptrdiff_t>(offset + size));
+        offset += size;
+        if (!fill.is(K::undefined) && k >= extra && extra > 0) part.push_back(fill);
+        out.push_back(Value::array(std::move(part)));
+      }
+      return Value::array(std::move(out));
+    }
+    if (name == "groupby") {
+      const Value attribute = arg(0, "attribute");
+      if (!attribute.is(K::string) && !attribute.is(K::integer)) fail(line, "filter 'groupby' needs an attribute");
+      const Value fallback = arg(1, "default");
+      const bool fold = !truthy(arg(2, "case_sensitive"));
+      const Array items = iterate(operand, line);
+      Array keys = map_items(attribute);
+      for (auto& k : keys) {
+        if (k.is(K::undefined) && !fallback.is(K::undefined)) k = fallback;
+      }
+      std::vector<std::size_t> order(items.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        charge(1);
+        return py_compare(keys[x], keys[y], line, fold) < 0;
+      });
+      Array out;
+      for (std::size_t k = 0; k < order.size();) {
+        Array group;
+        const std::size_t first = order[k];
+        while (k < order.size() && py_compare(keys[order[k]], keys[first], line, fold) == 0)
+          group.push_back(items[order[k++]]);
+        Value pair = Value::make_tuple({keys[first], Value::array(std::move(group))});
+        pair.b = true;  // answers .grouper and .list
+        out.push_back(std::move(pair));
+      }
+      return Value::array(std::move(out));
+    }
+    if (name == "items") {
+      if (operand.is(K::undefined)) return Value::array();
+      if (!operand.is(K::object) && !operand.is(K::kwargs))
+        fail(line, "filter 'items' needs a dict, got " + kind_name(operand));
+      return items_of(*operand.obj);
+    }
+    if (name == "dictsort") {
+      if (!operand.is(K::object) && !operand.is(K::kwargs)) {
+        fail(line, "filter 'dictsort' needs a dict, got " + kind_name(operand));
+      }
+      const bool case_sensitive = truthy(arg(0, "case_sensitive"));
+      const Value by = arg(1, "by");
+      const bool by_value = by.is(K::string) && by.s == "value";
+      if (by.is(K::string) && by.s != "key" && by.s != "value") fail(line, "dictsort: by must be 'key' or 'value'");
+      const bool reverse = truthy(arg(2, "reverse"));
+      Value list = items_of(*operand.obj);
+      std::stable_sort(list.arr->begin(), list.arr->end(), [&](const Value& x, const Value& y) {
+        const int c = py_compare((*x.arr)[by_value ? 1 : 0], (*y.arr)[by_value ? 1 : 0], line, !case_sensitive);
+        return reverse ? c > 0 : c < 0;
+      });
+      return list;
+    }
+    if (name == "attr") {
+      const Value attribute = arg(0, "name");
+      if (!attribute.is(K::string)) fail(line, "filter 'attr' needs a name");
+      Value m = operand.is(K::ns) ? get_item(operand, attribute, line) : builtin(operand, attribute.s);
+      return m;
+    }
+    if (name == "abs") {
+      if (operand.is(K::floating)) return Value::floating(std::fabs(operand.f));
+      if (operand.is(K::integer) || operand.is(K::boolean)) {
+        const std::int64_t i = operand.is(K::boolean) ? operand.b : operand.i;
+        if (i == INT64_MIN) overflow(line, "filter 'abs'");
+        return Value::integer(i < 0 ? -i : i);
+      }
+      fail(line, "cannot apply filter 'abs' to a " + kind_name(operand));
+    }
+    if (name == "int") return to_int_filter(operand, arg(0, "default"), line);
+    if (name == "float") {
+      if (operand.is_number() || operand.is(K::boolean)) return Value::floating(operand.number());
+      const Value fallback = arg(0, "default");
+      if (operand.is(K::string)) {
+        const std::string t = strip(operand.s, nullptr, true, true);
+        char* end = nullptr;
+        const double d = std::strtod(t.c_str(), &end);
+        if (!t.empty() && end == t.c_str() + t.size() && t.find_first_of("xXpP") == std::string::npos) {
+          return Value::floating(d);
+        }
+      }
+      return fallback.is(K::undefined) ? Value::floating(0) : fallback;
+    }
+    if (name == "round") {
+      if (!operand.is_number() && !operand.is(K::boolean))
+        fail(line, "cannot apply filter 'round' to a " + kind_name(operand));
+      const std::int64_t precision = int_arg(0, "precision", 0);
+      const Value method = arg(1, "method");
+      const std::string how = method.is(K::string) ? method.s : "common";
+      if (how != "common" && how != "ceil" && how != "floor") fail(line, "round: method must be common, ceil or floor");
+      if (how == "common" && !operand.is(K::floating)) {  // Python's round() of an int is an int
+        const std::int64_t x = operand.is(K::boolean) ? operand.b : operand.i;
+        if (precision >= 0) return Value::integer(x);
+        if (precision < -18) return Value::integer(0);
+        std::int64_t unit = 1;
+        for (std::int64_t k = 0; k < -precision; ++k) unit *= 10;
+        std::int64_t q = x / unit, r = x % unit;
+        if (r < 0) {  // floor division
+          r += unit;
+          --q;
+        }
+        if (2 * r > unit || (2 * r == unit && q % 2 != 0)) ++q;  // ties to even
+        std::int64_t out = 0;
+        if (__builtin_mul_overflow(q, unit, &out)) overflow(line, "filter 'round'");
+        return Value::integer(out);
+      }
+      const double x = operand.number();
+      if (how != "common") {
+        const double scale = std::pow(10.0, static_cast<double>(precision));
+        return Value::floating((how == "ceil" ? std::ceil(x * scale) : std::floor(x * scale)) / scale);
+      }
+      if (!std::isfinite(x)) return Value::floating(x);
+      if (precision >= 0 && precision <= 300) {
+        // Python rounds the exact binary value to `precision` digits, ties to even: so does printf.
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
+        return Value::floating(std::strtod(buf, nullptr));
+      }
+      const double scale = std::pow(10.0, static_cast<double>(-precision));
+      return Value::floating(std::nearbyint(x / scale) * scale);
+    }
+    if (name == "upper") return Value::string(change_case(text(), true));
+    if (name == "lower") return Value::string(change_case(text(), false));
+    if (name == "title") return Value::string(jinja_title(text()));
+    if (name == "capitalize") return Value::string(capitalize(text()));
+    if (name == "trim") {
+      const Value chars = arg(0, "chars");
+      return Value::string(strip(text(), chars.is(K::string) ? &chars.s : nullptr, true, true));
+    }
+    if (name == "replace") {
+      std::vector<Value> rest = args;
+      return Value::string(replace_string(text(), rest));
+    }
+    if (name == "escape" || name == "e" || name == "forceescape") {
+      if (operand.is(K::string) && operand.b && name != "forceescape") return operand;  // already Markup
+      Value markup = Value::string(html_escape(text()));
+      markup.b = true;
+      return markup;
+    }
+    if (name == "format") return Value::string(printf_format(text(), positional));
+    if (name == "wordcount") {
+      const std::string s = text();
+      std::int64_t words = 0;
+      bool in_word = false;
+      std::size_t i = 0;
+      while (i < s.size()) {
+        const auto c = static_cast<UChar32>(utf8::next_code_point(s, i));
+        const bool w = u_isalnum(c) != 0 || c == '_';
+        if (w && !in_word) ++words;
+        in_word = w;
+      }
+      return Value::integer(words);
+    }
+    if (name == "center") {
+      const std::string s = text();
+      const std::int64_t width = std::min<std::int64_t>(int_arg(0, "width", 80), kMaxIndent);
+      const std::int64_t margin = width - cp_length(s);
+      if (margin <= 0) return Value::string(s);
+      const std::int64_t left = margin / 2 + (margin & width & 1);  // as Python's str.center
+      return Value::string(std::string(static_cast<std::size_t>(left), ' ') + s +
+                           std::string(static_cast<std::size_t>(margin - left), ' '));
+    }
+    if (name == "truncate") {
+      const std::vector<std::string> cps = code_points(text());
+      const std::int64_t length = int_arg(0, "length", 255);
+      const bool killwords = truthy(arg(1, "killwords"));
+      const Value end_v = arg(2, "end");
+      const std::string end = end_v.is(K::string) ? end_v.s : "...";
+      const std::int64_t leeway = int_arg(3, "leeway", 5);
+      const std::int64_t end_len = cp_length(end);
+      if (length < end_len || leeway < 0) fail(line, "truncate: length must be at least the end's length");
+      std::string s;
+      for (const auto& c : cps) s += c;
+      if (static_cast<std::int64_t>(cps.size()) <= length + leeway) return Value::string(s);
+      std::string head;
+      for (std::int64_t k = 0; k < length - end_len; ++k) head += cps[static_cast<std::size_t>(k)];
+      if (!killwords) {
+        const std::size_t space = head.rfind(' ');
+        if (space != std::string::npos) head.resize(space);
+      }
+      return Value::string(head + end);
+    }
+    if (name == "indent") {
+      const Value width = arg(0, "width");
+      const std::string pad = width.is(K::string) ? width.s
+                              : width.is(K::integer)
+                                  ? std::string(static_cast<std::size_t>(indent_width(width, line)), ' ')
+                                  : std::string(4, ' ');
+      const bool first = truthy(arg(1, "first"));
+      const bool blank = truthy(arg(2, "blank"));
+      const std::string s = text();
+      std::string out;
+      std::size_t start = 0;
+      for (std::size_t lineno = 0;; ++lineno) {
+        const std::size_t nl = s.find('\n', start);
+        const std::string part = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        if (lineno > 0) out += "\n";
+        if ((lineno == 0 && !first) || (part.empty() && !blank)) {
+          out += part;
+        } else {
+          out += pad + part;
+        }
+        check_size(out.size(), line);
+        if (nl == std::string::npos) break;
+        start = nl + 1;
+      }
+      return Value::string(out);
+    }
+    fail(line, "unsupported filter '" + name + "'");
+  }
+
+  // Jinja's int filter: a string is read as an integer, else as a float (then truncated); anything else that
+  // Python's int() refuses gives the default.
+  static Value to_int_filter(const Value& v, const Value& fallback, int line) {
+    using K = Value::Kind;
+    const Value otherwise = fallback.is(K::undefined) ? Value::integer(0) : fallback;
+    if (v.is(K::integer)) return v;
+    if (v.is(K::boolean)) return Value::integer(v.b ? 1 : 0);
+    if (v.is(K::floating)) return std::isfinite(v.f) ? Value::integer(to_int64(std::trunc(v.f), line)) : otherwise;
+    if (!v.is(K::string)) return otherwise;
+    std::string t = strip(v.s, nullptr, true, true);
+    // Python reads 1_000 (single underscores between digits).
+    if (t.find('_') != std::string::npos) {
+      std::string plain;
+      for (std::size_t k = 0; k < t.size(); ++k) {
+        if (t[k] != '_') {
+          plain += t[k];
+          continue;
+        }
+        if (k == 0 || k + 1 >= t.size() || !is_digit(t[k - 1]) || !is_digit(t[k + 1])) return otherwise;
+      }
+      t = plain;
+    }
+    std::int64_t i = 0;
+    std::string_view digits = t;
+    if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
+    const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), i);
+    if (!digits.empty() && r.ec == std::errc() && r.ptr == digits.data() + digits.size()) return Value::integer(i);
+    char* end = nullptr;
+    const double d = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(d) || t.find_first_of("xXpP") != std::string::npos) {
+      return otherwise;
+    }
+    return Value::integer(to_int64(std::trunc(d), line));
   }
 
   static Value lookup_path(const Value& item, const std::string& path) {
@@ -2257,23 +3232,23 @@ class Interpreter {
       start = dot + 1;
     }
   }
-
-  static int compare(const Value& a, const Value& b, int line) {
-    if ((a.is_number() || a.is(Value::Kind::boolean)) && (b.is_number() || b.is(Value::Kind::boolean))) {
-      return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
-    }
-    if (a.is(Value::Kind::string) && b.is(Value::Kind::string)) {
-      const std::string x = change_case(a.s, false), y = change_case(b.s, false);
-      return x < y ? -1 : x > y ? 1 : 0;
-    }
-    fail(line, "cannot compare a " + kind_name(a) + " with a " + kind_name(b));
-  }
 };
 
 }  // namespace
 
-std::string to_json(const Value& v, int indent, bool convert_undefined) {
-  return to_json_impl(v, indent, 0, convert_undefined, indent > 0 ? "," : ", ", ": ");
+std::string py_str(const Value& v) {
+  return py_text(v, false, 0);
+}
+
+std::string py_repr(const Value& v) {
+  return py_text(v, true, 0);
+}
+
+std::string to_json(const Value& v, int indent) {
+  JsonStyle style;
+  style.indent = indent;
+  if (indent >= 0) style.item_sep = ",";
+  return to_json_impl(v, style, 0);
 }
 
 Program parse(std::string_view source) {
@@ -2323,7 +3298,7 @@ std::string render(const Program& program, Env& globals) {
       state.namespaces.clear();
     }
   } cleanup{state, outer};
-  Interpreter interp(state);
+  Interpreter interp(state, globals);
   try {
     return interp.block(program.body, globals);
   } catch (const BreakSignal&) {

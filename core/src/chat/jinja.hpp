@@ -57,16 +57,22 @@ struct Value {
     function
   };
   Kind kind = Kind::undefined;
-  bool b = false;
+  bool b = false;           // booleans; a string: Markup (|safe, |e); a tuple: a groupby (grouper, list) pair
+  bool tuple = false;       // a list made as a tuple (x, y) or by items(): prints as Python prints a tuple
   std::uint16_t depth = 0;  // lists and functions: nesting of the (immutable) contents; see nesting()
   std::int64_t i = 0;
   double f = 0;
-  std::string s;
+  std::string s;  // strings; for undefined, why it is undefined (Jinja raises that when it is used)
   std::shared_ptr<Array> arr;
   std::shared_ptr<Object> obj;  // object, namespace and keyword arguments
   std::shared_ptr<Function> fn;
 
   static Value undefined() { return {}; }
+  static Value undefined(std::string why) {
+    Value r;
+    r.s = std::move(why);
+    return r;
+  }
   static Value null() { return make(Kind::null); }
   static Value boolean(bool v) {
     Value r = make(Kind::boolean);
@@ -90,6 +96,11 @@ struct Value {
   }
   // Throws Error when the list is too long or too deeply nested.
   static Value array(Array v = {});
+  static Value make_tuple(Array v) {
+    Value r = array(std::move(v));
+    r.tuple = true;
+    return r;
+  }
   static Value object(Kind kind = Kind::object) {
     Value r = make(kind);
     r.obj = std::make_shared<Object>();
@@ -157,6 +168,10 @@ void charge(std::uint64_t steps);
 // breaks the cycles `{% set ns.self = ns %}` can make).
 Value make_namespace();
 
-std::string to_json(const Value& v, int indent = -1, bool convert_undefined = true);
+// Python's json.dumps (indent -1: on one line).
+std::string to_json(const Value& v, int indent = -1);
+// Python's str() and repr() of a value (True, None, [1, 'a'], {'k': 2.0}), as Jinja prints it.
+std::string py_str(const Value& v);
+std::string py_repr(const Value& v);
 
 }  // namespace colibri::chat::jinja

@@ -38,15 +38,8 @@ Value to_value(const nlohmann::ordered_json& j, const char* what, int depth = 0)
       if (u > static_cast<std::uint64_t>(INT64_MAX)) return Value::floating(static_cast<double>(u));
       return Value::integer(static_cast<std::int64_t>(u));
     }
-    case nlohmann::ordered_json::value_t::number_float: {
-      // JavaScript has one number type: an integral float is an integer there (if it fits: casting one that does
-      // not is undefined behaviour).
-      const double d = j.get<double>();
-      if (d >= -9223372036854775808.0 && d < 9223372036854775808.0 && d == std::trunc(d)) {
-        return Value::integer(static_cast<std::int64_t>(d));
-      }
-      return Value::floating(d);
-    }
+    // 2.0 stays a float, as Python's json.loads reads it (a template prints it as 2.0).
+    case nlohmann::ordered_json::value_t::number_float: return Value::floating(j.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value::string(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       jinja::Array a;
@@ -92,6 +85,19 @@ void install_globals(jinja::Env& env) {
               }
             }
             return ns;
+          }));
+  env.set("dict", Value::function([](std::vector<Value>& args, jinja::Env&) {
+            Value d = Value::object();
+            for (const auto& a : args) {
+              if (!a.is(Value::Kind::kwargs) && !a.is(Value::Kind::object)) {
+                throw jinja::Error{0, "dict() takes a dict or keyword arguments"};
+              }
+              for (const auto& [k, v] : a.obj->items) {
+                jinja::charge(d.obj->items.size());  // set() searches linearly
+                d.obj->set(k, v);
+              }
+            }
+            return d;
           }));
   env.set("range", Value::function([](std::vector<Value>& args, jinja::Env&) {
             std::int64_t start = 0, stop = 0, step = 1;

