@@ -39,6 +39,7 @@
 #include "colibri/util/output_file.hpp"
 #include "model/file_io.hpp"
 #include "registry/host_services.hpp"
+#include "registry/shipped_plugins.hpp"
 
 extern char** environ;
 
@@ -630,7 +631,14 @@ ProbeRun run_probe(const fs::path& probe, const fs::path& file, std::chrono::mil
   const auto now = std::chrono::steady_clock::now();
   const auto plugin_deadline = now + timeout;
   const auto start_deadline = now + std::min(timeout, start_timeout);
+  bool told_waiting = false;
   while (said.find('D') == std::string::npos) {
+    // A probe that takes a while is said, so that a command waiting on it does not look hung.
+    if (!told_waiting && std::chrono::steady_clock::now() - now > std::chrono::seconds(2)) {
+      told_waiting = true;
+      spdlog::warn("checking plugin {} in a separate process before it loads (once per file; gives up after {} s)",
+                   file.string(), std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
+    }
     const auto deadline = said.find('R') == std::string::npos ? start_deadline : plugin_deadline;
     if (!pipe_open) {
       const pid_t r = ::waitpid(pid, &run.status, WNOHANG);
@@ -842,8 +850,12 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
       return;
     }
   }
-  // colibri's own plugins are built and tested with it; others are probed once first (where the probe exists).
-  if (record && dir.kind != SearchDirKind::colibri && !options_.probe.empty()) {
+  // colibri's own plugins are built and tested with it; others, wherever they are installed, are probed once first
+  // (where the probe exists).
+  const bool shipped =
+      dir.kind == SearchDirKind::colibri && std::find(std::begin(kShippedPluginFiles), std::end(kShippedPluginFiles),
+                                                      file.filename().string()) != std::end(kShippedPluginFiles);
+  if (record && !shipped && !options_.probe.empty()) {
     if (auto why = probe_problem(options_, file, *record); !why.empty()) {
       if (first_time_said("probe problem " + file.string())) spdlog::warn("plugin {}: {}", file.string(), why);
       broken_.push_back({file, why});
@@ -919,11 +931,8 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   for (const char* c : d->capabilities) info.capabilities.emplace_back(c ? c : "");
   // The label ends with what to do: a third party's plugin can be removed or rebuilt; colibri's own is a bug to report.
   register_plugin_code(d, std::string(to_string(d->kind)) + " plugin '" + d->name + "' (" + file.string() + ")" +
-                              (dir.kind == SearchDirKind::colibri
-                                   ? ", in colibri's own plugin directory: if colibri installed it, please report "
-                                     "it with the command that ran; if not, remove it or rebuild it against this "
-                                     "colibri"
-                                   : "; remove it from the plugin directory or rebuild it against this colibri"));
+                              (shipped ? ", one of colibri's own plugins: please report it with the command that ran"
+                                       : "; remove it from the plugin directory or rebuild it against this colibri"));
   {
     PluginCall scoring("in score() of " + file.string());
     const auto start = std::chrono::steady_clock::now();

@@ -483,7 +483,8 @@ TEST(RegistryProbe, APluginThatExitsOrHangsInTheProbeIsSkippedAndRecorded) {
 }
 
 // A plugin that loads and scores in the probe is probed once: later scans load it at once, until the file changes.
-// colibri's own plugins (its install directory) are not probed. Counted by a fixture that logs every load.
+// colibri's own plugins (a file colibri ships, in its install directory) are not probed; a third party's file
+// installed there is. Counted by a fixture that logs every load.
 TEST(RegistryProbe, APluginIsProbedOnceUntilItsFileChangesAndColibrisOwnAreNot) {
   ScopedCacheHome cache;
   ASSERT_FALSE(cache.path().empty());
@@ -512,8 +513,18 @@ TEST(RegistryProbe, APluginIsProbedOnceUntilItsFileChangesAndColibrisOwnAreNot) 
   ASSERT_EQ(changed.plugins().size(), 1u);
   EXPECT_EQ(loads(), 3) << "a changed file is probed again";
   fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(5));
-  auto own = PluginRegistry::scan({{dir, "install dir", SearchDirKind::colibri}}, colibri::util::host_info(), probed());
-  EXPECT_EQ(loads(), 3) << "colibri's own plugins are not probed";
+  auto third_party =
+      PluginRegistry::scan({{dir, "install dir", SearchDirKind::colibri}}, colibri::util::host_info(), probed());
+  ASSERT_EQ(third_party.plugins().size(), 1u);
+  EXPECT_EQ(loads(), 4) << "a third party's plugin in colibri's install directory is probed too";
+  // The same code under the file name of a plugin colibri ships: loaded here (a new path), not probed.
+  const fs::path install_dir = cache.path() / "install";
+  fs::create_directories(install_dir);
+  fs::copy_file(file, install_dir / "libcolibri-storage-pread.so");
+  auto own = PluginRegistry::scan({{install_dir, "install dir", SearchDirKind::colibri}}, colibri::util::host_info(),
+                                  probed());
+  ASSERT_EQ(own.plugins().size(), 1u);
+  EXPECT_EQ(loads(), 5) << "colibri's own plugins are not probed";
   ::unsetenv("COLIBRI_FIXTURE_LOAD_LOG");
 }
 
@@ -586,13 +597,23 @@ TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "not under a sanitizer";
 #endif
-  // The same crash in a plugin of colibri's own directories: not a third party's to remove, but a bug to report.
+  // A third party's file installed in colibri's own directory is still a third party's to remove.
   EXPECT_DEATH(read_through_the_crashing_plugin(
                    PluginRegistry::scan({{fixture_dir("read_crashes"), "install dir", SearchDirKind::colibri}},
                                         colibri::util::host_info(), in_process())),
                "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-"
-               "fixture-read-crash.so., in colibri's own plugin directory: if colibri installed it, please report it "
-               "with the command that ran");
+               "fixture-read-crash.so.; remove it from the plugin directory or rebuild it against this colibri");
+  // A crash in a file colibri ships, in its own directory, is a bug to report.
+  ScopedCacheHome cache;
+  ASSERT_FALSE(cache.path().empty());
+  const fs::path dir = cache.path() / "install";
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir("read_crashes") / "libcolibri-storage-fixture-read-crash.so",
+                dir / "libcolibri-storage-mmap.so");
+  EXPECT_DEATH(read_through_the_crashing_plugin(PluginRegistry::scan({{dir, "install dir", SearchDirKind::colibri}},
+                                                                     colibri::util::host_info(), in_process())),
+               "signal 11 while running the code of storage plugin 'fixture-read-crash' .[^ ]*libcolibri-storage-"
+               "mmap.so., one of colibri's own plugins: please report it with the command that ran");
 }
 
 TEST(Registry, ScoreZeroIsListedButNotSelected) {
