@@ -238,6 +238,21 @@ std::uintptr_t faulting_pc(void* context) {
 #endif
 }
 
+// What a signal in a plugin usually means, for the crash message ("" when there is nothing to add).
+const char* signal_hint(int sig) {
+  switch (sig) {
+    case SIGABRT:
+      return "(SIGABRT: the plugin aborted, most often on a C++ exception it let escape (plugin entry points must not "
+             "throw) or a failed assertion)\n";
+    case SIGILL:
+      return "(SIGILL: an instruction this CPU lacks; was the plugin built with -march for another machine?)\n";
+    case SIGBUS:
+      return "(SIGBUS: a file mapped into memory became shorter while it was read; was a model file replaced or "
+             "truncated while colibri ran?)\n";
+    default: return "";
+  }
+}
+
 void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   char num[8] = {};
   num[0] = sig >= 10 ? static_cast<char>('0' + sig / 10 % 10) : static_cast<char>('0' + sig % 10);
@@ -248,6 +263,7 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
     write_stderr(") ");
     write_stderr(what);
     write_stderr("; remove it from the plugin directory or rebuild it against this colibri\n");
+    write_stderr(signal_hint(sig));
     if (const CrashRecord* record = g_crash_record.load();
         record != nullptr && record->thread == ::gettid() && write_crash_record(*record, "signal ", num)) {
       write_stderr(
@@ -269,11 +285,7 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
       write_stderr(" while running the code of ");
       write_stderr(where);
       write_stderr("\n");
-      if (sig == SIGBUS) {
-        write_stderr(
-            "(SIGBUS: a file mapped into memory became shorter while it was read; was a model file replaced or "
-            "truncated while colibri ran?)\n");
-      }
+      write_stderr(signal_hint(sig));
     }
   }
   for (std::size_t i = 0; i < std::size(kFatalSignals); ++i) {
@@ -494,7 +506,7 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
   const std::string theirs = d->header.build_fingerprint ? d->header.build_fingerprint : "";
   const auto a = split_fingerprint(theirs);
   const auto b = split_fingerprint(COLIBRI_SDK_BUILD_FINGERPRINT);
-  // Compiler family and standard-library ABI must match; the SDK patch version may differ.
+  // Compiler family and standard-library ABI must match; the SDK version may differ (the ABI version decides).
   if (a.size() != 3 || a[0] != b[0] || a[1] != b[1]) {
     return Status(StatusCode::unsupported, "plugin " + where + " was built with '" + theirs + "', this colibri with '" +
                                                COLIBRI_SDK_BUILD_FINGERPRINT +
@@ -855,6 +867,15 @@ void PluginRegistry::load_one(const fs::path& file, const sdk::HostInfo& host, c
   const bool shipped =
       dir.kind == SearchDirKind::colibri && std::find(std::begin(kShippedPluginFiles), std::end(kShippedPluginFiles),
                                                       file.filename().string()) != std::end(kShippedPluginFiles);
+  if (record && !shipped && options_.probe.empty() && default_probe().empty() &&
+      first_time_said("no probe for third-party plugins")) {
+    spdlog::warn(
+        "colibri-plugin-probe was not found (next to the executable, in ../lib/colibri, or at {}), so "
+        "third-party plugins such as {} load "
+        "without being checked first: one that crashes or hangs while loading ends or hangs the command; "
+        "reinstall colibri to restore it",
+        COLIBRI_PROBE_INSTALL_PATH, file.string());
+  }
   if (record && !shipped && !options_.probe.empty()) {
     if (auto why = probe_problem(options_, file, *record); !why.empty()) {
       if (first_time_said("probe problem " + file.string())) spdlog::warn("plugin {}: {}", file.string(), why);

@@ -593,6 +593,24 @@ TEST(RegistryDeathTest, APluginThatCrashesLaterIsNamedByItsCode) {
                "fixture-read-crash.so.; remove it from the plugin directory or rebuild it against this colibri");
 }
 
+TEST(RegistryDeathTest, AnExceptionThatEscapesAPluginIsSaidToBeOne) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "not under a sanitizer";
+#endif
+  EXPECT_DEATH(
+      {
+        auto reg = scan({"read_throws"});
+        auto p = reg.select(PluginKind::storage, "fixture-read-throw");
+        if (!p) std::abort();
+        auto obj = reg.create_as<colibri::sdk::Storage>(**p, {});
+        if (!obj) std::abort();
+        std::byte buf[8];
+        (void)(*obj)->read(*reinterpret_cast<colibri::sdk::StorageFile*>(buf), 0, std::span<std::byte>(buf, 8));
+      },
+      "signal 6 while running the code of storage plugin 'fixture-read-throw' .*\n.SIGABRT: the plugin aborted, "
+      "most often on a C.. exception it let escape");
+}
+
 TEST(RegistryDeathTest, ColibrisOwnPluginThatCrashesIsABugToReport) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "not under a sanitizer";
