@@ -534,7 +534,7 @@ Status check_descriptor(const sdk::PluginDescriptor* d, const fs::path& file) {
     const auto& o = d->options[i];
     const bool named =
         o.name != nullptr && valid_name(o.name) && std::string_view(o.name).find('-') == std::string_view::npos;
-    if (!named || o.default_value == nullptr || o.doc == nullptr ||
+    if (!named || o.default_value == nullptr || o.doc == nullptr || *o.doc == '\0' ||
         static_cast<unsigned>(o.type) > static_cast<unsigned>(sdk::OptionType::path_list)) {
       return Status(StatusCode::invalid_argument,
                     "plugin " + where + ": option " + std::to_string(i) +
@@ -833,7 +833,16 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(dir.path, ec)) {
       const std::string fname = entry.path().filename().string();
-      if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) files.push_back(entry.path());
+      if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) {
+        files.push_back(entry.path());
+      } else if (fname.ends_with(".so") && fname.find("colibri") != std::string::npos) {
+        // A near miss (no "lib", a "_"): listed, and named when its plugin is asked for, rather than ignored.
+        std::string fix = fname.starts_with("colibri-") ? "lib" + fname : "libcolibri-<kind>-<name>.so";
+        reg.broken_.push_back({entry.path(),
+                               "is not loaded: colibri loads plugin files named "
+                               "libcolibri-<kind>-<name>.so; rename it " +
+                                   fix});
+      }
     }
     if (ec && first_time_said("unreadable " + dir.path.string())) {
       spdlog::warn(

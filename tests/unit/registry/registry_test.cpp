@@ -224,6 +224,22 @@ TEST(Registry, AFileNamedForAnotherKindOrNameIsSaidAtLoad) {
   fs::remove_all(dir);
 }
 
+TEST(Registry, AFileNamedNearlyLikeAPluginIsListedAndNamedWhenItsPluginIsAskedFor) {
+  const fs::path dir = fs::temp_directory_path() / ("colibri-reg-near-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir("good") / "libcolibri-storage-fixture-good.so", dir / "colibri-storage-fast.so");
+  fs::copy_file(fixture_dir("good") / "libcolibri-storage-fixture-good.so", dir / "libunrelated.so");
+  auto reg = PluginRegistry::scan({{dir, "test"}}, colibri::util::host_info(), in_process());
+  EXPECT_TRUE(reg.plugins().empty());
+  ASSERT_EQ(reg.broken().size(), 1u) << "only the file that looks like a colibri plugin";
+  EXPECT_THAT(reg.broken()[0].reason, HasSubstr("rename it libcolibri-storage-fast.so"));
+  auto asked = reg.select(PluginKind::storage, "fast");
+  ASSERT_FALSE(asked);
+  EXPECT_THAT(asked.error().message(), HasSubstr("colibri-storage-fast.so looks like it but was refused"));
+  fs::remove_all(dir);
+}
+
 TEST(Registry, AUserPluginNamedLikeColibrisOwnShadowsItAndSaysSo) {
   std::vector<SearchDir> dirs{{fixture_dir("dup_first"), "COLIBRI_PLUGIN_PATH"},
                               {fixture_dir("dup_second"), "install dir", SearchDirKind::colibri}};
