@@ -54,7 +54,18 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
     std::string list = "[";
     std::stringstream ss(rest);
     std::string item;
-    while (std::getline(ss, item, ',')) list += (list.size() > 1 ? ", " : "") + item;
+    std::set<std::string> seen;
+    while (std::getline(ss, item, ',')) {
+      if (!seen.insert(item).second) {
+        return sdk::Status(sdk::StatusCode::invalid_argument,
+                           "--policy '" + spec + "' pins " + item + " twice; give it once");
+      }
+      list += (list.size() > 1 ? ", " : "") + item;
+    }
+    if (seen.empty() || rest.back() == ',') {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         "--policy '" + spec + "': write the experts to pin as pinned:LAYER:EXPERT,LAYER:EXPERT");
+    }
     ov.push_back({"cache.pinned_experts", list + "]", flag});
   } else {
     std::stringstream ss(rest);
@@ -165,7 +176,8 @@ int check_policy(const PolicySpec& spec) {
   lo.overrides = spec.overrides;
   auto prof = profile::Profile::load(lo);
   if (!prof) {
-    const std::string m = "--policy " + spec.name + ": " + prof.error().message();
+    const std::string& said = prof.error().message();  // one that names the --policy argument already is as it is
+    const std::string m = said.rfind("--policy", 0) == 0 ? said : "--policy " + spec.name + ": " + said;
     return apps::refused_for_command_line(lo) ? usage_fail(m) : fail(m);
   }
   note_profile_files(*prof);
@@ -178,10 +190,11 @@ int check_policy(const PolicySpec& spec) {
 }
 
 // Replays the trace's accesses at every size through every policy and the optimum. Returns an error message, or ""
-// on success.
+// on success; `usage` is set when the error is a command-line value's (pins the model lacks given in --policy, a
+// --cache-experts too small), which exits 2.
 std::string compute_replay(const std::vector<PolicySpec>& specs, const std::string& trace_path,
                            const ab::AccessSequence& seq, const std::vector<std::uint64_t>& sizes,
-                           const ab::ExpertSizes& expert_sizes, ab::ReplayReport& report) {
+                           const ab::ExpertSizes& expert_sizes, ab::ReplayReport& report, bool* usage = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto universe = ab::universe_of(seq, expert_sizes);
   std::uint64_t slot = 1;
@@ -189,6 +202,7 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
 
   report.trace = trace_path;
   report.experts = universe.size();
+  report.experts_of_model = expert_sizes.manifest() != nullptr;
   report.records = seq.records;
   report.accesses = seq.keys.size();
   report.bytes_known = expert_sizes.known();
@@ -213,6 +227,10 @@ std::string compute_replay(const std::vector<PolicySpec>& specs, const std::stri
       if (!r) {
         const bool too_small = r.error().message().find("cannot hold") != std::string::npos &&
                                r.error().message().find("pin fewer") == std::string::npos;
+        const bool pins_from_flag = r.error().message().find("cache.pinned_experts") != std::string::npos &&
+                                    std::any_of(overrides.begin(), overrides.end(),
+                                                [](const auto& ov) { return ov.key == "cache.pinned_experts"; });
+        if (usage != nullptr) *usage = too_small || pins_from_flag;
         return ("--policy " + name + " with --cache-experts " + std::to_string(n) + ": " + r.error().message() +
                 (too_small ? "; use a larger cache" : ""));
       }
@@ -256,7 +274,7 @@ void print_replay(const ab::ReplayReport& report, bool per_layer) {
     std::string size = report.bytes_known ? util::bytes_text(sr.budget_bytes, util::Rounding::up) : "";
     if (sr.cache_experts > report.experts) {  // the replay caps it there: say so rather than show a size it is not
       size += std::string(size.empty() ? "" : "; ") + "more than the " + std::to_string(report.experts) +
-              " experts the trace uses: all fit";
+              (report.experts_of_model ? " experts the model has" : " experts the trace uses") + ": all fit";
     }
     std::printf("\ncache %llu experts%s\n", static_cast<unsigned long long>(sr.cache_experts),
                 size.empty() ? "" : (" (" + size + ")").c_str());
@@ -353,6 +371,7 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
       return usage_fail("--expert-bytes " + o.expert_bytes + ": " + b.error().message() + " (write e.g. 4096 or 1.5M)");
     }
     expert_bytes = *b;
+    if (expert_bytes == 0) return usage_fail("--expert-bytes " + o.expert_bytes + ": an expert has at least 1 byte");
   }
   // Expert files are 4 KiB aligned, so a cache holds them in 4 KiB units: a size in between is rounded up, as the
   // engine's slots are.
@@ -375,7 +394,10 @@ int run_replay(const GlobalOptions& global, const ReplayOptions& o) {
     }
   }
   ab::ReplayReport report;
-  if (auto err = compute_replay(specs, o.trace, seq, *sizes, expert_sizes, report); !err.empty()) return fail(err);
+  bool usage = false;
+  if (auto err = compute_replay(specs, o.trace, seq, *sizes, expert_sizes, report, &usage); !err.empty()) {
+    return usage ? usage_fail(err) : fail(err);
+  }
 
   if (report_file) {
     report_file->stream() << ab::render_html(&report, nullptr);

@@ -32,13 +32,15 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
   if (!o.tokens.empty() && !o.prompt.empty()) return usage_fail("give one of --tokens and --prompt, not both");
   std::vector<std::int32_t> ids;
   if (!o.tokens.empty()) {
+    if (o.tokens.back() == ',')
+      return usage_fail("--tokens: '" + o.tokens + "' ends with a comma (write --tokens 1,2,3)");
     std::stringstream ss(o.tokens);
     std::string item;
     while (std::getline(ss, item, ',')) {
       try {
         std::size_t used = 0;
         const long long v = std::stoll(item, &used);
-        if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument(item);
+        if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
         ids.push_back(static_cast<std::int32_t>(v));
       } catch (const std::exception&) {
         return usage_fail("--tokens: '" + item + "' is not a token id (write --tokens 1,2,3)");
@@ -47,11 +49,22 @@ int run_logits(const GlobalOptions& global, const LogitsOptions& o) {
     if (ids.empty()) return usage_fail("--tokens lists no token ids");
   }
   if (auto e = same_output_error("--trace", o.trace, "--out", o.out); !e.empty()) return fail(e);
-  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, auto) {
-    const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", dir.string()}};
-    if (auto e = overwrite_error("--out", o.out, inputs); !e.empty()) return e;
-    return overwrite_error("--trace", o.trace, inputs);
-  });
+  auto opened = open_engine(
+      global, o.engine, nullptr,
+      [&](const std::filesystem::path& dir, auto) {
+        const std::vector<std::pair<std::string, std::string>> inputs = {{"--model", dir.string()}};
+        if (auto e = overwrite_error("--out", o.out, inputs); !e.empty()) return e;
+        return overwrite_error("--trace", o.trace, inputs);
+      },
+      [&](const model::Manifest& m) -> std::string {
+        for (const auto id : ids) {
+          if (id >= m.hparams.vocab_size) {
+            return "--tokens: " + std::to_string(id) + " is past the model's vocabulary (ids 0.." +
+                   std::to_string(m.hparams.vocab_size - 1) + ")";
+          }
+        }
+        return "";
+      });
   if (!opened.engine) return opened.exit_code;
   auto& engine = opened.engine;
   if (!o.prompt.empty()) {

@@ -53,10 +53,12 @@ struct OpenedEngine {
 
 // `profile_out`: where to keep the profile the engine was opened with. `before_loading`: checks that need the
 // model's directory (an output naming one of its files) or its manifest (null when it does not load), run before the
-// load, which takes minutes on a real model; a non-empty result is the error.
+// load, which takes minutes on a real model; a non-empty result is the error. `check_arguments`: the same for a
+// command-line value that needs the manifest (a token id past the vocabulary): its error exits 2.
 inline OpenedEngine open_engine(
     const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
-    const std::function<std::string(const std::filesystem::path&, const model::Manifest*)>& before_loading = nullptr) {
+    const std::function<std::string(const std::filesystem::path&, const model::Manifest*)>& before_loading = nullptr,
+    const std::function<std::string(const model::Manifest&)>& check_arguments = nullptr) {
   auto prof = global.load_profile();
   if (!prof) return {nullptr, global.profile_exit_code};
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
@@ -65,6 +67,9 @@ inline OpenedEngine open_engine(
   // storage plugin's mirrors) to name what is wrong.
   auto manifest = model::load_manifest(*dir);
   const model::Manifest* read = manifest ? &*manifest : nullptr;
+  if (check_arguments && read != nullptr) {
+    if (auto err = check_arguments(*read); !err.empty()) return {nullptr, usage_fail(err)};
+  }
   if (before_loading) {
     if (auto err = before_loading(*dir, read); !err.empty()) return {nullptr, fail(err)};
   }

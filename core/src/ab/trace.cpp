@@ -76,17 +76,37 @@ Status record_from_json(const nlohmann::json& j, TraceRecord& r, const std::stri
   return {};
 }
 
+// One CSV line's cells, spaces around them dropped; a cell may be quoted as spreadsheets write them ("layer",
+// "a,b", "say ""hi""").
 std::vector<std::string> split_csv(const std::string& line) {
   std::vector<std::string> out;
-  std::string cell;
-  std::stringstream ss(line);
-  while (std::getline(ss, cell, ',')) {
-    while (!cell.empty() && (cell.back() == ' ' || cell.back() == '\r')) cell.pop_back();
-    std::size_t start = 0;
-    while (start < cell.size() && cell[start] == ' ') ++start;
-    out.push_back(cell.substr(start));
+  std::size_t i = 0;
+  while (true) {
+    while (i < line.size() && line[i] == ' ') ++i;
+    std::string cell;
+    if (i < line.size() && line[i] == '"') {
+      for (++i; i < line.size(); ++i) {
+        if (line[i] != '"') {
+          cell += line[i];
+        } else if (i + 1 < line.size() && line[i + 1] == '"') {
+          cell += '"';
+          ++i;
+        } else {
+          ++i;
+          break;
+        }
+      }
+      while (i < line.size() && line[i] != ',') ++i;  // spaces (or a stray \r) after the closing quote
+    } else {
+      const std::size_t comma = line.find(',', i);
+      cell = line.substr(i, comma == std::string::npos ? std::string::npos : comma - i);
+      while (!cell.empty() && (cell.back() == ' ' || cell.back() == '\r')) cell.pop_back();
+      i = comma == std::string::npos ? line.size() : comma;
+    }
+    out.push_back(std::move(cell));
+    if (i >= line.size()) break;
+    ++i;  // the comma
   }
-  if (!line.empty() && line.back() == ',') out.emplace_back();
   return out;
 }
 
@@ -190,7 +210,11 @@ sdk::Expected<std::vector<TraceRecord>> import_csv(const std::filesystem::path& 
       return bad(path.string() + ":" + std::to_string(n),
                  "unknown column \"" + h + "\" (known: layer, expert, request, position, weight, token, step)");
     }
+    if (*slot >= 0) return bad(path.string() + ":" + std::to_string(n), "the column \"" + h + "\" appears twice");
     *slot = static_cast<int>(i);
+  }
+  if (header.empty()) {
+    return bad(path.string(), "the CSV is empty: it needs a header line naming the columns layer and expert");
   }
   if (col_layer < 0 || col_expert < 0) {
     return bad(path.string() + ":" + std::to_string(n), "the header must name the columns layer and expert");

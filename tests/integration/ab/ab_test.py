@@ -115,6 +115,20 @@ class Trace(unittest.TestCase):
             p = cli("ab", "import", csv, "--format", "csv", "-o", bad_out, check=False)
             self.assertIn(f"t.csv:3: column weight: '{weight}' is not a finite number", p.stderr)
             self.assertFalse(os.path.exists(bad_out))
+        # Quoted cells, as spreadsheets write them, read as plain ones; a column named twice, or an empty file, is
+        # named (the empty file by its name alone: it has no line).
+        with open(csv, "w") as f:
+            f.write('"layer", "expert" ,"weight"\n0,"3","0.5"\n')
+        cli("ab", "import", csv, "--format", "csv", "-o", out)
+        self.assertEqual([(r["layer"], r["experts"]) for r in read_jsonl(out)], [(0, [3])])
+        for text, words in (("layer,expert,layer\n0,1,0\n", 't.csv:1: the column "layer" appears twice'),
+                            ("", "t.csv: the CSV is empty: it needs a header line")):
+            with open(csv, "w") as f:
+                f.write(text)
+            p = cli("ab", "import", csv, "--format", "csv", "-o", bad_out, check=False)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(words, p.stderr)
+            self.assertFalse(os.path.exists(bad_out))
         # A token's experts are distinct: a repeated id (CSV rows or a JSON list) is named, not counted twice.
         with open(csv, "w") as f:
             f.write("position,layer,expert\n0,0,1\n0,0,2\n0,0,1\n")
@@ -171,7 +185,17 @@ class Replay(unittest.TestCase):
         winners = " = ".join(x["policy"] for x in small["policies"] if x["reads"] == fewest)
         self.assertIn(f"fewest reads: {winners} with {fewest} (", text)
         self.assertIn(f"the optimum's {small['optimal']['reads']})", text)
-        self.assertRegex(text, r"cache 999 experts \(.*more than the \d+ experts the trace uses: all fit\)")
+        # With the model, the count is the model's experts; from the trace alone, those it uses (fewer here).
+        of_model = re.search(r"cache 999 experts \(.*more than the (\d+) experts the model has: all fit\)", text)
+        self.assertIsNotNone(of_model, text)
+        alone = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "999",
+                    "--expert-bytes", "1M").stdout
+        used = re.search(r"cache 999 experts \(.*more than the (\d+) experts the trace uses: all fit\)", alone)
+        self.assertIsNotNone(used, alone)
+        with open(self.trace()) as f:
+            distinct = {(r["layer"], e) for r in map(json.loads, f) if "layer" in r for e in r["experts"]}
+        self.assertEqual(int(used.group(1)), len(distinct))
+        self.assertLessEqual(len(distinct), int(of_model.group(1)))
         # A size as every other size flag takes it; nonsense is named.
         suffixed = cli("ab", "replay", "--trace", self.trace(), "--policy", "lru", "--cache-experts", "3",
                        "--expert-bytes", "1M")
@@ -222,6 +246,17 @@ class Replay(unittest.TestCase):
                 "4", check=False)
         self.assertIn("names L9/E9, which this model does not have", p.stderr)
         self.assertNotIn("larger cache", p.stderr)
+        self.assertEqual(p.returncode, 2, p.stderr)  # the --policy value's mistake
+        # A pin list that is empty, ends in a comma or names one expert twice; an expert of no bytes; each once named.
+        for args, words in ((["-m", model(), "--policy", "pinned:"], "write the experts to pin as pinned:LAYER:EXPERT"),
+                            (["-m", model(), "--policy", "pinned:0:1,"], "write the experts to pin as pinned:"),
+                            (["-m", model(), "--policy", "pinned:0:1,0:1"], "pins 0:1 twice; give it once"),
+                            (["-m", model(), "--policy", "pinned:x"], "--policy pinned:x: cache.pinned_experts: 'x'"),
+                            (["--policy", "lru", "--expert-bytes", "0"], "--expert-bytes 0: an expert has at least 1")):
+            p = cli("ab", "replay", "--trace", self.trace(), *args, "--cache-experts", "4", check=False)
+            self.assertEqual(p.returncode, 2, (args, p.stderr))
+            self.assertIn(words, p.stderr, args)
+            self.assertEqual(p.stderr.count("--policy pinned:x"), 1 if "pinned:x" in args else 0, p.stderr)
         # A bad policy option names the --policy argument it came from.
         p = cli("ab", "replay", "--trace", self.trace(), "-m", model(), "--policy", "lru:bogus=1", "--cache-experts",
                 "4", check=False)

@@ -23,7 +23,8 @@ struct ReplayReport {
   std::uint64_t records = 0;
   std::uint64_t accesses = 0;
   std::uint32_t layers = 0;
-  std::uint64_t experts = 0;  // distinct experts the trace uses: a cache of more holds them all
+  std::uint64_t experts = 0;  // experts a cache may hold: the model's (with --model), else those the trace uses
+  bool experts_of_model = false;
   bool bytes_known = false;
   double seconds = 0;
   std::vector<SizeResults> sizes;  // ascending cache size
