@@ -91,7 +91,7 @@ int run_perplexity(const GlobalOptions& global, PerplexityOptions& o) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) return fail("--file " + o.file + ": reading failed");
-  warn_if_not_utf8(o.file, ss.view(), ", which changes the perplexity");
+  warn_if_not_utf8("--file " + o.file, ss.view(), ", which changes the perplexity");
   auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, const model::Manifest* m) {
     // The default chunk is 512 tokens, or the model's whole context where that is shorter: only a --ctx the user
     // gave is refused for exceeding it (open_engine reads o.engine.ctx after this).

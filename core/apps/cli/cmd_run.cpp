@@ -59,7 +59,9 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     std::istream& in = o.prompt_file == "-" ? std::cin : file;
     o.prompt.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (in.bad()) return fail("--file " + o.prompt_file + ": reading failed");
-    warn_if_not_utf8(o.prompt_file, o.prompt);
+    warn_if_not_utf8("--file " + o.prompt_file, o.prompt);
+  } else {
+    warn_if_not_utf8("--prompt", o.prompt);
   }
   std::shared_ptr<const engine::JsonSchema> schema;
   if (!o.json_schema.empty()) {

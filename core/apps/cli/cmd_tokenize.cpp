@@ -71,6 +71,7 @@ int run_tokenize(const GlobalOptions& global, const TokenizeOptions& o) {
       input = json::parse(o.text, nullptr, false);
       if (input.is_discarded()) return usage_fail("--text: with --decode, expected a JSON array of token ids");
     } else {
+      warn_if_not_utf8("--text", o.text);
       input = o.text;
     }
     std::string line;

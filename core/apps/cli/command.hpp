@@ -4,10 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "colibri/profile/profile.hpp"
+#include "colibri/tokenizer/tokenizer.hpp"
 
 namespace colibri::cli {
 
@@ -65,6 +67,16 @@ std::string unwritable_output_error(const std::string& out_flag, const std::stri
 // "" unless two outputs name the same file: the second would replace the first.
 std::string same_output_error(const std::string& flag_a, const std::string& a, const std::string& flag_b,
                               const std::string& b);
+
+// A warning on stderr when a prompt or text is not UTF-8 (the tokenizer reads such bytes as U+FFFD); `what` names
+// it ("--file F", "--prompt"); `effect` adds what that changes for the command, or nothing.
+inline void warn_if_not_utf8(const std::string& what, std::string_view text, const char* effect = "") {
+  const auto bad = tokenizer::Tokenizer::first_invalid_utf8(text);
+  if (bad == std::string_view::npos) return;
+  std::cerr << "warning: " << what << " is not UTF-8 text (byte " << bad
+            << " is not valid UTF-8): such bytes are read as U+FFFD" << effect
+            << "; convert it (iconv -t UTF-8) if the text is in another encoding\n";
+}
 
 }  // namespace colibri::cli
 

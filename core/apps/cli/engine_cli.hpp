@@ -146,16 +146,6 @@ inline std::string logit_bias_problem(const engine::SamplingOptions& s, std::int
   return {};
 }
 
-// A warning on stderr when a prompt or text file is not UTF-8 (the tokenizer reads such bytes as U+FFFD); `effect`
-// adds what that changes for the command, or nothing.
-inline void warn_if_not_utf8(const std::string& file, std::string_view text, const char* effect = "") {
-  const auto bad = tokenizer::Tokenizer::first_invalid_utf8(text);
-  if (bad == std::string_view::npos) return;
-  std::cerr << "warning: --file " << file << " is not UTF-8 text (byte " << bad
-            << " is not valid UTF-8): such bytes are read as U+FFFD" << effect
-            << "; convert it (iconv -t UTF-8) if the text is in another encoding\n";
-}
-
 // One line: mode, plugins, speeds, expert cache and I/O.
 inline std::string stats_line(const engine::Engine& e, double prefill_tps, double decode_tps) {
   const auto& st = e.experts().stats();

@@ -72,6 +72,12 @@ else
   check "unknown model type named" 1 "$(grep -c 'Unigram' "$tmp/err")"
 fi
 
+# Bytes that are not UTF-8 are read as U+FFFD, as the tokenizer reads them, and said; UTF-8 text is not warned about.
+"$cli" tokenize -m "$dir" --text "$(printf 'x\377y')" >/dev/null 2>"$tmp/err"
+check "invalid UTF-8 in --text is said" 1 "$(grep -c -- "--text is not UTF-8 text (byte 1 is not valid UTF-8)" "$tmp/err")"
+"$cli" tokenize -m "$dir" --text "héllo" >/dev/null 2>"$tmp/err"
+check "UTF-8 --text is not warned about" 0 "$(grep -c "not UTF-8" "$tmp/err")"
+
 echo '[{"role": "user", "content": "Hi"}]' > "$tmp/msgs.json"
 if [ -f "$dir/tokenizer_config.json" ]; then
   prompt="$("$cli" template --tokenizer-config "$dir/tokenizer_config.json" --messages "$tmp/msgs.json")"
