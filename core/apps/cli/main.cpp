@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "../common/cli_values.hpp"
+#include "../common/output_checks.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/log.hpp"
@@ -45,72 +46,19 @@ void note_profile_files(const profile::Profile& profile) {
   files.insert(files.end(), profile.files().begin(), profile.files().end());
 }
 
-namespace {
-
-// The error for an output that names a profile file this command read (or the one it extends).
-std::string profile_overwrite_error(const std::string& out_flag, const std::string& output) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (output.empty() || !fs::exists(output, ec)) return {};
-  for (const auto& file : profile_files_read()) {
-    if (fs::equivalent(output, file, ec)) {
-      return out_flag + " " + output + " is the profile file " + file.string() +
-             "; writing it would destroy that profile: name another file";
-    }
-  }
-  return {};
-}
-
-// The error for an output that is `input` or lies inside it (a model directory).
-std::string input_overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
-                                  const std::string& input) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (output.empty() || input.empty()) return {};
-  const fs::path out = fs::weakly_canonical(output, ec), in = fs::weakly_canonical(input, ec);
-  const bool same = fs::exists(output, ec) && fs::equivalent(output, input, ec);
-  const bool inside = fs::is_directory(input, ec) && model::path_within(out, in);
-  if (!same && !inside) return {};
-  return out_flag + " " + output + (same ? " is " : " lies inside ") + in_flag + " " + input +
-         "; writing it would destroy that input: name another file";
-}
-
-}  // namespace
-
 std::string overwrite_error(const std::string& out_flag, const std::string& output, const std::string& in_flag,
                             const std::string& input) {
-  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
-  return input_overwrite_error(out_flag, output, in_flag, input);
+  if (auto e = apps::profile_overwrite_error(out_flag, output, profile_files_read()); !e.empty()) return e;
+  return apps::input_overwrite_error(out_flag, output, in_flag, input);
 }
 
 std::string overwrite_error(const std::string& out_flag, const std::string& output,
                             const std::vector<std::pair<std::string, std::string>>& inputs) {
-  if (auto e = profile_overwrite_error(out_flag, output); !e.empty()) return e;
-  for (const auto& [flag, input] : inputs) {
-    if (input == "-") continue;
-    if (auto e = input_overwrite_error(out_flag, output, flag, input); !e.empty()) return e;
-  }
-  return unwritable_output_error(out_flag, output);
+  return apps::output_error(out_flag, output, inputs, profile_files_read());
 }
 
 std::string unwritable_output_error(const std::string& out_flag, const std::string& output) {
-  namespace fs = std::filesystem;
-  if (output.empty() || output == "-") return {};
-  const std::string text = fs::path(output).lexically_normal().string();
-  if (text.rfind("/dev/", 0) == 0 || text.rfind("/proc/", 0) == 0) return {};  // written in place
-  std::error_code ec;
-  if (fs::exists(output, ec) && !fs::is_regular_file(output, ec)) return {};  // a FIFO or device: written in place
-  // The file is written as NAME.partial beside it and renamed: its directory must take both.
-  const fs::path real = fs::weakly_canonical(fs::absolute(output, ec), ec);
-  const fs::path dir = real.has_parent_path() ? real.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) {
-    return out_flag + " " + output + ": the directory " + dir.string() + " does not exist; create it first";
-  }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    return out_flag + " " + output + ": cannot write in " + dir.string() + " (" + sdk::os_error_text(errno) +
-           "); name a file in a directory you can write";
-  }
-  return {};
+  return apps::unwritable_output_error(out_flag, output);
 }
 
 std::string same_output_error(const std::string& flag_a, const std::string& a, const std::string& flag_b,

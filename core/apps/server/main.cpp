@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../common/cli_values.hpp"
+#include "../common/output_checks.hpp"
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
 #include "colibri/engine/engine.hpp"
@@ -126,6 +127,11 @@ int serve(Flags& f) {
 
   auto dir = model::resolve_model_path(f.model, prof->get_string("models.dir"));
   if (!dir) return fail(dir.error().message());
+  // The trace is written from the start: one that names a profile file or a model file would destroy it.
+  if (auto e = apps::output_error("--record-trace", f.record_trace, {{"--model", dir->string()}}, prof->files());
+      !e.empty()) {
+    return fail(e);
+  }
   // A named history file is merged into at exit: one that could not be (malformed, or another model's counts, which
   // are never replaced) is said now. --usage-history stops the start; a profile's cache.auto_pin_history (which may
   // be shared on purpose: the pinned policy reads it for any model) is warned about, and this server's counts are

@@ -2204,6 +2204,28 @@ class Concurrency(unittest.TestCase):
         with open(other) as f:
             self.assertEqual(f.read(), before)
 
+    def test_a_routing_trace_that_would_replace_an_input_is_refused_at_start(self):
+        # The trace is written from the start: naming the profile file (or one it extends), or a file of the model,
+        # would destroy it. Said before the weights load; every file stays as it was.
+        base = os.path.join(WORK, "trace-base.yaml")
+        prof = os.path.join(WORK, "trace-profile.yaml")
+        with open(base, "w") as f:
+            f.write("extends: cpu\n")
+        with open(prof, "w") as f:
+            f.write(f"extends: {base}\n")
+        manifest = os.path.join(MODEL, "manifest.json")
+        for target, words in ((prof, "is the profile file"), (base, "is the profile file"),
+                              (manifest, "lies inside --model")):
+            with open(target, "rb") as f:
+                before = f.read()
+            p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--profile", prof, "--record-trace", target]
+                               + BACKEND_ARGS, capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"--record-trace {target} {words}", p.stderr)
+            self.assertNotIn("compute", p.stderr)  # before the weights load
+            with open(target, "rb") as f:
+                self.assertEqual(f.read(), before)
+
     def test_a_storage_failure_is_a_500_without_the_servers_paths_and_serving_goes_on(self):
         # Expert files that go bad under a running server (a disk error, a copy over them): the request gets an
         # OpenAI-shaped 500 naming the file within the model, not where the model lives on the server's disk; the
