@@ -302,8 +302,8 @@ class BadInput(unittest.TestCase):
         _, model = make_model("mixtral", "mixtral")
         out = os.path.join(WORK, "oov.npy")
         p = run(["logits", "--model", model, "--tokens", "1,99999", "--out", out], check=False)
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn("outside the vocabulary", p.stderr)
+        self.assertEqual(p.returncode, 2)  # the command line's value, said before the load
+        self.assertIn("--tokens: 99999 is past the model's vocabulary (ids 0..", p.stderr)
         self.assertFalse(os.path.exists(out))
         p = run(["logits", "--model", model, "--tokens", "1,x", "--out", out], check=False)
         self.assertIn("'x' is not a token id", p.stderr)
