@@ -1064,6 +1064,15 @@ sdk::Expected<const PluginInfo*> PluginRegistry::select(sdk::PluginKind kind, st
         "built-in one",
         kind_name, p->name, p->path.string(), p->shadows.string());
   }
+  // Another file of the same plugin later in the search path is not used: said, since the user may have meant it
+  // (a new build in another directory).
+  const std::string duplicate = "duplicate " + kind_name + " plugin '" + p->name + "'";
+  for (const auto& b : broken_) {
+    if (b.reason.rfind(duplicate, 0) == 0 && first_time_said("duplicate used " + b.path.string())) {
+      spdlog::warn("{} plugin '{}' is {}; {}, also a {} plugin '{}', comes later in the search path and is not used",
+                   kind_name, p->name, p->path.string(), b.path.string(), kind_name, p->name);
+    }
+  }
   if (p->score.value == 0) {
     return Status(StatusCode::unsupported,
                   kind_name + " plugin '" + p->name + "' (" + p->path.string() + ") cannot run on this machine: " +

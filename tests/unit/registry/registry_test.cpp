@@ -747,6 +747,12 @@ TEST(Registry, DuplicateNameKeepsTheFirstInSearchOrder) {
   EXPECT_THAT(reg.broken()[0].path.string(), HasSubstr("dup_second"));
   EXPECT_THAT(reg.broken()[0].reason, HasSubstr("duplicate storage plugin 'fixture-dup'"));
   EXPECT_THAT(reg.broken()[0].reason, HasSubstr("dup_first"));
+  // Selecting it says which file is used and that the other one is not.
+  CapturedLog log;
+  ASSERT_TRUE(reg.select(PluginKind::storage, "fixture-dup"));
+  log.restore();
+  EXPECT_THAT(log.str(), HasSubstr("libcolibri-storage-fixture-dup.so, also a storage plugin 'fixture-dup', comes "
+                                   "later in the search path and is not used"));
 }
 
 TEST(Registry, UnknownNameListsSearchPathAndAvailablePlugins) {
