@@ -56,6 +56,12 @@ sdk::Expected<std::pair<std::string, std::vector<profile::Override>>> parse_poli
     std::string item;
     std::set<std::string> seen;
     while (std::getline(ss, item, ',')) {
+      item.erase(0, item.find_first_not_of(' '));
+      item.erase(item.find_last_not_of(' ') + 1);
+      if (item.empty()) {
+        return sdk::Status(sdk::StatusCode::invalid_argument,
+                           "--policy '" + spec + "' has an empty item; write pinned:LAYER:EXPERT,LAYER:EXPERT");
+      }
       if (!seen.insert(item).second) {
         return sdk::Status(sdk::StatusCode::invalid_argument,
                            "--policy '" + spec + "' pins " + item + " twice; give it once");

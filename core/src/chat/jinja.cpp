@@ -10,8 +10,10 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <optional>
+#include <set>
 
 #include "tokenizer/utf8.hpp"
 
@@ -115,7 +117,12 @@ bool is_line_break(char c) {
 Source preprocess(std::string_view src) {
   Source s;
   int line = 1;
-  for (char c : src) {
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    char c = src[i];
+    if (c == '\r') {  // \r\n and a lone \r are new lines, as Jinja reads them
+      if (i + 1 < src.size() && src[i + 1] == '\n') continue;
+      c = '\n';
+    }
     s.text.push_back(c);
     s.line.push_back(line);
     if (c == '\n') ++line;
@@ -436,20 +443,42 @@ std::vector<Token> tokenize(const Source& src) {
             case '\'': str.push_back('\''); break;
             case '"': str.push_back('"'); break;
             case '\\': str.push_back('\\'); break;
+            case 'a': str.push_back('\a'); break;
+            case '\n': break;  // a backslash at the end of a line joins the lines
             case 'x':
-            case 'u': {
-              const std::size_t len = e == 'x' ? 2 : 4;
+            case 'u':
+            case 'U': {
+              const std::size_t len = e == 'x' ? 2 : e == 'u' ? 4 : 8;
               if (pos + len > s.size()) fail(line_at(start), "invalid escape sequence");
               const std::string hex = s.substr(pos, len);
               if (!std::all_of(hex.begin(), hex.end(),
                                [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
                 fail(line_at(start), "invalid hexadecimal escape \\" + std::string(1, e) + hex);
               }
-              utf8::append(str, static_cast<char32_t>(std::stoul(hex, nullptr, 16)));
+              const unsigned long cp = std::stoul(hex, nullptr, 16);
+              if (cp > 0x10FFFF) fail(line_at(start), "escape \\" + std::string(1, e) + hex + " is past U+10FFFF");
+              utf8::append(str, static_cast<char32_t>(cp));
               pos += len;
               break;
             }
-            default: fail(line_at(start), std::string("unsupported escape sequence \\") + e);
+            case '0':
+            case '1':
+            case '2':
+            case '3':
+            case '4':
+            case '5':
+            case '6':
+            case '7': {  // octal, 1 to 3 digits
+              unsigned cp = static_cast<unsigned>(e - '0');
+              for (int more = 0; more < 2 && pos < s.size() && s[pos] >= '0' && s[pos] <= '7'; ++more) {
+                cp = cp * 8 + static_cast<unsigned>(s[pos++] - '0');
+              }
+              utf8::append(str, static_cast<char32_t>(cp));
+              break;
+            }
+            default:  // Python keeps an unknown escape as it is: '\d' is a backslash and a d
+              str.push_back('\\');
+              str.push_back(e);
           }
           continue;
         }
@@ -577,6 +606,20 @@ NodePtr node(Node::T t, int line) {
   n->t = t;
   n->line = line;
   return n;
+}
+
+// Whether the tree reads the variable `name` (a macro's body and varargs / kwargs).
+bool uses_name(const Node& n, const std::string& name) {
+  if (n.t == Node::T::ident && n.str == name) return true;
+  for (const NodePtr* p : {&n.x, &n.y, &n.z}) {
+    if (*p && uses_name(**p, name)) return true;
+  }
+  for (const auto* v : {&n.list, &n.body, &n.alt}) {
+    for (const auto& c : *v) {
+      if (c && uses_name(*c, name)) return true;
+    }
+  }
+  return false;
 }
 
 class Parser {
@@ -740,6 +783,11 @@ class Parser {
       }
       expect(Tok::close_stmt, "'%}'");
       n->body = parse_until({"endmacro"}, "macro", at);
+      // As Jinja: a macro whose body reads `varargs` / `kwargs` takes extra positional / keyword arguments there.
+      for (const auto& b : n->body) {
+        if (uses_name(*b, "varargs")) n->i |= 1;
+        if (uses_name(*b, "kwargs")) n->i |= 2;
+      }
       expect(Tok::open_stmt, "'{%'");
       expect_ident("endmacro");
       expect(Tok::close_stmt, "'%}'");
@@ -1017,7 +1065,11 @@ class Parser {
         arg = deepen(kw);
       }
       args.push_back(arg);
-      if (is(Tok::comma)) ++pos_;
+      if (is(Tok::comma)) {
+        ++pos_;
+      } else if (pos_ < toks_.size() && !is(Tok::rparen)) {
+        fail(line(), "expected ',' or ')' in the argument list");
+      }
     }
     ++pos_;
     return args;
@@ -1108,7 +1160,11 @@ class Parser {
         while (!is(Tok::rbracket)) {
           if (pos_ >= toks_.size()) fail(t.line, "'[' is never closed");
           n->list.push_back(parse_expression());
-          if (is(Tok::comma)) ++pos_;
+          if (is(Tok::comma)) {
+            ++pos_;
+          } else if (pos_ < toks_.size() && !is(Tok::rbracket)) {
+            fail(line(), "expected ',' or ']' in a list");
+          }
         }
         ++pos_;
         return deepen(n);
@@ -1120,7 +1176,11 @@ class Parser {
           n->list.push_back(parse_expression());
           expect(Tok::colon, "':' in a dict literal");
           n->body.push_back(parse_expression());
-          if (is(Tok::comma)) ++pos_;
+          if (is(Tok::comma)) {
+            ++pos_;
+          } else if (pos_ < toks_.size() && !is(Tok::rbrace)) {
+            fail(line(), "expected ',' or '}' in a dict");
+          }
         }
         ++pos_;
         return deepen(n);
@@ -1141,13 +1201,19 @@ std::string kind_name(const Value& v) {
     case Value::Kind::integer: return "integer";
     case Value::Kind::floating: return "float";
     case Value::Kind::string: return "string";
-    case Value::Kind::array: return "list";
+    case Value::Kind::array: return v.tuple ? "tuple" : "list";
     case Value::Kind::object: return "dict";
     case Value::Kind::ns: return "namespace";
     case Value::Kind::kwargs: return "keyword arguments";
     case Value::Kind::function: return "function";
   }
   return "value";
+}
+
+// "an integer", "a list": the kind with its article, for messages.
+std::string a_kind(const Value& v) {
+  const std::string k = kind_name(v);
+  return (k == "integer" || k == "undefined" ? "an " : "a ") + k + (k == "undefined" ? " value" : "");
 }
 
 bool truthy(const Value& v) {
@@ -1169,7 +1235,8 @@ bool truthy(const Value& v) {
 
 // Dict keys are strings; an integer or boolean key of a dict literal ({0: 'a'}) is kept under a marked string so
 // that d[0] finds it and it reads back, prints and sorts as the number it was.
-constexpr std::string_view kNumberKey = std::string_view("\0#", 2);
+// The marker starts with a byte that is never in UTF-8, so no key from JSON input or a template's text has it.
+constexpr std::string_view kNumberKey = "\xff#";
 
 std::string dict_key(const Value& key, int line) {
   if (key.is(Value::Kind::string)) return key.s;
@@ -1181,7 +1248,11 @@ std::string dict_key(const Value& key, int line) {
 
 Value key_value(const std::string& key) {
   if (key.size() > kNumberKey.size() && key.compare(0, kNumberKey.size(), kNumberKey) == 0) {
-    return Value::integer(std::stoll(key.substr(kNumberKey.size())));
+    std::int64_t v = 0;
+    const char* end = key.data() + key.size();
+    if (const auto r = std::from_chars(key.data() + kNumberKey.size(), end, v); r.ec == std::errc() && r.ptr == end) {
+      return Value::integer(v);
+    }
   }
   return Value::string(key);
 }
@@ -1503,6 +1574,40 @@ std::vector<T> py_slice(const std::vector<T>& a, std::optional<std::int64_t> sta
   return out;
 }
 
+// Substring search in time linear in both lengths (glibc's memmem is two-way): std::string::find can take
+// |haystack| x |needle| steps, which a template could use to stall a request.
+std::size_t find_text(const std::string& hay, const std::string& needle, std::size_t from = 0) {
+  if (from > hay.size()) return std::string::npos;
+  if (needle.empty()) return from;
+  const void* at = ::memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return at == nullptr ? std::string::npos : static_cast<std::size_t>(static_cast<const char*>(at) - hay.data());
+}
+
+// The string's code points in reverse order (a right-to-left search is a left-to-right one in this).
+std::string reversed_text(const std::string& s) {
+  std::string out;
+  const auto cps = code_points(s);
+  for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+  return out;
+}
+
+std::size_t rfind_text(const std::string& hay, const std::string& needle) {
+  std::string h(hay.rbegin(), hay.rend()), n(needle.rbegin(), needle.rend());  // bytes reversed: a match stays one
+  const std::size_t at = find_text(h, n);
+  return at == std::string::npos ? at : hay.size() - at - needle.size();
+}
+
+// Strings are copied with the values that hold them: copying a list costs its items and its text.
+std::uint64_t text_bytes(const Array& a) {
+  std::uint64_t n = 0;
+  for (const auto& v : a) n += v.is(Value::Kind::string) ? v.s.size() : 0;
+  return n;
+}
+
+void charge_copy(const Array& a) {
+  charge(a.size() + text_bytes(a) / 16);
+}
+
 // Python's str.islower() / isupper(): some cased character, and none of the other case.
 bool has_case(const std::string& s, bool upper) {
   return s == change_case(s, upper) && s != change_case(s, !upper);
@@ -1630,7 +1735,12 @@ std::string str_format(const std::string& s, const std::vector<Value>& args) {
     if (field.find_first_of(":!.[") != std::string::npos) fail(0, "format(): field '{" + field + "}' is not supported");
     const Value* v = nullptr;
     if (field.empty() || std::all_of(field.begin(), field.end(), [](char c) { return is_digit(c); })) {
-      const std::size_t index = field.empty() ? next_auto++ : std::stoul(field);
+      std::size_t index = next_auto;
+      if (field.empty()) {
+        ++next_auto;
+      } else if (std::from_chars(field.data(), field.data() + field.size(), index).ec != std::errc()) {
+        fail(0, "format(): field '{" + field + "}' is out of range");
+      }
       if (index >= positional.size()) fail(0, "format(): no argument " + std::to_string(index));
       v = &positional[index];
     } else {
@@ -1656,7 +1766,19 @@ std::string printf_format(const std::string& s, const std::vector<Value>& args) 
     }
     std::size_t j = k + 1;
     while (j < s.size() && std::string_view("-+ #0").find(s[j]) != std::string_view::npos) ++j;
-    while (j < s.size() && (is_digit(s[j]) || s[j] == '.')) ++j;
+    // A width or precision past 400 is refused: the result would be mostly padding (and slow to make).
+    for (int part = 0; part < 2; ++part) {
+      const std::size_t digits = j;
+      while (j < s.size() && is_digit(s[j])) ++j;
+      if (j - digits > 3 || (j > digits && std::stoi(s.substr(digits, j - digits)) > 400)) {
+        fail(0, "format: a width or precision above 400 in '" + s + "'");
+      }
+      if (part == 0 && j < s.size() && s[j] == '.') {
+        ++j;
+      } else {
+        break;
+      }
+    }
     if (j >= s.size()) fail(0, "format: incomplete format at the end of '" + s + "'");
     const char conv = s[j];
     std::string spec = s.substr(k, j - k);
@@ -1669,13 +1791,35 @@ std::string printf_format(const std::string& s, const std::vector<Value>& args) 
     const Value& v = args[next++];
     char buf[512];
     if (conv == 's' || conv == 'r') {
-      const std::string text = conv == 's' ? py_str(v) : py_repr(v);
-      std::snprintf(buf, sizeof buf, (spec + "s").c_str(), text.c_str());
-      out += text.size() < 256 ? std::string(buf) : text;
-    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o' || conv == 'c') {
+      // Precision cuts to so many characters, width pads with spaces (left-justified with '-'), as Python.
+      std::string text = conv == 's' ? py_str(v) : py_repr(v);
+      const std::size_t dot = spec.find('.');
+      const std::string width_text = spec.substr(1, dot == std::string::npos ? std::string::npos : dot - 1);
+      const std::size_t width_at = width_text.find_first_not_of("-+ #0");
+      const int width = width_at == std::string::npos ? 0 : std::stoi(width_text.substr(width_at));
+      if (dot != std::string::npos) {
+        const int precision = dot + 1 < spec.size() ? std::stoi(spec.substr(dot + 1)) : 0;
+        const auto cps = code_points(text);
+        text.clear();
+        for (std::size_t c = 0; c < cps.size() && c < static_cast<std::size_t>(precision); ++c) text += cps[c];
+      }
+      const auto length = cp_length(text);
+      const std::string pad(length < width ? static_cast<std::size_t>(width - length) : 0, ' ');
+      out += spec.find('-') != std::string::npos ? text + pad : pad + text;
+    } else if (conv == 'c') {
+      if (v.is(Value::Kind::string) && cp_length(v.s) == 1) {
+        out += v.s;
+      } else if (v.is(Value::Kind::integer) && v.i >= 0 && v.i <= 0x10FFFF && (v.i < 0xD800 || v.i > 0xDFFF)) {
+        out += encode_code_point(static_cast<UChar32>(v.i));
+      } else {
+        fail(0, "format: %c needs one character or a code point");
+      }
+    } else if (conv == 'd' || conv == 'i' || conv == 'x' || conv == 'X' || conv == 'o') {
       if (!v.is_number() && !v.is(Value::Kind::boolean))
         fail(0, "format: %" + std::string(1, conv) + " needs a number");
-      const long long i = v.is(Value::Kind::integer) ? v.i : static_cast<long long>(v.number());
+      const long long i = v.is(Value::Kind::integer)   ? v.i
+                          : v.is(Value::Kind::boolean) ? v.b
+                                                       : to_int64(std::trunc(v.f), 0);
       std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), i);
       out += buf;
     } else if (std::string_view("feEgG").find(conv) != std::string_view::npos) {
@@ -1691,6 +1835,20 @@ std::string printf_format(const std::string& s, const std::vector<Value>& args) 
   if (next < args.size()) fail(0, "format: not all arguments converted");
   return out;
 }
+
+// A function that reads a block's scope (a {% call %} block's caller(), a recursive loop's loop()) may be kept past
+// that block (in a namespace) and called later: the block's token says whether its scope still exists.
+class ScopeToken {
+ public:
+  ScopeToken() : alive_(std::make_shared<bool>(true)) {}
+  ~ScopeToken() { *alive_ = false; }
+  ScopeToken(const ScopeToken&) = delete;
+  ScopeToken& operator=(const ScopeToken&) = delete;
+  [[nodiscard]] std::shared_ptr<const bool> watch() const { return alive_; }
+
+ private:
+  std::shared_ptr<bool> alive_;
+};
 
 struct BreakSignal {};
 struct ContinueSignal {};
@@ -1756,7 +1914,8 @@ class Interpreter {
       case Node::T::break_: throw BreakSignal{};
       case Node::T::continue_: throw ContinueSignal{};
       case Node::T::filter_block: {
-        Value body = Value::string(block(n.body, env));
+        Env inner(&env);  // what the block sets stays in it, as in Jinja
+        Value body = Value::string(block(n.body, inner));
         append(out, apply_filter(body, *n.x, env));
         return;
       }
@@ -1765,7 +1924,9 @@ class Interpreter {
         // The macro's scope opens inside this one, so its caller() is found there; it renders the body here.
         Env inner(&env);
         const auto* body = &n.body;
-        inner.set("caller", Value::function([this, body, &env](std::vector<Value>&, Env&) {
+        const ScopeToken scope;
+        inner.set("caller", Value::function([this, body, &env, alive = scope.watch()](std::vector<Value>&, Env&) {
+                    if (!*alive) fail(0, "caller() was kept past its {% call %} block and called after it ended");
                     return Value::string(block(*body, env));
                   }));
         append(out, eval(*n.x, inner));
@@ -1781,7 +1942,7 @@ class Interpreter {
     if (target.t == Node::T::ident) {
       env.set(target.str, v);
     } else if (target.t == Node::T::tuple) {
-      if (!v.is(Value::Kind::array)) fail(line, "cannot unpack a " + kind_name(v) + " in set");
+      if (!v.is(Value::Kind::array)) fail(line, "cannot unpack " + a_kind(v) + " in set");
       if (v.arr->size() != target.list.size()) fail(line, "wrong number of items to unpack in set");
       for (std::size_t k = 0; k < target.list.size(); ++k) {
         if (target.list[k]->t != Node::T::ident) fail(line, "can only unpack into names");
@@ -1790,7 +1951,7 @@ class Interpreter {
     } else if (target.t == Node::T::member) {
       Value object = eval(*target.x, env);
       if (!object.is(Value::Kind::ns))
-        fail(line, "cannot set an attribute on a " + kind_name(object) + " (only on a namespace)");
+        fail(line, "cannot set an attribute on " + a_kind(object) + " (only on a namespace)");
       if (target.y->t != Node::T::ident || target.flag) fail(line, "namespace attribute must be a name");
       object.obj->set(target.y->str, v);
     } else {
@@ -1819,11 +1980,12 @@ class Interpreter {
         iterable.is(Value::Kind::array) ? iterable.arr : std::make_shared<Array>(iterate(iterable, n.line));
     charge(items_all->size());
     auto bind = [&](Env& target, const Value& item) {
+      if (item.is(Value::Kind::string)) charge(item.s.size() / 16);  // bound by copy
       if (n.x->t == Node::T::ident) {
         target.set(n.x->str, item);
         return;
       }
-      if (!item.is(Value::Kind::array)) fail(n.line, "cannot unpack a " + kind_name(item) + " into loop variables");
+      if (!item.is(Value::Kind::array)) fail(n.line, "cannot unpack " + a_kind(item) + " into loop variables");
       if (item.arr->size() != n.x->list.size()) fail(n.line, "wrong number of items to unpack in the loop");
       for (std::size_t k = 0; k < n.x->list.size(); ++k) {
         if (n.x->list[k]->t != Node::T::ident) fail(n.line, "loop variables must be names");
@@ -1843,7 +2005,9 @@ class Interpreter {
     const Array& items = *kept;
     bool iterated = false;
     const auto count = static_cast<std::int64_t>(items.size());
+    const ScopeToken loop_scope;  // a recursive loop's loop() kept past the loop must not be called
     for (std::int64_t k = 0; k < count; ++k) {
+      Env iteration(&scope);  // what an iteration sets is gone at the next one, as in Jinja
       Value loop = Value::object();
       loop.obj->set("index", Value::integer(k + 1));
       loop.obj->set("index0", Value::integer(k));
@@ -1859,7 +2023,10 @@ class Interpreter {
       if (n.flag) {
         const Node* self = &n;
         Env* outer = &env;
-        loop.obj->set("__call__", Value::function([this, self, outer, depth](std::vector<Value>& args, Env&) {
+        loop.obj->set("__call__", Value::function([this, self, outer, depth, alive = loop_scope.watch()](
+                                                      std::vector<Value>& args, Env&) {
+                        if (!*alive)
+                          fail(self->line, "loop() was kept past its recursive loop and called after it ended");
                         if (args.size() != 1)
                           fail(self->line, "loop() of a recursive loop takes the items to loop over");
                         std::string inner;
@@ -1871,11 +2038,11 @@ class Interpreter {
                       if (args.empty()) fail(0, "loop.cycle() needs at least one value");
                       return args[static_cast<std::size_t>(k) % args.size()];
                     }));
-      scope.set("loop", loop);
-      bind(scope, items[static_cast<std::size_t>(k)]);
+      iteration.set("loop", loop);
+      bind(iteration, items[static_cast<std::size_t>(k)]);
       charge(5);  // an iteration also builds loop.* (9 entries)
       try {
-        run(n.body, scope, out);
+        run(n.body, iteration, out);
       } catch (const ContinueSignal&) {
         continue;
       } catch (const BreakSignal&) {
@@ -1888,12 +2055,7 @@ class Interpreter {
 
   void define_macro(const Node& n, Env& env) {
     const Node* def = &n;
-    // As Jinja: a macro whose body reads `varargs` / `kwargs` takes extra positional / keyword arguments there.
-    bool takes_varargs = false, takes_kwargs = false;
-    for (const auto& b : n.body) {
-      takes_varargs = takes_varargs || uses_name(*b, "varargs");
-      takes_kwargs = takes_kwargs || uses_name(*b, "kwargs");
-    }
+    const bool takes_varargs = (n.i & 1) != 0, takes_kwargs = (n.i & 2) != 0;  // found by the parser
     // A macro of the top level sees the top level's variables, not its caller's (as Jinja); one defined inside a
     // block keeps its caller's scope, since the block's may be gone when it is called.
     Env* home = &env == root_ ? root_ : nullptr;
@@ -1951,19 +2113,6 @@ class Interpreter {
               for (const auto& [name, expr] : defaults) scope.set(name, eval(*expr, scope));
               return Value::string(block(def->body, scope));
             }));
-  }
-
-  static bool uses_name(const Node& n, const std::string& name) {
-    if (n.t == Node::T::ident && n.str == name) return true;
-    for (const NodePtr* p : {&n.x, &n.y, &n.z}) {
-      if (*p && uses_name(**p, name)) return true;
-    }
-    for (const auto* v : {&n.list, &n.body, &n.alt}) {
-      for (const auto& c : *v) {
-        if (c && uses_name(*c, name)) return true;
-      }
-    }
-    return false;
   }
 
   // ---- expressions ----
@@ -2047,7 +2196,7 @@ class Interpreter {
     using K = Value::Kind;
     Array out;
     switch (v.kind) {
-      case K::array: return *v.arr;
+      case K::array: charge_copy(*v.arr); return *v.arr;
       case K::string:
         for (auto& c : code_points(v.s)) out.push_back(Value::string(std::move(c)));
         return out;
@@ -2056,7 +2205,7 @@ class Interpreter {
         for (const auto& [k, _] : v.obj->items) out.push_back(key_value(k));
         return out;
       case K::undefined: return out;
-      default: fail(line, "cannot iterate over a " + kind_name(v));
+      default: fail(line, "cannot iterate over " + a_kind(v));
     }
   }
 
@@ -2065,7 +2214,7 @@ class Interpreter {
     using K = Value::Kind;
     if (container.is(K::string)) {
       if (!item.is(K::string)) fail(line, "'in <string>' needs a string on the left, got " + kind_name(item));
-      return container.s.find(item.s) != std::string::npos;
+      return find_text(container.s, item.s) != std::string::npos;
     }
     if (container.is(K::array)) {
       charge(container.arr->size());
@@ -2079,7 +2228,7 @@ class Interpreter {
              container.obj->find(dict_key(item, line)) != nullptr;
     }
     if (container.is(K::undefined)) return false;
-    fail(line, "cannot apply 'in' to a " + kind_name(container));
+    fail(line, "cannot apply 'in' to " + a_kind(container));
   }
 
   // Jinja's tests, by name (`x is name(args)`, select('name', args), selectattr('a', 'name', args)).
@@ -2133,7 +2282,7 @@ class Interpreter {
   }
 
   // Python's <, >, ...: numbers by value, strings by code point, lists item by item; other pairs are an error.
-  static int py_compare(const Value& a, const Value& b, int line, bool fold_case = false, int depth = 0) {
+  static int py_compare(const Value& a, const Value& b, int line, int depth = 0) {
     using K = Value::Kind;
     check_depth(depth);
     const bool a_num = a.is_number() || a.is(K::boolean);
@@ -2146,16 +2295,15 @@ class Interpreter {
       return a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
     }
     if (a.is(K::string) && b.is(K::string)) {
-      const std::string x = fold_case ? change_case(a.s, false) : a.s;
-      const std::string y = fold_case ? change_case(b.s, false) : b.s;
-      return x < y ? -1 : x > y ? 1 : 0;
+      const int c = a.s.compare(b.s);  // bytes of UTF-8 order as code points do
+      return c < 0 ? -1 : c > 0 ? 1 : 0;
     }
     if (a.is(K::array) && b.is(K::array)) {
       const std::size_t n = std::min(a.arr->size(), b.arr->size());
       charge(n);
       for (std::size_t k = 0; k < n; ++k) {
         if (py_equal((*a.arr)[k], (*b.arr)[k])) continue;
-        return py_compare((*a.arr)[k], (*b.arr)[k], line, fold_case, depth + 1);
+        return py_compare((*a.arr)[k], (*b.arr)[k], line, depth + 1);
       }
       return a.arr->size() < b.arr->size() ? -1 : a.arr->size() > b.arr->size() ? 1 : 0;
     }
@@ -2163,7 +2311,7 @@ class Interpreter {
       const Value& u = a.is(K::undefined) ? a : b;
       fail(line, "cannot compare an undefined value" + (u.s.empty() ? "" : " (" + u.s + ")"));
     }
-    fail(line, "cannot compare a " + kind_name(a) + " with a " + kind_name(b));
+    fail(line, "cannot compare " + a_kind(a) + " with " + a_kind(b));
   }
 
   Value eval_member(const Node& n, Env& env) {
@@ -2256,7 +2404,7 @@ class Interpreter {
       for (const auto& c : py_slice(code_points(object.s), start, stop, step)) out += c;
       return Value::string(out);
     }
-    fail(sl.line, "cannot slice a " + kind_name(object));
+    fail(sl.line, "cannot slice " + a_kind(object));
   }
 
   std::vector<Value> eval_args(const std::vector<NodePtr>& args, Env& env) {
@@ -2284,7 +2432,17 @@ class Interpreter {
     }
     if (!fn.is(Value::Kind::function)) {
       std::string what = n.x->t == Node::T::ident ? "'" + n.x->str + "'" : "expression";
-      if (n.x->t == Node::T::member && !n.x->flag) what = "'." + n.x->y->str + "()'";
+      if (n.x->t == Node::T::member && !n.x->flag) {
+        what = "'." + n.x->y->str + "()'";
+        static const std::set<std::string, std::less<>> kChanging = {"append",  "extend", "insert", "pop",
+                                                                     "remove",  "clear",  "update", "setdefault",
+                                                                     "popitem", "sort",   "reverse"};
+        if (kChanging.count(n.x->y->str) != 0) {
+          fail(n.line, "cannot call " + what +
+                           ": lists and dicts cannot be changed in a chat template (Jinja's "
+                           "sandbox refuses it too); build a new one (x + [y]) or keep state in a namespace()");
+        }
+      }
       fail(n.line, "cannot call " + what + ": it is " + kind_name(fn) + " (unsupported function or method?)");
     }
     try {
@@ -2381,6 +2539,8 @@ class Interpreter {
       return markup;
     }
     if (op == "+" && left.is(K::array) && right.is(K::array) && left.tuple == right.tuple) {
+      charge_copy(*left.arr);
+      charge_copy(*right.arr);
       Array a = *left.arr;
       a.insert(a.end(), right.arr->begin(), right.arr->end());
       Value out = Value::array(std::move(a));
@@ -2391,18 +2551,24 @@ class Interpreter {
     if (op == "*" && (left.is(K::integer) || right.is(K::integer)) &&
         (left.is(K::string) || right.is(K::string) || left.is(K::array) || right.is(K::array))) {
       const Value& seq = left.is(K::integer) ? right : left;
-      const std::int64_t times = std::max<std::int64_t>(0, left.is(K::integer) ? left.i : right.i);
+      std::int64_t times = std::max<std::int64_t>(0, left.is(K::integer) ? left.i : right.i);
+      const std::uint64_t unit = seq.is(K::string) ? seq.s.size() : seq.arr->size();
+      if (unit == 0) times = 0;  // '' * (1 << 62) is '' at once
+      std::uint64_t total = 0;
+      if (__builtin_mul_overflow(unit, static_cast<std::uint64_t>(times), &total)) total = UINT64_MAX;
       if (seq.is(K::string)) {
-        if (times > 0 && seq.s.size() * static_cast<std::uint64_t>(times) > kMaxOutputBytes)
-          check_size(kMaxOutputBytes + 1, n.line);
+        check_size(total, n.line);
         std::string out;
         for (std::int64_t k = 0; k < times; ++k) out += seq.s;
         charge(out.size() / 64);
         return Value::string(out);
       }
-      if (times > 0 && seq.arr->size() * static_cast<std::uint64_t>(times) > kMaxItems) {
-        fail(n.line, "list is too long (limit " + std::to_string(kMaxItems) + " items)");
-      }
+      if (total > kMaxItems) fail(n.line, "list is too long (limit " + std::to_string(kMaxItems) + " items)");
+      // The strings are copied into every repeat: the text is bounded as one string's is.
+      std::uint64_t text = 0;
+      if (__builtin_mul_overflow(text_bytes(*seq.arr), static_cast<std::uint64_t>(times), &text)) text = UINT64_MAX;
+      check_size(text, n.line);
+      charge(total + text / 16);
       Array out;
       for (std::int64_t k = 0; k < times; ++k) out.insert(out.end(), seq.arr->begin(), seq.arr->end());
       charge(out.size());
@@ -2411,7 +2577,7 @@ class Interpreter {
       return v;
     }
     if (op == "+" && (left.is(K::string) || right.is(K::string))) {
-      fail(n.line, "cannot add a " + kind_name(left) + " and a " + kind_name(right) +
+      fail(n.line, "cannot add " + a_kind(left) + " and " + a_kind(right) +
                        " with '+' (Python does not convert; use ~, which does)");
     }
     fail(n.line, "unsupported operator '" + op + "' between " + kind_name(left) + " and " + kind_name(right));
@@ -2465,7 +2631,7 @@ class Interpreter {
         push_part(parts, Value::string(s.substr(start)));
         break;
       }
-      const std::size_t at = s.find(sep.s, start);
+      const std::size_t at = find_text(s, sep.s, start);
       if (at == std::string::npos) {
         push_part(parts, Value::string(s.substr(start)));
         break;
@@ -2502,10 +2668,11 @@ class Interpreter {
           if (name == "count") {
             if (sub.empty()) return Value::integer(cp_length(s) + 1);
             std::int64_t n = 0;
-            for (std::size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+            for (std::size_t at = find_text(s, sub); at != std::string::npos; at = find_text(s, sub, at + sub.size()))
+              ++n;
             return Value::integer(n);
           }
-          const std::size_t at = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
+          const std::size_t at = name[0] == 'r' ? rfind_text(s, sub) : find_text(s, sub);
           if (at == std::string::npos) {
             if (name == "index" || name == "rindex") fail(0, name + "(): substring not found");
             return Value::integer(-1);
@@ -2550,7 +2717,7 @@ class Interpreter {
           std::string out;
           bool first = true;
           for (const auto& e : iterate(args[0], 0)) {
-            if (!e.is(K::string)) fail(0, "join() joins strings, got a " + kind_name(e));
+            if (!e.is(K::string)) fail(0, "join() joins strings, got " + a_kind(e));
             out += (first ? "" : s) + e.s;
             first = false;
             check_size(out.size(), 0);
@@ -2586,26 +2753,35 @@ class Interpreter {
       }
       if (name == "rsplit") {
         return method([s](std::vector<Value>& args, Env&) {
-          const Value sep = args.size() > 0 ? args[0] : Value::null();
-          const std::int64_t maxsplit = args.size() > 1 && args[1].is(K::integer) ? args[1].i : -1;
-          if (sep.is(K::null) || maxsplit < 0) return split_string(s, {sep});  // the same parts as split()
-          if (!sep.is(K::string) || sep.s.empty()) fail(0, "rsplit() separator must be a non-empty string");
-          Array parts;
-          std::size_t end = s.size();
-          while (static_cast<std::int64_t>(parts.size()) < maxsplit) {
-            const std::size_t at = end >= sep.s.size() ? s.rfind(sep.s, end - sep.s.size()) : std::string::npos;
-            if (at == std::string::npos) break;
-            push_part(parts, Value::string(s.substr(at + sep.s.size(), end - at - sep.s.size())));
-            end = at;
+          // split() of the reversed text, each part and their order reversed back.
+          std::vector<Value> reversed_args = args;
+          if (!reversed_args.empty() && reversed_args[0].is(K::string)) {
+            reversed_args[0] = Value::string(reversed_text(reversed_args[0].s));
           }
-          push_part(parts, Value::string(s.substr(0, end)));
-          std::reverse(parts.begin(), parts.end());
-          return Value::array(std::move(parts));
+          Value parts = split_string(reversed_text(s), reversed_args);
+          Array out;
+          for (auto it = parts.arr->rbegin(); it != parts.arr->rend(); ++it)
+            out.push_back(Value::string(reversed_text(it->s)));
+          return Value::array(std::move(out));
         });
       }
       return Value::undefined();
     }
     if (self.is(K::array)) {
+      Value m = builtin_list_method(self, name);
+      if (m.is(K::function)) m.depth = static_cast<std::uint16_t>(self.nesting() + 1);  // it holds the list
+      return m;
+    }
+    if (self.is(K::object)) {
+      Value m = builtin_dict_method(self, name);
+      if (m.is(K::function)) m.depth = static_cast<std::uint16_t>(self.obj->depth + 1);  // it holds the dict
+      return m;
+    }
+    return Value::undefined();
+  }
+
+  static Value builtin_list_method(const Value& self, const std::string& name) {
+    {
       const std::shared_ptr<Array> arr = self.arr;
       if (name == "count") {
         return Value::function([arr](std::vector<Value>& args, Env&) {
@@ -2625,12 +2801,6 @@ class Interpreter {
           fail(0, "index(): " + py_repr(args[0]) + " is not in the list");
         });
       }
-      return Value::undefined();
-    }
-    if (self.is(K::object)) {
-      Value m = builtin_dict_method(self, name);
-      if (m.is(K::function)) m.depth = static_cast<std::uint16_t>(self.obj->depth + 1);  // it holds the dict
-      return m;
     }
     return Value::undefined();
   }
@@ -2706,7 +2876,7 @@ class Interpreter {
     std::size_t start = 0;
     std::int64_t done = 0;
     while (count < 0 || done < count) {
-      const std::size_t at = s.find(from, start);
+      const std::size_t at = find_text(s, from, start);
       if (at == std::string::npos) break;
       out += s.substr(start, at - start) + to;
       check_size(out.size(), 0);
@@ -2748,6 +2918,7 @@ class Interpreter {
   // Jinja's filters, by name, with Python Jinja's arguments and results.
   Value filter_value(Value operand, const std::string& name, const std::vector<Value>& args, int line, Env& env) {
     using K = Value::Kind;
+    const Frame frame(state_, line);  // map('map', 'map', ...) nests filters: bounded as nested evaluations are
     std::vector<Value> positional = args;
     if (!positional.empty() && positional.back().is(K::kwargs)) positional.pop_back();
     // The k-th positional argument, or the keyword argument of that name.
@@ -2759,6 +2930,18 @@ class Interpreter {
       return v.i;
     };
     auto text = [&]() { return operand.is(K::string) ? operand.s : py_str(operand); };
+    // Keys compared without case (Jinja's default for sort, min, max, unique, groupby, dictsort): each string is
+    // lowered once here, not at every comparison.
+    auto folded = [&](Array keys, bool fold) {
+      if (!fold) return keys;
+      for (auto& k : keys) {
+        if (k.is(K::string)) {
+          charge(k.s.size() / 16);
+          k.s = change_case(k.s, false);
+        }
+      }
+      return keys;
+    };
     auto map_items = [&](const Value& attribute) {
       Array items = iterate(operand, line);
       if (attribute.is(K::string)) {
@@ -2817,7 +3000,7 @@ class Interpreter {
         return Value::integer(static_cast<std::int64_t>(operand.obj->items.size()));
       }
       if (operand.is(K::undefined)) return Value::integer(0);
-      fail(line, "cannot apply filter '" + name + "' to a " + kind_name(operand) + " (it has no length)");
+      fail(line, "cannot apply filter '" + name + "' to " + a_kind(operand) + " (it has no length)");
     }
     if (name == "first" || name == "last") {
       const Array items = iterate(operand, line);
@@ -2855,12 +3038,12 @@ class Interpreter {
       const bool case_sensitive = truthy(arg(sort ? 1 : 0, "case_sensitive"));
       const Value attribute = arg(sort ? 2 : 1, "attribute");
       const Array items = iterate(operand, line);
-      const Array keys = map_items(attribute);
+      const Array keys = folded(map_items(attribute), !case_sensitive);
       std::vector<std::size_t> order(items.size());
       for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
       std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
         charge(1);
-        const int c = py_compare(keys[x], keys[y], line, !case_sensitive);
+        const int c = py_compare(keys[x], keys[y], line);
         return reverse ? c > 0 : c < 0;
       });
       if (!sort) {
@@ -2869,7 +3052,7 @@ class Interpreter {
         // max is the first of the largest, as Python's max()
         std::size_t best = order.back();
         for (std::size_t k : order) {
-          if (py_compare(keys[k], keys[best], line, !case_sensitive) == 0) {
+          if (py_compare(keys[k], keys[best], line) == 0) {
             best = k;
             break;
           }
@@ -2925,7 +3108,7 @@ class Interpreter {
       if (total.is(K::undefined)) total = Value::integer(0);
       for (const auto& e : map_items(arg(0, "attribute"))) {
         if (!(e.is_number() || e.is(K::boolean)) || !(total.is_number() || total.is(K::boolean))) {
-          fail(line, "sum: cannot add a " + kind_name(e) + " to a " + kind_name(total));
+          fail(line, "sum: cannot add " + a_kind(e) + " to " + a_kind(total));
         }
         if (total.is(K::floating) || e.is(K::floating)) {
           total = Value::floating(total.number() + e.number());
@@ -2945,12 +3128,16 @@ class Interpreter {
       const Value fill = arg(1, "fill_with");
       const Array items = iterate(operand, line);
       Array out;
+      // As Jinja: a fill of none (or none given) fills nothing.
+      const bool filling = !fill.is(K::undefined) && !fill.is(K::null);
       if (name == "batch") {
+        if (filling && static_cast<std::uint64_t>(n) > kMaxItems)
+          fail(line, "batch: the line count is too large to fill");
         for (std::size_t k = 0; k < items.size(); k += static_cast<std::size_t>(n)) {
           Array part(
               items.begin() + static_cast<std::ptrdiff_t>(k),
               items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), k + static_cast<std::size_t>(n))));
-          while (!fill.is(K::undefined) && part.size() < static_cast<std::size_t>(n)) part.push_back(fill);
+          while (filling && part.size() < static_cast<std::size_t>(n)) part.push_back(fill);
           out.push_back(Value::array(std::move(part)));
         }
         return Value::array(std::move(out));
@@ -2958,12 +3145,13 @@ class Interpreter {
       const std::size_t per = items.size() / static_cast<std::size_t>(n);
       const std::size_t extra = items.size() % static_cast<std::size_t>(n);
       std::size_t offset = 0;
-      for (std::size_t k = 0; k < static_cast<std::size_t>(n) && k < kMaxItems; ++k) {
+      if (static_cast<std::uint64_t>(n) > kMaxItems) fail(line, "slice: too many slices");
+      for (std::size_t k = 0; k < static_cast<std::size_t>(n); ++k) {
         const std::size_t size = per + (k < extra ? 1 : 0);
         Array part(items.begin() + static_cast<std::ptrdiff_t>(offset),
                    items.begin() + static_cast<std::ptrdiff_t>(offset + size));
         offset += size;
-        if (!fill.is(K::undefined) && k >= extra && extra > 0) part.push_back(fill);
+        if (filling && k >= extra) part.push_back(fill);
         out.push_back(Value::array(std::move(part)));
       }
       return Value::array(std::move(out));
@@ -2978,17 +3166,18 @@ class Interpreter {
       for (auto& k : keys) {
         if (k.is(K::undefined) && !fallback.is(K::undefined)) k = fallback;
       }
+      const Array compared = folded(keys, fold);
       std::vector<std::size_t> order(items.size());
       for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
       std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
         charge(1);
-        return py_compare(keys[x], keys[y], line, fold) < 0;
+        return py_compare(compared[x], compared[y], line) < 0;
       });
       Array out;
       for (std::size_t k = 0; k < order.size();) {
         Array group;
         const std::size_t first = order[k];
-        while (k < order.size() && py_compare(keys[order[k]], keys[first], line, fold) == 0)
+        while (k < order.size() && py_compare(compared[order[k]], compared[first], line) == 0)
           group.push_back(items[order[k++]]);
         Value pair = Value::make_tuple({keys[first], Value::array(std::move(group))});
         pair.b = true;  // answers .grouper and .list
@@ -3011,12 +3200,20 @@ class Interpreter {
       const bool by_value = by.is(K::string) && by.s == "value";
       if (by.is(K::string) && by.s != "key" && by.s != "value") fail(line, "dictsort: by must be 'key' or 'value'");
       const bool reverse = truthy(arg(2, "reverse"));
-      Value list = items_of(*operand.obj);
-      std::stable_sort(list.arr->begin(), list.arr->end(), [&](const Value& x, const Value& y) {
-        const int c = py_compare((*x.arr)[by_value ? 1 : 0], (*y.arr)[by_value ? 1 : 0], line, !case_sensitive);
+      const Value list = items_of(*operand.obj);
+      Array keys;
+      for (const auto& pair : *list.arr) keys.push_back((*pair.arr)[by_value ? 1 : 0]);
+      keys = folded(std::move(keys), !case_sensitive);
+      std::vector<std::size_t> order(keys.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+        charge(1);
+        const int c = py_compare(keys[x], keys[y], line);
         return reverse ? c > 0 : c < 0;
       });
-      return list;
+      Array sorted;
+      for (const std::size_t k : order) sorted.push_back((*list.arr)[k]);
+      return Value::array(std::move(sorted));
     }
     if (name == "attr") {
       const Value attribute = arg(0, "name");
@@ -3031,7 +3228,7 @@ class Interpreter {
         if (i == INT64_MIN) overflow(line, "filter 'abs'");
         return Value::integer(i < 0 ? -i : i);
       }
-      fail(line, "cannot apply filter 'abs' to a " + kind_name(operand));
+      fail(line, "cannot apply filter 'abs' to " + a_kind(operand));
     }
     if (name == "int") return to_int_filter(operand, arg(0, "default"), line);
     if (name == "float") {
@@ -3049,7 +3246,7 @@ class Interpreter {
     }
     if (name == "round") {
       if (!operand.is_number() && !operand.is(K::boolean))
-        fail(line, "cannot apply filter 'round' to a " + kind_name(operand));
+        fail(line, "cannot apply filter 'round' to " + a_kind(operand));
       const std::int64_t precision = int_arg(0, "precision", 0);
       const Value method = arg(1, "method");
       const std::string how = method.is(K::string) ? method.s : "common";
@@ -3076,7 +3273,9 @@ class Interpreter {
         return Value::floating((how == "ceil" ? std::ceil(x * scale) : std::floor(x * scale)) / scale);
       }
       if (!std::isfinite(x)) return Value::floating(x);
-      if (precision >= 0 && precision <= 300) {
+      if (precision > 300) return Value::floating(x);  // past a double's digits: unchanged, as Python
+      if (precision < -308) return Value::floating(std::copysign(0.0, x));
+      if (precision >= 0) {
         // Python rounds the exact binary value to `precision` digits, ties to even: so does printf.
         char buf[512];
         std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), x);
@@ -3119,7 +3318,8 @@ class Interpreter {
     }
     if (name == "center") {
       const std::string s = text();
-      const std::int64_t width = std::min<std::int64_t>(int_arg(0, "width", 80), kMaxIndent);
+      const std::int64_t width = int_arg(0, "width", 80);
+      check_size(static_cast<std::size_t>(std::max<std::int64_t>(width, 0)), line);
       const std::int64_t margin = width - cp_length(s);
       if (margin <= 0) return Value::string(s);
       const std::int64_t left = margin / 2 + (margin & width & 1);  // as Python's str.center
@@ -3137,7 +3337,8 @@ class Interpreter {
       if (length < end_len || leeway < 0) fail(line, "truncate: length must be at least the end's length");
       std::string s;
       for (const auto& c : cps) s += c;
-      if (static_cast<std::int64_t>(cps.size()) <= length + leeway) return Value::string(s);
+      const auto size = static_cast<std::int64_t>(cps.size());
+      if (size - leeway <= length) return Value::string(s);  // (length + leeway could overflow)
       std::string head;
       for (std::int64_t k = 0; k < length - end_len; ++k) head += cps[static_cast<std::size_t>(k)];
       if (!killwords) {

@@ -149,6 +149,9 @@ sdk::Expected<Template> Template::parse(std::string_view source, std::string_vie
     program->program = jinja::parse(source);
   } catch (const jinja::Error& e) {
     return sdk::make_error(sdk::StatusCode::unsupported, line_prefix(program->name, e.line) + e.message);
+  } catch (const std::exception& e) {  // a bug in the parser: an error for this template, not a crash
+    return sdk::make_error(sdk::StatusCode::internal, program->name + ": internal error while parsing (" + e.what() +
+                                                          "); please report it with the template");
   }
   return Template(std::move(program));
 }
@@ -176,6 +179,9 @@ sdk::Expected<std::string> Template::render(const nlohmann::ordered_json& messag
     return sdk::make_error(sdk::StatusCode::invalid_argument, line_prefix(program_->name, e.line) + e.message);
   } catch (const std::bad_alloc&) {
     return sdk::make_error(sdk::StatusCode::invalid_argument, program_->name + ": out of memory while rendering");
+  } catch (const std::exception& e) {  // a bug in the interpreter: an error for this render, not a dropped request
+    return sdk::make_error(sdk::StatusCode::internal, program_->name + ": internal error while rendering (" + e.what() +
+                                                          "); please report it with the template");
   }
 }
 

@@ -813,6 +813,15 @@ int PluginRegistry::probe_main(int argc, char** argv) {
   std::_Exit(0);  // no exit-time work of the plugin's: what was to be probed is done
 }
 
+namespace {
+// A name close to libcolibri-<kind>-<name>.so (no "lib", '_' for '-'): a plugin a user meant to install.
+bool looks_like_plugin_file(const std::string& fname) {
+  std::string n = fname.starts_with("lib") ? fname.substr(3) : fname;
+  std::replace(n.begin(), n.end(), '_', '-');
+  return n.starts_with("colibri-cache-") || n.starts_with("colibri-storage-") || n.starts_with("colibri-compute-");
+}
+}  // namespace
+
 PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sdk::HostInfo& host,
                                     const ScanOptions& options) {
   PluginRegistry reg;
@@ -835,7 +844,7 @@ PluginRegistry PluginRegistry::scan(std::vector<SearchDir> search_path, const sd
       const std::string fname = entry.path().filename().string();
       if (fname.starts_with("libcolibri-") && fname.ends_with(".so")) {
         files.push_back(entry.path());
-      } else if (fname.ends_with(".so") && fname.find("colibri") != std::string::npos) {
+      } else if (fname.ends_with(".so") && looks_like_plugin_file(fname)) {
         // A near miss (no "lib", a "_"): listed, and named when its plugin is asked for, rather than ignored.
         std::string fix = fname.starts_with("colibri-") ? "lib" + fname : "libcolibri-<kind>-<name>.so";
         reg.broken_.push_back({entry.path(),

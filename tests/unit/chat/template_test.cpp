@@ -106,6 +106,10 @@ TEST(JinjaCases, RenderAsPythonJinja2) {
     if (expected.contains("error")) {
       EXPECT_FALSE(out.has_value()) << "Python Jinja2 raised " << expected["error"] << "; colibri rendered "
                                     << (out ? *out : "");
+      if (!out && c.contains("colibri_error")) {  // the failure it should be, not another one
+        EXPECT_NE(out.error().message().find(c["colibri_error"].get<std::string>()), std::string::npos)
+            << out.error().message();
+      }
     } else {
       EXPECT_EQ(out ? *out : out.error().to_string(), expected["output"].get<std::string>());
     }
@@ -293,6 +297,44 @@ TEST(TemplateStatements, GenerationAndCallBlocks) {
             "rendered: abab");
   EXPECT_FAILS_WITH("{% call 5 %}x{% endcall %}", 1, "'call' needs a macro call");
   EXPECT_FAILS_WITH("{% generation %}x", 1, "generation");
+}
+
+// Functions that read a block's scope, kept in a namespace past the block, are an error when called (the scope is
+// gone: reading it would be a use after free, which the ASan run would catch).
+TEST(TemplateLimits, FunctionsKeptPastTheirBlockAreAnErrorNotAUseAfterFree) {
+  EXPECT_FAILS_WITH(
+      "{% set ns = namespace(c=none) %}{% macro m() %}{% set ns.c = caller %}{% endmacro %}"
+      "{% for i in [1] %}{% set v = 'L' %}{% call m() %}[{{ v }}]{% endcall %}{% endfor %}{{ ns.c() }}",
+      1, "caller() was kept past its {% call %} block");
+  EXPECT_FAILS_WITH(
+      "{% set ns = namespace(l=none) %}{% for o in [1] %}{% for x in [[1]] recursive %}"
+      "{% set ns.l = loop %}{% endfor %}{% endfor %}{{ ns.l([[2]]) }}",
+      1, "loop() was kept past its recursive loop");
+  // Within its block each works.
+  EXPECT_EQ(outcome("{% macro m() %}<{{ caller() }}>{% endmacro %}{% call m() %}x{% endcall %}"), "rendered: <x>");
+}
+
+// What a hostile template could make big or slow is bounded, or as fast as it should be.
+TEST(TemplateLimits, RepetitionSearchesAndFormatsStayBounded) {
+  EXPECT_FAILS_WITH("{{ 'abcd' * 4611686018427387904 }}", 1, "too large");
+  EXPECT_EQ(outcome("{{ '' * 9223372036854775807 }}|{{ [] * 9223372036854775807 }}"), "rendered: |[]");
+  EXPECT_FAILS_WITH("{% set s = 'a' * 16000000 %}{% set l = [s] * 1000000 %}", 1, "too large");
+  EXPECT_FAILS_WITH("{{ '%.999999999f'|format(1.5) }}", 1, "a width or precision above 400");
+  EXPECT_FAILS_WITH("{{ '{99999999999999999999}'.format(1) }}", 1, "out of range");
+  EXPECT_EQ(outcome("{{ 40|truncate(9223372036854775805) }}|{{ 'abc'|truncate(9223372036854775805) }}"),
+            "rendered: 40|abc");
+  // map('map', 'map', ...) nests filters without end: bounded as nested evaluations are.
+  std::string maps = "{{ ['a']|map('map'";
+  for (int k = 0; k < 2000; ++k) maps += ", 'map'";
+  EXPECT_FAILS_WITH(maps + ")|list }}", 1, "nested too deeply");
+  // A list method holds its list: a chain of them is as deep as the lists it holds.
+  EXPECT_FAILS_WITH(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(200000) %}{% set ns.l = [ns.l.count] %}"
+      "{% endfor %}",
+      1, "nested too deeply");
+  // A search that is quadratic with a naive find: linear here (ctest's timeout would catch a regression).
+  EXPECT_EQ(outcome("{{ ('a' * 2000000 ~ 'b') in ('a' * 4000000) }} {{ ('a' * 4000000).count('a' * 1000000 ~ 'b') }}"),
+            "rendered: False 0");
 }
 
 TEST(TemplateLimits, CyclesAndDeepValues) {
