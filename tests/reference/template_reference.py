@@ -67,10 +67,9 @@ def render(source, context):
 
 
 def context_of(meta, case):
+    # apply_chat_template passes tools and documents always, None when not given.
     context = {"messages": case["messages"], "add_generation_prompt": case.get("add_generation_prompt", False),
-               "bos_token": meta["bos"], "eos_token": meta["eos"]}
-    if "tools" in case:
-        context["tools"] = case["tools"]
+               "bos_token": meta["bos"], "eos_token": meta["eos"], "tools": case.get("tools"), "documents": None}
     context.update(case.get("extra", {}))
     return context
 
@@ -93,6 +92,10 @@ BUILTIN_SPECIALS = {"llama2": ("<s>", "</s>"), "mistral": ("<s>", "</s>"), "gpt-
                     "chatml": ("", "<|im_end|>")}
 
 
+def snippet_context(case):
+    return {"tools": None, "documents": None, **case.get("context", {})}
+
+
 def write_golden():
     # colibri's built-in templates are read afresh from tests/data/chat/builtin (they change with the code); the
     # models' own templates are kept in golden/<name>.json, so the tests need no tokenizer files.
@@ -110,7 +113,7 @@ def write_golden():
         with open(os.path.join(CHAT, "golden", name + ".jsonl"), "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
         print(f"{name}: {len(lines)} cases")
-    lines = [json.dumps({"case": c["name"], **render(c["template"], c.get("context", {}))}, ensure_ascii=False,
+    lines = [json.dumps({"case": c["name"], **render(c["template"], snippet_context(c))}, ensure_ascii=False,
                         separators=(",", ":")) for c in snippet_cases()]
     with open(os.path.join(CHAT, "jinja_cases.golden.jsonl"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
@@ -138,7 +141,7 @@ def check(cli):
                 for c in conversations()]
         work = [(n, src, ctx, None) for n, src, ctx in work]
         # A case Python refuses names the words colibri's error must have, so that another failure does not pass.
-        work += [(f"case/{c['name']}", c["template"], c.get("context", {}), c.get("colibri_error"))
+        work += [(f"case/{c['name']}", c["template"], snippet_context(c), c.get("colibri_error"))
                  for c in snippet_cases()]
         for name, source, context, words in work:
             ref = render(source, context)

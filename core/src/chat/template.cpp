@@ -168,7 +168,9 @@ sdk::Expected<std::string> Template::render(const nlohmann::ordered_json& messag
     env.set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
     env.set("bos_token", Value::string(options.bos_token));
     env.set("eos_token", Value::string(options.eos_token));
-    if (!options.tools.is_null()) env.set("tools", to_value(options.tools, "tools"));
+    // As apply_chat_template: tools and documents are always defined, none when not given.
+    env.set("tools", options.tools.is_null() ? Value::null() : to_value(options.tools, "tools"));
+    env.set("documents", Value::null());
     if (options.extra.is_object()) {
       for (auto it = options.extra.begin(); it != options.extra.end(); ++it) {
         env.set(it.key(), to_value(it.value(), it.key().c_str()));

@@ -330,6 +330,13 @@ std::optional<ApiError> parse_messages(const json& body, ordered_json& out) {
     msg["content"] = null_content ? ordered_json(nullptr) : ordered_json(content);
     auto name = m.find("name");
     if (name != m.end() && name->is_string()) msg["name"] = *name;
+    // An earlier turn's reasoning, as the client sent it back: templates render it in a tool loop's turns (Qwen3,
+    // GLM, DeepSeek V3.2 read reasoning_content; gpt-oss's reads thinking), and vLLM passes these through.
+    if (r == "assistant") {
+      for (const char* field : {"reasoning_content", "reasoning", "thinking"}) {
+        if (auto it = m.find(field); it != m.end() && it->is_string()) msg[field] = *it;
+      }
+    }
     if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
       if (r != "assistant") {
         return bad_request("'" + f + ".tool_calls' is only allowed in an assistant message.", f + ".tool_calls",
@@ -1170,8 +1177,16 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
 sdk::Expected<std::string> render_chat(const chat::Template& chat_template, const ordered_json& messages,
                                        const chat::RenderOptions& options) {
   // The variants, most faithful first: null content as given, then as "" (a template may render "" without error
-  // yet drop the calls); each with arguments as objects (keys in the order written), then as the given text.
+  // yet drop the calls); each with arguments as objects (keys in the order written), then as the given text. Python
+  // prints a null as "None": where the null variant has more of those than the "" one (Llama 3's and GLM's
+  // templates print the content of a turn of calls alone), the "" one is the prompt vLLM would give.
   std::optional<sdk::Expected<std::string>> first_error;
+  std::optional<std::string> with_null;
+  const auto nones = [](const std::string& text) {
+    std::size_t n = 0;
+    for (std::size_t at = text.find("None"); at != std::string::npos; at = text.find("None", at + 4)) ++n;
+    return n;
+  };
   for (const bool fill_null : {false, true}) {
     for (const bool object_arguments : {true, false}) {
       ordered_json variant = messages;
@@ -1191,10 +1206,17 @@ sdk::Expected<std::string> render_chat(const chat::Template& chat_template, cons
       }
       if (fill_null && !changed) break;
       auto text = chat_template.render(variant, options);
-      if (text) return text;
+      if (text && !fill_null) {
+        if (nones(*text) == 0) return text;
+        with_null = std::move(*text);
+        break;  // then the "" variants
+      }
+      if (text) return with_null && nones(*with_null) <= nones(*text) ? *with_null : *text;
       if (!first_error) first_error = std::move(text);
     }
+    if (fill_null && with_null) return *with_null;  // no "" variant rendered
   }
+  if (with_null) return *with_null;  // no null content to fill
   return std::move(*first_error);
 }
 

@@ -1398,6 +1398,36 @@ class Api(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_history_renders_as_vllm_gives_it_to_the_template(self):
+        # An assistant turn of calls alone comes with content null. Python prints a null as "None", so where the
+        # template prints the content (Llama 3's, GLM's) it gets "" as vLLM gives it; where it tests for none
+        # (DeepSeek R1's writes the calls only then) it keeps the null. An earlier turn's reasoning_content is passed
+        # on (Qwen3's and GLM's templates show it in a tool loop).
+        prints = os.path.join(WORK, "prints_content.jinja")
+        with open(prints, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}{{ m.role }}:{{ m.content }}"
+                    "{% if m.reasoning_content %}<r:{{ m.reasoning_content }}>{% endif %}"
+                    "{% if m.tool_calls %}[{{ m.tool_calls[0].function.name }}]{% endif %}|{% endfor %}")
+        tests_none = os.path.join(WORK, "tests_none.jinja")
+        with open(tests_none, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}{% if m.content is none %}CALLS({{ m.tool_calls|length }})"
+                    "{% else %}{{ m.content }}{% endif %}|{% endfor %}")
+        call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
+        history = {"model": "tiny", "messages": [
+            {"role": "user", "content": "None of it"},
+            {"role": "assistant", "content": None, "reasoning_content": "look it up", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "3"}]}
+        for template, expected in ((prints, "user:None of it|assistant:<r:look it up>[get_weather]|tool:3|"),
+                                   (tests_none, "None of it|CALLS(1)|3|")):
+            s = Server("--chat-template", template)
+            try:
+                status, counted = s.json("POST", "/tokenize", dict(history, add_generation_prompt=False))
+                self.assertEqual(status, 200, counted)
+                _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+                self.assertEqual(text["prompt"], expected)
+            finally:
+                self.assertEqual(s.stop(), 0)
+
     def test_reasoning_and_template_kwargs(self):
         # A DeepSeek-R1-like template opens the thinking block in the prompt (unless enable_thinking is false), so
         # the answer starts inside it: the server returns that part as reasoning_content.

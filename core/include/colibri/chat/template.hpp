@@ -27,7 +27,7 @@ struct RenderOptions {
   bool add_generation_prompt = false;
   std::string bos_token;
   std::string eos_token;
-  // Tool definitions; null leaves `tools` undefined in the template.
+  // Tool definitions; null gives the template `tools` = none (as transformers' apply_chat_template does).
   nlohmann::ordered_json tools = nullptr;
   // More variables (e.g. {"enable_thinking": false}); keys here override the ones above.
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
