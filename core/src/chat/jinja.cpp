@@ -2665,19 +2665,42 @@ class Interpreter {
         return method([s, name](std::vector<Value>& args, Env&) {
           if (args.empty() || !args[0].is(K::string)) fail(0, name + "() needs a string");
           const std::string& sub = args[0].s;
+          // start and end (code points, negative from the end, as a slice): the search runs in s[start:end].
+          const bool sliced = args.size() > 1;
+          const std::int64_t length = sliced ? cp_length(s) : 0;
+          auto bound = [&](std::size_t k, std::int64_t fallback) {
+            if (args.size() <= k || args[k].is(K::null)) return fallback;
+            if (!args[k].is(K::integer)) fail(0, name + "(): start and end must be integers");
+            const std::int64_t v = args[k].i < 0 ? std::max<std::int64_t>(length + args[k].i, 0) : args[k].i;
+            return std::min(v, length);
+          };
+          auto byte_at = [&](std::int64_t cp) {  // the byte offset of code point `cp`
+            std::size_t i = 0;
+            for (std::int64_t k = 0; k < cp && i < s.size(); ++k) utf8::next_code_point(s, i);
+            return i;
+          };
+          const std::int64_t raw_start = sliced && args[1].is(K::integer) ? args[1].i : 0;
+          const std::int64_t start = bound(1, 0), end = std::max(bound(2, length), start);
+          const std::string window = sliced ? s.substr(byte_at(start), byte_at(end) - byte_at(start)) : s;
+          if (sliced && raw_start > length) {  // Python: nothing is found past the end, not even ''
+            if (name == "count") return Value::integer(0);
+            if (name == "index" || name == "rindex") fail(0, name + "(): substring not found");
+            return Value::integer(-1);
+          }
           if (name == "count") {
-            if (sub.empty()) return Value::integer(cp_length(s) + 1);
+            if (sub.empty()) return Value::integer(cp_length(window) + 1);
             std::int64_t n = 0;
-            for (std::size_t at = find_text(s, sub); at != std::string::npos; at = find_text(s, sub, at + sub.size()))
+            for (std::size_t at = find_text(window, sub); at != std::string::npos;
+                 at = find_text(window, sub, at + sub.size()))
               ++n;
             return Value::integer(n);
           }
-          const std::size_t at = name[0] == 'r' ? rfind_text(s, sub) : find_text(s, sub);
+          const std::size_t at = name[0] == 'r' ? rfind_text(window, sub) : find_text(window, sub);
           if (at == std::string::npos) {
             if (name == "index" || name == "rindex") fail(0, name + "(): substring not found");
             return Value::integer(-1);
           }
-          return Value::integer(cp_length(s.substr(0, at)));
+          return Value::integer(start + cp_length(window.substr(0, at)));
         });
       }
       if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" || name == "islower" ||
