@@ -79,6 +79,7 @@ namespace {
 struct RenderState {
   std::uint64_t steps = 0;
   int eval_depth = 0;
+  int map_depth = 0;  // map('map', 'map', ...) nests filter calls, whose frames are large
   std::vector<std::shared_ptr<Object>> namespaces;
 };
 thread_local RenderState* t_state = nullptr;
@@ -2941,7 +2942,7 @@ class Interpreter {
   // Jinja's filters, by name, with Python Jinja's arguments and results.
   Value filter_value(Value operand, const std::string& name, const std::vector<Value>& args, int line, Env& env) {
     using K = Value::Kind;
-    const Frame frame(state_, line);  // map('map', 'map', ...) nests filters: bounded as nested evaluations are
+    const Frame frame(state_, line);  // counted as an evaluation (map() nests these; see its own bound)
     std::vector<Value> positional = args;
     if (!positional.empty() && positional.back().is(K::kwargs)) positional.pop_back();
     // The k-th positional argument, or the keyword argument of that name.
@@ -3123,6 +3124,16 @@ class Interpreter {
       if (positional.empty() || !positional[0].is(K::string)) fail(line, "'map' needs a filter name or attribute=...");
       std::vector<Value> rest(positional.begin() + 1, positional.end());
       if (!args.empty() && args.back().is(K::kwargs)) rest.push_back(args.back());
+      // Bounded well below the evaluation depth: each level is a whole filter call on the stack.
+      constexpr int kMaxMapDepth = 32;
+      if (state_.map_depth >= kMaxMapDepth) {
+        fail(line, "map() nests filters too deeply (limit " + std::to_string(kMaxMapDepth) + ")");
+      }
+      ++state_.map_depth;
+      struct Leave {
+        int& depth;
+        ~Leave() { --depth; }
+      } leave{state_.map_depth};
       for (const auto& e : iterate(operand, line)) out.push_back(filter_value(e, positional[0].s, rest, line, env));
       return Value::array(std::move(out));
     }

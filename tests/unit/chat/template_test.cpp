@@ -323,10 +323,10 @@ TEST(TemplateLimits, RepetitionSearchesAndFormatsStayBounded) {
   EXPECT_FAILS_WITH("{{ '{99999999999999999999}'.format(1) }}", 1, "out of range");
   EXPECT_EQ(outcome("{{ 40|truncate(9223372036854775805) }}|{{ 'abc'|truncate(9223372036854775805) }}"),
             "rendered: 40|abc");
-  // map('map', 'map', ...) nests filters without end: bounded as nested evaluations are.
+  // map('map', 'map', ...) nests filter calls without end: bounded (each is a large frame on the stack).
   std::string maps = "{{ ['a']|map('map'";
   for (int k = 0; k < 2000; ++k) maps += ", 'map'";
-  EXPECT_FAILS_WITH(maps + ")|list }}", 1, "nested too deeply");
+  EXPECT_FAILS_WITH(maps + ")|list }}", 1, "map() nests filters too deeply (limit 32)");
   // A list method holds its list: a chain of them is as deep as the lists it holds.
   EXPECT_FAILS_WITH(
       "{% set ns = namespace(l=[1]) %}{% for i in range(200000) %}{% set ns.l = [ns.l.count] %}"
@@ -455,8 +455,10 @@ TEST(TemplateLimits, DeepestAllowedTemplatesFitASmallStack) {
         outcome("{% set ns = namespace(x=0) %}{% for i in range(254) %}{% set ns.x = [ns.x] %}{% endfor %}"
                 "{{ ns.x | tojson | length }}"));
     got.push_back(outcome("{% set x = namespace(a=1) %}{% set x.a = x %}{{ x }}"));
+    got.push_back(outcome("{{ [[[[['a']]]]]" + repeat("|map('map'", 1) + repeat(", 'map'", 40) + ")|list }}"));
   });
-  ASSERT_EQ(got.size(), 11u);
+  ASSERT_EQ(got.size(), 12u);
+  EXPECT_NE(got[11].find("map() nests filters too deeply"), std::string::npos) << got[11];
   for (const auto& g : got) EXPECT_FALSE(g.empty());
   EXPECT_NE(got[0].find("nested too deeply"), std::string::npos) << got[0];
   EXPECT_EQ(got[9], "rendered: 509");
