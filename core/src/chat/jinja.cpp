@@ -225,21 +225,41 @@ std::size_t space_len_at(const std::string& s, std::size_t i) {
   return is_space(cp) ? j - i : 0;
 }
 
-std::string trim_end(std::string s) {
-  while (!s.empty()) {
-    std::size_t start = s.size() - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    std::size_t j = start;
-    if (!is_space(utf8::next_code_point(s, j))) break;
-    s.resize(start);
+// Where the code point that ends at byte `end` starts (UTF-8 continuation bytes are 10xxxxxx).
+std::size_t code_point_before(const std::string& s, std::size_t end) {
+  std::size_t start = end - 1;
+  while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+  return start;
+}
+
+// Python's str.strip() / lstrip() / rstrip(): whitespace, or any of `chars`. Walks only the ends it removes.
+std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
+  std::vector<char32_t> set;
+  for (std::size_t i = 0; chars != nullptr && i < chars->size();) set.push_back(utf8::next_code_point(*chars, i));
+  auto removable = [&](char32_t c) {
+    return chars != nullptr ? std::find(set.begin(), set.end(), c) != set.end() : is_space(c);
+  };
+  std::size_t begin = 0, end = s.size();
+  while (left && begin < end) {
+    std::size_t next = begin;
+    if (!removable(utf8::next_code_point(s, next))) break;
+    begin = next;
   }
-  return s;
+  while (right && end > begin) {
+    const std::size_t start = code_point_before(s, end);
+    std::size_t i = start;
+    if (!removable(utf8::next_code_point(s, i))) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
+
+std::string trim_end(const std::string& s) {
+  return strip(s, nullptr, false, true);
 }
 
 std::string trim_start(const std::string& s) {
-  std::size_t i = 0;
-  while (std::size_t n = space_len_at(s, i)) i += n;
-  return s.substr(i);
+  return strip(s, nullptr, true, false);
 }
 
 // The exponent of a float literal (1e20, 2.5E-3), as Jinja's lexer reads one.
@@ -1287,7 +1307,8 @@ std::string py_float(double d) {
   return out + tail;
 }
 
-// JSON string as Python's json.dumps writes it (ensure_ascii: \uXXXX, with surrogate pairs, past ASCII).
+// JSON string as Python's json.dumps writes it (with ensure_ascii, every character past ASCII as a \u escape,
+// two of them for one past U+FFFF).
 std::string json_string(const std::string& s, bool ensure_ascii = false) {
   std::string out = "\"";
   std::size_t i = 0;
@@ -1584,11 +1605,17 @@ std::size_t find_text(const std::string& hay, const std::string& needle, std::si
   return at == nullptr ? std::string::npos : static_cast<std::size_t>(static_cast<const char*>(at) - hay.data());
 }
 
-// The string's code points in reverse order (a right-to-left search is a left-to-right one in this).
+// The string's code points in reverse order (a right-to-left search is a left-to-right one in this). Walks the
+// bytes: a string of any length reverses (code_points() stops at its item limit).
 std::string reversed_text(const std::string& s) {
   std::string out;
-  const auto cps = code_points(s);
-  for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+  out.reserve(s.size());
+  charge(s.size() / 16);
+  for (std::size_t end = s.size(); end > 0;) {
+    const std::size_t start = code_point_before(s, end);
+    out.append(s, start, end - start);
+    end = start;
+  }
   return out;
 }
 
@@ -1623,23 +1650,6 @@ std::string encode_code_point(UChar32 c) {
     u.push_back(static_cast<char16_t>(c));
   }
   return utf8::from_utf16(u);
-}
-
-// Python's str.strip() / lstrip() / rstrip(): whitespace, or any of `chars`.
-std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
-  const std::vector<std::string> cps = code_points(s);
-  const std::vector<std::string> set = chars ? code_points(*chars) : std::vector<std::string>{};
-  auto removable = [&](const std::string& c) {
-    if (chars) return std::find(set.begin(), set.end(), c) != set.end();
-    std::size_t i = 0;
-    return is_space(utf8::next_code_point(c, i));
-  };
-  std::size_t begin = 0, end = cps.size();
-  while (left && begin < end && removable(cps[begin])) ++begin;
-  while (right && end > begin && removable(cps[end - 1])) --end;
-  std::string out;
-  for (std::size_t k = begin; k < end; ++k) out += cps[k];
-  return out;
 }
 
 // Python's str.title(): a cased character after an uncased one is title-cased, the others lower-cased.
@@ -2337,9 +2347,10 @@ class Interpreter {
   // attribute of a number or none; but reading from an undefined value is an error (Jinja's UndefinedError).
   Value get_item(const Value& object, const Value& property, int line) {
     using K = Value::Kind;
-    const std::string what = property.is(K::string) ? "'" + property.s + "'" : py_str(property);
+    // Named only when something is missing: this runs for every m['content'] of every render.
+    const auto what = [&] { return property.is(K::string) ? "'" + property.s + "'" : py_str(property); };
     if (object.is(K::undefined)) {
-      fail(line, object.s.empty() ? "cannot read " + what + " of an undefined value" : object.s);
+      fail(line, object.s.empty() ? "cannot read " + what() + " of an undefined value" : object.s);
     }
     if (object.is(K::object) || object.is(K::ns) || object.is(K::kwargs)) {
       if (property.is(K::integer) || property.is(K::boolean)) {
@@ -2353,7 +2364,7 @@ class Interpreter {
         }
       }
       return Value::undefined((object.is(K::ns) ? "'namespace' has no attribute " : "'dict object' has no attribute ") +
-                              what);
+                              what());
     }
     if (object.is(K::array) && object.b && property.is(K::string) &&
         (property.s == "grouper" || property.s == "list")) {
@@ -2362,19 +2373,20 @@ class Interpreter {
     if (object.is(K::array) || object.is(K::string)) {
       if (property.is(K::integer) || property.is(K::boolean)) {
         const std::int64_t index = property.is(K::boolean) ? property.b : property.i;
-        const std::string missing =
-            (object.is(K::array) ? "list object has no element " : "str object has no element ") +
-            std::to_string(index);
+        const auto missing = [&] {
+          return (object.is(K::array) ? "list object has no element " : "str object has no element ") +
+                 std::to_string(index);
+        };
         if (object.is(K::string)) {
           const auto cps = code_points(object.s);
           const auto len = static_cast<std::int64_t>(cps.size());
           const std::int64_t k = index < 0 ? len + index : index;
-          if (k < 0 || k >= len) return Value::undefined(missing);
+          if (k < 0 || k >= len) return Value::undefined(missing());
           return Value::string(cps[static_cast<std::size_t>(k)]);
         }
         const auto len = static_cast<std::int64_t>(object.arr->size());
         const std::int64_t k = index < 0 ? len + index : index;
-        if (k < 0 || k >= len) return Value::undefined(missing);
+        if (k < 0 || k >= len) return Value::undefined(missing());
         return (*object.arr)[static_cast<std::size_t>(k)];
       }
       if (property.is(K::string)) {
@@ -2382,9 +2394,9 @@ class Interpreter {
         if (!m.is(K::undefined)) return m;
       }
       return Value::undefined(std::string(object.is(K::array) ? "'list object'" : "'str object'") +
-                              " has no attribute " + what);
+                              " has no attribute " + what());
     }
-    return Value::undefined("'" + kind_name(object) + "' has no attribute " + what);
+    return Value::undefined("'" + kind_name(object) + "' has no attribute " + what());
   }
 
   Value eval_slice(const Value& object, const Node& sl, Env& env) {
@@ -2682,7 +2694,8 @@ class Interpreter {
           };
           const std::int64_t raw_start = sliced && args[1].is(K::integer) ? args[1].i : 0;
           const std::int64_t start = bound(1, 0), end = std::max(bound(2, length), start);
-          const std::string window = sliced ? s.substr(byte_at(start), byte_at(end) - byte_at(start)) : s;
+          const std::size_t from = sliced ? byte_at(start) : 0;
+          const std::string window = sliced ? s.substr(from, byte_at(end) - from) : s;
           if (sliced && raw_start > length) {  // Python: nothing is found past the end, not even ''
             if (name == "count") return Value::integer(0);
             if (name == "index" || name == "rindex") fail(0, name + "(): substring not found");
@@ -3032,12 +3045,7 @@ class Interpreter {
       return name == "first" ? items.front() : items.back();
     }
     if (name == "reverse") {
-      if (operand.is(K::string)) {
-        std::string out;
-        const auto cps = code_points(operand.s);
-        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
-        return Value::string(out);
-      }
+      if (operand.is(K::string)) return Value::string(reversed_text(operand.s));
       Array items = iterate(operand, line);
       return Value::array(Array(items.rbegin(), items.rend()));
     }

@@ -332,6 +332,10 @@ TEST(TemplateLimits, RepetitionSearchesAndFormatsStayBounded) {
       "{% set ns = namespace(l=[1]) %}{% for i in range(200000) %}{% set ns.l = [ns.l.count] %}"
       "{% endfor %}",
       1, "nested too deeply");
+  // Text past a million characters trims, reverses and splits from the right (no list of its characters is made).
+  EXPECT_EQ(outcome("{{ (' ' ~ 'a' * 1100000 ~ ' ')|trim|length }} {{ ('a' * 1100000)|reverse|length }} "
+                    "{{ ('x ' * 600000).rsplit(' ', 1)|length }} {{ ('-' * 1100000 ~ 'b').strip('-') }}"),
+            "rendered: 1100000 1100000 2 b");
   // A search that is quadratic with a naive find: linear here (ctest's timeout would catch a regression).
   EXPECT_EQ(outcome("{{ ('a' * 2000000 ~ 'b') in ('a' * 4000000) }} {{ ('a' * 4000000).count('a' * 1000000 ~ 'b') }}"),
             "rendered: False 0");
