@@ -22,9 +22,20 @@ constexpr std::string_view kDeepseekCallOpen = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDeepseekCallClose = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDeepseekSep = "<｜tool▁sep｜>";
 
+constexpr std::string_view kFunctionOpen = "<function=";
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParameterOpen = "<parameter=";
+constexpr std::string_view kParameterClose = "</parameter>";
+constexpr std::string_view kArgKeyOpen = "<arg_key>";
+constexpr std::string_view kArgKeyClose = "</arg_key>";
+constexpr std::string_view kArgValueOpen = "<arg_value>";
+constexpr std::string_view kArgValueClose = "</arg_value>";
+
 std::string_view opening_marker(ToolFormat format) {
   switch (format) {
-    case ToolFormat::hermes: return kHermesOpen;
+    case ToolFormat::hermes:
+    case ToolFormat::qwen3_coder:
+    case ToolFormat::glm45: return kHermesOpen;
     case ToolFormat::mistral: return kMistralOpen;
     case ToolFormat::deepseek_v3: return kDeepseekCallsOpen;
     case ToolFormat::harmony:  // HarmonyStream reads its calls
@@ -266,6 +277,268 @@ Calls parse_deepseek(std::string_view text, std::size_t pos) {
   return std::make_pair(std::move(calls), pos);
 }
 
+enum class Match { yes, more, no };  // the text starts with a string, may still grow into it, or does not
+Match match(std::string_view text, std::string_view s) {
+  if (text.starts_with(s)) return Match::yes;
+  return s.starts_with(text) ? Match::more : Match::no;
+}
+
+// How much of `text` is whole UTF-8 characters: a piece must not end inside one (it goes out as a JSON string).
+std::size_t whole_utf8(std::string_view text) {
+  for (std::size_t back = 1; back <= std::min<std::size_t>(4, text.size()); ++back) {
+    const auto c = static_cast<unsigned char>(text[text.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const std::size_t length = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+    return length > back ? text.size() - back : text.size();
+  }
+  return text.size();
+}
+
+std::string_view trim(std::string_view text) {
+  return trim_right(text.substr(skip_space(text, 0)));
+}
+
+// A JSON string of `text`; a byte that is not UTF-8 becomes U+FFFD (a model's text is UTF-8; the dump must not throw).
+std::string json_string(std::string_view text) {
+  return json(std::string(text)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A bare value of an XML call as JSON text (ParameterTypes says how).
+std::string xml_value_json(std::string_view value, ParameterTypes::Kind kind) {
+  const std::string_view t = trim(value);
+  switch (kind) {
+    case ParameterTypes::Kind::string: return json_string(value);
+    case ParameterTypes::Kind::string_or_null: return t == "null" || t == "None" ? "null" : json_string(value);
+    case ParameterTypes::Kind::other: break;
+  }
+  if (!t.empty() && json::accept(t)) return minified(t);
+  if (t == "True") return "true";
+  if (t == "False") return "false";
+  if (t == "None") return "null";
+  return json_string(value);
+}
+
+// Reads qwen3_coder's or glm45's calls from their first <tool_call> on, as far as the text goes, and on when it has
+// grown: the parse of a whole answer and a stream read the same bytes alike, so they find the same calls. A call's
+// arguments are built as its parameters complete, so what is known of them is always a prefix of the final text.
+class XmlCallReader {
+ public:
+  explicit XmlCallReader(ToolFormat format) : qwen_(format == ToolFormat::qwen3_coder) {}
+
+  // `text`: what was read before, grown. Stops for good at a byte it cannot place (broken()), or at text after a
+  // call that is not another call.
+  void read(std::string_view text, const ParameterTypes& types) {
+    while (step(text, types)) {
+    }
+    open_string(text, types);
+  }
+  // The end of the answer: Qwen's </tool_call> may be cut off after </function>.
+  void finish() {
+    if (at_ == At::after_function) commit();
+  }
+  [[nodiscard]] bool broken() const { return at_ == At::broken; }
+  // The text ended inside a call.
+  [[nodiscard]] bool in_call() const { return at_ != At::between && at_ != At::done && at_ != At::broken; }
+  [[nodiscard]] const std::vector<ToolCall>& calls() const { return calls_; }
+  [[nodiscard]] std::size_t end() const { return end_; }  // after the last complete call
+  // The call being written, once its name is known: its name, and its arguments so far (no closing brace).
+  [[nodiscard]] bool named() const { return in_call() && !name_.empty(); }
+  [[nodiscard]] const std::string& name() const { return name_; }
+  [[nodiscard]] std::string arguments_so_far() const {
+    if (!string_open_) return arguments_;
+    return arguments_ + (params_.empty() ? "" : ",") + json_string(key_) + ":\"" + escaped_;
+  }
+
+ private:
+  enum class At {
+    between,         // spaces, then <tool_call> (else the calls have ended)
+    function,        // qwen: spaces, then <function=
+    name,            // up to the name's end
+    parameters,      // spaces, then the next parameter's opening tag or the call's closing one
+    key,             // up to the key's end
+    value_open,      // glm: spaces, then <arg_value>
+    value,           // up to the value's closing tag
+    after_function,  // qwen: spaces, then </tool_call>
+    done,
+    broken,
+  };
+
+  // One step of the grammar; false when it must wait for more text or has stopped.
+  bool step(std::string_view text, const ParameterTypes& types) {
+    if (at_ == At::done || at_ == At::broken) return false;
+    const bool spaces = at_ == At::between || at_ == At::function || at_ == At::parameters || at_ == At::value_open ||
+                        at_ == At::after_function;
+    if (spaces) pos_ = skip_space(text, pos_);
+    const std::string_view rest = text.substr(std::min(pos_, text.size()));
+    // Either of two tags; `more` while the text may still grow into one.
+    auto tag = [&](std::string_view a, std::string_view b) {
+      const Match ma = match(rest, a), mb = b.empty() ? Match::no : match(rest, b);
+      if (ma == Match::yes) return 1;
+      if (mb == Match::yes) return 2;
+      return ma == Match::more || mb == Match::more || rest.empty() ? 0 : -1;
+    };
+    switch (at_) {
+      case At::between:
+        switch (tag(kHermesOpen, "")) {
+          case 1:
+            pos_ += kHermesOpen.size();
+            at_ = qwen_ ? At::function : At::name;
+            name_.clear();
+            arguments_ = "{";
+            params_.clear();
+            return true;
+          case 0: return false;
+          default: at_ = At::done; return false;
+        }
+      case At::function:
+        switch (tag(kFunctionOpen, "")) {
+          case 1:
+            pos_ += kFunctionOpen.size();
+            at_ = At::name;
+            return true;
+          case 0: return false;
+          default: return fail();
+        }
+      case At::name: {
+        // Qwen: up to '>', on one line. GLM: up to the line's end, or the tag that follows a name on the same line.
+        const std::size_t end = rest.find_first_of(qwen_ ? ">\n<" : "\n<");
+        if (end == std::string_view::npos) return false;
+        if (qwen_ && rest[end] != '>') return fail();
+        name_ = std::string(trim(rest.substr(0, end)));
+        if (name_.empty()) return fail();
+        pos_ += end + (rest[end] == '<' ? 0 : 1);
+        at_ = At::parameters;
+        return true;
+      }
+      case At::parameters:
+        switch (tag(qwen_ ? kParameterOpen : kArgKeyOpen, qwen_ ? kFunctionClose : kHermesClose)) {
+          case 1:
+            pos_ += (qwen_ ? kParameterOpen : kArgKeyOpen).size();
+            at_ = At::key;
+            return true;
+          case 2:
+            pos_ += (qwen_ ? kFunctionClose : kHermesClose).size();
+            if (qwen_) {
+              at_ = At::after_function;
+            } else {
+              commit();
+            }
+            return true;
+          case 0: return false;
+          default: return fail();
+        }
+      case At::key: {
+        const std::size_t end = qwen_ ? rest.find_first_of(">\n<") : rest.find(kArgKeyClose);
+        if (end == std::string_view::npos) return false;
+        if (qwen_ && rest[end] != '>') return fail();
+        key_ = std::string(trim(rest.substr(0, end)));
+        const bool again = std::any_of(params_.begin(), params_.end(), [&](const auto& k) { return k == key_; });
+        if (key_.empty() || again) return fail();  // a repeated key: either value could be meant
+        pos_ += end + (qwen_ ? 1 : kArgKeyClose.size());
+        at_ = qwen_ ? At::value : At::value_open;
+        value_start_ = pos_;
+        searched_ = pos_;
+        escaped_.clear();
+        escaped_end_ = 0;
+        return true;
+      }
+      case At::value_open:
+        switch (tag(kArgValueOpen, "")) {
+          case 1:
+            pos_ += kArgValueOpen.size();
+            at_ = At::value;
+            value_start_ = pos_;
+            searched_ = pos_;
+            return true;
+          case 0: return false;
+          default: return fail();
+        }
+      case At::value: {
+        const std::string_view close = qwen_ ? kParameterClose : kArgValueClose;
+        const std::size_t end = text.find(close, searched_);
+        if (end == std::string_view::npos) {
+          searched_ = std::max(value_start_, text.size() - std::min(text.size(), close.size() - 1));
+          return false;
+        }
+        std::string_view value = text.substr(value_start_, end - value_start_);
+        if (qwen_) {  // the template writes "\n" around each value
+          if (value.starts_with('\n')) value.remove_prefix(1);
+          if (value.ends_with('\n')) value.remove_suffix(1);
+        }
+        arguments_ +=
+            (params_.empty() ? "" : ",") + json_string(key_) + ":" + xml_value_json(value, types.kind(name_, key_));
+        params_.push_back(key_);
+        string_open_ = false;
+        pos_ = end + close.size();
+        at_ = At::parameters;
+        return true;
+      }
+      case At::after_function:
+        switch (tag(kHermesClose, "")) {
+          case 1:
+            pos_ += kHermesClose.size();
+            commit();
+            return true;
+          case 0: return false;
+          default: commit(); return true;  // no </tool_call>: the call is whole all the same
+        }
+      case At::done:
+      case At::broken: break;
+    }
+    return false;
+  }
+
+  bool fail() {
+    at_ = At::broken;
+    return false;
+  }
+  void commit() {
+    calls_.push_back(ToolCall{"", std::move(name_), arguments_ + "}"});
+    name_.clear();
+    end_ = pos_;
+    at_ = At::between;
+  }
+
+  // A string parameter's value as far as it is final: what cannot turn into its closing tag (nor, for Qwen, the
+  // newline before it), in whole UTF-8 characters. It is escaped once, piece by piece.
+  void open_string(std::string_view text, const ParameterTypes& types) {
+    string_open_ = at_ == At::value && types.kind(name_, key_) == ParameterTypes::Kind::string;
+    if (!string_open_) return;
+    std::size_t begin = value_start_;
+    if (qwen_) {
+      if (begin >= text.size()) return;
+      if (text[begin] == '\n') ++begin;
+    }
+    std::string_view value = text.substr(std::min(begin, text.size()));
+    value.remove_suffix(marker_tail(value, qwen_ ? kParameterClose : kArgValueClose));
+    if (qwen_ && value.ends_with('\n')) value.remove_suffix(1);
+    value = value.substr(0, whole_utf8(value));
+    if (value.size() <= escaped_end_) return;
+    const std::string piece = json_string(value.substr(escaped_end_));
+    escaped_ += std::string_view(piece).substr(1, piece.size() - 2);
+    escaped_end_ = value.size();
+  }
+
+  bool qwen_;
+  At at_ = At::between;
+  std::size_t pos_ = 0, end_ = 0;
+  std::vector<ToolCall> calls_;
+  std::string name_, key_, arguments_;
+  std::vector<std::string> params_;  // the keys of the call being read
+  std::size_t value_start_ = 0, searched_ = 0;
+  bool string_open_ = false;     // a string value is being written: arguments_so_far() holds its final part
+  std::string escaped_;          // that part, as JSON string text
+  std::size_t escaped_end_ = 0;  // the value's bytes it holds
+};
+
+Calls parse_xml(ToolFormat format, std::string_view text, std::size_t pos, const ParameterTypes& types) {
+  XmlCallReader reader(format);
+  reader.read(text.substr(pos), types);
+  reader.finish();
+  if (reader.broken() || reader.in_call() || reader.calls().empty()) return std::nullopt;
+  return std::make_pair(reader.calls(), pos + reader.end());
+}
+
 }  // namespace
 
 void JsonMinifier::step(char c) {
@@ -288,7 +561,14 @@ std::string minified(std::string_view json_text) {
 
 ToolFormat detect_tool_format(std::string_view source) {
   if (template_is_harmony(source)) return ToolFormat::harmony;
-  if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
+  // The XML syntaxes open with Hermes' tag: what follows it tells them apart.
+  if (source.find(kHermesOpen) != std::string_view::npos) {
+    if (source.find(kFunctionOpen) != std::string_view::npos && source.find(kParameterOpen) != std::string_view::npos)
+      return ToolFormat::qwen3_coder;
+    if (source.find(kArgKeyOpen) != std::string_view::npos && source.find(kArgValueOpen) != std::string_view::npos)
+      return ToolFormat::glm45;
+    return ToolFormat::hermes;
+  }
   if (source.find(kMistralOpen) != std::string_view::npos) return ToolFormat::mistral;
   if (source.find(kDeepseekCallsOpen) != std::string_view::npos) return ToolFormat::deepseek_v3;
   return ToolFormat::none;
@@ -300,6 +580,8 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::mistral: return "mistral";
     case ToolFormat::deepseek_v3: return "deepseek_v3";
     case ToolFormat::harmony: return "harmony";
+    case ToolFormat::qwen3_coder: return "qwen3_coder";
+    case ToolFormat::glm45: return "glm45";
     case ToolFormat::none: break;
   }
   return "none";
@@ -319,6 +601,101 @@ bool tool_marker_is_special(ToolFormat format) {
   return format == ToolFormat::mistral || format == ToolFormat::harmony;
 }
 
+std::vector<std::string_view> tool_markers(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::hermes:
+    case ToolFormat::qwen3_coder: return {kHermesOpen, kHermesClose};
+    case ToolFormat::glm45:
+      return {kHermesOpen, kHermesClose, kArgKeyOpen, kArgKeyClose, kArgValueOpen, kArgValueClose};
+    case ToolFormat::mistral: return {kMistralOpen};
+    case ToolFormat::deepseek_v3:
+      return {kDeepseekCallsOpen, kDeepseekCallsClose, kDeepseekCallOpen, kDeepseekCallClose, kDeepseekSep};
+    case ToolFormat::harmony: return {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
+    case ToolFormat::none: break;
+  }
+  return {};
+}
+
+namespace {
+
+ParameterTypes::Kind schema_kind(const nlohmann::ordered_json& schema) {
+  using Kind = ParameterTypes::Kind;
+  if (!schema.is_object()) return Kind::other;
+  // The types a value may have: "type" (one or a list), or each branch of anyOf / oneOf; an enum or const of strings.
+  bool string = false, null = false, other = false;
+  // A JSON type name, or a value of an enum (`is_value`).
+  auto add = [&](const nlohmann::ordered_json& t, bool is_value) {
+    if (is_value ? t.is_string() : t == "string") {
+      string = true;
+    } else if (is_value ? t.is_null() : t == "null") {
+      null = true;
+    } else {
+      other = true;
+    }
+  };
+  auto add_schema = [&](const nlohmann::ordered_json& s, auto& self, int depth) -> void {
+    if (!s.is_object() || depth > 8) {
+      other = true;
+      return;
+    }
+    if (auto type = s.find("type"); type != s.end()) {
+      for (const auto& t : type->is_array() ? *type : nlohmann::ordered_json::array({*type})) add(t, false);
+      return;
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (auto branches = s.find(key); branches != s.end() && branches->is_array() && !branches->empty()) {
+        for (const auto& b : *branches) self(b, self, depth + 1);
+        return;
+      }
+    }
+    if (auto values = s.find("enum"); values != s.end() && values->is_array() && !values->empty()) {
+      for (const auto& v : *values) add(v, true);
+      return;
+    }
+    if (auto value = s.find("const"); value != s.end()) {
+      add(*value, true);
+      return;
+    }
+    other = true;
+  };
+  add_schema(schema, add_schema, 0);
+  if (!string || other) return Kind::other;
+  return null ? Kind::string_or_null : Kind::string;
+}
+
+}  // namespace
+
+ParameterTypes::ParameterTypes(const nlohmann::ordered_json& tools) {
+  if (!tools.is_array()) return;
+  for (const auto& tool : tools) {
+    if (!tool.is_object()) continue;
+    const auto function = tool.find("function");
+    if (function == tool.end() || !function->is_object()) continue;
+    const auto name = function->find("name");
+    const auto parameters = function->find("parameters");
+    if (name == function->end() || !name->is_string() || parameters == function->end() || !parameters->is_object())
+      continue;
+    const auto properties = parameters->find("properties");
+    if (properties == parameters->end() || !properties->is_object()) continue;
+    std::vector<std::pair<std::string, Kind>> kinds;
+    for (const auto& [key, schema] : properties->items()) {
+      if (const Kind k = schema_kind(schema); k != Kind::other) kinds.emplace_back(key, k);
+    }
+    kinds_.emplace_back(name->get<std::string>(), std::move(kinds));
+  }
+}
+
+ParameterTypes::Kind ParameterTypes::kind(std::string_view tool, std::string_view parameter) const {
+  for (const auto& [name, kinds] : kinds_) {
+    if (name != tool) continue;
+    for (const auto& [key, k] : kinds) {
+      if (key == parameter) return k;
+    }
+    return Kind::other;  // the first tool of that name is the one (a repeated name is refused with the request)
+  }
+  return Kind::other;
+}
+
 std::string forced_call_prefix(ToolFormat format, std::string_view function_name) {
   const std::string name = json(std::string(function_name)).dump();
   switch (format) {
@@ -327,6 +704,11 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     case ToolFormat::deepseek_v3:
       return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + "function" + std::string(kDeepseekSep) +
              std::string(function_name) + "\n```json\n";
+    // The XML syntaxes: the call's header as the model writes it, then its arguments as one JSON object (what the
+    // constraint can hold the model to; vLLM forces JSON too).
+    case ToolFormat::qwen3_coder:
+      return std::string(kHermesOpen) + "\n" + std::string(kFunctionOpen) + std::string(function_name) + ">\n";
+    case ToolFormat::glm45: return std::string(kHermesOpen) + std::string(function_name) + "\n";
     case ToolFormat::harmony:  // after the template's "<|start|>assistant"
       return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
     case ToolFormat::none: break;
@@ -336,7 +718,9 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
 
 std::string required_call_prefix(ToolFormat format) {
   switch (format) {
-    case ToolFormat::hermes: return std::string(kHermesOpen) + "\n";
+    case ToolFormat::hermes:
+    case ToolFormat::qwen3_coder:  // a Hermes call object after the XML syntaxes' shared opener
+    case ToolFormat::glm45: return std::string(kHermesOpen) + "\n";
     case ToolFormat::mistral: return std::string(kMistralOpen) + "[";
     case ToolFormat::deepseek_v3:
     case ToolFormat::harmony:
@@ -372,13 +756,14 @@ std::string tool_call_id(ToolFormat format, std::uint64_t random) {
   return id;
 }
 
-ToolParse parse_tool_calls(ToolFormat format, std::string_view text) {
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ParameterTypes& types) {
   const std::string_view marker = opening_marker(format);
   const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
-  Calls calls = format == ToolFormat::hermes    ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
-                : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
-                                                : parse_deepseek(text, at);
+  Calls calls = format == ToolFormat::hermes        ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
+                : format == ToolFormat::mistral     ? parse_marked_json(text, at, kMistralOpen, "")
+                : format == ToolFormat::deepseek_v3 ? parse_deepseek(text, at)
+                                                    : parse_xml(format, text, at, types);
   if (!calls) return ToolParse{std::string(text), {}};
   ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
   // Text after the calls is kept, so that nothing the model wrote is lost.
@@ -387,27 +772,6 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text) {
   }
   return out;
 }
-
-namespace {
-
-enum class Match { yes, more, no };  // the text starts with a string, may still grow into it, or does not
-Match match(std::string_view text, std::string_view s) {
-  if (text.starts_with(s)) return Match::yes;
-  return s.starts_with(text) ? Match::more : Match::no;
-}
-
-// How much of `text` is whole UTF-8 characters: a piece must not end inside one (it goes out as a JSON string).
-std::size_t whole_utf8(std::string_view text) {
-  for (std::size_t back = 1; back <= std::min<std::size_t>(4, text.size()); ++back) {
-    const auto c = static_cast<unsigned char>(text[text.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
-    const std::size_t length = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
-    return length > back ? text.size() - back : text.size();
-  }
-  return text.size();
-}
-
-}  // namespace
 
 // Reads the held-back text as it grows, along the grammar the parsers read, and stops for good at the first byte it
 // cannot place: what it sends is then final, and the rest waits for finish().
@@ -440,11 +804,14 @@ struct ToolCallStream::Preview {
   JsonMinifier arguments;
   std::size_t calls = 0;          // call objects begun
   std::vector<std::string> sent;  // per call named so far: the arguments sent
+  std::optional<XmlCallReader> xml;
 };
 
-ToolCallStream::ToolCallStream(ToolFormat format) : format_(format), preview_(std::make_unique<Preview>()) {}
+ToolCallStream::ToolCallStream(ToolFormat format, ParameterTypes types)
+    : format_(format), types_(std::move(types)), preview_(std::make_unique<Preview>()) {}
 ToolCallStream::ToolCallStream(const ToolCallStream& other)
     : format_(other.format_),
+      types_(other.types_),
       required_(other.required_),
       name_(other.name_),
       held_(other.held_),
@@ -477,7 +844,32 @@ ToolCallStream ToolCallStream::arguments_of(std::string_view name) {
   return stream;
 }
 
+void ToolCallStream::preview_xml(ToolStreamOutput& out) {
+  Preview& p = *preview_;
+  if (!p.xml) p.xml.emplace(format_);
+  p.xml->read(held_, types_);
+  // Sends what is new of call `index`: its name first, then what its arguments have grown by.
+  auto send = [&](std::size_t index, const std::string& name, std::string_view arguments) {
+    if (p.sent.size() < index) return;
+    if (p.sent.size() == index) {
+      p.sent.emplace_back();
+      out.calls.push_back(ToolCallDelta{index, name, ""});
+    }
+    std::string& sent = p.sent[index];
+    if (arguments.size() <= sent.size() || !arguments.starts_with(sent)) return;
+    out.calls.push_back(ToolCallDelta{index, "", std::string(arguments.substr(sent.size()))});
+    sent = arguments;
+  };
+  const auto& calls = p.xml->calls();
+  for (std::size_t k = p.sent.empty() ? 0 : p.sent.size() - 1; k < calls.size(); ++k) {
+    const std::string_view arguments = calls[k].arguments;
+    send(k, calls[k].name, arguments.substr(0, arguments.size() - 1));  // the closing '}' waits for finish()
+  }
+  if (p.xml->named()) send(calls.size(), p.xml->name(), p.xml->arguments_so_far());
+}
+
 void ToolCallStream::preview(ToolStreamOutput& out) {
+  if (format_ == ToolFormat::qwen3_coder || format_ == ToolFormat::glm45) return preview_xml(out);
   using At = Preview::At;
   Preview& p = *preview_;
   const bool deepseek = format_ == ToolFormat::deepseek_v3;
@@ -685,7 +1077,7 @@ ToolStreamEnd ToolCallStream::finish() {
       end.parse.content = held_;
     }
   } else {
-    end.parse = parse_tool_calls(format_, held_);
+    end.parse = parse_tool_calls(format_, held_, types_);
     // Calls that do not parse give the text back whole (held_ begins with the marker, which parsed content lacks).
     if (end.parse.calls.empty() && end.parse.content == held_) {
       end.parse.content.insert(0, space_);  // no calls: the text as it came

@@ -57,6 +57,7 @@ struct Server::Impl {
   chat::ChatConfig chat_config;
   ToolFormat tool_format = ToolFormat::none;  // how the template's model writes tool calls
   bool template_reads_tools = false;          // whether the template shows `tools` to the model
+  bool tool_markers_special = false;          // the decoder must keep special tokens for the call markers
   bool split_reasoning = false;               // the template's model thinks in <think> blocks, returned apart
   bool harmony = false;                       // the template speaks harmony (gpt-oss): channels split the answer
   ServerOptions opt;
@@ -833,7 +834,7 @@ class Session : public std::enable_shared_from_this<Session> {
       // Harmony's markers are special tokens: they are kept for HarmonyStream to see them.
       if (use_harmony) job->request.keep_special = true;
       if (req.tool_choice == CompletionRequest::ToolChoice::automatic && srv_.tool_format != ToolFormat::harmony) {
-        job->request.keep_special = tool_marker_is_special(srv_.tool_format);
+        job->request.keep_special = srv_.tool_markers_special;
       }
       job->on_event = [self = shared_from_this(), generation, index](GenerationEvent&& ev) {
         net::post(self->stream_.get_executor(), [self, generation, index, ev = std::move(ev)]() mutable {
@@ -858,7 +859,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (use_harmony) {
         c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
-        c.tool_stream.emplace(srv_.tool_format);
+        c.tool_stream.emplace(srv_.tool_format, ParameterTypes(req.tools));
       } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {
         c.tool_stream.emplace(ToolCallStream::required_call());
       }
@@ -1586,6 +1587,16 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->chat_config = std::move(chat_config);
   impl->tool_format = detect_tool_format(impl->chat_config.template_source);
   impl->template_reads_tools = template_reads_tools(impl->chat_config.template_source);
+  // Whether a tag is special is the tokenizer's to say (GLM's <arg_key> is, Qwen's <tool_call> is not).
+  impl->tool_markers_special = tool_marker_is_special(impl->tool_format);
+  for (const std::string_view marker : tool_markers(impl->tool_format)) {
+    const auto id = impl->tokenizer.piece_to_token(marker);
+    if (id && impl->tokenizer.is_special(*id)) impl->tool_markers_special = true;
+  }
+  if (impl->chat_template && impl->tool_format != ToolFormat::none) {
+    spdlog::info("tool calls: read in the chat template's {} syntax{}", tool_format_name(impl->tool_format),
+                 impl->tool_markers_special ? " (its tags are special tokens: kept in the decoded answer)" : "");
+  }
   impl->opt = std::move(options);
   impl->harmony = template_is_harmony(impl->chat_config.template_source);
   impl->split_reasoning =

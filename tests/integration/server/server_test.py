@@ -80,7 +80,8 @@ class Server:
         defaults = [] if "--model" in extra else ["--model", MODEL]
         defaults += [] if "--chat-template" in extra or models_template else ["--chat-template", "chatml"]
         defaults += [] if "--ctx" in extra else ["--ctx", "512"]
-        self.proc = subprocess.Popen([SERVER, "--port", "0", "--log-level", "warn"] + defaults +
+        defaults += [] if "--log-level" in extra else ["--log-level", "warn"]
+        self.proc = subprocess.Popen([SERVER, "--port", "0"] + defaults +
                                      BACKEND_ARGS + list(extra),
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
                                      preexec_fn=lambda: (die_with_parent(), preexec and preexec()))
@@ -1397,6 +1398,69 @@ class Api(unittest.TestCase):
             self.assertGreater(body["usage"]["prompt_tokens"], auto["usage"]["prompt_tokens"] + 10)
         finally:
             self.assertEqual(s.stop(), 0)
+
+    def test_xml_tool_call_syntaxes(self):
+        # Qwen3-Coder's XML syntax: the server says at start which syntax it reads, a history call renders as XML
+        # through the template (its arguments an object, a number bare), and a forced or required call opens as the
+        # model writes a call, its arguments JSON under the schema.
+        template = os.path.join(WORK, "qwen_xml.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }}\n{% endfor %}"
+                    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                    "{% if m.content %}{{ m.content }}{% endif %}"
+                    "{% for tc in m.tool_calls or [] %}<tool_call>\n<function={{ tc.function.name }}>\n"
+                    "{% for k, v in tc.function.arguments|items %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n"
+                    "{% endfor %}</function>\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"]}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 300,
+               "temperature": 1.0, "tools": [weather]}
+        s = Server("--chat-template", template, "--ctx", "2048", "--log-level", "info")
+        try:
+            history = dict(ask, messages=ask["messages"] + [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\", \"days\": 2}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "3"}])
+            _, counted = s.json("POST", "/tokenize", history)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertIn("<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n",
+                          text["prompt"])
+            with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
+                vocab = json.load(f)["model"]["vocab"]
+            named = dict(ask, logit_bias={str(vocab['"']): 3},
+                         tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            _, plain = s.json("POST", "/tokenize", ask)
+            finished = 0
+            for seed in range(8):
+                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
+                self.assertEqual(status, 200, body)
+                # The prompt ends with the call's opening: "<tool_call>\n<function=get_weather>\n".
+                self.assertGreater(body["usage"]["prompt_tokens"], plain["count"] + 5)
+                choice = body["choices"][0]
+                (call,) = choice["message"]["tool_calls"]
+                self.assertEqual(call["function"]["name"], "get_weather")
+                if choice["finish_reason"] == "tool_calls":
+                    args = json.loads(call["function"]["arguments"])
+                    self.assertEqual(list(args), ["city", "days"], args)
+                    self.assertIsInstance(args["days"], int)
+                    finished += 1
+            self.assertGreater(finished, 0, "no forced call finished within max_tokens")
+            names = set()
+            for seed in range(6):
+                status, body = s.json("POST", "/v1/chat/completions",
+                                      dict(named, seed=seed, tools=[weather, clock], tool_choice="required"))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                if choice["finish_reason"] == "tool_calls":
+                    names.add(choice["message"]["tool_calls"][0]["function"]["name"])
+            self.assertTrue(names and names <= {"get_weather", "get_time"}, names)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            self.assertIn("tool calls: read in the chat template's qwen3_coder syntax", f.read())
 
     def test_history_renders_as_vllm_gives_it_to_the_template(self):
         # An assistant turn of calls alone comes with content null. Python prints a null as "None", so where the

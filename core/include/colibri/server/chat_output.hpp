@@ -25,15 +25,42 @@ namespace colibri::server {
 //   harmony     (gpt-oss): <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>, read
 //               by HarmonyStream (below) together with the reasoning, not by parse_tool_calls (each call's
 //               arguments by a ToolCallStream::arguments_of)
-enum class ToolFormat { none, hermes, mistral, deepseek_v3, harmony };
+//   qwen3_coder (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano, Step 3.5):
+//               <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+//   glm45       (GLM-4.5, 4.6, 4.7):
+//   <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
+// The two XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ParameterTypes).
+// vLLM names their parsers the same.
+enum class ToolFormat { none, hermes, mistral, deepseek_v3, harmony, qwen3_coder, glm45 };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
 ToolFormat detect_tool_format(std::string_view template_source);
 std::string_view tool_format_name(ToolFormat format);
 // Whether the template reads the `tools` variable at all (if not, the model would never see the definitions).
 bool template_reads_tools(std::string_view template_source);
-// Whether the call marker is a special token, which the decoder must keep for the parser to see it.
+// Whether the call marker is a special token, which the decoder must keep for the parser to see it (the usual case;
+// the server asks the model's tokenizer about tool_markers() instead).
 bool tool_marker_is_special(ToolFormat format);
+// The tags a format's calls are written with, each of which the decoder must keep.
+std::vector<std::string_view> tool_markers(ToolFormat format);
+
+// What the request's tools say of each parameter's type, for the XML syntaxes, whose values are bare text: a value
+// of a string parameter is that text; any other value is read as JSON when it is JSON (Python's True, False and None,
+// which Qwen's templates write for earlier calls, too), and is that text when it is not. A parameter the schema does
+// not list is read as JSON when it is JSON.
+class ParameterTypes {
+ public:
+  enum class Kind { string, string_or_null, other };
+  ParameterTypes() = default;
+  // `tools`: the request's "tools" ([{"type": "function", "function": {"name", "parameters": {...}}}]); anything
+  // else is no tools.
+  explicit ParameterTypes(const nlohmann::ordered_json& tools);
+  [[nodiscard]] Kind kind(std::string_view tool, std::string_view parameter) const;
+
+ private:
+  // tool name -> parameter -> kind; only the parameters that are not `other`
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, Kind>>>> kinds_;
+};
 
 // Appended to the rendered prompt when tool_choice names a function: the model continues with the arguments object.
 std::string forced_call_prefix(ToolFormat format, std::string_view function_name);
@@ -85,7 +112,7 @@ struct ToolParse {
 // object as the model wrote it, keys in its order, with the whitespace outside strings dropped (what a stream can send
 // as it is written); arguments given as a string holding JSON are that string. A call object that repeats "name", or
 // has "arguments" twice (or both "arguments" and "parameters"), is ambiguous: no call.
-ToolParse parse_tool_calls(ToolFormat format, std::string_view text);
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ParameterTypes& types = {});
 
 // A piece of a streamed call. A call's first piece names it; the later ones carry the next part of its arguments.
 // The pieces of call `index` add up to its arguments text.
@@ -116,7 +143,7 @@ struct ToolStreamEnd {
 // turns out broken was sent only with arguments that are no complete JSON, and its text comes back whole as content.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolFormat format);
+  explicit ToolCallStream(ToolFormat format, ParameterTypes types = {});
   // tool_choice "required": the text is one call object (its opener is in the prompt), read as call_from_json_text.
   static ToolCallStream required_call();
   // A call whose name came before its text (harmony's header): the text is its arguments object alone, streamed as
@@ -136,8 +163,10 @@ class ToolCallStream {
  private:
   struct Preview;
   void preview(ToolStreamOutput& out);
+  void preview_xml(ToolStreamOutput& out);
 
   ToolFormat format_;
+  ParameterTypes types_;
   bool required_ = false;
   std::optional<std::string> name_;  // arguments_of
   std::string held_;
