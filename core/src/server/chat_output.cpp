@@ -22,6 +22,37 @@ constexpr std::string_view kDeepseekCallOpen = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDeepseekCallClose = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDeepseekSep = "<｜tool▁sep｜>";
 
+// The syntaxes whose calls sit in a section (or each follow its own opener, where the section's is empty), each a
+// header that names the function and a JSON arguments object.
+struct SectionSyntax {
+  std::string_view section_open, call_open, sep, call_close, section_close;
+  bool fenced = false;   // DeepSeek V3: "function<sep>NAME\n```json\n{...}\n```"; the others "HEADER<sep>{...}"
+  bool kimi_id = false;  // Kimi K2's header is "functions.NAME:INDEX"
+  std::string_view id_marker = {};  // Mistral's header may be "NAME[CALL_ID]ID"
+};
+constexpr SectionSyntax kDeepseekV3{kDeepseekCallsOpen, kDeepseekCallOpen,   kDeepseekSep,
+                                    kDeepseekCallClose, kDeepseekCallsClose, true};
+constexpr SectionSyntax kDeepseekV31{kDeepseekCallsOpen, kDeepseekCallOpen, kDeepseekSep, kDeepseekCallClose,
+                                     kDeepseekCallsClose};
+constexpr SectionSyntax kKimiK2{"<|tool_calls_section_begin|>",
+                                "<|tool_call_begin|>",
+                                "<|tool_call_argument_begin|>",
+                                "<|tool_call_end|>",
+                                "<|tool_calls_section_end|>",
+                                false,
+                                true};
+constexpr SectionSyntax kMistralV11{"", kMistralOpen, "[ARGS]", "", "", false, false, "[CALL_ID]"};
+
+const SectionSyntax* section_syntax(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::deepseek_v3: return &kDeepseekV3;
+    case ToolFormat::deepseek_v31: return &kDeepseekV31;
+    case ToolFormat::kimi_k2: return &kKimiK2;
+    case ToolFormat::mistral_v11: return &kMistralV11;
+    default: return nullptr;
+  }
+}
+
 constexpr std::string_view kFunctionOpen = "<function=";
 constexpr std::string_view kFunctionClose = "</function>";
 constexpr std::string_view kParameterOpen = "<parameter=";
@@ -37,7 +68,10 @@ std::string_view opening_marker(ToolFormat format) {
     case ToolFormat::qwen3_coder:
     case ToolFormat::glm45: return kHermesOpen;
     case ToolFormat::mistral: return kMistralOpen;
-    case ToolFormat::deepseek_v3: return kDeepseekCallsOpen;
+    case ToolFormat::deepseek_v3:
+    case ToolFormat::deepseek_v31:
+    case ToolFormat::kimi_k2: return section_syntax(format)->section_open;
+    case ToolFormat::mistral_v11: return kMistralOpen;
     case ToolFormat::harmony:  // HarmonyStream reads its calls
     case ToolFormat::none: break;
   }
@@ -245,35 +279,58 @@ Calls parse_marked_json(std::string_view text, std::size_t pos, std::string_view
   return std::make_pair(std::move(calls), pos);
 }
 
-Calls parse_deepseek(std::string_view text, std::size_t pos) {
-  pos += kDeepseekCallsOpen.size();
+// The function a header names: V3.1's is the name; Kimi's "functions.NAME:INDEX" (as vLLM reads it).
+std::string header_name(const SectionSyntax& syntax, std::string_view header) {
+  header = trim_right(header.substr(skip_space(header, 0)));
+  if (!syntax.id_marker.empty()) header = header.substr(0, header.find(syntax.id_marker));
+  if (syntax.kimi_id) {
+    if (header.starts_with("functions.")) header.remove_prefix(10);
+    if (const std::size_t colon = header.rfind(':'); colon != std::string_view::npos) {
+      const std::string_view index = header.substr(colon + 1);
+      if (!index.empty() && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        header = header.substr(0, colon);
+    }
+  }
+  if (header.find('\n') != std::string_view::npos) return {};  // a name is one line
+  return std::string(header);
+}
+
+Calls parse_section(const SectionSyntax& syntax, std::string_view text, std::size_t pos) {
+  pos += syntax.section_open.size();  // none for Mistral's: each call opens with the marker
   std::vector<ToolCall> calls;
   for (;;) {
     pos = skip_space(text, pos);
-    if (!text.substr(pos).starts_with(kDeepseekCallOpen)) break;
-    pos += kDeepseekCallOpen.size();
-    const std::size_t sep = text.find(kDeepseekSep, pos);
+    if (!text.substr(pos).starts_with(syntax.call_open)) break;
+    pos += syntax.call_open.size();
+    const std::size_t sep = text.find(syntax.sep, pos);
     if (sep == std::string_view::npos) return std::nullopt;
-    pos = sep + kDeepseekSep.size();
-    const std::size_t line_end = text.find('\n', pos);
-    if (line_end == std::string_view::npos) return std::nullopt;
-    ToolCall call{"", std::string(trim_right(text.substr(pos, line_end - pos))), ""};
-    pos = skip_space(text, line_end);
-    if (call.name.empty() || !text.substr(pos).starts_with("```")) return std::nullopt;
-    pos += 3;
-    if (text.substr(pos).starts_with("json")) pos += 4;
+    ToolCall call;
+    if (syntax.fenced) {
+      pos = sep + syntax.sep.size();
+      const std::size_t line_end = text.find('\n', pos);
+      if (line_end == std::string_view::npos) return std::nullopt;
+      call.name = std::string(trim_right(text.substr(pos, line_end - pos)));
+      pos = skip_space(text, line_end);
+      if (call.name.empty() || !text.substr(pos).starts_with("```")) return std::nullopt;
+      pos += 3;
+      if (text.substr(pos).starts_with("json")) pos += 4;
+    } else {
+      call.name = header_name(syntax, text.substr(pos, sep - pos));
+      if (call.name.empty()) return std::nullopt;
+      pos = sep + syntax.sep.size();
+    }
     const std::size_t start = skip_space(text, pos);
     auto args = json_value_at(text, pos);
     if (!args || !args->is_object()) return std::nullopt;
     call.arguments = minified(text.substr(start, pos - start));
     pos = skip_space(text, pos);
-    if (text.substr(pos).starts_with("```")) pos += 3;
+    if (syntax.fenced && text.substr(pos).starts_with("```")) pos += 3;
     pos = skip_space(text, pos);
-    if (text.substr(pos).starts_with(kDeepseekCallClose)) pos += kDeepseekCallClose.size();
+    if (text.substr(pos).starts_with(syntax.call_close)) pos += syntax.call_close.size();
     calls.push_back(std::move(call));
   }
   if (calls.empty()) return std::nullopt;
-  if (text.substr(pos).starts_with(kDeepseekCallsClose)) pos += kDeepseekCallsClose.size();
+  if (text.substr(pos).starts_with(syntax.section_close)) pos += syntax.section_close.size();
   return std::make_pair(std::move(calls), pos);
 }
 
@@ -569,8 +626,13 @@ ToolFormat detect_tool_format(std::string_view source) {
       return ToolFormat::glm45;
     return ToolFormat::hermes;
   }
-  if (source.find(kMistralOpen) != std::string_view::npos) return ToolFormat::mistral;
-  if (source.find(kDeepseekCallsOpen) != std::string_view::npos) return ToolFormat::deepseek_v3;
+  // Mistral's tokenizers from v11 on write "[TOOL_CALLS]NAME[ARGS]{...}"; v3's a JSON list after the marker.
+  if (source.find(kMistralOpen) != std::string_view::npos)
+    return source.find(kMistralV11.sep) != std::string_view::npos ? ToolFormat::mistral_v11 : ToolFormat::mistral;
+  // DeepSeek V3 and R1 fence the arguments as ```json; V3.1 writes them after the name.
+  if (source.find(kDeepseekCallsOpen) != std::string_view::npos)
+    return source.find("```json") != std::string_view::npos ? ToolFormat::deepseek_v3 : ToolFormat::deepseek_v31;
+  if (source.find(kKimiK2.section_open) != std::string_view::npos) return ToolFormat::kimi_k2;
   return ToolFormat::none;
 }
 
@@ -579,6 +641,9 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::hermes: return "hermes";
     case ToolFormat::mistral: return "mistral";
     case ToolFormat::deepseek_v3: return "deepseek_v3";
+    case ToolFormat::deepseek_v31: return "deepseek_v31";
+    case ToolFormat::kimi_k2: return "kimi_k2";
+    case ToolFormat::mistral_v11: return "mistral_v11";
     case ToolFormat::harmony: return "harmony";
     case ToolFormat::qwen3_coder: return "qwen3_coder";
     case ToolFormat::glm45: return "glm45";
@@ -598,7 +663,7 @@ bool template_reads_tools(std::string_view source) {
 
 bool tool_marker_is_special(ToolFormat format) {
   // [TOOL_CALLS] and harmony's markers are control tokens; the others decode as text.
-  return format == ToolFormat::mistral || format == ToolFormat::harmony;
+  return format == ToolFormat::mistral || format == ToolFormat::mistral_v11 || format == ToolFormat::harmony;
 }
 
 std::vector<std::string_view> tool_markers(ToolFormat format) {
@@ -609,7 +674,12 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
       return {kHermesOpen, kHermesClose, kArgKeyOpen, kArgKeyClose, kArgValueOpen, kArgValueClose};
     case ToolFormat::mistral: return {kMistralOpen};
     case ToolFormat::deepseek_v3:
-      return {kDeepseekCallsOpen, kDeepseekCallsClose, kDeepseekCallOpen, kDeepseekCallClose, kDeepseekSep};
+    case ToolFormat::deepseek_v31:
+    case ToolFormat::kimi_k2: {
+      const SectionSyntax& syntax = *section_syntax(format);
+      return {syntax.section_open, syntax.section_close, syntax.call_open, syntax.call_close, syntax.sep};
+    }
+    case ToolFormat::mistral_v11: return {kMistralOpen, kMistralV11.sep, kMistralV11.id_marker};
     case ToolFormat::harmony: return {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
     case ToolFormat::none: break;
   }
@@ -704,6 +774,13 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     case ToolFormat::deepseek_v3:
       return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + "function" + std::string(kDeepseekSep) +
              std::string(function_name) + "\n```json\n";
+    case ToolFormat::deepseek_v31:
+      return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + std::string(function_name) +
+             std::string(kDeepseekSep);
+    case ToolFormat::kimi_k2:
+      return std::string(kKimiK2.section_open) + std::string(kKimiK2.call_open) + "functions." +
+             std::string(function_name) + ":0" + std::string(kKimiK2.sep);
+    case ToolFormat::mistral_v11: return std::string(kMistralOpen) + std::string(function_name) + "[ARGS]";
     // The XML syntaxes: the call's header as the model writes it, then its arguments as one JSON object (what the
     // constraint can hold the model to; vLLM forces JSON too).
     case ToolFormat::qwen3_coder:
@@ -723,6 +800,9 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::glm45: return std::string(kHermesOpen) + "\n";
     case ToolFormat::mistral: return std::string(kMistralOpen) + "[";
     case ToolFormat::deepseek_v3:
+    case ToolFormat::deepseek_v31:
+    case ToolFormat::kimi_k2:
+    case ToolFormat::mistral_v11:
     case ToolFormat::harmony:
     case ToolFormat::none: break;
   }
@@ -748,7 +828,7 @@ json ToolCall::to_json() const {
 
 std::string tool_call_id(ToolFormat format, std::uint64_t random) {
   static constexpr char kAlphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-  std::string id = format == ToolFormat::mistral ? "" : "call_";
+  std::string id = format == ToolFormat::mistral || format == ToolFormat::mistral_v11 ? "" : "call_";
   for (int i = 0; i < 9; ++i) {  // 62^9 > 2^53: collisions within a conversation are not a concern
     id += kAlphabet[random % 62];
     random /= 62;
@@ -760,10 +840,10 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const Param
   const std::string_view marker = opening_marker(format);
   const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
-  Calls calls = format == ToolFormat::hermes        ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
-                : format == ToolFormat::mistral     ? parse_marked_json(text, at, kMistralOpen, "")
-                : format == ToolFormat::deepseek_v3 ? parse_deepseek(text, at)
-                                                    : parse_xml(format, text, at, types);
+  Calls calls = format == ToolFormat::hermes    ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
+                : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
+                : section_syntax(format)        ? parse_section(*section_syntax(format), text, at)
+                                                : parse_xml(format, text, at, types);
   if (!calls) return ToolParse{std::string(text), {}};
   ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
   // Text after the calls is kept, so that nothing the model wrote is lost.
@@ -872,8 +952,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
   if (format_ == ToolFormat::qwen3_coder || format_ == ToolFormat::glm45) return preview_xml(out);
   using At = Preview::At;
   Preview& p = *preview_;
-  const bool deepseek = format_ == ToolFormat::deepseek_v3;
-  const std::string_view open = deepseek ? kDeepseekCallsOpen : opening_marker(format_);
+  const SectionSyntax* section = name_ ? &kDeepseekV3 : section_syntax(format_);  // arguments_of: from ds_open
+  const bool deepseek = section != nullptr;
+  const std::string_view open = opening_marker(format_);
   const std::string_view close = format_ == ToolFormat::hermes ? kHermesClose : "";
   // Sends what is new of the call being read: its name once known, then its arguments but their last byte.
   auto send = [&](const std::string& name, const std::string& arguments, bool complete) {
@@ -928,7 +1009,11 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
     };
     switch (p.at) {
       case At::marker:
-        if (!expect(open, deepseek ? At::ds_call : At::value, At::stopped)) return;
+        if (deepseek && section->section_open.empty()) {
+          p.at = At::ds_call;  // Mistral v11: the marker opens each call
+        } else if (!expect(open, deepseek ? At::ds_call : At::value, At::stopped)) {
+          return;
+        }
         break;
       case At::value:
       case At::item:
@@ -967,12 +1052,17 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         if (!expect(open, At::value, At::stopped)) return;
         break;
       case At::ds_call:
-        if (!expect(kDeepseekCallOpen, At::ds_sep, At::stopped)) return;
+        if (!expect(section->call_open, At::ds_sep, At::stopped)) return;
         break;
       case At::ds_sep:
-        if (const std::size_t at = rest.find(kDeepseekSep); at != std::string_view::npos) {
-          p.pos += at + kDeepseekSep.size();
-          p.at = At::ds_name;
+        if (const std::size_t at = rest.find(section->sep); at != std::string_view::npos) {
+          if (!section->fenced) {  // the header before the separator names the call
+            p.name = header_name(*section, rest.substr(0, at));
+            p.at = p.name.empty() ? At::stopped : At::ds_open;
+          } else {
+            p.at = At::ds_name;
+          }
+          p.pos += at + section->sep.size();
           break;
         }
         return;
@@ -1013,10 +1103,14 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         }
         break;
       case At::ds_after_arguments:
-        if (!expect("```", At::ds_after_fence, At::ds_after_fence)) return;
+        if (!section->fenced) {
+          p.at = At::ds_after_fence;
+        } else if (!expect("```", At::ds_after_fence, At::ds_after_fence)) {
+          return;
+        }
         break;
       case At::ds_after_fence:
-        if (!expect(kDeepseekCallClose, At::ds_call, At::ds_call)) return;
+        if (!expect(section->call_close, At::ds_call, At::ds_call)) return;
         break;
       case At::stopped: break;
     }

@@ -161,6 +161,64 @@ TEST(ToolCalls, MistralAndDeepseekSyntaxes) {
   EXPECT_EQ(d.content, "Checking.");
 }
 
+// DeepSeek V3.1 names the call before its separator, Kimi K2 writes "functions.NAME:INDEX" there; each template's way
+// of writing earlier calls reads back (templates that write them as DeepSeek V3.1's and Kimi K2's own do).
+TEST(ToolCalls, DeepseekV31AndKimiK2Syntaxes) {
+  const std::pair<std::string, ToolFormat> templates[] = {
+      {"{% for m in messages %}{% if m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>{% for t in m.tool_calls %}"
+       "<｜tool▁call▁begin｜>{{ t.function.name }}<｜tool▁sep｜>{{ t.function.arguments|tojson }}<｜tool▁call▁end｜>"
+       "{% endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>{% endif %}{% endfor %}",
+       ToolFormat::deepseek_v31},
+      {"{% for m in messages %}{% if m.tool_calls %}<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|>"
+       "{% for t in m.tool_calls %}<|tool_call_begin|>functions.{{ t.function.name }}:{{ loop.index0 }}"
+       "<|tool_call_argument_begin|>{{ t.function.arguments|tojson }}<|tool_call_end|>{% endfor %}"
+       "<|tool_calls_section_end|><|im_end|>{% endif %}{% endfor %}",
+       ToolFormat::kimi_k2},
+      {"{% for m in messages %}{% if m.tool_calls %}{% for t in m.tool_calls %}[TOOL_CALLS]{{ t.function.name }}"
+       "[CALL_ID]{{ t.id }}[ARGS]{{ t.function.arguments|tojson }}{% endfor %}</s>{% endif %}{% endfor %}",
+       ToolFormat::mistral_v11},
+  };
+  const std::string body = R"({"model": "m", "messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{\"zone\": \"CET\"}"}}]}]})";
+  CompletionRequest req;
+  ASSERT_FALSE(parse_completion_request(body, Endpoint::chat, req).has_value());
+  const std::vector<std::pair<std::string, json>> want = {{"get_weather", json{{"city", "Paris"}, {"days", 2}}},
+                                                          {"get_time", json{{"zone", "CET"}}}};
+  for (const auto& [source, format] : templates) {
+    EXPECT_EQ(detect_tool_format(source), format) << source;
+    auto tmpl = chat::Template::parse(source, "test");
+    ASSERT_TRUE(tmpl.has_value()) << tmpl.error().message();
+    auto text = render_chat(*tmpl, req.messages, chat::RenderOptions{});
+    ASSERT_TRUE(text.has_value()) << text.error().message();
+    const ToolParse p = parse_tool_calls(format, *text);
+    EXPECT_EQ(names_and_args(p), want) << *text;
+    EXPECT_TRUE(p.content == "<｜Assistant｜>\n<｜end▁of▁sentence｜>" || p.content.ends_with("<|im_end|>") ||
+                p.content == "</s>")
+        << p.content;
+  }
+  // A Kimi header without its index or prefix still names the call; a header over two lines does not.
+  EXPECT_EQ(parse_tool_calls(ToolFormat::kimi_k2,
+                             "<|tool_calls_section_begin|><|tool_call_begin|>get_time<|tool_call_argument_begin|>{}")
+                .calls.at(0)
+                .name,
+            "get_time");
+  EXPECT_TRUE(parse_tool_calls(ToolFormat::deepseek_v31,
+                               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a\nb<｜tool▁sep｜>{}<｜tool▁call▁end｜>")
+                  .calls.empty());
+  EXPECT_EQ(forced_call_prefix(ToolFormat::deepseek_v31, "f"),
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>");
+  EXPECT_EQ(forced_call_prefix(ToolFormat::kimi_k2, "f"),
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>");
+  EXPECT_EQ(required_call_prefix(ToolFormat::kimi_k2), "");
+  EXPECT_EQ(forced_call_prefix(ToolFormat::mistral_v11, "f"), "[TOOL_CALLS]f[ARGS]");
+  EXPECT_EQ(tool_call_id(ToolFormat::mistral_v11, 12345).size(), 9u);  // the template wants 9 alphanumerics
+  EXPECT_EQ(detect_tool_format(golden_meta("mistral_nemo")["source"].get<std::string>()), ToolFormat::mistral);
+  // DeepSeek V3's own template (it fences the arguments) stays deepseek_v3.
+  EXPECT_EQ(detect_tool_format(golden_meta("deepseek_v3")["source"].get<std::string>()), ToolFormat::deepseek_v3);
+}
+
 // What a stream sent, pushed in pieces of `step` bytes: the content, each call's pieces, and what finish() gave.
 struct Streamed {
   std::string content;                        // sent by push()
@@ -223,6 +281,12 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
       {ToolFormat::deepseek_v3,
        "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{}\n```<｜tool▁call▁end｜>"},
       {ToolFormat::none, "<tool_call>{\"name\": \"a\"}</tool_call>"},
+      {ToolFormat::deepseek_v31,
+       "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>a<｜tool▁sep｜>{}<｜tool▁call▁end｜> then"},
+      {ToolFormat::mistral_v11, "Sure. [TOOL_CALLS]a[ARGS]{\"k\": [1]}[TOOL_CALLS]b[CALL_ID]abc123XYZ[ARGS]{} after"},
+      {ToolFormat::kimi_k2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{\"x\": 1}"
+       "<|tool_call_end|><|tool_calls_section_end|>"},
       // Whitespace before and after the calls (dropped, and the text after joined with a newline), around a
       // malformed call (kept as it came), and at the end without calls (kept).
       {ToolFormat::hermes, "  Let me look. \n\n<tool_call>{\"name\": \"a\"}</tool_call>\n\n Done. \n"},
@@ -273,6 +337,20 @@ TEST(ToolCalls, StreamSendsEachCallsArgumentsAsTheyAreWritten) {
        "\"Paris\", \"unit\": \"c\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
        "```json\n{\"zone\": \"CET\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
        {"get_weather", "get_time"}},
+      {ToolFormat::deepseek_v31,
+       "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"unit\": "
+       "\"c\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"CET\"}<｜tool▁call▁end｜>"
+       "<｜tool▁calls▁end｜>",
+       {"get_weather", "get_time"}},
+      {ToolFormat::mistral_v11,
+       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\", \"unit\": \"c\"}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e"
+       "[ARGS]{\"zone\": \"CET\"}",
+       {"get_weather", "get_time"}},
+      {ToolFormat::kimi_k2,
+       "<|tool_calls_section_begin|>\n<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+       "{\"city\": \"Paris\", \"unit\": \"c\"}<|tool_call_end|>\n<|tool_call_begin|>functions.get_time:1"
+       "<|tool_call_argument_begin|>{\"zone\": \"CET\"}<|tool_call_end|>\n<|tool_calls_section_end|>",
+       {"get_weather", "get_time"}},
   };
   for (const auto& [format, text, names] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -308,6 +386,11 @@ TEST(ToolCalls, ABrokenCallMidStreamIsNeverACompleteCall) {
       {ToolFormat::mistral, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"k\": 1}}, {\"name\": 3}]"},
       {ToolFormat::deepseek_v3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": \"b\"\n```"},
+      {ToolFormat::deepseek_v31,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": [1, }<｜tool▁call▁end｜>"},
+      {ToolFormat::kimi_k2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1"},
+      {ToolFormat::mistral_v11, "[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{\"b\": tru}"},
   };
   for (const auto& [format, text] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -344,6 +427,14 @@ TEST(ToolCalls, EveryCutOfAnAnswerStreamsSafely) {
       {ToolFormat::deepseek_v3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": \"é\"}\n```"
        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {ToolFormat::deepseek_v31,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": "
+       "\"é\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g"
+       "<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {ToolFormat::kimi_k2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": [2]}"
+       "<|tool_call_end|><|tool_calls_section_end|>"},
+      {ToolFormat::mistral_v11, "[TOOL_CALLS]f[CALL_ID]x1y2z3w4v[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}"},
   };
   for (const auto& [format, answer] : answers) {
     for (std::size_t n = 0; n <= answer.size(); ++n) {

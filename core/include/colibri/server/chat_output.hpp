@@ -19,9 +19,14 @@ namespace colibri::server {
 // The call syntaxes colibri reads:
 //   hermes      (Qwen2.5/Qwen3, Hermes): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, repeated
 //   mistral     (Mistral Nemo/Small, Mixtral 8x22B): [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+//   mistral_v11 (Mistral Small 3.2, Devstral, Ministral 3, Mistral Large 3: tokenizers v11 on):
+//               [TOOL_CALLS]NAME[ARGS]{...}, repeated (Small 3.2 adds [CALL_ID]ID before [ARGS])
 //   deepseek_v3 (DeepSeek V3/R1):
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
 //               <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+//   deepseek_v31 (DeepSeek V3.1): the same markers, <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//   kimi_k2     (Kimi K2): <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>
+//               {...}<|tool_call_end|>...<|tool_calls_section_end|>
 //   harmony     (gpt-oss): <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>, read
 //               by HarmonyStream (below) together with the reasoning, not by parse_tool_calls (each call's
 //               arguments by a ToolCallStream::arguments_of)
@@ -31,7 +36,18 @@ namespace colibri::server {
 //   <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
 // The two XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ParameterTypes).
 // vLLM names their parsers the same.
-enum class ToolFormat { none, hermes, mistral, deepseek_v3, harmony, qwen3_coder, glm45 };
+enum class ToolFormat {
+  none,
+  hermes,
+  mistral,
+  mistral_v11,
+  deepseek_v3,
+  deepseek_v31,
+  kimi_k2,
+  harmony,
+  qwen3_coder,
+  glm45
+};
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
 ToolFormat detect_tool_format(std::string_view template_source);
