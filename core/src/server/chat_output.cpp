@@ -62,11 +62,77 @@ constexpr std::string_view kArgKeyClose = "</arg_key>";
 constexpr std::string_view kArgValueOpen = "<arg_value>";
 constexpr std::string_view kArgValueClose = "</arg_value>";
 
+// The XML syntaxes: each value bare text between tags. Qwen's and GLM's wrap each call in <tool_call>; MiniMax's and
+// DeepSeek's DSML put many <invoke> calls in one block.
+struct XmlSyntax {
+  std::string_view open, close;  // around each call, or around the block
+  bool block;                    // many calls between open and close
+  std::string_view call_open;    // then the name (GLM: none, the name follows `open`)
+  std::string_view name_end;     // GLM: none, the name ends with its line or at the next tag
+  std::string_view call_close;   // GLM: none, `close` ends the call
+  std::string_view key_open, key_end;
+  bool attributes;              // DSML: attributes follow the key up to '>' (string="true" or "false")
+  std::string_view value_open;  // GLM's <arg_value>
+  std::string_view value_close;
+  bool newlines = false;  // Qwen's template writes a newline around each value, which is not part of it
+};
+constexpr XmlSyntax kQwenXml{kHermesOpen, kHermesClose, false, kFunctionOpen,   ">", kFunctionClose, kParameterOpen,
+                             ">",         false,        "",    kParameterClose, true};
+constexpr XmlSyntax kGlmXml{kHermesOpen, kHermesClose,  false,         "", "", "", kArgKeyOpen, kArgKeyClose,
+                            false,       kArgValueOpen, kArgValueClose};
+constexpr XmlSyntax kMinimaxXml{"<minimax:tool_call>",
+                                "</minimax:tool_call>",
+                                true,
+                                "<invoke name=\"",
+                                "\">",
+                                "</invoke>",
+                                "<parameter name=\"",
+                                "\">",
+                                false,
+                                "",
+                                kParameterClose};
+constexpr XmlSyntax kDsmlV32{"<｜DSML｜function_calls>",
+                             "</｜DSML｜function_calls>",
+                             true,
+                             "<｜DSML｜invoke name=\"",
+                             "\">",
+                             "</｜DSML｜invoke>",
+                             "<｜DSML｜parameter name=\"",
+                             "\"",
+                             true,
+                             "",
+                             "</｜DSML｜parameter>"};
+constexpr XmlSyntax kDsmlV4{"<｜DSML｜tool_calls>",
+                            "</｜DSML｜tool_calls>",
+                            true,
+                            "<｜DSML｜invoke name=\"",
+                            "\">",
+                            "</｜DSML｜invoke>",
+                            "<｜DSML｜parameter name=\"",
+                            "\"",
+                            true,
+                            "",
+                            "</｜DSML｜parameter>"};
+
+const XmlSyntax* xml_syntax(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::qwen3_coder: return &kQwenXml;
+    case ToolFormat::glm45: return &kGlmXml;
+    case ToolFormat::minimax_m2: return &kMinimaxXml;
+    case ToolFormat::deepseek_v32: return &kDsmlV32;
+    case ToolFormat::deepseek_v4: return &kDsmlV4;
+    default: return nullptr;
+  }
+}
+
 std::string_view opening_marker(ToolFormat format) {
   switch (format) {
-    case ToolFormat::hermes:
+    case ToolFormat::hermes: return kHermesOpen;
     case ToolFormat::qwen3_coder:
-    case ToolFormat::glm45: return kHermesOpen;
+    case ToolFormat::glm45:
+    case ToolFormat::minimax_m2:
+    case ToolFormat::deepseek_v32:
+    case ToolFormat::deepseek_v4: return xml_syntax(format)->open;
     case ToolFormat::mistral: return kMistralOpen;
     case ToolFormat::deepseek_v3:
     case ToolFormat::deepseek_v31:
@@ -375,29 +441,31 @@ std::string xml_value_json(std::string_view value, ParameterTypes::Kind kind) {
   return json_string(value);
 }
 
-// Reads qwen3_coder's or glm45's calls from their first <tool_call> on, as far as the text goes, and on when it has
-// grown: the parse of a whole answer and a stream read the same bytes alike, so they find the same calls. A call's
-// arguments are built as its parameters complete, so what is known of them is always a prefix of the final text.
+// Reads an XML syntax's calls from their first opening tag on, as far as the text goes, and on when it has grown: the
+// parse of a whole answer and a stream read the same bytes alike, so they find the same calls. A call's arguments are
+// built as its parameters complete, so what is known of them is always a prefix of the final text.
 class XmlCallReader {
  public:
-  explicit XmlCallReader(ToolFormat format) : qwen_(format == ToolFormat::qwen3_coder) {}
+  explicit XmlCallReader(const XmlSyntax& syntax) : x_(&syntax) {}
 
   // `text`: what was read before, grown. Stops for good at a byte it cannot place (broken()), or at text after a
   // call that is not another call.
   void read(std::string_view text, const ParameterTypes& types) {
     while (step(text, types)) {
     }
-    open_string(text, types);
+    open_string(text);
   }
-  // The end of the answer: Qwen's </tool_call> may be cut off after </function>.
+  // The end of the answer: Qwen's </tool_call> may be cut off after </function>, a block's close after its last call.
   void finish() {
-    if (at_ == At::after_function) commit();
+    if (at_ == At::after_call) commit();
   }
   [[nodiscard]] bool broken() const { return at_ == At::broken; }
   // The text ended inside a call.
-  [[nodiscard]] bool in_call() const { return at_ != At::between && at_ != At::done && at_ != At::broken; }
+  [[nodiscard]] bool in_call() const {
+    return at_ != At::between && at_ != At::done && at_ != At::broken && at_ != At::in_block;
+  }
   [[nodiscard]] const std::vector<ToolCall>& calls() const { return calls_; }
-  [[nodiscard]] std::size_t end() const { return end_; }  // after the last complete call
+  [[nodiscard]] std::size_t end() const { return end_; }  // after the last complete call (or its block's close)
   // The call being written, once its name is known: its name, and its arguments so far (no closing brace).
   [[nodiscard]] bool named() const { return in_call() && !name_.empty(); }
   [[nodiscard]] const std::string& name() const { return name_; }
@@ -408,14 +476,16 @@ class XmlCallReader {
 
  private:
   enum class At {
-    between,         // spaces, then <tool_call> (else the calls have ended)
-    function,        // qwen: spaces, then <function=
-    name,            // up to the name's end
-    parameters,      // spaces, then the next parameter's opening tag or the call's closing one
-    key,             // up to the key's end
-    value_open,      // glm: spaces, then <arg_value>
-    value,           // up to the value's closing tag
-    after_function,  // qwen: spaces, then </tool_call>
+    between,     // spaces, then `open` (else the calls have ended)
+    call,        // spaces, then `call_open` (a block: or its close)
+    in_block,    // a block between calls: spaces, then `call_open` or the block's close
+    name,        // up to the name's end
+    parameters,  // spaces, then the next key's tag or the call's closing one
+    key,         // up to the key's end
+    attributes,  // DSML: up to the tag's '>'
+    value_open,  // GLM: spaces, then <arg_value>
+    value,       // up to the value's closing tag
+    after_call,  // Qwen: spaces, then </tool_call>
     done,
     broken,
   };
@@ -423,117 +493,149 @@ class XmlCallReader {
   // One step of the grammar; false when it must wait for more text or has stopped.
   bool step(std::string_view text, const ParameterTypes& types) {
     if (at_ == At::done || at_ == At::broken) return false;
-    const bool spaces = at_ == At::between || at_ == At::function || at_ == At::parameters || at_ == At::value_open ||
-                        at_ == At::after_function;
+    const bool spaces = at_ == At::between || at_ == At::call || at_ == At::in_block || at_ == At::parameters ||
+                        at_ == At::value_open || at_ == At::after_call;
     if (spaces) pos_ = skip_space(text, pos_);
     const std::string_view rest = text.substr(std::min(pos_, text.size()));
-    // Either of two tags; `more` while the text may still grow into one.
+    // Either of two tags; 0 while the text may still grow into one, -1 when it is neither.
     auto tag = [&](std::string_view a, std::string_view b) {
       const Match ma = match(rest, a), mb = b.empty() ? Match::no : match(rest, b);
       if (ma == Match::yes) return 1;
       if (mb == Match::yes) return 2;
       return ma == Match::more || mb == Match::more || rest.empty() ? 0 : -1;
     };
+    // Up to `end` on one line, without another tag: the bytes before it, or nullopt (and broken() when it cannot be).
+    auto up_to = [&](std::string_view end) -> std::optional<std::string_view> {
+      const std::size_t at = rest.find(end);
+      const std::size_t stray = rest.find_first_of("\n<");
+      if (stray < at) {
+        fail();
+        return std::nullopt;
+      }
+      if (at == std::string_view::npos) return std::nullopt;
+      pos_ += at + end.size();
+      return rest.substr(0, at);
+    };
     switch (at_) {
       case At::between:
-        switch (tag(kHermesOpen, "")) {
+        switch (tag(x_->open, "")) {
           case 1:
-            pos_ += kHermesOpen.size();
-            at_ = qwen_ ? At::function : At::name;
-            name_.clear();
-            arguments_ = "{";
-            params_.clear();
+            pos_ += x_->open.size();
+            at_ = x_->block ? At::in_block : x_->call_open.empty() ? At::name : At::call;
+            start_call();
             return true;
           case 0: return false;
           default: at_ = At::done; return false;
         }
-      case At::function:
-        switch (tag(kFunctionOpen, "")) {
+      case At::call:
+      case At::in_block:
+        switch (tag(x_->call_open, x_->block ? x_->close : "")) {
           case 1:
-            pos_ += kFunctionOpen.size();
+            pos_ += x_->call_open.size();
             at_ = At::name;
+            start_call();
+            return true;
+          case 2:  // the block's close
+            pos_ += x_->close.size();
+            end_ = pos_;
+            at_ = At::between;
             return true;
           case 0: return false;
           default: return fail();
         }
       case At::name: {
-        // Qwen: up to '>', on one line. GLM: up to the line's end, or the tag that follows a name on the same line.
-        const std::size_t end = rest.find_first_of(qwen_ ? ">\n<" : "\n<");
-        if (end == std::string_view::npos) return false;
-        if (qwen_ && rest[end] != '>') return fail();
-        name_ = std::string(trim(rest.substr(0, end)));
+        std::optional<std::string_view> name;
+        if (x_->name_end.empty()) {  // GLM: up to the line's end, or the tag that follows a name on the same line
+          const std::size_t end = rest.find_first_of("\n<");
+          if (end == std::string_view::npos) return false;
+          name = rest.substr(0, end);
+          pos_ += end + (rest[end] == '<' ? 0 : 1);
+        } else if (name = up_to(x_->name_end); !name) {
+          return false;
+        }
+        name_ = std::string(trim(*name));
         if (name_.empty()) return fail();
-        pos_ += end + (rest[end] == '<' ? 0 : 1);
         at_ = At::parameters;
         return true;
       }
-      case At::parameters:
-        switch (tag(qwen_ ? kParameterOpen : kArgKeyOpen, qwen_ ? kFunctionClose : kHermesClose)) {
+      case At::parameters: {
+        const std::string_view call_end = x_->call_close.empty() ? x_->close : x_->call_close;
+        switch (tag(x_->key_open, call_end)) {
           case 1:
-            pos_ += (qwen_ ? kParameterOpen : kArgKeyOpen).size();
+            pos_ += x_->key_open.size();
             at_ = At::key;
             return true;
           case 2:
-            pos_ += (qwen_ ? kFunctionClose : kHermesClose).size();
-            if (qwen_) {
-              at_ = At::after_function;
-            } else {
+            pos_ += call_end.size();
+            if (x_->block) {
               commit();
+              at_ = At::in_block;
+            } else if (x_->call_close.empty()) {
+              commit();
+            } else {
+              at_ = At::after_call;
             }
             return true;
           case 0: return false;
           default: return fail();
         }
+      }
       case At::key: {
-        const std::size_t end = qwen_ ? rest.find_first_of(">\n<") : rest.find(kArgKeyClose);
-        if (end == std::string_view::npos) return false;
-        if (qwen_ && rest[end] != '>') return fail();
-        key_ = std::string(trim(rest.substr(0, end)));
+        std::optional<std::string_view> key;
+        if (x_->key_end == kArgKeyClose) {  // GLM's key is text up to its closing tag
+          const std::size_t end = rest.find(kArgKeyClose);
+          if (end == std::string_view::npos) return false;
+          key = rest.substr(0, end);
+          pos_ += end + kArgKeyClose.size();
+        } else if (key = up_to(x_->key_end); !key) {
+          return false;
+        }
+        key_ = std::string(trim(*key));
         const bool again = std::any_of(params_.begin(), params_.end(), [&](const auto& k) { return k == key_; });
         if (key_.empty() || again) return fail();  // a repeated key: either value could be meant
-        pos_ += end + (qwen_ ? 1 : kArgKeyClose.size());
-        at_ = qwen_ ? At::value : At::value_open;
-        value_start_ = pos_;
-        searched_ = pos_;
-        escaped_.clear();
-        escaped_end_ = 0;
+        kind_ = types.kind(name_, key_);
+        at_ = x_->attributes ? At::attributes : x_->value_open.empty() ? At::value : At::value_open;
+        start_value();
+        return true;
+      }
+      case At::attributes: {
+        const auto attributes = up_to(">");
+        if (!attributes) return false;
+        // DSML says which values are strings: string="true" (the text) or "false" (JSON).
+        if (attributes->find("string=\"true\"") != std::string_view::npos) kind_ = ParameterTypes::Kind::string;
+        if (attributes->find("string=\"false\"") != std::string_view::npos) kind_ = ParameterTypes::Kind::other;
+        at_ = At::value;
+        start_value();
         return true;
       }
       case At::value_open:
-        switch (tag(kArgValueOpen, "")) {
+        switch (tag(x_->value_open, "")) {
           case 1:
-            pos_ += kArgValueOpen.size();
+            pos_ += x_->value_open.size();
             at_ = At::value;
-            value_start_ = pos_;
-            searched_ = pos_;
+            start_value();
             return true;
           case 0: return false;
           default: return fail();
         }
       case At::value: {
-        const std::string_view close = qwen_ ? kParameterClose : kArgValueClose;
-        const std::size_t end = text.find(close, searched_);
+        const std::size_t end = text.find(x_->value_close, searched_);
         if (end == std::string_view::npos) {
-          searched_ = std::max(value_start_, text.size() - std::min(text.size(), close.size() - 1));
+          searched_ = std::max(value_start_, text.size() - std::min(text.size(), x_->value_close.size() - 1));
           return false;
         }
-        std::string_view value = text.substr(value_start_, end - value_start_);
-        if (qwen_) {  // the template writes "\n" around each value
-          if (value.starts_with('\n')) value.remove_prefix(1);
-          if (value.ends_with('\n')) value.remove_suffix(1);
-        }
-        arguments_ +=
-            (params_.empty() ? "" : ",") + json_string(key_) + ":" + xml_value_json(value, types.kind(name_, key_));
+        arguments_ += (params_.empty() ? "" : ",") + json_string(key_) + ":" +
+                      xml_value_json(value_text(text.substr(value_start_, end - value_start_)), kind_);
         params_.push_back(key_);
         string_open_ = false;
-        pos_ = end + close.size();
+        pos_ = end + x_->value_close.size();
         at_ = At::parameters;
         return true;
       }
-      case At::after_function:
-        switch (tag(kHermesClose, "")) {
+      case At::after_call:
+        switch (tag(x_->close, "")) {
           case 1:
-            pos_ += kHermesClose.size();
+            pos_ += x_->close.size();
             commit();
             return true;
           case 0: return false;
@@ -549,26 +651,42 @@ class XmlCallReader {
     at_ = At::broken;
     return false;
   }
+  void start_call() {
+    name_.clear();
+    arguments_ = "{";
+    params_.clear();
+  }
+  void start_value() {
+    value_start_ = pos_;
+    searched_ = pos_;
+    escaped_.clear();
+    escaped_end_ = 0;
+  }
   void commit() {
     calls_.push_back(ToolCall{"", std::move(name_), arguments_ + "}"});
     name_.clear();
     end_ = pos_;
     at_ = At::between;
   }
+  [[nodiscard]] std::string_view value_text(std::string_view value) const {
+    if (x_->newlines && value.starts_with('\n')) value.remove_prefix(1);
+    if (x_->newlines && value.ends_with('\n')) value.remove_suffix(1);
+    return value;
+  }
 
-  // A string parameter's value as far as it is final: what cannot turn into its closing tag (nor, for Qwen, the
-  // newline before it), in whole UTF-8 characters. It is escaped once, piece by piece.
-  void open_string(std::string_view text, const ParameterTypes& types) {
-    string_open_ = at_ == At::value && types.kind(name_, key_) == ParameterTypes::Kind::string;
+  // A string parameter's value as far as it is final: what cannot turn into its closing tag (nor Qwen's newline
+  // before it), in whole UTF-8 characters. It is escaped once, piece by piece.
+  void open_string(std::string_view text) {
+    string_open_ = at_ == At::value && kind_ == ParameterTypes::Kind::string;
     if (!string_open_) return;
     std::size_t begin = value_start_;
-    if (qwen_) {
+    if (x_->newlines) {
       if (begin >= text.size()) return;
       if (text[begin] == '\n') ++begin;
     }
     std::string_view value = text.substr(std::min(begin, text.size()));
-    value.remove_suffix(marker_tail(value, qwen_ ? kParameterClose : kArgValueClose));
-    if (qwen_ && value.ends_with('\n')) value.remove_suffix(1);
+    value.remove_suffix(marker_tail(value, x_->value_close));
+    if (x_->newlines && value.ends_with('\n')) value.remove_suffix(1);
     value = value.substr(0, whole_utf8(value));
     if (value.size() <= escaped_end_) return;
     const std::string piece = json_string(value.substr(escaped_end_));
@@ -576,20 +694,21 @@ class XmlCallReader {
     escaped_end_ = value.size();
   }
 
-  bool qwen_;
+  const XmlSyntax* x_;
   At at_ = At::between;
   std::size_t pos_ = 0, end_ = 0;
   std::vector<ToolCall> calls_;
   std::string name_, key_, arguments_;
-  std::vector<std::string> params_;  // the keys of the call being read
+  std::vector<std::string> params_;                          // the keys of the call being read
+  ParameterTypes::Kind kind_ = ParameterTypes::Kind::other;  // of the value being read
   std::size_t value_start_ = 0, searched_ = 0;
   bool string_open_ = false;     // a string value is being written: arguments_so_far() holds its final part
   std::string escaped_;          // that part, as JSON string text
   std::size_t escaped_end_ = 0;  // the value's bytes it holds
 };
 
-Calls parse_xml(ToolFormat format, std::string_view text, std::size_t pos, const ParameterTypes& types) {
-  XmlCallReader reader(format);
+Calls parse_xml(const XmlSyntax& syntax, std::string_view text, std::size_t pos, const ParameterTypes& types) {
+  XmlCallReader reader(syntax);
   reader.read(text.substr(pos), types);
   reader.finish();
   if (reader.broken() || reader.in_call() || reader.calls().empty()) return std::nullopt;
@@ -618,6 +737,12 @@ std::string minified(std::string_view json_text) {
 
 ToolFormat detect_tool_format(std::string_view source) {
   if (template_is_harmony(source)) return ToolFormat::harmony;
+  // DeepSeek V3.2's and V4's DSML: the template builds its tags around the token, V3.2's block "function_calls".
+  if (source.find("｜DSML｜") != std::string_view::npos) {
+    if (source.find("function_calls>") != std::string_view::npos) return ToolFormat::deepseek_v32;
+    if (source.find("tool_calls>") != std::string_view::npos) return ToolFormat::deepseek_v4;
+  }
+  if (source.find(kMinimaxXml.open) != std::string_view::npos) return ToolFormat::minimax_m2;
   // The XML syntaxes open with Hermes' tag: what follows it tells them apart.
   if (source.find(kHermesOpen) != std::string_view::npos) {
     if (source.find(kFunctionOpen) != std::string_view::npos && source.find(kParameterOpen) != std::string_view::npos)
@@ -647,6 +772,9 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::harmony: return "harmony";
     case ToolFormat::qwen3_coder: return "qwen3_coder";
     case ToolFormat::glm45: return "glm45";
+    case ToolFormat::minimax_m2: return "minimax_m2";
+    case ToolFormat::deepseek_v32: return "deepseek_v32";
+    case ToolFormat::deepseek_v4: return "deepseek_v4";
     case ToolFormat::none: break;
   }
   return "none";
@@ -673,6 +801,9 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
     case ToolFormat::glm45:
       return {kHermesOpen, kHermesClose, kArgKeyOpen, kArgKeyClose, kArgValueOpen, kArgValueClose};
     case ToolFormat::mistral: return {kMistralOpen};
+    case ToolFormat::minimax_m2: return {kMinimaxXml.open, kMinimaxXml.close};
+    case ToolFormat::deepseek_v32:
+    case ToolFormat::deepseek_v4: return {"｜DSML｜", xml_syntax(format)->open, xml_syntax(format)->close};
     case ToolFormat::deepseek_v3:
     case ToolFormat::deepseek_v31:
     case ToolFormat::kimi_k2: {
@@ -786,6 +917,12 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     case ToolFormat::qwen3_coder:
       return std::string(kHermesOpen) + "\n" + std::string(kFunctionOpen) + std::string(function_name) + ">\n";
     case ToolFormat::glm45: return std::string(kHermesOpen) + std::string(function_name) + "\n";
+    case ToolFormat::minimax_m2:
+    case ToolFormat::deepseek_v32:
+    case ToolFormat::deepseek_v4: {
+      const XmlSyntax& x = *xml_syntax(format);
+      return std::string(x.open) + "\n" + std::string(x.call_open) + std::string(function_name) + "\">\n";
+    }
     case ToolFormat::harmony:  // after the template's "<|start|>assistant"
       return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
     case ToolFormat::none: break;
@@ -803,6 +940,9 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::deepseek_v31:
     case ToolFormat::kimi_k2:
     case ToolFormat::mistral_v11:
+    case ToolFormat::minimax_m2:
+    case ToolFormat::deepseek_v32:
+    case ToolFormat::deepseek_v4:
     case ToolFormat::harmony:
     case ToolFormat::none: break;
   }
@@ -843,7 +983,7 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const Param
   Calls calls = format == ToolFormat::hermes    ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
                 : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
                 : section_syntax(format)        ? parse_section(*section_syntax(format), text, at)
-                                                : parse_xml(format, text, at, types);
+                                                : parse_xml(*xml_syntax(format), text, at, types);
   if (!calls) return ToolParse{std::string(text), {}};
   ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
   // Text after the calls is kept, so that nothing the model wrote is lost.
@@ -926,7 +1066,7 @@ ToolCallStream ToolCallStream::arguments_of(std::string_view name) {
 
 void ToolCallStream::preview_xml(ToolStreamOutput& out) {
   Preview& p = *preview_;
-  if (!p.xml) p.xml.emplace(format_);
+  if (!p.xml) p.xml.emplace(*xml_syntax(format_));
   p.xml->read(held_, types_);
   // Sends what is new of call `index`: its name first, then what its arguments have grown by.
   auto send = [&](std::size_t index, const std::string& name, std::string_view arguments) {
@@ -949,7 +1089,7 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
 }
 
 void ToolCallStream::preview(ToolStreamOutput& out) {
-  if (format_ == ToolFormat::qwen3_coder || format_ == ToolFormat::glm45) return preview_xml(out);
+  if (xml_syntax(format_)) return preview_xml(out);
   using At = Preview::At;
   Preview& p = *preview_;
   const SectionSyntax* section = name_ ? &kDeepseekV3 : section_syntax(format_);  // arguments_of: from ds_open

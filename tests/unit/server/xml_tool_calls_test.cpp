@@ -56,12 +56,33 @@ constexpr std::string_view kGlmTemplate = R"({%- for m in messages %}
 {% endfor %}</tool_call>{% endfor %}<|observation|>
 {% endif %}{% endfor %})";
 
+// MiniMax M2's and DeepSeek V3.2's (DSML) templates, the way they write earlier calls.
+constexpr std::string_view kMinimaxTemplate = R"({%- set toolcall_begin_token = '<minimax:tool_call>' -%}
+{%- for m in messages %}{%- if m.tool_calls %}]~b]ai
+{{ toolcall_begin_token }}
+{% for tc in m.tool_calls %}{% set tc = tc.function %}<invoke name="{{ tc.name }}">
+{% for k, v in tc.arguments.items() %}<parameter name="{{ k }}">{{ v|tojson(ensure_ascii=False) if v is not string else v }}</parameter>
+{% endfor %}</invoke>
+{% endfor %}</minimax:tool_call>[e~[
+{% endif %}{% endfor %})";
+
+constexpr std::string_view kDsmlTemplate = R"({%- set dsml_token = '｜DSML｜' -%}
+{%- for m in messages %}{%- if m.tool_calls %}<｜Assistant｜>{{ '\n\n<' + dsml_token + 'function_calls>\n' }}
+{%- for tc in m.tool_calls %}{% set f = tc.function %}{{ '<' + dsml_token + 'invoke name="' + f.name + '">\n' }}
+{%- for k, v in f.arguments.items() %}{% if v is string %}{{ '<' + dsml_token + 'parameter name="' + k + '" string="true">' + v + '</' + dsml_token + 'parameter>\n' }}
+{%- else %}{{ '<' + dsml_token + 'parameter name="' + k + '" string="false">' + (v|tojson) + '</' + dsml_token + 'parameter>\n' }}
+{%- endif %}{% endfor %}{{ '</' + dsml_token + 'invoke>\n' }}{% endfor %}{{ '</' + dsml_token + 'function_calls>' }}<｜end▁of▁sentence｜>
+{% endif %}{% endfor %})";
+
 TEST(XmlToolCalls, FormatComesFromWhatFollowsTheOpeningTag) {
   EXPECT_EQ(detect_tool_format(kQwenTemplate), ToolFormat::qwen3_coder);
   EXPECT_EQ(detect_tool_format(kGlmTemplate), ToolFormat::glm45);
   EXPECT_EQ(detect_tool_format("<tool_call>\n{{ tool_call | tojson }}\n</tool_call>"), ToolFormat::hermes);
   // Seed-OSS writes <function= inside its own <seed:tool_call>: not Qwen's syntax.
   EXPECT_EQ(detect_tool_format("<seed:tool_call>\n<function={{ n }}>\n<parameter=x>"), ToolFormat::none);
+  EXPECT_EQ(detect_tool_format(kMinimaxTemplate), ToolFormat::minimax_m2);
+  EXPECT_EQ(detect_tool_format(kDsmlTemplate), ToolFormat::deepseek_v32);
+  EXPECT_EQ(detect_tool_format("{% set t = '｜DSML｜' %}{{ '<' + t + 'tool_calls>' }}"), ToolFormat::deepseek_v4);
   EXPECT_EQ(tool_format_name(ToolFormat::qwen3_coder), "qwen3_coder");
   EXPECT_EQ(tool_format_name(ToolFormat::glm45), "glm45");
   // GLM's tags are special tokens in its tokenizer; the server asks the tokenizer about each of them.
@@ -83,14 +104,21 @@ TEST(XmlToolCalls, ParsesWhatTheTemplatesWriteForEarlierCalls) {
       {"get_weather", json{{"city", "Paris"}, {"days", 2}, {"note", "two\nlines <b>"}, {"flags", {"a", "b"}}}},
       {"get_time", json{{"zone", "CET"}, {"utc", true}, {"offset", -1.5}, {"opts", {{"x", nullptr}}}}}};
   const std::pair<std::string_view, ToolFormat> cases[] = {{kQwenTemplate, ToolFormat::qwen3_coder},
-                                                           {kGlmTemplate, ToolFormat::glm45}};
+                                                           {kGlmTemplate, ToolFormat::glm45},
+                                                           {kMinimaxTemplate, ToolFormat::minimax_m2},
+                                                           {kDsmlTemplate, ToolFormat::deepseek_v32}};
   for (const auto& [source, format] : cases) {
     auto tmpl = chat::Template::parse(std::string(source), "test");
     ASSERT_TRUE(tmpl.has_value()) << tmpl.error().message();
     auto text = render_chat(*tmpl, req.messages, chat::RenderOptions{});
     ASSERT_TRUE(text.has_value()) << text.error().message();
-    const auto begin = text->find("<tool_call>");
-    const auto end = text->find(format == ToolFormat::glm45 ? "<|observation|>" : "<|im_end|>");
+    const auto begin = text->find(format == ToolFormat::minimax_m2     ? "<minimax:tool_call>"
+                                  : format == ToolFormat::deepseek_v32 ? "<｜DSML｜"
+                                                                       : "<tool_call>");
+    const auto end = text->find(format == ToolFormat::glm45          ? "<|observation|>"
+                                : format == ToolFormat::minimax_m2   ? "[e~["
+                                : format == ToolFormat::deepseek_v32 ? "<｜end▁of▁sentence｜>"
+                                                                     : "<|im_end|>");
     ASSERT_NE(begin, std::string::npos) << *text;
     const ToolParse p = parse_tool_calls(format, std::string_view(*text).substr(begin, end - begin), weather_types());
     EXPECT_EQ(names_and_args(p), want) << *text;
@@ -132,6 +160,16 @@ TEST(XmlToolCalls, TheSchemaSaysWhichValuesAreStrings) {
                        "<arg_value>False</arg_value><arg_key>c</arg_key><arg_value> hi </arg_value></tool_call>");
   ASSERT_EQ(untyped.calls.size(), 1u);
   EXPECT_EQ(untyped.calls[0].arguments, R"({"a":123,"b":false,"c":" hi "})");
+  // DSML says itself which values are strings, whatever the schema: string="true" is the text, "false" JSON.
+  const ToolParse dsml = parse_tool_calls(
+      ToolFormat::deepseek_v32,
+      "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+      "string=\"false\">[1, 2]</｜DSML｜parameter>\n<｜DSML｜parameter name=\"x\" string=\"true\">123"
+      "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\">4</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "</｜DSML｜function_calls>",
+      types);
+  ASSERT_EQ(dsml.calls.size(), 1u) << dsml.content;
+  EXPECT_EQ(dsml.calls[0].arguments, R"({"city":[1,2],"x":"123","days":4})");
 }
 
 TEST(XmlToolCalls, ContentAroundTheCallsAndTheirShapes) {
@@ -153,8 +191,15 @@ TEST(XmlToolCalls, ContentAroundTheCallsAndTheirShapes) {
   const std::vector<std::pair<std::string, json>> want_g = {{"get_weather", json{{"city", "Oslo"}}},
                                                             {"get_time", json::object()}};
   EXPECT_EQ(names_and_args(g), want_g);
-  // The end token may cut off Qwen's </tool_call> after </function>.
+  // The end token may cut off Qwen's </tool_call> after </function>, and a block's close after its last call.
   EXPECT_EQ(parse_tool_calls(ToolFormat::qwen3_coder, "<tool_call>\n<function=f>\n</function>").calls.size(), 1u);
+  const ToolParse m = parse_tool_calls(
+      ToolFormat::minimax_m2,
+      "Sure.\n<minimax:tool_call>\n<invoke name=\"get_time\">\n</invoke>\n<invoke name=\"get_weather\">"
+      "<parameter name=\"city\">Oslo</parameter></invoke>\n",
+      weather_types());
+  EXPECT_EQ(names_and_args(m), want);
+  EXPECT_EQ(m.content, "Sure.");
 }
 
 TEST(XmlToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
@@ -171,6 +216,11 @@ TEST(XmlToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
       {ToolFormat::glm45, "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n"},         // not closed
       {ToolFormat::glm45, "<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"},  // no name
       {ToolFormat::glm45, "<tool_call>f\n<arg_key>a</arg_key>1</tool_call>"},  // a key without its value
+      {ToolFormat::minimax_m2, "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">1</parameter>\n"},
+      {ToolFormat::minimax_m2, "<minimax:tool_call>\n<invoke name=f>\n</invoke>\n</minimax:tool_call>"},  // unquoted
+      {ToolFormat::minimax_m2, "<minimax:tool_call>\n</minimax:tool_call>"},  // no call in the block
+      {ToolFormat::deepseek_v32,
+       "<｜DSML｜function_calls><｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"a\" string=\"true\">1"},
   };
   for (const auto& [format, text] : cases) {
     const ToolParse p = parse_tool_calls(format, text, weather_types());
@@ -228,6 +278,15 @@ const std::pair<ToolFormat, std::string> kAnswers[] = {
     {ToolFormat::glm45,
      "<think>no</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich\n\"old town\"</arg_value>\n"
      "<arg_key>days</arg_key>\n<arg_value>[1, 2]</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>"},
+    {ToolFormat::minimax_m2,
+     "Let me see.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">New York </param "
+     "\"NY\"</parameter>\n<parameter name=\"days\">2</parameter>\n</invoke>\n<invoke name=\"get_time\">\n"
+     "</invoke>\n</minimax:tool_call>"},
+    {ToolFormat::deepseek_v32,
+     "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+     "string=\"true\">Kraków, \"old town\"</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">"
+     "3</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n</｜DSML｜invoke>\n"
+     "</｜DSML｜function_calls>"},
 };
 
 // Whatever the chunking, the stream finds what the whole parse finds; a string value goes out as it is written.
@@ -283,6 +342,11 @@ TEST(XmlToolCalls, EveryCutOfAnAnswerStreamsSafely) {
 TEST(XmlToolCalls, ForcedAndRequiredCallsOpenAsTheModelWrites) {
   EXPECT_EQ(forced_call_prefix(ToolFormat::qwen3_coder, "get_time"), "<tool_call>\n<function=get_time>\n");
   EXPECT_EQ(forced_call_prefix(ToolFormat::glm45, "get_time"), "<tool_call>get_time\n");
+  EXPECT_EQ(forced_call_prefix(ToolFormat::minimax_m2, "get_time"),
+            "<minimax:tool_call>\n<invoke name=\"get_time\">\n");
+  EXPECT_EQ(forced_call_prefix(ToolFormat::deepseek_v4, "get_time"),
+            "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_time\">\n");
+  EXPECT_EQ(required_call_prefix(ToolFormat::minimax_m2), "");  // the name is outside JSON: a 400
   EXPECT_EQ(required_call_prefix(ToolFormat::qwen3_coder), "<tool_call>\n");
   EXPECT_EQ(required_call_prefix(ToolFormat::glm45), "<tool_call>\n");
 }

@@ -34,8 +34,13 @@ namespace colibri::server {
 //               <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 //   glm45       (GLM-4.5, 4.6, 4.7):
 //   <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n...</tool_call>
-// The two XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ParameterTypes).
-// vLLM names their parsers the same.
+//   minimax_m2  (MiniMax M2): <minimax:tool_call>\n<invoke name="NAME">\n<parameter name="KEY">VALUE</parameter>\n...
+//               </invoke>\n...</minimax:tool_call>
+//   deepseek_v32, deepseek_v4 (DeepSeek V3.2, V4: DSML): <｜DSML｜function_calls> (V4: tool_calls) around
+//               <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>
+//               ...</｜DSML｜invoke>
+// The XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ParameterTypes;
+// DSML says so itself). vLLM names its parsers the same.
 enum class ToolFormat {
   none,
   hermes,
@@ -46,7 +51,10 @@ enum class ToolFormat {
   kimi_k2,
   harmony,
   qwen3_coder,
-  glm45
+  glm45,
+  minimax_m2,
+  deepseek_v32,
+  deepseek_v4
 };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
