@@ -1462,6 +1462,42 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("tool calls: read in the chat template's qwen3_coder syntax", f.read())
 
+        # GLM's tags are special tokens in its tokenizer: the decoder keeps them in an answer with tools, for the parser
+        # to see (a bias makes the model write <tool_call>; the text is no call, so it comes back as content, whole).
+        with open(os.path.join(WORK, "ckpt", "tokenizer.json"), encoding="utf-8") as f:
+            added = json.load(f)["added_tokens"]
+        tags = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+        added += [{"id": 354 + i, "content": tag, "single_word": False, "lstrip": False, "rstrip": False,
+                   "normalized": False, "special": True} for i, tag in enumerate(tags)]
+        glm_model = patched_model("glm-tags", file="tokenizer.json", added_tokens=added)
+        glm = os.path.join(WORK, "glm_xml.jinja")
+        with open(glm, "w", encoding="utf-8") as f:
+            f.write("{% if tools %}<|system|>{% for t in tools %}{{ t.function.name }}{% endfor %}{% endif %}"
+                    "{% for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}{% for tc in m.tool_calls or [] %}"
+                    "<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments.items() %}<arg_key>{{ k }}"
+                    "</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}{% endfor %}"
+                    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+        s = Server("--model", glm_model, "--chat-template", glm, "--log-level", "info")
+        try:
+            biased = dict(ask, model="tiny-glm-tags", max_tokens=3, logit_bias={"354": 100})
+            status, body = s.json("POST", "/v1/chat/completions", biased)
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            self.assertEqual((choice["message"]["content"], choice["finish_reason"]), ("<tool_call>" * 3, "length"))
+            self.assertNotIn("tool_calls", choice["message"])
+            _, events, done = s.stream("/v1/chat/completions", biased)
+            self.assertTrue(done)
+            self.assertEqual(stream_text(events), "<tool_call>" * 3)
+            # Without tools the tags are special tokens like any other: not in the text.
+            plain = dict(biased)
+            del plain["tools"]
+            _, body = s.json("POST", "/v1/chat/completions", plain)
+            self.assertEqual(body["choices"][0]["message"]["content"], "")
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            self.assertIn("glm45 syntax (its tags are special tokens: kept in the decoded answer)", f.read())
+
     def test_history_renders_as_vllm_gives_it_to_the_template(self):
         # An assistant turn of calls alone comes with content null. Python prints a null as "None", so where the
         # template prints the content (Llama 3's, GLM's) it gets "" as vLLM gives it; where it tests for none
