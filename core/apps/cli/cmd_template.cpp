@@ -28,9 +28,6 @@ int run_template(const TemplateOptions& o) {
     const std::string& m = config.error().message();
     return fail(m.find("name one of") != std::string::npos && o.family.empty() ? m + " with --family" : m);
   }
-  auto tmpl = chat::Template::parse(config->template_source, o.config + " (" + config->template_origin + ")");
-  if (!tmpl) return fail(tmpl.error().message());
-
   std::ifstream in(o.messages, std::ios::binary);
   if (!in) return fail("cannot open " + o.messages);
   std::ostringstream ss;
@@ -70,6 +67,11 @@ int run_template(const TemplateOptions& o) {
       return fail(o.messages + ": messages[" + std::to_string(i) + "]: expected an object with a \"role\"");
     }
   }
+  // As transformers: a named list's "tool_use" template renders a conversation with tools.
+  const bool tool_use = !options.tools.is_null() && !options.tools.empty() && !config->tool_use_source.empty();
+  auto tmpl = chat::Template::parse(tool_use ? config->tool_use_source : config->template_source,
+                                    o.config + " (" + config->template_origin + (tool_use ? ", tool_use)" : ")"));
+  if (!tmpl) return fail(tmpl.error().message());
   auto out = tmpl->render(messages, options);
   if (!out) return fail(out.error().message());
   std::cout << *out;  // exactly the prompt: no newline is added

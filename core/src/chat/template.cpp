@@ -245,9 +245,9 @@ sdk::Expected<ChatConfig> load_chat_config(const std::filesystem::path& tokenize
       out.template_source = t->get<std::string>();
     } else if (t->is_array()) {
       for (const auto& e : *t) {
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
-          out.template_source = e["template"].get<std::string>();
-        }
+        if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+        if (e.value("name", "") == "default") out.template_source = e["template"].get<std::string>();
+        if (e.value("name", "") == "tool_use") out.tool_use_source = e["template"].get<std::string>();
       }
       if (out.template_source.empty()) {
         return sdk::make_error(sdk::StatusCode::corrupt_data,

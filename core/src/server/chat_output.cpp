@@ -780,6 +780,17 @@ std::string_view tool_format_name(ToolFormat format) {
   return "none";
 }
 
+std::string supported_tool_formats() {
+  std::string out;
+  for (const ToolFormat f :
+       {ToolFormat::hermes, ToolFormat::qwen3_coder, ToolFormat::glm45, ToolFormat::mistral, ToolFormat::mistral_v11,
+        ToolFormat::deepseek_v3, ToolFormat::deepseek_v31, ToolFormat::deepseek_v32, ToolFormat::deepseek_v4,
+        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::harmony}) {
+    out += (out.empty() ? "" : ", ") + std::string(tool_format_name(f));
+  }
+  return out;
+}
+
 bool template_reads_tools(std::string_view source) {
   for (std::size_t at = source.find("tools"); at != std::string_view::npos; at = source.find("tools", at + 1)) {
     const bool starts = at == 0 || !is_identifier_char(source[at - 1]);

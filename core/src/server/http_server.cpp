@@ -54,6 +54,7 @@ struct Server::Impl {
   std::unique_ptr<engine::Engine> engine;
   tokenizer::Tokenizer tokenizer;
   std::optional<chat::Template> chat_template;
+  std::optional<chat::Template> tool_use_template;  // the model's "tool_use" template, for requests with tools
   chat::ChatConfig chat_config;
   ToolFormat tool_format = ToolFormat::none;  // how the template's model writes tool calls
   bool template_reads_tools = false;          // whether the template shows `tools` to the model
@@ -1195,7 +1196,10 @@ class Session : public std::enable_shared_from_this<Session> {
       auto& content = messages.back()["content"];
       content = (content.is_string() ? content.get<std::string>() : "") + std::string(kContinueMarker);
     }
-    auto rendered = render_chat(*srv_.chat_template, messages, ro);
+    // As transformers' apply_chat_template: the "tool_use" template of a named list when there are tools.
+    const bool tools = !ro.tools.is_null() && !ro.tools.empty();
+    auto rendered =
+        render_chat(tools && srv_.tool_use_template ? *srv_.tool_use_template : *srv_.chat_template, messages, ro);
     if (!rendered) {
       return bad_request("The chat template rejected the messages: " + rendered.error().message(), "messages",
                          "invalid_value");
@@ -1225,9 +1229,8 @@ class Session : public std::enable_shared_from_this<Session> {
                          "tools", "unsupported_value");
     }
     if (srv_.tool_format == ToolFormat::none) {
-      return bad_request("The chat template (" + origin +
-                             ") writes tool calls in no syntax colibri reads (hermes <tool_call>, mistral "
-                             "[TOOL_CALLS], deepseek_v3, harmony), so their calls could not be returned.",
+      return bad_request("The chat template (" + origin + ") writes tool calls in no syntax colibri reads (" +
+                             supported_tool_formats() + "), so their calls could not be returned.",
                          "tools", "unsupported_value");
     }
     return std::nullopt;
@@ -1585,8 +1588,22 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->engine = std::move(engine);
   impl->chat_template = std::move(chat_template);
   impl->chat_config = std::move(chat_config);
-  impl->tool_format = detect_tool_format(impl->chat_config.template_source);
-  impl->template_reads_tools = template_reads_tools(impl->chat_config.template_source);
+  if (impl->chat_template && !impl->chat_config.tool_use_source.empty()) {
+    auto t =
+        chat::Template::parse(impl->chat_config.tool_use_source, impl->chat_config.template_origin + " (tool_use)");
+    if (t) {
+      impl->tool_use_template = std::move(*t);
+      spdlog::info("chat template: its \"tool_use\" template renders the requests with tools");
+    } else {
+      spdlog::warn("the model's \"tool_use\" chat template does not parse ({}); requests with tools use \"default\"",
+                   t.error().message());
+    }
+  }
+  // Calls are written as the template that renders the tools writes them.
+  const std::string& tools_source =
+      impl->tool_use_template ? impl->chat_config.tool_use_source : impl->chat_config.template_source;
+  impl->tool_format = detect_tool_format(tools_source);
+  impl->template_reads_tools = template_reads_tools(tools_source);
   // Whether a tag is special is the tokenizer's to say (GLM's <arg_key> is, Qwen's <tool_call> is not).
   impl->tool_markers_special = tool_marker_is_special(impl->tool_format);
   for (const std::string_view marker : tool_markers(impl->tool_format)) {

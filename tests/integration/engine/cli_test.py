@@ -624,6 +624,22 @@ class Chat(unittest.TestCase):
         p = cli("template", "--tokenizer-config", cfg, "--messages", msgs, "--family", "chatml")
         self.assertIn("<|im_start|>user\nhi<|im_end|>", p.stdout)
 
+    def test_template_renders_a_conversation_with_tools_with_the_tool_use_template(self):
+        # A named list (Hermes 2 Pro, Command R+): "tool_use" when the conversation has tools, as transformers does.
+        cfg = os.path.join(WORK, "named-templates", "tokenizer_config.json")
+        os.makedirs(os.path.dirname(cfg), exist_ok=True)
+        with open(cfg, "w") as f:
+            json.dump({"chat_template": [{"name": "default", "template": "D:{{ messages[0].content }}"},
+                                         {"name": "tool_use", "template": "T:{{ tools[0].function.name }}"}]}, f)
+        msgs = os.path.join(WORK, "named-templates", "messages.json")
+        for body, want in (([{"role": "user", "content": "hi"}], "D:hi"),
+                           ({"messages": [{"role": "user", "content": "hi"}],
+                             "tools": [{"type": "function", "function": {"name": "f"}}]}, "T:f"),
+                           ({"messages": [{"role": "user", "content": "hi"}], "tools": []}, "D:hi")):
+            with open(msgs, "w") as f:
+                json.dump(body, f)
+            self.assertEqual(cli("template", "--tokenizer-config", cfg, "--messages", msgs).stdout, want)
+
     def test_a_think_block_goes_to_stderr(self):
         # Qwen3's way: the generation prompt opens <think> for a message "think" and closes an empty block otherwise.
         out = chat_model("tiny-think", (

@@ -1498,6 +1498,30 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("glm45 syntax (its tags are special tokens: kept in the decoded answer)", f.read())
 
+    def test_a_named_tool_use_template_renders_requests_with_tools(self):
+        # A model whose chat_template is a list of named templates (Hermes 2 Pro, Command R+): as transformers'
+        # apply_chat_template, "tool_use" renders a request with tools, "default" the others.
+        model = patched_model("named-templates", file="tokenizer_config.json", chat_template=[
+            {"name": "default", "template": "{% for m in messages %}D:{{ m.content }}\n{% endfor %}"},
+            {"name": "tool_use", "template": "{% for t in tools %}TOOL {{ t.function.name }}\n{% endfor %}"
+                                             "{% for m in messages %}U:{{ m.content }}\n{% endfor %}<tool_call>"}])
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+        ask = {"messages": [{"role": "user", "content": "hi"}]}
+        s = Server("--model", model, "--log-level", "info", models_template=True)
+        try:
+            for body, want in ((ask, "D:hi\n"), (dict(ask, tools=[weather]), "TOOL get_weather\nU:hi\n<tool_call>"),
+                               (dict(ask, tools=[weather], tool_choice="none"), "D:hi\n")):
+                status, counted = s.json("POST", "/tokenize", body)
+                self.assertEqual(status, 200, counted)
+                _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+                self.assertEqual(text["prompt"], want)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            log = f.read()
+        self.assertIn('its "tool_use" template renders the requests with tools', log)
+        self.assertIn("read in the chat template's hermes syntax", log)
+
     def test_history_renders_as_vllm_gives_it_to_the_template(self):
         # An assistant turn of calls alone comes with content null. Python prints a null as "None", so where the
         # template prints the content (Llama 3's, GLM's) it gets "" as vLLM gives it; where it tests for none

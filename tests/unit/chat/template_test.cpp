@@ -513,6 +513,25 @@ TEST(ChatConfig, BadFiles) {
   EXPECT_FALSE(load_chat_config(tmp).has_value());
 }
 
+TEST(ChatConfig, ANamedListGivesDefaultAndKeepsToolUse) {
+  const auto tmp = fs::temp_directory_path() / ("colibri_chat_named_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(tmp) << R"({"chat_template": [{"name": "tool_use", "template": "T{{ tools|length }}"},
+                                              {"name": "rag", "template": "R"}, {"name": "default", "template": "D"}]})";
+  auto c = load_chat_config(tmp);
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  EXPECT_EQ(c->template_source, "D");
+  EXPECT_EQ(c->tool_use_source, "T{{ tools|length }}");
+  std::ofstream(tmp) << R"({"chat_template": [{"name": "default", "template": "D"}]})";
+  c = load_chat_config(tmp);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->tool_use_source, "");
+  std::ofstream(tmp) << R"({"chat_template": [{"name": "tool_use", "template": "T"}]})";
+  c = load_chat_config(tmp);
+  ASSERT_FALSE(c.has_value());
+  EXPECT_NE(c.error().message().find("no entry named \"default\""), std::string::npos);
+  fs::remove(tmp);
+}
+
 TEST(ChatConfig, AChatTemplateJinjaFileWinsAndTheArchitectureNamesTheFallback) {
   // transformers now saves the template as chat_template.jinja (gpt-oss ships it only there).
   const auto dir = fs::temp_directory_path() / ("colibri_chat_jinja_" + std::to_string(::getpid()));

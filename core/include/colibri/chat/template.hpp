@@ -62,11 +62,15 @@ std::string family_for_architecture(std::string_view architecture);
 struct ChatConfig {
   std::string template_source;
   std::string template_origin;  // "tokenizer_config.json" or "built-in <family>"
+  // A list of named templates may hold a "tool_use" one, which transformers renders instead of "default" when the
+  // request has tools (Hermes 2 Pro, Command R+); empty when there is none.
+  std::string tool_use_source;
   std::string bos_token;
   std::string eos_token;
 };
 
-// Reads tokenizer_config.json: chat_template (a string, or a list of {name, template} where "default" is used),
+// Reads tokenizer_config.json: chat_template (a string, or a list of {name, template} where "default" is used, and
+// "tool_use" kept for requests with tools),
 // bos_token / eos_token (strings or AddedToken objects). A chat_template.jinja next to it (where transformers now
 // saves the template, and the only place gpt-oss ships it) wins. Without either, the built-in template of
 // `family` is used; an empty family is guessed from the special tokens ("<|startoftext|>"/"<|return|>" -> gpt-oss,

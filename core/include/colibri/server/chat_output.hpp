@@ -60,6 +60,8 @@ enum class ToolFormat {
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
 ToolFormat detect_tool_format(std::string_view template_source);
 std::string_view tool_format_name(ToolFormat format);
+// "hermes, mistral, ...": every syntax colibri reads, for messages.
+std::string supported_tool_formats();
 // Whether the template reads the `tools` variable at all (if not, the model would never see the definitions).
 bool template_reads_tools(std::string_view template_source);
 // Whether the call marker is a special token, which the decoder must keep for the parser to see it (the usual case;
