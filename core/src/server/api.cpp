@@ -1200,7 +1200,13 @@ sdk::Expected<std::string> render_chat(const chat::Template& chat_template, cons
         for (auto& call : m["tool_calls"]) {
           auto& args = call["function"]["arguments"];
           if (!args.is_string()) continue;
-          ordered_json parsed = ordered_json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          // No arguments at all ("" or spaces) are {}, as vLLM gives them (the templates iterate over them).
+          const auto& s = args.get_ref<const std::string&>();
+          if (s.find_first_not_of(" \t\r\n") == std::string::npos) {
+            args = ordered_json::object();
+            continue;
+          }
+          ordered_json parsed = ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
           if (!parsed.is_discarded() && parsed.is_object()) args = std::move(parsed);
         }
       }

@@ -361,6 +361,14 @@ std::string header_name(const SectionSyntax& syntax, std::string_view header) {
   return std::string(header);
 }
 
+// Kimi K2's header is the call's id as its template writes it back ("functions.NAME:INDEX"), which vLLM returns;
+// empty for the others (the server makes one).
+std::string header_id(const SectionSyntax& syntax, std::string_view header) {
+  header = trim_right(header.substr(skip_space(header, 0)));
+  if (!syntax.kimi_id || !header.starts_with("functions.") || header.find(':') == std::string_view::npos) return {};
+  return std::string(header);
+}
+
 Calls parse_section(const SectionSyntax& syntax, std::string_view text, std::size_t pos) {
   pos += syntax.section_open.size();  // none for Mistral's: each call opens with the marker
   std::vector<ToolCall> calls;
@@ -383,6 +391,7 @@ Calls parse_section(const SectionSyntax& syntax, std::string_view text, std::siz
     } else {
       call.name = header_name(syntax, text.substr(pos, sep - pos));
       if (call.name.empty()) return std::nullopt;
+      call.id = header_id(syntax, text.substr(pos, sep - pos));
       pos = sep + syntax.sep.size();
     }
     const std::size_t start = skip_space(text, pos);
@@ -426,13 +435,13 @@ std::string json_string(std::string_view text) {
   return json(std::string(text)).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// A bare value of an XML call as JSON text (ParameterTypes says how).
-std::string xml_value_json(std::string_view value, ParameterTypes::Kind kind) {
+// A bare value of an XML call as JSON text (ToolSchemas says how).
+std::string xml_value_json(std::string_view value, ToolSchemas::Kind kind) {
   const std::string_view t = trim(value);
   switch (kind) {
-    case ParameterTypes::Kind::string: return json_string(value);
-    case ParameterTypes::Kind::string_or_null: return t == "null" || t == "None" ? "null" : json_string(value);
-    case ParameterTypes::Kind::other: break;
+    case ToolSchemas::Kind::string: return json_string(value);
+    case ToolSchemas::Kind::string_or_null: return t == "null" || t == "None" ? "null" : json_string(value);
+    case ToolSchemas::Kind::other: break;
   }
   if (!t.empty() && json::accept(t)) return minified(t);
   if (t == "True") return "true";
@@ -450,7 +459,7 @@ class XmlCallReader {
 
   // `text`: what was read before, grown. Stops for good at a byte it cannot place (broken()), or at text after a
   // call that is not another call.
-  void read(std::string_view text, const ParameterTypes& types) {
+  void read(std::string_view text, const ToolSchemas& types) {
     while (step(text, types)) {
     }
     open_string(text);
@@ -491,7 +500,7 @@ class XmlCallReader {
   };
 
   // One step of the grammar; false when it must wait for more text or has stopped.
-  bool step(std::string_view text, const ParameterTypes& types) {
+  bool step(std::string_view text, const ToolSchemas& types) {
     if (at_ == At::done || at_ == At::broken) return false;
     const bool spaces = at_ == At::between || at_ == At::call || at_ == At::in_block || at_ == At::parameters ||
                         at_ == At::value_open || at_ == At::after_call;
@@ -602,8 +611,8 @@ class XmlCallReader {
         const auto attributes = up_to(">");
         if (!attributes) return false;
         // DSML says which values are strings: string="true" (the text) or "false" (JSON).
-        if (attributes->find("string=\"true\"") != std::string_view::npos) kind_ = ParameterTypes::Kind::string;
-        if (attributes->find("string=\"false\"") != std::string_view::npos) kind_ = ParameterTypes::Kind::other;
+        if (attributes->find("string=\"true\"") != std::string_view::npos) kind_ = ToolSchemas::Kind::string;
+        if (attributes->find("string=\"false\"") != std::string_view::npos) kind_ = ToolSchemas::Kind::other;
         at_ = At::value;
         start_value();
         return true;
@@ -677,7 +686,7 @@ class XmlCallReader {
   // A string parameter's value as far as it is final: what cannot turn into its closing tag (nor Qwen's newline
   // before it), in whole UTF-8 characters. It is escaped once, piece by piece.
   void open_string(std::string_view text) {
-    string_open_ = at_ == At::value && kind_ == ParameterTypes::Kind::string;
+    string_open_ = at_ == At::value && kind_ == ToolSchemas::Kind::string;
     if (!string_open_) return;
     std::size_t begin = value_start_;
     if (x_->newlines) {
@@ -699,15 +708,15 @@ class XmlCallReader {
   std::size_t pos_ = 0, end_ = 0;
   std::vector<ToolCall> calls_;
   std::string name_, key_, arguments_;
-  std::vector<std::string> params_;                          // the keys of the call being read
-  ParameterTypes::Kind kind_ = ParameterTypes::Kind::other;  // of the value being read
+  std::vector<std::string> params_;                    // the keys of the call being read
+  ToolSchemas::Kind kind_ = ToolSchemas::Kind::other;  // of the value being read
   std::size_t value_start_ = 0, searched_ = 0;
   bool string_open_ = false;     // a string value is being written: arguments_so_far() holds its final part
   std::string escaped_;          // that part, as JSON string text
   std::size_t escaped_end_ = 0;  // the value's bytes it holds
 };
 
-Calls parse_xml(const XmlSyntax& syntax, std::string_view text, std::size_t pos, const ParameterTypes& types) {
+Calls parse_xml(const XmlSyntax& syntax, std::string_view text, std::size_t pos, const ToolSchemas& types) {
   XmlCallReader reader(syntax);
   reader.read(text.substr(pos), types);
   reader.finish();
@@ -830,8 +839,8 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
 
 namespace {
 
-ParameterTypes::Kind schema_kind(const nlohmann::ordered_json& schema) {
-  using Kind = ParameterTypes::Kind;
+ToolSchemas::Kind schema_kind(const nlohmann::ordered_json& schema) {
+  using Kind = ToolSchemas::Kind;
   if (!schema.is_object()) return Kind::other;
   // The types a value may have: "type" (one or a list), or each branch of anyOf / oneOf; an enum or const of strings.
   bool string = false, null = false, other = false;
@@ -877,16 +886,17 @@ ParameterTypes::Kind schema_kind(const nlohmann::ordered_json& schema) {
 
 }  // namespace
 
-ParameterTypes::ParameterTypes(const nlohmann::ordered_json& tools) {
+ToolSchemas::ToolSchemas(const nlohmann::ordered_json& tools) {
   if (!tools.is_array()) return;
   for (const auto& tool : tools) {
     if (!tool.is_object()) continue;
     const auto function = tool.find("function");
     if (function == tool.end() || !function->is_object()) continue;
     const auto name = function->find("name");
+    if (name == function->end() || !name->is_string()) continue;
+    names_.push_back(name->get<std::string>());
     const auto parameters = function->find("parameters");
-    if (name == function->end() || !name->is_string() || parameters == function->end() || !parameters->is_object())
-      continue;
+    if (parameters == function->end() || !parameters->is_object()) continue;
     const auto properties = parameters->find("properties");
     if (properties == parameters->end() || !properties->is_object()) continue;
     std::vector<std::pair<std::string, Kind>> kinds;
@@ -897,7 +907,11 @@ ParameterTypes::ParameterTypes(const nlohmann::ordered_json& tools) {
   }
 }
 
-ParameterTypes::Kind ParameterTypes::kind(std::string_view tool, std::string_view parameter) const {
+bool ToolSchemas::may_call(std::string_view tool) const {
+  return names_.empty() || std::find(names_.begin(), names_.end(), tool) != names_.end();
+}
+
+ToolSchemas::Kind ToolSchemas::kind(std::string_view tool, std::string_view parameter) const {
   for (const auto& [name, kinds] : kinds_) {
     if (name != tool) continue;
     for (const auto& [key, k] : kinds) {
@@ -987,7 +1001,7 @@ std::string tool_call_id(ToolFormat format, std::uint64_t random) {
   return id;
 }
 
-ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ParameterTypes& types) {
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ToolSchemas& types) {
   const std::string_view marker = opening_marker(format);
   const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
@@ -995,7 +1009,11 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const Param
                 : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
                 : section_syntax(format)        ? parse_section(*section_syntax(format), text, at)
                                                 : parse_xml(*xml_syntax(format), text, at, types);
-  if (!calls) return ToolParse{std::string(text), {}};
+  // A call of a function the request does not offer is no call (a model may write anything between the tags).
+  if (!calls || std::any_of(calls->first.begin(), calls->first.end(),
+                            [&](const ToolCall& c) { return !types.may_call(c.name); })) {
+    return ToolParse{std::string(text), {}};
+  }
   ToolParse out{std::string(trim_right(text.substr(0, at))), std::move(calls->first)};
   // Text after the calls is kept, so that nothing the model wrote is lost.
   if (const std::string_view rest = text.substr(skip_space(text, calls->second)); !trim_right(rest).empty()) {
@@ -1032,13 +1050,14 @@ struct ToolCallStream::Preview {
   engine::JsonConstraint json;  // the call object (deepseek: the arguments) is still a prefix of valid JSON
   CallScanner scan;
   std::string name;  // deepseek
+  std::string id;    // kimi_k2: the model's
   JsonMinifier arguments;
   std::size_t calls = 0;          // call objects begun
   std::vector<std::string> sent;  // per call named so far: the arguments sent
   std::optional<XmlCallReader> xml;
 };
 
-ToolCallStream::ToolCallStream(ToolFormat format, ParameterTypes types)
+ToolCallStream::ToolCallStream(ToolFormat format, ToolSchemas types)
     : format_(format), types_(std::move(types)), preview_(std::make_unique<Preview>()) {}
 ToolCallStream::ToolCallStream(const ToolCallStream& other)
     : format_(other.format_),
@@ -1077,12 +1096,17 @@ ToolCallStream ToolCallStream::arguments_of(std::string_view name) {
 
 void ToolCallStream::preview_xml(ToolStreamOutput& out) {
   Preview& p = *preview_;
+  if (p.at == Preview::At::stopped) return;
   if (!p.xml) p.xml.emplace(*xml_syntax(format_));
   p.xml->read(held_, types_);
   // Sends what is new of call `index`: its name first, then what its arguments have grown by.
   auto send = [&](std::size_t index, const std::string& name, std::string_view arguments) {
     if (p.sent.size() < index) return;
     if (p.sent.size() == index) {
+      if (!types_.may_call(name)) {  // no call (the parse at the end agrees): nothing of it goes out
+        p.at = Preview::At::stopped;
+        return;
+      }
       p.sent.emplace_back();
       out.calls.push_back(ToolCallDelta{index, name, ""});
     }
@@ -1113,8 +1137,12 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
     if (p.sent.size() < index) return;  // an earlier call was never named: the order would be wrong
     if (p.sent.size() == index) {
       if (name.empty()) return;
+      if (!types_.may_call(name)) {  // no call (the parse at the end agrees): nothing of it goes out
+        p.at = At::stopped;
+        return;
+      }
       p.sent.emplace_back();
-      out.calls.push_back(ToolCallDelta{index, name, ""});
+      out.calls.push_back(ToolCallDelta{.index = index, .name = name, .id = p.id});
     }
     std::string& sent = p.sent[index];
     const std::size_t end = complete ? arguments.size() - 1 : whole_utf8(arguments);
@@ -1209,6 +1237,7 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         if (const std::size_t at = rest.find(section->sep); at != std::string_view::npos) {
           if (!section->fenced) {  // the header before the separator names the call
             p.name = header_name(*section, rest.substr(0, at));
+            p.id = header_id(*section, rest.substr(0, at));
             p.at = p.name.empty() ? At::stopped : At::ds_open;
           } else {
             p.at = At::ds_name;
@@ -1338,7 +1367,8 @@ ToolStreamEnd ToolCallStream::finish() {
   for (std::size_t k = 0; k < end.parse.calls.size(); ++k) {
     const ToolCall& call = end.parse.calls[k];
     if (k >= sent.size()) {
-      end.calls.push_back(ToolCallDelta{k, call.name, call.arguments, true});
+      end.calls.push_back(
+          ToolCallDelta{.index = k, .name = call.name, .arguments = call.arguments, .last = true, .id = call.id});
     } else if (call.arguments.starts_with(sent[k]) && call.arguments.size() > sent[k].size()) {
       end.calls.push_back(ToolCallDelta{k, "", call.arguments.substr(sent[k].size()), true});
     }

@@ -860,7 +860,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (use_harmony) {
         c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
-        c.tool_stream.emplace(srv_.tool_format, ParameterTypes(req.tools));
+        c.tool_stream.emplace(srv_.tool_format, ToolSchemas(req.tools));
       } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {
         c.tool_stream.emplace(ToolCallStream::required_call());
       }
@@ -1099,7 +1099,7 @@ class Session : public std::enable_shared_from_this<Session> {
       while (!c.text.empty() && std::isspace(static_cast<unsigned char>(c.text.back()))) c.text.pop_back();
     }
     for (auto& call : parsed.calls) {
-      call.id = tool_call_id(srv_.tool_format, random_u64());
+      if (call.id.empty()) call.id = tool_call_id(srv_.tool_format, random_u64());
       c.calls.push_back(std::move(call));
     }
   }
@@ -1145,7 +1145,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
   void emit_delta(std::size_t index, const ToolCallDelta& d, json logprobs = nullptr) {
-    const ToolCall call{tool_call_id(srv_.tool_format, random_u64()), d.name, ""};
+    const ToolCall call{d.id.empty() ? tool_call_id(srv_.tool_format, random_u64()) : d.id, d.name, ""};
     json chunk = tool_call_chunk(ids_, static_cast<int>(index), static_cast<int>(d.index),
                                  d.name.empty() ? nullptr : &call, d.arguments);
     chunk["choices"][0]["logprobs"] = std::move(logprobs);
@@ -1165,7 +1165,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     for (auto& call : out.calls) {
       if (!parallel_tool_calls_ && c.calls_sent > 0) return;
-      call.id = tool_call_id(srv_.tool_format, random_u64());
+      if (call.id.empty()) call.id = tool_call_id(srv_.tool_format, random_u64());
       emit_call(index, c, c.calls_sent++, std::move(call));
     }
   }
@@ -1230,7 +1230,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (srv_.tool_format == ToolFormat::none) {
       return bad_request("The chat template (" + origin + ") writes tool calls in no syntax colibri reads (" +
-                             supported_tool_formats() + "), so their calls could not be returned.",
+                             supported_tool_formats() +
+                             "), so their calls could not be returned. Start colibri-server with --chat-template "
+                             "FILE, a template whose calls colibri reads, or send 'tool_choice': 'none'.",
                          "tools", "unsupported_value");
     }
     return std::nullopt;
@@ -1605,7 +1607,6 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->tool_format = detect_tool_format(tools_source);
   impl->template_reads_tools = template_reads_tools(tools_source);
   // Whether a tag is special is the tokenizer's to say (GLM's <arg_key> is, Qwen's <tool_call> is not).
-  impl->tool_markers_special = tool_marker_is_special(impl->tool_format);
   for (const std::string_view marker : tool_markers(impl->tool_format)) {
     const auto id = impl->tokenizer.piece_to_token(marker);
     if (id && impl->tokenizer.is_special(*id)) impl->tool_markers_special = true;

@@ -1428,6 +1428,13 @@ class Api(unittest.TestCase):
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
             self.assertIn("<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n",
                           text["prompt"])
+            # A call sent back with no arguments ("", as some clients send one) is {} for the template, as vLLM
+            # gives it: the template iterates over them.
+            history["messages"][1]["tool_calls"][0]["function"]["arguments"] = ""
+            status, counted = s.json("POST", "/tokenize", history)
+            self.assertEqual(status, 200, counted)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertIn("<function=get_weather>\n</function>", text["prompt"])
             with open(os.path.join(MODEL, "tokenizer.json"), encoding="utf-8") as f:
                 vocab = json.load(f)["model"]["vocab"]
             named = dict(ask, logit_bias={str(vocab['"']): 3},

@@ -18,8 +18,8 @@ using ojson = nlohmann::ordered_json;
 
 // The tools of the tests: `city` and `note` are strings, `note` may be null, `days` an integer; `get_time` has no
 // schema for its parameters.
-ParameterTypes weather_types() {
-  return ParameterTypes(ojson::parse(R"([
+ToolSchemas weather_tools() {
+  return ToolSchemas(ojson::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
       "city": {"type": "string"}, "days": {"type": "integer"}, "note": {"type": ["string", "null"]},
       "unit": {"enum": ["c", "f"]}, "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
@@ -120,7 +120,7 @@ TEST(XmlToolCalls, ParsesWhatTheTemplatesWriteForEarlierCalls) {
                                 : format == ToolFormat::deepseek_v32 ? "<｜end▁of▁sentence｜>"
                                                                      : "<|im_end|>");
     ASSERT_NE(begin, std::string::npos) << *text;
-    const ToolParse p = parse_tool_calls(format, std::string_view(*text).substr(begin, end - begin), weather_types());
+    const ToolParse p = parse_tool_calls(format, std::string_view(*text).substr(begin, end - begin), weather_tools());
     EXPECT_EQ(names_and_args(p), want) << *text;
     EXPECT_EQ(p.content, "") << *text;
     // Keys stay in the order written; a string that looks like JSON stays the string the schema says it is.
@@ -130,8 +130,8 @@ TEST(XmlToolCalls, ParsesWhatTheTemplatesWriteForEarlierCalls) {
 }
 
 TEST(XmlToolCalls, TheSchemaSaysWhichValuesAreStrings) {
-  const ParameterTypes types = weather_types();
-  using Kind = ParameterTypes::Kind;
+  const ToolSchemas types = weather_tools();
+  using Kind = ToolSchemas::Kind;
   EXPECT_EQ(types.kind("get_weather", "city"), Kind::string);
   EXPECT_EQ(types.kind("get_weather", "note"), Kind::string_or_null);
   EXPECT_EQ(types.kind("get_weather", "unit"), Kind::string);
@@ -141,7 +141,7 @@ TEST(XmlToolCalls, TheSchemaSaysWhichValuesAreStrings) {
   EXPECT_EQ(types.kind("get_weather", "missing"), Kind::other);
   EXPECT_EQ(types.kind("get_time", "zone"), Kind::other);
   EXPECT_EQ(types.kind("nothing", "city"), Kind::other);
-  EXPECT_EQ(ParameterTypes(ojson("not tools")).kind("get_weather", "city"), Kind::other);
+  EXPECT_EQ(ToolSchemas(ojson("not tools")).kind("get_weather", "city"), Kind::other);
 
   const std::string text =
       "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\n 7 \n</parameter>\n"
@@ -177,7 +177,7 @@ TEST(XmlToolCalls, ContentAroundTheCallsAndTheirShapes) {
                                        "Let me check.\n\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n"
                                        "<tool_call><function=get_weather><parameter=city>Oslo</parameter></function>"
                                        "\nDone.",
-                                       weather_types());
+                                       weather_tools());
   const std::vector<std::pair<std::string, json>> want = {{"get_time", json::object()},
                                                           {"get_weather", json{{"city", "Oslo"}}}};
   EXPECT_EQ(names_and_args(q), want);
@@ -187,7 +187,7 @@ TEST(XmlToolCalls, ContentAroundTheCallsAndTheirShapes) {
       ToolFormat::glm45,
       "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call><tool_call>get_time"
       "</tool_call>",
-      weather_types());
+      weather_tools());
   const std::vector<std::pair<std::string, json>> want_g = {{"get_weather", json{{"city", "Oslo"}}},
                                                             {"get_time", json::object()}};
   EXPECT_EQ(names_and_args(g), want_g);
@@ -197,7 +197,7 @@ TEST(XmlToolCalls, ContentAroundTheCallsAndTheirShapes) {
       ToolFormat::minimax_m2,
       "Sure.\n<minimax:tool_call>\n<invoke name=\"get_time\">\n</invoke>\n<invoke name=\"get_weather\">"
       "<parameter name=\"city\">Oslo</parameter></invoke>\n",
-      weather_types());
+      weather_tools());
   EXPECT_EQ(names_and_args(m), want);
   EXPECT_EQ(m.content, "Sure.");
 }
@@ -223,7 +223,7 @@ TEST(XmlToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
        "<｜DSML｜function_calls><｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"a\" string=\"true\">1"},
   };
   for (const auto& [format, text] : cases) {
-    const ToolParse p = parse_tool_calls(format, text, weather_types());
+    const ToolParse p = parse_tool_calls(format, text, weather_tools());
     EXPECT_TRUE(p.calls.empty()) << text;
     EXPECT_EQ(p.content, text);
   }
@@ -238,7 +238,7 @@ struct Streamed {
 };
 
 Streamed stream_in_steps(ToolFormat format, std::string_view text, std::size_t step) {
-  ToolCallStream stream(format, weather_types());
+  ToolCallStream stream(format, weather_tools());
   Streamed s;
   auto take = [&](const std::vector<ToolCallDelta>& deltas, bool pushed) {
     for (const auto& d : deltas) {
@@ -292,7 +292,7 @@ const std::pair<ToolFormat, std::string> kAnswers[] = {
 // Whatever the chunking, the stream finds what the whole parse finds; a string value goes out as it is written.
 TEST(XmlToolCalls, StreamSendsWhatTheWholeParseFindsAsItIsWritten) {
   for (const auto& [format, text] : kAnswers) {
-    const ToolParse whole = parse_tool_calls(format, text, weather_types());
+    const ToolParse whole = parse_tool_calls(format, text, weather_tools());
     ASSERT_EQ(whole.calls.size(), 2u) << text;
     for (const std::size_t step : {1, 2, 3, 5, 7, 64}) {
       const Streamed s = stream_in_steps(format, text, step);
@@ -310,7 +310,7 @@ TEST(XmlToolCalls, StreamSendsWhatTheWholeParseFindsAsItIsWritten) {
       }
     }
   }
-  const ToolParse qwen = parse_tool_calls(kAnswers[0].first, kAnswers[0].second, weather_types());
+  const ToolParse qwen = parse_tool_calls(kAnswers[0].first, kAnswers[0].second, weather_tools());
   EXPECT_EQ(json::parse(qwen.calls[0].arguments)["city"], "São Paulo <b> \"q\"\n");
   EXPECT_EQ(qwen.content, "I'll write it.");
 }
@@ -321,7 +321,7 @@ TEST(XmlToolCalls, EveryCutOfAnAnswerStreamsSafely) {
   for (const auto& [format, answer] : kAnswers) {
     for (std::size_t n = 0; n <= answer.size(); ++n) {
       const std::string_view text = std::string_view(answer).substr(0, n);
-      const ToolParse whole = parse_tool_calls(format, text, weather_types());
+      const ToolParse whole = parse_tool_calls(format, text, weather_tools());
       for (const std::size_t step : {std::size_t{1}, std::size_t{4}}) {
         const Streamed s = stream_in_steps(format, text, step);
         if (whole.calls.empty()) {
@@ -337,6 +337,65 @@ TEST(XmlToolCalls, EveryCutOfAnAnswerStreamsSafely) {
       }
     }
   }
+}
+
+// A call of a function the request does not offer is no call, streamed or not: its text stays content and no piece
+// of it goes out (the server refuses such names in `tools`, and a client could not run it).
+TEST(XmlToolCalls, OnlyTheRequestsFunctionsAreCalled) {
+  const std::pair<ToolFormat, std::string> cases[] = {
+      {ToolFormat::qwen3_coder, "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n</function>"},
+      {ToolFormat::glm45, "<tool_call>{\"name\": \"get_time\"}</tool_call>"},  // the whole line is the name
+      {ToolFormat::hermes, "<tool_call>{\"name\": \"}}\", \"arguments\": {}}</tool_call>"},
+      {ToolFormat::mistral_v11, "[TOOL_CALLS]get_time[ARGS]{}[TOOL_CALLS]nope[ARGS]{}"},
+      {ToolFormat::kimi_k2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.x:0<|tool_call_argument_begin|>{}<|tool_call_end|>"},
+  };
+  for (const auto& [format, text] : cases) {
+    const ToolParse whole = parse_tool_calls(format, text, weather_tools());
+    EXPECT_TRUE(whole.calls.empty()) << text;
+    EXPECT_EQ(whole.content, text);
+    for (const std::size_t step : {1, 7}) {
+      const Streamed s = stream_in_steps(format, text, step);
+      // mistral_v11's first call (get_time) is a tool and goes out; it is never complete JSON.
+      for (std::size_t k = 0; k < s.names.size(); ++k) {
+        EXPECT_EQ(s.names[k], "get_time") << text;
+        EXPECT_FALSE(json::accept(s.arguments[k])) << text;
+      }
+      EXPECT_EQ(s.content + s.end.parse.content, text);
+    }
+    // Without tools (no list to check against) the name is taken as written.
+    EXPECT_FALSE(parse_tool_calls(format, text).calls.empty()) << text;
+  }
+}
+
+// Kimi K2's template writes a call's result under its id ("## Return of functions.NAME:0") and its call under the
+// header the model wrote: that header is the id, as vLLM returns it, streamed or not.
+TEST(XmlToolCalls, KimiCallsKeepTheModelsIds) {
+  const std::string text =
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:3<|tool_call_argument_begin|>{\"city\": "
+      "\"Oslo\"}<|tool_call_end|><|tool_call_begin|>get_time<|tool_call_argument_begin|>{}<|tool_call_end|>"
+      "<|tool_calls_section_end|>";
+  const ToolParse p = parse_tool_calls(ToolFormat::kimi_k2, text, weather_tools());
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].id, "functions.get_weather:3");
+  EXPECT_EQ(p.calls[1].id, "");  // no "functions.NAME:N" header: the server makes one
+  for (const std::size_t step : {1, 5, 1000}) {
+    ToolCallStream stream(ToolFormat::kimi_k2, weather_tools());
+    std::vector<std::string> ids;
+    auto take = [&](const std::vector<ToolCallDelta>& deltas) {
+      for (const auto& d : deltas) {
+        if (!d.name.empty()) ids.push_back(d.id);
+      }
+    };
+    for (std::size_t i = 0; i < text.size(); i += step) take(stream.push(std::string_view(text).substr(i, step)).calls);
+    take(stream.finish().calls);
+    EXPECT_EQ(ids, (std::vector<std::string>{"functions.get_weather:3", ""})) << step;
+  }
+  EXPECT_EQ(parse_tool_calls(ToolFormat::deepseek_v31,
+                             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>")
+                .calls.at(0)
+                .id,
+            "");
 }
 
 TEST(XmlToolCalls, ForcedAndRequiredCallsOpenAsTheModelWrites) {

@@ -39,7 +39,7 @@ namespace colibri::server {
 //   deepseek_v32, deepseek_v4 (DeepSeek V3.2, V4: DSML): <｜DSML｜function_calls> (V4: tool_calls) around
 //               <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>
 //               ...</｜DSML｜invoke>
-// The XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ParameterTypes;
+// The XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ToolSchemas;
 // DSML says so itself). vLLM names its parsers the same.
 enum class ToolFormat {
   none,
@@ -70,22 +70,25 @@ bool tool_marker_is_special(ToolFormat format);
 // The tags a format's calls are written with, each of which the decoder must keep.
 std::vector<std::string_view> tool_markers(ToolFormat format);
 
-// What the request's tools say of each parameter's type, for the XML syntaxes, whose values are bare text: a value
-// of a string parameter is that text; any other value is read as JSON when it is JSON (Python's True, False and None,
-// which Qwen's templates write for earlier calls, too), and is that text when it is not. A parameter the schema does
-// not list is read as JSON when it is JSON.
-class ParameterTypes {
+// What the request's tools say: which functions a call may name (a call of any other is no call: its text stays
+// content), and each parameter's type, for the XML syntaxes, whose values are bare text: a value of a string
+// parameter is that text; any other value is read as JSON when it is JSON (Python's True, False and None, which
+// Qwen's templates write for earlier calls, too), and is that text when it is not. A parameter the schema does not
+// list is read as JSON when it is JSON. Without tools (the default) any name goes.
+class ToolSchemas {
  public:
   enum class Kind { string, string_or_null, other };
-  ParameterTypes() = default;
+  ToolSchemas() = default;
   // `tools`: the request's "tools" ([{"type": "function", "function": {"name", "parameters": {...}}}]); anything
   // else is no tools.
-  explicit ParameterTypes(const nlohmann::ordered_json& tools);
+  explicit ToolSchemas(const nlohmann::ordered_json& tools);
   [[nodiscard]] Kind kind(std::string_view tool, std::string_view parameter) const;
+  [[nodiscard]] bool may_call(std::string_view tool) const;
 
  private:
   // tool name -> parameter -> kind; only the parameters that are not `other`
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, Kind>>>> kinds_;
+  std::vector<std::string> names_;  // every function of the tools
 };
 
 // Appended to the rendered prompt when tool_choice names a function: the model continues with the arguments object.
@@ -98,7 +101,7 @@ std::string required_call_prefix(ToolFormat format);
 nlohmann::ordered_json required_call_schema(const std::vector<std::string>& names);
 
 struct ToolCall {
-  std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands)
+  std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands; kimi_k2: the model's own)
   std::string name;
   std::string arguments;                         // a JSON text, as OpenAI sends it
   [[nodiscard]] nlohmann::json to_json() const;  // {"id", "type": "function", "function": {"name", "arguments"}}
@@ -130,7 +133,7 @@ std::string tool_call_id(ToolFormat format, std::uint64_t random);
 
 struct ToolParse {
   std::string content;          // the text that is not a call
-  std::vector<ToolCall> calls;  // ids left empty
+  std::vector<ToolCall> calls;  // ids left empty, but where the model wrote one (Kimi K2)
 };
 
 // Splits a finished answer. When a call's text does not parse (broken JSON, no name), nothing is taken as a call:
@@ -138,15 +141,16 @@ struct ToolParse {
 // object as the model wrote it, keys in its order, with the whitespace outside strings dropped (what a stream can send
 // as it is written); arguments given as a string holding JSON are that string. A call object that repeats "name", or
 // has "arguments" twice (or both "arguments" and "parameters"), is ambiguous: no call.
-ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ParameterTypes& types = {});
+ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ToolSchemas& types = {});
 
 // A piece of a streamed call. A call's first piece names it; the later ones carry the next part of its arguments.
 // The pieces of call `index` add up to its arguments text.
 struct ToolCallDelta {
   std::size_t index = 0;  // the call's place among the answer's calls
   std::string name;       // in the first piece only
-  std::string arguments;
-  bool last = false;  // the call's final piece (from finish): its arguments are complete
+  std::string arguments = {};
+  bool last = false;    // the call's final piece (from finish): its arguments are complete
+  std::string id = {};  // in the first piece, where the model wrote one (Kimi K2: "functions.NAME:0")
 };
 
 struct ToolStreamOutput {
@@ -169,7 +173,7 @@ struct ToolStreamEnd {
 // turns out broken was sent only with arguments that are no complete JSON, and its text comes back whole as content.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolFormat format, ParameterTypes types = {});
+  explicit ToolCallStream(ToolFormat format, ToolSchemas types = {});
   // tool_choice "required": the text is one call object (its opener is in the prompt), read as call_from_json_text.
   static ToolCallStream required_call();
   // A call whose name came before its text (harmony's header): the text is its arguments object alone, streamed as
@@ -192,7 +196,7 @@ class ToolCallStream {
   void preview_xml(ToolStreamOutput& out);
 
   ToolFormat format_;
-  ParameterTypes types_;
+  ToolSchemas types_;
   bool required_ = false;
   std::optional<std::string> name_;  // arguments_of
   std::string held_;
