@@ -65,54 +65,67 @@ constexpr std::string_view kArgValueClose = "</arg_value>";
 // The XML syntaxes: each value bare text between tags. Qwen's and GLM's wrap each call in <tool_call>; MiniMax's and
 // DeepSeek's DSML put many <invoke> calls in one block.
 struct XmlSyntax {
-  std::string_view open, close;  // around each call, or around the block
-  bool block;                    // many calls between open and close
-  std::string_view call_open;    // then the name (GLM: none, the name follows `open`)
-  std::string_view name_end;     // GLM: none, the name ends with its line or at the next tag
-  std::string_view call_close;   // GLM: none, `close` ends the call
-  std::string_view key_open, key_end;
-  bool attributes;              // DSML: attributes follow the key up to '>' (string="true" or "false")
-  std::string_view value_open;  // GLM's <arg_value>
-  std::string_view value_close;
+  std::string_view open = {}, close = {};  // around each call, or around the block
+  bool block = false;                      // many calls between open and close
+  std::string_view call_open = {};         // then the name (GLM: none, the name follows `open`)
+  std::string_view name_end = {};          // GLM: none, the name ends with its line or at the next tag
+  std::string_view call_close = {};        // GLM: none, `close` ends the call
+  std::string_view key_open = {}, key_end = {};
+  bool attributes = false;           // DSML: attributes follow the key up to '>' (string="true" or "false")
+  std::string_view value_open = {};  // GLM's <arg_value>
+  std::string_view value_close = {};
   bool newlines = false;  // Qwen's template writes a newline around each value, which is not part of it
+  // Qwen: a value also ends where the next parameter or the call's close begins (vLLM reads a missing </parameter>
+  // so). MiniMax: spaces around a value are not part of it, and null, none and nil are null (as vLLM reads them).
+  bool open_values = false;
+  bool trimmed = false;
 };
-constexpr XmlSyntax kQwenXml{kHermesOpen, kHermesClose, false, kFunctionOpen,   ">", kFunctionClose, kParameterOpen,
-                             ">",         false,        "",    kParameterClose, true};
-constexpr XmlSyntax kGlmXml{kHermesOpen, kHermesClose,  false,         "", "", "", kArgKeyOpen, kArgKeyClose,
-                            false,       kArgValueOpen, kArgValueClose};
-constexpr XmlSyntax kMinimaxXml{"<minimax:tool_call>",
-                                "</minimax:tool_call>",
-                                true,
-                                "<invoke name=\"",
-                                "\">",
-                                "</invoke>",
-                                "<parameter name=\"",
-                                "\">",
-                                false,
-                                "",
-                                kParameterClose};
-constexpr XmlSyntax kDsmlV32{"<｜DSML｜function_calls>",
-                             "</｜DSML｜function_calls>",
-                             true,
-                             "<｜DSML｜invoke name=\"",
-                             "\">",
-                             "</｜DSML｜invoke>",
-                             "<｜DSML｜parameter name=\"",
-                             "\"",
-                             true,
-                             "",
-                             "</｜DSML｜parameter>"};
-constexpr XmlSyntax kDsmlV4{"<｜DSML｜tool_calls>",
-                            "</｜DSML｜tool_calls>",
-                            true,
-                            "<｜DSML｜invoke name=\"",
-                            "\">",
-                            "</｜DSML｜invoke>",
-                            "<｜DSML｜parameter name=\"",
-                            "\"",
-                            true,
-                            "",
-                            "</｜DSML｜parameter>"};
+constexpr XmlSyntax kQwenXml{.open = kHermesOpen,
+                             .close = kHermesClose,
+                             .call_open = kFunctionOpen,
+                             .name_end = ">",
+                             .call_close = kFunctionClose,
+                             .key_open = kParameterOpen,
+                             .key_end = ">",
+                             .value_close = kParameterClose,
+                             .newlines = true,
+                             .open_values = true};
+constexpr XmlSyntax kGlmXml{.open = kHermesOpen,
+                            .close = kHermesClose,
+                            .key_open = kArgKeyOpen,
+                            .key_end = kArgKeyClose,
+                            .value_open = kArgValueOpen,
+                            .value_close = kArgValueClose};
+constexpr XmlSyntax kMinimaxXml{.open = "<minimax:tool_call>",
+                                .close = "</minimax:tool_call>",
+                                .block = true,
+                                .call_open = "<invoke name=\"",
+                                .name_end = "\">",
+                                .call_close = "</invoke>",
+                                .key_open = "<parameter name=\"",
+                                .key_end = "\">",
+                                .value_close = kParameterClose,
+                                .trimmed = true};
+constexpr XmlSyntax kDsmlV32{.open = "<｜DSML｜function_calls>",
+                             .close = "</｜DSML｜function_calls>",
+                             .block = true,
+                             .call_open = "<｜DSML｜invoke name=\"",
+                             .name_end = "\">",
+                             .call_close = "</｜DSML｜invoke>",
+                             .key_open = "<｜DSML｜parameter name=\"",
+                             .key_end = "\"",
+                             .attributes = true,
+                             .value_close = "</｜DSML｜parameter>"};
+constexpr XmlSyntax kDsmlV4{.open = "<｜DSML｜tool_calls>",
+                            .close = "</｜DSML｜tool_calls>",
+                            .block = true,
+                            .call_open = "<｜DSML｜invoke name=\"",
+                            .name_end = "\">",
+                            .call_close = "</｜DSML｜invoke>",
+                            .key_open = "<｜DSML｜parameter name=\"",
+                            .key_end = "\"",
+                            .attributes = true,
+                            .value_close = "</｜DSML｜parameter>"};
 
 const XmlSyntax* xml_syntax(ToolFormat format) {
   switch (format) {
@@ -436,8 +449,9 @@ std::string json_string(std::string_view text) {
 }
 
 // A bare value of an XML call as JSON text (ToolSchemas says how).
-std::string xml_value_json(std::string_view value, ToolSchemas::Kind kind) {
+std::string xml_value_json(std::string_view value, ToolSchemas::Kind kind, bool null_words = false) {
   const std::string_view t = trim(value);
+  if (null_words && kind != ToolSchemas::Kind::string && (t == "null" || t == "none" || t == "nil")) return "null";
   switch (kind) {
     case ToolSchemas::Kind::string: return json_string(value);
     case ToolSchemas::Kind::string_or_null: return t == "null" || t == "None" ? "null" : json_string(value);
@@ -475,12 +489,23 @@ class XmlCallReader {
   }
   [[nodiscard]] const std::vector<ToolCall>& calls() const { return calls_; }
   [[nodiscard]] std::size_t end() const { return end_; }  // after the last complete call (or its block's close)
-  // The call being written, once its name is known: its name, and its arguments so far (no closing brace).
+  // The call being written, once its name is known: its name, and its arguments so far (no closing brace), as
+  // their size and the bytes from `from` on (a stream sends what is new without copying what it sent).
   [[nodiscard]] bool named() const { return in_call() && !name_.empty(); }
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] std::string arguments_so_far() const {
-    if (!string_open_) return arguments_;
-    return arguments_ + (params_.empty() ? "" : ",") + json_string(key_) + ":\"" + escaped_;
+  [[nodiscard]] std::size_t arguments_size() const {
+    std::size_t n = arguments_.size();
+    if (string_open_) n += (params_.empty() ? 0 : 1) + key_json_.size() + 2 + escaped_.size();
+    return n;
+  }
+  void append_arguments(std::string& out, std::size_t from) const {
+    const std::string_view parts[] = {arguments_, string_open_ && !params_.empty() ? "," : "",
+                                      string_open_ ? std::string_view(key_json_) : "", string_open_ ? ":\"" : "",
+                                      string_open_ ? std::string_view(escaped_) : ""};
+    for (const std::string_view part : parts) {
+      if (from < part.size()) out.append(part.substr(from));
+      from -= std::min(from, part.size());
+    }
   }
 
  private:
@@ -513,17 +538,27 @@ class XmlCallReader {
       if (mb == Match::yes) return 2;
       return ma == Match::more || mb == Match::more || rest.empty() ? 0 : -1;
     };
-    // Up to `end` on one line, without another tag: the bytes before it, or nullopt (and broken() when it cannot be).
-    auto up_to = [&](std::string_view end) -> std::optional<std::string_view> {
-      const std::size_t at = rest.find(end);
-      const std::size_t stray = rest.find_first_of("\n<");
+    // Where a search from pos_ may go on (a stream's text grows a piece at a time: each byte is searched once).
+    if (scan_at_ != pos_) scan_at_ = scanned_ = pos_;
+    const auto search_from = [&](std::string_view end) {
+      return scanned_ - std::min(scanned_ - pos_, end.empty() ? 0 : end.size() - 1);
+    };
+    // Up to `end`, without a line break or another tag (`one_line`; GLM's key may hold anything): the bytes before
+    // it, or nullopt (and broken() when it cannot be).
+    auto up_to = [&](std::string_view end, bool one_line = true) -> std::optional<std::string_view> {
+      const std::size_t at = text.find(end, search_from(end));
+      const std::size_t stray = one_line ? text.find_first_of("\n<", scanned_) : std::string_view::npos;
       if (stray < at) {
         fail();
         return std::nullopt;
       }
-      if (at == std::string_view::npos) return std::nullopt;
-      pos_ += at + end.size();
-      return rest.substr(0, at);
+      if (at == std::string_view::npos) {
+        scanned_ = text.size();
+        return std::nullopt;
+      }
+      const std::string_view before = text.substr(pos_, at - pos_);
+      pos_ = at + end.size();
+      return before;
     };
     switch (at_) {
       case At::between:
@@ -555,10 +590,13 @@ class XmlCallReader {
       case At::name: {
         std::optional<std::string_view> name;
         if (x_->name_end.empty()) {  // GLM: up to the line's end, or the tag that follows a name on the same line
-          const std::size_t end = rest.find_first_of("\n<");
-          if (end == std::string_view::npos) return false;
-          name = rest.substr(0, end);
-          pos_ += end + (rest[end] == '<' ? 0 : 1);
+          const std::size_t end = text.find_first_of("\n<", scanned_);
+          if (end == std::string_view::npos) {
+            scanned_ = text.size();
+            return false;
+          }
+          name = text.substr(pos_, end - pos_);
+          pos_ = end + (text[end] == '<' ? 0 : 1);
         } else if (name = up_to(x_->name_end); !name) {
           return false;
         }
@@ -591,15 +629,9 @@ class XmlCallReader {
       }
       case At::key: {
         std::optional<std::string_view> key;
-        if (x_->key_end == kArgKeyClose) {  // GLM's key is text up to its closing tag
-          const std::size_t end = rest.find(kArgKeyClose);
-          if (end == std::string_view::npos) return false;
-          key = rest.substr(0, end);
-          pos_ += end + kArgKeyClose.size();
-        } else if (key = up_to(x_->key_end); !key) {
-          return false;
-        }
+        if (key = up_to(x_->key_end, x_->key_end != kArgKeyClose); !key) return false;
         key_ = std::string(trim(*key));
+        key_json_ = json_string(key_);
         const bool again = std::any_of(params_.begin(), params_.end(), [&](const auto& k) { return k == key_; });
         if (key_.empty() || again) return fail();  // a repeated key: either value could be meant
         kind_ = types.kind(name_, key_);
@@ -628,16 +660,24 @@ class XmlCallReader {
           default: return fail();
         }
       case At::value: {
-        const std::size_t end = text.find(x_->value_close, searched_);
+        // The value's end: its closing tag, or (Qwen) where the next parameter or the call's close begins.
+        std::size_t end = text.find(x_->value_close, search_from(x_->value_close));
+        std::size_t resume = end == std::string_view::npos ? end : end + x_->value_close.size();
+        if (x_->open_values) {
+          for (const std::string_view next : {x_->key_open, x_->call_close}) {
+            const std::size_t at = text.find(next, search_from(next));
+            if (at < end) end = resume = at;
+          }
+        }
         if (end == std::string_view::npos) {
-          searched_ = std::max(value_start_, text.size() - std::min(text.size(), x_->value_close.size() - 1));
+          scanned_ = text.size();
           return false;
         }
-        arguments_ += (params_.empty() ? "" : ",") + json_string(key_) + ":" +
-                      xml_value_json(value_text(text.substr(value_start_, end - value_start_)), kind_);
+        arguments_ += (params_.empty() ? "" : ",") + key_json_ + ":" +
+                      xml_value_json(value_text(text.substr(value_start_, end - value_start_)), kind_, x_->trimmed);
         params_.push_back(key_);
         string_open_ = false;
-        pos_ = end + x_->value_close.size();
+        pos_ = resume;
         at_ = At::parameters;
         return true;
       }
@@ -667,7 +707,6 @@ class XmlCallReader {
   }
   void start_value() {
     value_start_ = pos_;
-    searched_ = pos_;
     escaped_.clear();
     escaped_end_ = 0;
   }
@@ -678,6 +717,7 @@ class XmlCallReader {
     at_ = At::between;
   }
   [[nodiscard]] std::string_view value_text(std::string_view value) const {
+    if (x_->trimmed) return trim(value);
     if (x_->newlines && value.starts_with('\n')) value.remove_prefix(1);
     if (x_->newlines && value.ends_with('\n')) value.remove_suffix(1);
     return value;
@@ -686,7 +726,8 @@ class XmlCallReader {
   // A string parameter's value as far as it is final: what cannot turn into its closing tag (nor Qwen's newline
   // before it), in whole UTF-8 characters. It is escaped once, piece by piece.
   void open_string(std::string_view text) {
-    string_open_ = at_ == At::value && kind_ == ToolSchemas::Kind::string;
+    // A trimmed value's final text is known when it closes (trailing spaces may still come).
+    string_open_ = at_ == At::value && kind_ == ToolSchemas::Kind::string && !x_->trimmed;
     if (!string_open_) return;
     std::size_t begin = value_start_;
     if (x_->newlines) {
@@ -694,7 +735,9 @@ class XmlCallReader {
       if (text[begin] == '\n') ++begin;
     }
     std::string_view value = text.substr(std::min(begin, text.size()));
-    value.remove_suffix(marker_tail(value, x_->value_close));
+    std::size_t tail = marker_tail(value, x_->value_close);
+    if (x_->open_values) tail = std::max({tail, marker_tail(value, x_->key_open), marker_tail(value, x_->call_close)});
+    value.remove_suffix(tail);
     if (x_->newlines && value.ends_with('\n')) value.remove_suffix(1);
     value = value.substr(0, whole_utf8(value));
     if (value.size() <= escaped_end_) return;
@@ -707,13 +750,14 @@ class XmlCallReader {
   At at_ = At::between;
   std::size_t pos_ = 0, end_ = 0;
   std::vector<ToolCall> calls_;
-  std::string name_, key_, arguments_;
+  std::string name_, key_, key_json_, arguments_;
   std::vector<std::string> params_;                    // the keys of the call being read
   ToolSchemas::Kind kind_ = ToolSchemas::Kind::other;  // of the value being read
-  std::size_t value_start_ = 0, searched_ = 0;
-  bool string_open_ = false;     // a string value is being written: arguments_so_far() holds its final part
-  std::string escaped_;          // that part, as JSON string text
-  std::size_t escaped_end_ = 0;  // the value's bytes it holds
+  std::size_t value_start_ = 0;
+  std::size_t scan_at_ = 0, scanned_ = 0;  // a search from scan_at_ has read up to scanned_ without finding its end
+  bool string_open_ = false;               // a string value is being written: append_arguments() gives its final part
+  std::string escaped_;                    // that part, as JSON string text
+  std::size_t escaped_end_ = 0;            // the value's bytes it holds
 };
 
 Calls parse_xml(const XmlSyntax& syntax, std::string_view text, std::size_t pos, const ToolSchemas& types) {
@@ -1045,7 +1089,8 @@ struct ToolCallStream::Preview {
     stopped,
   };
   At at = At::marker;
-  std::size_t pos = 0;  // in the held-back text
+  std::size_t pos = 0;      // in the held-back text
+  std::size_t scanned = 0;  // from pos: what a search for a marker (ds_sep, ds_name) has read without finding it
   bool in_array = false;
   engine::JsonConstraint json;  // the call object (deepseek: the arguments) is still a prefix of valid JSON
   CallScanner scan;
@@ -1099,8 +1144,10 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
   if (p.at == Preview::At::stopped) return;
   if (!p.xml) p.xml.emplace(*xml_syntax(format_));
   p.xml->read(held_, types_);
-  // Sends what is new of call `index`: its name first, then what its arguments have grown by.
-  auto send = [&](std::size_t index, const std::string& name, std::string_view arguments) {
+  // Sends what is new of call `index`: its name first, then what its arguments have grown by, `size` bytes in all
+  // (`append(out, from)` gives those from `from` on). The reader only adds to a call's arguments, so what was sent
+  // is their prefix: only the new bytes are copied.
+  auto send = [&](std::size_t index, const std::string& name, std::size_t size, const auto& append) {
     if (p.sent.size() < index) return;
     if (p.sent.size() == index) {
       if (!types_.may_call(name)) {  // no call (the parse at the end agrees): nothing of it goes out
@@ -1111,16 +1158,23 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
       out.calls.push_back(ToolCallDelta{index, name, ""});
     }
     std::string& sent = p.sent[index];
-    if (arguments.size() <= sent.size() || !arguments.starts_with(sent)) return;
-    out.calls.push_back(ToolCallDelta{index, "", std::string(arguments.substr(sent.size()))});
-    sent = arguments;
+    if (size <= sent.size()) return;
+    std::string piece;
+    append(piece, sent.size());
+    piece.resize(size - sent.size());
+    sent += piece;
+    out.calls.push_back(ToolCallDelta{index, "", std::move(piece)});
   };
   const auto& calls = p.xml->calls();
   for (std::size_t k = p.sent.empty() ? 0 : p.sent.size() - 1; k < calls.size(); ++k) {
-    const std::string_view arguments = calls[k].arguments;
-    send(k, calls[k].name, arguments.substr(0, arguments.size() - 1));  // the closing '}' waits for finish()
+    const std::string& arguments = calls[k].arguments;  // all but its closing '}', which waits for finish()
+    send(k, calls[k].name, arguments.size() - 1,
+         [&](std::string& piece, std::size_t from) { piece.append(arguments, from, arguments.size() - 1 - from); });
   }
-  if (p.xml->named()) send(calls.size(), p.xml->name(), p.xml->arguments_so_far());
+  if (p.at != Preview::At::stopped && p.xml->named()) {
+    send(calls.size(), p.xml->name(), p.xml->arguments_size(),
+         [&](std::string& piece, std::size_t from) { p.xml->append_arguments(piece, from); });
+  }
 }
 
 void ToolCallStream::preview(ToolStreamOutput& out) {
@@ -1148,7 +1202,7 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
     const std::size_t end = complete ? arguments.size() - 1 : whole_utf8(arguments);
     if (end <= sent.size()) return;
     out.calls.push_back(ToolCallDelta{index, "", arguments.substr(sent.size(), end - sent.size())});
-    sent = arguments.substr(0, end);
+    sent.append(arguments, sent.size(), end - sent.size());
   };
   auto send_object = [&] {
     if (!p.scan.arguments_object() || p.scan.ambiguous() || p.scan.name_token().empty()) return;
@@ -1234,7 +1288,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         if (!expect(section->call_open, At::ds_sep, At::stopped)) return;
         break;
       case At::ds_sep:
-        if (const std::size_t at = rest.find(section->sep); at != std::string_view::npos) {
+        if (const std::size_t at = rest.find(section->sep, p.scanned - std::min(p.scanned, section->sep.size() - 1));
+            at != std::string_view::npos) {
+          p.scanned = 0;
           if (!section->fenced) {  // the header before the separator names the call
             p.name = header_name(*section, rest.substr(0, at));
             p.id = header_id(*section, rest.substr(0, at));
@@ -1245,14 +1301,17 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
           p.pos += at + section->sep.size();
           break;
         }
+        p.scanned = rest.size();  // each byte is searched once, however the text comes
         return;
       case At::ds_name:
-        if (const std::size_t at = rest.find('\n'); at != std::string_view::npos) {
+        if (const std::size_t at = rest.find('\n', p.scanned); at != std::string_view::npos) {
+          p.scanned = 0;
           p.name = std::string(trim_right(rest.substr(0, at)));
           p.pos += at;
           p.at = p.name.empty() ? At::stopped : At::ds_fence;
           break;
         }
+        p.scanned = rest.size();
         return;
       case At::ds_fence:
         if (!expect("```", At::ds_lang, At::stopped)) return;
