@@ -115,17 +115,35 @@ bool JsonConstraint::literal_step(unsigned char c) {
       if (!exact || longer) return true;
       if (literal_key_) {
         frame_seen_[depth_ - 1] |= std::uint64_t{1} << exact_index;
-        value_node_ = schema_->nodes[literal_node_].values[exact_index];
+        const auto& n = schema_->nodes[literal_node_];
+        value_node_ = n.values[exact_index];
+        // A tagged object: its first property's value picks its second's schema.
+        tag_due_ = !n.tagged.empty() && exact_index == 0;
+        if (!n.tagged.empty() && exact_index == 1) value_node_ = n.tagged[tag_];
         mode_ = Mode::colon;
         return true;
       }
-      return end_value();
+      return end_literal(exact_index);
     }
   }
   // Not a continuation: only a complete value followed by what comes after it.
   if (literal_key_ || !literal_complete(match_length_)) return false;
-  end_value();
+  const std::string_view typed(match_.data(), match_length_);
+  std::size_t index = 0;
+  for_each_candidate([&](const std::string& cand, std::size_t i) {
+    index = i;
+    return cand == typed;
+  });
+  end_literal(index);
   return after_value(c);
+}
+
+bool JsonConstraint::end_literal(std::size_t index) {
+  if (tag_due_) {
+    tag_ = static_cast<std::uint16_t>(index);
+    tag_due_ = false;
+  }
+  return end_value();
 }
 
 bool JsonConstraint::end_value() {

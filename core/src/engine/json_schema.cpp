@@ -376,4 +376,59 @@ sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_lenient(con
   return compile_schema(schema, &skipped);
 }
 
+sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_tool_call(
+    const std::vector<std::pair<std::string, json>>& tools, std::vector<std::string>& skipped) {
+  skipped.clear();
+  auto out = std::make_shared<JsonSchema>();
+  Node names;
+  names.kind = Kind::literals;
+  std::vector<std::uint16_t> tagged;
+  for (const auto& [name, parameters] : tools) {
+    const std::string literal = json(name).dump(-1, ' ', false, json::error_handler_t::replace);
+    if (literal.size() > kMaxLiteralBytes) {
+      return sdk::Status(sdk::StatusCode::invalid_argument,
+                         "a tool's name is longer than " + std::to_string(kMaxLiteralBytes) + " bytes");
+    }
+    names.literals.push_back(literal);
+    // Each tool's parameters compiled on their own ($ref is relative to them), then appended to the one node table.
+    std::vector<std::string> skipped_here;
+    auto compiled = parameters.is_null() ? compile_schema(json{{"type", "object"}}, nullptr)
+                                         : compile_schema(parameters, &skipped_here);
+    if (!compiled || (*compiled)->root == kAny) {  // a schema colibri cannot compile, or `{}`: any object
+      if (!compiled) skipped.push_back(name + ".parameters (" + compiled.error().message() + ")");
+      compiled = compile_schema(json{{"type", "object"}}, nullptr);
+      if (!compiled) return compiled.error();
+    }
+    for (const auto& place : skipped_here) skipped.push_back(name + ".parameters." + place);
+    const auto& part = **compiled;
+    if (out->nodes.size() + part.nodes.size() + 2 > kMaxNodes) {
+      return sdk::Status(sdk::StatusCode::invalid_argument, "the tools' parameters are too large together (more than " +
+                                                                std::to_string(kMaxNodes) + " schema nodes)");
+    }
+    const auto offset = static_cast<std::uint16_t>(out->nodes.size());
+    const auto moved = [offset](std::uint16_t id) {
+      return id == kAny ? kAny : static_cast<std::uint16_t>(id + offset);
+    };
+    for (Node n : part.nodes) {
+      for (auto& v : n.values) v = moved(v);
+      for (auto& b : n.branch) b = moved(b);
+      for (auto& t : n.tagged) t = moved(t);
+      n.item = moved(n.item);
+      out->nodes.push_back(std::move(n));
+    }
+    tagged.push_back(moved(part.root));
+  }
+  if (tools.empty()) return sdk::Status(sdk::StatusCode::invalid_argument, "no tools to call");
+  out->nodes.push_back(std::move(names));
+  Node call;
+  call.kind = Kind::object;
+  call.keys = {"\"name\"", "\"arguments\""};
+  call.values = {static_cast<std::uint16_t>(out->nodes.size() - 1), kAny};
+  call.required = 0b11;
+  call.tagged = std::move(tagged);
+  out->nodes.push_back(std::move(call));
+  out->root = static_cast<std::uint16_t>(out->nodes.size() - 1);
+  return std::shared_ptr<const JsonSchema>(std::move(out));
+}
+
 }  // namespace colibri::engine

@@ -1018,13 +1018,6 @@ std::string required_call_prefix(ToolFormat format) {
   return {};
 }
 
-nlohmann::ordered_json required_call_schema(const std::vector<std::string>& names) {
-  using ordered = nlohmann::ordered_json;
-  return ordered{{"type", "object"},
-                 {"properties", {{"name", {{"enum", names}}}, {"arguments", {{"type", "object"}}}}},  // name first
-                 {"required", {"name", "arguments"}}};
-}
-
 std::optional<ToolCall> call_from_json_text(std::string_view text) {
   const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) return std::nullopt;

@@ -755,10 +755,18 @@ class Session : public std::enable_shared_from_this<Session> {
     // a minimum) is left out and the rest (types, properties, required) holds; a schema that is wrong leaves them
     // any JSON object, as without a schema.
     std::shared_ptr<const engine::JsonSchema> forced_schema;
+    // "required" with several: the call names one of them, and its arguments follow that one's parameters.
     if (req.tool_choice == CompletionRequest::ToolChoice::required) {
-      auto s = engine::JsonSchema::compile(required_call_schema(req.tool_names));
-      if (!s) return respond_error(internal_error("the required-call schema: " + s.error().message()), false);
+      std::vector<std::pair<std::string, nlohmann::ordered_json>> tools;
+      for (const auto& tool : req.tools) {
+        const auto& fn = tool["function"];
+        tools.emplace_back(fn["name"].get<std::string>(), fn.contains("parameters") ? fn["parameters"] : nullptr);
+      }
+      std::vector<std::string> skipped;
+      auto s = engine::JsonSchema::compile_tool_call(tools, skipped);
+      if (!s) return respond_error(bad_request("'tool_choice': 'required': " + s.error().message(), "tools"), false);
       forced_schema = *s;
+      if (!skipped.empty()) spdlog::debug("required call: parameters enforced but for {}", fmt::join(skipped, ", "));
     }
     if (req.tool_choice == CompletionRequest::ToolChoice::function) {
       for (const auto& tool : req.tools) {

@@ -1342,10 +1342,12 @@ class Api(unittest.TestCase):
             self.assertEqual(cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], '{"')
             _, events, _ = s.stream("/v1/chat/completions", dict(named, seed=seed, stop=["city"]))
             self.assertEqual(finish_of(events), "stop")
-            # "required" with several tools: the answer is a call of one of them (the name is constrained too).
-            clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+            # "required" with several tools: the answer is a call of one of them (the name is constrained too), its
+            # arguments under that tool's parameters.
+            clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+                "type": "object", "properties": {"tz": {"type": "integer"}}, "required": ["tz"]}}}
             names = set()
-            for k in range(6):
+            for k in range(12):
                 status, body = s.json("POST", "/v1/chat/completions",
                                       dict(named, seed=k, tools=[weather, clock], tool_choice="required"))
                 self.assertEqual(status, 200, body)
@@ -1353,9 +1355,15 @@ class Api(unittest.TestCase):
                 if choice["finish_reason"] != "tool_calls":
                     continue
                 (any_call,) = choice["message"]["tool_calls"]
-                self.assertIn(any_call["function"]["name"], ("get_weather", "get_time"))
-                self.assertIsInstance(json.loads(any_call["function"]["arguments"]), dict)
-                names.add(any_call["function"]["name"])
+                name, args = any_call["function"]["name"], json.loads(any_call["function"]["arguments"])
+                self.assertIn(name, ("get_weather", "get_time"))
+                if name == "get_weather":
+                    self.assertEqual(list(args), ["city"], args)
+                    self.assertIsInstance(args["city"], str)
+                else:
+                    self.assertEqual(list(args), ["tz"], args)
+                    self.assertIsInstance(args["tz"], int)
+                names.add(name)
             self.assertGreater(len(names), 0, "no required call finished within max_tokens")
             # Streamed, the call is named once its name is written and its arguments follow in pieces as they are
             # written, adding up to the same text. A bias toward 'n' makes the model write "name" before "arguments".

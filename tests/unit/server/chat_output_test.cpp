@@ -646,18 +646,38 @@ TEST(ToolCalls, HarmonyEveryCutStreamsSafely) {
   }
 }
 
-// "required" with several tools: the opener plus any object the schema lets through is one call of a listed tool.
+// "required" with several tools: the opener plus any object the schema lets through is one call of a listed tool,
+// its arguments under that tool's parameters (the name, written first, picks them).
 TEST(ToolCalls, RequiredCallOpenerAndSchema) {
-  auto schema = engine::JsonSchema::compile(required_call_schema({"get_weather", "get_time"}));
+  std::vector<std::string> skipped;
+  auto schema = engine::JsonSchema::compile_tool_call(
+      {{"get_weather", ojson::parse(R"({"type": "object", "properties": {"city": {"type": "string"},
+          "days": {"type": "integer", "minimum": 1}}, "required": ["city"]})")},
+       {"get_time", ojson::parse(R"({"type": "object", "properties": {"zone": {"type": "string"}}})")},
+       {"now", nullptr},
+       {"broken", ojson::parse(R"({"type": "strange"})")}},
+      skipped);
   ASSERT_TRUE(schema.has_value()) << schema.error().message();
+  EXPECT_EQ(skipped.size(), 2u);  // get_weather's minimum; broken's whole schema (any object)
   engine::JsonConstraint c(schema->get());
   const std::string object = R"({"name": "get_time", "arguments": {"zone": "CET"}})";
   ASSERT_TRUE(c.advance(object));
   EXPECT_TRUE(c.complete());
+  const auto accepts = [&](std::string_view text) { return engine::JsonConstraint(schema->get()).accepts(text); };
   // The name first, as OpenAI's calls are written: the arguments cannot open the object.
-  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"arguments")"));
-  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_w1")"));
-  EXPECT_FALSE(engine::JsonConstraint(schema->get()).accepts(R"({"name": "get_time"})"));  // arguments required
+  EXPECT_FALSE(accepts(R"({"arguments")"));
+  EXPECT_FALSE(accepts(R"({"name": "get_w1")"));
+  EXPECT_FALSE(accepts(R"({"name": "get_time"})"));  // arguments required
+  // Each tool's own parameters: get_time has no city, get_weather's city is a string and required.
+  EXPECT_FALSE(accepts(R"({"name": "get_time", "arguments": {"city")"));
+  EXPECT_TRUE(accepts(R"({"name": "get_weather", "arguments": {"city")"));
+  EXPECT_FALSE(accepts(R"({"name": "get_weather", "arguments": {"city": 5)"));
+  EXPECT_FALSE(accepts(R"({"name": "get_weather", "arguments": {})"));
+  EXPECT_TRUE(accepts(R"({"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}})"));
+  // No parameters, or ones colibri cannot compile: any object.
+  EXPECT_TRUE(accepts(R"({"name": "now", "arguments": {"x": [1, {"y": null}]}})"));
+  EXPECT_TRUE(accepts(R"({"name": "broken", "arguments": {"q": "r"}})"));
+  EXPECT_FALSE(accepts(R"({"name": "now", "arguments": 5)"));
   const auto call = call_from_json_text(object);
   ASSERT_TRUE(call.has_value());
   EXPECT_EQ(call->name, "get_time");

@@ -43,6 +43,11 @@ class JsonSchema {
   // A schema that is wrong (a type that does not exist, required naming an unlisted property) is still an error.
   static sdk::Expected<std::shared_ptr<const JsonSchema>> compile_lenient(const nlohmann::ordered_json& schema,
                                                                           std::vector<std::string>& skipped);
+  // A call of one of several tools, {"name": NAME, "arguments": {...}}: the name one of the tools', and the arguments
+  // then that tool's `parameters` (compiled leniently; null, or one colibri cannot compile, is any object).
+  // tool_choice "required" with several tools.
+  static sdk::Expected<std::shared_ptr<const JsonSchema>> compile_tool_call(
+      const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools, std::vector<std::string>& skipped);
 
   enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
   // The first byte of a value tells its class; an any_of node picks its branch by it.
@@ -66,6 +71,8 @@ class JsonSchema {
     std::uint32_t min_items = 0, max_items = std::numeric_limits<std::uint32_t>::max();
     std::vector<std::string> literals;             // literals: the allowed values as compact JSON text
     std::array<std::uint16_t, kClasses> branch{};  // any_of: the node for each first-byte class (kAny: none)
+    // object (compile_tool_call's root): the node of property 1 for each literal of property 0, which it follows
+    std::vector<std::uint16_t> tagged;
   };
   std::vector<Node> nodes;
   std::uint16_t root = kAny;
@@ -135,6 +142,7 @@ class JsonConstraint {
   bool start_number(Num first);
   bool whitespace(unsigned char c);
   bool literal_step(unsigned char c);
+  bool end_literal(std::size_t index);              // an enum value ends: the `index`th literal
   bool literal_complete(std::size_t length) const;  // match_[0, length) is one of the candidates
   template <class F>
   void for_each_candidate(F&& f) const;  // literal_set: each allowed text (and its key index), until f returns true
@@ -149,6 +157,8 @@ class JsonConstraint {
   std::uint16_t value_node_ = JsonSchema::kAny;        // the schema of the value that starts next
   bool integer_only_ = false;                          // the number being written must be an integer
   std::uint16_t literal_node_ = JsonSchema::kAny;      // literal_set: the node whose keys or literals are allowed
+  bool tag_due_ = false;                               // the literal being written is a tagged object's tag
+  std::uint16_t tag_ = 0;                              // the tag it was (its literal's index)
   bool literal_key_ = false;                           // literal_set: a property name (else an enum value)
   std::uint8_t match_length_ = 0;
   std::array<char, JsonSchema::kMaxLiteralBytes> match_{};

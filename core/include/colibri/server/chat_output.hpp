@@ -95,10 +95,9 @@ class ToolSchemas {
 std::string forced_call_prefix(ToolFormat format, std::string_view function_name);
 
 // tool_choice "required" with several tools: the answer starts with the format's call opener and continues with one
-// {"name": <one of names>, "arguments": {...}} object (the schema below). Empty for a format that writes the name
-// outside JSON (deepseek_v3, harmony) or none.
+// {"name": <one of names>, "arguments": {...}} object (engine::JsonSchema::compile_tool_call holds it to the named
+// tool's parameters). Empty for a format that writes the name outside JSON (deepseek_v3, harmony, ...) or none.
 std::string required_call_prefix(ToolFormat format);
-nlohmann::ordered_json required_call_schema(const std::vector<std::string>& names);
 
 struct ToolCall {
   std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands; kimi_k2: the model's own)
