@@ -106,26 +106,21 @@ constexpr XmlSyntax kMinimaxXml{.open = "<minimax:tool_call>",
                                 .key_end = "\">",
                                 .value_close = kParameterClose,
                                 .trimmed = true};
-constexpr XmlSyntax kDsmlV32{.open = "<｜DSML｜function_calls>",
-                             .close = "</｜DSML｜function_calls>",
-                             .block = true,
-                             .call_open = "<｜DSML｜invoke name=\"",
-                             .name_end = "\">",
-                             .call_close = "</｜DSML｜invoke>",
-                             .key_open = "<｜DSML｜parameter name=\"",
-                             .key_end = "\"",
-                             .attributes = true,
-                             .value_close = "</｜DSML｜parameter>"};
-constexpr XmlSyntax kDsmlV4{.open = "<｜DSML｜tool_calls>",
-                            .close = "</｜DSML｜tool_calls>",
-                            .block = true,
-                            .call_open = "<｜DSML｜invoke name=\"",
-                            .name_end = "\">",
-                            .call_close = "</｜DSML｜invoke>",
-                            .key_open = "<｜DSML｜parameter name=\"",
-                            .key_end = "\"",
-                            .attributes = true,
-                            .value_close = "</｜DSML｜parameter>"};
+// DeepSeek V3.2's and V4's DSML: the same tags in a block of another name.
+constexpr XmlSyntax dsml(std::string_view open, std::string_view close) {
+  return XmlSyntax{.open = open,
+                   .close = close,
+                   .block = true,
+                   .call_open = "<｜DSML｜invoke name=\"",
+                   .name_end = "\">",
+                   .call_close = "</｜DSML｜invoke>",
+                   .key_open = "<｜DSML｜parameter name=\"",
+                   .key_end = "\"",
+                   .attributes = true,
+                   .value_close = "</｜DSML｜parameter>"};
+}
+constexpr XmlSyntax kDsmlV32 = dsml("<｜DSML｜function_calls>", "</｜DSML｜function_calls>");
+constexpr XmlSyntax kDsmlV4 = dsml("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>");
 
 const XmlSyntax* xml_syntax(ToolFormat format) {
   switch (format) {

@@ -11,6 +11,7 @@
 
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/server/api.hpp"
+#include "unit/server/tool_stream_test_util.hpp"
 #include "unit/tokenizer/test_paths.hpp"
 
 namespace colibri::server {
@@ -18,15 +19,12 @@ namespace {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
+using tool_test::names_and_args;
+using tool_test::stream_in_steps;
+using tool_test::Streamed;
 
 ojson golden_meta(const std::string& name) {
   return ojson::parse(test::read_text(test::source_dir() / "tests/data/chat/golden" / (name + ".json")));
-}
-
-std::vector<std::pair<std::string, json>> names_and_args(const ToolParse& p) {
-  std::vector<std::pair<std::string, json>> out;
-  for (const auto& c : p.calls) out.emplace_back(c.name, json::parse(c.arguments));
-  return out;
 }
 
 TEST(ToolCalls, FormatComesFromTheTemplatesMarkers) {
@@ -219,50 +217,6 @@ TEST(ToolCalls, DeepseekV31AndKimiK2Syntaxes) {
   EXPECT_EQ(detect_tool_format(golden_meta("deepseek_v3")["source"].get<std::string>()), ToolFormat::deepseek_v3);
 }
 
-// What a stream sent, pushed in pieces of `step` bytes: the content, each call's pieces, and what finish() gave.
-struct Streamed {
-  std::string content;                        // sent by push()
-  std::vector<std::string> names;             // by call index, from each call's first piece
-  std::vector<std::string> arguments;         // by call index: its pieces added up
-  std::vector<std::size_t> pushed_pieces;     // by call index: the argument pieces push() sent
-  std::vector<std::string> pushed_arguments;  // by call index: the arguments push() sent
-  ToolStreamEnd end;
-};
-
-Streamed stream_in_steps(ToolCallStream stream, std::string_view text, std::size_t step) {
-  Streamed s;
-  auto take = [&](const std::vector<ToolCallDelta>& deltas, bool pushed) {
-    for (const auto& d : deltas) {
-      if (d.index >= s.names.size()) {
-        // A call's first piece names it, and calls come in order.
-        EXPECT_EQ(d.index, s.names.size()) << text;
-        EXPECT_FALSE(d.name.empty()) << text;
-        s.names.push_back(d.name);
-        s.arguments.emplace_back();
-        s.pushed_pieces.push_back(0);
-        s.pushed_arguments.emplace_back();
-      } else {
-        EXPECT_EQ(d.name, "") << "a later piece names the call again: " << text;
-      }
-      // Each piece goes out as a JSON string: never a part of a UTF-8 character.
-      EXPECT_NO_THROW((void)json(d.arguments).dump()) << text;
-      s.arguments[d.index] += d.arguments;
-      if (pushed && !d.arguments.empty()) {
-        ++s.pushed_pieces[d.index];
-        s.pushed_arguments[d.index] += d.arguments;
-      }
-    }
-  };
-  for (std::size_t i = 0; i < text.size(); i += step) {
-    ToolStreamOutput out = stream.push(text.substr(i, step));
-    s.content += out.content;
-    take(out.calls, true);
-  }
-  s.end = stream.finish();
-  take(s.end.calls, false);
-  return s;
-}
-
 constexpr std::size_t kSteps[] = {1, 2, 3, 5, 7, 64};
 
 // Whatever the chunking, the stream sends the same content and the same calls as parsing the whole text: each call's
@@ -436,25 +390,7 @@ TEST(ToolCalls, EveryCutOfAnAnswerStreamsSafely) {
        "<|tool_call_end|><|tool_calls_section_end|>"},
       {ToolFormat::mistral_v11, "[TOOL_CALLS]f[CALL_ID]x1y2z3w4v[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}"},
   };
-  for (const auto& [format, answer] : answers) {
-    for (std::size_t n = 0; n <= answer.size(); ++n) {
-      const std::string_view text = std::string_view(answer).substr(0, n);
-      const ToolParse whole = parse_tool_calls(format, text);
-      for (const std::size_t step : {std::size_t{1}, std::size_t{4}}) {
-        const Streamed s = stream_in_steps(ToolCallStream(format), text, step);
-        if (whole.calls.empty()) {
-          EXPECT_EQ(s.content + s.end.parse.content, text) << step;
-          for (const auto& arguments : s.arguments) EXPECT_FALSE(json::accept(arguments)) << text;
-          continue;
-        }
-        ASSERT_EQ(s.names.size(), whole.calls.size()) << text;
-        for (std::size_t k = 0; k < whole.calls.size(); ++k) {
-          EXPECT_EQ(s.names[k], whole.calls[k].name) << text;
-          EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text;
-        }
-      }
-    }
-  }
+  for (const auto& [format, answer] : answers) tool_test::expect_every_cut_streams_safely(format, answer, {});
 }
 
 // tool_choice "required": the text is the call object alone; it streams the same way.

@@ -9,12 +9,15 @@
 #include "colibri/chat/template.hpp"
 #include "colibri/server/api.hpp"
 #include "colibri/server/chat_output.hpp"
+#include "unit/server/tool_stream_test_util.hpp"
 
 namespace colibri::server::xml_calls {  // apart from chat_output_test's helpers in a unity build
 namespace {
 
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
+using tool_test::names_and_args;
+using tool_test::Streamed;
 
 // The tools of the tests: `city` and `note` are strings, `note` may be null, `days` an integer; `get_time` has no
 // schema for its parameters.
@@ -25,12 +28,6 @@ ToolSchemas weather_tools() {
       "unit": {"enum": ["c", "f"]}, "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
       "flags": {"type": "array", "items": {"type": "string"}}}}}},
     {"type": "function", "function": {"name": "get_time"}}])"));
-}
-
-std::vector<std::pair<std::string, json>> names_and_args(const ToolParse& p) {
-  std::vector<std::pair<std::string, json>> out;
-  for (const auto& c : p.calls) out.emplace_back(c.name, json::parse(c.arguments));
-  return out;
 }
 
 // Templates that write earlier calls as the families' own do (Qwen3-Coder's and GLM-4.6's loops over the arguments,
@@ -229,45 +226,9 @@ TEST(XmlToolCalls, AMalformedCallLeavesTheWholeTextAsContent) {
   }
 }
 
-// What a stream sent, pushed in pieces of `step` bytes.
-struct Streamed {
-  std::string content;
-  std::vector<std::string> names, arguments, pushed_arguments;
-  std::vector<std::size_t> pushed_pieces;
-  ToolStreamEnd end;
-};
-
+// What a stream with the tests' tools sent, pushed in pieces of `step` bytes.
 Streamed stream_in_steps(ToolFormat format, std::string_view text, std::size_t step) {
-  ToolCallStream stream(format, weather_tools());
-  Streamed s;
-  auto take = [&](const std::vector<ToolCallDelta>& deltas, bool pushed) {
-    for (const auto& d : deltas) {
-      if (d.index >= s.names.size()) {
-        EXPECT_EQ(d.index, s.names.size()) << text;
-        EXPECT_FALSE(d.name.empty()) << text;
-        s.names.push_back(d.name);
-        s.arguments.emplace_back();
-        s.pushed_arguments.emplace_back();
-        s.pushed_pieces.push_back(0);
-      } else {
-        EXPECT_EQ(d.name, "") << text;
-      }
-      EXPECT_NO_THROW((void)json(d.arguments).dump()) << text;
-      s.arguments[d.index] += d.arguments;
-      if (pushed && !d.arguments.empty()) {
-        s.pushed_arguments[d.index] += d.arguments;
-        ++s.pushed_pieces[d.index];
-      }
-    }
-  };
-  for (std::size_t i = 0; i < text.size(); i += step) {
-    ToolStreamOutput out = stream.push(text.substr(i, step));
-    s.content += out.content;
-    take(out.calls, true);
-  }
-  s.end = stream.finish();
-  take(s.end.calls, false);
-  return s;
+  return tool_test::stream_in_steps(ToolCallStream(format, weather_tools()), text, step);
 }
 
 const std::pair<ToolFormat, std::string> kAnswers[] = {
@@ -318,25 +279,8 @@ TEST(XmlToolCalls, StreamSendsWhatTheWholeParseFindsAsItIsWritten) {
 // Wherever the answer stops, the stream sent either exactly the calls the whole parse finds, or, when it finds none,
 // only pieces that are no complete JSON and all the text as content.
 TEST(XmlToolCalls, EveryCutOfAnAnswerStreamsSafely) {
-  for (const auto& [format, answer] : kAnswers) {
-    for (std::size_t n = 0; n <= answer.size(); ++n) {
-      const std::string_view text = std::string_view(answer).substr(0, n);
-      const ToolParse whole = parse_tool_calls(format, text, weather_tools());
-      for (const std::size_t step : {std::size_t{1}, std::size_t{4}}) {
-        const Streamed s = stream_in_steps(format, text, step);
-        if (whole.calls.empty()) {
-          EXPECT_EQ(s.content + s.end.parse.content, text) << step;
-          for (const auto& arguments : s.arguments) EXPECT_FALSE(json::accept(arguments)) << text;
-          continue;
-        }
-        ASSERT_EQ(s.names.size(), whole.calls.size()) << text;
-        for (std::size_t k = 0; k < whole.calls.size(); ++k) {
-          EXPECT_EQ(s.names[k], whole.calls[k].name) << text;
-          EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text;
-        }
-      }
-    }
-  }
+  for (const auto& [format, answer] : kAnswers)
+    tool_test::expect_every_cut_streams_safely(format, answer, weather_tools());
 }
 
 // As vLLM reads them: Qwen's value without its </parameter> ends where the next parameter or the call's close begins;
