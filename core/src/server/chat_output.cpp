@@ -1564,7 +1564,8 @@ bool template_is_harmony(std::string_view source) {
          source.find(kHarmonyMessage) != std::string_view::npos;
 }
 
-HarmonyStream::HarmonyStream(std::string_view prompt, bool tools) : tools_(tools) {
+HarmonyStream::HarmonyStream(std::string_view prompt, bool tools, ToolSchemas schemas)
+    : tools_(tools), schemas_(std::move(schemas)) {
   const std::size_t start = prompt.rfind(kHarmonyStart);
   if (start == std::string_view::npos) return;
   const std::string_view after = prompt.substr(start + kHarmonyStart.size());
@@ -1603,7 +1604,8 @@ void HarmonyStream::open_message(std::string_view header) {
   if (!role.empty() && role != "assistant") {
     sink_ = Sink::reasoning;  // a turn the model wrote for someone else (a tool's answer it imagined)
   } else if (!recipient.empty()) {
-    const bool function = recipient.starts_with(kFunctions) && recipient.size() > kFunctions.size();
+    const bool function = recipient.starts_with(kFunctions) && recipient.size() > kFunctions.size() &&
+                          schemas_.may_call(recipient.substr(kFunctions.size()));
     sink_ = function && tools_ ? Sink::call : Sink::reasoning;
     if (sink_ == Sink::call) call_.emplace(ToolCallStream::arguments_of(recipient.substr(kFunctions.size())));
   } else if (channel.empty() || channel == "final" || channel == "commentary") {

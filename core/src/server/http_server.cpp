@@ -866,7 +866,8 @@ class Session : public std::enable_shared_from_this<Session> {
       // get theirs from the decoded prompt: see echo_text_offsets).
       c.text_offset = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
       if (use_harmony) {
-        c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic);
+        c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic,
+                          ToolSchemas(req.tools));
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
         c.tool_stream.emplace(srv_.tool_format, ToolSchemas(req.tools));
       } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {

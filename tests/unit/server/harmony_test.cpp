@@ -169,6 +169,32 @@ TEST(Harmony, ACallThatIsNoJsonObjectIsReasoning) {
                Result{"{\"x\"", "", {{"f", "{}"}, {"f", R"({"y":2})"}}});
 }
 
+// A message to a function the request does not offer is no call: its text is reasoning, as for any other recipient.
+TEST(Harmony, OnlyTheRequestsFunctionsAreCalled) {
+  const ToolSchemas tools(
+      nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather"}}])"));
+  const std::string text =
+      "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{\"path\": \"/\"}<|call|>"
+      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}<|call|>";
+  for (const std::size_t step : {std::size_t{1}, std::size_t{5}, text.size()}) {
+    HarmonyStream stream(kPrompt, true, tools);
+    std::string reasoning;
+    std::vector<std::string> named, called;
+    auto take = [&](const HarmonyOutput& out) {
+      reasoning += out.reasoning;
+      for (const auto& d : out.deltas) {
+        if (!d.name.empty()) named.push_back(d.name);
+      }
+      for (const auto& c : out.calls) called.push_back(c.name);
+    };
+    for (std::size_t i = 0; i < text.size(); i += step) take(stream.push(std::string_view(text).substr(i, step)));
+    take(stream.finish());
+    EXPECT_EQ(reasoning, "{\"path\": \"/\"}") << step;
+    EXPECT_EQ(named, std::vector<std::string>{"get_weather"}) << step;
+    EXPECT_EQ(called, std::vector<std::string>{"get_weather"}) << step;
+  }
+}
+
 TEST(Harmony, CallsAreReturnedAsSoonAsTheyEnd) {
   HarmonyStream stream(kPrompt, true);
   EXPECT_TRUE(stream.push("<|channel|>commentary to=functions.a <|constrain|>json<|message|>{\"x\":").calls.empty());

@@ -254,7 +254,8 @@ struct HarmonyOutput {
 
 // Splits harmony text as it streams, as vLLM and llama.cpp do for gpt-oss. The analysis channel is reasoning; the
 // final channel, commentary without a recipient (a preamble to the user) and a message with no channel are content;
-// a message to functions.NAME is a call of NAME with its text as the arguments when `tools` (else reasoning). A
+// a message to functions.NAME is a call of NAME with its text as the arguments when `tools` offer NAME (else
+// reasoning). A
 // message to another recipient, on another channel or in a role other than the assistant's is reasoning too: text
 // the model did not write for the user is never content. No marker is ever part of what comes out. Text outside any
 // header (a model that does not speak harmony) is content. push() returns what is final; a tail that may be the
@@ -269,7 +270,8 @@ class HarmonyStream {
  public:
   // `prompt` is the rendered prompt: after "<|start|>assistant" the answer starts with the rest of a header; after
   // a header's <|message|> (continue_final_message, or a template that opens the final channel) inside that message.
-  HarmonyStream(std::string_view prompt, bool tools);
+  // `schemas`: the request's tools, which a call must name (by default any name).
+  HarmonyStream(std::string_view prompt, bool tools, ToolSchemas schemas = {});
   HarmonyOutput push(std::string_view text);
   // The end of the answer: a message cut off in its text ends there (a call, if its text is a whole object); a
   // header cut off before its <|message|> is dropped.
@@ -284,6 +286,7 @@ class HarmonyStream {
   void add_deltas(HarmonyOutput& out, std::vector<ToolCallDelta> deltas);
 
   bool tools_;
+  ToolSchemas schemas_;
   State state_ = State::header;
   std::string prompt_header_;  // the part of the first header the prompt wrote ("assistant")
   bool role_next_ = false;     // the prompt ended with a bare <|start|>: the answer starts with the role
