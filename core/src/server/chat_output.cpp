@@ -163,6 +163,9 @@ std::string_view trim_right(std::string_view text) {
   while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
   return text;
 }
+std::string_view trim(std::string_view text) {
+  return trim_right(text.substr(skip_space(text, 0)));
+}
 bool is_identifier_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
@@ -355,7 +358,7 @@ Calls parse_marked_json(std::string_view text, std::size_t pos, std::string_view
 
 // The function a header names: V3.1's is the name; Kimi's "functions.NAME:INDEX" (as vLLM reads it).
 std::string header_name(const SectionSyntax& syntax, std::string_view header) {
-  header = trim_right(header.substr(skip_space(header, 0)));
+  header = trim(header);
   if (!syntax.id_marker.empty()) header = header.substr(0, header.find(syntax.id_marker));
   if (syntax.kimi_id) {
     if (header.starts_with("functions.")) header.remove_prefix(10);
@@ -372,7 +375,7 @@ std::string header_name(const SectionSyntax& syntax, std::string_view header) {
 // Kimi K2's header is the call's id as its template writes it back ("functions.NAME:INDEX"), which vLLM returns;
 // empty for the others (the server makes one).
 std::string header_id(const SectionSyntax& syntax, std::string_view header) {
-  header = trim_right(header.substr(skip_space(header, 0)));
+  header = trim(header);
   if (!syntax.kimi_id || !header.starts_with("functions.") || header.find(':') == std::string_view::npos) return {};
   return std::string(header);
 }
@@ -432,10 +435,6 @@ std::size_t whole_utf8(std::string_view text) {
     return length > back ? text.size() - back : text.size();
   }
   return text.size();
-}
-
-std::string_view trim(std::string_view text) {
-  return trim_right(text.substr(skip_space(text, 0)));
 }
 
 // A JSON string of `text`; a byte that is not UTF-8 becomes U+FFFD (a model's text is UTF-8; the dump must not throw).
@@ -848,11 +847,6 @@ bool template_reads_tools(std::string_view source) {
   return false;
 }
 
-bool tool_marker_is_special(ToolFormat format) {
-  // [TOOL_CALLS] and harmony's markers are control tokens; the others decode as text.
-  return format == ToolFormat::mistral || format == ToolFormat::mistral_v11 || format == ToolFormat::harmony;
-}
-
 std::vector<std::string_view> tool_markers(ToolFormat format) {
   switch (format) {
     case ToolFormat::hermes:
@@ -1088,6 +1082,31 @@ struct ToolCallStream::Preview {
   std::size_t calls = 0;          // call objects begun
   std::vector<std::string> sent;  // per call named so far: the arguments sent
   std::optional<XmlCallReader> xml;
+
+  // Sends what is new of call `index`: its name first, then what its arguments have grown to, `size` bytes in all
+  // (`append(piece, from)` adds those from `from` on, so that only new bytes are copied). A call of a function the
+  // request does not offer stops the preview: the parse at the end agrees, and nothing of it goes out.
+  template <class Append>
+  void send(ToolStreamOutput& out, const ToolSchemas& tools, std::size_t index, const std::string& name,
+            std::size_t size, const Append& append) {
+    if (sent.size() < index) return;  // an earlier call was never named: the order would be wrong
+    if (sent.size() == index) {
+      if (name.empty()) return;
+      if (!tools.may_call(name)) {
+        at = At::stopped;
+        return;
+      }
+      sent.emplace_back();
+      out.calls.push_back(ToolCallDelta{.index = index, .name = name, .id = id});
+    }
+    std::string& so_far = sent[index];
+    if (size <= so_far.size()) return;
+    std::string piece;
+    append(piece, so_far.size());
+    piece.resize(size - so_far.size());
+    so_far += piece;
+    out.calls.push_back(ToolCallDelta{index, "", std::move(piece)});
+  }
 };
 
 ToolCallStream::ToolCallStream(ToolFormat format, ToolSchemas types)
@@ -1132,36 +1151,16 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
   if (p.at == Preview::At::stopped) return;
   if (!p.xml) p.xml.emplace(*xml_syntax(format_));
   p.xml->read(held_, types_);
-  // Sends what is new of call `index`: its name first, then what its arguments have grown by, `size` bytes in all
-  // (`append(out, from)` gives those from `from` on). The reader only adds to a call's arguments, so what was sent
-  // is their prefix: only the new bytes are copied.
-  auto send = [&](std::size_t index, const std::string& name, std::size_t size, const auto& append) {
-    if (p.sent.size() < index) return;
-    if (p.sent.size() == index) {
-      if (!types_.may_call(name)) {  // no call (the parse at the end agrees): nothing of it goes out
-        p.at = Preview::At::stopped;
-        return;
-      }
-      p.sent.emplace_back();
-      out.calls.push_back(ToolCallDelta{index, name, ""});
-    }
-    std::string& sent = p.sent[index];
-    if (size <= sent.size()) return;
-    std::string piece;
-    append(piece, sent.size());
-    piece.resize(size - sent.size());
-    sent += piece;
-    out.calls.push_back(ToolCallDelta{index, "", std::move(piece)});
-  };
+  // The reader only adds to a call's arguments, so what was sent is their prefix.
   const auto& calls = p.xml->calls();
   for (std::size_t k = p.sent.empty() ? 0 : p.sent.size() - 1; k < calls.size(); ++k) {
     const std::string& arguments = calls[k].arguments;  // all but its closing '}', which waits for finish()
-    send(k, calls[k].name, arguments.size() - 1,
-         [&](std::string& piece, std::size_t from) { piece.append(arguments, from, arguments.size() - 1 - from); });
+    p.send(out, types_, k, calls[k].name, arguments.size() - 1,
+           [&](std::string& piece, std::size_t from) { piece.append(arguments, from, arguments.size() - 1 - from); });
   }
   if (p.at != Preview::At::stopped && p.xml->named()) {
-    send(calls.size(), p.xml->name(), p.xml->arguments_size(),
-         [&](std::string& piece, std::size_t from) { p.xml->append_arguments(piece, from); });
+    p.send(out, types_, calls.size(), p.xml->name(), p.xml->arguments_size(),
+           [&](std::string& piece, std::size_t from) { p.xml->append_arguments(piece, from); });
   }
 }
 
@@ -1175,22 +1174,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
   const std::string_view close = format_ == ToolFormat::hermes ? kHermesClose : "";
   // Sends what is new of the call being read: its name once known, then its arguments but their last byte.
   auto send = [&](const std::string& name, const std::string& arguments, bool complete) {
-    const std::size_t index = p.calls - 1;
-    if (p.sent.size() < index) return;  // an earlier call was never named: the order would be wrong
-    if (p.sent.size() == index) {
-      if (name.empty()) return;
-      if (!types_.may_call(name)) {  // no call (the parse at the end agrees): nothing of it goes out
-        p.at = At::stopped;
-        return;
-      }
-      p.sent.emplace_back();
-      out.calls.push_back(ToolCallDelta{.index = index, .name = name, .id = p.id});
-    }
-    std::string& sent = p.sent[index];
     const std::size_t end = complete ? arguments.size() - 1 : whole_utf8(arguments);
-    if (end <= sent.size()) return;
-    out.calls.push_back(ToolCallDelta{index, "", arguments.substr(sent.size(), end - sent.size())});
-    sent.append(arguments, sent.size(), end - sent.size());
+    p.send(out, types_, p.calls - 1, name, end,
+           [&](std::string& piece, std::size_t from) { piece.append(arguments, from, end - from); });
   };
   auto send_object = [&] {
     if (!p.scan.arguments_object() || p.scan.ambiguous() || p.scan.name_token().empty()) return;

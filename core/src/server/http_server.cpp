@@ -854,6 +854,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     logprobs_wanted_ = req.logprobs >= 0;
     choices_.assign(jobs.size(), ChoiceState{});
+    const ToolSchemas tool_schemas(req.tools);  // what each choice's calls may name, and their values' types
     parallel_tool_calls_ = req.parallel_tool_calls;
     prompt_usage_.assign(prompts.size(), PromptUsage{});
     for (std::size_t index = 0; index < choices_.size(); ++index) {
@@ -866,10 +867,9 @@ class Session : public std::enable_shared_from_this<Session> {
       // get theirs from the decoded prompt: see echo_text_offsets).
       c.text_offset = static_cast<std::int64_t>(tokenizer::utf8::code_point_count(echo_text));
       if (use_harmony) {
-        c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic,
-                          ToolSchemas(req.tools));
+        c.harmony.emplace(harmony_prompt, req.tool_choice == CompletionRequest::ToolChoice::automatic, tool_schemas);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::automatic) {
-        c.tool_stream.emplace(srv_.tool_format, ToolSchemas(req.tools));
+        c.tool_stream.emplace(srv_.tool_format, tool_schemas);
       } else if (req.tool_choice == CompletionRequest::ToolChoice::required) {
         c.tool_stream.emplace(ToolCallStream::required_call());
       }

@@ -4,6 +4,7 @@
 // for a call that is none).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "colibri/server/chat_output.hpp"
@@ -318,7 +319,8 @@ TEST(Harmony, TemplatesThatSpeakIt) {
   EXPECT_TRUE(template_is_harmony(source));
   EXPECT_EQ(detect_tool_format(source), ToolFormat::harmony);
   EXPECT_EQ(tool_format_name(ToolFormat::harmony), "harmony");
-  EXPECT_TRUE(tool_marker_is_special(ToolFormat::harmony));
+  const auto markers = tool_markers(ToolFormat::harmony);
+  EXPECT_NE(std::find(markers.begin(), markers.end(), "<|channel|>"), markers.end());
   // The shape of openai/gpt-oss's chat_template.jinja: earlier calls and the generation prompt.
   const std::string official =
       "{%- if tool_calls %}{{- \"<|start|>assistant to=\" + \"functions.\" + tool_call.name + "

@@ -64,10 +64,8 @@ std::string_view tool_format_name(ToolFormat format);
 std::string supported_tool_formats();
 // Whether the template reads the `tools` variable at all (if not, the model would never see the definitions).
 bool template_reads_tools(std::string_view template_source);
-// Whether the call marker is a special token, which the decoder must keep for the parser to see it (the usual case;
-// the server asks the model's tokenizer about tool_markers() instead).
-bool tool_marker_is_special(ToolFormat format);
-// The tags a format's calls are written with, each of which the decoder must keep.
+// The tags a format's calls are written with: where the model's tokenizer makes one a special token, the decoder must
+// keep special tokens for the parser to see it.
 std::vector<std::string_view> tool_markers(ToolFormat format);
 
 // What the request's tools say: which functions a call may name (a call of any other is no call: its text stays
