@@ -120,6 +120,7 @@ class ScalarCompute final : public ComputeBase {
         case Op::sigmoid: return elementwise(c);
         case Op::scale_add: return scale_add(c);
         case Op::topk_routing: return topk(c);
+        case Op::topk_routing_biased: return topk_biased(c);
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
         case Op::expert_ffn: return expert_ffn(c);
@@ -304,6 +305,55 @@ class ScalarCompute final : public ComputeBase {
         const double s = score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
         ip[ti * k + j] = order[static_cast<std::size_t>(j)];
         wp[ti * k + j] = static_cast<float>((flags & kRoutingRenormalize) ? s / sum : s);
+      }
+    }
+    return {};
+  }
+
+  // topk_routing_biased (GLM-4.5, DeepSeek-V3 routers): picked by score + bias, weighted by the score alone, every
+  // step in f32 as compute.hpp asks. The SDK's shared checks give the shape errors (naming the bias).
+  static Status topk_biased(const OpCall& c) {
+    if (auto s = check_op_call(c, "scalar"); !s) return s;
+    if (auto s = check(c, "topk_routing_biased", 2, 2, 2, {{true, 0}}); !s) return s;
+    const Tensor &logits = c.inputs[0], &ids = c.outputs[0], &weights = c.outputs[1];
+    const std::int64_t e = logits.ne[0], t = row_count(logits), k = c.params.top_k;
+    const float* lp = host<float>(logits);
+    const float* bias = host<float>(c.inputs[1]);
+    auto* ip = host<std::int32_t>(ids);
+    float* wp = host<float>(weights);
+    const int flags = c.params.flags;
+    std::vector<float> score(static_cast<std::size_t>(e)), choice(score.size());
+    std::vector<std::int32_t> order(static_cast<std::size_t>(e));
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      const float* x = lp + ti * e;
+      if (const float* nan = std::find_if(x, x + e, [](float v) { return std::isnan(v); }); nan != x + e) {
+        return bad("topk_routing_biased: the logit of expert " + std::to_string(nan - x) + " for token " +
+                   std::to_string(ti) + " is NaN");
+      }
+      const float mx = *std::max_element(x, x + e);
+      float total = 0.0f;
+      for (std::int64_t j = 0; j < e; ++j) {
+        float& s = score[static_cast<std::size_t>(j)];
+        s = (flags & kRoutingSoftmax)   ? std::exp(x[j] - mx)
+            : (flags & kRoutingSigmoid) ? 1.0f / (1.0f + std::exp(-x[j]))
+                                        : x[j];
+        total += s;
+      }
+      for (std::int64_t j = 0; j < e; ++j) {
+        float& s = score[static_cast<std::size_t>(j)];
+        if (flags & kRoutingSoftmax) s /= total;
+        choice[static_cast<std::size_t>(j)] = s + bias[j];
+      }
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+        return choice[static_cast<std::size_t>(a)] > choice[static_cast<std::size_t>(b)];
+      });
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < k; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+      for (std::int64_t j = 0; j < k; ++j) {
+        const float s = score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+        ip[ti * k + j] = order[static_cast<std::size_t>(j)];
+        wp[ti * k + j] = ((flags & kRoutingRenormalize) ? s / (sum + 1e-20f) : s) * c.params.scale;
       }
     }
     return {};

@@ -33,6 +33,7 @@ class Checker {
       case Op::expert_ffn_clamped: return expert_ffn_clamped();
       case Op::expert_ffn_clamped_group: return expert_group(7);
       case Op::expert_ffn_routed: return expert_routed();
+      case Op::topk_routing_biased: return topk();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -311,13 +312,21 @@ class Checker {
     return same_as(y, "Y", x, "X");
   }
 
+  // topk_routing (logits) and topk_routing_biased (logits, bias {E} f32).
   Status topk() const {
-    if (!counts(1, 2)) return count_error(1, 2);
+    const bool biased = c_.op == Op::topk_routing_biased;
+    if (!counts(biased ? 2 : 1, 2)) return count_error(biased ? 2 : 1, 2);
     const Tensor &l = c_.inputs[0], &ids = c_.outputs[0], &wts = c_.outputs[1];
     if (Status s = need(l, DType::f32, "logits"); !s) return s;
     if (Status s = need(ids, DType::i32, "ids"); !s) return s;
     if (Status s = need(wts, DType::f32, "weights"); !s) return s;
     const std::int64_t e = l.ne[0], t = row_count(l), k = c_.params.top_k;
+    if (biased) {
+      const Tensor& b = c_.inputs[1];
+      if (Status s = need(b, DType::f32, "bias"); !s) return s;
+      if (b.ne[0] != e || element_count(b) != e)
+        return bad("bias " + shape_text(b) + " must have E = " + std::to_string(e) + " elements, one per expert");
+    }
     if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
     if (ids.ne[0] != k || row_count(ids) != t || wts.ne[0] != k || row_count(wts) != t) {
       return bad("ids and weights must be {" + std::to_string(k) + ", " + std::to_string(t) + "}");
@@ -325,6 +334,9 @@ class Checker {
     const std::int32_t f = c_.params.flags;
     if ((f & kRoutingSoftmax) && (f & kRoutingSigmoid)) {
       return bad("flags kRoutingSoftmax and kRoutingSigmoid exclude each other");
+    }
+    if (biased && !std::isfinite(c_.params.scale)) {
+      return bad("params.scale (the routed scaling factor) must be finite, got " + std::to_string(c_.params.scale));
     }
     return {};
   }
@@ -409,7 +421,8 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::attention_sinks:
     case Op::expert_ffn_clamped:
     case Op::expert_ffn_clamped_group:
-    case Op::expert_ffn_routed: return false;
+    case Op::expert_ffn_routed:
+    case Op::topk_routing_biased: return false;
     default: return false;
   }
 }

@@ -1,18 +1,20 @@
 #!/usr/bin/python3
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
-modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_rope_utils). It reads the HF checkpoint itself
-(config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_rope_utils). It reads the HF
+checkpoint itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
 Semantics kept from HF, per architecture:
   * RMSNorm: x / sqrt(mean(x^2) + eps) * w over the last axis.
   * RoPE: rotate_half (pairs i, i + d/2), inv_freq from rope_scaling (default, linear, dynamic, llama3, yarn; yarn
-    also scales cos/sin by its attention factor).
-  * Attention: q/k/v projections (+bias for Qwen2-MoE), Qwen3-MoE q/k RMSNorm per head before rope, OLMoE q/k
-    RMSNorm over the whole projection (then clip_qkv), GQA (head h uses kv head h // (n_heads / n_kv)), causal mask,
-    sliding window (key j visible from query i when i - j < window), scores * head_dim^-0.5, softmax.
+    also scales cos/sin by its attention factor). With partial_rotary_factor (GLM-4.5: 0.5, its default) only the
+    first d = int(head_dim * factor) dims of each head rotate (pairs i, i + d/2; inv_freq over d), the rest pass.
+  * Attention: q/k/v projections (+bias for Qwen2-MoE and GLM), Qwen3-MoE (and GLM with use_qk_norm) q/k RMSNorm
+    per head before rope, OLMoE q/k RMSNorm over the whole projection (then clip_qkv), GQA (head h uses kv head
+    h // (n_heads / n_kv)), causal mask, sliding window (key j visible from query i when i - j < window),
+    scores * head_dim^-0.5, softmax.
   * gpt-oss attention: q/k/v/o biases, the window per layer (layer_types "sliding_attention"; default even layers),
     a learned sink logit per head joins each row's softmax and is then dropped (the key probs sum to < 1).
   * MoE: router logits -> softmax over all experts -> top-k -> renormalise (Mixtral always; others when
@@ -21,7 +23,12 @@ Semantics kept from HF, per architecture:
     gate/up interleaved in gate_up_proj (even/odd columns), gate = min(gate, limit), up = clip(up, +-limit),
     out = ((up + 1) * gate * sigmoid(alpha gate)) @ down + b. MXFP4 experts (*_blocks + *_scales, U8) are
     dequantized as transformers' convert_moe_packed_tensors: low nibble first, times 2^(scale - 127).
-  * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step) run one SwiGLU MLP.
+  * GLM-4.5 MoE (layers >= first_k_dense_replace): scores = sigmoid(x W^T); the top-k of scores +
+    e_score_correction_bias (within the topk_group best of n_group groups, a group's worth the sum of its best two)
+    are picked, weighted by their own scores (/ (sum + 1e-20) when norm_topk_prob) * routed_scaling_factor; plus the
+    shared_experts SwiGLU MLP, ungated. The MTP layers (model.layers.{num_hidden_layers}.*) are not run.
+  * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace) run one
+    SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
 """
 
@@ -119,9 +126,18 @@ def head_dim_of(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
+def rotary_dim_of(cfg):
+    """int(head_dim * partial_rotary_factor), as transformers' rope init; transformers >= 4.56 may keep the factor in
+    rope_parameters. Glm4MoeConfig defaults it to 0.5, the others to 1."""
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    factor = rp.get("partial_rotary_factor",
+                    cfg.get("partial_rotary_factor", 0.5 if cfg["model_type"] == "glm4_moe" else 1.0))
+    return int(head_dim_of(cfg) * factor)
+
+
 def rope_parameters(cfg, seq_len):
     """(inv_freq, attention_scaling) as transformers' ROPE_INIT_FUNCTIONS give them."""
-    dim = head_dim_of(cfg)
+    dim = rotary_dim_of(cfg)
     base = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     rs = cfg.get("rope_scaling") or {}
@@ -178,7 +194,11 @@ def rope_parameters(cfg, seq_len):
 
 
 def apply_rope(x, positions, inv_freq, scaling):
-    """x: [T, heads, dim]; HF rotate_half layout."""
+    """x: [T, heads, dim]; HF rotate_half layout. Partial rotary (2 * len(inv_freq) < dim): the first dims rotate
+    (rotate_half within them), the rest pass through."""
+    rot_dim = 2 * len(inv_freq)
+    if rot_dim < x.shape[-1]:
+        return np.concatenate([apply_rope(x[..., :rot_dim], positions, inv_freq, scaling), x[..., rot_dim:]], axis=-1)
     ang = positions[:, None].astype(np.float64) * inv_freq[None, :]
     emb = np.concatenate([ang, ang], axis=-1)
     cos, sin = np.cos(emb) * scaling, np.sin(emb) * scaling
@@ -192,6 +212,8 @@ def is_sparse(cfg, layer):
     if t in ("qwen2_moe", "qwen3_moe"):
         return layer not in (cfg.get("mlp_only_layers") or []) and cfg.get("num_experts", 0) > 0 and \
             (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
+    if t == "glm4_moe":
+        return layer >= cfg.get("first_k_dense_replace", 1)
     return t in ("mixtral", "olmoe")
 
 
@@ -221,6 +243,39 @@ def gpt_oss_moe(cfg, W, pre, h, layer, trace):
         for e, we in sorted(zip(order, w)):
             y[ti] += we * (gpt_oss_glu(h[ti] @ gu[e] + gu_b[e], alpha, limit) @ dn[e] + dn_b[e])
     return y
+
+
+def glm4_moe_moe(cfg, W, pre, h, layer, trace):
+    """Glm4MoeMoE: Glm4MoeTopkRouter (sigmoid scores, selection bias, group-limited top-k, renormalise, scale), the
+    routed experts, plus the shared experts."""
+    ne, k_top = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    n_group, topk_group = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+    renorm, scale = bool(cfg.get("norm_topk_prob", True)), cfg.get("routed_scaling_factor", 1.0)
+    scores = 1.0 / (1.0 + np.exp(-(h @ W[pre + "gate.weight"].T)))  # router in f32 in HF, float64 here
+    bias = W.get(pre + "gate.e_score_correction_bias", np.zeros(ne))  # a zero buffer in HF when the file lacks it
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        choice = scores[ti] + bias
+        if n_group > 1 and topk_group < n_group:  # groups ranked by the sum of their best two; the rest zeroed
+            groups = choice.reshape(n_group, ne // n_group)
+            group_score = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
+            keep = np.zeros(n_group, dtype=bool)
+            keep[np.argsort(-group_score, kind="stable")[:topk_group]] = True
+            choice = np.where(np.repeat(keep, ne // n_group), choice, 0.0)
+        order = np.argsort(-choice, kind="stable")[:k_top]  # listed by descending score + bias, ties to the lower id
+        w = scores[ti][order]
+        if renorm:
+            w = w / (np.sum(w) + 1e-20)
+        w = w * scale
+        if trace is not None:
+            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
+                          "weights": [float(z) for z in w]})
+        for e, we in sorted(zip(order, w)):
+            ep = pre + f"experts.{e}."
+            y[ti] += we * mlp(h[ti:ti + 1], W[ep + "gate_proj.weight"], W[ep + "up_proj.weight"],
+                              W[ep + "down_proj.weight"])[0]
+    sp = pre + "shared_experts."
+    return y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -266,7 +321,7 @@ def forward(cfg, W, tokens, trace=None):
         q = q.reshape(T, nh, hd)
         k = k.reshape(T, nkv, hd)
         v = v.reshape(T, nkv, hd)
-        if t == "qwen3_moe":
+        if t == "qwen3_moe" or (t == "glm4_moe" and cfg.get("use_qk_norm", False)):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = apply_rope(q, pos, inv_freq, att_scale)
@@ -289,6 +344,8 @@ def forward(cfg, W, tokens, trace=None):
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if t == "gpt_oss":
             y = gpt_oss_moe(cfg, W, p + "mlp.", h, l, trace)
+        elif t == "glm4_moe" and is_sparse(cfg, l):
+            y = glm4_moe_moe(cfg, W, p + "mlp.", h, l, trace)
         elif is_sparse(cfg, l):
             if t == "mixtral":
                 pre, ne, names = p + "block_sparse_moe.", cfg["num_local_experts"], ("w1", "w3", "w2")

@@ -20,7 +20,7 @@ import numpy as np
 
 TOKENS = "5,17,99,3,250,42,7,300,11"
 EXACT = ["--exact-activations", "--kv-type", "f32"]
-ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral")
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral", "glm4_moe")
 # Every preset at least once (q4_0 is covered by the conformance suites only).
 PRESETS = [("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"), ("olmoe", "f16"), ("llama", "q5_k_m"),
            ("qwen3_moe", "q3_k_m"), ("mixtral", "q2_k"), ("mistral", "bf16")]
@@ -349,11 +349,12 @@ class Engine:
             print(f"  {arch}/q8_0: activations in device memory checked", flush=True)
         return failures
 
-    def routed_experts(self, discrete, on=(), baseline=None, archs=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")):
+    def routed_experts(self, discrete, on=(), baseline=None,
+                       archs=("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe")):
         """expert_ffn_routed with every expert in the VRAM tier, on the placement `discrete` (e.g. a discrete GPU's
         path): decode routes on the backend, and the logits are bit-identical to the engine routing itself, token by
         token and in one batch (which routes as before), on every tiny MoE architecture (qwen2_moe's gated shared
-        expert follows the routed op). `on`: the arguments that turn the op on (none where the backend always offers
+        expert follows the routed op; glm4_moe routes with topk_routing_biased). `on`: the arguments that turn the op on (none where the backend always offers
         it); `baseline`: those of the run compared with (default: the same without `on`, whose VRAM hits and misses
         must then be the same: the bookkeeping is settled at the end of each pass), as must the routing records (bench
         --record-trace). bench --ops shows the routed op in decode."""

@@ -159,6 +159,7 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     std::cout << ", sliding window " << hp.sliding_window << " on " << sliding << " of " << hp.num_layers
               << " layers (their KV keeps only the window's rows: memory.kv_sliding_window)";
   }
+  if (hp.rope_dims() != hp.head_dim) std::cout << ", rope on " << hp.rope_dims() << " of " << hp.head_dim << " dims";
   std::cout << "\n";
   if (hp.dense) {
     std::cout << "experts:       dense FFN (one always-selected expert per layer), "
@@ -167,6 +168,13 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     std::cout << "experts:       " << man.experts.size() << " (" << hp.n_experts << " per layer, top-"
               << hp.n_experts_per_tok << "), up to " << human_bytes(static_cast<double>(largest)) << " each, "
               << human_bytes(static_cast<double>(man.expert_bytes())) << " in all\n";
+    if (hp.router_scoring != "softmax" || hp.router_selection_bias || hp.routed_scaling_factor != 1.0) {
+      std::cout << "router:        " << hp.router_scoring << " scores"
+                << (hp.router_selection_bias ? ", experts picked with a learned bias" : "")
+                << (hp.norm_topk_prob ? ", weights renormalized" : "");
+      if (hp.routed_scaling_factor != 1.0) std::cout << ", x" << hp.routed_scaling_factor;
+      std::cout << "\n";
+    }
   }
   std::cout << "resident:      " << human_bytes(static_cast<double>(man.resident_bytes())) << " (shared.bin)\n"
             << "read/token:    " << human_bytes(static_cast<double>(man.bytes_per_token_all_miss()))

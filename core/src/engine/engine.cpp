@@ -88,7 +88,7 @@ const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifes
 
 struct Engine::Layer {
   Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, q_norm, k_norm, ffn_norm, sinks;
-  Tensor router, router_bias, sh_gate, sh_up, sh_down, sh_gate_inp;
+  Tensor router, router_bias, selection_bias, sh_gate, sh_up, sh_down, sh_gate_inp;
   bool sparse = false;
   std::int64_t top_k = 1;
 };
@@ -395,6 +395,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     if (L.sparse) {
       L.router = get(b + "ffn_gate_inp.weight", {hp_.n_experts, D}, true);
       L.router_bias = get(b + "ffn_gate_inp.bias", {hp_.n_experts}, hp_.router_bias);
+      L.selection_bias = get(b + "exp_probs_b.bias", {hp_.n_experts}, hp_.router_selection_bias);
       const std::int64_t sff = hp_.shared_expert_intermediate_size;
       if (sff > 0) {
         L.sh_gate = get(b + "ffn_gate_shexp.weight", {sff, D}, true);
@@ -433,6 +434,19 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                " cannot run attention with sinks (gpt-oss's attention_sinks op) on a " +
                                                std::string(sdk::to_string(options_.kv_type)) +
                                                " KV cache; use compute.backend: cpu");
+  }
+  if (hp_.router_selection_bias && !plugins_.compute->supports(Op::topk_routing_biased, DType::f32)) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                               " cannot route this model's experts (" + hp_.architecture +
+                                               "'s router needs the topk_routing_biased op); use compute.backend: "
+                                               "cpu, cuda or vulkan");
+  }
+  if (!hp_.router_selection_bias && (hp_.router_scoring != "softmax" || hp_.routed_scaling_factor != 1.0)) {
+    // topk_routing has no weight scale; no model routes by sigmoid without a selection bias yet.
+    return Status(StatusCode::unsupported, "manifest.json hparams: router_scoring " + hp_.router_scoring +
+                                               " with routed_scaling_factor " +
+                                               std::to_string(hp_.routed_scaling_factor) +
+                                               " and no router_selection_bias is not supported; re-run convert");
   }
   // A layer's ready experts go in one call where the backend offers the group form of their op (gpt-oss's biased
   // experts: expert_ffn_clamped_group) for every expert weight type.
@@ -702,8 +716,9 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
   std::vector<Tensor*> views = {&embedding_, &output_norm_, &output_};
   for (auto& L : layers_) {
     for (Tensor* t :
-         {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.bo, &L.q_norm, &L.k_norm, &L.ffn_norm,
-          &L.sinks, &L.router, &L.router_bias, &L.sh_gate, &L.sh_up, &L.sh_down, &L.sh_gate_inp}) {
+         {&L.attn_norm, &L.wq,     &L.wk,      &L.wv,         &L.bq,    &L.bk,     &L.bv,          &L.wo,
+          &L.bo,        &L.q_norm, &L.k_norm,  &L.ffn_norm,   &L.sinks, &L.router, &L.router_bias, &L.selection_bias,
+          &L.sh_gate,   &L.sh_up,  &L.sh_down, &L.sh_gate_inp}) {
       if (t->data != nullptr) views.push_back(t);
     }
   }
@@ -796,6 +811,23 @@ Status Engine::router_logits(const Layer& L, const Tensor& h, const Tensor& logi
   router_p.flags = sdk::kExactActivations;
   if (present(L.router_bias)) return run_op(Op::matmul, {L.router, h, L.router_bias}, {logits}, router_p);
   return run_op(Op::matmul, {L.router, h}, {logits}, router_p);
+}
+
+sdk::OpParams Engine::routing_params(std::int64_t top_k) const {
+  sdk::OpParams p;
+  p.top_k = static_cast<std::int32_t>(top_k);
+  p.flags = (hp_.router_scoring == "sigmoid" ? sdk::kRoutingSigmoid : sdk::kRoutingSoftmax) |
+            (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
+  p.scale = static_cast<float>(hp_.routed_scaling_factor);
+  return p;
+}
+
+Status Engine::choose_experts(const Layer& L, const Tensor& logits, const Tensor& ids, const Tensor& weights,
+                              const sdk::OpParams& params) {
+  if (present(L.selection_bias)) {
+    return run_op(Op::topk_routing_biased, {logits, L.selection_bias}, {ids, weights}, params);
+  }
+  return run_op(Op::topk_routing, {logits}, {ids, weights}, params);
 }
 
 Status Engine::run_op(Op op, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
@@ -1207,7 +1239,7 @@ Status Engine::route_on_backend(std::int64_t l, std::int64_t K, const Tensor& h,
   if (activations_on_device()) {
     if (s = device_choice(l, K, ids, weights); !s) return s;
   }
-  if (s = run_op(Op::topk_routing, {view(S.router, E, 1)}, {ids, weights}, topk_p); !s) {
+  if (s = choose_experts(layers_[static_cast<std::size_t>(l)], view(S.router, E, 1), ids, weights, topk_p); !s) {
     return s.with_context("layer " + std::to_string(l) + "'s routing");
   }
   auto& in = S.group_inputs;
@@ -1330,9 +1362,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   S.weights.resize(static_cast<std::size_t>(K * T));
   S.expert_ids.resize(static_cast<std::size_t>(K * T));
   if (s = router_logits(L, h, view(S.router, E, T)); !s) return s;
-  sdk::OpParams topk_p;
-  topk_p.top_k = static_cast<std::int32_t>(K);
-  topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
+  const sdk::OpParams topk_p = routing_params(K);
   // Decode where every expert of the layer lies where the backend reads it: the backend routes them itself
   // (expert_ffn_routed), so the host does not wait for the choice; its bookkeeping waits for the end of the pass.
   if (T == 1 && routed_experts_ && routed_table(l)) {
@@ -1350,7 +1380,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   if (device_gates) {
     Tensor ids;
     s = device_choice(l, K, ids, choice_weights);
-    if (s) s = run_op(Op::topk_routing, {view(S.router, E, T)}, {ids, choice_weights}, topk_p);
+    if (s) s = choose_experts(L, view(S.router, E, T), ids, choice_weights, topk_p);
     S.down.resize(static_cast<std::size_t>(2 * K));
     if (s) s = to_host(Tensor{DType::f32, {2 * K, 1, 1, 1}, nullptr, ids.buffer, ids.offset}, S.down.data());
     if (s) {
@@ -1358,8 +1388,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       std::memcpy(S.weights.data(), S.down.data() + K, sizeof(float) * static_cast<std::size_t>(K));
     }
   } else {
-    s = run_op(Op::topk_routing, {view(S.router, E, T)},
-               {i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T)}, topk_p);
+    s = choose_experts(L, view(S.router, E, T), i32_2d(S.expert_ids.data(), K, T), f32(S.weights.data(), K, T), topk_p);
   }
   if (!s) return s.with_context("layer " + std::to_string(l) + "'s routing");
   // Each expert's tokens, experts in ascending id: this order fixes the per-token sum for every placement.
@@ -1581,11 +1610,8 @@ Status Engine::prefetch_ahead(std::int64_t l, std::int64_t T, const Tensor& h, s
     S.pred_ids.resize(static_cast<std::size_t>(K * T));
     Status s = router_logits(M, h, f32(S.pred_router.data(), E, T));
     if (!s) return s;
-    sdk::OpParams topk_p;
-    topk_p.top_k = static_cast<std::int32_t>(K);
-    topk_p.flags = sdk::kRoutingSoftmax | (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
-    s = run_op(Op::topk_routing, {f32(S.pred_router.data(), E, T)},
-               {i32_2d(S.pred_ids.data(), K, T), f32(S.pred_weights.data(), K, T)}, topk_p);
+    s = choose_experts(M, f32(S.pred_router.data(), E, T), i32_2d(S.pred_ids.data(), K, T),
+                       f32(S.pred_weights.data(), K, T), routing_params(K));
     if (!s) return s;
     std::set<std::int32_t> mine;
     for (std::int64_t t = 0; t < T; ++t) {

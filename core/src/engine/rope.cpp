@@ -35,10 +35,11 @@ std::vector<float> to_float(const std::vector<double>& v) {
 sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams& hp, std::string_view source) {
   auto bad = [source](const std::string& what) { return bad_in(source, what); };
   RopeFrequencies r;
-  r.dims_ = static_cast<std::int32_t>(hp.head_dim);
+  r.dims_ = static_cast<std::int32_t>(hp.rope_dims());  // partial rotary: HF's frequencies span only these
   r.theta_ = hp.rope_theta;
   r.original_max_ = hp.max_position_embeddings;
-  if (r.dims_ <= 0 || r.dims_ % 2 != 0) return bad("head_dim must be even and positive for rope");
+  if (r.dims_ <= 0 || r.dims_ % 2 != 0)
+    return bad("the rotated dims (head_dim or rotary_dims) must be even and positive for rope");
   std::vector<double> inv = default_inv_freq(r.theta_, r.dims_);
   const auto& rs = hp.rope_scaling;
   if (rs.is_object()) {

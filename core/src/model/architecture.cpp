@@ -36,7 +36,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
   static const std::map<std::string, std::string> m{
       {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
-      {"GptOssForCausalLM", "gpt_oss"}};
+      {"GptOssForCausalLM", "gpt_oss"},  {"Glm4MoeForCausalLM", "glm4_moe"}};
   return m;
 }
 
@@ -64,7 +64,7 @@ std::vector<std::string> supported_hf_architectures() {
 }
 
 std::vector<std::string> supported_gguf_architectures() {
-  return {"gpt-oss", "llama", "olmoe", "qwen2moe", "qwen3moe"};
+  return {"glm4moe", "gpt-oss", "llama", "olmoe", "qwen2moe", "qwen3moe"};
 }
 
 sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
@@ -128,6 +128,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "qwen3_moe" ? Defaults{4, 32768, 1e-6, 10000.0}
                      : a == "olmoe"     ? Defaults{0, 4096, 1e-5, 10000.0}
                      : a == "gpt_oss"   ? Defaults{8, 131072, 1e-5, 150000.0}
+                     : a == "glm4_moe"  ? Defaults{8, 131072, 1e-5, 10000.0}
                                         : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
@@ -210,6 +211,27 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.swiglu_alpha = get_float("swiglu_alpha", 1.702);
     h.swiglu_limit = get_float("swiglu_limit", 7.0);
   }
+  if (a == "glm4_moe") {
+    // GLM: q/k/v have biases, o_proj never; per-head q/k norms in GLM-4.5 (355B), not in Air.
+    h.attention_qkv_bias = get_bool("attention_bias", false);
+    if (get_bool("use_qk_norm", false)) h.qk_norm = "per_head";
+    // RoPE on the first half of each head (NeoX pairs within it). transformers >= 4.56 moves the factor into
+    // rope_parameters.
+    double factor = get_float("partial_rotary_factor", 0.5);
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+        c["rope_parameters"].contains("partial_rotary_factor")) {
+      const auto& f = c["rope_parameters"]["partial_rotary_factor"];
+      if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
+      factor = f.get<double>();
+    }
+    const auto dims = static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor);  // HF: int(), truncating
+    if (h.head_dim > 0 && (!(factor > 0 && factor <= 1) || dims < 2 || dims % 2 != 0)) {
+      return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
+                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
+                                   "; it must be in (0, 1] and give an even count; fix it in config.json");
+    }
+    h.rotary_dims = dims == h.head_dim ? 0 : dims;
+  }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") {
@@ -221,6 +243,32 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.n_experts = 1;
     h.n_experts_per_tok = 1;
     h.intermediate_size = get_int("intermediate_size", 0, true);
+  } else if (a == "glm4_moe") {
+    h.n_experts = get_int("n_routed_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
+    h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+    h.norm_topk_prob = get_bool("norm_topk_prob", true);
+    h.router_scoring = "sigmoid";
+    h.router_selection_bias = true;  // HF registers e_score_correction_bias whatever the config says
+    h.routed_scaling_factor = get_float("routed_scaling_factor", 1.0);
+    h.shared_expert_intermediate_size = h.moe_intermediate_size * get_int("n_shared_experts", 1, false);
+    const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
+    if (groups > 1 && topk_groups < groups) {
+      return Status(StatusCode::unsupported, where + ": n_group " + std::to_string(groups) + " with topk_group " +
+                                                 std::to_string(topk_groups) +
+                                                 " (routing within the best groups only) is not supported; GLM-4.5 "
+                                                 "and 4.6 use n_group 1");
+    }
+    const std::int64_t dense_first = get_int("first_k_dense_replace", 1, false);
+    if (dense_first < 0 || dense_first > h.num_layers) {
+      return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+    for (std::int64_t l = 0; l < dense_first; ++l) h.mlp_only_layers.push_back(l);
+    // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
+    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
   } else if (a == "mixtral" || a == "gpt_oss") {
     h.n_experts = get_int("num_local_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 2, false);
@@ -309,6 +357,12 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"expert_feed_forward_length", Kind::integer},
       {"expert_shared_feed_forward_length", Kind::integer},
       {"expert_weights_norm", Kind::boolean},
+      {"expert_weights_scale", Kind::number},
+      {"expert_gating_func", Kind::integer},
+      {"expert_shared_count", Kind::integer},
+      {"leading_dense_block_count", Kind::integer},
+      {"nextn_predict_layers", Kind::integer},
+      {"rope.dimension_count", Kind::integer},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
       {"tokenizer.ggml.model", Kind::string},
@@ -379,6 +433,13 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   auto opt = [&](const std::string& key, std::int64_t def) { return g.get_int(*ga + "." + key).value_or(def); };
   h.hidden_size = req("embedding_length");
   h.num_layers = req("block_count");
+  // GLM's multi-token-prediction layers are counted in block_count (llama.cpp loads and skips them).
+  h.nextn_layers = opt("nextn_predict_layers", 0);
+  if (h.nextn_layers < 0 || (h.num_layers > 0 && h.nextn_layers >= h.num_layers)) {
+    return bad_config(where, "metadata " + *ga + ".nextn_predict_layers is " + std::to_string(h.nextn_layers) +
+                                 ", but block_count is " + std::to_string(h.num_layers) + "; the GGUF is damaged");
+  }
+  h.num_layers -= h.nextn_layers;
   h.num_heads = req("attention.head_count");
   h.num_kv_heads = opt("attention.head_count_kv", h.num_heads);
   h.head_dim = opt("attention.key_length", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0);
@@ -407,9 +468,11 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     // gpt-oss was trained with HF's truncate: false (llama.cpp's rope rounds the ramp's ends; GGUF has no key).
     if (*st == "yarn" && *ga == "gpt-oss") h.rope_scaling["truncate"] = false;
   }
+  // llama.cpp rotates n_rot dims of each head (GLM: half of them).
+  if (auto rot = g.get_int(*ga + ".rope.dimension_count"); rot && *rot != h.head_dim) h.rotary_dims = *rot;
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) {
     // llama.cpp's Llama 3.1 layout: a divisor per rotated pair of every head's frequencies.
-    const std::int64_t pairs = h.head_dim / 2;
+    const std::int64_t pairs = h.rope_dims() / 2;
     if (!h.rope_scaling.is_null()) {
       return Status(StatusCode::unsupported, where + ": rope_freqs.weight together with " + *ga +
                                                  ".rope.scaling.type is not supported; convert from the HF "
@@ -417,7 +480,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     }
     if (rf->type != sdk::DType::f32 || rf->ne.size() != 1 || rf->ne[0] != pairs) {
       return Status(StatusCode::invalid_argument, where + ": rope_freqs.weight must be f32 [" + std::to_string(pairs) +
-                                                      "] (one factor per rotated pair of head_dim); the file is "
+                                                      "] (one factor per rotated pair of each head); the file is "
                                                       "damaged or from an unknown converter");
     }
     std::vector<float> f(static_cast<std::size_t>(pairs));
@@ -441,6 +504,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.architecture = "qwen3_moe";
   } else if (*ga == "gpt-oss") {
     h.architecture = "gpt_oss";
+  } else if (*ga == "glm4moe") {
+    h.architecture = "glm4_moe";
   } else {
     h.architecture = "olmoe";
   }
@@ -459,11 +524,28 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
     if (a == "gpt_oss") h.norm_topk_prob = true;  // a softmax over the chosen logits (llama.cpp: SOFTMAX_WEIGHT)
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
+    if (a == "glm4_moe") {
+      if (h.shared_expert_intermediate_size == 0) {
+        h.shared_expert_intermediate_size = h.moe_intermediate_size * opt("expert_shared_count", 0);
+      }
+      // llama.cpp's gating: 1 softmax, 2 sigmoid; glm4moe's default (0) is sigmoid.
+      const std::int64_t gating = opt("expert_gating_func", 0);
+      if (gating < 0 || gating > 2) {
+        return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_gating_func " + std::to_string(gating) +
+                                                   " is not supported (1 softmax, 2 sigmoid)");
+      }
+      h.router_scoring = gating == 1 ? "softmax" : "sigmoid";
+      h.routed_scaling_factor = g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
+      if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;  // llama.cpp: 0 means none
+      const std::int64_t first_moe = opt("leading_dense_block_count", 0);
+      h.router_selection_bias = g.find_tensor("blk." + std::to_string(first_moe) + ".exp_probs_b.bias") != nullptr;
+    }
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
+  if (a == "glm4_moe" && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr) h.qk_norm = "per_head";
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
   if (a == "gpt_oss") {
     // llama.cpp fixes gpt-oss's pattern (even layers slide) and its SwiGLU constants; the GGUF carries neither.
@@ -538,20 +620,22 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {kv_dim}, TensorKind::norm, l);
     }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
-    if (gguf_arch == "gpt-oss") plan.shared.back().gguf_name = b + "post_attention_norm.weight";
+    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe")
+      plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
       const std::string router = mixtral ? "block_sparse_moe.gate" : gpt_oss ? "mlp.router" : "mlp.gate";
       add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
       if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
+      if (hp.router_selection_bias) {
+        add(b + "exp_probs_b.bias", p + router + ".e_score_correction_bias", {hp.n_experts}, TensorKind::bias, l);
+      }
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
-        add(b + "ffn_gate_shexp.weight", p + "mlp.shared_expert.gate_proj.weight", {sff, hid},
-            TensorKind::shared_expert, l);
-        add(b + "ffn_up_shexp.weight", p + "mlp.shared_expert.up_proj.weight", {sff, hid}, TensorKind::shared_expert,
-            l);
-        add(b + "ffn_down_shexp.weight", p + "mlp.shared_expert.down_proj.weight", {hid, sff},
-            TensorKind::shared_expert, l);
+        const std::string shared = p + (hp.architecture == "glm4_moe" ? "mlp.shared_experts." : "mlp.shared_expert.");
+        add(b + "ffn_gate_shexp.weight", shared + "gate_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
+        add(b + "ffn_up_shexp.weight", shared + "up_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
+        add(b + "ffn_down_shexp.weight", shared + "down_proj.weight", {hid, sff}, TensorKind::shared_expert, l);
         if (hp.shared_expert_gate) {
           add(b + "ffn_gate_inp_shexp.weight", p + "mlp.shared_expert_gate.weight", {1, hid},
               TensorKind::shared_expert_gate, l);

@@ -1124,19 +1124,38 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
         if (!used.count(name) && name.find("rotary_emb.inv_freq") == std::string::npos) unused.push_back(name);
       }
     }
-    // Whole layers past num_hidden_layers: the config and the weights disagree, and the model would run short.
-    for (const auto& name : unused) {
+    // The layer a tensor name belongs to, or -1.
+    auto layer_of = [&](const std::string& name) -> std::int64_t {
       const std::string_view prefix = in.is_gguf ? "blk." : "model.layers.";
-      if (!std::string_view(name).starts_with(prefix)) continue;
+      if (!std::string_view(name).starts_with(prefix)) return -1;
       std::int64_t layer = 0;
       const char* first = name.data() + prefix.size();
       const auto [end, ec] = std::from_chars(first, name.data() + name.size(), layer);
-      if (ec != std::errc() || end == first || *end != '.' || layer < hp.num_layers) continue;
+      return ec != std::errc() || end == first || *end != '.' ? -1 : layer;
+    };
+    // GLM's multi-token-prediction layers come right after the last one; colibri does not draft with them.
+    const auto nextn_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
+      const std::int64_t layer = layer_of(name);
+      return layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers;
+    });
+    const auto nextn_tensors = static_cast<std::size_t>(nextn_end - unused.begin());
+    unused.erase(unused.begin(), nextn_end);
+    // Whole layers past num_hidden_layers: the config and the weights disagree, and the model would run short.
+    for (const auto& name : unused) {
+      const std::int64_t layer = layer_of(name);
+      if (layer < hp.num_layers) continue;
       return Status(StatusCode::invalid_argument,
                     opt.input.string() + ": the weights hold layer " + std::to_string(layer) + " ('" + name +
                         "'), but " +
                         (in.is_gguf ? "its metadata says block_count " : "config.json says num_hidden_layers ") +
-                        std::to_string(hp.num_layers) + "; fix the layer count (the model would run without them)");
+                        std::to_string(hp.num_layers + hp.nextn_layers) +
+                        "; fix the layer count (the model would run without them)");
+    }
+    if (nextn_tensors > 0) {
+      summary.warnings.push_back(std::to_string(nextn_tensors) + " tensor(s) of the multi-token-prediction layer" +
+                                 (hp.nextn_layers > 1 ? "s" : "") + " after layer " +
+                                 std::to_string(hp.num_layers - 1) +
+                                 " were skipped: colibri does not draft tokens with them");
     }
     if (!unused.empty()) {
       summary.warnings.push_back(std::to_string(unused.size()) + " tensor(s) of the input are not used by " +

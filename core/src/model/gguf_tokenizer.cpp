@@ -145,7 +145,9 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     json normalizer = nullptr;
     if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
       pre_tok = byte_level(true, true);
-    } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe") {
+    } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe" || pre == "glm4" ||
+               pre == "chatglm-bpe") {
+      // GLM-4 / 4.5's tokenizer.json splits with Llama 3's regex (llama.cpp's CHATGLM4 pre-tokenizer is the same).
       pre_tok = split_then_byte_level(kLlama3Regex);
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = split_then_byte_level(kQwen2Regex);

@@ -38,8 +38,10 @@ std::int64_t HyperParams::layer_window(std::int64_t layer) const {
 }
 
 int HyperParams::format_version() const {
+  const bool v3 = router_scoring != "softmax" || router_selection_bias || routed_scaling_factor != 1.0 ||
+                  (rotary_dims != 0 && rotary_dims != head_dim);
   const bool v2 = !sliding_layers.empty() || attention_sinks || router_bias || expert_activation != "swiglu";
-  return v2 ? 2 : 1;
+  return v3 ? 3 : v2 ? 2 : 1;
 }
 
 std::vector<const TensorEntry*> ExpertEntry::parts() const {
@@ -88,6 +90,12 @@ json HyperParams::to_json() const {
     j["expert_activation"] = expert_activation;
     j["swiglu_alpha"] = swiglu_alpha;
     j["swiglu_limit"] = swiglu_limit;
+  }
+  if (format_version() >= 3) {
+    j["router_scoring"] = router_scoring;
+    j["router_selection_bias"] = router_selection_bias;
+    j["routed_scaling_factor"] = routed_scaling_factor;
+    j["rotary_dims"] = rotary_dims;
   }
   return j;
 }
@@ -167,6 +175,8 @@ Status bad(const std::string& msg) {
 // The hparams fields of manifest format 2 (gpt-oss).
 const char* const kV2Fields[] = {"sliding_layers",    "attention_sinks", "router_bias",
                                  "expert_activation", "swiglu_alpha",    "swiglu_limit"};
+// Format 3 (GLM-4.5's router, partial rotary).
+const char* const kV3Fields[] = {"router_scoring", "router_selection_bias", "routed_scaling_factor", "rotary_dims"};
 
 }  // namespace
 
@@ -214,6 +224,14 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.expert_activation = f.get<std::string>("expert_activation");
     h.swiglu_alpha = f.get<double>("swiglu_alpha");
     h.swiglu_limit = f.get<double>("swiglu_limit");
+  }
+  const bool v3_fields =
+      std::any_of(std::begin(kV3Fields), std::end(kV3Fields), [&f](const char* key) { return !f.raw(key).is_null(); });
+  if (v3_fields) {
+    h.router_scoring = f.get<std::string>("router_scoring");
+    h.router_selection_bias = f.get<bool>("router_selection_bias");
+    h.routed_scaling_factor = f.get<double>("routed_scaling_factor");
+    h.rotary_dims = f.get<std::int64_t>("rotary_dims");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
@@ -369,6 +387,20 @@ Status HyperParams::validate() const {
     return s;
   if (auto s = need(std::isfinite(swiglu_alpha) && swiglu_limit > 0 && std::isfinite(swiglu_limit),
                     "swiglu_alpha must be finite and swiglu_limit positive and finite");
+      !s)
+    return s;
+  if (auto s = need(router_scoring == "softmax" || router_scoring == "sigmoid",
+                    "router_scoring '" + router_scoring + "' is not supported (softmax, sigmoid)");
+      !s)
+    return s;
+  // A factor of 0 or below silences or flips every expert; HF's models use 1 to 2.5.
+  if (auto s = need(routed_scaling_factor > 0 && std::isfinite(routed_scaling_factor),
+                    "routed_scaling_factor is " + json(routed_scaling_factor).dump() + "; it must be positive");
+      !s)
+    return s;
+  if (auto s = need(rotary_dims >= 0 && rotary_dims <= head_dim && rotary_dims % 2 == 0,
+                    "rotary_dims is " + std::to_string(rotary_dims) + "; it must be even and in 0..head_dim (" +
+                        std::to_string(head_dim) + ")");
       !s)
     return s;
   if (auto s = need(mlp_only_layers.size() <= static_cast<std::size_t>(num_layers),

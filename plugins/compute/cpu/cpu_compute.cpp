@@ -258,6 +258,7 @@ class CpuCompute final : public ComputeBase {
       case Op::expert_ffn_clamped_group:
       case Op::expert_ffn_routed: return matmul_weight(weight_type);
       case Op::attention_sinks: return is_kv_type(weight_type);
+      case Op::topk_routing_biased: return weight_type == DType::f32;
       default: return supports_every_op(op, weight_type);
     }
   }
@@ -290,7 +291,8 @@ class CpuCompute final : public ComputeBase {
       case Op::attention_sinks: return op_attention(c);
       case Op::swiglu: return op_swiglu(c);
       case Op::add: return op_add(c);
-      case Op::topk_routing: return op_topk(c);
+      case Op::topk_routing:
+      case Op::topk_routing_biased: return op_topk(c);
       case Op::embedding: return op_embedding(c);
       case Op::scale_add: return op_scale_add(c);
       case Op::sigmoid: return op_sigmoid(c);
@@ -1091,12 +1093,16 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- routing
 
+  // topk_routing, and topk_routing_biased: picks by score + bias (inputs[1]), weights from the scores alone.
   Status op_topk(const OpCall& c) {
-    const char* op = "topk_routing";
-    COLIBRI_TRY(need_count(op, c, 1, 1, 2));
+    const bool biased = c.op == Op::topk_routing_biased;
+    const char* op = biased ? "topk_routing_biased" : "topk_routing";
+    if (biased) COLIBRI_TRY(sdk::check_op_call(c, "cpu"));
+    COLIBRI_TRY(need_count(op, c, biased ? 2 : 1, biased ? 2 : 1, 2));
     const Tensor &L = c.inputs[0], &I = c.outputs[0], &Wt = c.outputs[1];
-    std::byte *l, *ids, *w;
+    std::byte *l, *ids, *w, *bp = nullptr;
     COLIBRI_TRY(resolve(op, "logits (inputs[0])", L, l));
+    if (biased) COLIBRI_TRY(resolve(op, "bias (inputs[1])", c.inputs[1], bp));
     COLIBRI_TRY(resolve(op, "ids (outputs[0])", I, ids));
     COLIBRI_TRY(resolve(op, "weights (outputs[1])", Wt, w));
     COLIBRI_TRY(need_type(op, "logits (inputs[0])", L, DType::f32));
@@ -1121,7 +1127,12 @@ class CpuCompute final : public ComputeBase {
     }
     auto* is = reinterpret_cast<std::int32_t*>(ids);
     auto* ws = reinterpret_cast<float*>(w);
-    std::vector<float> score(static_cast<std::size_t>(e));
+    const auto* bias = reinterpret_cast<const float*>(bp);
+    // A NaN bias would break the sort's ordering (a corrupt model file, not activations): refused, named.
+    for (std::int64_t j = 0; biased && j < e; ++j) {
+      if (std::isnan(bias[j])) return bad(op, "bias of expert " + std::to_string(j) + " is NaN");
+    }
+    std::vector<float> score(static_cast<std::size_t>(e)), choice(biased ? score.size() : 0);
     std::vector<std::int32_t> order(static_cast<std::size_t>(e));
     for (std::int64_t i = 0; i < t; ++i) {
       const float* x = ls + i * e;
@@ -1137,17 +1148,25 @@ class CpuCompute final : public ComputeBase {
         for (std::int64_t j = 0; j < e; ++j) score[static_cast<std::size_t>(j)] = x[j];
       }
       for (std::int64_t j = 0; j < e; ++j) order[static_cast<std::size_t>(j)] = static_cast<std::int32_t>(j);
+      if (biased) {
+        for (std::int64_t j = 0; j < e; ++j)
+          choice[static_cast<std::size_t>(j)] = score[static_cast<std::size_t>(j)] + bias[j];
+      }
+      const std::vector<float>& key = biased ? choice : score;
       std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](std::int32_t a, std::int32_t b) {
-        const float sa = score[static_cast<std::size_t>(a)], sb = score[static_cast<std::size_t>(b)];
+        const float sa = key[static_cast<std::size_t>(a)], sb = key[static_cast<std::size_t>(b)];
         return sa > sb || (sa == sb && a < b);
       });
       float sum = 0.0f;
       for (std::int64_t j = 0; j < kk; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+      // HF's biased routers divide by sum + 1e-20 and then scale (routed_scaling_factor).
+      if (biased) sum += 1e-20f;
       for (std::int64_t j = 0; j < kk; ++j) {
         const std::int32_t id = order[static_cast<std::size_t>(j)];
         is[i * kk + j] = id;
         const float s = score[static_cast<std::size_t>(id)];
-        ws[i * kk + j] = (flags & kRoutingRenormalize) ? s / sum : s;
+        const float wj = (flags & kRoutingRenormalize) ? s / sum : s;
+        ws[i * kk + j] = biased ? wj * c.params.scale : wj;
       }
     }
     return {};

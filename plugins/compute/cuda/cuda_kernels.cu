@@ -816,7 +816,8 @@ __global__ void clamped_glu_kernel(const float* g, const float* __restrict__ u, 
 
 // ---------------------------------------------------------------- topk routing
 // One thread per token. Picks in (score desc, id asc) order without storing the chosen ids: the
-// next pick is the best candidate ranked after the previous one.
+// next pick is the best candidate ranked after the previous one. Biased (topk_routing_biased): ranked by
+// score + bias[j] instead, each weight still the score, / (sum + 1e-20) with renormalize, then * scale.
 
 __device__ float route_score(const float* x, int j, int mode, float mx, float sum) {
   if (mode == 1) return __fdiv_rn(expf(x[j] - mx), sum);
@@ -824,9 +825,10 @@ __device__ float route_score(const float* x, int j, int mode, float mx, float su
   return x[j];
 }
 
-__global__ void topk_kernel(const float* __restrict__ logits, std::int32_t* __restrict__ ids,
-                            float* __restrict__ weights, int e, int t, int k, int mode, int renormalize,
-                            std::int32_t* status) {
+template <bool Biased>
+__global__ void topk_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                            std::int32_t* __restrict__ ids, float* __restrict__ weights, int e, int t, int k, int mode,
+                            int renormalize, float scale, std::int32_t* status) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= t) return;
   const float* x = logits + static_cast<std::size_t>(i) * e;
@@ -852,20 +854,26 @@ __global__ void topk_kernel(const float* __restrict__ logits, std::int32_t* __re
   float* out_w = weights + static_cast<std::size_t>(i) * k;
   for (int pick = 0; pick < k; ++pick) {
     int best = -1;
-    float best_s = 0.0f;
+    float best_key = 0.0f, best_s = 0.0f;
     for (int j = 0; j < e; ++j) {
       const float s = route_score(x, j, mode, mx, sum);
-      const bool after_prev = s < prev || (s == prev && j > prev_id);
-      if (after_prev && (best < 0 || s > best_s)) best = j, best_s = s;
+      float key = s;  // what ranks the experts: the score, or score + bias
+      if constexpr (Biased) key = __fadd_rn(s, bias[j]);
+      const bool after_prev = key < prev || (key == prev && j > prev_id);
+      if (after_prev && (best < 0 || key > best_key)) best = j, best_key = key, best_s = s;
     }
     out_ids[pick] = best;
     out_w[pick] = best_s;
     chosen_sum = __fadd_rn(chosen_sum, best_s);
-    prev = best_s;
+    prev = best_key;
     prev_id = best;
   }
   if (renormalize) {
+    if constexpr (Biased) chosen_sum = __fadd_rn(chosen_sum, 1e-20f);  // HF: w / (sum + 1e-20)
     for (int pick = 0; pick < k; ++pick) out_w[pick] = __fdiv_rn(out_w[pick], chosen_sum);
+  }
+  if constexpr (Biased) {
+    for (int pick = 0; pick < k; ++pick) out_w[pick] = __fmul_rn(out_w[pick], scale);
   }
 }
 
@@ -1081,8 +1089,18 @@ cudaError_t launch_clamped_glu(cudaStream_t stream, const float* gate, const flo
 
 cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,
                         std::int64_t t, std::int32_t k, int mode, bool renormalize, std::int32_t* status) noexcept {
-  topk_kernel<<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
-      logits, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, status);
+  topk_kernel<false><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, nullptr, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, 1.0f,
+      status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_topk_biased(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
+                               float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
+                               bool renormalize, float scale, std::int32_t* status) noexcept {
+  topk_kernel<true><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, bias, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, scale,
+      status);
   return cudaGetLastError();
 }
 

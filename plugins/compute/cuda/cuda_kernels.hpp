@@ -117,6 +117,11 @@ cudaError_t launch_clamped_glu(cudaStream_t stream, const float* gate, const flo
 // mode: 0 raw logits, 1 softmax, 2 sigmoid. A NaN logit sets status[0] = token + 1, status[1] = expert.
 cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,
                         std::int64_t t, std::int32_t k, int mode, bool renormalize, std::int32_t* status) noexcept;
+// topk_routing_biased: picks by score + bias[j] (bias {e}), weights the scores, / (sum + 1e-20) with renormalize,
+// then * scale. NaN logits as launch_topk.
+cudaError_t launch_topk_biased(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
+                               float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
+                               bool renormalize, float scale, std::int32_t* status) noexcept;
 
 // cudaSuccess when this build holds code the current device can run (else cudaErrorNoKernelImageForDevice).
 cudaError_t kernel_image_status() noexcept;

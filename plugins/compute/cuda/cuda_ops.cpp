@@ -194,6 +194,8 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
   if (op == Op::matmul || is_expert_op(op))
     return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
+  // GLM-4.5 / DeepSeek-V3 routers: topk_kernel<true>.
+  if (op == Op::topk_routing_biased) return sdk::supports_every_op(Op::topk_routing, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -495,11 +497,18 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       COLIBRI_CUDA_TRY(launched(launch_eltwise(st, Eltwise::scale_add, xa, wa, ya, sdk::element_count(x), x.ne[0])));
       break;
     }
-    case Op::topk_routing: {
+    case Op::topk_routing:
+    case Op::topk_routing_biased: {
+      const bool biased = call.op == Op::topk_routing_biased;
       const Tensor &l = in[0], &ids = out[0], &wts = out[1];
       const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       const std::int32_t f = call.params.flags;
       COLIBRI_CUDA_BIND(la, const float*, l, "logits", false, 4);
+      const float* ba = nullptr;
+      if (biased) {
+        COLIBRI_CUDA_BIND(bias_at, const float*, in[1], "bias", false, 4);
+        ba = bias_at;
+      }
       COLIBRI_CUDA_BIND(ia, std::int32_t*, ids, "ids", true, 4);
       COLIBRI_CUDA_BIND(wa, float*, wts, "weights", true, 4);
       auto sw = status_word();
@@ -508,8 +517,11 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       // weight NaN), which the engine checks when it downloads them; host outputs wait and report it here.
       check_status = ids.buffer == nullptr || wts.buffer == nullptr;
       const int mode = (f & sdk::kRoutingSoftmax) ? 1 : (f & sdk::kRoutingSigmoid) ? 2 : 0;
-      COLIBRI_CUDA_TRY(launched(launch_topk(st, la, ia, wa, e, t, static_cast<std::int32_t>(k), mode,
-                                            (f & sdk::kRoutingRenormalize) != 0, *sw)));
+      const bool renormalize = (f & sdk::kRoutingRenormalize) != 0;
+      const auto kk = static_cast<std::int32_t>(k);
+      COLIBRI_CUDA_TRY(
+          launched(biased ? launch_topk_biased(st, la, ba, ia, wa, e, t, kk, mode, renormalize, call.params.scale, *sw)
+                          : launch_topk(st, la, ia, wa, e, t, kk, mode, renormalize, *sw)));
       break;
     }
     case Op::embedding: {

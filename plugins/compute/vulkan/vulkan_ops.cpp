@@ -122,10 +122,12 @@ struct RoutePush {
 };
 struct TopkPush {
   std::uint64_t logits, ids, weights;
-  std::uint32_t e, t, k, mode, renormalize, pad;
+  std::uint32_t e, t, k, mode, renormalize;
+  float scale;         // topk_biased only (BIASED)
+  std::uint64_t bias;  // topk_biased only: {E} f32
 };
 static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 72 && sizeof(RopePush) == 56 &&
-              sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48);
+              sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48 && sizeof(TopkPush) == 56);
 
 // Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
 // into staging buffers the shaders read directly, and outputs copied back after the run.
@@ -268,6 +270,8 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
     return matmul_weight(weight_type);
   // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders).
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
+  // GLM-4.5 / DeepSeek-V3 routers: topk.comp built with BIASED (topk_biased).
+  if (op == Op::topk_routing_biased) return sdk::supports_every_op(Op::topk_routing, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -645,18 +649,27 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
       cmds.push_back(eltwise_command(xa, wa, ya, elems(x), 3, u32(x.ne[0])));
       break;
     }
-    case Op::topk_routing: {
+    case Op::topk_routing:
+    case Op::topk_routing_biased: {
+      // topk_routing_biased: the topk_biased shader (topk.comp with BIASED), which reads the bias and scale after
+      // topk's push constants. A NaN logit marks the token's picks in both, as topk.comp does.
+      const bool biased = call.op == Op::topk_routing_biased;
       const Tensor &l = in[0], &ids = out[0], &wts = out[1];
       const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       const std::int32_t f = call.params.flags;
       COLIBRI_VK_BIND(la, l, "logits", false, 4);
+      std::uint64_t ba = 0;
+      if (biased) {
+        COLIBRI_VK_BIND(bias_at, in[1], "bias", false, 4);
+        ba = bias_at;
+      }
       COLIBRI_VK_BIND(ia, ids, "ids", true, 4);
       COLIBRI_VK_BIND(wa, wts, "weights", true, 4);
       Command c;
-      c.shader = "topk";
+      c.shader = biased ? "topk_biased" : "topk";
       const std::uint32_t mode = (f & sdk::kRoutingSoftmax) ? 1u : (f & sdk::kRoutingSigmoid) ? 2u : 0u;
-      c.push =
-          as_bytes(TopkPush{la, ia, wa, u32(e), u32(t), u32(k), mode, (f & sdk::kRoutingRenormalize) ? 1u : 0u, 0});
+      c.push = as_bytes(TopkPush{la, ia, wa, u32(e), u32(t), u32(k), mode, (f & sdk::kRoutingRenormalize) ? 1u : 0u,
+                                 call.params.scale, ba});
       c.groups[0] = groups_for(static_cast<std::uint64_t>(t), 64);
       cmds.push_back(std::move(c));
       break;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <random>
@@ -1074,6 +1075,249 @@ TEST_P(ComputeConformance, TopkRoutingNeverRoutesANaNLogitSilently) {
       }
     }
   }
+}
+
+// ------------------------------------------------------------------ topk_routing_biased
+
+// topk_routing_biased (optional; GLM-4.5 / DeepSeek-V3 routers): the experts are picked by score + bias, but each
+// weight is the expert's own score. One bias for every token, set by hand so that tokens 0..2 test one thing each:
+// token 0: expert 12 scores low, yet its bias puts it first under sigmoid and softmax scores (unbiased, 3 leads);
+// token 1: experts 2, 5 and 9 have the same logit and bias, so they tie in every mode (listed 2, 5, 9);
+// token 2: raw scores 1.0, 0.5, 0.75 of experts 4, 6 and 10 plus their biases 0, 0.5, 0.25 tie at exactly 1.0, so
+// they come in id order with weights that do not descend. Tokens 3.. are random.
+struct BiasedRoutingData {
+  static constexpr std::int64_t e = 16, t = 6;
+  std::vector<float> logits, bias;
+};
+
+BiasedRoutingData biased_routing_data() {
+  BiasedRoutingData d;
+  d.bias = {0.1f, -0.2f, 0.25f, 0.0f, 0.0f, 0.25f, 0.5f, 0.0f, -0.1f, 0.25f, 0.25f, 0.3f, 1.25f, -0.4f, 0.15f, -0.05f};
+  d.logits = randn(static_cast<std::size_t>(d.e * d.t), 141, 2.0f);
+  auto token = [&](std::int64_t i, float rest) {
+    float* x = d.logits.data() + i * d.e;
+    std::fill(x, x + d.e, rest);
+    return x;
+  };
+  float* t0 = token(0, -3.0f);
+  t0[3] = 2.0f;
+  t0[7] = 1.5f;
+  t0[12] = -2.5f;
+  float* t1 = token(1, -3.0f);
+  t1[2] = t1[5] = t1[9] = 3.0f;
+  float* t2 = token(2, -4.0f);
+  t2[4] = 1.0f;
+  t2[6] = 0.5f;
+  t2[10] = 0.75f;
+  return d;
+}
+
+Status run_biased(Compute& c, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k, int flags,
+                  float scale, std::vector<std::int32_t>& ids, std::vector<float>& w) {
+  ids.assign(static_cast<std::size_t>(k * t), -7);
+  w.assign(ids.size(), -7.0f);
+  OpParams p;
+  p.top_k = k;
+  p.flags = flags;
+  p.scale = scale;
+  return run_op(c, Op::topk_routing_biased,
+                {arg(DType::f32, {e, t, 1, 1}, const_cast<float*>(logits)),
+                 arg(DType::f32, {e, 1, 1, 1}, const_cast<float*>(bias))},
+                {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p);
+}
+
+constexpr int kBiasedFlagSets[] = {kRoutingSigmoid | kRoutingRenormalize, kRoutingSigmoid,
+                                   kRoutingSoftmax | kRoutingRenormalize, kRoutingSoftmax, 0};
+
+TEST_P(ComputeConformance, TopkRoutingBiasedPicksByScorePlusBiasAndWeighsByScore) {
+  COMPUTE_FIXTURE(c);
+  const auto d = biased_routing_data();
+  const std::int64_t e = d.e, t = d.t;
+  std::vector<std::int32_t> ids;
+  std::vector<float> w;
+  if (!c.supports(Op::topk_routing_biased, DType::f32)) {
+    EXPECT_FALSE(run_biased(c, d.logits.data(), e, t, d.bias.data(), 2, kRoutingSigmoid, 1.0f, ids, w))
+        << "a backend whose supports() says no ran topk_routing_biased";
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_biased";
+  }
+  int moved_by_bias = 0;
+  for (int flags : kBiasedFlagSets) {
+    // Every expert's unbiased score, from the plain reference routing with k = E.
+    const auto all = ref::topk_routing(d.logits.data(), e, t, static_cast<int>(e), flags & ~kRoutingRenormalize);
+    std::vector<double> score(static_cast<std::size_t>(e * t));
+    for (std::size_t i = 0; i < all.ids.size(); ++i) {
+      score[i / static_cast<std::size_t>(e) * static_cast<std::size_t>(e) + static_cast<std::size_t>(all.ids[i])] =
+          all.weights[i];
+    }
+    for (int k : {1, 2, 4}) {
+      // The test's own premise: no two experts near the cut are closer than the backends' rounding, except the ties
+      // made on purpose (equal in double too).
+      for (std::int64_t i = 0; i < t; ++i) {
+        std::vector<double> choice(static_cast<std::size_t>(e));
+        for (std::int64_t j = 0; j < e; ++j)
+          choice[static_cast<std::size_t>(j)] =
+              score[static_cast<std::size_t>(i * e + j)] + d.bias[static_cast<std::size_t>(j)];
+        std::sort(choice.begin(), choice.end(), std::greater<>());
+        for (int j = 0; j < k; ++j) {
+          const double a = choice[static_cast<std::size_t>(j)], b = choice[static_cast<std::size_t>(j) + 1];
+          ASSERT_TRUE(a == b || a - b > 1e-4) << "test data: token " << i << " has a near tie at pick " << j;
+        }
+      }
+      const auto plain = ref::topk_routing(d.logits.data(), e, t, k, flags);
+      for (float scale : {1.0f, 2.5f}) {
+        const std::string what = "topk_routing_biased flags=" + std::to_string(flags) + " k=" + std::to_string(k) +
+                                 " scale=" + std::to_string(scale);
+        ASSERT_TRUE(run_biased(c, d.logits.data(), e, t, d.bias.data(), k, flags, scale, ids, w)) << what;
+        const auto want = ref::topk_routing_biased(d.logits.data(), d.bias.data(), e, t, k, flags, scale);
+        EXPECT_EQ(ids, want.ids) << what;
+        if (ids != plain.ids) ++moved_by_bias;
+        Mismatches mm(what);
+        for (std::size_t i = 0; i < w.size(); ++i)
+          mm.check(i, w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7);
+        // The weights are the picked experts' own scores (not score + bias), renormalized over the picks if asked.
+        Mismatches own(what + ": weights from the unbiased scores");
+        for (std::int64_t i = 0; i < t; ++i) {
+          double sum = 0.0;
+          for (int j = 0; j < k; ++j) {
+            const std::int32_t id = ids[static_cast<std::size_t>(i * k + j)];
+            ASSERT_TRUE(id >= 0 && id < e) << what << ": token " << i << " pick " << j << " is " << id;
+            sum += score[static_cast<std::size_t>(i * e + id)];
+          }
+          for (int j = 0; j < k; ++j) {
+            const auto at = static_cast<std::size_t>(i * k + j);
+            double s = score[static_cast<std::size_t>(i * e + ids[at])];
+            if (flags & kRoutingRenormalize) s /= sum;
+            own.check(at, w[at], s * scale, 1e-6 * std::fabs(s * scale) + 1e-7);
+          }
+        }
+        if (flags & (kRoutingSigmoid | kRoutingSoftmax)) {
+          EXPECT_EQ(ids[0], 12) << what << ": token 0's bias picks expert 12 first";
+          EXPECT_EQ(plain.ids[0], 3) << what << ": (unbiased, expert 3 leads)";
+        }
+        if (k == 4) {
+          const auto first = ids.begin() + k, last = first + k;
+          const auto p2 = std::find(first, last, 2), p5 = std::find(first, last, 5), p9 = std::find(first, last, 9);
+          EXPECT_TRUE(p2 < p5 && p5 < p9 && p9 != last) << what << ": token 1's tie of experts 2, 5, 9";
+        }
+        if (flags == 0 && k >= 2) {
+          // Raw scores tie on score + bias: id order, the weights are the logits times the scale (exact here).
+          const std::int32_t tied[] = {4, 6, 10};
+          const float raw[] = {1.0f, 0.5f, 0.75f};
+          for (int j = 0; j < std::min(k, 3); ++j) {
+            EXPECT_EQ(ids[static_cast<std::size_t>(2 * k + j)], tied[j]) << what << ": token 2 pick " << j;
+            EXPECT_EQ(w[static_cast<std::size_t>(2 * k + j)], raw[j] * scale) << what << ": token 2 pick " << j;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(moved_by_bias, 0) << "the bias never changed a pick: the test tests nothing";
+}
+
+// THE ONE PROMISE: a token's picks and weights are the same bits alone and in a batch.
+TEST_P(ComputeConformance, TopkRoutingBiasedDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_biased, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_biased";
+  const auto d = biased_routing_data();
+  const std::int64_t e = d.e, t = d.t;
+  for (int flags : kBiasedFlagSets) {
+    const int k = 4;
+    const float scale = 2.5f;
+    std::vector<std::int32_t> ids, one_ids;
+    std::vector<float> w, one_w;
+    ASSERT_TRUE(run_biased(c, d.logits.data(), e, t, d.bias.data(), k, flags, scale, ids, w));
+    for (std::int64_t i = 0; i < t; ++i) {
+      ASSERT_TRUE(run_biased(c, d.logits.data() + i * e, e, 1, d.bias.data(), k, flags, scale, one_ids, one_w));
+      EXPECT_TRUE(std::equal(one_ids.begin(), one_ids.end(), ids.begin() + i * k))
+          << "flags=" << flags << ": token " << i << "'s picks alone differ from the batch's";
+      EXPECT_EQ(0, std::memcmp(one_w.data(), w.data() + i * k, one_w.size() * sizeof(float)))
+          << "flags=" << flags << ": token " << i << "'s weights alone differ from the batch's";
+    }
+  }
+}
+
+// A NaN logit: what topk_routing does on this backend (the same call fails, or the token's picks are marked id -1
+// with weight NaN while the other tokens are routed as ever).
+TEST_P(ComputeConformance, TopkRoutingBiasedTreatsANaNLogitAsTopkRoutingDoes) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_biased, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_biased";
+  const std::int64_t e = 8, t = 3;
+  auto logits = randn(static_cast<std::size_t>(e * t), 143, 2.0f);
+  const auto bias = randn(static_cast<std::size_t>(e), 144, 0.5f);
+  const auto clean = logits;
+  logits[static_cast<std::size_t>(e + 5)] = std::numeric_limits<float>::quiet_NaN();  // token 1, expert 5
+  for (int flags : {kRoutingSigmoid | kRoutingRenormalize, kRoutingSoftmax, 0}) {
+    for (int k : {1, 3}) {
+      const std::string what = "topk_routing_biased flags=" + std::to_string(flags) + " k=" + std::to_string(k);
+      std::vector<std::int32_t> ids, plain_ids(static_cast<std::size_t>(k * t));
+      std::vector<float> w, plain_w(plain_ids.size());
+      OpParams p;
+      p.top_k = k;
+      p.flags = flags;
+      const Status plain =
+          run_op(c, Op::topk_routing, {arg(DType::f32, {e, t, 1, 1}, logits)},
+                 {arg(DType::i32, {k, t, 1, 1}, plain_ids), arg(DType::f32, {k, t, 1, 1}, plain_w)}, p);
+      const Status s = run_biased(c, logits.data(), e, t, bias.data(), k, flags, 2.5f, ids, w);
+      EXPECT_EQ(s.is_ok(), plain.is_ok()) << what << ": topk_routing " << (plain ? "marked" : "refused")
+                                          << " the NaN, topk_routing_biased " << (s ? "ran" : "failed");
+      if (!s) {
+        EXPECT_NE(s.message().find("NaN"), std::string::npos) << what << ": " << s.to_string();
+        continue;
+      }
+      const auto want = ref::topk_routing_biased(clean.data(), bias.data(), e, t, k, flags, 2.5f);
+      for (std::int64_t tok = 0; tok < t; ++tok) {
+        for (int j = 0; j < k; ++j) {
+          const auto i = static_cast<std::size_t>(tok * k + j);
+          if (tok == 1) {
+            EXPECT_EQ(ids[i], -1) << what << ": pick " << j << " of the token with a NaN logit";
+            EXPECT_TRUE(std::isnan(w[i]))
+                << what << ": pick " << j << " of the token with a NaN logit has weight " << w[i];
+          } else {
+            EXPECT_EQ(ids[i], want.ids[i]) << what << ": token " << tok << " pick " << j;
+            EXPECT_NEAR(w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7)
+                << what << ": token " << tok << " pick " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ComputeConformance, TopkRoutingBiasedRefusesBadCalls) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_biased, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_biased";
+  std::vector<float> big(1 << 12, 0.5f);
+  std::vector<std::int32_t> out_ids(64);
+  const std::int64_t e = 8, t = 2;
+  auto call = [&](std::vector<Arg> in, int k, int flags = kRoutingSigmoid) {
+    OpParams p;
+    p.top_k = k;
+    p.flags = flags;
+    return run_op(c, Op::topk_routing_biased, std::move(in),
+                  {arg(DType::i32, {k, t, 1, 1}, out_ids), arg(DType::f32, {k, t, 1, 1}, big)}, p);
+  };
+  auto expect_error = [&](const std::string& what, const char* names, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (s.is_ok()) return;
+    for (const char* n : {"topk_routing_biased", names}) {
+      EXPECT_NE(s.message().find(n), std::string::npos)
+          << what << ": the error does not name " << n << ": " << s.to_string();
+    }
+  };
+  const Arg logits = arg(DType::f32, {e, t, 1, 1}, big);
+  ASSERT_TRUE(call({logits, arg(DType::f32, {e, 1, 1, 1}, big)}, 2)) << "the good call the others are made from";
+  expect_error("a bias of E - 1 elements", "bias", call({logits, arg(DType::f32, {e - 1, 1, 1, 1}, big)}, 2));
+  expect_error("a bias of E + 1 elements", "bias", call({logits, arg(DType::f32, {e + 1, 1, 1, 1}, big)}, 2));
+  expect_error("a bias of E x 2 elements", "bias", call({logits, arg(DType::f32, {e, 2, 1, 1}, big)}, 2));
+  expect_error("an f16 bias", "bias", call({logits, arg(DType::f16, {e, 1, 1, 1}, big)}, 2));
+  expect_error("an i32 bias", "bias", call({logits, arg(DType::i32, {e, 1, 1, 1}, big)}, 2));
+  expect_error("no bias", "topk_routing_biased", call({logits}, 2));
+  expect_error("k > E", "topk_routing_biased", call({logits, arg(DType::f32, {e, 1, 1, 1}, big)}, 9));
+  expect_error("softmax and sigmoid at once", "topk_routing_biased",
+               call({logits, arg(DType::f32, {e, 1, 1, 1}, big)}, 2, kRoutingSoftmax | kRoutingSigmoid));
 }
 
 TEST_P(ComputeConformance, EmbeddingDequantizesTheRequestedRows) {

@@ -154,21 +154,30 @@ std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_
   return o;
 }
 
+namespace {
+
+// One token's routing scores: softmax over the experts, sigmoids or the raw logits.
+std::vector<double> routing_scores(const float* x, std::int64_t experts, int flags) {
+  std::vector<double> score(static_cast<std::size_t>(experts));
+  if (flags & kRoutingSoftmax) {
+    const double mx = *std::max_element(x, x + experts);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < experts; ++j) sum += (score[static_cast<std::size_t>(j)] = std::exp(x[j] - mx));
+    for (auto& s : score) s /= sum;
+  } else if (flags & kRoutingSigmoid) {
+    for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = sigmoid(x[j]);
+  } else {
+    for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = x[j];
+  }
+  return score;
+}
+
+}  // namespace
+
 Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags) {
   Routing r;
   for (std::int64_t i = 0; i < t; ++i) {
-    const float* x = logits + i * experts;
-    std::vector<double> score(static_cast<std::size_t>(experts));
-    if (flags & kRoutingSoftmax) {
-      const double mx = *std::max_element(x, x + experts);
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < experts; ++j) sum += (score[static_cast<std::size_t>(j)] = std::exp(x[j] - mx));
-      for (auto& s : score) s /= sum;
-    } else if (flags & kRoutingSigmoid) {
-      for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = sigmoid(x[j]);
-    } else {
-      for (std::int64_t j = 0; j < experts; ++j) score[static_cast<std::size_t>(j)] = x[j];
-    }
+    const std::vector<double> score = routing_scores(logits + i * experts, experts, flags);
     std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -181,6 +190,30 @@ Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, 
       r.ids.push_back(id);
       const double s = score[static_cast<std::size_t>(id)];
       r.weights.push_back((flags & kRoutingRenormalize) ? s / sum : s);
+    }
+  }
+  return r;
+}
+
+Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
+                            int flags, float scale) {
+  Routing r;
+  for (std::int64_t i = 0; i < t; ++i) {
+    const std::vector<double> score = routing_scores(logits + i * experts, experts, flags);
+    std::vector<double> choice(score.size());
+    for (std::size_t j = 0; j < score.size(); ++j) choice[j] = score[j] + bias[j];
+    std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      return choice[static_cast<std::size_t>(a)] > choice[static_cast<std::size_t>(b)];
+    });
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+    for (int j = 0; j < k; ++j) {
+      const std::int32_t id = order[static_cast<std::size_t>(j)];
+      r.ids.push_back(id);
+      const double s = score[static_cast<std::size_t>(id)];
+      r.weights.push_back(((flags & kRoutingRenormalize) ? s / (sum + 1e-20) : s) * scale);
     }
   }
   return r;

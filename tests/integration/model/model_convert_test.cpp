@@ -29,7 +29,8 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral", "gpt_oss"};
+const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+                                         "llama",   "mistral",   "gpt_oss",   "glm4_moe"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -482,8 +483,8 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     json cfg = json::parse(slurp(d / "config.json"));
     cfg["architectures"] = {"DeepseekV3ForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
-    expect_clean_failure(d, "'DeepseekV3ForCausalLM' is not supported; supported: GptOssForCausalLM, LlamaForCausalLM",
-                         "arch");
+    expect_clean_failure(
+        d, "'DeepseekV3ForCausalLM' is not supported; supported: Glm4MoeForCausalLM, GptOssForCausalLM", "arch");
   }
   {  // an eos id that is no token id is refused, not dropped (generation would never stop)
     auto d = copy_fixture(src, "eos");
@@ -774,6 +775,43 @@ TEST(ModelConvert, GptOssConvertsBothExpertLayoutsAndRefusesBrokenOnesByName) {
     expect_clean_failure(d, ".safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [",
                          "gpt-oss head_dim");
   }
+}
+
+// GLM-4.5: its router and partial rotary reach the manifest (format 3), the selection bias stays f32, and the
+// multi-token-prediction layer after the last one is skipped with a line in the summary, from HF and from GGUF. A
+// layer past them is still refused: the config and the weights disagree.
+TEST(ModelConvert, GlmSkipsItsPredictionLayerAndKeepsItsRouter) {
+  const fs::path src = fixture("glm4_moe-plain", "--arch glm4_moe --dtype bf16");
+  for (const fs::path& in : {src, fs::path(src.string() + ".gguf")}) {
+    const fs::path out = fresh_output("glm " + in.filename().string());
+    const auto summary = convert_ok(in, out, "q8_0");
+    auto m = load_manifest(out);
+    ASSERT_TRUE(m.has_value()) << m.error().to_string();
+    EXPECT_EQ(json::parse(slurp(out / "manifest.json"))["format_version"], 3);
+    const auto& hp = m->hparams;
+    EXPECT_EQ(hp.architecture, "glm4_moe");
+    EXPECT_EQ(hp.num_layers, 3);
+    EXPECT_EQ(hp.rotary_dims, 64);
+    EXPECT_EQ(hp.router_scoring, "sigmoid");
+    EXPECT_TRUE(hp.router_selection_bias);
+    EXPECT_DOUBLE_EQ(hp.routed_scaling_factor, 2.5);
+    EXPECT_EQ(hp.mlp_only_layers, (std::vector<std::int64_t>{0}));
+    EXPECT_EQ(hp.shared_expert_intermediate_size, 128);
+    const auto* bias = m->tensor("blk.1.exp_probs_b.bias");
+    ASSERT_NE(bias, nullptr);
+    EXPECT_EQ(bias->type, colibri::sdk::DType::f32);
+    EXPECT_EQ(m->tensor("blk.3.attn_q.weight"), nullptr);
+    ASSERT_EQ(summary.warnings.size(), 1u) << in;
+    EXPECT_NE(summary.warnings[0].find("of the multi-token-prediction layer after layer 2 were skipped"),
+              std::string::npos)
+        << summary.warnings[0];
+    EXPECT_TRUE(verify_model(out).ok());
+  }
+  auto d = copy_fixture(src, "glm nextn");
+  json cfg = json::parse(slurp(d / "config.json"));
+  cfg["num_nextn_predict_layers"] = 0;
+  std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
+  expect_clean_failure(d, "the weights hold layer 3", "glm nextn");
 }
 
 TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {

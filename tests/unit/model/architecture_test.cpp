@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace colibri::model {
@@ -82,6 +83,120 @@ TEST(HfConfigValues, WrongTypesAndLayersTheModelLacksAreRefusedByName) {
   ASSERT_TRUE(h) << h.error().message();
   EXPECT_EQ(h->hidden_act, "silu");
   EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{1}));
+}
+
+// GLM-4.5-Air's config.json, tiny: what each GLM field becomes.
+json glm_air() {
+  return json{{"architectures", {"Glm4MoeForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"head_dim", 32},  // not hidden / heads, as in GLM
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"n_routed_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"n_shared_experts", 1},
+              {"routed_scaling_factor", 1.0},
+              {"first_k_dense_replace", 1},
+              {"partial_rotary_factor", 0.5},
+              {"attention_bias", true},
+              {"use_qk_norm", false},
+              {"norm_topk_prob", true},
+              {"n_group", 1},
+              {"topk_group", 1},
+              {"num_nextn_predict_layers", 1}};
+}
+
+TEST(HfConfigValues, GlmMoeReadsItsRouterSharedExpertDenseLayersAndPartialRotary) {
+  auto c = glm_air();
+  c["routed_scaling_factor"] = 2.5;
+  auto h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "glm4_moe");
+  EXPECT_EQ(h->head_dim, 32);
+  EXPECT_EQ(h->rotary_dims, 16);
+  EXPECT_EQ(h->rope_dims(), 16);
+  EXPECT_TRUE(h->attention_qkv_bias);
+  EXPECT_FALSE(h->attention_out_bias);
+  EXPECT_EQ(h->qk_norm, "none");
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 2.5);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_EQ(h->n_experts, 8);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(h->shared_expert_gate);
+  EXPECT_FALSE(h->layer_is_sparse(0));
+  EXPECT_TRUE(h->layer_is_sparse(1));
+  EXPECT_EQ(h->layer_ffn_size(0), 96);
+  EXPECT_EQ(h->nextn_layers, 1);
+  EXPECT_EQ(h->rms_norm_eps, 1e-5);  // Glm4MoeConfig's default
+  EXPECT_EQ(h->format_version(), 3);
+  // GLM-4.5 (355B): q/k norms per head, two shared experts; transformers >= 4.56 keeps the factor in rope_parameters.
+  c["use_qk_norm"] = true;
+  c["n_shared_experts"] = 2;
+  c.erase("partial_rotary_factor");
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->qk_norm, "per_head");
+  EXPECT_EQ(h->shared_expert_intermediate_size, 32);
+  EXPECT_EQ(h->rotary_dims, 8);
+  EXPECT_EQ(h->rope_theta, 1e6);
+  // The plan names GLM's tensors: the plural shared_experts, the selection bias, the dense first layer.
+  const ModelPlan plan = build_plan(*h, "glm4moe");
+  auto find = [&](const std::string& name) -> const PlannedTensor* {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(find("blk.1.exp_probs_b.bias"), nullptr);
+  EXPECT_EQ(find("blk.1.exp_probs_b.bias")->hf_name, "model.layers.1.mlp.gate.e_score_correction_bias");
+  EXPECT_EQ(find("blk.0.exp_probs_b.bias"), nullptr);  // layer 0 is dense
+  ASSERT_NE(find("blk.2.ffn_up_shexp.weight"), nullptr);
+  EXPECT_EQ(find("blk.2.ffn_up_shexp.weight")->hf_name, "model.layers.2.mlp.shared_experts.up_proj.weight");
+  EXPECT_EQ(find("blk.2.ffn_norm.weight")->gguf_name, "blk.2.post_attention_norm.weight");
+  EXPECT_EQ(find("blk.2.attn_q.weight")->gguf_permute_heads, 0);  // NeoX order already
+  ASSERT_EQ(plan.experts[0].size(), 1u);
+  EXPECT_EQ(plan.experts[0][0][0].hf_name, "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(plan.experts[1].size(), 8u);
+  // A plain Qwen2-MoE keeps its singular shared_expert.
+  auto q = minimal("Qwen2MoeForCausalLM");
+  q["shared_expert_intermediate_size"] = 8;
+  auto qh = hparams_from_hf_config(q, "config.json");
+  ASSERT_TRUE(qh) << qh.error().message();
+  const ModelPlan qplan = build_plan(*qh);
+  EXPECT_TRUE(std::any_of(qplan.shared.begin(), qplan.shared.end(), [](const PlannedTensor& t) {
+    return t.hf_name == "model.layers.0.mlp.shared_expert.up_proj.weight";
+  }));
+}
+
+TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"n_group 8 with topk_group 4 (routing within the best groups only) is not supported",
+       json{{"n_group", 8}, {"topk_group", 4}}},
+      {"partial_rotary_factor 0.0 gives 0 rotated dims", json{{"partial_rotary_factor", 0.0}}},
+      {"partial_rotary_factor 0.1 gives 3 rotated dims of head_dim 32", json{{"partial_rotary_factor", 0.1}}},
+      {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
+      {"routed_scaling_factor is -1.0; it must be positive", json{{"routed_scaling_factor", -1.0}}},
+      {"missing required field \"n_routed_experts\"", json{{"n_routed_experts", nullptr}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = glm_air();
+    c.update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+  }
+  // n_group with every group chosen is no limit at all.
+  auto c = glm_air();
+  c["n_group"] = 4;
+  c["topk_group"] = 4;
+  EXPECT_TRUE(hparams_from_hf_config(c, "config.json"));
 }
 
 }  // namespace

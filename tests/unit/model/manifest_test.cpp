@@ -294,8 +294,67 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   bad["hparams"]["expert_activation"] = "geglu";
   expect_rejected(t, bad, "expert_activation 'geglu' is not supported");
   bad = m;
-  bad["format_version"] = 3;
-  expect_rejected(t, bad, "format_version 3 is not supported (this colibri reads 1 to 2)");
+  bad["format_version"] = 4;
+  expect_rejected(t, bad, "format_version 4 is not supported (this colibri reads 1 to 3)");
+}
+
+// GLM's additions: format 3 only when used; the fields come all together, typed and in range.
+TEST(Manifest, GlmRouterAndPartialRotaryAreFormatThree) {
+  auto t = make_model("manifest glm");
+  HyperParams wide = tiny_hparams();
+  wide.hidden_size = wide.head_dim = 8;
+  EXPECT_EQ(wide.format_version(), 1);
+  EXPECT_EQ(wide.rope_dims(), 8);
+  wide.rotary_dims = 8;  // the whole head is no partial rotary
+  EXPECT_EQ(wide.format_version(), 1);
+  wide.rotary_dims = 4;
+  EXPECT_EQ(wide.format_version(), 3);
+  EXPECT_EQ(wide.rope_dims(), 4);
+  wide.nextn_layers = 1;
+  const json wj = wide.to_json();
+  EXPECT_FALSE(wj.contains("nextn_layers"));  // a conversion detail
+  auto wide_back = HyperParams::from_json(wj);
+  ASSERT_TRUE(wide_back.has_value()) << wide_back.error().to_string();
+  EXPECT_EQ(wide_back->rotary_dims, 4);
+  EXPECT_EQ(wide_back->router_scoring, "softmax");
+
+  HyperParams h = tiny_hparams();
+  h.router_scoring = "sigmoid";
+  h.router_selection_bias = true;
+  h.routed_scaling_factor = 2.5;
+  EXPECT_EQ(h.format_version(), 3);
+  const json j = h.to_json();
+  auto back = HyperParams::from_json(j);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->router_scoring, "sigmoid");
+  EXPECT_TRUE(back->router_selection_bias);
+  EXPECT_DOUBLE_EQ(back->routed_scaling_factor, 2.5);
+  EXPECT_EQ(back->rotary_dims, 0);
+  json m = t.manifest;
+  m["hparams"] = j;
+  m["format_version"] = 3;
+  testing::write_file(t.dir / "manifest.json", m.dump());
+  auto loaded = load_manifest(t.dir);
+  ASSERT_TRUE(loaded.has_value()) << loaded.error().to_string();
+  EXPECT_EQ(loaded->to_json()["format_version"], 3);
+  json bad = m;
+  bad["hparams"].erase("rotary_dims");
+  expect_rejected(t, bad, "missing field \"rotary_dims\"");
+  bad = m;
+  bad["hparams"]["router_scoring"] = "softmax_then_sigmoid";
+  expect_rejected(t, bad, "router_scoring 'softmax_then_sigmoid' is not supported (softmax, sigmoid)");
+  bad = m;
+  bad["hparams"]["routed_scaling_factor"] = 0;
+  expect_rejected(t, bad, "routed_scaling_factor is 0.0; it must be positive");
+  bad = m;
+  bad["hparams"]["rotary_dims"] = 3;
+  expect_rejected(t, bad, "rotary_dims is 3; it must be even and in 0..head_dim (2)");
+  bad = m;
+  bad["hparams"]["rotary_dims"] = 4;
+  expect_rejected(t, bad, "rotary_dims is 4; it must be even and in 0..head_dim (2)");
+  bad = m;
+  bad["hparams"]["router_selection_bias"] = "yes";
+  expect_rejected(t, bad, "field \"router_selection_bias\" must be true or false");
 }
 
 void expect_invalid(const HyperParams& h, const std::string& what) {

@@ -172,6 +172,12 @@ class Engine {
                             const sdk::Tensor& x, const sdk::Tensor& y, sdk::OpParams params);
   // The router's logits (with its bias where the model has one), from unquantized activations.
   sdk::Status router_logits(const Layer& L, const sdk::Tensor& h, const sdk::Tensor& logits);
+  // topk_routing's params for a layer of top_k experts (scores, renormalization, GLM's scaling factor).
+  [[nodiscard]] sdk::OpParams routing_params(std::int64_t top_k) const;
+  // The experts the router picks from its logits: topk_routing, or topk_routing_biased where the layer has a
+  // selection bias (GLM's e_score_correction_bias).
+  sdk::Status choose_experts(const Layer& L, const sdk::Tensor& logits, const sdk::Tensor& ids,
+                             const sdk::Tensor& weights, const sdk::OpParams& params);
   sdk::Status run_op_on(sdk::Compute& compute, const std::string& name, sdk::Op op,
                         std::initializer_list<sdk::Tensor> inputs, std::initializer_list<sdk::Tensor> outputs,
                         sdk::OpParams params = {});

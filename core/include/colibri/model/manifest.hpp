@@ -18,14 +18,14 @@ namespace colibri::model {
 
 // Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
 // experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
-inline constexpr int kManifestFormatVersion = 2;
+inline constexpr int kManifestFormatVersion = 3;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
 // Every hyper-parameter the forward pass needs. Weights are stored in HuggingFace layout ([out, in], rows are
 // output features, Q/K rows not permuted), so rope is HF's rotate_half form for every architecture here.
 struct HyperParams {
-  std::string architecture;     // mixtral | qwen2_moe | qwen3_moe | olmoe | llama | mistral
+  std::string architecture;     // mixtral | qwen2_moe | qwen3_moe | olmoe | llama | mistral | gpt_oss | glm4_moe
   std::string hf_architecture;  // MixtralForCausalLM, ... (empty when the source was a GGUF)
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
@@ -42,6 +42,16 @@ struct HyperParams {
   std::vector<std::int64_t> sliding_layers;  // the layers sliding_window applies to; empty: all (gpt-oss: even ones)
   bool attention_sinks = false;              // a learned logit per head in each softmax's denominator (gpt-oss)
   bool router_bias = false;                  // the router has a bias (gpt-oss)
+  // The router's scores: softmax over the experts, or sigmoid per expert (GLM-4.5, DeepSeek V3). With
+  // router_selection_bias a learned bias per expert (HF's e_score_correction_bias) is added to the scores only to
+  // pick the experts; the weights are the scores, renormalized (norm_topk_prob), times routed_scaling_factor.
+  std::string router_scoring = "softmax";
+  bool router_selection_bias = false;
+  double routed_scaling_factor = 1.0;
+  std::int64_t rotary_dims = 0;  // RoPE rotates the first rotary_dims of each head (GLM: head_dim / 2); 0: head_dim
+  // Multi-token-prediction layers stored after the last layer (GLM's num_nextn_predict_layers): the converter skips
+  // them. Not in the manifest.
+  std::int64_t nextn_layers = 0;
   // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
   // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
   std::string expert_activation = "swiglu";
@@ -78,7 +88,9 @@ struct HyperParams {
   // The attention window of `layer` (0: full).
   [[nodiscard]] std::int64_t layer_window(std::int64_t layer) const;
   [[nodiscard]] bool expert_bias() const { return expert_activation == "swiglu_clamped"; }
-  // The manifest format version these hyper-parameters need (1 unless a gpt-oss feature is used).
+  [[nodiscard]] std::int64_t rope_dims() const { return rotary_dims > 0 ? rotary_dims : head_dim; }
+  // The manifest format version these hyper-parameters need (1; 2 for gpt-oss's features; 3 for GLM's router and
+  // partial rotary).
   [[nodiscard]] int format_version() const;
 
   [[nodiscard]] nlohmann::json to_json() const;

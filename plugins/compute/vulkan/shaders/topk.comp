@@ -2,6 +2,8 @@
 // Routing top-k, one invocation per token (E is small). Scores are raw logits, a softmax over
 // all E, or sigmoids. Pick i takes the best (score, id) after pick i-1 in the order "higher score,
 // then lower id", so ties go to the lower expert id and ids come out by descending weight.
+// BIASED (topk_routing_biased): the order is by score + bias[id] instead, each weight is still the
+// score, divided by (sum + 1e-20) with renormalize, then times scale.
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -15,6 +17,10 @@ layout(push_constant) uniform Params {
   uint k;
   uint mode;  // 0 raw, 1 softmax, 2 sigmoid
   uint renormalize;
+#ifdef BIASED
+  float scale;    // times every weight, last
+  uint64_t bias;  // {E} f32: added to the scores to pick, never to the weights
+#endif
 }
 p;
 
@@ -54,16 +60,24 @@ void main() {
     for (uint i = 0u; i < p.e; ++i) sum = sum + exp(Floats(p.logits).v[base + i] - mx);
   }
 
-  float prev_s = 0.0;
+  // Picks are ranked by key (the score, or score + bias when BIASED); the weight is the score.
+  float prev_key = 0.0;
   uint prev_id = 0u;
   precise float chosen_sum = 0.0;
   for (uint pick = 0u; pick < p.k; ++pick) {
+    float best_key = 0.0;
     float best_s = 0.0;
     uint best_id = 0xFFFFFFFFu;
     for (uint i = 0u; i < p.e; ++i) {
       const float s = score(base, i, mx, sum);
-      const bool after_prev = pick == 0u || s < prev_s || (s == prev_s && i > prev_id);
-      if (after_prev && (best_id == 0xFFFFFFFFu || s > best_s)) {
+#ifdef BIASED
+      precise float key = s + Floats(p.bias).v[i];
+#else
+      const float key = s;
+#endif
+      const bool after_prev = pick == 0u || key < prev_key || (key == prev_key && i > prev_id);
+      if (after_prev && (best_id == 0xFFFFFFFFu || key > best_key)) {
+        best_key = key;
         best_s = s;
         best_id = i;
       }
@@ -71,13 +85,22 @@ void main() {
     Ints(p.ids).v[obase + pick] = int(best_id);
     Floats(p.weights).v[obase + pick] = best_s;
     chosen_sum = chosen_sum + best_s;
-    prev_s = best_s;
+    prev_key = best_key;
     prev_id = best_id;
   }
   if (p.renormalize != 0u) {
+#ifdef BIASED
+    chosen_sum = chosen_sum + 1e-20;  // HF's biased routers: w / (sum + 1e-20)
+#endif
     for (uint pick = 0u; pick < p.k; ++pick) {
       precise float v = Floats(p.weights).v[obase + pick] / chosen_sum;
       Floats(p.weights).v[obase + pick] = v;
     }
   }
+#ifdef BIASED
+  for (uint pick = 0u; pick < p.k; ++pick) {
+    precise float v = Floats(p.weights).v[obase + pick] * p.scale;
+    Floats(p.weights).v[obase + pick] = v;
+  }
+#endif
 }

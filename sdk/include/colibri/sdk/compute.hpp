@@ -118,6 +118,13 @@ enum class Op : std::uint32_t {
   // supports() says so for each weight type, and otherwise (or after an `unsupported` answer, which a backend may
   // give for shapes or types its kernels do not route) runs the experts and scale_add itself.
   expert_ffn_routed,
+  // Optional (GLM-4.5, MiniMax M2, DeepSeek V3-style routers). in: logits {E, T} f32, bias {E} f32; out: ids {k, T}
+  // i32, weights {k, T} f32, k = params.top_k. Each expert's score s is sigmoid(logit) with kRoutingSigmoid (softmax
+  // over the E with kRoutingSoftmax, the raw logit with neither). The k experts are chosen by s + bias[e] (the bias
+  // only picks; ties go to the lower expert id; ids listed by descending s + bias), and each one's weight is its own
+  // s, divided by (the sum of the k chosen s + 1e-20) with kRoutingRenormalize, then times params.scale (HF's
+  // routed_scaling_factor). Every step in f32, in that order. NaN logits as topk_routing.
+  topk_routing_biased,
   count_
 };
 
@@ -166,6 +173,7 @@ struct Tensor {
     case Op::expert_ffn_clamped: return "expert_ffn_clamped";
     case Op::expert_ffn_clamped_group: return "expert_ffn_clamped_group";
     case Op::expert_ffn_routed: return "expert_ffn_routed";
+    case Op::topk_routing_biased: return "topk_routing_biased";
     default: return "unknown op";
   }
 }
@@ -177,7 +185,8 @@ struct OpParams {
   std::int32_t window = 0;     // attention: sliding window (0: none)
   std::int32_t top_k = 0;      // topk_routing
   std::int32_t flags = 0;      // k* flags above
-  float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped(_group): alpha
+  float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped(_group): alpha;
+                               // topk_routing_biased: weight multiplier
 };
 
 struct OpCall {

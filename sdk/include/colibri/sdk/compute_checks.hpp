@@ -22,8 +22,8 @@ namespace colibri::sdk {
 [[nodiscard]] bool is_kv_type(DType type) noexcept;
 // Compute::supports() of a backend that runs every required op: weights of is_weight_type, KV of is_kv_type, f32
 // otherwise; false for the optional ops (expert_ffn_group, attention_sinks, expert_ffn_clamped and its group,
-// expert_ffn_routed) and the optional weight types (is_optional_weight_type), which a backend claims itself once it
-// implements them.
+// expert_ffn_routed, topk_routing_biased) and the optional weight types (is_optional_weight_type), which a backend
+// claims itself once it implements them.
 [[nodiscard]] bool supports_every_op(Op op, DType weight_type) noexcept;
 
 // "f32 {4096, 7, 1, 1}": a tensor's type and all four dims, for messages.

@@ -52,5 +52,10 @@ struct Routing {
 };
 // flags: kRoutingSoftmax / kRoutingRenormalize / kRoutingSigmoid of compute.hpp.
 Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags);
+// topk_routing_biased (GLM-4.5 / DeepSeek-V3), bias {experts}: scores as topk_routing's, the k picks by score + bias
+// (ties to the lower id, listed by descending score + bias), each weight its own score divided by the k scores' sum
+// + 1e-20 with kRoutingRenormalize, then times scale.
+Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
+                            int flags, float scale);
 
 }  // namespace colibri::sdk::testing::ref
