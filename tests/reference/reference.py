@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
-modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_rope_utils). It reads the HF
-checkpoint itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_rope_utils) and MiniMax's own
+modeling_minimax_m2 (the checkpoints' remote code). It reads the HF checkpoint itself (config.json + safetensors), not
+colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -27,6 +28,12 @@ Semantics kept from HF, per architecture:
     e_score_correction_bias (within the topk_group best of n_group groups, a group's worth the sum of its best two)
     are picked, weighted by their own scores (/ (sum + 1e-20) when norm_topk_prob) * routed_scaling_factor; plus the
     shared_experts SwiGLU MLP, ungated. The MTP layers (model.layers.{num_hidden_layers}.*) are not run.
+  * MiniMax-M2 (every layer MoE, no shared expert): with use_qk_norm ("per_layer") one RMSNorm over the whole q
+    projection (all heads, weight [heads * head_dim]) and one over the whole k, before the split into heads and before
+    rope; rope on the first rotary_dim dims of each head (inv_freq over rotary_dim). Router: scores = sigmoid (or
+    softmax over the experts, scoring_func) of x W^T; the top-k of scores + e_score_correction_bias (use_routing_bias;
+    else of the scores) are picked, weighted by their own scores / max(sum, 1e-12), times routed_scaling_factor;
+    experts w2(silu(w1 x) * w3 x).
   * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace) run one
     SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
@@ -130,6 +137,8 @@ def rotary_dim_of(cfg):
     """int(head_dim * partial_rotary_factor), as transformers' rope init; transformers >= 4.56 may keep the factor in
     rope_parameters. Glm4MoeConfig defaults it to 0.5, the others to 1."""
     rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    if cfg["model_type"] == "minimax_m2" and cfg.get("rotary_dim"):  # MiniMax's remote code: rotary_dim itself
+        return int(cfg["rotary_dim"])
     factor = rp.get("partial_rotary_factor",
                     cfg.get("partial_rotary_factor", 0.5 if cfg["model_type"] == "glm4_moe" else 1.0))
     return int(head_dim_of(cfg) * factor)
@@ -214,7 +223,7 @@ def is_sparse(cfg, layer):
             (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     if t == "glm4_moe":
         return layer >= cfg.get("first_k_dense_replace", 1)
-    return t in ("mixtral", "olmoe")
+    return t in ("mixtral", "olmoe", "minimax_m2")
 
 
 def mlp(x, g, u, d):
@@ -278,6 +287,37 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
     return y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
 
 
+def minimax_m2_moe(cfg, W, pre, h, layer, trace):
+    """MiniMaxM2SparseMoeBlock: sigmoid (or softmax) scores; the selection bias only picks; the picked scores
+    renormalised (always) and scaled; Mixtral-style w1/w3/w2 experts."""
+    k_top, func = cfg["num_experts_per_tok"], cfg.get("scoring_func", "softmax")
+    if cfg.get("use_grouped_topk", False) and (cfg.get("num_expert_group") or 1) > 1:
+        raise SystemExit("minimax_m2: grouped top-k is not in the reference")
+    logits = h @ W[pre + "gate.weight"].T  # f32 in the remote code, float64 here
+    if func == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-logits))
+    elif func == "softmax":
+        scores = softmax(logits)
+    else:
+        raise SystemExit(f"minimax_m2: scoring_func {func} is not in the reference")
+    bias = np.zeros(scores.shape[-1])
+    if cfg.get("use_routing_bias", True):  # a zero buffer in transformers' port when the file lacks it
+        bias = W.get(pre + "e_score_correction_bias", bias)
+    scale = cfg.get("routed_scaling_factor", 1.0)
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        order = np.argsort(-(scores[ti] + bias), kind="stable")[:k_top]  # descending score + bias, ties to lower id
+        w = scores[ti][order]
+        w = w / max(np.sum(w), 1e-12) * scale
+        if trace is not None:
+            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
+                          "weights": [float(z) for z in w]})
+        for e, we in sorted(zip(order, w)):
+            ep = pre + f"experts.{e}."
+            y[ti] += we * mlp(h[ti:ti + 1], W[ep + "w1.weight"], W[ep + "w3.weight"], W[ep + "w2.weight"])[0]
+    return y
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -287,6 +327,12 @@ def forward(cfg, W, tokens, trace=None):
     eps = cfg["rms_norm_eps"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"], head_dim_of(cfg)
     T = len(tokens)
+    if t == "minimax_m2":
+        if cfg.get("use_qk_norm", True) and cfg.get("qk_norm_type", "per_layer") != "per_layer":
+            raise SystemExit(f"minimax_m2: qk_norm_type {cfg['qk_norm_type']} is not in the reference")
+        aw = cfg.get("attn_window_size")
+        if any(w is not None and w > 0 for w in (aw if isinstance(aw, list) else [aw])):
+            raise SystemExit("minimax_m2: attn_window_size (sliding window) is not in the reference")
     pos = np.arange(T)
     inv_freq, att_scale = rope_parameters(cfg, T)
     window = 0
@@ -312,10 +358,10 @@ def forward(cfg, W, tokens, trace=None):
             return y
 
         q, k, v = proj("q"), proj("k"), proj("v")
-        if t == "olmoe":
+        if t == "olmoe" or (t == "minimax_m2" and cfg.get("use_qk_norm", True)):  # over the whole projection
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-            if cfg.get("clip_qkv"):
+            if t == "olmoe" and cfg.get("clip_qkv"):
                 c = cfg["clip_qkv"]
                 q, k, v = np.clip(q, -c, c), np.clip(k, -c, c), np.clip(v, -c, c)
         q = q.reshape(T, nh, hd)
@@ -346,6 +392,8 @@ def forward(cfg, W, tokens, trace=None):
             y = gpt_oss_moe(cfg, W, p + "mlp.", h, l, trace)
         elif t == "glm4_moe" and is_sparse(cfg, l):
             y = glm4_moe_moe(cfg, W, p + "mlp.", h, l, trace)
+        elif t == "minimax_m2":
+            y = minimax_m2_moe(cfg, W, p + "block_sparse_moe.", h, l, trace)
         elif is_sparse(cfg, l):
             if t == "mixtral":
                 pre, ne, names = p + "block_sparse_moe.", cfg["num_local_experts"], ("w1", "w3", "w2")

@@ -36,7 +36,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
   static const std::map<std::string, std::string> m{
       {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
       {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
-      {"GptOssForCausalLM", "gpt_oss"},  {"Glm4MoeForCausalLM", "glm4_moe"}};
+      {"GptOssForCausalLM", "gpt_oss"},  {"Glm4MoeForCausalLM", "glm4_moe"},   {"MiniMaxM2ForCausalLM", "minimax_m2"}};
   return m;
 }
 
@@ -55,6 +55,15 @@ Status bad_gguf_hparams(const std::string& where, const Status& s) {
                 where + ": metadata " + s.message() + "; the GGUF's metadata is damaged, re-export it");
 }
 
+// topk_routing takes a softmax and no scale; the other routers run as topk_routing_biased, which needs the bias.
+Status unsupported_router(const HyperParams& h, const std::string& where) {
+  if (h.router_selection_bias || (h.router_scoring == "softmax" && h.routed_scaling_factor == 1.0)) return {};
+  return Status(StatusCode::unsupported, where + ": a " + h.router_scoring + " router with routed_scaling_factor " +
+                                             json(h.routed_scaling_factor).dump() +
+                                             " and no selection bias (e_score_correction_bias) is not supported; the "
+                                             "released GLM-4.5 and MiniMax-M2 models have one");
+}
+
 }  // namespace
 
 std::vector<std::string> supported_hf_architectures() {
@@ -64,7 +73,7 @@ std::vector<std::string> supported_hf_architectures() {
 }
 
 std::vector<std::string> supported_gguf_architectures() {
-  return {"glm4moe", "gpt-oss", "llama", "olmoe", "qwen2moe", "qwen3moe"};
+  return {"glm4moe", "gpt-oss", "llama", "minimax-m2", "olmoe", "qwen2moe", "qwen3moe"};
 }
 
 sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
@@ -122,14 +131,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     std::int64_t max_positions;
     double rms_norm_eps, rope_theta;
   };
-  const Defaults d = a == "mixtral"     ? Defaults{8, 4096 * 32, 1e-5, 1e6}
-                     : a == "mistral"   ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
-                     : a == "qwen2_moe" ? Defaults{16, 32768, 1e-6, 10000.0}
-                     : a == "qwen3_moe" ? Defaults{4, 32768, 1e-6, 10000.0}
-                     : a == "olmoe"     ? Defaults{0, 4096, 1e-5, 10000.0}
-                     : a == "gpt_oss"   ? Defaults{8, 131072, 1e-5, 150000.0}
-                     : a == "glm4_moe"  ? Defaults{8, 131072, 1e-5, 10000.0}
-                                        : Defaults{0, 2048, 1e-6, 10000.0};  // llama
+  const Defaults d = a == "mixtral"      ? Defaults{8, 4096 * 32, 1e-5, 1e6}
+                     : a == "mistral"    ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
+                     : a == "qwen2_moe"  ? Defaults{16, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_moe"  ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "olmoe"      ? Defaults{0, 4096, 1e-5, 10000.0}
+                     : a == "gpt_oss"    ? Defaults{8, 131072, 1e-5, 150000.0}
+                     : a == "glm4_moe"   ? Defaults{8, 131072, 1e-5, 10000.0}
+                     : a == "minimax_m2" ? Defaults{8, 196608, 1e-6, 5e6}
+                                         : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
       h.num_heads % h.num_kv_heads != 0) {
@@ -232,6 +242,36 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     h.rotary_dims = dims == h.head_dim ? 0 : dims;
   }
+  if (a == "minimax_m2") {
+    // RoPE on the first rotary_dim of each head; q/k norms over the whole projection ("per_layer"), before the split
+    // into heads, as OLMoE's.
+    const std::int64_t rotary = get_int("rotary_dim", h.head_dim, false);
+    if (h.head_dim > 0 && (rotary < 2 || rotary > h.head_dim || rotary % 2 != 0)) {
+      return bad_config(where, "rotary_dim is " + std::to_string(rotary) + "; it must be even and in 2..head_dim (" +
+                                   std::to_string(h.head_dim) + "); fix it in config.json");
+    }
+    h.rotary_dims = rotary == h.head_dim ? 0 : rotary;
+    if (get_bool("use_qk_norm", true)) {
+      const std::string type = c.contains("qk_norm_type") && c["qk_norm_type"].is_string()
+                                   ? c["qk_norm_type"].get<std::string>()
+                                   : "per_layer";
+      if (type != "per_layer" && type != "per_head") {
+        return bad_config(where, "qk_norm_type '" + type + "' is not supported (per_layer, per_head)");
+      }
+      h.qk_norm = type == "per_layer" ? "full" : "per_head";
+    }
+    // Sliding windows per layer (attn_window_size) have their own rope base (swa_rope_theta): not run here.
+    if (c.contains("attn_window_size") && !c["attn_window_size"].is_null()) {
+      const auto& w = c["attn_window_size"];
+      const bool any = w.is_array() ? std::any_of(w.begin(), w.end(),
+                                                  [](const json& x) { return x.is_number() && x.get<double>() > 0; })
+                                    : w.is_number() && w.get<double>() > 0;
+      if (any) {
+        return Status(StatusCode::unsupported,
+                      where + ": attn_window_size (sliding-window layers) is not supported; MiniMax-M2 has none");
+      }
+    }
+  }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") {
@@ -269,6 +309,29 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     for (std::int64_t l = 0; l < dense_first; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
+  } else if (a == "minimax_m2") {
+    h.n_experts = get_int("num_local_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
+    h.moe_intermediate_size = get_int("intermediate_size", 0, true);
+    h.norm_topk_prob = true;  // MiniMax always divides by the chosen scores' sum
+    if (c.contains("scoring_func") && !c["scoring_func"].is_null()) {
+      const std::string f = c["scoring_func"].is_string() ? c["scoring_func"].get<std::string>() : "";
+      if (f != "sigmoid" && f != "softmax") {
+        return bad_config(where, "scoring_func is " + c["scoring_func"].dump().substr(0, 40) +
+                                     "; it must be \"sigmoid\" or \"softmax\"");
+      }
+      h.router_scoring = f;
+    } else {
+      h.router_scoring = "sigmoid";
+    }
+    h.router_selection_bias = get_bool("use_routing_bias", true);
+    h.routed_scaling_factor = get_float("routed_scaling_factor", 1.0);
+    if (get_bool("use_grouped_topk", false) && get_int("num_expert_group", 1, false) > 1 &&
+        get_int("topk_group", 1, false) < get_int("num_expert_group", 1, false)) {
+      return Status(StatusCode::unsupported, where +
+                                                 ": use_grouped_topk (routing within the best groups only) is "
+                                                 "not supported; MiniMax-M2 does not use it");
+    }
   } else if (a == "mixtral" || a == "gpt_oss") {
     h.n_experts = get_int("num_local_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 2, false);
@@ -322,6 +385,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
   }
   if (!err) return err;
+  if (auto s = unsupported_router(h, where); !s) return s;
   if (auto s = h.validate(); !s) {
     return Status(StatusCode::invalid_argument, where + ": " + s.message() + "; fix it in config.json");
   }
@@ -506,6 +570,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.architecture = "gpt_oss";
   } else if (*ga == "glm4moe") {
     h.architecture = "glm4_moe";
+  } else if (*ga == "minimax-m2") {
+    h.architecture = "minimax_m2";
   } else {
     h.architecture = "olmoe";
   }
@@ -524,11 +590,12 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
     if (a == "gpt_oss") h.norm_topk_prob = true;  // a softmax over the chosen logits (llama.cpp: SOFTMAX_WEIGHT)
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
-    if (a == "glm4_moe") {
+    if (a == "minimax_m2") h.norm_topk_prob = true;  // llama.cpp renormalizes MiniMax's weights whatever the key says
+    if (a == "glm4_moe" || a == "minimax_m2") {
       if (h.shared_expert_intermediate_size == 0) {
         h.shared_expert_intermediate_size = h.moe_intermediate_size * opt("expert_shared_count", 0);
       }
-      // llama.cpp's gating: 1 softmax, 2 sigmoid; glm4moe's default (0) is sigmoid.
+      // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) both architectures route by sigmoid.
       const std::int64_t gating = opt("expert_gating_func", 0);
       if (gating < 0 || gating > 2) {
         return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_gating_func " + std::to_string(gating) +
@@ -546,6 +613,9 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
   if (a == "glm4_moe" && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr) h.qk_norm = "per_head";
+  if (const auto* qn = g.find_tensor("blk.0.attn_q_norm.weight"); a == "minimax_m2" && qn != nullptr) {
+    h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
+  }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
   if (a == "gpt_oss") {
     // llama.cpp fixes gpt-oss's pattern (even layers slide) and its SwiGLU constants; the GGUF carries neither.
@@ -567,6 +637,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.bos_token_id = g.get_int("tokenizer.ggml.bos_token_id").value_or(-1);
   if (auto e = g.get_int("tokenizer.ggml.eos_token_id")) h.eos_token_ids.push_back(*e);
   if (!err) return err;
+  if (auto s = unsupported_router(h, where); !s) return s;
   // Validated before the loop over the layers below, which an absurd block_count would make endless.
   if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
   if (!h.dense) {
@@ -596,7 +667,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     plan.shared.push_back(std::move(t));
   };
   add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
-  const bool mixtral = hp.architecture == "mixtral";
+  // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
+  const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
   const bool gpt_oss = hp.architecture == "gpt_oss";
   for (std::int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
@@ -628,7 +700,9 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
       if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
       if (hp.router_selection_bias) {
-        add(b + "exp_probs_b.bias", p + router + ".e_score_correction_bias", {hp.n_experts}, TensorKind::bias, l);
+        const std::string hf = hp.architecture == "minimax_m2" ? p + "block_sparse_moe.e_score_correction_bias"
+                                                               : p + router + ".e_score_correction_bias";
+        add(b + "exp_probs_b.bias", hf, {hp.n_experts}, TensorKind::bias, l);
       }
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;

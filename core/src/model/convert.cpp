@@ -234,6 +234,86 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
   return r;
 }
 
+// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities; S.1111.111 is NaN.
+float e4m3_to_float(std::uint8_t b) {
+  const int exp = (b >> 3) & 0xF, man = b & 7;
+  float v = 0.0f;
+  if (exp == 0xF && man == 7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(man) / 8.0f, -6);
+  } else {
+    v = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+  }
+  return (b & 0x80) != 0 ? -v : v;
+}
+
+// An FP8 weight as DeepSeek V3, MiniMax-M2, Qwen3-FP8 and GLM-4.5-FP8 ship it: F8_E4M3 values, and beside them
+// NAME_scale_inv, one f32 multiplier per block of weight_block_size (config.json's quantization_config,
+// default 128 x 128). Read as f32 rows, value x its block's multiplier, and quantized to the preset like any f32.
+sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, const SafetensorsTensor* t) {
+  const std::string where = in.st->files()[t->file_index].string();
+  const SafetensorsTensor* sc = in.st->find(p.hf_name + "_scale_inv");
+  if (sc == nullptr) {
+    return Status(StatusCode::unsupported, where + ": tensor '" + p.hf_name + "' is F8_E4M3 without '" + p.hf_name +
+                                               "_scale_inv' beside it; colibri reads block-scaled FP8 checkpoints "
+                                               "(quant_method fp8 with weight_block_size), not per-tensor FP8");
+  }
+  std::int64_t block_rows = 128, block_cols = 128;
+  if (const auto& q = in.config.value("quantization_config", json::object()); q.is_object()) {
+    if (q.contains("weight_block_size")) {
+      const auto& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+          b[0].get<std::int64_t>() < 1 || b[1].get<std::int64_t>() < 1) {
+        return Status(StatusCode::invalid_argument, (in.path / "config.json").string() +
+                                                        ": quantization_config.weight_block_size is " +
+                                                        b.dump().substr(0, 40) + "; it must be two block sizes");
+      }
+      block_rows = b[0].get<std::int64_t>();
+      block_cols = b[1].get<std::int64_t>();
+    }
+  }
+  if (t->shape != p.shape || p.shape.size() != 2) return bad_source_shape(in, *t, p.shape);
+  const std::int64_t rows = p.shape[0], cols = p.shape[1];
+  const std::vector<std::int64_t> want{(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
+  if (sc->shape != want || sc->dtype != "F32") {
+    return Status(StatusCode::invalid_argument, in.st->files()[sc->file_index].string() + ": '" + sc->name + "' is " +
+                                                    sc->dtype + " " + shape_text(sc->shape) + "; FP8 blocks of " +
+                                                    std::to_string(block_rows) + " x " + std::to_string(block_cols) +
+                                                    " over " + shape_text(t->shape) + " need F32 " + shape_text(want));
+  }
+  SourceRef r;
+  r.st = t;
+  r.name = p.hf_name;
+  r.type = DType::f32;
+  r.rows = rows;
+  r.cols = cols;
+  r.size = static_cast<std::uint64_t>(rows * cols) * sizeof(float);
+  r.also_read = {sc->name};
+  r.gather = [&in, t, sc, cols, block_rows, block_cols](std::int64_t row0, std::int64_t n, void* dst) -> Status {
+    const auto blocks = static_cast<std::size_t>((cols + block_cols - 1) / block_cols);
+    std::vector<std::uint8_t> raw(static_cast<std::size_t>(cols));
+    std::vector<float> scale(blocks);
+    std::int64_t scale_row = -1;
+    auto* out = static_cast<float*>(dst);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t row = row0 + i;
+      if (row / block_rows != scale_row) {
+        scale_row = row / block_rows;
+        const std::uint64_t at = static_cast<std::uint64_t>(scale_row) * blocks * sizeof(float);
+        if (auto s = in.st->read(*sc, at, scale.data(), blocks * sizeof(float)); !s) return s;
+      }
+      if (auto s = in.st->read(*t, static_cast<std::uint64_t>(row * cols), raw.data(), raw.size()); !s) return s;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        out[i * cols + c] =
+            e4m3_to_float(raw[static_cast<std::size_t>(c)]) * scale[static_cast<std::size_t>(c / block_cols)];
+      }
+    }
+    return {};
+  };
+  return r;
+}
+
 sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
   if (p.hf_expert >= 0) return locate_hf_fused(in, p);
   const auto* t = in.st->find(p.hf_name);
@@ -241,6 +321,7 @@ sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
     return Status(StatusCode::not_found, "tensor '" + p.hf_name + "' (needed by " + (in.path / "config.json").string() +
                                              ") is missing from the checkpoint " + in.path.string());
   }
+  if (t->dtype == "F8_E4M3") return locate_hf_fp8(in, p, t);
   SourceRef r;
   r.st = t;
   r.name = p.hf_name;
@@ -253,7 +334,7 @@ sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
   } else {
     return Status(StatusCode::unsupported, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
                                                "' has dtype " + t->dtype +
-                                               "; colibri converts F32, F16 and BF16 weights");
+                                               "; colibri converts F32, F16, BF16 and block-scaled F8_E4M3 weights");
   }
   if (t->shape != p.shape) return bad_source_shape(in, *t, p.shape);
   r.size = t->size;
@@ -1075,6 +1156,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   std::vector<Job> shared_jobs;
   std::vector<std::vector<std::vector<Job>>> expert_jobs;
   std::uint64_t total_bytes = 0;
+  std::size_t fp8_tensors = 0;
   auto make_job = [&](const PlannedTensor& p) -> sdk::Expected<Job> {
     auto src = in.is_gguf ? locate_gguf(in, p) : locate_hf(in, p);
     if (!src) return src.error();
@@ -1083,6 +1165,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       return choice.error().with_context(in.path.string());
     if (!choice) return choice.error();
     total_bytes += sdk::row_bytes(choice->type, src->cols) * static_cast<std::uint64_t>(src->rows);
+    if (src->st != nullptr && src->st->dtype == "F8_E4M3") ++fp8_tensors;
     return Job{&p, *src, *choice};
   };
   for (const auto& p : plan.shared) {
@@ -1104,7 +1187,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   }
   {  // Tensors the architecture does not use are not silently dropped: the summary names them.
     std::set<std::string> used;
-    for (const auto& j : shared_jobs) used.insert(j.src.name);
+    for (const auto& j : shared_jobs) {
+      used.insert(j.src.name);
+      used.insert(j.src.also_read.begin(), j.src.also_read.end());
+    }
     for (const auto& layer : expert_jobs) {
       for (const auto& parts : layer) {
         for (const auto& j : parts) {
@@ -1150,6 +1236,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                         (in.is_gguf ? "its metadata says block_count " : "config.json says num_hidden_layers ") +
                         std::to_string(hp.num_layers + hp.nextn_layers) +
                         "; fix the layer count (the model would run without them)");
+    }
+    if (fp8_tensors > 0) {
+      summary.warnings.push_back(std::to_string(fp8_tensors) +
+                                 " tensor(s) were FP8 (F8_E4M3 with block scales) in the input: dequantized, then "
+                                 "stored as the preset says (" +
+                                 opt.preset + ")");
     }
     if (nextn_tensors > 0) {
       summary.warnings.push_back(std::to_string(nextn_tensors) + " tensor(s) of the multi-token-prediction layer" +

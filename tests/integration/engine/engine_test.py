@@ -101,6 +101,11 @@ VARIANTS = {
     "glm4_moe": ("glm4_moe", None),
     "glm4_moe-qknorm": ("glm4_moe", None, ("--set", "use_qk_norm=true")),  # GLM-4.5 (355B)
     "glm4_moe-unnormalized": ("glm4_moe", lambda c: c.update(norm_topk_prob=False, partial_rotary_factor=0.25)),
+    # MiniMax-M2: Mixtral's names, q/k norms over the whole projection, rope on rotary_dim of head_dim, a sigmoid
+    # router whose bias picks the experts.
+    "minimax_m2": ("minimax_m2", None),
+    "minimax_m2-scaled": ("minimax_m2", lambda c: c.update(routed_scaling_factor=2.5)),
+    "minimax_m2-softmax": ("minimax_m2", lambda c: c.update(scoring_func="softmax")),
 }
 
 
@@ -211,6 +216,28 @@ class Gguf(unittest.TestCase):
         print(f"  glm4_moe-gguf: max relative logit error {rel:.2e}", flush=True)
         self.assertLessEqual(rel, 1e-4)
 
+    def test_minimax_m2_from_llama_cpp_layout_matches_the_reference(self):
+        """A MiniMax-M2 GGUF as llama.cpp writes it (rope.dimension_count, q/k norms over the projection, the
+        selection bias as exp_probs_b, sigmoid gating) gives the HF checkpoint's logits, every tensor used."""
+        ckpt = os.path.join(WORK, "minimax_m2-gguf")
+        if not os.path.exists(ckpt + ".gguf"):
+            subprocess.run([sys.executable, GEN, "--arch", "minimax_m2", "--out", ckpt, "--dtype", "f32", "--gguf",
+                            ckpt + ".gguf", "--gguf-dtype", "f32"], check=True, capture_output=True)
+        model = ckpt + "-f32"
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
+        self.assertNotIn("skipped", p.stdout + p.stderr, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["rotary_dims"], hp["qk_norm"], hp["router_scoring"], hp["router_selection_bias"],
+                          hp["norm_topk_prob"]), (64, "full", "sigmoid", True, True))
+        got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
+        cfg, W = reference.load_checkpoint(ckpt)
+        want = reference.forward(cfg, W, TOKENS, [])
+        rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
+        print(f"  minimax_m2-gguf: max relative logit error {rel:.2e}", flush=True)
+        self.assertLessEqual(rel, 1e-4)
+
     def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
         """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.
         convert dequantizes them: a GGUF with one such tensor gives the logits of one holding, as f32, the values those
@@ -244,6 +271,128 @@ def kl(p_logits, q_logits):
         return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
     lp, lq = logsoftmax(p_logits), logsoftmax(q_logits)
     return (np.exp(lp) * (lp - lq)).sum(axis=1)
+
+
+def e4m3_table():
+    """float8_e4m3fn's 256 values as float32 (S.EEEE.MMM, bias 7, S.1111.111 NaN)."""
+    b = np.arange(256)
+    exp, man = (b >> 3) & 15, (b & 7).astype(np.float64)
+    v = np.where(exp == 0, man / 8 * 2.0 ** -6, (1 + man / 8) * 2.0 ** (exp - 7.0))
+    v = np.where((exp == 15) & (man == 7), np.nan, v)
+    return np.where(b & 128, -v, v).astype(np.float32)
+
+
+def write_fp8_checkpoints(src, fp8_dir, held_dir, block):
+    """From the f32 checkpoint `src`: fp8_dir with its projection weights as block-scaled F8_E4M3 (+ weight_scale_inv,
+    config.json's quantization_config), and held_dir with the f32 values those FP8 blocks decode to."""
+    table = e4m3_table()
+    finite = np.sort(np.unique(np.abs(table[np.isfinite(table)])))
+    code_of = np.array([np.flatnonzero(table[:127] == m)[0] for m in finite], dtype=np.uint8)  # magnitude -> byte
+    with open(os.path.join(src, "model.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    fp8, held = {}, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        a = np.frombuffer(data[begin:end], dtype="<f4").reshape(info["shape"])
+        projection = a.ndim == 2 and name.endswith("proj.weight") or ".experts." in name
+        if not projection:
+            fp8[name] = ("F32", a)
+            held[name] = ("F32", a)
+            continue
+        rows, cols = a.shape
+        br, bc = -(-rows // block[0]), -(-cols // block[1])
+        scale = np.zeros((br, bc), dtype=np.float32)
+        codes = np.zeros(a.shape, dtype=np.uint8)
+        for i in range(br):
+            for j in range(bc):
+                blk = a[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]
+                s = np.float32(np.abs(blk).max() / 448.0) or np.float32(1)
+                scale[i, j] = s
+                q = blk / s
+                idx = np.clip(np.searchsorted(finite, np.abs(q)), 1, len(finite) - 1)
+                near = np.where(np.abs(q) - finite[idx - 1] <= finite[idx] - np.abs(q), idx - 1, idx)
+                mag, code = finite[near], code_of[near]
+                codes[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] = \
+                    np.where((q < 0) & (mag > 0), code | 128, code)
+        fp8[name] = ("F8_E4M3", codes)
+        fp8[name + "_scale_inv"] = ("F32", scale)
+        decoded = table[codes] * np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:rows, :cols]
+        held[name] = ("F32", decoded.astype(np.float32))
+    for out, tensors, quantized in ((fp8_dir, fp8, True), (held_dir, held, False)):
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+        meta, blob = {}, b""
+        for name, (dtype, a) in tensors.items():
+            raw = np.ascontiguousarray(a).tobytes()
+            meta[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [len(blob), len(blob) + len(raw)]}
+            blob += raw
+        h = json.dumps(meta).encode()
+        h += b" " * (-len(h) % 8)
+        with open(os.path.join(out, "model.safetensors"), "wb") as f:
+            f.write(len(h).to_bytes(8, "little") + h + blob)
+        if quantized:
+            with open(os.path.join(out, "config.json")) as f:
+                cfg = json.load(f)
+            cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                          "weight_block_size": list(block)}
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump(cfg, f)
+
+
+class Fp8(unittest.TestCase):
+    def test_block_scaled_fp8_checkpoints_convert_to_the_values_they_decode_to(self):
+        """MiniMax-M2, DeepSeek V3 and the -FP8 releases ship F8_E4M3 weights with a weight_scale_inv per block:
+        converted, they give the bits of a checkpoint holding the decoded values (blocks of 64 x 96 here, so
+        rows and columns end in partial blocks), and a missing or misshapen scale is refused by name."""
+        ckpt, _ = make_model("minimax_m2", "minimax_m2")
+        fp8, held = os.path.join(WORK, "mm2-fp8"), os.path.join(WORK, "mm2-fp8-held")
+        write_fp8_checkpoints(ckpt, fp8, held, (64, 96))
+        outs = []
+        for src in (fp8, held):
+            shutil.rmtree(src + "-f32", ignore_errors=True)
+            p = run(["convert", "--input", src, "--output", src + "-f32", "--quantize", "f32"])
+            outs.append(src + "-f32")
+            if src == fp8:
+                self.assertIn("were FP8 (F8_E4M3 with block scales) in the input: dequantized", p.stdout + p.stderr)
+                self.assertNotIn("are not used by", p.stdout + p.stderr, "the scales are read, not skipped")
+        a, b = (np.load(logits(m, "--kv-type", "f32", name="fp8")) for m in outs)
+        self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"max abs {np.abs(a - b).max()}")
+        cfg, W = reference.load_checkpoint(ckpt)
+        want = reference.forward(cfg, W, TOKENS, [])
+        self.assertGreater(np.abs(a - want).max(), 0, "FP8 rounding must show: the weights really were FP8")
+
+        def refused(edit, expect):
+            bad = fp8 + "-bad"
+            shutil.rmtree(bad, ignore_errors=True)
+            shutil.copytree(fp8, bad)
+            edit(bad)
+            p = run(["convert", "--input", bad, "--output", bad + "-out", "--quantize", "f32"], check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(expect, p.stderr)
+            self.assertFalse(os.path.exists(bad + "-out"), "no half-written output")
+
+        def drop_scale(d):
+            path = os.path.join(d, "model.safetensors")
+            with open(path, "r+b") as f:
+                n = int.from_bytes(f.read(8), "little")
+                h = f.read(n)
+                f.seek(8)
+                f.write(h.replace(b"q_proj.weight_scale_inv", b"q_proj.weight_scale_inx"))
+
+        def block_of(d, size):
+            with open(os.path.join(d, "config.json")) as f:
+                cfg = json.load(f)
+            cfg["quantization_config"]["weight_block_size"] = size
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+
+        refused(drop_scale, "is F8_E4M3 without 'model.layers.0.self_attn.q_proj.weight_scale_inv' beside it")
+        refused(lambda d: block_of(d, [128, 128]), "FP8 blocks of 128 x 128 over")
+        refused(lambda d: block_of(d, [0, 128]), "quantization_config.weight_block_size is [0,128]")
 
 
 class Quantized(unittest.TestCase):

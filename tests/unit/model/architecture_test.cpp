@@ -199,5 +199,80 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
   EXPECT_TRUE(hparams_from_hf_config(c, "config.json"));
 }
 
+// MiniMax-M2's config.json, tiny.
+json minimax() {
+  return json{{"architectures", {"MiniMaxM2ForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"head_dim", 32},
+              {"rotary_dim", 16},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 16},
+              {"num_local_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"scoring_func", "sigmoid"},
+              {"use_routing_bias", true},
+              {"use_qk_norm", true},
+              {"qk_norm_type", "per_layer"},
+              {"attn_window_size", nullptr},
+              {"rope_theta", 5e6}};
+}
+
+TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
+  auto h = hparams_from_hf_config(minimax(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "minimax_m2");
+  EXPECT_EQ(h->rotary_dims, 16);
+  EXPECT_EQ(h->qk_norm, "full");  // over the whole projection, not per head
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 1.0);
+  EXPECT_EQ(h->moe_intermediate_size, 16);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 0);
+  EXPECT_TRUE(h->layer_is_sparse(0));
+  const ModelPlan plan = build_plan(*h, "minimax-m2");
+  auto hf = [&](const std::string& name) {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return t.hf_name;
+    }
+    return std::string("(none)");
+  };
+  EXPECT_EQ(hf("blk.1.exp_probs_b.bias"), "model.layers.1.block_sparse_moe.e_score_correction_bias");
+  EXPECT_EQ(hf("blk.1.ffn_gate_inp.weight"), "model.layers.1.block_sparse_moe.gate.weight");
+  EXPECT_EQ(hf("blk.0.attn_q_norm.weight"), "model.layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(plan.experts[1][3][2].hf_name, "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  auto c = minimax();
+  c["use_routing_bias"] = false;
+  c["scoring_func"] = "softmax";
+  c["qk_norm_type"] = "per_head";
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_FALSE(h->router_selection_bias);
+  EXPECT_EQ(h->router_scoring, "softmax");
+  EXPECT_EQ(h->qk_norm, "per_head");
+  const std::pair<const char*, json> bad[] = {
+      {"attn_window_size (sliding-window layers) is not supported", json{{"attn_window_size", {0, 4096}}}},
+      {"rotary_dim is 33; it must be even and in 2..head_dim (32)", json{{"rotary_dim", 33}}},
+      {"rotary_dim is 64; it must be even", json{{"rotary_dim", 64}}},
+      {"qk_norm_type 'per_token' is not supported", json{{"qk_norm_type", "per_token"}}},
+      {"scoring_func is \"relu\"; it must be \"sigmoid\" or \"softmax\"", json{{"scoring_func", "relu"}}},
+      {"a sigmoid router with routed_scaling_factor 1.0 and no selection bias (e_score_correction_bias) is not "
+       "supported",
+       json{{"use_routing_bias", false}}},
+      {"use_grouped_topk (routing within the best groups only) is not supported",
+       json{{"use_grouped_topk", true}, {"num_expert_group", 4}, {"topk_group", 2}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto b = minimax();
+    b.update(patch);
+    auto r = hparams_from_hf_config(b, "config.json");
+    ASSERT_FALSE(r) << patch.dump();
+    EXPECT_NE(r.error().message().find(want), std::string::npos) << r.error().message();
+  }
+}
+
 }  // namespace
 }  // namespace colibri::model
