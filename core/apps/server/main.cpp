@@ -50,7 +50,7 @@ struct Flags {
   int max_batch = 8, io_threads = 2;
   std::uint32_t max_header = 16384;
   double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10;
-  bool exact = false;
+  bool exact = false, exclude_tools_when_none = false;
 };
 
 std::chrono::milliseconds ms(double seconds) {
@@ -96,6 +96,7 @@ int serve(Flags& f) {
   so.write_timeout = ms(f.write_timeout);
   so.drain_timeout = ms(f.drain_timeout);
   so.separate_reasoning = f.reasoning_format == "separate";
+  so.exclude_tools_when_tool_choice_none = f.exclude_tools_when_none;
   so.max_connections = static_cast<std::size_t>(f.max_connections);
   // Each connection holds a descriptor, and so does each expert read in flight: beyond the limit, accepts wait and
   // expert reads fail (503). Said now, not found under load.
@@ -317,6 +318,8 @@ int main(int argc, char** argv) {
                  "separate: a reasoning model's <think> block is returned as reasoning_content; inline: left in the "
                  "content (gpt-oss's analysis channel is always reasoning_content)")
       ->check(CLI::IsMember({"separate", "inline"}));
+  app.add_flag("--exclude-tools-when-tool-choice-none", f.exclude_tools_when_none,
+               "tool_choice \"none\": leave the tools out of the prompt (default: shown to the template, as vLLM)");
   app.add_option("--sampling-defaults", f.sampling_defaults,
                  "Sampling fields a request leaves out: model (the model's generation_config.json temperature, top_p, "
                  "top_k, min_p, repetition_penalty, as vLLM; OpenAI's where it has none) or openai (temperature 1, "

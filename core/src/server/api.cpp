@@ -800,9 +800,7 @@ std::optional<ApiError> parse_tools(const json& body, OrderedBody& ordered, Endp
       return wrong_type("tool_choice", "a string or an object", *choice);
     }
   }
-  if (out.tool_choice != CompletionRequest::ToolChoice::none) {
-    out.tools = ordered.field("tools");
-  }
+  out.tools = ordered.field("tools");  // "none" too: the template may still show them (no call is read)
   return std::nullopt;
 }
 

@@ -1196,8 +1196,11 @@ class Session : public std::enable_shared_from_this<Session> {
     ro.bos_token = srv_.chat_config.bos_token;
     ro.eos_token = srv_.chat_config.eos_token;
     ro.extra = req.template_kwargs;
+    // "none" reads no call, so any template will do; its tools are still shown unless the server says otherwise.
     if (req.tool_choice != CompletionRequest::ToolChoice::none) {
       if (auto e = check_tools_usable()) return *e;
+      ro.tools = req.tools;
+    } else if (!srv_.opt.exclude_tools_when_tool_choice_none) {
       ro.tools = req.tools;
     }
     nlohmann::ordered_json messages = req.messages;

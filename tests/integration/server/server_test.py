@@ -1258,6 +1258,12 @@ class Api(unittest.TestCase):
             status, auto = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather]))
             self.assertEqual(status, 200, auto)
             self.assertGreater(auto["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"] + 30)
+            # "none" shows the same tools (the prompt, and so the KV cache, is the auto one's) and reads no call.
+            status, none = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather], tool_choice="none"))
+            self.assertEqual(status, 200, none)
+            self.assertEqual(none["usage"]["prompt_tokens"], auto["usage"]["prompt_tokens"])
+            self.assertNotIn("tool_calls", none["choices"][0]["message"])
+            self.assertNotEqual(none["choices"][0]["finish_reason"], "tool_calls")
             # /tokenize renders the same prompt: the tool's keys keep the client's order (zcity before acountry).
             ordered = {"type": "function", "function": {
                 "name": "where", "description": "d", "parameters": {"type": "object", "properties": {
@@ -1524,8 +1530,9 @@ class Api(unittest.TestCase):
         ask = {"messages": [{"role": "user", "content": "hi"}]}
         s = Server("--model", model, "--log-level", "info", models_template=True)
         try:
+            # "none" still shows the tools (as vLLM >= 0.10): the prompt keeps the turns' prefix.
             for body, want in ((ask, "D:hi\n"), (dict(ask, tools=[weather]), "TOOL get_weather\nU:hi\n<tool_call>"),
-                               (dict(ask, tools=[weather], tool_choice="none"), "D:hi\n")):
+                               (dict(ask, tools=[weather], tool_choice="none"), "TOOL get_weather\nU:hi\n<tool_call>")):
                 status, counted = s.json("POST", "/tokenize", body)
                 self.assertEqual(status, 200, counted)
                 _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
@@ -1536,6 +1543,15 @@ class Api(unittest.TestCase):
             log = f.read()
         self.assertIn('its "tool_use" template renders the requests with tools', log)
         self.assertIn("read in the chat template's hermes syntax", log)
+        # --exclude-tools-when-tool-choice-none: "none" renders as a request without tools.
+        s = Server("--model", model, "--exclude-tools-when-tool-choice-none", models_template=True)
+        try:
+            status, counted = s.json("POST", "/tokenize", dict(ask, tools=[weather], tool_choice="none"))
+            self.assertEqual(status, 200, counted)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertEqual(text["prompt"], "D:hi\n")
+        finally:
+            self.assertEqual(s.stop(), 0)
 
     def test_history_renders_as_vllm_gives_it_to_the_template(self):
         # An assistant turn of calls alone comes with content null. Python prints a null as "None", so where the

@@ -392,13 +392,14 @@ TEST(ServerApi, ToolsAndToolHistoryAreRead) {
             R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object",)"
             R"("properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}}])");
   EXPECT_TRUE(r.parallel_tool_calls);
-  // "none" leaves them out; "required" with one tool is that tool; a named one is kept.
+  // "none" keeps them (the template may show them; no call is read); "required" with one tool is that tool; a named
+  // one is kept.
   const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}}])";
   ASSERT_FALSE(
       parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":"none"})",
             Endpoint::chat, r));
   EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::none);
-  EXPECT_TRUE(r.tools.is_null());
+  EXPECT_EQ(r.tools.dump(), R"([{"type":"function","function":{"name":"f"}}])");
   ASSERT_FALSE(parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools +
                          R"(,"tool_choice":"required","parallel_tool_calls":false})",
                      Endpoint::chat, r));

@@ -37,6 +37,9 @@ struct ServerOptions {
   bool handle_signals = true;  // SIGTERM/SIGINT stop the server
   // A template whose model thinks in <think> blocks: the block is returned as reasoning_content (else left inline).
   bool separate_reasoning = true;
+  // tool_choice "none": the tools still reach the template (as vLLM >= 0.10), so the prompt keeps the prefix of the
+  // turns that offered them (the KV cache is reused) and the model knows what it may not call. true: left out.
+  bool exclude_tools_when_tool_choice_none = false;
   // Sampling fields a request leaves out: the model's generation_config.json values (as vLLM), else OpenAI's.
   SamplingDefaults sampling_defaults;
   SchedulerOptions scheduler;
