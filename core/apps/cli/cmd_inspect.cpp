@@ -165,8 +165,17 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     std::cout << "experts:       dense FFN (one always-selected expert per layer), "
               << human_bytes(static_cast<double>(largest)) << " per layer\n";
   } else {
+    std::int64_t sparse = 0;
+    for (std::int64_t l = 0; l < hp.num_layers; ++l) sparse += hp.layer_is_sparse(l) ? 1 : 0;
     std::cout << "experts:       " << man.experts.size() << " (" << hp.n_experts << " per layer, top-"
-              << hp.n_experts_per_tok << "), up to " << human_bytes(static_cast<double>(largest)) << " each, "
+              << hp.n_experts_per_tok;
+    // Dense layers (GLM's first ones, Qwen's mlp_only_layers) keep their FFN as one expert: say which is which.
+    if (sparse < hp.num_layers) {
+      std::cout << ", in " << sparse << " MoE layers; " << hp.num_layers - sparse << " dense layer"
+                << (hp.num_layers - sparse > 1 ? "s" : "") << " of one";
+    }
+    if (hp.shared_expert_intermediate_size > 0) std::cout << "; a shared expert per MoE layer";
+    std::cout << "), up to " << human_bytes(static_cast<double>(largest)) << " each, "
               << human_bytes(static_cast<double>(man.expert_bytes())) << " in all\n";
     if (hp.router_scoring != "softmax" || hp.router_selection_bias || hp.routed_scaling_factor != 1.0) {
       std::cout << "router:        " << hp.router_scoring << " scores"

@@ -245,13 +245,20 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "minimax_m2") {
     // RoPE on the first rotary_dim of each head; q/k norms over the whole projection ("per_layer"), before the split
     // into heads, as OLMoE's.
-    const std::int64_t rotary = get_int("rotary_dim", h.head_dim, false);
+    // transformers' own port writes partial_rotary_factor instead of rotary_dim.
+    const std::int64_t rotary = get_int(
+        "rotary_dim",
+        static_cast<std::int64_t>(static_cast<double>(h.head_dim) * get_float("partial_rotary_factor", 1.0)), false);
     if (h.head_dim > 0 && (rotary < 2 || rotary > h.head_dim || rotary % 2 != 0)) {
       return bad_config(where, "rotary_dim is " + std::to_string(rotary) + "; it must be even and in 2..head_dim (" +
                                    std::to_string(h.head_dim) + "); fix it in config.json");
     }
     h.rotary_dims = rotary == h.head_dim ? 0 : rotary;
     if (get_bool("use_qk_norm", true)) {
+      if (c.contains("qk_norm_type") && !c["qk_norm_type"].is_null() && !c["qk_norm_type"].is_string()) {
+        return bad_config(where, "qk_norm_type is " + c["qk_norm_type"].dump().substr(0, 40) +
+                                     "; it must be \"per_layer\" or \"per_head\"");
+      }
       const std::string type = c.contains("qk_norm_type") && c["qk_norm_type"].is_string()
                                    ? c["qk_norm_type"].get<std::string>()
                                    : "per_layer";
@@ -309,6 +316,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     for (std::int64_t l = 0; l < dense_first; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
+    if (h.nextn_layers < 0) {
+      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
+                                   "; it must be 0 or more; fix it in config.json");
+    }
   } else if (a == "minimax_m2") {
     h.n_experts = get_int("num_local_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
@@ -533,7 +544,15 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     if (*st == "yarn" && *ga == "gpt-oss") h.rope_scaling["truncate"] = false;
   }
   // llama.cpp rotates n_rot dims of each head (GLM: half of them).
-  if (auto rot = g.get_int(*ga + ".rope.dimension_count"); rot && *rot != h.head_dim) h.rotary_dims = *rot;
+  if (auto rot = g.get_int(*ga + ".rope.dimension_count"); rot && *rot != h.head_dim) {
+    // 0 would read as "the whole head" (rotary_dims' default) and rotate dims the model never rotated.
+    if (*rot < 2 || *rot > h.head_dim || *rot % 2 != 0) {
+      return bad_config(where, "metadata " + *ga + ".rope.dimension_count is " + std::to_string(*rot) +
+                                   "; it must be even and in 2.." + std::to_string(h.head_dim) +
+                                   " (attention.key_length); the GGUF is damaged: re-export it");
+    }
+    h.rotary_dims = *rot;
+  }
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) {
     // llama.cpp's Llama 3.1 layout: a divisor per rotated pair of every head's frequencies.
     const std::int64_t pairs = h.rope_dims() / 2;
@@ -604,8 +623,10 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       h.router_scoring = gating == 1 ? "softmax" : "sigmoid";
       h.routed_scaling_factor = g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
       if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;  // llama.cpp: 0 means none
-      const std::int64_t first_moe = opt("leading_dense_block_count", 0);
-      h.router_selection_bias = g.find_tensor("blk." + std::to_string(first_moe) + ".exp_probs_b.bias") != nullptr;
+      // Any layer's: a sparse layer without it is then named by the converter as a missing tensor.
+      for (const auto& t : g.tensors()) {
+        if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
+      }
     }
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
@@ -640,6 +661,17 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   if (auto s = unsupported_router(h, where); !s) return s;
   // Validated before the loop over the layers below, which an absurd block_count would make endless.
   if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
+  // GLM's MTP layers hold nextn.* tensors: a count that disagrees would run one as a decoder layer or drop a real one.
+  for (std::int64_t l = 0; l < h.num_layers + h.nextn_layers; ++l) {
+    const bool nextn = g.find_tensor("blk." + std::to_string(l) + ".nextn.eh_proj.weight") != nullptr;
+    if (nextn == (l >= h.num_layers)) continue;
+    return bad_config(where, "layer " + std::to_string(l) + (nextn ? " holds" : " lacks") +
+                                 " multi-token-prediction tensors (nextn.eh_proj), but " + *ga +
+                                 ".nextn_predict_layers " + std::to_string(h.nextn_layers) + " and block_count " +
+                                 std::to_string(h.num_layers + h.nextn_layers) + " make it " +
+                                 (nextn ? "a decoder layer" : "one") +
+                                 "; the GGUF's metadata is damaged: re-export it");
+  }
   if (!h.dense) {
     // GGUF has no decoder_sparse_step: a layer without a router is dense.
     for (std::int64_t l = 0; l < h.num_layers; ++l) {

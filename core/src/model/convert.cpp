@@ -29,6 +29,7 @@
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/model/safetensors.hpp"
+#include "colibri/quant/float16.hpp"
 #include "colibri/quant/preset.hpp"
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/os_error.hpp"
@@ -249,7 +250,7 @@ float e4m3_to_float(std::uint8_t b) {
 }
 
 // An FP8 weight as DeepSeek V3, MiniMax-M2, Qwen3-FP8 and GLM-4.5-FP8 ship it: F8_E4M3 values, and beside them
-// NAME_scale_inv, one f32 multiplier per block of weight_block_size (config.json's quantization_config,
+// NAME_scale_inv, one f32 (bf16, f16) multiplier per block of weight_block_size (config.json's quantization_config,
 // default 128 x 128). Read as f32 rows, value x its block's multiplier, and quantized to the preset like any f32.
 sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, const SafetensorsTensor* t) {
   const std::string where = in.st->files()[t->file_index].string();
@@ -276,11 +277,12 @@ sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, 
   if (t->shape != p.shape || p.shape.size() != 2) return bad_source_shape(in, *t, p.shape);
   const std::int64_t rows = p.shape[0], cols = p.shape[1];
   const std::vector<std::int64_t> want{(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
-  if (sc->shape != want || sc->dtype != "F32") {
+  if (sc->shape != want || (sc->dtype != "F32" && sc->dtype != "BF16" && sc->dtype != "F16")) {
     return Status(StatusCode::invalid_argument, in.st->files()[sc->file_index].string() + ": '" + sc->name + "' is " +
                                                     sc->dtype + " " + shape_text(sc->shape) + "; FP8 blocks of " +
                                                     std::to_string(block_rows) + " x " + std::to_string(block_cols) +
-                                                    " over " + shape_text(t->shape) + " need F32 " + shape_text(want));
+                                                    " over " + shape_text(t->shape) + " need F32, BF16 or F16 " +
+                                                    shape_text(want));
   }
   SourceRef r;
   r.st = t;
@@ -294,14 +296,23 @@ sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, 
     const auto blocks = static_cast<std::size_t>((cols + block_cols - 1) / block_cols);
     std::vector<std::uint8_t> raw(static_cast<std::size_t>(cols));
     std::vector<float> scale(blocks);
+    const std::size_t scale_bytes = sc->dtype == "F32" ? 4 : 2;  // BF16 and F16 widen to f32 exactly
+    std::vector<std::uint16_t> narrow(scale_bytes == 2 ? blocks : 0);
     std::int64_t scale_row = -1;
     auto* out = static_cast<float*>(dst);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t row = row0 + i;
       if (row / block_rows != scale_row) {
         scale_row = row / block_rows;
-        const std::uint64_t at = static_cast<std::uint64_t>(scale_row) * blocks * sizeof(float);
-        if (auto s = in.st->read(*sc, at, scale.data(), blocks * sizeof(float)); !s) return s;
+        const std::uint64_t at = static_cast<std::uint64_t>(scale_row) * blocks * scale_bytes;
+        if (narrow.empty()) {
+          if (auto s = in.st->read(*sc, at, scale.data(), blocks * sizeof(float)); !s) return s;
+        } else {
+          if (auto s = in.st->read(*sc, at, narrow.data(), blocks * 2); !s) return s;
+          for (std::size_t b = 0; b < blocks; ++b) {
+            scale[b] = sc->dtype == "F16" ? quant::fp16_to_fp32(narrow[b]) : quant::bf16_to_fp32(narrow[b]);
+          }
+        }
       }
       if (auto s = in.st->read(*t, static_cast<std::uint64_t>(row * cols), raw.data(), raw.size()); !s) return s;
       for (std::int64_t c = 0; c < cols; ++c) {
@@ -1226,6 +1237,18 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     });
     const auto nextn_tensors = static_cast<std::size_t>(nextn_end - unused.begin());
     unused.erase(unused.begin(), nextn_end);
+    // A GGUF holds what llama.cpp loads for its metadata, and llama.cpp refuses any other tensor ("wrong number of
+    // tensors"): one in a decoder layer that colibri would skip means the metadata and the tensors disagree (a
+    // shared expert's count of 0, biases found missing in layer 0), and the model would run without it.
+    for (const auto& name : unused) {
+      const std::int64_t layer = layer_of(name);
+      if (!in.is_gguf || layer < 0 || layer >= hp.num_layers) continue;
+      return Status(StatusCode::invalid_argument,
+                    opt.input.string() + ": tensor '" + name + "' is in layer " + std::to_string(layer) +
+                        ", but the metadata gives " + hp.architecture +
+                        " no such tensor there; the metadata and the tensors disagree (llama.cpp refuses such a "
+                        "file too): re-export the GGUF");
+    }
     // Whole layers past num_hidden_layers: the config and the weights disagree, and the model would run short.
     for (const auto& name : unused) {
       const std::int64_t layer = layer_of(name);

@@ -207,6 +207,8 @@ class Gguf(unittest.TestCase):
         self.assertEqual(manifest["format_version"], 3)
         shown = run(["inspect", model]).stdout
         self.assertIn(", rope on 64 of 128 dims", shown)
+        self.assertIn("(8 per layer, top-2, in 2 MoE layers; 1 dense layer of one; a shared expert per MoE layer)",
+                      shown)
         self.assertIn("router:        sigmoid scores, experts picked with a learned bias, weights renormalized, x2.5",
                       shown)
         got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
@@ -282,9 +284,10 @@ def e4m3_table():
     return np.where(b & 128, -v, v).astype(np.float32)
 
 
-def write_fp8_checkpoints(src, fp8_dir, held_dir, block):
-    """From the f32 checkpoint `src`: fp8_dir with its projection weights as block-scaled F8_E4M3 (+ weight_scale_inv,
-    config.json's quantization_config), and held_dir with the f32 values those FP8 blocks decode to."""
+def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32"):
+    """From the f32 checkpoint `src`: fp8_dir with its projection weights as block-scaled F8_E4M3 (+ weight_scale_inv
+    in scale_dtype: F32, BF16 or F16; config.json's quantization_config), and held_dir with the f32 values those FP8
+    blocks decode to."""
     table = e4m3_table()
     finite = np.sort(np.unique(np.abs(table[np.isfinite(table)])))
     code_of = np.array([np.flatnonzero(table[:127] == m)[0] for m in finite], dtype=np.uint8)  # magnitude -> byte
@@ -311,6 +314,11 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block):
             for j in range(bc):
                 blk = a[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]]
                 s = np.float32(np.abs(blk).max() / 448.0) or np.float32(1)
+                if scale_dtype == "BF16":  # what the file can hold: the scale is rounded first
+                    s = np.array([s], dtype=np.float32).view(np.uint32)[0] & np.uint32(0xFFFF0000)
+                    s = np.array([s], dtype=np.uint32).view(np.float32)[0]
+                elif scale_dtype == "F16":
+                    s = np.float32(np.float16(s))
                 scale[i, j] = s
                 q = blk / s
                 idx = np.clip(np.searchsorted(finite, np.abs(q)), 1, len(finite) - 1)
@@ -319,7 +327,12 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block):
                 codes[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] = \
                     np.where((q < 0) & (mag > 0), code | 128, code)
         fp8[name] = ("F8_E4M3", codes)
-        fp8[name + "_scale_inv"] = ("F32", scale)
+        if scale_dtype == "BF16":
+            fp8[name + "_scale_inv"] = ("BF16", (scale.view(np.uint32) >> 16).astype(np.uint16))
+        elif scale_dtype == "F16":
+            fp8[name + "_scale_inv"] = ("F16", scale.astype(np.float16))
+        else:
+            fp8[name + "_scale_inv"] = ("F32", scale)
         decoded = table[codes] * np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:rows, :cols]
         held[name] = ("F32", decoded.astype(np.float32))
     for out, tensors, quantized in ((fp8_dir, fp8, True), (held_dir, held, False)):
@@ -349,21 +362,25 @@ class Fp8(unittest.TestCase):
         converted, they give the bits of a checkpoint holding the decoded values (blocks of 64 x 96 here, so
         rows and columns end in partial blocks), and a missing or misshapen scale is refused by name."""
         ckpt, _ = make_model("minimax_m2", "minimax_m2")
-        fp8, held = os.path.join(WORK, "mm2-fp8"), os.path.join(WORK, "mm2-fp8-held")
-        write_fp8_checkpoints(ckpt, fp8, held, (64, 96))
-        outs = []
-        for src in (fp8, held):
-            shutil.rmtree(src + "-f32", ignore_errors=True)
-            p = run(["convert", "--input", src, "--output", src + "-f32", "--quantize", "f32"])
-            outs.append(src + "-f32")
-            if src == fp8:
-                self.assertIn("were FP8 (F8_E4M3 with block scales) in the input: dequantized", p.stdout + p.stderr)
-                self.assertNotIn("are not used by", p.stdout + p.stderr, "the scales are read, not skipped")
-        a, b = (np.load(logits(m, "--kv-type", "f32", name="fp8")) for m in outs)
-        self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"max abs {np.abs(a - b).max()}")
         cfg, W = reference.load_checkpoint(ckpt)
         want = reference.forward(cfg, W, TOKENS, [])
-        self.assertGreater(np.abs(a - want).max(), 0, "FP8 rounding must show: the weights really were FP8")
+        # The scales as the releases store them: F32 (DeepSeek V3, MiniMax-M2), BF16 (Qwen3-FP8), F16.
+        for scale_dtype, block in (("BF16", (128, 128)), ("F16", (64, 64)), ("F32", (64, 96))):
+            fp8, held = os.path.join(WORK, "mm2-fp8"), os.path.join(WORK, "mm2-fp8-held")
+            write_fp8_checkpoints(ckpt, fp8, held, block, scale_dtype)
+            outs = []
+            for src in (fp8, held):
+                shutil.rmtree(src + "-f32", ignore_errors=True)
+                p = run(["convert", "--input", src, "--output", src + "-f32", "--quantize", "f32"])
+                outs.append(src + "-f32")
+                if src == fp8:
+                    self.assertIn("were FP8 (F8_E4M3 with block scales) in the input: dequantized",
+                                  p.stdout + p.stderr)
+                    self.assertNotIn("are not used by", p.stdout + p.stderr, "the scales are read, not skipped")
+            a, b = (np.load(logits(m, "--kv-type", "f32", name="fp8")) for m in outs)
+            self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)),
+                            f"{scale_dtype} scales: max abs {np.abs(a - b).max()}")
+            self.assertGreater(np.abs(a - want).max(), 0, "FP8 rounding must show: the weights really were FP8")
 
         def refused(edit, expect):
             bad = fp8 + "-bad"

@@ -812,6 +812,24 @@ TEST(ModelConvert, GlmSkipsItsPredictionLayerAndKeepsItsRouter) {
   cfg["num_nextn_predict_layers"] = 0;
   std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
   expect_clean_failure(d, "the weights hold layer 3", "glm nextn");
+  // GGUF metadata that contradicts the tensors would run another model: llama.cpp refuses such files, so does colibri.
+  const std::pair<std::string, std::string> damaged[] = {
+      {"--gguf-set-u32 {arch}.nextn_predict_layers=0",
+       "layer 3 holds multi-token-prediction tensors (nextn.eh_proj), but glm4moe.nextn_predict_layers 0 and "
+       "block_count 4 make it a decoder layer"},
+      {"--gguf-set-u32 {arch}.nextn_predict_layers=2", "layer 2 lacks multi-token-prediction tensors"},
+      {"--gguf-set-u32 {arch}.expert_shared_count=0",
+       "tensor 'blk.1.ffn_gate_shexp.weight' is in layer 1, but the metadata gives glm4_moe no such tensor there"},
+      {"--gguf-drop-tensor blk.0.attn_q.bias",
+       "tensor 'blk.0.attn_k.bias' is in layer 0, but the metadata gives glm4_moe no such tensor there"},
+      {"--gguf-set-u32 {arch}.rope.dimension_count=0", "rope.dimension_count is 0; it must be even and in 2..128"},
+  };
+  int n = 0;
+  for (const auto& [args, want] : damaged) {
+    const std::string tag = "glm-gguf-damaged-" + std::to_string(n++);
+    const fs::path g = fixture(tag, "--arch glm4_moe --dtype f32 --gguf-dtype f32 " + args);
+    expect_clean_failure(g.string() + ".gguf", want, tag);
+  }
 }
 
 TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {

@@ -184,6 +184,7 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
       {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
       {"routed_scaling_factor is -1.0; it must be positive", json{{"routed_scaling_factor", -1.0}}},
       {"missing required field \"n_routed_experts\"", json{{"n_routed_experts", nullptr}}},
+      {"num_nextn_predict_layers is -1; it must be 0 or more", json{{"num_nextn_predict_layers", -1}}},
   };
   for (const auto& [want, patch] : bad) {
     auto c = glm_air();
@@ -244,6 +245,13 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
   EXPECT_EQ(hf("blk.1.ffn_gate_inp.weight"), "model.layers.1.block_sparse_moe.gate.weight");
   EXPECT_EQ(hf("blk.0.attn_q_norm.weight"), "model.layers.0.self_attn.q_norm.weight");
   EXPECT_EQ(plan.experts[1][3][2].hf_name, "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  // transformers' own port writes partial_rotary_factor instead of rotary_dim.
+  auto port = minimax();
+  port.erase("rotary_dim");
+  port["partial_rotary_factor"] = 0.25;
+  h = hparams_from_hf_config(port, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->rotary_dims, 8);
   auto c = minimax();
   c["use_routing_bias"] = false;
   c["scoring_func"] = "softmax";
@@ -258,6 +266,7 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
       {"rotary_dim is 33; it must be even and in 2..head_dim (32)", json{{"rotary_dim", 33}}},
       {"rotary_dim is 64; it must be even", json{{"rotary_dim", 64}}},
       {"qk_norm_type 'per_token' is not supported", json{{"qk_norm_type", "per_token"}}},
+      {"qk_norm_type is 3; it must be \"per_layer\" or \"per_head\"", json{{"qk_norm_type", 3}}},
       {"scoring_func is \"relu\"; it must be \"sigmoid\" or \"softmax\"", json{{"scoring_func", "relu"}}},
       {"a sigmoid router with routed_scaling_factor 1.0 and no selection bias (e_score_correction_bias) is not "
        "supported",
