@@ -290,7 +290,7 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
 def minimax_m2_moe(cfg, W, pre, h, layer, trace):
     """MiniMaxM2SparseMoeBlock: sigmoid (or softmax) scores; the selection bias only picks; the picked scores
     renormalised (always) and scaled; Mixtral-style w1/w3/w2 experts."""
-    k_top, func = cfg["num_experts_per_tok"], cfg.get("scoring_func", "softmax")
+    k_top, func = cfg["num_experts_per_tok"], cfg.get("scoring_func", "sigmoid")
     if cfg.get("use_grouped_topk", False) and (cfg.get("num_expert_group") or 1) > 1:
         raise SystemExit("minimax_m2: grouped top-k is not in the reference")
     logits = h @ W[pre + "gate.weight"].T  # f32 in the remote code, float64 here

@@ -407,6 +407,26 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     layers_.push_back(L);
   }
   if (!missing) return missing;
+  // A NaN in a selection bias picks differently on each backend (the CPU refuses it, a GPU's comparisons skip it):
+  // said once here, as the damaged file it is (convert refuses one).
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Tensor& b = layers_[l].selection_bias;
+    if (!present(b) || b.data == nullptr) continue;
+    const std::string name = "blk." + std::to_string(l) + ".exp_probs_b.bias";
+    if (b.type != DType::f32) {
+      return Status(StatusCode::corrupt_data, "manifest.json: tensor " + name + " is " +
+                                                  std::string(sdk::to_string(b.type)) + ", not f32; re-run convert");
+    }
+    const auto* v = static_cast<const float*>(b.data);
+    for (std::int64_t e = 0; e < hp_.n_experts; ++e) {
+      if (!std::isfinite(v[e])) {
+        return Status(StatusCode::corrupt_data, "tensor " + name + " holds " + std::to_string(v[e]) + " for expert " +
+                                                    std::to_string(e) +
+                                                    ": the model's files are damaged (`colibri-cli inspect MODEL "
+                                                    "--verify` checks them); re-run convert");
+      }
+    }
+  }
   // A discrete GPU would otherwise receive every shared weight over the bus at every call.
   if (!devices[0].host_memory && options_.shared_on_device.value_or(true)) {
     if (auto s = upload_shared_weights(devices[0]); !s) return s;

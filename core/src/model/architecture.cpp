@@ -234,8 +234,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
       factor = f.get<double>();
     }
-    const auto dims = static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor);  // HF: int(), truncating
-    if (h.head_dim > 0 && (!(factor > 0 && factor <= 1) || dims < 2 || dims % 2 != 0)) {
+    const bool in_range = factor > 0 && factor <= 1;  // checked before the cast: 1e300 would not fit an int64
+    const auto dims = in_range ? static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor) : 0;  // int()
+    if (h.head_dim > 0 && (!in_range || dims < 2 || dims % 2 != 0)) {
       return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
                                    " rotated dims of head_dim " + std::to_string(h.head_dim) +
                                    "; it must be in (0, 1] and give an even count; fix it in config.json");
@@ -266,6 +267,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
         return bad_config(where, "qk_norm_type '" + type + "' is not supported (per_layer, per_head)");
       }
       h.qk_norm = type == "per_layer" ? "full" : "per_head";
+    }
+    // MiniMax-Text-01's lightning (linear) attention layers are attn_type 0; M2's are all 1 (softmax attention).
+    if (c.contains("attn_type_list") && c["attn_type_list"].is_array()) {
+      for (const auto& t : c["attn_type_list"]) {
+        if (!t.is_number_integer() || t.get<std::int64_t>() != 1) {
+          return Status(StatusCode::unsupported, where + ": attn_type_list holds " + t.dump().substr(0, 20) +
+                                                     "; only softmax attention layers (1) are supported");
+        }
+      }
     }
     // Sliding windows per layer (attn_window_size) have their own rope base (swa_rope_theta): not run here.
     if (c.contains("attn_window_size") && !c["attn_window_size"].is_null()) {
@@ -299,7 +309,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.router_scoring = "sigmoid";
     h.router_selection_bias = true;  // HF registers e_score_correction_bias whatever the config says
     h.routed_scaling_factor = get_float("routed_scaling_factor", 1.0);
-    h.shared_expert_intermediate_size = h.moe_intermediate_size * get_int("n_shared_experts", 1, false);
+    const std::int64_t shared = get_int("n_shared_experts", 1, false);
+    if (shared < 0 || shared > 64) {
+      return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
+    }
+    h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
     const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
     if (groups > 1 && topk_groups < groups) {
       return Status(StatusCode::unsupported, where + ": n_group " + std::to_string(groups) + " with topk_group " +
@@ -316,9 +330,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     for (std::int64_t l = 0; l < dense_first; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
-    if (h.nextn_layers < 0) {
+    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
       return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
-                                   "; it must be 0 or more; fix it in config.json");
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
     }
   } else if (a == "minimax_m2") {
     h.n_experts = get_int("num_local_experts", 0, true);
@@ -437,6 +452,8 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"expert_shared_count", Kind::integer},
       {"leading_dense_block_count", Kind::integer},
       {"nextn_predict_layers", Kind::integer},
+      {"expert_group_count", Kind::integer},
+      {"expert_group_used_count", Kind::integer},
       {"rope.dimension_count", Kind::integer},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
@@ -612,7 +629,12 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     if (a == "minimax_m2") h.norm_topk_prob = true;  // llama.cpp renormalizes MiniMax's weights whatever the key says
     if (a == "glm4_moe" || a == "minimax_m2") {
       if (h.shared_expert_intermediate_size == 0) {
-        h.shared_expert_intermediate_size = h.moe_intermediate_size * opt("expert_shared_count", 0);
+        const std::int64_t shared = opt("expert_shared_count", 0);
+        if (shared < 0 || shared > 64) {
+          return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
+                                       "; it must be in 0..64; the GGUF is damaged: re-export it");
+        }
+        h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
       }
       // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) both architectures route by sigmoid.
       const std::int64_t gating = opt("expert_gating_func", 0);
@@ -621,8 +643,16 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
                                                    " is not supported (1 softmax, 2 sigmoid)");
       }
       h.router_scoring = gating == 1 ? "softmax" : "sigmoid";
-      h.routed_scaling_factor = g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
-      if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;  // llama.cpp: 0 means none
+      // llama.cpp: 0 (or no key) means no scale; its minimax-m2 loader never reads the key.
+      h.routed_scaling_factor = a == "minimax_m2" ? 1.0 : g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
+      if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;
+      // llama.cpp routes within the best groups when there are several; colibri does not (yet).
+      const std::int64_t groups = opt("expert_group_count", 1), used_groups = opt("expert_group_used_count", groups);
+      if (groups > 1 && used_groups < groups) {
+        return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_group_count " + std::to_string(groups) +
+                                                   " with expert_group_used_count " + std::to_string(used_groups) +
+                                                   " (routing within the best groups only) is not supported");
+      }
       // Any layer's: a sparse layer without it is then named by the converter as a missing tensor.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;

@@ -249,34 +249,52 @@ float e4m3_to_float(std::uint8_t b) {
   return (b & 0x80) != 0 ? -v : v;
 }
 
-// An FP8 weight as DeepSeek V3, MiniMax-M2, Qwen3-FP8 and GLM-4.5-FP8 ship it: F8_E4M3 values, and beside them
-// NAME_scale_inv, one f32 (bf16, f16) multiplier per block of weight_block_size (config.json's quantization_config,
-// default 128 x 128). Read as f32 rows, value x its block's multiplier, and quantized to the preset like any f32.
+// An FP8 weight: F8_E4M3 values and a multiplier per block beside them. DeepSeek V3, MiniMax-M2 and Qwen3's -FP8
+// releases store NAME_scale_inv, one per block of config.json's quantization_config.weight_block_size (default
+// 128 x 128); compressed-tensors' FP8 stores NAME_scale, one per row ([rows, 1]) or one for the tensor. Read as f32
+// rows, value x its block's multiplier, and quantized to the preset like any f32.
 sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, const SafetensorsTensor* t) {
   const std::string where = in.st->files()[t->file_index].string();
-  const SafetensorsTensor* sc = in.st->find(p.hf_name + "_scale_inv");
-  if (sc == nullptr) {
-    return Status(StatusCode::unsupported, where + ": tensor '" + p.hf_name + "' is F8_E4M3 without '" + p.hf_name +
-                                               "_scale_inv' beside it; colibri reads block-scaled FP8 checkpoints "
-                                               "(quant_method fp8 with weight_block_size), not per-tensor FP8");
-  }
-  std::int64_t block_rows = 128, block_cols = 128;
-  if (const auto& q = in.config.value("quantization_config", json::object()); q.is_object()) {
-    if (q.contains("weight_block_size")) {
-      const auto& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
-          b[0].get<std::int64_t>() < 1 || b[1].get<std::int64_t>() < 1) {
-        return Status(StatusCode::invalid_argument, (in.path / "config.json").string() +
-                                                        ": quantization_config.weight_block_size is " +
-                                                        b.dump().substr(0, 40) + "; it must be two block sizes");
-      }
-      block_rows = b[0].get<std::int64_t>();
-      block_cols = b[1].get<std::int64_t>();
-    }
-  }
   if (t->shape != p.shape || p.shape.size() != 2) return bad_source_shape(in, *t, p.shape);
   const std::int64_t rows = p.shape[0], cols = p.shape[1];
-  const std::vector<std::int64_t> want{(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
+  const SafetensorsTensor* sc = in.st->find(p.hf_name + "_scale_inv");
+  std::int64_t block_rows = 128, block_cols = 128;
+  std::vector<std::int64_t> want;
+  if (sc != nullptr) {
+    if (const auto& q = in.config.value("quantization_config", json::object()); q.is_object()) {
+      if (q.contains("weight_block_size")) {
+        const auto& b = q["weight_block_size"];
+        constexpr std::int64_t kMaxBlock = 1 << 20;  // far above any release's 128; keeps the sizes below exact
+        auto fits = [&](const json& x) {
+          return x.is_number_integer() && x.get<std::int64_t>() >= 1 && x.get<std::int64_t>() <= kMaxBlock;
+        };
+        if (!b.is_array() || b.size() != 2 || !fits(b[0]) || !fits(b[1])) {
+          return Status(StatusCode::invalid_argument,
+                        (in.path / "config.json").string() + ": quantization_config.weight_block_size is " +
+                            b.dump().substr(0, 40) + "; it must be two block sizes of 1 to 1048576");
+        }
+        block_rows = b[0].get<std::int64_t>();
+        block_cols = b[1].get<std::int64_t>();
+      }
+    }
+    want = {(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols};
+  } else if ((sc = in.st->find(p.hf_name + "_scale")) != nullptr) {
+    const std::uint64_t n = elements(sc->shape);
+    if (n == 1) {  // one for the tensor
+      block_rows = rows;
+      block_cols = cols;
+    } else {  // one per row
+      block_rows = 1;
+      block_cols = cols;
+    }
+    want = n == 1 ? sc->shape : std::vector<std::int64_t>{rows, 1};
+  } else {
+    return Status(StatusCode::unsupported, where + ": tensor '" + p.hf_name + "' is F8_E4M3 without '" + p.hf_name +
+                                               "_scale_inv' (block scales) or '" + p.hf_name +
+                                               "_scale' (compressed-tensors) beside it; the download is "
+                                               "incomplete, or the checkpoint is of an FP8 layout colibri does not "
+                                               "read");
+  }
   if (sc->shape != want || (sc->dtype != "F32" && sc->dtype != "BF16" && sc->dtype != "F16")) {
     return Status(StatusCode::invalid_argument, in.st->files()[sc->file_index].string() + ": '" + sc->name + "' is " +
                                                     sc->dtype + " " + shape_text(sc->shape) + "; FP8 blocks of " +

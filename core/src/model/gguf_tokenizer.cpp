@@ -152,9 +152,12 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = split_then_byte_level(kQwen2Regex);
       normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
+    } else if (pre == "solar-open") {
+      // Qwen 2's split (llama.cpp's SOLAR_OPEN shares its regex); no normalizer, as llama.cpp reads it.
+      pre_tok = split_then_byte_level(kQwen2Regex);
     } else if (pre == "tekken") {
       pre_tok = split_then_byte_level(kTekkenRegex);
-    } else if (pre == "gpt-4o") {
+    } else if (pre == "gpt-4o" || pre == "minimax-m2") {  // MiniMax-M2's tokenizer.json splits as GPT-4o's
       pre_tok = split_then_byte_level(kGpt4oRegex);
     } else if (pre == "deepseek-v3") {
       json steps = json::array();

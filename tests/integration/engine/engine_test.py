@@ -284,10 +284,11 @@ def e4m3_table():
     return np.where(b & 128, -v, v).astype(np.float32)
 
 
-def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32"):
-    """From the f32 checkpoint `src`: fp8_dir with its projection weights as block-scaled F8_E4M3 (+ weight_scale_inv
-    in scale_dtype: F32, BF16 or F16; config.json's quantization_config), and held_dir with the f32 values those FP8
-    blocks decode to."""
+def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32", layout="block"):
+    """From the f32 checkpoint `src`: fp8_dir with its projection weights as F8_E4M3 and their multipliers in
+    scale_dtype (F32, BF16 or F16), and held_dir with the f32 values those FP8 weights decode to. layout "block":
+    weight_scale_inv per `block` (config.json's quantization_config.weight_block_size); "channel": compressed-tensors'
+    weight_scale [rows, 1]; "tensor": weight_scale [1]."""
     table = e4m3_table()
     finite = np.sort(np.unique(np.abs(table[np.isfinite(table)])))
     code_of = np.array([np.flatnonzero(table[:127] == m)[0] for m in finite], dtype=np.uint8)  # magnitude -> byte
@@ -307,6 +308,8 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32"):
             held[name] = ("F32", a)
             continue
         rows, cols = a.shape
+        if layout != "block":
+            block = (1, cols) if layout == "channel" else (rows, cols)
         br, bc = -(-rows // block[0]), -(-cols // block[1])
         scale = np.zeros((br, bc), dtype=np.float32)
         codes = np.zeros(a.shape, dtype=np.uint8)
@@ -327,12 +330,14 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32"):
                 codes[i * block[0]:(i + 1) * block[0], j * block[1]:(j + 1) * block[1]] = \
                     np.where((q < 0) & (mag > 0), code | 128, code)
         fp8[name] = ("F8_E4M3", codes)
+        scale_name = name + ("_scale_inv" if layout == "block" else "_scale")
+        stored = scale if layout != "tensor" else scale.reshape(1)
         if scale_dtype == "BF16":
-            fp8[name + "_scale_inv"] = ("BF16", (scale.view(np.uint32) >> 16).astype(np.uint16))
+            fp8[scale_name] = ("BF16", (stored.view(np.uint32) >> 16).astype(np.uint16))
         elif scale_dtype == "F16":
-            fp8[name + "_scale_inv"] = ("F16", scale.astype(np.float16))
+            fp8[scale_name] = ("F16", stored.astype(np.float16))
         else:
-            fp8[name + "_scale_inv"] = ("F32", scale)
+            fp8[scale_name] = ("F32", stored)
         decoded = table[codes] * np.repeat(np.repeat(scale, block[0], 0), block[1], 1)[:rows, :cols]
         held[name] = ("F32", decoded.astype(np.float32))
     for out, tensors, quantized in ((fp8_dir, fp8, True), (held_dir, held, False)):
@@ -350,8 +355,9 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32"):
         if quantized:
             with open(os.path.join(out, "config.json")) as f:
                 cfg = json.load(f)
-            cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                          "weight_block_size": list(block)}
+            cfg["quantization_config"] = (
+                {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+                if layout == "block" else {"quant_method": "compressed-tensors", "format": "float-quantized"})
             with open(os.path.join(out, "config.json"), "w") as f:
                 json.dump(cfg, f)
 
@@ -364,10 +370,13 @@ class Fp8(unittest.TestCase):
         ckpt, _ = make_model("minimax_m2", "minimax_m2")
         cfg, W = reference.load_checkpoint(ckpt)
         want = reference.forward(cfg, W, TOKENS, [])
-        # The scales as the releases store them: F32 (DeepSeek V3, MiniMax-M2), BF16 (Qwen3-FP8), F16.
-        for scale_dtype, block in (("BF16", (128, 128)), ("F16", (64, 64)), ("F32", (64, 96))):
+        # The scales as the releases store them: F32 (DeepSeek V3, MiniMax-M2), BF16 (Qwen3-FP8), F16; per row or per
+        # tensor (compressed-tensors' FP8).
+        for scale_dtype, block, layout in (("BF16", (128, 128), "block"), ("F16", (64, 64), "block"),
+                                           ("F32", None, "channel"), ("BF16", None, "tensor"),
+                                           ("F32", (64, 96), "block")):
             fp8, held = os.path.join(WORK, "mm2-fp8"), os.path.join(WORK, "mm2-fp8-held")
-            write_fp8_checkpoints(ckpt, fp8, held, block, scale_dtype)
+            write_fp8_checkpoints(ckpt, fp8, held, block, scale_dtype, layout)
             outs = []
             for src in (fp8, held):
                 shutil.rmtree(src + "-f32", ignore_errors=True)
@@ -379,7 +388,7 @@ class Fp8(unittest.TestCase):
                     self.assertNotIn("are not used by", p.stdout + p.stderr, "the scales are read, not skipped")
             a, b = (np.load(logits(m, "--kv-type", "f32", name="fp8")) for m in outs)
             self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)),
-                            f"{scale_dtype} scales: max abs {np.abs(a - b).max()}")
+                            f"{scale_dtype} {layout} scales: max abs {np.abs(a - b).max()}")
             self.assertGreater(np.abs(a - want).max(), 0, "FP8 rounding must show: the weights really were FP8")
 
         def refused(edit, expect):
@@ -407,9 +416,10 @@ class Fp8(unittest.TestCase):
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump(cfg, f)
 
-        refused(drop_scale, "is F8_E4M3 without 'model.layers.0.self_attn.q_proj.weight_scale_inv' beside it")
+        refused(drop_scale, "is F8_E4M3 without 'model.layers.0.self_attn.q_proj.weight_scale_inv' (block scales) or")
         refused(lambda d: block_of(d, [128, 128]), "FP8 blocks of 128 x 128 over")
         refused(lambda d: block_of(d, [0, 128]), "quantization_config.weight_block_size is [0,128]")
+        refused(lambda d: block_of(d, [1 << 40, 128]), "it must be two block sizes of 1 to 1048576")
 
 
 class Quantized(unittest.TestCase):
@@ -501,7 +511,70 @@ class OnePromise(unittest.TestCase):
                 self.same(full, out, f"{variant}/{preset} sliding-window KV, chunks of {batch}")
 
 
+_M64 = (1 << 64) - 1
+_P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+                           0x27D4EB2F165667C5)
+
+
+def xxh64(b):
+    """XXH64 (seed 0) of bytes, as manifest.json's checksums: a test that edits a model's bytes on purpose must make
+    them pass the checksum, to reach the check behind it (python3-xxhash is not needed for these few bytes)."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & _M64
+
+    def rnd(acc, v):
+        return (rotl((acc + v * _P2) & _M64, 31) * _P1) & _M64
+
+    def word(i, w):
+        return int.from_bytes(b[i:i + w], "little")
+    n, i = len(b), 0
+    if n >= 32:
+        v = [(_P1 + _P2) & _M64, _P2, 0, (-_P1) & _M64]
+        while i + 32 <= n:
+            v = [rnd(v[j], word(i + 8 * j, 8)) for j in range(4)]
+            i += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & _M64
+        for x in v:
+            h = ((h ^ rnd(0, x)) * _P1 + _P4) & _M64
+    else:
+        h = _P5
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        h = (rotl(h ^ rnd(0, word(i, 8)), 27) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        h = (rotl(h ^ ((word(i, 4) * _P1) & _M64), 23) * _P2 + _P3) & _M64
+        i += 4
+    while i < n:
+        h = (rotl(h ^ ((b[i] * _P5) & _M64), 11) * _P1) & _M64
+        i += 1
+    h = ((h ^ (h >> 33)) * _P2) & _M64
+    h = ((h ^ (h >> 29)) * _P3) & _M64
+    return h ^ (h >> 32)
+
+
 class BadInput(unittest.TestCase):
+    def test_a_nan_selection_bias_is_refused_at_load(self):
+        """A NaN in GLM's selection bias would pick differently on each backend: a model whose file holds one (its
+        checksum made to match) is refused at load, naming the tensor and the expert."""
+        _, model = make_model("glm4_moe", "glm4_moe")
+        bad = os.path.join(WORK, "glm4_moe-nan-bias")
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(model, bad)
+        with open(os.path.join(bad, "manifest.json")) as f:
+            manifest = json.load(f)
+        t = next(t for t in manifest["tensors"] if t["name"] == "blk.2.exp_probs_b.bias")
+        with open(os.path.join(bad, t["file"]), "r+b") as f:
+            f.seek(t["offset"] + 4 * 3)
+            f.write(np.array([np.nan], dtype="<f4").tobytes())
+            f.seek(t["offset"])
+            t["xxh64"] = "%016x" % xxh64(f.read(t["size"]))
+        with open(os.path.join(bad, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        p = run(["logits", "--model", bad, "--tokens", "1,2", "--out", os.path.join(WORK, "nan.npy")], check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("tensor blk.2.exp_probs_b.bias holds nan for expert 3: the model's files are damaged", p.stderr)
+
     def test_token_out_of_vocab(self):
         _, model = make_model("mixtral", "mixtral")
         out = os.path.join(WORK, "oov.npy")

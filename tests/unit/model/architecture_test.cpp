@@ -184,7 +184,13 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
       {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
       {"routed_scaling_factor is -1.0; it must be positive", json{{"routed_scaling_factor", -1.0}}},
       {"missing required field \"n_routed_experts\"", json{{"n_routed_experts", nullptr}}},
-      {"num_nextn_predict_layers is -1; it must be 0 or more", json{{"num_nextn_predict_layers", -1}}},
+      {"num_nextn_predict_layers is -1; it must be in 0..num_hidden_layers (3)",
+       json{{"num_nextn_predict_layers", -1}}},
+      {"num_nextn_predict_layers is 4611686018427387904; it must be in 0..num_hidden_layers (3)",
+       json{{"num_nextn_predict_layers", 4611686018427387904LL}}},
+      {"n_shared_experts is 4611686018427387904; it must be in 0..64",
+       json{{"n_shared_experts", 4611686018427387904LL}}},
+      {"partial_rotary_factor 1e+300 gives 0 rotated dims", json{{"partial_rotary_factor", 1e300}}},
   };
   for (const auto& [want, patch] : bad) {
     auto c = glm_air();
@@ -267,6 +273,7 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
       {"rotary_dim is 64; it must be even", json{{"rotary_dim", 64}}},
       {"qk_norm_type 'per_token' is not supported", json{{"qk_norm_type", "per_token"}}},
       {"qk_norm_type is 3; it must be \"per_layer\" or \"per_head\"", json{{"qk_norm_type", 3}}},
+      {"attn_type_list holds 0; only softmax attention layers (1) are supported", json{{"attn_type_list", {1, 0}}}},
       {"scoring_func is \"relu\"; it must be \"sigmoid\" or \"softmax\"", json{{"scoring_func", "relu"}}},
       {"a sigmoid router with routed_scaling_factor 1.0 and no selection bias (e_score_correction_bias) is not "
        "supported",
