@@ -161,6 +161,21 @@ HF_CONFIGS = {
                   "rope_theta": 1000000.0, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
                   "num_experts_per_tok": 2, "num_experts": 8, "norm_topk_prob": False, "decoder_sparse_step": 1,
                   "mlp_only_layers": [], "tie_word_embeddings": False},
+    "glm4_moe": {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": 384,
+                 "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 3,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128, "partial_rotary_factor": 0.5,
+                 "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+                 "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                 "n_shared_experts": 1, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+                 "first_k_dense_replace": 1, "norm_topk_prob": True, "num_nextn_predict_layers": 1,
+                 "tie_word_embeddings": False, "eos_token_id": [353, 354]},
+    "minimax_m2": {"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "vocab_size": 384,
+                   "hidden_size": 256, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 128, "rotary_dim": 64, "max_position_embeddings": 196608,
+                   "rms_norm_eps": 1e-6, "rope_theta": 5000000, "num_local_experts": 8, "num_experts_per_tok": 2,
+                   "scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
+                   "qk_norm_type": "per_layer", "attn_window_size": None, "attn_type_list": [1, 1, 1],
+                   "tie_word_embeddings": False},
 }
 
 
