@@ -1037,6 +1037,31 @@ TEST_P(ComputeConformance, TopkRoutingMatchesReferenceAndBreaksTiesByLowerId) {
   }
 }
 
+namespace {
+
+// The picks of a routing call whose token 1 had a NaN logit, marked by a backend that returns without waiting: that
+// token's are id -1 with weight NaN, the others the reference's (and, with `weights`, their weights too).
+void expect_nan_token_marked(const std::vector<std::int32_t>& ids, const std::vector<float>& w,
+                             const ref::Routing& want, std::int64_t t, int k, const std::string& what, bool weights) {
+  for (std::int64_t tok = 0; tok < t; ++tok) {
+    for (int j = 0; j < k; ++j) {
+      const auto i = static_cast<std::size_t>(tok * k + j);
+      if (tok == 1) {
+        EXPECT_EQ(ids[i], -1) << what << ": pick " << j << " of the token with a NaN logit";
+        EXPECT_TRUE(std::isnan(w[i])) << what << ": pick " << j << " of the token with a NaN logit has weight " << w[i];
+        continue;
+      }
+      EXPECT_EQ(ids[i], want.ids[i]) << what << ": token " << tok << " pick " << j;
+      if (weights) {
+        EXPECT_NEAR(w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7)
+            << what << ": token " << tok << " pick " << j;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 // A NaN logit (activations that overflowed) never routes silently: the call fails naming it, or (a backend that
 // returns without waiting, outputs in its memory) every pick of that token is id -1 with weight NaN, while the other
 // tokens are routed as ever.
@@ -1060,19 +1085,7 @@ TEST_P(ComputeConformance, TopkRoutingNeverRoutesANaNLogitSilently) {
         EXPECT_NE(s.message().find("NaN"), std::string::npos) << what << ": " << s.to_string();
         continue;
       }
-      const auto want = ref::topk_routing(clean.data(), e, t, k, flags);
-      for (std::int64_t tok : {0, 1, 2}) {
-        for (int j = 0; j < k; ++j) {
-          const auto i = static_cast<std::size_t>(tok * k + j);
-          if (tok == 1) {
-            EXPECT_EQ(ids[i], -1) << what << ": pick " << j << " of the token with a NaN logit";
-            EXPECT_TRUE(std::isnan(w[i]))
-                << what << ": pick " << j << " of the token with a NaN logit has weight " << w[i];
-          } else {
-            EXPECT_EQ(ids[i], want.ids[i]) << what << ": token " << tok << " pick " << j;
-          }
-        }
-      }
+      expect_nan_token_marked(ids, w, ref::topk_routing(clean.data(), e, t, k, flags), t, k, what, false);
     }
   }
 }
@@ -1266,21 +1279,8 @@ TEST_P(ComputeConformance, TopkRoutingBiasedTreatsANaNLogitAsTopkRoutingDoes) {
         EXPECT_NE(s.message().find("NaN"), std::string::npos) << what << ": " << s.to_string();
         continue;
       }
-      const auto want = ref::topk_routing_biased(clean.data(), bias.data(), e, t, k, flags, 2.5f);
-      for (std::int64_t tok = 0; tok < t; ++tok) {
-        for (int j = 0; j < k; ++j) {
-          const auto i = static_cast<std::size_t>(tok * k + j);
-          if (tok == 1) {
-            EXPECT_EQ(ids[i], -1) << what << ": pick " << j << " of the token with a NaN logit";
-            EXPECT_TRUE(std::isnan(w[i]))
-                << what << ": pick " << j << " of the token with a NaN logit has weight " << w[i];
-          } else {
-            EXPECT_EQ(ids[i], want.ids[i]) << what << ": token " << tok << " pick " << j;
-            EXPECT_NEAR(w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7)
-                << what << ": token " << tok << " pick " << j;
-          }
-        }
-      }
+      expect_nan_token_marked(ids, w, ref::topk_routing_biased(clean.data(), bias.data(), e, t, k, flags, 2.5f), t, k,
+                              what, true);
     }
   }
 }

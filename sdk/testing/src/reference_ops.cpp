@@ -174,34 +174,17 @@ std::vector<double> routing_scores(const float* x, std::int64_t experts, int fla
 
 }  // namespace
 
-Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags) {
-  Routing r;
-  for (std::int64_t i = 0; i < t; ++i) {
-    const std::vector<double> score = routing_scores(logits + i * experts, experts, flags);
-    std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-      return score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)];
-    });
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) sum += score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
-    for (int j = 0; j < k; ++j) {
-      const std::int32_t id = order[static_cast<std::size_t>(j)];
-      r.ids.push_back(id);
-      const double s = score[static_cast<std::size_t>(id)];
-      r.weights.push_back((flags & kRoutingRenormalize) ? s / sum : s);
-    }
-  }
-  return r;
-}
+namespace {
 
-Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
-                            int flags, float scale) {
+// Both routers: experts picked by score (+ bias[e], which only picks), weights the scores, over (their sum + eps)
+// with kRoutingRenormalize, times scale.
+Routing route(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k, int flags,
+              double scale, double eps) {
   Routing r;
   for (std::int64_t i = 0; i < t; ++i) {
     const std::vector<double> score = routing_scores(logits + i * experts, experts, flags);
     std::vector<double> choice(score.size());
-    for (std::size_t j = 0; j < score.size(); ++j) choice[j] = score[j] + bias[j];
+    for (std::size_t j = 0; j < score.size(); ++j) choice[j] = score[j] + (bias != nullptr ? bias[j] : 0.0f);
     std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -213,10 +196,21 @@ Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t
       const std::int32_t id = order[static_cast<std::size_t>(j)];
       r.ids.push_back(id);
       const double s = score[static_cast<std::size_t>(id)];
-      r.weights.push_back(((flags & kRoutingRenormalize) ? s / (sum + 1e-20) : s) * scale);
+      r.weights.push_back(((flags & kRoutingRenormalize) ? s / (sum + eps) : s) * scale);
     }
   }
   return r;
+}
+
+}  // namespace
+
+Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, int k, int flags) {
+  return route(logits, nullptr, experts, t, k, flags, 1.0, 0.0);
+}
+
+Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
+                            int flags, float scale) {
+  return route(logits, bias, experts, t, k, flags, scale, 1e-20);
 }
 
 }  // namespace colibri::sdk::testing::ref

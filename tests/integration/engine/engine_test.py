@@ -178,25 +178,32 @@ class Gguf(unittest.TestCase):
                 hp = json.load(f)["hparams"]
             self.assertEqual(hp["sliding_layers"], [0, 2])
             self.assertIs(hp["rope_scaling"]["truncate"], False)
-            got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
-            cfg, W = reference.load_checkpoint(ckpt)
-            want = reference.forward(cfg, W, TOKENS, [])
-            rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
-            print(f"  {name}: max relative logit error {rel:.2e}", flush=True)
-            self.assertLessEqual(rel, 1e-4, name)
+            self.assert_reference_logits(ckpt, model, name)
+
+    def converted_f32_gguf(self, arch):
+        """(HF checkpoint, the f32 conversion of its GGUF as llama.cpp lays it out, convert's output)."""
+        ckpt = os.path.join(WORK, arch + "-gguf")
+        if not os.path.exists(ckpt + ".gguf"):
+            subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32", "--gguf",
+                            ckpt + ".gguf", "--gguf-dtype", "f32"], check=True, capture_output=True)
+        model = ckpt + "-f32"
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
+        return ckpt, model, p.stdout + p.stderr
+
+    def assert_reference_logits(self, ckpt, model, name):
+        got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
+        cfg, W = reference.load_checkpoint(ckpt)
+        want = reference.forward(cfg, W, TOKENS, [])
+        rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
+        print(f"  {name}: max relative logit error {rel:.2e}", flush=True)
+        self.assertLessEqual(rel, 1e-4, name)
 
     def test_glm4_moe_from_llama_cpp_layout_matches_the_reference(self):
         """A GLM-4.5 GGUF as llama.cpp writes it (block_count counting the MTP layer, rope.dimension_count, the
         selection bias as exp_probs_b, post_attention_norm, sigmoid gating and the weights' scale in the metadata)
         gives the HF checkpoint's logits; the MTP layer is skipped with a word, nothing else."""
-        ckpt = os.path.join(WORK, "glm4_moe-gguf")
-        if not os.path.exists(ckpt + ".gguf"):
-            subprocess.run([sys.executable, GEN, "--arch", "glm4_moe", "--out", ckpt, "--dtype", "f32", "--gguf",
-                            ckpt + ".gguf", "--gguf-dtype", "f32"], check=True, capture_output=True)
-        model = ckpt + "-f32"
-        shutil.rmtree(model, ignore_errors=True)
-        p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
-        out = p.stdout + p.stderr
+        ckpt, model, out = self.converted_f32_gguf("glm4_moe")
         self.assertIn("of the multi-token-prediction layer after layer 2 were skipped", out)
         self.assertNotIn("are not used by", out, "every other GGUF tensor is used")
         with open(os.path.join(model, "manifest.json")) as f:
@@ -211,34 +218,18 @@ class Gguf(unittest.TestCase):
                       shown)
         self.assertIn("router:        sigmoid scores, experts picked with a learned bias, weights renormalized, x2.5",
                       shown)
-        got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
-        cfg, W = reference.load_checkpoint(ckpt)
-        want = reference.forward(cfg, W, TOKENS, [])
-        rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
-        print(f"  glm4_moe-gguf: max relative logit error {rel:.2e}", flush=True)
-        self.assertLessEqual(rel, 1e-4)
+        self.assert_reference_logits(ckpt, model, "glm4_moe-gguf")
 
     def test_minimax_m2_from_llama_cpp_layout_matches_the_reference(self):
         """A MiniMax-M2 GGUF as llama.cpp writes it (rope.dimension_count, q/k norms over the projection, the
         selection bias as exp_probs_b, sigmoid gating) gives the HF checkpoint's logits, every tensor used."""
-        ckpt = os.path.join(WORK, "minimax_m2-gguf")
-        if not os.path.exists(ckpt + ".gguf"):
-            subprocess.run([sys.executable, GEN, "--arch", "minimax_m2", "--out", ckpt, "--dtype", "f32", "--gguf",
-                            ckpt + ".gguf", "--gguf-dtype", "f32"], check=True, capture_output=True)
-        model = ckpt + "-f32"
-        shutil.rmtree(model, ignore_errors=True)
-        p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
-        self.assertNotIn("skipped", p.stdout + p.stderr, "every GGUF tensor is used")
+        ckpt, model, out = self.converted_f32_gguf("minimax_m2")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
         with open(os.path.join(model, "manifest.json")) as f:
             hp = json.load(f)["hparams"]
         self.assertEqual((hp["rotary_dims"], hp["qk_norm"], hp["router_scoring"], hp["router_selection_bias"],
                           hp["norm_topk_prob"]), (64, "full", "sigmoid", True, True))
-        got = np.load(logits(model, "--kv-type", "f32", "--exact-activations"))
-        cfg, W = reference.load_checkpoint(ckpt)
-        want = reference.forward(cfg, W, TOKENS, [])
-        rel = (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max()
-        print(f"  minimax_m2-gguf: max relative logit error {rel:.2e}", flush=True)
-        self.assertLessEqual(rel, 1e-4)
+        self.assert_reference_logits(ckpt, model, "minimax_m2-gguf")
 
     def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
         """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.
