@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
-modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_rope_utils) and MiniMax's own
+modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_rope_utils)
+and MiniMax's own
 modeling_minimax_m2 (the checkpoints' remote code). It reads the HF checkpoint itself (config.json + safetensors), not
 colibri's converted model, so a converter bug shows up too.
 
@@ -34,8 +35,14 @@ Semantics kept from HF, per architecture:
     softmax over the experts, scoring_func) of x W^T; the top-k of scores + e_score_correction_bias (use_routing_bias;
     else of the scores) are picked, weighted by their own scores / max(sum, 1e-12), times routed_scaling_factor;
     experts w2(silu(w1 x) * w3 x).
-  * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace) run one
-    SwiGLU MLP.
+  * ERNIE-4.5 MoE (no biases, use_bias false): RoPE interleaved (GPT-J style: pairs (2i, 2i + 1) rotate by
+    pos * inv_freq[i]; HF's rotate_half takes x[0::2], x[1::2]). A layer is MoE when (l + 1) % moe_layer_interval == 0
+    and moe_layer_start_index <= l <= moe_layer_end_index (-1: the last layer). Router: probs = softmax(x W^T) (f32
+    in HF, float64 here); the top-k of probs + moe_statics.e_score_correction_bias ([1, E]) are picked, weighted by
+    their probs / max(sum, moe_norm_min); plus the shared_experts SwiGLU MLP (moe_intermediate_size *
+    moe_num_shared_experts), ungated.
+  * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace, ERNIE's
+    outside the MoE range) run one SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
 """
 
@@ -202,13 +209,22 @@ def rope_parameters(cfg, seq_len):
     raise SystemExit(f"rope_type {kind} is not in the reference")
 
 
-def apply_rope(x, positions, inv_freq, scaling):
-    """x: [T, heads, dim]; HF rotate_half layout. Partial rotary (2 * len(inv_freq) < dim): the first dims rotate
-    (rotate_half within them), the rest pass through."""
+def apply_rope(x, positions, inv_freq, scaling, interleaved=False):
+    """x: [T, heads, dim]; HF rotate_half layout (pairs i, i + dim/2), or with interleaved (ERNIE, GPT-J style) pairs
+    (2i, 2i + 1), both rotated by positions * inv_freq[i]. Partial rotary (2 * len(inv_freq) < dim): the first dims
+    rotate (rotate_half within them), the rest pass through."""
     rot_dim = 2 * len(inv_freq)
     if rot_dim < x.shape[-1]:
-        return np.concatenate([apply_rope(x[..., :rot_dim], positions, inv_freq, scaling), x[..., rot_dim:]], axis=-1)
+        return np.concatenate([apply_rope(x[..., :rot_dim], positions, inv_freq, scaling, interleaved),
+                               x[..., rot_dim:]], axis=-1)
     ang = positions[:, None].astype(np.float64) * inv_freq[None, :]
+    if interleaved:
+        cos, sin = np.cos(ang)[:, None, :] * scaling, np.sin(ang)[:, None, :] * scaling
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty(x.shape, dtype=np.result_type(x, np.float64))
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = odd * cos + even * sin
+        return out
     emb = np.concatenate([ang, ang], axis=-1)
     cos, sin = np.cos(emb) * scaling, np.sin(emb) * scaling
     half = x.shape[-1] // 2
@@ -223,6 +239,11 @@ def is_sparse(cfg, layer):
             (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     if t == "glm4_moe":
         return layer >= cfg.get("first_k_dense_replace", 1)
+    if t == "ernie4_5_moe":
+        end = cfg.get("moe_layer_end_index", -1)
+        end = cfg["num_hidden_layers"] - 1 if end == -1 else end
+        return (layer + 1) % cfg.get("moe_layer_interval", 1) == 0 and \
+            cfg.get("moe_layer_start_index", 1) <= layer <= end
     return t in ("mixtral", "olmoe", "minimax_m2")
 
 
@@ -318,6 +339,31 @@ def minimax_m2_moe(cfg, W, pre, h, layer, trace):
     return y
 
 
+def ernie4_5_moe_moe(cfg, W, pre, h, layer, trace):
+    """Ernie4_5_MoeSparseMoeBlock: softmax probs; the selection bias (moe_statics) only picks; the picked probs
+    renormalised by max(sum, moe_norm_min); plus the shared experts, ungated."""
+    k_top, norm_min = cfg["moe_k"], cfg.get("moe_norm_min", 1e-12)
+    probs = softmax(h @ W[pre + "gate.weight"].T)  # f32 in HF, float64 here
+    bias = W.get(pre + "moe_statics.e_score_correction_bias")
+    bias = np.zeros(probs.shape[-1]) if bias is None else np.reshape(bias, -1)  # [1, E] in the checkpoint
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        order = np.argsort(-(probs[ti] + bias), kind="stable")[:k_top]  # descending prob + bias, ties to lower id
+        w = probs[ti][order]
+        w = w / max(np.sum(w), norm_min)
+        if trace is not None:
+            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
+                          "weights": [float(z) for z in w]})
+        for e, we in sorted(zip(order, w)):
+            ep = pre + f"experts.{e}."
+            y[ti] += we * mlp(h[ti:ti + 1], W[ep + "gate_proj.weight"], W[ep + "up_proj.weight"],
+                              W[ep + "down_proj.weight"])[0]
+    sp = pre + "shared_experts."
+    if sp + "gate_proj.weight" in W:  # moe_num_shared_experts > 0
+        y = y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
+    return y
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -333,8 +379,11 @@ def forward(cfg, W, tokens, trace=None):
         aw = cfg.get("attn_window_size")
         if any(w is not None and w > 0 for w in (aw if isinstance(aw, list) else [aw])):
             raise SystemExit("minimax_m2: attn_window_size (sliding window) is not in the reference")
+    if t == "ernie4_5_moe" and cfg.get("use_bias", False):
+        raise SystemExit("ernie4_5_moe: use_bias=true (linear biases) is not in the reference")
     pos = np.arange(T)
     inv_freq, att_scale = rope_parameters(cfg, T)
+    interleaved = t == "ernie4_5_moe"
     window = 0
     if t in ("mistral", "mixtral") and cfg.get("sliding_window"):
         window = cfg["sliding_window"]
@@ -370,8 +419,8 @@ def forward(cfg, W, tokens, trace=None):
         if t == "qwen3_moe" or (t == "glm4_moe" and cfg.get("use_qk_norm", False)):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
-        q = apply_rope(q, pos, inv_freq, att_scale)
-        k = apply_rope(k, pos, inv_freq, att_scale)
+        q = apply_rope(q, pos, inv_freq, att_scale, interleaved)
+        k = apply_rope(k, pos, inv_freq, att_scale, interleaved)
         group = nh // nkv
         out = np.zeros((T, nh, hd))
         for head in range(nh):
@@ -394,6 +443,8 @@ def forward(cfg, W, tokens, trace=None):
             y = glm4_moe_moe(cfg, W, p + "mlp.", h, l, trace)
         elif t == "minimax_m2":
             y = minimax_m2_moe(cfg, W, p + "block_sparse_moe.", h, l, trace)
+        elif t == "ernie4_5_moe" and is_sparse(cfg, l):
+            y = ernie4_5_moe_moe(cfg, W, p + "mlp.", h, l, trace)
         elif is_sparse(cfg, l):
             if t == "mixtral":
                 pre, ne, names = p + "block_sparse_moe.", cfg["num_local_experts"], ("w1", "w3", "w2")

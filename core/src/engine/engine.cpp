@@ -1084,6 +1084,7 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   sdk::OpParams rope_p;
   rope_p.rope_dims = rope_->rope_dims();
   rope_p.scale = rope_->attention_scaling();
+  rope_p.flags = hp_.rope_interleaved ? sdk::kRopeInterleaved : 0;  // ERNIE: GPT-J's pairs (2i, 2i + 1)
 
   COLIBRI_TRY(run_op(Op::embedding, {embedding_, i32(S.ids.data(), T)}, {view(S.x, D, T)}));
   for (std::int64_t l = 0; l < hp_.num_layers; ++l) {

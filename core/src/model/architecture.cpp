@@ -34,9 +34,11 @@ namespace {
 
 const std::map<std::string, std::string>& hf_arch_map() {
   static const std::map<std::string, std::string> m{
-      {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
-      {"OlmoeForCausalLM", "olmoe"},     {"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
-      {"GptOssForCausalLM", "gpt_oss"},  {"Glm4MoeForCausalLM", "glm4_moe"},   {"MiniMaxM2ForCausalLM", "minimax_m2"}};
+      {"MixtralForCausalLM", "mixtral"},      {"Qwen2MoeForCausalLM", "qwen2_moe"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"},   {"OlmoeForCausalLM", "olmoe"},
+      {"LlamaForCausalLM", "llama"},          {"MistralForCausalLM", "mistral"},
+      {"GptOssForCausalLM", "gpt_oss"},       {"Glm4MoeForCausalLM", "glm4_moe"},
+      {"MiniMaxM2ForCausalLM", "minimax_m2"}, {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"}};
   return m;
 }
 
@@ -73,7 +75,7 @@ std::vector<std::string> supported_hf_architectures() {
 }
 
 std::vector<std::string> supported_gguf_architectures() {
-  return {"glm4moe", "gpt-oss", "llama", "minimax-m2", "olmoe", "qwen2moe", "qwen3moe"};
+  return {"ernie4_5-moe", "glm4moe", "gpt-oss", "llama", "minimax-m2", "olmoe", "qwen2moe", "qwen3moe"};
 }
 
 sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
@@ -131,15 +133,16 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     std::int64_t max_positions;
     double rms_norm_eps, rope_theta;
   };
-  const Defaults d = a == "mixtral"      ? Defaults{8, 4096 * 32, 1e-5, 1e6}
-                     : a == "mistral"    ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
-                     : a == "qwen2_moe"  ? Defaults{16, 32768, 1e-6, 10000.0}
-                     : a == "qwen3_moe"  ? Defaults{4, 32768, 1e-6, 10000.0}
-                     : a == "olmoe"      ? Defaults{0, 4096, 1e-5, 10000.0}
-                     : a == "gpt_oss"    ? Defaults{8, 131072, 1e-5, 150000.0}
-                     : a == "glm4_moe"   ? Defaults{8, 131072, 1e-5, 10000.0}
-                     : a == "minimax_m2" ? Defaults{8, 196608, 1e-6, 5e6}
-                                         : Defaults{0, 2048, 1e-6, 10000.0};  // llama
+  const Defaults d = a == "mixtral"        ? Defaults{8, 4096 * 32, 1e-5, 1e6}
+                     : a == "mistral"      ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
+                     : a == "qwen2_moe"    ? Defaults{16, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_moe"    ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "olmoe"        ? Defaults{0, 4096, 1e-5, 10000.0}
+                     : a == "gpt_oss"      ? Defaults{8, 131072, 1e-5, 150000.0}
+                     : a == "glm4_moe"     ? Defaults{8, 131072, 1e-5, 10000.0}
+                     : a == "minimax_m2"   ? Defaults{8, 196608, 1e-6, 5e6}
+                     : a == "ernie4_5_moe" ? Defaults{4, 131072, 1e-5, 500000.0}
+                                           : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
       h.num_heads % h.num_kv_heads != 0) {
@@ -289,6 +292,14 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       }
     }
   }
+  if (a == "ernie4_5_moe") {
+    h.rope_interleaved = true;  // HF's rotate_half takes x[0::2] and x[1::2]
+    if (get_bool("use_bias", false)) {
+      return Status(StatusCode::unsupported, where +
+                                                 ": use_bias=true (biases on every projection) is not supported; "
+                                                 "the released ERNIE 4.5 models have none");
+    }
+  }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") {
@@ -357,6 +368,32 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return Status(StatusCode::unsupported, where +
                                                  ": use_grouped_topk (routing within the best groups only) is "
                                                  "not supported; MiniMax-M2 does not use it");
+    }
+  } else if (a == "ernie4_5_moe") {
+    h.n_experts = get_int("moe_num_experts", 0, true);
+    h.n_experts_per_tok = get_int("moe_k", 0, true);
+    h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+    h.norm_topk_prob = true;         // over max(sum, moe_norm_min)
+    h.router_selection_bias = true;  // moe_statics.e_score_correction_bias picks; the softmax weighs
+    const std::int64_t shared = get_int("moe_num_shared_experts", 2, false);
+    if (shared < 0 || shared > 64) {
+      return bad_config(where, "moe_num_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
+    }
+    h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+    // Layer l routes when l is in [moe_layer_start_index, moe_layer_end_index] and (l + 1) % moe_layer_interval is 0.
+    const std::int64_t first = get_int("moe_layer_start_index", 1, false);
+    std::int64_t last = get_int("moe_layer_end_index", -1, false);
+    const std::int64_t interval = get_int("moe_layer_interval", 1, false);
+    if (last == -1) last = h.num_layers - 1;
+    if (interval < 1 || first < 0 || last >= h.num_layers) {
+      return bad_config(where, "moe_layer_start_index " + std::to_string(first) + ", moe_layer_end_index " +
+                                   std::to_string(last) + " and moe_layer_interval " + std::to_string(interval) +
+                                   " must name layers of the model's " + std::to_string(h.num_layers) +
+                                   " with an interval of 1 or more; fix them in config.json");
+    }
+    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; ++l) {
+      if (!(l >= first && l <= last && (l + 1) % interval == 0)) h.mlp_only_layers.push_back(l);
     }
   } else if (a == "mixtral" || a == "gpt_oss") {
     h.n_experts = get_int("num_local_experts", 0, true);
@@ -608,6 +645,9 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.architecture = "glm4_moe";
   } else if (*ga == "minimax-m2") {
     h.architecture = "minimax_m2";
+  } else if (*ga == "ernie4_5-moe") {
+    h.architecture = "ernie4_5_moe";
+    h.rope_interleaved = true;  // llama.cpp: rope type NORM, the HF layout (no permutation)
   } else {
     h.architecture = "olmoe";
   }
@@ -626,7 +666,29 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
     if (a == "gpt_oss") h.norm_topk_prob = true;  // a softmax over the chosen logits (llama.cpp: SOFTMAX_WEIGHT)
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
-    if (a == "minimax_m2") h.norm_topk_prob = true;  // llama.cpp renormalizes MiniMax's weights whatever the key says
+    // llama.cpp renormalizes MiniMax's and ERNIE's weights whatever the key says.
+    if (a == "minimax_m2" || a == "ernie4_5_moe") h.norm_topk_prob = true;
+    if (a == "ernie4_5_moe") {
+      // llama.cpp's converter writes intermediate_size / num_key_value_heads as the shared expert's width (right
+      // for the released models only): the tensor's own width is the truth.
+      for (const auto& t : g.tensors()) {
+        if (t.name.ends_with(".ffn_gate_shexp.weight") && t.ne.size() == 2) {
+          h.shared_expert_intermediate_size = t.ne[1];
+          break;
+        }
+      }
+      if (h.shared_expert_intermediate_size == 0) {
+        const std::int64_t shared = opt("expert_shared_count", 0);
+        if (shared < 0 || shared > 64) {
+          return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
+                                       "; it must be in 0..64; the GGUF is damaged: re-export it");
+        }
+        h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+      }
+      for (const auto& t : g.tensors()) {  // llama.cpp's softmax router; the bias, where the file has it, picks
+        if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
+      }
+    }
     if (a == "glm4_moe" || a == "minimax_m2") {
       if (h.shared_expert_intermediate_size == 0) {
         const std::int64_t shared = opt("expert_shared_count", 0);
@@ -762,13 +824,15 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
       if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
       if (hp.router_selection_bias) {
-        const std::string hf = hp.architecture == "minimax_m2" ? p + "block_sparse_moe.e_score_correction_bias"
-                                                               : p + router + ".e_score_correction_bias";
+        const std::string hf = hp.architecture == "minimax_m2"     ? p + "block_sparse_moe.e_score_correction_bias"
+                               : hp.architecture == "ernie4_5_moe" ? p + "mlp.moe_statics.e_score_correction_bias"
+                                                                   : p + router + ".e_score_correction_bias";
         add(b + "exp_probs_b.bias", hf, {hp.n_experts}, TensorKind::bias, l);
       }
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
-        const std::string shared = p + (hp.architecture == "glm4_moe" ? "mlp.shared_experts." : "mlp.shared_expert.");
+        const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe";
+        const std::string shared = p + (plural ? "mlp.shared_experts." : "mlp.shared_expert.");
         add(b + "ffn_gate_shexp.weight", shared + "gate_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_up_shexp.weight", shared + "up_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_down_shexp.weight", shared + "down_proj.weight", {hid, sff}, TensorKind::shared_expert, l);

@@ -361,11 +361,13 @@ sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
   } else if (t->dtype == "BF16") {
     r.type = DType::bf16;
   } else {
-    return Status(StatusCode::unsupported, in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name +
-                                               "' has dtype " + t->dtype +
-                                               "; colibri converts F32, F16, BF16 and block-scaled F8_E4M3 weights");
+    return Status(StatusCode::unsupported,
+                  in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name + "' has dtype " + t->dtype +
+                      "; colibri converts F32, F16, BF16 and F8_E4M3 (with its scales) weights");
   }
-  if (t->shape != p.shape) return bad_source_shape(in, *t, p.shape);
+  // ERNIE stores its selection bias as [1, E]: the same values as the [E] planned.
+  const bool squeezed = p.shape.size() == 1 && t->shape == std::vector<std::int64_t>{1, p.shape[0]};
+  if (t->shape != p.shape && !squeezed) return bad_source_shape(in, *t, p.shape);
   r.size = t->size;
   r.cols = p.shape.back();
   r.rows = static_cast<std::int64_t>(elements(p.shape) / static_cast<std::uint64_t>(r.cols));

@@ -39,7 +39,7 @@ std::int64_t HyperParams::layer_window(std::int64_t layer) const {
 
 int HyperParams::format_version() const {
   const bool v3 = router_scoring != "softmax" || router_selection_bias || routed_scaling_factor != 1.0 ||
-                  (rotary_dims != 0 && rotary_dims != head_dim);
+                  (rotary_dims != 0 && rotary_dims != head_dim) || rope_interleaved;
   const bool v2 = !sliding_layers.empty() || attention_sinks || router_bias || expert_activation != "swiglu";
   return v3 ? 3 : v2 ? 2 : 1;
 }
@@ -62,7 +62,7 @@ json HyperParams::to_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope_theta;
   j["rope_scaling"] = rope_scaling;
-  j["rope_layout"] = "hf_rotate_half";
+  j["rope_layout"] = rope_interleaved ? "interleaved" : "hf_rotate_half";
   j["rms_norm_eps"] = rms_norm_eps;
   j["hidden_act"] = hidden_act;
   j["sliding_window"] = sliding_window;
@@ -96,6 +96,7 @@ json HyperParams::to_json() const {
     j["router_selection_bias"] = router_selection_bias;
     j["routed_scaling_factor"] = routed_scaling_factor;
     j["rotary_dims"] = rotary_dims;
+    j["rope_interleaved"] = rope_interleaved;
   }
   return j;
 }
@@ -176,7 +177,8 @@ Status bad(const std::string& msg) {
 const char* const kV2Fields[] = {"sliding_layers",    "attention_sinks", "router_bias",
                                  "expert_activation", "swiglu_alpha",    "swiglu_limit"};
 // Format 3 (GLM-4.5's router, partial rotary).
-const char* const kV3Fields[] = {"router_scoring", "router_selection_bias", "routed_scaling_factor", "rotary_dims"};
+const char* const kV3Fields[] = {"router_scoring", "router_selection_bias", "routed_scaling_factor", "rotary_dims",
+                                 "rope_interleaved"};
 
 }  // namespace
 
@@ -232,6 +234,7 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.router_selection_bias = f.get<bool>("router_selection_bias");
     h.routed_scaling_factor = f.get<double>("routed_scaling_factor");
     h.rotary_dims = f.get<std::int64_t>("rotary_dims");
+    h.rope_interleaved = f.get<bool>("rope_interleaved");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");

@@ -106,6 +106,10 @@ VARIANTS = {
     "minimax_m2": ("minimax_m2", None),
     "minimax_m2-scaled": ("minimax_m2", lambda c: c.update(routed_scaling_factor=2.5)),
     "minimax_m2-softmax": ("minimax_m2", lambda c: c.update(scoring_func="softmax")),
+    # ERNIE 4.5: GPT-J's interleaved rope, a softmax router whose moe_statics bias picks, two shared experts, tied
+    # embeddings, a dense first layer.
+    "ernie4_5_moe": ("ernie4_5_moe", None),
+    "ernie4_5_moe-interval": ("ernie4_5_moe", None, ("--set", "moe_layer_interval=2", "--set", "tie_word_embeddings=false")),
 }
 
 
@@ -230,6 +234,17 @@ class Gguf(unittest.TestCase):
         self.assertEqual((hp["rotary_dims"], hp["qk_norm"], hp["router_scoring"], hp["router_selection_bias"],
                           hp["norm_topk_prob"]), (64, "full", "sigmoid", True, True))
         self.assert_reference_logits(ckpt, model, "minimax_m2-gguf")
+
+    def test_ernie4_5_moe_from_llama_cpp_layout_matches_the_reference(self):
+        """An ERNIE 4.5 GGUF as llama.cpp writes it (rope type NORM on the HF layout, exp_probs_b as [1, E], the
+        shared expert's width from its tensors, no gating keys) gives the HF checkpoint's logits, every tensor used."""
+        ckpt, model, out = self.converted_f32_gguf("ernie4_5_moe")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["rope_interleaved"], hp["router_scoring"], hp["router_selection_bias"],
+                          hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]), (True, "softmax", True, 256, [0]))
+        self.assert_reference_logits(ckpt, model, "ernie4_5_moe-gguf")
 
     def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
         """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.

@@ -290,5 +290,53 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
   }
 }
 
+TEST(HfConfigValues, ErnieMoeReadsItsLayerPatternRouterAndInterleavedRope) {
+  json c{{"architectures", {"Ernie4_5_MoeForCausalLM"}},
+         {"vocab_size", 64},
+         {"hidden_size", 64},
+         {"num_hidden_layers", 6},
+         {"num_attention_heads", 4},
+         {"num_key_value_heads", 2},
+         {"intermediate_size", 96},
+         {"moe_intermediate_size", 16},
+         {"moe_num_experts", 8},
+         {"moe_k", 2},
+         {"moe_num_shared_experts", 2},
+         {"moe_layer_start_index", 1},
+         {"moe_layer_end_index", 4},
+         {"moe_layer_interval", 2},
+         {"tie_word_embeddings", true}};
+  auto h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "ernie4_5_moe");
+  EXPECT_TRUE(h->rope_interleaved);
+  EXPECT_EQ(h->router_scoring, "softmax");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 32);
+  EXPECT_EQ(h->rope_theta, 500000.0);  // Ernie4_5_MoeConfig's default
+  // MoE where 1 <= l <= 4 and (l + 1) % 2 == 0: layers 1 and 3.
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0, 2, 4, 5}));
+  EXPECT_EQ(h->format_version(), 3);
+  const ModelPlan plan = build_plan(*h);
+  EXPECT_TRUE(std::any_of(plan.shared.begin(), plan.shared.end(), [](const PlannedTensor& t) {
+    return t.hf_name == "model.layers.3.mlp.moe_statics.e_score_correction_bias";
+  }));
+  const std::pair<const char*, json> bad[] = {
+      {"use_bias=true (biases on every projection) is not supported", json{{"use_bias", true}}},
+      {"moe_layer_start_index 1, moe_layer_end_index 6 and moe_layer_interval 2 must name layers",
+       json{{"moe_layer_end_index", 6}}},
+      {"moe_layer_interval 0", json{{"moe_layer_interval", 0}}},
+      {"moe_num_shared_experts is 65; it must be in 0..64", json{{"moe_num_shared_experts", 65}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto b = c;
+    b.update(patch);
+    auto r = hparams_from_hf_config(b, "config.json");
+    ASSERT_FALSE(r) << patch.dump();
+    EXPECT_NE(r.error().message().find(want), std::string::npos) << r.error().message();
+  }
+}
+
 }  // namespace
 }  // namespace colibri::model

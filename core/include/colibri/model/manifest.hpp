@@ -48,7 +48,8 @@ struct HyperParams {
   std::string router_scoring = "softmax";
   bool router_selection_bias = false;
   double routed_scaling_factor = 1.0;
-  std::int64_t rotary_dims = 0;  // RoPE rotates the first rotary_dims of each head (GLM: head_dim / 2); 0: head_dim
+  std::int64_t rotary_dims = 0;   // RoPE rotates the first rotary_dims of each head (GLM: head_dim / 2); 0: head_dim
+  bool rope_interleaved = false;  // RoPE pairs (2i, 2i + 1) as GPT-J (ERNIE 4.5); else (i, i + dims / 2)
   // Multi-token-prediction layers stored after the last layer (GLM's num_nextn_predict_layers): the converter skips
   // them. Not in the manifest.
   std::int64_t nextn_layers = 0;
