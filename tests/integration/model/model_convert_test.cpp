@@ -484,7 +484,7 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     cfg["architectures"] = {"DeepseekV3ForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(
-        d, "'DeepseekV3ForCausalLM' is not supported; supported: Glm4MoeForCausalLM, GptOssForCausalLM", "arch");
+        d, "'DeepseekV3ForCausalLM' is not supported; supported: Ernie4_5_MoeForCausalLM, Glm4MoeForCausalLM", "arch");
   }
   {  // an eos id that is no token id is refused, not dropped (generation would never stop)
     auto d = copy_fixture(src, "eos");
