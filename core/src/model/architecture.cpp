@@ -57,6 +57,12 @@ Status bad_gguf_hparams(const std::string& where, const Status& s) {
                 where + ": metadata " + s.message() + "; the GGUF's metadata is damaged, re-export it");
 }
 
+// n shared experts of a routed expert's width, as one FFN. A width validate() will refuse (a damaged config) gives
+// 0 here rather than an overflowing product.
+std::int64_t shared_width(std::int64_t moe_width, std::int64_t n) {
+  return moe_width > 0 && moe_width <= (std::int64_t{1} << 20) ? moe_width * n : 0;
+}
+
 // topk_routing takes a softmax and no scale; the other routers run as topk_routing_biased, which needs the bias.
 Status unsupported_router(const HyperParams& h, const std::string& where) {
   if (h.router_selection_bias || (h.router_scoring == "softmax" && h.routed_scaling_factor == 1.0)) return {};
@@ -250,9 +256,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     // RoPE on the first rotary_dim of each head; q/k norms over the whole projection ("per_layer"), before the split
     // into heads, as OLMoE's.
     // transformers' own port writes partial_rotary_factor instead of rotary_dim.
+    const double factor = get_float("partial_rotary_factor", 1.0);
+    const bool factor_fits = factor > 0 && factor <= 1;  // checked before the cast, as GLM's
     const std::int64_t rotary = get_int(
-        "rotary_dim",
-        static_cast<std::int64_t>(static_cast<double>(h.head_dim) * get_float("partial_rotary_factor", 1.0)), false);
+        "rotary_dim", factor_fits ? static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor) : 0, false);
     if (h.head_dim > 0 && (rotary < 2 || rotary > h.head_dim || rotary % 2 != 0)) {
       return bad_config(where, "rotary_dim is " + std::to_string(rotary) + "; it must be even and in 2..head_dim (" +
                                    std::to_string(h.head_dim) + "); fix it in config.json");
@@ -324,7 +331,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (shared < 0 || shared > 64) {
       return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
-    h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+    h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
     if (groups > 1 && topk_groups < groups) {
       return Status(StatusCode::unsupported, where + ": n_group " + std::to_string(groups) + " with topk_group " +
@@ -338,7 +345,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                    "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
                                    "); fix it in config.json");
     }
-    for (std::int64_t l = 0; l < dense_first; ++l) h.mlp_only_layers.push_back(l);
+    // Bounded: validate() refuses an absurd layer count only after this.
+    for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
     if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
@@ -380,7 +388,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (shared < 0 || shared > 64) {
       return bad_config(where, "moe_num_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
-    h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+    h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     // Layer l routes when l is in [moe_layer_start_index, moe_layer_end_index] and (l + 1) % moe_layer_interval is 0.
     const std::int64_t first = get_int("moe_layer_start_index", 1, false);
     std::int64_t last = get_int("moe_layer_end_index", -1, false);
@@ -683,7 +691,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
           return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
                                        "; it must be in 0..64; the GGUF is damaged: re-export it");
         }
-        h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+        h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
       }
       for (const auto& t : g.tensors()) {  // llama.cpp's softmax router; the bias, where the file has it, picks
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
@@ -696,7 +704,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
           return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
                                        "; it must be in 0..64; the GGUF is damaged: re-export it");
         }
-        h.shared_expert_intermediate_size = h.moe_intermediate_size * shared;
+        h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
       }
       // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) both architectures route by sigmoid.
       const std::int64_t gating = opt("expert_gating_func", 0);

@@ -184,6 +184,7 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
       {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
       {"routed_scaling_factor is -1.0; it must be positive", json{{"routed_scaling_factor", -1.0}}},
       {"missing required field \"n_routed_experts\"", json{{"n_routed_experts", nullptr}}},
+      {"num_layers", json{{"num_hidden_layers", 1LL << 40}, {"first_k_dense_replace", 1LL << 40}}},  // no endless loop
       {"num_nextn_predict_layers is -1; it must be in 0..num_hidden_layers (3)",
        json{{"num_nextn_predict_layers", -1}}},
       {"num_nextn_predict_layers is 4611686018427387904; it must be in 0..num_hidden_layers (3)",
@@ -258,6 +259,10 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
   h = hparams_from_hf_config(port, "config.json");
   ASSERT_TRUE(h) << h.error().message();
   EXPECT_EQ(h->rotary_dims, 8);
+  port["partial_rotary_factor"] = 1e300;  // refused, not cast (an overflowing cast is undefined)
+  h = hparams_from_hf_config(port, "config.json");
+  ASSERT_FALSE(h);
+  EXPECT_NE(h.error().message().find("rotary_dim is 0; it must be even"), std::string::npos) << h.error().message();
   auto c = minimax();
   c["use_routing_bias"] = false;
   c["scoring_func"] = "softmax";
