@@ -251,6 +251,19 @@ def mlp(x, g, u, d):
     return (silu(x @ g.T) * (x @ u.T)) @ d.T
 
 
+def picked_experts(W, pre, x, order, w, position, layer, trace):
+    """One token's sum over its picked experts (gate/up/down_proj names), in ascending id as colibri adds them; the
+    routing goes to `trace`."""
+    if trace is not None:
+        trace.append({"position": position, "layer": layer, "experts": [int(e) for e in order],
+                      "weights": [float(z) for z in w]})
+    y = np.zeros(x.shape[-1])
+    for e, we in sorted(zip(order, w)):
+        ep = pre + f"experts.{e}."
+        y += we * mlp(x, W[ep + "gate_proj.weight"], W[ep + "up_proj.weight"], W[ep + "down_proj.weight"])[0]
+    return y
+
+
 def gpt_oss_glu(gate_up, alpha, limit):
     gate = np.minimum(gate_up[..., 0::2], limit)
     up = np.clip(gate_up[..., 1::2], -limit, limit)
@@ -297,13 +310,7 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
         if renorm:
             w = w / (np.sum(w) + 1e-20)
         w = w * scale
-        if trace is not None:
-            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
-                          "weights": [float(z) for z in w]})
-        for e, we in sorted(zip(order, w)):
-            ep = pre + f"experts.{e}."
-            y[ti] += we * mlp(h[ti:ti + 1], W[ep + "gate_proj.weight"], W[ep + "up_proj.weight"],
-                              W[ep + "down_proj.weight"])[0]
+        y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
     sp = pre + "shared_experts."
     return y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
 
@@ -351,13 +358,7 @@ def ernie4_5_moe_moe(cfg, W, pre, h, layer, trace):
         order = np.argsort(-(probs[ti] + bias), kind="stable")[:k_top]  # descending prob + bias, ties to lower id
         w = probs[ti][order]
         w = w / max(np.sum(w), norm_min)
-        if trace is not None:
-            trace.append({"position": ti, "layer": layer, "experts": [int(e) for e in order],
-                          "weights": [float(z) for z in w]})
-        for e, we in sorted(zip(order, w)):
-            ep = pre + f"experts.{e}."
-            y[ti] += we * mlp(h[ti:ti + 1], W[ep + "gate_proj.weight"], W[ep + "up_proj.weight"],
-                              W[ep + "down_proj.weight"])[0]
+        y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
     sp = pre + "shared_experts."
     if sp + "gate_proj.weight" in W:  # moe_num_shared_experts > 0
         y = y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])

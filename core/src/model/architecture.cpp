@@ -685,27 +685,19 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
           break;
         }
       }
-      if (h.shared_expert_intermediate_size == 0) {
-        const std::int64_t shared = opt("expert_shared_count", 0);
-        if (shared < 0 || shared > 64) {
-          return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
-                                       "; it must be in 0..64; the GGUF is damaged: re-export it");
-        }
-        h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
-      }
       for (const auto& t : g.tensors()) {  // llama.cpp's softmax router; the bias, where the file has it, picks
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
-    if (a == "glm4_moe" || a == "minimax_m2") {
-      if (h.shared_expert_intermediate_size == 0) {
-        const std::int64_t shared = opt("expert_shared_count", 0);
-        if (shared < 0 || shared > 64) {
-          return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
-                                       "; it must be in 0..64; the GGUF is damaged: re-export it");
-        }
-        h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe") && h.shared_expert_intermediate_size == 0) {
+      const std::int64_t shared = opt("expert_shared_count", 0);
+      if (shared < 0 || shared > 64) {
+        return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
+                                     "; it must be in 0..64; the GGUF is damaged: re-export it");
       }
+      h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    }
+    if (a == "glm4_moe" || a == "minimax_m2") {
       // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) both architectures route by sigmoid.
       const std::int64_t gating = opt("expert_gating_func", 0);
       if (gating < 0 || gating > 2) {
