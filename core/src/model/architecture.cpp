@@ -42,6 +42,14 @@ const std::map<std::string, std::string>& hf_arch_map() {
   return m;
 }
 
+// GGUF general.architecture -> colibri's name ("llama" is "mixtral" when it has experts).
+const std::map<std::string, std::string>& gguf_arch_map() {
+  static const std::map<std::string, std::string> m{
+      {"ernie4_5-moe", "ernie4_5_moe"}, {"glm4moe", "glm4_moe"}, {"gpt-oss", "gpt_oss"},    {"llama", "llama"},
+      {"minimax-m2", "minimax_m2"},     {"olmoe", "olmoe"},      {"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}};
+  return m;
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -63,6 +71,12 @@ std::int64_t shared_width(std::int64_t moe_width, std::int64_t n) {
   return moe_width > 0 && moe_width <= (std::int64_t{1} << 20) ? moe_width * n : 0;
 }
 
+// The dims a partial_rotary_factor rotates, as HF computes them (int(head_dim * factor)); 0 for a factor outside
+// (0, 1], checked before the cast (1e300 would not fit an int64).
+std::int64_t rotated_dims(std::int64_t head_dim, double factor) {
+  return factor > 0 && factor <= 1 ? static_cast<std::int64_t>(static_cast<double>(head_dim) * factor) : 0;
+}
+
 // topk_routing takes a softmax and no scale; the other routers run as topk_routing_biased, which needs the bias.
 Status unsupported_router(const HyperParams& h, const std::string& where) {
   if (h.router_selection_bias || (h.router_scoring == "softmax" && h.routed_scaling_factor == 1.0)) return {};
@@ -81,7 +95,9 @@ std::vector<std::string> supported_hf_architectures() {
 }
 
 std::vector<std::string> supported_gguf_architectures() {
-  return {"ernie4_5-moe", "glm4moe", "gpt-oss", "llama", "minimax-m2", "olmoe", "qwen2moe", "qwen3moe"};
+  std::vector<std::string> v;
+  for (const auto& [k, _] : gguf_arch_map()) v.push_back(k);
+  return v;
 }
 
 sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::string& where) {
@@ -243,9 +259,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
       factor = f.get<double>();
     }
-    const bool in_range = factor > 0 && factor <= 1;  // checked before the cast: 1e300 would not fit an int64
-    const auto dims = in_range ? static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor) : 0;  // int()
-    if (h.head_dim > 0 && (!in_range || dims < 2 || dims % 2 != 0)) {
+    const std::int64_t dims = rotated_dims(h.head_dim, factor);
+    if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
       return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
                                    " rotated dims of head_dim " + std::to_string(h.head_dim) +
                                    "; it must be in (0, 1] and give an even count; fix it in config.json");
@@ -256,10 +271,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     // RoPE on the first rotary_dim of each head; q/k norms over the whole projection ("per_layer"), before the split
     // into heads, as OLMoE's.
     // transformers' own port writes partial_rotary_factor instead of rotary_dim.
-    const double factor = get_float("partial_rotary_factor", 1.0);
-    const bool factor_fits = factor > 0 && factor <= 1;  // checked before the cast, as GLM's
-    const std::int64_t rotary = get_int(
-        "rotary_dim", factor_fits ? static_cast<std::int64_t>(static_cast<double>(h.head_dim) * factor) : 0, false);
+    const std::int64_t rotary =
+        get_int("rotary_dim", rotated_dims(h.head_dim, get_float("partial_rotary_factor", 1.0)), false);
     if (h.head_dim > 0 && (rotary < 2 || rotary > h.head_dim || rotary % 2 != 0)) {
       return bad_config(where, "rotary_dim is " + std::to_string(rotary) + "; it must be even and in 2..head_dim (" +
                                    std::to_string(h.head_dim) + "); fix it in config.json");
@@ -641,25 +654,9 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.rope_scaling = {{"rope_type", "freq_factors"}, {"factors", std::move(factors)}};
   }
   const std::int64_t n_exp = opt("expert_count", 0);
-  if (*ga == "llama") {
-    h.architecture = n_exp > 0 ? "mixtral" : "llama";
-  } else if (*ga == "qwen2moe") {
-    h.architecture = "qwen2_moe";
-  } else if (*ga == "qwen3moe") {
-    h.architecture = "qwen3_moe";
-  } else if (*ga == "gpt-oss") {
-    h.architecture = "gpt_oss";
-  } else if (*ga == "glm4moe") {
-    h.architecture = "glm4_moe";
-  } else if (*ga == "minimax-m2") {
-    h.architecture = "minimax_m2";
-  } else if (*ga == "ernie4_5-moe") {
-    h.architecture = "ernie4_5_moe";
-    h.rope_interleaved = true;  // llama.cpp: rope type NORM, the HF layout (no permutation)
-  } else {
-    h.architecture = "olmoe";
-  }
+  h.architecture = *ga == "llama" && n_exp > 0 ? "mixtral" : gguf_arch_map().at(*ga);
   const std::string& a = h.architecture;
+  h.rope_interleaved = a == "ernie4_5_moe";  // llama.cpp: rope type NORM, the HF layout (no permutation)
   if (a == "llama") {
     h.dense = true;
     h.n_experts = h.n_experts_per_tok = 1;
@@ -685,7 +682,11 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
           break;
         }
       }
-      for (const auto& t : g.tensors()) {  // llama.cpp's softmax router; the bias, where the file has it, picks
+    }
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe") {
+      // Any layer's (ERNIE's softmax router has one where the file has it): a sparse layer without it is then named
+      // by the converter as a missing tensor.
+      for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
@@ -714,10 +715,6 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
         return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_group_count " + std::to_string(groups) +
                                                    " with expert_group_used_count " + std::to_string(used_groups) +
                                                    " (routing within the best groups only) is not supported");
-      }
-      // Any layer's: a sparse layer without it is then named by the converter as a missing tensor.
-      for (const auto& t : g.tensors()) {
-        if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
   }

@@ -1218,17 +1218,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   }
   {  // Tensors the architecture does not use are not silently dropped: the summary names them.
     std::set<std::string> used;
-    for (const auto& j : shared_jobs) {
+    auto use = [&used](const Job& j) {
       used.insert(j.src.name);
       used.insert(j.src.also_read.begin(), j.src.also_read.end());
-    }
+    };
+    std::for_each(shared_jobs.begin(), shared_jobs.end(), use);
     for (const auto& layer : expert_jobs) {
-      for (const auto& parts : layer) {
-        for (const auto& j : parts) {
-          used.insert(j.src.name);
-          used.insert(j.src.also_read.begin(), j.src.also_read.end());
-        }
-      }
+      for (const auto& parts : layer) std::for_each(parts.begin(), parts.end(), use);
     }
     std::vector<std::string> unused;
     used.insert("rope_freqs.weight");  // read into the hyper-parameters (rope_scaling freq_factors)
