@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -120,10 +122,13 @@ class ScalarCompute final : public ComputeBase {
         case Op::sigmoid: return elementwise(c);
         case Op::scale_add: return scale_add(c);
         case Op::topk_routing: return topk(c);
-        case Op::topk_routing_biased: return topk_biased(c);
+        case Op::topk_routing_biased:
+        case Op::topk_routing_grouped: return topk_biased(c);
         case Op::embedding: return embedding(c);
         case Op::attention: return attention(c);
         case Op::expert_ffn: return expert_ffn(c);
+        case Op::concat_rows: return concat_rows(c);
+        case Op::matmul_heads: return matmul_heads(c);
         default:  // store_rows, the group and routed ops, the gpt-oss ops, or a newer SDK's op: supports() said no
           return Status(StatusCode::unsupported,
                         "scalar: op " + std::to_string(static_cast<std::uint32_t>(c.op)) + " is not implemented");
@@ -154,6 +159,42 @@ class ScalarCompute final : public ComputeBase {
         if (bias != nullptr) acc += bias[ni];
         yp[ti * n + ni] = static_cast<float>(acc);
       }
+    }
+    return {};
+  }
+
+  // matmul_heads (DeepSeek's latent attention): for each token and head, matmul on views of head h's matrix and the
+  // first K values of that row (rows are contiguous, so no copy), which gives matmul's bits by construction.
+  static Status matmul_heads(const OpCall& c) {
+    if (auto s = check_op_call(c, "scalar"); !s) return s;
+    if (c.inputs[0].type != DType::f32) {
+      return Status(StatusCode::unsupported, "scalar: matmul_heads supports f32 weights only");
+    }
+    if (auto s = check(c, "matmul_heads", 2, 2, 1); !s) return s;
+    const Tensor &w = c.inputs[0], &x = c.inputs[1], &y = c.outputs[0];
+    const std::int64_t k = w.ne[0], n = w.ne[1], heads = w.ne[2], kx = x.ne[0], t = x.ne[2];
+    for (std::int64_t ti = 0; ti < t; ++ti) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const Tensor in[] = {Tensor{DType::f32, {k, n, 1, 1}, host<float>(w) + h * n * k},
+                             Tensor{DType::f32, {k, 1, 1, 1}, host<float>(x) + (ti * heads + h) * kx}};
+        Tensor out{DType::f32, {n, 1, 1, 1}, host<float>(y) + (ti * heads + h) * n};
+        if (auto s = matmul(OpCall{Op::matmul, in, {&out, 1}, c.params}); !s) return s;
+      }
+    }
+    return {};
+  }
+
+  // concat_rows: each row of Y is A's row followed by B's (the SDK's shared checks name a mismatched tensor).
+  static Status concat_rows(const OpCall& c) {
+    if (auto s = check_op_call(c, "scalar"); !s) return s;
+    if (auto s = check(c, "concat_rows", 2, 2, 1); !s) return s;
+    const Tensor &a = c.inputs[0], &b = c.inputs[1];
+    const auto wa = static_cast<std::size_t>(a.ne[0]), wb = static_cast<std::size_t>(b.ne[0]);
+    const float *ap = host<float>(a), *bp = host<float>(b);
+    float* yp = host<float>(c.outputs[0]);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(row_count(a)); ++r) {
+      std::memcpy(yp + r * (wa + wb), ap + r * wa, wa * sizeof(float));
+      std::memcpy(yp + r * (wa + wb) + wa, bp + r * wb, wb * sizeof(float));
     }
     return {};
   }
@@ -311,10 +352,12 @@ class ScalarCompute final : public ComputeBase {
   }
 
   // topk_routing_biased (GLM-4.5, DeepSeek-V3 routers): picked by score + bias, weighted by the score alone, every
-  // step in f32 as compute.hpp asks. The SDK's shared checks give the shape errors (naming the bias).
+  // step in f32 as compute.hpp asks. topk_routing_grouped (DeepSeek-V3) picks the same way among the experts of the
+  // best params.groups_used groups only. The SDK's shared checks give the shape and parameter errors.
   static Status topk_biased(const OpCall& c) {
     if (auto s = check_op_call(c, "scalar"); !s) return s;
-    if (auto s = check(c, "topk_routing_biased", 2, 2, 2, {{true, 0}}); !s) return s;
+    const std::string op = op_name(c.op);
+    if (auto s = check(c, op.c_str(), 2, 2, 2, {{true, 0}}); !s) return s;
     const Tensor &logits = c.inputs[0], &ids = c.outputs[0], &weights = c.outputs[1];
     const std::int64_t e = logits.ne[0], t = row_count(logits), k = c.params.top_k;
     const float* lp = host<float>(logits);
@@ -327,8 +370,8 @@ class ScalarCompute final : public ComputeBase {
     for (std::int64_t ti = 0; ti < t; ++ti) {
       const float* x = lp + ti * e;
       if (const float* nan = std::find_if(x, x + e, [](float v) { return std::isnan(v); }); nan != x + e) {
-        return bad("topk_routing_biased: the logit of expert " + std::to_string(nan - x) + " for token " +
-                   std::to_string(ti) + " is NaN");
+        return bad(op + ": the logit of expert " + std::to_string(nan - x) + " for token " + std::to_string(ti) +
+                   " is NaN");
       }
       const float mx = *std::max_element(x, x + e);
       float total = 0.0f;
@@ -344,6 +387,7 @@ class ScalarCompute final : public ComputeBase {
         if (flags & kRoutingSoftmax) s /= total;
         choice[static_cast<std::size_t>(j)] = s + bias[j];
       }
+      if (c.op == Op::topk_routing_grouped) limit_groups(choice, c.params.groups, c.params.groups_used, flags);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
         return choice[static_cast<std::size_t>(a)] > choice[static_cast<std::size_t>(b)];
@@ -357,6 +401,27 @@ class ScalarCompute final : public ComputeBase {
       }
     }
     return {};
+  }
+
+  // The group limit: each group of E / groups consecutive experts scores its two best choices' sum (or its best
+  // with kRoutingGroupMax); the experts of all but the `used` best groups (ties to the lower group) are left out.
+  static void limit_groups(std::vector<float>& choice, std::int32_t groups, std::int32_t used, int flags) {
+    const auto per = static_cast<std::ptrdiff_t>(choice.size()) / groups;
+    std::vector<float> group_score(static_cast<std::size_t>(groups));
+    for (std::int32_t g = 0; g < groups; ++g) {
+      std::vector<float> mine(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(mine.begin(), mine.end(), std::greater<>());
+      group_score[static_cast<std::size_t>(g)] = (flags & kRoutingGroupMax) ? mine[0] : mine[0] + mine[1];
+    }
+    std::vector<std::int32_t> rank(group_score.size());
+    std::iota(rank.begin(), rank.end(), 0);
+    std::stable_sort(rank.begin(), rank.end(), [&](std::int32_t a, std::int32_t b) {
+      return group_score[static_cast<std::size_t>(a)] > group_score[static_cast<std::size_t>(b)];
+    });
+    for (std::size_t r = static_cast<std::size_t>(used); r < rank.size(); ++r) {
+      std::fill(choice.begin() + rank[r] * per, choice.begin() + (rank[r] + 1) * per,
+                -std::numeric_limits<float>::infinity());
+    }
   }
 
   // Plain causal softmax attention in double over f32 K/V rows (no online softmax needed here).

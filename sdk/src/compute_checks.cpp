@@ -6,7 +6,8 @@ namespace colibri::sdk {
 
 namespace {
 
-constexpr std::int64_t kMaxHeadDim = 256;
+// DeepSeek's multi-head latent attention runs attention at kv_lora_rank + rope dims = 512 + 64.
+constexpr std::int64_t kMaxHeadDim = 576;
 constexpr std::int64_t kMaxInt = 0x7FFFFFFF;
 
 // Shapes of one call; each method returns the first problem it finds.
@@ -33,7 +34,10 @@ class Checker {
       case Op::expert_ffn_clamped: return expert_ffn_clamped();
       case Op::expert_ffn_clamped_group: return expert_group(7);
       case Op::expert_ffn_routed: return expert_routed();
-      case Op::topk_routing_biased: return topk();
+      case Op::topk_routing_biased:
+      case Op::topk_routing_grouped: return topk();
+      case Op::concat_rows: return concat_rows();
+      case Op::matmul_heads: return matmul_heads();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -85,6 +89,45 @@ class Checker {
     if (c_.inputs.size() == 3) {
       if (Status s = need(c_.inputs[2], DType::f32, "bias"); !s) return s;
       if (element_count(c_.inputs[2]) != n) return bad("bias must have N = " + std::to_string(n) + " elements");
+    }
+    return {};
+  }
+
+  // A {a, R}, B {b, R} -> Y {a + b, R}: R rows counted over ne[1..3], which may be laid out differently.
+  Status concat_rows() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &a = c_.inputs[0], &b = c_.inputs[1], &y = c_.outputs[0];
+    if (Status s = need(a, DType::f32, "A"); !s) return s;
+    if (Status s = need(b, DType::f32, "B"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const std::int64_t r = row_count(a);
+    if (row_count(b) != r) {
+      return bad("B " + shape_text(b) + " has " + std::to_string(row_count(b)) + " rows but A " + shape_text(a) +
+                 " has " + std::to_string(r));
+    }
+    if (y.ne[0] != a.ne[0] + b.ne[0] || row_count(y) != r) {
+      return bad("Y " + shape_text(y) + " must have ne[0] = " + std::to_string(a.ne[0] + b.ne[0]) +
+                 " (A's + B's) and " + std::to_string(r) + " rows");
+    }
+    return {};
+  }
+
+  // W {K, N, H} (a matmul weight), X {Kx, H, T} f32 with Kx >= K -> Y {N, H, T} f32.
+  Status matmul_heads() const {
+    if (!counts(2, 1)) return count_error(2, 1);
+    const Tensor &w = c_.inputs[0], &x = c_.inputs[1], &y = c_.outputs[0];
+    if (!is_weight_type(w.type) && !is_optional_weight_type(w.type)) return unsupported_weight(w, "weight");
+    if (Status s = need(x, DType::f32, "X"); !s) return s;
+    if (Status s = need(y, DType::f32, "Y"); !s) return s;
+    const std::int64_t k = w.ne[0], n = w.ne[1], h = w.ne[2], t = x.ne[2];
+    if (w.ne[3] != 1) return bad("W " + shape_text(w) + " must be {K, N, H, 1}");
+    if (x.ne[1] != h || x.ne[3] != 1 || x.ne[0] < k) {
+      return bad("X " + shape_text(x) + " must be {Kx >= " + std::to_string(k) + ", " + std::to_string(h) +
+                 ", T, 1} for W " + shape_text(w));
+    }
+    if (y.ne[0] != n || y.ne[1] != h || y.ne[2] != t || y.ne[3] != 1) {
+      return bad("Y " + shape_text(y) + " must be {" + std::to_string(n) + ", " + std::to_string(h) + ", " +
+                 std::to_string(t) + ", 1}");
     }
     return {};
   }
@@ -256,7 +299,7 @@ class Checker {
     }
     const std::int64_t hd = q.ne[0], nh = q.ne[1], t = q.ne[2] * q.ne[3];
     const std::int64_t nkv = k.ne[1], s = k.ne[2] * k.ne[3];
-    if (hd > kMaxHeadDim) return bad("head_dim " + std::to_string(hd) + " exceeds 256");
+    if (hd > kMaxHeadDim) return bad("head_dim " + std::to_string(hd) + " exceeds " + std::to_string(kMaxHeadDim));
     if (k.ne[0] != hd || v.ne[0] != hd || v.ne[1] != nkv || v.ne[2] * v.ne[3] != s) {
       return bad("K " + shape_text(k) + " and V " + shape_text(v) + " must be {" + std::to_string(hd) +
                  ", n_kv_heads, S} like Q " + shape_text(q));
@@ -312,9 +355,11 @@ class Checker {
     return same_as(y, "Y", x, "X");
   }
 
-  // topk_routing (logits) and topk_routing_biased (logits, bias {E} f32).
+  // topk_routing (logits), topk_routing_biased and topk_routing_grouped (logits, bias {E} f32; the grouped one also
+  // params.groups and params.groups_used).
   Status topk() const {
-    const bool biased = c_.op == Op::topk_routing_biased;
+    const bool grouped = c_.op == Op::topk_routing_grouped;
+    const bool biased = grouped || c_.op == Op::topk_routing_biased;
     if (!counts(biased ? 2 : 1, 2)) return count_error(biased ? 2 : 1, 2);
     const Tensor &l = c_.inputs[0], &ids = c_.outputs[0], &wts = c_.outputs[1];
     if (Status s = need(l, DType::f32, "logits"); !s) return s;
@@ -326,6 +371,25 @@ class Checker {
       if (Status s = need(b, DType::f32, "bias"); !s) return s;
       if (b.ne[0] != e || element_count(b) != e)
         return bad("bias " + shape_text(b) + " must have E = " + std::to_string(e) + " elements, one per expert");
+    }
+    if (grouped) {
+      const std::int64_t g = c_.params.groups, used = c_.params.groups_used;
+      if (g < 2) return bad("params.groups " + std::to_string(g) + " must be at least 2");
+      if (e % g != 0) {
+        return bad("params.groups " + std::to_string(g) + " must divide E = " + std::to_string(e) + " (the experts)");
+      }
+      if (e / g < 2 && !(c_.params.flags & kRoutingGroupMax)) {
+        return bad("params.groups " + std::to_string(g) + " leaves one expert per group of E = " + std::to_string(e) +
+                   ": a group's score (its two highest) needs two, or flag kRoutingGroupMax");
+      }
+      if (used < 1 || used > g) {
+        return bad("params.groups_used " + std::to_string(used) + " must be in 1.." + std::to_string(g));
+      }
+      if (k < 1 || k > used * (e / g)) {
+        return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(used * (e / g)) +
+                   " (params.groups_used " + std::to_string(used) + " groups of " + std::to_string(e / g) +
+                   " experts)");
+      }
     }
     if (k < 1 || k > e) return bad("params.top_k " + std::to_string(k) + " must be in 1.." + std::to_string(e));
     if (ids.ne[0] != k || row_count(ids) != t || wts.ne[0] != k || row_count(wts) != t) {
@@ -422,7 +486,10 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::expert_ffn_clamped:
     case Op::expert_ffn_clamped_group:
     case Op::expert_ffn_routed:
-    case Op::topk_routing_biased: return false;
+    case Op::topk_routing_biased:
+    case Op::topk_routing_grouped:
+    case Op::concat_rows:
+    case Op::matmul_heads: return false;
     default: return false;
   }
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
-modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_rope_utils)
-and MiniMax's own
-modeling_minimax_m2 (the checkpoints' remote code). It reads the HF checkpoint itself (config.json + safetensors), not
-colibri's converted model, so a converter bug shows up too.
+modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
+modeling_deepseek_v3, modeling_rope_utils), MiniMax's own modeling_minimax_m2 and DeepSeek's own modeling_deepseek (the
+checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json +
+safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -41,8 +41,25 @@ Semantics kept from HF, per architecture:
     in HF, float64 here); the top-k of probs + moe_statics.e_score_correction_bias ([1, E]) are picked, weighted by
     their probs / max(sum, moe_norm_min); plus the shared_experts SwiGLU MLP (moe_intermediate_size *
     moe_num_shared_experts), ungated.
+  * DeepSeek V2 / V3 (Kimi K2, Moonlight) multi-head latent attention, computed naively (the keys and values of every
+    head expanded, as transformers does): q = q_proj(x), or q_b_proj(RMSNorm(q_a_proj(x))) when q_lora_rank is set,
+    per head [q_nope (qk_nope_head_dim), q_pe (qk_rope_head_dim)]; kv_a_proj_with_mqa(x) = [c (kv_lora_rank), k_pe
+    (qk_rope_head_dim)]; kv_b_proj(RMSNorm(c)) per head [k_nope (qk_nope_head_dim), v (v_head_dim)]; k_pe is one
+    head shared by all. q_a_layernorm and kv_a_layernorm use eps 1e-6 whatever rms_norm_eps is (DeepseekV2RMSNorm's
+    default). RoPE on q_pe and k_pe only, interleaved (pairs (2i, 2i + 1); transformers' complex / interleave forms;
+    V3's rope_interleave, default true), inv_freq over qk_rope_head_dim. Scores x (qk_nope + qk_rope)^-0.5, times
+    mscale^2 = (0.1 * mscale_all_dim * ln(factor) + 1)^2 when rope_scaling has mscale_all_dim (DeepSeek's code and
+    transformers' V3; transformers' V2 port leaves it out). YaRN's cos/sin factor: mscale(factor, mscale) /
+    mscale(factor, mscale_all_dim), as transformers' yarn. A layer is MoE when n_routed_experts and
+    l >= first_k_dense_replace and l % moe_layer_freq == 0 (DeepSeek's code; transformers ignores moe_layer_freq).
+    V2 router: softmax over the experts, top-k (greedy; group_limited_greedy: within the topk_group groups of best
+    max), weights / (sum + 1e-20) when norm_topk_prob (and top_k > 1), else x routed_scaling_factor (DeepSeek's code
+    scales only the unnormalized weights; transformers' V2 port always scales and never renormalizes). V3 router (as
+    GLM's): sigmoid scores, picked by score + e_score_correction_bias, weighted by the scores / (sum + 1e-20) when
+    norm_topk_prob, x routed_scaling_factor. Plus the shared_experts SwiGLU MLP (moe_intermediate_size *
+    n_shared_experts), ungated. The MTP layers (model.layers.{num_hidden_layers}.*) are not run.
   * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace, ERNIE's
-    outside the MoE range) run one SwiGLU MLP.
+    outside the MoE range, DeepSeek's) run one SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
 """
 
@@ -140,12 +157,17 @@ def head_dim_of(cfg):
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+
+
 def rotary_dim_of(cfg):
     """int(head_dim * partial_rotary_factor), as transformers' rope init; transformers >= 4.56 may keep the factor in
     rope_parameters. Glm4MoeConfig defaults it to 0.5, the others to 1."""
     rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     if cfg["model_type"] == "minimax_m2" and cfg.get("rotary_dim"):  # MiniMax's remote code: rotary_dim itself
         return int(cfg["rotary_dim"])
+    if cfg["model_type"] in DEEPSEEK:  # transformers sets head_dim = qk_rope_head_dim: RoPE's own width
+        return int(cfg["qk_rope_head_dim"])
     factor = rp.get("partial_rotary_factor",
                     cfg.get("partial_rotary_factor", 0.5 if cfg["model_type"] == "glm4_moe" else 1.0))
     return int(head_dim_of(cfg) * factor)
@@ -244,6 +266,9 @@ def is_sparse(cfg, layer):
         end = cfg["num_hidden_layers"] - 1 if end == -1 else end
         return (layer + 1) % cfg.get("moe_layer_interval", 1) == 0 and \
             cfg.get("moe_layer_start_index", 1) <= layer <= end
+    if t in DEEPSEEK:
+        return bool(cfg.get("n_routed_experts")) and layer >= cfg.get("first_k_dense_replace", 0) and \
+            layer % cfg.get("moe_layer_freq", 1) == 0
     return t in ("mixtral", "olmoe", "minimax_m2")
 
 
@@ -299,12 +324,14 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
     y = np.zeros_like(h)
     for ti in range(len(h)):
         choice = scores[ti] + bias
-        if n_group > 1 and topk_group < n_group:  # groups ranked by the sum of their best two; the rest zeroed
+        if n_group > 1 and topk_group < n_group:  # groups ranked by the sum of their best two; the rest left out
             groups = choice.reshape(n_group, ne // n_group)
             group_score = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
             keep = np.zeros(n_group, dtype=bool)
             keep[np.argsort(-group_score, kind="stable")[:topk_group]] = True
-            choice = np.where(np.repeat(keep, ne // n_group), choice, 0.0)
+            # -inf as DeepSeek's inference code, vLLM and llama.cpp; transformers fills 0.0, the same picks wherever
+            # the kept experts' score + bias stay above 0.
+            choice = np.where(np.repeat(keep, ne // n_group), choice, -np.inf)
         order = np.argsort(-choice, kind="stable")[:k_top]  # listed by descending score + bias, ties to the lower id
         w = scores[ti][order]
         if renorm:
@@ -365,6 +392,96 @@ def ernie4_5_moe_moe(cfg, W, pre, h, layer, trace):
     return y
 
 
+def yarn_mscale(scale, m=1.0):
+    """DeepSeek's yarn_get_mscale."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def mla_softmax_scale(cfg):
+    """(qk_nope + qk_rope)^-0.5, times mscale(factor, mscale_all_dim)^2 when rope_scaling has mscale_all_dim."""
+    scale = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("mscale_all_dim"):
+        m = yarn_mscale(rs["factor"], rs["mscale_all_dim"])
+        scale *= m * m
+    return scale
+
+
+def mla_project(cfg, W, p, h, pos, inv_freq, att_scale):
+    """One layer's MLA pieces from the normed hidden states h [T, hidden]: q_nope [T, H, dn], q_pe [T, H, dr] (roped),
+    the normed latent c [T, kv_lora_rank], k_pe [T, dr] (roped, shared by the heads), and kv_b_proj's weight."""
+    T, nh = len(h), cfg["num_attention_heads"]
+    dn, dr = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    kvl = cfg["kv_lora_rank"]
+    a = p + "self_attn."
+    if cfg.get("q_lora_rank"):  # the latent norms use DeepseekV2RMSNorm's default eps, not rms_norm_eps
+        q = rms_norm(h @ W[a + "q_a_proj.weight"].T, W[a + "q_a_layernorm.weight"], 1e-6) @ W[a + "q_b_proj.weight"].T
+    else:
+        q = h @ W[a + "q_proj.weight"].T
+    q = q.reshape(T, nh, dn + dr)
+    q_nope, q_pe = q[..., :dn], q[..., dn:]
+    kv_a = h @ W[a + "kv_a_proj_with_mqa.weight"].T
+    c, k_pe = rms_norm(kv_a[:, :kvl], W[a + "kv_a_layernorm.weight"], 1e-6), kv_a[:, kvl:]
+    interleaved = cfg["model_type"] == "deepseek_v2" or cfg.get("rope_interleave", True)
+    q_pe = apply_rope(q_pe, pos, inv_freq, att_scale, interleaved)
+    k_pe = apply_rope(k_pe[:, None, :], pos, inv_freq, att_scale, interleaved)[:, 0, :]
+    return q_nope, q_pe, c, k_pe, W[a + "kv_b_proj.weight"]
+
+
+def mla_attention(cfg, W, p, h, pos, inv_freq, att_scale, visible):
+    """DeepSeek's multi-head latent attention, naive: every head's keys [k_nope, k_pe] and values expanded from the
+    latent by kv_b_proj, then ordinary attention; o_proj over the heads' values. [T, hidden]."""
+    T, nh = len(h), cfg["num_attention_heads"]
+    dn, dv = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    q_nope, q_pe, c, k_pe, kv_b = mla_project(cfg, W, p, h, pos, inv_freq, att_scale)
+    kv = (c @ kv_b.T).reshape(T, nh, dn + dv)
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    scale = mla_softmax_scale(cfg)
+    out = np.zeros((T, nh, dv))
+    for head in range(nh):
+        s = (q_nope[:, head, :] @ k_nope[:, head, :].T + q_pe[:, head, :] @ k_pe.T) * scale
+        out[:, head, :] = softmax(np.where(visible, s, -np.inf)) @ v[:, head, :]
+    return out.reshape(T, nh * dv) @ W[p + "self_attn.o_proj.weight"].T
+
+
+def deepseek_v2_moe(cfg, W, pre, h, layer, trace):
+    """DeepSeek-V2's MoEGate (its remote code): softmax scores, top-k (greedy, or group_limited_greedy: within the
+    topk_group groups of best max score), the picked scores renormalised when norm_topk_prob (and top_k > 1), else
+    times routed_scaling_factor; plus the shared experts, ungated."""
+    ne, k_top = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    method = cfg.get("topk_method", "greedy")
+    n_group, topk_group = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+    if cfg.get("scoring_func", "softmax") != "softmax":
+        raise SystemExit(f"deepseek_v2: scoring_func {cfg['scoring_func']} is not in the reference")
+    if method not in ("greedy", "group_limited_greedy"):
+        raise SystemExit(f"deepseek_v2: topk_method {method} is not in the reference")
+    scores = softmax(h @ W[pre + "gate.weight"].T)  # f32 in DeepSeek's code, float64 here
+    renorm = bool(cfg.get("norm_topk_prob", False)) and k_top > 1
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        choice = scores[ti]
+        if method == "group_limited_greedy" and n_group > 1:  # groups ranked by their best score; the rest zeroed
+            keep = np.zeros(n_group, dtype=bool)
+            keep[np.argsort(-choice.reshape(n_group, -1).max(axis=1), kind="stable")[:topk_group]] = True
+            choice = np.where(np.repeat(keep, ne // n_group), choice, 0.0)
+        order = np.argsort(-choice, kind="stable")[:k_top]  # descending score, ties to the lower id
+        w = scores[ti][order]
+        w = w / (np.sum(w) + 1e-20) if renorm else w * cfg.get("routed_scaling_factor", 1.0)
+        y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
+    sp = pre + "shared_experts."
+    if sp + "gate_proj.weight" in W:  # n_shared_experts set
+        y = y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
+    return y
+
+
+def deepseek_v3_moe(cfg, W, pre, h, layer, trace):
+    """DeepseekV3MoE: DeepseekV3TopkRouter (noaux_tc) is GLM-4.5's router (sigmoid scores, selection bias, group-
+    limited top-k, renormalise, scale), its experts and shared experts GLM's too."""
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise SystemExit("deepseek_v3: only scoring_func sigmoid with topk_method noaux_tc is in the reference")
+    return glm4_moe_moe(cfg, W, pre, h, layer, trace)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Forward
 
@@ -400,6 +517,15 @@ def forward(cfg, W, tokens, trace=None):
         visible = causal & ((i_idx - j_idx) < window) if window else causal
         sinks = W.get(p + "self_attn.sinks")
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        if t in DEEPSEEK:
+            x = x + mla_attention(cfg, W, p, h, pos, inv_freq, att_scale, visible)
+            h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+            if is_sparse(cfg, l):
+                y = (deepseek_v2_moe if t == "deepseek_v2" else deepseek_v3_moe)(cfg, W, p + "mlp.", h, l, trace)
+            else:
+                y = mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+            x = x + y
+            continue
 
         def proj(name):
             y = h @ W[p + f"self_attn.{name}_proj.weight"].T

@@ -160,6 +160,13 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
               << " layers (their KV keeps only the window's rows: memory.kv_sliding_window)";
   }
   if (hp.rope_dims() != hp.head_dim) std::cout << ", rope on " << hp.rope_dims() << " of " << hp.head_dim << " dims";
+  if (hp.mla()) {
+    // What the KV cache holds per token and layer: one row of the latent and the RoPE key, not a row per head.
+    std::cout << "; multi-head latent: keys and values from a latent of " << hp.kv_lora_rank
+              << (hp.q_lora_rank > 0 ? ", queries from one of " + std::to_string(hp.q_lora_rank) : "") << ", values of "
+              << hp.v_head_dim << " per head; the KV cache holds " << hp.mla_cache_dim()
+              << " values per token and layer";
+  }
   std::cout << "\n";
   if (hp.dense) {
     std::cout << "experts:       dense FFN (one always-selected expert per layer), "
@@ -177,10 +184,15 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     if (hp.shared_expert_intermediate_size > 0) std::cout << "; a shared expert per MoE layer";
     std::cout << "), up to " << human_bytes(static_cast<double>(largest)) << " each, "
               << human_bytes(static_cast<double>(man.expert_bytes())) << " in all\n";
-    if (hp.router_scoring != "softmax" || hp.router_selection_bias || hp.routed_scaling_factor != 1.0) {
+    if (hp.router_scoring != "softmax" || hp.router_selection_bias || hp.routed_scaling_factor != 1.0 ||
+        hp.grouped_routing()) {
       std::cout << "router:        " << hp.router_scoring << " scores"
-                << (hp.router_selection_bias ? ", experts picked with a learned bias" : "")
-                << (hp.norm_topk_prob ? ", weights renormalized" : "");
+                << (hp.router_selection_bias ? ", experts picked with a learned bias" : "");
+      if (hp.grouped_routing()) {
+        std::cout << " within the best " << hp.router_groups_used << " of " << hp.router_groups << " groups (a group's"
+                  << (hp.router_group_score == "max" ? " best score)" : " best two scores)");
+      }
+      std::cout << (hp.norm_topk_prob ? ", weights renormalized" : "");
       if (hp.routed_scaling_factor != 1.0) std::cout << ", x" << hp.routed_scaling_factor;
       std::cout << "\n";
     }

@@ -89,6 +89,9 @@ const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifes
 struct Engine::Layer {
   Tensor attn_norm, wq, wk, wv, bq, bk, bv, wo, bo, q_norm, k_norm, ffn_norm, sinks;
   Tensor router, router_bias, selection_bias, sh_gate, sh_up, sh_down, sh_gate_inp;
+  // Multi-head latent attention (wo as above): the query latent and its norm (q_lora_rank > 0), the queries' parts
+  // without and with RoPE, the KV latent and its norm, the RoPE key, and per head k_b {nope, latent} and v_b.
+  Tensor wq_a, q_a_norm, wq_nope, wq_rope, wkv_a, kv_a_norm, wk_rope, wk_b, wv_b;
   bool sparse = false;
   std::int64_t top_k = 1;
 };
@@ -104,6 +107,11 @@ struct Engine::Act {
 struct Engine::Scratch {
   sdk::Compute* device = nullptr;  // set: the Acts live in its buffers
   Act x, h, q, k, v, q2, k2, attn, tmp, moe, sum, shared, router;
+  // Multi-head latent attention's activations, named by what they hold.
+  struct Mla {
+    Act q_latent, q_latent2, q_nope, q_rope, q_rope2, q_absorbed, q_cat, kv_latent, kv_latent2, k_rope, k_rope2, k_cat,
+        o_cat, o_heads;
+  } mla;
   Act rope_in;  // a pass's positions (i32 bits) and each segment's inv_freq: uploaded once, read by every layer
   Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
   Act topk;     // decode on the device: topk_routing's ids (i32 bits), then its weights
@@ -371,13 +379,30 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     const std::string b = "blk." + std::to_string(l) + ".";
     Layer L;
     L.attn_norm = get(b + "attn_norm.weight", {D}, true);
-    L.wq = get(b + "attn_q.weight", {qd, D}, true);
-    L.wk = get(b + "attn_k.weight", {kvd, D}, true);
-    L.wv = get(b + "attn_v.weight", {kvd, D}, true);
+    if (hp_.mla()) {
+      const std::int64_t nh = hp_.num_heads, dn = hp_.qk_nope_dim(), dr = hp_.rope_dims(), dc = hp_.kv_lora_rank;
+      const std::int64_t dv = hp_.v_head_dim, ql = hp_.q_lora_rank, q_in = ql > 0 ? ql : D;
+      L.wq_a = get(b + "attn_q_a.weight", {ql, D}, ql > 0);
+      L.q_a_norm = get(b + "attn_q_a_norm.weight", {ql}, ql > 0);
+      L.wq_nope = get(b + "attn_q_nope.weight", {nh * dn, q_in}, true);
+      L.wq_rope = get(b + "attn_q_rope.weight", {nh * dr, q_in}, true);
+      L.wkv_a = get(b + "attn_kv_a.weight", {dc, D}, true);
+      L.kv_a_norm = get(b + "attn_kv_a_norm.weight", {dc}, true);
+      L.wk_rope = get(b + "attn_k_rope.weight", {dr, D}, true);
+      L.wk_b = get(b + "attn_k_b.weight", {nh * dc, dn}, true);
+      L.wv_b = get(b + "attn_v_b.weight", {nh * dv, dc}, true);
+      L.wk_b.ne = {dn, dc, nh, 1};  // one matrix per head, as matmul_heads takes them
+      L.wv_b.ne = {dc, dv, nh, 1};
+      L.wo = get(b + "attn_output.weight", {D, nh * dv}, true);
+    } else {
+      L.wq = get(b + "attn_q.weight", {qd, D}, true);
+      L.wk = get(b + "attn_k.weight", {kvd, D}, true);
+      L.wv = get(b + "attn_v.weight", {kvd, D}, true);
+      L.wo = get(b + "attn_output.weight", {D, qd}, true);
+    }
     L.bq = get(b + "attn_q.bias", {qd}, hp_.attention_qkv_bias);
     L.bk = get(b + "attn_k.bias", {kvd}, hp_.attention_qkv_bias);
     L.bv = get(b + "attn_v.bias", {kvd}, hp_.attention_qkv_bias);
-    L.wo = get(b + "attn_output.weight", {D, qd}, true);
     L.bo = get(b + "attn_output.bias", {D}, hp_.attention_out_bias);
     L.sinks = get(b + "attn_sinks.weight", {hp_.num_heads}, hp_.attention_sinks);
     if (hp_.qk_norm == "per_head") {
@@ -407,6 +432,16 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     layers_.push_back(L);
   }
   if (!missing) return missing;
+  // topk_routing has no weight scale and only softmax scores: a router that scales its weights (DeepSeek-V2's x16) or
+  // takes sigmoid scores without a selection bias runs as topk_routing_biased with a bias of zeros, which picks by
+  // the scores alone.
+  if (!hp_.router_selection_bias &&
+      (hp_.router_scoring != "softmax" || hp_.routed_scaling_factor != 1.0 || hp_.grouped_routing())) {
+    zero_bias_.assign(static_cast<std::size_t>(hp_.n_experts), 0.0f);
+    for (auto& L : layers_) {
+      if (L.sparse) L.selection_bias = f32(zero_bias_.data(), hp_.n_experts);
+    }
+  }
   // A NaN in a selection bias picks differently on each backend (the CPU refuses it, a GPU's comparisons skip it):
   // said once here, as the damaged file it is (convert refuses one).
   for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -455,18 +490,32 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                std::string(sdk::to_string(options_.kv_type)) +
                                                " KV cache; use compute.backend: cpu");
   }
-  if (hp_.router_selection_bias && !plugins_.compute->supports(Op::topk_routing_biased, DType::f32)) {
+  if (hp_.grouped_routing() && !plugins_.compute->supports(Op::topk_routing_grouped, DType::f32)) {
+    return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                               " cannot route this model's experts (" + hp_.architecture +
+                                               " routes within the best of its expert groups: the "
+                                               "topk_routing_grouped op); use compute.backend: cpu, cuda or vulkan");
+  }
+  if ((hp_.router_selection_bias || !zero_bias_.empty()) &&
+      !plugins_.compute->supports(Op::topk_routing_biased, DType::f32)) {
     return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
                                                " cannot route this model's experts (" + hp_.architecture +
                                                "'s router needs the topk_routing_biased op); use compute.backend: "
                                                "cpu, cuda or vulkan");
   }
-  if (!hp_.router_selection_bias && (hp_.router_scoring != "softmax" || hp_.routed_scaling_factor != 1.0)) {
-    // topk_routing has no weight scale; no model routes by sigmoid without a selection bias yet.
-    return Status(StatusCode::unsupported, "manifest.json hparams: router_scoring " + hp_.router_scoring +
-                                               " with routed_scaling_factor " +
-                                               std::to_string(hp_.routed_scaling_factor) +
-                                               " and no router_selection_bias is not supported; re-run convert");
+  if (hp_.mla()) {
+    // DeepSeek's attention needs the two optional MLA ops for its per-head weights' types.
+    const bool ok = plugins_.compute->supports(Op::concat_rows, DType::f32) &&
+                    std::all_of(layers_.begin(), layers_.end(), [&](const Layer& L) {
+                      return plugins_.compute->supports(Op::matmul_heads, L.wk_b.type) &&
+                             plugins_.compute->supports(Op::matmul_heads, L.wv_b.type);
+                    });
+    if (!ok) {
+      return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
+                                                 hp_.architecture +
+                                                 "'s multi-head latent attention (its concat_rows and matmul_heads "
+                                                 "ops); use compute.backend: cpu, cuda or vulkan");
+    }
   }
   // A layer's ready experts go in one call where the backend offers the group form of their op (gpt-oss's biased
   // experts: expert_ffn_clamped_group) for every expert weight type.
@@ -476,7 +525,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
   kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
   const auto kv_bytes = [&](std::int64_t n) {
-    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hd, n, kv_windows_);
+    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), n,
+                              kv_windows_, hp_.mla());
   };
   auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings,
                             util::available_memory_bytes());
@@ -735,10 +785,14 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
   constexpr std::size_t kBufferBytes = std::size_t{256} << 20;  // as the VRAM tier: one allocation stays modest
   std::vector<Tensor*> views = {&embedding_, &output_norm_, &output_};
   for (auto& L : layers_) {
-    for (Tensor* t :
-         {&L.attn_norm, &L.wq,     &L.wk,      &L.wv,         &L.bq,    &L.bk,     &L.bv,          &L.wo,
-          &L.bo,        &L.q_norm, &L.k_norm,  &L.ffn_norm,   &L.sinks, &L.router, &L.router_bias, &L.selection_bias,
-          &L.sh_gate,   &L.sh_up,  &L.sh_down, &L.sh_gate_inp}) {
+    for (Tensor* t : {&L.attn_norm, &L.wq,        &L.wk,          &L.wv,
+                      &L.bq,        &L.bk,        &L.bv,          &L.wo,
+                      &L.bo,        &L.q_norm,    &L.k_norm,      &L.ffn_norm,
+                      &L.sinks,     &L.router,    &L.router_bias, &L.selection_bias,
+                      &L.sh_gate,   &L.sh_up,     &L.sh_down,     &L.sh_gate_inp,
+                      &L.wq_a,      &L.q_a_norm,  &L.wq_nope,     &L.wq_rope,
+                      &L.wkv_a,     &L.kv_a_norm, &L.wk_rope,     &L.wk_b,
+                      &L.wv_b}) {
       if (t->data != nullptr) views.push_back(t);
     }
   }
@@ -802,16 +856,16 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
 
 sdk::Expected<KvCache> Engine::make_kv_cache(std::int64_t context) const {
   if (kv_on_device_) {
-    auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context,
-                              plugins_.compute, kv_windows_);
+    auto kv = KvCache::create(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), context,
+                              plugins_.compute, kv_windows_, hp_.mla());
     if (kv) return kv;
     spdlog::warn(
         "memory.kv_on_device: {}; this KV cache stays in host memory and crosses the bus at every attention "
         "(lower --ctx, or set memory.kv_on_device: false to silence this)",
         kv.error().message());
   }
-  return KvCache::create(options_.kv_type, hp_.num_layers, hp_.num_kv_heads, hp_.head_dim, context, nullptr,
-                         kv_windows_);
+  return KvCache::create(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), context, nullptr,
+                         kv_windows_, hp_.mla());
 }
 
 Op Engine::expert_op() const {
@@ -839,11 +893,19 @@ sdk::OpParams Engine::routing_params(std::int64_t top_k) const {
   p.flags = (hp_.router_scoring == "sigmoid" ? sdk::kRoutingSigmoid : sdk::kRoutingSoftmax) |
             (hp_.norm_topk_prob ? sdk::kRoutingRenormalize : 0);
   p.scale = static_cast<float>(hp_.routed_scaling_factor);
+  if (hp_.grouped_routing()) {
+    p.groups = static_cast<std::int32_t>(hp_.router_groups);
+    p.groups_used = static_cast<std::int32_t>(hp_.router_groups_used);
+    if (hp_.router_group_score == "max") p.flags |= sdk::kRoutingGroupMax;
+  }
   return p;
 }
 
 Status Engine::choose_experts(const Layer& L, const Tensor& logits, const Tensor& ids, const Tensor& weights,
                               const sdk::OpParams& params) {
+  if (hp_.grouped_routing()) {
+    return run_op(Op::topk_routing_grouped, {logits, L.selection_bias}, {ids, weights}, params);
+  }
   if (present(L.selection_bias)) {
     return run_op(Op::topk_routing_biased, {logits, L.selection_bias}, {ids, weights}, params);
   }
@@ -1059,8 +1121,10 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   if (s = (expr); !s) return failed(s)
 
   for (Act* a : {&S.x, &S.h, &S.tmp, &S.moe}) COLIBRI_TRY(size(*a, sz(D, T)));
-  for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
-  for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
+  if (!hp_.mla()) {  // MLA sizes its own (mla_attention)
+    for (Act* a : {&S.q, &S.q2, &S.attn}) COLIBRI_TRY(size(*a, sz(qd, T)));
+    for (Act* a : {&S.k, &S.k2, &S.v}) COLIBRI_TRY(size(*a, sz(kvd, T)));
+  }
   S.positions.resize(static_cast<std::size_t>(T));
   // rope's inputs, in one array (host, or device memory beside the activations, uploaded once for every layer):
   // positions as i32 bits, then each segment's inv_freq ("dynamic" rope depends on the length of its pass).
@@ -1091,61 +1155,66 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     const Layer& L = layers_[static_cast<std::size_t>(l)];
     COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.attn_norm}, {view(S.h, D, T)}, norm_p));
     const Tensor h = view(S.h, D, T);
-    if (present(L.bq)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {view(S.q, qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {view(S.k, kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {view(S.v, kvd, T)}, mm_p));
+    if (hp_.mla()) {
+      COLIBRI_TRY(mla_attention(L, l, segments, freq_at, rope_p, norm_p, mm_p));
     } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {view(S.q, qd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {view(S.k, kvd, T)}, mm_p));
-      COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
-    }
-    if (hp_.qk_norm == "per_head") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
-      std::swap(S.q, S.q2);
-      std::swap(S.k, S.k2);
-    } else if (hp_.qk_norm == "full") {
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
-      COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
-      std::swap(S.q, S.q2);
-      std::swap(S.k, S.k2);
-    }
-    if (hp_.clip_qkv > 0) {
-      const auto c = static_cast<float>(hp_.clip_qkv);
-      COLIBRI_TRY(clamp(view(S.q, qd, T), c));
-      COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
-      COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
-    }
-    for (std::size_t i = 0; i < segments.size(); ++i) {
-      const auto& [kv, pos, off, n, pass_end] = segments[i];
-      const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
-      Tensor positions = view(S.rope_in, n, 1, 1, static_cast<std::size_t>(off));
-      positions.type = DType::i32;
-      COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
-                         {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
-      COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
-                         {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
-      COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
-      // A sliding layer's rows start at first_position (a multiple of 64): the queries' positions count from there.
-      sdk::OpParams attn_p;
-      attn_p.position = static_cast<std::int32_t>(pos - kv->first_position(l));
-      attn_p.window = static_cast<std::int32_t>(hp_.layer_window(l));
-      attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-      if (present(L.sinks)) {
-        COLIBRI_TRY(run_op(Op::attention_sinks,
-                           {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n), L.sinks},
-                           {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+      if (present(L.bq)) {
+        COLIBRI_TRY(run_op(Op::matmul, {L.wq, h, L.bq}, {view(S.q, qd, T)}, mm_p));
+        COLIBRI_TRY(run_op(Op::matmul, {L.wk, h, L.bk}, {view(S.k, kvd, T)}, mm_p));
+        COLIBRI_TRY(run_op(Op::matmul, {L.wv, h, L.bv}, {view(S.v, kvd, T)}, mm_p));
       } else {
-        COLIBRI_TRY(run_op(Op::attention,
-                           {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
-                           {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+        COLIBRI_TRY(run_op(Op::matmul, {L.wq, h}, {view(S.q, qd, T)}, mm_p));
+        COLIBRI_TRY(run_op(Op::matmul, {L.wk, h}, {view(S.k, kvd, T)}, mm_p));
+        COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
       }
-    }
-    if (present(L.bo)) {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
-    } else {
-      COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T)}, {view(S.tmp, D, T)}, mm_p));
+      if (hp_.qk_norm == "per_head") {
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
+        std::swap(S.q, S.q2);
+        std::swap(S.k, S.k2);
+      } else if (hp_.qk_norm == "full") {
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
+        std::swap(S.q, S.q2);
+        std::swap(S.k, S.k2);
+      }
+      if (hp_.clip_qkv > 0) {
+        const auto c = static_cast<float>(hp_.clip_qkv);
+        COLIBRI_TRY(clamp(view(S.q, qd, T), c));
+        COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
+        COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
+      }
+      for (std::size_t i = 0; i < segments.size(); ++i) {
+        const auto& [kv, pos, off, n, pass_end] = segments[i];
+        const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
+        Tensor positions = view(S.rope_in, n, 1, 1, static_cast<std::size_t>(off));
+        positions.type = DType::i32;
+        COLIBRI_TRY(run_op(Op::rope, {view(S.q, hd, nh, n, sz(qd, off)), positions, freq},
+                           {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
+        COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
+                           {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
+        COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
+        // A sliding layer's rows start at first_position (a multiple of 64): the queries' positions count from there.
+        sdk::OpParams attn_p;
+        attn_p.position = static_cast<std::int32_t>(pos - kv->first_position(l));
+        attn_p.window = static_cast<std::int32_t>(hp_.layer_window(l));
+        attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+        if (present(L.sinks)) {
+          COLIBRI_TRY(
+              run_op(Op::attention_sinks,
+                     {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n), L.sinks},
+                     {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+        } else {
+          COLIBRI_TRY(run_op(Op::attention,
+                             {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
+                             {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+        }
+      }
+      if (present(L.bo)) {
+        COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
+      } else {
+        COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T)}, {view(S.tmp, D, T)}, mm_p));
+      }
     }
     COLIBRI_TRY(run_op(Op::add, {view(S.x, D, T), view(S.tmp, D, T)}, {view(S.h, D, T)}));
     std::swap(S.x, S.h);
@@ -1165,6 +1234,102 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   }
 #undef COLIBRI_TRY
   return settle ? finish_routed(trace) : Status{};
+}
+
+double Engine::mla_softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(hp_.head_dim));
+  const auto& rs = hp_.rope_scaling;
+  if (rs.is_object() && rs.contains("mscale_all_dim") && rs["mscale_all_dim"].is_number() && rs.contains("factor") &&
+      rs["factor"].is_number()) {
+    const double m = rs["mscale_all_dim"].get<double>(), factor = rs["factor"].get<double>();
+    if (m != 0 && factor > 1) {
+      const double mscale = 0.1 * m * std::log(factor) + 1.0;
+      scale *= mscale * mscale;
+    }
+  }
+  return scale;
+}
+
+// Multi-head latent attention in the absorbed form llama.cpp also runs: the KV cache holds one row per token, its
+// normed latent beside its RoPE key, which every head reads as keys and, its latent part, as values. Each head's
+// query is its part without RoPE through k_b (onto the latent) beside its RoPE part; its output's latent part goes
+// through v_b. HF's per-head keys and values give the same numbers up to rounding; the cache is (heads x (2 x head
+// dims)) / (latent + RoPE dims) times smaller (28x for DeepSeek-V3).
+Status Engine::mla_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,
+                             std::span<const std::pair<std::size_t, std::int64_t>> freq_at, const sdk::OpParams& rope_p,
+                             const sdk::OpParams& norm_p, const sdk::OpParams& mm_p) {
+  auto& S = *scratch_;
+  auto& M = S.mla;
+  const auto T = static_cast<std::int64_t>(S.ids.size());
+  const std::int64_t D = hp_.hidden_size, nh = hp_.num_heads, dn = hp_.qk_nope_dim(), dr = hp_.rope_dims();
+  const std::int64_t dc = hp_.kv_lora_rank, dv = hp_.v_head_dim, ql = hp_.q_lora_rank, dk = dc + dr;
+  auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+  const std::pair<Act*, std::int64_t> sizes[] = {
+      {&M.q_latent, ql},        {&M.q_latent2, ql},  {&M.q_nope, nh * dn}, {&M.q_rope, nh * dr}, {&M.q_rope2, nh * dr},
+      {&M.q_absorbed, nh * dc}, {&M.q_cat, nh * dk}, {&M.kv_latent, dc},   {&M.kv_latent2, dc},  {&M.k_rope, dr},
+      {&M.k_rope2, dr},         {&M.k_cat, dk},      {&M.o_cat, nh * dk},  {&M.o_heads, nh * dv}};
+  for (const auto& [act, width] : sizes) {
+    if (width == 0) continue;
+    if (auto s = size(*act, sz(std::max<std::int64_t>(width, 1), T)); !s) return s;
+  }
+  // The latents' norms keep RMSNorm's default eps (1e-6) whatever rms_norm_eps says, as DeepSeek's code builds them.
+  sdk::OpParams latent_norm_p = norm_p;
+  latent_norm_p.eps = 1e-6f;
+  const Tensor h = view(S.h, D, T);
+  Tensor q_in = h;
+  if (ql > 0) {
+    if (auto s = run_op(Op::matmul, {L.wq_a, h}, {view(M.q_latent, ql, T)}, mm_p); !s) return s;
+    if (auto s = run_op(Op::rms_norm, {view(M.q_latent, ql, T), L.q_a_norm}, {view(M.q_latent2, ql, T)}, latent_norm_p);
+        !s)
+      return s;
+    q_in = view(M.q_latent2, ql, T);
+  }
+  if (auto s = run_op(Op::matmul, {L.wq_nope, q_in}, {view(M.q_nope, nh * dn, T)}, mm_p); !s) return s;
+  if (auto s = run_op(Op::matmul, {L.wq_rope, q_in}, {view(M.q_rope, nh * dr, T)}, mm_p); !s) return s;
+  if (auto s = run_op(Op::matmul, {L.wkv_a, h}, {view(M.kv_latent, dc, T)}, mm_p); !s) return s;
+  if (auto s =
+          run_op(Op::rms_norm, {view(M.kv_latent, dc, T), L.kv_a_norm}, {view(M.kv_latent2, dc, T)}, latent_norm_p);
+      !s)
+    return s;
+  if (auto s = run_op(Op::matmul, {L.wk_rope, h}, {view(M.k_rope, dr, T)}, mm_p); !s) return s;
+  if (auto s = run_op(Op::matmul_heads, {L.wk_b, view(M.q_nope, dn, nh, T)}, {view(M.q_absorbed, dc, nh, T)}, mm_p); !s)
+    return s;
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const auto& g = segments[i];
+    const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
+    Tensor positions = view(S.rope_in, g.n, 1, 1, static_cast<std::size_t>(g.first));
+    positions.type = DType::i32;
+    if (auto s = run_op(Op::rope, {view(M.q_rope, dr, nh, g.n, sz(nh * dr, g.first)), positions, freq},
+                        {view(M.q_rope2, dr, nh, g.n, sz(nh * dr, g.first))}, rope_p);
+        !s)
+      return s;
+    if (auto s = run_op(Op::rope, {view(M.k_rope, dr, 1, g.n, sz(dr, g.first)), positions, freq},
+                        {view(M.k_rope2, dr, 1, g.n, sz(dr, g.first))}, rope_p);
+        !s)
+      return s;
+  }
+  if (auto s = run_op(Op::concat_rows, {view(M.q_absorbed, dc, nh * T), view(M.q_rope2, dr, nh * T)},
+                      {view(M.q_cat, dk, nh * T)});
+      !s)
+    return s;
+  if (auto s = run_op(Op::concat_rows, {view(M.kv_latent2, dc, T), view(M.k_rope2, dr, T)}, {view(M.k_cat, dk, T)}); !s)
+    return s;
+  const auto scale = static_cast<float>(mla_softmax_scale());
+  for (const auto& [kv, pos, off, n, pass_end] : segments) {
+    const Tensor row = view(M.k_cat, dk, n, 1, sz(dk, off));
+    if (auto s = write_kv(*kv, l, pos, row, row); !s) return s;
+    sdk::OpParams attn_p;
+    attn_p.position = static_cast<std::int32_t>(pos - kv->first_position(l));
+    attn_p.scale = scale;
+    if (auto s = run_op(Op::attention,
+                        {view(M.q_cat, dk, nh, n, sz(nh * dk, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
+                        {view(M.o_cat, dk, nh, n, sz(nh * dk, off))}, attn_p);
+        !s)
+      return s;
+  }
+  if (auto s = run_op(Op::matmul_heads, {L.wv_b, view(M.o_cat, dk, nh, T)}, {view(M.o_heads, dv, nh, T)}, mm_p); !s)
+    return s;
+  return run_op(Op::matmul, {L.wo, view(M.o_heads, nh * dv, T)}, {view(S.tmp, D, T)}, mm_p);
 }
 
 Status Engine::finish_routed(std::vector<RoutingRecord>* trace) {

@@ -13,9 +13,10 @@ using sdk::DType;
 using sdk::Status;
 using sdk::StatusCode;
 
-std::uint64_t KvCache::bytes_per_position(DType type, std::int64_t layers, std::int64_t kv_heads,
-                                          std::int64_t head_dim) {
-  return 2ull * static_cast<std::uint64_t>(layers * kv_heads) * sdk::row_bytes(type, head_dim);
+std::uint64_t KvCache::bytes_per_position(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
+                                          bool values_are_keys) {
+  return (values_are_keys ? 1ull : 2ull) * static_cast<std::uint64_t>(layers * kv_heads) *
+         sdk::row_bytes(type, head_dim);
 }
 
 namespace {
@@ -33,16 +34,17 @@ std::int64_t KvCache::layer_positions(std::int64_t window, std::int64_t max_writ
 }
 
 std::uint64_t KvCache::bytes_for(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
-                                 std::int64_t context, const KvWindows& windows) {
+                                 std::int64_t context, const KvWindows& windows, bool values_are_keys) {
   std::uint64_t rows = 0;
   for (std::int64_t l = 0; l < layers; ++l) {
     rows += static_cast<std::uint64_t>(layer_positions(layer_window(windows, l), windows.max_write, context));
   }
-  return 2ull * rows * static_cast<std::uint64_t>(kv_heads) * sdk::row_bytes(type, head_dim);
+  return (values_are_keys ? 1ull : 2ull) * rows * static_cast<std::uint64_t>(kv_heads) * sdk::row_bytes(type, head_dim);
 }
 
 sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
-                                       std::int64_t context, std::shared_ptr<sdk::Compute> device, KvWindows windows) {
+                                       std::int64_t context, std::shared_ptr<sdk::Compute> device, KvWindows windows,
+                                       bool values_are_keys) {
   if (type != DType::f16 && type != DType::q8_0 && type != DType::f32) {
     return Status(StatusCode::invalid_argument,
                   "KV cache type " + std::string(sdk::to_string(type)) + " is not supported; use f16, q8_0 or f32");
@@ -63,19 +65,21 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.kv_heads_ = kv_heads;
   c.head_dim_ = head_dim;
   c.context_ = context;
+  c.planes_ = values_are_keys ? 1 : 2;
   c.row_bytes_ = sdk::row_bytes(type, head_dim);
   for (std::int64_t l = 0; l < layers; ++l) {
     c.rows_.push_back(layer_positions(layer_window(windows, l), windows.max_write, context));
   }
   c.first_.assign(static_cast<std::size_t>(layers), 0);
   c.windows_ = std::move(windows);
-  c.total_bytes_ = bytes_for(type, layers, kv_heads, head_dim, context, c.windows_);
+  c.total_bytes_ = bytes_for(type, layers, kv_heads, head_dim, context, c.windows_, values_are_keys);
   auto layer_bytes = [&c](std::int64_t l) {
     return c.row_bytes_ * static_cast<std::size_t>(c.kv_heads_ * c.rows_[static_cast<std::size_t>(l)]);
   };
   if (device) {
     for (std::int64_t l = 0; l < layers; ++l) {
       for (auto* list : {&c.k_dev_, &c.v_dev_}) {
+        if (list == &c.v_dev_ && values_are_keys) continue;
         auto buf = device->allocate(layer_bytes(l));
         if (!buf) {
           return buf.error().with_context("allocating the KV cache of " + std::to_string(context) + " positions (" +
@@ -90,7 +94,7 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   try {
     for (std::int64_t l = 0; l < layers; ++l) {
       c.k_.emplace_back(layer_bytes(l));
-      c.v_.emplace_back(layer_bytes(l));
+      if (!values_are_keys) c.v_.emplace_back(layer_bytes(l));
     }
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::out_of_memory, "cannot reserve " + std::to_string(c.total_bytes_) +
@@ -132,7 +136,7 @@ Status KvCache::move_rows(std::size_t layer, std::int64_t from, std::int64_t n) 
   if (from == 0 || n <= 0) return {};
   const std::size_t row = static_cast<std::size_t>(kv_heads_) * row_bytes_;
   const std::size_t at = static_cast<std::size_t>(from) * row, bytes = static_cast<std::size_t>(n) * row;
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < planes_; ++which) {
     std::byte* base = nullptr;
     if (!device_) {
       base = (which == 0 ? k_ : v_)[layer].data();
@@ -191,7 +195,8 @@ std::int64_t KvCache::rewind(std::int64_t n) {
     if (rows_[l] >= context_) continue;
     const auto held =
         static_cast<std::int64_t>(saved_k_[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
-    if (!rows_from_host(l, 0, 0, held, saved_k_[l].data()) || !rows_from_host(l, 1, 0, held, saved_v_[l].data())) {
+    if (!rows_from_host(l, 0, 0, held, saved_k_[l].data()) ||
+        (planes_ == 2 && !rows_from_host(l, 1, 0, held, saved_v_[l].data()))) {
       saved_at_ = 0;
       return 0;  // nothing kept: the next pass runs from position 0
     }
@@ -213,9 +218,11 @@ Status KvCache::save_window(std::int64_t n) {
     const std::int64_t count = n - from;
     const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
     saved_k_[l].resize(bytes);
-    saved_v_[l].resize(bytes);
+    saved_v_[l].resize(planes_ == 2 ? bytes : 0);
     if (auto s = rows_to_host(l, 0, from - first_[l], count, saved_k_[l].data()); !s) return s;
-    if (auto s = rows_to_host(l, 1, from - first_[l], count, saved_v_[l].data()); !s) return s;
+    if (planes_ == 2) {
+      if (auto s = rows_to_host(l, 1, from - first_[l], count, saved_v_[l].data()); !s) return s;
+    }
     saved_first_[l] = from;
   }
   saved_at_ = n;
@@ -261,7 +268,7 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     return Status(StatusCode::unsupported, "copying KV rows between caches in device memory");
   }
   if (src.type_ != type_ || src.layers_ != layers_ || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ ||
-      src.rows_ != rows_ || src.windows_.window != windows_.window) {
+      src.planes_ != planes_ || src.rows_ != rows_ || src.windows_.window != windows_.window) {
     return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
   }
   if (count < 0 || count > context_ || count > src.context_) {
@@ -277,7 +284,7 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;
     std::memcpy(k_[l].data(), src.k_[l].data(), bytes);
-    std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
+    if (planes_ == 2) std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
     first_[l] = src.first_[l];
   }
   return {};
@@ -299,7 +306,7 @@ Status KvCache::write(std::int64_t layer, std::int64_t position, std::int64_t co
     if (auto s = quant::quantize_row(type_, src, dst, n); !s) return s.with_context("storing the KV cache");
     return {};
   };
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < planes_; ++which) {
     const float* src = which == 0 ? k : v;
     sdk::Buffer* buffer = device_ ? (which == 0 ? k_dev_ : v_dev_)[L].get() : nullptr;
     std::byte* rows = nullptr;  // where attention reads them, when the host can write there
@@ -339,7 +346,7 @@ Status KvCache::store(std::int64_t layer, std::int64_t position, std::int64_t co
   if (!room) return room.error();
   if (count == 0) return {};
   const auto L = static_cast<std::size_t>(layer);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < planes_; ++which) {
     sdk::Tensor rows;
     rows.type = type_;
     rows.ne = {kv_heads_ * head_dim_, count, 1, 1};
@@ -358,6 +365,7 @@ sdk::Tensor KvCache::keys(std::int64_t layer, std::int64_t length) const {
 }
 
 sdk::Tensor KvCache::values(std::int64_t layer, std::int64_t length) const {
+  if (planes_ == 1) return keys(layer, length);
   return rows(v_, v_dev_, layer, length);
 }
 

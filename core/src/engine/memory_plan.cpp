@@ -103,13 +103,14 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
     }
     p.vram_bytes = p.vram_slots * p.slot_bytes;
   }
-  if (sdk::row_bytes(kv_type, hp.head_dim) == 0) {
+  if (sdk::row_bytes(kv_type, hp.kv_cache_dim()) == 0) {
     return Status(StatusCode::invalid_argument, "KV cache type " + std::string(sdk::to_string(kv_type)) +
-                                                    " does not fit head_dim " + std::to_string(hp.head_dim));
+                                                    " does not fit its rows of " + std::to_string(hp.kv_cache_dim()));
   }
-  p.kv_bytes_per_position = KvCache::bytes_per_position(kv_type, hp.num_layers, hp.num_kv_heads, hp.head_dim);
+  p.kv_bytes_per_position =
+      KvCache::bytes_per_position(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), hp.mla());
   const auto bytes = [&](std::int64_t n) {
-    return KvCache::bytes_for(kv_type, hp.num_layers, hp.num_kv_heads, hp.head_dim, n, windows);
+    return KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), n, windows, hp.mla());
   };
   auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings, host_available);
   if (!ctx) return ctx.error();

@@ -33,20 +33,28 @@ const char* to_string(TensorKind k) {
 namespace {
 
 const std::map<std::string, std::string>& hf_arch_map() {
-  static const std::map<std::string, std::string> m{
-      {"MixtralForCausalLM", "mixtral"},      {"Qwen2MoeForCausalLM", "qwen2_moe"},
-      {"Qwen3MoeForCausalLM", "qwen3_moe"},   {"OlmoeForCausalLM", "olmoe"},
-      {"LlamaForCausalLM", "llama"},          {"MistralForCausalLM", "mistral"},
-      {"GptOssForCausalLM", "gpt_oss"},       {"Glm4MoeForCausalLM", "glm4_moe"},
-      {"MiniMaxM2ForCausalLM", "minimax_m2"}, {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"}};
+  static const std::map<std::string, std::string> m{{"MixtralForCausalLM", "mixtral"},
+                                                    {"Qwen2MoeForCausalLM", "qwen2_moe"},
+                                                    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+                                                    {"OlmoeForCausalLM", "olmoe"},
+                                                    {"LlamaForCausalLM", "llama"},
+                                                    {"MistralForCausalLM", "mistral"},
+                                                    {"GptOssForCausalLM", "gpt_oss"},
+                                                    {"Glm4MoeForCausalLM", "glm4_moe"},
+                                                    {"MiniMaxM2ForCausalLM", "minimax_m2"},
+                                                    {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
+                                                    {"DeepseekV2ForCausalLM", "deepseek_v2"},
+                                                    {"DeepseekV3ForCausalLM", "deepseek_v3"}};
   return m;
 }
 
 // GGUF general.architecture -> colibri's name ("llama" is "mixtral" when it has experts).
 const std::map<std::string, std::string>& gguf_arch_map() {
-  static const std::map<std::string, std::string> m{
-      {"ernie4_5-moe", "ernie4_5_moe"}, {"glm4moe", "glm4_moe"}, {"gpt-oss", "gpt_oss"},    {"llama", "llama"},
-      {"minimax-m2", "minimax_m2"},     {"olmoe", "olmoe"},      {"qwen2moe", "qwen2_moe"}, {"qwen3moe", "qwen3_moe"}};
+  static const std::map<std::string, std::string> m{{"deepseek2", "deepseek_v2"}, {"ernie4_5-moe", "ernie4_5_moe"},
+                                                    {"glm4moe", "glm4_moe"},      {"gpt-oss", "gpt_oss"},
+                                                    {"llama", "llama"},           {"minimax-m2", "minimax_m2"},
+                                                    {"olmoe", "olmoe"},           {"qwen2moe", "qwen2_moe"},
+                                                    {"qwen3moe", "qwen3_moe"}};
   return m;
 }
 
@@ -75,15 +83,6 @@ std::int64_t shared_width(std::int64_t moe_width, std::int64_t n) {
 // (0, 1], checked before the cast (1e300 would not fit an int64).
 std::int64_t rotated_dims(std::int64_t head_dim, double factor) {
   return factor > 0 && factor <= 1 ? static_cast<std::int64_t>(static_cast<double>(head_dim) * factor) : 0;
-}
-
-// topk_routing takes a softmax and no scale; the other routers run as topk_routing_biased, which needs the bias.
-Status unsupported_router(const HyperParams& h, const std::string& where) {
-  if (h.router_selection_bias || (h.router_scoring == "softmax" && h.routed_scaling_factor == 1.0)) return {};
-  return Status(StatusCode::unsupported, where + ": a " + h.router_scoring + " router with routed_scaling_factor " +
-                                             json(h.routed_scaling_factor).dump() +
-                                             " and no selection bias (e_score_correction_bias) is not supported; the "
-                                             "released GLM-4.5 and MiniMax-M2 models have one");
 }
 
 }  // namespace
@@ -164,6 +163,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "glm4_moe"     ? Defaults{8, 131072, 1e-5, 10000.0}
                      : a == "minimax_m2"   ? Defaults{8, 196608, 1e-6, 5e6}
                      : a == "ernie4_5_moe" ? Defaults{4, 131072, 1e-5, 500000.0}
+                     : a == "deepseek_v2"  ? Defaults{0, 2048, 1e-6, 10000.0}
+                     : a == "deepseek_v3"  ? Defaults{0, 4096, 1e-6, 10000.0}
                                            : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
@@ -320,6 +321,28 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                                  "the released ERNIE 4.5 models have none");
     }
   }
+  const bool deepseek = a == "deepseek_v2" || a == "deepseek_v3";
+  if (deepseek) {
+    // Multi-head latent attention. Its keys' RoPE part is one head shared by all, so num_key_value_heads is moot.
+    if (get_bool("attention_bias", false)) {
+      return Status(StatusCode::unsupported, where +
+                                                 ": attention_bias=true is not supported; the released DeepSeek "
+                                                 "and Kimi models have no attention biases");
+    }
+    h.q_lora_rank = get_int("q_lora_rank", 0, false);  // null: queries straight from the hidden state (V2-Lite)
+    h.kv_lora_rank = get_int("kv_lora_rank", 0, true);
+    const std::int64_t nope = get_int("qk_nope_head_dim", 0, true), rope = get_int("qk_rope_head_dim", 0, true);
+    h.v_head_dim = get_int("v_head_dim", 0, true);
+    if (err && (nope < 2 || rope < 2 || rope % 2 != 0 || nope > (1 << 20) || rope > (1 << 20))) {
+      return bad_config(where, "qk_nope_head_dim " + std::to_string(nope) + " and qk_rope_head_dim " +
+                                   std::to_string(rope) +
+                                   " must be 2 or more, the RoPE part even; fix them in config.json");
+    }
+    h.head_dim = nope + rope;
+    h.rotary_dims = rope;
+    h.num_kv_heads = h.num_heads;
+    h.rope_interleaved = true;  // DeepSeek's checkpoints pair (2i, 2i + 1): transformers de-interleaves first
+  }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") {
@@ -345,12 +368,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    // Within the best groups as DeepSeek-V3 (GLM's released models have one group).
     const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
     if (groups > 1 && topk_groups < groups) {
-      return Status(StatusCode::unsupported, where + ": n_group " + std::to_string(groups) + " with topk_group " +
-                                                 std::to_string(topk_groups) +
-                                                 " (routing within the best groups only) is not supported; GLM-4.5 "
-                                                 "and 4.6 use n_group 1");
+      h.router_groups = groups;
+      h.router_groups_used = topk_groups;
     }
     const std::int64_t dense_first = get_int("first_k_dense_replace", 1, false);
     if (dense_first < 0 || dense_first > h.num_layers) {
@@ -361,6 +383,65 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     // Bounded: validate() refuses an absurd layer count only after this.
     for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
+    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
+    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
+      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+  } else if (deepseek) {
+    h.n_experts = get_int("n_routed_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
+    h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+    const bool v3 = a == "deepseek_v3";
+    h.norm_topk_prob = get_bool("norm_topk_prob", v3);
+    const double scale = get_float("routed_scaling_factor", v3 ? 2.5 : 1.0);
+    std::string scoring = v3 ? "sigmoid" : "softmax";
+    if (c.contains("scoring_func") && !c["scoring_func"].is_null()) {
+      scoring = c["scoring_func"].is_string() ? c["scoring_func"].get<std::string>() : "";
+      if (scoring != "sigmoid" && scoring != "softmax") {
+        return bad_config(where, "scoring_func is " + c["scoring_func"].dump().substr(0, 40) +
+                                     "; it must be \"softmax\" or \"sigmoid\"");
+      }
+    }
+    h.router_scoring = scoring;
+    // V3's gate always has e_score_correction_bias; V2's only picks by its scores. V2 scales the weights only
+    // when it does not renormalize them, V3 after renormalizing.
+    h.router_selection_bias = v3;
+    h.routed_scaling_factor = v3 || !(h.norm_topk_prob && h.n_experts_per_tok > 1) ? scale : 1.0;
+    // Routing within the best groups: V3 always (transformers' DeepseekV3TopkRouter reads no topk_method) scores a
+    // group by its best two biased scores; V2's topk_method says: group_limited_greedy by its best one, greedy none.
+    const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
+    std::string method = v3 ? "noaux_tc" : "greedy";
+    if (!v3 && c.contains("topk_method") && !c["topk_method"].is_null()) {
+      method = c["topk_method"].is_string() ? c["topk_method"].get<std::string>() : "";
+      if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc") {
+        return bad_config(where, "topk_method is " + c["topk_method"].dump().substr(0, 40) +
+                                     "; it must be \"greedy\", \"group_limited_greedy\" or \"noaux_tc\"");
+      }
+    }
+    if (method != "greedy" && groups > 1 && topk_groups < groups) {
+      h.router_groups = groups;
+      h.router_groups_used = topk_groups;
+      h.router_group_score = method == "noaux_tc" ? "top2_sum" : "max";
+    }
+    const std::int64_t shared = get_int("n_shared_experts", 0, false);
+    if (shared < 0 || shared > 64) {
+      return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
+    }
+    h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    // Layer l routes when l >= first_k_dense_replace and l % moe_layer_freq == 0.
+    const std::int64_t dense_first = get_int("first_k_dense_replace", 0, false);
+    const std::int64_t freq = get_int("moe_layer_freq", 1, false);
+    if (dense_first < 0 || dense_first > h.num_layers || freq < 1) {
+      return bad_config(where, "first_k_dense_replace " + std::to_string(dense_first) + " and moe_layer_freq " +
+                                   std::to_string(freq) + " must be in 0..num_hidden_layers (" +
+                                   std::to_string(h.num_layers) + ") and 1 or more; fix them in config.json");
+    }
+    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; ++l) {
+      if (l < dense_first || l % freq != 0) h.mlp_only_layers.push_back(l);
+    }
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
     if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
       return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
@@ -469,7 +550,6 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
   }
   if (!err) return err;
-  if (auto s = unsupported_router(h, where); !s) return s;
   if (auto s = h.validate(); !s) {
     return Status(StatusCode::invalid_argument, where + ": " + s.message() + "; fix it in config.json");
   }
@@ -513,6 +593,12 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"expert_group_count", Kind::integer},
       {"expert_group_used_count", Kind::integer},
       {"rope.dimension_count", Kind::integer},
+      {"attention.q_lora_rank", Kind::integer},
+      {"attention.kv_lora_rank", Kind::integer},
+      {"attention.value_length", Kind::integer},
+      {"attention.key_length_mla", Kind::integer},
+      {"attention.value_length_mla", Kind::integer},
+      {"rope.scaling.yarn_log_multiplier", Kind::number},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
       {"tokenizer.ggml.model", Kind::string},
@@ -593,6 +679,25 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.num_heads = req("attention.head_count");
   h.num_kv_heads = opt("attention.head_count_kv", h.num_heads);
   h.head_dim = opt("attention.key_length", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0);
+  if (*ga == "deepseek2") {
+    // Multi-head latent attention: llama.cpp writes the absorbed form's widths as key_length (latent + RoPE) and
+    // value_length (latent), the heads' as key_length_mla and value_length_mla, and one kv head.
+    if (g.find_tensor("blk.0.attn_kv_b.weight") != nullptr) {
+      return Status(StatusCode::unsupported, where +
+                                                 ": this deepseek2 GGUF keeps attn_kv_b whole (llama.cpp's layout "
+                                                 "before its MLA split); re-export it with a newer llama.cpp, or "
+                                                 "convert the HF checkpoint");
+    }
+    h.kv_lora_rank = req("attention.kv_lora_rank");
+    h.head_dim = req("attention.key_length_mla");
+    h.v_head_dim = req("attention.value_length_mla");
+    h.num_kv_heads = h.num_heads;
+    // llama.cpp guesses the query latent from the layer count; the tensor says it.
+    h.q_lora_rank = opt("attention.q_lora_rank", 0);
+    if (const auto* qa = g.find_tensor("blk.0.attn_q_a.weight"); qa != nullptr && qa->ne.size() == 2) {
+      h.q_lora_rank = qa->ne[1];
+    }
+  }
   // Required as llama.cpp requires them: a default would change every answer (eps) or the usable context.
   h.max_position_embeddings = req("context_length");
   h.rope_theta = g.get_float(*ga + ".rope.freq_base").value_or(10000.0);  // llama.cpp's default too
@@ -617,6 +722,10 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     if (auto b = g.get_float(*ga + ".rope.scaling.yarn_beta_slow")) h.rope_scaling["beta_slow"] = *b;
     // gpt-oss was trained with HF's truncate: false (llama.cpp's rope rounds the ramp's ends; GGUF has no key).
     if (*st == "yarn" && *ga == "gpt-oss") h.rope_scaling["truncate"] = false;
+    // DeepSeek's mscale_all_dim, stored as 0.1 x it; llama.cpp's rope keeps cos and sin unscaled (mscale equal).
+    if (auto m = g.get_float(*ga + ".rope.scaling.yarn_log_multiplier"); m && *ga == "deepseek2") {
+      h.rope_scaling["mscale"] = h.rope_scaling["mscale_all_dim"] = *m / 0.1;
+    }
   }
   // llama.cpp rotates n_rot dims of each head (GLM: half of them).
   if (auto rot = g.get_int(*ga + ".rope.dimension_count"); rot && *rot != h.head_dim) {
@@ -656,7 +765,9 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   const std::int64_t n_exp = opt("expert_count", 0);
   h.architecture = *ga == "llama" && n_exp > 0 ? "mixtral" : gguf_arch_map().at(*ga);
   const std::string& a = h.architecture;
-  h.rope_interleaved = a == "ernie4_5_moe";  // llama.cpp: rope type NORM, the HF layout (no permutation)
+  const bool deepseek = *ga == "deepseek2";
+  // llama.cpp: rope type NORM, the HF layout (no permutation).
+  h.rope_interleaved = a == "ernie4_5_moe" || deepseek;
   if (a == "llama") {
     h.dense = true;
     h.n_experts = h.n_experts_per_tok = 1;
@@ -683,14 +794,15 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
         }
       }
     }
-    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe") {
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || deepseek) {
       // Any layer's (ERNIE's softmax router has one where the file has it): a sparse layer without it is then named
       // by the converter as a missing tensor.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
-    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe") && h.shared_expert_intermediate_size == 0) {
+    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || deepseek) &&
+        h.shared_expert_intermediate_size == 0) {
       const std::int64_t shared = opt("expert_shared_count", 0);
       if (shared < 0 || shared > 64) {
         return bad_config(where, "metadata " + *ga + ".expert_shared_count is " + std::to_string(shared) +
@@ -698,23 +810,24 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       }
       h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     }
-    if (a == "glm4_moe" || a == "minimax_m2") {
-      // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) both architectures route by sigmoid.
+    if (a == "glm4_moe" || a == "minimax_m2" || deepseek) {
+      // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) GLM and MiniMax route by sigmoid, DeepSeek
+      // (V2's files) by softmax.
       const std::int64_t gating = opt("expert_gating_func", 0);
       if (gating < 0 || gating > 2) {
         return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_gating_func " + std::to_string(gating) +
                                                    " is not supported (1 softmax, 2 sigmoid)");
       }
-      h.router_scoring = gating == 1 ? "softmax" : "sigmoid";
+      h.router_scoring = gating == 1 || (gating == 0 && deepseek) ? "softmax" : "sigmoid";
+      if (deepseek && h.router_scoring == "sigmoid") h.architecture = "deepseek_v3";
       // llama.cpp: 0 (or no key) means no scale; its minimax-m2 loader never reads the key.
       h.routed_scaling_factor = a == "minimax_m2" ? 1.0 : g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
       if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;
-      // llama.cpp routes within the best groups when there are several; colibri does not (yet).
+      // llama.cpp routes within the best groups when there are several, a group scored by its best two.
       const std::int64_t groups = opt("expert_group_count", 1), used_groups = opt("expert_group_used_count", groups);
       if (groups > 1 && used_groups < groups) {
-        return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_group_count " + std::to_string(groups) +
-                                                   " with expert_group_used_count " + std::to_string(used_groups) +
-                                                   " (routing within the best groups only) is not supported");
+        h.router_groups = groups;
+        h.router_groups_used = used_groups;
       }
     }
   }
@@ -747,7 +860,6 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.bos_token_id = g.get_int("tokenizer.ggml.bos_token_id").value_or(-1);
   if (auto e = g.get_int("tokenizer.ggml.eos_token_id")) h.eos_token_ids.push_back(*e);
   if (!err) return err;
-  if (auto s = unsupported_router(h, where); !s) return s;
   // Validated before the loop over the layers below, which an absurd block_count would make endless.
   if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
   // GLM's MTP layers hold nextn.* tensors: a count that disagrees would run one as a decoder layer or drop a real one.
@@ -787,13 +899,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     t.gguf_permute_heads = llama_rope_permute ? permute : 0;
     plan.shared.push_back(std::move(t));
   };
-  add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
-  // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
-  const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
-  const bool gpt_oss = hp.architecture == "gpt_oss";
-  for (std::int64_t l = 0; l < hp.num_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
-    add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
+  // Multi-head attention: q, k, v, o (llama.cpp's permuted Q/K rows undone for its llama GGUFs).
+  auto add_attention = [&](const std::string& b, const std::string& p, std::int64_t l) {
     add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l, hp.num_heads);
     add(b + "attn_k.weight", p + "self_attn.k_proj.weight", {kv_dim, hid}, TensorKind::attn_k, l, hp.num_kv_heads);
     add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {kv_dim, hid}, TensorKind::attn_v, l);
@@ -812,6 +919,53 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {q_dim}, TensorKind::norm, l);
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {kv_dim}, TensorKind::norm, l);
     }
+  };
+  // Multi-head latent attention, split for the absorbed form: the queries' parts with and without RoPE, the latent
+  // and the RoPE key, kv_b_proj's key part transposed per head (k_b) and its value part (v_b). llama.cpp's deepseek2
+  // GGUFs hold the same cuts of q and kv_a_mqa, and k_b / v_b already split.
+  auto add_mla = [&](const std::string& b, const std::string& p, std::int64_t l) {
+    const std::int64_t nh = hp.num_heads, dn = hp.qk_nope_dim(), dr = hp.rope_dims(), dc = hp.kv_lora_rank;
+    const std::int64_t dv = hp.v_head_dim, ql = hp.q_lora_rank, q_in = ql > 0 ? ql : hid;
+    const std::string a = p + "self_attn.";
+    if (ql > 0) {
+      add(b + "attn_q_a.weight", a + "q_a_proj.weight", {ql, hid}, TensorKind::attn_q, l);
+      add(b + "attn_q_a_norm.weight", a + "q_a_layernorm.weight", {ql}, TensorKind::norm, l);
+    }
+    const std::string q_hf = a + (ql > 0 ? "q_b_proj.weight" : "q_proj.weight");
+    const std::string q_gguf = b + (ql > 0 ? "attn_q_b.weight" : "attn_q.weight");
+    const auto cut = [&](std::string name, const std::string& hf, const std::string& gguf, std::int64_t rows,
+                         std::int64_t cols, TensorKind kind, RowPick pick, RowPick gguf_pick) {
+      add(std::move(name), hf, {rows, cols}, kind, l);
+      plan.shared.back().gguf_name = gguf;
+      plan.shared.back().hf_pick = pick;
+      plan.shared.back().gguf_pick = gguf_pick;
+    };
+    const RowPick q_nope{nh, dn + dr, 0, dn, false}, q_rope{nh, dn + dr, dn, dr, false};
+    cut(b + "attn_q_nope.weight", q_hf, q_gguf, nh * dn, q_in, TensorKind::attn_q, q_nope, q_nope);
+    cut(b + "attn_q_rope.weight", q_hf, q_gguf, nh * dr, q_in, TensorKind::attn_q, q_rope, q_rope);
+    const RowPick latent{1, dc + dr, 0, dc, false}, k_rope{1, dc + dr, dc, dr, false};
+    const std::string kv_a = a + "kv_a_proj_with_mqa.weight", kv_a_gguf = b + "attn_kv_a_mqa.weight";
+    cut(b + "attn_kv_a.weight", kv_a, kv_a_gguf, dc, hid, TensorKind::attn_k, latent, latent);
+    cut(b + "attn_k_rope.weight", kv_a, kv_a_gguf, dr, hid, TensorKind::attn_k, k_rope, k_rope);
+    add(b + "attn_kv_a_norm.weight", a + "kv_a_layernorm.weight", {dc}, TensorKind::norm, l);
+    cut(b + "attn_k_b.weight", a + "kv_b_proj.weight", b + "attn_k_b.weight", nh * dc, dn, TensorKind::attn_k,
+        RowPick{nh, dn + dv, 0, dn, true}, RowPick{});
+    cut(b + "attn_v_b.weight", a + "kv_b_proj.weight", b + "attn_v_b.weight", nh * dv, dc, TensorKind::attn_v,
+        RowPick{nh, dn + dv, dn, dv, false}, RowPick{});
+    add(b + "attn_output.weight", a + "o_proj.weight", {hid, nh * dv}, TensorKind::attn_o, l);
+  };
+  add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
+  // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
+  const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
+  const bool gpt_oss = hp.architecture == "gpt_oss";
+  for (std::int64_t l = 0; l < hp.num_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
+    add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
+    if (hp.mla()) {
+      add_mla(b, p, l);
+    } else {
+      add_attention(b, p, l);
+    }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
     if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe")
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
@@ -828,7 +982,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       }
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
-        const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe";
+        const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe" ||
+                            hp.architecture == "deepseek_v2" || hp.architecture == "deepseek_v3";
         const std::string shared = p + (plural ? "mlp.shared_experts." : "mlp.shared_expert.");
         add(b + "ffn_gate_shexp.weight", shared + "gate_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_up_shexp.weight", shared + "up_proj.weight", {sff, hid}, TensorKind::shared_expert, l);

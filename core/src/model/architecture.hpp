@@ -33,6 +33,14 @@ enum class TensorKind {
 
 const char* to_string(TensorKind k);
 
+// Rows cut out of a source tensor (multi-head latent attention's fused projections): for each of `blocks` blocks of
+// `block` source rows, rows [first, first + count); with `transpose`, each cut [count, cols] is stored transposed as
+// [cols, count] (kv_b_proj's key part, which the absorbed form multiplies from the other side). blocks 0: no cut.
+struct RowPick {
+  std::int64_t blocks = 0, block = 0, first = 0, count = 0;
+  bool transpose = false;
+};
+
 struct PlannedTensor {
   std::string name;                     // canonical (llama.cpp-style) name
   std::string hf_name;                  // name in a HF checkpoint
@@ -44,6 +52,7 @@ struct PlannedTensor {
   // hf_fused_part 0 / 1 the even (gate) / odd (up) outputs of gate_up_proj (-1: all). convert.cpp cuts the part out.
   std::int64_t hf_expert = -1;
   int hf_fused_part = -1;
+  RowPick hf_pick, gguf_pick;       // the cut out of hf_name / gguf_name, if any
   std::vector<std::int64_t> shape;  // HF order
   TensorKind kind = TensorKind::norm;
   std::int64_t layer = -1;

@@ -71,6 +71,8 @@ struct SourceRef {
   std::uint64_t size = 0;
   std::int64_t rows = 0, cols = 0;
   std::int64_t permute_heads = 0;
+  // Set for cuts (RowPick without transpose): the source row holding each row of this tensor; rows in `type`.
+  std::function<std::int64_t(std::int64_t)> row_map;
   const SafetensorsTensor* st = nullptr;
   const GgufTensorInfo* gg = nullptr;
   std::string name;  // source name for messages
@@ -343,7 +345,69 @@ sdk::Expected<SourceRef> locate_hf_fp8(const Input& in, const PlannedTensor& p, 
   return r;
 }
 
+sdk::Expected<SourceRef> locate_hf_whole(const Input& in, const PlannedTensor& p);
+sdk::Expected<SourceRef> locate_gguf_whole(const Input& in, const PlannedTensor& p);
+
+// A RowPick's rows of the whole source tensor. A plain cut reads the source's rows as they are (a GGUF's quantized
+// blocks stay as they were, FP8 is decoded as for any tensor); a transposed one decodes the source to f32 once.
+sdk::Expected<SourceRef> locate_cut(const Input& in, const PlannedTensor& p, const RowPick& pick, bool gguf) {
+  PlannedTensor whole = p;
+  whole.hf_pick = whole.gguf_pick = RowPick{};
+  const std::int64_t rows = p.shape[0], cols = p.shape[1];
+  const std::int64_t src_cols = pick.transpose ? rows / pick.blocks : cols;
+  whole.shape = {pick.blocks * pick.block, src_cols};
+  auto base = gguf ? locate_gguf_whole(in, whole) : locate_hf_whole(in, whole);
+  if (!base) return base.error();
+  SourceRef r = *base;
+  if (!pick.transpose) {
+    r.rows = rows;
+    r.size = sdk::row_bytes(r.type, cols) * static_cast<std::uint64_t>(rows);
+    r.row_map = [pick](std::int64_t row) { return row / pick.count * pick.block + pick.first + row % pick.count; };
+    return r;
+  }
+  // [blocks * src_cols, count]: row b * src_cols + c holds column c of block b's cut rows.
+  r.type = DType::f32;
+  r.rows = rows;
+  r.cols = cols;
+  r.size = static_cast<std::uint64_t>(rows * cols) * sizeof(float);
+  r.permute_heads = 0;
+  auto whole_f32 = std::make_shared<std::vector<float>>();
+  r.gather = [&in, src = *base, pick, src_cols, rows, cols, whole_f32](std::int64_t row0, std::int64_t n,
+                                                                       void* dst) -> Status {
+    if (whole_f32->empty()) {
+      const std::size_t row_bytes = sdk::row_bytes(src.type, src.cols);
+      std::vector<char> raw(row_bytes);
+      whole_f32->resize(static_cast<std::size_t>(src.rows * src.cols));
+      for (std::int64_t i = 0; i < src.rows; ++i) {
+        if (auto s = in.read(src, static_cast<std::uint64_t>(i) * row_bytes, raw.data(), row_bytes); !s) return s;
+        if (auto s = quant::dequantize_row(src.type, raw.data(), whole_f32->data() + i * src.cols, src.cols); !s)
+          return s;
+      }
+    }
+    auto* out = static_cast<float*>(dst);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t b = (row0 + i) / src_cols, c = (row0 + i) % src_cols;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        out[i * cols + j] = (*whole_f32)[static_cast<std::size_t>((b * pick.block + pick.first + j) * src_cols + c)];
+      }
+    }
+    if (row0 + n >= rows) std::vector<float>().swap(*whole_f32);  // the last rows: free it
+    return {};
+  };
+  return r;
+}
+
 sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
+  if (p.hf_pick.blocks > 0) return locate_cut(in, p, p.hf_pick, false);
+  return locate_hf_whole(in, p);
+}
+
+sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
+  if (p.gguf_pick.blocks > 0) return locate_cut(in, p, p.gguf_pick, true);
+  return locate_gguf_whole(in, p);
+}
+
+sdk::Expected<SourceRef> locate_hf_whole(const Input& in, const PlannedTensor& p) {
   if (p.hf_expert >= 0) return locate_hf_fused(in, p);
   const auto* t = in.st->find(p.hf_name);
   if (t == nullptr) {
@@ -374,7 +438,7 @@ sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
   return r;
 }
 
-sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
+sdk::Expected<SourceRef> locate_gguf_whole(const Input& in, const PlannedTensor& p) {
   const GgufFile& g = *in.gguf;
   const GgufTensorInfo* t = g.find_tensor(p.gguf_name);
   std::int64_t slice = p.gguf_expert;
@@ -624,9 +688,9 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
   std::vector<float> scratch(src.type == target && !check_copy ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
   for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk_rows) {
     const std::int64_t n = std::min(chunk_rows, src.rows - r0);
-    if (src.permute_heads > 0) {
+    if (src.permute_heads > 0 || src.row_map) {
       for (std::int64_t r = 0; r < n; ++r) {
-        std::int64_t sr = source_row(r0 + r, src.rows, src.permute_heads);
+        const std::int64_t sr = src.row_map ? src.row_map(r0 + r) : source_row(r0 + r, src.rows, src.permute_heads);
         if (auto s = in.read(src, static_cast<std::uint64_t>(sr) * src_row, in_buf.data() + r * src_row, src_row); !s)
           return s;
       }

@@ -41,7 +41,7 @@ int HyperParams::format_version() const {
   const bool v3 = router_scoring != "softmax" || router_selection_bias || routed_scaling_factor != 1.0 ||
                   (rotary_dims != 0 && rotary_dims != head_dim) || rope_interleaved;
   const bool v2 = !sliding_layers.empty() || attention_sinks || router_bias || expert_activation != "swiglu";
-  return v3 ? 3 : v2 ? 2 : 1;
+  return mla() || grouped_routing() ? 4 : v3 ? 3 : v2 ? 2 : 1;
 }
 
 std::vector<const TensorEntry*> ExpertEntry::parts() const {
@@ -97,6 +97,14 @@ json HyperParams::to_json() const {
     j["routed_scaling_factor"] = routed_scaling_factor;
     j["rotary_dims"] = rotary_dims;
     j["rope_interleaved"] = rope_interleaved;
+  }
+  if (format_version() >= 4) {
+    j["q_lora_rank"] = q_lora_rank;
+    j["kv_lora_rank"] = kv_lora_rank;
+    j["v_head_dim"] = v_head_dim;
+    j["router_groups"] = router_groups;
+    j["router_groups_used"] = router_groups_used;
+    j["router_group_score"] = router_group_score;
   }
   return j;
 }
@@ -179,6 +187,9 @@ const char* const kV2Fields[] = {"sliding_layers",    "attention_sinks", "router
 // Format 3 (GLM-4.5's router, partial rotary).
 const char* const kV3Fields[] = {"router_scoring", "router_selection_bias", "routed_scaling_factor", "rotary_dims",
                                  "rope_interleaved"};
+// Format 4 (multi-head latent attention).
+const char* const kV4Fields[] = {"q_lora_rank",   "kv_lora_rank",       "v_head_dim",
+                                 "router_groups", "router_groups_used", "router_group_score"};
 
 }  // namespace
 
@@ -235,6 +246,16 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.routed_scaling_factor = f.get<double>("routed_scaling_factor");
     h.rotary_dims = f.get<std::int64_t>("rotary_dims");
     h.rope_interleaved = f.get<bool>("rope_interleaved");
+  }
+  const bool v4_fields =
+      std::any_of(std::begin(kV4Fields), std::end(kV4Fields), [&f](const char* key) { return !f.raw(key).is_null(); });
+  if (v4_fields) {
+    h.q_lora_rank = f.get<std::int64_t>("q_lora_rank");
+    h.kv_lora_rank = f.get<std::int64_t>("kv_lora_rank");
+    h.v_head_dim = f.get<std::int64_t>("v_head_dim");
+    h.router_groups = f.get<std::int64_t>("router_groups");
+    h.router_groups_used = f.get<std::int64_t>("router_groups_used");
+    h.router_group_score = f.get<std::string>("router_group_score");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
@@ -406,6 +427,41 @@ Status HyperParams::validate() const {
                         std::to_string(head_dim) + ")");
       !s)
     return s;
+  if (kv_lora_rank != 0 || q_lora_rank != 0 || v_head_dim != 0) {
+    if (auto s = in_range(kv_lora_rank, 1, kMaxDim, "kv_lora_rank"); !s) return s;
+    if (auto s = in_range(q_lora_rank, 0, kMaxDim, "q_lora_rank"); !s) return s;
+    if (auto s = in_range(v_head_dim, 1, kMaxDim, "v_head_dim"); !s) return s;
+    if (auto s = in_range(num_heads * v_head_dim, 1, kMaxDim, "num_heads x v_head_dim"); !s) return s;
+    // Every head has a RoPE part and a part without (DeepSeek: 64 and 128).
+    if (auto s = need(rotary_dims > 0 && rotary_dims < head_dim,
+                      "rotary_dims (qk_rope_head_dim) is " + std::to_string(rotary_dims) +
+                          "; multi-head latent attention needs it in 2..head_dim - 2 (head_dim " +
+                          std::to_string(head_dim) + " = qk_nope_head_dim + qk_rope_head_dim)");
+        !s)
+      return s;
+  }
+  if (router_groups != 0 || router_groups_used != 0) {
+    // Each group holds as many experts, two at least where its score is the sum of its best two.
+    const std::int64_t per_group = router_groups > 0 ? n_experts / router_groups : 0;
+    if (auto s = need(
+            router_groups > 1 && n_experts % router_groups == 0 && per_group >= (router_group_score == "max" ? 1 : 2),
+            "router_groups is " + std::to_string(router_groups) + "; it must divide n_experts (" +
+                std::to_string(n_experts) + ") into groups of " +
+                (router_group_score == "max" ? "one expert" : "two experts") + " or more");
+        !s)
+      return s;
+    if (auto s = need(router_groups_used >= 1 && router_groups_used <= router_groups &&
+                          n_experts_per_tok <= router_groups_used * per_group,
+                      "router_groups_used is " + std::to_string(router_groups_used) + "; it must be in 1.." +
+                          std::to_string(router_groups) + " and its groups must hold n_experts_per_tok (" +
+                          std::to_string(n_experts_per_tok) + ") experts");
+        !s)
+      return s;
+    if (auto s = need(router_group_score == "top2_sum" || router_group_score == "max",
+                      "router_group_score '" + router_group_score + "' is not supported (top2_sum, max)");
+        !s)
+      return s;
+  }
   if (auto s = need(mlp_only_layers.size() <= static_cast<std::size_t>(num_layers),
                     "mlp_only_layers lists more layers than num_layers");
       !s)

@@ -258,7 +258,10 @@ class CpuCompute final : public ComputeBase {
       case Op::expert_ffn_clamped_group:
       case Op::expert_ffn_routed: return matmul_weight(weight_type);
       case Op::attention_sinks: return is_kv_type(weight_type);
-      case Op::topk_routing_biased: return weight_type == DType::f32;
+      case Op::topk_routing_biased:
+      case Op::topk_routing_grouped:
+      case Op::concat_rows: return weight_type == DType::f32;
+      case Op::matmul_heads: return matmul_weight(weight_type);
       default: return supports_every_op(op, weight_type);
     }
   }
@@ -292,12 +295,15 @@ class CpuCompute final : public ComputeBase {
       case Op::swiglu: return op_swiglu(c);
       case Op::add: return op_add(c);
       case Op::topk_routing:
-      case Op::topk_routing_biased: return op_topk(c);
+      case Op::topk_routing_biased:
+      case Op::topk_routing_grouped: return op_topk(c);
       case Op::embedding: return op_embedding(c);
       case Op::scale_add: return op_scale_add(c);
       case Op::sigmoid: return op_sigmoid(c);
       case Op::store_rows: return op_store_rows(c);
       case Op::expert_ffn_routed: return op_expert_routed(c);
+      case Op::concat_rows: return op_concat_rows(c);
+      case Op::matmul_heads: return op_matmul_heads(c);
       case Op::count_: break;
     }
     return Status(StatusCode::unsupported,
@@ -521,6 +527,82 @@ class CpuCompute final : public ComputeBase {
     }
     matmul_core(W.type, w, k, n, reinterpret_cast<const float*>(x), t, reinterpret_cast<const float*>(b),
                 reinterpret_cast<float*>(y), (c.params.flags & kExactActivations) != 0);
+    return {};
+  }
+
+  // matmul_heads (DeepSeek's latent attention): head h's matrix (W's rows h * N .. h * N + N - 1) times the first K
+  // values of each token's head-h row of X, as jobs of matmul_jobs, so every (t, h) has the bits of matmul on that
+  // matrix and row. One token reads its rows in place (row h of X is {K, 1} at h * Kx, Y's at h * N); a batch gathers
+  // each head's rows into {K, T} and scatters the {N, T} results back, a group of heads at a time so that the
+  // scratch stays near kHeadsScratchBytes.
+  Status op_matmul_heads(const OpCall& c) {
+    const char* op = "matmul_heads";
+    COLIBRI_TRY(sdk::check_op_call(c, "cpu"));
+    const Tensor &W = c.inputs[0], &X = c.inputs[1], &Y = c.outputs[0];
+    std::byte *w, *x, *y;
+    COLIBRI_TRY(resolve(op, "W (inputs[0])", W, w));
+    COLIBRI_TRY(resolve(op, "X (inputs[1])", X, x));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    const std::int64_t k = W.ne[0], n = W.ne[1], heads = W.ne[2], kx = X.ne[0], t = X.ne[2];
+    const std::size_t head_bytes = row_bytes(W.type, k) * static_cast<std::size_t>(n);
+    const bool exact = (c.params.flags & kExactActivations) != 0;
+    const auto* xs = reinterpret_cast<const float*>(x);
+    auto* ys = reinterpret_cast<float*>(y);
+    std::vector<MatJob>& jobs = jobs_;
+    jobs.clear();
+    if (t == 1) {
+      for (std::int64_t h = 0; h < heads; ++h)
+        jobs.push_back(
+            {W.type, w + static_cast<std::size_t>(h) * head_bytes, n, nullptr, ys + h * n, k, xs + h * kx, 1});
+      matmul_jobs(jobs, exact);
+      return {};
+    }
+    constexpr std::int64_t kHeadsScratchBytes = std::int64_t{32} << 20;
+    const std::int64_t per_head = t * (k + n) * static_cast<std::int64_t>(sizeof(float));
+    const std::int64_t group = std::clamp<std::int64_t>(kHeadsScratchBytes / per_head, 1, heads);
+    auto* xg = reinterpret_cast<float*>(heads_scratch_.get(static_cast<std::size_t>(group * per_head)));
+    float* yg = xg + group * t * k;  // head h0 + j's {K, T} at j * K * T, its {N, T} at j * N * T
+    for (std::int64_t h0 = 0; h0 < heads; h0 += group) {
+      const std::int64_t g = std::min(group, heads - h0);
+      pool_.run(g, [&](std::int64_t j, int) noexcept {
+        for (std::int64_t i = 0; i < t; ++i)
+          std::memcpy(xg + (j * t + i) * k, xs + (i * heads + h0 + j) * kx,
+                      static_cast<std::size_t>(k) * sizeof(float));
+      });
+      jobs.clear();
+      for (std::int64_t j = 0; j < g; ++j) {
+        jobs.push_back({W.type, w + static_cast<std::size_t>(h0 + j) * head_bytes, n, nullptr, yg + j * n * t, k,
+                        xg + j * k * t, t});
+      }
+      matmul_jobs(jobs, exact);
+      pool_.run(g, [&](std::int64_t j, int) noexcept {
+        for (std::int64_t i = 0; i < t; ++i)
+          std::memcpy(ys + (i * heads + h0 + j) * n, yg + (j * t + i) * n, static_cast<std::size_t>(n) * sizeof(float));
+      });
+    }
+    return {};
+  }
+
+  // concat_rows: each of the R rows of Y is A's row, then B's; a plain copy of the bits.
+  Status op_concat_rows(const OpCall& c) {
+    const char* op = "concat_rows";
+    COLIBRI_TRY(sdk::check_op_call(c, "cpu"));
+    const Tensor &A = c.inputs[0], &B = c.inputs[1], &Y = c.outputs[0];
+    std::byte *a, *b, *y;
+    COLIBRI_TRY(resolve(op, "A (inputs[0])", A, a));
+    COLIBRI_TRY(resolve(op, "B (inputs[1])", B, b));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", Y, y));
+    const auto wa = static_cast<std::size_t>(A.ne[0]) * sizeof(float),
+               wb = static_cast<std::size_t>(B.ne[0]) * sizeof(float);
+    const std::int64_t rows = sdk::row_count(A);
+    constexpr std::int64_t kRowsPerTask = 256;
+    pool_.run(row_tasks(rows, kRowsPerTask), [&](std::int64_t task, int) noexcept {
+      for (std::int64_t r = task * kRowsPerTask; r < std::min(rows, (task + 1) * kRowsPerTask); ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        std::memcpy(y + i * (wa + wb), a + i * wa, wa);
+        std::memcpy(y + i * (wa + wb) + wa, b + i * wb, wb);
+      }
+    });
     return {};
   }
 
@@ -1093,10 +1175,12 @@ class CpuCompute final : public ComputeBase {
 
   // ---------------------------------------------------------------- routing
 
-  // topk_routing, and topk_routing_biased: picks by score + bias (inputs[1]), weights from the scores alone.
+  // topk_routing, and topk_routing_biased: picks by score + bias (inputs[1]), weights from the scores alone;
+  // topk_routing_grouped: as biased, among the experts of the params.groups_used best groups only.
   Status op_topk(const OpCall& c) {
-    const bool biased = c.op == Op::topk_routing_biased;
-    const char* op = biased ? "topk_routing_biased" : "topk_routing";
+    const bool grouped = c.op == Op::topk_routing_grouped;
+    const bool biased = grouped || c.op == Op::topk_routing_biased;
+    const char* op = sdk::op_name(c.op);
     if (biased) COLIBRI_TRY(sdk::check_op_call(c, "cpu"));
     COLIBRI_TRY(need_count(op, c, biased ? 2 : 1, biased ? 2 : 1, 2));
     const Tensor &L = c.inputs[0], &I = c.outputs[0], &Wt = c.outputs[1];
@@ -1132,8 +1216,8 @@ class CpuCompute final : public ComputeBase {
     for (std::int64_t j = 0; biased && j < e; ++j) {
       if (std::isnan(bias[j])) return bad(op, "bias of expert " + std::to_string(j) + " is NaN");
     }
-    std::vector<float> score(static_cast<std::size_t>(e)), choice(biased ? score.size() : 0);
-    std::vector<std::int32_t> order(static_cast<std::size_t>(e));
+    std::vector<float> score(static_cast<std::size_t>(e)), choice(biased ? score.size() : 0), group_score;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(e)), group_order;
     for (std::int64_t i = 0; i < t; ++i) {
       const float* x = ls + i * e;
       if (flags & kRoutingSoftmax) {
@@ -1152,6 +1236,7 @@ class CpuCompute final : public ComputeBase {
         for (std::int64_t j = 0; j < e; ++j)
           choice[static_cast<std::size_t>(j)] = score[static_cast<std::size_t>(j)] + bias[j];
       }
+      if (grouped) mask_groups(choice, c.params.groups, c.params.groups_used, flags, group_score, group_order);
       const std::vector<float>& key = biased ? choice : score;
       std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](std::int32_t a, std::int32_t b) {
         const float sa = key[static_cast<std::size_t>(a)], sb = key[static_cast<std::size_t>(b)];
@@ -1170,6 +1255,41 @@ class CpuCompute final : public ComputeBase {
       }
     }
     return {};
+  }
+
+  // topk_routing_grouped's group limit (DeepSeek-V3's noaux_tc): each of the `groups` consecutive groups scores the
+  // sum of its two highest choices (f32, the higher first), or its highest with kRoutingGroupMax; the experts outside
+  // the `used` best groups (ties to the lower group) become -inf, so they are never picked.
+  static void mask_groups(std::vector<float>& choice, std::int32_t groups, std::int32_t used, int flags,
+                          std::vector<float>& group_score, std::vector<std::int32_t>& group_order) {
+    const std::size_t per = choice.size() / static_cast<std::size_t>(groups);
+    group_score.resize(static_cast<std::size_t>(groups));
+    group_order.resize(group_score.size());
+    for (std::size_t g = 0; g < group_score.size(); ++g) {
+      float hi = -std::numeric_limits<float>::infinity(), lo = hi;
+      for (std::size_t j = g * per; j < (g + 1) * per; ++j) {
+        const float v = choice[j];
+        if (v > hi) {
+          lo = hi;
+          hi = v;
+        } else if (v > lo) {
+          lo = v;
+        }
+      }
+      group_score[g] = (flags & kRoutingGroupMax) ? hi : hi + lo;
+      group_order[g] = static_cast<std::int32_t>(g);
+    }
+    std::partial_sort(group_order.begin(), group_order.begin() + used, group_order.end(),
+                      [&](std::int32_t a, std::int32_t b) {
+                        const float sa = group_score[static_cast<std::size_t>(a)];
+                        const float sb = group_score[static_cast<std::size_t>(b)];
+                        return sa > sb || (sa == sb && a < b);
+                      });
+    for (std::size_t r = static_cast<std::size_t>(used); r < group_order.size(); ++r) {
+      const auto g = static_cast<std::size_t>(group_order[r]);
+      std::fill(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per), -std::numeric_limits<float>::infinity());
+    }
   }
 
   // ---------------------------------------------------------------- embedding
@@ -1209,6 +1329,7 @@ class CpuCompute final : public ComputeBase {
   std::vector<Scratch> scratch_;  // one per worker
   Scratch act_scratch_;
   Scratch ffn_scratch_;
+  Scratch heads_scratch_;  // matmul_heads' gathered rows and results (T > 1)
   // matmul_jobs' and expert_ffn's bookkeeping, kept so a decode step does not allocate.
   std::vector<Activation> acts_;
   std::vector<std::size_t> act_of_job_;

@@ -647,7 +647,8 @@ struct EmbeddingLaunch {
 
 constexpr int kAttnThreads = 128;
 constexpr int kKeyBlock = 64;
-constexpr int kMaxHeadDim = 256;
+constexpr int kMaxHeadDim = 576;  // DeepSeek's latent attention: 512 + 64
+constexpr int kDimsPerThread = (kMaxHeadDim + kAttnThreads - 1) / kAttnThreads;
 
 struct KvF32 {
   __device__ static float at(const std::uint8_t* row, int e) { return reinterpret_cast<const float*>(row)[e]; }
@@ -682,7 +683,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
   };
   float m = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
   float l = m == -INFINITY ? 0.0f : 1.0f;  // a sink of -inf is no key
-  float acc[kMaxHeadDim / kAttnThreads] = {0.0f, 0.0f};
+  float acc[kDimsPerThread] = {};
   __syncthreads();
   for (int kb = lo / kKeyBlock * kKeyBlock; kb <= p; kb += kKeyBlock) {
     constexpr int kPerWarp = kKeyBlock / (kAttnThreads / 32);
@@ -709,7 +710,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
     for (int j = 0; j < kKeyBlock; ++j) sum = __fadd_rn(sum, prob[j]);
     l = fmaf(l, corr, sum);
 #pragma unroll
-    for (int r = 0; r < kMaxHeadDim / kAttnThreads; ++r) {
+    for (int r = 0; r < kDimsPerThread; ++r) {
       const int e = tid + r * kAttnThreads;
       if (e >= hd) break;
       float o = __fmul_rn(acc[r], corr);
@@ -722,7 +723,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttentionArgs a
   }
   float* o = a.o + (static_cast<std::size_t>(i) * a.n_heads + h) * hd;
 #pragma unroll
-  for (int r = 0; r < kMaxHeadDim / kAttnThreads; ++r) {
+  for (int r = 0; r < kDimsPerThread; ++r) {
     const int e = tid + r * kAttnThreads;
     if (e < hd) o[e] = __fdiv_rn(acc[r], l);
   }
@@ -818,6 +819,9 @@ __global__ void clamped_glu_kernel(const float* g, const float* __restrict__ u, 
 // One thread per token. Picks in (score desc, id asc) order without storing the chosen ids: the
 // next pick is the best candidate ranked after the previous one. Biased (topk_routing_biased): ranked by
 // score + bias[j] instead, each weight still the score, / (sum + 1e-20) with renormalize, then * scale.
+// Grouped (topk_routing_grouped, also Biased): only the experts of the groups_used best of the groups (e / groups
+// consecutive experts each) compete; a group scores the sum of its two highest score + bias (its highest alone with
+// group_max), ties to the lower group.
 
 __device__ float route_score(const float* x, int j, int mode, float mx, float sum) {
   if (mode == 1) return __fdiv_rn(expf(x[j] - mx), sum);
@@ -825,10 +829,37 @@ __device__ float route_score(const float* x, int j, int mode, float mx, float su
   return x[j];
 }
 
-template <bool Biased>
+// Group g's score, from the same __fadd_rn keys the picks rank by: the two highest added (the higher first), or the
+// highest alone. Starts from the group's first two (groups of one need group_max, which check_op_call enforces).
+__device__ float group_score(const float* x, const float* bias, int g, int per, int mode, float mx, float sum,
+                             int group_max) {
+  const int first = g * per;
+  float hi = __fadd_rn(route_score(x, first, mode, mx, sum), bias[first]);
+  if (per == 1) return hi;
+  float lo = __fadd_rn(route_score(x, first + 1, mode, mx, sum), bias[first + 1]);
+  if (lo > hi) {
+    const float swap = hi;
+    hi = lo;
+    lo = swap;
+  }
+  for (int j = first + 2; j < first + per; ++j) {
+    const float key = __fadd_rn(route_score(x, j, mode, mx, sum), bias[j]);
+    if (key > hi) {
+      lo = hi;
+      hi = key;
+    } else if (key > lo) {
+      lo = key;
+    }
+  }
+  return group_max ? hi : __fadd_rn(hi, lo);
+}
+
+template <bool Biased, bool Grouped>
 __global__ void topk_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
                             std::int32_t* __restrict__ ids, float* __restrict__ weights, int e, int t, int k, int mode,
-                            int renormalize, float scale, std::int32_t* status) {
+                            int renormalize, float scale, int groups, int groups_used, int group_max,
+                            std::int32_t* status) {
+  static_assert(Biased || !Grouped, "grouped routing is biased routing within groups");
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= t) return;
   const float* x = logits + static_cast<std::size_t>(i) * e;
@@ -848,6 +879,26 @@ __global__ void topk_kernel(const float* __restrict__ logits, const float* __res
   if (mode == 1) {
     for (int j = 0; j < e; ++j) sum = __fadd_rn(sum, expf(x[j] - mx));
   }
+  // Grouped: the last of the groups_used best groups in (group score desc, group asc) order, found as the picks are;
+  // a group competes iff it ranks at or before it. Every group competes when all are used.
+  int per = e, last_g = 0;
+  float last_gs = 0.0f;
+  bool every_group = true;
+  if constexpr (Grouped) {
+    per = e / groups;
+    every_group = groups_used >= groups;
+    for (int gp = 0; !every_group && gp < groups_used; ++gp) {
+      int best_g = -1;
+      float best_gs = 0.0f;
+      for (int g = 0; g < groups; ++g) {
+        const float gs = group_score(x, bias, g, per, mode, mx, sum, group_max);
+        const bool after_prev = gp == 0 || gs < last_gs || (gs == last_gs && g > last_g);
+        if (after_prev && (best_g < 0 || gs > best_gs)) best_g = g, best_gs = gs;
+      }
+      last_gs = best_gs;
+      last_g = best_g;
+    }
+  }
   float prev = INFINITY, chosen_sum = 0.0f;
   int prev_id = -1;
   std::int32_t* out_ids = ids + static_cast<std::size_t>(i) * k;
@@ -856,6 +907,16 @@ __global__ void topk_kernel(const float* __restrict__ logits, const float* __res
     int best = -1;
     float best_key = 0.0f, best_s = 0.0f;
     for (int j = 0; j < e; ++j) {
+      if constexpr (Grouped) {
+        if (!every_group && j % per == 0) {
+          const int g = j / per;
+          const float gs = group_score(x, bias, g, per, mode, mx, sum, group_max);
+          if (!(gs > last_gs || (gs == last_gs && g <= last_g))) {
+            j += per - 1;  // a losing group: none of its experts is picked
+            continue;
+          }
+        }
+      }
       const float s = route_score(x, j, mode, mx, sum);
       float key = s;  // what ranks the experts: the score, or score + bias
       if constexpr (Biased) key = __fadd_rn(s, bias[j]);
@@ -920,6 +981,19 @@ __global__ void routed_combine_kernel(const float* __restrict__ ys, const std::i
 unsigned grid_for(long long items, int threads) {
   const long long g = (items + threads - 1) / threads;
   return static_cast<unsigned>(g < 1 ? 1 : (g > 65535 ? 65535 : g));
+}
+
+// ---------------------------------------------------------------- row copies (concat_rows, matmul_heads)
+// Rows of `width` 4-byte words indexed (o, i), o < outer and i < inner, at o * so + i * si in src and o * dso + i * dsi
+// in dst: words, not floats, so the bits are copied as they are.
+__global__ void copy_rows_kernel(const std::uint32_t* __restrict__ src, std::uint32_t* __restrict__ dst,
+                                 long long width, long long inner, long long total, long long so, long long si,
+                                 long long dso, long long dsi) {
+  for (long long at = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; at < total;
+       at += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = at / width, e = at % width, o = row / inner, i = row % inner;
+    dst[o * dso + i * dsi + e] = src[o * so + i * si + e];
+  }
 }
 
 }  // namespace
@@ -1047,6 +1121,17 @@ cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const voi
   return by_type<EmbeddingLaunch>(wtype, stream, table, row_bytes, ids, y, d, vocab, t, status);
 }
 
+cudaError_t launch_copy_rows(cudaStream_t stream, const float* src, float* dst, std::int64_t width, std::int64_t outer,
+                             std::int64_t inner, std::int64_t src_outer, std::int64_t src_inner, std::int64_t dst_outer,
+                             std::int64_t dst_inner) noexcept {
+  const long long total = static_cast<long long>(width) * outer * inner;
+  if (total <= 0) return cudaSuccess;
+  copy_rows_kernel<<<grid_for(total, 256), 256, 0, stream>>>(reinterpret_cast<const std::uint32_t*>(src),
+                                                             reinterpret_cast<std::uint32_t*>(dst), width, inner, total,
+                                                             src_outer, src_inner, dst_outer, dst_inner);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_attention(cudaStream_t stream, std::uint32_t kv_type, const AttentionArgs& a) noexcept {
   const dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.t));
   switch (kv_type) {
@@ -1089,18 +1174,28 @@ cudaError_t launch_clamped_glu(cudaStream_t stream, const float* gate, const flo
 
 cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* ids, float* weights, std::int64_t e,
                         std::int64_t t, std::int32_t k, int mode, bool renormalize, std::int32_t* status) noexcept {
-  topk_kernel<false><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
-      logits, nullptr, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, 1.0f,
-      status);
+  topk_kernel<false, false><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, nullptr, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, 1.0f, 0, 0,
+      0, status);
   return cudaGetLastError();
 }
 
 cudaError_t launch_topk_biased(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
                                float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
                                bool renormalize, float scale, std::int32_t* status) noexcept {
-  topk_kernel<true><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
-      logits, bias, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, scale,
-      status);
+  topk_kernel<true, false><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, bias, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, scale, 0, 0,
+      0, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_topk_grouped(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
+                                float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
+                                bool renormalize, float scale, std::int32_t groups, std::int32_t groups_used,
+                                bool group_max, std::int32_t* status) noexcept {
+  topk_kernel<true, true><<<static_cast<unsigned>((t + 63) / 64), 64, 0, stream>>>(
+      logits, bias, ids, weights, static_cast<int>(e), static_cast<int>(t), k, mode, renormalize ? 1 : 0, scale, groups,
+      groups_used, group_max ? 1 : 0, status);
   return cudaGetLastError();
 }
 

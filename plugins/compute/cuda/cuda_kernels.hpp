@@ -85,6 +85,13 @@ cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const voi
                              const std::int32_t* ids, float* y, std::int64_t d, std::int64_t vocab, std::int64_t t,
                              std::int32_t* status) noexcept;
 
+// Rows of `width` floats indexed (o, i), o < outer and i < inner: dst[o * dst_outer + i * dst_inner + e] =
+// src[o * src_outer + i * src_inner + e] (strides in floats), the bits as they are. concat_rows, and matmul_heads'
+// gather of each head's rows and scatter of its results.
+cudaError_t launch_copy_rows(cudaStream_t stream, const float* src, float* dst, std::int64_t width, std::int64_t outer,
+                             std::int64_t inner, std::int64_t src_outer, std::int64_t src_inner, std::int64_t dst_outer,
+                             std::int64_t dst_inner) noexcept;
+
 struct AttentionArgs {
   const float* q;
   const void* k;
@@ -122,6 +129,13 @@ cudaError_t launch_topk(cudaStream_t stream, const float* logits, std::int32_t* 
 cudaError_t launch_topk_biased(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
                                float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
                                bool renormalize, float scale, std::int32_t* status) noexcept;
+// topk_routing_grouped: as launch_topk_biased among the experts of the groups_used best of `groups` consecutive
+// groups only (a group's score: its two highest score + bias added, or its highest with group_max; ties to the lower
+// group).
+cudaError_t launch_topk_grouped(cudaStream_t stream, const float* logits, const float* bias, std::int32_t* ids,
+                                float* weights, std::int64_t e, std::int64_t t, std::int32_t k, int mode,
+                                bool renormalize, float scale, std::int32_t groups, std::int32_t groups_used,
+                                bool group_max, std::int32_t* status) noexcept;
 
 // cudaSuccess when this build holds code the current device can run (else cudaErrorNoKernelImageForDevice).
 cudaError_t kernel_image_status() noexcept;

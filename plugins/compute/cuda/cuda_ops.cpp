@@ -194,8 +194,12 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
   if (op == Op::matmul || is_expert_op(op))
     return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
-  // GLM-4.5 / DeepSeek-V3 routers: topk_kernel<true>.
-  if (op == Op::topk_routing_biased) return sdk::supports_every_op(Op::topk_routing, weight_type);
+  // GLM-4.5 / DeepSeek-V3 routers: topk_kernel<true, false>, and <true, true> for the group-limited one.
+  if (op == Op::topk_routing_biased || op == Op::topk_routing_grouped)
+    return sdk::supports_every_op(Op::topk_routing, weight_type);
+  // DeepSeek's latent attention: matmul per head on gathered rows, and a row copy.
+  if (op == Op::matmul_heads) return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
+  if (op == Op::concat_rows) return weight_type == DType::f32;
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -315,6 +319,13 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
     if (f * t > kMaxInt) return bad("expert " + std::to_string(e) + ": F x T is more than 2^31 - 1 elements");
     extra_scratch = std::max(extra_scratch, 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float)));
   }
+  // matmul_heads with T > 1: each head's rows gathered into {K, T}, and its {N, T} results, before the scatter.
+  std::size_t heads_x_bytes = 0;
+  if (call.op == Op::matmul_heads && in[1].ne[2] > 1 && in[0].ne[0] > 0 && in[0].ne[1] > 0 && in[0].ne[2] > 0) {
+    const std::int64_t k = in[0].ne[0], n = in[0].ne[1], h = in[0].ne[2], t = in[1].ne[2];
+    heads_x_bytes = align_up(static_cast<std::size_t>(h * k * t) * sizeof(float));
+    extra_scratch = heads_x_bytes + align_up(static_cast<std::size_t>(h * n * t) * sizeof(float));
+  }
   // 8-bit activations for the matmuls that take them (sdk: quantized W may quantize X unless kExactActivations),
   // after the experts' gate/up scratch. One region, laid out for the largest K x T that takes them, serves X (gate,
   // up) and then the gate output (down) of every expert in turn; a matmul whose K does not take them leaves it alone.
@@ -328,6 +339,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   };
   if ((call.params.flags & sdk::kExactActivations) == 0) {
     if (call.op == Op::matmul && in.size() >= 2) consider(in[0].ne[0], sdk::row_count(in[1]));
+    if (call.op == Op::matmul_heads) consider(in[0].ne[0], in[1].ne[2]);
     for (std::size_t e = 0; e < n_experts; ++e) {
       const Tensor& wg = in[e * stride];
       const std::int64_t t = sdk::row_count(in[e * stride + 3]);
@@ -368,6 +380,40 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       }
       COLIBRI_CUDA_TRY(launched(launch_matmul(st, static_cast<std::uint32_t>(w.type), wa, sdk::row_bytes(w.type, k), xa,
                                               ya, ba, k, n, t, q8)));
+      break;
+    }
+    case Op::matmul_heads: {
+      // Head h: launch_matmul on its matrix and its rows, so each (token, head) has matmul's bits. One token's head
+      // rows lie apart already ({K} at h * Kx, {N} at h * N); a batch's are gathered into {K, T} per head first and
+      // the {N, T} results scattered back. The heads share q8 in turn on the stream.
+      const Tensor &w = in[0], &x = in[1], &y = out[0];
+      const std::int64_t k = w.ne[0], n = w.ne[1], heads = w.ne[2], kx = x.ne[0], t = x.ne[2];
+      if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
+      COLIBRI_CUDA_BIND(wa, const void*, w, "W", false, weight_align(w.type));
+      COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
+      COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
+      const std::size_t rb = sdk::row_bytes(w.type, k);
+      float* xg = t > 1 ? binder.scratch(0) : nullptr;
+      float* yg = t > 1 ? binder.scratch(heads_x_bytes) : nullptr;
+      if (t > 1) COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, xa, xg, k, heads, t, kx, heads * kx, k * t, k)));
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const void* wh = static_cast<const std::byte*>(wa) + static_cast<std::size_t>(h * n) * rb;
+        const float* xh = t > 1 ? xg + h * k * t : xa + h * kx;
+        float* yh = t > 1 ? yg + h * n * t : ya + h * n;
+        COLIBRI_CUDA_TRY(
+            launched(launch_matmul(st, static_cast<std::uint32_t>(w.type), wh, rb, xh, yh, nullptr, k, n, t, q8)));
+      }
+      if (t > 1) COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, yg, ya, n, heads, t, n * t, n, n, heads * n)));
+      break;
+    }
+    case Op::concat_rows: {
+      const Tensor &a = in[0], &b = in[1], &y = out[0];
+      const std::int64_t wa_ = a.ne[0], wb_ = b.ne[0], rows = sdk::row_count(a);
+      COLIBRI_CUDA_BIND(aa, const float*, a, "A", false, 4);
+      COLIBRI_CUDA_BIND(ba, const float*, b, "B", false, 4);
+      COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
+      COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, aa, ya, wa_, rows, 1, wa_, 0, wa_ + wb_, 0)));
+      COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, ba, ya + wa_, wb_, rows, 1, wb_, 0, wa_ + wb_, 0)));
       break;
     }
     case Op::expert_ffn:
@@ -498,8 +544,10 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::topk_routing:
-    case Op::topk_routing_biased: {
-      const bool biased = call.op == Op::topk_routing_biased;
+    case Op::topk_routing_biased:
+    case Op::topk_routing_grouped: {
+      const bool grouped = call.op == Op::topk_routing_grouped;
+      const bool biased = grouped || call.op == Op::topk_routing_biased;
       const Tensor &l = in[0], &ids = out[0], &wts = out[1];
       const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       const std::int32_t f = call.params.flags;
@@ -519,9 +567,12 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       const int mode = (f & sdk::kRoutingSoftmax) ? 1 : (f & sdk::kRoutingSigmoid) ? 2 : 0;
       const bool renormalize = (f & sdk::kRoutingRenormalize) != 0;
       const auto kk = static_cast<std::int32_t>(k);
-      COLIBRI_CUDA_TRY(
-          launched(biased ? launch_topk_biased(st, la, ba, ia, wa, e, t, kk, mode, renormalize, call.params.scale, *sw)
-                          : launch_topk(st, la, ia, wa, e, t, kk, mode, renormalize, *sw)));
+      const float scale = call.params.scale;
+      COLIBRI_CUDA_TRY(launched(
+          grouped  ? launch_topk_grouped(st, la, ba, ia, wa, e, t, kk, mode, renormalize, scale, call.params.groups,
+                                         call.params.groups_used, (f & sdk::kRoutingGroupMax) != 0, *sw)
+          : biased ? launch_topk_biased(st, la, ba, ia, wa, e, t, kk, mode, renormalize, scale, *sw)
+                   : launch_topk(st, la, ia, wa, e, t, kk, mode, renormalize, *sw)));
       break;
     }
     case Op::embedding: {

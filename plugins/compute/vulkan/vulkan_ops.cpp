@@ -84,6 +84,15 @@ struct MatmulPush {
   std::uint64_t w, x, y, bias;
   std::uint32_t k, n, t, w_row_bytes, tpr, w_indirect;
 };
+struct MatmulHeadsPush {  // matmul_heads_* (matmul.comp with HEADS): MatmulPush, then the heads' layout
+  MatmulPush m;
+  std::uint64_t w_head_bytes;
+  std::uint32_t heads, kx;
+};
+struct ConcatPush {
+  std::uint64_t a, b, y;
+  std::uint32_t a_width, b_width, n, pad;
+};
 struct GetRowsPush {
   std::uint64_t table, ids, out, status;
   std::uint32_t d, rows, t, row_bytes;
@@ -123,11 +132,13 @@ struct RoutePush {
 struct TopkPush {
   std::uint64_t logits, ids, weights;
   std::uint32_t e, t, k, mode, renormalize;
-  float scale;         // topk_biased only (BIASED)
-  std::uint64_t bias;  // topk_biased only: {E} f32
+  float scale;                                        // topk_biased and topk_grouped only (BIASED)
+  std::uint64_t bias;                                 // topk_biased and topk_grouped only: {E} f32
+  std::uint32_t groups, groups_used, group_max, pad;  // topk_grouped only (GROUPED)
 };
 static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 72 && sizeof(RopePush) == 56 &&
-              sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48 && sizeof(TopkPush) == 56);
+              sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48 && sizeof(TopkPush) == 72 &&
+              sizeof(MatmulHeadsPush) == 72 && sizeof(ConcatPush) == 40);
 
 // Where each tensor of an op lives on the device. Host tensors (data set, no buffer) are copied
 // into staging buffers the shaders read directly, and outputs copied back after the run.
@@ -268,10 +279,14 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   if (op == Op::matmul || op == Op::expert_ffn || op == Op::expert_ffn_group || op == Op::expert_ffn_clamped ||
       op == Op::expert_ffn_clamped_group || op == Op::expert_ffn_routed)
     return matmul_weight(weight_type);
+  // DeepSeek's latent attention: matmul.comp with HEADS (matmul_heads_*), and a copy shader.
+  if (op == Op::matmul_heads) return matmul_weight(weight_type);
+  if (op == Op::concat_rows) return weight_type == DType::f32;
   // gpt-oss: attention with the sinks as the softmax's first key (attention_sinks_* shaders).
   if (op == Op::attention_sinks) return sdk::supports_every_op(Op::attention, weight_type);
-  // GLM-4.5 / DeepSeek-V3 routers: topk.comp built with BIASED (topk_biased).
-  if (op == Op::topk_routing_biased) return sdk::supports_every_op(Op::topk_routing, weight_type);
+  // GLM-4.5 / DeepSeek-V3 routers: topk.comp built with BIASED (topk_biased), and GROUPED (topk_grouped).
+  if (op == Op::topk_routing_biased || op == Op::topk_routing_grouped)
+    return sdk::supports_every_op(Op::topk_routing, weight_type);
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -407,6 +422,42 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
         ba = b;
       }
       cmds.push_back(matmul_command(w.type, wa, xa, ya, ba, k, n, t));
+      break;
+    }
+    case Op::matmul_heads: {
+      // matmul's shader with a head index on grid y (HEADS): each (token, head) gets the arithmetic of matmul on its
+      // matrix and row. Grid y holds (token tile, head) pairs: a batch too large for it goes in token chunks.
+      const Tensor &w = in[0], &x = in[1], &y = out[0];
+      const std::int64_t k = w.ne[0], n = w.ne[1], heads = w.ne[2], kx = x.ne[0], t = x.ne[2];
+      if (heads > kMaxGrid) return bad("more than 65535 heads in one call");
+      COLIBRI_VK_BIND(wa, w, "W", false, weight_align(w.type));
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      const std::size_t rb = sdk::row_bytes(w.type, k);
+      const std::int64_t chunk = kMaxGrid / heads * kMatmulTile;
+      for (std::int64_t t0 = 0; t0 < t; t0 += chunk) {
+        const std::int64_t tc = std::min(chunk, t - t0);
+        Command c = matmul_command(w.type, wa, xa + static_cast<std::uint64_t>(t0 * heads * kx) * sizeof(float),
+                                   ya + static_cast<std::uint64_t>(t0 * heads * n) * sizeof(float), 0, k, n, tc);
+        MatmulPush m;
+        std::memcpy(&m, c.push.data(), sizeof(m));
+        c.shader = std::string("matmul_heads_") + type_suffix(w.type);
+        c.push = as_bytes(MatmulHeadsPush{m, rb * static_cast<std::uint64_t>(n), u32(heads), u32(kx)});
+        c.groups[1] *= u32(heads);
+        cmds.push_back(std::move(c));
+      }
+      break;
+    }
+    case Op::concat_rows: {
+      const Tensor &a = in[0], &b = in[1], &y = out[0];
+      COLIBRI_VK_BIND(aa, a, "A", false, 4);
+      COLIBRI_VK_BIND(ba, b, "B", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      Command c;
+      c.shader = "concat_rows";
+      c.push = as_bytes(ConcatPush{aa, ba, ya, u32(a.ne[0]), u32(b.ne[0]), static_cast<std::uint32_t>(elems(y)), 0});
+      c.groups[0] = groups_for(elems(y), 256);
+      cmds.push_back(std::move(c));
       break;
     }
     case Op::expert_ffn:
@@ -650,10 +701,13 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
       break;
     }
     case Op::topk_routing:
-    case Op::topk_routing_biased: {
+    case Op::topk_routing_biased:
+    case Op::topk_routing_grouped: {
       // topk_routing_biased: the topk_biased shader (topk.comp with BIASED), which reads the bias and scale after
-      // topk's push constants. A NaN logit marks the token's picks in both, as topk.comp does.
-      const bool biased = call.op == Op::topk_routing_biased;
+      // topk's push constants; topk_routing_grouped: topk_grouped (also GROUPED), the groups after those. A NaN logit
+      // marks the token's picks in all three, as topk.comp does.
+      const bool grouped = call.op == Op::topk_routing_grouped;
+      const bool biased = grouped || call.op == Op::topk_routing_biased;
       const Tensor &l = in[0], &ids = out[0], &wts = out[1];
       const std::int64_t e = l.ne[0], t = sdk::row_count(l), k = call.params.top_k;
       const std::int32_t f = call.params.flags;
@@ -666,10 +720,12 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
       COLIBRI_VK_BIND(ia, ids, "ids", true, 4);
       COLIBRI_VK_BIND(wa, wts, "weights", true, 4);
       Command c;
-      c.shader = biased ? "topk_biased" : "topk";
+      c.shader = grouped ? "topk_grouped" : biased ? "topk_biased" : "topk";
       const std::uint32_t mode = (f & sdk::kRoutingSoftmax) ? 1u : (f & sdk::kRoutingSigmoid) ? 2u : 0u;
-      c.push = as_bytes(TopkPush{la, ia, wa, u32(e), u32(t), u32(k), mode, (f & sdk::kRoutingRenormalize) ? 1u : 0u,
-                                 call.params.scale, ba});
+      c.push =
+          as_bytes(TopkPush{la, ia, wa, u32(e), u32(t), u32(k), mode, (f & sdk::kRoutingRenormalize) ? 1u : 0u,
+                            call.params.scale, ba, grouped ? u32(call.params.groups) : 0u,
+                            grouped ? u32(call.params.groups_used) : 0u, (f & sdk::kRoutingGroupMax) ? 1u : 0u, 0u});
       c.groups[0] = groups_for(static_cast<std::uint64_t>(t), 64);
       cmds.push_back(std::move(c));
       break;

@@ -186,10 +186,12 @@ double activation_rounding(DType t) {
   return 0.0;
 }
 
+// `given`: the reference's Y when the caller has it (matmul_heads' per head), else ref::matmul's.
 void check_matmul(DType type, const Weights& w, const std::vector<float>& x, std::int64_t t, const float* bias,
-                  const std::vector<float>& y, bool exact, const std::string& what) {
+                  const std::vector<float>& y, bool exact, const std::string& what,
+                  const std::vector<double>* given = nullptr) {
   const std::int64_t k = w.k, n = w.n;
-  const auto want = ref::matmul(DType::f32, w.dequant.data(), k, n, x.data(), t, bias);
+  const auto want = given != nullptr ? *given : ref::matmul(DType::f32, w.dequant.data(), k, n, x.data(), t, bias);
   Mismatches mm(what);
   double err2 = 0.0, budget2 = 0.0;
   for (std::int64_t i = 0; i < t; ++i) {
@@ -1320,6 +1322,353 @@ TEST_P(ComputeConformance, TopkRoutingBiasedRefusesBadCalls) {
                call({logits, arg(DType::f32, {e, 1, 1, 1}, big)}, 2, kRoutingSoftmax | kRoutingSigmoid));
 }
 
+// ------------------------------------------------------------------ topk_routing_grouped
+
+// topk_routing_grouped (optional; DeepSeek-V3's noaux_tc router, V2's group_limited_greedy with kRoutingGroupMax):
+// topk_routing_biased among the experts of the groups_used best groups only.
+Status run_grouped(Compute& c, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k, int flags,
+                   float scale, int groups, int groups_used, std::vector<std::int32_t>& ids, std::vector<float>& w) {
+  ids.assign(static_cast<std::size_t>(k * t), -7);
+  w.assign(ids.size(), -7.0f);
+  OpParams p;
+  p.top_k = k;
+  p.flags = flags;
+  p.scale = scale;
+  p.groups = groups;
+  p.groups_used = groups_used;
+  return run_op(c, Op::topk_routing_grouped,
+                {arg(DType::f32, {e, t, 1, 1}, const_cast<float*>(logits)),
+                 arg(DType::f32, {e, 1, 1, 1}, const_cast<float*>(bias))},
+                {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p);
+}
+
+// The tests' own premise, in double: near the cuts (the groups_used-th group, the k-th expert among the competing
+// ones) no two are closer than the backends' f32 rounding, except ties made on purpose (equal in double too).
+void expect_clear_grouped_cuts(const float* logits, const float* bias, std::int64_t e, std::int64_t t, int k, int flags,
+                               int groups, int groups_used) {
+  const auto all = ref::topk_routing(logits, e, t, static_cast<int>(e), flags & ~kRoutingRenormalize);
+  const auto per = static_cast<std::size_t>(e / groups);
+  auto clear = [](double a, double b) { return a == b || std::fabs(a - b) > 1e-5; };
+  for (std::int64_t i = 0; i < t; ++i) {
+    std::vector<double> choice(static_cast<std::size_t>(e));
+    for (std::int64_t j = 0; j < e; ++j) {
+      const auto at = static_cast<std::size_t>(i * e + j);
+      choice[static_cast<std::size_t>(all.ids[at])] = all.weights[at] + bias[all.ids[at]];
+    }
+    std::vector<std::pair<double, std::size_t>> group_score;
+    for (std::size_t g = 0; g < static_cast<std::size_t>(groups); ++g) {
+      std::vector<double> mine(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                               choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+      std::sort(mine.begin(), mine.end(), std::greater<>());
+      group_score.emplace_back((flags & kRoutingGroupMax) ? mine[0] : mine[0] + mine[1], g);
+    }
+    std::stable_sort(group_score.begin(), group_score.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (groups_used < groups) {
+      const auto u = static_cast<std::size_t>(groups_used);
+      ASSERT_TRUE(clear(group_score[u - 1].first, group_score[u].first))
+          << "test data: token " << i << " has a near tie of group scores at the cut (flags " << flags << ")";
+    }
+    std::vector<double> competing;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(groups_used); ++r) {
+      const std::size_t g = group_score[r].second;
+      competing.insert(competing.end(), choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                       choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+    }
+    std::sort(competing.begin(), competing.end(), std::greater<>());
+    for (int j = 0; j < k && static_cast<std::size_t>(j) + 1 < competing.size(); ++j) {
+      ASSERT_TRUE(clear(competing[static_cast<std::size_t>(j)], competing[static_cast<std::size_t>(j) + 1]))
+          << "test data: token " << i << " has a near tie at pick " << j << " (flags " << flags << ")";
+    }
+  }
+}
+
+// Hand-made routers of 16 experts in 4 groups of 4, one bias for all (0.05 on experts 12 and 13, else 0), the same in
+// every scoring mode:
+// token 0: expert 0 (logit 2.2) is the best single expert, but its group's other three are poor, so its group loses
+// on the sum of its best two to groups 1 (2.0, 2.0) and 2 (1.8, 1.8): with 2 groups used it is not picked (k = 2
+// gives 4, 5). Scored by its best alone (kRoutingGroupMax), group 0 wins and k = 2 gives 0, 4.
+// token 1: groups 1 and 2 hold the same scores (2.0 and 1.0 at other places) and tie on either rule; group 0 leads and
+// group 3 trails, so with 2 groups used group 1 (the lower) competes: k = 4 gives 0, 1, 4, 5 (not 0, 1, 11, 10).
+// Tokens 2.. are random.
+struct GroupedRoutingData {
+  static constexpr std::int64_t e = 16, t = 6;
+  static constexpr int groups = 4;
+  std::vector<float> logits, bias;
+};
+
+GroupedRoutingData grouped_routing_data() {
+  GroupedRoutingData d;
+  d.bias.assign(static_cast<std::size_t>(d.e), 0.0f);
+  d.bias[12] = d.bias[13] = 0.05f;
+  d.logits = randn(static_cast<std::size_t>(d.e * d.t), 151, 2.0f);
+  const float t0[] = {2.2f, -4, -4, -4, 2.0f, 2.0f, -4, -4, 1.8f, 1.8f, -4, -4, -8, -8, -8, -8};
+  const float t1[] = {3.0f, 2.5f, -4, -4, 2.0f, 1.0f, -4, -4, -4, -4, 1.0f, 2.0f, -3, -3, -3, -3};
+  std::copy(std::begin(t0), std::end(t0), d.logits.begin());
+  std::copy(std::begin(t1), std::end(t1), d.logits.begin() + d.e);
+  return d;
+}
+
+// A DeepSeek-V3-like router (8 groups), smaller: 64 experts, random logits and bias.
+struct RandomGroupedData {
+  static constexpr std::int64_t e = 64, t = 7;
+  static constexpr int groups = 8;
+  std::vector<float> logits, bias;
+};
+
+RandomGroupedData random_grouped_data() {
+  RandomGroupedData d;
+  d.logits = randn(static_cast<std::size_t>(d.e * d.t), 152, 1.5f);
+  d.bias = randn(static_cast<std::size_t>(d.e), 153, 0.1f);
+  return d;
+}
+
+TEST_P(ComputeConformance, TopkRoutingGroupedWithEveryGroupUsedHasTheBitsOfTopkRoutingBiased) {
+  COMPUTE_FIXTURE(c);
+  const auto d = biased_routing_data();
+  std::vector<std::int32_t> ids, want_ids;
+  std::vector<float> w, want_w;
+  if (!c.supports(Op::topk_routing_grouped, DType::f32)) {
+    EXPECT_FALSE(run_grouped(c, d.logits.data(), d.e, d.t, d.bias.data(), 2, kRoutingSigmoid, 1.0f, 4, 2, ids, w))
+        << "a backend whose supports() says no ran topk_routing_grouped";
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  }
+  ASSERT_TRUE(c.supports(Op::topk_routing_biased, DType::f32))
+      << "topk_routing_grouped is offered without topk_routing_biased";
+  const auto r = random_grouped_data();
+  struct Case {
+    const float *logits, *bias;
+    std::int64_t e, t;
+    int groups;
+  };
+  const Case cases[] = {{d.logits.data(), d.bias.data(), d.e, d.t, 2},
+                        {d.logits.data(), d.bias.data(), d.e, d.t, 4},
+                        {d.logits.data(), d.bias.data(), d.e, d.t, 8},
+                        {r.logits.data(), r.bias.data(), r.e, r.t, r.groups}};
+  for (const Case& cs : cases) {
+    for (int flags : kBiasedFlagSets) {
+      for (int group_flag : {0, kRoutingGroupMax}) {
+        for (int k : {1, 2, 4}) {
+          const std::string what = "topk_routing_grouped E=" + std::to_string(cs.e) +
+                                   " groups=" + std::to_string(cs.groups) +
+                                   " flags=" + std::to_string(flags | group_flag) + " k=" + std::to_string(k);
+          ASSERT_TRUE(
+              run_grouped(c, cs.logits, cs.e, cs.t, cs.bias, k, flags | group_flag, 2.5f, cs.groups, cs.groups, ids, w))
+              << what;
+          ASSERT_TRUE(run_biased(c, cs.logits, cs.e, cs.t, cs.bias, k, flags, 2.5f, want_ids, want_w)) << what;
+          EXPECT_EQ(ids, want_ids) << what;
+          EXPECT_EQ(0, std::memcmp(w.data(), want_w.data(), w.size() * sizeof(float)))
+              << what << ": the weights are not topk_routing_biased's bits";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ComputeConformance, TopkRoutingGroupedPicksOnlyFromTheBestGroups) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_grouped, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  const auto d = grouped_routing_data();
+  const std::int64_t e = d.e, t = d.t;
+  std::vector<std::int32_t> ids;
+  std::vector<float> w;
+  for (int flags : kBiasedFlagSets) {
+    for (int group_flag : {0, kRoutingGroupMax}) {
+      const int f = flags | group_flag;
+      for (int k : {2, 4}) {
+        ASSERT_NO_FATAL_FAILURE(expect_clear_grouped_cuts(d.logits.data(), d.bias.data(), e, t, k, f, d.groups, 2));
+        for (float scale : {1.0f, 2.5f}) {
+          const std::string what = "topk_routing_grouped flags=" + std::to_string(f) + " k=" + std::to_string(k) +
+                                   " scale=" + std::to_string(scale);
+          ASSERT_TRUE(run_grouped(c, d.logits.data(), e, t, d.bias.data(), k, f, scale, d.groups, 2, ids, w)) << what;
+          const auto want = ref::topk_routing_grouped(d.logits.data(), d.bias.data(), e, t, k, f, scale, d.groups, 2);
+          EXPECT_EQ(ids, want.ids) << what;
+          Mismatches mm(what);
+          for (std::size_t i = 0; i < w.size(); ++i)
+            mm.check(i, w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7);
+          // Token 0: the best single expert (0, which topk_routing_biased picks first) sits in a group that loses on
+          // the sum of its two best and wins on its best alone.
+          const auto biased = ref::topk_routing_biased(d.logits.data(), d.bias.data(), e, 1, k, flags, scale);
+          EXPECT_EQ(biased.ids[0], 0) << what << ": (ungrouped, expert 0 leads token 0)";
+          const std::vector<std::int32_t> t0(ids.begin(), ids.begin() + k);
+          const std::vector<std::int32_t> want_t0 =
+              group_flag ? (k == 2 ? std::vector<std::int32_t>{0, 4} : std::vector<std::int32_t>{0, 4, 5, 1})
+                         : (k == 2 ? std::vector<std::int32_t>{4, 5} : std::vector<std::int32_t>{4, 5, 8, 9});
+          EXPECT_EQ(t0, want_t0) << what << ": token 0 (group scores by "
+                                 << (group_flag ? "the best expert" : "the best two experts") << ")";
+          if (k == 4) {
+            // Token 1: groups 1 and 2 tie; the lower one competes.
+            const std::vector<std::int32_t> t1(ids.begin() + k, ids.begin() + 2 * k);
+            EXPECT_EQ(t1, (std::vector<std::int32_t>{0, 1, 4, 5})) << what << ": token 1's tie of groups 1 and 2";
+          }
+          if (flags == 0) {
+            // Raw scores: the weights are the logits times the scale (exact here).
+            for (int j = 0; j < k; ++j) {
+              const auto at = static_cast<std::size_t>(j);
+              EXPECT_EQ(w[at], d.logits[static_cast<std::size_t>(ids[at])] * scale) << what << ": token 0 pick " << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(ComputeConformance, TopkRoutingGroupedMatchesTheReferenceOnRandomRouters) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_grouped, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  const auto d = random_grouped_data();
+  const std::int64_t e = d.e, t = d.t;
+  std::vector<std::int32_t> ids;
+  std::vector<float> w;
+  int moved_by_groups = 0, rules_differ = 0;
+  for (int flags : kBiasedFlagSets) {
+    for (int used : {1, 3, 4}) {
+      for (int k : {1, 4, 8}) {
+        std::vector<std::int32_t> by_rule[2];
+        for (int group_flag : {0, kRoutingGroupMax}) {
+          const int f = flags | group_flag;
+          ASSERT_NO_FATAL_FAILURE(
+              expect_clear_grouped_cuts(d.logits.data(), d.bias.data(), e, t, k, f, d.groups, used));
+          const std::string what = "topk_routing_grouped flags=" + std::to_string(f) +
+                                   " groups_used=" + std::to_string(used) + " k=" + std::to_string(k);
+          ASSERT_TRUE(run_grouped(c, d.logits.data(), e, t, d.bias.data(), k, f, 2.5f, d.groups, used, ids, w)) << what;
+          const auto want = ref::topk_routing_grouped(d.logits.data(), d.bias.data(), e, t, k, f, 2.5f, d.groups, used);
+          EXPECT_EQ(ids, want.ids) << what;
+          Mismatches mm(what);
+          for (std::size_t i = 0; i < w.size(); ++i)
+            mm.check(i, w[i], want.weights[i], 1e-6 * std::fabs(want.weights[i]) + 1e-7);
+          // Every pick lies in one of `used` groups.
+          for (std::int64_t i = 0; i < t; ++i) {
+            std::vector<std::int32_t> picked_groups;
+            for (int j = 0; j < k; ++j) picked_groups.push_back(ids[static_cast<std::size_t>(i * k + j)] / 8);
+            std::sort(picked_groups.begin(), picked_groups.end());
+            const auto distinct = std::unique(picked_groups.begin(), picked_groups.end()) - picked_groups.begin();
+            EXPECT_LE(distinct, used) << what << ": token " << i << "'s picks span more groups than are used";
+          }
+          if (ids != ref::topk_routing_biased(d.logits.data(), d.bias.data(), e, t, k, flags, 2.5f).ids)
+            ++moved_by_groups;
+          by_rule[group_flag ? 1 : 0] = ids;
+        }
+        if (by_rule[0] != by_rule[1]) ++rules_differ;
+      }
+    }
+  }
+  EXPECT_GT(moved_by_groups, 0) << "the group limit never changed a pick: the test tests nothing";
+  EXPECT_GT(rules_differ, 0) << "kRoutingGroupMax never changed a pick: the test tests nothing";
+}
+
+// THE ONE PROMISE: a token's picks and weights are the same bits alone and in a batch.
+TEST_P(ComputeConformance, TopkRoutingGroupedDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_grouped, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  const auto d = random_grouped_data();
+  const auto h = grouped_routing_data();
+  struct Case {
+    const float *logits, *bias;
+    std::int64_t e, t;
+    int groups, used, k;
+  };
+  const Case cases[] = {{d.logits.data(), d.bias.data(), d.e, d.t, d.groups, 4, 8},
+                        {h.logits.data(), h.bias.data(), h.e, h.t, h.groups, 2, 4}};
+  for (const Case& cs : cases) {
+    for (int flags : kBiasedFlagSets) {
+      for (int group_flag : {0, kRoutingGroupMax}) {
+        const int f = flags | group_flag;
+        std::vector<std::int32_t> ids, one_ids;
+        std::vector<float> w, one_w;
+        ASSERT_TRUE(run_grouped(c, cs.logits, cs.e, cs.t, cs.bias, cs.k, f, 2.5f, cs.groups, cs.used, ids, w));
+        for (std::int64_t i = 0; i < cs.t; ++i) {
+          ASSERT_TRUE(run_grouped(c, cs.logits + i * cs.e, cs.e, 1, cs.bias, cs.k, f, 2.5f, cs.groups, cs.used, one_ids,
+                                  one_w));
+          EXPECT_TRUE(std::equal(one_ids.begin(), one_ids.end(), ids.begin() + i * cs.k))
+              << "E=" << cs.e << " flags=" << f << ": token " << i << "'s picks alone differ from the batch's";
+          EXPECT_EQ(0, std::memcmp(one_w.data(), w.data() + i * cs.k, one_w.size() * sizeof(float)))
+              << "E=" << cs.e << " flags=" << f << ": token " << i << "'s weights alone differ from the batch's";
+        }
+      }
+    }
+  }
+}
+
+// A NaN logit: what topk_routing does on this backend (the same call fails, or the token's picks are marked id -1
+// with weight NaN while the other tokens are routed as ever).
+TEST_P(ComputeConformance, TopkRoutingGroupedTreatsANaNLogitAsTopkRoutingDoes) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_grouped, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  const std::int64_t e = 16, t = 3;
+  auto logits = randn(static_cast<std::size_t>(e * t), 154, 2.0f);
+  const auto bias = randn(static_cast<std::size_t>(e), 155, 0.5f);
+  const auto clean = logits;
+  logits[static_cast<std::size_t>(e + 5)] = std::numeric_limits<float>::quiet_NaN();  // token 1, expert 5
+  for (int flags : {kRoutingSigmoid | kRoutingRenormalize, kRoutingSoftmax | kRoutingGroupMax, 0}) {
+    for (int k : {1, 3}) {
+      const std::string what = "topk_routing_grouped flags=" + std::to_string(flags) + " k=" + std::to_string(k);
+      std::vector<std::int32_t> ids, plain_ids(static_cast<std::size_t>(k * t));
+      std::vector<float> w, plain_w(plain_ids.size());
+      OpParams p;
+      p.top_k = k;
+      p.flags = flags & ~kRoutingGroupMax;
+      const Status plain =
+          run_op(c, Op::topk_routing, {arg(DType::f32, {e, t, 1, 1}, logits)},
+                 {arg(DType::i32, {k, t, 1, 1}, plain_ids), arg(DType::f32, {k, t, 1, 1}, plain_w)}, p);
+      const Status s = run_grouped(c, logits.data(), e, t, bias.data(), k, flags, 2.5f, 4, 2, ids, w);
+      EXPECT_EQ(s.is_ok(), plain.is_ok()) << what << ": topk_routing " << (plain ? "marked" : "refused")
+                                          << " the NaN, topk_routing_grouped " << (s ? "ran" : "failed");
+      if (!s) {
+        EXPECT_NE(s.message().find("NaN"), std::string::npos) << what << ": " << s.to_string();
+        continue;
+      }
+      ASSERT_NO_FATAL_FAILURE(expect_clear_grouped_cuts(clean.data(), bias.data(), e, t, k, flags, 4, 2));
+      expect_nan_token_marked(ids, w, ref::topk_routing_grouped(clean.data(), bias.data(), e, t, k, flags, 2.5f, 4, 2),
+                              t, k, what, true);
+    }
+  }
+}
+
+TEST_P(ComputeConformance, TopkRoutingGroupedRefusesBadCallsNamingTheField) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::topk_routing_grouped, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional topk_routing_grouped";
+  std::vector<float> big(1 << 12, 0.5f);
+  std::vector<std::int32_t> out_ids(256);
+  const std::int64_t e = 8, t = 2;
+  auto call = [&](int k, int groups, int used, int flags = kRoutingSigmoid, std::int64_t bias_n = 8) {
+    OpParams p;
+    p.top_k = k;
+    p.flags = flags;
+    p.groups = groups;
+    p.groups_used = used;
+    return run_op(c, Op::topk_routing_grouped,
+                  {arg(DType::f32, {e, t, 1, 1}, big), arg(DType::f32, {bias_n, 1, 1, 1}, big)},
+                  {arg(DType::i32, {k, t, 1, 1}, out_ids), arg(DType::f32, {k, t, 1, 1}, big)}, p);
+  };
+  auto expect_error = [&](const std::string& what, const char* names, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (s.is_ok()) return;
+    for (const char* n : {"topk_routing_grouped", names}) {
+      EXPECT_NE(s.message().find(n), std::string::npos)
+          << what << ": the error does not name " << n << ": " << s.to_string();
+    }
+  };
+  ASSERT_TRUE(call(2, 4, 2)) << "the good call the others are made from";
+  ASSERT_TRUE(call(4, 4, 2)) << "k = groups_used * E / groups";
+  ASSERT_TRUE(call(2, 8, 3, kRoutingSigmoid | kRoutingGroupMax)) << "groups of one expert, scored by their best";
+  expect_error("groups 1", "groups", call(2, 1, 1));
+  expect_error("groups 0", "groups", call(2, 0, 0));
+  expect_error("groups not dividing E", "groups", call(2, 3, 2));
+  expect_error("groups of one expert, scored by their best two", "groups", call(2, 8, 3));
+  expect_error("groups_used 0", "groups_used", call(2, 4, 0));
+  expect_error("groups_used > groups", "groups_used", call(2, 4, 5));
+  expect_error("k > groups_used * E / groups", "top_k", call(5, 4, 2));
+  expect_error("a bias of E - 1 elements", "bias", call(2, 4, 2, kRoutingSigmoid, e - 1));
+  expect_error("softmax and sigmoid at once", "topk_routing_grouped", call(2, 4, 2, kRoutingSoftmax | kRoutingSigmoid));
+}
+
 TEST_P(ComputeConformance, EmbeddingDequantizesTheRequestedRows) {
   COMPUTE_FIXTURE(c);
   const std::int64_t d = 256, v = 9;
@@ -1848,6 +2197,343 @@ TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedRefuseBadCalls) {
                         clamped_params(std::nanf(""), 7.0f, false)));
   }
   if (tested == 0) GTEST_SKIP() << "this backend offers neither attention_sinks nor expert_ffn_clamped";
+}
+
+// ------------------------------------------------------------------ DeepSeek's latent attention
+
+// concat_rows and matmul_heads are optional: a backend whose supports() says no must refuse them (the engine never
+// calls them then) and the tests skip. Attention at head_dim 576 (512 + 64, one KV head, the one latent cache passed
+// as keys and values) is part of the required attention op.
+
+namespace {
+
+// Floats whose bits a copy must keep: NaNs with payloads and signs, infinities, -0, subnormals.
+std::vector<float> awkward_floats(std::size_t n, unsigned seed) {
+  auto v = randn(n, seed);
+  const std::uint32_t bits[] = {0x7FC00001u, 0xFFC12345u, 0x7F800001u, 0x7F800000u,
+                                0xFF800000u, 0x80000000u, 0x00000001u, 0x807FFFFFu};
+  for (std::size_t i = 0; i < n; i += 3) std::memcpy(&v[i], &bits[(i / 3) % 8], sizeof(float));
+  return v;
+}
+
+Status run_concat(Compute& c, std::vector<float>& a, const Ne& an, std::vector<float>& b, const Ne& bn,
+                  std::vector<float>& y, const Ne& yn) {
+  return run_op(c, Op::concat_rows, {arg(DType::f32, an, a), arg(DType::f32, bn, b)}, {arg(DType::f32, yn, y)});
+}
+
+// matmul_heads' weights: H matrices of n rows of k, each made (and dequantized for the reference) alone, then laid
+// one after another as W {k, n, H}.
+struct HeadWeights {
+  std::vector<Weights> head;
+  std::vector<std::byte> bytes;
+};
+
+HeadWeights make_head_weights(DType type, std::int64_t k, std::int64_t n, std::int64_t heads, unsigned seed) {
+  HeadWeights w;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    w.head.push_back(make_weights(type, k, n, seed + static_cast<unsigned>(h)));
+    w.bytes.insert(w.bytes.end(), w.head.back().bytes.begin(), w.head.back().bytes.end());
+  }
+  return w;
+}
+
+// X {kx, heads, t} with NaN in every row past k, which matmul_heads must not read.
+std::vector<float> heads_input(std::int64_t k, std::int64_t kx, std::int64_t heads, std::int64_t t, unsigned seed) {
+  auto x = randn(static_cast<std::size_t>(kx * heads * t), seed);
+  for (std::int64_t r = 0; r < heads * t; ++r)
+    std::fill(x.begin() + r * kx + k, x.begin() + (r + 1) * kx, std::numeric_limits<float>::quiet_NaN());
+  return x;
+}
+
+Status run_heads(Compute& c, DType type, HeadWeights& w, std::int64_t k, std::int64_t n, std::int64_t heads,
+                 const float* x, std::int64_t kx, std::int64_t t, std::vector<float>& y, bool exact) {
+  OpParams p;
+  p.flags = exact ? kExactActivations : 0;
+  y.assign(static_cast<std::size_t>(n * heads * t), std::nanf(""));
+  return run_op(
+      c, Op::matmul_heads,
+      {arg(type, {k, n, heads, 1}, w.bytes.data()), arg(DType::f32, {kx, heads, t, 1}, const_cast<float*>(x))},
+      {arg(DType::f32, {n, heads, t, 1}, y)}, p);
+}
+
+// Rows (i, h) of a {width, heads, t} array, i < t, as {width, t}.
+template <typename T>
+std::vector<T> head_rows(const std::vector<T>& v, std::int64_t width, std::int64_t heads, std::int64_t t,
+                         std::int64_t h, std::int64_t take) {
+  std::vector<T> out;
+  for (std::int64_t i = 0; i < t; ++i) {
+    const auto at = v.begin() + (i * heads + h) * width;
+    out.insert(out.end(), at, at + take);
+  }
+  return out;
+}
+
+constexpr DType kHeadsTypes[] = {DType::f32, DType::f16, DType::q8_0, DType::q4_k};
+
+}  // namespace
+
+TEST_P(ComputeConformance, ConcatRowsCopiesEachRowOfAThenOfBBitForBit) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::concat_rows, DType::f32)) {
+    std::vector<float> a(6), b(10), y(16);
+    EXPECT_FALSE(run_concat(c, a, {3, 2, 1, 1}, b, {5, 2, 1, 1}, y, {8, 2, 1, 1}))
+        << "a backend whose supports() says no ran concat_rows";
+    GTEST_SKIP() << "this backend does not offer the optional concat_rows";
+  }
+  struct Case {
+    Ne a, b, y;
+  };
+  // Odd widths, the rows counted over ne[1..3] and laid out differently in A, B and Y; DeepSeek's q and k rows
+  // (512 + 64 per head); a single element each.
+  const Case cases[] = {{{3, 2, 3, 2}, {5, 12, 1, 1}, {8, 4, 3, 1}},
+                        {{5, 1, 1, 7}, {3, 7, 1, 1}, {8, 7, 1, 1}},
+                        {{512, 16, 3, 1}, {64, 16, 3, 1}, {576, 16, 3, 1}},
+                        {{1, 1, 1, 1}, {1, 1, 1, 1}, {2, 1, 1, 1}}};
+  unsigned seed = 301;
+  for (const Case& cs : cases) {
+    auto a = awkward_floats(static_cast<std::size_t>(cs.a[0] * cs.a[1] * cs.a[2] * cs.a[3]), seed++);
+    auto b = awkward_floats(static_cast<std::size_t>(cs.b[0] * cs.b[1] * cs.b[2] * cs.b[3]), seed++);
+    const std::int64_t rows = cs.a[1] * cs.a[2] * cs.a[3];
+    std::vector<float> y(static_cast<std::size_t>((cs.a[0] + cs.b[0]) * rows), 12345.0f);
+    const std::string what =
+        "concat_rows a=" + std::to_string(cs.a[0]) + " b=" + std::to_string(cs.b[0]) + " rows=" + std::to_string(rows);
+    const Status st = run_concat(c, a, cs.a, b, cs.b, y, cs.y);
+    ASSERT_TRUE(st) << what << ": " << st.to_string();
+    const auto want = ref::concat_rows(a.data(), cs.a[0], b.data(), cs.b[0], rows);
+    ASSERT_EQ(want.size(), y.size());
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      std::uint32_t got_bits, want_bits;
+      std::memcpy(&got_bits, &y[i], sizeof(float));
+      std::memcpy(&want_bits, &want[i], sizeof(float));
+      ASSERT_EQ(got_bits, want_bits) << what << ": element " << i << " (row " << i / (cs.a[0] + cs.b[0]) << ", column "
+                                     << i % (cs.a[0] + cs.b[0]) << ")";
+    }
+  }
+}
+
+TEST_P(ComputeConformance, ConcatRowsRefusesBadCallsNamingTheTensor) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::concat_rows, DType::f32)) GTEST_SKIP() << "this backend does not offer the optional concat_rows";
+  std::vector<float> big(1 << 12, 0.5f);
+  auto expect_error = [&](const std::string& what, const char* tensor, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (s.is_ok()) return;
+    for (const char* n : {"concat_rows", tensor}) {
+      EXPECT_NE(s.message().find(n), std::string::npos)
+          << what << ": the error does not name " << n << ": " << s.to_string();
+    }
+  };
+  auto call = [&](std::vector<Arg> in, Ne y) {
+    return run_op(c, Op::concat_rows, std::move(in), {arg(DType::f32, y, big)});
+  };
+  const Arg a = arg(DType::f32, {3, 4, 3, 1}, big), b = arg(DType::f32, {5, 12, 1, 1}, big);
+  ASSERT_TRUE(call({a, b}, {8, 12, 1, 1})) << "the good call the others are made from";
+  expect_error("B with 11 rows for A's 12", "B", call({a, arg(DType::f32, {5, 11, 1, 1}, big)}, {8, 12, 1, 1}));
+  expect_error("B with 13 rows for A's 12", "B", call({a, arg(DType::f32, {5, 13, 1, 1}, big)}, {8, 11, 1, 1}));
+  expect_error("Y of width a + b + 1", "Y", call({a, b}, {9, 12, 1, 1}));
+  expect_error("Y of width a", "Y", call({a, b}, {3, 12, 1, 1}));
+  expect_error("Y with 6 rows", "Y", call({a, b}, {8, 6, 1, 1}));
+  expect_error("an f16 A", "A", call({arg(DType::f16, {4, 12, 1, 1}, big), b}, {9, 12, 1, 1}));
+  expect_error("an i32 B", "B", call({a, arg(DType::i32, {5, 12, 1, 1}, big)}, {8, 12, 1, 1}));
+  expect_error("one input", "concat_rows", call({a}, {3, 12, 1, 1}));
+}
+
+// matmul_heads against the same backend's matmul: head h's matrix times each token's gathered row gives the same
+// bits, for one token and a batch, one head and DeepSeek's 16 of a test model, exact activations or not. The values
+// of X past K are NaN: read, they would spread. And within matmul's tolerance of the reference.
+TEST_P(ComputeConformance, MatmulHeadsHasTheBitsOfMatmulPerHead) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t k = 256, n = 40;  // K a multiple of q4_k's 256
+  int tested = 0;
+  for (DType type : kHeadsTypes) {
+    if (!c.supports(Op::matmul_heads, type)) continue;
+    ++tested;
+    struct Case {
+      std::int64_t heads, t, kx;
+    };
+    const Case cases[] = {{1, 1, k}, {1, 5, k + 32}, {16, 1, k + 32}, {16, 5, k + 64}};
+    for (const Case& cs : cases) {
+      auto w = make_head_weights(type, k, n, cs.heads, 311);
+      const auto x = heads_input(k, cs.kx, cs.heads, cs.t, static_cast<unsigned>(313 + cs.t + cs.heads));
+      const auto want = ref::matmul_heads(type, w.bytes.data(), k, n, cs.heads, x.data(), cs.kx, cs.t);
+      for (bool exact : {false, true}) {
+        const std::string what = "matmul_heads " + label(type) + " H=" + std::to_string(cs.heads) +
+                                 " T=" + std::to_string(cs.t) + " Kx=" + std::to_string(cs.kx) +
+                                 (exact ? " exact" : "");
+        std::vector<float> y;
+        const Status st = run_heads(c, type, w, k, n, cs.heads, x.data(), cs.kx, cs.t, y, exact);
+        ASSERT_TRUE(st) << what << ": " << st.to_string();
+        const auto bad = std::find_if(y.begin(), y.end(), [](float v) { return !std::isfinite(v); });
+        ASSERT_EQ(bad, y.end()) << what << ": Y[" << (bad - y.begin()) << "] = " << *bad
+                                << " (the NaN past K was read, or an output was not written)";
+        for (std::int64_t h = 0; h < cs.heads; ++h) {
+          const std::string who = what + " head " + std::to_string(h);
+          auto xh = head_rows(x, cs.kx, cs.heads, cs.t, h, k);
+          const auto yh = head_rows(y, n, cs.heads, cs.t, h, n);
+          const auto want_h = head_rows(want, n, cs.heads, cs.t, h, n);
+          check_matmul(type, w.head[static_cast<std::size_t>(h)], xh, cs.t, nullptr, yh, exact, who, &want_h);
+          OpParams p;
+          p.flags = exact ? kExactActivations : 0;
+          std::vector<float> mm(yh.size(), std::nanf(""));
+          ASSERT_TRUE(run_op(c, Op::matmul,
+                             {arg(type, {k, n, 1, 1}, w.head[static_cast<std::size_t>(h)].bytes.data()),
+                              arg(DType::f32, {k, cs.t, 1, 1}, xh)},
+                             {arg(DType::f32, {n, cs.t, 1, 1}, mm)}, p))
+              << who;
+          EXPECT_EQ(0, std::memcmp(mm.data(), yh.data(), mm.size() * sizeof(float)))
+              << who << ": differs from matmul on the head's matrix and gathered rows";
+        }
+      }
+    }
+  }
+  if (tested == 0) {
+    auto w = make_head_weights(DType::f32, k, n, 2, 311);
+    const auto x = heads_input(k, k, 2, 1, 312);
+    std::vector<float> y;
+    EXPECT_FALSE(run_heads(c, DType::f32, w, k, n, 2, x.data(), k, 1, y, false))
+        << "a backend whose supports() says no ran matmul_heads";
+    GTEST_SKIP() << "this backend does not offer the optional matmul_heads";
+  }
+}
+
+// THE ONE PROMISE: a token's heads have the same bits alone, in a batch of 5 and in a batch of 3.
+TEST_P(ComputeConformance, MatmulHeadsTokenResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t k = 256, n = 48, heads = 16, t = 5, kx = k + 32;
+  int tested = 0;
+  for (DType type : kHeadsTypes) {
+    if (!c.supports(Op::matmul_heads, type)) continue;
+    ++tested;
+    auto w = make_head_weights(type, k, n, heads, 321);
+    const auto x = heads_input(k, kx, heads, t, 322);
+    for (bool exact : {false, true}) {
+      const std::string what = "matmul_heads " + label(type) + (exact ? " exact" : "");
+      std::vector<float> batch, one, mid;
+      ASSERT_TRUE(run_heads(c, type, w, k, n, heads, x.data(), kx, t, batch, exact)) << what;
+      const auto row = static_cast<std::size_t>(n * heads);
+      for (std::int64_t i = 0; i < t; ++i) {
+        ASSERT_TRUE(run_heads(c, type, w, k, n, heads, x.data() + i * kx * heads, kx, 1, one, exact)) << what;
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + static_cast<std::size_t>(i) * row, row * sizeof(float)))
+            << what << ": token " << i << " differs alone and in a batch of 5";
+      }
+      ASSERT_TRUE(run_heads(c, type, w, k, n, heads, x.data() + kx * heads, kx, 3, mid, exact)) << what;
+      EXPECT_EQ(0, std::memcmp(mid.data(), batch.data() + row, 3 * row * sizeof(float)))
+          << what << ": tokens 1..3 differ in a batch of 3 and of 5";
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend does not offer the optional matmul_heads";
+}
+
+TEST_P(ComputeConformance, MatmulHeadsRefusesBadCallsNamingTheTensor) {
+  COMPUTE_FIXTURE(c);
+  if (!c.supports(Op::matmul_heads, DType::f32))
+    GTEST_SKIP() << "this backend does not offer the optional matmul_heads";
+  std::vector<float> big(1 << 16, 0.5f);
+  auto expect_error = [&](const std::string& what, const char* tensor, Status s) {
+    EXPECT_FALSE(s.is_ok()) << what << " was accepted";
+    if (s.is_ok()) return;
+    for (const char* nm : {"matmul_heads", tensor}) {
+      EXPECT_NE(s.message().find(nm), std::string::npos)
+          << what << ": the error does not name " << nm << ": " << s.to_string();
+    }
+  };
+  const std::int64_t k = 64, n = 8, h = 4, t = 3;
+  auto call = [&](Arg w, Arg x, Ne y) { return run_op(c, Op::matmul_heads, {w, x}, {arg(DType::f32, y, big)}); };
+  const Arg w = arg(DType::f32, {k, n, h, 1}, big), x = arg(DType::f32, {k + 8, h, t, 1}, big);
+  ASSERT_TRUE(call(w, x, {n, h, t, 1})) << "the good call the others are made from";
+  expect_error("X with Kx < K", "X", call(w, arg(DType::f32, {k - 32, h, t, 1}, big), {n, h, t, 1}));
+  expect_error("X with 3 heads for W's 4", "X", call(w, arg(DType::f32, {k, h - 1, t, 1}, big), {n, h, t, 1}));
+  expect_error("X of f16", "X", call(w, arg(DType::f16, {k, h, t, 1}, big), {n, h, t, 1}));
+  expect_error("X with ne[3] = 2", "X", call(w, arg(DType::f32, {k, h, t, 2}, big), {n, h, t, 1}));
+  expect_error("Y with N + 1 rows", "Y", call(w, x, {n + 1, h, t, 1}));
+  expect_error("Y with 5 heads", "Y", call(w, x, {n, h + 1, t, 1}));
+  expect_error("Y with T - 1 tokens", "Y", call(w, x, {n, h, t - 1, 1}));
+  expect_error("Y flattened to {N * H, T}", "Y", call(w, x, {n * h, t, 1, 1}));
+  expect_error("W with ne[3] = 2", "W", call(arg(DType::f32, {k, n, h, 2}, big), x, {n, h, t, 1}));
+  expect_error("one input", "matmul_heads", run_op(c, Op::matmul_heads, {w}, {arg(DType::f32, {n, h, t, 1}, big)}));
+  // Weight types this backend's supports() does not claim (q4_1 is no weight type at all) must be refused too.
+  for (DType type : {DType::q4_1, DType::i32, DType::f16, DType::q8_0, DType::q4_k, DType::mxfp4}) {
+    if (c.supports(Op::matmul_heads, type)) continue;
+    const std::int64_t kq = 256;
+    EXPECT_FALSE(run_op(c, Op::matmul_heads, {arg(type, {kq, n, h, 1}, big), arg(DType::f32, {kq, h, 1, 1}, big)},
+                        {arg(DType::f32, {n, h, 1, 1}, big)}))
+        << "matmul_heads ran " << label(type) << " weights, which supports() does not claim";
+  }
+}
+
+namespace {
+
+// DeepSeek's latent attention: head_dim 576 (kv_lora_rank 512 + rope 64), 16 query heads on one KV head, and one
+// cache tensor passed as both keys and values (run_op's share_inputs: the same buffer twice).
+constexpr std::int64_t kMlaDim = 576, kMlaHeads = 16, kMlaCache = 160;
+constexpr float kMlaScale = 0.0721688f;  // 1 / sqrt(192), DeepSeek's q/k head width
+
+Status run_mla(Compute& c, Op op, DType kv, std::vector<std::byte>& cache, const float* q, std::int64_t t,
+               std::int32_t position, std::vector<float>& sinks, std::vector<float>& o) {
+  OpParams p;
+  p.position = position;
+  p.scale = kMlaScale;
+  const Arg kc = arg(kv, {kMlaDim, 1, kMlaCache, 1}, cache.data());
+  std::vector<Arg> in{arg(DType::f32, {kMlaDim, kMlaHeads, t, 1}, const_cast<float*>(q)), kc, kc};
+  if (op == Op::attention_sinks) in.push_back(arg(DType::f32, {kMlaHeads, 1, 1, 1}, sinks));
+  o.assign(static_cast<std::size_t>(kMlaDim * kMlaHeads * t), std::nanf(""));
+  return run_op(c, op, in, {arg(DType::f32, {kMlaDim, kMlaHeads, t, 1}, o)}, p, true);
+}
+
+}  // namespace
+
+TEST_P(ComputeConformance, AttentionAtHeadDim576WithOneCacheAsKeysAndValuesMatchesReference) {
+  COMPUTE_FIXTURE(c);
+  auto sinks = head_sinks(kMlaHeads);
+  int tested = 0;
+  for (DType kv : kKvTypes) {
+    for (Op op : {Op::attention, Op::attention_sinks}) {
+      if (!c.supports(op, kv)) continue;
+      ++tested;
+      auto cache = make_kv(kv, kMlaDim, 1, kMlaCache, 331);  // its k alone is the cache
+      for (const auto& [t, position] : {std::pair<std::int64_t, std::int32_t>{1, 159}, {1, 70}, {7, 100}, {7, 1}}) {
+        const auto q = randn(static_cast<std::size_t>(kMlaDim * kMlaHeads * t), static_cast<unsigned>(333 + position));
+        std::vector<float> o;
+        const std::string what = std::string(op_name(op)) + " head_dim 576 kv=" + label(kv) +
+                                 " T=" + std::to_string(t) + " position=" + std::to_string(position);
+        const Status st = run_mla(c, op, kv, cache.k, q.data(), t, position, sinks, o);
+        ASSERT_TRUE(st) << what << ": " << st.to_string();
+        const auto want =
+            ref::attention(q.data(), kMlaDim, kMlaHeads, t, cache.kd.data(), cache.kd.data(), 1, kMlaCache, position, 0,
+                           kMlaScale, op == Op::attention_sinks ? sinks.data() : nullptr);
+        Mismatches mm(what);
+        for (std::size_t i = 0; i < o.size(); ++i) mm.check(i, o[i], want[i], 2e-5 + 1e-5 * std::fabs(want[i]));
+      }
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend offers no attention";
+}
+
+TEST_P(ComputeConformance, AttentionAtHeadDim576QueryResultDoesNotDependOnTheBatch) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t t = 7;
+  const std::int32_t pos0 = 120;
+  auto sinks = head_sinks(kMlaHeads);
+  int tested = 0;
+  for (DType kv : kKvTypes) {
+    for (Op op : {Op::attention, Op::attention_sinks}) {
+      if (!c.supports(op, kv)) continue;
+      ++tested;
+      auto cache = make_kv(kv, kMlaDim, 1, kMlaCache, 341);
+      const auto q = randn(static_cast<std::size_t>(kMlaDim * kMlaHeads * t), 343);
+      std::vector<float> batch, one;
+      ASSERT_TRUE(run_mla(c, op, kv, cache.k, q.data(), t, pos0, sinks, batch));
+      const auto row = static_cast<std::size_t>(kMlaDim * kMlaHeads);
+      for (std::int64_t i = 0; i < t; ++i) {
+        ASSERT_TRUE(run_mla(c, op, kv, cache.k, q.data() + static_cast<std::size_t>(i) * row, 1,
+                            pos0 + static_cast<std::int32_t>(i), sinks, one));
+        EXPECT_EQ(0, std::memcmp(one.data(), batch.data() + static_cast<std::size_t>(i) * row, row * sizeof(float)))
+            << op_name(op) << " head_dim 576 kv=" << label(kv) << ": query " << i
+            << " differs alone and in a batch of 7";
+      }
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "this backend offers no attention";
 }
 
 // ------------------------------------------------------------------ errors

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -29,6 +30,34 @@ std::vector<double> matmul(DType type, const void* w, std::int64_t k, std::int64
       double s = 0.0;
       for (std::int64_t j = 0; j < k; ++j) s += static_cast<double>(row[static_cast<std::size_t>(j)]) * x[i * k + j];
       y[static_cast<std::size_t>(i * n + r)] = s + (bias != nullptr ? bias[r] : 0.0);
+    }
+  }
+  return y;
+}
+
+std::vector<float> concat_rows(const float* a, std::int64_t a_width, const float* b, std::int64_t b_width,
+                               std::int64_t rows) {
+  std::vector<float> y;
+  y.reserve(static_cast<std::size_t>((a_width + b_width) * rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    y.insert(y.end(), a + r * a_width, a + (r + 1) * a_width);
+    y.insert(y.end(), b + r * b_width, b + (r + 1) * b_width);
+  }
+  return y;
+}
+
+std::vector<double> matmul_heads(DType type, const void* w, std::int64_t k, std::int64_t n, std::int64_t heads,
+                                 const float* x, std::int64_t kx, std::int64_t t) {
+  const std::size_t head_bytes = row_bytes(type, k) * static_cast<std::size_t>(n);
+  std::vector<double> y(static_cast<std::size_t>(n * heads * t));
+  for (std::int64_t i = 0; i < t; ++i) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      // The row gathered alone, then the reference matmul of head h's matrix.
+      const float* row = x + (i * heads + h) * kx;
+      const std::vector<float> xr(row, row + k);
+      const auto yr =
+          matmul(type, static_cast<const std::byte*>(w) + static_cast<std::size_t>(h) * head_bytes, k, n, xr.data(), 1);
+      std::copy(yr.begin(), yr.end(), y.begin() + (i * heads + h) * n);
     }
   }
   return y;
@@ -177,14 +206,37 @@ std::vector<double> routing_scores(const float* x, std::int64_t experts, int fla
 namespace {
 
 // Both routers: experts picked by score (+ bias[e], which only picks), weights the scores, over (their sum + eps)
-// with kRoutingRenormalize, times scale.
+// with kRoutingRenormalize, times scale. groups > 0 (topk_routing_grouped): only the experts of the groups_used
+// groups with the highest group scores (their two highest score + bias, or the highest with kRoutingGroupMax; ties
+// to the lower group) compete.
 Routing route(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k, int flags,
-              double scale, double eps) {
+              double scale, double eps, int groups = 0, int groups_used = 0) {
   Routing r;
   for (std::int64_t i = 0; i < t; ++i) {
     const std::vector<double> score = routing_scores(logits + i * experts, experts, flags);
     std::vector<double> choice(score.size());
     for (std::size_t j = 0; j < score.size(); ++j) choice[j] = score[j] + (bias != nullptr ? bias[j] : 0.0f);
+    if (groups > 0) {
+      const auto per = static_cast<std::size_t>(experts / groups);
+      std::vector<double> group_score(static_cast<std::size_t>(groups));
+      for (std::size_t g = 0; g < group_score.size(); ++g) {
+        std::vector<double> c(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                              choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+        std::sort(c.begin(), c.end(), std::greater<>());
+        group_score[g] = (flags & kRoutingGroupMax) ? c[0] : c[0] + c[1];
+      }
+      std::vector<std::int32_t> group_order(group_score.size());
+      std::iota(group_order.begin(), group_order.end(), 0);
+      std::stable_sort(group_order.begin(), group_order.end(), [&](std::int32_t a, std::int32_t b) {
+        return group_score[static_cast<std::size_t>(a)] > group_score[static_cast<std::size_t>(b)];
+      });
+      for (std::size_t rank = static_cast<std::size_t>(groups_used); rank < group_order.size(); ++rank) {
+        const auto g = static_cast<std::size_t>(group_order[rank]);
+        std::fill(choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                  choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per),
+                  -std::numeric_limits<double>::infinity());
+      }
+    }
     std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
@@ -211,6 +263,11 @@ Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, 
 Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
                             int flags, float scale) {
   return route(logits, bias, experts, t, k, flags, scale, 1e-20);
+}
+
+Routing topk_routing_grouped(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
+                             int flags, float scale, int groups, int groups_used) {
+  return route(logits, bias, experts, t, k, flags, scale, 1e-20, groups, groups_used);
 }
 
 }  // namespace colibri::sdk::testing::ref

@@ -3,9 +3,10 @@
 
   engine_test.py COLIBRI_CLI FIXTURE_GENERATOR WORK_DIR [-k PATTERN]
 
-* reference: for every architecture (plus variants: sliding window, yarn, linear and dynamic rope, OLMoE clip_qkv) a
-  tiny random checkpoint is converted at f32 and `colibri-cli logits` must match tests/reference/reference.py (float64,
-  HF semantics) within 1e-4 of the max-abs logit, per position, and route to the same experts.
+* reference: for every architecture (plus variants: sliding window, yarn, linear and dynamic rope, OLMoE clip_qkv,
+  DeepSeek's query latent, YaRN and routing) a tiny random checkpoint is converted at f32 and `colibri-cli logits`
+  must match tests/reference/reference.py (float64, HF semantics) within 1e-4 of the max-abs logit, per position, and
+  route to the same experts.
 * quantized presets: f16, bf16, q8_0, q4_k_m against f32: mean KL divergence per preset is printed and bounded.
 * the one promise: logits are bit-identical in one batch or token by token, streaming with a tiny expert cache,
   through another storage plugin or cache policy.
@@ -110,12 +111,47 @@ VARIANTS = {
     # embeddings, a dense first layer.
     "ernie4_5_moe": ("ernie4_5_moe", None),
     "ernie4_5_moe-interval": ("ernie4_5_moe", None, ("--set", "moe_layer_interval=2", "--set", "tie_word_embeddings=false")),
+    # DeepSeek-V2-Lite: multi-head latent attention (queries straight from the hidden state, v_head_dim apart from
+    # qk_nope_head_dim), RoPE on the interleaved qk_rope part only, YaRN (factor 40, mscale = mscale_all_dim: the
+    # softmax scale x mscale^2, cos/sin unscaled), a softmax router, two shared experts, a dense first layer.
+    "deepseek_v2": ("deepseek_v2", None),
+    # YaRN past a short original context with mscale != mscale_all_dim: cos/sin x their ratio as well.
+    "deepseek_v2-yarn": ("deepseek_v2", lambda c: c.update(
+        max_position_embeddings=256, rope_scaling={"type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                                                   "original_max_position_embeddings": 64, "mscale": 1.0,
+                                                   "mscale_all_dim": 0.5})),
+    # DeepSeek-V2 (236B): queries through a latent (q_a_proj, q_a_layernorm, q_b_proj).
+    "deepseek_v2-q_lora": ("deepseek_v2", None, ("--set", "q_lora_rank=96")),
+    # DeepSeek-V2 / V2.5 (236B): the unnormalized softmax weights x routed_scaling_factor 16.
+    "deepseek_v2-scaled": ("deepseek_v2", lambda c: c.update(routed_scaling_factor=16.0)),
+    # DeepSeek's own code renormalizes V2's weights instead of scaling them (transformers' port would scale only).
+    "deepseek_v2-normalized": ("deepseek_v2", lambda c: c.update(norm_topk_prob=True, routed_scaling_factor=2.0)),
+    # Kimi K2 / DeepSeek-V3 / Moonlight: MLA with a query latent, a sigmoid router whose selection bias picks the
+    # experts, weights renormalized x routed_scaling_factor 2.446, two shared experts, a dense first layer.
+    "deepseek_v3": ("deepseek_v3", None),
+    "deepseek_v3-unnormalized": ("deepseek_v3", lambda c: c.update(norm_topk_prob=False)),
+    # Kimi K2's YaRN (beta_fast = beta_slow = 1, mscale = mscale_all_dim = 1: the softmax scale x mscale^2).
+    "deepseek_v3-yarn": ("deepseek_v3", lambda c: c.update(
+        max_position_embeddings=131072, rope_scaling={"type": "yarn", "factor": 32.0,
+                                                      "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                                                      "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
+    # Moonlight-16B-A3B: V3 without the query latent.
+    "deepseek_v3-moonlight": ("deepseek_v3", None, ("--set", "q_lora_rank=null")),
+    # DeepSeek-V3 / R1: the experts picked within the 2 best of 4 groups, a group scored by its best two.
+    "deepseek_v3-groups": ("deepseek_v3", None, ("--set", "n_group=4", "--set", "topk_group=2")),
+    # DeepSeek-V2 (236B): group_limited_greedy (the best of 4 groups here), a group scored by its best softmax score,
+    # x16.
+    "deepseek_v2-groups": ("deepseek_v2", None, ("--set", "n_group=4", "--set", "topk_group=1", "--set",
+                                                 "topk_method=\"group_limited_greedy\"", "--set",
+                                                 "routed_scaling_factor=16.0")),
+    # GLM's router with groups (its released models have one; its code routes within groups as DeepSeek-V3).
+    "glm4_moe-groups": ("glm4_moe", None, ("--set", "n_group=4", "--set", "topk_group=1")),
 }
 
 
 class Reference(unittest.TestCase):
-    def check(self, name):
-        arch, patch, *gen_args = VARIANTS[name]
+    def check(self, name, variant=None):
+        arch, patch, *gen_args = variant or VARIANTS[name]
         ckpt, model = make_model(name, arch, patch, gen_args=gen_args[0] if gen_args else ())
         # Exact activations: MXFP4 experts are kept as they are, and their products must not quantize activations.
         got = np.load(logits(model, "--kv-type", "f32", "--exact-activations", "--trace",
@@ -134,6 +170,25 @@ class Reference(unittest.TestCase):
                         sorted(trace, key=lambda r: (r["layer"], r["position"]))):
             self.assertEqual(a["experts"], b["experts"], f"{name}: routing differs at {a}")
             np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)
+
+    def test_deepseek_v3_mtp_layer_skipped(self):
+        """DeepSeek-V3's checkpoints carry a multi-token-prediction layer after the last one (model.layers.3 here: a
+        whole MoE layer with its own embed_tokens, enorm, hnorm, eh_proj and shared_head): convert skips it with a
+        word, and the logits are the reference's, which never runs it."""
+        name, variant = "deepseek_v3-mtp", ("deepseek_v3", None, ("--set", "num_nextn_predict_layers=1"))
+        ckpt = os.path.join(WORK, name)
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "deepseek_v3", "--out", ckpt, "--dtype", "f32",
+                            *variant[2]], check=True, capture_output=True)
+        model = os.path.join(WORK, f"{name}-f32")
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
+        self.assertIn("of the multi-token-prediction layer after layer 2 were skipped", p.stdout + p.stderr)
+        with open(os.path.join(model, "manifest.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual(manifest["hparams"]["num_layers"], 3)
+        self.assertFalse([t["name"] for t in manifest["tensors"] if t["name"].startswith("blk.3.")])
+        self.check(name, variant)
 
 
 for _name in VARIANTS:
@@ -184,12 +239,12 @@ class Gguf(unittest.TestCase):
             self.assertIs(hp["rope_scaling"]["truncate"], False)
             self.assert_reference_logits(ckpt, model, name)
 
-    def converted_f32_gguf(self, arch):
+    def converted_f32_gguf(self, arch, name=None, gen_args=()):
         """(HF checkpoint, the f32 conversion of its GGUF as llama.cpp lays it out, convert's output)."""
-        ckpt = os.path.join(WORK, arch + "-gguf")
+        ckpt = os.path.join(WORK, (name or arch) + "-gguf")
         if not os.path.exists(ckpt + ".gguf"):
             subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32", "--gguf",
-                            ckpt + ".gguf", "--gguf-dtype", "f32"], check=True, capture_output=True)
+                            ckpt + ".gguf", "--gguf-dtype", "f32", *gen_args], check=True, capture_output=True)
         model = ckpt + "-f32"
         shutil.rmtree(model, ignore_errors=True)
         p = run(["convert", "--input", ckpt + ".gguf", "--output", model, "--quantize", "f32"])
@@ -245,6 +300,60 @@ class Gguf(unittest.TestCase):
         self.assertEqual((hp["rope_interleaved"], hp["router_scoring"], hp["router_selection_bias"],
                           hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]), (True, "softmax", True, 256, [0]))
         self.assert_reference_logits(ckpt, model, "ernie4_5_moe-gguf")
+
+    def test_deepseek_v2_from_llama_cpp_layout_matches_the_reference(self):
+        """A DeepSeek-V2-Lite GGUF as llama.cpp writes it (MLA as MQA: head_count_kv 1, key_length kv_lora_rank +
+        qk_rope, value_length kv_lora_rank, the heads' widths as key_length_mla / value_length_mla; kv_b_proj split
+        into attn_k_b, transposed per head, and attn_v_b; rope.dimension_count the RoPE part; YaRN with
+        yarn_log_multiplier = 0.1 x mscale_all_dim; softmax gating, no expert_weights_norm) gives the HF checkpoint's
+        logits, every tensor used."""
+        ckpt, model, out = self.converted_f32_gguf("deepseek_v2")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            manifest = json.load(f)
+        hp = manifest["hparams"]
+        self.assertEqual(manifest["format_version"], 4)
+        self.assertEqual((hp["num_layers"], hp["head_dim"], hp["rotary_dims"], hp["v_head_dim"], hp["kv_lora_rank"],
+                          hp["q_lora_rank"], hp["rope_interleaved"], hp["router_scoring"], hp["router_selection_bias"],
+                          hp["norm_topk_prob"], hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]),
+                         (3, 48, 16, 24, 64, 0, True, "softmax", False, False, 256, [0]))
+        self.assertEqual((hp["rope_scaling"]["rope_type"], hp["rope_scaling"]["factor"]), ("yarn", 40))
+        self.assert_reference_logits(ckpt, model, "deepseek_v2-gguf")
+
+    def test_deepseek_v3_from_llama_cpp_layout_matches_the_reference(self):
+        """A Kimi K2 / DeepSeek-V3 GGUF as llama.cpp writes it (the query latent as attn_q_a, attn_q_a_norm and
+        attn_q_b with attention.q_lora_rank; the selection bias as exp_probs_b; sigmoid gating, expert_weights_norm and
+        expert_weights_scale; the rest as V2's) gives the HF checkpoint's logits, every tensor used."""
+        ckpt, model, out = self.converted_f32_gguf("deepseek_v3")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            manifest = json.load(f)
+        hp = manifest["hparams"]
+        self.assertEqual(manifest["format_version"], 4)
+        self.assertEqual((hp["num_layers"], hp["head_dim"], hp["rotary_dims"], hp["v_head_dim"], hp["kv_lora_rank"],
+                          hp["q_lora_rank"], hp["rope_interleaved"], hp["router_scoring"], hp["router_selection_bias"],
+                          hp["norm_topk_prob"], hp["mlp_only_layers"]),
+                         (3, 48, 16, 24, 64, 96, True, "sigmoid", True, True, [0]))
+        self.assertAlmostEqual(hp["routed_scaling_factor"], 2.446, places=6)
+        self.assert_reference_logits(ckpt, model, "deepseek_v3-gguf")
+
+    def test_deepseek_v3_with_expert_groups_from_gguf_matches_the_reference(self):
+        """DeepSeek-V3 / R1 route within the best topk_group of n_group groups (llama.cpp: expert_group_count and
+        expert_group_used_count, a group scored by its best two): the GGUF gives the HF checkpoint's logits, and
+        inspect says how the model routes and what its KV cache holds."""
+        ckpt, model, out = self.converted_f32_gguf("deepseek_v3", "deepseek_v3-groups",
+                                                   ("--set", "n_group=4", "--set", "topk_group=2"))
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["router_groups"], hp["router_groups_used"], hp["router_group_score"]), (4, 2, "top2_sum"))
+        shown = run(["inspect", model]).stdout
+        self.assertIn("router:        sigmoid scores, experts picked with a learned bias within the best 2 of 4 groups "
+                      "(a group's best two scores), weights renormalized, x2.446", shown)
+        self.assertIn("; multi-head latent: keys and values from a latent of 64, queries from one of 96, values of 24 "
+                      "per head; the KV cache holds 80 values per token and layer", shown)
+        self.assert_reference_logits(ckpt, model, "deepseek_v3-groups-gguf")
 
     def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
         """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.
@@ -308,7 +417,7 @@ def write_fp8_checkpoints(src, fp8_dir, held_dir, block, scale_dtype="F32", layo
             continue
         begin, end = info["data_offsets"]
         a = np.frombuffer(data[begin:end], dtype="<f4").reshape(info["shape"])
-        projection = a.ndim == 2 and name.endswith("proj.weight") or ".experts." in name
+        projection = a.ndim == 2 and name.endswith(("proj.weight", "proj_with_mqa.weight")) or ".experts." in name
         if not projection:
             fp8[name] = ("F32", a)
             held[name] = ("F32", a)
@@ -428,6 +537,25 @@ class Fp8(unittest.TestCase):
         refused(lambda d: block_of(d, [1 << 40, 128]), "it must be two block sizes of 1 to 1048576")
 
 
+    def test_deepseek_v3_fp8_cuts_its_latent_attention_from_the_decoded_blocks(self):
+        """DeepSeek-V3 and Kimi K2 ship FP8: the latent attention's tensors that convert cuts (q_b_proj's parts,
+        kv_a_proj_with_mqa's latent and RoPE key) or cuts and transposes (kv_b_proj's key part) are cut from the
+        decoded blocks, so the model gives the bits of a checkpoint holding the decoded values (blocks of 64 x 96:
+        partial blocks at every cut's edge)."""
+        ckpt, _ = make_model("deepseek_v3", "deepseek_v3")
+        fp8, held = os.path.join(WORK, "dsv3-fp8"), os.path.join(WORK, "dsv3-fp8-held")
+        write_fp8_checkpoints(ckpt, fp8, held, (64, 96), "F32", "block")
+        outs = []
+        for src in (fp8, held):
+            shutil.rmtree(src + "-f32", ignore_errors=True)
+            p = run(["convert", "--input", src, "--output", src + "-f32", "--quantize", "f32"])
+            outs.append(src + "-f32")
+            if src == fp8:
+                self.assertIn("were FP8 (F8_E4M3 with block scales) in the input: dequantized", p.stdout + p.stderr)
+        a, b = (np.load(logits(m, "--kv-type", "f32", name="fp8")) for m in outs)
+        self.assertTrue(np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"max abs {np.abs(a - b).max()}")
+
+
 class Quantized(unittest.TestCase):
     # Tiny random-weight models amplify weight noise (and flip near-tied routing), so these bounds are loose; the
     # exactness of the quantized kernels is checked by test_q8_0_matches_rounded_reference.
@@ -481,7 +609,7 @@ class OnePromise(unittest.TestCase):
 
     def test_batch_and_placement_invariance(self):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
-                             ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m")):
+                             ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

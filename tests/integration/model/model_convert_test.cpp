@@ -19,6 +19,7 @@
 #include "colibri/model/gguf.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
+#include "colibri/model/safetensors.hpp"
 #include "colibri/model/verify.hpp"
 
 namespace fs = std::filesystem;
@@ -29,8 +30,9 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe",      "llama",
-                                         "mistral", "gpt_oss",   "glm4_moe",  "minimax_m2", "ernie4_5_moe"};
+const std::vector<std::string> kArchs = {"mixtral",    "qwen2_moe",    "qwen3_moe",   "olmoe",
+                                         "llama",      "mistral",      "gpt_oss",     "glm4_moe",
+                                         "minimax_m2", "ernie4_5_moe", "deepseek_v2", "deepseek_v3"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -825,8 +827,7 @@ TEST(ModelConvert, GlmSkipsItsPredictionLayerAndKeepsItsRouter) {
       {"--gguf-set-u32 {arch}.rope.dimension_count=0", "rope.dimension_count is 0; it must be even and in 2..128"},
       {"--gguf-set-u32 {arch}.expert_shared_count=100", "glm4moe.expert_shared_count is 100; it must be in 0..64"},
       {"--gguf-set-u32 {arch}.expert_group_count=8 --gguf-set-u32 {arch}.expert_group_used_count=4",
-       "glm4moe.expert_group_count 8 with expert_group_used_count 4 (routing within the best groups only) is not "
-       "supported"},
+       "router_groups is 8; it must divide n_experts (8) into groups of two experts or more"},
   };
   int n = 0;
   for (const auto& [args, want] : damaged) {
@@ -834,6 +835,115 @@ TEST(ModelConvert, GlmSkipsItsPredictionLayerAndKeepsItsRouter) {
     const fs::path g = fixture(tag, "--arch glm4_moe --dtype f32 --gguf-dtype f32 " + args);
     expect_clean_failure(g.string() + ".gguf", want, tag);
   }
+}
+
+// DeepSeek's multi-head latent attention is stored cut for the absorbed form: the queries' parts with and without
+// RoPE, the latent and the RoPE key out of kv_a_proj_with_mqa, and kv_b_proj's key part transposed per head.
+TEST(ModelConvert, DeepSeekCutsItsLatentAttentionAndSkipsItsPredictionLayer) {
+  const fs::path src = fixture("deepseek_v3-mtp", "--arch deepseek_v3 --dtype f32 --set num_nextn_predict_layers=1");
+  const fs::path out = fresh_output("deepseek mtp");
+  const auto summary = convert_ok(src, out, "f32");
+  auto m = load_manifest(out);
+  ASSERT_TRUE(m.has_value()) << m.error().to_string();
+  EXPECT_EQ(json::parse(slurp(out / "manifest.json"))["format_version"], 4);
+  const auto& hp = m->hparams;
+  const json cfg = json::parse(slurp(src / "config.json"));
+  EXPECT_EQ(hp.architecture, "deepseek_v3");
+  EXPECT_EQ(hp.kv_lora_rank, cfg["kv_lora_rank"]);
+  EXPECT_EQ(hp.q_lora_rank, cfg["q_lora_rank"]);
+  EXPECT_EQ(hp.v_head_dim, cfg["v_head_dim"]);
+  EXPECT_EQ(hp.head_dim, cfg["qk_nope_head_dim"].get<std::int64_t>() + cfg["qk_rope_head_dim"].get<std::int64_t>());
+  EXPECT_EQ(hp.rotary_dims, cfg["qk_rope_head_dim"]);
+  EXPECT_TRUE(hp.rope_interleaved);
+  EXPECT_EQ(hp.router_scoring, "sigmoid");
+  EXPECT_TRUE(hp.router_selection_bias);
+  EXPECT_EQ(hp.mlp_only_layers, (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(m->tensor("blk.3.attn_q_a.weight"), nullptr);  // the MTP layer
+  ASSERT_EQ(summary.warnings.size(), 1u);
+  EXPECT_NE(summary.warnings[0].find("multi-token-prediction layer after layer 2 were skipped"), std::string::npos);
+  // Each cut against the checkpoint's own rows.
+  const std::int64_t nh = hp.num_heads, dn = hp.qk_nope_dim(), dr = hp.rope_dims(), dc = hp.kv_lora_rank;
+  const std::int64_t dv = hp.v_head_dim, ql = hp.q_lora_rank;
+  auto st = colibri::model::SafetensorsCheckpoint::open(src);
+  ASSERT_TRUE(st.has_value()) << st.error().to_string();
+  const auto source = [&](const std::string& name) {
+    const auto* t = st->find(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<float> v(t == nullptr ? 0 : t->size / sizeof(float));
+    if (t != nullptr) {
+      EXPECT_TRUE(st->read(*t, 0, v.data(), t->size).ok());
+    }
+    return v;
+  };
+  const auto stored = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    const auto* t = m->tensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    if (t == nullptr) return std::vector<float>{};
+    EXPECT_EQ(t->shape, shape) << name;
+    std::ifstream f(out / t->file, std::ios::binary);
+    std::vector<float> v(t->size / sizeof(float));
+    f.seekg(static_cast<std::streamoff>(t->offset));
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(t->size));
+    return v;
+  };
+  const std::string a = "model.layers.1.self_attn.";
+  const auto q_b = source(a + "q_b_proj.weight"), kv_a = source(a + "kv_a_proj_with_mqa.weight");
+  const auto kv_b = source(a + "kv_b_proj.weight");
+  const auto q_nope = stored("blk.1.attn_q_nope.weight", {nh * dn, ql});
+  const auto q_rope = stored("blk.1.attn_q_rope.weight", {nh * dr, ql});
+  const auto latent = stored("blk.1.attn_kv_a.weight", {dc, hp.hidden_size});
+  const auto k_rope = stored("blk.1.attn_k_rope.weight", {dr, hp.hidden_size});
+  const auto k_b = stored("blk.1.attn_k_b.weight", {nh * dc, dn});
+  const auto v_b = stored("blk.1.attn_v_b.weight", {nh * dv, dc});
+  ASSERT_FALSE(q_b.empty() || kv_a.empty() || kv_b.empty() || k_b.empty() || v_b.empty());
+  const std::int64_t h = nh - 1;  // the last head: a cut that ignored the head stride would miss it
+  for (std::int64_t c = 0; c < ql; ++c) {
+    EXPECT_EQ(q_nope[static_cast<std::size_t>((h * dn + 1) * ql + c)],
+              q_b[static_cast<std::size_t>((h * (dn + dr) + 1) * ql + c)]);
+    EXPECT_EQ(q_rope[static_cast<std::size_t>((h * dr + 1) * ql + c)],
+              q_b[static_cast<std::size_t>((h * (dn + dr) + dn + 1) * ql + c)]);
+  }
+  for (std::int64_t c = 0; c < hp.hidden_size; ++c) {
+    EXPECT_EQ(latent[static_cast<std::size_t>((dc - 1) * hp.hidden_size + c)],
+              kv_a[static_cast<std::size_t>((dc - 1) * hp.hidden_size + c)]);
+    EXPECT_EQ(k_rope[static_cast<std::size_t>(c)], kv_a[static_cast<std::size_t>(dc * hp.hidden_size + c)]);
+  }
+  for (std::int64_t i = 0; i < dc; ++i) {
+    for (std::int64_t j = 0; j < dn; ++j) {  // k_b[h][i][j] = kv_b[h * (dn + dv) + j][i]
+      ASSERT_EQ(k_b[static_cast<std::size_t>((h * dc + i) * dn + j)],
+                kv_b[static_cast<std::size_t>((h * (dn + dv) + j) * dc + i)]);
+    }
+  }
+  for (std::int64_t c = 0; c < dc; ++c) {
+    EXPECT_EQ(v_b[static_cast<std::size_t>((h * dv + dv - 1) * dc + c)],
+              kv_b[static_cast<std::size_t>((h * (dn + dv) + dn + dv - 1) * dc + c)]);
+  }
+  // A q8_0 GGUF's cut rows are copied, block for block, as quantizing the checkpoint's floats gives them.
+  const fs::path q8 = fixture("deepseek_v2-q8gguf", "--arch deepseek_v2 --dtype f32 --gguf-dtype q8_0");
+  const fs::path from_st = fresh_output("deepseek q8 from st"), copied = fresh_output("deepseek q8 copied");
+  convert_ok(q8, from_st, "q8_0");
+  convert_ok(q8.string() + ".gguf", copied, "q8_0");
+  expect_identical_models(from_st, copied);
+  // Damaged or unsupported files are refused by name, with nothing written.
+  const std::pair<std::string, std::string> refused[] = {
+      {"--gguf-drop-tensor blk.1.attn_k_b.weight",
+       "tensor 'blk.1.attn_k_b.weight' (needed by its metadata) is missing"},
+      {"--gguf-set-u32 {arch}.expert_group_count=8 --gguf-set-u32 {arch}.expert_group_used_count=4",
+       "router_groups is 8; it must divide n_experts (8) into groups of two experts or more"},
+      {"--gguf-set-u32 {arch}.attention.kv_lora_rank=32", "attn_kv_a_mqa.weight' has shape"},
+  };
+  int n = 0;
+  for (const auto& [args, want] : refused) {
+    const std::string tag = "deepseek-gguf-damaged-" + std::to_string(n++);
+    const fs::path g = fixture(tag, "--arch deepseek_v3 --dtype f32 --gguf-dtype f32 " + args);
+    expect_clean_failure(g.string() + ".gguf", want, tag);
+  }
+  auto d = copy_fixture(src, "deepseek groups");
+  json c = json::parse(slurp(d / "config.json"));
+  c["n_group"] = 8;
+  c["topk_group"] = 4;
+  std::ofstream(d / "config.json", std::ios::trunc) << c.dump(2);
+  expect_clean_failure(d, "router_groups is 8; it must divide n_experts (8) into groups of two", "deepseek groups");
 }
 
 TEST(ModelConvert, AQuantizedGgufIsCopiedListedAndCheckedForBrokenScales) {

@@ -68,6 +68,24 @@ TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
   EXPECT_FALSE(plan_memory(m, 8192, 0, 0, 0, sdk::DType::q4_k, 0)) << "a KV type that does not fit head_dim";
 }
 
+// Multi-head latent attention keeps one row of latent + RoPE key per token and layer, read as keys and values.
+TEST(MemoryPlan, LatentAttentionPaysOneRowPerTokenAndLayer) {
+  auto m = manifest_with({4096});
+  m.hparams.num_heads = m.hparams.num_kv_heads = 16;
+  m.hparams.head_dim = 192;
+  m.hparams.rotary_dims = 64;
+  m.hparams.kv_lora_rank = 512;
+  m.hparams.v_head_dim = 128;
+  auto p = plan_memory(m, 1u << 20, 0, 100, 0, sdk::DType::f16, 0);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->kv_bytes_per_position, 2u * (512 + 64) * 2) << "2 layers of one f16 row of 576";
+  EXPECT_EQ(p->kv_bytes, 100u * p->kv_bytes_per_position);
+  m.hparams.kv_lora_rank = 500;  // rows of 564 do not fit q8_0's blocks of 32
+  auto q8 = plan_memory(m, 1u << 20, 0, 100, 0, sdk::DType::q8_0, 0);
+  ASSERT_FALSE(q8);
+  EXPECT_NE(q8.error().message().find("does not fit its rows of 564"), std::string::npos) << q8.error().message();
+}
+
 // A sliding-window layer costs a fixed number of rows past them, so a KV budget holds more context.
 TEST(MemoryPlan, SlidingWindowLayersKeepTheirRowsAndLeaveTheBudgetToTheOthers) {
   auto m = manifest_with({4096});

@@ -151,6 +151,44 @@ TEST(KvCache, StoresRowsInItsType) {
   }
 }
 
+// Multi-head latent attention stores one row per token that is both its keys and its values: half the bytes, the
+// values the keys' own rows, on the host and on a device, through write(), store() and a prefix copy.
+TEST(KvCache, ValuesThatAreTheKeysAreStoredOnce) {
+  EXPECT_EQ(KvCache::bytes_per_position(sdk::DType::f16, 3, 1, 576, true),
+            KvCache::bytes_per_position(sdk::DType::f16, 3, 1, 576) / 2);
+  EXPECT_EQ(KvCache::bytes_for(sdk::DType::q8_0, 3, 1, 576, 100, {}, true),
+            KvCache::bytes_for(sdk::DType::q8_0, 3, 1, 576, 100) / 2);
+  std::vector<float> k(64 * 3), junk(k.size(), std::nanf(""));
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = std::sin(static_cast<float>(i));
+  for (auto type : {sdk::DType::f32, sdk::DType::f16, sdk::DType::q8_0}) {
+    auto c = KvCache::create(type, 2, 1, 64, 8, nullptr, {}, true);
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_EQ(c->bytes(), 2u * 8u * sdk::row_bytes(type, 64)) << "keys of both layers only";
+    ASSERT_TRUE(c->write(1, 2, 3, k.data(), junk.data()));  // v is not read
+    const auto keys = c->keys(1, 5), values = c->values(1, 5);
+    EXPECT_EQ(values.data, keys.data);
+    EXPECT_EQ(values.ne, keys.ne);
+    auto full = KvCache::create(type, 2, 1, 64, 8);
+    ASSERT_TRUE(full->write(1, 2, 3, k.data(), k.data()));
+    const std::size_t row = sdk::row_bytes(type, 64);
+    const auto* a = static_cast<const std::byte*>(keys.data) + 2 * row;
+    const auto* b = static_cast<const std::byte*>(full->keys(1, 5).data) + 2 * row;
+    EXPECT_TRUE(std::equal(a, a + 3 * row, b)) << sdk::to_string(type);
+    auto copy = KvCache::create(type, 2, 1, 64, 8, nullptr, {}, true);
+    ASSERT_TRUE(copy->copy_prefix_from(*c, 5));
+    const auto* d = static_cast<const std::byte*>(copy->values(1, 5).data) + 2 * row;
+    EXPECT_TRUE(std::equal(a, a + 3 * row, d));
+    EXPECT_FALSE(full->copy_prefix_from(*c, 5)) << "a cache with values apart is another shape";
+  }
+  auto gpu = std::make_shared<testing::DeviceCompute>();
+  auto c = KvCache::create(sdk::DType::f16, 2, 1, 64, 8, gpu, {}, true);
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(gpu->allocated, 2u * 8u * sdk::row_bytes(sdk::DType::f16, 64)) << "no value buffers";
+  ASSERT_TRUE(c->write(0, 0, 3, k.data(), junk.data()));
+  EXPECT_EQ(gpu->copies, 1) << "one upload: the keys";
+  EXPECT_EQ(c->values(0, 3).buffer, c->keys(0, 3).buffer);
+}
+
 // The rows a host cache holds for one write, per type: what a device cache must hold too.
 std::vector<std::byte> host_rows(sdk::DType type, const std::vector<float>& k, const std::vector<float>& v,
                                  bool values) {

@@ -177,8 +177,10 @@ TEST(HfConfigValues, GlmMoeReadsItsRouterSharedExpertDenseLayersAndPartialRotary
 
 TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
   const std::pair<const char*, json> bad[] = {
-      {"n_group 8 with topk_group 4 (routing within the best groups only) is not supported",
+      {"router_groups is 8; it must divide n_experts (8) into groups of two experts or more",
        json{{"n_group", 8}, {"topk_group", 4}}},
+      {"router_groups_used is 1; it must be in 1..4 and its groups must hold n_experts_per_tok (4) experts",
+       json{{"n_group", 4}, {"topk_group", 1}, {"num_experts_per_tok", 4}}},
       {"partial_rotary_factor 0.0 gives 0 rotated dims", json{{"partial_rotary_factor", 0.0}}},
       {"partial_rotary_factor 0.1 gives 3 rotated dims of head_dim 32", json{{"partial_rotary_factor", 0.1}}},
       {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
@@ -204,7 +206,19 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
   auto c = glm_air();
   c["n_group"] = 4;
   c["topk_group"] = 4;
-  EXPECT_TRUE(hparams_from_hf_config(c, "config.json"));
+  auto all = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(all) << all.error().message();
+  EXPECT_FALSE(all->grouped_routing());
+  EXPECT_EQ(all->format_version(), 3);
+  // Within the best 2 of 4 groups, as DeepSeek-V3: format 4.
+  c["topk_group"] = 2;
+  auto grouped = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(grouped) << grouped.error().message();
+  EXPECT_TRUE(grouped->grouped_routing());
+  EXPECT_EQ(grouped->router_groups, 4);
+  EXPECT_EQ(grouped->router_groups_used, 2);
+  EXPECT_EQ(grouped->router_group_score, "top2_sum");
+  EXPECT_EQ(grouped->format_version(), 4);
 }
 
 // MiniMax-M2's config.json, tiny.
@@ -272,6 +286,14 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
   EXPECT_FALSE(h->router_selection_bias);
   EXPECT_EQ(h->router_scoring, "softmax");
   EXPECT_EQ(h->qk_norm, "per_head");
+  {  // A sigmoid router without its bias picks by the scores alone (the engine passes topk_routing_biased zeros).
+    auto b = minimax();
+    b["use_routing_bias"] = false;
+    auto r = hparams_from_hf_config(b, "config.json");
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_FALSE(r->router_selection_bias);
+    EXPECT_EQ(r->router_scoring, "sigmoid");
+  }
   const std::pair<const char*, json> bad[] = {
       {"attn_window_size (sliding-window layers) is not supported", json{{"attn_window_size", {0, 4096}}}},
       {"rotary_dim is 33; it must be even and in 2..head_dim (32)", json{{"rotary_dim", 33}}},
@@ -280,9 +302,6 @@ TEST(HfConfigValues, MiniMaxM2ReadsItsRouterNormsAndRotaryDim) {
       {"qk_norm_type is 3; it must be \"per_layer\" or \"per_head\"", json{{"qk_norm_type", 3}}},
       {"attn_type_list holds 0; only softmax attention layers (1) are supported", json{{"attn_type_list", {1, 0}}}},
       {"scoring_func is \"relu\"; it must be \"sigmoid\" or \"softmax\"", json{{"scoring_func", "relu"}}},
-      {"a sigmoid router with routed_scaling_factor 1.0 and no selection bias (e_score_correction_bias) is not "
-       "supported",
-       json{{"use_routing_bias", false}}},
       {"use_grouped_topk (routing within the best groups only) is not supported",
        json{{"use_grouped_topk", true}, {"num_expert_group", 4}, {"topk_group", 2}}},
   };
@@ -340,6 +359,181 @@ TEST(HfConfigValues, ErnieMoeReadsItsLayerPatternRouterAndInterleavedRope) {
     auto r = hparams_from_hf_config(b, "config.json");
     ASSERT_FALSE(r) << patch.dump();
     EXPECT_NE(r.error().message().find(want), std::string::npos) << r.error().message();
+  }
+}
+
+// DeepSeek-V2-Lite's config.json, shrunk.
+json deepseek_v2_lite() {
+  return json{{"architectures", {"DeepseekV2ForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 4},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"n_routed_experts", 8},
+              {"n_shared_experts", 2},
+              {"num_experts_per_tok", 2},
+              {"first_k_dense_replace", 1},
+              {"moe_layer_freq", 1},
+              {"q_lora_rank", nullptr},
+              {"kv_lora_rank", 32},
+              {"qk_nope_head_dim", 16},
+              {"qk_rope_head_dim", 8},
+              {"v_head_dim", 12},
+              {"norm_topk_prob", false},
+              {"routed_scaling_factor", 1.0},
+              {"scoring_func", "softmax"},
+              {"topk_method", "greedy"},
+              {"n_group", 1},
+              {"topk_group", 1},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 40},
+                {"mscale", 0.707},
+                {"mscale_all_dim", 0.707},
+                {"original_max_position_embeddings", 4096}}}};
+}
+
+TEST(HfConfigValues, DeepSeekReadsItsLatentAttentionRouterAndDenseLayers) {
+  auto h = hparams_from_hf_config(deepseek_v2_lite(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "deepseek_v2");
+  EXPECT_TRUE(h->mla());
+  EXPECT_EQ(h->q_lora_rank, 0);
+  EXPECT_EQ(h->kv_lora_rank, 32);
+  EXPECT_EQ(h->head_dim, 24);
+  EXPECT_EQ(h->rotary_dims, 8);
+  EXPECT_EQ(h->qk_nope_dim(), 16);
+  EXPECT_EQ(h->v_head_dim, 12);
+  EXPECT_EQ(h->kv_cache_heads(), 1);
+  EXPECT_EQ(h->kv_cache_dim(), 40);
+  EXPECT_TRUE(h->rope_interleaved);
+  EXPECT_EQ(h->router_scoring, "softmax");
+  EXPECT_FALSE(h->router_selection_bias);
+  EXPECT_FALSE(h->norm_topk_prob);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 32);
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(h->rms_norm_eps, 1e-6);  // DeepseekV2Config's default
+  EXPECT_EQ(h->format_version(), 4);
+  // The plan cuts q (per head: nope then RoPE), kv_a (latent then RoPE key) and kv_b (per head: key part, transposed,
+  // then value part).
+  const ModelPlan plan = build_plan(*h, "deepseek2");
+  auto find = [&](const std::string& name) -> const PlannedTensor* {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+  const auto* q_rope = find("blk.1.attn_q_rope.weight");
+  ASSERT_NE(q_rope, nullptr);
+  EXPECT_EQ(q_rope->hf_name, "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(q_rope->gguf_name, "blk.1.attn_q.weight");
+  EXPECT_EQ(q_rope->shape, (std::vector<std::int64_t>{32, 64}));
+  EXPECT_EQ(q_rope->hf_pick.blocks, 4);
+  EXPECT_EQ(q_rope->hf_pick.block, 24);
+  EXPECT_EQ(q_rope->hf_pick.first, 16);
+  EXPECT_EQ(q_rope->hf_pick.count, 8);
+  const auto* k_b = find("blk.1.attn_k_b.weight");
+  ASSERT_NE(k_b, nullptr);
+  EXPECT_EQ(k_b->shape, (std::vector<std::int64_t>{4 * 32, 16}));
+  EXPECT_TRUE(k_b->hf_pick.transpose);
+  EXPECT_EQ(k_b->hf_pick.block, 16 + 12);
+  EXPECT_EQ(k_b->gguf_pick.blocks, 0);  // llama.cpp stores it cut and transposed already
+  const auto* v_b = find("blk.1.attn_v_b.weight");
+  ASSERT_NE(v_b, nullptr);
+  EXPECT_EQ(v_b->hf_pick.first, 16);
+  EXPECT_EQ(find("blk.1.attn_q.weight"), nullptr);
+  EXPECT_EQ(find("blk.1.attn_q_a.weight"), nullptr);  // no query latent
+  EXPECT_NE(find("blk.1.ffn_gate_shexp.weight"), nullptr);
+  EXPECT_EQ(find("blk.1.ffn_gate_shexp.weight")->hf_name, "model.layers.1.mlp.shared_experts.gate_proj.weight");
+  // DeepSeek-V2's code scales the weights only where it does not renormalize them.
+  auto c = deepseek_v2_lite();
+  c["routed_scaling_factor"] = 16.0;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 16.0);
+  c["norm_topk_prob"] = true;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 1.0);
+  EXPECT_TRUE(h->norm_topk_prob);
+  // Kimi K2 / Moonlight / V3: a query latent, sigmoid scores with a selection bias, scaled after renormalizing;
+  // MoE layers every moe_layer_freq from first_k_dense_replace on.
+  c = deepseek_v2_lite();
+  c["architectures"] = {"DeepseekV3ForCausalLM"};
+  c.erase("scoring_func");
+  c.erase("norm_topk_prob");
+  c["q_lora_rank"] = 24;
+  c["routed_scaling_factor"] = 2.827;
+  c["moe_layer_freq"] = 2;
+  c["num_nextn_predict_layers"] = 1;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "deepseek_v3");
+  EXPECT_EQ(h->q_lora_rank, 24);
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 2.827);
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0, 1, 3}));
+  EXPECT_EQ(h->nextn_layers, 1);
+  EXPECT_FALSE(h->grouped_routing());
+  // DeepSeek-V3 / R1 route within their best groups (a group's worth: its best two); V2's group_limited_greedy by a
+  // group's best one; V2's greedy ignores the groups.
+  auto g = c;
+  g["n_group"] = 4;
+  g["topk_group"] = 2;
+  auto v3g = hparams_from_hf_config(g, "config.json");
+  ASSERT_TRUE(v3g) << v3g.error().message();
+  EXPECT_EQ(v3g->router_groups, 4);
+  EXPECT_EQ(v3g->router_groups_used, 2);
+  EXPECT_EQ(v3g->router_group_score, "top2_sum");
+  g = deepseek_v2_lite();
+  g["n_group"] = 4;
+  g["topk_group"] = 2;
+  EXPECT_FALSE(hparams_from_hf_config(g, "config.json")->grouped_routing()) << "greedy";
+  g["topk_method"] = "group_limited_greedy";
+  auto v2g = hparams_from_hf_config(g, "config.json");
+  ASSERT_TRUE(v2g) << v2g.error().message();
+  EXPECT_EQ(v2g->router_groups, 4);
+  EXPECT_EQ(v2g->router_group_score, "max");
+  const ModelPlan v3 = build_plan(*h);
+  EXPECT_TRUE(std::any_of(v3.shared.begin(), v3.shared.end(), [](const PlannedTensor& t) {
+    return t.hf_name == "model.layers.2.mlp.gate.e_score_correction_bias";
+  }));
+  EXPECT_TRUE(std::any_of(v3.shared.begin(), v3.shared.end(), [](const PlannedTensor& t) {
+    return t.name == "blk.0.attn_q_a_norm.weight" && t.hf_name == "model.layers.0.self_attn.q_a_layernorm.weight";
+  }));
+}
+
+TEST(HfConfigValues, DeepSeekRefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"topk_method is \"top2\"; it must be \"greedy\", \"group_limited_greedy\" or \"noaux_tc\"",
+       json{{"topk_method", "top2"}}},
+      {"router_groups is 16; it must divide n_experts (8) into groups of one expert or more",
+       json{{"n_group", 16}, {"topk_group", 4}, {"topk_method", "group_limited_greedy"}}},
+      {"attention_bias=true is not supported", json{{"attention_bias", true}}},
+      {"missing required field \"kv_lora_rank\"", json{{"kv_lora_rank", nullptr}}},
+      {"qk_nope_head_dim 16 and qk_rope_head_dim 7 must be 2 or more, the RoPE part even",
+       json{{"qk_rope_head_dim", 7}}},
+      {"qk_nope_head_dim 0 and qk_rope_head_dim 8", json{{"qk_nope_head_dim", 0}}},
+      {"qk_nope_head_dim 4611686018427387904", json{{"qk_nope_head_dim", 4611686018427387904LL}}},
+      {"v_head_dim", json{{"v_head_dim", 0}}},
+      {"kv_lora_rank", json{{"kv_lora_rank", -1}}},
+      {"first_k_dense_replace 5 and moe_layer_freq 1 must be in 0..num_hidden_layers (4)",
+       json{{"first_k_dense_replace", 5}}},
+      {"moe_layer_freq 0", json{{"moe_layer_freq", 0}}},
+      {"scoring_func is \"relu\"; it must be \"softmax\" or \"sigmoid\"", json{{"scoring_func", "relu"}}},
+      {"n_shared_experts is 65; it must be in 0..64", json{{"n_shared_experts", 65}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = deepseek_v2_lite();
+    c.update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
   }
 }
 

@@ -294,8 +294,8 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   bad["hparams"]["expert_activation"] = "geglu";
   expect_rejected(t, bad, "expert_activation 'geglu' is not supported");
   bad = m;
-  bad["format_version"] = 4;
-  expect_rejected(t, bad, "format_version 4 is not supported (this colibri reads 1 to 3)");
+  bad["format_version"] = 5;
+  expect_rejected(t, bad, "format_version 5 is not supported (this colibri reads 1 to 4)");
 }
 
 // GLM's additions: format 3 only when used; the fields come all together, typed and in range.
@@ -355,6 +355,71 @@ TEST(Manifest, GlmRouterAndPartialRotaryAreFormatThree) {
   bad = m;
   bad["hparams"]["router_selection_bias"] = "yes";
   expect_rejected(t, bad, "field \"router_selection_bias\" must be true or false");
+}
+
+TEST(Manifest, LatentAttentionIsFormatFour) {
+  auto t = make_model("manifest mla");
+  HyperParams h = tiny_hparams();
+  h.head_dim = 6;
+  h.rotary_dims = 2;
+  h.rope_interleaved = true;
+  h.kv_lora_rank = 32;
+  h.q_lora_rank = 16;
+  h.v_head_dim = 4;
+  ASSERT_TRUE(h.validate()) << h.validate().to_string();
+  EXPECT_EQ(h.format_version(), 4);
+  EXPECT_EQ(h.qk_nope_dim(), 4);
+  EXPECT_EQ(h.mla_cache_dim(), 34);
+  const json j = h.to_json();
+  auto back = HyperParams::from_json(j);
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->kv_lora_rank, 32);
+  EXPECT_EQ(back->q_lora_rank, 16);
+  EXPECT_EQ(back->v_head_dim, 4);
+  EXPECT_TRUE(back->rope_interleaved);
+  json m = t.manifest;
+  m["hparams"] = j;
+  m["format_version"] = 4;
+  // (A whole MLA model's load is in model.convert and engine.reference: the plan's tensors are many.)
+  json bad = m;
+  bad["hparams"].erase("v_head_dim");
+  expect_rejected(t, bad, "missing field \"v_head_dim\"");
+  bad = m;
+  bad["hparams"]["rotary_dims"] = 0;
+  expect_rejected(t, bad, "multi-head latent attention needs it in 2..head_dim - 2");
+  bad = m;
+  bad["hparams"]["kv_lora_rank"] = 0;
+  expect_rejected(t, bad, "kv_lora_rank");
+  // Routing within groups.
+  HyperParams g = tiny_hparams();
+  g.architecture = "deepseek_v3";
+  g.dense = false;
+  g.n_experts = 8;
+  g.n_experts_per_tok = 2;
+  g.moe_intermediate_size = 4;
+  g.router_groups = 4;
+  g.router_groups_used = 2;
+  ASSERT_TRUE(g.validate()) << g.validate().to_string();
+  EXPECT_EQ(g.format_version(), 4);
+  auto g_back = HyperParams::from_json(g.to_json());
+  ASSERT_TRUE(g_back.has_value()) << g_back.error().to_string();
+  EXPECT_EQ(g_back->router_groups, 4);
+  EXPECT_EQ(g_back->router_groups_used, 2);
+  EXPECT_EQ(g_back->router_group_score, "top2_sum");
+  g.router_group_score = "mean";
+  EXPECT_NE(g.validate().message().find("router_group_score 'mean' is not supported (top2_sum, max)"),
+            std::string::npos);
+  g.router_group_score = "top2_sum";
+  g.router_groups = 3;
+  EXPECT_NE(g.validate().message().find("router_groups is 3; it must divide n_experts (8) into groups of two"),
+            std::string::npos);
+  g.router_groups = 4;
+  g.router_groups_used = 5;
+  EXPECT_NE(g.validate().message().find("router_groups_used is 5; it must be in 1..4"), std::string::npos);
+  // A colibri that reads format 3 at most says so, rather than running the model without its latent attention.
+  bad = m;
+  bad["format_version"] = 5;
+  expect_rejected(t, bad, "format_version 5 is not supported");
 }
 
 void expect_invalid(const HyperParams& h, const std::string& what) {

@@ -139,10 +139,10 @@ TEST(CheckOpCall, RefusesWhatDeviceKernelsCannotIndex) {
   EXPECT_EQ(big.message(), "sigmoid: X has more than 2^31 elements; split the call");
   const Status head =
       Call(Op::attention,
-           {tensor(DType::f32, {512, 1, 1, 1}), tensor(DType::f32, {512, 1, 4, 1}), tensor(DType::f32, {512, 1, 4, 1})},
-           {tensor(DType::f32, {512, 1, 1, 1})})
+           {tensor(DType::f32, {640, 1, 1, 1}), tensor(DType::f32, {640, 1, 4, 1}), tensor(DType::f32, {640, 1, 4, 1})},
+           {tensor(DType::f32, {640, 1, 1, 1})})
           .check();
-  EXPECT_EQ(head.message(), "attention: head_dim 512 exceeds 256");
+  EXPECT_EQ(head.message(), "attention: head_dim 640 exceeds 576");
   // No KV heads: an error, not a division by zero.
   const Status no_kv =
       Call(Op::attention,

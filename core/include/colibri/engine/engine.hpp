@@ -253,6 +253,13 @@ class Engine {
   };
   // `settle`: end with finish_routed(); without it the caller does, once it has queued what follows the layers.
   sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace, bool settle = true);
+  // Multi-head latent attention of layer l over S.h (the normed input) into S.tmp (after o_proj); freq_at: each
+  // segment's inv_freq in S.rope_in (offset, count).
+  sdk::Status mla_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,
+                            std::span<const std::pair<std::size_t, std::int64_t>> freq_at, const sdk::OpParams& rope_p,
+                            const sdk::OpParams& norm_p, const sdk::OpParams& mm_p);
+  // MLA's softmax scale: 1 / sqrt(head_dim), times DeepSeek's yarn mscale(factor, mscale_all_dim) squared.
+  [[nodiscard]] double mla_softmax_scale() const;
   // settle_routed() for the pass's routed layers, if any, and their records put back in layer order.
   sdk::Status finish_routed(std::vector<RoutingRecord>* trace);
 
@@ -271,9 +278,10 @@ class Engine {
   std::optional<RopeFrequencies> rope_;
   std::int32_t matmul_flags_ = 0;
   KvCache kv_;
-  bool group_experts_ = false;   // the backend offers the experts' group op for every expert weight type
-  bool routed_experts_ = false;  // decode routes on the backend (expert_ffn_routed) where routed_table() holds
-  bool kv_on_device_ = false;    // memory.kv_on_device on a backend whose memory is not the host's
+  std::vector<float> zero_bias_;  // the selection bias of a router that scales without one (choose_experts)
+  bool group_experts_ = false;    // the backend offers the experts' group op for every expert weight type
+  bool routed_experts_ = false;   // decode routes on the backend (expert_ffn_routed) where routed_table() holds
+  bool kv_on_device_ = false;     // memory.kv_on_device on a backend whose memory is not the host's
   KvWindows kv_windows_;  // the sliding-window layers every KV cache of this engine has (memory_plan's kv_windows)
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;

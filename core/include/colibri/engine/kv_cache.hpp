@@ -32,18 +32,20 @@ class KvCache {
   // 63 more from aligning its first row to 64, the write itself, and W + 64 of slack (so rows move once every W or
   // more positions), when that is less than the context.
   static std::int64_t layer_positions(std::int64_t window, std::int64_t max_write, std::int64_t context);
-  // Bytes of a cache of `context` positions (K and V of every layer).
+  // Bytes of a cache of `context` positions (K and V of every layer; K alone where values_are_keys).
   static std::uint64_t bytes_for(sdk::DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
-                                 std::int64_t context, const KvWindows& windows = {});
-  // Bytes one position takes over all layers (K and V).
+                                 std::int64_t context, const KvWindows& windows = {}, bool values_are_keys = false);
+  // Bytes one position takes over all layers (K and V; K alone where values_are_keys).
   static std::uint64_t bytes_per_position(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
-                                          std::int64_t head_dim);
+                                          std::int64_t head_dim, bool values_are_keys = false);
   // type: f16, q8_0 (head_dim a multiple of 32) or f32; errors name the type and why. With `device`, the rows live
   // in buffers from device->allocate() (one per layer for K and one for V); an allocation that fails is an error.
-  // With `windows`, sliding layers keep layer_positions() rows.
+  // With `windows`, sliding layers keep layer_positions() rows. With values_are_keys (multi-head latent attention,
+  // whose values are the keys' latent part) only keys are stored: values() are the keys, and writes take no v.
   static sdk::Expected<KvCache> create(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
                                        std::int64_t head_dim, std::int64_t context,
-                                       std::shared_ptr<sdk::Compute> device = nullptr, KvWindows windows = {});
+                                       std::shared_ptr<sdk::Compute> device = nullptr, KvWindows windows = {},
+                                       bool values_are_keys = false);
 
   // Stores T positions starting at `position`: k and v are f32 {head_dim, kv_heads, T}. A sliding layer first moves
   // its last rows to the front when the new ones would not fit (its first position stays a multiple of 64); rows it
@@ -97,6 +99,7 @@ class KvCache {
 
   sdk::DType type_ = sdk::DType::f16;
   std::int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0, context_ = 0;
+  int planes_ = 2;  // K and V; 1 where the values are the keys
   KvWindows windows_;
   std::vector<std::int64_t> rows_;   // per layer: rows held (the context, or fewer for a sliding layer)
   std::vector<std::int64_t> first_;  // per layer: the position of row 0

@@ -18,7 +18,7 @@ namespace colibri::model {
 
 // Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
 // experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
-inline constexpr int kManifestFormatVersion = 3;
+inline constexpr int kManifestFormatVersion = 4;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
@@ -53,6 +53,20 @@ struct HyperParams {
   // Multi-token-prediction layers stored after the last layer (GLM's num_nextn_predict_layers): the converter skips
   // them. Not in the manifest.
   std::int64_t nextn_layers = 0;
+  // Multi-head latent attention (DeepSeek V2/V3, Kimi K2) when kv_lora_rank > 0: each token's keys and values come
+  // from one latent of kv_lora_rank (normed) and one RoPE key of rotary_dims shared by the heads; head_dim is the
+  // queries' and keys' width (qk_nope + qk_rope), v_head_dim the values'. Queries go through a latent of q_lora_rank
+  // when it is > 0. The KV cache holds the latent and the RoPE key, one row per token (the "absorbed" form).
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t v_head_dim = 0;
+  // Routing within groups (DeepSeek-V3's n_group / topk_group): the experts form router_groups consecutive groups, and
+  // only those of the router_groups_used groups with the best group scores compete. A group's score is the sum of its
+  // two best biased scores ("top2_sum", DeepSeek-V3), or its best one ("max", DeepSeek-V2's group_limited_greedy).
+  // 0 groups: none.
+  std::int64_t router_groups = 0;
+  std::int64_t router_groups_used = 0;
+  std::string router_group_score = "top2_sum";
   // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
   // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
   std::string expert_activation = "swiglu";
@@ -90,8 +104,16 @@ struct HyperParams {
   [[nodiscard]] std::int64_t layer_window(std::int64_t layer) const;
   [[nodiscard]] bool expert_bias() const { return expert_activation == "swiglu_clamped"; }
   [[nodiscard]] std::int64_t rope_dims() const { return rotary_dims > 0 ? rotary_dims : head_dim; }
+  [[nodiscard]] bool mla() const { return kv_lora_rank > 0; }
+  [[nodiscard]] bool grouped_routing() const { return router_groups > 1 && router_groups_used < router_groups; }
+  // MLA's widths: the part of a query or key head without RoPE, and a KV cache row (the latent, then the RoPE key).
+  [[nodiscard]] std::int64_t qk_nope_dim() const { return head_dim - rope_dims(); }
+  [[nodiscard]] std::int64_t mla_cache_dim() const { return kv_lora_rank + rope_dims(); }
+  // The KV cache's rows per position and their width: a row per kv head of head_dim, or MLA's one row.
+  [[nodiscard]] std::int64_t kv_cache_heads() const { return mla() ? 1 : num_kv_heads; }
+  [[nodiscard]] std::int64_t kv_cache_dim() const { return mla() ? mla_cache_dim() : head_dim; }
   // The manifest format version these hyper-parameters need (1; 2 for gpt-oss's features; 3 for GLM's router and
-  // partial rotary).
+  // partial rotary; 4 for multi-head latent attention and routing within groups).
   [[nodiscard]] int format_version() const;
 
   [[nodiscard]] nlohmann::json to_json() const;

@@ -31,7 +31,9 @@ layout(push_constant) uniform Params {
 }
 p;
 
-const uint kMaxHeadDim = 256u;
+// 576: DeepSeek's latent attention (512 + 64). A smaller head_dim leaves the extra slots unused, its arithmetic as
+// before.
+const uint kMaxHeadDim = 576u;
 const uint kDimsPerThread = kMaxHeadDim / 64u;
 shared float q_sh[kMaxHeadDim];
 shared float score_sh[64];

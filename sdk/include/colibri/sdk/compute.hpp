@@ -58,7 +58,8 @@ enum class Op : std::uint32_t {
   // Needs position + T <= S (the engine writes the new keys first; S may be the filled prefix).
   // With a window, the engine may pass only the rows from a multiple of 64 on (key j is then position first + j, and
   // params.position is given less first): the result must be the bits of the whole cache, e.g. key blocks aligned
-  // to key 0 modulo 64, or to each query's window.
+  // to key 0 modulo 64, or to each query's window. head_dim <= 576; Kc and Vc may be one tensor (DeepSeek's latent
+  // attention passes its one cache as both).
   attention,
   // in: gate {F, T}, up {F, T}; out: silu(gate) * up.
   swiglu,
@@ -125,6 +126,21 @@ enum class Op : std::uint32_t {
   // s, divided by (the sum of the k chosen s + 1e-20) with kRoutingRenormalize, then times params.scale (HF's
   // routed_scaling_factor). Every step in f32, in that order. NaN logits as topk_routing.
   topk_routing_biased,
+  // Optional (DeepSeek's multi-head latent attention). in: A {a, R} f32, B {b, R} f32 (R = ne[1] * ne[2] * ne[3]
+  // rows, the same count for both); out: Y {a + b, R} f32: each row is A's row followed by B's. A plain copy: the bits.
+  concat_rows,
+  // Optional (DeepSeek's multi-head latent attention). in: W {K, N, H} (H matrices of N rows of K; a matmul weight
+  // type), X {Kx, H, T} f32 with Kx >= K; out: Y {N, H, T} f32. Y[t][h][n] = sum over k < K of W[h][n][k] X[t][h][k]:
+  // head h's matrix times the first K values of token t's head-h row of X. Each (t, h) has the bits matmul gives for
+  // W[h] and that row alone (params.flags as matmul's), whatever T.
+  matmul_heads,
+  // Optional (DeepSeek-V3/R1 and V2: routing within groups). As topk_routing_biased (same inputs, outputs, flags and
+  // weights), except that the E experts form params.groups consecutive groups of E / groups, and only the experts of
+  // the params.groups_used groups with the highest group scores compete (ties go to the lower group): a group's score
+  // is the sum of its two highest s + bias (f32, the higher first), or with kRoutingGroupMax its highest s + bias
+  // alone (DeepSeek-V2's group_limited_greedy). 2 <= groups, E % groups == 0, 1 <= groups_used <= groups, and
+  // k <= groups_used * E / groups.
+  topk_routing_grouped,
   count_
 };
 
@@ -133,6 +149,7 @@ inline constexpr std::int32_t kRopeInterleaved = 1 << 1;
 inline constexpr std::int32_t kRoutingSoftmax = 1 << 2;
 inline constexpr std::int32_t kRoutingRenormalize = 1 << 3;
 inline constexpr std::int32_t kRoutingSigmoid = 1 << 4;
+inline constexpr std::int32_t kRoutingGroupMax = 1 << 5;
 
 // A dense or block-quantized tensor of up to 4 dims, ne[0] fastest, rows contiguous
 // (row_bytes(type, ne[0]) apart). `data` is a host pointer for host-visible buffers; device
@@ -174,6 +191,9 @@ struct Tensor {
     case Op::expert_ffn_clamped_group: return "expert_ffn_clamped_group";
     case Op::expert_ffn_routed: return "expert_ffn_routed";
     case Op::topk_routing_biased: return "topk_routing_biased";
+    case Op::concat_rows: return "concat_rows";
+    case Op::matmul_heads: return "matmul_heads";
+    case Op::topk_routing_grouped: return "topk_routing_grouped";
     default: return "unknown op";
   }
 }
@@ -187,6 +207,9 @@ struct OpParams {
   std::int32_t flags = 0;      // k* flags above
   float scale = 1.0f;          // attention score scale; rope cos/sin scale; expert_ffn_clamped(_group): alpha;
                                // topk_routing_biased: weight multiplier
+  // Appended last, so a plugin built before them still reads the fields above where they were.
+  std::int32_t groups = 0;       // topk_routing_grouped: expert groups
+  std::int32_t groups_used = 0;  // topk_routing_grouped: groups whose experts compete
 };
 
 struct OpCall {

@@ -14,16 +14,16 @@ namespace colibri::sdk {
 // q2_k .. q6_k.
 [[nodiscard]] bool is_weight_type(DType type) noexcept;
 // Optional weight types: mxfp4 (gpt-oss's experts, kept bit-exact at 4.25 bits per weight). check_op_call accepts
-// them for matmul and the expert ops (expert_ffn, expert_ffn_clamped and their groups; not embedding), but no backend
-// has to run them: one that does says so in its own supports(), and supports_every_op never does. The engine asks
-// supports() before it places such a weight on a backend.
+// them for matmul, matmul_heads and the expert ops (expert_ffn, expert_ffn_clamped and their groups; not embedding),
+// but no backend has to run them: one that does says so in its own supports(), and supports_every_op never does. The
+// engine asks supports() before it places such a weight on a backend.
 [[nodiscard]] bool is_optional_weight_type(DType type) noexcept;
 // KV cache row types of attention: f32, f16, q8_0.
 [[nodiscard]] bool is_kv_type(DType type) noexcept;
 // Compute::supports() of a backend that runs every required op: weights of is_weight_type, KV of is_kv_type, f32
 // otherwise; false for the optional ops (expert_ffn_group, attention_sinks, expert_ffn_clamped and its group,
-// expert_ffn_routed, topk_routing_biased) and the optional weight types (is_optional_weight_type), which a backend
-// claims itself once it implements them.
+// expert_ffn_routed, topk_routing_biased, concat_rows, matmul_heads, topk_routing_grouped) and the optional weight
+// types (is_optional_weight_type), which a backend claims itself once it implements them.
 [[nodiscard]] bool supports_every_op(Op op, DType weight_type) noexcept;
 
 // "f32 {4096, 7, 1, 1}": a tensor's type and all four dims, for messages.
@@ -31,9 +31,9 @@ namespace colibri::sdk {
 
 // The checks a device backend makes on the host before it dispatches `call`, so a bad call is an error naming the
 // op and tensor instead of a device fault: input and output counts, types (weights of is_weight_type, and for
-// matmul and the expert ops also of is_optional_weight_type; KV of is_kv_type), shapes and parameter ranges as
-// compute.hpp states them, and the limits device kernels share (32-bit element indices: no tensor, F x T of
-// expert_ffn or embedding table of 2^31 or more; head_dim <= 256). Unsupported types and ops name `backend`:
+// matmul, matmul_heads and the expert ops also of is_optional_weight_type; KV of is_kv_type), shapes and parameter
+// ranges as compute.hpp states them, and the limits device kernels share (32-bit element indices: no tensor, F x T
+// of expert_ffn or embedding table of 2^31 or more; head_dim <= 576). Unsupported types and ops name `backend`:
 // "matmul: weight type q4_1 is not supported by cuda". An optional weight type passes: whether this backend runs
 // it is its supports()'s answer, and one that does not must still answer such a call with an error (the
 // conformance suite checks it). Grid-size limits are the backend's own. Buffers and addresses are not looked at.

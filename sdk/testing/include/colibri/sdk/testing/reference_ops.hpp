@@ -43,6 +43,15 @@ std::vector<double> attention(const float* q, std::int64_t head_dim, std::int64_
                               const float* v, std::int64_t kv_heads, std::int64_t s, std::int32_t position,
                               std::int32_t window, float scale, const float* sinks = nullptr);
 
+// concat_rows: A {a, rows} and B {b, rows} into {a + b, rows}, each row A's then B's (a copy of the floats).
+std::vector<float> concat_rows(const float* a, std::int64_t a_width, const float* b, std::int64_t b_width,
+                               std::int64_t rows);
+
+// matmul_heads: W {k, n, heads} of `type` (heads matrices of n rows), X {kx, heads, t} with kx >= k;
+// Y[(i * heads + h) * n + r] = matmul of W's matrix h and the first k values of X's row (i, h).
+std::vector<double> matmul_heads(DType type, const void* w, std::int64_t k, std::int64_t n, std::int64_t heads,
+                                 const float* x, std::int64_t kx, std::int64_t t);
+
 double silu(double x);
 double sigmoid(double x);
 
@@ -57,5 +66,10 @@ Routing topk_routing(const float* logits, std::int64_t experts, std::int64_t t, 
 // + 1e-20 with kRoutingRenormalize, then times scale.
 Routing topk_routing_biased(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
                             int flags, float scale);
+// topk_routing_grouped (DeepSeek-V3 / V2): as topk_routing_biased, but only the experts of the groups_used of the
+// `groups` consecutive groups with the highest group scores compete: a group's score is the sum of its two highest
+// score + bias (its highest alone with kRoutingGroupMax); ties go to the lower group.
+Routing topk_routing_grouped(const float* logits, const float* bias, std::int64_t experts, std::int64_t t, int k,
+                             int flags, float scale, int groups, int groups_used);
 
 }  // namespace colibri::sdk::testing::ref
