@@ -1253,8 +1253,8 @@ double Engine::mla_softmax_scale() const {
 // Multi-head latent attention in the absorbed form llama.cpp also runs: the KV cache holds one row per token, its
 // normed latent beside its RoPE key, which every head reads as keys and, its latent part, as values. Each head's
 // query is its part without RoPE through k_b (onto the latent) beside its RoPE part; its output's latent part goes
-// through v_b. HF's per-head keys and values give the same numbers up to rounding; the cache is (heads x (2 x head
-// dims)) / (latent + RoPE dims) times smaller (28x for DeepSeek-V3).
+// through v_b. HF's per-head keys and values give the same numbers up to rounding; the cache is heads x (key + value
+// dims) / (latent + RoPE dims) times smaller (71x for DeepSeek-V3: 128 x (192 + 128) / 576).
 Status Engine::mla_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,
                              std::span<const std::pair<std::size_t, std::int64_t>> freq_at, const sdk::OpParams& rope_p,
                              const sdk::OpParams& norm_p, const sdk::OpParams& mm_p) {

@@ -483,10 +483,12 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
   {  // an unsupported architecture is refused by name, listing the supported ones
     auto d = copy_fixture(src, "arch");
     json cfg = json::parse(slurp(d / "config.json"));
-    cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+    cfg["architectures"] = {"Qwen3NextForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
-    expect_clean_failure(
-        d, "'DeepseekV3ForCausalLM' is not supported; supported: Ernie4_5_MoeForCausalLM, Glm4MoeForCausalLM", "arch");
+    expect_clean_failure(d,
+                         "'Qwen3NextForCausalLM' is not supported; supported: DeepseekV2ForCausalLM, "
+                         "DeepseekV3ForCausalLM, Ernie4_5_MoeForCausalLM, Glm4MoeForCausalLM",
+                         "arch");
   }
   {  // an eos id that is no token id is refused, not dropped (generation would never stop)
     auto d = copy_fixture(src, "eos");
