@@ -516,6 +516,16 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                  "'s multi-head latent attention (its concat_rows and matmul_heads "
                                                  "ops); use compute.backend: cpu, cuda or vulkan");
     }
+    // Device backends' attention takes rows of up to 576 values (sdk compute_checks; DeepSeek's 512 + 64); the CPU's
+    // any. Said at load, not at the first token.
+    constexpr std::int64_t kDeviceMaxRow = 576;
+    if (hp_.mla_cache_dim() > kDeviceMaxRow && plugins_.compute_name != "cpu") {
+      return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name +
+                                                 "'s attention takes rows of at most " + std::to_string(kDeviceMaxRow) +
+                                                 " values; this model's latent-attention cache row is " +
+                                                 std::to_string(hp_.mla_cache_dim()) +
+                                                 " (kv_lora_rank + qk_rope_head_dim); use compute.backend: cpu");
+    }
   }
   // A layer's ready experts go in one call where the backend offers the group form of their op (gpt-oss's biased
   // experts: expert_ffn_clamped_group) for every expert weight type.
@@ -1350,6 +1360,9 @@ Status Engine::write_kv(KvCache& kv, std::int64_t l, std::int64_t position, cons
   auto& S = *scratch_;
   auto kp = host_view(k, S.down);
   if (!kp) return kp.error();
+  if (v.data == k.data && v.buffer == k.buffer && v.offset == k.offset) {
+    return kv.write(l, position, k.ne[1], *kp, *kp);  // latent attention: the values are the keys' rows
+  }
   auto vp = host_view(v, S.acc);
   if (!vp) return vp.error();
   return kv.write(l, position, k.ne[1], *kp, *vp);

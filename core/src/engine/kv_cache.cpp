@@ -51,8 +51,10 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   }
   if (sdk::row_bytes(type, head_dim) == 0) {
     return Status(StatusCode::invalid_argument, "KV cache type " + std::string(sdk::to_string(type)) +
-                                                    " needs head_dim to be a multiple of its block size (head_dim " +
-                                                    std::to_string(head_dim) + "); use --kv-type f16");
+                                                    " needs rows of a multiple of its block size (rows of " +
+                                                    std::to_string(head_dim) +
+                                                    ": head_dim, or latent attention's kv_lora_rank + "
+                                                    "qk_rope_head_dim); use --kv-type f16");
   }
   if (context <= 0) return Status(StatusCode::invalid_argument, "the context must hold at least one token");
   if (!windows.window.empty() && static_cast<std::int64_t>(windows.window.size()) != layers) {

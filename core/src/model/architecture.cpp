@@ -333,15 +333,24 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.kv_lora_rank = get_int("kv_lora_rank", 0, true);
     const std::int64_t nope = get_int("qk_nope_head_dim", 0, true), rope = get_int("qk_rope_head_dim", 0, true);
     h.v_head_dim = get_int("v_head_dim", 0, true);
-    if (err && (nope < 2 || rope < 2 || rope % 2 != 0 || nope > (1 << 20) || rope > (1 << 20))) {
+    if (err && (nope < 2 || rope < 2 || rope % 2 != 0 || nope % 2 != 0 || nope > (1 << 20) || rope > (1 << 20))) {
       return bad_config(where, "qk_nope_head_dim " + std::to_string(nope) + " and qk_rope_head_dim " +
-                                   std::to_string(rope) +
-                                   " must be 2 or more, the RoPE part even; fix them in config.json");
+                                   std::to_string(rope) + " must be even and 2 or more; fix them in config.json");
     }
     h.head_dim = nope + rope;
     h.rotary_dims = rope;
     h.num_kv_heads = h.num_heads;
-    h.rope_interleaved = true;  // DeepSeek's checkpoints pair (2i, 2i + 1): transformers de-interleaves first
+    // DeepSeek's checkpoints pair (2i, 2i + 1): transformers de-interleaves first, unless V3's rope_interleave is
+    // false (V2's code always pairs so).
+    h.rope_interleaved = a == "deepseek_v2" || get_bool("rope_interleave", true);
+    // DeepSeek's softmax scale needs yarn's factor (transformers infers it for the frequencies only).
+    if (h.rope_scaling.is_object() &&
+        (h.rope_scaling.contains("mscale_all_dim") || h.rope_scaling.contains("mscale")) &&
+        !(h.rope_scaling.contains("factor") && h.rope_scaling["factor"].is_number())) {
+      return bad_config(where,
+                        "rope_scaling has mscale but no \"factor\"; DeepSeek's attention needs it (e.g. 40 "
+                        "for DeepSeek-V3); fix it in config.json");
+    }
   }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
@@ -370,6 +379,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     // Within the best groups as DeepSeek-V3 (GLM's released models have one group).
     const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
+    if (groups < 1 || topk_groups < 1 || topk_groups > groups) {
+      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(topk_groups) +
+                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
+    }
     if (groups > 1 && topk_groups < groups) {
       h.router_groups = groups;
       h.router_groups_used = topk_groups;
@@ -395,15 +408,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
     h.intermediate_size = get_int("intermediate_size", 0, true);
     const bool v3 = a == "deepseek_v3";
-    h.norm_topk_prob = get_bool("norm_topk_prob", v3);
+    // V2's code renormalizes only several picks.
+    h.norm_topk_prob = get_bool("norm_topk_prob", v3) && (v3 || h.n_experts_per_tok > 1);
     const double scale = get_float("routed_scaling_factor", v3 ? 2.5 : 1.0);
-    std::string scoring = v3 ? "sigmoid" : "softmax";
-    if (c.contains("scoring_func") && !c["scoring_func"].is_null()) {
-      scoring = c["scoring_func"].is_string() ? c["scoring_func"].get<std::string>() : "";
-      if (scoring != "sigmoid" && scoring != "softmax") {
-        return bad_config(where, "scoring_func is " + c["scoring_func"].dump().substr(0, 40) +
-                                     "; it must be \"softmax\" or \"sigmoid\"");
-      }
+    // V3 scores by sigmoid, V2 by softmax; DeepSeek's code refuses the other.
+    const std::string scoring = v3 ? "sigmoid" : "softmax";
+    if (c.contains("scoring_func") && !c["scoring_func"].is_null() &&
+        !(c["scoring_func"].is_string() && c["scoring_func"].get<std::string>() == scoring)) {
+      return bad_config(where, "scoring_func is " + c["scoring_func"].dump().substr(0, 40) + "; " + h.hf_architecture +
+                                   " scores its experts by \"" + scoring + "\"");
     }
     h.router_scoring = scoring;
     // V3's gate always has e_score_correction_bias; V2's only picks by its scores. V2 scales the weights only
@@ -416,10 +429,14 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     std::string method = v3 ? "noaux_tc" : "greedy";
     if (!v3 && c.contains("topk_method") && !c["topk_method"].is_null()) {
       method = c["topk_method"].is_string() ? c["topk_method"].get<std::string>() : "";
-      if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc") {
+      if (method != "greedy" && method != "group_limited_greedy") {
         return bad_config(where, "topk_method is " + c["topk_method"].dump().substr(0, 40) +
-                                     "; it must be \"greedy\", \"group_limited_greedy\" or \"noaux_tc\"");
+                                     "; DeepseekV2ForCausalLM's must be \"greedy\" or \"group_limited_greedy\"");
       }
+    }
+    if (groups < 1 || topk_groups < 1 || topk_groups > groups) {
+      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(topk_groups) +
+                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
     }
     if (method != "greedy" && groups > 1 && topk_groups < groups) {
       h.router_groups = groups;
@@ -599,6 +616,7 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"attention.key_length_mla", Kind::integer},
       {"attention.value_length_mla", Kind::integer},
       {"rope.scaling.yarn_log_multiplier", Kind::number},
+      {"rope.scaling.yarn_attn_factor", Kind::number},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
       {"tokenizer.ggml.model", Kind::string},
@@ -691,11 +709,31 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.kv_lora_rank = req("attention.kv_lora_rank");
     h.head_dim = req("attention.key_length_mla");
     h.v_head_dim = req("attention.value_length_mla");
+    const std::int64_t rope = req("rope.dimension_count");
+    if (!err) return err;
     h.num_kv_heads = h.num_heads;
     // llama.cpp guesses the query latent from the layer count; the tensor says it.
     h.q_lora_rank = opt("attention.q_lora_rank", 0);
     if (const auto* qa = g.find_tensor("blk.0.attn_q_a.weight"); qa != nullptr && qa->ne.size() == 2) {
       h.q_lora_rank = qa->ne[1];
+    }
+    // The absorbed form's widths llama.cpp writes beside the heads' must agree with them.
+    const std::int64_t key = opt("attention.key_length", h.kv_lora_rank + rope);
+    const std::int64_t value = opt("attention.value_length", h.kv_lora_rank);
+    if (h.head_dim % 2 != 0 || rope < 2 || rope % 2 != 0 || rope >= h.head_dim || key != h.kv_lora_rank + rope ||
+        value != h.kv_lora_rank) {
+      return bad_config(where, "metadata " + *ga + ".attention.key_length_mla " + std::to_string(h.head_dim) +
+                                   ", rope.dimension_count " + std::to_string(rope) + ", attention.kv_lora_rank " +
+                                   std::to_string(h.kv_lora_rank) + ", key_length " + std::to_string(key) +
+                                   " and value_length " + std::to_string(value) +
+                                   " disagree (key_length_mla even and above the RoPE dims, key_length = "
+                                   "kv_lora_rank + RoPE dims, value_length = kv_lora_rank); the GGUF is damaged: "
+                                   "re-export it");
+    }
+    // llama.cpp reads yarn_attn_factor into its RoPE; HF's DeepSeek configs have no such factor.
+    if (auto f = g.get_float(*ga + ".rope.scaling.yarn_attn_factor"); f && *f != 1.0) {
+      return Status(StatusCode::unsupported, where + ": " + *ga + ".rope.scaling.yarn_attn_factor " + json(*f).dump() +
+                                                 " is not supported; convert the HF checkpoint instead");
     }
   }
   // Required as llama.cpp requires them: a default would change every answer (eps) or the usable context.
@@ -823,11 +861,20 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       // llama.cpp: 0 (or no key) means no scale; its minimax-m2 loader never reads the key.
       h.routed_scaling_factor = a == "minimax_m2" ? 1.0 : g.get_float(*ga + ".expert_weights_scale").value_or(1.0);
       if (h.routed_scaling_factor == 0) h.routed_scaling_factor = 1.0;
-      // llama.cpp routes within the best groups when there are several, a group scored by its best two.
+      // llama.cpp routes within the best groups when there are several, a group scored by its best two. A deepseek2
+      // GGUF with softmax gating is DeepSeek-V2 / V2.5, whose group_limited_greedy scores a group by its best one
+      // (llama.cpp's top-2 sum approximates it): colibri runs the model's own rule.
       const std::int64_t groups = opt("expert_group_count", 1), used_groups = opt("expert_group_used_count", groups);
+      if (groups < 1 || used_groups < 1 || used_groups > groups) {
+        return bad_config(where, "metadata " + *ga + ".expert_group_count " + std::to_string(groups) +
+                                     " and expert_group_used_count " + std::to_string(used_groups) +
+                                     " must be 1 or more, the used count at most the count; the GGUF is damaged: "
+                                     "re-export it");
+      }
       if (groups > 1 && used_groups < groups) {
         h.router_groups = groups;
         h.router_groups_used = used_groups;
+        if (deepseek && h.router_scoring == "softmax") h.router_group_score = "max";
       }
     }
   }
@@ -877,6 +924,20 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     // GGUF has no decoder_sparse_step: a layer without a router is dense.
     for (std::int64_t l = 0; l < h.num_layers; ++l) {
       if (g.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight") == nullptr) h.mlp_only_layers.push_back(l);
+    }
+    // The dense first layers the metadata names must be the layers without a router.
+    if (auto dense = g.get_int(*ga + ".leading_dense_block_count")) {
+      const bool agrees = *dense >= 0 && *dense <= h.num_layers &&
+                          static_cast<std::int64_t>(h.mlp_only_layers.size()) >= *dense &&
+                          (*dense == 0 || h.mlp_only_layers[static_cast<std::size_t>(*dense - 1)] == *dense - 1) &&
+                          (static_cast<std::int64_t>(h.mlp_only_layers.size()) == *dense ||
+                           h.mlp_only_layers[static_cast<std::size_t>(*dense)] != *dense);
+      if (!agrees) {
+        return bad_config(where, "metadata " + *ga + ".leading_dense_block_count is " + std::to_string(*dense) +
+                                     ", but the layers without a router (ffn_gate_inp) are not exactly the first " +
+                                     std::to_string(std::max<std::int64_t>(*dense, 0)) +
+                                     "; the GGUF is damaged: re-export it");
+      }
     }
     if (auto s = h.validate(); !s) return bad_gguf_hparams(where, s);
   }

@@ -1251,7 +1251,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
   std::vector<Job> shared_jobs;
   std::vector<std::vector<std::vector<Job>>> expert_jobs;
   std::uint64_t total_bytes = 0;
-  std::size_t fp8_tensors = 0;
+  std::set<std::string> fp8_tensors;  // by source name: a tensor cut in two (MLA) counts once
   auto make_job = [&](const PlannedTensor& p) -> sdk::Expected<Job> {
     auto src = in.is_gguf ? locate_gguf(in, p) : locate_hf(in, p);
     if (!src) return src.error();
@@ -1260,7 +1260,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       return choice.error().with_context(in.path.string());
     if (!choice) return choice.error();
     total_bytes += sdk::row_bytes(choice->type, src->cols) * static_cast<std::uint64_t>(src->rows);
-    if (src->st != nullptr && src->st->dtype == "F8_E4M3") ++fp8_tensors;
+    if (src->st != nullptr && src->st->dtype == "F8_E4M3") fp8_tensors.insert(src->st->name);
     return Job{&p, *src, *choice};
   };
   for (const auto& p : plan.shared) {
@@ -1340,8 +1340,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                         std::to_string(hp.num_layers + hp.nextn_layers) +
                         "; fix the layer count (the model would run without them)");
     }
-    if (fp8_tensors > 0) {
-      summary.warnings.push_back(std::to_string(fp8_tensors) +
+    if (!fp8_tensors.empty()) {
+      summary.warnings.push_back(std::to_string(fp8_tensors.size()) +
                                  " tensor(s) were FP8 (F8_E4M3 with block scales) in the input: dequantized, then "
                                  "stored as the preset says (" +
                                  opt.preset + ")");

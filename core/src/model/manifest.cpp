@@ -324,6 +324,14 @@ Status validate_rope_scaling(const json& rs) {
   for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "attention_factor"}) {
     if (auto s = positive(key); !s) return s;
   }
+  // yarn's mscale enters 0.1 * mscale * ln(factor) + 1, squared in DeepSeek's softmax scale: a negative or huge one
+  // (real models: 0.707 to 1) flips or overflows every score.
+  for (const char* key : {"mscale", "mscale_all_dim"}) {
+    if (!rs.contains(key) || rs[key].is_null()) continue;
+    const double m = rs[key].get<double>();
+    if (auto s = need(m >= 0 && m <= 100, std::string(key) + " is " + rs[key].dump() + "; it must be in 0..100"); !s)
+      return s;
+  }
   if (rs.contains("original_max_position_embeddings") && !rs["original_max_position_embeddings"].is_null()) {
     const double o = rs["original_max_position_embeddings"].get<double>();
     if (auto s = need(o >= 1 && o <= static_cast<double>(kMaxContext),
@@ -417,9 +425,9 @@ Status HyperParams::validate() const {
                     "router_scoring '" + router_scoring + "' is not supported (softmax, sigmoid)");
       !s)
     return s;
-  // A factor of 0 or below silences or flips every expert; HF's models use 1 to 2.5.
-  if (auto s = need(routed_scaling_factor > 0 && std::isfinite(routed_scaling_factor),
-                    "routed_scaling_factor is " + json(routed_scaling_factor).dump() + "; it must be positive");
+  // A factor of 0 or below silences or flips every expert; HF's models use 1 to 16 (DeepSeek-V2).
+  if (auto s = need(routed_scaling_factor > 0 && routed_scaling_factor <= 1000,
+                    "routed_scaling_factor is " + json(routed_scaling_factor).dump() + "; it must be in (0, 1000]");
       !s)
     return s;
   if (auto s = need(rotary_dims >= 0 && rotary_dims <= head_dim && rotary_dims % 2 == 0,

@@ -355,6 +355,15 @@ class Gguf(unittest.TestCase):
                       "per head; the KV cache holds 80 values per token and layer", shown)
         self.assert_reference_logits(ckpt, model, "deepseek_v3-groups-gguf")
 
+    def test_deepseek_v2_with_expert_groups_from_gguf_scores_a_group_by_its_best(self):
+        """A deepseek2 GGUF with softmax gating is DeepSeek-V2 / V2.5, whose group_limited_greedy ranks a group by its
+        best score (llama.cpp approximates it with the top-2 sum): the GGUF gives the HF checkpoint's logits."""
+        ckpt, model, out = self.converted_f32_gguf("deepseek_v2", "deepseek_v2-groups", VARIANTS["deepseek_v2-groups"][2])
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["router_groups"], hp["router_groups_used"], hp["router_group_score"]), (4, 1, "max"))
+        self.assert_reference_logits(ckpt, model, "deepseek_v2-groups-gguf")
+
     def test_llama_cpp_fallback_block_types_are_read_and_requantized(self):
         """llama.cpp's quantizer writes q5_0, q5_1 or iq4_nl (and older files q4_1) where k-quants do not fit a row.
         convert dequantizes them: a GGUF with one such tensor gives the logits of one holding, as f32, the values those

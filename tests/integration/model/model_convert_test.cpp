@@ -932,7 +932,16 @@ TEST(ModelConvert, DeepSeekCutsItsLatentAttentionAndSkipsItsPredictionLayer) {
        "tensor 'blk.1.attn_k_b.weight' (needed by its metadata) is missing"},
       {"--gguf-set-u32 {arch}.expert_group_count=8 --gguf-set-u32 {arch}.expert_group_used_count=4",
        "router_groups is 8; it must divide n_experts (8) into groups of two experts or more"},
-      {"--gguf-set-u32 {arch}.attention.kv_lora_rank=32", "attn_kv_a_mqa.weight' has shape"},
+      {"--gguf-set-u32 {arch}.attention.kv_lora_rank=32",
+       "attention.key_length_mla 48, rope.dimension_count 16, attention.kv_lora_rank 32, key_length 80 and "
+       "value_length 64 disagree"},
+      {"--gguf-drop-key {arch}.attention.key_length_mla", "missing metadata deepseek2.attention.key_length_mla"},
+      {"--gguf-drop-key {arch}.rope.dimension_count", "missing metadata deepseek2.rope.dimension_count"},
+      {"--gguf-set-u32 {arch}.leading_dense_block_count=2",
+       "deepseek2.leading_dense_block_count is 2, but the layers without a router (ffn_gate_inp) are not exactly the "
+       "first 2"},
+      {"--gguf-set-u32 {arch}.expert_group_count=0",
+       "deepseek2.expert_group_count 0 and expert_group_used_count 1 must be 1 or more"},
   };
   int n = 0;
   for (const auto& [args, want] : refused) {

@@ -184,7 +184,7 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
       {"partial_rotary_factor 0.0 gives 0 rotated dims", json{{"partial_rotary_factor", 0.0}}},
       {"partial_rotary_factor 0.1 gives 3 rotated dims of head_dim 32", json{{"partial_rotary_factor", 0.1}}},
       {"first_k_dense_replace is 4; it must be in 0..num_hidden_layers (3)", json{{"first_k_dense_replace", 4}}},
-      {"routed_scaling_factor is -1.0; it must be positive", json{{"routed_scaling_factor", -1.0}}},
+      {"routed_scaling_factor is -1.0; it must be in (0, 1000]", json{{"routed_scaling_factor", -1.0}}},
       {"missing required field \"n_routed_experts\"", json{{"n_routed_experts", nullptr}}},
       {"num_layers", json{{"num_hidden_layers", 1LL << 40}, {"first_k_dense_replace", 1LL << 40}}},  // no endless loop
       {"num_nextn_predict_layers is -1; it must be in 0..num_hidden_layers (3)",
@@ -459,6 +459,11 @@ TEST(HfConfigValues, DeepSeekReadsItsLatentAttentionRouterAndDenseLayers) {
   ASSERT_TRUE(h) << h.error().message();
   EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 1.0);
   EXPECT_TRUE(h->norm_topk_prob);
+  c["num_experts_per_tok"] = 1;  // one pick is never renormalized in V2's code: it is scaled
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_FALSE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 16.0);
   // Kimi K2 / Moonlight / V3: a query latent, sigmoid scores with a selection bias, scaled after renormalizing;
   // MoE layers every moe_layer_freq from first_k_dense_replace on.
   c = deepseek_v2_lite();
@@ -480,6 +485,10 @@ TEST(HfConfigValues, DeepSeekReadsItsLatentAttentionRouterAndDenseLayers) {
   EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0, 1, 3}));
   EXPECT_EQ(h->nextn_layers, 1);
   EXPECT_FALSE(h->grouped_routing());
+  EXPECT_TRUE(h->rope_interleaved);
+  c["rope_interleave"] = false;  // transformers' V3 then rotates halves
+  EXPECT_FALSE(hparams_from_hf_config(c, "config.json")->rope_interleaved);
+  c.erase("rope_interleave");
   // DeepSeek-V3 / R1 route within their best groups (a group's worth: its best two); V2's group_limited_greedy by a
   // group's best one; V2's greedy ignores the groups.
   auto g = c;
@@ -510,14 +519,25 @@ TEST(HfConfigValues, DeepSeekReadsItsLatentAttentionRouterAndDenseLayers) {
 
 TEST(HfConfigValues, DeepSeekRefusesWhatItCannotRunByName) {
   const std::pair<const char*, json> bad[] = {
-      {"topk_method is \"top2\"; it must be \"greedy\", \"group_limited_greedy\" or \"noaux_tc\"",
+      {"topk_method is \"top2\"; DeepseekV2ForCausalLM's must be \"greedy\" or \"group_limited_greedy\"",
        json{{"topk_method", "top2"}}},
+      {"topk_method is \"noaux_tc\"; DeepseekV2ForCausalLM's must be", json{{"topk_method", "noaux_tc"}}},
+      {"scoring_func is \"sigmoid\"; DeepseekV2ForCausalLM scores its experts by \"softmax\"",
+       json{{"scoring_func", "sigmoid"}}},
+      {"n_group 0 and topk_group 1 must be 1 or more, topk_group at most n_group", json{{"n_group", 0}}},
+      {"n_group 4 and topk_group 9 must be 1 or more, topk_group at most n_group",
+       json{{"n_group", 4}, {"topk_group", 9}}},
+      {"rope_scaling has mscale but no \"factor\"",
+       json{{"rope_scaling", {{"type", "yarn"}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}}}}},
+      {"mscale_all_dim is -50; it must be in 0..100",
+       json{{"rope_scaling", {{"type", "yarn"}, {"factor", 40}, {"mscale_all_dim", -50}}}}},
+      {"routed_scaling_factor is 4000000000.0; it must be in (0, 1000]", json{{"routed_scaling_factor", 4e9}}},
+      {"qk_nope_head_dim 15 and qk_rope_head_dim 8 must be even and 2 or more", json{{"qk_nope_head_dim", 15}}},
       {"router_groups is 16; it must divide n_experts (8) into groups of one expert or more",
        json{{"n_group", 16}, {"topk_group", 4}, {"topk_method", "group_limited_greedy"}}},
       {"attention_bias=true is not supported", json{{"attention_bias", true}}},
       {"missing required field \"kv_lora_rank\"", json{{"kv_lora_rank", nullptr}}},
-      {"qk_nope_head_dim 16 and qk_rope_head_dim 7 must be 2 or more, the RoPE part even",
-       json{{"qk_rope_head_dim", 7}}},
+      {"qk_nope_head_dim 16 and qk_rope_head_dim 7 must be even and 2 or more", json{{"qk_rope_head_dim", 7}}},
       {"qk_nope_head_dim 0 and qk_rope_head_dim 8", json{{"qk_nope_head_dim", 0}}},
       {"qk_nope_head_dim 4611686018427387904", json{{"qk_nope_head_dim", 4611686018427387904LL}}},
       {"v_head_dim", json{{"v_head_dim", 0}}},
@@ -525,7 +545,8 @@ TEST(HfConfigValues, DeepSeekRefusesWhatItCannotRunByName) {
       {"first_k_dense_replace 5 and moe_layer_freq 1 must be in 0..num_hidden_layers (4)",
        json{{"first_k_dense_replace", 5}}},
       {"moe_layer_freq 0", json{{"moe_layer_freq", 0}}},
-      {"scoring_func is \"relu\"; it must be \"softmax\" or \"sigmoid\"", json{{"scoring_func", "relu"}}},
+      {"scoring_func is \"relu\"; DeepseekV2ForCausalLM scores its experts by \"softmax\"",
+       json{{"scoring_func", "relu"}}},
       {"n_shared_experts is 65; it must be in 0..64", json{{"n_shared_experts", 65}}},
   };
   for (const auto& [want, patch] : bad) {

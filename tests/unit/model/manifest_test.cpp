@@ -345,7 +345,7 @@ TEST(Manifest, GlmRouterAndPartialRotaryAreFormatThree) {
   expect_rejected(t, bad, "router_scoring 'softmax_then_sigmoid' is not supported (softmax, sigmoid)");
   bad = m;
   bad["hparams"]["routed_scaling_factor"] = 0;
-  expect_rejected(t, bad, "routed_scaling_factor is 0.0; it must be positive");
+  expect_rejected(t, bad, "routed_scaling_factor is 0.0; it must be in (0, 1000]");
   bad = m;
   bad["hparams"]["rotary_dims"] = 3;
   expect_rejected(t, bad, "rotary_dims is 3; it must be even and in 0..head_dim (2)");
