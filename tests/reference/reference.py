@@ -313,6 +313,14 @@ def gpt_oss_moe(cfg, W, pre, h, layer, trace):
     return y
 
 
+def shared_experts(W, pre, h):
+    """The ungated shared_experts MLP of GLM and DeepSeek (none where n_shared_experts is 0 or null)."""
+    sp = pre + "shared_experts."
+    if sp + "gate_proj.weight" not in W:
+        return 0.0
+    return mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
+
+
 def glm4_moe_moe(cfg, W, pre, h, layer, trace):
     """Glm4MoeMoE: Glm4MoeTopkRouter (sigmoid scores, selection bias, group-limited top-k, renormalise, scale), the
     routed experts, plus the shared experts."""
@@ -338,8 +346,7 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
             w = w / (np.sum(w) + 1e-20)
         w = w * scale
         y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
-    sp = pre + "shared_experts."
-    return y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
+    return y + shared_experts(W, pre, h)
 
 
 def minimax_m2_moe(cfg, W, pre, h, layer, trace):
@@ -468,10 +475,7 @@ def deepseek_v2_moe(cfg, W, pre, h, layer, trace):
         w = scores[ti][order]
         w = w / (np.sum(w) + 1e-20) if renorm else w * cfg.get("routed_scaling_factor", 1.0)
         y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
-    sp = pre + "shared_experts."
-    if sp + "gate_proj.weight" in W:  # n_shared_experts set
-        y = y + mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
-    return y
+    return y + shared_experts(W, pre, h)
 
 
 def deepseek_v3_moe(cfg, W, pre, h, layer, trace):

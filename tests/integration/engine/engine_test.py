@@ -144,6 +144,8 @@ VARIANTS = {
     "deepseek_v2-groups": ("deepseek_v2", None, ("--set", "n_group=4", "--set", "topk_group=1", "--set",
                                                  "topk_method=\"group_limited_greedy\"", "--set",
                                                  "routed_scaling_factor=16.0")),
+    # A V3-architecture model without shared experts (n_shared_experts null).
+    "deepseek_v3-unshared": ("deepseek_v3", None, ("--set", "n_shared_experts=null")),
     # GLM's router with groups (its released models have one; its code routes within groups as DeepSeek-V3).
     "glm4_moe-groups": ("glm4_moe", None, ("--set", "n_group=4", "--set", "topk_group=1")),
 }
