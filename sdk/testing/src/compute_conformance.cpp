@@ -1127,18 +1127,28 @@ BiasedRoutingData biased_routing_data() {
   return d;
 }
 
-Status run_biased(Compute& c, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k, int flags,
-                  float scale, std::vector<std::int32_t>& ids, std::vector<float>& w) {
+// topk_routing_biased or topk_routing_grouped over T tokens of E logits; ids and w preset to marks a call that writes
+// nothing leaves.
+Status run_topk(Compute& c, Op op, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k,
+                int flags, float scale, int groups, int groups_used, std::vector<std::int32_t>& ids,
+                std::vector<float>& w) {
   ids.assign(static_cast<std::size_t>(k * t), -7);
   w.assign(ids.size(), -7.0f);
   OpParams p;
   p.top_k = k;
   p.flags = flags;
   p.scale = scale;
-  return run_op(c, Op::topk_routing_biased,
+  p.groups = groups;
+  p.groups_used = groups_used;
+  return run_op(c, op,
                 {arg(DType::f32, {e, t, 1, 1}, const_cast<float*>(logits)),
                  arg(DType::f32, {e, 1, 1, 1}, const_cast<float*>(bias))},
                 {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p);
+}
+
+Status run_biased(Compute& c, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k, int flags,
+                  float scale, std::vector<std::int32_t>& ids, std::vector<float>& w) {
+  return run_topk(c, Op::topk_routing_biased, logits, e, t, bias, k, flags, scale, 0, 0, ids, w);
 }
 
 constexpr int kBiasedFlagSets[] = {kRoutingSigmoid | kRoutingRenormalize, kRoutingSigmoid,
@@ -1328,18 +1338,7 @@ TEST_P(ComputeConformance, TopkRoutingBiasedRefusesBadCalls) {
 // topk_routing_biased among the experts of the groups_used best groups only.
 Status run_grouped(Compute& c, const float* logits, std::int64_t e, std::int64_t t, const float* bias, int k, int flags,
                    float scale, int groups, int groups_used, std::vector<std::int32_t>& ids, std::vector<float>& w) {
-  ids.assign(static_cast<std::size_t>(k * t), -7);
-  w.assign(ids.size(), -7.0f);
-  OpParams p;
-  p.top_k = k;
-  p.flags = flags;
-  p.scale = scale;
-  p.groups = groups;
-  p.groups_used = groups_used;
-  return run_op(c, Op::topk_routing_grouped,
-                {arg(DType::f32, {e, t, 1, 1}, const_cast<float*>(logits)),
-                 arg(DType::f32, {e, 1, 1, 1}, const_cast<float*>(bias))},
-                {arg(DType::i32, {k, t, 1, 1}, ids), arg(DType::f32, {k, t, 1, 1}, w)}, p);
+  return run_topk(c, Op::topk_routing_grouped, logits, e, t, bias, k, flags, scale, groups, groups_used, ids, w);
 }
 
 // The tests' own premise, in double: near the cuts (the groups_used-th group, the k-th expert among the competing
