@@ -66,10 +66,11 @@ __device__ __forceinline__ void load_x(const float* p, int valid, bool vec, floa
   for (int j = 0; j < N; ++j) xv[j] = j < valid ? __ldg(p + j) : 0.0f;
 }
 
-// Sums a warp's partial sums for rows row0.. and tokens t0.. (fixed tree) and lane 0 writes Y (+ bias).
+// Sums a warp's partial sums for rows row0.. and tokens t0.. (fixed tree) and lane 0 writes Y (+ bias): token j's
+// row at y + j * y_token.
 template <int NT, int R>
 __device__ __forceinline__ void store_tile(float (&acc)[R][NT], long long row0, int t0, float* y, const float* bias,
-                                           int n, int t) {
+                                           int n, int t, int y_token) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -79,44 +80,59 @@ __device__ __forceinline__ void store_tile(float (&acc)[R][NT], long long row0, 
       for (int off = 16; off >= 1; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
       const long long row = row0 + r;
       if (threadIdx.x % 32 == 0 && row < n && t0 + i < t) {
-        y[static_cast<std::size_t>(t0 + i) * n + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
+        y[static_cast<std::size_t>(t0 + i) * y_token + row] = bias != nullptr ? __fadd_rn(s, bias[row]) : s;
       }
     }
   }
 }
 
-// The rows and tokens a warp works on (rows past N and tokens past T repeat the last real one).
-template <int NT, int R>
+// The rows and tokens a warp works on (rows past N and tokens past T repeat the last real one). Heads (matmul_heads):
+// in head blockIdx.z's matrix and rows (MatmulRows); otherwise X and Y are dense and `rows` is not read, so the plain
+// matmul's code is what it was.
+template <int NT, int R, bool Heads>
 struct WarpTile {
   long long row0;
   int t0;
   const std::uint8_t* w[R];
   const float* x[NT];
 
-  __device__ WarpTile(const std::uint8_t* weights, std::size_t row_bytes, const float* acts, int k, int n, int t) {
+  __device__ WarpTile(const std::uint8_t* weights, std::size_t row_bytes, const float* acts, int k, int n, int t,
+                      const MatmulRows& rows) {
     row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
     t0 = blockIdx.y * NT;
+    if constexpr (Heads) {
+      weights += blockIdx.z * rows.w_head;
+      acts += static_cast<std::size_t>(blockIdx.z) * rows.x_head;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r)
       w[r] = weights + static_cast<std::size_t>(min(row0 + r, static_cast<long long>(n - 1))) * row_bytes;
 #pragma unroll
-    for (int i = 0; i < NT; ++i) x[i] = acts + static_cast<std::size_t>(min(t0 + i, t - 1)) * k;
+    for (int i = 0; i < NT; ++i)
+      x[i] = acts + static_cast<std::size_t>(min(t0 + i, t - 1)) * (Heads ? rows.x_token : k);
   }
 
-  __device__ void store(float (&acc)[R][NT], float* y, const float* bias, int n, int t) const {
-    store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
+  __device__ void store(float (&acc)[R][NT], float* y, const float* bias, int n, int t, const MatmulRows& rows) const {
+    if constexpr (Heads) {
+      store_tile<NT, R>(acc, row0, t0, y + static_cast<std::size_t>(blockIdx.z) * rows.y_head, bias, n, t,
+                        rows.y_token);
+    } else {
+      store_tile<NT, R>(acc, row0, t0, y, bias, n, t, n);
+    }
   }
 };
 
-template <class F, int NT, int R>
+template <class F, int NT, int R, bool Heads>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_lanes_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
-                        float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
-  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+                        float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t, MatmulRows rows) {
+  const WarpTile<NT, R, Heads> tile(w, row_bytes, x, k, n, t, rows);
   if (tile.row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
   const int lane = threadIdx.x % 32;
   const int o0 = F::off0(lane), o1 = F::off1(lane);
-  const bool vec = (reinterpret_cast<std::uintptr_t>(x) & 15) == 0;  // K % 256 == 0: every token row alike
+  // K % 256 == 0: every unit of a row alike, and every token's row (heads: where the rows lie 16 bytes apart)
+  const bool vec = Heads ? (reinterpret_cast<std::uintptr_t>(tile.x[0]) & 15) == 0 && rows.x_token % 4 == 0
+                         : (reinterpret_cast<std::uintptr_t>(x) & 15) == 0;
   float acc[R][NT] = {};
   const int units = k / dequant::kUnit;
 #pragma unroll 2
@@ -137,14 +153,14 @@ __global__ void __launch_bounds__(kMatmulThreads)
       }
     }
   }
-  tile.store(acc, y, bias, n, t);
+  tile.store(acc, y, bias, n, t, rows);
 }
 
-template <class F, int NT, int R>
+template <class F, int NT, int R, bool Heads>
 __global__ void __launch_bounds__(kMatmulThreads)
     matmul_chunks_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const float* __restrict__ x,
-                         float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t) {
-  const WarpTile<NT, R> tile(w, row_bytes, x, k, n, t);
+                         float* __restrict__ y, const float* __restrict__ bias, int k, int n, int t, MatmulRows rows) {
+  const WarpTile<NT, R, Heads> tile(w, row_bytes, x, k, n, t, rows);
   if (tile.row0 >= n) return;
   const int lane = threadIdx.x % 32;
   float acc[R][NT] = {};
@@ -179,21 +195,21 @@ __global__ void __launch_bounds__(kMatmulThreads)
       }
     }
   }
-  tile.store(acc, y, bias, n, t);
+  tile.store(acc, y, bias, n, t, rows);
 }
 
-template <class F, int NT, int R, bool Lanes>
+template <class F, int NT, int R, bool Lanes, bool Heads = false>
 cudaError_t matmul_as(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
-                      std::int64_t k, std::int64_t n, std::int64_t t) {
+                      std::int64_t k, std::int64_t n, std::int64_t t, const MatmulRows& rows, std::int64_t heads) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>((t + NT - 1) / NT));
+                  static_cast<unsigned>((t + NT - 1) / NT), static_cast<unsigned>(heads));
   const auto* wb = static_cast<const std::uint8_t*>(w);
   const int ki = static_cast<int>(k), ni = static_cast<int>(n), ti = static_cast<int>(t);
   if constexpr (Lanes) {
-    matmul_lanes_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+    matmul_lanes_kernel<F, NT, R, Heads><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti, rows);
   } else {
-    matmul_chunks_kernel<F, NT, R><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti);
+    matmul_chunks_kernel<F, NT, R, Heads><<<grid, kMatmulThreads, 0, s>>>(wb, rb, x, y, bias, ki, ni, ti, rows);
   }
   return cudaGetLastError();
 }
@@ -203,22 +219,38 @@ cudaError_t matmul_as(cudaStream_t s, const void* w, std::size_t rb, const float
 template <class F>
 cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, const float* bias,
                        std::int64_t k, std::int64_t n, std::int64_t t) {
+  const MatmulRows rows = MatmulRows::dense(k, n);
+  const std::int64_t heads = 1;
   if constexpr (F::kLanes) {
     if (k % dequant::kUnit == 0) {
-      if (t == 1) return matmul_as<F, 1, 4, true>(s, w, rb, x, y, bias, k, n, t);
-      if (t == 2) return matmul_as<F, 2, 4, true>(s, w, rb, x, y, bias, k, n, t);
-      if (t <= 4) return matmul_as<F, 4, 2, true>(s, w, rb, x, y, bias, k, n, t);
-      return matmul_as<F, 8, 2, true>(s, w, rb, x, y, bias, k, n, t);
+      if (t == 1) return matmul_as<F, 1, 4, true>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+      if (t == 2) return matmul_as<F, 2, 4, true>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+      if (t <= 4) return matmul_as<F, 4, 2, true>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+      return matmul_as<F, 8, 2, true>(s, w, rb, x, y, bias, k, n, t, rows, heads);
     }
     // Rows that are not whole units (rare shapes): two tiles suffice, the order is the same.
-    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
-    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
   } else {
-    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t);
-    if (t == 2) return matmul_as<F, 2, 4, false>(s, w, rb, x, y, bias, k, n, t);
-    if (t <= 4) return matmul_as<F, 4, 2, false>(s, w, rb, x, y, bias, k, n, t);
-    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t);
+    if (t == 1) return matmul_as<F, 1, 4, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+    if (t == 2) return matmul_as<F, 2, 4, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+    if (t <= 4) return matmul_as<F, 4, 2, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
+    return matmul_as<F, 8, 2, false>(s, w, rb, x, y, bias, k, n, t, rows, heads);
   }
+}
+
+// matmul_heads (MatmulRows, the head on grid.z): the decode tile for one token, the widest for more. The tile never
+// changes an element's terms or their order, so fewer instantiations cost nothing but speed on batches of 2 to 4.
+template <class F>
+cudaError_t matmul_heads_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, float* y, std::int64_t k,
+                             std::int64_t n, std::int64_t t, const MatmulRows& rows, std::int64_t heads) {
+  constexpr bool lanes = F::kLanes;
+  if (lanes && k % dequant::kUnit == 0) {
+    if (t == 1) return matmul_as<F, 1, 4, lanes, true>(s, w, rb, x, y, nullptr, k, n, t, rows, heads);
+    return matmul_as<F, 8, 2, lanes, true>(s, w, rb, x, y, nullptr, k, n, t, rows, heads);
+  }
+  if (t == 1) return matmul_as<F, 1, 4, false, true>(s, w, rb, x, y, nullptr, k, n, t, rows, heads);
+  return matmul_as<F, 8, 2, false, true>(s, w, rb, x, y, nullptr, k, n, t, rows, heads);
 }
 
 // ---------------------------------------------------------------- matmul on 8-bit activations
@@ -229,25 +261,29 @@ cudaError_t matmul_for(cudaStream_t s, const void* w, std::size_t rb, const floa
 // depend on K alone, for every token tile; the float-per-weight path spends about nine instructions per weight,
 // this one about one.
 
-// One warp per 256 elements (blockIdx.y) of one token (blockIdx.x), 8 per lane: d = amax / 127 over each
+// One warp per 256 elements (blockIdx.y) of one token (blockIdx.x) of head blockIdx.z (MatmulRows: X's rows; they
+// land in q8 as token blockIdx.z * t + blockIdx.x, each head's t tokens in a run), 8 per lane: d = amax / 127 over each
 // kBlock-element block (lanes kBlock / 8 apart), q = x * (1 / d) rounded half to even, as the CPU backend quantizes
 // (same integers, so the two backends' sums agree). A partial last unit (k a multiple of kBlock) leaves the lanes
 // past k idle but in the shuffles, which stay within a block.
 template <int kBlock>
 __global__ void quantize_q8_kernel(const float* __restrict__ x, std::int8_t* __restrict__ q, float* __restrict__ d,
-                                   std::int32_t* __restrict__ sums, int k) {
+                                   std::int32_t* __restrict__ sums, int k, int x_token, int x_head) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");  // the matmul after it may be placed now (it waits for us)
 #endif
   const int lane = threadIdx.x;
   const int element = static_cast<int>(blockIdx.y) * q8dot::kUnit + 8 * lane;
   const bool inside = element < k;
-  const std::size_t at = static_cast<std::size_t>(blockIdx.x) * k + static_cast<std::size_t>(element);
+  const std::size_t from = static_cast<std::size_t>(blockIdx.z) * x_head +
+                           static_cast<std::size_t>(blockIdx.x) * x_token + static_cast<std::size_t>(element);
+  const std::size_t at =
+      (static_cast<std::size_t>(blockIdx.z) * gridDim.x + blockIdx.x) * k + static_cast<std::size_t>(element);
   float v[8];
   float amax = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    v[j] = inside ? __ldg(x + at + j) : 0.0f;
+    v[j] = inside ? __ldg(x + from + j) : 0.0f;
     amax = fmaxf(amax, fabsf(v[j]));
   }
 #pragma unroll
@@ -282,11 +318,11 @@ struct Route<true> {
   int x_per_pick;  // 1: pick j reads token j of the quantized X (down); 0: token 0 for every pick (gate, up)
 };
 
-template <class F, int NT, int R, int U, int MinBlocks, bool Routed>
+template <class F, int NT, int R, int U, int MinBlocks, bool Routed, bool Heads>
 __global__ void __launch_bounds__(kMatmulThreads, MinBlocks)
     matmul_q8_kernel(const std::uint8_t* __restrict__ w, std::size_t row_bytes, const std::int8_t* __restrict__ xq,
                      const float* __restrict__ xd, const std::int32_t* __restrict__ xs, float* __restrict__ y,
-                     const float* __restrict__ bias, int k, int n, int t, Route<Routed> route) {
+                     const float* __restrict__ bias, int k, int n, int t, Route<Routed> route, MatmulRows rows) {
   const long long row0 = (static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
   if (row0 >= n) return;  // whole warps leave; no block-level synchronisation follows
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -299,7 +335,7 @@ __global__ void __launch_bounds__(kMatmulThreads, MinBlocks)
     // One pick per block row, in the decode tile (NT = 1): lane_sums and store_tile as the T = 1 matmul runs them, on
     // that pick's weights and token, so every element has the terms, order and bits of launch_matmul at t = 1.
     static_assert(NT == 1, "a routed block row takes one pick");
-    (void)w, (void)bias, (void)t;
+    (void)w, (void)bias, (void)t, (void)rows;
     const int pick = static_cast<int>(blockIdx.y);
     const int id = route.ids[pick];
     float* yp = y + static_cast<std::size_t>(pick) * n;
@@ -317,12 +353,24 @@ __global__ void __launch_bounds__(kMatmulThreads, MinBlocks)
     const int tok = route.x_per_pick != 0 ? pick : 0;
     q8dot::lane_sums<F, NT, R, U>(static_cast<const std::uint8_t*>(route.table[id]), row_bytes, xq, xd, xs, k, n,
                                   tok + 1, row0, tok, static_cast<int>(threadIdx.x % 32), acc);
-    store_tile<NT, R>(acc, row0, 0, yp, nullptr, n, 1);
+    store_tile<NT, R>(acc, row0, 0, yp, nullptr, n, 1, n);
   } else {
     (void)route;
     const int t0 = blockIdx.y * NT;
-    q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, xs, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32), acc);
-    store_tile<NT, R>(acc, row0, t0, y, bias, n, t);
+    if constexpr (Heads) {
+      // Head blockIdx.z (MatmulRows): its matrix, its run of t tokens in q8 (quantize_q8_kernel), its rows of Y.
+      const std::size_t first = static_cast<std::size_t>(blockIdx.z) * t;
+      q8dot::lane_sums<F, NT, R, U>(w + blockIdx.z * rows.w_head, row_bytes, xq + first * k,
+                                    xd + first * (k / F::kXBlock), xs + first * (k / 16), k, n, t, row0, t0,
+                                    static_cast<int>(threadIdx.x % 32), acc);
+      store_tile<NT, R>(acc, row0, t0, y + static_cast<std::size_t>(blockIdx.z) * rows.y_head, bias, n, t,
+                        rows.y_token);
+    } else {
+      (void)rows;
+      q8dot::lane_sums<F, NT, R, U>(w, row_bytes, xq, xd, xs, k, n, t, row0, t0, static_cast<int>(threadIdx.x % 32),
+                                    acc);
+      store_tile<NT, R>(acc, row0, t0, y, bias, n, t, n);
+    }
   }
 }
 
@@ -333,13 +381,15 @@ bool launches_early() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
 }
 
-// Routed: t is the number of picks (grid.y), w and bias unused (route names the weights).
-template <class F, int NT, int R, int U = 1, int MinBlocks = 1, bool Routed = false>
+// Routed: t is the number of picks (grid.y), w and bias unused (route names the weights). Heads: matmul_heads, `rows`
+// and `heads` given (grid.z); otherwise they are not read.
+template <class F, int NT, int R, int U = 1, int MinBlocks = 1, bool Routed = false, bool Heads = false>
 cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8Scratch& q8, float* y,
-                         const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, Route<Routed> route = {}) {
+                         const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, Route<Routed> route = {},
+                         const MatmulRows* rows = nullptr, std::int64_t heads = 1) {
   const std::int64_t rows_per_block = static_cast<std::int64_t>(kWarps) * R;
   const dim3 grid(static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>((t + NT - 1) / NT));
+                  static_cast<unsigned>((t + NT - 1) / NT), static_cast<unsigned>(heads));
   // On Hopper and later the matmul is launched while X's quantization still runs (programmatic dependent launch):
   // its blocks are placed early and wait in griddepcontrol.wait, which hides the launch gap between the two kernels.
   cudaLaunchConfig_t config{};
@@ -353,18 +403,21 @@ cudaError_t matmul_q8_as(cudaStream_t s, const void* w, std::size_t rb, const Q8
     config.attrs = &early;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, matmul_q8_kernel<F, NT, R, U, MinBlocks, Routed>,
+  return cudaLaunchKernelEx(&config, matmul_q8_kernel<F, NT, R, U, MinBlocks, Routed, Heads>,
                             static_cast<const std::uint8_t*>(w), rb, static_cast<const std::int8_t*>(q8.q),
                             static_cast<const float*>(q8.d), static_cast<const std::int32_t*>(q8.s), y, bias,
-                            static_cast<int>(k), static_cast<int>(n), static_cast<int>(t), route);
+                            static_cast<int>(k), static_cast<int>(n), static_cast<int>(t), route,
+                            rows != nullptr ? *rows : MatmulRows::dense(k, n));
 }
 
 template <class F>
-cudaError_t quantize_q8(cudaStream_t s, const float* x, const Q8Scratch& q8, std::int64_t k, std::int64_t t) {
+cudaError_t quantize_q8(cudaStream_t s, const float* x, const Q8Scratch& q8, std::int64_t k, std::int64_t t,
+                        const MatmulRows* rows = nullptr, std::int64_t heads = 1) {
   // Tokens on grid.x: a batch may hold more than grid.y's 65535 (units of 256 per token never do).
   const auto units = static_cast<unsigned>((k + q8dot::kUnit - 1) / q8dot::kUnit);
-  quantize_q8_kernel<F::kXBlock>
-      <<<dim3(static_cast<unsigned>(t), units), 32, 0, s>>>(x, q8.q, q8.d, q8.s, static_cast<int>(k));
+  const MatmulRows r = rows != nullptr ? *rows : MatmulRows::dense(k, 0);
+  quantize_q8_kernel<F::kXBlock><<<dim3(static_cast<unsigned>(t), units, static_cast<unsigned>(heads)), 32, 0, s>>>(
+      x, q8.q, q8.d, q8.s, static_cast<int>(k), r.x_token, r.x_head);
   return cudaGetLastError();
 }
 
@@ -394,13 +447,22 @@ struct DecodeTile<q8dot::MXFP4> : Tile<2, 1, 1> {};
 
 template <class F>
 cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const float* x, const Q8Scratch& q8, float* y,
-                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, bool quantize) {
+                          const float* bias, std::int64_t k, std::int64_t n, std::int64_t t, bool quantize,
+                          const MatmulRows* rows = nullptr, std::int64_t heads = 1) {
   if (quantize) {
-    if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t); e != cudaSuccess) return e;
+    if (cudaError_t e = quantize_q8<F>(s, x, q8, k, t, rows, heads); e != cudaSuccess) return e;
   }
   // Few rows per warp for decode: more warps in flight beat sharing X (q4_k: 57% of bandwidth on an H200 against 47%
   // for four rows); the row count never changes an output element's order.
   using D = DecodeTile<F>;
+  if (rows != nullptr) {  // matmul_heads: the decode tile and the widest, as matmul_heads_for
+    constexpr Route<false> plain{};
+    if (t == 1) {
+      return matmul_q8_as<F, 1, D::kRows, D::kUnroll, D::kMinBlocks, false, true>(s, w, rb, q8, y, bias, k, n, t, plain,
+                                                                                  rows, heads);
+    }
+    return matmul_q8_as<F, 8, 2, 1, 1, false, true>(s, w, rb, q8, y, bias, k, n, t, plain, rows, heads);
+  }
   if (t == 1) return matmul_q8_as<F, 1, D::kRows, D::kUnroll, D::kMinBlocks>(s, w, rb, q8, y, bias, k, n, t);
   if (t == 2) return matmul_q8_as<F, 2, 4>(s, w, rb, q8, y, bias, k, n, t);
   if (t <= 4) return matmul_q8_as<F, 4, 2>(s, w, rb, q8, y, bias, k, n, t);
@@ -409,16 +471,16 @@ cudaError_t matmul_q8_for(cudaStream_t s, const void* w, std::size_t rb, const f
 
 cudaError_t matmul_q8(cudaStream_t s, std::uint32_t type, const void* w, std::size_t rb, const float* x,
                       const Q8Scratch& q8, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
-                      bool quantize) {
+                      bool quantize, const MatmulRows* rows = nullptr, std::int64_t heads = 1) {
   switch (type) {
-    case kQ4_K: return matmul_q8_for<q8dot::Q4_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ5_K: return matmul_q8_for<q8dot::Q5_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ6_K: return matmul_q8_for<q8dot::Q6_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ2_K: return matmul_q8_for<q8dot::Q2_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
-    case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t, quantize);
+    case kQ4_K: return matmul_q8_for<q8dot::Q4_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ5_K: return matmul_q8_for<q8dot::Q5_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ6_K: return matmul_q8_for<q8dot::Q6_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ2_K: return matmul_q8_for<q8dot::Q2_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ3_K: return matmul_q8_for<q8dot::Q3_K>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ8_0: return matmul_q8_for<q8dot::Q8_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kQ4_0: return matmul_q8_for<q8dot::Q4_0>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
+    case kMXFP4: return matmul_q8_for<q8dot::MXFP4>(s, w, rb, x, q8, y, bias, k, n, t, quantize, rows, heads);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -627,6 +689,13 @@ struct MatmulLaunch {
   template <typename... Args>
   static cudaError_t run(Args... args) {
     return matmul_for<F>(args...);
+  }
+};
+template <class F>
+struct MatmulHeadsLaunch {
+  template <typename... Args>
+  static cudaError_t run(Args... args) {
+    return matmul_heads_for<F>(args...);
   }
 };
 template <class F>
@@ -983,7 +1052,7 @@ unsigned grid_for(long long items, int threads) {
   return static_cast<unsigned>(g < 1 ? 1 : (g > 65535 ? 65535 : g));
 }
 
-// ---------------------------------------------------------------- row copies (concat_rows, matmul_heads)
+// ---------------------------------------------------------------- row copies (concat_rows)
 // Rows of `width` 4-byte words indexed (o, i), o < outer and i < inner, at o * so + i * si in src and o * dso + i * dsi
 // in dst: words, not floats, so the bits are copied as they are.
 __global__ void copy_rows_kernel(const std::uint32_t* __restrict__ src, std::uint32_t* __restrict__ dst,
@@ -1028,6 +1097,18 @@ cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* 
     return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, bias, k, n, t, !x_in_q8);
   }
   return by_type<MatmulLaunch>(wtype, stream, w, row_bytes, x, y, bias, k, n, t);
+}
+
+cudaError_t launch_matmul_heads(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                const float* x, float* y, std::int64_t k, std::int64_t n, std::int64_t heads,
+                                std::int64_t kx, std::int64_t t, const Q8Scratch* q8) noexcept {
+  if (heads < 1 || heads > 65535 || heads * kx > 0x7FFFFFFF || heads * n > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  const MatmulRows rows{static_cast<int>(heads * kx), static_cast<int>(heads * n), static_cast<int>(kx),
+                        static_cast<int>(n), static_cast<std::size_t>(n) * row_bytes};
+  if (q8 != nullptr && takes_q8(wtype, k)) {
+    return matmul_q8(stream, wtype, w, row_bytes, x, *q8, y, nullptr, k, n, t, true, &rows, heads);
+  }
+  return by_type<MatmulHeadsLaunch>(wtype, stream, w, row_bytes, x, y, k, n, t, rows, heads);
 }
 
 int q8_block(std::uint32_t wtype, std::int64_t k) noexcept {

@@ -23,6 +23,16 @@ struct Q8Scratch {
 std::size_t q8_scratch_bytes(std::int64_t k, std::int64_t t) noexcept;
 Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept;
 
+// Where a matmul's rows lie, in floats (X, Y) and bytes (W). Token j of head h reads X at h * x_head + j * x_token and
+// writes Y at h * y_head + j * y_token, with matrix h at h * w_head bytes. A plain matmul has one head and dense rows.
+struct MatmulRows {
+  int x_token, y_token, x_head, y_head;
+  std::size_t w_head;
+  static MatmulRows dense(std::int64_t k, std::int64_t n) noexcept {
+    return {static_cast<int>(k), static_cast<int>(n), 0, 0, 0};
+  }
+};
+
 // Y {n, t} = W {k, n} * X {k, t} (+ bias {n}); W of any supported type, rows row_bytes apart. With `q8` (the op
 // may quantize activations: no kExactActivations) a block-format matmul quantizes X per token into it and takes
 // integer dot products: the k-quants where k is a multiple of 256, q8_0, q4_0 and mxfp4 where it is a multiple of 32
@@ -32,6 +42,13 @@ Q8Scratch q8_scratch_at(void* base, std::int64_t k, std::int64_t t) noexcept;
 cudaError_t launch_matmul(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
                           const float* x, float* y, const float* bias, std::int64_t k, std::int64_t n, std::int64_t t,
                           const Q8Scratch* q8 = nullptr, bool x_in_q8 = false) noexcept;
+// matmul_heads in one matmul launch (the head on grid.z): Y {n, heads, t} with Y[:, h, j] = W_h {k, n} * the first k
+// values of X[:, h, j], X {kx, heads, t}, W {k, n, heads} (rows row_bytes apart). Every element has the bits of
+// launch_matmul on W_h and those rows. With q8 (and a weight type and k that take 8-bit activations) X is quantized
+// head by head into q8, which must hold k x (heads * t) activations; heads at most 65535.
+cudaError_t launch_matmul_heads(cudaStream_t stream, std::uint32_t wtype, const void* w, std::size_t row_bytes,
+                                const float* x, float* y, std::int64_t k, std::int64_t n, std::int64_t heads,
+                                std::int64_t kx, std::int64_t t, const Q8Scratch* q8 = nullptr) noexcept;
 // The block of 8-bit activations launch_matmul with q8 quantizes X into for this weight type and k (32 or 256; the
 // quantized bytes depend on it, k and t only), or 0 where X stays f32.
 int q8_block(std::uint32_t wtype, std::int64_t k) noexcept;
@@ -86,8 +103,7 @@ cudaError_t launch_embedding(cudaStream_t stream, std::uint32_t wtype, const voi
                              std::int32_t* status) noexcept;
 
 // Rows of `width` floats indexed (o, i), o < outer and i < inner: dst[o * dst_outer + i * dst_inner + e] =
-// src[o * src_outer + i * src_inner + e] (strides in floats), the bits as they are. concat_rows, and matmul_heads'
-// gather of each head's rows and scatter of its results.
+// src[o * src_outer + i * src_inner + e] (strides in floats), the bits as they are: concat_rows.
 cudaError_t launch_copy_rows(cudaStream_t stream, const float* src, float* dst, std::int64_t width, std::int64_t outer,
                              std::int64_t inner, std::int64_t src_outer, std::int64_t src_inner, std::int64_t dst_outer,
                              std::int64_t dst_inner) noexcept;

@@ -28,6 +28,7 @@ namespace {
 constexpr std::int64_t kMaxInt = 0x7FFFFFFF;
 constexpr std::int64_t kMaxGridY = 65535;
 constexpr std::int64_t kMaxMatmulTokens = kMaxGridY * 8;  // token tiles of 8 on grid.y
+constexpr std::int64_t kMaxGridZ = 65535;
 constexpr std::size_t kArenaAlign = 256;
 
 // Bytes of a tensor; 0 when its shape is not valid (bind() reports why).
@@ -61,8 +62,9 @@ class Binder {
   // device scratch (expert_ffn), before anything is bound (growing later would move them).
   Status reserve(const sdk::OpCall& call, std::size_t extra) {
     std::size_t host = 0;
-    for (const Tensor& t : call.inputs) {
-      if (t.buffer == nullptr && t.data != nullptr) host += align_up(tensor_bytes(t));
+    for (std::size_t i = 0; i < call.inputs.size(); ++i) {
+      const Tensor& t = call.inputs[i];
+      if (t.buffer == nullptr && t.data != nullptr && !repeats_input(call, i)) host += align_up(tensor_bytes(t));
     }
     for (const Tensor& t : call.outputs) {
       if (t.buffer == nullptr && t.data != nullptr) host += align_up(tensor_bytes(t));
@@ -92,6 +94,12 @@ class Binder {
       bound_.push_back(cb);
     } else if (t.data != nullptr) {
       staged_ = true;
+      if (!is_output) {
+        // The same host input again (DeepSeek's latent cache, passed as keys and values): one slice, one upload.
+        for (const StagedInput& s : staged_in_) {
+          if (s.host == t.data && s.bytes == bytes) return static_cast<void*>(s.device);
+        }
+      }
       if (used_ + bytes > scratch_at_) return error(what, "was not counted by reserve()");
       ptr = static_cast<std::byte*>(c_.arena_) + used_;
       std::byte* pinned = static_cast<std::byte*>(c_.staging_) + used_;
@@ -101,7 +109,11 @@ class Binder {
           e != cudaSuccess) {
         return cuda_status(e, std::string(op_) + ": uploading " + what);
       }
-      if (is_output) staged_out_.push_back({t.data, pinned, ptr, bytes});
+      if (is_output) {
+        staged_out_.push_back({t.data, pinned, ptr, bytes});
+      } else {
+        staged_in_.push_back({t.data, ptr, bytes});
+      }
       used_ += align_up(bytes);
     } else {
       return error(what, "has neither a buffer nor host data");
@@ -148,6 +160,20 @@ class Binder {
   }
 
  private:
+  // Whether input i is a host tensor an earlier input already stages (bind() gives it that slice).
+  static bool repeats_input(const sdk::OpCall& call, std::size_t i) {
+    const Tensor& t = call.inputs[i];
+    for (std::size_t j = 0; j < i; ++j) {
+      const Tensor& u = call.inputs[j];
+      if (u.buffer == nullptr && u.data == t.data && tensor_bytes(u) == tensor_bytes(t)) return true;
+    }
+    return false;
+  }
+  struct StagedInput {
+    const void* host;
+    std::byte* device;
+    std::size_t bytes;
+  };
   struct Staged {
     void* host;
     std::byte* pinned;
@@ -159,6 +185,7 @@ class Binder {
   std::size_t used_ = 0;
   std::size_t scratch_at_ = 0;
   std::vector<Staged> staged_out_;
+  std::vector<StagedInput> staged_in_;
   bool staged_ = false;  // a host tensor went through the pinned staging, which the next call reuses
   std::vector<const CudaBuffer*> bound_;
 };
@@ -197,7 +224,7 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
   // GLM-4.5 / DeepSeek-V3 routers: topk_kernel<true, false>, and <true, true> for the group-limited one.
   if (op == Op::topk_routing_biased || op == Op::topk_routing_grouped)
     return sdk::supports_every_op(Op::topk_routing, weight_type);
-  // DeepSeek's latent attention: matmul per head on gathered rows, and a row copy.
+  // DeepSeek's latent attention: matmul with the head on grid.z, and a row copy.
   if (op == Op::matmul_heads) return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
   if (op == Op::concat_rows) return weight_type == DType::f32;
   return sdk::supports_every_op(op, weight_type);
@@ -319,13 +346,6 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
     if (f * t > kMaxInt) return bad("expert " + std::to_string(e) + ": F x T is more than 2^31 - 1 elements");
     extra_scratch = std::max(extra_scratch, 2 * align_up(static_cast<std::size_t>(f * t) * sizeof(float)));
   }
-  // matmul_heads with T > 1: each head's rows gathered into {K, T}, and its {N, T} results, before the scatter.
-  std::size_t heads_x_bytes = 0;
-  if (call.op == Op::matmul_heads && in[1].ne[2] > 1 && in[0].ne[0] > 0 && in[0].ne[1] > 0 && in[0].ne[2] > 0) {
-    const std::int64_t k = in[0].ne[0], n = in[0].ne[1], h = in[0].ne[2], t = in[1].ne[2];
-    heads_x_bytes = align_up(static_cast<std::size_t>(h * k * t) * sizeof(float));
-    extra_scratch = heads_x_bytes + align_up(static_cast<std::size_t>(h * n * t) * sizeof(float));
-  }
   // 8-bit activations for the matmuls that take them (sdk: quantized W may quantize X unless kExactActivations),
   // after the experts' gate/up scratch. One region, laid out for the largest K x T that takes them, serves X (gate,
   // up) and then the gate output (down) of every expert in turn; a matmul whose K does not take them leaves it alone.
@@ -339,7 +359,7 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
   };
   if ((call.params.flags & sdk::kExactActivations) == 0) {
     if (call.op == Op::matmul && in.size() >= 2) consider(in[0].ne[0], sdk::row_count(in[1]));
-    if (call.op == Op::matmul_heads) consider(in[0].ne[0], in[1].ne[2]);
+    if (call.op == Op::matmul_heads) consider(in[0].ne[0], in[0].ne[2] * in[1].ne[2]);  // every head's X in turn
     for (std::size_t e = 0; e < n_experts; ++e) {
       const Tensor& wg = in[e * stride];
       const std::int64_t t = sdk::row_count(in[e * stride + 3]);
@@ -383,27 +403,17 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::matmul_heads: {
-      // Head h: launch_matmul on its matrix and its rows, so each (token, head) has matmul's bits. One token's head
-      // rows lie apart already ({K} at h * Kx, {N} at h * N); a batch's are gathered into {K, T} per head first and
-      // the {N, T} results scattered back. The heads share q8 in turn on the stream.
+      // One launch, the head on grid.z, reading each head's rows where they lie ({K} of every {Kx} of X) and writing
+      // its results in place: each (token, head) has the bits of matmul on its matrix and row.
       const Tensor &w = in[0], &x = in[1], &y = out[0];
       const std::int64_t k = w.ne[0], n = w.ne[1], heads = w.ne[2], kx = x.ne[0], t = x.ne[2];
       if (t > kMaxMatmulTokens) return bad("more than " + std::to_string(kMaxMatmulTokens) + " tokens in one call");
+      if (heads > kMaxGridZ) return bad("more than " + std::to_string(kMaxGridZ) + " heads in one call");
       COLIBRI_CUDA_BIND(wa, const void*, w, "W", false, weight_align(w.type));
       COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
-      const std::size_t rb = sdk::row_bytes(w.type, k);
-      float* xg = t > 1 ? binder.scratch(0) : nullptr;
-      float* yg = t > 1 ? binder.scratch(heads_x_bytes) : nullptr;
-      if (t > 1) COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, xa, xg, k, heads, t, kx, heads * kx, k * t, k)));
-      for (std::int64_t h = 0; h < heads; ++h) {
-        const void* wh = static_cast<const std::byte*>(wa) + static_cast<std::size_t>(h * n) * rb;
-        const float* xh = t > 1 ? xg + h * k * t : xa + h * kx;
-        float* yh = t > 1 ? yg + h * n * t : ya + h * n;
-        COLIBRI_CUDA_TRY(
-            launched(launch_matmul(st, static_cast<std::uint32_t>(w.type), wh, rb, xh, yh, nullptr, k, n, t, q8)));
-      }
-      if (t > 1) COLIBRI_CUDA_TRY(launched(launch_copy_rows(st, yg, ya, n, heads, t, n * t, n, n, heads * n)));
+      COLIBRI_CUDA_TRY(launched(launch_matmul_heads(st, static_cast<std::uint32_t>(w.type), wa,
+                                                    sdk::row_bytes(w.type, k), xa, ya, k, n, heads, kx, t, q8)));
       break;
     }
     case Op::concat_rows: {

@@ -2339,19 +2339,24 @@ TEST_P(ComputeConformance, ConcatRowsRefusesBadCallsNamingTheTensor) {
 
 // matmul_heads against the same backend's matmul: head h's matrix times each token's gathered row gives the same
 // bits, for one token and a batch, one head and DeepSeek's 16 of a test model, exact activations or not. The values
-// of X past K are NaN: read, they would spread. And within matmul's tolerance of the reference.
+// of X past K are NaN: read, they would spread. And within matmul's tolerance of the reference. K = 256 (q4_k's
+// block) and 96 (not a whole 256: DeepSeek's 128 is one such); rows Kx apart where Kx is odd, so a head's rows lie at
+// every alignment.
 TEST_P(ComputeConformance, MatmulHeadsHasTheBitsOfMatmulPerHead) {
   COMPUTE_FIXTURE(c);
-  const std::int64_t k = 256, n = 40;  // K a multiple of q4_k's 256
+  const std::int64_t n = 40;
   int tested = 0;
   for (DType type : kHeadsTypes) {
     if (!c.supports(Op::matmul_heads, type)) continue;
     ++tested;
     struct Case {
-      std::int64_t heads, t, kx;
+      std::int64_t k, heads, t, kx;
     };
-    const Case cases[] = {{1, 1, k}, {1, 5, k + 32}, {16, 1, k + 32}, {16, 5, k + 64}};
+    const Case cases[] = {{256, 1, 1, 256}, {256, 1, 5, 288}, {256, 16, 1, 288}, {256, 16, 5, 320},
+                          {256, 4, 3, 257}, {96, 16, 1, 96},  {96, 16, 5, 99},   {96, 3, 2, 97}};
     for (const Case& cs : cases) {
+      const std::int64_t k = cs.k;
+      if (k % dtype_traits(type)->block_elems != 0) continue;  // q4_k takes K = 256 only
       auto w = make_head_weights(type, k, n, cs.heads, 311);
       const auto x = heads_input(k, cs.kx, cs.heads, cs.t, static_cast<unsigned>(313 + cs.t + cs.heads));
       const auto want = ref::matmul_heads(type, w.bytes.data(), k, n, cs.heads, x.data(), cs.kx, cs.t);
@@ -2386,6 +2391,7 @@ TEST_P(ComputeConformance, MatmulHeadsHasTheBitsOfMatmulPerHead) {
     }
   }
   if (tested == 0) {
+    const std::int64_t k = 256;
     auto w = make_head_weights(DType::f32, k, n, 2, 311);
     const auto x = heads_input(k, k, 2, 1, 312);
     std::vector<float> y;

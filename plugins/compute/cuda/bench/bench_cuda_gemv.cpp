@@ -2,7 +2,7 @@
 // measured in the same run by a device-to-device cudaMemcpy (read + write bytes). Timed with CUDA
 // events over repeated launches, so launch gaps, not host overhead, are what remains.
 //
-//   colibri_bench_cuda_gemv [--k 4096] [--n 65536] [--reps 20]
+//   colibri_bench_cuda_gemv [--k 4096] [--n 65536] [--reps 20] [--heads 1]
 //
 // Weights are large enough (>= 150 MB for q4_k) that L2 cannot hold them between launches. Prints a
 // markdown table: per format the bytes read per call, the median time for T = 1 and T = 8 (the whole op: X's 8-bit
@@ -11,6 +11,9 @@
 // variant gives the default's bits (exit status 1 if one does not). "q4_k pairs" and "q5_k pairs" are those formats in
 // the candidate layout of 64 weights a lane (launch_matmul_q8_pairs): checked within rounding of the default and
 // bit-identical across token tiles, timed as an op in the first table and in their own decode variants in the second.
+// A third table times matmul_heads at DeepSeek-V3's decode shapes (128 heads; k_b: K = 128 of each 192-value query
+// head into the 512 latent; v_b: the 512 latent into 128 values) as one launch (launch_matmul_heads) against a
+// launch_matmul per head, after checking that the two give the same bits (exit status 1 if not); --heads 0 skips it.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -109,11 +112,85 @@ bool pairs_layout_agrees(Pairs pairs, DType type, const void* dw, std::size_t rb
   return true;
 }
 
+// The matmul_heads table (see the top). False when the one launch and the launches per head differ.
+bool time_matmul_heads(int reps) {
+  struct Shape {
+    const char* name;
+    std::int64_t k, n, kx;
+  };
+  const std::int64_t heads = 128;
+  const Shape shapes[] = {{"k_b", 128, 512, 192}, {"v_b", 512, 128, 512}};
+  std::printf("\nmatmul_heads at DeepSeek-V3's decode shapes (H = %lld, T = 1): one launch against one per head\n\n",
+              static_cast<long long>(heads));
+  std::printf(
+      "| weights | format | one launch us | per head us | per head / one |\n| --- | --- | ---: | ---: | ---: |\n");
+  bool same = true;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  for (const Shape& sh : shapes) {
+    std::vector<float> x(static_cast<std::size_t>(sh.kx * heads));
+    for (auto& v : x) v = dist(rng);
+    std::vector<float> wf(static_cast<std::size_t>(sh.k * sh.n * heads));
+    for (auto& v : wf) v = dist(rng);
+    const auto ny = static_cast<std::size_t>(sh.n * heads);
+    void *dx = nullptr, *dy = nullptr, *dq8 = nullptr;
+    CHECK(cudaMalloc(&dx, x.size() * sizeof(float)));
+    CHECK(cudaMalloc(&dy, ny * sizeof(float)));
+    CHECK(cudaMalloc(&dq8, colibri::cuda::q8_scratch_bytes(sh.k, heads)));
+    CHECK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const colibri::cuda::Q8Scratch q8 = colibri::cuda::q8_scratch_at(dq8, sh.k, heads);
+    for (DType type : {DType::q8_0, DType::q4_0, DType::q4_k, DType::f16}) {
+      if (sh.k % colibri::sdk::dtype_traits(type)->block_elems != 0) continue;
+      const std::size_t rb = colibri::sdk::row_bytes(type, sh.k);
+      std::vector<std::byte> q(rb * static_cast<std::size_t>(sh.n * heads));
+      if (!colibri::quant::quantize_row(type, wf.data(), q.data(), sh.k * sh.n * heads)) return false;
+      void* dw = nullptr;
+      CHECK(cudaMalloc(&dw, q.size()));
+      CHECK(cudaMemcpy(dw, q.data(), q.size(), cudaMemcpyHostToDevice));
+      const auto wt = static_cast<std::uint32_t>(type);
+      const auto* xs = static_cast<const float*>(dx);
+      auto* ys = static_cast<float*>(dy);
+      const auto one = [&] {
+        CHECK(colibri::cuda::launch_matmul_heads(nullptr, wt, dw, rb, xs, ys, sh.k, sh.n, heads, sh.kx, 1, &q8));
+      };
+      const auto per_head = [&] {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          CHECK(colibri::cuda::launch_matmul(nullptr, wt, static_cast<const std::byte*>(dw) + h * sh.n * rb, rb,
+                                             xs + h * sh.kx, ys + h * sh.n, nullptr, sh.k, sh.n, 1, &q8));
+        }
+      };
+      std::vector<float> a(ny), b(ny);
+      CHECK(cudaMemset(dy, 0xFF, ny * sizeof(float)));
+      one();
+      CHECK(cudaMemcpy(a.data(), dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK(cudaMemset(dy, 0xFF, ny * sizeof(float)));
+      per_head();
+      CHECK(cudaMemcpy(b.data(), dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
+      const std::string fmt(colibri::sdk::to_string(type));
+      if (std::memcmp(a.data(), b.data(), ny * sizeof(float)) != 0) {
+        std::fprintf(stderr, "matmul_heads %s %s: one launch differs from a launch_matmul per head\n", sh.name,
+                     fmt.c_str());
+        same = false;
+      }
+      const float t_one = median_ms(reps, one), t_per = median_ms(reps, per_head);
+      std::printf("| %s {%lld, %lld} x %lld | %s | %.1f | %.1f | %.1fx |\n", sh.name, static_cast<long long>(sh.k),
+                  static_cast<long long>(sh.n), static_cast<long long>(heads), fmt.c_str(), t_one * 1e3, t_per * 1e3,
+                  static_cast<double>(t_per / t_one));
+      CHECK(cudaFree(dw));
+    }
+    CHECK(cudaFree(dx));
+    CHECK(cudaFree(dy));
+    CHECK(cudaFree(dq8));
+  }
+  return same;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::int64_t k = 4096, n = 65536;
   int reps = 20;
+  bool heads = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--k") {
@@ -122,8 +199,10 @@ int main(int argc, char** argv) {
       n = std::atoll(argv[i + 1]);
     } else if (a == "--reps") {
       reps = std::atoi(argv[i + 1]);
+    } else if (a == "--heads") {
+      heads = std::string(argv[i + 1]) != "0";
     } else {
-      std::fprintf(stderr, "unknown option %s (use --k, --n, --reps)\n", a.c_str());
+      std::fprintf(stderr, "unknown option %s (use --k, --n, --reps, --heads)\n", a.c_str());
       return 2;
     }
   }
@@ -267,5 +346,6 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(xbuf));
   CHECK(cudaFree(ybuf));
   CHECK(cudaFree(q8buf));
-  return variant_mismatch || pairs_mismatch ? 1 : 0;
+  const bool heads_same = !heads || time_matmul_heads(reps);
+  return variant_mismatch || pairs_mismatch || !heads_same ? 1 : 0;
 }
