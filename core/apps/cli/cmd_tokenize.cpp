@@ -114,7 +114,8 @@ void setup(CLI::App& app, GlobalOptions& global) {
   auto* cmd = app.add_subcommand("tokenize", "Encode text to token ids (or decode ids) with a model's tokenizer.json");
   auto* model =
       cmd->add_option("--model,-m", o->model, "Model directory (or a name under models.dir) containing tokenizer.json");
-  auto* file = cmd->add_option("--tokenizer", o->tokenizer, "Path to a tokenizer.json");
+  auto* file = cmd->add_option("--tokenizer", o->tokenizer,
+                               "Path to a tokenizer.json, or to a tiktoken.model or a directory with one (Kimi K2)");
   model->excludes(file);
   auto* text = cmd->add_option("--text", o->text, "One input (a string; with --decode a JSON array of ids)");
   auto* jsonl = cmd->add_option("--jsonl", o->jsonl,

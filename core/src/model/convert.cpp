@@ -34,6 +34,7 @@
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/server/api.hpp"
+#include "colibri/tokenizer/tiktoken.hpp"
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "colibri/util/output_file.hpp"
 #include "model/architecture.hpp"
@@ -87,6 +88,7 @@ struct Input {
   fs::path path;
   std::optional<SafetensorsCheckpoint> st;
   std::optional<GgufFile> gguf;
+  std::optional<tokenizer::TiktokenImport> tiktoken;  // a checkpoint with tiktoken.model and no tokenizer.json
   json config;
 
   Status read(const SourceRef& r, std::uint64_t offset, void* dst, std::size_t n) const {
@@ -1168,22 +1170,30 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto st = SafetensorsCheckpoint::open(opt.input);
     if (!st) return st.error();
     in.st = std::move(*st);
-    if (!fs::is_regular_file(opt.input / "tokenizer.json", ec)) {
-      if (fs::exists(fs::symlink_status(opt.input / "tokenizer.json", ec))) {
-        return Status(StatusCode::invalid_argument, (opt.input / "tokenizer.json").string() + " is " +
-                                                        sdk::path_kind_text((opt.input / "tokenizer.json").string()) +
+    fs::path tokenizer_file = opt.input / "tokenizer.json";
+    if (!fs::is_regular_file(tokenizer_file, ec)) {
+      if (fs::exists(fs::symlink_status(tokenizer_file, ec))) {
+        return Status(StatusCode::invalid_argument, tokenizer_file.string() + " is " +
+                                                        sdk::path_kind_text(tokenizer_file.string()) +
                                                         ", not a file; put the file there");
       }
-      return Status(StatusCode::not_found,
-                    "no tokenizer.json in " + opt.input.string() +
-                        "; colibri needs the HuggingFace fast tokenizer file next to the weights");
+      if (!fs::exists(opt.input / "tiktoken.model", ec)) {
+        return Status(StatusCode::not_found,
+                      "no tokenizer.json (nor tiktoken.model) in " + opt.input.string() +
+                          "; colibri needs the HuggingFace fast tokenizer file next to the weights");
+      }
+      // Kimi K2, Moonlight: the tokenizer.json that tokenizes as their tiktoken code is written into the model.
+      auto imported = tokenizer::import_tiktoken(opt.input);
+      if (!imported) return imported.error().with_context("the checkpoint's tokenizer");
+      in.tiktoken = std::move(*imported);
+      tokenizer_file = opt.input / "tiktoken.model";
     }
     // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
     // not the first run afterwards.
-    auto tok = tokenizer::Tokenizer::from_file(opt.input / "tokenizer.json");
+    auto tok = tokenizer::Tokenizer::from_file(tokenizer_file);
     if (!tok) return tok.error().with_context("the checkpoint's tokenizer");
-    if (auto s = check_tokenizer_fits(*tok, hp.vocab_size, (opt.input / "tokenizer.json").string(),
-                                      "vocab_size in config.json", "put the checkpoint's own tokenizer.json there",
+    if (auto s = check_tokenizer_fits(*tok, hp.vocab_size, tokenizer_file.string(), "vocab_size in config.json",
+                                      "put the checkpoint's own " + tokenizer_file.filename().string() + " there",
                                       summary.warnings);
         !s) {
       return s;
@@ -1553,6 +1563,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     for (const auto& n : rebuilt->notes) summary.warnings.push_back("tokenizer: " + n);
   } else {
     m.tokenizer = {{"source", "copied"}};
+    if (in.tiktoken) {
+      if (auto s = write_tokenizer_file("tokenizer.json", in.tiktoken->tokenizer_json); !s) return s;
+      m.tokenizer = {{"source", "tiktoken"}, {"family", in.tiktoken->family}, {"code", in.tiktoken->code}};
+    }
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                              "special_tokens_map.json"}) {
       if (!fs::exists(fs::symlink_status(opt.input / name, ec))) continue;

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "colibri/tokenizer/tiktoken.hpp"
 #include "tokenizer/utf8.hpp"
 
 namespace colibri::model {
@@ -47,12 +48,13 @@ json byte_level(bool use_regex, bool trim_offsets = false) {
   return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim_offsets}, {"use_regex", use_regex}};
 }
 
-json split_then_byte_level(const char* regex) {
-  return {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
-                    byte_level(false)})}};
+json split_then_byte_level(std::string_view regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers", json::array({{{"type", "Split"},
+                                          {"pattern", {{"Regex", std::string(regex)}}},
+                                          {"behavior", "Isolated"},
+                                          {"invert", false}},
+                                         byte_level(false)})}};
 }
 
 // UTF-8 code point boundaries of s (python string indices, which HF's converter splits on).
@@ -143,6 +145,7 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     if (auto s = check_utf8({pre}, "tokenizer.ggml.pre", where, false); !s) return s;
     json pre_tok;
     json normalizer = nullptr;
+    bool ignore_merges = false;
     if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
       pre_tok = byte_level(true, true);
     } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe" || pre == "glm4" ||
@@ -159,6 +162,10 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       pre_tok = split_then_byte_level(kTekkenRegex);
     } else if (pre == "gpt-4o" || pre == "minimax-m2") {  // MiniMax-M2's tokenizer.json splits as GPT-4o's
       pre_tok = split_then_byte_level(kGpt4oRegex);
+    } else if (pre == "kimi-k2") {
+      // Kimi K2 and Moonlight: their tiktoken code's pattern, and tiktoken's whole-token shortcut, as import_tiktoken.
+      pre_tok = split_then_byte_level(tokenizer::kimi_split_regex());
+      ignore_merges = true;
     } else if (pre == "deepseek-v3") {
       json steps = json::array();
       for (const char* r : kDeepseekV3Regexes) {
@@ -183,7 +190,7 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
                     {"end_of_word_suffix", nullptr},
                     {"fuse_unk", false},
                     {"byte_fallback", false},
-                    {"ignore_merges", false},
+                    {"ignore_merges", ignore_merges},
                     {"vocab", vocab},
                     {"merges", merges}};
   } else if (*model == "llama") {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,9 @@ class PreTokenizer {
   virtual void pre_tokenize(std::vector<Piece>& pieces) const = 0;
 };
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::string& path);
+
+// A whole file's text; `named`: a path the user gave (a companion file must be a regular file).
+std::string read_file(const std::filesystem::path& path, sdk::Status& status, bool named);
 
 // GPT-2's reversible byte <-> printable character mapping used by ByteLevel.
 const std::array<std::string, 256>& byte_level_chars();

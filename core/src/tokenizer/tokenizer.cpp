@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "colibri/sdk/os_error.hpp"
+#include "colibri/tokenizer/tiktoken.hpp"
 #include "tokenizer/pipeline.hpp"
 #include "tokenizer/utf8.hpp"
 
@@ -116,9 +117,11 @@ bool is_space_at(std::string_view s, std::size_t i, std::size_t& len) {
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
+}  // namespace
+
 // `named`: a path the user gave, which may be a pipe (`--tokenizer <(...)`); a file found beside it must be a
 // regular file, since a FIFO there would block the read until some writer came. A directory is neither.
-std::string read_file(const std::filesystem::path& path, sdk::Status& status, bool named) {
+std::string detail::read_file(const std::filesystem::path& path, sdk::Status& status, bool named) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec) ||
       (!named && std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))) {
@@ -139,8 +142,6 @@ std::string read_file(const std::filesystem::path& path, sdk::Status& status, bo
   if (in.bad()) status = sdk::make_error(sdk::StatusCode::io_error, "error reading " + path.string());
   return ss.str();
 }
-
-}  // namespace
 
 struct Tokenizer::Impl {
   detail::BpeModel model;
@@ -431,14 +432,29 @@ sdk::Expected<Tokenizer> Tokenizer::from_json(std::string_view json_text, std::s
 sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file = path / "tokenizer.json";
+  if (std::filesystem::is_directory(path, ec)) {
+    file = path / "tokenizer.json";
+    // A tiktoken tokenizer (Kimi K2, Moonlight) ships no tokenizer.json: its equivalent is rebuilt.
+    if (!std::filesystem::exists(file, ec) && std::filesystem::exists(path / "tiktoken.model", ec)) {
+      file = path / "tiktoken.model";
+    }
+  }
+  const bool tiktoken = file.filename() == "tiktoken.model";
   if (!std::filesystem::exists(file, ec)) {
-    return sdk::make_error(
-        sdk::StatusCode::not_found,
-        file.string() + ": no such file (expected a tokenizer.json or a model directory holding one)");
+    return sdk::make_error(sdk::StatusCode::not_found,
+                           file.string() +
+                               ": no such file (expected a tokenizer.json, a tiktoken.model, or a model directory "
+                               "holding one)");
   }
   sdk::Status status;
-  const std::string text = read_file(file, status, /*named=*/true);
+  std::string text;
+  if (tiktoken) {
+    auto imported = import_tiktoken(file.parent_path());
+    if (!imported) return imported.error();
+    text = std::move(imported->tokenizer_json);
+  } else {
+    text = detail::read_file(file, status, /*named=*/true);
+  }
   if (!status) return status;
   if (text.rfind("GGUF", 0) == 0) {
     return sdk::make_error(sdk::StatusCode::invalid_argument,
@@ -446,7 +462,7 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
                                " is a GGUF file, not a tokenizer.json; convert it (colibri-cli convert) "
                                "and pass the model directory, whose tokenizer.json convert writes");
   }
-  auto parsed = parse_impl(text, file.string());
+  auto parsed = parse_impl(text, tiktoken ? file.string() + " (as a tokenizer.json)" : file.string());
   if (!parsed) return parsed.error();
   std::shared_ptr<Impl> impl = std::move(*parsed);
 
@@ -454,7 +470,7 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   const auto config_path = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path, ec)) {
     sdk::Status config_status;
-    const std::string config_text = read_file(config_path, config_status, /*named=*/false);
+    const std::string config_text = detail::read_file(config_path, config_status, /*named=*/false);
     if (!config_status) return config_status;  // there but unreadable: its BOS/EOS would be silently lost
     const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (config_status && config.is_object()) {

@@ -14,8 +14,10 @@
   unwritable output.
 """
 
+import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +139,8 @@ VARIANTS = {
                                                       "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
     # Moonlight-16B-A3B: V3 without the query latent.
     "deepseek_v3-moonlight": ("deepseek_v3", None, ("--set", "q_lora_rank=null")),
+    # Kimi K2's tokenizer layout: tiktoken.model and its code, no tokenizer.json (Tiktoken below checks the tokens).
+    "deepseek_v3-kimi": ("deepseek_v3", None, ("--tiktoken",)),
     # DeepSeek-V3 / R1: the experts picked within the 2 best of 4 groups, a group scored by its best two.
     "deepseek_v3-groups": ("deepseek_v3", None, ("--set", "n_group=4", "--set", "topk_group=2")),
     # DeepSeek-V2 (236B): group_limited_greedy (the best of 4 groups here), a group scored by its best softmax score,
@@ -195,6 +199,55 @@ class Reference(unittest.TestCase):
 
 for _name in VARIANTS:
     setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
+
+
+class Tiktoken(unittest.TestCase):
+    def test_kimi_tokenizer_converts_and_encodes_as_tiktoken(self):
+        """A checkpoint that ships tiktoken.model and no tokenizer.json (Kimi K2, Moonlight) converts: the model gets
+        the tokenizer.json that encodes as tiktoken does, and runs from a text prompt. The ids are checked against
+        tiktoken's algorithm written out here (the lowest-ranked adjacent pair merged first, a whole-token piece taken
+        whole) on text whose split a plain regex gives: lowercase words, spaces, Han, special tokens."""
+        arch, patch, gen_args = VARIANTS["deepseek_v3-kimi"]
+        ckpt, model = make_model("deepseek_v3-kimi", arch, patch, gen_args=gen_args)
+        self.assertFalse(os.path.exists(os.path.join(ckpt, "tokenizer.json")))
+        with open(os.path.join(model, "manifest.json")) as f:
+            tokenizer = json.load(f)["tokenizer"]
+        self.assertEqual((tokenizer["source"], tokenizer["family"]), ("tiktoken", "kimi"))
+        self.assertIn("tokenizer.json", tokenizer["files"])
+
+        ranks = {}
+        with open(os.path.join(ckpt, "tiktoken.model")) as f:
+            for line in f:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+        with open(os.path.join(ckpt, "tokenizer_config.json")) as f:
+            specials = {v["content"]: int(k) for k, v in json.load(f)["added_tokens_decoder"].items()}
+
+        def bpe(piece):
+            if piece in ranks:
+                return [ranks[piece]]
+            parts = [piece[i:i + 1] for i in range(len(piece))]
+            while True:
+                pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
+                if not pairs:
+                    return [ranks[p] for p in parts]
+                _, i = min(pairs)
+                parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+        text = "the experts are streamed from the disk 你好世界 when the router picks them<|im_end|>hello world"
+        want = []
+        for chunk in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+            if chunk in specials:
+                want.append(specials[chunk])
+                continue
+            for piece in re.findall(r"[\u4e00-\u9fff]+| ?[a-z]+|\s+", chunk):
+                want += bpe(piece.encode())
+        got = json.loads(run(["tokenize", "--model", model, "--text", text]).stdout)["ids"]
+        self.assertEqual(got, want)
+        self.assertLess(len(got), len(text.encode()) - 20, "the merges were not used")
+        # The model answers a text prompt through it.
+        out = run(["run", "--model", model, "--prompt", "the experts", "--max-tokens", "3", "--temperature", "0"])
+        self.assertTrue(out.stdout.strip(), out.stderr)
 
 
 class Gguf(unittest.TestCase):

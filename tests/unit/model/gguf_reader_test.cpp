@@ -10,6 +10,7 @@
 #include "colibri/tokenizer/tokenizer.hpp"
 #include "model/architecture.hpp"
 #include "test_files.hpp"
+#include "tokenizer/pipeline.hpp"
 
 namespace colibri::model {
 namespace {
@@ -422,6 +423,51 @@ TEST(GgufSplit, MissingRenamedMixedOrDamagedPartsAreNamed) {
   write_split(dir, {{"a"}, {"b"}});
   testing::write_file(dir / "m-00001-of-00002.gguf", split_part(0, 2, {"a"}, 5));
   fails(dir / "m-00002-of-00002.gguf", "holds 5 tensors, its 2 parts hold 2");
+}
+
+// A byte-level BPE GGUF of llama.cpp's kimi-k2 pre-tokenizer (Kimi K2, Moonlight): the bytes, then "ab", 中 (e4 b8 ad)
+// through e4 b8, "a中", and "xyz", which no merge makes.
+std::string kimi_gguf(const std::string& pre) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(tokenizer::detail::byte_level_chars()[static_cast<std::size_t>(b)]);
+  const auto bl = [](const std::string& bytes) {
+    std::string s;
+    for (const char c : bytes) s += tokenizer::detail::byte_level_chars()[static_cast<unsigned char>(c)];
+    return s;
+  };
+  for (const char* t : {"ab", "\xe4\xb8", "\xe4\xb8\xad", "a\xe4\xb8\xad", "xyz"}) tokens.push_back(bl(t));
+  const std::vector<std::string> merges = {"a b", bl("\xe4") + " " + bl("\xb8"), bl("\xe4\xb8") + " " + bl("\xad"),
+                                           "a " + bl("\xe4\xb8\xad")};
+  Bytes b;
+  b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(4);
+  b.str("tokenizer.ggml.model").pod<std::uint32_t>(STR).str("gpt2");
+  b.str("tokenizer.ggml.pre").pod<std::uint32_t>(STR).str(pre);
+  b.str("tokenizer.ggml.tokens").pod<std::uint32_t>(ARR).pod<std::uint32_t>(STR).pod<std::uint64_t>(tokens.size());
+  for (const auto& t : tokens) b.str(t);
+  b.str("tokenizer.ggml.merges").pod<std::uint32_t>(ARR).pod<std::uint32_t>(STR).pod<std::uint64_t>(merges.size());
+  for (const auto& m : merges) b.str(m);
+  return b.data;
+}
+
+// kimi-k2 splits as Kimi's tiktoken code (tokenizer::kimi_split_regex: Han runs apart from letters), and takes a
+// piece that is a whole token whole as tiktoken does; GPT-4o's split, which it used to fall back to, gives others.
+TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
+  const auto encode = [](const std::string& pre, const std::string& text) {
+    auto g = open_bytes(testing::temp_dir("kimi-k2") / "k.gguf", kimi_gguf(pre));
+    EXPECT_TRUE(g.has_value()) << g.error().to_string();
+    auto r = rebuild_tokenizer_from_gguf(*g);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_TRUE(r->notes.empty()) << r->notes.front();
+    auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
+    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+    return tok->encode(text);
+  };
+  using Ids = std::vector<tokenizer::TokenId>;
+  EXPECT_EQ(encode("kimi-k2", "a中"), (Ids{'a', 258}));
+  EXPECT_EQ(encode("gpt-4o", "a中"), (Ids{259}));
+  EXPECT_EQ(encode("kimi-k2", "ab中文"), (Ids{256, 258, 0xe6, 0x96, 0x87}));
+  EXPECT_EQ(encode("kimi-k2", "xyz"), (Ids{260}));
+  EXPECT_EQ(encode("gpt-4o", "xyz"), (Ids{'x', 'y', 'z'}));
 }
 
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {

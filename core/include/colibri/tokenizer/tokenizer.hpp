@@ -19,7 +19,8 @@ using TokenId = std::int32_t;
 
 class Tokenizer {
  public:
-  // Loads a tokenizer.json. `path` may also be a model directory containing tokenizer.json. A tokenizer_config.json
+  // Loads a tokenizer.json. `path` may also be a model directory containing tokenizer.json, or a tiktoken.model
+  // (tiktoken.hpp: Kimi K2, Moonlight), or a directory with one and no tokenizer.json. A tokenizer_config.json
   // next to it, when present, supplies bos_token / eos_token names the tokenizer.json does not carry.
   static sdk::Expected<Tokenizer> from_file(const std::filesystem::path& path);
   // Parses tokenizer.json text; `source` names it in error messages.

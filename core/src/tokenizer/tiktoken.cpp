@@ -1,0 +1,334 @@
+// tiktoken.model + tokenizer_config.json -> an equivalent HuggingFace tokenizer.json (see tiktoken.hpp).
+#include "colibri/tokenizer/tiktoken.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/pipeline.hpp"
+
+namespace colibri::tokenizer {
+
+using nlohmann::json;
+using sdk::Status;
+using sdk::StatusCode;
+
+namespace {
+
+// tiktoken's own regex syntax (Rust's): `&&` intersects classes, as in Oniguruma's, which colibri's Split runs.
+constexpr std::string_view kKimiRegex =
+    "[\\p{Han}]+|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+    "+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]"
+    "*"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// The tokenizer code of each family colibri knows, with text its pattern has and another family's would not.
+struct Family {
+  const char* name;
+  std::array<const char*, 2> code;  // the module tokenizer_config.json's auto_map names
+  std::array<const char*, 2> pattern_text;
+};
+constexpr Family kFamilies[] = {
+    {"kimi", {"tokenization_kimi", "tokenization_moonshot"}, {"[\\p{Han}]+", "&&[^\\p{Han}]]*"}},
+};
+constexpr std::size_t kDefaultReservedSpecials = 256;  // num_reserved_special_tokens of Kimi's code
+
+// RFC 4648 base64 (with padding), as tiktoken's files hold tokens. nullopt for anything else. By hand: the project's
+// libraries offer it only inside Boost.Beast's detail namespace.
+std::optional<std::string> base64_decode(std::string_view in) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (in.empty() || in.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (std::size_t i = 0; i < in.size(); i += 4) {
+    const bool last = i + 4 == in.size();
+    const int pad = last ? (in[i + 3] == '=') + (in[i + 2] == '=') : 0;
+    if (pad == 1 && in[i + 2] == '=') return std::nullopt;  // "x=y=": padding only at the end
+    std::uint32_t v = 0;
+    for (int j = 0; j < 4; ++j) {
+      const int d = j >= 4 - pad ? 0 : value(in[i + j]);
+      if (d < 0) return std::nullopt;
+      v = v << 6 | static_cast<std::uint32_t>(d);
+    }
+    out.push_back(static_cast<char>(v >> 16 & 0xFF));
+    if (pad < 2) out.push_back(static_cast<char>(v >> 8 & 0xFF));
+    if (pad < 1) out.push_back(static_cast<char>(v & 0xFF));
+  }
+  return out;
+}
+
+struct ViewHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using Ranks = std::unordered_map<std::string, std::size_t, ViewHash, std::equal_to<>>;
+
+// The pieces tiktoken's BPE leaves a token's bytes in when it may only use merges ranked below the token itself: two
+// for a token some merge makes (the merge it is), else more.
+std::vector<std::string_view> bpe_below(const Ranks& ranks, std::string_view token, std::size_t max_rank) {
+  std::vector<std::string_view> parts;
+  for (std::size_t i = 0; i < token.size(); ++i) parts.push_back(token.substr(i, 1));
+  while (parts.size() > 1) {
+    std::size_t best = 0, best_rank = max_rank;
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      const std::string_view both(parts[i].data(), parts[i].size() + parts[i + 1].size());
+      if (auto it = ranks.find(both); it != ranks.end() && it->second < best_rank) {
+        best = i;
+        best_rank = it->second;
+      }
+    }
+    if (best_rank == max_rank) break;
+    parts[best] = std::string_view(parts[best].data(), parts[best].size() + parts[best + 1].size());
+    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  return parts;
+}
+
+std::string byte_level(std::string_view bytes) {
+  const auto& chars = detail::byte_level_chars();
+  std::string out;
+  for (const char b : bytes) out += chars[static_cast<unsigned char>(b)];
+  return out;
+}
+
+// The module that auto_map's AutoTokenizer names ("tokenization_kimi" of "tokenization_kimi.TikTokenTokenizer").
+std::optional<std::string> tokenizer_code(const json& config) {
+  const auto map = config.find("auto_map");
+  if (map == config.end() || !map->is_object()) return std::nullopt;
+  const auto auto_tok = map->find("AutoTokenizer");
+  if (auto_tok == map->end()) return std::nullopt;
+  std::string ref;
+  if (auto_tok->is_string()) {
+    ref = auto_tok->get<std::string>();
+  } else if (auto_tok->is_array() && !auto_tok->empty() && (*auto_tok)[0].is_string()) {
+    ref = (*auto_tok)[0].get<std::string>();
+  } else {
+    return std::nullopt;
+  }
+  if (const auto sep = ref.find("--"); sep != std::string::npos) ref = ref.substr(sep + 2);  // "repo--module.Class"
+  return ref.substr(0, ref.find('.'));
+}
+
+}  // namespace
+
+std::string_view kimi_split_regex() noexcept {
+  return kKimiRegex;
+}
+
+sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) {
+  const std::filesystem::path model_path = dir / "tiktoken.model", config_path = dir / "tokenizer_config.json";
+  const std::string model_file = model_path.string(), config_file = config_path.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(config_path, ec)) {
+    return Status(StatusCode::not_found, "no tokenizer_config.json beside " + model_file +
+                                             "; a tiktoken tokenizer needs it (its special tokens, and the tokenizer "
+                                             "code whose split pattern colibri must know); put the checkpoint's own "
+                                             "there");
+  }
+  Status status;
+  const std::string config_text = detail::read_file(config_path, status, /*named=*/false);
+  if (!status) return status;
+  const json config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) {
+    return Status(StatusCode::invalid_argument, config_file + " is not a JSON object; put the checkpoint's own there");
+  }
+
+  // Which split pattern: the tokenizer code's family, and its pattern text where the code is there to read.
+  TiktokenImport out;
+  const auto code = tokenizer_code(config);
+  const Family* family = nullptr;
+  for (const Family& f : kFamilies) {
+    if (code && std::find(f.code.begin(), f.code.end(), *code) != f.code.end()) family = &f;
+  }
+  if (family == nullptr) {
+    return Status(StatusCode::unsupported,
+                  config_file + ": key 'auto_map': " +
+                      (code ? "tokenizer code '" + *code + "'" : std::string("no AutoTokenizer code named")) +
+                      "; a tiktoken tokenizer's split pattern lives in that Python code, which colibri does not run, "
+                      "and colibri knows Kimi K2's and Moonlight's (tokenization_kimi.py, tokenization_moonshot.py). "
+                      "For another, save a tokenizer.json with transformers (AutoTokenizer.from_pretrained(dir, "
+                      "trust_remote_code=True).save_pretrained(dir)) where it can, and convert again");
+  }
+  out.family = family->name;
+  out.code = *code;
+  std::size_t reserved = kDefaultReservedSpecials;
+  if (const auto py = dir / (*code + ".py"); std::filesystem::exists(py, ec)) {
+    const std::string source = detail::read_file(py, status, /*named=*/false);
+    if (!status) return status;
+    for (const char* text : family->pattern_text) {
+      if (source.find(text) == std::string::npos) {
+        return Status(StatusCode::unsupported,
+                      py.string() + ": its pat_str differs from the " + family->name +
+                          " split pattern colibri knows (no '" + text +
+                          "'); tokens would be split differently. Save a tokenizer.json with transformers and "
+                          "convert again");
+      }
+    }
+    static const std::regex kReserved(R"(num_reserved_special_tokens\s*=\s*(\d{1,6})\b)");
+    if (std::smatch m; std::regex_search(source, m, kReserved)) reserved = std::stoul(m[1].str());
+  }
+
+  // tiktoken.model: "<base64 token> <rank>" per line (tiktoken's load_tiktoken_bpe skips empty lines).
+  const std::string text = detail::read_file(model_path, status, /*named=*/false);
+  if (!status) return status;
+  std::vector<std::string> tokens;  // by rank
+  std::vector<bool> seen_rank;
+  Ranks ranks;
+  std::size_t line_no = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t eol = std::min(text.find('\n', at), text.size());
+    std::string_view line(text.data() + at, eol - at);
+    at = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const auto bad = [&](const std::string& what) {
+      return Status(StatusCode::corrupt_data, model_file + ": line " + std::to_string(line_no) + ": " + what +
+                                                  "; the file is damaged or not a tiktoken vocabulary");
+    };
+    const std::size_t space = line.find(' ');
+    if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos) {
+      return bad("expected '<base64 token> <rank>'");
+    }
+    auto bytes = base64_decode(line.substr(0, space));
+    if (!bytes) return bad("'" + std::string(line.substr(0, space)) + "' is not base64");
+    std::size_t rank = 0;
+    const std::string_view rank_text = line.substr(space + 1);
+    const auto [end, err] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    if (err != std::errc() || end != rank_text.data() + rank_text.size() || rank >= (std::size_t{1} << 24)) {
+      return bad("rank '" + std::string(rank_text) + "' is not a whole number below 2^24");
+    }
+    if (rank >= seen_rank.size()) {
+      seen_rank.resize(rank + 1, false);
+      tokens.resize(rank + 1);
+    }
+    if (seen_rank[rank]) return bad("rank " + std::to_string(rank) + " is given twice");
+    if (!ranks.emplace(*bytes, rank).second)
+      return bad("token '" + std::string(line.substr(0, space)) + "' is given twice");
+    seen_rank[rank] = true;
+    tokens[rank] = std::move(*bytes);
+  }
+  if (tokens.empty()) return Status(StatusCode::corrupt_data, model_file + " holds no tokens");
+  if (const auto gap = std::find(seen_rank.begin(), seen_rank.end(), false); gap != seen_rank.end()) {
+    return Status(StatusCode::corrupt_data, model_file + ": no token has rank " +
+                                                std::to_string(gap - seen_rank.begin()) + " of 0.." +
+                                                std::to_string(tokens.size() - 1) +
+                                                "; the special tokens' ids start after the ranks, so they must "
+                                                "all be there; the file is damaged");
+  }
+  for (int b = 0; b < 256; ++b) {
+    if (!ranks.contains(std::string(1, static_cast<char>(b)))) {
+      return Status(StatusCode::corrupt_data, model_file + ": no token for the byte " + std::to_string(b) +
+                                                  ", so some text could not be encoded; the file is damaged");
+    }
+  }
+  out.ranks = tokens.size();
+
+  json vocab = json::object();
+  json merges = json::array();
+  for (std::size_t r = 0; r < tokens.size(); ++r) {
+    vocab[byte_level(tokens[r])] = r;
+    if (tokens[r].size() < 2) continue;
+    const auto parts = bpe_below(ranks, tokens[r], r);
+    if (parts.size() == 2) merges.push_back(byte_level(parts[0]) + " " + byte_level(parts[1]));
+  }
+  out.merges = merges.size();
+
+  // Special tokens: ids ranks.. ranks + reserved - 1, named by added_tokens_decoder or "<|reserved_token_ID|>" (Kimi's
+  // code); an entry past them is an added token as transformers adds it, one among the ranks a damaged config.
+  std::unordered_map<std::size_t, json> named;
+  if (const auto dec = config.find("added_tokens_decoder"); dec != config.end()) {
+    if (!dec->is_object()) {
+      return Status(StatusCode::invalid_argument, config_file + ": key 'added_tokens_decoder' is not an object");
+    }
+    for (const auto& [key, entry] : dec->items()) {
+      std::size_t id = 0;
+      const auto [end, err] = std::from_chars(key.data(), key.data() + key.size(), id);
+      const auto content = entry.is_object() ? entry.find("content") : entry.end();
+      if (err != std::errc() || end != key.data() + key.size() || content == entry.end() || !content->is_string()) {
+        return Status(StatusCode::invalid_argument, config_file + ": key 'added_tokens_decoder." + key +
+                                                        "': expected an id with a \"content\" string");
+      }
+      if (id < tokens.size()) {
+        return Status(StatusCode::invalid_argument, config_file + ": key 'added_tokens_decoder." + key + "': id " +
+                                                        key + " is a token of " + model_file + " (ranks 0.." +
+                                                        std::to_string(tokens.size() - 1) +
+                                                        "); the two files belong to different tokenizers");
+      }
+      named[id] = entry;
+    }
+  }
+  json added = json::array();
+  std::size_t last = tokens.size() + reserved;
+  for (const auto& entry : named) last = std::max(last, entry.first + 1);
+  for (std::size_t id = tokens.size(); id < last; ++id) {
+    const auto it = named.find(id);
+    const bool reserved_id = id < tokens.size() + reserved;
+    if (it == named.end() && !reserved_id) continue;
+    const json& e = it != named.end() ? it->second : json::object();
+    const std::string content =
+        it != named.end() ? e.at("content").get<std::string>() : "<|reserved_token_" + std::to_string(id) + "|>";
+    auto flag = [&](const char* key, bool fallback) {
+      const auto f = e.find(key);
+      return f != e.end() && f->is_boolean() ? f->get<bool>() : fallback;
+    };
+    // tiktoken matches its special tokens anywhere, as they are: no stripping, not normalized.
+    added.push_back({{"id", id},
+                     {"content", content},
+                     {"single_word", false},
+                     {"lstrip", reserved_id ? false : flag("lstrip", false)},
+                     {"rstrip", reserved_id ? false : flag("rstrip", false)},
+                     {"normalized", false},
+                     {"special", reserved_id || flag("special", true)}});
+  }
+  out.specials = added.size();
+
+  const json byte_level_step = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  json tok = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", std::move(added)},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers", json::array({{{"type", "Split"},
+                                        {"pattern", {{"Regex", std::string(kKimiRegex)}}},
+                                        {"behavior", "Isolated"},
+                                        {"invert", false}},
+                                       byte_level_step})}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", true},
+        {"vocab", std::move(vocab)},
+        {"merges", std::move(merges)}}}};
+  out.tokenizer_json = tok.dump();
+  return out;
+}
+
+}  // namespace colibri::tokenizer

@@ -1,0 +1,148 @@
+// Live comparison (integration test): tiktoken (the npm package: OpenAI's Rust tiktoken compiled to WebAssembly, the
+// engine Kimi K2's and Moonlight's tokenizer code runs) vs colibri-cli on a tiktoken tokenizer without a
+// tokenizer.json, laid out as Kimi K2 ships one: tiktoken.model, tokenizer_config.json whose auto_map names
+// tokenization_kimi, 256 special tokens after the ranks. The vocabulary is o200k_base (200k ranks, many Han tokens),
+// which the package carries; Kimi's own is not on npm. Exit 0 = identical, 1 = mismatch, 77 = skip.
+//   node tests/js/tiktoken_check.mjs /path/to/colibri-cli
+import { execFileSync } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+import { readCorpus, scratchDir } from "./tokenizer_common.mjs";
+
+const cli = process.argv[2];
+if (!cli) {
+  console.error("usage: tiktoken_check.mjs COLIBRI_CLI");
+  process.exit(2);
+}
+const require = createRequire(import.meta.url);
+let Tiktoken, encoderPath;
+try {
+  ({ Tiktoken } = require("tiktoken/lite"));
+  encoderPath = require.resolve("tiktoken/encoders/o200k_base.json");
+} catch (e) {
+  console.error(`SKIP: the tiktoken npm package is not installed (npm ci in tests/js): ${e.message}`);
+  process.exit(77);
+}
+
+// tokenization_kimi.py's pat_str, as that file writes it.
+const patterns = [
+  String.raw`[\p{Han}]+`,
+  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
+  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
+  String.raw`\p{N}{1,3}`,
+  String.raw` ?[^\s\p{L}\p{N}]+[\r\n]*`,
+  String.raw`\s*[\r\n]+`,
+  String.raw`\s+(?!\S)`,
+  String.raw`\s+`,
+];
+const patStr = patterns.join("|");
+
+// o200k_base's ranks ("! offset tok tok ..." lines) as tiktoken.model lines.
+const encoder = JSON.parse(readFileSync(encoderPath, "utf8"));
+const lines = [];
+for (const line of encoder.bpe_ranks.split("\n").filter(Boolean)) {
+  const [, offset, ...tokens] = line.split(" ");
+  tokens.forEach((t, i) => lines.push(`${t} ${Number(offset) + i}`));
+}
+const base = lines.length;
+
+// Kimi's layout of special tokens: ids base..base+255, some named in added_tokens_decoder, the rest reserved.
+const named = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|start_header_id|>",
+  "<|end_header_id|>", "[EOT]", "<|im_system|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+  "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|im_middle|>"];
+const specials = {};
+const decoder = {};
+for (let i = 0; i < 256; i++) {
+  const id = base + i;
+  const content = i < named.length ? named[i] : `<|reserved_token_${id}|>`;
+  specials[content] = id;
+  if (i < named.length) {
+    decoder[String(id)] = { content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true };
+  }
+}
+
+const dir = scratchDir("colibri-tiktoken-");
+writeFileSync(join(dir, "tiktoken.model"), lines.join("\n") + "\n");
+writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({
+  added_tokens_decoder: decoder,
+  auto_map: { AutoTokenizer: ["tokenization_kimi.TikTokenTokenizer", null] },
+  bos_token: "[BOS]",
+  eos_token: "[EOS]",
+  tokenizer_class: "TikTokenTokenizer",
+}, null, 2));
+writeFileSync(join(dir, "tokenization_kimi.py"),
+  "class TikTokenTokenizer:\n    num_reserved_special_tokens = 256\n    pat_str = \"|\".join(\n        [\n" +
+  patterns.map((p) => `            r"""${p}""",\n`).join("") + "        ]\n    )\n");
+
+function rng(seed) {
+  return () => {
+    seed |= 0;
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+// Pieces where Kimi's split differs from GPT-4o's (Han next to letters, digits, marks and other scripts), specials.
+const pieces = [
+  "中", "文字", "日本語", "漢字かな", "ひらがな", "カタカナ", "한국어", "中a", "a中", "A中B", "Ab中", "中'S", "中's",
+  "DON'T", "don't", "x'LL", "中1", "1中", "中 文", "中\n", "\n中", "é中", "e\u0301中", "中\u0301", "\u0301", "𠀀", "𪜀",
+  "〇", "々", "㐀", "Hello", " world", "WORLD", "ǅx", "İ", "ß", "ﬁ", "１２３", "12345", "3.14", " ", "  ", "\t", "\n",
+  "\r\n", "\n\n", ",", "...", "!?", "(", ")", "/", "\\", "\"", "'", "#", "👍", "👨‍👩‍👧", "\u00a0", "\u3000", "\ufeff",
+  "[BOS]", "<|im_end|>", "<|im_user|>", `<|reserved_token_${base + 200}|>`, "<|im_end", "[EOS", "<|", "|>",
+  "العربية", "हिन्दी", "Ελληνικά", "Русский", "ไทย", "\u0000",
+];
+const random = rng(Number(process.env.COLIBRI_FUZZ_SEED ?? 20261206));
+const texts = [...readCorpus()];
+for (let i = 0; i < Number(process.env.COLIBRI_FUZZ_COUNT ?? 400); i++) {
+  const n = 1 + Math.floor(random() * 30);
+  let s = "";
+  for (let k = 0; k < n; k++) s += pieces[Math.floor(random() * pieces.length)];
+  texts.push(s);
+}
+const input = join(dir, "input.jsonl");
+writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
+
+const enc = new Tiktoken(lines.join("\n"), specials, patStr);
+let failures = 0;
+let compared = 0;
+const run = (args) => execFileSync(cli, args, { maxBuffer: 1 << 28 }).toString("utf8").trimEnd().split("\n");
+const out = run(["tokenize", "--tokenizer", dir, "--jsonl", input]);
+if (out.length !== texts.length) {
+  console.error(`colibri-cli printed ${out.length} lines for ${texts.length} inputs`);
+  process.exit(1);
+}
+const refIds = [];
+for (let i = 0; i < texts.length; i++) {
+  // Kimi's encode: allowed_special="all" (special tokens anywhere in the text are those tokens).
+  const ref = Array.from(enc.encode(texts[i], "all"));
+  refIds.push(ref);
+  const got = JSON.parse(out[i]).ids;
+  compared++;
+  if (JSON.stringify(ref) !== JSON.stringify(got)) {
+    failures++;
+    if (failures <= 10) {
+      console.error(`MISMATCH input ${JSON.stringify(texts[i]).slice(0, 120)}`);
+      console.error(`  tiktoken: ${JSON.stringify(ref).slice(0, 300)}`);
+      console.error(`  colibri:  ${JSON.stringify(got).slice(0, 300)}`);
+    }
+  }
+}
+// Decoding: tiktoken's bytes read as UTF-8 with replacement characters, as Kimi's decode does.
+const idsFile = join(dir, "ids.jsonl");
+writeFileSync(idsFile, refIds.map((ids) => JSON.stringify(ids)).join("\n") + "\n");
+const decoded = run(["tokenize", "--tokenizer", dir, "--jsonl", idsFile, "--decode"]);
+const utf8 = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });  // Python keeps a leading BOM
+for (let i = 0; i < refIds.length; i++) {
+  const ref = utf8.decode(enc.decode(Uint32Array.from(refIds[i])));
+  const got = JSON.parse(decoded[i]).text;
+  compared++;
+  if (ref !== got) {
+    failures++;
+    if (failures <= 10) console.error(`DECODE MISMATCH ${JSON.stringify(ref).slice(0, 100)} vs ${JSON.stringify(got).slice(0, 100)}`);
+  }
+}
+enc.free();
+console.log(`tiktoken (${base} ranks, Kimi's split and specials): ${compared - failures} passed, ${failures} failed`);
+process.exit(failures === 0 ? 0 : 1);
