@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
-import { readCorpus, scratchDir } from "./tokenizer_common.mjs";
+import { readCorpus, rng, scratchDir } from "./tokenizer_common.mjs";
 
 const cli = process.argv[2];
 if (!cli) {
@@ -75,15 +75,6 @@ writeFileSync(join(dir, "tokenization_kimi.py"),
   "class TikTokenTokenizer:\n    num_reserved_special_tokens = 256\n    pat_str = \"|\".join(\n        [\n" +
   patterns.map((p) => `            r"""${p}""",\n`).join("") + "        ]\n    )\n");
 
-function rng(seed) {
-  return () => {
-    seed |= 0;
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 // Pieces where Kimi's split differs from GPT-4o's (Han next to letters, digits, marks and other scripts), specials.
 const pieces = [
   "中", "文字", "日本語", "漢字かな", "ひらがな", "カタカナ", "한국어", "中a", "a中", "A中B", "Ab中", "中'S", "中's",

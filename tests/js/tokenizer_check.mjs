@@ -4,7 +4,7 @@
 import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { allTokenizerFiles, loadHF, readCorpus, scratchDir } from "./tokenizer_common.mjs";
+import { allTokenizerFiles, loadHF, readCorpus, rng, scratchDir } from "./tokenizer_common.mjs";
 
 const cli = process.argv[2];
 if (!cli) {
@@ -12,16 +12,6 @@ if (!cli) {
   process.exit(2);
 }
 
-// Deterministic PRNG (mulberry32) so a failure reproduces.
-function rng(seed) {
-  return () => {
-    seed |= 0;
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 const pieces = [
   "a", "The", " the", "ing", "Hello", "WORLD", "x", "'s", "'LL", " ", "  ", "\t", "\n", "\r\n", "\n\n", "0", "42",
   "12345", "3.14", ",", ".", "!", "?", "...", "--", "(", ")", "{", "}", "<", ">", "/", "\\", "\"", "'", "#", "@",

@@ -51,6 +51,17 @@ export function applyVariant(baseJson, variant) {
   return tok;
 }
 
+// Deterministic PRNG (mulberry32) so a failure reproduces.
+export function rng(seed) {
+  return () => {
+    seed |= 0;
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
 // A temporary directory removed when the process exits (pass or fail), so test runs leave nothing behind.
 export function scratchDir(prefix) {
   const dir = mkdtempSync(join(tmpdir(), prefix));
