@@ -152,6 +152,9 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
                pre == "chatglm-bpe") {
       // GLM-4 / 4.5's tokenizer.json splits with Llama 3's regex (llama.cpp's CHATGLM4 pre-tokenizer is the same).
       pre_tok = split_then_byte_level(kLlama3Regex);
+      // Llama 3's tokenizer.json takes a piece that is a whole token whole (588 of its tokens no merge makes: " việc",
+      // " jeho", "lardan"), as llama.cpp does for these names; not for the others of this branch, as llama.cpp.
+      ignore_merges = pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3";
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = split_then_byte_level(kQwen2Regex);
       normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
@@ -160,8 +163,10 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       pre_tok = split_then_byte_level(kQwen2Regex);
     } else if (pre == "tekken") {
       pre_tok = split_then_byte_level(kTekkenRegex);
+      ignore_merges = true;                               // as Mistral Nemo's tokenizer.json and llama.cpp
     } else if (pre == "gpt-4o" || pre == "minimax-m2") {  // MiniMax-M2's tokenizer.json splits as GPT-4o's
       pre_tok = split_then_byte_level(kGpt4oRegex);
+      ignore_merges = pre == "gpt-4o";  // as gpt-oss's tokenizer.json (o200k has no token that merges cannot make)
     } else if (pre == "kimi-k2") {
       // Kimi K2 and Moonlight: their tiktoken code's pattern, and tiktoken's whole-token shortcut, as import_tiktoken.
       pre_tok = split_then_byte_level(tokenizer::kimi_split_regex());
