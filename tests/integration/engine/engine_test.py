@@ -214,6 +214,8 @@ class Tiktoken(unittest.TestCase):
             tokenizer = json.load(f)["tokenizer"]
         self.assertEqual((tokenizer["source"], tokenizer["family"]), ("tiktoken", "kimi"))
         self.assertIn("tokenizer.json", tokenizer["files"])
+        self.assertIn("tokenizer:     rebuilt from tiktoken.model (kimi's split, tokenization_kimi)",
+                      run(["inspect", model]).stdout)
 
         ranks = {}
         with open(os.path.join(ckpt, "tiktoken.model")) as f:
