@@ -450,7 +450,8 @@ std::string kimi_gguf(const std::string& pre) {
 }
 
 // kimi-k2 splits as Kimi's tiktoken code (tokenizer::kimi_split_regex: Han runs apart from letters), and takes a
-// piece that is a whole token whole as tiktoken does; GPT-4o's split, which it used to fall back to, gives others.
+// piece that is a whole token whole as tiktoken does; GPT-4o's split gives other pieces, and the whole-token rule is
+// on or off per name.
 TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
   const auto encode = [](const std::string& pre, const std::string& text) {
     auto g = open_bytes(testing::temp_dir("kimi-k2") / "k.gguf", kimi_gguf(pre));
@@ -467,7 +468,8 @@ TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
   EXPECT_EQ(encode("gpt-4o", "a中"), (Ids{259}));
   EXPECT_EQ(encode("kimi-k2", "ab中文"), (Ids{256, 258, 0xe6, 0x96, 0x87}));
   EXPECT_EQ(encode("kimi-k2", "xyz"), (Ids{260}));
-  EXPECT_EQ(encode("gpt-4o", "xyz"), (Ids{'x', 'y', 'z'}));
+  EXPECT_EQ(encode("gpt-4o", "xyz"), (Ids{260}));                // as gpt-oss's tokenizer.json
+  EXPECT_EQ(encode("minimax-m2", "xyz"), (Ids{'x', 'y', 'z'}));  // GPT-4o's split without the rule, as llama.cpp
 }
 
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
