@@ -6,7 +6,6 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <unordered_map>
 #include <vector>
 
@@ -105,6 +104,23 @@ std::string byte_level(std::string_view bytes) {
   return out;
 }
 
+// N of the first "name = N" in Python source (spaces around '='; N of 1 to 6 digits, not followed by another).
+std::optional<std::size_t> assigned_count(std::string_view source, std::string_view name) {
+  const auto space = [&](std::size_t i) { return i < source.size() && (source[i] == ' ' || source[i] == '\t'); };
+  const auto digit = [&](std::size_t i) { return i < source.size() && source[i] >= '0' && source[i] <= '9'; };
+  for (std::size_t at = source.find(name); at != std::string_view::npos; at = source.find(name, at + 1)) {
+    std::size_t i = at + name.size();
+    while (space(i)) ++i;
+    if (i >= source.size() || source[i] != '=') continue;
+    ++i;
+    while (space(i)) ++i;
+    std::size_t n = 0, digits = 0;
+    for (; digit(i) && digits < 7; ++i, ++digits) n = n * 10 + static_cast<std::size_t>(source[i] - '0');
+    if (digits >= 1 && digits <= 6) return n;
+  }
+  return std::nullopt;
+}
+
 // The module that auto_map's AutoTokenizer names ("tokenization_kimi" of "tokenization_kimi.TikTokenTokenizer").
 std::optional<std::string> tokenizer_code(const json& config) {
   const auto map = config.find("auto_map");
@@ -178,8 +194,7 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
                           "convert again");
       }
     }
-    static const std::regex kReserved(R"(num_reserved_special_tokens\s*=\s*(\d{1,6})\b)");
-    if (std::smatch m; std::regex_search(source, m, kReserved)) reserved = std::stoul(m[1].str());
+    if (const auto n = assigned_count(source, "num_reserved_special_tokens")) reserved = *n;
   }
 
   // tiktoken.model: "<base64 token> <rank>" per line (tiktoken's load_tiktoken_bpe skips empty lines).
