@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "colibri/tokenizer/tiktoken.hpp"
+#include "tokenizer/pipeline.hpp"
 #include "tokenizer/utf8.hpp"
 
 namespace colibri::model {
@@ -43,19 +44,6 @@ const char* const kDeepseekV3Regexes[] = {
     "\\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
     ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
      "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")};
-
-json byte_level(bool use_regex, bool trim_offsets = false) {
-  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim_offsets}, {"use_regex", use_regex}};
-}
-
-json split_then_byte_level(std::string_view regex) {
-  return {{"type", "Sequence"},
-          {"pretokenizers", json::array({{{"type", "Split"},
-                                          {"pattern", {{"Regex", std::string(regex)}}},
-                                          {"behavior", "Isolated"},
-                                          {"invert", false}},
-                                         byte_level(false)})}};
-}
 
 // UTF-8 code point boundaries of s (python string indices, which HF's converter splits on).
 std::vector<std::size_t> char_boundaries(const std::string& s) {
@@ -147,39 +135,39 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     json normalizer = nullptr;
     bool ignore_merges = false;
     if (pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "olmo" || pre == "gpt-neox") {
-      pre_tok = byte_level(true, true);
+      pre_tok = tokenizer::detail::byte_level_json(true, true);
     } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "smaug-bpe" || pre == "glm4" ||
                pre == "chatglm-bpe") {
       // GLM-4 / 4.5's tokenizer.json splits with Llama 3's regex (llama.cpp's CHATGLM4 pre-tokenizer is the same).
-      pre_tok = split_then_byte_level(kLlama3Regex);
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kLlama3Regex);
       // Llama 3's tokenizer.json takes a piece that is a whole token whole (588 of its tokens no merge makes: " việc",
       // " jeho", "lardan"), as llama.cpp does for these names; not for the others of this branch, as llama.cpp.
       ignore_merges = pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3";
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
-      pre_tok = split_then_byte_level(kQwen2Regex);
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);
       normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
     } else if (pre == "solar-open") {
       // Qwen 2's split (llama.cpp's SOLAR_OPEN shares its regex); no normalizer, as llama.cpp reads it.
-      pre_tok = split_then_byte_level(kQwen2Regex);
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);
     } else if (pre == "tekken") {
-      pre_tok = split_then_byte_level(kTekkenRegex);
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kTekkenRegex);
       ignore_merges = true;                               // as Mistral Nemo's tokenizer.json and llama.cpp
     } else if (pre == "gpt-4o" || pre == "minimax-m2") {  // MiniMax-M2's tokenizer.json splits as GPT-4o's
-      pre_tok = split_then_byte_level(kGpt4oRegex);
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kGpt4oRegex);
       ignore_merges = pre == "gpt-4o";  // as gpt-oss's tokenizer.json (o200k has no token that merges cannot make)
     } else if (pre == "kimi-k2") {
       // Kimi K2 and Moonlight: their tiktoken code's pattern, and tiktoken's whole-token shortcut, as import_tiktoken.
-      pre_tok = split_then_byte_level(tokenizer::kimi_split_regex());
+      pre_tok = tokenizer::detail::split_then_byte_level_json(tokenizer::kimi_split_regex());
       ignore_merges = true;
     } else if (pre == "deepseek-v3") {
       json steps = json::array();
       for (const char* r : kDeepseekV3Regexes) {
         steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", r}}}, {"behavior", "Isolated"}, {"invert", false}});
       }
-      steps.push_back(byte_level(false));
+      steps.push_back(tokenizer::detail::byte_level_json(false));
       pre_tok = {{"type", "Sequence"}, {"pretokenizers", std::move(steps)}};
     } else {
-      pre_tok = byte_level(true, true);
+      pre_tok = tokenizer::detail::byte_level_json(true, true);
       out.notes.push_back("pre-tokenizer '" + pre +
                           "' is not known to colibri; GPT-2's split regex is used, which "
                           "may split some text differently from the original tokenizer");
@@ -187,17 +175,8 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     (void)kGpt2Regex;
     tok["normalizer"] = normalizer;
     tok["pre_tokenizer"] = pre_tok;
-    tok["decoder"] = byte_level(true, true);
-    tok["model"] = {{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", nullptr},
-                    {"end_of_word_suffix", nullptr},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", ignore_merges},
-                    {"vocab", vocab},
-                    {"merges", merges}};
+    tok["decoder"] = tokenizer::detail::byte_level_json(true, true);
+    tok["model"] = tokenizer::detail::byte_level_bpe_json(std::move(vocab), merges, ignore_merges);
   } else if (*model == "llama") {
     const GgufValue* sv = g.find("tokenizer.ggml.scores");
     if (sv == nullptr || !std::holds_alternative<std::vector<double>>(sv->v) || sv->array_size() != tokens.size()) {

@@ -742,6 +742,32 @@ void parse_list(const json& j, const char* key, const std::string& path, std::ve
 
 // ---------------------------------------------------------------------------------------------------------------
 
+json byte_level_json(bool use_regex, bool trim_offsets) {
+  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", trim_offsets}, {"use_regex", use_regex}};
+}
+
+json split_then_byte_level_json(std::string_view regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers", json::array({{{"type", "Split"},
+                                          {"pattern", {{"Regex", std::string(regex)}}},
+                                          {"behavior", "Isolated"},
+                                          {"invert", false}},
+                                         byte_level_json(false)})}};
+}
+
+json byte_level_bpe_json(json vocab, json merges, bool ignore_merges) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", ignore_merges},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
 const std::array<std::string, 256>& byte_level_chars() {
   static const std::array<std::string, 256> table = [] {
     std::array<std::string, 256> t;

@@ -61,6 +61,13 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
 // A whole file's text; `named`: a path the user gave (a companion file must be a regular file).
 std::string read_file(const std::filesystem::path& path, sdk::Status& status, bool named);
 
+// tokenizer.json pieces of the tokenizers colibri rebuilds (a GGUF's vocabulary, a tiktoken.model): a ByteLevel step,
+// a Split on `regex` (Isolated) then ByteLevel without its own regex, and a byte-level BPE model (no unknown token,
+// no byte fallback).
+json byte_level_json(bool use_regex, bool trim_offsets = false);
+json split_then_byte_level_json(std::string_view regex);
+json byte_level_bpe_json(json vocab, json merges, bool ignore_merges);
+
 // GPT-2's reversible byte <-> printable character mapping used by ByteLevel.
 const std::array<std::string, 256>& byte_level_chars();
 // Maps a UTF-8 encoded byte-level character back to its byte, or -1.

@@ -312,34 +312,15 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
   }
   out.specials = added.size();
 
-  const json byte_level_step = {
-      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
-  json tok = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", std::move(added)},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers", json::array({{{"type", "Split"},
-                                        {"pattern", {{"Regex", std::string(kKimiRegex)}}},
-                                        {"behavior", "Isolated"},
-                                        {"invert", false}},
-                                       byte_level_step})}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", true},
-        {"vocab", std::move(vocab)},
-        {"merges", std::move(merges)}}}};
+  json tok = {{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", std::move(added)},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", detail::split_then_byte_level_json(kKimiRegex)},
+              {"post_processor", nullptr},
+              {"decoder", detail::byte_level_json(false)},
+              {"model", detail::byte_level_bpe_json(std::move(vocab), std::move(merges), /*ignore_merges=*/true)}};
   out.tokenizer_json = tok.dump();
   return out;
 }
