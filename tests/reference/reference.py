@@ -197,8 +197,9 @@ def rope_parameters(cfg, seq_len):
         low_wl, high_wl = old / low, old / high
         wl = 2 * math.pi / inv
         out = np.where(wl > low_wl, inv / factor, inv)
-        smooth = (old / wl - low) / (high - low)
-        smoothed = (1 - smooth) * out / factor + smooth * out
+        with np.errstate(divide="ignore", invalid="ignore"):  # low == high (Llama 4): no medium band
+            smooth = (old / wl - low) / (high - low)
+            smoothed = (1 - smooth) * out / factor + smooth * out
         medium = ~(wl < high_wl) & ~(wl > low_wl)
         return np.where(medium, smoothed, out), 1.0
     if kind == "yarn":
@@ -490,7 +491,78 @@ def deepseek_v3_moe(cfg, W, pre, h, layer, trace):
 # Forward
 
 
+def llama4_forward(top, W, tokens, trace):
+    """Llama 4's language model (transformers' modeling_llama4, Meta's llama-models): text_config's fields, the
+    weights under language_model.; the vision tower is not run."""
+    cfg = dict(top["text_config"])
+    W = {k[len("language_model."):]: v for k, v in W.items() if k.startswith("language_model.")}
+    eps = cfg["rms_norm_eps"]
+    nh, nkv, hd, L = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim_of(cfg), cfg["num_hidden_layers"]
+    T = len(tokens)
+    pos = np.arange(T)
+    inv_freq, att_scale = rope_parameters(cfg, T)
+    rope_on = cfg.get("no_rope_layers") or [int((i + 1) % cfg.get("no_rope_layer_interval", 4) != 0) for i in range(L)]
+    types = cfg.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in rope_on]
+    chunk = cfg.get("attention_chunk_size")
+    moe_layers = cfg.get("moe_layers")
+    if moe_layers is None:
+        step = cfg.get("interleave_moe_layer_step", 1)
+        moe_layers = list(range(step - 1, L, step))
+    ff = cfg["intermediate_size"]
+    x = W["model.embed_tokens.weight"][np.asarray(tokens)]
+    i_idx, j_idx = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    causal = j_idx <= i_idx
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+        if rope_on[l]:  # the complex form: pairs (2i, 2i + 1); then the weightless "L2Norm" (an RMS norm)
+            q = apply_rope(q, pos, inv_freq, att_scale, interleaved=True)
+            k = apply_rope(k, pos, inv_freq, att_scale, interleaved=True)
+            if cfg.get("use_qk_norm", True):
+                q, k = rms_norm(q, np.ones(hd), eps), rms_norm(k, np.ones(hd), eps)
+        elif cfg.get("attn_temperature_tuning", True):
+            scale = np.log(np.floor((pos + 1.0) / cfg.get("floor_scale", 8192)) + 1.0) * cfg.get("attn_scale", 0.1) + 1
+            q = q * scale[:, None, None]
+        visible = causal
+        if types[l] == "chunked_attention" and chunk:
+            visible = causal & (i_idx // chunk == j_idx // chunk)
+        out = np.zeros((T, nh, hd))
+        for head in range(nh):
+            kh = head // (nh // nkv)
+            s = np.where(visible, (q[:, head, :] @ k[:, kh, :].T) / math.sqrt(hd), -np.inf)
+            out[:, head, :] = softmax(s) @ v[:, kh, :]
+        x = x + out.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        f = p + "feed_forward."
+        if l in moe_layers:
+            # top-k of the raw logits, sigmoid of those; the weight scales the expert's input, not its output.
+            logits = h @ W[f + "router.weight"].T
+            y = mlp(h, W[f + "shared_expert.gate_proj.weight"], W[f + "shared_expert.up_proj.weight"],
+                    W[f + "shared_expert.down_proj.weight"])
+            gate_up, down = W[f + "experts.gate_up_proj"], W[f + "experts.down_proj"]
+            for ti in range(T):
+                order = np.argsort(-logits[ti], kind="stable")[:cfg["num_experts_per_tok"]]
+                w = 1.0 / (1.0 + np.exp(-logits[ti][order]))
+                if trace is not None:
+                    trace.append({"position": ti, "layer": l, "experts": [int(e) for e in order],
+                                  "weights": [float(z) for z in w]})
+                for e, we in zip(order, w):
+                    xe = we * h[ti:ti + 1]
+                    gu = xe @ gate_up[e]
+                    y[ti] += ((silu(gu[:, :ff]) * gu[:, ff:]) @ down[e])[0]
+        else:
+            y = mlp(h, W[f + "gate_proj.weight"], W[f + "up_proj.weight"], W[f + "down_proj.weight"])
+        x = x + y
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    return x @ W["lm_head.weight"].T
+
+
 def forward(cfg, W, tokens, trace=None):
+    if cfg["model_type"] == "llama4":
+        return llama4_forward(cfg, W, tokens, trace)
     t = cfg["model_type"]
     eps = cfg["rms_norm_eps"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"], head_dim_of(cfg)

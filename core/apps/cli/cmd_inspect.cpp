@@ -160,6 +160,17 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
               << " layers (their KV keeps only the window's rows: memory.kv_sliding_window)";
   }
   if (hp.rope_dims() != hp.head_dim) std::cout << ", rope on " << hp.rope_dims() << " of " << hp.head_dim << " dims";
+  if (hp.attention_chunk > 0) {
+    std::cout << ", within chunks of " << hp.attention_chunk << " on " << hp.chunked_layers.size() << " of "
+              << hp.num_layers << " layers";
+  }
+  if (!hp.nope_layers.empty()) {
+    std::cout << ", no rope on " << hp.nope_layers.size() << " layer" << (hp.nope_layers.size() > 1 ? "s" : "");
+    if (hp.attn_temperature_floor > 0) {
+      std::cout << " (their queries scaled from position " << hp.attn_temperature_floor - 1 << " on)";
+    }
+  }
+  if (hp.qk_norm == "l2") std::cout << ", q/k RMS-normalized after rope";
   if (hp.mla()) {
     // What the KV cache holds per token and layer: one row of the latent and the RoPE key, not a row per head.
     std::cout << "; multi-head latent: keys and values from a latent of " << hp.kv_lora_rank
@@ -194,6 +205,7 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
       }
       std::cout << (hp.norm_topk_prob ? ", weights renormalized" : "");
       if (hp.routed_scaling_factor != 1.0) std::cout << ", x" << hp.routed_scaling_factor;
+      if (hp.router_weight_on_input) std::cout << ", the weight scales the expert's input";
       std::cout << "\n";
     }
   }

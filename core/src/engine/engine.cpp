@@ -116,6 +116,10 @@ struct Engine::Scratch {
   Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
   Act topk;     // decode on the device: topk_routing's ids (i32 bits), then its weights
   Act zeros;  // zeros on the device, the whole buffer: out = zeros + zeros starts the decode combine without an upload
+  Act ones;   // {head_dim} of 1: the weight of qk_norm "l2" (Llama 4), uploaded once
+  Act temperature;                    // a pass's query scales on Llama 4's NoPE layers
+  Act input_weights, weighted_input;  // Llama 4: each token's routing weight, and its input to the expert scaled by it
+  bool ones_ready = false;
   std::vector<Act> routed;  // per routed expert of a layer whose every token it runs (decode): its output
   std::vector<float> down, weights, gate, xe, ye, acc, last;  // host side: downloads, gathers, small vectors
   std::vector<std::int32_t> ids, positions, expert_ids;
@@ -411,7 +415,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     } else if (hp_.qk_norm == "full") {
       L.q_norm = get(b + "attn_q_norm.weight", {qd}, true);
       L.k_norm = get(b + "attn_k_norm.weight", {kvd}, true);
-    } else if (hp_.qk_norm != "none") {
+    } else if (hp_.qk_norm != "none" && hp_.qk_norm != "l2") {  // l2: no weights
       return Status(StatusCode::unsupported, "manifest.json hparams.qk_norm '" + hp_.qk_norm + "' is not supported");
     }
     L.ffn_norm = get(b + "ffn_norm.weight", {D}, true);
@@ -1088,6 +1092,60 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
   return {};
 }
 
+// t {ne0, ne1, S} from its row `first` on (a KV cache's rows of one layer, for a chunk's attention).
+Tensor Engine::rows_from(Tensor t, std::int64_t first) {
+  const std::size_t bytes =
+      static_cast<std::size_t>(first) * static_cast<std::size_t>(t.ne[1]) * sdk::row_bytes(t.type, t.ne[0]);
+  if (t.data != nullptr) t.data = static_cast<std::byte*>(t.data) + bytes;
+  if (t.buffer != nullptr) t.offset += bytes;
+  t.ne[2] -= first;
+  return t;
+}
+
+// qk_norm "l2" (Llama 4): every query and key head of the pass RMS-normalized with a weight of 1, after RoPE.
+Status Engine::unit_norm_heads(std::int64_t nh, std::int64_t nkv, std::int64_t T, const sdk::OpParams& norm_p) {
+  auto& S = *scratch_;
+  const std::int64_t hd = hp_.head_dim;
+  if (!S.ones_ready) {
+    const std::vector<float> ones(static_cast<std::size_t>(hd), 1.0f);
+    if (auto s = size(S.ones, ones.size()); !s) return s;
+    if (auto s = from_host(ones.data(), view(S.ones, hd)); !s) return s;
+    S.ones_ready = true;
+  }
+  if (auto s = run_op(Op::rms_norm, {view(S.q, hd, nh * T), view(S.ones, hd)}, {view(S.q2, hd, nh * T)}, norm_p); !s)
+    return s;
+  if (auto s = run_op(Op::rms_norm, {view(S.k, hd, nkv * T), view(S.ones, hd)}, {view(S.k2, hd, nkv * T)}, norm_p); !s)
+    return s;
+  std::swap(S.q, S.q2);
+  std::swap(S.k, S.k2);
+  return {};
+}
+
+// Llama 4's NoPE layers: each query times log(floor((pos + 1) / floor) + 1) * scale + 1, in f32 as transformers
+// computes it. Below the floor (8192 positions in the released models) every factor is 1 and nothing runs.
+Status Engine::scale_queries_by_temperature(std::int64_t qd, std::int64_t T) {
+  auto& S = *scratch_;
+  const auto floor_scale = static_cast<float>(hp_.attn_temperature_floor);
+  const auto attn_scale = static_cast<float>(hp_.attn_temperature_scale);
+  std::vector<float> factors(static_cast<std::size_t>(T));
+  bool any = false;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float pos = static_cast<float>(S.positions[static_cast<std::size_t>(t)]);
+    const float f = std::log(std::floor((pos + 1.0f) / floor_scale) + 1.0f) * attn_scale + 1.0f;
+    factors[static_cast<std::size_t>(t)] = f;
+    any = any || f != 1.0f;
+  }
+  if (!any) return {};
+  // q2 = 0, then q2 += factor[t] * q[:, t]: the product alone, rounded once, as q * factor.
+  S.acc.assign(static_cast<std::size_t>(qd * T), 0.0f);
+  if (auto s = size(S.temperature, factors.size()); !s) return s;
+  if (auto s = from_host_all({{S.acc.data(), view(S.q2, qd, T)}, {factors.data(), view(S.temperature, T)}}); !s)
+    return s;
+  if (auto s = run_op(Op::scale_add, {view(S.q, qd, T), view(S.temperature, T)}, {view(S.q2, qd, T)}); !s) return s;
+  std::swap(S.q, S.q2);
+  return {};
+}
+
 Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t pass_end,
                              LogitsWanted wanted, float* logits, std::vector<RoutingRecord>* trace) {
   auto& S = *scratch_;
@@ -1194,7 +1252,9 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
         COLIBRI_TRY(clamp(view(S.k, kvd, T), c));
         COLIBRI_TRY(clamp(view(S.v, kvd, T), c));
       }
-      for (std::size_t i = 0; i < segments.size(); ++i) {
+      // RoPE (not on Llama 4's NoPE layers), then each segment's new keys into its cache and its attention.
+      const bool rope_layer = hp_.layer_has_rope(l);
+      for (std::size_t i = 0; rope_layer && i < segments.size(); ++i) {
         const auto& [kv, pos, off, n, pass_end] = segments[i];
         const Tensor freq = view(S.rope_in, freq_at[i].second, 1, 1, freq_at[i].first);
         Tensor positions = view(S.rope_in, n, 1, 1, static_cast<std::size_t>(off));
@@ -1203,20 +1263,44 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
                            {view(S.q2, hd, nh, n, sz(qd, off))}, rope_p));
         COLIBRI_TRY(run_op(Op::rope, {view(S.k, hd, nkv, n, sz(kvd, off)), positions, freq},
                            {view(S.k2, hd, nkv, n, sz(kvd, off))}, rope_p));
-        COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k2, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
+      }
+      if (rope_layer) {
+        std::swap(S.q, S.q2);
+        std::swap(S.k, S.k2);
+        if (hp_.qk_norm == "l2") COLIBRI_TRY(unit_norm_heads(nh, nkv, T, norm_p));
+      } else if (hp_.attn_temperature_floor > 0) {
+        COLIBRI_TRY(scale_queries_by_temperature(qd, T));
+      }
+      for (std::size_t i = 0; i < segments.size(); ++i) {
+        const auto& [kv, pos, off, n, pass_end] = segments[i];
+        COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));
         // A sliding layer's rows start at first_position (a multiple of 64): the queries' positions count from there.
         sdk::OpParams attn_p;
         attn_p.position = static_cast<std::int32_t>(pos - kv->first_position(l));
         attn_p.window = static_cast<std::int32_t>(hp_.layer_window(l));
         attn_p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
         if (present(L.sinks)) {
-          COLIBRI_TRY(
-              run_op(Op::attention_sinks,
-                     {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n), L.sinks},
-                     {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+          COLIBRI_TRY(run_op(Op::attention_sinks,
+                             {view(S.q, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n), L.sinks},
+                             {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
+        } else if (const std::int64_t chunk = hp_.layer_chunk(l); chunk > 0) {
+          // Llama 4's chunked layers: the queries of each chunk attend to that chunk's keys alone, so each run of
+          // queries within one chunk is one call on the cache's rows from the chunk's start.
+          for (std::int64_t p0 = pos; p0 < pos + n;) {
+            const std::int64_t start = p0 - p0 % chunk, p1 = std::min(pos + n, start + chunk);
+            const std::size_t q_at = static_cast<std::size_t>(off + p0 - pos);
+            sdk::OpParams chunk_p = attn_p;
+            chunk_p.position = static_cast<std::int32_t>(p0 - start);
+            COLIBRI_TRY(run_op(
+                Op::attention,
+                {view(S.q, hd, nh, p1 - p0, sz(qd, q_at)), rows_from(kv->keys(l, p1), start - kv->first_position(l)),
+                 rows_from(kv->values(l, p1), start - kv->first_position(l))},
+                {view(S.attn, hd, nh, p1 - p0, sz(qd, q_at))}, chunk_p));
+            p0 = p1;
+          }
         } else {
           COLIBRI_TRY(run_op(Op::attention,
-                             {view(S.q2, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
+                             {view(S.q, hd, nh, n, sz(qd, off)), kv->keys(l, pos + n), kv->values(l, pos + n)},
                              {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
         }
       }
@@ -1564,7 +1648,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   const sdk::OpParams topk_p = routing_params(K);
   // Decode where every expert of the layer lies where the backend reads it: the backend routes them itself
   // (expert_ffn_routed), so the host does not wait for the choice; its bookkeeping waits for the end of the pass.
-  if (T == 1 && routed_experts_ && routed_table(l)) {
+  if (T == 1 && routed_experts_ && routed_table(l) && !hp_.router_weight_on_input) {
     s = route_on_backend(l, K, h, out, topk_p, mm_p);
     if (s) return shared_expert(L, T, h, out, mm_p);
     if (s.code() != StatusCode::unsupported) return s;
@@ -1574,7 +1658,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
   }
   // Decode with activations on the device: the choice stays there too (ids, then weights, in S.topk), so the
   // combine below reads each expert's weight where it lies; the host downloads both in one copy to pick the experts.
-  const bool device_gates = activations_on_device() && T == 1;
+  const bool device_gates = activations_on_device() && T == 1 && !hp_.router_weight_on_input;
   Tensor choice_weights;  // device_gates: the weights where topk_routing leaves them
   if (device_gates) {
     Tensor ids;
@@ -1611,6 +1695,26 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       rec.layer = l;
       trace->push_back(std::move(rec));
     }
+  }
+  // Llama 4: the weight scales the expert's input (x * w, rounded once, as transformers' routed_in), and the expert's
+  // output joins with a weight of 1 (1 * y + 0 is y).
+  Tensor x_in = h;
+  if (hp_.router_weight_on_input) {
+    S.gate.assign(static_cast<std::size_t>(T), 0.0f);
+    for (auto& [e, members] : groups) {
+      for (auto& [t, w] : members) {
+        S.gate[static_cast<std::size_t>(t)] = w;
+        w = 1.0f;
+      }
+    }
+    S.acc.assign(DT, 0.0f);
+    if (s = size(S.input_weights, static_cast<std::size_t>(T)); !s) return s;
+    if (s = size(S.weighted_input, DT); !s) return s;
+    if (s = from_host_all({{S.acc.data(), view(S.weighted_input, D, T)}, {S.gate.data(), view(S.input_weights, T)}});
+        !s)
+      return s;
+    if (s = run_op(Op::scale_add, {h, view(S.input_weights, T)}, {view(S.weighted_input, D, T)}); !s) return s;
+    x_in = view(S.weighted_input, D, T);
   }
   std::vector<sdk::ExpertKey> needed;
   for (const auto& g : groups) needed.push_back({static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(g.first)});
@@ -1667,7 +1771,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       for (std::size_t j = i; j < i + n; ++j) {
         Act& y = S.routed[slot.at(order[j])];
         if (s = size(y, DT); !s) return s;
-        xs.push_back(h);
+        xs.push_back(x_in);
         ys.push_back(view(y, D, T));
       }
       if (s = run_experts(l, std::span(order).subspan(i, n), xs, ys, on_cpu, mm_p); !s) return s;
@@ -1712,7 +1816,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
       if (s = run_op(Op::scale_add, {view(S.routed[at], D, T), gate_of[at]}, {view(out, D, T)}); !s) return s;
     }
   } else {
-    auto hp = host_view(h, S.down);
+    auto hp = host_view(x_in, S.down);
     if (!hp) return hp.error();
     const float* h_ptr = *hp;
     for (std::size_t i = 0; i < order.size();) {

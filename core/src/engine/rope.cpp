@@ -83,7 +83,6 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
       for (const auto* e : {&factor, &low, &high, &orig}) {
         if (!*e) return e->error();
       }
-      if (*high == *low) return bad("llama3 needs high_freq_factor != low_freq_factor");
       if (*factor <= 0 || *low <= 0 || *high <= 0 || *orig <= 0) {
         return bad("llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings > 0");
       }
@@ -93,7 +92,7 @@ sdk::Expected<RopeFrequencies> RopeFrequencies::create(const model::HyperParams&
         if (wavelen < high_wavelen) continue;  // high frequencies are kept
         if (wavelen > low_wavelen) {
           f /= *factor;
-        } else {
+        } else if (*high != *low) {  // equal (Llama 4): no band between the two, every frequency kept or divided
           const double smooth = (*orig / wavelen - *low) / (*high - *low);
           f = (1 - smooth) * f / *factor + smooth * f;
         }

@@ -44,7 +44,9 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"MiniMaxM2ForCausalLM", "minimax_m2"},
                                                     {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
                                                     {"DeepseekV2ForCausalLM", "deepseek_v2"},
-                                                    {"DeepseekV3ForCausalLM", "deepseek_v3"}};
+                                                    {"DeepseekV3ForCausalLM", "deepseek_v3"},
+                                                    {"Llama4ForConditionalGeneration", "llama4"},
+                                                    {"Llama4ForCausalLM", "llama4"}};
   return m;
 }
 
@@ -87,6 +89,110 @@ std::int64_t rotated_dims(std::int64_t head_dim, double factor) {
 
 }  // namespace
 
+// Llama 4's per-layer choices from its config (transformers' Llama4TextConfig and its defaults): which layers take
+// RoPE (no_rope_layers: 1 = RoPE), which attend within chunks (layer_types, else the RoPE layers), which are MoE
+// (moe_layers, else every interleave_moe_layer_step-th), and its query scaling on the others.
+static Status llama4_layers(const json& c, const std::string& where, HyperParams& h) {
+  const std::int64_t L = h.num_layers;
+  if (L <= 0 || L > 4096) return {};  // validate() names the layer count
+  const auto is_true = [](const json& v) { return v.is_boolean() ? v.get<bool>() : v.is_number() && v != 0; };
+  const auto field = [&](const char* key) -> const json* {
+    return c.contains(key) && !c[key].is_null() ? &c[key] : nullptr;
+  };
+  if (const json* b = field("attention_bias"); b != nullptr && is_true(*b)) {
+    return Status(StatusCode::unsupported,
+                  where + ": attention_bias=true is not supported; the released Llama 4 models have none");
+  }
+  h.rope_interleaved = true;  // transformers' complex form: pairs (2i, 2i + 1), the checkpoint's rows as they are
+  h.router_scoring = "sigmoid";
+  h.router_weight_on_input = true;
+  const auto layer_list = [&](const char* key, const json& v, std::vector<std::int64_t>& out) -> Status {
+    if (!v.is_array()) return bad_config(where, std::string(key) + " must list layer numbers");
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= L) {
+        return bad_config(where, std::string(key) + " lists " + x.dump().substr(0, 20) + "; layers are 0.." +
+                                     std::to_string(L - 1) + "; fix it in config.json");
+      }
+      out.push_back(x.get<std::int64_t>());
+    }
+    return {};
+  };
+  std::vector<bool> rope(static_cast<std::size_t>(L));
+  if (const json* v = field("no_rope_layers")) {
+    if (!v->is_array() || static_cast<std::int64_t>(v->size()) != L ||
+        !std::all_of(v->begin(), v->end(), [](const json& x) { return x == 0 || x == 1; })) {
+      return bad_config(where, "no_rope_layers must hold one 0 or 1 per layer (num_hidden_layers " + std::to_string(L) +
+                                   "; 1: the layer takes RoPE); fix it in config.json");
+    }
+    for (std::int64_t l = 0; l < L; ++l) rope[static_cast<std::size_t>(l)] = (*v)[static_cast<std::size_t>(l)] == 1;
+  } else {
+    const json* iv = field("no_rope_layer_interval");
+    const std::int64_t every = iv != nullptr && iv->is_number_integer() ? iv->get<std::int64_t>() : 4;
+    if (every < 1) return bad_config(where, "no_rope_layer_interval must be 1 or more; fix it in config.json");
+    for (std::int64_t l = 0; l < L; ++l) rope[static_cast<std::size_t>(l)] = (l + 1) % every != 0;
+  }
+  for (std::int64_t l = 0; l < L; ++l) {
+    if (!rope[static_cast<std::size_t>(l)]) h.nope_layers.push_back(l);
+  }
+  const json* chunk = field("attention_chunk_size");
+  if (chunk != nullptr && (!chunk->is_number_integer() || chunk->get<std::int64_t>() < 1)) {
+    return bad_config(where, "attention_chunk_size is " + chunk->dump().substr(0, 20) +
+                                 "; it must be a whole number of 1 or more, or null; fix it in config.json");
+  }
+  h.attention_chunk = chunk != nullptr ? chunk->get<std::int64_t>() : 0;
+  if (h.attention_chunk > 0) {
+    if (const json* types = field("layer_types")) {
+      if (!types->is_array() || static_cast<std::int64_t>(types->size()) != L) {
+        return bad_config(where, "layer_types must list one entry per layer (num_hidden_layers)");
+      }
+      for (std::int64_t l = 0; l < L; ++l) {
+        const json& t = (*types)[static_cast<std::size_t>(l)];
+        if (t == "chunked_attention") {
+          h.chunked_layers.push_back(l);
+        } else if (t != "full_attention") {
+          return bad_config(where, "layer_types[" + std::to_string(l) + "] is " + t.dump().substr(0, 40) +
+                                       "; it must be \"chunked_attention\" or \"full_attention\"");
+        }
+      }
+    } else {
+      for (std::int64_t l = 0; l < L; ++l) {
+        if (rope[static_cast<std::size_t>(l)]) h.chunked_layers.push_back(l);
+      }
+    }
+    if (h.chunked_layers.empty()) h.attention_chunk = 0;
+  }
+  const json* qk = field("use_qk_norm");
+  if (qk == nullptr || is_true(*qk)) h.qk_norm = "l2";
+  // Published configs write attn_temperature_tuning as 4 (truthy), transformers' default is true.
+  const json* tuning = field("attn_temperature_tuning");
+  if (tuning == nullptr || is_true(*tuning)) {
+    const json* floor = field("floor_scale");
+    const json* scale = field("attn_scale");
+    if ((floor != nullptr && !floor->is_number()) || (scale != nullptr && !scale->is_number())) {
+      return bad_config(where, "floor_scale and attn_scale must be numbers; fix them in config.json");
+    }
+    h.attn_temperature_floor = floor != nullptr ? floor->get<double>() : 8192.0;
+    h.attn_temperature_scale = scale != nullptr ? scale->get<double>() : 0.1;
+    if (!(h.attn_temperature_floor > 0)) {
+      return bad_config(where, "floor_scale must be positive; fix it in config.json");
+    }
+  }
+  if (const json* v = field("moe_layers")) {
+    std::vector<std::int64_t> moe;
+    if (auto s = layer_list("moe_layers", *v, moe); !s) return s;
+    for (std::int64_t l = 0; l < L; ++l) {
+      if (std::find(moe.begin(), moe.end(), l) == moe.end()) h.mlp_only_layers.push_back(l);
+    }
+  } else {
+    const json* step = field("interleave_moe_layer_step");
+    if (step != nullptr && (!step->is_number_integer() || step->get<std::int64_t>() < 1)) {
+      return bad_config(where, "interleave_moe_layer_step must be a whole number of 1 or more; fix it in config.json");
+    }
+    h.decoder_sparse_step = step != nullptr ? step->get<std::int64_t>() : 1;
+  }
+  return {};
+}
+
 std::vector<std::string> supported_hf_architectures() {
   std::vector<std::string> v;
   for (const auto& [k, _] : hf_arch_map()) v.push_back(k);
@@ -113,6 +219,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                                "' is not supported; supported: " + join(supported_hf_architectures()));
   }
   h.architecture = it->second;
+  // Llama 4's image-text checkpoints nest the language model's fields in text_config (transformers' Llama4Config).
+  if (h.architecture == "llama4" && c.contains("text_config") && c["text_config"].is_object()) {
+    json text = c["text_config"];
+    text["architectures"] = c["architectures"];
+    for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id"}) {
+      if (!text.contains(key) && c.contains(key)) text[key] = c[key];
+    }
+    return hparams_from_hf_config(text, where + " (text_config)");
+  }
   const std::string& a = h.architecture;
   Status err;
   auto get_int = [&](const char* key, std::int64_t def, bool required) -> std::int64_t {
@@ -165,6 +280,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "ernie4_5_moe" ? Defaults{4, 131072, 1e-5, 500000.0}
                      : a == "deepseek_v2"  ? Defaults{0, 2048, 1e-6, 10000.0}
                      : a == "deepseek_v3"  ? Defaults{0, 4096, 1e-6, 10000.0}
+                     : a == "llama4"       ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
                                            : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
@@ -176,7 +292,12 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                  "num_attention_heads " +
                                  std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
   }
-  h.head_dim = get_int("head_dim", a == "gpt_oss" ? 64 : h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false);
+  h.head_dim = get_int("head_dim",
+                       a == "gpt_oss"    ? 64
+                       : a == "llama4"   ? 128
+                       : h.num_heads > 0 ? h.hidden_size / h.num_heads
+                                         : 0,
+                       false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
   h.rope_theta = get_float("rope_theta", d.rope_theta);
@@ -352,6 +473,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                         "for DeepSeek-V3); fix it in config.json");
     }
   }
+  if (a == "llama4") {
+    if (auto s = llama4_layers(c, where, h); !s) return s;
+  }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe") h.qk_norm = "per_head";
   if (a == "olmoe") {
@@ -402,6 +526,14 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                    "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
                                    "); fix it in config.json");
     }
+  } else if (a == "llama4") {
+    // transformers' names: intermediate_size is each expert's width (and the shared expert's), intermediate_size_mlp
+    // the dense layers'.
+    h.n_experts = get_int("num_local_experts", 16, false);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 1, false);
+    h.moe_intermediate_size = get_int("intermediate_size", 8192, false);
+    h.shared_expert_intermediate_size = h.moe_intermediate_size;
+    h.intermediate_size = get_int("intermediate_size_mlp", 16384, false);
   } else if (deepseek) {
     h.n_experts = get_int("n_routed_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
@@ -1019,6 +1151,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
   const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
   const bool gpt_oss = hp.architecture == "gpt_oss";
+  const bool llama4 = hp.architecture == "llama4";  // feed_forward.*, experts fused as gate_up_proj [E, D, 2F]
   for (std::int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
@@ -1032,7 +1165,10 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
-      const std::string router = mixtral ? "block_sparse_moe.gate" : gpt_oss ? "mlp.router" : "mlp.gate";
+      const std::string router = mixtral   ? "block_sparse_moe.gate"
+                                 : gpt_oss ? "mlp.router"
+                                 : llama4  ? "feed_forward.router"
+                                           : "mlp.gate";
       add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
       if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
       if (hp.router_selection_bias) {
@@ -1045,7 +1181,9 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
         const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe" ||
                             hp.architecture == "deepseek_v2" || hp.architecture == "deepseek_v3";
-        const std::string shared = p + (plural ? "mlp.shared_experts." : "mlp.shared_expert.");
+        const std::string shared = p + (plural   ? "mlp.shared_experts."
+                                        : llama4 ? "feed_forward.shared_expert."
+                                                 : "mlp.shared_expert.");
         add(b + "ffn_gate_shexp.weight", shared + "gate_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_up_shexp.weight", shared + "up_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_down_shexp.weight", shared + "down_proj.weight", {hid, sff}, TensorKind::shared_expert, l);
@@ -1071,7 +1209,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
         t.expert = e;
         t.shape = i == 2 ? std::vector<std::int64_t>{hid, ff} : std::vector<std::int64_t>{ff, hid};
         if (!sparse) {
-          t.hf_name = p + "mlp." + kPart[i] + "_proj.weight";
+          t.hf_name = p + (llama4 ? "feed_forward." : "mlp.") + kPart[i] + "_proj.weight";
           t.gguf_name = b + "ffn_" + kPart[i] + ".weight";
         } else {
           t.hf_name = mixtral ? p + "block_sparse_moe.experts." + std::to_string(e) + "." + kMixtral[i] + ".weight"
@@ -1080,10 +1218,12 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
           t.gguf_expert = e;
           t.gguf_alt_name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".weight";
         }
-        if (gpt_oss) {
-          t.hf_name = p + (i == 2 ? "mlp.experts.down_proj" : "mlp.experts.gate_up_proj");
+        if (gpt_oss || (llama4 && sparse)) {
+          const std::string experts = p + (llama4 ? "feed_forward.experts." : "mlp.experts.");
+          t.hf_name = experts + (i == 2 ? "down_proj" : "gate_up_proj");
           t.hf_expert = e;
           t.hf_fused_part = i == 2 ? -1 : i;
+          t.hf_fused_halves = llama4;
         }
       }
       if (hp.expert_bias()) {  // gpt-oss: a bias per projection, cut from [E, 2F] / [E, D] tensors
@@ -1107,6 +1247,15 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   }
   add("output_norm.weight", "model.norm.weight", {hid}, TensorKind::norm, -1);
   if (!hp.tie_word_embeddings) add("output.weight", "lm_head.weight", {hp.vocab_size, hid}, TensorKind::output, -1);
+  // Llama 4's image-text checkpoints hold the language model under language_model. (the vision tower is not read).
+  if (hp.hf_architecture == "Llama4ForConditionalGeneration") {
+    for (auto& t : plan.shared) t.hf_name = "language_model." + t.hf_name;
+    for (auto& layer : plan.experts) {
+      for (auto& parts : layer) {
+        for (auto& t : parts) t.hf_name = "language_model." + t.hf_name;
+      }
+    }
+  }
   return plan;
 }
 

@@ -52,6 +52,8 @@ struct PlannedTensor {
   // hf_fused_part 0 / 1 the even (gate) / odd (up) outputs of gate_up_proj (-1: all). convert.cpp cuts the part out.
   std::int64_t hf_expert = -1;
   int hf_fused_part = -1;
+  // Llama 4: gate and up are the first and second halves of gate_up_proj's outputs, not its even and odd ones.
+  bool hf_fused_halves = false;
   RowPick hf_pick, gguf_pick;       // the cut out of hf_name / gguf_name, if any
   std::vector<std::int64_t> shape;  // HF order
   TensorKind kind = TensorKind::norm;

@@ -140,7 +140,12 @@ void repack_hf_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales,
 sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p) {
   const std::int64_t e = p.hf_expert, part = p.hf_fused_part;
   const std::int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.shape.back();
-  const std::int64_t stride = part >= 0 ? 2 : 1, first = part >= 0 ? part : 0;  // output o of the part: o*stride+first
+  // Output o of the part is the source's output o * stride + first: gpt-oss interleaves gate and up (even, odd),
+  // Llama 4 puts them in halves.
+  const bool halves = p.hf_fused_halves && part >= 0;
+  const std::int64_t stride = part >= 0 && !halves ? 2 : 1;
+  const std::int64_t first = halves ? part * (p.shape.size() == 2 ? rows : cols) : part >= 0 ? part : 0;
+  const std::int64_t parts = part >= 0 ? 2 : 1;  // the source's outputs: parts x rows
   SourceRef r;
   r.type = DType::f32;
   r.rows = rows;
@@ -150,7 +155,7 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
   const SafetensorsTensor* blocks = t == nullptr ? in.st->find(p.hf_name + "_blocks") : nullptr;
   const SafetensorsTensor* scales = t == nullptr ? in.st->find(p.hf_name + "_scales") : nullptr;
   if (blocks != nullptr && scales != nullptr && p.shape.size() == 2) {
-    const std::int64_t n_blocks = cols / 32, src_rows = rows * stride;
+    const std::int64_t n_blocks = cols / 32, src_rows = rows * parts;
     const std::int64_t n_experts = blocks->shape.empty() ? 0 : blocks->shape[0];
     if (cols % 32 != 0 || blocks->dtype != "U8" || scales->dtype != "U8" ||
         blocks->shape != std::vector<std::int64_t>{n_experts, src_rows, n_blocks, 16} ||
@@ -204,9 +209,8 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
   }
   const std::int64_t n_experts = t->shape.empty() ? 0 : t->shape[0];
   // The source slice of expert e: [rows * stride] for a bias; [cols, rows * stride] for a weight (input-major).
-  const std::vector<std::int64_t> want = p.shape.size() == 1
-                                             ? std::vector<std::int64_t>{n_experts, cols * stride}
-                                             : std::vector<std::int64_t>{n_experts, cols, rows * stride};
+  const std::vector<std::int64_t> want = p.shape.size() == 1 ? std::vector<std::int64_t>{n_experts, cols * parts}
+                                                             : std::vector<std::int64_t>{n_experts, cols, rows * parts};
   if (t->shape != want || e >= n_experts) return bad_source_shape(in, *t, want);
   r.name = t->name;
   const std::uint64_t slice_elems =
@@ -214,7 +218,7 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
   // The whole slice is read once per part (a real gpt-oss expert: 2880 x 5760 bf16, 33 MB): its columns are the
   // part's rows, so reading row by row would read the slice once per row.
   auto slice = std::make_shared<std::vector<float>>();
-  r.gather = [&in, t, type, e, slice_elems, slice, rows, cols, stride, first, bias = p.shape.size() == 1](
+  r.gather = [&in, t, type, e, slice_elems, slice, rows, cols, stride, first, parts, bias = p.shape.size() == 1](
                  std::int64_t row0, std::int64_t n, void* out) -> Status {
     auto* dst = static_cast<float*>(out);
     if (slice->empty()) {
@@ -225,7 +229,7 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
       if (auto s = quant::dequantize_row(type, raw.data(), slice->data(), static_cast<std::int64_t>(slice_elems)); !s)
         return s;
     }
-    const std::int64_t width = (bias ? cols : rows) * stride;  // the source row length
+    const std::int64_t width = (bias ? cols : rows) * parts;  // the source row length
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t o = row0 + i;  // the part's row
       for (std::int64_t c = 0; c < cols; ++c) {
@@ -1313,7 +1317,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     }
     // The layer a tensor name belongs to, or -1.
     auto layer_of = [&](const std::string& name) -> std::int64_t {
-      const std::string_view prefix = in.is_gguf ? "blk." : "model.layers.";
+      std::string_view prefix = in.is_gguf ? "blk." : "model.layers.";
+      if (!in.is_gguf && std::string_view(name).starts_with("language_model.")) prefix = "language_model.model.layers.";
       if (!std::string_view(name).starts_with(prefix)) return -1;
       std::int64_t layer = 0;
       const char* first = name.data() + prefix.size();
@@ -1327,6 +1332,13 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     });
     const auto nextn_tensors = static_cast<std::size_t>(nextn_end - unused.begin());
     unused.erase(unused.begin(), nextn_end);
+    // Llama 4's image-text checkpoints: the vision tower and its projector; colibri runs the language model.
+    const auto vision_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
+      return !in.is_gguf && hp.architecture == "llama4" &&
+             (name.starts_with("vision_model.") || name.starts_with("multi_modal_projector."));
+    });
+    const auto vision_tensors = static_cast<std::size_t>(vision_end - unused.begin());
+    unused.erase(unused.begin(), vision_end);
     // A GGUF holds what llama.cpp loads for its metadata, and llama.cpp refuses any other tensor ("wrong number of
     // tensors"): one in a decoder layer that colibri would skip means the metadata and the tensors disagree (a
     // shared expert's count of 0, biases found missing in layer 0), and the model would run without it.
@@ -1361,6 +1373,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                  (hp.nextn_layers > 1 ? "s" : "") + " after layer " +
                                  std::to_string(hp.num_layers - 1) +
                                  " were skipped: colibri does not draft tokens with them");
+    }
+    if (vision_tensors > 0) {
+      summary.warnings.push_back(std::to_string(vision_tensors) +
+                                 " tensor(s) of the vision tower (vision_model., multi_modal_projector.) were skipped: "
+                                 "colibri runs the language model, text in and text out");
     }
     if (!unused.empty()) {
       summary.warnings.push_back(std::to_string(unused.size()) + " tensor(s) of the input are not used by " +

@@ -37,7 +37,18 @@ std::int64_t HyperParams::layer_window(std::int64_t layer) const {
   return std::find(sliding_layers.begin(), sliding_layers.end(), layer) != sliding_layers.end() ? sliding_window : 0;
 }
 
+std::int64_t HyperParams::layer_chunk(std::int64_t layer) const {
+  if (attention_chunk <= 0) return 0;
+  return std::find(chunked_layers.begin(), chunked_layers.end(), layer) != chunked_layers.end() ? attention_chunk : 0;
+}
+
+bool HyperParams::layer_has_rope(std::int64_t layer) const {
+  return std::find(nope_layers.begin(), nope_layers.end(), layer) == nope_layers.end();
+}
+
 int HyperParams::format_version() const {
+  const bool v5 = !nope_layers.empty() || attention_chunk > 0 || router_weight_on_input || qk_norm == "l2";
+  if (v5) return 5;
   const bool v3 = router_scoring != "softmax" || router_selection_bias || routed_scaling_factor != 1.0 ||
                   (rotary_dims != 0 && rotary_dims != head_dim) || rope_interleaved;
   const bool v2 = !sliding_layers.empty() || attention_sinks || router_bias || expert_activation != "swiglu";
@@ -105,6 +116,14 @@ json HyperParams::to_json() const {
     j["router_groups"] = router_groups;
     j["router_groups_used"] = router_groups_used;
     j["router_group_score"] = router_group_score;
+  }
+  if (format_version() >= 5) {
+    j["nope_layers"] = nope_layers;
+    j["attention_chunk"] = attention_chunk;
+    j["chunked_layers"] = chunked_layers;
+    j["attn_temperature_floor"] = attn_temperature_floor;
+    j["attn_temperature_scale"] = attn_temperature_scale;
+    j["router_weight_on_input"] = router_weight_on_input;
   }
   return j;
 }
@@ -190,6 +209,10 @@ const char* const kV3Fields[] = {"router_scoring", "router_selection_bias", "rou
 // Format 4 (multi-head latent attention).
 const char* const kV4Fields[] = {"q_lora_rank",   "kv_lora_rank",       "v_head_dim",
                                  "router_groups", "router_groups_used", "router_group_score"};
+// Format 5 (Llama 4).
+const char* const kV5Fields[] = {
+    "nope_layers",           "attention_chunk", "chunked_layers", "attn_temperature_floor", "attn_temperature_scale",
+    "router_weight_on_input"};
 
 }  // namespace
 
@@ -256,6 +279,16 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.router_groups = f.get<std::int64_t>("router_groups");
     h.router_groups_used = f.get<std::int64_t>("router_groups_used");
     h.router_group_score = f.get<std::string>("router_group_score");
+  }
+  const bool v5_fields =
+      std::any_of(std::begin(kV5Fields), std::end(kV5Fields), [&f](const char* key) { return !f.raw(key).is_null(); });
+  if (v5_fields) {
+    h.nope_layers = f.get<std::vector<std::int64_t>>("nope_layers");
+    h.attention_chunk = f.get<std::int64_t>("attention_chunk");
+    h.chunked_layers = f.get<std::vector<std::int64_t>>("chunked_layers");
+    h.attn_temperature_floor = f.get<double>("attn_temperature_floor");
+    h.attn_temperature_scale = f.get<double>("attn_temperature_scale");
+    h.router_weight_on_input = f.get<bool>("router_weight_on_input");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
@@ -399,8 +432,8 @@ Status HyperParams::validate() const {
                     "clip_qkv is " + json(clip_qkv).dump() + "; it must be 0 (off) or a positive bound");
       !s)
     return s;
-  if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full",
-                    "qk_norm must be none, per_head or full");
+  if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full" || qk_norm == "l2",
+                    "qk_norm must be none, per_head, full or l2");
       !s)
     return s;
   if (auto s = need(hidden_act == "silu", "hidden_act '" + hidden_act + "' is not supported (silu only)"); !s) return s;
@@ -411,6 +444,32 @@ Status HyperParams::validate() const {
   if (auto s = need(std::all_of(sliding_layers.begin(), sliding_layers.end(),
                                 [&](std::int64_t l) { return l >= 0 && l < num_layers; }),
                     "sliding_layers lists a layer outside 0..num_layers-1");
+      !s)
+    return s;
+  const auto layers_in_range = [&](const std::vector<std::int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [&](std::int64_t l) { return l >= 0 && l < num_layers; });
+  };
+  if (auto s = need(layers_in_range(nope_layers) && layers_in_range(chunked_layers),
+                    "nope_layers / chunked_layers list a layer outside 0..num_layers-1");
+      !s)
+    return s;
+  if (auto s = in_range(attention_chunk, 0, kMaxContext, "attention_chunk"); !s) return s;
+  if (auto s = need(chunked_layers.empty() || attention_chunk > 0, "chunked_layers needs attention_chunk > 0"); !s)
+    return s;
+  // A chunked layer with a sliding window too would need both rules in one attention call.
+  if (auto s =
+          need(chunked_layers.empty() || sliding_window == 0, "attention_chunk and sliding_window exclude each other");
+      !s)
+    return s;
+  if (auto s = need(
+          attn_temperature_floor >= 0 && std::isfinite(attn_temperature_floor) && std::isfinite(attn_temperature_scale),
+          "attn_temperature_floor must be 0 (off) or positive, and attn_temperature_scale finite");
+      !s)
+    return s;
+  // The weight scales the one expert's input: with several a token, each would need its own input.
+  if (auto s = need(!router_weight_on_input || n_experts_per_tok == 1,
+                    "router_weight_on_input needs one expert a token (n_experts_per_tok " +
+                        std::to_string(n_experts_per_tok) + ")");
       !s)
     return s;
   if (auto s = need(expert_activation == "swiglu" || expert_activation == "swiglu_clamped",

@@ -152,6 +152,15 @@ VARIANTS = {
     "deepseek_v3-unshared": ("deepseek_v3", None, ("--set", "n_shared_experts=null")),
     # GLM's router with groups (its released models have one; its code routes within groups as DeepSeek-V3).
     "glm4_moe-groups": ("glm4_moe", None, ("--set", "n_group=4", "--set", "topk_group=1")),
+    # Llama 4 Scout: an image-text checkpoint (text_config, language_model., a vision tower to skip), chunked attention
+    # on the RoPE layers (chunks of 4 here), a NoPE layer whose queries scale with the position (floor 4 here), RoPE's
+    # interleaved pairs and llama3 scaling with low = high frequency factors, weightless q/k RMS norms after RoPE,
+    # top-1 sigmoid routing whose weight scales the expert's input, a shared expert, experts fused as gate_up_proj.
+    "llama4": ("llama4", None),
+    # Llama 4 Maverick: MoE on every other layer (interleave_moe_layer_step, no moe_layers list), dense layers of
+    # intermediate_size_mlp between, no q/k norm, no rope scaling.
+    "llama4-maverick": ("llama4", None, ("--set", "interleave_moe_layer_step=2", "--set", "moe_layers=null", "--set",
+                                         "use_qk_norm=false", "--set", "rope_scaling=null")),
 }
 
 
@@ -199,6 +208,27 @@ class Reference(unittest.TestCase):
 
 for _name in VARIANTS:
     setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
+
+
+class Llama4(unittest.TestCase):
+    def test_vision_tower_skipped_and_layers_described(self):
+        """An image-text Llama 4 checkpoint converts its language model: convert says the vision tower's tensors
+        were skipped (not that the input holds unknown tensors), and inspect names the chunked, NoPE and routing
+        rules the manifest records."""
+        ckpt = os.path.join(WORK, "llama4")
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "llama4", "--out", ckpt, "--dtype", "f32"], check=True,
+                           capture_output=True)
+        model = os.path.join(WORK, "llama4-vision-f32")
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
+        self.assertIn("2 tensor(s) of the vision tower (vision_model., multi_modal_projector.) were skipped",
+                      p.stdout + p.stderr)
+        self.assertNotIn("are not used by", p.stdout + p.stderr)
+        out = run(["inspect", model]).stdout
+        self.assertIn("within chunks of 4 on 3 of 4 layers, no rope on 1 layer (their queries scaled from position 3 "
+                      "on), q/k RMS-normalized after rope", out)
+        self.assertIn("router:        sigmoid scores, the weight scales the expert's input", out)
 
 
 class Tiktoken(unittest.TestCase):
@@ -675,7 +705,8 @@ class OnePromise(unittest.TestCase):
 
     def test_batch_and_placement_invariance(self):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
-                             ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m")):
+                             ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
+                             ("llama4", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

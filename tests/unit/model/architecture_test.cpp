@@ -558,5 +558,117 @@ TEST(HfConfigValues, DeepSeekRefusesWhatItCannotRunByName) {
   }
 }
 
+// Llama 4 Scout's text_config (tiny sizes), nested as transformers' Llama4Config saves it.
+json llama4_scout() {
+  json text{{"hidden_size", 64},
+            {"intermediate_size", 16},
+            {"intermediate_size_mlp", 48},
+            {"num_hidden_layers", 8},
+            {"num_attention_heads", 4},
+            {"num_key_value_heads", 2},
+            {"head_dim", 16},
+            {"vocab_size", 64},
+            {"num_local_experts", 4},
+            {"num_experts_per_tok", 1},
+            {"interleave_moe_layer_step", 1},
+            {"attention_chunk_size", 8192},
+            {"attn_temperature_tuning", 4},
+            {"rope_scaling",
+             {{"rope_type", "llama3"},
+              {"factor", 16.0},
+              {"low_freq_factor", 1.0},
+              {"high_freq_factor", 1.0},
+              {"original_max_position_embeddings", 8192}}}};
+  return json{{"architectures", {"Llama4ForConditionalGeneration"}}, {"text_config", text}};
+}
+
+TEST(HfConfigValues, Llama4ReadsItsLayerPatternsFromTextConfig) {
+  auto h = hparams_from_hf_config(llama4_scout(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "llama4");
+  EXPECT_EQ(h->rms_norm_eps, 1e-5);
+  EXPECT_EQ(h->rope_theta, 500000.0);
+  EXPECT_TRUE(h->rope_interleaved);
+  // transformers' defaults: every 4th layer without RoPE, the others chunked; q/k norms; queries scaled from 8192.
+  EXPECT_EQ(h->nope_layers, (std::vector<std::int64_t>{3, 7}));
+  EXPECT_EQ(h->chunked_layers, (std::vector<std::int64_t>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(h->attention_chunk, 8192);
+  EXPECT_EQ(h->qk_norm, "l2");
+  EXPECT_EQ(h->attn_temperature_floor, 8192.0);
+  EXPECT_EQ(h->attn_temperature_scale, 0.1);
+  // intermediate_size is the experts' (and the shared expert's) width, intermediate_size_mlp the dense layers'.
+  EXPECT_EQ(h->moe_intermediate_size, 16);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 16);
+  EXPECT_EQ(h->intermediate_size, 48);
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_weight_on_input);
+  EXPECT_FALSE(h->norm_topk_prob);
+  for (std::int64_t l = 0; l < 8; ++l) EXPECT_TRUE(h->layer_is_sparse(l)) << l;
+  EXPECT_EQ(h->format_version(), 5);
+  auto back = HyperParams::from_json(h->to_json());
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(back->to_json(), h->to_json());
+
+  // Maverick: MoE on odd layers (by the step, or by moe_layers), no q/k norm; temperature tuning off.
+  auto c = llama4_scout();
+  c["text_config"].update(
+      json{{"interleave_moe_layer_step", 2}, {"use_qk_norm", false}, {"attn_temperature_tuning", false}});
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  for (std::int64_t l = 0; l < 8; ++l) EXPECT_EQ(h->layer_is_sparse(l), l % 2 == 1) << l;
+  EXPECT_EQ(h->qk_norm, "none");
+  EXPECT_EQ(h->attn_temperature_floor, 0.0);
+  c["text_config"]["moe_layers"] = json{0, 5};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  for (std::int64_t l = 0; l < 8; ++l) EXPECT_EQ(h->layer_is_sparse(l), l == 0 || l == 5) << l;
+
+  // Explicit lists win over the defaults: no_rope_layers (1: RoPE) and layer_types.
+  c = llama4_scout();
+  c["text_config"]["no_rope_layers"] = json{1, 0, 1, 1, 1, 1, 1, 0};
+  c["text_config"]["layer_types"] =
+      json{"chunked_attention", "full_attention",    "full_attention",    "chunked_attention",
+           "chunked_attention", "chunked_attention", "chunked_attention", "full_attention"};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->nope_layers, (std::vector<std::int64_t>{1, 7}));
+  EXPECT_EQ(h->chunked_layers, (std::vector<std::int64_t>{0, 3, 4, 5, 6}));
+  EXPECT_FALSE(h->layer_has_rope(1));
+  EXPECT_EQ(h->layer_chunk(2), 0);
+  EXPECT_EQ(h->layer_chunk(3), 8192);
+  // attention_chunk_size null: every layer attends to the whole context.
+  c = llama4_scout();
+  c["text_config"]["attention_chunk_size"] = nullptr;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_TRUE(h->chunked_layers.empty());
+  EXPECT_EQ(h->layer_chunk(0), 0);
+}
+
+TEST(HfConfigValues, Llama4RefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"no_rope_layers must hold one 0 or 1 per layer (num_hidden_layers 8", json{{"no_rope_layers", {1, 0}}}},
+      {"no_rope_layers must hold one 0 or 1 per layer", json{{"no_rope_layers", {1, 1, 1, 2, 1, 1, 1, 1}}}},
+      {"attention_chunk_size is 0; it must be a whole number of 1 or more, or null", json{{"attention_chunk_size", 0}}},
+      {"layer_types[2] is \"sliding_attention\"",
+       json{{"layer_types",
+             {"chunked_attention", "chunked_attention", "sliding_attention", "full_attention", "chunked_attention",
+              "chunked_attention", "chunked_attention", "full_attention"}}}},
+      {"moe_layers lists 9; layers are 0..7", json{{"moe_layers", {1, 9}}}},
+      {"interleave_moe_layer_step must be a whole number of 1 or more", json{{"interleave_moe_layer_step", 0}}},
+      {"router_weight_on_input needs one expert a token (n_experts_per_tok 2)", json{{"num_experts_per_tok", 2}}},
+      {"attention_bias=true is not supported", json{{"attention_bias", true}}},
+      {"floor_scale must be positive", json{{"floor_scale", 0}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = llama4_scout();
+    c["text_config"].update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+    EXPECT_NE(h.error().message().find("config.json (text_config)"), std::string::npos) << h.error().message();
+  }
+}
+
 }  // namespace
 }  // namespace colibri::model

@@ -294,8 +294,8 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   bad["hparams"]["expert_activation"] = "geglu";
   expect_rejected(t, bad, "expert_activation 'geglu' is not supported");
   bad = m;
-  bad["format_version"] = 5;
-  expect_rejected(t, bad, "format_version 5 is not supported (this colibri reads 1 to 4)");
+  bad["format_version"] = 6;
+  expect_rejected(t, bad, "format_version 6 is not supported (this colibri reads 1 to 5)");
 }
 
 // GLM's additions: format 3 only when used; the fields come all together, typed and in range.
@@ -418,14 +418,67 @@ TEST(Manifest, LatentAttentionIsFormatFour) {
   EXPECT_NE(g.validate().message().find("router_groups_used is 5; it must be in 1..4"), std::string::npos);
   // A colibri that reads format 3 at most says so, rather than running the model without its latent attention.
   bad = m;
-  bad["format_version"] = 5;
-  expect_rejected(t, bad, "format_version 5 is not supported");
+  bad["format_version"] = 6;
+  expect_rejected(t, bad, "format_version 6 is not supported");
 }
 
 void expect_invalid(const HyperParams& h, const std::string& what) {
   auto s = h.validate();
   ASSERT_FALSE(s.is_ok()) << what;
   EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+}
+
+// Llama 4's layer lists and router (format 5): read back as written, and refused where they cannot run.
+TEST(HyperParams, Llama4LayerListsAreFormatFiveAndChecked) {
+  HyperParams h;
+  h.architecture = "llama4";
+  h.vocab_size = 64;
+  h.hidden_size = 64;
+  h.num_layers = 4;
+  h.num_heads = 4;
+  h.num_kv_heads = 2;
+  h.head_dim = 16;
+  h.n_experts = 4;
+  h.n_experts_per_tok = 1;
+  h.moe_intermediate_size = 16;
+  h.router_scoring = "sigmoid";
+  h.max_position_embeddings = 4096;
+  ASSERT_TRUE(h.validate().is_ok()) << h.validate().message();
+  EXPECT_LT(h.format_version(), 5);
+  h.nope_layers = {3};
+  h.attention_chunk = 8;
+  h.chunked_layers = {0, 1, 2};
+  h.attn_temperature_floor = 8192;
+  h.attn_temperature_scale = 0.1;
+  h.router_weight_on_input = true;
+  h.qk_norm = "l2";
+  ASSERT_TRUE(h.validate().is_ok()) << h.validate().message();
+  EXPECT_EQ(h.format_version(), 5);
+  auto back = HyperParams::from_json(h.to_json());
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->nope_layers, h.nope_layers);
+  EXPECT_EQ(back->chunked_layers, h.chunked_layers);
+  EXPECT_EQ(back->attention_chunk, 8);
+  EXPECT_EQ(back->attn_temperature_floor, 8192);
+  EXPECT_TRUE(back->router_weight_on_input);
+  auto j = h.to_json();
+  j.erase("attention_chunk");  // one field of format 5 present asks for all of them
+  EXPECT_FALSE(HyperParams::from_json(j).has_value());
+  HyperParams bad = h;
+  bad.chunked_layers = {4};
+  expect_invalid(bad, "nope_layers / chunked_layers list a layer outside 0..num_layers-1");
+  bad = h;
+  bad.sliding_window = 16;
+  expect_invalid(bad, "attention_chunk and sliding_window exclude each other");
+  bad = h;
+  bad.n_experts_per_tok = 2;
+  expect_invalid(bad, "router_weight_on_input needs one expert a token (n_experts_per_tok 2)");
+  bad = h;
+  bad.attention_chunk = 0;
+  expect_invalid(bad, "chunked_layers needs attention_chunk > 0");
+  bad = h;
+  bad.attn_temperature_floor = -1;
+  expect_invalid(bad, "attn_temperature_floor must be 0 (off) or positive");
 }
 
 TEST(HyperParams, AbsurdCountsAndSizesAreRejectedNamingTheKey) {

@@ -212,6 +212,10 @@ class Engine {
   sdk::Status from_host_all(std::initializer_list<std::pair<const float*, sdk::Tensor>> copies);
   sdk::Expected<const float*> host_view(const sdk::Tensor& t, std::vector<float>& staging);
   sdk::Status clamp(const sdk::Tensor& t, float limit);
+  // Llama 4's attention steps (run_layers): a cache tensor from a row on, unit-weight q/k norms, NoPE query scales.
+  [[nodiscard]] static sdk::Tensor rows_from(sdk::Tensor t, std::int64_t first);
+  sdk::Status unit_norm_heads(std::int64_t nh, std::int64_t nkv, std::int64_t T, const sdk::OpParams& norm_p);
+  sdk::Status scale_queries_by_temperature(std::int64_t qd, std::int64_t T);
   // Logits of the rows of x {D, rows} (host or device): output norm, then the output matmul into logits.
   sdk::Status output_head(const sdk::Tensor& x, float* logits);
   // Appends k and v {kv_heads * head_dim, T} (host or device) at `position` of layer l.

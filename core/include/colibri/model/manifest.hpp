@@ -18,7 +18,7 @@ namespace colibri::model {
 
 // Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
 // experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
-inline constexpr int kManifestFormatVersion = 4;
+inline constexpr int kManifestFormatVersion = 5;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
@@ -67,6 +67,18 @@ struct HyperParams {
   std::int64_t router_groups = 0;
   std::int64_t router_groups_used = 0;
   std::string router_group_score = "top2_sum";
+  // Llama 4. The layers in nope_layers take no RoPE and attend to every earlier position; on them, with
+  // attn_temperature_floor > 0, the queries are scaled by log(floor((pos + 1) / floor) + 1) * attn_temperature_scale +
+  // 1 (1 below the floor: long contexts only). The layers in chunked_layers attend only within their chunk of
+  // attention_chunk positions (query p sees keys from p - p % attention_chunk to p). qk_norm "l2" normalizes each query
+  // and key head (RMS, no weight) after RoPE, on the layers with RoPE. router_weight_on_input: the routed expert's
+  // weight scales its input, not its output (one expert a token).
+  std::vector<std::int64_t> nope_layers;
+  std::int64_t attention_chunk = 0;
+  std::vector<std::int64_t> chunked_layers;
+  double attn_temperature_floor = 0.0;
+  double attn_temperature_scale = 0.0;
+  bool router_weight_on_input = false;
   // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
   // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
   std::string expert_activation = "swiglu";
@@ -75,8 +87,9 @@ struct HyperParams {
   bool tie_word_embeddings = false;
   bool attention_qkv_bias = false;  // q/k/v projections have biases (Qwen2-MoE)
   bool attention_out_bias = false;  // o projection has a bias
-  std::string qk_norm = "none";  // none | per_head (RMSNorm over head_dim: Qwen3) | full (over n_heads*head_dim: OLMoE)
-  double clip_qkv = 0.0;         // 0: none (OLMoE option)
+  // none | per_head (RMSNorm over head_dim: Qwen3) | full (over n_heads*head_dim: OLMoE) | l2 (Llama 4: see above)
+  std::string qk_norm = "none";
+  double clip_qkv = 0.0;  // 0: none (OLMoE option)
   // Feed-forward. Dense models are one always-selected expert per layer (n_experts 1, top-k 1).
   bool dense = false;
   std::int64_t n_experts = 0;
@@ -102,6 +115,9 @@ struct HyperParams {
   }
   // The attention window of `layer` (0: full).
   [[nodiscard]] std::int64_t layer_window(std::int64_t layer) const;
+  // The attention chunk of `layer` (0: none), and whether it takes RoPE.
+  [[nodiscard]] std::int64_t layer_chunk(std::int64_t layer) const;
+  [[nodiscard]] bool layer_has_rope(std::int64_t layer) const;
   [[nodiscard]] bool expert_bias() const { return expert_activation == "swiglu_clamped"; }
   [[nodiscard]] std::int64_t rope_dims() const { return rotary_dims > 0 ? rotary_dims : head_dim; }
   [[nodiscard]] bool mla() const { return kv_lora_rank > 0; }
@@ -113,7 +129,7 @@ struct HyperParams {
   [[nodiscard]] std::int64_t kv_cache_heads() const { return mla() ? 1 : num_kv_heads; }
   [[nodiscard]] std::int64_t kv_cache_dim() const { return mla() ? mla_cache_dim() : head_dim; }
   // The manifest format version these hyper-parameters need (1; 2 for gpt-oss's features; 3 for GLM's router and
-  // partial rotary; 4 for multi-head latent attention and routing within groups).
+  // partial rotary; 4 for multi-head latent attention and routing within groups; 5 for Llama 4's layers and router).
   [[nodiscard]] int format_version() const;
 
   [[nodiscard]] nlohmann::json to_json() const;
