@@ -54,9 +54,9 @@ const std::map<std::string, std::string>& hf_arch_map() {
 const std::map<std::string, std::string>& gguf_arch_map() {
   static const std::map<std::string, std::string> m{{"deepseek2", "deepseek_v2"}, {"ernie4_5-moe", "ernie4_5_moe"},
                                                     {"glm4moe", "glm4_moe"},      {"gpt-oss", "gpt_oss"},
-                                                    {"llama", "llama"},           {"minimax-m2", "minimax_m2"},
-                                                    {"olmoe", "olmoe"},           {"qwen2moe", "qwen2_moe"},
-                                                    {"qwen3moe", "qwen3_moe"}};
+                                                    {"llama", "llama"},           {"llama4", "llama4"},
+                                                    {"minimax-m2", "minimax_m2"}, {"olmoe", "olmoe"},
+                                                    {"qwen2moe", "qwen2_moe"},    {"qwen3moe", "qwen3_moe"}};
   return m;
 }
 
@@ -749,6 +749,8 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"attention.value_length_mla", Kind::integer},
       {"rope.scaling.yarn_log_multiplier", Kind::number},
       {"rope.scaling.yarn_attn_factor", Kind::number},
+      {"interleave_moe_layer_step", Kind::integer},
+      {"attention.sliding_window_pattern", Kind::integer},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
       {"tokenizer.ggml.model", Kind::string},
@@ -937,7 +939,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   const std::string& a = h.architecture;
   const bool deepseek = *ga == "deepseek2";
   // llama.cpp: rope type NORM, the HF layout (no permutation).
-  h.rope_interleaved = a == "ernie4_5_moe" || deepseek;
+  h.rope_interleaved = a == "ernie4_5_moe" || deepseek || a == "llama4";
   if (a == "llama") {
     h.dense = true;
     h.n_experts = h.n_experts_per_tok = 1;
@@ -1019,6 +1021,36 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
+  if (a == "llama4" && h.num_layers > 0 && h.num_layers <= 4096) {
+    // llama.cpp fixes Llama 4's rules in its loader (its converter writes none of them): chunks of 8192 on three
+    // layers of four (attention.sliding_window_pattern), no RoPE and position-scaled queries (8192, 0.1) on every
+    // 4th, q/k norms unless the model has 128 experts (Maverick), sigmoid weights on the expert's input, and a shared
+    // expert as wide as the routed ones. A sliding_window of 0 (MobileLLM's files) turns chunks off, leaving the last
+    // layer alone without RoPE.
+    h.router_scoring = "sigmoid";
+    h.router_weight_on_input = true;
+    h.norm_topk_prob = false;
+    h.shared_expert_intermediate_size = h.moe_intermediate_size;
+    const auto window = g.get_int(*ga + ".attention.sliding_window");
+    h.sliding_window = 0;
+    if (window && *window == 0) {
+      h.nope_layers = {h.num_layers - 1};
+    } else {
+      const std::int64_t pattern = opt("attention.sliding_window_pattern", 4);
+      if (pattern < 1) {
+        return bad_config(where, "metadata " + *ga + ".attention.sliding_window_pattern is " + std::to_string(pattern) +
+                                     "; it must be 1 or more; the GGUF is damaged");
+      }
+      h.attention_chunk = 8192;
+      h.attn_temperature_floor = 8192;
+      h.attn_temperature_scale = 0.1;
+      for (std::int64_t l = 0; l < h.num_layers; ++l) {
+        if (l % pattern < pattern - 1) h.chunked_layers.push_back(l);
+        if ((l + 1) % 4 == 0) h.nope_layers.push_back(l);
+      }
+    }
+    if (n_exp != 128) h.qk_norm = "l2";
+  }
   if (a == "gpt_oss") {
     // llama.cpp fixes gpt-oss's pattern (even layers slide) and its SwiGLU constants; the GGUF carries neither.
     for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096 && h.sliding_window > 0; l += 2) {

@@ -151,10 +151,12 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
       pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);
     } else if (pre == "tekken") {
       pre_tok = tokenizer::detail::split_then_byte_level_json(kTekkenRegex);
-      ignore_merges = true;                               // as Mistral Nemo's tokenizer.json and llama.cpp
-    } else if (pre == "gpt-4o" || pre == "minimax-m2") {  // MiniMax-M2's tokenizer.json splits as GPT-4o's
+      ignore_merges = true;  // as Mistral Nemo's tokenizer.json and llama.cpp
+    } else if (pre == "gpt-4o" || pre == "llama4" || pre == "minimax-m2") {
+      // MiniMax-M2's tokenizer.json splits as GPT-4o's; Llama 4's tiktoken pattern is o200k's (llama.cpp: GPT4O).
       pre_tok = tokenizer::detail::split_then_byte_level_json(kGpt4oRegex);
-      ignore_merges = pre == "gpt-4o";  // as gpt-oss's tokenizer.json (o200k has no token that merges cannot make)
+      // As gpt-oss's tokenizer.json (o200k has no token that merges cannot make) and tiktoken, Llama 4's origin.
+      ignore_merges = pre == "gpt-4o" || pre == "llama4";
     } else if (pre == "kimi-k2") {
       // Kimi K2 and Moonlight: their tiktoken code's pattern, and tiktoken's whole-token shortcut, as import_tiktoken.
       pre_tok = tokenizer::detail::split_then_byte_level_json(tokenizer::kimi_split_regex());

@@ -345,6 +345,32 @@ class Gguf(unittest.TestCase):
         print(f"  {name}: max relative logit error {rel:.2e}", flush=True)
         self.assertLessEqual(rel, 1e-4, name)
 
+    def test_llama4_from_llama_cpp_layout_matches_the_reference(self):
+        """Llama 4 GGUFs as llama.cpp's converter writes them (the experts transposed and gate_up_proj cut in halves,
+        Llama 3's rope_freqs, the dense width as feed_forward_length, no chunk / NoPE / temperature / q-k norm keys):
+        colibri applies llama.cpp's fixed rules (chunks of 8192 on three layers of four, every 4th without RoPE and
+        with queries scaled from 8192, q/k norms unless 128 experts) and gives the HF checkpoint's logits, with those
+        constants set in its config.json: Scout's layout, and Maverick's dense layers between MoE ones."""
+        chunked = ("--set", "attention_chunk_size=8192", "--set", "floor_scale=8192")
+        # A sliding_window of 0 (MobileLLM's files): no chunks, no temperature, the last layer alone without RoPE.
+        unchunked = ("--set", "attention_chunk_size=null", "--set", "attn_temperature_tuning=false",
+                     "--gguf-set-u32", "{arch}.attention.sliding_window=0")
+        for name, args, dense, chunk, floor in (
+                ("llama4", chunked, [], 8192, 8192.0),
+                ("llama4-interleaved", chunked + ("--set", "interleave_moe_layer_step=2", "--set", "moe_layers=null"),
+                 [0, 2], 8192, 8192.0),
+                ("llama4-unchunked", unchunked, [], 0, 0.0)):
+            ckpt, model, out = self.converted_f32_gguf("llama4", name, args)
+            self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+            with open(os.path.join(model, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            self.assertEqual((hp["architecture"], hp["attention_chunk"], hp["chunked_layers"], hp["nope_layers"],
+                              hp["attn_temperature_floor"], hp["qk_norm"], hp["router_weight_on_input"],
+                              hp["rope_scaling"]["rope_type"]),
+                             ("llama4", chunk, [0, 1, 2] if chunk else [], [3], floor, "l2", True, "freq_factors"))
+            self.assertEqual(hp["mlp_only_layers"], dense)
+            self.assert_reference_logits(ckpt, model, name)
+
     def test_glm4_moe_from_llama_cpp_layout_matches_the_reference(self):
         """A GLM-4.5 GGUF as llama.cpp writes it (block_count counting the MTP layer, rope.dimension_count, the
         selection bias as exp_probs_b, post_attention_norm, sigmoid gating and the weights' scale in the metadata)

@@ -470,6 +470,9 @@ TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
   EXPECT_EQ(encode("kimi-k2", "xyz"), (Ids{260}));
   EXPECT_EQ(encode("gpt-4o", "xyz"), (Ids{260}));                // as gpt-oss's tokenizer.json
   EXPECT_EQ(encode("minimax-m2", "xyz"), (Ids{'x', 'y', 'z'}));  // GPT-4o's split without the rule, as llama.cpp
+  // Llama 4: GPT-4o's split (llama.cpp's GPT4O pre-tokenizer), and tiktoken's rule (its tokenizer came from tiktoken).
+  EXPECT_EQ(encode("llama4", "a中"), (Ids{259}));
+  EXPECT_EQ(encode("llama4", "xyz"), (Ids{260}));
 }
 
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
