@@ -636,6 +636,14 @@ TEST(HfConfigValues, Llama4ReadsItsLayerPatternsFromTextConfig) {
   EXPECT_FALSE(h->layer_has_rope(1));
   EXPECT_EQ(h->layer_chunk(2), 0);
   EXPECT_EQ(h->layer_chunk(3), 8192);
+  // A text-only Llama4ForCausalLM checkpoint keeps the fields at the top: the same model.
+  c = llama4_scout()["text_config"];
+  c["architectures"] = json{"Llama4ForCausalLM"};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "llama4");
+  EXPECT_EQ(h->nope_layers, (std::vector<std::int64_t>{3, 7}));
+  EXPECT_TRUE(h->router_weight_on_input);
   // attention_chunk_size null: every layer attends to the whole context.
   c = llama4_scout();
   c["text_config"]["attention_chunk_size"] = nullptr;
