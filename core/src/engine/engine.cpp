@@ -583,9 +583,11 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
   }
   if (kv_.max_write() < ctx) {
-    spdlog::info("KV cache: sliding-window layers keep {} of {} positions ({} in all; memory.kv_sliding_window)",
-                 KvCache::layer_positions(hp_.sliding_window, options_.ubatch, ctx), ctx,
-                 sdk::format_size(kv_.bytes()));
+    const bool chunked = hp_.attention_chunk > 0 && hp_.sliding_window <= 0;
+    spdlog::info("KV cache: {} layers keep {} of {} positions ({} in all; memory.kv_sliding_window)",
+                 chunked ? "chunked-attention" : "sliding-window",
+                 KvCache::layer_positions(chunked ? hp_.attention_chunk : hp_.sliding_window, options_.ubatch, ctx),
+                 ctx, sdk::format_size(kv_.bytes()));
   }
 
   experts_ = std::make_unique<ExpertManager>(manifest_, dir_, plugins_.storage, plugins_.cache, expert_cache_bytes);
@@ -1973,7 +1975,7 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     const auto n = static_cast<std::int64_t>(it.tokens.size());
     if (n > it.sequence->kv.max_write()) {
       return Status(StatusCode::invalid_argument, "batch item " + std::to_string(i) + " runs " + std::to_string(n) +
-                                                      " tokens in one step; a KV cache with sliding-window layers "
+                                                      " tokens in one step; a KV cache with sliding-window or chunked layers "
                                                       "takes at most " +
                                                       std::to_string(it.sequence->kv.max_write()) + " (--batch)");
     }

@@ -114,7 +114,7 @@ sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t p
   if (rows_[L] < context_) {
     if (count > windows_.max_write) {
       return Status(StatusCode::invalid_argument, "KV cache write of " + std::to_string(count) +
-                                                      " positions; a sliding-window layer takes at most " +
+                                                      " positions; a sliding-window or chunked layer takes at most " +
                                                       std::to_string(windows_.max_write) + " at once");
     }
     if (position < saved_at_) saved_at_ = position;         // positions from here on are written again

@@ -33,9 +33,12 @@ std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint
 
 KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding) {
   KvWindows w;
-  if (!sliding || hp.sliding_window <= 0) return w;
+  if (!sliding || (hp.sliding_window <= 0 && hp.attention_chunk <= 0)) return w;
   w.max_write = max_write;
-  for (std::int64_t l = 0; l < hp.num_layers; ++l) w.window.push_back(hp.layer_window(l));
+  // A chunked layer's query at p reads from p - p % chunk on: within the last `chunk` positions, as a window's.
+  for (std::int64_t l = 0; l < hp.num_layers; ++l) {
+    w.window.push_back(hp.layer_window(l) > 0 ? hp.layer_window(l) : hp.layer_chunk(l));
+  }
   return w;
 }
 

@@ -41,7 +41,7 @@ const OptionSpec kCanonical[] = {
   {"memory.vram_admission", OptionType::string, "frequency", "when the VRAM tier is full, frequency: upload an expert only if used more often than the victim (else it runs from RAM); always: upload every miss"},
   {"memory.shared_on_device", OptionType::boolean, "true", "upload the shared (non-expert) weights once into a discrete GPU's memory"},
   {"memory.kv_on_device", OptionType::boolean, "true", "keep the KV cache in a discrete GPU's memory (attention reads it in place)"},
-  {"memory.kv_sliding_window", OptionType::boolean, "true", "sliding-window layers (gpt-oss, Mistral) keep only the KV rows their window reads (false: every layer keeps the whole context)"},
+  {"memory.kv_sliding_window", OptionType::boolean, "true", "sliding-window layers (gpt-oss, Mistral) and chunked-attention layers (Llama 4) keep only the KV rows their window or chunk reads (false: every layer keeps the whole context)"},
   {"memory.activations_on_device", OptionType::boolean, "true", "keep activations in a discrete GPU's memory from op to op (only routing, KV rows and logits cross the bus)"},
   {"memory.kv_cache", OptionType::size, "auto", "KV cache size (auto: the model's context)", true},
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},

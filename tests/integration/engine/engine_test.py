@@ -757,14 +757,15 @@ class OnePromise(unittest.TestCase):
         front as positions outgrow them: over 400 positions (rows moved many times at every chunk size), logits are
         those of a cache that keeps every position."""
         tokens = [(i * 37 + 11) % 250 + 1 for i in range(400)]
-        for arch, variant, preset in (("gpt_oss", "gpt_oss", "q4_k_m"), ("mistral", "mistral-window", "f32")):
+        for arch, variant, preset in (("gpt_oss", "gpt_oss", "q4_k_m"), ("mistral", "mistral-window", "f32"),
+                                      ("llama4", "llama4", "f32")):  # chunks of 4: the chunk as the window
             _, model = make_model(variant, arch, VARIANTS[variant][1], preset=preset)
             full = logits(model, "--set", "memory.kv_sliding_window=false", tokens=tokens, name="kvfull")
             for batch in ("1", "7", "64"):
                 out = os.path.join(WORK, f"{variant}-kvwindow-b{batch}.npy")
                 p = run(["logits", "--model", model, "--tokens", ",".join(map(str, tokens)), "--out", out,
                          "--batch", batch])
-                self.assertIn("sliding-window layers keep", p.stderr)
+                self.assertRegex(p.stderr, "(sliding-window|chunked-attention) layers keep")
                 self.same(full, out, f"{variant}/{preset} sliding-window KV, chunks of {batch}")
 
 
