@@ -285,6 +285,10 @@ const int kRegistered = [] {
     }
     for (const Shape& shape : kExpertShapes) {
       add(std::string(shape.name) + "matvec/" + name + "/auto/threads:2", t, "auto", 2, 1, false, shape, true);
+      // The same rows' arithmetic from the caches: how the kernel fares at the shape's K (a row of 8, 22 or 3
+      // super-blocks) against the square matrix's 16.
+      add("cached/" + std::string(shape.name) + "matvec/" + name + "/auto/threads:1", t, "auto", 1, 1, true, shape,
+          true);
     }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
     add("matmul8/" + name + "/auto/threads:2", t, "auto", 2, 8, false, kSquare, true);

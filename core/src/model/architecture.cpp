@@ -222,6 +222,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   // Llama 4's image-text checkpoints nest the language model's fields in text_config (transformers' Llama4Config).
   if (h.architecture == "llama4" && c.contains("text_config") && c["text_config"].is_object()) {
     json text = c["text_config"];
+    text.erase("text_config");  // one level: a nested one again is no config transformers writes
     text["architectures"] = c["architectures"];
     for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id"}) {
       if (!text.contains(key) && c.contains(key)) text[key] = c[key];
