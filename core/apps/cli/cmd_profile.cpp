@@ -131,8 +131,8 @@ void print_plan(const nlohmann::json& j) {
   std::cout << "  KV cache        " << sz("kv_bytes") << ": " << j["context"] << " positions x "
             << sz("kv_bytes_per_position") << " (" << j["kv_type"].get<std::string>() << ")";
   if (j["kv_sliding_layers"].get<std::int64_t>() > 0) {
-    std::cout << ", but " << j["kv_sliding_layers"] << " sliding-window layers keep only " << j["kv_sliding_positions"]
-              << " positions (memory.kv_sliding_window)";
+    std::cout << ", but " << j["kv_sliding_layers"] << " sliding-window or chunked-attention layers keep only "
+              << j["kv_sliding_positions"] << " positions (memory.kv_sliding_window)";
   }
   std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
             << " (memory.kv_on_device)\n"

@@ -1974,10 +1974,11 @@ Status Engine::forward_batch(std::span<const BatchItem> items, std::vector<Routi
     }
     const auto n = static_cast<std::int64_t>(it.tokens.size());
     if (n > it.sequence->kv.max_write()) {
-      return Status(StatusCode::invalid_argument, "batch item " + std::to_string(i) + " runs " + std::to_string(n) +
-                                                      " tokens in one step; a KV cache with sliding-window or chunked layers "
-                                                      "takes at most " +
-                                                      std::to_string(it.sequence->kv.max_write()) + " (--batch)");
+      return Status(StatusCode::invalid_argument,
+                    "batch item " + std::to_string(i) + " runs " + std::to_string(n) +
+                        " tokens in one step; a KV cache with sliding-window or chunked layers "
+                        "takes at most " +
+                        std::to_string(it.sequence->kv.max_write()) + " (--batch)");
     }
     if (it.sequence->n_past + n > it.sequence->kv.context()) {
       return Status(StatusCode::invalid_argument, "the context is full: " + std::to_string(it.sequence->n_past) +

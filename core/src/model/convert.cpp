@@ -208,7 +208,7 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
                                                "; colibri converts F32, F16 and BF16 weights (and MXFP4 experts)");
   }
   const std::int64_t n_experts = t->shape.empty() ? 0 : t->shape[0];
-  // The source slice of expert e: [rows * stride] for a bias; [cols, rows * stride] for a weight (input-major).
+  // The source slice of expert e: [cols * parts] for a bias; [cols, rows * parts] for a weight (input-major).
   const std::vector<std::int64_t> want = p.shape.size() == 1 ? std::vector<std::int64_t>{n_experts, cols * parts}
                                                              : std::vector<std::int64_t>{n_experts, cols, rows * parts};
   if (t->shape != want || e >= n_experts) return bad_source_shape(in, *t, want);
