@@ -598,6 +598,11 @@ TEST(CpuPlugin, RejectsBadOptionsWithTheKeyNamed) {
   auto b = (*lib)->create({{"threads", "-2"}});
   ASSERT_FALSE(b);
   EXPECT_NE(b.error().message().find("threads"), std::string::npos) << b.error().message();
+  auto c = (*lib)->create({{"q6k_decode", "fast"}});
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code(), StatusCode::invalid_argument);
+  EXPECT_NE(c.error().message().find("compute.q6k_decode must be auto, rows or dot, got 'fast'"), std::string::npos)
+      << c.error().message();
 }
 
 }  // namespace
