@@ -1138,14 +1138,20 @@ Status Engine::scale_queries_by_temperature(std::int64_t qd, std::int64_t T) {
     any = any || f != 1.0f;
   }
   if (!any) return {};
-  // q2 = 0, then q2 += factor[t] * q[:, t]: the product alone, rounded once, as q * factor.
-  S.acc.assign(static_cast<std::size_t>(qd * T), 0.0f);
-  if (auto s = size(S.temperature, factors.size()); !s) return s;
-  if (auto s = from_host_all({{S.acc.data(), view(S.q2, qd, T)}, {factors.data(), view(S.temperature, T)}}); !s)
-    return s;
-  if (auto s = run_op(Op::scale_add, {view(S.q, qd, T), view(S.temperature, T)}, {view(S.q2, qd, T)}); !s) return s;
+  if (auto s = scaled_columns(view(S.q, qd, T), qd, factors, S.temperature, S.q2); !s) return s;
   std::swap(S.q, S.q2);
   return {};
+}
+
+// out[:, t] = w[t] * x[:, t] for x {rows, T}: out = 0, then scale_add, so each product is rounded once, as x * w.
+Status Engine::scaled_columns(const Tensor& x, std::int64_t rows, std::span<const float> w, Act& weights, Act& out) {
+  auto& S = *scratch_;
+  const auto T = static_cast<std::int64_t>(w.size());
+  S.acc.assign(static_cast<std::size_t>(rows * T), 0.0f);
+  if (auto s = size(weights, w.size()); !s) return s;
+  if (auto s = size(out, S.acc.size()); !s) return s;
+  if (auto s = from_host_all({{S.acc.data(), view(out, rows, T)}, {w.data(), view(weights, T)}}); !s) return s;
+  return run_op(Op::scale_add, {x, view(weights, T)}, {view(out, rows, T)});
 }
 
 Status Engine::forward_chunk(std::span<const std::int32_t> tokens, std::int64_t position, std::int64_t pass_end,
@@ -1709,13 +1715,7 @@ Status Engine::moe(const Layer& L, std::int64_t l, std::int64_t T, const Tensor&
         w = 1.0f;
       }
     }
-    S.acc.assign(DT, 0.0f);
-    if (s = size(S.input_weights, static_cast<std::size_t>(T)); !s) return s;
-    if (s = size(S.weighted_input, DT); !s) return s;
-    if (s = from_host_all({{S.acc.data(), view(S.weighted_input, D, T)}, {S.gate.data(), view(S.input_weights, T)}});
-        !s)
-      return s;
-    if (s = run_op(Op::scale_add, {h, view(S.input_weights, T)}, {view(S.weighted_input, D, T)}); !s) return s;
+    if (s = scaled_columns(h, D, S.gate, S.input_weights, S.weighted_input); !s) return s;
     x_in = view(S.weighted_input, D, T);
   }
   std::vector<sdk::ExpertKey> needed;

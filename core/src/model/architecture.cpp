@@ -92,6 +92,25 @@ std::int64_t rotated_dims(std::int64_t head_dim, double factor) {
 // Llama 4's per-layer choices from its config (transformers' Llama4TextConfig and its defaults): which layers take
 // RoPE (no_rope_layers: 1 = RoPE), which attend within chunks (layer_types, else the RoPE layers), which are MoE
 // (moe_layers, else every interleave_moe_layer_step-th), and its query scaling on the others.
+// transformers' layer_types: each layer "full_attention" or `kind` (gpt-oss's sliding, Llama 4's chunked layers);
+// the layers of `kind` are appended to `out`.
+static Status layers_of_type(const json& types, std::int64_t layers, const std::string& kind, const std::string& where,
+                             std::vector<std::int64_t>& out) {
+  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != layers) {
+    return bad_config(where, "layer_types must list one entry per layer (num_hidden_layers)");
+  }
+  for (std::size_t l = 0; l < types.size(); ++l) {
+    const std::string t = types[l].is_string() ? types[l].get<std::string>() : types[l].dump().substr(0, 40);
+    if (t == kind) {
+      out.push_back(static_cast<std::int64_t>(l));
+    } else if (t != "full_attention") {
+      return bad_config(where, "layer_types[" + std::to_string(l) + "] is " + t + "; it must be \"" + kind +
+                                   "\" or \"full_attention\"");
+    }
+  }
+  return {};
+}
+
 static Status llama4_layers(const json& c, const std::string& where, HyperParams& h) {
   const std::int64_t L = h.num_layers;
   if (L <= 0 || L > 4096) return {};  // validate() names the layer count
@@ -142,18 +161,7 @@ static Status llama4_layers(const json& c, const std::string& where, HyperParams
   h.attention_chunk = chunk != nullptr ? chunk->get<std::int64_t>() : 0;
   if (h.attention_chunk > 0) {
     if (const json* types = field("layer_types")) {
-      if (!types->is_array() || static_cast<std::int64_t>(types->size()) != L) {
-        return bad_config(where, "layer_types must list one entry per layer (num_hidden_layers)");
-      }
-      for (std::int64_t l = 0; l < L; ++l) {
-        const json& t = (*types)[static_cast<std::size_t>(l)];
-        if (t == "chunked_attention") {
-          h.chunked_layers.push_back(l);
-        } else if (t != "full_attention") {
-          return bad_config(where, "layer_types[" + std::to_string(l) + "] is " + t.dump().substr(0, 40) +
-                                       "; it must be \"chunked_attention\" or \"full_attention\"");
-        }
-      }
+      if (auto s = layers_of_type(*types, L, "chunked_attention", where, h.chunked_layers); !s) return s;
     } else {
       for (std::int64_t l = 0; l < L; ++l) {
         if (rope[static_cast<std::size_t>(l)]) h.chunked_layers.push_back(l);
@@ -344,19 +352,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.sliding_window = get_int("sliding_window", 128, false);
     // transformers' default: even layers slide, odd ones attend to everything.
     if (c.contains("layer_types") && !c["layer_types"].is_null()) {
-      const auto& types = c["layer_types"];
-      if (!types.is_array() || static_cast<std::int64_t>(types.size()) != get_int("num_hidden_layers", 0, true)) {
-        return bad_config(where, "layer_types must list one entry per layer (num_hidden_layers)");
-      }
-      for (std::size_t l = 0; l < types.size(); ++l) {
-        const std::string t = types[l].is_string() ? types[l].get<std::string>() : types[l].dump();
-        if (t == "sliding_attention") {
-          h.sliding_layers.push_back(static_cast<std::int64_t>(l));
-        } else if (t != "full_attention") {
-          return bad_config(where, "layer_types[" + std::to_string(l) + "] is " + t +
-                                       "; it must be \"sliding_attention\" or \"full_attention\"");
-        }
-      }
+      if (auto s = layers_of_type(c["layer_types"], h.num_layers, "sliding_attention", where, h.sliding_layers); !s)
+        return s;
     } else {
       // Bounded: validate() refuses an absurd layer count only after this.
       for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; l += 2) h.sliding_layers.push_back(l);

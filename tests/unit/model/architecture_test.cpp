@@ -658,7 +658,7 @@ TEST(HfConfigValues, Llama4RefusesWhatItCannotRunByName) {
       {"no_rope_layers must hold one 0 or 1 per layer (num_hidden_layers 8", json{{"no_rope_layers", {1, 0}}}},
       {"no_rope_layers must hold one 0 or 1 per layer", json{{"no_rope_layers", {1, 1, 1, 2, 1, 1, 1, 1}}}},
       {"attention_chunk_size is 0; it must be a whole number of 1 or more, or null", json{{"attention_chunk_size", 0}}},
-      {"layer_types[2] is \"sliding_attention\"",
+      {"layer_types[2] is sliding_attention; it must be \"chunked_attention\" or \"full_attention\"",
        json{{"layer_types",
              {"chunked_attention", "chunked_attention", "sliding_attention", "full_attention", "chunked_attention",
               "chunked_attention", "chunked_attention", "full_attention"}}}},

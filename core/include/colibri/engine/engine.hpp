@@ -216,6 +216,7 @@ class Engine {
   [[nodiscard]] static sdk::Tensor rows_from(sdk::Tensor t, std::int64_t first);
   sdk::Status unit_norm_heads(std::int64_t nh, std::int64_t nkv, std::int64_t T, const sdk::OpParams& norm_p);
   sdk::Status scale_queries_by_temperature(std::int64_t qd, std::int64_t T);
+  sdk::Status scaled_columns(const sdk::Tensor& x, std::int64_t rows, std::span<const float> w, Act& weights, Act& out);
   // Logits of the rows of x {D, rows} (host or device): output norm, then the output matmul into logits.
   sdk::Status output_head(const sdk::Tensor& x, float* logits);
   // Appends k and v {kv_heads * head_dim, T} (host or device) at `position` of layer l.
