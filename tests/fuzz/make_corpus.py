@@ -176,6 +176,13 @@ HF_CONFIGS = {
                    "scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                    "qk_norm_type": "per_layer", "attn_window_size": None, "attn_type_list": [1, 1, 1],
                    "tie_word_embeddings": False},
+    "dots1": {"architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "vocab_size": 384, "hidden_size": 256,
+              "intermediate_size": 384, "moe_intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000000.0, "attention_bias": False, "n_routed_experts": 8, "n_shared_experts": 2,
+              "num_experts_per_tok": 3, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+              "scoring_func": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "sliding_window": 4,
+              "max_window_layers": 1, "tie_word_embeddings": False},
 }
 
 

@@ -2,9 +2,9 @@
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
-modeling_deepseek_v3, modeling_rope_utils), MiniMax's own modeling_minimax_m2 and DeepSeek's own modeling_deepseek (the
-checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json +
-safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_deepseek_v3, modeling_dots1, modeling_rope_utils), MiniMax's own modeling_minimax_m2 and DeepSeek's own
+modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint
+itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -262,6 +262,8 @@ def is_sparse(cfg, layer):
             (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     if t == "glm4_moe":
         return layer >= cfg.get("first_k_dense_replace", 1)
+    if t == "dots1":  # DeepseekV3DecoderLayer's rule
+        return layer >= cfg.get("first_k_dense_replace", 0)
     if t == "ernie4_5_moe":
         end = cfg.get("moe_layer_end_index", -1)
         end = cfg["num_hidden_layers"] - 1 if end == -1 else end
@@ -327,7 +329,9 @@ def glm4_moe_moe(cfg, W, pre, h, layer, trace):
     routed experts, plus the shared experts."""
     ne, k_top = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
     n_group, topk_group = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
-    renorm, scale = bool(cfg.get("norm_topk_prob", True)), cfg.get("routed_scaling_factor", 1.0)
+    # Dots1Config's default is False, Glm4MoeConfig's True (DeepseekV3Config's True, always written).
+    renorm = bool(cfg.get("norm_topk_prob", cfg["model_type"] != "dots1"))
+    scale = cfg.get("routed_scaling_factor", 1.0)
     scores = 1.0 / (1.0 + np.exp(-(h @ W[pre + "gate.weight"].T)))  # router in f32 in HF, float64 here
     bias = W.get(pre + "gate.e_score_correction_bias", np.zeros(ne))  # a zero buffer in HF when the file lacks it
     y = np.zeros_like(h)
@@ -583,6 +587,15 @@ def forward(cfg, W, tokens, trace=None):
         window = cfg["sliding_window"]
     layer_types = cfg.get("layer_types") or \
         ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(cfg["num_hidden_layers"])]
+    if t == "dots1":
+        if cfg.get("scoring_func", "noaux_tc") not in ("noaux_tc", "sigmoid"):
+            raise SystemExit("dots1: only sigmoid scoring (noaux_tc) is in the reference")
+        # Dots1Config: a window of sliding_window (4096 when absent, none when null) on the layers layer_types names,
+        # by default those from max_window_layers on.
+        dots_window = cfg.get("sliding_window", 4096)
+        layer_types = cfg.get("layer_types") or \
+            ["sliding_attention" if dots_window is not None and i >= cfg.get("max_window_layers", 62)
+             else "full_attention" for i in range(cfg["num_hidden_layers"])]
     x = W["model.embed_tokens.weight"][np.asarray(tokens)]
     i_idx, j_idx = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
     causal = j_idx <= i_idx
@@ -590,6 +603,8 @@ def forward(cfg, W, tokens, trace=None):
         p = f"model.layers.{l}."
         if t == "gpt_oss":
             window = cfg["sliding_window"] if layer_types[l] == "sliding_attention" else 0
+        if t == "dots1":
+            window = (dots_window or 0) if layer_types[l] == "sliding_attention" else 0
         visible = causal & ((i_idx - j_idx) < window) if window else causal
         sinks = W.get(p + "self_attn.sinks")
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
@@ -619,7 +634,7 @@ def forward(cfg, W, tokens, trace=None):
         q = q.reshape(T, nh, hd)
         k = k.reshape(T, nkv, hd)
         v = v.reshape(T, nkv, hd)
-        if t == "qwen3_moe" or (t == "glm4_moe" and cfg.get("use_qk_norm", False)):
+        if t in ("qwen3_moe", "dots1") or (t == "glm4_moe" and cfg.get("use_qk_norm", False)):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = apply_rope(q, pos, inv_freq, att_scale, interleaved)
@@ -642,7 +657,7 @@ def forward(cfg, W, tokens, trace=None):
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if t == "gpt_oss":
             y = gpt_oss_moe(cfg, W, p + "mlp.", h, l, trace)
-        elif t == "glm4_moe" and is_sparse(cfg, l):
+        elif t in ("glm4_moe", "dots1") and is_sparse(cfg, l):  # Dots1MoE is DeepseekV3MoE, GLM's router
             y = glm4_moe_moe(cfg, W, p + "mlp.", h, l, trace)
         elif t == "minimax_m2":
             y = minimax_m2_moe(cfg, W, p + "block_sparse_moe.", h, l, trace)

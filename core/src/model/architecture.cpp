@@ -45,6 +45,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
                                                     {"DeepseekV2ForCausalLM", "deepseek_v2"},
                                                     {"DeepseekV3ForCausalLM", "deepseek_v3"},
+                                                    {"Dots1ForCausalLM", "dots1"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -52,11 +53,11 @@ const std::map<std::string, std::string>& hf_arch_map() {
 
 // GGUF general.architecture -> colibri's name ("llama" is "mixtral" when it has experts).
 const std::map<std::string, std::string>& gguf_arch_map() {
-  static const std::map<std::string, std::string> m{{"deepseek2", "deepseek_v2"}, {"ernie4_5-moe", "ernie4_5_moe"},
-                                                    {"glm4moe", "glm4_moe"},      {"gpt-oss", "gpt_oss"},
-                                                    {"llama", "llama"},           {"llama4", "llama4"},
-                                                    {"minimax-m2", "minimax_m2"}, {"olmoe", "olmoe"},
-                                                    {"qwen2moe", "qwen2_moe"},    {"qwen3moe", "qwen3_moe"}};
+  static const std::map<std::string, std::string> m{
+      {"deepseek2", "deepseek_v2"}, {"dots1", "dots1"},           {"ernie4_5-moe", "ernie4_5_moe"},
+      {"glm4moe", "glm4_moe"},      {"gpt-oss", "gpt_oss"},       {"llama", "llama"},
+      {"llama4", "llama4"},         {"minimax-m2", "minimax_m2"}, {"olmoe", "olmoe"},
+      {"qwen2moe", "qwen2_moe"},    {"qwen3moe", "qwen3_moe"}};
   return m;
 }
 
@@ -290,6 +291,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "deepseek_v2"  ? Defaults{0, 2048, 1e-6, 10000.0}
                      : a == "deepseek_v3"  ? Defaults{0, 4096, 1e-6, 10000.0}
                      : a == "llama4"       ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
+                     : a == "dots1"        ? Defaults{0, 2048, 1e-6, 10000.0}
                                            : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
@@ -345,8 +347,28 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "llama" && get_bool("mlp_bias", false)) {
     return Status(StatusCode::unsupported, where + ": mlp_bias=true is not supported");
   }
-  if (a == "llama" || a == "qwen3_moe" || a == "olmoe" || a == "gpt_oss") {
+  if (a == "llama" || a == "qwen3_moe" || a == "olmoe" || a == "gpt_oss" || a == "dots1") {
     h.attention_qkv_bias = h.attention_out_bias = get_bool("attention_bias", a == "gpt_oss");
+  }
+  if (a == "dots1") {
+    // Qwen 3's attention: q/k RMS norms per head. Dots1Config slides a window (4096 unless sliding_window is null)
+    // over the layers layer_types names, by default those from max_window_layers on; the released models' 62 of 62
+    // leave none sliding.
+    h.qk_norm = "per_head";
+    h.sliding_window =
+        c.contains("sliding_window") && c["sliding_window"].is_null() ? 0 : get_int("sliding_window", 4096, false);
+    if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+      if (auto s = layers_of_type(c["layer_types"], h.num_layers, "sliding_attention", where, h.sliding_layers); !s)
+        return s;
+    } else {
+      const std::int64_t from = get_int("max_window_layers", 62, false);
+      for (std::int64_t l = std::max<std::int64_t>(from, 0); l < h.num_layers && h.num_layers <= 4096; ++l)
+        h.sliding_layers.push_back(l);
+    }
+    if (h.sliding_window <= 0 || h.sliding_layers.empty()) {
+      h.sliding_window = 0;
+      h.sliding_layers.clear();
+    }
   }
   if (a == "gpt_oss") {
     h.sliding_window = get_int("sliding_window", 128, false);
@@ -485,16 +507,26 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.n_experts = 1;
     h.n_experts_per_tok = 1;
     h.intermediate_size = get_int("intermediate_size", 0, true);
-  } else if (a == "glm4_moe") {
+  } else if (a == "glm4_moe" || a == "dots1") {
+    // dots.llm1 routes as DeepSeek-V3 (transformers' Dots1MoE is DeepseekV3MoE), GLM-4.5 the same way; their
+    // config classes' defaults differ.
+    const bool dots = a == "dots1";
+    if (dots && c.contains("scoring_func") && !c["scoring_func"].is_null() &&
+        !(c["scoring_func"].is_string() &&
+          (c["scoring_func"].get<std::string>() == "noaux_tc" || c["scoring_func"].get<std::string>() == "sigmoid"))) {
+      return bad_config(where, "scoring_func is " + c["scoring_func"].dump().substr(0, 40) +
+                                   "; dots.llm1 scores its experts by sigmoid (\"noaux_tc\")");
+    }
     h.n_experts = get_int("n_routed_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
     h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
     h.intermediate_size = get_int("intermediate_size", 0, true);
-    h.norm_topk_prob = get_bool("norm_topk_prob", true);
+    h.norm_topk_prob = get_bool("norm_topk_prob", !dots);
     h.router_scoring = "sigmoid";
     h.router_selection_bias = true;  // HF registers e_score_correction_bias whatever the config says
     h.routed_scaling_factor = get_float("routed_scaling_factor", 1.0);
-    const std::int64_t shared = get_int("n_shared_experts", 1, false);
+    // Dots1Config has no default (DeepseekV3MoE would fail on None).
+    const std::int64_t shared = get_int("n_shared_experts", dots ? 0 : 1, dots);
     if (shared < 0 || shared > 64) {
       return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
@@ -509,7 +541,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       h.router_groups = groups;
       h.router_groups_used = topk_groups;
     }
-    const std::int64_t dense_first = get_int("first_k_dense_replace", 1, false);
+    const std::int64_t dense_first = get_int("first_k_dense_replace", dots ? 0 : 1, false);
     if (dense_first < 0 || dense_first > h.num_layers) {
       return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
                                    "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
@@ -964,14 +996,14 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
         }
       }
     }
-    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || deepseek) {
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || deepseek) {
       // Any layer's (ERNIE's softmax router has one where the file has it): a sparse layer without it is then named
       // by the converter as a missing tensor.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
-    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || deepseek) &&
+    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || deepseek) &&
         h.shared_expert_intermediate_size == 0) {
       const std::int64_t shared = opt("expert_shared_count", 0);
       if (shared < 0 || shared > 64) {
@@ -980,9 +1012,9 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       }
       h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     }
-    if (a == "glm4_moe" || a == "minimax_m2" || deepseek) {
-      // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) GLM and MiniMax route by sigmoid, DeepSeek
-      // (V2's files) by softmax.
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "dots1" || deepseek) {
+      // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) GLM, MiniMax and dots.llm1 route by sigmoid,
+      // DeepSeek (V2's files) by softmax.
       const std::int64_t gating = opt("expert_gating_func", 0);
       if (gating < 0 || gating > 2) {
         return Status(StatusCode::unsupported, where + ": " + *ga + ".expert_gating_func " + std::to_string(gating) +
@@ -1012,7 +1044,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
-  if (a == "qwen3_moe") h.qk_norm = "per_head";
+  if (a == "qwen3_moe" || a == "dots1") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
   if (a == "glm4_moe" && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr) h.qk_norm = "per_head";
   if (const auto* qn = g.find_tensor("blk.0.attn_q_norm.weight"); a == "minimax_m2" && qn != nullptr) {
@@ -1210,7 +1242,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
         const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe" ||
-                            hp.architecture == "deepseek_v2" || hp.architecture == "deepseek_v3";
+                            hp.architecture == "dots1" || hp.architecture == "deepseek_v2" ||
+                            hp.architecture == "deepseek_v3";
         const std::string shared = p + (plural   ? "mlp.shared_experts."
                                         : llama4 ? "feed_forward.shared_expert."
                                                  : "mlp.shared_expert.");

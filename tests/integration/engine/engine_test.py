@@ -161,6 +161,16 @@ VARIANTS = {
     # intermediate_size_mlp between, no q/k norm, no rope scaling.
     "llama4-maverick": ("llama4", None, ("--set", "interleave_moe_layer_step=2", "--set", "moe_layers=null", "--set",
                                          "use_qk_norm=false", "--set", "rope_scaling=null")),
+    # dots.llm1: Qwen 3's attention (q/k norms per head) and DeepSeek-V3's routing (sigmoid scores, a selection bias,
+    # renormalized x2.5, two shared experts, a dense first layer).
+    "dots1": ("dots1", None),
+    # Dots1Config's window: 4 positions on the layers from max_window_layers (1) on; groups; its class's defaults
+    # when config.json leaves the keys out (no renormalizing, a window of 4096 from layer 62 on: none here), with
+    # attention biases (o_proj's too).
+    "dots1-window": ("dots1", None, ("--set", "sliding_window=4", "--set", "max_window_layers=1")),
+    "dots1-groups": ("dots1", None, ("--set", "n_group=4", "--set", "topk_group=2")),
+    "dots1-defaults": ("dots1", lambda c: [c.pop(k) for k in ("norm_topk_prob", "sliding_window", "max_window_layers")],
+                       ("--set", "attention_bias=true")),
 }
 
 
@@ -391,6 +401,21 @@ class Gguf(unittest.TestCase):
         self.assertIn("router:        sigmoid scores, experts picked with a learned bias, weights renormalized, x2.5",
                       shown)
         self.assert_reference_logits(ckpt, model, "glm4_moe-gguf")
+
+    def test_dots1_from_llama_cpp_layout_matches_the_reference(self):
+        """A dots.llm1 GGUF as llama.cpp writes it (Qwen 2 MoE's keys plus the dense lead, shared count, weights'
+        scale and norm, sigmoid gating; the selection bias as exp_probs_b) gives the HF checkpoint's logits, every
+        tensor used; also with expert groups."""
+        for name, args in (("dots1", ()), ("dots1-groups", ("--set", "n_group=4", "--set", "topk_group=2"))):
+            ckpt, model, out = self.converted_f32_gguf("dots1", name, args)
+            self.assertNotIn("skipped", out, "every GGUF tensor is used")
+            self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+            with open(os.path.join(model, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            self.assertEqual((hp["architecture"], hp["qk_norm"], hp["router_scoring"], hp["routed_scaling_factor"],
+                              hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]),
+                             ("dots1", "per_head", "sigmoid", 2.5, 128, [0]))
+            self.assert_reference_logits(ckpt, model, name + "-gguf")
 
     def test_minimax_m2_from_llama_cpp_layout_matches_the_reference(self):
         """A MiniMax-M2 GGUF as llama.cpp writes it (rope.dimension_count, q/k norms over the projection, the
@@ -732,7 +757,7 @@ class OnePromise(unittest.TestCase):
     def test_batch_and_placement_invariance(self):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
-                             ("llama4", "q4_k_m")):
+                             ("llama4", "q4_k_m"), ("dots1", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")
@@ -758,8 +783,10 @@ class OnePromise(unittest.TestCase):
         those of a cache that keeps every position."""
         tokens = [(i * 37 + 11) % 250 + 1 for i in range(400)]
         for arch, variant, preset in (("gpt_oss", "gpt_oss", "q4_k_m"), ("mistral", "mistral-window", "f32"),
-                                      ("llama4", "llama4", "f32")):  # chunks of 4: the chunk as the window
-            _, model = make_model(variant, arch, VARIANTS[variant][1], preset=preset)
+                                      ("llama4", "llama4", "f32"),  # chunks of 4: the chunk as the window
+                                      ("dots1", "dots1-window", "f32")):
+            _, patch, *gen_args = VARIANTS[variant]
+            _, model = make_model(variant, arch, patch, preset=preset, gen_args=gen_args[0] if gen_args else ())
             full = logits(model, "--set", "memory.kv_sliding_window=false", tokens=tokens, name="kvfull")
             for batch in ("1", "7", "64"):
                 out = os.path.join(WORK, f"{variant}-kvwindow-b{batch}.npy")

@@ -221,6 +221,113 @@ TEST(HfConfigValues, GlmMoeRefusesWhatItCannotRunByName) {
   EXPECT_EQ(grouped->format_version(), 4);
 }
 
+// dots.llm1's config.json, tiny (the released one has no sliding layer: max_window_layers = num_hidden_layers).
+json dots1() {
+  return json{{"architectures", {"Dots1ForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 4},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"n_routed_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"n_shared_experts", 2},
+              {"routed_scaling_factor", 2.5},
+              {"first_k_dense_replace", 1},
+              {"scoring_func", "noaux_tc"},
+              {"norm_topk_prob", true},
+              {"n_group", 1},
+              {"topk_group", 1},
+              {"attention_bias", false},
+              {"sliding_window", nullptr},
+              {"max_window_layers", 4},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 1e7}};
+}
+
+TEST(HfConfigValues, Dots1ReadsQwen3AttentionAndDeepSeekV3Routing) {
+  auto h = hparams_from_hf_config(dots1(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "dots1");
+  EXPECT_EQ(h->head_dim, 16);
+  EXPECT_EQ(h->rope_dims(), 16);  // the whole head
+  EXPECT_FALSE(h->rope_interleaved);
+  EXPECT_EQ(h->qk_norm, "per_head");
+  EXPECT_FALSE(h->attention_qkv_bias);
+  EXPECT_FALSE(h->attention_out_bias);
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 2.5);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 32);
+  EXPECT_FALSE(h->layer_is_sparse(0));
+  EXPECT_TRUE(h->layer_is_sparse(1));
+  EXPECT_EQ(h->sliding_window, 0);
+  EXPECT_EQ(h->nextn_layers, 0);
+  // The plan: plural shared_experts, the selection bias under mlp.gate, q/k norms, ffn_norm in GGUF.
+  const ModelPlan plan = build_plan(*h, "dots1");
+  auto find = [&](const std::string& name) -> const PlannedTensor* {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(find("blk.1.ffn_gate_shexp.weight"), nullptr);
+  EXPECT_EQ(find("blk.1.ffn_gate_shexp.weight")->hf_name, "model.layers.1.mlp.shared_experts.gate_proj.weight");
+  ASSERT_NE(find("blk.1.exp_probs_b.bias"), nullptr);
+  EXPECT_EQ(find("blk.1.exp_probs_b.bias")->hf_name, "model.layers.1.mlp.gate.e_score_correction_bias");
+  ASSERT_NE(find("blk.0.attn_k_norm.weight"), nullptr);
+  EXPECT_EQ(find("blk.0.ffn_norm.weight")->gguf_name, "blk.0.ffn_norm.weight");
+  // Dots1Config's defaults where config.json leaves the keys out: no renormalizing, no dense layer, a window of 4096
+  // from layer max_window_layers (62) on; and q/k/v/o biases with attention_bias.
+  auto c = dots1();
+  for (const char* key : {"norm_topk_prob", "first_k_dense_replace", "sliding_window", "max_window_layers"})
+    c.erase(key);
+  c["attention_bias"] = true;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_FALSE(h->norm_topk_prob);
+  EXPECT_TRUE(h->layer_is_sparse(0));
+  EXPECT_EQ(h->sliding_window, 0);  // 4 layers: none from 62 on
+  EXPECT_TRUE(h->attention_qkv_bias);
+  EXPECT_TRUE(h->attention_out_bias);
+  // A window from max_window_layers on; or on the layers layer_types names.
+  c["max_window_layers"] = 2;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->sliding_window, 4096);
+  EXPECT_EQ(h->sliding_layers, (std::vector<std::int64_t>{2, 3}));
+  c["sliding_window"] = 8;
+  c["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->sliding_window, 8);
+  EXPECT_EQ(h->sliding_layers, (std::vector<std::int64_t>{0, 2}));
+  c["sliding_window"] = nullptr;  // null: no window, whatever layer_types says
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->sliding_window, 0);
+  EXPECT_TRUE(h->sliding_layers.empty());
+}
+
+TEST(HfConfigValues, Dots1RefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"scoring_func is \"softmax\"; dots.llm1 scores its experts by sigmoid", json{{"scoring_func", "softmax"}}},
+      {"missing required field \"n_shared_experts\"", json{{"n_shared_experts", nullptr}}},
+      {"layer_types", json{{"sliding_window", 8}, {"layer_types", {"full_attention"}}}},
+      {"first_k_dense_replace is 5; it must be in 0..num_hidden_layers (4)", json{{"first_k_dense_replace", 5}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = dots1();
+    c.update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+  }
+}
+
 // MiniMax-M2's config.json, tiny.
 json minimax() {
   return json{{"architectures", {"MiniMaxM2ForCausalLM"}},
