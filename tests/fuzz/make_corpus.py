@@ -183,6 +183,15 @@ HF_CONFIGS = {
               "num_experts_per_tok": 3, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
               "scoring_func": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 2.5, "sliding_window": 4,
               "max_window_layers": 1, "tie_word_embeddings": False},
+    "bailing_moe_v2": {"architectures": ["BailingMoeV2ForCausalLM"], "model_type": "bailing_moe_v2",
+                       "vocab_size": 384, "hidden_size": 256, "intermediate_size": 384, "moe_intermediate_size": 64,
+                       "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                       "partial_rotary_factor": 0.5, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                       "rope_theta": 600000, "use_qkv_bias": False, "use_bias": False, "use_qk_norm": True,
+                       "num_experts": 16, "num_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4,
+                       "topk_group": 2, "score_function": "sigmoid", "norm_topk_prob": True,
+                       "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "num_nextn_predict_layers": 0,
+                       "tie_word_embeddings": False},
 }
 
 

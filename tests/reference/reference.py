@@ -2,8 +2,9 @@
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
-modeling_deepseek_v3, modeling_dots1, modeling_rope_utils), MiniMax's own modeling_minimax_m2 and DeepSeek's own
-modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint
+modeling_deepseek_v3, modeling_dots1, modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own
+modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the checkpoints' remote code, where it and transformers'
+port differ). It reads the HF checkpoint
 itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
@@ -564,9 +565,42 @@ def llama4_forward(top, W, tokens, trace):
     return x @ W["lm_head.weight"].T
 
 
+def bailing_moe_v2_as_glm(cfg, W):
+    """Ling 2.0's remote code (modeling_bailing_moe_v2) is GLM-4.5's forward under other names: q, k and v cut from
+    query_key_value's [q; k; v] head rows, optional per-head q/k RMS norms before RoPE, RoPE (rotate_half) on the first
+    rotary_dim or partial_rotary_factor of each head, attention.dense with use_bias, and BailingMoeV2Gate, which is
+    Glm4MoeTopkRouter (sigmoid, expert_bias picks within the best topk_group of n_group groups ranked by their best
+    two, x routed_scaling_factor) except that it renormalizes whenever it picks several experts, whatever
+    norm_topk_prob says. Returns GLM's config and weight names."""
+    if cfg.get("use_qkv_bias") or cfg.get("score_function", "sigmoid") != "sigmoid":
+        raise SystemExit("bailing_moe_v2: q/k/v biases and other scoring than sigmoid are not in the reference")
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim_of(cfg)
+    g = dict(cfg, model_type="glm4_moe", n_routed_experts=cfg["num_experts"],
+             n_shared_experts=cfg.get("num_shared_experts") or 0, norm_topk_prob=cfg["num_experts_per_tok"] > 1,
+             attention_bias=False, num_nextn_predict_layers=0,
+             partial_rotary_factor=(cfg["rotary_dim"] / hd if cfg.get("rotary_dim")
+                                    else cfg.get("partial_rotary_factor", 0.5)))
+    w = {}
+    for name, v in W.items():
+        name = name.replace("model.word_embeddings.", "model.embed_tokens.").replace(".attention.dense.",
+                                                                                     ".self_attn.o_proj.")
+        name = name.replace(".attention.query_layernorm.", ".self_attn.q_norm.").replace(
+            ".attention.key_layernorm.", ".self_attn.k_norm.").replace(".mlp.gate.expert_bias",
+                                                                       ".mlp.gate.e_score_correction_bias")
+        if name.endswith(".attention.query_key_value.weight"):
+            p = name[:-len("attention.query_key_value.weight")] + "self_attn."
+            w[p + "q_proj.weight"], w[p + "k_proj.weight"], w[p + "v_proj.weight"] = np.split(
+                v, [nh * hd, (nh + nkv) * hd])
+            continue
+        w[name] = v
+    return g, w
+
+
 def forward(cfg, W, tokens, trace=None):
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
+    if cfg["model_type"] == "bailing_moe_v2":
+        cfg, W = bailing_moe_v2_as_glm(cfg, W)
     t = cfg["model_type"]
     eps = cfg["rms_norm_eps"]
     nh, nkv, hd = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"], head_dim_of(cfg)

@@ -46,6 +46,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"DeepseekV2ForCausalLM", "deepseek_v2"},
                                                     {"DeepseekV3ForCausalLM", "deepseek_v3"},
                                                     {"Dots1ForCausalLM", "dots1"},
+                                                    {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -53,11 +54,18 @@ const std::map<std::string, std::string>& hf_arch_map() {
 
 // GGUF general.architecture -> colibri's name ("llama" is "mixtral" when it has experts).
 const std::map<std::string, std::string>& gguf_arch_map() {
-  static const std::map<std::string, std::string> m{
-      {"deepseek2", "deepseek_v2"}, {"dots1", "dots1"},           {"ernie4_5-moe", "ernie4_5_moe"},
-      {"glm4moe", "glm4_moe"},      {"gpt-oss", "gpt_oss"},       {"llama", "llama"},
-      {"llama4", "llama4"},         {"minimax-m2", "minimax_m2"}, {"olmoe", "olmoe"},
-      {"qwen2moe", "qwen2_moe"},    {"qwen3moe", "qwen3_moe"}};
+  static const std::map<std::string, std::string> m{{"bailingmoe2", "bailing_moe_v2"},
+                                                    {"deepseek2", "deepseek_v2"},
+                                                    {"dots1", "dots1"},
+                                                    {"ernie4_5-moe", "ernie4_5_moe"},
+                                                    {"glm4moe", "glm4_moe"},
+                                                    {"gpt-oss", "gpt_oss"},
+                                                    {"llama", "llama"},
+                                                    {"llama4", "llama4"},
+                                                    {"minimax-m2", "minimax_m2"},
+                                                    {"olmoe", "olmoe"},
+                                                    {"qwen2moe", "qwen2_moe"},
+                                                    {"qwen3moe", "qwen3_moe"}};
   return m;
 }
 
@@ -279,20 +287,21 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     std::int64_t max_positions;
     double rms_norm_eps, rope_theta;
   };
-  const Defaults d = a == "mixtral"        ? Defaults{8, 4096 * 32, 1e-5, 1e6}
-                     : a == "mistral"      ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
-                     : a == "qwen2_moe"    ? Defaults{16, 32768, 1e-6, 10000.0}
-                     : a == "qwen3_moe"    ? Defaults{4, 32768, 1e-6, 10000.0}
-                     : a == "olmoe"        ? Defaults{0, 4096, 1e-5, 10000.0}
-                     : a == "gpt_oss"      ? Defaults{8, 131072, 1e-5, 150000.0}
-                     : a == "glm4_moe"     ? Defaults{8, 131072, 1e-5, 10000.0}
-                     : a == "minimax_m2"   ? Defaults{8, 196608, 1e-6, 5e6}
-                     : a == "ernie4_5_moe" ? Defaults{4, 131072, 1e-5, 500000.0}
-                     : a == "deepseek_v2"  ? Defaults{0, 2048, 1e-6, 10000.0}
-                     : a == "deepseek_v3"  ? Defaults{0, 4096, 1e-6, 10000.0}
-                     : a == "llama4"       ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
-                     : a == "dots1"        ? Defaults{0, 2048, 1e-6, 10000.0}
-                                           : Defaults{0, 2048, 1e-6, 10000.0};  // llama
+  const Defaults d = a == "mixtral"          ? Defaults{8, 4096 * 32, 1e-5, 1e6}
+                     : a == "mistral"        ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
+                     : a == "qwen2_moe"      ? Defaults{16, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_moe"      ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "olmoe"          ? Defaults{0, 4096, 1e-5, 10000.0}
+                     : a == "gpt_oss"        ? Defaults{8, 131072, 1e-5, 150000.0}
+                     : a == "glm4_moe"       ? Defaults{8, 131072, 1e-5, 10000.0}
+                     : a == "minimax_m2"     ? Defaults{8, 196608, 1e-6, 5e6}
+                     : a == "ernie4_5_moe"   ? Defaults{4, 131072, 1e-5, 500000.0}
+                     : a == "deepseek_v2"    ? Defaults{0, 2048, 1e-6, 10000.0}
+                     : a == "deepseek_v3"    ? Defaults{0, 4096, 1e-6, 10000.0}
+                     : a == "llama4"         ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
+                     : a == "dots1"          ? Defaults{0, 2048, 1e-6, 10000.0}
+                     : a == "bailing_moe_v2" ? Defaults{0, 16384, 1e-5, 10000.0}
+                                             : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
       h.num_heads % h.num_kv_heads != 0) {
@@ -369,6 +378,40 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       h.sliding_window = 0;
       h.sliding_layers.clear();
     }
+  }
+  if (a == "bailing_moe_v2") {
+    // Ling 2.0: q, k and v in one query_key_value projection (cut apart at convert time), per-head q/k norms, RoPE
+    // (NeoX pairs) on the first rotary_dim (Ling-1T) or partial_rotary_factor of each head. The config classes that
+    // ship with the checkpoints disagree on the defaults of these switches, so config.json must say them.
+    for (const char* key : {"use_qkv_bias", "use_bias", "use_qk_norm"}) {
+      if (!c.contains(key) || !c[key].is_boolean()) {
+        return bad_config(where, std::string("field \"") + key +
+                                     "\" must be true or false (the released Ling 2.0 configs write it); fix it in "
+                                     "config.json");
+      }
+    }
+    if (c["use_qkv_bias"].get<bool>()) {
+      return Status(StatusCode::unsupported, where +
+                                                 ": use_qkv_bias=true is not supported; the released Ling 2.0 "
+                                                 "models have no q/k/v biases");
+    }
+    h.attention_out_bias = c["use_bias"].get<bool>();
+    if (c["use_qk_norm"].get<bool>()) h.qk_norm = "per_head";
+    double factor = get_float("partial_rotary_factor", 0.5);
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+        c["rope_parameters"].contains("partial_rotary_factor")) {
+      const auto& f = c["rope_parameters"]["partial_rotary_factor"];
+      if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
+      factor = f.get<double>();
+    }
+    const std::int64_t rotary = get_int("rotary_dim", 0, false);
+    const std::int64_t dims = rotary > 0 ? rotary : rotated_dims(h.head_dim, factor);
+    if (h.head_dim > 0 && (dims < 2 || dims > h.head_dim || dims % 2 != 0)) {
+      return bad_config(where, "rotary_dim / partial_rotary_factor give " + std::to_string(dims) +
+                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
+                                   "; it must be even and in 2..head_dim; fix it in config.json");
+    }
+    h.rotary_dims = dims == h.head_dim ? 0 : dims;
   }
   if (a == "gpt_oss") {
     h.sliding_window = get_int("sliding_window", 128, false);
@@ -550,6 +593,56 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     // Bounded: validate() refuses an absurd layer count only after this.
     for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
     // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
+    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
+    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
+      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+  } else if (a == "bailing_moe_v2") {
+    // BailingMoeV2Gate: sigmoid scores, expert_bias picks within the best topk_group of n_group groups (always: the
+    // gate runs group_limited_topk), the picked scores renormalized whenever it picks several (norm_topk_prob is not
+    // read), then x routed_scaling_factor; shared experts moe_intermediate_size x num_shared_experts wide.
+    if (c.contains("score_function") && !c["score_function"].is_null() &&
+        !(c["score_function"].is_string() && c["score_function"].get<std::string>() == "sigmoid")) {
+      return bad_config(where, "score_function is " + c["score_function"].dump().substr(0, 40) +
+                                   "; Ling 2.0 scores its experts by \"sigmoid\"");
+    }
+    if (!c.contains("routed_scaling_factor") || !c["routed_scaling_factor"].is_number()) {
+      return bad_config(where,
+                        "missing required field \"routed_scaling_factor\" (a number; the released Ling 2.0 "
+                        "configs write 2.5)");
+    }
+    h.n_experts = get_int("num_experts", 0, true);
+    h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
+    h.moe_intermediate_size = get_int("moe_intermediate_size", 0, true);
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+    h.norm_topk_prob = h.n_experts_per_tok > 1;
+    h.router_scoring = "sigmoid";
+    h.router_selection_bias = true;  // a registered buffer whatever moe_router_enable_expert_bias says
+    h.routed_scaling_factor = get_float("routed_scaling_factor", 1.0);
+    const std::int64_t shared = get_int("num_shared_experts", 0, true);
+    if (shared < 0 || shared > 64) {
+      return bad_config(where, "num_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
+    }
+    h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    const std::int64_t groups = get_int("n_group", 8, false), topk_groups = get_int("topk_group", 4, false);
+    if (groups < 1 || topk_groups < 1 || topk_groups > groups) {
+      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(topk_groups) +
+                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
+    }
+    if (groups > 1 && topk_groups < groups) {
+      h.router_groups = groups;
+      h.router_groups_used = topk_groups;
+    }
+    const std::int64_t dense_first = get_int("first_k_dense_replace", 0, true);
+    if (dense_first < 0 || dense_first > h.num_layers) {
+      return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+    for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
+    // As llama.cpp reads the checkpoints: the MTP layers follow the last layer (none in the released models).
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
     if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
       return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
@@ -986,9 +1079,10 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
     // llama.cpp renormalizes MiniMax's and ERNIE's weights whatever the key says.
     if (a == "minimax_m2" || a == "ernie4_5_moe") h.norm_topk_prob = true;
-    if (a == "ernie4_5_moe") {
-      // llama.cpp's converter writes intermediate_size / num_key_value_heads as the shared expert's width (right
-      // for the released models only): the tensor's own width is the truth.
+    if (a == "ernie4_5_moe" || a == "bailing_moe_v2") {
+      // llama.cpp's converter writes intermediate_size / num_key_value_heads as ERNIE's shared expert's width, and
+      // its bailingmoe2 loader multiplies the written width by the shared count again (right for the released
+      // models only, one shared expert): the tensor's own width is the truth.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".ffn_gate_shexp.weight") && t.ne.size() == 2) {
           h.shared_expert_intermediate_size = t.ne[1];
@@ -996,14 +1090,16 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
         }
       }
     }
-    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || deepseek) {
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || a == "bailing_moe_v2" ||
+        deepseek) {
       // Any layer's (ERNIE's softmax router has one where the file has it): a sparse layer without it is then named
       // by the converter as a missing tensor.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".exp_probs_b.bias")) h.router_selection_bias = true;
       }
     }
-    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || deepseek) &&
+    if ((a == "glm4_moe" || a == "minimax_m2" || a == "ernie4_5_moe" || a == "dots1" || a == "bailing_moe_v2" ||
+         deepseek) &&
         h.shared_expert_intermediate_size == 0) {
       const std::int64_t shared = opt("expert_shared_count", 0);
       if (shared < 0 || shared > 64) {
@@ -1012,7 +1108,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
       }
       h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     }
-    if (a == "glm4_moe" || a == "minimax_m2" || a == "dots1" || deepseek) {
+    if (a == "glm4_moe" || a == "minimax_m2" || a == "dots1" || a == "bailing_moe_v2" || deepseek) {
       // llama.cpp's gating: 1 softmax, 2 sigmoid; without the key (0) GLM, MiniMax and dots.llm1 route by sigmoid,
       // DeepSeek (V2's files) by softmax.
       const std::int64_t gating = opt("expert_gating_func", 0);
@@ -1046,7 +1142,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
   if (a == "qwen3_moe" || a == "dots1") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
-  if (a == "glm4_moe" && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr) h.qk_norm = "per_head";
+  if ((a == "glm4_moe" || a == "bailing_moe_v2") && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr)
+    h.qk_norm = "per_head";
   if (const auto* qn = g.find_tensor("blk.0.attn_q_norm.weight"); a == "minimax_m2" && qn != nullptr) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
@@ -1155,7 +1252,28 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     plan.shared.push_back(std::move(t));
   };
   // Multi-head attention: q, k, v, o (llama.cpp's permuted Q/K rows undone for its llama GGUFs).
+  const bool bailing = hp.architecture == "bailing_moe_v2";
   auto add_attention = [&](const std::string& b, const std::string& p, std::int64_t l) {
+    if (bailing) {
+      // Ling 2.0: [q; k; v] rows in attention.query_key_value (llama.cpp's attn_qkv the same), cut apart here.
+      const std::int64_t all = q_dim + 2 * kv_dim;
+      const std::string hf = p + "attention.query_key_value.weight", gguf = b + "attn_qkv.weight";
+      const auto cut = [&](const char* name, std::int64_t first, std::int64_t rows, TensorKind kind) {
+        add(b + name, hf, {rows, hid}, kind, l);
+        plan.shared.back().gguf_name = gguf;
+        plan.shared.back().hf_pick = plan.shared.back().gguf_pick = RowPick{1, all, first, rows, false};
+      };
+      cut("attn_q.weight", 0, q_dim, TensorKind::attn_q);
+      cut("attn_k.weight", q_dim, kv_dim, TensorKind::attn_k);
+      cut("attn_v.weight", q_dim + kv_dim, kv_dim, TensorKind::attn_v);
+      add(b + "attn_output.weight", p + "attention.dense.weight", {hid, q_dim}, TensorKind::attn_o, l);
+      if (hp.attention_out_bias) add(b + "attn_output.bias", p + "attention.dense.bias", {hid}, TensorKind::bias, l);
+      if (hp.qk_norm == "per_head") {
+        add(b + "attn_q_norm.weight", p + "attention.query_layernorm.weight", {hp.head_dim}, TensorKind::norm, l);
+        add(b + "attn_k_norm.weight", p + "attention.key_layernorm.weight", {hp.head_dim}, TensorKind::norm, l);
+      }
+      return;
+    }
     add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l, hp.num_heads);
     add(b + "attn_k.weight", p + "self_attn.k_proj.weight", {kv_dim, hid}, TensorKind::attn_k, l, hp.num_kv_heads);
     add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {kv_dim, hid}, TensorKind::attn_v, l);
@@ -1209,7 +1327,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
         RowPick{nh, dn + dv, dn, dv, false}, RowPick{});
     add(b + "attn_output.weight", a + "o_proj.weight", {hid, nh * dv}, TensorKind::attn_o, l);
   };
-  add("token_embd.weight", "model.embed_tokens.weight", {hp.vocab_size, hid}, TensorKind::embedding, -1);
+  add("token_embd.weight", bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight", {hp.vocab_size, hid},
+      TensorKind::embedding, -1);
   // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
   const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
   const bool gpt_oss = hp.architecture == "gpt_oss";
@@ -1236,13 +1355,14 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       if (hp.router_selection_bias) {
         const std::string hf = hp.architecture == "minimax_m2"     ? p + "block_sparse_moe.e_score_correction_bias"
                                : hp.architecture == "ernie4_5_moe" ? p + "mlp.moe_statics.e_score_correction_bias"
+                               : bailing                           ? p + "mlp.gate.expert_bias"
                                                                    : p + router + ".e_score_correction_bias";
         add(b + "exp_probs_b.bias", hf, {hp.n_experts}, TensorKind::bias, l);
       }
       if (hp.shared_expert_intermediate_size > 0) {
         const std::int64_t sff = hp.shared_expert_intermediate_size;
         const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe" ||
-                            hp.architecture == "dots1" || hp.architecture == "deepseek_v2" ||
+                            hp.architecture == "dots1" || bailing || hp.architecture == "deepseek_v2" ||
                             hp.architecture == "deepseek_v3";
         const std::string shared = p + (plural   ? "mlp.shared_experts."
                                         : llama4 ? "feed_forward.shared_expert."

@@ -30,6 +30,13 @@ const char* kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
 
+// Ling 2.0's (inclusionAI's Bailing tokenizer.json, possessive quantifiers and all; Oniguruma runs them): Qwen 2's
+// split but for one newline at a time.
+const char* kBailingRegex =
+    "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|"
+    "\\s+";
+
 // Mistral's tekken (Mistral Nemo) and OpenAI's o200k (gpt-oss, llama.cpp's "gpt-4o").
 const char* kTekkenRegex =
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?["
@@ -146,6 +153,8 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);
       normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
+    } else if (pre == "bailingmoe" || pre == "bailingmoe2" || pre == "llada-moe") {
+      pre_tok = tokenizer::detail::split_then_byte_level_json(kBailingRegex);
     } else if (pre == "solar-open") {
       // Qwen 2's split (llama.cpp's SOLAR_OPEN shares its regex); no normalizer, as llama.cpp reads it.
       pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);

@@ -171,6 +171,14 @@ VARIANTS = {
     "dots1-groups": ("dots1", None, ("--set", "n_group=4", "--set", "topk_group=2")),
     "dots1-defaults": ("dots1", lambda c: [c.pop(k) for k in ("norm_topk_prob", "sliding_window", "max_window_layers")],
                        ("--set", "attention_bias=true")),
+    # Ling 2.0: q, k and v in one query_key_value projection, per-head q/k norms, RoPE on half of each head, a
+    # sigmoid router whose expert_bias picks within the best 2 of 4 groups, renormalized (whatever norm_topk_prob
+    # says) x2.5, a shared expert, a dense first layer.
+    "bailing_moe_v2": ("bailing_moe_v2", None),
+    # Ling-1T's rotary_dim instead of partial_rotary_factor; no groups; an attention.dense bias; no q/k norms.
+    "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
+                                ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
+                                 "use_qk_norm=false", "--set", "norm_topk_prob=false")),
 }
 
 
@@ -416,6 +424,20 @@ class Gguf(unittest.TestCase):
                               hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]),
                              ("dots1", "per_head", "sigmoid", 2.5, 128, [0]))
             self.assert_reference_logits(ckpt, model, name + "-gguf")
+
+    def test_bailing_moe_v2_from_llama_cpp_layout_matches_the_reference(self):
+        """A Ling 2.0 GGUF as llama.cpp writes it (the fused attn_qkv, rope.dimension_count, expert groups, sigmoid
+        gating, the shared width its loader multiplies by the shared count) gives the HF checkpoint's logits, every
+        tensor used."""
+        ckpt, model, out = self.converted_f32_gguf("bailing_moe_v2")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["architecture"], hp["qk_norm"], hp["rotary_dims"], hp["router_groups"],
+                          hp["router_groups_used"], hp["routed_scaling_factor"], hp["shared_expert_intermediate_size"],
+                          hp["mlp_only_layers"]), ("bailing_moe_v2", "per_head", 32, 4, 2, 2.5, 64, [0]))
+        self.assert_reference_logits(ckpt, model, "bailing_moe_v2-gguf")
 
     def test_minimax_m2_from_llama_cpp_layout_matches_the_reference(self):
         """A MiniMax-M2 GGUF as llama.cpp writes it (rope.dimension_count, q/k norms over the projection, the
@@ -757,7 +779,8 @@ class OnePromise(unittest.TestCase):
     def test_batch_and_placement_invariance(self):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
-                             ("llama4", "q4_k_m"), ("dots1", "q4_k_m")):
+                             ("llama4", "q4_k_m"), ("dots1", "q4_k_m"),
+                             ("bailing_moe_v2", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

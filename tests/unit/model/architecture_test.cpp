@@ -328,6 +328,118 @@ TEST(HfConfigValues, Dots1RefusesWhatItCannotRunByName) {
   }
 }
 
+// Ling-mini-2.0's config.json, tiny.
+json ling() {
+  return json{{"architectures", {"BailingMoeV2ForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"head_dim", 32},
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"num_experts", 16},
+              {"num_experts_per_tok", 4},
+              {"num_shared_experts", 1},
+              {"n_group", 4},
+              {"topk_group", 2},
+              {"routed_scaling_factor", 2.5},
+              {"first_k_dense_replace", 1},
+              {"score_function", "sigmoid"},
+              {"norm_topk_prob", true},
+              {"partial_rotary_factor", 0.5},
+              {"use_qkv_bias", false},
+              {"use_bias", false},
+              {"use_qk_norm", true},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 600000}};
+}
+
+TEST(HfConfigValues, LingReadsItsFusedAttentionAndGroupedRouter) {
+  auto h = hparams_from_hf_config(ling(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "bailing_moe_v2");
+  EXPECT_EQ(h->qk_norm, "per_head");
+  EXPECT_EQ(h->rotary_dims, 16);
+  EXPECT_FALSE(h->rope_interleaved);
+  EXPECT_FALSE(h->attention_out_bias);
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->router_selection_bias);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 2.5);
+  EXPECT_EQ(h->router_groups, 4);
+  EXPECT_EQ(h->router_groups_used, 2);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(h->layer_is_sparse(0));
+  EXPECT_TRUE(h->layer_is_sparse(1));
+  // q, k and v are cut from one tensor, in HF and GGUF alike.
+  const ModelPlan plan = build_plan(*h, "bailingmoe2");
+  auto find = [&](const std::string& name) -> const PlannedTensor* {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  };
+  const PlannedTensor* k = find("blk.0.attn_k.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->hf_name, "model.layers.0.attention.query_key_value.weight");
+  EXPECT_EQ(k->gguf_name, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(k->shape, (std::vector<std::int64_t>{64, 64}));
+  EXPECT_EQ((std::vector<std::int64_t>{k->hf_pick.blocks, k->hf_pick.block, k->hf_pick.first, k->hf_pick.count}),
+            (std::vector<std::int64_t>{1, 256, 128, 64}));
+  EXPECT_EQ(find("blk.0.attn_output.weight")->hf_name, "model.layers.0.attention.dense.weight");
+  EXPECT_EQ(find("blk.0.attn_q_norm.weight")->hf_name, "model.layers.0.attention.query_layernorm.weight");
+  EXPECT_EQ(find("token_embd.weight")->hf_name, "model.word_embeddings.weight");
+  EXPECT_EQ(find("blk.1.exp_probs_b.bias")->hf_name, "model.layers.1.mlp.gate.expert_bias");
+  EXPECT_EQ(find("blk.1.ffn_up_shexp.weight")->hf_name, "model.layers.1.mlp.shared_experts.up_proj.weight");
+  // The gate renormalizes whenever it picks several, whatever norm_topk_prob says; Ling-1T's rotary_dim; no groups;
+  // attention.dense's bias; no q/k norms.
+  auto c = ling();
+  c["norm_topk_prob"] = false;
+  c.erase("partial_rotary_factor");
+  c["rotary_dim"] = 8;
+  c["n_group"] = 1;
+  c["topk_group"] = 1;
+  c["use_bias"] = true;
+  c["use_qk_norm"] = false;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_EQ(h->rotary_dims, 8);
+  EXPECT_FALSE(h->grouped_routing());
+  EXPECT_TRUE(h->attention_out_bias);
+  EXPECT_EQ(h->qk_norm, "none");
+  c["num_experts_per_tok"] = 1;  // one pick: its score as it is
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_FALSE(h->norm_topk_prob);
+}
+
+TEST(HfConfigValues, LingRefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"use_qkv_bias=true is not supported", json{{"use_qkv_bias", true}}},
+      {"field \"use_bias\" must be true or false (the released Ling 2.0 configs write it)",
+       json{{"use_bias", nullptr}}},
+      {"field \"use_qk_norm\" must be true or false", json{{"use_qk_norm", "yes"}}},
+      {"score_function is \"softmax\"; Ling 2.0 scores its experts by \"sigmoid\"",
+       json{{"score_function", "softmax"}}},
+      {"missing required field \"routed_scaling_factor\"", json{{"routed_scaling_factor", nullptr}}},
+      {"missing required field \"num_shared_experts\"", json{{"num_shared_experts", nullptr}}},
+      {"missing required field \"first_k_dense_replace\"", json{{"first_k_dense_replace", nullptr}}},
+      {"rotary_dim / partial_rotary_factor give 33 rotated dims of head_dim 32", json{{"rotary_dim", 33}}},
+      {"n_group 4 and topk_group 5 must be 1 or more", json{{"topk_group", 5}}},
+      {"num_nextn_predict_layers is 4; it must be in 0..num_hidden_layers (3)", json{{"num_nextn_predict_layers", 4}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto c = ling();
+    c.update(patch);
+    auto h = hparams_from_hf_config(c, "config.json");
+    ASSERT_FALSE(h) << patch.dump();
+    EXPECT_NE(h.error().message().find(want), std::string::npos) << h.error().message();
+  }
+}
+
 // MiniMax-M2's config.json, tiny.
 json minimax() {
   return json{{"architectures", {"MiniMaxM2ForCausalLM"}},

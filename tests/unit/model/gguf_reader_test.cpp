@@ -475,6 +475,27 @@ TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
   EXPECT_EQ(encode("llama4", "xyz"), (Ids{260}));
 }
 
+// Ling 2.0's GGUFs (bailingmoe2, and Ling 1's bailingmoe) split with their tokenizer.json's regex and, unlike Qwen 2's,
+// compose nothing first: a decomposed é stays e + U+0301.
+TEST(GgufTokenizer, BailingSplitsAsLingsTokenizerWithoutComposing) {
+  const auto encode = [](const std::string& pre, const std::string& text) {
+    auto g = open_bytes(testing::temp_dir("bailing") / "b.gguf", kimi_gguf(pre));
+    EXPECT_TRUE(g.has_value()) << g.error().to_string();
+    auto r = rebuild_tokenizer_from_gguf(*g);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_TRUE(r->notes.empty()) << pre << ": " << r->notes.front();
+    auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
+    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+    return tok->encode(text);
+  };
+  using Ids = std::vector<tokenizer::TokenId>;
+  for (const char* pre : {"bailingmoe2", "bailingmoe", "llada-moe"}) {
+    EXPECT_EQ(encode(pre, "e\xcc\x81"), (Ids{'e', 0xcc, 0x81})) << pre;
+    EXPECT_EQ(encode(pre, "ab1 xyz"), (Ids{256, '1', ' ', 'x', 'y', 'z'})) << pre;  // digits alone, " xyz" one piece
+  }
+  EXPECT_EQ(encode("qwen2", "e\xcc\x81"), (Ids{0xc3, 0xa9}));
+}
+
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
   Bytes b;
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(2);
