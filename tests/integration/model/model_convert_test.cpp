@@ -486,8 +486,9 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
     cfg["architectures"] = {"Qwen3NextForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d,
-                         "'Qwen3NextForCausalLM' is not supported; supported: DeepseekV2ForCausalLM, "
-                         "DeepseekV3ForCausalLM, Ernie4_5_MoeForCausalLM, Glm4MoeForCausalLM",
+                         "'Qwen3NextForCausalLM' is not supported; supported: BailingMoeV2ForCausalLM, "
+                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, "
+                         "Glm4MoeForCausalLM",
                          "arch");
   }
   {  // an eos id that is no token id is refused, not dropped (generation would never stop)
