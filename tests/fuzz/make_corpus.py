@@ -266,8 +266,12 @@ def chat_output_seeds():
         4: '{"city": "Paris", "units": {"temp": "C"}, "list": [true, false, null]}',
         5: '<think>\nThe user wants 2+2.\n</think>\n\nIt is 4.',
         6: 'still thinking</think>Answer <think>not a tag here</think>',
-        7 | 0x10: '<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
-                  'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        # The fuzzer picks by mode % 9, and harmony's tools by bit 0x10: 25 is harmony with tools (7 | 0x10 was 5).
+        25: '<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary '
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        # 72 (0 with bit 0x40): Llama 3.x / 4's bare JSON calls.
+        72: '<|python_start|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", '
+            '"parameters": {}}<|python_end|> then text',
         8: 'Hello there.<|end|><|start|>assistant<|channel|>analysis<|message|>hm<|end|>'
            '<|start|>assistant<|channel|>final<|message|>Bye<|return|>',
     }

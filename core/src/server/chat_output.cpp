@@ -146,11 +146,16 @@ std::string_view opening_marker(ToolFormat format) {
     case ToolFormat::deepseek_v31:
     case ToolFormat::kimi_k2: return section_syntax(format)->section_open;
     case ToolFormat::mistral_v11: return kMistralOpen;
-    case ToolFormat::harmony:  // HarmonyStream reads its calls
+    case ToolFormat::harmony:      // HarmonyStream reads its calls
+    case ToolFormat::llama3_json:  // no marker: the answer's start (parse_llama3_json)
     case ToolFormat::none: break;
   }
   return {};
 }
+
+// Llama's optional tags before (and, Llama 4's <|python_end|>, between or after) its JSON calls.
+constexpr std::string_view kPythonTag = "<|python_tag|>", kPythonStart = "<|python_start|>",
+                           kPythonEnd = "<|python_end|>";
 
 bool is_space(char c) {
   return c == ' ' || c == '\n' || c == '\r' || c == '\t';
@@ -353,6 +358,41 @@ Calls parse_marked_json(std::string_view text, std::size_t pos, std::string_view
     if (!close.empty() && text.substr(pos).starts_with(close)) pos += close.size();
     if (const std::size_t next = skip_space(text, pos); text.substr(next).starts_with(open)) pos = next;
   }
+  return std::make_pair(std::move(calls), pos);
+}
+
+// Skips spaces and Llama's tags at `pos`: <|python_tag|> / <|python_start|> before the calls, <|python_end|> around.
+std::size_t skip_python_tags(std::string_view text, std::size_t pos, bool opening) {
+  for (;;) {
+    pos = skip_space(text, pos);
+    const std::string_view rest = text.substr(pos);
+    if (opening && (rest.starts_with(kPythonTag) || rest.starts_with(kPythonStart))) {
+      pos += rest.starts_with(kPythonTag) ? kPythonTag.size() : kPythonStart.size();
+      opening = false;
+    } else if (rest.starts_with(kPythonEnd)) {
+      pos += kPythonEnd.size();
+    } else {
+      return pos;
+    }
+  }
+}
+
+// Llama 3.x / 4: call objects from the answer's start (after its tags), apart by ';' or ',' and spaces.
+Calls parse_llama3_json(std::string_view text) {
+  std::size_t pos = skip_python_tags(text, 0, true);
+  std::vector<ToolCall> calls;
+  while (pos < text.size() && text[pos] == '{') {
+    const std::size_t start = pos;
+    auto value = json_value_at(text, pos);
+    if (!value) return std::nullopt;
+    auto call = call_from_object(*value, text.substr(start, pos - start));
+    if (!call) return std::nullopt;
+    calls.push_back(std::move(*call));
+    pos = skip_space(text, pos);
+    if (pos < text.size() && (text[pos] == ';' || text[pos] == ',')) pos = skip_space(text, pos + 1);
+    pos = skip_python_tags(text, pos, false);
+  }
+  if (calls.empty()) return std::nullopt;
   return std::make_pair(std::move(calls), pos);
 }
 
@@ -805,6 +845,9 @@ ToolFormat detect_tool_format(std::string_view source) {
   if (source.find(kDeepseekCallsOpen) != std::string_view::npos)
     return source.find("```json") != std::string_view::npos ? ToolFormat::deepseek_v3 : ToolFormat::deepseek_v31;
   if (source.find(kKimiK2.section_open) != std::string_view::npos) return ToolFormat::kimi_k2;
+  // Llama 3.1 to 3.3 and 4 ask for the call as JSON in words (and write earlier ones so), with no tag around it.
+  if (source.find("\"parameters\": dictionary of argument name") != std::string_view::npos)
+    return ToolFormat::llama3_json;
   return ToolFormat::none;
 }
 
@@ -822,6 +865,7 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::minimax_m2: return "minimax_m2";
     case ToolFormat::deepseek_v32: return "deepseek_v32";
     case ToolFormat::deepseek_v4: return "deepseek_v4";
+    case ToolFormat::llama3_json: return "llama3_json";
     case ToolFormat::none: break;
   }
   return "none";
@@ -832,7 +876,7 @@ std::string supported_tool_formats() {
   for (const ToolFormat f :
        {ToolFormat::hermes, ToolFormat::qwen3_coder, ToolFormat::glm45, ToolFormat::mistral, ToolFormat::mistral_v11,
         ToolFormat::deepseek_v3, ToolFormat::deepseek_v31, ToolFormat::deepseek_v32, ToolFormat::deepseek_v4,
-        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::harmony}) {
+        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::llama3_json, ToolFormat::harmony}) {
     out += (out.empty() ? "" : ", ") + std::string(tool_format_name(f));
   }
   return out;
@@ -865,6 +909,7 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
     }
     case ToolFormat::mistral_v11: return {kMistralOpen, kMistralV11.sep, kMistralV11.id_marker};
     case ToolFormat::harmony: return {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
+    case ToolFormat::llama3_json: return {kPythonTag, kPythonStart, kPythonEnd};
     case ToolFormat::none: break;
   }
   return {};
@@ -983,6 +1028,7 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     }
     case ToolFormat::harmony:  // after the template's "<|start|>assistant"
       return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
+    case ToolFormat::llama3_json: return "{\"name\": " + name + ", \"parameters\": ";
     case ToolFormat::none: break;
   }
   return {};
@@ -1002,6 +1048,7 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::deepseek_v32:
     case ToolFormat::deepseek_v4:
     case ToolFormat::harmony:
+    case ToolFormat::llama3_json:  // no opener: the answer starts with the object
     case ToolFormat::none: break;
   }
   return {};
@@ -1028,6 +1075,16 @@ std::string tool_call_id(ToolFormat format, std::uint64_t random) {
 }
 
 ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ToolSchemas& types) {
+  if (format == ToolFormat::llama3_json) {
+    const Calls calls = parse_llama3_json(text);
+    if (!calls || std::any_of(calls->first.begin(), calls->first.end(),
+                              [&](const ToolCall& c) { return !types.may_call(c.name); })) {
+      return ToolParse{std::string(text), {}};
+    }
+    ToolParse out{"", std::move(calls->first)};
+    out.content = std::string(trim_right(text.substr(skip_space(text, calls->second))));
+    return out;
+  }
   const std::string_view marker = opening_marker(format);
   const std::size_t at = marker.empty() ? std::string_view::npos : text.find(marker);
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
@@ -1068,6 +1125,9 @@ struct ToolCallStream::Preview {
     ds_arguments,
     ds_after_arguments,  // spaces, then ``` if there
     ds_after_fence,      // spaces, then the call's closing marker if there
+    ll_open,             // llama3_json: spaces, then <|python_tag|> or <|python_start|> if there
+    ll_sep,              // llama3_json: spaces, then ';' or ',' if there
+    ll_end,              // llama3_json: spaces and <|python_end|>s, then a call object
     stopped,
   };
   At at = At::marker;
@@ -1197,7 +1257,8 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
     // Where a marker may follow spaces, the spaces are skipped first.
     const bool spaces = p.at == At::value || p.at == At::item || p.at == At::next_item || p.at == At::after_value ||
                         p.at == At::after_close || p.at == At::ds_call || p.at == At::ds_fence || p.at == At::ds_open ||
-                        p.at == At::ds_after_arguments || p.at == At::ds_after_fence;
+                        p.at == At::ds_after_arguments || p.at == At::ds_after_fence || p.at == At::ll_open ||
+                        p.at == At::ll_sep || p.at == At::ll_end;
     if (spaces && is_space(c)) {
       ++p.pos;
       continue;
@@ -1216,7 +1277,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
     };
     switch (p.at) {
       case At::marker:
-        if (deepseek && section->section_open.empty()) {
+        if (format_ == ToolFormat::llama3_json) {
+          p.at = At::ll_open;
+        } else if (deepseek && section->section_open.empty()) {
           p.at = At::ds_call;  // Mistral v11: the marker opens each call
         } else if (!expect(open, deepseek ? At::ds_call : At::value, At::stopped)) {
           return;
@@ -1237,6 +1300,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         break;
       case At::object:
         if (!p.json.advance(rest.substr(0, 1))) {
+          // What was read before the break goes out now, as it would have had a push ended there: so what a broken
+          // call was sent does not depend on how its text was cut into pushes.
+          send_object();
           p.at = At::stopped;
           break;
         }
@@ -1244,7 +1310,30 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         ++p.pos;
         if (p.scan.closed()) {
           send_object();
-          p.at = required_ ? At::stopped : p.in_array ? At::next_item : At::after_value;
+          p.at = required_                            ? At::stopped
+                 : p.in_array                         ? At::next_item
+                 : format_ == ToolFormat::llama3_json ? At::ll_sep
+                                                      : At::after_value;
+        }
+        break;
+      // llama3_json, in parse_llama3_json's order (what it reads, the preview reads no differently).
+      case At::ll_open: {
+        const Match tag = match(rest, kPythonTag), start = match(rest, kPythonStart);
+        if (tag == Match::more || start == Match::more) return;
+        if (tag == Match::yes || start == Match::yes)
+          p.pos += tag == Match::yes ? kPythonTag.size() : kPythonStart.size();
+        p.at = At::ll_end;
+        break;
+      }
+      case At::ll_sep:
+        if (c == ';' || c == ',') ++p.pos;
+        p.at = At::ll_end;
+        break;
+      case At::ll_end:
+        if (c == '{') {
+          begin_object();
+        } else if (!expect(kPythonEnd, At::ll_end, At::stopped)) {
+          return;
         }
         break;
       case At::next_item:
@@ -1305,6 +1394,7 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
         [[fallthrough]];
       case At::ds_arguments:
         if (!p.json.advance(rest.substr(0, 1))) {
+          send(p.name, p.arguments.text(), false);  // as in At::object
           p.at = At::stopped;
           break;
         }
@@ -1338,6 +1428,22 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
   const std::string_view marker = opening_marker(format_);
   if (in_calls_) {
     preview(out);
+    return out;
+  }
+  if (format_ == ToolFormat::llama3_json && !sent_text_) {
+    // Calls only begin the answer: it is held while it may still begin one.
+    const std::string_view start = std::string_view(held_).substr(skip_space(held_, 0));
+    if (start.empty()) return out;
+    if (start.front() == '{' || start.starts_with(kPythonTag) || start.starts_with(kPythonStart)) {
+      in_calls_ = true;
+      preview(out);
+      return out;
+    }
+    if (match(start, kPythonTag) == Match::more || match(start, kPythonStart) == Match::more) return out;
+    sent_text_ = true;  // text: from here on it goes out as it comes
+  }
+  if (format_ == ToolFormat::llama3_json) {
+    out.content = std::exchange(held_, {});
     return out;
   }
   if (marker.empty()) {

