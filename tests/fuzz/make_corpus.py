@@ -192,6 +192,16 @@ HF_CONFIGS = {
                        "topk_group": 2, "score_function": "sigmoid", "norm_topk_prob": True,
                        "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "num_nextn_predict_layers": 0,
                        "tie_word_embeddings": False},
+    "qwen3_vl_moe": {"architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+                     "tie_word_embeddings": False, "vision_config": {"depth": 1, "deepstack_visual_indexes": [0]},
+                     "text_config": {"model_type": "qwen3_vl_moe_text", "vocab_size": 384, "hidden_size": 256,
+                                     "intermediate_size": 384, "moe_intermediate_size": 64, "num_hidden_layers": 3,
+                                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                                     "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                                     "mlp_only_layers": [], "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+                                     "rope_theta": 5000000, "rope_scaling": {"mrope_interleaved": True,
+                                                                             "mrope_section": [12, 10, 10],
+                                                                             "rope_type": "default"}}},
 }
 
 

@@ -2,10 +2,10 @@
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
-modeling_deepseek_v3, modeling_dots1, modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own
-modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the checkpoints' remote code, where it and transformers'
-port differ). It reads the HF checkpoint
-itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_rope_utils), MiniMax's own
+modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the checkpoints'
+remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json + safetensors),
+not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -596,9 +596,42 @@ def bailing_moe_v2_as_glm(cfg, W):
     return g, w
 
 
+def qwen3_vl_moe_as_qwen3_moe(cfg, W):
+    """Qwen3-VL-MoE's language model (transformers' modeling_qwen3_vl_moe) on text alone is Qwen3-MoE's forward: its
+    interleaved multimodal RoPE gives a text token the same position in all three sections (plain RoPE), its router
+    always renormalizes (Qwen3VLMoeTextTopKRouter), and its experts are fused input-major, gate_up_proj [E, D, 2F] with
+    the gate in the first half, down_proj [E, F, D]. Returns Qwen3-MoE's config and weight names."""
+    tc = dict(cfg["text_config"])
+    rs = tc.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type", "default")) not in ("default", "mrope"):
+        raise SystemExit("qwen3_vl_moe: only default (multimodal) RoPE is in the reference")
+    tie = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    g = dict(tc, model_type="qwen3_moe", norm_topk_prob=True, rope_scaling=None, tie_word_embeddings=tie)
+    w = {}
+    for name, v in W.items():
+        if name.startswith("model.visual."):
+            continue
+        name = name.replace("model.language_model.", "model.", 1)
+        if name.endswith("mlp.experts.gate_up_proj"):
+            p, f = name[:-len("gate_up_proj")], v.shape[2] // 2
+            for e in range(v.shape[0]):
+                w[p + f"{e}.gate_proj.weight"] = v[e][:, :f].T
+                w[p + f"{e}.up_proj.weight"] = v[e][:, f:].T
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            p = name[:-len("down_proj")]
+            for e in range(v.shape[0]):
+                w[p + f"{e}.down_proj.weight"] = v[e].T
+            continue
+        w[name] = v
+    return g, w
+
+
 def forward(cfg, W, tokens, trace=None):
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
+    if cfg["model_type"] == "qwen3_vl_moe":
+        cfg, W = qwen3_vl_moe_as_qwen3_moe(cfg, W)
     if cfg["model_type"] == "bailing_moe_v2":
         cfg, W = bailing_moe_v2_as_glm(cfg, W)
     t = cfg["model_type"]

@@ -47,6 +47,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"DeepseekV3ForCausalLM", "deepseek_v3"},
                                                     {"Dots1ForCausalLM", "dots1"},
                                                     {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
+                                                    {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -65,7 +66,8 @@ const std::map<std::string, std::string>& gguf_arch_map() {
                                                     {"minimax-m2", "minimax_m2"},
                                                     {"olmoe", "olmoe"},
                                                     {"qwen2moe", "qwen2_moe"},
-                                                    {"qwen3moe", "qwen3_moe"}};
+                                                    {"qwen3moe", "qwen3_moe"},
+                                                    {"qwen3vlmoe", "qwen3_vl_moe"}};
   return m;
 }
 
@@ -236,8 +238,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                                "' is not supported; supported: " + join(supported_hf_architectures()));
   }
   h.architecture = it->second;
-  // Llama 4's image-text checkpoints nest the language model's fields in text_config (transformers' Llama4Config).
-  if (h.architecture == "llama4" && c.contains("text_config") && c["text_config"].is_object()) {
+  // Llama 4's and Qwen3-VL's image-text checkpoints nest the language model's fields in text_config (transformers'
+  // Llama4Config, Qwen3VLMoeConfig).
+  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe") && c.contains("text_config") &&
+      c["text_config"].is_object()) {
     json text = c["text_config"];
     text.erase("text_config");  // one level: a nested one again is no config transformers writes
     text["architectures"] = c["architectures"];
@@ -291,6 +295,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "mistral"        ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
                      : a == "qwen2_moe"      ? Defaults{16, 32768, 1e-6, 10000.0}
                      : a == "qwen3_moe"      ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_vl_moe"   ? Defaults{16, 128000, 1e-6, 500000.0}
                      : a == "olmoe"          ? Defaults{0, 4096, 1e-5, 10000.0}
                      : a == "gpt_oss"        ? Defaults{8, 131072, 1e-5, 150000.0}
                      : a == "glm4_moe"       ? Defaults{8, 131072, 1e-5, 10000.0}
@@ -347,7 +352,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.hidden_act = c["hidden_act"].get<std::string>();
   }
   if (h.hidden_act == "silu" || h.hidden_act == "swish") h.hidden_act = "silu";
-  h.tie_word_embeddings = get_bool("tie_word_embeddings", false);
+  h.tie_word_embeddings = get_bool("tie_word_embeddings", a == "qwen3_vl_moe");  // Qwen3VLMoeTextConfig: true
   if (a == "mistral" || a == "mixtral") h.sliding_window = get_int("sliding_window", a == "mistral" ? 4096 : 0, false);
   if ((a == "qwen2_moe" || a == "qwen3_moe") && get_bool("use_sliding_window", false)) {
     return Status(StatusCode::unsupported,
@@ -540,7 +545,14 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (auto s = llama4_layers(c, where, h); !s) return s;
   }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
-  if (a == "qwen3_moe") h.qk_norm = "per_head";
+  if (a == "qwen3_moe" || a == "qwen3_vl_moe") h.qk_norm = "per_head";
+  if (a == "qwen3_vl_moe" && h.rope_scaling.is_object()) {
+    // Qwen3-VL's multimodal RoPE (mrope_section, interleaved): a text token's three position components are its one
+    // position, so it is plain RoPE for text, which is all colibri reads.
+    const auto& rs = h.rope_scaling;
+    const json type = rs.contains("rope_type") ? rs["rope_type"] : rs.contains("type") ? rs["type"] : json("default");
+    if (type == "default" || type == "mrope") h.rope_scaling = nullptr;
+  }
   if (a == "olmoe") {
     h.qk_norm = "full";
     h.clip_qkv = get_float("clip_qkv", 0.0);
@@ -778,7 +790,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   } else {
     h.n_experts = get_int("num_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
-    h.norm_topk_prob = get_bool("norm_topk_prob", false);
+    // Qwen3-VL's router always renormalizes (its text config has no norm_topk_prob).
+    h.norm_topk_prob = a == "qwen3_vl_moe" || get_bool("norm_topk_prob", false);
     if (a == "olmoe") {
       h.moe_intermediate_size = get_int("intermediate_size", 0, true);
     } else {
@@ -1073,7 +1086,8 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.moe_intermediate_size = opt("expert_feed_forward_length", 0);
     if (h.moe_intermediate_size == 0) h.moe_intermediate_size = req("feed_forward_length");
     h.intermediate_size = opt("feed_forward_length", 0);
-    const bool default_norm = a == "mixtral" || a == "qwen3_moe";  // what llama.cpp assumes without the key
+    // What llama.cpp assumes without the key.
+    const bool default_norm = a == "mixtral" || a == "qwen3_moe" || a == "qwen3_vl_moe";
     h.norm_topk_prob = g.get_bool(*ga + ".expert_weights_norm").value_or(default_norm);
     if (a == "gpt_oss") h.norm_topk_prob = true;  // a softmax over the chosen logits (llama.cpp: SOFTMAX_WEIGHT)
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
@@ -1140,7 +1154,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   }
   h.attention_qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   h.attention_out_bias = g.find_tensor("blk.0.attn_output.bias") != nullptr;
-  if (a == "qwen3_moe" || a == "dots1") h.qk_norm = "per_head";
+  if (a == "qwen3_moe" || a == "qwen3_vl_moe" || a == "dots1") h.qk_norm = "per_head";
   if (a == "olmoe") h.qk_norm = "full";
   if ((a == "glm4_moe" || a == "bailing_moe_v2") && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr)
     h.qk_norm = "per_head";
@@ -1333,6 +1347,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   const bool mixtral = hp.architecture == "mixtral" || hp.architecture == "minimax_m2";
   const bool gpt_oss = hp.architecture == "gpt_oss";
   const bool llama4 = hp.architecture == "llama4";  // feed_forward.*, experts fused as gate_up_proj [E, D, 2F]
+  // Experts fused as gate_up_proj [E, D, 2F], gate the first half, and down_proj [E, F, D]: Llama 4, Qwen3-VL.
+  const bool fused_halves = llama4 || hp.architecture == "qwen3_vl_moe";
   for (std::int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
@@ -1401,12 +1417,12 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
           t.gguf_expert = e;
           t.gguf_alt_name = b + "ffn_" + kPart[i] + "." + std::to_string(e) + ".weight";
         }
-        if (gpt_oss || (llama4 && sparse)) {
+        if (gpt_oss || (fused_halves && sparse)) {
           const std::string experts = p + (llama4 ? "feed_forward.experts." : "mlp.experts.");
           t.hf_name = experts + (i == 2 ? "down_proj" : "gate_up_proj");
           t.hf_expert = e;
           t.hf_fused_part = i == 2 ? -1 : i;
-          t.hf_fused_halves = llama4;
+          t.hf_fused_halves = fused_halves;
         }
       }
       if (hp.expert_bias()) {  // gpt-oss: a bias per projection, cut from [E, 2F] / [E, D] tensors
@@ -1436,6 +1452,18 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     for (auto& layer : plan.experts) {
       for (auto& parts : layer) {
         for (auto& t : parts) t.hf_name = "language_model." + t.hf_name;
+      }
+    }
+  }
+  // Qwen3-VL's under model.language_model. (model.visual. is not read), lm_head where it was.
+  if (hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration") {
+    const auto move = [](PlannedTensor& t) {
+      if (t.hf_name.starts_with("model.")) t.hf_name = "model.language_model." + t.hf_name.substr(6);
+    };
+    for (auto& t : plan.shared) move(t);
+    for (auto& layer : plan.experts) {
+      for (auto& parts : layer) {
+        for (auto& t : parts) move(t);
       }
     }
   }

@@ -1319,6 +1319,9 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     auto layer_of = [&](const std::string& name) -> std::int64_t {
       std::string_view prefix = in.is_gguf ? "blk." : "model.layers.";
       if (!in.is_gguf && std::string_view(name).starts_with("language_model.")) prefix = "language_model.model.layers.";
+      if (!in.is_gguf && std::string_view(name).starts_with("model.language_model.")) {
+        prefix = "model.language_model.layers.";
+      }
       if (!std::string_view(name).starts_with(prefix)) return -1;
       std::int64_t layer = 0;
       const char* first = name.data() + prefix.size();
@@ -1332,10 +1335,16 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     });
     const auto nextn_tensors = static_cast<std::size_t>(nextn_end - unused.begin());
     unused.erase(unused.begin(), nextn_end);
-    // Llama 4's image-text checkpoints: the vision tower and its projector; colibri runs the language model.
+    // Llama 4's and Qwen3-VL's image-text checkpoints: the vision tower (and projector); colibri runs the language
+    // model.
+    const std::vector<std::string> vision_prefixes =
+        in.is_gguf                          ? std::vector<std::string>{}
+        : hp.architecture == "llama4"       ? std::vector<std::string>{"vision_model.", "multi_modal_projector."}
+        : hp.architecture == "qwen3_vl_moe" ? std::vector<std::string>{"model.visual."}
+                                            : std::vector<std::string>{};
     const auto vision_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
-      return !in.is_gguf && hp.architecture == "llama4" &&
-             (name.starts_with("vision_model.") || name.starts_with("multi_modal_projector."));
+      return std::any_of(vision_prefixes.begin(), vision_prefixes.end(),
+                         [&](const std::string& p) { return name.starts_with(p); });
     });
     const auto vision_tensors = static_cast<std::size_t>(vision_end - unused.begin());
     unused.erase(unused.begin(), vision_end);
@@ -1375,9 +1384,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                  " were skipped: colibri does not draft tokens with them");
     }
     if (vision_tensors > 0) {
-      summary.warnings.push_back(std::to_string(vision_tensors) +
-                                 " tensor(s) of the vision tower (vision_model., multi_modal_projector.) were skipped: "
-                                 "colibri runs the language model, text in and text out");
+      std::string prefixes;
+      for (const auto& p : vision_prefixes) prefixes += (prefixes.empty() ? "" : ", ") + p;
+      summary.warnings.push_back(std::to_string(vision_tensors) + " tensor(s) of the vision tower (" + prefixes +
+                                 ") were skipped: colibri runs the language model, text in and text out");
     }
     if (!unused.empty()) {
       summary.warnings.push_back(std::to_string(unused.size()) + " tensor(s) of the input are not used by " +

@@ -176,6 +176,15 @@ VARIANTS = {
     # says) x2.5, a shared expert, a dense first layer.
     "bailing_moe_v2": ("bailing_moe_v2", None),
     # Ling-1T's rotary_dim instead of partial_rotary_factor; no groups; an attention.dense bias; no q/k norms.
+    # Qwen3-VL-MoE's language model: Qwen3-MoE under text_config and model.language_model., experts fused as
+    # gate_up_proj [E, D, 2F] (gate the first half) and down_proj, a router that always renormalizes, multimodal RoPE
+    # (plain for text), a vision tower to skip.
+    "qwen3_vl_moe": ("qwen3_vl_moe", None),
+    # A dense layer between (mlp_only_layers), norm_topk_prob false in the file (the router renormalizes anyway), and
+    # the word embeddings tied when neither config says otherwise (Qwen3VLMoeTextConfig's default).
+    "qwen3_vl_moe-variants": ("qwen3_vl_moe", lambda c: (c.pop("tie_word_embeddings"),
+                                                         c["text_config"].pop("tie_word_embeddings")),
+                              ("--set", "mlp_only_layers=[1]", "--set", "norm_topk_prob=false")),
     "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
                                 ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
                                  "use_qk_norm=false", "--set", "norm_topk_prob=false")),
@@ -247,6 +256,25 @@ class Llama4(unittest.TestCase):
         self.assertIn("within chunks of 4 on 3 of 4 layers, no rope on 1 layer (their queries scaled from position 3 "
                       "on), q/k RMS-normalized after rope", out)
         self.assertIn("router:        sigmoid scores, the weight scales the expert's input", out)
+
+
+class Qwen3VlMoe(unittest.TestCase):
+    def test_vision_tower_skipped(self):
+        """Qwen3-VL-MoE's checkpoint converts its language model: convert says the vision tower's tensors were
+        skipped (not that the input holds unknown tensors), and the manifest has the text model's shape."""
+        ckpt = os.path.join(WORK, "qwen3_vl_moe")
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "qwen3_vl_moe", "--out", ckpt, "--dtype", "f32"],
+                           check=True, capture_output=True)
+        model = os.path.join(WORK, "qwen3_vl_moe-vision-f32")
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
+        self.assertIn("2 tensor(s) of the vision tower (model.visual.) were skipped", p.stdout + p.stderr)
+        self.assertNotIn("are not used by", p.stdout + p.stderr)
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["architecture"], hp["hf_architecture"], hp["num_layers"], hp["n_experts"]),
+                         ("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", 3, 8))
 
 
 class Tiktoken(unittest.TestCase):
@@ -424,6 +452,18 @@ class Gguf(unittest.TestCase):
                               hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]),
                              ("dots1", "per_head", "sigmoid", 2.5, 128, [0]))
             self.assert_reference_logits(ckpt, model, name + "-gguf")
+
+    def test_qwen3_vl_moe_from_llama_cpp_layout_matches_the_reference(self):
+        """A Qwen3-VL-MoE GGUF as llama.cpp writes it (qwen3vlmoe: Qwen3-MoE's keys and names, the fused experts
+        split and transposed, rope.dimension_sections and n_deepstack_layers, no vision tower) gives the HF
+        checkpoint's logits, every tensor used."""
+        ckpt, model, out = self.converted_f32_gguf("qwen3_vl_moe")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["architecture"], hp["qk_norm"], hp["norm_topk_prob"], hp.get("rope_scaling")),
+                         ("qwen3_vl_moe", "per_head", True, None))
+        self.assert_reference_logits(ckpt, model, "qwen3_vl_moe-gguf")
 
     def test_bailing_moe_v2_from_llama_cpp_layout_matches_the_reference(self):
         """A Ling 2.0 GGUF as llama.cpp writes it (the fused attn_qkv, rope.dimension_count, expert groups, sigmoid
@@ -780,7 +820,7 @@ class OnePromise(unittest.TestCase):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
                              ("llama4", "q4_k_m"), ("dots1", "q4_k_m"),
-                             ("bailing_moe_v2", "q4_k_m")):
+                             ("bailing_moe_v2", "q4_k_m"), ("qwen3_vl_moe", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

@@ -30,9 +30,9 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral",     "qwen2_moe",   "qwen3_moe", "olmoe",         "llama",
-                                         "mistral",     "gpt_oss",     "glm4_moe",  "minimax_m2",    "ernie4_5_moe",
-                                         "deepseek_v2", "deepseek_v3", "dots1",     "bailing_moe_v2"};
+const std::vector<std::string> kArchs = {"mixtral",     "qwen2_moe",   "qwen3_moe", "olmoe",          "llama",
+                                         "mistral",     "gpt_oss",     "glm4_moe",  "minimax_m2",     "ernie4_5_moe",
+                                         "deepseek_v2", "deepseek_v3", "dots1",     "bailing_moe_v2", "qwen3_vl_moe"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -196,7 +196,13 @@ TEST_P(ArchTest, ManifestCarriesTheConfigHyperParameters) {
   convert_ok(src, out, "f16");
   auto m = load_manifest(out);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
-  const json cfg = json::parse(slurp(src / "config.json"));
+  json cfg = json::parse(slurp(src / "config.json"));
+  if (cfg.contains("text_config")) {  // an image-text checkpoint: its language model's fields
+    json text = cfg["text_config"];
+    text["architectures"] = cfg["architectures"];
+    if (!text.contains("tie_word_embeddings")) text["tie_word_embeddings"] = cfg["tie_word_embeddings"];
+    cfg = text;
+  }
   const auto& h = m->hparams;
   EXPECT_EQ(h.architecture, arch);
   EXPECT_EQ(h.hf_architecture, cfg["architectures"][0]);

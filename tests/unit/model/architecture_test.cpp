@@ -440,6 +440,66 @@ TEST(HfConfigValues, LingRefusesWhatItCannotRunByName) {
   }
 }
 
+// Qwen3-VL-30B-A3B's config.json, tiny: the language model's fields in text_config.
+json qwen3_vl() {
+  return json{
+      {"architectures", {"Qwen3VLMoeForConditionalGeneration"}},
+      {"model_type", "qwen3_vl_moe"},
+      {"tie_word_embeddings", false},
+      {"vision_config", {{"depth", 1}}},
+      {"text_config",
+       {{"model_type", "qwen3_vl_moe_text"},
+        {"vocab_size", 64},
+        {"hidden_size", 64},
+        {"head_dim", 32},
+        {"num_hidden_layers", 2},
+        {"num_attention_heads", 4},
+        {"num_key_value_heads", 2},
+        {"intermediate_size", 96},
+        {"moe_intermediate_size", 16},
+        {"num_experts", 8},
+        {"num_experts_per_tok", 2},
+        {"decoder_sparse_step", 1},
+        {"mlp_only_layers", json::array()},
+        {"rope_theta", 5000000},
+        {"rope_scaling", {{"mrope_interleaved", true}, {"mrope_section", {8, 4, 4}}, {"rope_type", "default"}}}}}};
+}
+
+TEST(HfConfigValues, Qwen3VlMoeReadsItsLanguageModel) {
+  auto h = hparams_from_hf_config(qwen3_vl(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "qwen3_vl_moe");
+  EXPECT_EQ(h->qk_norm, "per_head");
+  EXPECT_TRUE(h->rope_scaling.is_null());  // multimodal RoPE is plain RoPE for text
+  EXPECT_EQ(h->rope_theta, 5000000);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_FALSE(h->tie_word_embeddings);
+  EXPECT_EQ(h->max_position_embeddings, 128000);  // Qwen3VLMoeTextConfig's default
+  // The experts fused as gate_up_proj halves and down_proj under model.language_model.; lm_head where it is.
+  const ModelPlan plan = build_plan(*h);
+  const PlannedTensor& gate = plan.experts[1][3][0];
+  EXPECT_EQ(gate.hf_name, "model.language_model.layers.1.mlp.experts.gate_up_proj");
+  EXPECT_EQ(gate.hf_expert, 3);
+  EXPECT_EQ(gate.hf_fused_part, 0);
+  EXPECT_TRUE(gate.hf_fused_halves);
+  EXPECT_EQ(plan.experts[1][3][2].hf_name, "model.language_model.layers.1.mlp.experts.down_proj");
+  EXPECT_EQ(plan.shared.front().hf_name, "model.language_model.embed_tokens.weight");
+  EXPECT_EQ(plan.shared.back().hf_name, "lm_head.weight");
+  // Neither config says: the text config's default ties the embeddings; norm_topk_prob false is not read.
+  auto c = qwen3_vl();
+  c.erase("tie_word_embeddings");
+  c["text_config"]["norm_topk_prob"] = false;
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_TRUE(h->tie_word_embeddings);
+  EXPECT_TRUE(h->norm_topk_prob);
+  // A scaling that is no multimodal RoPE stays (and is refused or run by its own rules).
+  c["text_config"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->rope_scaling.value("rope_type", ""), "linear");
+}
+
 // MiniMax-M2's config.json, tiny.
 json minimax() {
   return json{{"architectures", {"MiniMaxM2ForCausalLM"}},
