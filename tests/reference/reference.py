@@ -2,10 +2,10 @@
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
-modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_rope_utils), MiniMax's own
-modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the checkpoints'
-remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json + safetensors),
-not colibri's converted model, so a converter bug shows up too.
+modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_glm4_moe_lite, modeling_rope_utils), MiniMax's
+own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the
+checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json +
+safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -627,7 +627,27 @@ def qwen3_vl_moe_as_qwen3_moe(cfg, W):
     return g, w
 
 
+def glm4_moe_lite_as_deepseek_v3(cfg):
+    """GLM-4.7-Flash (transformers' modeling_glm4_moe_lite) is DeepSeek-V3's forward: DeepseekV3Attention (MLA,
+    rope_interleave), GLM-4.5's router (DeepSeek-V3's), its MoE layers by mlp_layer_types (default: all but the first)
+    and Glm4MoeLiteConfig's defaults (routed_scaling_factor 1.8). Returns DeepSeek-V3's config."""
+    rp = cfg.get("rope_parameters") or {}
+    if rp.get("partial_rotary_factor", 1.0) != 1.0:
+        raise SystemExit("glm4_moe_lite: partial_rotary_factor != 1 is not in the reference")
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+    dense = [i for i, t in enumerate(types) if t == "dense"]
+    if dense != list(range(len(dense))):
+        raise SystemExit("glm4_moe_lite: only leading dense layers are in the reference")
+    return dict(cfg, model_type="deepseek_v3", first_k_dense_replace=len(dense), moe_layer_freq=1,
+                routed_scaling_factor=cfg.get("routed_scaling_factor", 1.8),
+                norm_topk_prob=cfg.get("norm_topk_prob", True), rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+                rope_theta=rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
 def forward(cfg, W, tokens, trace=None):
+    if cfg["model_type"] == "glm4_moe_lite":
+        cfg = glm4_moe_lite_as_deepseek_v3(cfg)
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
     if cfg["model_type"] == "qwen3_vl_moe":

@@ -45,6 +45,8 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Ernie4_5_MoeForCausalLM", "ernie4_5_moe"},
                                                     {"DeepseekV2ForCausalLM", "deepseek_v2"},
                                                     {"DeepseekV3ForCausalLM", "deepseek_v3"},
+                                                    // GLM-4.7-Flash: DeepSeek-V3's attention and GLM-4.5's router
+                                                    {"Glm4MoeLiteForCausalLM", "deepseek_v3"},
                                                     {"Dots1ForCausalLM", "dots1"},
                                                     {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
@@ -250,6 +252,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     return hparams_from_hf_config(text, where + " (text_config)");
   }
+  const bool glm_lite = h.hf_architecture == "Glm4MoeLiteForCausalLM";
   const std::string& a = h.architecture;
   Status err;
   auto get_int = [&](const char* key, std::int64_t def, bool required) -> std::int64_t {
@@ -291,22 +294,23 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     std::int64_t max_positions;
     double rms_norm_eps, rope_theta;
   };
-  const Defaults d = a == "mixtral"          ? Defaults{8, 4096 * 32, 1e-5, 1e6}
-                     : a == "mistral"        ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
-                     : a == "qwen2_moe"      ? Defaults{16, 32768, 1e-6, 10000.0}
-                     : a == "qwen3_moe"      ? Defaults{4, 32768, 1e-6, 10000.0}
-                     : a == "qwen3_vl_moe"   ? Defaults{16, 128000, 1e-6, 500000.0}
-                     : a == "olmoe"          ? Defaults{0, 4096, 1e-5, 10000.0}
-                     : a == "gpt_oss"        ? Defaults{8, 131072, 1e-5, 150000.0}
-                     : a == "glm4_moe"       ? Defaults{8, 131072, 1e-5, 10000.0}
-                     : a == "minimax_m2"     ? Defaults{8, 196608, 1e-6, 5e6}
-                     : a == "ernie4_5_moe"   ? Defaults{4, 131072, 1e-5, 500000.0}
-                     : a == "deepseek_v2"    ? Defaults{0, 2048, 1e-6, 10000.0}
-                     : a == "deepseek_v3"    ? Defaults{0, 4096, 1e-6, 10000.0}
-                     : a == "llama4"         ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
-                     : a == "dots1"          ? Defaults{0, 2048, 1e-6, 10000.0}
-                     : a == "bailing_moe_v2" ? Defaults{0, 16384, 1e-5, 10000.0}
-                                             : Defaults{0, 2048, 1e-6, 10000.0};  // llama
+  const Defaults d = a == "mixtral"                   ? Defaults{8, 4096 * 32, 1e-5, 1e6}
+                     : a == "mistral"                 ? Defaults{8, 4096 * 32, 1e-6, 10000.0}
+                     : a == "qwen2_moe"               ? Defaults{16, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_moe"               ? Defaults{4, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_vl_moe"            ? Defaults{16, 128000, 1e-6, 500000.0}
+                     : a == "olmoe"                   ? Defaults{0, 4096, 1e-5, 10000.0}
+                     : a == "gpt_oss"                 ? Defaults{8, 131072, 1e-5, 150000.0}
+                     : a == "glm4_moe"                ? Defaults{8, 131072, 1e-5, 10000.0}
+                     : a == "minimax_m2"              ? Defaults{8, 196608, 1e-6, 5e6}
+                     : a == "ernie4_5_moe"            ? Defaults{4, 131072, 1e-5, 500000.0}
+                     : a == "deepseek_v2"             ? Defaults{0, 2048, 1e-6, 10000.0}
+                     : a == "deepseek_v3" && glm_lite ? Defaults{0, 202752, 1e-5, 10000.0}
+                     : a == "deepseek_v3"             ? Defaults{0, 4096, 1e-6, 10000.0}
+                     : a == "llama4"                  ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
+                     : a == "dots1"                   ? Defaults{0, 2048, 1e-6, 10000.0}
+                     : a == "bailing_moe_v2"          ? Defaults{0, 16384, 1e-5, 10000.0}
+                                                      : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
       h.num_heads % h.num_kv_heads != 0) {
@@ -519,6 +523,15 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                                  "and Kimi models have no attention biases");
     }
     h.q_lora_rank = get_int("q_lora_rank", 0, false);  // null: queries straight from the hidden state (V2-Lite)
+    // GLM-4.7-Flash's RoPE rotates qk_rope_head_dim x partial_rotary_factor (1 unless rope_parameters says).
+    if (glm_lite && c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+        c["rope_parameters"].contains("partial_rotary_factor") &&
+        c["rope_parameters"]["partial_rotary_factor"] != json(1.0)) {
+      return Status(StatusCode::unsupported, where + ": rope_parameters.partial_rotary_factor " +
+                                                 c["rope_parameters"]["partial_rotary_factor"].dump().substr(0, 20) +
+                                                 " is not supported with multi-head latent attention (1: the whole "
+                                                 "qk_rope_head_dim)");
+    }
     h.kv_lora_rank = get_int("kv_lora_rank", 0, true);
     const std::int64_t nope = get_int("qk_nope_head_dim", 0, true), rope = get_int("qk_rope_head_dim", 0, true);
     h.v_head_dim = get_int("v_head_dim", 0, true);
@@ -677,7 +690,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     const bool v3 = a == "deepseek_v3";
     // V2's code renormalizes only several picks.
     h.norm_topk_prob = get_bool("norm_topk_prob", v3) && (v3 || h.n_experts_per_tok > 1);
-    const double scale = get_float("routed_scaling_factor", v3 ? 2.5 : 1.0);
+    const double scale = get_float("routed_scaling_factor", glm_lite ? 1.8 : v3 ? 2.5 : 1.0);
     // V3 scores by sigmoid, V2 by softmax; DeepSeek's code refuses the other.
     const std::string scoring = v3 ? "sigmoid" : "softmax";
     if (c.contains("scoring_func") && !c["scoring_func"].is_null() &&
@@ -715,15 +728,33 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return bad_config(where, "n_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
+    // GLM-4.7-Flash: mlp_layer_types says per layer ("dense" / "sparse"; transformers' default: the first dense).
+    if (glm_lite && c.contains("mlp_layer_types") && !c["mlp_layer_types"].is_null()) {
+      const auto& types = c["mlp_layer_types"];
+      if (!types.is_array() || static_cast<std::int64_t>(types.size()) != h.num_layers) {
+        return bad_config(where, "mlp_layer_types must list \"dense\" or \"sparse\" for each of the " +
+                                     std::to_string(h.num_layers) +
+                                     " layers (num_hidden_layers); fix it in config.json");
+      }
+      for (std::int64_t l = 0; l < h.num_layers; ++l) {
+        const auto& t = types[static_cast<std::size_t>(l)];
+        if (t != "dense" && t != "sparse") {
+          return bad_config(where, "mlp_layer_types[" + std::to_string(l) + "] is " + t.dump().substr(0, 40) +
+                                       "; it must be \"dense\" or \"sparse\"; fix it in config.json");
+        }
+        if (t == "dense") h.mlp_only_layers.push_back(l);
+      }
+    }
     // Layer l routes when l >= first_k_dense_replace and l % moe_layer_freq == 0.
-    const std::int64_t dense_first = get_int("first_k_dense_replace", 0, false);
+    const std::int64_t dense_first = get_int("first_k_dense_replace", glm_lite ? 1 : 0, false);
     const std::int64_t freq = get_int("moe_layer_freq", 1, false);
     if (dense_first < 0 || dense_first > h.num_layers || freq < 1) {
       return bad_config(where, "first_k_dense_replace " + std::to_string(dense_first) + " and moe_layer_freq " +
                                    std::to_string(freq) + " must be in 0..num_hidden_layers (" +
                                    std::to_string(h.num_layers) + ") and 1 or more; fix them in config.json");
     }
-    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; ++l) {
+    const bool listed = glm_lite && c.contains("mlp_layer_types") && !c["mlp_layer_types"].is_null();
+    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096 && !listed; ++l) {
       if (l < dense_first || l % freq != 0) h.mlp_only_layers.push_back(l);
     }
     h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);

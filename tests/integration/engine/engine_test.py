@@ -185,6 +185,13 @@ VARIANTS = {
     "qwen3_vl_moe-variants": ("qwen3_vl_moe", lambda c: (c.pop("tie_word_embeddings"),
                                                          c["text_config"].pop("tie_word_embeddings")),
                               ("--set", "mlp_only_layers=[1]", "--set", "norm_topk_prob=false")),
+    # GLM-4.7-Flash: DeepSeek-V3's multi-head latent attention (v_head_dim wider than qk_nope_head_dim), GLM-4.5's
+    # router x1.8, dense layers by mlp_layer_types, an MTP layer the converter skips.
+    "glm4_moe_lite": ("glm4_moe_lite", None),
+    # Glm4MoeLiteConfig's defaults where config.json leaves them out (the first layer dense, x1.8), groups.
+    "glm4_moe_lite-defaults": ("glm4_moe_lite", lambda c: [c.pop(k) for k in ("mlp_layer_types",
+                                                                             "routed_scaling_factor")],
+                               ("--set", "n_group=4", "--set", "topk_group=2")),
     "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
                                 ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
                                  "use_qk_norm=false", "--set", "norm_topk_prob=false")),
@@ -464,6 +471,18 @@ class Gguf(unittest.TestCase):
         self.assertEqual((hp["architecture"], hp["qk_norm"], hp["norm_topk_prob"], hp.get("rope_scaling")),
                          ("qwen3_vl_moe", "per_head", True, None))
         self.assert_reference_logits(ckpt, model, "qwen3_vl_moe-gguf")
+
+    def test_glm4_moe_lite_from_llama_cpp_layout_matches_the_reference(self):
+        """A GLM-4.7-Flash GGUF as llama.cpp writes it (deepseek2: the MLA layout, sigmoid gating, the weights' scale
+        and the dense lead in the metadata, the MTP layer left out) gives the HF checkpoint's logits."""
+        ckpt, model, out = self.converted_f32_gguf("glm4_moe_lite")
+        self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        self.assertEqual((hp["architecture"], hp["router_scoring"], hp["mlp_only_layers"]),
+                         ("deepseek_v3", "sigmoid", [0]))
+        self.assertAlmostEqual(hp["routed_scaling_factor"], 1.8, places=6)  # a GGUF f32
+        self.assert_reference_logits(ckpt, model, "glm4_moe_lite-gguf")
 
     def test_bailing_moe_v2_from_llama_cpp_layout_matches_the_reference(self):
         """A Ling 2.0 GGUF as llama.cpp writes it (the fused attn_qkv, rope.dimension_count, expert groups, sigmoid

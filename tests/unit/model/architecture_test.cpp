@@ -500,6 +500,66 @@ TEST(HfConfigValues, Qwen3VlMoeReadsItsLanguageModel) {
   EXPECT_EQ(h->rope_scaling.value("rope_type", ""), "linear");
 }
 
+// GLM-4.7-Flash's config.json, tiny: DeepSeek-V3's attention, GLM-4.5's router, dense layers by mlp_layer_types.
+json glm_flash() {
+  return json{{"architectures", {"Glm4MoeLiteForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"n_routed_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"n_shared_experts", 1},
+              {"q_lora_rank", 32},
+              {"kv_lora_rank", 32},
+              {"qk_nope_head_dim", 16},
+              {"qk_rope_head_dim", 8},
+              {"v_head_dim", 24},
+              {"mlp_layer_types", {"dense", "sparse", "sparse"}},
+              {"num_nextn_predict_layers", 1}};
+}
+
+TEST(HfConfigValues, GlmFlashRunsAsDeepSeekV3WithItsOwnDefaults) {
+  auto h = hparams_from_hf_config(glm_flash(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "deepseek_v3");
+  EXPECT_EQ(h->hf_architecture, "Glm4MoeLiteForCausalLM");
+  EXPECT_TRUE(h->mla());
+  EXPECT_TRUE(h->rope_interleaved);
+  EXPECT_EQ(h->router_scoring, "sigmoid");
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(h->routed_scaling_factor, 1.8);  // Glm4MoeLiteConfig's, not DeepSeek-V3's 2.5
+  EXPECT_EQ(h->rms_norm_eps, 1e-5);
+  EXPECT_EQ(h->max_position_embeddings, 202752);
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0}));
+  EXPECT_EQ(h->nextn_layers, 1);
+  auto c = glm_flash();
+  c["mlp_layer_types"] = {"dense", "dense", "sparse"};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0, 1}));
+  c.erase("mlp_layer_types");  // the class's default: the first layer dense
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->mlp_only_layers, (std::vector<std::int64_t>{0}));
+  const std::pair<const char*, json> bad[] = {
+      {"mlp_layer_types must list \"dense\" or \"sparse\" for each of the 3 layers",
+       json{{"mlp_layer_types", {"dense"}}}},
+      {"mlp_layer_types[1] is \"moe\"", json{{"mlp_layer_types", {"dense", "moe", "sparse"}}}},
+      {"partial_rotary_factor 0.5 is not supported",
+       json{{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}}},
+  };
+  for (const auto& [want, patch] : bad) {
+    auto b = glm_flash();
+    b.update(patch);
+    auto r = hparams_from_hf_config(b, "config.json");
+    ASSERT_FALSE(r) << patch.dump();
+    EXPECT_NE(r.error().message().find(want), std::string::npos) << r.error().message();
+  }
+}
+
 // MiniMax-M2's config.json, tiny.
 json minimax() {
   return json{{"architectures", {"MiniMaxM2ForCausalLM"}},
