@@ -1434,12 +1434,15 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
     // Calls only begin the answer: it is held while it may still begin one.
     const std::string_view start = std::string_view(held_).substr(skip_space(held_, 0));
     if (start.empty()) return out;
-    if (start.front() == '{' || start.starts_with(kPythonTag) || start.starts_with(kPythonStart)) {
+    if (start.front() == '{' || start.starts_with(kPythonTag) || start.starts_with(kPythonStart) ||
+        start.starts_with(kPythonEnd)) {
       in_calls_ = true;
       preview(out);
       return out;
     }
-    if (match(start, kPythonTag) == Match::more || match(start, kPythonStart) == Match::more) return out;
+    for (const std::string_view tag : {kPythonTag, kPythonStart, kPythonEnd}) {
+      if (match(start, tag) == Match::more) return out;
+    }
     sent_text_ = true;  // text: from here on it goes out as it comes
   }
   if (format_ == ToolFormat::llama3_json) {

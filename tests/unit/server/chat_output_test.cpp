@@ -463,7 +463,8 @@ TEST(ToolCalls, Llama3JsonCallsOpenTheAnswer) {
       "[1, 2]}};\n{\"name\": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}<|python_end|>";
   for (const std::string& text : std::vector<std::string>{
            calls, calls + " then text", std::string("Just text {\"name\": \"a\"}"), std::string("{\"answer\": 42}"),
-           std::string("\n\n<|pyth"), std::string("<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": tru}}")}) {
+           std::string("\n\n<|pyth"), std::string("<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": tru}}"),
+           std::string("<|python_end|> {\"name\": \"a\", \"parameters\": {}}")}) {
     const ToolParse whole = parse_tool_calls(ToolFormat::llama3_json, text);
     for (const std::size_t step : kSteps) {
       const Streamed s = stream_in_steps(ToolCallStream(ToolFormat::llama3_json), text, step);
