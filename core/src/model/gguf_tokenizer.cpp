@@ -30,8 +30,8 @@ const char* kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
 
-// Ling 2.0's (inclusionAI's Bailing tokenizer.json, possessive quantifiers and all; Oniguruma runs them): Qwen 2's
-// split but for one newline at a time.
+// Ling 2.0's (inclusionAI's Bailing tokenizer.json as llama.cpp quotes it, possessive quantifiers and all, which
+// Oniguruma runs as written; llama.cpp's std::regex cannot and drops them).
 const char* kBailingRegex =
     "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|"
