@@ -281,6 +281,16 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return def;
     }
     return c[key].get<bool>();
+  };  // partial_rotary_factor, where transformers >= 4.56 may keep it in rope_parameters; `factor` keeps its default.
+  auto read_partial_rotary = [&](double& factor) -> Status {
+    factor = get_float("partial_rotary_factor", factor);
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
+        c["rope_parameters"].contains("partial_rotary_factor")) {
+      const auto& f = c["rope_parameters"]["partial_rotary_factor"];
+      if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
+      factor = f.get<double>();
+    }
+    return {};
   };
 
   h.vocab_size = get_int("vocab_size", 0, true);
@@ -406,13 +416,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     h.attention_out_bias = c["use_bias"].get<bool>();
     if (c["use_qk_norm"].get<bool>()) h.qk_norm = "per_head";
-    double factor = get_float("partial_rotary_factor", 0.5);
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
-        c["rope_parameters"].contains("partial_rotary_factor")) {
-      const auto& f = c["rope_parameters"]["partial_rotary_factor"];
-      if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
-      factor = f.get<double>();
-    }
+    double factor = 0.5;
+    if (auto st = read_partial_rotary(factor); !st) return st;
     const std::int64_t rotary = get_int("rotary_dim", 0, false);
     const std::int64_t dims = rotary > 0 ? rotary : rotated_dims(h.head_dim, factor);
     if (h.head_dim > 0 && (dims < 2 || dims > h.head_dim || dims % 2 != 0)) {
@@ -446,13 +451,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (get_bool("use_qk_norm", false)) h.qk_norm = "per_head";
     // RoPE on the first half of each head (NeoX pairs within it). transformers >= 4.56 moves the factor into
     // rope_parameters.
-    double factor = get_float("partial_rotary_factor", 0.5);
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
-        c["rope_parameters"].contains("partial_rotary_factor")) {
-      const auto& f = c["rope_parameters"]["partial_rotary_factor"];
-      if (!f.is_number()) return bad_config(where, "rope_parameters.partial_rotary_factor must be a number");
-      factor = f.get<double>();
-    }
+    double factor = 0.5;
+    if (auto st = read_partial_rotary(factor); !st) return st;
     const std::int64_t dims = rotated_dims(h.head_dim, factor);
     if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
       return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
@@ -570,6 +570,42 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.qk_norm = "full";
     h.clip_qkv = get_float("clip_qkv", 0.0);
   }
+  // Routing within the best topk_group of n_group groups, a group scored by its best two (DeepSeek-V3's rule).
+  auto read_groups = [&](std::int64_t default_groups, std::int64_t default_used) -> Status {
+    const std::int64_t groups = get_int("n_group", default_groups, false);
+    const std::int64_t used = get_int("topk_group", default_used, false);
+    if (groups < 1 || used < 1 || used > groups) {
+      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(used) +
+                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
+    }
+    if (groups > 1 && used < groups) {
+      h.router_groups = groups;
+      h.router_groups_used = used;
+    }
+    return {};
+  };
+  // The first first_k_dense_replace layers have a dense FFN.
+  auto read_dense_first = [&](std::int64_t default_dense, bool required) -> Status {
+    const std::int64_t dense_first = get_int("first_k_dense_replace", default_dense, required);
+    if (dense_first < 0 || dense_first > h.num_layers) {
+      return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+    // Bounded: validate() refuses an absurd layer count only after this.
+    for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
+    return {};
+  };
+  // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
+  auto read_nextn = [&]() -> Status {
+    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
+    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
+      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
+                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
+                                   "); fix it in config.json");
+    }
+    return {};
+  };
   if (a == "llama" || a == "mistral") {
     h.dense = true;
     h.n_experts = 1;
@@ -600,30 +636,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     // Within the best groups as DeepSeek-V3 (GLM's released models have one group).
-    const std::int64_t groups = get_int("n_group", 1, false), topk_groups = get_int("topk_group", 1, false);
-    if (groups < 1 || topk_groups < 1 || topk_groups > groups) {
-      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(topk_groups) +
-                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
-    }
-    if (groups > 1 && topk_groups < groups) {
-      h.router_groups = groups;
-      h.router_groups_used = topk_groups;
-    }
-    const std::int64_t dense_first = get_int("first_k_dense_replace", dots ? 0 : 1, false);
-    if (dense_first < 0 || dense_first > h.num_layers) {
-      return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
-                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
-                                   "); fix it in config.json");
-    }
-    // Bounded: validate() refuses an absurd layer count only after this.
-    for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
-    // The multi-token-prediction layers follow the last layer in the checkpoint; colibri does not draft with them.
-    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
-    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
-      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
-                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
-                                   "); fix it in config.json");
-    }
+    if (auto s = read_groups(1, 1); !s) return s;
+    if (auto s = read_dense_first(dots ? 0 : 1, false); !s) return s;
+    if (auto s = read_nextn(); !s) return s;
   } else if (a == "bailing_moe_v2") {
     // BailingMoeV2Gate: sigmoid scores, expert_bias picks within the best topk_group of n_group groups (always: the
     // gate runs group_limited_topk), the picked scores renormalized whenever it picks several (norm_topk_prob is not
@@ -651,29 +666,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return bad_config(where, "num_shared_experts is " + std::to_string(shared) + "; it must be in 0..64");
     }
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
-    const std::int64_t groups = get_int("n_group", 8, false), topk_groups = get_int("topk_group", 4, false);
-    if (groups < 1 || topk_groups < 1 || topk_groups > groups) {
-      return bad_config(where, "n_group " + std::to_string(groups) + " and topk_group " + std::to_string(topk_groups) +
-                                   " must be 1 or more, topk_group at most n_group; fix them in config.json");
-    }
-    if (groups > 1 && topk_groups < groups) {
-      h.router_groups = groups;
-      h.router_groups_used = topk_groups;
-    }
-    const std::int64_t dense_first = get_int("first_k_dense_replace", 0, true);
-    if (dense_first < 0 || dense_first > h.num_layers) {
-      return bad_config(where, "first_k_dense_replace is " + std::to_string(dense_first) +
-                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
-                                   "); fix it in config.json");
-    }
-    for (std::int64_t l = 0; l < dense_first && h.num_layers <= 4096; ++l) h.mlp_only_layers.push_back(l);
+    if (auto s = read_groups(8, 4); !s) return s;
+    if (auto s = read_dense_first(0, true); !s) return s;
     // As llama.cpp reads the checkpoints: the MTP layers follow the last layer (none in the released models).
-    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
-    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
-      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
-                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
-                                   "); fix it in config.json");
-    }
+    if (auto s = read_nextn(); !s) return s;
   } else if (a == "llama4") {
     // transformers' names: intermediate_size is each expert's width (and the shared expert's), intermediate_size_mlp
     // the dense layers'.
@@ -757,12 +753,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096 && !listed; ++l) {
       if (l < dense_first || l % freq != 0) h.mlp_only_layers.push_back(l);
     }
-    h.nextn_layers = get_int("num_nextn_predict_layers", 0, false);
-    if (h.nextn_layers < 0 || h.nextn_layers > h.num_layers) {
-      return bad_config(where, "num_nextn_predict_layers is " + std::to_string(h.nextn_layers) +
-                                   "; it must be in 0..num_hidden_layers (" + std::to_string(h.num_layers) +
-                                   "); fix it in config.json");
-    }
+    if (auto s = read_nextn(); !s) return s;
   } else if (a == "minimax_m2") {
     h.n_experts = get_int("num_local_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);

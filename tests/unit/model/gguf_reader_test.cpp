@@ -449,20 +449,23 @@ std::string kimi_gguf(const std::string& pre) {
   return b.data;
 }
 
+// `text` through the tokenizer rebuilt from kimi_gguf(pre), which must know `pre` (no note).
+std::vector<tokenizer::TokenId> encode_with_pre(const std::string& pre, const std::string& text) {
+  auto g = open_bytes(testing::temp_dir("pre-tokenizers") / "p.gguf", kimi_gguf(pre));
+  EXPECT_TRUE(g.has_value()) << g.error().to_string();
+  auto r = rebuild_tokenizer_from_gguf(*g);
+  EXPECT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_TRUE(r->notes.empty()) << pre << ": " << r->notes.front();
+  auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
+  EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
+  return tok->encode(text);
+}
+
 // kimi-k2 splits as Kimi's tiktoken code (tokenizer::kimi_split_regex: Han runs apart from letters), and takes a
 // piece that is a whole token whole as tiktoken does; GPT-4o's split gives other pieces, and the whole-token rule is
 // on or off per name.
 TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
-  const auto encode = [](const std::string& pre, const std::string& text) {
-    auto g = open_bytes(testing::temp_dir("kimi-k2") / "k.gguf", kimi_gguf(pre));
-    EXPECT_TRUE(g.has_value()) << g.error().to_string();
-    auto r = rebuild_tokenizer_from_gguf(*g);
-    EXPECT_TRUE(r.has_value()) << r.error().to_string();
-    EXPECT_TRUE(r->notes.empty()) << r->notes.front();
-    auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
-    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
-    return tok->encode(text);
-  };
+  const auto encode = encode_with_pre;
   using Ids = std::vector<tokenizer::TokenId>;
   EXPECT_EQ(encode("kimi-k2", "a中"), (Ids{'a', 258}));
   EXPECT_EQ(encode("gpt-4o", "a中"), (Ids{259}));
@@ -478,16 +481,7 @@ TEST(GgufTokenizer, KimiK2SplitsHanFromLettersAndTakesWholeTokens) {
 // Ling 2.0's GGUFs (bailingmoe2, and Ling 1's bailingmoe) split with their tokenizer.json's regex and, unlike Qwen 2's,
 // compose nothing first: a decomposed é stays e + U+0301.
 TEST(GgufTokenizer, BailingSplitsAsLingsTokenizerWithoutComposing) {
-  const auto encode = [](const std::string& pre, const std::string& text) {
-    auto g = open_bytes(testing::temp_dir("bailing") / "b.gguf", kimi_gguf(pre));
-    EXPECT_TRUE(g.has_value()) << g.error().to_string();
-    auto r = rebuild_tokenizer_from_gguf(*g);
-    EXPECT_TRUE(r.has_value()) << r.error().to_string();
-    EXPECT_TRUE(r->notes.empty()) << pre << ": " << r->notes.front();
-    auto tok = tokenizer::Tokenizer::from_json(r->tokenizer_json);
-    EXPECT_TRUE(tok.has_value()) << tok.error().to_string();
-    return tok->encode(text);
-  };
+  const auto encode = encode_with_pre;
   using Ids = std::vector<tokenizer::TokenId>;
   for (const char* pre : {"bailingmoe2", "bailingmoe", "llada-moe"}) {
     EXPECT_EQ(encode(pre, "e\xcc\x81"), (Ids{'e', 0xcc, 0x81})) << pre;
