@@ -102,9 +102,6 @@ std::int64_t rotated_dims(std::int64_t head_dim, double factor) {
 
 }  // namespace
 
-// Llama 4's per-layer choices from its config (transformers' Llama4TextConfig and its defaults): which layers take
-// RoPE (no_rope_layers: 1 = RoPE), which attend within chunks (layer_types, else the RoPE layers), which are MoE
-// (moe_layers, else every interleave_moe_layer_step-th), and its query scaling on the others.
 // transformers' layer_types: each layer "full_attention" or `kind` (gpt-oss's sliding, Llama 4's chunked layers);
 // the layers of `kind` are appended to `out`.
 static Status layers_of_type(const json& types, std::int64_t layers, const std::string& kind, const std::string& where,
@@ -124,6 +121,9 @@ static Status layers_of_type(const json& types, std::int64_t layers, const std::
   return {};
 }
 
+// Llama 4's per-layer choices from its config (transformers' Llama4TextConfig and its defaults): which layers take
+// RoPE (no_rope_layers: 1 = RoPE), which attend within chunks (layer_types, else the RoPE layers), which are MoE
+// (moe_layers, else every interleave_moe_layer_step-th), and its query scaling on the others.
 static Status llama4_layers(const json& c, const std::string& where, HyperParams& h) {
   const std::int64_t L = h.num_layers;
   if (L <= 0 || L > 4096) return {};  // validate() names the layer count
@@ -281,7 +281,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
       return def;
     }
     return c[key].get<bool>();
-  };  // partial_rotary_factor, where transformers >= 4.56 may keep it in rope_parameters; `factor` keeps its default.
+  };
+  // partial_rotary_factor, where transformers >= 4.56 may keep it in rope_parameters; `factor` keeps its default.
   auto read_partial_rotary = [&](double& factor) -> Status {
     factor = get_float("partial_rotary_factor", factor);
     if (c.contains("rope_parameters") && c["rope_parameters"].is_object() &&
@@ -725,7 +726,8 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     h.shared_expert_intermediate_size = shared_width(h.moe_intermediate_size, shared);
     // GLM-4.7-Flash: mlp_layer_types says per layer ("dense" / "sparse"; transformers' default: the first dense).
-    if (glm_lite && c.contains("mlp_layer_types") && !c["mlp_layer_types"].is_null()) {
+    const bool listed = glm_lite && c.contains("mlp_layer_types") && !c["mlp_layer_types"].is_null();
+    if (listed) {
       const auto& types = c["mlp_layer_types"];
       if (!types.is_array() || static_cast<std::int64_t>(types.size()) != h.num_layers) {
         return bad_config(where, "mlp_layer_types must list \"dense\" or \"sparse\" for each of the " +
@@ -749,7 +751,6 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                    std::to_string(freq) + " must be in 0..num_hidden_layers (" +
                                    std::to_string(h.num_layers) + ") and 1 or more; fix them in config.json");
     }
-    const bool listed = glm_lite && c.contains("mlp_layer_types") && !c["mlp_layer_types"].is_null();
     for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096 && !listed; ++l) {
       if (l < dense_first || l % freq != 0) h.mlp_only_layers.push_back(l);
     }
@@ -1468,19 +1469,16 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   }
   add("output_norm.weight", "model.norm.weight", {hid}, TensorKind::norm, -1);
   if (!hp.tie_word_embeddings) add("output.weight", "lm_head.weight", {hp.vocab_size, hid}, TensorKind::output, -1);
-  // Llama 4's image-text checkpoints hold the language model under language_model. (the vision tower is not read).
-  if (hp.hf_architecture == "Llama4ForConditionalGeneration") {
-    for (auto& t : plan.shared) t.hf_name = "language_model." + t.hf_name;
-    for (auto& layer : plan.experts) {
-      for (auto& parts : layer) {
-        for (auto& t : parts) t.hf_name = "language_model." + t.hf_name;
+  // Image-text checkpoints hold the language model under a prefix (their vision tower is not read): Llama 4's all of
+  // it under language_model., Qwen3-VL's model. under model.language_model. (its lm_head where it was).
+  const bool llama4_vision = hp.hf_architecture == "Llama4ForConditionalGeneration";
+  if (llama4_vision || hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration") {
+    const auto move = [&](PlannedTensor& t) {
+      if (llama4_vision) {
+        t.hf_name = "language_model." + t.hf_name;
+      } else if (t.hf_name.starts_with("model.")) {
+        t.hf_name = "model.language_model." + t.hf_name.substr(6);
       }
-    }
-  }
-  // Qwen3-VL's under model.language_model. (model.visual. is not read), lm_head where it was.
-  if (hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration") {
-    const auto move = [](PlannedTensor& t) {
-      if (t.hf_name.starts_with("model.")) t.hf_name = "model.language_model." + t.hf_name.substr(6);
     };
     for (auto& t : plan.shared) move(t);
     for (auto& layer : plan.experts) {

@@ -1443,11 +1443,7 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
     for (const std::string_view tag : {kPythonTag, kPythonStart, kPythonEnd}) {
       if (match(start, tag) == Match::more) return out;
     }
-    sent_text_ = true;  // text: from here on it goes out as it comes
-  }
-  if (format_ == ToolFormat::llama3_json) {
-    out.content = std::exchange(held_, {});
-    return out;
+    sent_text_ = true;  // text: from here on it goes out as it comes (llama3_json has no marker to hold back)
   }
   if (marker.empty()) {
     out.content = std::exchange(held_, {});
