@@ -38,6 +38,9 @@ class Checker {
       case Op::topk_routing_grouped: return topk();
       case Op::concat_rows: return concat_rows();
       case Op::matmul_heads: return matmul_heads();
+      case Op::mul: return binary();
+      case Op::causal_conv: return causal_conv();
+      case Op::gated_delta_rule: return gated_delta_rule();
       default:
         return Status(StatusCode::unsupported, "op " + std::to_string(static_cast<int>(c_.op)) +
                                                    " is not in the op set this " + std::string(backend_) +
@@ -108,6 +111,63 @@ class Checker {
     if (y.ne[0] != a.ne[0] + b.ne[0] || row_count(y) != r) {
       return bad("Y " + shape_text(y) + " must have ne[0] = " + std::to_string(a.ne[0] + b.ne[0]) +
                  " (A's + B's) and " + std::to_string(r) + " rows");
+    }
+    return {};
+  }
+
+  // X {C, T}, W {K, C} -> Y {C, T}, state {C, K - 1} (all f32).
+  Status causal_conv() const {
+    if (!counts(2, 2)) return count_error(2, 2);
+    const Tensor &x = c_.inputs[0], &w = c_.inputs[1], &y = c_.outputs[0], &st = c_.outputs[1];
+    for (const auto& [t, what] : {std::pair{&x, "X"}, {&w, "W"}, {&y, "Y"}, {&st, "state"}}) {
+      if (Status s = need(*t, DType::f32, what); !s) return s;
+    }
+    const std::int64_t ch = x.ne[0], k = w.ne[0];
+    if (x.ne[2] != 1 || x.ne[3] != 1) return bad("X " + shape_text(x) + " must be {C, T, 1, 1}");
+    if (k < 2 || row_count(w) != ch || w.ne[2] != 1 || w.ne[3] != 1) {
+      return bad("W " + shape_text(w) + " must be {K >= 2, " + std::to_string(ch) + ", 1, 1}");
+    }
+    if (y.ne[0] != ch || row_count(y) != x.ne[1]) return bad("Y " + shape_text(y) + " must match X " + shape_text(x));
+    if (st.ne[0] != ch || row_count(st) != k - 1) {
+      return bad("state " + shape_text(st) + " must be {" + std::to_string(ch) + ", " + std::to_string(k - 1) + "}");
+    }
+    return {};
+  }
+
+  // Q {dk, Hk, T}, K {dk, Hk, T}, V {dv, Hv, T}, a {Hv, T}, b {Hv, T}, A {Hv}, dt_bias {Hv} -> O {dv, Hv, T},
+  // state {dv, dk, Hv} (all f32).
+  Status gated_delta_rule() const {
+    if (!counts(7, 2)) return count_error(7, 2);
+    static constexpr const char* kIn[] = {"Q", "K", "V", "a", "b", "A", "dt_bias"};
+    for (std::size_t i = 0; i < 7; ++i) {
+      if (Status s = need(c_.inputs[i], DType::f32, kIn[i]); !s) return s;
+    }
+    if (Status s = need(c_.outputs[0], DType::f32, "O"); !s) return s;
+    if (Status s = need(c_.outputs[1], DType::f32, "state"); !s) return s;
+    const Tensor &q = c_.inputs[0], &k = c_.inputs[1], &v = c_.inputs[2], &o = c_.outputs[0], &st = c_.outputs[1];
+    const std::int64_t dk = q.ne[0], hk = q.ne[1], t = q.ne[2], dv = v.ne[0], hv = v.ne[1];
+    if (q.ne[3] != 1 || k.ne != q.ne) return bad("K " + shape_text(k) + " must match Q " + shape_text(q));
+    if (v.ne[2] != t || v.ne[3] != 1 || hv % hk != 0) {
+      return bad("V " + shape_text(v) + " must be {dv, Hv, " + std::to_string(t) + ", 1} with Hv a multiple of Q's " +
+                 std::to_string(hk) + " heads");
+    }
+    for (std::size_t i = 3; i < 5; ++i) {
+      const Tensor& g = c_.inputs[i];
+      if (g.ne[0] != hv || row_count(g) != t) {
+        return bad(std::string(kIn[i]) + " " + shape_text(g) + " must be {" + std::to_string(hv) + ", " +
+                   std::to_string(t) + "}");
+      }
+    }
+    for (std::size_t i = 5; i < 7; ++i) {
+      if (element_count(c_.inputs[i]) != hv) {
+        return bad(std::string(kIn[i]) + " " + shape_text(c_.inputs[i]) + " must have " + std::to_string(hv) +
+                   " elements");
+      }
+    }
+    if (o.ne != v.ne) return bad("O " + shape_text(o) + " must match V " + shape_text(v));
+    if (st.ne[0] != dv || st.ne[1] != dk || st.ne[2] != hv || st.ne[3] != 1) {
+      return bad("state " + shape_text(st) + " must be {" + std::to_string(dv) + ", " + std::to_string(dk) + ", " +
+                 std::to_string(hv) + ", 1}");
     }
     return {};
   }
@@ -326,7 +386,7 @@ class Checker {
   Status binary() const {
     if (!counts(2, 1)) return count_error(2, 1);
     const Tensor &a = c_.inputs[0], &b = c_.inputs[1], &y = c_.outputs[0];
-    const bool add = c_.op == Op::add;
+    const bool add = c_.op == Op::add || c_.op == Op::mul;
     if (Status s = need(a, DType::f32, add ? "A" : "gate"); !s) return s;
     if (Status s = need(b, DType::f32, add ? "B" : "up"); !s) return s;
     if (Status s = need(y, DType::f32, "out"); !s) return s;
@@ -489,7 +549,10 @@ bool supports_every_op(Op op, DType weight_type) noexcept {
     case Op::topk_routing_biased:
     case Op::topk_routing_grouped:
     case Op::concat_rows:
-    case Op::matmul_heads: return false;
+    case Op::matmul_heads:
+    case Op::mul:
+    case Op::causal_conv:
+    case Op::gated_delta_rule: return false;
     default: return false;
   }
 }

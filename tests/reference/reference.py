@@ -2,10 +2,10 @@
 """Float64 numpy reference of the forward pass of every architecture colibri runs, written from the HuggingFace
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
-modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_glm4_moe_lite, modeling_rope_utils), MiniMax's
-own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own modeling_deepseek (the
-checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint itself (config.json +
-safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_glm4_moe_lite, modeling_qwen3_next,
+modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own
+modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint
+itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -59,6 +59,17 @@ Semantics kept from HF, per architecture:
     GLM's): sigmoid scores, picked by score + e_score_correction_bias, weighted by the scores / (sum + 1e-20) when
     norm_topk_prob, x routed_scaling_factor. Plus the shared_experts SwiGLU MLP (moe_intermediate_size *
     n_shared_experts), ungated. The MTP layers (model.layers.{num_hidden_layers}.*) are not run.
+  * Qwen3-Next (hybrid): layer_types (default: every full_attention_interval-th layer full attention, the rest
+    linear). Its RMSNorms (input, post-attention, final, q/k) scale by 1 + w (zero-centred weights). Full attention:
+    q_proj gives per head [query (head_dim), gate (head_dim)]; q/k norms per head, RoPE on the first
+    head_dim * partial_rotary_factor (default 0.25) dims, softmax attention, then out *= sigmoid(gate) before o_proj.
+    Linear attention (Gated DeltaNet): in_proj_qkvz per key head group [q (dk), k (dk), v (r dv), z (r dv)] and
+    in_proj_ba per group [b (r), a (r)], r = value heads / key heads (group g's value heads g*r .. g*r + r - 1);
+    [q; k; v] through a causal depthwise conv1d (zero history) and silu; beta = sigmoid(b), g = -exp(A_log) *
+    softplus(a + dt_bias); q, k repeated per value head (repeat_interleave), l2-normalized (x / sqrt(sum x^2 + 1e-6)),
+    q * dk^-0.5; per token S = S exp(g); S += k (beta (v - k^T S)); o = q^T S (HF's recurrent form; its chunked form
+    is the same sum); o = RMSNorm(o) * w * silu(z) per value head (plain w, not 1 + w); out_proj. MoE as Qwen2-MoE's
+    (softmax top-k, renormalised when norm_topk_prob, a sigmoid-gated shared expert). The mtp.* tensors are not run.
   * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace, ERNIE's
     outside the MoE range, DeepSeek's) run one SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
@@ -163,14 +174,14 @@ DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
 def rotary_dim_of(cfg):
     """int(head_dim * partial_rotary_factor), as transformers' rope init; transformers >= 4.56 may keep the factor in
-    rope_parameters. Glm4MoeConfig defaults it to 0.5, the others to 1."""
+    rope_parameters. Glm4MoeConfig defaults it to 0.5, Qwen3NextConfig to 0.25, the others to 1."""
     rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     if cfg["model_type"] == "minimax_m2" and cfg.get("rotary_dim"):  # MiniMax's remote code: rotary_dim itself
         return int(cfg["rotary_dim"])
     if cfg["model_type"] in DEEPSEEK:  # transformers sets head_dim = qk_rope_head_dim: RoPE's own width
         return int(cfg["qk_rope_head_dim"])
-    factor = rp.get("partial_rotary_factor",
-                    cfg.get("partial_rotary_factor", 0.5 if cfg["model_type"] == "glm4_moe" else 1.0))
+    default = {"glm4_moe": 0.5, "qwen3_next": 0.25}.get(cfg["model_type"], 1.0)  # the config classes' defaults
+    factor = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default))
     return int(head_dim_of(cfg) * factor)
 
 
@@ -258,7 +269,7 @@ def apply_rope(x, positions, inv_freq, scaling, interleaved=False):
 
 def is_sparse(cfg, layer):
     t = cfg["model_type"]
-    if t in ("qwen2_moe", "qwen3_moe"):
+    if t in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
         return layer not in (cfg.get("mlp_only_layers") or []) and cfg.get("num_experts", 0) > 0 and \
             (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0
     if t == "glm4_moe":
@@ -565,6 +576,139 @@ def llama4_forward(top, W, tokens, trace):
     return x @ W["lm_head.weight"].T
 
 
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    """torch's F.softplus (beta 1, threshold 20: x itself above it)."""
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def l2norm(x, eps=1e-6):
+    """transformers' l2norm (FLA's): x / sqrt(sum(x^2) + eps) over the last axis."""
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def gated_delta_rule(q, k, v, g, beta):
+    """HF's torch_recurrent_gated_delta_rule from a zero state, q and k already l2-normalized and q scaled: per head a
+    [dk, dv] state decays by exp(g_t), then the delta rule writes beta_t (v_t - what it holds under k_t) at k_t, then
+    q_t reads it. q, k [T, H, dk], v [T, H, dv], g and beta [T, H] -> [T, H, dv]. (A module-level name, so that a check
+    can swap in the chunked form.)"""
+    S = np.zeros((k.shape[1], k.shape[2], v.shape[2]))
+    out = np.zeros(v.shape)
+    for t in range(len(k)):
+        S = S * np.exp(g[t])[:, None, None]
+        kv_mem = np.einsum("hkv,hk->hv", S, k[t])
+        delta = (v[t] - kv_mem) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", S, q[t])
+    return out
+
+
+def gated_delta_net(cfg, W, pre, h):
+    """Qwen3NextGatedDeltaNet (linear_attn) on one prompt's normed hidden states h [T, hidden], no cache."""
+    T = len(h)
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    r = nv // nk
+    # Rows grouped by key head: in_proj_qkvz's [q (dk), k (dk), v (r dv), z (r dv)], in_proj_ba's [b (r), a (r)];
+    # group g holds value heads g*r .. g*r + r - 1.
+    qkvz = (h @ W[pre + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * r * dv)
+    q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
+    ba = (h @ W[pre + "in_proj_ba.weight"].T).reshape(T, nk, 2 * r)
+    b, a = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
+    # [all q; all k; all v] channels through the causal depthwise conv (no bias; zeros before the first token), silu.
+    mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)
+    w = W[pre + "conv1d.weight"][:, 0, :]  # [channels, 1, kernel] -> [channels, kernel]
+    K = w.shape[1]
+    padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+    mixed = silu(sum(padded[j:j + T] * w[:, j] for j in range(K)))
+    q = mixed[:, :nk * dk].reshape(T, nk, dk)
+    k = mixed[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
+    v = mixed[:, 2 * nk * dk:].reshape(T, nv, dv)
+    beta = sigmoid(b)
+    g = -np.exp(W[pre + "A_log"]) * softplus(a + W[pre + "dt_bias"])
+    q = l2norm(np.repeat(q, r, axis=1)) * dk ** -0.5  # repeat_interleave: value head j reads key head j // r
+    k = l2norm(np.repeat(k, r, axis=1))
+    o = gated_delta_rule(q, k, v, g, beta)
+    # Qwen3NextRMSNormGated per value head: the plain weight (not 1 + w), then silu(z).
+    o = rms_norm(o, W[pre + "norm.weight"], cfg["rms_norm_eps"]) * silu(z.reshape(T, nv, dv))
+    return o.reshape(T, nv * dv) @ W[pre + "out_proj.weight"].T
+
+
+def qwen3_next_attention(cfg, W, p, h, pos, inv_freq, att_scale, visible):
+    """Qwen3NextAttention: q_proj's per-head [query, gate] halves, (1 + w) q/k norms per head, partial RoPE, softmax
+    attention (GQA), the heads' output times sigmoid(gate), o_proj. [T, hidden]."""
+    T, eps = len(h), cfg["rms_norm_eps"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim_of(cfg)
+    a = p + "self_attn."
+    qg = (h @ W[a + "q_proj.weight"].T).reshape(T, nh, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:].reshape(T, nh * hd)
+    q = rms_norm(q, 1.0 + W[a + "q_norm.weight"], eps)
+    k = rms_norm((h @ W[a + "k_proj.weight"].T).reshape(T, nkv, hd), 1.0 + W[a + "k_norm.weight"], eps)
+    v = (h @ W[a + "v_proj.weight"].T).reshape(T, nkv, hd)
+    q = apply_rope(q, pos, inv_freq, att_scale)
+    k = apply_rope(k, pos, inv_freq, att_scale)
+    out = np.zeros((T, nh, hd))
+    for head in range(nh):
+        kh = head // (nh // nkv)
+        s = np.where(visible, (q[:, head, :] @ k[:, kh, :].T) / math.sqrt(hd), -np.inf)
+        out[:, head, :] = softmax(s) @ v[:, kh, :]
+    return (out.reshape(T, nh * hd) * sigmoid(gate)) @ W[a + "o_proj.weight"].T
+
+
+def qwen3_next_moe(cfg, W, pre, h, layer, trace):
+    """Qwen3NextSparseMoeBlock: softmax over the experts, top-k, renormalised when norm_topk_prob (Qwen3NextConfig's
+    default true), plus sigmoid(shared_expert_gate x) * shared_expert(x)."""
+    k_top, renorm = cfg["num_experts_per_tok"], bool(cfg.get("norm_topk_prob", True))
+    probs = softmax(h @ W[pre + "gate.weight"].T)
+    y = np.zeros_like(h)
+    for ti in range(len(h)):
+        order = np.argsort(-probs[ti], kind="stable")[:k_top]
+        w = probs[ti][order]
+        if renorm:
+            w = w / np.sum(w)
+        y[ti] = picked_experts(W, pre, h[ti:ti + 1], order, w, ti, layer, trace)
+    sp = pre + "shared_expert."
+    shared = mlp(h, W[sp + "gate_proj.weight"], W[sp + "up_proj.weight"], W[sp + "down_proj.weight"])
+    return y + sigmoid(h @ W[pre + "shared_expert_gate.weight"].T) * shared
+
+
+def qwen3_next_forward(cfg, W, tokens, trace):
+    """Qwen3NextForCausalLM: linear_attention (Gated DeltaNet) and full_attention layers by layer_types, each followed
+    by the MoE (or, off decoder_sparse_step / in mlp_only_layers, a dense MLP); every RMSNorm but the gated one scales
+    by 1 + w. The mtp.* tensors are not run."""
+    if cfg.get("attention_bias", False):
+        raise SystemExit("qwen3_next: attention_bias=true is not in the reference")
+    eps, L = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
+    T = len(tokens)
+    pos = np.arange(T)
+    inv_freq, att_scale = rope_parameters(cfg, T)
+    interval = cfg.get("full_attention_interval", 4)
+    types = cfg.get("layer_types") or \
+        ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(L)]
+    i_idx, j_idx = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    causal = j_idx <= i_idx
+    x = W["model.embed_tokens.weight"][np.asarray(tokens)]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, 1.0 + W[p + "input_layernorm.weight"], eps)
+        if types[l] == "linear_attention":
+            x = x + gated_delta_net(cfg, W, p + "linear_attn.", h)
+        else:
+            x = x + qwen3_next_attention(cfg, W, p, h, pos, inv_freq, att_scale, causal)
+        h = rms_norm(x, 1.0 + W[p + "post_attention_layernorm.weight"], eps)
+        if is_sparse(cfg, l):
+            y = qwen3_next_moe(cfg, W, p + "mlp.", h, l, trace)
+        else:
+            y = mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
+        x = x + y
+    x = rms_norm(x, 1.0 + W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return x @ head.T
+
+
 def bailing_moe_v2_as_glm(cfg, W):
     """Ling 2.0's remote code (modeling_bailing_moe_v2) is GLM-4.5's forward under other names: q, k and v cut from
     query_key_value's [q; k; v] head rows, optional per-head q/k RMS norms before RoPE, RoPE (rotate_half) on the first
@@ -650,6 +794,8 @@ def forward(cfg, W, tokens, trace=None):
         cfg = glm4_moe_lite_as_deepseek_v3(cfg)
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
+    if cfg["model_type"] == "qwen3_next":
+        return qwen3_next_forward(cfg, W, tokens, trace)
     if cfg["model_type"] == "qwen3_vl_moe":
         cfg, W = qwen3_vl_moe_as_qwen3_moe(cfg, W)
     if cfg["model_type"] == "bailing_moe_v2":

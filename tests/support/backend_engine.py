@@ -8,7 +8,8 @@
 * batch_invariance(): the one promise on the backend, logits bit-identical in one batch, token by token and in
   chunks of 3;
 * gpt_oss(): gpt-oss's ops (attention_sinks, expert_ffn_clamped, mxfp4 experts) against the CPU backend, their one
-  promise, and mxfp4 experts uploaded to device memory.
+  promise, and mxfp4 experts uploaded to device memory;
+* cpu_only_archs(): Qwen3-Next, which only the CPU backend runs, refused by name.
 """
 
 import json
@@ -111,6 +112,20 @@ class Engine:
                                     f"batch (max abs {np.abs(base - other).max()})")
             print(f"  {arch}/{preset}: {self.backend} batch invariance checked", flush=True)
         return failures
+
+    def cpu_only_archs(self):
+        """Qwen3-Next's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops) run on the
+        CPU backend only: on this one the load fails at once, naming them and the backend to use."""
+        m = self.model("qwen3_next", "f32")
+        try:
+            self.logits(m, f"{self.backend}-refused", *self.on_backend)
+        except RuntimeError as e:
+            want = f"compute backend {self.backend} cannot run qwen3_next's gated-delta-rule layers"
+            if want in str(e) and "use compute.backend: cpu" in str(e):
+                print(f"  qwen3_next: {self.backend} refuses it by name", flush=True)
+                return []
+            return [f"qwen3_next: {self.backend} failed without saying why: {e}"]
+        return [f"qwen3_next: {self.backend} ran a model whose ops it does not offer"]
 
     def mxfp4_model(self, preset):
         """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""

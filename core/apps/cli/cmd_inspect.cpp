@@ -171,6 +171,15 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     }
   }
   if (hp.qk_norm == "l2") std::cout << ", q/k RMS-normalized after rope";
+  if (hp.attn_output_gate) std::cout << ", output gated";
+  if (!hp.linear_layers.empty()) {
+    // What the KV cache holds instead of rows on those layers: one fixed state per sequence.
+    std::cout << "; linear attention (gated delta rule) on " << hp.linear_layers.size() << " of " << hp.num_layers
+              << " layers: " << hp.linear_k_heads << " key / " << hp.linear_v_heads << " value heads of "
+              << hp.linear_k_dim << " / " << hp.linear_v_dim << ", a state of "
+              << human_bytes(static_cast<double>(hp.linear_state_floats()) * 4)
+              << " per layer and sequence, no KV rows";
+  }
   if (hp.mla()) {
     // What the KV cache holds per token and layer: one row of the latent and the RoPE key, not a row per head.
     std::cout << "; multi-head latent: keys and values from a latent of " << hp.kv_lora_rank

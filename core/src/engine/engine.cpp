@@ -73,6 +73,9 @@ sdk::OpParams expert_params(const model::HyperParams& hp, sdk::OpParams params) 
   return params;
 }
 
+// Qwen3-Next's ops beyond the required set.
+constexpr Op kLinearOps[] = {Op::mul, Op::causal_conv, Op::gated_delta_rule, Op::sigmoid};
+
 // The first gate/up/down tensor of any expert that `compute` cannot run, or null.
 const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute,
                                                   Op op = Op::expert_ffn) {
@@ -92,6 +95,11 @@ struct Engine::Layer {
   // Multi-head latent attention (wo as above): the query latent and its norm (q_lora_rank > 0), the queries' parts
   // without and with RoPE, the KV latent and its norm, the RoPE key, and per head k_b {nope, latent} and v_b.
   Tensor wq_a, q_a_norm, wq_nope, wq_rope, wkv_a, kv_a_norm, wk_rope, wk_b, wv_b;
+  // Qwen3-Next: the attention output's gate projection; a gated-delta-rule layer's q, k, v, z, beta and alpha
+  // projections, its convolution's taps for q, k and v, decay rate A, dt bias, per-head norm and output projection.
+  Tensor wq_gate, lin_q, lin_k, lin_v, lin_z, lin_beta, lin_alpha, conv_q, conv_k, conv_v, lin_a, lin_dt, lin_norm,
+      lin_out;
+  bool linear = false;
   bool sparse = false;
   std::int64_t top_k = 1;
 };
@@ -112,6 +120,11 @@ struct Engine::Scratch {
     Act q_latent, q_latent2, q_nope, q_rope, q_rope2, q_absorbed, q_cat, kv_latent, kv_latent2, k_rope, k_rope2, k_cat,
         o_cat, o_heads;
   } mla;
+  // Qwen3-Next's gated-delta-rule activations: projections, then after the convolution, the rule's output, normed,
+  // gated.
+  struct Linear {
+    Act q, k, v, z, beta, alpha, q_conv, k_conv, v_conv, o, o_norm, o_gated;
+  } lin;
   Act rope_in;  // a pass's positions (i32 bits) and each segment's inv_freq: uploaded once, read by every layer
   Act gates;    // a layer's routing weights per routed expert (the "whole" combine)
   Act topk;     // decode on the device: topk_routing's ids (i32 bits), then its weights
@@ -398,8 +411,32 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
       L.wk_b.ne = {dn, dc, nh, 1};  // one matrix per head, as matmul_heads takes them
       L.wv_b.ne = {dc, dv, nh, 1};
       L.wo = get(b + "attn_output.weight", {D, nh * dv}, true);
+    } else if (hp_.layer_is_linear(l)) {
+      const std::int64_t kd = hp_.linear_key_width(), vd = hp_.linear_value_width(), nv = hp_.linear_v_heads;
+      const std::int64_t K = hp_.linear_conv_kernel;
+      L.linear = true;
+      L.lin_q = get(b + "ssm_q.weight", {kd, D}, true);
+      L.lin_k = get(b + "ssm_k.weight", {kd, D}, true);
+      L.lin_v = get(b + "ssm_v.weight", {vd, D}, true);
+      L.lin_z = get(b + "ssm_z.weight", {vd, D}, true);
+      L.lin_beta = get(b + "ssm_beta.weight", {nv, D}, true);
+      L.lin_alpha = get(b + "ssm_alpha.weight", {nv, D}, true);
+      L.conv_q = get(b + "ssm_conv1d_q.weight", {kd, K}, true);
+      L.conv_k = get(b + "ssm_conv1d_k.weight", {kd, K}, true);
+      L.conv_v = get(b + "ssm_conv1d_v.weight", {vd, K}, true);
+      L.lin_a = get(b + "ssm_a", {nv}, true);
+      L.lin_dt = get(b + "ssm_dt.bias", {nv}, true);
+      L.lin_norm = get(b + "ssm_norm.weight", {hp_.linear_v_dim}, true);
+      L.lin_out = get(b + "ssm_out.weight", {D, vd}, true);
+      for (const auto* t : {&L.conv_q, &L.conv_k, &L.conv_v, &L.lin_a, &L.lin_dt}) {
+        if (present(*t) && t->type != DType::f32 && missing) {
+          missing = Status(StatusCode::corrupt_data, "manifest.json: layer " + std::to_string(l) +
+                                                         "'s convolution, A and dt bias must be f32; re-run convert");
+        }
+      }
     } else {
       L.wq = get(b + "attn_q.weight", {qd, D}, true);
+      L.wq_gate = get(b + "attn_q_gate.weight", {qd, D}, hp_.attn_output_gate);
       L.wk = get(b + "attn_k.weight", {kvd, D}, true);
       L.wv = get(b + "attn_v.weight", {kvd, D}, true);
       L.wo = get(b + "attn_output.weight", {D, qd}, true);
@@ -409,7 +446,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     L.bv = get(b + "attn_v.bias", {kvd}, hp_.attention_qkv_bias);
     L.bo = get(b + "attn_output.bias", {D}, hp_.attention_out_bias);
     L.sinks = get(b + "attn_sinks.weight", {hp_.num_heads}, hp_.attention_sinks);
-    if (hp_.qk_norm == "per_head") {
+    if (L.linear) {
+      // no attention: no q/k norms
+    } else if (hp_.qk_norm == "per_head") {
       L.q_norm = get(b + "attn_q_norm.weight", {hd}, true);
       L.k_norm = get(b + "attn_k_norm.weight", {hd}, true);
     } else if (hp_.qk_norm == "full") {
@@ -506,6 +545,18 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                " cannot route this model's experts (" + hp_.architecture +
                                                "'s router needs the topk_routing_biased op); use compute.backend: "
                                                "cpu, cuda or vulkan");
+  }
+  if (!hp_.linear_layers.empty() || hp_.attn_output_gate) {
+    // Qwen3-Next: its linear attention's ops, and its recurrent states, which live in host memory.
+    const bool ok = std::all_of(std::begin(kLinearOps), std::end(kLinearOps),
+                                [&](Op op) { return plugins_.compute->supports(op, DType::f32); });
+    if (!ok || !devices[0].host_memory) {
+      return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
+                                                 hp_.architecture +
+                                                 "'s gated-delta-rule layers (the mul, causal_conv and "
+                                                 "gated_delta_rule ops, on states in host memory); use "
+                                                 "compute.backend: cpu");
+    }
   }
   if (hp_.mla()) {
     // DeepSeek's attention needs the two optional MLA ops for its per-head weights' types.
@@ -1231,7 +1282,9 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
     const Layer& L = layers_[static_cast<std::size_t>(l)];
     COLIBRI_TRY(run_op(Op::rms_norm, {view(S.x, D, T), L.attn_norm}, {view(S.h, D, T)}, norm_p));
     const Tensor h = view(S.h, D, T);
-    if (hp_.mla()) {
+    if (L.linear) {
+      COLIBRI_TRY(linear_attention(L, l, segments, norm_p, mm_p));
+    } else if (hp_.mla()) {
       COLIBRI_TRY(mla_attention(L, l, segments, freq_at, rope_p, norm_p, mm_p));
     } else {
       if (present(L.bq)) {
@@ -1312,6 +1365,12 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
                              {view(S.attn, hd, nh, n, sz(qd, off))}, attn_p));
         }
       }
+      if (present(L.wq_gate)) {  // Qwen3-Next: the output times sigmoid(gate projection of the input)
+        COLIBRI_TRY(run_op(Op::matmul, {L.wq_gate, h}, {view(S.q2, qd, T)}, mm_p));
+        COLIBRI_TRY(run_op(Op::sigmoid, {view(S.q2, qd, T)}, {view(S.q, qd, T)}));
+        COLIBRI_TRY(run_op(Op::mul, {view(S.attn, qd, T), view(S.q, qd, T)}, {view(S.q2, qd, T)}));
+        std::swap(S.attn, S.q2);
+      }
       if (present(L.bo)) {
         COLIBRI_TRY(run_op(Op::matmul, {L.wo, view(S.attn, qd, T), L.bo}, {view(S.tmp, D, T)}, mm_p));
       } else {
@@ -1336,6 +1395,66 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
   }
 #undef COLIBRI_TRY
   return settle ? finish_routed(trace) : Status{};
+}
+
+Status Engine::linear_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,
+                                const sdk::OpParams& norm_p, const sdk::OpParams& mm_p) {
+  auto& S = *scratch_;
+  auto& A = S.lin;
+  const auto T = static_cast<std::int64_t>(S.ids.size());
+  const std::int64_t D = hp_.hidden_size, nk = hp_.linear_k_heads, nv = hp_.linear_v_heads;
+  const std::int64_t dk = hp_.linear_k_dim, dv = hp_.linear_v_dim, kd = hp_.linear_key_width();
+  const std::int64_t vd = hp_.linear_value_width(), taps = hp_.linear_conv_kernel - 1;
+  const auto sz = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b); };
+  for (Act* a : {&A.q, &A.k, &A.q_conv, &A.k_conv}) {
+    if (auto s = size(*a, sz(kd, T)); !s) return s;
+  }
+  for (Act* a : {&A.v, &A.z, &A.v_conv, &A.o, &A.o_norm, &A.o_gated}) {
+    if (auto s = size(*a, sz(vd, T)); !s) return s;
+  }
+  for (Act* a : {&A.beta, &A.alpha}) {
+    if (auto s = size(*a, sz(nv, T)); !s) return s;
+  }
+  const Tensor h = view(S.h, D, T);
+  const std::pair<const Tensor*, Act*> projections[] = {{&L.lin_q, &A.q},       {&L.lin_k, &A.k},
+                                                        {&L.lin_v, &A.v},       {&L.lin_z, &A.z},
+                                                        {&L.lin_beta, &A.beta}, {&L.lin_alpha, &A.alpha}};
+  for (const auto& [w, out] : projections) {
+    if (auto s = run_op(Op::matmul, {*w, h}, {view(*out, w->ne[1], T)}, mm_p); !s) return s;
+  }
+  // Per sequence, on its state: [q's, k's, v's convolution inputs (taps each)] then the delta rule's {dv, dk, nv}.
+  for (const auto& [kv, pos, off, n, pass_end] : segments) {
+    if (n == 0) continue;
+    auto state = kv->state_for(l, pos);
+    if (!state) return state.error();
+    float* conv_state = *state;
+    const struct {
+      Act* in;
+      Act* out;
+      const Tensor* w;
+      std::int64_t width;
+    } convs[] = {{&A.q, &A.q_conv, &L.conv_q, kd}, {&A.k, &A.k_conv, &L.conv_k, kd}, {&A.v, &A.v_conv, &L.conv_v, vd}};
+    for (const auto& c : convs) {
+      if (auto s = run_op(Op::causal_conv, {view(*c.in, c.width, n, 1, sz(c.width, off)), *c.w},
+                          {view(*c.out, c.width, n, 1, sz(c.width, off)), f32(conv_state, c.width, taps)});
+          !s)
+        return s;
+      conv_state += c.width * taps;
+    }
+    if (auto s = run_op(Op::gated_delta_rule,
+                        {view(A.q_conv, dk, nk, n, sz(kd, off)), view(A.k_conv, dk, nk, n, sz(kd, off)),
+                         view(A.v_conv, dv, nv, n, sz(vd, off)), view(A.alpha, nv, n, 1, sz(nv, off)),
+                         view(A.beta, nv, n, 1, sz(nv, off)), L.lin_a, L.lin_dt},
+                        {view(A.o, dv, nv, n, sz(vd, off)), f32(conv_state, dv, dk, nv)});
+        !s)
+      return s;
+    kv->state_written(l, pos + n);
+  }
+  // Per head: RMS norm with its weight, times silu(z); then the output projection.
+  if (auto s = run_op(Op::rms_norm, {view(A.o, dv, nv * T), L.lin_norm}, {view(A.o_norm, dv, nv * T)}, norm_p); !s)
+    return s;
+  if (auto s = run_op(Op::swiglu, {view(A.z, vd, T), view(A.o_norm, vd, T)}, {view(A.o_gated, vd, T)}); !s) return s;
+  return run_op(Op::matmul, {L.lin_out, view(A.o_gated, vd, T)}, {view(S.tmp, D, T)}, mm_p);
 }
 
 double Engine::mla_softmax_scale() const {

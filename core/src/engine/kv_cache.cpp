@@ -25,6 +25,9 @@ constexpr std::int64_t kRowAlign = 64;  // the attention key blocks' alignment (
 std::int64_t layer_window(const KvWindows& w, std::int64_t layer) {
   return static_cast<std::size_t>(layer) < w.window.size() ? w.window[static_cast<std::size_t>(layer)] : 0;
 }
+std::int64_t layer_state(const KvWindows& w, std::int64_t layer) {
+  return static_cast<std::size_t>(layer) < w.state.size() ? w.state[static_cast<std::size_t>(layer)] : 0;
+}
 }  // namespace
 
 std::int64_t KvCache::layer_positions(std::int64_t window, std::int64_t max_write, std::int64_t context) {
@@ -35,11 +38,17 @@ std::int64_t KvCache::layer_positions(std::int64_t window, std::int64_t max_writ
 
 std::uint64_t KvCache::bytes_for(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
                                  std::int64_t context, const KvWindows& windows, bool values_are_keys) {
-  std::uint64_t rows = 0;
+  std::uint64_t rows = 0, state_floats = 0;
   for (std::int64_t l = 0; l < layers; ++l) {
+    if (const auto st = layer_state(windows, l); st > 0) {
+      state_floats += 2 * static_cast<std::uint64_t>(st);  // the state and save_window()'s copy
+      continue;
+    }
     rows += static_cast<std::uint64_t>(layer_positions(layer_window(windows, l), windows.max_write, context));
   }
-  return (values_are_keys ? 1ull : 2ull) * rows * static_cast<std::uint64_t>(kv_heads) * sdk::row_bytes(type, head_dim);
+  return (values_are_keys ? 1ull : 2ull) * rows * static_cast<std::uint64_t>(kv_heads) *
+             sdk::row_bytes(type, head_dim) +
+         state_floats * sizeof(float);
 }
 
 sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
@@ -57,7 +66,8 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
                                                     "qk_rope_head_dim); use --kv-type f16");
   }
   if (context <= 0) return Status(StatusCode::invalid_argument, "the context must hold at least one token");
-  if (!windows.window.empty() && static_cast<std::int64_t>(windows.window.size()) != layers) {
+  if ((!windows.window.empty() && static_cast<std::int64_t>(windows.window.size()) != layers) ||
+      (!windows.state.empty() && static_cast<std::int64_t>(windows.state.size()) != layers)) {
     return Status(StatusCode::invalid_argument, "KV cache windows name " + std::to_string(windows.window.size()) +
                                                     " layers, the model has " + std::to_string(layers));
   }
@@ -70,7 +80,8 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.planes_ = values_are_keys ? 1 : 2;
   c.row_bytes_ = sdk::row_bytes(type, head_dim);
   for (std::int64_t l = 0; l < layers; ++l) {
-    c.rows_.push_back(layer_positions(layer_window(windows, l), windows.max_write, context));
+    c.rows_.push_back(
+        layer_state(windows, l) > 0 ? 0 : layer_positions(layer_window(windows, l), windows.max_write, context));
   }
   c.first_.assign(static_cast<std::size_t>(layers), 0);
   c.windows_ = std::move(windows);
@@ -78,6 +89,17 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   auto layer_bytes = [&c](std::int64_t l) {
     return c.row_bytes_ * static_cast<std::size_t>(c.kv_heads_ * c.rows_[static_cast<std::size_t>(l)]);
   };
+  try {
+    if (std::any_of(c.windows_.state.begin(), c.windows_.state.end(), [](std::int64_t n) { return n > 0; })) {
+      for (std::int64_t l = 0; l < layers; ++l)
+        c.state_.emplace_back(static_cast<std::size_t>(layer_state(c.windows_, l)));
+      c.saved_state_.resize(c.state_.size());
+      c.state_at_.assign(c.state_.size(), 0);
+    }
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::out_of_memory,
+                  "cannot reserve the recurrent layers' states; lower --ctx or memory.kv_cache");
+  }
   if (device) {
     for (std::int64_t l = 0; l < layers; ++l) {
       for (auto* list : {&c.k_dev_, &c.v_dev_}) {
@@ -160,8 +182,8 @@ Status KvCache::move_rows(std::size_t layer, std::int64_t from, std::int64_t n) 
 }
 
 std::int64_t KvCache::max_write() const {
-  for (const auto rows : rows_) {
-    if (rows < context_) return windows_.max_write;
+  for (std::size_t l = 0; l < rows_.size(); ++l) {
+    if (sliding(l)) return windows_.max_write;
   }
   return context_;
 }
@@ -184,17 +206,78 @@ bool KvCache::serves(std::int64_t n, const std::vector<std::int64_t>& first) con
 
 std::int64_t KvCache::reusable(std::int64_t n) const {
   n = std::max<std::int64_t>(0, n);
+  if (has_recurrent()) {
+    // Only where a state is kept: where the states are, else where save_window() copied them.
+    const std::int64_t cur = state_position();
+    if (cur > 0 && cur <= n && serves(cur, first_)) return cur;
+    if (saved_state_at_ > 0 && saved_state_at_ <= n && state_serves(saved_state_at_)) return saved_state_at_;
+    return 0;
+  }
   if (serves(n, first_)) return n;
   if (saved_at_ > 0 && serves(std::min(n, saved_at_), saved_first_)) return std::min(n, saved_at_);
   return 0;
 }
 
+bool KvCache::sliding(std::size_t layer) const {
+  return rows_[layer] < context_ && !recurrent(static_cast<std::int64_t>(layer));
+}
+
+bool KvCache::recurrent(std::int64_t layer) const {
+  return layer >= 0 && static_cast<std::size_t>(layer) < state_.size() &&
+         !state_[static_cast<std::size_t>(layer)].empty();
+}
+
+std::int64_t KvCache::state_position() const {
+  std::int64_t at = -2;
+  for (std::size_t l = 0; l < state_.size(); ++l) {
+    if (state_[l].empty()) continue;
+    if (at == -2) at = state_at_[l];
+    if (state_at_[l] != at || at < 0) return -1;
+  }
+  return at < 0 ? -1 : at;
+}
+
+bool KvCache::state_serves(std::int64_t m) const {
+  return serves(m, first_) || (saved_at_ >= m && serves(m, saved_first_));
+}
+
+sdk::Expected<float*> KvCache::state_for(std::int64_t layer, std::int64_t position) {
+  if (!recurrent(layer)) {
+    return Status(StatusCode::internal, "layer " + std::to_string(layer) + " has no recurrent state");
+  }
+  const auto L = static_cast<std::size_t>(layer);
+  auto& st = state_[L];
+  if (position == 0) {
+    std::fill(st.begin(), st.end(), 0.0f);
+  } else if (state_at_[L] != position) {
+    return Status(StatusCode::internal, "the recurrent state of layer " + std::to_string(layer) + " is " +
+                                            (state_at_[L] < 0 ? std::string("lost (a pass failed part way)")
+                                                              : "at position " + std::to_string(state_at_[L])) +
+                                            ", not " + std::to_string(position) + "; run from position 0 again");
+  }
+  if (saved_state_at_ > position) saved_state_at_ = -1;  // positions from here on are run again
+  state_at_[L] = -1;                                     // lost until state_written()
+  return st.data();
+}
+
 std::int64_t KvCache::rewind(std::int64_t n) {
   const std::int64_t kept = reusable(n);
+  if (has_recurrent()) {
+    if (kept == 0) {
+      std::fill(state_at_.begin(), state_at_.end(), 0);  // the next pass starts from zeros
+    } else if (kept != state_position()) {               // the saved states: back where they were copied
+      for (std::size_t l = 0; l < state_.size(); ++l) {
+        if (state_[l].empty()) continue;
+        state_[l] = saved_state_[l];
+        state_at_[l] = kept;
+      }
+    }
+    if (kept < saved_state_at_) saved_state_at_ = -1;
+  }
   if (kept < saved_at_) saved_at_ = kept;  // positions from `kept` on will be written again
   if (serves(kept, first_)) return kept;
   for (std::size_t l = 0; l < first_.size(); ++l) {
-    if (rows_[l] >= context_) continue;
+    if (!sliding(l)) continue;
     const auto held =
         static_cast<std::int64_t>(saved_k_[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
     if (!rows_from_host(l, 0, 0, held, saved_k_[l].data()) ||
@@ -208,13 +291,24 @@ std::int64_t KvCache::rewind(std::int64_t n) {
 }
 
 Status KvCache::save_window(std::int64_t n) {
+  if (has_recurrent()) {
+    saved_state_at_ = -1;
+    if (n > 0 && state_position() == n) {
+      try {
+        for (std::size_t l = 0; l < state_.size(); ++l) saved_state_[l] = state_[l];
+      } catch (const std::bad_alloc&) {
+        return Status(StatusCode::out_of_memory, "no memory to keep the recurrent layers' states");
+      }
+      saved_state_at_ = n;
+    }
+  }
   saved_at_ = 0;
   if (n <= 0 || !serves(n, first_)) return {};
   saved_first_.assign(first_.size(), 0);
   saved_k_.resize(first_.size());
   saved_v_.resize(first_.size());
   for (std::size_t l = 0; l < first_.size(); ++l) {
-    if (rows_[l] >= context_) continue;
+    if (!sliding(l)) continue;
     // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
     const std::int64_t from = std::max(first_[l], window_start(l, n - kRowAlign)) / kRowAlign * kRowAlign;
     const std::int64_t count = n - from;
@@ -281,13 +375,30 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     return Status(StatusCode::invalid_argument, "the source KV cache no longer holds every row position " +
                                                     std::to_string(count) + " needs (sliding-window layers)");
   }
+  if (src.windows_.state != windows_.state) {
+    return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
+  }
+  if (has_recurrent()) {
+    const bool current = count > 0 && src.state_position() == count;
+    if (count > 0 && !current && src.saved_state_at_ != count) {
+      return Status(StatusCode::unsupported, "the source holds no recurrent state at position " +
+                                                 std::to_string(count) + " (only where it is and where it was saved)");
+    }
+    for (std::size_t l = 0; l < state_.size(); ++l) {
+      if (state_[l].empty()) continue;
+      state_[l] = count == 0 ? std::vector<float>(state_[l].size()) : current ? src.state_[l] : src.saved_state_[l];
+      state_at_[l] = count;
+    }
+    saved_state_at_ = -1;
+  }
   saved_at_ = 0;
   for (std::size_t l = 0; l < k_.size(); ++l) {
     const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;
+    first_[l] = src.first_[l];
+    if (bytes == 0) continue;  // a recurrent layer holds no rows
     std::memcpy(k_[l].data(), src.k_[l].data(), bytes);
     if (planes_ == 2) std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
-    first_[l] = src.first_[l];
   }
   return {};
 }

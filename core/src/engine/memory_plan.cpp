@@ -33,6 +33,9 @@ std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint
 
 KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding) {
   KvWindows w;
+  for (std::int64_t l = 0; !hp.linear_layers.empty() && l < hp.num_layers; ++l) {
+    w.state.push_back(hp.layer_is_linear(l) ? hp.linear_state_floats() : 0);
+  }
   if (!sliding || (hp.sliding_window <= 0 && hp.attention_chunk <= 0)) return w;
   w.max_write = max_write;
   // A chunked layer's query at p reads from p - p % chunk on: within the last `chunk` positions, as a window's.
@@ -111,7 +114,7 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
                                                     " does not fit its rows of " + std::to_string(hp.kv_cache_dim()));
   }
   p.kv_bytes_per_position =
-      KvCache::bytes_per_position(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), hp.mla());
+      KvCache::bytes_per_position(kv_type, hp.attention_layers(), hp.kv_cache_heads(), hp.kv_cache_dim(), hp.mla());
   const auto bytes = [&](std::int64_t n) {
     return KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), n, windows, hp.mla());
   };

@@ -50,6 +50,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Dots1ForCausalLM", "dots1"},
                                                     {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
+                                                    {"Qwen3NextForCausalLM", "qwen3_next"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -69,7 +70,8 @@ const std::map<std::string, std::string>& gguf_arch_map() {
                                                     {"olmoe", "olmoe"},
                                                     {"qwen2moe", "qwen2_moe"},
                                                     {"qwen3moe", "qwen3_moe"},
-                                                    {"qwen3vlmoe", "qwen3_vl_moe"}};
+                                                    {"qwen3vlmoe", "qwen3_vl_moe"},
+                                                    {"qwen3next", "qwen3_next"}};
   return m;
 }
 
@@ -310,6 +312,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "qwen2_moe"               ? Defaults{16, 32768, 1e-6, 10000.0}
                      : a == "qwen3_moe"               ? Defaults{4, 32768, 1e-6, 10000.0}
                      : a == "qwen3_vl_moe"            ? Defaults{16, 128000, 1e-6, 500000.0}
+                     : a == "qwen3_next"              ? Defaults{2, 32768, 1e-6, 10000.0}
                      : a == "olmoe"                   ? Defaults{0, 4096, 1e-5, 10000.0}
                      : a == "gpt_oss"                 ? Defaults{8, 131072, 1e-5, 150000.0}
                      : a == "glm4_moe"                ? Defaults{8, 131072, 1e-5, 10000.0}
@@ -333,10 +336,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                  std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
   }
   h.head_dim = get_int("head_dim",
-                       a == "gpt_oss"    ? 64
-                       : a == "llama4"   ? 128
-                       : h.num_heads > 0 ? h.hidden_size / h.num_heads
-                                         : 0,
+                       a == "gpt_oss"      ? 64
+                       : a == "llama4"     ? 128
+                       : a == "qwen3_next" ? 256
+                       : h.num_heads > 0   ? h.hidden_size / h.num_heads
+                                           : 0,
                        false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
@@ -557,6 +561,43 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   }
   if (a == "llama4") {
     if (auto s = llama4_layers(c, where, h); !s) return s;
+  }
+  if (a == "qwen3_next") {
+    // Qwen3-Next: every full_attention_interval-th layer attends (q/k norms per head, RoPE on partial_rotary_factor of
+    // each head, the output gated by a projection q_proj also holds); the others are gated-delta-rule layers.
+    if (get_bool("attention_bias", false)) {
+      return Status(StatusCode::unsupported,
+                    where + ": attention_bias=true is not supported for Qwen3-Next (the released models have none)");
+    }
+    h.qk_norm = "per_head";
+    h.attn_output_gate = true;
+    double factor = 0.25;
+    if (auto st = read_partial_rotary(factor); !st) return st;
+    const std::int64_t dims = rotated_dims(h.head_dim, factor);
+    if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
+      return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
+                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
+                                   "; it must be in (0, 1] and give an even count; fix it in config.json");
+    }
+    h.rotary_dims = dims == h.head_dim ? 0 : dims;
+    h.linear_conv_kernel = get_int("linear_conv_kernel_dim", 4, false);
+    h.linear_k_dim = get_int("linear_key_head_dim", 128, false);
+    h.linear_v_dim = get_int("linear_value_head_dim", 128, false);
+    h.linear_k_heads = get_int("linear_num_key_heads", 16, false);
+    h.linear_v_heads = get_int("linear_num_value_heads", 32, false);
+    if (c.contains("layer_types") && !c["layer_types"].is_null()) {
+      if (auto st = layers_of_type(c["layer_types"], h.num_layers, "linear_attention", where, h.linear_layers); !st)
+        return st;
+    } else {
+      const std::int64_t interval = get_int("full_attention_interval", 4, false);
+      if (interval < 1) {
+        return bad_config(where, "full_attention_interval is " + std::to_string(interval) +
+                                     "; it must be 1 or more; fix it in config.json");
+      }
+      for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; ++l) {
+        if ((l + 1) % interval != 0) h.linear_layers.push_back(l);
+      }
+    }
   }
   if (a == "qwen2_moe") h.attention_qkv_bias = get_bool("qkv_bias", true);
   if (a == "qwen3_moe" || a == "qwen3_vl_moe") h.qk_norm = "per_head";
@@ -814,7 +855,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.n_experts = get_int("num_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
     // Qwen3-VL's router always renormalizes (its text config has no norm_topk_prob).
-    h.norm_topk_prob = a == "qwen3_vl_moe" || get_bool("norm_topk_prob", false);
+    h.norm_topk_prob = a == "qwen3_vl_moe" || get_bool("norm_topk_prob", a == "qwen3_next");
     if (a == "olmoe") {
       h.moe_intermediate_size = get_int("intermediate_size", 0, true);
     } else {
@@ -836,8 +877,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
         }
       }
     }
-    if (a == "qwen2_moe") {
-      h.shared_expert_intermediate_size = get_int("shared_expert_intermediate_size", 0, false);
+    if (a == "qwen2_moe" || a == "qwen3_next") {
+      h.shared_expert_intermediate_size =
+          get_int("shared_expert_intermediate_size", a == "qwen3_next" ? 512 : 0, false);
       h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
     }
   }
@@ -910,6 +952,12 @@ Status check_metadata_types(const GgufFile& g, const std::string& arch, const st
       {"rope.scaling.yarn_attn_factor", Kind::number},
       {"interleave_moe_layer_step", Kind::integer},
       {"attention.sliding_window_pattern", Kind::integer},
+      {"ssm.conv_kernel", Kind::integer},
+      {"ssm.state_size", Kind::integer},
+      {"ssm.group_count", Kind::integer},
+      {"ssm.time_step_rank", Kind::integer},
+      {"ssm.inner_size", Kind::integer},
+      {"full_attention_interval", Kind::integer},
   };
   static constexpr std::pair<const char*, Kind> kKeys[] = {
       {"tokenizer.ggml.model", Kind::string},
@@ -1185,6 +1233,32 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
+  if (a == "qwen3_next") {
+    // llama.cpp's qwen3next: every full_attention_interval-th layer attends, the others run the gated delta rule
+    // (ssm.state_size: the key heads' width, ssm.group_count: key heads, ssm.time_step_rank: value heads); the router
+    // always renormalizes; the shared expert's gate is there whatever layer 0 is.
+    h.qk_norm = "per_head";
+    h.attn_output_gate = true;
+    h.norm_topk_prob = true;
+    h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
+    h.linear_conv_kernel = req("ssm.conv_kernel");
+    h.linear_k_dim = req("ssm.state_size");
+    h.linear_k_heads = req("ssm.group_count");
+    h.linear_v_heads = req("ssm.time_step_rank");
+    const std::int64_t inner = req("ssm.inner_size"), interval = req("full_attention_interval");
+    if (!err) return err;
+    if (h.linear_v_heads <= 0 || inner <= 0 || inner % h.linear_v_heads != 0 || interval < 1) {
+      return bad_config(where, "metadata " + *ga + ".ssm.inner_size " + std::to_string(inner) +
+                                   ", ssm.time_step_rank " + std::to_string(h.linear_v_heads) +
+                                   " and full_attention_interval " + std::to_string(interval) +
+                                   " must be positive, the first a multiple of the second; the GGUF is damaged: "
+                                   "re-export it");
+    }
+    h.linear_v_dim = inner / h.linear_v_heads;
+    for (std::int64_t l = 0; l < h.num_layers && h.num_layers <= 4096; ++l) {
+      if ((l + 1) % interval != 0) h.linear_layers.push_back(l);
+    }
+  }
   if (a == "llama4" && h.num_layers > 0 && h.num_layers <= 4096) {
     // llama.cpp fixes Llama 4's rules in its loader (its converter writes none of them): chunks of 8192 on three
     // layers of four (attention.sliding_window_pattern), no RoPE and position-scaled queries (8192, 0.1) on every
@@ -1311,7 +1385,18 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       }
       return;
     }
-    add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l, hp.num_heads);
+    if (hp.attn_output_gate) {
+      // Qwen3-Next: q_proj's rows hold each head's query, then its output gate (llama.cpp's attn_q the same).
+      const RowPick query{hp.num_heads, 2 * hp.head_dim, 0, hp.head_dim, false};
+      const RowPick gate{hp.num_heads, 2 * hp.head_dim, hp.head_dim, hp.head_dim, false};
+      add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l);
+      plan.shared.back().hf_pick = plan.shared.back().gguf_pick = query;
+      add(b + "attn_q_gate.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l);
+      plan.shared.back().gguf_name = b + "attn_q.weight";
+      plan.shared.back().hf_pick = plan.shared.back().gguf_pick = gate;
+    } else {
+      add(b + "attn_q.weight", p + "self_attn.q_proj.weight", {q_dim, hid}, TensorKind::attn_q, l, hp.num_heads);
+    }
     add(b + "attn_k.weight", p + "self_attn.k_proj.weight", {kv_dim, hid}, TensorKind::attn_k, l, hp.num_kv_heads);
     add(b + "attn_v.weight", p + "self_attn.v_proj.weight", {kv_dim, hid}, TensorKind::attn_v, l);
     if (hp.attention_qkv_bias) {
@@ -1364,6 +1449,43 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
         RowPick{nh, dn + dv, dn, dv, false}, RowPick{});
     add(b + "attn_output.weight", a + "o_proj.weight", {hid, nh * dv}, TensorKind::attn_o, l);
   };
+  // Qwen3-Next's gated-delta-rule layers. in_proj_qkvz's rows come in groups, one per key head: its q, k, v (the
+  // group's value heads) and z; in_proj_ba's so with b and a. They are cut into q, k, v and z (and b, a) of every
+  // head, as is the convolution's weight; llama.cpp's qwen3next GGUFs hold q, k and v of every head in attn_qkv (and
+  // the convolution likewise), z in attn_gate and b, a in ssm_ba by group.
+  auto add_linear = [&](const std::string& b, const std::string& p, std::int64_t l) {
+    const std::int64_t nk = hp.linear_k_heads, dk = hp.linear_k_dim, dv = hp.linear_v_dim;
+    const std::int64_t r = hp.linear_v_heads / nk, kd = hp.linear_key_width(), vd = hp.linear_value_width();
+    const std::int64_t group = 2 * dk + 2 * r * dv, conv = hp.linear_conv_dim(), K = hp.linear_conv_kernel;
+    const std::string a = p + "linear_attn.";
+    const auto cut = [&](const std::string& name, const std::string& hf, const std::string& gguf, std::int64_t rows,
+                         std::int64_t cols, TensorKind kind, RowPick hf_pick, RowPick gguf_pick) {
+      add(name, hf, {rows, cols}, kind, l);
+      plan.shared.back().gguf_name = gguf;
+      plan.shared.back().hf_pick = hf_pick;
+      plan.shared.back().gguf_pick = gguf_pick;
+    };
+    const std::string qkvz = a + "in_proj_qkvz.weight", qkv = b + "attn_qkv.weight";
+    cut(b + "ssm_q.weight", qkvz, qkv, kd, hid, TensorKind::attn_q, {nk, group, 0, dk}, {1, conv, 0, kd});
+    cut(b + "ssm_k.weight", qkvz, qkv, kd, hid, TensorKind::attn_k, {nk, group, dk, dk}, {1, conv, kd, kd});
+    cut(b + "ssm_v.weight", qkvz, qkv, vd, hid, TensorKind::attn_v, {nk, group, 2 * dk, r * dv}, {1, conv, 2 * kd, vd});
+    cut(b + "ssm_z.weight", qkvz, b + "attn_gate.weight", vd, hid, TensorKind::attn_v,
+        {nk, group, 2 * dk + r * dv, r * dv}, {});
+    const std::string ba = a + "in_proj_ba.weight", ba_gguf = b + "ssm_ba.weight";
+    cut(b + "ssm_beta.weight", ba, ba_gguf, hp.linear_v_heads, hid, TensorKind::attn_v, {nk, 2 * r, 0, r},
+        {nk, 2 * r, 0, r});
+    cut(b + "ssm_alpha.weight", ba, ba_gguf, hp.linear_v_heads, hid, TensorKind::attn_v, {nk, 2 * r, r, r},
+        {nk, 2 * r, r, r});
+    const std::string cw = a + "conv1d.weight", cw_gguf = b + "ssm_conv1d.weight";
+    cut(b + "ssm_conv1d_q.weight", cw, cw_gguf, kd, K, TensorKind::norm, {1, conv, 0, kd}, {1, conv, 0, kd});
+    cut(b + "ssm_conv1d_k.weight", cw, cw_gguf, kd, K, TensorKind::norm, {1, conv, kd, kd}, {1, conv, kd, kd});
+    cut(b + "ssm_conv1d_v.weight", cw, cw_gguf, vd, K, TensorKind::norm, {1, conv, 2 * kd, vd}, {1, conv, 2 * kd, vd});
+    add(b + "ssm_a", a + "A_log", {hp.linear_v_heads}, TensorKind::bias, l);
+    plan.shared.back().hf_transform = ValueTransform::neg_exp;
+    add(b + "ssm_dt.bias", a + "dt_bias", {hp.linear_v_heads}, TensorKind::bias, l);
+    add(b + "ssm_norm.weight", a + "norm.weight", {dv}, TensorKind::norm, l);
+    add(b + "ssm_out.weight", a + "out_proj.weight", {hid, vd}, TensorKind::attn_o, l);
+  };
   add("token_embd.weight", bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight", {hp.vocab_size, hid},
       TensorKind::embedding, -1);
   // Mixtral's names (block_sparse_moe, w1/w3/w2), which MiniMax-M2 keeps.
@@ -1377,11 +1499,13 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
     if (hp.mla()) {
       add_mla(b, p, l);
+    } else if (hp.layer_is_linear(l)) {
+      add_linear(b, p, l);
     } else {
       add_attention(b, p, l);
     }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
-    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe")
+    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe" || gguf_arch == "qwen3next")
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
@@ -1469,6 +1593,13 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   }
   add("output_norm.weight", "model.norm.weight", {hid}, TensorKind::norm, -1);
   if (!hp.tie_word_embeddings) add("output.weight", "lm_head.weight", {hp.vocab_size, hid}, TensorKind::output, -1);
+  if (hp.architecture == "qwen3_next") {  // Qwen3NextRMSNorm: x * (1 + w), the weights stored around 0
+    for (auto& t : plan.shared) {
+      if (t.kind == TensorKind::norm && !t.name.ends_with("ssm_norm.weight") &&
+          t.name.find("ssm_conv1d") == std::string::npos)
+        t.hf_transform = ValueTransform::add_one;
+    }
+  }
   // Image-text checkpoints hold the language model under a prefix (their vision tower is not read): Llama 4's all of
   // it under language_model., Qwen3-VL's model. under model.language_model. (its lm_head where it was).
   const bool llama4_vision = hp.hf_architecture == "Llama4ForConditionalGeneration";

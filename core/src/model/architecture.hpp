@@ -41,6 +41,11 @@ struct RowPick {
   bool transpose = false;
 };
 
+// A change of the values read from a HF checkpoint (a GGUF holds them changed already): Qwen3-Next's RMS norms
+// multiply by 1 + w (stored as w + 1, computed in f32 as transformers does), and its decay rate is kept as
+// -exp(A_log).
+enum class ValueTransform { none, add_one, neg_exp };
+
 struct PlannedTensor {
   std::string name;                     // canonical (llama.cpp-style) name
   std::string hf_name;                  // name in a HF checkpoint
@@ -54,7 +59,8 @@ struct PlannedTensor {
   int hf_fused_part = -1;
   // Llama 4: gate and up are the first and second halves of gate_up_proj's outputs, not its even and odd ones.
   bool hf_fused_halves = false;
-  RowPick hf_pick, gguf_pick;       // the cut out of hf_name / gguf_name, if any
+  RowPick hf_pick, gguf_pick;  // the cut out of hf_name / gguf_name, if any
+  ValueTransform hf_transform = ValueTransform::none;
   std::vector<std::int64_t> shape;  // HF order
   TensorKind kind = TensorKind::norm;
   std::int64_t layer = -1;

@@ -80,7 +80,8 @@ struct SourceRef {
   // Set for parts cut out of fused tensors (gpt-oss experts): produces f32 rows [row0, row0 + n) of the part.
   // Rows in `type` (f32, or mxfp4 for HF MXFP4 experts).
   std::function<Status(std::int64_t row0, std::int64_t n, void* dst)> gather;
-  std::vector<std::string> also_read;  // further input tensors the gather reads (MXFP4 scales)
+  std::vector<std::string> also_read;               // further input tensors the gather reads (MXFP4 scales)
+  ValueTransform transform = ValueTransform::none;  // applied to the decoded values (HF Qwen3-Next's norms, A_log)
 };
 
 struct Input {
@@ -404,8 +405,9 @@ sdk::Expected<SourceRef> locate_cut(const Input& in, const PlannedTensor& p, con
 }
 
 sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
-  if (p.hf_pick.blocks > 0) return locate_cut(in, p, p.hf_pick, false);
-  return locate_hf_whole(in, p);
+  auto r = p.hf_pick.blocks > 0 ? locate_cut(in, p, p.hf_pick, false) : locate_hf_whole(in, p);
+  if (r) r->transform = p.hf_transform;
+  return r;
 }
 
 sdk::Expected<SourceRef> locate_gguf(const Input& in, const PlannedTensor& p) {
@@ -435,8 +437,15 @@ sdk::Expected<SourceRef> locate_hf_whole(const Input& in, const PlannedTensor& p
                   in.st->files()[t->file_index].string() + ": tensor '" + p.hf_name + "' has dtype " + t->dtype +
                       "; colibri converts F32, F16, BF16 and F8_E4M3 (with its scales) weights");
   }
-  // ERNIE stores its selection bias as [1, E]: the same values as the [E] planned.
-  const bool squeezed = p.shape.size() == 1 && t->shape == std::vector<std::int64_t>{1, p.shape[0]};
+  // ERNIE stores its selection bias as [1, E], Qwen3-Next its convolution as [C, 1, K]: the same values as the [E]
+  // and [C, K] planned.
+  const auto without_units = [](const std::vector<std::int64_t>& shape) {
+    std::vector<std::int64_t> kept;
+    std::copy_if(shape.begin(), shape.end(), std::back_inserter(kept), [](std::int64_t d) { return d != 1; });
+    return kept;
+  };
+  const bool squeezed = t->shape.size() > p.shape.size() && without_units(t->shape) == without_units(p.shape) &&
+                        t->shape.back() == p.shape.back();
   if (t->shape != p.shape && !squeezed) return bad_source_shape(in, *t, p.shape);
   r.size = t->size;
   r.cols = p.shape.back();
@@ -682,16 +691,18 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
   const std::int64_t per_thread = std::max<std::int64_t>(1, (8 << 20) / (src.cols * 4));
   const std::int64_t chunk_rows = std::min<std::int64_t>(src.rows, per_thread * std::max(1, threads));
   std::vector<char> in_buf(src_row * static_cast<std::size_t>(chunk_rows));
-  std::vector<char> out_buf(src.type == target ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
+  const bool transform = src.transform != ValueTransform::none;
+  std::vector<char> out_buf(src.type == target && !transform ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
   // Tensors copied as they are (floats, and a GGUF's quantized blocks) are still decoded once for non-finite values:
   // a damaged block scale would otherwise reach the model as NaN logits. The SIMD dequantizers outrun the disk.
-  const bool check_copy = src.type == target;
+  const bool check_copy = src.type == target && !transform;
   // The largest magnitude the target holds: f16's largest value; block types store f16 scales of about amax / 127
   // (q8_0) down to amax / 945 (q4_k), so 2^20 keeps every scale finite. A copy only has to be finite.
   const float limit = target == DType::f16 && !check_copy                           ? 65504.0f
                       : check_copy || target == DType::f32 || target == DType::bf16 ? std::numeric_limits<float>::max()
                                                                                     : 1048576.0f;
-  std::vector<float> scratch(src.type == target && !check_copy ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
+  std::vector<float> scratch(
+      src.type == target && !check_copy && !transform ? 0 : static_cast<std::size_t>(src.cols * chunk_rows));
   for (std::int64_t r0 = 0; r0 < src.rows; r0 += chunk_rows) {
     const std::int64_t n = std::min(chunk_rows, src.rows - r0);
     if (src.permute_heads > 0 || src.row_map) {
@@ -704,7 +715,7 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
       if (auto s = in.read(src, static_cast<std::uint64_t>(r0) * src_row, in_buf.data(), src_row * n); !s) return s;
     }
     const char* result = in_buf.data();
-    if (src.type != target || check_copy) {
+    if (src.type != target || check_copy || transform) {
       std::atomic<bool> failed{false};
       std::string error;
       std::mutex error_mutex;
@@ -712,6 +723,12 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
         for (std::int64_t r = b; r < e; ++r) {
           float* f = scratch.data() + r * src.cols;
           Status s = quant::dequantize_row(src.type, in_buf.data() + r * src_row, f, src.cols);
+          if (s && src.transform == ValueTransform::add_one) {
+            for (std::int64_t i = 0; i < src.cols; ++i) f[i] = 1.0f + f[i];
+          } else if (s && src.transform == ValueTransform::neg_exp) {
+            // In double, rounded once: the f32 value nearest -exp(A_log), as a GGUF converted from it holds it.
+            for (std::int64_t i = 0; i < src.cols; ++i) f[i] = static_cast<float>(-std::exp(static_cast<double>(f[i])));
+          }
           // A non-finite weight, or one past what the target's f16 values or block scales hold, would quantize into
           // inf (NaN logits at run): refuse it here, by place. Real weights are orders of magnitude smaller.
           if (s) {
@@ -1329,9 +1346,12 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       return ec != std::errc() || end == first || *end != '.' ? -1 : layer;
     };
     // GLM's multi-token-prediction layers come right after the last one; colibri does not draft with them.
+    // Qwen3-Next's sits apart, under mtp.
+    const bool mtp_apart = !in.is_gguf && hp.architecture == "qwen3_next";
     const auto nextn_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       const std::int64_t layer = layer_of(name);
-      return layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers;
+      return (layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers) ||
+             (mtp_apart && name.starts_with("mtp."));
     });
     const auto nextn_tensors = static_cast<std::size_t>(nextn_end - unused.begin());
     unused.erase(unused.begin(), nextn_end);

@@ -46,7 +46,12 @@ bool HyperParams::layer_has_rope(std::int64_t layer) const {
   return std::find(nope_layers.begin(), nope_layers.end(), layer) == nope_layers.end();
 }
 
+bool HyperParams::layer_is_linear(std::int64_t layer) const {
+  return std::find(linear_layers.begin(), linear_layers.end(), layer) != linear_layers.end();
+}
+
 int HyperParams::format_version() const {
+  if (!linear_layers.empty() || attn_output_gate) return 6;
   const bool v5 = !nope_layers.empty() || attention_chunk > 0 || router_weight_on_input || qk_norm == "l2";
   if (v5) return 5;
   const bool v3 = router_scoring != "softmax" || router_selection_bias || routed_scaling_factor != 1.0 ||
@@ -124,6 +129,15 @@ json HyperParams::to_json() const {
     j["attn_temperature_floor"] = attn_temperature_floor;
     j["attn_temperature_scale"] = attn_temperature_scale;
     j["router_weight_on_input"] = router_weight_on_input;
+  }
+  if (format_version() >= 6) {
+    j["linear_layers"] = linear_layers;
+    j["linear_conv_kernel"] = linear_conv_kernel;
+    j["linear_k_heads"] = linear_k_heads;
+    j["linear_v_heads"] = linear_v_heads;
+    j["linear_k_dim"] = linear_k_dim;
+    j["linear_v_dim"] = linear_v_dim;
+    j["attn_output_gate"] = attn_output_gate;
   }
   return j;
 }
@@ -213,6 +227,9 @@ const char* const kV4Fields[] = {"q_lora_rank",   "kv_lora_rank",       "v_head_
 const char* const kV5Fields[] = {
     "nope_layers",           "attention_chunk", "chunked_layers", "attn_temperature_floor", "attn_temperature_scale",
     "router_weight_on_input"};
+// Format 6 (Qwen3-Next).
+const char* const kV6Fields[] = {"linear_layers", "linear_conv_kernel", "linear_k_heads",  "linear_v_heads",
+                                 "linear_k_dim",  "linear_v_dim",       "attn_output_gate"};
 
 }  // namespace
 
@@ -289,6 +306,17 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.attn_temperature_floor = f.get<double>("attn_temperature_floor");
     h.attn_temperature_scale = f.get<double>("attn_temperature_scale");
     h.router_weight_on_input = f.get<bool>("router_weight_on_input");
+  }
+  const bool v6_fields =
+      std::any_of(std::begin(kV6Fields), std::end(kV6Fields), [&f](const char* key) { return !f.raw(key).is_null(); });
+  if (v6_fields) {
+    h.linear_layers = f.get<std::vector<std::int64_t>>("linear_layers");
+    h.linear_conv_kernel = f.get<std::int64_t>("linear_conv_kernel");
+    h.linear_k_heads = f.get<std::int64_t>("linear_k_heads");
+    h.linear_v_heads = f.get<std::int64_t>("linear_v_heads");
+    h.linear_k_dim = f.get<std::int64_t>("linear_k_dim");
+    h.linear_v_dim = f.get<std::int64_t>("linear_v_dim");
+    h.attn_output_gate = f.get<bool>("attn_output_gate");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");
@@ -454,6 +482,27 @@ Status HyperParams::validate() const {
       !s)
     return s;
   if (auto s = in_range(attention_chunk, 0, kMaxContext, "attention_chunk"); !s) return s;
+  if (!linear_layers.empty()) {
+    if (auto s = need(layers_in_range(linear_layers) && static_cast<std::int64_t>(linear_layers.size()) < num_layers,
+                      "linear_layers lists a layer outside 0..num_layers-1, or every layer");
+        !s)
+      return s;
+    if (auto s = in_range(linear_conv_kernel, 2, 64, "linear_conv_kernel (config linear_conv_kernel_dim)"); !s)
+      return s;
+    if (auto s = in_range(linear_k_heads, 1, kMaxHeads, "linear_k_heads (config linear_num_key_heads)"); !s) return s;
+    if (auto s = in_range(linear_v_heads, 1, kMaxHeads, "linear_v_heads (config linear_num_value_heads)"); !s) return s;
+    if (auto s = need(linear_v_heads % linear_k_heads == 0,
+                      "linear_v_heads (config linear_num_value_heads) must be a multiple of linear_k_heads "
+                      "(linear_num_key_heads)");
+        !s)
+      return s;
+    if (auto s = in_range(linear_k_dim, 1, 1024, "linear_k_dim (config linear_key_head_dim)"); !s) return s;
+    if (auto s = in_range(linear_v_dim, 1, 1024, "linear_v_dim (config linear_value_head_dim)"); !s) return s;
+    if (auto s = need(sliding_window == 0 && attention_chunk == 0 && !mla(),
+                      "linear_layers excludes sliding windows, chunked and latent attention");
+        !s)
+      return s;
+  }
   if (auto s = need(chunked_layers.empty() || attention_chunk > 0, "chunked_layers needs attention_chunk > 0"); !s)
     return s;
   // A chunked layer with a sliding window too would need both rules in one attention call.

@@ -376,7 +376,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
         chunk =
             std::min(chunk, std::max<std::size_t>(1, (std::size_t{64} << 20) / (static_cast<std::size_t>(vocab_) * 4)));
       }
-      const std::size_t n = std::min<std::size_t>(prompt.size() - seq.prompt_done, chunk);
+      std::size_t n = std::min<std::size_t>(prompt.size() - seq.prompt_done, chunk);
+      // A recurrent model's cache serves a next request only where a state was kept: the prompt's last token runs
+      // on its own, so the state before it is saved (the same prompt again; one sharing the prompt, not the reply).
+      if (seq.state->kv.has_recurrent() && n > 1 && seq.prompt_done + n == prompt.size()) --n;
       item.tokens = std::span<const std::int32_t>(prompt.data() + seq.prompt_done, n);
       item.pass_end = static_cast<std::int64_t>(prompt.size());  // as one pass over the prompt (dynamic rope)
       if (seq.job->request.prompt_logprobs) {
@@ -432,13 +435,16 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       if (seq.prefilled || seq.done) continue;
       if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
       seq.prompt_done += items[i].tokens.size();
-      if (seq.prompt_done == seq.job->request.prompt.size()) {
-        seq.prefilled = true;
-        // A next request returns to the prompt's end when it does not share the reply (sliding-window layers).
+      const std::size_t prompt_size = seq.job->request.prompt.size();
+      const bool recurrent = seq.state->kv.has_recurrent();
+      // A next request returns to the prompt's end when it does not share the reply (sliding-window layers), or to
+      // the state before its last token (recurrent layers).
+      if (seq.prompt_done == (recurrent ? prompt_size - 1 : prompt_size)) {
         if (auto saved = seq.state->kv.save_window(seq.state->n_past); !saved) {
-          spdlog::warn("keeping the prompt's sliding-window KV rows: {}", saved.message());
+          spdlog::warn("keeping the prompt's sliding-window KV rows or recurrent states: {}", saved.message());
         }
       }
+      if (seq.prompt_done == prompt_size) seq.prefilled = true;
     }
   }
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();

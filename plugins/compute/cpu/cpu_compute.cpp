@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -270,7 +271,10 @@ class CpuCompute final : public ComputeBase {
       case Op::attention_sinks: return is_kv_type(weight_type);
       case Op::topk_routing_biased:
       case Op::topk_routing_grouped:
-      case Op::concat_rows: return weight_type == DType::f32;
+      case Op::concat_rows:
+      case Op::mul:
+      case Op::causal_conv:
+      case Op::gated_delta_rule: return weight_type == DType::f32;
       case Op::matmul_heads: return matmul_weight(weight_type);
       default: return supports_every_op(op, weight_type);
     }
@@ -314,6 +318,9 @@ class CpuCompute final : public ComputeBase {
       case Op::expert_ffn_routed: return op_expert_routed(c);
       case Op::concat_rows: return op_concat_rows(c);
       case Op::matmul_heads: return op_matmul_heads(c);
+      case Op::mul: return op_mul(c);
+      case Op::causal_conv: return op_causal_conv(c);
+      case Op::gated_delta_rule: return op_gated_delta_rule(c);
       case Op::count_: break;
     }
     return Status(StatusCode::unsupported,
@@ -821,6 +828,117 @@ class CpuCompute final : public ComputeBase {
 
   Status op_add(const OpCall& c) {
     return elementwise("add", c, 2, [](float a, float b) noexcept { return a + b; });
+  }
+
+  Status op_mul(const OpCall& c) {
+    return elementwise("mul", c, 2, [](float a, float b) noexcept { return a * b; });
+  }
+
+  // Channels split across the pool; each channel's columns in order, so a column's bits do not depend on T.
+  Status op_causal_conv(const OpCall& c) {
+    const char* op = "causal_conv";
+    COLIBRI_TRY(check_op_call(c, "cpu"));
+    std::byte *xp, *wp, *yp, *sp;
+    COLIBRI_TRY(resolve(op, "X (inputs[0])", c.inputs[0], xp));
+    COLIBRI_TRY(resolve(op, "W (inputs[1])", c.inputs[1], wp));
+    COLIBRI_TRY(resolve(op, "Y (outputs[0])", c.outputs[0], yp));
+    COLIBRI_TRY(resolve(op, "state (outputs[1])", c.outputs[1], sp));
+    const auto* x = reinterpret_cast<const float*>(xp);
+    const auto* w = reinterpret_cast<const float*>(wp);
+    auto* y = reinterpret_cast<float*>(yp);
+    auto* state = reinterpret_cast<float*>(sp);
+    const std::int64_t ch = c.inputs[0].ne[0], t_count = c.inputs[0].ne[1], k = c.inputs[1].ne[0];
+    constexpr std::int64_t kChannelsPerTask = 64;
+    pool_.run(row_tasks(ch, kChannelsPerTask), [&](std::int64_t task, int) noexcept {
+      std::array<float, 16> small{};
+      std::vector<float> big;
+      float* window = small.data();
+      if (k > static_cast<std::int64_t>(small.size())) {
+        big.resize(static_cast<std::size_t>(k));
+        window = big.data();
+      }
+      for (std::int64_t cc = task * kChannelsPerTask; cc < std::min(ch, (task + 1) * kChannelsPerTask); ++cc) {
+        for (std::int64_t j = 0; j + 1 < k; ++j) window[j] = state[cc + j * ch];
+        const float* wc = w + cc * k;
+        for (std::int64_t t = 0; t < t_count; ++t) {
+          window[k - 1] = x[cc + t * ch];
+          float acc = 0.0f;
+          for (std::int64_t j = 0; j < k; ++j) acc += wc[j] * window[j];
+          y[cc + t * ch] = acc / (1.0f + std::exp(-acc));
+          for (std::int64_t j = 0; j + 1 < k; ++j) window[j] = window[j + 1];
+        }
+        for (std::int64_t j = 0; j + 1 < k; ++j) state[cc + j * ch] = window[j];
+      }
+    });
+    return {};
+  }
+
+  // Value heads split across the pool; each head's tokens in order (the state carries them), so a token's bits do
+  // not depend on how many share the call.
+  Status op_gated_delta_rule(const OpCall& c) {
+    const char* op = "gated_delta_rule";
+    COLIBRI_TRY(check_op_call(c, "cpu"));
+    std::array<std::byte*, 7> in{};
+    static constexpr const char* kIn[] = {"Q (inputs[0])", "K (inputs[1])", "V (inputs[2])",      "a (inputs[3])",
+                                          "b (inputs[4])", "A (inputs[5])", "dt_bias (inputs[6])"};
+    for (std::size_t i = 0; i < in.size(); ++i) COLIBRI_TRY(resolve(op, kIn[i], c.inputs[i], in[i]));
+    std::byte *op_, *sp;
+    COLIBRI_TRY(resolve(op, "O (outputs[0])", c.outputs[0], op_));
+    COLIBRI_TRY(resolve(op, "state (outputs[1])", c.outputs[1], sp));
+    const auto f = [&](std::size_t i) { return reinterpret_cast<const float*>(in[i]); };
+    const float *q = f(0), *k = f(1), *v = f(2), *a = f(3), *b = f(4), *A = f(5), *dt = f(6);
+    auto* o = reinterpret_cast<float*>(op_);
+    auto* state = reinterpret_cast<float*>(sp);
+    const std::int64_t dk = c.inputs[0].ne[0], hk = c.inputs[0].ne[1], t_count = c.inputs[0].ne[2];
+    const std::int64_t dv = c.inputs[2].ne[0], hv = c.inputs[2].ne[1], group = hv / hk;
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    pool_.run(hv, [&](std::int64_t h, int) noexcept {
+      std::vector<float> qn(static_cast<std::size_t>(dk)), kn(static_cast<std::size_t>(dk)),
+          u(static_cast<std::size_t>(dv));
+      float* S = state + h * dk * dv;
+      const std::int64_t kh = h / group;
+      for (std::int64_t t = 0; t < t_count; ++t) {
+        const float* qt = q + (t * hk + kh) * dk;
+        const float* kt = k + (t * hk + kh) * dk;
+        const float* vt = v + (t * hv + h) * dv;
+        float qq = 0.0f, kk = 0.0f;
+        for (std::int64_t i = 0; i < dk; ++i) {
+          qq += qt[i] * qt[i];
+          kk += kt[i] * kt[i];
+        }
+        const float q_inv = 1.0f / std::sqrt(qq + 1e-6f), k_inv = 1.0f / std::sqrt(kk + 1e-6f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          qn[static_cast<std::size_t>(i)] = qt[i] * q_inv * q_scale;
+          kn[static_cast<std::size_t>(i)] = kt[i] * k_inv;
+        }
+        const float xa = a[t * hv + h] + dt[h];
+        const float softplus = xa > 20.0f ? xa : std::log1p(std::exp(xa));
+        const float decay = std::exp(A[h] * softplus);
+        const float beta = 1.0f / (1.0f + std::exp(-b[t * hv + h]));
+        std::fill(u.begin(), u.end(), 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* row = S + i * dv;
+          const float ki = kn[static_cast<std::size_t>(i)];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            row[j] *= decay;
+            u[static_cast<std::size_t>(j)] += row[j] * ki;
+          }
+        }
+        for (std::int64_t j = 0; j < dv; ++j)
+          u[static_cast<std::size_t>(j)] = (vt[j] - u[static_cast<std::size_t>(j)]) * beta;
+        float* ot = o + (t * hv + h) * dv;
+        std::fill(ot, ot + dv, 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* row = S + i * dv;
+          const float ki = kn[static_cast<std::size_t>(i)], qi = qn[static_cast<std::size_t>(i)];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            row[j] += ki * u[static_cast<std::size_t>(j)];
+            ot[j] += row[j] * qi;
+          }
+        }
+      }
+    });
+    return {};
   }
 
   Status op_sigmoid(const OpCall& c) {

@@ -2198,6 +2198,214 @@ TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedRefuseBadCalls) {
   if (tested == 0) GTEST_SKIP() << "this backend offers neither attention_sinks nor expert_ffn_clamped";
 }
 
+// ------------------------------------------------------------------ Qwen3-Next's linear attention
+
+// mul, causal_conv and gated_delta_rule are optional: a backend whose supports() says no must refuse them (the engine
+// never calls them then) and the tests skip. Each is checked against a double-precision reference, and split into
+// calls of fewer tokens with the state carried between them it must give the same bits.
+
+namespace {
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// causal_conv in doubles: {C, T} from {C, T} inputs, {K, C} taps and a {C, K - 1} state (updated).
+std::vector<double> conv_reference(const std::vector<float>& x, const std::vector<float>& w, std::vector<double>& state,
+                                   std::int64_t ch, std::int64_t k, std::int64_t t) {
+  std::vector<double> y(static_cast<std::size_t>(ch * t));
+  for (std::int64_t c = 0; c < ch; ++c) {
+    std::vector<double> in;
+    for (std::int64_t j = 0; j + 1 < k; ++j) in.push_back(state[static_cast<std::size_t>(c + j * ch)]);
+    for (std::int64_t i = 0; i < t; ++i) in.push_back(x[static_cast<std::size_t>(c + i * ch)]);
+    for (std::int64_t i = 0; i < t; ++i) {
+      double acc = 0;
+      for (std::int64_t j = 0; j < k; ++j)
+        acc += w[static_cast<std::size_t>(c * k + j)] * in[static_cast<std::size_t>(i + j)];
+      y[static_cast<std::size_t>(c + i * ch)] = acc / (1 + std::exp(-acc));
+    }
+    for (std::int64_t j = 0; j + 1 < k; ++j)
+      state[static_cast<std::size_t>(c + j * ch)] = in[static_cast<std::size_t>(t + j)];
+  }
+  return y;
+}
+
+struct DeltaShape {
+  std::int64_t dk, hk, dv, hv, t;
+};
+
+// gated_delta_rule in doubles; `state` {dv, dk, hv} updated.
+std::vector<double> delta_reference(const DeltaShape& d, const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& v, const std::vector<float>& a,
+                                    const std::vector<float>& b, const std::vector<float>& A,
+                                    const std::vector<float>& dt, std::vector<double>& state) {
+  std::vector<double> o(static_cast<std::size_t>(d.dv * d.hv * d.t));
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  for (std::int64_t t = 0; t < d.t; ++t) {
+    for (std::int64_t h = 0; h < d.hv; ++h) {
+      const std::int64_t kh = h / (d.hv / d.hk);
+      double qq = 0, kk = 0;
+      for (std::int64_t i = 0; i < d.dk; ++i) {
+        qq += double(q[at((t * d.hk + kh) * d.dk + i)]) * q[at((t * d.hk + kh) * d.dk + i)];
+        kk += double(k[at((t * d.hk + kh) * d.dk + i)]) * k[at((t * d.hk + kh) * d.dk + i)];
+      }
+      std::vector<double> qn(at(d.dk)), kn(at(d.dk));
+      for (std::int64_t i = 0; i < d.dk; ++i) {
+        qn[at(i)] = q[at((t * d.hk + kh) * d.dk + i)] / std::sqrt(qq + 1e-6) / std::sqrt(double(d.dk));
+        kn[at(i)] = k[at((t * d.hk + kh) * d.dk + i)] / std::sqrt(kk + 1e-6);
+      }
+      const double x = double(a[at(t * d.hv + h)]) + dt[at(h)];
+      const double decay = std::exp(A[at(h)] * std::log1p(std::exp(x)));
+      const double beta = 1 / (1 + std::exp(-double(b[at(t * d.hv + h)])));
+      double* S = state.data() + h * d.dk * d.dv;
+      for (std::int64_t i = 0; i < d.dk * d.dv; ++i) S[i] *= decay;
+      for (std::int64_t j = 0; j < d.dv; ++j) {
+        double mem = 0;
+        for (std::int64_t i = 0; i < d.dk; ++i) mem += S[i * d.dv + j] * kn[at(i)];
+        const double u = (v[at((t * d.hv + h) * d.dv + j)] - mem) * beta;
+        for (std::int64_t i = 0; i < d.dk; ++i) S[i * d.dv + j] += kn[at(i)] * u;
+      }
+      for (std::int64_t j = 0; j < d.dv; ++j) {
+        double out = 0;
+        for (std::int64_t i = 0; i < d.dk; ++i) out += S[i * d.dv + j] * qn[at(i)];
+        o[at((t * d.hv + h) * d.dv + j)] = out;
+      }
+    }
+  }
+  return o;
+}
+
+// Columns [from, from + n) of a {width, T} array.
+std::vector<float> columns(const std::vector<float>& v, std::int64_t width, std::int64_t from, std::int64_t n) {
+  return std::vector<float>(v.begin() + from * width, v.begin() + (from + n) * width);
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (const double w : want) scale = std::max(scale, std::abs(w));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::abs(got[i] - want[i]), tol * scale)
+        << what << ": element " << i << " is " << got[i] << ", want " << want[i];
+  }
+}
+
+void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << what << ": element " << i;
+}
+
+}  // namespace
+
+TEST_P(ComputeConformance, MulMultipliesElementwise) {
+  COMPUTE_FIXTURE(c);
+  std::vector<float> a = randn(1000, 71), b = randn(1000, 72), y(1000, 7.0f);
+  const Ne ne{10, 25, 4, 1};
+  const Status st = run_op(c, Op::mul, {arg(DType::f32, ne, a), arg(DType::f32, ne, b)}, {arg(DType::f32, ne, y)});
+  if (!c.supports(Op::mul, DType::f32)) {
+    EXPECT_FALSE(st) << "a backend whose supports() says no ran mul";
+    GTEST_SKIP() << "this backend does not offer the optional mul";
+  }
+  ASSERT_TRUE(st) << st.to_string();
+  for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(bits_of(y[i]), bits_of(a[i] * b[i])) << "element " << i;
+}
+
+TEST_P(ComputeConformance, CausalConvMatchesTheReferenceAndCarriesItsState) {
+  COMPUTE_FIXTURE(c);
+  const std::int64_t ch = 70, k = 4, t = 9;
+  auto x = randn(static_cast<std::size_t>(ch * t), 81), w = randn(static_cast<std::size_t>(ch * k), 82, 0.5f);
+  const auto state0 = randn(static_cast<std::size_t>(ch * (k - 1)), 83);
+  std::vector<float> y(x.size(), 9.0f), state = state0;
+  auto call = [&](std::vector<float>& in, std::vector<float>& out, std::int64_t n) {
+    return run_op(c, Op::causal_conv, {arg(DType::f32, {ch, n, 1, 1}, in), arg(DType::f32, {k, ch, 1, 1}, w)},
+                  {arg(DType::f32, {ch, n, 1, 1}, out), arg(DType::f32, {ch, k - 1, 1, 1}, state)});
+  };
+  const Status st = call(x, y, t);
+  if (!c.supports(Op::causal_conv, DType::f32)) {
+    EXPECT_FALSE(st) << "a backend whose supports() says no ran causal_conv";
+    GTEST_SKIP() << "this backend does not offer the optional causal_conv";
+  }
+  ASSERT_TRUE(st) << st.to_string();
+  std::vector<double> ref_state(state0.begin(), state0.end());
+  const auto want = conv_reference(x, w, ref_state, ch, k, t);
+  expect_close(y, want, 1e-5, "causal_conv");
+  expect_close(state, ref_state, 0, "causal_conv's state after the call");
+  // Token by token from the same state: the same bits.
+  const auto whole = y, whole_state = state;
+  state = state0;
+  for (std::int64_t i = 0; i < t; ++i) {
+    auto xi = columns(x, ch, i, 1);
+    std::vector<float> yi(static_cast<std::size_t>(ch));
+    ASSERT_TRUE(call(xi, yi, 1));
+    expect_bits(yi, columns(whole, ch, i, 1), "causal_conv token " + std::to_string(i) + " alone");
+  }
+  expect_bits(state, whole_state, "causal_conv's state token by token");
+  // A bad state shape is refused by name.
+  std::vector<float> big(4096);
+  const Status bad = run_op(c, Op::causal_conv, {arg(DType::f32, {ch, t, 1, 1}, x), arg(DType::f32, {k, ch, 1, 1}, w)},
+                            {arg(DType::f32, {ch, t, 1, 1}, big), arg(DType::f32, {ch, k, 1, 1}, big)});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("state"), std::string::npos) << bad.to_string();
+}
+
+TEST_P(ComputeConformance, GatedDeltaRuleMatchesTheReferenceAndCarriesItsState) {
+  COMPUTE_FIXTURE(c);
+  const DeltaShape d{16, 2, 8, 4, 7};
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  auto q = randn(n(d.dk * d.hk * d.t), 91), k = randn(n(d.dk * d.hk * d.t), 92), v = randn(n(d.dv * d.hv * d.t), 93);
+  auto a = randn(n(d.hv * d.t), 94), b = randn(n(d.hv * d.t), 95), dt = randn(n(d.hv), 96);
+  std::vector<float> A(n(d.hv));
+  for (std::size_t h = 0; h < A.size(); ++h) A[h] = -std::exp(0.5f * static_cast<float>(h) - 1.0f);
+  const auto state0 = randn(n(d.dv * d.dk * d.hv), 97, 0.3f);
+  std::vector<float> state = state0, o(v.size(), 5.0f);
+  auto call = [&](std::int64_t from, std::int64_t count, std::vector<float>& out) {
+    auto qi = columns(q, d.dk * d.hk, from, count), ki = columns(k, d.dk * d.hk, from, count);
+    auto vi = columns(v, d.dv * d.hv, from, count), ai = columns(a, d.hv, from, count);
+    auto bi = columns(b, d.hv, from, count);
+    out.assign(n(d.dv * d.hv * count), 5.0f);
+    return run_op(c, Op::gated_delta_rule,
+                  {arg(DType::f32, {d.dk, d.hk, count, 1}, qi), arg(DType::f32, {d.dk, d.hk, count, 1}, ki),
+                   arg(DType::f32, {d.dv, d.hv, count, 1}, vi), arg(DType::f32, {d.hv, count, 1, 1}, ai),
+                   arg(DType::f32, {d.hv, count, 1, 1}, bi), arg(DType::f32, {d.hv, 1, 1, 1}, A),
+                   arg(DType::f32, {d.hv, 1, 1, 1}, dt)},
+                  {arg(DType::f32, {d.dv, d.hv, count, 1}, out), arg(DType::f32, {d.dv, d.dk, d.hv, 1}, state)});
+  };
+  const Status st = call(0, d.t, o);
+  if (!c.supports(Op::gated_delta_rule, DType::f32)) {
+    EXPECT_FALSE(st) << "a backend whose supports() says no ran gated_delta_rule";
+    GTEST_SKIP() << "this backend does not offer the optional gated_delta_rule";
+  }
+  ASSERT_TRUE(st) << st.to_string();
+  std::vector<double> ref_state(state0.begin(), state0.end());
+  const auto want = delta_reference(d, q, k, v, a, b, A, dt, ref_state);
+  expect_close(o, want, 1e-5, "gated_delta_rule");
+  expect_close(state, ref_state, 1e-5, "gated_delta_rule's state after the call");
+  // In calls of 3, 1 and 3 tokens from the same state: the same bits.
+  const auto whole = o, whole_state = state;
+  state = state0;
+  std::int64_t from = 0;
+  for (const std::int64_t count : {3, 1, 3}) {
+    std::vector<float> part;
+    ASSERT_TRUE(call(from, count, part));
+    expect_bits(part, columns(whole, d.dv * d.hv, from, count), "gated_delta_rule tokens from " + std::to_string(from));
+    from += count;
+  }
+  expect_bits(state, whole_state, "gated_delta_rule's state in three calls");
+  // Value heads that are no multiple of the key heads are refused by name.
+  std::vector<float> big(8192);
+  const Status bad = run_op(c, Op::gated_delta_rule,
+                            {arg(DType::f32, {d.dk, 3, 1, 1}, big), arg(DType::f32, {d.dk, 3, 1, 1}, big),
+                             arg(DType::f32, {d.dv, d.hv, 1, 1}, big), arg(DType::f32, {d.hv, 1, 1, 1}, big),
+                             arg(DType::f32, {d.hv, 1, 1, 1}, big), arg(DType::f32, {d.hv, 1, 1, 1}, big),
+                             arg(DType::f32, {d.hv, 1, 1, 1}, big)},
+                            {arg(DType::f32, {d.dv, d.hv, 1, 1}, big), arg(DType::f32, {d.dv, d.dk, d.hv, 1}, big)});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.message().find("V "), std::string::npos) << bad.to_string();
+}
+
 // ------------------------------------------------------------------ DeepSeek's latent attention
 
 // concat_rows and matmul_heads are optional: a backend whose supports() says no must refuse them (the engine never

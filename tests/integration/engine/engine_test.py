@@ -192,6 +192,14 @@ VARIANTS = {
     "glm4_moe_lite-defaults": ("glm4_moe_lite", lambda c: [c.pop(k) for k in ("mlp_layer_types",
                                                                              "routed_scaling_factor")],
                                ("--set", "n_group=4", "--set", "topk_group=2")),
+    # Qwen3-Next: three gated-delta-rule layers (a causal convolution over q, k and v, the delta rule's state per value
+    # head, two value heads per key head, a per-head norm times silu(z)) and a full-attention layer whose output is
+    # gated (q_proj holds the gate), norms of 1 + w, RoPE on a quarter of each head, a shared expert with its gate.
+    "qwen3_next": ("qwen3_next", None),
+    # layer_types instead of the interval (attention at layers 1 and 3), one value head per key head, a dense layer.
+    "qwen3_next-variants": ("qwen3_next", None, ("--set", "layer_types=[\"linear_attention\", \"full_attention\", "
+                                                 "\"linear_attention\", \"full_attention\"]", "--set",
+                                                 "linear_num_value_heads=2", "--set", "mlp_only_layers=[2]")),
     "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
                                 ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
                                  "use_qk_norm=false", "--set", "norm_topk_prob=false")),
@@ -242,6 +250,24 @@ class Reference(unittest.TestCase):
 
 for _name in VARIANTS:
     setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
+
+
+class Qwen3Next(unittest.TestCase):
+    def test_mtp_skipped_and_layers_described(self):
+        """Qwen3-Next's checkpoints carry a multi-token-prediction module under mtp.: convert says it skipped it (not
+        that the input holds unknown tensors), and inspect names the linear-attention layers and their state."""
+        ckpt = os.path.join(WORK, "qwen3_next")
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
+                           capture_output=True)
+        model = os.path.join(WORK, "qwen3_next-mtp-f32")
+        shutil.rmtree(model, ignore_errors=True)
+        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
+        self.assertIn("5 tensor(s) of the multi-token-prediction layer after layer 3 were skipped", p.stdout + p.stderr)
+        self.assertNotIn("are not used by", p.stdout + p.stderr)
+        out = run(["inspect", model]).stdout
+        self.assertIn("rope on 8 of 32 dims, output gated; linear attention (gated delta rule) on 3 of 4 layers: "
+                      "2 key / 4 value heads of 16 / 16, a state of 5.50 KiB per layer and sequence, no KV rows", out)
 
 
 class Llama4(unittest.TestCase):
@@ -458,6 +484,27 @@ class Gguf(unittest.TestCase):
             self.assertEqual((hp["architecture"], hp["qk_norm"], hp["router_scoring"], hp["routed_scaling_factor"],
                               hp["shared_expert_intermediate_size"], hp["mlp_only_layers"]),
                              ("dots1", "per_head", "sigmoid", 2.5, 128, [0]))
+            self.assert_reference_logits(ckpt, model, name + "-gguf")
+
+    def test_qwen3_next_from_llama_cpp_layout_matches_the_reference(self):
+        """A Qwen3-Next GGUF as llama.cpp writes it (qwen3next: q, k and v of every head in attn_qkv, z in
+        attn_gate, b and a by key group in ssm_ba, the convolution squeezed, ssm_a = -exp(A_log), norms with their
+        1 added, q_proj's query and gate rows as they were, the interval and ssm.* keys) gives the HF checkpoint's
+        logits, every tensor used; also with one value head per key head and attention every second layer."""
+        for name, args in (("qwen3_next", ()),
+                           ("qwen3_next-interval", ("--set", "linear_num_value_heads=2", "--set",
+                                                    "full_attention_interval=2"))):
+            ckpt, model, out = self.converted_f32_gguf("qwen3_next", name, args)
+            self.assertNotIn("skipped", out, "every GGUF tensor is used")
+            self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+            with open(os.path.join(model, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            with open(os.path.join(ckpt, "config.json")) as f:
+                cfg = json.load(f)
+            interval = cfg["full_attention_interval"]
+            self.assertEqual((hp["architecture"], hp["linear_layers"], hp["linear_v_heads"], hp["attn_output_gate"]),
+                             ("qwen3_next", [l for l in range(4) if (l + 1) % interval], cfg["linear_num_value_heads"],
+                              True))
             self.assert_reference_logits(ckpt, model, name + "-gguf")
 
     def test_qwen3_vl_moe_from_llama_cpp_layout_matches_the_reference(self):
@@ -839,7 +886,7 @@ class OnePromise(unittest.TestCase):
         for arch, preset in (("mixtral", "f32"), ("qwen2_moe", "q4_k_m"), ("olmoe", "q8_0"), ("qwen3_moe", "f16"),
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
                              ("llama4", "q4_k_m"), ("dots1", "q4_k_m"),
-                             ("bailing_moe_v2", "q4_k_m"), ("qwen3_vl_moe", "q4_k_m")):
+                             ("bailing_moe_v2", "q4_k_m"), ("qwen3_vl_moe", "q4_k_m"), ("qwen3_next", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

@@ -30,10 +30,10 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral",    "qwen2_moe",      "qwen3_moe",    "olmoe",
-                                         "llama",      "mistral",        "gpt_oss",      "glm4_moe",
-                                         "minimax_m2", "ernie4_5_moe",   "deepseek_v2",  "deepseek_v3",
-                                         "dots1",      "bailing_moe_v2", "qwen3_vl_moe", "glm4_moe_lite"};
+const std::vector<std::string> kArchs = {"mixtral",       "qwen2_moe",   "qwen3_moe", "olmoe",          "llama",
+                                         "mistral",       "gpt_oss",     "glm4_moe",  "minimax_m2",     "ernie4_5_moe",
+                                         "deepseek_v2",   "deepseek_v3", "dots1",     "bailing_moe_v2", "qwen3_vl_moe",
+                                         "glm4_moe_lite", "qwen3_next"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -490,10 +490,10 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
   {  // an unsupported architecture is refused by name, listing the supported ones
     auto d = copy_fixture(src, "arch");
     json cfg = json::parse(slurp(d / "config.json"));
-    cfg["architectures"] = {"Qwen3NextForCausalLM"};
+    cfg["architectures"] = {"HunYuanMoEV1ForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d,
-                         "'Qwen3NextForCausalLM' is not supported; supported: BailingMoeV2ForCausalLM, "
+                         "'HunYuanMoEV1ForCausalLM' is not supported; supported: BailingMoeV2ForCausalLM, "
                          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, "
                          "Glm4MoeForCausalLM",
                          "arch");

@@ -958,6 +958,53 @@ class Api(unittest.TestCase):
             if cold is not None:
                 self.assertEqual(cold.stop(), 0)
 
+    def test_prompt_cache_with_recurrent_layers(self):
+        # Qwen3-Next's gated-delta-rule layers carry a state, not rows: a kept sequence serves a next request only
+        # where its state is (a prompt that continues it whole) or where it was saved (before the prompt's last
+        # token: the same prompt again, or one sharing the prompt but not the reply). Elsewhere nothing is reused.
+        # Every answer is a cold run's.
+        ckpt, model = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
+        if not os.path.exists(os.path.join(model, "manifest.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
+                           capture_output=True)
+            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                           capture_output=True)
+        prompt = [(i * 37 + 11) % 250 + 1 for i in range(40)]
+        req = {"model": "tiny-qwen3_next", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+        cached = lambda r: r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        asked = []
+        warm, cold = Server("--model", model, "--batch", "8"), None
+        try:
+            def ask(p, **extra):
+                status, r = warm.json("POST", "/v1/completions", dict(req, prompt=p, **extra))
+                self.assertEqual(status, 200, r)
+                asked.append((p, extra, r))
+                return r
+            a = ask(prompt)
+            self.assertEqual(cached(a), 0)
+            again = ask(prompt)
+            self.assertEqual(cached(again), 39)  # the state saved before the last token
+            self.assertEqual(again["choices"][0], a["choices"][0])
+            turn = prompt + [7, 8, 9]
+            self.assertEqual(cached(ask(turn)), 39)  # shares the prompt, not the reply
+            # One token answered, none of it run: the state is at the prompt's end, which the next prompt continues.
+            short = ask(turn + [5], max_tokens=1)
+            self.assertEqual(cached(ask(turn + [5, 6, 7])), len(turn) + 1)
+            self.assertEqual(short["usage"]["completion_tokens"], 1)
+            # Sharing only the first half: no state is kept there.
+            self.assertEqual(cached(ask(prompt[:20] + [3, 4, 5, 6])), 0)
+            cold = Server("--model", model)
+            for p, extra, got in asked:
+                _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=p, **extra))
+                self.assertEqual(cached(fresh), 0)
+                self.assertEqual(fresh["choices"][0], got["choices"][0], p)
+                self.assertEqual(cold.stop(), 0)
+                cold = Server("--model", model)
+        finally:
+            self.assertEqual(warm.stop(), 0)
+            if cold is not None:
+                self.assertEqual(cold.stop(), 0)
+
     def test_fill_in_the_middle(self):
         # completions' suffix: PREFIX prompt SUFFIX suffix MIDDLE with the model's FIM tokens (Qwen's spelling
         # here, added to a copy of the tiny model's tokenizer at ids its embedding already has).

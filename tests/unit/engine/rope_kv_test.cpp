@@ -343,10 +343,10 @@ TEST(KvCache, SlidingLayersKeepOnlyTheRowsTheirWindowReads) {
   EXPECT_EQ(KvCache::layer_positions(window, max_write, context), 384) << "100 + 63 + 16 + 100 + 64, to 64s";
   EXPECT_EQ(KvCache::layer_positions(window, max_write, 300), 300) << "never more than the context";
   EXPECT_EQ(KvCache::layer_positions(0, max_write, context), context);
-  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, context, nullptr, {{0, window}, max_write});
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, context, nullptr, {{0, window}, max_write, {}});
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->bytes(), 2u * (4096u + 384u) * 32u * 4u) << "the full layer keeps the context, the sliding one 384";
-  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 2, 1, 32, context, {{0, window}, max_write}));
+  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 2, 1, 32, context, {{0, window}, max_write, {}}));
   EXPECT_EQ(c->max_write(), max_write);
   std::vector<float> k, v;
   std::int64_t position = 0, moves = 0, last_first = 0;
@@ -384,7 +384,7 @@ TEST(KvCache, SlidingLayersKeepOnlyTheRowsTheirWindowReads) {
 }
 
 TEST(KvCache, CopyPrefixTakesASlidingLayersRowsWhereTheSourceStillHoldsThem) {
-  const KvWindows windows{{100, 0}, 16};
+  const KvWindows windows{{100, 0}, 16, {}};
   auto src = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
   auto dst = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
   auto full = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096);
@@ -411,7 +411,7 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
     for (auto type : {sdk::DType::f16, sdk::DType::q8_0}) {
       auto gpu = std::make_shared<testing::DeviceCompute>();
       gpu->mapped = mapped;
-      const KvWindows windows{{0, 70}, 8};
+      const KvWindows windows{{0, 70}, 8, {}};
       auto dev = KvCache::create(type, 2, 1, 32, 2048, gpu, windows);
       auto host = KvCache::create(type, 2, 1, 32, 2048, nullptr, windows);
       ASSERT_TRUE(dev && host) << dev.error().message();
@@ -469,7 +469,7 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
 // moved on.
 TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   const std::int64_t window = 100;
-  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16});
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16, {}});
   ASSERT_TRUE(c);
   std::vector<float> k, v;
   auto run_to = [&](std::int64_t from, std::int64_t to) {
@@ -503,7 +503,7 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   run_to(950, 1600);
   EXPECT_EQ(c->reusable(1000), 950) << "positions from 950 on are no longer those saved";
   // Nothing saved, or a window the rows no longer hold: nothing to return to.
-  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16});
+  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16, {}});
   ASSERT_TRUE(d);
   for (std::int64_t p = 0; p < 1000; p += 10) {
     rows_of(p, 10, k, v);
@@ -512,6 +512,72 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   EXPECT_EQ(d->rewind(500), 0);
   ASSERT_TRUE(d->save_window(500));  // not held any more: nothing saved
   EXPECT_EQ(d->reusable(500), 0);
+}
+
+// Recurrent layers (Qwen3-Next's gated delta rule) keep a state instead of rows: the cache serves only where a
+// state is kept, where it is now and where save_window() copied it, and a copy needs one of those at its count.
+TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
+  const KvWindows windows{{}, 0, {0, 6}};  // layer 0 attends, layer 1 carries 6 floats
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->has_recurrent());
+  EXPECT_FALSE(c->recurrent(0));
+  EXPECT_TRUE(c->recurrent(1));
+  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 1, 1, 32, 64) + 2 * 6 * sizeof(float))
+      << "one attention layer's rows, a state and its saved copy";
+  EXPECT_EQ(c->max_write(), 64) << "a recurrent layer limits no write";
+  EXPECT_FALSE(c->state_for(0, 0)) << "an attention layer has no state";
+  // A pass of 5 positions from zeros.
+  auto run = [&](std::int64_t from, std::int64_t to, float value) {
+    std::vector<float> k, v;
+    rows_of(from, to - from, k, v);
+    ASSERT_TRUE(c->write(0, from, to - from, k.data(), v.data()));
+    auto st = c->state_for(1, from);
+    ASSERT_TRUE(st) << st.error().message();
+    if (from == 0) {
+      EXPECT_TRUE(std::all_of(*st, *st + 6, [](float x) { return x == 0.0f; })) << "zeros at 0";
+    }
+    std::fill(*st, *st + 6, value);
+    c->state_written(1, to);
+  };
+  run(0, 5, 1.0f);
+  EXPECT_EQ(c->reusable(5), 5);
+  EXPECT_EQ(c->reusable(9), 5) << "where the state is, at most n";
+  EXPECT_EQ(c->reusable(4), 0) << "no state at 4";
+  auto wrong = c->state_for(1, 3);
+  ASSERT_FALSE(wrong);
+  EXPECT_NE(wrong.error().message().find("at position 5, not 3"), std::string::npos) << wrong.error().message();
+  ASSERT_TRUE(c->save_window(5));
+  run(5, 9, 2.0f);  // the reply
+  EXPECT_EQ(c->reusable(9), 9);
+  EXPECT_EQ(c->reusable(7), 5) << "back to the saved state";
+  // A copy needs a state at its count: where it is, or saved.
+  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
+  ASSERT_TRUE(d);
+  EXPECT_FALSE(d->copy_prefix_from(*c, 7));
+  ASSERT_TRUE(d->copy_prefix_from(*c, 5));
+  EXPECT_EQ(d->reusable(5), 5);
+  auto copied = d->state_for(1, 5);
+  ASSERT_TRUE(copied);
+  EXPECT_EQ((*copied)[0], 1.0f) << "the saved state, not the current one";
+  ASSERT_TRUE(d->copy_prefix_from(*c, 9));
+  EXPECT_EQ(d->reusable(9), 9);
+  // Rewinding to the saved state puts it back; running on from it keeps it saved.
+  EXPECT_EQ(c->rewind(7), 5);
+  auto back = c->state_for(1, 5);
+  ASSERT_TRUE(back);
+  EXPECT_EQ((*back)[5], 1.0f);
+  c->state_written(1, 5);
+  run(5, 8, 3.0f);
+  EXPECT_EQ(c->reusable(6), 5);
+  // A pass that fails part way leaves the state lost: only the saved one serves.
+  ASSERT_TRUE(c->state_for(1, 8));
+  EXPECT_EQ(c->reusable(8), 5);
+  // Running from before the saved position drops it; nothing is kept before the new state.
+  EXPECT_EQ(c->rewind(3), 0);
+  run(0, 4, 4.0f);
+  EXPECT_EQ(c->reusable(5), 4);
+  EXPECT_EQ(c->reusable(3), 0);
 }
 
 }  // namespace

@@ -322,6 +322,103 @@ TEST(HfConfigValues, Dots1RefusesWhatItCannotRunByName) {
   expect_refused(dots1(), bad);
 }
 
+// Qwen3-Next-80B-A3B's config.json, tiny (no layer_types: attention every full_attention_interval-th layer).
+json qwen3_next() {
+  return json{{"architectures", {"Qwen3NextForCausalLM"}},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"head_dim", 32},
+              {"num_hidden_layers", 8},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 96},
+              {"moe_intermediate_size", 16},
+              {"shared_expert_intermediate_size", 16},
+              {"num_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"linear_conv_kernel_dim", 4},
+              {"linear_key_head_dim", 16},
+              {"linear_value_head_dim", 8},
+              {"linear_num_key_heads", 2},
+              {"linear_num_value_heads", 4},
+              {"full_attention_interval", 4},
+              {"partial_rotary_factor", 0.25}};
+}
+
+TEST(HfConfigValues, Qwen3NextReadsItsLinearAndGatedAttentionLayers) {
+  auto h = hparams_from_hf_config(qwen3_next(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "qwen3_next");
+  EXPECT_EQ(h->linear_layers, (std::vector<std::int64_t>{0, 1, 2, 4, 5, 6}));
+  EXPECT_TRUE(h->layer_is_linear(2));
+  EXPECT_FALSE(h->layer_is_linear(3));
+  EXPECT_EQ(h->attention_layers(), 2);
+  EXPECT_EQ(h->rope_dims(), 8);
+  EXPECT_EQ(h->qk_norm, "per_head");
+  EXPECT_TRUE(h->attn_output_gate);
+  EXPECT_TRUE(h->norm_topk_prob);  // Qwen3NextConfig's default
+  EXPECT_TRUE(h->shared_expert_gate);
+  EXPECT_EQ(h->linear_conv_dim(), 2 * 32 + 32);
+  EXPECT_EQ(h->linear_state_floats(), 96 * 3 + 4 * 16 * 8);
+  EXPECT_EQ(h->format_version(), 6);
+  auto back = HyperParams::from_json(h->to_json());
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(back->linear_layers, h->linear_layers);
+  EXPECT_EQ(back->linear_v_heads, 4);
+  EXPECT_TRUE(back->attn_output_gate);
+  // The plan: in_proj_qkvz cut by key-head group (q, k, v, z of each), the gate rows of q_proj, norms stored as 1 + w
+  // (not the gated norm of the delta rule), -exp(A_log); llama.cpp's names for the GGUF.
+  const ModelPlan plan = build_plan(*h, "qwen3next");
+  auto find = [&](const std::string& name) -> const PlannedTensor& {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << name << " is not planned";
+    static const PlannedTensor none;
+    return none;
+  };
+  const auto& v = find("blk.0.ssm_v.weight");
+  EXPECT_EQ(v.hf_name, "model.layers.0.linear_attn.in_proj_qkvz.weight");
+  EXPECT_EQ((std::vector<std::int64_t>{v.hf_pick.blocks, v.hf_pick.block, v.hf_pick.first, v.hf_pick.count}),
+            (std::vector<std::int64_t>{2, 2 * 16 + 2 * 2 * 8, 32, 16}));
+  EXPECT_EQ(v.gguf_name, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(v.gguf_pick.first, 64);
+  EXPECT_EQ(find("blk.0.ssm_z.weight").gguf_name, "blk.0.attn_gate.weight");
+  EXPECT_EQ(find("blk.0.ssm_alpha.weight").gguf_name, "blk.0.ssm_ba.weight");
+  EXPECT_EQ(find("blk.0.ssm_alpha.weight").hf_pick.first, 2);
+  EXPECT_EQ(find("blk.0.ssm_a").hf_transform, ValueTransform::neg_exp);
+  EXPECT_EQ(find("blk.0.ssm_norm.weight").hf_transform, ValueTransform::none);
+  EXPECT_EQ(find("blk.0.attn_norm.weight").hf_transform, ValueTransform::add_one);
+  EXPECT_EQ(find("blk.3.attn_q_norm.weight").hf_transform, ValueTransform::add_one);
+  EXPECT_EQ(find("output_norm.weight").hf_transform, ValueTransform::add_one);
+  EXPECT_EQ(find("blk.3.attn_q_gate.weight").hf_pick.first, 32);
+  EXPECT_EQ(find("blk.3.attn_q_gate.weight").gguf_name, "blk.3.attn_q.weight");
+  EXPECT_EQ(find("blk.3.ffn_norm.weight").gguf_name, "blk.3.post_attention_norm.weight");
+  // layer_types instead of the interval.
+  auto c = qwen3_next();
+  c["layer_types"] = {"linear_attention", "full_attention", "linear_attention", "full_attention",
+                      "full_attention",   "full_attention", "full_attention",   "linear_attention"};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->linear_layers, (std::vector<std::int64_t>{0, 2, 7}));
+}
+
+TEST(HfConfigValues, Qwen3NextRefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"attention_bias=true is not supported for Qwen3-Next", json{{"attention_bias", true}}},
+      {"layer_types[1] is sliding_attention",
+       json{{"layer_types",
+             {"linear_attention", "sliding_attention", "linear_attention", "full_attention", "linear_attention",
+              "linear_attention", "linear_attention", "full_attention"}}}},
+      {"full_attention_interval is 0", json{{"full_attention_interval", 0}}},
+      {"linear_v_heads (config linear_num_value_heads) must be a multiple of linear_k_heads",
+       json{{"linear_num_value_heads", 3}}},
+      {"partial_rotary_factor 0.01 gives 0 rotated dims", json{{"partial_rotary_factor", 0.01}}},
+      {"linear_layers lists a layer outside 0..num_layers-1, or every layer", json{{"full_attention_interval", 9}}},
+  };
+  expect_refused(qwen3_next(), bad);
+}
+
 // Ling-mini-2.0's config.json, tiny.
 json ling() {
   return json{{"architectures", {"BailingMoeV2ForCausalLM"}},

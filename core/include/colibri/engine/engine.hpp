@@ -258,6 +258,10 @@ class Engine {
   };
   // `settle`: end with finish_routed(); without it the caller does, once it has queued what follows the layers.
   sdk::Status run_layers(std::span<const Segment> segments, std::vector<RoutingRecord>* trace, bool settle = true);
+  // Qwen3-Next's gated-delta-rule layer l over S.h (the normed input) into S.tmp (after its output projection): the
+  // convolution and the delta rule per segment, on its sequence's recurrent state.
+  sdk::Status linear_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,
+                               const sdk::OpParams& norm_p, const sdk::OpParams& mm_p);
   // Multi-head latent attention of layer l over S.h (the normed input) into S.tmp (after o_proj); freq_at: each
   // segment's inv_freq in S.rope_in (offset, count).
   sdk::Status mla_attention(const Layer& L, std::int64_t l, std::span<const Segment> segments,

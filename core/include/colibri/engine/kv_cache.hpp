@@ -20,10 +20,13 @@
 
 namespace colibri::engine {
 
-// Which layers slide, and the most positions one write brings.
+// Which layers slide, which carry a recurrent state instead of rows, and the most positions one write brings.
 struct KvWindows {
   std::vector<std::int64_t> window;  // per layer: its sliding window, 0 for full attention; empty: every layer full
   std::int64_t max_write = 0;        // the most positions one write() or store() brings (the engine's ubatch)
+  // Per layer: the floats of a recurrent layer's state (Qwen3-Next's linear attention), which holds no KV rows;
+  // 0 (or empty) for attention layers.
+  std::vector<std::int64_t> state;
 };
 
 class KvCache {
@@ -76,8 +79,21 @@ class KvCache {
 
   // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows; both in host
   // memory (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the
-  // bits running those positions again would. A sliding layer copies the rows it holds (they must serve count).
+  // bits running those positions again would. A sliding layer copies the rows it holds (they must serve count); a
+  // recurrent layer its state, which `src` must hold at count (where it is, or saved).
   sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
+
+  // Recurrent layers (KvWindows::state): a state that sums up every position before state_position(), in host
+  // memory. A recurrent model's cache serves only the positions a state is kept for: where the states are, and where
+  // save_window() copied them (a prompt's end); reusable() and rewind() answer so.
+  [[nodiscard]] bool recurrent(std::int64_t layer) const;
+  [[nodiscard]] bool has_recurrent() const { return !state_.empty(); }
+  // Layer l's state for a pass from `position`: zeros at position 0, else the state, which must be at `position`
+  // (rewind() first). Until state_written() the layer's state counts as lost: a pass that fails part way leaves it so.
+  sdk::Expected<float*> state_for(std::int64_t layer, std::int64_t position);
+  void state_written(std::int64_t layer, std::int64_t position) {
+    state_at_[static_cast<std::size_t>(layer)] = position;
+  }
 
   [[nodiscard]] std::int64_t context() const { return context_; }
   // The most positions one write() or store() takes: windows.max_write where a layer slides, else the context.
@@ -107,6 +123,17 @@ class KvCache {
   std::int64_t saved_at_ = 0;
   std::vector<std::int64_t> saved_first_;
   std::vector<std::vector<std::byte>> saved_k_, saved_v_;
+  // Recurrent layers: their states (empty vectors for attention layers), the position each state is at (-1: lost),
+  // and save_window()'s copy of them at saved_state_at_ (-1: none).
+  std::vector<std::vector<float>> state_, saved_state_;
+  std::vector<std::int64_t> state_at_;
+  std::int64_t saved_state_at_ = -1;
+  // Whether a layer keeps fewer rows than the context (a sliding window; not a recurrent layer, which keeps none).
+  [[nodiscard]] bool sliding(std::size_t layer) const;
+  // The position every recurrent layer's state is at, or -1 where they differ or one is lost.
+  [[nodiscard]] std::int64_t state_position() const;
+  // Whether the saved states serve position m (sliding layers: as reusable() tells).
+  [[nodiscard]] bool state_serves(std::int64_t m) const;
   // The first position a query at n reads in a layer: 0 where it has no window.
   [[nodiscard]] std::int64_t window_start(std::size_t layer, std::int64_t n) const;
   // Whether layers whose rows start at `first` hold what running on from position n reads.

@@ -18,7 +18,7 @@ namespace colibri::model {
 
 // Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
 // experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
-inline constexpr int kManifestFormatVersion = 5;
+inline constexpr int kManifestFormatVersion = 6;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
@@ -79,6 +79,18 @@ struct HyperParams {
   double attn_temperature_floor = 0.0;
   double attn_temperature_scale = 0.0;
   bool router_weight_on_input = false;
+  // Qwen3-Next. The layers in linear_layers mix tokens with a gated delta rule (linear attention: a recurrent state
+  // per head) instead of attention: q and k of linear_k_heads heads of linear_k_dim, v and the output gate z of
+  // linear_v_heads heads of linear_v_dim, after a causal depthwise convolution of linear_conv_kernel taps over q, k
+  // and v. attn_output_gate: the attention layers' output is multiplied by sigmoid of a gate projection (cut from
+  // q_proj's rows, which hold each head's query and then its gate).
+  std::vector<std::int64_t> linear_layers;
+  std::int64_t linear_conv_kernel = 0;
+  std::int64_t linear_k_heads = 0;
+  std::int64_t linear_v_heads = 0;
+  std::int64_t linear_k_dim = 0;
+  std::int64_t linear_v_dim = 0;
+  bool attn_output_gate = false;
   // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
   // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
   std::string expert_activation = "swiglu";
@@ -119,6 +131,20 @@ struct HyperParams {
   [[nodiscard]] std::int64_t layer_chunk(std::int64_t layer) const;
   [[nodiscard]] bool layer_has_rope(std::int64_t layer) const;
   [[nodiscard]] bool expert_bias() const { return expert_activation == "swiglu_clamped"; }
+  // Whether `layer` is a linear-attention layer (Qwen3-Next), and that layer's widths: q/k, v (and z), the
+  // convolution's channels (q, k and v), and the floats of its recurrent state (the convolution's last inputs, then
+  // the delta rule's {v_dim, k_dim} per value head).
+  [[nodiscard]] bool layer_is_linear(std::int64_t layer) const;
+  [[nodiscard]] std::int64_t linear_key_width() const { return linear_k_heads * linear_k_dim; }
+  [[nodiscard]] std::int64_t linear_value_width() const { return linear_v_heads * linear_v_dim; }
+  [[nodiscard]] std::int64_t linear_conv_dim() const { return 2 * linear_key_width() + linear_value_width(); }
+  [[nodiscard]] std::int64_t linear_state_floats() const {
+    return linear_conv_dim() * (linear_conv_kernel - 1) + linear_v_heads * linear_k_dim * linear_v_dim;
+  }
+  // Layers that keep KV rows (every layer but the linear-attention ones).
+  [[nodiscard]] std::int64_t attention_layers() const {
+    return num_layers - static_cast<std::int64_t>(linear_layers.size());
+  }
   [[nodiscard]] std::int64_t rope_dims() const { return rotary_dims > 0 ? rotary_dims : head_dim; }
   [[nodiscard]] bool mla() const { return kv_lora_rank > 0; }
   [[nodiscard]] bool grouped_routing() const { return router_groups > 1 && router_groups_used < router_groups; }
@@ -129,7 +155,8 @@ struct HyperParams {
   [[nodiscard]] std::int64_t kv_cache_heads() const { return mla() ? 1 : num_kv_heads; }
   [[nodiscard]] std::int64_t kv_cache_dim() const { return mla() ? mla_cache_dim() : head_dim; }
   // The manifest format version these hyper-parameters need (1; 2 for gpt-oss's features; 3 for GLM's router and
-  // partial rotary; 4 for multi-head latent attention and routing within groups; 5 for Llama 4's layers and router).
+  // partial rotary; 4 for multi-head latent attention and routing within groups; 5 for Llama 4's layers and router; 6
+  // for Qwen3-Next's linear attention and gated attention output).
   [[nodiscard]] int format_version() const;
 
   [[nodiscard]] nlohmann::json to_json() const;

@@ -84,7 +84,8 @@ def main():
             engine.routed_experts(mapped, baseline=["--vram-budget", "0"] + mapped, archs=("mixtral", "qwen2_moe")))
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
-                                 engine.gpt_oss(["--set", "compute.map_device_memory=false"]))
+                                 engine.gpt_oss(["--set", "compute.map_device_memory=false"]) +
+                                 engine.cpu_only_archs())
 
 
 if __name__ == "__main__":

@@ -141,6 +141,22 @@ enum class Op : std::uint32_t {
   // alone (DeepSeek-V2's group_limited_greedy). 2 <= groups, E % groups == 0, 1 <= groups_used <= groups, and
   // k <= groups_used * E / groups.
   topk_routing_grouped,
+  // Optional (Qwen3-Next's gated attention output). in: A, B same shape f32; out: Y = A * B elementwise.
+  mul,
+  // Optional (Qwen3-Next's linear attention). in: X {C, T} f32, W {K, C} f32 (channel c's K taps, oldest first);
+  // out: Y {C, T} f32, and state {C, K - 1} f32, read and written: the K - 1 inputs before X's first column, oldest
+  // first (zeros before a sequence's first token). Y[t][c] = silu(sum over j < K, ascending, of W[c][j] * in(t - K + 1
+  // + j)[c]), in(i) being X's column i, or state column K - 1 + i for i < 0; afterwards the state holds the last K - 1
+  // inputs. Every column has the bits it would have in a call of its own (the state carrying the ones before it).
+  causal_conv,
+  // Optional (Qwen3-Next's linear attention: the gated delta rule). in: Q {dk, Hk, T}, K {dk, Hk, T}, V {dv, Hv, T},
+  // a {Hv, T}, b {Hv, T}, A {Hv}, dt_bias {Hv} (all f32; Hv a multiple of Hk); out: O {dv, Hv, T} f32, and state
+  // {dv, dk, Hv} f32, read and written (S[h][i][j] at j + dv * (i + dk * h); zeros before a sequence's first token).
+  // For each token in order and each value head h, with key head h / (Hv / Hk): q and k divided by sqrt(sum of their
+  // squares + 1e-6), q times 1 / sqrt(dk); decay = exp(A[h] * softplus(a + dt_bias[h])), beta = sigmoid(b);
+  // S = S * decay; u[j] = (v[j] - sum over i of S[i][j] k[i]) * beta; S[i][j] += k[i] u[j]; O[j] = sum over i of
+  // S[i][j] q[i]; sums over i ascending, in f32. Every token has the bits it would have in a call of its own.
+  gated_delta_rule,
   count_
 };
 
@@ -194,6 +210,9 @@ struct Tensor {
     case Op::concat_rows: return "concat_rows";
     case Op::matmul_heads: return "matmul_heads";
     case Op::topk_routing_grouped: return "topk_routing_grouped";
+    case Op::mul: return "mul";
+    case Op::causal_conv: return "causal_conv";
+    case Op::gated_delta_rule: return "gated_delta_rule";
     default: return "unknown op";
   }
 }
