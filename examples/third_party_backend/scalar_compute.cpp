@@ -98,16 +98,26 @@ class ScalarCompute final : public ComputeBase {
     return b;
   }
 
+  // The ops run() implements, f32 only. Any other (store_rows, the group and routed ops, the gpt-oss and Qwen3-Next
+  // ops, or an op of a newer SDK) is optional: the engine then does without it, or refuses the model at load by name.
   [[nodiscard]] bool supports(Op op, DType weight_type) const noexcept override {
     switch (op) {
-      case Op::store_rows:  // optional (the engine then encodes KV rows on the host); buffers here are host memory
-      case Op::expert_ffn_group:          // optional (the engine then calls expert_ffn per expert)
-      case Op::attention_sinks:           // optional: gpt-oss models then refuse this backend at load, by op name
-      case Op::expert_ffn_clamped:        // (likewise)
-      case Op::expert_ffn_clamped_group:  // optional (the engine then calls expert_ffn_clamped per expert)
-      case Op::expert_ffn_routed:         // optional (the engine then runs the experts and combines them itself)
-      case Op::count_: return false;
-      default: return weight_type == DType::f32;
+      case Op::matmul:
+      case Op::rms_norm:
+      case Op::rope:
+      case Op::swiglu:
+      case Op::add:
+      case Op::sigmoid:
+      case Op::scale_add:
+      case Op::topk_routing:
+      case Op::topk_routing_biased:
+      case Op::topk_routing_grouped:
+      case Op::embedding:
+      case Op::attention:
+      case Op::expert_ffn:
+      case Op::concat_rows:
+      case Op::matmul_heads: return weight_type == DType::f32;
+      default: return false;
     }
   }
 

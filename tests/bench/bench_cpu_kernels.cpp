@@ -13,6 +13,7 @@
 #if __has_include("colibri/sdk/testing/plugin_loader.hpp") && defined(CPU_PLUGIN_PATH)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -258,6 +259,46 @@ void gpt_oss_experts(benchmark::State& state, int experts, std::int64_t tokens, 
                           static_cast<std::int64_t>(w.bytes));
 }
 
+// Qwen3-Next-80B-A3B's gated delta rule on one layer (16 key heads, 32 value heads, 128 x 128 state per value head:
+// 2 MiB, read and written twice per token) over `tokens` tokens: microseconds per token, and the state's bytes
+// touched per second.
+void qwen3_next_delta_rule(benchmark::State& state, std::int64_t tokens, int threads) {
+  auto c = compute("auto", threads);
+  if (!c || !c->supports(Op::gated_delta_rule, DType::f32)) {
+    state.SkipWithError("no gated_delta_rule in this cpu plugin");
+    return;
+  }
+  constexpr std::int64_t kDk = 128, kDv = 128, kHk = 16, kHv = 32;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const auto filled = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = dist(rng);
+    return v;
+  };
+  auto q = filled(kDk * kHk * tokens), k = filled(kDk * kHk * tokens), v = filled(kDv * kHv * tokens);
+  auto a = filled(kHv * tokens), b = filled(kHv * tokens), dt = filled(kHv), A = filled(kHv);
+  for (auto& x : A) x = -std::abs(x);
+  std::vector<float> o(v.size()), st(static_cast<std::size_t>(kDv * kDk * kHv));
+  const Tensor in[] = {
+      Tensor{DType::f32, {kDk, kHk, tokens, 1}, q.data()}, Tensor{DType::f32, {kDk, kHk, tokens, 1}, k.data()},
+      Tensor{DType::f32, {kDv, kHv, tokens, 1}, v.data()}, Tensor{DType::f32, {kHv, tokens, 1, 1}, a.data()},
+      Tensor{DType::f32, {kHv, tokens, 1, 1}, b.data()},   Tensor{DType::f32, {kHv, 1, 1, 1}, A.data()},
+      Tensor{DType::f32, {kHv, 1, 1, 1}, dt.data()}};
+  Tensor out[] = {Tensor{DType::f32, {kDv, kHv, tokens, 1}, o.data()},
+                  Tensor{DType::f32, {kDv, kDk, kHv, 1}, st.data()}};
+  for (auto _ : state) {
+    if (auto s = c->run(OpCall{Op::gated_delta_rule, in, out, {}}); !s) {
+      state.SkipWithError(s.to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  const auto per_token_bytes = static_cast<std::int64_t>(4 * st.size() * sizeof(float));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * tokens * per_token_bytes);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * tokens);
+}
+
 const int kRegistered = [] {
   const DType types[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q2_k,
                          DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k, DType::mxfp4};
@@ -325,6 +366,15 @@ const int kRegistered = [] {
       if (base && baseline.empty()) continue;
       benchmark::RegisterBenchmark((base ? "base/" + name : name).c_str(), gpt_oss_experts, experts, tokens,
                                    base ? baseline : std::string(CPU_PLUGIN_PATH))
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
+  }
+  for (const std::int64_t tokens : {std::int64_t{1}, std::int64_t{64}}) {
+    for (const int threads : {1, 2}) {
+      benchmark::RegisterBenchmark(
+          ("qwen3_next_delta_rule/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads)).c_str(),
+          qwen3_next_delta_rule, tokens, threads)
           ->Unit(benchmark::kMicrosecond)
           ->UseRealTime();
     }
