@@ -295,6 +295,18 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     return {};
   };
+  // RoPE on partial_rotary_factor of each head (`factor` its default): rotary_dims, an even count of 2 or more.
+  auto read_partial_rotary_dims = [&](double factor) -> Status {
+    if (auto st = read_partial_rotary(factor); !st) return st;
+    const std::int64_t dims = rotated_dims(h.head_dim, factor);
+    if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
+      return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
+                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
+                                   "; it must be in (0, 1] and give an even count; fix it in config.json");
+    }
+    h.rotary_dims = dims == h.head_dim ? 0 : dims;
+    return {};
+  };
 
   h.vocab_size = get_int("vocab_size", 0, true);
   h.hidden_size = get_int("hidden_size", 0, true);
@@ -456,15 +468,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (get_bool("use_qk_norm", false)) h.qk_norm = "per_head";
     // RoPE on the first half of each head (NeoX pairs within it). transformers >= 4.56 moves the factor into
     // rope_parameters.
-    double factor = 0.5;
-    if (auto st = read_partial_rotary(factor); !st) return st;
-    const std::int64_t dims = rotated_dims(h.head_dim, factor);
-    if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
-      return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
-                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
-                                   "; it must be in (0, 1] and give an even count; fix it in config.json");
-    }
-    h.rotary_dims = dims == h.head_dim ? 0 : dims;
+    if (auto st = read_partial_rotary_dims(0.5); !st) return st;
   }
   if (a == "minimax_m2") {
     // RoPE on the first rotary_dim of each head; q/k norms over the whole projection ("per_layer"), before the split
@@ -571,15 +575,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     h.qk_norm = "per_head";
     h.attn_output_gate = true;
-    double factor = 0.25;
-    if (auto st = read_partial_rotary(factor); !st) return st;
-    const std::int64_t dims = rotated_dims(h.head_dim, factor);
-    if (h.head_dim > 0 && (dims < 2 || dims % 2 != 0)) {
-      return bad_config(where, "partial_rotary_factor " + json(factor).dump() + " gives " + std::to_string(dims) +
-                                   " rotated dims of head_dim " + std::to_string(h.head_dim) +
-                                   "; it must be in (0, 1] and give an even count; fix it in config.json");
-    }
-    h.rotary_dims = dims == h.head_dim ? 0 : dims;
+    if (auto st = read_partial_rotary_dims(0.25); !st) return st;
     h.linear_conv_kernel = get_int("linear_conv_kernel_dim", 4, false);
     h.linear_k_dim = get_int("linear_key_head_dim", 128, false);
     h.linear_v_dim = get_int("linear_value_head_dim", 128, false);
