@@ -3,9 +3,9 @@
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
 modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_glm4_moe_lite, modeling_qwen3_next,
-modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2 and DeepSeek's own
-modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads the HF checkpoint
-itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
+modeling_qwen3_5_moe, modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2
+and DeepSeek's own modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads
+the HF checkpoint itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
 
@@ -70,6 +70,13 @@ Semantics kept from HF, per architecture:
     q * dk^-0.5; per token S = S exp(g); S += k (beta (v - k^T S)); o = q^T S (HF's recurrent form; its chunked form
     is the same sum); o = RMSNorm(o) * w * silu(z) per value head (plain w, not 1 + w); out_proj. MoE as Qwen2-MoE's
     (softmax top-k, renormalised when norm_topk_prob, a sigmoid-gated shared expert). The mtp.* tensors are not run.
+  * Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration; text_config, model.language_model.* names): Qwen3-Next's
+    forward. Its linear attention projects with in_proj_qkv ([all q; all k; all v] rows), in_proj_z, in_proj_b and
+    in_proj_a (a row block per value head, value head j of key head j // r) instead of the grouped in_proj_qkvz /
+    in_proj_ba; every layer is MoE, the router always renormalizes, the experts are fused output-major (gate_up_proj
+    [E, 2F, D], the gate the first F rows; down_proj [E, D, F]); RoPE's theta and partial_rotary_factor (default
+    0.25) sit in rope_parameters, its interleaved multimodal sections reduce to plain RoPE for text. The vision tower
+    (model.visual.*) and the mtp.* tensors are not run.
   * Dense layers (Llama, Mistral, Qwen mlp_only_layers / decoder_sparse_step, GLM's first_k_dense_replace, ERNIE's
     outside the MoE range, DeepSeek's) run one SwiGLU MLP.
   * lm_head, or the embedding matrix when tie_word_embeddings.
@@ -606,20 +613,37 @@ def gated_delta_rule(q, k, v, g, beta):
     return out
 
 
-def gated_delta_net(cfg, W, pre, h):
-    """Qwen3NextGatedDeltaNet (linear_attn) on one prompt's normed hidden states h [T, hidden], no cache."""
+def gated_delta_net_inputs(cfg, W, pre, h):
+    """The Gated DeltaNet's projections of h [T, hidden]: the conv's input [all q; all k; all v] channels [T, 2 nk dk +
+    nv dv], z [T, nv, dv], b and a [T, nv], value head j of key head j // r (r = nv / nk) in both layouts.
+    Qwen3-Next: in_proj_qkvz's rows grouped by key head as [q (dk), k (dk), v (r dv), z (r dv)] and in_proj_ba's as
+    [b (r), a (r)], group g holding value heads g*r .. g*r + r - 1. Qwen3.5: in_proj_qkv's rows [all q; all k; all v]
+    (already the conv's channel order), in_proj_z, in_proj_b and in_proj_a one row block per value head."""
     T = len(h)
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     r = nv // nk
-    # Rows grouped by key head: in_proj_qkvz's [q (dk), k (dk), v (r dv), z (r dv)], in_proj_ba's [b (r), a (r)];
-    # group g holds value heads g*r .. g*r + r - 1.
+    if pre + "in_proj_qkv.weight" in W:  # Qwen3.5
+        mixed = h @ W[pre + "in_proj_qkv.weight"].T
+        z = (h @ W[pre + "in_proj_z.weight"].T).reshape(T, nv, dv)
+        return mixed, z, h @ W[pre + "in_proj_b.weight"].T, h @ W[pre + "in_proj_a.weight"].T
     qkvz = (h @ W[pre + "in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * r * dv)
     q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=-1)
     ba = (h @ W[pre + "in_proj_ba.weight"].T).reshape(T, nk, 2 * r)
     b, a = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
-    # [all q; all k; all v] channels through the causal depthwise conv (no bias; zeros before the first token), silu.
     mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)
+    return mixed, z.reshape(T, nv, dv), b, a
+
+
+def gated_delta_net(cfg, W, pre, h):
+    """Qwen3NextGatedDeltaNet / Qwen3_5MoeGatedDeltaNet (linear_attn) on one prompt's normed hidden states h
+    [T, hidden], no cache: the same computation behind the two projection layouts (gated_delta_net_inputs)."""
+    T = len(h)
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    r = nv // nk
+    mixed, z, b, a = gated_delta_net_inputs(cfg, W, pre, h)
+    # [all q; all k; all v] channels through the causal depthwise conv (no bias; zeros before the first token), silu.
     w = W[pre + "conv1d.weight"][:, 0, :]  # [channels, 1, kernel] -> [channels, kernel]
     K = w.shape[1]
     padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
@@ -633,7 +657,7 @@ def gated_delta_net(cfg, W, pre, h):
     k = l2norm(np.repeat(k, r, axis=1))
     o = gated_delta_rule(q, k, v, g, beta)
     # Qwen3NextRMSNormGated per value head: the plain weight (not 1 + w), then silu(z).
-    o = rms_norm(o, W[pre + "norm.weight"], cfg["rms_norm_eps"]) * silu(z.reshape(T, nv, dv))
+    o = rms_norm(o, W[pre + "norm.weight"], cfg["rms_norm_eps"]) * silu(z)
     return o.reshape(T, nv * dv) @ W[pre + "out_proj.weight"].T
 
 
@@ -771,6 +795,47 @@ def qwen3_vl_moe_as_qwen3_moe(cfg, W):
     return g, w
 
 
+def qwen3_5_moe_as_qwen3_next(cfg, W):
+    """Qwen3.5-MoE (transformers' modeling_qwen3_5_moe; Qwen3_5MoeForConditionalGeneration, its language model's
+    fields in text_config, model_type qwen3_5_moe_text) on text alone is Qwen3-Next's forward: the same (1 + w) norms,
+    gated attention with partial RoPE, Gated DeltaNet (l2norm eps 1e-6, value head j reads key head j // r, the plain-w
+    gated norm) and sigmoid-gated shared expert. Its interleaved multimodal RoPE (rope_parameters' mrope_section)
+    gives a text token one position in all three sections, so plain RoPE on the first head_dim *
+    partial_rotary_factor (default 0.25) dims; every layer is MoE (no decoder_sparse_step / mlp_only_layers) and the
+    router always renormalizes the top-k (Qwen3VLMoeTextTopKRouter: no norm_topk_prob). The linear attention's
+    separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a are read by gated_delta_net_inputs; the experts, fused
+    output-major (gate_up_proj [E, 2F, D], the gate the first F rows; down_proj [E, D, F]), are cut per expert here.
+    The model.visual.* and mtp.* tensors are not run. Also takes a text-only Qwen3_5MoeForCausalLM checkpoint (the
+    fields at the top, model.* names). Returns Qwen3-Next's config and weight names."""
+    tc = dict(cfg.get("text_config") or cfg)
+    rp = tc.get("rope_parameters") or tc.get("rope_scaling") or {}
+    if rp.get("rope_type", rp.get("type", "default")) not in ("default", "mrope"):
+        raise SystemExit("qwen3_5_moe: only default (multimodal) RoPE is in the reference")
+    tie = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    g = dict(tc, model_type="qwen3_next", norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+             rope_theta=rp.get("rope_theta", tc.get("rope_theta", 10000.0)),
+             partial_rotary_factor=rp.get("partial_rotary_factor", tc.get("partial_rotary_factor", 0.25)),
+             rope_parameters=None, rope_scaling=None, tie_word_embeddings=tie)
+    w = {}
+    for name, v in W.items():
+        if name.startswith(("model.visual.", "mtp.")):
+            continue
+        name = name.replace("model.language_model.", "model.", 1)
+        if name.endswith("mlp.experts.gate_up_proj"):
+            p, f = name[:-len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                w[p + f"{e}.gate_proj.weight"] = v[e][:f]
+                w[p + f"{e}.up_proj.weight"] = v[e][f:]
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            p = name[:-len("down_proj")]
+            for e in range(v.shape[0]):
+                w[p + f"{e}.down_proj.weight"] = v[e]
+            continue
+        w[name] = v
+    return g, w
+
+
 def glm4_moe_lite_as_deepseek_v3(cfg):
     """GLM-4.7-Flash (transformers' modeling_glm4_moe_lite) is DeepSeek-V3's forward: DeepseekV3Attention (MLA,
     rope_interleave), GLM-4.5's router (DeepSeek-V3's), its MoE layers by mlp_layer_types (default: all but the first)
@@ -794,6 +859,8 @@ def forward(cfg, W, tokens, trace=None):
         cfg = glm4_moe_lite_as_deepseek_v3(cfg)
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
+    if cfg["model_type"] in ("qwen3_5_moe", "qwen3_5_moe_text"):
+        cfg, W = qwen3_5_moe_as_qwen3_next(cfg, W)
     if cfg["model_type"] == "qwen3_next":
         return qwen3_next_forward(cfg, W, tokens, trace)
     if cfg["model_type"] == "qwen3_vl_moe":

@@ -1441,11 +1441,13 @@ Status Engine::linear_attention(const Layer& L, std::int64_t l, std::span<const 
         return s;
       conv_state += c.width * taps;
     }
+    sdk::OpParams rule_p;
+    rule_p.flags = hp_.linear_tiled_heads ? sdk::kDeltaTiledHeads : 0;
     if (auto s = run_op(Op::gated_delta_rule,
                         {view(A.q_conv, dk, nk, n, sz(kd, off)), view(A.k_conv, dk, nk, n, sz(kd, off)),
                          view(A.v_conv, dv, nv, n, sz(vd, off)), view(A.alpha, nv, n, 1, sz(nv, off)),
                          view(A.beta, nv, n, 1, sz(nv, off)), L.lin_a, L.lin_dt},
-                        {view(A.o, dv, nv, n, sz(vd, off)), f32(conv_state, dv, dk, nv)});
+                        {view(A.o, dv, nv, n, sz(vd, off)), f32(conv_state, dv, dk, nv)}, rule_p);
         !s)
       return s;
     kv->state_written(l, pos + n);

@@ -51,6 +51,8 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
                                                     {"Qwen3NextForCausalLM", "qwen3_next"},
+                                                    {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
+                                                    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -71,7 +73,8 @@ const std::map<std::string, std::string>& gguf_arch_map() {
                                                     {"qwen2moe", "qwen2_moe"},
                                                     {"qwen3moe", "qwen3_moe"},
                                                     {"qwen3vlmoe", "qwen3_vl_moe"},
-                                                    {"qwen3next", "qwen3_next"}};
+                                                    {"qwen3next", "qwen3_next"},
+                                                    {"qwen35moe", "qwen3_5_moe"}};
   return m;
 }
 
@@ -242,10 +245,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                                "' is not supported; supported: " + join(supported_hf_architectures()));
   }
   h.architecture = it->second;
-  // Llama 4's and Qwen3-VL's image-text checkpoints nest the language model's fields in text_config (transformers'
-  // Llama4Config, Qwen3VLMoeConfig).
-  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe") && c.contains("text_config") &&
-      c["text_config"].is_object()) {
+  // Llama 4's, Qwen3-VL's and Qwen3.5's image-text checkpoints nest the language model's fields in text_config
+  // (transformers' Llama4Config, Qwen3VLMoeConfig, Qwen3_5MoeConfig).
+  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe" || h.architecture == "qwen3_5_moe") &&
+      c.contains("text_config") && c["text_config"].is_object()) {
     json text = c["text_config"];
     text.erase("text_config");  // one level: a nested one again is no config transformers writes
     text["architectures"] = c["architectures"];
@@ -325,6 +328,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "qwen3_moe"               ? Defaults{4, 32768, 1e-6, 10000.0}
                      : a == "qwen3_vl_moe"            ? Defaults{16, 128000, 1e-6, 500000.0}
                      : a == "qwen3_next"              ? Defaults{2, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_5_moe"             ? Defaults{2, 32768, 1e-6, 10000.0}
                      : a == "olmoe"                   ? Defaults{0, 4096, 1e-5, 10000.0}
                      : a == "gpt_oss"                 ? Defaults{8, 131072, 1e-5, 150000.0}
                      : a == "glm4_moe"                ? Defaults{8, 131072, 1e-5, 10000.0}
@@ -348,11 +352,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                  std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
   }
   h.head_dim = get_int("head_dim",
-                       a == "gpt_oss"      ? 64
-                       : a == "llama4"     ? 128
-                       : a == "qwen3_next" ? 256
-                       : h.num_heads > 0   ? h.hidden_size / h.num_heads
-                                           : 0,
+                       a == "gpt_oss"                            ? 64
+                       : a == "llama4"                           ? 128
+                       : a == "qwen3_next" || a == "qwen3_5_moe" ? 256
+                       : h.num_heads > 0                         ? h.hidden_size / h.num_heads
+                                                                 : 0,
                        false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
@@ -566,15 +570,27 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "llama4") {
     if (auto s = llama4_layers(c, where, h); !s) return s;
   }
-  if (a == "qwen3_next") {
+  const bool qwen3_5 = a == "qwen3_5_moe";
+  if (a == "qwen3_next" || qwen3_5) {
     // Qwen3-Next: every full_attention_interval-th layer attends (q/k norms per head, RoPE on partial_rotary_factor of
     // each head, the output gated by a projection q_proj also holds); the others are gated-delta-rule layers.
+    // Qwen3.5 the same, its projections apart, its value heads kept in llama.cpp's tiled order (from either source,
+    // so both give the same model), its multimodal RoPE plain for text, every layer MoE, always renormalized.
     if (get_bool("attention_bias", false)) {
       return Status(StatusCode::unsupported,
-                    where + ": attention_bias=true is not supported for Qwen3-Next (the released models have none)");
+                    where +
+                        ": attention_bias=true is not supported for Qwen3-Next and Qwen3.5 (the released models "
+                        "have none)");
     }
     h.qk_norm = "per_head";
     h.attn_output_gate = true;
+    h.linear_tiled_heads = qwen3_5;
+    if (qwen3_5 && h.rope_scaling.is_object()) {
+      // Multimodal RoPE (mrope_section): a text token's position components are its one position.
+      const auto& rs = h.rope_scaling;
+      const json type = rs.contains("rope_type") ? rs["rope_type"] : rs.contains("type") ? rs["type"] : json("default");
+      if (type == "default" || type == "mrope") h.rope_scaling = nullptr;
+    }
     if (auto st = read_partial_rotary_dims(0.25); !st) return st;
     h.linear_conv_kernel = get_int("linear_conv_kernel_dim", 4, false);
     h.linear_k_dim = get_int("linear_key_head_dim", 128, false);
@@ -851,7 +867,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     h.n_experts = get_int("num_experts", 0, true);
     h.n_experts_per_tok = get_int("num_experts_per_tok", 0, true);
     // Qwen3-VL's router always renormalizes (its text config has no norm_topk_prob).
-    h.norm_topk_prob = a == "qwen3_vl_moe" || get_bool("norm_topk_prob", a == "qwen3_next");
+    h.norm_topk_prob = a == "qwen3_vl_moe" || qwen3_5 || get_bool("norm_topk_prob", a == "qwen3_next");
     if (a == "olmoe") {
       h.moe_intermediate_size = get_int("intermediate_size", 0, true);
     } else {
@@ -873,9 +889,12 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
         }
       }
     }
-    if (a == "qwen2_moe" || a == "qwen3_next") {
-      h.shared_expert_intermediate_size =
-          get_int("shared_expert_intermediate_size", a == "qwen3_next" ? 512 : 0, false);
+    if (qwen3_5) {  // Qwen3_5MoeTextConfig has no dense layers (its class deletes these keys)
+      h.mlp_only_layers.clear();
+      h.decoder_sparse_step = 1;
+    }
+    if (a == "qwen2_moe" || a == "qwen3_next" || qwen3_5) {
+      h.shared_expert_intermediate_size = get_int("shared_expert_intermediate_size", a == "qwen2_moe" ? 0 : 512, false);
       h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
     }
   }
@@ -1229,12 +1248,14 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
-  if (a == "qwen3_next") {
-    // llama.cpp's qwen3next: every full_attention_interval-th layer attends, the others run the gated delta rule
-    // (ssm.state_size: the key heads' width, ssm.group_count: key heads, ssm.time_step_rank: value heads); the router
-    // always renormalizes; the shared expert's gate is there whatever layer 0 is.
+  if (a == "qwen3_next" || a == "qwen3_5_moe") {
+    // llama.cpp's qwen3next (and qwen35moe, its value heads tiled): every full_attention_interval-th layer attends, the
+    // others run the gated delta rule (ssm.state_size: the key heads' width, ssm.group_count: key heads,
+    // ssm.time_step_rank: value heads); the router always renormalizes; the shared expert's gate is there whatever
+    // layer 0 is.
     h.qk_norm = "per_head";
     h.attn_output_gate = true;
+    h.linear_tiled_heads = a == "qwen3_5_moe";
     h.norm_topk_prob = true;
     h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
     h.linear_conv_kernel = req("ssm.conv_kernel");
@@ -1449,6 +1470,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // group's value heads) and z; in_proj_ba's so with b and a. They are cut into q, k, v and z (and b, a) of every
   // head, as is the convolution's weight; llama.cpp's qwen3next GGUFs hold q, k and v of every head in attn_qkv (and
   // the convolution likewise), z in attn_gate and b, a in ssm_ba by group.
+  const bool qwen3_5 = hp.architecture == "qwen3_5_moe";
   auto add_linear = [&](const std::string& b, const std::string& p, std::int64_t l) {
     const std::int64_t nk = hp.linear_k_heads, dk = hp.linear_k_dim, dv = hp.linear_v_dim;
     const std::int64_t r = hp.linear_v_heads / nk, kd = hp.linear_key_width(), vd = hp.linear_value_width();
@@ -1461,26 +1483,51 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       plan.shared.back().hf_pick = hf_pick;
       plan.shared.back().gguf_pick = gguf_pick;
     };
-    const std::string qkvz = a + "in_proj_qkvz.weight", qkv = b + "attn_qkv.weight";
-    cut(b + "ssm_q.weight", qkvz, qkv, kd, hid, TensorKind::attn_q, {nk, group, 0, dk}, {1, conv, 0, kd});
-    cut(b + "ssm_k.weight", qkvz, qkv, kd, hid, TensorKind::attn_k, {nk, group, dk, dk}, {1, conv, kd, kd});
-    cut(b + "ssm_v.weight", qkvz, qkv, vd, hid, TensorKind::attn_v, {nk, group, 2 * dk, r * dv}, {1, conv, 2 * kd, vd});
-    cut(b + "ssm_z.weight", qkvz, b + "attn_gate.weight", vd, hid, TensorKind::attn_v,
-        {nk, group, 2 * dk + r * dv, r * dv}, {});
-    const std::string ba = a + "in_proj_ba.weight", ba_gguf = b + "ssm_ba.weight";
-    cut(b + "ssm_beta.weight", ba, ba_gguf, hp.linear_v_heads, hid, TensorKind::attn_v, {nk, 2 * r, 0, r},
-        {nk, 2 * r, 0, r});
-    cut(b + "ssm_alpha.weight", ba, ba_gguf, hp.linear_v_heads, hid, TensorKind::attn_v, {nk, 2 * r, r, r},
-        {nk, 2 * r, r, r});
-    const std::string cw = a + "conv1d.weight", cw_gguf = b + "ssm_conv1d.weight";
+    const std::int64_t nv = hp.linear_v_heads;
+    // Qwen3.5: q, k and v of every head in in_proj_qkv, z, b and a apart, the value heads tiled on the way
+    // (HeadTiling).
+    const auto tiled = [&](std::int64_t width, bool columns) {
+      if (!qwen3_5) return;
+      plan.shared.back().hf_tiling = HeadTiling{nk, r, width, columns};
+    };
+    const std::string cw = a + "conv1d.weight", cw_gguf = b + "ssm_conv1d.weight", qkv = b + "attn_qkv.weight";
+    if (qwen3_5) {
+      const std::string in_qkv = a + "in_proj_qkv.weight";
+      cut(b + "ssm_q.weight", in_qkv, qkv, kd, hid, TensorKind::attn_q, {1, conv, 0, kd}, {1, conv, 0, kd});
+      cut(b + "ssm_k.weight", in_qkv, qkv, kd, hid, TensorKind::attn_k, {1, conv, kd, kd}, {1, conv, kd, kd});
+      cut(b + "ssm_v.weight", in_qkv, qkv, vd, hid, TensorKind::attn_v, {1, conv, 2 * kd, vd}, {1, conv, 2 * kd, vd});
+      tiled(dv, false);
+      add(b + "ssm_z.weight", a + "in_proj_z.weight", {vd, hid}, TensorKind::attn_v, l);
+      plan.shared.back().gguf_name = b + "attn_gate.weight";
+      tiled(dv, false);
+      add(b + "ssm_beta.weight", a + "in_proj_b.weight", {nv, hid}, TensorKind::attn_v, l);
+      tiled(1, false);
+      add(b + "ssm_alpha.weight", a + "in_proj_a.weight", {nv, hid}, TensorKind::attn_v, l);
+      tiled(1, false);
+    } else {
+      const std::string qkvz = a + "in_proj_qkvz.weight";
+      cut(b + "ssm_q.weight", qkvz, qkv, kd, hid, TensorKind::attn_q, {nk, group, 0, dk}, {1, conv, 0, kd});
+      cut(b + "ssm_k.weight", qkvz, qkv, kd, hid, TensorKind::attn_k, {nk, group, dk, dk}, {1, conv, kd, kd});
+      cut(b + "ssm_v.weight", qkvz, qkv, vd, hid, TensorKind::attn_v, {nk, group, 2 * dk, r * dv},
+          {1, conv, 2 * kd, vd});
+      cut(b + "ssm_z.weight", qkvz, b + "attn_gate.weight", vd, hid, TensorKind::attn_v,
+          {nk, group, 2 * dk + r * dv, r * dv}, {});
+      const std::string ba = a + "in_proj_ba.weight", ba_gguf = b + "ssm_ba.weight";
+      cut(b + "ssm_beta.weight", ba, ba_gguf, nv, hid, TensorKind::attn_v, {nk, 2 * r, 0, r}, {nk, 2 * r, 0, r});
+      cut(b + "ssm_alpha.weight", ba, ba_gguf, nv, hid, TensorKind::attn_v, {nk, 2 * r, r, r}, {nk, 2 * r, r, r});
+    }
     cut(b + "ssm_conv1d_q.weight", cw, cw_gguf, kd, K, TensorKind::norm, {1, conv, 0, kd}, {1, conv, 0, kd});
     cut(b + "ssm_conv1d_k.weight", cw, cw_gguf, kd, K, TensorKind::norm, {1, conv, kd, kd}, {1, conv, kd, kd});
     cut(b + "ssm_conv1d_v.weight", cw, cw_gguf, vd, K, TensorKind::norm, {1, conv, 2 * kd, vd}, {1, conv, 2 * kd, vd});
-    add(b + "ssm_a", a + "A_log", {hp.linear_v_heads}, TensorKind::bias, l);
+    tiled(dv, false);
+    add(b + "ssm_a", a + "A_log", {nv}, TensorKind::bias, l);
     plan.shared.back().hf_transform = ValueTransform::neg_exp;
-    add(b + "ssm_dt.bias", a + "dt_bias", {hp.linear_v_heads}, TensorKind::bias, l);
+    tiled(1, true);
+    add(b + "ssm_dt.bias", a + "dt_bias", {nv}, TensorKind::bias, l);
+    tiled(1, true);
     add(b + "ssm_norm.weight", a + "norm.weight", {dv}, TensorKind::norm, l);
     add(b + "ssm_out.weight", a + "out_proj.weight", {hid, vd}, TensorKind::attn_o, l);
+    tiled(dv, true);
   };
   add("token_embd.weight", bailing ? "model.word_embeddings.weight" : "model.embed_tokens.weight", {hp.vocab_size, hid},
       TensorKind::embedding, -1);
@@ -1489,7 +1536,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   const bool gpt_oss = hp.architecture == "gpt_oss";
   const bool llama4 = hp.architecture == "llama4";  // feed_forward.*, experts fused as gate_up_proj [E, D, 2F]
   // Experts fused as gate_up_proj [E, D, 2F], gate the first half, and down_proj [E, F, D]: Llama 4, Qwen3-VL.
-  const bool fused_halves = llama4 || hp.architecture == "qwen3_vl_moe";
+  const bool fused_halves = llama4 || hp.architecture == "qwen3_vl_moe" || qwen3_5;
   for (std::int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".", p = "model.layers." + std::to_string(l) + ".";
     add(b + "attn_norm.weight", p + "input_layernorm.weight", {hid}, TensorKind::norm, l);
@@ -1501,7 +1548,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add_attention(b, p, l);
     }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
-    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe" || gguf_arch == "qwen3next")
+    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe" || gguf_arch == "qwen3next" || gguf_arch == "qwen35moe")
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
@@ -1566,6 +1613,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
           t.hf_expert = e;
           t.hf_fused_part = i == 2 ? -1 : i;
           t.hf_fused_halves = fused_halves;
+          t.hf_fused_output_major = qwen3_5;
         }
       }
       if (hp.expert_bias()) {  // gpt-oss: a bias per projection, cut from [E, 2F] / [E, D] tensors
@@ -1589,7 +1637,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   }
   add("output_norm.weight", "model.norm.weight", {hid}, TensorKind::norm, -1);
   if (!hp.tie_word_embeddings) add("output.weight", "lm_head.weight", {hp.vocab_size, hid}, TensorKind::output, -1);
-  if (hp.architecture == "qwen3_next") {  // Qwen3NextRMSNorm: x * (1 + w), the weights stored around 0
+  if (hp.architecture == "qwen3_next" || qwen3_5) {  // Qwen3NextRMSNorm: x * (1 + w), the weights stored around 0
     for (auto& t : plan.shared) {
       if (t.kind == TensorKind::norm && !t.name.ends_with("ssm_norm.weight") &&
           t.name.find("ssm_conv1d") == std::string::npos)
@@ -1599,7 +1647,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // Image-text checkpoints hold the language model under a prefix (their vision tower is not read): Llama 4's all of
   // it under language_model., Qwen3-VL's model. under model.language_model. (its lm_head where it was).
   const bool llama4_vision = hp.hf_architecture == "Llama4ForConditionalGeneration";
-  if (llama4_vision || hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration") {
+  if (llama4_vision || hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration" ||
+      hp.hf_architecture == "Qwen3_5MoeForConditionalGeneration") {
     const auto move = [&](PlannedTensor& t) {
       if (llama4_vision) {
         t.hf_name = "language_model." + t.hf_name;

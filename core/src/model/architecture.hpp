@@ -46,6 +46,18 @@ struct RowPick {
 // -exp(A_log).
 enum class ValueTransform { none, add_one, neg_exp };
 
+// Value heads stored grouped by key head (HF: groups x per heads of `width` rows or columns, head g * per + j) that
+// colibri keeps tiled (head j * groups + g), as llama.cpp's Qwen3.5 GGUFs hold them. groups 0: none.
+struct HeadTiling {
+  std::int64_t groups = 0, per = 0, width = 0;
+  bool columns = false;  // the heads are columns (out_proj's inputs, A_log and dt_bias), else rows
+  // The grouped index holding tiled index i.
+  [[nodiscard]] std::int64_t source(std::int64_t i) const {
+    const std::int64_t head = i / width;
+    return ((head % groups) * per + head / groups) * width + i % width;
+  }
+};
+
 struct PlannedTensor {
   std::string name;                     // canonical (llama.cpp-style) name
   std::string hf_name;                  // name in a HF checkpoint
@@ -61,6 +73,9 @@ struct PlannedTensor {
   bool hf_fused_halves = false;
   RowPick hf_pick, gguf_pick;  // the cut out of hf_name / gguf_name, if any
   ValueTransform hf_transform = ValueTransform::none;
+  HeadTiling hf_tiling;  // Qwen3.5's value heads, reordered from a HF checkpoint
+  // Qwen3.5: fused experts output-major, gate_up_proj [E, 2F, D] (gate the first half) and down_proj [E, D, F].
+  bool hf_fused_output_major = false;
   std::vector<std::int64_t> shape;  // HF order
   TensorKind kind = TensorKind::norm;
   std::int64_t layer = -1;

@@ -82,6 +82,8 @@ struct SourceRef {
   std::function<Status(std::int64_t row0, std::int64_t n, void* dst)> gather;
   std::vector<std::string> also_read;               // further input tensors the gather reads (MXFP4 scales)
   ValueTransform transform = ValueTransform::none;  // applied to the decoded values (HF Qwen3-Next's norms, A_log)
+  // Set for columns taken from other columns (Qwen3.5's value heads): the source column of each column.
+  std::function<std::int64_t(std::int64_t)> col_map;
 };
 
 struct Input {
@@ -209,6 +211,18 @@ sdk::Expected<SourceRef> locate_hf_fused(const Input& in, const PlannedTensor& p
                                                "; colibri converts F32, F16 and BF16 weights (and MXFP4 experts)");
   }
   const std::int64_t n_experts = t->shape.empty() ? 0 : t->shape[0];
+  if (p.hf_fused_output_major && p.shape.size() == 2 && (halves || part < 0)) {
+    // Qwen3.5: expert e's part is rows [first, first + rows) of its [rows * parts, cols] slice, read as they are.
+    const std::vector<std::int64_t> want{n_experts, rows * parts, cols};
+    if (t->shape != want || e >= n_experts) return bad_source_shape(in, *t, want);
+    const std::uint64_t row_bytes = sdk::row_bytes(type, cols);
+    r.st = t;
+    r.type = type;
+    r.name = t->name;
+    r.base = static_cast<std::uint64_t>(e * rows * parts + first) * row_bytes;
+    r.size = static_cast<std::uint64_t>(rows) * row_bytes;
+    return r;
+  }
   // The source slice of expert e: [cols * parts] for a bias; [cols, rows * parts] for a weight (input-major).
   const std::vector<std::int64_t> want = p.shape.size() == 1 ? std::vector<std::int64_t>{n_experts, cols * parts}
                                                              : std::vector<std::int64_t>{n_experts, cols, rows * parts};
@@ -406,7 +420,17 @@ sdk::Expected<SourceRef> locate_cut(const Input& in, const PlannedTensor& p, con
 
 sdk::Expected<SourceRef> locate_hf(const Input& in, const PlannedTensor& p) {
   auto r = p.hf_pick.blocks > 0 ? locate_cut(in, p, p.hf_pick, false) : locate_hf_whole(in, p);
-  if (r) r->transform = p.hf_transform;
+  if (!r) return r;
+  r->transform = p.hf_transform;
+  if (const HeadTiling tiling = p.hf_tiling; tiling.groups > 0) {
+    if (tiling.columns) {
+      r->col_map = [tiling](std::int64_t c) { return tiling.source(c); };
+    } else {
+      r->row_map = [tiling, rows = r->row_map](std::int64_t row) {
+        return rows ? rows(tiling.source(row)) : tiling.source(row);
+      };
+    }
+  }
   return r;
 }
 
@@ -691,7 +715,7 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
   const std::int64_t per_thread = std::max<std::int64_t>(1, (8 << 20) / (src.cols * 4));
   const std::int64_t chunk_rows = std::min<std::int64_t>(src.rows, per_thread * std::max(1, threads));
   std::vector<char> in_buf(src_row * static_cast<std::size_t>(chunk_rows));
-  const bool transform = src.transform != ValueTransform::none;
+  const bool transform = src.transform != ValueTransform::none || src.col_map;
   std::vector<char> out_buf(src.type == target && !transform ? 0 : dst_row * static_cast<std::size_t>(chunk_rows));
   // Tensors copied as they are (floats, and a GGUF's quantized blocks) are still decoded once for non-finite values:
   // a damaged block scale would otherwise reach the model as NaN logits. The SIMD dequantizers outrun the disk.
@@ -723,6 +747,10 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
         for (std::int64_t r = b; r < e; ++r) {
           float* f = scratch.data() + r * src.cols;
           Status s = quant::dequantize_row(src.type, in_buf.data() + r * src_row, f, src.cols);
+          if (s && src.col_map) {
+            const std::vector<float> row(f, f + src.cols);
+            for (std::int64_t i = 0; i < src.cols; ++i) f[i] = row[static_cast<std::size_t>(src.col_map(i))];
+          }
           if (s && src.transform == ValueTransform::add_one) {
             for (std::int64_t i = 0; i < src.cols; ++i) f[i] = 1.0f + f[i];
           } else if (s && src.transform == ValueTransform::neg_exp) {
@@ -1347,7 +1375,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     };
     // GLM's multi-token-prediction layers come right after the last one; colibri does not draft with them.
     // Qwen3-Next's sits apart, under mtp.
-    const bool mtp_apart = !in.is_gguf && hp.architecture == "qwen3_next";
+    const bool mtp_apart = !in.is_gguf && (hp.architecture == "qwen3_next" || hp.architecture == "qwen3_5_moe");
     const auto nextn_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       const std::int64_t layer = layer_of(name);
       return (layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers) ||
@@ -1358,10 +1386,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     // Llama 4's and Qwen3-VL's image-text checkpoints: the vision tower (and projector); colibri runs the language
     // model.
     const std::vector<std::string> vision_prefixes =
-        in.is_gguf                          ? std::vector<std::string>{}
-        : hp.architecture == "llama4"       ? std::vector<std::string>{"vision_model.", "multi_modal_projector."}
-        : hp.architecture == "qwen3_vl_moe" ? std::vector<std::string>{"model.visual."}
-                                            : std::vector<std::string>{};
+        in.is_gguf                    ? std::vector<std::string>{}
+        : hp.architecture == "llama4" ? std::vector<std::string>{"vision_model.", "multi_modal_projector."}
+        : hp.architecture == "qwen3_vl_moe" || hp.architecture == "qwen3_5_moe"
+            ? std::vector<std::string>{"model.visual."}
+            : std::vector<std::string>{};
     const auto vision_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       return std::any_of(vision_prefixes.begin(), vision_prefixes.end(),
                          [&](const std::string& p) { return name.starts_with(p); });

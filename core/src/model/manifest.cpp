@@ -138,6 +138,7 @@ json HyperParams::to_json() const {
     j["linear_k_dim"] = linear_k_dim;
     j["linear_v_dim"] = linear_v_dim;
     j["attn_output_gate"] = attn_output_gate;
+    j["linear_tiled_heads"] = linear_tiled_heads;
   }
   return j;
 }
@@ -317,6 +318,8 @@ sdk::Expected<HyperParams> HyperParams::from_json(const json& j) {
     h.linear_k_dim = f.get<std::int64_t>("linear_k_dim");
     h.linear_v_dim = f.get<std::int64_t>("linear_v_dim");
     h.attn_output_gate = f.get<bool>("attn_output_gate");
+    // Added within format 6 (Qwen3.5): absent, the grouped order of the models written before it.
+    if (!f.raw("linear_tiled_heads").is_null()) h.linear_tiled_heads = f.get<bool>("linear_tiled_heads");
   }
   if (!f.status()) return f.status();
   if (auto s = h.validate(); !s) return bad(s.message() + " (in hparams); re-run convert");

@@ -896,7 +896,7 @@ class CpuCompute final : public ComputeBase {
       std::vector<float> qn(static_cast<std::size_t>(dk)), kn(static_cast<std::size_t>(dk)),
           u(static_cast<std::size_t>(dv));
       float* S = state + h * dk * dv;
-      const std::int64_t kh = h / group;
+      const std::int64_t kh = (c.params.flags & sdk::kDeltaTiledHeads) != 0 ? h % hk : h / group;
       for (std::int64_t t = 0; t < t_count; ++t) {
         const float* qt = q + (t * hk + kh) * dk;
         const float* kt = k + (t * hk + kh) * dk;

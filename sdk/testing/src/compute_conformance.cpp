@@ -2394,6 +2394,33 @@ TEST_P(ComputeConformance, GatedDeltaRuleMatchesTheReferenceAndCarriesItsState) 
     from += count;
   }
   expect_bits(state, whole_state, "gated_delta_rule's state in three calls");
+  // Value heads in the tiled order (head j * Hk + g reads key head g) with kDeltaTiledHeads: each head's bits are
+  // those of the same head in the grouped order (g * Hv / Hk + j).
+  const std::int64_t r = d.hv / d.hk;
+  const auto grouped = [&](std::int64_t t) { return (t % d.hk) * r + t / d.hk; };
+  const auto tile = [&](const std::vector<float>& src, std::int64_t width, std::int64_t rows) {
+    std::vector<float> out(src.size());
+    for (std::int64_t row = 0; row < rows; ++row) {
+      for (std::int64_t t = 0; t < d.hv; ++t) {
+        std::copy_n(src.begin() + (row * d.hv + grouped(t)) * width, width, out.begin() + (row * d.hv + t) * width);
+      }
+    }
+    return out;
+  };
+  auto v_t = tile(v, d.dv, d.t), a_t = tile(a, 1, d.t), b_t = tile(b, 1, d.t), A_t = tile(A, 1, 1),
+       dt_t = tile(dt, 1, 1), st_t = tile(state0, d.dv * d.dk, 1);
+  std::vector<float> o_t(v.size());
+  OpParams tiled;
+  tiled.flags = kDeltaTiledHeads;
+  ASSERT_TRUE(run_op(c, Op::gated_delta_rule,
+                     {arg(DType::f32, {d.dk, d.hk, d.t, 1}, q), arg(DType::f32, {d.dk, d.hk, d.t, 1}, k),
+                      arg(DType::f32, {d.dv, d.hv, d.t, 1}, v_t), arg(DType::f32, {d.hv, d.t, 1, 1}, a_t),
+                      arg(DType::f32, {d.hv, d.t, 1, 1}, b_t), arg(DType::f32, {d.hv, 1, 1, 1}, A_t),
+                      arg(DType::f32, {d.hv, 1, 1, 1}, dt_t)},
+                     {arg(DType::f32, {d.dv, d.hv, d.t, 1}, o_t), arg(DType::f32, {d.dv, d.dk, d.hv, 1}, st_t)},
+                     tiled));
+  expect_bits(o_t, tile(whole, d.dv, d.t), "gated_delta_rule with tiled value heads");
+  expect_bits(st_t, tile(whole_state, d.dv * d.dk, 1), "gated_delta_rule's tiled state");
   // Value heads that are no multiple of the key heads are refused by name.
   std::vector<float> big(8192);
   const Status bad = run_op(c, Op::gated_delta_rule,

@@ -30,10 +30,10 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral",       "qwen2_moe",   "qwen3_moe", "olmoe",          "llama",
-                                         "mistral",       "gpt_oss",     "glm4_moe",  "minimax_m2",     "ernie4_5_moe",
-                                         "deepseek_v2",   "deepseek_v3", "dots1",     "bailing_moe_v2", "qwen3_vl_moe",
-                                         "glm4_moe_lite", "qwen3_next"};
+const std::vector<std::string> kArchs = {"mixtral",       "qwen2_moe",   "qwen3_moe",  "olmoe",          "llama",
+                                         "mistral",       "gpt_oss",     "glm4_moe",   "minimax_m2",     "ernie4_5_moe",
+                                         "deepseek_v2",   "deepseek_v3", "dots1",      "bailing_moe_v2", "qwen3_vl_moe",
+                                         "glm4_moe_lite", "qwen3_next",  "qwen3_5_moe"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -201,9 +201,13 @@ TEST_P(ArchTest, ManifestCarriesTheConfigHyperParameters) {
   if (cfg.contains("text_config")) {  // an image-text checkpoint: its language model's fields
     json text = cfg["text_config"];
     text["architectures"] = cfg["architectures"];
-    if (!text.contains("tie_word_embeddings")) text["tie_word_embeddings"] = cfg["tie_word_embeddings"];
+    for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id"}) {
+      if (!text.contains(key) && cfg.contains(key)) text[key] = cfg[key];
+    }
     cfg = text;
   }
+  // transformers >= 4.56 (Qwen3.5's config) keeps rope_theta in rope_parameters.
+  if (!cfg.contains("rope_theta")) cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"];
   const auto& h = m->hparams;
   EXPECT_EQ(h.architecture, arch == "glm4_moe_lite" ? "deepseek_v3" : arch);  // GLM-4.7-Flash runs as DeepSeek-V3
   EXPECT_EQ(h.hf_architecture, cfg["architectures"][0]);

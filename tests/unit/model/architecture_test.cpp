@@ -419,6 +419,68 @@ TEST(HfConfigValues, Qwen3NextRefusesWhatItCannotRunByName) {
   expect_refused(qwen3_next(), bad);
 }
 
+// Qwen3.5-35B-A3B's config.json, tiny: the language model in text_config, rope_parameters with mrope sections.
+TEST(HfConfigValues, Qwen35ReadsItsTextConfigAndTilesItsValueHeads) {
+  json text = qwen3_next();
+  text.erase("architectures");
+  text.erase("partial_rotary_factor");
+  text["model_type"] = "qwen3_5_moe_text";
+  text["rope_parameters"] = {{"rope_type", "default"},
+                             {"rope_theta", 1e7},
+                             {"partial_rotary_factor", 0.25},
+                             {"mrope_section", {3, 3, 2}},
+                             {"mrope_interleaved", true}};
+  text["mlp_only_layers"] = {1};  // a key Qwen3_5MoeTextConfig deletes: no layer is dense
+  const json c{{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+               {"model_type", "qwen3_5_moe"},
+               {"text_config", text},
+               {"vision_config", {{"depth", 2}}},
+               {"tie_word_embeddings", false}};
+  auto h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "qwen3_5_moe");
+  EXPECT_TRUE(h->linear_tiled_heads);
+  EXPECT_DOUBLE_EQ(h->rope_theta, 1e7);
+  EXPECT_TRUE(h->rope_scaling.is_null()) << "multimodal RoPE is plain RoPE for text";
+  EXPECT_EQ(h->rope_dims(), 8);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_TRUE(h->layer_is_sparse(1));
+  EXPECT_EQ(h->linear_layers, (std::vector<std::int64_t>{0, 1, 2, 4, 5, 6}));
+  const ModelPlan plan = build_plan(*h, "qwen35moe");
+  auto find = [&](const std::string& name) -> const PlannedTensor& {
+    for (const auto& t : plan.shared) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << name << " is not planned";
+    static const PlannedTensor none;
+    return none;
+  };
+  const auto& v = find("blk.0.ssm_v.weight");
+  EXPECT_EQ(v.hf_name, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");
+  EXPECT_EQ((std::vector<std::int64_t>{v.hf_tiling.groups, v.hf_tiling.per, v.hf_tiling.width}),
+            (std::vector<std::int64_t>{2, 2, 8}));
+  EXPECT_FALSE(v.hf_tiling.columns);
+  EXPECT_EQ(v.gguf_name, "blk.0.attn_qkv.weight");
+  EXPECT_EQ(find("blk.0.ssm_z.weight").hf_name, "model.language_model.layers.0.linear_attn.in_proj_z.weight");
+  EXPECT_EQ(find("blk.0.ssm_beta.weight").gguf_name, "blk.0.ssm_beta.weight");
+  EXPECT_EQ(find("blk.0.ssm_alpha.weight").hf_tiling.width, 1);
+  EXPECT_TRUE(find("blk.0.ssm_out.weight").hf_tiling.columns);
+  EXPECT_TRUE(find("blk.0.ssm_a").hf_tiling.columns);
+  EXPECT_EQ(find("blk.0.ssm_norm.weight").hf_tiling.groups, 0) << "shared by the heads";
+  EXPECT_EQ(find("blk.3.ffn_norm.weight").gguf_name, "blk.3.post_attention_norm.weight");
+  EXPECT_EQ(find("output.weight").hf_name, "lm_head.weight");
+  const auto& gate = plan.experts[0][1][0];
+  EXPECT_EQ(gate.hf_name, "model.language_model.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_TRUE(gate.hf_fused_output_major);
+  EXPECT_TRUE(gate.hf_fused_halves);
+  // Tiled head t = j * groups + g holds grouped head g * per + j: 2 groups of 2 heads of 3 rows.
+  const HeadTiling tiling{2, 2, 3, false};
+  EXPECT_EQ(tiling.source(0), 0);
+  EXPECT_EQ(tiling.source(3), 6);
+  EXPECT_EQ(tiling.source(7), 4);
+  EXPECT_EQ(tiling.source(10), 10);
+}
+
 // Ling-mini-2.0's config.json, tiny.
 json ling() {
   return json{{"architectures", {"BailingMoeV2ForCausalLM"}},

@@ -91,6 +91,10 @@ struct HyperParams {
   std::int64_t linear_k_dim = 0;
   std::int64_t linear_v_dim = 0;
   bool attn_output_gate = false;
+  // The value heads' order in the linear-attention weights: grouped by key head (value head h reads key head
+  // h / (v_heads / k_heads), HF's order) or tiled (h reads key head h % k_heads: llama.cpp's Qwen3.5 GGUFs, and
+  // colibri's Qwen3.5 models from either source).
+  bool linear_tiled_heads = false;
   // swiglu: down(silu(gate x) * up x). swiglu_clamped (gpt-oss): every projection has a bias, and
   // g = min(gate, limit), u = clamp(up, -limit, limit), down((u + 1) * g * sigmoid(alpha * g)).
   std::string expert_activation = "swiglu";

@@ -155,7 +155,8 @@ enum class Op : std::uint32_t {
   // For each token in order and each value head h, with key head h / (Hv / Hk): q and k divided by sqrt(sum of their
   // squares + 1e-6), q times 1 / sqrt(dk); decay = exp(A[h] * softplus(a + dt_bias[h])), beta = sigmoid(b);
   // S = S * decay; u[j] = (v[j] - sum over i of S[i][j] k[i]) * beta; S[i][j] += k[i] u[j]; O[j] = sum over i of
-  // S[i][j] q[i]; sums over i ascending, in f32. Every token has the bits it would have in a call of its own.
+  // S[i][j] q[i]; sums over i ascending, in f32. Every token has the bits it would have in a call of its own. With
+  // flags bit 6 (kDeltaTiledHeads) value head h reads key head h % Hk instead (llama.cpp's Qwen3.5 head order).
   gated_delta_rule,
   count_
 };
@@ -166,6 +167,7 @@ inline constexpr std::int32_t kRoutingSoftmax = 1 << 2;
 inline constexpr std::int32_t kRoutingRenormalize = 1 << 3;
 inline constexpr std::int32_t kRoutingSigmoid = 1 << 4;
 inline constexpr std::int32_t kRoutingGroupMax = 1 << 5;
+inline constexpr std::int32_t kDeltaTiledHeads = 1 << 6;
 
 // A dense or block-quantized tensor of up to 4 dims, ne[0] fastest, rows contiguous
 // (row_bytes(type, ne[0]) apart). `data` is a host pointer for host-visible buffers; device
