@@ -52,7 +52,6 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
                                                     {"Qwen3NextForCausalLM", "qwen3_next"},
                                                     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
-                                                    {"Qwen3_5MoeForCausalLM", "qwen3_5_moe"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
