@@ -322,6 +322,16 @@ TEST(HfConfigValues, Dots1RefusesWhatItCannotRunByName) {
   expect_refused(dots1(), bad);
 }
 
+// The shared tensor `name` of a plan (a failure, and an empty tensor, where it is not planned).
+const PlannedTensor& planned(const ModelPlan& plan, const std::string& name) {
+  for (const auto& t : plan.shared) {
+    if (t.name == name) return t;
+  }
+  ADD_FAILURE() << name << " is not planned";
+  static const PlannedTensor none;
+  return none;
+}
+
 // Qwen3-Next-80B-A3B's config.json, tiny (no layer_types: attention every full_attention_interval-th layer).
 json qwen3_next() {
   return json{{"architectures", {"Qwen3NextForCausalLM"}},
@@ -369,14 +379,7 @@ TEST(HfConfigValues, Qwen3NextReadsItsLinearAndGatedAttentionLayers) {
   // The plan: in_proj_qkvz cut by key-head group (q, k, v, z of each), the gate rows of q_proj, norms stored as 1 + w
   // (not the gated norm of the delta rule), -exp(A_log); llama.cpp's names for the GGUF.
   const ModelPlan plan = build_plan(*h, "qwen3next");
-  auto find = [&](const std::string& name) -> const PlannedTensor& {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return t;
-    }
-    ADD_FAILURE() << name << " is not planned";
-    static const PlannedTensor none;
-    return none;
-  };
+  auto find = [&](const std::string& name) -> const PlannedTensor& { return planned(plan, name); };
   const auto& v = find("blk.0.ssm_v.weight");
   EXPECT_EQ(v.hf_name, "model.layers.0.linear_attn.in_proj_qkvz.weight");
   EXPECT_EQ((std::vector<std::int64_t>{v.hf_pick.blocks, v.hf_pick.block, v.hf_pick.first, v.hf_pick.count}),
@@ -447,14 +450,7 @@ TEST(HfConfigValues, Qwen35ReadsItsTextConfigAndTilesItsValueHeads) {
   EXPECT_TRUE(h->layer_is_sparse(1));
   EXPECT_EQ(h->linear_layers, (std::vector<std::int64_t>{0, 1, 2, 4, 5, 6}));
   const ModelPlan plan = build_plan(*h, "qwen35moe");
-  auto find = [&](const std::string& name) -> const PlannedTensor& {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return t;
-    }
-    ADD_FAILURE() << name << " is not planned";
-    static const PlannedTensor none;
-    return none;
-  };
+  auto find = [&](const std::string& name) -> const PlannedTensor& { return planned(plan, name); };
   const auto& v = find("blk.0.ssm_v.weight");
   EXPECT_EQ(v.hf_name, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight");
   EXPECT_EQ((std::vector<std::int64_t>{v.hf_tiling.groups, v.hf_tiling.per, v.hf_tiling.width}),
