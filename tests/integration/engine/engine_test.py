@@ -257,20 +257,25 @@ for _name in VARIANTS:
     setattr(Reference, "test_" + _name.replace("-", "_"), lambda self, n=_name: self.check(n))
 
 
+def convert_and_inspect(arch, name):
+    """The fixture's f32 checkpoint of `arch` converted afresh to WORK/name: (convert's output, inspect's)."""
+    ckpt = os.path.join(WORK, arch)
+    if not os.path.exists(os.path.join(ckpt, "config.json")):
+        subprocess.run([sys.executable, GEN, "--arch", arch, "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+    model = os.path.join(WORK, name)
+    shutil.rmtree(model, ignore_errors=True)
+    p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
+    return p.stdout + p.stderr, run(["inspect", model]).stdout
+
+
 class Qwen3Next(unittest.TestCase):
     def test_mtp_skipped_and_layers_described(self):
         """Qwen3-Next's checkpoints carry a multi-token-prediction module under mtp.: convert says it skipped it (not
         that the input holds unknown tensors), and inspect names the linear-attention layers and their state."""
-        ckpt = os.path.join(WORK, "qwen3_next")
-        if not os.path.exists(os.path.join(ckpt, "config.json")):
-            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
-                           capture_output=True)
-        model = os.path.join(WORK, "qwen3_next-mtp-f32")
-        shutil.rmtree(model, ignore_errors=True)
-        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
-        self.assertIn("5 tensor(s) of the multi-token-prediction layer after layer 3 were skipped", p.stdout + p.stderr)
-        self.assertNotIn("are not used by", p.stdout + p.stderr)
-        out = run(["inspect", model]).stdout
+        converted, out = convert_and_inspect("qwen3_next", "qwen3_next-mtp-f32")
+        self.assertIn("5 tensor(s) of the multi-token-prediction layer after layer 3 were skipped", converted)
+        self.assertNotIn("are not used by", converted)
         self.assertIn("rope on 8 of 32 dims, output gated; linear attention (gated delta rule) on 3 of 4 layers: "
                       "2 key / 4 value heads of 16 / 16, a state of 5.50 KiB per layer and sequence, no KV rows", out)
 
@@ -280,17 +285,9 @@ class Llama4(unittest.TestCase):
         """An image-text Llama 4 checkpoint converts its language model: convert says the vision tower's tensors
         were skipped (not that the input holds unknown tensors), and inspect names the chunked, NoPE and routing
         rules the manifest records."""
-        ckpt = os.path.join(WORK, "llama4")
-        if not os.path.exists(os.path.join(ckpt, "config.json")):
-            subprocess.run([sys.executable, GEN, "--arch", "llama4", "--out", ckpt, "--dtype", "f32"], check=True,
-                           capture_output=True)
-        model = os.path.join(WORK, "llama4-vision-f32")
-        shutil.rmtree(model, ignore_errors=True)
-        p = run(["convert", "--input", ckpt, "--output", model, "--quantize", "f32"])
-        self.assertIn("2 tensor(s) of the vision tower (vision_model., multi_modal_projector.) were skipped",
-                      p.stdout + p.stderr)
-        self.assertNotIn("are not used by", p.stdout + p.stderr)
-        out = run(["inspect", model]).stdout
+        converted, out = convert_and_inspect("llama4", "llama4-vision-f32")
+        self.assertIn("2 tensor(s) of the vision tower (vision_model., multi_modal_projector.) were skipped", converted)
+        self.assertNotIn("are not used by", converted)
         self.assertIn("within chunks of 4 on 3 of 4 layers, no rope on 1 layer (their queries scaled from position 3 "
                       "on), q/k RMS-normalized after rope", out)
         self.assertIn("router:        sigmoid scores, the weight scales the expert's input", out)

@@ -22,6 +22,14 @@ void expect_refused(const json& base, const std::pair<const char*, json> (&bad)[
   }
 }
 
+// The shared tensor `name` of a plan, or null.
+const PlannedTensor* find_planned(const ModelPlan& plan, const std::string& name) {
+  for (const auto& t : plan.shared) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
 // The keys every config needs; the rest are left out to see their defaults.
 json minimal(const std::string& hf_arch) {
   json c{{"architectures", {hf_arch}}, {"vocab_size", 64},           {"hidden_size", 64},      {"num_hidden_layers", 2},
@@ -154,12 +162,7 @@ TEST(HfConfigValues, GlmMoeReadsItsRouterSharedExpertDenseLayersAndPartialRotary
   EXPECT_EQ(h->rope_theta, 1e6);
   // The plan names GLM's tensors: the plural shared_experts, the selection bias, the dense first layer.
   const ModelPlan plan = build_plan(*h, "glm4moe");
-  auto find = [&](const std::string& name) -> const PlannedTensor* {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  };
+  auto find = [&](const std::string& name) { return find_planned(plan, name); };
   ASSERT_NE(find("blk.1.exp_probs_b.bias"), nullptr);
   EXPECT_EQ(find("blk.1.exp_probs_b.bias")->hf_name, "model.layers.1.mlp.gate.e_score_correction_bias");
   EXPECT_EQ(find("blk.0.exp_probs_b.bias"), nullptr);  // layer 0 is dense
@@ -268,12 +271,7 @@ TEST(HfConfigValues, Dots1ReadsQwen3AttentionAndDeepSeekV3Routing) {
   EXPECT_EQ(h->nextn_layers, 0);
   // The plan: plural shared_experts, the selection bias under mlp.gate, q/k norms, ffn_norm in GGUF.
   const ModelPlan plan = build_plan(*h, "dots1");
-  auto find = [&](const std::string& name) -> const PlannedTensor* {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  };
+  auto find = [&](const std::string& name) { return find_planned(plan, name); };
   ASSERT_NE(find("blk.1.ffn_gate_shexp.weight"), nullptr);
   EXPECT_EQ(find("blk.1.ffn_gate_shexp.weight")->hf_name, "model.layers.1.mlp.shared_experts.gate_proj.weight");
   ASSERT_NE(find("blk.1.exp_probs_b.bias"), nullptr);
@@ -324,9 +322,7 @@ TEST(HfConfigValues, Dots1RefusesWhatItCannotRunByName) {
 
 // The shared tensor `name` of a plan (a failure, and an empty tensor, where it is not planned).
 const PlannedTensor& planned(const ModelPlan& plan, const std::string& name) {
-  for (const auto& t : plan.shared) {
-    if (t.name == name) return t;
-  }
+  if (const auto* t = find_planned(plan, name)) return *t;
   ADD_FAILURE() << name << " is not planned";
   static const PlannedTensor none;
   return none;
@@ -524,12 +520,7 @@ TEST(HfConfigValues, LingReadsItsFusedAttentionAndGroupedRouter) {
   EXPECT_TRUE(h->layer_is_sparse(1));
   // q, k and v are cut from one tensor, in HF and GGUF alike.
   const ModelPlan plan = build_plan(*h, "bailingmoe2");
-  auto find = [&](const std::string& name) -> const PlannedTensor* {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  };
+  auto find = [&](const std::string& name) { return find_planned(plan, name); };
   const PlannedTensor* k = find("blk.0.attn_k.weight");
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->hf_name, "model.layers.0.attention.query_key_value.weight");
@@ -884,12 +875,7 @@ TEST(HfConfigValues, DeepSeekReadsItsLatentAttentionRouterAndDenseLayers) {
   // The plan cuts q (per head: nope then RoPE), kv_a (latent then RoPE key) and kv_b (per head: key part, transposed,
   // then value part).
   const ModelPlan plan = build_plan(*h, "deepseek2");
-  auto find = [&](const std::string& name) -> const PlannedTensor* {
-    for (const auto& t : plan.shared) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  };
+  auto find = [&](const std::string& name) { return find_planned(plan, name); };
   const auto* q_rope = find("blk.1.attn_q_rope.weight");
   ASSERT_NE(q_rope, nullptr);
   EXPECT_EQ(q_rope->hf_name, "model.layers.1.self_attn.q_proj.weight");
