@@ -73,8 +73,8 @@ sdk::OpParams expert_params(const model::HyperParams& hp, sdk::OpParams params) 
   return params;
 }
 
-// Qwen3-Next's ops beyond the required set.
-constexpr Op kLinearOps[] = {Op::mul, Op::causal_conv, Op::gated_delta_rule, Op::sigmoid};
+// Qwen3-Next's and Qwen3.5's optional ops (their gate's sigmoid is a required one).
+constexpr Op kLinearOps[] = {Op::mul, Op::causal_conv, Op::gated_delta_rule};
 
 // The first gate/up/down tensor of any expert that `compute` cannot run, or null.
 const model::TensorEntry* unsupported_expert_part(const model::Manifest& manifest, const sdk::Compute& compute,
