@@ -242,6 +242,17 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     }
     engine->truncate(static_cast<std::int64_t>(common));
     common = static_cast<std::size_t>(engine->n_past());  // less where sliding-window layers dropped rows it needs
+    // Where a next turn may part from this prompt, the KV cache keeps what it would otherwise lose (checkpoints).
+    g.checkpoints.clear();
+    if (engine->kv_cache().keeps_checkpoints()) {
+      chat::RenderOptions bare = ropt;
+      bare.add_generation_prompt = false;
+      g.checkpoints = chat::parting_positions(messages, ids, [&](std::size_t n) {
+        auto text =
+            tmpl->render(nlohmann::ordered_json(messages.begin(), messages.begin() + static_cast<long>(n)), bare);
+        return text ? std::optional(tok->encode(*text, false)) : std::nullopt;
+      });
+    }
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
     std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
     ReplyPrinter printer(style, *prompt, !o.hide_reasoning);

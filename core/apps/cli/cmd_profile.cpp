@@ -63,7 +63,9 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
     return std::nullopt;
   }
   // The forward chunk is a run's --batch; the default here.
-  const auto windows = engine::kv_windows(man->hparams, engine::EngineOptions{}.ubatch, *sliding);
+  const auto checkpoints = prof.get_int("memory.kv_checkpoints");
+  const auto windows = engine::kv_windows(man->hparams, engine::EngineOptions{}.ubatch, *sliding,
+                                          checkpoints ? *checkpoints : engine::kDefaultKvCheckpoints);
   // The CPU backend has no device memory: the engine ignores a VRAM budget there (with a warning), and so does the
   // plan. Another backend's device is known only once loaded (an integrated GPU shares host RAM): planned as a GPU.
   const std::string backend = prof.get_string("compute.backend");
@@ -94,6 +96,8 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
                    {"kv_bytes", p.kv_bytes},
                    {"kv_sliding_layers", p.kv_sliding_layers},
                    {"kv_sliding_positions", p.kv_sliding_rows},
+                   {"kv_checkpoints", windows.checkpoints},
+                   {"kv_checkpoint_bytes", p.kv_checkpoint_bytes},
                    {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes},
                    {"compute_backend", backend},
                    {"vram_budget_ignored_bytes", no_device_memory ? int_of("memory.vram_budget") : 0}};
@@ -133,6 +137,10 @@ void print_plan(const nlohmann::json& j) {
   if (j["kv_sliding_layers"].get<std::int64_t>() > 0) {
     std::cout << ", but " << j["kv_sliding_layers"] << " sliding-window or chunked-attention layers keep only "
               << j["kv_sliding_positions"] << " positions (memory.kv_sliding_window)";
+  }
+  if (j["kv_checkpoint_bytes"].get<std::uint64_t>() > 0) {
+    std::cout << "; of it, " << sz("kv_checkpoint_bytes") << " for up to " << j["kv_checkpoints"]
+              << " checkpoints (memory.kv_checkpoints)";
   }
   std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
             << " (memory.kv_on_device)\n"

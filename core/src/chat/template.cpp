@@ -314,4 +314,32 @@ sdk::Expected<ChatConfig> chat_config_override(const std::string& name_or_file) 
   return out;
 }
 
+std::vector<std::int64_t> parting_positions(
+    const nlohmann::ordered_json& messages, std::span<const std::int32_t> prompt,
+    const std::function<std::optional<std::vector<std::int32_t>>(std::size_t)>& prefix) {
+  std::vector<std::int64_t> out;
+  if (!messages.is_array()) return out;
+  std::vector<std::size_t> cuts = {messages.size()};  // the generation prompt's start
+  std::optional<std::size_t> first_user, last_user;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || m["role"] != "user") continue;
+    if (!first_user) first_user = i;
+    last_user = i;
+  }
+  for (const auto at : {first_user, last_user}) {
+    if (at && *at > 0) cuts.push_back(*at);
+  }
+  for (const auto n : cuts) {
+    const auto tokens = prefix(n);
+    if (!tokens) continue;
+    const auto shared =
+        std::mismatch(tokens->begin(), tokens->end(), prompt.begin(), prompt.end()).first - tokens->begin();
+    if (shared > 0 && shared < static_cast<std::ptrdiff_t>(prompt.size())) out.push_back(shared);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace colibri::chat

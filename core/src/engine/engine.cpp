@@ -196,6 +196,10 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
     if (!v) return v.error();
     *out = *v;
   }
+  if (!options.kv_checkpoints) {
+    auto v = profile.get_int("memory.kv_checkpoints");
+    options.kv_checkpoints = v ? *v : kDefaultKvCheckpoints;
+  }
   // Both choices were checked as the profile loaded (check_range); empty is the default.
   options.vram_admission = profile.get_string("memory.vram_admission") != "always";
   if (*options.vram_budget_bytes > 0) {
@@ -588,7 +592,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
 
   // KV cache: --ctx, else memory.kv_cache, else the model's context (reserved, paid for as it fills).
   // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
-  kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true));
+  kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true),
+                           options_.kv_checkpoints.value_or(kDefaultKvCheckpoints));
   const auto kv_bytes = [&](std::int64_t n) {
     return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), n,
                               kv_windows_, hp_.mla());
@@ -1102,7 +1107,7 @@ Status Engine::output_head(const Tensor& x, float* logits) {
 }
 
 Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
-                       std::vector<RoutingRecord>* trace) {
+                       std::vector<RoutingRecord>* trace, std::span<const std::int64_t> checkpoints) {
   if (tokens.empty()) return Status(StatusCode::invalid_argument, "no tokens to run");
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= hp_.vocab_size) {
@@ -1127,8 +1132,19 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
                 : wanted == LogitsWanted::last ? V
                                                : 0,
                 0.0f);
-  for (std::int64_t off = 0; off < T; off += options_.ubatch) {
-    const std::int64_t n = std::min(options_.ubatch, T - off);
+  std::vector<std::int64_t> stops;  // offsets a chunk ends at for a checkpoint
+  if (kv_.keeps_checkpoints()) {
+    for (const auto at : checkpoints) {
+      if (at > n_past_ && at <= n_past_ + T) stops.push_back(at - n_past_);
+      // Kept already (this prompt shares them): made the most recently used, so the new ones push out others.
+      if (at <= n_past_) (void)kv_.checkpoint(at);
+    }
+    std::sort(stops.begin(), stops.end());
+  }
+  for (std::int64_t off = 0, n = 0; off < T; off += n) {
+    n = std::min(options_.ubatch, T - off);
+    const auto stop = std::upper_bound(stops.begin(), stops.end(), off);
+    if (stop != stops.end()) n = std::min(n, *stop - off);
     const bool last_chunk = off + n == T;
     LogitsWanted w = wanted == LogitsWanted::all                    ? LogitsWanted::all
                      : (wanted == LogitsWanted::last && last_chunk) ? LogitsWanted::last
@@ -1139,6 +1155,10 @@ Status Engine::forward(std::span<const std::int32_t> tokens, LogitsWanted wanted
                                n_past_ + off, n_past_ + T, w, dst, trace);
         !s) {
       return s;
+    }
+    if (std::binary_search(stops.begin(), stops.end(), off + n)) {
+      // Only a later prompt's reuse depends on it: a checkpoint that cannot be kept costs this run nothing.
+      if (auto s = kv_.checkpoint(n_past_ + off + n); !s) spdlog::warn("KV cache checkpoint: {}", s.message());
     }
   }
   n_past_ += T;

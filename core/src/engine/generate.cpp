@@ -84,9 +84,11 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   std::vector<float> logits;
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
-  if (auto s = engine.forward(prompt, LogitsWanted::last, logits); !s) return s;
-  // A next turn returns here when the reply is not in its prompt (sliding-window layers move on meanwhile).
-  if (auto s = engine.save_window(); !s) return s;
+  // A next turn returns to the prompt's end when the reply is not in its prompt (sliding-window layers move on and
+  // recurrent states sum up the reply meanwhile).
+  std::vector<std::int64_t> checkpoints = options.checkpoints;
+  checkpoints.push_back(engine.n_past() + static_cast<std::int64_t>(prompt.size()));
+  if (auto s = engine.forward(prompt, LogitsWanted::last, logits, nullptr, checkpoints); !s) return s;
   r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   auto emit = [&](const std::string& text) {
     if (text.empty()) return true;

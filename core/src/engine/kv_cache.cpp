@@ -38,13 +38,18 @@ std::int64_t KvCache::layer_positions(std::int64_t window, std::int64_t max_writ
 
 std::uint64_t KvCache::bytes_for(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
                                  std::int64_t context, const KvWindows& windows, bool values_are_keys) {
+  const auto checkpoints = static_cast<std::uint64_t>(std::max<std::int64_t>(0, windows.checkpoints));
   std::uint64_t rows = 0, state_floats = 0;
   for (std::int64_t l = 0; l < layers; ++l) {
     if (const auto st = layer_state(windows, l); st > 0) {
-      state_floats += 2 * static_cast<std::uint64_t>(st);  // the state and save_window()'s copy
+      state_floats += (1 + checkpoints) * static_cast<std::uint64_t>(st);  // the state and its checkpoints' copies
       continue;
     }
-    rows += static_cast<std::uint64_t>(layer_positions(layer_window(windows, l), windows.max_write, context));
+    const auto window = layer_window(windows, l);
+    const auto held = layer_positions(window, windows.max_write, context);
+    rows += static_cast<std::uint64_t>(held);
+    // A checkpoint's copy of a sliding layer: its window, the 64 positions before, and up to 63 from alignment.
+    if (held < context) rows += checkpoints * static_cast<std::uint64_t>(std::min(held, window + 2 * kRowAlign - 1));
   }
   return (values_are_keys ? 1ull : 2ull) * rows * static_cast<std::uint64_t>(kv_heads) *
              sdk::row_bytes(type, head_dim) +
@@ -86,6 +91,9 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.first_.assign(static_cast<std::size_t>(layers), 0);
   c.windows_ = std::move(windows);
   c.total_bytes_ = bytes_for(type, layers, kv_heads, head_dim, context, c.windows_, values_are_keys);
+  KvWindows none = c.windows_;
+  none.checkpoints = 0;
+  c.checkpoint_bytes_ = c.total_bytes_ - bytes_for(type, layers, kv_heads, head_dim, context, none, values_are_keys);
   auto layer_bytes = [&c](std::int64_t l) {
     return c.row_bytes_ * static_cast<std::size_t>(c.kv_heads_ * c.rows_[static_cast<std::size_t>(l)]);
   };
@@ -93,7 +101,6 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
     if (std::any_of(c.windows_.state.begin(), c.windows_.state.end(), [](std::int64_t n) { return n > 0; })) {
       for (std::int64_t l = 0; l < layers; ++l)
         c.state_.emplace_back(static_cast<std::size_t>(layer_state(c.windows_, l)));
-      c.saved_state_.resize(c.state_.size());
       c.state_at_.assign(c.state_.size(), 0);
     }
   } catch (const std::bad_alloc&) {
@@ -139,7 +146,7 @@ sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t p
                                                       " positions; a sliding-window or chunked layer takes at most " +
                                                       std::to_string(windows_.max_write) + " at once");
     }
-    if (position < saved_at_) saved_at_ = position;         // positions from here on are written again
+    forget_after(position);                                 // positions from here on are written again
     const std::int64_t needed = window_start(L, position);  // the first query's first key
     if (position == 0) first_[L] = 0;                       // starting over
     if (needed < first_[L]) {
@@ -206,16 +213,46 @@ bool KvCache::serves(std::int64_t n, const std::vector<std::int64_t>& first) con
 
 std::int64_t KvCache::reusable(std::int64_t n) const {
   n = std::max<std::int64_t>(0, n);
+  std::int64_t best = 0;
   if (has_recurrent()) {
-    // Only where a state is kept: where the states are, else where save_window() copied them.
+    // Only where a state is kept: where the states are, or a checkpoint.
     const std::int64_t cur = state_position();
-    if (cur > 0 && cur <= n && serves(cur, first_)) return cur;
-    if (saved_state_at_ > 0 && saved_state_at_ <= n && state_serves(saved_state_at_)) return saved_state_at_;
-    return 0;
+    if (cur > 0 && cur <= n && serves(cur, first_)) best = cur;
+  } else if (serves(n, first_)) {
+    return n;
   }
-  if (serves(n, first_)) return n;
-  if (saved_at_ > 0 && serves(std::min(n, saved_at_), saved_first_)) return std::min(n, saved_at_);
-  return 0;
+  for (const auto& c : checkpoints_) best = std::max(best, checkpoint_serves(c, n));
+  return best;
+}
+
+std::int64_t KvCache::checkpoint_serves(const Checkpoint& c, std::int64_t n) const {
+  if (c.holds_state()) return c.at <= n && serves(c.at, c.first) ? c.at : 0;
+  const std::int64_t m = std::min(n, c.at);
+  return m > 0 && serves(m, c.first) ? m : 0;
+}
+
+void KvCache::forget_after(std::int64_t position) {
+  std::erase_if(checkpoints_, [&](Checkpoint& c) {
+    if (c.at <= position) return false;
+    if (c.holds_state() || position <= 0 || !serves(position, c.first)) return true;
+    c.at = position;  // its rows up to `position` are still this cache's
+    return false;
+  });
+}
+
+bool KvCache::keeps_checkpoints() const {
+  if (windows_.checkpoints <= 0) return false;
+  for (std::size_t l = 0; l < rows_.size(); ++l) {
+    if (sliding(l) || recurrent(static_cast<std::int64_t>(l))) return true;
+  }
+  return false;
+}
+
+std::vector<std::int64_t> KvCache::checkpoint_positions() const {
+  std::vector<std::int64_t> at;
+  for (const auto& c : checkpoints_) at.push_back(c.at);
+  std::sort(at.begin(), at.end());
+  return at;
 }
 
 bool KvCache::sliding(std::size_t layer) const {
@@ -237,10 +274,6 @@ std::int64_t KvCache::state_position() const {
   return at < 0 ? -1 : at;
 }
 
-bool KvCache::state_serves(std::int64_t m) const {
-  return serves(m, first_) || (saved_at_ >= m && serves(m, saved_first_));
-}
-
 sdk::Expected<float*> KvCache::state_for(std::int64_t layer, std::int64_t position) {
   if (!recurrent(layer)) {
     return Status(StatusCode::internal, "layer " + std::to_string(layer) + " has no recurrent state");
@@ -255,73 +288,87 @@ sdk::Expected<float*> KvCache::state_for(std::int64_t layer, std::int64_t positi
                                                               : "at position " + std::to_string(state_at_[L])) +
                                             ", not " + std::to_string(position) + "; run from position 0 again");
   }
-  if (saved_state_at_ > position) saved_state_at_ = -1;  // positions from here on are run again
-  state_at_[L] = -1;                                     // lost until state_written()
+  forget_after(position);  // positions from here on are run again
+  state_at_[L] = -1;       // lost until state_written()
   return st.data();
 }
 
 std::int64_t KvCache::rewind(std::int64_t n) {
   const std::int64_t kept = reusable(n);
-  if (has_recurrent()) {
-    if (kept == 0) {
-      std::fill(state_at_.begin(), state_at_.end(), 0);  // the next pass starts from zeros
-    } else if (kept != state_position()) {               // the saved states: back where they were copied
-      for (std::size_t l = 0; l < state_.size(); ++l) {
-        if (state_[l].empty()) continue;
-        state_[l] = saved_state_[l];
-        state_at_[l] = kept;
+  const bool live = kept > 0 && (has_recurrent() ? kept == state_position() : serves(kept, first_));
+  Checkpoint* from = nullptr;  // the checkpoint to put back
+  if (!live && kept > 0) {
+    for (auto& c : checkpoints_) {
+      if (checkpoint_serves(c, n) == kept) from = &c;
+    }
+  }
+  if (from != nullptr) {
+    from->used = ++clock_;
+    for (std::size_t l = 0; l < state_.size(); ++l) {
+      if (state_[l].empty()) continue;
+      state_[l] = from->state[l];
+      state_at_[l] = kept;
+    }
+    for (std::size_t l = 0; l < first_.size(); ++l) {
+      if (!sliding(l)) continue;
+      const auto held =
+          static_cast<std::int64_t>(from->k[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
+      if (!rows_from_host(l, 0, 0, held, from->k[l].data()) ||
+          (planes_ == 2 && !rows_from_host(l, 1, 0, held, from->v[l].data()))) {
+        checkpoints_.clear();
+        if (has_recurrent()) std::fill(state_at_.begin(), state_at_.end(), 0);
+        return 0;  // nothing kept: the next pass runs from position 0
       }
+      first_[l] = from->first[l];
     }
-    if (kept < saved_state_at_) saved_state_at_ = -1;
+  } else if (kept == 0 && has_recurrent()) {
+    std::fill(state_at_.begin(), state_at_.end(), 0);  // the next pass starts from zeros
   }
-  if (kept < saved_at_) saved_at_ = kept;  // positions from `kept` on will be written again
-  if (serves(kept, first_)) return kept;
-  for (std::size_t l = 0; l < first_.size(); ++l) {
-    if (!sliding(l)) continue;
-    const auto held =
-        static_cast<std::int64_t>(saved_k_[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
-    if (!rows_from_host(l, 0, 0, held, saved_k_[l].data()) ||
-        (planes_ == 2 && !rows_from_host(l, 1, 0, held, saved_v_[l].data()))) {
-      saved_at_ = 0;
-      return 0;  // nothing kept: the next pass runs from position 0
-    }
-    first_[l] = saved_first_[l];
-  }
+  forget_after(kept);
   return kept;
 }
 
-Status KvCache::save_window(std::int64_t n) {
-  if (has_recurrent()) {
-    saved_state_at_ = -1;
-    if (n > 0 && state_position() == n) {
-      try {
-        for (std::size_t l = 0; l < state_.size(); ++l) saved_state_[l] = state_[l];
-      } catch (const std::bad_alloc&) {
-        return Status(StatusCode::out_of_memory, "no memory to keep the recurrent layers' states");
+Status KvCache::checkpoint(std::int64_t n) {
+  if (!keeps_checkpoints() || n <= 0) return {};
+  for (auto& c : checkpoints_) {
+    if (c.at == n) {  // the same positions: the same rows and states
+      c.used = ++clock_;
+      return {};
+    }
+  }
+  if (!serves(n, first_) || (has_recurrent() && state_position() != n)) return {};
+  Checkpoint c;
+  c.at = n;
+  try {
+    c.first.assign(first_.size(), 0);
+    c.k.resize(first_.size());
+    c.v.resize(first_.size());
+    c.state.resize(state_.size());
+    for (std::size_t l = 0; l < state_.size(); ++l) c.state[l] = state_[l];
+    for (std::size_t l = 0; l < first_.size(); ++l) {
+      if (!sliding(l)) continue;
+      // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
+      const std::int64_t from = std::max(first_[l], window_start(l, n - kRowAlign)) / kRowAlign * kRowAlign;
+      const std::int64_t count = n - from;
+      const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
+      c.k[l].resize(bytes);
+      c.v[l].resize(planes_ == 2 ? bytes : 0);
+      if (auto s = rows_to_host(l, 0, from - first_[l], count, c.k[l].data()); !s) return s;
+      if (planes_ == 2) {
+        if (auto s = rows_to_host(l, 1, from - first_[l], count, c.v[l].data()); !s) return s;
       }
-      saved_state_at_ = n;
+      c.first[l] = from;
     }
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::out_of_memory, "no memory to keep a checkpoint of the KV cache at position " +
+                                                 std::to_string(n) + " (lower memory.kv_checkpoints)");
   }
-  saved_at_ = 0;
-  if (n <= 0 || !serves(n, first_)) return {};
-  saved_first_.assign(first_.size(), 0);
-  saved_k_.resize(first_.size());
-  saved_v_.resize(first_.size());
-  for (std::size_t l = 0; l < first_.size(); ++l) {
-    if (!sliding(l)) continue;
-    // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
-    const std::int64_t from = std::max(first_[l], window_start(l, n - kRowAlign)) / kRowAlign * kRowAlign;
-    const std::int64_t count = n - from;
-    const std::size_t bytes = static_cast<std::size_t>(count * kv_heads_) * row_bytes_;
-    saved_k_[l].resize(bytes);
-    saved_v_[l].resize(planes_ == 2 ? bytes : 0);
-    if (auto s = rows_to_host(l, 0, from - first_[l], count, saved_k_[l].data()); !s) return s;
-    if (planes_ == 2) {
-      if (auto s = rows_to_host(l, 1, from - first_[l], count, saved_v_[l].data()); !s) return s;
-    }
-    saved_first_[l] = from;
+  c.used = ++clock_;
+  if (static_cast<std::int64_t>(checkpoints_.size()) >= windows_.checkpoints) {
+    checkpoints_.erase(std::min_element(checkpoints_.begin(), checkpoints_.end(),
+                                        [](const Checkpoint& a, const Checkpoint& b) { return a.used < b.used; }));
   }
-  saved_at_ = n;
+  checkpoints_.push_back(std::move(c));
   return {};
 }
 
@@ -380,18 +427,21 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
   }
   if (has_recurrent()) {
     const bool current = count > 0 && src.state_position() == count;
-    if (count > 0 && !current && src.saved_state_at_ != count) {
+    const Checkpoint* saved = nullptr;
+    for (const auto& c : src.checkpoints_) {
+      if (c.at == count && c.holds_state()) saved = &c;
+    }
+    if (count > 0 && !current && saved == nullptr) {
       return Status(StatusCode::unsupported, "the source holds no recurrent state at position " +
-                                                 std::to_string(count) + " (only where it is and where it was saved)");
+                                                 std::to_string(count) + " (only where it is and at its checkpoints)");
     }
     for (std::size_t l = 0; l < state_.size(); ++l) {
       if (state_[l].empty()) continue;
-      state_[l] = count == 0 ? std::vector<float>(state_[l].size()) : current ? src.state_[l] : src.saved_state_[l];
+      state_[l] = count == 0 ? std::vector<float>(state_[l].size()) : current ? src.state_[l] : saved->state[l];
       state_at_[l] = count;
     }
-    saved_state_at_ = -1;
   }
-  saved_at_ = 0;
+  checkpoints_.clear();
   for (std::size_t l = 0; l < k_.size(); ++l) {
     const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
     const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;

@@ -31,8 +31,9 @@ std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint
   return lo;
 }
 
-KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding) {
+KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding, std::int64_t checkpoints) {
   KvWindows w;
+  w.checkpoints = checkpoints;
   for (std::int64_t l = 0; !hp.linear_layers.empty() && l < hp.num_layers; ++l) {
     w.state.push_back(hp.layer_is_linear(l) ? hp.linear_state_floats() : 0);
   }
@@ -122,6 +123,10 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);
+  KvWindows none = windows;
+  none.checkpoints = 0;
+  p.kv_checkpoint_bytes = p.kv_bytes - KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(),
+                                                          hp.kv_cache_dim(), p.context, none, hp.mla());
   for (const auto w : windows.window) {
     const auto rows = KvCache::layer_positions(w, windows.max_write, p.context);
     if (rows >= p.context) continue;

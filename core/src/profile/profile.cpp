@@ -42,6 +42,7 @@ const OptionSpec kCanonical[] = {
   {"memory.shared_on_device", OptionType::boolean, "true", "upload the shared (non-expert) weights once into a discrete GPU's memory"},
   {"memory.kv_on_device", OptionType::boolean, "true", "keep the KV cache in a discrete GPU's memory (attention reads it in place)"},
   {"memory.kv_sliding_window", OptionType::boolean, "true", "sliding-window layers (gpt-oss, Mistral) and chunked-attention layers (Llama 4) keep only the KV rows their window or chunk reads (false: every layer keeps the whole context)"},
+  {"memory.kv_checkpoints", OptionType::integer, "4", "copies of a KV cache's sliding-window rows and recurrent states (gpt-oss, Qwen3-Next) kept per sequence where a later prompt may part from this one: its end, its generation prompt's, last message's and system prompt's starts (0: none; a later prompt then reuses only what the cache still holds)"},
   {"memory.activations_on_device", OptionType::boolean, "true", "keep activations in a discrete GPU's memory from op to op (only routing, KV rows and logits cross the bus)"},
   {"memory.kv_cache", OptionType::size, "auto", "KV cache size (auto: the model's context)", true},
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
@@ -116,6 +117,7 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   if (key == "server.port") return int_in(0, 65535);  // 0: a free port, as --port 0
   if (key == "storage.queue_depth") return int_in(1, 4096);
   if (key == "prefetch.layers") return int_in(0, 64);
+  if (key == "memory.kv_checkpoints") return int_in(0, 64);
   if (key == "prefetch.confidence") {
     const auto* d = std::get_if<double>(&v.value);
     if (d != nullptr && !(*d >= 0 && *d <= 64)) {

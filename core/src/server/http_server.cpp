@@ -651,6 +651,7 @@ class Session : public std::enable_shared_from_this<Session> {
     struct PromptPlan {
       std::vector<std::int32_t> tokens;
       std::string echo_text;
+      std::vector<std::int64_t> checkpoints;  // GenerationRequest::checkpoints
     };
     std::vector<PromptPlan> prompts(endpoint == Endpoint::chat ? 1 : req.prompt_count());
     bool opens_reasoning = false;   // the prompt ends inside a <think> block
@@ -690,6 +691,13 @@ class Session : public std::enable_shared_from_this<Session> {
       closes_reasoning = prompt_closes_reasoning(text);
       if (use_harmony) harmony_prompt = text.substr(std::min(text.size(), text.rfind("<|start|>")));
       prompts[0].tokens = srv_.tokenizer.encode(text, /*add_special=*/false);
+      if (srv_.scheduler->keeps_checkpoints()) {
+        prompts[0].checkpoints = chat::parting_positions(req.messages, prompts[0].tokens, [&](std::size_t n) {
+          std::string head;
+          return chat_prompt(req, false, head, n) ? std::nullopt
+                                                  : std::optional(srv_.tokenizer.encode(head, /*add_special=*/false));
+        });
+      }
     }
     const auto ctx = srv_.scheduler->context();
     for (std::size_t p = 0; p < prompts.size(); ++p) {
@@ -813,6 +821,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (i == 0) prompt_group = req.n > 1 ? ++srv_.next_prompt_group : 0;
       auto job = std::make_shared<Job>();
       job->request.prompt = prompts[p].tokens;
+      job->request.checkpoints = prompts[p].checkpoints;
       job->request.max_tokens = req.max_tokens.value_or(ctx - static_cast<std::int64_t>(prompts[p].tokens.size()));
       job->request.stop = req.stop;
       job->request.sampling = req.sampling;
@@ -1180,8 +1189,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // The chat rendered by the model's template into `text` (with the tools when asked for), or the 400 that says why
-  // not.
-  std::optional<ApiError> chat_prompt(const CompletionRequest& req, bool add_generation_prompt, std::string& text) {
+  // not. With `first`, only the first messages, without the generation prompt (chat::parting_positions).
+  std::optional<ApiError> chat_prompt(const CompletionRequest& req, bool add_generation_prompt, std::string& text,
+                                      std::optional<std::size_t> first = std::nullopt) {
     if (!srv_.chat_template) {
       if (!srv_.chat_config.template_origin.empty()) {  // there is one, but it does not parse (said at start)
         return bad_request("This model's chat template (" + srv_.chat_config.template_origin +
@@ -1192,7 +1202,7 @@ class Session : public std::enable_shared_from_this<Session> {
           "server with --chat-template.");
     }
     chat::RenderOptions ro;
-    ro.add_generation_prompt = add_generation_prompt && !req.continue_final_message;
+    ro.add_generation_prompt = add_generation_prompt && !req.continue_final_message && !first;
     ro.bos_token = srv_.chat_config.bos_token;
     ro.eos_token = srv_.chat_config.eos_token;
     ro.extra = req.template_kwargs;
@@ -1203,8 +1213,11 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (!srv_.opt.exclude_tools_when_tool_choice_none) {
       ro.tools = req.tools;
     }
-    nlohmann::ordered_json messages = req.messages;
-    if (req.continue_final_message) {
+    const bool continues = req.continue_final_message && !first;
+    nlohmann::ordered_json messages =
+        first ? nlohmann::ordered_json(req.messages.begin(), req.messages.begin() + static_cast<long>(*first))
+              : req.messages;
+    if (continues) {
       auto& content = messages.back()["content"];
       content = (content.is_string() ? content.get<std::string>() : "") + std::string(kContinueMarker);
     }
@@ -1217,7 +1230,7 @@ class Session : public std::enable_shared_from_this<Session> {
                          "invalid_value");
     }
     text = std::move(*rendered);
-    if (req.continue_final_message) {
+    if (continues) {
       const auto at = text.rfind(kContinueMarker);
       if (at == std::string::npos) {
         return bad_request(

@@ -42,12 +42,14 @@ struct Scheduler::Sequence {
   std::int64_t cached = 0;                          // prompt tokens reused from an earlier request's KV cache
   std::optional<engine::JsonAnswer> json;           // JSON mode
   std::vector<std::uint8_t> allowed;                // JSON mode: this step's token mask
+  std::vector<std::int64_t> checkpoints;            // prompt positions its KV cache keeps a checkpoint at, ascending
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
     : engine_(engine), tokenizer_(tokenizer), options_(std::move(options)) {
   context_ = engine_.context();
   vocab_ = engine_.vocab_size();
+  keeps_checkpoints_ = engine_.kv_cache().keeps_checkpoints();
   eos_ = engine_.hparams().eos_token_ids;
   if (auto rope = engine::RopeFrequencies::create(engine_.hparams())) same_kv_up_to_ = rope->same_kv_up_to();
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
@@ -377,9 +379,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
             std::min(chunk, std::max<std::size_t>(1, (std::size_t{64} << 20) / (static_cast<std::size_t>(vocab_) * 4)));
       }
       std::size_t n = std::min<std::size_t>(prompt.size() - seq.prompt_done, chunk);
-      // A recurrent model's cache serves a next request only where a state was kept: the prompt's last token runs
-      // on its own, so the state before it is saved (the same prompt again; one sharing the prompt, not the reply).
-      if (seq.state->kv.has_recurrent() && n > 1 && seq.prompt_done + n == prompt.size()) --n;
+      // The chunk ends at the next checkpoint, which the KV cache keeps after this pass.
+      const auto next =
+          std::upper_bound(seq.checkpoints.begin(), seq.checkpoints.end(), static_cast<std::int64_t>(seq.prompt_done));
+      if (next != seq.checkpoints.end()) n = std::min(n, static_cast<std::size_t>(*next) - seq.prompt_done);
       item.tokens = std::span<const std::int32_t>(prompt.data() + seq.prompt_done, n);
       item.pass_end = static_cast<std::int64_t>(prompt.size());  // as one pass over the prompt (dynamic rope)
       if (seq.job->request.prompt_logprobs) {
@@ -435,16 +438,13 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       if (seq.prefilled || seq.done) continue;
       if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
       seq.prompt_done += items[i].tokens.size();
-      const std::size_t prompt_size = seq.job->request.prompt.size();
-      const bool recurrent = seq.state->kv.has_recurrent();
-      // A next request returns to the prompt's end when it does not share the reply (sliding-window layers), or to
-      // the state before its last token (recurrent layers).
-      if (seq.prompt_done == (recurrent ? prompt_size - 1 : prompt_size)) {
-        if (auto saved = seq.state->kv.save_window(seq.state->n_past); !saved) {
-          spdlog::warn("keeping the prompt's sliding-window KV rows or recurrent states: {}", saved.message());
+      if (std::binary_search(seq.checkpoints.begin(), seq.checkpoints.end(),
+                             static_cast<std::int64_t>(seq.prompt_done))) {
+        if (auto kept = seq.state->kv.checkpoint(seq.state->n_past); !kept) {
+          spdlog::warn("keeping a KV cache checkpoint: {}", kept.message());
         }
       }
-      if (seq.prompt_done == prompt_size) seq.prefilled = true;
+      if (seq.prompt_done == seq.job->request.prompt.size()) seq.prefilled = true;
     }
   }
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -512,6 +512,7 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     seq.state->n_past = reuse;
     seq.prompt_done = static_cast<std::size_t>(reuse);
     seq.cached = reuse;
+    plan_checkpoints(seq);
     std::lock_guard lock(mu_);
     stats_.cached_prompt_tokens += static_cast<std::uint64_t>(reuse);
   };
@@ -521,7 +522,11 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   // old one is cut, as before.
   if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size() &&
       states_made_ < static_cast<std::size_t>(options_.max_batch) && sibling == nullptr) {
-    if (const auto copied = reusable(free_states_[best].tokens.size()); copied > 0) {
+    // A recurrent cache copies a state it keeps: where it is, or a checkpoint.
+    const auto& held = free_states_[best].state->kv;
+    if (const auto copied = held.has_recurrent() ? held.reusable(reusable(free_states_[best].tokens.size()))
+                                                 : reusable(free_states_[best].tokens.size());
+        copied > 0) {
       if (auto st = engine_.new_sequence()) {
         ++states_made_;
         if ((*st)->kv.copy_prefix_from(free_states_[best].state->kv, copied)) {
@@ -561,6 +566,28 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     reuse = shared;  // the sibling ran the same prompt: its rows are this choice's
   }
   start_at(reuse);
+}
+
+void Scheduler::plan_checkpoints(Sequence& seq) {
+  seq.checkpoints.clear();
+  auto& kv = seq.state->kv;
+  if (!kv.keeps_checkpoints()) return;
+  // The prompt's end: a recurrent cache's state before the last token, which always runs (the first token's logits),
+  // so that the same prompt, or one sharing all of it but not the reply, reuses all it can.
+  const auto size = static_cast<std::int64_t>(seq.job->request.prompt.size());
+  const std::int64_t end = kv.has_recurrent() ? size - 1 : size;
+  for (const auto at : seq.job->request.checkpoints) {
+    if (at > 0 && at < end) seq.checkpoints.push_back(at);
+  }
+  if (end > 0) seq.checkpoints.push_back(end);
+  std::sort(seq.checkpoints.begin(), seq.checkpoints.end());
+  seq.checkpoints.erase(std::unique(seq.checkpoints.begin(), seq.checkpoints.end()), seq.checkpoints.end());
+  // Those this prompt shares with what the cache held are kept already: made the most recently used, so the new ones
+  // push out others (a system prompt's outlives an earlier turn's end).
+  for (const auto at : seq.checkpoints) {
+    if (at > seq.state->n_past) break;
+    if (auto kept = kv.checkpoint(at); !kept) spdlog::warn("keeping a KV cache checkpoint: {}", kept.message());
+  }
 }
 
 void Scheduler::release_state(Sequence& seq) {

@@ -497,6 +497,52 @@ class Chat(unittest.TestCase):
         self.assertEqual(reused(window), reused(full))
         self.assertGreater(reused(full)[1], 500)
 
+    def test_next_turn_of_a_recurrent_model_returns_to_a_checkpoint(self):
+        # Qwen3-Next's recurrent states sum up every position, so a turn can return only where a state was kept. This
+        # template opens "<think>" in the prompt and drops it from the history: the next turn shares the prompt up to
+        # the generation prompt, where a checkpoint was kept (memory.kv_checkpoints), and the transcript is a cold
+        # run's. Without checkpoints the turn runs from position 0.
+        ckpt, out = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt], check=True,
+                           capture_output=True)
+            cli("convert", "--input", ckpt, "--output", out)
+        template = os.path.join(WORK, "think_dropped.jinja")
+        with open(template, "w") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        turns = "what does the river say\nand then what\n"
+        args = ["chat", "-m", out, "-n", "5", "--temp", "0", "--template", template, "--system", "Be brief."]
+        kept = cli(*args, stdin=turns)
+        none = cli(*args, "--set", "memory.kv_checkpoints=0", stdin=turns)
+        self.assertEqual(kept.stdout, none.stdout)
+        reused = lambda p: [int(x.split(" reused")[0].rsplit(", ", 1)[1]) for x in p.stderr.splitlines()
+                            if " reused from the cache" in x]
+        prompt = lambda p: [int(x.split(" prompt tokens")[0].rsplit("(", 1)[1]) for x in p.stderr.splitlines()
+                            if " reused from the cache" in x]
+        self.assertEqual(reused(none), [0, 0])
+        # The first turn's prompt less its generation prompt: the tokens it shares with the whole prompt.
+        bare = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nwhat does the river say<|im_end|>\n"
+        ids = lambda text: json.loads(cli("tokenize", "-m", out, "--text", text).stdout)["ids"]
+        whole = ids(bare + "<|im_start|>assistant\n<think>\n")
+        bare = next(i for i, (a, b) in enumerate(zip(ids(bare) + [None], whole)) if a != b)
+        self.assertEqual(prompt(kept)[0], len(whole))
+        self.assertEqual(reused(kept)[0], 0)
+        self.assertGreater(prompt(kept)[0], bare)
+        self.assertEqual(reused(kept)[1], bare)
+        # The plan counts the checkpoints' copies of the states: 4 by default, each every linear layer's.
+        with open(os.path.join(out, "manifest.json")) as f:
+            hp = json.load(f)["hparams"]
+        conv = 2 * hp["linear_k_heads"] * hp["linear_k_dim"] + hp["linear_v_heads"] * hp["linear_v_dim"]
+        state = conv * (hp["linear_conv_kernel"] - 1) + hp["linear_v_heads"] * hp["linear_k_dim"] * hp["linear_v_dim"]
+        plan = lambda *flags: json.loads(cli("profile", "show", "--model", out, "--ctx", "64", "--json",
+                                             *flags).stdout)["memory_plan"]
+        self.assertEqual(plan()["kv_checkpoint_bytes"], 4 * len(hp["linear_layers"]) * state * 4)
+        self.assertEqual(plan()["kv_bytes"] - plan("--set", "memory.kv_checkpoints=0")["kv_bytes"],
+                         plan()["kv_checkpoint_bytes"])
+        self.assertIn("for up to 4 checkpoints (memory.kv_checkpoints)",
+                      cli("profile", "show", "--model", out, "--ctx", "64").stdout)
+
     def test_commands_typos_and_failed_turns(self):
         p = cli("chat", "-m", model(), "-n", "2", stdin="/help\n/bogus\n/quit\nnever sent\n")
         self.assertIn("commands: /reset forgets the conversation", p.stderr)
@@ -1029,6 +1075,7 @@ class MemoryPlan(unittest.TestCase):
         self.assertEqual((plan["vram_slots"], plan["vram_expert_bytes"]), (3, 3 * slot))
         kv = 64 * 2 * hp["num_layers"] * hp["num_kv_heads"] * hp["head_dim"] * 2  # K and V, f16
         self.assertEqual((plan["context"], plan["kv_bytes"]), (64, kv))
+        self.assertEqual(plan["kv_checkpoint_bytes"], 0, "full attention alone needs no checkpoint")
         self.assertEqual(plan["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + kv)
         # The cpu backend has no device memory: a run ignores the VRAM budget (warned), and the plan says so.
         on_cpu = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)[

@@ -1005,6 +1005,77 @@ class Api(unittest.TestCase):
             if cold is not None:
                 self.assertEqual(cold.stop(), 0)
 
+    def test_prompt_cache_checkpoints_in_a_chat(self):
+        # A recurrent model's chat, and a sliding-window one's past its window, keep checkpoints
+        # (memory.kv_checkpoints) where a later prompt may part from it: the generation prompt's start (the next
+        # turn's history drops the "<think>" this template opens), the last user message's (an edited message) and
+        # the system prompt's end (another conversation). Each later prompt reuses up to one of them (the sliding
+        # model's rows may still serve more of the next turn), and every answer is a cold run's.
+        ckpt, recurrent = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
+        if not os.path.exists(os.path.join(recurrent, "manifest.json")):
+            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
+                           capture_output=True)
+            subprocess.run([CLI, "convert", "--input", ckpt, "--output", recurrent, "--quantize", "f32"], check=True,
+                           capture_output=True)
+        template = os.path.join(WORK, "think_dropped.jinja")
+        with open(template, "w") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        # Messages longer than the window model's 192 rows (window 4, chunks of 8), so its rows move past each start.
+        words = lambda seed, n: " ".join("rain snow wind sun cloud fog hail storm".split()[(seed + i * 3) % 8]
+                                         for i in range(n))
+        system = {"role": "system", "content": "You answer questions about the weather. " + words(1, 60)}
+        first = [system, {"role": "user", "content": "Is it raining? " + words(2, 60)}]
+        cached = lambda r: r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        # Qwen3-Next's cold server keeps no checkpoint (so reuses nothing here); the window model's keeps every row.
+        for name, model, extra, cold_extra in (
+                ("tiny-qwen3_next", recurrent, (), ("--set", "memory.kv_checkpoints=0")),
+                ("tiny-window", patched_model("window", sliding_window=4), ("--batch", "8"),
+                 ("--set", "memory.kv_sliding_window=false"))):
+            args = ("--model", model, "--chat-template", template, "--ctx", "2048")
+            warm, cold = Server(*args, *extra), Server(*args, *cold_extra)
+            try:
+                def tokens(messages, generation=True):
+                    status, r = warm.json("POST", "/tokenize", {"messages": messages,
+                                                                "add_generation_prompt": generation})
+                    self.assertEqual(status, 200, r)
+                    return r["tokens"]
+
+                def parts_at(head, messages):  # the tokens the prompt of `messages` shares with `head` rendered bare
+                    a, b = tokens(head, False), tokens(messages)
+                    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+                def ask(messages, want_cached, at_least=False):
+                    req = {"model": name, "messages": messages, "max_tokens": 4, "temperature": 0}
+                    status, r = warm.json("POST", "/v1/chat/completions", req)
+                    self.assertEqual(status, 200, r)
+                    if at_least:
+                        self.assertGreaterEqual(cached(r), want_cached, (name, messages))
+                    else:
+                        self.assertEqual(cached(r), want_cached, (name, messages))
+                    status, fresh = cold.json("POST", "/v1/chat/completions", req)
+                    self.assertEqual(status, 200, fresh)
+                    if name == "tiny-qwen3_next":
+                        self.assertEqual(cached(fresh), 0, "no checkpoints: nothing this prompt shares is kept")
+                    self.assertEqual(fresh["choices"][0]["message"], r["choices"][0]["message"], (name, messages))
+                    return r["choices"][0]["message"]["content"]
+
+                reply = ask(first, 0)
+                second = first + [{"role": "assistant", "content": reply},
+                                  {"role": "user", "content": "And tomorrow? " + words(3, 60)}]
+                generation = parts_at(first, first)
+                self.assertLess(generation, len(tokens(first)) - 2, "the generation prompt is more than one token")
+                self.assertGreater(len(tokens(first)), 250)
+                # Not the prompt's end: the history has no "<think>".
+                ask(second, generation, at_least=name == "tiny-window")
+                edited = second[:-1] + [{"role": "user", "content": "And next week? " + words(4, 60)}]
+                ask(edited, parts_at(second[:-1], second))
+                other = [system, {"role": "user", "content": "Will it snow in the mountains? " + words(5, 60)}]
+                ask(other, parts_at([system], first))
+            finally:
+                self.assertEqual(warm.stop(), 0)
+                self.assertEqual(cold.stop(), 0)
+
     def test_fill_in_the_middle(self):
         # completions' suffix: PREFIX prompt SUFFIX suffix MIDDLE with the model's FIM tokens (Qwen's spelling
         # here, added to a copy of the tiny model's tokenizer at ids its embedding already has).

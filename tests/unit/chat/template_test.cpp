@@ -555,5 +555,54 @@ TEST(ChatConfig, AChatTemplateJinjaFileWinsAndTheArchitectureNamesTheFallback) {
   fs::remove_all(dir);
 }
 
+// Where a later prompt may part from a chat's: the generation prompt's start, the last user message's and the first
+// one's, as token counts the prompt starts with (one token per byte here).
+TEST(PartingPositions, AreWhereTheGenerationPromptAndTheUserMessagesStart) {
+  auto t = Template::parse(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}");
+  ASSERT_TRUE(t) << t.error().message();
+  const ojson messages = ojson::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+      {"role": "user", "content": "Why?"}])");
+  auto bytes = [](const std::string& text) { return std::vector<std::int32_t>(text.begin(), text.end()); };
+  RenderOptions with;
+  with.add_generation_prompt = true;
+  const auto full = t->render(messages, with);
+  ASSERT_TRUE(full);
+  const auto prompt = bytes(*full);
+  std::vector<std::size_t> asked;
+  auto head = [&](std::size_t n) -> std::optional<std::vector<std::int32_t>> {
+    asked.push_back(n);
+    auto text = t->render(ojson(messages.begin(), messages.begin() + static_cast<long>(n)), RenderOptions{});
+    return text ? std::optional(bytes(*text)) : std::nullopt;
+  };
+  const auto at = parting_positions(messages, prompt, head);
+  const std::int64_t system = std::string("<|im_start|>system\nBe brief.<|im_end|>\n").size();
+  const std::int64_t last =
+      system + std::string("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n").size();
+  const std::int64_t generation = last + std::string("<|im_start|>user\nWhy?<|im_end|>\n").size();
+  EXPECT_EQ(at, (std::vector<std::int64_t>{system, last, generation}));
+  EXPECT_EQ(prompt.size() - static_cast<std::size_t>(generation),
+            std::string("<|im_start|>assistant\n<think>\n").size());
+  std::sort(asked.begin(), asked.end());
+  EXPECT_EQ(asked, (std::vector<std::size_t>{1, 3, 4}));
+  // No system message: the first user message starts at 0, no position. A prefix the template will not render, or
+  // renders otherwise: skipped, or as much of it as the prompt starts with.
+  const ojson plain(messages.begin() + 1, messages.end());
+  const auto plain_prompt = bytes(*t->render(plain, with));
+  auto failing = [&](std::size_t n) -> std::optional<std::vector<std::int32_t>> {
+    if (n == plain.size()) return std::nullopt;
+    auto text = t->render(ojson(plain.begin(), plain.begin() + static_cast<long>(n)), RenderOptions{});
+    auto tokens = bytes(*text);
+    tokens.push_back('!');  // rendered otherwise after these
+    return tokens;
+  };
+  const std::int64_t edited =
+      std::string("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n").size();
+  EXPECT_EQ(parting_positions(plain, plain_prompt, failing), (std::vector<std::int64_t>{edited}));
+  EXPECT_TRUE(parting_positions(ojson::object(), plain_prompt, failing).empty()) << "not a list of messages";
+}
+
 }  // namespace
 }  // namespace colibri::chat

@@ -92,8 +92,9 @@ TEST(MemoryPlan, SlidingWindowLayersKeepTheirRowsAndLeaveTheBudgetToTheOthers) {
   m.hparams.max_position_embeddings = 100000;
   m.hparams.sliding_window = 100;
   m.hparams.sliding_layers = {0};
-  const auto windows = kv_windows(m.hparams, 16, true);
+  const auto windows = kv_windows(m.hparams, 16, true, 0);  // no checkpoints (below)
   EXPECT_EQ(windows.window, (std::vector<std::int64_t>{100, 0}));
+  EXPECT_EQ(kv_windows(m.hparams, 16, true).checkpoints, kDefaultKvCheckpoints);
   EXPECT_TRUE(kv_windows(m.hparams, 16, false).window.empty()) << "memory.kv_sliding_window: false";
   const std::uint64_t per_layer_position = 2u * 2 * 64 * 2;    // K and V, 2 heads of 64 in f16
   const std::uint64_t budget = 2000 * 2 * per_layer_position;  // 2000 positions of both layers
@@ -107,6 +108,11 @@ TEST(MemoryPlan, SlidingWindowLayersKeepTheirRowsAndLeaveTheBudgetToTheOthers) {
   EXPECT_EQ(sliding->kv_bytes, (384u + 3616u) * per_layer_position);
   EXPECT_EQ(sliding->kv_sliding_layers, 1);
   EXPECT_EQ(sliding->kv_sliding_rows, 384);
+  // Each checkpoint (memory.kv_checkpoints) copies up to 227 rows of the sliding layer (100 + 127): less context.
+  auto kept = plan_memory(m, 1u << 20, 0, 0, budget, sdk::DType::f16, 0, kv_windows(m.hparams, 16, true, 4));
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->context, 4000 - 384 - 4 * 227);
+  EXPECT_EQ(kept->kv_sliding_rows, 384);
   EXPECT_EQ(largest_context(
                 1000, [](std::int64_t n) { return static_cast<std::uint64_t>(n * n); }, 50),
             31);

@@ -345,7 +345,8 @@ TEST(KvCache, SlidingLayersKeepOnlyTheRowsTheirWindowReads) {
   EXPECT_EQ(KvCache::layer_positions(0, max_write, context), context);
   auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, context, nullptr, {{0, window}, max_write, {}});
   ASSERT_TRUE(c) << c.error().message();
-  EXPECT_EQ(c->bytes(), 2u * (4096u + 384u) * 32u * 4u) << "the full layer keeps the context, the sliding one 384";
+  EXPECT_EQ(c->bytes(), 2u * (4096u + 384u + 227u) * 32u * 4u)
+      << "the full layer keeps the context, the sliding one 384, and its checkpoint's copy up to 100 + 127";
   EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 2, 1, 32, context, {{0, window}, max_write, {}}));
   EXPECT_EQ(c->max_write(), max_write);
   std::vector<float> k, v;
@@ -415,7 +416,9 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
       auto dev = KvCache::create(type, 2, 1, 32, 2048, gpu, windows);
       auto host = KvCache::create(type, 2, 1, 32, 2048, nullptr, windows);
       ASSERT_TRUE(dev && host) << dev.error().message();
-      EXPECT_EQ(gpu->allocated, dev->bytes());
+      EXPECT_EQ(gpu->allocated, dev->bytes() - dev->checkpoint_bytes()) << "checkpoints are copies in host memory";
+      EXPECT_EQ(dev->checkpoint_bytes(), 2u * (70u + 127u) * sdk::row_bytes(type, 32))
+          << "one checkpoint: K and V of the window, the 64 positions before it and 63 of alignment";
       std::vector<float> k, v;
       for (std::int64_t p = 0; p < 700; p += 7) {
         rows_of(p, 7, k, v);
@@ -437,8 +440,8 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
       }
       EXPECT_GT(dev->first_position(1), 0);
       // A saved window goes down and comes back up to the host cache's bytes.
-      ASSERT_TRUE(dev->save_window(700));
-      ASSERT_TRUE(host->save_window(700));
+      ASSERT_TRUE(dev->checkpoint(700));
+      ASSERT_TRUE(host->checkpoint(700));
       for (std::int64_t p = 700; p < 1200; p += 7) {
         rows_of(p, 7, k, v);
         for (std::int64_t l = 0; l < 2; ++l) {
@@ -479,7 +482,7 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
     }
   };
   run_to(0, 1000);
-  ASSERT_TRUE(c->save_window(1000));
+  ASSERT_TRUE(c->checkpoint(1000));
   run_to(1000, 2000);  // the reply
   ASSERT_GT(c->first_position(0), 1000 - window);
   // Saved: what 1000 and the 64 positions before it read, i.e. from 832 (1000 - 99 - 64, to 64s).
@@ -510,12 +513,12 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
     for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(d->write(l, p, 10, k.data(), v.data()));
   }
   EXPECT_EQ(d->rewind(500), 0);
-  ASSERT_TRUE(d->save_window(500));  // not held any more: nothing saved
+  ASSERT_TRUE(d->checkpoint(500));  // not held any more: nothing saved
   EXPECT_EQ(d->reusable(500), 0);
 }
 
 // Recurrent layers (Qwen3-Next's gated delta rule) keep a state instead of rows: the cache serves only where a
-// state is kept, where it is now and where save_window() copied it, and a copy needs one of those at its count.
+// state is kept, where it is now and where checkpoint() copied it, and a copy needs one of those at its count.
 TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   const KvWindows windows{{}, 0, {0, 6}};  // layer 0 attends, layer 1 carries 6 floats
   auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
@@ -547,7 +550,7 @@ TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   auto wrong = c->state_for(1, 3);
   ASSERT_FALSE(wrong);
   EXPECT_NE(wrong.error().message().find("at position 5, not 3"), std::string::npos) << wrong.error().message();
-  ASSERT_TRUE(c->save_window(5));
+  ASSERT_TRUE(c->checkpoint(5));
   run(5, 9, 2.0f);  // the reply
   EXPECT_EQ(c->reusable(9), 9);
   EXPECT_EQ(c->reusable(7), 5) << "back to the saved state";
@@ -578,6 +581,118 @@ TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   run(0, 4, 4.0f);
   EXPECT_EQ(c->reusable(5), 4);
   EXPECT_EQ(c->reusable(3), 0);
+}
+
+// Several checkpoints (memory.kv_checkpoints): a later prompt returns to the furthest one it shares; positions run
+// again forget those past them; one more than the cache keeps pushes out the least recently made or returned to.
+TEST(KvCache, CheckpointsKeepSeveralStatesAndForgetTheLeastRecentlyUsed) {
+  KvWindows windows{{}, 0, {0, 6}};
+  windows.checkpoints = 3;
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->keeps_checkpoints());
+  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 1, 1, 32, 64) + 4 * 6 * sizeof(float))
+      << "the state and three checkpoints' copies";
+  EXPECT_EQ(c->checkpoint_bytes(), 3 * 6 * sizeof(float));
+  // Each pass leaves the state filled with its end position.
+  auto run = [&](std::int64_t from, std::int64_t to) {
+    std::vector<float> k, v;
+    rows_of(from, to - from, k, v);
+    ASSERT_TRUE(c->write(0, from, to - from, k.data(), v.data()));
+    auto st = c->state_for(1, from);
+    ASSERT_TRUE(st) << st.error().message();
+    if (from > 0) {
+      ASSERT_EQ((*st)[0], static_cast<float>(from)) << "the state a pass from " << from << " starts with";
+    }
+    std::fill(*st, *st + 6, static_cast<float>(to));
+    c->state_written(1, to);
+  };
+  auto state_at = [&](std::int64_t at) {
+    auto st = c->state_for(1, at);
+    if (!st) return -1.0f;
+    c->state_written(1, at);
+    return (*st)[3];
+  };
+  run(0, 5);
+  ASSERT_TRUE(c->checkpoint(5));
+  run(5, 10);
+  ASSERT_TRUE(c->checkpoint(10));
+  ASSERT_TRUE(c->checkpoint(7)) << "no state at 7: nothing kept, no error";
+  run(10, 15);
+  ASSERT_TRUE(c->checkpoint(15));
+  run(15, 20);
+  EXPECT_EQ(c->checkpoint_positions(), (std::vector<std::int64_t>{5, 10, 15}));
+  EXPECT_EQ(c->reusable(20), 20);
+  EXPECT_EQ(c->reusable(17), 15);
+  EXPECT_EQ(c->reusable(12), 10);
+  EXPECT_EQ(c->reusable(9), 5);
+  EXPECT_EQ(c->reusable(4), 0);
+  // Back to 10: its state, and 15 is forgotten (positions from 10 on will be run again).
+  EXPECT_EQ(c->rewind(12), 10);
+  EXPECT_EQ(state_at(10), 10.0f);
+  EXPECT_EQ(c->checkpoint_positions(), (std::vector<std::int64_t>{5, 10}));
+  run(10, 14);
+  ASSERT_TRUE(c->checkpoint(14));
+  run(14, 18);
+  // A fourth: 5, made first and never returned to, goes (10 was returned to).
+  ASSERT_TRUE(c->checkpoint(18));
+  EXPECT_EQ(c->checkpoint_positions(), (std::vector<std::int64_t>{10, 14, 18}));
+  // Asking again for one it keeps makes it the most recent: the next one pushes out 14, not 10.
+  ASSERT_TRUE(c->checkpoint(10));
+  run(18, 21);
+  ASSERT_TRUE(c->checkpoint(21));
+  EXPECT_EQ(c->checkpoint_positions(), (std::vector<std::int64_t>{10, 18, 21}));
+  EXPECT_EQ(c->rewind(20), 18);
+  EXPECT_EQ(state_at(18), 18.0f);
+  // A copy takes a state from a checkpoint too.
+  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
+  ASSERT_TRUE(d);
+  ASSERT_TRUE(d->copy_prefix_from(*c, 10));
+  EXPECT_EQ(d->reusable(64), 10);
+  EXPECT_TRUE(d->checkpoint_positions().empty()) << "a copy starts with none of its own";
+  EXPECT_FALSE(d->copy_prefix_from(*c, 14)) << "14 was pushed out";
+  // None kept (memory.kv_checkpoints: 0), or nothing that needs one (full attention alone): nothing is kept.
+  windows.checkpoints = 0;
+  auto e = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
+  ASSERT_TRUE(e);
+  EXPECT_FALSE(e->keeps_checkpoints());
+  EXPECT_EQ(e->checkpoint_bytes(), 0u);
+  auto full = KvCache::create(sdk::DType::f32, 2, 1, 32, 64);
+  ASSERT_TRUE(full);
+  EXPECT_FALSE(full->keeps_checkpoints());
+  ASSERT_TRUE(full->checkpoint(0));
+  EXPECT_TRUE(full->checkpoint_positions().empty());
+}
+
+// Sliding layers' checkpoints: each serves its position and the 64 before it, after the rows moved on; the furthest
+// one that serves is put back.
+TEST(KvCache, SlidingLayersReturnToTheFurthestCheckpointThatServes) {
+  const std::int64_t window = 100;
+  KvWindows windows{{window, 0}, 16, {}};
+  windows.checkpoints = 2;
+  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
+  ASSERT_TRUE(c);
+  std::vector<float> k, v;
+  auto run_to = [&](std::int64_t from, std::int64_t to) {
+    for (std::int64_t p = from; p < to; p += 10) {
+      rows_of(p, 10, k, v);
+      for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c->write(l, p, 10, k.data(), v.data()));
+    }
+  };
+  run_to(0, 500);
+  ASSERT_TRUE(c->checkpoint(500));  // a system prompt's end
+  run_to(500, 1000);
+  ASSERT_TRUE(c->checkpoint(1000));  // the prompt's end
+  run_to(1000, 2000);
+  EXPECT_EQ(c->reusable(1500), 1000);
+  EXPECT_EQ(c->reusable(990), 990);
+  EXPECT_EQ(c->reusable(900), 500) << "reads from 801, before the second checkpoint's rows: back to the first";
+  EXPECT_EQ(c->reusable(499), 499);
+  EXPECT_EQ(c->rewind(800), 500);
+  expect_window_held(*c, 0, window, 499, 1, "back to the first checkpoint");
+  EXPECT_EQ(c->checkpoint_positions(), (std::vector<std::int64_t>{500})) << "1000 is past the positions run again";
+  run_to(500, 700);
+  expect_window_held(*c, 0, window, 690, 10, "running on from the checkpoint");
 }
 
 }  // namespace

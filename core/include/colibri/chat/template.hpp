@@ -12,12 +12,16 @@
 // render that exceeds its step budget all fail with an error naming the line, never a crash or a hang.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "colibri/sdk/status.hpp"
 
@@ -57,6 +61,16 @@ std::optional<std::string_view> builtin_template(std::string_view family);
 // The built-in family for a model of this architecture that ships no template ("" when none fits it better than a
 // guess from its special tokens): what `chat` and the server both use.
 std::string family_for_architecture(std::string_view architecture);
+
+// Where a later prompt is likely to part from this chat's (`prompt`: its messages rendered with the generation
+// prompt, as tokens): where the generation prompt starts (a next turn's history drops the reply's reasoning), where
+// the last user message starts (the user edits it) and where the first one does (another conversation with the same
+// system prompt); a KV cache keeps checkpoints there. prefix(n) gives the tokens of the first n messages rendered
+// without the generation prompt (nullopt where that fails); each position is how many of those tokens `prompt`
+// starts with, kept where it is in (0, prompt.size()). Ascending, without repeats.
+std::vector<std::int64_t> parting_positions(
+    const nlohmann::ordered_json& messages, std::span<const std::int32_t> prompt,
+    const std::function<std::optional<std::vector<std::int32_t>>(std::size_t)>& prefix);
 
 // What tokenizer_config.json says about chat formatting.
 struct ChatConfig {

@@ -48,6 +48,7 @@ struct EngineOptions {
   std::optional<bool> shared_on_device;             // overrides memory.shared_on_device
   std::optional<bool> kv_on_device;                 // overrides memory.kv_on_device
   std::optional<bool> kv_sliding_window;            // overrides memory.kv_sliding_window
+  std::optional<std::int64_t> kv_checkpoints;       // overrides memory.kv_checkpoints
   std::optional<bool> activations_on_device;        // overrides memory.activations_on_device
   bool vram_admission = true;                       // memory.vram_admission: frequency (true) | always
   // compute.cpu_fallback's cost model: host-to-device and CPU expert rates in GB/s (0: measured at load).
@@ -99,9 +100,11 @@ class Engine {
 
   // Runs `tokens` at positions n_past() .. n_past()+T-1 and appends them to the KV cache. Fills `logits` with
   // [rows x vocab] floats: every position (all), the last one (last) or nothing. `trace` (may be null) receives the
-  // routing of every token in every sparse layer. Errors leave n_past() unchanged.
+  // routing of every token in every sparse layer. Errors leave n_past() unchanged. The KV cache keeps a checkpoint
+  // (KvCache::checkpoint) at each of `checkpoints` (positions) this run passes or ends at, where it keeps any; the
+  // run stops there for it, which never changes a result (as --batch).
   sdk::Status forward(std::span<const std::int32_t> tokens, LogitsWanted wanted, std::vector<float>& logits,
-                      std::vector<RoutingRecord>* trace = nullptr);
+                      std::vector<RoutingRecord>* trace = nullptr, std::span<const std::int64_t> checkpoints = {});
 
   // --- Several sequences in one step (continuous batching) ---
   // A sequence with its own KV cache (this engine's context and KV type) and position.
@@ -127,10 +130,9 @@ class Engine {
 
   void reset() { n_past_ = 0; }
   // Forgets positions >= n (n <= n_past()), or more where a sliding-window layer no longer holds the rows position n
-  // needs: back to the saved window (save_window) if that serves, else every position. n_past() tells which.
+  // needs, or a recurrent layer's state is not kept for: back to a checkpoint that serves, else every position.
+  // n_past() tells which.
   void truncate(std::int64_t n) { n_past_ = kv_.rewind(std::min(n_past_, std::max<std::int64_t>(0, n))); }
-  // Saves the sliding-window layers' rows at n_past() (a prompt's end), for truncate() to return to.
-  sdk::Status save_window() { return kv_.save_window(n_past_); }
   [[nodiscard]] std::int64_t n_past() const { return n_past_; }
   [[nodiscard]] std::int64_t context() const { return kv_.context(); }
   [[nodiscard]] std::int64_t vocab_size() const { return hp_.vocab_size; }

@@ -28,6 +28,9 @@ struct GenerateOptions {
   SamplingOptions sampling;
   bool json_object = false;  // JSON mode: only tokens that keep the text one valid JSON object; stops when it closes
   std::shared_ptr<const JsonSchema> json_schema;  // with json_object: the object must also conform to this
+  // KV cache positions where a next prompt may part from this one (a chat's last message, its system prompt): the
+  // cache keeps a checkpoint there, and at the prompt's end, where it keeps any (KvCache::checkpoint).
+  std::vector<std::int64_t> checkpoints;
 };
 
 struct GenerateResult {

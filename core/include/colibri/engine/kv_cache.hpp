@@ -9,6 +9,7 @@
 // aligned to row 0 modulo 64 (the compute contract), sums in the order it would over the whole cache: same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -27,6 +28,9 @@ struct KvWindows {
   // Per layer: the floats of a recurrent layer's state (Qwen3-Next's linear attention), which holds no KV rows;
   // 0 (or empty) for attention layers.
   std::vector<std::int64_t> state;
+  // The most checkpoints (checkpoint()) a cache keeps: copies of the sliding layers' rows and the recurrent states at
+  // chosen positions, to which a later prompt sharing that much returns (memory.kv_checkpoints).
+  std::int64_t checkpoints = 1;
 };
 
 class KvCache {
@@ -35,7 +39,8 @@ class KvCache {
   // 63 more from aligning its first row to 64, the write itself, and W + 64 of slack (so rows move once every W or
   // more positions), when that is less than the context.
   static std::int64_t layer_positions(std::int64_t window, std::int64_t max_write, std::int64_t context);
-  // Bytes of a cache of `context` positions (K and V of every layer; K alone where values_are_keys).
+  // Bytes of a cache of `context` positions (K and V of every layer; K alone where values_are_keys), with the most
+  // its checkpoints' copies take.
   static std::uint64_t bytes_for(sdk::DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
                                  std::int64_t context, const KvWindows& windows = {}, bool values_are_keys = false);
   // Bytes one position takes over all layers (K and V; K alone where values_are_keys).
@@ -67,25 +72,32 @@ class KvCache {
   // The position row 0 of the layer holds: 0, or for a sliding layer a multiple of 64.
   [[nodiscard]] std::int64_t first_position(std::int64_t layer) const;
   // The most positions m <= n (n <= the positions written) that running on from position m finds every row for:
-  // n where the sliding layers still hold n's window, else where the saved window serves (save_window), else 0.
+  // n where the sliding layers still hold n's window, else the furthest checkpoint that serves, else 0.
   [[nodiscard]] std::int64_t reusable(std::int64_t n) const;
-  // Keeps reusable(n) positions, putting the saved window back where the sliding layers have moved on; returns them.
+  // Keeps reusable(n) positions, putting a checkpoint's rows and states back where the layers have moved on; returns
+  // them. Checkpoints past them are forgotten (the positions after them will be written again).
   std::int64_t rewind(std::int64_t n);
-  // Saves a copy of the sliding layers' rows that running on from position n, or up to 64 before it, reads (n <= the
-  // positions written, and held):
-  // a prompt's end, to which the next turn returns when the reply's tokens are not in the next prompt (a reasoning
-  // channel the history drops, or text that tokenizes differently). One saved window; a few windows of rows.
-  sdk::Status save_window(std::int64_t n);
+  // Keeps a copy of what running on from position n, or up to 64 before it, reads that the cache would not keep
+  // (n <= the positions written, and held): the sliding layers' last rows and the recurrent layers' states, which
+  // must be at n. A prompt's end, to which the next turn returns when the reply's tokens are not in its prompt (a
+  // reasoning channel the history drops); where its last message or its system prompt starts (an edited last message;
+  // another conversation with the same system prompt). Up to KvWindows::checkpoints; making one more forgets the one
+  // least recently made or returned to. Nothing to keep (only full-attention layers) or nothing at n: nothing done.
+  sdk::Status checkpoint(std::int64_t n);
+  // Whether checkpoint() keeps anything: a layer slides or carries a recurrent state, and checkpoints are allowed.
+  [[nodiscard]] bool keeps_checkpoints() const;
+  // The positions checkpoints are kept at, ascending (tests, logs).
+  [[nodiscard]] std::vector<std::int64_t> checkpoint_positions() const;
 
   // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows; both in host
   // memory (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the
   // bits running those positions again would. A sliding layer copies the rows it holds (they must serve count); a
-  // recurrent layer its state, which `src` must hold at count (where it is, or saved).
+  // recurrent layer its state, which `src` must hold at count (where it is, or in a checkpoint).
   sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
 
   // Recurrent layers (KvWindows::state): a state that sums up every position before state_position(), in host
-  // memory. A recurrent model's cache serves only the positions a state is kept for: where the states are, and where
-  // save_window() copied them (a prompt's end); reusable() and rewind() answer so.
+  // memory. A recurrent model's cache serves only the positions a state is kept for: where the states are, and its
+  // checkpoints; reusable() and rewind() answer so.
   [[nodiscard]] bool recurrent(std::int64_t layer) const;
   [[nodiscard]] bool has_recurrent() const { return !state_.empty(); }
   // Layer l's state for a pass from `position`: zeros at position 0, else the state, which must be at `position`
@@ -99,7 +111,10 @@ class KvCache {
   // The most positions one write() or store() takes: windows.max_write where a layer slides, else the context.
   [[nodiscard]] std::int64_t max_write() const;
   [[nodiscard]] sdk::DType type() const { return type_; }
+  // Every byte it may take: its rows and states, and its checkpoints' copies (host memory, at most).
   [[nodiscard]] std::uint64_t bytes() const { return total_bytes_; }
+  // Of bytes(): the checkpoints' copies, at most (the rest is where the rows are: a device's memory or the host's).
+  [[nodiscard]] std::uint64_t checkpoint_bytes() const { return checkpoint_bytes_; }
   [[nodiscard]] bool on_device() const { return device_ != nullptr; }
 
  private:
@@ -119,21 +134,31 @@ class KvCache {
   KvWindows windows_;
   std::vector<std::int64_t> rows_;   // per layer: rows held (the context, or fewer for a sliding layer)
   std::vector<std::int64_t> first_;  // per layer: the position of row 0
-  // save_window(): positions [saved_first_[l], saved_at_) of each sliding layer's K and V rows (host memory).
-  std::int64_t saved_at_ = 0;
-  std::vector<std::int64_t> saved_first_;
-  std::vector<std::vector<std::byte>> saved_k_, saved_v_;
-  // Recurrent layers: their states (empty vectors for attention layers), the position each state is at (-1: lost),
-  // and save_window()'s copy of them at saved_state_at_ (-1: none).
-  std::vector<std::vector<float>> state_, saved_state_;
+  // checkpoint(): what running on from `at` (or up to 64 positions before it) needs that the layers may not hold.
+  struct Checkpoint {
+    std::int64_t at = 0;
+    std::uint64_t used = 0;                    // when made or last returned to (the least recent goes first)
+    std::vector<std::int64_t> first;           // per layer: the position of its first saved row (sliding layers)
+    std::vector<std::vector<std::byte>> k, v;  // per sliding layer: K and V rows of positions [first, at)
+    std::vector<std::vector<float>> state;     // per recurrent layer: its state at `at` (empty: none kept)
+    [[nodiscard]] bool holds_state() const {
+      return std::any_of(state.begin(), state.end(), [](const auto& s) { return !s.empty(); });
+    }
+  };
+  std::vector<Checkpoint> checkpoints_;
+  std::uint64_t clock_ = 0;
+  // Recurrent layers: their states (empty vectors for attention layers) and the position each state is at (-1: lost).
+  std::vector<std::vector<float>> state_;
   std::vector<std::int64_t> state_at_;
-  std::int64_t saved_state_at_ = -1;
   // Whether a layer keeps fewer rows than the context (a sliding window; not a recurrent layer, which keeps none).
   [[nodiscard]] bool sliding(std::size_t layer) const;
   // The position every recurrent layer's state is at, or -1 where they differ or one is lost.
   [[nodiscard]] std::int64_t state_position() const;
-  // Whether the saved states serve position m (sliding layers: as reusable() tells).
-  [[nodiscard]] bool state_serves(std::int64_t m) const;
+  // The most positions m <= n that checkpoint c serves (0: none): its `at` where it holds states, else up to it.
+  [[nodiscard]] std::int64_t checkpoint_serves(const Checkpoint& c, std::int64_t n) const;
+  // Positions after `position` will be written again: checkpoints past it no longer describe this cache's positions
+  // (one of sliding rows alone still serves `position` itself where it holds its window).
+  void forget_after(std::int64_t position);
   // The first position a query at n reads in a layer: 0 where it has no window.
   [[nodiscard]] std::int64_t window_start(std::size_t layer, std::int64_t n) const;
   // Whether layers whose rows start at `first` hold what running on from position n reads.
@@ -142,7 +167,7 @@ class KvCache {
   sdk::Status rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst);
   sdk::Status rows_from_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, const std::byte* src);
   std::size_t row_bytes_ = 0;
-  std::uint64_t total_bytes_ = 0;
+  std::uint64_t total_bytes_ = 0, checkpoint_bytes_ = 0;
   std::vector<AlignedBuffer> k_, v_;
   std::shared_ptr<sdk::Compute> device_;                     // keeps the buffers' backend alive
   std::vector<std::unique_ptr<sdk::Buffer>> k_dev_, v_dev_;  // per layer, when on a device

@@ -31,9 +31,13 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
                                            const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                                            std::int64_t model_max);
 
+// memory.kv_checkpoints' default: a prompt's end, its generation prompt's, its last message's and its system prompt's.
+inline constexpr std::int64_t kDefaultKvCheckpoints = 4;
+
 // The model's sliding-window layers for its KV cache (memory.kv_sliding_window), with writes of up to max_write
-// positions; none where `sliding` is off.
-[[nodiscard]] KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding);
+// positions (none where `sliding` is off), its recurrent layers' states, and the checkpoints a cache keeps.
+[[nodiscard]] KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool sliding,
+                                   std::int64_t checkpoints = kDefaultKvCheckpoints);
 
 struct MemoryPlan {
   std::uint64_t shared_bytes = 0;  // shared.bin: host RAM, or a discrete GPU's memory (memory.shared_on_device)
@@ -50,8 +54,9 @@ struct MemoryPlan {
   std::int64_t context = 0;                 // KV cache positions
   std::uint64_t kv_bytes_per_position = 0;  // every layer
   std::uint64_t kv_bytes = 0;
-  std::int64_t kv_sliding_layers = 0;  // layers that keep only their window's rows
-  std::int64_t kv_sliding_rows = 0;    // the rows each of them keeps
+  std::int64_t kv_sliding_layers = 0;     // layers that keep only their window's rows
+  std::int64_t kv_sliding_rows = 0;       // the rows each of them keeps
+  std::uint64_t kv_checkpoint_bytes = 0;  // of kv_bytes: the most its checkpoints take (memory.kv_checkpoints)
 };
 
 // Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).

@@ -46,6 +46,9 @@ struct GenerationRequest {
   bool prompt_logprobs = false;   // with logprobs: also every prompt token's (echo); the prompt runs whole, uncached
   // Non-zero: the choices of one request (n > 1) share it; one runs the prompt, the others copy its KV rows.
   std::uint64_t prompt_group = 0;
+  // Prompt positions where a later request may part from this one (chat::parting_positions): the KV cache keeps a
+  // checkpoint there, and at the prompt's end, where it keeps any (sliding-window or recurrent layers).
+  std::vector<std::int64_t> checkpoints;
 };
 
 struct GenerationEvent {
@@ -131,6 +134,8 @@ class Scheduler {
 
   [[nodiscard]] SchedulerStats stats() const;
   [[nodiscard]] std::int64_t context() const { return context_; }
+  // Whether the KV caches keep checkpoints (GenerationRequest::checkpoints): sliding-window or recurrent layers.
+  [[nodiscard]] bool keeps_checkpoints() const { return keeps_checkpoints_; }
   [[nodiscard]] std::int64_t vocab_size() const { return vocab_; }
   [[nodiscard]] const SchedulerOptions& options() const { return options_; }
 
@@ -140,6 +145,8 @@ class Scheduler {
   void loop();
   void step(std::vector<std::unique_ptr<Sequence>>& active);
   void release_state(Sequence& seq);
+  // Where seq's prompt run keeps KV checkpoints (Sequence::checkpoints), and those kept already made most recent.
+  void plan_checkpoints(Sequence& seq);
   // prompt_logprobs: the logprobs of the prompt tokens the prefill chunk of `rows` tokens just predicted.
   void emit_prompt_logprobs(Sequence& seq, std::size_t rows);
   void finish(Sequence& seq, const std::string& reason);
@@ -157,6 +164,7 @@ class Scheduler {
   const tokenizer::Tokenizer& tokenizer_;
   SchedulerOptions options_;
   std::int64_t context_ = 0, vocab_ = 0;
+  bool keeps_checkpoints_ = false;
   std::vector<std::int64_t> eos_;
   std::unique_ptr<engine::JsonTokenMask> json_tokens_;  // JSON mode, built at first use
 
