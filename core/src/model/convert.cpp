@@ -1427,9 +1427,11 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                  opt.preset + ")");
     }
     if (nextn_tensors > 0) {
-      summary.warnings.push_back(std::to_string(nextn_tensors) + " tensor(s) of the multi-token-prediction layer" +
-                                 (hp.nextn_layers > 1 ? "s" : "") + " after layer " +
-                                 std::to_string(hp.num_layers - 1) +
+      const std::string what = mtp_apart ? std::string(" of the multi-token-prediction module (mtp.)")
+                                         : " of the multi-token-prediction layer" +
+                                               std::string(hp.nextn_layers > 1 ? "s" : "") + " after layer " +
+                                               std::to_string(hp.num_layers - 1);
+      summary.warnings.push_back(std::to_string(nextn_tensors) + " tensor(s)" + what +
                                  " were skipped: colibri does not draft tokens with them");
     }
     if (vision_tensors > 0) {
