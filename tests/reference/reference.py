@@ -806,7 +806,9 @@ def qwen3_5_moe_as_qwen3_next(cfg, W):
     separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a are read by gated_delta_net_inputs; the experts, fused
     output-major (gate_up_proj [E, 2F, D], the gate the first F rows; down_proj [E, D, F]), are cut per expert here.
     The model.visual.* and mtp.* tensors are not run. Also takes a text-only Qwen3_5MoeForCausalLM checkpoint (the
-    fields at the top, model.* names). Returns Qwen3-Next's config and weight names."""
+    fields at the top, model.* names), and Qwen3.5's dense models (modeling_qwen3_5; Qwen3_5ForConditionalGeneration,
+    model_type qwen3_5_text): the same but a Qwen3_5MLP in every layer (no num_experts: Qwen3-Next's dense layers).
+    Returns Qwen3-Next's config and weight names."""
     tc = dict(cfg.get("text_config") or cfg)
     rp = tc.get("rope_parameters") or tc.get("rope_scaling") or {}
     if rp.get("rope_type", rp.get("type", "default")) not in ("default", "mrope"):
@@ -859,7 +861,7 @@ def forward(cfg, W, tokens, trace=None):
         cfg = glm4_moe_lite_as_deepseek_v3(cfg)
     if cfg["model_type"] == "llama4":
         return llama4_forward(cfg, W, tokens, trace)
-    if cfg["model_type"] in ("qwen3_5_moe", "qwen3_5_moe_text"):
+    if cfg["model_type"] in ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"):
         cfg, W = qwen3_5_moe_as_qwen3_next(cfg, W)
     if cfg["model_type"] == "qwen3_next":
         return qwen3_next_forward(cfg, W, tokens, trace)

@@ -52,6 +52,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
                                                     {"Qwen3NextForCausalLM", "qwen3_next"},
                                                     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
+                                                    {"Qwen3_5ForConditionalGeneration", "qwen3_5"},
                                                     {"Llama4ForConditionalGeneration", "llama4"},
                                                     {"Llama4ForCausalLM", "llama4"}};
   return m;
@@ -73,7 +74,8 @@ const std::map<std::string, std::string>& gguf_arch_map() {
                                                     {"qwen3moe", "qwen3_moe"},
                                                     {"qwen3vlmoe", "qwen3_vl_moe"},
                                                     {"qwen3next", "qwen3_next"},
-                                                    {"qwen35moe", "qwen3_5_moe"}};
+                                                    {"qwen35moe", "qwen3_5_moe"},
+                                                    {"qwen35", "qwen3_5"}};
   return m;
 }
 
@@ -245,8 +247,9 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   }
   h.architecture = it->second;
   // Llama 4's, Qwen3-VL's and Qwen3.5's image-text checkpoints nest the language model's fields in text_config
-  // (transformers' Llama4Config, Qwen3VLMoeConfig, Qwen3_5MoeConfig).
-  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe" || h.architecture == "qwen3_5_moe") &&
+  // (transformers' Llama4Config, Qwen3VLMoeConfig, Qwen3_5MoeConfig, Qwen3_5Config).
+  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe" || h.architecture == "qwen3_5_moe" ||
+       h.architecture == "qwen3_5") &&
       c.contains("text_config") && c["text_config"].is_object()) {
     json text = c["text_config"];
     text.erase("text_config");  // one level: a nested one again is no config transformers writes
@@ -328,6 +331,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "qwen3_vl_moe"            ? Defaults{16, 128000, 1e-6, 500000.0}
                      : a == "qwen3_next"              ? Defaults{2, 32768, 1e-6, 10000.0}
                      : a == "qwen3_5_moe"             ? Defaults{2, 32768, 1e-6, 10000.0}
+                     : a == "qwen3_5"                 ? Defaults{4, 32768, 1e-6, 10000.0}
                      : a == "olmoe"                   ? Defaults{0, 4096, 1e-5, 10000.0}
                      : a == "gpt_oss"                 ? Defaults{8, 131072, 1e-5, 150000.0}
                      : a == "glm4_moe"                ? Defaults{8, 131072, 1e-5, 10000.0}
@@ -351,11 +355,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                  std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
   }
   h.head_dim = get_int("head_dim",
-                       a == "gpt_oss"                            ? 64
-                       : a == "llama4"                           ? 128
-                       : a == "qwen3_next" || a == "qwen3_5_moe" ? 256
-                       : h.num_heads > 0                         ? h.hidden_size / h.num_heads
-                                                                 : 0,
+                       a == "gpt_oss"                                  ? 64
+                       : a == "llama4"                                 ? 128
+                       : a == "qwen3_next" || a.starts_with("qwen3_5") ? 256
+                       : h.num_heads > 0                               ? h.hidden_size / h.num_heads
+                                                                       : 0,
                        false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
@@ -569,12 +573,13 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "llama4") {
     if (auto s = llama4_layers(c, where, h); !s) return s;
   }
-  const bool qwen3_5 = a == "qwen3_5_moe";
+  const bool qwen3_5 = a == "qwen3_5_moe" || a == "qwen3_5";
   if (a == "qwen3_next" || qwen3_5) {
     // Qwen3-Next: every full_attention_interval-th layer attends (q/k norms per head, RoPE on partial_rotary_factor of
     // each head, the output gated by a projection q_proj also holds); the others are gated-delta-rule layers.
     // Qwen3.5 the same, its projections apart, its value heads kept in llama.cpp's tiled order (from either source,
-    // so both give the same model), its multimodal RoPE plain for text, every layer MoE, always renormalized.
+    // so both give the same model), its multimodal RoPE plain for text; Qwen3.5-MoE's every layer MoE, always
+    // renormalized, Qwen3.5's every layer dense.
     if (get_bool("attention_bias", false)) {
       return Status(StatusCode::unsupported,
                     where +
@@ -659,7 +664,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     }
     return {};
   };
-  if (a == "llama" || a == "mistral") {
+  if (a == "llama" || a == "mistral" || a == "qwen3_5") {
     h.dense = true;
     h.n_experts = 1;
     h.n_experts_per_tok = 1;
@@ -1161,7 +1166,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   const bool deepseek = *ga == "deepseek2";
   // llama.cpp: rope type NORM, the HF layout (no permutation).
   h.rope_interleaved = a == "ernie4_5_moe" || deepseek || a == "llama4";
-  if (a == "llama") {
+  if (a == "llama" || a == "qwen3_5") {
     h.dense = true;
     h.n_experts = h.n_experts_per_tok = 1;
     h.intermediate_size = req("feed_forward_length");
@@ -1247,15 +1252,15 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
-  if (a == "qwen3_next" || a == "qwen3_5_moe") {
-    // llama.cpp's qwen3next (and qwen35moe, its value heads tiled): every full_attention_interval-th layer attends, the
-    // others run the gated delta rule (ssm.state_size: the key heads' width, ssm.group_count: key heads,
-    // ssm.time_step_rank: value heads); the router always renormalizes; the shared expert's gate is there whatever
-    // layer 0 is.
+  if (a == "qwen3_next" || a.starts_with("qwen3_5")) {
+    // llama.cpp's qwen3next (and qwen35moe and qwen35, their value heads tiled): every full_attention_interval-th
+    // layer attends, the others run the gated delta rule (ssm.state_size: the key heads' width, ssm.group_count: key
+    // heads, ssm.time_step_rank: value heads); the router always renormalizes; the shared expert's gate is there
+    // whatever layer 0 is.
     h.qk_norm = "per_head";
     h.attn_output_gate = true;
-    h.linear_tiled_heads = a == "qwen3_5_moe";
-    h.norm_topk_prob = true;
+    h.linear_tiled_heads = a.starts_with("qwen3_5");
+    h.norm_topk_prob = !h.dense;
     h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
     h.linear_conv_kernel = req("ssm.conv_kernel");
     h.linear_k_dim = req("ssm.state_size");
@@ -1469,7 +1474,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // group's value heads) and z; in_proj_ba's so with b and a. They are cut into q, k, v and z (and b, a) of every
   // head, as is the convolution's weight; llama.cpp's qwen3next GGUFs hold q, k and v of every head in attn_qkv (and
   // the convolution likewise), z in attn_gate and b, a in ssm_ba by group.
-  const bool qwen3_5 = hp.architecture == "qwen3_5_moe";
+  const bool qwen3_5 = hp.architecture == "qwen3_5_moe" || hp.architecture == "qwen3_5";
   auto add_linear = [&](const std::string& b, const std::string& p, std::int64_t l) {
     const std::int64_t nk = hp.linear_k_heads, dk = hp.linear_k_dim, dv = hp.linear_v_dim;
     const std::int64_t r = hp.linear_v_heads / nk, kd = hp.linear_key_width(), vd = hp.linear_value_width();
@@ -1547,7 +1552,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       add_attention(b, p, l);
     }
     add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", {hid}, TensorKind::norm, l);
-    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe" || gguf_arch == "qwen3next" || gguf_arch == "qwen35moe")
+    if (gguf_arch == "gpt-oss" || gguf_arch == "glm4moe" || gguf_arch == "qwen3next" || gguf_arch == "qwen35moe" ||
+        gguf_arch == "qwen35")
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
@@ -1647,7 +1653,8 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // it under language_model., Qwen3-VL's model. under model.language_model. (its lm_head where it was).
   const bool llama4_vision = hp.hf_architecture == "Llama4ForConditionalGeneration";
   if (llama4_vision || hp.hf_architecture == "Qwen3VLMoeForConditionalGeneration" ||
-      hp.hf_architecture == "Qwen3_5MoeForConditionalGeneration") {
+      hp.hf_architecture == "Qwen3_5MoeForConditionalGeneration" ||
+      hp.hf_architecture == "Qwen3_5ForConditionalGeneration") {
     const auto move = [&](PlannedTensor& t) {
       if (llama4_vision) {
         t.hf_name = "language_model." + t.hf_name;

@@ -1375,7 +1375,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     };
     // GLM's multi-token-prediction layers come right after the last one; colibri does not draft with them.
     // Qwen3-Next's sits apart, under mtp.
-    const bool mtp_apart = !in.is_gguf && (hp.architecture == "qwen3_next" || hp.architecture == "qwen3_5_moe");
+    const bool mtp_apart = !in.is_gguf && (hp.architecture == "qwen3_next" || hp.architecture.starts_with("qwen3_5"));
     const auto nextn_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       const std::int64_t layer = layer_of(name);
       return (layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers) ||
@@ -1388,7 +1388,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     const std::vector<std::string> vision_prefixes =
         in.is_gguf                    ? std::vector<std::string>{}
         : hp.architecture == "llama4" ? std::vector<std::string>{"vision_model.", "multi_modal_projector."}
-        : hp.architecture == "qwen3_vl_moe" || hp.architecture == "qwen3_5_moe"
+        : hp.architecture == "qwen3_vl_moe" || hp.architecture.starts_with("qwen3_5")
             ? std::vector<std::string>{"model.visual."}
             : std::vector<std::string>{};
     const auto vision_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {

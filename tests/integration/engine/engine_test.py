@@ -205,6 +205,9 @@ VARIANTS = {
     # experts fused output-major (gate_up_proj [E, 2F, D]), multimodal RoPE (plain for text), a vision tower and an MTP
     # module to skip, every layer MoE and always renormalized.
     "qwen3_5_moe": ("qwen3_5_moe", None),
+    # Qwen3.5's dense models: the same layers with a Qwen3_5MLP in each (one always-selected expert), the embedding
+    # tied to the output.
+    "qwen3_5": ("qwen3_5", None),
     "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
                                 ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
                                  "use_qk_norm=false", "--set", "norm_topk_prob=false")),
@@ -513,23 +516,28 @@ class Gguf(unittest.TestCase):
         """A Qwen3.5-MoE GGUF as llama.cpp writes it (qwen35moe: the value heads tiled in attn_qkv, attn_gate,
         ssm_beta, ssm_alpha, ssm_conv1d, ssm_a, ssm_dt and ssm_out's columns; the MTP layer as block 4 with
         nextn_predict_layers 1; rope.dimension_sections) gives the HF checkpoint's logits, and the same model bytes as
-        the HF checkpoint's conversion, which tiles the heads the same way."""
-        ckpt, model, out = self.converted_f32_gguf("qwen3_5_moe")
-        self.assertIn("of the multi-token-prediction layer after layer 3 were skipped", out)
-        self.assertNotIn("are not used by", out, "every other GGUF tensor is used")
-        with open(os.path.join(model, "manifest.json")) as f:
-            hp = json.load(f)["hparams"]
-        self.assertEqual((hp["architecture"], hp["linear_layers"], hp["linear_tiled_heads"], hp["num_layers"]),
-                         ("qwen3_5_moe", [0, 1, 2], True, 4))
-        self.assert_reference_logits(ckpt, model, "qwen3_5_moe-gguf")
-        from_hf = ckpt + "-hf-f32"
-        shutil.rmtree(from_hf, ignore_errors=True)
-        p = run(["convert", "--input", ckpt, "--output", from_hf, "--quantize", "f32"])
-        self.assertIn("2 tensor(s) of the vision tower (model.visual.) were skipped", p.stdout + p.stderr)
-        for name in ["shared.bin"] + [os.path.join("experts", d, e) for d in sorted(os.listdir(os.path.join(model, "experts")))
-                                      for e in sorted(os.listdir(os.path.join(model, "experts", d)))]:
-            with open(os.path.join(model, name), "rb") as a, open(os.path.join(from_hf, name), "rb") as b:
-                self.assertEqual(a.read(), b.read(), name)
+        the HF checkpoint's conversion, which tiles the heads the same way. So does a dense Qwen3.5's (qwen35:
+        ffn_gate / ffn_up / ffn_down, feed_forward_length, no expert keys, the output tied to the embedding)."""
+        for arch in ("qwen3_5_moe", "qwen3_5"):
+            ckpt, model, out = self.converted_f32_gguf(arch)
+            self.assertIn("of the multi-token-prediction layer after layer 3 were skipped", out)
+            self.assertNotIn("are not used by", out, "every other GGUF tensor is used")
+            with open(os.path.join(model, "manifest.json")) as f:
+                hp = json.load(f)["hparams"]
+            self.assertEqual((hp["architecture"], hp["linear_layers"], hp["linear_tiled_heads"], hp["num_layers"],
+                              hp["dense"], hp["tie_word_embeddings"]),
+                             (arch, [0, 1, 2], True, 4, arch == "qwen3_5", arch == "qwen3_5"))
+            self.assert_reference_logits(ckpt, model, arch + "-gguf")
+            from_hf = ckpt + "-hf-f32"
+            shutil.rmtree(from_hf, ignore_errors=True)
+            p = run(["convert", "--input", ckpt, "--output", from_hf, "--quantize", "f32"])
+            self.assertIn("2 tensor(s) of the vision tower (model.visual.) were skipped", p.stdout + p.stderr)
+            self.assertIn("of the multi-token-prediction module (mtp.) were skipped", p.stdout + p.stderr)
+            experts = os.path.join(model, "experts")
+            for name in ["shared.bin"] + [os.path.join("experts", d, e) for d in sorted(os.listdir(experts))
+                                          for e in sorted(os.listdir(os.path.join(experts, d)))]:
+                with open(os.path.join(model, name), "rb") as a, open(os.path.join(from_hf, name), "rb") as b:
+                    self.assertEqual(a.read(), b.read(), (arch, name))
 
     def test_qwen3_vl_moe_from_llama_cpp_layout_matches_the_reference(self):
         """A Qwen3-VL-MoE GGUF as llama.cpp writes it (qwen3vlmoe: Qwen3-MoE's keys and names, the fused experts
@@ -911,7 +919,7 @@ class OnePromise(unittest.TestCase):
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
                              ("llama4", "q4_k_m"), ("dots1", "q4_k_m"),
                              ("bailing_moe_v2", "q4_k_m"), ("qwen3_vl_moe", "q4_k_m"), ("qwen3_next", "q4_k_m"),
-                             ("qwen3_5_moe", "q4_k_m")):
+                             ("qwen3_5_moe", "q4_k_m"), ("qwen3_5", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

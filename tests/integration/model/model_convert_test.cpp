@@ -30,10 +30,10 @@ namespace {
 
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
-const std::vector<std::string> kArchs = {"mixtral",       "qwen2_moe",   "qwen3_moe",  "olmoe",          "llama",
-                                         "mistral",       "gpt_oss",     "glm4_moe",   "minimax_m2",     "ernie4_5_moe",
-                                         "deepseek_v2",   "deepseek_v3", "dots1",      "bailing_moe_v2", "qwen3_vl_moe",
-                                         "glm4_moe_lite", "qwen3_next",  "qwen3_5_moe"};
+const std::vector<std::string> kArchs = {
+    "mixtral",      "qwen2_moe",     "qwen3_moe",    "olmoe",       "llama",       "mistral", "gpt_oss",
+    "glm4_moe",     "minimax_m2",    "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "dots1",   "bailing_moe_v2",
+    "qwen3_vl_moe", "glm4_moe_lite", "qwen3_next",   "qwen3_5_moe", "qwen3_5"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";

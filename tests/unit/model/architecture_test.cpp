@@ -473,6 +473,39 @@ TEST(HfConfigValues, Qwen35ReadsItsTextConfigAndTilesItsValueHeads) {
   EXPECT_EQ(tiling.source(10), 10);
 }
 
+// Qwen3.5-0.8B's config.json, tiny: Qwen3.5-MoE's layers with a dense MLP in each, the embedding tied. Expert keys a
+// config might carry are not read (Qwen3_5TextConfig has none).
+TEST(HfConfigValues, Qwen35DenseRunsOneExpertPerLayer) {
+  json text = qwen3_next();
+  text.erase("architectures");
+  text["model_type"] = "qwen3_5_text";
+  text["tie_word_embeddings"] = true;
+  for (const char* key : {"moe_intermediate_size", "shared_expert_intermediate_size", "num_experts_per_tok"})
+    text.erase(key);
+  const json c{{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+               {"model_type", "qwen3_5"},
+               {"text_config", text},
+               {"vision_config", {{"depth", 2}}}};
+  auto h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "qwen3_5");
+  EXPECT_TRUE(h->dense);
+  EXPECT_TRUE(h->tie_word_embeddings);
+  EXPECT_TRUE(h->linear_tiled_heads);
+  EXPECT_EQ(h->layer_experts(0), 1);
+  EXPECT_EQ(h->layer_ffn_size(0), 96);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 0);
+  EXPECT_EQ(h->num_kv_heads, text["num_key_value_heads"].get<std::int64_t>());
+  const ModelPlan plan = build_plan(*h, "qwen35");
+  const auto& gate = plan.experts[0][0][0];
+  EXPECT_EQ(gate.hf_name, "model.language_model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(gate.gguf_name, "blk.0.ffn_gate.weight");
+  EXPECT_EQ(planned(plan, "blk.0.ffn_norm.weight").gguf_name, "blk.0.post_attention_norm.weight");
+  EXPECT_EQ(planned(plan, "blk.0.ssm_out.weight").hf_tiling.groups, 2);
+  EXPECT_EQ(find_planned(plan, "output.weight"), nullptr) << "tied to the embedding";
+  EXPECT_EQ(find_planned(plan, "blk.0.ffn_gate_inp.weight"), nullptr) << "no router";
+}
+
 // Ling-mini-2.0's config.json, tiny.
 json ling() {
   return json{{"architectures", {"BailingMoeV2ForCausalLM"}},
