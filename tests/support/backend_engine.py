@@ -9,7 +9,8 @@
   chunks of 3;
 * gpt_oss(): gpt-oss's ops (attention_sinks, expert_ffn_clamped, mxfp4 experts) against the CPU backend, their one
   promise, and mxfp4 experts uploaded to device memory;
-* cpu_only_archs(): Qwen3-Next, which only the CPU backend runs, refused by name.
+* linear_attention(): Qwen3-Next's and Qwen3.5's gated-delta-rule layers against the CPU backend and their one
+  promise where the backend runs them, else refused by name.
 """
 
 import json
@@ -87,9 +88,13 @@ class Engine:
 
     def compare_to_cpu(self, m, label):
         """The model's logits on this backend against the CPU's: within 1e-4 of the max logit, same greedy token."""
+        return self.compare_to_cpu_with(m, label, [])
+
+    def compare_to_cpu_with(self, m, label, extra):
+        """compare_to_cpu, the backend run with `extra` flags too."""
         failures = []
         cpu = self.logits(m, "cpu", *EXACT)
-        dev = self.logits(m, self.backend, *(EXACT + self.on_backend))
+        dev = self.logits(m, self.backend, *(EXACT + self.on_backend + extra))
         rel = np.abs(cpu - dev).max(axis=1) / np.abs(cpu).max(axis=1)
         same_argmax = bool((cpu.argmax(axis=1) == dev.argmax(axis=1)).all())
         print(f"  {label}: {self.backend} vs cpu max relative error {rel.max():.2e}, same argmax: {same_argmax}",
@@ -113,19 +118,38 @@ class Engine:
             print(f"  {arch}/{preset}: {self.backend} batch invariance checked", flush=True)
         return failures
 
-    def cpu_only_archs(self):
-        """Qwen3-Next's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops) run on the
-        CPU backend only: on this one the load fails at once, naming them and the backend to use."""
-        m = self.model("qwen3_next", "f32")
-        try:
-            self.logits(m, f"{self.backend}-refused", *self.on_backend)
-        except RuntimeError as e:
-            want = f"compute backend {self.backend} cannot run qwen3_next's gated-delta-rule layers"
-            if want in str(e) and "use compute.backend: cpu" in str(e):
-                print(f"  qwen3_next: {self.backend} refuses it by name", flush=True)
-                return []
-            return [f"qwen3_next: {self.backend} failed without saying why: {e}"]
-        return [f"qwen3_next: {self.backend} ran a model whose ops it does not offer"]
+    def linear_attention(self, runs, variants=((),)):
+        """Qwen3-Next's and Qwen3.5's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops,
+        the recurrent states in host memory). A backend that runs them (`runs`): Qwen3-Next, Qwen3.5-MoE and Qwen3.5
+        against the CPU backend under each of `variants` (extra flags), and the one promise (Qwen3-Next's logits
+        bit-identical token by token and in chunks of 3). One that does not: the load fails at once, naming them and
+        the backends to use."""
+        failures = []
+        if not runs:
+            m = self.model("qwen3_next", "f32")
+            try:
+                self.logits(m, f"{self.backend}-refused", *self.on_backend)
+            except RuntimeError as e:
+                want = f"compute backend {self.backend} cannot run qwen3_next's gated-delta-rule layers"
+                if want in str(e) and "use compute.backend: cpu or vulkan" in str(e):
+                    print(f"  qwen3_next: {self.backend} refuses it by name", flush=True)
+                    return []
+                return [f"qwen3_next: {self.backend} failed without saying why: {e}"]
+            return [f"qwen3_next: {self.backend} ran a model whose ops it does not offer"]
+        for extra in variants:
+            for arch in ("qwen3_next", "qwen3_5_moe", "qwen3_5"):
+                m = self.model(arch, "f32")
+                label = f"{arch}/f32" + (" " + " ".join(extra) if extra else "")
+                failures += self.compare_to_cpu_with(m, label, list(extra))
+            m = self.model("qwen3_next", "f32")
+            base = self.logits(m, f"{self.backend}-lin", *self.on_backend, *extra)
+            for batch in ("1", "3"):
+                other = self.logits(m, f"{self.backend}-lin-b{batch}", "--batch", batch, *self.on_backend, *extra)
+                if not same(base, other):
+                    failures.append(f"qwen3_next: {self.backend} logits with --batch {batch} differ from one batch "
+                                    f"(max abs {np.abs(base - other).max()})")
+            print(f"  qwen3_next: {self.backend} batch invariance checked", flush=True)
+        return failures
 
     def mxfp4_model(self, preset):
         """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""

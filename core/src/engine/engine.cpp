@@ -99,6 +99,17 @@ struct Engine::Layer {
   // projections, its convolution's taps for q, k and v, decay rate A, dt bias, per-head norm and output projection.
   Tensor wq_gate, lin_q, lin_k, lin_v, lin_z, lin_beta, lin_alpha, conv_q, conv_k, conv_v, lin_a, lin_dt, lin_norm,
       lin_out;
+  // Every tensor above: memory.shared_on_device moves each one present to device memory and releases the host copy,
+  // so one left out here would point at memory no longer mapped.
+  auto tensors() {
+    return std::array{
+        &attn_norm, &wq,        &wk,       &wv,          &bq,     &bk,       &bv,          &wo,
+        &bo,        &q_norm,    &k_norm,   &ffn_norm,    &sinks,  &router,   &router_bias, &selection_bias,
+        &sh_gate,   &sh_up,     &sh_down,  &sh_gate_inp, &wq_a,   &q_a_norm, &wq_nope,     &wq_rope,
+        &wkv_a,     &kv_a_norm, &wk_rope,  &wk_b,        &wv_b,   &wq_gate,  &lin_q,       &lin_k,
+        &lin_v,     &lin_z,     &lin_beta, &lin_alpha,   &conv_q, &conv_k,   &conv_v,      &lin_a,
+        &lin_dt,    &lin_norm,  &lin_out};
+  }
   bool linear = false;
   bool sparse = false;
   std::int64_t top_k = 1;
@@ -551,15 +562,15 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                                "cpu, cuda or vulkan");
   }
   if (!hp_.linear_layers.empty() || hp_.attn_output_gate) {
-    // Qwen3-Next: its linear attention's ops, and its recurrent states, which live in host memory.
+    // Qwen3-Next: its linear attention's ops. Their recurrent states live in host memory (the KV cache's), which a
+    // device backend reads and writes back as it does any host tensor of a call.
     const bool ok = std::all_of(std::begin(kLinearOps), std::end(kLinearOps),
                                 [&](Op op) { return plugins_.compute->supports(op, DType::f32); });
-    if (!ok || !devices[0].host_memory) {
+    if (!ok) {
       return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
                                                  hp_.architecture +
                                                  "'s gated-delta-rule layers (the mul, causal_conv and "
-                                                 "gated_delta_rule ops, on states in host memory); use "
-                                                 "compute.backend: cpu");
+                                                 "gated_delta_rule ops); use compute.backend: cpu or vulkan");
     }
   }
   if (hp_.mla()) {
@@ -857,14 +868,7 @@ Status Engine::upload_shared_weights(const sdk::DeviceInfo& device) {
   constexpr std::size_t kBufferBytes = std::size_t{256} << 20;  // as the VRAM tier: one allocation stays modest
   std::vector<Tensor*> views = {&embedding_, &output_norm_, &output_};
   for (auto& L : layers_) {
-    for (Tensor* t : {&L.attn_norm, &L.wq,        &L.wk,          &L.wv,
-                      &L.bq,        &L.bk,        &L.bv,          &L.wo,
-                      &L.bo,        &L.q_norm,    &L.k_norm,      &L.ffn_norm,
-                      &L.sinks,     &L.router,    &L.router_bias, &L.selection_bias,
-                      &L.sh_gate,   &L.sh_up,     &L.sh_down,     &L.sh_gate_inp,
-                      &L.wq_a,      &L.q_a_norm,  &L.wq_nope,     &L.wq_rope,
-                      &L.wkv_a,     &L.kv_a_norm, &L.wk_rope,     &L.wk_b,
-                      &L.wv_b}) {
+    for (Tensor* t : L.tensors()) {
       if (t->data != nullptr) views.push_back(t);
     }
   }

@@ -136,6 +136,15 @@ struct TopkPush {
   std::uint64_t bias;                                 // topk_biased and topk_grouped only: {E} f32
   std::uint32_t groups, groups_used, group_max, pad;  // topk_grouped only (GROUPED)
 };
+struct CausalConvPush {
+  std::uint64_t x, w, y, state;
+  std::uint32_t c, t, k, pad;
+};
+struct DeltaRulePush {
+  std::uint64_t q, k, v, a, b, decay_a, dt_bias, o, state;
+  std::uint32_t dk, dv, hk, hv, t, tiled;
+};
+static_assert(sizeof(CausalConvPush) == 48 && sizeof(DeltaRulePush) == 96);
 static_assert(sizeof(MatmulPush) == 56 && sizeof(AttentionPush) == 72 && sizeof(RopePush) == 56 &&
               sizeof(EltwisePush) == 48 && sizeof(RoutePush) == 48 && sizeof(TopkPush) == 72 &&
               sizeof(MatmulHeadsPush) == 72 && sizeof(ConcatPush) == 40);
@@ -293,6 +302,8 @@ bool VulkanCompute::supports(Op op, DType weight_type) const noexcept {
   // GLM-4.5 / DeepSeek-V3 routers: topk.comp built with BIASED (topk_biased), and GROUPED (topk_grouped).
   if (op == Op::topk_routing_biased || op == Op::topk_routing_grouped)
     return sdk::supports_every_op(Op::topk_routing, weight_type);
+  // Qwen3-Next's linear attention: eltwise mode 5, and a shader each for the convolution and the delta rule.
+  if (op == Op::mul || op == Op::causal_conv || op == Op::gated_delta_rule) return weight_type == DType::f32;
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -683,12 +694,49 @@ Status VulkanCompute::run_impl(const sdk::OpCall& call, bool defer) {
       break;
     }
     case Op::swiglu:
-    case Op::add: {
+    case Op::add:
+    case Op::mul: {
       const Tensor &a = in[0], &b = in[1], &y = out[0];
       COLIBRI_VK_BIND(aa, a, "A", false, 4);
       COLIBRI_VK_BIND(bb, b, "B", false, 4);
       COLIBRI_VK_BIND(ya, y, "out", true, 4);
-      cmds.push_back(eltwise_command(aa, bb, ya, elems(a), call.op == Op::add ? 0 : 1, 1));
+      cmds.push_back(eltwise_command(aa, bb, ya, elems(a), call.op == Op::add ? 0 : call.op == Op::mul ? 5 : 1, 1));
+      break;
+    }
+    case Op::causal_conv: {
+      const Tensor &x = in[0], &w = in[1], &y = out[0], &state = out[1];
+      if (w.ne[0] > 16) return bad("convolutions of more than 16 taps are not supported by vulkan");
+      COLIBRI_VK_BIND(xa, x, "X", false, 4);
+      COLIBRI_VK_BIND(wa, w, "W", false, 4);
+      COLIBRI_VK_BIND(ya, y, "Y", true, 4);
+      COLIBRI_VK_BIND(sa, state, "state", true, 4);
+      Command c;
+      c.shader = "causal_conv";
+      c.push = as_bytes(CausalConvPush{xa, wa, ya, sa, u32(x.ne[0]), u32(x.ne[1]), u32(w.ne[0]), 0});
+      c.groups[0] = groups_for(static_cast<std::uint64_t>(x.ne[0]), 64);
+      cmds.push_back(std::move(c));
+      break;
+    }
+    case Op::gated_delta_rule: {
+      const Tensor &q = in[0], &v = in[2], &o = out[0], &state = out[1];
+      if (q.ne[0] > 256) return bad("key heads of more than 256 values are not supported by vulkan");
+      if (v.ne[1] > kMaxGrid) return bad("more than 65535 value heads in one call");
+      static constexpr const char* kIn[] = {"Q", "K", "V", "a", "b", "A", "dt_bias"};
+      std::uint64_t addr[7] = {};
+      for (std::size_t i = 0; i < 7; ++i) {
+        COLIBRI_VK_BIND(a_, in[i], kIn[i], false, 4);
+        addr[i] = a_;
+      }
+      COLIBRI_VK_BIND(oa, o, "O", true, 4);
+      COLIBRI_VK_BIND(sa, state, "state", true, 4);
+      Command c;
+      c.shader = "gated_delta_rule";
+      const std::uint32_t tiled = (call.params.flags & sdk::kDeltaTiledHeads) != 0 ? 1u : 0u;
+      c.push = as_bytes(DeltaRulePush{addr[0], addr[1], addr[2], addr[3], addr[4], addr[5], addr[6], oa, sa,
+                                      u32(q.ne[0]), u32(v.ne[0]), u32(q.ne[1]), u32(v.ne[1]), u32(q.ne[2]), tiled});
+      c.groups[0] = groups_for(static_cast<std::uint64_t>(v.ne[0]), 64);
+      c.groups[1] = u32(v.ne[1]);
+      cmds.push_back(std::move(c));
       break;
     }
     case Op::sigmoid: {

@@ -46,7 +46,7 @@ def main():
                                  engine.activations_on_device([]) +
                                  engine.routed_experts([], on=["--set", "compute.routed_experts=true"],
                                                        archs=("mixtral", "qwen2_moe")) +
-                                 engine.graphs(["--set", "compute.graphs=true"]) + engine.cpu_only_archs())
+                                 engine.graphs(["--set", "compute.graphs=true"]) + engine.linear_attention(False))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 // 0 add: y = a + b; 1 swiglu: y = silu(a) * b; 2 sigmoid: y = 1 / (1 + exp(-a));
 // 3 scale_add: y[i] += w[i / d] * a[i] (in place on y);
 // 4 clamped GLU (gpt-oss experts): g = min(a, limit), u = clamp(b, -limit, limit),
-//   y = g / (1 + exp(-alpha g)) * (u + 1).
+//   y = g / (1 + exp(-alpha g)) * (u + 1); 5 mul: y = a * b.
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -37,6 +37,8 @@ void main() {
       r = silu * Floats(p.b).v[i];
     } else if (p.mode == 2u) {
       r = sigmoid(a);
+    } else if (p.mode == 5u) {
+      r = a * Floats(p.b).v[i];
     } else if (p.mode == 4u) {
       const float g = min(a, p.limit);
       const float u = clamp(Floats(p.b).v[i], -p.limit, p.limit);
