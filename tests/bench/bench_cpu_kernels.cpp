@@ -73,15 +73,21 @@ const Matrix& matrix(DType type, const Shape& shape = kSquare) {
   return cache.emplace(key, std::move(m)).first->second;
 }
 
+// isa may name compute.prefetch after a '+' ("auto+l2"). That setting is the process's (the last created cpu
+// compute object's), so such an object is made for its benchmark alone, and the default restored after it.
 std::shared_ptr<Compute> compute(const std::string& isa, int threads, const std::string& path = CPU_PLUGIN_PATH) {
   static std::map<std::string, std::shared_ptr<Compute>> cache;
+  const auto plus = isa.find('+');
   const std::string key = path + "/" + isa + "/" + std::to_string(threads);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end() && plus == std::string::npos) return it->second;
   std::shared_ptr<Compute> c;
   if (auto lib = colibri::sdk::testing::LoadedPlugin::load(path)) {
-    if (auto made = (*lib)->create_as<Compute>({{"isa", isa}, {"threads", std::to_string(threads)}})) c = *made;
+    std::map<std::string, std::string> config{{"isa", isa.substr(0, plus)}, {"threads", std::to_string(threads)}};
+    if (plus != std::string::npos) config["prefetch"] = isa.substr(plus + 1);
+    if (auto made = (*lib)->create_as<Compute>(config)) c = *made;
   }
+  if (plus != std::string::npos) return c;
   return cache[key] = c;
 }
 
@@ -111,6 +117,7 @@ void matvec(benchmark::State& state, DType type, std::string isa, int threads, s
     benchmark::DoNotOptimize(y.data());
     if (!cached) next = (next + 1) % m.copies.size();
   }
+  if (isa.find('+') != std::string::npos) compute(isa.substr(0, isa.find('+')) + "+auto", threads, path);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
   state.counters["tokens/s"] =
       benchmark::Counter(static_cast<double>(state.iterations() * tokens), benchmark::Counter::kIsRate);
@@ -330,6 +337,13 @@ const int kRegistered = [] {
       // super-blocks) against the square matrix's 16.
       add("cached/" + std::string(shape.name) + "matvec/" + name + "/auto/threads:1", t, "auto", 1, 1, true, shape,
           true);
+    }
+    // compute.prefetch side by side: the weight stream's software prefetches to L1 or to L2, from DRAM.
+    for (const char* where : {"l1", "l2"}) {
+      add("matvec/" + name + "/prefetch_" + where + "/threads:2", t, std::string("auto+") + where, 2, 1, false, kSquare,
+          false);
+      add(std::string(kExpertShapes[2].name) + "matvec/" + name + "/prefetch_" + where + "/threads:2", t,
+          std::string("auto+") + where, 2, 1, false, kExpertShapes[2], false);
     }
     // A small batch (prefill / several sequences): the matrix is read once for 8 tokens.
     add("matmul8/" + name + "/auto/threads:2", t, "auto", 2, 8, false, kSquare, true);

@@ -6,6 +6,7 @@
 // depends only on its own row pair, never on the batch, the thread or the ISA.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -122,6 +123,10 @@ struct KernelSet {
   DotRowsTileFn tile_rows_q2_k = nullptr;
   DotRowsTileFn tile_rows_q3_k = nullptr;
 };
+
+// Where the kernels' software prefetches bring the weight stream (compute.prefetch): L2 (prefetcht1) or L1
+// (prefetcht0). Set as the plugin is created; the results are the same either way.
+inline std::atomic<bool> prefetch_to_l2{false};
 
 // q4_0 rows from this K on take the multi-row, multi-token kernel for one token too (from memory 1.5-1.7x the one-row
 // dot at K 2048-5632); shorter rows (Qwen3-MoE's down projection, K 768: 0.95x) keep the dot.

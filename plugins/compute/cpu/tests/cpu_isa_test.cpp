@@ -603,6 +603,28 @@ TEST(CpuPlugin, RejectsBadOptionsWithTheKeyNamed) {
   EXPECT_EQ(c.error().code(), StatusCode::invalid_argument);
   EXPECT_NE(c.error().message().find("compute.q6k_decode must be auto, rows or dot, got 'fast'"), std::string::npos)
       << c.error().message();
+  auto d = (*lib)->create({{"prefetch", "l3"}});
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().code(), StatusCode::invalid_argument);
+  EXPECT_NE(d.error().message().find("compute.prefetch must be auto, l1 or l2, got 'l3'"), std::string::npos)
+      << d.error().message();
+}
+
+// compute.prefetch moves only where the weight stream is prefetched to: every matmul path has the same bits with the
+// prefetches to L1 and to L2 (the setting is the process's: the last object created).
+TEST(CpuPlugin, PrefetchToL2GivesTheSameBits) {
+  auto lib = ct::LoadedPlugin::load(CPU_PLUGIN_PATH);
+  ASSERT_TRUE(lib);
+  std::vector<std::vector<float>> got[2];
+  for (int i = 0; i < 2; ++i) {
+    auto c = (*lib)->create_as<Compute>({{"prefetch", i == 0 ? "l1" : "l2"}, {"threads", "2"}});
+    ASSERT_TRUE(c) << c.error().message();
+    got[i] = matmuls(**c, false);
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  for (std::size_t r = 0; r < got[0].size(); ++r) {
+    ASSERT_EQ(0, std::memcmp(got[0][r].data(), got[1][r].data(), got[0][r].size() * sizeof(float))) << "case " << r;
+  }
 }
 
 }  // namespace
