@@ -1139,8 +1139,9 @@ struct ToolCallStream::Preview {
   std::string name;  // deepseek
   std::string id;    // kimi_k2: the model's
   JsonMinifier arguments;
-  std::size_t calls = 0;          // call objects begun
-  std::vector<std::string> sent;  // per call named so far: the arguments sent
+  std::size_t calls = 0;           // call objects begun
+  std::vector<std::string> sent;   // per call named so far: the arguments sent
+  std::vector<std::string> named;  // and its name
   std::optional<XmlCallReader> xml;
 
   // Sends what is new of call `index`: its name first, then what its arguments have grown to, `size` bytes in all
@@ -1157,6 +1158,7 @@ struct ToolCallStream::Preview {
         return;
       }
       sent.emplace_back();
+      named.push_back(name);
       out.calls.push_back(ToolCallDelta{.index = index, .name = name, .id = id});
     }
     std::string& so_far = sent[index];
@@ -1485,6 +1487,11 @@ ToolStreamEnd ToolCallStream::finish() {
   } else if (required_) {
     if (auto call = call_from_json_text(held_)) {
       end.parse.calls.push_back(std::move(*call));
+    } else if (!preview_->named.empty()) {
+      // Cut off after the call was named (max_tokens, a stop): that call, with the arguments written so far, as a
+      // named tool_choice's cut-off call is; what was streamed is then the whole answer.
+      end.parse.calls.push_back(ToolCall{"", preview_->named[0], preview_->sent[0]});
+      end.cut_off = true;
     } else {
       end.parse.content = held_;
     }

@@ -1106,11 +1106,14 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     if (!c.tool_stream) return;
-    // "required": the text is the call object; cut off before it closed, it is content, so nothing is lost.
+    // "required": the text is the call object; cut off before it closed, the call with the arguments written so far
+    // once it was named (finish_reason the cut's), else the text as content, so nothing is lost.
     ToolStreamEnd end = c.tool_stream->finish();
     ToolParse& parsed = end.parse;
     if (!parallel_tool_calls_ && parsed.calls.size() > 1) parsed.calls.resize(1);
-    if (!parsed.calls.empty() && !(c.required_call && c.finish_reason == "length")) c.finish_reason = "tool_calls";
+    if (!parsed.calls.empty() && !end.cut_off && !(c.required_call && c.finish_reason == "length")) {
+      c.finish_reason = "tool_calls";
+    }
     emit_content(index, c, parsed.content);
     if (streaming_) return emit_deltas(index, end.calls);
     if (!parsed.calls.empty()) {

@@ -1514,6 +1514,24 @@ class Api(unittest.TestCase):
             _, events, _ = s.stream("/v1/chat/completions", dict(eager, logprobs=True))
             streamed = [t for e in events for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["content"]]
             self.assertEqual(len(streamed), whole["usage"]["completion_tokens"])
+            # Cut off by max_tokens once named: that call with the arguments written so far and the cut's reason, as
+            # a named tool_choice's; streamed, its pieces and nothing after them (no text of the call as content).
+            cut = dict(eager, max_tokens=whole["usage"]["completion_tokens"] - 1)
+            _, body = s.json("POST", "/v1/chat/completions", cut)
+            choice = body["choices"][0]
+            self.assertEqual(choice["finish_reason"], "length", choice)
+            self.assertIsNone(choice["message"]["content"], choice)
+            (partial,) = choice["message"]["tool_calls"]
+            self.assertEqual(partial["function"]["name"], any_call["function"]["name"])
+            self.assertTrue(any_call["function"]["arguments"].startswith(partial["function"]["arguments"]), partial)
+            self.assertLess(len(partial["function"]["arguments"]), len(any_call["function"]["arguments"]))
+            _, events, done = s.stream("/v1/chat/completions", cut)
+            self.assertTrue(done)
+            self.assertEqual(stream_text(events), "")
+            pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]]
+                      if "tool_calls" in d]
+            self.assertEqual("".join(p["function"]["arguments"] for p in pieces), partial["function"]["arguments"])
+            self.assertEqual(finish_of(events), "length")
             # "required" with one tool is that tool.
             status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed, tool_choice="required"))
             self.assertEqual(body["choices"][0]["message"]["tool_calls"][0]["function"], call["function"])

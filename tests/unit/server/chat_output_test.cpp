@@ -505,13 +505,25 @@ TEST(ToolCalls, RequiredCallStreams) {
     ASSERT_EQ(s.end.parse.calls.size(), 1u);
     EXPECT_EQ(s.end.parse.calls[0].arguments, call->arguments);
   }
-  // Cut off before it closed: no call, the text is content.
+  // Cut off before it closed, once named: that call with the arguments sent so far, marked cut off, no content (what
+  // was streamed is the whole answer, as a named tool_choice's cut-off call).
   const std::string cut = R"({"name": "get_time", "arguments": {"zone": "C)";
   const Streamed s = stream_in_steps(ToolCallStream::required_call(), cut, 1);
   EXPECT_EQ(s.names, std::vector<std::string>{"get_time"});
   EXPECT_FALSE(json::accept(s.arguments[0]));
-  EXPECT_TRUE(s.end.parse.calls.empty());
-  EXPECT_EQ(s.end.parse.content, cut);
+  ASSERT_EQ(s.end.parse.calls.size(), 1u);
+  EXPECT_EQ(s.end.parse.calls[0].name, "get_time");
+  EXPECT_EQ(s.end.parse.calls[0].arguments, s.arguments[0]);
+  EXPECT_TRUE(s.end.cut_off);
+  EXPECT_EQ(s.end.parse.content, "");
+  EXPECT_EQ(s.content, "");
+  // Cut off before the call was named: no call, the text is content.
+  const std::string early = R"({"name": "get_ti)";
+  const Streamed e = stream_in_steps(ToolCallStream::required_call(), early, 1);
+  EXPECT_TRUE(e.names.empty());
+  EXPECT_TRUE(e.end.parse.calls.empty());
+  EXPECT_FALSE(e.end.cut_off);
+  EXPECT_EQ(e.end.parse.content, early);
 }
 
 // --- harmony (gpt-oss): its header names the call, so its arguments stream from the first byte of the message ---

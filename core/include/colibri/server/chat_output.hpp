@@ -164,6 +164,9 @@ struct ToolStreamEnd {
   // that everything push() sent plus it is exactly parse_tool_calls' content of the whole text.
   ToolParse parse;
   std::vector<ToolCallDelta> calls;  // what completes each call of `parse` (all of one that was not previewed)
+  // tool_choice "required" cut off after its call was named: `parse` holds that call with the arguments written so
+  // far (no complete JSON), not a finished call.
+  bool cut_off = false;
 };
 
 // The same for a stream: push() returns the content that can be sent now, holding back text from the first call
