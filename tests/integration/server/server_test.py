@@ -66,6 +66,17 @@ def patched_model(name, file="config.json", **keys):
     return model
 
 
+def qwen3_next_model():
+    """The tiny Qwen3-Next (gated-delta-rule layers) in f32: WORK/tiny-qwen3_next."""
+    ckpt, model = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
+    if not os.path.exists(os.path.join(model, "manifest.json")):
+        subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+        subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                       capture_output=True)
+    return model
+
+
 def die_with_parent():
     """Runs in the child before exec: the kernel kills the server when this test process dies, even by SIGKILL
     from ctest's timeout, so no server is left behind listening."""
@@ -960,15 +971,10 @@ class Api(unittest.TestCase):
 
     def test_prompt_cache_with_recurrent_layers(self):
         # Qwen3-Next's gated-delta-rule layers carry a state, not rows: a kept sequence serves a next request only
-        # where its state is (a prompt that continues it whole) or where it was saved (before the prompt's last
-        # token: the same prompt again, or one sharing the prompt but not the reply). Elsewhere nothing is reused.
-        # Every answer is a cold run's.
-        ckpt, model = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
-        if not os.path.exists(os.path.join(model, "manifest.json")):
-            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
-                           capture_output=True)
-            subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
-                           capture_output=True)
+        # where its state is (a prompt that continues it whole) or at a checkpoint (here, completions, only the one
+        # before the prompt's last token: the same prompt again, or one sharing the prompt but not the reply).
+        # Elsewhere nothing is reused. Every answer is a cold run's.
+        model = qwen3_next_model()
         prompt = [(i * 37 + 11) % 250 + 1 for i in range(40)]
         req = {"model": "tiny-qwen3_next", "max_tokens": 4, "temperature": 0, "logprobs": 2}
         cached = lambda r: r["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -1011,12 +1017,7 @@ class Api(unittest.TestCase):
         # turn's history drops the "<think>" this template opens), the last user message's (an edited message) and
         # the system prompt's end (another conversation). Each later prompt reuses up to one of them (the sliding
         # model's rows may still serve more of the next turn), and every answer is a cold run's.
-        ckpt, recurrent = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
-        if not os.path.exists(os.path.join(recurrent, "manifest.json")):
-            subprocess.run([sys.executable, GEN, "--arch", "qwen3_next", "--out", ckpt, "--dtype", "f32"], check=True,
-                           capture_output=True)
-            subprocess.run([CLI, "convert", "--input", ckpt, "--output", recurrent, "--quantize", "f32"], check=True,
-                           capture_output=True)
+        recurrent = qwen3_next_model()
         template = os.path.join(WORK, "think_dropped.jinja")
         with open(template, "w") as f:
             f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -468,19 +468,22 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
   }
 }
 
-// A prompt's end saved (save_window) is where a next turn that does not share the reply returns to, after the rows
-// moved on.
+// Positions [from, to) of a two-layer cache's rows, ten at a time (rows_of's values).
+void write_both_layers(KvCache& c, std::int64_t from, std::int64_t to) {
+  std::vector<float> k, v;
+  for (std::int64_t p = from; p < to; p += 10) {
+    rows_of(p, 10, k, v);
+    for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c.write(l, p, 10, k.data(), v.data()));
+  }
+}
+
+// A checkpoint at a prompt's end is where a next turn that does not share the reply returns to, after the rows moved
+// on.
 TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   const std::int64_t window = 100;
   auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16, {}});
   ASSERT_TRUE(c);
-  std::vector<float> k, v;
-  auto run_to = [&](std::int64_t from, std::int64_t to) {
-    for (std::int64_t p = from; p < to; p += 10) {
-      rows_of(p, 10, k, v);
-      for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c->write(l, p, 10, k.data(), v.data()));
-    }
-  };
+  auto run_to = [&](std::int64_t from, std::int64_t to) { write_both_layers(*c, from, to); };
   run_to(0, 1000);
   ASSERT_TRUE(c->checkpoint(1000));
   run_to(1000, 2000);  // the reply
@@ -508,10 +511,7 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   // Nothing saved, or a window the rows no longer hold: nothing to return to.
   auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, {{window, 0}, 16, {}});
   ASSERT_TRUE(d);
-  for (std::int64_t p = 0; p < 1000; p += 10) {
-    rows_of(p, 10, k, v);
-    for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(d->write(l, p, 10, k.data(), v.data()));
-  }
+  write_both_layers(*d, 0, 1000);
   EXPECT_EQ(d->rewind(500), 0);
   ASSERT_TRUE(d->checkpoint(500));  // not held any more: nothing saved
   EXPECT_EQ(d->reusable(500), 0);
@@ -672,13 +672,7 @@ TEST(KvCache, SlidingLayersReturnToTheFurthestCheckpointThatServes) {
   windows.checkpoints = 2;
   auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 4096, nullptr, windows);
   ASSERT_TRUE(c);
-  std::vector<float> k, v;
-  auto run_to = [&](std::int64_t from, std::int64_t to) {
-    for (std::int64_t p = from; p < to; p += 10) {
-      rows_of(p, 10, k, v);
-      for (std::int64_t l = 0; l < 2; ++l) ASSERT_TRUE(c->write(l, p, 10, k.data(), v.data()));
-    }
-  };
+  auto run_to = [&](std::int64_t from, std::int64_t to) { write_both_layers(*c, from, to); };
   run_to(0, 500);
   ASSERT_TRUE(c->checkpoint(500));  // a system prompt's end
   run_to(500, 1000);
