@@ -248,8 +248,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   h.architecture = it->second;
   // Llama 4's, Qwen3-VL's and Qwen3.5's image-text checkpoints nest the language model's fields in text_config
   // (transformers' Llama4Config, Qwen3VLMoeConfig, Qwen3_5MoeConfig, Qwen3_5Config).
-  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe" || h.architecture == "qwen3_5_moe" ||
-       h.architecture == "qwen3_5") &&
+  if ((h.architecture == "llama4" || h.architecture == "qwen3_vl_moe" || is_qwen3_5(h.architecture)) &&
       c.contains("text_config") && c["text_config"].is_object()) {
     json text = c["text_config"];
     text.erase("text_config");  // one level: a nested one again is no config transformers writes
@@ -355,11 +354,11 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                  std::to_string(h.num_heads) + "; add num_key_value_heads to config.json");
   }
   h.head_dim = get_int("head_dim",
-                       a == "gpt_oss"                                  ? 64
-                       : a == "llama4"                                 ? 128
-                       : a == "qwen3_next" || a.starts_with("qwen3_5") ? 256
-                       : h.num_heads > 0                               ? h.hidden_size / h.num_heads
-                                                                       : 0,
+                       a == "gpt_oss"                       ? 64
+                       : a == "llama4"                      ? 128
+                       : a == "qwen3_next" || is_qwen3_5(a) ? 256
+                       : h.num_heads > 0                    ? h.hidden_size / h.num_heads
+                                                            : 0,
                        false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
@@ -573,7 +572,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
   if (a == "llama4") {
     if (auto s = llama4_layers(c, where, h); !s) return s;
   }
-  const bool qwen3_5 = a == "qwen3_5_moe" || a == "qwen3_5";
+  const bool qwen3_5 = is_qwen3_5(a);
   if (a == "qwen3_next" || qwen3_5) {
     // Qwen3-Next: every full_attention_interval-th layer attends (q/k norms per head, RoPE on partial_rotary_factor of
     // each head, the output gated by a projection q_proj also holds); the others are gated-delta-rule layers.
@@ -1252,14 +1251,14 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
   h.shared_expert_gate = g.find_tensor("blk.0.ffn_gate_inp_shexp.weight") != nullptr;
-  if (a == "qwen3_next" || a.starts_with("qwen3_5")) {
+  if (a == "qwen3_next" || is_qwen3_5(a)) {
     // llama.cpp's qwen3next (and qwen35moe and qwen35, their value heads tiled): every full_attention_interval-th
     // layer attends, the others run the gated delta rule (ssm.state_size: the key heads' width, ssm.group_count: key
     // heads, ssm.time_step_rank: value heads); the router always renormalizes; the shared expert's gate is there
     // whatever layer 0 is.
     h.qk_norm = "per_head";
     h.attn_output_gate = true;
-    h.linear_tiled_heads = a.starts_with("qwen3_5");
+    h.linear_tiled_heads = is_qwen3_5(a);
     h.norm_topk_prob = !h.dense;
     h.shared_expert_gate = h.shared_expert_intermediate_size > 0;
     h.linear_conv_kernel = req("ssm.conv_kernel");
@@ -1474,7 +1473,7 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
   // group's value heads) and z; in_proj_ba's so with b and a. They are cut into q, k, v and z (and b, a) of every
   // head, as is the convolution's weight; llama.cpp's qwen3next GGUFs hold q, k and v of every head in attn_qkv (and
   // the convolution likewise), z in attn_gate and b, a in ssm_ba by group.
-  const bool qwen3_5 = hp.architecture == "qwen3_5_moe" || hp.architecture == "qwen3_5";
+  const bool qwen3_5 = is_qwen3_5(hp.architecture);
   auto add_linear = [&](const std::string& b, const std::string& p, std::int64_t l) {
     const std::int64_t nk = hp.linear_k_heads, dk = hp.linear_k_dim, dv = hp.linear_v_dim;
     const std::int64_t r = hp.linear_v_heads / nk, kd = hp.linear_key_width(), vd = hp.linear_value_width();

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "colibri/model/gguf.hpp"
@@ -45,6 +46,11 @@ struct RowPick {
 // multiply by 1 + w (stored as w + 1, computed in f32 as transformers does), and its decay rate is kept as
 // -exp(A_log).
 enum class ValueTransform { none, add_one, neg_exp };
+
+// Qwen3.5's language models, MoE and dense: Qwen3-Next's layers with their projections apart and value heads tiled.
+inline bool is_qwen3_5(std::string_view architecture) {
+  return architecture == "qwen3_5_moe" || architecture == "qwen3_5";
+}
 
 // Value heads stored grouped by key head (HF: groups x per heads of `width` rows or columns, head g * per + j) that
 // colibri keeps tiled (head j * groups + g), as llama.cpp's Qwen3.5 GGUFs hold them. groups 0: none.

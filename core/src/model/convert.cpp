@@ -744,11 +744,12 @@ Status write_tensor(const Input& in, const SourceRef& src, DType target, OutFile
       std::string error;
       std::mutex error_mutex;
       parallel_rows(n, threads, [&](std::int64_t b, std::int64_t e) {
+        std::vector<float> row;  // col_map's source row, reused for this task's rows
         for (std::int64_t r = b; r < e; ++r) {
           float* f = scratch.data() + r * src.cols;
           Status s = quant::dequantize_row(src.type, in_buf.data() + r * src_row, f, src.cols);
           if (s && src.col_map) {
-            const std::vector<float> row(f, f + src.cols);
+            row.assign(f, f + src.cols);
             for (std::int64_t i = 0; i < src.cols; ++i) f[i] = row[static_cast<std::size_t>(src.col_map(i))];
           }
           if (s && src.transform == ValueTransform::add_one) {
@@ -1375,7 +1376,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     };
     // GLM's multi-token-prediction layers come right after the last one; colibri does not draft with them.
     // Qwen3-Next's sits apart, under mtp.
-    const bool mtp_apart = !in.is_gguf && (hp.architecture == "qwen3_next" || hp.architecture.starts_with("qwen3_5"));
+    const bool mtp_apart = !in.is_gguf && (hp.architecture == "qwen3_next" || is_qwen3_5(hp.architecture));
     const auto nextn_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       const std::int64_t layer = layer_of(name);
       return (layer >= hp.num_layers && layer < hp.num_layers + hp.nextn_layers) ||
@@ -1388,9 +1389,8 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     const std::vector<std::string> vision_prefixes =
         in.is_gguf                    ? std::vector<std::string>{}
         : hp.architecture == "llama4" ? std::vector<std::string>{"vision_model.", "multi_modal_projector."}
-        : hp.architecture == "qwen3_vl_moe" || hp.architecture.starts_with("qwen3_5")
-            ? std::vector<std::string>{"model.visual."}
-            : std::vector<std::string>{};
+        : hp.architecture == "qwen3_vl_moe" || is_qwen3_5(hp.architecture) ? std::vector<std::string>{"model.visual."}
+                                                                           : std::vector<std::string>{};
     const auto vision_end = std::stable_partition(unused.begin(), unused.end(), [&](const std::string& name) {
       return std::any_of(vision_prefixes.begin(), vision_prefixes.end(),
                          [&](const std::string& p) { return name.starts_with(p); });
