@@ -56,6 +56,15 @@ std::uint64_t KvCache::bytes_for(DType type, std::int64_t layers, std::int64_t k
          state_floats * sizeof(float);
 }
 
+std::uint64_t KvCache::checkpoint_bytes_for(DType type, std::int64_t layers, std::int64_t kv_heads,
+                                            std::int64_t head_dim, std::int64_t context, const KvWindows& windows,
+                                            bool values_are_keys) {
+  KvWindows none = windows;
+  none.checkpoints = 0;
+  return bytes_for(type, layers, kv_heads, head_dim, context, windows, values_are_keys) -
+         bytes_for(type, layers, kv_heads, head_dim, context, none, values_are_keys);
+}
+
 sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
                                        std::int64_t context, std::shared_ptr<sdk::Compute> device, KvWindows windows,
                                        bool values_are_keys) {
@@ -91,9 +100,7 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   c.first_.assign(static_cast<std::size_t>(layers), 0);
   c.windows_ = std::move(windows);
   c.total_bytes_ = bytes_for(type, layers, kv_heads, head_dim, context, c.windows_, values_are_keys);
-  KvWindows none = c.windows_;
-  none.checkpoints = 0;
-  c.checkpoint_bytes_ = c.total_bytes_ - bytes_for(type, layers, kv_heads, head_dim, context, none, values_are_keys);
+  c.checkpoint_bytes_ = checkpoint_bytes_for(type, layers, kv_heads, head_dim, context, c.windows_, values_are_keys);
   auto layer_bytes = [&c](std::int64_t l) {
     return c.row_bytes_ * static_cast<std::size_t>(c.kv_heads_ * c.rows_[static_cast<std::size_t>(l)]);
   };

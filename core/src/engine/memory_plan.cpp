@@ -123,10 +123,8 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);
-  KvWindows none = windows;
-  none.checkpoints = 0;
-  p.kv_checkpoint_bytes = p.kv_bytes - KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(),
-                                                          hp.kv_cache_dim(), p.context, none, hp.mla());
+  p.kv_checkpoint_bytes = KvCache::checkpoint_bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(),
+                                                        p.context, windows, hp.mla());
   for (const auto w : windows.window) {
     const auto rows = KvCache::layer_positions(w, windows.max_write, p.context);
     if (rows >= p.context) continue;

@@ -43,6 +43,10 @@ class KvCache {
   // its checkpoints' copies take.
   static std::uint64_t bytes_for(sdk::DType type, std::int64_t layers, std::int64_t kv_heads, std::int64_t head_dim,
                                  std::int64_t context, const KvWindows& windows = {}, bool values_are_keys = false);
+  // Of bytes_for: the most its checkpoints' copies take (host memory).
+  static std::uint64_t checkpoint_bytes_for(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
+                                            std::int64_t head_dim, std::int64_t context, const KvWindows& windows,
+                                            bool values_are_keys = false);
   // Bytes one position takes over all layers (K and V; K alone where values_are_keys).
   static std::uint64_t bytes_per_position(sdk::DType type, std::int64_t layers, std::int64_t kv_heads,
                                           std::int64_t head_dim, bool values_are_keys = false);
