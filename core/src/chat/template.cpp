@@ -328,7 +328,7 @@ std::vector<std::int64_t> parting_positions(
     last_user = i;
   }
   for (const auto at : {first_user, last_user}) {
-    if (at && *at > 0) cuts.push_back(*at);
+    if (at && *at > 0 && cuts.back() != *at) cuts.push_back(*at);  // one user message: rendered once
   }
   for (const auto n : cuts) {
     const auto tokens = prefix(n);
