@@ -42,4 +42,15 @@ if COLIBRI_PLUGIN_PATH="$work/build" "$cli" run -m "$work/model" -p "Hello world
 fi
 grep -q "cannot run attention on a f16 KV cache" "$work/f16.err" || { cat "$work/f16.err"; exit 1; }
 [ ! -s "$work/f16.out" ] || { echo "text written before the refusal:"; cat "$work/f16.out"; exit 1; }
+# Qwen3-Next's gated-delta-rule layers need three optional ops the scalar backend does not offer: refused at load by
+# name, with the backends that run them.
+/usr/bin/python3 "$src/tests/fixtures/make_tiny_model.py" --arch qwen3_next --out "$work/hf-next" >/dev/null
+"$cli" convert --input "$work/hf-next" --output "$work/next" --quantize f32 >/dev/null 2>&1
+if COLIBRI_PLUGIN_PATH="$work/build" "$cli" run -m "$work/next" -p "Hello world" -n 4 --kv-type f32 \
+    --profile "$work/scalar.yaml" >"$work/next.out" 2>"$work/next.err"; then
+  echo "qwen3_next ran on a backend without its linear-attention ops"; exit 1
+fi
+grep -q "compute backend scalar cannot run qwen3_next's gated-delta-rule layers (the mul, causal_conv and gated_delta_rule ops); use compute.backend: cpu, cuda or vulkan" "$work/next.err" ||
+  { cat "$work/next.err"; exit 1; }
+[ ! -s "$work/next.out" ] || { echo "text written before the refusal:"; cat "$work/next.out"; exit 1; }
 echo "third-party backend: all checks passed"

@@ -10,7 +10,7 @@
 * gpt_oss(): gpt-oss's ops (attention_sinks, expert_ffn_clamped, mxfp4 experts) against the CPU backend, their one
   promise, and mxfp4 experts uploaded to device memory;
 * linear_attention(): Qwen3-Next's and Qwen3.5's gated-delta-rule layers against the CPU backend and their one
-  promise where the backend runs them, else refused by name.
+  promise.
 """
 
 import json
@@ -118,24 +118,12 @@ class Engine:
             print(f"  {arch}/{preset}: {self.backend} batch invariance checked", flush=True)
         return failures
 
-    def linear_attention(self, runs, variants=((),)):
+    def linear_attention(self, variants=((),)):
         """Qwen3-Next's and Qwen3.5's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops,
-        the recurrent states in host memory). A backend that runs them (`runs`): Qwen3-Next, Qwen3.5-MoE and Qwen3.5
-        against the CPU backend under each of `variants` (extra flags), and the one promise (Qwen3-Next's logits
-        bit-identical token by token and in chunks of 3). One that does not: the load fails at once, naming them and
-        the backends to use."""
+        the recurrent states in host memory): Qwen3-Next, Qwen3.5-MoE and Qwen3.5 against the CPU backend under each
+        of `variants` (extra flags), and the one promise (Qwen3-Next's logits bit-identical token by token and in
+        chunks of 3). A backend without the ops is refused at load (tests/integration/sdk_third_party_backend.sh)."""
         failures = []
-        if not runs:
-            m = self.model("qwen3_next", "f32")
-            try:
-                self.logits(m, f"{self.backend}-refused", *self.on_backend)
-            except RuntimeError as e:
-                want = f"compute backend {self.backend} cannot run qwen3_next's gated-delta-rule layers"
-                if want in str(e) and "use compute.backend: cpu or vulkan" in str(e):
-                    print(f"  qwen3_next: {self.backend} refuses it by name", flush=True)
-                    return []
-                return [f"qwen3_next: {self.backend} failed without saying why: {e}"]
-            return [f"qwen3_next: {self.backend} ran a model whose ops it does not offer"]
         for extra in variants:
             for arch in ("qwen3_next", "qwen3_5_moe", "qwen3_5"):
                 m = self.model(arch, "f32")

@@ -570,7 +570,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
       return Status(StatusCode::unsupported, "compute backend " + plugins_.compute_name + " cannot run " +
                                                  hp_.architecture +
                                                  "'s gated-delta-rule layers (the mul, causal_conv and "
-                                                 "gated_delta_rule ops); use compute.backend: cpu or vulkan");
+                                                 "gated_delta_rule ops); use compute.backend: cpu, cuda or vulkan");
     }
   }
   if (hp_.mla()) {

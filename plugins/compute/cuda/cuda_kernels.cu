@@ -13,6 +13,7 @@
 
 #include "cuda_dequant.cuh"
 #include "cuda_kernels.hpp"
+#include "cuda_linear_attention.cuh"
 #include "cuda_q8dot.cuh"
 
 namespace colibri::cuda {
@@ -864,8 +865,40 @@ __global__ void eltwise_kernel(int mode, const float* a, const float* b, float* 
       case 0: y[i] = __fadd_rn(a[i], b[i]); break;
       case 1: y[i] = __fmul_rn(__fmul_rn(a[i], sigmoidf(a[i])), b[i]); break;
       case 2: y[i] = sigmoidf(a[i]); break;
-      default: y[i] = fmaf(b[i / d], a[i], y[i]); break;
+      case 3: y[i] = fmaf(b[i / d], a[i], y[i]); break;
+      default: y[i] = __fmul_rn(a[i], b[i]); break;
     }
+  }
+}
+
+// ---------------------------------------------------------------- linear attention (cuda_linear_attention.cuh)
+__global__ void causal_conv_kernel(linear::ConvArgs a) {
+  for (long long ch = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; ch < a.c;
+       ch += static_cast<long long>(gridDim.x) * blockDim.x) {
+    linear::conv_channel(a, static_cast<int>(ch));
+  }
+}
+
+// Block (column tile, value head): shared memory holds the tile's state, dk rows of kDeltaColumns, then qn and kn.
+__global__ void __launch_bounds__(linear::kDeltaColumns) gated_delta_rule_kernel(linear::DeltaArgs a) {
+  extern __shared__ float smem[];
+  const int h = static_cast<int>(blockIdx.y), lane = static_cast<int>(threadIdx.x);
+  const int j = static_cast<int>(blockIdx.x) * linear::kDeltaColumns + lane;
+  const bool live = j < a.dv;
+  float* S = smem + lane;
+  float* qn = smem + a.dk * linear::kDeltaColumns;
+  float* kn = qn + a.dk;
+  if (live) {
+    for (int i = 0; i < a.dk; ++i) S[i * linear::kDeltaColumns] = a.state[linear::delta_state_at(a, h, i, j)];
+  }
+  for (int t = 0; t < a.t; ++t) {
+    linear::delta_keys(a, h, t, lane, linear::kDeltaColumns, qn, kn);
+    __syncthreads();
+    if (live) linear::delta_column(a, h, t, j, S, linear::kDeltaColumns, qn, kn);
+    __syncthreads();  // qn and kn are the next token's
+  }
+  if (live) {
+    for (int i = 0; i < a.dk; ++i) a.state[linear::delta_state_at(a, h, i, j)] = S[i * linear::kDeltaColumns];
   }
 }
 
@@ -1244,6 +1277,36 @@ cudaError_t launch_rope(cudaStream_t stream, const float* x, const std::int32_t*
 cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
                            std::int64_t d) noexcept {
   eltwise_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<int>(mode), a, b, y, n, d);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_causal_conv(cudaStream_t stream, const float* x, const float* w, float* y, float* state,
+                               std::int64_t channels, std::int64_t t, std::int64_t k) noexcept {
+  const linear::ConvArgs a{x, w, y, state, static_cast<int>(channels), static_cast<int>(t), static_cast<int>(k)};
+  causal_conv_kernel<<<grid_for(channels, 64), 64, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gated_delta_rule(cudaStream_t stream, const DeltaRuleArgs& d) noexcept {
+  const linear::DeltaArgs a{d.q,
+                            d.k,
+                            d.v,
+                            d.a,
+                            d.b,
+                            d.decay_rate,
+                            d.dt_bias,
+                            d.o,
+                            d.state,
+                            static_cast<int>(d.dk),
+                            static_cast<int>(d.dv),
+                            static_cast<int>(d.hk),
+                            static_cast<int>(d.hv),
+                            static_cast<int>(d.t),
+                            d.tiled};
+  const dim3 grid(static_cast<unsigned>((d.dv + linear::kDeltaColumns - 1) / linear::kDeltaColumns),
+                  static_cast<unsigned>(d.hv));
+  const std::size_t shared = static_cast<std::size_t>(d.dk) * (linear::kDeltaColumns + 2) * sizeof(float);
+  gated_delta_rule_kernel<<<grid, linear::kDeltaColumns, shared, stream>>>(a);
   return cudaGetLastError();
 }
 

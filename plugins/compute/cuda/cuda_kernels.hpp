@@ -127,10 +127,25 @@ cudaError_t launch_rope(cudaStream_t stream, const float* x, const std::int32_t*
                         float* y, std::int64_t head_dim, std::int64_t n_heads, std::int64_t t, std::int32_t rope_dims,
                         bool interleaved, float scale) noexcept;
 
-enum class Eltwise : int { add, swiglu, sigmoid, scale_add };
-// add / swiglu: y = f(a, b); sigmoid: y = f(a); scale_add: y[i] += b[i / d] * a[i].
+enum class Eltwise : int { add, swiglu, sigmoid, scale_add, mul };
+// add / swiglu / mul: y = f(a, b); sigmoid: y = f(a); scale_add: y[i] += b[i / d] * a[i].
 cudaError_t launch_eltwise(cudaStream_t stream, Eltwise mode, const float* a, const float* b, float* y, std::int64_t n,
                            std::int64_t d) noexcept;
+
+// causal_conv (sdk compute.hpp): X {channels, t}, W {k, channels} with k <= 16, Y {channels, t}, state
+// {channels, k - 1}; one thread per channel, its tokens in order.
+cudaError_t launch_causal_conv(cudaStream_t stream, const float* x, const float* w, float* y, float* state,
+                               std::int64_t channels, std::int64_t t, std::int64_t k) noexcept;
+
+// gated_delta_rule (sdk compute.hpp), dk <= 256, hv <= 65535: a block per (32 value columns, value head).
+struct DeltaRuleArgs {
+  const float *q, *k, *v, *a, *b, *decay_rate, *dt_bias;
+  float* o;
+  float* state;
+  std::int64_t dk, dv, hk, hv, t;
+  bool tiled;
+};
+cudaError_t launch_gated_delta_rule(cudaStream_t stream, const DeltaRuleArgs& d) noexcept;
 
 // gpt-oss's clamped SwiGLU (expert_ffn_clamped): y = g / (1 + e^(-alpha g)) * (u + 1) with g = min(gate, limit) and
 // u = clamp(up, -limit, limit); y may be gate.

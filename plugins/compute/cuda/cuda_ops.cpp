@@ -12,6 +12,7 @@
 
 #include "cuda_compute.hpp"
 #include "cuda_kernels.hpp"
+#include "cuda_linear_attention.cuh"
 
 namespace colibri::cuda {
 
@@ -227,6 +228,8 @@ bool CudaCompute::supports(Op op, DType weight_type) const noexcept {
   // DeepSeek's latent attention: matmul with the head on grid.z, and a row copy.
   if (op == Op::matmul_heads) return sdk::supports_every_op(Op::matmul, weight_type) || weight_type == DType::mxfp4;
   if (op == Op::concat_rows) return weight_type == DType::f32;
+  // Qwen3-Next's linear attention: eltwise's mul, and a kernel each for the convolution and the delta rule.
+  if (op == Op::mul || op == Op::causal_conv || op == Op::gated_delta_rule) return weight_type == DType::f32;
   return sdk::supports_every_op(op, weight_type);
 }
 
@@ -528,14 +531,53 @@ Status CudaCompute::run_impl(const sdk::OpCall& call) {
       break;
     }
     case Op::swiglu:
-    case Op::add: {
+    case Op::add:
+    case Op::mul: {
       const Tensor &a = in[0], &b = in[1], &y = out[0];
-      const bool add = call.op == Op::add;
-      COLIBRI_CUDA_BIND(aa, const float*, a, add ? "A" : "gate", false, 4);
-      COLIBRI_CUDA_BIND(bb, const float*, b, add ? "B" : "up", false, 4);
+      const bool swiglu = call.op == Op::swiglu;
+      COLIBRI_CUDA_BIND(aa, const float*, a, swiglu ? "gate" : "A", false, 4);
+      COLIBRI_CUDA_BIND(bb, const float*, b, swiglu ? "up" : "B", false, 4);
       COLIBRI_CUDA_BIND(ya, float*, y, "out", true, 4);
-      COLIBRI_CUDA_TRY(
-          launched(launch_eltwise(st, add ? Eltwise::add : Eltwise::swiglu, aa, bb, ya, sdk::element_count(a), 1)));
+      const Eltwise mode = swiglu ? Eltwise::swiglu : call.op == Op::add ? Eltwise::add : Eltwise::mul;
+      COLIBRI_CUDA_TRY(launched(launch_eltwise(st, mode, aa, bb, ya, sdk::element_count(a), 1)));
+      break;
+    }
+    case Op::causal_conv: {
+      const Tensor &x = in[0], &w = in[1], &y = out[0], &state = out[1];
+      if (w.ne[0] > linear::kMaxTaps) {
+        return bad("W " + shape_text(w) + ": convolutions of more than " + std::to_string(linear::kMaxTaps) +
+                   " taps are not supported by cuda");
+      }
+      if (x.ne[0] * x.ne[1] > kMaxInt) return bad("X " + shape_text(x) + " is more than 2^31 - 1 elements");
+      COLIBRI_CUDA_BIND(xa, const float*, x, "X", false, 4);
+      COLIBRI_CUDA_BIND(wa, const float*, w, "W", false, 4);
+      COLIBRI_CUDA_BIND(ya, float*, y, "Y", true, 4);
+      COLIBRI_CUDA_BIND(sa, float*, state, "state", true, 4);
+      COLIBRI_CUDA_TRY(launched(launch_causal_conv(st, xa, wa, ya, sa, x.ne[0], x.ne[1], w.ne[0])));
+      break;
+    }
+    case Op::gated_delta_rule: {
+      const Tensor &q = in[0], &v = in[2], &o = out[0], &state = out[1];
+      if (q.ne[0] > linear::kMaxDeltaDk) {
+        return bad("Q " + shape_text(q) + ": key heads of more than " + std::to_string(linear::kMaxDeltaDk) +
+                   " values are not supported by cuda");
+      }
+      if (v.ne[1] > kMaxGridY) return bad("V " + shape_text(v) + ": more than 65535 value heads in one call");
+      if (sdk::element_count(v) > kMaxInt || sdk::element_count(state) > kMaxInt) {
+        return bad("V " + shape_text(v) + " or the state " + shape_text(state) + " is more than 2^31 - 1 elements");
+      }
+      static constexpr const char* kIn[] = {"Q", "K", "V", "a", "b", "A", "dt_bias"};
+      const float* ia[7] = {};
+      for (std::size_t i = 0; i < 7; ++i) {
+        COLIBRI_CUDA_BIND(p_, const float*, in[i], kIn[i], false, 4);
+        ia[i] = p_;
+      }
+      COLIBRI_CUDA_BIND(oa, float*, o, "O", true, 4);
+      COLIBRI_CUDA_BIND(sa, float*, state, "state", true, 4);
+      const DeltaRuleArgs d{ia[0],   ia[1],   ia[2],   ia[3],   ia[4],
+                            ia[5],   ia[6],   oa,      sa,      q.ne[0],
+                            v.ne[0], q.ne[1], v.ne[1], q.ne[2], (call.params.flags & sdk::kDeltaTiledHeads) != 0};
+      COLIBRI_CUDA_TRY(launched(launch_gated_delta_rule(st, d)));
       break;
     }
     case Op::sigmoid: {

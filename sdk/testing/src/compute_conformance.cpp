@@ -2212,70 +2212,7 @@ std::uint32_t bits_of(float f) {
   return b;
 }
 
-// causal_conv in doubles: {C, T} from {C, T} inputs, {K, C} taps and a {C, K - 1} state (updated).
-std::vector<double> conv_reference(const std::vector<float>& x, const std::vector<float>& w, std::vector<double>& state,
-                                   std::int64_t ch, std::int64_t k, std::int64_t t) {
-  std::vector<double> y(static_cast<std::size_t>(ch * t));
-  for (std::int64_t c = 0; c < ch; ++c) {
-    std::vector<double> in;
-    for (std::int64_t j = 0; j + 1 < k; ++j) in.push_back(state[static_cast<std::size_t>(c + j * ch)]);
-    for (std::int64_t i = 0; i < t; ++i) in.push_back(x[static_cast<std::size_t>(c + i * ch)]);
-    for (std::int64_t i = 0; i < t; ++i) {
-      double acc = 0;
-      for (std::int64_t j = 0; j < k; ++j)
-        acc += w[static_cast<std::size_t>(c * k + j)] * in[static_cast<std::size_t>(i + j)];
-      y[static_cast<std::size_t>(c + i * ch)] = acc / (1 + std::exp(-acc));
-    }
-    for (std::int64_t j = 0; j + 1 < k; ++j)
-      state[static_cast<std::size_t>(c + j * ch)] = in[static_cast<std::size_t>(t + j)];
-  }
-  return y;
-}
-
-struct DeltaShape {
-  std::int64_t dk, hk, dv, hv, t;
-};
-
-// gated_delta_rule in doubles; `state` {dv, dk, hv} updated.
-std::vector<double> delta_reference(const DeltaShape& d, const std::vector<float>& q, const std::vector<float>& k,
-                                    const std::vector<float>& v, const std::vector<float>& a,
-                                    const std::vector<float>& b, const std::vector<float>& A,
-                                    const std::vector<float>& dt, std::vector<double>& state) {
-  std::vector<double> o(static_cast<std::size_t>(d.dv * d.hv * d.t));
-  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
-  for (std::int64_t t = 0; t < d.t; ++t) {
-    for (std::int64_t h = 0; h < d.hv; ++h) {
-      const std::int64_t kh = h / (d.hv / d.hk);
-      double qq = 0, kk = 0;
-      for (std::int64_t i = 0; i < d.dk; ++i) {
-        qq += double(q[at((t * d.hk + kh) * d.dk + i)]) * q[at((t * d.hk + kh) * d.dk + i)];
-        kk += double(k[at((t * d.hk + kh) * d.dk + i)]) * k[at((t * d.hk + kh) * d.dk + i)];
-      }
-      std::vector<double> qn(at(d.dk)), kn(at(d.dk));
-      for (std::int64_t i = 0; i < d.dk; ++i) {
-        qn[at(i)] = q[at((t * d.hk + kh) * d.dk + i)] / std::sqrt(qq + 1e-6) / std::sqrt(double(d.dk));
-        kn[at(i)] = k[at((t * d.hk + kh) * d.dk + i)] / std::sqrt(kk + 1e-6);
-      }
-      const double x = double(a[at(t * d.hv + h)]) + dt[at(h)];
-      const double decay = std::exp(A[at(h)] * std::log1p(std::exp(x)));
-      const double beta = 1 / (1 + std::exp(-double(b[at(t * d.hv + h)])));
-      double* S = state.data() + h * d.dk * d.dv;
-      for (std::int64_t i = 0; i < d.dk * d.dv; ++i) S[i] *= decay;
-      for (std::int64_t j = 0; j < d.dv; ++j) {
-        double mem = 0;
-        for (std::int64_t i = 0; i < d.dk; ++i) mem += S[i * d.dv + j] * kn[at(i)];
-        const double u = (v[at((t * d.hv + h) * d.dv + j)] - mem) * beta;
-        for (std::int64_t i = 0; i < d.dk; ++i) S[i * d.dv + j] += kn[at(i)] * u;
-      }
-      for (std::int64_t j = 0; j < d.dv; ++j) {
-        double out = 0;
-        for (std::int64_t i = 0; i < d.dk; ++i) out += S[i * d.dv + j] * qn[at(i)];
-        o[at((t * d.hv + h) * d.dv + j)] = out;
-      }
-    }
-  }
-  return o;
-}
+using DeltaShape = ref::DeltaShape;
 
 // Columns [from, from + n) of a {width, T} array.
 std::vector<float> columns(const std::vector<float>& v, std::int64_t width, std::int64_t from, std::int64_t n) {
@@ -2330,7 +2267,7 @@ TEST_P(ComputeConformance, CausalConvMatchesTheReferenceAndCarriesItsState) {
   }
   ASSERT_TRUE(st) << st.to_string();
   std::vector<double> ref_state(state0.begin(), state0.end());
-  const auto want = conv_reference(x, w, ref_state, ch, k, t);
+  const auto want = ref::causal_conv(x, w, ref_state, ch, k, t);
   expect_close(y, want, 1e-5, "causal_conv");
   expect_close(state, ref_state, 0, "causal_conv's state after the call");
   // Token by token from the same state: the same bits.
@@ -2380,7 +2317,7 @@ TEST_P(ComputeConformance, GatedDeltaRuleMatchesTheReferenceAndCarriesItsState) 
   }
   ASSERT_TRUE(st) << st.to_string();
   std::vector<double> ref_state(state0.begin(), state0.end());
-  const auto want = delta_reference(d, q, k, v, a, b, A, dt, ref_state);
+  const auto want = ref::gated_delta_rule(d, q, k, v, a, b, A, dt, ref_state, false);
   expect_close(o, want, 1e-5, "gated_delta_rule");
   expect_close(state, ref_state, 1e-5, "gated_delta_rule's state after the call");
   // In calls of 3, 1 and 3 tokens from the same state: the same bits.

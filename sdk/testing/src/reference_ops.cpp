@@ -270,4 +270,65 @@ Routing topk_routing_grouped(const float* logits, const float* bias, std::int64_
   return route(logits, bias, experts, t, k, flags, scale, 1e-20, groups, groups_used);
 }
 
+std::vector<double> causal_conv(const std::vector<float>& x, const std::vector<float>& w, std::vector<double>& state,
+                                std::int64_t ch, std::int64_t k, std::int64_t t) {
+  std::vector<double> y(static_cast<std::size_t>(ch * t));
+  for (std::int64_t c = 0; c < ch; ++c) {
+    std::vector<double> in;
+    for (std::int64_t j = 0; j + 1 < k; ++j) in.push_back(state[static_cast<std::size_t>(c + j * ch)]);
+    for (std::int64_t i = 0; i < t; ++i) in.push_back(x[static_cast<std::size_t>(c + i * ch)]);
+    for (std::int64_t i = 0; i < t; ++i) {
+      double acc = 0;
+      for (std::int64_t j = 0; j < k; ++j)
+        acc += w[static_cast<std::size_t>(c * k + j)] * in[static_cast<std::size_t>(i + j)];
+      y[static_cast<std::size_t>(c + i * ch)] = silu(acc);
+    }
+    for (std::int64_t j = 0; j + 1 < k; ++j)
+      state[static_cast<std::size_t>(c + j * ch)] = in[static_cast<std::size_t>(t + j)];
+  }
+  return y;
+}
+
+std::vector<double> gated_delta_rule(const DeltaShape& d, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, const std::vector<float>& a,
+                                     const std::vector<float>& b, const std::vector<float>& A,
+                                     const std::vector<float>& dt, std::vector<double>& state, bool tiled) {
+  std::vector<double> o(static_cast<std::size_t>(d.dv * d.hv * d.t));
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  for (std::int64_t t = 0; t < d.t; ++t) {
+    for (std::int64_t h = 0; h < d.hv; ++h) {
+      const std::int64_t kh = tiled ? h % d.hk : h / (d.hv / d.hk);
+      const float* qt = q.data() + (t * d.hk + kh) * d.dk;
+      const float* kt = k.data() + (t * d.hk + kh) * d.dk;
+      double qq = 0, kk = 0;
+      for (std::int64_t i = 0; i < d.dk; ++i) {
+        qq += double(qt[i]) * qt[i];
+        kk += double(kt[i]) * kt[i];
+      }
+      std::vector<double> qn(at(d.dk)), kn(at(d.dk));
+      for (std::int64_t i = 0; i < d.dk; ++i) {
+        qn[at(i)] = qt[i] / std::sqrt(qq + 1e-6) / std::sqrt(double(d.dk));
+        kn[at(i)] = kt[i] / std::sqrt(kk + 1e-6);
+      }
+      const double x = double(a[at(t * d.hv + h)]) + dt[at(h)];
+      const double decay = std::exp(A[at(h)] * std::log1p(std::exp(x)));
+      const double beta = sigmoid(b[at(t * d.hv + h)]);
+      double* S = state.data() + h * d.dk * d.dv;
+      for (std::int64_t i = 0; i < d.dk * d.dv; ++i) S[i] *= decay;
+      for (std::int64_t j = 0; j < d.dv; ++j) {
+        double mem = 0;
+        for (std::int64_t i = 0; i < d.dk; ++i) mem += S[i * d.dv + j] * kn[at(i)];
+        const double u = (v[at((t * d.hv + h) * d.dv + j)] - mem) * beta;
+        for (std::int64_t i = 0; i < d.dk; ++i) S[i * d.dv + j] += kn[at(i)] * u;
+      }
+      for (std::int64_t j = 0; j < d.dv; ++j) {
+        double out = 0;
+        for (std::int64_t i = 0; i < d.dk; ++i) out += S[i * d.dv + j] * qn[at(i)];
+        o[at((t * d.hv + h) * d.dv + j)] = out;
+      }
+    }
+  }
+  return o;
+}
+
 }  // namespace colibri::sdk::testing::ref

@@ -20,7 +20,9 @@
   qwen2_moe (its gated shared expert; two, for gpu-check's 10 minutes): logits and routing records bit-identical to
   the engine routing, the routed op in decode, the same VRAM hits;
 * compute.graphs (the ops between two waits as one CUDA graph; Engine.graphs) on mixtral: logits bit-identical to
-  launching op by op with every expert in VRAM (routed or not), a quarter, and none, and graphs launched and updated.
+  launching op by op with every expert in VRAM (routed or not), a quarter, and none, and graphs launched and updated;
+* Qwen3-Next's, Qwen3.5-MoE's and Qwen3.5's gated-delta-rule layers (Engine.linear_attention), graphs off and on:
+  against the CPU backend, and Qwen3-Next's logits bit-identical in one batch, token by token and in chunks of 3.
 
 Exits 77 (ctest: skipped) when no CUDA device can be used, unless COLIBRI_REQUIRE_CUDA=1. The checks themselves
 live in tests/support/backend_engine.py, shared with the Vulkan backend's test.
@@ -46,7 +48,8 @@ def main():
                                  engine.activations_on_device([]) +
                                  engine.routed_experts([], on=["--set", "compute.routed_experts=true"],
                                                        archs=("mixtral", "qwen2_moe")) +
-                                 engine.graphs(["--set", "compute.graphs=true"]) + engine.linear_attention(False))
+                                 engine.graphs(["--set", "compute.graphs=true"]) +
+                                 engine.linear_attention(((), ("--set", "compute.graphs=true"))))
 
 
 if __name__ == "__main__":

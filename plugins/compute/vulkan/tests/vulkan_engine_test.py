@@ -85,7 +85,7 @@ def main():
     cases = [(a, "f32") for a in backend_engine.ARCHS] + backend_engine.PRESETS
     return backend_engine.report(engine.against_cpu(cases) + engine.batch_invariance() +
                                  engine.gpt_oss(["--set", "compute.map_device_memory=false"]) +
-                                 engine.linear_attention(True, ((), ("--set", "compute.map_device_memory=false"))))
+                                 engine.linear_attention(((), ("--set", "compute.map_device_memory=false"))))
 
 
 if __name__ == "__main__":

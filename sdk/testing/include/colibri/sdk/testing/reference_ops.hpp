@@ -55,6 +55,22 @@ std::vector<double> matmul_heads(DType type, const void* w, std::int64_t k, std:
 double silu(double x);
 double sigmoid(double x);
 
+// causal_conv: X {ch, t}, W {k, ch} (a channel's taps, oldest first), the state {ch, k - 1} (updated to the last k - 1
+// inputs); Y {ch, t} = silu of each window's dot product.
+std::vector<double> causal_conv(const std::vector<float>& x, const std::vector<float>& w, std::vector<double>& state,
+                                std::int64_t ch, std::int64_t k, std::int64_t t);
+
+// gated_delta_rule's shapes: Q, K {dk, hk, t}, V {dv, hv, t}.
+struct DeltaShape {
+  std::int64_t dk, hk, dv, hv, t;
+};
+// gated_delta_rule (compute.hpp) in doubles: O {dv, hv, t}; `state` {dv, dk, hv} updated. `tiled`: value head h reads
+// key head h % hk (kDeltaTiledHeads), else h / (hv / hk).
+std::vector<double> gated_delta_rule(const DeltaShape& d, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, const std::vector<float>& a,
+                                     const std::vector<float>& b, const std::vector<float>& A,
+                                     const std::vector<float>& dt, std::vector<double>& state, bool tiled);
+
 struct Routing {
   std::vector<std::int32_t> ids;  // {k, t}
   std::vector<double> weights;    // {k, t}
