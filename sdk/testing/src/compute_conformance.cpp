@@ -13,6 +13,7 @@
 
 #include "colibri/quant/float16.hpp"
 #include "colibri/quant/quant.hpp"
+#include "colibri/sdk/testing/expect_values.hpp"
 #include "colibri/sdk/testing/plugin_loader.hpp"
 #include "colibri/sdk/testing/reference_ops.hpp"
 #include "colibri/sdk/testing/test_data.hpp"
@@ -2206,33 +2207,11 @@ TEST_P(ComputeConformance, AttentionSinksAndExpertFfnClampedRefuseBadCalls) {
 
 namespace {
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
 using DeltaShape = ref::DeltaShape;
 
 // Columns [from, from + n) of a {width, T} array.
 std::vector<float> columns(const std::vector<float>& v, std::int64_t width, std::int64_t from, std::int64_t n) {
   return std::vector<float>(v.begin() + from * width, v.begin() + (from + n) * width);
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 0;
-  for (const double w : want) scale = std::max(scale, std::abs(w));
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    ASSERT_LE(std::abs(got[i] - want[i]), tol * scale)
-        << what << ": element " << i << " is " << got[i] << ", want " << want[i];
-  }
-}
-
-void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    ASSERT_EQ(bits_of(got[i]), bits_of(want[i])) << what << ": element " << i;
 }
 
 }  // namespace

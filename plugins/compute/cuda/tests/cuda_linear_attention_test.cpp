@@ -10,17 +10,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "colibri/sdk/testing/expect_values.hpp"
 #include "colibri/sdk/testing/reference_ops.hpp"
 
 namespace {
 
 namespace la = colibri::cuda::linear;
 namespace ref = colibri::sdk::testing::ref;
+using colibri::sdk::testing::expect_bits;
+using colibri::sdk::testing::expect_close;
 
 std::vector<float> randn(std::size_t n, unsigned seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -28,21 +30,6 @@ std::vector<float> randn(std::size_t n, unsigned seed, float scale = 1.0f) {
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double scale = 0;
-  for (const double w : want) scale = std::max(scale, std::abs(w));
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    ASSERT_LE(std::abs(got[i] - want[i]), tol * scale)
-        << what << ": element " << i << " is " << got[i] << ", want " << want[i];
-  }
-}
-
-void expect_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
 }
 
 // causal_conv_kernel's grid: one thread per channel.
