@@ -27,6 +27,18 @@ expect_rc "plugins list succeeds" 0 $rc
 check "pread is listed with its score" "storage  pread         1.0.0    100" "$out"
 check "lru is listed with its score" "cache    lru           1.0.0    100" "$out"
 
+# A plugin option is checked against the plugin the profile selects, as in a run; a selected plugin that is not
+# installed is no error here (listing the plugins is how one finds that out).
+out=$("$cli" plugins list --set storage.queue_depht=8 2>&1); rc=$?
+expect_rc "plugins list with a misspelt plugin option fails" 1 $rc
+check "the misspelt option is named with the plugin's" "unknown key 'storage.queue_depht'; did you mean 'storage.queue_depth'?" "$out"
+out=$("$cli" model stripe nosuch-model --to "$work/disk2" --set cache.bogus=1 2>&1); rc=$?
+expect_rc "model stripe with an unknown plugin option fails" 1 $rc
+check "model stripe names the option before anything else" "unknown key 'cache.bogus'" "$out"
+out=$("$cli" plugins list --set compute.backend=nosuch 2>&1); rc=$?
+expect_rc "plugins list with a backend that is not installed still lists" 0 $rc
+check "and lists the others" "storage  pread" "$out"
+
 out=$("$cli" plugins list --json 2>&1); rc=$?
 expect_rc "plugins list --json succeeds" 0 $rc
 check "json names pread" '"name": "pread"' "$out"

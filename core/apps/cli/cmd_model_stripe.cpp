@@ -32,6 +32,7 @@
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 #include "colibri/profile/profile.hpp"
+#include "colibri/registry/plugin_set.hpp"
 #include "colibri/sdk/os_error.hpp"
 #include "colibri/util/output_file.hpp"
 #include "command.hpp"
@@ -251,6 +252,7 @@ std::string link_to(const fs::path& path, const fs::path& target) {
 int run_stripe(const GlobalOptions& global, const StripeOptions& o) {
   auto prof = global.load_profile();
   if (!prof) return global.profile_exit_code;
+  if (auto s = registry::check_plugin_keys(*prof, registry::scan_for_profile(*prof)); !s) return fail(s.message());
   auto dir_r = model::resolve_model_path(o.model, prof->get_string("models.dir"));
   if (!dir_r) return fail(dir_r.error().message());
   std::error_code ec;

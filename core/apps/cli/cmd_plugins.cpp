@@ -19,6 +19,7 @@ int list_plugins(const GlobalOptions& global, const PluginsOptions& opts) {
   auto prof = global.load_profile();
   if (!prof) return global.profile_exit_code;
   const auto reg = registry::scan_for_profile(*prof);
+  if (auto s = registry::check_plugin_keys(*prof, reg); !s) return fail(s.message());
   if (opts.json) {
     nlohmann::json out;
     out["search_path"] = nlohmann::json::array();

@@ -32,6 +32,15 @@ sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const
   return selected;
 }
 
+sdk::Status check_plugin_keys(const profile::Profile& profile, const PluginRegistry& registry) {
+  profile::Profile checked = profile;
+  for (auto kind : {sdk::PluginKind::compute, sdk::PluginKind::storage, sdk::PluginKind::cache}) {
+    auto r = resolve_plugin(checked, registry, kind);
+    if (!r && r.error().code() == sdk::StatusCode::invalid_argument) return r.error();
+  }
+  return {};
+}
+
 sdk::Expected<CreatedPlugin<sdk::PluginObject>> create_selected(profile::Profile& profile,
                                                                 const PluginRegistry& registry, sdk::PluginKind kind) {
   const std::string kind_name(to_string(kind));

@@ -12,6 +12,11 @@ namespace colibri::registry {
 sdk::Expected<const PluginInfo*> resolve_plugin(profile::Profile& profile, const PluginRegistry& registry,
                                                 sdk::PluginKind kind);
 
+// For commands that create no plugin (plugins list, model stripe): the profile's compute, storage and cache sections
+// checked against the plugins it selects, so a misspelt or ill-typed key is the error it is in a run. A selected
+// plugin that is missing here is no error (listing plugins is how one finds that out).
+sdk::Status check_plugin_keys(const profile::Profile& profile, const PluginRegistry& registry);
+
 // Scans the plugin search path of a profile (its plugins.paths first).
 PluginRegistry scan_for_profile(const profile::Profile& profile);
 
