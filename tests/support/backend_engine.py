@@ -15,6 +15,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -40,8 +41,8 @@ class Engine:
         self.on_backend = ["--set", f"compute.backend={backend}"]
         os.makedirs(work, exist_ok=True)
 
-    def run(self, args):
-        p = subprocess.run([self.cli] + args, capture_output=True, text=True, timeout=300)
+    def run(self, args, stdin=None):
+        p = subprocess.run([self.cli] + args, capture_output=True, text=True, timeout=300, input=stdin)
         if p.returncode != 0:
             raise RuntimeError(f"colibri-cli {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
         return p
@@ -122,7 +123,8 @@ class Engine:
         """Qwen3-Next's and Qwen3.5's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops,
         the recurrent states in host memory): Qwen3-Next, Qwen3.5-MoE and Qwen3.5 against the CPU backend under each
         of `variants` (extra flags), and the one promise (Qwen3-Next's logits bit-identical token by token and in
-        chunks of 3). A backend without the ops is refused at load (tests/integration/sdk_third_party_backend.sh)."""
+        chunks of 3), and a chat's next turn returning to a KV checkpoint. A backend without the ops is refused at load
+        (tests/integration/sdk_third_party_backend.sh)."""
         failures = []
         for extra in variants:
             for arch in ("qwen3_next", "qwen3_5_moe", "qwen3_5"):
@@ -137,7 +139,35 @@ class Engine:
                     failures.append(f"qwen3_next: {self.backend} logits with --batch {batch} differ from one batch "
                                     f"(max abs {np.abs(base - other).max()})")
             print(f"  qwen3_next: {self.backend} batch invariance checked", flush=True)
+            failures += self.chat_returns_to_a_checkpoint(m, list(extra))
         return failures
+
+    def chat_returns_to_a_checkpoint(self, m, extra):
+        """A recurrent model's next chat turn returns to a KV checkpoint (memory.kv_checkpoints): the states go back
+        from their host copies to where the cache keeps them (the device's memory when the KV cache is there), and the
+        transcript is the one of a chat without checkpoints, which reuses nothing. The template drops the "<think>"
+        its generation prompt opens, so turn 2 shares turn 1's prompt up to that generation prompt only."""
+        template = os.path.join(self.work, "think_dropped.jinja")
+        with open(template, "w") as f:
+            f.write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        # Sampled from the whole distribution with a fixed seed: a tiny model's greedy tokens hardly depend on the
+        # recurrent states, its probabilities do (a state left where turn 1 ended changes this transcript).
+        args = ["chat", "-m", m, "-n", "40", "--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "5",
+                "--template", template, "--system", "Be brief."]
+        args += self.on_backend + extra
+        turns = "what does the river say\nand then what\n"
+        kept = self.run(args, stdin=turns)
+        none = self.run(args + ["--set", "memory.kv_checkpoints=0"], stdin=turns)
+        reused = lambda p: [int(x) for x in re.findall(r"(\d+) reused from the cache", p.stderr)]
+        label = f"qwen3_next chat on {self.backend}" + (" " + " ".join(extra) if extra else "")
+        if kept.stdout != none.stdout:
+            return [f"{label}: the transcript with checkpoints differs from the one without:\n{kept.stdout}\n"
+                    f"{none.stdout}"]
+        if len(reused(kept)) != 2 or reused(kept)[1] == 0 or reused(none) != [0, 0]:
+            return [f"{label}: turn 2 reused {reused(kept)} with checkpoints and {reused(none)} without"]
+        print(f"  {label}: turn 2 returns to a checkpoint ({reused(kept)[1]} tokens reused)", flush=True)
+        return []
 
     def mxfp4_model(self, preset):
         """gpt_oss with MXFP4 experts, converted at `preset`; fails unless its experts really are mxfp4."""

@@ -1451,7 +1451,17 @@ Status Engine::linear_attention(const Layer& L, std::int64_t l, std::span<const 
     if (n == 0) continue;
     auto state = kv->state_for(l, pos);
     if (!state) return state.error();
-    float* conv_state = *state;
+    // The state's floats from `at` on as a tensor of shape ne (host data or a device buffer, as the cache's).
+    std::int64_t at = 0;
+    const auto part = [&](std::int64_t a, std::int64_t b, std::int64_t c = 1) {
+      Tensor t = *state;
+      t.ne = {a, b, c, 1};
+      const auto bytes = static_cast<std::size_t>(at) * sizeof(float);
+      if (t.data != nullptr) t.data = static_cast<std::byte*>(t.data) + bytes;
+      if (t.buffer != nullptr) t.offset += bytes;
+      at += a * b * c;
+      return t;
+    };
     const struct {
       Act* in;
       Act* out;
@@ -1460,10 +1470,9 @@ Status Engine::linear_attention(const Layer& L, std::int64_t l, std::span<const 
     } convs[] = {{&A.q, &A.q_conv, &L.conv_q, kd}, {&A.k, &A.k_conv, &L.conv_k, kd}, {&A.v, &A.v_conv, &L.conv_v, vd}};
     for (const auto& c : convs) {
       if (auto s = run_op(Op::causal_conv, {view(*c.in, c.width, n, 1, sz(c.width, off)), *c.w},
-                          {view(*c.out, c.width, n, 1, sz(c.width, off)), f32(conv_state, c.width, taps)});
+                          {view(*c.out, c.width, n, 1, sz(c.width, off)), part(c.width, taps)});
           !s)
         return s;
-      conv_state += c.width * taps;
     }
     sdk::OpParams rule_p;
     rule_p.flags = hp_.linear_tiled_heads ? sdk::kDeltaTiledHeads : 0;
@@ -1471,7 +1480,7 @@ Status Engine::linear_attention(const Layer& L, std::int64_t l, std::span<const 
                         {view(A.q_conv, dk, nk, n, sz(kd, off)), view(A.k_conv, dk, nk, n, sz(kd, off)),
                          view(A.v_conv, dv, nv, n, sz(vd, off)), view(A.alpha, nv, n, 1, sz(nv, off)),
                          view(A.beta, nv, n, 1, sz(nv, off)), L.lin_a, L.lin_dt},
-                        {view(A.o, dv, nv, n, sz(vd, off)), f32(conv_state, dv, dk, nv)}, rule_p);
+                        {view(A.o, dv, nv, n, sz(vd, off)), part(dv, dk, nv)}, rule_p);
         !s)
       return s;
     kv->state_written(l, pos + n);

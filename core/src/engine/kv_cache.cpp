@@ -107,7 +107,7 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
   try {
     if (std::any_of(c.windows_.state.begin(), c.windows_.state.end(), [](std::int64_t n) { return n > 0; })) {
       for (std::int64_t l = 0; l < layers; ++l)
-        c.state_.emplace_back(static_cast<std::size_t>(layer_state(c.windows_, l)));
+        c.state_.emplace_back(device ? 0 : static_cast<std::size_t>(layer_state(c.windows_, l)));
       c.state_at_.assign(c.state_.size(), 0);
     }
   } catch (const std::bad_alloc&) {
@@ -125,6 +125,16 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
         }
         list->push_back(std::move(*buf));
       }
+    }
+    for (std::int64_t l = 0; l < static_cast<std::int64_t>(c.state_.size()); ++l) {
+      const auto floats = static_cast<std::size_t>(layer_state(c.windows_, l));
+      if (floats == 0) {
+        c.state_dev_.emplace_back();
+        continue;
+      }
+      auto buf = device->allocate(floats * sizeof(float));
+      if (!buf) return buf.error().with_context("allocating layer " + std::to_string(l) + "'s state in device memory");
+      c.state_dev_.push_back(std::move(*buf));
     }
     c.device_ = std::move(device);
     return c;
@@ -267,28 +277,26 @@ bool KvCache::sliding(std::size_t layer) const {
 }
 
 bool KvCache::recurrent(std::int64_t layer) const {
-  return layer >= 0 && static_cast<std::size_t>(layer) < state_.size() &&
-         !state_[static_cast<std::size_t>(layer)].empty();
+  return layer >= 0 && static_cast<std::size_t>(layer) < state_.size() && layer_state(windows_, layer) > 0;
 }
 
 std::int64_t KvCache::state_position() const {
   std::int64_t at = -2;
   for (std::size_t l = 0; l < state_.size(); ++l) {
-    if (state_[l].empty()) continue;
+    if (!recurrent(static_cast<std::int64_t>(l))) continue;
     if (at == -2) at = state_at_[l];
     if (state_at_[l] != at || at < 0) return -1;
   }
   return at < 0 ? -1 : at;
 }
 
-sdk::Expected<float*> KvCache::state_for(std::int64_t layer, std::int64_t position) {
+sdk::Expected<sdk::Tensor> KvCache::state_for(std::int64_t layer, std::int64_t position) {
   if (!recurrent(layer)) {
     return Status(StatusCode::internal, "layer " + std::to_string(layer) + " has no recurrent state");
   }
   const auto L = static_cast<std::size_t>(layer);
-  auto& st = state_[L];
   if (position == 0) {
-    std::fill(st.begin(), st.end(), 0.0f);
+    if (auto s = state_from_host(L, nullptr); !s) return s;
   } else if (state_at_[L] != position) {
     return Status(StatusCode::internal, "the recurrent state of layer " + std::to_string(layer) + " is " +
                                             (state_at_[L] < 0 ? std::string("lost (a pass failed part way)")
@@ -297,7 +305,61 @@ sdk::Expected<float*> KvCache::state_for(std::int64_t layer, std::int64_t positi
   }
   forget_after(position);  // positions from here on are run again
   state_at_[L] = -1;       // lost until state_written()
-  return st.data();
+  sdk::Tensor t;
+  t.type = DType::f32;
+  t.ne = {layer_state(windows_, layer), 1, 1, 1};
+  if (device_) {
+    t.buffer = state_dev_[L].get();
+    t.data = t.buffer->host_pointer();
+  } else {
+    t.data = state_[L].data();
+  }
+  return t;
+}
+
+Status KvCache::state_to_host(std::size_t layer, float* dst) const {
+  const std::size_t bytes = static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(layer))) * 4;
+  if (!device_) {
+    std::memcpy(dst, state_[layer].data(), bytes);
+    return {};
+  }
+  sdk::Buffer& buffer = *state_dev_[layer];
+  if (const auto* mapped = static_cast<const std::byte*>(buffer.host_pointer())) {
+    std::memcpy(dst, mapped, bytes);
+    return {};
+  }
+  auto down = device_->copy_to_host_async(buffer, 0, dst, bytes);
+  if (!down) return down.error().with_context("reading a recurrent state");
+  return (*down)->wait();
+}
+
+Status KvCache::state_from_host(std::size_t layer, const float* src) {
+  const auto floats = static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(layer)));
+  if (!device_) {
+    if (src == nullptr) {
+      std::fill(state_[layer].begin(), state_[layer].end(), 0.0f);
+    } else {
+      std::copy_n(src, floats, state_[layer].begin());
+    }
+    return {};
+  }
+  sdk::Buffer& buffer = *state_dev_[layer];
+  if (auto* mapped = static_cast<float*>(buffer.host_pointer())) {
+    if (src == nullptr) {
+      std::fill_n(mapped, floats, 0.0f);
+    } else {
+      std::copy_n(src, floats, mapped);
+    }
+    return {};
+  }
+  std::vector<float> zeros;
+  if (src == nullptr) {
+    zeros.assign(floats, 0.0f);
+    src = zeros.data();
+  }
+  auto up = device_->copy_to_device_async(src, buffer, 0, floats * sizeof(float));
+  if (!up) return up.error().with_context("writing a recurrent state");
+  return (*up)->wait();
 }
 
 std::int64_t KvCache::rewind(std::int64_t n) {
@@ -311,9 +373,14 @@ std::int64_t KvCache::rewind(std::int64_t n) {
   }
   if (from != nullptr) {
     from->used = ++clock_;
+    const auto lost = [&] {
+      checkpoints_.clear();
+      if (has_recurrent()) std::fill(state_at_.begin(), state_at_.end(), 0);
+      return std::int64_t{0};  // nothing kept: the next pass runs from position 0
+    };
     for (std::size_t l = 0; l < state_.size(); ++l) {
-      if (state_[l].empty()) continue;
-      state_[l] = from->state[l];
+      if (!recurrent(static_cast<std::int64_t>(l))) continue;
+      if (!state_from_host(l, from->state[l].data())) return lost();
       state_at_[l] = kept;
     }
     for (std::size_t l = 0; l < first_.size(); ++l) {
@@ -322,9 +389,7 @@ std::int64_t KvCache::rewind(std::int64_t n) {
           static_cast<std::int64_t>(from->k[l].size() / (static_cast<std::size_t>(kv_heads_) * row_bytes_));
       if (!rows_from_host(l, 0, 0, held, from->k[l].data()) ||
           (planes_ == 2 && !rows_from_host(l, 1, 0, held, from->v[l].data()))) {
-        checkpoints_.clear();
-        if (has_recurrent()) std::fill(state_at_.begin(), state_at_.end(), 0);
-        return 0;  // nothing kept: the next pass runs from position 0
+        return lost();
       }
       first_[l] = from->first[l];
     }
@@ -351,7 +416,11 @@ Status KvCache::checkpoint(std::int64_t n) {
     c.k.resize(first_.size());
     c.v.resize(first_.size());
     c.state.resize(state_.size());
-    for (std::size_t l = 0; l < state_.size(); ++l) c.state[l] = state_[l];
+    for (std::size_t l = 0; l < state_.size(); ++l) {
+      if (!recurrent(static_cast<std::int64_t>(l))) continue;
+      c.state[l].resize(static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(l))));
+      if (auto s = state_to_host(l, c.state[l].data()); !s) return s;
+    }
     for (std::size_t l = 0; l < first_.size(); ++l) {
       if (!sliding(l)) continue;
       // Also what the 64 positions before n read: a next prompt may share a little less than all of this one.
@@ -379,7 +448,7 @@ Status KvCache::checkpoint(std::int64_t n) {
   return {};
 }
 
-Status KvCache::rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst) {
+Status KvCache::rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst) const {
   const std::size_t at = static_cast<std::size_t>(row * kv_heads_) * row_bytes_;
   const std::size_t bytes = static_cast<std::size_t>(n * kv_heads_) * row_bytes_;
   if (!device_) {
@@ -414,9 +483,6 @@ Status KvCache::rows_from_host(std::size_t layer, int which, std::int64_t row, s
 }
 
 Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
-  if (on_device() || src.on_device()) {
-    return Status(StatusCode::unsupported, "copying KV rows between caches in device memory");
-  }
   if (src.type_ != type_ || src.layers_ != layers_ || src.kv_heads_ != kv_heads_ || src.head_dim_ != head_dim_ ||
       src.planes_ != planes_ || src.rows_ != rows_ || src.windows_.window != windows_.window) {
     return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
@@ -432,9 +498,9 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
   if (src.windows_.state != windows_.state) {
     return Status(StatusCode::invalid_argument, "copying KV rows between caches of different shapes");
   }
+  const bool current = has_recurrent() && count > 0 && src.state_position() == count;
+  const Checkpoint* saved = nullptr;
   if (has_recurrent()) {
-    const bool current = count > 0 && src.state_position() == count;
-    const Checkpoint* saved = nullptr;
     for (const auto& c : src.checkpoints_) {
       if (c.at == count && c.holds_state()) saved = &c;
     }
@@ -442,20 +508,44 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
       return Status(StatusCode::unsupported, "the source holds no recurrent state at position " +
                                                  std::to_string(count) + " (only where it is and at its checkpoints)");
     }
-    for (std::size_t l = 0; l < state_.size(); ++l) {
-      if (state_[l].empty()) continue;
-      state_[l] = count == 0 ? std::vector<float>(state_[l].size()) : current ? src.state_[l] : saved->state[l];
-      state_at_[l] = count;
-    }
   }
   checkpoints_.clear();
-  for (std::size_t l = 0; l < k_.size(); ++l) {
-    const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
-    const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(0, n) * kv_heads_) * row_bytes_;
-    first_[l] = src.first_[l];
-    if (bytes == 0) continue;  // a recurrent layer holds no rows
-    std::memcpy(k_[l].data(), src.k_[l].data(), bytes);
-    if (planes_ == 2) std::memcpy(v_[l].data(), src.v_[l].data(), bytes);
+  // From here on a failure leaves nothing kept: the next pass runs from position 0.
+  const auto failed = [&](const Status& s) {
+    std::fill(first_.begin(), first_.end(), 0);
+    std::fill(state_at_.begin(), state_at_.end(), 0);
+    return s;
+  };
+  try {
+    // Rows and states where either cache keeps them: host memory directly, device memory through a host copy (one
+    // download and one upload, far less than running the prefix again).
+    std::vector<std::byte> rows;
+    for (std::size_t l = 0; l < first_.size(); ++l) {
+      const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
+      first_[l] = src.first_[l];
+      if (n <= 0) continue;  // a recurrent layer holds no rows
+      rows.resize(static_cast<std::size_t>(n * kv_heads_) * row_bytes_);
+      for (int which = 0; which < planes_; ++which) {
+        if (auto s = src.rows_to_host(l, which, 0, n, rows.data()); !s) return failed(s);
+        if (auto s = rows_from_host(l, which, 0, n, rows.data()); !s) return failed(s);
+      }
+    }
+    std::vector<float> state;
+    for (std::size_t l = 0; l < state_.size(); ++l) {
+      if (!recurrent(static_cast<std::int64_t>(l))) continue;
+      const float* from = nullptr;  // zeros at count 0
+      if (current) {
+        state.resize(static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(l))));
+        if (auto s = src.state_to_host(l, state.data()); !s) return failed(s);
+        from = state.data();
+      } else if (count > 0) {
+        from = saved->state[l].data();
+      }
+      if (auto s = state_from_host(l, from); !s) return failed(s);
+      state_at_[l] = count;
+    }
+  } catch (const std::bad_alloc&) {
+    return failed(Status(StatusCode::out_of_memory, "no host memory to copy KV rows between caches"));
   }
   return {};
 }

@@ -518,8 +518,8 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   };
   // A kept cache that holds much more than this prompt shares (a long conversation; this a short call with its system
   // prompt) is copied from, not cut, while a new cache may still be made: the conversation's next turn finds it
-  // whole. Where the rows cannot be copied (a device cache, sliding rows gone) the new cache is kept empty and the
-  // old one is cut, as before.
+  // whole (a device cache's rows come through host memory). Where the rows cannot be copied (sliding rows gone, no
+  // recurrent state kept there) the new cache is kept empty and the old one is cut, as before.
   if (best < free_states_.size() && best_common * 2 < free_states_[best].tokens.size() &&
       states_made_ < static_cast<std::size_t>(options_.max_batch) && sibling == nullptr) {
     // A recurrent cache copies a state it keeps: where it is, or a checkpoint.

@@ -406,6 +406,66 @@ TEST(KvCache, CopyPrefixTakesASlidingLayersRowsWhereTheSourceStillHoldsThem) {
   EXPECT_FALSE(full->copy_prefix_from(*src, 990)) << "a cache of other windows";
 }
 
+// Where a cache's rows and states live: host memory, or a device's (mapped, or not: copied there and back).
+struct StatePlace {
+  const char* name;
+  bool device, mapped;
+};
+constexpr StatePlace kStatePlaces[] = {{"host", false, false}, {"mapped", true, true}, {"device", true, false}};
+
+// The first `length` positions' rows of a layer (keys or values) as bytes, wherever the cache keeps them.
+std::vector<std::byte> held_rows(const KvCache& c, std::int64_t layer, bool values, std::int64_t length) {
+  const auto t = values ? c.values(layer, length) : c.keys(layer, length);
+  const std::size_t bytes = static_cast<std::size_t>(t.ne[1] * t.ne[2]) * sdk::row_bytes(t.type, t.ne[0]);
+  const auto* p = t.data != nullptr ? static_cast<const std::byte*>(t.data)
+                                    : static_cast<testing::DeviceCompute::DeviceBuffer*>(t.buffer)->bytes.data();
+  return {p, p + bytes};
+}
+
+// A prefix copy between caches in any memory (the server's new sequence from a kept one, a choice of n from its
+// sibling): the rows a copy between host caches gives; a device's rows travel through host memory.
+TEST(KvCache, CopyPrefixBetweenCachesInDeviceMemoryGivesTheHostCopysRows) {
+  const KvWindows windows{{100, 0}, 16, {}};
+  std::vector<float> k, v;
+  const auto filled = [&](std::shared_ptr<testing::DeviceCompute> gpu) {
+    auto c = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, gpu, windows);
+    EXPECT_TRUE(c) << c.error().message();
+    for (std::int64_t p = 0; p < 1000; p += 10) {
+      rows_of(p, 10, k, v);
+      for (std::int64_t l = 0; l < 2; ++l) EXPECT_TRUE(c->write(l, p, 10, k.data(), v.data()));
+    }
+    return c;
+  };
+  auto host_src = filled(nullptr);
+  auto host_dst = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, nullptr, windows);
+  ASSERT_TRUE(host_src && host_dst && host_dst->copy_prefix_from(*host_src, 990));
+  for (const auto& from : kStatePlaces) {
+    for (const auto& to : kStatePlaces) {
+      SCOPED_TRACE(std::string(from.name) + " to " + to.name);
+      const auto gpu = [](const StatePlace& place) {
+        std::shared_ptr<testing::DeviceCompute> g;
+        if (place.device) {
+          g = std::make_shared<testing::DeviceCompute>();
+          g->mapped = place.mapped;
+        }
+        return g;
+      };
+      auto src = filled(gpu(from));
+      auto dst = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, gpu(to), windows);
+      ASSERT_TRUE(src && dst);
+      ASSERT_TRUE(dst->copy_prefix_from(*src, 990));
+      EXPECT_EQ(dst->reusable(990), 990);
+      for (std::int64_t l = 0; l < 2; ++l) {
+        EXPECT_EQ(dst->first_position(l), host_dst->first_position(l));
+        for (bool values : {false, true}) {
+          EXPECT_EQ(held_rows(*dst, l, values, 990), held_rows(*host_dst, l, values, 990))
+              << "layer " << l << (values ? " V" : " K");
+        }
+      }
+    }
+  }
+}
+
 // On a device (mapped or not) the rows move where they lie, to the bytes a host cache holds.
 TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
   for (bool mapped : {false, true}) {
@@ -517,70 +577,93 @@ TEST(KvCache, RewindPutsBackTheWindowSavedAtAPromptsEnd) {
   EXPECT_EQ(d->reusable(500), 0);
 }
 
+// A recurrent layer's state as floats the test may read and write: host data, or a fake device buffer's bytes.
+float* state_floats(const sdk::Tensor& t) {
+  if (t.data != nullptr) return static_cast<float*>(t.data);
+  auto& bytes = static_cast<testing::DeviceCompute::DeviceBuffer*>(t.buffer)->bytes;
+  return reinterpret_cast<float*>(bytes.data() + t.offset);
+}
+
 // Recurrent layers (Qwen3-Next's gated delta rule) keep a state instead of rows: the cache serves only where a
-// state is kept, where it is now and where checkpoint() copied it, and a copy needs one of those at its count.
+// state is kept, where it is now and where checkpoint() copied it, and a copy needs one of those at its count. On a
+// device the state lives there (the passes read and write it in place) and checkpoints are host copies.
 TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   const KvWindows windows{{}, 0, {0, 6}};  // layer 0 attends, layer 1 carries 6 floats
-  auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
-  ASSERT_TRUE(c);
-  EXPECT_TRUE(c->has_recurrent());
-  EXPECT_FALSE(c->recurrent(0));
-  EXPECT_TRUE(c->recurrent(1));
-  EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 1, 1, 32, 64) + 2 * 6 * sizeof(float))
-      << "one attention layer's rows, a state and its saved copy";
-  EXPECT_EQ(c->max_write(), 64) << "a recurrent layer limits no write";
-  EXPECT_FALSE(c->state_for(0, 0)) << "an attention layer has no state";
-  // A pass of 5 positions from zeros.
-  auto run = [&](std::int64_t from, std::int64_t to, float value) {
-    std::vector<float> k, v;
-    rows_of(from, to - from, k, v);
-    ASSERT_TRUE(c->write(0, from, to - from, k.data(), v.data()));
-    auto st = c->state_for(1, from);
-    ASSERT_TRUE(st) << st.error().message();
-    if (from == 0) {
-      EXPECT_TRUE(std::all_of(*st, *st + 6, [](float x) { return x == 0.0f; })) << "zeros at 0";
+  for (const auto& place : kStatePlaces) {
+    SCOPED_TRACE(place.name);
+    std::shared_ptr<testing::DeviceCompute> gpu;
+    if (place.device) {
+      gpu = std::make_shared<testing::DeviceCompute>();
+      gpu->mapped = place.mapped;
     }
-    std::fill(*st, *st + 6, value);
-    c->state_written(1, to);
-  };
-  run(0, 5, 1.0f);
-  EXPECT_EQ(c->reusable(5), 5);
-  EXPECT_EQ(c->reusable(9), 5) << "where the state is, at most n";
-  EXPECT_EQ(c->reusable(4), 0) << "no state at 4";
-  auto wrong = c->state_for(1, 3);
-  ASSERT_FALSE(wrong);
-  EXPECT_NE(wrong.error().message().find("at position 5, not 3"), std::string::npos) << wrong.error().message();
-  ASSERT_TRUE(c->checkpoint(5));
-  run(5, 9, 2.0f);  // the reply
-  EXPECT_EQ(c->reusable(9), 9);
-  EXPECT_EQ(c->reusable(7), 5) << "back to the saved state";
-  // A copy needs a state at its count: where it is, or saved.
-  auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, nullptr, windows);
-  ASSERT_TRUE(d);
-  EXPECT_FALSE(d->copy_prefix_from(*c, 7));
-  ASSERT_TRUE(d->copy_prefix_from(*c, 5));
-  EXPECT_EQ(d->reusable(5), 5);
-  auto copied = d->state_for(1, 5);
-  ASSERT_TRUE(copied);
-  EXPECT_EQ((*copied)[0], 1.0f) << "the saved state, not the current one";
-  ASSERT_TRUE(d->copy_prefix_from(*c, 9));
-  EXPECT_EQ(d->reusable(9), 9);
-  // Rewinding to the saved state puts it back; running on from it keeps it saved.
-  EXPECT_EQ(c->rewind(7), 5);
-  auto back = c->state_for(1, 5);
-  ASSERT_TRUE(back);
-  EXPECT_EQ((*back)[5], 1.0f);
-  c->state_written(1, 5);
-  run(5, 8, 3.0f);
-  EXPECT_EQ(c->reusable(6), 5);
-  // A pass that fails part way leaves the state lost: only the saved one serves.
-  ASSERT_TRUE(c->state_for(1, 8));
-  EXPECT_EQ(c->reusable(8), 5);
-  // Running from before the saved position drops it; nothing is kept before the new state.
-  EXPECT_EQ(c->rewind(3), 0);
-  run(0, 4, 4.0f);
-  EXPECT_EQ(c->reusable(5), 4);
-  EXPECT_EQ(c->reusable(3), 0);
+    auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, gpu, windows);
+    ASSERT_TRUE(c);
+    EXPECT_TRUE(c->has_recurrent());
+    EXPECT_FALSE(c->recurrent(0));
+    EXPECT_TRUE(c->recurrent(1));
+    EXPECT_EQ(c->bytes(), KvCache::bytes_for(sdk::DType::f32, 1, 1, 32, 64) + 2 * 6 * sizeof(float))
+        << "one attention layer's rows, a state and its saved copy";
+    if (gpu) {
+      EXPECT_EQ(gpu->allocated, c->bytes() - c->checkpoint_bytes()) << "the rows and the state in device memory";
+    }
+    EXPECT_EQ(c->max_write(), 64) << "a recurrent layer limits no write";
+    EXPECT_FALSE(c->state_for(0, 0)) << "an attention layer has no state";
+    // A pass of 5 positions from zeros.
+    auto run = [&](std::int64_t from, std::int64_t to, float value) {
+      std::vector<float> k, v;
+      rows_of(from, to - from, k, v);
+      ASSERT_TRUE(c->write(0, from, to - from, k.data(), v.data()));
+      auto st = c->state_for(1, from);
+      ASSERT_TRUE(st) << st.error().message();
+      EXPECT_EQ(st->buffer != nullptr, place.device);
+      float* f = state_floats(*st);
+      if (from == 0) {
+        EXPECT_TRUE(std::all_of(f, f + 6, [](float x) { return x == 0.0f; })) << "zeros at 0";
+      }
+      std::fill(f, f + 6, value);
+      c->state_written(1, to);
+    };
+    run(0, 5, 1.0f);
+    EXPECT_EQ(c->reusable(5), 5);
+    EXPECT_EQ(c->reusable(9), 5) << "where the state is, at most n";
+    EXPECT_EQ(c->reusable(4), 0) << "no state at 4";
+    auto wrong = c->state_for(1, 3);
+    ASSERT_FALSE(wrong);
+    EXPECT_NE(wrong.error().message().find("at position 5, not 3"), std::string::npos) << wrong.error().message();
+    ASSERT_TRUE(c->checkpoint(5));
+    run(5, 9, 2.0f);  // the reply
+    EXPECT_EQ(c->reusable(9), 9);
+    EXPECT_EQ(c->reusable(7), 5) << "back to the saved state";
+    {
+      // A copy needs a state at its count: where it is, or saved.
+      auto d = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, gpu, windows);
+      ASSERT_TRUE(d);
+      EXPECT_FALSE(d->copy_prefix_from(*c, 7));
+      ASSERT_TRUE(d->copy_prefix_from(*c, 5));
+      EXPECT_EQ(d->reusable(5), 5);
+      auto copied = d->state_for(1, 5);
+      ASSERT_TRUE(copied);
+      EXPECT_EQ(state_floats(*copied)[0], 1.0f) << "the saved state, not the current one";
+      ASSERT_TRUE(d->copy_prefix_from(*c, 9));
+      EXPECT_EQ(d->reusable(9), 9);
+    }
+    // Rewinding to the saved state puts it back; running on from it keeps it saved.
+    EXPECT_EQ(c->rewind(7), 5);
+    auto back = c->state_for(1, 5);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(state_floats(*back)[5], 1.0f);
+    c->state_written(1, 5);
+    run(5, 8, 3.0f);
+    EXPECT_EQ(c->reusable(6), 5);
+    // A pass that fails part way leaves the state lost: only the saved one serves.
+    ASSERT_TRUE(c->state_for(1, 8));
+    EXPECT_EQ(c->reusable(8), 5);
+    // Running from before the saved position drops it; nothing is kept before the new state.
+    EXPECT_EQ(c->rewind(3), 0);
+    run(0, 4, 4.0f);
+    EXPECT_EQ(c->reusable(5), 4);
+    EXPECT_EQ(c->reusable(3), 0);
+  }
 }
 
 // Several checkpoints (memory.kv_checkpoints): a later prompt returns to the furthest one it shares; positions run
@@ -602,16 +685,16 @@ TEST(KvCache, CheckpointsKeepSeveralStatesAndForgetTheLeastRecentlyUsed) {
     auto st = c->state_for(1, from);
     ASSERT_TRUE(st) << st.error().message();
     if (from > 0) {
-      ASSERT_EQ((*st)[0], static_cast<float>(from)) << "the state a pass from " << from << " starts with";
+      ASSERT_EQ(state_floats(*st)[0], static_cast<float>(from)) << "the state a pass from " << from << " starts with";
     }
-    std::fill(*st, *st + 6, static_cast<float>(to));
+    std::fill_n(state_floats(*st), 6, static_cast<float>(to));
     c->state_written(1, to);
   };
   auto state_at = [&](std::int64_t at) {
     auto st = c->state_for(1, at);
     if (!st) return -1.0f;
     c->state_written(1, at);
-    return (*st)[3];
+    return state_floats(*st)[3];
   };
   run(0, 5);
   ASSERT_TRUE(c->checkpoint(5));

@@ -93,20 +93,23 @@ class KvCache {
   // The positions checkpoints are kept at, ascending (tests, logs).
   [[nodiscard]] std::vector<std::int64_t> checkpoint_positions() const;
 
-  // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows; both in host
-  // memory (a device cache answers unsupported). The rows are the bytes `src` holds, so attention over them gives the
-  // bits running those positions again would. A sliding layer copies the rows it holds (they must serve count); a
-  // recurrent layer its state, which `src` must hold at count (where it is, or in a checkpoint).
+  // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows, each in host
+  // or device memory (a device's rows come through host memory). The rows are the bytes `src` holds, so attention
+  // over them gives the bits running those positions again would. A sliding layer copies the rows it holds (they must
+  // serve count); a recurrent layer its state, which `src` must hold at count (where it is, or in a checkpoint). A
+  // copy that fails part way leaves this cache holding nothing.
   sdk::Status copy_prefix_from(const KvCache& src, std::int64_t count);
 
-  // Recurrent layers (KvWindows::state): a state that sums up every position before state_position(), in host
-  // memory. A recurrent model's cache serves only the positions a state is kept for: where the states are, and its
-  // checkpoints; reusable() and rewind() answer so.
+  // Recurrent layers (KvWindows::state): a state that sums up every position before state_position(), where the rows
+  // are (host memory, or the device's: a layer's state never crosses the bus in a pass). A recurrent model's cache
+  // serves only the positions a state is kept for: where the states are, and its checkpoints (host copies);
+  // reusable() and rewind() answer so.
   [[nodiscard]] bool recurrent(std::int64_t layer) const;
   [[nodiscard]] bool has_recurrent() const { return !state_.empty(); }
-  // Layer l's state for a pass from `position`: zeros at position 0, else the state, which must be at `position`
-  // (rewind() first). Until state_written() the layer's state counts as lost: a pass that fails part way leaves it so.
-  sdk::Expected<float*> state_for(std::int64_t layer, std::int64_t position);
+  // Layer l's state for a pass from `position`, an f32 tensor of its floats (host data, or a device buffer): zeros at
+  // position 0, else the state, which must be at `position` (rewind() first). Until state_written() the layer's state
+  // counts as lost: a pass that fails part way leaves it so.
+  sdk::Expected<sdk::Tensor> state_for(std::int64_t layer, std::int64_t position);
   void state_written(std::int64_t layer, std::int64_t position) {
     state_at_[static_cast<std::size_t>(layer)] = position;
   }
@@ -151,9 +154,14 @@ class KvCache {
   };
   std::vector<Checkpoint> checkpoints_;
   std::uint64_t clock_ = 0;
-  // Recurrent layers: their states (empty vectors for attention layers) and the position each state is at (-1: lost).
+  // Recurrent layers: their states (empty vectors for attention layers, and for every layer of a cache on a device,
+  // whose states are in state_dev_) and the position each state is at (-1: lost).
   std::vector<std::vector<float>> state_;
+  std::vector<std::unique_ptr<sdk::Buffer>> state_dev_;  // per recurrent layer, when on a device (else empty)
   std::vector<std::int64_t> state_at_;
+  // Copies layer l's state into dst, or src (null: zeros) into it, wherever it lives.
+  sdk::Status state_to_host(std::size_t layer, float* dst) const;
+  sdk::Status state_from_host(std::size_t layer, const float* src);
   // Whether a layer keeps fewer rows than the context (a sliding window; not a recurrent layer, which keeps none).
   [[nodiscard]] bool sliding(std::size_t layer) const;
   // The position every recurrent layer's state is at, or -1 where they differ or one is lost.
@@ -168,7 +176,7 @@ class KvCache {
   // Whether layers whose rows start at `first` hold what running on from position n reads.
   [[nodiscard]] bool serves(std::int64_t n, const std::vector<std::int64_t>& first) const;
   // Copies rows [row, row + n) of a layer's K (which 0) or V (1) into dst, or from src into them.
-  sdk::Status rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst);
+  sdk::Status rows_to_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, std::byte* dst) const;
   sdk::Status rows_from_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, const std::byte* src);
   std::size_t row_bytes_ = 0;
   std::uint64_t total_bytes_ = 0, checkpoint_bytes_ = 0;
