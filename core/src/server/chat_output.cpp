@@ -148,6 +148,7 @@ std::string_view opening_marker(ToolFormat format) {
     case ToolFormat::mistral_v11: return kMistralOpen;
     case ToolFormat::harmony:      // HarmonyStream reads its calls
     case ToolFormat::llama3_json:  // no marker: the answer's start (parse_llama3_json)
+    case ToolFormat::pythonic:     // the whole answer (PythonicReader)
     case ToolFormat::none: break;
   }
   return {};
@@ -395,6 +396,282 @@ Calls parse_llama3_json(std::string_view text) {
   if (calls.empty()) return std::nullopt;
   return std::make_pair(std::move(calls), pos);
 }
+
+// Llama 4 (vLLM's llama4_pythonic template) and Llama 3.2 (its pythonic template): the whole answer is a Python list
+// of calls, [name(key=value, ...), ...], the values Python literals (strings, numbers, True / False / None, lists,
+// dicts with string or number keys), inside <|python_start|> ... <|python_end|> if Llama 4 writes them. As vLLM reads
+// it with Python's parser: an answer with anything else in it (text around the list, a positional argument, an
+// expression) is no call. Each call's keywords, in order, are its arguments object.
+class PythonicReader {
+ public:
+  enum class Result { calls, more, bad };  // the whole text; a prefix of such a text; neither
+
+  explicit PythonicReader(std::string_view text) : t_(text) {}
+
+  Result read(std::vector<ToolCall>& calls) {
+    space();
+    if (Result r = optional_tag(kPythonStart); r != Result::calls) return r;
+    space();
+    if (end()) return Result::more;
+    if (t_[p_] != '[') return Result::bad;
+    ++p_;
+    for (;;) {
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == ']' && !calls.empty()) break;  // an empty list is no call
+      ToolCall call;
+      if (Result r = call_at(call); r != Result::calls) return r;
+      calls.push_back(std::move(call));
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == ',') {
+        ++p_;
+      } else if (t_[p_] != ']') {
+        return Result::bad;
+      }
+    }
+    ++p_;
+    space();
+    if (Result r = optional_tag(kPythonEnd); r != Result::calls) return r;
+    space();
+    return end() ? Result::calls : Result::bad;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+  [[nodiscard]] bool end() const { return p_ >= t_.size(); }
+  void space() { p_ = skip_space(t_, p_); }
+  // `tag` if the text has it here (calls), a prefix of it at the end (more), else nothing read (calls).
+  Result optional_tag(std::string_view tag) {
+    const std::string_view rest = t_.substr(p_);
+    if (rest.starts_with(tag)) {
+      p_ += tag.size();
+    } else if (!rest.empty() && tag.starts_with(rest)) {
+      return Result::more;
+    }
+    return Result::calls;
+  }
+  Result name_at(std::string& out) {
+    const std::size_t start = p_;
+    if (end()) return Result::more;
+    if (!is_identifier_char(t_[p_]) || (t_[p_] >= '0' && t_[p_] <= '9')) return Result::bad;
+    while (!end() && is_identifier_char(t_[p_])) ++p_;
+    if (end()) return Result::more;  // the name may go on
+    out = std::string(t_.substr(start, p_ - start));
+    return Result::calls;
+  }
+  Result call_at(ToolCall& call) {
+    if (Result r = name_at(call.name); r != Result::calls) return r;
+    space();
+    if (end()) return Result::more;
+    if (t_[p_] != '(') return Result::bad;
+    ++p_;
+    std::vector<std::string> keys;
+    call.arguments = "{";
+    for (;;) {
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == ')') break;
+      std::string key;
+      if (Result r = name_at(key); r != Result::calls) return r;
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) return Result::bad;  // Python: a repeated keyword
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] != '=') return Result::bad;
+      ++p_;
+      call.arguments += (keys.empty() ? "" : ",") + json(key).dump() + ":";
+      keys.push_back(std::move(key));
+      if (Result r = value_at(call.arguments, 0); r != Result::calls) return r;
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == ',') {
+        ++p_;
+      } else if (t_[p_] != ')') {
+        return Result::bad;
+      }
+    }
+    ++p_;
+    call.arguments += "}";
+    return Result::calls;
+  }
+  // A literal as JSON, appended to `out`.
+  Result value_at(std::string& out, int depth) {
+    space();
+    if (end()) return Result::more;
+    const char c = t_[p_];
+    if (c == '"' || c == '\'') return string_at(out);
+    if (c == '-' || c == '+' || c == '.' || (c >= '0' && c <= '9')) return number_at(out);
+    for (const auto& [word, as_json] : {std::pair{"True", "true"}, {"False", "false"}, {"None", "null"}}) {
+      const std::string_view w(word), rest = t_.substr(p_, w.size() + 1);
+      if (rest.starts_with(w) && (rest.size() == w.size() || !is_identifier_char(rest[w.size()]))) {
+        if (rest.size() == w.size()) return Result::more;  // "None" may yet be "Nonesuch"
+        p_ += w.size();
+        out += as_json;
+        return Result::calls;
+      }
+      if (w.starts_with(rest)) return Result::more;
+    }
+    if ((c != '[' && c != '{') || depth >= kMaxDepth) return Result::bad;
+    const char close = c == '[' ? ']' : '}';
+    out += c;
+    ++p_;
+    for (bool first = true;; first = false) {
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == close) break;
+      if (!first) out += ',';
+      if (c == '{') {  // a key: a string, or a number written as one (as json.dumps writes it)
+        std::string key;
+        if (t_[p_] == '"' || t_[p_] == '\'') {
+          if (Result r = string_at(key); r != Result::calls) return r;
+        } else {
+          if (Result r = number_at(key); r != Result::calls) return r;
+          key = json(key).dump();
+        }
+        out += key;
+        space();
+        if (end()) return Result::more;
+        if (t_[p_] != ':') return Result::bad;
+        ++p_;
+        out += ':';
+      }
+      if (Result r = value_at(out, depth + 1); r != Result::calls) return r;
+      space();
+      if (end()) return Result::more;
+      if (t_[p_] == ',') {
+        ++p_;
+      } else if (t_[p_] != close) {
+        return Result::bad;
+      }
+    }
+    ++p_;
+    out += close;
+    return Result::calls;
+  }
+  // A Python number as a JSON number: "1." and ".5" as 1.0 and 0.5; hex, octal, underscores and complex are refused.
+  Result number_at(std::string& out) {
+    std::string n;
+    if (t_[p_] == '-' || t_[p_] == '+') {
+      if (t_[p_] == '-') n += '-';
+      ++p_;
+    }
+    const auto digits = [&] {
+      std::size_t count = 0;
+      for (; !end() && t_[p_] >= '0' && t_[p_] <= '9'; ++p_, ++count) n += t_[p_];
+      return count;
+    };
+    const std::size_t int_start = n.size();
+    const std::size_t whole = digits();
+    if (whole > 1 && n[int_start] == '0') return Result::bad;  // Python 3 has no leading zeros
+    std::size_t fraction = 0;
+    if (!end() && t_[p_] == '.') {
+      if (whole == 0) n += '0';
+      n += '.';
+      ++p_;
+      fraction = digits();
+      if (fraction == 0) n += '0';
+    }
+    if (whole == 0 && fraction == 0) return end() ? Result::more : Result::bad;
+    if (!end() && (t_[p_] == 'e' || t_[p_] == 'E')) {
+      n += 'e';
+      ++p_;
+      if (!end() && (t_[p_] == '-' || t_[p_] == '+')) n += t_[p_++];
+      if (digits() == 0) return end() ? Result::more : Result::bad;
+    }
+    if (end()) return Result::more;  // the number may go on
+    if (is_identifier_char(t_[p_]) || t_[p_] == '.') return Result::bad;
+    out += n;
+    return Result::calls;
+  }
+  Result string_at(std::string& out) {
+    const char quote = t_[p_++];
+    std::string s;
+    for (;;) {
+      if (end()) return Result::more;
+      const char c = t_[p_];
+      if (c == quote) break;
+      if (c == '\n') return Result::bad;  // a one-line string
+      ++p_;
+      if (c != '\\') {
+        s += c;
+        continue;
+      }
+      if (end()) return Result::more;
+      const char e = t_[p_++];
+      switch (e) {
+        case 'n': s += '\n'; break;
+        case 't': s += '\t'; break;
+        case 'r': s += '\r'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'v': s += '\v'; break;
+        case 'a': s += '\a'; break;
+        case '0':
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {  // up to three octal digits
+          std::uint32_t cp = static_cast<std::uint32_t>(e - '0');
+          for (int i = 0; i < 2 && !end() && t_[p_] >= '0' && t_[p_] <= '7'; ++i) cp = cp * 8 + (t_[p_++] - '0');
+          append_utf8(s, cp);
+          break;
+        }
+        case '\n': break;  // a continued line
+        case '\\':
+        case '\'':
+        case '"': s += e; break;
+        case 'x':
+        case 'u':
+        case 'U': {
+          const std::size_t width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          std::uint32_t cp = 0;
+          for (std::size_t i = 0; i < width; ++i, ++p_) {
+            if (end()) return Result::more;
+            const char h = t_[p_];
+            const int v = h >= '0' && h <= '9'   ? h - '0'
+                          : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                          : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                 : -1;
+            if (v < 0) return Result::bad;
+            cp = cp * 16 + static_cast<std::uint32_t>(v);
+          }
+          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return Result::bad;
+          append_utf8(s, cp);
+          break;
+        }
+        default:  // Python keeps an unknown escape as it is
+          s += '\\';
+          s += e;
+      }
+    }
+    ++p_;
+    out += json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+    return Result::calls;
+  }
+  static void append_utf8(std::string& s, std::uint32_t cp) {
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      s += static_cast<char>(0xC0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      s += static_cast<char>(0xE0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      s += static_cast<char>(0xF0 | (cp >> 18));
+      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string_view t_;
+  std::size_t p_ = 0;
+};
 
 // The function a header names: V3.1's is the name; Kimi's "functions.NAME:INDEX" (as vLLM reads it).
 std::string header_name(const SectionSyntax& syntax, std::string_view header) {
@@ -848,6 +1125,8 @@ ToolFormat detect_tool_format(std::string_view source) {
   // Llama 3.1 to 3.3 and 4 ask for the call as JSON in words (and write earlier ones so), with no tag around it.
   if (source.find("\"parameters\": dictionary of argument name") != std::string_view::npos)
     return ToolFormat::llama3_json;
+  // vLLM's pythonic templates (Llama 4, Llama 3.2) ask for "[func_name1(param1=value1, ...), ...]".
+  if (source.find("[func_name1(") != std::string_view::npos) return ToolFormat::pythonic;
   return ToolFormat::none;
 }
 
@@ -866,6 +1145,7 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::deepseek_v32: return "deepseek_v32";
     case ToolFormat::deepseek_v4: return "deepseek_v4";
     case ToolFormat::llama3_json: return "llama3_json";
+    case ToolFormat::pythonic: return "pythonic";
     case ToolFormat::none: break;
   }
   return "none";
@@ -876,7 +1156,8 @@ std::string supported_tool_formats() {
   for (const ToolFormat f :
        {ToolFormat::hermes, ToolFormat::qwen3_coder, ToolFormat::glm45, ToolFormat::mistral, ToolFormat::mistral_v11,
         ToolFormat::deepseek_v3, ToolFormat::deepseek_v31, ToolFormat::deepseek_v32, ToolFormat::deepseek_v4,
-        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::llama3_json, ToolFormat::harmony}) {
+        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::llama3_json, ToolFormat::pythonic,
+        ToolFormat::harmony}) {
     out += (out.empty() ? "" : ", ") + std::string(tool_format_name(f));
   }
   return out;
@@ -910,6 +1191,7 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
     case ToolFormat::mistral_v11: return {kMistralOpen, kMistralV11.sep, kMistralV11.id_marker};
     case ToolFormat::harmony: return {"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"};
     case ToolFormat::llama3_json: return {kPythonTag, kPythonStart, kPythonEnd};
+    case ToolFormat::pythonic: return {kPythonStart, kPythonEnd};
     case ToolFormat::none: break;
   }
   return {};
@@ -1029,6 +1311,8 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     case ToolFormat::harmony:  // after the template's "<|start|>assistant"
       return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
     case ToolFormat::llama3_json: return "{\"name\": " + name + ", \"parameters\": ";
+    case ToolFormat::pythonic:  // no JSON to start: the arguments object alone, as vLLM forces a named call
+      return {};
     case ToolFormat::none: break;
   }
   return {};
@@ -1049,6 +1333,7 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::deepseek_v4:
     case ToolFormat::harmony:
     case ToolFormat::llama3_json:  // no opener: the answer starts with the object
+    case ToolFormat::pythonic:
     case ToolFormat::none: break;
   }
   return {};
@@ -1075,6 +1360,14 @@ std::string tool_call_id(ToolFormat format, std::uint64_t random) {
 }
 
 ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ToolSchemas& types) {
+  if (format == ToolFormat::pythonic) {
+    std::vector<ToolCall> calls;
+    if (PythonicReader(text).read(calls) != PythonicReader::Result::calls ||
+        std::any_of(calls.begin(), calls.end(), [&](const ToolCall& c) { return !types.may_call(c.name); })) {
+      return ToolParse{std::string(text), {}};
+    }
+    return ToolParse{"", std::move(calls)};
+  }
   if (format == ToolFormat::llama3_json) {
     const Calls calls = parse_llama3_json(text);
     if (!calls || std::any_of(calls->first.begin(), calls->first.end(),
@@ -1428,6 +1721,15 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
   held_ += text;
   ToolStreamOutput out;
   const std::string_view marker = opening_marker(format_);
+  if (format_ == ToolFormat::pythonic && !sent_text_) {
+    // Calls only when the whole answer is one list of them: held while it may still be one, then sent as text.
+    std::vector<ToolCall> calls;
+    in_calls_ = PythonicReader(held_).read(calls) != PythonicReader::Result::bad;
+    if (in_calls_) return out;
+    sent_text_ = true;
+    out.content = std::exchange(held_, {});
+    return out;
+  }
   if (in_calls_) {
     preview(out);
     return out;

@@ -1702,6 +1702,56 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("read in the chat template's llama3_json syntax", f.read())
 
+    def test_pythonic_tool_calls(self):
+        # A template in the style of vLLM's pythonic ones (Llama 4, Llama 3.2) asks for "[func_name1(param1=value1,
+        # ...)]": the server reads answers in the pythonic syntax, renders earlier calls back into the prompt, forces a
+        # named call as its arguments object (as vLLM does) and says why "required" with several tools cannot be held.
+        template = os.path.join(WORK, "pythonic_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{%- if tools %}Use exact format: [func_name1(param1=value1, param2=value2), func_name2(...)]\n"
+                    "{{ tools | tojson }}\n{%- endif %}{%- for m in messages %}<|header_start|>{{ m.role }}"
+                    "<|header_end|>\n\n{%- if m.tool_calls %}[{%- for t in m.tool_calls %}{{ t.function.name }}("
+                    "{%- for k, v in t.function.arguments | items %}{{ k }}={{ v | tojson }}{{ ', ' if not loop.last }}"
+                    "{%- endfor %}){{ ', ' if not loop.last }}{%- endfor %}]{%- else %}{{ m.content }}{%- endif %}"
+                    "<|eot|>{%- endfor %}{%- if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n"
+                    "{%- endif %}")
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                  "required": ["city"]}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        history = [{"role": "user", "content": "Weather in Oslo?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+                   {"role": "user", "content": "And in Bergen?"}]
+        ask = {"model": "tiny", "messages": history, "max_tokens": 200, "temperature": 1.0, "tools": [weather]}
+        s = Server("--chat-template", template, "--ctx", "2048", "--log-level", "info")
+        try:
+            _, counted = s.json("POST", "/tokenize", ask)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertIn("[get_weather(city=\"Oslo\")]<|eot|>", text["prompt"])
+            named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            finished = 0
+            for seed in range(8):
+                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                (call,) = choice["message"]["tool_calls"]
+                self.assertEqual(call["function"]["name"], "get_weather")
+                if choice["finish_reason"] == "tool_calls":
+                    self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
+                    finished += 1
+            self.assertGreater(finished, 0, "no forced call finished within max_tokens")
+            status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock],
+                                                                        tool_choice="required"))
+            assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
+            self.assertIn("(pythonic)", body["error"]["message"])
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            self.assertIn("read in the chat template's pythonic syntax", f.read())
+
     def test_a_named_tool_use_template_renders_requests_with_tools(self):
         # A model whose chat_template is a list of named templates (Hermes 2 Pro, Command R+): as transformers'
         # apply_chat_template, "tool_use" renders a request with tools, "default" the others.

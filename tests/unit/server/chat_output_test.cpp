@@ -490,6 +490,88 @@ TEST(ToolCalls, Llama3JsonCallsOpenTheAnswer) {
   tool_test::expect_every_cut_streams_safely(ToolFormat::llama3_json, calls + " ok", {});
 }
 
+// Llama 4 and Llama 3.2 with vLLM's pythonic templates: the whole answer is a Python list of calls, read as vLLM reads
+// it (Python's parser): literals become JSON; anything else in the answer makes it text. A template in that style
+// writes a call that reads back.
+TEST(ToolCalls, PythonicCallsAreTheWholeAnswer) {
+  const std::string body = R"({"model": "m", "messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]}]})";
+  CompletionRequest req;
+  ASSERT_FALSE(parse_completion_request(body, Endpoint::chat, req).has_value());
+  const std::string source =
+      "{{- 'Use exact format: [func_name1(param1=value1, param2=value2), func_name2(...)]' }}"
+      "{%- for m in messages %}{%- if m.tool_calls %}<|header_start|>assistant<|header_end|>\n\n["
+      "{%- for t in m.tool_calls %}{{ t.function.name }}({%- for k, v in t.function.arguments | items %}{{ k }}="
+      "{{ v | tojson }}{{ ', ' if not loop.last }}{%- endfor %}){{ ', ' if not loop.last }}{%- endfor %}]<|eot|>"
+      "{%- endif %}{%- endfor %}";
+  EXPECT_EQ(detect_tool_format(source), ToolFormat::pythonic);
+  auto tmpl = chat::Template::parse(source, "pythonic");
+  ASSERT_TRUE(tmpl.has_value()) << tmpl.error().message();
+  auto text = render_chat(*tmpl, req.messages, chat::RenderOptions{});
+  ASSERT_TRUE(text.has_value()) << text.error().message();
+  std::string answer = text->substr(text->rfind("<|header_end|>\n\n") + 16);
+  answer.resize(answer.size() - std::string_view("<|eot|>").size());
+  EXPECT_EQ(answer, "[get_weather(city=\"Paris\", days=2)]");
+  const ToolParse shown = parse_tool_calls(ToolFormat::pythonic, answer);
+  ASSERT_EQ(shown.calls.size(), 1u) << answer;
+  EXPECT_EQ(shown.calls[0].name, "get_weather");
+  EXPECT_EQ(shown.calls[0].arguments, R"({"city":"Paris","days":2})") << "keywords in order, as compact JSON";
+  EXPECT_EQ(shown.content, "");
+  // Every literal: strings in either quote with Python's escapes, numbers, True / False / None, lists, dicts (a
+  // number key as JSON writes it); Llama 4's tags around the list; trailing commas.
+  const ToolParse two = parse_tool_calls(
+      ToolFormat::pythonic,
+      " <|python_start|>[get_time(zone='CET', fmt=\"24h\"), tag(s='it\\'s \"q\"\\n\\u00e9\\x41\\101\\d', "
+      "o={'a': [1, 2.5, -3e2, .5, 7.], 1: None, \"b\": True, 'c': False},)]<|python_end|>\n");
+  EXPECT_EQ(names_and_args(two),
+            (std::vector<std::pair<std::string, json>>{
+                {"get_time", {{"zone", "CET"}, {"fmt", "24h"}}},
+                {"tag",
+                 {{"s",
+                   "it's \"q\"\n\xC3\xA9"
+                   "AA\\d"},
+                  {"o", {{"a", {1, 2.5, -300.0, 0.5, 7.0}}, {"1", nullptr}, {"b", true}, {"c", false}}}}}}));
+  EXPECT_EQ(two.content, "");
+  // No calls: text around the list, an empty list, a positional argument, a name or expression as a value, a
+  // repeated keyword, a method, an unclosed list, a tuple, a string over two lines.
+  for (const std::string bad : {"Let me check: [f(x=1)]", "[f(x=1)] Done.", "[]", "[f(1)]", "[f(x=y)]", "[f(x=1+2)]",
+                                "[f(x=1, x=2)]", "[os.system(cmd='ls')]", "[f(x=1)", "[f(x=(1, 2))]", "[f(x='a\nb')]",
+                                "[f(x=0x10)]", "[f(x=007)]", "<|python_start|>[f(x=1)]<|python_end|> more"}) {
+    const ToolParse p = parse_tool_calls(ToolFormat::pythonic, bad);
+    EXPECT_TRUE(p.calls.empty()) << bad;
+    EXPECT_EQ(p.content, bad);
+  }
+  // A function the request does not offer is no call.
+  const ToolSchemas only_a(ojson::parse(R"([{"type": "function", "function": {"name": "a"}}])"));
+  EXPECT_TRUE(parse_tool_calls(ToolFormat::pythonic, "[rm(path='/')]", only_a).calls.empty());
+  EXPECT_EQ(parse_tool_calls(ToolFormat::pythonic, "[a(x=1)]", only_a).calls.size(), 1u);
+  // A named call is its arguments object alone, as vLLM forces one; "required" has no opener to force.
+  EXPECT_EQ(forced_call_prefix(ToolFormat::pythonic, "f"), "");
+  EXPECT_EQ(required_call_prefix(ToolFormat::pythonic), "");
+  EXPECT_EQ(tool_markers(ToolFormat::pythonic).size(), 2u);
+  EXPECT_EQ(tool_format_name(ToolFormat::pythonic), "pythonic");
+  // Streamed: the same split as the whole text; text that cannot begin a list of calls goes out as it comes.
+  const std::string calls = "<|python_start|>[get_weather(city='Paris', days=[1, 2]), get_time(zone=\"CET\")]";
+  for (const std::string& t :
+       std::vector<std::string>{calls, calls + "<|python_end|>", calls + " then text", "Just text [f(x=1)]",
+                                "[1, 2, 3]", "\n\n<|pyth", "[f(x=tru)]", "  [f(x=True)]  "}) {
+    const ToolParse whole = parse_tool_calls(ToolFormat::pythonic, t);
+    for (const std::size_t step : kSteps) {
+      const Streamed s = stream_in_steps(ToolCallStream(ToolFormat::pythonic), t, step);
+      EXPECT_EQ(names_and_args(s.end.parse), names_and_args(whole)) << t << " step " << step;
+      EXPECT_EQ(s.content + s.end.parse.content, whole.content) << t << " step " << step;
+      ASSERT_EQ(s.names.size(), whole.calls.size()) << t;
+      for (std::size_t k = 0; k < whole.calls.size(); ++k) EXPECT_EQ(s.arguments[k], whole.calls[k].arguments);
+    }
+  }
+  ToolCallStream stream(ToolFormat::pythonic);
+  EXPECT_EQ(stream.push("[get").content, "") << "held: it may be a call";
+  EXPECT_EQ(stream.push("ting started").content, "[getting started") << "no call: sent as soon as that is known";
+  EXPECT_EQ(stream.push(" now").content, " now");
+  tool_test::expect_every_cut_streams_safely(ToolFormat::pythonic, calls + "<|python_end|> ok", {});
+}
+
 // tool_choice "required": the text is the call object alone; it streams the same way.
 TEST(ToolCalls, RequiredCallStreams) {
   const std::string object = R"({"name": "get_time", "arguments": {"zone": "CET", "fmt": "24h"}})";

@@ -42,6 +42,9 @@ namespace colibri::server {
 //   llama3_json (Llama 3.1 to 3.3, Llama 4): the answer itself is {"name": ..., "parameters": {...}} (several
 //               apart by ';'), after <|python_tag|> (3.x) or <|python_start|> (4, its <|python_end|> before or
 //               after the calls) if any: no marker opens it, so only an answer that begins so is calls
+//   pythonic    (Llama 4 and Llama 3.2 with vLLM's pythonic templates): the whole answer is a Python list of calls,
+//               [NAME(KEY=VALUE, ...), ...], values Python literals, inside <|python_start|>...<|python_end|> if
+//               any; an answer with anything else in it is text (held back while it may still be calls)
 // The XML syntaxes write each value as bare text; the tool's JSON schema says which are strings (ToolSchemas;
 // DSML says so itself). vLLM names its parsers the same.
 enum class ToolFormat {
@@ -58,7 +61,8 @@ enum class ToolFormat {
   minimax_m2,
   deepseek_v32,
   deepseek_v4,
-  llama3_json
+  llama3_json,
+  pythonic
 };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
