@@ -318,7 +318,8 @@ sdk::Expected<sdk::Tensor> KvCache::state_for(std::int64_t layer, std::int64_t p
 }
 
 Status KvCache::state_to_host(std::size_t layer, float* dst) const {
-  const std::size_t bytes = static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(layer))) * 4;
+  const std::size_t bytes =
+      static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(layer))) * sizeof(float);
   if (!device_) {
     std::memcpy(dst, state_[layer].data(), bytes);
     return {};
