@@ -9,8 +9,8 @@
   chunks of 3;
 * gpt_oss(): gpt-oss's ops (attention_sinks, expert_ffn_clamped, mxfp4 experts) against the CPU backend, their one
   promise, and mxfp4 experts uploaded to device memory;
-* linear_attention(): Qwen3-Next's and Qwen3.5's gated-delta-rule layers against the CPU backend and their one
-  promise.
+* linear_attention(): Qwen3-Next's and Qwen3.5's gated-delta-rule layers against the CPU backend, their one promise,
+  and a chat's next turn returning to a KV checkpoint.
 """
 
 import json
@@ -121,7 +121,7 @@ class Engine:
 
     def linear_attention(self, variants=((),)):
         """Qwen3-Next's and Qwen3.5's gated-delta-rule layers (the optional mul, causal_conv and gated_delta_rule ops,
-        the recurrent states in host memory): Qwen3-Next, Qwen3.5-MoE and Qwen3.5 against the CPU backend under each
+        the recurrent states where the KV cache is): Qwen3-Next, Qwen3.5-MoE and Qwen3.5 against the CPU backend under each
         of `variants` (extra flags), and the one promise (Qwen3-Next's logits bit-identical token by token and in
         chunks of 3), and a chat's next turn returning to a KV checkpoint. A backend without the ops is refused at load
         (tests/integration/sdk_third_party_backend.sh)."""

@@ -407,11 +407,11 @@ TEST(KvCache, CopyPrefixTakesASlidingLayersRowsWhereTheSourceStillHoldsThem) {
 }
 
 // Where a cache's rows and states live: host memory, or a device's (mapped, or not: copied there and back).
-struct StatePlace {
+struct CachePlace {
   const char* name;
   bool device, mapped;
 };
-constexpr StatePlace kStatePlaces[] = {{"host", false, false}, {"mapped", true, true}, {"device", true, false}};
+constexpr CachePlace kCachePlaces[] = {{"host", false, false}, {"mapped", true, true}, {"device", true, false}};
 
 // The first `length` positions' rows of a layer (keys or values) as bytes, wherever the cache keeps them.
 std::vector<std::byte> held_rows(const KvCache& c, std::int64_t layer, bool values, std::int64_t length) {
@@ -439,10 +439,10 @@ TEST(KvCache, CopyPrefixBetweenCachesInDeviceMemoryGivesTheHostCopysRows) {
   auto host_src = filled(nullptr);
   auto host_dst = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, nullptr, windows);
   ASSERT_TRUE(host_src && host_dst && host_dst->copy_prefix_from(*host_src, 990));
-  for (const auto& from : kStatePlaces) {
-    for (const auto& to : kStatePlaces) {
+  for (const auto& from : kCachePlaces) {
+    for (const auto& to : kCachePlaces) {
       SCOPED_TRACE(std::string(from.name) + " to " + to.name);
-      const auto gpu = [](const StatePlace& place) {
+      const auto gpu = [](const CachePlace& place) {
         std::shared_ptr<testing::DeviceCompute> g;
         if (place.device) {
           g = std::make_shared<testing::DeviceCompute>();
@@ -589,7 +589,7 @@ float* state_floats(const sdk::Tensor& t) {
 // device the state lives there (the passes read and write it in place) and checkpoints are host copies.
 TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   const KvWindows windows{{}, 0, {0, 6}};  // layer 0 attends, layer 1 carries 6 floats
-  for (const auto& place : kStatePlaces) {
+  for (const auto& place : kCachePlaces) {
     SCOPED_TRACE(place.name);
     std::shared_ptr<testing::DeviceCompute> gpu;
     if (place.device) {
