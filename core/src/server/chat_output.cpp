@@ -6,6 +6,7 @@
 
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/server/json_brackets.hpp"
+#include "tokenizer/utf8.hpp"
 
 namespace colibri::server {
 
@@ -616,7 +617,7 @@ class PythonicReader {
         case '7': {  // up to three octal digits
           std::uint32_t cp = static_cast<std::uint32_t>(e - '0');
           for (int i = 0; i < 2 && !end() && t_[p_] >= '0' && t_[p_] <= '7'; ++i) cp = cp * 8 + (t_[p_++] - '0');
-          append_utf8(s, cp);
+          tokenizer::utf8::append(s, static_cast<char32_t>(cp));
           break;
         }
         case '\n': break;  // a continued line
@@ -639,7 +640,7 @@ class PythonicReader {
             cp = cp * 16 + static_cast<std::uint32_t>(v);
           }
           if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return Result::bad;
-          append_utf8(s, cp);
+          tokenizer::utf8::append(s, static_cast<char32_t>(cp));
           break;
         }
         default:  // Python keeps an unknown escape as it is
@@ -651,24 +652,6 @@ class PythonicReader {
     out += json(s).dump(-1, ' ', false, json::error_handler_t::replace);
     return Result::calls;
   }
-  static void append_utf8(std::string& s, std::uint32_t cp) {
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      s += static_cast<char>(0xC0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      s += static_cast<char>(0xE0 | (cp >> 12));
-      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      s += static_cast<char>(0xF0 | (cp >> 18));
-      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   std::string_view t_;
   std::size_t p_ = 0;
 };

