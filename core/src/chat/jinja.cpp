@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 
+#include "chat/python_escape.hpp"
 #include "tokenizer/utf8.hpp"
 
 namespace colibri::chat::jinja {
@@ -453,55 +454,18 @@ std::vector<Token> tokenize(const Source& src) {
         if (d == c) break;
         if (d == '\\') {
           if (++pos >= s.size()) fail(line_at(start), "unexpected end of template in a string literal");
-          const char e = s[pos++];
-          switch (e) {
-            case 'n': str.push_back('\n'); break;
-            case 't': str.push_back('\t'); break;
-            case 'r': str.push_back('\r'); break;
-            case 'b': str.push_back('\b'); break;
-            case 'f': str.push_back('\f'); break;
-            case 'v': str.push_back('\v'); break;
-            case '\'': str.push_back('\''); break;
-            case '"': str.push_back('"'); break;
-            case '\\': str.push_back('\\'); break;
-            case 'a': str.push_back('\a'); break;
-            case '\n': break;  // a backslash at the end of a line joins the lines
-            case 'x':
-            case 'u':
-            case 'U': {
-              const std::size_t len = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-              if (pos + len > s.size()) fail(line_at(start), "invalid escape sequence");
-              const std::string hex = s.substr(pos, len);
-              if (!std::all_of(hex.begin(), hex.end(),
-                               [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
-                fail(line_at(start), "invalid hexadecimal escape \\" + std::string(1, e) + hex);
-              }
-              const unsigned long cp = std::stoul(hex, nullptr, 16);
-              if (cp > 0x10FFFF) fail(line_at(start), "escape \\" + std::string(1, e) + hex + " is past U+10FFFF");
-              utf8::append(str, static_cast<char32_t>(cp));
-              pos += len;
-              break;
-            }
-            case '0':
-            case '1':
-            case '2':
-            case '3':
-            case '4':
-            case '5':
-            case '6':
-            case '7': {  // octal, 1 to 3 digits
-              unsigned cp = static_cast<unsigned>(e - '0');
-              for (int more = 0; more < 2 && pos < s.size() && s[pos] >= '0' && s[pos] <= '7'; ++more) {
-                cp = cp * 8 + static_cast<unsigned>(s[pos++] - '0');
-              }
-              utf8::append(str, static_cast<char32_t>(cp));
-              break;
-            }
-            default:  // Python keeps an unknown escape as it is: '\d' is a backslash and a d
-              str.push_back('\\');
-              str.push_back(e);
-          }
-          continue;
+          const std::size_t letter = pos;
+          const PythonEscape read = read_python_escape(s, pos, str);
+          if (read == PythonEscape::ok || read == PythonEscape::surrogate) continue;
+          // \x, \u or \U and its digits: the template ending inside them first, as Python says it.
+          const char e = s[letter];
+          const std::size_t width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          if (read == PythonEscape::cut || letter + 1 + width > s.size())
+            fail(line_at(start), "invalid escape sequence");
+          const std::string hex = s.substr(letter + 1, width);
+          if (read == PythonEscape::bad_hex)
+            fail(line_at(start), "invalid hexadecimal escape \\" + std::string(1, e) + hex);
+          fail(line_at(start), "escape \\" + std::string(1, e) + hex + " is past U+10FFFF");
         }
         str.push_back(d);
         ++pos;

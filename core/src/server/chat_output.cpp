@@ -4,9 +4,9 @@
 #include <optional>
 #include <utility>
 
+#include "chat/python_escape.hpp"
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/server/json_brackets.hpp"
-#include "tokenizer/utf8.hpp"
 
 namespace colibri::server {
 
@@ -598,54 +598,10 @@ class PythonicReader {
         continue;
       }
       if (end()) return Result::more;
-      const char e = t_[p_++];
-      switch (e) {
-        case 'n': s += '\n'; break;
-        case 't': s += '\t'; break;
-        case 'r': s += '\r'; break;
-        case 'b': s += '\b'; break;
-        case 'f': s += '\f'; break;
-        case 'v': s += '\v'; break;
-        case 'a': s += '\a'; break;
-        case '0':
-        case '1':
-        case '2':
-        case '3':
-        case '4':
-        case '5':
-        case '6':
-        case '7': {  // up to three octal digits
-          std::uint32_t cp = static_cast<std::uint32_t>(e - '0');
-          for (int i = 0; i < 2 && !end() && t_[p_] >= '0' && t_[p_] <= '7'; ++i) cp = cp * 8 + (t_[p_++] - '0');
-          tokenizer::utf8::append(s, static_cast<char32_t>(cp));
-          break;
-        }
-        case '\n': break;  // a continued line
-        case '\\':
-        case '\'':
-        case '"': s += e; break;
-        case 'x':
-        case 'u':
-        case 'U': {
-          const std::size_t width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          std::uint32_t cp = 0;
-          for (std::size_t i = 0; i < width; ++i, ++p_) {
-            if (end()) return Result::more;
-            const char h = t_[p_];
-            const int v = h >= '0' && h <= '9'   ? h - '0'
-                          : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                          : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                 : -1;
-            if (v < 0) return Result::bad;
-            cp = cp * 16 + static_cast<std::uint32_t>(v);
-          }
-          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return Result::bad;
-          tokenizer::utf8::append(s, static_cast<char32_t>(cp));
-          break;
-        }
-        default:  // Python keeps an unknown escape as it is
-          s += '\\';
-          s += e;
+      switch (chat::read_python_escape(t_, p_, s)) {
+        case chat::PythonEscape::ok: break;
+        case chat::PythonEscape::cut: return Result::more;
+        default: return Result::bad;  // not hex, past U+10FFFF, or a surrogate, which JSON cannot hold
       }
     }
     ++p_;
