@@ -11,6 +11,7 @@
 
 #include "colibri/quant/quant.hpp"
 #include "colibri/sdk/compute.hpp"
+#include "colibri/sdk/device_copies.hpp"
 
 namespace colibri::testing {
 
@@ -19,7 +20,8 @@ namespace colibri::testing {
 // stages the source at the call, which may then be reused (sdk/compute.hpp), unless the source lies in memory
 // registered through kHostRegisterInterface (offered when `offer_register`): that is read only at the wait, like
 // DMA, so a source reused before then shows.
-class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
+// With `offer_device_copy` it also copies between its buffers (kDeviceCopyInterface), reading the source at the wait.
+class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister, public sdk::ComputeDeviceCopy {
  public:
   class DeviceBuffer final : public sdk::Buffer {
    public:
@@ -56,8 +58,25 @@ class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister
   int register_calls = 0;
   int direct_copies = 0;
   std::map<const std::byte*, std::size_t> registered;
+  bool offer_device_copy = false;
+  int device_copies = 0;
   void* query_interface(std::string_view id) noexcept override {
-    return offer_register && id == sdk::kHostRegisterInterface ? static_cast<sdk::ComputeHostRegister*>(this) : nullptr;
+    if (offer_register && id == sdk::kHostRegisterInterface) return static_cast<sdk::ComputeHostRegister*>(this);
+    if (offer_device_copy && id == sdk::kDeviceCopyInterface) return static_cast<sdk::ComputeDeviceCopy*>(this);
+    return nullptr;
+  }
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_between_async(const sdk::Buffer& src, std::size_t src_offset,
+                                                                sdk::Buffer& dst, std::size_t dst_offset,
+                                                                std::size_t bytes) noexcept override {
+    const auto& from = static_cast<const DeviceBuffer&>(src);
+    auto& to = static_cast<DeviceBuffer&>(dst);
+    if (src_offset + bytes > from.bytes.size() || dst_offset + bytes > to.bytes.size()) {
+      return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
+    }
+    if (auto s = sdk::check_no_overlap(src, src_offset, dst, dst_offset, bytes); !s) return s;
+    ++device_copies;
+    return std::unique_ptr<sdk::Event>(
+        std::make_unique<LateCopy>(from.bytes.data() + src_offset, to.bytes.data() + dst_offset, bytes, true));
   }
   sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override {
     ++register_calls;

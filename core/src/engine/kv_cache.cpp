@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "colibri/quant/quant.hpp"
 
@@ -21,6 +24,40 @@ std::uint64_t KvCache::bytes_per_position(DType type, std::int64_t layers, std::
 
 namespace {
 constexpr std::int64_t kRowAlign = 64;  // the attention key blocks' alignment (compute contract)
+
+// Copies between a device's buffers (sdk::kDeviceCopyInterface), started in order and waited for together.
+class DeviceCopies {
+ public:
+  explicit DeviceCopies(sdk::ComputeDeviceCopy& device) : device_(device) {}
+  DeviceCopies(const DeviceCopies&) = delete;
+  DeviceCopies& operator=(const DeviceCopies&) = delete;
+  ~DeviceCopies() { (void)finish(); }
+
+  // A failure is also kept for finish(), which waits for the copies started before it.
+  Status start(const sdk::Buffer& src, std::size_t src_offset, sdk::Buffer& dst, std::size_t dst_offset,
+               std::size_t bytes) {
+    auto copy = device_.copy_between_async(src, src_offset, dst, dst_offset, bytes);
+    if (!copy) {
+      if (first_) first_ = copy.error();
+      return copy.error();
+    }
+    started_.push_back(std::move(*copy));
+    return {};
+  }
+  // Waits for every copy started; the first error.
+  Status finish() {
+    for (auto& c : started_) {
+      if (Status s = c->wait(); !s && first_) first_ = s;
+    }
+    started_.clear();
+    return std::exchange(first_, Status{});
+  }
+
+ private:
+  sdk::ComputeDeviceCopy& device_;
+  std::vector<std::unique_ptr<sdk::Event>> started_;
+  Status first_;
+};
 
 std::int64_t layer_window(const KvWindows& w, std::int64_t layer) {
   return static_cast<std::size_t>(layer) < w.window.size() ? w.window[static_cast<std::size_t>(layer)] : 0;
@@ -136,6 +173,7 @@ sdk::Expected<KvCache> KvCache::create(DType type, std::int64_t layers, std::int
       if (!buf) return buf.error().with_context("allocating layer " + std::to_string(l) + "'s state in device memory");
       c.state_dev_.push_back(std::move(*buf));
     }
+    c.device_copy_ = static_cast<sdk::ComputeDeviceCopy*>(device->query_interface(sdk::kDeviceCopyInterface));
     c.device_ = std::move(device);
     return c;
   }
@@ -193,6 +231,17 @@ Status KvCache::move_rows(std::size_t layer, std::int64_t from, std::int64_t n) 
     }
     if (base != nullptr) {
       std::memmove(base, base + at, bytes);
+      continue;
+    }
+    if (device_copy_ != nullptr) {
+      // On the device, in pieces no longer than the shift (a copy's two ranges must not overlap); each comes after
+      // the one before on the device, so it reads its rows before a later piece writes over them.
+      sdk::Buffer& buffer = *(which == 0 ? k_dev_ : v_dev_)[layer];
+      DeviceCopies pieces(*device_copy_);
+      for (std::size_t done = 0; done < bytes; done += at) {
+        if (auto s = pieces.start(buffer, at + done, buffer, done, std::min(at, bytes - done)); !s) break;
+      }
+      if (auto s = pieces.finish(); !s) return s.with_context("moving a sliding-window layer's KV rows");
       continue;
     }
     // Through the host: rows move once every window or more positions, a few windows' rows at a time.
@@ -518,15 +567,25 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     return s;
   };
   try {
-    // Rows and states where either cache keeps them: host memory directly, device memory through a host copy (one
-    // download and one upload, far less than running the prefix again).
+    // Rows and states where either cache keeps them: host memory directly; one device's memory on that device where
+    // its backend copies between buffers; else through a host copy (one download and one upload, far less than
+    // running the prefix again).
+    std::optional<DeviceCopies> on_device;
+    if (device_copy_ != nullptr && src.device_ == device_) on_device.emplace(*device_copy_);
     std::vector<std::byte> rows;
     for (std::size_t l = 0; l < first_.size(); ++l) {
       const std::int64_t n = std::min(count - src.first_[l], rows_[l]);
       first_[l] = src.first_[l];
       if (n <= 0) continue;  // a recurrent layer holds no rows
-      rows.resize(static_cast<std::size_t>(n * kv_heads_) * row_bytes_);
+      const std::size_t bytes = static_cast<std::size_t>(n * kv_heads_) * row_bytes_;
       for (int which = 0; which < planes_; ++which) {
+        if (on_device) {
+          const auto& from = which == 0 ? src.k_dev_ : src.v_dev_;
+          auto& to = which == 0 ? k_dev_ : v_dev_;
+          if (auto s = on_device->start(*from[l], 0, *to[l], 0, bytes); !s) return failed(on_device->finish());
+          continue;
+        }
+        rows.resize(bytes);
         if (auto s = src.rows_to_host(l, which, 0, n, rows.data()); !s) return failed(s);
         if (auto s = rows_from_host(l, which, 0, n, rows.data()); !s) return failed(s);
       }
@@ -534,16 +593,27 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     std::vector<float> state;
     for (std::size_t l = 0; l < state_.size(); ++l) {
       if (!recurrent(static_cast<std::int64_t>(l))) continue;
+      state_at_[l] = count;
+      const auto floats = static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(l)));
       const float* from = nullptr;  // zeros at count 0
+      if (current && on_device) {
+        if (auto s = on_device->start(*src.state_dev_[l], 0, *state_dev_[l], 0, floats * sizeof(float)); !s) {
+          return failed(on_device->finish());
+        }
+        continue;
+      }
       if (current) {
-        state.resize(static_cast<std::size_t>(layer_state(windows_, static_cast<std::int64_t>(l))));
+        state.resize(floats);
         if (auto s = src.state_to_host(l, state.data()); !s) return failed(s);
         from = state.data();
       } else if (count > 0) {
         from = saved->state[l].data();
       }
       if (auto s = state_from_host(l, from); !s) return failed(s);
-      state_at_[l] = count;
+    }
+    if (on_device) {
+      if (auto s = on_device->finish(); !s)
+        return failed(s.with_context("copying KV rows between caches on the device"));
     }
   } catch (const std::bad_alloc&) {
     return failed(Status(StatusCode::out_of_memory, "no host memory to copy KV rows between caches"));

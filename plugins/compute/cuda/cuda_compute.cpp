@@ -495,14 +495,17 @@ Expected<const CudaBuffer*> CudaCompute::own_buffer(const sdk::Buffer& b, std::s
 
 Expected<std::unique_ptr<sdk::Event>> CudaCompute::start_copy(std::shared_ptr<PendingCopy> copy,
                                                               const CudaBuffer& buffer, void* to, const void* from,
-                                                              cudaMemcpyKind kind) {
-  const char* what = kind == cudaMemcpyHostToDevice ? "copy_to_device_async" : "copy_to_host_async";
+                                                              cudaMemcpyKind kind, const CudaBuffer* other) {
+  const char* what = kind == cudaMemcpyHostToDevice   ? "copy_to_device_async"
+                     : kind == cudaMemcpyDeviceToHost ? "copy_to_host_async"
+                                                      : "copy_between_async";
   if (cudaError_t e = cudaEventCreateWithFlags(&copy->done, cudaEventDisableTiming); e != cudaSuccess) {
     dev_->pinned.give(copy->staging);
     return cuda_status(e, what);
   }
   // An upload must not overwrite what queued ops still read, a download must see what they write.
   cudaError_t e = dev_->after_ops(buffer.last_ops.load(), dev_->copy);
+  if (e == cudaSuccess && other != nullptr) e = dev_->after_ops(other->last_ops.load(), dev_->copy);
   if (e == cudaSuccess) e = cudaMemcpyAsync(to, from, copy->bytes, kind, dev_->copy);
   if (e == cudaSuccess) e = cudaEventRecord(copy->done, dev_->copy);
   if (e != cudaSuccess) {
@@ -617,6 +620,28 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_to_host_async(const sdk:
     return start_copy(std::move(copy), **cb, staging->ptr, (*cb)->device_pointer() + offset, cudaMemcpyDeviceToHost);
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_to_host_async");
+  }
+}
+
+Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_between_async(const sdk::Buffer& src, std::size_t src_offset,
+                                                                      sdk::Buffer& dst, std::size_t dst_offset,
+                                                                      std::size_t bytes) noexcept {
+  try {
+    auto from = own_buffer(src, src_offset, bytes, "copy_between_async (source)");
+    if (!from) return from.error();
+    auto to = own_buffer(dst, dst_offset, bytes, "copy_between_async (destination)");
+    if (!to) return to.error();
+    if (Status s = sdk::check_no_overlap(src, src_offset, dst, dst_offset, bytes); !s) return s;
+    if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
+    if (Status s = dev_->use(); !s) return s;
+    if (Status s = dev_->flush_graph(); !s) return s;  // the captured kernels may still use either buffer
+    auto copy = std::make_shared<PendingCopy>();
+    copy->dev = dev_;
+    copy->bytes = bytes;
+    return start_copy(std::move(copy), **from, (*to)->device_pointer() + dst_offset,
+                      (*from)->device_pointer() + src_offset, cudaMemcpyDeviceToDevice, *to);
+  } catch (...) {
+    return Status(StatusCode::out_of_memory, "copy_between_async");
   }
 }
 

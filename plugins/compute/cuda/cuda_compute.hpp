@@ -134,7 +134,7 @@ struct PendingCopy {
   [[nodiscard]] bool is_finished() noexcept;
 };
 
-class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
+class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister, public sdk::ComputeDeviceCopy {
  public:
   static sdk::Expected<std::unique_ptr<CudaCompute>> create(const sdk::CreateContext& ctx);
   explicit CudaCompute(std::shared_ptr<Device> dev, bool routed_experts = false, bool graphs = false,
@@ -155,8 +155,13 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
   [[nodiscard]] void* query_interface(std::string_view id) noexcept override {
     if (id == sdk::kHostTensorsInterface) return this;
     if (id == sdk::kHostRegisterInterface) return static_cast<sdk::ComputeHostRegister*>(this);
+    if (id == sdk::kDeviceCopyInterface) return static_cast<sdk::ComputeDeviceCopy*>(this);
     return nullptr;
   }
+  // cudaMemcpyAsync device to device on the copy stream.
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_between_async(const sdk::Buffer& src, std::size_t src_offset,
+                                                                sdk::Buffer& dst, std::size_t dst_offset,
+                                                                std::size_t bytes) noexcept override;
   sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override;
   void unregister_host(void* ptr) noexcept override;
 
@@ -168,8 +173,11 @@ class CudaCompute final : public sdk::Compute, public sdk::ComputeHostRegister {
   sdk::Expected<const void* const*> routed_table();
   sdk::Expected<const CudaBuffer*> own_buffer(const sdk::Buffer& b, std::size_t offset, std::size_t bytes,
                                               const char* what) const;
+  // Queues the copy on the copy stream after the ops using `buffer` (and `other`, a device-to-device copy's second
+  // buffer).
   sdk::Expected<std::unique_ptr<sdk::Event>> start_copy(std::shared_ptr<PendingCopy> copy, const CudaBuffer& buffer,
-                                                        void* to, const void* from, cudaMemcpyKind kind);
+                                                        void* to, const void* from, cudaMemcpyKind kind,
+                                                        const CudaBuffer* other = nullptr);
   sdk::Status grow(void*& ptr, std::size_t& capacity, std::size_t bytes, bool pinned, const char* what);
 
   std::shared_ptr<Device> dev_;

@@ -53,7 +53,7 @@ class VulkanBuffer final : public sdk::Buffer {
 struct PendingCopy {
   std::shared_ptr<Context> ctx;
   std::shared_ptr<Submission> submission;
-  Allocation staging;
+  Allocation staging;        // none for a copy between two buffers
   void* host_dst = nullptr;  // downloads only
   std::size_t bytes = 0;
   std::mutex mu;
@@ -72,7 +72,7 @@ struct Command {
   std::uint32_t groups[3] = {1, 1, 1};
 };
 
-class VulkanCompute final : public sdk::Compute {
+class VulkanCompute final : public sdk::Compute, public sdk::ComputeDeviceCopy {
  public:
   static sdk::Expected<std::unique_ptr<VulkanCompute>> create(const sdk::CreateContext& ctx);
   explicit VulkanCompute(std::shared_ptr<Context> ctx);
@@ -87,9 +87,15 @@ class VulkanCompute final : public sdk::Compute {
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_to_host_async(const sdk::Buffer& src, std::size_t offset, void* dst,
                                                                 std::size_t bytes) noexcept override;
   sdk::Status synchronize() noexcept override;
+  // vkCmdCopyBuffer on the queue (a memcpy between mapped buffers).
+  sdk::Expected<std::unique_ptr<sdk::Event>> copy_between_async(const sdk::Buffer& src, std::size_t src_offset,
+                                                                sdk::Buffer& dst, std::size_t dst_offset,
+                                                                std::size_t bytes) noexcept override;
   // Host tensors are imported or staged per call (ops.cpp Binder), so the engine may mix them with our buffers.
   [[nodiscard]] void* query_interface(std::string_view id) noexcept override {
-    return id == sdk::kHostTensorsInterface ? this : nullptr;
+    if (id == sdk::kHostTensorsInterface) return this;
+    if (id == sdk::kDeviceCopyInterface) return static_cast<sdk::ComputeDeviceCopy*>(this);
+    return nullptr;
   }
 
  private:

@@ -298,6 +298,74 @@ TEST_P(ComputeConformance, UploadSourceMayBeReusedOnceTheCallReturns) {
   }
 }
 
+// kDeviceCopyInterface (optional): a copy between buffers reads what an op queued before it wrote, a second copy
+// reads what the first wrote, an op after the event reads the copy, and nothing outside the ranges changes.
+TEST_P(ComputeConformance, CopiesBetweenBuffersFollowTheOpsBeforeThemAndRefuseBadRanges) {
+  COMPUTE_FIXTURE(c);
+  auto* copier = static_cast<ComputeDeviceCopy*>(c.query_interface(kDeviceCopyInterface));
+  if (copier == nullptr) GTEST_SKIP() << "the backend does not copy between its buffers (kDeviceCopyInterface)";
+  constexpr std::size_t kN = 4096;  // floats per range
+  constexpr std::size_t kBytes = kN * sizeof(float);
+  const auto x = randn(kN, 61), y = randn(kN, 62);
+  std::vector<float> sentinel(3 * kN, -7.0f);
+  auto upload = [&](const void* src, std::size_t bytes) -> std::unique_ptr<Buffer> {
+    auto b = c.allocate(bytes);
+    EXPECT_TRUE(b) << b.error().to_string();
+    if (!b) return nullptr;
+    auto ev = c.copy_to_device_async(src, **b, 0, bytes);
+    EXPECT_TRUE(ev && (*ev)->wait());
+    return std::move(*b);
+  };
+  auto bx = upload(x.data(), kBytes), by = upload(y.data(), kBytes), sum = upload(sentinel.data(), kBytes);
+  auto dst = upload(sentinel.data(), 3 * kBytes), again = upload(sentinel.data(), kBytes);
+  ASSERT_TRUE(bx && by && sum && dst && again);
+  const Ne ne{static_cast<std::int64_t>(kN), 1, 1, 1};
+  std::vector<Tensor> in{{DType::f32, ne, nullptr, bx.get(), 0}, {DType::f32, ne, nullptr, by.get(), 0}};
+  std::vector<Tensor> out{{DType::f32, ne, nullptr, sum.get(), 0}};
+  ASSERT_TRUE(c.run(OpCall{Op::add, in, out, {}}));  // not waited for: the copy must come after it
+  auto first = copier->copy_between_async(*sum, 0, *dst, kBytes, kBytes);
+  ASSERT_TRUE(first) << first.error().to_string();
+  auto second = copier->copy_between_async(*dst, kBytes, *dst, 2 * kBytes, kBytes);  // one buffer, apart
+  ASSERT_TRUE(second) << second.error().to_string();
+  ASSERT_TRUE((*first)->wait());
+  ASSERT_TRUE((*second)->wait());
+  EXPECT_TRUE((*second)->ready());
+  // An op reads the copy: x + (x + y).
+  std::vector<Tensor> in2{{DType::f32, ne, nullptr, bx.get(), 0}, {DType::f32, ne, nullptr, dst.get(), 2 * kBytes}};
+  std::vector<Tensor> out2{{DType::f32, ne, nullptr, again.get(), 0}};
+  ASSERT_TRUE(c.run(OpCall{Op::add, in2, out2, {}}));
+  std::vector<float> held(3 * kN), twice(kN);
+  auto down = c.copy_to_host_async(*dst, 0, held.data(), 3 * kBytes);
+  auto down2 = c.copy_to_host_async(*again, 0, twice.data(), kBytes);
+  ASSERT_TRUE(down && (*down)->wait() && down2 && (*down2)->wait());
+  for (std::size_t u = 0; u < kN; ++u) {
+    const std::size_t i = u;
+    ASSERT_EQ(bits_of(held[u]), bits_of(-7.0f)) << "byte range before the copy changed at " << i;
+    ASSERT_EQ(bits_of(held[kN + u]), bits_of(x[u] + y[u])) << "the first copy did not read the add at " << i;
+    ASSERT_EQ(bits_of(held[2 * kN + u]), bits_of(x[u] + y[u])) << "the second copy did not read the first at " << i;
+    ASSERT_EQ(bits_of(twice[u]), bits_of(x[u] + (x[u] + y[u]))) << "the op after the copy read at " << i;
+  }
+  // Bad calls: answered, never run.
+  const auto refused = [&](const Buffer& from, std::size_t at, Buffer& to, std::size_t to_at, std::size_t bytes) {
+    auto e = copier->copy_between_async(from, at, to, to_at, bytes);
+    if (e) (void)(*e)->wait();
+    return !e && e.error().code() == StatusCode::invalid_argument;
+  };
+  EXPECT_TRUE(refused(*dst, 0, *dst, 8, 64)) << "overlapping ranges of one buffer";
+  EXPECT_TRUE(refused(*dst, 8, *dst, 0, 64)) << "overlapping ranges of one buffer";
+  EXPECT_TRUE(refused(*sum, 8, *dst, 0, kBytes)) << "a source range past its buffer's end";
+  EXPECT_TRUE(refused(*sum, 0, *dst, 2 * kBytes + 4, kBytes)) << "a destination range past its buffer's end";
+  auto other_made = make_compute(GetParam());
+  ASSERT_TRUE(other_made.compute) << other_made.error;
+  auto foreign = other_made.compute->allocate(kBytes);
+  ASSERT_TRUE(foreign);
+  EXPECT_TRUE(refused(**foreign, 0, *dst, 0, kBytes)) << "a buffer of another compute object";
+  EXPECT_TRUE(refused(*sum, 0, **foreign, 0, kBytes)) << "a buffer of another compute object";
+  auto zero = copier->copy_between_async(*sum, 0, *dst, 0, 0);
+  ASSERT_TRUE(zero && (*zero)->wait()) << "an empty copy is done";
+  ASSERT_TRUE(c.synchronize());
+}
+
 // ------------------------------------------------------------------ matmul
 
 TEST_P(ComputeConformance, MatmulMatchesReferenceOnEveryWeightType) {

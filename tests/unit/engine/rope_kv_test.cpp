@@ -406,12 +406,25 @@ TEST(KvCache, CopyPrefixTakesASlidingLayersRowsWhereTheSourceStillHoldsThem) {
   EXPECT_FALSE(full->copy_prefix_from(*src, 990)) << "a cache of other windows";
 }
 
-// Where a cache's rows and states live: host memory, or a device's (mapped, or not: copied there and back).
+// Where a cache's rows and states live: host memory, or a device's (mapped, or not: copied there and back), whose
+// backend may copy between its buffers itself (sdk::kDeviceCopyInterface).
 struct CachePlace {
   const char* name;
-  bool device, mapped;
+  bool device, mapped, copies_on_device;
 };
-constexpr CachePlace kCachePlaces[] = {{"host", false, false}, {"mapped", true, true}, {"device", true, false}};
+constexpr CachePlace kCachePlaces[] = {{"host", false, false, false},
+                                       {"mapped", true, true, false},
+                                       {"device", true, false, false},
+                                       {"device copying between its buffers", true, false, true}};
+
+// The fake device a place needs (null for host memory).
+std::shared_ptr<testing::DeviceCompute> device_for(const CachePlace& place) {
+  if (!place.device) return nullptr;
+  auto gpu = std::make_shared<testing::DeviceCompute>();
+  gpu->mapped = place.mapped;
+  gpu->offer_device_copy = place.copies_on_device;
+  return gpu;
+}
 
 // The first `length` positions' rows of a layer (keys or values) as bytes, wherever the cache keeps them.
 std::vector<std::byte> held_rows(const KvCache& c, std::int64_t layer, bool values, std::int64_t length) {
@@ -423,7 +436,8 @@ std::vector<std::byte> held_rows(const KvCache& c, std::int64_t layer, bool valu
 }
 
 // A prefix copy between caches in any memory (the server's new sequence from a kept one, a choice of n from its
-// sibling): the rows a copy between host caches gives; a device's rows travel through host memory.
+// sibling): the rows a copy between host caches gives. A device's rows travel through host memory, or between two
+// caches on one device that copies between its buffers, on the device alone.
 TEST(KvCache, CopyPrefixBetweenCachesInDeviceMemoryGivesTheHostCopysRows) {
   const KvWindows windows{{100, 0}, 16, {}};
   std::vector<float> k, v;
@@ -442,19 +456,22 @@ TEST(KvCache, CopyPrefixBetweenCachesInDeviceMemoryGivesTheHostCopysRows) {
   for (const auto& from : kCachePlaces) {
     for (const auto& to : kCachePlaces) {
       SCOPED_TRACE(std::string(from.name) + " to " + to.name);
-      const auto gpu = [](const CachePlace& place) {
-        std::shared_ptr<testing::DeviceCompute> g;
-        if (place.device) {
-          g = std::make_shared<testing::DeviceCompute>();
-          g->mapped = place.mapped;
-        }
-        return g;
-      };
-      auto src = filled(gpu(from));
-      auto dst = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, gpu(to), windows);
+      const auto from_gpu = device_for(from);
+      const bool one_device = from.copies_on_device && to.copies_on_device;
+      const auto to_gpu = one_device ? from_gpu : device_for(to);
+      auto src = filled(from_gpu);
+      auto dst = KvCache::create(sdk::DType::f16, 2, 1, 32, 4096, to_gpu, windows);
       ASSERT_TRUE(src && dst);
+      const int crossings = from_gpu ? from_gpu->copies + from_gpu->downloads : 0;
+      const int on_device = from_gpu ? from_gpu->device_copies : 0;  // the sliding layer's moves while filled
       ASSERT_TRUE(dst->copy_prefix_from(*src, 990));
       EXPECT_EQ(dst->reusable(990), 990);
+      if (one_device) {
+        EXPECT_EQ(from_gpu->copies + from_gpu->downloads, crossings) << "nothing crosses the bus";
+        EXPECT_EQ(from_gpu->device_copies - on_device, 4) << "K and V of two layers";
+      } else if (from_gpu && !from.mapped) {
+        EXPECT_GT(from_gpu->downloads, 0) << "through host memory";
+      }
       for (std::int64_t l = 0; l < 2; ++l) {
         EXPECT_EQ(dst->first_position(l), host_dst->first_position(l));
         for (bool values : {false, true}) {
@@ -468,10 +485,11 @@ TEST(KvCache, CopyPrefixBetweenCachesInDeviceMemoryGivesTheHostCopysRows) {
 
 // On a device (mapped or not) the rows move where they lie, to the bytes a host cache holds.
 TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
-  for (bool mapped : {false, true}) {
+  for (const auto& place : kCachePlaces) {
+    if (!place.device) continue;
+    const bool mapped = place.mapped;
     for (auto type : {sdk::DType::f16, sdk::DType::q8_0}) {
-      auto gpu = std::make_shared<testing::DeviceCompute>();
-      gpu->mapped = mapped;
+      auto gpu = device_for(place);
       const KvWindows windows{{0, 70}, 8, {}};
       auto dev = KvCache::create(type, 2, 1, 32, 2048, gpu, windows);
       auto host = KvCache::create(type, 2, 1, 32, 2048, nullptr, windows);
@@ -499,6 +517,14 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
         }
       }
       EXPECT_GT(dev->first_position(1), 0);
+      if (mapped) {
+        EXPECT_EQ(gpu->downloads, 0) << "mapped rows move in place";
+      } else if (place.copies_on_device) {
+        EXPECT_EQ(gpu->downloads, 0) << "rows move on the device";
+        EXPECT_GT(gpu->device_copies, 0);
+      } else {
+        EXPECT_GT(gpu->downloads, 0) << "unmapped rows move through the host";
+      }
       // A saved window goes down and comes back up to the host cache's bytes.
       ASSERT_TRUE(dev->checkpoint(700));
       ASSERT_TRUE(host->checkpoint(700));
@@ -518,11 +544,6 @@ TEST(KvCache, SlidingLayersOnADeviceMoveTheirRowsLikeTheHost) {
         const std::size_t bytes = static_cast<std::size_t>(h.ne[2]) * sdk::row_bytes(type, 32);
         const auto& held = static_cast<testing::DeviceCompute::DeviceBuffer*>(d.buffer)->bytes;
         EXPECT_EQ(0, std::memcmp(held.data(), h.data, bytes)) << "restored " << (values ? "V" : "K");
-      }
-      if (mapped) {
-        EXPECT_EQ(gpu->downloads, 0) << "mapped rows move in place";
-      } else {
-        EXPECT_GT(gpu->downloads, 0) << "unmapped rows move through the host";
       }
     }
   }
@@ -591,11 +612,7 @@ TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
   const KvWindows windows{{}, 0, {0, 6}};  // layer 0 attends, layer 1 carries 6 floats
   for (const auto& place : kCachePlaces) {
     SCOPED_TRACE(place.name);
-    std::shared_ptr<testing::DeviceCompute> gpu;
-    if (place.device) {
-      gpu = std::make_shared<testing::DeviceCompute>();
-      gpu->mapped = place.mapped;
-    }
+    const auto gpu = device_for(place);
     auto c = KvCache::create(sdk::DType::f32, 2, 1, 32, 64, gpu, windows);
     ASSERT_TRUE(c);
     EXPECT_TRUE(c->has_recurrent());
@@ -644,8 +661,15 @@ TEST(KvCache, RecurrentStatesServeOnlyWhereTheyAreKept) {
       auto copied = d->state_for(1, 5);
       ASSERT_TRUE(copied);
       EXPECT_EQ(state_floats(*copied)[0], 1.0f) << "the saved state, not the current one";
+      const int before = gpu ? gpu->device_copies : 0;
       ASSERT_TRUE(d->copy_prefix_from(*c, 9));
       EXPECT_EQ(d->reusable(9), 9);
+      auto current = d->state_for(1, 9);
+      ASSERT_TRUE(current);
+      EXPECT_EQ(state_floats(*current)[5], 2.0f) << "the state where it is";
+      if (place.copies_on_device) {
+        EXPECT_EQ(gpu->device_copies - before, 3) << "layer 0's K and V rows and layer 1's state, on the device";
+      }
     }
     // Rewinding to the saved state puts it back; running on from it keeps it saved.
     EXPECT_EQ(c->rewind(7), 5);

@@ -94,7 +94,8 @@ class KvCache {
   [[nodiscard]] std::vector<std::int64_t> checkpoint_positions() const;
 
   // Copies positions [0, count) of every layer from `src`, a cache of the same shape, type and windows, each in host
-  // or device memory (a device's rows come through host memory). The rows are the bytes `src` holds, so attention
+  // or device memory (on the device itself where both caches are on one whose backend copies between its buffers,
+  // sdk::kDeviceCopyInterface; else through host memory). The rows are the bytes `src` holds, so attention
   // over them gives the bits running those positions again would. A sliding layer copies the rows it holds (they must
   // serve count); a recurrent layer its state, which `src` must hold at count (where it is, or in a checkpoint). A
   // copy that fails part way leaves this cache holding nothing.
@@ -182,6 +183,7 @@ class KvCache {
   std::uint64_t total_bytes_ = 0, checkpoint_bytes_ = 0;
   std::vector<AlignedBuffer> k_, v_;
   std::shared_ptr<sdk::Compute> device_;                     // keeps the buffers' backend alive
+  sdk::ComputeDeviceCopy* device_copy_ = nullptr;            // device_'s copies between its buffers, if it has them
   std::vector<std::unique_ptr<sdk::Buffer>> k_dev_, v_dev_;  // per layer, when on a device
   std::vector<std::byte> staging_;                           // new rows in the cache's type, on their way up
 };

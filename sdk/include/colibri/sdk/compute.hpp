@@ -279,6 +279,25 @@ class ComputeHostRegister {
   ~ComputeHostRegister() = default;
 };
 
+// query_interface id of a backend that copies between two of its own buffers without the host (cudaMemcpyAsync
+// device to device, vkCmdCopyBuffer); query_interface returns a ComputeDeviceCopy*. The engine moves KV rows and
+// recurrent states within and between caches in device memory with it; without it they go through host memory.
+inline constexpr std::string_view kDeviceCopyInterface = "colibri.compute.device-copy.v1";
+
+class ComputeDeviceCopy {
+ public:
+  // Copies `bytes` from src at src_offset to dst at dst_offset (both this compute object's buffers; they may be one
+  // buffer, the two ranges must not overlap). Ordered like copy_to_*_async: after the ops and copies started before
+  // it that use either buffer (it reads what they wrote); the event completes when the bytes have arrived, and dst's
+  // range is the caller's again only then. invalid_argument for a foreign buffer, a range past a buffer's end or
+  // overlapping ranges.
+  virtual Expected<std::unique_ptr<Event>> copy_between_async(const Buffer& src, std::size_t src_offset, Buffer& dst,
+                                                              std::size_t dst_offset, std::size_t bytes) noexcept = 0;
+
+ protected:
+  ~ComputeDeviceCopy() = default;
+};
+
 class Compute : public PluginObject {
  public:
   [[nodiscard]] virtual std::span<const DeviceInfo> devices() const noexcept = 0;

@@ -32,6 +32,20 @@ Expected<const B*> own_buffer(const Buffer& buffer, std::size_t offset, std::siz
   return ours;
 }
 
+// ComputeDeviceCopy::copy_between_async's check once both buffers are the backend's: invalid_argument when the two
+// ranges of one buffer overlap.
+inline Status check_no_overlap(const Buffer& src, std::size_t src_offset, const Buffer& dst, std::size_t dst_offset,
+                               std::size_t bytes) {
+  if (&src != &dst || bytes == 0) return {};
+  if (src_offset < dst_offset + bytes && dst_offset < src_offset + bytes) {
+    return Status(StatusCode::invalid_argument,
+                  "copy_between_async: the " + std::to_string(bytes) + " bytes at offsets " +
+                      std::to_string(src_offset) + " and " + std::to_string(dst_offset) +
+                      " of one buffer overlap; copy in pieces no longer than the distance between them");
+  }
+  return {};
+}
+
 // The Event of a copy in flight. Copy has `Status finish(bool block) noexcept` (completes the copy once: block
 // waits for it, otherwise only a copy that has landed completes) and `bool is_finished() noexcept`.
 template <typename Copy>
