@@ -27,6 +27,7 @@ struct ChatOptions {
   std::int64_t max_tokens = 512;
   engine::SamplingOptions sampling;
   bool seed_given = false;
+  DraftFlags draft;
   bool hide_reasoning = false;
 };
 
@@ -186,6 +187,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
+  apply_draft(o.draft, g);
   if (style == ReplyPrinter::Style::harmony) {
     // Harmony's channel markers are special tokens the splitter must see; its end tokens (<|call|> is listed only in
     // gpt-oss's generation_config.json) end the reply.
@@ -277,7 +279,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (r->finish_reason == "context") std::cerr << "(the context is full; /reset to continue)\n";
     std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
               << ids.size() << " prompt tokens, " << common << " reused from the cache, " << r->tokens.size()
-              << " generated, " << r->finish_reason << ", seed " << g.sampling.seed << ")\n";
+              << " generated" << draft_summary(*r) << ", " << r->finish_reason << ", seed " << g.sampling.seed << ")\n";
     save_usage(*engine, &saved_usage);  // after every turn: a Ctrl-C at the prompt ends the process
   }
   return failed_turn ? 1 : 0;
@@ -295,6 +297,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--hide-reasoning", o->hide_reasoning,
                 "Do not print a reasoning model's thinking (shown on stderr by default)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
+  add_draft_options(*cmd, o->draft);
   cmd->callback([&global, o] { global.exit_code = run_chat(global, *o); });
 }
 

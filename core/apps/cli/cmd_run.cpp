@@ -33,6 +33,7 @@ struct RunOptions {
   std::string json_schema;  // a JSON Schema file
   engine::SamplingOptions sampling;
   bool seed_given = false;
+  DraftFlags draft;
   std::string record_trace;
 };
 
@@ -110,6 +111,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
   g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
+  apply_draft(o.draft, g);
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
   if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;
@@ -125,8 +127,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
               << " positions is full (raise --ctx or memory.kv_cache)\n";
   }
   std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
-            << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens, " << r->finish_reason
-            << ", seed " << o.sampling.seed << ")\n";
+            << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens" << draft_summary(*r) << ", "
+            << r->finish_reason << ", seed " << o.sampling.seed << ")\n";
   save_usage(*engine);
   const bool interrupted = interrupt::stop_requested();
   if (!o.record_trace.empty()) {
@@ -175,6 +177,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--json-schema", o->json_schema,
                   "JSON mode with a JSON Schema file: the object must also conform to it (README: JSON Schema)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
+  add_draft_options(*cmd, o->draft);
   cmd->callback([&global, o, text, file] {
     if (text->count() == 0 && file->count() == 0) {
       global.exit_code = fail("give the prompt: --prompt TEXT, or --file FILE ('-' reads standard input)");

@@ -14,6 +14,7 @@
 
 #include "../common/cli_values.hpp"
 #include "colibri/engine/engine.hpp"
+#include "colibri/engine/generate.hpp"
 #include "colibri/engine/sampler.hpp"
 #include "colibri/engine/usage_history.hpp"
 #include "colibri/model/manifest.hpp"
@@ -133,6 +134,29 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
         }
       },
       "Add BIAS (-100 to 100) to a token's logit: TOKEN_ID=BIAS, repeatable");
+}
+
+// --draft / --draft-ngram: prompt-lookup speculation (engine::GenerateOptions::draft_tokens).
+struct DraftFlags {
+  std::int64_t tokens = 0;
+  std::int64_t ngram = 3;
+};
+inline void add_draft_options(CLI::App& cmd, DraftFlags& d) {
+  cmd.add_option("--draft", d.tokens,
+                 "Speculate up to N tokens per step from earlier text (prompt lookup; the same answer, faster when "
+                 "the answer repeats its prompt or itself; default 0: off)")
+      ->check(CLI::Range(0, 64));
+  cmd.add_option("--draft-ngram", d.ngram, "Longest run of last tokens --draft looks up (default 3)")
+      ->check(CLI::Range(1, 16));
+}
+inline void apply_draft(const DraftFlags& d, engine::GenerateOptions& g) {
+  g.draft_tokens = d.tokens;
+  g.draft_ngram = d.ngram;
+}
+// ", 12 of 30 drafted tokens kept" where --draft ran any.
+inline std::string draft_summary(const engine::GenerateResult& r) {
+  if (r.drafted == 0) return {};
+  return ", " + std::to_string(r.accepted) + " of " + std::to_string(r.drafted) + " drafted tokens kept";
 }
 
 // A --logit-bias token the model does not have would be ignored without a word; an error instead.

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "colibri/engine/json_constraint.hpp"
+#include "colibri/engine/rope.hpp"
 
 namespace colibri::engine {
 
@@ -45,6 +46,26 @@ std::string StopMatcher::flush() {
   std::string out;
   out.swap(held_);
   return out;
+}
+
+std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, std::int64_t max_ngram,
+                                       std::int64_t count) {
+  std::vector<std::int32_t> draft;
+  const auto len = static_cast<std::int64_t>(history.size());
+  if (count <= 0) return draft;
+  for (std::int64_t n = std::min(max_ngram, len - 1); n >= 1; --n) {
+    const auto key = history.subspan(static_cast<std::size_t>(len - n));
+    for (std::int64_t j = len - n - 1; j >= 0; --j) {
+      if (!std::equal(key.begin(), key.end(), history.begin() + j)) continue;
+      // history + draft at j + n, j + n + 1, ...: always already known, as j + n < len.
+      for (std::int64_t m = 0; m < count; ++m) {
+        const std::int64_t at = j + n + m;
+        draft.push_back(at < len ? history[static_cast<std::size_t>(at)] : draft[static_cast<std::size_t>(at - len)]);
+      }
+      return draft;
+    }
+  }
+  return draft;
 }
 
 sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> prompt, const GenerateOptions& options) {
@@ -100,10 +121,21 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   JsonAnswer json(options.json_schema.get());
   std::vector<std::uint8_t> allowed;
   if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
+  // Speculation: the pass's drafts after its first token, the logits row the next token comes from, and the
+  // positions the answer holds (the pass may hold drafts past them, dropped before the next pass and at the end).
+  std::int64_t draft_limit = options.draft_tokens;
+  std::int64_t draft_end = engine.context();  // no pass may end past it (dynamic rope)
+  if (engine.kv_cache().has_recurrent()) draft_limit = 0;
+  if (auto rope = RopeFrequencies::create(engine.hparams())) draft_end = std::min(draft_end, rope->same_kv_up_to());
+  std::vector<std::int32_t> fed;
+  std::size_t row = 0;
+  std::int64_t draft_now = draft_limit, pause = 0, backoff = 0;
+  std::int64_t kept = engine.n_past();
+  const auto vocab = static_cast<std::size_t>(engine.vocab_size());
   t0 = clock::now();
   for (std::int64_t i = 0; i < options.max_tokens; ++i) {
     // Prompt and answer share the context, as the server counts them: no token past its last position.
-    if (engine.n_past() >= engine.context()) {
+    if (kept >= engine.context()) {
       r.finish_reason = "context";
       break;
     }
@@ -111,7 +143,10 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       json.allowed(*json_tokens, allowed);
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
     }
-    const std::int32_t next = sampler.sample(logits, history, allowed, prompt.size());
+    const std::int32_t next =
+        sampler.sample(std::span<const float>(logits).subspan(row * vocab, vocab), history, allowed, prompt.size());
+    const bool drafted = row < fed.size() && fed[row] == next;  // its position is in the cache already
+    if (drafted) ++r.accepted;
     if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "eos";
       break;
@@ -132,13 +167,47 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       break;
     }
     if (i + 1 == options.max_tokens) break;
-    if (engine.n_past() >= engine.context()) {
+    if (drafted) {
+      ++row;
+      ++kept;
+      continue;
+    }
+    if (kept >= engine.context()) {
       r.finish_reason = "context";
       break;
     }
-    const std::int32_t one[1] = {next};
-    if (auto s = engine.forward(one, LogitsWanted::last, logits); !s) return s;
+    if (engine.n_past() > kept) {  // drafts past the one that differed
+      engine.truncate(kept);
+      if (engine.n_past() != kept) {
+        return Status(StatusCode::internal, "the KV cache could not drop the rejected draft tokens (at " +
+                                                std::to_string(kept) + "); run without --draft");
+      }
+    }
+    // Drafts cost their experts' reads whether kept or not: the length follows how many the last pass kept (halved
+    // when none, doubled when all), and after a single draft fails drafting pauses for 1, 2, 4 ... 64 steps.
+    if (!fed.empty()) {
+      if (row > 0) backoff = 0;
+      if (row == fed.size()) {
+        draft_now = std::min(draft_limit, 2 * draft_now);
+      } else if (row == 0 && draft_now > 1) {
+        draft_now /= 2;
+      } else if (row == 0) {
+        backoff = std::clamp<std::int64_t>(2 * backoff, 1, 64);
+        pause = backoff;
+      }
+    }
+    // The next pass: this token, then what the text's last n-gram was followed by before, where it fits.
+    const std::int64_t room = pause > 0 ? 0 : std::min({draft_now, options.max_tokens - i - 2, draft_end - kept - 1});
+    if (pause > 0) --pause;
+    fed = lookup_draft(history, options.draft_ngram, room);
+    std::vector<std::int32_t> pass{next};
+    pass.insert(pass.end(), fed.begin(), fed.end());
+    r.drafted += static_cast<std::int64_t>(fed.size());
+    if (auto s = engine.forward(pass, fed.empty() ? LogitsWanted::last : LogitsWanted::all, logits); !s) return s;
+    row = 0;
+    ++kept;
   }
+  if (engine.n_past() > kept) engine.truncate(kept);
   if (!r.tokens.empty()) r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   if (r.finish_reason != "stop" && r.finish_reason != "cancelled") {
     emit(stops.push(decoder.flush()));

@@ -497,6 +497,25 @@ class Chat(unittest.TestCase):
         self.assertEqual(reused(window), reused(full))
         self.assertGreater(reused(full)[1], 500)
 
+    def test_drafts_keep_the_transcript(self):
+        # --draft's rejected drafts are dropped from the KV cache (a sliding window's rows included), so the next turn
+        # reuses the same prefix and the chat is the one without drafts, greedy or sampled.
+        out = hparams_copy("tiny-window", sliding_window=4)
+        turns = " ".join(["the quiet river runs"] * 20) + "\nand then the quiet river runs\n"
+        for sampling in (["--temp", "0"], ["--temp", "0.8", "--seed", "4"]):
+            args = ["chat", "-m", out, "-n", "80", "--template", "chatml", *sampling]
+            plain = cli(*args, stdin=turns)
+            spec = cli(*args, "--draft", "6", stdin=turns)
+            self.assertEqual(spec.stdout, plain.stdout, sampling)
+            reused = lambda p: [x.split(" reused")[0].rsplit(", ", 1)[1] for x in p.stderr.splitlines()
+                                if " reused from the cache" in x]
+            self.assertEqual(reused(spec), reused(plain), sampling)
+            if sampling[1] == "0":
+                self.assertRegex(spec.stderr, r", [1-9]\d* of \d+ drafted tokens kept")
+        bad = cli("chat", "-m", out, "--draft", "65", stdin="", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--draft", bad.stderr)
+
     def test_next_turn_of_a_recurrent_model_returns_to_a_checkpoint(self):
         # Qwen3-Next's recurrent states sum up every position, so a turn can return only where a state was kept. This
         # template opens "<think>" in the prompt and drops it from the history: the next turn shares the prompt up to

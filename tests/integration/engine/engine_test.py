@@ -958,6 +958,40 @@ class OnePromise(unittest.TestCase):
                 self.same(full, out, f"{variant}/{preset} sliding-window KV, chunks of {batch}")
 
 
+    def test_speculation_keeps_every_token(self):
+        """--draft runs prompt-lookup drafts in the same pass as each token and keeps those the sampled tokens equal:
+        greedy or sampled with a seed, the answer is the one without drafts, token for token (each position's logits
+        have the bits of a pass of its own). Sliding windows step back over rejected drafts; a recurrent model and
+        dynamic rope past its original context draft nothing."""
+        prompt = "the quiet river runs under the old bridge and the quiet river runs"
+        drafted = re.compile(r", (\d+) of (\d+) drafted tokens kept")
+        for variant, preset, expect_drafts in (("mixtral", "f32", True), ("gpt_oss", "q4_k_m", True),
+                                               ("mistral-window", "f32", True), ("qwen3_next", "q4_k_m", False),
+                                               ("llama-dynamic", "f32", False)):
+            arch, patch, *gen_args = VARIANTS.get(variant, (variant, None))
+            _, model = make_model(variant, arch, patch, preset=preset, gen_args=gen_args[0] if gen_args else ())
+            for sampling in (["--temp", "0"], ["--temp", "0.9", "--seed", "7"]):
+                args = ["run", "--model", model, "-p", prompt, "-n", "400", "--no-echo", "--ignore-eos", *sampling]
+                plain = run(args)
+                self.assertIsNone(drafted.search(plain.stderr))
+                kept_in_all = 0
+                for draft in ("1", "5", "16"):
+                    spec = run(args + ["--draft", draft, "--draft-ngram", "2"])
+                    what = f"{variant}/{preset} {' '.join(sampling)} --draft {draft}"
+                    self.assertEqual(spec.stdout, plain.stdout, what)
+                    counts = drafted.search(spec.stderr)
+                    if not expect_drafts:
+                        self.assertIsNone(counts, what)
+                    elif sampling[1] == "0":
+                        self.assertIsNotNone(counts, what + ": " + spec.stderr)
+                        kept, ran = map(int, counts.groups())
+                        self.assertLessEqual(kept, ran, what)
+                        kept_in_all += kept
+                        print(f"  {what}: {kept} of {ran} drafts kept", flush=True)
+                if expect_drafts and sampling[1] == "0":
+                    self.assertGreater(kept_in_all, 0, f"{variant}: greedy text repeats, some drafts are kept")
+
+
 _M64 = (1 << 64) - 1
 _P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
                            0x27D4EB2F165667C5)

@@ -220,5 +220,21 @@ TEST(StopMatcher, ReleasesAFalseStartAndFlushes) {
   EXPECT_EQ(m.flush(), "ST");
 }
 
+// --draft's proposals: what followed the latest earlier occurrence of the longest matching suffix.
+TEST(LookupDraft, TakesWhatFollowedTheLatestLongestMatch) {
+  using V = std::vector<std::int32_t>;
+  EXPECT_EQ(lookup_draft(V{1, 2, 3, 4}, 3, 4), V{}) << "no earlier occurrence of any suffix";
+  EXPECT_EQ(lookup_draft(V{7}, 3, 4), V{}) << "one token has nothing before it";
+  EXPECT_EQ(lookup_draft(V{1, 2, 9, 9, 2}, 3, 2), (V{9, 9})) << "one token matched when no longer suffix is";
+  // The suffix 5 6 occurs at 0 (then 1) and at 4 (then 8); 6 alone also at 6 (then 7): the longest, latest wins.
+  EXPECT_EQ(lookup_draft(V{5, 6, 1, 0, 5, 6, 8, 6, 7, 5, 6}, 3, 3), (V{8, 6, 7}));
+  EXPECT_EQ(lookup_draft(V{5, 6, 1, 0, 5, 6, 8, 6, 7, 5, 6}, 1, 3), (V{7, 5, 6})) << "only the last token matched";
+  EXPECT_EQ(lookup_draft(V{5, 6, 1, 0, 5, 6, 8, 6, 7, 5, 6}, 3, 1), (V{8})) << "at most count";
+  EXPECT_EQ(lookup_draft(V{5, 6, 1, 5, 6}, 3, 0), V{}) << "count 0";
+  // A cycle drafts whole periods: the continuation runs into the end and goes on with the draft itself.
+  EXPECT_EQ(lookup_draft(V{4, 1, 2, 3, 1, 2, 3}, 3, 7), (V{1, 2, 3, 1, 2, 3, 1}));
+  EXPECT_EQ(lookup_draft(V{3, 3}, 3, 4), (V{3, 3, 3, 3}));
+}
+
 }  // namespace
 }  // namespace colibri::engine

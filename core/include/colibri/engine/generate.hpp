@@ -31,6 +31,14 @@ struct GenerateOptions {
   // KV cache positions where a next prompt may part from this one (a chat's last message, its system prompt): the
   // cache keeps a checkpoint there, and at the prompt's end, where it keeps any (KvCache::checkpoint).
   std::vector<std::int64_t> checkpoints;
+  // Prompt-lookup speculation (llama.cpp's lookup decoding, vLLM's "ngram"): after each token, up to draft_tokens
+  // tokens that followed the latest earlier occurrence of the text's last n tokens (n from draft_ngram down to 1) run
+  // in the same pass, and are kept as far as the tokens sampled from that pass's logits equal them. The answer is
+  // the same token for token, sampled or not: each position's logits have the bits a pass of its own gives (the one
+  // promise), and each token is sampled from them in order. 0: off. Not for recurrent layers (a state cannot step
+  // back) nor dynamic rope past the original context (a pass's length moves its rotation): there it drafts nothing.
+  std::int64_t draft_tokens = 0;
+  std::int64_t draft_ngram = 3;
 };
 
 struct GenerateResult {
@@ -38,6 +46,8 @@ struct GenerateResult {
   std::vector<std::int32_t> tokens;  // generated ids (EOS excluded)
   std::string finish_reason;         // "eos" | "stop" | "length" | "context" | "cancelled"
   std::int64_t prompt_tokens = 0;
+  std::int64_t drafted = 0;   // draft tokens run (draft_tokens)
+  std::int64_t accepted = 0;  // of them, the ones the answer kept
   double prefill_seconds = 0;
   double decode_seconds = 0;
   [[nodiscard]] double prefill_tokens_per_second() const {
@@ -65,6 +75,12 @@ class StopMatcher {
   std::string held_;
   bool stopped_ = false;
 };
+
+// Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of `history`'s last n tokens, for
+// the largest n <= max_ngram that has one, at most `count` (a continuation that reaches the end goes on with the
+// draft itself, so a repeating cycle drafts whole periods); none when no n >= 1 matches.
+std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, std::int64_t max_ngram,
+                                       std::int64_t count);
 
 // generate()'s checks of its arguments (sampling, an empty prompt, the room left in the context), for a caller that
 // prints before it generates.
