@@ -27,7 +27,7 @@ struct ChatOptions {
   std::int64_t max_tokens = 512;
   engine::SamplingOptions sampling;
   bool seed_given = false;
-  DraftFlags draft;
+  apps::DraftFlags draft;
   bool hide_reasoning = false;
 };
 
@@ -188,6 +188,10 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
   apply_draft(o.draft, g);
+  if (o.draft.tokens > 0 && engine->kv_cache().has_recurrent()) {
+    std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
+                 "drafts\n";
+  }
   if (style == ReplyPrinter::Style::harmony) {
     // Harmony's channel markers are special tokens the splitter must see; its end tokens (<|call|> is listed only in
     // gpt-oss's generation_config.json) end the reply.
@@ -297,7 +301,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_flag("--hide-reasoning", o->hide_reasoning,
                 "Do not print a reasoning model's thinking (shown on stderr by default)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
-  add_draft_options(*cmd, o->draft);
+  apps::add_draft_options(*cmd, o->draft);
   cmd->callback([&global, o] { global.exit_code = run_chat(global, *o); });
 }
 

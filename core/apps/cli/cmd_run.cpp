@@ -33,7 +33,7 @@ struct RunOptions {
   std::string json_schema;  // a JSON Schema file
   engine::SamplingOptions sampling;
   bool seed_given = false;
-  DraftFlags draft;
+  apps::DraftFlags draft;
   std::string record_trace;
 };
 
@@ -112,6 +112,10 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_schema = schema;
   g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
   apply_draft(o.draft, g);
+  if (o.draft.tokens > 0 && engine->kv_cache().has_recurrent()) {
+    std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
+                 "drafts\n";
+  }
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
   if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;
@@ -177,7 +181,7 @@ void setup(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--json-schema", o->json_schema,
                   "JSON mode with a JSON Schema file: the object must also conform to it (README: JSON Schema)");
   add_sampling_options(*cmd, o->sampling, o->seed_given);
-  add_draft_options(*cmd, o->draft);
+  apps::add_draft_options(*cmd, o->draft);
   cmd->callback([&global, o, text, file] {
     if (text->count() == 0 && file->count() == 0) {
       global.exit_code = fail("give the prompt: --prompt TEXT, or --file FILE ('-' reads standard input)");

@@ -136,20 +136,7 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
       "Add BIAS (-100 to 100) to a token's logit: TOKEN_ID=BIAS, repeatable");
 }
 
-// --draft / --draft-ngram: prompt-lookup speculation (engine::GenerateOptions::draft_tokens).
-struct DraftFlags {
-  std::int64_t tokens = 0;
-  std::int64_t ngram = 3;
-};
-inline void add_draft_options(CLI::App& cmd, DraftFlags& d) {
-  cmd.add_option("--draft", d.tokens,
-                 "Speculate up to N tokens per step from earlier text (prompt lookup; the same answer, faster when "
-                 "the answer repeats its prompt or itself; default 0: off)")
-      ->check(CLI::Range(0, 64));
-  cmd.add_option("--draft-ngram", d.ngram, "Longest run of last tokens --draft looks up (default 3)")
-      ->check(CLI::Range(1, 16));
-}
-inline void apply_draft(const DraftFlags& d, engine::GenerateOptions& g) {
+inline void apply_draft(const apps::DraftFlags& d, engine::GenerateOptions& g) {
   g.draft_tokens = d.tokens;
   g.draft_ngram = d.ngram;
 }

@@ -84,6 +84,20 @@ inline CLI::Validator number_between(double min, double max, std::string hint) {
 }
 
 // --ctx of the commands that run a model (0: the default, as llama.cpp's -c 0).
+// --draft / --draft-ngram (run, chat, colibri-server): prompt-lookup speculation.
+struct DraftFlags {
+  std::int64_t tokens = 0;
+  std::int64_t ngram = 3;
+};
+inline void add_draft_options(CLI::App& cmd, DraftFlags& d) {
+  cmd.add_option("--draft", d.tokens,
+                 "Speculate up to N tokens per step from earlier text (prompt lookup; the same answer, faster when "
+                 "the answer repeats its prompt or itself; default 0: off)")
+      ->check(integer_between(0, 64, "give 0 (off) to 64 draft tokens"));
+  cmd.add_option("--draft-ngram", d.ngram, "Longest run of last tokens --draft looks up (default 3)")
+      ->check(integer_between(1, 16, "give 1 to 16 tokens"));
+}
+
 inline constexpr const char* kContextLengthCheck = "context length";
 inline CLI::Validator context_length() {
   return integer_at_least(0,

@@ -51,6 +51,7 @@ struct Flags {
   std::uint32_t max_header = 16384;
   double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10;
   bool exact = false, exclude_tools_when_none = false;
+  apps::DraftFlags draft;
 };
 
 std::chrono::milliseconds ms(double seconds) {
@@ -111,6 +112,8 @@ int serve(Flags& f) {
   so.scheduler.max_queue = static_cast<std::size_t>(f.max_queue);
   so.scheduler.max_batch = f.max_batch;
   so.scheduler.prefill_chunk = f.ubatch;
+  so.scheduler.draft_tokens = f.draft.tokens;
+  so.scheduler.draft_ngram = f.draft.ngram;
   so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_path("cache.auto_pin_history");
   // Written at exit: a path that cannot take it is said now, not after a day's counts are lost.
   if (const std::filesystem::path history = so.scheduler.usage_history; !history.empty()) {
@@ -281,6 +284,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", f.ubatch, "Prompt tokens per forward chunk (results do not depend on it)")
       ->check(apps::integer_at_least(1, "give the tokens per forward chunk (default 512)"));
   app.add_flag("--exact-activations", f.exact, "Never quantize activations in quantized matmuls");
+  apps::add_draft_options(app, f.draft);
   app.add_option("--max-batch", f.max_batch, "Sequences decoding together (default 8)")
       ->check(apps::integer_at_least(1, "give 1 or more sequences"));
   app.add_option("--max-queue", f.max_queue,

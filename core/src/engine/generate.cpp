@@ -68,6 +68,28 @@ std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, st
   return draft;
 }
 
+const std::vector<std::int32_t>& Speculation::plan(std::span<const std::int32_t> history, std::size_t kept,
+                                                   std::int64_t room) {
+  if (!fed_.empty()) {
+    if (kept > 0) backoff_ = 0;
+    if (kept == fed_.size()) {
+      now_ = std::min(limit_, 2 * now_);
+    } else if (kept == 0 && now_ > 1) {
+      now_ /= 2;
+    } else if (kept == 0) {
+      backoff_ = std::clamp<std::int64_t>(2 * backoff_, 1, 64);
+      pause_ = backoff_;
+    }
+  }
+  if (pause_ > 0) {
+    --pause_;
+    room = 0;
+  }
+  fed_ = lookup_draft(history, ngram_, std::min(room, now_));
+  drafted_ += static_cast<std::int64_t>(fed_.size());
+  return fed_;
+}
+
 sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> prompt, const GenerateOptions& options) {
   if (auto s = options.sampling.validate(); !s) return s;
   if (prompt.empty()) return Status(StatusCode::invalid_argument, "the prompt is empty (no tokens)");
@@ -127,9 +149,10 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   std::int64_t draft_end = engine.context();  // no pass may end past it (dynamic rope)
   if (engine.kv_cache().has_recurrent()) draft_limit = 0;
   if (auto rope = RopeFrequencies::create(engine.hparams())) draft_end = std::min(draft_end, rope->same_kv_up_to());
-  std::vector<std::int32_t> fed;
+  // A pass is one KV write, so a sliding layer's rows still hold the window of any position it may step back to.
+  draft_limit = std::min(draft_limit, engine.kv_cache().max_write() - 1);
+  Speculation spec(draft_limit, options.draft_ngram);
   std::size_t row = 0;
-  std::int64_t draft_now = draft_limit, pause = 0, backoff = 0;
   std::int64_t kept = engine.n_past();
   const auto vocab = static_cast<std::size_t>(engine.vocab_size());
   t0 = clock::now();
@@ -145,8 +168,7 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     }
     const std::int32_t next =
         sampler.sample(std::span<const float>(logits).subspan(row * vocab, vocab), history, allowed, prompt.size());
-    const bool drafted = row < fed.size() && fed[row] == next;  // its position is in the cache already
-    if (drafted) ++r.accepted;
+    const bool drafted = spec.matches(row, next);  // its position is in the cache already
     if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "eos";
       break;
@@ -183,31 +205,17 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
                                                 std::to_string(kept) + "); run without --draft");
       }
     }
-    // Drafts cost their experts' reads whether kept or not: the length follows how many the last pass kept (halved
-    // when none, doubled when all), and after a single draft fails drafting pauses for 1, 2, 4 ... 64 steps.
-    if (!fed.empty()) {
-      if (row > 0) backoff = 0;
-      if (row == fed.size()) {
-        draft_now = std::min(draft_limit, 2 * draft_now);
-      } else if (row == 0 && draft_now > 1) {
-        draft_now /= 2;
-      } else if (row == 0) {
-        backoff = std::clamp<std::int64_t>(2 * backoff, 1, 64);
-        pause = backoff;
-      }
-    }
     // The next pass: this token, then what the text's last n-gram was followed by before, where it fits.
-    const std::int64_t room = pause > 0 ? 0 : std::min({draft_now, options.max_tokens - i - 2, draft_end - kept - 1});
-    if (pause > 0) --pause;
-    fed = lookup_draft(history, options.draft_ngram, room);
+    const auto& fed = spec.plan(history, row, std::min(options.max_tokens - i - 2, draft_end - kept - 1));
     std::vector<std::int32_t> pass{next};
     pass.insert(pass.end(), fed.begin(), fed.end());
-    r.drafted += static_cast<std::int64_t>(fed.size());
     if (auto s = engine.forward(pass, fed.empty() ? LogitsWanted::last : LogitsWanted::all, logits); !s) return s;
     row = 0;
     ++kept;
   }
   if (engine.n_past() > kept) engine.truncate(kept);
+  r.drafted = spec.drafted();
+  r.accepted = spec.accepted();
   if (!r.tokens.empty()) r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   if (r.finish_reason != "stop" && r.finish_reason != "cancelled") {
     emit(stops.push(decoder.flush()));

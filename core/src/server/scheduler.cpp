@@ -15,14 +15,15 @@ namespace colibri::server {
 using clock_type = std::chrono::steady_clock;
 
 struct Scheduler::Sequence {
-  Sequence(std::shared_ptr<Job> j, const tokenizer::Tokenizer& tok)
+  Sequence(std::shared_ptr<Job> j, const tokenizer::Tokenizer& tok, std::int64_t draft_tokens, std::int64_t draft_ngram)
       : job(std::move(j)),
         history(job->request.prompt),
         sampler(job->request.sampling),
         decoder(tok, /*skip_special=*/!job->request.keep_special,
                 job->request.continues_prompt ? std::span<const std::int32_t>(job->request.prompt)
                                               : std::span<const std::int32_t>{}),
-        stops(job->request.stop) {
+        stops(job->request.stop),
+        spec(draft_tokens, draft_ngram) {
     if (job->request.json_object) json.emplace(job->request.json_schema.get(), job->request.json_thinking);
   }
   std::shared_ptr<Job> job;
@@ -41,8 +42,11 @@ struct Scheduler::Sequence {
   std::int64_t request_id = 0;                      // in the routing trace
   std::int64_t cached = 0;                          // prompt tokens reused from an earlier request's KV cache
   std::optional<engine::JsonAnswer> json;           // JSON mode
+  std::vector<std::int32_t> pass;                   // this step's tokens: pending, then its drafts
   std::vector<std::uint8_t> allowed;                // JSON mode: this step's token mask
   std::vector<std::int64_t> checkpoints;            // prompt positions its KV cache keeps a checkpoint at, ascending
+  engine::Speculation spec;                         // --draft: the drafts its last pass ran after `pending`
+  std::int64_t kv_valid = 0;  // KV positions holding history's tokens (the rest: a pass's drafts not yet kept)
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -50,6 +54,18 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   context_ = engine_.context();
   vocab_ = engine_.vocab_size();
   keeps_checkpoints_ = engine_.kv_cache().keeps_checkpoints();
+  // A recurrent layer's state cannot step back over rejected drafts.
+  // A pass is one KV write, so a sliding layer's rows still hold the window of any position it may step back to.
+  draft_tokens_ =
+      engine_.kv_cache().has_recurrent() ? 0 : std::min(options_.draft_tokens, engine_.kv_cache().max_write() - 1);
+  if (options_.draft_tokens > 0 && engine_.kv_cache().has_recurrent()) {
+    spdlog::warn("--draft is off for this model: its recurrent layers' states cannot step back over rejected drafts");
+  } else if (options_.draft_tokens > draft_tokens_) {
+    spdlog::warn(
+        "--draft drafts at most {} tokens here: a pass with drafts is one --batch chunk of the sliding-window "
+        "layers' KV rows (raise --batch for more)",
+        draft_tokens_);
+  }
   eos_ = engine_.hparams().eos_token_ids;
   if (auto rope = engine::RopeFrequencies::create(engine_.hparams())) same_kv_up_to_ = rope->same_kv_up_to();
   if (auto e = tokenizer_.eos_id()) eos_.push_back(*e);
@@ -178,7 +194,8 @@ void Scheduler::loop() {
       }
       // Join at a token boundary.
       while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
-        active.push_back(std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_));
+        active.push_back(
+            std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_, draft_tokens_, options_.draft_ngram));
         active.back()->request_id = next_request_id_++;
         queue_.pop_front();
         ++stats_.started;
@@ -274,8 +291,9 @@ void Scheduler::fail(Sequence& seq, const ApiError& error) {
 }
 
 void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
-  // 1. Every prefilled sequence samples its next token; finished ones leave at this boundary.
-  std::uint64_t generated_now = 0;
+  // 1. Every prefilled sequence samples its next token, and the ones after it while they are the drafts its last pass
+  // ran (--draft); finished ones leave at this boundary.
+  std::uint64_t generated_now = 0, drafted_now = 0, accepted_now = 0;
   for (auto& sp : active) {
     Sequence& seq = *sp;
     if (seq.job->cancelled()) {
@@ -287,60 +305,36 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       finish(seq, "length");
       continue;
     }
-    if (seq.json) {  // its mask never allows an end token
-      if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_, eos_);
-      seq.json->allowed(*json_tokens_, seq.allowed);
-      if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
-        finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
+    const std::int64_t drafted = seq.spec.drafted(), accepted = seq.spec.accepted();
+    for (std::size_t row = 0;; ++row) {
+      if (!sample_next(seq, row, generated_now)) break;
+      if (seq.spec.matches(row, seq.history.back())) {
+        ++seq.kv_valid;  // the draft that ran there: its KV row is the answer's
         continue;
       }
-    } else if (seq.job->request.ignore_eos || seq.generated < seq.job->request.min_tokens) {
-      seq.allowed.assign(static_cast<std::size_t>(vocab_), 1);
-      for (const auto e : eos_) {
-        if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
-      }
-      if (seq.generated < seq.job->request.min_tokens) {  // as vLLM: min_tokens holds back the stop tokens too
-        for (const auto e : seq.job->request.stop_token_ids) {
-          if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
+      // The drafts past the one that differed go, then the next pass runs this token and new drafts.
+      if (seq.state->n_past > seq.kv_valid) {
+        seq.state->n_past = seq.state->kv.rewind(seq.kv_valid);
+        if (seq.state->n_past != seq.kv_valid) {
+          fail(seq, internal_error("The KV cache could not drop rejected draft tokens; run the server without "
+                                   "--draft"));
+          break;
         }
       }
-    } else {
-      seq.allowed.clear();
+      seq.pending = seq.history.back();
+      const std::int64_t room = std::min({seq.job->request.max_tokens - seq.generated, context_ - seq.kv_valid,
+                                          same_kv_up_to_ - seq.kv_valid}) -
+                                1;
+      seq.spec.plan(seq.history, row, room);
+      break;
     }
-    const std::int32_t next = seq.sampler.sample(seq.logits, seq.history, seq.allowed, seq.job->request.prompt.size());
-    if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
-      finish(seq, "eos");
-      continue;
-    }
-    if (const auto& ids = seq.job->request.stop_token_ids; std::find(ids.begin(), ids.end(), next) != ids.end()) {
-      finish(seq, "eos");  // finish_reason "stop", as vLLM; what the decoder held back goes out, not the token
-      continue;
-    }
-    ++seq.generated;
-    ++generated_now;
-    seq.history.push_back(next);
-    // Before min_tokens no stop string ends the answer either, as vLLM: the text goes out unmatched.
-    std::string text =
-        seq.generated < seq.job->request.min_tokens ? seq.decoder.push(next) : seq.stops.push(seq.decoder.push(next));
-    const int top = seq.job->request.logprobs;
-    if ((!text.empty() || top >= 0) && seq.job->on_event) {
-      GenerationEvent ev;
-      ev.text = std::move(text);
-      if (top >= 0) ev.logprobs.push_back(engine::token_logprob(seq.logits, next, static_cast<std::size_t>(top)));
-      seq.job->on_event(std::move(ev));
-    }
-    if (seq.json) seq.json->push(*json_tokens_, next);
-    if (seq.stops.stopped()) {
-      finish(seq, "stop");
-    } else if (seq.json && seq.json->complete()) {
-      finish(seq, "eos");  // the object is the whole answer: what a stop matcher held back is released
-    } else if (seq.generated >= seq.job->request.max_tokens) {
-      finish(seq, "length");
-    } else if (static_cast<std::int64_t>(seq.history.size()) >= context_) {  // prompt + answer fill the context
-      finish(seq, "context");
-    } else {
-      seq.pending = next;
-    }
+    drafted_now += static_cast<std::uint64_t>(seq.spec.drafted() - drafted);
+    accepted_now += static_cast<std::uint64_t>(seq.spec.accepted() - accepted);
+  }
+  if (drafted_now + accepted_now > 0) {
+    std::lock_guard lock(mu_);
+    stats_.draft_tokens += drafted_now;
+    stats_.draft_tokens_accepted += accepted_now;
   }
 
   // 2. One forward pass over the whole batch: joining sequences run (a chunk of) their prompt, the others their
@@ -393,8 +387,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       }
       prompt_run += n;
     } else {
-      item.tokens = std::span<const std::int32_t>(&seq.pending, 1);
+      seq.pass.assign(1, seq.pending);
+      seq.pass.insert(seq.pass.end(), seq.spec.fed().begin(), seq.spec.fed().end());
+      item.tokens = seq.pass;
       item.logits = &seq.logits;
+      item.all_logits = seq.pass.size() > 1;  // a row for each draft too
     }
     tokens_run += item.tokens.size();
     items.push_back(item);
@@ -435,7 +432,12 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     }
     for (std::size_t i = 0; i < members.size(); ++i) {
       Sequence& seq = *members[i];
-      if (seq.prefilled || seq.done) continue;
+      if (seq.done) continue;
+      if (seq.prefilled) {
+        seq.kv_valid = first_positions[i] + 1;  // the pending token's; its drafts' wait for the next step
+        continue;
+      }
+      seq.kv_valid = seq.state->n_past;
       if (seq.job->request.prompt_logprobs) emit_prompt_logprobs(seq, items[i].tokens.size());
       seq.prompt_done += items[i].tokens.size();
       if (std::binary_search(seq.checkpoints.begin(), seq.checkpoints.end(),
@@ -450,6 +452,66 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   count_routing(trace);
   refresh_stats(seconds, generated_now, tokens_run, prompt_run, items.size());
+}
+
+bool Scheduler::sample_next(Sequence& seq, std::size_t row, std::uint64_t& generated_now) {
+  if (seq.json) {  // its mask never allows an end token
+    if (!json_tokens_) json_tokens_ = std::make_unique<engine::JsonTokenMask>(tokenizer_, vocab_, eos_);
+    seq.json->allowed(*json_tokens_, seq.allowed);
+    if (std::find(seq.allowed.begin(), seq.allowed.end(), 1) == seq.allowed.end()) {
+      finish(seq, "length");  // no token continues the JSON (nesting or whitespace limit): end it, do not break it
+      return false;
+    }
+  } else if (seq.job->request.ignore_eos || seq.generated < seq.job->request.min_tokens) {
+    seq.allowed.assign(static_cast<std::size_t>(vocab_), 1);
+    for (const auto e : eos_) {
+      if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
+    }
+    if (seq.generated < seq.job->request.min_tokens) {  // as vLLM: min_tokens holds back the stop tokens too
+      for (const auto e : seq.job->request.stop_token_ids) {
+        if (e >= 0 && e < vocab_) seq.allowed[static_cast<std::size_t>(e)] = 0;
+      }
+    }
+  } else {
+    seq.allowed.clear();
+  }
+  const auto vocab = static_cast<std::size_t>(vocab_);
+  const auto logits = std::span<const float>(seq.logits).subspan(row * vocab, vocab);
+  const std::int32_t next = seq.sampler.sample(logits, seq.history, seq.allowed, seq.job->request.prompt.size());
+  if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
+    finish(seq, "eos");
+    return false;
+  }
+  if (const auto& ids = seq.job->request.stop_token_ids; std::find(ids.begin(), ids.end(), next) != ids.end()) {
+    finish(seq, "eos");  // finish_reason "stop", as vLLM; what the decoder held back goes out, not the token
+    return false;
+  }
+  ++seq.generated;
+  ++generated_now;
+  seq.history.push_back(next);
+  // Before min_tokens no stop string ends the answer either, as vLLM: the text goes out unmatched.
+  std::string text =
+      seq.generated < seq.job->request.min_tokens ? seq.decoder.push(next) : seq.stops.push(seq.decoder.push(next));
+  const int top = seq.job->request.logprobs;
+  if ((!text.empty() || top >= 0) && seq.job->on_event) {
+    GenerationEvent ev;
+    ev.text = std::move(text);
+    if (top >= 0) ev.logprobs.push_back(engine::token_logprob(logits, next, static_cast<std::size_t>(top)));
+    seq.job->on_event(std::move(ev));
+  }
+  if (seq.json) seq.json->push(*json_tokens_, next);
+  if (seq.stops.stopped()) {
+    finish(seq, "stop");
+  } else if (seq.json && seq.json->complete()) {
+    finish(seq, "eos");  // the object is the whole answer: what a stop matcher held back is released
+  } else if (seq.generated >= seq.job->request.max_tokens) {
+    finish(seq, "length");
+  } else if (static_cast<std::int64_t>(seq.history.size()) >= context_) {  // prompt + answer fill the context
+    finish(seq, "context");
+  } else {
+    return true;
+  }
+  return false;
 }
 
 void Scheduler::emit_prompt_logprobs(Sequence& seq, std::size_t rows) {
@@ -510,6 +572,7 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   };
   auto start_at = [&](std::int64_t reuse) {
     seq.state->n_past = reuse;
+    seq.kv_valid = reuse;
     seq.prompt_done = static_cast<std::size_t>(reuse);
     seq.cached = reuse;
     plan_checkpoints(seq);
@@ -592,8 +655,10 @@ void Scheduler::plan_checkpoints(Sequence& seq) {
 
 void Scheduler::release_state(Sequence& seq) {
   if (!seq.state) return;
-  // The KV holds the first n_past tokens of prompt + generated (the last sampled token may not have run).
-  const auto n = std::min<std::size_t>(static_cast<std::size_t>(seq.state->n_past), seq.history.size());
+  // The KV holds the first n_past tokens of prompt + generated (the last sampled token may not have run), of which
+  // the first kv_valid (drafts past them may not be the answer's).
+  const auto n = std::min(
+      {static_cast<std::size_t>(seq.state->n_past), static_cast<std::size_t>(seq.kv_valid), seq.history.size()});
   free_states_.push_back(
       {std::move(seq.state),
        std::vector<std::int32_t>(seq.history.begin(), seq.history.begin() + static_cast<std::ptrdiff_t>(n))});

@@ -2285,6 +2285,69 @@ class Api(unittest.TestCase):
 
 
 class Concurrency(unittest.TestCase):
+    def test_drafts_keep_every_answer(self):
+        # --draft: each sequence runs prompt-lookup drafts after its token in the batch's pass and keeps those its
+        # sampled tokens equal. Concurrent greedy and sampled requests, streamed, with logprobs and n choices, answer
+        # exactly as a server without drafts, and a next turn reuses the same prefix. A sliding window (rows moved and
+        # stepped back over) too; a recurrent model drafts nothing and says so.
+        window = patched_model("draft-window", sliding_window=4)
+        for model in (MODEL, window):
+            plain, spec = Server("--model", model, "--max-batch", "8", "--ctx", "1024"), None
+            try:
+                spec = Server("--model", model, "--max-batch", "8", "--ctx", "1024", "--draft", "6")
+                loop = " ".join(["the colibri drinks and the colibri sings"] * 6)
+                name = os.path.basename(model)
+                bodies = [{"model": name, "prompt": loop + " " + p, "max_tokens": 60, "temperature": 0,
+                           "logprobs": 2} for p in PROMPTS[:4]]
+                bodies += [{"model": name, "prompt": loop + " " + p, "max_tokens": 40, "temperature": 0.9, "seed": i,
+                            "n": 2} for i, p in enumerate(PROMPTS[4:7])]
+                want = [plain.json("POST", "/v1/completions", b)[1]["choices"] for b in bodies]
+                results = [None] * len(bodies)
+                barrier = threading.Barrier(len(bodies))
+
+                def client(i):
+                    barrier.wait()
+                    results[i] = spec.json("POST", "/v1/completions", bodies[i])[1]["choices"]
+                threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                self.assertEqual(results, want, model)
+                status, events, done = spec.stream("/v1/completions", bodies[0])
+                self.assertTrue(status == 200 and done)
+                self.assertEqual(stream_text(events, "text"), want[0][0]["text"])
+                kept, ran = spec.metric("colibri_draft_tokens_accepted_total"), spec.metric("colibri_draft_tokens_total")
+                print(f"  {os.path.basename(model)}: {kept:.0f} of {ran:.0f} drafts kept", flush=True)
+                self.assertGreater(kept, 0)
+                self.assertLessEqual(kept, ran)
+                # The next turn: the same cached prefix and answer as without drafts, also after a stop string
+                # ended an answer in the middle of a pass's drafts (its last token may differ from the draft there).
+                for i, stop in ((0, None), (1, want[1][0]["text"][30:33]), (2, want[2][0]["text"][12:14])):
+                    first = dict(bodies[i], stop=stop) if stop else bodies[i]
+                    self.assertEqual(spec.json("POST", "/v1/completions", first)[1]["choices"],
+                                     plain.json("POST", "/v1/completions", first)[1]["choices"])
+                    turn = dict(bodies[i], prompt=bodies[i]["prompt"] + want[i][0]["text"] + " and then")
+                    _, a = plain.json("POST", "/v1/completions", turn)
+                    _, b = spec.json("POST", "/v1/completions", turn)
+                    self.assertEqual(b["choices"], a["choices"], stop)
+                    self.assertEqual(b["usage"], a["usage"], stop)
+                    self.assertGreater(b["usage"]["prompt_tokens_details"]["cached_tokens"], 60)
+            finally:
+                self.assertEqual(plain.stop(), 0)
+                if spec is not None:
+                    self.assertEqual(spec.stop(), 0)
+        s = Server("--model", qwen3_next_model(), "--draft", "4", "--log-level", "warn")
+        try:
+            _, r = s.json("POST", "/v1/completions", {"model": "tiny-qwen3_next", "prompt": "the colibri the colibri the",
+                                                      "max_tokens": 16, "temperature": 0})
+            self.assertEqual(len(r["choices"]), 1)
+            self.assertEqual(s.metric("colibri_draft_tokens_total"), 0)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertIn("--draft is off for this model", f.read())
+
     def test_16_streaming_clients_match_sequential(self):
         s = Server("--max-batch", "8")
         try:

@@ -82,6 +82,34 @@ class StopMatcher {
 std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, std::int64_t max_ngram,
                                        std::int64_t count);
 
+// Prompt-lookup speculation for one sequence: the drafts its last pass ran after its first token, and how many to
+// draft next. Drafts cost their experts' reads whether kept or not, so the length follows how many the last pass
+// kept (halved when none, doubled when all, up to the limit), and after a single draft fails drafting pauses for 1,
+// 2, 4 ... 64 steps.
+class Speculation {
+ public:
+  Speculation(std::int64_t limit, std::int64_t ngram) : limit_(limit), ngram_(ngram), now_(limit) {}
+  // Whether `token`, sampled from row `row` of the last pass's logits, is the draft that pass ran there (its KV
+  // position is the answer's already); counts it.
+  bool matches(std::size_t row, std::int32_t token) {
+    const bool hit = row < fed_.size() && fed_[row] == token;
+    accepted_ += hit ? 1 : 0;
+    return hit;
+  }
+  // The drafts for the next pass, after the last one's first `kept` drafts were kept: what followed `history`'s
+  // last n-gram (history ends with the token the pass starts with), at most `room`.
+  const std::vector<std::int32_t>& plan(std::span<const std::int32_t> history, std::size_t kept, std::int64_t room);
+  [[nodiscard]] const std::vector<std::int32_t>& fed() const { return fed_; }
+  [[nodiscard]] std::int64_t drafted() const { return drafted_; }
+  [[nodiscard]] std::int64_t accepted() const { return accepted_; }
+
+ private:
+  std::int64_t limit_, ngram_, now_;
+  std::int64_t pause_ = 0, backoff_ = 0;
+  std::int64_t drafted_ = 0, accepted_ = 0;
+  std::vector<std::int32_t> fed_;
+};
+
 // generate()'s checks of its arguments (sampling, an empty prompt, the room left in the context), for a caller that
 // prints before it generates.
 sdk::Status check_generate(const Engine& engine, std::span<const std::int32_t> prompt, const GenerateOptions& options);

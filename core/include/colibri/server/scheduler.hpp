@@ -89,6 +89,9 @@ struct SchedulerOptions {
   std::shared_ptr<ab::TraceWriter> trace;
   // End tokens beyond the model's config (harmony's <|call|>, which gpt-oss lists only in generation_config.json).
   std::vector<std::int32_t> end_tokens;
+  // --draft / --draft-ngram: prompt-lookup speculation (engine::GenerateOptions::draft_tokens); 0: off.
+  std::int64_t draft_tokens = 0;
+  std::int64_t draft_ngram = 3;
 };
 
 struct SchedulerStats {
@@ -99,8 +102,9 @@ struct SchedulerStats {
   std::uint64_t started = 0, finished = 0, cancelled = 0, failed = 0, queue_abandoned = 0;
   std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0, batched_sequences = 0;
   std::uint64_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from an earlier request (not run)
-  double busy_seconds = 0;                 // time spent in forward passes
-  double recent_tokens_per_second = 0;     // generated tokens over the last 10 s
+  std::uint64_t draft_tokens = 0, draft_tokens_accepted = 0;  // --draft: drafts run, and those the answers kept
+  double busy_seconds = 0;                                    // time spent in forward passes
+  double recent_tokens_per_second = 0;                        // generated tokens over the last 10 s
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
   std::size_t expert_resident_count = 0;
@@ -144,6 +148,8 @@ class Scheduler {
  private:
   void loop();
   void step(std::vector<std::unique_ptr<Sequence>>& active);
+  // Samples seq's next token from row `row` of its last logits and sends its text; false when that ends it.
+  bool sample_next(Sequence& seq, std::size_t row, std::uint64_t& generated_now);
   void release_state(Sequence& seq);
   // Where seq's prompt run keeps KV checkpoints (Sequence::checkpoints), and those kept already made most recent.
   void plan_checkpoints(Sequence& seq);
@@ -165,6 +171,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::int64_t context_ = 0, vocab_ = 0;
   bool keeps_checkpoints_ = false;
+  std::int64_t draft_tokens_ = 0;  // options_.draft_tokens, or 0 where the KV cache cannot step back (recurrent)
   std::vector<std::int64_t> eos_;
   std::unique_ptr<engine::JsonTokenMask> json_tokens_;  // JSON mode, built at first use
 
