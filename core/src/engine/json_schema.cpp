@@ -377,7 +377,8 @@ sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_lenient(con
 }
 
 sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_tool_call(
-    const std::vector<std::pair<std::string, json>>& tools, std::vector<std::string>& skipped) {
+    const std::vector<std::pair<std::string, json>>& tools, std::vector<std::string>& skipped,
+    std::string_view arguments_key) {
   skipped.clear();
   auto out = std::make_shared<JsonSchema>();
   Node names;
@@ -422,7 +423,7 @@ sdk::Expected<std::shared_ptr<const JsonSchema>> JsonSchema::compile_tool_call(
   out->nodes.push_back(std::move(names));
   Node call;
   call.kind = Kind::object;
-  call.keys = {"\"name\"", "\"arguments\""};
+  call.keys = {"\"name\"", json(std::string(arguments_key)).dump()};
   call.values = {static_cast<std::uint16_t>(out->nodes.size() - 1), kAny};
   call.required = 0b11;
   call.tagged = std::move(tagged);

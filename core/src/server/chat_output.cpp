@@ -1278,6 +1278,10 @@ std::string required_call_prefix(ToolFormat format) {
   return {};
 }
 
+std::string_view required_call_arguments_key(ToolFormat format) {
+  return format == ToolFormat::llama3_json ? "parameters" : "arguments";
+}
+
 std::optional<ToolCall> call_from_json_text(std::string_view text) {
   const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) return std::nullopt;

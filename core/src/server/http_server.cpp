@@ -669,20 +669,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
         text += forced_call_prefix(srv_.tool_format, req.tool_choice_name);
       }
-      // "required" with several: the answer starts as a call and names one of them inside its JSON.
-      if (req.tool_choice == CompletionRequest::ToolChoice::required) {
-        const std::string opener = required_call_prefix(srv_.tool_format);
-        if (opener.empty()) {
-          return respond_error(
-              bad_request("'tool_choice': 'required' with several tools needs a call syntax that names the function "
-                          "inside its JSON; this template's (" +
-                              std::string(tool_format_name(srv_.tool_format)) +
-                              ") does not. Name the function, or use 'auto'.",
-                          "tool_choice", "unsupported_value"),
-              false);
-        }
-        text += opener;
-      }
+      // "required" with several: the answer starts as a call and names one of them inside its JSON; where the
+      // syntax has no opener to start it with (or names the function outside JSON), the answer is the call object
+      // alone, plain JSON, as vLLM forces "required" on every model.
+      if (req.tool_choice == CompletionRequest::ToolChoice::required) text += required_call_prefix(srv_.tool_format);
       // Harmony in JSON mode: the JSON is the final channel's text.
       if (srv_.harmony && req.json_object && !forced_call && text.ends_with("<|start|>assistant")) {
         text += "<|channel|>final<|message|>";
@@ -771,7 +761,7 @@ class Session : public std::enable_shared_from_this<Session> {
         tools.emplace_back(fn["name"].get<std::string>(), fn.contains("parameters") ? fn["parameters"] : nullptr);
       }
       std::vector<std::string> skipped;
-      auto s = engine::JsonSchema::compile_tool_call(tools, skipped);
+      auto s = engine::JsonSchema::compile_tool_call(tools, skipped, required_call_arguments_key(srv_.tool_format));
       if (!s) return respond_error(bad_request("'tool_choice': 'required': " + s.error().message(), "tools"), false);
       forced_schema = *s;
       if (!skipped.empty()) spdlog::debug("required call: parameters enforced but for {}", fmt::join(skipped, ", "));

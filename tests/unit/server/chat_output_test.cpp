@@ -455,7 +455,9 @@ TEST(ToolCalls, Llama3JsonCallsOpenTheAnswer) {
                                ToolSchemas(ojson::parse(R"([{"type": "function", "function": {"name": "a"}}])")))
                   .calls.empty());
   EXPECT_EQ(forced_call_prefix(ToolFormat::llama3_json, "f"), "{\"name\": \"f\", \"parameters\": ");
-  EXPECT_EQ(required_call_prefix(ToolFormat::llama3_json), "");  // refused with several tools: no opener to force
+  EXPECT_EQ(required_call_prefix(ToolFormat::llama3_json), "");  // no opener: the call object is the answer
+  EXPECT_EQ(required_call_arguments_key(ToolFormat::llama3_json), "parameters");
+  EXPECT_EQ(required_call_arguments_key(ToolFormat::hermes), "arguments");
   EXPECT_EQ(tool_markers(ToolFormat::llama3_json).size(), 3u);
   // Streamed: split as the whole text, each call's arguments as they are written, any cut safe.
   const std::string calls =
@@ -816,7 +818,18 @@ TEST(ToolCalls, RequiredCallOpenerAndSchema) {
     ASSERT_EQ(p.calls.size(), 1u) << tool_format_name(format);
     EXPECT_EQ(p.calls[0].name, "get_time");
   }
-  EXPECT_EQ(required_call_prefix(ToolFormat::deepseek_v3), "");  // its name is outside JSON
+  EXPECT_EQ(required_call_prefix(ToolFormat::deepseek_v3), "");  // its name is outside JSON: the object alone
+  // Llama's bare calls write "parameters": the schema holds that key instead, and the call reads back the same.
+  auto llama = engine::JsonSchema::compile_tool_call(
+      {{"get_time", ojson::parse(R"({"type": "object", "properties": {"zone": {"type": "string"}}})")}}, skipped,
+      required_call_arguments_key(ToolFormat::llama3_json));
+  ASSERT_TRUE(llama.has_value());
+  const std::string bare = R"({"name": "get_time", "parameters": {"zone": "CET"}})";
+  EXPECT_TRUE(engine::JsonConstraint(llama->get()).accepts(bare));
+  EXPECT_FALSE(engine::JsonConstraint(llama->get()).accepts(object));
+  const auto read = call_from_json_text(bare);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(json::parse(read->arguments), json({{"zone", "CET"}}));
 }
 
 TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {

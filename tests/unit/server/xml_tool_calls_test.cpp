@@ -378,7 +378,7 @@ TEST(XmlToolCalls, ForcedAndRequiredCallsOpenAsTheModelWrites) {
             "<minimax:tool_call>\n<invoke name=\"get_time\">\n");
   EXPECT_EQ(forced_call_prefix(ToolFormat::deepseek_v4, "get_time"),
             "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_time\">\n");
-  EXPECT_EQ(required_call_prefix(ToolFormat::minimax_m2), "");  // the name is outside JSON: a 400
+  EXPECT_EQ(required_call_prefix(ToolFormat::minimax_m2), "");  // the name is outside JSON: a plain JSON call
   EXPECT_EQ(required_call_prefix(ToolFormat::qwen3_coder), "<tool_call>\n");
   EXPECT_EQ(required_call_prefix(ToolFormat::glm45), "<tool_call>\n");
 }

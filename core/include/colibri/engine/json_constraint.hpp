@@ -45,9 +45,10 @@ class JsonSchema {
                                                                           std::vector<std::string>& skipped);
   // A call of one of several tools, {"name": NAME, "arguments": {...}}: the name one of the tools', and the arguments
   // then that tool's `parameters` (compiled leniently; null, or one colibri cannot compile, is any object).
-  // tool_choice "required" with several tools.
+  // tool_choice "required" with several tools. `arguments_key`: "parameters" for Llama's bare JSON calls.
   static sdk::Expected<std::shared_ptr<const JsonSchema>> compile_tool_call(
-      const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools, std::vector<std::string>& skipped);
+      const std::vector<std::pair<std::string, nlohmann::ordered_json>>& tools, std::vector<std::string>& skipped,
+      std::string_view arguments_key = "arguments");
 
   enum class Kind : std::uint8_t { any, object, map, array, string, number, integer, boolean, null, literals, any_of };
   // The first byte of a value tells its class; an any_of node picks its branch by it.

@@ -102,8 +102,12 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
 
 // tool_choice "required" with several tools: the answer starts with the format's call opener and continues with one
 // {"name": <one of names>, "arguments": {...}} object (engine::JsonSchema::compile_tool_call holds it to the named
-// tool's parameters). Empty for a format that writes the name outside JSON (deepseek_v3, harmony, ...) or none.
+// tool's parameters). Empty for a format that writes the name outside JSON (deepseek_v3, harmony, ...) or has no
+// opener (llama3_json, pythonic): the answer is then that object alone, plain JSON, as vLLM forces "required" on
+// every model.
 std::string required_call_prefix(ToolFormat format);
+// The key of a required call's arguments object: "parameters" for llama3_json (what Llama writes), else "arguments".
+std::string_view required_call_arguments_key(ToolFormat format);
 
 struct ToolCall {
   std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands; kimi_k2: the model's own)
