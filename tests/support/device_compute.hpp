@@ -68,15 +68,13 @@ class DeviceCompute final : public sdk::Compute, public sdk::ComputeHostRegister
   sdk::Expected<std::unique_ptr<sdk::Event>> copy_between_async(const sdk::Buffer& src, std::size_t src_offset,
                                                                 sdk::Buffer& dst, std::size_t dst_offset,
                                                                 std::size_t bytes) noexcept override {
-    const auto& from = static_cast<const DeviceBuffer&>(src);
-    auto& to = static_cast<DeviceBuffer&>(dst);
-    if (src_offset + bytes > from.bytes.size() || dst_offset + bytes > to.bytes.size()) {
-      return sdk::Status(sdk::StatusCode::invalid_argument, "overrun");
-    }
-    if (auto s = sdk::check_no_overlap(src, src_offset, dst, dst_offset, bytes); !s) return s;
+    auto both = sdk::own_copy_buffers<DeviceBuffer>(src, src_offset, dst, dst_offset, bytes, "fake",
+                                                    [this](const DeviceBuffer& b) { return &b.owner_ == this; });
+    if (!both) return both.error();
     ++device_copies;
+    auto& to = static_cast<DeviceBuffer&>(dst);
     return std::unique_ptr<sdk::Event>(
-        std::make_unique<LateCopy>(from.bytes.data() + src_offset, to.bytes.data() + dst_offset, bytes, true));
+        std::make_unique<LateCopy>(both->first->bytes.data() + src_offset, to.bytes.data() + dst_offset, bytes, true));
   }
   sdk::Status register_host(void* ptr, std::size_t bytes) noexcept override {
     ++register_calls;

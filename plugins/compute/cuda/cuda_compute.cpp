@@ -627,19 +627,18 @@ Expected<std::unique_ptr<sdk::Event>> CudaCompute::copy_between_async(const sdk:
                                                                       sdk::Buffer& dst, std::size_t dst_offset,
                                                                       std::size_t bytes) noexcept {
   try {
-    auto from = own_buffer(src, src_offset, bytes, "copy_between_async (source)");
-    if (!from) return from.error();
-    auto to = own_buffer(dst, dst_offset, bytes, "copy_between_async (destination)");
-    if (!to) return to.error();
-    if (Status s = sdk::check_no_overlap(src, src_offset, dst, dst_offset, bytes); !s) return s;
+    auto both = sdk::own_copy_buffers<CudaBuffer>(src, src_offset, dst, dst_offset, bytes, "CUDA",
+                                                  [&](const CudaBuffer& cb) { return cb.device() == dev_.get(); });
+    if (!both) return both.error();
+    const auto [from, to] = *both;
     if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     if (Status s = dev_->use(); !s) return s;
     if (Status s = dev_->flush_graph(); !s) return s;  // the captured kernels may still use either buffer
     auto copy = std::make_shared<PendingCopy>();
     copy->dev = dev_;
     copy->bytes = bytes;
-    return start_copy(std::move(copy), **from, (*to)->device_pointer() + dst_offset,
-                      (*from)->device_pointer() + src_offset, cudaMemcpyDeviceToDevice, *to);
+    return start_copy(std::move(copy), *from, to->device_pointer() + dst_offset, from->device_pointer() + src_offset,
+                      cudaMemcpyDeviceToDevice, to);
   } catch (...) {
     return Status(StatusCode::out_of_memory, "copy_between_async");
   }

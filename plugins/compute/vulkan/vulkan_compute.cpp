@@ -325,29 +325,28 @@ Expected<std::unique_ptr<sdk::Event>> VulkanCompute::copy_between_async(const sd
                                                                         sdk::Buffer& dst, std::size_t dst_offset,
                                                                         std::size_t bytes) noexcept {
   try {
-    auto from = own_buffer(src, src_offset, bytes, "copy_between_async (source)");
-    if (!from) return from.error();
-    auto to = own_buffer(dst, dst_offset, bytes, "copy_between_async (destination)");
-    if (!to) return to.error();
-    if (Status s = sdk::check_no_overlap(src, src_offset, dst, dst_offset, bytes); !s) return s;
+    auto both = sdk::own_copy_buffers<VulkanBuffer>(src, src_offset, dst, dst_offset, bytes, "Vulkan",
+                                                    [&](const VulkanBuffer& vb) { return vb.context() == ctx_.get(); });
+    if (!both) return both.error();
+    const auto [from, to] = *both;
     if (bytes == 0) return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
-    if ((*from)->mapped() != nullptr && dst.host_pointer() != nullptr) {
+    if (from->mapped() != nullptr && dst.host_pointer() != nullptr) {
       // Mapped, coherent device memory: ops run synchronously, so nothing on the GPU is using either.
       std::memcpy(static_cast<std::byte*>(dst.host_pointer()) + dst_offset,
-                  static_cast<const std::byte*>((*from)->mapped()) + src_offset, bytes);
+                  static_cast<const std::byte*>(from->mapped()) + src_offset, bytes);
       return std::unique_ptr<sdk::Event>(new sdk::CompletedEvent());
     }
     // Deferred ops may write the source or read the destination: submitted first, so the copy comes after them.
     if (Status s = ctx_->flush_deferred(); !s) return s;
-    const VkBuffer from_buffer = (*from)->buffer();
-    const VkBuffer to_buffer = (*to)->buffer();
+    const VkBuffer from_buffer = from->buffer();
+    const VkBuffer to_buffer = to->buffer();
     auto sub = ctx_->submit([&](VkCommandBuffer cmd) {
       VkBufferCopy region{src_offset, dst_offset, bytes};
       ctx_->api().vkCmdCopyBuffer(cmd, from_buffer, to_buffer, 1, &region);
     });
     if (!sub) return sub.error().with_context("copy_between_async");
-    (*from)->copy_started(*sub);
-    if (*to != *from) (*to)->copy_started(*sub);
+    from->copy_started(*sub);
+    if (to != from) to->copy_started(*sub);
     auto copy = std::make_shared<PendingCopy>();
     copy->ctx = ctx_;
     copy->submission = std::move(*sub);

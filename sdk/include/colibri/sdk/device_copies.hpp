@@ -32,18 +32,23 @@ Expected<const B*> own_buffer(const Buffer& buffer, std::size_t offset, std::siz
   return ours;
 }
 
-// ComputeDeviceCopy::copy_between_async's check once both buffers are the backend's: invalid_argument when the two
-// ranges of one buffer overlap.
-inline Status check_no_overlap(const Buffer& src, std::size_t src_offset, const Buffer& dst, std::size_t dst_offset,
-                               std::size_t bytes) {
-  if (&src != &dst || bytes == 0) return {};
-  if (src_offset < dst_offset + bytes && dst_offset < src_offset + bytes) {
+// ComputeDeviceCopy::copy_between_async's checks: both buffers this compute object's and the ranges inside them (as
+// own_buffer), and apart where they are one buffer; the two as B, else invalid_argument.
+template <typename B, typename Owns>
+Expected<std::pair<const B*, const B*>> own_copy_buffers(const Buffer& src, std::size_t src_offset, const Buffer& dst,
+                                                         std::size_t dst_offset, std::size_t bytes,
+                                                         std::string_view backend, Owns owns) {
+  auto from = own_buffer<B>(src, src_offset, bytes, "copy_between_async (source)", backend, owns);
+  if (!from) return from.error();
+  auto to = own_buffer<B>(dst, dst_offset, bytes, "copy_between_async (destination)", backend, owns);
+  if (!to) return to.error();
+  if (&src == &dst && bytes > 0 && src_offset < dst_offset + bytes && dst_offset < src_offset + bytes) {
     return Status(StatusCode::invalid_argument,
                   "copy_between_async: the " + std::to_string(bytes) + " bytes at offsets " +
                       std::to_string(src_offset) + " and " + std::to_string(dst_offset) +
                       " of one buffer overlap; copy in pieces no longer than the distance between them");
   }
-  return {};
+  return std::pair<const B*, const B*>(*from, *to);
 }
 
 // The Event of a copy in flight. Copy has `Status finish(bool block) noexcept` (completes the copy once: block
