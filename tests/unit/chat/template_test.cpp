@@ -257,6 +257,20 @@ std::string outcome(const std::string& src, const ojson& messages = two_messages
     EXPECT_NE(got_.find(what), std::string::npos) << got_;                                  \
   } while (0)
 
+// String literals read their escapes as Python does (chat/python_escape.hpp); one Python refuses names its line.
+TEST(TemplateErrors, StringEscapesReadAsPythonAndBadOnesNameTheLine) {
+  EXPECT_EQ(outcome(R"({{ 'a\nb\t\x41\u00e9\U0001F600\101\d\'\"\\' }})"),
+            "rendered: a\nb\tA\xc3\xa9\xf0\x9f\x98\x80"
+            "A\\d'\"\\");
+  EXPECT_EQ(outcome("{{ 'one \\\ntwo' }}"), "rendered: one two") << "a backslash before a newline joins the lines";
+  EXPECT_FAILS_WITH("x\n{{ '\\xZZ' }}", 2, "invalid hexadecimal escape \\xZZ");
+  EXPECT_FAILS_WITH("x\ny\n{{ '\\u12G4' }}", 3, "invalid hexadecimal escape \\u12G4");
+  EXPECT_FAILS_WITH("{{ '\\U00110000' }}", 1, "escape \\U00110000 is past U+10FFFF");
+  EXPECT_FAILS_WITH("{{ 'a\\u12", 1, "invalid escape sequence");  // the template ends inside the digits
+  EXPECT_FAILS_WITH("{{ 'a\\", 1, "unexpected end of template in a string literal");
+  EXPECT_FAILS_WITH("x\n{{ 'abc }}", 2, "string literal is never closed");
+}
+
 TEST(TemplateLimits, DeepNestingIsAParseError) {
   EXPECT_FAILS_WITH("{{ " + repeat("(", 100000) + "1" + repeat(")", 100000) + " }}", 1,
                     "nested too deeply (limit 256)");
