@@ -187,11 +187,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
-  apply_draft(o.draft, g);
-  if (o.draft.tokens > 0 && engine->kv_cache().has_recurrent()) {
-    std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
-                 "drafts\n";
-  }
+  apply_draft(o.draft, *engine, g);
   if (style == ReplyPrinter::Style::harmony) {
     // Harmony's channel markers are special tokens the splitter must see; its end tokens (<|call|> is listed only in
     // gpt-oss's generation_config.json) end the reply.

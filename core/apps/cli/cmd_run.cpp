@@ -111,11 +111,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
   g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
-  apply_draft(o.draft, g);
-  if (o.draft.tokens > 0 && engine->kv_cache().has_recurrent()) {
-    std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
-                 "drafts\n";
-  }
+  apply_draft(o.draft, *engine, g);
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
   if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;

@@ -136,9 +136,14 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
       "Add BIAS (-100 to 100) to a token's logit: TOKEN_ID=BIAS, repeatable");
 }
 
-inline void apply_draft(const apps::DraftFlags& d, engine::GenerateOptions& g) {
+// --draft's flags into g; says so where this model's recurrent layers cannot step back (generate() drafts nothing).
+inline void apply_draft(const apps::DraftFlags& d, const engine::Engine& e, engine::GenerateOptions& g) {
   g.draft_tokens = d.tokens;
   g.draft_ngram = d.ngram;
+  if (d.tokens > 0 && e.kv_cache().has_recurrent()) {
+    std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
+                 "drafts\n";
+  }
 }
 // ", 12 of 30 drafted tokens kept" where --draft ran any.
 inline std::string draft_summary(const engine::GenerateResult& r) {

@@ -83,7 +83,6 @@ inline CLI::Validator number_between(double min, double max, std::string hint) {
       "");
 }
 
-// --ctx of the commands that run a model (0: the default, as llama.cpp's -c 0).
 // --draft / --draft-ngram (run, chat, colibri-server): prompt-lookup speculation.
 struct DraftFlags {
   std::int64_t tokens = 0;
@@ -98,6 +97,7 @@ inline void add_draft_options(CLI::App& cmd, DraftFlags& d) {
       ->check(integer_between(1, 16, "give 1 to 16 tokens"));
 }
 
+// --ctx of the commands that run a model (0: the default, as llama.cpp's -c 0).
 inline constexpr const char* kContextLengthCheck = "context length";
 inline CLI::Validator context_length() {
   return integer_at_least(0,

@@ -459,7 +459,7 @@ std::vector<Token> tokenize(const Source& src) {
           if (read == PythonEscape::ok || read == PythonEscape::surrogate) continue;
           // \x, \u or \U and its digits: the template ending inside them first, as Python says it.
           const char e = s[letter];
-          const std::size_t width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          const std::size_t width = python_hex_escape_width(e);
           if (read == PythonEscape::cut || letter + 1 + width > s.size())
             fail(line_at(start), "invalid escape sequence");
           const std::string hex = s.substr(letter + 1, width);

@@ -18,6 +18,11 @@ enum class PythonEscape {
   past_unicode,  // a \U escape past U+10FFFF
 };
 
+// The hex digits of a \x, \u or \U escape, by its letter.
+inline std::size_t python_hex_escape_width(char letter) {
+  return letter == 'x' ? 2 : letter == 'u' ? 4 : 8;
+}
+
 // The escape whose letter is text[pos] (after its backslash): what it stands for is appended to `out` (nothing on cut,
 // bad_hex and past_unicode) and pos moves past it. An unknown escape is kept as it is ("\d": a backslash and a d).
 inline PythonEscape read_python_escape(std::string_view text, std::size_t& pos, std::string& out) {
@@ -37,7 +42,7 @@ inline PythonEscape read_python_escape(std::string_view text, std::size_t& pos, 
     case 'x':
     case 'u':
     case 'U': {
-      const std::size_t width = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+      const std::size_t width = python_hex_escape_width(e);
       std::uint32_t cp = 0;
       for (std::size_t i = 0; i < width; ++i) {
         if (pos + i >= text.size()) return PythonEscape::cut;

@@ -68,6 +68,10 @@ std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, st
   return draft;
 }
 
+std::int64_t draft_limit(const KvCache& kv, std::int64_t asked) {
+  return kv.has_recurrent() ? 0 : std::min(asked, kv.max_write() - 1);
+}
+
 const std::vector<std::int32_t>& Speculation::plan(std::span<const std::int32_t> history, std::size_t kept,
                                                    std::int64_t room) {
   if (!fed_.empty()) {
@@ -145,13 +149,9 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   if (options.json_object) json_tokens.emplace(tok, logits.size(), eos);
   // Speculation: the pass's drafts after its first token, the logits row the next token comes from, and the
   // positions the answer holds (the pass may hold drafts past them, dropped before the next pass and at the end).
-  std::int64_t draft_limit = options.draft_tokens;
   std::int64_t draft_end = engine.context();  // no pass may end past it (dynamic rope)
-  if (engine.kv_cache().has_recurrent()) draft_limit = 0;
   if (auto rope = RopeFrequencies::create(engine.hparams())) draft_end = std::min(draft_end, rope->same_kv_up_to());
-  // A pass is one KV write, so a sliding layer's rows still hold the window of any position it may step back to.
-  draft_limit = std::min(draft_limit, engine.kv_cache().max_write() - 1);
-  Speculation spec(draft_limit, options.draft_ngram);
+  Speculation spec(draft_limit(engine.kv_cache(), options.draft_tokens), options.draft_ngram);
   std::size_t row = 0;
   std::int64_t kept = engine.n_past();
   const auto vocab = static_cast<std::size_t>(engine.vocab_size());

@@ -1249,7 +1249,8 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
     }
     case ToolFormat::harmony:  // after the template's "<|start|>assistant"
       return "<|channel|>commentary to=functions." + std::string(function_name) + " <|constrain|>json<|message|>";
-    case ToolFormat::llama3_json: return "{\"name\": " + name + ", \"parameters\": ";
+    case ToolFormat::llama3_json:
+      return "{\"name\": " + name + ", \"" + std::string(call_arguments_key(format)) + "\": ";
     case ToolFormat::pythonic:  // no JSON to start: the arguments object alone, as vLLM forces a named call
       return {};
     case ToolFormat::none: break;
@@ -1278,7 +1279,7 @@ std::string required_call_prefix(ToolFormat format) {
   return {};
 }
 
-std::string_view required_call_arguments_key(ToolFormat format) {
+std::string_view call_arguments_key(ToolFormat format) {
   return format == ToolFormat::llama3_json ? "parameters" : "arguments";
 }
 

@@ -761,7 +761,7 @@ class Session : public std::enable_shared_from_this<Session> {
         tools.emplace_back(fn["name"].get<std::string>(), fn.contains("parameters") ? fn["parameters"] : nullptr);
       }
       std::vector<std::string> skipped;
-      auto s = engine::JsonSchema::compile_tool_call(tools, skipped, required_call_arguments_key(srv_.tool_format));
+      auto s = engine::JsonSchema::compile_tool_call(tools, skipped, call_arguments_key(srv_.tool_format));
       if (!s) return respond_error(bad_request("'tool_choice': 'required': " + s.error().message(), "tools"), false);
       forced_schema = *s;
       if (!skipped.empty()) spdlog::debug("required call: parameters enforced but for {}", fmt::join(skipped, ", "));

@@ -54,10 +54,7 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   context_ = engine_.context();
   vocab_ = engine_.vocab_size();
   keeps_checkpoints_ = engine_.kv_cache().keeps_checkpoints();
-  // A recurrent layer's state cannot step back over rejected drafts.
-  // A pass is one KV write, so a sliding layer's rows still hold the window of any position it may step back to.
-  draft_tokens_ =
-      engine_.kv_cache().has_recurrent() ? 0 : std::min(options_.draft_tokens, engine_.kv_cache().max_write() - 1);
+  draft_tokens_ = engine::draft_limit(engine_.kv_cache(), options_.draft_tokens);
   if (options_.draft_tokens > 0 && engine_.kv_cache().has_recurrent()) {
     spdlog::warn("--draft is off for this model: its recurrent layers' states cannot step back over rejected drafts");
   } else if (options_.draft_tokens > draft_tokens_) {

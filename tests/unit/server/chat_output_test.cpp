@@ -456,8 +456,8 @@ TEST(ToolCalls, Llama3JsonCallsOpenTheAnswer) {
                   .calls.empty());
   EXPECT_EQ(forced_call_prefix(ToolFormat::llama3_json, "f"), "{\"name\": \"f\", \"parameters\": ");
   EXPECT_EQ(required_call_prefix(ToolFormat::llama3_json), "");  // no opener: the call object is the answer
-  EXPECT_EQ(required_call_arguments_key(ToolFormat::llama3_json), "parameters");
-  EXPECT_EQ(required_call_arguments_key(ToolFormat::hermes), "arguments");
+  EXPECT_EQ(call_arguments_key(ToolFormat::llama3_json), "parameters");
+  EXPECT_EQ(call_arguments_key(ToolFormat::hermes), "arguments");
   EXPECT_EQ(tool_markers(ToolFormat::llama3_json).size(), 3u);
   // Streamed: split as the whole text, each call's arguments as they are written, any cut safe.
   const std::string calls =
@@ -822,7 +822,7 @@ TEST(ToolCalls, RequiredCallOpenerAndSchema) {
   // Llama's bare calls write "parameters": the schema holds that key instead, and the call reads back the same.
   auto llama = engine::JsonSchema::compile_tool_call(
       {{"get_time", ojson::parse(R"({"type": "object", "properties": {"zone": {"type": "string"}}})")}}, skipped,
-      required_call_arguments_key(ToolFormat::llama3_json));
+      call_arguments_key(ToolFormat::llama3_json));
   ASSERT_TRUE(llama.has_value());
   const std::string bare = R"({"name": "get_time", "parameters": {"zone": "CET"}})";
   EXPECT_TRUE(engine::JsonConstraint(llama->get()).accepts(bare));

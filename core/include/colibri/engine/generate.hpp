@@ -82,6 +82,11 @@ class StopMatcher {
 std::vector<std::int32_t> lookup_draft(std::span<const std::int32_t> history, std::int64_t max_ngram,
                                        std::int64_t count);
 
+// The drafts one pass may run on a KV cache, of `asked`: none for recurrent layers (a state cannot step back), else
+// at most one KV write less the pass's first token, so a sliding layer's rows still hold the window of every position
+// the pass may step back to.
+std::int64_t draft_limit(const KvCache& kv, std::int64_t asked);
+
 // Prompt-lookup speculation for one sequence: the drafts its last pass ran after its first token, and how many to
 // draft next. Drafts cost their experts' reads whether kept or not, so the length follows how many the last pass
 // kept (halved when none, doubled when all, up to the limit), and after a single draft fails drafting pauses for 1,

@@ -106,8 +106,8 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
 // opener (llama3_json, pythonic): the answer is then that object alone, plain JSON, as vLLM forces "required" on
 // every model.
 std::string required_call_prefix(ToolFormat format);
-// The key of a required call's arguments object: "parameters" for llama3_json (what Llama writes), else "arguments".
-std::string_view required_call_arguments_key(ToolFormat format);
+// The key of a JSON call's arguments object: "parameters" for llama3_json (what Llama writes), else "arguments".
+std::string_view call_arguments_key(ToolFormat format);
 
 struct ToolCall {
   std::string id;  // call_... (mistral: 9 alphanumerics, which its template demands; kimi_k2: the model's own)

@@ -171,7 +171,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::int64_t context_ = 0, vocab_ = 0;
   bool keeps_checkpoints_ = false;
-  std::int64_t draft_tokens_ = 0;  // options_.draft_tokens, or 0 where the KV cache cannot step back (recurrent)
+  std::int64_t draft_tokens_ = 0;  // engine::draft_limit of options_.draft_tokens
   std::vector<std::int64_t> eos_;
   std::unique_ptr<engine::JsonTokenMask> json_tokens_;  // JSON mode, built at first use
 

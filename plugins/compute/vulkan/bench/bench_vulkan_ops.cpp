@@ -3,7 +3,9 @@
 // Tensors live in device buffers, as the engine's would; each iteration is one synchronous run().
 #include <benchmark/benchmark.h>
 
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "colibri/quant/quant.hpp"
@@ -13,16 +15,16 @@ namespace {
 
 using namespace colibri::sdk;
 
+// The plugin's compute object with these options; null without a Vulkan device.
+std::shared_ptr<Compute> make_compute(const std::map<std::string, std::string>& options) {
+  auto lib = testing::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
+  if (!lib) return nullptr;
+  auto obj = (*lib)->create_as<Compute>(options);
+  return obj ? *obj : nullptr;
+}
+
 std::shared_ptr<Compute>& compute() {
-  static std::shared_ptr<Compute> c = [] {
-    std::shared_ptr<Compute> made;
-    auto lib = testing::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
-    if (lib) {
-      auto obj = (*lib)->create_as<Compute>({});
-      if (obj) made = *obj;
-    }
-    return made;
-  }();
+  static std::shared_ptr<Compute> c = make_compute({});
   return c;
 }
 
@@ -190,15 +192,7 @@ BENCHMARK(BM_ExpertsOfALayer)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Us
 // device (copy_between_async). On lavapipe device memory is host memory, so this measures the staging copies saved,
 // not a bus crossed.
 void BM_KvPrefixCopy(benchmark::State& state) {
-  static std::shared_ptr<Compute> unmapped = [] {
-    std::shared_ptr<Compute> made;
-    auto lib = testing::LoadedPlugin::load(VULKAN_PLUGIN_PATH);
-    if (lib) {
-      auto obj = (*lib)->create_as<Compute>({{"map_device_memory", "false"}});
-      if (obj) made = *obj;
-    }
-    return made;
-  }();
+  static std::shared_ptr<Compute> unmapped = make_compute({{"map_device_memory", "false"}});
   auto* on_device =
       unmapped ? static_cast<ComputeDeviceCopy*>(unmapped->query_interface(kDeviceCopyInterface)) : nullptr;
   if (on_device == nullptr) {
