@@ -157,7 +157,8 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   if (!o.template_family.empty()) {
     if (auto err = find_template({}, ""); !err.empty()) return fail(err);
   }
-  auto opened = open_engine(global, o.engine, nullptr,
+  std::optional<profile::Profile> prof;  // --draft-model opens with it too
+  auto opened = open_engine(global, o.engine, &prof,
                             [&](const std::filesystem::path& dir, const model::Manifest* m) -> std::string {
                               if (tmpl || m == nullptr) return {};
                               return find_template(dir, m->hparams.architecture);
@@ -187,7 +188,15 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   engine::GenerateOptions g;
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
-  apply_draft(o.draft, *engine, g);
+  std::unique_ptr<engine::DraftModel> draft;
+  if (!apply_draft(o.draft, o.engine, *prof, *engine, *tok, g, draft)) return 1;
+  std::unique_ptr<engine::DraftModel::State> draft_state;  // the draft model's KV cache, kept between turns
+  if (draft) {
+    auto state = draft->acquire({});
+    if (!state) return fail(state.error().message());
+    draft_state = std::move(*state);
+    g.draft_state = draft_state.get();
+  }
   if (style == ReplyPrinter::Style::harmony) {
     // Harmony's channel markers are special tokens the splitter must see; its end tokens (<|call|> is listed only in
     // gpt-oss's generation_config.json) end the reply.
@@ -256,6 +265,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
       });
     }
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
+    g.draft_context = std::span<const std::int32_t>(ids.data(), common);
     std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
     ReplyPrinter printer(style, *prompt, !o.hide_reasoning);
     auto r = engine::generate(*engine, *tok, fresh, g, [&printer](std::string_view text) {

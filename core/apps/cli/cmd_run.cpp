@@ -83,7 +83,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
     schema = *compiled;
   }
   // The trace is checked before the model loads (minutes on a real one), not after the work.
-  auto opened = open_engine(global, o.engine, nullptr, [&](const std::filesystem::path& dir, auto) -> std::string {
+  std::optional<profile::Profile> prof;  // --draft-model opens with it too
+  auto opened = open_engine(global, o.engine, &prof, [&](const std::filesystem::path& dir, auto) -> std::string {
     if (o.record_trace.empty()) return {};
     if (auto e =
             overwrite_error("--record-trace", o.record_trace,
@@ -111,7 +112,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_object = o.json || schema != nullptr;
   g.json_schema = schema;
   g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
-  apply_draft(o.draft, *engine, g);
+  std::unique_ptr<engine::DraftModel> draft;
+  if (!apply_draft(o.draft, o.engine, *prof, *engine, *tok, g, draft)) return 1;
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
   if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/cli_values.hpp"
+#include "../common/draft_model.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/generate.hpp"
 #include "colibri/engine/sampler.hpp"
@@ -136,14 +137,30 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
       "Add BIAS (-100 to 100) to a token's logit: TOKEN_ID=BIAS, repeatable");
 }
 
-// --draft's flags into g; says so where this model's recurrent layers cannot step back (generate() drafts nothing).
-inline void apply_draft(const apps::DraftFlags& d, const engine::Engine& e, engine::GenerateOptions& g) {
-  g.draft_tokens = d.tokens;
+// --draft's flags into g, opening --draft-model (into `draft`, which g points to) with the profile the engine was
+// opened with; says so where this model's recurrent layers cannot step back (generate() drafts nothing). False when
+// the draft model does not open (printed).
+inline bool apply_draft(const apps::DraftFlags& d, const EngineCliOptions& o, profile::Profile& prof,
+                        const engine::Engine& e, const tokenizer::Tokenizer& tok, engine::GenerateOptions& g,
+                        std::unique_ptr<engine::DraftModel>& draft) {
+  g.draft_tokens = d.count();
   g.draft_ngram = d.ngram;
-  if (d.tokens > 0 && e.kv_cache().has_recurrent()) {
+  if (d.count() > 0 && e.kv_cache().has_recurrent()) {
     std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
                  "drafts\n";
   }
+  engine::EngineOptions eo;
+  eo.kv_type = e.kv_cache().type();
+  eo.ubatch = o.batch;
+  eo.exact_activations = o.exact;
+  auto opened = apps::open_draft_model(d, prof, eo, e, tok);
+  if (!opened) {
+    fail(opened.error().message());
+    return false;
+  }
+  draft = std::move(*opened);
+  g.draft_model = draft.get();
+  return true;
 }
 // ", 12 of 30 drafted tokens kept" where --draft ran any.
 inline std::string draft_summary(const engine::GenerateResult& r) {

@@ -83,18 +83,26 @@ inline CLI::Validator number_between(double min, double max, std::string hint) {
       "");
 }
 
-// --draft / --draft-ngram (run, chat, colibri-server): prompt-lookup speculation.
+// --draft / --draft-ngram / --draft-model / --draft-p-min (run, chat, colibri-server): speculation.
 struct DraftFlags {
-  std::int64_t tokens = 0;
+  std::int64_t tokens = -1;  // -1: not given (16 with a draft model, else 0: off)
   std::int64_t ngram = 3;
+  std::string model;  // a draft model instead of prompt lookup
+  double p_min = 0.75;
+  [[nodiscard]] std::int64_t count() const { return tokens >= 0 ? tokens : model.empty() ? 0 : 16; }
 };
 inline void add_draft_options(CLI::App& cmd, DraftFlags& d) {
   cmd.add_option("--draft", d.tokens,
-                 "Speculate up to N tokens per step from earlier text (prompt lookup; the same answer, faster when "
-                 "the answer repeats its prompt or itself; default 0: off)")
+                 "Speculate up to N tokens per step, from earlier text (prompt lookup) or --draft-model (the same "
+                 "answer, faster where the drafts are right; default 0: off, 16 with --draft-model)")
       ->check(integer_between(0, 64, "give 0 (off) to 64 draft tokens"));
-  cmd.add_option("--draft-ngram", d.ngram, "Longest run of last tokens --draft looks up (default 3)")
+  cmd.add_option("--draft-ngram", d.ngram, "Longest run of last tokens prompt lookup looks up (default 3)")
       ->check(integer_between(1, 16, "give 1 to 16 tokens"));
+  cmd.add_option("--draft-model", d.model,
+                 "Draft with this smaller model of the same vocabulary (a directory, or a name under models.dir)");
+  cmd.add_option("--draft-p-min", d.p_min,
+                 "A draft model drafts while its top token is at least this likely (default 0.75; 0: always)")
+      ->check(number_between(0, 1, "give a probability from 0 (draft always) to 1"));
 }
 
 // --ctx of the commands that run a model (0: the default, as llama.cpp's -c 0).

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "../common/cli_values.hpp"
+#include "../common/draft_model.hpp"
 #include "../common/output_checks.hpp"
 #include "colibri/ab/trace_writer.hpp"
 #include "colibri/chat/template.hpp"
@@ -112,7 +113,7 @@ int serve(Flags& f) {
   so.scheduler.max_queue = static_cast<std::size_t>(f.max_queue);
   so.scheduler.max_batch = f.max_batch;
   so.scheduler.prefill_chunk = f.ubatch;
-  so.scheduler.draft_tokens = f.draft.tokens;
+  so.scheduler.draft_tokens = f.draft.count();
   so.scheduler.draft_ngram = f.draft.ngram;
   so.scheduler.usage_history = !f.usage_history.empty() ? f.usage_history : prof->get_path("cache.auto_pin_history");
   // Written at exit: a path that cannot take it is said now, not after a day's counts are lost.
@@ -223,6 +224,9 @@ int serve(Flags& f) {
     return apps::refused_value_of_command_line(*prof, eng.error()) ? usage_fail(eng.error().message())
                                                                    : fail(eng.error().message());
   }
+  auto draft = apps::open_draft_model(f.draft, *prof, eo, **eng, *tok, static_cast<std::size_t>(f.max_batch));
+  if (!draft) return fail(draft.error().message());
+  so.scheduler.draft_model = std::move(*draft);
   const auto context = (*eng)->context();
   const auto mode = (*eng)->mode();
   so.model_name = f.served_name;

@@ -72,9 +72,12 @@ std::int64_t draft_limit(const KvCache& kv, std::int64_t asked) {
   return kv.has_recurrent() ? 0 : std::min(asked, kv.max_write() - 1);
 }
 
-const std::vector<std::int32_t>& Speculation::plan(std::span<const std::int32_t> history, std::size_t kept,
-                                                   std::int64_t room) {
-  if (!fed_.empty()) {
+std::int64_t Speculation::next_length(std::size_t kept, std::int64_t room) {
+  if (declined_) {
+    backoff_ = std::clamp<std::int64_t>(2 * backoff_, 1, 64);
+    pause_ = backoff_;
+    declined_ = false;
+  } else if (!fed_.empty()) {
     if (kept > 0) backoff_ = 0;
     if (kept == fed_.size()) {
       now_ = std::min(limit_, 2 * now_);
@@ -87,9 +90,14 @@ const std::vector<std::int32_t>& Speculation::plan(std::span<const std::int32_t>
   }
   if (pause_ > 0) {
     --pause_;
-    room = 0;
+    return asked_ = 0;
   }
-  fed_ = lookup_draft(history, ngram_, std::min(room, now_));
+  return asked_ = std::max<std::int64_t>(0, std::min(room, now_));
+}
+
+const std::vector<std::int32_t>& Speculation::run(std::vector<std::int32_t> drafts, bool costly) {
+  declined_ = costly && drafts.empty() && asked_ > 0;
+  fed_ = std::move(drafts);
   drafted_ += static_cast<std::int64_t>(fed_.size());
   return fed_;
 }
@@ -152,6 +160,20 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   std::int64_t draft_end = engine.context();  // no pass may end past it (dynamic rope)
   if (auto rope = RopeFrequencies::create(engine.hparams())) draft_end = std::min(draft_end, rope->same_kv_up_to());
   Speculation spec(draft_limit(engine.kv_cache(), options.draft_tokens), options.draft_ngram);
+  // A draft model drafts after every token the engine's KV cache holds.
+  std::unique_ptr<DraftModel::State> own_state;
+  DraftModel::State* draft_state = options.draft_state;
+  std::vector<std::int32_t> draft_history;
+  if (options.draft_model != nullptr && options.draft_tokens > 0) {
+    draft_history.assign(options.draft_context.begin(), options.draft_context.end());
+    draft_history.insert(draft_history.end(), prompt.begin(), prompt.end());
+    if (draft_state == nullptr) {
+      auto state = options.draft_model->acquire(draft_history);
+      if (!state) return state.error();
+      own_state = std::move(*state);
+      draft_state = own_state.get();
+    }
+  }
   std::size_t row = 0;
   std::int64_t kept = engine.n_past();
   const auto vocab = static_cast<std::size_t>(engine.vocab_size());
@@ -175,6 +197,7 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     }
     r.tokens.push_back(next);
     history.push_back(next);
+    if (draft_state != nullptr) draft_history.push_back(next);
     if (!emit(stops.push(decoder.push(next)))) {
       r.finish_reason = "cancelled";
       break;
@@ -206,7 +229,16 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       }
     }
     // The next pass: this token, then what the text's last n-gram was followed by before, where it fits.
-    const auto& fed = spec.plan(history, row, std::min(options.max_tokens - i - 2, draft_end - kept - 1));
+    const std::int64_t room = std::min(options.max_tokens - i - 2, draft_end - kept - 1);
+    if (draft_state != nullptr) {
+      const auto ends = options.stop_at_eos ? std::span<const std::int64_t>(eos) : std::span<const std::int64_t>{};
+      DraftModel::Request ask{draft_state, draft_history, spec.next_length(row, room), ends, {}};
+      if (auto s = options.draft_model->propose(std::span(&ask, 1)); !s) return s;
+      spec.run(std::move(ask.drafts), /*costly=*/true);
+    } else {
+      spec.plan(history, row, room);
+    }
+    const auto& fed = spec.fed();
     std::vector<std::int32_t> pass{next};
     pass.insert(pass.end(), fed.begin(), fed.end());
     if (auto s = engine.forward(pass, fed.empty() ? LogitsWanted::last : LogitsWanted::all, logits); !s) return s;
@@ -214,6 +246,7 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     ++kept;
   }
   if (engine.n_past() > kept) engine.truncate(kept);
+  if (own_state) options.draft_model->release(std::move(own_state));
   r.drafted = spec.drafted();
   r.accepted = spec.accepted();
   if (!r.tokens.empty()) r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();

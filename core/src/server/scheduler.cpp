@@ -47,6 +47,7 @@ struct Scheduler::Sequence {
   std::vector<std::int64_t> checkpoints;            // prompt positions its KV cache keeps a checkpoint at, ascending
   engine::Speculation spec;                         // --draft: the drafts its last pass ran after `pending`
   std::int64_t kv_valid = 0;  // KV positions holding history's tokens (the rest: a pass's drafts not yet kept)
+  std::unique_ptr<engine::DraftModel::State> draft_state;  // --draft-model: its KV cache in the draft model
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -252,6 +253,7 @@ void Scheduler::finish(Sequence& seq, const std::string& reason) {
       std::lock_guard lock(mu_);
       ++stats_.finished;
       ++ended_in_step_;  // its slot is free for the queue check at once (its client may ask again this step)
+      publish_drafts();  // the drafts its answer kept are in the metrics when its client has the answer
     }
     if (seq.job->on_event) seq.job->on_event(std::move(ev));
     return;
@@ -290,7 +292,9 @@ void Scheduler::fail(Sequence& seq, const ApiError& error) {
 void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   // 1. Every prefilled sequence samples its next token, and the ones after it while they are the drafts its last pass
   // ran (--draft); finished ones leave at this boundary.
-  std::uint64_t generated_now = 0, drafted_now = 0, accepted_now = 0;
+  std::uint64_t generated_now = 0;
+  std::vector<engine::DraftModel::Request> asks;  // --draft-model: the drafts each sequence's next pass may run
+  std::vector<Sequence*> asking;
   for (auto& sp : active) {
     Sequence& seq = *sp;
     if (seq.job->cancelled()) {
@@ -302,11 +306,12 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       finish(seq, "length");
       continue;
     }
-    const std::int64_t drafted = seq.spec.drafted(), accepted = seq.spec.accepted();
+    const std::int64_t drafted = seq.spec.drafted();
     for (std::size_t row = 0;; ++row) {
       if (!sample_next(seq, row, generated_now)) break;
       if (seq.spec.matches(row, seq.history.back())) {
         ++seq.kv_valid;  // the draft that ran there: its KV row is the answer's
+        ++unpublished_accepted_;
         continue;
       }
       // The drafts past the one that differed go, then the next pass runs this token and new drafts.
@@ -322,16 +327,41 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       const std::int64_t room = std::min({seq.job->request.max_tokens - seq.generated, context_ - seq.kv_valid,
                                           same_kv_up_to_ - seq.kv_valid}) -
                                 1;
-      seq.spec.plan(seq.history, row, room);
+      if (!options_.draft_model) {
+        seq.spec.plan(seq.history, row, room);
+      } else if (const auto n = seq.spec.next_length(row, room); n > 0) {
+        if (!seq.draft_state) {
+          auto state = options_.draft_model->acquire(seq.history);
+          if (!state) {
+            spdlog::warn("the draft model has no KV cache for a request ({}); it runs without drafts",
+                         state.error().message());
+            seq.spec.run({});
+            break;
+          }
+          seq.draft_state = std::move(*state);
+        }
+        asks.push_back({seq.draft_state.get(), seq.history, n, eos_, {}});
+        asking.push_back(&seq);
+      } else {
+        seq.spec.run({});
+      }
       break;
     }
-    drafted_now += static_cast<std::uint64_t>(seq.spec.drafted() - drafted);
-    accepted_now += static_cast<std::uint64_t>(seq.spec.accepted() - accepted);
+    unpublished_drafted_ += static_cast<std::uint64_t>(seq.spec.drafted() - drafted);
   }
-  if (drafted_now + accepted_now > 0) {
+  if (!asks.empty()) {
+    // One draft model pass per draft position for all of them. Drafts only speed answers up: without them
+    // (the draft model failed) each runs its token alone.
+    if (auto s = options_.draft_model->propose(asks); !s)
+      spdlog::warn("{}; this step runs without drafts", s.message());
+    for (std::size_t i = 0; i < asks.size(); ++i) {
+      unpublished_drafted_ += asks[i].drafts.size();
+      asking[i]->spec.run(std::move(asks[i].drafts), /*costly=*/true);
+    }
+  }
+  if (unpublished_drafted_ + unpublished_accepted_ > 0) {
     std::lock_guard lock(mu_);
-    stats_.draft_tokens += drafted_now;
-    stats_.draft_tokens_accepted += accepted_now;
+    publish_drafts();
   }
 
   // 2. One forward pass over the whole batch: joining sequences run (a chunk of) their prompt, the others their
@@ -475,12 +505,10 @@ bool Scheduler::sample_next(Sequence& seq, std::size_t row, std::uint64_t& gener
   const auto vocab = static_cast<std::size_t>(vocab_);
   const auto logits = std::span<const float>(seq.logits).subspan(row * vocab, vocab);
   const std::int32_t next = seq.sampler.sample(logits, seq.history, seq.allowed, seq.job->request.prompt.size());
-  if (std::find(eos_.begin(), eos_.end(), next) != eos_.end()) {
-    finish(seq, "eos");
-    return false;
-  }
-  if (const auto& ids = seq.job->request.stop_token_ids; std::find(ids.begin(), ids.end(), next) != ids.end()) {
-    finish(seq, "eos");  // finish_reason "stop", as vLLM; what the decoder held back goes out, not the token
+  const auto& ids = seq.job->request.stop_token_ids;
+  if (std::find(eos_.begin(), eos_.end(), next) != eos_.end() || std::find(ids.begin(), ids.end(), next) != ids.end()) {
+    if (seq.spec.matches(row, next)) ++unpublished_accepted_;  // a draft of the end, right (as engine::generate)
+    finish(seq, "eos");  // a stop token id: finish_reason "stop", as vLLM; what the decoder held back goes out
     return false;
   }
   ++seq.generated;
@@ -651,6 +679,7 @@ void Scheduler::plan_checkpoints(Sequence& seq) {
 }
 
 void Scheduler::release_state(Sequence& seq) {
+  if (seq.draft_state) options_.draft_model->release(std::move(seq.draft_state));
   if (!seq.state) return;
   // The KV holds the first n_past tokens of prompt + generated (the last sampled token may not have run), of which
   // the first kv_valid (drafts past them may not be the answer's).

@@ -512,6 +512,14 @@ class Chat(unittest.TestCase):
             self.assertEqual(reused(spec), reused(plain), sampling)
             if sampling[1] == "0":
                 self.assertRegex(spec.stderr, r", [1-9]\d* of \d+ drafted tokens kept")
+            # The model as its own draft model: its KV cache follows the whole conversation (the earlier turns
+            # included), so every greedy draft is right.
+            self_drafted = cli(*args, "--draft-model", out, "--draft-p-min", "0", stdin=turns)
+            self.assertEqual(self_drafted.stdout, plain.stdout, sampling)
+            counts = re.findall(r", (\d+) of (\d+) drafted tokens kept", self_drafted.stderr)
+            self.assertEqual(len(counts), 2, self_drafted.stderr)
+            if sampling[1] == "0":
+                self.assertTrue(all(kept == ran for kept, ran in counts), counts)
         bad = cli("chat", "-m", out, "--draft", "65", stdin="", check=False)
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("--draft", bad.stderr)

@@ -999,6 +999,58 @@ class OnePromise(unittest.TestCase):
                 if variant == "mistral-window":
                     self.assertIn("sliding-window layers keep 192 of", plain.stderr)
 
+    def test_draft_model_keeps_every_token(self):
+        """--draft-model drafts with a model of the same vocabulary, and the answer is the target's token for token,
+        greedy or sampled: a draft is kept only where the target's own token equals it. The target as its own draft
+        model has every greedy draft kept (its KV cache follows the answer, stepping back over rejected drafts, its own
+        sliding window's rows too); a random dense model's drafts are run and rejected. A draft model of another
+        vocabulary is refused before it loads, naming the first token that differs."""
+        prompt = "the quiet river runs under the old bridge and the quiet river runs"
+        drafted = re.compile(r", (\d+) of (\d+) drafted tokens kept")
+        _, mixtral = make_model("mixtral", "mixtral")
+        _, llama = make_model("llama", "llama")
+        _, window = make_model("mistral-window", "mistral", VARIANTS["mistral-window"][1])
+        for target, draft, extra, every in ((mixtral, mixtral, [], True), (mixtral, llama, [], False),
+                                            (window, window, ["--batch", "8"], True)):
+            for sampling in (["--temp", "0"], ["--temp", "0.9", "--seed", "7"]):
+                args = ["run", "--model", target, "-p", prompt, "-n", "300", "--no-echo", "--ignore-eos", *sampling,
+                        *extra]
+                plain = run(args)
+                spec = run(args + ["--draft-model", draft, "--draft-p-min", "0"])
+                what = f"{os.path.basename(target)} drafted by {os.path.basename(draft)} {' '.join(sampling)}"
+                self.assertEqual(spec.stdout, plain.stdout, what)
+                counts = drafted.search(spec.stderr)
+                self.assertIsNotNone(counts, what + ": " + spec.stderr)
+                kept, ran = map(int, counts.groups())
+                print(f"  {what}: {kept} of {ran} drafts kept", flush=True)
+                self.assertGreater(ran, 0, what)
+                if every and sampling[1] == "0":
+                    self.assertEqual(kept, ran, what)
+        # The default floor (0.75) stops a random model's flat distributions at once: no drafts.
+        quiet = run(["run", "--model", mixtral, "-p", prompt, "-n", "40", "--temp", "0", "--draft-model", llama])
+        self.assertIsNone(drafted.search(quiet.stderr), quiet.stderr)
+
+        def rename_token(ckpt):
+            path = os.path.join(ckpt, "tokenizer.json")
+            with open(path) as f:
+                tok = json.load(f)
+            vocab = tok["model"]["vocab"]  # ids 300 and 301 swap their pieces (the merges stay valid)
+            a, b = (next(k for k, v in vocab.items() if v == i) for i in (300, 301))
+            vocab[a], vocab[b] = 301, 300
+            with open(path, "w") as f:
+                json.dump(tok, f)
+        _, other = make_model("llama-other-vocab", "llama", edit_checkpoint=rename_token)
+        bad = run(["run", "--model", mixtral, "-p", prompt, "-n", "4", "--draft-model", other], check=False)
+        self.assertEqual(bad.returncode, 1, bad.stderr)
+        self.assertRegex(bad.stderr, r"token 300 is '.+' there and '.+' in the model")
+        self.assertIn("must share the model's vocabulary", bad.stderr)
+        self.assertEqual(bad.stdout, "")
+        for flags, says in ((["--draft-model", os.path.join(WORK, "no-such-model")], "--draft-model: model"),
+                            (["--draft-model", llama, "--draft-p-min", "1.5"], "--draft-p-min")):
+            bad = run(["run", "--model", mixtral, "-p", prompt, "-n", "4", *flags], check=False)
+            self.assertNotEqual(bad.returncode, 0, flags)
+            self.assertIn(says, bad.stderr, flags)
+
 
 _M64 = (1 << 64) - 1
 _P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,

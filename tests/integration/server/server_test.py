@@ -2327,11 +2327,15 @@ class Concurrency(unittest.TestCase):
         # sampled tokens equal. Concurrent greedy and sampled requests, streamed, with logprobs and n choices, answer
         # exactly as a server without drafts, and a next turn reuses the same prefix. A sliding window (rows moved and
         # stepped back over) too; a recurrent model drafts nothing and says so.
+        # --draft-model: the model as its own draft model (a greedy answer keeps every draft), the sliding window's
+        # rows stepped back in both.
         window = patched_model("draft-window", sliding_window=4)
-        for model in (MODEL, window):
+        for model, drafting in ((MODEL, ["--draft", "6"]), (window, ["--draft", "6"]),
+                                (MODEL, ["--draft-model", MODEL, "--draft-p-min", "0"]),
+                                (window, ["--draft-model", window, "--draft-p-min", "0", "--draft", "5"])):
             plain, spec = Server("--model", model, "--max-batch", "8", "--ctx", "1024"), None
             try:
-                spec = Server("--model", model, "--max-batch", "8", "--ctx", "1024", "--draft", "6")
+                spec = Server("--model", model, "--max-batch", "8", "--ctx", "1024", *drafting)
                 loop = " ".join(["the colibri drinks and the colibri sings"] * 6)
                 name = os.path.basename(model)
                 bodies = [{"model": name, "prompt": loop + " " + p, "max_tokens": 60, "temperature": 0,
@@ -2355,9 +2359,15 @@ class Concurrency(unittest.TestCase):
                 self.assertTrue(status == 200 and done)
                 self.assertEqual(stream_text(events, "text"), want[0][0]["text"])
                 kept, ran = spec.metric("colibri_draft_tokens_accepted_total"), spec.metric("colibri_draft_tokens_total")
-                print(f"  {os.path.basename(model)}: {kept:.0f} of {ran:.0f} drafts kept", flush=True)
+                print(f"  {os.path.basename(model)} {' '.join(drafting)}: {kept:.0f} of {ran:.0f} drafts kept",
+                      flush=True)
                 self.assertGreater(kept, 0)
                 self.assertLessEqual(kept, ran)
+                if "--draft-model" in drafting:  # greedy: every draft right (none past an end token)
+                    spec.json("POST", "/v1/completions", bodies[3])
+                    more = spec.metric("colibri_draft_tokens_accepted_total") - kept
+                    self.assertEqual(more, spec.metric("colibri_draft_tokens_total") - ran)
+                    self.assertGreater(more, 0)
                 # The next turn: the same cached prefix and answer as without drafts, also after a stop string
                 # ended an answer in the middle of a pass's drafts (its last token may differ from the draft there).
                 for i, stop in ((0, None), (1, want[1][0]["text"][30:33]), (2, want[2][0]["text"][12:14])):

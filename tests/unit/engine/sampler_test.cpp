@@ -236,5 +236,41 @@ TEST(LookupDraft, TakesWhatFollowedTheLatestLongestMatch) {
   EXPECT_EQ(lookup_draft(V{3, 3}, 3, 4), (V{3, 3, 3, 3}));
 }
 
+// Drafts cost their experts' reads kept or not: the next pass's length follows what the last one kept.
+TEST(Speculation, PacesDraftsByWhatTheLastPassKept) {
+  using V = std::vector<std::int32_t>;
+  Speculation spec(4, 3);
+  EXPECT_EQ(spec.next_length(0, 100), 4) << "the limit at first";
+  spec.run(V{1, 2, 3, 4});
+  EXPECT_EQ(spec.next_length(0, 100), 2) << "none kept: halved";
+  spec.run(V{1, 2});
+  EXPECT_EQ(spec.next_length(0, 100), 1);
+  spec.run(V{1});
+  EXPECT_EQ(spec.next_length(0, 100), 0) << "a single draft missed: a pause of 1 step";
+  spec.run(V{});
+  EXPECT_EQ(spec.next_length(0, 100), 1);
+  spec.run(V{5});
+  EXPECT_EQ(spec.next_length(1, 100), 2) << "all kept: doubled";
+  spec.run(V{5, 6});
+  EXPECT_EQ(spec.next_length(2, 1), 1) << "at most the room";
+  spec.run(V{7});
+  EXPECT_EQ(spec.next_length(1, 100), 4) << "doubled up to the limit";
+  EXPECT_EQ(spec.drafted(), 11);
+  // Prompt lookup's empty answer costs nothing: no pause. A draft model's does (its passes ran).
+  spec.run(V{});
+  EXPECT_EQ(spec.next_length(0, 100), 4);
+  spec.run(V{}, /*costly=*/true);
+  EXPECT_EQ(spec.next_length(0, 100), 0) << "a draft model proposed none: paused";
+  spec.run(V{}, true);  // asked for none: not a decline
+  EXPECT_EQ(spec.next_length(0, 100), 4);
+  spec.run(V{}, true);
+  EXPECT_EQ(spec.next_length(0, 100), 0) << "declined again: a pause of 2";
+  spec.run(V{}, true);
+  EXPECT_EQ(spec.next_length(0, 100), 0);
+  spec.run(V{}, true);
+  EXPECT_EQ(spec.next_length(0, 100), 4);
+  EXPECT_EQ(spec.drafted(), 11);
+}
+
 }  // namespace
 }  // namespace colibri::engine

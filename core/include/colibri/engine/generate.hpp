@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "colibri/engine/draft_model.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
@@ -39,6 +40,12 @@ struct GenerateOptions {
   // back) nor dynamic rope past the original context (a pass's length moves its rotation): there it drafts nothing.
   std::int64_t draft_tokens = 0;
   std::int64_t draft_ngram = 3;
+  // Drafts from this model instead (--draft-model), drafting after `draft_context` (the tokens the engine's KV cache
+  // holds before the prompt: a chat's earlier turns) and the prompt; `draft_state` keeps its KV cache between calls
+  // (null: one for this call).
+  DraftModel* draft_model = nullptr;
+  DraftModel::State* draft_state = nullptr;
+  std::span<const std::int32_t> draft_context;
 };
 
 struct GenerateResult {
@@ -90,7 +97,7 @@ std::int64_t draft_limit(const KvCache& kv, std::int64_t asked);
 // Prompt-lookup speculation for one sequence: the drafts its last pass ran after its first token, and how many to
 // draft next. Drafts cost their experts' reads whether kept or not, so the length follows how many the last pass
 // kept (halved when none, doubled when all, up to the limit), and after a single draft fails drafting pauses for 1,
-// 2, 4 ... 64 steps.
+// 2, 4 ... 64 steps; so it does after a draft model, asked for drafts, proposed none (its passes cost too).
 class Speculation {
  public:
   Speculation(std::int64_t limit, std::int64_t ngram) : limit_(limit), ngram_(ngram), now_(limit) {}
@@ -101,9 +108,16 @@ class Speculation {
     accepted_ += hit ? 1 : 0;
     return hit;
   }
-  // The drafts for the next pass, after the last one's first `kept` drafts were kept: what followed `history`'s
-  // last n-gram (history ends with the token the pass starts with), at most `room`.
-  const std::vector<std::int32_t>& plan(std::span<const std::int32_t> history, std::size_t kept, std::int64_t room);
+  // How many drafts the next pass may run, after the last one's first `kept` drafts were kept: at most `room`.
+  std::int64_t next_length(std::size_t kept, std::int64_t room);
+  // The drafts the next pass runs (at most next_length's); `costly`: a draft model's, whose passes cost even when
+  // it proposes none.
+  const std::vector<std::int32_t>& run(std::vector<std::int32_t> drafts, bool costly = false);
+  // next_length, then prompt lookup's drafts: what followed `history`'s last n-gram (history ends with the token the
+  // pass starts with).
+  const std::vector<std::int32_t>& plan(std::span<const std::int32_t> history, std::size_t kept, std::int64_t room) {
+    return run(lookup_draft(history, ngram_, next_length(kept, room)));
+  }
   [[nodiscard]] const std::vector<std::int32_t>& fed() const { return fed_; }
   [[nodiscard]] std::int64_t drafted() const { return drafted_; }
   [[nodiscard]] std::int64_t accepted() const { return accepted_; }
@@ -111,6 +125,8 @@ class Speculation {
  private:
   std::int64_t limit_, ngram_, now_;
   std::int64_t pause_ = 0, backoff_ = 0;
+  std::int64_t asked_ = 0;  // next_length's last answer
+  bool declined_ = false;   // a draft model asked for drafts proposed none
   std::int64_t drafted_ = 0, accepted_ = 0;
   std::vector<std::int32_t> fed_;
 };

@@ -17,9 +17,11 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "colibri/ab/trace_writer.hpp"
+#include "colibri/engine/draft_model.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/engine/json_constraint.hpp"
 #include "colibri/engine/sampler.hpp"
@@ -92,6 +94,8 @@ struct SchedulerOptions {
   // --draft / --draft-ngram: prompt-lookup speculation (engine::GenerateOptions::draft_tokens); 0: off.
   std::int64_t draft_tokens = 0;
   std::int64_t draft_ngram = 3;
+  // --draft-model: drafts from this model instead of prompt lookup (used on the scheduler thread alone).
+  std::shared_ptr<engine::DraftModel> draft_model;
 };
 
 struct SchedulerStats {
@@ -172,6 +176,12 @@ class Scheduler {
   std::int64_t context_ = 0, vocab_ = 0;
   bool keeps_checkpoints_ = false;
   std::int64_t draft_tokens_ = 0;  // engine::draft_limit of options_.draft_tokens
+  // This step's drafts run and kept, not yet in stats_ (publish_drafts, under mu_).
+  std::uint64_t unpublished_drafted_ = 0, unpublished_accepted_ = 0;
+  void publish_drafts() {
+    stats_.draft_tokens += std::exchange(unpublished_drafted_, 0);
+    stats_.draft_tokens_accepted += std::exchange(unpublished_accepted_, 0);
+  }
   std::vector<std::int64_t> eos_;
   std::unique_ptr<engine::JsonTokenMask> json_tokens_;  // JSON mode, built at first use
 
