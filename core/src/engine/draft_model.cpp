@@ -176,8 +176,8 @@ Status DraftModel::propose(std::span<Request> requests) {
       const auto best = static_cast<std::int32_t>(std::max_element(row, row + vocab_) - row);
       double sum = 0;
       for (std::size_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - row[best]);
-      if (!(1.0 / sum >= p_min_)) continue;  // NaN logits draft nothing
       Request& r = *w->request;
+      if (!(1.0 / sum >= (r.p_min >= 0 ? r.p_min : p_min_))) continue;  // NaN logits draft nothing
       r.drafts.push_back(best);
       const auto fed = static_cast<std::int64_t>(r.history.size() + r.drafts.size());  // positions after this one
       if (static_cast<std::int64_t>(r.drafts.size()) >= r.count || fed > r.state->sequence->kv.context() ||

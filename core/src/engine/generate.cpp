@@ -81,8 +81,8 @@ std::int64_t Speculation::next_length(std::size_t kept, std::int64_t room) {
     if (kept > 0) backoff_ = 0;
     if (kept == fed_.size()) {
       now_ = std::min(limit_, 2 * now_);
-    } else if (kept == 0 && now_ > 1) {
-      now_ /= 2;
+    } else if (kept == 0 && now_ > least_) {
+      now_ = std::max(least_, now_ / 2);
     } else if (kept == 0) {
       backoff_ = std::clamp<std::int64_t>(2 * backoff_, 1, 64);
       pause_ = backoff_;
@@ -92,7 +92,8 @@ std::int64_t Speculation::next_length(std::size_t kept, std::int64_t room) {
     --pause_;
     return asked_ = 0;
   }
-  return asked_ = std::max<std::int64_t>(0, std::min(room, now_));
+  const std::int64_t n = std::min(room, now_);
+  return asked_ = n >= least_ ? n : 0;
 }
 
 const std::vector<std::int32_t>& Speculation::run(std::vector<std::int32_t> drafts, bool costly) {
@@ -232,7 +233,11 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
     const std::int64_t room = std::min(options.max_tokens - i - 2, draft_end - kept - 1);
     if (draft_state != nullptr) {
       const auto ends = options.stop_at_eos ? std::span<const std::int64_t>(eos) : std::span<const std::int64_t>{};
-      DraftModel::Request ask{draft_state, draft_history, spec.next_length(row, room), ends, {}};
+      DraftModel::Request ask;
+      ask.state = draft_state;
+      ask.history = draft_history;
+      ask.count = spec.next_length(row, room);
+      ask.end_tokens = ends;
       if (auto s = options.draft_model->propose(std::span(&ask, 1)); !s) return s;
       spec.run(std::move(ask.drafts), /*costly=*/true);
     } else {

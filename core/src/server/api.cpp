@@ -870,8 +870,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   json body;
   if (auto e = parse_object(body_text, body)) return e;
   // A whole number written as a float (5.0, as Python clients may compute it) is that integer, as vLLM reads it.
-  for (const char* name :
-       {"max_tokens", "max_completion_tokens", "n", "seed", "logprobs", "top_logprobs", "top_k", "min_tokens"}) {
+  for (const char* name : {"max_tokens", "max_completion_tokens", "n", "seed", "logprobs", "top_logprobs", "top_k",
+                           "min_tokens", "speculative.n_max", "speculative.n_min"}) {
     if (auto it = body.find(name); it != body.end() && it->is_number_float()) {
       const double v = it->get<double>();
       if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.2e18) *it = static_cast<std::int64_t>(v);
@@ -975,6 +975,29 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
                          ? std::numeric_limits<std::int64_t>::max()
                          : it->get<std::int64_t>();
   }
+  // llama-server's per-request speculation (its flat "speculative.*" keys).
+  for (const char* name : {"speculative.n_max", "speculative.n_min"}) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (!is_integer(*it)) return wrong_type(name, "an integer", *it);
+    if (!it->is_number_unsigned() || it->get<std::uint64_t>() > 64) {
+      return out_of_range(name, "an integer from 0 to 64", *it);
+    }
+    if (std::string_view(name) == "speculative.n_max") {
+      out.draft_max = it->get<std::int64_t>();
+    } else {
+      out.draft_min = it->get<std::int64_t>();
+    }
+  }
+  if (out.draft_max && out.draft_min > *out.draft_max) {
+    return bad_request("'speculative.n_min' (" + std::to_string(out.draft_min) +
+                           ") is more than 'speculative.n_max' (" + std::to_string(*out.draft_max) +
+                           "); lower n_min or raise n_max.",
+                       "speculative.n_min", "invalid_value");
+  }
+  float p_min = -1;
+  if (auto e = number_field(body, "speculative.p_min", 0.0, 1.0, p_min)) return e;
+  if (p_min >= 0) out.draft_p_min = p_min;
   if (auto e = number_field(body, kMinP, s.min_p)) return e;
   if (auto e = number_field(body, kRepetitionPenalty, s.repetition_penalty)) return e;
   std::optional<std::int32_t> top_k;

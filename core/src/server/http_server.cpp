@@ -825,6 +825,9 @@ class Session : public std::enable_shared_from_this<Session> {
       job->request.json_object = req.json_object;
       job->request.min_tokens = req.min_tokens;
       job->request.ignore_eos = req.ignore_eos;
+      job->request.draft_max = req.draft_max;
+      job->request.draft_min = req.draft_min;
+      job->request.draft_p_min = req.draft_p_min;
       job->request.stop_token_ids = req.stop_token_ids;
       job->request.json_schema = req.json_schema;
       if (json_after_thinking) {

@@ -23,7 +23,7 @@ struct Scheduler::Sequence {
                 job->request.continues_prompt ? std::span<const std::int32_t>(job->request.prompt)
                                               : std::span<const std::int32_t>{}),
         stops(job->request.stop),
-        spec(draft_tokens, draft_ngram) {
+        spec(draft_tokens, draft_ngram, job->request.draft_min) {
     if (job->request.json_object) json.emplace(job->request.json_schema.get(), job->request.json_thinking);
   }
   std::shared_ptr<Job> job;
@@ -192,8 +192,11 @@ void Scheduler::loop() {
       }
       // Join at a token boundary.
       while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
+        // speculative.n_max: this request's drafts per step instead of --draft's, within what the KV cache allows.
+        const auto& asked = queue_.front()->request.draft_max;
+        const std::int64_t drafts = asked ? engine::draft_limit(engine_.kv_cache(), *asked) : draft_tokens_;
         active.push_back(
-            std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_, draft_tokens_, options_.draft_ngram));
+            std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_, drafts, options_.draft_ngram));
         active.back()->request_id = next_request_id_++;
         queue_.pop_front();
         ++stats_.started;
@@ -327,8 +330,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       const std::int64_t room = std::min({seq.job->request.max_tokens - seq.generated, context_ - seq.kv_valid,
                                           same_kv_up_to_ - seq.kv_valid}) -
                                 1;
+      const auto& request = seq.job->request;
       if (!options_.draft_model) {
-        seq.spec.plan(seq.history, row, room);
+        auto drafts = engine::lookup_draft(seq.history, options_.draft_ngram, seq.spec.next_length(row, room));
+        if (static_cast<std::int64_t>(drafts.size()) < request.draft_min) drafts.clear();  // speculative.n_min
+        seq.spec.run(std::move(drafts));
       } else if (const auto n = seq.spec.next_length(row, room); n > 0) {
         if (!seq.draft_state) {
           auto state = options_.draft_model->acquire(seq.history);
@@ -340,7 +346,12 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
           }
           seq.draft_state = std::move(*state);
         }
-        asks.push_back({seq.draft_state.get(), seq.history, n, eos_, {}});
+        auto& ask = asks.emplace_back();
+        ask.state = seq.draft_state.get();
+        ask.history = seq.history;
+        ask.count = n;
+        ask.end_tokens = eos_;
+        ask.p_min = request.draft_p_min.value_or(-1);
         asking.push_back(&seq);
       } else {
         seq.spec.run({});
@@ -355,6 +366,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     if (auto s = options_.draft_model->propose(asks); !s)
       spdlog::warn("{}; this step runs without drafts", s.message());
     for (std::size_t i = 0; i < asks.size(); ++i) {
+      if (static_cast<std::int64_t>(asks[i].drafts.size()) < asking[i]->job->request.draft_min) asks[i].drafts.clear();
       unpublished_drafted_ += asks[i].drafts.size();
       asking[i]->spec.run(std::move(asks[i].drafts), /*costly=*/true);
     }

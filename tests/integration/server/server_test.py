@@ -2140,6 +2140,13 @@ class Api(unittest.TestCase):
         for body, param, code in cases:
             status, got = s.json("POST", "/v1/chat/completions", body)
             assert_error(self, status, got, 400, code, param)
+        for extra, param, code in (({"speculative.n_max": 65}, "speculative.n_max", "invalid_value"),
+                                   ({"speculative.n_max": "6"}, "speculative.n_max", "invalid_type"),
+                                   ({"speculative.n_max": 2, "speculative.n_min": 4}, "speculative.n_min",
+                                    "invalid_value"),
+                                   ({"speculative.p_min": 1.5}, "speculative.p_min", "invalid_value")):
+            status, got = s.json("POST", "/v1/completions", dict({"model": "tiny", "prompt": "x"}, **extra))
+            assert_error(self, status, got, 400, code, param)
         status, got = s.json("POST", "/v1/chat/completions",
                              {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
         assert_error(self, status, got, 404, "model_not_found", "model")
@@ -2394,6 +2401,41 @@ class Concurrency(unittest.TestCase):
             self.assertEqual(s.stop(), 0)
         with open(s.log.name) as f:
             self.assertIn("--draft is off for this model", f.read())
+
+    def test_speculation_per_request(self):
+        # llama-server's speculative.n_max / n_min / p_min in a request: prompt lookup for one request on a server
+        # started without --draft, none for one that asks 0 on a server with it, only passes of n_min drafts or more,
+        # and a draft model's floor per request. The answers stay the ones without drafts.
+        loop = " ".join(["the colibri drinks and the colibri sings"] * 6)
+        body = {"model": "tiny", "prompt": loop + " The wing of", "max_tokens": 60, "temperature": 0}
+        spec = lambda **kw: dict(body, **{"speculative." + k: v for k, v in kw.items()})
+        for flags, cases in (([], ((spec(), "none"), (spec(n_max=6), "some"), (spec(n_max=6, n_min=6), "6s"))),
+                             (["--draft", "6"], ((spec(), "some"), (spec(n_max=0), "none"))),
+                             # A random tiny model is never 75% sure of a token: its drafts need a lower floor.
+                             (["--draft-model", MODEL], ((spec(), "none"), (spec(p_min=0), "every"),
+                                                         (spec(p_min=0, n_max=2), "every")))):
+            s = Server("--model", MODEL, *flags)
+            try:
+                want = None
+                for request, drafts in cases:
+                    ran, kept = s.metric("colibri_draft_tokens_total"), s.metric("colibri_draft_tokens_accepted_total")
+                    _, r = s.json("POST", "/v1/completions", request)
+                    ran = s.metric("colibri_draft_tokens_total") - ran
+                    kept = s.metric("colibri_draft_tokens_accepted_total") - kept
+                    what = f"{' '.join(flags)} {({k: v for k, v in request.items() if k.startswith('spec')})}"
+                    want = want or r["choices"]
+                    self.assertEqual(r["choices"], want, what)
+                    print(f"  {what}: {kept:.0f} of {ran:.0f} drafts kept", flush=True)
+                    if drafts == "none":
+                        self.assertEqual(ran, 0, what)
+                    else:
+                        self.assertGreater(ran, 0, what)
+                    if drafts == "6s":  # 6 drafts a pass: never the 3 or 1 a halved length runs after a miss
+                        self.assertEqual(ran % 6, 0, what)
+                    if drafts == "every":
+                        self.assertEqual(kept, ran, what)
+            finally:
+                self.assertEqual(s.stop(), 0)
 
     def test_16_streaming_clients_match_sequential(self):
         s = Server("--max-batch", "8")

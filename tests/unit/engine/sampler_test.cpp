@@ -270,6 +270,20 @@ TEST(Speculation, PacesDraftsByWhatTheLastPassKept) {
   spec.run(V{}, true);
   EXPECT_EQ(spec.next_length(0, 100), 4);
   EXPECT_EQ(spec.drafted(), 11);
+
+  // At least 3 drafts a pass (speculative.n_min): never halved below, and none where fewer would fit.
+  Speculation least(8, 3, 3);
+  EXPECT_EQ(least.next_length(0, 100), 8);
+  least.run(V(8, 1));
+  EXPECT_EQ(least.next_length(0, 100), 4);
+  least.run(V(4, 1));
+  EXPECT_EQ(least.next_length(0, 100), 3) << "halved to the floor, not below";
+  least.run(V(3, 1));
+  EXPECT_EQ(least.next_length(0, 100), 0) << "missed at the floor: paused";
+  least.run(V{});
+  EXPECT_EQ(least.next_length(0, 2), 0) << "room for 2 only";
+  least.run(V{});
+  EXPECT_EQ(least.next_length(0, 100), 3);
 }
 
 }  // namespace

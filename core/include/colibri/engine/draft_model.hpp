@@ -52,6 +52,7 @@ class DraftModel {
     std::span<const std::int32_t> history;     // the sequence's tokens so far (the KV cache's and the next one)
     std::int64_t count = 0;                    // drafts wanted
     std::span<const std::int64_t> end_tokens;  // drafting stops after one of these (nothing after it is kept)
+    double p_min = -1;                         // >= 0: this request's floor instead of the draft model's
     std::vector<std::int32_t> drafts;          // out: at most count, each the draft model's top token after the last
   };
   // Fills each request's drafts: the draft model first runs the history its state does not hold (stepping back over

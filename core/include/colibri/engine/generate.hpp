@@ -2,6 +2,7 @@
 // tokenizer's StreamDecoder; stops at EOS, a stop string, max tokens or a full context.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -100,7 +101,9 @@ std::int64_t draft_limit(const KvCache& kv, std::int64_t asked);
 // 2, 4 ... 64 steps; so it does after a draft model, asked for drafts, proposed none (its passes cost too).
 class Speculation {
  public:
-  Speculation(std::int64_t limit, std::int64_t ngram) : limit_(limit), ngram_(ngram), now_(limit) {}
+  // `least`: fewer drafts are not worth a pass (llama-server's speculative.n_min): the length never halves below it.
+  Speculation(std::int64_t limit, std::int64_t ngram, std::int64_t least = 1)
+      : limit_(limit), ngram_(ngram), least_(std::max<std::int64_t>(least, 1)), now_(limit) {}
   // Whether `token`, sampled from row `row` of the last pass's logits, is the draft that pass ran there (its KV
   // position is the answer's already); counts it.
   bool matches(std::size_t row, std::int32_t token) {
@@ -108,7 +111,8 @@ class Speculation {
     accepted_ += hit ? 1 : 0;
     return hit;
   }
-  // How many drafts the next pass may run, after the last one's first `kept` drafts were kept: at most `room`.
+  // How many drafts the next pass may run, after the last one's first `kept` drafts were kept: at most `room`, and
+  // none rather than fewer than `least`.
   std::int64_t next_length(std::size_t kept, std::int64_t room);
   // The drafts the next pass runs (at most next_length's); `costly`: a draft model's, whose passes cost even when
   // it proposes none.
@@ -123,7 +127,7 @@ class Speculation {
   [[nodiscard]] std::int64_t accepted() const { return accepted_; }
 
  private:
-  std::int64_t limit_, ngram_, now_;
+  std::int64_t limit_, ngram_, least_, now_;
   std::int64_t pause_ = 0, backoff_ = 0;
   std::int64_t asked_ = 0;  // next_length's last answer
   bool declined_ = false;   // a draft model asked for drafts proposed none

@@ -83,9 +83,14 @@ struct CompletionRequest {
   int logprobs = -1;         // >= 0: logprobs asked for, with this many alternatives per token (top_logprobs)
   bool json_object = false;  // response_format {"type": "json_object"} (or "json_schema")
   std::shared_ptr<const engine::JsonSchema> json_schema;  // response_format {"type": "json_schema"}
-  int n = 1;                                 // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
-  std::int64_t min_tokens = 0;               // vLLM's: no end token before this many
-  bool ignore_eos = false;                   // vLLM's: never end at an end token
+  int n = 1;                    // choices, each generated as its own sequence (seeds seed, seed + 1, ...)
+  std::int64_t min_tokens = 0;  // vLLM's: no end token before this many
+  bool ignore_eos = false;      // vLLM's: never end at an end token
+  // llama-server's speculative.n_max / n_min / p_min: this request's drafts per step (unset: the server's --draft),
+  // fewer than draft_min not run, and a draft model's probability floor (unset: --draft-p-min).
+  std::optional<std::int64_t> draft_max;
+  std::int64_t draft_min = 0;
+  std::optional<double> draft_p_min;
   std::vector<std::int32_t> stop_token_ids;  // vLLM's: these tokens end the answer too (finish_reason "stop")
   // Tool calling (chat): the definitions in the order given (they show in the prompt), and what tool_choice asks.
   nlohmann::ordered_json tools = nullptr;

@@ -42,6 +42,11 @@ struct GenerationRequest {
   engine::JsonAnswer::Thinking json_thinking = engine::JsonAnswer::Thinking::none;
   std::int64_t min_tokens = 0;  // end tokens are banned until this many tokens are generated
   bool ignore_eos = false;      // end tokens are banned throughout: generation ends by length, stop or context
+  // Speculation for this request (CompletionRequest's speculative.*): drafts per step (unset: the server's), fewer
+  // than draft_min not run, a draft model's floor (unset: its own).
+  std::optional<std::int64_t> draft_max;
+  std::int64_t draft_min = 0;
+  std::optional<double> draft_p_min;
   std::vector<std::int32_t> stop_token_ids;  // these end it too (banned before min_tokens); not in the text
   bool keep_special = false;      // special tokens are decoded into the text (a tool call marker that is one)
   bool continues_prompt = false;  // the text continues the prompt's (completions): see engine::GenerateOptions
