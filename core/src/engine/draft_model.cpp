@@ -97,19 +97,22 @@ sdk::Expected<std::unique_ptr<DraftModel::State>> DraftModel::acquire(std::span<
   if (best != kept_.end()) {
     auto state = std::move(*best);
     kept_.erase(best);
+    ++in_use_;
     return state;
   }
   auto sequence = engine_->new_sequence();
   if (!sequence) return sequence.error();
   auto state = std::make_unique<State>();
   state->sequence = std::move(*sequence);
+  ++in_use_;
   return state;
 }
 
 void DraftModel::release(std::unique_ptr<State> state) {
   if (!state) return;
+  in_use_ -= in_use_ > 0 ? 1 : 0;
   kept_.push_back(std::move(state));
-  if (kept_.size() > keep_) kept_.erase(kept_.begin());
+  while (!kept_.empty() && kept_.size() + in_use_ > keep_) kept_.erase(kept_.begin());
 }
 
 Status DraftModel::propose(std::span<Request> requests) {

@@ -25,7 +25,8 @@ class DraftModel {
   // Opens the draft model in `dir` with the profile's plugins and the target's context, KV type and chunk; its
   // experts (a MoE draft) may all stay in RAM, within the profile's expert cache budget. Errors name the directory
   // and, for a vocabulary that differs, the first id that does. `p_min`: drafting stops where the draft model's top
-  // token has a lower probability (llama.cpp's --draft-p-min); `keep`: states kept for later sequences.
+  // token has a lower probability (llama.cpp's --draft-p-min); `keep`: states in use and kept for later sequences
+  // together (each holds a KV cache of the whole context), past which released ones are dropped.
   static sdk::Expected<std::unique_ptr<DraftModel>> open(const std::filesystem::path& dir, profile::Profile& profile,
                                                          EngineOptions options, const Engine& target,
                                                          const tokenizer::Tokenizer& target_tokenizer, double p_min,
@@ -44,7 +45,7 @@ class DraftModel {
   };
   // A state for a sequence that starts with `prompt`: the kept one sharing the longest prefix with it, else a new one.
   sdk::Expected<std::unique_ptr<State>> acquire(std::span<const std::int32_t> prompt);
-  // Keeps `state` for a later sequence (the least recently released one goes past `keep`).
+  // Keeps `state` for a later sequence (the least recently released ones go past `keep`, counting those in use).
   void release(std::unique_ptr<State> state);
 
   struct Request {
@@ -71,6 +72,7 @@ class DraftModel {
   double p_min_;
   std::size_t keep_;
   std::vector<std::unique_ptr<State>> kept_;  // least recently released first
+  std::size_t in_use_ = 0;                    // acquired and not released
 };
 
 }  // namespace colibri::engine
