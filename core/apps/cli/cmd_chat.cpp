@@ -289,7 +289,8 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (r->finish_reason == "context") std::cerr << "(the context is full; /reset to continue)\n";
     std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
               << ids.size() << " prompt tokens, " << common << " reused from the cache, " << r->tokens.size()
-              << " generated" << draft_summary(*r) << ", " << r->finish_reason << ", seed " << g.sampling.seed << ")\n";
+              << " generated" << draft_summary(*r, draft.get()) << ", " << r->finish_reason << ", seed "
+              << g.sampling.seed << ")\n";
     save_usage(*engine, &saved_usage);  // after every turn: a Ctrl-C at the prompt ends the process
   }
   return failed_turn ? 1 : 0;

@@ -129,8 +129,8 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
               << " positions is full (raise --ctx or memory.kv_cache)\n";
   }
   std::cerr << stats_line(*engine, r->prefill_tokens_per_second(), r->decode_tokens_per_second()) << " ("
-            << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens" << draft_summary(*r) << ", "
-            << r->finish_reason << ", seed " << o.sampling.seed << ")\n";
+            << r->prompt_tokens << " prompt + " << r->tokens.size() << " generated tokens"
+            << draft_summary(*r, draft.get()) << ", " << r->finish_reason << ", seed " << o.sampling.seed << ")\n";
   save_usage(*engine);
   const bool interrupted = interrupt::stop_requested();
   if (!o.record_trace.empty()) {

@@ -160,12 +160,25 @@ inline bool apply_draft(const apps::DraftFlags& d, const EngineCliOptions& o, pr
   }
   draft = std::move(*opened);
   g.draft_model = draft.get();
+  if (!d.model.empty() && !draft && d.count() == 0) std::cerr << "note: --draft 0: --draft-model is not opened\n";
   return true;
 }
-// ", 12 of 30 drafted tokens kept" where --draft ran any.
-inline std::string draft_summary(const engine::GenerateResult& r) {
-  if (r.drafted == 0) return {};
-  return ", " + std::to_string(r.accepted) + " of " + std::to_string(r.drafted) + " drafted tokens kept";
+// ", 12 of 30 drafted tokens kept" where --draft ran any; with a draft model, what it read of its experts (a dense
+// model's FFNs are its one expert; the stats line's figures are the model's alone).
+inline std::string draft_summary(const engine::GenerateResult& r, const engine::DraftModel* draft = nullptr) {
+  std::string s;
+  if (r.drafted > 0)
+    s = ", " + std::to_string(r.accepted) + " of " + std::to_string(r.drafted) + " drafted tokens kept";
+  if (draft != nullptr) {
+    const auto& st = draft->engine().experts().stats();
+    if (st.hits + st.misses > 0) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, ", the draft model read %s (expert hit rate %.1f%%)",
+                    util::bytes_text(st.bytes_read).c_str(), 100.0 * st.hit_rate());
+      s += buf;
+    }
+  }
+  return s;
 }
 
 // A --logit-bias token the model does not have would be ignored without a word; an error instead.

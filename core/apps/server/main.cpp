@@ -227,6 +227,9 @@ int serve(Flags& f) {
   auto draft = apps::open_draft_model(f.draft, *prof, eo, **eng, *tok, static_cast<std::size_t>(f.max_batch));
   if (!draft) return fail(draft.error().message());
   so.scheduler.draft_model = std::move(*draft);
+  if (!f.draft.model.empty() && !so.scheduler.draft_model && f.draft.count() == 0) {
+    spdlog::warn("--draft 0: --draft-model is not opened");
+  }
   if (so.scheduler.draft_model) {
     spdlog::info("draft model: {} (up to {} drafts a step, while its top token is at least {} likely)",
                  so.scheduler.draft_model->engine().model_dir().string(), f.draft.count(), f.draft.p_min);

@@ -1026,9 +1026,13 @@ class OnePromise(unittest.TestCase):
                 self.assertGreater(ran, 0, what)
                 if every and sampling[1] == "0":
                     self.assertEqual(kept, ran, what)
+                # The draft model's expert reads (a dense model's FFNs are its one expert) beside the model's.
+                self.assertRegex(spec.stderr, r", the draft model read [\d.]+ [KMG]?i?B \(expert hit rate", what)
         # The default floor (0.75) stops a random model's flat distributions at once: no drafts.
         quiet = run(["run", "--model", mixtral, "-p", prompt, "-n", "40", "--temp", "0", "--draft-model", llama])
         self.assertIsNone(drafted.search(quiet.stderr), quiet.stderr)
+        off = run(["run", "--model", mixtral, "-p", prompt, "-n", "4", "--draft", "0", "--draft-model", llama])
+        self.assertIn("--draft 0: --draft-model is not opened", off.stderr)
 
         def rename_token(ckpt):
             path = os.path.join(ckpt, "tokenizer.json")
