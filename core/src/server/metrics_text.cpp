@@ -86,10 +86,14 @@ std::string render_metrics(const SchedulerStats& s,
         "Prompt tokens taken from an earlier request's KV cache instead of being run.",
         static_cast<double>(s.cached_prompt_tokens));
   w.one("colibri_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(s.generated_tokens));
-  w.one("colibri_draft_tokens_total", "counter", "Draft tokens run (--draft: prompt-lookup speculation).",
+  w.one("colibri_draft_tokens_total", "counter",
+        "Draft tokens run (speculation: --draft, --draft-model, speculative.n_max).",
         static_cast<double>(s.draft_tokens));
   w.one("colibri_draft_tokens_accepted_total", "counter", "Of the draft tokens, those the answers kept.",
         static_cast<double>(s.draft_tokens_accepted));
+  w.one("colibri_draft_model_read_bytes_total", "counter",
+        "Bytes the draft model (--draft-model) read of its experts (the expert metrics are the model's alone).",
+        static_cast<double>(s.draft_model_bytes_read));
   w.one("colibri_generated_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.",
         s.recent_tokens_per_second);
   w.one("colibri_forward_seconds_total", "counter", "Time spent in forward passes.", s.busy_seconds);

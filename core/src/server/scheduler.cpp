@@ -757,6 +757,7 @@ void Scheduler::refresh_expert_stats() {
   stats_.expert_resident_bytes = engine_.experts().resident_bytes();
   stats_.expert_budget_bytes = engine_.experts().budget_bytes();
   stats_.expert_resident_count = engine_.experts().resident_count();
+  if (options_.draft_model) stats_.draft_model_bytes_read = options_.draft_model->engine().experts().stats().bytes_read;
 }
 
 void Scheduler::refresh_stats(double forward_seconds, std::uint64_t tokens_generated, std::uint64_t tokens_run,

@@ -2434,6 +2434,8 @@ class Concurrency(unittest.TestCase):
                         self.assertEqual(ran % 6, 0, what)
                     if drafts == "every":
                         self.assertEqual(kept, ran, what)
+                # The draft model's expert reads have a counter of their own (a dense model's FFNs are its expert).
+                self.assertEqual(s.metric("colibri_draft_model_read_bytes_total") > 0, "--draft-model" in flags)
             finally:
                 self.assertEqual(s.stop(), 0)
 

@@ -112,6 +112,7 @@ struct SchedulerStats {
   std::uint64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, batched_tokens = 0, batched_sequences = 0;
   std::uint64_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from an earlier request (not run)
   std::uint64_t draft_tokens = 0, draft_tokens_accepted = 0;  // --draft: drafts run, and those the answers kept
+  std::uint64_t draft_model_bytes_read = 0;                   // --draft-model: what it read of its experts
   double busy_seconds = 0;                                    // time spent in forward passes
   double recent_tokens_per_second = 0;                        // generated tokens over the last 10 s
   engine::ExpertStats experts;
