@@ -46,6 +46,17 @@ inline void add_engine_options(CLI::App& cmd, EngineCliOptions& o, GlobalOptions
   add_profile_options(cmd, global);
 }
 
+// The engine options the flags give (the KV type parsed from --kv-type).
+inline engine::EngineOptions engine_options(const EngineCliOptions& o, sdk::DType kv_type) {
+  engine::EngineOptions eo;
+  eo.context = o.ctx;
+  eo.kv_type = kv_type;
+  eo.ubatch = o.batch;
+  eo.exact_activations = o.exact;
+  eo.time_ops = o.time_ops;
+  return eo;
+}
+
 // An opened engine, or, when it is null, the exit status of the failure (already printed): 2 for an option value
 // the model refuses (--ctx past its context), 1 for the rest.
 struct OpenedEngine {
@@ -78,13 +89,8 @@ inline OpenedEngine open_engine(
   auto kv = engine::parse_kv_type(o.kv_type);
   if (!kv) return {nullptr, fail(kv.error().message())};
   if (auto err = apps::context_past_model(read, o.ctx); !err.empty()) return {nullptr, usage_fail(err)};
-  engine::EngineOptions eo;
-  eo.context = o.ctx;
-  eo.kv_type = *kv;
-  eo.ubatch = o.batch;
-  eo.exact_activations = o.exact;
-  eo.time_ops = o.time_ops;
-  auto e = engine::Engine::open(*dir, *prof, eo, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
+  auto e = engine::Engine::open(*dir, *prof, engine_options(o, *kv),
+                                manifest ? std::optional(std::move(*manifest)) : std::nullopt);
   if (!e) {
     if (apps::refused_value_of_command_line(*prof, e.error())) return {nullptr, usage_fail(e.error().message())};
     return {nullptr, fail(e.error().message())};
@@ -149,11 +155,7 @@ inline bool apply_draft(const apps::DraftFlags& d, const EngineCliOptions& o, pr
     std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
                  "drafts\n";
   }
-  engine::EngineOptions eo;
-  eo.kv_type = e.kv_cache().type();
-  eo.ubatch = o.batch;
-  eo.exact_activations = o.exact;
-  auto opened = apps::open_draft_model(d, prof, eo, e, tok);
+  auto opened = apps::open_draft_model(d, prof, engine_options(o, e.kv_cache().type()), e, tok);
   if (!opened) {
     fail(opened.error().message());
     return false;

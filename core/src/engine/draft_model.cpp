@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "colibri/model/manifest.hpp"
-#include "colibri/util/host_info.hpp"
 
 namespace colibri::engine {
 
@@ -47,6 +46,10 @@ sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::open(const std::filesyste
                                                             EngineOptions options, const Engine& target,
                                                             const tokenizer::Tokenizer& target_tokenizer, double p_min,
                                                             std::size_t keep) {
+  if (!(p_min >= 0 && p_min <= 1)) {
+    return Status(StatusCode::invalid_argument,
+                  "the draft probability floor " + std::to_string(p_min) + " is not between 0 and 1");
+  }
   const std::string where = "draft model " + dir.string() + ": ";
   auto manifest = model::load_manifest(dir);
   if (!manifest) return Status(manifest.error().code(), where + manifest.error().message());
@@ -59,30 +62,13 @@ sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::open(const std::filesyste
                                                     "smaller model of the same family)");
   }
   // A draft runs every token: its experts stay in RAM where the budget allows (they are few next to the target's).
-  std::uint64_t budget = util::auto_expert_cache_bytes();
-  if (auto v = profile.get_int("memory.expert_cache")) budget = static_cast<std::uint64_t>(*v);
-  options.expert_cache_bytes = std::min(manifest->expert_bytes(), budget);
+  options.expert_cache_bytes = std::min(manifest->expert_bytes(), Engine::expert_cache_budget(profile, options));
   options.context = target.context();
   options.time_ops = false;
   auto engine = Engine::open(dir, profile, std::move(options), std::move(*manifest));
   if (!engine) return Status(engine.error().code(), where + engine.error().message());
-  return create(std::move(*engine), *tok, target, target_tokenizer, p_min, keep);
-}
-
-sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::create(std::unique_ptr<Engine> draft,
-                                                              const tokenizer::Tokenizer& draft_tokenizer,
-                                                              const Engine& target,
-                                                              const tokenizer::Tokenizer& target_tokenizer,
-                                                              double p_min, std::size_t keep) {
-  if (!(p_min >= 0 && p_min <= 1)) {
-    return Status(StatusCode::invalid_argument,
-                  "the draft probability floor " + std::to_string(p_min) + " is not between 0 and 1");
-  }
-  if (auto why = draft_vocab_problem(draft_tokenizer, target_tokenizer); !why.empty()) {
-    return Status(StatusCode::invalid_argument, "draft model " + draft->model_dir().string() + ": " + why);
-  }
-  const std::int64_t vocab = std::min(draft->vocab_size(), target.vocab_size());
-  return std::unique_ptr<DraftModel>(new DraftModel(std::move(draft), vocab, p_min, std::max<std::size_t>(keep, 1)));
+  const std::int64_t vocab = std::min((*engine)->vocab_size(), target.vocab_size());
+  return std::unique_ptr<DraftModel>(new DraftModel(std::move(*engine), vocab, p_min, std::max<std::size_t>(keep, 1)));
 }
 
 sdk::Expected<std::unique_ptr<DraftModel::State>> DraftModel::acquire(std::span<const std::int32_t> prompt) {

@@ -256,20 +256,19 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
   return plugins;
 }
 
+std::uint64_t Engine::expert_cache_budget(const profile::Profile& profile, const EngineOptions& options) {
+  if (options.expert_cache_bytes) return *options.expert_cache_bytes;
+  if (auto v = profile.get_int("memory.expert_cache")) return static_cast<std::uint64_t>(*v);
+  return util::auto_expert_cache_bytes();
+}
+
 sdk::Expected<std::unique_ptr<Engine>> Engine::open(const std::filesystem::path& model_dir, profile::Profile& profile,
                                                     EngineOptions options, std::optional<model::Manifest> manifest) {
   auto loaded = plugins_from_profile(profile, options);
   if (!loaded) return loaded.error();
   Plugins plugins = std::move(*loaded);
 
-  std::uint64_t expert_cache = 0;
-  if (options.expert_cache_bytes) {
-    expert_cache = *options.expert_cache_bytes;
-  } else if (auto v = profile.get_int("memory.expert_cache")) {
-    expert_cache = static_cast<std::uint64_t>(*v);
-  } else {
-    expert_cache = util::auto_expert_cache_bytes();
-  }
+  const std::uint64_t expert_cache = expert_cache_budget(profile, options);
   std::uint64_t kv_bytes = 0;
   if (auto v = profile.get_int("memory.kv_cache")) kv_bytes = static_cast<std::uint64_t>(*v);
   if (!options.prefetch_layers) {

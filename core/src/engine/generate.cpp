@@ -97,6 +97,7 @@ std::int64_t Speculation::next_length(std::size_t kept, std::int64_t room) {
 }
 
 const std::vector<std::int32_t>& Speculation::run(std::vector<std::int32_t> drafts, bool costly) {
+  if (static_cast<std::int64_t>(drafts.size()) < least_) drafts.clear();
   declined_ = costly && drafts.empty() && asked_ > 0;
   fed_ = std::move(drafts);
   drafted_ += static_cast<std::int64_t>(fed_.size());
@@ -132,7 +133,14 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
 
   GenerateResult r;
   r.prompt_tokens = static_cast<std::int64_t>(prompt.size());
-  std::vector<std::int32_t> history(prompt.begin(), prompt.end());
+  // What a draft model drafts after: the tokens the engine's KV cache holds before the prompt, the prompt and the
+  // answer. The prompt and the answer alone are the history the sampler's penalties and prompt lookup read.
+  const bool model_drafts = options.draft_model != nullptr && options.draft_tokens > 0;
+  std::vector<std::int32_t> tokens;
+  if (model_drafts) tokens.assign(options.draft_context.begin(), options.draft_context.end());
+  const std::size_t before_prompt = tokens.size();
+  tokens.insert(tokens.end(), prompt.begin(), prompt.end());
+  const auto history = [&] { return std::span<const std::int32_t>(tokens).subspan(before_prompt); };
   Sampler sampler(options.sampling);
   tokenizer::StreamDecoder decoder(tok, /*skip_special=*/!options.keep_special,
                                    options.continues_prompt ? prompt : std::span<const std::int32_t>{});
@@ -161,19 +169,13 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
   std::int64_t draft_end = engine.context();  // no pass may end past it (dynamic rope)
   if (auto rope = RopeFrequencies::create(engine.hparams())) draft_end = std::min(draft_end, rope->same_kv_up_to());
   Speculation spec(draft_limit(engine.kv_cache(), options.draft_tokens), options.draft_ngram);
-  // A draft model drafts after every token the engine's KV cache holds.
   std::unique_ptr<DraftModel::State> own_state;
-  DraftModel::State* draft_state = options.draft_state;
-  std::vector<std::int32_t> draft_history;
-  if (options.draft_model != nullptr && options.draft_tokens > 0) {
-    draft_history.assign(options.draft_context.begin(), options.draft_context.end());
-    draft_history.insert(draft_history.end(), prompt.begin(), prompt.end());
-    if (draft_state == nullptr) {
-      auto state = options.draft_model->acquire(draft_history);
-      if (!state) return state.error();
-      own_state = std::move(*state);
-      draft_state = own_state.get();
-    }
+  DraftModel::State* draft_state = model_drafts ? options.draft_state : nullptr;
+  if (model_drafts && draft_state == nullptr) {
+    auto state = options.draft_model->acquire(tokens);
+    if (!state) return state.error();
+    own_state = std::move(*state);
+    draft_state = own_state.get();
   }
   std::size_t row = 0;
   std::int64_t kept = engine.n_past();
@@ -190,15 +192,14 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       if (std::find(allowed.begin(), allowed.end(), 1) == allowed.end()) break;  // nothing continues the JSON
     }
     const std::int32_t next =
-        sampler.sample(std::span<const float>(logits).subspan(row * vocab, vocab), history, allowed, prompt.size());
+        sampler.sample(std::span<const float>(logits).subspan(row * vocab, vocab), history(), allowed, prompt.size());
     const bool drafted = spec.matches(row, next);  // its position is in the cache already
     if (options.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "eos";
       break;
     }
     r.tokens.push_back(next);
-    history.push_back(next);
-    if (draft_state != nullptr) draft_history.push_back(next);
+    tokens.push_back(next);
     if (!emit(stops.push(decoder.push(next)))) {
       r.finish_reason = "cancelled";
       break;
@@ -235,13 +236,13 @@ sdk::Expected<GenerateResult> generate(Engine& engine, const tokenizer::Tokenize
       const auto ends = options.stop_at_eos ? std::span<const std::int64_t>(eos) : std::span<const std::int64_t>{};
       DraftModel::Request ask;
       ask.state = draft_state;
-      ask.history = draft_history;
+      ask.history = tokens;
       ask.count = spec.next_length(row, room);
       ask.end_tokens = ends;
       if (auto s = options.draft_model->propose(std::span(&ask, 1)); !s) return s;
       spec.run(std::move(ask.drafts), /*costly=*/true);
     } else {
-      spec.plan(history, row, room);
+      spec.plan(history(), row, room);
     }
     const auto& fed = spec.fed();
     std::vector<std::int32_t> pass{next};

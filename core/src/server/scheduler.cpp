@@ -330,11 +330,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       const std::int64_t room = std::min({seq.job->request.max_tokens - seq.generated, context_ - seq.kv_valid,
                                           same_kv_up_to_ - seq.kv_valid}) -
                                 1;
-      const auto& request = seq.job->request;
       if (!options_.draft_model) {
-        auto drafts = engine::lookup_draft(seq.history, options_.draft_ngram, seq.spec.next_length(row, room));
-        if (static_cast<std::int64_t>(drafts.size()) < request.draft_min) drafts.clear();  // speculative.n_min
-        seq.spec.run(std::move(drafts));
+        seq.spec.plan(seq.history, row, room);
       } else if (const auto n = seq.spec.next_length(row, room); n > 0) {
         if (!seq.draft_state) {
           auto state = options_.draft_model->acquire(seq.history);
@@ -351,7 +348,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
         ask.history = seq.history;
         ask.count = n;
         ask.end_tokens = eos_;
-        ask.p_min = request.draft_p_min.value_or(-1);
+        ask.p_min = seq.job->request.draft_p_min.value_or(-1);
         asking.push_back(&seq);
       } else {
         seq.spec.run({});
@@ -366,9 +363,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     if (auto s = options_.draft_model->propose(asks); !s)
       spdlog::warn("{}; this step runs without drafts", s.message());
     for (std::size_t i = 0; i < asks.size(); ++i) {
-      if (static_cast<std::int64_t>(asks[i].drafts.size()) < asking[i]->job->request.draft_min) asks[i].drafts.clear();
-      unpublished_drafted_ += asks[i].drafts.size();
-      asking[i]->spec.run(std::move(asks[i].drafts), /*costly=*/true);
+      unpublished_drafted_ += asking[i]->spec.run(std::move(asks[i].drafts), /*costly=*/true).size();
     }
   }
   if (unpublished_drafted_ + unpublished_accepted_ > 0) {

@@ -284,6 +284,8 @@ TEST(Speculation, PacesDraftsByWhatTheLastPassKept) {
   EXPECT_EQ(least.next_length(0, 2), 0) << "room for 2 only";
   least.run(V{});
   EXPECT_EQ(least.next_length(0, 100), 3);
+  least.run(V(2, 1));
+  EXPECT_TRUE(least.fed().empty()) << "2 proposed where 3 at least are worth a pass: none run";
 }
 
 }  // namespace

@@ -31,12 +31,6 @@ class DraftModel {
                                                          EngineOptions options, const Engine& target,
                                                          const tokenizer::Tokenizer& target_tokenizer, double p_min,
                                                          std::size_t keep = 1);
-  // With an engine the caller opened (tests).
-  static sdk::Expected<std::unique_ptr<DraftModel>> create(std::unique_ptr<Engine> draft,
-                                                           const tokenizer::Tokenizer& draft_tokenizer,
-                                                           const Engine& target,
-                                                           const tokenizer::Tokenizer& target_tokenizer, double p_min,
-                                                           std::size_t keep = 1);
 
   // One sequence's KV cache in the draft model and the tokens it holds.
   struct State {

@@ -91,6 +91,9 @@ class Engine {
   // choices such as memory.vram_admission); fills the options the profile sets. `profile show` runs it too, so a
   // profile it passes does not fail at the first run.
   static sdk::Expected<Plugins> plugins_from_profile(profile::Profile& profile, EngineOptions& options);
+  // The RAM tier's budget open() gives the experts: options.expert_cache_bytes, else memory.expert_cache, else
+  // util::auto_expert_cache_bytes().
+  static std::uint64_t expert_cache_budget(const profile::Profile& profile, const EngineOptions& options);
   // With plugins the caller made (tests).
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
                                                      std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,

@@ -114,8 +114,8 @@ class Speculation {
   // How many drafts the next pass may run, after the last one's first `kept` drafts were kept: at most `room`, and
   // none rather than fewer than `least`.
   std::int64_t next_length(std::size_t kept, std::int64_t room);
-  // The drafts the next pass runs (at most next_length's); `costly`: a draft model's, whose passes cost even when
-  // it proposes none.
+  // The drafts the next pass runs (at most next_length's; none where fewer than `least`); `costly`: a draft model's,
+  // whose passes cost even when it proposes none.
   const std::vector<std::int32_t>& run(std::vector<std::int32_t> drafts, bool costly = false);
   // next_length, then prompt lookup's drafts: what followed `history`'s last n-gram (history ends with the token the
   // pass starts with).
