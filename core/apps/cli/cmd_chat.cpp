@@ -158,11 +158,13 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     if (auto err = find_template({}, ""); !err.empty()) return fail(err);
   }
   std::optional<profile::Profile> prof;  // --draft-model opens with it too
-  auto opened = open_engine(global, o.engine, &prof,
-                            [&](const std::filesystem::path& dir, const model::Manifest* m) -> std::string {
-                              if (tmpl || m == nullptr) return {};
-                              return find_template(dir, m->hparams.architecture);
-                            });
+  auto opened = open_engine(
+      global, o.engine, &prof,
+      [&](const std::filesystem::path& dir, const model::Manifest* m) -> std::string {
+        if (tmpl || m == nullptr) return {};
+        return find_template(dir, m->hparams.architecture);
+      },
+      nullptr, &o.draft);
   if (!opened.engine) return opened.exit_code;
   auto& engine = opened.engine;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
@@ -189,7 +191,7 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
   g.max_tokens = o.max_tokens;
   g.sampling = o.sampling;
   std::unique_ptr<engine::DraftModel> draft;
-  if (!apply_draft(o.draft, o.engine, *prof, *engine, *tok, g, draft)) return 1;
+  if (!apply_draft(o.draft, o.engine, *prof, opened, *tok, g, draft)) return 1;
   std::unique_ptr<engine::DraftModel::State> draft_state;  // the draft model's KV cache, kept between turns
   if (draft) {
     auto state = draft->acquire({});

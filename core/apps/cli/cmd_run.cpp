@@ -84,17 +84,20 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   }
   // The trace is checked before the model loads (minutes on a real one), not after the work.
   std::optional<profile::Profile> prof;  // --draft-model opens with it too
-  auto opened = open_engine(global, o.engine, &prof, [&](const std::filesystem::path& dir, auto) -> std::string {
-    if (o.record_trace.empty()) return {};
-    if (auto e =
-            overwrite_error("--record-trace", o.record_trace,
-                            {{"--model", dir.string()}, {"--file", o.prompt_file}, {"--json-schema", o.json_schema}});
-        !e.empty()) {
-      return e;
-    }
-    if (auto f = util::OutputFile::open(o.record_trace); !f) return "--record-trace: " + f.error().message();
-    return {};
-  });
+  auto opened = open_engine(
+      global, o.engine, &prof,
+      [&](const std::filesystem::path& dir, auto) -> std::string {
+        if (o.record_trace.empty()) return {};
+        if (auto e = overwrite_error(
+                "--record-trace", o.record_trace,
+                {{"--model", dir.string()}, {"--file", o.prompt_file}, {"--json-schema", o.json_schema}});
+            !e.empty()) {
+          return e;
+        }
+        if (auto f = util::OutputFile::open(o.record_trace); !f) return "--record-trace: " + f.error().message();
+        return {};
+      },
+      nullptr, &o.draft);
   if (!opened.engine) return opened.exit_code;
   auto& engine = opened.engine;
   if (auto bad = logit_bias_problem(o.sampling, engine->hparams().vocab_size); !bad.empty()) return usage_fail(bad);
@@ -113,7 +116,7 @@ int run_run(const GlobalOptions& global, RunOptions& o) {
   g.json_schema = schema;
   g.continues_prompt = true;  // the text continues the prompt's (a SentencePiece token's leading space stays)
   std::unique_ptr<engine::DraftModel> draft;
-  if (!apply_draft(o.draft, o.engine, *prof, *engine, *tok, g, draft)) return 1;
+  if (!apply_draft(o.draft, o.engine, *prof, opened, *tok, g, draft)) return 1;
   if (auto s = engine::check_generate(*engine, ids, g); !s) return fail(s.message());  // before the prompt is echoed
   // JSON mode prints the object alone, so that the output parses; --no-echo likewise for plain text.
   if (!o.no_echo && !g.json_object) std::cout << o.prompt << std::flush;

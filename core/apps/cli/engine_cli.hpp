@@ -62,7 +62,14 @@ inline engine::EngineOptions engine_options(const EngineCliOptions& o, sdk::DTyp
 struct OpenedEngine {
   std::unique_ptr<engine::Engine> engine;
   int exit_code = 1;
+  std::optional<std::uint64_t> draft_expert_cache;  // --draft-model: its part of the expert cache budget
 };
+
+inline OpenedEngine failed_open(int exit_code) {
+  OpenedEngine r;
+  r.exit_code = exit_code;
+  return r;
+}
 
 // `profile_out`: where to keep the profile the engine was opened with. `before_loading`: checks that need the
 // model's directory (an output naming one of its files) or its manifest (null when it does not load), run before the
@@ -71,32 +78,43 @@ struct OpenedEngine {
 inline OpenedEngine open_engine(
     const GlobalOptions& global, const EngineCliOptions& o, std::optional<profile::Profile>* profile_out = nullptr,
     const std::function<std::string(const std::filesystem::path&, const model::Manifest*)>& before_loading = nullptr,
-    const std::function<std::string(const model::Manifest&)>& check_arguments = nullptr) {
+    const std::function<std::string(const model::Manifest&)>& check_arguments = nullptr,
+    const apps::DraftFlags* draft = nullptr) {
   auto prof = global.load_profile();
-  if (!prof) return {nullptr, global.profile_exit_code};
+  if (!prof) return failed_open(global.profile_exit_code);
   auto dir = model::resolve_model_path(o.model, prof->get_string("models.dir"));
-  if (!dir) return {nullptr, fail(dir.error().message())};
+  if (!dir) return failed_open(fail(dir.error().message()));
   // Read once, for the checks and the load. One that does not load is left to the load (which reads it with the
   // storage plugin's mirrors) to name what is wrong.
   auto manifest = model::load_manifest(*dir);
   const model::Manifest* read = manifest ? &*manifest : nullptr;
   if (check_arguments && read != nullptr) {
-    if (auto err = check_arguments(*read); !err.empty()) return {nullptr, usage_fail(err)};
+    if (auto err = check_arguments(*read); !err.empty()) return failed_open(usage_fail(err));
   }
   if (before_loading) {
-    if (auto err = before_loading(*dir, read); !err.empty()) return {nullptr, fail(err)};
+    if (auto err = before_loading(*dir, read); !err.empty()) return failed_open(fail(err));
   }
   auto kv = engine::parse_kv_type(o.kv_type);
-  if (!kv) return {nullptr, fail(kv.error().message())};
-  if (auto err = apps::context_past_model(read, o.ctx); !err.empty()) return {nullptr, usage_fail(err)};
-  auto e = engine::Engine::open(*dir, *prof, engine_options(o, *kv),
-                                manifest ? std::optional(std::move(*manifest)) : std::nullopt);
+  if (!kv) return failed_open(fail(kv.error().message()));
+  if (auto err = apps::context_past_model(read, o.ctx); !err.empty()) return failed_open(usage_fail(err));
+  auto options = engine_options(o, *kv);
+  std::optional<std::uint64_t> draft_expert_cache;
+  if (draft != nullptr) {
+    auto split = apps::split_expert_cache_for_draft(*draft, *prof, read, options);
+    if (!split) return failed_open(fail(split.error().message()));
+    draft_expert_cache = *split;
+  }
+  auto e = engine::Engine::open(*dir, *prof, options, manifest ? std::optional(std::move(*manifest)) : std::nullopt);
   if (!e) {
-    if (apps::refused_value_of_command_line(*prof, e.error())) return {nullptr, usage_fail(e.error().message())};
-    return {nullptr, fail(e.error().message())};
+    if (apps::refused_value_of_command_line(*prof, e.error())) return failed_open(usage_fail(e.error().message()));
+    return failed_open(fail(e.error().message()));
   }
   if (profile_out != nullptr) *profile_out = std::move(prof);
-  return {std::move(*e), 0};
+  OpenedEngine r;
+  r.engine = std::move(*e);
+  r.exit_code = 0;
+  r.draft_expert_cache = draft_expert_cache;
+  return r;
 }
 
 inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool& seed_given) {
@@ -147,15 +165,17 @@ inline void add_sampling_options(CLI::App& cmd, engine::SamplingOptions& s, bool
 // opened with; says so where this model's recurrent layers cannot step back (generate() drafts nothing). False when
 // the draft model does not open (printed).
 inline bool apply_draft(const apps::DraftFlags& d, const EngineCliOptions& o, profile::Profile& prof,
-                        const engine::Engine& e, const tokenizer::Tokenizer& tok, engine::GenerateOptions& g,
+                        const OpenedEngine& opened_engine, const tokenizer::Tokenizer& tok, engine::GenerateOptions& g,
                         std::unique_ptr<engine::DraftModel>& draft) {
+  const engine::Engine& e = *opened_engine.engine;
   g.draft_tokens = d.count();
   g.draft_ngram = d.ngram;
   if (d.count() > 0 && e.kv_cache().has_recurrent()) {
     std::cerr << "note: --draft is off for this model: its recurrent layers' states cannot step back over rejected "
                  "drafts\n";
   }
-  auto opened = apps::open_draft_model(d, prof, engine_options(o, e.kv_cache().type()), e, tok);
+  auto opened =
+      apps::open_draft_model(d, prof, engine_options(o, e.kv_cache().type()), e, tok, opened_engine.draft_expert_cache);
   if (!opened) {
     fail(opened.error().message());
     return false;

@@ -165,6 +165,9 @@ int serve(Flags& f) {
   eo.kv_type = *kv;
   eo.ubatch = f.ubatch;
   eo.exact_activations = f.exact;
+  eo.sequences_only = true;  // every request's KV cache is a sequence's
+  auto draft_experts = apps::split_expert_cache_for_draft(f.draft, *prof, manifest ? &*manifest : nullptr, eo);
+  if (!draft_experts) return fail(draft_experts.error().message());
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());
 
@@ -224,7 +227,8 @@ int serve(Flags& f) {
     return apps::refused_value_of_command_line(*prof, eng.error()) ? usage_fail(eng.error().message())
                                                                    : fail(eng.error().message());
   }
-  auto draft = apps::open_draft_model(f.draft, *prof, eo, **eng, *tok, static_cast<std::size_t>(f.max_batch));
+  auto draft =
+      apps::open_draft_model(f.draft, *prof, eo, **eng, *tok, *draft_experts, static_cast<std::size_t>(f.max_batch));
   if (!draft) return fail(draft.error().message());
   so.scheduler.draft_model = std::move(*draft);
   if (!f.draft.model.empty() && !so.scheduler.draft_model && f.draft.count() == 0) {

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "colibri/engine/memory_plan.hpp"
 #include "colibri/model/manifest.hpp"
+#include "colibri/sdk/config.hpp"
 
 namespace colibri::engine {
 
@@ -42,6 +44,28 @@ std::string draft_vocab_problem(const tokenizer::Tokenizer& draft, const tokeniz
   return {};
 }
 
+sdk::Expected<ExpertCacheSplit> split_expert_cache(std::uint64_t budget, const model::Manifest& model,
+                                                   const model::Manifest& draft) {
+  ExpertCacheSplit split;
+  split.draft = std::min(draft.expert_bytes(), budget / 2);
+  split.model = budget - split.draft;
+  // A part below its model's experts streams them through slots of the largest one's size.
+  auto short_of = [](std::uint64_t part, const model::Manifest& m) {
+    return part < m.expert_bytes() && part < expert_slot_bytes(m);
+  };
+  const auto size = [](std::uint64_t b) { return sdk::format_size(b); };
+  if (short_of(split.model, model) || short_of(split.draft, draft)) {
+    const bool model_short = short_of(split.model, model);
+    return Status(StatusCode::invalid_argument,
+                  "memory.expert_cache (" + size(budget) + ") holds the experts of the model and its draft model " +
+                      "together; the " + (model_short ? "model's" : "draft model's") + " part, " +
+                      size(model_short ? split.model : split.draft) + ", holds none of its experts (one needs " +
+                      size(expert_slot_bytes(model_short ? model : draft)) +
+                      "); raise it (--expert-cache-size) or use a smaller draft model");
+  }
+  return split;
+}
+
 sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::open(const std::filesystem::path& dir, profile::Profile& profile,
                                                             EngineOptions options, const Engine& target,
                                                             const tokenizer::Tokenizer& target_tokenizer, double p_min,
@@ -65,6 +89,7 @@ sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::open(const std::filesyste
   options.expert_cache_bytes = std::min(manifest->expert_bytes(), Engine::expert_cache_budget(profile, options));
   options.context = target.context();
   options.time_ops = false;
+  options.sequences_only = true;  // acquire() makes its KV caches
   auto engine = Engine::open(dir, profile, std::move(options), std::move(*manifest));
   if (!engine) return Status(engine.error().code(), where + engine.error().message());
   const std::int64_t vocab = std::min((*engine)->vocab_size(), target.vocab_size());

@@ -630,11 +630,16 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
       kv_on_device_ = false;
     }
   }
-  auto kv = make_kv_cache(ctx);
+  // Without forward() (sequences_only) the engine's own cache is only its shape: host pages are never written, so
+  // never paid for, where a device cache would hold its memory from now on.
+  auto kv = options_.sequences_only ? KvCache::create(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(),
+                                                      hp_.kv_cache_dim(), ctx, nullptr, kv_windows_, hp_.mla())
+                                    : make_kv_cache(ctx);
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
   // Host pages are paid for as the context fills: a reservation past the RAM there is only fails later, mid-answer.
-  if (const std::uint64_t ram = util::available_memory_bytes(); !kv_.on_device() && ram > 0 && kv_.bytes() > ram) {
+  if (const std::uint64_t ram = util::available_memory_bytes();
+      !kv_.on_device() && !(options_.sequences_only && kv_on_device_) && ram > 0 && kv_.bytes() > ram) {
     spdlog::warn(
         "the KV cache of {} positions grows to {}, more than the {} of RAM available: a context that long "
         "will run out of memory (lower --ctx or memory.kv_cache, or --kv-type q8_0)",
@@ -647,6 +652,9 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   }
   if (kv_.on_device()) {
     spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
+  } else if (options_.sequences_only && kv_on_device_) {
+    spdlog::info("KV caches: {} positions, {} each in {} memory, made as sequences start", ctx,
+                 sdk::format_size(kv_.bytes()), devices[0].name);
   }
   if (kv_.max_write() < ctx) {
     const bool chunked = hp_.attention_chunk > 0 && hp_.sliding_window <= 0;

@@ -2439,6 +2439,36 @@ class Concurrency(unittest.TestCase):
             finally:
                 self.assertEqual(s.stop(), 0)
 
+    def test_a_draft_model_shares_the_expert_cache(self):
+        # memory.expert_cache is what the model's and its draft model's experts take together: the draft model gets
+        # min(its experts, half), the model the rest (colibri_expert_cache_budget_bytes is the model's).
+        with open(os.path.join(MODEL, "manifest.json")) as f:
+            experts = json.load(f)["experts"]
+        total, slot = sum(e["size"] for e in experts), max(e["size"] for e in experts)
+        budget = 8 << 20
+        self.assertLess(budget // 2, total)  # the draft model (the model itself) gets half
+        for flags, model_part in (([], budget), (["--draft-model", MODEL], budget - budget // 2),
+                                  (["--draft-model", MODEL, "--draft", "0"], budget)):  # no draft model opens
+            s = Server("--expert-cache-size", str(budget), *flags)
+            try:
+                self.assertEqual(s.metric("colibri_expert_cache_budget_bytes"), model_part, flags)
+                _, r = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "the colibri", "max_tokens": 8,
+                                                          "temperature": 0, "speculative.p_min": 0})
+                self.assertEqual(r["usage"]["completion_tokens"], 8)
+            finally:
+                self.assertEqual(s.stop(), 0)
+        # A budget whose half holds none of the model's experts, and a draft model that is not there, fail before the
+        # model loads.
+        small = slot * 3 // 2
+        for flags, said in ((["--expert-cache-size", str(small), "--draft-model", MODEL],
+                             "holds the experts of the model and its draft model together; the model's part"),
+                            (["--draft-model", os.path.join(WORK, "no-such-draft")], "--draft-model")):
+            p = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "--log-level", "info"] + flags + BACKEND_ARGS,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(said, p.stderr)
+            self.assertNotIn("compute", p.stderr)
+
     def test_16_streaming_clients_match_sequential(self):
         s = Server("--max-batch", "8")
         try:

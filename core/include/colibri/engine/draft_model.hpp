@@ -20,10 +20,19 @@ namespace colibri::engine {
 // BOS and EOS, vocabularies at most 128 ids apart (llama.cpp's rule).
 std::string draft_vocab_problem(const tokenizer::Tokenizer& draft, const tokenizer::Tokenizer& target);
 
+// memory.expert_cache is the RAM every model's experts take together: a draft model's experts get min(theirs, half of
+// `budget`), the model the rest. Errors name the key where either part cannot hold one of its model's experts.
+struct ExpertCacheSplit {
+  std::uint64_t model = 0, draft = 0;
+};
+sdk::Expected<ExpertCacheSplit> split_expert_cache(std::uint64_t budget, const model::Manifest& model,
+                                                   const model::Manifest& draft);
+
 class DraftModel {
  public:
   // Opens the draft model in `dir` with the profile's plugins and the target's context, KV type and chunk; its
-  // experts (a MoE draft) may all stay in RAM, within the profile's expert cache budget. Errors name the directory
+  // experts (a MoE draft) may all stay in RAM, within options.expert_cache_bytes (split_expert_cache's draft part),
+  // else the profile's expert cache budget. Errors name the directory
   // and, for a vocabulary that differs, the first id that does. `p_min`: drafting stops where the draft model's top
   // token has a lower probability (llama.cpp's --draft-p-min); `keep`: states in use and kept for later sequences
   // together (each holds a KV cache of the whole context), past which released ones are dropped.

@@ -56,6 +56,9 @@ struct EngineOptions {
   double cpu_gbps = 0;
   // bench --ops: count and time every call to the compute backend (op_timing()).
   bool time_ops = false;
+  // The caller runs only new_sequence()'s KV caches (the server, a draft model): the engine's own (forward()'s) stays
+  // a host reservation never written, so device memory holds only the caches sequences use.
+  bool sequences_only = false;
 };
 
 struct Plugins {
