@@ -159,7 +159,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t seed = in.byte();
   const std::string_view text = in.rest();
   switch (mode % 9) {
-    case 0: check_tools((mode & 0x40) != 0 ? ToolFormat::llama3_json : ToolFormat::hermes, text, seed); break;
+    case 0:
+      check_tools((mode & 0x40) != 0   ? ToolFormat::llama3_json
+                  : (mode & 0x20) != 0 ? ToolFormat::pythonic
+                                       : ToolFormat::hermes,
+                  text, seed);
+      break;
     case 1: check_tools(ToolFormat::mistral, text, seed); break;
     case 2: check_tools(ToolFormat::deepseek_v3, text, seed); break;
     case 3: check_stream_of(make_required, text, seed); break;

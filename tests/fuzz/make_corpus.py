@@ -282,6 +282,9 @@ def chat_output_seeds():
         # 72 (0 with bit 0x40): Llama 3.x / 4's bare JSON calls.
         72: '<|python_start|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", '
             '"parameters": {}}<|python_end|> then text',
+        # 36 (0 with bit 0x20): vLLM's pythonic calls, the whole answer one Python list of them.
+        36: '<|python_start|>[get_weather(city=\'Paris\', days=[1, 2], extra={"a": None}), get_time(zone="CET", '
+            'h24=True)]<|python_end|>',
         8: 'Hello there.<|end|><|start|>assistant<|channel|>analysis<|message|>hm<|end|>'
            '<|start|>assistant<|channel|>final<|message|>Bye<|return|>',
     }

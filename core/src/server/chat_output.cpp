@@ -409,6 +409,10 @@ class PythonicReader {
 
   explicit PythonicReader(std::string_view text) : t_(text) {}
 
+  // After read() gave `more`: the call being written once its name and '(' are read, with the keywords whose values
+  // are complete (its arguments without their closing '}', a prefix of what they will be).
+  [[nodiscard]] const std::optional<ToolCall>& partial() const { return partial_; }
+
   Result read(std::vector<ToolCall>& calls) {
     space();
     if (Result r = optional_tag(kPythonStart); r != Result::calls) return r;
@@ -469,6 +473,7 @@ class PythonicReader {
     ++p_;
     std::vector<std::string> keys;
     call.arguments = "{";
+    partial_ = call;
     for (;;) {
       space();
       if (end()) return Result::more;
@@ -483,6 +488,7 @@ class PythonicReader {
       call.arguments += (keys.empty() ? "" : ",") + json(key).dump() + ":";
       keys.push_back(std::move(key));
       if (Result r = value_at(call.arguments, 0); r != Result::calls) return r;
+      partial_->arguments = call.arguments;
       space();
       if (end()) return Result::more;
       if (t_[p_] == ',') {
@@ -493,6 +499,7 @@ class PythonicReader {
     }
     ++p_;
     call.arguments += "}";
+    partial_.reset();
     return Result::calls;
   }
   // A literal as JSON, appended to `out`.
@@ -610,6 +617,7 @@ class PythonicReader {
   }
   std::string_view t_;
   std::size_t p_ = 0;
+  std::optional<ToolCall> partial_;
 };
 
 // The function a header names: V3.1's is the name; Kimi's "functions.NAME:INDEX" (as vLLM reads it).
@@ -1463,6 +1471,22 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
   }
 }
 
+void ToolCallStream::preview_pythonic(ToolStreamOutput& out, const std::vector<ToolCall>& calls,
+                                      const std::optional<ToolCall>& partial) {
+  Preview& p = *preview_;
+  // Each read adds to the calls' arguments, so what was sent is their prefix.
+  for (std::size_t k = p.sent.empty() ? 0 : p.sent.size() - 1; k < calls.size() && p.at != Preview::At::stopped; ++k) {
+    const std::string& arguments = calls[k].arguments;  // all but its closing '}', which waits for finish()
+    p.send(out, types_, k, calls[k].name, arguments.size() - 1,
+           [&](std::string& piece, std::size_t from) { piece.append(arguments, from, arguments.size() - 1 - from); });
+  }
+  if (p.at != Preview::At::stopped && partial) {
+    const std::string& arguments = partial->arguments;
+    p.send(out, types_, calls.size(), partial->name, arguments.size(),
+           [&](std::string& piece, std::size_t from) { piece.append(arguments, from); });
+  }
+}
+
 void ToolCallStream::preview(ToolStreamOutput& out) {
   if (xml_syntax(format_)) return preview_xml(out);
   using At = Preview::At;
@@ -1666,12 +1690,24 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
   ToolStreamOutput out;
   const std::string_view marker = opening_marker(format_);
   if (format_ == ToolFormat::pythonic && !sent_text_) {
-    // Calls only when the whole answer is one list of them: held while it may still be one, then sent as text.
+    // Calls only when the whole answer is one list of them: held while it may still be one, each call previewed as
+    // it is written; text if it turns out not to be one before a call went out, else finish() decides, as after a
+    // marker (the calls' arguments were sent without their closing '}').
+    if (preview_->at == Preview::At::stopped) return out;
     std::vector<ToolCall> calls;
-    in_calls_ = PythonicReader(held_).read(calls) != PythonicReader::Result::bad;
-    if (in_calls_) return out;
-    sent_text_ = true;
-    out.content = std::exchange(held_, {});
+    PythonicReader reader(held_);
+    if (reader.read(calls) == PythonicReader::Result::bad) {
+      if (!preview_->sent.empty()) {
+        preview_->at = Preview::At::stopped;
+        return out;
+      }
+      in_calls_ = false;
+      sent_text_ = true;
+      out.content = std::exchange(held_, {});
+      return out;
+    }
+    in_calls_ = true;
+    preview_pythonic(out, calls, reader.partial());
     return out;
   }
   if (in_calls_) {

@@ -563,14 +563,40 @@ TEST(ToolCalls, PythonicCallsAreTheWholeAnswer) {
       const Streamed s = stream_in_steps(ToolCallStream(ToolFormat::pythonic), t, step);
       EXPECT_EQ(names_and_args(s.end.parse), names_and_args(whole)) << t << " step " << step;
       EXPECT_EQ(s.content + s.end.parse.content, whole.content) << t << " step " << step;
+      if (whole.calls.empty()) {  // calls previewed before the text turned out no list of them: never complete
+        for (const auto& a : s.arguments) EXPECT_FALSE(json::accept(a)) << t << " step " << step << ": " << a;
+        continue;
+      }
       ASSERT_EQ(s.names.size(), whole.calls.size()) << t;
       for (std::size_t k = 0; k < whole.calls.size(); ++k) EXPECT_EQ(s.arguments[k], whole.calls[k].arguments);
+      // Each call went out as it was written, all but its closing '}'.
+      for (std::size_t k = 0; k < whole.calls.size(); ++k) {
+        EXPECT_EQ(s.pushed_arguments[k] + "}", whole.calls[k].arguments) << t << " step " << step;
+      }
     }
   }
   ToolCallStream stream(ToolFormat::pythonic);
   EXPECT_EQ(stream.push("[get").content, "") << "held: it may be a call";
   EXPECT_EQ(stream.push("ting started").content, "[getting started") << "no call: sent as soon as that is known";
   EXPECT_EQ(stream.push(" now").content, " now");
+  // A call is named once its '(' is read, and its arguments grow a keyword at a time.
+  ToolCallStream calls_stream(ToolFormat::pythonic);
+  EXPECT_TRUE(calls_stream.push("[get_weather").calls.empty()) << "the name may go on";
+  auto out = calls_stream.push("(city='Par");
+  ASSERT_EQ(out.calls.size(), 2u);
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  EXPECT_EQ(out.calls[1].arguments, "{");
+  EXPECT_TRUE(calls_stream.push("is").calls.empty()) << "the string goes on";
+  out = calls_stream.push("', days=[1");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, R"("city":"Paris")");
+  out = calls_stream.push("]), get_time(");
+  ASSERT_EQ(out.calls.size(), 3u);
+  EXPECT_EQ(out.calls[0].arguments, R"(,"days":[1])");
+  EXPECT_EQ(out.calls[1].index, 1u);
+  EXPECT_EQ(out.calls[1].name, "get_time");
+  EXPECT_EQ(out.calls[2].arguments, "{");
+  EXPECT_EQ(out.content, "");
   tool_test::expect_every_cut_streams_safely(ToolFormat::pythonic, calls + "<|python_end|> ok", {});
 }
 

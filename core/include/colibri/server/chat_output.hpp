@@ -183,6 +183,9 @@ struct ToolStreamEnd {
 // begun, with the text so far a valid JSON prefix, and its arguments follow while they stay one. The last byte of each
 // call's arguments (its closing '}') waits for finish(), which parses the held-back text: so a call whose text then
 // turns out broken was sent only with arguments that are no complete JSON, and its text comes back whole as content.
+// Pythonic lists have no marker: the answer is held while it may be one, its calls previewed as they are written
+// (a call's arguments grow a keyword at a time), and sent as text if it turns out not to be one before a call went
+// out.
 class ToolCallStream {
  public:
   explicit ToolCallStream(ToolFormat format, ToolSchemas types = {});
@@ -206,6 +209,9 @@ class ToolCallStream {
   struct Preview;
   void preview(ToolStreamOutput& out);
   void preview_xml(ToolStreamOutput& out);
+  // Pythonic: `calls` read whole so far, `partial` the one being written (PythonicReader).
+  void preview_pythonic(ToolStreamOutput& out, const std::vector<ToolCall>& calls,
+                        const std::optional<ToolCall>& partial);
 
   ToolFormat format_;
   ToolSchemas types_;
