@@ -100,7 +100,7 @@ inline OpenedEngine open_engine(
   auto options = engine_options(o, *kv);
   std::optional<std::uint64_t> draft_expert_cache;
   if (draft != nullptr) {
-    auto split = apps::split_expert_cache_for_draft(*draft, *prof, read, options);
+    auto split = apps::prepare_draft_model(*draft, *prof, read, options);
     if (!split) return failed_open(fail(split.error().message()));
     draft_expert_cache = *split;
   }

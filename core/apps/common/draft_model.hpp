@@ -13,13 +13,14 @@
 namespace colibri::apps {
 
 // Before the model opens (`target`: its manifest, null when it does not load): where a draft model will open, the
-// expert cache budget is split between the two (engine::split_expert_cache), `options` given the model's part, and
-// the draft model's returned for open_draft_model. A draft model that is not there fails here, before the model's
+// expert cache budget is split between the two (engine::split_expert_cache), `options` given the model's part and
+// the draft model's KV cache to count beside each of the model's (an automatic context fits both), and the draft
+// model's part returned for open_draft_model. A draft model that is not there fails here, before the model's
 // minutes of loading.
-inline sdk::Expected<std::optional<std::uint64_t>> split_expert_cache_for_draft(const DraftFlags& d,
-                                                                                const profile::Profile& profile,
-                                                                                const model::Manifest* target,
-                                                                                engine::EngineOptions& options) {
+inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const DraftFlags& d,
+                                                                       const profile::Profile& profile,
+                                                                       const model::Manifest* target,
+                                                                       engine::EngineOptions& options) {
   // A model with recurrent layers drafts nothing (open_draft_model opens no draft model).
   if (d.model.empty() || d.count() == 0 || target == nullptr || !target->hparams.linear_layers.empty()) {
     return std::optional<std::uint64_t>();
@@ -31,13 +32,18 @@ inline sdk::Expected<std::optional<std::uint64_t>> split_expert_cache_for_draft(
     return sdk::Status(draft.error().code(), "--draft-model " + dir->string() + ": " + draft.error().message());
   auto split = engine::split_expert_cache(engine::Engine::expert_cache_budget(profile, options), *target, *draft);
   if (!split) return split.error();
+  engine::EngineOptions draft_options = options;  // its KV cache's type, chunk and windows are the model's options'
+  if (auto s = engine::Engine::memory_options(profile, draft_options); !s) return s;
+  options.kv_beside = [hp = draft->hparams, draft_options](std::int64_t n) {
+    return engine::Engine::kv_cache_bytes(hp, draft_options, n);
+  };
   options.expert_cache_bytes = split->model;
   return std::optional<std::uint64_t>(split->draft);
 }
 
 // Null without --draft-model, with --draft 0, or where the target drafts nothing (its recurrent layers cannot step
 // back). `keep`: draft states kept for later sequences (the server's batch); `expert_cache`: its experts' part of the
-// budget (split_expert_cache_for_draft).
+// budget (prepare_draft_model).
 inline sdk::Expected<std::unique_ptr<engine::DraftModel>> open_draft_model(
     const DraftFlags& d, profile::Profile& profile, engine::EngineOptions options, const engine::Engine& target,
     const tokenizer::Tokenizer& tokenizer, std::optional<std::uint64_t> expert_cache, std::size_t keep = 1) {

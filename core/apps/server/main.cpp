@@ -112,6 +112,7 @@ int serve(Flags& f) {
   so.io_threads = f.io_threads;
   so.scheduler.max_queue = static_cast<std::size_t>(f.max_queue);
   so.scheduler.max_batch = f.max_batch;
+  if (auto every = prof->get_int("memory.kv_checkpoint_every")) so.scheduler.checkpoint_every = *every;
   so.scheduler.prefill_chunk = f.ubatch;
   so.scheduler.draft_tokens = f.draft.count();
   so.scheduler.draft_ngram = f.draft.ngram;
@@ -166,7 +167,8 @@ int serve(Flags& f) {
   eo.ubatch = f.ubatch;
   eo.exact_activations = f.exact;
   eo.sequences_only = true;  // every request's KV cache is a sequence's
-  auto draft_experts = apps::split_expert_cache_for_draft(f.draft, *prof, manifest ? &*manifest : nullptr, eo);
+  eo.kv_sequences = f.max_batch;
+  auto draft_experts = apps::prepare_draft_model(f.draft, *prof, manifest ? &*manifest : nullptr, eo);
   if (!draft_experts) return fail(draft_experts.error().message());
   auto tok = tokenizer::Tokenizer::from_file(*dir);
   if (!tok) return fail(tok.error().message());

@@ -194,25 +194,7 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
         "pinned to keep them",
         pins.size(), cache->info->name);
   }
-  if (!options.vram_budget_bytes) {
-    auto v = profile.get_int("memory.vram_budget");
-    options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
-  }
-  for (auto [key, out] :
-       {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device},
-        std::pair{"activations_on_device", &options.activations_on_device},
-        std::pair{"kv_sliding_window", &options.kv_sliding_window}}) {
-    if (*out) continue;
-    auto v = profile.section("memory").get_bool(key, true);
-    if (!v) return v.error();
-    *out = *v;
-  }
-  if (!options.kv_checkpoints) {
-    auto v = profile.get_int("memory.kv_checkpoints");
-    options.kv_checkpoints = v ? *v : kDefaultKvCheckpoints;
-  }
-  // Both choices were checked as the profile loaded (check_range); empty is the default.
-  options.vram_admission = profile.get_string("memory.vram_admission") != "always";
+  if (auto s = memory_options(profile, options); !s) return s;
   if (*options.vram_budget_bytes > 0) {
     auto vram_cache = reg.create_as<sdk::CachePolicy>(*cache->info, profile.section("cache"));
     if (!vram_cache) return vram_cache.error().with_context("creating cache plugin " + cache->info->name);
@@ -254,6 +236,37 @@ sdk::Expected<Plugins> Engine::plugins_from_profile(profile::Profile& profile, E
     for (const auto& p : profile.get_list("storage.paths")) options.mirror_dirs.emplace_back(p);
   }
   return plugins;
+}
+
+sdk::Status Engine::memory_options(const profile::Profile& profile, EngineOptions& options) {
+  if (!options.vram_budget_bytes) {
+    auto v = profile.get_int("memory.vram_budget");
+    options.vram_budget_bytes = v ? static_cast<std::uint64_t>(*v) : 0;
+  }
+  for (auto [key, out] :
+       {std::pair{"shared_on_device", &options.shared_on_device}, std::pair{"kv_on_device", &options.kv_on_device},
+        std::pair{"activations_on_device", &options.activations_on_device},
+        std::pair{"kv_sliding_window", &options.kv_sliding_window}}) {
+    if (*out) continue;
+    auto v = profile.section("memory").get_bool(key, true);
+    if (!v) return v.error();
+    *out = *v;
+  }
+  if (!options.kv_checkpoints) {
+    auto v = profile.get_int("memory.kv_checkpoints");
+    options.kv_checkpoints = v ? *v : kDefaultKvCheckpoints;
+  }
+  // Both choices were checked as the profile loaded (check_range); empty is the default.
+  options.vram_admission = profile.get_string("memory.vram_admission") != "always";
+  return {};
+}
+
+std::uint64_t Engine::kv_cache_bytes(const model::HyperParams& hp, const EngineOptions& options,
+                                     std::int64_t positions) {
+  const auto windows = kv_windows(hp, options.ubatch, options.kv_sliding_window.value_or(true),
+                                  options.kv_checkpoints.value_or(kDefaultKvCheckpoints));
+  return KvCache::bytes_for(options.kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), positions, windows,
+                            hp.mla());
 }
 
 std::uint64_t Engine::expert_cache_budget(const profile::Profile& profile, const EngineOptions& options) {
@@ -608,8 +621,13 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), n,
                               kv_windows_, hp_.mla());
   };
+  // What an automatic context must fit: every cache the caller may hold at once, with what is kept beside each.
+  const auto kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, options_.kv_sequences));
+  const auto all_kv_bytes = [&](std::int64_t n) {
+    return kv_sequences * (kv_bytes(n) + (options_.kv_beside ? options_.kv_beside(n) : 0));
+  };
   auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings,
-                            util::available_memory_bytes());
+                            util::available_memory_bytes(), all_kv_bytes);
   if (!planned) return planned.error();
   std::int64_t ctx = *planned;
   // Attention on a discrete GPU reads the KV cache in place; in host memory the whole prefix would cross the bus at
@@ -619,7 +637,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (kv_on_device_ && options_.context <= 0 && kv_cache_bytes == 0) {
     const std::uint64_t free = plugins_.compute->devices()[0].memory_available;
     const std::uint64_t tier = options_.vram_budget_bytes.value_or(0);
-    const auto fits = largest_context(free > tier ? (free - tier) / 2 : 0, kv_bytes, hp_.max_position_embeddings);
+    const auto fits = largest_context(free > tier ? (free - tier) / 2 : 0, all_kv_bytes, hp_.max_position_embeddings);
     if (fits >= std::min<std::int64_t>(ctx, kMinDeviceContext)) {
       ctx = std::min(ctx, fits);
     } else {
@@ -639,11 +657,18 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   kv_ = std::move(*kv);
   // Host pages are paid for as the context fills: a reservation past the RAM there is only fails later, mid-answer.
   if (const std::uint64_t ram = util::available_memory_bytes();
-      !kv_.on_device() && !(options_.sequences_only && kv_on_device_) && ram > 0 && kv_.bytes() > ram) {
+      !kv_.on_device() && !(options_.sequences_only && kv_on_device_) && ram > 0 && all_kv_bytes(ctx) > ram) {
+    const std::string pos = std::to_string(ctx) + " positions";
+    const std::string caches = kv_sequences > 1 ? "the " + std::to_string(kv_sequences) + " KV caches of " + pos +
+                                                      " the server may hold (--max-batch" +
+                                                      (options_.kv_beside ? ", each with its draft model's)" : ")")
+                               : options_.kv_beside ? "the KV cache of " + pos + " and the draft model's"
+                                                    : "the KV cache of " + pos;
     spdlog::warn(
-        "the KV cache of {} positions grows to {}, more than the {} of RAM available: a context that long "
-        "will run out of memory (lower --ctx or memory.kv_cache, or --kv-type q8_0)",
-        ctx, sdk::format_size(kv_.bytes()), sdk::format_size(ram));
+        "{} {} to {}, more than the {} of RAM available: a context that long will run out of memory (lower --ctx or "
+        "memory.kv_cache, {}or --kv-type q8_0)",
+        caches, kv_sequences > 1 || options_.kv_beside ? "grow together" : "grows", sdk::format_size(all_kv_bytes(ctx)),
+        sdk::format_size(ram), kv_sequences > 1 ? "--max-batch, " : "");
   }
   // Activations on a discrete GPU stay there from op to op; in host memory every op would send its inputs over the
   // bus and wait for its outputs to come back.
@@ -652,9 +677,15 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   }
   if (kv_.on_device()) {
     spdlog::info("KV cache: {} positions, {} in {} memory", ctx, sdk::format_size(kv_.bytes()), devices[0].name);
-  } else if (options_.sequences_only && kv_on_device_) {
-    spdlog::info("KV caches: {} positions, {} each in {} memory, made as sequences start", ctx,
-                 sdk::format_size(kv_.bytes()), devices[0].name);
+  } else if (options_.sequences_only) {
+    std::string all;
+    if (kv_sequences > 1 || options_.kv_beside) {
+      all = " (up to " + std::to_string(kv_sequences) + ": " + sdk::format_size(all_kv_bytes(ctx)) +
+            (options_.kv_beside ? " with the draft model's" : "") + ")";
+    }
+    spdlog::info("KV caches: {} positions, {} each in {} memory, made as sequences start{}{}", ctx,
+                 sdk::format_size(kv_.bytes()), kv_on_device_ ? devices[0].name : "host", all,
+                 kv_on_device_ ? "" : ", paid as they fill");
   }
   if (kv_.max_write() < ctx) {
     const bool chunked = hp_.attention_chunk > 0 && hp_.sliding_window <= 0;

@@ -48,7 +48,8 @@ KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool 
 
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
-                                       std::int64_t model_max, std::uint64_t host_available) {
+                                       std::int64_t model_max, std::uint64_t host_available,
+                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes) {
   if (requested > 0) {
     if (requested > model_max) {
       return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(requested) +
@@ -66,7 +67,8 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
     }
     return ctx;
   }
-  return std::max<std::int64_t>(1, largest_context(host_available / 2, context_bytes, model_max));
+  return std::max<std::int64_t>(1,
+                                largest_context(host_available / 2, all_bytes ? all_bytes : context_bytes, model_max));
 }
 
 sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes) {

@@ -43,8 +43,9 @@ const OptionSpec kCanonical[] = {
   {"memory.kv_on_device", OptionType::boolean, "true", "keep the KV cache in a discrete GPU's memory (attention reads it in place)"},
   {"memory.kv_sliding_window", OptionType::boolean, "true", "sliding-window layers (gpt-oss, Mistral) and chunked-attention layers (Llama 4) keep only the KV rows their window or chunk reads (false: every layer keeps the whole context)"},
   {"memory.kv_checkpoints", OptionType::integer, "4", "copies of a KV cache's sliding-window rows and recurrent states (gpt-oss, Qwen3-Next) kept per sequence where a later prompt may part from this one: its end, its generation prompt's, last message's and system prompt's starts (0: none; a later prompt then reuses only what the cache still holds)"},
+  {"memory.kv_checkpoint_every", OptionType::integer, "512", "the server's prompts without a chat's structure (/v1/completions) keep their KV checkpoints at multiples of this many positions before their end too, the last ones memory.kv_checkpoints allows, so that a later prompt parting from one anywhere returns to the nearest before (0: at the end only)"},
   {"memory.activations_on_device", OptionType::boolean, "true", "keep activations in a discrete GPU's memory from op to op (only routing, KV rows and logits cross the bus)"},
-  {"memory.kv_cache", OptionType::size, "auto", "KV cache size (auto: the model's context)", true},
+  {"memory.kv_cache", OptionType::size, "auto", "a sequence's KV cache size (auto: the model's context, at most what half the RAM holds for every cache held at once: the server's --max-batch, a draft model's)", true},
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
   {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},
   {"storage.queue_depth", OptionType::integer, "32", "reads in flight at once"},
@@ -118,6 +119,7 @@ Status check_range(const std::string& key, const sdk::ConfigValue& v) {
   if (key == "storage.queue_depth") return int_in(1, 4096);
   if (key == "prefetch.layers") return int_in(0, 64);
   if (key == "memory.kv_checkpoints") return int_in(0, 64);
+  if (key == "memory.kv_checkpoint_every") return int_in(0, 1 << 30);
   if (key == "prefetch.confidence") {
     const auto* d = std::get_if<double>(&v.value);
     if (d != nullptr && !(*d >= 0 && *d <= 64)) {

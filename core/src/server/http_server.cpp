@@ -1669,6 +1669,13 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
     }
   }
   impl->scheduler = std::make_unique<Scheduler>(*impl->engine, impl->tokenizer, impl->opt.scheduler);
+  // Caught from now on (asio queues one that comes before run() waits): a caller that announces the server once it
+  // is created, and a supervisor that stops it at once, must not kill it without its drain and history.
+  if (impl->opt.handle_signals) {
+    impl->signals.add(SIGTERM);
+    impl->signals.add(SIGINT);
+    impl->signals.add(SIGHUP);  // its terminal closed: drain and save the usage history, as SIGTERM
+  }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -1687,12 +1694,7 @@ void Server::stop() {
 void Server::run() {
   auto& s = *impl_;
   s.work.emplace(s.ioc.get_executor());
-  if (s.opt.handle_signals) {
-    s.signals.add(SIGTERM);
-    s.signals.add(SIGINT);
-    s.signals.add(SIGHUP);  // its terminal closed: drain and save the usage history, as SIGTERM
-    s.wait_for_signal();
-  }
+  if (s.opt.handle_signals) s.wait_for_signal();  // added in create()
   s.accept();
   auto worker = [&s] {
     for (;;) {

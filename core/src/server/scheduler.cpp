@@ -675,6 +675,16 @@ void Scheduler::plan_checkpoints(Sequence& seq) {
     if (at > 0 && at < end) seq.checkpoints.push_back(at);
   }
   if (end > 0) seq.checkpoints.push_back(end);
+  // Without a chat's structure a later prompt may part from this one anywhere (an edit in a document, another
+  // question after the same examples): multiples of checkpoint_every before the end, only the last ones (earlier ones
+  // would be pushed out as the later are made), and only past what the cache already held.
+  if (seq.job->request.checkpoints.empty() && options_.checkpoint_every > 0) {
+    const std::int64_t every = options_.checkpoint_every;
+    std::int64_t room = kv.checkpoint_limit() - 1;
+    for (std::int64_t at = (end - 1) / every * every; room > 0 && at > seq.state->n_past; at -= every, --room) {
+      seq.checkpoints.push_back(at);
+    }
+  }
   std::sort(seq.checkpoints.begin(), seq.checkpoints.end());
   seq.checkpoints.erase(std::unique(seq.checkpoints.begin(), seq.checkpoints.end()), seq.checkpoints.end());
   // Those this prompt shares with what the cache held are kept already: made the most recently used, so the new ones

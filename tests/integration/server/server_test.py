@@ -101,6 +101,7 @@ class Server:
             self.proc.kill()
             raise AssertionError(f"server did not start: {line!r}")
         self.port = int(line.split("http://")[1].split()[0].rsplit(":", 1)[1])
+        self.context = int(line.rsplit("context ", 1)[1].rstrip(")\n"))
 
     def request(self, method, path, body=None, headers=None, timeout=60):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -1009,6 +1010,38 @@ class Api(unittest.TestCase):
         finally:
             self.assertEqual(warm.stop(), 0)
             if cold is not None:
+                self.assertEqual(cold.stop(), 0)
+
+    def test_prompt_cache_checkpoints_in_completions(self):
+        # A completion prompt has no chat structure to part at: its recurrent states are kept at multiples of
+        # memory.kv_checkpoint_every before its end (the last three; with the end's, memory.kv_checkpoints' four), so
+        # a later prompt that parts from it anywhere past the first of them reuses up to the nearest one before.
+        # Every answer is a cold run's.
+        model = qwen3_next_model()
+        prompt = [(i * 37 + 11) % 250 + 1 for i in range(40)]
+        req = {"model": "tiny-qwen3_next", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+        cached = lambda r: r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for every, parted in (("8", ((30, 24), (23, 16), (17, 16), (15, 0), (35, 32))), ("0", ((30, 0), (35, 0)))):
+            asked = []
+            warm = Server("--model", model, "--batch", "8", "--set", f"memory.kv_checkpoint_every={every}")
+            try:
+                for at, reused in parted:
+                    # The whole prompt again first: the cache holds its checkpoints, then the prompt parting at `at`.
+                    for p in (prompt, prompt[:at] + [3, 4, 5]):
+                        status, r = warm.json("POST", "/v1/completions", dict(req, prompt=p))
+                        self.assertEqual(status, 200, r)
+                        asked.append((p, r))
+                    self.assertEqual(cached(r), reused, f"every {every}, parted at {at}")
+            finally:
+                self.assertEqual(warm.stop(), 0)
+            # A server that keeps no checkpoint reuses nothing of these prompts: each is a cold run.
+            cold = Server("--model", model, "--set", "memory.kv_checkpoints=0")
+            try:
+                for p, got in asked:
+                    _, fresh = cold.json("POST", "/v1/completions", dict(req, prompt=p))
+                    self.assertEqual(cached(fresh), 0)
+                    self.assertEqual(fresh["choices"][0], got["choices"][0], p)
+            finally:
                 self.assertEqual(cold.stop(), 0)
 
     def test_prompt_cache_checkpoints_in_a_chat(self):
@@ -2469,6 +2502,38 @@ class Concurrency(unittest.TestCase):
             self.assertIn(said, p.stderr)
             self.assertNotIn("compute", p.stderr)
 
+    def test_kv_caches_of_the_batch_fit_the_ram_together(self):
+        # Without --ctx, the context is what half the RAM available holds: for the server, of every KV cache it may
+        # hold at once (--max-batch, each with its draft model's), as llama.cpp splits its context among its slots.
+        # A context the model allows past the RAM: 2^30 positions.
+        model = patched_model("long", max_position_embeddings=1 << 30)
+        contexts = {}
+        for name, flags in (("one", ["--max-batch", "1"]), ("eight", ["--max-batch", "8"]),
+                            ("one with a draft model", ["--max-batch", "1", "--draft-model", model])):
+            s = Server("--model", model, "--ctx", "0", "--log-level", "info", *flags)
+            try:
+                contexts[name] = s.context
+                _, r = s.json("POST", "/v1/completions", {"model": "tiny-long", "prompt": "the colibri",
+                                                          "max_tokens": 4, "temperature": 0})
+                self.assertEqual(r["usage"]["completion_tokens"], 4)
+            finally:
+                self.assertEqual(s.stop(), 0)
+            with open(s.log.name) as f:
+                self.assertIn(f"KV caches: {s.context} positions", f.read())
+        print(f"  automatic contexts: {contexts}", flush=True)
+        self.assertLess(contexts["one"], 1 << 30)  # the RAM decided
+        # The RAM available moves a little between starts.
+        self.assertTrue(6.8 < contexts["one"] / contexts["eight"] < 9.2, contexts)
+        self.assertTrue(1.7 < contexts["one"] / contexts["one with a draft model"] < 2.3, contexts)
+        # A context given for each sequence that the batch's caches together outgrow: said at start.
+        for batch, warned in (("8", True), ("1", False)):
+            s = Server("--model", model, "--ctx", str(contexts["one"]), "--max-batch", batch)
+            self.assertEqual(s.stop(), 0)
+            with open(s.log.name) as f:
+                log = f.read()
+            self.assertEqual(f"the 8 KV caches of {contexts['one']} positions the server may hold (--max-batch) grow "
+                             "together to" in log, warned, log)
+
     def test_16_streaming_clients_match_sequential(self):
         s = Server("--max-batch", "8")
         try:
@@ -2757,6 +2822,14 @@ class Concurrency(unittest.TestCase):
         self.assertEqual(s.stop(signal.SIGHUP), 0)
         with open(history) as f:
             self.assertGreater(sum(json.load(f)["counts"].values()), 0)
+
+    def test_a_signal_right_after_the_listening_line_stops_it_cleanly(self):
+        # A supervisor may stop the server as soon as it says it listens: the signal is caught from then on (it once
+        # was only when the serving loop began, and the default action killed it, history unsaved).
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for _ in range(3):
+                s = Server("--drain-timeout", "0.5")
+                self.assertEqual(s.stop(sig), 0, sig)
 
     def test_a_named_usage_history_the_server_could_not_save_to_is_refused_at_start(self):
         # Merged into at exit: a hand edit gone wrong, or another model's counts (never replaced), would be found only

@@ -35,6 +35,12 @@ TEST(MemoryPlan, ContextComesFromTheFlagTheKeyOrHalfTheFreeRam) {
   EXPECT_NE(tiny.error().message().find("memory.kv_cache"), std::string::npos);
   EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 2 * 300 * 100), 300) << "half of the free RAM";
   EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 0), 1) << "at least one position";
+  // Every cache held at once (4 sequences, each with a draft model's cache of 25 bytes a position) fits that half; a
+  // flag or a key still sizes one sequence's.
+  const auto four_with_drafts = [](std::int64_t n) { return 4u * 125u * static_cast<std::uint64_t>(n); };
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 2 * 300 * 100, four_with_drafts), 60);
+  EXPECT_EQ(*kv_context(500, 0, per_100, 1000, 2 * 300 * 100, four_with_drafts), 500);
+  EXPECT_EQ(*kv_context(0, 250 * 100, per_100, 1000, 2 * 300 * 100, four_with_drafts), 250);
 }
 
 TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -59,6 +60,11 @@ struct EngineOptions {
   // The caller runs only new_sequence()'s KV caches (the server, a draft model): the engine's own (forward()'s) stays
   // a host reservation never written, so device memory holds only the caches sequences use.
   bool sequences_only = false;
+  // KV caches of context() positions the caller may hold at once (the server: --max-batch) and, beside each, the
+  // bytes of n positions of another engine's (a draft model's: Engine::kv_cache_bytes): an automatic context fits
+  // them all, and the warning for caches that would outgrow the RAM counts them.
+  std::int64_t kv_sequences = 1;
+  std::function<std::uint64_t(std::int64_t)> kv_beside;
 };
 
 struct Plugins {
@@ -97,6 +103,11 @@ class Engine {
   // The RAM tier's budget open() gives the experts: options.expert_cache_bytes, else memory.expert_cache, else
   // util::auto_expert_cache_bytes().
   static std::uint64_t expert_cache_budget(const profile::Profile& profile, const EngineOptions& options);
+  // Fills the memory.* options the caller left unset from the profile (plugins_from_profile does too).
+  static sdk::Status memory_options(const profile::Profile& profile, EngineOptions& options);
+  // One KV cache of `positions` for a model of `hp` with these options (memory_options filled).
+  static std::uint64_t kv_cache_bytes(const model::HyperParams& hp, const EngineOptions& options,
+                                      std::int64_t positions);
   // With plugins the caller made (tests).
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
                                                      std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,

@@ -90,6 +90,8 @@ class KvCache {
   sdk::Status checkpoint(std::int64_t n);
   // Whether checkpoint() keeps anything: a layer slides or carries a recurrent state, and checkpoints are allowed.
   [[nodiscard]] bool keeps_checkpoints() const;
+  // How many checkpoints it keeps at most (KvWindows::checkpoints).
+  [[nodiscard]] std::int64_t checkpoint_limit() const { return windows_.checkpoints; }
   // The positions checkpoints are kept at, ascending (tests, logs).
   [[nodiscard]] std::vector<std::int64_t> checkpoint_positions() const;
 

@@ -21,11 +21,13 @@ namespace colibri::engine {
 
 // The KV cache's positions: `requested` (--ctx; at most the model's), else as many as memory.kv_cache holds (at
 // most the model's), else as many as half of `host_available` holds (at least 1, at most the model's).
-// context_bytes(n): a context of n positions' bytes (sliding-window layers cost a fixed amount past their rows).
-// Errors name the flag or key.
+// context_bytes(n): a context of n positions' bytes (sliding-window layers cost a fixed amount past their rows);
+// all_bytes(n), when given, what the automatic context must fit instead: every cache of n positions held at once (a
+// server's sequences, a draft model's). Errors name the flag or key.
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
-                                       std::int64_t model_max, std::uint64_t host_available);
+                                       std::int64_t model_max, std::uint64_t host_available,
+                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes = {});
 // The most positions (0..model_max) whose bytes fit `budget`; context_bytes grows with the positions.
 [[nodiscard]] std::int64_t largest_context(std::uint64_t budget,
                                            const std::function<std::uint64_t(std::int64_t)>& context_bytes,

@@ -88,9 +88,12 @@ class Job {
 };
 
 struct SchedulerOptions {
-  std::size_t max_queue = 64;           // waiting requests (beyond the free batch slots) past this are refused (429)
-  int max_batch = 8;                    // sequences decoding together
-  std::int64_t prefill_chunk = 512;     // prompt tokens a joining sequence runs per step (bounds a step's latency)
+  std::size_t max_queue = 64;        // waiting requests (beyond the free batch slots) past this are refused (429)
+  int max_batch = 8;                 // sequences decoding together
+  std::int64_t prefill_chunk = 512;  // prompt tokens a joining sequence runs per step (bounds a step's latency)
+  // memory.kv_checkpoint_every: a prompt without parting positions (completions) keeps KV checkpoints at multiples of
+  // this many positions before its end, as many as the cache keeps beside the end's (0: at its end only).
+  std::int64_t checkpoint_every = 512;
   std::filesystem::path usage_history;  // expert usage counts merged into this file at shutdown ("" = none)
   // Non-null (--record-trace): every step appends its routing, one request id per job in the order jobs joined.
   std::shared_ptr<ab::TraceWriter> trace;
