@@ -1,4 +1,5 @@
-// colibri-cli profile show [--profile NAME|PATH] [--json] [--model M [--ctx N] [--kv-type T]]; profile list
+// colibri-cli profile show [--profile NAME|PATH] [--json] [--model M [--ctx N] [--kv-type T] [--max-batch N]];
+// profile list
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@ struct ProfileOptions {
   std::string model;            // --model: add the memory plan of this model
   std::int64_t ctx = 0;         // --ctx
   std::string kv_type = "f16";  // --kv-type
+  int max_batch = 1;            // --max-batch: the server's KV caches held at once
 };
 
 // What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why,
@@ -72,7 +74,7 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   const bool no_device_memory = backend == "cpu";
   const std::uint64_t vram_budget = no_device_memory ? 0 : int_of("memory.vram_budget");
   auto plan = engine::plan_memory(*man, expert_cache, vram_budget, o.ctx, int_of("memory.kv_cache"), *kv_type,
-                                  util::available_memory_bytes(), windows);
+                                  util::available_memory_bytes(), windows, o.max_batch);
   if (!plan) {
     fail(plan.error().message());
     return std::nullopt;
@@ -98,7 +100,9 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
                    {"kv_sliding_positions", p.kv_sliding_rows},
                    {"kv_checkpoints", windows.checkpoints},
                    {"kv_checkpoint_bytes", p.kv_checkpoint_bytes},
-                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_bytes},
+                   {"kv_sequences", p.kv_sequences},
+                   {"kv_bytes_all", p.kv_sequences * p.kv_bytes},
+                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_sequences * p.kv_bytes},
                    {"compute_backend", backend},
                    {"vram_budget_ignored_bytes", no_device_memory ? int_of("memory.vram_budget") : 0}};
   return j;
@@ -142,9 +146,14 @@ void print_plan(const nlohmann::json& j) {
     std::cout << "; of it, " << sz("kv_checkpoint_bytes") << " for up to " << j["kv_checkpoints"]
               << " checkpoints (memory.kv_checkpoints)";
   }
+  if (j["kv_sequences"].get<std::uint64_t>() > 1) {
+    std::cout << "; the server's " << j["kv_sequences"] << " sequences (--max-batch) hold up to " << sz("kv_bytes_all");
+  }
   std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
             << " (memory.kv_on_device)\n"
-            << "  host RAM        at most " << sz("host_bytes_at_most") << " (shared + RAM tier + KV cache)"
+            << "  host RAM        at most " << sz("host_bytes_at_most")
+            << (j["kv_sequences"].get<std::uint64_t>() > 1 ? " (shared + RAM tier + KV caches)"
+                                                           : " (shared + RAM tier + KV cache)")
             << (backend == "cpu" ? "" : "; less where a discrete GPU holds the shared weights and KV cache") << "\n";
 }
 
@@ -337,6 +346,11 @@ void setup(CLI::App& app, GlobalOptions& global) {
       ->needs(model);
   show_cmd->add_option("--kv-type", opts->kv_type, "KV cache type for the plan: f16 (default), q8_0 or f32")
       ->check(apps::kv_cache_type())
+      ->needs(model);
+  show_cmd
+      ->add_option("--max-batch", opts->max_batch,
+                   "The server's sequences: KV caches held at once (an automatic context fits them all; default 1)")
+      ->check(apps::integer_at_least(1, "give 1 or more sequences"))
       ->needs(model);
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });

@@ -86,7 +86,7 @@ sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_by
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
-                                      const KvWindows& windows) {
+                                      const KvWindows& windows, std::int64_t sequences) {
   const auto& hp = manifest.hparams;
   MemoryPlan p;
   p.shared_bytes = manifest.resident_bytes();
@@ -121,7 +121,9 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   const auto bytes = [&](std::int64_t n) {
     return KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), n, windows, hp.mla());
   };
-  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings, host_available);
+  p.kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, sequences));
+  const auto all = [&](std::int64_t n) { return p.kv_sequences * bytes(n); };
+  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings, host_available, all);
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);

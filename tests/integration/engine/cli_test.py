@@ -1106,6 +1106,14 @@ class MemoryPlan(unittest.TestCase):
         self.assertEqual((plan["context"], plan["kv_bytes"]), (64, kv))
         self.assertEqual(plan["kv_checkpoint_bytes"], 0, "full attention alone needs no checkpoint")
         self.assertEqual(plan["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + kv)
+        # The server's --max-batch sequences each hold such a cache.
+        batch = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--max-batch", "4", "--json",
+                               *flags).stdout)["memory_plan"]
+        self.assertEqual((batch["kv_bytes"], batch["kv_sequences"], batch["kv_bytes_all"]), (kv, 4, 4 * kv))
+        self.assertEqual(batch["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + 4 * kv)
+        self.assertIn("the server's 4 sequences (--max-batch) hold up to",
+                      cli("profile", "show", "--model", m, "--ctx", "64", "--max-batch", "4").stdout)
+        self.assertEqual(cli("profile", "show", "--model", m, "--max-batch", "0", check=False).returncode, 2)
         # The cpu backend has no device memory: a run ignores the VRAM budget (warned), and the plan says so.
         on_cpu = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)[
             "memory_plan"]

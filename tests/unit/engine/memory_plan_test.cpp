@@ -52,6 +52,11 @@ TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
   EXPECT_EQ(resident->ram_bytes, 5000u + 3 * 4096u);
   EXPECT_EQ(resident->kv_bytes_per_position, 2u * 2 * 2 * 64 * 2);
   EXPECT_EQ(resident->kv_bytes, 100u * resident->kv_bytes_per_position);
+  // Four sequences' caches (the server's --max-batch) share half of 1 MiB: a context of 1 MiB / 2 / 4 / 1024 bytes.
+  auto batch = plan_memory(m, 1u << 20, 0, 0, 0, sdk::DType::f16, 1u << 20, {}, 4);
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->kv_sequences, 4u);
+  EXPECT_EQ(batch->context, 128);
   auto streaming = plan_memory(m, 2 * 8192 + 100, 3 * 8192, 0, 0, sdk::DType::q8_0, 1u << 30);
   ASSERT_TRUE(streaming);
   EXPECT_FALSE(streaming->resident);

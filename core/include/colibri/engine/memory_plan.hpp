@@ -59,12 +59,14 @@ struct MemoryPlan {
   std::int64_t kv_sliding_layers = 0;     // layers that keep only their window's rows
   std::int64_t kv_sliding_rows = 0;       // the rows each of them keeps
   std::uint64_t kv_checkpoint_bytes = 0;  // of kv_bytes: the most its checkpoints take (memory.kv_checkpoints)
+  std::uint64_t kv_sequences = 1;         // caches of kv_bytes held at once (the server's --max-batch)
 };
 
 // Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).
+// `sequences`: KV caches held at once (EngineOptions::kv_sequences), which an automatic context fits together.
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
-                                      const KvWindows& windows = {});
+                                      const KvWindows& windows = {}, std::int64_t sequences = 1);
 
 }  // namespace colibri::engine
