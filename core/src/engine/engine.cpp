@@ -617,10 +617,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
   kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true),
                            options_.kv_checkpoints.value_or(kDefaultKvCheckpoints));
-  const auto kv_bytes = [&](std::int64_t n) {
-    return KvCache::bytes_for(options_.kv_type, hp_.num_layers, hp_.kv_cache_heads(), hp_.kv_cache_dim(), n,
-                              kv_windows_, hp_.mla());
-  };
+  const auto kv_bytes = [&](std::int64_t n) { return Engine::kv_cache_bytes(hp_, options_, n); };
   // What an automatic context must fit: every cache the caller may hold at once, with what is kept beside each.
   const auto kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, options_.kv_sequences));
   const auto all_kv_bytes = [&](std::int64_t n) {
