@@ -7,6 +7,7 @@
 #include "cli_values.hpp"
 #include "colibri/engine/draft_model.hpp"
 #include "colibri/engine/generate.hpp"
+#include "colibri/engine/memory_plan.hpp"
 #include "colibri/model/manifest.hpp"
 #include "colibri/model/paths.hpp"
 
@@ -21,8 +22,13 @@ inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const Dra
                                                                        const profile::Profile& profile,
                                                                        const model::Manifest* target,
                                                                        engine::EngineOptions& options) {
-  // A model with recurrent layers drafts nothing (open_draft_model opens no draft model).
-  if (d.model.empty() || d.count() == 0 || target == nullptr || !target->hparams.linear_layers.empty()) {
+  if (d.model.empty() || d.count() == 0 || target == nullptr) return std::optional<std::uint64_t>();
+  engine::EngineOptions filled = options;
+  if (auto s = engine::Engine::memory_options(profile, filled); !s) return s;
+  // Where the model drafts nothing, open_draft_model opens no draft model (engine::draft_limit): its recurrent layers
+  // cannot step back, or its sliding layers take one position a write (--batch 1).
+  if (const auto w = engine::kv_windows(target->hparams, filled.ubatch, filled.kv_sliding_window.value_or(true));
+      !w.state.empty() || (w.max_write > 0 && w.max_write <= 1)) {
     return std::optional<std::uint64_t>();
   }
   auto dir = model::resolve_model_path(d.model, profile.get_string("models.dir"));
@@ -32,10 +38,9 @@ inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const Dra
     return sdk::Status(draft.error().code(), "--draft-model " + dir->string() + ": " + draft.error().message());
   auto split = engine::split_expert_cache(engine::Engine::expert_cache_budget(profile, options), *target, *draft);
   if (!split) return split.error();
-  engine::EngineOptions draft_options = options;  // its KV cache's type, chunk and windows are the model's options'
-  if (auto s = engine::Engine::memory_options(profile, draft_options); !s) return s;
-  options.kv_beside = [hp = draft->hparams, draft_options](std::int64_t n) {
-    return engine::Engine::kv_cache_bytes(hp, draft_options, n);
+  // Its KV cache's type, chunk and windows are the model's options'.
+  options.kv_beside = [hp = draft->hparams, filled](std::int64_t n) {
+    return engine::Engine::kv_cache_bytes(hp, filled, n);
   };
   options.expert_cache_bytes = split->model;
   return std::optional<std::uint64_t>(split->draft);

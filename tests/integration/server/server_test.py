@@ -2480,12 +2480,17 @@ class Concurrency(unittest.TestCase):
         total, slot = sum(e["size"] for e in experts), max(e["size"] for e in experts)
         budget = 8 << 20
         self.assertLess(budget // 2, total)  # the draft model (the model itself) gets half
+        window = patched_model("window", sliding_window=4)
+        # No draft model opens with --draft 0, nor where the model drafts nothing (a sliding window and --batch 1).
         for flags, model_part in (([], budget), (["--draft-model", MODEL], budget - budget // 2),
-                                  (["--draft-model", MODEL, "--draft", "0"], budget)):  # no draft model opens
+                                  (["--draft-model", MODEL, "--draft", "0"], budget),
+                                  (["--model", window, "--draft-model", window, "--batch", "1"], budget),
+                                  (["--model", window, "--draft-model", window], budget - budget // 2)):
             s = Server("--expert-cache-size", str(budget), *flags)
             try:
                 self.assertEqual(s.metric("colibri_expert_cache_budget_bytes"), model_part, flags)
-                _, r = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "the colibri", "max_tokens": 8,
+                served = os.path.basename(flags[1]) if flags[:1] == ["--model"] else "tiny"
+                _, r = s.json("POST", "/v1/completions", {"model": served, "prompt": "the colibri", "max_tokens": 8,
                                                           "temperature": 0, "speculative.p_min": 0})
                 self.assertEqual(r["usage"]["completion_tokens"], 8)
             finally:
