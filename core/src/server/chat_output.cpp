@@ -1474,6 +1474,7 @@ void ToolCallStream::preview_xml(ToolStreamOutput& out) {
 void ToolCallStream::preview_pythonic(ToolStreamOutput& out, const std::vector<ToolCall>& calls,
                                       const std::optional<ToolCall>& partial) {
   Preview& p = *preview_;
+  if (p.at == Preview::At::stopped) return;  // a function the request does not offer: nothing of it goes out
   // Each read adds to the calls' arguments, so what was sent is their prefix.
   for (std::size_t k = p.sent.empty() ? 0 : p.sent.size() - 1; k < calls.size() && p.at != Preview::At::stopped; ++k) {
     const std::string& arguments = calls[k].arguments;  // all but its closing '}', which waits for finish()
@@ -1693,7 +1694,7 @@ ToolStreamOutput ToolCallStream::push(std::string_view text) {
     // Calls only when the whole answer is one list of them: held while it may still be one, each call previewed as
     // it is written; text if it turns out not to be one before a call went out, else finish() decides, as after a
     // marker (the calls' arguments were sent without their closing '}').
-    if (preview_->at == Preview::At::stopped) return out;
+    if (preview_->at == Preview::At::stopped && !preview_->sent.empty()) return out;  // finish() decides
     std::vector<ToolCall> calls;
     PythonicReader reader(held_);
     if (reader.read(calls) == PythonicReader::Result::bad) {

@@ -597,6 +597,10 @@ TEST(ToolCalls, PythonicCallsAreTheWholeAnswer) {
   EXPECT_EQ(out.calls[1].name, "get_time");
   EXPECT_EQ(out.calls[2].arguments, "{");
   EXPECT_EQ(out.content, "");
+  // A function the request does not offer is never previewed; text after its list still goes out as it comes.
+  ToolCallStream offered(ToolFormat::pythonic, only_a);
+  EXPECT_TRUE(offered.push("[rm(path='/')").calls.empty());
+  EXPECT_EQ(offered.push("] and more").content, "[rm(path='/')] and more");
   tool_test::expect_every_cut_streams_safely(ToolFormat::pythonic, calls + "<|python_end|> ok", {});
 }
 
