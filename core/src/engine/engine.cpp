@@ -28,9 +28,6 @@ using sdk::Tensor;
 
 namespace {
 
-// An automatic context smaller than this (or the model's) does not move the KV cache into device memory.
-constexpr std::int64_t kMinDeviceContext = 2048;
-
 Tensor f32(float* p, std::int64_t a, std::int64_t b = 1, std::int64_t c = 1) {
   Tensor t;
   t.type = DType::f32;
@@ -623,10 +620,20 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   const auto all_kv_bytes = [&](std::int64_t n) {
     return kv_sequences * (kv_bytes(n) + (options_.kv_beside ? options_.kv_beside(n) : 0));
   };
-  auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings,
-                            util::available_memory_bytes(), all_kv_bytes);
+  // The RAM tier's pages are taken as experts are read, after this: what it will fill is not the context's.
+  const std::uint64_t kv_host =
+      kv_host_available(util::available_memory_bytes(), manifest_.expert_bytes(), expert_cache_bytes);
+  auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings, kv_host,
+                            all_kv_bytes, kMinAutoContext);
   if (!planned) return planned.error();
   std::int64_t ctx = *planned;
+  if (const auto fits = largest_context(kv_host / 2, all_kv_bytes, hp_.max_position_embeddings);
+      options_.context <= 0 && kv_cache_bytes == 0 && fits < ctx) {
+    spdlog::warn(
+        "memory.expert_cache ({}) leaves {} of RAM beside it, which holds an automatic context of only {} positions; "
+        "taking {}, which may run out of memory as it fills (set --ctx, or lower memory.expert_cache)",
+        sdk::format_size(expert_cache_bytes), sdk::format_size(kv_host), fits, ctx);
+  }
   // Attention on a discrete GPU reads the KV cache in place; in host memory the whole prefix would cross the bus at
   // every layer of every token. Device memory is committed when allocated (host pages only as they fill), so an
   // automatic context there takes at most half of what the VRAM tier leaves free.
@@ -635,7 +642,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     const std::uint64_t free = plugins_.compute->devices()[0].memory_available;
     const std::uint64_t tier = options_.vram_budget_bytes.value_or(0);
     const auto fits = largest_context(free > tier ? (free - tier) / 2 : 0, all_kv_bytes, hp_.max_position_embeddings);
-    if (fits >= std::min<std::int64_t>(ctx, kMinDeviceContext)) {
+    if (fits >= std::min<std::int64_t>(ctx, kMinAutoContext)) {
       ctx = std::min(ctx, fits);
     } else {
       spdlog::warn(
@@ -653,7 +660,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
   // Host pages are paid for as the context fills: a reservation past the RAM there is only fails later, mid-answer.
-  if (const std::uint64_t ram = util::available_memory_bytes();
+  if (const std::uint64_t ram = kv_host;
       !kv_.on_device() && !(options_.sequences_only && kv_on_device_) && ram > 0 && all_kv_bytes(ctx) > ram) {
     const std::string pos = std::to_string(ctx) + " positions";
     const std::string caches = kv_sequences > 1 ? "the " + std::to_string(kv_sequences) + " KV caches of " + pos +
@@ -662,8 +669,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                : options_.kv_beside ? "the KV cache of " + pos + " and the draft model's"
                                                     : "the KV cache of " + pos;
     spdlog::warn(
-        "{} {} to {}, more than the {} of RAM available: a context that long will run out of memory (lower --ctx or "
-        "memory.kv_cache, {}or --kv-type q8_0)",
+        "{} {} to {}, more than the {} of RAM available beside the expert cache: a context that long will run out of "
+        "memory (lower --ctx or memory.kv_cache, {}memory.expert_cache, or --kv-type q8_0)",
         caches, kv_sequences > 1 || options_.kv_beside ? "grow together" : "grows", sdk::format_size(all_kv_bytes(ctx)),
         sdk::format_size(ram), kv_sequences > 1 ? "--max-batch, " : "");
   }

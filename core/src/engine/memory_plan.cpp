@@ -17,6 +17,11 @@ std::uint64_t expert_slot_bytes(const model::Manifest& manifest) {
   return slot;
 }
 
+std::uint64_t kv_host_available(std::uint64_t available, std::uint64_t expert_bytes, std::uint64_t expert_cache) {
+  const std::uint64_t tier = std::min(expert_bytes, expert_cache);
+  return available > tier ? available - tier : 0;
+}
+
 std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                              std::int64_t model_max) {
   std::int64_t lo = 0, hi = std::max<std::int64_t>(0, model_max);  // context_bytes(lo) fits, or lo = 0
@@ -49,7 +54,8 @@ KvWindows kv_windows(const model::HyperParams& hp, std::int64_t max_write, bool 
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                                        std::int64_t model_max, std::uint64_t host_available,
-                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes) {
+                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes,
+                                       std::int64_t floor) {
   if (requested > 0) {
     if (requested > model_max) {
       return Status(StatusCode::invalid_argument, "--ctx " + std::to_string(requested) +
@@ -67,8 +73,8 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
     }
     return ctx;
   }
-  return std::max<std::int64_t>(1,
-                                largest_context(host_available / 2, all_bytes ? all_bytes : context_bytes, model_max));
+  return std::max({std::int64_t{1}, std::min(floor, model_max),
+                   largest_context(host_available / 2, all_bytes ? all_bytes : context_bytes, model_max)});
 }
 
 sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_bytes) {
@@ -123,7 +129,8 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   };
   p.kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, sequences));
   const auto all = [&](std::int64_t n) { return p.kv_sequences * bytes(n); };
-  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings, host_available, all);
+  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings,
+                        kv_host_available(host_available, p.expert_bytes, expert_cache), all, kMinAutoContext);
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);

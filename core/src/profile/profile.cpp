@@ -45,7 +45,7 @@ const OptionSpec kCanonical[] = {
   {"memory.kv_checkpoints", OptionType::integer, "4", "copies of a KV cache's sliding-window rows and recurrent states (gpt-oss, Qwen3-Next) kept per sequence where a later prompt may part from this one: its end, its generation prompt's, last message's and system prompt's starts (0: none; a later prompt then reuses only what the cache still holds)"},
   {"memory.kv_checkpoint_every", OptionType::integer, "512", "the server's prompts without a chat's structure (/v1/completions) keep their KV checkpoints at multiples of this many positions before their end too, the last ones memory.kv_checkpoints allows, so that a later prompt parting from one anywhere returns to the nearest before (0: at the end only)"},
   {"memory.activations_on_device", OptionType::boolean, "true", "keep activations in a discrete GPU's memory from op to op (only routing, KV rows and logits cross the bus)"},
-  {"memory.kv_cache", OptionType::size, "auto", "a sequence's KV cache size (auto: the model's context, at most what half the RAM holds for every cache held at once: the server's --max-batch, a draft model's)", true},
+  {"memory.kv_cache", OptionType::size, "auto", "a sequence's KV cache size (auto: the model's context, at most what half the RAM beside the expert cache holds for every cache held at once: the server's --max-batch, a draft model's)", true},
   {"storage.plugin", OptionType::string, "pread", "storage plugin: pread, io_uring, mmap, stripe (auto: highest score)", true},
   {"storage.direct_io", OptionType::boolean, "true", "read experts with O_DIRECT, bypassing the page cache"},
   {"storage.queue_depth", OptionType::integer, "32", "reads in flight at once"},

@@ -35,6 +35,12 @@ TEST(MemoryPlan, ContextComesFromTheFlagTheKeyOrHalfTheFreeRam) {
   EXPECT_NE(tiny.error().message().find("memory.kv_cache"), std::string::npos);
   EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 2 * 300 * 100), 300) << "half of the free RAM";
   EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 0), 1) << "at least one position";
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 0, {}, 500), 500) << "at least the floor";
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 0, {}, 2048), 1000) << "never more than the model's";
+  EXPECT_EQ(*kv_context(0, 0, per_100, 1000, 2 * 700 * 100, {}, 500), 700);
+  EXPECT_EQ(kv_host_available(1000, 300, 200), 800u) << "a streaming tier fills its budget";
+  EXPECT_EQ(kv_host_available(1000, 300, 2000), 700u) << "a resident one its experts";
+  EXPECT_EQ(kv_host_available(100, 300, 2000), 0u);
   // Every cache held at once (4 sequences, each with a draft model's cache of 25 bytes a position) fits that half; a
   // flag or a key still sizes one sequence's.
   const auto four_with_drafts = [](std::int64_t n) { return 4u * 125u * static_cast<std::uint64_t>(n); };
@@ -52,11 +58,21 @@ TEST(MemoryPlan, SlotsTiersAndKvFollowTheBudgets) {
   EXPECT_EQ(resident->ram_bytes, 5000u + 3 * 4096u);
   EXPECT_EQ(resident->kv_bytes_per_position, 2u * 2 * 2 * 64 * 2);
   EXPECT_EQ(resident->kv_bytes, 100u * resident->kv_bytes_per_position);
-  // Four sequences' caches (the server's --max-batch) share half of 1 MiB: a context of 1 MiB / 2 / 4 / 1024 bytes.
-  auto batch = plan_memory(m, 1u << 20, 0, 0, 0, sdk::DType::f16, 1u << 20, {}, 4);
+  // Four sequences' caches (the server's --max-batch) share half of the 64 MiB the resident experts leave: a context
+  // of 64 MiB / 2 / 4 / 1024 bytes. Where that is below 2048 positions, 2048 (kMinAutoContext).
+  auto long_model = m;
+  long_model.hparams.max_position_embeddings = 100000;
+  auto batch = plan_memory(long_model, 1u << 20, 0, 0, 0, sdk::DType::f16, (64u << 20) + 17288, {}, 4);
   ASSERT_TRUE(batch);
   EXPECT_EQ(batch->kv_sequences, 4u);
-  EXPECT_EQ(batch->context, 128);
+  EXPECT_EQ(batch->context, 8192);
+  batch = plan_memory(long_model, 1u << 20, 0, 0, 0, sdk::DType::f16, (4u << 20) + 17288, {}, 4);
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->context, 2048) << "512 fit; the floor";
+  // A streaming RAM tier's slots are not the KV cache's either: 2 slots of 8192 bytes come off the RAM available.
+  auto beside_slots = plan_memory(long_model, 2 * 8192, 0, 0, 0, sdk::DType::f16, (32u << 20) + 2 * 8192);
+  ASSERT_TRUE(beside_slots);
+  EXPECT_EQ(beside_slots->context, 16384);
   auto streaming = plan_memory(m, 2 * 8192 + 100, 3 * 8192, 0, 0, sdk::DType::q8_0, 1u << 30);
   ASSERT_TRUE(streaming);
   EXPECT_FALSE(streaming->resident);

@@ -23,11 +23,19 @@ namespace colibri::engine {
 // most the model's), else as many as half of `host_available` holds (at least 1, at most the model's).
 // context_bytes(n): a context of n positions' bytes (sliding-window layers cost a fixed amount past their rows);
 // all_bytes(n), when given, what the automatic context must fit instead: every cache of n positions held at once (a
-// server's sequences, a draft model's). Errors name the flag or key.
+// server's sequences, a draft model's); it is at least min(floor, model_max). Errors name the flag or key.
 sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_cache_bytes,
                                        const std::function<std::uint64_t(std::int64_t)>& context_bytes,
                                        std::int64_t model_max, std::uint64_t host_available,
-                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes = {});
+                                       const std::function<std::uint64_t(std::int64_t)>& all_bytes = {},
+                                       std::int64_t floor = 1);
+// The automatic context's floor (kv_context's `floor`; at most the model's): below it a model is of little use, so a
+// RAM tier that leaves less beside it is warned about instead. Below it, too, a KV cache does not move to a device.
+inline constexpr std::int64_t kMinAutoContext = 2048;
+// The RAM an automatic context may take half of: what is available less what the RAM expert tier will fill
+// (min(expert_bytes, expert_cache): its pages are taken as experts are read, after the context is sized).
+[[nodiscard]] std::uint64_t kv_host_available(std::uint64_t available, std::uint64_t expert_bytes,
+                                              std::uint64_t expert_cache);
 // The most positions (0..model_max) whose bytes fit `budget`; context_bytes grows with the positions.
 [[nodiscard]] std::int64_t largest_context(std::uint64_t budget,
                                            const std::function<std::uint64_t(std::int64_t)>& context_bytes,
