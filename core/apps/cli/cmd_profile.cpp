@@ -59,15 +59,14 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   };
   const std::uint64_t expert_cache =
       prof.get_int("memory.expert_cache") ? int_of("memory.expert_cache") : util::auto_expert_cache_bytes();
-  auto sliding = prof.section("memory").get_bool("kv_sliding_window", true);
-  if (!sliding) {
-    fail(sliding.error().message());
+  engine::EngineOptions memory;  // the memory.* keys as a run reads them
+  if (auto s = engine::Engine::memory_options(prof, memory); !s) {
+    fail(s.message());
     return std::nullopt;
   }
   // The forward chunk is a run's --batch; the default here.
-  const auto checkpoints = prof.get_int("memory.kv_checkpoints");
-  const auto windows = engine::kv_windows(man->hparams, engine::EngineOptions{}.ubatch, *sliding,
-                                          checkpoints ? *checkpoints : engine::kDefaultKvCheckpoints);
+  const auto windows =
+      engine::kv_windows(man->hparams, memory.ubatch, *memory.kv_sliding_window, *memory.kv_checkpoints);
   // The CPU backend has no device memory: the engine ignores a VRAM budget there (with a warning), and so does the
   // plan. Another backend's device is known only once loaded (an integrated GPU shares host RAM): planned as a GPU.
   const std::string backend = prof.get_string("compute.backend");

@@ -39,9 +39,7 @@ inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const Dra
   auto split = engine::split_expert_cache(engine::Engine::expert_cache_budget(profile, options), *target, *draft);
   if (!split) return split.error();
   // Its KV cache's type, chunk and windows are the model's options'.
-  options.kv_beside = [hp = draft->hparams, filled](std::int64_t n) {
-    return engine::Engine::kv_cache_bytes(hp, filled, n);
-  };
+  options.kv_beside = engine::Engine::kv_cache_bytes(draft->hparams, filled);
   options.expert_cache_bytes = split->model;
   return std::optional<std::uint64_t>(split->draft);
 }

@@ -258,12 +258,13 @@ sdk::Status Engine::memory_options(const profile::Profile& profile, EngineOption
   return {};
 }
 
-std::uint64_t Engine::kv_cache_bytes(const model::HyperParams& hp, const EngineOptions& options,
-                                     std::int64_t positions) {
-  const auto windows = kv_windows(hp, options.ubatch, options.kv_sliding_window.value_or(true),
-                                  options.kv_checkpoints.value_or(kDefaultKvCheckpoints));
-  return KvCache::bytes_for(options.kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), positions, windows,
-                            hp.mla());
+std::function<std::uint64_t(std::int64_t)> Engine::kv_cache_bytes(const model::HyperParams& hp,
+                                                                  const EngineOptions& options) {
+  return [hp, type = options.kv_type,
+          windows = kv_windows(hp, options.ubatch, options.kv_sliding_window.value_or(true),
+                               options.kv_checkpoints.value_or(kDefaultKvCheckpoints))](std::int64_t n) {
+    return KvCache::bytes_for(type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), n, windows, hp.mla());
+  };
 }
 
 std::uint64_t Engine::expert_cache_budget(const profile::Profile& profile, const EngineOptions& options) {
@@ -614,7 +615,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
   // Sliding-window layers keep only their window's rows (memory.kv_sliding_window), so a budget holds more context.
   kv_windows_ = kv_windows(hp_, options_.ubatch, options_.kv_sliding_window.value_or(true),
                            options_.kv_checkpoints.value_or(kDefaultKvCheckpoints));
-  const auto kv_bytes = [&](std::int64_t n) { return Engine::kv_cache_bytes(hp_, options_, n); };
+  const auto kv_bytes = Engine::kv_cache_bytes(hp_, options_);  // the windows computed once, as kv_windows_
   // What an automatic context must fit: every cache the caller may hold at once, with what is kept beside each.
   const auto kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, options_.kv_sequences));
   const auto all_kv_bytes = [&](std::int64_t n) {

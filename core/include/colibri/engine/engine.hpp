@@ -105,9 +105,9 @@ class Engine {
   static std::uint64_t expert_cache_budget(const profile::Profile& profile, const EngineOptions& options);
   // Fills the memory.* options the caller left unset from the profile (plugins_from_profile does too).
   static sdk::Status memory_options(const profile::Profile& profile, EngineOptions& options);
-  // One KV cache of `positions` for a model of `hp` with these options (memory_options filled).
-  static std::uint64_t kv_cache_bytes(const model::HyperParams& hp, const EngineOptions& options,
-                                      std::int64_t positions);
+  // The bytes of one KV cache of n positions for a model of `hp` with these options (memory_options filled).
+  static std::function<std::uint64_t(std::int64_t)> kv_cache_bytes(const model::HyperParams& hp,
+                                                                   const EngineOptions& options);
   // With plugins the caller made (tests).
   static sdk::Expected<std::unique_ptr<Engine>> open(const std::filesystem::path& model_dir, Plugins plugins,
                                                      std::uint64_t expert_cache_bytes, std::uint64_t kv_cache_bytes,
