@@ -1,6 +1,7 @@
 // colibri-server --model M [--profile P] [--host 127.0.0.1] [--port 8080] [--api-key KEY] ...
 // Opens the model once and serves the OpenAI-compatible API until SIGTERM/SIGINT.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -168,6 +169,7 @@ int serve(Flags& f) {
   eo.exact_activations = f.exact;
   eo.sequences_only = true;  // every request's KV cache is a sequence's
   eo.kv_sequences = f.max_batch;
+  eo.kv_admission = true;  // the scheduler holds requests back rather than let the caches outgrow the RAM
   auto draft_experts = apps::prepare_draft_model(f.draft, *prof, manifest ? &*manifest : nullptr, eo);
   if (!draft_experts) return fail(draft_experts.error().message());
   auto tok = tokenizer::Tokenizer::from_file(*dir);
@@ -239,6 +241,20 @@ int serve(Flags& f) {
   if (so.scheduler.draft_model) {
     spdlog::info("draft model: {} (up to {} drafts a step, while its top token is at least {} likely)",
                  so.scheduler.draft_model->engine().model_dir().string(), f.draft.count(), f.draft.p_min);
+  }
+  if (auto budget = prof->get_int("memory.kv_budget")) {
+    so.scheduler.kv_budget = static_cast<std::uint64_t>(*budget);
+  } else {
+    so.scheduler.kv_budget = (*eng)->kv_host_budget();
+  }
+  if (const auto whole = (*eng)->kv_sequence_bytes((*eng)->context());
+      so.scheduler.kv_budget > 0 && whole > 0 &&
+      static_cast<std::uint64_t>(f.max_batch) * whole > so.scheduler.kv_budget) {
+    spdlog::info(
+        "KV budget {} (memory.kv_budget): where each may reach the whole context, {} of --max-batch {} requests run "
+        "together and the others wait in the queue until one ends",
+        sdk::format_size(so.scheduler.kv_budget), std::max<std::uint64_t>(1, so.scheduler.kv_budget / whole),
+        f.max_batch);
   }
   const auto context = (*eng)->context();
   const auto mode = (*eng)->mode();

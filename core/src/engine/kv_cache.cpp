@@ -215,6 +215,7 @@ sdk::Expected<std::size_t> KvCache::make_room(std::int64_t layer, std::int64_t p
       first_[L] = first;
     }
   }
+  reach_ = std::max(reach_, position + count);
   return static_cast<std::size_t>((position - first_[L]) * kv_heads_) * row_bytes_;
 }
 
@@ -560,6 +561,7 @@ Status KvCache::copy_prefix_from(const KvCache& src, std::int64_t count) {
     }
   }
   checkpoints_.clear();
+  reach_ = std::max(reach_, count);
   // From here on a failure leaves nothing kept: the next pass runs from position 0.
   const auto failed = [&](const Status& s) {
     std::fill(first_.begin(), first_.end(), 0);

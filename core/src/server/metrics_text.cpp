@@ -106,6 +106,16 @@ std::string render_metrics(const SchedulerStats& s,
         static_cast<double>(s.batched_sequences));
   w.one("colibri_queue_depth", "gauge", "Requests waiting to join the batch.", static_cast<double>(s.queue_depth));
   w.one("colibri_active_sequences", "gauge", "Sequences in the running batch.", static_cast<double>(s.active));
+  w.one("colibri_kv_budget_bytes", "gauge",
+        "RAM the sequences' KV caches may take together (0: no limit; caches in device memory).",
+        static_cast<double>(s.kv_budget_bytes));
+  w.one("colibri_kv_bytes", "gauge",
+        "What the KV caches count for against that budget: the running ones' the most they may reach, the kept "
+        "ones' what they took.",
+        static_cast<double>(s.kv_bytes));
+  w.one("colibri_requests_waited_for_kv_total", "counter",
+        "Requests that waited in the queue until their KV cache fit beside the running ones'.",
+        static_cast<double>(s.kv_waits));
 
   w.family("colibri_expert_hits_total", "counter",
            "Expert lookups served from a memory tier (tier=\"ram\" counts only lookups the VRAM tier missed).");

@@ -9,6 +9,7 @@
 #include "colibri/engine/generate.hpp"
 #include "colibri/engine/rope.hpp"
 #include "colibri/engine/usage_history.hpp"
+#include "colibri/sdk/config.hpp"
 
 namespace colibri::server {
 
@@ -48,6 +49,7 @@ struct Scheduler::Sequence {
   engine::Speculation spec;                         // --draft: the drafts its last pass ran after `pending`
   std::int64_t kv_valid = 0;  // KV positions holding history's tokens (the rest: a pass's drafts not yet kept)
   std::unique_ptr<engine::DraftModel::State> draft_state;  // --draft-model: its KV cache in the draft model
+  std::uint64_t kv_need = 0;                               // kv_budget: the bytes its cache may reach
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -72,6 +74,7 @@ Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokeniz
   }
   options_.max_batch = std::max(1, options_.max_batch);
   options_.prefill_chunk = std::max<std::int64_t>(1, options_.prefill_chunk);
+  stats_.kv_budget_bytes = options_.kv_budget;
   refresh_expert_stats();  // the cache's budget and residency are known before the first step
   thread_ = std::thread([this] { loop(); });
 }
@@ -191,16 +194,20 @@ void Scheduler::loop() {
         for (auto& job : queue_) job->cancel();
       }
       // Join at a token boundary.
-      while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
+      while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch &&
+             kv_admits(*queue_.front(), active)) {
         // speculative.n_max: this request's drafts per step instead of --draft's, within what the KV cache allows.
         const auto& asked = queue_.front()->request.draft_max;
         const std::int64_t drafts = asked ? engine::draft_limit(engine_.kv_cache(), *asked) : draft_tokens_;
+        const std::uint64_t need = options_.kv_budget > 0 ? kv_need(*queue_.front()) : 0;
         active.push_back(
             std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_, drafts, options_.draft_ngram));
         active.back()->request_id = next_request_id_++;
+        active.back()->kv_need = need;
         queue_.pop_front();
         ++stats_.started;
       }
+      if (options_.kv_budget > 0) stats_.kv_bytes = kv_counted(active);
       stats_.queue_depth = queue_.size();
       stats_.active = active.size();
       if (stopping_ && active.empty() && queue_.empty() && tasks.empty()) break;
@@ -214,6 +221,7 @@ void Scheduler::loop() {
     {
       std::lock_guard lock(mu_);
       stats_.active = active.size();
+      if (options_.kv_budget > 0) stats_.kv_bytes = kv_counted(active);
       ended_in_step_ = 0;
     }
     cv_.notify_all();  // shutdown() waits for the queue to drain
@@ -661,6 +669,47 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     reuse = shared;  // the sibling ran the same prompt: its rows are this choice's
   }
   start_at(reuse);
+}
+
+std::uint64_t Scheduler::kv_need(const Job& job) const {
+  const auto& r = job.request;
+  const std::int64_t drafts = r.draft_max ? engine::draft_limit(engine_.kv_cache(), *r.draft_max) : draft_tokens_;
+  // Each term is at most the context once clamped, so the sum cannot wrap.
+  const auto clamp = [&](std::int64_t n) { return std::clamp<std::int64_t>(n, 0, context_); };
+  return engine_.kv_sequence_bytes(
+      clamp(clamp(static_cast<std::int64_t>(r.prompt.size())) + clamp(r.max_tokens) + clamp(drafts)));
+}
+
+std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const {
+  std::uint64_t n = 0;
+  for (const auto& seq : active) {
+    // A kept cache it took may have reached further than this request will.
+    n += std::max(seq->kv_need, seq->state ? engine_.kv_sequence_bytes(seq->state->kv.reach()) : 0);
+  }
+  for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach());
+  return n;
+}
+
+bool Scheduler::kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequence>>& active) {
+  if (options_.kv_budget == 0 || job.cancelled()) return true;
+  const std::uint64_t need = kv_need(job);
+  std::uint64_t counted = kv_counted(active);
+  // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room.
+  while (counted + need > options_.kv_budget && !free_states_.empty()) {
+    free_states_.erase(free_states_.begin());
+    --states_made_;
+    counted = kv_counted(active);
+  }
+  if (counted + need <= options_.kv_budget || active.empty()) return true;
+  if (kv_waiting_ != &job) {
+    kv_waiting_ = &job;
+    ++stats_.kv_waits;
+    spdlog::info(
+        "a request waits in the queue: its KV cache may reach {}, and the {} running count for {}, together past "
+        "memory.kv_budget {} (it joins as they end)",
+        sdk::format_size(need), active.size(), sdk::format_size(counted), sdk::format_size(options_.kv_budget));
+  }
+  return false;
 }
 
 void Scheduler::plan_checkpoints(Sequence& seq) {

@@ -1,9 +1,11 @@
 // The scheduler on a real engine: a request whose tokens make the model fail (activations that overflow) fails
-// alone; the requests batched with it finish with the tokens they get on their own. Tiny Mixtral from
-// tests/fixtures/make_tiny_model.py, changed so that one token id overflows layer 0's router and no other does; the
-// built cpu/pread/lru plugins.
+// alone; the requests batched with it finish with the tokens they get on their own. Requests whose KV caches would
+// outgrow SchedulerOptions::kv_budget together wait for the running ones to end, with the same tokens. Tiny Mixtral
+// from tests/fixtures/make_tiny_model.py, changed so that one token id overflows layer 0's router and no other does;
+// the built cpu/pread/lru plugins.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +164,93 @@ TEST(SchedulerEngine, ARequestThatMakesTheModelFailFailsAloneInItsBatch) {
   EXPECT_EQ(c.ids, alone[1].ids);
   EXPECT_EQ(a.finish_reason, "length");
   EXPECT_EQ(scheduler.stats().failed, failed_before + 1);
+}
+
+// Runs `prompts` (each one job, all queued while the scheduler thread is held, so they could join one batch) and
+// returns what each saw, with the most that were between their first event and their last at once.
+std::vector<Outcome> run_together(server::Scheduler& scheduler, const std::vector<std::vector<std::int32_t>>& prompts,
+                                  std::size_t& most_at_once) {
+  std::mutex mu;
+  std::vector<int> state(prompts.size(), 0);  // 0: no event yet, 1: running, 2: ended
+  most_at_once = 0;
+  std::promise<void> held, release;
+  auto released = release.get_future().share();
+  EXPECT_TRUE(scheduler.post([&](engine::Engine&) {
+    held.set_value();
+    released.wait();
+  }));
+  held.get_future().wait();
+  std::vector<std::shared_ptr<Watched>> jobs;
+  std::vector<std::future<Outcome>> results;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    auto w = job(prompts[i]);
+    auto inner = w->job->on_event;
+    w->job->on_event = [&, i, inner](server::GenerationEvent&& ev) {
+      {
+        std::lock_guard lock(mu);
+        state[i] = ev.kind == server::GenerationEvent::Kind::text ? 1 : 2;
+        most_at_once = std::max<std::size_t>(most_at_once, std::count(state.begin(), state.end(), 1));
+      }
+      inner(std::move(ev));
+    };
+    results.push_back(w->done.get_future());
+    EXPECT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+    jobs.push_back(std::move(w));
+  }
+  release.set_value();
+  std::vector<Outcome> out;
+  for (auto& r : results) out.push_back(r.get());
+  return out;
+}
+
+TEST(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
+  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
+  auto e = open_engine(model);
+  ASSERT_TRUE(e);
+  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
+  ASSERT_TRUE(tok) << tok.error().message();
+  const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6}, {11, 12, 13, 14}, {20, 21, 22, 23}, {5, 9, 2, 8}};
+  // Each may reach its prompt and max_tokens: 10 positions.
+  const std::uint64_t need = e->kv_sequence_bytes(10);
+  ASSERT_GT(need, 0u);
+  ASSERT_LT(need, e->kv_sequence_bytes(64));
+
+  std::size_t unlimited_at_once = 0, budget_at_once = 0;
+  std::vector<Outcome> unlimited, within;
+  {
+    server::Scheduler scheduler(*e, *tok, {});
+    unlimited = run_together(scheduler, prompts, unlimited_at_once);
+    EXPECT_EQ(scheduler.stats().kv_waits, 0u);
+    EXPECT_EQ(scheduler.stats().kv_budget_bytes, 0u);
+  }
+  {
+    server::SchedulerOptions so;
+    so.kv_budget = 2 * need + need / 2;  // two such caches, not three
+    server::Scheduler scheduler(*e, *tok, so);
+    within = run_together(scheduler, prompts, budget_at_once);
+    const auto st = scheduler.stats();
+    EXPECT_GE(st.kv_waits, 1u);
+    EXPECT_EQ(st.kv_budget_bytes, so.kv_budget);
+    EXPECT_GT(st.kv_bytes, 0u);  // the kept caches
+    EXPECT_LE(st.kv_bytes, so.kv_budget);
+    EXPECT_EQ(st.finished, prompts.size());
+
+    // One that needs more than the whole budget runs alone rather than never.
+    auto big = job({3, 4, 5, 6});
+    big->job->request.max_tokens = 40;
+    auto f = big->done.get_future();
+    ASSERT_EQ(scheduler.submit(big->job), server::Scheduler::Submit::accepted);
+    const Outcome o = f.get();
+    EXPECT_FALSE(o.failed) << o.error;
+    EXPECT_EQ(o.ids.size(), 40u);
+  }
+  EXPECT_EQ(unlimited_at_once, prompts.size());
+  EXPECT_EQ(budget_at_once, 2u);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_FALSE(unlimited[i].failed) << unlimited[i].error;
+    EXPECT_EQ(unlimited[i].ids.size(), 6u);
+    EXPECT_EQ(within[i].ids, unlimited[i].ids) << "request " << i;
+  }
 }
 
 }  // namespace

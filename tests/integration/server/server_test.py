@@ -22,6 +22,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -2530,14 +2531,66 @@ class Concurrency(unittest.TestCase):
         # The RAM available moves a little between starts.
         self.assertTrue(6.8 < contexts["one"] / contexts["eight"] < 9.2, contexts)
         self.assertTrue(1.7 < contexts["one"] / contexts["one with a draft model"] < 2.3, contexts)
-        # A context given for each sequence that the batch's caches together outgrow: said at start.
-        for batch, warned in (("8", True), ("1", False)):
-            s = Server("--model", model, "--ctx", str(contexts["one"]), "--max-batch", batch)
+        # A context given for each sequence that the batch's caches together outgrow: requests wait for room in the
+        # RAM (memory.kv_budget), said at start; one cache alone past the RAM is warned about.
+        for ctx, batch, waits, warned in ((contexts["one"], "8", True, False), (contexts["one"], "1", False, False),
+                                          (3 * contexts["one"], "1", False, True)):
+            s = Server("--model", model, "--ctx", str(ctx), "--max-batch", batch, "--log-level", "info")
             self.assertEqual(s.stop(), 0)
             with open(s.log.name) as f:
                 log = f.read()
-            self.assertEqual(f"the 8 KV caches of {contexts['one']} positions the server may hold (--max-batch) grow "
-                             "together to" in log, warned, log)
+            # Half the RAM for one cache: about 2 of them fit it (the RAM available moves a little between starts).
+            said = re.search(r"KV budget \S+ \(memory.kv_budget\): where each may reach the whole context, (\d+) of "
+                             r"--max-batch 8 requests run together", log)
+            self.assertEqual(said is not None, waits, log)
+            if said:
+                self.assertIn(int(said.group(1)), (1, 2, 3), log)
+            self.assertEqual(f"the KV cache of {ctx} positions grows to" in log, warned, log)
+            self.assertNotIn("KV caches of", log)  # the batch's caches together are no longer a warning
+
+    def test_requests_wait_for_room_in_the_kv_budget(self):
+        # A request joins the batch only while its KV cache, at the most it may reach, fits memory.kv_budget beside
+        # the running ones': with a budget that holds none, each runs alone (never two in a step), with the tokens
+        # it gets alone; none is refused or lost.
+        bodies = [{"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS[:4]]
+        s = Server("--max-batch", "4", "--set", "memory.kv_budget=1", "--log-level", "info")
+        try:
+            self.assertEqual(s.metric("colibri_kv_budget_bytes"), 1)
+            alone = [s.json("POST", "/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+            steps0, seqs0 = s.metric("colibri_engine_steps_total"), s.metric("colibri_engine_step_sequences_total")
+            waited0 = s.metric("colibri_requests_waited_for_kv_total")
+            results, barrier = [None] * len(bodies), threading.Barrier(len(bodies))
+
+            def client(i):
+                barrier.wait()
+                results[i] = s.json("POST", "/v1/completions", bodies[i])
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for (st, b), text in zip(results, alone):
+                self.assertEqual(st, 200, b)
+                self.assertEqual(b["choices"][0]["text"], text)
+            steps = s.metric("colibri_engine_steps_total") - steps0
+            self.assertEqual(s.metric("colibri_engine_step_sequences_total") - seqs0, steps)  # one sequence a step
+            self.assertGreaterEqual(s.metric("colibri_requests_waited_for_kv_total") - waited0, 1)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertRegex(f.read(), r"a request waits in the queue: its KV cache may reach \S+, and the 1 running "
+                             r"count for \S+, together past memory.kv_budget 1 \(")
+        # Without the key: the RAM beside the expert cache, which these requests' caches fit together.
+        s = Server("--max-batch", "4")
+        try:
+            self.assertGreater(s.metric("colibri_kv_budget_bytes"), 1 << 20)
+            self.assertEqual(s.metric("colibri_kv_bytes"), 0)
+            st, b = s.json("POST", "/v1/completions", bodies[0])
+            self.assertEqual(st, 200, b)
+            self.assertGreater(s.metric("colibri_kv_bytes"), 0)  # its cache, kept for a later prompt
+            self.assertEqual(s.metric("colibri_requests_waited_for_kv_total"), 0)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
     def test_16_streaming_clients_match_sequential(self):
         s = Server("--max-batch", "8")

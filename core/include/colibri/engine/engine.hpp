@@ -7,6 +7,7 @@
 // for speed. The one opt-in exception is compute.cpu_fallback: auto, which runs some experts on a second backend.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -65,6 +66,9 @@ struct EngineOptions {
   // them all, and the warning for caches that would outgrow the RAM counts them.
   std::int64_t kv_sequences = 1;
   std::function<std::uint64_t(std::int64_t)> kv_beside;
+  // The caller starts a sequence only while the caches together fit kv_host_budget() (the server's scheduler): a
+  // context whose kv_sequences caches would outgrow the RAM is then warned about only where one alone would.
+  bool kv_admission = false;
 };
 
 struct Plugins {
@@ -170,6 +174,14 @@ class Engine {
   [[nodiscard]] std::uint64_t shared_device_bytes() const { return shared_device_bytes_; }
   // Bytes of this engine's KV cache held in the compute backend's device memory (memory.kv_on_device).
   [[nodiscard]] std::uint64_t kv_device_bytes() const { return kv_.on_device() ? kv_.bytes() : 0; }
+  // Host memory the sequences' KV caches may take together: the RAM available at open beside the expert tier; 0
+  // where they are made in device memory (an allocation there that fails is an error new_sequence() returns).
+  [[nodiscard]] std::uint64_t kv_host_budget() const { return kv_host_budget_; }
+  // Bytes a sequence's KV cache takes at `positions` (at most the context), with what EngineOptions::kv_beside keeps
+  // beside it (its draft model's cache).
+  [[nodiscard]] std::uint64_t kv_sequence_bytes(std::int64_t positions) const {
+    return kv_sequence_bytes_ ? kv_sequence_bytes_(std::clamp<std::int64_t>(positions, 0, kv_.context())) : 0;
+  }
   // Whether activations stay in the compute backend's device memory between ops (memory.activations_on_device).
   [[nodiscard]] bool activations_on_device() const;
   [[nodiscard]] std::string mode() const { return experts_->resident() ? "resident" : "streaming"; }
@@ -310,6 +322,8 @@ class Engine {
   bool group_experts_ = false;    // the backend offers the experts' group op for every expert weight type
   bool routed_experts_ = false;   // decode routes on the backend (expert_ffn_routed) where routed_table() holds
   bool kv_on_device_ = false;     // memory.kv_on_device on a backend whose memory is not the host's
+  std::uint64_t kv_host_budget_ = 0;
+  std::function<std::uint64_t(std::int64_t)> kv_sequence_bytes_;
   KvWindows kv_windows_;  // the sliding-window layers every KV cache of this engine has (memory_plan's kv_windows)
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;

@@ -126,6 +126,9 @@ class KvCache {
   // Of bytes(): the checkpoints' copies, at most (the rest is where the rows are: a device's memory or the host's).
   [[nodiscard]] std::uint64_t checkpoint_bytes() const { return checkpoint_bytes_; }
   [[nodiscard]] bool on_device() const { return device_ != nullptr; }
+  // The most positions it has held (written or copied in): host rows it has paid for, which stay paid when it is
+  // rewound (its bytes for that many positions are the most its pages take).
+  [[nodiscard]] std::int64_t reach() const { return reach_; }
 
  private:
   // write() and store(): positions [position, position + count) of a layer fit the cache; a sliding layer's rows
@@ -183,6 +186,7 @@ class KvCache {
   sdk::Status rows_from_host(std::size_t layer, int which, std::int64_t row, std::int64_t n, const std::byte* src);
   std::size_t row_bytes_ = 0;
   std::uint64_t total_bytes_ = 0, checkpoint_bytes_ = 0;
+  std::int64_t reach_ = 0;
   std::vector<AlignedBuffer> k_, v_;
   std::shared_ptr<sdk::Compute> device_;                     // keeps the buffers' backend alive
   sdk::ComputeDeviceCopy* device_copy_ = nullptr;            // device_'s copies between its buffers, if it has them

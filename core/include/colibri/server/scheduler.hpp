@@ -104,6 +104,11 @@ struct SchedulerOptions {
   std::int64_t draft_ngram = 3;
   // --draft-model: drafts from this model instead of prompt lookup (used on the scheduler thread alone).
   std::shared_ptr<engine::DraftModel> draft_model;
+  // Bytes the KV caches may take together (Engine::kv_host_budget(): the RAM beside the expert cache); 0: no limit.
+  // A request joins the batch only while its cache, at the most positions it may reach (prompt, max_tokens and
+  // drafts), fits beside the running ones' and the kept ones' (these given up first, least recently used first);
+  // else it waits in the queue. One runs alone whatever it needs.
+  std::uint64_t kv_budget = 0;
 };
 
 struct SchedulerStats {
@@ -118,6 +123,9 @@ struct SchedulerStats {
   std::uint64_t draft_model_bytes_read = 0;                   // --draft-model: what it read of its experts
   double busy_seconds = 0;                                    // time spent in forward passes
   double recent_tokens_per_second = 0;                        // generated tokens over the last 10 s
+  // SchedulerOptions::kv_budget, and what the caches count for against it: the running ones' the most they may reach,
+  // the kept ones' what they took. kv_waits: requests that waited in the queue for room in it.
+  std::uint64_t kv_budget_bytes = 0, kv_bytes = 0, kv_waits = 0;
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
   std::size_t expert_resident_count = 0;
@@ -216,6 +224,13 @@ class Scheduler {
   std::size_t states_made_ = 0;         // KV caches made, in use or kept: at most --max-batch are kept
   // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
   std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
+  // KV admission (SchedulerOptions::kv_budget): the bytes a job's cache may reach, and what the caches count for now.
+  [[nodiscard]] std::uint64_t kv_need(const Job& job) const;
+  [[nodiscard]] std::uint64_t kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const;
+  // Whether `job` may join `active` now, giving up kept caches (least recently used first) where that makes room;
+  // under mu_. The first time a job must wait it is counted and logged.
+  bool kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequence>>& active);
+  const Job* kv_waiting_ = nullptr;  // the job at the queue's front that kv_admits last held back
   // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt (when that is at least half of
   // the prompt or of what it holds), a new one, or the least recently used; with `sibling` (a
   // choice of the same request whose prompt has run) the prompt's rows are copied from it.
