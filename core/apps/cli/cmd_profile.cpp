@@ -1,4 +1,5 @@
-// colibri-cli profile show [--profile NAME|PATH] [--json] [--model M [--ctx N] [--kv-type T] [--max-batch N]];
+// colibri-cli profile show [--profile NAME|PATH] [--json]
+//   [--model M [--ctx N] [--kv-type T] [--max-batch N] [--draft-model D]];
 // profile list
 #include <spdlog/spdlog.h>
 
@@ -28,6 +29,7 @@ struct ProfileOptions {
   std::int64_t ctx = 0;         // --ctx
   std::string kv_type = "f16";  // --kv-type
   int max_batch = 1;            // --max-batch: the server's KV caches held at once
+  std::string draft_model;      // --draft-model: its weights and KV caches beside the model's
 };
 
 // What the model takes where under this profile (DESIGN: "reported before loading"); nullopt after printing why,
@@ -72,8 +74,19 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
   const std::string backend = prof.get_string("compute.backend");
   const bool no_device_memory = backend == "cpu";
   const std::uint64_t vram_budget = no_device_memory ? 0 : int_of("memory.vram_budget");
-  auto plan = engine::plan_memory(*man, expert_cache, vram_budget, o.ctx, int_of("memory.kv_cache"), *kv_type,
-                                  util::available_memory_bytes(), windows, o.max_batch);
+  // A draft model takes its part of the expert cache, RAM for its weights and a KV cache beside each of the model's,
+  // as the server and run split them (apps::prepare_draft_model).
+  apps::DraftFlags draft;
+  draft.model = o.draft_model;
+  auto draft_experts = apps::prepare_draft_model(draft, prof, &*man, memory);
+  if (!draft_experts) {
+    fail(draft_experts.error().message());
+    return std::nullopt;
+  }
+  const std::uint64_t available = util::available_memory_bytes();
+  auto plan = engine::plan_memory(
+      *man, memory.expert_cache_bytes.value_or(expert_cache), vram_budget, o.ctx, int_of("memory.kv_cache"), *kv_type,
+      available > memory.ram_beside ? available - memory.ram_beside : 0, windows, o.max_batch, memory.kv_beside);
   if (!plan) {
     fail(plan.error().message());
     return std::nullopt;
@@ -100,10 +113,23 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
                    {"kv_checkpoints", windows.checkpoints},
                    {"kv_checkpoint_bytes", p.kv_checkpoint_bytes},
                    {"kv_sequences", p.kv_sequences},
-                   {"kv_bytes_all", p.kv_sequences * p.kv_bytes},
-                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + p.kv_sequences * p.kv_bytes},
+                   {"kv_bytes_all", p.kv_sequences * (p.kv_bytes + p.kv_beside_bytes)},
+                   {"host_bytes_at_most", p.shared_bytes + p.ram_bytes + memory.ram_beside +
+                                              p.kv_sequences * (p.kv_bytes + p.kv_beside_bytes)},
                    {"compute_backend", backend},
                    {"vram_budget_ignored_bytes", no_device_memory ? int_of("memory.vram_budget") : 0}};
+  j["draft_model"] = nullptr;
+  if (*draft_experts) {
+    auto draft_dir = model::resolve_model_path(o.draft_model, prof.get_string("models.dir"));
+    j["draft_model"] = {{"model", draft_dir ? draft_dir->string() : o.draft_model},
+                        {"expert_cache_bytes", **draft_experts},
+                        {"ram_bytes", memory.ram_beside},
+                        {"kv_bytes", p.kv_beside_bytes}};
+  } else if (!o.draft_model.empty()) {
+    j["draft_model_unused"] =
+        "the model drafts nothing here (its recurrent layers cannot step back, or its sliding layers take one "
+        "position a write with --batch 1): no draft model opens";
+  }
   return j;
 }
 
@@ -145,14 +171,30 @@ void print_plan(const nlohmann::json& j) {
     std::cout << "; of it, " << sz("kv_checkpoint_bytes") << " for up to " << j["kv_checkpoints"]
               << " checkpoints (memory.kv_checkpoints)";
   }
-  if (j["kv_sequences"].get<std::uint64_t>() > 1) {
-    std::cout << "; the server's " << j["kv_sequences"] << " sequences (--max-batch) hold up to " << sz("kv_bytes_all");
+  const bool drafts = !j["draft_model"].is_null();
+  if (j["kv_sequences"].get<std::uint64_t>() > 1 || drafts) {
+    std::cout << (j["kv_sequences"].get<std::uint64_t>() > 1
+                      ? "; the server's " + j["kv_sequences"].dump() + " sequences (--max-batch) hold up to "
+                      : "; with the draft model's, up to ")
+              << sz("kv_bytes_all")
+              << (drafts && j["kv_sequences"].get<std::uint64_t>() > 1 ? " with the draft model's" : "");
   }
   std::cout << "; host pages are paid as the context fills; on a discrete GPU it is allocated there"
-            << " (memory.kv_on_device)\n"
-            << "  host RAM        at most " << sz("host_bytes_at_most")
-            << (j["kv_sequences"].get<std::uint64_t>() > 1 ? " (shared + RAM tier + KV caches)"
-                                                           : " (shared + RAM tier + KV cache)")
+            << " (memory.kv_on_device)\n";
+  if (drafts) {
+    const auto& d = j["draft_model"];
+    std::cout << "  draft model     " << d["model"].get<std::string>() << ": "
+              << sdk::format_size(d["ram_bytes"].get<std::uint64_t>())
+              << " of RAM (its shared weights, and its experts within its part of memory.expert_cache, "
+              << sdk::format_size(d["expert_cache_bytes"].get<std::uint64_t>()) << "), and a KV cache of "
+              << sdk::format_size(d["kv_bytes"].get<std::uint64_t>()) << " beside each of the model's\n";
+  } else if (j.contains("draft_model_unused")) {
+    std::cout << "  draft model     none: " << j["draft_model_unused"].get<std::string>() << "\n";
+  }
+  std::cout << "  host RAM        at most " << sz("host_bytes_at_most")
+            << (drafts                                       ? " (shared + RAM tier + draft model + KV caches)"
+                : j["kv_sequences"].get<std::uint64_t>() > 1 ? " (shared + RAM tier + KV caches)"
+                                                             : " (shared + RAM tier + KV cache)")
             << (backend == "cpu" ? "" : "; less where a discrete GPU holds the shared weights and KV cache") << "\n";
 }
 
@@ -350,6 +392,12 @@ void setup(CLI::App& app, GlobalOptions& global) {
       ->add_option("--max-batch", opts->max_batch,
                    "The server's sequences: KV caches held at once (an automatic context fits them all; default 1)")
       ->check(apps::integer_at_least(1, "give 1 or more sequences"))
+      ->needs(model);
+  show_cmd
+      ->add_option(
+          "--draft-model", opts->draft_model,
+          "A draft model beside it (run, chat, colibri-server): its part of the expert cache, its weights' RAM "
+          "and its KV cache beside each sequence's, counted as they count them")
       ->needs(model);
   add_profile_options(*show_cmd, global);
   show_cmd->callback([&global, opts] { global.exit_code = show(global, *opts); });

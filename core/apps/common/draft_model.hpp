@@ -1,6 +1,7 @@
 // --draft-model of run, chat and colibri-server: the draft model, opened with the model's profile and options.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -14,10 +15,10 @@
 namespace colibri::apps {
 
 // Before the model opens (`target`: its manifest, null when it does not load): where a draft model will open, the
-// expert cache budget is split between the two (engine::split_expert_cache), `options` given the model's part and
-// the draft model's KV cache to count beside each of the model's (an automatic context fits both), and the draft
-// model's part returned for open_draft_model. A draft model that is not there fails here, before the model's
-// minutes of loading.
+// expert cache budget is split between the two (engine::split_expert_cache), `options` given the model's part, the
+// draft model's KV cache to count beside each of the model's (an automatic context fits both) and the RAM its weights
+// will take (EngineOptions::ram_beside), and the draft model's part returned for open_draft_model. A draft model that
+// is not there fails here, before the model's minutes of loading.
 inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const DraftFlags& d,
                                                                        const profile::Profile& profile,
                                                                        const model::Manifest* target,
@@ -41,6 +42,8 @@ inline sdk::Expected<std::optional<std::uint64_t>> prepare_draft_model(const Dra
   // Its KV cache's type, chunk and windows are the model's options'.
   options.kv_beside = engine::Engine::kv_cache_bytes(draft->hparams, filled);
   options.expert_cache_bytes = split->model;
+  // Opened after the model: what its weights will take of the RAM is not there for the model's KV caches.
+  options.ram_beside = draft->resident_bytes() + std::min(draft->expert_bytes(), split->draft);
   return std::optional<std::uint64_t>(split->draft);
 }
 

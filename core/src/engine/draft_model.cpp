@@ -92,6 +92,7 @@ sdk::Expected<std::unique_ptr<DraftModel>> DraftModel::open(const std::filesyste
   options.sequences_only = true;  // acquire() makes its KV caches
   options.kv_sequences = 1;       // the model's engine counted them, with its own
   options.kv_beside = {};
+  options.ram_beside = 0;  // its own weights, opened now, are not beside it
   auto engine = Engine::open(dir, profile, std::move(options), std::move(*manifest));
   if (!engine) return Status(engine.error().code(), where + engine.error().message());
   const std::int64_t vocab = std::min((*engine)->vocab_size(), target.vocab_size());

@@ -92,7 +92,8 @@ sdk::Status check_expert_cache(std::uint64_t expert_cache, std::uint64_t slot_by
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
-                                      const KvWindows& windows, std::int64_t sequences) {
+                                      const KvWindows& windows, std::int64_t sequences,
+                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside) {
   const auto& hp = manifest.hparams;
   MemoryPlan p;
   p.shared_bytes = manifest.resident_bytes();
@@ -128,12 +129,13 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
     return KvCache::bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(), n, windows, hp.mla());
   };
   p.kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, sequences));
-  const auto all = [&](std::int64_t n) { return p.kv_sequences * bytes(n); };
+  const auto all = [&](std::int64_t n) { return p.kv_sequences * (bytes(n) + (kv_beside ? kv_beside(n) : 0)); };
   auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings,
                         kv_host_available(host_available, p.expert_bytes, expert_cache), all, kMinAutoContext);
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);
+  p.kv_beside_bytes = kv_beside ? kv_beside(p.context) : 0;
   p.kv_checkpoint_bytes = KvCache::checkpoint_bytes_for(kv_type, hp.num_layers, hp.kv_cache_heads(), hp.kv_cache_dim(),
                                                         p.context, windows, hp.mla());
   for (const auto w : windows.window) {

@@ -1114,6 +1114,22 @@ class MemoryPlan(unittest.TestCase):
         self.assertIn("the server's 4 sequences (--max-batch) hold up to",
                       cli("profile", "show", "--model", m, "--ctx", "64", "--max-batch", "4").stdout)
         self.assertEqual(cli("profile", "show", "--model", m, "--max-batch", "0", check=False).returncode, 2)
+        # A draft model (the model itself here) takes half the expert cache at most, RAM for its weights, and a KV
+        # cache beside each sequence's, as the server and run count them.
+        drafted = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--max-batch", "4", "--json",
+                                 "--expert-cache-size", str(4 * slot), "--draft-model", m).stdout)["memory_plan"]
+        d = drafted["draft_model"]
+        self.assertEqual((d["model"], d["expert_cache_bytes"], drafted["expert_cache_bytes"]), (m, 2 * slot, 2 * slot))
+        self.assertEqual(d["ram_bytes"], plan["shared_bytes"] + 2 * slot)
+        self.assertEqual((d["kv_bytes"], drafted["kv_bytes_all"]), (kv, 4 * 2 * kv))
+        self.assertEqual(drafted["host_bytes_at_most"], plan["shared_bytes"] + 2 * slot + d["ram_bytes"] + 8 * kv)
+        self.assertIsNone(batch["draft_model"])
+        text = cli("profile", "show", "--model", m, "--ctx", "64", "--draft-model", m).stdout
+        self.assertIn(f"draft model     {m}: ", text)
+        self.assertIn("(shared + RAM tier + draft model + KV caches)", text)
+        missing = cli("profile", "show", "--model", m, "--draft-model", m + "-nowhere", check=False)
+        self.assertEqual(missing.returncode, 1, missing.stderr)
+        self.assertIn("--draft-model", missing.stderr)
         # The cpu backend has no device memory: a run ignores the VRAM budget (warned), and the plan says so.
         on_cpu = json.loads(cli("profile", "show", "--model", m, "--ctx", "64", "--json", *flags).stdout)[
             "memory_plan"]

@@ -66,6 +66,9 @@ struct EngineOptions {
   // them all, and the warning for caches that would outgrow the RAM counts them.
   std::int64_t kv_sequences = 1;
   std::function<std::uint64_t(std::int64_t)> kv_beside;
+  // RAM another engine opened after this one will take (a draft model's shared weights and its part of the expert
+  // cache): not there for the KV caches, though available when this one opens.
+  std::uint64_t ram_beside = 0;
   // The caller starts a sequence only while the caches together fit kv_host_budget() (the server's scheduler): a
   // context whose kv_sequences caches would outgrow the RAM is then warned about only where one alone would.
   bool kv_admission = false;

@@ -68,13 +68,16 @@ struct MemoryPlan {
   std::int64_t kv_sliding_rows = 0;       // the rows each of them keeps
   std::uint64_t kv_checkpoint_bytes = 0;  // of kv_bytes: the most its checkpoints take (memory.kv_checkpoints)
   std::uint64_t kv_sequences = 1;         // caches of kv_bytes held at once (the server's --max-batch)
+  std::uint64_t kv_beside_bytes = 0;      // beside each of them: a draft model's cache of the context
 };
 
 // Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).
-// `sequences`: KV caches held at once (EngineOptions::kv_sequences), which an automatic context fits together.
+// `sequences`: KV caches held at once (EngineOptions::kv_sequences), which an automatic context fits together, each
+// with `kv_beside` bytes of n positions beside it (EngineOptions::kv_beside: a draft model's).
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
-                                      const KvWindows& windows = {}, std::int64_t sequences = 1);
+                                      const KvWindows& windows = {}, std::int64_t sequences = 1,
+                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside = {});
 
 }  // namespace colibri::engine
