@@ -129,6 +129,18 @@ void DraftModel::release(std::unique_ptr<State> state) {
   while (!kept_.empty() && kept_.size() + in_use_ > keep_) kept_.erase(kept_.begin());
 }
 
+std::uint64_t DraftModel::kept_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& st : kept_) n += engine_->kv_sequence_bytes(st->sequence->kv.reach());
+  return n;
+}
+
+bool DraftModel::drop_kept() {
+  if (kept_.empty()) return false;
+  kept_.erase(kept_.begin());
+  return true;
+}
+
 Status DraftModel::propose(std::span<Request> requests) {
   const auto V = static_cast<std::size_t>(engine_->vocab_size());
   struct Work {

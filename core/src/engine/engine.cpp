@@ -661,15 +661,13 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
                                     : make_kv_cache(ctx);
   if (!kv) return kv.error();
   kv_ = std::move(*kv);
-  kv_sequence_bytes_ = [kv_bytes, beside = options_.kv_beside](std::int64_t n) {
-    return kv_bytes(n) + (beside ? beside(n) : 0);
-  };
+  kv_own_bytes_ = kv_bytes;
   const bool host_caches = !kv_.on_device() && !(options_.sequences_only && kv_on_device_);
   if (host_caches) kv_host_budget_ = kv_host;
   // Host pages are paid for as the context fills: a reservation past the RAM there is only fails later, mid-answer.
   // Where the caller admits sequences within that RAM (kv_admission), only one cache outgrowing it alone would.
   const std::uint64_t counted = options_.kv_admission ? 1 : kv_sequences;
-  if (const std::uint64_t ram = kv_host; host_caches && ram > 0 && counted * kv_sequence_bytes_(ctx) > ram) {
+  if (const std::uint64_t ram = kv_host; host_caches && ram > 0 && counted * kv_sequence_bytes(ctx) > ram) {
     const std::string pos = std::to_string(ctx) + " positions";
     const std::string caches = counted > 1 ? "the " + std::to_string(counted) + " KV caches of " + pos +
                                                  " the server may hold (--max-batch" +
@@ -680,7 +678,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
         "{} {} to {}, more than the {} of RAM available beside the expert cache: {} that long will run out of "
         "memory (lower --ctx or memory.kv_cache, {}memory.expert_cache, or --kv-type q8_0)",
         caches, counted > 1 || options_.kv_beside ? "grow together" : "grows",
-        sdk::format_size(counted * kv_sequence_bytes_(ctx)), sdk::format_size(ram),
+        sdk::format_size(counted * kv_sequence_bytes(ctx)), sdk::format_size(ram),
         options_.kv_admission ? "a request" : "a context", counted > 1 ? "--max-batch, " : "");
   }
   // Activations on a discrete GPU stay there from op to op; in host memory every op would send its inputs over the

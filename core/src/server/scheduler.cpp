@@ -686,7 +686,9 @@ std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>
     // A kept cache it took may have reached further than this request will.
     n += std::max(seq->kv_need, seq->state ? engine_.kv_sequence_bytes(seq->state->kv.reach()) : 0);
   }
-  for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach());
+  // Kept caches: the model's, and the draft model's (kept apart, in its own pool).
+  for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach(), /*beside=*/false);
+  if (options_.draft_model) n += options_.draft_model->kept_bytes();
   return n;
 }
 
@@ -695,9 +697,13 @@ bool Scheduler::kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequ
   const std::uint64_t need = kv_need(job);
   std::uint64_t counted = kv_counted(active);
   // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room.
-  while (counted + need > options_.kv_budget && !free_states_.empty()) {
-    free_states_.erase(free_states_.begin());
-    --states_made_;
+  while (counted + need > options_.kv_budget) {
+    if (!free_states_.empty()) {
+      free_states_.erase(free_states_.begin());
+      --states_made_;
+    } else if (!options_.draft_model || !options_.draft_model->drop_kept()) {
+      break;
+    }
     counted = kv_counted(active);
   }
   if (counted + need <= options_.kv_budget || active.empty()) return true;

@@ -12,9 +12,11 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "colibri/engine/draft_model.hpp"
 #include "colibri/engine/engine.hpp"
 #include "colibri/model/safetensors.hpp"
 #include "colibri/profile/profile.hpp"
@@ -69,13 +71,19 @@ void poison(const fs::path& ckpt) {
   });
 }
 
-std::unique_ptr<engine::Engine> open_engine(const fs::path& model) {
+std::optional<profile::Profile> test_profile() {
   ::setenv("COLIBRI_PLUGIN_PATH", COLIBRI_TEST_PLUGIN_DIR, 1);
   profile::LoadOptions lo;
   lo.use_process_environment = false;  // the built-in defaults (cpu backend), whatever $COLIBRI_PROFILE says
   lo.overrides = {{"storage.plugin", "pread", "--set"}, {"cache.policy", "lru", "--set"}};
   auto prof = profile::Profile::load(lo);
   EXPECT_TRUE(prof) << (prof ? "" : prof.error().message());
+  if (!prof) return std::nullopt;
+  return std::move(*prof);
+}
+
+std::unique_ptr<engine::Engine> open_engine(const fs::path& model) {
+  auto prof = test_profile();
   if (!prof) return nullptr;
   engine::EngineOptions eo;
   eo.context = 64;
@@ -251,6 +259,57 @@ TEST(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
     EXPECT_EQ(unlimited[i].ids.size(), 6u);
     EXPECT_EQ(within[i].ids, unlimited[i].ids) << "request " << i;
   }
+}
+
+TEST(SchedulerEngine, TheKvBudgetGivesUpTheDraftModelsKeptCachesToo) {
+  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
+  auto e = open_engine(model);
+  ASSERT_TRUE(e);
+  auto prof = test_profile();
+  ASSERT_TRUE(prof);
+  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
+  ASSERT_TRUE(tok) << tok.error().message();
+  // The model drafts for itself, keeping up to 8 states.
+  auto draft = engine::DraftModel::open(model, *prof, engine::EngineOptions{}, *e, *tok, 0.0, 8);
+  ASSERT_TRUE(draft) << draft.error().message();
+  std::shared_ptr<engine::DraftModel> shared = std::move(*draft);
+  server::SchedulerOptions so;
+  so.draft_model = shared;
+  so.draft_tokens = 4;
+  // What the draft model keeps, read on the scheduler thread (its only user).
+  const auto kept_bytes = [&](server::Scheduler& scheduler) {
+    std::promise<std::uint64_t> kept;
+    EXPECT_TRUE(scheduler.post([&](engine::Engine&) { kept.set_value(shared->kept_bytes()); }));
+    return kept.get_future().get();
+  };
+  const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6}, {11, 12, 13, 14}};
+  std::uint64_t kept_two = 0;
+  {
+    // Without a budget two requests together leave two draft states kept.
+    server::Scheduler scheduler(*e, *tok, so);
+    std::size_t at_once = 0;
+    for (const Outcome& o : run_together(scheduler, prompts, at_once)) {
+      EXPECT_FALSE(o.failed) << o.error;
+      EXPECT_EQ(o.ids.size(), 6u);
+    }
+    EXPECT_EQ(at_once, 2u);
+    EXPECT_GT(scheduler.stats().draft_tokens, 0u);
+    kept_two = kept_bytes(scheduler);
+  }
+  // Each reached at least its prompt and a token past it.
+  EXPECT_GE(kept_two, 2 * shared->engine().kv_sequence_bytes(5));
+  so.kv_budget = 1;  // holds nothing: a request runs alone, and whatever is kept is given up for it
+  server::Scheduler scheduler(*e, *tok, so);
+  auto w = job({20, 21, 22, 23});
+  auto f = w->done.get_future();
+  ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+  const Outcome o = f.get();
+  EXPECT_FALSE(o.failed) << o.error;
+  // Only its own draft state is kept now.
+  const std::uint64_t kept = kept_bytes(scheduler);
+  EXPECT_GT(kept, 0u);
+  EXPECT_LT(kept, kept_two);
+  EXPECT_LE(kept, shared->engine().kv_sequence_bytes(14));  // at most 4 + 6 + 4 positions
 }
 
 }  // namespace

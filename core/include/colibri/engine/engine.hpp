@@ -181,9 +181,11 @@ class Engine {
   // where they are made in device memory (an allocation there that fails is an error new_sequence() returns).
   [[nodiscard]] std::uint64_t kv_host_budget() const { return kv_host_budget_; }
   // Bytes a sequence's KV cache takes at `positions` (at most the context), with what EngineOptions::kv_beside keeps
-  // beside it (its draft model's cache).
-  [[nodiscard]] std::uint64_t kv_sequence_bytes(std::int64_t positions) const {
-    return kv_sequence_bytes_ ? kv_sequence_bytes_(std::clamp<std::int64_t>(positions, 0, kv_.context())) : 0;
+  // beside it (its draft model's cache) unless `beside` is false.
+  [[nodiscard]] std::uint64_t kv_sequence_bytes(std::int64_t positions, bool beside = true) const {
+    if (!kv_own_bytes_) return 0;
+    const std::int64_t n = std::clamp<std::int64_t>(positions, 0, kv_.context());
+    return kv_own_bytes_(n) + (beside && options_.kv_beside ? options_.kv_beside(n) : 0);
   }
   // Whether activations stay in the compute backend's device memory between ops (memory.activations_on_device).
   [[nodiscard]] bool activations_on_device() const;
@@ -326,7 +328,7 @@ class Engine {
   bool routed_experts_ = false;   // decode routes on the backend (expert_ffn_routed) where routed_table() holds
   bool kv_on_device_ = false;     // memory.kv_on_device on a backend whose memory is not the host's
   std::uint64_t kv_host_budget_ = 0;
-  std::function<std::uint64_t(std::int64_t)> kv_sequence_bytes_;
+  std::function<std::uint64_t(std::int64_t)> kv_own_bytes_;  // Engine::kv_cache_bytes of this engine's caches
   KvWindows kv_windows_;  // the sliding-window layers every KV cache of this engine has (memory_plan's kv_windows)
   std::unique_ptr<ExpertManager> experts_;
   OffloadCost offload_;
