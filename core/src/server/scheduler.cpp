@@ -696,10 +696,23 @@ bool Scheduler::kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequ
   if (options_.kv_budget == 0 || job.cancelled()) return true;
   const std::uint64_t need = kv_need(job);
   std::uint64_t counted = kv_counted(active);
-  // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room.
+  // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room; the one
+  // sharing the most of this prompt (which it would run from) last.
   while (counted + need > options_.kv_budget) {
     if (!free_states_.empty()) {
-      free_states_.erase(free_states_.begin());
+      std::size_t best = 0, best_common = 0;
+      for (std::size_t i = 0; i < free_states_.size(); ++i) {
+        const auto& held = free_states_[i].tokens;
+        const auto common = static_cast<std::size_t>(
+            std::mismatch(held.begin(), held.end(), job.request.prompt.begin(), job.request.prompt.end()).first -
+            held.begin());
+        if (common >= best_common) {
+          best = i;
+          best_common = common;
+        }
+      }
+      const std::size_t drop = best == 0 && free_states_.size() > 1 ? 1 : 0;
+      free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(drop));
       --states_made_;
     } else if (!options_.draft_model || !options_.draft_model->drop_kept()) {
       break;

@@ -261,6 +261,35 @@ TEST(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
   }
 }
 
+TEST(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {
+  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
+  auto e = open_engine(model);
+  ASSERT_TRUE(e);
+  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
+  ASSERT_TRUE(tok) << tok.error().message();
+  server::SchedulerOptions so;
+  so.kv_budget = e->kv_sequence_bytes(30);
+  server::Scheduler scheduler(*e, *tok, so);
+  const auto run = [&](std::vector<std::int32_t> prompt) {
+    auto w = job(std::move(prompt));
+    auto f = w->done.get_future();
+    EXPECT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+    return f.get();
+  };
+  const std::vector<std::int32_t> first{3, 4, 5, 6};
+  const Outcome a = run(first);  // kept: 4 + 6 positions at most
+  ASSERT_EQ(a.ids.size(), 6u);
+  ASSERT_EQ(run({11, 12, 13, 14}).ids.size(), 6u);  // kept too, the more recent
+  // The first conversation's next turn may reach 12 + 6 positions: one kept cache must go, and it is the other one,
+  // though the first is the least recently used.
+  std::vector<std::int32_t> next = first;
+  next.insert(next.end(), a.ids.begin(), a.ids.end());
+  next.insert(next.end(), {30, 31});
+  const auto cached_before = scheduler.stats().cached_prompt_tokens;
+  ASSERT_EQ(run(next).ids.size(), 6u);
+  EXPECT_GE(scheduler.stats().cached_prompt_tokens - cached_before, 9u);
+}
+
 TEST(SchedulerEngine, TheKvBudgetGivesUpTheDraftModelsKeptCachesToo) {
   const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
   auto e = open_engine(model);

@@ -107,8 +107,7 @@ struct SchedulerOptions {
   // Bytes the KV caches may take together (Engine::kv_host_budget(): the RAM beside the expert cache); 0: no limit.
   // A request joins the batch only while its cache, at the most positions it may reach (prompt, max_tokens and
   // drafts), fits beside the running ones' and the kept ones' (the model's and a draft model's, given up first, least
-  // recently used first);
-  // else it waits in the queue. One runs alone whatever it needs.
+  // recently used first); else it waits in the queue. One runs alone whatever it needs.
   std::uint64_t kv_budget = 0;
 };
 
