@@ -124,56 +124,6 @@ std::shared_ptr<Watched> job(std::vector<std::int32_t> prompt) {
   return w;
 }
 
-TEST(SchedulerEngine, ARequestThatMakesTheModelFailFailsAloneInItsBatch) {
-  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
-  auto e = open_engine(model);
-  ASSERT_TRUE(e);
-  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
-  ASSERT_TRUE(tok) << tok.error().message();
-  const std::vector<std::int32_t> good_a{3, 4, 5, 6}, good_b{11, 12}, bad{1, kPoison, 12};
-
-  server::Scheduler scheduler(*e, *tok, {});
-  // Alone first: the reference tokens, and the failure itself.
-  std::vector<Outcome> alone;
-  for (const auto& prompt : {good_a, good_b, bad}) {
-    auto w = job(prompt);
-    auto f = w->done.get_future();
-    ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
-    alone.push_back(f.get());
-  }
-  EXPECT_FALSE(alone[0].failed) << alone[0].error;
-  EXPECT_FALSE(alone[1].failed) << alone[1].error;
-  EXPECT_EQ(alone[0].ids.size(), 6u);
-  ASSERT_TRUE(alone[2].failed);
-  EXPECT_NE(alone[2].error.find("layer 0's router"), std::string::npos) << alone[2].error;
-
-  // All three join one batch: the scheduler thread is held in a task while they are queued.
-  std::promise<void> held, release;
-  auto released = release.get_future().share();
-  ASSERT_TRUE(scheduler.post([&](engine::Engine&) {
-    held.set_value();
-    released.wait();
-  }));
-  held.get_future().wait();
-  std::vector<std::shared_ptr<Watched>> batch{job(good_a), job(bad), job(good_b)};
-  std::vector<std::future<Outcome>> results;
-  for (auto& w : batch) {
-    results.push_back(w->done.get_future());
-    ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
-  }
-  const auto failed_before = scheduler.stats().failed;
-  release.set_value();
-  const Outcome a = results[0].get(), b = results[1].get(), c = results[2].get();
-  EXPECT_TRUE(b.failed);
-  EXPECT_NE(b.error.find("layer 0's router"), std::string::npos) << b.error;
-  EXPECT_FALSE(a.failed) << a.error;
-  EXPECT_FALSE(c.failed) << c.error;
-  EXPECT_EQ(a.ids, alone[0].ids);
-  EXPECT_EQ(c.ids, alone[1].ids);
-  EXPECT_EQ(a.finish_reason, "length");
-  EXPECT_EQ(scheduler.stats().failed, failed_before + 1);
-}
-
 // Runs `prompts` (each one job, all queued while the scheduler thread is held, so they could join one batch) and
 // returns what each saw, with the most that were between their first event and their last at once.
 std::vector<Outcome> run_together(server::Scheduler& scheduler, const std::vector<std::vector<std::int32_t>>& prompts,
@@ -211,12 +161,56 @@ std::vector<Outcome> run_together(server::Scheduler& scheduler, const std::vecto
   return out;
 }
 
-TEST(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
-  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
-  auto e = open_engine(model);
-  ASSERT_TRUE(e);
-  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
-  ASSERT_TRUE(tok) << tok.error().message();
+// The tiny Mixtral with its poisoned token, an engine on it and its tokenizer.
+class SchedulerEngine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
+    e = open_engine(model);
+    ASSERT_TRUE(e);
+    auto t = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
+    ASSERT_TRUE(t) << t.error().message();
+    tok.emplace(std::move(*t));
+  }
+  fs::path model;
+  std::unique_ptr<engine::Engine> e;
+  std::optional<tokenizer::Tokenizer> tok;
+};
+
+TEST_F(SchedulerEngine, ARequestThatMakesTheModelFailFailsAloneInItsBatch) {
+  const std::vector<std::int32_t> good_a{3, 4, 5, 6}, good_b{11, 12}, bad{1, kPoison, 12};
+
+  server::Scheduler scheduler(*e, *tok, {});
+  // Alone first: the reference tokens, and the failure itself.
+  std::vector<Outcome> alone;
+  for (const auto& prompt : {good_a, good_b, bad}) {
+    auto w = job(prompt);
+    auto f = w->done.get_future();
+    ASSERT_EQ(scheduler.submit(w->job), server::Scheduler::Submit::accepted);
+    alone.push_back(f.get());
+  }
+  EXPECT_FALSE(alone[0].failed) << alone[0].error;
+  EXPECT_FALSE(alone[1].failed) << alone[1].error;
+  EXPECT_EQ(alone[0].ids.size(), 6u);
+  ASSERT_TRUE(alone[2].failed);
+  EXPECT_NE(alone[2].error.find("layer 0's router"), std::string::npos) << alone[2].error;
+
+  // All three join one batch.
+  const auto failed_before = scheduler.stats().failed;
+  std::size_t at_once = 0;
+  const auto together = run_together(scheduler, {good_a, bad, good_b}, at_once);
+  const Outcome &a = together[0], &b = together[1], &c = together[2];
+  EXPECT_TRUE(b.failed);
+  EXPECT_NE(b.error.find("layer 0's router"), std::string::npos) << b.error;
+  EXPECT_FALSE(a.failed) << a.error;
+  EXPECT_FALSE(c.failed) << c.error;
+  EXPECT_EQ(a.ids, alone[0].ids);
+  EXPECT_EQ(c.ids, alone[1].ids);
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(scheduler.stats().failed, failed_before + 1);
+}
+
+TEST_F(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
   const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6}, {11, 12, 13, 14}, {20, 21, 22, 23}, {5, 9, 2, 8}};
   // Each may reach its prompt and max_tokens: 10 positions.
   const std::uint64_t need = e->kv_sequence_bytes(10);
@@ -261,12 +255,7 @@ TEST(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
   }
 }
 
-TEST(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {
-  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
-  auto e = open_engine(model);
-  ASSERT_TRUE(e);
-  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
-  ASSERT_TRUE(tok) << tok.error().message();
+TEST_F(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {
   server::SchedulerOptions so;
   so.kv_budget = e->kv_sequence_bytes(30);
   server::Scheduler scheduler(*e, *tok, so);
@@ -290,14 +279,9 @@ TEST(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {
   EXPECT_GE(scheduler.stats().cached_prompt_tokens - cached_before, 9u);
 }
 
-TEST(SchedulerEngine, TheKvBudgetGivesUpTheDraftModelsKeptCachesToo) {
-  const fs::path model = test_support::tiny_model(kWork, "poisoned", "mixtral", "f32", false, poison);
-  auto e = open_engine(model);
-  ASSERT_TRUE(e);
+TEST_F(SchedulerEngine, TheKvBudgetGivesUpTheDraftModelsKeptCachesToo) {
   auto prof = test_profile();
   ASSERT_TRUE(prof);
-  auto tok = tokenizer::Tokenizer::from_file(model / "tokenizer.json");
-  ASSERT_TRUE(tok) << tok.error().message();
   // The model drafts for itself, keeping up to 8 states.
   auto draft = engine::DraftModel::open(model, *prof, engine::EngineOptions{}, *e, *tok, 0.0, 8);
   ASSERT_TRUE(draft) << draft.error().message();
