@@ -251,10 +251,9 @@ int serve(Flags& f) {
       so.scheduler.kv_budget > 0 && whole > 0 &&
       static_cast<std::uint64_t>(f.max_batch) * whole > so.scheduler.kv_budget) {
     spdlog::info(
-        "KV budget {} (memory.kv_budget): where each may reach the whole context, {} of --max-batch {} requests run "
-        "together and the others wait in the queue until one ends",
-        sdk::format_size(so.scheduler.kv_budget), std::max<std::uint64_t>(1, so.scheduler.kv_budget / whole),
-        f.max_batch);
+        "KV budget {} (memory.kv_budget): {} caches of the whole context fit it, of --max-batch {}; past it requests "
+        "wait in the queue and the newest running sequences are paused, to run their tokens again when there is room",
+        sdk::format_size(so.scheduler.kv_budget), so.scheduler.kv_budget / whole, f.max_batch);
   }
   const auto context = (*eng)->context();
   const auto mode = (*eng)->mode();

@@ -129,6 +129,10 @@ void DraftModel::release(std::unique_ptr<State> state) {
   while (!kept_.empty() && kept_.size() + in_use_ > keep_) kept_.erase(kept_.begin());
 }
 
+void DraftModel::discard(std::unique_ptr<State> state) {
+  if (state) in_use_ -= in_use_ > 0 ? 1 : 0;
+}
+
 std::uint64_t DraftModel::kept_bytes() const {
   std::uint64_t n = 0;
   for (const auto& st : kept_) n += engine_->kv_sequence_bytes(st->sequence->kv.reach());

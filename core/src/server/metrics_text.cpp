@@ -110,12 +110,16 @@ std::string render_metrics(const SchedulerStats& s,
         "RAM the sequences' KV caches may take together (0: no limit; caches in device memory).",
         static_cast<double>(s.kv_budget_bytes));
   w.one("colibri_kv_bytes", "gauge",
-        "What the KV caches count for against that budget: the running ones' the most they may reach, the kept "
-        "ones' what they took.",
+        "What the KV caches count for against that budget: what the running and the kept ones have reached.",
         static_cast<double>(s.kv_bytes));
   w.one("colibri_requests_waited_for_kv_total", "counter",
         "Requests that waited in the queue until their KV cache fit beside the running ones'.",
         static_cast<double>(s.kv_waits));
+  w.one("colibri_sequences_preempted_total", "counter",
+        "Sequences paused because the KV caches outgrew memory.kv_budget (each runs its tokens again on resuming).",
+        static_cast<double>(s.preempted));
+  w.one("colibri_paused_sequences", "gauge", "Sequences paused for KV room, waiting to run again.",
+        static_cast<double>(s.paused));
 
   w.family("colibri_expert_hits_total", "counter",
            "Expert lookups served from a memory tier (tier=\"ram\" counts only lookups the VRAM tier missed).");

@@ -49,7 +49,12 @@ struct Scheduler::Sequence {
   engine::Speculation spec;                         // --draft: the drafts its last pass ran after `pending`
   std::int64_t kv_valid = 0;  // KV positions holding history's tokens (the rest: a pass's drafts not yet kept)
   std::unique_ptr<engine::DraftModel::State> draft_state;  // --draft-model: its KV cache in the draft model
-  std::uint64_t kv_need = 0;                               // kv_budget: the bytes its cache may reach
+  std::uint64_t kv_need = 0;  // kv_budget: the bytes its cache takes to start (its prompt, or its replay)
+  // kv_budget: preempted (its KV cache given up for the others'), it waits to run again; then its history, the pending
+  // token last, is run again from position 0 before it samples on (the same bits: KV rows depend only on the tokens).
+  bool paused = false;
+  std::vector<std::int32_t> replay;
+  std::size_t replay_done = 0;
 };
 
 Scheduler::Scheduler(engine::Engine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options)
@@ -150,7 +155,8 @@ void Scheduler::shutdown(std::chrono::milliseconds grace) {
     closed_ = true;
     cv_.notify_all();
     const auto deadline = clock_type::now() + grace;
-    cv_.wait_until(lock, deadline, [this] { return grace_ended_ || (queue_.empty() && stats_.active == 0); });
+    cv_.wait_until(lock, deadline,
+                   [this] { return grace_ended_ || (queue_.empty() && stats_.active == 0 && stats_.paused == 0); });
     cancel_all_ = true;
     stopping_ = true;
     cv_.notify_all();
@@ -183,23 +189,46 @@ SchedulerStats Scheduler::stats() const {
 
 void Scheduler::loop() {
   std::vector<std::unique_ptr<Sequence>> active;
+  std::deque<std::unique_ptr<Sequence>> paused;  // kv_budget: preempted, oldest first
   for (;;) {
     std::deque<std::function<void(engine::Engine&)>> tasks;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty() || !queue_.empty() || !active.empty(); });
+      cv_.wait(lock,
+               [&] { return stopping_ || !tasks_.empty() || !queue_.empty() || !active.empty() || !paused.empty(); });
       tasks.swap(tasks_);
       if (cancel_all_) {
         for (auto& seq : active) seq->job->cancel();
         for (auto& job : queue_) job->cancel();
       }
-      // Join at a token boundary.
-      while (!queue_.empty() && static_cast<int>(active.size()) < options_.max_batch &&
-             kv_admits(*queue_.front(), active)) {
+      // Join at a token boundary: sequences paused for KV room first (oldest first), then the queue's.
+      for (auto& seq : paused) {
+        if (cancel_all_) seq->job->cancel();
+      }
+      while (!paused.empty() && static_cast<int>(active.size()) < options_.max_batch) {
+        Sequence& seq = *paused.front();
+        if (!seq.job->cancelled()) {
+          const std::uint64_t need = kv_resume_need(seq);
+          if (!kv_admits(need, seq.history, active, nullptr)) break;  // counted when it was paused
+          seq.kv_need = need;
+        }
+        seq.paused = false;
+        if (seq.prefilled) {
+          seq.replay = seq.history;  // the pending token last: its logits are the next token's distribution
+          seq.replay_done = 0;
+        }
+        active.push_back(std::move(paused.front()));
+        paused.pop_front();
+      }
+      while (paused.empty() && !queue_.empty() && static_cast<int>(active.size()) < options_.max_batch) {
+        const std::uint64_t need = options_.kv_budget > 0 ? kv_need(*queue_.front()) : 0;
+        if (!queue_.front()->cancelled() &&
+            !kv_admits(need, queue_.front()->request.prompt, active, &queue_.front()->request)) {
+          break;
+        }
         // speculative.n_max: this request's drafts per step instead of --draft's, within what the KV cache allows.
         const auto& asked = queue_.front()->request.draft_max;
         const std::int64_t drafts = asked ? engine::draft_limit(engine_.kv_cache(), *asked) : draft_tokens_;
-        const std::uint64_t need = options_.kv_budget > 0 ? kv_need(*queue_.front()) : 0;
         active.push_back(
             std::make_unique<Sequence>(std::move(queue_.front()), tokenizer_, drafts, options_.draft_ngram));
         active.back()->request_id = next_request_id_++;
@@ -210,7 +239,8 @@ void Scheduler::loop() {
       if (options_.kv_budget > 0) stats_.kv_bytes = kv_counted(active);
       stats_.queue_depth = queue_.size();
       stats_.active = active.size();
-      if (stopping_ && active.empty() && queue_.empty() && tasks.empty()) break;
+      stats_.paused = paused.size();
+      if (stopping_ && active.empty() && paused.empty() && queue_.empty() && tasks.empty()) break;
     }
     for (auto& task : tasks) task(engine_);
     if (!active.empty()) step(active);
@@ -218,9 +248,17 @@ void Scheduler::loop() {
       if (seq->done) release_state(*seq);
     }
     std::erase_if(active, [](const auto& s) { return s->done; });
+    for (auto& seq : active) {
+      if (!seq->paused) continue;
+      const auto at =
+          std::find_if(paused.begin(), paused.end(), [&](const auto& p) { return p->request_id > seq->request_id; });
+      paused.insert(at, std::move(seq));
+    }
+    std::erase_if(active, [](const auto& s) { return s == nullptr; });
     {
       std::lock_guard lock(mu_);
       stats_.active = active.size();
+      stats_.paused = paused.size();
       if (options_.kv_budget > 0) stats_.kv_bytes = kv_counted(active);
       ended_in_step_ = 0;
     }
@@ -312,7 +350,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       finish(seq, "cancelled");
       continue;
     }
-    if (!seq.prefilled) continue;
+    if (!seq.prefilled || !seq.replay.empty()) continue;  // its prompt or its replay still runs
     if (seq.job->request.max_tokens <= 0) {  // echo with max_tokens 0: the prompt's logprobs were the answer
       finish(seq, "length");
       continue;
@@ -387,9 +425,14 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   std::vector<engine::Engine::BatchItem> items;
   std::vector<Sequence*> members;
   std::vector<std::int64_t> first_positions;  // each item's n_past before the pass (for the trace)
+  make_kv_room(active);
   for (auto& sp : active) {
     Sequence& seq = *sp;
-    if (seq.done) continue;
+    if (seq.done || seq.paused) continue;
+    if (!seq.state && !seq.replay.empty()) {
+      take_replay_state(seq);
+      if (!seq.state) continue;
+    }
     if (!seq.state) {
       // A choice whose sibling is running the shared prompt waits for its rows instead of running them too.
       const Sequence* sibling = nullptr;
@@ -407,7 +450,14 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     }
     engine::Engine::BatchItem item;
     item.sequence = seq.state.get();
-    if (!seq.prefilled) {
+    if (!seq.replay.empty()) {
+      // Resumed after a pause: its history again, in prompt-sized chunks; the last row's logits are the next token's.
+      const std::size_t n =
+          std::min<std::size_t>(seq.replay.size() - seq.replay_done, static_cast<std::size_t>(options_.prefill_chunk));
+      item.tokens = std::span<const std::int32_t>(seq.replay.data() + seq.replay_done, n);
+      item.pass_end = static_cast<std::int64_t>(seq.replay.size());  // within same_kv_up_to_ (make_kv_room)
+      if (seq.replay_done + n == seq.replay.size()) item.logits = &seq.logits;
+    } else if (!seq.prefilled) {
       const auto& prompt = seq.job->request.prompt;
       std::size_t chunk = static_cast<std::size_t>(options_.prefill_chunk);
       if (seq.job->request.prompt_logprobs) {  // every row's logits are held: at most 64 MiB of them per step
@@ -475,6 +525,12 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
     for (std::size_t i = 0; i < members.size(); ++i) {
       Sequence& seq = *members[i];
       if (seq.done) continue;
+      if (!seq.replay.empty()) {
+        seq.replay_done += items[i].tokens.size();
+        seq.kv_valid = seq.state->n_past;
+        if (seq.replay_done == seq.replay.size()) seq.replay.clear();
+        continue;
+      }
       if (seq.prefilled) {
         seq.kv_valid = first_positions[i] + 1;  // the pending token's; its drafts' wait for the next step
         continue;
@@ -671,19 +727,29 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   start_at(reuse);
 }
 
-std::uint64_t Scheduler::kv_need(const Job& job) const {
-  const auto& r = job.request;
-  const std::int64_t drafts = r.draft_max ? engine::draft_limit(engine_.kv_cache(), *r.draft_max) : draft_tokens_;
+std::int64_t Scheduler::drafts_of(const GenerationRequest& r) const {
+  return r.draft_max ? engine::draft_limit(engine_.kv_cache(), *r.draft_max) : draft_tokens_;
+}
+
+std::uint64_t Scheduler::kv_bytes_for(std::int64_t tokens, std::int64_t drafts) const {
   // Each term is at most the context once clamped, so the sum cannot wrap.
   const auto clamp = [&](std::int64_t n) { return std::clamp<std::int64_t>(n, 0, context_); };
-  return engine_.kv_sequence_bytes(
-      clamp(clamp(static_cast<std::int64_t>(r.prompt.size())) + clamp(r.max_tokens) + clamp(drafts)));
+  return engine_.kv_sequence_bytes(clamp(clamp(tokens) + 1 + clamp(drafts)));
+}
+
+std::uint64_t Scheduler::kv_need(const Job& job) const {
+  return kv_bytes_for(static_cast<std::int64_t>(job.request.prompt.size()), drafts_of(job.request));
+}
+
+std::uint64_t Scheduler::kv_resume_need(const Sequence& seq) const {
+  return kv_bytes_for(static_cast<std::int64_t>(seq.history.size()), drafts_of(seq.job->request));
 }
 
 std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const {
   std::uint64_t n = 0;
   for (const auto& seq : active) {
-    // A kept cache it took may have reached further than this request will.
+    if (seq->done || seq->paused) continue;
+    // What it took to start, or has reached since (a kept cache it took may have reached further).
     n += std::max(seq->kv_need, seq->state ? engine_.kv_sequence_bytes(seq->state->kv.reach()) : 0);
   }
   // Kept caches: the model's, and the draft model's (kept apart, in its own pool).
@@ -692,43 +758,140 @@ std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>
   return n;
 }
 
-bool Scheduler::kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequence>>& active) {
-  if (options_.kv_budget == 0 || job.cancelled()) return true;
-  const std::uint64_t need = kv_need(job);
-  std::uint64_t counted = kv_counted(active);
-  // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room; the one
-  // sharing the most of this prompt (which it would run from) last.
-  while (counted + need > options_.kv_budget) {
-    if (!free_states_.empty()) {
-      std::size_t best = 0, best_common = 0;
-      for (std::size_t i = 0; i < free_states_.size(); ++i) {
-        const auto& held = free_states_[i].tokens;
-        const auto common = static_cast<std::size_t>(
-            std::mismatch(held.begin(), held.end(), job.request.prompt.begin(), job.request.prompt.end()).first -
-            held.begin());
-        if (common >= best_common) {
-          best = i;
-          best_common = common;
-        }
+bool Scheduler::give_up_kept(std::span<const std::int32_t> tokens) {
+  if (!free_states_.empty()) {
+    // The one sharing the most of these tokens (which they would run from) goes last.
+    std::size_t best = 0, best_common = 0;
+    for (std::size_t i = 0; i < free_states_.size(); ++i) {
+      const auto& held = free_states_[i].tokens;
+      const auto common = static_cast<std::size_t>(
+          std::mismatch(held.begin(), held.end(), tokens.begin(), tokens.end()).first - held.begin());
+      if (common >= best_common) {
+        best = i;
+        best_common = common;
       }
-      const std::size_t drop = best == 0 && free_states_.size() > 1 ? 1 : 0;
-      free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(drop));
-      --states_made_;
-    } else if (!options_.draft_model || !options_.draft_model->drop_kept()) {
-      break;
     }
-    counted = kv_counted(active);
+    const std::size_t drop = best == 0 && free_states_.size() > 1 ? 1 : 0;
+    free_states_.erase(free_states_.begin() + static_cast<std::ptrdiff_t>(drop));
+    --states_made_;
+    return true;
   }
-  if (counted + need <= options_.kv_budget || active.empty()) return true;
-  if (kv_waiting_ != &job) {
-    kv_waiting_ = &job;
+  return options_.draft_model && options_.draft_model->drop_kept();
+}
+
+bool Scheduler::kv_admits(std::uint64_t need, std::span<const std::int32_t> tokens,
+                          const std::vector<std::unique_ptr<Sequence>>& active, const GenerationRequest* request) {
+  if (options_.kv_budget == 0) return true;
+  std::uint64_t counted = kv_counted(active);
+  // Kept caches only save prompt runs: given up, least recently used first, before a request waits for room.
+  while (counted + need > options_.kv_budget && give_up_kept(tokens)) counted = kv_counted(active);
+  const bool running = std::any_of(active.begin(), active.end(), [](const auto& s) { return !s->done; });
+  if (counted + need <= options_.kv_budget || !running) return true;
+  if (request != nullptr && kv_waiting_ != request) {
+    kv_waiting_ = request;
     ++stats_.kv_waits;
     spdlog::info(
-        "a request waits in the queue: its KV cache may reach {}, and the {} running count for {}, together past "
+        "a request waits in the queue: its KV cache needs {} to start, and the {} running count for {}, together past "
         "memory.kv_budget {} (it joins as they end)",
         sdk::format_size(need), active.size(), sdk::format_size(counted), sdk::format_size(options_.kv_budget));
   }
   return false;
+}
+
+void Scheduler::make_kv_room(std::vector<std::unique_ptr<Sequence>>& active) {
+  if (options_.kv_budget == 0) return;
+  // What each running sequence's cache reaches after this step's pass: its position and this step's tokens.
+  const auto after = [&](const Sequence& seq) -> std::uint64_t {
+    std::int64_t at = seq.state ? seq.state->n_past : 0, tokens = 0;
+    if (!seq.replay.empty()) {
+      tokens = static_cast<std::int64_t>(seq.replay.size() - seq.replay_done);
+    } else if (!seq.prefilled) {
+      tokens = static_cast<std::int64_t>(seq.job->request.prompt.size() - seq.prompt_done);
+    } else {
+      tokens = 1 + static_cast<std::int64_t>(seq.spec.fed().size());
+    }
+    at += std::min(tokens, options_.prefill_chunk);
+    const std::int64_t reach = seq.state ? std::max(seq.state->kv.reach(), at) : at;
+    return std::max(seq.kv_need, engine_.kv_sequence_bytes(reach));
+  };
+  const auto total = [&] {
+    std::uint64_t n = 0;
+    for (const auto& seq : active) {
+      if (!seq->done && !seq->paused) n += after(*seq);
+    }
+    for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach(), /*beside=*/false);
+    if (options_.draft_model) n += options_.draft_model->kept_bytes();
+    return n;
+  };
+  std::uint64_t counted = total();
+  while (counted > options_.kv_budget && give_up_kept({})) counted = total();
+  while (counted > options_.kv_budget) {
+    // The newest running sequence is paused, never the oldest (which always runs on). One whose prompt's logprobs
+    // went out, or whose rope depends on the pass's length past the original context, is not run again.
+    Sequence* victim = nullptr;
+    const Sequence* oldest = nullptr;
+    for (const auto& seq : active) {
+      if (seq->done || seq->paused) continue;
+      if (oldest == nullptr || seq->request_id < oldest->request_id) oldest = seq.get();
+    }
+    for (const auto& seq : active) {
+      if (seq->done || seq->paused || seq.get() == oldest || seq->job->request.prompt_logprobs ||
+          static_cast<std::int64_t>(seq->history.size()) > same_kv_up_to_) {
+        continue;
+      }
+      if (victim == nullptr || seq->request_id > victim->request_id) victim = seq.get();
+    }
+    if (victim == nullptr) break;
+    pause(*victim);
+    counted = total();
+  }
+}
+
+void Scheduler::pause(Sequence& seq) {
+  seq.paused = true;
+  if (seq.state) {
+    seq.state.reset();  // its rows are given up: it runs its tokens again when it resumes
+    --states_made_;
+  }
+  if (seq.draft_state) options_.draft_model->discard(std::move(seq.draft_state));
+  seq.spec.run({});
+  seq.kv_valid = 0;
+  seq.replay.clear();
+  seq.replay_done = 0;
+  if (!seq.prefilled) {
+    seq.prompt_done = 0;  // its prompt runs again from the start
+    seq.cached = 0;
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.preempted;
+  spdlog::info(
+      "a sequence is paused: the KV caches outgrow memory.kv_budget {}; it runs {} again when there is room "
+      "(the same answer)",
+      sdk::format_size(options_.kv_budget),
+      seq.prefilled ? "its " + std::to_string(seq.history.size()) + " tokens" : std::string("its prompt"));
+}
+
+void Scheduler::take_replay_state(Sequence& seq) {
+  // A cache of its own from position 0: a new one while fewer than --max-batch are made, else the least recently used
+  // kept one.
+  if (states_made_ < static_cast<std::size_t>(options_.max_batch)) {
+    if (auto st = engine_.new_sequence()) {
+      seq.state = std::move(*st);
+      ++states_made_;
+    } else if (free_states_.empty()) {
+      fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
+      return;
+    }
+  }
+  if (!seq.state) {
+    if (free_states_.empty()) {
+      fail(seq, unavailable("No KV cache is free to resume a paused sequence"));
+      return;
+    }
+    seq.state = std::move(free_states_.front().state);
+    free_states_.erase(free_states_.begin());
+  }
+  seq.state->n_past = seq.state->kv.rewind(0);
 }
 
 void Scheduler::plan_checkpoints(Sequence& seq) {

@@ -210,33 +210,40 @@ TEST_F(SchedulerEngine, ARequestThatMakesTheModelFailFailsAloneInItsBatch) {
   EXPECT_EQ(scheduler.stats().failed, failed_before + 1);
 }
 
-TEST_F(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
+TEST_F(SchedulerEngine, WithinAKvBudgetRequestsWaitOrArePausedAndGetTheSameTokens) {
   const std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6}, {11, 12, 13, 14}, {20, 21, 22, 23}, {5, 9, 2, 8}};
-  // Each may reach its prompt and max_tokens: 10 positions.
-  const std::uint64_t need = e->kv_sequence_bytes(10);
-  ASSERT_GT(need, 0u);
-  ASSERT_LT(need, e->kv_sequence_bytes(64));
-
-  std::size_t unlimited_at_once = 0, budget_at_once = 0;
-  std::vector<Outcome> unlimited, within;
+  // Each takes 5 positions to start (its prompt and the first token) and reaches 10 (max_tokens 6).
+  ASSERT_GT(e->kv_sequence_bytes(5), 0u);
+  ASSERT_LT(e->kv_sequence_bytes(10), e->kv_sequence_bytes(64));
+  std::size_t unlimited_at_once = 0;
+  std::vector<Outcome> unlimited;
   {
     server::Scheduler scheduler(*e, *tok, {});
     unlimited = run_together(scheduler, prompts, unlimited_at_once);
     EXPECT_EQ(scheduler.stats().kv_waits, 0u);
     EXPECT_EQ(scheduler.stats().kv_budget_bytes, 0u);
   }
-  {
+  EXPECT_EQ(unlimited_at_once, prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_FALSE(unlimited[i].failed) << unlimited[i].error;
+    EXPECT_EQ(unlimited[i].ids.size(), 6u);
+  }
+  const auto check = [&](std::uint64_t budget, std::size_t want_at_once, bool want_waits, bool want_pauses) {
     server::SchedulerOptions so;
-    so.kv_budget = 2 * need + need / 2;  // two such caches, not three
+    so.kv_budget = budget;
     server::Scheduler scheduler(*e, *tok, so);
-    within = run_together(scheduler, prompts, budget_at_once);
+    std::size_t at_once = 0;
+    const auto within = run_together(scheduler, prompts, at_once);
     const auto st = scheduler.stats();
-    EXPECT_GE(st.kv_waits, 1u);
-    EXPECT_EQ(st.kv_budget_bytes, so.kv_budget);
+    EXPECT_EQ(at_once, want_at_once);
+    EXPECT_EQ(st.kv_waits > 0, want_waits) << st.kv_waits;
+    EXPECT_EQ(st.preempted > 0, want_pauses) << st.preempted;
+    EXPECT_EQ(st.paused, 0u);
+    EXPECT_EQ(st.kv_budget_bytes, budget);
     EXPECT_GT(st.kv_bytes, 0u);  // the kept caches
-    EXPECT_LE(st.kv_bytes, so.kv_budget);
+    EXPECT_LE(st.kv_bytes, std::max(budget, e->kv_sequence_bytes(10)));
     EXPECT_EQ(st.finished, prompts.size());
-
+    for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(within[i].ids, unlimited[i].ids) << "request " << i;
     // One that needs more than the whole budget runs alone rather than never.
     auto big = job({3, 4, 5, 6});
     big->job->request.max_tokens = 40;
@@ -245,14 +252,12 @@ TEST_F(SchedulerEngine, RequestsWaitForRoomInTheKvBudgetAndGetTheSameTokens) {
     const Outcome o = f.get();
     EXPECT_FALSE(o.failed) << o.error;
     EXPECT_EQ(o.ids.size(), 40u);
-  }
-  EXPECT_EQ(unlimited_at_once, prompts.size());
-  EXPECT_EQ(budget_at_once, 2u);
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_FALSE(unlimited[i].failed) << unlimited[i].error;
-    EXPECT_EQ(unlimited[i].ids.size(), 6u);
-    EXPECT_EQ(within[i].ids, unlimited[i].ids) << "request " << i;
-  }
+  };
+  // Room for one start beside another's cache: they run one at a time, the others waiting in the queue.
+  check(e->kv_sequence_bytes(8), 1, true, false);
+  // All four start (5 positions each), then outgrow it as they fill: the newest are paused and, resumed, run their
+  // tokens again, with the same answers.
+  check(e->kv_sequence_bytes(25), 4, false, true);
 }
 
 TEST_F(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {

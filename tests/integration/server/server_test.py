@@ -2362,6 +2362,21 @@ class Api(unittest.TestCase):
         self.assertIn("budget_bytes", stats)
 
 
+def concurrently(server, bodies):
+    """Posts each completion body from its own thread, all released together; their (status, body) in order."""
+    results, barrier = [None] * len(bodies), threading.Barrier(len(bodies))
+
+    def client(i):
+        barrier.wait()
+        results[i] = server.json("POST", "/v1/completions", bodies[i])
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 class Concurrency(unittest.TestCase):
     def test_drafts_keep_every_answer(self):
         # --draft: each sequence runs prompt-lookup drafts after its token in the batch's pass and keeps those its
@@ -2540,8 +2555,8 @@ class Concurrency(unittest.TestCase):
             with open(s.log.name) as f:
                 log = f.read()
             # Half the RAM for one cache: about 2 of them fit it (the RAM available moves a little between starts).
-            said = re.search(r"KV budget \S+ \(memory.kv_budget\): where each may reach the whole context, (\d+) of "
-                             r"--max-batch 8 requests run together", log)
+            said = re.search(r"KV budget \S+ \(memory.kv_budget\): (\d+) caches of the whole context fit it, of "
+                             r"--max-batch 8; past it requests wait", log)
             self.assertEqual(said is not None, waits, log)
             if said:
                 self.assertIn(int(said.group(1)), (1, 2, 3), log)
@@ -2549,9 +2564,9 @@ class Concurrency(unittest.TestCase):
             self.assertNotIn("KV caches of", log)  # the batch's caches together are no longer a warning
 
     def test_requests_wait_for_room_in_the_kv_budget(self):
-        # A request joins the batch only while its KV cache, at the most it may reach, fits memory.kv_budget beside
-        # the running ones': with a budget that holds none, each runs alone (never two in a step), with the tokens
-        # it gets alone; none is refused or lost.
+        # A request joins the batch only while its KV cache, with its prompt, fits memory.kv_budget beside the
+        # running ones': with a budget that holds none, each runs alone (never two in a step), with the tokens it
+        # gets alone; none is refused or lost.
         bodies = [{"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS[:4]]
         s = Server("--max-batch", "4", "--set", "memory.kv_budget=1", "--log-level", "info")
         try:
@@ -2559,27 +2574,38 @@ class Concurrency(unittest.TestCase):
             alone = [s.json("POST", "/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
             steps0, seqs0 = s.metric("colibri_engine_steps_total"), s.metric("colibri_engine_step_sequences_total")
             waited0 = s.metric("colibri_requests_waited_for_kv_total")
-            results, barrier = [None] * len(bodies), threading.Barrier(len(bodies))
-
-            def client(i):
-                barrier.wait()
-                results[i] = s.json("POST", "/v1/completions", bodies[i])
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            for (st, b), text in zip(results, alone):
+            for (st, b), text in zip(concurrently(s, bodies), alone):
                 self.assertEqual(st, 200, b)
                 self.assertEqual(b["choices"][0]["text"], text)
             steps = s.metric("colibri_engine_steps_total") - steps0
             self.assertEqual(s.metric("colibri_engine_step_sequences_total") - seqs0, steps)  # one sequence a step
             self.assertGreaterEqual(s.metric("colibri_requests_waited_for_kv_total") - waited0, 1)
+            self.assertEqual(s.metric("colibri_sequences_preempted_total"), 0)  # the one running always runs on
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name) as f:
-            self.assertRegex(f.read(), r"a request waits in the queue: its KV cache may reach \S+, and the 1 running "
-                             r"count for \S+, together past memory.kv_budget 1 \(")
+            self.assertRegex(f.read(), r"a request waits in the queue: its KV cache needs \S+ to start, and the 1 "
+                             r"running count for \S+, together past memory.kv_budget 1 \(")
+        # Four short prompts start together in room for 40 positions, then outgrow it as they write 32 tokens each:
+        # the newest are paused and run their tokens again when there is room, with the same answers.
+        plan = json.loads(subprocess.run([CLI, "profile", "show", "--model", MODEL, "--ctx", "64", "--json"],
+                                         capture_output=True, text=True, check=True).stdout)["memory_plan"]
+        bodies = [{"model": "tiny", "prompt": p, "max_tokens": 32, "temperature": 0} for p in ("a b", "c d", "e f",
+                                                                                               "g h")]
+        s = Server("--max-batch", "4", "--set", f"memory.kv_budget={40 * plan['kv_bytes_per_position']}",
+                   "--log-level", "info")
+        try:
+            alone = [s.json("POST", "/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+            for (st, b), text in zip(concurrently(s, bodies), alone):
+                self.assertEqual(st, 200, b)
+                self.assertEqual(b["choices"][0]["text"], text)
+                self.assertEqual(b["usage"]["completion_tokens"], 32)
+            self.assertGreaterEqual(s.metric("colibri_sequences_preempted_total"), 1)
+            self.assertEqual(s.metric("colibri_paused_sequences"), 0)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name) as f:
+            self.assertIn("a sequence is paused: the KV caches outgrow memory.kv_budget", f.read())
         # Without the key: the RAM beside the expert cache, which these requests' caches fit together.
         s = Server("--max-batch", "4")
         try:

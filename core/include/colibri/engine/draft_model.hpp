@@ -50,6 +50,8 @@ class DraftModel {
   sdk::Expected<std::unique_ptr<State>> acquire(std::span<const std::int32_t> prompt);
   // Keeps `state` for a later sequence (the least recently released ones go past `keep`, counting those in use).
   void release(std::unique_ptr<State> state);
+  // Gives `state` up without keeping it (its sequence was paused and will run its tokens again).
+  void discard(std::unique_ptr<State> state);
   // What the kept states' KV caches took (the positions they reached), and giving up the least recently released one
   // (false: none kept): the server's KV budget counts and frees them beside its own kept caches.
   [[nodiscard]] std::uint64_t kept_bytes() const;

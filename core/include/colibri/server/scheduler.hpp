@@ -105,9 +105,11 @@ struct SchedulerOptions {
   // --draft-model: drafts from this model instead of prompt lookup (used on the scheduler thread alone).
   std::shared_ptr<engine::DraftModel> draft_model;
   // Bytes the KV caches may take together (Engine::kv_host_budget(): the RAM beside the expert cache); 0: no limit.
-  // A request joins the batch only while its cache, at the most positions it may reach (prompt, max_tokens and
-  // drafts), fits beside the running ones' and the kept ones' (the model's and a draft model's, given up first, least
-  // recently used first); else it waits in the queue. One runs alone whatever it needs.
+  // A request joins the batch only while its cache, with its prompt, fits beside what the running ones have reached
+  // and the kept ones took (the model's and a draft model's, given up first, least recently used first); else it
+  // waits in the queue. Where the running caches would outgrow it as they fill, the newest sequences are paused,
+  // their caches given up, and run their tokens again when there is room (vLLM's recompute preemption: the same
+  // answer). The oldest always runs on, whatever it needs.
   std::uint64_t kv_budget = 0;
 };
 
@@ -126,6 +128,10 @@ struct SchedulerStats {
   // SchedulerOptions::kv_budget, and what the caches count for against it: the running ones' the most they may reach,
   // the kept ones' what they took. kv_waits: requests that waited in the queue for room in it.
   std::uint64_t kv_budget_bytes = 0, kv_bytes = 0, kv_waits = 0;
+  // Sequences paused for the budget (their caches given up; each runs its tokens again when there is room), and how
+  // many are paused now.
+  std::uint64_t preempted = 0;
+  std::size_t paused = 0;
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
   std::size_t expert_resident_count = 0;
@@ -224,13 +230,30 @@ class Scheduler {
   std::size_t states_made_ = 0;         // KV caches made, in use or kept: at most --max-batch are kept
   // Kept KV entries are reused only while both runs stay within this length (RopeFrequencies::same_kv_up_to).
   std::int64_t same_kv_up_to_ = std::numeric_limits<std::int64_t>::max();
-  // KV admission (SchedulerOptions::kv_budget): the bytes a job's cache may reach, and what the caches count for now.
+  // KV budget (SchedulerOptions::kv_budget). The drafts a request's passes may run; the bytes a cache holding `tokens`
+  // takes with a pending token and those drafts; what a job's cache takes to start, and a paused sequence's to resume;
+  // what the running and kept caches count for now.
+  [[nodiscard]] std::int64_t drafts_of(const GenerationRequest& r) const;
+  [[nodiscard]] std::uint64_t kv_bytes_for(std::int64_t tokens, std::int64_t drafts) const;
   [[nodiscard]] std::uint64_t kv_need(const Job& job) const;
+  [[nodiscard]] std::uint64_t kv_resume_need(const Sequence& seq) const;
   [[nodiscard]] std::uint64_t kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const;
-  // Whether `job` may join `active` now, giving up kept caches (least recently used first) where that makes room;
-  // under mu_. The first time a job must wait it is counted and logged.
-  bool kv_admits(const Job& job, const std::vector<std::unique_ptr<Sequence>>& active);
-  const Job* kv_waiting_ = nullptr;  // the job at the queue's front that kv_admits last held back
+  // Gives up one kept cache (the model's, least recently used first, the one sharing the most of `tokens` last; else
+  // a draft model's); false when none is kept.
+  bool give_up_kept(std::span<const std::int32_t> tokens);
+  // Whether a cache needing `need` to start (of `tokens`) may join `active` now, giving up kept caches where that
+  // makes room; under mu_. The first time a queued `request` must wait it is counted and logged (null: a paused
+  // sequence's resumption, counted when it was paused).
+  bool kv_admits(std::uint64_t need, std::span<const std::int32_t> tokens,
+                 const std::vector<std::unique_ptr<Sequence>>& active, const GenerationRequest* request);
+  // Before a pass: where the running caches would outgrow the budget with this step's tokens, kept caches are given
+  // up, then the newest sequences paused (pause()) until they fit; the oldest always runs on.
+  void make_kv_room(std::vector<std::unique_ptr<Sequence>>& active);
+  // Gives up seq's KV cache (and its draft model state); it waits to run its history again (Sequence::replay).
+  void pause(Sequence& seq);
+  // A resumed sequence's cache, empty: a new one, or the least recently used kept one.
+  void take_replay_state(Sequence& seq);
+  const GenerationRequest* kv_waiting_ = nullptr;  // the request kv_admits last held back
   // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt (when that is at least half of
   // the prompt or of what it holds), a new one, or the least recently used; with `sibling` (a
   // choice of the same request whose prompt has run) the prompt's rows are copied from it.
