@@ -2586,12 +2586,13 @@ class Concurrency(unittest.TestCase):
         with open(s.log.name) as f:
             self.assertRegex(f.read(), r"a request waits in the queue: its KV cache needs \S+ to start, and the 1 "
                              r"running count for \S+, together past memory.kv_budget 1 \(")
-        # Four short prompts start together in room for 40 positions, then outgrow it as they write 32 tokens each:
-        # the newest are paused and run their tokens again when there is room, with the same answers.
+        # Four short prompts start together in room for 40 positions, then outgrow it as they write 64 tokens each
+        # (any two at once do): the newest are paused and run their tokens again when there is room, with the same
+        # answers.
         plan = json.loads(subprocess.run([CLI, "profile", "show", "--model", MODEL, "--ctx", "64", "--json"],
                                          capture_output=True, text=True, check=True).stdout)["memory_plan"]
-        bodies = [{"model": "tiny", "prompt": p, "max_tokens": 32, "temperature": 0} for p in ("a b", "c d", "e f",
-                                                                                               "g h")]
+        bodies = [{"model": "tiny", "prompt": p, "max_tokens": 64, "temperature": 0, "ignore_eos": True} for p in
+                  ("a b", "c d", "e f", "g h")]
         s = Server("--max-batch", "4", "--set", f"memory.kv_budget={40 * plan['kv_bytes_per_position']}",
                    "--log-level", "info")
         try:
@@ -2599,7 +2600,7 @@ class Concurrency(unittest.TestCase):
             for (st, b), text in zip(concurrently(s, bodies), alone):
                 self.assertEqual(st, 200, b)
                 self.assertEqual(b["choices"][0]["text"], text)
-                self.assertEqual(b["usage"]["completion_tokens"], 32)
+                self.assertEqual(b["usage"]["completion_tokens"], 64)
             self.assertGreaterEqual(s.metric("colibri_sequences_preempted_total"), 1)
             self.assertEqual(s.metric("colibri_paused_sequences"), 0)
         finally:
