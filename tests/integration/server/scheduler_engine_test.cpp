@@ -113,7 +113,10 @@ std::shared_ptr<Watched> job(std::vector<std::int32_t> prompt) {
   w->job->request.logprobs = 0;  // each text event carries its token ids
   w->job->request.sampling.temperature = 0;
   w->job->request.sampling.logit_bias = {{kPoison, -100.0f}};  // never generates the token that fails
-  w->job->on_event = [w](server::GenerationEvent&& ev) {
+  // A weak reference: the job is the Watched's, and a strong one here would keep both alive for ever (a cycle).
+  w->job->on_event = [weak = std::weak_ptr<Watched>(w)](server::GenerationEvent&& ev) {
+    const auto w = weak.lock();
+    if (!w) return;
     for (const auto& lp : ev.logprobs) w->seen.ids.push_back(lp.id);
     if (ev.kind == server::GenerationEvent::Kind::text) return;
     w->seen.failed = ev.kind == server::GenerationEvent::Kind::failed;
