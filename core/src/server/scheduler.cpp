@@ -199,12 +199,10 @@ void Scheduler::loop() {
       tasks.swap(tasks_);
       if (cancel_all_) {
         for (auto& seq : active) seq->job->cancel();
+        for (auto& seq : paused) seq->job->cancel();
         for (auto& job : queue_) job->cancel();
       }
       // Join at a token boundary: sequences paused for KV room first (oldest first), then the queue's.
-      for (auto& seq : paused) {
-        if (cancel_all_) seq->job->cancel();
-      }
       while (!paused.empty() && static_cast<int>(active.size()) < options_.max_batch) {
         Sequence& seq = *paused.front();
         if (!seq.job->cancelled()) {
@@ -745,12 +743,24 @@ std::uint64_t Scheduler::kv_resume_need(const Sequence& seq) const {
   return kv_bytes_for(static_cast<std::int64_t>(seq.history.size()), drafts_of(seq.job->request));
 }
 
-std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const {
+std::uint64_t Scheduler::kv_counted(const std::vector<std::unique_ptr<Sequence>>& active, bool this_step) const {
   std::uint64_t n = 0;
-  for (const auto& seq : active) {
-    if (seq->done || seq->paused) continue;
-    // What it took to start, or has reached since (a kept cache it took may have reached further).
-    n += std::max(seq->kv_need, seq->state ? engine_.kv_sequence_bytes(seq->state->kv.reach()) : 0);
+  for (const auto& sp : active) {
+    const Sequence& seq = *sp;
+    if (seq.done || seq.paused) continue;
+    // What it took to start, or has reached (a kept cache it took may have reached further), or with this step's
+    // tokens reaches after the pass.
+    std::int64_t reach = seq.state ? seq.state->kv.reach() : 0;
+    if (this_step) {
+      std::int64_t tokens = 1 + static_cast<std::int64_t>(seq.spec.fed().size());
+      if (!seq.replay.empty()) {
+        tokens = static_cast<std::int64_t>(seq.replay.size() - seq.replay_done);
+      } else if (!seq.prefilled) {
+        tokens = static_cast<std::int64_t>(seq.job->request.prompt.size() - seq.prompt_done);
+      }
+      reach = std::max(reach, (seq.state ? seq.state->n_past : 0) + std::min(tokens, options_.prefill_chunk));
+    }
+    n += std::max(seq.kv_need, reach > 0 ? engine_.kv_sequence_bytes(reach) : 0);
   }
   // Kept caches: the model's, and the draft model's (kept apart, in its own pool).
   for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach(), /*beside=*/false);
@@ -800,40 +810,16 @@ bool Scheduler::kv_admits(std::uint64_t need, std::span<const std::int32_t> toke
 
 void Scheduler::make_kv_room(std::vector<std::unique_ptr<Sequence>>& active) {
   if (options_.kv_budget == 0) return;
-  // What each running sequence's cache reaches after this step's pass: its position and this step's tokens.
-  const auto after = [&](const Sequence& seq) -> std::uint64_t {
-    std::int64_t at = seq.state ? seq.state->n_past : 0, tokens = 0;
-    if (!seq.replay.empty()) {
-      tokens = static_cast<std::int64_t>(seq.replay.size() - seq.replay_done);
-    } else if (!seq.prefilled) {
-      tokens = static_cast<std::int64_t>(seq.job->request.prompt.size() - seq.prompt_done);
-    } else {
-      tokens = 1 + static_cast<std::int64_t>(seq.spec.fed().size());
-    }
-    at += std::min(tokens, options_.prefill_chunk);
-    const std::int64_t reach = seq.state ? std::max(seq.state->kv.reach(), at) : at;
-    return std::max(seq.kv_need, engine_.kv_sequence_bytes(reach));
-  };
-  const auto total = [&] {
-    std::uint64_t n = 0;
-    for (const auto& seq : active) {
-      if (!seq->done && !seq->paused) n += after(*seq);
-    }
-    for (const auto& kept : free_states_) n += engine_.kv_sequence_bytes(kept.state->kv.reach(), /*beside=*/false);
-    if (options_.draft_model) n += options_.draft_model->kept_bytes();
-    return n;
-  };
-  std::uint64_t counted = total();
-  while (counted > options_.kv_budget && give_up_kept({})) counted = total();
+  std::uint64_t counted = kv_counted(active, /*this_step=*/true);
+  while (counted > options_.kv_budget && give_up_kept({})) counted = kv_counted(active, true);
+  // The newest running sequences are paused, never the oldest (which always runs on). One whose prompt's logprobs
+  // went out, or whose rope depends on the pass's length past the original context, is not run again.
+  const Sequence* oldest = nullptr;
+  for (const auto& seq : active) {
+    if (!seq->done && (oldest == nullptr || seq->request_id < oldest->request_id)) oldest = seq.get();
+  }
   while (counted > options_.kv_budget) {
-    // The newest running sequence is paused, never the oldest (which always runs on). One whose prompt's logprobs
-    // went out, or whose rope depends on the pass's length past the original context, is not run again.
     Sequence* victim = nullptr;
-    const Sequence* oldest = nullptr;
-    for (const auto& seq : active) {
-      if (seq->done || seq->paused) continue;
-      if (oldest == nullptr || seq->request_id < oldest->request_id) oldest = seq.get();
-    }
     for (const auto& seq : active) {
       if (seq->done || seq->paused || seq.get() == oldest || seq->job->request.prompt_logprobs ||
           static_cast<std::int64_t>(seq->history.size()) > same_kv_up_to_) {
@@ -843,7 +829,7 @@ void Scheduler::make_kv_room(std::vector<std::unique_ptr<Sequence>>& active) {
     }
     if (victim == nullptr) break;
     pause(*victim);
-    counted = total();
+    counted = kv_counted(active, true);
   }
 }
 

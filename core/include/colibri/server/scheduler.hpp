@@ -237,7 +237,9 @@ class Scheduler {
   [[nodiscard]] std::uint64_t kv_bytes_for(std::int64_t tokens, std::int64_t drafts) const;
   [[nodiscard]] std::uint64_t kv_need(const Job& job) const;
   [[nodiscard]] std::uint64_t kv_resume_need(const Sequence& seq) const;
-  [[nodiscard]] std::uint64_t kv_counted(const std::vector<std::unique_ptr<Sequence>>& active) const;
+  // With `this_step`: what they count for after this step's pass (its tokens written).
+  [[nodiscard]] std::uint64_t kv_counted(const std::vector<std::unique_ptr<Sequence>>& active,
+                                         bool this_step = false) const;
   // Gives up one kept cache (the model's, least recently used first, the one sharing the most of `tokens` last; else
   // a draft model's); false when none is kept.
   bool give_up_kept(std::span<const std::int32_t> tokens);
