@@ -83,10 +83,9 @@ std::optional<nlohmann::json> memory_plan(const profile::Profile& prof, const Pr
     fail(draft_experts.error().message());
     return std::nullopt;
   }
-  const std::uint64_t available = util::available_memory_bytes();
-  auto plan = engine::plan_memory(
-      *man, memory.expert_cache_bytes.value_or(expert_cache), vram_budget, o.ctx, int_of("memory.kv_cache"), *kv_type,
-      available > memory.ram_beside ? available - memory.ram_beside : 0, windows, o.max_batch, memory.kv_beside);
+  auto plan = engine::plan_memory(*man, memory.expert_cache_bytes.value_or(expert_cache), vram_budget, o.ctx,
+                                  int_of("memory.kv_cache"), *kv_type, util::available_memory_bytes(), windows,
+                                  o.max_batch, memory.kv_beside, memory.ram_beside);
   if (!plan) {
     fail(plan.error().message());
     return std::nullopt;

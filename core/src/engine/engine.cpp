@@ -622,9 +622,8 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     return kv_sequences * (kv_bytes(n) + (options_.kv_beside ? options_.kv_beside(n) : 0));
   };
   // The RAM tier's pages are taken as experts are read, after this: what it will fill is not the context's.
-  const std::uint64_t available = util::available_memory_bytes();
-  const std::uint64_t kv_host = kv_host_available(available > options_.ram_beside ? available - options_.ram_beside : 0,
-                                                  manifest_.expert_bytes(), expert_cache_bytes);
+  const std::uint64_t kv_host = kv_host_available(util::available_memory_bytes(), manifest_.expert_bytes(),
+                                                  expert_cache_bytes, options_.ram_beside);
   auto planned = kv_context(options_.context, kv_cache_bytes, kv_bytes, hp_.max_position_embeddings, kv_host,
                             all_kv_bytes, kMinAutoContext);
   if (!planned) return planned.error();

@@ -17,9 +17,10 @@ std::uint64_t expert_slot_bytes(const model::Manifest& manifest) {
   return slot;
 }
 
-std::uint64_t kv_host_available(std::uint64_t available, std::uint64_t expert_bytes, std::uint64_t expert_cache) {
-  const std::uint64_t tier = std::min(expert_bytes, expert_cache);
-  return available > tier ? available - tier : 0;
+std::uint64_t kv_host_available(std::uint64_t available, std::uint64_t expert_bytes, std::uint64_t expert_cache,
+                                std::uint64_t ram_beside) {
+  const std::uint64_t taken = std::min(expert_bytes, expert_cache) + ram_beside;
+  return available > taken ? available - taken : 0;
 }
 
 std::int64_t largest_context(std::uint64_t budget, const std::function<std::uint64_t(std::int64_t)>& context_bytes,
@@ -93,7 +94,8 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
                                       const KvWindows& windows, std::int64_t sequences,
-                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside) {
+                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside,
+                                      std::uint64_t ram_beside) {
   const auto& hp = manifest.hparams;
   MemoryPlan p;
   p.shared_bytes = manifest.resident_bytes();
@@ -130,8 +132,9 @@ sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint
   };
   p.kv_sequences = static_cast<std::uint64_t>(std::max<std::int64_t>(1, sequences));
   const auto all = [&](std::int64_t n) { return p.kv_sequences * (bytes(n) + (kv_beside ? kv_beside(n) : 0)); };
-  auto ctx = kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings,
-                        kv_host_available(host_available, p.expert_bytes, expert_cache), all, kMinAutoContext);
+  auto ctx =
+      kv_context(requested_context, kv_cache_bytes, bytes, hp.max_position_embeddings,
+                 kv_host_available(host_available, p.expert_bytes, expert_cache, ram_beside), all, kMinAutoContext);
   if (!ctx) return ctx.error();
   p.context = *ctx;
   p.kv_bytes = bytes(p.context);

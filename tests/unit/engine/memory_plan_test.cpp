@@ -41,6 +41,8 @@ TEST(MemoryPlan, ContextComesFromTheFlagTheKeyOrHalfTheFreeRam) {
   EXPECT_EQ(kv_host_available(1000, 300, 200), 800u) << "a streaming tier fills its budget";
   EXPECT_EQ(kv_host_available(1000, 300, 2000), 700u) << "a resident one its experts";
   EXPECT_EQ(kv_host_available(100, 300, 2000), 0u);
+  EXPECT_EQ(kv_host_available(1000, 300, 200, 150), 650u) << "a draft model's weights beside it";
+  EXPECT_EQ(kv_host_available(1000, 300, 200, 900), 0u);
   // Every cache held at once (4 sequences, each with a draft model's cache of 25 bytes a position) fits that half; a
   // flag or a key still sizes one sequence's.
   const auto four_with_drafts = [](std::int64_t n) { return 4u * 125u * static_cast<std::uint64_t>(n); };

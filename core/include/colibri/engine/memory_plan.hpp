@@ -33,9 +33,10 @@ sdk::Expected<std::int64_t> kv_context(std::int64_t requested, std::uint64_t kv_
 // RAM tier that leaves less beside it is warned about instead. Below it, too, a KV cache does not move to a device.
 inline constexpr std::int64_t kMinAutoContext = 2048;
 // The RAM an automatic context may take half of: what is available less what the RAM expert tier will fill
-// (min(expert_bytes, expert_cache): its pages are taken as experts are read, after the context is sized).
+// (min(expert_bytes, expert_cache): its pages are taken as experts are read, after the context is sized) and what
+// `ram_beside` another engine opened after it takes (EngineOptions::ram_beside: a draft model's weights).
 [[nodiscard]] std::uint64_t kv_host_available(std::uint64_t available, std::uint64_t expert_bytes,
-                                              std::uint64_t expert_cache);
+                                              std::uint64_t expert_cache, std::uint64_t ram_beside = 0);
 // The most positions (0..model_max) whose bytes fit `budget`; context_bytes grows with the positions.
 [[nodiscard]] std::int64_t largest_context(std::uint64_t budget,
                                            const std::function<std::uint64_t(std::int64_t)>& context_bytes,
@@ -73,11 +74,13 @@ struct MemoryPlan {
 
 // Errors as the engine would give them at load (a context over the model's, a RAM or VRAM budget below one slot).
 // `sequences`: KV caches held at once (EngineOptions::kv_sequences), which an automatic context fits together, each
-// with `kv_beside` bytes of n positions beside it (EngineOptions::kv_beside: a draft model's).
+// with `kv_beside` bytes of n positions beside it (EngineOptions::kv_beside: a draft model's); `ram_beside` as
+// kv_host_available's.
 sdk::Expected<MemoryPlan> plan_memory(const model::Manifest& manifest, std::uint64_t expert_cache,
                                       std::uint64_t vram_budget, std::int64_t requested_context,
                                       std::uint64_t kv_cache_bytes, sdk::DType kv_type, std::uint64_t host_available,
                                       const KvWindows& windows = {}, std::int64_t sequences = 1,
-                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside = {});
+                                      const std::function<std::uint64_t(std::int64_t)>& kv_beside = {},
+                                      std::uint64_t ram_beside = 0);
 
 }  // namespace colibri::engine
