@@ -2362,14 +2362,14 @@ class Api(unittest.TestCase):
         self.assertIn("budget_bytes", stats)
 
 
-def concurrently(server, bodies):
-    """Posts each completion body from its own thread, all released together; their (status, body) in order."""
-    results, barrier = [None] * len(bodies), threading.Barrier(len(bodies))
+def run_concurrently(n, fn):
+    """fn(0) .. fn(n - 1), each on its own thread, all released together; their results in order."""
+    results, barrier = [None] * n, threading.Barrier(n)
 
     def client(i):
         barrier.wait()
-        results[i] = server.json("POST", "/v1/completions", bodies[i])
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+        results[i] = fn(i)
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -2399,17 +2399,8 @@ class Concurrency(unittest.TestCase):
                 bodies += [{"model": name, "prompt": loop + " " + p, "max_tokens": 40, "temperature": 0.9, "seed": i,
                             "n": 2} for i, p in enumerate(PROMPTS[4:7])]
                 want = [plain.json("POST", "/v1/completions", b)[1]["choices"] for b in bodies]
-                results = [None] * len(bodies)
-                barrier = threading.Barrier(len(bodies))
-
-                def client(i):
-                    barrier.wait()
-                    results[i] = spec.json("POST", "/v1/completions", bodies[i])[1]["choices"]
-                threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                results = run_concurrently(len(bodies),
+                                           lambda i: spec.json("POST", "/v1/completions", bodies[i])[1]["choices"])
                 self.assertEqual(results, want, model)
                 status, events, done = spec.stream("/v1/completions", bodies[0])
                 self.assertTrue(status == 200 and done)
@@ -2574,7 +2565,8 @@ class Concurrency(unittest.TestCase):
             alone = [s.json("POST", "/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
             steps0, seqs0 = s.metric("colibri_engine_steps_total"), s.metric("colibri_engine_step_sequences_total")
             waited0 = s.metric("colibri_requests_waited_for_kv_total")
-            for (st, b), text in zip(concurrently(s, bodies), alone):
+            together = run_concurrently(len(bodies), lambda i: s.json("POST", "/v1/completions", bodies[i]))
+            for (st, b), text in zip(together, alone):
                 self.assertEqual(st, 200, b)
                 self.assertEqual(b["choices"][0]["text"], text)
             steps = s.metric("colibri_engine_steps_total") - steps0
@@ -2597,7 +2589,8 @@ class Concurrency(unittest.TestCase):
                    "--log-level", "info")
         try:
             alone = [s.json("POST", "/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
-            for (st, b), text in zip(concurrently(s, bodies), alone):
+            together = run_concurrently(len(bodies), lambda i: s.json("POST", "/v1/completions", bodies[i]))
+            for (st, b), text in zip(together, alone):
                 self.assertEqual(st, 200, b)
                 self.assertEqual(b["choices"][0]["text"], text)
                 self.assertEqual(b["usage"]["completion_tokens"], 64)
@@ -2633,23 +2626,9 @@ class Concurrency(unittest.TestCase):
             sampled = [dict(req(p), temperature=1.0, seed=i, max_tokens=24) for i, p in enumerate(PROMPTS)]
             sequential_sampled = [s.json("POST", "/v1/completions", r)[1]["choices"][0]["text"] for r in sampled]
 
-            def run_concurrently(fn):
-                results = [None] * len(PROMPTS)
-                barrier = threading.Barrier(len(PROMPTS))
-
-                def client(i):
-                    barrier.wait()
-                    results[i] = fn(i)
-                threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                return results
-
             steps0 = s.metric("colibri_engine_steps_total")
             seqs0 = s.metric("colibri_engine_step_sequences_total")
-            results = run_concurrently(lambda i: s.stream("/v1/completions", req(PROMPTS[i])))
+            results = run_concurrently(len(PROMPTS), lambda i: s.stream("/v1/completions", req(PROMPTS[i])))
             mean_batch = (s.metric("colibri_engine_step_sequences_total") - seqs0) / (
                 s.metric("colibri_engine_steps_total") - steps0)
             print(f"  16 concurrent streams: mean batch {mean_batch:.2f} sequences per step", flush=True)
@@ -2659,7 +2638,8 @@ class Concurrency(unittest.TestCase):
                 self.assertTrue(done)
                 self.assertEqual(stream_text(events, "text"), sequential[i], f"prompt {i} differs when concurrent")
             self.assertEqual(len(set(sequential)), len(sequential), "prompts should give different texts")
-            got = run_concurrently(lambda i: s.json("POST", "/v1/completions", sampled[i])[1]["choices"][0]["text"])
+            got = run_concurrently(len(PROMPTS),
+                                   lambda i: s.json("POST", "/v1/completions", sampled[i])[1]["choices"][0]["text"])
             self.assertEqual(got, sequential_sampled)
         finally:
             self.assertEqual(s.stop(), 0)
@@ -2667,21 +2647,8 @@ class Concurrency(unittest.TestCase):
     def test_full_queue_is_429(self):
         s = Server("--max-queue", "1", "--max-batch", "1")
         try:
-            results = []
-            lock = threading.Lock()
-            barrier = threading.Barrier(12)
-
-            def client(i):
-                barrier.wait()
-                r = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": PROMPTS[i], "max_tokens": 200,
-                                                       "temperature": 1.0, "seed": i})
-                with lock:
-                    results.append(r)
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            results = run_concurrently(12, lambda i: s.json("POST", "/v1/completions", {
+                "model": "tiny", "prompt": PROMPTS[i], "max_tokens": 200, "temperature": 1.0, "seed": i}))
             busy = [b for st, b in results if st == 429]
             self.assertTrue(busy, "no request was refused with a queue of 1")
             for st, b in results:
@@ -2699,17 +2666,9 @@ class Concurrency(unittest.TestCase):
         s = Server("--max-queue", "1", "--max-batch", "4")
         try:
             for _ in range(3):
-                barrier, results = threading.Barrier(5), [None] * 5
-
-                def client(i):
-                    barrier.wait()
-                    results[i] = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)],
-                                                                    "max_tokens": 8, "temperature": 1.0, "seed": i})
-                threads = [threading.Thread(target=client, args=(i,)) for i in range(5)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                results = run_concurrently(5, lambda i: s.json("POST", "/v1/completions", {
+                    "model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 1.0,
+                    "seed": i}))
                 self.assertEqual([r[0] for r in results], [200] * 5, results)
             # n choices of one request likewise: 4 slots and 1 place in the queue.
             st, b = s.json("POST", "/v1/completions", {"model": "tiny", "prompt": "z", "max_tokens": 2, "n": 5})
