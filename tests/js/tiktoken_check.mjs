@@ -1,7 +1,7 @@
 // Live comparison (integration test): tiktoken (the npm package: OpenAI's Rust tiktoken compiled to WebAssembly, the
-// engine Kimi K2's and Moonlight's tokenizer code runs) vs colibri-cli on a tiktoken tokenizer without a
-// tokenizer.json, laid out as Kimi K2 ships one: tiktoken.model, tokenizer_config.json whose auto_map names
-// tokenization_kimi, 256 special tokens after the ranks. The vocabulary is o200k_base (200k ranks, many Han tokens),
+// engine Kimi K2's, Moonlight's and Hunyuan-A13B's tokenizer code runs) vs colibri-cli on a tiktoken tokenizer without
+// a tokenizer.json, laid out as Kimi K2 ships one (tiktoken.model, tokenizer_config.json whose auto_map names
+// tokenization_kimi, 256 special tokens after the ranks) and as Hunyuan-A13B does (hy.tiktoken, tokenization_hy). The vocabulary is o200k_base (200k ranks, many Han tokens),
 // which the package carries; Kimi's own is not on npm. Exit 0 = identical, 1 = mismatch, 77 = skip.
 //   node tests/js/tiktoken_check.mjs /path/to/colibri-cli
 import { execFileSync } from "node:child_process";
@@ -95,45 +95,78 @@ for (let i = 0; i < Number(process.env.COLIBRI_FUZZ_COUNT ?? 400); i++) {
 const input = join(dir, "input.jsonl");
 writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
 
-const enc = new Tiktoken(lines.join("\n"), specials, patStr);
+// One family's comparison: tokenize and decode every text with colibri-cli on `dir` and with tiktoken (`prepare`:
+// what the family's code does to the text before tiktoken, Hunyuan's NFC).
 let failures = 0;
 let compared = 0;
 const run = (args) => execFileSync(cli, args, { maxBuffer: 1 << 28 }).toString("utf8").trimEnd().split("\n");
-const out = run(["tokenize", "--tokenizer", dir, "--jsonl", input]);
-if (out.length !== texts.length) {
-  console.error(`colibri-cli printed ${out.length} lines for ${texts.length} inputs`);
-  process.exit(1);
-}
-const refIds = [];
-for (let i = 0; i < texts.length; i++) {
-  // Kimi's encode: allowed_special="all" (special tokens anywhere in the text are those tokens).
-  const ref = Array.from(enc.encode(texts[i], "all"));
-  refIds.push(ref);
-  const got = JSON.parse(out[i]).ids;
-  compared++;
-  if (JSON.stringify(ref) !== JSON.stringify(got)) {
-    failures++;
-    if (failures <= 10) {
-      console.error(`MISMATCH input ${JSON.stringify(texts[i]).slice(0, 120)}`);
-      console.error(`  tiktoken: ${JSON.stringify(ref).slice(0, 300)}`);
-      console.error(`  colibri:  ${JSON.stringify(got).slice(0, 300)}`);
+function compare(label, dir, specialIds, pattern, prepare) {
+  const enc = new Tiktoken(lines.join("\n"), specialIds, pattern);
+  const out = run(["tokenize", "--tokenizer", dir, "--jsonl", input]);
+  if (out.length !== texts.length) {
+    console.error(`${label}: colibri-cli printed ${out.length} lines for ${texts.length} inputs`);
+    process.exit(1);
+  }
+  const refIds = [];
+  for (let i = 0; i < texts.length; i++) {
+    // The codes' encode: allowed_special="all" (special tokens anywhere in the text are those tokens).
+    const ref = Array.from(enc.encode(prepare(texts[i]), "all"));
+    refIds.push(ref);
+    const got = JSON.parse(out[i]).ids;
+    compared++;
+    if (JSON.stringify(ref) !== JSON.stringify(got)) {
+      failures++;
+      if (failures <= 10) {
+        console.error(`${label} MISMATCH input ${JSON.stringify(texts[i]).slice(0, 120)}`);
+        console.error(`  tiktoken: ${JSON.stringify(ref).slice(0, 300)}`);
+        console.error(`  colibri:  ${JSON.stringify(got).slice(0, 300)}`);
+      }
     }
   }
-}
-// Decoding: tiktoken's bytes read as UTF-8 with replacement characters, as Kimi's decode does.
-const idsFile = join(dir, "ids.jsonl");
-writeFileSync(idsFile, refIds.map((ids) => JSON.stringify(ids)).join("\n") + "\n");
-const decoded = run(["tokenize", "--tokenizer", dir, "--jsonl", idsFile, "--decode"]);
-const utf8 = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });  // Python keeps a leading BOM
-for (let i = 0; i < refIds.length; i++) {
-  const ref = utf8.decode(enc.decode(Uint32Array.from(refIds[i])));
-  const got = JSON.parse(decoded[i]).text;
-  compared++;
-  if (ref !== got) {
-    failures++;
-    if (failures <= 10) console.error(`DECODE MISMATCH ${JSON.stringify(ref).slice(0, 100)} vs ${JSON.stringify(got).slice(0, 100)}`);
+  // Decoding: tiktoken's bytes read as UTF-8 with replacement characters, as the codes' decode does.
+  const idsFile = join(dir, "ids.jsonl");
+  writeFileSync(idsFile, refIds.map((ids) => JSON.stringify(ids)).join("\n") + "\n");
+  const decoded = run(["tokenize", "--tokenizer", dir, "--jsonl", idsFile, "--decode"]);
+  const utf8 = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });  // Python keeps a leading BOM
+  for (let i = 0; i < refIds.length; i++) {
+    const ref = utf8.decode(enc.decode(Uint32Array.from(refIds[i])));
+    const got = JSON.parse(decoded[i]).text;
+    compared++;
+    if (ref !== got) {
+      failures++;
+      if (failures <= 10) console.error(`${label} DECODE MISMATCH ${JSON.stringify(ref).slice(0, 100)} vs ${JSON.stringify(got).slice(0, 100)}`);
+    }
   }
+  enc.free();
 }
-enc.free();
-console.log(`tiktoken (${base} ranks, Kimi's split and specials): ${compared - failures} passed, ${failures} failed`);
+compare("kimi", dir, specials, patStr, (t) => t);
+
+// Hunyuan-A13B's layout: hy.tiktoken (its loader numbers the lines; o200k's are in rank order), tokenization_hy.py's
+// PAT_STR, its 210 special tokens after the ranks, and NFC before tiktoken (its tokenize()).
+const hyPattern = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+const hyDir = scratchDir("colibri-hy-tiktoken-");
+writeFileSync(join(hyDir, "hy.tiktoken"), lines.join("\n") + "\n");
+writeFileSync(join(hyDir, "tokenizer_config.json"), JSON.stringify({
+  auto_map: { AutoTokenizer: ["tokenization_hy.HYTokenizer", null] },
+  eos_token: "<|eos|>",
+  pad_token: "<|pad|>",
+  tokenizer_class: "HYTokenizer",
+}, null, 2));
+writeFileSync(join(hyDir, "tokenization_hy.py"),
+  `VOCAB_FILES_NAMES = {"vocab_file": "hy.tiktoken"}\n\nPAT_STR = r"""${hyPattern}"""\n`);
+const hySpecials = {};
+["<|endoftext|>", "<|startoftext|>", "<|bos|>", "<|eos|>", "<|pad|>",
+  ...Array.from({ length: 205 }, (_, i) => `<|extra_${i}|>`)].forEach((c, i) => { hySpecials[c] = base + i; });
+pieces.push("<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>", "<|extra_204|>");
+for (let i = 0; i < 100; i++) {  // texts with Hunyuan's specials too
+  const n = 1 + Math.floor(random() * 30);
+  let s = "";
+  for (let k = 0; k < n; k++) s += pieces[Math.floor(random() * pieces.length)];
+  texts.push(s);
+}
+writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
+compare("hunyuan", hyDir, hySpecials, hyPattern, (t) => t.normalize("NFC"));
+
+console.log(`tiktoken (${base} ranks; Kimi's split and specials, Hunyuan's split, specials and NFC): ` +
+  `${compared - failures} passed, ${failures} failed`);
 process.exit(failures === 0 ? 0 : 1);

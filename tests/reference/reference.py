@@ -3,8 +3,9 @@
 transformers modeling code (modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe, modeling_olmoe,
 modeling_llama, modeling_mistral, modeling_gpt_oss, modeling_glm4_moe, modeling_ernie4_5_moe, modeling_deepseek_v2,
 modeling_deepseek_v3, modeling_dots1, modeling_qwen3_vl_moe, modeling_glm4_moe_lite, modeling_qwen3_next,
-modeling_qwen3_5_moe, modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2
-and DeepSeek's own modeling_deepseek (the checkpoints' remote code, where it and transformers' port differ). It reads
+modeling_qwen3_5_moe, modeling_rope_utils), MiniMax's own modeling_minimax_m2, Ling 2.0's own modeling_bailing_moe_v2,
+DeepSeek's own modeling_deepseek and Hunyuan's own modeling_hunyuan (the checkpoints' remote code, where it and
+transformers' port differ). It reads
 the HF checkpoint itself (config.json + safetensors), not colibri's converted model, so a converter bug shows up too.
 
   reference.py --checkpoint DIR --tokens 1,2,3 --out logits.npy [--trace trace.jsonl]
@@ -291,7 +292,7 @@ def is_sparse(cfg, layer):
     if t in DEEPSEEK:
         return bool(cfg.get("n_routed_experts")) and layer >= cfg.get("first_k_dense_replace", 0) and \
             layer % cfg.get("moe_layer_freq", 1) == 0
-    return t in ("mixtral", "olmoe", "minimax_m2")
+    return t in ("mixtral", "olmoe", "minimax_m2", "hunyuan")
 
 
 def mlp(x, g, u, d):
@@ -856,7 +857,29 @@ def glm4_moe_lite_as_deepseek_v3(cfg):
                 rope_theta=rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
+def hunyuan_config(cfg):
+    """Hunyuan-A13B's own modeling_hunyuan.py (HunYuanMoEV1ForCausalLM): head_dim = hidden_size / heads, NTK-alpha
+    RoPE (HunYuanDynamicNTKAlphaRotaryEmbedding: the base x alpha^(d/(d-2)) at every length), q/k RMS norms per head
+    after RoPE, topkgating (softmax over the float32 router's logits, the top moe_topk renormalized; top-1 keeps its
+    probability), the shared MLP always added. Its gating also drops the tokens past an expert's capacity in a pass
+    of many tokens (a training artifact vLLM and llama.cpp leave out, as colibri and this reference do)."""
+    for key in ("use_cla", "use_mla", "attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise SystemExit(f"hunyuan: {key}=true is not in the reference")
+    topk = cfg["moe_topk"]
+    topk = topk[0] if isinstance(topk, list) else topk
+    g = dict(cfg, head_dim=cfg["hidden_size"] // cfg["num_attention_heads"], num_experts_per_tok=topk,
+             norm_topk_prob=topk > 1)
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("type") == "dynamic" and rs.get("alpha"):
+        d = g["head_dim"]
+        g.update(rope_theta=cfg.get("rope_theta", 10000.0) * rs["alpha"] ** (d / (d - 2)), rope_scaling=None)
+    return g
+
+
 def forward(cfg, W, tokens, trace=None):
+    if cfg["model_type"] == "hunyuan":
+        cfg = hunyuan_config(cfg)
     if cfg["model_type"] == "glm4_moe_lite":
         cfg = glm4_moe_lite_as_deepseek_v3(cfg)
     if cfg["model_type"] == "llama4":
@@ -941,6 +964,9 @@ def forward(cfg, W, tokens, trace=None):
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = apply_rope(q, pos, inv_freq, att_scale, interleaved)
         k = apply_rope(k, pos, inv_freq, att_scale, interleaved)
+        if t == "hunyuan" and cfg.get("use_qk_norm"):  # after RoPE
+            q = rms_norm(q, W[p + "self_attn.query_layernorm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.key_layernorm.weight"], eps)
         group = nh // nkv
         out = np.zeros((T, nh, hd))
         for head in range(nh):
@@ -973,7 +999,7 @@ def forward(cfg, W, tokens, trace=None):
                 pre, ne, names = p + "mlp.", cfg["num_experts"], ("gate_proj", "up_proj", "down_proj")
                 renorm = bool(cfg.get("norm_topk_prob", False))
             k_top = cfg["num_experts_per_tok"]
-            probs = softmax(h @ W[pre + "gate.weight"].T)
+            probs = softmax(h @ W[pre + ("gate.wg.weight" if t == "hunyuan" else "gate.weight")].T)
             y = np.zeros_like(h)
             for ti in range(T):
                 order = np.argsort(-probs[ti], kind="stable")[:k_top]
@@ -992,6 +1018,9 @@ def forward(cfg, W, tokens, trace=None):
                          W[p + "mlp.shared_expert.down_proj.weight"])
                 gate = 1.0 / (1.0 + np.exp(-(h @ W[p + "mlp.shared_expert_gate.weight"].T)))
                 y = y + gate * sh
+            if t == "hunyuan" and cfg.get("use_mixed_mlp_moe"):
+                y = y + mlp(h, W[p + "mlp.shared_mlp.gate_proj.weight"], W[p + "mlp.shared_mlp.up_proj.weight"],
+                            W[p + "mlp.shared_mlp.down_proj.weight"])
         else:
             y = mlp(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"], W[p + "mlp.down_proj.weight"])
         x = x + y

@@ -24,7 +24,7 @@ import numpy as np
 TOKENS = "5,17,99,3,250,42,7,300,11"
 EXACT = ["--exact-activations", "--kv-type", "f32"]
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "llama", "mistral", "glm4_moe", "minimax_m2", "ernie4_5_moe",
-         "deepseek_v2", "deepseek_v3", "dots1", "bailing_moe_v2", "qwen3_vl_moe")
+         "deepseek_v2", "deepseek_v3", "dots1", "bailing_moe_v2", "qwen3_vl_moe", "hunyuan_moe")
 # Every preset at least once (q4_0 is covered by the conformance suites only).
 PRESETS = [("mixtral", "q8_0"), ("qwen2_moe", "q4_k_m"), ("olmoe", "f16"), ("llama", "q5_k_m"),
            ("qwen3_moe", "q3_k_m"), ("mixtral", "q2_k"), ("mistral", "bf16")]

@@ -229,14 +229,15 @@ int run_inspect(const GlobalOptions& global, const InspectOptions& o) {
     std::cout << "fallbacks:     " << man.quantization["fallbacks"].size() << " tensors kept another type\n";
   }
   if (const auto& t = man.tokenizer; t.is_object() && t.contains("source") && t["source"].is_string()) {
-    // Where the tokenizer.json came from: the checkpoint's own, or rebuilt (a GGUF's vocabulary, a tiktoken.model).
+    // Where the tokenizer.json came from: the checkpoint's own, or rebuilt (a GGUF's vocabulary, a tiktoken file).
     const auto field = [&](const char* key) {
       return t.contains(key) && t[key].is_string() ? t[key].get<std::string>() : "";
     };
     const std::string source = t["source"].get<std::string>();
     std::cout << "tokenizer:     ";
     if (source == "tiktoken") {
-      std::cout << "rebuilt from tiktoken.model (" << field("family") << "'s split, " << field("code") << ")\n";
+      const std::string file = field("file").empty() ? "tiktoken.model" : field("file");  // before 7 Dec: Kimi's
+      std::cout << "rebuilt from " << file << " (" << field("family") << "'s split, " << field("code") << ")\n";
     } else if (source == "gguf") {
       std::cout << "rebuilt from the GGUF's vocabulary (" << field("model") << ")\n";
     } else {

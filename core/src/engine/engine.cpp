@@ -473,7 +473,7 @@ Status Engine::init(const std::filesystem::path& dir, Plugins plugins, std::uint
     L.sinks = get(b + "attn_sinks.weight", {hp_.num_heads}, hp_.attention_sinks);
     if (L.linear) {
       // no attention: no q/k norms
-    } else if (hp_.qk_norm == "per_head") {
+    } else if (hp_.qk_norm == "per_head" || hp_.qk_norm == "per_head_after_rope") {
       L.q_norm = get(b + "attn_q_norm.weight", {hd}, true);
       L.k_norm = get(b + "attn_k_norm.weight", {hd}, true);
     } else if (hp_.qk_norm == "full") {
@@ -1403,6 +1403,12 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
         if (hp_.qk_norm == "l2") COLIBRI_TRY(unit_norm_heads(nh, nkv, T, norm_p));
       } else if (hp_.attn_temperature_floor > 0) {
         COLIBRI_TRY(scale_queries_by_temperature(qd, T));
+      }
+      if (hp_.qk_norm == "per_head_after_rope") {  // Hunyuan: the rotated heads RMS-normalized
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
+        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
+        std::swap(S.q, S.q2);
+        std::swap(S.k, S.k2);
       }
       for (std::size_t i = 0; i < segments.size(); ++i) {
         const auto& [kv, pos, off, n, pass_end] = segments[i];

@@ -1,5 +1,6 @@
 #include "model/architecture.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -49,6 +50,7 @@ const std::map<std::string, std::string>& hf_arch_map() {
                                                     {"Glm4MoeLiteForCausalLM", "deepseek_v3"},
                                                     {"Dots1ForCausalLM", "dots1"},
                                                     {"BailingMoeV2ForCausalLM", "bailing_moe_v2"},
+                                                    {"HunYuanMoEV1ForCausalLM", "hunyuan_moe"},
                                                     {"Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"},
                                                     {"Qwen3NextForCausalLM", "qwen3_next"},
                                                     {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"},
@@ -65,6 +67,7 @@ const std::map<std::string, std::string>& gguf_arch_map() {
                                                     {"dots1", "dots1"},
                                                     {"ernie4_5-moe", "ernie4_5_moe"},
                                                     {"glm4moe", "glm4_moe"},
+                                                    {"hunyuan-moe", "hunyuan_moe"},
                                                     {"gpt-oss", "gpt_oss"},
                                                     {"llama", "llama"},
                                                     {"llama4", "llama4"},
@@ -342,6 +345,7 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                      : a == "llama4"                  ? Defaults{8, 4096 * 32, 1e-5, 500000.0}
                      : a == "dots1"                   ? Defaults{0, 2048, 1e-6, 10000.0}
                      : a == "bailing_moe_v2"          ? Defaults{0, 16384, 1e-5, 10000.0}
+                     : a == "hunyuan_moe"             ? Defaults{0, 2048, 1e-5, 10000.0}
                                                       : Defaults{0, 2048, 1e-6, 10000.0};  // llama
   h.num_kv_heads = get_int("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : h.num_heads, false);
   if (!c.contains("num_key_value_heads") && h.num_heads > 0 && h.num_kv_heads > 0 &&
@@ -357,8 +361,10 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                        a == "gpt_oss"                       ? 64
                        : a == "llama4"                      ? 128
                        : a == "qwen3_next" || is_qwen3_5(a) ? 256
-                       : h.num_heads > 0                    ? h.hidden_size / h.num_heads
-                                                            : 0,
+                       : a == "hunyuan_moe"
+                           ? get_int("attention_head_dim", h.num_heads > 0 ? h.hidden_size / h.num_heads : 0, false)
+                       : h.num_heads > 0 ? h.hidden_size / h.num_heads
+                                         : 0,
                        false);
   h.max_position_embeddings = get_int("max_position_embeddings", d.max_positions, false);
   h.rms_norm_eps = get_float("rms_norm_eps", d.rms_norm_eps);
@@ -449,6 +455,42 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
                                    "; it must be even and in 2..head_dim; fix it in config.json");
     }
     h.rotary_dims = dims == h.head_dim ? 0 : dims;
+  }
+  if (a == "hunyuan_moe") {
+    // Hunyuan-A13B (its own modeling_hunyuan.py, as vLLM and llama.cpp run it): per-head q/k RMS norms after RoPE
+    // (transformers' port norms before; the checkpoints were trained with their own code), and NTK-alpha RoPE: the
+    // base times alpha^(d / (d - 2)) at every position, as llama.cpp folds it into rope.freq_base.
+    for (const char* key : {"use_cla", "use_mla", "attention_bias", "mlp_bias"}) {
+      if (get_bool(key, false)) {
+        return Status(StatusCode::unsupported, where + ": " + key +
+                                                   "=true is not supported; the released Hunyuan-A13B models have "
+                                                   "none (Hunyuan-Large's cross-layer attention is another layout)");
+      }
+    }
+    if (get_int("moe_layer_num_skipped", 0, false) != 0) {
+      return Status(StatusCode::unsupported,
+                    where + ": moe_layer_num_skipped other than 0 is not supported; Hunyuan-A13B routes every layer");
+    }
+    if (get_bool("use_qk_norm", false)) h.qk_norm = "per_head_after_rope";
+    const auto& rs = h.rope_scaling;
+    const json type = rs.is_object() ? (rs.contains("rope_type") ? rs["rope_type"]
+                                        : rs.contains("type")    ? rs["type"]
+                                                                 : json())
+                                     : json();
+    if (type == "dynamic" && rs.contains("alpha") && !rs["alpha"].is_null() && rs["alpha"] != json(0)) {
+      const double alpha = rs["alpha"].is_number() ? rs["alpha"].get<double>() : 0.0;
+      if (!(alpha > 0 && alpha < 1e9) || h.head_dim <= 2) {
+        return bad_config(where,
+                          "rope_scaling.alpha is " + rs["alpha"].dump().substr(0, 40) +
+                              "; it must be a positive number (Hunyuan-A13B writes 1000), with head_dim above 2");
+      }
+      const double d = static_cast<double>(h.head_dim);
+      h.rope_theta *= std::pow(alpha, d / (d - 2));
+      h.rope_scaling = nullptr;
+      // The released config says 32768, while the model is trained to 256K with this RoPE (its report; llama.cpp
+      // writes 262144 too).
+      h.max_position_embeddings = std::max<std::int64_t>(h.max_position_embeddings, 262144);
+    }
   }
   if (a == "gpt_oss") {
     h.sliding_window = get_int("sliding_window", 128, false);
@@ -727,6 +769,36 @@ sdk::Expected<HyperParams> hparams_from_hf_config(const json& c, const std::stri
     if (auto s = read_dense_first(0, true); !s) return s;
     // As llama.cpp reads the checkpoints: the MTP layers follow the last layer (none in the released models).
     if (auto s = read_nextn(); !s) return s;
+  } else if (a == "hunyuan_moe") {
+    // HunYuanMoE: a softmax over the float32 router's logits (mlp.gate.wg), the top moe_topk renormalized when it
+    // picks several (topkgating; top-1 keeps its probability), without the capacity limit its training code puts on
+    // a pass of many tokens (as vLLM and llama.cpp run it, so a token's answer never depends on the others in its
+    // pass); the shared MLP (use_mixed_mlp_moe) intermediate_size x num_shared_expert wide, always added.
+    // moe_topk, num_experts, moe_intermediate_size and num_shared_expert may be one number or one per layer.
+    auto per_layer = [&](const char* key, std::int64_t def, bool required) -> std::int64_t {
+      if (!c.contains(key) || !c[key].is_array()) return get_int(key, def, required);
+      const auto& v = c[key];
+      if (v.empty() || !std::all_of(v.begin(), v.end(), [&](const json& x) { return x == v[0]; }) ||
+          !v[0].is_number_integer()) {
+        if (err) {
+          err = bad_config(where, std::string("field \"") + key + "\" is " + v.dump().substr(0, 60) +
+                                      "; colibri runs the same whole number for every layer, as the released models "
+                                      "have it");
+        }
+        return def;
+      }
+      return v[0].get<std::int64_t>();
+    };
+    h.n_experts = per_layer("num_experts", 0, true);
+    h.n_experts_per_tok = per_layer("moe_topk", 0, true);
+    h.intermediate_size = get_int("intermediate_size", 0, true);
+    h.moe_intermediate_size = per_layer("moe_intermediate_size", h.intermediate_size, false);
+    h.norm_topk_prob = h.n_experts_per_tok > 1;
+    const std::int64_t shared = get_bool("use_mixed_mlp_moe", false) ? per_layer("num_shared_expert", 1, false) : 0;
+    if (shared < 0 || shared > 64) {
+      return bad_config(where, "num_shared_expert is " + std::to_string(shared) + "; it must be in 0..64");
+    }
+    h.shared_expert_intermediate_size = shared_width(h.intermediate_size, shared);
   } else if (a == "llama4") {
     // transformers' names: intermediate_size is each expert's width (and the shared expert's), intermediate_size_mlp
     // the dense layers'.
@@ -1182,10 +1254,13 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
     h.shared_expert_intermediate_size = opt("expert_shared_feed_forward_length", 0);
     // llama.cpp renormalizes MiniMax's and ERNIE's weights whatever the key says.
     if (a == "minimax_m2" || a == "ernie4_5_moe") h.norm_topk_prob = true;
-    if (a == "ernie4_5_moe" || a == "bailing_moe_v2") {
+    // Hunyuan's code renormalizes several picks (llama.cpp's loader always, whatever the key says).
+    if (a == "hunyuan_moe") h.norm_topk_prob = h.n_experts_per_tok > 1;
+    if (a == "ernie4_5_moe" || a == "bailing_moe_v2" || a == "hunyuan_moe") {
       // llama.cpp's converter writes intermediate_size / num_key_value_heads as ERNIE's shared expert's width, and
-      // its bailingmoe2 loader multiplies the written width by the shared count again (right for the released
-      // models only, one shared expert): the tensor's own width is the truth.
+      // Hunyuan's intermediate_size whatever num_shared_expert is; its bailingmoe2 loader multiplies the written
+      // width by the shared count again (right for the released models only, one shared expert): the tensor's own
+      // width is the truth.
       for (const auto& t : g.tensors()) {
         if (t.name.ends_with(".ffn_gate_shexp.weight") && t.ne.size() == 2) {
           h.shared_expert_intermediate_size = t.ne[1];
@@ -1247,6 +1322,7 @@ sdk::Expected<HyperParams> hparams_from_gguf(const GgufFile& g) {
   if (a == "olmoe") h.qk_norm = "full";
   if ((a == "glm4_moe" || a == "bailing_moe_v2") && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr)
     h.qk_norm = "per_head";
+  if (a == "hunyuan_moe" && g.find_tensor("blk.0.attn_q_norm.weight") != nullptr) h.qk_norm = "per_head_after_rope";
   if (const auto* qn = g.find_tensor("blk.0.attn_q_norm.weight"); a == "minimax_m2" && qn != nullptr) {
     h.qk_norm = !qn->ne.empty() && qn->ne[0] == h.head_dim ? "per_head" : "full";  // MiniMax: over the projection
   }
@@ -1427,6 +1503,10 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
     add(b + "attn_output.weight", p + "self_attn.o_proj.weight", {hid, q_dim}, TensorKind::attn_o, l);
     if (hp.attention_out_bias) add(b + "attn_output.bias", p + "self_attn.o_proj.bias", {hid}, TensorKind::bias, l);
     if (hp.attention_sinks) add(b + "attn_sinks.weight", p + "self_attn.sinks", {hp.num_heads}, TensorKind::bias, l);
+    if (hp.qk_norm == "per_head_after_rope") {  // Hunyuan's names
+      add(b + "attn_q_norm.weight", p + "self_attn.query_layernorm.weight", {hp.head_dim}, TensorKind::norm, l);
+      add(b + "attn_k_norm.weight", p + "self_attn.key_layernorm.weight", {hp.head_dim}, TensorKind::norm, l);
+    }
     if (hp.qk_norm == "per_head") {
       add(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", {hp.head_dim}, TensorKind::norm, l);
       add(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", {hp.head_dim}, TensorKind::norm, l);
@@ -1556,10 +1636,11 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
       plan.shared.back().gguf_name = b + "post_attention_norm.weight";
     const bool sparse = hp.layer_is_sparse(l);
     if (sparse) {
-      const std::string router = mixtral   ? "block_sparse_moe.gate"
-                                 : gpt_oss ? "mlp.router"
-                                 : llama4  ? "feed_forward.router"
-                                           : "mlp.gate";
+      const std::string router = mixtral                            ? "block_sparse_moe.gate"
+                                 : gpt_oss                          ? "mlp.router"
+                                 : llama4                           ? "feed_forward.router"
+                                 : hp.architecture == "hunyuan_moe" ? "mlp.gate.wg"
+                                                                    : "mlp.gate";
       add(b + "ffn_gate_inp.weight", p + router + ".weight", {hp.n_experts, hid}, TensorKind::router, l);
       if (hp.router_bias) add(b + "ffn_gate_inp.bias", p + router + ".bias", {hp.n_experts}, TensorKind::bias, l);
       if (hp.router_selection_bias) {
@@ -1574,9 +1655,10 @@ ModelPlan build_plan(const HyperParams& hp, const std::string& gguf_arch) {
         const bool plural = hp.architecture == "glm4_moe" || hp.architecture == "ernie4_5_moe" ||
                             hp.architecture == "dots1" || bailing || hp.architecture == "deepseek_v2" ||
                             hp.architecture == "deepseek_v3";
-        const std::string shared = p + (plural   ? "mlp.shared_experts."
-                                        : llama4 ? "feed_forward.shared_expert."
-                                                 : "mlp.shared_expert.");
+        const std::string shared = p + (plural                             ? "mlp.shared_experts."
+                                        : llama4                           ? "feed_forward.shared_expert."
+                                        : hp.architecture == "hunyuan_moe" ? "mlp.shared_mlp."
+                                                                           : "mlp.shared_expert.");
         add(b + "ffn_gate_shexp.weight", shared + "gate_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_up_shexp.weight", shared + "up_proj.weight", {sff, hid}, TensorKind::shared_expert, l);
         add(b + "ffn_down_shexp.weight", shared + "down_proj.weight", {hid, sff}, TensorKind::shared_expert, l);

@@ -91,7 +91,7 @@ struct Input {
   fs::path path;
   std::optional<SafetensorsCheckpoint> st;
   std::optional<GgufFile> gguf;
-  std::optional<tokenizer::TiktokenImport> tiktoken;  // a checkpoint with tiktoken.model and no tokenizer.json
+  std::optional<tokenizer::TiktokenImport> tiktoken;  // a checkpoint with a tiktoken file and no tokenizer.json
   json config;
 
   Status read(const SourceRef& r, std::uint64_t offset, void* dst, std::size_t n) const {
@@ -1227,16 +1227,18 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
                                                         sdk::path_kind_text(tokenizer_file.string()) +
                                                         ", not a file; put the file there");
       }
-      if (!fs::exists(opt.input / "tiktoken.model", ec)) {
+      const auto vocab = tokenizer::find_tiktoken_vocab(opt.input);
+      if (!vocab) {
         return Status(StatusCode::not_found,
-                      "no tokenizer.json (nor tiktoken.model) in " + opt.input.string() +
+                      "no tokenizer.json (nor tiktoken.model, hy.tiktoken) in " + opt.input.string() +
                           "; colibri needs the HuggingFace fast tokenizer file next to the weights");
       }
-      // Kimi K2, Moonlight: the tokenizer.json that tokenizes as their tiktoken code is written into the model.
+      // Kimi K2, Moonlight, Hunyuan-A13B: the tokenizer.json that tokenizes as their tiktoken code is written into the
+      // model.
       auto imported = tokenizer::import_tiktoken(opt.input);
       if (!imported) return imported.error().with_context("the checkpoint's tokenizer");
       in.tiktoken = std::move(*imported);
-      tokenizer_file = opt.input / "tiktoken.model";
+      tokenizer_file = *vocab;
     }
     // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
     // not the first run afterwards.
@@ -1643,7 +1645,10 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     m.tokenizer = {{"source", "copied"}};
     if (in.tiktoken) {
       if (auto s = write_tokenizer_file("tokenizer.json", in.tiktoken->tokenizer_json); !s) return s;
-      m.tokenizer = {{"source", "tiktoken"}, {"family", in.tiktoken->family}, {"code", in.tiktoken->code}};
+      m.tokenizer = {{"source", "tiktoken"},
+                     {"family", in.tiktoken->family},
+                     {"code", in.tiktoken->code},
+                     {"file", in.tiktoken->file}};
     }
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                              "special_tokens_map.json"}) {

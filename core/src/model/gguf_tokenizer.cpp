@@ -153,6 +153,11 @@ sdk::Expected<RebuiltTokenizer> rebuild_tokenizer_from_gguf(const GgufFile& g) {
     } else if (pre == "qwen2" || pre == "deepseek-r1-qwen") {
       pre_tok = tokenizer::detail::split_then_byte_level_json(kQwen2Regex);
       normalizer = {{"type", "NFC"}};  // Qwen's tokenizer.json composes text first; the GGUF does not say so
+    } else if (pre == "hunyuan") {
+      // Hunyuan-A13B's tiktoken code: its pattern (Qwen 2's) over NFC-composed text, tiktoken's whole-token shortcut.
+      pre_tok = tokenizer::detail::split_then_byte_level_json(tokenizer::hunyuan_split_regex());
+      normalizer = {{"type", "NFC"}};
+      ignore_merges = true;
     } else if (pre == "bailingmoe" || pre == "bailingmoe2" || pre == "llada-moe") {
       pre_tok = tokenizer::detail::split_then_byte_level_json(kBailingRegex);
     } else if (pre == "solar-open") {

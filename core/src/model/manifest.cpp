@@ -51,6 +51,7 @@ bool HyperParams::layer_is_linear(std::int64_t layer) const {
 }
 
 int HyperParams::format_version() const {
+  if (qk_norm == "per_head_after_rope") return 7;
   if (!linear_layers.empty() || attn_output_gate) return 6;
   const bool v5 = !nope_layers.empty() || attention_chunk > 0 || router_weight_on_input || qk_norm == "l2";
   if (v5) return 5;
@@ -463,8 +464,9 @@ Status HyperParams::validate() const {
                     "clip_qkv is " + json(clip_qkv).dump() + "; it must be 0 (off) or a positive bound");
       !s)
     return s;
-  if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full" || qk_norm == "l2",
-                    "qk_norm must be none, per_head, full or l2");
+  if (auto s = need(qk_norm == "none" || qk_norm == "per_head" || qk_norm == "full" || qk_norm == "l2" ||
+                        qk_norm == "per_head_after_rope",
+                    "qk_norm must be none, per_head, full, l2 or per_head_after_rope");
       !s)
     return s;
   if (auto s = need(hidden_act == "silu", "hidden_act '" + hidden_act + "' is not supported (silu only)"); !s) return s;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <unordered_map>
@@ -28,14 +29,48 @@ constexpr std::string_view kKimiRegex =
     "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+// Hunyuan-A13B's (PAT_STR of tokenization_hy.py): Qwen 2's, one digit at a time.
+constexpr std::string_view kHunyuanRegex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+
+// The special tokens Hunyuan's code puts after the ranks, in order (SPECIAL_TOKENS of tokenization_hy.py).
+std::vector<std::string> hunyuan_specials() {
+  std::vector<std::string> v = {"<|endoftext|>", "<|startoftext|>", "<|bos|>", "<|eos|>", "<|pad|>"};
+  for (int i = 0; i < 205; ++i) v.push_back("<|extra_" + std::to_string(i) + "|>");
+  return v;
+}
+
 // The tokenizer code of each family colibri knows, with text its pattern has and another family's would not.
 struct Family {
   const char* name;
   std::array<const char*, 2> code;  // the module tokenizer_config.json's auto_map names
   std::array<const char*, 2> pattern_text;
+  const char* vocab_file;  // the ranks' file, as the code's VOCAB_FILES_NAMES names it
+  std::string_view regex;
+  // Hunyuan's loader numbers the tokens by line, a repeated one skipped, whatever rank the line writes; tiktoken's
+  // (Kimi's) takes the written ranks.
+  bool ranks_by_line;
+  bool nfc;  // Hunyuan's tokenize() composes the text (NFC) before tiktoken splits it
+  std::vector<std::string> (*fixed_specials)();  // the specials' names after the ranks; null: Kimi's reserved ones
 };
-constexpr Family kFamilies[] = {
-    {"kimi", {"tokenization_kimi", "tokenization_moonshot"}, {"[\\p{Han}]+", "&&[^\\p{Han}]]*"}},
+const Family kFamilies[] = {
+    {"kimi",
+     {"tokenization_kimi", "tokenization_moonshot"},
+     {"[\\p{Han}]+", "&&[^\\p{Han}]]*"},
+     "tiktoken.model",
+     kKimiRegex,
+     false,
+     false,
+     nullptr},
+    {"hunyuan",
+     {"tokenization_hy", "tokenization_hy"},
+     {"\\p{L}+|\\p{N}| ?", "(?i:'s|'t|'re|'ve|'m|'ll|'d)"},
+     "hy.tiktoken",
+     kHunyuanRegex,
+     true,
+     true,
+     hunyuan_specials},
 };
 constexpr std::size_t kDefaultReservedSpecials = 256;  // num_reserved_special_tokens of Kimi's code
 
@@ -145,12 +180,31 @@ std::string_view kimi_split_regex() noexcept {
   return kKimiRegex;
 }
 
+std::string_view hunyuan_split_regex() noexcept {
+  return kHunyuanRegex;
+}
+
+bool is_tiktoken_vocab_name(const std::filesystem::path& file) {
+  return std::any_of(std::begin(kFamilies), std::end(kFamilies),
+                     [&](const Family& f) { return file.filename() == f.vocab_file; });
+}
+
+std::optional<std::filesystem::path> find_tiktoken_vocab(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const Family& f : kFamilies) {
+    if (std::filesystem::exists(dir / f.vocab_file, ec)) return dir / f.vocab_file;
+  }
+  return std::nullopt;
+}
+
 sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) {
-  const std::filesystem::path model_path = dir / "tiktoken.model", config_path = dir / "tokenizer_config.json";
-  const std::string model_file = model_path.string(), config_file = config_path.string();
+  const std::filesystem::path config_path = dir / "tokenizer_config.json";
+  const std::string config_file = config_path.string();
   std::error_code ec;
   if (!std::filesystem::exists(config_path, ec)) {
-    return Status(StatusCode::not_found, "no tokenizer_config.json beside " + model_file +
+    const auto vocab = find_tiktoken_vocab(dir);
+    return Status(StatusCode::not_found, "no tokenizer_config.json beside " +
+                                             (vocab ? vocab->string() : (dir / "tiktoken.model").string()) +
                                              "; a tiktoken tokenizer needs it (its special tokens, and the tokenizer "
                                              "code whose split pattern colibri must know); put the checkpoint's own "
                                              "there");
@@ -175,12 +229,21 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
                   config_file + ": key 'auto_map': " +
                       (code ? "tokenizer code '" + *code + "'" : std::string("no AutoTokenizer code named")) +
                       "; a tiktoken tokenizer's split pattern lives in that Python code, which colibri does not run, "
-                      "and colibri knows Kimi K2's and Moonlight's (tokenization_kimi.py, tokenization_moonshot.py). "
+                      "and colibri knows Kimi K2's and Moonlight's (tokenization_kimi.py, tokenization_moonshot.py) "
+                      "and Hunyuan-A13B's (tokenization_hy.py). "
                       "For another, save a tokenizer.json with transformers (AutoTokenizer.from_pretrained(dir, "
                       "trust_remote_code=True).save_pretrained(dir)) where it can, and convert again");
   }
   out.family = family->name;
   out.code = *code;
+  out.file = family->vocab_file;
+  const std::filesystem::path model_path = dir / family->vocab_file;
+  const std::string model_file = model_path.string();
+  if (!std::filesystem::exists(model_path, ec)) {
+    return Status(StatusCode::not_found, "no " + std::string(family->vocab_file) + " in " + dir.string() + ", which " +
+                                             config_file + " (tokenizer code " + *code +
+                                             ") reads its tokens from; put the checkpoint's own there");
+  }
   std::size_t reserved = kDefaultReservedSpecials;
   if (const auto py = dir / (*code + ".py"); std::filesystem::exists(py, ec)) {
     const std::string source = detail::read_file(py, status, /*named=*/false);
@@ -197,7 +260,7 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
     if (const auto n = assigned_count(source, "num_reserved_special_tokens")) reserved = *n;
   }
 
-  // tiktoken.model: "<base64 token> <rank>" per line (tiktoken's load_tiktoken_bpe skips empty lines).
+  // "<base64 token> <rank>" per line (tiktoken's load_tiktoken_bpe skips empty lines; Hunyuan's loader numbers them).
   const std::string text = detail::read_file(model_path, status, /*named=*/false);
   if (!status) return status;
   std::vector<std::string> tokens;  // by rank
@@ -222,10 +285,16 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
     auto bytes = base64_decode(line.substr(0, space));
     if (!bytes) return bad("'" + std::string(line.substr(0, space)) + "' is not base64");
     std::size_t rank = 0;
-    const std::string_view rank_text = line.substr(space + 1);
-    const auto [end, err] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
-    if (err != std::errc() || end != rank_text.data() + rank_text.size() || rank >= (std::size_t{1} << 24)) {
-      return bad("rank '" + std::string(rank_text) + "' is not a whole number below 2^24");
+    if (family->ranks_by_line) {
+      if (ranks.contains(*bytes)) continue;  // as its loader: the first line of a token counts
+      rank = ranks.size();
+      if (rank >= (std::size_t{1} << 24)) return bad("more than 2^24 tokens");
+    } else {
+      const std::string_view rank_text = line.substr(space + 1);
+      const auto [end, err] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+      if (err != std::errc() || end != rank_text.data() + rank_text.size() || rank >= (std::size_t{1} << 24)) {
+        return bad("rank '" + std::string(rank_text) + "' is not a whole number below 2^24");
+      }
     }
     if (rank >= seen_rank.size()) {
       seen_rank.resize(rank + 1, false);
@@ -263,8 +332,11 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
   }
   out.merges = merges.size();
 
-  // Special tokens: ids ranks.. ranks + reserved - 1, named by added_tokens_decoder or "<|reserved_token_ID|>" (Kimi's
-  // code); an entry past them is an added token as transformers adds it, one among the ranks a damaged config.
+  // Special tokens: ids ranks.. ranks + reserved - 1, named by added_tokens_decoder, else by the code (Hunyuan's fixed
+  // list, Kimi's "<|reserved_token_ID|>"); an entry past them is an added token as transformers adds it, one among the
+  // ranks a damaged config.
+  const std::vector<std::string> fixed = family->fixed_specials ? family->fixed_specials() : std::vector<std::string>{};
+  if (family->fixed_specials) reserved = fixed.size();
   std::unordered_map<std::size_t, json> named;
   if (const auto dec = config.find("added_tokens_decoder"); dec != config.end()) {
     if (!dec->is_object()) {
@@ -295,8 +367,9 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
     const bool reserved_id = id < tokens.size() + reserved;
     if (it == named.end() && !reserved_id) continue;
     const json& e = it != named.end() ? it->second : json::object();
-    const std::string content =
-        it != named.end() ? e.at("content").get<std::string>() : "<|reserved_token_" + std::to_string(id) + "|>";
+    const std::string content = it != named.end() ? e.at("content").get<std::string>()
+                                : !fixed.empty()  ? fixed[id - tokens.size()]
+                                                  : "<|reserved_token_" + std::to_string(id) + "|>";
     auto flag = [&](const char* key, bool fallback) {
       const auto f = e.find(key);
       return f != e.end() && f->is_boolean() ? f->get<bool>() : fallback;
@@ -316,8 +389,8 @@ sdk::Expected<TiktokenImport> import_tiktoken(const std::filesystem::path& dir) 
               {"truncation", nullptr},
               {"padding", nullptr},
               {"added_tokens", std::move(added)},
-              {"normalizer", nullptr},
-              {"pre_tokenizer", detail::split_then_byte_level_json(kKimiRegex)},
+              {"normalizer", family->nfc ? json{{"type", "NFC"}} : json()},
+              {"pre_tokenizer", detail::split_then_byte_level_json(family->regex)},
               {"post_processor", nullptr},
               {"decoder", detail::byte_level_json(false)},
               {"model", detail::byte_level_bpe_json(std::move(vocab), std::move(merges), /*ignore_merges=*/true)}};

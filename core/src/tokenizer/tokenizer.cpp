@@ -434,17 +434,15 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     file = path / "tokenizer.json";
-    // A tiktoken tokenizer (Kimi K2, Moonlight) ships no tokenizer.json: its equivalent is rebuilt.
-    if (!std::filesystem::exists(file, ec) && std::filesystem::exists(path / "tiktoken.model", ec)) {
-      file = path / "tiktoken.model";
-    }
+    // A tiktoken tokenizer (Kimi K2, Moonlight, Hunyuan-A13B) ships no tokenizer.json: its equivalent is rebuilt.
+    if (const auto vocab = find_tiktoken_vocab(path); !std::filesystem::exists(file, ec) && vocab) file = *vocab;
   }
-  const bool tiktoken = file.filename() == "tiktoken.model";
+  const bool tiktoken = is_tiktoken_vocab_name(file);
   if (!std::filesystem::exists(file, ec)) {
     return sdk::make_error(sdk::StatusCode::not_found,
                            file.string() +
-                               ": no such file (expected a tokenizer.json, a tiktoken.model, or a model directory "
-                               "holding one)");
+                               ": no such file (expected a tokenizer.json, a tiktoken.model or hy.tiktoken, or a "
+                               "model directory holding one)");
   }
   sdk::Status status;
   std::string text;

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 import unittest
 
 import numpy as np
@@ -211,6 +212,18 @@ VARIANTS = {
     "bailing_moe_v2-variants": ("bailing_moe_v2", lambda c: (c.pop("partial_rotary_factor"), c.update(rotary_dim=16)),
                                 ("--set", "n_group=1", "--set", "topk_group=1", "--set", "use_bias=true", "--set",
                                  "use_qk_norm=false", "--set", "norm_topk_prob=false")),
+    # Hunyuan-A13B: per-head q/k norms after RoPE, NTK-alpha RoPE (the base x 1000^(64/62)), a softmax router in
+    # float32 (mlp.gate.wg) whose top 3 of 8 are renormalized, a shared MLP always added, the embedding tied; per-layer
+    # lists for moe_topk, moe_intermediate_size and num_shared_expert.
+    "hunyuan_moe": ("hunyuan_moe", None),
+    # One number instead of each list, two shared experts' width, no q/k norms, plain RoPE.
+    "hunyuan_moe-variants": ("hunyuan_moe", lambda c: c.update(rope_scaling=None),
+                             ("--set", "moe_topk=2", "--set", "num_shared_expert=2", "--set", "num_experts=6",
+                              "--set", "use_qk_norm=false")),
+    # Its tokenizer as released: hy.tiktoken and tokenization_hy.py, no tokenizer.json.
+    "hunyuan_moe-tiktoken": ("hunyuan_moe", None, ("--tiktoken",)),
+    # Top-1: the picked expert keeps its probability (no renormalization to 1).
+    "hunyuan_moe-top1": ("hunyuan_moe", None, ("--set", "moe_topk=[1, 1, 1]")),
 }
 
 
@@ -331,39 +344,80 @@ class Tiktoken(unittest.TestCase):
         self.assertIn("tokenizer:     rebuilt from tiktoken.model (kimi's split, tokenization_kimi)",
                       run(["inspect", model]).stdout)
 
-        ranks = {}
-        with open(os.path.join(ckpt, "tiktoken.model")) as f:
-            for line in f:
-                token, rank = line.split()
-                ranks[base64.b64decode(token)] = int(rank)
+        ranks = tiktoken_ranks(os.path.join(ckpt, "tiktoken.model"))
         with open(os.path.join(ckpt, "tokenizer_config.json")) as f:
             specials = {v["content"]: int(k) for k, v in json.load(f)["added_tokens_decoder"].items()}
-
-        def bpe(piece):
-            if piece in ranks:
-                return [ranks[piece]]
-            parts = [piece[i:i + 1] for i in range(len(piece))]
-            while True:
-                pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
-                if not pairs:
-                    return [ranks[p] for p in parts]
-                _, i = min(pairs)
-                parts[i:i + 2] = [parts[i] + parts[i + 1]]
-
         text = "the experts are streamed from the disk 你好世界 when the router picks them<|im_end|>hello world"
-        want = []
-        for chunk in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
-            if chunk in specials:
-                want.append(specials[chunk])
-                continue
-            for piece in re.findall(r"[\u4e00-\u9fff]+| ?[a-z]+|\s+", chunk):
-                want += bpe(piece.encode())
+        want = tiktoken_encode(ranks, specials, r"[\u4e00-\u9fff]+| ?[a-z]+|\s+", text)
         got = json.loads(run(["tokenize", "--model", model, "--text", text]).stdout)["ids"]
         self.assertEqual(got, want)
         self.assertLess(len(got), len(text.encode()) - 20, "the merges were not used")
         # The model answers a text prompt through it.
         out = run(["run", "--model", model, "--prompt", "the experts", "--max-tokens", "3", "--temperature", "0"])
         self.assertTrue(out.stdout.strip(), out.stderr)
+
+
+    def test_hunyuan_tokenizer_converts_and_encodes_as_its_code(self):
+        """Hunyuan-A13B ships hy.tiktoken (numbered by line) and tokenization_hy.py, no tokenizer.json: the model gets
+        the tokenizer.json that encodes as its code does (NFC first, Qwen 2's split, one digit at a time, its 210
+        special tokens after the ranks), checked against tiktoken's algorithm written out here, and answers through
+        it; its logits are the reference's (the same weights as the hunyuan_moe variant)."""
+        arch, patch, gen_args = VARIANTS["hunyuan_moe-tiktoken"]
+        ckpt, model = make_model("hunyuan_moe-tiktoken", arch, patch, gen_args=gen_args)
+        self.assertFalse(os.path.exists(os.path.join(ckpt, "tokenizer.json")))
+        with open(os.path.join(model, "manifest.json")) as f:
+            tokenizer = json.load(f)["tokenizer"]
+        self.assertEqual((tokenizer["source"], tokenizer["family"], tokenizer["file"]),
+                         ("tiktoken", "hunyuan", "hy.tiktoken"))
+        self.assertIn("tokenizer:     rebuilt from hy.tiktoken (hunyuan's split, tokenization_hy)",
+                      run(["inspect", model]).stdout)
+        ranks = tiktoken_ranks(os.path.join(ckpt, "hy.tiktoken"))
+        n = len(ranks)
+        specials = {"<|startoftext|>": n + 1, "<|eos|>": n + 3, "<|extra_0|>": n + 5, "<|extra_204|>": n + 209}
+        text = "<|startoftext|>the experts are streamed 2026 times from the cafe\u0301<|extra_0|>"
+        want = tiktoken_encode(ranks, specials, r" ?[a-zé]+|\d|\s+", unicodedata.normalize("NFC", text))
+        got = json.loads(run(["tokenize", "--model", model, "--text", text]).stdout)["ids"]
+        self.assertEqual(got, want)
+        self.assertIn(n + 5, got)
+        self.assertEqual(json.loads(run(["tokenize", "--model", model, "--text", "<|extra_204|><|eos|>"]).stdout)["ids"],
+                         [n + 209, n + 3])
+        out = run(["run", "--model", model, "--prompt", "the experts", "--max-tokens", "3", "--temperature", "0"])
+        self.assertTrue(out.stdout.strip(), out.stderr)
+
+
+def tiktoken_ranks(path):
+    """A tiktoken vocabulary's tokens by rank (both layouts: the written ranks are the line numbers here)."""
+    ranks = {}
+    with open(path) as f:
+        for line in f:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def tiktoken_encode(ranks, specials, split, text):
+    """tiktoken's encode with allowed_special="all", for text that `split` (a plain regex) splits as the tokenizer's
+    pattern would: special tokens anywhere; a piece that is a whole token whole, else its lowest-ranked adjacent pair
+    merged first."""
+    def bpe(piece):
+        if piece in ranks:
+            return [ranks[piece]]
+        parts = [piece[i:i + 1] for i in range(len(piece))]
+        while True:
+            pairs = [(ranks[a + b], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if a + b in ranks]
+            if not pairs:
+                return [ranks[p] for p in parts]
+            _, i = min(pairs)
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+    want = []
+    for chunk in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+        if chunk in specials:
+            want.append(specials[chunk])
+            continue
+        for piece in re.findall(split, chunk):
+            want += bpe(piece.encode())
+    return want
 
 
 class Gguf(unittest.TestCase):
@@ -576,6 +630,22 @@ class Gguf(unittest.TestCase):
                           hp["router_groups_used"], hp["routed_scaling_factor"], hp["shared_expert_intermediate_size"],
                           hp["mlp_only_layers"]), ("bailing_moe_v2", "per_head", 32, 4, 2, 2.5, 64, [0]))
         self.assert_reference_logits(ckpt, model, "bailing_moe_v2-gguf")
+
+    def test_hunyuan_moe_from_llama_cpp_layout_matches_the_reference(self):
+        """A Hunyuan-A13B GGUF as llama.cpp writes it (the alpha folded into rope.freq_base, a context of 256K, no
+        key_length, q/k norms, the shared width as intermediate_size) gives the HF checkpoint's logits, every tensor
+        used."""
+        ckpt, model, out = self.converted_f32_gguf("hunyuan_moe")
+        self.assertNotIn("skipped", out, "every GGUF tensor is used")
+        self.assertNotIn("are not used by", out, "every GGUF tensor is used")
+        with open(os.path.join(model, "manifest.json")) as f:
+            manifest = json.load(f)
+        hp = manifest["hparams"]
+        self.assertEqual((manifest["format_version"], hp["architecture"], hp["qk_norm"], hp["norm_topk_prob"],
+                          hp["shared_expert_intermediate_size"], hp["max_position_embeddings"], hp["tie_word_embeddings"]),
+                         (7, "hunyuan_moe", "per_head_after_rope", True, 64, 262144, True))
+        self.assertAlmostEqual(hp["rope_theta"] / (10000 * 1000 ** (64 / 62)), 1.0, places=6)
+        self.assert_reference_logits(ckpt, model, "hunyuan_moe-gguf")
 
     def test_minimax_m2_from_llama_cpp_layout_matches_the_reference(self):
         """A MiniMax-M2 GGUF as llama.cpp writes it (rope.dimension_count, q/k norms over the projection, the
@@ -919,7 +989,7 @@ class OnePromise(unittest.TestCase):
                              ("gpt_oss", "q4_k_m"), ("glm4_moe", "q4_k_m"), ("deepseek_v3", "q4_k_m"),
                              ("llama4", "q4_k_m"), ("dots1", "q4_k_m"),
                              ("bailing_moe_v2", "q4_k_m"), ("qwen3_vl_moe", "q4_k_m"), ("qwen3_next", "q4_k_m"),
-                             ("qwen3_5_moe", "q4_k_m"), ("qwen3_5", "q4_k_m")):
+                             ("qwen3_5_moe", "q4_k_m"), ("qwen3_5", "q4_k_m"), ("hunyuan_moe", "q4_k_m")):
             _, model = make_model(arch, arch, preset=preset)
             base = logits(model, name="base")
             self.same(base, logits(model, "--batch", "1", name="b1"), f"{arch}/{preset} token by token")

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -31,9 +32,9 @@ namespace {
 // Paths with a space and CJK characters everywhere, on purpose.
 const fs::path kWork = fs::path(COLIBRI_TEST_WORK_DIR) / "模型 work";
 const std::vector<std::string> kArchs = {
-    "mixtral",      "qwen2_moe",     "qwen3_moe",    "olmoe",       "llama",       "mistral", "gpt_oss",
-    "glm4_moe",     "minimax_m2",    "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "dots1",   "bailing_moe_v2",
-    "qwen3_vl_moe", "glm4_moe_lite", "qwen3_next",   "qwen3_5_moe", "qwen3_5"};
+    "mixtral",      "qwen2_moe",     "qwen3_moe",    "olmoe",       "llama",       "mistral",    "gpt_oss",
+    "glm4_moe",     "minimax_m2",    "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "dots1",      "bailing_moe_v2",
+    "qwen3_vl_moe", "glm4_moe_lite", "qwen3_next",   "qwen3_5_moe", "qwen3_5",     "hunyuan_moe"};
 
 std::string quote(const fs::path& p) {
   return "'" + p.string() + "'";
@@ -208,6 +209,12 @@ TEST_P(ArchTest, ManifestCarriesTheConfigHyperParameters) {
   }
   // transformers >= 4.56 (Qwen3.5's config) keeps rope_theta in rope_parameters.
   if (!cfg.contains("rope_theta")) cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"];
+  // Hunyuan's NTK-alpha RoPE: the base x alpha^(d / (d - 2)).
+  if (arch == "hunyuan_moe") {
+    const double d = cfg["attention_head_dim"].get<double>();
+    cfg["rope_theta"] =
+        cfg["rope_theta"].get<double>() * std::pow(cfg["rope_scaling"]["alpha"].get<double>(), d / (d - 2));
+  }
   const auto& h = m->hparams;
   EXPECT_EQ(h.architecture, arch == "glm4_moe_lite" ? "deepseek_v3" : arch);  // GLM-4.7-Flash runs as DeepSeek-V3
   EXPECT_EQ(h.hf_architecture, cfg["architectures"][0]);
@@ -494,10 +501,10 @@ TEST(ModelConvert, BadInputsEndInAClearErrorAndNoOutput) {
   {  // an unsupported architecture is refused by name, listing the supported ones
     auto d = copy_fixture(src, "arch");
     json cfg = json::parse(slurp(d / "config.json"));
-    cfg["architectures"] = {"HunYuanMoEV1ForCausalLM"};
+    cfg["architectures"] = {"JambaForCausalLM"};
     std::ofstream(d / "config.json", std::ios::trunc) << cfg.dump(2);
     expect_clean_failure(d,
-                         "'HunYuanMoEV1ForCausalLM' is not supported; supported: BailingMoeV2ForCausalLM, "
+                         "'JambaForCausalLM' is not supported; supported: BailingMoeV2ForCausalLM, "
                          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, "
                          "Glm4MoeForCausalLM",
                          "arch");

@@ -607,6 +607,98 @@ TEST(HfConfigValues, LingRefusesWhatItCannotRunByName) {
   expect_refused(ling(), bad);
 }
 
+// Hunyuan-A13B-Instruct's config.json, tiny.
+json hunyuan() {
+  return json{{"architectures", {"HunYuanMoEV1ForCausalLM"}},
+              {"model_type", "hunyuan"},
+              {"vocab_size", 64},
+              {"hidden_size", 64},
+              {"attention_head_dim", 16},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"intermediate_size", 24},
+              {"moe_intermediate_size", {24, 24}},
+              {"num_experts", 8},
+              {"moe_topk", {3, 3}},
+              {"num_shared_expert", {1, 1}},
+              {"use_mixed_mlp_moe", true},
+              {"use_qk_norm", true},
+              {"use_cla", false},
+              {"use_mla", false},
+              {"max_position_embeddings", 32768},
+              {"rope_theta", 10000.0},
+              {"rope_scaling", {{"alpha", 1000.0}, {"factor", 1.0}, {"type", "dynamic"}}},
+              {"tie_word_embeddings", true}};
+}
+
+TEST(HfConfigValues, HunyuanReadsItsAlphaRopeAndPerLayerLists) {
+  auto h = hparams_from_hf_config(hunyuan(), "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->architecture, "hunyuan_moe");
+  EXPECT_EQ(h->qk_norm, "per_head_after_rope");
+  EXPECT_EQ(h->format_version(), 7);
+  EXPECT_EQ(h->head_dim, 16);
+  // NTK alpha: the base x alpha^(d / (d - 2)) at every position, no scaling left; trained to 256K.
+  EXPECT_NEAR(h->rope_theta / (10000.0 * std::pow(1000.0, 16.0 / 14.0)), 1.0, 1e-12);
+  EXPECT_TRUE(h->rope_scaling.is_null());
+  EXPECT_EQ(h->max_position_embeddings, 262144);
+  EXPECT_EQ(h->n_experts, 8);
+  EXPECT_EQ(h->n_experts_per_tok, 3);
+  EXPECT_EQ(h->moe_intermediate_size, 24);
+  EXPECT_TRUE(h->norm_topk_prob);
+  EXPECT_EQ(h->router_scoring, "softmax");
+  EXPECT_EQ(h->shared_expert_intermediate_size, 24);
+  EXPECT_FALSE(h->shared_expert_gate);
+  EXPECT_TRUE(h->tie_word_embeddings);
+  EXPECT_TRUE(h->layer_is_sparse(0));
+  const ModelPlan plan = build_plan(*h, "hunyuan-moe");
+  auto find = [&](const std::string& name) { return find_planned(plan, name); };
+  ASSERT_NE(find("blk.0.attn_q_norm.weight"), nullptr);
+  EXPECT_EQ(find("blk.0.attn_q_norm.weight")->hf_name, "model.layers.0.self_attn.query_layernorm.weight");
+  EXPECT_EQ(find("blk.0.attn_k_norm.weight")->hf_name, "model.layers.0.self_attn.key_layernorm.weight");
+  EXPECT_EQ(find("blk.0.ffn_gate_inp.weight")->hf_name, "model.layers.0.mlp.gate.wg.weight");
+  EXPECT_EQ(find("blk.1.ffn_down_shexp.weight")->hf_name, "model.layers.1.mlp.shared_mlp.down_proj.weight");
+  EXPECT_EQ(find("blk.0.attn_q.weight")->gguf_permute_heads, 0);  // NeoX RoPE: llama.cpp keeps HF's rows
+  // One number instead of the lists; two shared experts' width; top-1 keeps its probability; no alpha: the dynamic
+  // NTK scaling of its code (by the pass's length) stays, with the config's context.
+  auto c = hunyuan();
+  c["moe_topk"] = 1;
+  c["num_shared_expert"] = 2;
+  c["moe_intermediate_size"] = 24;
+  c["use_qk_norm"] = false;
+  c["rope_scaling"] = {{"alpha", nullptr}, {"factor", 2.0}, {"type", "dynamic"}};
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->n_experts_per_tok, 1);
+  EXPECT_FALSE(h->norm_topk_prob);
+  EXPECT_EQ(h->shared_expert_intermediate_size, 48);
+  EXPECT_EQ(h->qk_norm, "none");
+  EXPECT_DOUBLE_EQ(h->rope_theta, 10000.0);
+  EXPECT_EQ(h->rope_scaling["factor"], 2.0);
+  EXPECT_EQ(h->max_position_embeddings, 32768);
+  c["use_mixed_mlp_moe"] = false;  // no shared MLP
+  h = hparams_from_hf_config(c, "config.json");
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->shared_expert_intermediate_size, 0);
+}
+
+TEST(HfConfigValues, HunyuanRefusesWhatItCannotRunByName) {
+  const std::pair<const char*, json> bad[] = {
+      {"use_cla=true is not supported", json{{"use_cla", true}}},
+      {"use_mla=true is not supported", json{{"use_mla", true}}},
+      {"attention_bias=true is not supported", json{{"attention_bias", true}}},
+      {"moe_layer_num_skipped other than 0 is not supported", json{{"moe_layer_num_skipped", 2}}},
+      {"field \"moe_topk\" is [3,2]; colibri runs the same whole number for every layer", json{{"moe_topk", {3, 2}}}},
+      {"field \"num_shared_expert\" is []", json{{"num_shared_expert", json::array()}}},
+      {"missing required field \"num_experts\"", json{{"num_experts", nullptr}}},
+      {"rope_scaling.alpha is \"x\"; it must be a positive number",
+       json{{"rope_scaling", {{"alpha", "x"}, {"type", "dynamic"}}}}},
+      {"rope_scaling.alpha is -2.0", json{{"rope_scaling", {{"alpha", -2.0}, {"type", "dynamic"}}}}},
+  };
+  expect_refused(hunyuan(), bad);
+}
+
 // Qwen3-VL-30B-A3B's config.json, tiny: the language model's fields in text_config.
 json qwen3_vl() {
   return json{

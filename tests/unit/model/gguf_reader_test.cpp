@@ -490,6 +490,16 @@ TEST(GgufTokenizer, BailingSplitsAsLingsTokenizerWithoutComposing) {
   EXPECT_EQ(encode("qwen2", "e\xcc\x81"), (Ids{0xc3, 0xa9}));
 }
 
+// Hunyuan's GGUFs split as its tiktoken code: Qwen 2's pattern over composed text, a piece that is a whole token whole.
+TEST(GgufTokenizer, HunyuanComposesSplitsAsQwen2AndTakesWholeTokens) {
+  const auto encode = encode_with_pre;
+  using Ids = std::vector<tokenizer::TokenId>;
+  EXPECT_EQ(encode("hunyuan", "e\xcc\x81"), (Ids{0xc3, 0xa9}));
+  EXPECT_EQ(encode("hunyuan", "xyz"), (Ids{260}));
+  EXPECT_EQ(encode("qwen2", "xyz"), (Ids{'x', 'y', 'z'}));
+  EXPECT_EQ(encode("hunyuan", "ab12"), (Ids{256, '1', '2'}));  // digits one at a time
+}
+
 TEST(GgufTokenizer, UnknownTokenizerModelIsRefusedByName) {
   Bytes b;
   b.raw("GGUF").pod<std::uint32_t>(3).pod<std::uint64_t>(0).pod<std::uint64_t>(2);

@@ -294,8 +294,10 @@ TEST(Manifest, ExpertBiasesOfFormatTwoAreLoadedAndCheckedLikeTheWeights) {
   bad["hparams"]["expert_activation"] = "geglu";
   expect_rejected(t, bad, "expert_activation 'geglu' is not supported");
   bad = m;
-  bad["format_version"] = 7;
-  expect_rejected(t, bad, "format_version 7 is not supported (this colibri reads 1 to 6)");
+  bad["format_version"] = kManifestFormatVersion + 1;
+  expect_rejected(t, bad,
+                  "format_version " + std::to_string(kManifestFormatVersion + 1) +
+                      " is not supported (this colibri reads 1 to " + std::to_string(kManifestFormatVersion) + ")");
 }
 
 // GLM's additions: format 3 only when used; the fields come all together, typed and in range.
@@ -418,8 +420,8 @@ TEST(Manifest, LatentAttentionIsFormatFour) {
   EXPECT_NE(g.validate().message().find("router_groups_used is 5; it must be in 1..4"), std::string::npos);
   // A colibri that reads format 3 at most says so, rather than running the model without its latent attention.
   bad = m;
-  bad["format_version"] = 7;
-  expect_rejected(t, bad, "format_version 7 is not supported");
+  bad["format_version"] = kManifestFormatVersion + 1;
+  expect_rejected(t, bad, "format_version " + std::to_string(kManifestFormatVersion + 1) + " is not supported");
 }
 
 void expect_invalid(const HyperParams& h, const std::string& what) {

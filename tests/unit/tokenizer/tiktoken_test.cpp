@@ -1,6 +1,6 @@
-// tiktoken tokenizers without a tokenizer.json (Kimi K2's layout): the rebuilt tokenizer encodes as tiktoken does on a
-// small vocabulary worked by hand, and bad files are refused naming the file, line or key. tests/js/tiktoken_check.mjs
-// compares it with tiktoken itself on 200k ranks.
+// tiktoken tokenizers without a tokenizer.json (Kimi K2's and Hunyuan-A13B's layouts): the rebuilt tokenizer encodes as
+// their code does on a small vocabulary worked by hand, and bad files are refused naming the file, line or key.
+// tests/js/tiktoken_check.mjs compares it with tiktoken itself on 200k ranks.
 #include "colibri/tokenizer/tiktoken.hpp"
 
 #include <gtest/gtest.h>
@@ -207,6 +207,82 @@ TEST(Tiktoken, SpecialTokenAmongTheRanksIsRefused) {
               "added_tokens_decoder": {"100": {"content": "[BOS]", "special": true}}})");
   const std::string e = error_of(d);
   EXPECT_NE(e.find("key 'added_tokens_decoder.100': id 100 is a token of"), std::string::npos) << e;
+}
+
+// Hunyuan-A13B's layout: hy.tiktoken (tokens numbered by line, a repeat skipped, the written rank not read),
+// tokenizer_config.json naming tokenization_hy, no added_tokens_decoder: its code's 210 special tokens follow the
+// ranks.
+void hunyuan_files(const Dir& d, bool code = true, bool hunyuan_pattern = true) {
+  std::string text;
+  const auto t = small_ranks();
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    text += base64(t[i]) + " " + std::to_string(i == 5 ? 99999 : i) + "\n";  // rank 99999: not read
+    if (i == 300 % t.size()) text += base64(t[i]) + " 7\n";                  // a repeat: skipped
+  }
+  d.write("hy.tiktoken", text);
+  d.write("tokenizer_config.json",
+          json{{"auto_map", {{"AutoTokenizer", {"tokenization_hy.HYTokenizer", nullptr}}}},
+               {"eos_token", "<|eos|>"},
+               {"pad_token", "<|pad|>"},
+               {"additional_special_tokens", {"<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>"}},
+               {"tokenizer_class", "HYTokenizer"}}
+              .dump());
+  if (code) {
+    d.write("tokenization_hy.py",
+            std::string("VOCAB_FILES_NAMES = {\"vocab_file\": \"hy.tiktoken\"}\n\nPAT_STR = r\"\"\"") +
+                (hunyuan_pattern ? R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+)"
+                                 : R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L})") +
+                "\"\"\"\n");
+  }
+}
+
+TEST(Tiktoken, HunyuanNumbersByLineComposesAndNamesItsSpecials) {
+  Dir d("hunyuan");
+  hunyuan_files(d);
+  auto imported = import_tiktoken(d.path);
+  ASSERT_TRUE(imported.has_value()) << imported.error().to_string();
+  EXPECT_EQ(imported->family, "hunyuan");
+  EXPECT_EQ(imported->code, "tokenization_hy");
+  EXPECT_EQ(imported->file, "hy.tiktoken");
+  EXPECT_EQ(imported->ranks, 262u);  // the repeat is not a token
+  EXPECT_EQ(imported->specials, 210u);
+  Tokenizer tok = load(d);  // found by its directory: hy.tiktoken
+  EXPECT_EQ(tok.vocab_size(), 262u + 210u);
+  EXPECT_EQ(tok.piece_to_token("<|endoftext|>"), 262);
+  EXPECT_EQ(tok.piece_to_token("<|startoftext|>"), 263);
+  EXPECT_EQ(tok.piece_to_token("<|eos|>"), 265);
+  EXPECT_EQ(tok.piece_to_token("<|extra_0|>"), 267);
+  EXPECT_EQ(tok.piece_to_token("<|extra_204|>"), 471);
+  EXPECT_EQ(tok.eos_id(), 265);
+  EXPECT_EQ(tok.encode("ab", true), (Ids{256}));  // no BOS of its own
+  // Its pattern: digits one at a time, letters in one piece; a whole-token piece whole; text composed (NFC) first.
+  EXPECT_EQ(tok.encode("ab12"), (Ids{256, '1', '2'}));
+  EXPECT_EQ(tok.encode("xyz"), (Ids{259}));
+  EXPECT_EQ(tok.encode("e\xcc\x81"), (Ids{0xc3, 0xa9}));
+  EXPECT_EQ(tok.encode("<|startoftext|>ab<|extra_0|>"), (Ids{263, 256, 267}));
+  EXPECT_EQ(tok.decode(Ids{263, 256, 267}, true), "ab");
+  // The same from tokenize --tokenizer FILE.
+  auto by_file = Tokenizer::from_file(d.path / "hy.tiktoken");
+  ASSERT_TRUE(by_file.has_value()) << by_file.error().to_string();
+  EXPECT_EQ(by_file->encode("ab12"), (Ids{256, '1', '2'}));
+}
+
+TEST(Tiktoken, HunyuanWithAnotherPatternOrNoVocabularyIsRefusedByName) {
+  {
+    Dir d("hunyuan-other-pattern");
+    hunyuan_files(d, true, /*hunyuan_pattern=*/false);
+    const std::string e = error_of(d);
+    EXPECT_NE(e.find("tokenization_hy.py: its pat_str differs from the hunyuan split pattern"), std::string::npos) << e;
+  }
+  {
+    Dir d("hunyuan-no-vocab");
+    hunyuan_files(d, false);
+    fs::remove(d.path / "hy.tiktoken");
+    d.ranks(small_ranks());  // Kimi's file name: not the one Hunyuan's code reads
+    const std::string e = error_of(d);
+    EXPECT_NE(e.find("no hy.tiktoken in"), std::string::npos) << e;
+    EXPECT_NE(e.find("(tokenizer code tokenization_hy)"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

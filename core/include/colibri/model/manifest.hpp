@@ -18,7 +18,7 @@ namespace colibri::model {
 
 // Version 2 adds what gpt-oss needs (sliding_layers, attention_sinks, router_bias, expert_activation and the
 // experts' bias parts); a model that uses none of it is still written as version 1, so older colibri reads it.
-inline constexpr int kManifestFormatVersion = 6;
+inline constexpr int kManifestFormatVersion = 7;
 inline constexpr const char* kManifestFormatName = "colibri-model";
 inline constexpr std::uint64_t kBlobAlignment = 4096;
 
@@ -104,6 +104,7 @@ struct HyperParams {
   bool attention_qkv_bias = false;  // q/k/v projections have biases (Qwen2-MoE)
   bool attention_out_bias = false;  // o projection has a bias
   // none | per_head (RMSNorm over head_dim: Qwen3) | full (over n_heads*head_dim: OLMoE) | l2 (Llama 4: see above)
+  // | per_head_after_rope (per_head, after RoPE: Hunyuan; format version 7)
   std::string qk_norm = "none";
   double clip_qkv = 0.0;  // 0: none (OLMoE option)
   // Feed-forward. Dense models are one always-selected expert per layer (n_experts 1, top-k 1).
