@@ -17,6 +17,8 @@ namespace {
 constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralOpen = "[TOOL_CALLS]";
+// Hunyuan-A13B: a JSON list of call objects between these tags.
+constexpr std::string_view kHunyuanOpen = "<tool_calls>", kHunyuanClose = "</tool_calls>";
 constexpr std::string_view kDeepseekCallsOpen = "<｜tool▁calls▁begin｜>";
 constexpr std::string_view kDeepseekCallsClose = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDeepseekCallOpen = "<｜tool▁call▁begin｜>";
@@ -143,6 +145,7 @@ std::string_view opening_marker(ToolFormat format) {
     case ToolFormat::deepseek_v32:
     case ToolFormat::deepseek_v4: return xml_syntax(format)->open;
     case ToolFormat::mistral: return kMistralOpen;
+    case ToolFormat::hunyuan: return kHunyuanOpen;
     case ToolFormat::deepseek_v3:
     case ToolFormat::deepseek_v31:
     case ToolFormat::kimi_k2: return section_syntax(format)->section_open;
@@ -1054,6 +1057,8 @@ ToolFormat detect_tool_format(std::string_view source) {
     if (source.find("tool_calls>") != std::string_view::npos) return ToolFormat::deepseek_v4;
   }
   if (source.find(kMinimaxXml.open) != std::string_view::npos) return ToolFormat::minimax_m2;
+  if (source.find(kHunyuanOpen) != std::string_view::npos && source.find(kHunyuanClose) != std::string_view::npos)
+    return ToolFormat::hunyuan;
   // The XML syntaxes open with Hermes' tag: what follows it tells them apart.
   if (source.find(kHermesOpen) != std::string_view::npos) {
     if (source.find(kFunctionOpen) != std::string_view::npos && source.find(kParameterOpen) != std::string_view::npos)
@@ -1093,6 +1098,7 @@ std::string_view tool_format_name(ToolFormat format) {
     case ToolFormat::deepseek_v4: return "deepseek_v4";
     case ToolFormat::llama3_json: return "llama3_json";
     case ToolFormat::pythonic: return "pythonic";
+    case ToolFormat::hunyuan: return "hunyuan";
     case ToolFormat::none: break;
   }
   return "none";
@@ -1103,7 +1109,7 @@ std::string supported_tool_formats() {
   for (const ToolFormat f :
        {ToolFormat::hermes, ToolFormat::qwen3_coder, ToolFormat::glm45, ToolFormat::mistral, ToolFormat::mistral_v11,
         ToolFormat::deepseek_v3, ToolFormat::deepseek_v31, ToolFormat::deepseek_v32, ToolFormat::deepseek_v4,
-        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::llama3_json, ToolFormat::pythonic,
+        ToolFormat::kimi_k2, ToolFormat::minimax_m2, ToolFormat::llama3_json, ToolFormat::pythonic, ToolFormat::hunyuan,
         ToolFormat::harmony}) {
     out += (out.empty() ? "" : ", ") + std::string(tool_format_name(f));
   }
@@ -1126,6 +1132,7 @@ std::vector<std::string_view> tool_markers(ToolFormat format) {
     case ToolFormat::glm45:
       return {kHermesOpen, kHermesClose, kArgKeyOpen, kArgKeyClose, kArgValueOpen, kArgValueClose};
     case ToolFormat::mistral: return {kMistralOpen};
+    case ToolFormat::hunyuan: return {kHunyuanOpen, kHunyuanClose};
     case ToolFormat::minimax_m2: return {kMinimaxXml.open, kMinimaxXml.close};
     case ToolFormat::deepseek_v32:
     case ToolFormat::deepseek_v4: return {"｜DSML｜", xml_syntax(format)->open, xml_syntax(format)->close};
@@ -1234,6 +1241,7 @@ std::string forced_call_prefix(ToolFormat format, std::string_view function_name
   switch (format) {
     case ToolFormat::hermes: return std::string(kHermesOpen) + "\n{\"name\": " + name + ", \"arguments\": ";
     case ToolFormat::mistral: return std::string(kMistralOpen) + "[{\"name\": " + name + ", \"arguments\": ";
+    case ToolFormat::hunyuan: return std::string(kHunyuanOpen) + "[{\"name\": " + name + ", \"arguments\": ";
     case ToolFormat::deepseek_v3:
       return std::string(kDeepseekCallsOpen) + std::string(kDeepseekCallOpen) + "function" + std::string(kDeepseekSep) +
              std::string(function_name) + "\n```json\n";
@@ -1272,6 +1280,7 @@ std::string required_call_prefix(ToolFormat format) {
     case ToolFormat::qwen3_coder:  // a Hermes call object after the XML syntaxes' shared opener
     case ToolFormat::glm45: return std::string(kHermesOpen) + "\n";
     case ToolFormat::mistral: return std::string(kMistralOpen) + "[";
+    case ToolFormat::hunyuan: return std::string(kHunyuanOpen) + "[";
     case ToolFormat::deepseek_v3:
     case ToolFormat::deepseek_v31:
     case ToolFormat::kimi_k2:
@@ -1335,6 +1344,7 @@ ToolParse parse_tool_calls(ToolFormat format, std::string_view text, const ToolS
   if (at == std::string_view::npos) return ToolParse{std::string(text), {}};
   Calls calls = format == ToolFormat::hermes    ? parse_marked_json(text, at, kHermesOpen, kHermesClose)
                 : format == ToolFormat::mistral ? parse_marked_json(text, at, kMistralOpen, "")
+                : format == ToolFormat::hunyuan ? parse_marked_json(text, at, kHunyuanOpen, kHunyuanClose)
                 : section_syntax(format)        ? parse_section(*section_syntax(format), text, at)
                                                 : parse_xml(*xml_syntax(format), text, at, types);
   // A call of a function the request does not offer is no call (a model may write anything between the tags).
@@ -1495,7 +1505,9 @@ void ToolCallStream::preview(ToolStreamOutput& out) {
   const SectionSyntax* section = name_ ? &kDeepseekV3 : section_syntax(format_);  // arguments_of: from ds_open
   const bool deepseek = section != nullptr;
   const std::string_view open = opening_marker(format_);
-  const std::string_view close = format_ == ToolFormat::hermes ? kHermesClose : "";
+  const std::string_view close = format_ == ToolFormat::hermes    ? kHermesClose
+                                 : format_ == ToolFormat::hunyuan ? kHunyuanClose
+                                                                  : "";
   // Sends what is new of the call being read: its name once known, then its arguments but their last byte.
   auto send = [&](const std::string& name, const std::string& arguments, bool complete) {
     const std::size_t end = complete ? arguments.size() - 1 : whole_utf8(arguments);

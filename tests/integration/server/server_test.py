@@ -1796,6 +1796,48 @@ class Api(unittest.TestCase):
         with open(s.log.name, encoding="utf-8") as f:
             self.assertIn("read in the chat template's pythonic syntax", f.read())
 
+    def test_hunyuan_tool_calls(self):
+        # Hunyuan-A13B's template (its tools branch, shortened: the instruction, earlier calls rendered as a JSON list
+        # between <tool_calls> tags, tool results in <tool_response>): the server reads answers in the hunyuan
+        # syntax, renders earlier calls back, and forces a named call and "required" with several tools.
+        template = os.path.join(WORK, "hunyuan_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{%- if tools %}<|startoftext|>If you call functions, format them as <tool_calls>[{\"name\": "
+                    "\"func_name1\", \"arguments\": {\"argument1\": \"value1\"}},...]</tool_calls>.\n"
+                    "{{ tools | tojson }}<|extra_4|>{%- endif %}{%- for m in messages %}{%- if m.role == 'user' %}"
+                    "用户：{{ m.content }}<|extra_0|>{%- elif m.role == 'assistant' and m.tool_calls %}"
+                    "{%- set ns = namespace(tool_calls='[') %}{%- for t in m.tool_calls %}"
+                    "{%- set ns.tool_calls = ns.tool_calls + '{\"name\": \"' + t.function.name + '\", ' %}"
+                    "{%- set arguments = t.function.arguments %}{%- if arguments is not string %}"
+                    "{%- set arguments = arguments | tojson %}{%- endif %}"
+                    "{%- set ns.tool_calls = ns.tool_calls + '\"arguments\": ' + arguments + '}' %}"
+                    "{%- if not loop.last %}{%- set ns.tool_calls = ns.tool_calls + ', ' %}{%- endif %}{%- endfor %}"
+                    "<tool_calls>{{ ns.tool_calls }}]</tool_calls><|eos|>{%- elif m.role == 'assistant' %}"
+                    "助手：{{ m.content }}<|eos|>{%- elif m.role == 'tool' %}<tool_response>{{ m.content }}"
+                    "</tool_response><|extra_0|>{%- endif %}{%- endfor %}")
+        weather = {"type": "function", "function": {
+            "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                  "required": ["city"]}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        history = [{"role": "user", "content": "Weather in Oslo?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+                   {"role": "user", "content": "And in Bergen?"}]
+        ask = {"model": "tiny", "messages": history, "max_tokens": 200, "temperature": 1.0, "tools": [weather]}
+        s = Server("--chat-template", template, "--ctx", "2048", "--log-level", "info")
+        try:
+            _, counted = s.json("POST", "/tokenize", ask)
+            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
+            self.assertIn('<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>',
+                          text["prompt"])
+            self.forced_and_required_calls(s, ask, weather, clock)
+        finally:
+            self.assertEqual(s.stop(), 0)
+        with open(s.log.name, encoding="utf-8") as f:
+            self.assertIn("read in the chat template's hunyuan syntax", f.read())
+
     def test_a_named_tool_use_template_renders_requests_with_tools(self):
         # A model whose chat_template is a list of named templates (Hermes 2 Pro, Command R+): as transformers'
         # apply_chat_template, "tool_use" renders a request with tools, "default" the others.

@@ -176,6 +176,13 @@ TEST(ToolCalls, DeepseekV31AndKimiK2Syntaxes) {
       {"{% for m in messages %}{% if m.tool_calls %}{% for t in m.tool_calls %}[TOOL_CALLS]{{ t.function.name }}"
        "[CALL_ID]{{ t.id }}[ARGS]{{ t.function.arguments|tojson }}{% endfor %}</s>{% endif %}{% endfor %}",
        ToolFormat::mistral_v11},
+      // Hunyuan-A13B's way (its template's assistant branch): a JSON list of {"name", "arguments"} between tags.
+      {"{% for m in messages %}{% if m.tool_calls %}{% set ns = namespace(tool_calls=\"[\") %}"
+       "{% for t in m.tool_calls %}{% set ns.tool_calls = ns.tool_calls + '{\"name\": \"' + t.function.name + "
+       "'\", ' %}{% set ns.tool_calls = ns.tool_calls + '\"arguments\": ' + t.function.arguments + '}' %}"
+       "{% if not loop.last %}{% set ns.tool_calls = ns.tool_calls + ', ' %}{% endif %}{% endfor %}"
+       "{{ '<tool_calls>' + ns.tool_calls + ']</tool_calls><|eos|>' }}{% endif %}{% endfor %}",
+       ToolFormat::hunyuan},
   };
   const std::string body = R"({"model": "m", "messages": [{"role": "user", "content": "Weather?"},
       {"role": "assistant", "content": null, "tool_calls": [
@@ -194,7 +201,7 @@ TEST(ToolCalls, DeepseekV31AndKimiK2Syntaxes) {
     const ToolParse p = parse_tool_calls(format, *text);
     EXPECT_EQ(names_and_args(p), want) << *text;
     EXPECT_TRUE(p.content == "<｜Assistant｜>\n<｜end▁of▁sentence｜>" || p.content.ends_with("<|im_end|>") ||
-                p.content == "</s>")
+                p.content == "</s>" || p.content == "<|eos|>")
         << p.content;
   }
   // A Kimi header without its index or prefix still names the call; a header over two lines does not.
@@ -212,6 +219,12 @@ TEST(ToolCalls, DeepseekV31AndKimiK2Syntaxes) {
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>");
   EXPECT_EQ(required_call_prefix(ToolFormat::kimi_k2), "");
   EXPECT_EQ(forced_call_prefix(ToolFormat::mistral_v11, "f"), "[TOOL_CALLS]f[ARGS]");
+  EXPECT_EQ(forced_call_prefix(ToolFormat::hunyuan, "f"), "<tool_calls>[{\"name\": \"f\", \"arguments\": ");
+  EXPECT_EQ(required_call_prefix(ToolFormat::hunyuan), "<tool_calls>[");
+  EXPECT_EQ(tool_format_name(ToolFormat::hunyuan), "hunyuan");
+  EXPECT_NE(supported_tool_formats().find("hunyuan"), std::string::npos);
+  // Hermes' opener is no prefix of Hunyuan's: a Hermes template stays Hermes.
+  EXPECT_EQ(detect_tool_format("<tool_call>{{ x }}</tool_call>"), ToolFormat::hermes);
   EXPECT_EQ(tool_call_id(ToolFormat::mistral_v11, 12345).size(), 9u);  // the template wants 9 alphanumerics
   EXPECT_EQ(detect_tool_format(golden_meta("mistral_nemo")["source"].get<std::string>()), ToolFormat::mistral);
   // DeepSeek V3's own template (it fences the arguments) stays deepseek_v3.
@@ -249,6 +262,10 @@ TEST(ToolCalls, StreamSplitsLikeTheWholeTextParse) {
       {ToolFormat::hermes, "Look: \n<tool_call>{\"name\": </tool_call> \n"},
       {ToolFormat::hermes, "Only text. \n\n"},
       {ToolFormat::mistral, "Hm. [TOOL_CALLS][{\"name\": \"m\", \"arguments\": {}}] then\ttext\t"},
+      {ToolFormat::hunyuan,
+       "助手：<tool_call is not it; <tool_calls>[{\"name\": \"m\", \"arguments\": {\"q\": \"</tool_calls>\"}}]"
+       "</tool_calls> then text"},
+      {ToolFormat::hunyuan, "No call, only a tail <tool_cal"},
   };
   for (const auto& [format, text] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -306,6 +323,11 @@ TEST(ToolCalls, StreamSendsEachCallsArgumentsAsTheyAreWritten) {
        "{\"city\": \"Paris\", \"unit\": \"c\"}<|tool_call_end|>\n<|tool_call_begin|>functions.get_time:1"
        "<|tool_call_argument_begin|>{\"zone\": \"CET\"}<|tool_call_end|>\n<|tool_calls_section_end|>",
        {"get_weather", "get_time"}},
+      {ToolFormat::hunyuan,
+       "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}, "
+       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}]</tool_calls>\n<tool_calls>[{\"name\": \"c\", "
+       "\"arguments\": {\"deep\": [1]}}]</tool_calls>",
+       {"get_weather", "get_time", "c"}},
   };
   for (const auto& [format, text, names] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -346,6 +368,8 @@ TEST(ToolCalls, ABrokenCallMidStreamIsNeverACompleteCall) {
       {ToolFormat::kimi_k2,
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1"},
       {ToolFormat::mistral_v11, "[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{\"b\": tru}"},
+      {ToolFormat::hunyuan,
+       "<tool_calls>[{\"name\": \"a\", \"arguments\": {\"k\": 1}}, {\"name\": \"b\", \"arguments\": {"},
   };
   for (const auto& [format, text] : cases) {
     const ToolParse whole = parse_tool_calls(format, text);
@@ -390,6 +414,9 @@ TEST(ToolCalls, EveryCutOfAnAnswerStreamsSafely) {
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": [2]}"
        "<|tool_call_end|><|tool_calls_section_end|>"},
       {ToolFormat::mistral_v11, "[TOOL_CALLS]f[CALL_ID]x1y2z3w4v[ARGS]{\"a\": \"é\"}[TOOL_CALLS]g[ARGS]{}"},
+      {ToolFormat::hunyuan,
+       "<tool_calls>[{\"name\": \"f\", \"arguments\": {\"a\": \"é\"}}, {\"name\": \"g\", \"arguments\": {}}]"
+       "</tool_calls>"},
   };
   for (const auto& [format, answer] : answers) tool_test::expect_every_cut_streams_safely(format, answer, {});
 }
@@ -842,8 +869,10 @@ TEST(ToolCalls, RequiredCallOpenerAndSchema) {
   EXPECT_EQ(call->name, "get_time");
   EXPECT_EQ(json::parse(call->arguments), json({{"zone", "CET"}}));
   EXPECT_FALSE(call_from_json_text(R"({"name": "get_time", "arguments": )").has_value());
-  for (const auto format : {ToolFormat::hermes, ToolFormat::mistral}) {
-    const std::string closing = format == ToolFormat::hermes ? "\n</tool_call>" : "]";
+  for (const auto format : {ToolFormat::hermes, ToolFormat::mistral, ToolFormat::hunyuan}) {
+    const std::string closing = format == ToolFormat::hermes    ? "\n</tool_call>"
+                                : format == ToolFormat::hunyuan ? "]</tool_calls>"
+                                                                : "]";
     const ToolParse p = parse_tool_calls(format, required_call_prefix(format) + object + closing);
     ASSERT_EQ(p.calls.size(), 1u) << tool_format_name(format);
     EXPECT_EQ(p.calls[0].name, "get_time");
@@ -866,6 +895,7 @@ TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {
   // The prefix plus the arguments object the model writes (and the closing the template would add) is one call.
   const std::pair<ToolFormat, std::string> closings[] = {{ToolFormat::hermes, "}\n</tool_call>"},
                                                          {ToolFormat::mistral, "}]"},
+                                                         {ToolFormat::hunyuan, "}]</tool_calls>"},
                                                          {ToolFormat::deepseek_v3, "\n```<｜tool▁call▁end｜>"}};
   for (const auto& [format, closing] : closings) {
     const std::string text = forced_call_prefix(format, "get_weather") + "{\"city\": \"Oslo\"}" + closing;

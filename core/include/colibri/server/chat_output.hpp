@@ -62,7 +62,8 @@ enum class ToolFormat {
   deepseek_v32,
   deepseek_v4,
   llama3_json,
-  pythonic
+  pythonic,
+  hunyuan
 };
 
 // The format whose markers the template writes (for earlier calls in the history); none when it writes none.
