@@ -37,12 +37,12 @@ struct ChatOptions {
 class ReplyPrinter {
  public:
   enum class Style { plain, think, harmony };
-  ReplyPrinter(Style style, std::string_view prompt, bool show_reasoning)
+  ReplyPrinter(Style style, std::string_view prompt, bool show_reasoning, bool answer_tags)
       : style_(style), show_reasoning_(show_reasoning), dim_(::isatty(STDERR_FILENO) != 0) {
     // The stream starts where the prompt leaves the answer: in harmony, after its last <|start|>.
     if (style_ == Style::harmony)
       harmony_.emplace(prompt.substr(std::min(prompt.size(), prompt.rfind("<|start|>"))), false);
-    if (style_ == Style::think) think_.emplace(server::prompt_opens_reasoning(prompt));
+    if (style_ == Style::think) think_.emplace(server::prompt_opens_reasoning(prompt), answer_tags);
   }
   // false when stdout is gone.
   bool push(std::string_view text) {
@@ -269,7 +269,8 @@ int run_chat(const GlobalOptions& global, ChatOptions& o) {
     const std::span<const std::int32_t> fresh(ids.data() + common, ids.size() - common);
     g.draft_context = std::span<const std::int32_t>(ids.data(), common);
     std::optional<interrupt::Interruptible> interruptible(std::in_place);  // Ctrl-C ends this reply, not the chat
-    ReplyPrinter printer(style, *prompt, !o.hide_reasoning);
+    // Hunyuan-A13B writes its answer in <answer> tags: the answer is what they hold (the history too).
+    ReplyPrinter printer(style, *prompt, !o.hide_reasoning, engine->hparams().architecture == "hunyuan_moe");
     auto r = engine::generate(*engine, *tok, fresh, g, [&printer](std::string_view text) {
       return printer.push(text) && !interrupt::stop_requested();
     });

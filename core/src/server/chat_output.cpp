@@ -1829,6 +1829,21 @@ bool prompt_closes_reasoning(std::string_view prompt) {
   return trim_right(prompt).ends_with(kThinkClose);
 }
 
+constexpr std::string_view kAnswerOpen = "<answer>";
+constexpr std::string_view kAnswerClose = "</answer>";
+
+std::optional<bool> ReasoningStream::opens_answer(std::size_t begin) {
+  const std::string_view rest = std::string_view(held_).substr(begin);
+  if (!answer_tags_) return false;
+  if (rest.starts_with(kAnswerOpen)) {
+    held_.erase(0, begin + kAnswerOpen.size());
+    state_ = State::answer_start;
+    return true;
+  }
+  if (kAnswerOpen.starts_with(rest)) return std::nullopt;
+  return false;
+}
+
 ReasoningSplit ReasoningStream::push(std::string_view text) {
   held_ += text;
   ReasoningSplit out;
@@ -1843,7 +1858,9 @@ ReasoningSplit ReasoningStream::push(std::string_view text) {
           state_ = State::reasoning;
           continue;
         }
-        if (rest.empty() || kThinkOpen.starts_with(rest)) return out;
+        const auto answer = opens_answer(begin);
+        if (answer == true) continue;
+        if (rest.empty() || kThinkOpen.starts_with(rest) || !answer) return out;
         state_ = State::content;
         continue;
       }
@@ -1864,8 +1881,38 @@ ReasoningSplit ReasoningStream::push(std::string_view text) {
         const std::size_t begin = skip_space(held_, 0);
         held_.erase(0, begin);
         if (held_.empty()) return out;
+        const auto answer = opens_answer(0);
+        if (answer == true) continue;
+        if (!answer) return out;
         state_ = State::content;
         continue;
+      }
+      case State::answer_start: {
+        // The whitespace after the opening tag belongs to neither.
+        held_.erase(0, skip_space(held_, 0));
+        if (held_.empty()) return out;
+        state_ = State::answer;
+        continue;
+      }
+      case State::answer_done: {
+        // After the closing tag: whitespace alone at the end is dropped; text that follows comes as it was written.
+        if (skip_space(held_, 0) == held_.size()) return out;
+        state_ = State::content;
+        continue;
+      }
+      case State::answer: {
+        if (const std::size_t at = held_.find(kAnswerClose); at != std::string::npos) {
+          out.content += trim_right(std::string_view(held_).substr(0, at));
+          held_.erase(0, at + kAnswerClose.size());
+          state_ = State::answer_done;
+          continue;
+        }
+        // Held back: what may still be the closing tag, and the whitespace before it, which is dropped with it.
+        const std::size_t keep = marker_tail(held_, kAnswerClose);
+        const std::size_t send = trim_right(std::string_view(held_).substr(0, held_.size() - keep)).size();
+        out.content += held_.substr(0, send);
+        held_.erase(0, send);
+        return out;
       }
       case State::content: out.content += std::exchange(held_, {}); return out;
     }
@@ -1876,8 +1923,9 @@ ReasoningSplit ReasoningStream::finish() {
   ReasoningSplit out;
   if (state_ == State::reasoning) {
     out.reasoning = std::exchange(held_, {});
-  } else if (state_ != State::after) {
-    out.content = std::exchange(held_, {});  // start: a lone prefix of "<think>" (or spaces) is content
+  } else if (state_ != State::after && state_ != State::answer_start && state_ != State::answer_done) {
+    // start: a lone prefix of "<think>" (or spaces) is content; answer: cut off before its closing tag, the rest.
+    out.content = std::exchange(held_, {});
   }
   held_.clear();
   return out;

@@ -60,6 +60,7 @@ struct Server::Impl {
   bool template_reads_tools = false;          // whether the template shows `tools` to the model
   bool tool_markers_special = false;          // the decoder must keep special tokens for the call markers
   bool split_reasoning = false;               // the template's model thinks in <think> blocks, returned apart
+  bool answer_tags = false;                   // and writes its answer in <answer> tags (Hunyuan-A13B), unwrapped
   bool harmony = false;                       // the template speaks harmony (gpt-oss): channels split the answer
   ServerOptions opt;
   std::unique_ptr<Scheduler> scheduler;
@@ -878,7 +879,7 @@ class Session : public std::enable_shared_from_this<Session> {
       // A forced call writes JSON from the first token: there is no thinking block to split off.
       if (endpoint == Endpoint::chat && srv_.split_reasoning && !forced_call &&
           (!req.json_object || json_after_thinking)) {
-        c.reasoning.emplace(opens_reasoning);
+        c.reasoning.emplace(opens_reasoning, srv_.answer_tags);
       }
       c.required_call = req.tool_choice == CompletionRequest::ToolChoice::required;
       if (req.tool_choice == CompletionRequest::ToolChoice::function) {
@@ -1640,6 +1641,8 @@ sdk::Expected<std::unique_ptr<Server>> Server::create(std::unique_ptr<engine::En
   impl->harmony = template_is_harmony(impl->chat_config.template_source);
   impl->split_reasoning =
       impl->opt.separate_reasoning && !impl->harmony && template_has_reasoning(impl->chat_config.template_source);
+  impl->answer_tags = impl->split_reasoning && impl->engine->hparams().architecture == "hunyuan_moe";
+  if (impl->answer_tags) spdlog::info("answers: the content is what Hunyuan's <answer> tags hold (the tags dropped)");
   if (impl->harmony) {
     // Harmony ends an answer with <|return|>, or <|call|> after a call: gpt-oss lists <|call|> only in its
     // generation_config.json, so the model's config alone would let the answer run on past its call.

@@ -67,6 +67,17 @@ def patched_model(name, file="config.json", **keys):
     return model
 
 
+def hunyuan_model():
+    """The tiny Hunyuan-A13B in f32: WORK/tiny-hunyuan_moe."""
+    ckpt, model = os.path.join(WORK, "ckpt-hunyuan_moe"), os.path.join(WORK, "tiny-hunyuan_moe")
+    if not os.path.exists(os.path.join(model, "manifest.json")):
+        subprocess.run([sys.executable, GEN, "--arch", "hunyuan_moe", "--out", ckpt, "--dtype", "f32"], check=True,
+                       capture_output=True)
+        subprocess.run([CLI, "convert", "--input", ckpt, "--output", model, "--quantize", "f32"], check=True,
+                       capture_output=True)
+    return model
+
+
 def qwen3_next_model():
     """The tiny Qwen3-Next (gated-delta-rule layers) in f32: WORK/tiny-qwen3_next."""
     ckpt, model = os.path.join(WORK, "ckpt-qwen3_next"), os.path.join(WORK, "tiny-qwen3_next")
@@ -1901,6 +1912,27 @@ class Api(unittest.TestCase):
                 self.assertEqual(text["prompt"], expected)
             finally:
                 self.assertEqual(s.stop(), 0)
+
+    def test_hunyuan_answers_are_unwrapped_from_their_tags(self):
+        # Hunyuan-A13B writes "<think>...</think><answer>...</answer>": its server returns what the answer tags hold
+        # (ReasoningStream's unit test shows the text; a random tiny model writes no tags, so here the content is
+        # its text as it came). Another thinking model keeps <answer> as text.
+        template = os.path.join(WORK, "hunyuan_thinking_template.jinja")
+        with open(template, "w", encoding="utf-8") as f:
+            f.write("{% for m in messages %}<|startoftext|>{{ m.content }}<|extra_0|>{% endfor %}"
+                    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n"
+                    "{%- endif %}")
+        ask = {"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 8, "temperature": 0}
+        for model, unwrapped in ((hunyuan_model(), True), (MODEL, False)):
+            s = Server("--model", model, "--chat-template", template, "--log-level", "info")
+            try:
+                status, body = s.json("POST", "/v1/chat/completions", dict(ask, model=os.path.basename(model)))
+                self.assertEqual(status, 200, body)
+                self.assertTrue(body["choices"][0]["message"]["content"], body)
+            finally:
+                self.assertEqual(s.stop(), 0)
+            with open(s.log.name, encoding="utf-8") as f:
+                self.assertEqual("Hunyuan's <answer> tags" in f.read(), unwrapped, model)
 
     def test_reasoning_and_template_kwargs(self):
         # A DeepSeek-R1-like template opens the thinking block in the prompt (unless enable_thinking is false), so

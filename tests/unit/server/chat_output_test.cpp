@@ -916,8 +916,8 @@ TEST(ToolCalls, ForcedPrefixAndIdsFitEachFormat) {
             json::parse(R"({"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}})"));
 }
 
-ReasoningSplit split_in_steps(bool starts_inside, std::string_view text, std::size_t step) {
-  ReasoningStream stream(starts_inside);
+ReasoningSplit split_in_steps(bool starts_inside, std::string_view text, std::size_t step, bool answer_tags = false) {
+  ReasoningStream stream(starts_inside, answer_tags);
   ReasoningSplit all;
   auto add = [&](ReasoningSplit part) {
     // Reasoning is final before any content is sent.
@@ -956,6 +956,37 @@ TEST(Reasoning, ALeadingThinkBlockIsSplitOffWhateverTheChunking) {
       EXPECT_EQ(got.content, c.content) << c.text << " step " << step;
     }
   }
+}
+
+// Hunyuan-A13B writes "<think>\n...\n</think>\n<answer>\n...\n</answer>" (or the answer alone): the content is what
+// the answer tags hold, without the whitespace inside them; other text stays as it came. Without answer_tags (any
+// other model), the tags are content.
+TEST(Reasoning, HunyuansAnswerTagsAreUnwrapped) {
+  struct Case {
+    bool starts_inside;
+    std::string text, reasoning, content;
+  };
+  const Case cases[] = {
+      {false, "<think>\nWhy 21?\n</think>\n<answer>\n3 x 7 = 21.\n\nSo: 21\n</answer>", "\nWhy 21?\n",
+       "3 x 7 = 21.\n\nSo: 21"},
+      {false, "<answer>\nNo thinking.\n</answer>\n", "", "No thinking."},
+      {false, "\n\n<answer>a </ans b</answer> after", "", "a </ans b after"},  // text after the tag is kept
+      {false, "<think>x</think>\n<answer>\ncut off by max_to", "x", "cut off by max_to"},
+      {false, "<think>x</think>\n<answer>\nends in a tag prefix </ans", "x", "ends in a tag prefix </ans"},
+      {false, "<ans", "", "<ans"},
+      {false, "Plain text <answer>x</answer>", "", "Plain text <answer>x</answer>"},
+      {true, "inside</think><answer>y</answer>", "inside", "y"},
+      {false, "<answer></answer>", "", ""},
+  };
+  for (const auto& c : cases) {
+    for (const std::size_t step :
+         {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::max<std::size_t>(1, c.text.size())}) {
+      const ReasoningSplit got = split_in_steps(c.starts_inside, c.text, step, true);
+      EXPECT_EQ(got.reasoning, c.reasoning) << c.text << " step " << step;
+      EXPECT_EQ(got.content, c.content) << c.text << " step " << step;
+    }
+  }
+  EXPECT_EQ(split_in_steps(false, "<think>x</think>\n<answer>\ny\n</answer>", 3).content, "<answer>\ny\n</answer>");
 }
 
 TEST(Reasoning, TemplatesAndPromptsThatThink) {

@@ -242,15 +242,22 @@ struct ReasoningSplit {
 // Splits an answer as it streams: a leading <think>...</think> (whitespace around it dropped) is reasoning, the rest
 // content. An answer that starts with anything else is all content; one that ends inside the block is all reasoning.
 // push() returns what is final; text that may still turn out to be a tag is held back until the next push or finish.
+// answer_tags (Hunyuan-A13B, which writes "<answer>\n...\n</answer>" after its thinking, or alone): the content is
+// what the tags hold, as vLLM's hunyuan_a13b parser returns it; the whitespace inside them dropped, text after the
+// closing tag kept, an answer cut off before it kept whole.
 class ReasoningStream {
  public:
-  explicit ReasoningStream(bool starts_inside) : state_(starts_inside ? State::reasoning : State::start) {}
+  explicit ReasoningStream(bool starts_inside, bool answer_tags = false)
+      : state_(starts_inside ? State::reasoning : State::start), answer_tags_(answer_tags) {}
   ReasoningSplit push(std::string_view text);
   ReasoningSplit finish();
 
  private:
-  enum class State { start, reasoning, after, content };
+  enum class State { start, reasoning, after, answer_start, answer, answer_done, content };
+  // start / after: whether the first text after spaces opens the answer (true: entered), may still (nullopt), or not.
+  std::optional<bool> opens_answer(std::size_t begin);
   State state_;
+  bool answer_tags_;
   std::string held_;
 };
 
