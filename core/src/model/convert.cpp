@@ -1242,7 +1242,9 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
     }
     // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
     // not the first run afterwards.
-    auto tok = tokenizer::Tokenizer::from_file(tokenizer_file);
+    auto tok = in.tiktoken ? tokenizer::Tokenizer::from_json_in(in.tiktoken->tokenizer_json, opt.input,
+                                                                tokenizer_file.string() + " (as a tokenizer.json)")
+                           : tokenizer::Tokenizer::from_file(tokenizer_file);
     if (!tok) return tok.error().with_context("the checkpoint's tokenizer");
     if (auto s = check_tokenizer_fits(*tok, hp.vocab_size, tokenizer_file.string(), "vocab_size in config.json",
                                       "put the checkpoint's own " + tokenizer_file.filename().string() + " there",

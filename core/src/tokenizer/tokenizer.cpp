@@ -460,12 +460,18 @@ sdk::Expected<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path)
                                " is a GGUF file, not a tokenizer.json; convert it (colibri-cli convert) "
                                "and pass the model directory, whose tokenizer.json convert writes");
   }
-  auto parsed = parse_impl(text, tiktoken ? file.string() + " (as a tokenizer.json)" : file.string());
+  return from_json_in(text, file.parent_path(), tiktoken ? file.string() + " (as a tokenizer.json)" : file.string());
+}
+
+sdk::Expected<Tokenizer> Tokenizer::from_json_in(std::string_view json_text, const std::filesystem::path& dir,
+                                                 std::string_view source) {
+  auto parsed = parse_impl(json_text, source);
   if (!parsed) return parsed.error();
   std::shared_ptr<Impl> impl = std::move(*parsed);
 
   // tokenizer_config.json names BOS/EOS for tokenizers whose post-processor does not (Llama 3, Qwen, ...).
-  const auto config_path = file.parent_path() / "tokenizer_config.json";
+  const auto config_path = dir / "tokenizer_config.json";
+  std::error_code ec;
   if (std::filesystem::exists(config_path, ec)) {
     sdk::Status config_status;
     const std::string config_text = detail::read_file(config_path, config_status, /*named=*/false);

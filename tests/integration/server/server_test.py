@@ -1785,27 +1785,7 @@ class Api(unittest.TestCase):
                     "{%- endfor %}){{ ', ' if not loop.last }}{%- endfor %}]{%- else %}{{ m.content }}{%- endif %}"
                     "<|eot|>{%- endfor %}{%- if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n"
                     "{%- endif %}")
-        weather = {"type": "function", "function": {
-            "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                  "required": ["city"]}}}
-        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
-        history = [{"role": "user", "content": "Weather in Oslo?"},
-                   {"role": "assistant", "content": None, "tool_calls": [
-                       {"id": "call_1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
-                   {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
-                   {"role": "user", "content": "And in Bergen?"}]
-        ask = {"model": "tiny", "messages": history, "max_tokens": 200, "temperature": 1.0, "tools": [weather]}
-        s = Server("--chat-template", template, "--ctx", "2048", "--log-level", "info")
-        try:
-            _, counted = s.json("POST", "/tokenize", ask)
-            _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
-            self.assertIn("[get_weather(city=\"Oslo\")]<|eot|>", text["prompt"])
-            self.forced_and_required_calls(s, ask, weather, clock)
-        finally:
-            self.assertEqual(s.stop(), 0)
-        with open(s.log.name, encoding="utf-8") as f:
-            self.assertIn("read in the chat template's pythonic syntax", f.read())
+        self.renders_and_forces_calls(template, "pythonic", '[get_weather(city="Oslo")]<|eot|>')
 
     def test_hunyuan_tool_calls(self):
         # Hunyuan-A13B's template (its tools branch, shortened: the instruction, earlier calls rendered as a JSON list
@@ -1826,6 +1806,13 @@ class Api(unittest.TestCase):
                     "<tool_calls>{{ ns.tool_calls }}]</tool_calls><|eos|>{%- elif m.role == 'assistant' %}"
                     "助手：{{ m.content }}<|eos|>{%- elif m.role == 'tool' %}<tool_response>{{ m.content }}"
                     "</tool_response><|extra_0|>{%- endif %}{%- endfor %}")
+        self.renders_and_forces_calls(
+            template, "hunyuan", '<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>')
+
+    def renders_and_forces_calls(self, template, syntax, rendered_call):
+        """A conversation with an earlier call of get_weather: the prompt holds it as `rendered_call`, the server
+        reads the template's `syntax` and forces a named call and "required" with several tools
+        (forced_and_required_calls)."""
         weather = {"type": "function", "function": {
             "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                   "required": ["city"]}}}
@@ -1841,13 +1828,12 @@ class Api(unittest.TestCase):
         try:
             _, counted = s.json("POST", "/tokenize", ask)
             _, text = s.json("POST", "/detokenize", {"tokens": counted["tokens"]})
-            self.assertIn('<tool_calls>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_calls>',
-                          text["prompt"])
+            self.assertIn(rendered_call, text["prompt"])
             self.forced_and_required_calls(s, ask, weather, clock)
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name, encoding="utf-8") as f:
-            self.assertIn("read in the chat template's hunyuan syntax", f.read())
+            self.assertIn(f"read in the chat template's {syntax} syntax", f.read())
 
     def test_a_named_tool_use_template_renders_requests_with_tools(self):
         # A model whose chat_template is a list of named templates (Hermes 2 Pro, Command R+): as transformers'

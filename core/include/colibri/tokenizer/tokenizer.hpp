@@ -19,10 +19,15 @@ using TokenId = std::int32_t;
 
 class Tokenizer {
  public:
-  // Loads a tokenizer.json. `path` may also be a model directory containing tokenizer.json, or a tiktoken.model
-  // (tiktoken.hpp: Kimi K2, Moonlight), or a directory with one and no tokenizer.json. A tokenizer_config.json
-  // next to it, when present, supplies bos_token / eos_token names the tokenizer.json does not carry.
+  // Loads a tokenizer.json. `path` may also be a model directory containing tokenizer.json, or a tiktoken vocabulary
+  // (tiktoken.hpp: Kimi K2's tiktoken.model, Hunyuan's hy.tiktoken), or a directory with one and no tokenizer.json.
+  // A tokenizer_config.json next to it, when present, supplies bos_token / eos_token names the tokenizer.json does
+  // not carry.
   static sdk::Expected<Tokenizer> from_file(const std::filesystem::path& path);
+  // tokenizer.json text read as from_file reads a file in `dir` (its tokenizer_config.json applied): a tiktoken
+  // import's, without importing it again.
+  static sdk::Expected<Tokenizer> from_json_in(std::string_view json_text, const std::filesystem::path& dir,
+                                               std::string_view source);
   // Parses tokenizer.json text; `source` names it in error messages.
   static sdk::Expected<Tokenizer> from_json(std::string_view json_text, std::string_view source = "<memory>");
 
