@@ -1227,20 +1227,27 @@ Tensor Engine::rows_from(Tensor t, std::int64_t first) {
   return t;
 }
 
-// qk_norm "l2" (Llama 4): every query and key head of the pass RMS-normalized with a weight of 1, after RoPE.
-Status Engine::unit_norm_heads(std::int64_t nh, std::int64_t nkv, std::int64_t T, const sdk::OpParams& norm_p) {
+// Every query and key head of the pass RMS-normalized with these weights of head_dim (qk_norm "per_head" before RoPE,
+// "per_head_after_rope" after it); null weights: 1 (qk_norm "l2", Llama 4, after RoPE).
+Status Engine::norm_heads(const Tensor* q_weight, const Tensor* k_weight, std::int64_t nh, std::int64_t nkv,
+                          std::int64_t T, const sdk::OpParams& norm_p) {
   auto& S = *scratch_;
   const std::int64_t hd = hp_.head_dim;
-  if (!S.ones_ready) {
-    const std::vector<float> ones(static_cast<std::size_t>(hd), 1.0f);
-    if (auto s = size(S.ones, ones.size()); !s) return s;
-    if (auto s = from_host(ones.data(), view(S.ones, hd)); !s) return s;
-    S.ones_ready = true;
+  Tensor qw, kw;
+  if (q_weight != nullptr) {
+    qw = *q_weight;
+    kw = *k_weight;
+  } else {
+    if (!S.ones_ready) {
+      const std::vector<float> ones(static_cast<std::size_t>(hd), 1.0f);
+      if (auto s = size(S.ones, ones.size()); !s) return s;
+      if (auto s = from_host(ones.data(), view(S.ones, hd)); !s) return s;
+      S.ones_ready = true;
+    }
+    qw = kw = view(S.ones, hd);
   }
-  if (auto s = run_op(Op::rms_norm, {view(S.q, hd, nh * T), view(S.ones, hd)}, {view(S.q2, hd, nh * T)}, norm_p); !s)
-    return s;
-  if (auto s = run_op(Op::rms_norm, {view(S.k, hd, nkv * T), view(S.ones, hd)}, {view(S.k2, hd, nkv * T)}, norm_p); !s)
-    return s;
+  if (auto s = run_op(Op::rms_norm, {view(S.q, hd, nh * T), qw}, {view(S.q2, hd, nh * T)}, norm_p); !s) return s;
+  if (auto s = run_op(Op::rms_norm, {view(S.k, hd, nkv * T), kw}, {view(S.k2, hd, nkv * T)}, norm_p); !s) return s;
   std::swap(S.q, S.q2);
   std::swap(S.k, S.k2);
   return {};
@@ -1369,10 +1376,7 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
         COLIBRI_TRY(run_op(Op::matmul, {L.wv, h}, {view(S.v, kvd, T)}, mm_p));
       }
       if (hp_.qk_norm == "per_head") {
-        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
-        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
-        std::swap(S.q, S.q2);
-        std::swap(S.k, S.k2);
+        COLIBRI_TRY(norm_heads(&L.q_norm, &L.k_norm, nh, nkv, T, norm_p));
       } else if (hp_.qk_norm == "full") {
         COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, qd, T), L.q_norm}, {view(S.q2, qd, T)}, norm_p));
         COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, kvd, T), L.k_norm}, {view(S.k2, kvd, T)}, norm_p));
@@ -1400,16 +1404,11 @@ Status Engine::run_layers(std::span<const Segment> segments, std::vector<Routing
       if (rope_layer) {
         std::swap(S.q, S.q2);
         std::swap(S.k, S.k2);
-        if (hp_.qk_norm == "l2") COLIBRI_TRY(unit_norm_heads(nh, nkv, T, norm_p));
+        if (hp_.qk_norm == "l2") COLIBRI_TRY(norm_heads(nullptr, nullptr, nh, nkv, T, norm_p));
       } else if (hp_.attn_temperature_floor > 0) {
         COLIBRI_TRY(scale_queries_by_temperature(qd, T));
       }
-      if (hp_.qk_norm == "per_head_after_rope") {  // Hunyuan: the rotated heads RMS-normalized
-        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.q, hd, nh * T), L.q_norm}, {view(S.q2, hd, nh * T)}, norm_p));
-        COLIBRI_TRY(run_op(Op::rms_norm, {view(S.k, hd, nkv * T), L.k_norm}, {view(S.k2, hd, nkv * T)}, norm_p));
-        std::swap(S.q, S.q2);
-        std::swap(S.k, S.k2);
-      }
+      if (hp_.qk_norm == "per_head_after_rope") COLIBRI_TRY(norm_heads(&L.q_norm, &L.k_norm, nh, nkv, T, norm_p));
       for (std::size_t i = 0; i < segments.size(); ++i) {
         const auto& [kv, pos, off, n, pass_end] = segments[i];
         COLIBRI_TRY(write_kv(*kv, l, pos, view(S.k, kvd, n, 1, sz(kvd, off)), view(S.v, kvd, n, 1, sz(kvd, off))));

@@ -248,9 +248,11 @@ class Engine {
   sdk::Status from_host_all(std::initializer_list<std::pair<const float*, sdk::Tensor>> copies);
   sdk::Expected<const float*> host_view(const sdk::Tensor& t, std::vector<float>& staging);
   sdk::Status clamp(const sdk::Tensor& t, float limit);
-  // Llama 4's attention steps (run_layers): a cache tensor from a row on, unit-weight q/k norms, NoPE query scales.
+  // Per-head q/k norms (null weights: 1, Llama 4's); Llama 4's attention steps (run_layers): a cache tensor from a row
+  // on, NoPE query scales.
+  sdk::Status norm_heads(const sdk::Tensor* q_weight, const sdk::Tensor* k_weight, std::int64_t nh, std::int64_t nkv,
+                         std::int64_t T, const sdk::OpParams& norm_p);
   [[nodiscard]] static sdk::Tensor rows_from(sdk::Tensor t, std::int64_t first);
-  sdk::Status unit_norm_heads(std::int64_t nh, std::int64_t nkv, std::int64_t T, const sdk::OpParams& norm_p);
   sdk::Status scale_queries_by_temperature(std::int64_t qd, std::int64_t T);
   sdk::Status scaled_columns(const sdk::Tensor& x, std::int64_t rows, std::span<const float> w, Act& weights, Act& out);
   // Logits of the rows of x {D, rows} (host or device): output norm, then the output matmul into logits.
