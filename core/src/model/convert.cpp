@@ -1238,7 +1238,7 @@ sdk::Expected<ConvertSummary> convert_model(const ConvertOptions& opt) {
       auto imported = tokenizer::import_tiktoken(opt.input);
       if (!imported) return imported.error().with_context("the checkpoint's tokenizer");
       in.tiktoken = std::move(*imported);
-      tokenizer_file = *vocab;
+      tokenizer_file = opt.input / in.tiktoken->file;  // the family's, which the import read
     }
     // Loaded now, so that a tokenizer colibri cannot read fails the conversion before any weight is written,
     // not the first run afterwards.
