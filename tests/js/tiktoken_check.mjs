@@ -86,14 +86,18 @@ const pieces = [
 ];
 const random = rng(Number(process.env.COLIBRI_FUZZ_SEED ?? 20261206));
 const texts = [...readCorpus()];
-for (let i = 0; i < Number(process.env.COLIBRI_FUZZ_COUNT ?? 400); i++) {
-  const n = 1 + Math.floor(random() * 30);
-  let s = "";
-  for (let k = 0; k < n; k++) s += pieces[Math.floor(random() * pieces.length)];
-  texts.push(s);
-}
 const input = join(dir, "input.jsonl");
-writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
+// `count` more texts of 1 to 30 random pieces, then every text into the input file.
+function addRandomTexts(count) {
+  for (let i = 0; i < count; i++) {
+    const n = 1 + Math.floor(random() * 30);
+    let s = "";
+    for (let k = 0; k < n; k++) s += pieces[Math.floor(random() * pieces.length)];
+    texts.push(s);
+  }
+  writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
+}
+addRandomTexts(Number(process.env.COLIBRI_FUZZ_COUNT ?? 400));
 
 // One family's comparison: tokenize and decode every text with colibri-cli on `dir` and with tiktoken (`prepare`:
 // what the family's code does to the text before tiktoken, Hunyuan's NFC).
@@ -158,13 +162,7 @@ const hySpecials = {};
 ["<|endoftext|>", "<|startoftext|>", "<|bos|>", "<|eos|>", "<|pad|>",
   ...Array.from({ length: 205 }, (_, i) => `<|extra_${i}|>`)].forEach((c, i) => { hySpecials[c] = base + i; });
 pieces.push("<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>", "<|extra_204|>");
-for (let i = 0; i < 100; i++) {  // texts with Hunyuan's specials too
-  const n = 1 + Math.floor(random() * 30);
-  let s = "";
-  for (let k = 0; k < n; k++) s += pieces[Math.floor(random() * pieces.length)];
-  texts.push(s);
-}
-writeFileSync(input, texts.map((t) => JSON.stringify(t)).join("\n") + "\n");
+addRandomTexts(100);  // texts with Hunyuan's specials too
 compare("hunyuan", hyDir, hySpecials, hyPattern, (t) => t.normalize("NFC"));
 
 console.log(`tiktoken (${base} ranks; Kimi's split and specials, Hunyuan's split, specials and NFC): ` +
