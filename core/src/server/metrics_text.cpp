@@ -120,6 +120,13 @@ std::string render_metrics(const SchedulerStats& s,
         static_cast<double>(s.preempted));
   w.one("colibri_paused_sequences", "gauge", "Sequences paused for KV room, waiting to run again.",
         static_cast<double>(s.paused));
+  w.one("colibri_replayed_tokens_total", "counter",
+        "Tokens paused sequences ran again on resuming (the cost of the pauses; one paused within its prompt runs "
+        "the prompt again, counted as prompt tokens).",
+        static_cast<double>(s.replayed_tokens));
+  w.one("colibri_replay_tokens_cached_total", "counter",
+        "Tokens resuming sequences took from a kept KV cache sharing their history instead of running them again.",
+        static_cast<double>(s.replay_cached_tokens));
 
   w.family("colibri_expert_hits_total", "counter",
            "Expert lookups served from a memory tier (tier=\"ram\" counts only lookups the VRAM tier missed).");

@@ -427,14 +427,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
   for (auto& sp : active) {
     Sequence& seq = *sp;
     if (seq.done || seq.paused) continue;
-    if (!seq.state && !seq.replay.empty()) {
-      take_replay_state(seq);
-      if (!seq.state) continue;
-    }
     if (!seq.state) {
       // A choice whose sibling is running the shared prompt waits for its rows instead of running them too.
       const Sequence* sibling = nullptr;
-      if (seq.job->request.prompt_group != 0 && !seq.job->request.prompt_logprobs) {
+      if (seq.replay.empty() && seq.job->request.prompt_group != 0 && !seq.job->request.prompt_logprobs) {
         for (const auto& other : active) {
           if (other.get() != &seq && other->state && !other->done &&
               other->job->request.prompt_group == seq.job->request.prompt_group) {
@@ -525,6 +521,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Sequence>>& active) {
       if (seq.done) continue;
       if (!seq.replay.empty()) {
         seq.replay_done += items[i].tokens.size();
+        {
+          std::lock_guard lock(mu_);
+          stats_.replayed_tokens += items[i].tokens.size();
+        }
         seq.kv_valid = seq.state->n_past;
         if (seq.replay_done == seq.replay.size()) seq.replay.clear();
         continue;
@@ -629,7 +629,10 @@ void Scheduler::emit_prompt_logprobs(Sequence& seq, std::size_t rows) {
 }
 
 void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
-  const auto& prompt = seq.job->request.prompt;
+  // A sequence resumed after a pause runs its history again (Sequence::replay), from what a kept cache shares of it.
+  const bool replaying = !seq.replay.empty();
+  const std::span<const std::int32_t> prompt =
+      replaying ? std::span<const std::int32_t>(seq.replay) : std::span<const std::int32_t>(seq.job->request.prompt);
   auto common_with = [&](const FreeState& f) {
     return static_cast<std::size_t>(
         std::mismatch(f.tokens.begin(), f.tokens.end(), prompt.begin(), prompt.end()).first - f.tokens.begin());
@@ -667,6 +670,12 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
   auto start_at = [&](std::int64_t reuse) {
     seq.state->n_past = reuse;
     seq.kv_valid = reuse;
+    if (replaying) {
+      seq.replay_done = static_cast<std::size_t>(reuse);
+      std::lock_guard lock(mu_);
+      stats_.replay_cached_tokens += static_cast<std::uint64_t>(reuse);
+      return;
+    }
     seq.prompt_done = static_cast<std::size_t>(reuse);
     seq.cached = reuse;
     plan_checkpoints(seq);
@@ -855,29 +864,6 @@ void Scheduler::pause(Sequence& seq) {
       "(the same answer)",
       sdk::format_size(options_.kv_budget),
       seq.prefilled ? "its " + std::to_string(seq.history.size()) + " tokens" : std::string("its prompt"));
-}
-
-void Scheduler::take_replay_state(Sequence& seq) {
-  // A cache of its own from position 0: a new one while fewer than --max-batch are made, else the least recently used
-  // kept one.
-  if (states_made_ < static_cast<std::size_t>(options_.max_batch)) {
-    if (auto st = engine_.new_sequence()) {
-      seq.state = std::move(*st);
-      ++states_made_;
-    } else if (free_states_.empty()) {
-      fail(seq, unavailable("No memory for another sequence's KV cache: " + st.error().message()));
-      return;
-    }
-  }
-  if (!seq.state) {
-    if (free_states_.empty()) {
-      fail(seq, unavailable("No KV cache is free to resume a paused sequence"));
-      return;
-    }
-    seq.state = std::move(free_states_.front().state);
-    free_states_.erase(free_states_.begin());
-  }
-  seq.state->n_past = seq.state->kv.rewind(0);
 }
 
 void Scheduler::plan_checkpoints(Sequence& seq) {

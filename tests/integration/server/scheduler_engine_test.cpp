@@ -241,6 +241,7 @@ TEST_F(SchedulerEngine, WithinAKvBudgetRequestsWaitOrArePausedAndGetTheSameToken
     EXPECT_EQ(at_once, want_at_once);
     EXPECT_EQ(st.kv_waits > 0, want_waits) << st.kv_waits;
     EXPECT_EQ(st.preempted > 0, want_pauses) << st.preempted;
+    EXPECT_EQ(st.replayed_tokens > 0, want_pauses) << st.replayed_tokens;
     EXPECT_EQ(st.paused, 0u);
     EXPECT_EQ(st.kv_budget_bytes, budget);
     EXPECT_GT(st.kv_bytes, 0u);  // the kept caches
@@ -261,6 +262,41 @@ TEST_F(SchedulerEngine, WithinAKvBudgetRequestsWaitOrArePausedAndGetTheSameToken
   // All four start (5 positions each), then outgrow it as they fill: the newest are paused and, resumed, run their
   // tokens again, with the same answers.
   check(e->kv_sequence_bytes(25), 4, false, true);
+}
+
+TEST_F(SchedulerEngine, APausedSequenceResumesFromAKeptCacheSharingItsHistory) {
+  // Four requests with one 16-token system prompt, each its own 2-token question: 19 positions to start, 24 at the
+  // end. Room for four caches of 20 positions: all start, the newest is paused as they grow past it, and resumes
+  // when the others end, from one of their kept caches (the system prompt's rows) instead of from position 0.
+  std::vector<std::int32_t> system;
+  for (std::int32_t id = 30; id < 46; ++id) system.push_back(id);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& question : std::vector<std::vector<std::int32_t>>{{3, 4}, {11, 12}, {20, 21}, {5, 9}}) {
+    prompts.push_back(system);
+    prompts.back().insert(prompts.back().end(), question.begin(), question.end());
+  }
+  std::size_t at_once = 0;
+  std::vector<Outcome> unlimited;
+  {
+    server::Scheduler scheduler(*e, *tok, {});
+    unlimited = run_together(scheduler, prompts, at_once);
+  }
+  server::SchedulerOptions so;
+  so.kv_budget = 4 * e->kv_sequence_bytes(20);
+  server::Scheduler scheduler(*e, *tok, so);
+  const auto within = run_together(scheduler, prompts, at_once);
+  const auto st = scheduler.stats();
+  EXPECT_EQ(at_once, prompts.size());
+  EXPECT_GT(st.preempted, 0u);
+  EXPECT_EQ(st.paused, 0u);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_FALSE(within[i].failed) << within[i].error;
+    EXPECT_EQ(within[i].ids, unlimited[i].ids) << "request " << i;
+  }
+  // Each resumption took the system prompt's 16 rows and ran only what followed them again.
+  EXPECT_EQ(st.replay_cached_tokens, 16 * st.preempted);
+  EXPECT_GT(st.replayed_tokens, 0u);
+  EXPECT_LE(st.replayed_tokens, 8 * st.preempted);  // its question, the tokens it had written and the pending one
 }
 
 TEST_F(SchedulerEngine, TheKvBudgetKeepsTheCacheANewTurnRunsFrom) {

@@ -2655,6 +2655,7 @@ class Concurrency(unittest.TestCase):
                 self.assertEqual(b["choices"][0]["text"], text)
                 self.assertEqual(b["usage"]["completion_tokens"], 64)
             self.assertGreaterEqual(s.metric("colibri_sequences_preempted_total"), 1)
+            self.assertGreaterEqual(s.metric("colibri_replayed_tokens_total"), 1)  # paused as they write: re-run
             self.assertEqual(s.metric("colibri_paused_sequences"), 0)
         finally:
             self.assertEqual(s.stop(), 0)

@@ -132,6 +132,8 @@ struct SchedulerStats {
   // many are paused now.
   std::uint64_t preempted = 0;
   std::size_t paused = 0;
+  // Tokens the resumed ones ran again, and those they took from a kept cache sharing their history instead.
+  std::uint64_t replayed_tokens = 0, replay_cached_tokens = 0;
   engine::ExpertStats experts;
   std::uint64_t expert_resident_bytes = 0, expert_budget_bytes = 0;
   std::size_t expert_resident_count = 0;
@@ -253,12 +255,10 @@ class Scheduler {
   void make_kv_room(std::vector<std::unique_ptr<Sequence>>& active);
   // Gives up seq's KV cache (and its draft model state); it waits to run its history again (Sequence::replay).
   void pause(Sequence& seq);
-  // A resumed sequence's cache, empty: a new one, or the least recently used kept one.
-  void take_replay_state(Sequence& seq);
   const GenerationRequest* kv_waiting_ = nullptr;  // the request kv_admits last held back
-  // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt (when that is at least half of
-  // the prompt or of what it holds), a new one, or the least recently used; with `sibling` (a
-  // choice of the same request whose prompt has run) the prompt's rows are copied from it.
+  // Gives `seq` a KV cache: a free one holding the longest prefix of its prompt, or of its history where it resumes
+  // after a pause (when that is at least half of those tokens or of what it holds), a new one, or the least recently
+  // used; with `sibling` (a choice of the same request whose prompt has run) the prompt's rows are copied from it.
   void take_state(Sequence& seq, const Sequence* sibling);
   std::thread thread_;
   std::mutex shutdown_mu_;
