@@ -19,9 +19,10 @@ endif()
 if(COLIBRI_SANITIZE)
   add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=address,undefined;-fno-omit-frame-pointer;-fno-sanitize-recover=undefined>")
   add_link_options(-fsanitize=address,undefined)
-  # Line tables only (after RelWithDebInfo's -g, so it wins): reports keep function, file and line; compiling takes
-  # about 30% less time (engine.cpp: 47 s instead of 68), which is most of CI's ASan job.
-  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-g1>")
+  # Line tables only, and -O1 (ASan's advice), both after RelWithDebInfo's -g -O2 so they win: reports keep function,
+  # file and line. A cold build of the unit tests takes 568 s instead of 942 (http_server.cpp 72 s instead of 115) and
+  # their run 237 s instead of 180: 5 minutes less of CI's ASan job, most of which is that build.
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX,C>:-g1;-O1>")
 endif()
 
 # Data races in the threaded parts (expert reads and prefetch, the server's scheduler and connections, the CPU
