@@ -51,7 +51,7 @@ struct Flags {
   std::int64_t max_queue = 64, max_connections = 256;
   int max_batch = 8, io_threads = 2;
   std::uint32_t max_header = 16384;
-  double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10;
+  double request_timeout = 15, idle_timeout = 60, write_timeout = 60, drain_timeout = 10, sse_keepalive = 15;
   bool exact = false, exclude_tools_when_none = false;
   apps::DraftFlags draft;
 };
@@ -98,6 +98,7 @@ int serve(Flags& f) {
   so.idle_timeout = ms(f.idle_timeout);
   so.write_timeout = ms(f.write_timeout);
   so.drain_timeout = ms(f.drain_timeout);
+  so.sse_keepalive = ms(f.sse_keepalive);
   so.separate_reasoning = f.reasoning_format == "separate";
   so.exclude_tools_when_tool_choice_none = f.exclude_tools_when_none;
   so.max_connections = static_cast<std::size_t>(f.max_connections);
@@ -343,6 +344,10 @@ int main(int argc, char** argv) {
   app.add_option("--write-timeout", f.write_timeout, "Seconds one response write may take (default 60)")
       ->check(seconds);
   app.add_option("--drain-timeout", f.drain_timeout, "SIGTERM: seconds streams get to finish (default 10)")
+      ->check(seconds);
+  app.add_option("--sse-keepalive", f.sse_keepalive,
+                 "Seconds a stream may send nothing before an SSE comment line (': keep-alive', which clients ignore) "
+                 "keeps proxies from timing it out during a long prompt or a queue (default 15; 0: never)")
       ->check(seconds);
   app.add_option("--io-threads", f.io_threads, "HTTP threads (default 2)")
       ->check(apps::integer_between(1, 64, "give 1 to 64 threads"));

@@ -139,7 +139,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
  public:
   Session(tcp::socket&& socket, Server::Impl& srv)
-      : stream_(std::move(socket)), srv_(srv), read_deadline_(stream_.get_executor()) {}
+      : stream_(std::move(socket)),
+        srv_(srv),
+        read_deadline_(stream_.get_executor()),
+        keepalive_timer_(stream_.get_executor()) {}
 
   void start(bool over_limit) {
     {
@@ -923,7 +926,25 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       srv_.count(route_, 200);
       flush();
+      arm_keepalive(generation_);
     }
+  }
+
+  // A stream with nothing to send for opt.sse_keepalive (a long prompt, a queue, a pause) gets an SSE comment, which
+  // clients ignore, so that a proxy's read timeout (nginx's 60 s) does not cut it before its first token.
+  void arm_keepalive(std::uint64_t generation) {
+    if (srv_.opt.sse_keepalive.count() <= 0) return;
+    keepalive_timer_.expires_at(last_flush_ + srv_.opt.sse_keepalive);
+    keepalive_timer_.async_wait([weak = weak_from_this(), generation](beast::error_code ec) {
+      const auto self = weak.lock();
+      if (ec || !self || generation != self->generation_ || !self->streaming_ || self->ended_ || self->closed_) return;
+      if (std::chrono::steady_clock::now() - self->last_flush_ >= self->srv_.opt.sse_keepalive) {
+        self->pending_ += self->frame(": keep-alive\n\n");
+        self->flush();
+        self->last_flush_ = std::chrono::steady_clock::now();  // while a write is still in flight too
+      }
+      self->arm_keepalive(generation);
+    });
   }
 
   void cancel_jobs() {
@@ -1270,6 +1291,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string frame(std::string_view data) const { return http10_ ? std::string(data) : chunk(data); }
 
   void end_stream() {
+    keepalive_timer_.cancel();
     pending_ += frame(kSseDone);
     if (!http10_) pending_ += "0\r\n\r\n";
     ended_ = true;
@@ -1279,6 +1301,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void flush() {
     if (writing_ || pending_.empty() || closed_) return;
     writing_ = true;
+    last_flush_ = std::chrono::steady_clock::now();
     auto data = std::make_shared<std::string>(std::move(pending_));
     pending_.clear();
     stream_.expires_after(srv_.opt.write_timeout);
@@ -1388,6 +1411,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     read_deadline_.cancel();
+    keepalive_timer_.cancel();
     cancel_jobs();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -1402,9 +1426,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string route_ = "other";
   bool between_requests_ = false;  // waiting for a keep-alive connection's next request
   bool first_ = true, idle_ = false, keep_alive_ = false, closed_ = false, responding_ = false, http10_ = false;
-  std::string allow_;                // a 405's Allow header
-  std::string request_id_;           // x-request-id of this request's answer
-  net::steady_timer read_deadline_;  // a request's (or keep-alive wait's) time to arrive
+  std::string allow_;                  // a 405's Allow header
+  std::string request_id_;             // x-request-id of this request's answer
+  net::steady_timer read_deadline_;    // a request's (or keep-alive wait's) time to arrive
+  net::steady_timer keepalive_timer_;  // a stream's next SSE comment, while nothing else is sent (arm_keepalive)
+  std::chrono::steady_clock::time_point last_flush_{};
   bool read_timed_out_ = false, read_done_ = true;
   std::uint64_t reads_ = 0;  // numbers the deadlines, so that a stale one is ignored
   std::uint64_t drained_ = 0;

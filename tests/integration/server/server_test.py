@@ -140,9 +140,13 @@ class Server:
             return r.status, json.loads(raw), False
         assert r.getheader("Content-Type") == "text/event-stream", r.getheader("Content-Type")
         events, done = [], False
+        self.comments = []  # SSE comment lines (--sse-keepalive), which clients ignore
         for line in r:
             line = line.decode().rstrip("\r\n")
             if not line:
+                continue
+            if line.startswith(":"):
+                self.comments.append(line)
                 continue
             assert line.startswith("data: "), line
             if line == "data: [DONE]":
@@ -2614,6 +2618,31 @@ class Concurrency(unittest.TestCase):
             self.assertEqual(f"the KV cache of {ctx} positions grows to" in log, warned, log)
             self.assertNotIn("KV caches of", log)  # the batch's caches together are no longer a warning
 
+    def test_a_slow_stream_gets_keep_alive_comments(self):
+        # A slow disk (each expert read 100 ms, one at a time) holds a stream's tokens back for seconds; meanwhile it
+        # gets an SSE comment whenever 0.1 s pass with nothing sent (proxies' read timeouts), and the same text.
+        with open(os.path.join(MODEL, "manifest.json")) as f:
+            slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
+        slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=100", "--set", "storage.queue_depth=1",
+                "--expert-cache-size", str(2 * slot)]  # not resident: tokens read experts as they route
+        body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        texts, comments = {}, {}
+        for keepalive in ("0.1", "0"):
+            s = Server("--sse-keepalive", keepalive, *slow)
+            try:
+                t0 = time.monotonic()
+                status, events, done = s.stream("/v1/completions", body)
+                took = time.monotonic() - t0
+                self.assertTrue(status == 200 and done, events)
+                texts[keepalive], comments[keepalive] = stream_text(events, "text"), s.comments
+            finally:
+                self.assertEqual(s.stop(), 0)
+        print(f"  {len(comments['0.1'])} keep-alive comments in {took:.1f} s", flush=True)
+        self.assertEqual(texts["0.1"], texts["0"])
+        self.assertGreaterEqual(len(comments["0.1"]), 2)
+        self.assertEqual(set(comments["0.1"]), {": keep-alive"})
+        self.assertEqual(comments["0"], [])
+
     def test_requests_wait_for_room_in_the_kv_budget(self):
         # A request joins the batch only while its KV cache, with its prompt, fits memory.kv_budget beside the
         # running ones': with a budget that holds none, each runs alone (never two in a step), with the tokens it
@@ -3154,7 +3183,12 @@ class Clients(unittest.TestCase):
                 raise unittest.SkipTest("npm install openai timed out (registry unreachable?)")
             if p.returncode != 0:
                 raise unittest.SkipTest("npm install openai failed (offline?): " + p.stderr[-300:])
-        s = Server("--api-key", "node-key")
+        # Its streams get SSE comments between their events (a slow disk, a keep-alive every 5 ms), which the SDK
+        # must pass over.
+        with open(os.path.join(MODEL, "manifest.json")) as f:
+            slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
+        s = Server("--api-key", "node-key", "--sse-keepalive", "0.005", "--set", "storage.plugin=faulty", "--set",
+                   "storage.delay_ms=20", "--expert-cache-size", str(2 * slot))
         # Tool calls need a template that shows tools: Qwen3's (hermes syntax).
         with open(os.path.join(HERE, "..", "..", "data", "chat", "golden", "qwen3.json"), encoding="utf-8") as f:
             source = json.load(f)["source"]

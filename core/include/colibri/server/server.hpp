@@ -32,6 +32,9 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{60000};     // keep-alive connection with no request
   std::chrono::milliseconds write_timeout{60000};    // one response write to a client that does not read
   std::chrono::milliseconds drain_timeout{10000};    // SIGTERM: time streams get to finish before being cancelled
+  // A stream with nothing to send for this long gets an SSE comment line (": keep-alive"), which clients ignore, so
+  // that proxies' read timeouts do not cut it during a long prompt, a queue or a pause; 0: never.
+  std::chrono::milliseconds sse_keepalive{15000};
   std::size_t max_connections = 256;
   int io_threads = 2;
   bool handle_signals = true;  // SIGTERM/SIGINT stop the server
