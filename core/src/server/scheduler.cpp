@@ -672,8 +672,16 @@ void Scheduler::take_state(Sequence& seq, const Sequence* sibling) {
     seq.kv_valid = reuse;
     if (replaying) {
       seq.replay_done = static_cast<std::size_t>(reuse);
-      std::lock_guard lock(mu_);
-      stats_.replay_cached_tokens += static_cast<std::uint64_t>(reuse);
+      {
+        std::lock_guard lock(mu_);
+        stats_.replay_cached_tokens += static_cast<std::uint64_t>(reuse);
+      }
+      if (reuse > 0) {
+        spdlog::info("a paused sequence resumes: {} of its {} tokens from a kept KV cache, {} to run again", reuse,
+                     prompt.size(), static_cast<std::int64_t>(prompt.size()) - reuse);
+      } else {
+        spdlog::info("a paused sequence resumes: its {} tokens run again from position 0", prompt.size());
+      }
       return;
     }
     seq.prompt_done = static_cast<std::size_t>(reuse);

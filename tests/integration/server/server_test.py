@@ -2689,7 +2689,10 @@ class Concurrency(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
         with open(s.log.name) as f:
-            self.assertIn("a sequence is paused: the KV caches outgrow memory.kv_budget", f.read())
+            log = f.read()
+        self.assertIn("a sequence is paused: the KV caches outgrow memory.kv_budget", log)
+        self.assertRegex(log, r"a paused sequence resumes: (its \d+ tokens run again from position 0|"
+                              r"\d+ of its \d+ tokens from a kept KV cache, [1-9]\d* to run again)")
         # Without the key: the RAM beside the expert cache, which these requests' caches fit together.
         s = Server("--max-batch", "4")
         try:
