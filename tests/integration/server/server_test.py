@@ -242,6 +242,15 @@ PROMPTS = [f"The {w} of the colibri is" for w in
             "morning", "river", "garden", "shadow"]]
 
 
+def slow_disk(delay_ms):
+    """Server flags for a disk whose every expert read takes delay_ms (the faulty storage plugin), with an expert
+    cache of two slots, so that tokens read experts as they route instead of finding them resident."""
+    with open(os.path.join(MODEL, "manifest.json")) as f:
+        slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
+    return ["--set", "storage.plugin=faulty", "--set", f"storage.delay_ms={delay_ms}", "--expert-cache-size",
+            str(2 * slot)]
+
+
 def long_stream(server):
     """A streamed 8000-token generation holding a batch slot: (connection, response), its status read."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
@@ -2621,23 +2630,20 @@ class Concurrency(unittest.TestCase):
     def test_a_slow_stream_gets_keep_alive_comments(self):
         # A slow disk (each expert read 100 ms, one at a time) holds a stream's tokens back for seconds; meanwhile it
         # gets an SSE comment whenever 0.1 s pass with nothing sent (proxies' read timeouts), and the same text.
-        with open(os.path.join(MODEL, "manifest.json")) as f:
-            slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
-        slow = ["--set", "storage.plugin=faulty", "--set", "storage.delay_ms=100", "--set", "storage.queue_depth=1",
-                "--expert-cache-size", str(2 * slot)]  # not resident: tokens read experts as they route
+        slow = slow_disk(100) + ["--set", "storage.queue_depth=1"]
         body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
-        texts, comments = {}, {}
+        texts, comments, took = {}, {}, {}
         for keepalive in ("0.1", "0"):
             s = Server("--sse-keepalive", keepalive, *slow)
             try:
                 t0 = time.monotonic()
                 status, events, done = s.stream("/v1/completions", body)
-                took = time.monotonic() - t0
+                took[keepalive] = time.monotonic() - t0
                 self.assertTrue(status == 200 and done, events)
                 texts[keepalive], comments[keepalive] = stream_text(events, "text"), s.comments
             finally:
                 self.assertEqual(s.stop(), 0)
-        print(f"  {len(comments['0.1'])} keep-alive comments in {took:.1f} s", flush=True)
+        print(f"  {len(comments['0.1'])} keep-alive comments in {took['0.1']:.1f} s", flush=True)
         self.assertEqual(texts["0.1"], texts["0"])
         self.assertGreaterEqual(len(comments["0.1"]), 2)
         self.assertEqual(set(comments["0.1"]), {": keep-alive"})
@@ -3188,10 +3194,7 @@ class Clients(unittest.TestCase):
                 raise unittest.SkipTest("npm install openai failed (offline?): " + p.stderr[-300:])
         # Its streams get SSE comments between their events (a slow disk, a keep-alive every 5 ms), which the SDK
         # must pass over.
-        with open(os.path.join(MODEL, "manifest.json")) as f:
-            slot = max((e["size"] + 4095) // 4096 * 4096 for e in json.load(f)["experts"])
-        s = Server("--api-key", "node-key", "--sse-keepalive", "0.005", "--set", "storage.plugin=faulty", "--set",
-                   "storage.delay_ms=20", "--expert-cache-size", str(2 * slot))
+        s = Server("--api-key", "node-key", "--sse-keepalive", "0.005", *slow_disk(20))
         # Tool calls need a template that shows tools: Qwen3's (hermes syntax).
         with open(os.path.join(HERE, "..", "..", "data", "chat", "golden", "qwen3.json"), encoding="utf-8") as f:
             source = json.load(f)["source"]
